@@ -1,0 +1,1 @@
+"""specmesh host: CLI, orchestrator, links, verifier back-ends, emulator and flashing (CPython)."""

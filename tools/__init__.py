@@ -1,0 +1,1 @@
+"""specmesh tools: corpus, tokenizer, training, export, llama2.c import, test vectors, benchmarks."""
