@@ -1,0 +1,127 @@
+"""Model files on the host: per-row int8 quantization, atomic write, validated read.
+
+The layout (docs/CONTRACTS.md section 3) and the header live in `shared/modelfile.py`; this module
+turns float or pre-quantized tensors into that file and back. An int8 matrix is a `QTensor`
+(`q` int8 `[rows, cols]`, `s` float32 `[rows]`, `w ~= q * s[:, None]`); a vector is a float32 array.
+`body_crc` is the CRC-32 (zlib) of the bytes after the header.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+import zlib
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from shared.modelfile import (HEADER_SIZE, KIND_Q8, Header, ModelFileError, body_size, parse_header,
+                              tensor_layout)
+
+
+class QTensor(NamedTuple):
+    """A per-row quantized matrix: `q` int8 [rows, cols], `s` float32 [rows]."""
+
+    q: np.ndarray
+    s: np.ndarray
+
+    def dequant(self) -> np.ndarray:
+        return self.q.astype(np.float32) * self.s[:, None]
+
+
+def quantize_rows(w: np.ndarray) -> QTensor:
+    """Per-row int8: scale = max|row| / 127, q = round-half-away(w / scale) clipped to [-127, 127]."""
+    w = np.asarray(w, dtype=np.float32)
+    if w.ndim != 2:
+        raise ValueError("quantize_rows needs a 2-D matrix, got shape %s" % (w.shape,))
+    s = (np.abs(w).max(axis=1) / np.float32(127.0)).astype(np.float32)
+    safe = np.where(s > 0, s, np.float32(1.0))
+    r = w / safe[:, None]
+    q = np.clip(np.sign(r) * np.floor(np.abs(r) + np.float32(0.5)), -127, 127).astype(np.int8)
+    return QTensor(q, s)
+
+
+def _as_tensor(name: str, kind: int, rows: int, cols: int, value) -> bytes:
+    if kind == KIND_Q8:
+        qt = value if isinstance(value, QTensor) else (
+            QTensor(*value) if isinstance(value, tuple) else quantize_rows(value))
+        q = np.asarray(qt.q)
+        s = np.asarray(qt.s, dtype=np.float32)
+        if q.dtype != np.int8:
+            raise ValueError("tensor %s: quantized values must be int8, got %s" % (name, q.dtype))
+        if q.shape != (rows, cols) or s.shape != (rows,):
+            raise ValueError("tensor %s: shape %s/%s, expected (%d, %d)/(%d,)"
+                             % (name, q.shape, s.shape, rows, cols, rows))
+        return q.tobytes() + s.astype("<f4").tobytes()
+    v = np.asarray(value, dtype=np.float32).reshape(-1)
+    if v.shape != (cols,):
+        raise ValueError("tensor %s: shape %s, expected (%d,)" % (name, v.shape, cols))
+    return v.astype("<f4").tobytes()
+
+
+def write_model(path: str | os.PathLike, header: Header, tensors: dict) -> Header:
+    """Write a model file atomically; returns the header written (body_len and body_crc filled in).
+
+    `tensors` maps every name of `tensor_layout(header)` to a float matrix (quantized here, per row),
+    a `QTensor`/(q, s) tuple (written as is), or a float vector. Extra or missing names raise ValueError.
+    """
+    h = copy.copy(header)
+    layout = tensor_layout(h)
+    names = {name for name, *_ in layout}
+    missing, extra = names - tensors.keys(), tensors.keys() - names
+    if missing or extra:
+        raise ValueError("tensors do not match the header: missing %s, extra %s"
+                         % (sorted(missing), sorted(extra)))
+    body = b"".join(_as_tensor(n, k, r, c, tensors[n]) for n, k, r, c in layout)
+    h.body_len = len(body)
+    h.body_crc = zlib.crc32(body) & 0xFFFFFFFF
+    h.check()
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(h.pack())
+            f.write(body)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return h
+
+
+def read_model(path: str | os.PathLike) -> tuple[Header, dict]:
+    """Read and validate a model file: (header, {name: QTensor or float32 vector}).
+
+    Raises ModelFileError (bad magic, wrong version, truncated, trailing bytes, bad CRC) with a message
+    a user can act on; OSError if the file cannot be opened.
+    """
+    data = Path(path).read_bytes()
+    h = parse_header(data)
+    have = len(data) - HEADER_SIZE
+    if have < h.body_len:
+        raise ModelFileError("model file %s is truncated (%d of %d tensor bytes): copy it again"
+                             % (path, have, h.body_len))
+    if have > h.body_len:
+        raise ModelFileError("model file %s has %d unexpected trailing bytes: the file is corrupt"
+                             % (path, have - h.body_len))
+    body = memoryview(data)[HEADER_SIZE:]
+    if zlib.crc32(body) & 0xFFFFFFFF != h.body_crc:
+        raise ModelFileError("model file %s fails its CRC check: the file is corrupt, copy or export it again"
+                             % (path,))
+    out: dict = {}
+    off = 0
+    for name, kind, rows, cols in tensor_layout(h):
+        if kind == KIND_Q8:
+            q = np.frombuffer(body, dtype=np.int8, count=rows * cols, offset=off).reshape(rows, cols)
+            off += rows * cols
+            s = np.frombuffer(body, dtype="<f4", count=rows, offset=off).astype(np.float32)
+            off += 4 * rows
+            out[name] = QTensor(q.copy(), s)
+        else:
+            out[name] = np.frombuffer(body, dtype="<f4", count=cols, offset=off).astype(np.float32)
+            off += 4 * cols
+    assert off == body_size(h)
+    return h, out

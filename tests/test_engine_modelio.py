@@ -1,0 +1,75 @@
+"""Model file round trip and refusal of broken files (host/modelio.py)."""
+
+import numpy as np
+import pytest
+
+from host.modelio import QTensor, quantize_rows, read_model, write_model
+from shared.modelfile import FLAG_SHARED_CLS, HEADER_SIZE, Header, ModelFileError, tensor_layout
+from tools.testmodels import random_model, random_tensors
+
+
+def test_quantize_rows_rounds_half_away_and_bounds_error():
+    w = np.array([[1.27, -0.005, 0.015, -0.015], [0.0, 0.0, 0.0, 0.0]], dtype=np.float32)
+    qt = quantize_rows(w)
+    assert qt.q.dtype == np.int8
+    np.testing.assert_array_equal(qt.q[0], [127, -1, 2, -2])  # -0.5 -> -1, 1.5 -> 2, -1.5 -> -2
+    np.testing.assert_array_equal(qt.q[1], [0, 0, 0, 0])
+    assert qt.s[1] == 0.0
+    rng = np.random.default_rng(1)
+    m = rng.normal(size=(16, 40)).astype(np.float32)
+    qm = quantize_rows(m)
+    assert np.abs(qm.q).max() == 127
+    assert np.all(np.abs(qm.dequant() - m) <= qm.s[:, None] / 2 + 1e-6)
+
+
+@pytest.mark.parametrize("flags", [0, FLAG_SHARED_CLS])
+def test_round_trip(tmp_path, flags):
+    h = Header(16, 2, 4, 2, 24, 40, 32, flags=flags, tokenizer_id=7, norm_eps=1e-6, rope_theta=500.0)
+    tensors = random_tensors(h, seed=3)
+    tensors["layers.0.wq"] = quantize_rows(tensors["layers.0.wq"])  # a pre-quantized one is kept as is
+    path = tmp_path / "m.spm"
+    written = write_model(path, h, tensors)
+    assert h.body_len == 0  # the caller's header is not modified
+    h2, t2 = read_model(path)
+    assert path.stat().st_size == HEADER_SIZE + written.body_len
+    assert (h2.dim, h2.n_layers, h2.vocab, h2.flags, h2.tokenizer_id) == (16, 2, 40, flags, 7)
+    assert h2.norm_eps == pytest.approx(1e-6) and h2.rope_theta == 500.0
+    assert h2.body_crc == written.body_crc
+    assert list(t2) == [name for name, *_ in tensor_layout(h)]
+    for name, v in tensors.items():
+        if isinstance(t2[name], QTensor):
+            want = v if isinstance(v, QTensor) else quantize_rows(v)
+            np.testing.assert_array_equal(t2[name].q, want.q)
+            np.testing.assert_array_equal(t2[name].s, want.s)
+        else:
+            np.testing.assert_array_equal(t2[name], v)
+    assert not [p for p in tmp_path.iterdir() if p.name != "m.spm"]  # no temp file left behind
+
+
+def test_write_refuses_wrong_tensors(tmp_path):
+    h = Header(16, 1, 4, 2, 24, 40, 32)
+    t = random_tensors(h)
+    del t["cls"]
+    with pytest.raises(ValueError, match="missing \\['cls'\\]"):
+        write_model(tmp_path / "m.spm", h, t)
+    t = random_tensors(h)
+    t["layers.0.w1"] = t["layers.0.w1"][:, :-1]
+    with pytest.raises(ValueError, match="layers.0.w1"):
+        write_model(tmp_path / "m.spm", h, t)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda b: b[:HEADER_SIZE - 3], "truncated"),
+    (lambda b: b[:-5], "truncated"),
+    (lambda b: b + b"xx", "trailing"),
+    (lambda b: b"SPMX" + b[4:], "bad magic"),
+    (lambda b: b[:4] + bytes([9, 0]) + b[6:], "version 9"),
+    (lambda b: b[:HEADER_SIZE + 10] + bytes([b[HEADER_SIZE + 10] ^ 1]) + b[HEADER_SIZE + 11:], "CRC"),
+])
+def test_broken_files_are_refused(tmp_path, damage, message):
+    path = tmp_path / "m.spm"
+    random_model(path)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ModelFileError, match=message):
+        read_model(path)

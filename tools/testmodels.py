@@ -1,0 +1,31 @@
+"""Random model files with the specmesh layout, for tests and benchmarks when no trained model is at hand."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from host.modelio import write_model
+from shared.modelfile import KIND_Q8, Header, tensor_layout
+
+
+def random_tensors(h: Header, seed: int = 0) -> dict:
+    """Float tensors for every name of `tensor_layout(h)`: N(0, 1/cols) matrices, norms near 1."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, kind, rows, cols in tensor_layout(h):
+        if kind == KIND_Q8:
+            std = 1.0 if name == "tok_emb" else cols ** -0.5
+            out[name] = rng.normal(0.0, std, size=(rows, cols)).astype(np.float32)
+        else:
+            out[name] = rng.uniform(0.7, 1.3, size=cols).astype(np.float32)
+    return out
+
+
+def random_model(path: str | os.PathLike, dim: int = 32, n_layers: int = 2, n_heads: int = 4,
+                 n_kv_heads: int = 2, hidden: int = 64, vocab: int = 96, max_seq: int = 64,
+                 flags: int = 0, seed: int = 0) -> Header:
+    """Write a random model file at `path`; returns its header."""
+    h = Header(dim, n_layers, n_heads, n_kv_heads, hidden, vocab, max_seq, flags=flags)
+    return write_model(path, h, random_tensors(h, seed))
