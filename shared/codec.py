@@ -1,0 +1,416 @@
+"""Frames on the specmesh bus: header, CRC, optional signing, stream lines and datagram fragments.
+
+Runs unchanged under MicroPython and CPython (docs/CONTRACTS.md section 2 fixes the layout).
+
+Frame API:
+    encode(mtype, payload=b"", src=0, dst=0, seq=0, session=0, reply=False, auth=None) -> bytes
+    decode(frame, auth=None) -> Frame          raises a CodecError subclass on any malformed input
+    Frame: .mtype .flags .src .dst .seq .session .payload (bytes) .counter (0 when unsigned) .reply
+    Auth(key, window=24): signs outgoing frames (HMAC-SHA256 truncated to 8 bytes over header +
+        payload + u32 counter) and checks incoming ones (tag, then a per-sender sliding replay window).
+        A receiver that holds an Auth rejects unsigned frames; one without rejects signed frames.
+        `auth.forget(src)` resets a sender's window (e.g. after that node rebooted and restarted at 0).
+
+Stream links (USB-serial, UART), one frame per line, printable ASCII only:
+    encode_line(frame) -> b":" + base64(frame) + b"\\n"
+    StreamDecoder(auth=None, max_line=4096, on_text=None).feed(chunk) -> [Frame, ...]
+        Accepts any chunking. Lines not starting with ':' are skipped (counted in .errors["text"],
+        handed to on_text(line) if given). A line longer than max_line is discarded (.errors["overflow"]).
+
+Datagram links (ESP-NOW): fragment(frame, msg_id, mtu=250) -> [packet, ...]
+    DatagramDecoder(auth=None, max_partial=4, max_size=4096, stale_after=64).feed(packet, sender=0)
+        -> Frame or None. Reassembles fragments (b"\\xfe" + msg_id u16 + index u8 + count u8 + chunk)
+        with reordering and duplicates; a partial message is dropped once `stale_after` packets have
+        arrived since its last fragment, or when more than `max_partial` are pending (oldest first).
+
+Decoders never raise out of feed(): they count errors per kind in `.errors` (keys: class names of
+CodecError subclasses, plus "text" and "overflow") and `.frames` good frames.
+"""
+
+import binascii
+import hashlib
+import struct
+
+VERSION = 1
+HEADER_FMT = "<BBBBBHHH"  # version, type, flags, src, dst, seq, session, length
+HEADER_SIZE = 11
+CRC_SIZE = 2
+SIG_SIZE = 12  # u32 counter + 8-byte tag
+TAG_SIZE = 8
+MIN_FRAME = HEADER_SIZE + CRC_SIZE
+MAX_TYPE = 0x0E  # message types 0x01..0x0E (shared/messages.py)
+
+FLAG_REPLY = 1
+FLAG_SIGNED = 2
+FLAG_FRAGMENT = 4  # reserved
+
+BROADCAST = 255
+FRAG_MARK = 0xFE
+FRAG_HEADER = 5
+DEFAULT_MTU = 250
+
+
+class CodecError(Exception):
+    """Any malformed or unacceptable input on the bus."""
+
+
+class BadVersion(CodecError):
+    pass
+
+
+class BadType(CodecError):
+    pass
+
+
+class BadLength(CodecError):
+    pass
+
+
+class BadCRC(CodecError):
+    pass
+
+
+class BadAuth(CodecError):
+    pass
+
+
+class Replay(CodecError):
+    pass
+
+
+class BadFrame(CodecError):
+    pass
+
+
+# CRC-16/CCITT-FALSE: poly 0x1021, init 0xFFFF, no reflection, no final xor (check 0x29B1).
+def _crc_table():
+    t = []
+    for i in range(256):
+        c = i << 8
+        for _ in range(8):
+            c = ((c << 1) ^ 0x1021) if c & 0x8000 else (c << 1)
+        t.append(c & 0xFFFF)
+    return t
+
+
+_CRC_TABLE = _crc_table()
+
+
+def crc16(data, crc=0xFFFF):
+    """CRC-16/CCITT-FALSE of a bytes-like object (optionally continuing from `crc`)."""
+    t = _CRC_TABLE
+    for b in data:
+        crc = ((crc << 8) & 0xFF00) ^ t[(crc >> 8) ^ b]
+    return crc
+
+
+class Auth:
+    """Shared-key signing plus replay protection for frames of one key domain."""
+
+    def __init__(self, key, window=24, counter=0):
+        if not key:
+            raise ValueError("signing key must not be empty")
+        if len(key) > 64:
+            key = hashlib.sha256(key).digest()
+        key = bytes(key) + bytes(64 - len(key))
+        self._ipad = bytes(b ^ 0x36 for b in key)
+        self._opad = bytes(b ^ 0x5C for b in key)
+        self.window = window  # <= 29 keeps the bitmap a small int on 32-bit boards
+        self.counter = counter  # last counter sent
+        self._seen = {}  # src -> [highest counter, bitmap of the `window` counters below it]
+
+    def tag(self, data):
+        """Truncated HMAC-SHA256 of `data`."""
+        h = hashlib.sha256(self._ipad)
+        h.update(data)
+        h2 = hashlib.sha256(self._opad)
+        h2.update(h.digest())
+        return h2.digest()[:TAG_SIZE]
+
+    def next_counter(self):
+        self.counter = (self.counter + 1) & 0xFFFFFFFF
+        return self.counter
+
+    def check_replay(self, src, counter):
+        """Record `counter` from `src`; raise Replay if it was seen or is older than the window.
+
+        Bit i-1 of the bitmap marks counter `top - i` as seen (i = 1..window).
+        """
+        st = self._seen.get(src)
+        if st is None:
+            self._seen[src] = [counter, 0]
+            return
+        top, bits = st
+        if counter > top:
+            shift = counter - top
+            st[0] = counter
+            st[1] = (((bits << shift) | (1 << (shift - 1))) & ((1 << self.window) - 1)
+                     if shift <= self.window else 0)
+            return
+        back = top - counter
+        if back == 0 or back > self.window or (bits >> (back - 1)) & 1:
+            raise Replay("replayed or stale counter %d from node %d" % (counter, src))
+        st[1] = bits | (1 << (back - 1))
+
+    def forget(self, src):
+        self._seen.pop(src, None)
+
+
+class Frame:
+    """One decoded frame."""
+
+    def __init__(self, mtype, flags, src, dst, seq, session, payload, counter=0):
+        self.mtype = mtype
+        self.flags = flags
+        self.src = src
+        self.dst = dst
+        self.seq = seq
+        self.session = session
+        self.payload = payload
+        self.counter = counter
+
+    @property
+    def reply(self):
+        return bool(self.flags & FLAG_REPLY)
+
+    def __repr__(self):
+        return "Frame(type=%d, flags=%d, src=%d, dst=%d, seq=%d, session=%d, %d bytes)" % (
+            self.mtype, self.flags, self.src, self.dst, self.seq, self.session, len(self.payload))
+
+
+def encode(mtype, payload=b"", src=0, dst=0, seq=0, session=0, reply=False, auth=None):
+    """Binary frame for one message; `auth` signs it."""
+    n = len(payload)
+    if n > 0xFFFF:
+        raise BadLength("payload of %d bytes exceeds 65535" % n)
+    flags = (FLAG_REPLY if reply else 0) | (FLAG_SIGNED if auth is not None else 0)
+    body = HEADER_SIZE + n
+    size = body + (SIG_SIZE if auth is not None else 0)
+    buf = bytearray(size + CRC_SIZE)
+    struct.pack_into(HEADER_FMT, buf, 0, VERSION, mtype & 0xFF, flags, src & 0xFF, dst & 0xFF,
+                     seq & 0xFFFF, session & 0xFFFF, n)
+    buf[HEADER_SIZE:body] = payload
+    mv = memoryview(buf)
+    if auth is not None:
+        struct.pack_into("<I", buf, body, auth.next_counter())
+        buf[body + 4:size] = auth.tag(mv[:body + 4])
+    struct.pack_into("<H", buf, size, crc16(mv[:size]))
+    return bytes(buf)
+
+
+def decode(frame, auth=None):
+    """Frame from its binary form; raises BadLength/BadCRC/BadVersion/BadType/BadAuth/Replay."""
+    n = len(frame)
+    if n < MIN_FRAME:
+        raise BadLength("frame of %d bytes is shorter than %d" % (n, MIN_FRAME))
+    version, mtype, flags, src, dst, seq, session, length = struct.unpack_from(HEADER_FMT, frame, 0)
+    signed = flags & FLAG_SIGNED
+    size = HEADER_SIZE + length + (SIG_SIZE if signed else 0)
+    if size + CRC_SIZE != n:
+        raise BadLength("frame of %d bytes, header says %d" % (n, size + CRC_SIZE))
+    mv = memoryview(frame)
+    if crc16(mv[:size]) != struct.unpack_from("<H", frame, size)[0]:
+        raise BadCRC("frame CRC mismatch")
+    if version != VERSION:
+        raise BadVersion("frame version %d, this build speaks %d" % (version, VERSION))
+    if mtype < 1 or mtype > MAX_TYPE:
+        raise BadType("unknown message type 0x%02x" % mtype)
+    body = HEADER_SIZE + length
+    counter = 0
+    if signed:
+        if auth is None:
+            raise BadAuth("signed frame but no key configured")
+        counter = struct.unpack_from("<I", frame, body)[0]
+        if auth.tag(mv[:body + 4]) != bytes(mv[body + 4:size]):
+            raise BadAuth("bad authentication tag")
+        auth.check_replay(src, counter)
+    elif auth is not None:
+        raise BadAuth("unsigned frame where signing is required")
+    return Frame(mtype, flags, src, dst, seq, session, bytes(mv[HEADER_SIZE:body]), counter)
+
+
+class _Decoder:
+    """Error counters shared by the stream and datagram decoders."""
+
+    def __init__(self, auth):
+        self.auth = auth
+        self.errors = {}
+        self.frames = 0
+
+    def _count(self, kind):
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    def _decode(self, data):
+        try:
+            f = decode(data, self.auth)
+        except CodecError as e:
+            self._count(type(e).__name__)
+            return None
+        self.frames += 1
+        return f
+
+
+def encode_line(frame):
+    """Stream-link form of a binary frame: b':' + base64 + b'\\n'."""
+    return b":" + binascii.b2a_base64(frame)
+
+
+def decode_line(text):
+    """Binary frame from the base64 text after ':' (no newline); raises BadFrame if not canonical."""
+    try:
+        data = binascii.a2b_base64(text)
+    except ValueError:
+        raise BadFrame("line is not valid base64")
+    # CPython skips characters outside the alphabet where MicroPython refuses them: accept only the
+    # canonical encoding, so both runtimes take exactly the same lines.
+    if binascii.b2a_base64(data)[:-1] != text:
+        raise BadFrame("line is not canonical base64")
+    return data
+
+
+class StreamDecoder(_Decoder):
+    """Incremental decoder of ':'-base64 lines from a byte stream."""
+
+    def __init__(self, auth=None, max_line=4096, on_text=None):
+        _Decoder.__init__(self, auth)
+        self._buf = bytearray(max_line)
+        self._mv = memoryview(self._buf)
+        self._n = 0
+        self._overflow = False
+        self.on_text = on_text
+
+    def feed(self, chunk):
+        out = []
+        mv = memoryview(chunk)
+        start = 0
+        end = len(chunk)
+        while start < end:
+            nl = chunk.find(b"\n", start)
+            stop = end if nl < 0 else nl
+            take = stop - start
+            if not self._overflow:
+                if self._n + take > len(self._buf):
+                    self._overflow = True
+                else:
+                    self._mv[self._n:self._n + take] = mv[start:stop]
+                    self._n += take
+            if nl < 0:
+                break
+            self._line(out)
+            start = nl + 1
+        return out
+
+    def _line(self, out):
+        n = self._n
+        self._n = 0
+        if self._overflow:
+            self._overflow = False
+            self._count("overflow")
+            return
+        while n and self._buf[n - 1] in b"\r ":
+            n -= 1
+        if n == 0:
+            return
+        if self._buf[0] != 0x3A:  # ':'
+            self._count("text")
+            if self.on_text is not None:
+                self.on_text(bytes(self._mv[:n]))
+            return
+        try:
+            data = decode_line(bytes(self._mv[1:n]))
+        except CodecError as e:
+            self._count(type(e).__name__)
+            return
+        f = self._decode(data)
+        if f is not None:
+            out.append(f)
+
+
+def fragment(frame, msg_id, mtu=DEFAULT_MTU):
+    """Datagram packets carrying `frame`: itself if it fits `mtu`, else numbered fragments."""
+    n = len(frame)
+    if n <= mtu:
+        return [frame]
+    chunk = mtu - FRAG_HEADER
+    if chunk < 1:
+        raise ValueError("mtu %d is too small to fragment" % mtu)
+    count = (n + chunk - 1) // chunk
+    if count > 255:
+        raise BadLength("frame of %d bytes needs %d fragments (max 255)" % (n, count))
+    out = []
+    mv = memoryview(frame)
+    for i in range(count):
+        part = mv[i * chunk:(i + 1) * chunk]
+        pkt = bytearray(FRAG_HEADER + len(part))
+        struct.pack_into("<BHBB", pkt, 0, FRAG_MARK, msg_id & 0xFFFF, i, count)
+        pkt[FRAG_HEADER:] = part
+        out.append(bytes(pkt))
+    return out
+
+
+class DatagramDecoder(_Decoder):
+    """Decoder of datagram packets: whole frames and fragments, with bounded reassembly state."""
+
+    def __init__(self, auth=None, max_partial=4, max_size=4096, stale_after=64):
+        _Decoder.__init__(self, auth)
+        self.max_partial = max_partial
+        self.max_size = max_size
+        self.stale_after = stale_after
+        self._partial = {}  # (sender, msg_id) -> [count, parts list, received, last tick]
+        self._tick = 0
+
+    def pending(self):
+        """Number of partially received messages held."""
+        return len(self._partial)
+
+    def feed(self, packet, sender=0):
+        self._tick += 1
+        self._expire()
+        if not packet or packet[0] != FRAG_MARK:
+            return self._decode(packet)
+        data = self._reassemble(packet, sender)
+        return None if data is None else self._decode(data)
+
+    def _expire(self):
+        if not self._partial:
+            return
+        for key in list(self._partial):
+            if self._tick - self._partial[key][3] > self.stale_after:
+                del self._partial[key]
+                self._count("stale")
+
+    def _reassemble(self, packet, sender):
+        if len(packet) <= FRAG_HEADER:
+            self._count("BadFrame")
+            return None
+        _, msg_id, index, count = struct.unpack_from("<BHBB", packet, 0)
+        chunk_len = len(packet) - FRAG_HEADER
+        if count < 2 or index >= count or count * chunk_len > self.max_size + chunk_len:
+            self._count("BadFrame")
+            return None
+        key = (sender, msg_id)
+        st = self._partial.get(key)
+        if st is None:
+            if len(self._partial) >= self.max_partial:
+                oldest = None
+                for k in self._partial:
+                    if oldest is None or self._partial[k][3] < self._partial[oldest][3]:
+                        oldest = k
+                del self._partial[oldest]
+                self._count("stale")
+            st = [count, [None] * count, 0, self._tick]
+            self._partial[key] = st
+        elif st[0] != count:
+            self._count("BadFrame")
+            return None
+        st[3] = self._tick
+        parts = st[1]
+        if parts[index] is not None:
+            self._count("duplicate")
+            return None
+        parts[index] = bytes(packet[FRAG_HEADER:])
+        st[2] += 1
+        if st[2] < count:
+            return None
+        del self._partial[key]
+        return b"".join(parts)

@@ -1,0 +1,160 @@
+"""Unit tests of shared/codec.py: frame layout, CRC, signing and replay, stream lines, datagram fragments."""
+
+import binascii
+import struct
+
+import pytest
+
+from shared import codec
+from shared import messages as m
+
+
+def test_crc16_check_value():
+    assert codec.crc16(b"123456789") == 0x29B1  # CRC-16/CCITT-FALSE catalogue check value
+    assert codec.crc16(b"") == 0xFFFF
+
+
+def test_frame_layout_matches_contract():
+    f = codec.encode(m.VERDICT, b"\x01\x02", src=3, dst=4, seq=0x1234, session=0xBEEF, reply=True)
+    assert f[:11] == struct.pack("<BBBBBHHH", 1, m.VERDICT, codec.FLAG_REPLY, 3, 4, 0x1234, 0xBEEF, 2)
+    assert f[11:13] == b"\x01\x02"
+    assert struct.unpack("<H", f[13:])[0] == codec.crc16(f[:13])
+    d = codec.decode(f)
+    assert (d.mtype, d.src, d.dst, d.seq, d.session, d.payload, d.reply) == (
+        m.VERDICT, 3, 4, 0x1234, 0xBEEF, b"\x01\x02", True)
+
+
+@pytest.mark.parametrize("mutate, error", [
+    (lambda f: f[:-1], codec.BadLength),
+    (lambda f: f[:5], codec.BadLength),
+    (lambda f: f[:11] + b"\x00" + f[11:], codec.BadLength),
+    (lambda f: f[:12] + bytes([f[12] ^ 1]) + f[13:], codec.BadCRC),
+])
+def test_decode_rejects_damage(mutate, error):
+    f = codec.encode(m.PING, b"abc")
+    with pytest.raises(error):
+        codec.decode(mutate(f))
+
+
+def _with_crc(body):
+    return body + struct.pack("<H", codec.crc16(body))
+
+
+def test_decode_rejects_version_and_type():
+    with pytest.raises(codec.BadVersion):
+        codec.decode(_with_crc(struct.pack("<BBBBBHHH", 2, m.PING, 0, 0, 0, 0, 0, 0)))
+    for t in (0, 0x0F, 0xFF):
+        with pytest.raises(codec.BadType):
+            codec.decode(_with_crc(struct.pack("<BBBBBHHH", 1, t, 0, 0, 0, 0, 0, 0)))
+
+
+def test_signed_frames_tag_and_replay():
+    tx, rx = codec.Auth(b"secret"), codec.Auth(b"secret")
+    frames = [codec.encode(m.PING, b"x%d" % i, src=7, auth=tx) for i in range(5)]
+    assert len(frames[0]) == 11 + 2 + 12 + 2
+    got = [codec.decode(f, rx) for f in (frames[1], frames[0], frames[3])]  # reordered within window
+    assert [g.counter for g in got] == [2, 1, 4]
+    for f in (frames[0], frames[3]):
+        with pytest.raises(codec.Replay):
+            codec.decode(f, rx)
+    assert codec.decode(frames[2], rx).payload == b"x2"
+    with pytest.raises(codec.BadAuth):  # wrong key
+        codec.decode(codec.encode(m.PING, auth=codec.Auth(b"other")), codec.Auth(b"secret"))
+    with pytest.raises(codec.BadAuth):  # unsigned where signing is required
+        codec.decode(codec.encode(m.PING), rx)
+    with pytest.raises(codec.BadAuth):  # signed but no key
+        codec.decode(frames[4])
+    bad = bytearray(frames[4])
+    bad[-3] ^= 0x10  # flip a tag bit, then fix the CRC so only the tag is wrong
+    with pytest.raises(codec.BadAuth):
+        codec.decode(_with_crc(bytes(bad[:-2])), rx)
+
+
+def test_replay_window_drops_too_old_counters():
+    rx = codec.Auth(b"k", window=4)
+    rx.check_replay(1, 10)
+    rx.check_replay(1, 6)  # 4 behind: inside the window
+    with pytest.raises(codec.Replay):
+        rx.check_replay(1, 5)  # 5 behind
+    rx.check_replay(1, 100)
+    with pytest.raises(codec.Replay):
+        rx.check_replay(1, 10)
+    rx.forget(1)
+    rx.check_replay(1, 3)  # a rebooted sender starts afresh once forgotten
+
+
+def test_line_is_printable_and_round_trips():
+    f = codec.encode(m.PING, bytes(range(256)))
+    line = codec.encode_line(f)
+    assert line[:1] == b":" and line[-1:] == b"\n"
+    assert all(0x20 <= b <= 0x7E for b in line[:-1])
+    assert codec.decode_line(line[1:-1]) == f
+    assert len(line) == 1 + 4 * ((len(f) + 2) // 3) + 1
+
+
+def test_stream_decoder_any_chunking_and_text_lines():
+    frames = [codec.encode(m.PING, b"p%d" % i, seq=i) for i in range(3)]
+    wire = b"MicroPython v1.28\r\n>>> \r\n" + b"".join(codec.encode_line(f) for f in frames)
+    for step in (1, 2, 7, len(wire)):
+        texts = []
+        d = codec.StreamDecoder(on_text=texts.append)
+        got = []
+        for i in range(0, len(wire), step):
+            got += d.feed(wire[i:i + step])
+        assert [g.seq for g in got] == [0, 1, 2]
+        assert texts == [b"MicroPython v1.28", b">>>"]
+        assert d.errors == {"text": 2} and d.frames == 3
+
+
+def test_stream_decoder_counts_bad_lines_and_bounds_memory():
+    good = codec.encode_line(codec.encode(m.ACK, reply=True))
+    crc_bad = bytearray(codec.encode(m.ACK))
+    crc_bad[-1] ^= 0xFF
+    noncanonical = b":" + binascii.b2a_base64(codec.encode(m.ACK))[:-1] + b"!\n"
+    wire = (b":" + b"A" * 10000 + b"\n" + b":@@@@\n" + noncanonical
+            + codec.encode_line(bytes(crc_bad)) + good)
+    d = codec.StreamDecoder(max_line=256)
+    got = d.feed(wire)
+    assert len(got) == 1 and got[0].mtype == m.ACK
+    assert d.errors == {"overflow": 1, "BadFrame": 2, "BadCRC": 1}
+    assert len(d._buf) == 256
+
+
+def test_fragment_sizes_and_reassembly():
+    f = codec.encode(m.PING, bytes(1000))
+    parts = codec.fragment(f, 9, mtu=250)
+    assert all(len(p) <= 250 for p in parts) and len(parts) == 5
+    assert all(p[0] == codec.FRAG_MARK and p[4] == 5 for p in parts)
+    d = codec.DatagramDecoder()
+    order = [3, 0, 0, 4, 2, 1]
+    got = [d.feed(parts[i], sender=2) for i in order]
+    assert got[:-1] == [None] * 5 and got[-1].payload == bytes(1000)
+    assert d.errors == {"duplicate": 1} and d.pending() == 0
+
+
+def test_small_frame_is_one_datagram():
+    f = codec.encode(m.ACK, reply=True)
+    assert codec.fragment(f, 1) == [f]
+    assert codec.DatagramDecoder().feed(f).mtype == m.ACK
+
+
+def test_reassembler_drops_stale_and_excess_partials():
+    d = codec.DatagramDecoder(max_partial=2, stale_after=3)
+    f = codec.encode(m.PING, bytes(600))
+    a, b, c = (codec.fragment(f, i) for i in (1, 2, 3))
+    d.feed(a[0], 1)
+    d.feed(b[0], 1)
+    d.feed(c[0], 1)  # evicts message 1 (oldest)
+    assert d.pending() == 2 and d.errors == {"stale": 1}
+    for _ in range(4):
+        d.feed(b"\x01", 1)  # junk packets advance the clock
+    assert d.pending() == 0 and d.errors["stale"] == 3 and d.errors["BadLength"] == 4
+    assert d.feed(a[1], 1) is None and d.feed(a[2], 1) is None  # the rest of a dropped message never completes
+    assert d.pending() == 1
+
+
+def test_reassembler_rejects_bad_fragment_headers():
+    d = codec.DatagramDecoder(max_size=1000)
+    for pkt in (b"\xfe\x00\x00\x00", b"\xfe\x01\x00\x05\x01x", b"\xfe\x01\x00\x00\x01x", b"\xfe\x01\x00\x00\x09" + bytes(249)):
+        assert d.feed(pkt) is None
+    assert d.errors == {"BadFrame": 4} and d.pending() == 0

@@ -1,0 +1,81 @@
+"""Unit tests of shared/messages.py: every message type round-trips and malformed bodies are typed errors."""
+
+import struct
+
+import pytest
+
+from shared import messages as m
+from shared.codec import BadFrame, BadLength, CodecError
+
+ROUND_TRIPS = [
+    (m.HELLO, True, m.pack_hello("specmesh 0.1", "esp32s3", 2, "target-1M", 512, 256, 123456, 7),
+     ("specmesh 0.1", "esp32s3", 2, "target-1M", 512, 256, 123456, 7)),
+    (m.CONFIGURE, False, m.pack_configure(1, 3, "draft-60K"), (1, 3, "draft-60K")),
+    (m.BEGIN, False, m.pack_begin(0xDEADBEEF, 800, 8, 40, 60000, -1, [1, 500, 2]),
+     (0xDEADBEEF, 800, 8, 40, 60000, -1, [1, 500, 2])),
+    (m.BEGIN, False, m.pack_begin(1, 0, 1, 0, 1 << 16, 2, []), (1, 0, 1, 0, 1 << 16, 2, [])),
+    (m.DRAFT_REQ, False, m.pack_draft_req(70000, 4), (70000, 4)),
+    (m.DRAFT, True, m.pack_draft(12, [(5, [5, 9], [65000, 536]), (7, [7], [65536])]),
+     (12, [(5, [5, 9], [65000, 536]), (7, [7], [65536])])),
+    (m.VERIFY_REQ, False, m.pack_draft(0, []), (0, [])),
+    (m.VERDICT, True, m.pack_verdict(12, 2, -1), (12, 2, -1)),
+    (m.COMMIT, False, m.pack_commit(15, [3, 4]), (15, [3, 4])),
+    (m.ROLLBACK, False, m.pack_rollback(9), (9,)),
+    (m.STATS, True, m.pack_stats([("accepted", 10), ("heap", 2 ** 32 - 1)]),
+     ([("accepted", 10), ("heap", 2 ** 32 - 1)],)),
+    (m.PING, False, b"\x00\xff", (b"\x00\xff",)),
+    (m.ERROR, True, m.pack_error(4, "no model ü"), (4, "no model ü")),
+    (m.ACK, True, b"", ()),
+    (m.RESET, False, b"", ()),
+]
+
+
+@pytest.mark.parametrize("mtype, reply, payload, fields", ROUND_TRIPS)
+def test_round_trip(mtype, reply, payload, fields):
+    assert m.unpack(mtype, reply, payload) == fields
+
+
+def test_draft_wire_layout():
+    # greedy draft: k = 1, weight ONE sent as weight-1 = 0xFFFF
+    body = m.pack_draft(3, [(42, [42], [1 << 16])])
+    assert body == struct.pack("<IBHBHH", 3, 1, 42, 1, 42, 0xFFFF)
+    assert m.draft_size([(42, [42], [1 << 16])]) == len(body)
+
+
+@pytest.mark.parametrize("mtype, reply, payload", [
+    (m.VERDICT, True, b"\x00" * 6),
+    (m.VERDICT, True, b"\x00" * 8),
+    (m.DRAFT, True, m.pack_draft(1, [(5, [5, 9], [1, 2])])[:-1]),
+    (m.BEGIN, False, m.pack_begin(1, 0, 1, 0, 0, -1, [1, 2])[:-2]),
+    (m.HELLO, True, b"\x05ab"),
+    (m.ACK, True, b"\x00"),
+    (m.STATS, True, b"\x01\x01k\x00"),
+])
+def test_malformed_is_bad_length(mtype, reply, payload):
+    with pytest.raises(BadLength):
+        m.unpack(mtype, reply, payload)
+
+
+@pytest.mark.parametrize("mtype, reply, payload", [
+    (m.DRAFT, True, struct.pack("<IBHB", 0, 1, 5, 0)),  # empty q-hat table
+    (m.ERROR, True, b"\x01\x02\xff\xfe"),  # invalid UTF-8
+    (m.COMMIT, False, m.pack_commit(1, [1, 2])),  # tail longer than the sequence
+    (m.DRAFT, False, b""),  # a DRAFT is only ever a reply
+    (0x42, False, b""),
+])
+def test_malformed_content_is_bad_frame(mtype, reply, payload):
+    with pytest.raises(BadFrame):
+        m.unpack(mtype, reply, payload)
+    assert issubclass(BadFrame, CodecError)
+
+
+def test_error_message_is_cut_at_a_character_boundary():
+    code, msg = m.unpack_error(m.pack_error(1, "é" * 200))
+    assert code == 1 and msg == "é" * 127
+
+
+def test_pack_rejects_values_that_do_not_fit():
+    with pytest.raises(ValueError):
+        m.pack_configure(1, 1, "x" * 256)
+    with pytest.raises(ValueError):
+        m.pack_draft(0, [(1, [], [])])
