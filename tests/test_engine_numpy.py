@@ -1,0 +1,86 @@
+"""The numpy reference engine (host/engine.py): int8 arithmetic, batched passes, KV cache, rollback."""
+
+import numpy as np
+import pytest
+
+from host.engine import Engine, Mat, argmax, quantize_act
+from host.modelio import quantize_rows
+from shared.modelfile import FLAG_SHARED_CLS
+from tools.testmodels import random_model
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("m") / "m.spm"
+    random_model(path, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=48, vocab=80, max_seq=40, seed=5)
+    return path
+
+
+def test_quantize_act_and_matvec_are_the_contract():
+    x = np.array([[0.5, -1.27, 0.015, 0.0], [0, 0, 0, 0]], dtype=np.float32)
+    xq, xs = quantize_act(x)
+    np.testing.assert_array_equal(xq[0], [50, -127, 2, 0])  # floor(x/xs + 0.5): 1.5 -> 2
+    assert xs[1] == 0 and not xq[1].any()
+    rng = np.random.default_rng(0)
+    w = quantize_rows(rng.normal(size=(7, 300)))
+    xr = rng.normal(size=(3, 300)).astype(np.float32)
+    xq, xs = quantize_act(xr)
+    acc = xq.astype(np.int64) @ w.q.astype(np.int64).T  # exact int reference
+    np.testing.assert_allclose(Mat(w).matvec(xr), acc * w.s[None, :] * xs[:, None], rtol=1e-6)
+
+
+def test_batched_pass_equals_single_steps(model_path):
+    toks = [3, 17, 42, 8, 79, 0, 55, 21]
+    batched = Engine(model_path)
+    single = Engine(model_path)
+    a = batched.forward(toks[:3])
+    b = batched.forward(toks[3:])
+    rows = np.concatenate([a, b])
+    for j, t in enumerate(toks):
+        np.testing.assert_allclose(single.forward([t], j)[0], rows[j], rtol=1e-5, atol=1e-5)
+    assert batched.length == single.length == len(toks)
+
+
+def test_rollback_forgets_positions(model_path):
+    e = Engine(model_path)
+    e.forward([1, 2, 3, 4])
+    e.rollback(2)
+    assert e.length == 2
+    after = e.forward([9, 10])
+    fresh = Engine(model_path).forward([1, 2, 9, 10])[2:]
+    np.testing.assert_allclose(after, fresh, rtol=1e-5, atol=1e-5)
+    again = e.forward([11], 1)  # an earlier start position rolls back implicitly
+    np.testing.assert_allclose(again, Engine(model_path).forward([1, 11])[1:], rtol=1e-5, atol=1e-5)
+    e.reset()
+    np.testing.assert_allclose(e.forward([1]), Engine(model_path).forward([1]), rtol=1e-6)
+
+
+def test_argmax_ties_go_to_lowest_id():
+    assert argmax(np.array([0.5, 2.0, -1.0, 2.0], dtype=np.float32)) == 1
+
+
+def test_context_depends_on_earlier_tokens(model_path):
+    a = Engine(model_path).forward([5, 6, 7])[-1]
+    b = Engine(model_path).forward([50, 6, 7])[-1]
+    assert np.abs(a - b).max() > 1e-3
+
+
+def test_shared_classifier(tmp_path):
+    path = tmp_path / "s.spm"
+    random_model(path, flags=FLAG_SHARED_CLS, seed=2)
+    e = Engine(path)
+    logits = e.forward([1, 2])
+    assert logits.shape == (2, 96)
+    assert e.cls.q is e.tok_emb.q
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda e: e.forward([]), "at least one"),
+    (lambda e: e.forward([1], 3), "beyond"),
+    (lambda e: e.forward([80]), "out of range"),
+    (lambda e: e.forward(list(range(41))), "context"),
+    (lambda e: e.rollback(-1), ">= 0"),
+])
+def test_bad_calls(model_path, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(Engine(model_path))
