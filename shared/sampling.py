@@ -1,0 +1,73 @@
+"""Temperature, top-k and top-p applied to a float distribution, identically on every back-end.
+
+Runs unchanged under MicroPython and CPython. The engine that computes the target's (or drafter's)
+logits calls `prepare` and then `shared.rule.quantize`. Vectorised back-ends (numpy, torch) may
+compute the same thing in bulk but must keep these semantics exactly:
+
+- temperature: softmax(logits / T) with the max subtracted first; T <= 0 means greedy, a one-hot
+  distribution on the argmax (ties to the lowest id), so greedy decoding goes through the same path.
+- top_k (0 = off): keep the k most probable tokens, ties to the lowest id.
+- top_p (>= 1.0 = off): walk tokens from most to least probable (ties to the lowest id), keep them
+  while the probability mass kept *before* the token is below top_p * total; at least one is kept.
+- Tokens dropped get probability 0.0; the result is not renormalised (quantize normalises).
+
+The wire carries top_p as `top_p_q16` (BEGIN); `top_p_from_q16` converts it.
+"""
+
+import math
+
+from .rule import argmax, top_ids
+
+
+def top_p_from_q16(q16):
+    """top_p float from its Q16 wire value (0 and >= 65536 mean off)."""
+    return 1.0 if q16 <= 0 or q16 >= 65536 else q16 / 65536.0
+
+
+def softmax(logits, temperature=1.0):
+    """Probabilities softmax(logits / temperature); temperature <= 0 gives the one-hot argmax."""
+    n = len(logits)
+    if temperature <= 0.0:
+        out = [0.0] * n
+        out[argmax(logits)] = 1.0
+        return out
+    m = max(logits)
+    inv = 1.0 / temperature
+    out = [math.exp((x - m) * inv) for x in logits]
+    s = sum(out)
+    return [x / s for x in out]
+
+
+def filter_top_k(probs, k):
+    """Copy of probs with everything outside the k most probable set to 0.0 (k <= 0: unchanged)."""
+    if k <= 0 or k >= len(probs):
+        return list(probs)
+    out = [0.0] * len(probs)
+    for i in top_ids(probs, k):
+        out[i] = probs[i]
+    return out
+
+
+def filter_top_p(probs, top_p):
+    """Copy of probs keeping the smallest most-probable prefix holding top_p of the mass."""
+    if top_p >= 1.0:
+        return list(probs)
+    order = [i for i in range(len(probs)) if probs[i] > 0.0]
+    order.sort(key=lambda i: (-probs[i], i))
+    limit = top_p * sum(probs)
+    out = [0.0] * len(probs)
+    kept = 0.0
+    for i in order:
+        if kept >= limit and kept > 0.0:
+            break
+        out[i] = probs[i]
+        kept += probs[i]
+    return out
+
+
+def prepare(logits, temperature=1.0, top_k=0, top_p=1.0):
+    """Float distribution to quantize: softmax with temperature, then top-k, then top-p."""
+    probs = softmax(logits, temperature)
+    if temperature <= 0.0:
+        return probs
+    return filter_top_p(filter_top_k(probs, top_k), top_p)

@@ -1,0 +1,153 @@
+"""Unit tests of shared/prng.py, shared/rule.py and shared/sampling.py (exact, non-statistical cases)."""
+
+import math
+
+import pytest
+
+from shared import prng, rule, sampling
+from shared.rule import ONE
+
+
+def test_rand32_is_a_pure_32bit_function_of_all_arguments():
+    a = prng.rand32(7, 100, prng.EMIT)
+    assert a == prng.rand32(7, 100, prng.EMIT) and 0 <= a < 2 ** 32
+    others = {prng.rand32(8, 100, prng.EMIT), prng.rand32(7, 101, prng.EMIT),
+              prng.rand32(7, 100, prng.ACCEPT), prng.rand32(7, 100, prng.EMIT, 1)}
+    assert a not in others and len(others) == 4
+    assert prng.rand32(7 + 2 ** 32, 100, prng.EMIT) == a  # arguments are taken modulo 2^32
+
+
+def test_uniform_range_and_rejection():
+    for n in (1, 2, 3, 5, 1000, ONE, 2 ** 32):
+        vals = [prng.uniform(s, 1, prng.EMIT, n) for s in range(200)]
+        assert all(0 <= v < n for v in vals)
+    assert prng.uniform(1, 2, 3, 1) == 0
+    # n = 5 masks to 3 bits and rejects 5..7: the result is the first masked draw below 5
+    for s in range(50):
+        a = 0
+        while prng.rand32(s, 0, 1, a) & 7 >= 5:
+            a += 1
+        assert prng.uniform(s, 0, 1, 5) == prng.rand32(s, 0, 1, a) & 7
+    with pytest.raises(ValueError):
+        prng.uniform(1, 1, 1, 0)
+
+
+def test_quantize_sums_to_one_and_keeps_zeros():
+    w = rule.quantize([0.1, 0.0, 0.2, 0.7])
+    assert sum(w) == ONE and w[1] == 0
+    assert rule.quantize([1.0]) == [ONE]
+    assert rule.quantize([1, 1, 1]) == [21846, 21845, 21845]  # one spare unit, tie to the lowest id
+    assert rule.quantize([2.0, 6.0]) == [ONE // 4, 3 * ONE // 4]  # scale-free
+    tiny = rule.quantize([1e-9] + [1.0] * 3)
+    assert tiny[0] == 0 and sum(tiny) == ONE
+
+
+@pytest.mark.parametrize("bad", [[], [0.0, 0.0], [0.5, -0.1], [float("nan"), 1.0], [float("inf")]])
+def test_quantize_rejects_non_distributions(bad):
+    with pytest.raises(ValueError):
+        rule.quantize(bad)
+
+
+def test_top_ids_argmax_ties_to_lowest_id():
+    assert rule.top_ids([1, 3, 3, 2, 3], 2) == [1, 2]
+    assert rule.top_ids([1, 3, 3, 2, 3], 10) == [1, 2, 4, 3, 0]
+    assert rule.top_ids([5], 0) == []
+    assert rule.argmax([0, 2, 2, 1]) == 1
+
+
+def test_quantize_topk():
+    ids, w = rule.quantize_topk([0.05, 0.5, 0.05, 0.3, 0.1], 3)
+    assert ids == [1, 3, 4] and sum(w) == ONE and w[0] > w[1] > w[2]
+    assert rule.quantize_topk([0.0, 1.0, 0.0], 3) == ([1], [ONE])  # zero weights dropped
+    assert rule.quantize_topk([0.25] * 4, 2) == ([0, 1], [ONE // 2, ONE // 2])
+
+
+P = rule.quantize([0.4, 0.3, 0.2, 0.1, 0.0])
+
+
+def test_verify_q_equal_p_accepts_everything():
+    q = ([0, 1, 2, 3], P[:4])
+    for seed in range(100):
+        n, tok = rule.verify([P] * 4, [0, 3, 2], [q] * 3, seed, 10)
+        assert n == 3 and tok == rule.sample(P, seed, 13, prng.EMIT)
+
+
+def test_verify_rejects_a_draft_the_target_cannot_emit():
+    q = ([4], [ONE])  # the drafter is certain of token 4, which has p = 0
+    for seed in range(100):
+        n, tok = rule.verify([P, P], [4], [q], seed, 0)
+        assert n == 0 and tok == rule.sample(P, seed, 0, prng.EMIT)  # residual = p, drawn from EMIT at pos0
+
+
+def test_verify_first_rejected_draws_from_residual_only():
+    q = ([0], [ONE])  # p(0) = 0.4 < q(0) = 1: residual excludes token 0 entirely
+    outcomes = {rule.verify([P, P], [0], [q], seed, 5) for seed in range(400)}
+    rejected = {tok for n, tok in outcomes if n == 0}
+    assert rejected == {1, 2, 3}
+    assert {n for n, _ in outcomes} == {0, 1}
+
+
+def test_verify_accepts_when_target_is_at_least_draft():
+    q = ([0, 1], [ONE // 2, ONE // 2])
+    p = [0, ONE, 0, 0, 0]
+    for seed in range(50):
+        assert rule.verify([p, p, P], [1, 1], [q, q], seed, 0)[0] == 2
+
+
+def test_verify_eos_inside_accepted_run_ends_stream():
+    q = ([0, 1, 2, 3], P[:4])
+    assert rule.verify([P] * 4, [0, 2, 1], [q] * 3, 1, 0, eos=2) == (2, -1)
+
+
+def test_verify_is_deterministic_in_seed_and_position():
+    q = rule.quantize_topk([0.1, 0.1, 0.4, 0.4, 0.0], 2)
+    runs = [rule.verify([P] * 3, [2, 3], [q, q], s, 40) for s in range(64)]
+    assert runs == [rule.verify([P] * 3, [2, 3], [q, q], s, 40) for s in range(64)]
+    assert runs != [rule.verify([P] * 3, [2, 3], [q, q], s, 41) for s in range(64)]
+
+
+@pytest.mark.parametrize("args", [
+    ([P], [1], [([1], [ONE])]),  # missing bonus table
+    ([P, P], [1], [([2], [ONE])]),  # draft not in its q-hat
+    ([P, P], [1], [([1], [ONE - 1])]),  # q-hat does not sum to ONE
+])
+def test_verify_rejects_inconsistent_input(args):
+    with pytest.raises(ValueError):
+        rule.verify(*args, 0, 0)
+
+
+def test_residual_rejects_repeated_ids():
+    with pytest.raises(ValueError):
+        rule.sample_residual(P, [1, 1], [ONE // 2, ONE // 2], 0, 0)
+
+
+def test_verify_greedy():
+    assert rule.verify_greedy([4, 5, 6], [4, 5]) == (2, 6)
+    assert rule.verify_greedy([4, 5, 6], [4, 7]) == (1, 5)
+    assert rule.verify_greedy([4, 5, 6], [9, 5]) == (0, 4)
+    assert rule.verify_greedy([4, 5, 6], [4, 5], eos=4) == (1, -1)
+    assert rule.verify_greedy([3], []) == (0, 3)
+    with pytest.raises(ValueError):
+        rule.verify_greedy([1], [1])
+
+
+def test_softmax_and_temperature():
+    p = sampling.softmax([1.0, 2.0, 3.0], 1.0)
+    e = [math.exp(x) for x in (1.0, 2.0, 3.0)]
+    assert p == pytest.approx([x / sum(e) for x in e])
+    assert sampling.softmax([1.0, 3.0, 3.0], 0.0) == [0.0, 1.0, 0.0]
+    cold = sampling.softmax([1.0, 2.0, 3.0], 0.1)
+    assert cold[2] > 0.99 and sampling.softmax([1000.0, 0.0], 1.0)[0] == 1.0  # no overflow
+
+
+def test_top_k_and_top_p_filters():
+    probs = [0.1, 0.4, 0.2, 0.2, 0.1]
+    assert sampling.filter_top_k(probs, 2) == [0.0, 0.4, 0.2, 0.0, 0.0]
+    assert sampling.filter_top_k(probs, 0) == probs
+    assert sampling.filter_top_p(probs, 0.5) == [0.0, 0.4, 0.2, 0.0, 0.0]
+    assert sampling.filter_top_p(probs, 0.01) == [0.0, 0.4, 0.0, 0.0, 0.0]
+    assert sampling.filter_top_p(probs, 1.0) == probs
+    assert sampling.top_p_from_q16(32768) == 0.5 and sampling.top_p_from_q16(0) == 1.0
+    out = sampling.prepare([0.0, 1.0, 2.0, 3.0], 1.0, top_k=3, top_p=0.7)
+    assert out[0] == 0.0 and out[3] > out[2] > 0.0 and out[1] == 0.0
+    assert sampling.prepare([0.0, 5.0, 5.0], 0.0, top_k=1) == [0.0, 1.0, 0.0]
