@@ -1,0 +1,236 @@
+"""Drafter and verifier back-ends: the interfaces the orchestrator drives, and the registry of them.
+
+A stream is a prompt plus the tokens committed so far; the host owns it (host/orchestrator.py) and
+passes the whole committed list on every call, so a back-end can resynchronise from it at any time
+(roll its KV cache back to the longest common prefix and feed the rest).
+
+- `Drafter.draft(committed, gamma) -> Draft`: gamma tokens, each with the q-hat table it was sampled
+  from (CONTRACTS section 1: `quantize_topk`, PRNG purpose DRAFT at the absolute position).
+- `Verifier.verify(committed, draft) -> (n_accepted, token)`: one batched pass over gamma + 1 positions,
+  then the shared rule; an empty draft is one step of plain decoding (same PRNG draws).
+- `commit(committed)`: the verdict is final; roll back anything beyond it (may be lazy).
+
+Verifier back-ends are made by name through `VERIFIERS` (`cpu` here; the GPU issue registers
+`torch-cpu` and `gpu`; anything else is a serial port or `virtual`, handled by host/proxy.py boards),
+drafters through `DRAFTERS`. A factory takes the model path and keyword options and returns the
+back-end; `BackendError` carries a one-line message for the user.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class BackendError(Exception):
+    """A back-end that cannot be set up or that failed; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class SessionParams:
+    """Sampling parameters of a stream, identical for every back-end (BEGIN message fields)."""
+
+    seed: int = 0
+    temperature: float = 0.0  # 0: greedy
+    draft_top_k: int = 8  # size of the drafter's q-hat tables
+    target_top_k: int = 0  # 0: no top-k on the target
+    top_p: float = 1.0  # 1.0: no nucleus truncation
+    eos: int = -1  # -1: no end-of-stream token
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @property
+    def temp_milli(self) -> int:
+        return int(round(self.temperature * 1000))
+
+
+@dataclass
+class Draft:
+    """gamma drafted tokens from position pos0, each with its q-hat table (ids, integer weights)."""
+
+    pos0: int
+    tokens: list[int] = field(default_factory=list)
+    q: list[tuple[list[int], list[int]]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Backend(Protocol):
+    name: str  # what the stats show, e.g. "cpu" or "virtual:/dev/pts/4"
+    max_seq: int  # longest sequence the model's context holds
+    bus_bytes: int  # bytes this back-end's link carried so far, both ways (0 for in-process ones)
+
+    def begin(self, params: SessionParams, prompt: Sequence[int]) -> None: ...
+
+    def commit(self, committed: Sequence[int]) -> None: ...
+
+    def stats(self) -> dict: ...  # at least compute_s; heap_free for boards
+
+    def close(self) -> None: ...
+
+
+class Drafter(Backend, Protocol):
+    def draft(self, committed: Sequence[int], gamma: int) -> Draft: ...
+
+
+class Verifier(Backend, Protocol):
+    def verify(self, committed: Sequence[int], draft: Draft) -> tuple[int, int]: ...
+
+
+Factory = Callable[..., Backend]
+VERIFIERS: dict[str, Factory] = {}
+DRAFTERS: dict[str, Factory] = {}
+
+
+def register_verifier(name: str, factory: Factory) -> None:
+    """Make `--verifier NAME` build a back-end with `factory(model_path, **options)`."""
+    VERIFIERS[name] = factory
+
+
+def register_drafter(name: str, factory: Factory) -> None:
+    """Make `--drafter NAME` build a back-end with `factory(model_path, **options)`."""
+    DRAFTERS[name] = factory
+
+
+class EngineStream:
+    """A numpy `Engine` whose KV cache follows a token list: keeps the common prefix, feeds the rest."""
+
+    def __init__(self, path):
+        from host.engine import Engine  # noqa: PLC0415 - numpy engine only when a local back-end is made
+
+        try:
+            self.engine = Engine(path)
+        except (OSError, ValueError) as e:
+            raise BackendError("cannot load model %s: %s" % (path, e)) from None
+        self.cached: list[int] = []  # the tokens whose keys and values the cache holds
+        self.compute_s = 0.0
+
+    @property
+    def max_seq(self) -> int:
+        return self.engine.header.max_seq
+
+    def keep(self, tokens: Sequence[int]) -> None:
+        """Roll the cache back to its longest common prefix with `tokens`."""
+        n = 0
+        for a, b in zip(self.cached, tokens):
+            if a != b:
+                break
+            n += 1
+        del self.cached[n:]
+        self.engine.rollback(n)
+
+    def feed(self, tokens: Sequence[int]):
+        """Logits [len(tokens), vocab] of tokens appended after the cached ones."""
+        t0 = time.perf_counter()
+        logits = self.engine.forward(tokens, len(self.cached))
+        self.compute_s += time.perf_counter() - t0
+        self.cached.extend(tokens)
+        return logits
+
+    def logits_after(self, tokens: Sequence[int], extra: Sequence[int] = ()):
+        """Logits of the positions after tokens[-1] and after each of `extra` (cache: tokens + extra)."""
+        self.keep(tokens[:-1])
+        missing = list(tokens[len(self.cached):-1])
+        if missing:
+            self.feed(missing)
+        return self.feed([tokens[-1], *extra])
+
+
+def _probs(row, params: SessionParams, target: bool) -> list[float]:
+    from shared.sampling import prepare  # noqa: PLC0415
+
+    if target:
+        return prepare([float(v) for v in row], params.temperature, params.target_top_k, params.top_p)
+    return prepare([float(v) for v in row], params.temperature)
+
+
+class LocalVerifier:
+    """The target on the host CPU (numpy reference engine) with the shared acceptance rule."""
+
+    def __init__(self, model_path, **_options):
+        self.stream = EngineStream(model_path)
+        self.name = "cpu"
+        self.max_seq = self.stream.max_seq
+        self.bus_bytes = 0
+        self.params = SessionParams()
+
+    def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
+        self.params = params
+        self.stream.keep(())
+        if len(prompt) > 1:
+            self.stream.feed(prompt[:-1])
+
+    def verify(self, committed: Sequence[int], draft: Draft) -> tuple[int, int]:
+        from shared import rule  # noqa: PLC0415
+
+        if draft.pos0 != len(committed):
+            raise BackendError("draft for position %d, but the stream holds %d tokens"
+                               % (draft.pos0, len(committed)))
+        logits = self.stream.logits_after(committed, draft.tokens)
+        p = self.params
+        if p.greedy:
+            return rule.verify_greedy([rule.argmax(list(row)) for row in logits], draft.tokens, p.eos)
+        tables = [rule.quantize(_probs(row, p, True)) for row in logits]
+        return rule.verify(tables, draft.tokens, draft.q, p.seed, draft.pos0, p.eos)
+
+    def commit(self, committed: Sequence[int]) -> None:
+        self.stream.keep(committed)
+
+    def stats(self) -> dict:
+        return {"compute_s": self.stream.compute_s}
+
+    def close(self) -> None:
+        pass
+
+
+class LocalDrafter:
+    """The drafter model on the host CPU: q-hat = quantize_topk, token sampled from it (purpose DRAFT)."""
+
+    def __init__(self, model_path, **_options):
+        self.stream = EngineStream(model_path)
+        self.name = "cpu"
+        self.max_seq = self.stream.max_seq
+        self.bus_bytes = 0
+        self.params = SessionParams()
+
+    def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
+        self.params = params
+        self.stream.keep(())
+        if len(prompt) > 1:
+            self.stream.feed(prompt[:-1])
+
+    def draft(self, committed: Sequence[int], gamma: int) -> Draft:
+        from shared import prng, rule  # noqa: PLC0415
+
+        p = self.params
+        out = Draft(len(committed))
+        row = self.stream.logits_after(committed)[0]
+        for i in range(gamma):
+            if p.greedy:
+                ids, weights = [rule.argmax(list(row))], [rule.ONE]
+            else:
+                ids, weights = rule.quantize_topk(_probs(row, p, False), p.draft_top_k)
+            token = rule.sample_sparse(ids, weights, p.seed, out.pos0 + i, prng.DRAFT)
+            out.tokens.append(token)
+            out.q.append((ids, weights))
+            if i + 1 < gamma:
+                row = self.stream.feed([token])[0]
+        return out
+
+    def commit(self, committed: Sequence[int]) -> None:
+        self.stream.keep(committed)
+
+    def stats(self) -> dict:
+        return {"compute_s": self.stream.compute_s}
+
+    def close(self) -> None:
+        pass
+
+
+register_verifier("cpu", LocalVerifier)
+register_drafter("cpu", LocalDrafter)

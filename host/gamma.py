@@ -1,0 +1,141 @@
+"""Choice of the draft length gamma per stream, from measured acceptance and measured costs.
+
+DESIGN.md section 5: with i.i.d. acceptance alpha, a round that drafts gamma tokens commits on average
+`(1 - alpha**(gamma+1)) / (1 - alpha)` tokens and costs `D(gamma) + V(gamma+1) + C`: drafting gamma
+tokens, verifying gamma+1 positions, and the per-round commit overhead (bus round trips included, since
+every cost is measured around the call that pays it). `GammaController` keeps decayed estimates of
+alpha and of linear fits `D(g) = d0 + d1*g` and `V(k) = v0 + v1*k`, and picks the gamma with the most
+expected tokens per second, gamma = 0 (plain decoding: no drafter call at all) included.
+
+The first rounds probe three sizes (4, 1, 0) so both fits are identified; afterwards, every
+`PROBE_EVERY` rounds a neighbour of the current choice is tried so the estimates follow the stream
+(at gamma = 0 that is gamma = 1, the cheapest way to keep alpha measured).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PROBES = (4, 1, 0)  # first rounds: identify D(g) and V(k) (two distinct sizes each) and alpha
+PROBE_EVERY = 16
+DECAY = 0.95  # per observation: about the last 20 rounds dominate
+PRIOR_ALPHA = 0.5  # Beta(1, 1): no opinion until rounds are seen
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Expected tokens committed by one round with draft length gamma (accepted drafts + 1 emitted)."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+@dataclass
+class LinearFit:
+    """Decayed least squares y = a + b*x with a, b >= 0 (costs never shrink with size)."""
+
+    decay: float = DECAY
+    s0: float = 0.0
+    s1: float = 0.0
+    s2: float = 0.0
+    sy: float = 0.0
+    sxy: float = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = self.decay
+        self.s0, self.s1, self.s2 = self.s0 * d + 1.0, self.s1 * d + x, self.s2 * d + x * x
+        self.sy, self.sxy = self.sy * d + y, self.sxy * d + x * y
+
+    @property
+    def seen(self) -> bool:
+        return self.s0 > 0.0
+
+    def coefficients(self) -> tuple[float, float]:
+        """(a, b); with a single distinct x the cost is taken as proportional to x (a = 0)."""
+        if not self.seen:
+            return 0.0, 0.0
+        det = self.s0 * self.s2 - self.s1 * self.s1
+        if det > 1e-9 * max(1.0, self.s0 * self.s2):
+            b = (self.s0 * self.sxy - self.s1 * self.sy) / det
+            a = (self.sy - b * self.s1) / self.s0
+            if a >= 0.0 and b >= 0.0:
+                return a, b
+            if b < 0.0:
+                return max(0.0, self.sy / self.s0), 0.0
+        if self.s2 > 0.0:
+            return 0.0, max(0.0, self.sxy / self.s2)
+        return max(0.0, self.sy / self.s0), 0.0
+
+    def __call__(self, x: float) -> float:
+        a, b = self.coefficients()
+        return a + b * x
+
+
+@dataclass
+class GammaController:
+    """Per-stream gamma: fixed (`fixed` >= 0) or chosen from measurements (`fixed` None)."""
+
+    max_gamma: int = 8
+    fixed: int | None = None
+    acc_hits: float = 0.0
+    acc_trials: float = 0.0
+    draft_cost: LinearFit = field(default_factory=LinearFit)  # seconds to draft g tokens
+    verify_cost: LinearFit = field(default_factory=LinearFit)  # seconds to verify k positions
+    round_overhead: LinearFit = field(default_factory=LinearFit)  # commit etc., fitted against g > 0
+    rounds: int = 0
+    last: int = 0
+
+    @property
+    def alpha(self) -> float:
+        """Acceptance rate per draft token: decayed Beta(1, 1) posterior mean."""
+        return (self.acc_hits + 1.0) / (self.acc_trials + 2.0)
+
+    def round_time(self, gamma: int) -> float:
+        """Predicted seconds of one round with draft length gamma."""
+        t = self.verify_cost(gamma + 1) + self.round_overhead(1.0 if gamma else 0.0)
+        return t + (self.draft_cost(gamma) if gamma else 0.0)
+
+    def rate(self, gamma: int) -> float:
+        """Predicted committed tokens per second at draft length gamma."""
+        t = self.round_time(gamma)
+        return expected_tokens(self.alpha, gamma) / t if t > 0 else float("inf")
+
+    def choose(self, limit: int | None = None) -> int:
+        """Draft length for the next round, at most `limit` (room left in the stream or the context)."""
+        cap = self.max_gamma if limit is None else max(0, min(self.max_gamma, limit))
+        if self.fixed is not None:
+            g = min(self.fixed, cap)
+        elif self.rounds < len(PROBES):
+            g = min(PROBES[self.rounds], cap)
+        else:
+            g = max(range(cap + 1), key=lambda k: (self.rate(k), -k))
+            if self.rounds % PROBE_EVERY == 0 and cap > 0:
+                g = min(cap, g + 1) if g == 0 or self.rounds % (2 * PROBE_EVERY) == 0 else g - 1
+        self.last = g
+        return g
+
+    def observe(self, gamma: int, n_accepted: int, t_draft: float, t_verify: float, t_other: float,
+                ended: bool = False) -> None:
+        """Record a finished round: drafts accepted and seconds spent drafting, verifying, committing.
+
+        `ended`: the round stopped at an end-of-stream draft; a short run then says nothing about alpha.
+        """
+        self.rounds += 1
+        if gamma > 0:
+            trials = n_accepted + (0 if n_accepted >= gamma or ended else 1)
+            self.acc_hits = self.acc_hits * DECAY + n_accepted
+            self.acc_trials = self.acc_trials * DECAY + trials
+            self.draft_cost.add(gamma, t_draft)
+        self.verify_cost.add(gamma + 1, t_verify)
+        self.round_overhead.add(1.0 if gamma else 0.0, t_other)
+
+    def summary(self) -> dict:
+        """Figures behind the choice: alpha, c (draft token / target position), v(k) for k = 1..8."""
+        v1 = self.verify_cost(1)
+        d0, d1 = self.draft_cost.coefficients()
+        return {
+            "alpha": self.alpha,
+            "cost_ratio_c": (d1 / v1) if v1 > 0 else None,
+            "draft_call_s": d0,
+            "verify_v": [self.verify_cost(k) / v1 if v1 > 0 else None for k in range(1, 9)],
+            "verify_1_s": v1,
+        }

@@ -1,0 +1,138 @@
+"""The decode loop: the host owns the committed prefix and drives one drafter and one verifier.
+
+Each round: pick gamma (host/gamma.py), ask the drafter for gamma tokens with their q-hat tables,
+ask the verifier for a verdict over the gamma + 1 positions, commit the accepted drafts and the
+emitted token, tell both back-ends (they roll back everything beyond it). gamma = 0 is a round of
+plain decoding on the verifier; without a drafter (`--plain`) every round is one. The stream stops at
+the end-of-stream token, at `max_tokens`, or when the context of either model is full.
+
+Times are measured around each call (so they include bus round trips) and fed back to the gamma
+controller; bus bytes come from the back-ends' links.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from host.backends import Draft, Drafter, SessionParams, Verifier
+from host.gamma import GammaController
+
+
+@dataclass
+class Round:
+    """One draft/verify/commit round, as the projection and the stats need it."""
+
+    gamma: int
+    n_accepted: int
+    committed: int  # tokens this round added to the stream
+    pos0: int  # stream length before the round (absolute position of the first draft)
+    q_ids: int  # q-hat entries sent with the drafts, all drafts together
+    t_draft: float
+    t_verify: float
+    t_commit: float
+    bytes_draft: int
+    bytes_verify: int
+
+
+@dataclass
+class Result:
+    tokens: list[int]  # generated tokens (prompt excluded, end-of-stream token excluded)
+    rounds: list[Round] = field(default_factory=list)
+    wall_s: float = 0.0
+    stop: str = "max_tokens"  # "eos", "max_tokens" or "context"
+
+    @property
+    def drafted(self) -> int:
+        return sum(r.gamma for r in self.rounds)
+
+    @property
+    def accepted(self) -> int:
+        return sum(r.n_accepted for r in self.rounds)
+
+    @property
+    def alpha(self) -> float | None:
+        """Accepted drafts / drafted tokens (None when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_verification(self) -> float:
+        return sum(r.committed for r in self.rounds) / len(self.rounds) if self.rounds else 0.0
+
+    @property
+    def gamma_hist(self) -> dict[int, int]:
+        return dict(sorted(Counter(r.gamma for r in self.rounds).items()))
+
+    @property
+    def bus_bytes(self) -> int:
+        return sum(r.bytes_draft + r.bytes_verify for r in self.rounds)
+
+
+OnRound = Callable[[Sequence[int], Sequence[int]], None]  # (accepted drafts, emitted tokens)
+Costs = Callable[[Round], tuple[float, float, float]]  # (draft, verify, commit) seconds of a round
+
+
+def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None, params: SessionParams,
+             max_tokens: int, controller: GammaController | None = None, on_round: OnRound | None = None,
+             clock: Callable[[], float] = time.perf_counter, costs: Costs | None = None) -> Result:
+    """Generate up to `max_tokens` tokens after `prompt`; speculative when a drafter is given.
+
+    The gamma controller learns from the measured seconds of each round, or from `costs(round)` when
+    given (a projection to other hardware, host/projection.py).
+    """
+    if not prompt:
+        raise ValueError("the prompt must hold at least one token")
+    controller = controller or GammaController()
+    max_seq = min(verifier.max_seq, drafter.max_seq) if drafter else verifier.max_seq
+    if len(prompt) >= max_seq:
+        raise ValueError("the prompt has %d tokens but the context holds %d" % (len(prompt), max_seq))
+    committed = list(prompt)
+    out: list[int] = []
+    result = Result(out)
+    start = clock()
+    verifier.begin(params, committed)
+    if drafter:
+        drafter.begin(params, committed)
+    while len(out) < max_tokens:
+        if len(committed) >= max_seq:
+            result.stop = "context"
+            break
+        room = min(max_tokens - len(out), max_seq - len(committed)) - 1
+        gamma = controller.choose(room) if drafter else 0
+        b_d0 = drafter.bus_bytes if drafter else 0
+        b_v0 = verifier.bus_bytes
+        t0 = clock()
+        draft = drafter.draft(committed, gamma) if gamma else Draft(len(committed))
+        t1 = clock()
+        n_acc, token = verifier.verify(committed, draft)
+        t2 = clock()
+        if not 0 <= n_acc <= len(draft) or token < -1 or (token == -1 and n_acc == 0):
+            raise RuntimeError("verifier %s returned an impossible verdict (%d, %d) for %d drafts"
+                               % (verifier.name, n_acc, token, len(draft)))
+        accepted = draft.tokens[:n_acc]
+        emitted = [token] if token >= 0 else []
+        new = accepted + emitted
+        ended = token == -1 or (params.eos >= 0 and token == params.eos)
+        committed += new
+        verifier.commit(committed)
+        if drafter and gamma:
+            drafter.commit(committed)
+        t3 = clock()
+        visible = [t for t in new if t != params.eos] if ended else new
+        out += visible
+        r = Round(gamma, n_acc, len(new), len(committed) - len(new), sum(len(q[0]) for q in draft.q),
+                  t1 - t0, t2 - t1, t3 - t2, (drafter.bus_bytes - b_d0) if drafter else 0,
+                  verifier.bus_bytes - b_v0)
+        result.rounds.append(r)
+        controller.observe(gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
+                           ended=token == -1)
+        if on_round:
+            vis_acc = [t for t in accepted if t != params.eos] if ended else accepted
+            on_round(vis_acc, [t for t in emitted if not ended or t != params.eos])
+        if ended:
+            result.stop = "eos"
+            break
+    result.wall_s = clock() - start
+    return result

@@ -1,0 +1,102 @@
+"""What a user sees of a run: the text streamed as it is committed, the stats table, the stats JSON.
+
+Accepted draft tokens are shown in green and tokens the target emitted itself in the default colour,
+only when the stream is a terminal (`color=None` decides from `isatty`). Token bytes go through an
+incremental UTF-8 decoder, so a character split across tokens is printed once it is whole.
+
+The stats JSON is a stable contract for scripts (docs of `specmesh run --stats-json`): it always holds
+`text, tokens, alpha, tokens_per_verification, gamma, wall_s, tokens_per_s, bus_bytes_per_token,
+verifier, drafter`, plus more detail (`gamma_hist`, `boards`, `projection`, ...).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import IO
+
+GREEN = "\x1b[32m"
+RESET = "\x1b[0m"
+REQUIRED_KEYS = ("text", "tokens", "alpha", "tokens_per_verification", "gamma", "wall_s", "tokens_per_s",
+                 "bus_bytes_per_token", "verifier", "drafter")
+
+
+class TokenStream:
+    """Writes committed tokens to `out` as text; `piece(id) -> bytes` gives a token's bytes."""
+
+    def __init__(self, piece: Callable[[int], bytes], out: IO[str] | None = None, color: bool | None = None):
+        self.out = out if out is not None else sys.stdout
+        self.piece = piece
+        if color is None:
+            color = hasattr(self.out, "isatty") and self.out.isatty() and "NO_COLOR" not in os.environ
+        self.color = color
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def _text(self, ids: Sequence[int]) -> str:
+        return self._utf8.decode(b"".join(self.piece(t) for t in ids))
+
+    def write(self, accepted: Sequence[int], emitted: Sequence[int]) -> None:
+        """Show one round: drafts the target accepted, then the tokens it emitted itself."""
+        a, e = self._text(accepted), self._text(emitted)
+        if self.color and a:
+            a = GREEN + a + RESET
+        if a or e:
+            self.out.write(a + e)
+            self.out.flush()
+
+    def finish(self) -> None:
+        tail = self._utf8.decode(b"", final=True)
+        self.out.write(tail + "\n")
+        self.out.flush()
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "%.3g" % v if abs(v) < 1000 else "%.0f" % v
+    if v is None:
+        return "-"
+    return str(v)
+
+
+def format_table(stats: dict) -> str:
+    """The end-of-run table: one figure a line, then one line per board."""
+    hist = stats.get("gamma_hist") or {}
+    gamma = ", ".join("%s x%d" % (g, n) for g, n in sorted(hist.items(), key=lambda kv: int(kv[0]))) or "-"
+    rows = [
+        ("tokens", stats["tokens"]),
+        ("acceptance alpha", stats["alpha"]),
+        ("tokens / verification", stats["tokens_per_verification"]),
+        ("gamma (%s)" % stats.get("gamma_policy", "auto"), gamma),
+        ("wall time s", stats["wall_s"]),
+        ("tokens / s", stats["tokens_per_s"]),
+        ("bus bytes / token", stats["bus_bytes_per_token"]),
+        ("verifier", stats["verifier"]),
+        ("drafter", stats["drafter"]),
+    ]
+    proj = stats.get("projection")
+    if proj:
+        rows.append(("projected on %s: tokens / s" % proj["hardware"], proj["tokens_per_s"]))
+        rows.append(("projected speed-up vs plain", proj["speedup_vs_plain"]))
+    width = max(len(k) for k, _ in rows)
+    lines = ["%-*s  %s" % (width, k, _fmt(v)) for k, v in rows]
+    boards = stats.get("boards") or []
+    if boards:
+        lines.append("%-*s  %10s %12s %10s" % (width, "board", "compute s", "heap free B", "frames err"))
+        for b in boards:
+            lines.append("%-*s  %10s %12s %10s" % (width, "%s (%s)" % (b["name"], b["role"]),
+                                                     _fmt(b.get("compute_s")), _fmt(b.get("heap_free")),
+                                                     _fmt(b.get("errors"))))
+    return "\n".join(lines)
+
+
+def write_stats_json(path: str, stats: dict) -> None:
+    """Write the stats JSON (keys REQUIRED_KEYS and more); raises OSError if the file cannot be written."""
+    missing = [k for k in REQUIRED_KEYS if k not in stats]
+    if missing:
+        raise ValueError("stats lack %s" % missing)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(stats, f, indent=1, sort_keys=True)
+        f.write("\n")

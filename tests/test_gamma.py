@@ -1,0 +1,100 @@
+"""gamma choice (host/gamma.py): the expected-tokens formula, the cost fits, and the controller's choices
+in simulated streams whose acceptance and costs are known."""
+
+import random
+
+import pytest
+
+from host.gamma import PROBE_EVERY, PROBES, GammaController, LinearFit, expected_tokens
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.99])
+@pytest.mark.parametrize("gamma", [0, 1, 4, 8])
+def test_expected_tokens_is_the_geometric_series(alpha, gamma):
+    assert expected_tokens(alpha, gamma) == pytest.approx(sum(alpha ** i for i in range(gamma + 1)))
+
+
+def test_expected_tokens_at_full_acceptance():
+    assert expected_tokens(1.0, 5) == 6.0
+
+
+def test_linear_fit_recovers_a_line_and_stays_non_negative():
+    fit = LinearFit(decay=1.0)
+    for x in (1, 2, 5, 9):
+        fit.add(x, 0.003 + 0.002 * x)
+    a, b = fit.coefficients()
+    assert a == pytest.approx(0.003) and b == pytest.approx(0.002)
+    single = LinearFit()
+    single.add(4, 0.02)
+    single.add(4, 0.02)
+    assert single.coefficients() == pytest.approx((0.0, 0.005))  # one size seen: cost taken as proportional
+    falling = LinearFit(decay=1.0)
+    falling.add(1, 0.01)
+    falling.add(5, 0.002)
+    a, b = falling.coefficients()
+    assert b == 0.0 and a == pytest.approx(0.006)
+
+
+def simulate(alpha, draft_s, verify, overhead, rounds=300, seed=0):
+    """Run a controller against a stream with i.i.d. acceptance alpha and exact costs; gamma histogram."""
+    rng = random.Random(seed)
+    c = GammaController()
+    hist = {}
+    for _ in range(rounds):
+        g = c.choose()
+        n = 0
+        while n < g and rng.random() < alpha:
+            n += 1
+        c.observe(g, n, draft_s * g, verify(g + 1), overhead)
+        hist[g] = hist.get(g, 0) + 1
+    return c, hist
+
+
+def best_gamma(alpha, draft_s, verify, overhead, max_gamma=8):
+    def rate(g):
+        return expected_tokens(alpha, g) / (draft_s * g + verify(g + 1) + overhead)
+    return max(range(max_gamma + 1), key=rate)
+
+
+def test_compute_bound_verifier_with_costly_drafter_decodes_plain():
+    # a microcontroller target: v(k) = k; drafter at half the target's cost; modest acceptance
+    verify = lambda k: 0.010 * k  # noqa: E731
+    c, hist = simulate(0.5, 0.005, verify, 0.001)
+    assert best_gamma(0.5, 0.005, verify, 0.001) == 0
+    assert hist.get(0, 0) > 0.85 * sum(hist.values())
+    assert hist.get(1, 0) >= 300 // PROBE_EVERY - 2  # still probing, so alpha stays measured
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.8, 0.9])
+def test_memory_bound_verifier_with_cheap_drafter_speculates_at_the_best_gamma(alpha):
+    # a GPU-like target: v(k) ~ 1; drafter 5% of a verify
+    verify = lambda k: 0.010 + 0.0002 * k  # noqa: E731
+    want = best_gamma(alpha, 0.0005, verify, 0.0005)
+    assert want >= 2
+    c, hist = simulate(alpha, 0.0005, verify, 0.0005, seed=int(alpha * 10))
+    chosen = max(hist, key=hist.get)
+    # the estimate of alpha is noisy: accept a neighbour whose true rate is within 3% of the best
+    def rate(g):
+        return expected_tokens(alpha, g) / (0.0005 * g + verify(g + 1) + 0.0005)
+    assert rate(chosen) >= 0.97 * rate(want)
+    assert c.summary()["verify_v"][7] == pytest.approx(verify(8) / verify(1), rel=0.05)
+
+
+def test_fixed_gamma_is_kept_and_capped_by_the_room_left():
+    c = GammaController(fixed=5)
+    assert [c.choose() for _ in range(3)] == [5, 5, 5]
+    assert c.choose(limit=2) == 2
+    assert GammaController(fixed=0).choose() == 0
+
+
+def test_probing_order_then_never_beyond_the_limit():
+    c = GammaController()
+    got = []
+    for _ in range(len(PROBES)):
+        got.append(c.choose(limit=8))
+        c.observe(got[-1], 0, 0.001 * got[-1], 0.01, 0.0)
+    assert got == list(PROBES)
+    for _ in range(40):
+        g = c.choose(limit=1)
+        assert 0 <= g <= 1
+        c.observe(g, 0, 0.001 * g, 0.01, 0.0)

@@ -1,0 +1,108 @@
+"""The decode loop (host/orchestrator.py) with the local numpy back-ends (host/backends.py):
+greedy speculative output equals plain output, sampling is reproducible, stops are honoured."""
+
+import random
+
+import pytest
+
+from host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
+from host.gamma import GammaController
+from host.orchestrator import generate
+from tools.testmodels import random_model
+
+VOCAB = 64
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    target = d / "target.spm"
+    drafter = d / "drafter.spm"
+    random_model(target, dim=32, n_layers=2, hidden=64, vocab=VOCAB, max_seq=96, seed=11)
+    random_model(drafter, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=VOCAB, max_seq=96, seed=12)
+    return str(target), str(drafter)
+
+
+@pytest.fixture(scope="module")
+def backends(models):
+    return LocalVerifier(models[0]), LocalDrafter(models[1]), LocalDrafter(models[0])
+
+
+def prompts(n, seed=5):
+    rng = random.Random(seed)
+    return [[rng.randrange(VOCAB) for _ in range(rng.randrange(1, 9))] for _ in range(n)]
+
+
+def test_greedy_speculative_equals_plain_for_20_prompts(backends):
+    verifier, drafter, _ = backends
+    params = SessionParams(seed=0, temperature=0.0)
+    accepted = 0
+    for i, prompt in enumerate(prompts(20)):
+        plain = generate(prompt, verifier, None, params, 24)
+        spec = generate(prompt, verifier, drafter, params, 24, GammaController(fixed=1 + i % 6))
+        assert spec.tokens == plain.tokens, "prompt %d" % i
+        assert len(plain.tokens) == 24 and all(r.gamma == 0 for r in plain.rounds)
+        accepted += spec.accepted
+    assert accepted > 0  # some drafts were accepted, so the comparison exercised accepted runs
+
+
+def test_greedy_with_the_target_as_drafter_accepts_everything(backends):
+    verifier, _, self_drafter = backends
+    params = SessionParams(temperature=0.0)
+    plain = generate([3, 1, 4], verifier, None, params, 30)
+    spec = generate([3, 1, 4], verifier, self_drafter, params, 30, GammaController(fixed=4))
+    assert spec.tokens == plain.tokens
+    assert spec.alpha == 1.0
+    assert spec.tokens_per_verification == 5.0  # 6 rounds of 4 accepted + 1 bonus
+
+
+def test_adaptive_gamma_output_equals_plain(backends):
+    verifier, drafter, _ = backends
+    params = SessionParams(temperature=0.0)
+    for prompt in prompts(4, seed=9):
+        assert (generate(prompt, verifier, drafter, params, 40).tokens
+                == generate(prompt, verifier, None, params, 40).tokens)
+
+
+def test_sampling_same_seed_same_text_and_seed_matters(backends):
+    verifier, drafter, _ = backends
+    runs = [generate([7, 8], verifier, drafter, SessionParams(seed=s, temperature=0.9, draft_top_k=8), 30,
+                     GammaController(fixed=3)).tokens for s in (42, 42, 43)]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_sampling_plain_is_speculation_with_gamma_zero(backends):
+    # gamma = 0 rounds draw the very same PRNG numbers as plain decoding (CONTRACTS: purpose EMIT)
+    verifier, drafter, _ = backends
+    params = SessionParams(seed=9, temperature=1.0, target_top_k=20)
+    assert (generate([5], verifier, drafter, params, 25, GammaController(fixed=0)).tokens
+            == generate([5], verifier, None, params, 25).tokens)
+
+
+def test_eos_ends_the_stream_and_is_not_output(backends):
+    verifier, drafter, _ = backends
+    plain = generate([2, 9], verifier, None, SessionParams(), 30).tokens
+    eos = plain[10]
+    cut = plain[:plain.index(eos)]
+    params = SessionParams(eos=eos)
+    for d, g in ((None, None), (drafter, 2), (drafter, 5)):
+        res = generate([2, 9], verifier, d, params, 30, GammaController(fixed=g) if g else None)
+        assert res.tokens == cut and res.stop == "eos"
+
+
+def test_stops_at_max_tokens_and_at_the_context(backends):
+    verifier, drafter, _ = backends
+    res = generate([1], verifier, drafter, SessionParams(), 7, GammaController(fixed=5))
+    assert len(res.tokens) == 7 and res.stop == "max_tokens"
+    long = generate(list(range(60)), verifier, drafter, SessionParams(), 1000, GammaController(fixed=8))
+    assert 60 + len(long.tokens) == verifier.max_seq and long.stop == "context"
+    with pytest.raises(ValueError, match="context"):
+        generate(list(range(VOCAB)) + list(range(40)), verifier, None, SessionParams(), 5)
+
+
+def test_verifier_refuses_a_draft_for_the_wrong_position(backends):
+    verifier, _, _ = backends
+    verifier.begin(SessionParams(), [1, 2, 3])
+    with pytest.raises(Exception, match="position 2"):
+        verifier.verify([1, 2, 3], Draft(2, [4], [([4], [1 << 16])]))
