@@ -18,7 +18,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from host.modelio import QTensor, read_model
+from shared import sampling
 from shared.modelfile import FLAG_SHARED_CLS, Header
+from shared.rule import quantize
 
 F32 = np.float32
 
@@ -159,15 +161,11 @@ def argmax(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
 
 
-def target_probs(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
-    """Float target distribution of one logits row: temperature, then top-k, then top-p (float64)."""
-    from shared import sampling  # noqa: PLC0415 - the shared helper is optional until it ships
-
-    return np.asarray(sampling.probs(list(map(float, logits)), temperature, top_k, top_p), dtype=np.float64)
+def target_probs(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> list[float]:
+    """Float target distribution of one logits row: temperature, top-k, top-p (shared/sampling.py)."""
+    return sampling.prepare([float(v) for v in logits], temperature, top_k, top_p)
 
 
 def target_table(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> list[int]:
     """Quantized target distribution (ints summing to ONE) of one logits row, for the acceptance rule."""
-    from shared.rule import quantize  # noqa: PLC0415
-
     return quantize(target_probs(logits, temperature, top_k, top_p))

@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from host.engine import Engine, Mat, argmax, quantize_act
+from host.engine import Engine, Mat, argmax, quantize_act, target_table
 from host.modelio import quantize_rows
 from shared.modelfile import FLAG_SHARED_CLS
+from shared.rule import ONE
 from tools.testmodels import random_model
 
 
@@ -84,3 +85,13 @@ def test_shared_classifier(tmp_path):
 def test_bad_calls(model_path, call, message):
     with pytest.raises(ValueError, match=message):
         call(Engine(model_path))
+
+
+def test_target_table_is_a_quantized_distribution(model_path):
+    row = Engine(model_path).forward([4, 9])[-1]
+    greedy = target_table(row, 0.0)
+    assert greedy[argmax(row)] == ONE and sum(greedy) == ONE
+    full = target_table(row, 1.0)
+    assert sum(full) == ONE and min(full) >= 0 and full.index(max(full)) == argmax(row)
+    top3 = target_table(row, 0.8, top_k=3)
+    assert sum(top3) == ONE and sum(1 for w in top3 if w) == 3
