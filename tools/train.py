@@ -75,11 +75,15 @@ def load_model(path: Path) -> tuple[Transformer, dict]:
     return m.eval(), ck
 
 
-def lr_at(step: int, a) -> float:
+def lr_at(step: int, train_s: float, a) -> float:
+    """Linear warm-up, then cosine decay to 10% over the run's progress: the larger of the step
+    fraction and the time-budget fraction, so a run on a busy machine still ends fully decayed."""
     if step < a.warmup:
         return a.lr * (step + 1) / a.warmup
-    t = min(1.0, (step - a.warmup) / max(1, a.steps - a.warmup))
-    return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+    t = (step - a.warmup) / max(1, a.steps - a.warmup)
+    if a.minutes:
+        t = max(t, train_s / (a.minutes * 60))
+    return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
 def train(a) -> dict:
@@ -113,7 +117,7 @@ def train(a) -> dict:
                mininterval=5, file=sys.stdout)
     for step in bar:
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, a)
+            g["lr"] = lr_at(step, time.time() - t0, a)
         x = batch(data, a.batch, a.seq, a.seed, step)
         logits = model(x[:, :-1])
         flat = logits.reshape(-1, logits.shape[-1])

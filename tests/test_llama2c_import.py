@@ -1,0 +1,173 @@
+"""llama2.c import: a tiny checkpoint written here in llama2.c's layouts (numpy), converted, and run
+by the int8 engine, must reproduce a plain float forward of the source weights (run.c's algorithm)."""
+
+import struct
+
+import numpy as np
+import pytest
+
+from host.engine import Engine
+from host.tokenizer import Tokenizer, read_llama2c_tokenizer
+from shared.modelfile import FLAG_SHARED_CLS
+from tools import llama2c_import as imp
+
+DIM, HIDDEN, LAYERS, HEADS, KV, VOCAB, SEQ = 32, 72, 2, 4, 2, 48, 24
+HD = DIM // HEADS
+GROUP = 16
+TOKENS = [1, 7, 30, 2, 45, 19, 19, 5, 33, 12, 0, 40, 8, 21, 3, 11]
+
+
+def weights(seed, shared):
+    rng = np.random.default_rng(seed)
+
+    def m(r, c, std=None):
+        return rng.normal(0, std or c ** -0.5, (r, c)).astype(np.float32)
+
+    w = {"emb": m(VOCAB, DIM, 1.0), "att": rng.uniform(0.8, 1.2, (LAYERS, DIM)).astype(np.float32),
+         "ffn": rng.uniform(0.8, 1.2, (LAYERS, DIM)).astype(np.float32),
+         "final": rng.uniform(0.8, 1.2, DIM).astype(np.float32)}
+    shapes = imp._shapes(DIM, HIDDEN, HEADS, KV)
+    for n in imp.MATS:
+        w[n] = [m(*shapes[n]) for _ in range(LAYERS)]
+    w["cls"] = w["emb"] if shared else m(VOCAB, DIM, 2 * DIM ** -0.5)
+    return w
+
+
+def write_v0(w, shared):
+    out = [struct.pack("<7i", DIM, HIDDEN, LAYERS, HEADS, KV, VOCAB if shared else -VOCAB, SEQ), w["emb"].tobytes(),
+           w["att"].tobytes()]
+    out += [x.tobytes() for n in ("wq", "wk", "wv", "wo") for x in w[n]]
+    out.append(w["ffn"].tobytes())
+    out += [x.tobytes() for n in ("w1", "w2", "w3") for x in w[n]]
+    out.append(w["final"].tobytes())
+    out.append(np.zeros(SEQ * HD, np.float32).tobytes())  # legacy freq_cis_real/imag
+    if not shared:
+        out.append(w["cls"].tobytes())
+    return b"".join(out)
+
+
+def q80(x):
+    """llama2.c export.py quantize_q80: symmetric int8 per group of GROUP values; returns (q, s, dequant)."""
+    g = x.reshape(-1, GROUP)
+    s = (np.abs(g).max(axis=1) / 127.0).astype(np.float32)
+    q = np.round(g / s[:, None]).astype(np.int8)
+    return q, s, (q.astype(np.float32) * s[:, None]).reshape(x.shape)
+
+
+def write_v2(w, shared):
+    head = struct.pack("<Ii7iBi", imp.AK42, 2, DIM, HIDDEN, LAYERS, HEADS, KV, VOCAB, SEQ, int(shared), GROUP)
+    out = [head + b"\0" * (256 - len(head)), w["att"].tobytes(), w["ffn"].tobytes(), w["final"].tobytes()]
+    mats = [w["emb"]] + [x for n in imp.MATS for x in w[n]] + ([] if shared else [w["cls"]])
+    deq = []
+    for x in mats:
+        q, s, d = q80(x)
+        out += [q.tobytes(), s.tobytes()]
+        deq.append(d)
+    w2 = dict(w, emb=deq[0], cls=deq[0] if shared else deq[-1])
+    for i, n in enumerate(imp.MATS):
+        w2[n] = deq[1 + i * LAYERS:1 + (i + 1) * LAYERS]
+    return b"".join(out), w2
+
+
+def float_forward(w, tokens):
+    """run.c's forward in float64, one token at a time, with a float KV cache."""
+    kc = np.zeros((LAYERS, SEQ, KV * HD))
+    vc = np.zeros((LAYERS, SEQ, KV * HD))
+    out = []
+
+    def rms(x, g):
+        return g * x / np.sqrt(np.mean(x * x) + 1e-5)
+
+    for pos, t in enumerate(tokens):
+        x = w["emb"][t].astype(np.float64)
+        for i in range(LAYERS):
+            h = rms(x, w["att"][i])
+            q, k, v = w["wq"][i] @ h, w["wk"][i] @ h, w["wv"][i] @ h
+            for j in range(0, DIM, 2):
+                f = 1.0 / 10000.0 ** ((j % HD) / HD)
+                c, s = np.cos(pos * f), np.sin(pos * f)
+                for vec in (q, k) if j < KV * HD else (q,):
+                    a, b = vec[j], vec[j + 1]
+                    vec[j], vec[j + 1] = a * c - b * s, a * s + b * c
+            kc[i, pos], vc[i, pos] = k, v
+            o = np.zeros(DIM)
+            for hh in range(HEADS):
+                kv = hh // (HEADS // KV)
+                qh = q[hh * HD:(hh + 1) * HD]
+                sc = kc[i, :pos + 1, kv * HD:(kv + 1) * HD] @ qh / np.sqrt(HD)
+                a = np.exp(sc - sc.max())
+                a /= a.sum()
+                o[hh * HD:(hh + 1) * HD] = a @ vc[i, :pos + 1, kv * HD:(kv + 1) * HD]
+            x = x + w["wo"][i] @ o
+            h = rms(x, w["ffn"][i])
+            g = w["w1"][i] @ h
+            x = x + w["w2"][i] @ (g / (1 + np.exp(-g)) * (w["w3"][i] @ h))
+        out.append(w["cls"] @ rms(x, w["final"]))
+    return np.array(out)
+
+
+def check_logits(path, w):
+    ref = float_forward(w, TOKENS)
+    got = Engine(str(path)).forward(TOKENS, 0)
+    # int8 weights and activations: every logit within 5% of the logit range, argmax identical
+    err = np.abs(got - ref).max(axis=1) / (ref.max(axis=1) - ref.min(axis=1))
+    assert err.max() < 0.05, err
+    assert (got.argmax(axis=1) == ref.argmax(axis=1)).all()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_version0_import_reproduces_float_logits(tmp_path, shared):
+    w = weights(1, shared)
+    src = tmp_path / "model.bin"
+    src.write_bytes(write_v0(w, shared))
+    h = imp.convert(src, None, tmp_path / "m.spm", None)
+    assert (h.dim, h.hidden, h.n_layers, h.n_heads, h.n_kv_heads, h.vocab, h.max_seq) == (
+        DIM, HIDDEN, LAYERS, HEADS, KV, VOCAB, SEQ)
+    assert bool(h.flags & FLAG_SHARED_CLS) == shared
+    check_logits(tmp_path / "m.spm", w)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_version2_int8_import_reproduces_source_logits(tmp_path, shared):
+    data, deq = write_v2(weights(2, shared), shared)
+    src = tmp_path / "q.bin"
+    src.write_bytes(data)
+    imp.convert(src, None, tmp_path / "q.spm", None)
+    check_logits(tmp_path / "q.spm", deq)
+
+
+def write_tokenizer(path, pieces):
+    body = b"".join(struct.pack("<fi", -float(i), len(p)) + p for i, p in enumerate(pieces))
+    path.write_bytes(struct.pack("<i", max(map(len, pieces))) + body)
+
+
+def test_tokenizer_bin_becomes_vocab_table(tmp_path):
+    pieces = [b"<unk>", b"<s>", b"</s>"] + [b"<0x%02X>" % i for i in range(16)] + [b" the", b"cat", b"."]
+    pieces += [b"x%d" % i for i in range(VOCAB - len(pieces))]
+    write_tokenizer(tmp_path / "tok.bin", pieces)
+    got, scores = read_llama2c_tokenizer(tmp_path / "tok.bin", VOCAB)
+    assert got == pieces and scores[5] == -5.0
+    src = tmp_path / "model.bin"
+    src.write_bytes(write_v0(weights(3, True), True))
+    h = imp.convert(src, tmp_path / "tok.bin", tmp_path / "m.spm", tmp_path / "m.vocab")
+    tok = Tokenizer.from_vocab_bin(tmp_path / "m.vocab")
+    assert h.tokenizer_id != 0
+    assert tok.decode_bytes([1, 19, 20, 3 + 0x0A, 21, 2]) == b" thecat\n."
+
+
+def test_bad_inputs_give_one_line_errors(tmp_path, capsys):
+    w = weights(4, True)
+    good = write_v0(w, True)
+    (tmp_path / "short.bin").write_bytes(good[:-10])
+    (tmp_path / "long.bin").write_bytes(good + b"\0" * 8)
+    (tmp_path / "junk.bin").write_bytes(b"\xff" * 64)
+    (tmp_path / "tok.bin").write_bytes(b"\x05\0\0\0" + b"\0" * 6)
+    for args, msg in ((["short.bin"], "truncated"), (["long.bin"], "left over"), (["junk.bin"], "not a llama2.c"),
+                      (["missing.bin"], "No such file")):
+        rc = imp.main([str(tmp_path / args[0]), "--out", str(tmp_path / "o.spm")])
+        err = capsys.readouterr().err
+        assert rc == 1 and msg in err and err.count("\n") == 1, err
+    (tmp_path / "ok.bin").write_bytes(good)
+    rc = imp.main([str(tmp_path / "ok.bin"), "--tokenizer", str(tmp_path / "tok.bin"), "--out", str(tmp_path / "o.spm")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "tokenizer.bin" in err and "truncated" in err

@@ -1,0 +1,163 @@
+"""Convert a llama2.c checkpoint (+ its tokenizer.bin) into a specmesh model file (+ vocab table).
+
+Reads llama2.c's three layouts (model.py / export.py):
+  - version 0 (legacy): 7 int32 (dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len; a negative
+    vocab means a separate classifier), then float32 tensors in run.c's order, RoPE tables skipped;
+  - version 1 ("ak42", fp32) and version 2 ("ak42", Q8_0 int8 in groups): a 256-byte header (magic,
+    version, 7 int32, u8 shared classifier, i32 group size), the norms in float32, then the matrices.
+Matrices are re-quantized per row (a version-2 file is dequantized group by group first).
+
+    python -m tools.llama2c_import stories260K.bin --tokenizer tok512.bin --out models/stories260K.spm
+"""
+
+from __future__ import annotations
+
+import argparse
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from host.modelio import write_model
+from host.tokenizer import TokenizerError, pack_vocab, read_llama2c_tokenizer, vocab_id
+from shared.modelfile import FLAG_SHARED_CLS, Header, ModelFileError
+
+AK42 = 0x616B3432
+MATS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")
+
+
+class ImportError_(Exception):
+    """The checkpoint cannot be converted; the message says why."""
+
+
+class _Reader:
+    def __init__(self, data: bytes, off: int):
+        self.data, self.off = data, off
+
+    def take(self, dtype, n: int) -> np.ndarray:
+        size = np.dtype(dtype).itemsize * n
+        if self.off + size > len(self.data):
+            raise ImportError_("checkpoint is truncated (needs more than its %d bytes)" % len(self.data))
+        a = np.frombuffer(self.data, dtype=dtype, count=n, offset=self.off)
+        self.off += size
+        return a
+
+
+def _shapes(dim, hidden, n_heads, n_kv):
+    hd = dim // n_heads
+    return {"wq": (n_heads * hd, dim), "wk": (n_kv * hd, dim), "wv": (n_kv * hd, dim),
+            "wo": (dim, n_heads * hd), "w1": (hidden, dim), "w2": (dim, hidden), "w3": (hidden, dim)}
+
+
+def read_checkpoint(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
+    """(config, float32 tensors under specmesh names) of a llama2.c checkpoint's bytes."""
+    if len(data) < 28:
+        raise ImportError_("file too small to be a llama2.c checkpoint")
+    magic, version = struct.unpack_from("<Ii", data, 0)
+    if magic == AK42:
+        if version not in (1, 2):
+            raise ImportError_("llama2.c checkpoint version %d is not supported (0, 1 and 2 are)" % version)
+        dim, hidden, L, nh, nkv, vocab, seq = struct.unpack_from("<7i", data, 8)
+        shared = bool(data[36])
+        group = struct.unpack_from("<i", data, 37)[0]
+        r = _Reader(data, 256)
+    else:
+        version = 0
+        dim, hidden, L, nh, nkv, vocab, seq = struct.unpack_from("<7i", data, 0)
+        shared = vocab > 0
+        vocab = abs(vocab)
+        group = 0
+        r = _Reader(data, 28)
+    cfg = {"dim": dim, "hidden": hidden, "n_layers": L, "n_heads": nh, "n_kv_heads": nkv, "vocab": vocab,
+           "max_seq": seq, "shared_cls": shared, "version": version}
+    if min(dim, hidden, L, nh, nkv, vocab, seq) <= 0 or dim % nh or nh % nkv or (dim // nh) % 2:
+        raise ImportError_("implausible llama2.c header %s: not a llama2.c checkpoint?" % (cfg,))
+    shapes = _shapes(dim, hidden, nh, nkv)
+    t: dict[str, np.ndarray] = {}
+
+    def mat(rows, cols):
+        if version == 2:
+            if (rows * cols) % group:
+                raise ImportError_("group size %d does not divide a %dx%d matrix" % (group, rows, cols))
+            q = r.take(np.int8, rows * cols).astype(np.float32).reshape(-1, group)
+            s = r.take("<f4", rows * cols // group)
+            return (q * s[:, None]).reshape(rows, cols)
+        return r.take("<f4", rows * cols).reshape(rows, cols).astype(np.float32)
+
+    if version == 0:
+        t["tok_emb"] = mat(vocab, dim)
+        att = r.take("<f4", L * dim).reshape(L, dim)
+        per = {n: [mat(*shapes[n]) for _ in range(L)] for n in ("wq", "wk", "wv", "wo")}
+        ffn = r.take("<f4", L * dim).reshape(L, dim)
+        per.update({n: [mat(*shapes[n]) for _ in range(L)] for n in ("w1", "w2", "w3")})
+        final = r.take("<f4", dim)
+        r.take("<f4", seq * (dim // nh))  # freq_cis_real + freq_cis_imag, unused
+    else:
+        att = r.take("<f4", L * dim).reshape(L, dim)
+        ffn = r.take("<f4", L * dim).reshape(L, dim)
+        final = r.take("<f4", dim)
+        t["tok_emb"] = mat(vocab, dim)
+        per = {n: [mat(*shapes[n]) for _ in range(L)] for n in MATS}
+    if not shared:
+        t["cls"] = mat(vocab, dim)
+    if r.off != len(data):
+        raise ImportError_("checkpoint has %d bytes left over: the header does not match the weights"
+                           % (len(data) - r.off))
+    for i in range(L):
+        p = "layers.%d." % i
+        t[p + "attn_norm"] = att[i].astype(np.float32)
+        t[p + "ffn_norm"] = ffn[i].astype(np.float32)
+        for n in MATS:
+            t[p + n] = per[n][i]
+    t["final_norm"] = final.astype(np.float32)
+    return cfg, t
+
+
+def vocab_pieces(pieces: list[bytes]) -> list[bytes]:
+    """llama2.c pieces as raw bytes: '<0xAB>' byte tokens decoded, '<s>'-style specials emptied."""
+    out = []
+    for p in pieces:
+        if len(p) == 6 and p.startswith(b"<0x") and p.endswith(b">"):
+            out.append(bytes([int(p[3:5], 16)]))
+        elif p in (b"<unk>", b"<s>", b"</s>"):
+            out.append(b"")
+        else:
+            out.append(p)
+    return out
+
+
+def convert(checkpoint: Path, tokenizer: Path | None, out: Path, vocab_out: Path | None) -> Header:
+    """Write the specmesh model (and vocab table if a tokenizer is given); returns the header."""
+    cfg, tensors = read_checkpoint(checkpoint.read_bytes())
+    tid = 0
+    if tokenizer is not None:
+        pieces, _scores = read_llama2c_tokenizer(tokenizer, cfg["vocab"])
+        table = pack_vocab(vocab_pieces(pieces))
+        tid = vocab_id(table)
+        (vocab_out or out.with_suffix(".vocab.bin")).write_bytes(table)
+    h = Header(cfg["dim"], cfg["n_layers"], cfg["n_heads"], cfg["n_kv_heads"], cfg["hidden"], cfg["vocab"],
+               cfg["max_seq"], flags=FLAG_SHARED_CLS if cfg["shared_cls"] else 0, tokenizer_id=tid,
+               norm_eps=1e-5, rope_theta=10000.0)
+    return write_model(out, h, tensors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoint", type=Path, help="llama2.c .bin (version 0, 1 or 2)")
+    ap.add_argument("--tokenizer", type=Path, help="llama2.c tokenizer.bin for this model")
+    ap.add_argument("--out", type=Path, required=True, help="specmesh model file to write")
+    ap.add_argument("--vocab-out", type=Path, help="vocab table (default: <out>.vocab.bin)")
+    a = ap.parse_args(argv)
+    try:
+        h = convert(a.checkpoint, a.tokenizer, a.out, a.vocab_out)
+    except (ImportError_, TokenizerError, ModelFileError, OSError, ValueError) as e:
+        print("llama2c_import: %s" % e, file=sys.stderr)
+        return 1
+    print("llama2c_import: %s: dim %d, %d layers, vocab %d, %d bytes"
+          % (a.out, h.dim, h.n_layers, h.vocab, a.out.stat().st_size))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
