@@ -1,0 +1,103 @@
+"""The board config file: which role, node id, model and link a board starts with.
+
+A small JSON object in `specmesh.json` in the board's working directory (the flash root on a board,
+the virtual board's directory in emulation). Keys, all optional:
+
+    node_id   int 1..254          the node's bus address (default 1)
+    role      "idle" | "drafter" | "verifier"
+    model     path of the model file, relative to the working directory
+    link      "stdio" (USB-serial REPL console, default) | "uart" | "espnow" | "gateway"
+              ("gateway": stdio to the host, and ESP-NOW to the peers for frames addressed to them)
+    uart      {"id", "baudrate", "tx", "rx"} for the "uart" link
+    espnow    {"peers": {"<node id>": "aa:bb:cc:dd:ee:ff"}, "mtu": 250, "channel": 1}; a node behind a
+              gateway lists the gateway's MAC under "0" (the host), since its replies go there
+    spec_ahead  int: tokens a drafter may draft ahead while a verdict is pending (0: off)
+    kmax      int: most positions a verifier computes in one pass (drafts + 1; default 33)
+    key       hex string: shared signing key (frames are then HMAC-signed, unsigned ones refused)
+    board     board name reported by HELLO (default: the port's machine string)
+
+A missing or unreadable file gives the defaults (an idle node that still answers HELLO/CONFIGURE).
+`save` writes the whole object atomically (temp file + rename), so a reset mid-write keeps the old file.
+"""
+
+import json
+import os
+
+PATH = "specmesh.json"
+
+ROLES = ("idle", "drafter", "verifier")
+LINKS = ("stdio", "uart", "espnow", "gateway")
+
+DEFAULTS = {"node_id": 1, "role": "idle", "model": "", "link": "stdio", "spec_ahead": 0}
+
+
+class ConfigError(Exception):
+    """A config value that cannot be used; the message names the key."""
+
+
+def check(cfg):
+    """Raise ConfigError unless `cfg` holds usable values; returns cfg."""
+    nid = cfg.get("node_id")
+    if not isinstance(nid, int) or not 1 <= nid <= 254:
+        raise ConfigError("node_id must be an int in 1..254, not %r" % (nid,))
+    if cfg.get("role") not in ROLES:
+        raise ConfigError("role must be one of %s, not %r" % ("/".join(ROLES), cfg.get("role")))
+    if cfg.get("link") not in LINKS:
+        raise ConfigError("link must be one of %s, not %r" % ("/".join(LINKS), cfg.get("link")))
+    if not isinstance(cfg.get("model"), str):
+        raise ConfigError("model must be a file name")
+    ahead = cfg.get("spec_ahead")
+    if not isinstance(ahead, int) or not 0 <= ahead <= 64:
+        raise ConfigError("spec_ahead must be an int in 0..64, not %r" % (ahead,))
+    kmax = cfg.get("kmax", 33)
+    if not isinstance(kmax, int) or not 1 <= kmax <= 256:
+        raise ConfigError("kmax must be an int in 1..256, not %r" % (kmax,))
+    key = cfg.get("key", "")
+    try:
+        bytes.fromhex(key)
+    except (TypeError, ValueError):
+        raise ConfigError("key must be a hex string")
+    return cfg
+
+
+def load(path=PATH):
+    """(config dict, error message or None): the defaults overlaid with the file's values."""
+    cfg = dict(DEFAULTS)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError:
+        return cfg, None
+    except ValueError:
+        return cfg, "config file %s is not valid JSON: using defaults" % path
+    if not isinstance(data, dict):
+        return cfg, "config file %s must hold a JSON object: using defaults" % path
+    cfg.update(data)
+    try:
+        return check(cfg), None
+    except ConfigError as e:
+        return dict(DEFAULTS), "config file %s: %s: using defaults" % (path, e)
+
+
+def save(cfg, path=PATH):
+    """Write `cfg` (checked) atomically to `path`."""
+    check(cfg)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(cfg, f)
+    try:
+        os.rename(tmp, path)
+    except OSError:  # a file system that cannot rename over an existing file
+        os.remove(path)
+        os.rename(tmp, path)
+
+
+def parse_mac(text):
+    """6 bytes from "aa:bb:cc:dd:ee:ff"; raises ConfigError."""
+    parts = text.split(":") if isinstance(text, str) else ()
+    if len(parts) != 6:
+        raise ConfigError("bad MAC address %r (want aa:bb:cc:dd:ee:ff)" % (text,))
+    try:
+        return bytes(int(p, 16) for p in parts)
+    except ValueError:
+        raise ConfigError("bad MAC address %r (want aa:bb:cc:dd:ee:ff)" % (text,))

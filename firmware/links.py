@@ -1,0 +1,186 @@
+"""Links: move binary frames between this node and the bus; the node code is the same over each.
+
+Every link has the same small interface:
+    recv(timeout_ms) -> bytes or None   one binary frame (framing undone, not yet CRC-checked);
+                                        timeout_ms 0 polls, -1 blocks
+    send(frame)                         one binary frame; a datagram link picks the peer from its dst byte
+    errors                              dict: framing errors by kind (lines that are no frame, bad base64,
+                                        broken fragments); the node adds them to its bad-frame count
+    closed                              True once the link's input ended (stdin closed)
+
+StdioLink: the REPL console (USB-serial on a board, the pty/pipe of a virtual board), one `:`-base64
+line per frame (shared/codec.py), so kbd_intr stays on and mpremote can always interrupt the node.
+UartLink: the same lines over machine.UART between boards. EspNowLink: one packet per frame,
+fragmented above the MTU (shared/codec.py); peers by MAC from the config. Board-only modules
+(machine.UART, network, espnow) are imported when a link is built, so this file imports anywhere.
+"""
+
+import select
+import sys
+
+from shared import codec
+
+MAX_LINE = 4096  # longest frame line accepted (a VERIFY_REQ of 8 drafts x top-32 is ~1.8 KB)
+DST = 4  # offset of the dst byte in a binary frame
+
+
+class _Lines:
+    """Turns `:`-base64 lines into binary frames, counting what is not one."""
+
+    def __init__(self):
+        self.errors = {}
+        self.closed = False
+
+    def _count(self, kind):
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    def _frame(self, line):
+        if line[:1] != b":":
+            if line.strip():
+                self._count("text")
+            return None
+        end = len(line)
+        if line[end - 1] != 0x0A and end >= MAX_LINE:
+            self._count("overflow")  # its tail arrives as a line of its own and counts as text
+            return None
+        while line[end - 1] in b"\r\n ":
+            end -= 1
+        try:
+            return codec.decode_line(bytes(memoryview(line)[1:end]))
+        except codec.CodecError as e:
+            self._count(type(e).__name__)
+            return None
+
+
+class StdioLink(_Lines):
+    """Frames as lines on sys.stdin / sys.stdout (the USB-serial REPL console)."""
+
+    def __init__(self, inp=None, out=None):
+        _Lines.__init__(self)
+        self._in = inp or sys.stdin.buffer
+        self._out = out or sys.stdout.buffer
+        self._poll = select.poll()
+        self._poll.register(inp or sys.stdin, select.POLLIN)
+
+    def recv(self, timeout_ms):
+        if self.closed or not self._poll.poll(timeout_ms):
+            return None
+        line = self._in.readline(MAX_LINE)
+        if not line:
+            self.closed = True
+            return None
+        return self._frame(line)
+
+    def send(self, frame):
+        self._out.write(codec.encode_line(frame))
+
+
+class UartLink(_Lines):
+    """Frames as lines on a machine.UART (board to board)."""
+
+    def __init__(self, uart_id=1, baudrate=115200, tx=None, rx=None):
+        _Lines.__init__(self)
+        from machine import UART
+
+        kw = {"baudrate": baudrate, "rxbuf": MAX_LINE}
+        if tx is not None:
+            kw["tx"] = tx
+        if rx is not None:
+            kw["rx"] = rx
+        self._uart = UART(uart_id, **kw)
+        self._poll = select.poll()
+        self._poll.register(self._uart, select.POLLIN)
+        self._buf = bytearray(MAX_LINE)
+        self._n = 0
+
+    def recv(self, timeout_ms):
+        line = self._line()
+        if line is None and self._poll.poll(timeout_ms):
+            chunk = self._uart.read()
+            if chunk:
+                if self._n + len(chunk) > MAX_LINE:
+                    self._count("overflow")
+                    self._n = 0
+                    chunk = chunk[-MAX_LINE:]
+                self._buf[self._n:self._n + len(chunk)] = chunk
+                self._n += len(chunk)
+                line = self._line()
+        return None if line is None else self._frame(line)
+
+    def _line(self):
+        """The first complete line held, removed from the buffer; None if there is none."""
+        nl = self._buf.find(b"\n", 0, self._n)
+        if nl < 0:
+            return None
+        line = bytes(self._buf[:nl + 1])
+        rest = self._n - nl - 1
+        self._buf[:rest] = self._buf[nl + 1:self._n]
+        self._n = rest
+        return line
+
+    def send(self, frame):
+        self._uart.write(codec.encode_line(frame))
+
+
+class _RawDatagrams(codec.DatagramDecoder):
+    """Reassembles packets into binary frames; the node checks and decodes them itself."""
+
+    def _decode(self, data):
+        return data
+
+
+class EspNowLink:
+    """Frames as ESP-NOW packets to peers known by node id (config "espnow": {"peers": {id: mac}})."""
+
+    BROADCAST_MAC = b"\xff" * 6
+
+    def __init__(self, peers, mtu=None, channel=None):
+        import espnow
+        import network
+
+        sta = network.WLAN(network.STA_IF)
+        sta.active(True)
+        if channel is not None:
+            try:
+                sta.config(channel=channel)
+            except (AttributeError, OSError, ValueError, TypeError):
+                pass
+        self._e = espnow.ESPNow()
+        self._e.active(True)
+        self.mtu = mtu or getattr(espnow, "MAX_DATA_LEN", codec.DEFAULT_MTU)
+        self.peers = peers  # node id -> 6-byte MAC
+        for mac in peers.values():
+            self._add(mac)
+        self._add(self.BROADCAST_MAC)
+        self._dec = _RawDatagrams(stale_after=64)
+        self.errors = self._dec.errors
+        self.closed = False
+        self._msg_id = 0
+        self.sent = 0
+
+    def _add(self, mac):
+        try:
+            self._e.add_peer(mac)
+        except OSError:
+            pass  # already a peer
+
+    def routes(self, node_id):
+        """True if `node_id` is reachable over this link."""
+        return node_id in self.peers or node_id == codec.BROADCAST
+
+    def recv(self, timeout_ms):
+        mac, msg = self._e.recv(timeout_ms)
+        if mac is None or not msg:
+            return None
+        return self._dec.feed(msg, bytes(mac))
+
+    def send(self, frame):
+        dst = frame[DST]
+        mac = self.BROADCAST_MAC if dst == codec.BROADCAST else self.peers.get(dst)
+        if mac is None:
+            return False
+        self._msg_id = (self._msg_id + 1) & 0xFFFF
+        for pkt in codec.fragment(frame, self._msg_id, self.mtu):
+            self._e.send(mac, pkt, dst != codec.BROADCAST)
+            self.sent += 1
+        return True

@@ -1,0 +1,42 @@
+"""Board entry point: builds the links the board config asks for and runs the node until RESET or Ctrl-C.
+
+A board without a config file (or with a broken one) starts an idle node on the USB-serial console,
+which still answers HELLO and CONFIGURE. When main() returns, the board drops to the REPL, so
+mpremote can always take over (the frames on the console never contain a Ctrl-C byte).
+"""
+
+import config
+from links import EspNowLink, StdioLink, UartLink
+from node import Node, _say
+
+
+def make_links(cfg):
+    """Links for cfg["link"]; the first one faces the host. Falls back to stdio with a console note."""
+    kind = cfg["link"]
+    try:
+        if kind == "uart":
+            u = cfg.get("uart", {})
+            return [UartLink(u.get("id", 1), u.get("baudrate", 115200), u.get("tx"), u.get("rx"))]
+        if kind in ("espnow", "gateway"):
+            e = cfg.get("espnow", {})
+            peers = {}
+            for nid, mac in e.get("peers", {}).items():
+                peers[int(nid)] = config.parse_mac(mac)
+            radio = EspNowLink(peers, e.get("mtu"), e.get("channel"))
+            return [radio] if kind == "espnow" else [StdioLink(), radio]
+    except (ImportError, OSError, ValueError, TypeError, AttributeError, config.ConfigError) as ex:
+        _say("link %r unavailable (%s): serving on the console instead" % (kind, ex))
+    return [StdioLink()]
+
+
+def main(path=config.PATH):
+    cfg, err = config.load(path)
+    node = Node(cfg, make_links(cfg), path, err)
+    try:
+        node.run()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,334 @@
+"""The node: reads frames from its links, routes or dispatches them, answers every request once.
+
+One loop serves every link kind (links.py). A frame addressed to this node (or broadcast) is a
+request: it gets exactly one reply with the request's seq and the REPLY flag, sent back on the link it
+came from. A request whose (src, seq, type, session, payload) equals one of the last REPLY_CACHE
+answered is a retransmission: the cached reply goes out again and nothing is done twice (CONTRACTS
+section 2, "Reliability"). Anything wrong with a request (malformed payload, wrong state, out of
+range, out of memory, even a bug) becomes an ERROR reply and a count; the node never dies on input.
+A frame that fails its CRC is only counted (its sender cannot be trusted); one with a good CRC but an
+unknown type or version still gets an ERROR reply.
+
+Gateway: with a second ("radio") link, frames for other node ids are forwarded as they are, to the
+radio when it reaches that node, to the first ("host") link when they are for the host (id 0);
+broadcasts from the host link are also handed to the radio.
+
+CONFIGURE replies from the id it was addressed to, then takes the new id, role and model, and
+saves them in the board config. RESET replies ACK and ends `run()`, back to the REPL.
+"""
+
+import gc
+import struct
+import sys
+import time
+
+from shared import codec
+from shared import messages as m
+
+import config
+import roles
+from links import DST
+from roles import E_INTERNAL, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, Refused
+
+FW_VERSION = "specmesh-node 0.1"
+HOST = 0
+REPLY_CACHE = 4  # replies kept for retransmitted requests (a host may have a few requests in flight)
+POLL_MS = 1000  # longest a single-link node blocks in one poll (nothing depends on it waking)
+
+ROLE_NAMES = ("idle", "drafter", "verifier")
+STAT_KEYS = ("requests", "dup_replies", "errors", "bad_frames", "stray", "forwarded", "drafted", "ahead",
+             "verified", "accepted", "passes", "positions", "compute_ms", "heap_free", "heap_min",
+             "committed", "kv", "uptime_ms")
+
+
+def _caps(engine_mod):
+    caps = 0
+    if engine_mod is not None and getattr(engine_mod, "_kernels", None) is not None:
+        caps |= m.CAP_VIPER
+    for name, bit in (("ulab", m.CAP_ULAB), ("espnow", m.CAP_ESPNOW)):
+        try:
+            __import__(name)
+            caps |= bit
+        except ImportError:
+            pass
+    return caps
+
+
+class Node:
+    """A bus node: config, role, links, reply cache and counters."""
+
+    def __init__(self, cfg, links, config_path=config.PATH, load_error=None):
+        self.cfg = cfg
+        self.config_path = config_path
+        self.links = links
+        self.node_id = cfg["node_id"]
+        self.auth = codec.Auth(bytes.fromhex(cfg["key"])) if cfg.get("key") else None
+        self.stats = {}
+        for k in STAT_KEYS:
+            self.stats[k] = 0
+        self.role = None
+        self.role_id = m.ROLE_IDLE
+        self.engine_mod = None
+        self.done = False
+        self._cache = [None] * REPLY_CACHE  # (src, seq, type, session, payload, reply frame), a ring
+        self._next = 0
+        self._session = 0
+        self._t0 = time.ticks_ms()
+        self._new_id = None  # node id a CONFIGURE switches to once it has replied
+        self.heap_min = gc.mem_free()
+        if load_error:
+            _say(load_error)
+        if cfg["role"] != "idle":
+            try:
+                self._load(ROLE_NAMES.index(cfg["role"]), cfg["model"])
+            except Refused as e:
+                _say("cannot start as %s: %s" % (cfg["role"], e))
+                self.stats["errors"] += 1
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self):
+        """Serve until RESET or the first link's input ends; Ctrl-C raises KeyboardInterrupt out of here."""
+        links = self.links
+        single = len(links) == 1
+        while not self.done:
+            busy = False
+            for link in links:
+                timeout = POLL_MS if single and not self._has_work() else 0
+                raw = link.recv(timeout)
+                if raw is not None:
+                    busy = True
+                    self.on_frame(raw, link)
+            if links[0].closed:
+                break
+            if not busy and not self._idle_step() and not single:
+                time.sleep_ms(1)
+
+    def _has_work(self):
+        return self.role is not None and self.role.active and self.cfg.get("spec_ahead", 0) > 0
+
+    def _idle_step(self):
+        role = self.role
+        if role is None:
+            return False
+        try:
+            return role.idle_step()
+        except MemoryError:
+            self._drop_session()
+            return False
+
+    # -- frames --------------------------------------------------------------------------------
+
+    def on_frame(self, raw, link):
+        """Route or handle one binary frame that arrived on `link`."""
+        if len(raw) > DST:
+            dst = raw[DST]
+            if dst != self.node_id and dst != codec.BROADCAST:
+                self._forward(raw, dst, link)
+                return
+            if dst == codec.BROADCAST and link is self.links[0] and len(self.links) > 1:
+                self.links[1].send(raw)
+                self.stats["forwarded"] += 1
+        try:
+            f = codec.decode(raw, self.auth)
+        except (codec.BadType, codec.BadVersion) as e:
+            self.stats["bad_frames"] += 1
+            self._refuse_header(raw, link, str(e))
+            return
+        except codec.CodecError:
+            self.stats["bad_frames"] += 1
+            return
+        if f.reply:
+            self.stats["stray"] += 1
+            return
+        self._request(f, link)
+
+    def _forward(self, raw, dst, link):
+        links = self.links
+        out = None
+        if dst == HOST:
+            out = links[0] if link is not links[0] else None
+        elif len(links) > 1 and links[1].routes(dst):
+            out = links[1]
+        if out is None:
+            self.stats["stray"] += 1
+            return
+        out.send(raw)
+        self.stats["forwarded"] += 1
+
+    def _refuse_header(self, raw, link, message):
+        """ERROR reply to a frame whose CRC held but whose version or type is unknown."""
+        try:
+            _v, _t, _fl, src, _d, seq, session, _n = struct.unpack_from(codec.HEADER_FMT, raw, 0)
+        except ValueError:
+            return
+        self.stats["errors"] += 1
+        link.send(codec.encode(m.ERROR, m.pack_error(E_MESSAGE, message), self.node_id, src, seq,
+                               session, True, self.auth))
+
+    def _request(self, f, link):
+        st = self.stats
+        for hit in self._cache:
+            if (hit is not None and hit[0] == f.src and hit[1] == f.seq and hit[2] == f.mtype
+                    and hit[3] == f.session and hit[4] == f.payload):
+                st["dup_replies"] += 1
+                link.send(hit[5])
+                return
+        st["requests"] += 1
+        src_id = self.node_id
+        try:
+            rtype, body = self._handle(f)
+        except Refused as e:
+            rtype, body = m.ERROR, m.pack_error(e.code, str(e))
+        except codec.CodecError as e:
+            rtype, body = m.ERROR, m.pack_error(E_MESSAGE, "bad %s payload: %s" % (_name(f.mtype), e))
+        except MemoryError:
+            self._drop_session()
+            rtype, body = m.ERROR, m.pack_error(E_MEMORY, "out of memory in %s: session dropped" % _name(f.mtype))
+        except Exception as e:  # never die on input: report it instead
+            self._drop_session()
+            rtype, body = m.ERROR, m.pack_error(E_INTERNAL, "%s failed: %s: %s" % (_name(f.mtype),
+                                                                                  type(e).__name__, e))
+        if rtype == m.ERROR:
+            st["errors"] += 1
+        reply = codec.encode(rtype, body, src_id, f.src, f.seq, f.session, True, self.auth)
+        self._cache[self._next] = (f.src, f.seq, f.mtype, f.session, f.payload, reply)
+        self._next = (self._next + 1) % REPLY_CACHE
+        link.send(reply)
+        self._heap()
+        if self._new_id is not None:
+            self.node_id = self._new_id
+            self._new_id = None
+            self._cache = [None] * REPLY_CACHE
+
+    def _heap(self):
+        free = gc.mem_free()
+        if free < self.heap_min:
+            self.heap_min = free
+
+    def _drop_session(self):
+        """After an engine failure the cache may be half written: the host must BEGIN again."""
+        if self.role is not None:
+            self.role.active = False
+        gc.collect()
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def _handle(self, f):
+        """(reply type, reply payload) for request `f`; raises Refused / CodecError."""
+        t = f.mtype
+        args = m.unpack(t, False, f.payload)
+        if t == m.PING:
+            return m.PING, args[0]
+        if t == m.HELLO:
+            return m.HELLO, self._hello()
+        if t == m.STATS:
+            return m.STATS, m.pack_stats(self._stats())
+        if t == m.CONFIGURE:
+            return self._configure(*args)
+        if t == m.RESET:
+            self.done = True
+            return m.ACK, b""
+        role = self.role
+        if role is None:
+            raise Refused(E_STATE, "%s needs a role: this node is idle (send CONFIGURE)" % _name(t))
+        if t == m.BEGIN:
+            role.begin(*args)
+            self._session = f.session
+            return m.ACK, b""
+        if f.session != self._session:
+            raise Refused(E_STATE, "session %d is not the current session %d" % (f.session, self._session))
+        if t == m.COMMIT:
+            role.commit(*args)
+            return m.ACK, b""
+        if t == m.ROLLBACK:
+            role.rollback(*args)
+            return m.ACK, b""
+        if t == m.DRAFT_REQ:
+            if self.role_id != m.ROLE_DRAFTER:
+                raise Refused(E_STATE, "DRAFT_REQ needs a drafter; this node is a %s" % ROLE_NAMES[self.role_id])
+            pos0, entries = role.draft(*args)
+            return m.DRAFT, m.pack_draft(pos0, entries)
+        if t == m.VERIFY_REQ:
+            if self.role_id != m.ROLE_VERIFIER:
+                raise Refused(E_STATE, "VERIFY_REQ needs a verifier; this node is a %s" % ROLE_NAMES[self.role_id])
+            return m.VERDICT, m.pack_verdict(*role.verify(*args))
+        raise Refused(E_MESSAGE, "%s is not a request" % _name(t))
+
+    def _hello(self):
+        e = self.role.engine if self.role is not None else None
+        board = self.cfg.get("board") or getattr(sys.implementation, "_machine", sys.platform)
+        return m.pack_hello(FW_VERSION, board[:64], self.role_id, self.cfg["model"][:64],
+                            e.vocab if e else 0, e.n_ctx if e else 0, gc.mem_free(), _caps(self.engine_mod))
+
+    def _stats(self):
+        st = self.stats
+        self._heap()
+        st["heap_free"] = gc.mem_free()
+        st["heap_min"] = self.heap_min
+        st["uptime_ms"] = time.ticks_diff(time.ticks_ms(), self._t0)
+        role = self.role
+        st["committed"] = role.length if role is not None and role.active else 0
+        st["kv"] = role.kv if role is not None and role.active else 0
+        errs = 0
+        for link in self.links:
+            for v in link.errors.values():
+                errs += v
+        return [(k, st[k] + (errs if k == "bad_frames" else 0)) for k in STAT_KEYS]
+
+    def _configure(self, role_id, node_id, model):
+        """Load the new role and model, save the config; the reply still comes from the old id."""
+        if role_id > m.ROLE_VERIFIER:
+            raise Refused(E_MESSAGE, "unknown role %d (0 idle, 1 drafter, 2 verifier)" % role_id)
+        if not 1 <= node_id <= 254:
+            raise Refused(E_MESSAGE, "node id %d is outside 1..254" % node_id)
+        cfg = self.cfg
+        try:
+            self._load(role_id, model)
+        finally:  # a role that failed to load leaves an idle node, and the config says so
+            cfg["role"] = ROLE_NAMES[self.role_id]
+            cfg["model"] = model if self.role is not None else ""
+        cfg["node_id"] = node_id
+        try:
+            config.save(cfg, self.config_path)
+        except (OSError, config.ConfigError) as e:
+            raise Refused(E_STATE, "role set, but the config file cannot be written: %s" % e)
+        finally:
+            self._new_id = node_id
+        return m.ACK, b""
+
+    def _load(self, role_id, model):
+        """Replace the role (and engine) by `role_id` running `model`; Refused if it cannot load."""
+        self.role = None
+        self.role_id = m.ROLE_IDLE
+        gc.collect()
+        if role_id == m.ROLE_IDLE:
+            return
+        import engine
+
+        self.engine_mod = engine
+        kmax = 1 if role_id == m.ROLE_DRAFTER else self.cfg.get("kmax", roles.CHAIN + 1)
+        try:
+            eng = engine.Engine(model, kmax)
+        except OSError as e:
+            raise Refused(E_MODEL, "cannot open model %r: %s" % (model, e))
+        except MemoryError:
+            gc.collect()
+            raise Refused(E_MEMORY, "model %r does not fit in %d bytes of free heap" % (model, gc.mem_free()))
+        except Exception as e:  # ModelFileError and the engine's size limits
+            raise Refused(E_MODEL, "cannot load model %r: %s" % (model, e))
+        if role_id == m.ROLE_DRAFTER:
+            self.role = roles.Drafter(eng, self.stats, self.cfg.get("spec_ahead", 0))
+        else:
+            self.role = roles.Verifier(eng, self.stats)
+        self.role_id = role_id
+        gc.collect()
+
+
+def _say(text):
+    """A console line that is not a frame: the host skips it but shows it when a node stops answering."""
+    print("specmesh: " + text)
+
+
+def _name(mtype):
+    return m.NAMES[mtype] if 0 < mtype < len(m.NAMES) else "type 0x%02x" % mtype

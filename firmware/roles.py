@@ -1,0 +1,263 @@
+"""Roles: the drafter and the verifier, over one engine and one session's token sequence.
+
+Both keep `tokens`, the committed prefix (length `length`) followed by tokens held speculatively
+(`held` >= length: drafts of the drafter's chain, or the drafts a verifier last checked), and the
+engine's KV cache over `tokens[:kv]`, kv <= held. COMMIT writes the new tail; every held token that
+it confirms keeps its KV entry and (drafter) its draft, the first one it contradicts cuts `held` and
+`kv` there. So accepted tokens are never recomputed, and anything computed from a rejected token is
+dropped. ROLLBACK cuts everything beyond the length it names.
+
+Positions: the logits for the token at absolute position p come from feeding tokens[p - 1] at
+position p - 1. A verifier asked about drafts at pos0..pos0+n-1 therefore feeds tokens[pos0 - 1] and
+the n drafts, at positions pos0 - 1 .. pos0 + n - 1, in one batched pass (n + 1 rows, the last
+one gives the bonus distribution); its cache normally already holds tokens[:pos0 - 1].
+
+Every random choice is `shared.rule` / `shared.prng` keyed by (seed, absolute position, purpose), so
+a draft or verdict is a pure function of the seed and the prefix: a retried request, or a draft made
+ahead of time (pipelined speculation, `spec_ahead`), gives exactly what a fresh computation gives.
+"""
+
+import time
+from array import array
+
+from shared import rule, sampling
+from shared.prng import DRAFT
+
+CHAIN = 32  # most drafts held beyond the committed prefix (gamma <= CHAIN)
+
+# ERROR reply codes
+E_MESSAGE = 1  # malformed payload, or a message that is not a request
+E_STATE = 2  # not valid in the node's current state (no model, no session, wrong length)
+E_RANGE = 3  # token id, length or position outside the model's vocabulary or context
+E_MODEL = 4  # the model file cannot be loaded
+E_MEMORY = 5  # out of memory
+E_INTERNAL = 6  # anything else: a bug
+
+
+class Refused(Exception):
+    """A request the node answers with an ERROR reply: `code` and a one-line message."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+class Role:
+    """Session state shared by both roles: parameters, token sequence, KV bookkeeping, counters."""
+
+    def __init__(self, engine, stats):
+        self.engine = engine
+        self.stats = stats
+        h = engine.header
+        self.vocab = h.vocab
+        self.max_seq = h.max_seq
+        self.max_batch = engine.kmax
+        self.tokens = array("H", bytes(2 * h.max_seq))
+        self.active = False
+        self.length = self.held = self.kv = 0
+
+    def begin(self, seed, temp_milli, draft_top_k, target_top_k, top_p_q16, eos, prompt):
+        n = len(prompt)
+        if not 1 <= n <= self.max_seq:
+            raise Refused(E_RANGE, "prompt of %d tokens: need 1..%d" % (n, self.max_seq))
+        for t in prompt:
+            if t >= self.vocab:
+                raise Refused(E_RANGE, "prompt token %d is outside the vocabulary of %d" % (t, self.vocab))
+        self.seed = seed
+        self.temperature = temp_milli / 1000
+        self.greedy = temp_milli == 0
+        self.draft_top_k = max(1, min(draft_top_k, self.vocab))
+        self.target_top_k = target_top_k
+        self.top_p = sampling.top_p_from_q16(top_p_q16)
+        self.eos = eos
+        for i in range(n):
+            self.tokens[i] = prompt[i]
+        self.length = self.held = n
+        self.kv = 0
+        self.engine.rollback(0)
+        self.active = True
+
+    def _check_session(self):
+        if not self.active:
+            raise Refused(E_STATE, "no session: send BEGIN first")
+
+    def commit(self, length, tail):
+        self._check_session()
+        base = length - len(tail)
+        if base > self.length:
+            raise Refused(E_STATE, "commit keeps %d tokens but the node holds only %d" % (base, self.length))
+        if length > self.max_seq:
+            raise Refused(E_RANGE, "commit to %d tokens exceeds the context of %d" % (length, self.max_seq))
+        for t in tail:
+            if t >= self.vocab:
+                raise Refused(E_RANGE, "token %d is outside the vocabulary of %d" % (t, self.vocab))
+        if length < 1:
+            raise Refused(E_RANGE, "cannot commit an empty sequence")
+        if length < self.length:  # a shorter sequence: nothing beyond `base` is held any more
+            self._cut(base)
+        for i in range(len(tail)):
+            self._put(base + i, tail[i])
+        self.length = length
+        if self.held < length:
+            self.held = length
+
+    def rollback(self, length):
+        self._check_session()
+        if length > self.length:
+            raise Refused(E_STATE, "cannot roll back to %d: only %d tokens are committed" % (length, self.length))
+        if length < 1:
+            raise Refused(E_RANGE, "cannot roll back past the first token")
+        self.length = length
+        self._cut(length)
+
+    def _cut(self, p):
+        """Hold nothing from position p on."""
+        self.held = p
+        if self.kv > p:
+            self.kv = p
+
+    def _put(self, p, t):
+        """Set tokens[p] = t; if it contradicts a held token, drop what was computed from it."""
+        if p < self.held and self.tokens[p] == t:
+            return
+        self._cut(p)
+        self.tokens[p] = t
+        self.held = p + 1
+
+    def _feed(self, start, end):
+        """Feed tokens[start:end] at positions start..; the cache then holds `end` positions.
+
+        Returns the engine's logits array (row j at [j * vocab, (j + 1) * vocab), valid until the next pass)."""
+        st = self.stats
+        t0 = time.ticks_ms()
+        self.engine.rollback(start)
+        logits = self.engine.forward(memoryview(self.tokens)[start:end], start)
+        st["compute_ms"] += time.ticks_diff(time.ticks_ms(), t0)
+        st["passes"] += 1
+        st["positions"] += end - start
+        self.kv = end
+        return logits
+
+    def _row(self, logits, j):
+        """Float distribution (sampling.prepare) of logits row j under the session's target settings."""
+        v = self.vocab
+        return sampling.prepare(memoryview(logits)[j * v:(j + 1) * v], self.temperature,
+                                self.target_top_k, self.top_p)
+
+    def _catch_up(self, end):
+        """Fill the cache up to position `end` (exclusive) in batches; no logits needed."""
+        if self.kv > end:
+            self.kv = end
+        while self.kv < end:
+            self._feed(self.kv, min(end, self.kv + self.max_batch))
+
+    def idle_step(self):
+        """One unit of background work; True if it did any."""
+        return False
+
+
+class Drafter(Role):
+    """Drafts gamma tokens from the committed prefix, each sampled from the q-hat it sends."""
+
+    def __init__(self, engine, stats, spec_ahead=0):
+        Role.__init__(self, engine, stats)
+        self.spec_ahead = min(spec_ahead, CHAIN)
+        self.chain = [None] * CHAIN  # (token, ids, weights) of held drafts, by position % CHAIN
+
+    def draft(self, committed, gamma):
+        """(pos0, [(token, ids, weights)] * n) with n <= gamma (a block stops after an EOS draft)."""
+        self._check_session()
+        if committed != self.length:
+            raise Refused(E_STATE, "draft from %d tokens, but %d are committed here" % (committed, self.length))
+        if gamma > CHAIN:
+            raise Refused(E_RANGE, "gamma %d exceeds %d" % (gamma, CHAIN))
+        if committed + gamma > self.max_seq:
+            raise Refused(E_RANGE, "drafts up to position %d exceed the context of %d"
+                          % (committed + gamma, self.max_seq))
+        out = []
+        for p in range(committed, committed + gamma):
+            if p >= self.held:
+                self._draft_next()
+            e = self.chain[p % CHAIN]
+            out.append(e)
+            if e[0] == self.eos:
+                break
+        self.stats["drafted"] += len(out)
+        return committed, out
+
+    def _draft_next(self):
+        """Sample the draft at position `held` and hold it."""
+        p = self.held
+        self._catch_up(p - 1)
+        logits = self._feed(p - 1, p)
+        if self.greedy:
+            t = self.engine.argmax(0)
+            ids, weights = [t], [rule.ONE]
+        else:
+            v = self.vocab
+            probs = sampling.softmax(memoryview(logits)[:v], self.temperature)
+            ids, weights = rule.quantize_topk(probs, self.draft_top_k)
+            t = rule.sample_sparse(ids, weights, self.seed, p, DRAFT)
+        self.tokens[p] = t
+        self.chain[p % CHAIN] = (t, ids, weights)
+        self.held = p + 1
+
+    def idle_step(self):
+        """Pipelined speculation: draft ahead (assuming every draft is accepted) up to spec_ahead tokens."""
+        if (not self.active or self.held >= self.length + self.spec_ahead or self.held >= self.max_seq
+                or self.tokens[self.held - 1] == self.eos and self.held > self.length):
+            return False
+        self._draft_next()
+        self.stats["ahead"] += 1
+        return True
+
+
+class Verifier(Role):
+    """Checks drafts against the target in one batched pass and applies the shared acceptance rule."""
+
+    def verify(self, pos0, entries):
+        """(pos0, n_accepted, token) for the drafts `entries` [(token, ids, weights)] at pos0.."""
+        self._check_session()
+        n = len(entries)
+        if pos0 != self.length:
+            raise Refused(E_STATE, "drafts start at %d, but %d tokens are committed here" % (pos0, self.length))
+        if n + 1 > self.max_batch or pos0 + n > self.max_seq:
+            raise Refused(E_RANGE, "%d drafts at %d exceed the context of %d or the batch of %d"
+                          % (n, pos0, self.max_seq, self.max_batch))
+        drafts = []
+        qs = []
+        for token, ids, weights in entries:
+            self._check_draft(token, ids, weights)
+            drafts.append(token)
+            qs.append((ids, weights))
+        for i in range(n):
+            self._put(pos0 + i, drafts[i])
+        self._catch_up(pos0 - 1)
+        logits = self._feed(pos0 - 1, pos0 + n)
+        if self.greedy:
+            amax = [self.engine.argmax(j) for j in range(n + 1)]
+            acc, tok = rule.verify_greedy(amax, drafts, self.eos)
+        else:
+            ps = [rule.quantize(self._row(logits, j)) for j in range(n + 1)]
+            acc, tok = rule.verify(ps, drafts, qs, self.seed, pos0, self.eos)
+        st = self.stats
+        st["verified"] += n
+        st["accepted"] += acc
+        return pos0, acc, tok
+
+    def _check_draft(self, token, ids, weights):
+        vocab = self.vocab
+        if token >= vocab:
+            raise Refused(E_RANGE, "draft token %d is outside the vocabulary of %d" % (token, vocab))
+        if self.greedy:
+            return
+        total = 0
+        has = False
+        for j in range(len(ids)):
+            if ids[j] >= vocab:
+                raise Refused(E_RANGE, "q-hat id %d is outside the vocabulary of %d" % (ids[j], vocab))
+            total += weights[j]
+            if ids[j] == token:
+                has = True
+        if total != rule.ONE or not has:
+            raise Refused(E_MESSAGE, "a q-hat table must sum to %d and contain its draft token" % rule.ONE)

@@ -1,0 +1,160 @@
+"""The firmware node's protocol under the real `micropython` binary: HELLO, CONFIGURE, PING, STATS,
+malformed frames, duplicate seqs, errors for invalid states, RESET and Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import struct
+
+import pytest
+
+from nodeproc import NodeProc
+from shared import codec
+from shared import messages as m
+from tools.testmodels import random_model
+
+E_MESSAGE, E_STATE, E_RANGE, E_MODEL = 1, 2, 3, 4
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("models") / "target.spm"
+    random_model(path, dim=32, n_layers=2, vocab=96, max_seq=32, seed=3)
+    return str(path)
+
+
+@pytest.fixture
+def node(micropython, tmp_path):
+    n = NodeProc(micropython, tmp_path / "board")
+    yield n
+    n.close()
+
+
+def test_idle_node_without_config_answers_hello_ping_stats(node):
+    fw, board, role, model, vocab, max_seq, heap, caps = node.call(m.HELLO, expect=m.HELLO)
+    assert fw.startswith("specmesh-node") and board
+    assert (role, model, vocab, max_seq) == (m.ROLE_IDLE, "", 0, 0)
+    assert heap > 100_000
+    assert node.call(m.PING, b"\x00\x03ping\xff", expect=m.PING) == (b"\x00\x03ping\xff",)
+    code, msg = node.error(m.BEGIN, m.pack_begin(1, 0, 1, 0, 0, -1, [1]))
+    assert code == E_STATE and "idle" in msg
+    st = node.stats()
+    assert st["requests"] == 4 and st["errors"] == 1 and st["heap_free"] > 0
+
+
+def test_configure_loads_the_model_persists_and_boots_into_it(micropython, tmp_path, model):
+    board = tmp_path / "board"
+    n = NodeProc(micropython, board)
+    try:
+        code, msg = n.error(m.CONFIGURE, m.pack_configure(m.ROLE_VERIFIER, 1, "missing.spm"))
+        assert code == E_MODEL and "missing.spm" in msg
+        assert not (board / "specmesh.json").exists()
+        f = n.request(m.CONFIGURE, m.pack_configure(m.ROLE_VERIFIER, 7, model))
+        assert (f.mtype, f.src) == (m.ACK, 1)  # the reply comes from the id the request was sent to
+        n.node_id = 7
+        hello = n.call(m.HELLO, expect=m.HELLO)
+        assert hello[2:6] == (m.ROLE_VERIFIER, model, 96, 32)
+        assert n.request(m.HELLO).src == 7
+    finally:
+        n.close()
+    cfg = json.loads((board / "specmesh.json").read_text())
+    assert (cfg["role"], cfg["node_id"], cfg["model"]) == ("verifier", 7, model)
+    n = NodeProc(micropython, board, node_id=7)
+    try:
+        assert n.call(m.HELLO)[2:5] == (m.ROLE_VERIFIER, model, 96)
+    finally:
+        n.close()
+
+
+def test_broken_config_gives_an_idle_node_with_a_console_note(micropython, tmp_path):
+    board = tmp_path / "board"
+    board.mkdir()
+    (board / "specmesh.json").write_text('{"role": "verifier", "node_id": 999}')
+    n = NodeProc(micropython, board)
+    try:
+        assert n.call(m.HELLO)[2] == m.ROLE_IDLE
+        assert any(b"node_id" in line for line in n.text)
+    finally:
+        n.close()
+
+
+def _frame_with_type(mtype: int, seq: int) -> bytes:
+    head = struct.pack(codec.HEADER_FMT, codec.VERSION, mtype, 0, 0, 1, seq, 0, 0)
+    return head + struct.pack("<H", codec.crc16(head))
+
+
+def test_malformed_input_is_counted_and_answered_when_addressable(node):
+    node.send_raw(b"hello from a confused terminal\n")
+    node.send_raw(b":!!!not base64!!!\n")
+    bad_crc = bytearray(node.frame(m.PING, b"x"))
+    bad_crc[-1] ^= 0xFF
+    node.send(bytes(bad_crc))
+    node.send(_frame_with_type(0x3F, 500))
+    f = node.reply(500)
+    assert f.mtype == m.ERROR and "0x3f" in m.unpack_error(f.payload)[1]
+    assert node.error(m.HELLO, b"junk")[0] == E_MESSAGE  # HELLO takes no payload
+    assert node.error(m.VERDICT, m.pack_verdict(0, 0, 1))[0] == E_MESSAGE  # not a request
+    node.send(codec.encode(m.PING, b"", src=0, dst=1, seq=900, reply=True))  # a stray reply
+    node.send(codec.encode(m.PING, b"", src=0, dst=9, seq=901))  # someone else's frame
+    assert node.call(m.PING, b"alive") == (b"alive",)
+    st = node.stats()
+    assert st["bad_frames"] == 4  # text line, bad base64, bad CRC, unknown type
+    assert st["errors"] == 3 and st["stray"] == 2
+
+
+def test_duplicate_seq_resends_the_cached_reply_without_acting(node, model):
+    node.call(m.CONFIGURE, m.pack_configure(m.ROLE_VERIFIER, 1, model))
+    node.session = 5
+    node.call(m.BEGIN, m.pack_begin(9, 700, 4, 0, 0, -1, [3, 4, 5]))
+    req = node.frame(m.VERIFY_REQ, m.pack_draft(3, [(7, [7, 8], [40000, 25536])]))
+    node.send(req)
+    first = node.reply(codec.decode(req).seq)
+    before = node.stats()
+    node.send(req)
+    again = node.reply(codec.decode(req).seq)
+    assert (again.mtype, again.payload) == (first.mtype, first.payload) == (m.VERDICT, first.payload)
+    after = node.stats()
+    assert after["dup_replies"] == before["dup_replies"] + 1
+    assert (after["verified"], after["passes"]) == (before["verified"], before["passes"])
+    # the same seq with another body is a new request, not a retransmission
+    node.send(node.frame(m.PING, b"new", seq=codec.decode(req).seq))
+    assert node.reply(codec.decode(req).seq).payload == b"new"
+
+
+def test_invalid_states_and_ranges_are_refused_and_the_node_survives(node, model):
+    assert node.error(m.DRAFT_REQ, m.pack_draft_req(1, 2))[0] == E_STATE  # idle
+    node.call(m.CONFIGURE, m.pack_configure(m.ROLE_VERIFIER, 1, model))
+    assert node.error(m.VERIFY_REQ, m.pack_draft(1, []))[0] == E_STATE  # before BEGIN
+    assert node.error(m.BEGIN, m.pack_begin(1, 0, 1, 0, 0, -1, []))[0] == E_RANGE  # empty prompt
+    assert node.error(m.BEGIN, m.pack_begin(1, 0, 1, 0, 0, -1, [96]))[0] == E_RANGE  # outside vocab
+    node.session = 3
+    node.call(m.BEGIN, m.pack_begin(1, 500, 4, 0, 0, -1, [1, 2]))
+    assert node.error(m.DRAFT_REQ, m.pack_draft_req(2, 2))[0] == E_STATE  # a verifier does not draft
+    assert node.error(m.VERIFY_REQ, m.pack_draft(5, []))[0] == E_STATE  # wrong position
+    assert node.error(m.VERIFY_REQ, m.pack_draft(2, []), session=4)[0] == E_STATE  # stale session
+    bad_q = [(5, [5, 6], [30000, 30000])]
+    assert node.error(m.VERIFY_REQ, m.pack_draft(2, bad_q))[0] == E_MESSAGE  # q-hat does not sum to ONE
+    no_tok = [(5, [6], [65536])]
+    assert node.error(m.VERIFY_REQ, m.pack_draft(2, no_tok))[0] == E_MESSAGE  # draft outside its q-hat
+    assert node.error(m.COMMIT, m.pack_commit(40, [1] * 38))[0] == E_RANGE  # beyond the context
+    assert node.error(m.COMMIT, m.pack_commit(9, [1]))[0] == E_STATE  # a gap before the tail
+    assert node.error(m.ROLLBACK, m.pack_rollback(3))[0] == E_STATE  # rolling forward
+    assert node.error(m.COMMIT, m.pack_commit(3, [200]))[0] == E_RANGE
+    node.call(m.COMMIT, m.pack_commit(31, [1] * 29))
+    assert node.error(m.VERIFY_REQ, m.pack_draft(31, [(1, [1], [65536])] * 2))[0] == E_RANGE  # past max_seq
+    assert node.call(m.VERIFY_REQ, m.pack_draft(31, []), expect=m.VERDICT)[:2] == (31, 0)
+    assert node.call(m.PING, b"ok") == (b"ok",)
+    assert node.stats()["errors"] == 14
+
+
+def test_reset_replies_ack_and_returns_to_the_repl(node):
+    assert node.request(m.RESET).mtype == m.ACK
+    assert node.proc.wait(10) == 0
+
+
+def test_ctrl_c_ends_the_node_cleanly(node):
+    assert node.call(m.PING, b"up") == (b"up",)
+    node.proc.send_signal(signal.SIGINT)
+    assert node.proc.wait(10) == 0
+    assert b"Traceback" not in node.proc.stderr.read()
