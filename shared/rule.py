@@ -7,7 +7,7 @@ turn an engine's float probabilities into such tables (identical on runtimes wit
 width; a board with single-precision floats quantizes its own drafts, and the verifier uses the q-hat
 it is sent, so losslessness never depends on two runtimes rounding alike).
 
-    quantize(probs) -> weights              largest remainder, ties to the lowest id
+    quantize(probs) -> weights              largest remainder (24-bit remainders), ties to the lowest id
     quantize_topk(probs, k) -> (ids, weights)  the k largest (ties lowest id), ids ascending, zeros dropped
     top_ids(values, k) -> ids               the k largest values, descending, ties lowest id
     argmax(values) -> id                    ties lowest id
@@ -26,6 +26,8 @@ A residual or bonus token may itself be `eos`; the caller emits it and stops.
 from .prng import ACCEPT, EMIT, uniform
 
 ONE = 1 << 16
+FRAC_BITS = 24
+_FRAC_ONE = 1 << FRAC_BITS
 
 
 def top_ids(values, k):
@@ -64,7 +66,11 @@ def argmax(values):
 
 
 def quantize(probs):
-    """Integer weights summing to ONE from non-negative floats (largest remainder, ties lowest id)."""
+    """Integer weights summing to ONE from non-negative floats (largest remainder, ties lowest id).
+
+    Fractional parts are compared as FRAC_BITS-bit fixed-point ints (small ints on every board,
+    no boxed floats kept): remainders closer than 2^-FRAC_BITS count as tied, going to the lowest id.
+    """
     total = 0.0
     for p in probs:
         if not p >= 0.0:
@@ -73,27 +79,48 @@ def quantize(probs):
     if not 0.0 < total < float("inf"):
         raise ValueError("probabilities must have a positive finite sum")
     scale = ONE / total
-    weights = []
-    fracs = []
+    n = len(probs)
+    weights = [0] * n
+    fracs = [-1] * n  # -1: p == 0, never gets a unit
     used = 0
-    for p in probs:
-        x = p * scale
-        f = int(x)
-        weights.append(f)
-        fracs.append(x - f)
-        used += f
+    eligible = 0
+    for i in range(n):
+        p = probs[i]
+        if p > 0.0:
+            x = p * scale
+            f = int(x)
+            weights[i] = f
+            fracs[i] = int((x - f) * _FRAC_ONE)
+            used += f
+            eligible += 1
     rem = ONE - used
     while rem < 0:  # float rounding overshot: take units back from the largest weights
         i = argmax(weights)
         weights[i] -= 1
         rem += 1
     if rem:
-        order = [i for i in range(len(probs)) if probs[i] > 0.0]
-        order.sort(key=lambda i: (-fracs[i], i))
-        n = len(order)
-        for j in range(rem):
-            weights[order[j % n]] += 1
+        full, rem = divmod(rem, eligible)  # more units than ids only after float rounding
+        for i in range(n):
+            if fracs[i] >= 0:
+                weights[i] += full
+        if rem:
+            _hand_out(weights, fracs, rem)
     return weights
+
+
+def _hand_out(weights, fracs, rem):
+    """Add one unit to each of the `rem` ids with the largest fracs, ties to the lowest id."""
+    thr = sorted(fracs, reverse=True)[rem - 1]
+    ties = rem
+    for f in fracs:
+        if f > thr:
+            ties -= 1
+    for i in range(len(fracs)):
+        f = fracs[i]
+        if f > thr or (f == thr and ties > 0):
+            weights[i] += 1
+            if f == thr:
+                ties -= 1
 
 
 def quantize_topk(probs, k):

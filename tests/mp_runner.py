@@ -1,0 +1,160 @@
+"""Runs cross-runtime vectors through shared/ and prints one canonical JSON line per case.
+
+Executed both by the `micropython` binary and by CPython:  <python> tests/mp_runner.py FILE.json
+A vector file is JSON: `{"cases": [`, then one case object per line with the separating commas
+on lines of their own, then `]}`; so a board-sized heap can stream it a line at a time, uncopied. Each case is {"name", "op", "args", "expect"}; the output line is
+`["name", result]`. Bytes travel as hex strings, floats as the hex of their IEEE-754 double, so
+no float parsing or printing differs between the runtimes. tools/gen_vectors.py imports `run_case`
+to compute the expected results.
+"""
+
+import binascii
+import gc
+import json
+import struct
+import sys
+
+if __name__ == "__main__":
+    _here = sys.argv[0].rsplit("/", 1)[0] if "/" in sys.argv[0] else "."
+    sys.path.append(_here + "/..")  # after MICROPYPATH, so precompiled .mpy files can stand in
+
+from shared import codec, messages, prng, rule, sampling  # noqa: E402
+
+
+def unhex(s):
+    return binascii.unhexlify(s)
+
+
+def tohex(b):
+    return binascii.hexlify(b).decode()
+
+
+def doubles(h):
+    """Float list from the hex of packed little-endian doubles."""
+    return struct.unpack("<%dd" % (len(h) // 16), unhex(h))
+
+
+_ESC = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def dump(x):
+    """Canonical JSON (as json.dumps with separators=(",", ":")) of ints, strings, lists, None, bools."""
+    if x is None:
+        return "null"
+    if x is True:
+        return "true"
+    if x is False:
+        return "false"
+    if isinstance(x, int):
+        return str(x)
+    if isinstance(x, str):
+        return '"' + "".join(_ESC.get(c) or (c if " " <= c <= "~" else "\\u%04x" % ord(c)) for c in x) + '"'
+    if isinstance(x, (bytes, bytearray)):
+        return '"' + tohex(x) + '"'
+    return "[" + ",".join(dump(v) for v in x) + "]"
+
+
+def _frame(f):
+    return [f.mtype, f.flags, f.src, f.dst, f.seq, f.session, tohex(f.payload), f.counter]
+
+
+def _errors(d):
+    return [[k, d.errors[k]] for k in sorted(d.errors)] + [["frames", d.frames]]
+
+
+def _auth(a):
+    if a.get("key") is None:
+        return None
+    return codec.Auth(unhex(a["key"]), counter=a.get("counter", 0))
+
+
+def _plain(x):
+    """Message fields as JSON-able lists (tuples -> lists, bytes -> hex)."""
+    if isinstance(x, (tuple, list)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def _op(op, a):
+    if op == "crc16":
+        return codec.crc16(unhex(a["data"]))
+    if op == "encode":
+        return codec.encode(a["mtype"], unhex(a["payload"]), a["src"], a["dst"], a["seq"], a["session"],
+                            a["reply"], _auth(a))
+    if op == "decode":
+        auth = _auth(a)
+        out = []
+        for f in a["frames"]:
+            try:
+                out.append(_frame(codec.decode(unhex(f), auth)))
+            except codec.CodecError as e:
+                out.append(["error", type(e).__name__])
+        return out
+    if op == "line":
+        return codec.encode_line(unhex(a["frame"])).decode()
+    if op == "stream":
+        d = codec.StreamDecoder(_auth(a), a["max_line"])
+        frames = []
+        for c in a["chunks"]:
+            frames.extend(_frame(f) for f in d.feed(unhex(c)))
+        return [frames, _errors(d)]
+    if op == "fragment":
+        return [tohex(p) for p in codec.fragment(unhex(a["frame"]), a["msg_id"], a["mtu"])]
+    if op == "datagram":
+        d = codec.DatagramDecoder(_auth(a), a["max_partial"], a["max_size"], a["stale_after"])
+        out = []
+        for sender, pkt in a["packets"]:
+            f = d.feed(unhex(pkt), sender)
+            out.append(None if f is None else _frame(f))
+        return [out, _errors(d), d.pending()]
+    if op == "pack":
+        return getattr(messages, a["fn"])(*a["args"])
+    if op == "unpack":
+        try:
+            return _plain(messages.unpack(a["mtype"], a["reply"], unhex(a["payload"])))
+        except codec.CodecError as e:
+            return ["error", type(e).__name__]
+    if op == "rand32":
+        return [prng.rand32(a["seed"], p, a["purpose"], a["attempt"]) for p in a["positions"]]
+    if op == "uniform":
+        return [prng.uniform(a["seed"], p, a["purpose"], a["n"]) for p in a["positions"]]
+    if op == "quantize":
+        return rule.quantize(doubles(a["probs"]))
+    if op == "quantize_topk":
+        return _plain(rule.quantize_topk(doubles(a["probs"]), a["k"]))
+    if op == "sample":
+        return [rule.sample(a["weights"], s, a["pos"], a["purpose"]) for s in a["seeds"]]
+    if op == "sample_sparse":
+        return [rule.sample_sparse(a["ids"], a["weights"], s, a["pos"], a["purpose"]) for s in a["seeds"]]
+    if op == "verify":
+        return [_plain(rule.verify(a["p"], a["drafts"], a["q"], s, a["pos0"], a["eos"])) for s in a["seeds"]]
+    if op == "verify_greedy":
+        return _plain(rule.verify_greedy(a["argmaxes"], a["drafts"], a["eos"]))
+    if op == "argmax":
+        return rule.argmax(a["values"])
+    if op == "prepare":
+        probs = sampling.prepare(doubles(a["logits"]), a["temperature"], a["top_k"], a["top_p"])
+        return rule.quantize(probs)
+    raise ValueError("unknown op " + op)
+
+
+def run_case(case):
+    """Result of one vector case; ValueError (bad input) is a result too."""
+    try:
+        return _op(case["op"], case["args"])
+    except ValueError:
+        return ["error", "ValueError"]
+
+
+def main(path):
+    with open(path) as f:
+        for line in f:
+            gc.collect()  # keep a board-sized heap unfragmented between cases
+            if not line.startswith("{\"name\""):
+                continue
+            case = json.loads(line)
+            print(dump([case["name"], run_case(case)]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,311 @@
+"""Writes tests/vectors/*.json: cross-runtime cases for the shared codec, messages, PRNG and rule.
+
+    python -m tools.gen_vectors            # rewrite the files
+    python -m tools.gen_vectors --check    # exit 1 if the files differ from what would be written
+
+Inputs are fixed (seeded); expected results come from tests/mp_runner.py's `run_case` under CPython,
+after this tool asserts the properties each edge case exists to pin (e.g. q-hat == p accepts every
+draft, p(x) = 0 rejects x). tests/test_vectors.py then requires CPython and MicroPython to reproduce
+every expected line byte for byte. Regenerate only when a contract change is intended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import struct
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "tests" / "vectors"
+sys.path.insert(0, str(ROOT))
+
+from shared import codec, messages as m, prng  # noqa: E402
+from shared.rule import ONE, argmax, quantize, quantize_topk  # noqa: E402
+
+
+def _runner():
+    spec = importlib.util.spec_from_file_location("mp_runner", ROOT / "tests" / "mp_runner.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+RUN = _runner()
+
+
+def dbl(xs) -> str:
+    return struct.pack("<%dd" % len(xs), *map(float, xs)).hex()
+
+
+def case(name: str, op: str, **args) -> dict:
+    c = {"name": name, "op": op, "args": args}
+    c["expect"] = json.loads(RUN.dump(RUN.run_case(c)))
+    return c
+
+
+def rand_probs(rng: random.Random, n: int, zeros: int = 0) -> list[float]:
+    p = [rng.expovariate(1.0) ** 2 for _ in range(n)]
+    for i in rng.sample(range(n), zeros):
+        p[i] = 0.0
+    return p
+
+
+# ---------------------------------------------------------------- prng
+def prng_cases() -> list[dict]:
+    pos = [0, 1, 2, 1000, 2 ** 31 - 1, 2 ** 32 - 1, 2 ** 32 + 5]
+    out = []
+    for seed in (0, 1, 0xDEADBEEF, 2 ** 32 - 1):
+        for purpose in (prng.DRAFT, prng.ACCEPT, prng.EMIT):
+            out.append(case("rand32 s=%d p=%d" % (seed, purpose), "rand32", seed=seed, purpose=purpose,
+                            attempt=0, positions=pos))
+    out.append(case("rand32 attempts", "rand32", seed=5, purpose=2, attempt=3, positions=pos))
+    for n in (1, 2, 3, 7, 100, 65535, 65536, 65537, 2 ** 31, 2 ** 32):
+        out.append(case("uniform n=%d" % n, "uniform", seed=42, purpose=prng.EMIT, n=n, positions=list(range(24))))
+    return out
+
+
+# ---------------------------------------------------------------- quantize, sampling
+def quantize_cases() -> list[dict]:
+    rng = random.Random(2)
+    out = [
+        case("uniform 3", "quantize", probs=dbl([1, 1, 1])),
+        case("one-hot", "quantize", probs=dbl([0, 0, 1, 0])),
+        case("ties of remainders", "quantize", probs=dbl([1, 1, 1, 1, 1, 1, 1])),
+        case("unnormalised", "quantize", probs=dbl([3.5, 0.25, 100.0])),
+        case("tiny and denormal", "quantize", probs=dbl([1e-300, 5e-324, 1.0, 1e-5])),
+        case("negative", "quantize", probs=dbl([0.5, -0.5, 1.0])),
+        case("all zero", "quantize", probs=dbl([0.0, 0.0])),
+        case("argmax ties", "argmax", values=[3, 9, 9, 1]),
+    ]
+    for n, z in ((10, 0), (32, 5), (64, 20), (256, 50)):
+        out.append(case("random vocab %d" % n, "quantize", probs=dbl(rand_probs(rng, n, z))))
+    for k in (1, 8, 32, 300):
+        out.append(case("topk k=%d vocab 256" % k, "quantize_topk", probs=dbl(rand_probs(rng, 256, 30)), k=k))
+    out.append(case("topk ties", "quantize_topk", probs=dbl([0.2, 0.1, 0.2, 0.2, 0.3]), k=3))
+    out.append(case("topk with zeros", "quantize_topk", probs=dbl([0.0, 1.0, 0.0, 0.0]), k=3))
+    for temp, k, p in ((0.0, 0, 1.0), (1.0, 0, 1.0), (0.7, 0, 1.0), (1.5, 5, 1.0), (1.0, 0, 0.9),
+                       (0.8, 10, 0.5), (1.0, 3, 0.01)):
+        logits = [rng.gauss(0.0, 3.0) for _ in range(40)]
+        out.append(case("prepare T=%s k=%d p=%s" % (temp, k, p), "prepare", logits=dbl(logits),
+                        temperature=temp, top_k=k, top_p=p))
+    out.append(case("prepare greedy tie", "prepare", logits=dbl([1.0, 4.0, 4.0]), temperature=0.0, top_k=0, top_p=1.0))
+    assert out[0]["expect"] == [21846, 21845, 21845] and out[1]["expect"] == [0, 0, ONE, 0]
+    assert out[5]["expect"] == ["error", "ValueError"] and out[7]["expect"] == 1
+    return out
+
+
+# ---------------------------------------------------------------- acceptance rule
+def dense(rng: random.Random, n: int, zeros: int = 0) -> list[int]:
+    return quantize(rand_probs(rng, n, zeros))
+
+
+def rule_cases() -> list[dict]:
+    rng = random.Random(3)
+    seeds = list(range(16))
+    out = []
+    p = dense(rng, 12, 3)
+    out.append(case("sample dense", "sample", weights=p, pos=7, purpose=prng.EMIT, seeds=seeds))
+    ids, w = quantize_topk(rand_probs(rng, 12), 4)
+    out.append(case("sample sparse", "sample_sparse", ids=ids, weights=w, pos=7, purpose=prng.DRAFT, seeds=seeds))
+
+    # q-hat == p: every draft accepted, then a bonus token
+    p = dense(rng, 10)
+    q = [list(range(10)), p]
+    c = case("q equals p", "verify", p=[p] * 4, drafts=[argmax(p), 0, 9], q=[q] * 3, pos0=20, eos=-1, seeds=seeds)
+    assert all(r[0] == 3 for r in c["expect"])
+    out.append(c)
+    # p(x) = 0: the draft is always rejected, the residual never emits it
+    p = dense(rng, 10)
+    p[4], p[0] = 0, p[0] + p[4]
+    c = case("p(x) zero", "verify", p=[p, p], drafts=[4], q=[[[3, 4], [ONE // 2, ONE // 2]]], pos0=0, eos=-1, seeds=seeds)
+    assert all(r[0] == 0 and r[1] != 4 and p[r[1]] > 0 for r in c["expect"])
+    out.append(c)
+    # all accepted: p(x) >= q(x) for every draft
+    p = [0] * 8
+    p[2], p[5] = ONE - 100, 100
+    c = case("all accepted", "verify", p=[p, p, p, dense(rng, 8)], drafts=[2, 2, 2],
+             q=[[[2, 5], [ONE - 200, 200]]] * 3, pos0=3, eos=-1, seeds=seeds)
+    assert all(r[0] == 3 for r in c["expect"])
+    out.append(c)
+    # first rejected: the drafter is certain of a token the target gives 1/64
+    p = dense(rng, 16)
+    p = [ONE // 16] * 16
+    c = case("first rejected", "verify", p=[p, p, p], drafts=[7, 7], q=[[[7], [ONE]]] * 2, pos0=100, eos=-1,
+             seeds=seeds)
+    assert sum(r[0] == 0 for r in c["expect"]) >= 12 and all(r[1] != 7 for r in c["expect"] if r[0] == 0)
+    out.append(c)
+    # EOS accepted inside the run ends the stream
+    p = dense(rng, 10)
+    q = [list(range(10)), p]
+    c = case("eos accepted", "verify", p=[p] * 4, drafts=[1, 3, 2], q=[q] * 3, pos0=9, eos=3, seeds=seeds)
+    assert all(r == [2, -1] for r in c["expect"])
+    out.append(c)
+    out.append(case("draft not in q", "verify", p=[p, p], drafts=[5], q=[[[1], [ONE]]], pos0=0, eos=-1, seeds=[0]))
+    out.append(case("q not summing to ONE", "verify", p=[p, p], drafts=[1], q=[[[1], [ONE - 1]]], pos0=0, eos=-1,
+                    seeds=[0]))
+    # random cases: vocab 16..64, gamma 1..4, q-hat from top-k of a perturbed p
+    for i, (vocab, gamma, k) in enumerate(((16, 1, 4), (24, 2, 8), (32, 3, 32), (32, 4, 8), (64, 4, 16))):
+        ps = [dense(rng, vocab, vocab // 4) for _ in range(gamma + 1)]
+        qs, drafts = [], []
+        for j in range(gamma):
+            ids, w = quantize_topk([x * rng.uniform(0.2, 2.0) + 1 for x in ps[j]], k)
+            qs.append([ids, w])
+            drafts.append(ids[rng.randrange(len(ids))])
+        out.append(case("random v=%d g=%d k=%d" % (vocab, gamma, k), "verify", p=ps, drafts=drafts, q=qs,
+                        pos0=1000 * i, eos=-1, seeds=list(range(32))))
+    # greedy
+    for name, am, dr, eos, want in (("greedy all", [4, 5, 6], [4, 5], -1, [2, 6]),
+                                    ("greedy mismatch", [4, 5, 6], [4, 7], -1, [1, 5]),
+                                    ("greedy first", [4, 5, 6], [9, 5], -1, [0, 4]),
+                                    ("greedy eos", [4, 5, 6], [4, 5], 4, [1, -1]),
+                                    ("greedy gamma 0", [3], [], -1, [0, 3])):
+        c = case(name, "verify_greedy", argmaxes=am, drafts=dr, eos=eos)
+        assert c["expect"] == want, (name, c["expect"])
+        out.append(c)
+    return out
+
+
+# ---------------------------------------------------------------- frames
+def _fields(mtype, payload=b"", src=1, dst=2, seq=3, session=4, reply=False, key=None, counter=0) -> dict:
+    return dict(mtype=mtype, payload=payload.hex(), src=src, dst=dst, seq=seq, session=session, reply=reply,
+                key=key, counter=counter)
+
+
+def _crc_fixed(body: bytes) -> str:
+    return (body + struct.pack("<H", codec.crc16(body))).hex()
+
+
+def codec_cases() -> list[dict]:
+    key = b"board-key".hex()
+    out = [case("crc check value", "crc16", data=b"123456789".hex()),
+           case("crc empty", "crc16", data="")]
+    assert out[0]["expect"] == 0x29B1
+    draft = m.pack_draft(17, [(5, [5, 9], [ONE - 3, 3]), (2, [2], [ONE])])
+    out.append(case("encode ping", "encode", **_fields(m.PING, b"hello")))
+    out.append(case("encode draft reply", "encode", **_fields(m.DRAFT, draft, reply=True, seq=65535, session=65535)))
+    out.append(case("encode signed", "encode", **_fields(m.VERDICT, m.pack_verdict(3, 1, 7), reply=True, key=key,
+                                                         counter=41)))
+    out.append(case("encode broadcast ack", "encode", **_fields(m.ACK, dst=255, reply=True)))
+    good = codec.encode(m.PING, b"hello", 1, 2, 3, 4)
+    signed = [codec.encode(m.PING, b"s%d" % i, src=6, auth=a) for a in [codec.Auth(b"board-key")] for i in range(4)]
+    bad_crc = bytearray(good)
+    bad_crc[12] ^= 0x40
+    hdr = struct.pack("<BBBBBHHH", 2, m.PING, 0, 1, 2, 3, 4, 0)
+    frames = [good.hex(), good[:-1].hex(), (good + b"\x00").hex(), bytes(bad_crc).hex(), "", "01",
+              _crc_fixed(hdr), _crc_fixed(struct.pack("<BBBBBHHH", 1, 0x0F, 0, 1, 2, 3, 4, 0)),
+              _crc_fixed(struct.pack("<BBBBBHHH", 1, 0, 0, 1, 2, 3, 4, 0)),
+              _crc_fixed(struct.pack("<BBBBBHHH", 1, m.PING, 0, 1, 2, 3, 4, 9) + b"abc"),
+              signed[0].hex()]
+    c = case("decode unsigned", "decode", frames=frames, key=None)
+    assert [r[1] for r in c["expect"][1:]] == ["BadLength", "BadLength", "BadCRC", "BadLength", "BadLength",
+                                               "BadVersion", "BadType", "BadType", "BadLength", "BadAuth"]
+    out.append(c)
+    wrong = codec.encode(m.PING, b"x", src=6, auth=codec.Auth(b"other"))
+    seq = [signed[1], signed[0], signed[1], signed[3], wrong, good, signed[2], signed[0]]
+    c = case("decode signed with replay", "decode", frames=[f.hex() for f in seq], key=key)
+    assert [r[0] if r[0] == "error" else "ok" for r in c["expect"]] == ["ok", "ok", "error", "ok", "error", "error",
+                                                                          "ok", "error"]
+    out.append(c)
+    # stream framing
+    lines = [codec.encode_line(codec.encode(m.PING, bytes([i]) * i, seq=i)) for i in range(1, 5)]
+    out.append(case("line", "line", frame=good.hex()))
+    wire = (b"MicroPython v1.28.0 on 2026-08-11\r\n>>> " + b"\r\n" + lines[0] + lines[1].replace(b"\n", b"\r\n")
+            + b":" + b"Q" * 300 + b"\n" + b":!!!!\n" + b":AQ\n" + lines[2] + b"Traceback (most recent call last):\n"
+            + lines[3])
+    for step in (1, 3, 64, len(wire)):
+        chunks = [wire[i:i + step].hex() for i in range(0, len(wire), step)]
+        c = case("stream chunks of %d" % step, "stream", chunks=chunks, max_line=256, key=None)
+        assert [f[4] for f in c["expect"][0]] == [1, 2, 3, 4]
+        out.append(c)
+    # datagram framing
+    big = codec.encode(m.DRAFT, m.pack_draft(0, [(i, list(range(32)), [ONE // 32] * 32) for i in range(4)]), reply=True)
+    parts = codec.fragment(big, 300, 250)
+    out.append(case("fragment", "fragment", frame=big.hex(), msg_id=300, mtu=250))
+    out.append(case("fragment fits", "fragment", frame=good.hex(), msg_id=1, mtu=250))
+    order = [2, 0, 2, 4, 1, 3, 5, 5]
+    pk = [[1, parts[i].hex()] for i in order if i < len(parts)] + [[3, good.hex()]]
+    c = case("reassemble reordered with duplicates", "datagram", packets=pk, max_partial=4, max_size=4096,
+             stale_after=64, key=None)
+    assert sum(r is not None for r in c["expect"][0]) == 2
+    out.append(c)
+    other = codec.fragment(big, 301, 100)
+    pk = [[1, parts[0].hex()], [2, parts[0].hex()], [1, other[0].hex()], [1, "fe0000"], [1, "fe01000901" + "00" * 20],
+          [2, parts[1].hex()], [1, "02"], [1, "02"], [1, "02"]] + [[2, p.hex()] for p in parts[2:]]
+    out.append(case("reassemble bounded", "datagram", packets=pk, max_partial=2, max_size=2048, stale_after=4,
+                    key=None))
+    return out
+
+
+def message_cases() -> list[dict]:
+    packs = [
+        ("pack_hello", ["specmesh 0.1", "esp32", 1, "draft", 512, 256, 90000, 5]),
+        ("pack_configure", [2, 7, "target-ü"]),
+        ("pack_begin", [0xDEADBEEF, 700, 8, 40, 58982, 2, [1, 2, 500]]),
+        ("pack_draft_req", [1234, 4]),
+        ("pack_draft", [77, [[3, [3], [ONE]], [9, [1, 9, 40], [100, 65000, 436]]]]),
+        ("pack_verdict", [77, 1, -1]),
+        ("pack_commit", [80, [5, 6, 7]]),
+        ("pack_rollback", [60]),
+        ("pack_stats", [[["accepted", 10], ["rounds", 4000000000]]]),
+        ("pack_error", [3, "out of memory"]),
+        ("pack_configure", [2, 7, "x" * 256]),
+    ]
+    out = [case(fn + " %d" % i, "pack", fn=fn, args=args) for i, (fn, args) in enumerate(packs)]
+    assert out[-1]["expect"] == ["error", "ValueError"]
+    types = [(m.HELLO, True), (m.CONFIGURE, False), (m.BEGIN, False), (m.DRAFT_REQ, False), (m.DRAFT, True),
+             (m.VERDICT, True), (m.COMMIT, False), (m.ROLLBACK, False), (m.STATS, True), (m.ERROR, True)]
+    for c, (mtype, reply) in zip(list(out), types):
+        payload = bytes.fromhex(c["expect"])
+        out.append(case("unpack " + m.NAMES[mtype], "unpack", mtype=mtype, reply=reply, payload=payload.hex()))
+        out.append(case("unpack truncated " + m.NAMES[mtype], "unpack", mtype=mtype, reply=reply,
+                        payload=payload[:-1].hex()))
+        out.append(case("unpack extended " + m.NAMES[mtype], "unpack", mtype=mtype, reply=reply,
+                        payload=(payload + b"\x00").hex()))
+    for name, mtype, reply, payload in (
+            ("unpack verify_req", m.VERIFY_REQ, False, m.pack_draft(5, [(1, [1], [ONE])])),
+            ("unpack empty q-hat", m.DRAFT, True, struct.pack("<IBHB", 0, 1, 5, 0)),
+            ("unpack bad utf-8", m.ERROR, True, b"\x01\x02\xff\xfe"),
+            ("unpack ack", m.ACK, True, b""), ("unpack ack with body", m.ACK, True, b"\x00"),
+            ("unpack ping", m.PING, False, b"\x00\x01"), ("unpack reset", m.RESET, False, b""),
+            ("unpack hello request", m.HELLO, False, b""), ("unpack stats request", m.STATS, False, b""),
+            ("unpack draft as request", m.DRAFT, False, b""), ("unpack unknown type", 0x33, False, b"")):
+        out.append(case(name, "unpack", mtype=mtype, reply=reply, payload=payload.hex()))
+    return out
+
+
+FILES = {"prng": prng_cases, "quantize": quantize_cases, "rule": rule_cases, "codec": codec_cases,
+         "messages": message_cases}
+
+
+def render(cases: list[dict]) -> str:
+    lines = [json.dumps(c, separators=(",", ":"), ensure_ascii=True) for c in cases]
+    return '{"cases": [\n' + "\n,\n".join(lines) + "\n]}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="compare with the files instead of writing them")
+    args = ap.parse_args(argv)
+    OUT.mkdir(parents=True, exist_ok=True)
+    stale = []
+    for name, make in FILES.items():
+        text = render(make())
+        path = OUT / (name + ".json")
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(path.name)
+        else:
+            path.write_text(text)
+            print("wrote %s (%d cases)" % (path.relative_to(ROOT), text.count('{"name"')))
+    if stale:
+        print("stale vector files: %s (run python -m tools.gen_vectors)" % ", ".join(stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
