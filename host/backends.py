@@ -100,11 +100,12 @@ def register_drafter(name: str, factory: Factory) -> None:
 class EngineStream:
     """A numpy `Engine` whose KV cache follows a token list: keeps the common prefix, feeds the rest."""
 
-    def __init__(self, path):
+    def __init__(self, path, engine=None):
+        """`engine`: anything with Engine's `header`, `forward(tokens, start_pos)`, `rollback(n)` (torch)."""
         from host.engine import Engine  # noqa: PLC0415 - numpy engine only when a local back-end is made
 
         try:
-            self.engine = Engine(path)
+            self.engine = engine or Engine(path)
         except (OSError, ValueError) as e:
             raise BackendError("cannot load model %s: %s" % (path, e)) from None
         self.cached: list[int] = []  # the tokens whose keys and values the cache holds

@@ -1,0 +1,288 @@
+"""The torch verifier back-end: a specmesh model file run by PyTorch on CUDA or the CPU, many streams.
+
+`TorchModel` loads a model file (host/modelio.py) onto a device and keeps one KV cache per stream in a
+pooled tensor (one slot per stream). `forward` runs one batched pass over any number of streams, each
+appending its own ragged run of tokens (a verify round: the last committed token and the gamma drafts).
+Positions are packed for every per-position step (matvecs, norms, RoPE, MLP); only attention pads them,
+to [streams, longest run], with a causal mask over each stream's own cache slot, so streams never see
+each other's tokens. `rollback` cuts a stream back to its committed length.
+
+The arithmetic is the numpy reference's (host/engine.py, docs/CONTRACTS.md section 4), operation for
+operation and in float32. Integer dot products are exact: int8 values are held as float32, and a float32
+matmul of such integers is exact while every partial sum stays below 2^24, so columns are cut into
+chunks of at most `EXACT_COLS` (127 * 127 * 1040 < 2^24) whose sums are added in float64. On CUDA that
+needs IEEE float32 matmuls, not TF32: `TorchModel` sets torch's float32 matmul precision to "highest"
+(its default). What differs from numpy is only the order of float reductions (means, softmax sums,
+attention sums), so logits agree to float32 rounding amplified by activation requantization; the
+parity tests state the tolerance.
+
+`TorchVerifier` is the orchestrator's `Verifier` (host/backends.py) for one stream; the streams of one
+model and device share a `Batcher` (host/batcher.py), which runs their pending requests as one pass.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import torch
+except ImportError:  # torch is the optional `gpu` extra; the host works without it
+    torch = None
+
+from host.backends import BackendError, EngineStream, LocalVerifier, SessionParams, register_verifier
+from host.batcher import Batcher
+from host.engine import rope_freqs
+from host.modelio import QTensor, read_model
+from shared.modelfile import FLAG_SHARED_CLS, ModelFileError
+
+INSTALL_HINT = "PyTorch is not installed: pip install specmesh[gpu]"
+EXACT_COLS = 1040  # 127 * 127 * 1040 = 16_774_160 < 2^24
+
+
+def pick_device(name: str) -> str:
+    """Check that torch device `name` ("cuda", "cpu" or "auto") can run here; BackendError if not."""
+    if torch is None:
+        raise BackendError(INSTALL_HINT)
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        why = "no CUDA device is visible" if torch.version.cuda else "this torch is a CPU-only build"
+        raise BackendError("the gpu verifier needs CUDA, but %s (torch %s): use --verifier torch-cpu"
+                           % (why, torch.__version__))
+    return name
+
+
+def quantize_act(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row int8 (engine.quantize_act): (values held as float32, scale [n, 1]); a zero row gives 0s."""
+    xs = x.abs().amax(dim=-1, keepdim=True) / 127.0
+    safe = torch.where(xs > 0, xs, torch.ones_like(xs))
+    return torch.clamp(torch.floor(x / safe + 0.5), -127.0, 127.0), xs
+
+
+class _Mat:
+    """A per-row int8 matrix on the device: `q` int8 [rows, cols], exact float32 column chunks, scales."""
+
+    def __init__(self, qt: QTensor, device: str):
+        self.q = torch.from_numpy(np.ascontiguousarray(qt.q)).to(device)
+        self.s = torch.from_numpy(np.asarray(qt.s, dtype=np.float32)).to(device)
+        self.chunks = [c.float().T.contiguous() for c in torch.split(self.q, EXACT_COLS, dim=1)]  # [cols, rows]
+
+    def matvec(self, x: torch.Tensor) -> torch.Tensor:
+        """(Wq @ quant(x[j])) * ws * xs[j] for every row j of x [n, cols] -> [n, rows] (engine.Mat.matvec)."""
+        xq, xs = quantize_act(x)
+        if len(self.chunks) == 1:
+            acc = xq @ self.chunks[0]
+        else:
+            parts = torch.split(xq, EXACT_COLS, dim=1)
+            acc = sum((p @ w).double() for p, w in zip(parts, self.chunks)).float()
+        return acc * self.s * xs
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * w / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """llama2.c RoPE on rows x [n, heads * hd], cos/sin [n, hd / 2] at each row's position."""
+    n = x.shape[0]
+    pairs = x.view(n, -1, cos.shape[1], 2)
+    a, b = pairs[..., 0], pairs[..., 1]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.stack((a * c - b * s, a * s + b * c), dim=-1).view(n, -1)
+
+
+class TorchModel:
+    """A specmesh model file on a torch device, with one KV cache slot per open stream."""
+
+    def __init__(self, path, device: str = "auto", streams: int = 1):
+        self.device = dev = pick_device(device)
+        torch.set_float32_matmul_precision("highest")  # IEEE float32: the integer matmuls stay exact
+        h, t = read_model(path)
+        self.header = h
+        self.tok_emb = _Mat(t["tok_emb"], dev)
+        self.layers = [{name.split(".", 2)[2]: (_Mat(v, dev) if isinstance(v, QTensor)
+                                                else torch.from_numpy(v).to(dev))
+                        for name, v in t.items() if name.startswith("layers.%d." % i)}
+                       for i in range(h.n_layers)]
+        self.final_norm = torch.from_numpy(t["final_norm"]).to(dev)
+        self.cls = self.tok_emb if h.flags & FLAG_SHARED_CLS else _Mat(t["cls"], dev)
+        # the angles of engine.rope: pos * freq in float64, cos/sin rounded to float32
+        ang = np.arange(h.max_seq, dtype=np.float64)[:, None] * rope_freqs(h).astype(np.float64)[None, :]
+        self.cos = torch.from_numpy(np.cos(ang).astype(np.float32)).to(dev)
+        self.sin = torch.from_numpy(np.sin(ang).astype(np.float32)).to(dev)
+        self._lengths: list[int | None] = []  # per slot: cached positions, None when free
+        self._k = self._v = None
+        self._grow(max(1, streams))
+
+    # -- streams ---------------------------------------------------------------------------------
+
+    def _grow(self, cap: int) -> None:
+        h = self.header
+        k = torch.zeros((h.n_layers, cap, h.max_seq, h.kv_dim), device=self.device)
+        v = torch.zeros_like(k)
+        if self._k is not None:
+            k[:, :self._k.shape[1]] = self._k
+            v[:, :self._v.shape[1]] = self._v
+        self._k, self._v = k, v
+        self._lengths += [None] * (cap - len(self._lengths))
+
+    def open_stream(self) -> int:
+        """A new stream with an empty cache; returns its slot."""
+        if None not in self._lengths:
+            self._grow(2 * len(self._lengths))
+        slot = self._lengths.index(None)
+        self._lengths[slot] = 0
+        return slot
+
+    def close_stream(self, slot: int) -> None:
+        self.length(slot)
+        self._lengths[slot] = None
+
+    def length(self, slot: int) -> int:
+        """Positions held in the stream's cache."""
+        if not (0 <= slot < len(self._lengths)) or self._lengths[slot] is None:
+            raise ValueError("stream %d is not open" % slot)
+        return self._lengths[slot]
+
+    def rollback(self, slot: int, length: int) -> None:
+        """Forget every position at or beyond `length` (a no-op if the cache is already shorter)."""
+        if length < 0:
+            raise ValueError("rollback length must be >= 0, got %d" % length)
+        self._lengths[slot] = min(self.length(slot), length)
+
+    # -- forward ---------------------------------------------------------------------------------
+
+    def forward(self, runs: Sequence[tuple[int, Sequence[int]]]) -> list[np.ndarray]:
+        """One batched pass: for each (slot, tokens), append the tokens to that stream's cache.
+
+        Returns per run the float32 logits [len(tokens), vocab]; row i predicts the token after
+        tokens[i]. Every run is checked before any cache changes; a slot may appear once per call.
+        """
+        h = self.header
+        slots = [s for s, _ in runs]
+        if not runs or len(set(slots)) != len(slots):
+            raise ValueError("a forward batch needs one run per stream, at least one")
+        starts = [self.length(s) for s in slots]
+        counts = [len(toks) for _, toks in runs]
+        for s, n0, n in zip(slots, starts, counts):
+            if n < 1 or n0 + n > h.max_seq:
+                raise ValueError("stream %d: %d positions after %d exceed the model's context of %d"
+                                 % (s, n, n0, h.max_seq) if n else "forward needs at least one token")
+        flat = [int(t) for _, toks in runs for t in toks]
+        if min(flat) < 0 or max(flat) >= h.vocab:
+            raise ValueError("token id out of range [0, %d)" % h.vocab)
+        with torch.inference_mode():
+            logits = self._forward(slots, starts, counts, flat).cpu().numpy()
+        for s, n0, n in zip(slots, starts, counts):
+            self._lengths[s] = n0 + n
+        return np.split(logits, np.cumsum(counts)[:-1])
+
+    def _forward(self, slots, starts, counts, flat) -> torch.Tensor:
+        h, dev, hd = self.header, self.device, self.header.head_dim
+        b, t_max, l_max = len(slots), max(counts), max(n0 + n for n0, n in zip(starts, counts))
+        n_kv, group = h.n_kv_heads, h.n_heads // h.n_kv_heads
+        toks = torch.tensor(flat, device=dev)
+        counts_t = torch.tensor(counts, device=dev)
+        starts_t = torch.tensor(starts, device=dev)
+        slots_t = torch.tensor(slots, device=dev)
+        row_b = torch.repeat_interleave(torch.arange(b, device=dev), counts_t)  # stream of each packed row
+        row_t = torch.arange(len(flat), device=dev) - (torch.cumsum(counts_t, 0) - counts_t)[row_b]
+        pos = starts_t[row_b] + row_t
+        row_slot = slots_t[row_b]
+        # key j is visible to query t of stream b iff j <= starts[b] + t: causal, in b's own slot only
+        visible = (torch.arange(l_max, device=dev)[None, None, :]
+                   <= (starts_t[:, None] + torch.arange(t_max, device=dev)[None, :])[:, :, None])
+        cos, sin = self.cos[pos], self.sin[pos]
+        x = self.tok_emb.q[toks].float() * self.tok_emb.s[toks][:, None]
+        for i, w in enumerate(self.layers):
+            xn = rmsnorm(x, w["attn_norm"], h.norm_eps)
+            q = rope(w["wq"].matvec(xn), cos, sin)
+            kq, ks = quantize_act(rope(w["wk"].matvec(xn), cos, sin))
+            vq, vs = quantize_act(w["wv"].matvec(xn))
+            self._k[i, row_slot, pos] = kq * ks  # the int8 cache, stored dequantized (same float32 values)
+            self._v[i, row_slot, pos] = vq * vs
+            keys = self._k[i, slots_t, :l_max].view(b, l_max, n_kv, hd)
+            vals = self._v[i, slots_t, :l_max].view(b, l_max, n_kv, hd)
+            qp = torch.zeros(b, t_max, h.dim, device=dev)
+            qp[row_b, row_t] = q
+            scores = torch.einsum("btkgd,bjkd->bkgtj", qp.view(b, t_max, n_kv, group, hd), keys) / hd ** 0.5
+            att = torch.softmax(scores.masked_fill(~visible[:, None, None], float("-inf")), dim=-1)
+            o = torch.einsum("bkgtj,bjkd->btkgd", att, vals).reshape(b, t_max, h.dim)[row_b, row_t]
+            x = x + w["wo"].matvec(o)
+            xn = rmsnorm(x, w["ffn_norm"], h.norm_eps)
+            a = w["w1"].matvec(xn)
+            x = x + w["w2"].matvec(a / (1.0 + torch.exp(-a)) * w["w3"].matvec(xn))
+        return self.cls.matvec(rmsnorm(x, self.final_norm, h.norm_eps))
+
+
+class _StreamEngine:
+    """One stream of a shared model, with the numpy `Engine`'s forward/rollback shape for EngineStream."""
+
+    def __init__(self, batcher: Batcher):
+        self.batcher = batcher
+        self.header = batcher.model.header
+        self.slot = batcher.open_stream()
+
+    def forward(self, tokens: Sequence[int], start_pos: int) -> np.ndarray:
+        self.batcher.rollback(self.slot, start_pos)
+        if self.batcher.length(self.slot) != start_pos:
+            raise ValueError("start position %d is beyond the cached positions" % start_pos)
+        return self.batcher.forward(self.slot, tokens)
+
+    def rollback(self, length: int) -> None:
+        self.batcher.rollback(self.slot, length)
+
+
+class TorchVerifier(LocalVerifier):
+    """The target on torch for one stream: the numpy verifier's protocol and rule, batched logits."""
+
+    def __init__(self, batcher: Batcher, name: str):
+        self.stream = EngineStream(None, engine=_StreamEngine(batcher))
+        self.batcher = batcher
+        self.name = name
+        self.max_seq = self.stream.max_seq
+        self.bus_bytes = 0
+        self.params = SessionParams()
+
+    def stats(self) -> dict:
+        return {**super().stats(), **self.batcher.stats}
+
+    def close(self) -> None:
+        self.batcher.close_stream(self.stream.engine.slot)
+
+
+_shared: dict[tuple[str, str], Batcher] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_batcher(model_path, device: str) -> Batcher:
+    """The one Batcher serving every stream of this model file on this device in this process."""
+    dev = pick_device(device)
+    key = (str(Path(model_path).resolve()), dev)
+    with _shared_lock:
+        if key not in _shared:
+            try:
+                _shared[key] = Batcher(TorchModel(model_path, dev))
+            except (OSError, ModelFileError) as e:
+                raise BackendError("cannot load model %s: %s" % (model_path, e)) from None
+        return _shared[key]
+
+
+def make_verifier(model_path, device: str = "cpu", **_options) -> TorchVerifier:
+    """A torch verifier for one new stream (`--verifier torch-cpu` / `gpu`)."""
+    return TorchVerifier(shared_batcher(model_path, device), "gpu" if device.startswith("cuda") else "torch-cpu")
+
+
+def _factory(device: str):
+    def make(model_path, **options):
+        return make_verifier(model_path, device, **options)
+
+    return make
+
+
+register_verifier("torch-cpu", _factory("cpu"))  # works without torch too: it then says how to install it
+register_verifier("gpu", _factory("cuda"))

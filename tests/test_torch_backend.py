@@ -1,0 +1,188 @@
+"""The torch verifier (host/torch_backend.py, host/batcher.py) against the numpy reference engine.
+
+Parity tolerance: logits within 1e-4 * (1 + |logit|) of host/engine.py, and greedy tokens identical.
+Integer dot products are bit-exact (checked directly); the rest differs only in the order of float32
+reductions. The same tests run on CUDA under `-m gpu`.
+"""
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is the optional gpu extra: pip install specmesh[gpu]")
+
+from host.backends import VERIFIERS, BackendError, LocalDrafter, LocalVerifier, SessionParams  # noqa: E402
+from host.batcher import Batcher  # noqa: E402
+from host.engine import Engine, Mat  # noqa: E402
+from host.gamma import GammaController  # noqa: E402
+from host.modelio import quantize_rows  # noqa: E402
+from host.orchestrator import generate  # noqa: E402
+from host.torch_backend import EXACT_COLS, TorchModel, TorchVerifier, _Mat  # noqa: E402
+from shared.modelfile import FLAG_SHARED_CLS  # noqa: E402
+from tools.testmodels import random_model  # noqa: E402
+
+VOCAB = 64
+RTOL = 1e-4
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device here: the gpu tests run on a CUDA machine")])
+DEVICES = ["cpu", CUDA]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    target, tied, drafter = d / "target.spm", d / "tied.spm", d / "drafter.spm"
+    random_model(target, dim=32, n_layers=2, hidden=64, vocab=VOCAB, max_seq=96, seed=11)
+    random_model(tied, dim=32, n_layers=2, hidden=64, vocab=VOCAB, max_seq=96, seed=13, flags=FLAG_SHARED_CLS)
+    random_model(drafter, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=VOCAB, max_seq=96,
+                 seed=12)
+    return {"target": str(target), "tied": str(tied), "drafter": str(drafter)}
+
+
+def assert_parity(got, want):
+    np.testing.assert_allclose(got, want, rtol=0, atol=RTOL * (1 + np.abs(want).max()))
+    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_integer_matvec_is_bit_exact_beyond_one_float32_chunk(device):
+    rng = np.random.default_rng(0)
+    for cols in (40, EXACT_COLS + 300):
+        w = quantize_rows(rng.normal(size=(24, cols)))
+        x = rng.normal(size=(5, cols)).astype(np.float32)
+        x[2] = 0.0  # an all-zero row quantizes to zeros
+        x[3] *= 1e4  # large activations: accumulators beyond 2^24 in the two-chunk case
+        got = _Mat(w, device).matvec(torch.from_numpy(x).to(device)).cpu().numpy()
+        np.testing.assert_array_equal(got, Mat(w).matvec(x))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("which", ["target", "tied"])
+def test_logits_match_the_numpy_engine_over_ragged_calls(models, which, device):
+    toks = np.random.default_rng(1).integers(0, VOCAB, 90).tolist()
+    ref, model = Engine(models[which]), TorchModel(models[which], device)
+    s = model.open_stream()
+    for a, b in ((0, 1), (1, 40), (40, 45), (45, 90)):
+        assert_parity(model.forward([(s, toks[a:b])])[0], ref.forward(toks[a:b]))
+    ref.rollback(44)
+    model.rollback(s, 44)  # re-verify after a rejection: same as never having seen the rest
+    assert_parity(model.forward([(s, toks[50:55])])[0], ref.forward(toks[50:55]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batched_streams_equal_each_stream_alone(models, device):
+    rng = np.random.default_rng(2)
+    prefixes = [rng.integers(0, VOCAB, n).tolist() for n in (1, 30, 7, 60, 12)]
+    runs = [rng.integers(0, VOCAB, n).tolist() for n in (5, 5, 1, 3, 5)]
+    together, alone = TorchModel(models["target"], device, streams=2), TorchModel(models["target"], device)
+    slots = [together.open_stream() for _ in prefixes]  # grows the pool past its 2 initial slots
+    together.forward(list(zip(slots, prefixes)))
+    batched = together.forward(list(zip(slots, runs)))
+    for p, r, got in zip(prefixes, runs, batched):
+        s = alone.open_stream()
+        alone.forward([(s, p)])
+        np.testing.assert_allclose(got, alone.forward([(s, r)])[0], rtol=0, atol=1e-5)
+        alone.close_stream(s)
+    assert [together.length(s) for s in slots] == [len(p) + len(r) for p, r in zip(prefixes, runs)]
+
+
+def test_forward_refuses_bad_runs_without_touching_any_cache(models):
+    model = TorchModel(models["target"], "cpu")
+    a, b = model.open_stream(), model.open_stream()
+    model.forward([(a, [1, 2, 3])])
+    for runs, msg in [([(a, [1]), (b, [VOCAB])], "out of range"), ([(a, [1]), (a, [2])], "one run per stream"),
+                      ([(b, [])], "at least one token"), ([(a, [0] * 94)], "context of 96"),
+                      ([(7, [1])], "not open")]:
+        with pytest.raises(ValueError, match=msg):
+            model.forward(runs)
+    assert (model.length(a), model.length(b)) == (3, 0)
+
+
+def test_batcher_runs_one_pass_for_waiting_streams_and_fails_only_a_bad_request(models):
+    batcher = Batcher(TorchModel(models["target"], "cpu"), window_s=5.0)
+    try:
+        slots = [batcher.open_stream() for _ in range(4)]
+        futs = [batcher.submit(s, [s + 1, 2]) for s in slots[:3]]
+        assert not any(f.done() for f in futs)  # a fourth stream is open and not waiting yet
+        bad = batcher.submit(slots[3], [VOCAB + 5])
+        with pytest.raises(ValueError, match="out of range"):
+            bad.result(timeout=30)
+        assert [f.result(timeout=30).shape for f in futs] == [(2, VOCAB)] * 3
+        assert batcher.requests == 3 and batcher.batches == 3  # the good ones were re-run one by one
+        batcher.submit(slots[0], [1])
+        with pytest.raises(ValueError, match="pending"):
+            batcher.submit(slots[0], [1])
+    finally:
+        batcher.close()
+
+
+def prompts(n, seed=5):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, VOCAB, rng.integers(1, 9)).tolist() for _ in range(n)]
+
+
+def test_greedy_text_identical_to_the_numpy_verifier(models):
+    ref = LocalVerifier(models["target"])
+    torch_v = VERIFIERS["torch-cpu"](models["target"])
+    drafter = LocalDrafter(models["drafter"])
+    params = SessionParams(temperature=0.0)
+    try:
+        for i, prompt in enumerate(prompts(8)):
+            want = generate(prompt, ref, None, params, 30).tokens
+            assert generate(prompt, torch_v, None, params, 30).tokens == want, "plain, prompt %d" % i
+            spec = generate(prompt, torch_v, drafter, params, 30, GammaController(fixed=1 + i % 5))
+            assert spec.tokens == want, "speculative, prompt %d" % i
+    finally:
+        torch_v.close()
+
+
+def test_four_streams_on_one_verifier_each_give_their_text_alone(models):
+    params = [SessionParams(seed=s, temperature=0.8, draft_top_k=6) for s in (1, 2, 3, 1)]
+    starts = prompts(4, seed=8)
+    batcher = Batcher(TorchModel(models["target"], "cpu"), window_s=0.05)
+
+    def run(i, out):
+        v = TorchVerifier(batcher, "torch-cpu")
+        out[i] = generate(starts[i], v, LocalDrafter(models["drafter"]), params[i], 24,
+                          GammaController(fixed=3)).tokens
+        v.close()
+
+    try:
+        alone = [None] * 4
+        for i in range(4):
+            run(i, alone)
+        single = batcher.batches
+        together = [None] * 4
+        threads = [threading.Thread(target=run, args=(i, together)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        batcher.close()
+    assert together == alone and all(len(t) == 24 for t in alone)
+    assert len({tuple(t) for t in alone}) == 4  # streams differ, so a leak between them would show
+    assert batcher.batches - single < single  # the concurrent streams shared passes
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_gpu_verifier_refuses_without_cuda(models):
+    with pytest.raises(BackendError, match="needs CUDA.*--verifier torch-cpu"):
+        VERIFIERS["gpu"](models["target"])
+
+
+def test_host_works_without_torch_and_says_how_to_install_it(models):
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from host.backends import VERIFIERS, BackendError\n"
+            "import host.cli, host.orchestrator, host.torch_backend\n"
+            "for name in ('torch-cpu', 'gpu'):\n"
+            "    try:\n"
+            "        VERIFIERS[name](%r)\n"
+            "    except BackendError as e:\n"
+            "        print(e)\n" % models["target"])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["PyTorch is not installed: pip install specmesh[gpu]"] * 2
