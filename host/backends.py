@@ -85,6 +85,21 @@ class Verifier(Backend, Protocol):
 Factory = Callable[..., Backend]
 VERIFIERS: dict[str, Factory] = {}
 DRAFTERS: dict[str, Factory] = {}
+# Modules that register more back-ends when imported; imported only when a name is not known yet
+# (so `--verifier cpu` never pays for importing torch).
+PLUGINS = ("host.torch_backend",)
+
+
+def factory(kind: str, name: str) -> Factory | None:
+    """The factory registered for `--verifier NAME` (kind "verifier") or `--drafter NAME`, or None."""
+    table = VERIFIERS if kind == "verifier" else DRAFTERS
+    if name not in table:
+        for mod in PLUGINS:
+            try:
+                __import__(mod)
+            except ImportError:
+                pass
+    return table.get(name)
 
 
 def register_verifier(name: str, factory: Factory) -> None:

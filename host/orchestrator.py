@@ -122,11 +122,11 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         t3 = clock()
         visible = [t for t in new if t != params.eos] if ended else new
         out += visible
-        r = Round(gamma, n_acc, len(new), len(committed) - len(new), sum(len(q[0]) for q in draft.q),
+        r = Round(len(draft), n_acc, len(new), len(committed) - len(new), sum(len(q[0]) for q in draft.q),
                   t1 - t0, t2 - t1, t3 - t2, (drafter.bus_bytes - b_d0) if drafter else 0,
                   verifier.bus_bytes - b_v0)
         result.rounds.append(r)
-        controller.observe(gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
+        controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
                            ended=token == -1)
         if on_round:
             vis_acc = [t for t in accepted if t != params.eos] if ended else accepted

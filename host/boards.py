@@ -1,0 +1,120 @@
+"""Drafter and verifier back-ends that are boards: the firmware node behind a chip proxy (host/proxy.py).
+
+The host tells a node the committed sequence with COMMIT messages carrying only what changed since
+the node last heard (`known`): the common prefix is kept, the tail is sent, anything beyond is rolled
+back by the node. After a verdict the COMMIT is sent to each board without waiting for its ACK; the
+next call to that board collects it first, so the two boards' commits overlap with each other and with
+the host's own work. A drafter board with `spec_ahead` set in its config drafts the next block while
+a verdict is pending and answers DRAFT_REQ from it when its guess was right (firmware/roles.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from host.backends import BackendError, Draft, SessionParams
+from host.proxy import Call, Proxy, ProxyError
+from shared import messages as m
+
+
+class BoardBackend:
+    """What both roles share: HELLO at connect, BEGIN, COMMIT bookkeeping, STATS."""
+
+    role = m.ROLE_IDLE
+
+    def __init__(self, proxy: Proxy, name: str):
+        self.proxy = proxy
+        self.name = name
+        try:
+            fw, board, role, model, vocab, max_seq, heap, caps = m.unpack_hello(proxy.call(m.HELLO).payload)
+        except ProxyError as e:
+            raise BackendError("%s: %s" % (name, e)) from None
+        if role != self.role:
+            want = {m.ROLE_DRAFTER: "drafter", m.ROLE_VERIFIER: "verifier"}[self.role]
+            raise BackendError("%s is not flashed as a %s (it reports role %d): run `specmesh flash --port %s "
+                               "--role %s`" % (name, want, role, name.split(":")[-1], want))
+        self.info = {"fw": fw, "board": board, "model": model, "vocab": vocab, "heap_free": heap, "caps": caps}
+        self.max_seq = max_seq
+        self.known: list[int] = []
+        self._commit: Call | None = None
+
+    @property
+    def bus_bytes(self) -> int:
+        return self.proxy.bus.bytes.get(self.proxy.node, 0)
+
+    def _settle(self) -> None:
+        """Wait for the COMMIT still in flight, if any."""
+        call, self._commit = self._commit, None
+        if call is not None:
+            self._result(call)
+
+    def _result(self, call: Call):
+        try:
+            return call.result()
+        except ProxyError as e:
+            raise BackendError("%s: %s" % (self.name, e)) from None
+
+    def _call(self, mtype: int, payload: bytes = b""):
+        self._settle()
+        return self._result(self.proxy.start(mtype, payload))
+
+    def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
+        self._call(m.BEGIN, m.pack_begin(params.seed & 0xFFFFFFFF, params.temp_milli, params.draft_top_k,
+                                         params.target_top_k, int(round(params.top_p * 65536)) & 0xFFFFFFFF,
+                                         params.eos, list(prompt)))
+        self.known = list(prompt)
+
+    def _sync(self, committed: Sequence[int]) -> None:
+        """Send COMMIT for what changed since the node last heard; leaves it in flight."""
+        self._settle()
+        if len(committed) == len(self.known) and list(committed) == self.known:
+            return
+        c = 0
+        for a, b in zip(self.known, committed):
+            if a != b:
+                break
+            c += 1
+        self._commit = self.proxy.start(m.COMMIT, m.pack_commit(len(committed), list(committed[c:])))
+        self.known = list(committed)
+
+    def commit(self, committed: Sequence[int]) -> None:
+        self._sync(committed)
+
+    def stats(self) -> dict:
+        self._settle()
+        (pairs,) = m.unpack_stats(self._call(m.STATS).payload)
+        out: dict = dict(pairs)
+        out["compute_s"] = out.get("compute_ms", 0) / 1000.0
+        out.setdefault("heap_free", self.info["heap_free"])
+        out["board"] = self.info["board"]
+        return out
+
+    def close(self) -> None:
+        try:
+            self._settle()
+        except BackendError:
+            pass
+
+
+class BoardDrafter(BoardBackend):
+    role = m.ROLE_DRAFTER
+
+    def draft(self, committed: Sequence[int], gamma: int) -> Draft:
+        self._sync(committed)
+        pos0, entries = m.unpack_draft(self._call(m.DRAFT_REQ, m.pack_draft_req(len(committed), gamma)).payload)
+        if pos0 != len(committed) or not 0 < len(entries) <= gamma:
+            raise BackendError("%s drafted %d tokens at %d when asked for %d at %d"
+                               % (self.name, len(entries), pos0, gamma, len(committed)))
+        return Draft(pos0, [e[0] for e in entries], [(list(e[1]), list(e[2])) for e in entries])
+
+
+class BoardVerifier(BoardBackend):
+    role = m.ROLE_VERIFIER
+
+    def verify(self, committed: Sequence[int], draft: Draft) -> tuple[int, int]:
+        self._sync(committed)
+        body = m.pack_draft(draft.pos0, [(t, q[0], q[1]) for t, q in zip(draft.tokens, draft.q)])
+        pos0, n_acc, token = m.unpack_verdict(self._call(m.VERIFY_REQ, body).payload)
+        if pos0 != draft.pos0:
+            raise BackendError("%s answered for position %d, asked %d" % (self.name, pos0, draft.pos0))
+        return n_acc, token

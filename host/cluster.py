@@ -1,0 +1,92 @@
+"""Boards for a run: virtual boards started and flashed on demand, or a real board on a serial port.
+
+`Cluster(transport, models)` starts, for each role asked of it, a virtual board of the class a real
+one would be (drafter: classic ESP32 without PSRAM; verifier: ESP32-S3 with 8 MB PSRAM), flashes it
+through the same path as a real board (host/flash.py: mpy-cross, mpremote, hash check, reset), opens
+its pty with pyserial and hands back the role's back-end (host/boards.py). Flash folders persist under
+build/vboards/, so a later run copies only what changed. With `--transport espnow` the boards talk
+over the virtual radio and the host reaches them through a gateway board on its serial link.
+Everything started is stopped when the cluster closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from host.backends import BackendError
+from host.boards import BoardDrafter, BoardVerifier
+from host.links import LinkError, SerialLink
+from host.proxy import Bus, Proxy
+from shared import messages as m
+from shared.codec import BROADCAST
+
+ROOT = Path(__file__).resolve().parent.parent
+VBOARDS = ROOT / "build" / "vboards"
+BOARD_CLASS = {"drafter": "esp32", "verifier": "esp32s3"}
+NODE_ID = {"drafter": 1, "verifier": 2}
+BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier}
+
+
+def _open(port: str, stack: contextlib.ExitStack) -> Bus:
+    try:
+        link = SerialLink(port)
+    except LinkError as e:
+        raise BackendError(str(e)) from None
+    stack.callback(link.close)
+    return Bus(link, deadline=30.0)
+
+
+def discover(bus: Bus) -> int:
+    """Node id of the board on a serial link (HELLO to broadcast; the reply says who answered)."""
+    from host.proxy import ProxyError  # noqa: PLC0415
+
+    try:
+        return bus.request(BROADCAST, m.HELLO, deadline=10.0).src
+    except ProxyError as e:
+        raise BackendError("%s: no specmesh node answers (%s); flash it with `specmesh flash --port %s --role "
+                           "drafter|verifier`" % (bus.link.port, e, bus.link.port)) from None
+
+
+@contextlib.contextmanager
+def connect(port: str, kind: str):
+    """The back-end for a flashed board on `port` playing `kind` ("drafter" or "verifier")."""
+    with contextlib.ExitStack() as stack:
+        bus = _open(port, stack)
+        node = discover(bus)
+        yield BACKEND[kind](Proxy(bus, node), port)
+
+
+class Cluster(contextlib.ExitStack):
+    """Virtual boards for one run; `backend(kind)` starts and flashes one per role."""
+
+    def __init__(self, transport: str = "serial", models: Path = ROOT / "models", root: Path = VBOARDS):
+        super().__init__()
+        if transport != "serial":
+            raise BackendError("--transport %s with virtual boards needs the virtual radio, which this build "
+                               "lacks" % transport)
+        self.transport = transport
+        self.models = Path(models)
+        self.root = Path(root)
+        self.boards: dict = {}
+
+    def start(self, kind: str):
+        """Start and flash the virtual board for `kind`; returns it (its `port` is the serial device)."""
+        from host.emulator.board import BoardError, VirtualBoard  # noqa: PLC0415
+        from host.flash import FlashError, flash  # noqa: PLC0415
+
+        model = self.models / ("drafter.spm" if kind == "drafter" else "target.spm")
+        vb = VirtualBoard(self.root / kind, BOARD_CLASS[kind], name="vboard-" + kind)
+        try:
+            vb.start()
+            self.callback(vb.stop)
+            flash(vb.port, kind, model, NODE_ID[kind], progress=False)
+        except (BoardError, FlashError) as e:
+            raise BackendError("virtual %s board: %s" % (kind, e)) from None
+        self.boards[kind] = vb
+        return vb
+
+    def backend(self, kind: str):
+        vb = self.start(kind)
+        bus = _open(vb.port, self)
+        return BACKEND[kind](Proxy(bus, NODE_ID[kind]), "virtual:%s(%s)" % (kind, vb.board.name))

@@ -1,0 +1,108 @@
+"""Hardware constants for time-faithful projection, each with its public source or its derivation.
+
+Every figure a projection uses lives here, so a user's hardware-in-the-loop measurement can replace
+one line. A figure with `source` "derived" has no public measurement; its `note` shows the arithmetic.
+
+Sources:
+[S3-DS]   Espressif, ESP32-S3 Series Datasheet: dual-core Xtensa LX7 up to 240 MHz, 512 KB SRAM,
+          octal SPI PSRAM up to 80 MHz (DDR).
+[ESP32-DS] Espressif, ESP32 Series Datasheet: dual-core Xtensa LX6 up to 240 MHz, 520 KB SRAM.
+[VIPER]   MicroPython wiki, "Improving performance with Viper code": a viper integer-array loop is
+          about 16x faster than the same bytecode on an ESP32-S3 with PSRAM.
+[LLM]     DaveBben/esp32-llm (llama2.c on an ESP32-S3): stories260K at 19-30 tok/s in C.
+[ESPNOW]  ESP-IDF Programming Guide, ESP-NOW: "the default bit rate of ESP-NOW is 1 Mbps";
+          v1.0 packets carry at most 250 bytes of data.
+[ESPNOW-T] eeworld.com thread 1292214 (ESP-NOW single-packet send time): about 1.3 ms from
+          esp_now_send to the send callback for a ~60-byte packet in a quiet environment.
+[USJ]     ESP-IDF Programming Guide, USB Serial/JTAG Controller Console (ESP32-S3): a full-speed
+          USB 2.0 device (12 Mbit/s); bulk transfers are scheduled once per 1 ms USB frame.
+[UART]    MicroPython ESP32 quick reference: the REPL UART runs at 115200 baud (classic ESP32
+          boards reach it through a CP210x/CH340 USB-UART bridge).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Figure:
+    value: float
+    unit: str
+    source: str  # a key of the module docstring's source list, or "derived"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Board:
+    """A board class: how fast its int8 kernel runs and how fast it streams weights."""
+
+    name: str
+    clock_hz: Figure
+    mac_per_s: Figure  # int8 MACs/s of a @micropython.viper dot-product loop, weights in fast RAM
+    weight_stream_bps: Figure  # bytes/s for weights that live in PSRAM (0: model kept in SRAM)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A bus between host and board (or board and board): serial time + fixed per-message latency."""
+
+    name: str
+    bits_per_s: Figure
+    bits_per_byte: float  # 10 for 8N1 UART framing, 8 for USB bulk and radio payloads
+    per_message_s: Figure  # latency added to each frame, independent of its size
+    mtu: int = 0  # bytes per packet (datagram links: one latency per packet); 0 = stream
+
+    def seconds(self, nbytes: int, messages: int = 1) -> float:
+        """Time to carry `messages` frames totalling `nbytes` bytes."""
+        packets = messages
+        if self.mtu:
+            packets = max(messages, -(-nbytes // self.mtu))
+        return nbytes * self.bits_per_byte / self.bits_per_s.value + packets * self.per_message_s.value
+
+
+CYCLES_PER_MAC = 20.0
+VIPER_MAC = Figure(
+    240e6 / CYCLES_PER_MAC, "MAC/s", "derived",
+    "No public figure for a viper int8 dot product on Xtensa. Derivation: the viper loop body "
+    "`acc += int(w[i]) * int(x[i]); i += 1` compiles to two byte loads, two sign extensions, a multiply, "
+    "two adds, a compare and a branch, plus spills of viper locals to the stack frame: about 20 cycles "
+    "per MAC at IPC ~1, so 240 MHz / 20 = 12 M MAC/s. Same order as [LLM]'s C kernel (stories260K, "
+    "~0.26 M MAC/token at 19-30 tok/s = 5-8 M MAC/s including attention, softmax and PSRAM stalls). "
+    "Replace with `python -m tools.bench "
+    "kernel` run on a real board.")
+PSRAM_STREAM = Figure(
+    40e6, "B/s", "derived",
+    "[S3-DS]: octal PSRAM at 80 MHz DDR moves 8 bits x 2 x 80 MHz = 160 MB/s at the pins; reads go "
+    "through the 32-byte-line data cache with ~0.5 us miss latency, so a streaming read of weights "
+    "sustains about a quarter of it: 40 MB/s (assumption, to be replaced by a HIL measurement).")
+
+ESP32S3 = Board("esp32s3", Figure(240e6, "Hz", "S3-DS"), VIPER_MAC, PSRAM_STREAM)
+ESP32 = Board("esp32", Figure(240e6, "Hz", "ESP32-DS"), VIPER_MAC, Figure(0.0, "B/s", "ESP32-DS",
+                                                                             "no PSRAM: models in SRAM"))
+
+USB_SERIAL_JTAG = Link("usb-serial-jtag", Figure(12e6, "bit/s", "USJ"), 8,
+                       Figure(1e-3, "s", "derived", "USB full-speed frames are 1 ms [USJ]: a message "
+                              "waits up to one frame for the host's next poll; 1 ms per message assumed"))
+UART_115200 = Link("uart-115200", Figure(115200, "bit/s", "UART"), 10,
+                   Figure(0.0, "s", "UART", "no framing latency beyond the bits"))
+ESPNOW = Link("espnow", Figure(1e6, "bit/s", "ESPNOW"), 8, Figure(1.3e-3, "s", "ESPNOW-T"), mtu=250)
+
+BOARDS = {b.name: b for b in (ESP32S3, ESP32)}
+LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, ESPNOW)}
+
+
+def sources() -> list[dict]:
+    """Every constant with its value, unit, source and note (for the bench JSON and the docs)."""
+    out = []
+    for b in BOARDS.values():
+        for attr in ("clock_hz", "mac_per_s", "weight_stream_bps"):
+            f = getattr(b, attr)
+            out.append({"name": "%s.%s" % (b.name, attr), "value": f.value, "unit": f.unit,
+                        "source": f.source, "note": f.note})
+    for link in LINKS.values():
+        for attr in ("bits_per_s", "per_message_s"):
+            f = getattr(link, attr)
+            out.append({"name": "%s.%s" % (link.name, attr), "value": f.value, "unit": f.unit,
+                        "source": f.source, "note": f.note})
+    return out

@@ -1,0 +1,110 @@
+"""Time-faithful projection: what a run's rounds would cost on real boards and links.
+
+A run's trace (host/orchestrator.py `Round`s: gamma, accepted, committed, context length, q-hat sizes)
+fully determines the work each board does and every byte on the bus, so the projection replays it in
+virtual time with the constants of host/hardware.py instead of sleeping:
+
+- a forward pass over k positions at context length L costs `k * MACs(L) / mac_per_s`, plus one read of
+  the weights from PSRAM when the model does not fit internal SRAM (the batched kernel reads each weight
+  row once for all k positions);
+- drafting gamma tokens is gamma one-position passes;
+- each call is a request and a reply whose sizes are computed with the real codec (`:`-base64 lines),
+  carried by the transport's link(s): serial = each board on its own USB link; espnow = USB to a
+  gateway board, then one ESP-NOW hop.
+
+`Projector.round_costs` gives the (draft, verify, commit) seconds of a round, which is what the gamma
+controller is fed under `--project`, so gamma is chosen for the projected hardware. Figures are
+labelled "projected" wherever they are shown.
+"""
+
+from __future__ import annotations
+
+from host.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, Board, Link
+from host.orchestrator import Result, Round
+from shared.modelfile import Header, body_size
+
+SRAM_BUDGET = 256 * 1024  # model bytes an ESP32-S3 keeps in internal SRAM; larger ones live in PSRAM
+FRAME_OVERHEAD = 11 + 2  # header + CRC (shared/codec.py), unsigned frames
+
+
+def line_bytes(payload: int) -> int:
+    """Bytes on a stream link for one frame with `payload` bytes: ':' + base64 + newline."""
+    return 2 + 4 * -(-(payload + FRAME_OVERHEAD) // 3)
+
+
+def macs_per_position(h: Header, ctx: int) -> int:
+    """Multiply-accumulates of one position at context length ctx (matvecs + attention)."""
+    hd = h.head_dim
+    q_dim = h.n_heads * hd
+    per_layer = h.dim * q_dim * 2 + h.dim * h.kv_dim * 2 + 3 * h.dim * h.hidden + 2 * q_dim * ctx
+    return h.n_layers * per_layer + h.vocab * h.dim
+
+
+def draft_body(gamma: int, q_ids: int) -> int:
+    return 5 + 3 * gamma + 4 * q_ids
+
+
+class Projector:
+    """Replays rounds on `board`-class boards over `transport` ("serial" or "espnow")."""
+
+    def __init__(self, target: Header, drafter: Header | None, board: str = "esp32s3", transport: str = "serial"):
+        if board not in BOARDS:
+            raise ValueError("unknown board class %r (known: %s)" % (board, ", ".join(BOARDS)))
+        self.board: Board = BOARDS[board]
+        self.target = target
+        self.drafter = drafter
+        self.transport = transport
+        self.links: tuple[Link, ...] = (USB_SERIAL_JTAG, ESPNOW) if transport == "espnow" else (USB_SERIAL_JTAG,)
+
+    def forward(self, h: Header, k: int, ctx: int) -> float:
+        """Seconds for one batched pass over k positions ending at context length ctx."""
+        macs = sum(macs_per_position(h, ctx - k + i + 1) for i in range(k))
+        t = macs / self.board.mac_per_s.value
+        size = body_size(h)
+        if size > SRAM_BUDGET and self.board.weight_stream_bps.value > 0:
+            t += size / self.board.weight_stream_bps.value
+        return t
+
+    def call(self, request: int, reply: int) -> float:
+        """Bus seconds of one request/reply exchange with payloads of these sizes."""
+        n = line_bytes(request) + line_bytes(reply)
+        return sum(link.seconds(n, messages=2) for link in self.links)
+
+    def round_costs(self, r: Round) -> tuple[float, float, float]:
+        """(draft, verify, commit) seconds of one round on the projected hardware."""
+        t_draft = 0.0
+        body = draft_body(r.gamma, r.q_ids)
+        if r.gamma:
+            assert self.drafter is not None
+            t_draft = sum(self.forward(self.drafter, 1, r.pos0 + i) for i in range(r.gamma))
+            t_draft += self.call(5, body)
+        t_verify = self.forward(self.target, r.gamma + 1, r.pos0 + r.gamma) + self.call(body, 7)
+        commit = self.call(6 + 2 * r.committed, 0)
+        return t_draft, t_verify, commit * (2 if r.gamma else 1)
+
+    def plain_round(self, pos0: int) -> float:
+        """Seconds of one round of plain decoding (one position, no drafter) at context length pos0."""
+        return self.forward(self.target, 1, pos0) + self.call(5, 7) + self.call(8, 0)
+
+    def project(self, result: Result, prompt_len: int) -> dict:
+        """Projected wall time and tokens/s of the run, and of plain decoding of as many tokens."""
+        t = sum(sum(self.round_costs(r)) for r in result.rounds)
+        n = sum(r.committed for r in result.rounds)
+        plain = sum(self.plain_round(prompt_len + i) for i in range(n))
+        bus = sum(self._round_bytes(r) for r in result.rounds)
+        return {
+            "hardware": "%s boards, %s" % (self.board.name, "+".join(link.name for link in self.links)),
+            "wall_s": t,
+            "tokens_per_s": n / t if t else 0.0,
+            "plain_wall_s": plain,
+            "plain_tokens_per_s": n / plain if plain else 0.0,
+            "speedup_vs_plain": plain / t if t else 0.0,
+            "bus_bytes_per_token": bus / n if n else 0.0,
+        }
+
+    def _round_bytes(self, r: Round) -> int:
+        body = draft_body(r.gamma, r.q_ids)
+        n = line_bytes(body) + line_bytes(7) + line_bytes(6 + 2 * r.committed) + line_bytes(0)
+        if r.gamma:
+            n += line_bytes(5) + line_bytes(body) + line_bytes(6 + 2 * r.committed) + line_bytes(0)
+        return n

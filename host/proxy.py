@@ -1,0 +1,186 @@
+"""Chip proxy: request/response calls to a node over a link, with sequence numbers and retransmission.
+
+CONTRACTS section 2 (reliability): every request is answered by exactly one reply carrying its seq;
+the requester resends the *same* frame (same seq) when no reply came in time, and the node answers a
+seq it has seen with its cached reply without acting again. So a lost request, a lost reply or a
+duplicated frame costs time but never changes a result. An ERROR reply becomes `NodeError`; no reply
+after the deadline becomes `NodeTimeout`, with the node's last console lines when it printed any.
+
+One `Bus` per link numbers the host's requests (the host is one sender) and routes replies to the
+waiting caller by (node, seq); several proxies (a gateway and the nodes behind it) share one bus.
+The retransmission timeout adapts per message type: three times the slowest recent reply time, at
+least `min_rto` (`initial_rto` before the first reply of that type), doubling after each retry.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from shared.codec import BROADCAST, CRC_SIZE, HEADER_SIZE, SIG_SIZE, CodecError, Frame, encode
+from shared.messages import (ACK, BEGIN, COMMIT, CONFIGURE, DRAFT, DRAFT_REQ, ERROR, HELLO, NAMES, PING,
+                             RESET, ROLLBACK, STATS, VERDICT, VERIFY_REQ, unpack_error)
+
+HOST = 0
+REPLY_TYPE = {HELLO: HELLO, CONFIGURE: ACK, BEGIN: ACK, DRAFT_REQ: DRAFT, VERIFY_REQ: VERDICT, COMMIT: ACK,
+              ROLLBACK: ACK, STATS: STATS, PING: PING, RESET: ACK}
+
+
+class ProxyError(Exception):
+    """A node that cannot be reached or refused a request; the message is one line for the user."""
+
+
+class NodeError(ProxyError):
+    """The node answered a request with an ERROR reply."""
+
+    def __init__(self, node: int, code: int, message: str):
+        super().__init__("node %d refused the request: %s (error %d)" % (node, message, code))
+        self.code = code
+
+
+class NodeTimeout(ProxyError):
+    """No reply from the node before the deadline, retransmissions included."""
+
+
+@dataclass
+class _Waiter:
+    event: threading.Event
+    reply: Frame | None = None
+
+
+class Bus:
+    """Numbers requests on one link and matches replies to them; counts retransmissions."""
+
+    def __init__(self, link, min_rto: float = 0.05, deadline: float = 60.0, auth=None, initial_rto: float = 3.0):
+        self.link = link
+        self.min_rto = min_rto
+        self.initial_rto = initial_rto  # before any reply of a type was timed
+        self.deadline = deadline
+        self.auth = auth
+        self.retransmits = 0
+        self.stale_replies = 0  # duplicates and replies that came after their caller gave up
+        self.bytes: dict[int, int] = {}  # per node: bytes of its requests and replies on the wire
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._waiting: dict[tuple[int, int], _Waiter] = {}
+        self._slowest: dict[int, float] = {}  # per message type: recent slowest reply time (decays)
+        link.on_frame = self._on_frame
+
+    def count(self, node: int, frame_bytes: int) -> None:
+        """Account one frame of `frame_bytes` binary bytes to `node`, at its stream-line size."""
+        self.bytes[node] = self.bytes.get(node, 0) + 2 + 4 * -(-frame_bytes // 3)
+
+    def _on_frame(self, f: Frame) -> None:
+        if not f.reply:
+            return
+        self.count(f.src, HEADER_SIZE + len(f.payload) + CRC_SIZE + (SIG_SIZE if f.counter else 0))
+        with self._lock:
+            w = self._waiting.pop((f.src, f.seq), None) or self._waiting.pop((BROADCAST, f.seq), None)
+        if w is None:
+            self.stale_replies += 1
+            return
+        w.reply = f
+        w.event.set()
+
+    def _rto(self, mtype: int) -> float:
+        took = self._slowest.get(mtype)
+        return self.initial_rto if took is None else max(self.min_rto, 3.0 * took)
+
+    def start(self, node: int, mtype: int, payload: bytes = b"", session: int = 0,
+              deadline: float | None = None) -> "Call":
+        """Send a request to `node` now; `Call.result()` waits for the reply (retransmitting as needed)."""
+        with self._lock:
+            self._seq = (self._seq + 1) & 0xFFFF
+            seq = self._seq
+            w = _Waiter(threading.Event())
+            self._waiting[(node, seq)] = w
+        frame = encode(mtype, payload, src=HOST, dst=node, seq=seq, session=session, auth=self.auth)
+        call = Call(self, node, mtype, seq, frame, w, self.deadline if deadline is None else deadline)
+        self.send(node, frame)
+        return call
+
+    def send(self, node: int, frame: bytes) -> None:
+        self.count(node, len(frame))
+        self.link.send(frame)
+
+    def request(self, node: int, mtype: int, payload: bytes = b"", session: int = 0,
+                deadline: float | None = None) -> Frame:
+        """Send a request to `node` and return its reply frame."""
+        return self.start(node, mtype, payload, session, deadline).result()
+
+    def _timeout_message(self, node: int, mtype: int, err: str | None) -> str:
+        if err:
+            return err
+        msg = "node %d did not answer %s within %.0f s" % (node, _name(mtype), self.deadline)
+        text = [t for t in getattr(self.link, "text", ()) if t.strip()]
+        return msg + ("; it printed: %s" % text[-1].strip() if text else "")
+
+
+class Call:
+    """A request in flight; `result()` returns the reply frame or raises ProxyError."""
+
+    def __init__(self, bus: Bus, node: int, mtype: int, seq: int, frame: bytes, waiter: _Waiter, deadline: float):
+        self.bus, self.node, self.mtype, self.seq = bus, node, mtype, seq
+        self.frame, self.waiter = frame, waiter
+        self.sent = time.perf_counter()
+        self.end = self.sent + deadline
+        self._reply: Frame | None = None
+
+    def result(self) -> Frame:
+        if self._reply is None:
+            self._reply = self._wait()
+        return self._reply
+
+    def _wait(self) -> Frame:
+        bus, w = self.bus, self.waiter
+        rto = bus._rto(self.mtype)
+        try:
+            while not w.event.wait(max(0.0, min(self.sent + rto, self.end) - time.perf_counter())):
+                err = getattr(bus.link, "error", None)
+                if err or time.perf_counter() >= self.end:
+                    raise NodeTimeout(bus._timeout_message(self.node, self.mtype, err))
+                bus.retransmits += 1
+                rto *= 2
+                bus.send(self.node, self.frame)
+        finally:
+            with bus._lock:
+                bus._waiting.pop((self.node, self.seq), None)
+        took = time.perf_counter() - self.sent
+        prev = bus._slowest.get(self.mtype)
+        bus._slowest[self.mtype] = took if prev is None else max(took, 0.9 * prev)
+        reply = w.reply
+        assert reply is not None
+        if reply.mtype == ERROR:
+            code, message = _error_body(reply.payload)
+            raise NodeError(self.node, code, message)
+        if reply.mtype != REPLY_TYPE.get(self.mtype, self.mtype):
+            raise ProxyError("node %d answered %s with %s" % (self.node, _name(self.mtype), _name(reply.mtype)))
+        return reply
+
+
+def _name(mtype: int) -> str:
+    return NAMES[mtype] if 0 < mtype < len(NAMES) else "message 0x%02x" % mtype
+
+
+def _error_body(payload: bytes) -> tuple[int, str]:
+    """(code, message) of an ERROR reply; a malformed one still becomes a readable error."""
+    try:
+        return unpack_error(payload)
+    except CodecError:
+        return 0, "malformed error reply (%d bytes)" % len(payload)
+
+
+class Proxy:
+    """Calls to one node: `call(mtype, payload) -> reply frame`, or `start` now and `result()` later."""
+
+    def __init__(self, bus: Bus, node: int, session: int = 0):
+        self.bus = bus
+        self.node = node
+        self.session = session
+
+    def start(self, mtype: int, payload: bytes = b"", deadline: float | None = None) -> Call:
+        return self.bus.start(self.node, mtype, payload, self.session, deadline)
+
+    def call(self, mtype: int, payload: bytes = b"", deadline: float | None = None) -> Frame:
+        return self.start(mtype, payload, deadline).result()

@@ -1,0 +1,243 @@
+"""`specmesh run`: set up the drafter and verifier back-ends, generate, stream the text, print the stats.
+
+Back-ends by name: `cpu` (numpy engine on the host), `virtual` (a virtual board started and flashed for
+this run, host/cluster.py), any other name registered in host/backends.py (`torch-cpu`, `gpu`), or a
+serial port of a flashed board. `--plain` decodes with the verifier alone (the baseline). Every user
+error is one line on stderr and exit status 2; a failure during generation is one line and status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from host import backends
+from host.backends import BackendError, SessionParams
+from host.gamma import GammaController
+from host.orchestrator import Result, generate
+from host.output import TokenStream, format_table, write_stats_json
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "models"
+DEFAULT_PROMPT = "Once upon a time"
+MAX_GAMMA = 16  # drafts per round at most (a q-hat table per draft must fit one message)
+
+
+class UsageError(Exception):
+    """Bad input from the user: one line, exit status 2."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="text to continue (default: %(default)r)")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=0, help="target top-k, 0 = off (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0, help="target top-p, 1 = off (default: %(default)s)")
+    p.add_argument("--draft-top-k", type=int, default=8, help="size of the drafter's q-hat tables (default: 8)")
+    p.add_argument("--seed", type=int, default=0, help="session seed: same seed, same text (default: 0)")
+    p.add_argument("--drafter", default="virtual", help="PORT | virtual | cpu (default: virtual)")
+    p.add_argument("--verifier", default="virtual",
+                   help="PORT | virtual | cpu | torch-cpu | gpu (default: virtual)")
+    p.add_argument("--gamma", default="auto", help="drafts per round: auto, or a fixed K >= 0 (default: auto)")
+    p.add_argument("--transport", choices=("serial", "espnow"), default="serial",
+                   help="how virtual boards reach each other and the host (default: serial)")
+    p.add_argument("--plain", action="store_true", help="target-only decoding on the same verifier (baseline)")
+    p.add_argument("--project", metavar="BOARD", choices=("esp32s3", "esp32"),
+                   help="also project the run onto real boards of this class (host/hardware.py); "
+                        "gamma is then chosen for that hardware")
+    p.add_argument("--stats-json", metavar="FILE", help="write the run's figures as JSON")
+    p.add_argument("--models", type=Path, default=MODELS, help="folder with drafter.spm, target.spm, tokenizer.json")
+    p.add_argument("--no-color", action="store_true", help="never colour the streamed text")
+    p.add_argument("--quiet", action="store_true", help="do not stream the text (the table is still printed)")
+
+
+def parse_gamma(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        g = int(text)
+    except ValueError:
+        raise UsageError("--gamma must be auto or an integer, not %r" % text) from None
+    if not 0 <= g <= MAX_GAMMA:
+        raise UsageError("--gamma must be in 0..%d, not %d" % (MAX_GAMMA, g))
+    return g
+
+
+def check_args(a: argparse.Namespace) -> None:
+    if a.max_tokens < 1:
+        raise UsageError("--max-tokens must be at least 1")
+    if not 0.0 <= a.temperature <= 100.0:
+        raise UsageError("--temperature must be in 0..100")
+    if not 0 <= a.top_k <= 65535 or not 1 <= a.draft_top_k <= 255:
+        raise UsageError("--top-k must be in 0..65535 and --draft-top-k in 1..255")
+    if not 0.0 < a.top_p <= 1.0:
+        raise UsageError("--top-p must be in (0, 1]")
+    if not 0 <= a.seed <= 0xFFFFFFFF:
+        raise UsageError("--seed must be in 0..4294967295")
+    for name in ("drafter.spm", "target.spm", "tokenizer.json"):
+        if not (a.models / name).is_file():
+            raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (name, a.models))
+
+
+def load_tokenizer(models: Path):
+    from host.tokenizer import Tokenizer, TokenizerError  # noqa: PLC0415
+
+    try:
+        return Tokenizer.from_json(models / "tokenizer.json")
+    except TokenizerError as e:
+        raise UsageError(str(e)) from None
+
+
+class Setup(contextlib.ExitStack):
+    """The back-ends of one run and everything they started (virtual boards, links), closed on exit."""
+
+    def __init__(self, a: argparse.Namespace):
+        super().__init__()
+        self.a = a
+        self.cluster = None
+
+    def _cluster(self):
+        if self.cluster is None:
+            from host.cluster import Cluster  # noqa: PLC0415
+
+            self.cluster = self.enter_context(Cluster(self.a.transport, self.a.models))
+        return self.cluster
+
+    def make(self, kind: str, name: str):
+        """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`."""
+        model = self.a.models / ("drafter.spm" if kind == "drafter" else "target.spm")
+        if name == "virtual":
+            backend = self._cluster().backend(kind)
+        else:
+            fac = backends.factory(kind, name)
+            if fac is not None:
+                backend = fac(model)
+            elif name.startswith("/dev/") or name.startswith("COM") or "://" in name:
+                from host.cluster import connect  # noqa: PLC0415
+
+                backend = self.enter_context(connect(name, kind))
+            else:
+                known = ", ".join(sorted({"virtual", *(backends.VERIFIERS if kind == "verifier"
+                                                       else backends.DRAFTERS)}))
+                raise UsageError("--%s %s: not a serial port nor one of %s" % (kind, name, known))
+        self.callback(backend.close)
+        return backend
+
+
+def build_stats(a, result: Result, text: str, verifier, drafter, controller: GammaController, prompt_len: int,
+                projector) -> dict:
+    n = len(result.tokens)
+    hist = result.gamma_hist
+    stats = {
+        "text": text,
+        "tokens": n,
+        "token_ids": result.tokens,
+        "prompt_tokens": prompt_len,
+        "alpha": result.alpha,
+        "tokens_per_verification": result.tokens_per_verification,
+        "gamma": max(hist, key=lambda g: (hist[g], -g)) if hist else 0,
+        "gamma_hist": {str(g): c for g, c in hist.items()},
+        "gamma_policy": "plain" if drafter is None else ("auto" if controller.fixed is None else "fixed"),
+        "wall_s": result.wall_s,
+        "tokens_per_s": n / result.wall_s if result.wall_s > 0 else 0.0,
+        "bus_bytes_per_token": result.bus_bytes / n if n else 0.0,
+        "verifier": verifier.name,
+        "drafter": drafter.name if drafter else None,
+        "stop": result.stop,
+        "seed": a.seed,
+        "temperature": a.temperature,
+        "estimates": controller.summary(),
+        "boards": [],
+    }
+    for role, b in (("verifier", verifier), ("drafter", drafter)):
+        if b is None:
+            continue
+        s = b.stats()
+        if "heap_free" in s:
+            stats["boards"].append({"name": b.name, "role": role, "compute_s": s.get("compute_s"),
+                                    "heap_free": s.get("heap_free"), "errors": s.get("errors", 0)})
+    if projector is not None:
+        stats["projection"] = projector.project(result, prompt_len)
+    return stats
+
+
+def run(a: argparse.Namespace, out=None) -> dict:
+    """Generate as `a` says; returns the stats. Raises UsageError, BackendError and friends."""
+    out = out if out is not None else sys.stdout
+    check_args(a)
+    fixed = parse_gamma(a.gamma)
+    tok = load_tokenizer(a.models)
+    prompt = tok.encode(a.prompt)
+    from host.tokenizer import BOS  # noqa: PLC0415
+
+    params = SessionParams(seed=a.seed, temperature=a.temperature, draft_top_k=a.draft_top_k,
+                           target_top_k=a.top_k, top_p=a.top_p, eos=BOS)
+    with Setup(a) as setup:
+        verifier = setup.make("verifier", a.verifier)
+        drafter = None if a.plain else setup.make("drafter", a.drafter)
+        projector = None
+        if a.project:
+            from host.projection import Projector  # noqa: PLC0415
+            from shared.modelfile import parse_header  # noqa: PLC0415
+
+            heads = [parse_header((a.models / f).read_bytes()[:64]) for f in ("target.spm", "drafter.spm")]
+            projector = Projector(heads[0], heads[1], a.project, a.transport)
+        controller = GammaController(max_gamma=min(8, MAX_GAMMA), fixed=fixed)
+        stream = None
+        if not a.quiet:
+            stream = TokenStream(lambda t: tok.pieces[t], out, color=False if a.no_color else None)
+            out.write(a.prompt)
+            out.flush()
+        result = generate(prompt, verifier, drafter, params, a.max_tokens, controller,
+                          on_round=stream.write if stream else None,
+                          costs=projector.round_costs if projector else None)
+        if stream:
+            stream.finish()
+        stats = build_stats(a, result, tok.decode(result.tokens), verifier, drafter, controller, len(prompt),
+                            projector)
+    return stats
+
+
+def main(a: argparse.Namespace) -> int:
+    try:
+        stats = run(a)
+    except UsageError as e:
+        print("specmesh run: error: %s" % e, file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nspecmesh run: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - every failure is one line for the user, never a traceback
+        if os.environ.get("SPECMESH_DEBUG"):
+            raise
+        setup_failure = isinstance(e, (BackendError, OSError, ValueError))
+        print("specmesh run: error: %s" % _one_line(e), file=sys.stderr)
+        return 2 if setup_failure else 1
+    print(format_table(stats))
+    if a.stats_json:
+        try:
+            write_stats_json(a.stats_json, stats)
+        except OSError as e:
+            print("specmesh run: error: cannot write %s: %s" % (a.stats_json, e.strerror), file=sys.stderr)
+            return 2
+    return 0
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def cli(argv: Sequence[str] | None = None) -> int:
+    """Entry point for tests and tools: `specmesh run` with these arguments."""
+    p = argparse.ArgumentParser(prog="specmesh run")
+    add_arguments(p)
+    return main(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

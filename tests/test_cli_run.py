@@ -1,0 +1,100 @@
+"""`specmesh run` (host/runner.py, host/output.py) with the CPU back-ends: the stats JSON contract,
+plain vs speculative text, the projection, colour, and one-line errors with exit status 2."""
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from host import cli
+from host.output import GREEN, REQUIRED_KEYS, TokenStream
+from host.runner import add_arguments, run
+from tools.testmodels import random_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    shutil.copy(ROOT / "models" / "tokenizer.json", d / "tokenizer.json")
+    random_model(d / "target.spm", dim=32, n_layers=2, hidden=64, vocab=512, max_seq=128, seed=21)
+    random_model(d / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512,
+                 max_seq=128, seed=22)
+    return d
+
+
+def args(models, *extra):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(["--models", str(models), "--drafter", "cpu", "--verifier", "cpu", *extra])
+
+
+def test_stats_json_contract_and_plain_equals_speculative(models, tmp_path, capsys):
+    path = tmp_path / "stats.json"
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--max-tokens", "24",
+                   "--prompt", "The cat", "--gamma", "3", "--stats-json", str(path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    stats = json.loads(path.read_text())
+    assert set(REQUIRED_KEYS) <= set(stats)
+    assert stats["verifier"] == "cpu" and stats["drafter"] == "cpu" and stats["gamma"] == 3
+    assert stats["tokens"] == len(stats["token_ids"]) > 0
+    assert out.startswith("The cat" + stats["text"])  # streamed text, then the table
+    assert "tokens / verification" in out
+    plain = run(args(models, "--max-tokens", "24", "--prompt", "The cat", "--plain", "--quiet"), io.StringIO())
+    assert plain["token_ids"] == stats["token_ids"] and plain["drafter"] is None
+    assert plain["gamma_hist"] == {"0": len(plain["token_ids"]) + (plain["stop"] == "eos")}
+
+
+def test_sampling_same_seed_same_text(models):
+    a = [run(args(models, "--temperature", "0.8", "--seed", str(s), "--max-tokens", "20", "--quiet"),
+             io.StringIO())["token_ids"] for s in (5, 5, 6)]
+    assert a[0] == a[1] and a[0] != a[2]
+
+
+def test_projection_reports_projected_speed(models):
+    stats = run(args(models, "--project", "esp32s3", "--max-tokens", "16", "--quiet"), io.StringIO())
+    proj = stats["projection"]
+    assert proj["hardware"].startswith("esp32s3")
+    assert proj["tokens_per_s"] > 0 and proj["plain_tokens_per_s"] > 0 and proj["bus_bytes_per_token"] > 0
+
+
+def test_colour_marks_accepted_drafts_only_when_asked():
+    pieces = {1: b"a", 2: b"b", 3: b"\xc3", 4: b"\xa9"}
+    buf = io.StringIO()
+    s = TokenStream(pieces.__getitem__, buf, color=True)
+    s.write([1], [2])
+    s.write([3], [4])  # a character split across two tokens is printed once whole
+    s.finish()
+    assert buf.getvalue() == GREEN + "a" + "\x1b[0m" + "b" + "\u00e9\n"
+    plain = io.StringIO()
+    s = TokenStream(pieces.__getitem__, plain)  # StringIO is no terminal: no colour
+    s.write([1], [2])
+    assert plain.getvalue() == "ab"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--gamma", "x"], "--gamma must be auto or an integer"),
+    (["--gamma", "99"], "--gamma must be in 0..16"),
+    (["--max-tokens", "0"], "--max-tokens must be at least 1"),
+    (["--verifier", "nope"], "--verifier nope: not a serial port nor one of"),
+    (["--drafter", "/dev/ttyNOPE"], "cannot open /dev/ttyNOPE"),
+    (["--models", "/nonexistent"], "drafter.spm is missing from /nonexistent"),
+])
+def test_bad_input_is_one_line_and_status_2(models, capsys, extra, message):
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--quiet", *extra])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_unknown_flag_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["run", "--no-such-flag"])
+    assert e.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err

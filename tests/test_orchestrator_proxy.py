@@ -1,0 +1,108 @@
+"""The chip proxy over a real serial device (a pty): retransmission after loss, duplicate replies
+ignored, ERROR replies and silence turned into one-line exceptions (host/proxy.py, host/links.py)."""
+
+import os
+import threading
+import tty
+
+import pytest
+
+from host.links import LinkError, SerialLink
+from host.proxy import Bus, NodeError, NodeTimeout, Proxy
+from shared import messages as m
+from shared.codec import StreamDecoder, encode, encode_line
+
+
+class LossyPeer:
+    """The far end of a pty: answers PING by echo, drops the first copy of every request whose seq is
+    odd, sends every reply twice, and answers STATS with an ERROR."""
+
+    def __init__(self):
+        self.master, slave = os.openpty()
+        tty.setraw(slave)
+        self.port = os.ttyname(slave)
+        self.slave = slave
+        self.seen: dict[int, int] = {}
+        self.acted = 0
+        self._stop = False
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def loop(self):
+        dec = StreamDecoder()
+        while not self._stop:
+            try:
+                chunk = os.read(self.master, 4096)
+            except OSError:
+                return
+            for f in dec.feed(chunk):
+                self.seen[f.seq] = self.seen.get(f.seq, 0) + 1
+                if f.seq % 2 and self.seen[f.seq] == 1:
+                    continue  # lost on the way
+                self.acted += 1
+                if f.mtype == m.PING:
+                    reply = encode(m.PING, f.payload, src=f.dst, dst=0, seq=f.seq, reply=True)
+                else:
+                    reply = encode(m.ERROR, m.pack_error(2, "no session: send BEGIN first"), src=f.dst, dst=0,
+                                   seq=f.seq, reply=True)
+                os.write(self.master, encode_line(reply) * 2)
+
+    def close(self):
+        self._stop = True
+        os.close(self.master)
+        os.close(self.slave)
+
+
+@pytest.fixture
+def peer():
+    p = LossyPeer()
+    yield p
+    p.close()
+
+
+def test_lost_requests_are_retransmitted_and_duplicates_ignored(peer):
+    link = SerialLink(peer.port)
+    try:
+        bus = Bus(link, min_rto=0.02, deadline=5.0, initial_rto=0.05)
+        proxy = Proxy(bus, node=4)
+        for i in range(6):
+            reply = proxy.call(m.PING, b"hello %d" % i)
+            assert reply.payload == b"hello %d" % i and reply.src == 4
+        assert bus.retransmits >= 3  # the odd seqs were lost once each
+        assert all(n <= 2 for n in peer.seen.values())
+        assert bus.stale_replies >= 1  # second copies of replies arrived after their call returned
+        assert bus.bytes[4] > 0
+    finally:
+        link.close()
+
+
+def test_error_reply_becomes_node_error(peer):
+    link = SerialLink(peer.port)
+    try:
+        proxy = Proxy(Bus(link, min_rto=0.02, deadline=5.0, initial_rto=0.05), node=2)
+        with pytest.raises(NodeError, match="node 2 refused the request: no session: send BEGIN first"):
+            proxy.call(m.STATS)
+    finally:
+        link.close()
+
+
+def test_silent_node_times_out_with_one_line():
+    master, slave = os.openpty()
+    tty.setraw(slave)
+    link = SerialLink(os.ttyname(slave))
+    try:
+        os.write(master, b"Traceback (most recent call last):\r\nMemoryError: memory allocation failed\r\n")
+        bus = Bus(link, min_rto=0.02, deadline=0.3)
+        with pytest.raises(NodeTimeout) as e:
+            Proxy(bus, node=1).call(m.HELLO)
+        assert "did not answer HELLO" in str(e.value) and "MemoryError" in str(e.value)
+        assert "\n" not in str(e.value)
+    finally:
+        link.close()
+        os.close(master)
+        os.close(slave)
+
+
+def test_unopenable_port_is_a_link_error():
+    with pytest.raises(LinkError, match="cannot open /dev/ttyNOPE"):
+        SerialLink("/dev/ttyNOPE")
