@@ -36,7 +36,7 @@ REPLY_CACHE = 4  # replies kept for retransmitted requests (a host may have a fe
 POLL_MS = 1000  # longest a single-link node blocks in one poll (nothing depends on it waking)
 
 ROLE_NAMES = ("idle", "drafter", "verifier")
-STAT_KEYS = ("requests", "dup_replies", "errors", "bad_frames", "stray", "forwarded", "drafted", "ahead",
+STAT_KEYS = ("requests", "dup_replies", "errors", "bad_frames", "stray", "forwarded", "drafted", "ahead", "draft_hits",
              "verified", "accepted", "passes", "positions", "compute_ms", "heap_free", "heap_min",
              "committed", "kv", "uptime_ms")
 

@@ -175,14 +175,18 @@ class Drafter(Role):
             raise Refused(E_RANGE, "drafts up to position %d exceed the context of %d"
                           % (committed + gamma, self.max_seq))
         out = []
+        hits = 0
         for p in range(committed, committed + gamma):
             if p >= self.held:
                 self._draft_next()
+            else:
+                hits += 1
             e = self.chain[p % CHAIN]
             out.append(e)
             if e[0] == self.eos:
                 break
         self.stats["drafted"] += len(out)
+        self.stats["draft_hits"] += hits
         return committed, out
 
     def _draft_next(self):

@@ -1,0 +1,212 @@
+"""Drafter and verifier nodes under the real `micropython` binary, checked against the numpy reference
+engine (host/engine.py) and the shared acceptance rule computed here, through commits and rollbacks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from host.engine import Engine, target_table
+from nodeproc import NodeProc
+from shared import messages as m
+from shared import rule, sampling
+from shared.prng import DRAFT
+from tools.testmodels import random_model
+
+MAX_SEQ = 48
+VOCAB = 96
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("models")
+    random_model(d / "target.spm", dim=32, n_layers=2, vocab=VOCAB, max_seq=MAX_SEQ, seed=11)
+    random_model(d / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=VOCAB,
+                 max_seq=MAX_SEQ, seed=12)
+    return {k: str(d / (k + ".spm")) for k in ("target", "drafter")}
+
+
+def start(micropython, path, role: int, model: str, **cfg) -> NodeProc:
+    config = {"node_id": 1, "role": ("idle", "drafter", "verifier")[role], "model": model}
+    config.update(cfg)
+    n = NodeProc(micropython, path, config)
+    assert n.call(m.HELLO)[2] == role, n.text
+    return n
+
+
+@pytest.fixture
+def verifier(micropython, tmp_path, models):
+    n = start(micropython, tmp_path / "verifier", m.ROLE_VERIFIER, models["target"])
+    yield n
+    n.close()
+
+
+@pytest.fixture
+def drafter(micropython, tmp_path, models):
+    n = start(micropython, tmp_path / "drafter", m.ROLE_DRAFTER, models["drafter"])
+    yield n
+    n.close()
+
+
+def begin(node: NodeProc, session: int, seed: int, temp: float, prompt, draft_k=8, top_k=0, top_p=1.0, eos=-1):
+    node.session = session
+    node.call(m.BEGIN, m.pack_begin(seed, int(temp * 1000), draft_k, top_k, min(65536, int(top_p * 65536)) & 0xFFFFFFFF,
+                                    eos, prompt), expect=m.ACK)
+
+
+def commit(node: NodeProc, tokens: list[int], n_new: int) -> None:
+    node.call(m.COMMIT, m.pack_commit(len(tokens), tokens[len(tokens) - n_new:]), expect=m.ACK)
+
+
+def qhat(eng: Engine, tokens: list[int], temp: float, k: int) -> tuple[list[int], list[int]]:
+    row = eng.forward(tokens, 0)[-1]
+    return rule.quantize_topk(sampling.softmax([float(v) for v in row], temp), k)
+
+
+def test_verifier_verdicts_equal_numpy_engine_and_shared_rule(verifier, models):
+    """Sampling mode with target top-k and top-p, gamma 0..4, commits and a rollback: every verdict equals
+    the rule applied to the numpy engine's target tables over the same sequence."""
+    target = Engine(models["target"])
+    draft_eng = Engine(models["drafter"])
+    temp, top_k, top_p, seed = 0.9, 40, 0.95, 1234
+    tokens = [5, 17, 33, 2]
+    begin(verifier, 1, seed, temp, tokens, top_k=top_k, top_p=top_p)
+    rng = np.random.default_rng(0)
+    accepted = rounds = 0
+    for step in range(14):
+        gamma = step % 5
+        L = len(tokens)
+        entries = []
+        for i in range(gamma):  # the drafter's q-hat, sampled as the drafter would
+            ids, weights = qhat(draft_eng, tokens + [e[0] for e in entries], temp, 8)
+            entries.append((rule.sample_sparse(ids, weights, seed, L + i, DRAFT), ids, weights))
+        pos0, acc, tok = verifier.call(m.VERIFY_REQ, m.pack_draft(L, entries), expect=m.VERDICT)
+        drafts = [e[0] for e in entries]
+        rows = target.forward(tokens + drafts, 0)[L - 1:]
+        p_tables = [target_table(r, temp, top_k, top_p) for r in rows]
+        want = rule.verify(p_tables, drafts, [(e[1], e[2]) for e in entries], seed, L, -1)
+        assert (pos0, acc, tok) == (L, *want), "step %d" % step
+        accepted += acc
+        rounds += gamma > 0
+        new = drafts[:acc] + [tok]
+        tokens += new
+        commit(verifier, tokens, len(new))
+        if step == 8:  # the host rolls the stream back a few tokens
+            cut = len(tokens) - int(rng.integers(1, 4))
+            verifier.call(m.ROLLBACK, m.pack_rollback(cut), expect=m.ACK)
+            del tokens[cut:]
+    st = verifier.stats()
+    assert st["accepted"] == accepted and st["verified"] == sum(s % 5 for s in range(14))
+    assert st["committed"] == len(tokens)
+
+
+def test_greedy_verifier_matches_numpy_argmax(verifier, models):
+    target = Engine(models["target"])
+    tokens = [9, 8, 7]
+    begin(verifier, 2, 0, 0.0, tokens)
+    for _ in range(6):
+        L = len(tokens)
+        guess = [int(np.argmax(target.forward(tokens, 0)[-1])), 3]  # one right draft, one (likely) wrong
+        entries = [(t, [t], [rule.ONE]) for t in guess]
+        _, acc, tok = verifier.call(m.VERIFY_REQ, m.pack_draft(L, entries), expect=m.VERDICT)
+        rows = target.forward(tokens + guess, 0)[L - 1:]
+        assert (acc, tok) == rule.verify_greedy([int(np.argmax(r)) for r in rows], guess, -1)
+        new = guess[:acc] + [tok]
+        tokens += new
+        commit(verifier, tokens, len(new))
+
+
+def test_drafter_samples_each_draft_from_the_qhat_it_sends(drafter, models):
+    ref = Engine(models["drafter"])
+    temp, k, seed = 0.8, 6, 77
+    tokens = [1, 2, 3, 4, 5]
+    begin(drafter, 3, seed, temp, tokens, draft_k=k)
+    for accept in (1, 4, 0):
+        L = len(tokens)
+        pos0, entries = drafter.call(m.DRAFT_REQ, m.pack_draft_req(L, 4), expect=m.DRAFT)
+        assert pos0 == L and len(entries) == 4
+        seq = list(tokens)
+        for i, (tok, ids, weights) in enumerate(entries):
+            assert sum(weights) == rule.ONE and len(ids) <= k and ids == sorted(ids) and min(weights) > 0
+            assert tok == rule.sample_sparse(ids, weights, seed, L + i, DRAFT)
+            want_ids, want_w = qhat(ref, seq, temp, k)
+            assert ids == want_ids
+            assert max(abs(a - b) for a, b in zip(weights, want_w)) <= 64  # int8 engine vs numpy: 0.1 %
+            seq.append(tok)
+        # accept some drafts, then a token of the host's choice (a residual or a bonus)
+        new = [e[0] for e in entries[:accept]] + [(entries[accept][0] + 1) % VOCAB if accept < 4 else 0]
+        tokens += new
+        commit(drafter, tokens, len(new))
+    assert drafter.stats()["drafted"] == 12
+
+
+def test_greedy_drafts_are_the_drafter_models_argmax(drafter, models):
+    ref = Engine(models["drafter"])
+    tokens = [40, 41]
+    begin(drafter, 4, 5, 0.0, tokens)
+    _, entries = drafter.call(m.DRAFT_REQ, m.pack_draft_req(2, 5), expect=m.DRAFT)
+    seq = list(tokens)
+    for tok, ids, weights in entries:
+        assert (ids, weights) == ([tok], [rule.ONE])
+        assert tok == int(np.argmax(ref.forward(seq, 0)[-1]))
+        seq.append(tok)
+
+
+def test_draft_block_stops_after_eos(drafter, models):
+    ref = Engine(models["drafter"])
+    tokens = [40, 41]
+    eos = int(np.argmax(ref.forward(tokens + [int(np.argmax(ref.forward(tokens, 0)[-1]))], 0)[-1]))
+    begin(drafter, 5, 5, 0.0, tokens, eos=eos)
+    _, entries = drafter.call(m.DRAFT_REQ, m.pack_draft_req(2, 6), expect=m.DRAFT)
+    assert [e[0] for e in entries][-1] == eos and len(entries) <= 2
+
+
+def generate(drafter: NodeProc, verifier: NodeProc, prompt, n: int, gamma: int, temp: float, seed: int,
+             session: int) -> list[int]:
+    """The host's speculative loop over two nodes; gamma 0 (no drafter) is plain decoding."""
+    tokens = list(prompt)
+    nodes = [verifier] + ([drafter] if gamma else [])
+    for node in nodes:
+        begin(node, session, seed, temp, tokens, draft_k=8)
+    while len(tokens) < len(prompt) + n:
+        L = len(tokens)
+        g = min(gamma, MAX_SEQ - L - 1)
+        entries = drafter.call(m.DRAFT_REQ, m.pack_draft_req(L, g), expect=m.DRAFT)[1] if g else []
+        _, acc, tok = verifier.call(m.VERIFY_REQ, m.pack_draft(L, entries), expect=m.VERDICT)
+        new = [e[0] for e in entries[:acc]] + [tok]
+        tokens += new
+        for node in nodes:
+            commit(node, tokens, len(new))
+    return tokens[:len(prompt) + n]
+
+
+def test_greedy_speculation_through_nodes_equals_plain_decoding(micropython, tmp_path, models, verifier, drafter):
+    prompt = [3, 1, 4, 1, 5]
+    plain = generate(drafter, verifier, prompt, 30, 0, 0.0, 0, 1)
+    assert generate(drafter, verifier, prompt, 30, 3, 0.0, 0, 2) == plain
+    # self-speculation (the target drafts for itself): every draft is accepted, and the same text comes out
+    selfd = start(micropython, tmp_path / "self", m.ROLE_DRAFTER, models["target"])
+    try:
+        st0 = verifier.stats()
+        assert generate(selfd, verifier, prompt, 30, 4, 0.0, 0, 3) == plain
+        st = verifier.stats()
+        assert st["accepted"] - st0["accepted"] == st["verified"] - st0["verified"] > 0
+    finally:
+        selfd.close()
+
+
+def test_pipelined_drafting_changes_timing_not_tokens(micropython, tmp_path, models, verifier):
+    """A drafter that drafts ahead while the verdict is pending sends exactly the drafts it would have
+    computed on request: the generated text is identical, and drafts made ahead get used."""
+    prompt = [7, 7, 2]
+    plain = start(micropython, tmp_path / "plain", m.ROLE_DRAFTER, models["target"])
+    ahead = start(micropython, tmp_path / "ahead", m.ROLE_DRAFTER, models["target"], spec_ahead=8)
+    try:
+        want = generate(plain, verifier, prompt, 28, 3, 0.8, 99, 1)
+        assert generate(ahead, verifier, prompt, 28, 3, 0.8, 99, 2) == want
+        st = ahead.stats()
+        assert st["ahead"] > 0 and st["draft_hits"] > 0
+        assert plain.stats()["draft_hits"] == 0
+    finally:
+        plain.close()
+        ahead.close()
