@@ -132,10 +132,28 @@ def _op(op, a):
         return _plain(rule.verify_greedy(a["argmaxes"], a["drafts"], a["eos"]))
     if op == "argmax":
         return rule.argmax(a["values"])
+    if op == "simulate":
+        return simulate(a["p"], a["q"], a["seed0"], a["runs"], a["pos0"])
     if op == "prepare":
         probs = sampling.prepare(doubles(a["logits"]), a["temperature"], a["top_k"], a["top_p"])
         return rule.quantize(probs)
     raise ValueError("unknown op " + op)
+
+
+def simulate(p, q, seed0, runs, pos0=0):
+    """Counts of emitted tokens per position over `runs` rounds of drafting (sampling each q-hat,
+    purpose DRAFT) and verification; round s uses seed seed0 + s. counts[j][t]: token t emitted at
+    pos0 + j. With context-free p and q, tokens at each position must follow p[j]."""
+    gamma = len(q)
+    counts = [[0] * len(p[0]) for _ in range(gamma + 1)]
+    for seed in range(seed0, seed0 + runs):
+        drafts = [rule.sample_sparse(q[i][0], q[i][1], seed, pos0 + i, prng.DRAFT) for i in range(gamma)]
+        n, tok = rule.verify(p, drafts, q, seed, pos0)
+        for j in range(n):
+            counts[j][drafts[j]] += 1
+        if tok >= 0:
+            counts[n][tok] += 1
+    return counts
 
 
 def run_case(case):
