@@ -1,0 +1,147 @@
+"""Property tests (hypothesis) of the codec: no input crashes a decoder, valid frames round-trip.
+
+Decoders may only ever raise CodecError subclasses (decode, unpack) or nothing at all (feed).
+"""
+
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared import codec
+from shared import messages as m
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+u8 = st.integers(0, 255)
+u16 = st.integers(0, 0xFFFF)
+frames = st.builds(
+    lambda t, p, src, dst, seq, ses, reply: dict(mtype=t, payload=p, src=src, dst=dst, seq=seq, session=ses,
+                                                 reply=reply),
+    st.integers(1, codec.MAX_TYPE), st.binary(max_size=600), u8, u8, u16, u16, st.booleans())
+
+
+def _same(f, d):
+    return (f.mtype, f.payload, f.src, f.dst, f.seq, f.session, f.reply) == (
+        d["mtype"], d["payload"], d["src"], d["dst"], d["seq"], d["session"], d["reply"])
+
+
+def _mutate(data, seed):
+    r = random.Random(seed)
+    b = bytearray(data)
+    for _ in range(r.randint(1, 4)):
+        op = r.randrange(4)
+        if op == 0 and b:
+            b[r.randrange(len(b))] ^= 1 << r.randrange(8)
+        elif op == 1 and b:
+            del b[r.randrange(len(b))]
+        elif op == 2:
+            b.insert(r.randrange(len(b) + 1), r.randrange(256))
+        else:
+            b = b[:r.randrange(len(b) + 1)]
+    return bytes(b)
+
+
+@FUZZ
+@given(st.binary(max_size=300), st.booleans())
+def test_decode_random_bytes_only_raises_codec_errors(data, keyed):
+    try:
+        codec.decode(data, codec.Auth(b"k") if keyed else None)
+    except codec.CodecError:
+        pass
+
+
+@FUZZ
+@given(frames, st.booleans())
+def test_valid_frames_round_trip(f, signed):
+    auth = (codec.Auth(b"key"), codec.Auth(b"key")) if signed else (None, None)
+    data = codec.encode(auth=auth[0], **f)
+    assert _same(codec.decode(data, auth[1]), f)
+    line = codec.encode_line(data)
+    got = codec.StreamDecoder(auth=codec.Auth(b"key") if signed else None).feed(line)
+    assert len(got) == 1 and _same(got[0], f)
+
+
+@FUZZ
+@given(frames, st.integers(0, 2 ** 32))
+def test_mutated_frames_are_rejected_or_valid(f, seed):
+    data = codec.encode(**f)
+    bad = _mutate(data, seed)
+    try:
+        d = codec.decode(bad)
+    except codec.CodecError:
+        return
+    # a mutation that still decodes must have produced a self-consistent frame (CRC matched)
+    assert codec.encode(d.mtype, d.payload, d.src, d.dst, d.seq, d.session, d.reply) == bad or bad == data
+
+
+@FUZZ
+@given(st.lists(st.one_of(frames, st.binary(max_size=80)), max_size=8), st.integers(0, 2 ** 32))
+def test_stream_decoder_survives_garbage_and_chunking(items, seed):
+    r = random.Random(seed)
+    wire = b""
+    good = []
+    for it in items:
+        if isinstance(it, dict):
+            wire += codec.encode_line(codec.encode(**it))
+            good.append(it)
+        else:
+            wire += it + b"\n"  # garbage line: text, stray ':' or binary
+    d = codec.StreamDecoder(max_line=1024)
+    got = []
+    i = 0
+    while i < len(wire):
+        n = r.randint(1, 50)
+        got += d.feed(wire[i:i + n])
+        i += n
+    # every good frame arrives, in order; garbage lines may at most decode into extra valid frames
+    it = iter(got)
+    assert all(any(_same(g, f) for g in it) for f in good)
+    assert d.frames >= len(good) and d._n <= len(d._buf) == 1024
+
+
+@FUZZ
+@given(st.integers(0, 14), st.booleans(), st.binary(max_size=200))
+def test_unpack_random_payload_only_raises_codec_errors(mtype, reply, payload):
+    try:
+        m.unpack(mtype, reply, payload)
+    except codec.CodecError:
+        pass
+
+
+@FUZZ
+@given(st.integers(0, 255), st.lists(st.tuples(u16, st.lists(st.tuples(u16, st.integers(1, 65536)), min_size=1,
+                                                             max_size=40)), max_size=6))
+def test_draft_body_round_trips_and_survives_mutation(pos0, raw):
+    entries = [(tok, [i for i, _ in tab], [w for _, w in tab]) for tok, tab in raw]
+    body = m.pack_draft(pos0, entries)
+    assert m.unpack_draft(body) == (pos0, entries)
+    for cut in range(0, len(body), 7):
+        try:
+            m.unpack_draft(body[:cut])
+        except codec.CodecError:
+            pass
+
+
+@FUZZ
+@given(st.binary(min_size=0, max_size=3000), st.integers(30, 250), u16, st.integers(0, 2 ** 32))
+def test_fragments_reassemble_under_reordering_and_duplication(payload, mtu, msg_id, seed):
+    r = random.Random(seed)
+    data = codec.encode(m.PING, payload, src=3)
+    parts = codec.fragment(data, msg_id, mtu)
+    assert all(len(p) <= mtu for p in parts)
+    noisy = parts + [r.choice(parts) for _ in range(r.randint(0, 3))]
+    r.shuffle(noisy)
+    d = codec.DatagramDecoder(max_size=8192, stale_after=10 ** 6)
+    got = [f for f in (d.feed(p, sender=3) for p in noisy) if f is not None]
+    assert got and got[0].payload == payload
+    assert d.errors.get("BadCRC", 0) == 0
+
+
+@FUZZ
+@given(st.lists(st.tuples(u8, st.binary(max_size=260)), max_size=40))
+def test_datagram_decoder_random_packets_bounded(packets):
+    d = codec.DatagramDecoder(max_partial=3, max_size=1024)
+    for sender, pkt in packets:
+        d.feed(b"\xfe" + pkt if sender & 1 else pkt, sender)
+        assert d.pending() <= 3
