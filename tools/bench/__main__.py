@@ -1,0 +1,50 @@
+"""Command line of the benchmarks: run all sections or the ones named, optionally write JSON."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+from tools.bench import sections
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = sections()
+    ap = argparse.ArgumentParser(prog="python -m tools.bench", description="specmesh benchmarks")
+    ap.add_argument("section", nargs="*", help="sections to run (default: all): " + ", ".join(names))
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
+    args = ap.parse_args(argv)
+    unknown = [s for s in args.section if s not in names]
+    if unknown:
+        print("error: unknown benchmark section %s (available: %s)" % (", ".join(unknown), ", ".join(names)),
+              file=sys.stderr)
+        return 2
+    results: dict = {"machine": {"python": platform.python_version(), "platform": platform.platform(),
+                                 "processor": platform.processor() or platform.machine()},
+                     "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    failed = []
+    for name in args.section or names:
+        print("== %s ==" % name, flush=True)
+        t0 = time.perf_counter()
+        try:
+            results[name] = importlib.import_module("tools.bench." + name).run()
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # one section failing must not lose the others' figures
+            print("error: section %s failed: %s: %s" % (name, type(e).__name__, e), file=sys.stderr)
+            results[name] = {"error": "%s: %s" % (type(e).__name__, e)}
+            failed.append(name)
+        print("(%s: %.1f s)\n" % (name, time.perf_counter() - t0), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        print("figures written to %s" % args.json)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
