@@ -112,6 +112,9 @@ def train(a) -> dict:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state,
                     "config": cfg.to_dict(), "args": {k: str(v) for k, v in vars(a).items()}}, path)
 
+    if a.minutes and state["train_s"] >= a.minutes * 60:
+        print("%s already used its %g min budget" % (last, a.minutes))
+        a.steps = state["step"]
     t0 = time.time() - state["train_s"]
     bar = tqdm(range(state["step"], a.steps), initial=state["step"], total=a.steps, desc=a.config,
                mininterval=5, file=sys.stdout)
