@@ -28,6 +28,7 @@ from .prng import ACCEPT, EMIT, uniform
 ONE = 1 << 16
 FRAC_BITS = 24
 _FRAC_ONE = 1 << FRAC_BITS
+_INF = float("inf")
 
 
 def top_ids(values, k):
@@ -54,6 +55,14 @@ def top_ids(values, k):
     return ids
 
 
+def _fsum(xs):
+    """Left-to-right float sum (CPython >= 3.12's sum() compensates, MicroPython's does not)."""
+    total = 0.0
+    for x in xs:
+        total += x
+    return total
+
+
 def argmax(values):
     """Index of the largest value, ties to the lowest index."""
     best = 0
@@ -71,28 +80,15 @@ def quantize(probs):
     Fractional parts are compared as FRAC_BITS-bit fixed-point ints (small ints on every board,
     no boxed floats kept): remainders closer than 2^-FRAC_BITS count as tied, going to the lowest id.
     """
-    total = 0.0
-    for p in probs:
-        if not p >= 0.0:
-            raise ValueError("probabilities must be non-negative numbers")
-        total += p
-    if not 0.0 < total < float("inf"):
-        raise ValueError("probabilities must have a positive finite sum")
+    total = _fsum(probs)
+    if not 0.0 < total < _INF or min(probs) < 0.0:  # a NaN makes the total NaN
+        raise ValueError("probabilities must be non-negative with a positive finite sum")
     scale = ONE / total
-    n = len(probs)
-    weights = [0] * n
-    fracs = [-1] * n  # -1: p == 0, never gets a unit
-    used = 0
-    eligible = 0
-    for i in range(n):
-        p = probs[i]
-        if p > 0.0:
-            x = p * scale
-            f = int(x)
-            weights[i] = f
-            fracs[i] = int((x - f) * _FRAC_ONE)
-            used += f
-            eligible += 1
+    xs = [p * scale for p in probs]
+    weights = [int(x) for x in xs]
+    fracs = [int((x - int(x)) * _FRAC_ONE) if p > 0.0 else -1 for p, x in zip(probs, xs)]  # -1: never a unit
+    used = sum(weights)
+    eligible = len(fracs) - fracs.count(-1)
     rem = ONE - used
     while rem < 0:  # float rounding overshot: take units back from the largest weights
         i = argmax(weights)
@@ -100,9 +96,10 @@ def quantize(probs):
         rem += 1
     if rem:
         full, rem = divmod(rem, eligible)  # more units than ids only after float rounding
-        for i in range(n):
-            if fracs[i] >= 0:
-                weights[i] += full
+        if full:
+            for i in range(len(fracs)):
+                if fracs[i] >= 0:
+                    weights[i] += full
         if rem:
             _hand_out(weights, fracs, rem)
     return weights

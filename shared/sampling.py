@@ -16,7 +16,7 @@ The wire carries top_p as `top_p_q16` (BEGIN); `top_p_from_q16` converts it.
 
 import math
 
-from .rule import argmax, top_ids
+from .rule import _fsum, argmax, top_ids
 
 
 def top_p_from_q16(q16):
@@ -34,7 +34,7 @@ def softmax(logits, temperature=1.0):
     m = max(logits)
     inv = 1.0 / temperature
     out = [math.exp((x - m) * inv) for x in logits]
-    s = sum(out)
+    s = _fsum(out)
     return [x / s for x in out]
 
 
@@ -54,7 +54,7 @@ def filter_top_p(probs, top_p):
         return list(probs)
     order = [i for i in range(len(probs)) if probs[i] > 0.0]
     order.sort(key=lambda i: (-probs[i], i))
-    limit = top_p * sum(probs)
+    limit = top_p * _fsum(probs)
     out = [0.0] * len(probs)
     kept = 0.0
     for i in order:
