@@ -185,14 +185,13 @@ class TorchModel:
         h, dev, hd = self.header, self.device, self.header.head_dim
         b, t_max, l_max = len(slots), max(counts), max(n0 + n for n0, n in zip(starts, counts))
         n_kv, group = h.n_kv_heads, h.n_heads // h.n_kv_heads
-        toks = torch.tensor(flat, device=dev)
-        counts_t = torch.tensor(counts, device=dev)
-        starts_t = torch.tensor(starts, device=dev)
-        slots_t = torch.tensor(slots, device=dev)
-        row_b = torch.repeat_interleave(torch.arange(b, device=dev), counts_t)  # stream of each packed row
-        row_t = torch.arange(len(flat), device=dev) - (torch.cumsum(counts_t, 0) - counts_t)[row_b]
-        pos = starts_t[row_b] + row_t
-        row_slot = slots_t[row_b]
+        # per packed row: token, stream, index in its run, position, cache slot (one host-to-device copy)
+        row_b = np.repeat(np.arange(b), counts)
+        row_t = np.arange(len(flat)) - (np.cumsum(counts) - counts)[row_b]
+        pos = np.asarray(starts)[row_b] + row_t
+        rows = torch.from_numpy(np.stack([flat, row_b, row_t, pos, np.asarray(slots)[row_b]])).to(dev)
+        toks, row_b, row_t, pos, row_slot = rows
+        starts_t, slots_t = torch.from_numpy(np.array([starts, slots])).to(dev)
         # key j is visible to query t of stream b iff j <= starts[b] + t: causal, in b's own slot only
         visible = (torch.arange(l_max, device=dev)[None, None, :]
                    <= (starts_t[:, None] + torch.arange(t_max, device=dev)[None, :])[:, :, None])

@@ -1,0 +1,154 @@
+"""Benchmark of the torch verifier: verified positions per second across many concurrent streams.
+
+    python -m tools.bench gpu
+
+For 1, 8, 64 and 256 streams at gamma = 4, every round verifies gamma + 1 positions per stream
+(the last committed token and 4 drafts) from a ragged committed length, then commits a ragged 1..5 and
+rolls the rest back, as verify rounds do. Measured side by side from the same cache states: one batched
+forward per round (host/torch_backend.py), one forward per stream (1-by-1), and the plain target-only
+baseline (plain decoding: one position per stream, in one batched forward). Medians of ROUNDS rounds.
+Runs on CUDA when present, and always on the CPU (set OMP_NUM_THREADS on a shared machine).
+Logits are copied back to the host in every timing, as the verifier needs them. The model is
+models/target.spm when it exists, else a random model of the target's shape (tools/modeldefs.py).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+STREAMS = (1, 8, 64, 256)
+GAMMA = 4
+PREFIX = (16, 64)  # ragged committed prefixes, tokens
+ROUNDS = 7  # timed rounds per configuration (after one warm-up round); medians are reported
+TARGET_SHAPE = dict(dim=128, n_layers=6, n_heads=4, n_kv_heads=2, hidden=352, vocab=512, max_seq=256,
+                    flags=1)  # tools/modeldefs.py CONFIGS["target"], tied classifier
+
+
+def _model_path(tmp: Path) -> tuple[Path, str]:
+    shipped = ROOT / "models" / "target.spm"
+    if shipped.exists():
+        return shipped, "models/target.spm"
+    from tools.testmodels import random_model
+    path = tmp / "target.spm"
+    random_model(path, **TARGET_SHAPE)
+    return path, "random, target shape"
+
+
+class _Streams:
+    """n streams with ragged committed prefixes; each round verifies gamma + 1 positions per stream."""
+
+    def __init__(self, model, n: int, seed: int = 0):
+        self.model = model
+        self.rng = np.random.default_rng(seed)
+        vocab = model.header.vocab
+        self.slots = [model.open_stream() for _ in range(n)]
+        self.prefix = [self.rng.integers(0, vocab, self.rng.integers(*PREFIX)).tolist() for _ in range(n)]
+        model.forward([(s, p[:-1]) for s, p in zip(self.slots, self.prefix)])  # prefill (not timed)
+        self.committed = [len(p) - 1 for p in self.prefix]  # cached; the last committed token is fed next
+
+    def runs(self, width: int) -> list[tuple[int, list[int]]]:
+        """Per stream: its last committed token and width - 1 drafts."""
+        vocab = self.model.header.vocab
+        return [(s, [p[-1]] + self.rng.integers(0, vocab, width - 1).tolist())
+                for s, p in zip(self.slots, self.prefix)]
+
+    def rollback(self) -> None:
+        for s, n in zip(self.slots, self.committed):
+            self.model.rollback(s, n)
+
+    def advance(self, width: int) -> None:
+        """Commit a ragged 1..width positions per stream, as verdicts do (from the start when full)."""
+        for i in range(len(self.slots)):
+            self.committed[i] += int(self.rng.integers(1, width + 1))
+            if self.committed[i] + width + 1 > self.model.header.max_seq:
+                self.committed[i] = len(self.prefix[i]) - 1
+        self.rollback()
+
+    def close(self) -> None:
+        for s in self.slots:
+            self.model.close_stream(s)
+
+
+def _timed(model, fn) -> float:
+    _sync(model)
+    t0 = time.perf_counter()
+    fn()
+    _sync(model)
+    return time.perf_counter() - t0
+
+
+def _measure(model, n: int) -> dict:
+    """Median seconds per round of n streams: batched, one stream at a time, plain; same states."""
+    streams = _Streams(model, n)
+    width = GAMMA + 1
+    times: dict[str, list[float]] = {"batched": [], "alone": [], "plain": []}
+    for r in range(ROUNDS + 1):  # round 0 warms up
+        runs = streams.runs(width)
+        plain = [(s, toks[:1]) for s, toks in runs]
+        t = {"batched": _timed(model, lambda: model.forward(runs))}
+        streams.rollback()
+        t["alone"] = _timed(model, lambda: [model.forward([run]) for run in runs])
+        streams.rollback()
+        t["plain"] = _timed(model, lambda: model.forward(plain))
+        streams.advance(width)
+        if r:
+            for k, v in t.items():
+                times[k].append(v)
+    streams.close()
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def _sync(model) -> None:
+    import torch
+    if model.device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _device_rows(path: Path, device: str) -> list[dict]:
+    from host.torch_backend import TorchModel
+    model = TorchModel(path, device=device, streams=max(STREAMS))
+    rows = []
+    width = GAMMA + 1
+    for n in STREAMS:
+        t = _measure(model, n)
+        rows.append({
+            "device": device, "streams": n, "gamma": GAMMA,
+            "round_ms": 1e3 * t["batched"],
+            "verified_pos_per_s": n * width / t["batched"],
+            "alone_round_ms": 1e3 * t["alone"],
+            "alone_pos_per_s": n * width / t["alone"],
+            "batch_speedup": t["alone"] / t["batched"],
+            "plain_round_ms": 1e3 * t["plain"],  # target-only decoding: one position per stream per pass
+            "plain_pos_per_s": n / t["plain"],
+        })
+    return rows
+
+
+def run() -> dict:
+    try:
+        import torch
+    except ImportError:
+        from host.torch_backend import INSTALL_HINT
+        print("skipped: " + INSTALL_HINT)
+        return {"skipped": INSTALL_HINT}
+    devices = (["cuda"] if torch.cuda.is_available() else []) + ["cpu"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path, source = _model_path(Path(tmp))
+        rows = [row for dev in devices for row in _device_rows(path, dev)]
+    gpu = torch.cuda.get_device_name() if "cuda" in devices else "none"
+    print("torch verifier, gamma = %d, model: %s, torch %s, %d CPU threads, CUDA device: %s"
+          % (GAMMA, source, torch.__version__, torch.get_num_threads(), gpu))
+    print("%-6s %7s | %9s %11s | %11s %11s %8s | %9s %11s" % (
+        "device", "streams", "round ms", "verified/s", "1-by-1 ms", "1-by-1 /s", "speedup",
+        "plain ms", "plain pos/s"))
+    for r in rows:
+        print("%-6s %7d | %9.2f %11.0f | %11.2f %11.0f %7.1fx | %9.2f %11.0f" % (
+            r["device"], r["streams"], r["round_ms"], r["verified_pos_per_s"], r["alone_round_ms"],
+            r["alone_pos_per_s"], r["batch_speedup"], r["plain_round_ms"], r["plain_pos_per_s"]))
+    return {"model": source, "torch": torch.__version__, "threads": torch.get_num_threads(), "cuda_device": gpu,
+            "gamma": GAMMA, "rows": rows}
