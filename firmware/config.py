@@ -13,6 +13,7 @@ the virtual board's directory in emulation). Keys, all optional:
               gateway lists the gateway's MAC under "0" (the host), since its replies go there
     spec_ahead  int: tokens a drafter may draft ahead while a verdict is pending (0: off)
     kmax      int: most positions a verifier computes in one pass (drafts + 1; default 33)
+    n_ctx     int: context (and KV cache) cap below the model's max_seq, to fit a small heap (0: none)
     key       hex string: shared signing key (frames are then HMAC-signed, unsigned ones refused)
     board     board name reported by HELLO (default: the port's machine string)
 
@@ -52,6 +53,9 @@ def check(cfg):
     kmax = cfg.get("kmax", 33)
     if not isinstance(kmax, int) or not 1 <= kmax <= 256:
         raise ConfigError("kmax must be an int in 1..256, not %r" % (kmax,))
+    n_ctx = cfg.get("n_ctx", 0)
+    if not isinstance(n_ctx, int) or n_ctx < 0:
+        raise ConfigError("n_ctx must be an int >= 0, not %r" % (n_ctx,))
     key = cfg.get("key", "")
     try:
         bytes.fromhex(key)

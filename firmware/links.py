@@ -65,7 +65,7 @@ class StdioLink(_Lines):
     def recv(self, timeout_ms):
         if self.closed or not self._poll.poll(timeout_ms):
             return None
-        line = self._in.readline(MAX_LINE)
+        line = self._in.readline()  # grows with the line (a fixed limit would allocate it up front)
         if not line:
             self.closed = True
             return None

@@ -95,10 +95,14 @@ class Node:
             busy = False
             for link in links:
                 timeout = POLL_MS if single and not self._has_work() else 0
-                raw = link.recv(timeout)
-                if raw is not None:
-                    busy = True
-                    self.on_frame(raw, link)
+                try:
+                    raw = link.recv(timeout)
+                    if raw is not None:
+                        busy = True
+                        self.on_frame(raw, link)
+                except MemoryError:  # a frame too large for the heap left: drop it, keep serving
+                    self.stats["bad_frames"] += 1
+                    gc.collect()
             if links[0].closed:
                 break
             if not busy and not self._idle_step() and not single:
@@ -264,7 +268,8 @@ class Node:
     def _stats(self):
         st = self.stats
         self._heap()
-        st["heap_free"] = gc.mem_free()
+        gc.collect()
+        st["heap_free"] = gc.mem_free()  # live headroom; heap_min: lowest free seen after a request, garbage included
         st["heap_min"] = self.heap_min
         st["uptime_ms"] = time.ticks_diff(time.ticks_ms(), self._t0)
         role = self.role
@@ -304,23 +309,24 @@ class Node:
         gc.collect()
         if role_id == m.ROLE_IDLE:
             return
-        import engine
-
-        self.engine_mod = engine
         kmax = 1 if role_id == m.ROLE_DRAFTER else self.cfg.get("kmax", roles.CHAIN + 1)
         try:
-            eng = engine.Engine(model, kmax)
+            import engine
+
+            self.engine_mod = engine
+            eng = engine.Engine(model, kmax, True, self.cfg.get("n_ctx", 0))
+            if role_id == m.ROLE_DRAFTER:
+                self.role = roles.Drafter(eng, self.stats, self.cfg.get("spec_ahead", 0))
+            else:
+                self.role = roles.Verifier(eng, self.stats)
         except OSError as e:
             raise Refused(E_MODEL, "cannot open model %r: %s" % (model, e))
         except MemoryError:
+            self.role = eng = None
             gc.collect()
             raise Refused(E_MEMORY, "model %r does not fit in %d bytes of free heap" % (model, gc.mem_free()))
         except Exception as e:  # ModelFileError and the engine's size limits
             raise Refused(E_MODEL, "cannot load model %r: %s" % (model, e))
-        if role_id == m.ROLE_DRAFTER:
-            self.role = roles.Drafter(eng, self.stats, self.cfg.get("spec_ahead", 0))
-        else:
-            self.role = roles.Verifier(eng, self.stats)
         self.role_id = role_id
         gc.collect()
 

@@ -50,9 +50,9 @@ class Role:
         self.stats = stats
         h = engine.header
         self.vocab = h.vocab
-        self.max_seq = h.max_seq
+        self.max_seq = engine.n_ctx
         self.max_batch = engine.kmax
-        self.tokens = array("H", bytes(2 * h.max_seq))
+        self.tokens = array("H", bytes(2 * self.max_seq))
         self.active = False
         self.length = self.held = self.kv = 0
 
@@ -198,9 +198,13 @@ class Drafter(Role):
             t = self.engine.argmax(0)
             ids, weights = [t], [rule.ONE]
         else:
-            v = self.vocab
-            probs = sampling.softmax(memoryview(logits)[:v], self.temperature)
-            ids, weights = rule.quantize_topk(probs, self.draft_top_k)
+            # quantize_topk(softmax(all logits)) keeps the k largest and renormalises them, which equals
+            # the softmax of those k logits alone: no vocab-sized float lists on the drafter's heap
+            top = rule.top_ids(memoryview(logits)[:self.vocab], self.draft_top_k)
+            top.sort()
+            local, weights = rule.quantize_topk(sampling.softmax([logits[i] for i in top], self.temperature),
+                                                self.draft_top_k)
+            ids = [top[j] for j in local]
             t = rule.sample_sparse(ids, weights, self.seed, p, DRAFT)
         self.tokens[p] = t
         self.chain[p % CHAIN] = (t, ids, weights)

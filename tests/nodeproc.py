@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -21,11 +22,24 @@ ROOT = Path(__file__).resolve().parent.parent
 HOST = 0
 
 
+def flash(board_dir: Path, mpy_cross: str, march: str = "x64") -> None:
+    """Copy the node into `board_dir` as a board gets it: main.py as source, every other firmware/ and
+    shared/ module precompiled by mpy-cross (no compiler RAM needed at import, as on a real board)."""
+    (board_dir / "shared").mkdir(parents=True, exist_ok=True)
+    for src in sorted((ROOT / "firmware").glob("*.py")) + sorted((ROOT / "shared").glob("*.py")):
+        rel = src.relative_to(ROOT / "firmware") if src.parent.name == "firmware" else src.relative_to(ROOT)
+        if rel.name == "main.py":
+            shutil.copy(src, board_dir / rel)
+            continue
+        out = board_dir / rel.with_suffix(".mpy")
+        subprocess.run([mpy_cross, "-march=" + march, "-o", str(out), str(src)], check=True, cwd=src.parent)
+
+
 class NodeProc:
     """One node process; `request` sends a frame and returns the reply Frame with the same seq."""
 
     def __init__(self, micropython: str, board_dir: Path, config: dict | None = None,
-                 heap: int | None = None, node_id: int = 1):
+                 heap: int | None = None, node_id: int = 1, flashed: bool = False, env: dict | None = None):
         board_dir.mkdir(parents=True, exist_ok=True)
         if config is not None:
             (board_dir / "specmesh.json").write_text(json.dumps(config))
@@ -36,8 +50,10 @@ class NodeProc:
         self.text: list[bytes] = []
         self.decoder = codec.StreamDecoder(max_line=1 << 16, on_text=self.text.append)
         self._frames: list[codec.Frame] = []
-        cmd = [micropython] + (["-X", "heapsize=%d" % heap] if heap else []) + [str(ROOT / "firmware" / "main.py")]
-        env = dict(os.environ, MICROPYPATH="%s:.frozen" % ROOT)
+        # flashed: the board directory holds the node (see flash()); else run it from the source tree
+        main = board_dir / "main.py" if flashed else ROOT / "firmware" / "main.py"
+        cmd = [micropython] + (["-X", "heapsize=%d" % heap] if heap else []) + [str(main)]
+        env = dict(os.environ, MICROPYPATH=".frozen" if flashed else "%s:.frozen" % ROOT, **(env or {}))
         self.proc = subprocess.Popen(cmd, cwd=board_dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env)
 
@@ -123,3 +139,36 @@ class NodeProc:
         for s in (self.proc.stdout, self.proc.stderr):
             s.close()
         return self.proc.returncode
+
+
+# -- the host's side of a session -------------------------------------------------------------
+
+def begin(node: NodeProc, session: int, seed: int, temp: float, prompt, draft_k=8, top_k=0, top_p=1.0, eos=-1):
+    """BEGIN a session on `node` (temperature 0: greedy)."""
+    node.session = session
+    node.call(m.BEGIN, m.pack_begin(seed, int(temp * 1000), draft_k, top_k, min(65536, int(top_p * 65536)), eos,
+                                    prompt), expect=m.ACK)
+
+
+def commit(node: NodeProc, tokens: list[int], n_new: int) -> None:
+    """COMMIT `tokens`, of which the last n_new are new to the node."""
+    node.call(m.COMMIT, m.pack_commit(len(tokens), tokens[len(tokens) - n_new:]), expect=m.ACK)
+
+
+def generate(drafter: NodeProc, verifier: NodeProc, prompt, n: int, gamma: int, temp: float, seed: int,
+             session: int, max_seq: int) -> list[int]:
+    """The host's speculative loop over two nodes; gamma 0 (no drafter) is plain decoding."""
+    tokens = list(prompt)
+    nodes = [verifier] + ([drafter] if gamma else [])
+    for node in nodes:
+        begin(node, session, seed, temp, tokens, draft_k=8)
+    while len(tokens) < len(prompt) + n:
+        L = len(tokens)
+        g = min(gamma, max_seq - L - 1)
+        entries = drafter.call(m.DRAFT_REQ, m.pack_draft_req(L, g), expect=m.DRAFT)[1] if g else []
+        _, acc, tok = verifier.call(m.VERIFY_REQ, m.pack_draft(L, entries), expect=m.VERDICT)
+        new = [e[0] for e in entries[:acc]] + [tok]
+        tokens += new
+        for node in nodes:
+            commit(node, tokens, len(new))
+    return tokens[:len(prompt) + n]

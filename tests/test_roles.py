@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from host.engine import Engine, target_table
-from nodeproc import NodeProc
+from nodeproc import NodeProc, begin, commit, generate
 from shared import messages as m
 from shared import rule, sampling
 from shared.prng import DRAFT
@@ -46,16 +46,6 @@ def drafter(micropython, tmp_path, models):
     n = start(micropython, tmp_path / "drafter", m.ROLE_DRAFTER, models["drafter"])
     yield n
     n.close()
-
-
-def begin(node: NodeProc, session: int, seed: int, temp: float, prompt, draft_k=8, top_k=0, top_p=1.0, eos=-1):
-    node.session = session
-    node.call(m.BEGIN, m.pack_begin(seed, int(temp * 1000), draft_k, top_k, min(65536, int(top_p * 65536)) & 0xFFFFFFFF,
-                                    eos, prompt), expect=m.ACK)
-
-
-def commit(node: NodeProc, tokens: list[int], n_new: int) -> None:
-    node.call(m.COMMIT, m.pack_commit(len(tokens), tokens[len(tokens) - n_new:]), expect=m.ACK)
 
 
 def qhat(eng: Engine, tokens: list[int], temp: float, k: int) -> tuple[list[int], list[int]]:
@@ -161,34 +151,15 @@ def test_draft_block_stops_after_eos(drafter, models):
     assert [e[0] for e in entries][-1] == eos and len(entries) <= 2
 
 
-def generate(drafter: NodeProc, verifier: NodeProc, prompt, n: int, gamma: int, temp: float, seed: int,
-             session: int) -> list[int]:
-    """The host's speculative loop over two nodes; gamma 0 (no drafter) is plain decoding."""
-    tokens = list(prompt)
-    nodes = [verifier] + ([drafter] if gamma else [])
-    for node in nodes:
-        begin(node, session, seed, temp, tokens, draft_k=8)
-    while len(tokens) < len(prompt) + n:
-        L = len(tokens)
-        g = min(gamma, MAX_SEQ - L - 1)
-        entries = drafter.call(m.DRAFT_REQ, m.pack_draft_req(L, g), expect=m.DRAFT)[1] if g else []
-        _, acc, tok = verifier.call(m.VERIFY_REQ, m.pack_draft(L, entries), expect=m.VERDICT)
-        new = [e[0] for e in entries[:acc]] + [tok]
-        tokens += new
-        for node in nodes:
-            commit(node, tokens, len(new))
-    return tokens[:len(prompt) + n]
-
-
 def test_greedy_speculation_through_nodes_equals_plain_decoding(micropython, tmp_path, models, verifier, drafter):
     prompt = [3, 1, 4, 1, 5]
-    plain = generate(drafter, verifier, prompt, 30, 0, 0.0, 0, 1)
-    assert generate(drafter, verifier, prompt, 30, 3, 0.0, 0, 2) == plain
+    plain = generate(drafter, verifier, prompt, 30, 0, 0.0, 0, 1, MAX_SEQ)
+    assert generate(drafter, verifier, prompt, 30, 3, 0.0, 0, 2, MAX_SEQ) == plain
     # self-speculation (the target drafts for itself): every draft is accepted, and the same text comes out
     selfd = start(micropython, tmp_path / "self", m.ROLE_DRAFTER, models["target"])
     try:
         st0 = verifier.stats()
-        assert generate(selfd, verifier, prompt, 30, 4, 0.0, 0, 3) == plain
+        assert generate(selfd, verifier, prompt, 30, 4, 0.0, 0, 3, MAX_SEQ) == plain
         st = verifier.stats()
         assert st["accepted"] - st0["accepted"] == st["verified"] - st0["verified"] > 0
     finally:
@@ -202,8 +173,8 @@ def test_pipelined_drafting_changes_timing_not_tokens(micropython, tmp_path, mod
     plain = start(micropython, tmp_path / "plain", m.ROLE_DRAFTER, models["target"])
     ahead = start(micropython, tmp_path / "ahead", m.ROLE_DRAFTER, models["target"], spec_ahead=8)
     try:
-        want = generate(plain, verifier, prompt, 28, 3, 0.8, 99, 1)
-        assert generate(ahead, verifier, prompt, 28, 3, 0.8, 99, 2) == want
+        want = generate(plain, verifier, prompt, 28, 3, 0.8, 99, 1, MAX_SEQ)
+        assert generate(ahead, verifier, prompt, 28, 3, 0.8, 99, 2, MAX_SEQ) == want
         st = ahead.stats()
         assert st["ahead"] > 0 and st["draft_hits"] > 0
         assert plain.stats()["draft_hits"] == 0

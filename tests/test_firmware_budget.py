@@ -1,0 +1,104 @@
+"""Heap budgets of the node roles: the drafter in a classic ESP32's heap, the verifier in an ESP32-S3's.
+
+The node runs as flashed (firmware/ and shared/ precompiled by mpy-cross, main.py as source) in a
+`micropython -X heapsize=` VM. The unix port is 64-bit: the loaded code (function objects, constant
+tables, module dicts) takes about twice the heap it takes on a 32-bit ESP32, so the drafter's VM gets the
+ESP32 figure plus the heap the node's code holds in this VM, measured here. That models a board with
+the node frozen into its firmware (code in flash, none of it on the heap); the whole figure - engine,
+KV cache, buffers, session, frames and per-token garbage - must then fit the ESP32's 110536 bytes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nodeproc import ROOT, NodeProc, begin, commit, flash
+from shared import messages as m
+from shared.modelfile import FLAG_SHARED_CLS, ModelFileError, parse_header
+from tools.testmodels import random_model
+
+ESP32_HEAP = 110_536  # host/emulator/boards.py: classic ESP32 without PSRAM (micropython#7962)
+ESP32S3_HEAP = 64_000 + 8_257_536  # ESP32-S3 with 8 MB PSRAM (micropython#12237)
+SHAPES = {  # tools/modeldefs.py CONFIGS
+    "drafter": dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96),
+    "target": dict(dim=128, n_layers=6, n_heads=4, n_kv_heads=2, hidden=352),
+}
+
+
+def shipped_or_random(name: str, tmp: Path) -> str:
+    """models/<name>.spm when it is there and sound, else a random model of the same shape."""
+    path = ROOT / "models" / (name + ".spm")
+    try:
+        with open(path, "rb") as f:
+            parse_header(f.read(64))
+        return str(path)
+    except (OSError, ModelFileError):
+        out = tmp / (name + ".spm")
+        random_model(out, vocab=512, max_seq=256, flags=FLAG_SHARED_CLS, seed=5, **SHAPES[name])
+        return str(out)
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory, micropython) -> Path:
+    d = tmp_path_factory.mktemp("flash")
+    flash(d, str(Path(micropython).with_name("mpy-cross")))
+    return d
+
+
+def code_heap(micropython: str, board: Path) -> int:
+    """Heap bytes the node's modules hold once imported (as .mpy) in this VM."""
+    probe = ("import gc\ngc.collect()\na = gc.mem_alloc()\nimport config, links, node, roles, engine\n"
+             "gc.collect()\nprint(gc.mem_alloc() - a)\n")
+    out = subprocess.run([micropython, "-c", probe], cwd=board, capture_output=True, text=True, timeout=60,
+                         env={"MICROPYPATH": ".frozen:" + str(board)})
+    return int(out.stdout.strip())
+
+
+def test_drafter_drafts_500_tokens_in_a_classic_esp32_heap(micropython, board, tmp_path):
+    model = shipped_or_random("drafter", tmp_path)
+    code = code_heap(micropython, board)
+    assert 10_000 < code < 120_000
+    node = NodeProc(micropython, board, {"role": "drafter", "model": model}, heap=ESP32_HEAP + code, flashed=True)
+    try:
+        hello = node.call(m.HELLO)
+        assert hello[2] == m.ROLE_DRAFTER, node.text
+        assert hello[5] == 256  # the full context: no n_ctx cap needed
+        prompt = list(range(1, 17))
+        drafted = session = 0
+        while drafted < 500:
+            session += 1
+            tokens = list(prompt)
+            begin(node, session, session, 0.8, tokens, draft_k=8)
+            while len(tokens) + 4 <= 256 and drafted < 500:
+                _, entries = node.call(m.DRAFT_REQ, m.pack_draft_req(len(tokens), 4), expect=m.DRAFT)
+                drafted += len(entries)
+                new = [e[0] for e in entries[:2]] + [(entries[2][0] + 1) % 512]  # accept 2, then a residual
+                tokens += new
+                commit(node, tokens, len(new))
+        st = node.stats()
+        assert st["errors"] == 0 and st["drafted"] >= 500
+        assert st["heap_free"] > 0
+    finally:
+        node.close()
+
+
+def test_verifier_runs_the_target_in_an_esp32s3_psram_heap(micropython, board, tmp_path):
+    model = shipped_or_random("target", tmp_path)
+    node = NodeProc(micropython, board, {"role": "verifier", "model": model}, heap=ESP32S3_HEAP, flashed=True)
+    try:
+        assert node.call(m.HELLO)[2] == m.ROLE_VERIFIER, node.text
+        tokens = list(range(1, 33))
+        begin(node, 1, 3, 0.8, tokens, top_k=40, top_p=0.9)
+        for _ in range(4):
+            entries = [(t, [t, (t + 1) % 512], [60000, 5536]) for t in (5, 6, 7, 8)]
+            _, acc, tok = node.call(m.VERIFY_REQ, m.pack_draft(len(tokens), entries), expect=m.VERDICT)
+            new = [e[0] for e in entries[:acc]] + [tok]
+            tokens += new
+            commit(node, tokens, len(new))
+        st = node.stats()
+        assert st["errors"] == 0 and st["verified"] == 16 and st["heap_free"] > 6_000_000
+    finally:
+        node.close()
