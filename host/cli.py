@@ -4,16 +4,95 @@ import argparse
 import sys
 
 
+def _add_run(sub) -> None:
+    from host import runner
+
+    p = sub.add_parser("run", help="generate text: speculative decoding across boards")
+    runner.add_arguments(p)
+    p.set_defaults(func=runner.main)
+
+
+def _add_flash(sub) -> None:
+    p = sub.add_parser("flash", help="flash the node (drafter or verifier) onto a board with mpremote")
+    p.add_argument("--port", default="auto", help="serial port of the board, or `auto` (default) to find it")
+    p.add_argument("--role", required=True, choices=["drafter", "verifier"])
+    p.add_argument("--model", default=None, help="model file (default: models/drafter.spm or models/target.spm)")
+    p.add_argument("--node-id", type=int, default=None, help="bus node id (default: 1 drafter, 2 verifier)")
+    p.add_argument("--no-reset", action="store_true", help="leave the board in the REPL instead of starting the node")
+    p.set_defaults(func=_flash)
+
+
+def _flash(args) -> int:
+    from host.flash import FlashError, flash
+    from host.ports import PortError, resolve_port
+
+    try:
+        port = resolve_port(args.port)
+        report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset)
+    except (FlashError, PortError) as e:
+        print(f"specmesh flash: {e}", file=sys.stderr)
+        return 1
+    b = report.board
+    print(f"flashed {args.role} onto {port} (MicroPython {'.'.join(map(str, b.version[:3]))}, {b.arch}, "
+          f"{b.mem_free // 1024} KiB heap free): {len(report.written)} files written "
+          f"({report.bytes_written} bytes), {len(report.unchanged)} unchanged, verified by SHA-256")
+    return 0
+
+
+def _add_emulate(sub) -> None:
+    from host.emulator.boards import BOARD_CLASSES
+
+    p = sub.add_parser("emulate", help="start virtual boards (MicroPython VMs on ptys) until Ctrl-C")
+    p.add_argument("--boards", type=int, default=2, help="how many boards (default 2)")
+    p.add_argument("--board", default="esp32", choices=sorted(BOARD_CLASSES), help="board class (default esp32)")
+    p.add_argument("--dir", default=None, help="keep the boards' flash folders here (default: a temporary folder)")
+    p.add_argument("--flash-kb", type=int, default=None, help="give each board a littlefs flash of this size")
+    p.add_argument("--mtu", type=int, default=250, choices=[250, 1470], help="ESP-NOW MAX_DATA_LEN (default 250)")
+    p.add_argument("--loss", type=float, default=0.0, help="radio packet loss probability")
+    p.add_argument("--duplicate", type=float, default=0.0, help="radio packet duplication probability")
+    p.add_argument("--reorder", type=float, default=0.0, help="radio reordering probability")
+    p.add_argument("--delay-ms", type=float, default=0.0, help="radio one-way delay")
+    p.add_argument("--seed", type=int, default=0, help="seed of the radio's random choices")
+    p.set_defaults(func=_emulate)
+
+
+def _emulate(args) -> int:
+    import threading
+
+    from host.emulator import BoardError, board_class
+    from host.emulator.radio import RadioConfig
+    from host.emulator.session import Emulation
+
+    if not 1 <= args.boards <= 64:
+        print("specmesh emulate: --boards must be between 1 and 64", file=sys.stderr)
+        return 1
+    radio = RadioConfig(mtu=args.mtu, loss=args.loss, duplicate=args.duplicate, reorder=args.reorder,
+                        delay_ms=args.delay_ms, seed=args.seed)
+    flash_bytes = args.flash_kb * 1024 if args.flash_kb else None
+    try:
+        with Emulation(args.boards, args.board, args.dir, radio, flash_bytes) as emu:
+            cls = board_class(args.board)
+            print(f"{args.boards} virtual {cls.description} board(s), heap {cls.heap_bytes} bytes; "
+                  f"radio MTU {args.mtu}, loss {args.loss}. Ctrl-C stops them.")
+            for vb in emu.boards:
+                print(f"{vb.name}  {vb.port}  mac {vb.mac}  flash {vb.flash_dir}", flush=True)
+            threading.Event().wait()
+    except KeyboardInterrupt:
+        print("stopped")
+    except (BoardError, OSError) as e:
+        print(f"specmesh emulate: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specmesh", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    from host import runner
-
-    runner.add_arguments(sub.add_parser("run", help="generate text: speculative decoding across boards"))
+    _add_run(sub)
+    _add_flash(sub)
+    _add_emulate(sub)
     args = parser.parse_args(argv)
-    if args.command == "run":
-        return runner.main(args)
-    return 0
+    return args.func(args)
 
 
 if __name__ == "__main__":

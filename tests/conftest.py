@@ -19,3 +19,22 @@ def micropython() -> str:
     if not path:
         pytest.fail("the micropython binary is missing: run `make setup`")
     return path
+
+
+@pytest.fixture
+def virtual_board(tmp_path):
+    """Factory: `virtual_board(board="esp32", **kwargs)` starts a virtual board (a MicroPython VM
+    behind a pty, flash folder under tmp_path) and stops it, VM included, at teardown."""
+    from host.emulator import VirtualBoard
+
+    started = []
+
+    def start(board="esp32", name=None, **kwargs):
+        name = name or "vb%d" % len(started)
+        vb = VirtualBoard(tmp_path / name, board, name=name, **kwargs)
+        started.append(vb)
+        return vb.start()
+
+    yield start
+    for vb in started:
+        vb.stop()

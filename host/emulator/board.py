@@ -1,0 +1,380 @@
+"""A virtual board: a MicroPython unix-port VM behind a pseudo-terminal, with reboots emulated.
+
+The host side of the pty is held here; pyserial and `mpremote` open the other side (`board.port`)
+like /dev/ttyUSB0. A bridge thread copies bytes both ways: byte 0x03 from the host becomes SIGINT
+to the VM (Ctrl-C: KeyboardInterrupt in running code, the Ctrl-C character in the REPL shim), and
+everything else goes to the VM's stdin. The VM runs host/emulator/mpy/_vboard.py (the REPL shim);
+when it exits with a reboot code (soft reset, machine.reset()) the supervisor starts a fresh VM on
+the same pty and flash, so the host sees one board that rebooted.
+
+VMs run in their own session, die with their parent (PR_SET_PDEATHSIG), and are killed by `stop()`,
+by `atexit`, or by the pytest fixture's teardown.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import errno
+import fcntl
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import termios
+import threading
+import time
+import tty
+import weakref
+from functools import cache
+from pathlib import Path
+
+from host.emulator.boards import BoardClass, board_class
+from host.flash import compile_py
+
+MPY_DIR = Path(__file__).with_name("mpy")
+EXIT_SOFT, EXIT_SOFT_RAW, EXIT_HARD = 64, 65, 66  # must match _vboard.py
+_LIVE: weakref.WeakSet[VirtualBoard] = weakref.WeakSet()
+
+
+class BoardError(RuntimeError):
+    """A virtual board could not start or keep running."""
+
+
+def micropython_binary() -> str:
+    exe = Path(sys.executable).with_name("micropython")
+    if exe.exists():
+        return str(exe)
+    from shutil import which
+
+    found = which("micropython")
+    if not found:
+        raise BoardError("the micropython binary is missing: run `make setup`")
+    return found
+
+
+@cache
+def standin_dir() -> str:
+    """The shim and stand-in modules, compiled once per host process to x64 .mpy (less VM heap)."""
+    out = Path(tempfile.mkdtemp(prefix="specmesh-vboard-"))
+    atexit.register(_rmtree, out)
+    for src in sorted(MPY_DIR.glob("*.py")):
+        compile_py(src, out / (src.stem + ".mpy"), march="x64")
+    return str(out)
+
+
+@cache
+def shim_footprint() -> int:
+    """Heap bytes the REPL shim itself holds at the prompt; added to the VM heap so that a program
+    sees the board class's heap free, as on the real board."""
+    with tempfile.TemporaryDirectory(prefix="specmesh-measure-") as flash:
+        env = {"MICROPYPATH": standin_dir(), "VBOARD_EMU": standin_dir(), "VBOARD_FLASH": flash,
+               "VBOARD_MODE": "measure", "VBOARD_NAME": "measure"}
+        done = subprocess.run([micropython_binary(), "-c", "import _vboard"], env=env, capture_output=True,
+                              timeout=30, stdin=subprocess.DEVNULL)
+    try:
+        return int(done.stdout.split()[-1])
+    except (ValueError, IndexError):
+        raise BoardError(f"the REPL shim does not start: {done.stdout.decode(errors='replace')[-200:]}") from None
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class VirtualBoard:
+    """One virtual board. `start()` it (or use `with`), hand `port` to pyserial or mpremote."""
+
+    def __init__(
+        self,
+        flash_dir: str | os.PathLike,
+        board: str | BoardClass = "esp32",
+        *,
+        name: str = "vboard",
+        mac: str = "02:00:00:00:00:01",
+        radio: tuple[str, int] | None = None,
+        mtu: int = 250,
+        flash_bytes: int | None = None,
+    ) -> None:
+        self.board = board if isinstance(board, BoardClass) else board_class(board)
+        self.flash_dir = Path(flash_dir)
+        self.name = name
+        self.mac = mac
+        self.radio = radio
+        self.mtu = mtu
+        self.flash_bytes = flash_bytes  # None: the flash is the directory itself; else a littlefs image
+        self.port = ""
+        self.boots = 0
+        self.dropped_output = 0
+        self._master = self._slave = -1
+        self._stdin_r = self._stdin_w = -1  # one pipe for every VM generation, like a UART's RX line
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ready_fd = -1  # read end of the running VM's "may I send Ctrl-C" pipe
+        self._ready = False
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.failed: str | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 10.0) -> VirtualBoard:
+        self.flash_dir.mkdir(parents=True, exist_ok=True)
+        if self.flash_bytes is not None:
+            image = self.flash_dir / "flash.img"
+            if not image.exists() or image.stat().st_size != self.flash_bytes:
+                with open(image, "wb") as f:
+                    f.truncate(self.flash_bytes)
+        self._master, self._slave = os.openpty()
+        tty.setraw(self._slave)
+        os.set_blocking(self._master, False)
+        self._stdin_r, self._stdin_w = os.pipe()
+        self.port = os.ttyname(self._slave)
+        _LIVE.add(self)
+        self._spawn("friendly")
+        for target in (self._pump_in, self._pump_out):
+            t = threading.Thread(target=target, name=f"{self.name}-{target.__name__}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        deadline = time.monotonic() + timeout
+        while not self._vm_ready():  # the shim is up: the board boots boot.py/main.py from here
+            if time.monotonic() > deadline:
+                self.stop()
+                raise BoardError(f"{self.name}: the VM did not start")
+            time.sleep(0.005)
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            proc = self._proc
+        if proc is not None:
+            _kill(proc)
+        for t in self._threads:
+            t.join(timeout=5)
+        if self._proc is not None:
+            _kill(self._proc)  # a reboot may have raced with the stop
+        for fd in (self._master, self._slave, self._stdin_r, self._stdin_w, self._ready_fd):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._master = self._slave = self._stdin_r = self._stdin_w = self._ready_fd = -1
+        _LIVE.discard(self)
+
+    def __enter__(self) -> VirtualBoard:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    # -- the VM ----------------------------------------------------------------------------------
+
+    def _env(self, mode: str) -> dict[str, str]:
+        emu = standin_dir()
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "MICROPYPATH": emu,
+            "VBOARD_EMU": emu,
+            "VBOARD_FLASH": str(self.flash_dir.resolve()),
+            "VBOARD_MODE": mode,
+            "VBOARD_NAME": f"{self.board.description} ({self.name})",
+            "VBOARD_MAC": self.mac,
+            "VBOARD_MTU": str(self.mtu),
+        }
+        if self.flash_bytes is not None:
+            env["VBOARD_IMAGE"] = str((self.flash_dir / "flash.img").resolve())
+        if self.radio is not None:
+            env["VBOARD_RADIO"] = f"{self.radio[0]}:{self.radio[1]}"
+        return env
+
+    def _spawn(self, mode: str) -> None:
+        ready_r, ready_w = os.pipe()
+        os.set_blocking(ready_r, False)
+        env = self._env(mode)
+        env["VBOARD_READY_FD"] = str(ready_w)
+        heap = self.board.heap_bytes + shim_footprint()
+        try:
+            proc = subprocess.Popen(
+                [micropython_binary(), "-X", f"heapsize={heap}", "-c", "import _vboard"],
+                stdin=self._stdin_r,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                cwd=self.flash_dir,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+                pass_fds=(ready_w,),
+                bufsize=0,
+            )
+        finally:
+            os.close(ready_w)
+        with self._lock:
+            if self._ready_fd >= 0:
+                os.close(self._ready_fd)
+            self._ready_fd, self._ready = ready_r, False
+            self._proc = proc
+            self.boots += 1
+
+    def _vm_ready(self) -> bool:
+        with self._lock:
+            try:
+                state = os.read(self._ready_fd, 64)
+            except (BlockingIOError, OSError):
+                state = b""
+            if state:
+                self._ready = state.endswith(b"R")
+            return self._ready
+
+    def _pump_in(self) -> None:
+        """Host -> VM: 0x03 becomes SIGINT, the rest goes to stdin."""
+        while not self._stopping.is_set():
+            try:
+                ready, _, _ = select.select([self._master], [], [], 0.1)
+                if not ready:
+                    continue
+                data = os.read(self._master, 4096)
+            except OSError as e:
+                if e.errno in (errno.EAGAIN, errno.EIO):
+                    time.sleep(0.01)  # EIO: no one holds the port open right now
+                    continue
+                return
+            parts = data.split(b"\x03")
+            for i, part in enumerate(parts):
+                if i:
+                    self._interrupt()
+                if part:
+                    self._to_vm(part)
+
+    def _interrupt(self) -> None:
+        """Ctrl-C: SIGINT to the VM once its shim says it is ready for one (not while it boots or
+        reboots; the Ctrl-C waits for the next boot). A VM whose program turned Ctrl-C off
+        (micropython.kbd_intr(-1): SIGINT no longer caught) gets the byte instead, as a board does."""
+        start = time.monotonic()
+        while not self._stopping.is_set() and time.monotonic() < start + 5.0:
+            proc = self._proc
+            # In order: input sent before the Ctrl-C is read first (a soft reset it may hold must not be
+            # overtaken), unless the program is not reading it.
+            if time.monotonic() < start + 0.1 and _unread(self._stdin_r):
+                time.sleep(0.002)
+                continue
+            if proc is not None and proc.poll() is None and self._vm_ready():
+                time.sleep(0.01)  # a VM that just read a reset is leaving: let it say so
+                if self._proc is not proc or not self._vm_ready():
+                    continue
+                if not _catches_sigint(proc.pid):
+                    break
+                try:
+                    proc.send_signal(signal.SIGINT)
+                    return
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.002)
+        self._to_vm(b"\x03")
+
+    def _to_vm(self, data: bytes) -> None:
+        try:
+            os.write(self._stdin_w, data)
+        except OSError:
+            pass
+
+    def _pump_out(self) -> None:
+        """VM -> host, and the reboot loop: a VM that exits with a reboot code is started again."""
+        quick_deaths = 0
+        while not self._stopping.is_set():
+            proc = self._proc
+            assert proc is not None and proc.stdout is not None
+            started = time.monotonic()
+            while True:
+                chunk = proc.stdout.read(4096)
+                if not chunk:
+                    break
+                self._to_host(chunk)
+            code = proc.wait()
+            proc.stdout.close()
+            if self._stopping.is_set():
+                return
+            crashed = code not in (EXIT_SOFT, EXIT_SOFT_RAW, EXIT_HARD, -signal.SIGINT)
+            quick_deaths = quick_deaths + 1 if crashed and time.monotonic() - started < 0.5 else 0
+            if quick_deaths >= 5:
+                self.failed = f"the VM keeps exiting at start (exit code {code})"
+                self._to_host(f"\r\n[{self.name}: {self.failed}]\r\n".encode())
+                return
+            if code == EXIT_SOFT_RAW:
+                self._spawn("raw")
+            elif code in (EXIT_SOFT, EXIT_HARD, -signal.SIGINT):
+                self._spawn("friendly")  # -SIGINT: Ctrl-C while kbd_intr was disabled: a reset
+            else:
+                self._to_host(f"\r\n[{self.name}: VM exited with code {code}; rebooting]\r\n".encode())
+                self._spawn("friendly")
+
+    def _to_host(self, data: bytes) -> None:
+        """Write to the pty; if no one reads for a second, drop the rest (like a UART with no listener)."""
+        view = memoryview(data)
+        deadline = time.monotonic() + 1.0
+        while view and not self._stopping.is_set():
+            try:
+                n = os.write(self._master, view)
+                view = view[n:]
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    self.dropped_output += len(view)
+                    return
+                select.select([], [self._master], [], 0.05)
+            except OSError:
+                return
+
+
+def _unread(fd: int) -> int:
+    buf = bytearray(4)
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, buf)
+    except OSError:
+        return 0
+    return int.from_bytes(buf, sys.byteorder)
+
+
+def _catches_sigint(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    except OSError:
+        pass
+    return False
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+@atexit.register
+def _stop_all() -> None:
+    for board in list(_LIVE):
+        board.stop()

@@ -1,0 +1,47 @@
+"""Board classes a virtual board can stand in for: MicroPython heap budget and flash size, with sources."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BoardClass:
+    name: str
+    description: str
+    heap_bytes: int  # -X heapsize= of the VM: the GC heap a MicroPython program gets on the real board
+    flash_fs_bytes: int  # size of the board's filesystem partition (used when a fixed-size flash is asked for)
+    source: str
+
+
+# Classic ESP32 (no PSRAM): MicroPython gives the GC heap the largest free block of internal RAM.
+# docs/esp32/general.rst ("Controlling the Python heap size"): "On a 'simple' esp32 this comes out to
+# around 100KB"; micropython issue #7962 measures the block actually available: 110536 bytes.
+# Filesystem: the 4 MB flash layout gives the vfs partition 2 MiB (partitions-4MiB.csv: vfs 0x200000).
+ESP32 = BoardClass(
+    name="esp32",
+    description="ESP32 (classic, no PSRAM)",
+    heap_bytes=110_536,
+    flash_fs_bytes=2 * 1024 * 1024,
+    source="MicroPython docs esp32/general.rst (heap 'around 100KB'); micropython#7962 (110536 bytes available)",
+)
+
+# ESP32-S3 with 8 MB PSRAM: the heap spans the SPIRAM ("ends up being the full SPIRAM", same docs
+# page). micropython#12237 (dpgeorge, ESP32-S3 with 8 MB SPIRAM, v1.20+ split heap): initial GC heap
+# 64000 bytes + "max new split" 8257536 bytes = 8321536 bytes reachable. 8 MB flash: ~6 MiB vfs.
+ESP32S3 = BoardClass(
+    name="esp32s3",
+    description="ESP32-S3 with 8 MB PSRAM",
+    heap_bytes=64_000 + 8_257_536,
+    flash_fs_bytes=6 * 1024 * 1024,
+    source="MicroPython docs esp32/general.rst (heap spans the SPIRAM); micropython#12237 (64000 + 8257536 bytes)",
+)
+
+BOARD_CLASSES: dict[str, BoardClass] = {c.name: c for c in (ESP32, ESP32S3)}
+
+
+def board_class(name: str) -> BoardClass:
+    try:
+        return BOARD_CLASSES[name]
+    except KeyError:
+        raise ValueError(f"unknown board class {name!r} (known: {', '.join(BOARD_CLASSES)})") from None

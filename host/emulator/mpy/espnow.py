@@ -1,0 +1,215 @@
+"""Virtual board stand-in for `espnow`: the real module's API over the host's virtual radio hub.
+
+Packets go by UDP on loopback to the hub (host/emulator/radio.py), which applies loss, duplication,
+reordering and delay and forwards them to the destination board. Wire format to the hub:
+b"R" + mac (register), b"S" + sync u8 + dst mac + msg (send); from the hub: b"D" + src mac + msg
+(a received packet), b"A" + delivered u8 (the per-packet answer a sync send waits for).
+Environment (set by the board supervisor): VBOARD_RADIO "host:port", VBOARD_MAC, VBOARD_MTU.
+"""
+
+import os
+import select
+import socket
+import time
+
+import network
+
+MAX_DATA_LEN = int(os.getenv("VBOARD_MTU") or "250")
+MAX_TOTAL_PEER_NUM = 20
+MAX_ENCRYPT_PEER_NUM = 6
+KEY_LEN = 16
+ADDR_LEN = 6
+_BROADCAST = b"\xff" * 6
+
+
+def _err(name):
+    return OSError(name)
+
+
+class ESPNow:
+    _instance = None
+
+    def __new__(cls):  # the real ESPNow() is a singleton
+        if ESPNow._instance is None:
+            ESPNow._instance = object.__new__(cls)
+            ESPNow._instance._init()
+        return ESPNow._instance
+
+    def _init(self):
+        self._active = False
+        self._sock = None
+        self._poll = None
+        self._peers = {}
+        self._queue = []
+        self._queued_bytes = 0
+        self._rxbuf = 526
+        self._timeout_ms = 300_000
+        self._stats = [0, 0, 0, 0, 0]  # tx_pkts, tx_responses, tx_failures, rx_packets, rx_dropped
+        self._hub = None
+
+    def __init__(self):
+        pass
+
+    # -- set-up ----------------------------------------------------------------------------------
+
+    def active(self, flag=None):
+        if flag is None:
+            return self._active
+        if flag and not self._active:
+            radio = os.getenv("VBOARD_RADIO")
+            if not radio:
+                raise _err("ESP_ERR_ESPNOW_INTERNAL: no virtual radio on this board")
+            host, port = radio.split(":")
+            self._hub = socket.getaddrinfo(host, int(port))[0][-1]
+            self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self._sock.bind(socket.getaddrinfo("127.0.0.1", 0)[0][-1])
+            self._poll = select.poll()
+            self._poll.register(self._sock, select.POLLIN)
+            self._sock.sendto(b"R" + network._mac(), self._hub)
+            self._active = True
+        elif not flag and self._active:
+            self._sock.close()
+            self._sock = None
+            self._active = False
+            self._queue = []
+            self._queued_bytes = 0
+        return self._active
+
+    def config(self, rxbuf=None, timeout_ms=None, rate=None):
+        if rxbuf is not None:
+            self._rxbuf = rxbuf
+        if timeout_ms is not None:
+            self._timeout_ms = timeout_ms
+
+    def add_peer(self, mac, lmk=None, channel=0, ifidx=0, encrypt=None):
+        mac = bytes(mac)
+        if len(mac) != 6:
+            raise ValueError("invalid peer MAC address")
+        if mac in self._peers:
+            raise _err("ESP_ERR_ESPNOW_EXIST")
+        if len(self._peers) >= MAX_TOTAL_PEER_NUM:
+            raise _err("ESP_ERR_ESPNOW_FULL")
+        enc = bool(lmk) if encrypt is None else bool(encrypt)
+        if enc and mac == _BROADCAST:
+            raise _err("ESP_ERR_ESPNOW_ARG")
+        if enc and sum(1 for p in self._peers.values() if p[4]) >= MAX_ENCRYPT_PEER_NUM:
+            raise _err("ESP_ERR_ESPNOW_FULL")
+        self._peers[mac] = (mac, lmk, channel, ifidx, enc)
+
+    def del_peer(self, mac):
+        try:
+            del self._peers[bytes(mac)]
+        except KeyError:
+            raise _err("ESP_ERR_ESPNOW_NOT_FOUND") from None
+
+    def get_peer(self, mac):
+        try:
+            return self._peers[bytes(mac)]
+        except KeyError:
+            raise _err("ESP_ERR_ESPNOW_NOT_FOUND") from None
+
+    def get_peers(self):
+        return tuple(self._peers.values())
+
+    def stats(self):
+        return tuple(self._stats)
+
+    # -- sending -----------------------------------------------------------------------------------
+
+    def send(self, mac, msg=None, sync=True):
+        if msg is None:
+            msg, mac = mac, None
+        if not self._active:
+            raise _err("ESP_ERR_ESPNOW_NOT_INIT")
+        if not network._sta_active():
+            raise _err("ESP_ERR_ESPNOW_IF")
+        if isinstance(msg, str):
+            msg = msg.encode()
+        if len(msg) > MAX_DATA_LEN:
+            raise ValueError("msg too long")
+        targets = list(self._peers) if mac is None else [bytes(mac)]
+        for dst in targets:
+            if dst not in self._peers:
+                raise _err("ESP_ERR_ESPNOW_NOT_FOUND")
+        ok = True
+        for dst in targets:
+            want_ack = sync and dst != _BROADCAST
+            self._sock.sendto(b"S" + (b"\x01" if want_ack else b"\x00") + dst + bytes(msg), self._hub)
+            self._stats[0] += 1
+            if want_ack:
+                if self._wait_ack():
+                    self._stats[1] += 1
+                else:
+                    self._stats[2] += 1
+                    ok = False
+        return ok
+
+    def _wait_ack(self):
+        deadline = time.ticks_add(time.ticks_ms(), 500)
+        while True:
+            left = time.ticks_diff(deadline, time.ticks_ms())
+            if left <= 0:
+                return False
+            pkt = self._read(left)
+            if pkt is not None and pkt[0] == 0x41:  # "A"
+                return pkt[1] == 1
+
+    # -- receiving -------------------------------------------------------------------------------
+
+    def _read(self, timeout_ms):
+        """One packet from the hub; data packets are queued (or dropped past rxbuf), acks returned."""
+        if not self._poll.poll(timeout_ms):
+            return None
+        pkt = self._sock.recv(2048)
+        if pkt[:1] == b"D":
+            self._stats[3] += 1
+            if self._queued_bytes + len(pkt) - 7 > self._rxbuf:
+                self._stats[4] += 1
+            else:
+                self._queue.append((pkt[1:7], pkt[7:]))
+                self._queued_bytes += len(pkt) - 7
+            return None
+        return pkt
+
+    def _drain(self):
+        while self._read(0) is not None or self._poll.poll(0):
+            pass
+
+    def any(self):
+        if not self._active:
+            return False
+        self._drain()
+        return bool(self._queue)
+
+    def irecv(self, timeout_ms=None):
+        if not self._active:
+            raise _err("ESP_ERR_ESPNOW_NOT_INIT")
+        timeout_ms = self._timeout_ms if timeout_ms is None else timeout_ms
+        self._drain()
+        if timeout_ms < 0:
+            timeout_ms = 1 << 30
+        deadline = time.ticks_add(time.ticks_ms(), timeout_ms)
+        while not self._queue:
+            left = time.ticks_diff(deadline, time.ticks_ms())
+            if left <= 0:
+                return [None, None]
+            self._read(left)
+        mac, msg = self._queue.pop(0)
+        self._queued_bytes -= len(msg)
+        return [mac, msg]
+
+    recv = irecv
+
+    def recvinto(self, data, timeout_ms=None):
+        mac, msg = self.irecv(timeout_ms)
+        if msg is None:
+            return 0
+        data[0] = mac
+        data[1] = msg
+        return len(msg)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.irecv()

@@ -1,0 +1,146 @@
+"""The virtual ESP-NOW radio: a UDP hub on loopback that boards' `espnow` stand-ins talk through.
+
+Each board registers its MAC; a sent packet is delivered to the board with the destination MAC
+(or to every other board for ff:ff:ff:ff:ff:ff), subject to seeded loss, duplication, delay and
+reordering. A sync send is answered at once with whether the packet will be delivered (the real
+radio's MAC-layer ack). Packets longer than the MTU are dropped (the stand-in refuses to send them).
+Wire format: see host/emulator/mpy/espnow.py.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+BROADCAST = b"\xff" * 6
+
+
+@dataclass
+class RadioConfig:
+    mtu: int = 250  # espnow.MAX_DATA_LEN: 250 on released MicroPython, 1470 with ESP-IDF >= 5.4
+    loss: float = 0.0  # probability a packet is lost
+    duplicate: float = 0.0  # probability a delivered packet arrives twice
+    reorder: float = 0.0  # probability a packet is held back by `reorder_ms` (later ones overtake it)
+    delay_ms: float = 0.0  # base one-way delay
+    reorder_ms: float = 5.0
+    seed: int = 0
+
+
+@dataclass
+class RadioStats:
+    sent: int = 0
+    delivered: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    oversize: int = 0
+    unknown_dst: int = 0
+    by_board: dict[str, int] = field(default_factory=dict)
+
+
+def mac_str(mac: bytes) -> str:
+    return ":".join(f"{b:02x}" for b in mac)
+
+
+class RadioHub:
+    """Start with `start()` (or `with`); give boards `address`."""
+
+    def __init__(self, config: RadioConfig | None = None) -> None:
+        self.config = config or RadioConfig()
+        self.stats = RadioStats()
+        self._rng = random.Random(self.config.seed)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._boards: dict[bytes, tuple[str, int]] = {}
+        self._pending: list[tuple[float, int, tuple[str, int], bytes]] = []
+        self._counter = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="radio-hub", daemon=True)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._sock.getsockname()
+
+    def start(self) -> RadioHub:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self._sock.close()
+
+    def __enter__(self) -> RadioHub:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def boards(self) -> list[str]:
+        return [mac_str(m) for m in self._boards]
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            while self._pending and self._pending[0][0] <= now:
+                _, _, addr, pkt = heapq.heappop(self._pending)
+                self._sock.sendto(pkt, addr)
+            wait = 0.05 if not self._pending else max(0.0, min(0.05, self._pending[0][0] - now))
+            ready, _, _ = select.select([self._sock], [], [], wait)
+            if ready:
+                try:
+                    pkt, addr = self._sock.recvfrom(4096)
+                except OSError:
+                    continue
+                self._handle(pkt, addr)
+
+    def _handle(self, pkt: bytes, addr: tuple[str, int]) -> None:
+        kind = pkt[:1]
+        if kind == b"R" and len(pkt) == 7:
+            self._boards[pkt[1:7]] = addr
+            return
+        if kind != b"S" or len(pkt) < 8:
+            return
+        sync, dst, msg = pkt[1], pkt[2:8], pkt[8:]
+        src = next((m for m, a in self._boards.items() if a == addr), None)
+        if src is None:
+            return
+        self.stats.sent += 1
+        name = mac_str(src)
+        self.stats.by_board[name] = self.stats.by_board.get(name, 0) + 1
+        if len(msg) > self.config.mtu:
+            self.stats.oversize += 1
+            delivered = False
+        elif dst == BROADCAST:
+            delivered = True
+            for mac, to in self._boards.items():
+                if mac != src:
+                    self._transmit(src, msg, to)
+        elif dst not in self._boards:
+            self.stats.unknown_dst += 1
+            delivered = False
+        else:
+            delivered = self._transmit(src, msg, self._boards[dst])
+        if sync:
+            self._sock.sendto(b"A" + (b"\x01" if delivered else b"\x00"), addr)
+
+    def _transmit(self, src: bytes, msg: bytes, to: tuple[str, int]) -> bool:
+        cfg = self.config
+        if self._rng.random() < cfg.loss:
+            self.stats.lost += 1
+            return False
+        copies = 2 if self._rng.random() < cfg.duplicate else 1
+        self.stats.duplicated += copies - 1
+        for _ in range(copies):
+            delay = cfg.delay_ms
+            if self._rng.random() < cfg.reorder:
+                delay += cfg.reorder_ms
+            self._counter += 1
+            heapq.heappush(self._pending, (time.monotonic() + delay / 1000, self._counter, to, b"D" + src + msg))
+            self.stats.delivered += 1
+        return True

@@ -1,0 +1,52 @@
+"""A set of virtual boards sharing one virtual radio: what `specmesh emulate` and the test fixture start."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+
+from host.emulator.board import VirtualBoard
+from host.emulator.radio import RadioConfig, RadioHub
+
+
+def board_mac(index: int) -> str:
+    """Locally administered, unicast MACs: 02:53:4d:00:00:01, ... (0x53 0x4d: "SM")."""
+    return "02:53:4d:00:%02x:%02x" % ((index + 1) >> 8, (index + 1) & 0xFF)
+
+
+class Emulation(contextlib.ExitStack):
+    """`n` boards of `board` class with flash folders under `root` (a temporary folder if None)."""
+
+    def __init__(
+        self,
+        n: int,
+        board: str = "esp32",
+        root: str | Path | None = None,
+        radio: RadioConfig | None = None,
+        flash_bytes: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.n = n
+        self.board = board
+        self.root = root
+        self.radio_config = radio or RadioConfig()
+        self.flash_bytes = flash_bytes
+        self.hub: RadioHub | None = None
+        self.boards: list[VirtualBoard] = []
+
+    def __enter__(self) -> Emulation:
+        super().__enter__()
+        try:
+            root = Path(self.root) if self.root else Path(self.enter_context(tempfile.TemporaryDirectory(
+                prefix="specmesh-boards-")))
+            self.hub = self.enter_context(RadioHub(self.radio_config))
+            for i in range(self.n):
+                vb = VirtualBoard(root / f"board{i}", self.board, name=f"board{i}", mac=board_mac(i),
+                                  radio=self.hub.address, mtu=self.radio_config.mtu, flash_bytes=self.flash_bytes)
+                self.enter_context(vb)
+                self.boards.append(vb)
+        except BaseException:
+            self.close()
+            raise
+        return self

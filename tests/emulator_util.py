@@ -1,0 +1,30 @@
+"""Helpers for the emulator tests: talk to a virtual board's pty and run mpremote against it."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import serial
+
+MPREMOTE = str(Path(sys.executable).with_name("mpremote"))
+
+
+def mpremote(port, *args, timeout=30):
+    """Run the real mpremote CLI against `port`; returns the CompletedProcess."""
+    return subprocess.run([MPREMOTE, "connect", port, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def read_until(ser, marker, timeout=10.0):
+    """Bytes from `ser` up to and including `marker`; AssertionError with what came if it does not."""
+    data = b""
+    end = time.monotonic() + timeout
+    while marker not in data:
+        if time.monotonic() > end:
+            raise AssertionError("no %r within %.0f s; got %r" % (marker, timeout, data[-400:]))
+        data += ser.read(ser.in_waiting or 1)
+    return data
+
+
+def open_port(port):
+    return serial.Serial(port, 115200, timeout=0.05, exclusive=True)

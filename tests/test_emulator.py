@@ -1,0 +1,124 @@
+"""Virtual boards: the REPL over a pty, mpremote, Ctrl-C, soft/hard reset, heap budgets, clean-up."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from emulator_util import mpremote, open_port, read_until
+from host.emulator import BOARD_CLASSES
+
+
+def test_friendly_repl_over_the_pty(virtual_board):
+    vb = virtual_board()
+    with open_port(vb.port) as ser:
+        ser.write(b"\x02")  # Ctrl-B: banner and prompt
+        read_until(ser, b">>> ")
+        ser.write(b"6*7\r")
+        assert b"42" in read_until(ser, b"42\n>>> ")
+        ser.write(b"for i in range(2):\r")
+        read_until(ser, b"... ")
+        ser.write(b"print('x%d' % i)\r\r")
+        out = read_until(ser, b"x1\n>>> ")
+        assert b"x0\n" in out
+
+
+def test_mpremote_commands(virtual_board, tmp_path):
+    vb = virtual_board()
+    script = tmp_path / "hello.py"
+    script.write_text("import sys\nprint('hello', sys.platform)\n")
+    assert mpremote(vb.port, "exec", "print(6*7)").stdout == "42\n"
+    assert mpremote(vb.port, "run", str(script)).stdout == "hello linux\n"
+    assert mpremote(vb.port, "fs", "cp", str(script), ":hello.py").returncode == 0
+    assert (vb.flash_dir / "hello.py").read_text() == script.read_text()  # the directory is the flash
+    assert mpremote(vb.port, "fs", "mkdir", ":lib").returncode == 0
+    listing = mpremote(vb.port, "fs", "ls", ":/").stdout
+    assert "hello.py" in listing and "lib/" in listing
+    assert mpremote(vb.port, "fs", "cat", ":hello.py").stdout == script.read_text()
+    boots = vb.boots
+    assert mpremote(vb.port, "soft-reset").returncode == 0
+    assert mpremote(vb.port, "reset").returncode == 0
+    assert vb.boots > boots
+    err = mpremote(vb.port, "exec", "import nosuchmodule")
+    assert err.returncode != 0 and "ImportError" in err.stdout + err.stderr
+    assert mpremote(vb.port, "fs", "rm", ":hello.py").returncode == 0
+    assert not (vb.flash_dir / "hello.py").exists()
+
+
+def test_ctrl_c_interrupts_main_and_gives_the_repl_back(virtual_board):
+    vb = virtual_board()
+    (vb.flash_dir / "boot.py").write_text("print('boot ran')\n")
+    (vb.flash_dir / "main.py").write_text("import time\nwhile True:\n    print('tick')\n    time.sleep_ms(20)\n")
+    with open_port(vb.port) as ser:
+        ser.write(b"\x03\x02")  # whatever runs, back to the REPL
+        read_until(ser, b">>> ")
+        ser.write(b"\x04")  # soft reset in the friendly REPL: boot.py, then main.py, as on a board
+        out = read_until(ser, b"tick\ntick\n")
+        assert b"MPY: soft reboot" in out and out.index(b"boot ran") < out.index(b"tick")
+        ser.write(b"\x03")
+        out = read_until(ser, b">>> ")
+        assert b"KeyboardInterrupt" in out
+        ser.write(b"print('alive')\r")
+        read_until(ser, b"alive\n>>> ")
+    # mpremote interrupts a running main.py on its own (after a hard reset main.py runs again)
+    assert mpremote(vb.port, "reset").returncode == 0
+    assert mpremote(vb.port, "exec", "print('took over')").stdout == "took over\n"
+
+
+def test_heap_budget_per_board_class(virtual_board):
+    esp32 = virtual_board("esp32")
+    probe = "import gc; gc.collect(); print(gc.mem_free())"
+    free = int(mpremote(esp32.port, "exec", probe).stdout)
+    heap = BOARD_CLASSES["esp32"].heap_bytes
+    assert heap - 8192 < free <= heap  # the program sees the board's heap, less mpremote's own code
+    out = mpremote(esp32.port, "exec", "b = bytearray(%d)" % heap)
+    assert "MemoryError" in out.stdout + out.stderr
+    assert mpremote(esp32.port, "exec", "b = bytearray(60000); print(len(b))").stdout == "60000\n"
+    s3 = virtual_board("esp32s3")
+    assert mpremote(s3.port, "exec", "b = bytearray(4000000); print(len(b))").stdout == "4000000\n"
+
+
+def test_small_littlefs_flash_fills_up_and_board_stays_usable(virtual_board):
+    vb = virtual_board(flash_bytes=64 * 1024)
+    out = mpremote(vb.port, "exec", "import os; s = os.statvfs('/'); print(s[0] * s[2])")
+    assert int(out.stdout) == 64 * 1024
+    full = mpremote(vb.port, "exec", "f = open('big', 'wb')\nfor i in range(100): f.write(bytes(1024))\n")
+    assert "ENOSPC" in full.stdout + full.stderr or "28" in full.stdout + full.stderr
+    assert mpremote(vb.port, "exec", "import os; os.remove('big'); print('ok')").stdout == "ok\n"
+
+
+def test_board_processes_end_with_their_owner(tmp_path):
+    code = (
+        "import sys, time; sys.path.insert(0, %r)\n"
+        "from host.emulator import VirtualBoard\n"
+        "vb = VirtualBoard(%r).start(); print(vb.pid, flush=True); time.sleep(60)\n"
+        % (str(os.getcwd()), str(tmp_path / "b"))
+    )
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        vm = int(owner.stdout.readline())
+        os.kill(vm, 0)  # the VM runs
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=10)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(vm, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    pytest.fail("the board's VM outlived the process that started it")
+
+
+def test_stop_kills_the_vm(virtual_board):
+    vb = virtual_board()
+    pid = vb.pid
+    vb.stop()
+    with pytest.raises(ProcessLookupError):
+        for _ in range(100):
+            os.kill(pid, 0)
+            time.sleep(0.02)
