@@ -86,6 +86,7 @@ class BoardBackend:
         out: dict = dict(pairs)
         out["compute_s"] = out.get("compute_ms", 0) / 1000.0
         out.setdefault("heap_free", self.info["heap_free"])
+        out["retransmits"] = self.proxy.bus.retransmits
         out["board"] = self.info["board"]
         return out
 

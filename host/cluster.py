@@ -12,6 +12,7 @@ Everything started is stopped when the cluster closes.
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 from host.backends import BackendError
@@ -23,7 +24,7 @@ from shared.codec import BROADCAST
 
 ROOT = Path(__file__).resolve().parent.parent
 VBOARDS = ROOT / "build" / "vboards"
-BOARD_CLASS = {"drafter": "esp32", "verifier": "esp32s3"}
+BOARD_CLASS = {"drafter": "esp32s3", "verifier": "esp32s3"}
 NODE_ID = {"drafter": 1, "verifier": 2}
 BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier}
 
@@ -58,35 +59,74 @@ def connect(port: str, kind: str):
 
 
 class Cluster(contextlib.ExitStack):
-    """Virtual boards for one run; `backend(kind)` starts and flashes one per role."""
+    """Virtual boards for one run; `backend(kind)` starts and flashes what the role needs.
 
-    def __init__(self, transport: str = "serial", models: Path = ROOT / "models", root: Path = VBOARDS):
+    serial: one board per role, each on its own pty. espnow: the drafter board is the gateway (its pty
+    faces the host; config link "gateway") and the verifier board is reached over the virtual radio
+    (link "espnow"), which loses and duplicates packets as `radio` says.
+    """
+
+    def __init__(self, transport: str = "serial", models: Path = ROOT / "models", root: Path = VBOARDS,
+                 radio=None):
         super().__init__()
-        if transport != "serial":
-            raise BackendError("--transport %s with virtual boards needs the virtual radio, which this build "
-                               "lacks" % transport)
         self.transport = transport
         self.models = Path(models)
         self.root = Path(root)
+        self.radio = radio
         self.boards: dict = {}
+        self._bus: Bus | None = None
 
-    def start(self, kind: str):
-        """Start and flash the virtual board for `kind`; returns it (its `port` is the serial device)."""
+    def start(self, kind: str, config: dict | None = None, radio=None):
+        """Start and flash the virtual board for `kind`; returns it (its `port` is the serial device).
+
+        `config`: board-config keys (link, espnow peers) written before flashing, which keeps them."""
         from host.emulator.board import BoardError, VirtualBoard  # noqa: PLC0415
+        from host.emulator.session import board_mac  # noqa: PLC0415
         from host.flash import FlashError, flash  # noqa: PLC0415
 
         model = self.models / ("drafter.spm" if kind == "drafter" else "target.spm")
-        vb = VirtualBoard(self.root / kind, BOARD_CLASS[kind], name="vboard-" + kind)
+        folder = self.root / (kind if radio is None else kind + "-espnow")
+        folder.mkdir(parents=True, exist_ok=True)
+        cfg_path = folder / "specmesh.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        for key in ("link", "espnow"):
+            cfg.pop(key, None)
+        cfg.update(config or {})
+        cfg_path.write_text(json.dumps(cfg, sort_keys=True))
+        vb = VirtualBoard(folder, BOARD_CLASS[kind], name="vboard-" + kind, mac=board_mac(NODE_ID[kind]),
+                          radio=radio.address if radio is not None else None,
+                          mtu=radio.config.mtu if radio is not None else 250)
         try:
             vb.start()
             self.callback(vb.stop)
-            flash(vb.port, kind, model, NODE_ID[kind], progress=False)
+            try:
+                flash(vb.port, kind, model, NODE_ID[kind], progress=False)
+            except FlashError:  # a node busy at boot can miss the first interrupt: one more try
+                flash(vb.port, kind, model, NODE_ID[kind], progress=False)
         except (BoardError, FlashError) as e:
             raise BackendError("virtual %s board: %s" % (kind, e)) from None
         self.boards[kind] = vb
         return vb
 
+    def _start_espnow(self) -> Bus:
+        from host.emulator.radio import RadioHub  # noqa: PLC0415
+        from host.emulator.session import board_mac  # noqa: PLC0415
+
+        hub = self.enter_context(RadioHub(self.radio))
+        drafter_mac, verifier_mac = board_mac(NODE_ID["drafter"]), board_mac(NODE_ID["verifier"])
+        self.start("verifier", {"link": "espnow", "espnow": {"peers": {"0": drafter_mac}}}, hub)
+        gw = self.start("drafter", {"link": "gateway", "espnow": {"peers": {"2": verifier_mac}}}, hub)
+        self.hub = hub
+        return _open(gw.port, self)
+
     def backend(self, kind: str):
-        vb = self.start(kind)
-        bus = _open(vb.port, self)
-        return BACKEND[kind](Proxy(bus, NODE_ID[kind]), "virtual:%s(%s)" % (kind, vb.board.name))
+        if self.transport == "espnow":
+            if self._bus is None:
+                self._bus = self._start_espnow()
+            bus = self._bus
+            where = "virtual:%s(espnow%s)" % (kind, ", gateway" if kind == "drafter" else "")
+        else:
+            vb = self.start(kind)
+            bus = _open(vb.port, self)
+            where = "virtual:%s(%s)" % (kind, vb.board.name)
+        return BACKEND[kind](Proxy(bus, NODE_ID[kind]), where)

@@ -84,11 +84,12 @@ def format_table(stats: dict) -> str:
     lines = ["%-*s  %s" % (width, k, _fmt(v)) for k, v in rows]
     boards = stats.get("boards") or []
     if boards:
-        lines.append("%-*s  %10s %12s %10s" % (width, "board", "compute s", "heap free B", "frames err"))
-        for b in boards:
-            lines.append("%-*s  %10s %12s %10s" % (width, "%s (%s)" % (b["name"], b["role"]),
-                                                     _fmt(b.get("compute_s")), _fmt(b.get("heap_free")),
-                                                     _fmt(b.get("errors"))))
+        names = ["%s (%s)" % (b["name"], b["role"]) for b in boards]
+        w = max(len(n) for n in names)
+        lines.append("%-*s  %10s %12s %11s" % (w, "board", "compute s", "heap free B", "retransmits"))
+        for name, b in zip(names, boards):
+            lines.append("%-*s  %10s %12s %11s" % (w, name, _fmt(b.get("compute_s")), _fmt(b.get("heap_free")),
+                                                   _fmt(b.get("retransmits"))))
     return "\n".join(lines)
 
 

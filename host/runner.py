@@ -45,6 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma", default="auto", help="drafts per round: auto, or a fixed K >= 0 (default: auto)")
     p.add_argument("--transport", choices=("serial", "espnow"), default="serial",
                    help="how virtual boards reach each other and the host (default: serial)")
+    p.add_argument("--radio-loss", type=float, default=0.0, metavar="P",
+                   help="virtual radio: probability a packet is lost (espnow transport; default 0)")
+    p.add_argument("--radio-dup", type=float, default=0.0, metavar="P",
+                   help="virtual radio: probability a packet arrives twice (default 0)")
     p.add_argument("--plain", action="store_true", help="target-only decoding on the same verifier (baseline)")
     p.add_argument("--project", metavar="BOARD", choices=("esp32s3", "esp32"),
                    help="also project the run onto real boards of this class (host/hardware.py); "
@@ -78,6 +82,8 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError("--top-p must be in (0, 1]")
     if not 0 <= a.seed <= 0xFFFFFFFF:
         raise UsageError("--seed must be in 0..4294967295")
+    if not (0.0 <= a.radio_loss < 1.0 and 0.0 <= a.radio_dup < 1.0):
+        raise UsageError("--radio-loss and --radio-dup must be in [0, 1)")
     for name in ("drafter.spm", "target.spm", "tokenizer.json"):
         if not (a.models / name).is_file():
             raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (name, a.models))
@@ -104,7 +110,12 @@ class Setup(contextlib.ExitStack):
         if self.cluster is None:
             from host.cluster import Cluster  # noqa: PLC0415
 
-            self.cluster = self.enter_context(Cluster(self.a.transport, self.a.models))
+            radio = None
+            if self.a.transport == "espnow":
+                from host.emulator.radio import RadioConfig  # noqa: PLC0415
+
+                radio = RadioConfig(loss=self.a.radio_loss, duplicate=self.a.radio_dup, seed=self.a.seed)
+            self.cluster = self.enter_context(Cluster(self.a.transport, self.a.models, radio=radio))
         return self.cluster
 
     def make(self, kind: str, name: str):
@@ -159,7 +170,8 @@ def build_stats(a, result: Result, text: str, verifier, drafter, controller: Gam
         s = b.stats()
         if "heap_free" in s:
             stats["boards"].append({"name": b.name, "role": role, "compute_s": s.get("compute_s"),
-                                    "heap_free": s.get("heap_free"), "errors": s.get("errors", 0)})
+                                    "heap_free": s.get("heap_free"), "errors": s.get("errors", 0),
+                                    "retransmits": s.get("retransmits", 0)})
     if projector is not None:
         stats["projection"] = projector.project(result, prompt_len)
     return stats
@@ -204,7 +216,17 @@ def run(a: argparse.Namespace, out=None) -> dict:
 
 def main(a: argparse.Namespace) -> int:
     try:
+        return _main(a)
+    except BrokenPipeError:  # `specmesh run | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _main(a: argparse.Namespace) -> int:
+    try:
         stats = run(a)
+    except BrokenPipeError:
+        raise
     except UsageError as e:
         print("specmesh run: error: %s" % e, file=sys.stderr)
         return 2

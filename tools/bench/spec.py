@@ -1,0 +1,155 @@
+"""Benchmark of speculative decoding end to end: spec vs plain, per back-end configuration.
+
+    python -m tools.bench spec            (SPECMESH_BENCH_CONFIGS=cpu,virtual,espnow to choose)
+
+For each configuration (drafter + verifier back-ends, transport) and each temperature, the same prompts
+and seeds are decoded three ways in one run on the same back-ends: `plain` (verifier alone), `auto`
+(adaptive gamma from measured costs) and `fixed` (gamma = 4). Reported: wall-clock speed-up of each
+over plain, acceptance alpha, tokens per verification, the gamma chosen (most used), bus bytes per
+token, and the time-faithful projection onto ESP32-S3 boards (host/projection.py): the projected
+speed-up of `auto@esp32s3`, a run whose gamma controller is fed the projected costs. Greedy runs also
+check that every mode produced the very same tokens as plain. Models: models/*.spm when shipped, else
+random models of the shipped shapes (the table says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+from host.gamma import GammaController
+from host.orchestrator import generate
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = ("Once upon a time", "The little dog", "She opened the door and", "In the morning the sun")
+TEMPERATURES = (0.0, 0.8)
+MAX_TOKENS = 48
+FIXED_GAMMA = 4
+SHAPES = {  # tools/modeldefs.py CONFIGS, tied classifier
+    "target.spm": dict(dim=128, n_layers=6, n_heads=4, n_kv_heads=2, hidden=352, vocab=512, max_seq=256, flags=1),
+    "drafter.spm": dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96, vocab=512, max_seq=256, flags=1),
+}
+CONFIGS = {  # name: (drafter, verifier, transport)
+    "cpu": ("cpu", "cpu", "serial"),
+    "virtual": ("virtual", "virtual", "serial"),
+    "espnow": ("virtual", "virtual", "espnow"),
+}
+
+
+def models_dir(tmp: Path) -> tuple[Path, str]:
+    shipped = ROOT / "models"
+    if all((shipped / f).is_file() for f in SHAPES):
+        return shipped, "shipped"
+    import shutil
+
+    from tools.testmodels import random_model
+
+    for name, shape in SHAPES.items():
+        random_model(tmp / name, seed=len(name), **shape)
+    shutil.copy(shipped / "tokenizer.json", tmp / "tokenizer.json")
+    return tmp, "random (models not shipped yet)"
+
+
+def bench_config(name: str, models: Path) -> list[dict]:
+    from host.backends import SessionParams
+    from host.projection import Projector
+    from host.runner import Setup, add_arguments
+    from host.tokenizer import BOS, Tokenizer
+    from shared.modelfile import parse_header
+
+    drafter_name, verifier_name, transport = CONFIGS[name]
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    a = p.parse_args(["--models", str(models), "--drafter", drafter_name, "--verifier", verifier_name,
+                      "--transport", transport])
+    tok = Tokenizer.from_json(models / "tokenizer.json")
+    heads = [parse_header((models / f).read_bytes()[:64]) for f in ("target.spm", "drafter.spm")]
+    rows = []
+    with Setup(a) as setup:
+        verifier = setup.make("verifier", verifier_name)
+        drafter = setup.make("drafter", drafter_name)
+        projector = Projector(heads[0], heads[1], "esp32s3", transport)
+        for temp in TEMPERATURES:
+            agg: dict[str, dict] = {}
+            lossless = True
+            for seed, text in enumerate(PROMPTS):
+                prompt = tok.encode(text)
+                params = SessionParams(seed=seed, temperature=temp, eos=BOS)
+                runs = {
+                    "plain": generate(prompt, verifier, None, params, MAX_TOKENS),
+                    "auto": generate(prompt, verifier, drafter, params, MAX_TOKENS, GammaController()),
+                    "fixed": generate(prompt, verifier, drafter, params, MAX_TOKENS,
+                                      GammaController(fixed=FIXED_GAMMA)),
+                    "auto@esp32s3": generate(prompt, verifier, drafter, params, MAX_TOKENS, GammaController(),
+                                             costs=projector.round_costs),
+                }
+                if temp == 0.0:
+                    lossless &= all(r.tokens == runs["plain"].tokens for r in runs.values())
+                for mode, r in runs.items():
+                    s = agg.setdefault(mode, {"wall": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "accepted": 0,
+                                              "bus": 0, "proj": 0.0, "proj_plain": 0.0, "gammas": {}})
+                    pr = projector.project(r, len(prompt))
+                    s["wall"] += r.wall_s
+                    s["tokens"] += len(r.tokens)
+                    s["rounds"] += len(r.rounds)
+                    s["drafted"] += r.drafted
+                    s["accepted"] += r.accepted
+                    s["bus"] += r.bus_bytes
+                    s["proj"] += pr["wall_s"]
+                    s["proj_plain"] += pr["plain_wall_s"]
+                    for g, c in r.gamma_hist.items():
+                        s["gammas"][g] = s["gammas"].get(g, 0) + c
+            plain = agg["plain"]
+            for mode, s in agg.items():
+                n = max(1, s["tokens"])
+                rows.append({
+                    "config": name, "drafter": drafter.name, "verifier": verifier.name, "transport": transport,
+                    "temperature": temp, "mode": mode, "tokens": s["tokens"],
+                    "speedup": plain["wall"] / s["wall"] if s["wall"] else None,
+                    "tokens_per_s": s["tokens"] / s["wall"] if s["wall"] else None,
+                    "alpha": s["accepted"] / s["drafted"] if s["drafted"] else None,
+                    "tokens_per_verification": s["tokens"] / max(1, s["rounds"]),
+                    "gamma": max(s["gammas"], key=s["gammas"].get) if s["gammas"] else 0,
+                    "bus_bytes_per_token": s["bus"] / n,
+                    "projected_speedup_esp32s3": s["proj_plain"] / s["proj"] if s["proj"] else None,
+                    "projected_tokens_per_s_esp32s3": s["tokens"] / s["proj"] if s["proj"] else None,
+                    "greedy_identical_to_plain": lossless if temp == 0.0 else None,
+                })
+    return rows
+
+
+def _f(v, fmt="%.2f") -> str:
+    return "-" if v is None else (fmt % v if isinstance(v, float) else str(v))
+
+
+def run() -> dict:
+    names = os.environ.get("SPECMESH_BENCH_CONFIGS", "cpu,virtual").split(",")
+    rows: list[dict] = []
+    skipped: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="specmesh-bench-") as tmp:
+        models, origin = models_dir(Path(tmp))
+        for name in names:
+            try:
+                rows += bench_config(name, models)
+            except Exception as e:  # noqa: BLE001 - a configuration that cannot run here is reported, not fatal
+                skipped[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
+    print("spec vs plain (models: %s; %d prompts x %d tokens; same prompts and seeds per row group)"
+          % (origin, len(PROMPTS), MAX_TOKENS))
+    head = ("config", "T", "mode", "speed-up", "tok/s", "alpha", "tok/verif", "gamma", "bus B/tok",
+            "S3 proj tok/s", "S3 proj x", "greedy==plain")
+    print("%-8s %4s %-13s %8s %8s %6s %9s %5s %9s %13s %9s %13s" % head)
+    for r in rows:
+        print("%-8s %4.1f %-13s %8s %8s %6s %9s %5s %9s %13s %9s %13s" % (
+            r["config"], r["temperature"], r["mode"], _f(r["speedup"]), _f(r["tokens_per_s"], "%.1f"),
+            _f(r["alpha"]), _f(r["tokens_per_verification"]), r["gamma"], _f(r["bus_bytes_per_token"], "%.0f"),
+            _f(r["projected_tokens_per_s_esp32s3"], "%.1f"), _f(r["projected_speedup_esp32s3"]),
+            _f(r["greedy_identical_to_plain"])))
+    for name, why in skipped.items():
+        print("skipped %s: %s" % (name, why))
+    return {"models": origin, "rows": rows, "skipped": skipped}
+
+
+if __name__ == "__main__":
+    run()
