@@ -1,4 +1,4 @@
-"""Writes tests/vectors/*.json: cross-runtime cases for the shared codec, messages, PRNG and rule.
+"""Writes tests/vectors/*.json: cross-runtime cases for the shared codec, messages, PRNG, rule, and a fuzz corpus.
 
     python -m tools.gen_vectors            # rewrite the files
     python -m tools.gen_vectors --check    # exit 1 if the files differ from what would be written
@@ -277,8 +277,55 @@ def message_cases() -> list[dict]:
     return out
 
 
+# ---------------------------------------------------------------- fuzz corpus
+def _mutate(r: random.Random, data: bytes) -> bytes:
+    b = bytearray(data)
+    for _ in range(r.randint(1, 3)):
+        op = r.randrange(4)
+        if op == 0 and b:
+            b[r.randrange(len(b))] ^= 1 << r.randrange(8)
+        elif op == 1 and b:
+            del b[r.randrange(len(b))]
+        elif op == 2:
+            b.insert(r.randrange(len(b) + 1), r.randrange(256))
+        else:
+            b = b[:r.randrange(len(b) + 1)]
+    return bytes(b)
+
+
+def fuzz_cases() -> list[dict]:
+    """Mutated and random inputs: both runtimes must reject (or accept) each one identically."""
+    r = random.Random(4)
+    bodies = [m.pack_draft(9, [(1, [1, 2], [ONE - 1, 1])] * 3), m.pack_verdict(1, 2, 3), m.pack_hello(
+        "fw", "b", 1, "m", 512, 256, 1, 0), m.pack_begin(1, 2, 3, 4, 5, -1, [1, 2, 3]), m.pack_stats([("a", 1)]),
+        m.pack_error(1, "x"), m.pack_commit(5, [1, 2])]
+    types = [m.DRAFT, m.VERDICT, m.HELLO, m.BEGIN, m.STATS, m.ERROR, m.COMMIT]
+    frames = [codec.encode(t, b, 1, 2, 3, 4, True) for t, b in zip(types, bodies)]
+    out = []
+    for block in range(4):
+        cases = [_mutate(r, r.choice(frames)) for _ in range(40)]
+        cases += [bytes(r.randrange(256) for _ in range(r.randrange(20))) for _ in range(10)]
+        out.append(case("decode mutated %d" % block, "decode", frames=[c.hex() for c in cases], key=None))
+    for i in range(60):
+        j = r.randrange(len(types))
+        payload = _mutate(r, bodies[j]) if i % 3 else bytes(r.randrange(256) for _ in range(r.randrange(30)))
+        out.append(case("unpack fuzz %d" % i, "unpack", mtype=types[j], reply=types[j] not in (m.BEGIN, m.COMMIT),
+                        payload=payload.hex()))
+    wire = b"".join(codec.encode_line(f) if r.random() < 0.5 else _mutate(r, codec.encode_line(f)) for f in frames * 3)
+    wire += bytes(r.randrange(256) for _ in range(300))
+    out.append(case("stream fuzz", "stream", chunks=[wire[i:i + 37].hex() for i in range(0, len(wire), 37)],
+                    max_line=512, key=None))
+    big = [codec.encode(m.PING, bytes(r.randrange(256) for _ in range(100 + 10 * i)), seq=i) for i in range(8)]
+    pk = [[i % 2, (_mutate(r, p) if r.random() < 0.1 else p).hex()] for i, f in enumerate(big)
+          for p in codec.fragment(f, i, 60)]
+    for i in range(0, len(pk) - 1, 3):
+        pk[i], pk[i + 1] = pk[i + 1], pk[i]
+    out.append(case("datagram fuzz", "datagram", packets=pk, max_partial=3, max_size=1024, stale_after=20, key=None))
+    return out
+
+
 FILES = {"prng": prng_cases, "quantize": quantize_cases, "rule": rule_cases, "codec": codec_cases,
-         "messages": message_cases}
+         "messages": message_cases, "fuzz": fuzz_cases}
 
 
 def render(cases: list[dict]) -> str:
