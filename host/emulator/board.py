@@ -106,6 +106,7 @@ class VirtualBoard:
         radio: tuple[str, int] | None = None,
         mtu: int = 250,
         flash_bytes: int | None = None,
+        frozen_code: bool = True,
     ) -> None:
         self.board = board if isinstance(board, BoardClass) else board_class(board)
         self.flash_dir = Path(flash_dir)
@@ -114,6 +115,12 @@ class VirtualBoard:
         self.radio = radio
         self.mtu = mtu
         self.flash_bytes = flash_bytes  # None: the flash is the directory itself; else a littlefs image
+        # True: the heap that the flashed .mpy modules take once imported is added to the VM's, as if
+        # that code were frozen into the board's firmware (in flash, off the heap); this is also what
+        # makes up for the 64-bit unix port's objects being twice an ESP32's. The board class's heap
+        # is then what data (model, KV cache, buffers) gets, as the node's budget assumes.
+        self.frozen_code = frozen_code
+        self._code_heap: tuple[object, int] | None = None
         self.port = ""
         self.boots = 0
         self.dropped_output = 0
@@ -210,7 +217,7 @@ class VirtualBoard:
         os.set_blocking(ready_r, False)
         env = self._env(mode)
         env["VBOARD_READY_FD"] = str(ready_w)
-        heap = self.board.heap_bytes + shim_footprint()
+        heap = self.board.heap_bytes + shim_footprint() + (self.code_heap() if self.frozen_code else 0)
         try:
             proc = subprocess.Popen(
                 [micropython_binary(), "-X", f"heapsize={heap}", "-c", "import _vboard"],
@@ -232,6 +239,32 @@ class VirtualBoard:
             self._ready_fd, self._ready = ready_r, False
             self._proc = proc
             self.boots += 1
+
+    def code_heap(self) -> int:
+        """Heap bytes the flashed .mpy modules take once imported (measured in a VM, cached until the
+        flash changes)."""
+        key = self._flash_signature()
+        if self._code_heap is not None and self._code_heap[0] == key:
+            return self._code_heap[1]
+        env = self._env("measure-code")
+        done = subprocess.run([micropython_binary(), "-c", "import _vboard"], env=env, capture_output=True,
+                              timeout=60, stdin=subprocess.DEVNULL, cwd=self.flash_dir)
+        try:
+            value = int(done.stdout.split()[-1])
+        except (ValueError, IndexError):
+            value = 0
+        self._code_heap = (key, value)
+        return value
+
+    def _flash_signature(self) -> object:
+        if self.flash_bytes is not None:
+            st = (self.flash_dir / "flash.img").stat()
+            return (st.st_size, st.st_mtime_ns)
+        sig = []
+        for path in sorted(self.flash_dir.glob("*.mpy")) + sorted(self.flash_dir.glob("*/*.mpy")):
+            st = path.stat()
+            sig.append((str(path), st.st_size, st.st_mtime_ns))
+        return tuple(sig)
 
     def _vm_ready(self) -> bool:
         with self._lock:

@@ -1,0 +1,168 @@
+"""The virtual ESP-NOW radio: the hub's seeded impairments, the `espnow` stand-in on two boards, and the
+firmware's own EspNowLink running unchanged over it."""
+
+import socket
+import subprocess
+import time
+
+import pytest
+
+from emulator_util import MPREMOTE, mpremote
+from host.emulator.radio import RadioConfig, RadioHub
+from host.flash import ROOT, flash
+
+A, B = "02:53:4d:00:00:01", "02:53:4d:00:00:02"
+
+
+def _udp(hub, mac):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    s.settimeout(2)
+    s.sendto(b"R" + bytes.fromhex(mac.replace(":", "")), hub.address)
+    return s
+
+
+def _run_hub(config, n=200):
+    """Send n numbered packets a->b through a hub; returns (acks, received sequence numbers, stats).
+    (n stays well under what b's socket buffers while nobody reads it: about 256 small datagrams.)"""
+    with RadioHub(config) as hub:
+        a, b = _udp(hub, A), _udp(hub, B)
+        time.sleep(0.05)
+        dst = bytes.fromhex(B.replace(":", ""))
+        acks = []
+        for i in range(n):
+            a.sendto(b"S\x01" + dst + i.to_bytes(2, "little"), hub.address)
+            acks.append(a.recv(16) == b"A\x01")
+        got = []
+        b.settimeout(0.3)
+        try:
+            while True:
+                pkt = b.recv(2048)
+                assert pkt[:7] == b"D" + bytes.fromhex(A.replace(":", ""))
+                got.append(int.from_bytes(pkt[7:], "little"))
+        except socket.timeout:
+            pass
+        a.close()
+        b.close()
+        return acks, got, hub.stats
+
+
+def test_hub_loss_duplication_reordering_are_seeded():
+    cfg = dict(loss=0.2, duplicate=0.1, reorder=0.2, reorder_ms=20, seed=3)
+    acks, got, stats = _run_hub(RadioConfig(**cfg))
+    assert 0.1 < stats.lost / 200 < 0.3
+    assert sum(acks) == 200 - stats.lost  # a sync send learns whether its packet got through
+    assert len(got) == stats.delivered == sum(acks) + stats.duplicated
+    assert stats.duplicated > 5 and len(set(got)) == sum(acks)
+    assert got != sorted(got)  # some overtook others
+    again = _run_hub(RadioConfig(**cfg))
+    assert again[0] == acks  # same seed, same fate for every packet
+
+
+def test_clean_radio_delivers_everything_in_order():
+    acks, got, stats = _run_hub(RadioConfig(), n=100)
+    assert all(acks) and got == list(range(100)) and stats.lost == 0
+
+
+RX = """
+import network, espnow
+sta = network.WLAN(network.STA_IF); sta.active(True)
+e = espnow.ESPNow(); e.active(True)
+got = []
+while True:
+    mac, msg = e.recv(1500)
+    if msg is None:
+        break
+    got.append(int(msg) if len(msg) < 8 else -len(msg))
+print('rx', len(got), len(set(got)), e.stats()[3], espnow.MAX_DATA_LEN)
+"""
+
+TX = """
+import network, espnow
+sta = network.WLAN(network.STA_IF)
+e = espnow.ESPNow(); e.active(True)
+peer = bytes.fromhex('%s'.replace(':', ''))
+e.add_peer(peer)
+try:
+    e.send(peer, b'0')
+except OSError as ex:
+    print('wlan off:', ex)
+sta.active(True)
+ok = sum(1 for i in range(200) if e.send(peer, str(i), True))
+try:
+    e.send(peer, bytes(espnow.MAX_DATA_LEN + 1))
+except ValueError as ex:
+    print('too long:', ex)
+e.send(peer, bytes(espnow.MAX_DATA_LEN))
+print('tx', ok, e.stats()[:3])
+"""
+
+
+def test_two_boards_exchange_espnow_with_loss_and_mtu_250(virtual_board, tmp_path):
+    with RadioHub(RadioConfig(loss=0.25, seed=11)) as hub:
+        rx = virtual_board(mac=B, radio=hub.address)
+        tx = virtual_board(mac=A, radio=hub.address)
+        (tmp_path / "rx.py").write_text(RX)
+        (tmp_path / "tx.py").write_text(TX % B)
+        listener = subprocess.Popen([MPREMOTE, "connect", rx.port, "run", str(tmp_path / "rx.py")],
+                                    stdout=subprocess.PIPE, text=True)
+        try:
+            time.sleep(1.0)
+            sent = mpremote(tx.port, "run", str(tmp_path / "tx.py")).stdout
+            out, _ = listener.communicate(timeout=30)
+        finally:
+            listener.kill()
+        assert "wlan off: ESP_ERR_ESPNOW_IF" in sent and "too long" in sent
+        ok = int(sent.split("tx ")[1].split()[0])
+        assert 100 < ok < 190 and ok == 200 - hub.stats.lost
+        assert "rx " in out, (sent, out)
+        n, distinct, rx_packets, mtu = (int(x) for x in out.split("rx ")[1].split())
+        # every acked packet arrived (+1: the MTU-sized one), none twice
+        assert n == ok + 1 and distinct == n and rx_packets == n and mtu == 250
+
+
+LINK_RX = """
+import links
+from shared import codec
+link = links.EspNowLink({1: bytes.fromhex('%s'.replace(':', ''))})
+frame = None
+for _ in range(100):
+    frame = link.recv(100)
+    if frame:
+        break
+f = codec.decode(frame)
+print('got', f.src, f.dst, f.mtype, len(f.payload), f.payload == bytes(range(256)) * 2)
+"""
+
+LINK_TX = """
+import links
+from shared import codec
+link = links.EspNowLink({2: bytes.fromhex('%s'.replace(':', ''))})
+frame = codec.encode(0x0B, bytes(range(256)) * 2, src=1, dst=2)
+link.send(frame)
+print('sent', link.sent, 'packets of at most', link.mtu)
+"""
+
+
+def test_firmware_espnow_link_runs_unchanged(virtual_board, tmp_path):
+    sources = [(ROOT / "firmware" / "links.py", "/links.py")]
+    sources += [(p, "/shared/" + p.name) for p in sorted((ROOT / "shared").glob("*.py"))]
+    model = tmp_path / "drafter.spm"
+    model.write_bytes(b"placeholder")
+    with RadioHub(RadioConfig(seed=1)) as hub:
+        rx = virtual_board("esp32s3", mac=B, radio=hub.address)
+        tx = virtual_board("esp32s3", mac=A, radio=hub.address)
+        for vb in (rx, tx):
+            flash(vb.port, "drafter", model, sources=sources, progress=False, reset=False)
+        (tmp_path / "rx.py").write_text(LINK_RX % A)
+        (tmp_path / "tx.py").write_text(LINK_TX % B)
+        listener = subprocess.Popen([MPREMOTE, "connect", rx.port, "run", str(tmp_path / "rx.py")],
+                                    stdout=subprocess.PIPE, text=True)
+        try:
+            time.sleep(1.0)
+            sent = mpremote(tx.port, "run", str(tmp_path / "tx.py")).stdout
+            out, _ = listener.communicate(timeout=30)
+        finally:
+            listener.kill()
+    assert "sent 3 packets of at most 250" in sent, sent
+    assert out.strip() == "got 1 2 11 512 True", out
