@@ -54,15 +54,20 @@ def q80(x):
     return q, s, (q.astype(np.float32) * s[:, None]).reshape(x.shape)
 
 
-def write_v2(w, shared):
-    head = struct.pack("<Ii7iBi", imp.AK42, 2, DIM, HIDDEN, LAYERS, HEADS, KV, VOCAB, SEQ, int(shared), GROUP)
+def write_ak42(w, shared, version):
+    """llama2.c export.py version1_export (fp32) / version2_export (Q8_0: all int8 values, then all scales).
+
+    Returns the file bytes and the weights the file holds (dequantized for version 2)."""
+    head = struct.pack("<Ii7iB", imp.AK42, version, DIM, HIDDEN, LAYERS, HEADS, KV, VOCAB, SEQ, int(shared))
+    if version == 2:
+        head += struct.pack("<i", GROUP)
     out = [head + b"\0" * (256 - len(head)), w["att"].tobytes(), w["ffn"].tobytes(), w["final"].tobytes()]
     mats = [w["emb"]] + [x for n in imp.MATS for x in w[n]] + ([] if shared else [w["cls"]])
-    deq = []
-    for x in mats:
-        q, s, d = q80(x)
-        out += [q.tobytes(), s.tobytes()]
-        deq.append(d)
+    if version == 1:
+        return b"".join(out + [x.tobytes() for x in mats]), w
+    quant = [q80(x) for x in mats]
+    out += [q.tobytes() for q, _s, _d in quant] + [s.tobytes() for _q, s, _d in quant]
+    deq = [d for _q, _s, d in quant]
     w2 = dict(w, emb=deq[0], cls=deq[0] if shared else deq[-1])
     for i, n in enumerate(imp.MATS):
         w2[n] = deq[1 + i * LAYERS:1 + (i + 1) * LAYERS]
@@ -109,10 +114,13 @@ def float_forward(w, tokens):
 def check_logits(path, w):
     ref = float_forward(w, TOKENS)
     got = Engine(str(path)).forward(TOKENS, 0)
-    # int8 weights and activations: every logit within 5% of the logit range, argmax identical
-    err = np.abs(got - ref).max(axis=1) / (ref.max(axis=1) - ref.min(axis=1))
-    assert err.max() < 0.05, err
-    assert (got.argmax(axis=1) == ref.argmax(axis=1)).all()
+    # int8 weights and activations: every logit within 5% of the logit range; the argmax differs only
+    # where the source's top two logits are closer than twice the row's error (a near-tie)
+    diff = np.abs(got - ref).max(axis=1)
+    assert (diff < 0.05 * (ref.max(axis=1) - ref.min(axis=1))).all(), diff
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    tie = top2[:, 1] - top2[:, 0] < 2 * diff
+    assert ((got.argmax(axis=1) == ref.argmax(axis=1)) | tie).all() and tie.mean() < 0.25
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -127,13 +135,14 @@ def test_version0_import_reproduces_float_logits(tmp_path, shared):
     check_logits(tmp_path / "m.spm", w)
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("shared", [True, False])
-def test_version2_int8_import_reproduces_source_logits(tmp_path, shared):
-    data, deq = write_v2(weights(2, shared), shared)
+def test_ak42_import_reproduces_source_logits(tmp_path, shared, version):
+    data, held = write_ak42(weights(2, shared), shared, version)
     src = tmp_path / "q.bin"
     src.write_bytes(data)
     imp.convert(src, None, tmp_path / "q.spm", None)
-    check_logits(tmp_path / "q.spm", deq)
+    check_logits(tmp_path / "q.spm", held)
 
 
 def write_tokenizer(path, pieces):

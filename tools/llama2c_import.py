@@ -4,7 +4,8 @@ Reads llama2.c's three layouts (model.py / export.py):
   - version 0 (legacy): 7 int32 (dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len; a negative
     vocab means a separate classifier), then float32 tensors in run.c's order, RoPE tables skipped;
   - version 1 ("ak42", fp32) and version 2 ("ak42", Q8_0 int8 in groups): a 256-byte header (magic,
-    version, 7 int32, u8 shared classifier, i32 group size), the norms in float32, then the matrices.
+    version, 7 int32, u8 shared classifier, i32 group size), the norms in float32, then the matrices
+    (version 2: all matrices' int8 values, then all their float32 group scales).
 Matrices are re-quantized per row (a version-2 file is dequantized group by group first).
 
     python -m tools.llama2c_import stories260K.bin --tokenizer tok512.bin --out models/stories260K.spm
@@ -76,31 +77,36 @@ def read_checkpoint(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
     shapes = _shapes(dim, hidden, nh, nkv)
     t: dict[str, np.ndarray] = {}
 
-    def mat(rows, cols):
-        if version == 2:
-            if (rows * cols) % group:
-                raise ImportError_("group size %d does not divide a %dx%d matrix" % (group, rows, cols))
-            q = r.take(np.int8, rows * cols).astype(np.float32).reshape(-1, group)
-            s = r.take("<f4", rows * cols // group)
-            return (q * s[:, None]).reshape(rows, cols)
+    def f32(rows, cols):
         return r.take("<f4", rows * cols).reshape(rows, cols).astype(np.float32)
 
     if version == 0:
-        t["tok_emb"] = mat(vocab, dim)
+        t["tok_emb"] = f32(vocab, dim)
         att = r.take("<f4", L * dim).reshape(L, dim)
-        per = {n: [mat(*shapes[n]) for _ in range(L)] for n in ("wq", "wk", "wv", "wo")}
+        per = {n: [f32(*shapes[n]) for _ in range(L)] for n in ("wq", "wk", "wv", "wo")}
         ffn = r.take("<f4", L * dim).reshape(L, dim)
-        per.update({n: [mat(*shapes[n]) for _ in range(L)] for n in ("w1", "w2", "w3")})
+        per.update({n: [f32(*shapes[n]) for _ in range(L)] for n in ("w1", "w2", "w3")})
         final = r.take("<f4", dim)
         r.take("<f4", seq * (dim // nh))  # freq_cis_real + freq_cis_imag, unused
+        if not shared:
+            t["cls"] = f32(vocab, dim)
     else:
         att = r.take("<f4", L * dim).reshape(L, dim)
         ffn = r.take("<f4", L * dim).reshape(L, dim)
         final = r.take("<f4", dim)
-        t["tok_emb"] = mat(vocab, dim)
-        per = {n: [mat(*shapes[n]) for _ in range(L)] for n in MATS}
-    if not shared:
-        t["cls"] = mat(vocab, dim)
+        order = [(vocab, dim)] + [shapes[n] for n in MATS for _ in range(L)] + ([] if shared else [(vocab, dim)])
+        if version == 1:
+            mats = [f32(rows, cols) for rows, cols in order]
+        else:  # every matrix's int8 values, then every matrix's group scales
+            if group <= 0 or any((rows * cols) % group for rows, cols in order):
+                raise ImportError_("group size %d does not divide the matrices" % group)
+            qs = [r.take(np.int8, rows * cols) for rows, cols in order]
+            mats = [(q.astype(np.float32).reshape(-1, group) * r.take("<f4", len(q) // group)[:, None]
+                     ).reshape(rows, cols) for q, (rows, cols) in zip(qs, order)]
+        t["tok_emb"] = mats[0]
+        per = {n: mats[1 + j * L:1 + (j + 1) * L] for j, n in enumerate(MATS)}
+        if not shared:
+            t["cls"] = mats[-1]
     if r.off != len(data):
         raise ImportError_("checkpoint has %d bytes left over: the header does not match the weights"
                            % (len(data) - r.off))
