@@ -10,6 +10,8 @@ Frame API:
         payload + u32 counter) and checks incoming ones (tag, then a per-sender sliding replay window).
         A receiver that holds an Auth rejects unsigned frames; one without rejects signed frames.
         `auth.forget(src)` resets a sender's window (e.g. after that node rebooted and restarted at 0).
+    resign(frame, auth) -> bytes: a signed frame with a fresh counter; retransmit signed requests
+        with it, since a byte-identical copy is rejected as a Replay.
 
 Stream links (USB-serial, UART), one frame per line, printable ASCII only:
     encode_line(frame) -> b":" + base64(frame) + b"\\n"
@@ -195,6 +197,20 @@ def encode(mtype, payload=b"", src=0, dst=0, seq=0, session=0, reply=False, auth
         struct.pack_into("<I", buf, body, auth.next_counter())
         buf[body + 4:size] = auth.tag(mv[:body + 4])
     struct.pack_into("<H", buf, size, crc16(mv[:size]))
+    return bytes(buf)
+
+
+def resign(frame, auth):
+    """Copy of a signed frame with a fresh counter, tag and CRC: how a signed request is retransmitted
+    (the receiver's replay window rejects a byte-identical copy). Unsigned frames come back as is."""
+    if not frame[2] & FLAG_SIGNED:
+        return frame
+    body = len(frame) - CRC_SIZE - SIG_SIZE
+    buf = bytearray(frame)
+    struct.pack_into("<I", buf, body, auth.next_counter())
+    mv = memoryview(buf)
+    buf[body + 4:body + SIG_SIZE] = auth.tag(mv[:body + 4])
+    struct.pack_into("<H", buf, body + SIG_SIZE, crc16(mv[:body + SIG_SIZE]))
     return bytes(buf)
 
 

@@ -37,25 +37,41 @@ def doubles(h):
 _ESC = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
-def dump(x):
-    """Canonical JSON (as json.dumps with separators=(",", ":")) of ints, strings, lists, None, bools."""
+def write_json(x, w):
+    """Canonical JSON (as json.dumps with separators=(",", ":")) of ints, strings, lists, None, bools;
+    bytes as a hex string. Written piecewise through w(str), so big results need no big strings."""
     if x is None:
-        return "null"
-    if x is True:
-        return "true"
-    if x is False:
-        return "false"
-    if isinstance(x, int):
-        return str(x)
-    if isinstance(x, str):
-        return '"' + "".join(_ESC.get(c) or (c if " " <= c <= "~" else "\\u%04x" % ord(c)) for c in x) + '"'
-    if isinstance(x, (bytes, bytearray)):
-        return '"' + tohex(x) + '"'
-    return "[" + ",".join(dump(v) for v in x) + "]"
+        w("null")
+    elif x is True:
+        w("true")
+    elif x is False:
+        w("false")
+    elif isinstance(x, int):
+        w(str(x))
+    elif isinstance(x, str):
+        w('"' + "".join(_ESC.get(c) or (c if " " <= c <= "~" else "\\u%04x" % ord(c)) for c in x) + '"')
+    elif isinstance(x, (bytes, bytearray)):
+        w('"')
+        w(tohex(x))
+        w('"')
+    else:
+        w("[")
+        for i in range(len(x)):
+            if i:
+                w(",")
+            write_json(x[i], w)
+        w("]")
+
+
+def dump(x):
+    """write_json into a string."""
+    parts = []
+    write_json(x, parts.append)
+    return "".join(parts)
 
 
 def _frame(f):
-    return [f.mtype, f.flags, f.src, f.dst, f.seq, f.session, tohex(f.payload), f.counter]
+    return [f.mtype, f.flags, f.src, f.dst, f.seq, f.session, f.payload, f.counter]
 
 
 def _errors(d):
@@ -171,7 +187,11 @@ def main(path):
             if not line.startswith("{\"name\""):
                 continue
             case = json.loads(line)
-            print(dump([case["name"], run_case(case)]))
+            name = case["name"]
+            result = run_case(case)
+            case = None
+            write_json([name, result], sys.stdout.write)
+            sys.stdout.write("\n")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,19 @@ def test_signed_frames_tag_and_replay():
         codec.decode(_with_crc(bytes(bad[:-2])), rx)
 
 
+def test_resign_lets_a_signed_retransmission_through():
+    tx, rx = codec.Auth(b"secret"), codec.Auth(b"secret")
+    first = codec.encode(m.DRAFT_REQ, b"\x01\x00\x00\x00\x04", src=0, dst=1, seq=77, auth=tx)
+    assert codec.decode(first, rx).counter == 1
+    with pytest.raises(codec.Replay):
+        codec.decode(first, rx)
+    again = codec.resign(first, tx)
+    d = codec.decode(again, rx)
+    assert (d.seq, d.payload, d.counter) == (77, b"\x01\x00\x00\x00\x04", 2)
+    plain = codec.encode(m.PING)
+    assert codec.resign(plain, tx) is plain
+
+
 def test_replay_window_drops_too_old_counters():
     rx = codec.Auth(b"k", window=4)
     rx.check_replay(1, 10)
