@@ -67,8 +67,9 @@ class Cluster(contextlib.ExitStack):
     """
 
     def __init__(self, transport: str = "serial", models: Path = ROOT / "models", root: Path = VBOARDS,
-                 radio=None):
+                 radio=None, spec_ahead: int = 0):
         super().__init__()
+        self.spec_ahead = spec_ahead  # drafter config: tokens drafted ahead while a verdict is pending
         self.transport = transport
         self.models = Path(models)
         self.root = Path(root)
@@ -91,6 +92,7 @@ class Cluster(contextlib.ExitStack):
         cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
         for key in ("link", "espnow"):
             cfg.pop(key, None)
+        cfg["spec_ahead"] = self.spec_ahead if kind == "drafter" else 0
         cfg.update(config or {})
         cfg_path.write_text(json.dumps(cfg, sort_keys=True))
         vb = VirtualBoard(folder, BOARD_CLASS[kind], name="vboard-" + kind, mac=board_mac(NODE_ID[kind]),

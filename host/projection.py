@@ -9,8 +9,10 @@ virtual time with the constants of host/hardware.py instead of sleeping:
   row once for all k positions);
 - drafting gamma tokens is gamma one-position passes;
 - each call is a request and a reply whose sizes are computed with the real codec (`:`-base64 lines),
-  carried by the transport's link(s): serial = each board on its own USB link; espnow = USB to a
-  gateway board, then one ESP-NOW hop.
+  carried by the transport's link(s): serial = each board on its own USB link; espnow = the drafter
+  board is the gateway on USB (as in host/cluster.py) and the verifier is one ESP-NOW hop further;
+- the COMMITs after a verdict go to both boards at once (host/boards.py), so a round pays the slower;
+- pipelined drafting (`--spec-ahead`) is not credited: the projection is conservative there.
 
 `Projector.round_costs` gives the (draft, verify, commit) seconds of a round, which is what the gamma
 controller is fed under `--project`, so gamma is chosen for the projected hardware. Figures are
@@ -54,7 +56,10 @@ class Projector:
         self.target = target
         self.drafter = drafter
         self.transport = transport
-        self.links: tuple[Link, ...] = (USB_SERIAL_JTAG, ESPNOW) if transport == "espnow" else (USB_SERIAL_JTAG,)
+        self.links: dict[str, tuple[Link, ...]] = {
+            "drafter": (USB_SERIAL_JTAG,),
+            "verifier": (USB_SERIAL_JTAG, ESPNOW) if transport == "espnow" else (USB_SERIAL_JTAG,),
+        }
 
     def forward(self, h: Header, k: int, ctx: int) -> float:
         """Seconds for one batched pass over k positions ending at context length ctx."""
@@ -65,10 +70,10 @@ class Projector:
             t += size / self.board.weight_stream_bps.value
         return t
 
-    def call(self, request: int, reply: int) -> float:
-        """Bus seconds of one request/reply exchange with payloads of these sizes."""
+    def call(self, role: str, request: int, reply: int) -> float:
+        """Bus seconds of one request/reply exchange with the `role` board, payloads of these sizes."""
         n = line_bytes(request) + line_bytes(reply)
-        return sum(link.seconds(n, messages=2) for link in self.links)
+        return sum(link.seconds(n, messages=2) for link in self.links[role])
 
     def round_costs(self, r: Round) -> tuple[float, float, float]:
         """(draft, verify, commit) seconds of one round on the projected hardware."""
@@ -77,14 +82,16 @@ class Projector:
         if r.gamma:
             assert self.drafter is not None
             t_draft = sum(self.forward(self.drafter, 1, r.pos0 + i) for i in range(r.gamma))
-            t_draft += self.call(5, body)
-        t_verify = self.forward(self.target, r.gamma + 1, r.pos0 + r.gamma) + self.call(body, 7)
-        commit = self.call(6 + 2 * r.committed, 0)
-        return t_draft, t_verify, commit * (2 if r.gamma else 1)
+            t_draft += self.call("drafter", 5, body)
+        t_verify = self.forward(self.target, r.gamma + 1, r.pos0 + r.gamma) + self.call("verifier", body, 7)
+        commit = self.call("verifier", 6 + 2 * r.committed, 0)
+        if r.gamma:
+            commit = max(commit, self.call("drafter", 6 + 2 * r.committed, 0))
+        return t_draft, t_verify, commit
 
     def plain_round(self, pos0: int) -> float:
         """Seconds of one round of plain decoding (one position, no drafter) at context length pos0."""
-        return self.forward(self.target, 1, pos0) + self.call(5, 7) + self.call(8, 0)
+        return self.forward(self.target, 1, pos0) + self.call("verifier", 5, 7) + self.call("verifier", 8, 0)
 
     def project(self, result: Result, prompt_len: int) -> dict:
         """Projected wall time and tokens/s of the run, and of plain decoding of as many tokens."""
@@ -93,7 +100,7 @@ class Projector:
         plain = sum(self.plain_round(prompt_len + i) for i in range(n))
         bus = sum(self._round_bytes(r) for r in result.rounds)
         return {
-            "hardware": "%s boards, %s" % (self.board.name, "+".join(link.name for link in self.links)),
+            "hardware": "%s boards, %s" % (self.board.name, "+".join(link.name for link in self.links["verifier"])),
             "wall_s": t,
             "tokens_per_s": n / t if t else 0.0,
             "plain_wall_s": plain,

@@ -1,6 +1,7 @@
 """gamma choice (host/gamma.py): the expected-tokens formula, the cost fits, and the controller's choices
 in simulated streams whose acceptance and costs are known."""
 
+import math
 import random
 
 import pytest
@@ -61,8 +62,9 @@ def test_compute_bound_verifier_with_costly_drafter_decodes_plain():
     verify = lambda k: 0.010 * k  # noqa: E731
     c, hist = simulate(0.5, 0.005, verify, 0.001)
     assert best_gamma(0.5, 0.005, verify, 0.001) == 0
-    assert hist.get(0, 0) > 0.85 * sum(hist.values())
-    assert hist.get(1, 0) >= 300 // PROBE_EVERY - 2  # still probing, so alpha stays measured
+    assert hist.get(0, 0) > 0.95 * sum(hist.values())
+    # still probing, so alpha stays measured, but with a doubling interval: O(log n) probe rounds
+    assert 3 <= hist.get(1, 0) <= 2 + math.ceil(math.log2(300 / PROBE_EVERY))
 
 
 @pytest.mark.parametrize("alpha", [0.6, 0.8, 0.9])
