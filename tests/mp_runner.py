@@ -2,9 +2,10 @@
 
 Executed both by the `micropython` binary and by CPython:  <python> tests/mp_runner.py FILE.json
 A vector file is JSON: `{"cases": [`, then one case object per line with the separating commas
-on lines of their own, then `]}`; so a board-sized heap can stream it a line at a time, uncopied. Each case is {"name", "op", "args", "expect"}; the output line is
-`["name", result]`. Bytes travel as hex strings, floats as the hex of their IEEE-754 double, so
-no float parsing or printing differs between the runtimes. tools/gen_vectors.py imports `run_case`
+on lines of their own, then `]}`; so a board-sized heap can stream it a line at a time, uncopied.
+Each case is {"name", "op", "args", "expect"}; the output line is `["name", result]`.
+Bytes travel as hex strings, floats as the hex of their IEEE-754 double, so no float parsing or
+printing differs between the runtimes. tools/gen_vectors.py imports `run_case`
 to compute the expected results.
 """
 

@@ -168,6 +168,10 @@ def test_reassembler_drops_stale_and_excess_partials():
 
 def test_reassembler_rejects_bad_fragment_headers():
     d = codec.DatagramDecoder(max_size=1000)
-    for pkt in (b"\xfe\x00\x00\x00", b"\xfe\x01\x00\x05\x01x", b"\xfe\x01\x00\x00\x01x", b"\xfe\x01\x00\x00\x09" + bytes(249)):
+    bad = (b"\xfe\x00\x00\x00",  # too short
+           b"\xfe\x01\x00\x05\x01x",  # index 5 of 1
+           b"\xfe\x01\x00\x00\x01x",  # a single fragment
+           b"\xfe\x01\x00\x00\x09" + bytes(249))  # 9 x 249 bytes exceeds max_size
+    for pkt in bad:
         assert d.feed(pkt) is None
     assert d.errors == {"BadFrame": 4} and d.pending() == 0

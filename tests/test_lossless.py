@@ -114,7 +114,8 @@ def test_residual_replaced_by_p_fails(configs, monkeypatch):
 
 def test_accept_always_fails(configs, monkeypatch):
     real = rule.uniform
-    monkeypatch.setattr(rule, "uniform", lambda s, pos, purpose, n: 0 if purpose == prng.ACCEPT else real(s, pos, purpose, n))
+    monkeypatch.setattr(rule, "uniform",
+                        lambda s, pos, purpose, n: 0 if purpose == prng.ACCEPT else real(s, pos, purpose, n))
     assert _worst(run_all(configs)) > 1.0
 
 

@@ -1,4 +1,4 @@
-"""Writes tests/vectors/*.json: cross-runtime cases for the shared codec, messages, PRNG, rule, and a fuzz corpus.
+"""Writes tests/vectors/*.json: cross-runtime cases for shared/ (codec, messages, PRNG, rule) and a fuzz corpus.
 
     python -m tools.gen_vectors            # rewrite the files
     python -m tools.gen_vectors --check    # exit 1 if the files differ from what would be written
@@ -121,7 +121,8 @@ def rule_cases() -> list[dict]:
     # p(x) = 0: the draft is always rejected, the residual never emits it
     p = dense(rng, 10)
     p[4], p[0] = 0, p[0] + p[4]
-    c = case("p(x) zero", "verify", p=[p, p], drafts=[4], q=[[[3, 4], [ONE // 2, ONE // 2]]], pos0=0, eos=-1, seeds=seeds)
+    c = case("p(x) zero", "verify", p=[p, p], drafts=[4], q=[[[3, 4], [ONE // 2, ONE // 2]]], pos0=0, eos=-1,
+             seeds=seeds)
     assert all(r[0] == 0 and r[1] != 4 and p[r[1]] > 0 for r in c["expect"])
     out.append(c)
     # all accepted: p(x) >= q(x) for every draft
