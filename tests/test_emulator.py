@@ -10,6 +10,7 @@ import pytest
 
 from emulator_util import mpremote, open_port, read_until
 from host.emulator import BOARD_CLASSES
+from host.flash import ROOT
 
 
 def test_friendly_repl_over_the_pty(virtual_board):
@@ -95,7 +96,7 @@ def test_board_processes_end_with_their_owner(tmp_path):
         "import sys, time; sys.path.insert(0, %r)\n"
         "from host.emulator import VirtualBoard\n"
         "vb = VirtualBoard(%r).start(); print(vb.pid, flush=True); time.sleep(60)\n"
-        % (str(os.getcwd()), str(tmp_path / "b"))
+        % (str(ROOT), str(tmp_path / "b"))
     )
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -122,3 +123,25 @@ def test_stop_kills_the_vm(virtual_board):
         for _ in range(100):
             os.kill(pid, 0)
             time.sleep(0.02)
+
+
+def test_emulate_command_serves_boards_until_ctrl_c(tmp_path):
+    cmd = [sys.executable, "-m", "host.cli", "emulate", "--boards", "2", "--dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        proc.stdout.readline()  # the summary line
+        ports = [proc.stdout.readline().split()[1] for _ in range(2)]
+        assert all(p.startswith("/dev/pts/") for p in ports)
+        assert mpremote(ports[1], "exec", "import network; print(network.WLAN().config('mac').hex())").stdout \
+            == "02534d000002\n"
+        vms = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert len(vms) == 2
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        proc.kill()
+    time.sleep(0.2)
+    for pid in vms:
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)
+    assert (tmp_path / "board0").is_dir() and (tmp_path / "board1").is_dir()
