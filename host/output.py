@@ -69,7 +69,8 @@ def format_table(stats: dict) -> str:
         ("tokens", stats["tokens"]),
         ("acceptance alpha", stats["alpha"]),
         ("tokens / verification", stats["tokens_per_verification"]),
-        ("gamma (%s)" % stats.get("gamma_policy", "auto"), gamma),
+        ("gamma (%s)" % (stats.get("gamma_policy", "auto") + (", %s costs" % stats["gamma_costs"]
+                                                             if stats.get("gamma_policy") == "auto" else "")), gamma),
         ("wall time s", stats["wall_s"]),
         ("tokens / s", stats["tokens_per_s"]),
         ("bus bytes / token", stats["bus_bytes_per_token"]),

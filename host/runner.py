@@ -198,13 +198,19 @@ def run(a: argparse.Namespace, out=None) -> dict:
     with Setup(a) as setup:
         verifier = setup.make("verifier", a.verifier)
         drafter = None if a.plain else setup.make("drafter", a.drafter)
-        projector = None
-        if a.project:
+        projector = cost_model = None
+        # With sampling, which positions get a draft changes the text (the accept test and the residual
+        # draw replace plain decoding's draw there), so an adaptive gamma fed wall-clock times would
+        # make the same seed give different texts. Sampling with --gamma auto therefore chooses gamma
+        # from the projected costs (deterministic); greedy text never depends on gamma.
+        deterministic = a.temperature > 0 and fixed is None and drafter is not None
+        if a.project or deterministic:
             from host.projection import Projector  # noqa: PLC0415
             from shared.modelfile import parse_header  # noqa: PLC0415
 
             heads = [parse_header((a.models / f).read_bytes()[:64]) for f in ("target.spm", "drafter.spm")]
-            projector = Projector(heads[0], heads[1], a.project, a.transport)
+            cost_model = Projector(heads[0], heads[1], a.project or "esp32s3", a.transport)
+            projector = cost_model if a.project else None
         controller = GammaController(max_gamma=min(8, MAX_GAMMA), fixed=fixed)
         stream = None
         if not a.quiet:
@@ -213,11 +219,12 @@ def run(a: argparse.Namespace, out=None) -> dict:
             out.flush()
         result = generate(prompt, verifier, drafter, params, a.max_tokens, controller,
                           on_round=stream.write if stream else None,
-                          costs=projector.round_costs if projector else None)
+                          costs=cost_model.round_costs if cost_model else None)
         if stream:
             stream.finish()
         stats = build_stats(a, result, tok.decode(result.tokens), verifier, drafter, controller, len(prompt),
                             projector)
+        stats["gamma_costs"] = ("projected %s" % cost_model.board.name) if cost_model else "measured"
     return stats
 
 
