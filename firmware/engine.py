@@ -42,9 +42,8 @@ try:
 except Exception:  # no native emitter on this port (or viper disabled in the build)
     _kernels = None
 
-_Q16 = const(32767)  # query scale: int16 x int8 dot products
-_W14 = const(16383)  # attention weight scale: 14-bit weights x int8 values
-_MAX_NCTX = const(1032)
+_QMAX = const(1073741823)  # query scale: 30-bit ints, split into two int16 halves for the q.k kernel
+_WSUM = 8388608.0  # attention weights are quantized to sum to 2^23
 _MAX_HD = const(516)
 
 
@@ -68,10 +67,14 @@ def _qk_py(out, kc, q, p):
     hd = p[1]
     for t in range(p[0]):
         b = t * p[2] + p[3]
-        a = 0
+        hi = 0
+        lo = 0
         for i in range(hd):
-            a += q[i] * ((kc[b + i] ^ 128) - 128)
-        out[t] = a
+            k = (kc[b + i] ^ 128) - 128
+            hi += q[i] * k
+            lo += q[hd + i] * k
+        out[2 * t] = hi
+        out[2 * t + 1] = lo
 
 
 def _av_py(out, vc, wt, p):
@@ -116,9 +119,9 @@ class Engine:
         self._av = kern.av if kern else _av_py
         with open(path, "rb") as f:
             h = parse_header(f.read(HEADER_SIZE))
-            if h.max_seq > _MAX_NCTX or h.head_dim > _MAX_HD:
-                raise ModelFileError("model context %d / head size %d exceed this engine's int32 bounds (%d / %d)"
-                                     % (h.max_seq, h.head_dim, _MAX_NCTX, _MAX_HD))
+            if h.head_dim > _MAX_HD:
+                raise ModelFileError("model head size %d exceeds this engine's int32 bound (%d)"
+                                     % (h.head_dim, _MAX_HD))
             self.header = h
             self.kmax = kmax
             self.vocab = h.vocab
@@ -143,13 +146,13 @@ class Engine:
         self.logits = _f32(kmax * h.vocab)
         self.acc = _i32(kmax * max(h.vocab, dim, qd, hid))
         self.h1, self.h3 = _f32(kmax * hid), _f32(kmax * hid)
-        self.sc, self.si = _f32(self.n_ctx), _i32(self.n_ctx)  # si: q.k sums, then attention weights
+        self.sc, self.si = _f32(self.n_ctx), _i32(2 * self.n_ctx)  # si: q.k sums, then attention weights
         self.x, self.xn = _f32(kmax * dim), _f32(kmax * dim)
         self.qb, self.ob = _f32(kmax * qd), _f32(kmax * qd)
         self.kb, self.vb = _f32(kmax * kvd), _f32(kmax * kvd)
         self.xq, self.xs = bytearray(kmax * max(dim, qd, hid)), _f32(kmax)
         self.cos, self.sin = _f32(kmax * hd // 2), _f32(kmax * hd // 2)
-        self.qh, self.oi = array("h", range(hd)), _i32(hd)
+        self.qh, self.oi = array("h", range(2 * hd)), _i32(hd)
         self.p, self.f1 = _i32(4), _f32(1)
         self.freqs = _f32(hd // 2)
         for i in range(hd // 2):
@@ -271,31 +274,30 @@ class Engine:
         p[2] = kvd
         for hh in range(h.n_heads):
             qo = j * qd + hh * hd
-            qs = self._quant16(qo, hd)
+            qs = self._quant_q(qo, hd)
             p[3] = base * kvd + (hh // group) * hd
             self._qk(si, self.kc, qh, p)
             c = qs * self.inv_sqrt_hd
             mx = -1e30
             for t in range(n):
-                s = si[t] * ks[base + t] * c
+                s = (si[2 * t] * 32768.0 + si[2 * t + 1]) * ks[base + t] * c
                 sc[t] = s
                 if s > mx:
                     mx = s
             z = 0.0
-            wm = 0.0
+            ws = 0.0
             for t in range(n):
                 e = math.exp(sc[t] - mx)
                 z += e
                 w = e * vs[base + t]
                 sc[t] = w
-                if w > wm:
-                    wm = w
-            if wm > 0.0:
-                g = _W14 / wm
+                ws += w
+            if ws > 0.0:
+                g = _WSUM / ws
                 for t in range(n):
                     si[t] = math.floor(sc[t] * g + 0.5)
                 self._av(oi, self.vc, si, p)
-                f = wm / (_W14 * z)
+                f = ws / (_WSUM * z)
                 for i in range(hd):
                     ob[qo + i] = oi[i] * f
             else:
@@ -341,8 +343,9 @@ class Engine:
             dst[do + i] = (127 if v > 127 else (-127 if v < -127 else v)) & 255
         return s
 
-    def _quant16(self, so, n):
-        """self.qh = int16 of self.qb[so:so+n] (scale max|q|/32767); returns the scale."""
+    def _quant_q(self, so, n):
+        """Query head self.qb[so:so+n] as 30-bit ints v (scale max|q|/(2^30-1)), stored as two int16
+        halves: self.qh[i] = v >> 15 (signed), self.qh[n+i] = v & 0x7FFF; returns the scale."""
         src, qh = self.qb, self.qh
         m = 0.0
         for i in range(so, so + n):
@@ -350,12 +353,14 @@ class Engine:
             if a > m:
                 m = a
         if m == 0.0:
-            for i in range(n):
+            for i in range(2 * n):
                 qh[i] = 0
             return 0.0
-        s = m / _Q16
+        s = m / _QMAX
         for i in range(n):
-            qh[i] = math.floor(src[so + i] / s + 0.5)
+            v = math.floor(src[so + i] / s + 0.5)
+            qh[i] = v >> 15
+            qh[n + i] = v & 32767
         return s
 
     def _rmsnorm(self, src, dst, w, k):

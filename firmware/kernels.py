@@ -65,9 +65,10 @@ def matmul(acc: ptr32, w: ptr8, x: ptr8, p: ptr32):
 
 @micropython.viper
 def qk(out: ptr32, kc: ptr8, q: ptr16, p: ptr32):
-    """out[t] = sum_i q[i] * kc[t*stride + off + i] for t < n, i < hd: int16 query x int8 keys.
+    """out[2t] = sum_i q[i] * kc[t*stride + off + i], out[2t+1] = sum_i q[hd+i] * kc[...] for t < n.
 
-    p = (n, hd, stride, off).
+    The query is a 30-bit int split in two int16 halves: q[i] the signed high part, q[hd+i] the low
+    15 bits (non-negative); p = (n, hd, stride, off).
     """
     n = p[0]
     hd = p[1]
@@ -75,17 +76,21 @@ def qk(out: ptr32, kc: ptr8, q: ptr16, p: ptr32):
     off = p[3]
     for t in range(n):
         b = t * stride + off
-        a = 0
+        hi = 0
+        lo = 0
         for i in range(hd):
-            a += ((q[i] ^ 0x8000) - 0x8000) * ((kc[b + i] ^ 0x80) - 0x80)
-        out[t] = a
+            k = (kc[b + i] ^ 0x80) - 0x80
+            hi += ((q[i] ^ 0x8000) - 0x8000) * k
+            lo += q[hd + i] * k
+        out[2 * t] = hi
+        out[2 * t + 1] = lo
 
 
 @micropython.viper
 def av(out: ptr32, vc: ptr8, wt: ptr32, p: ptr32):
     """out[i] = sum_t wt[t] * vc[t*stride + off + i] for i < hd, t < n: attention weights x int8 values.
 
-    p = (n, hd, stride, off); wt holds non-negative weights below 2^14.
+    p = (n, hd, stride, off); wt holds non-negative weights summing to at most 2^23 + n.
     """
     n = p[0]
     hd = p[1]

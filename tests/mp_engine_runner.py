@@ -1,13 +1,15 @@
 """Runs a plan of firmware-engine calls under MicroPython and prints one JSON line of results.
 
-Usage (from the repository root): micropython tests/mp_engine_runner.py '<plan json>', or compiled
-beside the engine's .mpy files: micropython -c "import sys; sys.path.insert(0, DIR); import mp_engine_runner" '<plan>'
+Usage (from the repository root): micropython tests/mp_engine_runner.py PLAN.json, or compiled beside
+the engine's .mpy files: micropython -c "import sys; sys.path.insert(0, DIR); import mp_engine_runner" PLAN.json
+(a file: the unix port dies on a command-line argument longer than 255 bytes, a qstr's limit).
 plan: {"model": path, "kmax": int, "viper": bool, "n_ctx": int, "path": dir, "ops": [op, ...]}; `path` is a folder
 holding engine, kernels and shared/ (compiled .mpy, as on a board), else the source folders are used; ops:
   ["fwd", tokens, pos]   -> {"logits": [[...] per row], "argmax": [...]}
   ["feed", tokens, pos]  -> {"argmax": [...]} (the same pass, logits not reported)
   ["rollback", n]        -> {"length": n after}
   ["greedy", n]          -> {"tokens": [...]}: n greedy tokens, one position at a time, after the last row
+  ["decode", n]          -> {"decoded": n, "last": id}: the same, keeping no token list (heap budgets)
   ["alloc", n]           -> like greedy, plus the heap bytes the n steps retain (after a collect) and the
                             bytes one more step allocates with the GC disabled (boxed float temporaries)
 A load or call error prints {"error": "<message>"} instead.
@@ -17,7 +19,8 @@ import gc
 import json
 import sys
 
-PLAN = json.loads(sys.argv[-1])
+with open(sys.argv[-1]) as _f:
+    PLAN = json.load(_f)
 if "path" in PLAN:
     sys.path.insert(0, PLAN["path"])
 else:
@@ -26,14 +29,15 @@ else:
 from engine import Engine  # noqa: E402
 
 
-def greedy(e, n, last):
-    out = [0] * n
+def greedy(e, n, last, out=None):
     one = [0]
     for i in range(n):
-        one[0] = out[i] = e.argmax(last)
+        one[0] = e.argmax(last)
+        if out is not None:
+            out[i] = one[0]
         e.forward(one, e.length)
         last = 0
-    return out
+    return out if out is not None else one[0]
 
 
 def run(plan):
@@ -54,7 +58,10 @@ def run(plan):
             e.rollback(op[1])
             res.append({"length": e.length})
         elif op[0] == "greedy":
-            res.append({"tokens": greedy(e, op[1], last)})
+            res.append({"tokens": greedy(e, op[1], last, [0] * op[1])})
+            last = 0
+        elif op[0] == "decode":
+            res.append({"decoded": op[1], "last": greedy(e, op[1], last)})
             last = 0
         elif op[0] == "alloc":
             toks = [0] * op[1]

@@ -1,11 +1,12 @@
 """The MicroPython engine (firmware/engine.py) under the real micropython binary, against the numpy oracle.
 
-Tolerance: firmware logits equal the numpy reference's within 2e-2 * (1 + max|logit|). The firmware
-computes in doubles on the unix port (float32 on boards) where numpy uses float32, and it quantizes
-each attention query to int16 and the attention weights to 14 bits (firmware/engine.py). Most rows
-agree to 1e-6; an activation whose x/xs lies within rounding of a half-integer can quantize one step
-apart on the two sides, which moves that row's logits by up to about 1e-2 (measured 0.0104 on a
-logit range of 3.1). Greedy tokens must be identical. The engine runs from .mpy files compiled by
+Tolerance: firmware logits equal the numpy reference's within 1e-2 * (1 + max|logit|). The firmware
+computes in doubles on the unix port (float32 on boards) where numpy uses float32, and runs attention
+in integers (a 30-bit query, weights summing to 2^23; firmware/engine.py). Most rows agree to 1e-6;
+an activation whose x/xs lies within rounding of a half-integer can quantize one step apart on the
+two sides (in the KV cache it then shifts every later row), which moves logits by up to about 0.03
+(measured on the shipped target over the held-out text: 90th percentile 0.018, max 0.028, logits
+up to 7.4; random models: 0.0104 on a range of 3.1). Greedy tokens must be identical. The engine runs from .mpy files compiled by
 mpy-cross for x64, as a board runs it (native code for viper); a test compiles it for xtensawin too.
 """
 
@@ -20,7 +21,7 @@ from tests.conftest import ROOT
 from shared.modelfile import FLAG_SHARED_CLS
 from tools.testmodels import random_model
 
-RTOL = 2e-2
+RTOL = 1e-2
 PROMPT = [3, 17, 42, 8, 79, 0, 55]
 
 
@@ -39,12 +40,15 @@ def fw_dir(micropython, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def run_plan(micropython, fw_dir):
+def run_plan(micropython, fw_dir, tmp_path_factory):
     """run_plan(plan, heap=None): the compiled runner's JSON answer to `plan` (see tests/mp_engine_runner.py)."""
+    plans = tmp_path_factory.mktemp("plans")
+
     def run(plan: dict, heap: str | None = None) -> dict:
         code = "import sys; sys.path.insert(0, %r); import mp_engine_runner" % fw_dir
-        cmd = [micropython] + (["-X", "heapsize=" + heap] if heap else []) + \
-            ["-c", code, json.dumps(dict(plan, path=fw_dir))]
+        path = plans / ("%d.json" % len(list(plans.iterdir())))
+        path.write_text(json.dumps(dict(plan, path=fw_dir)))
+        cmd = [micropython] + (["-X", "heapsize=" + heap] if heap else []) + ["-c", code, str(path)]
         out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout.strip().splitlines()[-1])
@@ -148,9 +152,9 @@ def test_drafter_shape_runs_in_a_board_heap(run_plan, drafter_shape, n_ctx, heap
     # The x64 port: 79 KB of engine (46 KB weights, 20.5 KB int8 KV cache for 256 positions, buffers)
     # + 15 KB of loaded .mpy code; n_ctx=128 halves the cache and fits a classic ESP32's ~100 KB.
     n = (n_ctx or 256) - 1
-    got = run_plan({"model": drafter_shape, "n_ctx": n_ctx, "ops": [["feed", [5], 0], ["greedy", n]]}, heap=heap)
+    got = run_plan({"model": drafter_shape, "n_ctx": n_ctx, "ops": [["feed", [5], 0], ["decode", n]]}, heap=heap)
     assert "error" not in got, got
-    assert got["length"] == n + 1 and len(got["results"][1]["tokens"]) == n
+    assert got["length"] == n + 1 and got["results"][1]["decoded"] == n
 
 
 @pytest.mark.parametrize("damage, message", [
