@@ -145,3 +145,29 @@ def test_emulate_command_serves_boards_until_ctrl_c(tmp_path):
         with pytest.raises(ProcessLookupError):
             os.kill(int(pid), 0)
     assert (tmp_path / "board0").is_dir() and (tmp_path / "board1").is_dir()
+
+
+def test_unread_output_does_not_stall_the_board(virtual_board):
+    vb = virtual_board()
+    (vb.flash_dir / "main.py").write_text(
+        "for i in range(3000):\n    print('x' * 99)\nopen('done', 'w').close()\n")
+    assert mpremote(vb.port, "reset").returncode == 0  # main.py prints ~300 KB that nobody reads
+    deadline = time.monotonic() + 10
+    while not (vb.flash_dir / "done").exists():
+        assert time.monotonic() < deadline, "the board stalled on output nobody read"
+        time.sleep(0.05)
+    assert vb.dropped_output > 0
+
+
+def test_ctrl_c_is_a_plain_byte_when_the_program_turns_kbd_intr_off(virtual_board):
+    vb = virtual_board()
+    (vb.flash_dir / "main.py").write_text(
+        "import micropython, sys\nmicropython.kbd_intr(-1)\nprint('ready')\n"
+        "print('got', sys.stdin.buffer.read(1))\n")
+    with open_port(vb.port) as ser:
+        ser.write(b"\x03\x02")
+        read_until(ser, b">>> ")
+        ser.write(b"\x04")
+        read_until(ser, b"ready\n")
+        ser.write(b"\x03")
+        assert b"got b'\\x03'" in read_until(ser, b">>> ")

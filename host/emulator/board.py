@@ -124,6 +124,7 @@ class VirtualBoard:
         self.port = ""
         self.boots = 0
         self.dropped_output = 0
+        self._stalled_since: float | None = None
         self._master = self._slave = -1
         self._stdin_r = self._stdin_w = -1  # one pipe for every VM generation, like a UART's RX line
         self._proc: subprocess.Popen[bytes] | None = None
@@ -147,6 +148,7 @@ class VirtualBoard:
         tty.setraw(self._slave)
         os.set_blocking(self._master, False)
         self._stdin_r, self._stdin_w = os.pipe()
+        os.set_blocking(self._stdin_w, False)
         self.port = os.ttyname(self._slave)
         _LIVE.add(self)
         self._spawn("friendly")
@@ -323,10 +325,15 @@ class VirtualBoard:
         self._to_vm(b"\x03")
 
     def _to_vm(self, data: bytes) -> None:
-        try:
-            os.write(self._stdin_w, data)
-        except OSError:
-            pass
+        """Into the VM's stdin; waits while the program is not reading (a full pipe), until stopped."""
+        view = memoryview(data)
+        while view and not self._stopping.is_set():
+            try:
+                view = view[os.write(self._stdin_w, view):]
+            except BlockingIOError:
+                select.select([], [self._stdin_w], [], 0.1)
+            except OSError:
+                return
 
     def _pump_out(self) -> None:
         """VM -> host, and the reboot loop: a VM that exits with a reboot code is started again."""
@@ -359,15 +366,18 @@ class VirtualBoard:
                 self._spawn("friendly")
 
     def _to_host(self, data: bytes) -> None:
-        """Write to the pty; if no one reads for a second, drop the rest (like a UART with no listener)."""
+        """Write to the pty. Output no one reads for a second is dropped from then on (like a UART with
+        no listener), so a board printing to an unread port does not stall."""
         view = memoryview(data)
-        deadline = time.monotonic() + 1.0
         while view and not self._stopping.is_set():
             try:
-                n = os.write(self._master, view)
-                view = view[n:]
+                view = view[os.write(self._master, view):]
+                self._stalled_since = None
             except BlockingIOError:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if self._stalled_since is None:
+                    self._stalled_since = now
+                if now - self._stalled_since > 1.0:
                     self.dropped_output += len(view)
                     return
                 select.select([], [self._master], [], 0.05)
