@@ -22,6 +22,7 @@ from shared import codec
 
 MAX_LINE = 4096  # longest frame line accepted (a VERIFY_REQ of 8 drafts x top-32 is ~1.8 KB)
 DST = 4  # offset of the dst byte in a binary frame
+SEND_TRIES = 3  # ESP-NOW sends of one packet before leaving the loss to the requester's retransmission
 
 
 class _Lines:
@@ -180,7 +181,10 @@ class EspNowLink:
         if mac is None:
             return False
         self._msg_id = (self._msg_id + 1) & 0xFFFF
+        sync = dst != codec.BROADCAST
         for pkt in codec.fragment(frame, self._msg_id, self.mtu):
-            self._e.send(mac, pkt, dst != codec.BROADCAST)
-            self.sent += 1
+            for _ in range(SEND_TRIES):  # a sync send is False when the peer never acknowledged it
+                self.sent += 1
+                if self._e.send(mac, pkt, sync) or not sync:
+                    break
         return True

@@ -38,7 +38,8 @@ POLL_MS = 1000  # longest a single-link node blocks in one poll (nothing depends
 ROLE_NAMES = ("idle", "drafter", "verifier")
 STAT_KEYS = ("requests", "dup_replies", "errors", "bad_frames", "stray", "forwarded", "drafted", "ahead", "draft_hits",
              "verified", "accepted", "passes", "positions", "compute_ms", "heap_free", "heap_min",
-             "committed", "kv", "uptime_ms")
+             "committed", "kv", "uptime_ms", "dropped")
+LOSSES = ("duplicate", "stale")  # datagram-link events of a lossy radio, not malformed input
 
 
 def _caps(engine_mod):
@@ -275,11 +276,15 @@ class Node:
         role = self.role
         st["committed"] = role.length if role is not None and role.active else 0
         st["kv"] = role.kv if role is not None and role.active else 0
-        errs = 0
+        bad = dropped = 0
         for link in self.links:
-            for v in link.errors.values():
-                errs += v
-        return [(k, st[k] + (errs if k == "bad_frames" else 0)) for k in STAT_KEYS]
+            for kind, v in link.errors.items():
+                if kind in LOSSES:
+                    dropped += v
+                else:
+                    bad += v
+        st["dropped"] = dropped
+        return [(k, st[k] + (bad if k == "bad_frames" else 0)) for k in STAT_KEYS]
 
     def _configure(self, role_id, node_id, model):
         """Load the new role and model, save the config; the reply still comes from the old id."""

@@ -7,8 +7,10 @@ repository root on MICROPYPATH, as `shared/` sits beside the firmware files on a
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import signal
 import select
 import shutil
 import subprocess
@@ -47,13 +49,14 @@ class NodeProc:
         self.node_id = node_id
         self.seq = 0
         self.session = 0
+        self.rto: float | None = None  # retransmit a request after this many seconds without a reply
         self.text: list[bytes] = []
         self.decoder = codec.StreamDecoder(max_line=1 << 16, on_text=self.text.append)
         self._frames: list[codec.Frame] = []
         # flashed: the board directory holds the node (see flash()); else run it from the source tree
         main = board_dir / "main.py" if flashed else ROOT / "firmware" / "main.py"
         cmd = [micropython] + (["-X", "heapsize=%d" % heap] if heap else []) + [str(main)]
-        env = dict(os.environ, MICROPYPATH=".frozen" if flashed else "%s:.frozen" % ROOT, **(env or {}))
+        env = dict(os.environ, MICROPYPATH=".frozen" if flashed else "%s:.frozen" % ROOT) | (env or {})
         self.proc = subprocess.Popen(cmd, cwd=board_dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env)
 
@@ -93,13 +96,29 @@ class NodeProc:
             if f is None:
                 raise AssertionError("no reply to seq %d; console: %r; stderr: %r"
                                      % (seq, self.text[-5:], self.stderr_tail()))
-            if f.seq == seq and f.reply:
+            if f.seq == seq and f.reply and f.src == self.node_id:
                 return f
 
     def request(self, mtype: int, payload: bytes = b"", timeout: float = 30.0, **kw) -> codec.Frame:
+        """Send a request and wait for its reply, retransmitting the same frame every `rto` seconds."""
         frame = self.frame(mtype, payload, **kw)
-        self.send(frame)
-        return self.reply(codec.decode(frame).seq, timeout)
+        seq = codec.decode(frame).seq
+        end = time.monotonic() + timeout
+        while True:
+            self.send(frame)
+            wait = end - time.monotonic() if self.rto is None else min(self.rto, end - time.monotonic())
+            try:
+                return self.reply(seq, max(wait, 0.0))
+            except AssertionError:
+                if time.monotonic() >= end:
+                    raise
+
+    def view(self, node_id: int) -> NodeProc:
+        """The same process seen as a way to another node (a gateway's peer): own node id and seqs."""
+        v = copy.copy(self)
+        v.node_id = node_id
+        v.seq = 0
+        return v
 
     def call(self, mtype: int, payload: bytes = b"", expect: int | None = None, **kw) -> tuple:
         """Request and unpack the reply; fails the test on an ERROR reply or an unexpected type."""
@@ -124,18 +143,22 @@ class NodeProc:
             return b"(running)"
         return self.proc.stderr.read()[-2000:]
 
-    def close(self) -> int:
-        """Stop the process (closing its stdin ends the node); its exit code."""
+    def close(self, interrupt: bool = False) -> int:
+        """Stop the process (closing its stdin ends a node on stdio; Ctrl-C any other); its exit code."""
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.close()
             except BrokenPipeError:
                 pass
             try:
-                self.proc.wait(10)
+                self.proc.wait(0.1 if interrupt else 5)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                self.proc.send_signal(signal.SIGINT)
+                try:
+                    self.proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
         for s in (self.proc.stdout, self.proc.stderr):
             s.close()
         return self.proc.returncode
@@ -156,12 +179,13 @@ def commit(node: NodeProc, tokens: list[int], n_new: int) -> None:
 
 
 def generate(drafter: NodeProc, verifier: NodeProc, prompt, n: int, gamma: int, temp: float, seed: int,
-             session: int, max_seq: int) -> list[int]:
-    """The host's speculative loop over two nodes; gamma 0 (no drafter) is plain decoding."""
+             session: int, max_seq: int, draft_k: int = 8, pause: float = 0.0) -> list[int]:
+    """The host's speculative loop over two nodes; gamma 0 (no drafter) is plain decoding.
+    `pause` seconds after each commit stand for a verifier slower than the drafter."""
     tokens = list(prompt)
     nodes = [verifier] + ([drafter] if gamma else [])
     for node in nodes:
-        begin(node, session, seed, temp, tokens, draft_k=8)
+        begin(node, session, seed, temp, tokens, draft_k=draft_k)
     while len(tokens) < len(prompt) + n:
         L = len(tokens)
         g = min(gamma, max_seq - L - 1)
@@ -171,4 +195,5 @@ def generate(drafter: NodeProc, verifier: NodeProc, prompt, n: int, gamma: int, 
         tokens += new
         for node in nodes:
             commit(node, tokens, len(new))
+        time.sleep(pause)
     return tokens[:len(prompt) + n]
