@@ -98,12 +98,20 @@ def _crc_table():
 _CRC_TABLE = _crc_table()
 
 
-def crc16(data, crc=0xFFFF):
-    """CRC-16/CCITT-FALSE of a bytes-like object (optionally continuing from `crc`)."""
+def crc16_py(data, crc=0xFFFF):
+    """CRC-16/CCITT-FALSE of a bytes-like object (optionally continuing from `crc`), table-driven."""
     t = _CRC_TABLE
     for b in data:
         crc = ((crc << 8) & 0xFF00) ^ t[(crc >> 8) ^ b]
     return crc
+
+
+if hasattr(binascii, "crc_hqx"):  # CPython computes the very same CRC in C
+    def crc16(data, crc=0xFFFF):
+        """CRC-16/CCITT-FALSE of a bytes-like object (optionally continuing from `crc`)."""
+        return binascii.crc_hqx(data, crc)
+else:
+    crc16 = crc16_py
 
 
 class Auth:

@@ -201,10 +201,12 @@ def pack_draft(pos0, entries):
         if k < 1 or k > 255 or len(weights) != k:
             raise ValueError("a q-hat table needs 1..255 ids with one weight each")
         struct.pack_into("<HB", buf, off, token, k)
-        off += 3
+        flat = []
         for j in range(k):
-            struct.pack_into("<HH", buf, off, ids[j], weights[j] - 1)
-            off += 4
+            flat.append(ids[j])
+            flat.append(weights[j] - 1)
+        struct.pack_into("<%dH" % (2 * k), buf, off + 3, *flat)
+        off += 3 + 4 * k
     return bytes(buf)
 
 

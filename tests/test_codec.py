@@ -10,8 +10,16 @@ from shared import messages as m
 
 
 def test_crc16_check_value():
-    assert codec.crc16(b"123456789") == 0x29B1  # CRC-16/CCITT-FALSE catalogue check value
-    assert codec.crc16(b"") == 0xFFFF
+    for crc in (codec.crc16, codec.crc16_py):
+        assert crc(b"123456789") == 0x29B1  # CRC-16/CCITT-FALSE catalogue check value
+        assert crc(b"") == 0xFFFF
+
+
+def test_crc16_c_and_table_driven_agree():
+    data = bytes(range(256)) * 3
+    for n in (1, 2, 13, 255, 768):
+        assert codec.crc16(data[:n]) == codec.crc16_py(data[:n])
+        assert codec.crc16(memoryview(data)[3:n], 0x1234) == codec.crc16_py(data[3:n], 0x1234)
 
 
 def test_frame_layout_matches_contract():
