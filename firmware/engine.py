@@ -89,6 +89,17 @@ def _av_py(out, vc, wt, p):
                 out[i] += a * ((vc[b + i] ^ 128) - 128)
 
 
+def _absmax_py(a, p):
+    best = p[0]
+    m = 0.0
+    for i in range(p[0], p[0] + p[1]):
+        v = abs(a[i])
+        if v > m:
+            m = v
+            best = i
+    return best
+
+
 def _f32(n):
     """A zeroed array('f') of n, allocated once (array(range) sizes it up front; no temporary buffer)."""
     a = array("f", range(n))
@@ -117,6 +128,7 @@ class Engine:
         self._mm = kern.matmul if kern else _matmul_py
         self._qk = kern.qk if kern else _qk_py
         self._av = kern.av if kern else _av_py
+        self._amax = kern.absmax if kern else _absmax_py
         with open(path, "rb") as f:
             h = parse_header(f.read(HEADER_SIZE))
             if h.head_dim > _MAX_HD:
@@ -153,7 +165,7 @@ class Engine:
         self.xq, self.xs = bytearray(kmax * max(dim, qd, hid)), _f32(kmax)
         self.cos, self.sin = _f32(kmax * hd // 2), _f32(kmax * hd // 2)
         self.qh, self.oi = array("h", range(2 * hd)), _i32(hd)
-        self.p, self.f1 = _i32(4), _f32(1)
+        self.p, self.pa, self.f1 = _i32(4), _i32(2), _f32(1)
         self.freqs = _f32(hd // 2)
         for i in range(hd // 2):
             self.freqs[i] = math.pow(h.rope_theta, -2.0 * i / hd)
@@ -238,9 +250,10 @@ class Engine:
         h = self.header
         attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 = lw
         self._rmsnorm(self.x, self.xn, attn_norm, k)
-        self._matvec(wq, self.xn, self.qb, k, False)
-        self._matvec(wk, self.xn, self.kb, k, False)
-        self._matvec(wv, self.xn, self.vb, k, False)
+        self._quant_rows(self.xn, h.dim, k)  # one quantized input for wq, wk and wv
+        self._project(wq, self.qb, k, False)
+        self._project(wk, self.kb, k, False)
+        self._project(wv, self.vb, k, False)
         self._rope(self.qb, h.n_heads, k)
         self._rope(self.kb, h.n_kv_heads, k)
         kvd = h.kv_dim
@@ -252,8 +265,9 @@ class Engine:
             self._attend(li, j, pos + j + 1)
         self._matvec(wo, self.ob, self.x, k, True)
         self._rmsnorm(self.x, self.xn, ffn_norm, k)
-        self._matvec(w1, self.xn, self.h1, k, False)
-        self._matvec(w3, self.xn, self.h3, k, False)
+        self._quant_rows(self.xn, h.dim, k)
+        self._project(w1, self.h1, k, False)
+        self._project(w3, self.h3, k, False)
         h1, h3 = self.h1, self.h3
         for i in range(k * h.hidden):
             a = h1[i]
@@ -306,14 +320,22 @@ class Engine:
 
     def _matvec(self, m, src, dst, k, add):
         """dst rows (+)= (Wq @ quant(src row)) * ws * xs for k rows of src."""
-        w, ws, rows, cols = m
-        xq, xs, acc, p = self.xq, self.xs, self.acc, self.p
+        self._quant_rows(src, m[3], k)
+        self._project(m, dst, k, add)
+
+    def _quant_rows(self, src, cols, k):
+        """self.xq, self.xs = int8 rows and scales of k rows of src (the input of the next _project)."""
         for j in range(k):
-            xs[j] = self._quant(src, j * cols, cols, xq, j * cols)
+            self.xs[j] = self._quant(src, j * cols, cols, self.xq, j * cols)
+
+    def _project(self, m, dst, k, add):
+        """dst rows (+)= (Wq @ self.xq row) * ws * xs: the matvec of rows quantized by _quant_rows."""
+        w, ws, rows, cols = m
+        xs, acc, p = self.xs, self.acc, self.p
         p[0] = rows
         p[1] = cols
         p[2] = k
-        self._mm(acc, w, xq, p)
+        self._mm(acc, w, self.xq, p)
         for j in range(k):
             s = xs[j]
             o = j * rows
@@ -324,13 +346,16 @@ class Engine:
                 for r in range(rows):
                     dst[o + r] = acc[o + r] * ws[r] * s
 
+    def _absmax(self, src, so, n):
+        """max |src[so:so+n]|."""
+        pa = self.pa
+        pa[0] = so
+        pa[1] = n
+        return abs(src[self._amax(src, pa)])
+
     def _quant(self, src, so, n, dst, do):
         """dst[do:do+n] = int8 of src[so:so+n] (scale max|x|/127, floor(x/xs + 0.5)); returns the scale."""
-        m = 0.0
-        for i in range(so, so + n):
-            a = abs(src[i])
-            if a > m:
-                m = a
+        m = self._absmax(src, so, n)
         if m == 0.0:
             for i in range(do, do + n):
                 dst[i] = 0
@@ -347,11 +372,7 @@ class Engine:
         """Query head self.qb[so:so+n] as 30-bit ints v (scale max|q|/(2^30-1)), stored as two int16
         halves: self.qh[i] = v >> 15 (signed), self.qh[n+i] = v & 0x7FFF; returns the scale."""
         src, qh = self.qb, self.qh
-        m = 0.0
-        for i in range(so, so + n):
-            a = abs(src[i])
-            if a > m:
-                m = a
+        m = self._absmax(src, so, n)
         if m == 0.0:
             for i in range(2 * n):
                 qh[i] = 0

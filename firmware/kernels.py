@@ -104,3 +104,25 @@ def av(out: ptr32, vc: ptr8, wt: ptr32, p: ptr32):
             b = t * stride + off
             for i in range(hd):
                 out[i] += a * ((vc[b + i] ^ 0x80) - 0x80)
+
+
+@micropython.viper
+def absmax(a: ptr32, p: ptr32) -> int:
+    """Index of the largest |a[i]| for off <= i < off + n (the first on ties); p = (off, n).
+
+    `a` is an array('f') read as raw IEEE-754 bits: without the sign bit, bit patterns order like
+    magnitudes. Compared as two 16-bit halves so 32- and 64-bit emitters agree.
+    """
+    off = p[0]
+    best = off
+    bh = 0
+    bl = 0
+    for i in range(off, off + p[1]):
+        v = a[i]
+        h = (v >> 16) & 0x7FFF
+        lo = v & 0xFFFF
+        if h > bh or (h == bh and lo > bl):
+            bh = h
+            bl = lo
+            best = i
+    return best
