@@ -1,10 +1,11 @@
-"""Viper integer kernels of the firmware engine: int8 x int8 -> int32 matmul and the two attention products.
+"""Viper kernels of the firmware engine: int8 x int8 -> int32 matmul, the two attention products, absmax.
 
 Compiled to machine code by MicroPython's viper emitter (x64 on the unix port, xtensawin on ESP32 and
-ESP32-S3). `engine.py` holds plain-Python twins with the same signatures and results for ports
-without a native emitter. Every kernel takes (out, a, b, p): `p` is an array('i') of sizes and offsets,
-so a call allocates nothing. int8 bytes are sign-extended as (b ^ 0x80) - 0x80. All sums stay inside
-int32 for the shapes the engine accepts (see engine.py), so 32-bit boards never overflow.
+ESP32-S3). `engine.py` holds plain-Python fallbacks with the same signatures and results for ports
+without a native emitter. Every kernel takes buffers and `p`, an array('i') of sizes and offsets, so a
+call allocates nothing. int8 bytes are sign-extended as (b ^ 0x80) - 0x80, int16 as (h ^ 0x8000) - 0x8000,
+and only small constants appear, so the 32-bit (xtensawin) and 64-bit (x64) emitters compute the same.
+All sums stay inside int32 for the shapes the engine accepts (see engine.py).
 """
 
 import micropython
