@@ -7,7 +7,8 @@ every cost is measured around the call that pays it). `GammaController` keeps de
 alpha and of linear fits `D(g) = d0 + d1*g` and `V(k) = v0 + v1*k`, and picks the gamma with the most
 expected tokens per second, gamma = 0 (plain decoding: no drafter call at all) included.
 
-The first rounds probe three sizes (2, 1, 0) so both fits are identified; afterwards a neighbour of the
+The first two rounds probe gamma = 1 and 0, so the verify fit sees two sizes (the draft fit starts
+proportional and learns its intercept once a larger gamma is tried); afterwards a neighbour of the
 current choice is tried every `PROBE_EVERY` rounds so the estimates follow the stream. At gamma = 0 the
 probe is gamma = 1 (the cheapest way to keep alpha measured) and its interval doubles each time plain
 decoding stays the best choice, so a stream where speculation does not pay spends O(log n) rounds
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-PROBES = (2, 1, 0)  # first rounds: identify D(g) and V(k) (two distinct sizes each) and alpha
+PROBES = (1, 0)  # first rounds: V(k) at two sizes, D(g) at one, a first look at alpha
 PROBE_EVERY = 16
 DECAY = 0.95  # per observation: about the last 20 rounds dominate
 PRIOR_ALPHA = 0.5  # Beta(1, 1): no opinion until rounds are seen

@@ -30,6 +30,7 @@ class Round:
     committed: int  # tokens this round added to the stream
     pos0: int  # stream length before the round (absolute position of the first draft)
     q_ids: int  # q-hat entries sent with the drafts, all drafts together
+    rejected: bool  # the verifier rejected a draft (else all were accepted, or one was end-of-stream)
     t_draft: float
     t_verify: float
     t_commit: float
@@ -54,8 +55,12 @@ class Result:
 
     @property
     def alpha(self) -> float | None:
-        """Accepted drafts / drafted tokens (None when nothing was drafted)."""
-        return self.accepted / self.drafted if self.drafted else None
+        """Acceptance rate per draft: accepted / (accepted + rejected) drafts (None when nothing was drafted).
+
+        Drafts after the first rejection of a round are never tested, so they do not count; this is the
+        i.i.d. alpha of DESIGN.md section 5, comparable across gamma (accepted / drafted is not)."""
+        tested = self.accepted + sum(r.rejected for r in self.rounds)
+        return self.accepted / tested if tested else None
 
     @property
     def tokens_per_verification(self) -> float:
@@ -123,7 +128,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         visible = [t for t in new if t != params.eos] if ended else new
         out += visible
         r = Round(len(draft), n_acc, len(new), len(committed) - len(new), sum(len(q[0]) for q in draft.q),
-                  t1 - t0, t2 - t1, t3 - t2, (drafter.bus_bytes - b_d0) if drafter else 0,
+                  n_acc < len(draft) and token != -1, t1 - t0, t2 - t1, t3 - t2, (drafter.bus_bytes - b_d0) if drafter else 0,
                   verifier.bus_bytes - b_v0)
         result.rounds.append(r)
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),

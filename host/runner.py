@@ -137,6 +137,10 @@ class Setup(contextlib.ExitStack):
             elif name.startswith("/dev/") or name.startswith("COM") or "://" in name:
                 from host.cluster import connect  # noqa: PLC0415
 
+                if self.a.transport != "serial":
+                    raise UsageError("--transport %s drives virtual boards only; a real board is reached on its "
+                                     "own serial port (--transport serial)" % self.a.transport)
+
                 backend = self.enter_context(connect(name, kind))
             else:
                 known = ", ".join(sorted({"virtual", *(backends.VERIFIERS if kind == "verifier"
