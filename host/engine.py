@@ -6,7 +6,11 @@ positions (each weight matrix applied once to all k rows) and returns float32 lo
 the KV cache holds int8 vectors with one float32 scale each; `rollback(length)` and `reset()` cut it.
 
 Integer dot products are exact: int8 values are held as float64 and multiplied by BLAS, exact far
-beyond any int32 sum a model can reach. Everything else is float32, in the contract's order.
+beyond any int32 sum a model can reach. Everything else is float32, in the contract's order, except
+the float reductions (RMSNorm's mean of squares, attention dot products and weighted sums, softmax's
+exp and sum) and SiLU's exp, computed in float64 and rounded to float32: those are where libraries
+differ (summation order, exp implementations), and in float64 their differences vanish in the
+rounding, so the torch back-end (host/torch_backend.py) reproduces this engine bit for bit.
 `target_table` and `argmax` turn a logits row into what the acceptance rule consumes.
 """
 
@@ -23,6 +27,7 @@ from shared.modelfile import FLAG_SHARED_CLS, Header
 from shared.rule import quantize
 
 F32 = np.float32
+F64 = np.float64
 
 
 class Mat:
@@ -50,8 +55,9 @@ def quantize_act(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """x * w / sqrt(mean(x*x) + eps), per row."""
-    return (x * w / np.sqrt((x * x).mean(axis=-1, keepdims=True) + F32(eps))).astype(F32)
+    """x * w / sqrt(mean(x*x) + eps), per row; the mean of squares in float64, rounded to float32."""
+    ms = np.mean(np.square(x.astype(F64)), axis=-1, keepdims=True).astype(F32)
+    return (x * w / np.sqrt(ms + F32(eps))).astype(F32)
 
 
 def rope_freqs(h: Header) -> np.ndarray:
@@ -70,8 +76,14 @@ def rope(x: np.ndarray, pos: np.ndarray, freqs: np.ndarray) -> np.ndarray:
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    """Per row; exp and sum in float64, rounded to float32."""
+    e = np.exp((x - x.max(axis=-1, keepdims=True)).astype(F64))
     return (e / e.sum(axis=-1, keepdims=True)).astype(F32)
+
+
+def einsum64(spec: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """A float32 contraction summed in float64 (float32 products are exact there), rounded to float32."""
+    return np.einsum(spec, a.astype(F64), b.astype(F64)).astype(F32)
 
 
 class Engine:
@@ -143,14 +155,14 @@ class Engine:
             keys = (self.kq[i, :end].astype(F32) * self.ks[i, :end, None]).reshape(end, n_kv, hd)
             vals = (self.vq[i, :end].astype(F32) * self.vs[i, :end, None]).reshape(end, n_kv, hd)
             qh = q.reshape(k, n_kv, group, hd)
-            scores = np.einsum("jkgd,tkd->kgjt", qh, keys).astype(F32) / F32(np.sqrt(hd))
+            scores = einsum64("jkgd,tkd->kgjt", qh, keys) / F32(np.sqrt(hd))
             att = softmax(np.where(visible[None, None], scores, F32(-np.inf)))
-            o = np.einsum("kgjt,tkd->jkgd", att, vals).reshape(k, h.n_heads * hd).astype(F32)
+            o = einsum64("kgjt,tkd->jkgd", att, vals).reshape(k, h.n_heads * hd)
             x = x + w["wo"].matvec(o)
             xn = rmsnorm(x, w["ffn_norm"], h.norm_eps)
-            a = w["w1"].matvec(xn)
+            a = w["w1"].matvec(xn).astype(F64)
             with np.errstate(over="ignore"):
-                g = (a / (F32(1.0) + np.exp(-a))).astype(F32) * w["w3"].matvec(xn)
+                g = (a / (1.0 + np.exp(-a))).astype(F32) * w["w3"].matvec(xn)
             x = x + w["w2"].matvec(g)
         self.length = end
         return self.cls.matvec(rmsnorm(x, self.final_norm, h.norm_eps))
