@@ -60,7 +60,7 @@ def _matmul_py(acc, w, x, p):
         xo = j * cols
         ao = j * rows
         for r in range(rows):
-            wo = r * cols
+            wo = (p[3] + r) * cols
             a = 0
             for c in range(cols):
                 a += ((w[wo + c] ^ 128) - 128) * ((x[xo + c] ^ 128) - 128)
@@ -160,7 +160,8 @@ class Engine:
         self.kc, self.vc = bytearray(cache * kvd), bytearray(cache * kvd)
         self.ks, self.vs = _f32(cache), _f32(cache)
         self.logits = _f32(kmax * h.vocab)
-        self.acc = _i32(kmax * max(h.vocab, dim, qd, hid))
+        self.block = max(dim, qd, hid)  # matrix rows per matmul call: the classifier goes in blocks
+        self.acc = _i32(kmax * self.block)
         self.h1, self.h3 = _f32(kmax * hid), _f32(kmax * hid)
         self.sc, self.si = _f32(self.n_ctx), _i32(2 * self.n_ctx)  # si: q.k sums, then attention weights
         self.x, self.xn = _f32(kmax * dim), _f32(kmax * dim)
@@ -336,19 +337,25 @@ class Engine:
         """dst rows (+)= (Wq @ self.xq row) * ws * xs: the matvec of rows quantized by _quant_rows."""
         w, ws, rows, cols = m
         xs, acc, p = self.xs, self.acc, self.p
-        p[0] = rows
         p[1] = cols
         p[2] = k
-        self._mm(acc, w, self.xq, p)
-        for j in range(k):
-            s = xs[j]
-            o = j * rows
-            if add:
-                for r in range(rows):
-                    dst[o + r] += acc[o + r] * ws[r] * s
-            else:
-                for r in range(rows):
-                    dst[o + r] = acc[o + r] * ws[r] * s
+        r0 = 0
+        while r0 < rows:
+            n = min(self.block, rows - r0)
+            p[0] = n
+            p[3] = r0
+            self._mm(acc, w, self.xq, p)
+            for j in range(k):
+                s = xs[j]
+                o = j * n
+                d = j * rows + r0
+                if add:
+                    for r in range(n):
+                        dst[d + r] += acc[o + r] * ws[r0 + r] * s
+                else:
+                    for r in range(n):
+                        dst[d + r] = acc[o + r] * ws[r0 + r] * s
+            r0 += n
 
     def _absmax(self, src, so, n):
         """max |src[so:so+n]|."""

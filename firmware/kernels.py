@@ -13,15 +13,18 @@ import micropython
 
 @micropython.viper
 def matmul(acc: ptr32, w: ptr8, x: ptr8, p: ptr32):
-    """acc[j*rows + r] = sum_c w[r*cols + c] * x[j*cols + c] for r < rows, j < k; p = (rows, cols, k).
+    """acc[j*rows + r] = sum_c w[(r0 + r)*cols + c] * x[j*cols + c] for r < rows, j < k.
 
-    Each weight byte is loaded once per block of up to 4 positions (4 accumulators in registers).
+    p = (rows, cols, k, r0): a block of `rows` weight rows from row r0 (big matrices go in blocks).
+
+    Each weight byte is loaded once per group of up to 4 positions (4 accumulators in registers).
     """
     rows = p[0]
     cols = p[1]
     k = p[2]
+    r0 = p[3]
     for r in range(rows):
-        wo = r * cols
+        wo = (r0 + r) * cols
         j = 0
         while j < k:
             x0 = j * cols
