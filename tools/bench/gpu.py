@@ -7,6 +7,8 @@ For 1, 8, 64 and 256 streams at gamma = 4, every round verifies gamma + 1 positi
 rolls the rest back, as verify rounds do. Measured side by side from the same cache states: one batched
 forward per round (host/torch_backend.py), one forward per stream (1-by-1), and the plain target-only
 baseline (plain decoding: one position per stream, in one batched forward). Medians of ROUNDS rounds.
+End to end (e2e): n threads, each one stream with its own TorchVerifier (greedy rule included) on
+one shared Batcher; "passes" is forward passes per round (1.0: every round of all streams in one pass).
 Runs on CUDA when present, and always on the CPU (set OMP_NUM_THREADS on a shared machine).
 Logits are copied back to the host in every timing, as the verifier needs them. The model is
 models/target.spm when it exists, else a random model of the target's shape (tools/modeldefs.py).
@@ -15,6 +17,7 @@ models/target.spm when it exists, else a random model of the target's shape (too
 from __future__ import annotations
 
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -109,6 +112,43 @@ def _sync(model) -> None:
         torch.cuda.synchronize()
 
 
+def _verifier_streams(model, n: int) -> tuple[float, float]:
+    """n threads, each a stream verifying greedy rounds through its own TorchVerifier, one shared
+    Batcher: (seconds per round, forward passes per round), everything included (rule, threads)."""
+    from host.backends import Draft, SessionParams
+    from host.batcher import Batcher
+    from host.torch_backend import TorchVerifier
+    from shared.rule import ONE
+
+    batcher = Batcher(model)
+    vocab = model.header.vocab
+    ready = threading.Barrier(n + 1)
+
+    def stream(i: int) -> None:
+        rng = np.random.default_rng(i)
+        v = TorchVerifier(batcher, model.device)
+        committed = rng.integers(0, vocab, int(rng.integers(*PREFIX))).tolist()
+        v.begin(SessionParams(), committed)
+        ready.wait()
+        for _ in range(ROUNDS):
+            drafts = rng.integers(0, vocab, GAMMA).tolist()
+            n_acc, token = v.verify(committed, Draft(len(committed), drafts, [([t], [ONE]) for t in drafts]))
+            committed = committed + drafts[:n_acc] + [token]
+            v.commit(committed)
+        v.close()
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    b0, t0 = batcher.batches, time.perf_counter()
+    for t in threads:
+        t.join()
+    wall, passes = time.perf_counter() - t0, batcher.batches - b0
+    batcher.close()
+    return wall / ROUNDS, passes / ROUNDS
+
+
 def _device_rows(path: Path, device: str) -> list[dict]:
     from host.torch_backend import TorchModel
     model = TorchModel(path, device=device, streams=max(STREAMS))
@@ -116,6 +156,7 @@ def _device_rows(path: Path, device: str) -> list[dict]:
     width = GAMMA + 1
     for n in STREAMS:
         t = _measure(model, n)
+        e2e, passes = _verifier_streams(model, n)
         rows.append({
             "device": device, "streams": n, "gamma": GAMMA,
             "round_ms": 1e3 * t["batched"],
@@ -125,6 +166,9 @@ def _device_rows(path: Path, device: str) -> list[dict]:
             "batch_speedup": t["alone"] / t["batched"],
             "plain_round_ms": 1e3 * t["plain"],  # target-only decoding: one position per stream per pass
             "plain_pos_per_s": n / t["plain"],
+            "verifier_round_ms": 1e3 * e2e,  # n TorchVerifiers in n threads via the Batcher, rule included
+            "verifier_pos_per_s": n * width / e2e,
+            "passes_per_round": passes,
         })
     return rows
 
@@ -143,12 +187,13 @@ def run() -> dict:
     gpu = torch.cuda.get_device_name() if "cuda" in devices else "none"
     print("torch verifier, gamma = %d, model: %s, torch %s, %d CPU threads, CUDA device: %s"
           % (GAMMA, source, torch.__version__, torch.get_num_threads(), gpu))
-    print("%-6s %7s | %9s %11s | %11s %11s %8s | %9s %11s" % (
+    print("%-6s %7s | %9s %11s | %11s %11s %8s | %9s %11s | %10s %11s %7s" % (
         "device", "streams", "round ms", "verified/s", "1-by-1 ms", "1-by-1 /s", "speedup",
-        "plain ms", "plain pos/s"))
+        "plain ms", "plain pos/s", "e2e ms", "e2e pos/s", "passes"))
     for r in rows:
-        print("%-6s %7d | %9.2f %11.0f | %11.2f %11.0f %7.1fx | %9.2f %11.0f" % (
+        print("%-6s %7d | %9.2f %11.0f | %11.2f %11.0f %7.1fx | %9.2f %11.0f | %10.2f %11.0f %7.1f" % (
             r["device"], r["streams"], r["round_ms"], r["verified_pos_per_s"], r["alone_round_ms"],
-            r["alone_pos_per_s"], r["batch_speedup"], r["plain_round_ms"], r["plain_pos_per_s"]))
+            r["alone_pos_per_s"], r["batch_speedup"], r["plain_round_ms"], r["plain_pos_per_s"],
+            r["verifier_round_ms"], r["verifier_pos_per_s"], r["passes_per_round"]))
     return {"model": source, "torch": torch.__version__, "threads": torch.get_num_threads(), "cuda_device": gpu,
             "gamma": GAMMA, "rows": rows}
