@@ -25,6 +25,13 @@ DST = 4  # offset of the dst byte in a binary frame
 SEND_TRIES = 3  # ESP-NOW sends of one packet before leaving the loss to the requester's retransmission
 
 
+def _ready(poller, timeout_ms):
+    """True if the polled stream has input within timeout_ms (ipoll: no list allocated per call)."""
+    for _ in poller.ipoll(timeout_ms):
+        return True
+    return False
+
+
 class _Lines:
     """Turns `:`-base64 lines into binary frames, counting what is not one."""
 
@@ -64,7 +71,7 @@ class StdioLink(_Lines):
         self._poll.register(inp or sys.stdin, select.POLLIN)
 
     def recv(self, timeout_ms):
-        if self.closed or not self._poll.poll(timeout_ms):
+        if self.closed or not _ready(self._poll, timeout_ms):
             return None
         line = self._in.readline()  # grows with the line (a fixed limit would allocate it up front)
         if not line:
@@ -96,7 +103,7 @@ class UartLink(_Lines):
 
     def recv(self, timeout_ms):
         line = self._line()
-        if line is None and self._poll.poll(timeout_ms):
+        if line is None and _ready(self._poll, timeout_ms):
             chunk = self._uart.read()
             if chunk:
                 if self._n + len(chunk) > MAX_LINE:

@@ -32,6 +32,7 @@ from roles import E_INTERNAL, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, Refused
 
 FW_VERSION = "specmesh-node 0.1"
 HOST = 0
+SMALL_HEAP = 1 << 20  # below this heap size (no PSRAM) the node collects garbage after every request
 REPLY_CACHE = 4  # replies kept for retransmitted requests (a host may have a few requests in flight)
 POLL_MS = 1000  # longest a single-link node blocks in one poll (nothing depends on it waking)
 
@@ -76,7 +77,9 @@ class Node:
         self._session = 0
         self._t0 = time.ticks_ms()
         self._new_id = None  # node id a CONFIGURE switches to once it has replied
+        self._idle_paused = False
         self.heap_min = gc.mem_free()
+        self._small_heap = gc.mem_free() + gc.mem_alloc() < SMALL_HEAP
         if load_error:
             _say(load_error)
         if cfg["role"] != "idle":
@@ -104,22 +107,26 @@ class Node:
                 except MemoryError:  # a frame too large for the heap left: drop it, keep serving
                     self.stats["bad_frames"] += 1
                     gc.collect()
+                    _say("out of memory reading a frame: dropped (%d bytes free)" % gc.mem_free())
             if links[0].closed:
                 break
             if not busy and not self._idle_step() and not single:
                 time.sleep_ms(1)
 
     def _has_work(self):
-        return self.role is not None and self.role.active and self.cfg.get("spec_ahead", 0) > 0
+        return (self.role is not None and self.role.active and self.cfg.get("spec_ahead", 0) > 0
+                and not self._idle_paused)
 
     def _idle_step(self):
+        """Background work of the role (pipelined drafting); paused after a MemoryError until the next request."""
         role = self.role
-        if role is None:
+        if role is None or self._idle_paused:
             return False
         try:
             return role.idle_step()
-        except MemoryError:
-            self._drop_session()
+        except MemoryError:  # the role's state is still consistent; drafting ahead is only an optimisation
+            self._idle_paused = True
+            gc.collect()
             return False
 
     # -- frames --------------------------------------------------------------------------------
@@ -180,31 +187,50 @@ class Node:
                 link.send(hit[5])
                 return
         st["requests"] += 1
+        self._idle_paused = False
         src_id = self.node_id
-        try:
-            rtype, body = self._handle(f)
-        except Refused as e:
-            rtype, body = m.ERROR, m.pack_error(e.code, str(e))
-        except codec.CodecError as e:
-            rtype, body = m.ERROR, m.pack_error(E_MESSAGE, "bad %s payload: %s" % (_name(f.mtype), e))
-        except MemoryError:
-            self._drop_session()
-            rtype, body = m.ERROR, m.pack_error(E_MEMORY, "out of memory in %s: session dropped" % _name(f.mtype))
-        except Exception as e:  # never die on input: report it instead
-            self._drop_session()
-            rtype, body = m.ERROR, m.pack_error(E_INTERNAL, "%s failed: %s: %s" % (_name(f.mtype),
-                                                                                  type(e).__name__, e))
+        rtype, body, keep = self._answer(f)
         if rtype == m.ERROR:
             st["errors"] += 1
-        reply = codec.encode(rtype, body, src_id, f.src, f.seq, f.session, True, self.auth)
-        self._cache[self._next] = (f.src, f.seq, f.mtype, f.session, f.payload, reply)
-        self._next = (self._next + 1) % REPLY_CACHE
-        link.send(reply)
+        reply = None
+        for _ in range(2):  # building the reply may meet a fragmented heap once
+            try:
+                reply = codec.encode(rtype, body, src_id, f.src, f.seq, f.session, True, self.auth)
+                link.send(reply)
+                break
+            except MemoryError:
+                gc.collect()
+        if keep and reply is not None:
+            self._cache[self._next] = (f.src, f.seq, f.mtype, f.session, f.payload, reply)
+            self._next = (self._next + 1) % REPLY_CACHE
+        if self._small_heap:
+            gc.collect()  # a tidy heap between requests: no fragmentation build-up, a true low-water mark
         self._heap()
         if self._new_id is not None:
             self.node_id = self._new_id
             self._new_id = None
             self._cache = [None] * REPLY_CACHE
+
+    def _answer(self, f):
+        """(reply type, payload, cacheable) for request f. Every handler is idempotent and updates the
+        session only after its allocations, so one that ran out of memory is simply run again once the
+        heap is collected; an out-of-memory ERROR is not cached, so a retransmission tries again."""
+        for attempt in range(2):
+            try:
+                rtype, body = self._handle(f)
+                return rtype, body, True
+            except Refused as e:
+                return m.ERROR, m.pack_error(e.code, str(e)), True
+            except codec.CodecError as e:
+                return m.ERROR, m.pack_error(E_MESSAGE, "bad %s payload: %s" % (_name(f.mtype), e)), True
+            except MemoryError:
+                gc.collect()
+            except Exception as e:  # a bug: report it, never die on input; the session may be inconsistent
+                self._drop_session()
+                return m.ERROR, m.pack_error(E_INTERNAL, "%s failed: %s: %s" % (_name(f.mtype), type(e).__name__,
+                                                                               e)), True
+        return m.ERROR, m.pack_error(E_MEMORY, "out of memory in %s (%d bytes free)" % (_name(f.mtype),
+                                                                                     gc.mem_free())), False
 
     def _heap(self):
         free = gc.mem_free()
@@ -270,7 +296,9 @@ class Node:
         st = self.stats
         self._heap()
         gc.collect()
-        st["heap_free"] = gc.mem_free()  # live headroom; heap_min: lowest free seen after a request, garbage included
+        # heap_free: live headroom now; heap_min: lowest free seen after a request (after a collection on a
+        # small heap, so the low-water mark of live data; on a PSRAM heap uncollected garbage counts too)
+        st["heap_free"] = gc.mem_free()
         st["heap_min"] = self.heap_min
         st["uptime_ms"] = time.ticks_diff(time.ticks_ms(), self._t0)
         role = self.role

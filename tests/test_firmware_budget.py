@@ -10,35 +10,15 @@ KV cache, buffers, session, frames and per-token garbage - must then fit the ESP
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from nodeproc import ROOT, NodeProc, begin, commit, flash
 from shared import messages as m
-from shared.modelfile import FLAG_SHARED_CLS, ModelFileError, parse_header
-from tools.testmodels import random_model
+from tools.nodeproc import NodeProc, begin, code_heap, commit, flash, shipped_model
 
 ESP32_HEAP = 110_536  # host/emulator/boards.py: classic ESP32 without PSRAM (micropython#7962)
 ESP32S3_HEAP = 64_000 + 8_257_536  # ESP32-S3 with 8 MB PSRAM (micropython#12237)
-SHAPES = {  # tools/modeldefs.py CONFIGS
-    "drafter": dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96),
-    "target": dict(dim=128, n_layers=6, n_heads=4, n_kv_heads=2, hidden=352),
-}
-
-
-def shipped_or_random(name: str, tmp: Path) -> str:
-    """models/<name>.spm when it is there and sound, else a random model of the same shape."""
-    path = ROOT / "models" / (name + ".spm")
-    try:
-        with open(path, "rb") as f:
-            parse_header(f.read(64))
-        return str(path)
-    except (OSError, ModelFileError):
-        out = tmp / (name + ".spm")
-        random_model(out, vocab=512, max_seq=256, flags=FLAG_SHARED_CLS, seed=5, **SHAPES[name])
-        return str(out)
 
 
 @pytest.fixture(scope="module")
@@ -48,20 +28,12 @@ def board(tmp_path_factory, micropython) -> Path:
     return d
 
 
-def code_heap(micropython: str, board: Path) -> int:
-    """Heap bytes the node's modules hold once imported (as .mpy) in this VM."""
-    probe = ("import gc\ngc.collect()\na = gc.mem_alloc()\nimport config, links, node, roles, engine\n"
-             "gc.collect()\nprint(gc.mem_alloc() - a)\n")
-    out = subprocess.run([micropython, "-c", probe], cwd=board, capture_output=True, text=True, timeout=60,
-                         env={"MICROPYPATH": ".frozen:" + str(board)})
-    return int(out.stdout.strip())
-
-
 def test_drafter_drafts_500_tokens_in_a_classic_esp32_heap(micropython, board, tmp_path):
-    model = shipped_or_random("drafter", tmp_path)
+    model = shipped_model("drafter", tmp_path)
     code = code_heap(micropython, board)
     assert 10_000 < code < 120_000
     node = NodeProc(micropython, board, {"role": "drafter", "model": model}, heap=ESP32_HEAP + code, flashed=True)
+    node.rto = 5.0  # as the host does: a request the node had to drop (heap too fragmented) is sent again
     try:
         hello = node.call(m.HELLO)
         assert hello[2] == m.ROLE_DRAFTER, node.text
@@ -80,13 +52,14 @@ def test_drafter_drafts_500_tokens_in_a_classic_esp32_heap(micropython, board, t
                 commit(node, tokens, len(new))
         st = node.stats()
         assert st["errors"] == 0 and st["drafted"] >= 500
-        assert st["heap_free"] > 0
+        assert st["bad_frames"] <= 2, node.text  # a rare drop under heap pressure, recovered by retransmission
+        assert st["heap_min"] > 0
     finally:
         node.close()
 
 
 def test_verifier_runs_the_target_in_an_esp32s3_psram_heap(micropython, board, tmp_path):
-    model = shipped_or_random("target", tmp_path)
+    model = shipped_model("target", tmp_path)
     node = NodeProc(micropython, board, {"role": "verifier", "model": model}, heap=ESP32S3_HEAP, flashed=True)
     try:
         assert node.call(m.HELLO)[2] == m.ROLE_VERIFIER, node.text

@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from nodeproc import NodeProc
+from tools.nodeproc import NodeProc
 from shared import codec
 from shared import messages as m
 from tools.testmodels import random_model

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodeproc import ROOT, NodeProc, generate
+from tools.nodeproc import ROOT, NodeProc, generate
 from shared import codec
 from shared import messages as m
 from tools.testmodels import random_model

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from host.engine import Engine, target_table
-from nodeproc import NodeProc, begin, commit, generate
+from tools.nodeproc import NodeProc, begin, commit, generate
 from shared import messages as m
 from shared import rule, sampling
 from shared.prng import DRAFT

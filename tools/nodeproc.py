@@ -1,4 +1,4 @@
-"""Test helper: a firmware node (firmware/main.py) in a real `micropython` process, driven over pipes.
+"""A firmware node (firmware/main.py) in a real `micropython` process, driven over pipes (tests, benchmarks).
 
 The process runs in its own directory (its "flash": specmesh.json lives there) with firmware/ and the
 repository root on MICROPYPATH, as `shared/` sits beside the firmware files on a board. Frames travel as
@@ -19,9 +19,15 @@ from pathlib import Path
 
 from shared import codec
 from shared import messages as m
+from shared.modelfile import FLAG_SHARED_CLS, HEADER_SIZE, ModelFileError, parse_header
+from tools.testmodels import random_model
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = 0
+
+
+class NodeFailure(AssertionError):
+    """The node did not answer, or refused a request it should have served."""
 
 
 def flash(board_dir: Path, mpy_cross: str, march: str = "x64") -> None:
@@ -35,6 +41,34 @@ def flash(board_dir: Path, mpy_cross: str, march: str = "x64") -> None:
             continue
         out = board_dir / rel.with_suffix(".mpy")
         subprocess.run([mpy_cross, "-march=" + march, "-o", str(out), str(src)], check=True, cwd=src.parent)
+
+
+SHAPES = {  # the shipped shapes (tools/modeldefs.py CONFIGS)
+    "drafter": dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96),
+    "target": dict(dim=128, n_layers=6, n_heads=4, n_kv_heads=2, hidden=352),
+}
+
+
+def shipped_model(name: str, tmp: Path) -> str:
+    """models/<name>.spm when it is there and sound, else a random model of its shape written under `tmp`."""
+    path = ROOT / "models" / (name + ".spm")
+    try:
+        with open(path, "rb") as f:
+            parse_header(f.read(HEADER_SIZE))
+        return str(path)
+    except (OSError, ModelFileError):
+        out = tmp / (name + ".spm")
+        random_model(out, vocab=512, max_seq=256, flags=FLAG_SHARED_CLS, seed=5, **SHAPES[name])
+        return str(out)
+
+
+def code_heap(micropython: str, board_dir: Path) -> int:
+    """Heap bytes the node's modules hold once imported from a flashed board directory (see flash())."""
+    probe = ("import gc\ngc.collect()\na = gc.mem_alloc()\nimport config, links, node, roles, engine\n"
+             "gc.collect()\nprint(gc.mem_alloc() - a)\n")
+    out = subprocess.run([micropython, "-c", probe], cwd=board_dir, capture_output=True, text=True, timeout=60,
+                         env={"MICROPYPATH": ".frozen:" + str(board_dir)}, check=True)
+    return int(out.stdout.strip())
 
 
 class NodeProc:
@@ -94,7 +128,7 @@ class NodeProc:
         while True:
             f = self.read(timeout)
             if f is None:
-                raise AssertionError("no reply to seq %d; console: %r; stderr: %r"
+                raise NodeFailure("no reply to seq %d; console: %r; stderr: %r"
                                      % (seq, self.text[-5:], self.stderr_tail()))
             if f.seq == seq and f.reply and f.src == self.node_id:
                 return f
@@ -109,7 +143,7 @@ class NodeProc:
             wait = end - time.monotonic() if self.rto is None else min(self.rto, end - time.monotonic())
             try:
                 return self.reply(seq, max(wait, 0.0))
-            except AssertionError:
+            except NodeFailure:
                 if time.monotonic() >= end:
                     raise
 
@@ -124,15 +158,16 @@ class NodeProc:
         """Request and unpack the reply; fails the test on an ERROR reply or an unexpected type."""
         f = self.request(mtype, payload, **kw)
         if f.mtype == m.ERROR:
-            raise AssertionError("node refused %s: %r" % (m.NAMES[mtype], m.unpack_error(f.payload)))
-        if expect is not None:
-            assert f.mtype == expect, (m.NAMES[f.mtype], m.NAMES[expect])
+            raise NodeFailure("node refused %s: %r" % (m.NAMES[mtype], m.unpack_error(f.payload)))
+        if expect is not None and f.mtype != expect:
+            raise NodeFailure("node answered %s with %s, not %s" % (m.NAMES[mtype], m.NAMES[f.mtype], m.NAMES[expect]))
         return m.unpack(f.mtype, True, f.payload)
 
     def error(self, mtype: int, payload: bytes = b"", **kw) -> tuple[int, str]:
         """Request that must be refused: (code, message) of the ERROR reply."""
         f = self.request(mtype, payload, **kw)
-        assert f.mtype == m.ERROR, "expected an ERROR reply, got %s" % m.NAMES[f.mtype]
+        if f.mtype != m.ERROR:
+            raise NodeFailure("expected an ERROR reply to %s, got %s" % (m.NAMES[mtype], m.NAMES[f.mtype]))
         return m.unpack_error(f.payload)
 
     def stats(self) -> dict[str, int]:
