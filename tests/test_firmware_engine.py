@@ -6,7 +6,10 @@ in integers (a 30-bit query, weights summing to 2^23; firmware/engine.py). Most 
 an activation whose x/xs lies within rounding of a half-integer can quantize one step apart on the
 two sides (in the KV cache it then shifts every later row), which moves logits by up to about 0.03
 (measured on the shipped target over the held-out text: 90th percentile 0.018, max 0.028, logits
-up to 7.4; random models: 0.0104 on a range of 3.1). Greedy tokens must be identical. The engine runs from .mpy files compiled by
+up to 7.4; random models: 0.0104 on a range of 3.1). Greedy tokens must be identical wherever the
+reference's top-2 logit gap exceeds MARGIN = 0.05; at a closer near-tie such a flip can pick the other
+token (on the shipped target's held-out prompts one decision has a gap of 0.0086), so the comparison
+of a continuation stops at its first near-tie. The engine runs from .mpy files compiled by
 mpy-cross for x64, as a board runs it (native code for viper); a test compiles it for xtensawin too.
 """
 
@@ -22,6 +25,7 @@ from shared.modelfile import FLAG_SHARED_CLS
 from tools.testmodels import random_model
 
 RTOL = 1e-2
+MARGIN = 0.05  # above the largest firmware-numpy logit difference measured (0.03): no flip possible
 PROMPT = [3, 17, 42, 8, 79, 0, 55]
 
 
@@ -67,12 +71,26 @@ def reference(path, ops) -> list:
             e.rollback(op[1])
             res.append({"length": e.length})
         else:
-            toks = []
+            toks, gaps = [], []
             for _ in range(op[1]):
                 toks.append(argmax(last[-1]))
+                gaps.append(gap(last[-1]))
                 last = e.forward(toks[-1:], e.length)
-            res.append({"tokens": toks})
+            res.append({"tokens": toks, "gaps": gaps})
     return res
+
+
+def gap(row) -> float:
+    """Top-1 minus top-2 logit: a greedy decision closer than MARGIN may flip between engines."""
+    top = np.sort(np.asarray(row))[-2:]
+    return float(top[1] - top[0])
+
+
+def assert_same_decisions(got_tokens, want_tokens, gaps):
+    """Greedy tokens equal up to the first reference decision with a top-2 gap below MARGIN."""
+    n = next((i for i, g in enumerate(gaps) if g < MARGIN), len(gaps))
+    assert got_tokens[:n] == want_tokens[:n], (n, gaps)
+    return n
 
 
 def assert_close(fw, ref):
