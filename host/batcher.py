@@ -6,8 +6,10 @@ packed, attention is masked per stream), and hands each caller its own logits. T
 as soon as every registered stream has a request pending (nobody else can add one), when `max_batch`
 requests wait, or `window_s` after the first request arrived (a stream busy elsewhere, e.g. drafting,
 does not stall the others). So forward calls per token fall as the number of streams grows; `stats`
-counts them. Streams never share state: each owns a cache slot, and a slot may have one request pending.
-Stream bookkeeping (`open_stream`, `rollback`, `close_stream`) is serialised with the passes.
+counts them (`python -m tools.bench gpu`, e2e rows: 64 streams in Python threads took 2 passes per
+round, 256 took 3, with the 2 ms default window). Streams never share state: each owns a cache slot,
+and a slot may have one request pending. Stream bookkeeping (`open_stream`, `rollback`,
+`close_stream`) is serialised with the passes.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 class Batcher:
     """Serves `forward` requests of many streams on one `TorchModel`, in batches."""
 
-    def __init__(self, model: "TorchModel", max_batch: int = 256, window_s: float = 0.002):
+    def __init__(self, model: TorchModel, max_batch: int = 256, window_s: float = 0.002):
         self.model = model
         self.max_batch = max_batch
         self.window_s = window_s
