@@ -6,7 +6,8 @@ through the same path as a real board (host/flash.py: mpy-cross, mpremote, hash 
 its pty with pyserial and hands back the role's back-end (host/boards.py). Flash folders persist under
 build/vboards/, so a later run copies only what changed. With `--transport espnow` the boards talk
 over the virtual radio and the host reaches them through a gateway board on its serial link.
-Everything started is stopped when the cluster closes.
+Everything started is stopped when the cluster closes. `find` discovers a flashed real board by the role it
+reports (HELLO), `connect` opens one on a known port.
 """
 
 from __future__ import annotations
@@ -47,6 +48,26 @@ def discover(bus: Bus) -> int:
     except ProxyError as e:
         raise BackendError("%s: no specmesh node answers (%s); flash it with `specmesh flash --port %s --role "
                            "drafter|verifier`" % (bus.link.port, e, bus.link.port)) from None
+
+
+def find(kind: str) -> str:
+    """The serial port of the flashed board that reports role `kind` (ESP32 USB ports are asked in turn)."""
+    from host.ports import esp_ports  # noqa: PLC0415
+    from host.proxy import ProxyError  # noqa: PLC0415
+
+    want = m.ROLE_DRAFTER if kind == "drafter" else m.ROLE_VERIFIER
+    ports = [dev for dev, _ in esp_ports()]
+    for port in ports:
+        with contextlib.ExitStack() as stack:
+            try:
+                bus = _open(port, stack)
+                role = m.unpack_hello(bus.request(BROADCAST, m.HELLO, deadline=2.0).payload)[2]
+            except (BackendError, ProxyError):
+                continue
+            if role == want:
+                return port
+    raise BackendError("--%s auto: no board on %s reports the %s role; flash one with `specmesh flash --port PORT "
+                       "--role %s`" % (kind, ", ".join(ports) or "any ESP32 USB port", kind, kind))
 
 
 @contextlib.contextmanager

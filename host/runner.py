@@ -39,9 +39,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="target top-p, 1 = off (default: %(default)s)")
     p.add_argument("--draft-top-k", type=int, default=8, help="size of the drafter's q-hat tables (default: 8)")
     p.add_argument("--seed", type=int, default=0, help="session seed: same seed, same text (default: 0)")
-    p.add_argument("--drafter", default="virtual", help="PORT | virtual | cpu (default: virtual)")
+    p.add_argument("--drafter", default="virtual",
+                   help="PORT | auto (the flashed drafter board among the ESP32 USB ports) | virtual | cpu "
+                        "(default: virtual)")
     p.add_argument("--verifier", default="virtual",
-                   help="PORT | virtual | cpu | torch-cpu | gpu (default: virtual)")
+                   help="PORT | auto | virtual | cpu | torch-cpu | gpu (default: virtual)")
     p.add_argument("--gamma", default="auto", help="drafts per round: auto, or a fixed K >= 0 (default: auto)")
     p.add_argument("--transport", choices=("serial", "espnow"), default="serial",
                    help="how virtual boards reach each other and the host (default: serial)")
@@ -134,14 +136,14 @@ class Setup(contextlib.ExitStack):
             fac = backends.factory(kind, name)
             if fac is not None:
                 backend = fac(model)
-            elif name.startswith("/dev/") or name.startswith("COM") or "://" in name:
-                from host.cluster import connect  # noqa: PLC0415
+            elif name == "auto" or name.startswith("/dev/") or name.startswith("COM") or "://" in name:
+                from host.cluster import connect, find  # noqa: PLC0415
 
                 if self.a.transport != "serial":
                     raise UsageError("--transport %s drives virtual boards only; a real board is reached on its "
                                      "own serial port (--transport serial)" % self.a.transport)
 
-                backend = self.enter_context(connect(name, kind))
+                backend = self.enter_context(connect(find(kind) if name == "auto" else name, kind))
             else:
                 known = ", ".join(sorted({"virtual", *(backends.VERIFIERS if kind == "verifier"
                                                        else backends.DRAFTERS)}))

@@ -98,3 +98,13 @@ def test_unknown_flag_is_an_argparse_error(capsys):
         cli.main(["run", "--no-such-flag"])
     assert e.value.code == 2
     assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_auto_without_boards_says_how_to_flash(models, capsys):
+    from host.ports import esp_ports
+
+    if esp_ports():
+        pytest.skip("ESP32 boards are attached here")
+    rc = cli.main(["run", "--models", str(models), "--drafter", "auto", "--verifier", "cpu", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--drafter auto: no board" in err and "specmesh flash" in err
