@@ -83,6 +83,46 @@ class StdioLink(_Lines):
         self._out.write(codec.encode_line(frame))
 
 
+class LineBuffer:
+    """Stream bytes in, complete lines out, in one preallocated buffer. Add at most room() bytes at a
+    time. A line that fills the whole buffer is dropped up to its newline (counted in `overflows`)."""
+
+    def __init__(self, size=MAX_LINE):
+        self._buf = bytearray(size)
+        self._n = 0
+        self._skip = False
+        self.overflows = 0
+
+    def room(self):
+        return len(self._buf) - self._n
+
+    def add(self, chunk):
+        if self._skip:
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                return
+            chunk = chunk[nl + 1:]
+            self._skip = False
+        n = len(chunk)
+        self._buf[self._n:self._n + n] = chunk
+        self._n += n
+        if self._n == len(self._buf) and self._buf.find(b"\n") < 0:
+            self.overflows += 1
+            self._n = 0
+            self._skip = True
+
+    def line(self):
+        """The first complete line held (with its newline), removed from the buffer; None if none."""
+        nl = self._buf.find(b"\n", 0, self._n)
+        if nl < 0:
+            return None
+        line = bytes(self._buf[:nl + 1])
+        rest = self._n - nl - 1
+        self._buf[:rest] = self._buf[nl + 1:self._n]
+        self._n = rest
+        return line
+
+
 class UartLink(_Lines):
     """Frames as lines on a machine.UART (board to board)."""
 
@@ -98,33 +138,18 @@ class UartLink(_Lines):
         self._uart = UART(uart_id, **kw)
         self._poll = select.poll()
         self._poll.register(self._uart, select.POLLIN)
-        self._buf = bytearray(MAX_LINE)
-        self._n = 0
+        self._lines = LineBuffer()
 
     def recv(self, timeout_ms):
-        line = self._line()
+        lines = self._lines
+        line = lines.line()
         if line is None and _ready(self._poll, timeout_ms):
-            chunk = self._uart.read()
+            chunk = self._uart.read(min(self._uart.any(), lines.room()))
             if chunk:
-                if self._n + len(chunk) > MAX_LINE:
-                    self._count("overflow")
-                    self._n = 0
-                    chunk = chunk[-MAX_LINE:]
-                self._buf[self._n:self._n + len(chunk)] = chunk
-                self._n += len(chunk)
-                line = self._line()
+                lines.add(chunk)
+                self.errors["overflow"] = lines.overflows
+                line = lines.line()
         return None if line is None else self._frame(line)
-
-    def _line(self):
-        """The first complete line held, removed from the buffer; None if there is none."""
-        nl = self._buf.find(b"\n", 0, self._n)
-        if nl < 0:
-            return None
-        line = bytes(self._buf[:nl + 1])
-        rest = self._n - nl - 1
-        self._buf[:rest] = self._buf[nl + 1:self._n]
-        self._n = rest
-        return line
 
     def send(self, frame):
         self._uart.write(codec.encode_line(frame))
