@@ -128,8 +128,8 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         visible = [t for t in new if t != params.eos] if ended else new
         out += visible
         r = Round(len(draft), n_acc, len(new), len(committed) - len(new), sum(len(q[0]) for q in draft.q),
-                  n_acc < len(draft) and token != -1, t1 - t0, t2 - t1, t3 - t2, (drafter.bus_bytes - b_d0) if drafter else 0,
-                  verifier.bus_bytes - b_v0)
+                  n_acc < len(draft) and token != -1, t1 - t0, t2 - t1, t3 - t2,
+                  (drafter.bus_bytes - b_d0) if drafter else 0, verifier.bus_bytes - b_v0)
         result.rounds.append(r)
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
                            ended=token == -1)
