@@ -107,3 +107,20 @@ def test_espnow_with_loss_and_duplication_gives_the_serial_text(serial_boards, m
         got = [generate(p, v, d, params, 20, GammaController(fixed=3)).tokens for params, p in cases]
         assert got == want
         assert c.hub.stats.lost > 0  # the radio did lose packets; link retries and retransmission recovered them
+
+
+@pytest.mark.hil
+def test_real_boards_greedy_equals_plain():
+    """SPECMESH_PORTS=DRAFTER_PORT,VERIFIER_PORT: boards flashed with `specmesh flash --role ...`."""
+    import os
+
+    from host.cluster import connect
+
+    ports = os.environ.get("SPECMESH_PORTS", "").split(",")
+    if len(ports) != 2 or not all(ports):
+        pytest.skip("set SPECMESH_PORTS=DRAFTER_PORT,VERIFIER_PORT")
+    with connect(ports[0], "drafter") as drafter, connect(ports[1], "verifier") as verifier:
+        params = SessionParams(temperature=0.0, eos=0)
+        for i, prompt in enumerate(prompts(3)):
+            plain = generate(prompt, verifier, None, params, 16).tokens
+            assert generate(prompt, verifier, drafter, params, 16, GammaController(fixed=2 + i)).tokens == plain
