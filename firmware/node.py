@@ -92,15 +92,18 @@ class Node:
     # -- the loop ------------------------------------------------------------------------------
 
     def run(self):
-        """Serve until RESET or the first link's input ends; Ctrl-C raises KeyboardInterrupt out of here."""
+        """Serve until RESET or the first link's input ends; Ctrl-C raises KeyboardInterrupt out of here.
+
+        With one link and no background work the node blocks in that link's poll; with background work
+        (drafting ahead) it polls without waiting between steps; with several links it polls them in turn."""
         links = self.links
         single = len(links) == 1
+        work = False  # the role may have background work: poll without blocking, then try a step
         while not self.done:
             busy = False
             for link in links:
-                timeout = POLL_MS if single and not self._has_work() else 0
                 try:
-                    raw = link.recv(timeout)
+                    raw = link.recv(POLL_MS if single and not work else 0)
                     if raw is not None:
                         busy = True
                         self.on_frame(raw, link)
@@ -110,12 +113,12 @@ class Node:
                     _say("out of memory reading a frame: dropped (%d bytes free)" % gc.mem_free())
             if links[0].closed:
                 break
-            if not busy and not self._idle_step() and not single:
+            if busy:
+                work = True
+                continue
+            work = self._idle_step()
+            if not work and not single:
                 time.sleep_ms(1)
-
-    def _has_work(self):
-        return (self.role is not None and self.role.active and self.cfg.get("spec_ahead", 0) > 0
-                and not self._idle_paused)
 
     def _idle_step(self):
         """Background work of the role (pipelined drafting); paused after a MemoryError until the next request."""
@@ -146,6 +149,12 @@ class Node:
         except (codec.BadType, codec.BadVersion) as e:
             self.stats["bad_frames"] += 1
             self._refuse_header(raw, link, str(e))
+            return
+        except codec.Replay:  # an authentic request seen before: a retransmission gets its cached reply
+            _v, t, _fl, src, _d, seq, session, n = struct.unpack_from(codec.HEADER_FMT, raw, 0)
+            h = codec.HEADER_SIZE
+            if not self._resend(src, seq, t, session, bytes(raw[h:h + n]), link):
+                self.stats["bad_frames"] += 1
             return
         except codec.CodecError:
             self.stats["bad_frames"] += 1
@@ -178,14 +187,20 @@ class Node:
         link.send(codec.encode(m.ERROR, m.pack_error(E_MESSAGE, message), self.node_id, src, seq,
                                session, True, self.auth))
 
+    def _resend(self, src, seq, mtype, session, payload, link):
+        """Send the cached reply if this request was answered already; True if it was."""
+        for hit in self._cache:
+            if (hit is not None and hit[0] == src and hit[1] == seq and hit[2] == mtype and hit[3] == session
+                    and hit[4] == payload):
+                self.stats["dup_replies"] += 1
+                link.send(hit[5])
+                return True
+        return False
+
     def _request(self, f, link):
         st = self.stats
-        for hit in self._cache:
-            if (hit is not None and hit[0] == f.src and hit[1] == f.seq and hit[2] == f.mtype
-                    and hit[3] == f.session and hit[4] == f.payload):
-                st["dup_replies"] += 1
-                link.send(hit[5])
-                return
+        if self._resend(f.src, f.seq, f.mtype, f.session, f.payload, link):
+            return
         st["requests"] += 1
         self._idle_paused = False
         src_id = self.node_id
@@ -215,7 +230,7 @@ class Node:
         """(reply type, payload, cacheable) for request f. Every handler is idempotent and updates the
         session only after its allocations, so one that ran out of memory is simply run again once the
         heap is collected; an out-of-memory ERROR is not cached, so a retransmission tries again."""
-        for attempt in range(2):
+        for _ in range(2):
             try:
                 rtype, body = self._handle(f)
                 return rtype, body, True
@@ -238,7 +253,7 @@ class Node:
             self.heap_min = free
 
     def _drop_session(self):
-        """After an engine failure the cache may be half written: the host must BEGIN again."""
+        """After an unexpected failure the session state may be inconsistent: the host must BEGIN again."""
         if self.role is not None:
             self.role.active = False
         gc.collect()

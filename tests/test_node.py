@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from tools.nodeproc import NodeProc
+from tools.nodeproc import NodeProc, seq_of
 from shared import codec
 from shared import messages as m
 from tools.testmodels import random_model
@@ -158,3 +158,23 @@ def test_ctrl_c_ends_the_node_cleanly(node):
     node.proc.send_signal(signal.SIGINT)
     assert node.proc.wait(10) == 0
     assert b"Traceback" not in node.proc.stderr.read()
+
+
+def test_signed_node_refuses_unsigned_frames_and_answers_retransmissions_from_its_cache(micropython, tmp_path):
+    key = bytes(range(16))
+    node = NodeProc(micropython, tmp_path / "b", {"key": key.hex()}, auth=codec.Auth(key))
+    try:
+        assert node.call(m.PING, b"signed") == (b"signed",)
+        req = node.frame(m.PING, b"once")
+        node.send(req)
+        assert node.reply(seq_of(req)).payload == b"once"
+        node.send(req)  # the very same bytes: a replayed counter, yet an authentic retransmission
+        assert node.stats()["dup_replies"] == 1
+        assert node.decoder.errors == {"Replay": 1}  # the resent reply, a duplicate for this host: dropped
+        node.send(codec.encode(m.PING, b"plain", src=0, dst=1, seq=77))  # unsigned
+        node.send(codec.encode(m.PING, b"forged", src=0, dst=1, seq=78, auth=codec.Auth(b"wrong key")))
+        st = node.stats()
+        assert st["dup_replies"] == 1 and st["bad_frames"] == 2 and st["requests"] == 4  # 2 PINGs, 2 STATS
+    finally:
+        node.close()
+

@@ -62,6 +62,11 @@ def shipped_model(name: str, tmp: Path) -> str:
         return str(out)
 
 
+def seq_of(frame: bytes) -> int:
+    """The seq field of a binary frame (signed or not)."""
+    return int.from_bytes(frame[5:7], "little")
+
+
 def code_heap(micropython: str, board_dir: Path) -> int:
     """Heap bytes the node's modules hold once imported from a flashed board directory (see flash())."""
     probe = ("import gc\ngc.collect()\na = gc.mem_alloc()\nimport config, links, node, roles, engine\n"
@@ -75,7 +80,8 @@ class NodeProc:
     """One node process; `request` sends a frame and returns the reply Frame with the same seq."""
 
     def __init__(self, micropython: str, board_dir: Path, config: dict | None = None,
-                 heap: int | None = None, node_id: int = 1, flashed: bool = False, env: dict | None = None):
+                 heap: int | None = None, node_id: int = 1, flashed: bool = False, env: dict | None = None,
+                 auth: codec.Auth | None = None):
         board_dir.mkdir(parents=True, exist_ok=True)
         if config is not None:
             (board_dir / "specmesh.json").write_text(json.dumps(config))
@@ -85,7 +91,8 @@ class NodeProc:
         self.session = 0
         self.rto: float | None = None  # retransmit a request after this many seconds without a reply
         self.text: list[bytes] = []
-        self.decoder = codec.StreamDecoder(max_line=1 << 16, on_text=self.text.append)
+        self.auth = auth  # signs requests and checks replies when the node has a key
+        self.decoder = codec.StreamDecoder(auth=auth, max_line=1 << 16, on_text=self.text.append)
         self._frames: list[codec.Frame] = []
         # flashed: the board directory holds the node (see flash()); else run it from the source tree
         main = board_dir / "main.py" if flashed else ROOT / "firmware" / "main.py"
@@ -105,7 +112,7 @@ class NodeProc:
             self.seq = (self.seq + 1) & 0xFFFF
             seq = self.seq
         return codec.encode(mtype, payload, src=HOST, dst=self.node_id if dst is None else dst, seq=seq,
-                            session=self.session if session is None else session)
+                            session=self.session if session is None else session, auth=self.auth)
 
     def send(self, frame: bytes) -> None:
         self.send_raw(codec.encode_line(frame))
@@ -136,7 +143,7 @@ class NodeProc:
     def request(self, mtype: int, payload: bytes = b"", timeout: float = 30.0, **kw) -> codec.Frame:
         """Send a request and wait for its reply, retransmitting the same frame every `rto` seconds."""
         frame = self.frame(mtype, payload, **kw)
-        seq = codec.decode(frame).seq
+        seq = seq_of(frame)
         end = time.monotonic() + timeout
         while True:
             self.send(frame)
