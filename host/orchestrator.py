@@ -31,6 +31,7 @@ class Round:
     pos0: int  # stream length before the round (absolute position of the first draft)
     q_ids: int  # q-hat entries sent with the drafts, all drafts together
     rejected: bool  # the verifier rejected a draft (else all were accepted, or one was end-of-stream)
+    lag: int  # committed tokens the drafter first had to catch up on (plain rounds since it last drafted)
     t_draft: float
     t_verify: float
     t_commit: float
@@ -100,6 +101,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     verifier.begin(params, committed)
     if drafter:
         drafter.begin(params, committed)
+    synced = len(committed)  # the drafter has been told the stream up to here
     while len(out) < max_tokens:
         if len(committed) >= max_seq:
             result.stop = "context"
@@ -109,6 +111,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         b_d0 = drafter.bus_bytes if drafter else 0
         b_v0 = verifier.bus_bytes
         t0 = clock()
+        lag = len(committed) - synced if gamma else 0
         draft = drafter.draft(committed, gamma) if gamma else Draft(len(committed))
         t1 = clock()
         n_acc, token = verifier.verify(committed, draft)
@@ -124,15 +127,16 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         verifier.commit(committed)
         if drafter and gamma:
             drafter.commit(committed)
+            synced = len(committed)
         t3 = clock()
         visible = [t for t in new if t != params.eos] if ended else new
         out += visible
         r = Round(len(draft), n_acc, len(new), len(committed) - len(new), sum(len(q[0]) for q in draft.q),
-                  n_acc < len(draft) and token != -1, t1 - t0, t2 - t1, t3 - t2,
+                  n_acc < len(draft) and token != -1, lag, t1 - t0, t2 - t1, t3 - t2,
                   (drafter.bus_bytes - b_d0) if drafter else 0, verifier.bus_bytes - b_v0)
         result.rounds.append(r)
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
-                           ended=token == -1)
+                           ended=token == -1, lag=lag)
         if on_round:
             vis_acc = [t for t in accepted if t != params.eos] if ended else accepted
             on_round(vis_acc, [t for t in emitted if not ended or t != params.eos])

@@ -7,7 +7,8 @@ virtual time with the constants of host/hardware.py instead of sleeping:
 - a forward pass over k positions at context length L costs `k * MACs(L) / mac_per_s`, plus one read of
   the weights from PSRAM when the model does not fit internal SRAM (the batched kernel reads each weight
   row once for all k positions);
-- drafting gamma tokens is gamma one-position passes;
+- drafting gamma tokens is gamma one-position passes, after one per token committed while the drafter
+  was idle (plain rounds);
 - each call is a request and a reply whose sizes are computed with the real codec (`:`-base64 lines),
   carried by the transport's link(s): serial = each board on its own USB link; espnow = the drafter
   board is the gateway on USB (as in host/cluster.py) and the verifier is one ESP-NOW hop further;
@@ -81,7 +82,8 @@ class Projector:
         body = draft_body(r.gamma, r.q_ids)
         if r.gamma:
             assert self.drafter is not None
-            t_draft = sum(self.forward(self.drafter, 1, r.pos0 + i) for i in range(r.gamma))
+            # catch-up on tokens committed in plain rounds, then one pass per draft
+            t_draft = sum(self.forward(self.drafter, 1, r.pos0 - r.lag + i) for i in range(r.lag + r.gamma))
             t_draft += self.call("drafter", 5, body)
         t_verify = self.forward(self.target, r.gamma + 1, r.pos0 + r.gamma) + self.call("verifier", body, 7)
         commit = self.call("verifier", 6 + 2 * r.committed, 0)
