@@ -30,11 +30,10 @@ def make_links(cfg):
 
 
 def main(path=config.PATH):
-    cfg, err = config.load(path)
-    node = Node(cfg, make_links(cfg), path, err)
     try:
-        node.run()
-    except KeyboardInterrupt:
+        cfg, err = config.load(path)
+        Node(cfg, make_links(cfg), path, err).run()
+    except KeyboardInterrupt:  # Ctrl-C, even while a model loads: back to the REPL without a traceback
         pass
 
 
