@@ -100,3 +100,12 @@ def test_probing_order_then_never_beyond_the_limit():
         g = c.choose(limit=1)
         assert 0 <= g <= 1
         c.observe(g, 0, 0.001 * g, 0.01, 0.0)
+
+
+def test_drafter_catch_up_after_plain_rounds_is_not_charged_to_the_drafts():
+    c = GammaController()
+    per_pass, verify = 0.001, 0.010
+    c.observe(1, 1, per_pass * 1, verify * 1.5, 0.0)
+    c.observe(0, 0, 0.0, verify, 0.0)
+    c.observe(1, 0, per_pass * (30 + 1), verify * 1.5, 0.0, lag=30)  # 30 plain tokens fed before drafting
+    assert c.summary()["cost_ratio_c"] == pytest.approx(per_pass / verify, rel=0.01)
