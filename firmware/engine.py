@@ -133,6 +133,7 @@ class Engine:
         self._qk = kern.qk if kern else _qk_py
         self._av = kern.av if kern else _av_py
         self._amax = kern.absmax if kern else _absmax_py
+        self._scale = kern.scale if kern else self._scale_py
         with open(path, "rb") as f:
             h = parse_header(f.read(HEADER_SIZE))
             if h.head_dim > _MAX_HD:
@@ -162,6 +163,7 @@ class Engine:
         self.logits = _f32(kmax * h.vocab)
         self.block = max(dim, qd, hid)  # matrix rows per matmul call: the classifier goes in blocks
         self.acc = _i32(kmax * self.block)
+        self.yb = _f32(kmax * dim)  # wo and w2 outputs, before the residual add
         self.h1, self.h3 = _f32(kmax * hid), _f32(kmax * hid)
         self.sc, self.si = _f32(self.n_ctx), _i32(2 * self.n_ctx)  # si: q.k sums, then attention weights
         self.x, self.xn = _f32(kmax * dim), _f32(kmax * dim)
@@ -170,7 +172,7 @@ class Engine:
         self.xq, self.xs = bytearray(kmax * max(dim, qd, hid)), _f32(kmax)
         self.cos, self.sin = _f32(kmax * hd // 2), _f32(kmax * hd // 2)
         self.qh, self.oi = array("h", range(2 * hd)), _i32(hd)
-        self.p, self.pa, self.f1 = _i32(4), _i32(2), _f32(1)
+        self.p, self.pa, self.ps, self.f1 = _i32(4), _i32(2), _i32(5), _f32(1)
         self.freqs = _f32(hd // 2)
         for i in range(hd // 2):
             self.freqs[i] = math.pow(h.rope_theta, -2.0 * i / hd)
@@ -334,28 +336,47 @@ class Engine:
             self.xs[j] = self._quant(src, j * cols, cols, self.xq, j * cols)
 
     def _project(self, m, dst, k, add):
-        """dst rows (+)= (Wq @ self.xq row) * ws * xs: the matvec of rows quantized by _quant_rows."""
+        """dst rows (+)= (Wq @ self.xq row) * ws * xs: the matvec of rows quantized by _quant_rows.
+
+        y = f32(f32(acc) * ws) * xs, rounded as float32 hardware (and numpy) rounds; with `add` the
+        k rows of y (rows <= block) are added to dst.
+        """
         w, ws, rows, cols = m
-        xs, acc, p = self.xs, self.acc, self.p
+        p, ps = self.p, self.ps
         p[1] = cols
         p[2] = k
+        ps[1] = k
         r0 = 0
         while r0 < rows:
             n = min(self.block, rows - r0)
             p[0] = n
             p[3] = r0
-            self._mm(acc, w, self.xq, p)
-            for j in range(k):
-                s = xs[j]
-                o = j * n
-                d = j * rows + r0
-                if add:
-                    for r in range(n):
-                        dst[d + r] += acc[o + r] * ws[r0 + r] * s
-                else:
-                    for r in range(n):
-                        dst[d + r] = acc[o + r] * ws[r0 + r] * s
+            self._mm(self.acc, w, self.xq, p)
+            ps[0] = n
+            ps[2] = r0
+            if add:
+                ps[3] = n
+                ps[4] = 0
+                self._scale(self.yb, self.acc, ws, self.xs, ps)
+            else:
+                ps[3] = rows
+                ps[4] = r0
+                self._scale(dst, self.acc, ws, self.xs, ps)
             r0 += n
+        if add:
+            yb = self.yb
+            for i in range(k * rows):
+                dst[i] += yb[i]
+
+    def _scale_py(self, dst, acc, ws, xs, p):
+        """kernels.scale in Python: float32 rounding of the first product through a float32 slot."""
+        n, r0, stride, d0 = p[0], p[2], p[3], p[4]
+        f = self.f1
+        for j in range(p[1]):
+            s = xs[j]
+            for r in range(n):
+                f[0] = acc[j * n + r] * ws[r0 + r]
+                dst[j * stride + d0 + r] = f[0] * s
 
     def _absmax(self, src, so, n):
         """max |src[so:so+n]|."""

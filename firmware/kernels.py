@@ -1,4 +1,5 @@
-"""Viper kernels of the firmware engine: int8 x int8 -> int32 matmul, the two attention products, absmax.
+"""Viper kernels of the firmware engine: int8 x int8 -> int32 matmul, the two attention products, absmax,
+and the float32 output scaling of the matmul (integer arithmetic on IEEE-754 bits, no float objects).
 
 Compiled to machine code by MicroPython's viper emitter (x64 on the unix port, xtensawin on ESP32 and
 ESP32-S3). `engine.py` holds plain-Python fallbacks with the same signatures and results for ports
@@ -130,3 +131,85 @@ def absmax(a: ptr32, p: ptr32) -> int:
             bl = lo
             best = i
     return best
+
+
+@micropython.viper
+def scale(dst: ptr32, acc: ptr32, ws: ptr32, xs: ptr32, p: ptr32):
+    """dst[j*stride + d0 + r] = f32(f32(f32(acc[j*n + r]) * ws[r0 + r]) * xs[j]) as float32 bits, for
+    r < n, j < k; p = (n, k, r0, stride, d0). Rounding to nearest even, as IEEE float32 hardware and
+    numpy do; scales are positive normal floats (a zero scale gives 0.0)."""
+    n = p[0]
+    k = p[1]
+    r0 = p[2]
+    stride = p[3]
+    d0 = p[4]
+    for j in range(k):
+        xb = xs[j]
+        xe = (xb >> 23) & 0xFF
+        xm = (xb & 0x7FFFFF) | 0x800000
+        for r in range(n):
+            a = acc[j * n + r]
+            neg = (a >> 31) & 1
+            if neg:
+                a = 0 - a
+                a = (a & 0xFFFF) | (((a >> 16) & 0x7FFF) << 16)
+            wb = ws[r0 + r]
+            we = (wb >> 23) & 0xFF
+            if a == 0 or we == 0 or xe == 0:
+                dst[j * stride + d0 + r] = 0
+                continue
+            # int -> float32 (m in [2^23, 2^24), exponent e), round to nearest even
+            e = 150
+            m = a
+            if m < 0x800000:
+                while m < 0x800000:
+                    m = m << 1
+                    e -= 1
+            elif m >= 0x1000000:
+                sh = 0
+                t = m
+                while t >= 0x1000000:
+                    t = t >> 1
+                    sh += 1
+                rem = m - (t << sh)
+                half = 1 << (sh - 1)
+                if rem > half or (rem == half and (t & 1)):
+                    t += 1
+                    if t == 0x1000000:
+                        t = 0x800000
+                        sh += 1
+                m = t
+                e = 150 + sh
+            # two float32 multiplies: by ws[r0 + r], then by xs[j]
+            for step in range(2):
+                if step == 0:
+                    bm = (wb & 0x7FFFFF) | 0x800000
+                    be = we
+                else:
+                    bm = xm
+                    be = xe
+                ah = m >> 12
+                al = m & 0xFFF
+                bh = bm >> 12
+                bl = bm & 0xFFF
+                mid = ah * bl + al * bh
+                lo = al * bl + ((mid & 0xFFF) << 12)
+                hi = ah * bh + (mid >> 12) + (lo >> 24)
+                lo = lo & 0xFFFFFF
+                e = e + be - 127
+                if hi >= 0x800000:
+                    m = hi
+                    rb = lo
+                    e += 1
+                else:
+                    m = (hi << 1) | (lo >> 23)
+                    rb = (lo << 1) & 0xFFFFFF
+                if rb > 0x800000 or (rb == 0x800000 and (m & 1)):
+                    m += 1
+                    if m == 0x1000000:
+                        m = 0x800000
+                        e += 1
+            if e <= 0:
+                dst[j * stride + d0 + r] = 0
+            else:
+                dst[j * stride + d0 + r] = (neg << 31) | (e << 23) | (m & 0x7FFFFF)
