@@ -6,6 +6,10 @@ back by the node. After a verdict the COMMIT is sent to each board without waiti
 next call to that board collects it first, so the two boards' commits overlap with each other and with
 the host's own work. A drafter board with `spec_ahead` set in its config drafts the next block while
 a verdict is pending and answers DRAFT_REQ from it when its guess was right (firmware/roles.py).
+
+A node that restarted mid-session has lost it and refuses the next request ("no session", E_STATE): it
+is re-synchronised with BEGIN carrying the whole committed stream as its prompt, and the request is
+sent again. Drafts and verdicts are pure functions of (seed, committed prefix), so nothing changes.
 """
 
 from __future__ import annotations
@@ -13,8 +17,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from host.backends import BackendError, Draft, SessionParams
-from host.proxy import Call, Proxy, ProxyError
+from host.proxy import Call, NodeError, Proxy, ProxyError
 from shared import messages as m
+
+E_STATE = 2  # ERROR code of a request the node's state does not allow, e.g. "no session" (firmware/roles.py)
+
+
+class _Restarted(Exception):
+    """The node lost the session (it restarted): re-synchronise it."""
+
+
+def _begin_body(params: SessionParams, prompt: Sequence[int]) -> bytes:
+    return m.pack_begin(params.seed & 0xFFFFFFFF, params.temp_milli, params.draft_top_k, params.target_top_k,
+                        int(round(params.top_p * 65536)) & 0xFFFFFFFF, params.eos, list(prompt))
 
 
 class BoardBackend:
@@ -36,6 +51,8 @@ class BoardBackend:
         self.info = {"fw": fw, "board": board, "model": model, "vocab": vocab, "heap_free": heap, "caps": caps}
         self.max_seq = max_seq
         self.known: list[int] = []
+        self.params: SessionParams | None = None
+        self.resyncs = 0
         self._commit: Call | None = None
 
     @property
@@ -43,25 +60,51 @@ class BoardBackend:
         return self.proxy.bus.bytes.get(self.proxy.node, 0)
 
     def _settle(self) -> None:
-        """Wait for the COMMIT still in flight, if any."""
+        """Wait for the COMMIT still in flight, if any (re-synchronising a node that lost the session)."""
         call, self._commit = self._commit, None
         if call is not None:
-            self._result(call)
+            try:
+                self._result(call)
+            except _Restarted:
+                self._resync()
 
     def _result(self, call: Call):
         try:
             return call.result()
+        except NodeError as e:
+            if e.code == E_STATE and self.params is not None:
+                raise _Restarted() from None
+            raise BackendError("%s: %s" % (self.name, e)) from None
         except ProxyError as e:
             raise BackendError("%s: %s" % (self.name, e)) from None
 
     def _call(self, mtype: int, payload: bytes = b""):
         self._settle()
-        return self._result(self.proxy.start(mtype, payload))
+        try:
+            return self._result(self.proxy.start(mtype, payload))
+        except _Restarted:
+            self._resync()
+            return self._once(self.proxy.start(mtype, payload))
+
+    def _once(self, call: Call):
+        """The reply after a re-synchronisation: losing the session again is an error, not a loop."""
+        try:
+            return self._result(call)
+        except _Restarted:
+            raise BackendError("%s keeps losing its session: check its console (mpremote connect %s)"
+                               % (self.name, self.name)) from None
+
+    def _resync(self) -> None:
+        """BEGIN again with the committed stream as the prompt (the node restarted and lost the session)."""
+        self.resyncs += 1
+        self._commit = None
+        assert self.params is not None
+        self._once(self.proxy.start(m.BEGIN, _begin_body(self.params, self.known)))
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
-        self._call(m.BEGIN, m.pack_begin(params.seed & 0xFFFFFFFF, params.temp_milli, params.draft_top_k,
-                                         params.target_top_k, int(round(params.top_p * 65536)) & 0xFFFFFFFF,
-                                         params.eos, list(prompt)))
+        self.params = None  # no re-synchronisation until this BEGIN went through
+        self._call(m.BEGIN, _begin_body(params, prompt))
+        self.params = params
         self.known = list(prompt)
 
     def _sync(self, committed: Sequence[int]) -> None:
@@ -87,13 +130,14 @@ class BoardBackend:
         out["compute_s"] = out.get("compute_ms", 0) / 1000.0
         out.setdefault("heap_free", self.info["heap_free"])
         out["retransmits"] = self.proxy.bus.retransmits
+        out["resyncs"] = self.resyncs
         out["board"] = self.info["board"]
         return out
 
     def close(self) -> None:
         try:
             self._settle()
-        except BackendError:
+        except (BackendError, _Restarted):
             pass
 
 

@@ -124,3 +124,25 @@ def test_real_boards_greedy_equals_plain():
         for i, prompt in enumerate(prompts(3)):
             plain = generate(prompt, verifier, None, params, 16).tokens
             assert generate(prompt, verifier, drafter, params, 16, GammaController(fixed=2 + i)).tokens == plain
+
+
+def test_a_board_that_restarts_mid_stream_is_resynchronised(serial_boards):
+    import time
+
+    verifier, drafter = serial_boards
+    params = SessionParams(seed=3, temperature=0.7)
+    want = generate([6, 2], verifier, drafter, params, 24, GammaController(fixed=2)).tokens
+    rounds = []
+
+    def reboot_verifier(accepted, emitted):
+        rounds.append(1)
+        if len(rounds) == 3:  # Ctrl-C ends the node, Ctrl-D soft-resets the board: main.py starts afresh
+            ser = verifier.proxy.bus.link.ser
+            ser.write(b"\x03")
+            time.sleep(0.3)
+            ser.write(b"\x04")
+
+    before = verifier.resyncs
+    got = generate([6, 2], verifier, drafter, params, 24, GammaController(fixed=2), on_round=reboot_verifier)
+    assert got.tokens == want
+    assert verifier.resyncs == before + 1
