@@ -43,10 +43,12 @@ STAT_KEYS = ("requests", "dup_replies", "errors", "bad_frames", "stray", "forwar
 LOSSES = ("duplicate", "stale")  # datagram-link events of a lossy radio, not malformed input
 
 
-def _caps(engine_mod):
-    caps = 0
-    if engine_mod is not None and getattr(engine_mod, "_kernels", None) is not None:
-        caps |= m.CAP_VIPER
+def _caps(engine):
+    """HELLO caps: viper (the loaded engine's kernels, else whether this build emits native code), ulab, espnow."""
+    if engine is not None:
+        caps = m.CAP_VIPER if engine.viper else 0
+    else:
+        caps = m.CAP_VIPER if (getattr(sys.implementation, "_mpy", 0) >> 10) & 0x0F else 0
     for name, bit in (("ulab", m.CAP_ULAB), ("espnow", m.CAP_ESPNOW)):
         try:
             __import__(name)
@@ -70,7 +72,6 @@ class Node:
             self.stats[k] = 0
         self.role = None
         self.role_id = m.ROLE_IDLE
-        self.engine_mod = None
         self.done = False
         self._cache = [None] * REPLY_CACHE  # (src, seq, type, session, payload, reply frame), a ring
         self._next = 0
@@ -304,8 +305,10 @@ class Node:
     def _hello(self):
         e = self.role.engine if self.role is not None else None
         board = self.cfg.get("board") or getattr(sys.implementation, "_machine", sys.platform)
+        caps = _caps(e)
+        gc.collect()
         return m.pack_hello(FW_VERSION, board[:64], self.role_id, self.cfg["model"][:64],
-                            e.vocab if e else 0, e.n_ctx if e else 0, gc.mem_free(), _caps(self.engine_mod))
+                            e.vocab if e else 0, e.n_ctx if e else 0, gc.mem_free(), caps)
 
     def _stats(self):
         st = self.stats
@@ -361,7 +364,6 @@ class Node:
         try:
             import engine
 
-            self.engine_mod = engine
             eng = engine.Engine(model, kmax, True, self.cfg.get("n_ctx", 0))
             if role_id == m.ROLE_DRAFTER:
                 self.role = roles.Drafter(eng, self.stats, self.cfg.get("spec_ahead", 0))

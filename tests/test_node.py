@@ -36,6 +36,7 @@ def test_idle_node_without_config_answers_hello_ping_stats(node):
     assert fw.startswith("specmesh-node") and board
     assert (role, model, vocab, max_seq) == (m.ROLE_IDLE, "", 0, 0)
     assert heap > 100_000
+    assert caps & m.CAP_VIPER  # the x64 unix port emits native code
     assert node.call(m.PING, b"\x00\x03ping\xff", expect=m.PING) == (b"\x00\x03ping\xff",)
     code, msg = node.error(m.BEGIN, m.pack_begin(1, 0, 1, 0, 0, -1, [1]))
     assert code == E_STATE and "idle" in msg
