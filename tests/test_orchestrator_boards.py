@@ -146,3 +146,14 @@ def test_a_board_that_restarts_mid_stream_is_resynchronised(serial_boards):
     got = generate([6, 2], verifier, drafter, params, 24, GammaController(fixed=2), on_round=reboot_verifier)
     assert got.tokens == want
     assert verifier.resyncs == before + 1
+
+
+def test_pipelined_drafting_changes_nothing_but_time(serial_boards, models, tmp_path):
+    verifier, drafter = serial_boards
+    cases = [(SessionParams(temperature=0.0), [8, 8]), (SessionParams(seed=9, temperature=0.9), [1, 30, 2])]
+    want = [generate(p, verifier, drafter, params, 24, GammaController(fixed=2)).tokens for params, p in cases]
+    with Cluster("serial", models, tmp_path, spec_ahead=6) as c:
+        ahead = c.backend("drafter")
+        got = [generate(p, verifier, ahead, params, 24, GammaController(fixed=2)).tokens for params, p in cases]
+        assert got == want
+        assert ahead.stats()["ahead"] > 0  # the drafter did draft ahead while verdicts were pending
