@@ -134,7 +134,7 @@ def _f(v, fmt="%.2f") -> str:
 
 
 def run() -> dict:
-    names = os.environ.get("SPECMESH_BENCH_CONFIGS", "cpu,virtual").split(",")
+    names = os.environ.get("SPECMESH_BENCH_CONFIGS", "cpu,virtual,espnow").split(",")
     rows: list[dict] = []
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="specmesh-bench-") as tmp:
