@@ -3,12 +3,13 @@
     python -m tools.bench spec            (SPECMESH_BENCH_CONFIGS=cpu,virtual,espnow to choose)
 
 For each configuration (drafter + verifier back-ends, transport) and each temperature, the same prompts
-and seeds are decoded three ways in one run on the same back-ends: `plain` (verifier alone), `auto`
-(adaptive gamma from measured costs) and `fixed` (gamma = 4), interleaved, REPEATS times each, keeping
+and seeds are decoded four ways in one run on the same back-ends: `plain` (verifier alone), `auto`
+(adaptive gamma from measured costs), `fixed` (gamma = 4) and `auto@esp32s3` (gamma chosen from the
+projected ESP32-S3 costs), interleaved, REPEATS times each, keeping
 the fastest (other work on the host only ever adds time). Reported: wall-clock speed-up of each
 over plain, acceptance alpha, tokens per verification, the gamma chosen (most used), bus bytes per
-token, and the time-faithful projection onto ESP32-S3 boards (host/projection.py): the projected
-speed-up of `auto@esp32s3`, a run whose gamma controller is fed the projected costs. Greedy runs also
+token (espnow: through a gateway board, 5% packet loss and 1% duplication on the virtual radio), and the
+time-faithful projection of every run onto ESP32-S3 boards (host/projection.py). Greedy runs also
 check that every mode produced the very same tokens as plain. Models: models/*.spm when shipped, else
 random models of the shipped shapes (the table says which).
 """
@@ -33,10 +34,10 @@ SHAPES = {  # tools/modeldefs.py CONFIGS, tied classifier
     "target.spm": dict(dim=128, n_layers=6, n_heads=4, n_kv_heads=2, hidden=352, vocab=512, max_seq=256, flags=1),
     "drafter.spm": dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96, vocab=512, max_seq=256, flags=1),
 }
-CONFIGS = {  # name: (drafter, verifier, transport)
-    "cpu": ("cpu", "cpu", "serial"),
-    "virtual": ("virtual", "virtual", "serial"),
-    "espnow": ("virtual", "virtual", "espnow"),
+CONFIGS = {  # name: (drafter, verifier, transport, extra flags)
+    "cpu": ("cpu", "cpu", "serial", []),
+    "virtual": ("virtual", "virtual", "serial", []),
+    "espnow": ("virtual", "virtual", "espnow", ["--radio-loss", "0.05", "--radio-dup", "0.01"]),
 }
 
 
@@ -61,11 +62,11 @@ def bench_config(name: str, models: Path) -> list[dict]:
     from host.tokenizer import BOS, Tokenizer
     from shared.modelfile import parse_header
 
-    drafter_name, verifier_name, transport = CONFIGS[name]
+    drafter_name, verifier_name, transport, extra = CONFIGS[name]
     p = argparse.ArgumentParser()
     add_arguments(p)
     a = p.parse_args(["--models", str(models), "--drafter", drafter_name, "--verifier", verifier_name,
-                      "--transport", transport])
+                      "--transport", transport, *extra])
     tok = Tokenizer.from_json(models / "tokenizer.json")
     heads = [parse_header((models / f).read_bytes()[:64]) for f in ("target.spm", "drafter.spm")]
     rows = []
