@@ -134,6 +134,7 @@ class Engine:
         self._av = kern.av if kern else _av_py
         self._amax = kern.absmax if kern else _absmax_py
         self._scale = kern.scale if kern else self._scale_py
+        self._q8 = kern.quant8 if kern else self._quant8_py
         with open(path, "rb") as f:
             h = parse_header(f.read(HEADER_SIZE))
             if h.head_dim > _MAX_HD:
@@ -172,7 +173,8 @@ class Engine:
         self.xq, self.xs = bytearray(kmax * max(dim, qd, hid)), _f32(kmax)
         self.cos, self.sin = _f32(kmax * hd // 2), _f32(kmax * hd // 2)
         self.qh, self.oi = array("h", range(2 * hd)), _i32(hd)
-        self.p, self.pa, self.ps, self.f1 = _i32(4), _i32(2), _i32(5), _f32(1)
+        self.p, self.pa, self.ps, self.pq = _i32(4), _i32(2), _i32(5), _i32(3)
+        self.f1, self.f2 = _f32(1), _f32(1)
         self.freqs = _f32(hd // 2)
         for i in range(hd // 2):
             self.freqs[i] = math.pow(h.rope_theta, -2.0 * i / hd)
@@ -392,13 +394,26 @@ class Engine:
             for i in range(do, do + n):
                 dst[i] = 0
             return 0.0
-        r = self.f1  # round the scale to float32 first, as the reference does
+        r = self.f1  # the scale rounded to float32, as the reference has it
         r[0] = m / 127.0
-        s = r[0]
-        for i in range(n):
-            v = math.floor(src[so + i] / s + 0.5)
+        pq = self.pq
+        pq[0] = so
+        pq[1] = n
+        pq[2] = do
+        self._q8(dst, src, r, pq)
+        return r[0]
+
+    def _quant8_py(self, dst, src, sc, p):
+        """kernels.quant8 in Python: the quotient rounded to float32 through a float32 slot."""
+        s = sc[0]
+        f = self.f2
+        so, do = p[0], p[2]
+        for i in range(p[1]):
+            f[0] = src[so + i] / s
+            v = math.floor(f[0] + 0.5)
+            if v == 0 and f[0] == 0.4999999701976776:  # 0.5 - 2^-25: float32 rounds + 0.5 up to 1.0
+                v = 1
             dst[do + i] = (127 if v > 127 else (-127 if v < -127 else v)) & 255
-        return s
 
     def _quant_q(self, so, n):
         """Query head self.qb[so:so+n] as 30-bit ints v (scale max|q|/(2^30-1)), stored as two int16

@@ -1,5 +1,6 @@
 """Viper kernels of the firmware engine: int8 x int8 -> int32 matmul, the two attention products, absmax,
-and the float32 output scaling of the matmul (integer arithmetic on IEEE-754 bits, no float objects).
+and the float32 steps around the matmul: activation quantization and output scaling (integer arithmetic
+on IEEE-754 bits, rounding as float32 hardware and numpy do, no float objects).
 
 Compiled to machine code by MicroPython's viper emitter (x64 on the unix port, xtensawin on ESP32 and
 ESP32-S3). `engine.py` holds plain-Python fallbacks with the same signatures and results for ports
@@ -213,3 +214,63 @@ def scale(dst: ptr32, acc: ptr32, ws: ptr32, xs: ptr32, p: ptr32):
                 dst[j * stride + d0 + r] = 0
             else:
                 dst[j * stride + d0 + r] = (neg << 31) | (e << 23) | (m & 0x7FFFFF)
+
+
+@micropython.viper
+def quant8(dst: ptr8, src: ptr32, sc: ptr32, p: ptr32):
+    """dst[do + i] = clip(floor(f32(src[so + i] / s) + 0.5), -127, 127) as int8 bytes, i < n, where
+    s = sc[0] (a positive normal float32) and src holds float32 bits; p = (so, n, do).
+
+    The quotient is rounded to nearest even like a float32 division; the + 0.5 is exact in float32
+    for every quotient but 0.5 - 2^-25, which float32 rounds up to 1.0 (handled)."""
+    sb = sc[0]
+    se = (sb >> 23) & 0xFF
+    sm = (sb & 0x7FFFFF) | 0x800000
+    so = p[0]
+    do = p[2]
+    for i in range(p[1]):
+        xb = src[so + i]
+        xe = (xb >> 23) & 0xFF
+        q = 0
+        if xe:
+            neg = (xb >> 31) & 1
+            r = (xb & 0x7FFFFF) | 0x800000
+            # long division: d = floor(mx * 2^25 / ms), 26 quotient bits
+            d = 0
+            for _ in range(26):
+                d = d << 1
+                if r >= sm:
+                    r -= sm
+                    d = d | 1
+                r = r << 1
+            if d >= 0x2000000:
+                m = d >> 2
+                half = (d >> 1) & 1
+                sticky = (d & 1) | (1 if r else 0)
+                e = xe - se - 23
+            else:
+                m = d >> 1
+                half = d & 1
+                sticky = 1 if r else 0
+                e = xe - se - 24
+            if half and (sticky or (m & 1)):
+                m += 1
+                if m == 0x1000000:
+                    m = 0x800000
+                    e += 1
+            # the quotient is m * 2^e (e <= -16 since |x/s| < 128): q = floor(+-m * 2^e + 0.5)
+            sh = 0 - e
+            if sh >= 25:
+                if not neg and m == 0xFFFFFF and sh == 25:
+                    q = 1
+            elif neg:
+                h = 1 << (sh - 1)
+                if m > h:
+                    q = 0 - ((m - h + (1 << sh) - 1) >> sh)
+            else:
+                q = (m + (1 << (sh - 1))) >> sh
+            if q > 127:
+                q = 127
+            elif q < -127:
+                q = -127
+        dst[do + i] = q & 0xFF
