@@ -31,6 +31,10 @@ class UsageError(Exception):
     """Bad input from the user: one line, exit status 2."""
 
 
+class GenerationFailed(Exception):
+    """A back-end failed once generation had started (e.g. a board stopped answering): exit status 1."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="text to continue (default: %(default)r)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default: %(default)s)")
@@ -223,9 +227,14 @@ def run(a: argparse.Namespace, out=None) -> dict:
             stream = TokenStream(lambda t: tok.pieces[t], out, color=False if a.no_color else None)
             out.write(a.prompt)
             out.flush()
-        result = generate(prompt, verifier, drafter, params, a.max_tokens, controller,
-                          on_round=stream.write if stream else None,
-                          costs=cost_model.round_costs if cost_model else None)
+        try:
+            result = generate(prompt, verifier, drafter, params, a.max_tokens, controller,
+                              on_round=stream.write if stream else None,
+                              costs=cost_model.round_costs if cost_model else None)
+        except (BackendError, RuntimeError) as e:
+            if stream:
+                out.write("\n")
+            raise GenerationFailed(_one_line(e)) from None
         if stream:
             stream.finish()
         stats = build_stats(a, result, tok.decode(result.tokens), verifier, drafter, controller, len(prompt),
@@ -256,9 +265,8 @@ def _main(a: argparse.Namespace) -> int:
     except Exception as e:  # noqa: BLE001 - every failure is one line for the user, never a traceback
         if os.environ.get("SPECMESH_DEBUG"):
             raise
-        setup_failure = isinstance(e, (BackendError, OSError, ValueError))
         print("specmesh run: error: %s" % _one_line(e), file=sys.stderr)
-        return 2 if setup_failure else 1
+        return 1 if isinstance(e, GenerationFailed) else 2
     print(format_table(stats))
     if a.stats_json:
         try:

@@ -108,3 +108,23 @@ def test_auto_without_boards_says_how_to_flash(models, capsys):
     rc = cli.main(["run", "--models", str(models), "--drafter", "auto", "--verifier", "cpu", "--quiet"])
     err = capsys.readouterr().err
     assert rc == 2 and "--drafter auto: no board" in err and "specmesh flash" in err
+
+
+def test_a_backend_failing_mid_stream_is_one_line_and_status_1(models, capsys, monkeypatch):
+    from host import backends
+
+    class Failing(backends.LocalVerifier):
+        """The CPU verifier, losing its board after three verdicts."""
+
+        def verify(self, committed, draft):
+            self.calls = getattr(self, "calls", 0) + 1
+            if self.calls > 3:
+                raise backends.BackendError("/dev/ttyUSB1: node 2 did not answer VERIFY_REQ within 30 s")
+            return super().verify(committed, draft)
+
+    monkeypatch.setitem(backends.VERIFIERS, "failing", Failing)
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "failing", "--gamma", "0"])
+    cap = capsys.readouterr()
+    assert rc == 1
+    assert cap.err == "specmesh run: error: /dev/ttyUSB1: node 2 did not answer VERIFY_REQ within 30 s\n"
+    assert cap.out.endswith("\n") and "tokens / s" not in cap.out  # the partial text, then no table
