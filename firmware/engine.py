@@ -104,6 +104,18 @@ def _absmax_py(a, p):
     return best
 
 
+def _argmax_py(a, p):
+    off = p[0]
+    best = 0
+    m = a[off]
+    for i in range(1, p[1]):
+        v = a[off + i]
+        if v > m:
+            m = v
+            best = i
+    return best
+
+
 def _f32(n):
     """A zeroed array('f') of n, allocated once (array(range) sizes it up front; no temporary buffer)."""
     a = array("f", range(n))
@@ -135,6 +147,7 @@ class Engine:
         self._amax = kern.absmax if kern else _absmax_py
         self._scale = kern.scale if kern else self._scale_py
         self._q8 = kern.quant8 if kern else self._quant8_py
+        self._argmax = kern.argmax if kern else _argmax_py
         with open(path, "rb") as f:
             h = parse_header(f.read(HEADER_SIZE))
             if h.head_dim > _MAX_HD:
@@ -214,16 +227,10 @@ class Engine:
 
     def argmax(self, j=0):
         """Token id of the largest logit in row j; ties go to the lowest id."""
-        lg = self.logits
-        o = j * self.vocab
-        best = 0
-        m = lg[o]
-        for i in range(1, self.vocab):
-            v = lg[o + i]
-            if v > m:
-                m = v
-                best = i
-        return best
+        pa = self.pa
+        pa[0] = j * self.vocab
+        pa[1] = self.vocab
+        return self._argmax(self.logits, pa)
 
     def forward(self, tokens, pos):
         """Run k = len(tokens) positions from pos in one batched pass; returns the logits array."""

@@ -274,3 +274,23 @@ def quant8(dst: ptr8, src: ptr32, sc: ptr32, p: ptr32):
             elif q < -127:
                 q = -127
         dst[do + i] = q & 0xFF
+
+
+@micropython.viper
+def argmax(a: ptr32, p: ptr32) -> int:
+    """Index (from off) of the largest of a[off : off + n], float32 bits; ties go to the lowest; p = (off, n).
+
+    Bit patterns order like floats once negatives are negated (the magnitude is built from 16-bit
+    halves so it stays below 2^31 on 32-bit emitters); -0.0 equals 0.0.
+    """
+    off = p[0]
+    best = 0
+    bk = 0
+    for i in range(p[1]):
+        v = a[off + i]
+        mag = (((v >> 16) & 0x7FFF) << 16) | (v & 0xFFFF)
+        key = (0 - mag) if (v >> 31) & 1 else mag
+        if i == 0 or key > bk:
+            bk = key
+            best = i
+    return best
