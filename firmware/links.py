@@ -22,6 +22,7 @@ from shared import codec
 
 MAX_LINE = 4096  # longest frame line accepted (a VERIFY_REQ of 8 drafts x top-32 is ~1.8 KB)
 DST = 4  # offset of the dst byte in a binary frame
+RX_PACKETS = 8  # ESP-NOW packets the receive buffer holds (a 1.8 KB VERIFY_REQ is 8 fragments of 250 bytes)
 SEND_TRIES = 3  # ESP-NOW sends of one packet before leaving the loss to the requester's retransmission
 
 
@@ -178,9 +179,12 @@ class EspNowLink:
                 sta.config(channel=channel)
             except (AttributeError, OSError, ValueError, TypeError):
                 pass
-        self._e = espnow.ESPNow()
-        self._e.active(True)
         self.mtu = mtu or getattr(espnow, "MAX_DATA_LEN", codec.DEFAULT_MTU)
+        self._e = espnow.ESPNow()
+        # the receive ring must hold a whole fragmented frame arriving in one burst: the default 526
+        # bytes drop the third 250-byte fragment every time (set before active(), which allocates it)
+        self._e.config(rxbuf=RX_PACKETS * (self.mtu + 16))
+        self._e.active(True)
         self.peers = peers  # node id -> 6-byte MAC
         for mac in peers.values():
             self._add(mac)

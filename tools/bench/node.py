@@ -5,7 +5,8 @@
 Emulation figures: firmware nodes in the unix-port `micropython` VM on this machine, flashed as a board
 gets them (mpy-cross, x64 viper kernels), talking over pipes with `:`-base64 lines, as on USB serial.
 Rows:
-- rtt: PING round trip host -> node -> host (median and p90), small and 200-byte payloads.
+- rtt: PING round trip host -> node -> host (median and p90), small and 200-byte payloads; and through a
+  gateway node and the virtual ESP-NOW radio (no loss) to a node behind it, 600 bytes = 3 fragments.
 - drafter: the shipped drafter (models/drafter.spm, else a random model of its shape) in a classic ESP32
   heap (110536 bytes + this VM's code overhead, see tests/test_firmware_budget.py), gamma 4, top-8
   q-hat at temperature 0.8: tokens/s seen by the host (round trips included) and the node's own
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 from shared import messages as m
-from tools.nodeproc import NodeProc, begin, code_heap, commit, flash, generate, shipped_model
+from tools.nodeproc import ROOT, NodeProc, begin, code_heap, commit, flash, generate, shipped_model
 
 ESP32_HEAP = 110_536
 ESP32S3_HEAP = 64_000 + 8_257_536
@@ -37,23 +38,49 @@ def _mp() -> tuple[str, str]:
     return str(bindir / "micropython"), str(bindir / "mpy-cross")
 
 
+def _pings(node: NodeProc, sizes=(8, 200), n: int = 300) -> dict:
+    out = {}
+    for size in sizes:
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            node.call(m.PING, bytes(size))
+            times.append((time.perf_counter() - t0) * 1e6)
+        times.sort()
+        out["ping_%d_us" % size] = {"median": round(statistics.median(times)), "p90": round(times[int(0.9 * n)])}
+    return out
+
+
 def _rtt(mp: str, tmp: Path) -> dict:
     node = NodeProc(mp, tmp / "rtt")
     try:
-        out = {}
-        for size in (8, 200):
-            payload = bytes(range(size % 256)) if size < 256 else bytes(size)
-            times = []
-            for _ in range(300):
-                t0 = time.perf_counter()
-                node.call(m.PING, payload[:size])
-                times.append((time.perf_counter() - t0) * 1e6)
-            times.sort()
-            out["ping_%d_us" % size] = {"median": round(statistics.median(times)),
-                                        "p90": round(times[int(0.9 * len(times))])}
-        return out
+        return _pings(node)
     finally:
         node.close()
+
+
+def _rtt_radio(mp: str, tmp: Path) -> dict:
+    """PING host -> gateway (stdio) -> virtual ESP-NOW radio -> node and back; 600 bytes: 3 fragments."""
+    from host.emulator.radio import RadioConfig, RadioHub
+
+    hub = RadioHub(RadioConfig(mtu=250)).start()
+    macs = {1: "02:00:00:00:00:01", 2: "02:00:00:00:00:02"}
+    host, port = hub.address
+    nodes = []
+    try:
+        for nid, cfg in ((2, {"link": "espnow", "espnow": {"peers": {"0": macs[1]}}}),
+                         (1, {"link": "gateway", "espnow": {"peers": {"2": macs[2]}}})):
+            env = {"MICROPYPATH": "%s:%s:.frozen" % (ROOT, ROOT / "host" / "emulator" / "mpy"),
+                   "VBOARD_RADIO": "%s:%d" % (host, port), "VBOARD_MAC": macs[nid]}
+            nodes.append(NodeProc(mp, tmp / ("radio%d" % nid), dict(cfg, node_id=nid), node_id=nid, env=env))
+        peer = nodes[1].view(2)
+        peer.rto = 1.0
+        peer.call(m.PING, b"up")
+        return _pings(peer, (8, 600), 100)
+    finally:
+        for n in nodes:
+            n.close(interrupt=True)
+        hub.stop()
 
 
 def _drafter(mp: str, board: Path, model: str) -> dict:
@@ -150,7 +177,7 @@ def run() -> dict:
         flash(board, cross)
         drafter_model = shipped_model("drafter", tmp)
         target_model = shipped_model("target", tmp)
-        res = {"rtt": _rtt(mp, tmp), "drafter": _drafter(mp, board, drafter_model),
+        res = {"rtt": _rtt(mp, tmp), "rtt_radio": _rtt_radio(mp, tmp), "drafter": _drafter(mp, board, drafter_model),
                "target": _target(mp, board, target_model), "pipelined": _pipelined(mp, tmp, drafter_model),
                "models": {"drafter": drafter_model, "target": target_model}}
     r, dr, tg, pl = res["rtt"], res["drafter"], res["target"], res["pipelined"]
@@ -158,6 +185,9 @@ def run() -> dict:
     for size in (8, 200):
         x = r["ping_%d_us" % size]
         print("%-40s %d us median, %d us p90" % ("PING round trip, %d-byte payload" % size, x["median"], x["p90"]))
+    for size in (8, 600):
+        x = res["rtt_radio"]["ping_%d_us" % size]
+        print("%-40s %d us median, %d us p90" % ("PING via gateway + radio, %d B" % size, x["median"], x["p90"]))
     print("%-40s %.1f tok/s (%.2f ms compute/token)" % ("drafter, ESP32 heap, gamma 4, T 0.8", dr["tokens_per_s"],
                                                          dr["compute_ms_per_position"]))
     print("%-40s %d B free, %d B low-water" % ("drafter heap left", dr["heap_free"], dr["heap_min"]))
