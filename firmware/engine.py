@@ -20,16 +20,16 @@ it cannot avoid: MicroPython floats are heap objects (on the ESP32 ports too), s
 of the norms, softmax, RoPE and output scaling allocates a short-lived box that the GC reclaims
 (`python -m tools.bench kernels` reports the bytes per token). Integer work never allocates.
 
-Arithmetic: docs/CONTRACTS.md section 4, as in host/engine.py. Matmuls run int8 x int8 -> int32 in
-`kernels.py` (viper) or in the plain-Python fallback below. Attention stays integer too, at float
-precision: each query head becomes 30-bit ints (scale max|q|/(2^30-1)), split into two int16 halves
-for the q.k products against the int8 key cache; softmax weights times value scales are quantized to
-sum to 2^23 for the products against the int8 value cache. Versus the contract's float attention the
-error is below float32 rounding (the logits match numpy to 1e-6 but for rare rounding flips).
-Integer bounds (32-bit boards: int32 in viper, 31-bit small ints in Python): matmul sums
-127*127*cols, q.k halves 32768*127*hd, value sums 127*(2^23 + n_ctx); so hd <= 256 (checked at load)
-and cols < 66000. On the unix port floats are doubles, on boards float32; logits match the numpy
-reference within the tolerance stated in tests/test_firmware_engine.py.
+Arithmetic: docs/CONTRACTS.md section 4 describes this engine's steps exactly; host/engine.py (numpy)
+and host/torch_backend.py reproduce them bit for bit on the unix port, where floats are doubles and
+every array('f') store rounds to float32 (on boards floats are float32, so there the host is matched
+to float32 rounding only). Matmuls run int8 x int8 -> int32 in `kernels.py` (viper) or in the
+plain-Python fallback below. Attention stays integer too, at float precision: each query head becomes
+30-bit ints (scale max|q|/(2^30-1)), split into two int16 halves for the q.k products against the int8
+key cache; softmax weights times value scales are quantized to sum to 2^23 for the products against
+the int8 value cache. Integer bounds (32-bit boards: int32 in viper, 31-bit small ints in Python):
+matmul sums 127*127*cols, q.k halves 32768*127*hd, value sums 127*(2^23 + n_ctx); so hd <= 256
+(checked at load) and cols < 66000.
 """
 
 import gc

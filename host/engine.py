@@ -1,21 +1,23 @@
-"""The numpy reference engine: the int8 arithmetic of docs/CONTRACTS.md section 4, step for step.
+"""The numpy reference engine: the firmware's int8 arithmetic (docs/CONTRACTS.md section 4), bit for bit.
 
 It is the host CPU verifier back-end and the oracle the firmware and torch engines are checked against.
 `Engine(path)` loads a model file; `forward(tokens, start_pos)` runs one batched pass over k new
 positions (each weight matrix applied once to all k rows) and returns float32 logits `[k, vocab]`;
 the KV cache holds int8 vectors with one float32 scale each; `rollback(length)` and `reset()` cut it.
 
-Integer dot products are exact: int8 values are held as float64 and multiplied by BLAS, exact far
-beyond any int32 sum a model can reach. Everything else is float32, in the contract's order, except
-the float reductions (RMSNorm's mean of squares, attention dot products and weighted sums, softmax's
-exp and sum) and SiLU's exp, computed in float64 and rounded to float32: those are where libraries
-differ (summation order, exp implementations), and in float64 their differences vanish in the
-rounding, so the torch back-end (host/torch_backend.py) reproduces this engine bit for bit.
+Every step rounds where firmware/engine.py rounds (it computes in float64 on the unix port and stores
+float32): matvecs, quantization and residual adds in float32; RMSNorm, RoPE, SwiGLU and attention in
+float64, rounded to float32 once; attention in integers like the firmware's (30-bit query against the
+int8 keys, weights quantized to sum to 2^23 against the int8 values). Integer dot products are exact
+(float64 BLAS, every sum below 2^53), sums the firmware runs in order are cumulative sums, and the RoPE
+tables come from libm through Python's math, as on the unix port. The torch back-end
+(host/torch_backend.py) follows this module operation for operation.
 `target_table` and `argmax` turn a logits row into what the acceptance rule consumes.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 
@@ -28,6 +30,8 @@ from shared.rule import quantize
 
 F32 = np.float32
 F64 = np.float64
+QMAX = (1 << 30) - 1  # attention: query heads become 30-bit ints
+WSUM = float(1 << 23)  # attention: weights x value scales are quantized to sum to 2^23
 
 
 class Mat:
@@ -54,36 +58,72 @@ def quantize_act(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return xq, xs
 
 
+def seqsum(x: np.ndarray) -> np.ndarray:
+    """Sum over the last axis from left to right, one float64 addition at a time (as the firmware sums)."""
+    return np.cumsum(x, axis=-1)[..., -1:]
+
+
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """x * w / sqrt(mean(x*x) + eps), per row; the mean of squares in float64, rounded to float32."""
-    ms = np.mean(np.square(x.astype(F64)), axis=-1, keepdims=True).astype(F32)
-    return (x * w / np.sqrt(ms + F32(eps))).astype(F32)
+    """f32(x * w / sqrt(ss / dim + eps)) per row, ss the sum of squares: all in float64, rounded once."""
+    x = x.astype(F64)
+    d = np.sqrt(seqsum(np.square(x)) / x.shape[-1] + eps)
+    return (x * w.astype(F64) / d).astype(F32)
 
 
 def rope_freqs(h: Header) -> np.ndarray:
-    """theta^(-2i/hd) for i < hd/2, float32 (the firmware stores the same values)."""
+    """f32(theta^(-2i/hd)) for i < hd/2, by libm's pow as the firmware computes it."""
     hd = h.head_dim
-    return np.power(float(h.rope_theta), -np.arange(0, hd, 2, dtype=np.float64) / hd).astype(F32)
+    return np.array([math.pow(h.rope_theta, -2.0 * i / hd) for i in range(hd // 2)]).astype(F32)
 
 
-def rope(x: np.ndarray, pos: np.ndarray, freqs: np.ndarray) -> np.ndarray:
-    """llama2.c RoPE on rows x [k, heads*hd] at positions pos [k]: rotate each pair (2i, 2i+1) of a head."""
-    ang = pos.astype(np.float64)[:, None] * freqs.astype(np.float64)[None, :]
-    c, s = np.cos(ang).astype(F32)[:, None, :], np.sin(ang).astype(F32)[:, None, :]
-    pairs = x.reshape(x.shape[0], -1, freqs.shape[0], 2)
+def rope_tables(h: Header) -> tuple[np.ndarray, np.ndarray]:
+    """f32(cos), f32(sin) of pos * freq for every position and pair [max_seq, hd/2], by libm as the firmware."""
+    freqs = [float(f) for f in rope_freqs(h)]
+    ang = [p * f for p in range(h.max_seq) for f in freqs]
+    shape = (h.max_seq, len(freqs))
+    return (np.array([math.cos(a) for a in ang]).astype(F32).reshape(shape),
+            np.array([math.sin(a) for a in ang]).astype(F32).reshape(shape))
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """llama2.c RoPE on rows x [k, heads*hd] with cos/sin [k, hd/2]: each pair (a, b) of a head becomes
+    f32(a*c - b*s), f32(a*s + b*c), computed in float64."""
+    pairs = x.astype(F64).reshape(x.shape[0], -1, cos.shape[1], 2)
     a, b = pairs[..., 0], pairs[..., 1]
+    c, s = cos.astype(F64)[:, None, :], sin.astype(F64)[:, None, :]
     return np.stack((a * c - b * s, a * s + b * c), axis=-1).reshape(x.shape).astype(F32)
 
 
-def softmax(x: np.ndarray) -> np.ndarray:
-    """Per row; exp and sum in float64, rounded to float32."""
-    e = np.exp((x - x.max(axis=-1, keepdims=True)).astype(F64))
-    return (e / e.sum(axis=-1, keepdims=True)).astype(F32)
+def swiglu(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """f32(silu(a) * b) in float64, silu(a) = a / (1 + exp(-a)), and 0 where a < -80."""
+    a = a.astype(F64)
+    with np.errstate(over="ignore"):
+        g = a / (1.0 + np.exp(-a)) * b.astype(F64)
+    return np.where(a < -80.0, 0.0, g).astype(F32)
 
 
-def einsum64(spec: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """A float32 contraction summed in float64 (float32 products are exact there), rounded to float32."""
-    return np.einsum(spec, a.astype(F64), b.astype(F64)).astype(F32)
+def attention(q: np.ndarray, kq: np.ndarray, ks: np.ndarray, vq: np.ndarray, vs: np.ndarray,
+              visible: np.ndarray) -> np.ndarray:
+    """The firmware's integer attention (docs/CONTRACTS.md section 4), vectorised.
+
+    q [..., j, g, hd] float32 query heads (g heads share one kv head), kq/vq [..., t, hd] int8 keys and
+    values with scales ks/vs [..., t] float32, visible [..., j, t] bool -> [..., j, g, hd] float32.
+    """
+    hd = q.shape[-1]
+    q = q.astype(F64)
+    s = np.abs(q).max(axis=-1, keepdims=True) / QMAX  # [.., j, g, 1]
+    v = np.floor(q / np.where(s > 0, s, 1.0) + 0.5)  # 30-bit ints (all 0 for a zero head)
+    dot = np.einsum("...jgd,...td->...jgt", v, kq.astype(F64))  # exact: |sum| < 2^53
+    score = dot * ks.astype(F64)[..., None, None, :] * (s * (1.0 / math.sqrt(hd)))
+    vis = visible[..., :, None, :]
+    mx = np.where(vis, score, -np.inf).max(axis=-1, keepdims=True)
+    e = np.exp(np.where(vis, score.astype(F32).astype(F64) - mx, -np.inf))
+    w = e * vs.astype(F64)[..., None, None, :]
+    ws = seqsum(w)
+    wi = np.floor(w.astype(F32).astype(F64) * (WSUM / np.where(ws > 0, ws, 1.0)) + 0.5)
+    out = np.einsum("...jgt,...td->...jgd", wi, vq.astype(F64))  # exact: |sum| < 2^31
+    f = ws / (WSUM * seqsum(e))
+    return np.where(ws > 0, out * f, 0.0).astype(F32)
 
 
 class Engine:
@@ -98,7 +138,7 @@ class Engine:
                        for i in range(h.n_layers)]
         self.final_norm = t["final_norm"].astype(F32)
         self.cls = Mat(self.tok_emb if h.flags & FLAG_SHARED_CLS else t["cls"])
-        self.freqs = rope_freqs(h)
+        self.cos, self.sin = rope_tables(h)
         shape = (h.n_layers, h.max_seq)
         self.kq = np.zeros(shape + (h.kv_dim,), np.int8)
         self.ks = np.zeros(shape, F32)
@@ -140,30 +180,24 @@ class Engine:
             raise ValueError("%d positions exceed the model's context of %d" % (p0 + k, h.max_seq))
         if toks.min() < 0 or toks.max() >= h.vocab:
             raise ValueError("token id out of range [0, %d)" % h.vocab)
-        pos = np.arange(p0, p0 + k)
         end = p0 + k
         hd, n_kv, group = h.head_dim, h.n_kv_heads, h.n_heads // h.n_kv_heads
+        cos, sin = self.cos[p0:end], self.sin[p0:end]
         # causal mask: query j (position p0 + j) sees keys 0..p0 + j
-        visible = np.arange(end)[None, :] <= pos[:, None]
+        visible = np.arange(end)[None, :] <= np.arange(p0, end)[:, None]
         x = (self.tok_emb.q[toks].astype(F32) * self.tok_emb.s[toks][:, None]).astype(F32)
         for i, w in enumerate(self.layers):
             xn = rmsnorm(x, w["attn_norm"], h.norm_eps)
-            q = rope(w["wq"].matvec(xn), pos, self.freqs)
-            kk = rope(w["wk"].matvec(xn), pos, self.freqs)
-            self.kq[i, p0:end], self.ks[i, p0:end] = quantize_act(kk)
+            q = rope(w["wq"].matvec(xn), cos, sin)
+            self.kq[i, p0:end], self.ks[i, p0:end] = quantize_act(rope(w["wk"].matvec(xn), cos, sin))
             self.vq[i, p0:end], self.vs[i, p0:end] = quantize_act(w["wv"].matvec(xn))
-            keys = (self.kq[i, :end].astype(F32) * self.ks[i, :end, None]).reshape(end, n_kv, hd)
-            vals = (self.vq[i, :end].astype(F32) * self.vs[i, :end, None]).reshape(end, n_kv, hd)
-            qh = q.reshape(k, n_kv, group, hd)
-            scores = einsum64("jkgd,tkd->kgjt", qh, keys) / F32(np.sqrt(hd))
-            att = softmax(np.where(visible[None, None], scores, F32(-np.inf)))
-            o = einsum64("kgjt,tkd->jkgd", att, vals).reshape(k, h.n_heads * hd)
-            x = x + w["wo"].matvec(o)
+            kv = (self.kq[i, :end].reshape(end, n_kv, hd).transpose(1, 0, 2),
+                  self.vq[i, :end].reshape(end, n_kv, hd).transpose(1, 0, 2))
+            qh = q.reshape(k, n_kv, group, hd).transpose(1, 0, 2, 3)  # [kv head, j, g, hd]
+            o = attention(qh, kv[0], self.ks[i, :end], kv[1], self.vs[i, :end], visible)
+            x = x + w["wo"].matvec(o.transpose(1, 0, 2, 3).reshape(k, h.n_heads * hd))
             xn = rmsnorm(x, w["ffn_norm"], h.norm_eps)
-            a = w["w1"].matvec(xn).astype(F64)
-            with np.errstate(over="ignore"):
-                g = (a / (1.0 + np.exp(-a))).astype(F32) * w["w3"].matvec(xn)
-            x = x + w["w2"].matvec(g)
+            x = x + w["w2"].matvec(swiglu(w["w1"].matvec(xn), w["w3"].matvec(xn)))
         self.length = end
         return self.cls.matvec(rmsnorm(x, self.final_norm, h.norm_eps))
 

@@ -7,18 +7,19 @@ Positions are packed for every per-position step (matvecs, norms, RoPE, MLP); on
 to [streams, longest run], with a causal mask over each stream's own cache slot, so streams never see
 each other's tokens. `rollback` cuts a stream back to its committed length.
 
-The arithmetic is the numpy reference's (host/engine.py, docs/CONTRACTS.md section 4), operation for
-operation, so that the logits are the same bits (asserted on the CPU; on CUDA within the tolerance its
-tests state). A float32 difference of one ulp is not harmless here: it can flip an activation's int8
-rounding, which moves logits by ~1% from then on (a KV cache entry keeps it) and on a trained target
-changed greedy text on 1 of 20 held-out prompts before this was made exact. Hence:
+The arithmetic is the numpy reference's (host/engine.py, docs/CONTRACTS.md section 4: the firmware's),
+operation for operation, so that the logits are the same bits (asserted on the CPU; on CUDA within the
+tolerance its tests state). A float32 difference of one ulp is not harmless here: it can flip an
+activation's int8 rounding, which moves logits by ~1% from then on (a KV cache entry keeps it). Hence:
 - integer dot products are exact: int8 values held as float32, and a float32 matmul of such integers
   is exact while every partial sum stays below 2^24, so columns are cut into chunks of at most
   `EXACT_COLS` (127 * 127 * 1040 < 2^24) whose sums are added in float64. On CUDA that needs IEEE
   float32 matmuls, not TF32: `TorchModel` sets the float32 matmul precision to "highest" (the default);
-- float reductions and exp run in float64 and are rounded to float32, as the engine does;
-- square roots are taken in float64: torch's float32 CPU sqrt is not correctly rounded (about 1 in 6
-  results differ from numpy's), the float64 one rounded to float32 is.
+  attention's integer products (30-bit queries, 2^23-sum weights) run in float64, exact below 2^53;
+- the float64 steps (RMSNorm, RoPE, SwiGLU, attention's softmax) run in float64 and are rounded to
+  float32 where the engine rounds; sums the firmware runs in order are cumulative sums (sequential on
+  the CPU; CUDA scans in its own order, one source of its tolerance, its exp the other);
+- the KV cache holds the int8 values and their float32 scales, one slot per stream.
 
 `TorchVerifier` is the orchestrator's `Verifier` (host/backends.py) for one stream; the streams of one
 model and device share a `Batcher` (host/batcher.py), which runs their pending requests as one pass.
@@ -26,6 +27,7 @@ model and device share a `Batcher` (host/batcher.py), which runs their pending r
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,7 +41,7 @@ except ImportError:  # torch is the optional `gpu` extra; the host works without
 
 from host.backends import BackendError, EngineStream, LocalVerifier, SessionParams, register_verifier
 from host.batcher import Batcher
-from host.engine import rope_freqs
+from host.engine import QMAX, WSUM, rope_tables
 from host.modelio import QTensor, read_model
 from shared.modelfile import FLAG_SHARED_CLS, ModelFileError
 
@@ -86,27 +88,48 @@ class _Mat:
         return acc * self.s * xs
 
 
+def _seqsum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over the last dim from left to right (engine.seqsum; a parallel scan on CUDA)."""
+    return torch.cumsum(x, dim=-1)[..., -1:]
+
+
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    ms = (x.double() ** 2).mean(dim=-1, keepdim=True).float() + eps
-    return x * w / torch.sqrt(ms.double()).float()  # torch's float32 sqrt is not correctly rounded
-
-
-def softmax(x: torch.Tensor) -> torch.Tensor:
-    e = torch.exp((x - x.amax(dim=-1, keepdim=True)).double())
-    return (e / e.sum(dim=-1, keepdim=True)).float()
-
-
-def _einsum64(spec: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.einsum(spec, a.double(), b.double()).float()
+    """engine.rmsnorm: f32(x * w / sqrt(ss / dim + eps)) in float64."""
+    x = x.double()
+    return (x * w.double() / torch.sqrt(_seqsum(x * x) / x.shape[-1] + eps)).float()
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """llama2.c RoPE on rows x [n, heads * hd], cos/sin [n, hd / 2] at each row's position."""
+    """engine.rope on rows x [n, heads * hd], cos/sin [n, hd / 2] at each row's position."""
     n = x.shape[0]
-    pairs = x.view(n, -1, cos.shape[1], 2)
+    pairs = x.double().view(n, -1, cos.shape[1], 2)
     a, b = pairs[..., 0], pairs[..., 1]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.stack((a * c - b * s, a * s + b * c), dim=-1).view(n, -1)
+    c, s = cos.double()[:, None, :], sin.double()[:, None, :]
+    return torch.stack((a * c - b * s, a * s + b * c), dim=-1).view(n, -1).float()
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """engine.swiglu: f32(a / (1 + exp(-a)) * b) in float64, 0 where a < -80."""
+    a = a.double()
+    return torch.where(a < -80.0, 0.0, a / (1.0 + torch.exp(-a)) * b.double()).float()
+
+
+def attention(q, kq, ks, vq, vs, visible) -> torch.Tensor:
+    """engine.attention (the firmware's integer attention) on torch tensors, the same shapes."""
+    hd = q.shape[-1]
+    q = q.double()
+    s = q.abs().amax(dim=-1, keepdim=True) / QMAX
+    v = torch.floor(q / torch.where(s > 0, s, 1.0) + 0.5)
+    dot = torch.einsum("...jgd,...td->...jgt", v, kq.double())
+    score = dot * ks.double()[..., None, None, :] * (s * (1.0 / math.sqrt(hd)))
+    hidden = ~visible[..., :, None, :]
+    mx = score.masked_fill(hidden, float("-inf")).amax(dim=-1, keepdim=True)
+    e = torch.exp((score.float().double() - mx).masked_fill(hidden, float("-inf")))
+    w = e * vs.double()[..., None, None, :]
+    ws = _seqsum(w)
+    wi = torch.floor(w.float().double() * (WSUM / torch.where(ws > 0, ws, 1.0)) + 0.5)
+    out = torch.einsum("...jgt,...td->...jgd", wi, vq.double())
+    return torch.where(ws > 0, out * (ws / (WSUM * _seqsum(e))), 0.0).float()
 
 
 class TorchModel:
@@ -124,24 +147,23 @@ class TorchModel:
                        for i in range(h.n_layers)]
         self.final_norm = torch.from_numpy(t["final_norm"]).to(dev)
         self.cls = self.tok_emb if h.flags & FLAG_SHARED_CLS else _Mat(t["cls"], dev)
-        # the angles of engine.rope: pos * freq in float64, cos/sin rounded to float32
-        ang = np.arange(h.max_seq, dtype=np.float64)[:, None] * rope_freqs(h).astype(np.float64)[None, :]
-        self.cos = torch.from_numpy(np.cos(ang).astype(np.float32)).to(dev)
-        self.sin = torch.from_numpy(np.sin(ang).astype(np.float32)).to(dev)
+        self.cos, self.sin = (torch.from_numpy(t).to(dev) for t in rope_tables(h))
         self._lengths: list[int | None] = []  # per slot: cached positions, None when free
-        self._k = self._v = None
+        self._cache: tuple | None = None  # int8 keys, key scales, int8 values, value scales
         self._grow(max(1, streams))
 
     # -- streams ---------------------------------------------------------------------------------
 
     def _grow(self, cap: int) -> None:
         h = self.header
-        k = torch.zeros((h.n_layers, cap, h.max_seq, h.kv_dim), device=self.device)
-        v = torch.zeros_like(k)
-        if self._k is not None:
-            k[:, :self._k.shape[1]] = self._k
-            v[:, :self._v.shape[1]] = self._v
-        self._k, self._v = k, v
+        shape = (h.n_layers, cap, h.max_seq)
+        new = tuple(torch.zeros(shape + ((h.kv_dim,) if i % 2 == 0 else ()),
+                                dtype=torch.int8 if i % 2 == 0 else torch.float32, device=self.device)
+                    for i in range(4))
+        if self._cache is not None:
+            for old, t in zip(self._cache, new):
+                t[:, :old.shape[1]] = old
+        self._cache = new
         self._lengths += [None] * (cap - len(self._lengths))
 
     def open_stream(self) -> int:
@@ -216,19 +238,19 @@ class TorchModel:
             q = rope(w["wq"].matvec(xn), cos, sin)
             kq, ks = quantize_act(rope(w["wk"].matvec(xn), cos, sin))
             vq, vs = quantize_act(w["wv"].matvec(xn))
-            self._k[i, row_slot, pos] = kq * ks  # the int8 cache, stored dequantized (same float32 values)
-            self._v[i, row_slot, pos] = vq * vs
-            keys = self._k[i, slots_t, :l_max].view(b, l_max, n_kv, hd)
-            vals = self._v[i, slots_t, :l_max].view(b, l_max, n_kv, hd)
-            qp = torch.zeros(b, t_max, h.dim, device=dev)
+            kc, ksc, vc, vsc = self._cache
+            kc[i, row_slot, pos], ksc[i, row_slot, pos] = kq.to(torch.int8), ks[:, 0]
+            vc[i, row_slot, pos], vsc[i, row_slot, pos] = vq.to(torch.int8), vs[:, 0]
+            keys = kc[i, slots_t, :l_max].view(b, l_max, n_kv, hd).transpose(1, 2)  # [b, kv head, j, hd]
+            vals = vc[i, slots_t, :l_max].view(b, l_max, n_kv, hd).transpose(1, 2)
+            qp = torch.zeros(b, t_max, h.n_heads * hd, device=dev)
             qp[row_b, row_t] = q
-            scores = _einsum64("btkgd,bjkd->bkgtj", qp.view(b, t_max, n_kv, group, hd), keys) / hd ** 0.5
-            att = softmax(scores.masked_fill(~visible[:, None, None], float("-inf")))
-            o = _einsum64("bkgtj,bjkd->btkgd", att, vals).reshape(b, t_max, h.dim)[row_b, row_t]
+            o = attention(qp.view(b, t_max, n_kv, group, hd).transpose(1, 2), keys, ksc[i, slots_t, None, :l_max],
+                          vals, vsc[i, slots_t, None, :l_max], visible[:, None])  # [b, kv head, t, g, hd]
+            o = o.transpose(1, 2).reshape(b, t_max, h.n_heads * hd)[row_b, row_t]
             x = x + w["wo"].matvec(o)
             xn = rmsnorm(x, w["ffn_norm"], h.norm_eps)
-            a = w["w1"].matvec(xn).double()
-            x = x + w["w2"].matvec((a / (1.0 + torch.exp(-a))).float() * w["w3"].matvec(xn))
+            x = x + w["w2"].matvec(swiglu(w["w1"].matvec(xn), w["w3"].matvec(xn)))
         return self.cls.matvec(rmsnorm(x, self.final_norm, h.norm_eps))
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from host.engine import Engine, Mat, argmax, quantize_act, target_table
+from host.engine import Engine, Mat, argmax, attention, quantize_act, target_table
 from host.modelio import quantize_rows
 from shared.modelfile import FLAG_SHARED_CLS
 from shared.rule import ONE
@@ -30,6 +30,28 @@ def test_quantize_act_and_matvec_are_the_contract():
     np.testing.assert_allclose(Mat(w).matvec(xr), acc * w.s[None, :] * xs[:, None], rtol=1e-6)
 
 
+def test_integer_attention_is_float_attention_at_float32_precision():
+    """The firmware's integer attention against softmax(q.k / sqrt(hd)) v in float64 on the same int8 cache."""
+    rng = np.random.default_rng(3)
+    n_kv, k, group, hd, n = 2, 3, 2, 16, 9
+    q = (rng.normal(size=(n_kv, k, group, hd)) * 3).astype(np.float32)
+    q[0, 1, 1] = 0.0  # a zero query head attends uniformly
+    kq, ks = quantize_act(rng.normal(size=(n_kv, n, hd)).astype(np.float32))
+    vq, vs = quantize_act(rng.normal(size=(n_kv, n, hd)).astype(np.float32))
+    ks, vs = ks[0], vs[1]  # one scale per position, shared by the kv heads (as the cache holds them)
+    vq[:, 4] = 0  # an all-zero value row: scale 0
+    vs[4] = 0.0
+    visible = np.arange(n)[None, :] <= np.arange(n - k, n)[:, None]
+    got = attention(q, kq, ks, vq, vs, visible)
+    keys, vals = kq * ks[:, None].astype(np.float64), vq * vs[:, None].astype(np.float64)
+    score = np.einsum("hjgd,htd->hjgt", q.astype(np.float64), keys) / np.sqrt(hd)
+    p = np.exp(np.where(visible[:, None], score, -np.inf) - score.max(-1, keepdims=True))
+    want = np.einsum("hjgt,htd->hjgd", p / p.sum(-1, keepdims=True), vals)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+    np.testing.assert_array_equal(attention(q[:, :1], kq, ks, vq, vs, visible[:1]), got[:, :1])
+
+
 def test_batched_pass_equals_single_steps(model_path):
     toks = [3, 17, 42, 8, 79, 0, 55, 21]
     batched = Engine(model_path)
@@ -38,7 +60,7 @@ def test_batched_pass_equals_single_steps(model_path):
     b = batched.forward(toks[3:])
     rows = np.concatenate([a, b])
     for j, t in enumerate(toks):
-        np.testing.assert_allclose(single.forward([t], j)[0], rows[j], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(single.forward([t], j)[0], rows[j])
     assert batched.length == single.length == len(toks)
 
 
@@ -49,11 +71,11 @@ def test_rollback_forgets_positions(model_path):
     assert e.length == 2
     after = e.forward([9, 10])
     fresh = Engine(model_path).forward([1, 2, 9, 10])[2:]
-    np.testing.assert_allclose(after, fresh, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(after, fresh)
     again = e.forward([11], 1)  # an earlier start position rolls back implicitly
-    np.testing.assert_allclose(again, Engine(model_path).forward([1, 11])[1:], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(again, Engine(model_path).forward([1, 11])[1:])
     e.reset()
-    np.testing.assert_allclose(e.forward([1]), Engine(model_path).forward([1]), rtol=1e-6)
+    np.testing.assert_array_equal(e.forward([1]), Engine(model_path).forward([1]))
 
 
 def test_argmax_ties_go_to_lowest_id():
