@@ -25,7 +25,7 @@ from shared.codec import BROADCAST
 
 ROOT = Path(__file__).resolve().parent.parent
 VBOARDS = ROOT / "build" / "vboards"
-BOARD_CLASS = {"drafter": "esp32s3", "verifier": "esp32s3"}
+BOARD_CLASS = {"drafter": "esp32", "verifier": "esp32s3"}
 NODE_ID = {"drafter": 1, "verifier": 2}
 BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier}
 

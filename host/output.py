@@ -89,6 +89,9 @@ def format_table(stats: dict) -> str:
         w = max(len(n) for n in names)
         lines.append("%-*s  %10s %12s %11s" % (w, "board", "compute s", "heap free B", "retransmits"))
         for name, b in zip(names, boards):
+            if "error" in b:
+                lines.append("%-*s  stats unavailable: %s" % (w, name, b["error"]))
+                continue
             lines.append("%-*s  %10s %12s %11s" % (w, name, _fmt(b.get("compute_s")), _fmt(b.get("heap_free")),
                                                    _fmt(b.get("retransmits"))))
     return "\n".join(lines)

@@ -184,7 +184,11 @@ def build_stats(a, result: Result, text: str, verifier, drafter, controller: Gam
     for role, b in (("verifier", verifier), ("drafter", drafter)):
         if b is None:
             continue
-        s = b.stats()
+        try:
+            s = b.stats()
+        except BackendError as e:  # the text is out already; a board too short of heap to report is a note
+            stats["boards"].append({"name": b.name, "role": role, "error": _one_line(e)})
+            continue
         if "heap_free" in s:
             stats["boards"].append({"name": b.name, "role": role, "compute_s": s.get("compute_s"),
                                     "heap_free": s.get("heap_free"), "errors": s.get("errors", 0),
