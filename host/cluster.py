@@ -82,9 +82,9 @@ def connect(port: str, kind: str):
 class Cluster(contextlib.ExitStack):
     """Virtual boards for one run; `backend(kind)` starts and flashes what the role needs.
 
-    serial: one board per role, each on its own pty. espnow: the drafter board is the gateway (its pty
-    faces the host; config link "gateway") and the verifier board is reached over the virtual radio
-    (link "espnow"), which loses and duplicates packets as `radio` says.
+    serial: one board per role, each on its own pty. espnow: the drafter board (an ESP32-S3 there) is the
+    gateway (its pty faces the host; config link "gateway") and the verifier board is reached over the
+    virtual radio (link "espnow"), which loses and duplicates packets as `radio` says.
     """
 
     def __init__(self, transport: str = "serial", models: Path = ROOT / "models", root: Path = VBOARDS,
@@ -98,7 +98,7 @@ class Cluster(contextlib.ExitStack):
         self.boards: dict = {}
         self._bus: Bus | None = None
 
-    def start(self, kind: str, config: dict | None = None, radio=None):
+    def start(self, kind: str, config: dict | None = None, radio=None, board: str | None = None):
         """Start and flash the virtual board for `kind`; returns it (its `port` is the serial device).
 
         `config`: board-config keys (link, espnow peers) written before flashing, which keeps them."""
@@ -116,7 +116,7 @@ class Cluster(contextlib.ExitStack):
         cfg["spec_ahead"] = self.spec_ahead if kind == "drafter" else 0
         cfg.update(config or {})
         cfg_path.write_text(json.dumps(cfg, sort_keys=True))
-        vb = VirtualBoard(folder, BOARD_CLASS[kind], name="vboard-" + kind, mac=board_mac(NODE_ID[kind]),
+        vb = VirtualBoard(folder, board or BOARD_CLASS[kind], name="vboard-" + kind, mac=board_mac(NODE_ID[kind]),
                           radio=radio.address if radio is not None else None,
                           mtu=radio.config.mtu if radio is not None else 250)
         try:
@@ -138,7 +138,9 @@ class Cluster(contextlib.ExitStack):
         hub = self.enter_context(RadioHub(self.radio))
         drafter_mac, verifier_mac = board_mac(NODE_ID["drafter"]), board_mac(NODE_ID["verifier"])
         self.start("verifier", {"link": "espnow", "espnow": {"peers": {"0": drafter_mac}}}, hub)
-        gw = self.start("drafter", {"link": "gateway", "espnow": {"peers": {"2": verifier_mac}}}, hub)
+        # the gateway also relays every verifier frame: on a classic ESP32's heap next to the drafter model
+        # that ran out of memory reading frames (13 KB free), so the gateway drafter is an ESP32-S3
+        gw = self.start("drafter", {"link": "gateway", "espnow": {"peers": {"2": verifier_mac}}}, hub, "esp32s3")
         self.hub = hub
         return _open(gw.port, self)
 
