@@ -135,6 +135,9 @@ class Setup(contextlib.ExitStack):
         """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`."""
         model = self.a.models / ("drafter.spm" if kind == "drafter" else "target.spm")
         if name == "virtual":
+            if not self.a.quiet:
+                print("specmesh: starting the virtual %s board and flashing it (%s transport)..."
+                      % (kind, self.a.transport), file=sys.stderr, flush=True)
             backend = self._cluster().backend(kind)
         else:
             fac = backends.factory(kind, name)
