@@ -77,6 +77,11 @@ def format_table(stats: dict) -> str:
         ("verifier", stats["verifier"]),
         ("drafter", stats["drafter"]),
     ]
+    est = stats.get("estimates") or {}
+    if stats.get("drafter") and est.get("cost_ratio_c") is not None:
+        v = est.get("verify_v") or []
+        rows.append(("drafter cost c, verify cost v(2), v(5)", "%.3g, %s, %s" % (
+            est["cost_ratio_c"], _fmt(v[1] if len(v) > 1 else None), _fmt(v[4] if len(v) > 4 else None))))
     proj = stats.get("projection")
     if proj:
         rows.append(("projected on %s: tokens / s" % proj["hardware"], proj["tokens_per_s"]))
