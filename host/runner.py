@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "speculation). Off by default in emulation: the virtual boards share the host's cores, "
                         "so drafting ahead slows the verifier (64 tokens, gamma 2: 13.3 -> 7.9 tok/s)")
     p.add_argument("--plain", action="store_true", help="target-only decoding on the same verifier (baseline)")
-    p.add_argument("--project", metavar="BOARD", choices=("esp32s3", "esp32"),
+    p.add_argument("--project", metavar="BOARD", choices=("esp32s3",),
                    help="also project the run onto real boards of this class (host/hardware.py); "
                         "gamma is then chosen for that hardware")
     p.add_argument("--stats-json", metavar="FILE", help="write the run's figures as JSON")
