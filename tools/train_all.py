@@ -18,7 +18,7 @@ from tools import corpus, export, modelcard, tokenizer, train
 CK = Path("checkpoints")
 TARGET = ["--config", "target", "--out", str(CK / "target"), "--steps", "3000", "--minutes", "55", "--lr", "2e-3"]
 DRAFTER = ["--config", "drafter", "--out", str(CK / "drafter"), "--teacher", str(CK / "target" / "best.pt"),
-           "--steps", "4000", "--minutes", "22", "--lr", "3e-3"]
+           "--steps", "4000", "--minutes", "25", "--lr", "3e-3"]
 
 
 def main(argv: list[str] | None = None) -> int:
