@@ -6,7 +6,7 @@ time, and speculative-decoding acceptance at gamma = 4, temperature 0 and 1: hel
 prompts decoded by host/orchestrator.py with the int8 drafter and target engines and the shared
 acceptance rule (shared/rule.py).
 
-    python -m tools.modelcard [--prompts 24] [--new 64]
+    python -m tools.modelcard [--prompts 64] [--new 96]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tools.export import reference_prompts
 from tools.train import eval_loss, eval_windows, load_model
 
 GAMMA = 4
-LOSS_WINDOWS = 16
+LOSS_WINDOWS = 64
 SEQ = 256
 
 
@@ -106,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", type=Path, default=Path("models"))
     ap.add_argument("--checkpoints", type=Path, default=Path("checkpoints"))
     ap.add_argument("--corpus", type=Path, default=Path("corpus"))
-    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=16)
-    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--new", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=Path("runs/modelcard.json"))
     a = ap.parse_args(argv)
