@@ -110,6 +110,12 @@ class Tokenizer:
         ids = self._hf.encode(text).ids
         return [BOS] + ids if bos else ids
 
+    def encode_batch(self, texts: list[str], bos: bool = True) -> list[list[int]]:
+        if self._hf is None:
+            raise TokenizerError("this tokenizer was loaded from a vocab table and can only decode")
+        head = [BOS] if bos else []
+        return [head + e.ids for e in self._hf.encode_batch(texts)]
+
     def decode_bytes(self, ids) -> bytes:
         return b"".join(self.pieces[i] for i in ids)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -133,7 +134,7 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-def export_tensors(model: Transformer) -> dict[str, "numpy.ndarray"]:  # noqa: F821
+def export_tensors(model: Transformer) -> dict[str, np.ndarray]:
     """Float32 numpy tensors under the model file's names."""
     out = {"tok_emb": model.tok_emb.weight, "final_norm": model.final_norm.weight}
     for i, L in enumerate(model.layers):

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from host.tokenizer import BOS, Tokenizer
+from host.tokenizer import Tokenizer
 from tools.modeldefs import CONFIGS, ModelArgs, Transformer
 
 
@@ -35,8 +35,7 @@ def token_file(corpus: Path, split: str, tokenizer: Path) -> np.ndarray:
         return np.load(cache)
     tok = Tokenizer.from_json(tokenizer)
     docs = src.read_text("utf-8").split("\n\n")
-    enc = tok._hf.encode_batch(docs)
-    ids = np.concatenate([np.array([BOS] + e.ids, dtype=np.uint16) for e in enc])
+    ids = np.concatenate([np.array(e, dtype=np.uint16) for e in tok.encode_batch(docs)])
     np.save(cache, ids)
     return ids
 
