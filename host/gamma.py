@@ -12,7 +12,8 @@ proportional and learns its intercept once a larger gamma is tried); afterwards 
 current choice is tried every `PROBE_EVERY` rounds so the estimates follow the stream. At gamma = 0 the
 probe is gamma = 1 (the cheapest way to keep alpha measured) and its interval doubles each time plain
 decoding stays the best choice, so a stream where speculation does not pay spends O(log n) rounds
-probing: on a compute-bound board a fixed interval of 16 rounds cost ~5% against plain decoding.
+probing: on a compute-bound board a fixed interval of 16 rounds cost ~5% against plain decoding. The
+interval is also at least what keeps the probes' measured cost within PROBE_BUDGET (2%) of the time.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 
 PROBES = (1, 0)  # first rounds: V(k) at two sizes, D(g) at one, a first look at alpha
 PROBE_EVERY = 16
+PROBE_BUDGET = 0.02  # at gamma = 0, probes may cost this fraction of the stream's time (and no more)
 DECAY = 0.95  # per observation: about the last 20 rounds dominate
 PRIOR_ALPHA = 0.5  # Beta(1, 1): no opinion until rounds are seen
 
@@ -116,10 +118,18 @@ class GammaController:
             if self.rounds >= self.next_probe and cap > 0:
                 # plain decoding still best after the last probe: probe half as often
                 self.probe_gap = self.probe_gap * 2 if g == 0 and self.last == 0 else PROBE_EVERY
-                self.next_probe = self.rounds + self.probe_gap
+                self.next_probe = self.rounds + max(self.probe_gap, self._budget_gap() if g == 0 else 0)
                 g = min(cap, g + 1) if g == 0 or (self.rounds // PROBE_EVERY) % 2 == 0 else g - 1
         self.last = g
         return g
+
+    def _budget_gap(self) -> int:
+        """Plain rounds between gamma = 1 probes so that probing costs at most PROBE_BUDGET of the time."""
+        t0 = self.round_time(0)
+        if t0 <= 0:
+            return PROBE_EVERY
+        loss = self.round_time(1) - expected_tokens(self.alpha, 1) * t0  # seconds lost vs plain, same tokens
+        return int(max(0.0, loss) / (PROBE_BUDGET * t0)) + 1
 
     def observe(self, gamma: int, n_accepted: int, t_draft: float, t_verify: float, t_other: float,
                 ended: bool = False, lag: int = 0) -> None:
