@@ -176,10 +176,8 @@ class LocalVerifier:
         self.params = SessionParams()
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
-        self.params = params
+        self.params = params  # the prompt is fed at the first call, as boards do
         self.stream.keep(())
-        if len(prompt) > 1:
-            self.stream.feed(prompt[:-1])
 
     def verify(self, committed: Sequence[int], draft: Draft) -> tuple[int, int]:
         from shared import rule  # noqa: PLC0415
@@ -215,10 +213,8 @@ class LocalDrafter:
         self.params = SessionParams()
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
-        self.params = params
+        self.params = params  # the prompt is fed at the first call, as boards do
         self.stream.keep(())
-        if len(prompt) > 1:
-            self.stream.feed(prompt[:-1])
 
     def draft(self, committed: Sequence[int], gamma: int) -> Draft:
         from shared import prng, rule  # noqa: PLC0415

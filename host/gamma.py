@@ -7,8 +7,9 @@ every cost is measured around the call that pays it). `GammaController` keeps de
 alpha and of linear fits `D(g) = d0 + d1*g` and `V(k) = v0 + v1*k`, and picks the gamma with the most
 expected tokens per second, gamma = 0 (plain decoding: no drafter call at all) included.
 
-The first two rounds probe gamma = 1 and 0, so the verify fit sees two sizes (the draft fit starts
-proportional and learns its intercept once a larger gamma is tried); afterwards a neighbour of the
+The first round is plain and untimed (it carries the prompt's prefill on every back-end); the next two
+probe gamma = 1 and 0, so the verify fit sees two sizes (the draft fit starts proportional and learns
+its intercept once a larger gamma is tried); afterwards a neighbour of the
 current choice is tried every `PROBE_EVERY` rounds so the estimates follow the stream. At gamma = 0 the
 probe is gamma = 1 (the cheapest way to keep alpha measured) and its interval doubles each time plain
 decoding stays the best choice, so a stream where speculation does not pay spends O(log n) rounds
@@ -20,9 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-PROBES = (1, 0)  # first rounds: V(k) at two sizes, D(g) at one, a first look at alpha
+PROBES = (0, 1, 0)  # first rounds: prefill (untimed), then V(k) at two sizes, D(g) at one, a first alpha
 PROBE_EVERY = 16
 PROBE_BUDGET = 0.02  # at gamma = 0, probes may cost this fraction of the stream's time (and no more)
+MAX_PROBE_GAP = 1024
 DECAY = 0.95  # per observation: about the last 20 rounds dominate
 PRIOR_ALPHA = 0.5  # Beta(1, 1): no opinion until rounds are seen
 
@@ -124,30 +126,43 @@ class GammaController:
         return g
 
     def _budget_gap(self) -> int:
-        """Plain rounds between gamma = 1 probes so that probing costs at most PROBE_BUDGET of the time."""
+        """Plain rounds between gamma = 1 probes so that probing costs at most PROBE_BUDGET of the time.
+
+        A probe after `gap` plain rounds loses `base` (its round against plain rounds giving as many
+        tokens) plus the drafter's catch-up on the ~gap tokens committed meanwhile (`d1` each), so the
+        gap must satisfy base + d1 * gap <= PROBE_BUDGET * gap * t0. When catching up on one token costs
+        more than the budget of one plain round, probing never pays for itself: MAX_PROBE_GAP.
+        """
         t0 = self.round_time(0)
         if t0 <= 0:
             return PROBE_EVERY
-        loss = self.round_time(1) - expected_tokens(self.alpha, 1) * t0  # seconds lost vs plain, same tokens
-        return int(max(0.0, loss) / (PROBE_BUDGET * t0)) + 1
+        base = max(0.0, self.round_time(1) - expected_tokens(self.alpha, 1) * t0)
+        d1 = self.draft_cost.coefficients()[1]
+        room = PROBE_BUDGET * t0 - d1
+        if room <= 0:
+            return MAX_PROBE_GAP
+        return min(MAX_PROBE_GAP, int(base / room) + 1)
 
     def observe(self, gamma: int, n_accepted: int, t_draft: float, t_verify: float, t_other: float,
-                ended: bool = False, lag: int = 0) -> None:
+                ended: bool = False, lag: int = 0, timed: bool = True) -> None:
         """Record a finished round: drafts accepted and seconds spent drafting, verifying, committing.
 
         `ended`: the round stopped at an end-of-stream draft; a short run then says nothing about alpha.
         `lag`: committed tokens the drafter had not seen before this round's draft (it fed them first);
         after plain rounds that catch-up would otherwise be charged to the drafts themselves (a probe
         after 30 plain rounds measured c = 1.7 on virtual boards where c is about 0.1).
+        `timed` False: the round's seconds are not representative (the first one carries the prefill).
         """
         self.rounds += 1
         if gamma > 0:
             trials = n_accepted + (0 if n_accepted >= gamma or ended else 1)
             self.acc_hits = self.acc_hits * DECAY + n_accepted
             self.acc_trials = self.acc_trials * DECAY + trials
-            self.draft_cost.add(gamma + lag, t_draft)
-        self.verify_cost.add(gamma + 1, t_verify)
-        self.round_overhead.add(1.0 if gamma else 0.0, t_other)
+            if timed:
+                self.draft_cost.add(gamma + lag, t_draft)
+        if timed:
+            self.verify_cost.add(gamma + 1, t_verify)
+            self.round_overhead.add(1.0 if gamma else 0.0, t_other)
 
     def summary(self) -> dict:
         """Figures behind the choice: alpha, c (draft token / target position), v(k) for k = 1..8."""

@@ -101,7 +101,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     verifier.begin(params, committed)
     if drafter:
         drafter.begin(params, committed)
-    synced = len(committed)  # the drafter has been told the stream up to here
+    synced = 0  # the drafter has fed the stream up to here (back-ends prefill lazily, at their first call)
     while len(out) < max_tokens:
         if len(committed) >= max_seq:
             result.stop = "context"
@@ -136,7 +136,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
                   (drafter.bus_bytes - b_d0) if drafter else 0, verifier.bus_bytes - b_v0)
         result.rounds.append(r)
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
-                           ended=token == -1, lag=lag)
+                           ended=token == -1, lag=lag, timed=len(result.rounds) > 1)
         if on_round:
             vis_acc = [t for t in accepted if t != params.eos] if ended else accepted
             on_round(vis_acc, [t for t in emitted if not ended or t != params.eos])
