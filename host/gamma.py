@@ -15,6 +15,8 @@ probe is gamma = 1 (the cheapest way to keep alpha measured) and its interval do
 decoding stays the best choice, so a stream where speculation does not pay spends O(log n) rounds
 probing: on a compute-bound board a fixed interval of 16 rounds cost ~5% against plain decoding. The
 interval is also at least what keeps the probes' measured cost within PROBE_BUDGET (2%) of the time.
+When the measured costs say that no gamma would beat plain decoding even if every draft were accepted
+(a compute-bound verifier with v(k) close to k), probing cannot change the choice and stops.
 """
 
 from __future__ import annotations
@@ -117,13 +119,20 @@ class GammaController:
             g = min(PROBES[self.rounds], cap)
         else:
             g = max(range(cap + 1), key=lambda k: (self.rate(k), -k))
-            if self.rounds >= self.next_probe and cap > 0:
+            if self.rounds >= self.next_probe and cap > 0 and g == 0 and not self.could_pay(cap):
+                self.next_probe = self.rounds + MAX_PROBE_GAP
+            elif self.rounds >= self.next_probe and cap > 0:
                 # plain decoding still best after the last probe: probe half as often
                 self.probe_gap = self.probe_gap * 2 if g == 0 and self.last == 0 else PROBE_EVERY
                 self.next_probe = self.rounds + max(self.probe_gap, self._budget_gap() if g == 0 else 0)
                 g = min(cap, g + 1) if g == 0 or (self.rounds // PROBE_EVERY) % 2 == 0 else g - 1
         self.last = g
         return g
+
+    def could_pay(self, cap: int) -> bool:
+        """Whether some gamma <= cap would beat plain decoding if every draft were accepted (alpha = 1)."""
+        t0 = self.round_time(0)
+        return any((k + 1) * t0 > self.round_time(k) for k in range(1, cap + 1))
 
     def _budget_gap(self) -> int:
         """Plain rounds between gamma = 1 probes so that probing costs at most PROBE_BUDGET of the time.

@@ -1,12 +1,11 @@
 """gamma choice (host/gamma.py): the expected-tokens formula, the cost fits, and the controller's choices
 in simulated streams whose acceptance and costs are known."""
 
-import math
 import random
 
 import pytest
 
-from host.gamma import PROBE_EVERY, PROBES, GammaController, LinearFit, expected_tokens
+from host.gamma import PROBES, GammaController, LinearFit, expected_tokens
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.99])
@@ -63,8 +62,8 @@ def test_compute_bound_verifier_with_costly_drafter_decodes_plain():
     c, hist = simulate(0.5, 0.005, verify, 0.001)
     assert best_gamma(0.5, 0.005, verify, 0.001) == 0
     assert hist.get(0, 0) > 0.95 * sum(hist.values())
-    # probing again once, then seldom: here a probe cannot pay for itself within the 2% budget
-    assert 2 <= hist.get(1, 0) <= 2 + math.ceil(math.log2(300 / PROBE_EVERY))
+    # even alpha = 1 could not pay here, so after the opening probe the controller never probes again
+    assert hist.get(1, 0) == PROBES.count(1)
 
 
 @pytest.mark.parametrize("alpha", [0.6, 0.8, 0.9])
@@ -109,3 +108,17 @@ def test_drafter_catch_up_after_plain_rounds_is_not_charged_to_the_drafts():
     c.observe(0, 0, 0.0, verify, 0.0)
     c.observe(1, 0, per_pass * (30 + 1), verify * 1.5, 0.0, lag=30)  # 30 plain tokens fed before drafting
     assert c.summary()["cost_ratio_c"] == pytest.approx(per_pass / verify, rel=0.01)
+
+
+def test_no_probes_once_speculation_could_not_pay_even_at_full_acceptance():
+    # v(k) = k and a drafter at 0.2 of a target step: even alpha = 1 loses (k + 1 tokens for 1.2k + 1 steps)
+    c, hist = simulate(alpha=1.0, draft_s=0.002, verify=lambda k: 0.01 * k, overhead=0.0, rounds=400)
+    assert not c.could_pay(c.max_gamma)
+    assert sum(n for g, n in hist.items() if g > 0) == PROBES.count(1)
+
+
+def test_probes_continue_where_full_acceptance_would_pay():
+    # memory-bound verifier (v(k) = 1): speculation pays at high alpha, so alpha stays measured
+    c, hist = simulate(alpha=0.05, draft_s=0.001, verify=lambda k: 0.01, overhead=0.0, rounds=400)
+    assert c.could_pay(c.max_gamma)
+    assert hist.get(0, 0) > 300 and sum(n for g, n in hist.items() if g > 0) > PROBES.count(1)
