@@ -23,6 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from shared import prng, rule
+from shared.sampling import prepare
+
 
 class BackendError(Exception):
     """A back-end that cannot be set up or that failed; the message is one line for the user."""
@@ -158,15 +161,13 @@ class EngineStream:
 
 
 def _probs(row, params: SessionParams, target: bool) -> list[float]:
-    from shared.sampling import prepare  # noqa: PLC0415
-
     if target:
         return prepare([float(v) for v in row], params.temperature, params.target_top_k, params.top_p)
     return prepare([float(v) for v in row], params.temperature)
 
 
-class LocalVerifier:
-    """The target on the host CPU (numpy reference engine) with the shared acceptance rule."""
+class LocalRole:
+    """A model on the host CPU (numpy reference engine): what the drafter and the verifier share."""
 
     def __init__(self, model_path, **_options):
         self.stream = EngineStream(model_path)
@@ -178,19 +179,6 @@ class LocalVerifier:
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
         self.params = params  # the prompt is fed at the first call, as boards do
         self.stream.keep(())
-
-    def verify(self, committed: Sequence[int], draft: Draft) -> tuple[int, int]:
-        from shared import rule  # noqa: PLC0415
-
-        if draft.pos0 != len(committed):
-            raise BackendError("draft for position %d, but the stream holds %d tokens"
-                               % (draft.pos0, len(committed)))
-        logits = self.stream.logits_after(committed, draft.tokens)
-        p = self.params
-        if p.greedy:
-            return rule.verify_greedy([rule.argmax(list(row)) for row in logits], draft.tokens, p.eos)
-        tables = [rule.quantize(_probs(row, p, True)) for row in logits]
-        return rule.verify(tables, draft.tokens, draft.q, p.seed, draft.pos0, p.eos)
 
     def commit(self, committed: Sequence[int]) -> None:
         self.stream.keep(committed)
@@ -202,23 +190,25 @@ class LocalVerifier:
         pass
 
 
-class LocalDrafter:
+class LocalVerifier(LocalRole):
+    """The target on the host CPU with the shared acceptance rule."""
+
+    def verify(self, committed: Sequence[int], draft: Draft) -> tuple[int, int]:
+        if draft.pos0 != len(committed):
+            raise BackendError("draft for position %d, but the stream holds %d tokens"
+                               % (draft.pos0, len(committed)))
+        logits = self.stream.logits_after(committed, draft.tokens)
+        p = self.params
+        if p.greedy:
+            return rule.verify_greedy([rule.argmax(list(row)) for row in logits], draft.tokens, p.eos)
+        tables = [rule.quantize(_probs(row, p, True)) for row in logits]
+        return rule.verify(tables, draft.tokens, draft.q, p.seed, draft.pos0, p.eos)
+
+
+class LocalDrafter(LocalRole):
     """The drafter model on the host CPU: q-hat = quantize_topk, token sampled from it (purpose DRAFT)."""
 
-    def __init__(self, model_path, **_options):
-        self.stream = EngineStream(model_path)
-        self.name = "cpu"
-        self.max_seq = self.stream.max_seq
-        self.bus_bytes = 0
-        self.params = SessionParams()
-
-    def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
-        self.params = params  # the prompt is fed at the first call, as boards do
-        self.stream.keep(())
-
     def draft(self, committed: Sequence[int], gamma: int) -> Draft:
-        from shared import prng, rule  # noqa: PLC0415
-
         p = self.params
         out = Draft(len(committed))
         row = self.stream.logits_after(committed)[0]
@@ -233,15 +223,6 @@ class LocalDrafter:
             if i + 1 < gamma:
                 row = self.stream.feed([token])[0]
         return out
-
-    def commit(self, committed: Sequence[int]) -> None:
-        self.stream.keep(committed)
-
-    def stats(self) -> dict:
-        return {"compute_s": self.stream.compute_s}
-
-    def close(self) -> None:
-        pass
 
 
 register_verifier("cpu", LocalVerifier)
