@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared import codec
+from tools.gen_vectors import mutate
 from shared import messages as m
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -27,19 +28,7 @@ def _same(f, d):
 
 
 def _mutate(data, seed):
-    r = random.Random(seed)
-    b = bytearray(data)
-    for _ in range(r.randint(1, 4)):
-        op = r.randrange(4)
-        if op == 0 and b:
-            b[r.randrange(len(b))] ^= 1 << r.randrange(8)
-        elif op == 1 and b:
-            del b[r.randrange(len(b))]
-        elif op == 2:
-            b.insert(r.randrange(len(b) + 1), r.randrange(256))
-        else:
-            b = b[:r.randrange(len(b) + 1)]
-    return bytes(b)
+    return mutate(random.Random(seed), data, max_ops=4)
 
 
 @FUZZ

@@ -279,9 +279,10 @@ def message_cases() -> list[dict]:
 
 
 # ---------------------------------------------------------------- fuzz corpus
-def _mutate(r: random.Random, data: bytes) -> bytes:
+def mutate(r: random.Random, data: bytes, max_ops: int = 3) -> bytes:
+    """1..max_ops random bit flips, deletions, insertions or truncations of `data` (fuzz corpus, fuzz tests)."""
     b = bytearray(data)
-    for _ in range(r.randint(1, 3)):
+    for _ in range(r.randint(1, max_ops)):
         op = r.randrange(4)
         if op == 0 and b:
             b[r.randrange(len(b))] ^= 1 << r.randrange(8)
@@ -304,20 +305,20 @@ def fuzz_cases() -> list[dict]:
     frames = [codec.encode(t, b, 1, 2, 3, 4, True) for t, b in zip(types, bodies)]
     out = []
     for block in range(4):
-        cases = [_mutate(r, r.choice(frames)) for _ in range(40)]
+        cases = [mutate(r, r.choice(frames)) for _ in range(40)]
         cases += [bytes(r.randrange(256) for _ in range(r.randrange(20))) for _ in range(10)]
         out.append(case("decode mutated %d" % block, "decode", frames=[c.hex() for c in cases], key=None))
     for i in range(60):
         j = r.randrange(len(types))
-        payload = _mutate(r, bodies[j]) if i % 3 else bytes(r.randrange(256) for _ in range(r.randrange(30)))
+        payload = mutate(r, bodies[j]) if i % 3 else bytes(r.randrange(256) for _ in range(r.randrange(30)))
         out.append(case("unpack fuzz %d" % i, "unpack", mtype=types[j], reply=types[j] not in (m.BEGIN, m.COMMIT),
                         payload=payload.hex()))
-    wire = b"".join(codec.encode_line(f) if r.random() < 0.5 else _mutate(r, codec.encode_line(f)) for f in frames * 3)
+    wire = b"".join(codec.encode_line(f) if r.random() < 0.5 else mutate(r, codec.encode_line(f)) for f in frames * 3)
     wire += bytes(r.randrange(256) for _ in range(300))
     out.append(case("stream fuzz", "stream", chunks=[wire[i:i + 37].hex() for i in range(0, len(wire), 37)],
                     max_line=512, key=None))
     big = [codec.encode(m.PING, bytes(r.randrange(256) for _ in range(100 + 10 * i)), seq=i) for i in range(8)]
-    pk = [[i % 2, (_mutate(r, p) if r.random() < 0.1 else p).hex()] for i, f in enumerate(big)
+    pk = [[i % 2, (mutate(r, p) if r.random() < 0.1 else p).hex()] for i, f in enumerate(big)
           for p in codec.fragment(f, i, 60)]
     for i in range(0, len(pk) - 1, 3):
         pk[i], pk[i + 1] = pk[i + 1], pk[i]
