@@ -78,11 +78,6 @@ class Backend(Protocol):
 
 
 class Drafter(Backend, Protocol):
-    # True: the drafter feeds committed tokens into its cache while idle (a board, in parallel with the
-    # verifier), so the host commits to it every round and a draft after plain rounds has nothing to
-    # catch up on; False: it catches up when asked for a draft, so the host commits only when it drafts.
-    background_sync: bool
-
     def draft(self, committed: Sequence[int], gamma: int) -> Draft: ...
 
 
@@ -212,8 +207,6 @@ class LocalVerifier(LocalRole):
 
 class LocalDrafter(LocalRole):
     """The drafter model on the host CPU: q-hat = quantize_topk, token sampled from it (purpose DRAFT)."""
-
-    background_sync = False  # in-process: catching up costs the host's own time, so do it only to draft
 
     def draft(self, committed: Sequence[int], gamma: int) -> Draft:
         p = self.params

@@ -143,7 +143,6 @@ class BoardBackend:
 
 class BoardDrafter(BoardBackend):
     role = m.ROLE_DRAFTER
-    background_sync = True  # the node feeds committed tokens while idle (firmware/roles.py Drafter.idle_step)
 
     def draft(self, committed: Sequence[int], gamma: int) -> Draft:
         self._sync(committed)

@@ -102,7 +102,6 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     if drafter:
         drafter.begin(params, committed)
     synced = 0  # the drafter has fed the stream up to here (back-ends prefill lazily, at their first call)
-    keep_synced = drafter is not None and drafter.background_sync
     while len(out) < max_tokens:
         if len(committed) >= max_seq:
             result.stop = "context"
@@ -126,7 +125,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         ended = token == -1 or (params.eos >= 0 and token == params.eos)
         committed += new
         verifier.commit(committed)
-        if drafter and (gamma or keep_synced):
+        if drafter and gamma:
             drafter.commit(committed)
             synced = len(committed)
         t3 = clock()
