@@ -211,12 +211,7 @@ class Drafter(Role):
         self.held = p + 1
 
     def idle_step(self):
-        """Background work, one engine pass at a time: first feed the committed tokens the cache lacks
-        (so a draft request after plain rounds pays no catch-up), then pipelined speculation: draft ahead
-        (assuming every draft is accepted) up to spec_ahead tokens."""
-        if self.active and self.kv < self.length - 1:
-            self._feed(self.kv, min(self.length - 1, self.kv + self.max_batch))
-            return True
+        """Pipelined speculation: draft ahead (assuming every draft is accepted) up to spec_ahead tokens."""
         if (not self.active or self.held >= self.length + self.spec_ahead or self.held >= self.max_seq
                 or self.tokens[self.held - 1] == self.eos and self.held > self.length):
             return False

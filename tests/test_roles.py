@@ -3,8 +3,6 @@ engine (host/engine.py) and the shared acceptance rule computed here, through co
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -188,24 +186,3 @@ def test_pipelined_drafting_changes_timing_not_tokens(micropython, tmp_path, mod
     finally:
         plain.close()
         ahead.close()
-
-
-def test_idle_drafter_feeds_committed_tokens_in_the_background(drafter, models):
-    """While no draft is asked for (plain rounds), the drafter feeds the committed tokens into its cache,
-    so the next draft costs one pass per drafted token and nothing for catching up."""
-    tokens = list(range(3, 13))
-    begin(drafter, 5, 0, 0.0, tokens)
-    tokens += [40, 41, 42]
-    commit(drafter, tokens, 3)
-    deadline = time.monotonic() + 10
-    while drafter.stats()["positions"] < len(tokens) - 1:  # all but the last token (it is fed to draft)
-        assert time.monotonic() < deadline, "the idle drafter did not catch up"
-        time.sleep(0.05)
-    before = drafter.stats()
-    assert before["positions"] == len(tokens) - 1
-    _, entries = drafter.call(m.DRAFT_REQ, m.pack_draft_req(len(tokens), 2), expect=m.DRAFT)
-    after = drafter.stats()
-    assert after["passes"] - before["passes"] == 2  # one pass per draft: no catch-up left
-    ref = Engine(models["drafter"])
-    first = int(np.argmax(ref.forward(tokens, 0)[-1]))
-    assert entries[0][0] == first
