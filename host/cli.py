@@ -2,6 +2,7 @@
 
 import argparse
 import sys
+import time
 
 
 def _add_run(sub) -> None:
@@ -57,8 +58,6 @@ def _add_emulate(sub) -> None:
 
 
 def _emulate(args) -> int:
-    import threading
-
     from host.emulator import BoardError, board_class
     from host.emulator.radio import RadioConfig
     from host.emulator.session import Emulation
@@ -76,7 +75,8 @@ def _emulate(args) -> int:
                   f"radio MTU {args.mtu}, loss {args.loss}. Ctrl-C stops them.")
             for vb in emu.boards:
                 print(f"{vb.name}  {vb.port}  mac {vb.mac}  flash {vb.flash_dir}", flush=True)
-            threading.Event().wait()
+            while True:  # a timed wait: SIGINT may land on a board's pump thread, and an untimed wait
+                time.sleep(0.2)  # in the main thread would then never see the KeyboardInterrupt
     except KeyboardInterrupt:
         print("stopped")
     except (BoardError, OSError) as e:
