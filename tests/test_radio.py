@@ -98,20 +98,26 @@ print('tx', ok, e.stats()[:3])
 """
 
 
+
+def exchange(rx, rx_script: str, tx, tx_script: str, tmp_path) -> tuple[str, str]:
+    """Run rx_script on board rx (listening), then tx_script on board tx; (tx output, rx output)."""
+    (tmp_path / "rx.py").write_text(rx_script)
+    (tmp_path / "tx.py").write_text(tx_script)
+    listener = subprocess.Popen([MPREMOTE, "connect", rx.port, "run", str(tmp_path / "rx.py")],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)
+        sent = mpremote(tx.port, "run", str(tmp_path / "tx.py")).stdout
+        out, _ = listener.communicate(timeout=30)
+    finally:
+        listener.kill()
+    return sent, out
+
 def test_two_boards_exchange_espnow_with_loss_and_mtu_250(virtual_board, tmp_path):
     with RadioHub(RadioConfig(loss=0.25, seed=11)) as hub:
         rx = virtual_board(mac=B, radio=hub.address)
         tx = virtual_board(mac=A, radio=hub.address)
-        (tmp_path / "rx.py").write_text(RX)
-        (tmp_path / "tx.py").write_text(TX % B)
-        listener = subprocess.Popen([MPREMOTE, "connect", rx.port, "run", str(tmp_path / "rx.py")],
-                                    stdout=subprocess.PIPE, text=True)
-        try:
-            time.sleep(1.0)
-            sent = mpremote(tx.port, "run", str(tmp_path / "tx.py")).stdout
-            out, _ = listener.communicate(timeout=30)
-        finally:
-            listener.kill()
+        sent, out = exchange(rx, RX, tx, TX % B, tmp_path)
         assert "wlan off: ESP_ERR_ESPNOW_IF" in sent and "too long" in sent
         ok = int(sent.split("tx ")[1].split()[0])
         assert 100 < ok < 190 and ok == 200 - hub.stats.lost
@@ -154,15 +160,6 @@ def test_firmware_espnow_link_runs_unchanged(virtual_board, tmp_path):
         tx = virtual_board("esp32s3", mac=A, radio=hub.address)
         for vb in (rx, tx):
             flash(vb.port, "drafter", model, sources=sources, progress=False, reset=False)
-        (tmp_path / "rx.py").write_text(LINK_RX % A)
-        (tmp_path / "tx.py").write_text(LINK_TX % B)
-        listener = subprocess.Popen([MPREMOTE, "connect", rx.port, "run", str(tmp_path / "rx.py")],
-                                    stdout=subprocess.PIPE, text=True)
-        try:
-            time.sleep(1.0)
-            sent = mpremote(tx.port, "run", str(tmp_path / "tx.py")).stdout
-            out, _ = listener.communicate(timeout=30)
-        finally:
-            listener.kill()
+        sent, out = exchange(rx, LINK_RX % A, tx, LINK_TX % B, tmp_path)
     assert "sent 3 packets of at most 250" in sent, sent
     assert out.strip() == "got 1 2 11 512 True", out
