@@ -164,6 +164,13 @@ class Drafter(Role):
         self.spec_ahead = min(spec_ahead, CHAIN)
         self.chain = [None] * CHAIN  # (token, ids, weights) of held drafts, by position % CHAIN
 
+    def begin(self, *args):
+        """Start a session and prefill the prompt now, before the ACK: the host does not wait for it, so
+        this overlaps the verifier's own prefill, and the first draft pays only for what was committed
+        since (its last token is fed by the draft itself)."""
+        Role.begin(self, *args)
+        self._catch_up(self.length - 1)
+
     def draft(self, committed, gamma):
         """(pos0, [(token, ids, weights)] * n) with n <= gamma (a block stops after an EOS draft)."""
         self._check_session()

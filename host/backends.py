@@ -9,6 +9,9 @@ passes the whole committed list on every call, so a back-end can resynchronise f
 - `Verifier.verify(committed, draft) -> (n_accepted, token)`: one batched pass over gamma + 1 positions,
   then the shared rule; an empty draft is one step of plain decoding (same PRNG draws).
 - `commit(committed)`: the verdict is final; roll back anything beyond it (may be lazy).
+- `begin(params, prompt)`: a new stream. A drafter prefills the prompt there (a board does it while the
+  host goes on, overlapping the verifier's prefill), so its first draft costs what any later one costs;
+  a verifier prefills at its first verdict.
 
 Verifier back-ends are made by name through `VERIFIERS` (`cpu` here; the GPU issue registers
 `torch-cpu` and `gpu`; anything else is a serial port or `virtual`, handled by host/proxy.py boards),
@@ -177,7 +180,7 @@ class LocalRole:
         self.params = SessionParams()
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
-        self.params = params  # the prompt is fed at the first call, as boards do
+        self.params = params
         self.stream.keep(())
 
     def commit(self, committed: Sequence[int]) -> None:
@@ -207,6 +210,11 @@ class LocalVerifier(LocalRole):
 
 class LocalDrafter(LocalRole):
     """The drafter model on the host CPU: q-hat = quantize_topk, token sampled from it (purpose DRAFT)."""
+
+    def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
+        super().begin(params, prompt)
+        if len(prompt) > 1:
+            self.stream.feed(prompt[:-1])  # prefill, as a drafter board does at BEGIN
 
     def draft(self, committed: Sequence[int], gamma: int) -> Draft:
         p = self.params

@@ -2,9 +2,10 @@
 
 The host tells a node the committed sequence with COMMIT messages carrying only what changed since
 the node last heard (`known`): the common prefix is kept, the tail is sent, anything beyond is rolled
-back by the node. After a verdict the COMMIT is sent to each board without waiting for its ACK; the
-next call to that board collects it first, so the two boards' commits overlap with each other and with
-the host's own work. A drafter board with `spec_ahead` set in its config drafts the next block while
+back by the node. BEGIN, and after a verdict the COMMIT, are sent to each board without waiting for
+its ACK; the next call to that board collects it first, so the two boards' work overlaps with each
+other and with the host's own (a drafter prefills the prompt at BEGIN while the verifier prefills it
+at its first verdict). A drafter board with `spec_ahead` set in its config drafts the next block while
 a verdict is pending and answers DRAFT_REQ from it when its guess was right (firmware/roles.py).
 
 A node that restarted mid-session has lost it and refuses the next request ("no session", E_STATE): it
@@ -53,20 +54,24 @@ class BoardBackend:
         self.known: list[int] = []
         self.params: SessionParams | None = None
         self.resyncs = 0
-        self._commit: Call | None = None
+        self._pending: Call | None = None  # a BEGIN or COMMIT whose ACK is not collected yet
+        self._begun: SessionParams | None = None  # the parameters of a BEGIN in flight
 
     @property
     def bus_bytes(self) -> int:
         return self.proxy.bus.bytes.get(self.proxy.node, 0)
 
     def _settle(self) -> None:
-        """Wait for the COMMIT still in flight, if any (re-synchronising a node that lost the session)."""
-        call, self._commit = self._commit, None
+        """Wait for the BEGIN or COMMIT still in flight, if any (re-synchronising a node that lost the
+        session; a refused BEGIN is an error, never a re-synchronisation)."""
+        call, self._pending = self._pending, None
         if call is not None:
             try:
                 self._result(call)
             except _Restarted:
                 self._resync()
+        if self._begun is not None:
+            self.params, self._begun = self._begun, None
 
     def _result(self, call: Call):
         try:
@@ -97,14 +102,16 @@ class BoardBackend:
     def _resync(self) -> None:
         """BEGIN again with the committed stream as the prompt (the node restarted and lost the session)."""
         self.resyncs += 1
-        self._commit = None
+        self._pending = None
         assert self.params is not None
         self._once(self.proxy.start(m.BEGIN, _begin_body(self.params, self.known)))
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
+        """Start a session; returns without waiting for the node (its ACK is collected by the next call)."""
+        self._settle()
         self.params = None  # no re-synchronisation until this BEGIN went through
-        self._call(m.BEGIN, _begin_body(params, prompt))
-        self.params = params
+        self._pending = self.proxy.start(m.BEGIN, _begin_body(params, prompt))
+        self._begun = params
         self.known = list(prompt)
 
     def _sync(self, committed: Sequence[int]) -> None:
@@ -117,7 +124,7 @@ class BoardBackend:
             if a != b:
                 break
             c += 1
-        self._commit = self.proxy.start(m.COMMIT, m.pack_commit(len(committed), list(committed[c:])))
+        self._pending = self.proxy.start(m.COMMIT, m.pack_commit(len(committed), list(committed[c:])))
         self.known = list(committed)
 
     def commit(self, committed: Sequence[int]) -> None:

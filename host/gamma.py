@@ -14,7 +14,8 @@ current choice is tried every `PROBE_EVERY` rounds so the estimates follow the s
 probe is gamma = 1 (the cheapest way to keep alpha measured) and its interval doubles each time plain
 decoding stays the best choice, so a stream where speculation does not pay spends O(log n) rounds
 probing: on a compute-bound board a fixed interval of 16 rounds cost ~5% against plain decoding. The
-interval is also at least what keeps the probes' measured cost within PROBE_BUDGET (2%) of the time.
+interval, the first one included, is also at least what keeps the probes' measured cost within
+PROBE_BUDGET (2%) of the time.
 When the measured costs say that no gamma would beat plain decoding even if every draft were accepted
 (a compute-bound verifier with v(k) close to k), probing cannot change the choice and stops.
 """
@@ -126,6 +127,9 @@ class GammaController:
                 self.probe_gap = self.probe_gap * 2 if g == 0 and self.last == 0 else PROBE_EVERY
                 self.next_probe = self.rounds + max(self.probe_gap, self._budget_gap() if g == 0 else 0)
                 g = min(cap, g + 1) if g == 0 or (self.rounds // PROBE_EVERY) % 2 == 0 else g - 1
+            elif self.rounds == len(PROBES) and g == 0:
+                # the opening probes say plain: the next probe waits as long as the probe budget asks
+                self.next_probe = self.rounds + max(PROBE_EVERY, self._budget_gap())
         self.last = g
         return g
 

@@ -101,7 +101,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     verifier.begin(params, committed)
     if drafter:
         drafter.begin(params, committed)
-    synced = 0  # the drafter has fed the stream up to here (back-ends prefill lazily, at their first call)
+    synced = len(committed)  # the drafter has fed the stream up to here (drafters prefill the prompt at begin)
     while len(out) < max_tokens:
         if len(committed) >= max_seq:
             result.stop = "context"

@@ -8,7 +8,8 @@ virtual time with the constants of host/hardware.py instead of sleeping:
   the weights from PSRAM when the model does not fit internal SRAM (the batched kernel reads each weight
   row once for all k positions);
 - drafting gamma tokens is gamma one-position passes, after one per token committed while the drafter
-  was idle (plain rounds);
+  was idle (plain rounds); its prefill of the prompt at BEGIN runs while the verifier prefills the same
+  prompt in the first round, and a drafter position costs a fraction of a target's, so it adds no time;
 - each call is a request and a reply whose sizes are computed with the real codec (`:`-base64 lines),
   carried by the transport's link(s): serial = each board on its own USB link; espnow = the drafter
   board is the gateway on USB (as in host/cluster.py) and the verifier is one ESP-NOW hop further;

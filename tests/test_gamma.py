@@ -117,6 +117,14 @@ def test_no_probes_once_speculation_could_not_pay_even_at_full_acceptance():
     assert sum(n for g, n in hist.items() if g > 0) == PROBES.count(1)
 
 
+def test_after_the_opening_probes_say_plain_the_next_probe_waits_for_the_probe_budget():
+    # full acceptance would pay (v(k) = 1 + 0.2k), but nothing is accepted and a drafter token costs 25% of
+    # a plain round: a probe after n plain rounds pays n catch-up passes, which no gap keeps within 2%
+    c, hist = simulate(alpha=0.0, draft_s=0.003, verify=lambda k: 0.01 + 0.002 * k, overhead=0.0, rounds=200)
+    assert c.could_pay(c.max_gamma)
+    assert sum(n for g, n in hist.items() if g > 0) == PROBES.count(1)
+
+
 def test_probes_continue_where_full_acceptance_would_pay():
     # memory-bound verifier (v(k) = 1): speculation pays at high alpha, so alpha stays measured
     c, hist = simulate(alpha=0.05, draft_s=0.001, verify=lambda k: 0.01, overhead=0.0, rounds=400)

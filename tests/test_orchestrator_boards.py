@@ -119,6 +119,19 @@ def test_real_boards_greedy_equals_plain():
             assert generate(prompt, verifier, drafter, params, 16, GammaController(fixed=2 + i)).tokens == plain
 
 
+def test_a_refused_begin_is_reported_at_the_next_call_and_the_board_stays_usable(serial_boards):
+    from host.backends import BackendError
+
+    verifier, drafter = serial_boards
+    drafter.begin(SessionParams(), [VOCAB + 5])  # returns at once: the node answers while the host goes on
+    with pytest.raises(BackendError, match="outside the vocabulary") as e:
+        drafter.draft([VOCAB + 5], 2)
+    assert "\n" not in str(e.value) and drafter.resyncs == 0
+    params = SessionParams(temperature=0.0)
+    plain = generate([5, 6], verifier, None, params, 8).tokens
+    assert generate([5, 6], verifier, drafter, params, 8, GammaController(fixed=2)).tokens == plain
+
+
 def test_a_board_that_restarts_mid_stream_is_resynchronised(serial_boards):
     import time
 

@@ -142,6 +142,15 @@ def test_greedy_drafts_are_the_drafter_models_argmax(drafter, models):
         seq.append(tok)
 
 
+def test_drafter_prefills_the_prompt_at_begin_so_a_draft_feeds_only_new_positions(drafter):
+    tokens = [7, 8, 9, 10, 11, 12]
+    before = drafter.stats()["positions"]
+    begin(drafter, 6, 1, 0.0, tokens)
+    assert drafter.stats()["positions"] - before == len(tokens) - 1  # all but the last, which a draft feeds
+    drafter.call(m.DRAFT_REQ, m.pack_draft_req(len(tokens), 2), expect=m.DRAFT)
+    assert drafter.stats()["positions"] - before == len(tokens) + 1
+
+
 def test_draft_block_stops_after_eos(drafter, models):
     ref = Engine(models["drafter"])
     tokens = [40, 41]
