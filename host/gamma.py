@@ -101,15 +101,19 @@ class GammaController:
         """Acceptance rate per draft token: decayed Beta(1, 1) posterior mean."""
         return (self.acc_hits + 1.0) / (self.acc_trials + 2.0)
 
-    def round_time(self, gamma: int) -> float:
-        """Predicted seconds of one round with draft length gamma."""
-        t = self.verify_cost(gamma + 1) + self.round_overhead(1.0 if gamma else 0.0)
-        return t + (self.draft_cost(gamma) if gamma else 0.0)
+    def round_times(self, cap: int) -> list[float]:
+        """Predicted seconds of one round with draft length 0..cap (each fit solved once: this runs every
+        round, and on a fast verifier a round is ~2 ms)."""
+        v0, v1 = self.verify_cost.coefficients()
+        d0, d1 = self.draft_cost.coefficients()
+        o0, o1 = self.round_overhead.coefficients()
+        plain = v0 + v1 + o0
+        return [plain] + [plain + v1 * g + o1 + d0 + d1 * g for g in range(1, cap + 1)]
 
-    def rate(self, gamma: int) -> float:
-        """Predicted committed tokens per second at draft length gamma."""
-        t = self.round_time(gamma)
-        return expected_tokens(self.alpha, gamma) / t if t > 0 else float("inf")
+    def rates(self, cap: int) -> list[float]:
+        """Predicted committed tokens per second at draft length 0..cap."""
+        alpha = self.alpha
+        return [expected_tokens(alpha, g) / t if t > 0 else float("inf") for g, t in enumerate(self.round_times(cap))]
 
     def choose(self, limit: int | None = None) -> int:
         """Draft length for the next round, at most `limit` (room left in the stream or the context)."""
@@ -119,7 +123,8 @@ class GammaController:
         elif self.rounds < len(PROBES):
             g = min(PROBES[self.rounds], cap)
         else:
-            g = max(range(cap + 1), key=lambda k: (self.rate(k), -k))
+            rates = self.rates(cap)
+            g = max(range(cap + 1), key=lambda k: (rates[k], -k))
             if self.rounds >= self.next_probe and cap > 0 and g == 0 and not self.could_pay(cap):
                 self.next_probe = self.rounds + MAX_PROBE_GAP
             elif self.rounds >= self.next_probe and cap > 0:
@@ -135,8 +140,8 @@ class GammaController:
 
     def could_pay(self, cap: int) -> bool:
         """Whether some gamma <= cap would beat plain decoding if every draft were accepted (alpha = 1)."""
-        t0 = self.round_time(0)
-        return any((k + 1) * t0 > self.round_time(k) for k in range(1, cap + 1))
+        times = self.round_times(cap)
+        return any((k + 1) * times[0] > times[k] for k in range(1, cap + 1))
 
     def _budget_gap(self) -> int:
         """Plain rounds between gamma = 1 probes so that probing costs at most PROBE_BUDGET of the time.
@@ -146,10 +151,10 @@ class GammaController:
         gap must satisfy base + d1 * gap <= PROBE_BUDGET * gap * t0. When catching up on one token costs
         more than the budget of one plain round, probing never pays for itself: MAX_PROBE_GAP.
         """
-        t0 = self.round_time(0)
+        t0, t1 = self.round_times(1)
         if t0 <= 0:
             return PROBE_EVERY
-        base = max(0.0, self.round_time(1) - expected_tokens(self.alpha, 1) * t0)
+        base = max(0.0, t1 - expected_tokens(self.alpha, 1) * t0)
         d1 = self.draft_cost.coefficients()[1]
         room = PROBE_BUDGET * t0 - d1
         if room <= 0:

@@ -3,11 +3,12 @@
     python -m tools.bench spec            (SPECMESH_BENCH_CONFIGS=cpu,torch,virtual,espnow to choose)
 
 For each configuration (drafter + verifier back-ends, transport) and each temperature, the same prompts
-and seeds are decoded four ways in one run on the same back-ends: `plain` (verifier alone), `auto`
-(adaptive gamma from measured costs), `fixed` (gamma = 4) and `auto@esp32s3` (gamma chosen from the
-projected ESP32-S3 costs), interleaved, REPEATS times each, keeping
-the fastest (other work on the host only ever adds time). Reported: wall-clock speed-up of each
-over plain (decode rate after the first round: it carries the prompt's prefill), acceptance alpha,
+and seeds are decoded five ways in one run on the same back-ends: `plain` (verifier alone), `plain A/A`
+(plain again: the noise control, whose speed-up would be 1.00 on a quiet machine), `auto` (adaptive
+gamma from measured costs), `fixed` (gamma = 4) and `auto@esp32s3` (gamma chosen from the projected
+ESP32-S3 costs), interleaved, REPEATS times each, keeping the fastest (other work on the host only ever
+adds time). Reported: wall-clock speed-up of each over plain (decode rate after the first round: it
+carries the prompt's prefill) with the 95% half-width of the per-prompt speed-ups, acceptance alpha,
 tokens per verification, the gamma chosen (most used), bus bytes per token (espnow: through a gateway
 board, 5% packet loss and 1% duplication on the virtual radio), and the
 time-faithful projection of every run onto ESP32-S3 boards (host/projection.py). Greedy runs also
@@ -84,6 +85,7 @@ def bench_config(name: str, models: Path) -> list[dict]:
                 params = SessionParams(seed=seed, temperature=temp, eos=BOS)
                 modes = {
                     "plain": lambda: generate(prompt, verifier, None, params, MAX_TOKENS),
+                    "plain A/A": lambda: generate(prompt, verifier, None, params, MAX_TOKENS),
                     "auto": lambda: generate(prompt, verifier, drafter, params, MAX_TOKENS, GammaController()),
                     "fixed": lambda: generate(prompt, verifier, drafter, params, MAX_TOKENS,
                                               GammaController(fixed=FIXED_GAMMA)),
@@ -101,13 +103,13 @@ def bench_config(name: str, models: Path) -> list[dict]:
                 for mode, r in runs.items():
                     s = agg.setdefault(mode, {"wall": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "accepted": 0,
                                               "rejected": 0, "bus": 0, "proj": 0.0, "proj_plain": 0.0, "gammas": {},
-                                              "steady_wall": 0.0, "steady_tokens": 0})
+                                              "steady_wall": 0.0, "steady_tokens": 0, "per_prompt": []})
                     pr = projector.project(r, len(prompt))
                     s["wall"] += r.wall_s
-                    if r.rounds:  # after the first round, which carries the prompt's prefill
-                        first = r.rounds[0]
-                        s["steady_wall"] += r.wall_s - first.t_draft - first.t_verify - first.t_commit
-                        s["steady_tokens"] += len(r.tokens) - first.committed
+                    wall, tokens = steady(r)
+                    s["steady_wall"] += wall
+                    s["steady_tokens"] += tokens
+                    s["per_prompt"].append(ratio(steady(r), steady(runs["plain"])))
                     s["tokens"] += len(r.tokens)
                     s["rounds"] += len(r.rounds)
                     s["drafted"] += r.drafted
@@ -126,8 +128,9 @@ def bench_config(name: str, models: Path) -> list[dict]:
                     "temperature": temp, "mode": mode, "tokens": s["tokens"],
                     # decode rate after the prefill round, as a ratio: with sampling the modes' texts (and
                     # so their lengths) differ, and a prefill spread over fewer tokens is no slowdown
-                    "speedup": (s["steady_tokens"] * plain["steady_wall"] / (s["steady_wall"] * plain["steady_tokens"])
-                                if s["steady_wall"] > 0 and plain["steady_tokens"] > 0 else None),
+                    "speedup": ratio((s["steady_wall"], s["steady_tokens"]),
+                                     (plain["steady_wall"], plain["steady_tokens"])),
+                    "speedup_ci95": half_width(s["per_prompt"]),
                     "tokens_per_s": s["tokens"] / s["wall"] if s["wall"] else None,
                     "alpha": s["accepted"] / (s["accepted"] + s["rejected"]) if s["drafted"] else None,
                     "tokens_per_verification": s["tokens"] / max(1, s["rounds"]),
@@ -138,6 +141,31 @@ def bench_config(name: str, models: Path) -> list[dict]:
                     "greedy_identical_to_plain": lossless if temp == 0.0 else None,
                 })
     return rows
+
+
+def steady(r) -> tuple[float, int]:
+    """(seconds, tokens) of a run after its first round, which carries the prompt's prefill."""
+    if not r.rounds:
+        return 0.0, 0
+    first = r.rounds[0]
+    return r.wall_s - first.t_draft - first.t_verify - first.t_commit, len(r.tokens) - first.committed
+
+
+def ratio(run: tuple[float, int], base: tuple[float, int]) -> float | None:
+    """Speed-up of `run` over `base`, each (seconds, tokens): a ratio of decode rates."""
+    (t, n), (t0, n0) = run, base
+    return n * t0 / (t * n0) if t > 0 and n0 > 0 else None
+
+
+def half_width(values: list) -> float | None:
+    """95% half-width of the mean of `values` (Student t), None with fewer than two."""
+    xs = [v for v in values if v is not None]
+    if len(xs) < 2:
+        return None
+    mean = sum(xs) / len(xs)
+    sd = (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+    t95 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36}.get(len(xs), 2.0)
+    return t95 * sd / len(xs) ** 0.5
 
 
 def _f(v, fmt="%.2f") -> str:
@@ -157,12 +185,13 @@ def run() -> dict:
                 skipped[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
     print("spec vs plain (models: %s; %d prompts x %d tokens; same prompts and seeds per row group)"
           % (origin, len(PROMPTS), MAX_TOKENS))
-    head = ("config", "T", "mode", "speed-up", "tok/s", "alpha", "tok/verif", "gamma", "bus B/tok",
+    head = ("config", "T", "mode", "speed-up", "+-95%", "tok/s", "alpha", "tok/verif", "gamma", "bus B/tok",
             "S3 proj tok/s", "S3 proj x", "greedy==plain")
-    print("%-8s %4s %-13s %8s %8s %6s %9s %5s %9s %13s %9s %13s" % head)
+    print("%-8s %4s %-13s %8s %6s %8s %6s %9s %5s %9s %13s %9s %13s" % head)
     for r in rows:
-        print("%-8s %4.1f %-13s %8s %8s %6s %9s %5s %9s %13s %9s %13s" % (
-            r["config"], r["temperature"], r["mode"], _f(r["speedup"]), _f(r["tokens_per_s"], "%.1f"),
+        print("%-8s %4.1f %-13s %8s %6s %8s %6s %9s %5s %9s %13s %9s %13s" % (
+            r["config"], r["temperature"], r["mode"], _f(r["speedup"]), _f(r["speedup_ci95"]),
+            _f(r["tokens_per_s"], "%.1f"),
             _f(r["alpha"]), _f(r["tokens_per_verification"]), r["gamma"], _f(r["bus_bytes_per_token"], "%.0f"),
             _f(r["projected_tokens_per_s_esp32s3"], "%.1f"), _f(r["projected_speedup_esp32s3"]),
             _f(r["greedy_identical_to_plain"])))
