@@ -128,8 +128,10 @@ def test_stop_kills_the_vm(virtual_board):
 @pytest.mark.slow  # opt-in: in about half of fresh-clone suite runs, shutdown after Ctrl-C took over 15 s (cause
 # not found yet; alone it stops in 0.16 s); kept out of the default run until that is understood
 def test_emulate_command_serves_boards_until_ctrl_c(tmp_path):
-    cmd = [sys.executable, "-m", "host.cli", "emulate", "--boards", "2", "--dir", str(tmp_path)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "host.cli", "emulate", "--boards", "2", "--dir", str(tmp_path)]
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as err_file:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file, text=True, cwd=ROOT)
     try:
         proc.stdout.readline()  # the summary line
         ports = [proc.stdout.readline().split()[1] for _ in range(2)]
@@ -139,7 +141,12 @@ def test_emulate_command_serves_boards_until_ctrl_c(tmp_path):
         vms = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
         assert len(vms) == 2
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=15) == 0
+        try:
+            assert proc.wait(timeout=15) == 0
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack to stderr
+            proc.wait(timeout=10)
+            pytest.fail("specmesh emulate did not stop within 15 s of Ctrl-C; its threads:\n" + err.read_text())
     finally:
         proc.kill()
     time.sleep(0.2)
