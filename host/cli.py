@@ -1,6 +1,7 @@
 """The `specmesh` command line: parses arguments and dispatches to the host's subsystems."""
 
 import argparse
+import signal
 import sys
 import time
 
@@ -57,6 +58,17 @@ def _add_emulate(sub) -> None:
     p.set_defaults(func=_emulate)
 
 
+def _stop_on_ctrl_c_and_term() -> None:
+    """Make Ctrl-C (SIGINT) and `kill` (SIGTERM) raise KeyboardInterrupt, which stops the boards cleanly.
+
+    SIGINT is set explicitly: a shell script that starts `specmesh emulate &` (or any background job of
+    a non-interactive shell) hands it SIGINT ignored, and Python keeps an inherited ignore, so without
+    this `kill -INT` would never stop the emulation (seen as a hung Ctrl-C test under a background pytest).
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
 def _emulate(args) -> int:
     from host.emulator import BoardError, board_class
     from host.emulator.radio import RadioConfig
@@ -68,14 +80,15 @@ def _emulate(args) -> int:
     radio = RadioConfig(mtu=args.mtu, loss=args.loss, duplicate=args.duplicate, reorder=args.reorder,
                         delay_ms=args.delay_ms, seed=args.seed)
     flash_bytes = args.flash_kb * 1024 if args.flash_kb else None
+    _stop_on_ctrl_c_and_term()
     try:
         with Emulation(args.boards, args.board, args.dir, radio, flash_bytes) as emu:
             cls = board_class(args.board)
             print(f"{args.boards} virtual {cls.description} board(s), heap {cls.heap_bytes} bytes; "
-                  f"radio MTU {args.mtu}, loss {args.loss}. Ctrl-C stops them.")
+                  f"radio MTU {args.mtu}, loss {args.loss}. Ctrl-C (or SIGTERM) stops them.")
             for vb in emu.boards:
                 print(f"{vb.name}  {vb.port}  mac {vb.mac}  flash {vb.flash_dir}", flush=True)
-            while True:  # a timed wait: SIGINT may land on a board's pump thread, and an untimed wait
+            while True:  # a timed wait: a signal may land on a board's pump thread, and an untimed wait
                 time.sleep(0.2)  # in the main thread would then never see the KeyboardInterrupt
     except KeyboardInterrupt:
         print("stopped")
