@@ -65,13 +65,14 @@ class BoardBackend:
         """Wait for the BEGIN or COMMIT still in flight, if any (re-synchronising a node that lost the
         session; a refused BEGIN is an error, never a re-synchronisation)."""
         call, self._pending = self._pending, None
+        begun, self._begun = self._begun, None
         if call is not None:
             try:
                 self._result(call)
             except _Restarted:
                 self._resync()
-        if self._begun is not None:
-            self.params, self._begun = self._begun, None
+        if begun is not None:  # the BEGIN went through: from now on a lost session is re-synchronised
+            self.params = begun
 
     def _result(self, call: Call):
         try:
