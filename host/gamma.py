@@ -18,6 +18,10 @@ interval, the first one included, is also at least what keeps the probes' measur
 PROBE_BUDGET (2%) of the time.
 When the measured costs say that no gamma would beat plain decoding even if every draft were accepted
 (a compute-bound verifier with v(k) close to k), probing cannot change the choice and stops.
+After more than FREE_CATCH_UP plain rounds the rates alone never turn speculation back on: the drafter
+must first catch up on every token since, and the verify fit's slope comes from decayed, old rounds of
+other sizes (on virtual boards whose speed drifted it once made gamma = 1 look 6% better at round 93,
+and the 91-token catch-up cost 15 plain rounds); only a scheduled probe, spaced by the budget, does it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ PROBES = (0, 1, 0)  # first rounds: prefill (untimed), then V(k) at two sizes, D
 PROBE_EVERY = 16
 PROBE_BUDGET = 0.02  # at gamma = 0, probes may cost this fraction of the stream's time (and no more)
 MAX_PROBE_GAP = 1024
+FREE_CATCH_UP = 2  # plain rounds after which turning speculation on waits for a scheduled probe
 DECAY = 0.95  # per observation: about the last 20 rounds dominate
 PRIOR_ALPHA = 0.5  # Beta(1, 1): no opinion until rounds are seen
 
@@ -95,6 +100,7 @@ class GammaController:
     last: int = 0
     next_probe: int = PROBE_EVERY
     probe_gap: int = PROBE_EVERY
+    behind: int = 0  # plain rounds since the drafter last drafted: tokens it must catch up on first
 
     @property
     def alpha(self) -> float:
@@ -125,6 +131,8 @@ class GammaController:
         else:
             rates = self.rates(cap)
             g = max(range(cap + 1), key=lambda k: (rates[k], -k))
+            if g and self.behind > FREE_CATCH_UP and self.rounds < self.next_probe:
+                g = 0  # after a run of plain rounds, turning speculation on is a probe: it waits its turn
             if self.rounds >= self.next_probe and cap > 0 and g == 0 and not self.could_pay(cap):
                 self.next_probe = self.rounds + MAX_PROBE_GAP
             elif self.rounds >= self.next_probe and cap > 0:
@@ -172,6 +180,7 @@ class GammaController:
         `timed` False: the round's seconds are not representative (the first one carries the prefill).
         """
         self.rounds += 1
+        self.behind = 0 if gamma > 0 else self.behind + 1
         if gamma > 0:
             trials = n_accepted + (0 if n_accepted >= gamma or ended else 1)
             self.acc_hits = self.acc_hits * DECAY + n_accepted

@@ -125,6 +125,22 @@ def test_after_the_opening_probes_say_plain_the_next_probe_waits_for_the_probe_b
     assert sum(n for g, n in hist.items() if g > 0) == PROBES.count(1)
 
 
+def test_after_many_plain_rounds_drifting_costs_do_not_switch_speculation_on_outside_a_probe():
+    # the opening probe sees v(2) = 1.45 v(1); then the host slows down and plain rounds cost twice as much,
+    # so the decayed fit's slope flattens and gamma = 1 starts to look better than plain. Turning it on
+    # would first cost the drafter a catch-up over every plain token since (here 16% of a round each).
+    c = GammaController()
+    got = []
+    for i in range(150):
+        g = c.choose()
+        got.append(g)
+        v1 = 0.010 if i < 10 else 0.020
+        c.observe(g, 0, 0.0016 * (g + (1 if g else 0)), v1 + 0.0045 * g, 0.0, lag=1 if g else 0)
+    assert got[:len(PROBES)] == list(PROBES)
+    assert sum(got[len(PROBES):]) == 0
+    assert max(c.rates(8)[1:]) > c.rates(8)[0]  # the stale fit would have switched
+
+
 def test_probes_continue_where_full_acceptance_would_pay():
     # memory-bound verifier (v(k) = 1): speculation pays at high alpha, so alpha stays measured
     c, hist = simulate(alpha=0.05, draft_s=0.001, verify=lambda k: 0.01, overhead=0.0, rounds=400)
