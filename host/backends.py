@@ -200,10 +200,12 @@ class LocalVerifier(LocalRole):
         if draft.pos0 != len(committed):
             raise BackendError("draft for position %d, but the stream holds %d tokens"
                                % (draft.pos0, len(committed)))
+        from host.engine import argmax  # noqa: PLC0415 - numpy, loaded with the engine
+
         logits = self.stream.logits_after(committed, draft.tokens)
         p = self.params
         if p.greedy:
-            return rule.verify_greedy([rule.argmax(list(row)) for row in logits], draft.tokens, p.eos)
+            return rule.verify_greedy([argmax(row) for row in logits], draft.tokens, p.eos)
         tables = [rule.quantize(_probs(row, p, True)) for row in logits]
         return rule.verify(tables, draft.tokens, draft.q, p.seed, draft.pos0, p.eos)
 
@@ -217,12 +219,14 @@ class LocalDrafter(LocalRole):
             self.stream.feed(prompt[:-1])  # prefill, as a drafter board does at BEGIN
 
     def draft(self, committed: Sequence[int], gamma: int) -> Draft:
+        from host.engine import argmax  # noqa: PLC0415 - numpy, loaded with the engine
+
         p = self.params
         out = Draft(len(committed))
         row = self.stream.logits_after(committed)[0]
         for i in range(gamma):
             if p.greedy:
-                ids, weights = [rule.argmax(list(row))], [rule.ONE]
+                ids, weights = [argmax(row)], [rule.ONE]
             else:
                 ids, weights = rule.quantize_topk(_probs(row, p, False), p.draft_top_k)
             token = rule.sample_sparse(ids, weights, p.seed, out.pos0 + i, prng.DRAFT)
