@@ -64,12 +64,17 @@ class LinearFit:
     def seen(self) -> bool:
         return self.s0 > 0.0
 
+    @property
+    def one_size(self) -> bool:
+        """Only one distinct x seen so far: the slope is a guess (proportional)."""
+        return self.seen and self.s0 * self.s2 - self.s1 * self.s1 <= 1e-9 * max(1.0, self.s0 * self.s2)
+
     def coefficients(self) -> tuple[float, float]:
         """(a, b); with a single distinct x the cost is taken as proportional to x (a = 0)."""
         if not self.seen:
             return 0.0, 0.0
-        det = self.s0 * self.s2 - self.s1 * self.s1
-        if det > 1e-9 * max(1.0, self.s0 * self.s2):
+        if not self.one_size:
+            det = self.s0 * self.s2 - self.s1 * self.s1
             b = (self.s0 * self.sxy - self.s1 * self.sy) / det
             a = (self.sy - b * self.s1) / self.s0
             if a >= 0.0 and b >= 0.0:
@@ -113,8 +118,12 @@ class GammaController:
         v0, v1 = self.verify_cost.coefficients()
         d0, d1 = self.draft_cost.coefficients()
         o0, o1 = self.round_overhead.coefficients()
+        # one draft size seen (the opening probe: 1 draft after 1 catch-up token): a smaller call is not
+        # taken as cheaper than that one, since a drafter call may cost mostly its round trip (the CPU
+        # drafter: 1.2 ms a call, whatever its size; proportional scaling halved it and switched gamma on)
+        floor = self.draft_cost.sy / self.draft_cost.s0 if self.draft_cost.one_size else 0.0
         plain = v0 + v1 + o0
-        return [plain] + [plain + v1 * g + o1 + d0 + d1 * g for g in range(1, cap + 1)]
+        return [plain] + [plain + v1 * g + o1 + max(floor, d0 + d1 * g) for g in range(1, cap + 1)]
 
     def rates(self, cap: int) -> list[float]:
         """Predicted committed tokens per second at draft length 0..cap."""

@@ -110,6 +110,18 @@ def test_drafter_catch_up_after_plain_rounds_is_not_charged_to_the_drafts():
     assert c.summary()["cost_ratio_c"] == pytest.approx(per_pass / verify, rel=0.01)
 
 
+def test_a_drafter_call_that_costs_its_round_trip_is_not_halved_after_one_probe():
+    # a numpy-like verifier (v(k) = 2.0 + 0.1k ms) and a drafter whose call costs 1 ms whatever its size;
+    # the opening probe drafts 1 token after 1 catch-up token (2 positions) and is rejected
+    verify = lambda k: 0.0020 + 0.0001 * k  # noqa: E731
+    c = GammaController()
+    for g in PROBES:
+        assert c.choose() == g
+        c.observe(g, 0, 0.001 if g else 0.0, verify(g + 1), 0.0, lag=1 if g else 0, timed=c.rounds > 0)
+    # gamma = 1 at alpha = 1/3 commits 1.33 tokens in 3.2 ms against 1 in 2.1 ms: plain is faster
+    assert c.choose() == 0
+
+
 def test_no_probes_once_speculation_could_not_pay_even_at_full_acceptance():
     # v(k) = k and a drafter at 0.2 of a target step: even alpha = 1 loses (k + 1 tokens for 1.2k + 1 steps)
     c, hist = simulate(alpha=1.0, draft_s=0.002, verify=lambda k: 0.01 * k, overhead=0.0, rounds=400)
