@@ -155,12 +155,12 @@ class EngineStream:
         return logits
 
     def logits_after(self, tokens: Sequence[int], extra: Sequence[int] = ()):
-        """Logits of the positions after tokens[-1] and after each of `extra` (cache: tokens + extra)."""
+        """Logits of the positions after tokens[-1] and after each of `extra` (cache: tokens + extra).
+
+        Tokens the cache lacks are fed in the same pass (one call: the engine's rows are independent)."""
         self.keep(tokens[:-1])
         missing = list(tokens[len(self.cached):-1])
-        if missing:
-            self.feed(missing)
-        return self.feed([tokens[-1], *extra])
+        return self.feed([*missing, tokens[-1], *extra])[len(missing):]
 
 
 def _probs(row, params: SessionParams, target: bool) -> list[float]:
