@@ -6,7 +6,7 @@ For each configuration (drafter + verifier back-ends, transport) and each temper
 and seeds are decoded five ways in one run on the same back-ends: `plain` (verifier alone), `plain A/A`
 (plain again: the noise control, whose speed-up would be 1.00 on a quiet machine), `auto` (adaptive
 gamma from measured costs), `fixed` (gamma = 4) and `auto@esp32s3` (gamma chosen from the projected
-ESP32-S3 costs), interleaved, REPEATS times each, keeping the fastest (other work on the host only ever
+ESP32-S3 costs), interleaved in a rotating order, REPEATS times each, keeping the fastest (other work on the host only ever
 adds time). Reported: wall-clock speed-up of each over plain (decode rate after the first round: it
 carries the prompt's prefill) with the 95% half-width of the per-prompt speed-ups, acceptance alpha,
 tokens per verification, the gamma chosen (most used), bus bytes per token (espnow: through a gateway
@@ -31,7 +31,7 @@ PROMPTS = ("Once upon a time", "The little dog", "She opened the door and", "In 
 TEMPERATURES = (0.0, 0.8)
 MAX_TOKENS = 48
 FIXED_GAMMA = 4
-REPEATS = 3  # each (prompt, mode) runs this often, interleaved; the fastest run counts (the host is shared)
+REPEATS = 5  # each (prompt, mode) runs this often, once in each position of the order; the fastest counts
 SHAPES = {  # tools/modeldefs.py CONFIGS, tied classifier
     "target.spm": dict(dim=128, n_layers=6, n_heads=4, n_kv_heads=2, hidden=352, vocab=512, max_seq=256, flags=1),
     "drafter.spm": dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96, vocab=512, max_seq=256, flags=1),
@@ -93,9 +93,10 @@ def bench_config(name: str, models: Path) -> list[dict]:
                                                      GammaController(), costs=projector.round_costs),
                 }
                 runs = {}
-                for _ in range(REPEATS):  # modes interleaved; the fastest repeat of each is kept
-                    for mode, fn in modes.items():
-                        r = fn()
+                order = list(modes)
+                for rep in range(REPEATS):  # modes interleaved, each repeat in a rotated order (no mode
+                    for mode in order[rep:] + order[:rep]:  # always runs first); the fastest is kept
+                        r = modes[mode]()
                         if mode not in runs or r.wall_s < runs[mode].wall_s:
                             runs[mode] = r
                 if temp == 0.0:
