@@ -34,7 +34,6 @@ PROBE_BUDGET = 0.02  # at gamma = 0, probes may cost this fraction of the stream
 MAX_PROBE_GAP = 1024
 FREE_CATCH_UP = 2  # plain rounds after which turning speculation on waits for a scheduled probe
 DECAY = 0.95  # per observation: about the last 20 rounds dominate
-PRIOR_ALPHA = 0.5  # Beta(1, 1): no opinion until rounds are seen
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
