@@ -3,8 +3,9 @@
 Each round: pick gamma (host/gamma.py), ask the drafter for gamma tokens with their q-hat tables,
 ask the verifier for a verdict over the gamma + 1 positions, commit the accepted drafts and the
 emitted token, tell both back-ends (they roll back everything beyond it). gamma = 0 is a round of
-plain decoding on the verifier; without a drafter (`--plain`) every round is one. The stream stops at
-the end-of-stream token, at `max_tokens`, or when the context of either model is full.
+plain decoding on the verifier; without a drafter (`--plain`) every round is one, and so is every
+round once the drafter's context is full. The stream stops at the end-of-stream token, at
+`max_tokens`, or when the verifier's context is full.
 
 Times are measured around each call (so they include bus round trips) and fed back to the gamma
 controller; bus bytes come from the back-ends' links.
@@ -91,7 +92,9 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     if not prompt:
         raise ValueError("the prompt must hold at least one token")
     controller = controller or GammaController()
-    max_seq = min(verifier.max_seq, drafter.max_seq) if drafter else verifier.max_seq
+    max_seq = verifier.max_seq
+    if drafter and len(prompt) >= drafter.max_seq:  # the drafter's context cannot hold the prompt: plain
+        drafter = None
     if len(prompt) >= max_seq:
         raise ValueError("the prompt has %d tokens but the context holds %d" % (len(prompt), max_seq))
     committed = list(prompt)
@@ -107,6 +110,8 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
             result.stop = "context"
             break
         room = min(max_tokens - len(out), max_seq - len(committed)) - 1
+        if drafter:  # past the drafter's context, the rest of the stream is plain rounds
+            room = min(room, drafter.max_seq - len(committed) - 1)
         gamma = controller.choose(room) if drafter else 0
         b_d0 = drafter.bus_bytes if drafter else 0
         b_v0 = verifier.bus_bytes

@@ -64,7 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also project the run onto real boards of this class (host/hardware.py); "
                         "gamma is then chosen for that hardware")
     p.add_argument("--stats-json", metavar="FILE", help="write the run's figures as JSON")
-    p.add_argument("--models", type=Path, default=MODELS, help="folder with drafter.spm, target.spm, tokenizer.json")
+    p.add_argument("--models", type=Path, default=MODELS,
+                   help="folder with drafter.spm, target.spm and a llama2.c tokenizer.bin")
     p.add_argument("--no-color", action="store_true", help="never colour the streamed text")
     p.add_argument("--quiet", action="store_true", help="do not stream the text (the table is still printed)")
 
@@ -96,7 +97,7 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError("--spec-ahead must be in 0..32")
     if not (0.0 <= a.radio_loss < 1.0 and 0.0 <= a.radio_dup < 1.0):
         raise UsageError("--radio-loss and --radio-dup must be in [0, 1)")
-    for name in ("drafter.spm", "target.spm", "tokenizer.json"):
+    for name in (() if a.plain else ("drafter.spm",)) + ("target.spm", "tokenizer.bin"):
         if not (a.models / name).is_file():
             raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (name, a.models))
 
@@ -105,7 +106,7 @@ def load_tokenizer(models: Path):
     from host.tokenizer import Tokenizer, TokenizerError  # noqa: PLC0415
 
     try:
-        return Tokenizer.from_json(models / "tokenizer.json")
+        return Tokenizer.from_llama2c(models / "tokenizer.bin")
     except TokenizerError as e:
         raise UsageError(str(e)) from None
 
@@ -210,6 +211,7 @@ def run(a: argparse.Namespace, out=None) -> dict:
     prompt = tok.encode(a.prompt)
     from host.tokenizer import BOS  # noqa: PLC0415
 
+    # llama2.c's models end a story by starting the next one (BOS), so BOS ends the stream
     params = SessionParams(seed=a.seed, temperature=a.temperature, draft_top_k=a.draft_top_k,
                            target_top_k=a.top_k, top_p=a.top_p, eos=BOS)
     with Setup(a) as setup:

@@ -1,21 +1,28 @@
-"""Tokenizers at run time: specmesh's byte-level BPE (models/tokenizer.json), the board vocab table
-(models/vocab.bin) and llama2.c's tokenizer.bin, all behind one encode/decode interface.
+"""Tokenizers at run time: llama2.c's tokenizer.bin (host encode and decode) and the board vocab table
+(vocab.bin, decode only), behind one interface.
+
+tokenizer.bin (llama2.c, little-endian): i32 max_token_length, then per token f32 score, i32 length,
+the piece's bytes. Ids 0/1/2 are `<unk>`, `<s>` (BOS), `</s>` (EOS); a piece `<0xNN>` is the raw byte NN.
 
 vocab.bin (little-endian), small enough for a board to `readinto` one buffer:
     magic b"SPMV", u16 version (1), u16 n_tokens, u16 offsets[n_tokens + 1], then the token bytes
-    concatenated; token i is bytes[offsets[i]:offsets[i + 1]] (special tokens are empty).
+    concatenated; token i is bytes[offsets[i]:offsets[i + 1]] (special tokens are empty, byte tokens
+    hold their byte).
 The tokenizer id in a model header is `vocab_id(vocab.bin bytes)`: the CRC-32 of the whole table.
 """
 
 from __future__ import annotations
 
+import heapq
 import struct
 import zlib
 from pathlib import Path
 
 VOCAB_MAGIC = b"SPMV"
 VOCAB_VERSION = 1
-BOS = 0  # "<s>": starts every document; the models treat it as end of text too
+BOS = 1  # "<s>": starts every story
+EOS = 2  # "</s>": ends one
+SPECIALS = 3  # ids 0, 1, 2: <unk>, <s>, </s>
 
 
 class TokenizerError(Exception):
@@ -56,12 +63,16 @@ def vocab_id(data: bytes) -> int:
     return zlib.crc32(data) & 0xFFFFFFFF
 
 
-def read_llama2c_tokenizer(path: str | Path, vocab_size: int) -> tuple[list[bytes], list[float]]:
-    """(pieces, scores) of a llama2.c tokenizer.bin: i32 max_len, then per token f32 score, i32 len, bytes."""
+def read_llama2c_tokenizer(path: str | Path, vocab_size: int | None = None) -> tuple[list[bytes], list[float]]:
+    """(pieces, scores) of a llama2.c tokenizer.bin: i32 max_len, then per token f32 score, i32 len, bytes.
+
+    With `vocab_size` None, reads every entry to the end of the file."""
     data = Path(path).read_bytes()
     pieces, scores, off = [], [], 4
     try:
-        for _ in range(vocab_size):
+        if len(data) < 4:
+            raise struct.error("no header")
+        while (off < len(data)) if vocab_size is None else (len(pieces) < vocab_size):
             score, n = struct.unpack_from("<fi", data, off)
             off += 8
             if n < 0 or off + n > len(data):
@@ -70,31 +81,48 @@ def read_llama2c_tokenizer(path: str | Path, vocab_size: int) -> tuple[list[byte
             scores.append(score)
             off += n
     except struct.error:
-        raise TokenizerError("%s is not a llama2.c tokenizer.bin for %d tokens (truncated or corrupt)"
-                             % (path, vocab_size)) from None
+        raise TokenizerError("%s is not a llama2.c tokenizer.bin%s (truncated or corrupt)"
+                             % (path, "" if vocab_size is None else " for %d tokens" % vocab_size)) from None
     return pieces, scores
+
+
+def byte_pieces(pieces: list[bytes]) -> list[bytes]:
+    """llama2.c pieces as the bytes they stand for: `<0xAB>` byte tokens decoded, specials emptied."""
+    out = []
+    for p in pieces:
+        if len(p) == 6 and p.startswith(b"<0x") and p.endswith(b">"):
+            out.append(bytes([int(p[3:5], 16)]))
+        elif len(out) < SPECIALS:
+            out.append(b"")
+        else:
+            out.append(p)
+    return out
 
 
 class Tokenizer:
     """encode(str) -> list[int] and decode(list[int]) -> str.
 
-    From tokenizer.json (encode and decode, via the `tokenizers` library) or from a list of token
-    byte strings (vocab.bin or llama2.c's tokenizer.bin; decode only).
+    From llama2.c's tokenizer.bin (encode and decode) or from vocab.bin (decode only).
+
+    The encoder is hand-written: llama2.c's tokenizer.bin keeps only pieces and scores (no
+    sentencepiece model, no merge list), and its `run.c` encodes by repeatedly merging the adjacent
+    pair whose concatenation is the best-scoring piece; no library applies that rule to these files,
+    and a merge list rebuilt from the scores need not reproduce it. This is run.c's `encode`.
     """
 
-    def __init__(self, pieces: list[bytes], hf=None):
-        self.pieces = pieces
-        self._hf = hf
+    def __init__(self, pieces: list[bytes], scores: list[float] | None = None):
+        self.pieces = byte_pieces(pieces)
+        self._raw = list(pieces)  # as tokenizer.bin spells them (byte tokens as `<0xNN>`): what merges match
+        self._ids = None if scores is None else {p: i for i, p in enumerate(pieces)}
+        self._scores = scores
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "Tokenizer":
-        from tokenizers import Tokenizer as HF
-
-        try:
-            hf = HF.from_file(str(path))
-        except Exception as e:  # the library raises a bare Exception on a bad file
-            raise TokenizerError("cannot load tokenizer %s: %s" % (path, e)) from None
-        return cls(pieces_of(hf), hf)
+    def from_llama2c(cls, path: str | Path, vocab_size: int | None = None) -> "Tokenizer":
+        pieces, scores = read_llama2c_tokenizer(path, vocab_size)
+        if len(pieces) < SPECIALS + 256:
+            raise TokenizerError("%s holds %d tokens: a llama2.c tokenizer has 3 specials and 256 byte tokens"
+                                 % (path, len(pieces)))
+        return cls(pieces, scores)
 
     @classmethod
     def from_vocab_bin(cls, path: str | Path) -> "Tokenizer":
@@ -104,48 +132,59 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return len(self.pieces)
 
-    def encode(self, text: str, bos: bool = True) -> list[int]:
-        if self._hf is None:
+    def encode(self, text: str, bos: bool = True, eos: bool = False) -> list[int]:
+        """llama2.c's encoding: a dummy-prefix space, each UTF-8 character as a piece or its bytes
+        (id byte + 3), then merges of the adjacent pair forming the best-scoring piece."""
+        ids, scores = self._ids, self._scores
+        if ids is None or scores is None:
             raise TokenizerError("this tokenizer was loaded from a vocab table and can only decode")
-        ids = self._hf.encode(text).ids
-        return [BOS] + ids if bos else ids
+        out = []
+        if text:
+            for ch in " " + text:
+                b = ch.encode("utf-8")
+                out += [ids[b]] if b in ids else [c + 3 for c in b]
+        out = self._merge(out)
+        return ([BOS] if bos else []) + out + ([EOS] if eos else [])
+
+    def _merge(self, tok: list[int]) -> list[int]:
+        """run.c's merge loop (best score first, leftmost on ties) with a heap of adjacent pairs, so
+        a long text costs n log n rather than run.c's n^2; a popped pair is used only if still current."""
+        ids, scores, raw = self._ids, self._scores, self._raw
+        n = len(tok)
+        nxt = list(range(1, n + 1))
+        prv = list(range(-1, n - 1))
+        heap: list[tuple[float, int, int, int, int]] = []
+
+        def push(i: int) -> None:
+            j = nxt[i]
+            if j < n:
+                m = ids.get(raw[tok[i]] + raw[tok[j]])
+                if m is not None:
+                    heapq.heappush(heap, (-scores[m], i, j, tok[i] * 65536 + tok[j], m))
+
+        for i in range(n - 1):
+            push(i)
+        alive = [True] * n
+        while heap:
+            _, i, j, pair, m = heapq.heappop(heap)
+            if not (alive[i] and alive[j] and nxt[i] == j and tok[i] * 65536 + tok[j] == pair):
+                continue
+            tok[i], alive[j], nxt[i] = m, False, nxt[j]
+            if nxt[j] < n:
+                prv[nxt[j]] = i
+            if prv[i] >= 0:
+                push(prv[i])
+            push(i)
+        return [t for t, a in zip(tok, alive) if a]
 
     def encode_batch(self, texts: list[str], bos: bool = True) -> list[list[int]]:
-        if self._hf is None:
-            raise TokenizerError("this tokenizer was loaded from a vocab table and can only decode")
-        head = [BOS] if bos else []
-        return [head + e.ids for e in self._hf.encode_batch(texts)]
+        return [self.encode(t, bos) for t in texts]
 
     def decode_bytes(self, ids) -> bytes:
         return b"".join(self.pieces[i] for i in ids)
 
     def decode(self, ids) -> str:
-        return self.decode_bytes(ids).decode("utf-8", "replace")
-
-
-def pieces_of(hf) -> list[bytes]:
-    """Raw bytes of every token of a byte-level BPE `tokenizers.Tokenizer` (special tokens empty)."""
-    from tokenizers import pre_tokenizers
-
-    inv = {c: b for b, c in _byte_to_unicode(pre_tokenizers.ByteLevel.alphabet()).items()}
-    specials = {t.content for t in hf.get_added_tokens_decoder().values()}
-    vocab = hf.get_vocab(with_added_tokens=True)
-    out = [b""] * len(vocab)
-    for tok, i in vocab.items():
-        out[i] = b"" if tok in specials else bytes(inv[c] for c in tok)
-    return out
-
-
-def _byte_to_unicode(alphabet) -> dict[int, str]:
-    """GPT-2's byte -> printable character map, which the ByteLevel pre-tokenizer uses."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs, n = list(bs), 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    m = {b: chr(c) for b, c in zip(bs, cs)}
-    if set(m.values()) != set(alphabet):
-        raise TokenizerError("unexpected ByteLevel alphabet in this version of `tokenizers`")
-    return m
+        """The text of `ids`; the dummy-prefix space after BOS is dropped, as llama2.c does."""
+        ids = list(ids)
+        text = self.decode_bytes(ids).decode("utf-8", "replace")
+        return text[1:] if ids and ids[0] == BOS and text.startswith(" ") else text

@@ -29,7 +29,7 @@ def board(tmp_path_factory, micropython) -> Path:
 
 
 def test_drafter_drafts_500_tokens_in_a_classic_esp32_heap(micropython, board, tmp_path):
-    model = shipped_model("drafter", tmp_path)
+    model = shipped_model("drafter")
     code = code_heap(micropython, board)
     assert 10_000 < code < 120_000
     node = NodeProc(micropython, board, {"role": "drafter", "model": model}, heap=ESP32_HEAP + code, flashed=True)
@@ -59,7 +59,7 @@ def test_drafter_drafts_500_tokens_in_a_classic_esp32_heap(micropython, board, t
 
 
 def test_verifier_runs_the_target_in_an_esp32s3_psram_heap(micropython, board, tmp_path):
-    model = shipped_model("target", tmp_path)
+    model = shipped_model("target")
     node = NodeProc(micropython, board, {"role": "verifier", "model": model}, heap=ESP32S3_HEAP, flashed=True)
     try:
         assert node.call(m.HELLO)[2] == m.ROLE_VERIFIER, node.text

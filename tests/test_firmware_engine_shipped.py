@@ -60,6 +60,18 @@ def test_greedy_continuations_match_reference(run_plan, name):
     assert greedy_got == greedy_want
 
 
+def test_golden_continuation_through_the_firmware_engine(run_plan):
+    """llama2.c's published greedy continuation of "Once upon a time" by stories260K, on the board engine."""
+    from host.tokenizer import Tokenizer
+    from tests.test_models import GOLDEN
+
+    tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
+    got = run_plan({"model": shipped("target"), "kmax": KMAX["target"],
+                    "ops": [["feed", tok.encode("Once upon a time"), 0], ["greedy", 40]]}, heap=HEAPS["target"])
+    assert "error" not in got, got
+    assert tok.decode(got["results"][-1]["tokens"]) == GOLDEN
+
+
 def test_drafter_decodes_500_tokens_in_a_classic_esp32_heap(run_plan):
     path = shipped("drafter")
     ops = []

@@ -1,6 +1,7 @@
 """llama2.c import: a tiny checkpoint written here in llama2.c's layouts (numpy), converted, and run
 by the int8 engine, must reproduce a plain float forward of the source weights (run.c's algorithm)."""
 
+import json
 import struct
 
 import numpy as np
@@ -17,24 +18,25 @@ GROUP = 16
 TOKENS = [1, 7, 30, 2, 45, 19, 19, 5, 33, 12, 0, 40, 8, 21, 3, 11]
 
 
-def weights(seed, shared):
+def weights(seed, shared, vocab=VOCAB):
     rng = np.random.default_rng(seed)
 
     def m(r, c, std=None):
         return rng.normal(0, std or c ** -0.5, (r, c)).astype(np.float32)
 
-    w = {"emb": m(VOCAB, DIM, 1.0), "att": rng.uniform(0.8, 1.2, (LAYERS, DIM)).astype(np.float32),
+    w = {"emb": m(vocab, DIM, 1.0), "att": rng.uniform(0.8, 1.2, (LAYERS, DIM)).astype(np.float32),
          "ffn": rng.uniform(0.8, 1.2, (LAYERS, DIM)).astype(np.float32),
          "final": rng.uniform(0.8, 1.2, DIM).astype(np.float32)}
     shapes = imp._shapes(DIM, HIDDEN, HEADS, KV)
     for n in imp.MATS:
         w[n] = [m(*shapes[n]) for _ in range(LAYERS)]
-    w["cls"] = w["emb"] if shared else m(VOCAB, DIM, 2 * DIM ** -0.5)
+    w["cls"] = w["emb"] if shared else m(vocab, DIM, 2 * DIM ** -0.5)
     return w
 
 
 def write_v0(w, shared):
-    out = [struct.pack("<7i", DIM, HIDDEN, LAYERS, HEADS, KV, VOCAB if shared else -VOCAB, SEQ), w["emb"].tobytes(),
+    vocab = len(w["emb"])
+    out = [struct.pack("<7i", DIM, HIDDEN, LAYERS, HEADS, KV, vocab if shared else -vocab, SEQ), w["emb"].tobytes(),
            w["att"].tobytes()]
     out += [x.tobytes() for n in ("wq", "wk", "wv", "wo") for x in w[n]]
     out.append(w["ffn"].tobytes())
@@ -180,3 +182,23 @@ def test_bad_inputs_give_one_line_errors(tmp_path, capsys):
     rc = imp.main([str(tmp_path / "ok.bin"), "--tokenizer", str(tmp_path / "tok.bin"), "--out", str(tmp_path / "o.spm")])
     err = capsys.readouterr().err
     assert rc == 1 and "tokenizer.bin" in err and "truncated" in err
+
+
+def test_an_imported_model_runs_with_a_prompt_via_specmesh_run(tmp_path):
+    """Any llama2.c model with its tokenizer.bin, not only the shipped one: import, then `specmesh run`."""
+    from host import cli
+
+    words = [b" ", b"t", b"h", b"e", b"c", b"a", b"s", b" t", b"he", b"at", b" the", b" c", b" cat", b" s", b" sat"]
+    pieces = [b"<unk>", b"<s>", b"</s>"] + [b"<0x%02X>" % i for i in range(256)] + words
+    write_tokenizer(tmp_path / "tokenizer.bin", pieces)
+    (tmp_path / "m.bin").write_bytes(write_v0(weights(5, True, vocab=len(pieces)), True))
+    imp.convert(tmp_path / "m.bin", tmp_path / "tokenizer.bin", tmp_path / "target.spm", None)
+    stats = tmp_path / "stats.json"
+    rc = cli.main(["run", "--models", str(tmp_path), "--verifier", "cpu", "--plain", "--prompt", "the cat sat",
+                   "--max-tokens", "6", "--quiet", "--stats-json", str(stats)])
+    assert rc == 0
+    got = json.loads(stats.read_text())
+    tok = Tokenizer.from_llama2c(tmp_path / "tokenizer.bin")
+    assert tok.encode("the cat sat") == [1] + [pieces.index(w) for w in (b" the", b" cat", b" sat")]
+    assert got["prompt_tokens"] == 4
+    assert len(got["token_ids"]) == 6 and got["text"] == tok.decode(got["token_ids"])

@@ -1,5 +1,6 @@
-"""The shipped models, tokenizer and vocab table (models/): budgets, file checks, and the int8 engine
-against the float model's reference outputs saved at export time (no PyTorch needed)."""
+"""The shipped models, tokenizer and vocab table (models/): llama2.c's encoding, the golden stories260K
+continuation, budgets, file checks, and the int8 engine against the float model's reference outputs
+saved at export time (no PyTorch needed)."""
 
 from pathlib import Path
 
@@ -8,17 +9,19 @@ import pytest
 
 from host.engine import Engine
 from host.modelio import read_model, write_model
-from host.tokenizer import BOS, Tokenizer, TokenizerError, pack_vocab, unpack_vocab, vocab_id
+from host.tokenizer import BOS, Tokenizer, TokenizerError, pack_vocab, read_llama2c_tokenizer, unpack_vocab, vocab_id
 from shared.modelfile import HEADER_SIZE, ModelFileError, tensor_layout
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 NAMES = ("drafter", "target")
+# llama2.c's published greedy continuation of "Once upon a time" by stories260K (40 tokens)
+GOLDEN = ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball."
 # int8 weights and activations against the float model: every logit within LOGIT_TOL of the row's
-# logit range (measured on the shipped files: at most 6.7% for the dim-32 drafter, whose 32-wide
-# activation vectors quantize coarsely, 2.2% for the target), and the same argmax wherever the float
-# model's top-2 margin exceeds NEAR_TIE logits (measured flips happen below 0.13)
-LOGIT_TOL = {"drafter": 0.08, "target": 0.03}
-NEAR_TIE = 0.25
+# logit range (measured on the shipped files: at most 6.5% for the target, whose 64-wide activations
+# quantize coarsely, 1.2% for the drafter), and the same argmax wherever the float model's top-2 margin
+# exceeds NEAR_TIE logits (measured flips happen below 0.23)
+LOGIT_TOL = {"drafter": 0.04, "target": 0.08}
+NEAR_TIE = 0.3
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +31,33 @@ def ref():
 
 @pytest.fixture(scope="module")
 def tok():
-    return Tokenizer.from_json(MODELS / "tokenizer.json")
+    return Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
+
+
+def run_c_encode(path: Path, text: str) -> list[int]:
+    """llama2.c run.c's `encode`, literally (quadratic): the oracle for the tokenizer."""
+    pieces, scores = read_llama2c_tokenizer(path)
+    ids = {p: i for i, p in enumerate(pieces)}
+    out = []
+    for ch in " " + text:
+        b = ch.encode("utf-8")
+        out += [ids[b]] if b in ids else [c + 3 for c in b]
+    while True:
+        best, at = -1, -1
+        for i in range(len(out) - 1):
+            j = ids.get(pieces[out[i]] + pieces[out[i + 1]], -1)
+            if j >= 0 and (best < 0 or scores[j] > scores[best]):
+                best, at = j, i
+        if best < 0:
+            return [BOS] + out
+        out[at:at + 2] = [best]
+
+
+def test_tokenizer_encodes_as_llama2c(tok):
+    assert tok.encode("Once upon a time") == [1, 403, 407, 261, 378]
+    stories = (MODELS / "heldout.txt").read_text("utf-8").split("\n\n")[:40]
+    for text in stories + ["naïve café — \u2603 \U0001F600\ttabs\r\n  spaces", "a", "aaaa aaaa"]:
+        assert tok.encode(text) == run_c_encode(MODELS / "tokenizer.bin", text), text
 
 
 def test_tokenizer_round_trips_any_text(tok):
@@ -36,6 +65,7 @@ def test_tokenizer_round_trips_any_text(tok):
     ids = tok.encode(text)
     assert ids[0] == BOS and max(ids) < 512 and tok.vocab_size == 512
     assert tok.decode(ids) == text
+    assert tok.decode(tok.encode(text, bos=False)) == " " + text  # the dummy prefix stays without BOS
     assert len(tok.encode("the the the the", bos=False)) < len("the the the the")  # merges exist
 
 
@@ -43,32 +73,51 @@ def test_vocab_table_matches_tokenizer(tok):
     data = (MODELS / "vocab.bin").read_bytes()
     board = Tokenizer.from_vocab_bin(MODELS / "vocab.bin")
     assert board.pieces == tok.pieces and len(data) < 4096
-    ids = tok.encode("def main():\n    return 'ok'  # done", bos=False)
+    assert board.pieces[:3] == [b"", b"", b""] and board.pieces[3 + 0x0A] == b"\n"
+    ids = tok.encode("The dog said: \"Hi!\"\n\nThe end.")
     assert board.decode(ids) == tok.decode(ids)
     with pytest.raises(TokenizerError, match="decode"):
         board.encode("x")
 
 
-def test_vocab_table_rejects_bad_bytes():
+def test_tokenizer_files_are_checked(tmp_path):
     good = pack_vocab([b"", b"a", b"bc"])
     assert unpack_vocab(good) == [b"", b"a", b"bc"]
     for bad, msg in ((b"XXXX" + good[4:], "magic"), (good[:9], "truncated"), (good + b"z", "corrupt"),
                      (good[:4] + b"\x02" + good[5:], "version")):
         with pytest.raises(TokenizerError, match=msg):
             unpack_vocab(bad)
+    data = (MODELS / "tokenizer.bin").read_bytes()
+    (tmp_path / "cut.bin").write_bytes(data[:-3])
+    with pytest.raises(TokenizerError, match="truncated or corrupt"):
+        Tokenizer.from_llama2c(tmp_path / "cut.bin")
+    (tmp_path / "few.bin").write_bytes(data[:200])
+    with pytest.raises(TokenizerError):
+        Tokenizer.from_llama2c(tmp_path / "few.bin")
+
+
+def test_golden_continuation_through_the_numpy_engine(tok):
+    eng = Engine(MODELS / "target.spm")
+    ids = tok.encode("Once upon a time")
+    logits = eng.forward(ids, 0)
+    out = []
+    while len(out) < 40:
+        out.append(int(logits[-1].argmax()))
+        logits = eng.forward(out[-1:])
+    assert tok.decode(out) == GOLDEN
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_shipped_model_header(name):
     h, t = read_model(MODELS / (name + ".spm"))
     assert h.tokenizer_id == vocab_id((MODELS / "vocab.bin").read_bytes())
-    assert h.vocab == 512 and h.max_seq == 256
+    assert h.vocab == 512 and h.max_seq == {"drafter": 256, "target": 512}[name]  # the drafter's training windows
     params = sum(r * c for _n, _k, r, c in tensor_layout(h))
-    if name == "drafter":  # classic ESP32: file <= 48 KB, int8 KV cache (+ scales) <= 20 KB at max_seq 256
-        assert (MODELS / "drafter.spm").stat().st_size <= 48 * 1024
-        assert h.n_layers * 2 * h.max_seq * (h.kv_dim + 4) <= 20 * 1024
-    else:
-        assert 1_000_000 <= params <= 1_500_000
+    if name == "drafter":  # classic ESP32 without PSRAM: weights and scales well under its 110,536-byte heap
+        assert (MODELS / "drafter.spm").stat().st_size <= 72 * 1024
+    else:  # stories260K
+        assert (h.dim, h.n_layers, h.n_heads, h.n_kv_heads, h.hidden) == (64, 5, 8, 4, 172)
+        assert params == 260_032
 
 
 @pytest.mark.parametrize("name", NAMES)

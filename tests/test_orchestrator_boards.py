@@ -63,7 +63,7 @@ def test_greedy_virtual_boards_with_the_shipped_models(tmp_path):
     from host.tokenizer import Tokenizer
 
     models = ROOT / "models"
-    tok = Tokenizer.from_json(models / "tokenizer.json")
+    tok = Tokenizer.from_llama2c(models / "tokenizer.bin")
     params = SessionParams(temperature=0.0, eos=0)
     cpu = LocalVerifier(models / "target.spm")
     with Cluster("serial", models, tmp_path) as c:

@@ -1,14 +1,18 @@
-"""Export trained checkpoints to specmesh model files (int8 per row) plus reference outputs.
+"""Export float models to specmesh model files (int8 per row) plus their reference outputs.
 
-models/<name>.spm is written with host/modelio.py; the header's tokenizer id is the CRC-32 of
-models/vocab.bin. models/reference.npz keeps, for each exported model, a few held-out prompts, the
-float model's logits at every prompt position and its greedy continuation, so the core tests can
-check the int8 engine against the float model without PyTorch:
-    <name>.tokens int32 [P, T], <name>.logits float16 [P, T, vocab],
+A model comes from a distillation checkpoint (`tools/train.py`, `.pt`) or a llama2.c checkpoint (`.bin`,
+as stories260K, the target, was imported once). models/<name>.spm is written with host/modelio.py; the
+header's tokenizer id is the CRC-32 of models/vocab.bin. models/reference.npz keeps, for each exported
+model, the float model's outputs on held-out stories (models/heldout.txt), so tests and the model card
+check the int8 engines against the float model without PyTorch or the float checkpoint:
+    <name>.tokens int32 [P, T]: held-out story prompts, <name>.logits float16 [P, T, vocab],
     <name>.prompt int32 [P, G0], <name>.greedy int32 [P, G] (float greedy tokens after the prompt),
-    <name>.margin float32 [P, G] (float top-1 minus top-2 logit at each greedy step: near-ties show)
+    <name>.margin float32 [P, G] (float top-1 minus top-2 logit at each greedy step: near-ties show),
+    <name>.float_loss float64 [] (held-out loss of the float model on the model card's loss stories).
+Entries of models not exported in this call are kept.
 
-    python -m tools.export --model target=checkpoints/target/best.pt --model drafter=checkpoints/drafter/best.pt
+    python -m tools.export --model drafter=checkpoints/drafter/best.pt
+    python -m tools.export --model target=stories260K.bin
 """
 
 from __future__ import annotations
@@ -21,15 +25,17 @@ import numpy as np
 import torch
 
 from host.modelio import write_model
-from host.tokenizer import BOS, vocab_id
+from host.tokenizer import Tokenizer, vocab_id
 from shared.modelfile import FLAG_SHARED_CLS, Header
-from tools.modeldefs import Transformer, export_tensors
-from tools.train import load_model
+from tools.llama2c_import import read_checkpoint
+from tools.modeldefs import ModelArgs, Transformer, export_tensors, from_tensors
+from tools.train import heldout_stories
 
 REF_PROMPTS = 3
 REF_LEN = 64  # teacher-forced positions with saved logits
-GREEDY_PROMPT = 24
+GREEDY_PROMPT = 16
 GREEDY_NEW = 24
+LOSS_STORIES = range(64, 128)  # held-out stories of the loss figures (the first 64 select checkpoints)
 
 
 def header_of(model: Transformer, tokenizer_id: int) -> Header:
@@ -44,12 +50,23 @@ def export_model(model: Transformer, path: Path, tokenizer_id: int) -> Header:
     return write_model(path, header_of(model, tokenizer_id), export_tensors(model))
 
 
-def reference_prompts(test_tokens: np.ndarray, n: int = REF_PROMPTS, length: int = REF_LEN) -> np.ndarray:
-    """n held-out documents' first `length` tokens (BOS included), evenly spread over the test split."""
-    starts = [int(i) for i in np.flatnonzero(test_tokens == BOS) if i + length <= len(test_tokens)
-              and not (test_tokens[i + 1:i + length] == BOS).any()]
-    pick = [starts[int(j)] for j in np.linspace(0, len(starts) - 1, n)]
-    return np.stack([test_tokens[s:s + length] for s in pick]).astype(np.int32)
+def load_float(path: Path) -> Transformer:
+    """The float model of a distillation checkpoint (.pt) or a llama2.c checkpoint (.bin)."""
+    if path.suffix == ".pt":
+        ck = torch.load(path, map_location="cpu", weights_only=False)
+        m = Transformer(ModelArgs(**ck["config"]))
+        m.load_state_dict(ck["model"])
+        return m.eval()
+    cfg, tensors = read_checkpoint(path.read_bytes())
+    return from_tensors(ModelArgs(dim=cfg["dim"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"],
+                                  n_kv_heads=cfg["n_kv_heads"], hidden=cfg["hidden"], vocab=cfg["vocab"],
+                                  max_seq=cfg["max_seq"], shared_cls=cfg["shared_cls"]), tensors)
+
+
+def story_tokens(tok: Tokenizer, stories: list[str], length: int, n: int) -> np.ndarray:
+    """The first `length` tokens (BOS included) of n held-out stories at least that long, spread evenly."""
+    long = [ids[:length] for ids in (tok.encode(s) for s in stories) if len(ids) >= length]
+    return np.array([long[int(j)] for j in np.linspace(0, len(long) - 1, n)], np.int32)
 
 
 @torch.no_grad()
@@ -64,44 +81,55 @@ def greedy(model: Transformer, prompt: np.ndarray, n: int) -> tuple[list[int], l
 
 
 @torch.no_grad()
-def reference(models: dict[str, Transformer], test_tokens: np.ndarray) -> dict[str, np.ndarray]:
-    toks = reference_prompts(test_tokens)
-    out = {}
-    for name, m in models.items():
-        m.eval()
-        out[name + ".tokens"] = toks
-        out[name + ".logits"] = m(torch.from_numpy(toks.astype(np.int64))).numpy().astype(np.float16)
-        out[name + ".prompt"] = toks[:, :GREEDY_PROMPT]
-        runs = [greedy(m, p, GREEDY_NEW) for p in toks[:, :GREEDY_PROMPT]]
-        out[name + ".greedy"] = np.array([r[0] for r in runs], np.int32)
-        out[name + ".margin"] = np.array([r[1] for r in runs], np.float32)
-    return out
+def float_loss(model: Transformer, tok: Tokenizer, stories: list[str]) -> float:
+    """Mean next-token loss (nats) of the float model over the stories, each from its BOS."""
+    tot = n = 0
+    for s in stories:
+        x = torch.tensor([tok.encode(s)[:model.a.max_seq]])
+        tot += float(torch.nn.functional.cross_entropy(model(x[:, :-1])[0], x[0, 1:], reduction="sum"))
+        n += x.shape[1] - 1
+    return tot / n
+
+
+@torch.no_grad()
+def reference(name: str, m: Transformer, tok: Tokenizer, stories: list[str]) -> dict[str, np.ndarray]:
+    toks = story_tokens(tok, stories, REF_LEN, REF_PROMPTS)
+    runs = [greedy(m, p, GREEDY_NEW) for p in toks[:, :GREEDY_PROMPT]]
+    return {name + ".tokens": toks,
+            name + ".logits": m(torch.from_numpy(toks.astype(np.int64))).numpy().astype(np.float16),
+            name + ".prompt": toks[:, :GREEDY_PROMPT],
+            name + ".greedy": np.array([r[0] for r in runs], np.int32),
+            name + ".margin": np.array([r[1] for r in runs], np.float32),
+            name + ".float_loss": np.float64(float_loss(m, tok, [stories[i] for i in LOSS_STORIES]))}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", required=True, metavar="NAME=CHECKPOINT")
     ap.add_argument("--out", type=Path, default=Path("models"))
-    ap.add_argument("--test-tokens", type=Path, default=Path("corpus/test.tok.npy"))
     a = ap.parse_args(argv)
     try:
         tid = vocab_id((a.out / "vocab.bin").read_bytes())
-        test_tokens = np.load(a.test_tokens)
+        tok = Tokenizer.from_llama2c(a.out / "tokenizer.bin")
+        stories = heldout_stories(a.out / "heldout.txt")
         models = {}
         for spec in a.model:
             name, _, ck = spec.partition("=")
             if not ck:
                 raise ValueError("--model wants NAME=CHECKPOINT, got %r" % spec)
-            models[name] = load_model(Path(ck))[0]
+            models[name] = load_float(Path(ck))
     except (OSError, ValueError) as e:
         print("export: %s" % e, file=sys.stderr)
         return 1
+    ref_path = a.out / "reference.npz"
+    refs = dict(np.load(ref_path)) if ref_path.exists() else {}
     for name, m in models.items():
         path = a.out / (name + ".spm")
         export_model(m, path, tid)
         print("export: %s  %d params  %d bytes" % (path, m.n_params(), path.stat().st_size))
-    np.savez_compressed(a.out / "reference.npz", **reference(models, test_tokens))
-    print("export: %s" % (a.out / "reference.npz"))
+        refs = {k: v for k, v in refs.items() if not k.startswith(name + ".")} | reference(name, m, tok, stories)
+    np.savez_compressed(ref_path, **refs)
+    print("export: %s" % ref_path)
     return 0
 
 

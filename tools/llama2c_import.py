@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from host.modelio import write_model
-from host.tokenizer import TokenizerError, pack_vocab, read_llama2c_tokenizer, vocab_id
+from host.tokenizer import TokenizerError, byte_pieces, pack_vocab, read_llama2c_tokenizer, vocab_id
 from shared.modelfile import FLAG_SHARED_CLS, Header, ModelFileError
 
 AK42 = 0x616B3432
@@ -120,26 +120,13 @@ def read_checkpoint(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
     return cfg, t
 
 
-def vocab_pieces(pieces: list[bytes]) -> list[bytes]:
-    """llama2.c pieces as raw bytes: '<0xAB>' byte tokens decoded, '<s>'-style specials emptied."""
-    out = []
-    for p in pieces:
-        if len(p) == 6 and p.startswith(b"<0x") and p.endswith(b">"):
-            out.append(bytes([int(p[3:5], 16)]))
-        elif p in (b"<unk>", b"<s>", b"</s>"):
-            out.append(b"")
-        else:
-            out.append(p)
-    return out
-
-
 def convert(checkpoint: Path, tokenizer: Path | None, out: Path, vocab_out: Path | None) -> Header:
     """Write the specmesh model (and vocab table if a tokenizer is given); returns the header."""
     cfg, tensors = read_checkpoint(checkpoint.read_bytes())
     tid = 0
     if tokenizer is not None:
         pieces, _scores = read_llama2c_tokenizer(tokenizer, cfg["vocab"])
-        table = pack_vocab(vocab_pieces(pieces))
+        table = pack_vocab(byte_pieces(pieces))
         tid = vocab_id(table)
         (vocab_out or out.with_suffix(".vocab.bin")).write_bytes(table)
     h = Header(cfg["dim"], cfg["n_layers"], cfg["n_heads"], cfg["n_kv_heads"], cfg["hidden"], cfg["vocab"],

@@ -1,12 +1,15 @@
 """Measure the figures of models/MODEL_CARD.md (printed and saved as JSON).
 
-Figures: parameters, file bytes, int8 KV-cache bytes, held-out loss of the float checkpoint (PyTorch)
-and of the int8 file (numpy reference engine, host/engine.py) on the same held-out windows, training
-time, and speculative-decoding acceptance at gamma = 4, temperature 0 and 1: held-out document
-prompts decoded by host/orchestrator.py with the int8 drafter and target engines and the shared
-acceptance rule (shared/rule.py).
+Figures: parameters, file bytes, int8 KV-cache bytes, held-out loss of the float model (saved in
+models/reference.npz at export) and of the int8 file (numpy engine, host/engine.py) on the same
+held-out stories; speculative-decoding acceptance at gamma = 4, temperature 0 and 1, q-hat = the
+drafter's top 8: held-out stories (models/heldout.txt, from story 128 on: no model trained on them and
+no checkpoint was selected with them), their first 16 tokens as the prompt, decoded by
+host/orchestrator.py with both int8 engines and the shared acceptance rule; alpha per draft position.
+With --variants, every drafter checkpoint tried (tools/train.py's best.pt) is exported to a scratch
+file and measured the same way, for the table of variants.
 
-    python -m tools.modelcard [--prompts 64] [--new 96]
+    python -m tools.modelcard [--prompts 64] [--new 96] [--variants checkpoints/sweep-*]
 """
 
 from __future__ import annotations
@@ -14,23 +17,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
 from host.engine import Engine
 from host.gamma import GammaController
 from host.orchestrator import generate
+from host.tokenizer import Tokenizer
 from shared.modelfile import tensor_layout
-from tools.export import reference_prompts
-from tools.train import eval_loss, eval_windows, load_model
 
 GAMMA = 4
-LOSS_WINDOWS = 64
-SEQ = 256
+FIRST_STORY = 128  # stories 0..63 select checkpoints (tools/train.py), 64..127 give the loss figures
+PROMPT_TOKENS = 16
 
 
 def n_params(h) -> int:
@@ -43,73 +45,94 @@ def kv_bytes(h, max_seq: int) -> int:
     return h.n_layers * 2 * max_seq * (h.kv_dim + 4)
 
 
-def int8_loss(path: Path, windows: torch.Tensor) -> float:
+def int8_loss(path: Path, stories: list[list[int]]) -> float:
     eng, tot, n = Engine(path), 0.0, 0
-    for w in windows.numpy():
+    for ids in stories:
         eng.reset()
-        logits = eng.forward(w[:-1], 0).astype(np.float64)
+        logits = eng.forward(ids[:-1], 0).astype(np.float64)
         logits -= logits.max(axis=1, keepdims=True)
         lp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-        tot -= lp[np.arange(len(w) - 1), w[1:]].sum()
-        n += len(w) - 1
+        tot -= lp[np.arange(len(ids) - 1), ids[1:]].sum()
+        n += len(ids) - 1
     return tot / n
 
 
-def acceptance(models: Path, prompts: np.ndarray, new: int, temperature: float) -> dict:
-    ver, dra = LocalVerifier(models / "target.spm"), LocalDrafter(models / "drafter.spm")
-    acc = tested = drafted = rounds = committed = 0
+def acceptance(target: Path, drafter: Path, prompts: list[list[int]], new: int, temperature: float) -> dict:
+    """alpha (accepted / tested drafts), tokens per verification and alpha at each draft position."""
+    ver, dra = LocalVerifier(target), LocalDrafter(drafter)
+    acc = tested = rounds = committed = 0
+    reached, passed = [0] * GAMMA, [0] * GAMMA  # drafts tested / accepted at position i of their round
     for i, p in enumerate(prompts):
         params = SessionParams(seed=1000 + i, temperature=temperature)
-        r = generate(list(map(int, p)), ver, dra, params, new, GammaController(fixed=GAMMA))
+        r = generate(p, ver, dra, params, new, GammaController(fixed=GAMMA))
         for rd in r.rounds:
             acc += rd.n_accepted
             tested += rd.n_accepted + (rd.n_accepted < rd.gamma)
-            drafted += rd.gamma
             rounds += 1
             committed += rd.committed
-    return {"alpha": acc / tested, "accepted_per_drafted": acc / drafted,
-            "tokens_per_verification": committed / rounds, "rounds": rounds, "tokens": committed}
+            for j in range(min(rd.gamma, rd.n_accepted + 1)):
+                reached[j] += 1
+                passed[j] += j < rd.n_accepted
+    return {"alpha": acc / tested, "tokens_per_verification": committed / rounds, "rounds": rounds,
+            "tokens": committed, "alpha_per_position": [p / r if r else None for p, r in zip(passed, reached)]}
+
+
+def measure_pair(target: Path, drafter: Path, prompts: list[list[int]], new: int) -> dict:
+    return {"T=0": acceptance(target, drafter, prompts, new, 0.0),
+            "T=1": acceptance(target, drafter, prompts, new, 1.0)}
+
+
+def describe(h) -> str:
+    return "dim %d, %d layers, %d heads (%d kv), hidden %d" % (h.dim, h.n_layers, h.n_heads, h.n_kv_heads,
+                                                             h.hidden)
+
+
+def variant(ck: Path, models: Path, prompts: list[list[int]], new: int) -> dict:
+    """Export one drafter checkpoint to a scratch file and measure it against the shipped target."""
+    from tools.export import export_model, load_float  # noqa: PLC0415 - needs torch, only for variants
+    from host.tokenizer import vocab_id  # noqa: PLC0415
+
+    summary = json.loads((ck / "summary.json").read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "drafter.spm"
+        h = export_model(load_float(ck / "best.pt"), path, vocab_id((models / "vocab.bin").read_bytes()))
+        return {"checkpoint": str(ck), "shape": describe(h), "params": n_params(h),
+                "file_bytes": path.stat().st_size, "train_steps": summary["steps"],
+                "train_s": summary["train_s"], "acceptance": measure_pair(models / "target.spm", path, prompts, new)}
 
 
 def measure(a) -> dict:
-    torch.set_num_threads(a.threads)
-    test = np.load(a.corpus / "test.tok.npy")
-    windows = eval_windows(test, SEQ, LOSS_WINDOWS)
+    tok = Tokenizer.from_llama2c(a.models / "tokenizer.bin")
+    stories = [s.strip() for s in (a.models / "heldout.txt").read_text("utf-8").split("\n\n") if s.strip()]
+    from tools.export import LOSS_STORIES  # noqa: PLC0415
+
+    ref = np.load(a.models / "reference.npz")
+    loss_ids = [tok.encode(stories[i])[:512] for i in LOSS_STORIES]
     out: dict = {"models": {}}
     for name in ("drafter", "target"):
         path = a.models / (name + ".spm")
-        eng = Engine(path)
-        h = eng.header
-        model, ck = load_model(a.checkpoints / name / "best.pt")
-        summ = json.loads((a.checkpoints / name / "summary.json").read_text())
+        h = Engine(path).header
         out["models"][name] = {
-            "shape": "dim %d, %d layers, %d heads (%d kv), hidden %d, vocab %d, max_seq %d, %s cls" % (
-                h.dim, h.n_layers, h.n_heads, h.n_kv_heads, h.hidden, h.vocab, h.max_seq,
-                "tied" if h.flags & 1 else "separate"),
-            "params": n_params(h),
+            "shape": describe(h), "vocab": h.vocab, "max_seq": h.max_seq, "params": n_params(h),
             "file_bytes": path.stat().st_size, "kv_bytes": kv_bytes(h, h.max_seq),
-            "loss_float": eval_loss(model, windows), "loss_int8": int8_loss(path, windows),
-            "train_steps": summ["steps"], "train_s": summ["train_s"],
-        }
-    prompts = reference_prompts(test, a.prompts, a.prompt_len)
+            "loss_float": float(ref[name + ".float_loss"]), "loss_int8": int8_loss(path, loss_ids)}
+    prompts = [ids[:PROMPT_TOKENS] for ids in (tok.encode(s) for s in stories[FIRST_STORY:])
+               if len(ids) >= PROMPT_TOKENS][:a.prompts]
     t0 = time.time()
-    out["acceptance"] = {"T=0": acceptance(a.models, prompts, a.new, 0.0),
-                         "T=1": acceptance(a.models, prompts, a.new, 1.0)}
-    out["acceptance_setup"] = {"gamma": GAMMA, "prompts": a.prompts, "prompt_tokens": a.prompt_len,
+    out["acceptance"] = measure_pair(a.models / "target.spm", a.models / "drafter.spm", prompts, a.new)
+    out["acceptance_setup"] = {"gamma": GAMMA, "prompts": len(prompts), "prompt_tokens": PROMPT_TOKENS,
                                "new_tokens": a.new, "seconds": round(time.time() - t0, 1)}
-    out["loss_setup"] = {"windows": LOSS_WINDOWS, "tokens_per_window": SEQ}
+    out["variants"] = [variant(Path(ck), a.models, prompts, a.new) for ck in a.variants]
+    out["loss_setup"] = {"stories": len(loss_ids), "tokens": sum(len(i) - 1 for i in loss_ids)}
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, default=Path("models"))
-    ap.add_argument("--checkpoints", type=Path, default=Path("checkpoints"))
-    ap.add_argument("--corpus", type=Path, default=Path("corpus"))
     ap.add_argument("--prompts", type=int, default=64)
-    ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--new", type=int, default=96)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--variants", type=Path, nargs="*", default=[], help="drafter checkpoint folders to compare")
     ap.add_argument("--json", type=Path, default=Path("runs/modelcard.json"))
     a = ap.parse_args(argv)
     try:

@@ -1,8 +1,9 @@
-"""The specmesh model family in PyTorch (float, for training), matching docs/CONTRACTS.md section 4.
+"""The specmesh model family in PyTorch (float, for distillation), matching docs/CONTRACTS.md section 4.
 
-llama-style decoder: RMSNorm, llama2.c RoPE on pairs (2i, 2i+1), grouped-query attention, SwiGLU,
-optionally tied classifier. `CONFIGS` names the shipped shapes. `export_tensors` gives the float
-tensors under the model file's names (shared/modelfile.py tensor_layout).
+llama-style decoder as llama2.c's: RMSNorm, RoPE on pairs (2i, 2i+1), grouped-query attention, SwiGLU,
+optionally tied classifier. `DRAFTERS` names the drafter shapes tried (the model card reports each);
+`from_model_file` loads a shipped int8 model (the target) as a float teacher; `export_tensors` gives
+the float tensors under the model file's names (shared/modelfile.py tensor_layout).
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from host.modelio import read_model
+from host.tokenizer import BOS
+from shared.modelfile import FLAG_SHARED_CLS
 
 
 @dataclass
@@ -37,11 +42,11 @@ class ModelArgs:
         return asdict(self)
 
 
-CONFIGS = {
-    # fits a classic ESP32: file ~46 KB, int8 KV cache 20 KB at max_seq 256
-    "drafter": ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96),
-    # ~1.2 M parameters, for an ESP32-S3 with PSRAM or the host
-    "target": ModelArgs(dim=128, n_layers=6, n_heads=4, n_kv_heads=2, hidden=352),
+DRAFTERS = {  # drafter shapes distilled from the target (tok512 vocabulary; context 256, the training windows)
+    "d32l2": ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96, max_seq=256),
+    "d48l2kv1": ModelArgs(dim=48, n_layers=2, n_heads=4, n_kv_heads=1, hidden=96, max_seq=256),
+    "d48l2": ModelArgs(dim=48, n_layers=2, n_heads=4, n_kv_heads=2, hidden=128, max_seq=256),
+    "d64l1": ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=1, hidden=128, max_seq=256),
 }
 
 
@@ -83,7 +88,9 @@ class Block(nn.Module):
         self.w2 = nn.Linear(a.hidden, a.dim, bias=False)
         self.w3 = nn.Linear(a.dim, a.hidden, bias=False)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, cache: list | None = None, pos: int = 0):
+        """x [b, t, dim] at positions pos..pos+t-1; with `cache` ([k, v] buffers [b, kv heads, max_seq,
+        head_dim] holding positions < pos), attends to them as well and stores this call's keys and values."""
         a, (b, t, _) = self.a, x.shape
         hd = a.head_dim
         h = self.attn_norm(x)
@@ -91,9 +98,10 @@ class Block(nn.Module):
         k = self.wk(h).view(b, t, a.n_kv_heads, hd).transpose(1, 2)
         v = self.wv(h).view(b, t, a.n_kv_heads, hd).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        rep = a.n_heads // a.n_kv_heads
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if cache is not None:
+            cache[0][:, :, pos:pos + t], cache[1][:, :, pos:pos + t] = k, v
+            k, v = cache[0][:, :, :pos + t], cache[1][:, :, :pos + t]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, enable_gqa=True)
         x = x + self.wo(y.transpose(1, 2).reshape(b, t, -1))
         h = self.ffn_norm(x)
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
@@ -120,18 +128,52 @@ class Transformer(nn.Module):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, 0.0, 0.02)
 
-    def forward(self, tokens):
+    def forward(self, tokens, cache: list | None = None, pos: int = 0):
+        """Logits [b, t, vocab] of tokens [b, t] at positions pos..pos+t-1; `cache` (from
+        `new_cache`) holds the keys and values of positions < pos (a multi-token call is causal
+        within itself, so it needs pos 0 or t = 1)."""
         t = tokens.shape[1]
         x = self.tok_emb(tokens)
-        cos, sin = self.cos[:t], self.sin[:t]
-        for layer in self.layers:
-            x = layer(x, cos, sin)
+        cos, sin = self.cos[pos:pos + t], self.sin[pos:pos + t]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, None if cache is None else cache[i], pos)
         x = self.final_norm(x)
         w = self.tok_emb.weight if self.cls is None else self.cls.weight
         return x @ w.t()
 
+    def new_cache(self, batch: int) -> list:
+        a = self.a
+        return [[torch.zeros(batch, a.n_kv_heads, a.max_seq, a.head_dim) for _ in "kv"] for _ in self.layers]
+
+    @torch.no_grad()
+    def sample(self, n: int, length: int, generator: torch.Generator) -> torch.Tensor:
+        """n sequences [n, length + 1]: BOS, then `length` tokens sampled at temperature 1 (a story
+        that ends runs on into the next, BOS between them, as the model was trained)."""
+        seq = torch.full((n, length + 1), BOS, dtype=torch.long)
+        cache = self.new_cache(n)
+        for pos in range(length):
+            probs = torch.softmax(self(seq[:, pos:pos + 1], cache, pos)[:, -1].float(), -1)
+            seq[:, pos + 1] = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        return seq
+
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def from_tensors(a: ModelArgs, tensors: dict) -> Transformer:
+    """A float model (eval mode) from tensors under the model file's names (numpy float32, or int8 QTensors)."""
+    m = Transformer(a)
+    m.load_state_dict({name + ".weight": torch.from_numpy(v.dequant() if hasattr(v, "dequant") else v.copy())
+                       for name, v in tensors.items()})
+    return m.eval()
+
+
+def from_model_file(path) -> Transformer:
+    """The float model of an int8 model file (weights dequantized), in eval mode."""
+    h, t = read_model(path)
+    return from_tensors(ModelArgs(dim=h.dim, n_layers=h.n_layers, n_heads=h.n_heads, n_kv_heads=h.n_kv_heads,
+                                  hidden=h.hidden, vocab=h.vocab, max_seq=h.max_seq, norm_eps=h.norm_eps,
+                                  rope_theta=h.rope_theta, shared_cls=bool(h.flags & FLAG_SHARED_CLS)), t)
 
 
 def export_tensors(model: Transformer) -> dict[str, np.ndarray]:

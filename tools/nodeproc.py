@@ -19,8 +19,6 @@ from pathlib import Path
 
 from shared import codec
 from shared import messages as m
-from shared.modelfile import FLAG_SHARED_CLS, HEADER_SIZE, ModelFileError, parse_header
-from tools.testmodels import random_model
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = 0
@@ -43,23 +41,9 @@ def flash(board_dir: Path, mpy_cross: str, march: str = "x64") -> None:
         subprocess.run([mpy_cross, "-march=" + march, "-o", str(out), str(src)], check=True, cwd=src.parent)
 
 
-SHAPES = {  # the shipped shapes (tools/modeldefs.py CONFIGS)
-    "drafter": dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96),
-    "target": dict(dim=128, n_layers=6, n_heads=4, n_kv_heads=2, hidden=352),
-}
-
-
-def shipped_model(name: str, tmp: Path) -> str:
-    """models/<name>.spm when it is there and sound, else a random model of its shape written under `tmp`."""
-    path = ROOT / "models" / (name + ".spm")
-    try:
-        with open(path, "rb") as f:
-            parse_header(f.read(HEADER_SIZE))
-        return str(path)
-    except (OSError, ModelFileError):
-        out = tmp / (name + ".spm")
-        random_model(out, vocab=512, max_seq=256, flags=FLAG_SHARED_CLS, seed=5, **SHAPES[name])
-        return str(out)
+def shipped_model(name: str) -> str:
+    """Path of the shipped models/<name>.spm."""
+    return str(ROOT / "models" / (name + ".spm"))
 
 
 def seq_of(frame: bytes) -> int:

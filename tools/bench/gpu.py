@@ -16,7 +16,6 @@ models/target.spm when it exists, else a random model of the target's shape (too
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,18 +27,7 @@ STREAMS = (1, 8, 64, 256)
 GAMMA = 4
 PREFIX = (16, 64)  # ragged committed prefixes, tokens
 ROUNDS = 7  # timed rounds per configuration (after one warm-up round); medians are reported
-TARGET_SHAPE = dict(dim=128, n_layers=6, n_heads=4, n_kv_heads=2, hidden=352, vocab=512, max_seq=256,
-                    flags=1)  # tools/modeldefs.py CONFIGS["target"], tied classifier
-
-
-def _model_path(tmp: Path) -> tuple[Path, str]:
-    shipped = ROOT / "models" / "target.spm"
-    if shipped.exists():
-        return shipped, "models/target.spm"
-    from tools.testmodels import random_model
-    path = tmp / "target.spm"
-    random_model(path, **TARGET_SHAPE)
-    return path, "random, target shape"
+MODEL = ROOT / "models" / "target.spm"
 
 
 class _Streams:
@@ -181,9 +169,8 @@ def run() -> dict:
         print("skipped: " + INSTALL_HINT)
         return {"skipped": INSTALL_HINT}
     devices = (["cuda"] if torch.cuda.is_available() else []) + ["cpu"]
-    with tempfile.TemporaryDirectory() as tmp:
-        path, source = _model_path(Path(tmp))
-        rows = [row for dev in devices for row in _device_rows(path, dev)]
+    path, source = MODEL, "models/target.spm"
+    rows = [row for dev in devices for row in _device_rows(path, dev)]
     gpu = torch.cuda.get_device_name() if "cuda" in devices else "none"
     print("torch verifier, gamma = %d, model: %s, torch %s, %d CPU threads, CUDA device: %s"
           % (GAMMA, source, torch.__version__, torch.get_num_threads(), gpu))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,24 +25,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("_mp_kernels.py")
 BUDGET_MS = 300
-SHAPES = {  # tools/modeldefs.py CONFIGS, tied classifier
-    "drafter": dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96, vocab=512, max_seq=256, flags=1),
-    "target": dict(dim=128, n_layers=6, n_heads=4, n_kv_heads=2, hidden=352, vocab=512, max_seq=256, flags=1),
-}
 
 
-def _models(tmp: Path) -> dict[str, tuple[Path, str]]:
-    out = {}
-    for name, shape in SHAPES.items():
-        shipped = ROOT / "models" / (name + ".spm")
-        if shipped.exists():
-            out[name] = (shipped, "models/%s.spm" % name)
-        else:
-            from tools.testmodels import random_model
-            path = tmp / (name + ".spm")
-            random_model(path, **shape)
-            out[name] = (path, "random, %s shape" % name)
-    return out
+def _models() -> dict[str, tuple[Path, str]]:
+    return {name: (ROOT / "models" / (name + ".spm"), "models/%s.spm" % name) for name in ("drafter", "target")}
 
 
 def _numpy_macs() -> dict[str, float]:
@@ -72,11 +57,10 @@ def _micropython() -> str:
 
 
 def run() -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        models = _models(Path(tmp))
-        p = subprocess.run([_micropython(), "-X", "heapsize=8M", str(SCRIPT), str(models["drafter"][0]),
-                            str(models["target"][0]), str(BUDGET_MS)],
-                           capture_output=True, text=True, cwd=ROOT, timeout=600)
+    models = _models()
+    p = subprocess.run([_micropython(), "-X", "heapsize=8M", str(SCRIPT), str(models["drafter"][0]),
+                        str(models["target"][0]), str(BUDGET_MS)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
     if p.returncode:
         raise RuntimeError((p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1])
     mp = json.loads(p.stdout)

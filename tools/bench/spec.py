@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 from pathlib import Path
 
 from host.gamma import GammaController
@@ -32,30 +31,12 @@ TEMPERATURES = (0.0, 0.8)
 MAX_TOKENS = 48
 FIXED_GAMMA = 4
 REPEATS = 5  # each (prompt, mode) runs this often, once in each position of the order; the fastest counts
-SHAPES = {  # tools/modeldefs.py CONFIGS, tied classifier
-    "target.spm": dict(dim=128, n_layers=6, n_heads=4, n_kv_heads=2, hidden=352, vocab=512, max_seq=256, flags=1),
-    "drafter.spm": dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96, vocab=512, max_seq=256, flags=1),
-}
 CONFIGS = {  # name: (drafter, verifier, transport, extra flags)
     "cpu": ("cpu", "cpu", "serial", []),
     "torch": ("cpu", "torch-cpu", "serial", []),
     "virtual": ("virtual", "virtual", "serial", []),
     "espnow": ("virtual", "virtual", "espnow", ["--radio-loss", "0.05", "--radio-dup", "0.01"]),
 }
-
-
-def models_dir(tmp: Path) -> tuple[Path, str]:
-    shipped = ROOT / "models"
-    if all((shipped / f).is_file() for f in SHAPES):
-        return shipped, "shipped"
-    import shutil
-
-    from tools.testmodels import random_model
-
-    for name, shape in SHAPES.items():
-        random_model(tmp / name, seed=len(name), **shape)
-    shutil.copy(shipped / "tokenizer.json", tmp / "tokenizer.json")
-    return tmp, "random (models not shipped yet)"
 
 
 def bench_config(name: str, models: Path) -> list[dict]:
@@ -70,7 +51,7 @@ def bench_config(name: str, models: Path) -> list[dict]:
     add_arguments(p)
     a = p.parse_args(["--models", str(models), "--drafter", drafter_name, "--verifier", verifier_name,
                       "--transport", transport, *extra])
-    tok = Tokenizer.from_json(models / "tokenizer.json")
+    tok = Tokenizer.from_llama2c(models / "tokenizer.bin")
     heads = [parse_header((models / f).read_bytes()[:64]) for f in ("target.spm", "drafter.spm")]
     rows = []
     with Setup(a) as setup:
@@ -177,15 +158,13 @@ def run() -> dict:
     names = os.environ.get("SPECMESH_BENCH_CONFIGS", "cpu,virtual,espnow").split(",")
     rows: list[dict] = []
     skipped: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="specmesh-bench-") as tmp:
-        models, origin = models_dir(Path(tmp))
-        for name in names:
-            try:
-                rows += bench_config(name, models)
-            except Exception as e:  # noqa: BLE001 - a configuration that cannot run here is reported, not fatal
-                skipped[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
-    print("spec vs plain (models: %s; %d prompts x %d tokens; same prompts and seeds per row group)"
-          % (origin, len(PROMPTS), MAX_TOKENS))
+    for name in names:
+        try:
+            rows += bench_config(name, ROOT / "models")
+        except Exception as e:  # noqa: BLE001 - a configuration that cannot run here is reported, not fatal
+            skipped[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
+    print("spec vs plain (the shipped models; %d prompts x %d tokens; same prompts and seeds per row group)"
+          % (len(PROMPTS), MAX_TOKENS))
     head = ("config", "T", "mode", "speed-up", "+-95%", "tok/s", "alpha", "tok/verif", "gamma", "bus B/tok",
             "S3 proj tok/s", "S3 proj x", "greedy==plain")
     print("%-8s %4s %-13s %8s %6s %8s %6s %9s %5s %9s %13s %9s %13s" % head)
@@ -198,7 +177,7 @@ def run() -> dict:
             _f(r["greedy_identical_to_plain"])))
     for name, why in skipped.items():
         print("skipped %s: %s" % (name, why))
-    return {"models": origin, "rows": rows, "skipped": skipped}
+    return {"rows": rows, "skipped": skipped}
 
 
 if __name__ == "__main__":
