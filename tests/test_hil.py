@@ -1,0 +1,122 @@
+"""The hardware-in-the-loop suite: what a user with boards checks after flashing them.
+
+Against real boards: `SPECMESH_PORTS=DRAFTER_PORT,VERIFIER_PORT .venv/bin/pytest -m hil tests/test_hil.py`
+(a classic ESP32 or an ESP32-S3 as the drafter, an ESP32-S3 with PSRAM as the verifier; the suite flashes
+them). The same tests run in `make test` against two virtual boards flashed through the very same
+mpremote path, so the suite a user relies on is never stale. In order: flash each role (then a second
+flash finds every file's SHA-256 on the board unchanged), the boards answer with their role and model,
+drafts and verdicts equal the host engine's, a speculative generation equals the host's target-only
+text, and a verifier reset in the middle of a generation loses nothing.
+"""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
+from host.cluster import connect
+from host.flash import flash
+from host.gamma import GammaController
+from host.orchestrator import generate
+from host.tokenizer import Tokenizer
+from shared import messages as m
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+ROLES = ("drafter", "verifier")
+HOW = ("real boards: flash nothing yourself, connect a drafter and a verifier board and run "
+       "SPECMESH_PORTS=DRAFTER_PORT,VERIFIER_PORT .venv/bin/pytest -m hil tests/test_hil.py")
+
+
+@pytest.fixture(scope="module", params=["virtual", pytest.param("real", marks=pytest.mark.hil)])
+def ports(request, tmp_path_factory) -> dict[str, str]:
+    """{role: serial port}: two virtual boards (an ESP32 drafter, an ESP32-S3 verifier), or SPECMESH_PORTS."""
+    if request.param == "real":
+        given = os.environ.get("SPECMESH_PORTS", "").split(",")
+        if len(given) != 2 or not all(given):
+            pytest.skip(HOW)
+        yield dict(zip(ROLES, given))
+        return
+    from host.emulator import VirtualBoard
+
+    boards = [VirtualBoard(tmp_path_factory.mktemp(role), board, name="hil-" + role)
+              for role, board in zip(ROLES, ("esp32", "esp32s3"))]
+    try:
+        yield {role: vb.start().port for role, vb in zip(ROLES, boards)}
+    finally:
+        for vb in boards:
+            vb.stop()
+
+
+@pytest.fixture(scope="module")
+def flashed(ports) -> dict[str, str]:
+    for role, port in ports.items():
+        model = MODELS / ("drafter.spm" if role == "drafter" else "target.spm")
+        report = flash(port, role, model, progress=False)
+        assert "/models/" + model.name in report.written + report.unchanged
+        time.sleep(0.5)  # the board boots the node after its soft reset
+        again = flash(port, role, model, progress=False)  # every file's SHA-256 on the board matches
+        assert again.written == [] and len(again.unchanged) == len(report.written) + len(report.unchanged)
+        time.sleep(0.5)
+    return ports
+
+
+@pytest.fixture(scope="module")
+def boards(flashed):
+    with connect(flashed["drafter"], "drafter") as drafter, connect(flashed["verifier"], "verifier") as verifier:
+        yield drafter, verifier
+
+
+@pytest.fixture(scope="module")
+def prompt() -> list[int]:
+    return Tokenizer.from_llama2c(MODELS / "tokenizer.bin").encode("Once upon a time, a little dog")
+
+
+def test_boards_report_their_role_and_model(boards):
+    for board, role in zip(boards, (m.ROLE_DRAFTER, m.ROLE_VERIFIER)):
+        fw, _board, got_role, model, vocab, max_seq, heap, _caps = m.unpack_hello(board.proxy.call(m.HELLO).payload)
+        assert got_role == role and vocab == 512 and heap > 0 and fw
+        assert model.endswith("drafter.spm" if role == m.ROLE_DRAFTER else "target.spm")
+        assert max_seq == board.max_seq >= 256
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_drafts_and_verdicts_equal_the_host_engines(boards, prompt, temperature):
+    drafter, verifier = boards
+    host_d, host_v = LocalDrafter(MODELS / "drafter.spm"), LocalVerifier(MODELS / "target.spm")
+    params = SessionParams(seed=11, temperature=temperature)
+    for backend in (drafter, host_d, verifier, host_v):
+        backend.begin(params, prompt)
+    got, want = drafter.draft(prompt, 4), host_d.draft(prompt, 4)
+    assert (got.pos0, got.tokens, got.q) == (want.pos0, want.tokens, want.q)
+    for draft in (got, Draft(len(prompt))):
+        assert verifier.verify(prompt, draft) == host_v.verify(prompt, draft)
+
+
+def test_speculative_generation_equals_the_hosts_target_only_text(boards, prompt):
+    drafter, verifier = boards
+    params = SessionParams(temperature=0.0)
+    host = generate(prompt, LocalVerifier(MODELS / "target.spm"), None, params, 32).tokens
+    assert generate(prompt, verifier, drafter, params, 32, GammaController(fixed=3)).tokens == host
+
+
+def test_a_verifier_reset_mid_generation_loses_nothing(boards, prompt):
+    drafter, verifier = boards
+    params = SessionParams(seed=3, temperature=0.7)
+    want = generate(prompt, LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm"), params, 24,
+                    GammaController(fixed=2)).tokens
+    rounds = []
+
+    def reset_verifier(accepted, emitted):
+        rounds.append(1)
+        if len(rounds) == 3:  # Ctrl-C ends the node, Ctrl-D soft-resets the board: main.py starts afresh
+            ser = verifier.proxy.bus.link.ser
+            ser.write(b"\x03")
+            time.sleep(0.3)
+            ser.write(b"\x04")
+
+    before = verifier.resyncs
+    got = generate(prompt, verifier, drafter, params, 24, GammaController(fixed=2), on_round=reset_verifier)
+    assert got.tokens == want
+    assert verifier.resyncs == before + 1
