@@ -6,7 +6,7 @@ STAMP := $(VENV)/.specmesh-setup
 PORT ?= auto
 ROLE ?= drafter
 
-.PHONY: setup run test test-all bench train flash clean
+.PHONY: setup run test test-all bench train flash chaos clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,9 @@ bench: setup
 
 train: setup
 	$(PY) -m tools.train_all
+
+chaos: setup
+	$(VENV)/bin/specmesh chaos
 
 flash: setup
 	$(VENV)/bin/specmesh flash --port $(PORT) --role $(ROLE)

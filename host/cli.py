@@ -41,6 +41,33 @@ def _flash(args) -> int:
     return 0
 
 
+def _add_chaos(sub) -> None:
+    from host.chaos import PROFILES
+
+    p = sub.add_parser("chaos", help="generate on virtual boards under fault profiles; compare with the fault-free text")
+    p.add_argument("--profile", action="append", choices=sorted(PROFILES),
+                   help="fault profile (repeatable; default: all): " + "; ".join(
+                       "%s: %s" % (k, v.what) for k, v in sorted(PROFILES.items())))
+    p.add_argument("--tokens", type=int, default=32, help="tokens per generation (default: 32)")
+    p.set_defaults(func=_chaos)
+
+
+def _chaos(args) -> int:
+    from host.backends import BackendError
+    from host.chaos import PROFILES, print_table, run
+
+    if not 1 <= args.tokens <= 200:
+        print("specmesh chaos: --tokens must be in 1..200", file=sys.stderr)
+        return 2
+    try:
+        rows = run(args.profile or sorted(PROFILES), args.tokens)
+    except BackendError as e:
+        print("specmesh chaos: %s" % e, file=sys.stderr)
+        return 1
+    print_table(rows)
+    return 0 if all(r["equal"] for r in rows) else 1
+
+
 def _add_emulate(sub) -> None:
     from host.emulator.boards import BOARD_CLASSES
 
@@ -104,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_run(sub)
     _add_flash(sub)
     _add_emulate(sub)
+    _add_chaos(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -30,12 +30,17 @@ NODE_ID = {"drafter": 1, "verifier": 2}
 BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier}
 
 
-def _open(port: str, stack: contextlib.ExitStack) -> Bus:
+def _open(port: str, stack: contextlib.ExitStack, faults=None) -> Bus:
+    """A bus on the serial link at `port`, closed with `stack`; `faults` (host/faults.py) are injected."""
     try:
         link = SerialLink(port)
     except LinkError as e:
         raise BackendError(str(e)) from None
     stack.callback(link.close)
+    if faults is not None:
+        from host.faults import FaultyLink  # noqa: PLC0415
+
+        link = FaultyLink(link, faults)
     return Bus(link, deadline=30.0)
 
 
@@ -88,8 +93,10 @@ class Cluster(contextlib.ExitStack):
     """
 
     def __init__(self, transport: str = "serial", models: Path = ROOT / "models", root: Path = VBOARDS,
-                 radio=None, spec_ahead: int = 0):
+                 radio=None, spec_ahead: int = 0, faults=None):
         super().__init__()
+        self.faults = faults  # host/faults.py Faults on every host link, or None
+        self.buses: list[Bus] = []
         self.spec_ahead = spec_ahead  # drafter config: tokens drafted ahead while a verdict is pending
         self.transport = transport
         self.models = Path(models)
@@ -142,7 +149,9 @@ class Cluster(contextlib.ExitStack):
         # that ran out of memory reading frames (13 KB free), so the gateway drafter is an ESP32-S3
         gw = self.start("drafter", {"link": "gateway", "espnow": {"peers": {"2": verifier_mac}}}, hub, "esp32s3")
         self.hub = hub
-        return _open(gw.port, self)
+        bus = _open(gw.port, self, self.faults)
+        self.buses.append(bus)
+        return bus
 
     def backend(self, kind: str):
         if self.transport == "espnow":
@@ -152,6 +161,7 @@ class Cluster(contextlib.ExitStack):
             where = "virtual:%s(espnow%s)" % (kind, ", gateway" if kind == "drafter" else "")
         else:
             vb = self.start(kind)
-            bus = _open(vb.port, self)
+            bus = _open(vb.port, self, self.faults)
+            self.buses.append(bus)
             where = "virtual:%s(%s)" % (kind, vb.board.name)
         return BACKEND[kind](Proxy(bus, NODE_ID[kind]), where)

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from host.backends import Draft, Drafter, SessionParams, Verifier
+from host.backends import BackendError, Draft, Drafter, SessionParams, Verifier
 from host.gamma import GammaController
 
 
@@ -46,6 +46,7 @@ class Result:
     rounds: list[Round] = field(default_factory=list)
     wall_s: float = 0.0
     stop: str = "max_tokens"  # "eos", "max_tokens" or "context"
+    failovers: list[str] = field(default_factory=list)  # one line per back-end that failed and was replaced
 
     @property
     def drafted(self) -> int:
@@ -79,15 +80,23 @@ class Result:
 
 OnRound = Callable[[Sequence[int], Sequence[int]], None]  # (accepted drafts, emitted tokens)
 Costs = Callable[[Round], tuple[float, float, float]]  # (draft, verify, commit) seconds of a round
+Fallback = Callable[[], Verifier]  # a replacement verifier (its session is begun by the loop)
 
 
 def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None, params: SessionParams,
              max_tokens: int, controller: GammaController | None = None, on_round: OnRound | None = None,
-             clock: Callable[[], float] = time.perf_counter, costs: Costs | None = None) -> Result:
+             clock: Callable[[], float] = time.perf_counter, costs: Costs | None = None,
+             fallback: Fallback | None = None, on_failover: Callable[[str], None] | None = None) -> Result:
     """Generate up to `max_tokens` tokens after `prompt`; speculative when a drafter is given.
 
     The gamma controller learns from the measured seconds of each round, or from `costs(round)` when
     given (a projection to other hardware, host/projection.py).
+
+    Fail-over, when `fallback` is given: a verifier that fails (BackendError: it stopped answering, its
+    link died) is replaced by `fallback()`, begun on the committed prefix, and the round runs again; a
+    drafter that fails leaves the stream on plain decoding. Each is one line in `Result.failovers`
+    (and to `on_failover`). Nothing committed is lost, and since every back-end computes the same
+    distributions and draws from the same counter-based PRNG, the text is the one without the failure.
     """
     if not prompt:
         raise ValueError("the prompt must hold at least one token")
@@ -117,9 +126,24 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         b_v0 = verifier.bus_bytes
         t0 = clock()
         lag = len(committed) - synced if gamma else 0
-        draft = drafter.draft(committed, gamma) if gamma else Draft(len(committed))
+        try:
+            draft = drafter.draft(committed, gamma) if gamma else Draft(len(committed))
+        except BackendError as e:
+            if fallback is None or drafter is None:
+                raise
+            _failed(result, on_failover, "drafter %s failed (%s): going on with plain decoding" % (drafter.name, e))
+            drafter, gamma, lag, draft = None, 0, 0, Draft(len(committed))
         t1 = clock()
-        n_acc, token = verifier.verify(committed, draft)
+        try:
+            n_acc, token = verifier.verify(committed, draft)
+        except BackendError as e:
+            if fallback is None:
+                raise
+            failed, verifier = verifier, fallback()
+            verifier.begin(params, committed)
+            n_acc, token = verifier.verify(committed, draft)
+            _failed(result, on_failover, "verifier %s failed (%s): %s took over at token %d, %.2f s after"
+                    % (failed.name, e, verifier.name, len(out), clock() - t1))
         t2 = clock()
         if not 0 <= n_acc <= len(draft) or token < -1 or (token == -1 and n_acc == 0):
             raise RuntimeError("verifier %s returned an impossible verdict (%d, %d) for %d drafts"
@@ -131,7 +155,14 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         committed += new
         verifier.commit(committed)
         if drafter and gamma:
-            drafter.commit(committed)
+            try:
+                drafter.commit(committed)
+            except BackendError as e:
+                if fallback is None:
+                    raise
+                _failed(result, on_failover, "drafter %s failed (%s): going on with plain decoding"
+                        % (drafter.name, e))
+                drafter = None
             synced = len(committed)
         t3 = clock()
         visible = [t for t in new if t != params.eos] if ended else new
@@ -150,3 +181,9 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
             break
     result.wall_s = clock() - start
     return result
+
+
+def _failed(result: Result, on_failover: Callable[[str], None] | None, line: str) -> None:
+    result.failovers.append(line)
+    if on_failover:
+        on_failover(line)

@@ -8,8 +8,9 @@ after the deadline becomes `NodeTimeout`, with the node's last console lines whe
 
 One `Bus` per link numbers the host's requests (the host is one sender) and routes replies to the
 waiting caller by (node, seq); several proxies (a gateway and the nodes behind it) share one bus.
-The retransmission timeout adapts per message type: three times the slowest recent reply time, at
-least `min_rto` (`initial_rto` before the first reply of that type), doubling after each retry.
+The retransmission timeout adapts per message type: three times the slowest recent reply time (of
+any type before one of this type was timed; `initial_rto` before any), at least `min_rto`, doubling
+after each retry; replies to resent requests are not timed (Karn's rule: they may answer either copy).
 """
 
 from __future__ import annotations
@@ -84,7 +85,10 @@ class Bus:
         w.event.set()
 
     def _rto(self, mtype: int) -> float:
+        """Three times the slowest recent reply of this type; before one was timed, of any type."""
         took = self._slowest.get(mtype)
+        if took is None and self._slowest:
+            took = max(self._slowest.values())
         return self.initial_rto if took is None else max(self.min_rto, 3.0 * took)
 
     def start(self, node: int, mtype: int, payload: bytes = b"", session: int = 0,
@@ -135,20 +139,23 @@ class Call:
     def _wait(self) -> Frame:
         bus, w = self.bus, self.waiter
         rto = bus._rto(self.mtype)
+        retried = False
         try:
             while not w.event.wait(max(0.0, min(self.sent + rto, self.end) - time.perf_counter())):
                 err = getattr(bus.link, "error", None)
                 if err or time.perf_counter() >= self.end:
                     raise NodeTimeout(bus._timeout_message(self.node, self.mtype, err))
                 bus.retransmits += 1
+                retried = True
                 rto *= 2
                 bus.send(self.node, self.frame)
         finally:
             with bus._lock:
                 bus._waiting.pop((self.node, self.seq), None)
-        took = time.perf_counter() - self.sent
-        prev = bus._slowest.get(self.mtype)
-        bus._slowest[self.mtype] = took if prev is None else max(took, 0.9 * prev)
+        if not retried:  # Karn: a reply to a resent request may answer either copy, so it times nothing
+            took = time.perf_counter() - self.sent
+            prev = bus._slowest.get(self.mtype)
+            bus._slowest[self.mtype] = took if prev is None else max(took, 0.9 * prev)
         reply = w.reply
         assert reply is not None
         if reply.mtype == ERROR:

@@ -4,6 +4,8 @@ Back-ends by name: `cpu` (numpy engine on the host), `virtual` (a virtual board 
 this run, host/cluster.py), any other name registered in host/backends.py (`torch-cpu`, `gpu`), or a
 serial port of a flashed board. `--plain` decodes with the verifier alone (the baseline). Every user
 error is one line on stderr and exit status 2; a failure during generation is one line and status 1.
+A verifier that fails mid-run is replaced by the `cpu` one and a drafter that fails leaves the stream
+on plain decoding (host/orchestrator.py): one line on stderr, the text goes on unchanged.
 """
 
 from __future__ import annotations
@@ -168,6 +170,7 @@ def build_stats(a, result: Result, text: str, verifier, drafter, controller: Gam
         "text": text,
         "tokens": n,
         "token_ids": result.tokens,
+        "failovers": result.failovers,
         "prompt_tokens": prompt_len,
         "alpha": result.alpha,
         "tokens_per_verification": result.tokens_per_verification,
@@ -239,7 +242,9 @@ def run(a: argparse.Namespace, out=None) -> dict:
         try:
             result = generate(prompt, verifier, drafter, params, a.max_tokens, controller,
                               on_round=stream.write if stream else None,
-                              costs=cost_model.round_costs if cost_model else None)
+                              costs=cost_model.round_costs if cost_model else None,
+                              fallback=None if a.verifier == "cpu" else (lambda: setup.make("verifier", "cpu")),
+                              on_failover=lambda line: print("\nspecmesh: " + line, file=sys.stderr, flush=True))
         except (BackendError, RuntimeError) as e:
             if stream:
                 out.write("\n")

@@ -110,21 +110,41 @@ def test_auto_without_boards_says_how_to_flash(models, capsys):
     assert rc == 2 and "--drafter auto: no board" in err and "specmesh flash" in err
 
 
-def test_a_backend_failing_mid_stream_is_one_line_and_status_1(models, capsys, monkeypatch):
+def test_a_verifier_failing_mid_stream_fails_over_to_the_cpu_and_the_text_goes_on(models, tmp_path, capsys,
+                                                                                   monkeypatch):
     from host import backends
 
     class Failing(backends.LocalVerifier):
-        """The CPU verifier, losing its board after three verdicts."""
+        """The CPU verifier, losing its board after `after` verdicts."""
+
+        after = 3
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.name = "failing"
 
         def verify(self, committed, draft):
             self.calls = getattr(self, "calls", 0) + 1
-            if self.calls > 3:
+            if self.calls > self.after:
                 raise backends.BackendError("/dev/ttyUSB1: node 2 did not answer VERIFY_REQ within 30 s")
             return super().verify(committed, draft)
 
+    def run(verifier):
+        path = tmp_path / (verifier + ".json")
+        rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", verifier, "--gamma", "2",
+                       "--max-tokens", "16", "--stats-json", str(path)])
+        return rc, capsys.readouterr(), json.loads(path.read_text()) if rc == 0 else None
+
     monkeypatch.setitem(backends.VERIFIERS, "failing", Failing)
-    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "failing", "--gamma", "0"])
-    cap = capsys.readouterr()
+    rc, cap, stats = run("failing")
+    assert rc == 0 and stats["token_ids"] == run("cpu")[2]["token_ids"]
+    (line,) = [x for x in cap.err.splitlines() if x.strip()]
+    assert line.startswith("specmesh: verifier failing failed (/dev/ttyUSB1: node 2 did not answer") and \
+        "cpu took over at token" in line
+    assert stats["failovers"] == [line[len("specmesh: "):]]
+    # when the verifier taken over fails too, the failure is one line and status 1
+    monkeypatch.setitem(backends.VERIFIERS, "cpu", type("AlwaysFailing", (Failing,), {"after": 0}))
+    rc, cap, _ = run("failing")
     assert rc == 1
     assert cap.err == "specmesh run: error: /dev/ttyUSB1: node 2 did not answer VERIFY_REQ within 30 s\n"
     assert cap.out.endswith("\n") and "tokens / s" not in cap.out  # the partial text, then no table

@@ -134,3 +134,21 @@ def test_datagram_decoder_random_packets_bounded(packets):
     for sender, pkt in packets:
         d.feed(b"\xfe" + pkt if sender & 1 else pkt, sender)
         assert d.pending() <= 3
+
+
+def test_long_fuzz_command_at_a_small_size_finds_nothing_and_would_report_a_crash(monkeypatch, capsys):
+    from tools import fuzz
+
+    assert fuzz.main(["--frames", "2000", "--node-frames", "300"]) == 0
+    out = capsys.readouterr().out
+    assert "2000 inputs" in out and "0 crashes, 0 hangs" in out and "MicroPython node (heap 110536)" in out
+    real = codec.decode
+
+    def flawed(data, auth=None):  # a decoder bug: an exception that is not a CodecError
+        if len(data) == 17:
+            raise IndexError("bug")
+        return real(data, auth)
+
+    monkeypatch.setattr(codec, "decode", flawed)
+    report = fuzz.fuzz_cpython(2000, 1)
+    assert report["crashes"] > 0 and "IndexError: bug" in report["examples"][0]["error"]

@@ -1,8 +1,8 @@
 """The virtual ESP-NOW radio: a UDP hub on loopback that boards' `espnow` stand-ins talk through.
 
 Each board registers its MAC; a sent packet is delivered to the board with the destination MAC
-(or to every other board for ff:ff:ff:ff:ff:ff), subject to seeded loss, duplication, delay and
-reordering. A sync send is answered at once with whether the packet will be delivered (the real
+(or to every other board for ff:ff:ff:ff:ff:ff), subject to seeded loss, duplication, corruption,
+delay and reordering. A sync send is answered at once with whether the packet will be delivered (the real
 radio's MAC-layer ack). Packets longer than the MTU are dropped (the stand-in refuses to send them).
 Wire format: see host/emulator/mpy/espnow.py.
 """
@@ -25,6 +25,7 @@ class RadioConfig:
     mtu: int = 250  # espnow.MAX_DATA_LEN: 250 on released MicroPython, 1470 with ESP-IDF >= 5.4
     loss: float = 0.0  # probability a packet is lost
     duplicate: float = 0.0  # probability a delivered packet arrives twice
+    corrupt: float = 0.0  # probability a delivered packet has one bit flipped (the receiver's CRC must drop it)
     reorder: float = 0.0  # probability a packet is held back by `reorder_ms` (later ones overtake it)
     delay_ms: float = 0.0  # base one-way delay
     reorder_ms: float = 5.0
@@ -37,6 +38,7 @@ class RadioStats:
     delivered: int = 0
     lost: int = 0
     duplicated: int = 0
+    corrupted: int = 0
     oversize: int = 0
     unknown_dst: int = 0
     by_board: dict[str, int] = field(default_factory=dict)
@@ -136,6 +138,10 @@ class RadioHub:
             return False
         copies = 2 if self._rng.random() < cfg.duplicate else 1
         self.stats.duplicated += copies - 1
+        if cfg.corrupt and self._rng.random() < cfg.corrupt:
+            bit = self._rng.randrange(8 * len(msg))
+            msg = msg[:bit // 8] + bytes([msg[bit // 8] ^ (1 << bit % 8)]) + msg[bit // 8 + 1:]
+            self.stats.corrupted += 1
         for _ in range(copies):
             delay = cfg.delay_ms
             if self._rng.random() < cfg.reorder:

@@ -1,0 +1,146 @@
+"""`specmesh chaos`: generations on virtual boards under named fault profiles, against the fault-free text.
+
+Each profile runs a greedy and a seeded sampled generation on a fresh pair of virtual boards with
+faults on every link (host/faults.py; the radio's own for ESP-NOW) and, where the profile says, a board
+killed or rebooted at a chosen round. The reference is the same generation without faults on the CPU
+back-ends (the boards' arithmetic and PRNG are the CPU back-ends', so the texts must be equal). The
+table gives: tokens produced, tokens lost and duplicated against the reference (both 0 when the text
+is equal), retransmissions, re-synchronisations and fail-overs (the recoveries), and the time against
+a fault-free run on the same kind of boards.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from host.backends import LocalDrafter, LocalVerifier, SessionParams
+from host.faults import Faults
+from host.gamma import GammaController
+from host.orchestrator import generate
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = [1, 403, 407, 261, 378]  # "Once upon a time" in tok512
+GAMMA = 3
+
+
+@dataclass
+class Profile:
+    """Faults on the host's serial links, the radio's (ESP-NOW transport), and a board event at a round."""
+
+    what: str
+    transport: str = "serial"
+    link: Faults | None = None
+    radio: dict = field(default_factory=dict)  # RadioConfig fields
+    event: tuple[str, str, int] | None = None  # ("kill" or "reboot", "drafter" or "verifier", round)
+
+
+LOSSY = dict(drop=0.05, corrupt=0.01, duplicate=0.01, reorder=0.05)
+PROFILES = {
+    "lossy-serial": Profile("5% drop, 1% corrupt, 1% duplicate, 5% reorder on every serial link",
+                            link=Faults(**LOSSY)),
+    "slow-serial": Profile("half the frames delayed up to 30 ms, 10% reordered",
+                           link=Faults(delay=0.5, delay_s=0.03, reorder=0.1)),
+    "noisy-radio": Profile("ESP-NOW: 10% loss, 2% duplicate, 1% corrupt, 5% reorder; lossy gateway link",
+                           "espnow", link=Faults(**LOSSY),
+                           radio=dict(loss=0.1, duplicate=0.02, corrupt=0.01, reorder=0.05)),
+    "verifier-dies": Profile("the verifier board is killed at round 4: the host CPU verifier takes over",
+                             event=("kill", "verifier", 4)),
+    "drafter-dies": Profile("the drafter board is killed at round 4: plain decoding goes on",
+                            event=("kill", "drafter", 4)),
+    "drafter-reboots": Profile("the drafter board reboots at round 4 (Ctrl-C, Ctrl-D): it is re-synchronised",
+                               event=("reboot", "drafter", 4)),
+    "verifier-reboots": Profile("the verifier board reboots at round 4 on a lossy link",
+                                link=Faults(**LOSSY), event=("reboot", "verifier", 4)),
+}
+CASES = (SessionParams(temperature=0.0), SessionParams(seed=7, temperature=0.8))
+
+
+def reference(models: Path, params: SessionParams, tokens: int) -> list[int]:
+    """The fault-free text of a case, on the CPU back-ends."""
+    return generate(PROMPT, LocalVerifier(models / "target.spm"), LocalDrafter(models / "drafter.spm"), params,
+                    tokens, GammaController(fixed=GAMMA)).tokens
+
+
+def _event(cluster, backends: dict, event: tuple[str, str, int] | None) -> Callable:
+    rounds = [0]
+
+    def on_round(_accepted, _emitted) -> None:
+        rounds[0] += 1
+        if event is None or rounds[0] != event[2]:
+            return
+        action, kind, _ = event
+        if action == "kill":
+            cluster.boards[kind].stop()
+        else:  # Ctrl-C ends the node, Ctrl-D soft-resets the board: main.py starts afresh
+            ser = backends[kind].proxy.bus.link.ser
+            ser.write(b"\x03")
+            time.sleep(0.3)
+            ser.write(b"\x04")
+    return on_round
+
+
+def run_case(profile: Profile | None, params: SessionParams, tokens: int, models: Path, root: Path) -> dict:
+    """One generation on fresh virtual boards under `profile` (None: no faults)."""
+    from host.cluster import Cluster  # noqa: PLC0415
+    from host.emulator.radio import RadioConfig  # noqa: PLC0415
+
+    p = profile or Profile("none")
+    radio = RadioConfig(seed=3, **p.radio) if p.transport == "espnow" else None
+    with Cluster(p.transport, models, root, radio=radio, faults=p.link) as c:
+        backends = {"verifier": c.backend("verifier"), "drafter": c.backend("drafter")}
+        failovers: list[str] = []
+        t0 = time.perf_counter()
+        res = generate(PROMPT, backends["verifier"], backends["drafter"], params, tokens,
+                       GammaController(fixed=GAMMA), on_round=_event(c, backends, p.event),
+                       fallback=lambda: LocalVerifier(models / "target.spm"), on_failover=failovers.append)
+        wall = time.perf_counter() - t0
+        links = c.buses
+        return {"tokens": res.tokens, "wall_s": wall, "failovers": failovers,
+                "retransmits": sum(bus.retransmits for bus in links),
+                "resyncs": sum(getattr(b, "resyncs", 0) for b in backends.values()),
+                "radio_lost": c.hub.stats.lost if radio is not None else 0}
+
+
+def compare(want: list[int], got: list[int]) -> tuple[int, int]:
+    """(lost, duplicated) tokens of `got` against `want`: what is missing after the common prefix, and
+    what is extra (both 0 when equal)."""
+    common = 0
+    for a, b in zip(want, got):
+        if a != b:
+            break
+        common += 1
+    return len(want) - common, len(got) - common
+
+
+def run(names: list[str], tokens: int = 32, models: Path = ROOT / "models") -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="specmesh-chaos-") as tmp:
+        for name in names:
+            prof = PROFILES[name]
+            for params in CASES:
+                want = reference(models, params, tokens)
+                base = run_case(Profile("none", prof.transport), params, tokens, models, Path(tmp) / "base")
+                got = run_case(prof, params, tokens, models, Path(tmp) / name)
+                lost, dup = compare(want, got["tokens"])
+                rows.append({"profile": name, "temperature": params.temperature, "tokens": len(got["tokens"]),
+                             "lost": lost, "duplicated": dup, "retransmits": got["retransmits"],
+                             "resyncs": got["resyncs"], "failovers": got["failovers"],
+                             "radio_lost": got["radio_lost"], "overhead": got["wall_s"] / base["wall_s"],
+                             "equal": got["tokens"] == want and base["tokens"] == want})
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print("%-17s %4s %6s %4s %4s %7s %7s %9s %8s %6s" % ("profile", "T", "tokens", "lost", "dup", "retrans",
+                                                       "resyncs", "failovers", "overhead", "equal"))
+    for r in rows:
+        print("%-17s %4.1f %6d %4d %4d %7d %7d %9d %7.2fx %6s" % (
+            r["profile"], r["temperature"], r["tokens"], r["lost"], r["duplicated"], r["retransmits"],
+            r["resyncs"], len(r["failovers"]), r["overhead"], "yes" if r["equal"] else "NO"))
+    for r in rows:
+        for line in r["failovers"]:
+            print("  %s T=%.1f: %s" % (r["profile"], r["temperature"], line))

@@ -1,0 +1,103 @@
+"""Faults on every link and boards that die or reboot mid-generation (host/faults.py, host/chaos.py):
+the text equals the fault-free text, nothing is lost or duplicated, and the recoveries are counted."""
+
+import time
+
+import pytest
+
+from host.chaos import CASES, PROFILES, ROOT, compare, reference, run_case
+from host.faults import Faults, FaultyLink
+from shared.codec import CodecError, decode, encode
+
+MODELS = ROOT / "models"
+TOKENS = 20
+
+
+class _Wire:
+    """A link stand-in that records what it is asked to send."""
+
+    def __init__(self):
+        self.sent: list[bytes] = []
+        self.on_frame = None
+
+    def send(self, frame: bytes) -> None:
+        self.sent.append(frame)
+
+
+def test_faulty_link_drops_corrupts_duplicates_and_reorders_as_seeded():
+    wire = _Wire()
+    link = FaultyLink(wire, Faults(drop=0.1, corrupt=0.1, duplicate=0.1, reorder=0.1, hold_s=60.0, seed=4))
+    frames = [encode(5, i.to_bytes(2, "little"), seq=i) for i in range(400)]
+    for f in frames:
+        link.send(f)
+    c = link.counts
+    assert c.frames == 400 and all(n > 10 for n in (c.dropped, c.corrupted, c.duplicated, c.reordered))
+    good, bad = [], 0
+    for raw in wire.sent:
+        try:
+            good.append(decode(raw).seq)
+        except CodecError:
+            bad += 1
+            continue
+        assert raw == frames[good[-1]]  # what decodes is an original frame: no flipped bit got through
+    assert bad >= c.corrupted  # (a corrupted frame may also be duplicated)
+    held = 1 if link._held["out"] else 0
+    assert len(set(good)) == 400 - c.dropped - c.corrupted - held
+    assert len(good) > len(set(good))  # duplicates arrived
+    assert good != sorted(good)  # some overtook others
+    received = []
+    link.on_frame = received.append
+    wire.on_frame(decode(frames[0]))  # incoming frames pass through the same faults
+    assert link.counts.by_direction["in"] == 1
+
+
+def test_faults_must_be_probabilities():
+    with pytest.raises(ValueError, match="drop"):
+        Faults(drop=1.5)
+
+
+def test_chaos_compare_counts_lost_and_duplicated_tokens():
+    assert compare([1, 2, 3], [1, 2, 3]) == (0, 0)
+    assert compare([1, 2, 3, 4], [1, 2]) == (2, 0)
+    assert compare([1, 2], [1, 2, 2, 3]) == (0, 2)
+
+
+@pytest.mark.parametrize("params", CASES, ids=["greedy", "sampled"])
+def test_lossy_links_give_the_fault_free_text(tmp_path, params):
+    """5% drop + 1% corrupt + 1% duplicate + 5% reordering on every link, both directions."""
+    got = run_case(PROFILES["lossy-serial"], params, TOKENS, MODELS, tmp_path)
+    assert got["tokens"] == reference(MODELS, params, TOKENS)
+    assert got["retransmits"] > 0 and not got["failovers"]
+
+
+def test_a_killed_verifier_fails_over_to_the_cpu_with_the_same_text(tmp_path):
+    params = CASES[1]
+    got = run_case(PROFILES["verifier-dies"], params, TOKENS, MODELS, tmp_path)
+    assert got["tokens"] == reference(MODELS, params, TOKENS)
+    (line,) = got["failovers"]
+    assert line.startswith("verifier virtual:verifier") and "cpu took over" in line and "\n" not in line
+    took = float(line.rsplit(",", 1)[1].split()[0])
+    assert took < 2.0  # replaced within 2 s of detection
+
+
+def test_a_rebooted_drafter_loses_nothing(tmp_path):
+    params = CASES[1]
+    got = run_case(PROFILES["drafter-reboots"], params, TOKENS, MODELS, tmp_path)
+    assert got["tokens"] == reference(MODELS, params, TOKENS)
+    assert got["resyncs"] == 1 and not got["failovers"]
+
+
+def test_noisy_radio_gives_the_fault_free_text(tmp_path):
+    params = CASES[0]
+    got = run_case(PROFILES["noisy-radio"], params, TOKENS, MODELS, tmp_path)
+    assert got["tokens"] == reference(MODELS, params, TOKENS)
+    assert got["radio_lost"] > 0
+
+
+def test_faulty_link_delays_run_on_timers():
+    wire = _Wire()
+    link = FaultyLink(wire, Faults(delay=0.99, delay_s=0.05, seed=1))
+    link.send(encode(5, b"x"))
+    assert wire.sent == [] and link.counts.delayed == 1  # not sent yet: the caller did not sleep
+    time.sleep(0.2)
+    assert len(wire.sent) == 1
