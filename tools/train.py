@@ -2,8 +2,9 @@
 samples itself, with a progress bar, a wall-clock budget and resumable checkpoints.
 
 The data is unlimited and exactly the distribution the drafter must match: every `--refresh` steps the
-target samples a new pool of stories (temperature 1) from a generator seeded by (seed, pool number), so
-a resumed run sees the same data as an uninterrupted one. Model selection uses held-out stories (the
+target samples a new pool of stories from a generator seeded by (seed, pool number), so a resumed run
+sees the same data as an uninterrupted one. `--temps` mixes sampling temperatures: stories sampled
+cooler look like the target's greedy text, where a greedy drafter is judged. Model selection uses held-out stories (the
 first `--val-stories` of models/heldout.txt; the model card measures on the others): teacher-forced
 agreement of the two models, the i.i.d. acceptance at T = 0 (argmax equal) and T = 1 (sum of min(p, q)).
 
@@ -66,7 +67,7 @@ def agreement(student: Transformer, teacher: Transformer, x: torch.Tensor, mask:
 def target_pool(teacher: Transformer, a, pool_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A pool of `a.pool` stories the target samples (seeded by seed and pool number) and the target's
     log-probabilities at each of their positions (float16, computed once for all the batches drawn)."""
-    pool = teacher.sample(a.pool, a.seq, torch.Generator().manual_seed(a.seed * 1_000_003 + pool_id))
+    pool = teacher.sample(a.pool, a.seq, torch.Generator().manual_seed(a.seed * 1_000_003 + pool_id), a.temps)
     lp = torch.cat([torch.log_softmax(teacher(pool[i:i + 64, :-1]), -1).half() for i in range(0, a.pool, 64)])
     return pool, lp
 
@@ -169,6 +170,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--pool", type=int, default=1024, help="stories the target samples per pool")
+    ap.add_argument("--temps", type=lambda t: tuple(float(x) for x in t.split(",")), default=(1.0,),
+                    help="temperatures the target samples the pool at, rows split evenly (e.g. 1,0.5)")
     ap.add_argument("--refresh", type=int, default=160, help="steps between pools (each story is drawn ~5 times)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=100)
