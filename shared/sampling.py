@@ -6,6 +6,7 @@ compute the same thing in bulk but must keep these semantics exactly:
 
 - temperature: softmax(logits / T) with the max subtracted first; T <= 0 means greedy, a one-hot
   distribution on the argmax (ties to the lowest id), so greedy decoding goes through the same path.
+  A NaN logit is a ValueError, greedy or not; so is a +inf logit when sampling (the softmax is NaN).
 - top_k (0 = off): keep the k most probable tokens, ties to the lowest id.
 - top_p (>= 1.0 = off): walk tokens from most to least probable (ties to the lowest id), keep them
   while the probability mass kept *before* the token is below top_p * total; at least one is kept.
@@ -25,7 +26,9 @@ def top_p_from_q16(q16):
 
 
 def softmax(logits, temperature=1.0):
-    """Probabilities softmax(logits / temperature); temperature <= 0 gives the one-hot argmax."""
+    """Probabilities softmax(logits / temperature); temperature <= 0 gives the one-hot argmax.
+
+    ValueError if a logit is NaN, or +inf when temperature > 0."""
     n = len(logits)
     if temperature <= 0.0:
         out = [0.0] * n
@@ -35,6 +38,8 @@ def softmax(logits, temperature=1.0):
     inv = 1.0 / temperature
     out = [math.exp((x - m) * inv) for x in logits]
     s = _fsum(out)
+    if s != s:
+        raise ValueError("logits contain NaN or +inf")
     return [x / s for x in out]
 
 

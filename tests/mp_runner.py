@@ -148,7 +148,9 @@ def _op(op, a):
     if op == "verify_greedy":
         return _plain(rule.verify_greedy(a["argmaxes"], a["drafts"], a["eos"]))
     if op == "argmax":
-        return rule.argmax(a["values"])
+        return rule.argmax(doubles(a["values"]))
+    if op == "top_ids":
+        return rule.top_ids(doubles(a["values"]), a["k"])
     if op == "simulate":
         return simulate(a["p"], a["q"], a["seed0"], a["runs"], a["pos0"])
     if op == "prepare":

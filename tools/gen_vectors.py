@@ -79,8 +79,27 @@ def quantize_cases() -> list[dict]:
         case("tiny and denormal", "quantize", probs=dbl([1e-300, 5e-324, 1.0, 1e-5])),
         case("negative", "quantize", probs=dbl([0.5, -0.5, 1.0])),
         case("all zero", "quantize", probs=dbl([0.0, 0.0])),
-        case("argmax ties", "argmax", values=[3, 9, 9, 1]),
+        case("argmax ties", "argmax", values=dbl([3, 9, 9, 1])),
     ]
+    nan, inf = float("nan"), float("inf")
+    edge = [  # subnormal sums quantize (normalised by division first); a NaN logit is an error
+        case("subnormal one-hot", "quantize", probs=dbl([5e-324])),
+        case("subnormal and zero", "quantize", probs=dbl([1e-310, 0.0])),
+        case("subnormal mixed", "quantize", probs=dbl([1e-310, 3e-310, 5e-324])),
+        case("topk subnormal", "quantize_topk", probs=dbl([5e-324, 0, 0]), k=2),
+        case("argmax nan inside", "argmax", values=dbl([1, nan, 0.5])),
+        case("argmax nan first", "argmax", values=dbl([nan, 1])),
+        case("top_ids nan", "top_ids", values=dbl([1, nan, 0.5]), k=1),
+        case("top_ids nan in the first k", "top_ids", values=dbl([nan, 1, 0.5]), k=2),
+        case("top_ids ties", "top_ids", values=dbl([1, 3, 3, 2, 3]), k=2),
+        case("prepare nan greedy", "prepare", logits=dbl([1, nan, 0.5]), temperature=0.0, top_k=0, top_p=1.0),
+        case("prepare nan sampled", "prepare", logits=dbl([1, nan, 0.5]), temperature=0.8, top_k=0, top_p=1.0),
+        case("prepare +inf sampled", "prepare", logits=dbl([1, inf, 0.5]), temperature=0.8, top_k=0, top_p=1.0),
+    ]
+    assert [c["expect"] for c in edge[:4]] == [[ONE], [ONE, 0], [16384, 49152, 0], [[0], [ONE]]]
+    assert all(c["expect"] == ["error", "ValueError"] for c in edge[4:8] + edge[9:])
+    assert edge[8]["expect"] == [1, 2]
+    out += edge
     for n, z in ((10, 0), (32, 5), (64, 20), (256, 50)):
         out.append(case("random vocab %d" % n, "quantize", probs=dbl(rand_probs(rng, n, z))))
     for k in (1, 8, 32, 300):
