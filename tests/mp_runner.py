@@ -131,6 +131,15 @@ def _op(op, a):
             return _plain(messages.unpack(a["mtype"], a["reply"], unhex(a["payload"])))
         except codec.CodecError as e:
             return ["error", type(e).__name__]
+    if op == "strings":  # each hex string as the message of an ERROR reply: its UTF-8 back, or the error
+        out = []
+        for h in a["strings"]:
+            b = unhex(h)
+            try:
+                out.append(messages.unpack(messages.ERROR, True, bytes([1, len(b)]) + b)[1].encode())
+            except codec.CodecError as e:
+                out.append(type(e).__name__)
+        return out
     if op == "rand32":
         return [prng.rand32(a["seed"], p, a["purpose"], a["attempt"]) for p in a["positions"]]
     if op == "uniform":

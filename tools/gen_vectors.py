@@ -294,6 +294,26 @@ def message_cases() -> list[dict]:
             ("unpack hello request", m.HELLO, False, b""), ("unpack stats request", m.STATS, False, b""),
             ("unpack draft as request", m.DRAFT, False, b""), ("unpack unknown type", 0x33, False, b"")):
         out.append(case(name, "unpack", mtype=mtype, reply=reply, payload=payload.hex()))
+    # strict UTF-8: the overlong CONFIGURE string, then every lead byte class against the
+    # boundaries of its second byte, full, truncated and with a bad continuation
+    out.append(case("unpack overlong configure", "unpack", mtype=m.CONFIGURE, reply=False,
+                    payload=bytes([1, 2, 2, 0xC0, 0x80]).hex()))
+    groups = [[b"", b"ascii", "ü€😀".encode(), bytes([0xF4, 0x8F, 0xBF, 0xBF]), bytes([0xED, 0x9F, 0xBF])]]
+    for lead in (0x7F, 0x80, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1, 0xEC, 0xED, 0xEE, 0xEF, 0xF0, 0xF1,
+                 0xF3, 0xF4, 0xF5, 0xF8, 0xFF):
+        groups.append([bytes([lead, second]) + tail for second in (0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0)
+                       for tail in (b"", b"\x80", b"\xbf\xbf", b"\x80\x7f", b"\x80\x80\x80")])
+    assert out[-1]["expect"] == ["error", "BadFrame"]
+    for strings in groups:
+        c = case("strings utf-8 lead %s" % strings[-1][:1].hex(), "strings", strings=[b.hex() for b in strings])
+        want = []
+        for b in strings:
+            try:
+                want.append(b.decode().encode().hex())
+            except UnicodeError:
+                want.append("BadFrame")
+        assert c["expect"] == want  # exactly CPython's own decoder: overlongs, surrogates, > U+10FFFF refused
+        out.append(c)
     return out
 
 
