@@ -257,6 +257,19 @@ def codec_cases() -> list[dict]:
           [2, parts[1].hex()], [1, "02"], [1, "02"], [1, "02"]] + [[2, p.hex()] for p in parts[2:]]
     out.append(case("reassemble bounded", "datagram", packets=pk, max_partial=2, max_size=2048, stale_after=4,
                     key=None))
+    # max_size holds for the reassembled frame, whatever the fragments claim (1024 here so a 100 KB heap
+    # holds the case; tests/test_codec.py checks the contract's 4096 at MTU 250)
+    for size in (1024, 1025, 1225):
+        f = codec.encode(m.PING, bytes(i & 0xFF for i in range(size - codec.MIN_FRAME)), seq=size)
+        c = case("reassemble %d bytes" % size, "datagram", packets=[[1, p.hex()] for p in codec.fragment(f, 7)],
+                 max_partial=4, max_size=1024, stale_after=64, key=None)
+        assert (c["expect"][0][-1] is not None) == (size <= 1024)
+        out.append(c)
+    hand = [bytes([codec.FRAG_MARK, 9, 0, i, 2]) + bytes(1023) for i in range(2)]  # 2046 bytes in 2 fragments
+    c = case("reassemble two big fragments", "datagram", packets=[[1, p.hex()] for p in hand], max_partial=4,
+             max_size=1024, stale_after=64, key=None)
+    assert c["expect"][1] == [["BadLength", 1], ["frames", 0]] and c["expect"][2] == 0
+    out.append(c)
     return out
 
 
