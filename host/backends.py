@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shared import prng, rule
+from shared import prng, rule, sampling
 from shared.sampling import prepare
 
 
@@ -36,7 +36,11 @@ class BackendError(Exception):
 
 @dataclass(frozen=True)
 class SessionParams:
-    """Sampling parameters of a stream, identical for every back-end (BEGIN message fields)."""
+    """Sampling parameters of a stream, identical for every back-end (BEGIN message fields).
+
+    The host decides them exactly, once, here: `temperature` and `top_p` are snapped to what BEGIN
+    carries (thousandths, Q16; shared/sampling.py), so a host back-end applies the very floats a board
+    makes of the wire values. A positive temperature or top_p that rounds to 0 is a ValueError."""
 
     seed: int = 0
     temperature: float = 0.0  # 0: greedy
@@ -45,13 +49,22 @@ class SessionParams:
     top_p: float = 1.0  # 1.0: no nucleus truncation
     eos: int = -1  # -1: no end-of-stream token
 
+    def __post_init__(self) -> None:
+        milli = sampling.temp_milli(self.temperature)
+        object.__setattr__(self, "temperature", sampling.temperature_from_milli(milli))
+        object.__setattr__(self, "top_p", sampling.top_p_from_q16(sampling.top_p_q16(self.top_p)))
+
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
     @property
     def temp_milli(self) -> int:
-        return int(round(self.temperature * 1000))
+        return sampling.temp_milli(self.temperature)
+
+    @property
+    def top_p_q16(self) -> int:
+        return sampling.top_p_q16(self.top_p)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from host.backends import BackendError, SessionParams
 from host.gamma import GammaController
 from host.orchestrator import Result, generate
 from host.output import TokenStream, format_table, write_stats_json
+from shared.sampling import temp_milli, top_p_q16
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
@@ -87,12 +88,13 @@ def parse_gamma(text: str) -> int | None:
 def check_args(a: argparse.Namespace) -> None:
     if a.max_tokens < 1:
         raise UsageError("--max-tokens must be at least 1")
-    if not 0.0 <= a.temperature <= 100.0:
-        raise UsageError("--temperature must be in 0..100")
+    for convert, value, flag in ((temp_milli, a.temperature, "--temperature"), (top_p_q16, a.top_p, "--top-p")):
+        try:
+            convert(value)  # what the protocol carries; SessionParams applies exactly that everywhere
+        except ValueError as e:
+            raise UsageError("%s: %s" % (flag, e)) from None
     if not 0 <= a.top_k <= 65535 or not 1 <= a.draft_top_k <= 255:
         raise UsageError("--top-k must be in 0..65535 and --draft-top-k in 1..255")
-    if not 0.0 < a.top_p <= 1.0:
-        raise UsageError("--top-p must be in (0, 1]")
     if not 0 <= a.seed <= 0xFFFFFFFF:
         raise UsageError("--seed must be in 0..4294967295")
     if not 0 <= a.spec_ahead <= 32:
@@ -162,8 +164,8 @@ class Setup(contextlib.ExitStack):
         return backend
 
 
-def build_stats(a, result: Result, text: str, verifier, drafter, controller: GammaController, prompt_len: int,
-                projector) -> dict:
+def build_stats(a, params: SessionParams, result: Result, text: str, verifier, drafter,
+                controller: GammaController, prompt_len: int, projector) -> dict:
     n = len(result.tokens)
     hist = result.gamma_hist
     stats = {
@@ -184,7 +186,7 @@ def build_stats(a, result: Result, text: str, verifier, drafter, controller: Gam
         "drafter": drafter.name if drafter else None,
         "stop": result.stop,
         "seed": a.seed,
-        "temperature": a.temperature,
+        "temperature": params.temperature,  # as applied: the nearest thousandth of --temperature
         "estimates": controller.summary(),
         "boards": [],
     }
@@ -251,7 +253,7 @@ def run(a: argparse.Namespace, out=None) -> dict:
             raise GenerationFailed(_one_line(e)) from None
         if stream:
             stream.finish()
-        stats = build_stats(a, result, tok.decode(result.tokens), verifier, drafter, controller, len(prompt),
+        stats = build_stats(a, params, result, tok.decode(result.tokens), verifier, drafter, controller, len(prompt),
                             projector)
         stats["gamma_costs"] = ("projected %s" % cost_model.board.name) if cost_model else "measured"
     return stats

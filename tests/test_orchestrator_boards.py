@@ -88,6 +88,20 @@ def test_sampling_same_seed_same_text_across_drafter_and_verifier_kinds(serial_b
     assert generate([4, 5], cpu_v, drafter, params, 16, GammaController(fixed=3)).tokens == board[0]
 
 
+def test_parameters_between_wire_steps_give_one_text_on_boards_and_the_cpu(serial_boards, models):
+    """The host snaps temperature and top_p to BEGIN's thousandths and Q16 once; the CPU verifier then
+    samples with the floats a board makes of the wire values (it used 1.2345 where boards used round(1234.5) = 1.234)."""
+    verifier, drafter = serial_boards
+    params = SessionParams(seed=21, temperature=1.2345, top_p=0.95, target_top_k=30, draft_top_k=6)
+    assert (params.temp_milli, params.temperature, params.top_p_q16, params.top_p) == (1235, 1.235, 62259,
+                                                                                        62259 / 65536)
+    board = generate([3, 9], verifier, drafter, params, 24, GammaController(fixed=2)).tokens
+    cpu_v = LocalVerifier(models / "target.spm")
+    assert generate([3, 9], cpu_v, drafter, params, 24, GammaController(fixed=2)).tokens == board
+    with pytest.raises(ValueError, match="rounds to 0"):  # greedy on a board, sampled on the host: refused
+        SessionParams(temperature=0.0004)
+
+
 def test_espnow_with_loss_and_duplication_gives_the_serial_text(serial_boards, models, tmp_path):
     from host.emulator.radio import RadioConfig
 
