@@ -64,7 +64,7 @@ class Role:
             if t >= self.vocab:
                 raise Refused(E_RANGE, "prompt token %d is outside the vocabulary of %d" % (t, self.vocab))
         self.seed = seed
-        self.temperature = sampling.temperature_from_milli(temp_milli)
+        self.temperature = temp_milli / 1000  # exactly host/backends.py temperature_from_milli
         self.greedy = temp_milli == 0
         self.draft_top_k = max(1, min(draft_top_k, self.vocab))
         self.target_top_k = target_top_k

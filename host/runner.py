@@ -18,11 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from host import backends
-from host.backends import BackendError, SessionParams
+from host.backends import BackendError, SessionParams, temp_milli, top_p_q16
 from host.gamma import GammaController
 from host.orchestrator import Result, generate
 from host.output import TokenStream, format_table, write_stats_json
-from shared.sampling import temp_milli, top_p_q16
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"

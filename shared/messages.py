@@ -3,7 +3,7 @@
 Runs unchanged under MicroPython and CPython. Every unpack_* takes the frame payload and returns a
 tuple in the order listed; a malformed payload raises BadLength (wrong size) or BadFrame (bad
 content, e.g. invalid UTF-8 or an empty q-hat table), both CodecError subclasses from shared.codec.
-Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `_check_utf8`).
+Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `_Reader.str`).
 
     HELLO       request: b""                      reply: pack_hello(fw, board, role, model, vocab,
                                                          max_seq, heap_free, caps) / unpack_hello
@@ -70,43 +70,6 @@ def _str_bytes(s):
     return 1 + len(s.encode())
 
 
-def _check_utf8(b):
-    """BadFrame unless b is well-formed UTF-8 (Unicode table 3-7: no overlong forms, surrogates, code
-    points above U+10FFFF or truncated sequences). CPython's decoder is this strict, MicroPython's
-    is not, so both runtimes check here and accept exactly the same strings."""
-    n = len(b)
-    i = 0
-    while i < n:
-        c = b[i]
-        i += 1
-        if c < 0x80:
-            continue
-        lo = 0x80
-        hi = 0xBF
-        if 0xC2 <= c <= 0xDF:
-            more = 1
-        elif 0xE0 <= c <= 0xEF:
-            more = 2
-            if c == 0xE0:
-                lo = 0xA0  # below: overlong
-            elif c == 0xED:
-                hi = 0x9F  # above: UTF-16 surrogates
-        elif 0xF0 <= c <= 0xF4:
-            more = 3
-            if c == 0xF0:
-                lo = 0x90  # below: overlong
-            elif c == 0xF4:
-                hi = 0x8F  # above: beyond U+10FFFF
-        else:
-            raise BadFrame("string is not valid UTF-8 (byte 0x%02x at %d)" % (c, i - 1))
-        if i + more > n or not lo <= b[i] <= hi:
-            raise BadFrame("string is not valid UTF-8 (sequence at %d)" % (i - 1))
-        for j in range(i + 1, i + more):
-            if not 0x80 <= b[j] <= 0xBF:
-                raise BadFrame("string is not valid UTF-8 (sequence at %d)" % (i - 1))
-        i += more
-
-
 class _Reader:
     """Bounds-checked little-endian reader over a payload."""
 
@@ -139,7 +102,24 @@ class _Reader:
             raise BadLength("string runs past the payload")
         b = bytes(self.data[self.off:self.off + n])
         self.off += n
-        _check_utf8(b)
+        # well-formed UTF-8 only (Unicode table 3-7: no overlong forms, surrogates, code points above
+        # U+10FFFF or truncated sequences): CPython's decoder is this strict, MicroPython's is not, so
+        # both runtimes check here and accept exactly the same strings
+        i = 0
+        while i < n:
+            c = b[i]
+            i += 1
+            if c < 0x80:
+                continue
+            more = (c >= 0xC2) + (c >= 0xE0) + (c >= 0xF0)  # continuation bytes; 0: a stray or overlong lead
+            lo = 0xA0 if c == 0xE0 else 0x90 if c == 0xF0 else 0x80  # below: overlong
+            hi = 0x9F if c == 0xED else 0x8F if c == 0xF4 else 0xBF  # above: surrogates, beyond U+10FFFF
+            if not more or c > 0xF4 or i + more > n or not lo <= b[i] <= hi:
+                raise BadFrame("string is not valid UTF-8")
+            for j in range(i + 1, i + more):
+                if not 0x80 <= b[j] <= 0xBF:
+                    raise BadFrame("string is not valid UTF-8")
+            i += more
         return b.decode()
 
     def end(self):

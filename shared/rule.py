@@ -49,12 +49,12 @@ def top_ids(values, k):
         if len(ids) == k:
             if not v > vals[-1]:
                 if v != v:
-                    raise ValueError("NaN value at index %d" % i)
+                    raise ValueError("nan")
                 continue
             ids.pop()
             vals.pop()
         elif v != v:
-            raise ValueError("NaN value at index %d" % i)
+            raise ValueError("nan")
         j = len(ids)
         while j and vals[j - 1] < v:
             j -= 1
@@ -81,9 +81,9 @@ def argmax(values):
             best = i
             bv = v
         elif v != v:
-            raise ValueError("NaN value at index %d" % i)
+            raise ValueError("nan")
     if bv != bv:  # values[0] is NaN: nothing compared greater
-        raise ValueError("NaN value at index 0")
+        raise ValueError("nan")
     return best
 
 

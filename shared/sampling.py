@@ -14,45 +14,13 @@ compute the same thing in bulk but must keep these semantics exactly:
 
 The wire (BEGIN) carries the temperature in thousandths, `temp_milli` u16, and top_p in Q16,
 `top_p_q16`. These are the exact parameters of a stream: the host rounds the user's values to them once
-(`temp_milli`, `top_p_q16`: nearest step, half up), and every back-end, host or board, samples with the
-floats `temperature_from_milli` and `top_p_from_q16` make of them, so one seed gives one text everywhere.
-A positive value that rounds to 0 is a ValueError (0 would mean greedy / off), as is a value outside the
-field.
+(host/backends.py `temp_milli`, `top_p_q16`), and every back-end, host or board, samples with the floats
+`temp_milli / 1000` and `top_p_from_q16(top_p_q16)` make of them, so one seed gives one text everywhere.
 """
 
 import math
 
 from .rule import _fsum, argmax, top_ids
-
-TEMP_MAX_MILLI = 0xFFFF  # u16 field: temperatures up to 65.535
-
-
-def temp_milli(temperature):
-    """BEGIN's temp_milli for a temperature: the nearest thousandth; ValueError if it is out of
-    0..65.535 or positive but below 0.0005 (it would round to 0, greedy)."""
-    if not 0.0 <= temperature <= TEMP_MAX_MILLI / 1000:
-        raise ValueError("temperature %r is outside 0..%g" % (temperature, TEMP_MAX_MILLI / 1000))
-    m = int(math.floor(temperature * 1000 + 0.5))
-    if m == 0 and temperature > 0.0:
-        raise ValueError("temperature %r rounds to 0 (greedy) at the protocol's resolution of 0.001: "
-                         "pass 0 for greedy or at least 0.0005" % temperature)
-    return m
-
-
-def temperature_from_milli(milli):
-    """The temperature every back-end applies for BEGIN's temp_milli (0: greedy)."""
-    return milli / 1000
-
-
-def top_p_q16(top_p):
-    """BEGIN's top_p_q16 for a top_p in (0, 1]: the nearest 1/65536; ValueError if it rounds to 0."""
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError("top_p %r is outside (0, 1]" % top_p)
-    q = int(math.floor(top_p * 65536 + 0.5))
-    if q == 0:
-        raise ValueError("top_p %r rounds to 0 at the protocol's resolution of 1/65536" % top_p)
-    return q
-
 
 def top_p_from_q16(q16):
     """top_p float from its Q16 wire value (0 and >= 65536 mean off)."""
@@ -73,7 +41,7 @@ def softmax(logits, temperature=1.0):
     out = [math.exp((x - m) * inv) for x in logits]
     s = _fsum(out)
     if s != s:
-        raise ValueError("logits contain NaN or +inf")
+        raise ValueError("nan")  # a NaN logit, or +inf ones (inf - inf)
     return [x / s for x in out]
 
 

@@ -162,10 +162,8 @@ def _op(op, a):
         return rule.top_ids(doubles(a["values"]), a["k"])
     if op == "simulate":
         return simulate(a["p"], a["q"], a["seed0"], a["runs"], a["pos0"])
-    if op == "params":  # the wire values of (temperature, top_p) and the floats every back-end applies
-        m = sampling.temp_milli(a["temperature"])
-        q = sampling.top_p_q16(a["top_p"])
-        return [m, q, struct.pack("<2d", sampling.temperature_from_milli(m), sampling.top_p_from_q16(q))]
+    if op == "params":  # the floats every back-end applies for BEGIN's temp_milli and top_p_q16 (as roles.py)
+        return struct.pack("<2d", a["temp_milli"] / 1000, sampling.top_p_from_q16(a["top_p_q16"]))
     if op == "prepare":
         probs = sampling.prepare(doubles(a["logits"]), a["temperature"], a["top_k"], a["top_p"])
         return rule.quantize(probs)

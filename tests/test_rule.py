@@ -174,21 +174,3 @@ def test_top_k_and_top_p_filters():
     assert out[0] == 0.0 and out[3] > out[2] > 0.0 and out[1] == 0.0
     assert sampling.prepare([0.0, 5.0, 5.0], 0.0, top_k=1) == [0.0, 1.0, 0.0]
 
-
-def test_sampling_parameters_are_snapped_to_what_begin_carries():
-    assert sampling.temp_milli(1.2345) == 1235 and sampling.temperature_from_milli(1235) == 1.235  # 1234.5: half up
-    assert sampling.temp_milli(0.0005) == 1 and sampling.temp_milli(0.0) == 0 and sampling.temp_milli(65.535) == 65535
-    assert sampling.top_p_q16(0.95) == 62259 and sampling.top_p_q16(1.0) == 65536
-    assert sampling.top_p_from_q16(62259) == 62259 / 65536
-    for m in range(0, 65536, 7):  # the float a back-end applies gives back the wire value
-        assert sampling.temp_milli(sampling.temperature_from_milli(m)) == m
-
-
-@pytest.mark.parametrize("call, message", [
-    (lambda: sampling.temp_milli(0.0004), "rounds to 0"), (lambda: sampling.temp_milli(65.536), "outside"),
-    (lambda: sampling.temp_milli(-0.1), "outside"), (lambda: sampling.temp_milli(float("nan")), "outside"),
-    (lambda: sampling.top_p_q16(1e-6), "rounds to 0"), (lambda: sampling.top_p_q16(0.0), "outside"),
-    (lambda: sampling.top_p_q16(1.5), "outside")])
-def test_sampling_parameters_the_wire_cannot_carry_are_errors(call, message):
-    with pytest.raises(ValueError, match=message):
-        call()

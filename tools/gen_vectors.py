@@ -111,11 +111,9 @@ def quantize_cases() -> list[dict]:
         logits = [rng.gauss(0.0, 3.0) for _ in range(40)]
         out.append(case("prepare T=%s k=%d p=%s" % (temp, k, p), "prepare", logits=dbl(logits),
                         temperature=temp, top_k=k, top_p=p))
-    for temp, p in ((0.0, 1.0), (1.2345, 0.95), (0.0005, 1e-5), (65.535, 0.5), (0.0004, 1.0), (65.536, 1.0),
-                    (0.8, 1e-6), (0.8, 0.0)):
-        out.append(case("params T=%r p=%r" % (temp, p), "params", temperature=temp, top_p=p))
-    assert out[-8]["expect"][:2] == [0, 65536] and out[-7]["expect"][:2] == [1235, 62259]
-    assert all(c["expect"] == ["error", "ValueError"] for c in out[-4:])
+    for milli, q16 in ((0, 65536), (1235, 62259), (1, 1), (65535, 32768), (800, 0)):
+        out.append(case("params %d %d" % (milli, q16), "params", temp_milli=milli, top_p_q16=q16))
+    assert out[-4]["expect"] == dbl([1.235, 62259 / 65536])
     out.append(case("prepare greedy tie", "prepare", logits=dbl([1.0, 4.0, 4.0]), temperature=0.0, top_k=0, top_p=1.0))
     assert out[0]["expect"] == [21846, 21845, 21845] and out[1]["expect"] == [0, 0, ONE, 0]
     assert out[5]["expect"] == ["error", "ValueError"] and out[7]["expect"] == 1

@@ -17,9 +17,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from host.backends import temp_milli, top_p_q16
 from shared import codec
 from shared import messages as m
-from shared.sampling import temp_milli, top_p_q16
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = 0
