@@ -32,6 +32,7 @@ E_RANGE = 3  # token id, length or position outside the model's vocabulary or co
 E_MODEL = 4  # the model file cannot be loaded
 E_MEMORY = 5  # out of memory
 E_INTERNAL = 6  # anything else: a bug
+# 7 (node.py): a signed request older than the replay window; the message is the newest counter seen
 
 
 class Refused(Exception):

@@ -65,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--project", metavar="BOARD", choices=("esp32s3",),
                    help="also project the run onto real boards of this class (host/hardware.py); "
                         "gamma is then chosen for that hardware")
+    p.add_argument("--key-file", metavar="F", type=Path,
+                   help="sign and check every frame with this deployment key (boards flashed with the same "
+                        "--key-file; virtual boards get it at flashing)")
     p.add_argument("--stats-json", metavar="FILE", help="write the run's figures as JSON")
     p.add_argument("--models", type=Path, default=MODELS,
                    help="folder with drafter.spm, target.spm and a llama2.c tokenizer.bin")
@@ -100,6 +103,14 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError("--spec-ahead must be in 0..32")
     if not (0.0 <= a.radio_loss < 1.0 and 0.0 <= a.radio_dup < 1.0):
         raise UsageError("--radio-loss and --radio-dup must be in [0, 1)")
+    a.key = None
+    if a.key_file is not None:
+        from host.keys import KeyFileError, load_key  # noqa: PLC0415
+
+        try:
+            a.key = load_key(a.key_file)
+        except KeyFileError as e:
+            raise UsageError(str(e)) from None
     for name in (() if a.plain else ("drafter.spm",)) + ("target.spm", "tokenizer.bin"):
         if not (a.models / name).is_file():
             raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (name, a.models))
@@ -132,7 +143,7 @@ class Setup(contextlib.ExitStack):
 
                 radio = RadioConfig(loss=self.a.radio_loss, duplicate=self.a.radio_dup, seed=self.a.seed)
             self.cluster = self.enter_context(Cluster(self.a.transport, self.a.models, radio=radio,
-                                                      spec_ahead=self.a.spec_ahead))
+                                                      spec_ahead=self.a.spec_ahead, key=self.a.key))
         return self.cluster
 
     def make(self, kind: str, name: str):
@@ -154,7 +165,8 @@ class Setup(contextlib.ExitStack):
                     raise UsageError("--transport %s drives virtual boards only; a real board is reached on its "
                                      "own serial port (--transport serial)" % self.a.transport)
 
-                backend = self.enter_context(connect(find(kind) if name == "auto" else name, kind))
+                port = find(kind, self.a.key) if name == "auto" else name
+                backend = self.enter_context(connect(port, kind, self.a.key))
             else:
                 known = ", ".join(sorted({"virtual", *(backends.VERIFIERS if kind == "verifier"
                                                        else backends.DRAFTERS)}))

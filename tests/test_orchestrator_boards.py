@@ -11,7 +11,7 @@ from host.backends import LocalDrafter, LocalVerifier, SessionParams
 from host.cluster import Cluster
 from host.gamma import GammaController
 from host.orchestrator import generate
-from tools.testmodels import random_model
+from tools.testmodels import random_pair
 
 VOCAB = 64
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,9 +24,7 @@ HELD_OUT = ["Once upon a time", "The dog ran", "She said that", "In the box ther
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("models")
-    random_model(d / "target.spm", dim=32, n_layers=2, hidden=64, vocab=VOCAB, max_seq=96, seed=31)
-    random_model(d / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=VOCAB,
-                 max_seq=96, seed=32)
+    random_pair(d, vocab=VOCAB, max_seq=96, seed=31)
     return d
 
 
