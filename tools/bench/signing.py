@@ -50,7 +50,7 @@ def _generations(key: bytes | None, temperature: float, prompts: list[list[int]]
 
 
 def run() -> dict:
-    tok = Tokenizer.from_json(MODELS / "tokenizer.json")
+    tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
     prompts = [tok.encode(p) for p in PROMPTS]
     out: dict = {"tokens_per_prompt": TOKENS, "gamma": GAMMA}
     print("signed vs unsigned generation, virtual boards (emulation), %d prompts x %d tokens, gamma %d"
