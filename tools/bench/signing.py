@@ -3,8 +3,10 @@
     python -m tools.bench signing
 
 Side by side in one run, on the same prompts and seeds: generations through two virtual boards (the
-shipped models, serial links, gamma 3, greedy and T = 0.8), unsigned and signed. Rows: tokens/s seen
-by the host (emulation: the boards are VMs on this machine), bus bytes per token, and the frames per
+shipped models, serial links, gamma 3, greedy and T = 0.8), unsigned and signed, twice each in the order
+plain, signed, signed, plain. Rows: mean tokens/s seen by the host (emulation: the boards are VMs on
+this machine, which other work shares: differences of a few tens of percent either way are noise
+here), bus bytes per token, and the frames per
 token, which signing reveals exactly: every frame grows by a 4-byte counter and an 8-byte tag, 16 bytes
 as ':'-base64. Time per frame: one HMAC-SHA256 to sign it at the sender and one to check it at the
 receiver, plus the replay-window update, from the codec benchmark's VERDICT rows (signed minus plain)
@@ -58,13 +60,16 @@ def run() -> dict:
     print("%-6s %12s %12s %12s %12s %10s %12s" % ("T", "tok/s plain", "tok/s signed", "B/tok plain",
                                                   "B/tok signed", "frames/tok", "same text"))
     for temperature in (0.0, 0.8):
-        plain = _generations(None, temperature, prompts)
-        signed = _generations(KEY, temperature, prompts)
+        runs: dict = {None: [], KEY: []}
+        for key in (None, KEY, KEY, None):  # each mode first once: the machine's load drifts
+            runs[key].append(_generations(key, temperature, prompts))
+        plain, signed = runs[None][0], runs[KEY][0]
         bpt = [r["bytes"] / r["tokens"] for r in (plain, signed)]
         frames = (bpt[1] - bpt[0]) / LINE_BYTES_PER_FRAME
-        row = {"tok_s_plain": plain["tok_s"], "tok_s_signed": signed["tok_s"], "bytes_per_token_plain": bpt[0],
+        row = {"tok_s_plain": sum(r["tok_s"] for r in runs[None]) / 2,
+               "tok_s_signed": sum(r["tok_s"] for r in runs[KEY]) / 2, "bytes_per_token_plain": bpt[0],
                "bytes_per_token_signed": bpt[1], "frames_per_token": frames,
-               "same_text": plain["texts"] == signed["texts"]}
+               "same_text": all(r["texts"] == plain["texts"] for r in runs[None] + runs[KEY])}
         out["T=%g" % temperature] = row
         print("%-6g %12.1f %12.1f %12.1f %12.1f %10.2f %12s" % (temperature, row["tok_s_plain"], row["tok_s_signed"],
                                                                bpt[0], bpt[1], frames, row["same_text"]))
