@@ -6,7 +6,7 @@ STAMP := $(VENV)/.specmesh-setup
 PORT ?= auto
 ROLE ?= drafter
 
-.PHONY: setup run test test-all bench train flash chaos clean
+.PHONY: setup run test test-all bench fuzz train flash chaos clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,9 @@ test-all: setup
 
 bench: setup
 	$(PY) -m tools.bench
+
+fuzz: setup
+	$(PY) -m tools.fuzz
 
 train: setup
 	$(PY) -m tools.train_all

@@ -108,11 +108,15 @@ def _argmax_py(a, p):
     off = p[0]
     best = 0
     m = a[off]
+    if m != m:
+        return -1
     for i in range(1, p[1]):
         v = a[off + i]
         if v > m:
             m = v
             best = i
+        elif v != v:
+            return -1
     return best
 
 
@@ -226,11 +230,14 @@ class Engine:
             self.length = n
 
     def argmax(self, j=0):
-        """Token id of the largest logit in row j; ties go to the lowest id."""
+        """Token id of the largest logit in row j; ties go to the lowest id; ValueError on a NaN logit."""
         pa = self.pa
         pa[0] = j * self.vocab
         pa[1] = self.vocab
-        return self._argmax(self.logits, pa)
+        t = self._argmax(self.logits, pa)
+        if t < 0:
+            raise ValueError("nan")  # (a static qstr: no heap on a board)
+        return t
 
     def forward(self, tokens, pos):
         """Run k = len(tokens) positions from pos in one batched pass; returns the logits array."""

@@ -281,13 +281,15 @@ def argmax(a: ptr32, p: ptr32) -> int:
     """Index (from off) of the largest of a[off : off + n], float32 bits; ties go to the lowest; p = (off, n).
 
     Bit patterns order like floats once negatives are negated (the magnitude is built from 16-bit
-    halves so it stays below 2^31 on 32-bit emitters); -0.0 equals 0.0.
+    halves so it stays below 2^31 on 32-bit emitters); -0.0 equals 0.0. -1 if any value is a NaN.
     """
     off = p[0]
     best = 0
     bk = 0
     for i in range(p[1]):
         v = a[off + i]
+        if (v >> 23) & 0xFF == 0xFF and v & 0x7FFFFF:
+            return -1
         mag = (((v >> 16) & 0x7FFF) << 16) | (v & 0xFFFF)
         key = (0 - mag) if (v >> 31) & 1 else mag
         if i == 0 or key > bk:

@@ -22,6 +22,8 @@ import struct
 import sys
 import time
 
+from micropython import const
+
 from shared import codec
 from shared import messages as m
 
@@ -39,7 +41,12 @@ POLL_MS = 1000  # longest a single-link node blocks in one poll (nothing depends
 ROLE_NAMES = ("idle", "drafter", "verifier")
 STAT_KEYS = ("requests", "dup_replies", "errors", "bad_frames", "stray", "forwarded", "drafted", "ahead", "draft_hits",
              "verified", "accepted", "passes", "positions", "compute_ms", "heap_free", "heap_min",
-             "committed", "kv", "uptime_ms", "dropped")
+             "committed", "kv", "uptime_ms", "dropped", "unsigned", "bad_tag", "replayed")
+# signed-bus refusals: unsigned frames, bad tags (forged, or another key), used counters (replays); by
+# index, so their names stay constants of the tuple (no interned string: the drafter's heap is tight)
+_UNSIGNED = const(20)
+_BAD_TAG = const(21)
+_REPLAYED = const(22)
 LOSSES = ("duplicate", "stale")  # datagram-link events of a lossy radio, not malformed input
 
 
@@ -154,8 +161,23 @@ class Node:
         except codec.Replay:  # an authentic request seen before: a retransmission gets its cached reply
             _v, t, _fl, src, _d, seq, session, n = struct.unpack_from(codec.HEADER_FMT, raw, 0)
             h = codec.HEADER_SIZE
-            if not self._resend(src, seq, t, session, bytes(raw[h:h + n]), link):
-                self.stats["bad_frames"] += 1
+            if self._resend(src, seq, t, session, bytes(raw[h:h + n]), link):
+                return
+            # a used counter: refused; one older than the whole window gets a signed ERROR 7 whose message
+            # is the newest counter seen, so a restarted host signs above it (a replay earns only that number;
+            # Auth._seen is read here rather than through a new method name, to spare the drafter's heap)
+            st = self.stats
+            st["bad_frames"] += 1
+            st[STAT_KEYS[_REPLAYED]] += 1
+            top = self.auth._seen[src][0]
+            if struct.unpack_from("<I", raw, len(raw) - codec.CRC_SIZE - codec.SIG_SIZE)[0] + self.auth.window < top:
+                link.send(codec.encode(m.ERROR, m.pack_error(7, str(top)), self.node_id, src, seq, session, True,
+                                       self.auth))
+            return
+        except codec.BadAuth:  # unsigned where a key is set, or a tag that fails: forged, or another key
+            st = self.stats
+            st["bad_frames"] += 1
+            st[STAT_KEYS[_BAD_TAG if raw[2] & codec.FLAG_SIGNED else _UNSIGNED]] += 1
             return
         except codec.CodecError:
             self.stats["bad_frames"] += 1

@@ -32,6 +32,7 @@ E_RANGE = 3  # token id, length or position outside the model's vocabulary or co
 E_MODEL = 4  # the model file cannot be loaded
 E_MEMORY = 5  # out of memory
 E_INTERNAL = 6  # anything else: a bug
+# 7 (node.py): a signed request older than the replay window; the message is the newest counter seen
 
 
 class Refused(Exception):
@@ -64,7 +65,7 @@ class Role:
             if t >= self.vocab:
                 raise Refused(E_RANGE, "prompt token %d is outside the vocabulary of %d" % (t, self.vocab))
         self.seed = seed
-        self.temperature = temp_milli / 1000
+        self.temperature = temp_milli / 1000  # exactly host/backends.py temperature_from_milli
         self.greedy = temp_milli == 0
         self.draft_top_k = max(1, min(draft_top_k, self.vocab))
         self.target_top_k = target_top_k

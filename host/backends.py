@@ -21,12 +21,13 @@ back-end; `BackendError` carries a one-line message for the user.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shared import prng, rule
+from shared import prng, rule, sampling
 from shared.sampling import prepare
 
 
@@ -34,9 +35,44 @@ class BackendError(Exception):
     """A back-end that cannot be set up or that failed; the message is one line for the user."""
 
 
+TEMP_MAX_MILLI = 0xFFFF  # BEGIN's u16 temp_milli: temperatures up to 65.535
+
+
+def temp_milli(temperature: float) -> int:
+    """BEGIN's temp_milli for a temperature: the nearest thousandth, half up; ValueError if it is out of
+    0..65.535 or positive but below 0.0005 (it would round to 0: greedy on every back-end)."""
+    if not 0.0 <= temperature <= TEMP_MAX_MILLI / 1000:
+        raise ValueError("temperature %r is outside 0..%g" % (temperature, TEMP_MAX_MILLI / 1000))
+    m = math.floor(temperature * 1000 + 0.5)
+    if m == 0 and temperature > 0.0:
+        raise ValueError("temperature %r rounds to 0 (greedy) at the protocol's resolution of 0.001: "
+                         "pass 0 for greedy or at least 0.0005" % temperature)
+    return m
+
+
+def temperature_from_milli(milli: int) -> float:
+    """The temperature every back-end applies for BEGIN's temp_milli (the firmware computes the same
+    `temp_milli / 1000`)."""
+    return milli / 1000
+
+
+def top_p_q16(top_p: float) -> int:
+    """BEGIN's top_p_q16 for a top_p in (0, 1]: the nearest 1/65536, half up; ValueError if it rounds to 0."""
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError("top_p %r is outside (0, 1]" % top_p)
+    q = math.floor(top_p * 65536 + 0.5)
+    if q == 0:
+        raise ValueError("top_p %r rounds to 0 at the protocol's resolution of 1/65536" % top_p)
+    return q
+
+
 @dataclass(frozen=True)
 class SessionParams:
-    """Sampling parameters of a stream, identical for every back-end (BEGIN message fields)."""
+    """Sampling parameters of a stream, identical for every back-end (BEGIN message fields).
+
+    The host decides them exactly, once, here: `temperature` and `top_p` are snapped to what BEGIN
+    carries (thousandths, Q16: `temp_milli`, `top_p_q16`), so a host back-end applies the very floats a board
+    makes of the wire values. A positive temperature or top_p that rounds to 0 is a ValueError."""
 
     seed: int = 0
     temperature: float = 0.0  # 0: greedy
@@ -45,13 +81,21 @@ class SessionParams:
     top_p: float = 1.0  # 1.0: no nucleus truncation
     eos: int = -1  # -1: no end-of-stream token
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "temperature", temperature_from_milli(temp_milli(self.temperature)))
+        object.__setattr__(self, "top_p", sampling.top_p_from_q16(top_p_q16(self.top_p)))
+
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
     @property
     def temp_milli(self) -> int:
-        return int(round(self.temperature * 1000))
+        return temp_milli(self.temperature)
+
+    @property
+    def top_p_q16(self) -> int:
+        return top_p_q16(self.top_p)
 
 
 @dataclass

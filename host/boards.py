@@ -30,7 +30,7 @@ class _Restarted(Exception):
 
 def _begin_body(params: SessionParams, prompt: Sequence[int]) -> bytes:
     return m.pack_begin(params.seed & 0xFFFFFFFF, params.temp_milli, params.draft_top_k, params.target_top_k,
-                        int(round(params.top_p * 65536)) & 0xFFFFFFFF, params.eos, list(prompt))
+                        params.top_p_q16, params.eos, list(prompt))
 
 
 class BoardBackend:

@@ -21,17 +21,24 @@ def _add_flash(sub) -> None:
     p.add_argument("--model", default=None, help="model file (default: models/drafter.spm or models/target.spm)")
     p.add_argument("--node-id", type=int, default=None, help="bus node id (default: 1 drafter, 2 verifier)")
     p.add_argument("--no-reset", action="store_true", help="leave the board in the REPL instead of starting the node")
+    keys = p.add_mutually_exclusive_group()
+    keys.add_argument("--key-file", metavar="F", help="provision this deployment key (specmesh keygen): the board "
+                      "then signs and checks every frame (default: keep the key the board has, if any)")
+    keys.add_argument("--no-key", action="store_true", help="remove the board's key: an open bus")
     p.set_defaults(func=_flash)
 
 
 def _flash(args) -> int:
     from host.flash import FlashError, flash
+    from host.keys import KeyFileError, load_key
     from host.ports import PortError, resolve_port
 
     try:
+        key = load_key(args.key_file) if args.key_file else None
         port = resolve_port(args.port)
-        report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset)
-    except (FlashError, PortError) as e:
+        report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset, key=key,
+                       clear_key=args.no_key)
+    except (FlashError, PortError, KeyFileError) as e:
         print(f"specmesh flash: {e}", file=sys.stderr)
         return 1
     b = report.board
@@ -66,6 +73,25 @@ def _chaos(args) -> int:
         return 1
     print_table(rows)
     return 0 if all(r["equal"] for r in rows) else 1
+
+
+def _add_keygen(sub) -> None:
+    p = sub.add_parser("keygen", help="write a new random deployment key for flash --key-file and run --key-file")
+    p.add_argument("--key-file", metavar="F", required=True, help="the file to create (owner-readable only)")
+    p.set_defaults(func=_keygen)
+
+
+def _keygen(args) -> int:
+    from host.keys import KeyFileError, new_key_file
+
+    try:
+        new_key_file(args.key_file)
+    except KeyFileError as e:
+        print(f"specmesh keygen: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote a new key to {args.key_file}: flash it onto every board (specmesh flash --key-file), "
+          "keep it out of version control")
+    return 0
 
 
 def _add_emulate(sub) -> None:
@@ -130,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
     _add_flash(sub)
+    _add_keygen(sub)
     _add_emulate(sub)
     _add_chaos(sub)
     args = parser.parse_args(argv)

@@ -19,7 +19,7 @@ from pathlib import Path
 from host.backends import BackendError
 from host.boards import BoardDrafter, BoardVerifier
 from host.links import LinkError, SerialLink
-from host.proxy import Bus, Proxy
+from host.proxy import Bus, HostAuth, Proxy
 from shared import messages as m
 from shared.codec import BROADCAST
 
@@ -30,10 +30,12 @@ NODE_ID = {"drafter": 1, "verifier": 2}
 BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier}
 
 
-def _open(port: str, stack: contextlib.ExitStack, faults=None) -> Bus:
-    """A bus on the serial link at `port`, closed with `stack`; `faults` (host/faults.py) are injected."""
+def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None = None) -> Bus:
+    """A bus on the serial link at `port`, closed with `stack`; `faults` (host/faults.py) are injected;
+    with `key` every frame is signed and every reply must be (docs/security.md)."""
+    auth = HostAuth(key) if key else None
     try:
-        link = SerialLink(port)
+        link = SerialLink(port, auth=auth)
     except LinkError as e:
         raise BackendError(str(e)) from None
     stack.callback(link.close)
@@ -41,7 +43,18 @@ def _open(port: str, stack: contextlib.ExitStack, faults=None) -> Bus:
         from host.faults import FaultyLink  # noqa: PLC0415
 
         link = FaultyLink(link, faults)
-    return Bus(link, deadline=30.0)
+    return Bus(link, deadline=30.0, auth=auth)
+
+
+def _backend(kind: str, bus: Bus, node: int, where: str):
+    """The board back-end for `node` on `bus`, after a signed nonce handshake when the bus signs."""
+    from host.proxy import ProxyError  # noqa: PLC0415
+
+    try:
+        bus.handshake(node)
+    except ProxyError as e:
+        raise BackendError("%s: %s" % (where, e)) from None
+    return BACKEND[kind](Proxy(bus, node), where)
 
 
 def discover(bus: Bus) -> int:
@@ -55,7 +68,7 @@ def discover(bus: Bus) -> int:
                            "drafter|verifier`" % (bus.link.port, e, bus.link.port)) from None
 
 
-def find(kind: str) -> str:
+def find(kind: str, key: bytes | None = None) -> str:
     """The serial port of the flashed board that reports role `kind` (ESP32 USB ports are asked in turn)."""
     from host.ports import esp_ports  # noqa: PLC0415
     from host.proxy import ProxyError  # noqa: PLC0415
@@ -65,7 +78,7 @@ def find(kind: str) -> str:
     for port in ports:
         with contextlib.ExitStack() as stack:
             try:
-                bus = _open(port, stack)
+                bus = _open(port, stack, key=key)
                 role = m.unpack_hello(bus.request(BROADCAST, m.HELLO, deadline=2.0).payload)[2]
             except (BackendError, ProxyError):
                 continue
@@ -76,12 +89,11 @@ def find(kind: str) -> str:
 
 
 @contextlib.contextmanager
-def connect(port: str, kind: str):
+def connect(port: str, kind: str, key: bytes | None = None):
     """The back-end for a flashed board on `port` playing `kind` ("drafter" or "verifier")."""
     with contextlib.ExitStack() as stack:
-        bus = _open(port, stack)
-        node = discover(bus)
-        yield BACKEND[kind](Proxy(bus, node), port)
+        bus = _open(port, stack, key=key)
+        yield _backend(kind, bus, discover(bus), port)
 
 
 class Cluster(contextlib.ExitStack):
@@ -93,9 +105,11 @@ class Cluster(contextlib.ExitStack):
     """
 
     def __init__(self, transport: str = "serial", models: Path = ROOT / "models", root: Path = VBOARDS,
-                 radio=None, spec_ahead: int = 0, faults=None):
+                 radio=None, spec_ahead: int = 0, faults=None, key: bytes | None = None):
+        """`key`: provisioned onto every board at flashing, and every frame signed with it."""
         super().__init__()
         self.faults = faults  # host/faults.py Faults on every host link, or None
+        self.key = key
         self.buses: list[Bus] = []
         self.spec_ahead = spec_ahead  # drafter config: tokens drafted ahead while a verdict is pending
         self.transport = transport
@@ -130,9 +144,9 @@ class Cluster(contextlib.ExitStack):
             vb.start()
             self.callback(vb.stop)
             try:
-                flash(vb.port, kind, model, NODE_ID[kind], progress=False)
+                flash(vb.port, kind, model, NODE_ID[kind], progress=False, key=self.key, clear_key=True)
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
-                flash(vb.port, kind, model, NODE_ID[kind], progress=False)
+                flash(vb.port, kind, model, NODE_ID[kind], progress=False, key=self.key, clear_key=True)
         except (BoardError, FlashError) as e:
             raise BackendError("virtual %s board: %s" % (kind, e)) from None
         self.boards[kind] = vb
@@ -149,7 +163,7 @@ class Cluster(contextlib.ExitStack):
         # that ran out of memory reading frames (13 KB free), so the gateway drafter is an ESP32-S3
         gw = self.start("drafter", {"link": "gateway", "espnow": {"peers": {"2": verifier_mac}}}, hub, "esp32s3")
         self.hub = hub
-        bus = _open(gw.port, self, self.faults)
+        bus = _open(gw.port, self, self.faults, self.key)
         self.buses.append(bus)
         return bus
 
@@ -161,7 +175,7 @@ class Cluster(contextlib.ExitStack):
             where = "virtual:%s(espnow%s)" % (kind, ", gateway" if kind == "drafter" else "")
         else:
             vb = self.start(kind)
-            bus = _open(vb.port, self, self.faults)
+            bus = _open(vb.port, self, self.faults, self.key)
             self.buses.append(bus)
             where = "virtual:%s(%s)" % (kind, vb.board.name)
-        return BACKEND[kind](Proxy(bus, NODE_ID[kind]), where)
+        return _backend(kind, bus, NODE_ID[kind], where)

@@ -203,8 +203,11 @@ class Engine:
 
 
 def argmax(logits: np.ndarray) -> int:
-    """Index of the largest logit; ties go to the lowest id."""
-    return int(np.argmax(logits))
+    """Index of the largest logit; ties go to the lowest id; ValueError on a NaN logit (CONTRACTS 1)."""
+    i = int(np.argmax(logits))  # numpy returns the first NaN if there is one
+    if np.isnan(logits[i]):
+        raise ValueError("NaN logit at index %d" % i)
+    return i
 
 
 def target_probs(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> list[float]:

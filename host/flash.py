@@ -3,7 +3,8 @@
 `flash(port, role, model)`: reads the board's MicroPython version, .mpy ABI and architecture,
 refuses a board that cannot run the role, compiles firmware/ and shared/ with mpy-cross for that
 architecture (xtensawin on ESP32/ESP32-S3, x64 on a virtual board), copies the files, the role's
-model file and /specmesh.json (role, node id, model path; firmware/config.py) over the raw REPL, checks every file's
+model file and /specmesh.json (role, node id, model path, the deployment key if given; firmware/config.py)
+over the raw REPL (the key only there: the temporary copy is deleted), checks every file's
 SHA-256 on the board, and soft-resets the board so main.py starts the node.
 
 It drives mpremote's Python API (one `SerialTransport` for the whole job) rather than its CLI:
@@ -268,8 +269,14 @@ def flash(
     sources: list[tuple[Path, str]] | None = None,
     progress: bool = True,
     reset: bool = True,
+    key: bytes | None = None,
+    clear_key: bool = False,
 ) -> FlashReport:
-    """Flash the node for `role` onto the board at `port`. Raises FlashError with a one-line message."""
+    """Flash the node for `role` onto the board at `port`. Raises FlashError with a one-line message.
+
+    `key`: the deployment key, written into the board config only (never printed or reported); the
+    node then signs and checks every frame. Without it the board keeps the key it has, unless
+    `clear_key` removes it."""
     if role not in ROLES:
         raise FlashError(f"unknown role {role!r} (drafter or verifier)")
     role_code, default_model = ROLES[role]
@@ -287,6 +294,10 @@ def flash(
             config = _board_config(transport)  # keep what else the board was configured with (link, peers)
             config.update(role=role, node_id=node_id if node_id is not None else role_code,
                           model=model_dest.lstrip("/"))
+            if key:
+                config["key"] = key.hex()
+            elif clear_key:
+                config.pop("key", None)
             config_file = Path(tmp) / "specmesh.json"
             config_file.write_text(json.dumps(config, sort_keys=True))
             files[CONFIG_PATH] = config_file

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import serial
 
-from shared.codec import Frame, StreamDecoder, encode_line
+from shared.codec import Auth, Frame, StreamDecoder, encode_line
 
 
 class LinkError(Exception):
@@ -25,7 +25,10 @@ class LinkError(Exception):
 class SerialLink:
     """Frames over a pyserial port; `send` is thread-safe, `on_frame` runs on the reader thread."""
 
-    def __init__(self, port: str, baudrate: int = 115200, on_frame: Callable[[Frame], None] | None = None):
+    def __init__(self, port: str, baudrate: int = 115200, on_frame: Callable[[Frame], None] | None = None,
+                 auth: Auth | None = None):
+        """`auth`: the host's signing state; frames then must be signed with its key (others are counted
+        in `decoder.errors` and dropped)."""
         try:
             self.ser = serial.serial_for_url(port, baudrate=baudrate, timeout=0.05, exclusive=True)
         except (serial.SerialException, OSError, ValueError) as e:
@@ -35,7 +38,7 @@ class SerialLink:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.text: collections.deque[str] = collections.deque(maxlen=20)
-        self.decoder = StreamDecoder(max_line=8192, on_text=self._on_text)
+        self.decoder = StreamDecoder(auth=auth, max_line=8192, on_text=self._on_text)
         self.error: str | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()

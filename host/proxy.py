@@ -15,17 +15,28 @@ after each retry; replies to resent requests are not timed (Karn's rule: they ma
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
 
-from shared.codec import BROADCAST, CRC_SIZE, HEADER_SIZE, SIG_SIZE, CodecError, Frame, encode
+from shared.codec import BROADCAST, CRC_SIZE, HEADER_SIZE, SIG_SIZE, Auth, CodecError, Frame, encode, resign
 from shared.messages import (ACK, BEGIN, COMMIT, CONFIGURE, DRAFT, DRAFT_REQ, ERROR, HELLO, NAMES, PING,
                              RESET, ROLLBACK, STATS, VERDICT, VERIFY_REQ, unpack_error)
 
 HOST = 0
+E_COUNTER = 7  # ERROR code: the request's signing counter is older than the node's window; message: its newest
 REPLY_TYPE = {HELLO: HELLO, CONFIGURE: ACK, BEGIN: ACK, DRAFT_REQ: DRAFT, VERIFY_REQ: VERDICT, COMMIT: ACK,
               ROLLBACK: ACK, STATS: STATS, PING: PING, RESET: ACK}
+
+
+class HostAuth(Auth):
+    """The host's signing state (shared.codec.Auth) plus what its nonce handshake needs."""
+
+    def fresh(self, src: int, counter: int) -> None:
+        """`counter` signed the echo of a fresh nonce: refuse every older counter from `src` (a first frame
+        is otherwise taken at any counter, and this process may be newer than recordings of `src`)."""
+        self._seen[src] = [counter, (1 << self.window) - 1]
 
 
 class ProxyError(Exception):
@@ -62,7 +73,9 @@ class Bus:
         self.retransmits = 0
         self.stale_replies = 0  # duplicates and replies that came after their caller gave up
         self.bytes: dict[int, int] = {}  # per node: bytes of its requests and replies on the wire
-        self._seq = 0
+        # a random first seq: a node answers a (src, seq, type, session, payload) it has cached with the cached
+        # reply, and a new host process counting from 1 again would get an earlier process's replies
+        self._seq = int.from_bytes(os.urandom(2), "little")
         self._lock = threading.Lock()
         self._waiting: dict[tuple[int, int], _Waiter] = {}
         self._slowest: dict[int, float] = {}  # per message type: recent slowest reply time (decays)
@@ -113,6 +126,18 @@ class Bus:
         """Send a request to `node` and return its reply frame."""
         return self.start(node, mtype, payload, session, deadline).result()
 
+    def handshake(self, node: int) -> None:
+        """With signing: PING `node` with a random nonce; its signed echo proves that counter fresh, so
+        replies recorded earlier (a new host process takes a first frame at any counter) are refused."""
+        if self.auth is None:
+            return
+        nonce = os.urandom(8)
+        reply = self.request(node, PING, nonce)
+        if reply.payload != nonce:
+            raise ProxyError("node %d echoed another nonce: a replayed frame, or a second host on this key"
+                             % node)
+        self.auth.fresh(node, reply.counter)
+
     def _timeout_message(self, node: int, mtype: int, err: str | None) -> str:
         if err:
             return err
@@ -141,14 +166,18 @@ class Call:
         rto = bus._rto(self.mtype)
         retried = False
         try:
-            while not w.event.wait(max(0.0, min(self.sent + rto, self.end) - time.perf_counter())):
-                err = getattr(bus.link, "error", None)
-                if err or time.perf_counter() >= self.end:
-                    raise NodeTimeout(bus._timeout_message(self.node, self.mtype, err))
-                bus.retransmits += 1
-                retried = True
-                rto *= 2
-                bus.send(self.node, self.frame)
+            while True:
+                while not w.event.wait(max(0.0, min(self.sent + rto, self.end) - time.perf_counter())):
+                    err = getattr(bus.link, "error", None)
+                    if err or time.perf_counter() >= self.end:
+                        raise NodeTimeout(bus._timeout_message(self.node, self.mtype, err))
+                    bus.retransmits += 1
+                    retried = True
+                    rto *= 2
+                    bus.send(self.node, self.frame)
+                if not self._stale_counter():
+                    break
+                retried = True  # sent again, re-signed: its reply times nothing (Karn)
         finally:
             with bus._lock:
                 bus._waiting.pop((self.node, self.seq), None)
@@ -164,6 +193,29 @@ class Call:
         if reply.mtype != REPLY_TYPE.get(self.mtype, self.mtype):
             raise ProxyError("node %d answered %s with %s" % (self.node, _name(self.mtype), _name(reply.mtype)))
         return reply
+
+    def _stale_counter(self) -> bool:
+        """An E_COUNTER ERROR (this host signed below what the node saw from an earlier host process):
+        continue above the node's highest counter and send the request again, re-signed."""
+        bus, w = self.bus, self.waiter
+        reply = w.reply
+        if bus.auth is None or reply is None or reply.mtype != ERROR or time.perf_counter() >= self.end:
+            return False
+        code, message = _error_body(reply.payload)
+        if code != E_COUNTER:
+            return False
+        try:
+            highest = int(message)
+        except ValueError:
+            return False
+        bus.auth.counter = max(bus.auth.counter, highest & 0xFFFFFFFF)
+        w.reply = None
+        w.event.clear()
+        with bus._lock:
+            bus._waiting[(self.node, self.seq)] = w
+        self.frame = resign(self.frame, bus.auth)
+        bus.send(self.node, self.frame)
+        return True
 
 
 def _name(mtype: int) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from host import backends
-from host.backends import BackendError, SessionParams
+from host.backends import BackendError, SessionParams, temp_milli, top_p_q16
 from host.gamma import GammaController
 from host.orchestrator import Result, generate
 from host.output import TokenStream, format_table, write_stats_json
@@ -65,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--project", metavar="BOARD", choices=("esp32s3",),
                    help="also project the run onto real boards of this class (host/hardware.py); "
                         "gamma is then chosen for that hardware")
+    p.add_argument("--key-file", metavar="F", type=Path,
+                   help="sign and check every frame with this deployment key (boards flashed with the same "
+                        "--key-file; virtual boards get it at flashing)")
     p.add_argument("--stats-json", metavar="FILE", help="write the run's figures as JSON")
     p.add_argument("--models", type=Path, default=MODELS,
                    help="folder with drafter.spm, target.spm and a llama2.c tokenizer.bin")
@@ -87,18 +90,27 @@ def parse_gamma(text: str) -> int | None:
 def check_args(a: argparse.Namespace) -> None:
     if a.max_tokens < 1:
         raise UsageError("--max-tokens must be at least 1")
-    if not 0.0 <= a.temperature <= 100.0:
-        raise UsageError("--temperature must be in 0..100")
+    for convert, value, flag in ((temp_milli, a.temperature, "--temperature"), (top_p_q16, a.top_p, "--top-p")):
+        try:
+            convert(value)  # what the protocol carries; SessionParams applies exactly that everywhere
+        except ValueError as e:
+            raise UsageError("%s: %s" % (flag, e)) from None
     if not 0 <= a.top_k <= 65535 or not 1 <= a.draft_top_k <= 255:
         raise UsageError("--top-k must be in 0..65535 and --draft-top-k in 1..255")
-    if not 0.0 < a.top_p <= 1.0:
-        raise UsageError("--top-p must be in (0, 1]")
     if not 0 <= a.seed <= 0xFFFFFFFF:
         raise UsageError("--seed must be in 0..4294967295")
     if not 0 <= a.spec_ahead <= 32:
         raise UsageError("--spec-ahead must be in 0..32")
     if not (0.0 <= a.radio_loss < 1.0 and 0.0 <= a.radio_dup < 1.0):
         raise UsageError("--radio-loss and --radio-dup must be in [0, 1)")
+    a.key = None
+    if a.key_file is not None:
+        from host.keys import KeyFileError, load_key  # noqa: PLC0415
+
+        try:
+            a.key = load_key(a.key_file)
+        except KeyFileError as e:
+            raise UsageError(str(e)) from None
     for name in (() if a.plain else ("drafter.spm",)) + ("target.spm", "tokenizer.bin"):
         if not (a.models / name).is_file():
             raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (name, a.models))
@@ -131,7 +143,7 @@ class Setup(contextlib.ExitStack):
 
                 radio = RadioConfig(loss=self.a.radio_loss, duplicate=self.a.radio_dup, seed=self.a.seed)
             self.cluster = self.enter_context(Cluster(self.a.transport, self.a.models, radio=radio,
-                                                      spec_ahead=self.a.spec_ahead))
+                                                      spec_ahead=self.a.spec_ahead, key=self.a.key))
         return self.cluster
 
     def make(self, kind: str, name: str):
@@ -153,7 +165,8 @@ class Setup(contextlib.ExitStack):
                     raise UsageError("--transport %s drives virtual boards only; a real board is reached on its "
                                      "own serial port (--transport serial)" % self.a.transport)
 
-                backend = self.enter_context(connect(find(kind) if name == "auto" else name, kind))
+                port = find(kind, self.a.key) if name == "auto" else name
+                backend = self.enter_context(connect(port, kind, self.a.key))
             else:
                 known = ", ".join(sorted({"virtual", *(backends.VERIFIERS if kind == "verifier"
                                                        else backends.DRAFTERS)}))
@@ -162,8 +175,8 @@ class Setup(contextlib.ExitStack):
         return backend
 
 
-def build_stats(a, result: Result, text: str, verifier, drafter, controller: GammaController, prompt_len: int,
-                projector) -> dict:
+def build_stats(a, params: SessionParams, result: Result, text: str, verifier, drafter,
+                controller: GammaController, prompt_len: int, projector) -> dict:
     n = len(result.tokens)
     hist = result.gamma_hist
     stats = {
@@ -184,7 +197,7 @@ def build_stats(a, result: Result, text: str, verifier, drafter, controller: Gam
         "drafter": drafter.name if drafter else None,
         "stop": result.stop,
         "seed": a.seed,
-        "temperature": a.temperature,
+        "temperature": params.temperature,  # as applied: the nearest thousandth of --temperature
         "estimates": controller.summary(),
         "boards": [],
     }
@@ -251,7 +264,7 @@ def run(a: argparse.Namespace, out=None) -> dict:
             raise GenerationFailed(_one_line(e)) from None
         if stream:
             stream.finish()
-        stats = build_stats(a, result, tok.decode(result.tokens), verifier, drafter, controller, len(prompt),
+        stats = build_stats(a, params, result, tok.decode(result.tokens), verifier, drafter, controller, len(prompt),
                             projector)
         stats["gamma_costs"] = ("projected %s" % cost_model.board.name) if cost_model else "measured"
     return stats

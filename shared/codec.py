@@ -23,7 +23,8 @@ Datagram links (ESP-NOW): fragment(frame, msg_id, mtu=250) -> [packet, ...]
     DatagramDecoder(auth=None, max_partial=4, max_size=4096, stale_after=64).feed(packet, sender=0)
         -> Frame or None. Reassembles fragments (b"\\xfe" + msg_id u16 + index u8 + count u8 + chunk)
         with reordering and duplicates; a partial message is dropped once `stale_after` packets have
-        arrived since its last fragment, or when more than `max_partial` are pending (oldest first).
+        arrived since its last fragment, or when more than `max_partial` are pending (oldest first),
+        or as soon as its fragments hold more than `max_size` bytes (counted as "BadLength").
 
 Decoders never raise out of feed(): they count errors per kind in `.errors` (keys: class names of
 CodecError subclasses, plus "text" and "overflow") and `.frames` good frames.
@@ -380,7 +381,7 @@ class DatagramDecoder(_Decoder):
         self.max_partial = max_partial
         self.max_size = max_size
         self.stale_after = stale_after
-        self._partial = {}  # (sender, msg_id) -> [count, parts list, received, last tick]
+        self._partial = {}  # (sender, msg_id) -> [count, parts list, received, last tick, bytes held]
         self._tick = 0
 
     def pending(self):
@@ -410,7 +411,7 @@ class DatagramDecoder(_Decoder):
         _, msg_id, index, count = struct.unpack_from("<BHBB", packet, 0)
         chunk_len = len(packet) - FRAG_HEADER
         if count < 2 or index >= count or count * chunk_len > self.max_size + chunk_len:
-            self._count("BadFrame")
+            self._count("BadFrame")  # (the second test: fragments of this size could not fit max_size)
             return None
         key = (sender, msg_id)
         st = self._partial.get(key)
@@ -422,7 +423,7 @@ class DatagramDecoder(_Decoder):
                         oldest = k
                 del self._partial[oldest]
                 self._count("stale")
-            st = [count, [None] * count, 0, self._tick]
+            st = [count, [None] * count, 0, self._tick, 0]
             self._partial[key] = st
         elif st[0] != count:
             self._count("BadFrame")
@@ -431,6 +432,11 @@ class DatagramDecoder(_Decoder):
         parts = st[1]
         if parts[index] is not None:
             self._count("duplicate")
+            return None
+        st[4] += chunk_len
+        if st[4] > self.max_size:  # the message would exceed the limit: drop all of it
+            del self._partial[key]
+            self._count("BadLength")
             return None
         parts[index] = bytes(packet[FRAG_HEADER:])
         st[2] += 1

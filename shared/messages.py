@@ -3,6 +3,7 @@
 Runs unchanged under MicroPython and CPython. Every unpack_* takes the frame payload and returns a
 tuple in the order listed; a malformed payload raises BadLength (wrong size) or BadFrame (bad
 content, e.g. invalid UTF-8 or an empty q-hat table), both CodecError subclasses from shared.codec.
+Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `_Reader.str`).
 
     HELLO       request: b""                      reply: pack_hello(fw, board, role, model, vocab,
                                                          max_seq, heap_free, caps) / unpack_hello
@@ -101,10 +102,25 @@ class _Reader:
             raise BadLength("string runs past the payload")
         b = bytes(self.data[self.off:self.off + n])
         self.off += n
-        try:
-            return b.decode()
-        except UnicodeError:
-            raise BadFrame("string is not valid UTF-8")
+        # well-formed UTF-8 only (Unicode table 3-7: no overlong forms, surrogates, code points above
+        # U+10FFFF or truncated sequences): CPython's decoder is this strict, MicroPython's is not, so
+        # both runtimes check here and accept exactly the same strings
+        i = 0
+        while i < n:
+            c = b[i]
+            i += 1
+            if c < 0x80:
+                continue
+            more = (c >= 0xC2) + (c >= 0xE0) + (c >= 0xF0)  # continuation bytes; 0: a stray or overlong lead
+            lo = 0xA0 if c == 0xE0 else 0x90 if c == 0xF0 else 0x80  # below: overlong
+            hi = 0x9F if c == 0xED else 0x8F if c == 0xF4 else 0xBF  # above: surrogates, beyond U+10FFFF
+            if not more or c > 0xF4 or i + more > n or not lo <= b[i] <= hi:
+                raise BadFrame("string is not valid UTF-8")
+            for j in range(i + 1, i + more):
+                if not 0x80 <= b[j] <= 0xBF:
+                    raise BadFrame("string is not valid UTF-8")
+            i += more
+        return b.decode()
 
     def end(self):
         if self.off != len(self.data):

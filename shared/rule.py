@@ -11,6 +11,10 @@ it is sent, so losslessness never depends on two runtimes rounding alike).
     quantize_topk(probs, k) -> (ids, weights)  the k largest (ties lowest id), ids ascending, zeros dropped
     top_ids(values, k) -> ids               the k largest values, descending, ties lowest id
     argmax(values) -> id                    ties lowest id
+
+A NaN among the values of top_ids or argmax is a ValueError (a NaN logit is an engine fault, never a
+token: numpy's argmax would pick it, a plain `>` scan would skip it). quantize raises ValueError for
+anything that is not a distribution (a negative or NaN entry, a zero or infinite sum).
     sample(weights, seed, pos, purpose)     dense table
     sample_sparse(ids, weights, seed, pos, purpose)
     verify(p_tables, drafts, q_tables, seed, pos0, eos=-1) -> (n_accepted, token)
@@ -44,9 +48,13 @@ def top_ids(values, k):
         v = values[i]
         if len(ids) == k:
             if not v > vals[-1]:
+                if v != v:
+                    raise ValueError("nan")
                 continue
             ids.pop()
             vals.pop()
+        elif v != v:
+            raise ValueError("nan")
         j = len(ids)
         while j and vals[j - 1] < v:
             j -= 1
@@ -64,13 +72,18 @@ def _fsum(xs):
 
 
 def argmax(values):
-    """Index of the largest value, ties to the lowest index."""
+    """Index of the largest value, ties to the lowest index; ValueError if a value is NaN."""
     best = 0
     bv = values[0]
     for i in range(1, len(values)):
-        if values[i] > bv:
+        v = values[i]
+        if v > bv:
             best = i
-            bv = values[i]
+            bv = v
+        elif v != v:
+            raise ValueError("nan")
+    if bv != bv:  # values[0] is NaN: nothing compared greater
+        raise ValueError("nan")
     return best
 
 
@@ -79,11 +92,16 @@ def quantize(probs):
 
     Fractional parts are compared as FRAC_BITS-bit fixed-point ints (small ints on every board,
     no boxed floats kept): remainders closer than 2^-FRAC_BITS count as tied, going to the lowest id.
+    A sum so small that ONE / sum overflows (subnormal inputs, e.g. [5e-324]) is first normalised
+    by dividing each entry by the sum, so every positive finite sum quantizes.
     """
     total = _fsum(probs)
     if not 0.0 < total < _INF or min(probs) < 0.0:  # a NaN makes the total NaN
         raise ValueError("probabilities must be non-negative with a positive finite sum")
     scale = ONE / total
+    if scale == _INF:
+        probs = [p / total for p in probs]
+        scale = ONE / _fsum(probs)
     xs = [p * scale for p in probs]
     weights = [int(x) for x in xs]
     fracs = [int((x - int(x)) * _FRAC_ONE) if p > 0.0 else -1 for p, x in zip(probs, xs)]  # -1: never a unit

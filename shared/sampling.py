@@ -6,18 +6,21 @@ compute the same thing in bulk but must keep these semantics exactly:
 
 - temperature: softmax(logits / T) with the max subtracted first; T <= 0 means greedy, a one-hot
   distribution on the argmax (ties to the lowest id), so greedy decoding goes through the same path.
+  A NaN logit is a ValueError, greedy or not; so is a +inf logit when sampling (the softmax is NaN).
 - top_k (0 = off): keep the k most probable tokens, ties to the lowest id.
 - top_p (>= 1.0 = off): walk tokens from most to least probable (ties to the lowest id), keep them
   while the probability mass kept *before* the token is below top_p * total; at least one is kept.
 - Tokens dropped get probability 0.0; the result is not renormalised (quantize normalises).
 
-The wire carries top_p as `top_p_q16` (BEGIN); `top_p_from_q16` converts it.
+The wire (BEGIN) carries the temperature in thousandths, `temp_milli` u16, and top_p in Q16,
+`top_p_q16`. These are the exact parameters of a stream: the host rounds the user's values to them once
+(host/backends.py `temp_milli`, `top_p_q16`), and every back-end, host or board, samples with the floats
+`temp_milli / 1000` and `top_p_from_q16(top_p_q16)` make of them, so one seed gives one text everywhere.
 """
 
 import math
 
 from .rule import _fsum, argmax, top_ids
-
 
 def top_p_from_q16(q16):
     """top_p float from its Q16 wire value (0 and >= 65536 mean off)."""
@@ -25,7 +28,9 @@ def top_p_from_q16(q16):
 
 
 def softmax(logits, temperature=1.0):
-    """Probabilities softmax(logits / temperature); temperature <= 0 gives the one-hot argmax."""
+    """Probabilities softmax(logits / temperature); temperature <= 0 gives the one-hot argmax.
+
+    ValueError if a logit is NaN, or +inf when temperature > 0."""
     n = len(logits)
     if temperature <= 0.0:
         out = [0.0] * n
@@ -35,6 +40,8 @@ def softmax(logits, temperature=1.0):
     inv = 1.0 / temperature
     out = [math.exp((x - m) * inv) for x in logits]
     s = _fsum(out)
+    if s != s:
+        raise ValueError("nan")  # a NaN logit, or +inf ones (inf - inf)
     return [x / s for x in out]
 
 

@@ -131,6 +131,15 @@ def _op(op, a):
             return _plain(messages.unpack(a["mtype"], a["reply"], unhex(a["payload"])))
         except codec.CodecError as e:
             return ["error", type(e).__name__]
+    if op == "strings":  # each hex string as the message of an ERROR reply: its UTF-8 back, or the error
+        out = []
+        for h in a["strings"]:
+            b = unhex(h)
+            try:
+                out.append(messages.unpack(messages.ERROR, True, bytes([1, len(b)]) + b)[1].encode())
+            except codec.CodecError as e:
+                out.append(type(e).__name__)
+        return out
     if op == "rand32":
         return [prng.rand32(a["seed"], p, a["purpose"], a["attempt"]) for p in a["positions"]]
     if op == "uniform":
@@ -148,9 +157,13 @@ def _op(op, a):
     if op == "verify_greedy":
         return _plain(rule.verify_greedy(a["argmaxes"], a["drafts"], a["eos"]))
     if op == "argmax":
-        return rule.argmax(a["values"])
+        return rule.argmax(doubles(a["values"]))
+    if op == "top_ids":
+        return rule.top_ids(doubles(a["values"]), a["k"])
     if op == "simulate":
         return simulate(a["p"], a["q"], a["seed0"], a["runs"], a["pos0"])
+    if op == "params":  # the floats every back-end applies for BEGIN's temp_milli and top_p_q16 (as roles.py)
+        return struct.pack("<2d", a["temp_milli"] / 1000, sampling.top_p_from_q16(a["top_p_q16"]))
     if op == "prepare":
         probs = sampling.prepare(doubles(a["logits"]), a["temperature"], a["top_k"], a["top_p"])
         return rule.quantize(probs)

@@ -85,6 +85,9 @@ def test_colour_marks_accepted_drafts_only_when_asked():
     (["--verifier", "nope"], "--verifier nope: not a serial port nor one of"),
     (["--drafter", "/dev/ttyNOPE"], "cannot open /dev/ttyNOPE"),
     (["--models", "/nonexistent"], "drafter.spm is missing from /nonexistent"),
+    (["--temperature", "0.0004"], "--temperature: temperature 0.0004 rounds to 0 (greedy)"),
+    (["--temperature", "70"], "--temperature: temperature 70.0 is outside 0..65.535"),
+    (["--top-p", "1e-6"], "--top-p: top_p 1e-06 rounds to 0"),
 ])
 def test_bad_input_is_one_line_and_status_2(models, capsys, extra, message):
     rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--quiet", *extra])

@@ -183,3 +183,15 @@ def test_reassembler_rejects_bad_fragment_headers():
     for pkt in bad:
         assert d.feed(pkt) is None
     assert d.errors == {"BadFrame": 4} and d.pending() == 0
+
+
+def test_reassembler_refuses_messages_over_the_4096_byte_limit():
+    d = codec.DatagramDecoder()  # the contract's defaults: max_size 4096
+    for size in (4096, 4097, 4130, 4165):  # 17 fragments of up to 245 bytes at MTU 250
+        frame = codec.encode(m.PING, bytes(size - codec.MIN_FRAME), seq=size)
+        got = [d.feed(p, sender=1) for p in codec.fragment(frame, size)]
+        assert (got[-1] is not None) == (size <= 4096), size
+        assert d.pending() == 0
+    for i in range(2):  # two hand-made fragments of 4095 bytes: 8190 in all
+        assert d.feed(bytes([codec.FRAG_MARK, 9, 0, i, 2]) + bytes(4095), sender=2) is None
+    assert d.frames == 1 and d.errors == {"BadLength": 4} and d.pending() == 0

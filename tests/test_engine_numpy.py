@@ -82,6 +82,13 @@ def test_argmax_ties_go_to_lowest_id():
     assert argmax(np.array([0.5, 2.0, -1.0, 2.0], dtype=np.float32)) == 1
 
 
+def test_a_nan_logit_is_an_error_as_in_shared_rule():
+    for row in ([1.0, np.nan, 0.5], [np.nan, 1.0], [-1.0, 0.5, -np.nan]):
+        with pytest.raises(ValueError, match="NaN logit"):
+            argmax(np.array(row, np.float32))
+    assert argmax(np.array([1.0, np.inf, np.inf], np.float32)) == 1
+
+
 def test_context_depends_on_earlier_tokens(model_path):
     a = Engine(model_path).forward([5, 6, 7])[-1]
     b = Engine(model_path).forward([50, 6, 7])[-1]

@@ -2,7 +2,8 @@
 
 quant8 (activation quantization), scale (matmul output scaling), argmax and absmax work on IEEE-754
 bit patterns inside viper code; each must give exactly what numpy's float32 arithmetic gives, and the
-plain-Python fallbacks in firmware/engine.py must agree with them. Inputs: random vectors over many
+plain-Python fallbacks in firmware/engine.py must agree with them (argmax: -1 on a NaN, which
+Engine.argmax raises as a ValueError, as rule.argmax and host.engine.argmax do). Inputs: random vectors over many
 magnitudes, zeros, exact half-integer quotients and their float32 neighbours, ties.
 """
 
@@ -39,6 +40,15 @@ for name, sc in (("viper", kernels.scale), ("python", lambda *a: E._scale_py(e, 
 for name, am, ab in (("viper", kernels.argmax, kernels.absmax), ("python", engine._argmax_py, engine._absmax_py)):
     out["argmax_" + name] = [am(array("f", r), array("i", (0, len(r)))) for r in d["am"]]
     out["absmax_" + name] = [ab(array("f", r), array("i", (0, len(r)))) for r in d["am"]]
+    nan = float("nan")
+    out["argmax_nan_" + name] = [am(array("f", r), array("i", (0, len(r))))
+                                 for r in ([1.0, nan, 0.5], [nan, 1.0], [-nan, 2.0], [-1.0, 0.5, -nan])]
+e.vocab, e.pa, e.logits = 3, array("i", (0, 0)), array("f", [1.0, float("nan"), 0.5])
+for e._argmax in (kernels.argmax, engine._argmax_py):
+    try:
+        E.argmax(e, 0)
+    except ValueError as x:
+        out.setdefault("engine_nan", []).append(str(x))
 print(json.dumps(out))
 '''
 
@@ -82,3 +92,5 @@ def test_float_kernels_match_numpy_bit_for_bit(micropython, tmp_path):
                                       want_scale.view(np.int32), err_msg=impl)
         assert got["argmax_" + impl] == [int(np.argmax(r)) for r in am], impl
         assert got["absmax_" + impl] == [int(np.argmax(np.abs(r))) for r in am], impl
+        assert got["argmax_nan_" + impl] == [-1] * 4, impl  # a NaN anywhere, either sign: no token
+    assert got["engine_nan"] == ["nan"] * 2  # Engine.argmax turns it into a ValueError

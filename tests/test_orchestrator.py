@@ -5,9 +5,11 @@ import random
 
 import pytest
 
-from host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
+from host.backends import (Draft, LocalDrafter, LocalVerifier, SessionParams, temp_milli, temperature_from_milli,
+                           top_p_q16)
 from host.gamma import GammaController
 from host.orchestrator import generate
+from shared import sampling
 from tools.testmodels import random_model
 
 VOCAB = 64
@@ -122,3 +124,22 @@ def test_verifier_refuses_a_draft_for_the_wrong_position(backends):
     verifier.begin(SessionParams(), [1, 2, 3])
     with pytest.raises(Exception, match="position 2"):
         verifier.verify([1, 2, 3], Draft(2, [4], [([4], [1 << 16])]))
+
+
+def test_sampling_parameters_are_snapped_to_what_begin_carries():
+    assert temp_milli(1.2345) == 1235 and temperature_from_milli(1235) == 1.235  # 1234.5: half up
+    assert temp_milli(0.0005) == 1 and temp_milli(0.0) == 0 and temp_milli(65.535) == 65535
+    assert top_p_q16(0.95) == 62259 and top_p_q16(1.0) == 65536
+    assert sampling.top_p_from_q16(62259) == 62259 / 65536
+    for m in range(0, 65536, 7):  # the float a back-end applies gives back the wire value
+        assert temp_milli(temperature_from_milli(m)) == m
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: temp_milli(0.0004), "rounds to 0"), (lambda: temp_milli(65.536), "outside"),
+    (lambda: temp_milli(-0.1), "outside"), (lambda: temp_milli(float("nan")), "outside"),
+    (lambda: top_p_q16(1e-6), "rounds to 0"), (lambda: top_p_q16(0.0), "outside"),
+    (lambda: top_p_q16(1.5), "outside")])
+def test_sampling_parameters_the_wire_cannot_carry_are_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

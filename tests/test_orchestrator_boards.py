@@ -11,7 +11,7 @@ from host.backends import LocalDrafter, LocalVerifier, SessionParams
 from host.cluster import Cluster
 from host.gamma import GammaController
 from host.orchestrator import generate
-from tools.testmodels import random_model
+from tools.testmodels import random_pair
 
 VOCAB = 64
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,9 +24,7 @@ HELD_OUT = ["Once upon a time", "The dog ran", "She said that", "In the box ther
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("models")
-    random_model(d / "target.spm", dim=32, n_layers=2, hidden=64, vocab=VOCAB, max_seq=96, seed=31)
-    random_model(d / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=VOCAB,
-                 max_seq=96, seed=32)
+    random_pair(d, vocab=VOCAB, max_seq=96, seed=31)
     return d
 
 
@@ -86,6 +84,20 @@ def test_sampling_same_seed_same_text_across_drafter_and_verifier_kinds(serial_b
     cpu_d, cpu_v = LocalDrafter(models / "drafter.spm"), LocalVerifier(models / "target.spm")
     assert generate([4, 5], verifier, cpu_d, params, 16, GammaController(fixed=3)).tokens == board[0]
     assert generate([4, 5], cpu_v, drafter, params, 16, GammaController(fixed=3)).tokens == board[0]
+
+
+def test_parameters_between_wire_steps_give_one_text_on_boards_and_the_cpu(serial_boards, models):
+    """The host snaps temperature and top_p to BEGIN's thousandths and Q16 once; the CPU verifier then
+    samples with the floats a board makes of the wire values (it used 1.2345 where boards used round(1234.5) = 1.234)."""
+    verifier, drafter = serial_boards
+    params = SessionParams(seed=21, temperature=1.2345, top_p=0.95, target_top_k=30, draft_top_k=6)
+    assert (params.temp_milli, params.temperature, params.top_p_q16, params.top_p) == (1235, 1.235, 62259,
+                                                                                        62259 / 65536)
+    board = generate([3, 9], verifier, drafter, params, 24, GammaController(fixed=2)).tokens
+    cpu_v = LocalVerifier(models / "target.spm")
+    assert generate([3, 9], cpu_v, drafter, params, 24, GammaController(fixed=2)).tokens == board
+    with pytest.raises(ValueError, match="rounds to 0"):  # greedy on a board, sampled on the host: refused
+        SessionParams(temperature=0.0004)
 
 
 def test_espnow_with_loss_and_duplication_gives_the_serial_text(serial_boards, models, tmp_path):

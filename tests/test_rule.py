@@ -48,6 +48,28 @@ def test_quantize_rejects_non_distributions(bad):
         rule.quantize(bad)
 
 
+@pytest.mark.parametrize("probs, want, top2", [([5e-324], [ONE], ([0], [ONE])),
+                                               ([1e-310, 0.0], [ONE, 0], ([0], [ONE])),
+                                               ([5e-324] * 3, [21846, 21845, 21845], ([0, 1], [ONE // 2] * 2))])
+def test_quantize_subnormal_sums_are_distributions(probs, want, top2):
+    assert rule.quantize(probs) == want  # ONE / sum overflows: normalised by division instead
+    assert rule.quantize_topk(probs, 2) == top2
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("call", [lambda: rule.argmax([1, NAN, 0.5]), lambda: rule.argmax([NAN, 1.0]),
+                                  lambda: rule.top_ids([1, NAN, 0.5], 1), lambda: rule.top_ids([NAN, 1, 0.5], 2),
+                                  lambda: sampling.softmax([1, NAN, 0.5], 0.0),
+                                  lambda: sampling.softmax([1, NAN, 0.5], 0.8),
+                                  lambda: sampling.softmax([NAN, 1.0], 0.8),
+                                  lambda: sampling.prepare([1, float("inf")], 1.0)])
+def test_a_nan_logit_is_an_error(call):
+    with pytest.raises(ValueError):
+        call()
+
+
 def test_top_ids_argmax_ties_to_lowest_id():
     assert rule.top_ids([1, 3, 3, 2, 3], 2) == [1, 2]
     assert rule.top_ids([1, 3, 3, 2, 3], 10) == [1, 2, 4, 3, 0]
@@ -151,3 +173,4 @@ def test_top_k_and_top_p_filters():
     out = sampling.prepare([0.0, 1.0, 2.0, 3.0], 1.0, top_k=3, top_p=0.7)
     assert out[0] == 0.0 and out[3] > out[2] > 0.0 and out[1] == 0.0
     assert sampling.prepare([0.0, 5.0, 5.0], 0.0, top_k=1) == [0.0, 1.0, 0.0]
+

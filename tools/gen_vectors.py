@@ -79,8 +79,27 @@ def quantize_cases() -> list[dict]:
         case("tiny and denormal", "quantize", probs=dbl([1e-300, 5e-324, 1.0, 1e-5])),
         case("negative", "quantize", probs=dbl([0.5, -0.5, 1.0])),
         case("all zero", "quantize", probs=dbl([0.0, 0.0])),
-        case("argmax ties", "argmax", values=[3, 9, 9, 1]),
+        case("argmax ties", "argmax", values=dbl([3, 9, 9, 1])),
     ]
+    nan, inf = float("nan"), float("inf")
+    edge = [  # subnormal sums quantize (normalised by division first); a NaN logit is an error
+        case("subnormal one-hot", "quantize", probs=dbl([5e-324])),
+        case("subnormal and zero", "quantize", probs=dbl([1e-310, 0.0])),
+        case("subnormal mixed", "quantize", probs=dbl([1e-310, 3e-310, 5e-324])),
+        case("topk subnormal", "quantize_topk", probs=dbl([5e-324, 0, 0]), k=2),
+        case("argmax nan inside", "argmax", values=dbl([1, nan, 0.5])),
+        case("argmax nan first", "argmax", values=dbl([nan, 1])),
+        case("top_ids nan", "top_ids", values=dbl([1, nan, 0.5]), k=1),
+        case("top_ids nan in the first k", "top_ids", values=dbl([nan, 1, 0.5]), k=2),
+        case("top_ids ties", "top_ids", values=dbl([1, 3, 3, 2, 3]), k=2),
+        case("prepare nan greedy", "prepare", logits=dbl([1, nan, 0.5]), temperature=0.0, top_k=0, top_p=1.0),
+        case("prepare nan sampled", "prepare", logits=dbl([1, nan, 0.5]), temperature=0.8, top_k=0, top_p=1.0),
+        case("prepare +inf sampled", "prepare", logits=dbl([1, inf, 0.5]), temperature=0.8, top_k=0, top_p=1.0),
+    ]
+    assert [c["expect"] for c in edge[:4]] == [[ONE], [ONE, 0], [16384, 49152, 0], [[0], [ONE]]]
+    assert all(c["expect"] == ["error", "ValueError"] for c in edge[4:8] + edge[9:])
+    assert edge[8]["expect"] == [1, 2]
+    out += edge
     for n, z in ((10, 0), (32, 5), (64, 20), (256, 50)):
         out.append(case("random vocab %d" % n, "quantize", probs=dbl(rand_probs(rng, n, z))))
     for k in (1, 8, 32, 300):
@@ -92,6 +111,9 @@ def quantize_cases() -> list[dict]:
         logits = [rng.gauss(0.0, 3.0) for _ in range(40)]
         out.append(case("prepare T=%s k=%d p=%s" % (temp, k, p), "prepare", logits=dbl(logits),
                         temperature=temp, top_k=k, top_p=p))
+    for milli, q16 in ((0, 65536), (1235, 62259), (1, 1), (65535, 32768), (800, 0)):
+        out.append(case("params %d %d" % (milli, q16), "params", temp_milli=milli, top_p_q16=q16))
+    assert out[-4]["expect"] == dbl([1.235, 62259 / 65536])
     out.append(case("prepare greedy tie", "prepare", logits=dbl([1.0, 4.0, 4.0]), temperature=0.0, top_k=0, top_p=1.0))
     assert out[0]["expect"] == [21846, 21845, 21845] and out[1]["expect"] == [0, 0, ONE, 0]
     assert out[5]["expect"] == ["error", "ValueError"] and out[7]["expect"] == 1
@@ -238,6 +260,19 @@ def codec_cases() -> list[dict]:
           [2, parts[1].hex()], [1, "02"], [1, "02"], [1, "02"]] + [[2, p.hex()] for p in parts[2:]]
     out.append(case("reassemble bounded", "datagram", packets=pk, max_partial=2, max_size=2048, stale_after=4,
                     key=None))
+    # max_size holds for the reassembled frame, whatever the fragments claim (1024 here so a 100 KB heap
+    # holds the case; tests/test_codec.py checks the contract's 4096 at MTU 250)
+    for size in (1024, 1025, 1225):
+        f = codec.encode(m.PING, bytes(i & 0xFF for i in range(size - codec.MIN_FRAME)), seq=size)
+        c = case("reassemble %d bytes" % size, "datagram", packets=[[1, p.hex()] for p in codec.fragment(f, 7)],
+                 max_partial=4, max_size=1024, stale_after=64, key=None)
+        assert (c["expect"][0][-1] is not None) == (size <= 1024)
+        out.append(c)
+    hand = [bytes([codec.FRAG_MARK, 9, 0, i, 2]) + bytes(1023) for i in range(2)]  # 2046 bytes in 2 fragments
+    c = case("reassemble two big fragments", "datagram", packets=[[1, p.hex()] for p in hand], max_partial=4,
+             max_size=1024, stale_after=64, key=None)
+    assert c["expect"][1] == [["BadLength", 1], ["frames", 0]] and c["expect"][2] == 0
+    out.append(c)
     return out
 
 
@@ -275,6 +310,26 @@ def message_cases() -> list[dict]:
             ("unpack hello request", m.HELLO, False, b""), ("unpack stats request", m.STATS, False, b""),
             ("unpack draft as request", m.DRAFT, False, b""), ("unpack unknown type", 0x33, False, b"")):
         out.append(case(name, "unpack", mtype=mtype, reply=reply, payload=payload.hex()))
+    # strict UTF-8: the overlong CONFIGURE string, then every lead byte class against the
+    # boundaries of its second byte, full, truncated and with a bad continuation
+    out.append(case("unpack overlong configure", "unpack", mtype=m.CONFIGURE, reply=False,
+                    payload=bytes([1, 2, 2, 0xC0, 0x80]).hex()))
+    groups = [[b"", b"ascii", "ü€😀".encode(), bytes([0xF4, 0x8F, 0xBF, 0xBF]), bytes([0xED, 0x9F, 0xBF])]]
+    for lead in (0x7F, 0x80, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1, 0xEC, 0xED, 0xEE, 0xEF, 0xF0, 0xF1,
+                 0xF3, 0xF4, 0xF5, 0xF8, 0xFF):
+        groups.append([bytes([lead, second]) + tail for second in (0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0)
+                       for tail in (b"", b"\x80", b"\xbf\xbf", b"\x80\x7f", b"\x80\x80\x80")])
+    assert out[-1]["expect"] == ["error", "BadFrame"]
+    for strings in groups:
+        c = case("strings utf-8 lead %s" % strings[-1][:1].hex(), "strings", strings=[b.hex() for b in strings])
+        want = []
+        for b in strings:
+            try:
+                want.append(b.decode().encode().hex())
+            except UnicodeError:
+                want.append("BadFrame")
+        assert c["expect"] == want  # exactly CPython's own decoder: overlongs, surrogates, > U+10FFFF refused
+        out.append(c)
     return out
 
 

@@ -17,6 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from host.backends import temp_milli, top_p_q16
 from shared import codec
 from shared import messages as m
 
@@ -195,8 +196,8 @@ class NodeProc:
 def begin(node: NodeProc, session: int, seed: int, temp: float, prompt, draft_k=8, top_k=0, top_p=1.0, eos=-1):
     """BEGIN a session on `node` (temperature 0: greedy)."""
     node.session = session
-    node.call(m.BEGIN, m.pack_begin(seed, int(temp * 1000), draft_k, top_k, min(65536, int(top_p * 65536)), eos,
-                                    prompt), expect=m.ACK)
+    node.call(m.BEGIN, m.pack_begin(seed, temp_milli(temp), draft_k, top_k, top_p_q16(top_p), eos, prompt),
+              expect=m.ACK)
 
 
 def commit(node: NodeProc, tokens: list[int], n_new: int) -> None:

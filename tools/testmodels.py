@@ -29,3 +29,11 @@ def random_model(path: str | os.PathLike, dim: int = 32, n_layers: int = 2, n_he
     """Write a random model file at `path`; returns its header."""
     h = Header(dim, n_layers, n_heads, n_kv_heads, hidden, vocab, max_seq, flags=flags)
     return write_model(path, h, random_tensors(h, seed))
+
+
+def random_pair(folder: str | os.PathLike, vocab: int = 64, max_seq: int = 96, seed: int = 31) -> None:
+    """A small random target.spm (dim 32, 2 layers) and drafter.spm (dim 16, 1 layer) in `folder`."""
+    random_model(os.path.join(folder, "target.spm"), dim=32, n_layers=2, hidden=64, vocab=vocab, max_seq=max_seq,
+                 seed=seed)
+    random_model(os.path.join(folder, "drafter.spm"), dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32,
+                 vocab=vocab, max_seq=max_seq, seed=seed + 1)

@@ -1,0 +1,51 @@
+"""Deployment keys: the file `specmesh keygen` writes, `specmesh flash --key-file` provisions onto a
+board, and `specmesh run --key-file` signs every frame with (shared/codec.py `Auth`; docs/security.md).
+
+A key file holds one key as hex, 16 to 64 bytes (32 to 128 hex digits; surrounding whitespace is
+ignored). Errors name the file and never quote its content, so a key cannot leak into a terminal log.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+MIN_BYTES = 16
+MAX_BYTES = 64  # HMAC-SHA256's block: a longer key would be hashed down anyway
+NEW_BYTES = 32
+
+
+class KeyFileError(Exception):
+    """A key file that cannot be read or used; the message is one line without the key."""
+
+
+def load_key(path: str | Path) -> bytes:
+    """The key in `path`."""
+    try:
+        text = Path(path).read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        raise KeyFileError("key file %s does not exist (make one with `specmesh keygen --key-file %s`)"
+                           % (path, path)) from None
+    except (OSError, UnicodeError) as e:
+        raise KeyFileError("cannot read key file %s: %s" % (path, getattr(e, "strerror", None) or "not text"))\
+            from None
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        raise KeyFileError("key file %s must hold the key as hex digits only" % path) from None
+    if not MIN_BYTES <= len(key) <= MAX_BYTES:
+        raise KeyFileError("key file %s holds %d bytes; a key has %d to %d" % (path, len(key), MIN_BYTES, MAX_BYTES))
+    return key
+
+
+def new_key_file(path: str | Path) -> None:
+    """Write a new random key to `path`, readable by its owner only; never overwrites a file."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise KeyFileError("%s exists already: keygen never overwrites a key" % path) from None
+    except OSError as e:
+        raise KeyFileError("cannot create %s: %s" % (path, e.strerror)) from None
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(NEW_BYTES) + "\n")

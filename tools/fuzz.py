@@ -1,0 +1,213 @@
+"""Long fuzzing of the bus on both runtimes: crashes, hangs and heap drift.
+
+    python -m tools.fuzz [--frames 1000000] [--node-frames 10000] [--seed 0] [--json FILE]
+
+Inputs: frames of every message type in both directions (valid bodies, bodies mutated and re-framed with
+a good CRC so they reach the payload parsers, whole frames mutated, random bytes), a quarter of them
+signed.
+
+- CPython, `--frames` inputs: codec.decode without and with a key, messages.unpack of whatever decodes,
+  a StreamDecoder fed the inputs as ':'-base64 lines (garbage lines mixed in, random chunking) and a
+  DatagramDecoder fed them as 250-byte fragments, a tenth mutated, neighbours swapped. A crash is any
+  exception other than a CodecError out of decode/unpack, or any exception out of feed(); a hang is one
+  input taking over a second; heap drift is tracemalloc's traced bytes at the end minus after the first
+  tenth, with the decoders' state bounds (partials, line buffer) checked throughout.
+- MicroPython, `--node-frames` inputs: the firmware node (a drafter with a small random model) in
+  `micropython -X heapsize=110536`, fed the inputs as lines (RESET and CONFIGURE excluded: they end
+  the node or move its id), with a PING every 100 inputs that must come back within 10 s (a hang
+  otherwise) and STATS every 1000: its heap_free after a collection, after the first 1000 inputs (reply
+  cache and counters warm) against the last, is the drift.
+  A crash is the node process dying or printing a traceback.
+
+Exit status 1 if anything crashed or hung, or the drift exceeds --max-drift bytes on either runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+from shared import codec
+from shared import messages as m
+from shared.rule import ONE
+from tools.gen_vectors import mutate
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = b"fuzz-key-0123456789abcdef"
+HANG_S = 1.0
+ESP32_HEAP = 110_536
+
+# (type, reply?, body): one valid body for every message and direction
+BODIES = [
+    (m.HELLO, False, b""),
+    (m.HELLO, True, m.pack_hello("fw", "esp32", 1, "models/drafter.spm", 64, 64, 90000, 1)),
+    (m.CONFIGURE, False, m.pack_configure(1, 1, "models/drafter.spm")),
+    (m.BEGIN, False, m.pack_begin(7, 800, 8, 0, 65536, -1, [1, 2, 3])),
+    (m.DRAFT_REQ, False, m.pack_draft_req(3, 4)),
+    (m.DRAFT, True, m.pack_draft(3, [(5, [5, 9], [ONE - 3, 3]), (2, [2], [ONE])])),
+    (m.VERIFY_REQ, False, m.pack_draft(3, [(5, [5, 9], [ONE - 3, 3])])),
+    (m.VERDICT, True, m.pack_verdict(3, 1, 7)),
+    (m.COMMIT, False, m.pack_commit(5, [5, 7])),
+    (m.ROLLBACK, False, m.pack_rollback(4)),
+    (m.STATS, False, b""),
+    (m.STATS, True, m.pack_stats([("requests", 3), ("heap_free", 9000)])),
+    (m.PING, False, b"ping"),
+    (m.ERROR, True, m.pack_error(2, "no session: send BEGIN first")),
+    (m.ACK, True, b""),
+    (m.RESET, False, b""),
+]
+NODE_EXCLUDED = (m.RESET, m.CONFIGURE)
+
+
+def inputs(r: random.Random, node: bool = False):
+    """Endless fuzz inputs (binary frames, mostly invalid); node=True leaves out what ends or moves a node."""
+    bodies = [b for b in BODIES if not (node and b[0] in NODE_EXCLUDED)]
+    auth = codec.Auth(KEY)
+    while True:
+        mtype, reply, body = r.choice(bodies)
+        kind = r.randrange(10)
+        signed = r.random() < 0.25
+        if kind < 4:  # a mutated body in a good frame: reaches the payload parsers
+            body = mutate(r, body, max_ops=4)
+        if kind == 9:
+            yield bytes(r.randrange(256) for _ in range(r.randrange(40)))
+            continue
+        frame = codec.encode(mtype, body, src=0 if not reply else 1, dst=1 if not reply else 0,
+                             seq=r.randrange(65536), session=r.randrange(3), reply=reply,
+                             auth=auth if signed else None)
+        yield mutate(r, frame, max_ops=3) if 4 <= kind < 8 else frame
+
+
+def _crash(report: dict, where: str, data: bytes, e: BaseException) -> None:
+    report["crashes"] += 1
+    if len(report["examples"]) < 5:
+        report["examples"].append({"where": where, "input": data.hex(), "error": "%s: %s" % (type(e).__name__, e)})
+
+
+def fuzz_cpython(n: int, seed: int) -> dict:
+    r = random.Random(seed)
+    report = {"inputs": n, "crashes": 0, "hangs": 0, "slowest_s": 0.0, "examples": []}
+    keyed = codec.Auth(KEY)
+    stream = codec.StreamDecoder(max_line=4096)
+    datagram = codec.DatagramDecoder()
+    chunk = bytearray()
+    tracemalloc.start()
+    base = None
+    gen = inputs(r)
+    for i in range(n):
+        data = next(gen)
+        t0 = time.perf_counter()
+        for auth in (None, keyed):
+            try:
+                f = codec.decode(data, auth)
+                m.unpack(f.mtype, f.reply, f.payload)
+            except codec.CodecError:
+                pass
+            except Exception as e:  # noqa: BLE001 - what the fuzzer exists to find
+                _crash(report, "decode/unpack", data, e)
+        chunk += codec.encode_line(data) if r.random() < 0.9 else bytes(r.randrange(256) for _ in range(30)) + b"\n"
+        try:
+            if r.random() < 0.3:
+                stream.feed(bytes(chunk[:len(chunk) // 2]))
+                stream.feed(bytes(chunk[len(chunk) // 2:]))
+                chunk.clear()
+            for p in codec.fragment(data, i & 0xFFFF):
+                datagram.feed(mutate(r, p) if r.random() < 0.1 else p, sender=r.randrange(3))
+        except Exception as e:  # noqa: BLE001
+            _crash(report, "feed", data, e)
+        took = time.perf_counter() - t0
+        report["slowest_s"] = max(report["slowest_s"], took)
+        report["hangs"] += took > HANG_S
+        if datagram.pending() > datagram.max_partial or stream._n > len(stream._buf):
+            _crash(report, "state bound", data, RuntimeError("decoder state beyond its bound"))
+        if i == n // 10:
+            base = tracemalloc.get_traced_memory()[0]
+    end = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    report["heap_drift_bytes"] = end - (base if base is not None else end)
+    report["frames_decoded"] = stream.frames + datagram.frames
+    report["errors_counted"] = sum(stream.errors.values()) + sum(datagram.errors.values())
+    return report
+
+
+def fuzz_node(n: int, seed: int, micropython: str) -> dict:
+    from tools.nodeproc import NodeFailure, NodeProc, flash  # noqa: PLC0415
+    from tools.testmodels import random_model  # noqa: PLC0415
+
+    r = random.Random(seed + 1)
+    report = {"inputs": n, "crashes": 0, "hangs": 0, "examples": [], "heap_free": []}
+    with tempfile.TemporaryDirectory(prefix="specmesh-fuzz-") as tmp:
+        board = Path(tmp)
+        flash(board, str(Path(micropython).with_name("mpy-cross")))
+        random_model(board / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=64,
+                     max_seq=64, seed=seed)
+        node = NodeProc(micropython, board, {"role": "drafter", "model": "drafter.spm"}, heap=ESP32_HEAP,
+                        flashed=True)
+        gen = inputs(r, node=True)
+        t0 = time.perf_counter()
+        try:
+            node.call(m.BEGIN, m.pack_begin(7, 800, 8, 0, 65536, -1, [1, 2, 3]), expect=m.ACK)
+            for i in range(n):
+                node.send_raw(codec.encode_line(next(gen)) if r.random() < 0.95 else  # or a garbage line
+                              bytes(r.randrange(0x20, 0x100) for _ in range(50)) + b"\n")
+                if i % 100 == 99:
+                    try:
+                        node.request(m.PING, b"alive %d" % i, timeout=10.0)
+                    except NodeFailure as e:
+                        report["hangs"] += 1
+                        _crash(report, "node", b"", e)
+                        break
+                if i % 1000 == 999 or i == 0:
+                    report["heap_free"].append(node.stats()["heap_free"])
+            st = node.stats()
+            report["heap_free"].append(st["heap_free"])
+            report["node_counts"] = {k: st[k] for k in ("requests", "errors", "bad_frames", "unsigned", "bad_tag")}
+        finally:
+            code = node.proc.poll()
+            tail = node.stderr_tail() if code is not None else b""
+            node.close()
+        if code is not None or b"Traceback" in tail:
+            report["crashes"] += 1
+            report["examples"].append({"where": "node", "error": tail[-500:].decode(errors="replace")})
+        report["seconds"] = time.perf_counter() - t0
+    hf = report["heap_free"][1:]  # from the sample after the first 1000 inputs: the reply cache is full by then
+    report["heap_drift_bytes"] = hf[0] - hf[-1] if len(hf) > 1 else 0
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.fuzz", description=__doc__.splitlines()[0])
+    ap.add_argument("--frames", type=int, default=1_000_000, help="inputs through the CPython decoders")
+    ap.add_argument("--node-frames", type=int, default=10_000, help="inputs through the MicroPython node")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-drift", type=int, default=4096, help="heap drift that counts as a failure (bytes)")
+    ap.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    a = ap.parse_args(argv)
+    mp = Path(sys.executable).with_name("micropython")
+    t0 = time.perf_counter()
+    res = {"cpython": fuzz_cpython(a.frames, a.seed)}
+    print("CPython decoders: %d inputs in %.0f s: %d crashes, %d hangs (slowest %.1f ms), heap drift %d B"
+          % (a.frames, time.perf_counter() - t0, res["cpython"]["crashes"], res["cpython"]["hangs"],
+             1000 * res["cpython"]["slowest_s"], res["cpython"]["heap_drift_bytes"]), flush=True)
+    if a.node_frames:
+        res["micropython_node"] = nd = fuzz_node(a.node_frames, a.seed, str(mp))
+        print("MicroPython node (heap %d): %d inputs in %.0f s: %d crashes, %d hangs, heap_free %s, drift %d B; %s"
+              % (ESP32_HEAP, a.node_frames, nd["seconds"], nd["crashes"], nd["hangs"],
+                 nd["heap_free"][:1] + nd["heap_free"][-1:], nd["heap_drift_bytes"], nd.get("node_counts")))
+    for part in res.values():
+        for ex in part["examples"]:
+            print("  example: %s" % json.dumps(ex))
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+    bad = any(p["crashes"] or p["hangs"] or p["heap_drift_bytes"] > a.max_drift for p in res.values())
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
