@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from host.links import LinkError
 from shared.codec import BROADCAST, CRC_SIZE, HEADER_SIZE, SIG_SIZE, Auth, CodecError, Frame, encode, resign
 from shared.messages import (ACK, BEGIN, COMMIT, CONFIGURE, DRAFT, DRAFT_REQ, ERROR, HELLO, NAMES, PING,
                              RESET, ROLLBACK, STATS, VERDICT, VERIFY_REQ, unpack_error)
@@ -71,6 +72,7 @@ class Bus:
         self.deadline = deadline
         self.auth = auth
         self.retransmits = 0
+        self.send_error: str | None = None  # the link could not be written (its board died): calls fail
         self.stale_replies = 0  # duplicates and replies that came after their caller gave up
         self.bytes: dict[int, int] = {}  # per node: bytes of its requests and replies on the wire
         # a random first seq: a node answers a (src, seq, type, session, payload) it has cached with the cached
@@ -118,8 +120,12 @@ class Bus:
         return call
 
     def send(self, node: int, frame: bytes) -> None:
+        """Put a frame on the link; a link that cannot be written fails the calls waiting on it."""
         self.count(node, len(frame))
-        self.link.send(frame)
+        try:
+            self.link.send(frame)
+        except LinkError as e:
+            self.send_error = str(e)
 
     def request(self, node: int, mtype: int, payload: bytes = b"", session: int = 0,
                 deadline: float | None = None) -> Frame:
@@ -167,8 +173,9 @@ class Call:
         retried = False
         try:
             while True:
-                while not w.event.wait(max(0.0, min(self.sent + rto, self.end) - time.perf_counter())):
-                    err = getattr(bus.link, "error", None)
+                while bus.send_error or not w.event.wait(max(0.0, min(self.sent + rto, self.end)
+                                                             - time.perf_counter())):
+                    err = getattr(bus.link, "error", None) or bus.send_error
                     if err or time.perf_counter() >= self.end:
                         raise NodeTimeout(bus._timeout_message(self.node, self.mtype, err))
                     bus.retransmits += 1

@@ -101,3 +101,19 @@ def test_faulty_link_delays_run_on_timers():
     assert wire.sent == [] and link.counts.delayed == 1  # not sent yet: the caller did not sleep
     time.sleep(0.2)
     assert len(wire.sent) == 1
+
+
+def test_a_link_that_cannot_be_written_fails_the_call_at_once():
+    """A board that died under a write (its pty or USB port gone) is a failed call, not a 30 s wait."""
+    from host.links import LinkError
+    from host.proxy import Bus, NodeTimeout
+
+    class Dead(_Wire):
+        def send(self, frame: bytes) -> None:
+            raise LinkError("/dev/ttyUSB0: write failed: device disconnected")
+
+    bus = Bus(Dead(), deadline=30.0)
+    t0 = time.perf_counter()
+    with pytest.raises(NodeTimeout, match="write failed"):
+        bus.request(2, 0x0A)
+    assert time.perf_counter() - t0 < 1.0
