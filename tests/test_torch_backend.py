@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="PyTorch is the optional gpu extra: pip install specmesh[gpu]")
+torch = pytest.importorskip("torch", reason="no PyTorch (the gpu extra): `make test-torch` runs these")
 
 from host.backends import VERIFIERS, BackendError, LocalDrafter, LocalVerifier, SessionParams  # noqa: E402
 from host.batcher import Batcher  # noqa: E402
@@ -29,6 +29,8 @@ from host.runner import cli  # noqa: E402
 from host.torch_backend import EXACT_COLS, TorchModel, TorchVerifier, _Mat  # noqa: E402
 from shared.modelfile import FLAG_SHARED_CLS  # noqa: E402
 from tools.testmodels import random_model  # noqa: E402
+
+pytestmark = pytest.mark.torch
 
 VOCAB = 64
 CUDA_TOL = 1e-5
