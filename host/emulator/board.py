@@ -214,6 +214,8 @@ class VirtualBoard:
             "VBOARD_FLASH": str(self.flash_dir.resolve()),
             "VBOARD_MODE": mode,
             "VBOARD_NAME": f"{self.board.description} ({self.name})",
+            "VBOARD_MACHINE": self.board.machine,
+            "VBOARD_FS_BYTES": str(self.board.flash_fs_bytes),
             "VBOARD_MAC": self.mac,
             "VBOARD_MTU": str(self.mtu),
         }
