@@ -30,22 +30,22 @@ def _add_flash(sub) -> None:
 
 
 def _flash(args) -> int:
-    from host.flash import FlashError, flash
+    from host.flash import FlashError, flash, summary
     from host.keys import KeyFileError, load_key
     from host.ports import PortError, resolve_port
 
     try:
         key = load_key(args.key_file) if args.key_file else None
         port = resolve_port(args.port)
+        t0 = time.monotonic()
         report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset, key=key,
                        clear_key=args.no_key)
     except (FlashError, PortError, KeyFileError) as e:
         print(f"specmesh flash: {e}", file=sys.stderr)
         return 1
     b = report.board
-    print(f"flashed {args.role} onto {port} (MicroPython {'.'.join(map(str, b.version[:3]))}, {b.arch}, "
-          f"{b.mem_free // 1024} KiB heap free): {len(report.written)} files written "
-          f"({report.bytes_written} bytes), {len(report.unchanged)} unchanged, verified by SHA-256")
+    print(f"{args.role} on {port} (MicroPython {'.'.join(map(str, b.version[:3]))}, {b.arch}, "
+          f"{b.mem_free // 1024} KiB heap free): {summary(report, time.monotonic() - t0)}")
     return 0
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from host.backends import BackendError
@@ -105,12 +107,14 @@ class Cluster(contextlib.ExitStack):
     """
 
     def __init__(self, transport: str = "serial", models: Path = ROOT / "models", root: Path = VBOARDS,
-                 radio=None, spec_ahead: int = 0, faults=None, key: bytes | None = None):
+                 radio=None, spec_ahead: int = 0, faults=None, key: bytes | None = None,
+                 say: Callable[[str], None] | None = None):
         """`key`: provisioned onto every board at flashing, and every frame signed with it."""
         super().__init__()
         self.faults = faults  # host/faults.py Faults on every host link, or None
         self.key = key
         self.buses: list[Bus] = []
+        self.say = say  # feedback on booting and flashing (a tqdm bar per file on a terminal); None: silent
         self.spec_ahead = spec_ahead  # drafter config: tokens drafted ahead while a verdict is pending
         self.transport = transport
         self.models = Path(models)
@@ -125,7 +129,7 @@ class Cluster(contextlib.ExitStack):
         `config`: board-config keys (link, espnow peers) written before flashing, which keeps them."""
         from host.emulator.board import BoardError, VirtualBoard  # noqa: PLC0415
         from host.emulator.session import board_mac  # noqa: PLC0415
-        from host.flash import FlashError, flash  # noqa: PLC0415
+        from host.flash import FlashError, flash, summary  # noqa: PLC0415
 
         model = self.models / ("drafter.spm" if kind == "drafter" else "target.spm")
         folder = self.root / (kind if radio is None else kind + "-espnow")
@@ -140,15 +144,22 @@ class Cluster(contextlib.ExitStack):
         vb = VirtualBoard(folder, board or BOARD_CLASS[kind], name="vboard-" + kind, mac=board_mac(NODE_ID[kind]),
                           radio=radio.address if radio is not None else None,
                           mtu=radio.config.mtu if radio is not None else 250)
+        say = self.say or (lambda line: None)
+        what = "virtual %s board (%s)" % (kind, vb.board.name)
+        say("%s: booting, flashing the node and %s with mpremote..." % (what, model.name))
         try:
             vb.start()
             self.callback(vb.stop)
+            t0 = time.monotonic()
             try:
-                flash(vb.port, kind, model, NODE_ID[kind], progress=False, key=self.key, clear_key=True)
+                report = flash(vb.port, kind, model, NODE_ID[kind], progress=self.say is not None, key=self.key,
+                               clear_key=True)
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
-                flash(vb.port, kind, model, NODE_ID[kind], progress=False, key=self.key, clear_key=True)
+                report = flash(vb.port, kind, model, NODE_ID[kind], progress=self.say is not None, key=self.key,
+                               clear_key=True)
         except (BoardError, FlashError) as e:
             raise BackendError("virtual %s board: %s" % (kind, e)) from None
+        say("%s: %s" % (what, summary(report, time.monotonic() - t0)))
         self.boards[kind] = vb
         return vb
 

@@ -9,7 +9,7 @@ SHA-256 on the board, and soft-resets the board so main.py starts the node.
 
 It drives mpremote's Python API (one `SerialTransport` for the whole job) rather than its CLI:
 one connection means one soft reset instead of one per command, the write chunk can be sized to
-the board's heap, progress feeds a tqdm bar, and errors arrive as exceptions we can turn into one
+the board's heap, progress feeds a tqdm bar per file, and errors arrive as exceptions we can turn into one
 line. Unchanged files (same hash on the board) are not copied again.
 """
 
@@ -312,7 +312,7 @@ def flash(
                     report.unchanged.append(dest)
                     continue
                 _remove_shadowing(transport, dest)
-                bar = _bar(dest, len(data)) if progress and dest == model_dest else None
+                bar = _bar(dest, len(data)) if progress else None
                 try:
                     _write(transport, dest, data, chunk, bar)
                 finally:
@@ -337,6 +337,17 @@ def flash(
 
 
 def _bar(dest: str, size: int):
+    """A progress bar for one file on a terminal (none in a log: `disable=None` asks stderr's isatty)."""
     from tqdm import tqdm
 
-    return tqdm(total=size, unit="B", unit_scale=True, desc=dest, leave=False)
+    return tqdm(total=size, unit="B", unit_scale=True, desc=dest, leave=False, disable=None)
+
+
+def summary(report: FlashReport, seconds: float) -> str:
+    """One line on what a flash did: what it wrote, or that the board was up to date."""
+    from tqdm import tqdm
+
+    if not report.written:
+        return "up to date, not flashed (%d files checked in %.1f s)" % (len(report.unchanged), seconds)
+    return "flashed %d files (%sB) in %.1f s, %d unchanged, verified by SHA-256" % (
+        len(report.written), tqdm.format_sizeof(report.bytes_written), seconds, len(report.unchanged))

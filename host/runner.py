@@ -144,17 +144,15 @@ class Setup(contextlib.ExitStack):
                 from host.emulator.radio import RadioConfig  # noqa: PLC0415
 
                 radio = RadioConfig(loss=self.a.radio_loss, duplicate=self.a.radio_dup, seed=self.a.seed)
+            say = None if self.a.quiet else (lambda line: print("specmesh: " + line, file=sys.stderr, flush=True))
             self.cluster = self.enter_context(Cluster(self.a.transport, self.a.models, radio=radio,
-                                                      spec_ahead=self.a.spec_ahead, key=self.a.key))
+                                                      spec_ahead=self.a.spec_ahead, key=self.a.key, say=say))
         return self.cluster
 
     def make(self, kind: str, name: str):
         """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`."""
         model = self.a.models / ("drafter.spm" if kind == "drafter" else "target.spm")
         if name == "virtual":
-            if not self.a.quiet:
-                print("specmesh: starting the virtual %s board and flashing it (%s transport)..."
-                      % (kind, self.a.transport), file=sys.stderr, flush=True)
             backend = self._cluster().backend(kind)
         else:
             fac = backends.factory(kind, name)

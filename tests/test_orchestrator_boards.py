@@ -197,3 +197,19 @@ def test_a_board_whose_model_fails_to_load_is_reported_with_the_cause(models, tm
     msg = str(e.value)
     assert "did not start as a verifier" in msg and "CRC" in msg and "\n" not in msg
     assert "`specmesh flash --port %s --role verifier`" % vb.port in msg
+
+
+def test_booting_and_flashing_say_what_they_do_and_skip_an_up_to_date_board(models, tmp_path):
+    said = []
+    for _ in range(2):
+        lines = []
+        with Cluster("serial", models, tmp_path, say=lines.append) as c:
+            c.start("drafter")
+        said.append(lines)
+    from host.flash import node_sources
+
+    files = len(list(node_sources())) + 2  # the node's files, the model and the board config
+    first, again = said
+    assert first[0] == "virtual drafter board (esp32): booting, flashing the node and drafter.spm with mpremote..."
+    assert first[1].startswith("virtual drafter board (esp32): flashed %d files (" % files)
+    assert again[1].startswith("virtual drafter board (esp32): up to date, not flashed (%d files checked in " % files)
