@@ -180,6 +180,7 @@ def build_stats(a, params: SessionParams, result: Result, text: str, verifier, d
         "failovers": result.failovers,
         "prompt_tokens": prompt_len,
         "alpha": result.alpha,
+        "alpha_tested": result.tested,
         "tokens_per_verification": result.tokens_per_verification,
         "gamma": max(hist, key=lambda g: (hist[g], -g)) if hist else 0,
         "gamma_hist": {str(g): c for g, c in hist.items()},
@@ -190,6 +191,7 @@ def build_stats(a, params: SessionParams, result: Result, text: str, verifier, d
         "verifier": verifier.name,
         "drafter": drafter.name if drafter else None,
         "stop": result.stop,
+        "context": min(b.max_seq for b in (verifier, drafter) if b is not None),
         "seed": a.seed,
         "temperature": params.temperature,  # as applied: the nearest thousandth of --temperature
         "estimates": controller.summary(),

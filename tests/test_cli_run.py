@@ -64,6 +64,28 @@ def test_projection_reports_projected_speed(models):
     assert proj["tokens_per_s"] > 0 and proj["plain_tokens_per_s"] > 0 and proj["bus_bytes_per_token"] > 0
 
 
+def test_the_table_leaves_out_figures_from_too_few_samples_and_says_why_the_run_stopped(models):
+    from host.output import FEW, format_table
+
+    few = run(args(models, "--max-tokens", "8", "--quiet", "--gamma", "1"), io.StringIO())
+    few["alpha_tested"] = FEW - 1
+    few["estimates"].update(drafting_rounds=FEW - 1, verified={"1": 40, "2": FEW - 1})
+    rows = dict(line.split("  ", 1) for line in format_table(few).splitlines()[:14])
+    rows = {k.strip(): v.strip() for k, v in rows.items()}
+    assert rows["acceptance alpha"] == "left out: %d drafts tested, fewer than %d" % (FEW - 1, FEW)
+    assert rows["drafter cost c"].startswith("left out: %d drafting rounds timed" % (FEW - 1))
+    assert rows["verify cost v(2)"] == "left out: only size 1 measured %d+ times; a slope needs two" % FEW
+    assert rows["stopped by"] == "--max-tokens reached"
+    many = run(args(models, "--max-tokens", "400", "--quiet", "--gamma", "2", "--prompt", "The cat"), io.StringIO())
+    many["estimates"]["verified"]["1"] = FEW  # sizes 1 and 3 measured often enough: v(2) inside them, v(5) not
+    table = format_table(many)
+    assert "acceptance alpha       %.3g (%d drafts tested)" % (many["alpha"], many["alpha_tested"]) in table
+    assert "verify cost v(2)       %.3g (fit over " % many["estimates"]["verify_v"][1] in table
+    assert "verify cost v(5)       left out: sizes measured %d+ times end at 3 (an extrapolation)" % FEW in table
+    assert many["stop"] == "context" and many["context"] == 128
+    assert "stopped by             the context: prompt and text fill its 128 positions" in table
+
+
 def test_colour_marks_accepted_drafts_only_when_asked():
     pieces = {1: b"a", 2: b"b", 3: b"\xc3", 4: b"\xa9"}
     buf = io.StringIO()
