@@ -2,8 +2,7 @@
 left behind when one of these fails, and the failure is one line naming the file or port and what to do.
 
 - the model files parse: header, size and CRC (host/modelio.py `check_model_file`);
-- the prompt fits the context of the models that will run it (the orchestrator would refuse it only
-  after the boards were up);
+- the prompt fits the target's context (the orchestrator would refuse it only after the boards were up);
 - every `--drafter`/`--verifier` names a known back-end, and every role given a serial port gets one that exists and opens now; `auto` is resolved here to the
   port of the flashed board reporting that role, before a virtual board of the other role boots.
 """
@@ -51,12 +50,12 @@ def check_models(models: Path, roles: list[str]) -> dict[str, Header]:
     return heads
 
 
-def check_context(prompt_tokens: int, heads: dict[str, Header]) -> None:
-    """The prompt must leave room in every model's context for at least one generated token."""
-    role, h = min(heads.items(), key=lambda kv: kv[1].max_seq)
-    if prompt_tokens >= h.max_seq:
-        raise PreflightError("the prompt is %d tokens but the %s model's context holds %d (%s): shorten --prompt"
-                             % (prompt_tokens, role, h.max_seq, MODEL_FILES[role]))
+def check_context(prompt_tokens: int, target: Header) -> None:
+    """The prompt must leave room in the target's context for at least one generated token (the
+    drafter's context limits nothing: past it, rounds are plain; host/orchestrator.py)."""
+    if prompt_tokens >= target.max_seq:
+        raise PreflightError("the prompt is %d tokens but the target model's context holds %d (%s): shorten --prompt"
+                             % (prompt_tokens, target.max_seq, MODEL_FILES["verifier"]))
 
 
 def check_backends(names: dict[str, str], transport: str, key: bytes | None = None) -> dict[str, str]:

@@ -191,7 +191,7 @@ def build_stats(a, params: SessionParams, result: Result, text: str, verifier, d
         "verifier": verifier.name,
         "drafter": drafter.name if drafter else None,
         "stop": result.stop,
-        "context": min(b.max_seq for b in (verifier, drafter) if b is not None),
+        "context": verifier.max_seq,
         "seed": a.seed,
         "temperature": params.temperature,  # as applied: the nearest thousandth of --temperature
         "estimates": controller.summary(),
@@ -223,8 +223,8 @@ def run(a: argparse.Namespace, out=None) -> dict:
     prompt = tok.encode(a.prompt)
     names = {"verifier": a.verifier} if a.plain else {"verifier": a.verifier, "drafter": a.drafter}
     try:  # before anything starts: no board booted, no port held when one of these fails
-        heads = check_models(a.models, ["verifier", "drafter"])
-        check_context(len(prompt), {role: heads[role] for role in names})
+        heads = check_models(a.models, sorted({*names, *(["drafter"] if a.project else [])}))
+        check_context(len(prompt), heads["verifier"])
         names = check_backends(names, a.transport, a.key)
     except PreflightError as e:
         raise UsageError(str(e)) from None

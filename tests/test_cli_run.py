@@ -76,14 +76,24 @@ def test_the_table_leaves_out_figures_from_too_few_samples_and_says_why_the_run_
     assert rows["drafter cost c"].startswith("left out: %d drafting rounds timed" % (FEW - 1))
     assert rows["verify cost v(2)"] == "left out: only size 1 measured %d+ times; a slope needs two" % FEW
     assert rows["stopped by"] == "--max-tokens reached"
-    many = run(args(models, "--max-tokens", "400", "--quiet", "--gamma", "2", "--prompt", "The cat"), io.StringIO())
+    many = run(args(models, "--max-tokens", "60", "--quiet", "--gamma", "2", "--prompt", "The cat"), io.StringIO())
     many["estimates"]["verified"]["1"] = FEW  # sizes 1 and 3 measured often enough: v(2) inside them, v(5) not
     table = format_table(many)
     assert "acceptance alpha       %.3g (%d drafts tested)" % (many["alpha"], many["alpha_tested"]) in table
     assert "verify cost v(2)       %.3g (fit over " % many["estimates"]["verify_v"][1] in table
     assert "verify cost v(5)       left out: sizes measured %d+ times end at 3 (an extrapolation)" % FEW in table
-    assert many["stop"] == "context" and many["context"] == 128
-    assert "stopped by             the context: prompt and text fill its 128 positions" in table
+
+
+def test_the_table_says_when_the_context_stopped_the_run(tmp_path, capsys):
+    shutil.copy(ROOT / "models" / "tokenizer.bin", tmp_path / "tokenizer.bin")
+    random_model(tmp_path / "target.spm", vocab=512, max_seq=12, seed=3)
+    rc = cli.main(["run", "--models", str(tmp_path), "--verifier", "cpu", "--plain", "--quiet", "--max-tokens", "50",
+                   "--stats-json", str(tmp_path / "s.json")])
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert rc == 0 and stats["stop"] == "context" and stats["context"] == 12
+    assert stats["tokens"] + stats["prompt_tokens"] == 12
+    out = capsys.readouterr().out
+    assert "stopped by             the context: prompt and text fill its 12 positions (fewer tokens than" in out
 
 
 def test_colour_marks_accepted_drafts_only_when_asked():

@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def models(tmp_path):
     d = tmp_path / "models"
     d.mkdir()
-    shutil.copy(ROOT / "models" / "tokenizer.json", d / "tokenizer.json")
-    random_model(d / "target.spm", vocab=512, max_seq=32, seed=1)
-    random_model(d / "drafter.spm", vocab=512, max_seq=64, seed=2)
+    shutil.copy(ROOT / "models" / "tokenizer.bin", d / "tokenizer.bin")
+    random_model(d / "target.spm", vocab=512, max_seq=64, seed=1)
+    random_model(d / "drafter.spm", vocab=512, max_seq=32, seed=2)
     return d
 
 
@@ -68,20 +68,20 @@ def test_a_corrupt_model_is_named_with_its_reason(models, capsys, no_board_start
 
 def test_an_over_long_prompt_is_refused_before_the_boards_start(models, capsys, no_board_starts):
     err = one_line_status_2(capsys, ["run", "--models", str(models), "--prompt", "Once upon a time " * 100])
-    assert "the prompt is" in err and "context holds 32" in err and "target.spm" in err
+    assert "the prompt is" in err and "target model's context holds 64 (target.spm)" in err
     assert "Once upon" not in capsys.readouterr().out  # the prompt was not echoed either
 
 
-def test_the_context_of_the_models_that_run_counts(models, capsys):
-    """--plain runs the target alone; its context (32) limits, the drafter's 64 does not save it."""
-    prompt = "Once upon a time " * 6
+def test_only_the_targets_context_limits_the_prompt(models, capsys):
+    """Past the drafter's context (32) rounds are plain: a prompt of 32..63 tokens runs."""
     from host.tokenizer import Tokenizer
 
-    n = len(Tokenizer.from_json(models / "tokenizer.json").encode(prompt))
+    prompt = "Once upon a time " * 9
+    n = len(Tokenizer.from_llama2c(models / "tokenizer.bin").encode(prompt))
     assert 32 <= n < 64
-    err = one_line_status_2(capsys, ["run", "--models", str(models), "--verifier", "cpu", "--plain",
-                                     "--prompt", prompt])
-    assert "context holds 32" in err
+    rc = cli.main(["run", "--models", str(models), "--verifier", "cpu", "--drafter", "cpu", "--quiet",
+                   "--max-tokens", "2", "--prompt", prompt])
+    assert rc == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", ["--drafter", "--verifier"])
