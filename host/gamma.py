@@ -1,6 +1,6 @@
 """Choice of the draft length gamma per stream, from measured acceptance and measured costs.
 
-DESIGN.md section 5: with i.i.d. acceptance alpha, a round that drafts gamma tokens commits on average
+docs/design.md section 3: with i.i.d. acceptance alpha, a round that drafts gamma tokens commits on average
 `(1 - alpha**(gamma+1)) / (1 - alpha)` tokens and costs `D(gamma) + V(gamma+1) + C`: drafting gamma
 tokens, verifying gamma+1 positions, and the per-round commit overhead (bus round trips included, since
 every cost is measured around the call that pays it). `GammaController` keeps decayed estimates of

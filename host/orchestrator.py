@@ -66,7 +66,7 @@ class Result:
         """Acceptance rate per draft: accepted / (accepted + rejected) drafts (None when nothing was drafted).
 
         Drafts after the first rejection of a round are never tested, so they do not count; this is the
-        i.i.d. alpha of DESIGN.md section 5, comparable across gamma (accepted / drafted is not)."""
+        i.i.d. alpha of docs/design.md section 3, comparable across gamma (accepted / drafted is not)."""
         return self.accepted / self.tested if self.tested else None
 
     @property
