@@ -6,6 +6,7 @@ dependencies (a .pth line, so nothing is downloaded; the line adds no .pth proce
 editable install of specmesh stays invisible there)."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("install")
+    src = tmp / "src"  # built from a copy: setuptools writes build/ and *.egg-info into the tree it builds
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__", "tests"))
     wheels = tmp / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(wheels), str(ROOT)], check=True, capture_output=True, timeout=300)
+                    str(wheels), str(src)], check=True, capture_output=True, timeout=300)
     env_dir = tmp / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
