@@ -4,6 +4,8 @@ plain vs speculative text, the projection, colour, and one-line errors with exit
 import io
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -192,3 +194,20 @@ def test_a_verifier_failing_mid_stream_fails_over_to_the_cpu_and_the_text_goes_o
     assert rc == 1
     assert cap.err == "specmesh run: error: /dev/ttyUSB1: node 2 did not answer VERIFY_REQ within 30 s\n"
     assert cap.out.endswith("\n") and "tokens / s" not in cap.out  # the partial text, then no table
+
+
+def test_host_works_without_torch_and_says_how_to_install_it(models):
+    """Runs wherever PyTorch is absent or blocked: the torch back-ends refuse with the install hint."""
+    from host.torch_backend import INSTALL_HINT
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from host.backends import VERIFIERS, BackendError\n"
+            "import host.cli, host.orchestrator, host.torch_backend\n"
+            "for name in ('torch-cpu', 'gpu'):\n"
+            "    try:\n"
+            "        VERIFIERS[name](%r)\n"
+            "    except BackendError as e:\n"
+            "        print(e)\n" % str(models / "target.spm"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [INSTALL_HINT] * 2
