@@ -1,21 +1,35 @@
 # specmesh: `make run` and `make test` set everything up themselves (see README.md).
+# They install only what they use; PyTorch (the `gpu` extra: torch verifier back-end, training) comes
+# with `make setup-gpu`, which `make test-torch` and `make train` run first.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q --disable-pip-version-check
 STAMP := $(VENV)/.specmesh-setup
+GPU_STAMP := $(VENV)/.specmesh-setup-gpu
+# PyTorch, pinned: the tests exercise the torch back-end on the CPU, and CI's wheel mirror serves the
+# CPU build for this pin. From public PyPI on Linux the same pin is the much larger CUDA build; add
+# PIP_EXTRA='--index-url https://download.pytorch.org/whl/cpu' to get the CPU build there.
+TORCH ?= torch==2.13.0
+PIP_EXTRA ?=
 PORT ?= auto
 ROLE ?= drafter
 
-.PHONY: setup run test test-all bench fuzz train flash chaos clean
+.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean
 
 setup: $(STAMP)
 
 # Re-runs only when the dependency list changes; otherwise `make setup` returns at once.
-# torch==2.13.0 is the CPU build: tests exercise the torch verifier back-end on the CPU.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]' 'torch==2.13.0'
+	$(PIP) -e '.[dev]'
 	@touch $(STAMP)
+
+setup-gpu: $(GPU_STAMP)
+
+$(GPU_STAMP): $(STAMP)
+	$(PIP) $(PIP_EXTRA) -e '.[dev,gpu]' '$(TORCH)'
+	@touch $(GPU_STAMP)
 
 run: setup
 	$(VENV)/bin/specmesh run
@@ -23,7 +37,11 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
-test-all: setup
+# The tests marked `torch` (the torch back-end, the exporter), with PyTorch installed.
+test-torch: setup-gpu
+	$(PY) -m pytest -q -m 'torch and not hil and not gpu and not slow'
+
+test-all: setup-gpu
 	$(PY) -m pytest -q -m ''
 
 bench: setup
@@ -32,7 +50,7 @@ bench: setup
 fuzz: setup
 	$(PY) -m tools.fuzz
 
-train: setup
+train: setup-gpu
 	$(PY) -m tools.train_all
 
 chaos: setup

@@ -21,6 +21,7 @@ from host.backends import BackendError, Draft, SessionParams
 from host.proxy import Call, NodeError, Proxy, ProxyError
 from shared import messages as m
 
+ROLE_NAMES = {m.ROLE_DRAFTER: "drafter", m.ROLE_VERIFIER: "verifier"}
 E_STATE = 2  # ERROR code of a request the node's state does not allow, e.g. "no session" (firmware/roles.py)
 
 
@@ -46,9 +47,7 @@ class BoardBackend:
         except ProxyError as e:
             raise BackendError("%s: %s" % (name, e)) from None
         if role != self.role:
-            want = {m.ROLE_DRAFTER: "drafter", m.ROLE_VERIFIER: "verifier"}[self.role]
-            raise BackendError("%s is not flashed as a %s (it reports role %d): run `specmesh flash --port %s "
-                               "--role %s`" % (name, want, role, name.split(":")[-1], want))
+            raise BackendError(self._wrong_role(role))
         self.info = {"fw": fw, "board": board, "model": model, "vocab": vocab, "heap_free": heap, "caps": caps}
         self.max_seq = max_seq
         self.known: list[int] = []
@@ -56,6 +55,20 @@ class BoardBackend:
         self.resyncs = 0
         self._pending: Call | None = None  # a BEGIN or COMMIT whose ACK is not collected yet
         self._begun: SessionParams | None = None  # the parameters of a BEGIN in flight
+
+    def _wrong_role(self, role: int) -> str:
+        """Why the node does not play this back-end's role, and what to do (flashing a real board)."""
+        want = ROLE_NAMES[self.role]
+        if role == m.ROLE_IDLE:  # the node prints why its role did not start (firmware/node.py)
+            said = [t.strip() for t in getattr(self.proxy.bus.link, "text", ()) if "cannot start as" in t]
+            why = "%s did not start as a %s: %s" % (
+                self.name, want, said[-1].split(": ", 2)[-1] if said else
+                "its node is idle (its model failed to load or it was never flashed with a role)")
+        else:
+            why = "%s is flashed as a %s, not a %s" % (self.name, ROLE_NAMES.get(role, "role %d" % role), want)
+        if self.name.startswith("virtual:"):  # flashed for this run: a flash command would not help
+            return why
+        return why + "; flash it: `specmesh flash --port %s --role %s`" % (self.name, want)
 
     @property
     def bus_bytes(self) -> int:

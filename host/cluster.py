@@ -4,8 +4,9 @@
 one would be (drafter: classic ESP32 without PSRAM; verifier: ESP32-S3 with 8 MB PSRAM), flashes it
 through the same path as a real board (host/flash.py: mpy-cross, mpremote, hash check, reset), opens
 its pty with pyserial and hands back the role's back-end (host/boards.py). Flash folders persist under
-build/vboards/, so a later run copies only what changed. With `--transport espnow` the boards talk
-over the virtual radio and the host reaches them through a gateway board on its serial link.
+build/vboards/ (in an installed copy: ~/.cache/specmesh/vboards), so a later run copies only what
+changed. With `--transport espnow` the boards talk over the virtual radio and the host reaches them
+through a gateway board on its serial link.
 Everything started is stopped when the cluster closes. `find` discovers a flashed real board by the role it
 reports (HELLO), `connect` opens one on a known port.
 """
@@ -14,6 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from host.backends import BackendError
@@ -24,7 +28,18 @@ from shared import messages as m
 from shared.codec import BROADCAST
 
 ROOT = Path(__file__).resolve().parent.parent
-VBOARDS = ROOT / "build" / "vboards"
+
+
+def _vboards_dir() -> Path:
+    """Where virtual boards keep their flash between runs: build/vboards/ in a checkout, the user's cache
+    folder when specmesh is installed (never inside site-packages)."""
+    if (ROOT / "pyproject.toml").is_file():
+        return ROOT / "build" / "vboards"
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "specmesh" / "vboards"
+
+
+VBOARDS = _vboards_dir()
 BOARD_CLASS = {"drafter": "esp32", "verifier": "esp32s3"}
 NODE_ID = {"drafter": 1, "verifier": 2}
 BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier}
@@ -105,12 +120,14 @@ class Cluster(contextlib.ExitStack):
     """
 
     def __init__(self, transport: str = "serial", models: Path = ROOT / "models", root: Path = VBOARDS,
-                 radio=None, spec_ahead: int = 0, faults=None, key: bytes | None = None):
+                 radio=None, spec_ahead: int = 0, faults=None, key: bytes | None = None,
+                 say: Callable[[str], None] | None = None):
         """`key`: provisioned onto every board at flashing, and every frame signed with it."""
         super().__init__()
         self.faults = faults  # host/faults.py Faults on every host link, or None
         self.key = key
         self.buses: list[Bus] = []
+        self.say = say  # feedback on booting and flashing (a tqdm bar per file on a terminal); None: silent
         self.spec_ahead = spec_ahead  # drafter config: tokens drafted ahead while a verdict is pending
         self.transport = transport
         self.models = Path(models)
@@ -125,7 +142,7 @@ class Cluster(contextlib.ExitStack):
         `config`: board-config keys (link, espnow peers) written before flashing, which keeps them."""
         from host.emulator.board import BoardError, VirtualBoard  # noqa: PLC0415
         from host.emulator.session import board_mac  # noqa: PLC0415
-        from host.flash import FlashError, flash  # noqa: PLC0415
+        from host.flash import FlashError, flash, summary  # noqa: PLC0415
 
         model = self.models / ("drafter.spm" if kind == "drafter" else "target.spm")
         folder = self.root / (kind if radio is None else kind + "-espnow")
@@ -140,15 +157,22 @@ class Cluster(contextlib.ExitStack):
         vb = VirtualBoard(folder, board or BOARD_CLASS[kind], name="vboard-" + kind, mac=board_mac(NODE_ID[kind]),
                           radio=radio.address if radio is not None else None,
                           mtu=radio.config.mtu if radio is not None else 250)
+        say = self.say or (lambda line: None)
+        what = "virtual %s board (%s)" % (kind, vb.board.name)
+        say("%s: booting, flashing the node and %s with mpremote..." % (what, model.name))
         try:
             vb.start()
             self.callback(vb.stop)
+            t0 = time.monotonic()
             try:
-                flash(vb.port, kind, model, NODE_ID[kind], progress=False, key=self.key, clear_key=True)
+                report = flash(vb.port, kind, model, NODE_ID[kind], progress=self.say is not None, key=self.key,
+                               clear_key=True)
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
-                flash(vb.port, kind, model, NODE_ID[kind], progress=False, key=self.key, clear_key=True)
+                report = flash(vb.port, kind, model, NODE_ID[kind], progress=self.say is not None, key=self.key,
+                               clear_key=True)
         except (BoardError, FlashError) as e:
             raise BackendError("virtual %s board: %s" % (kind, e)) from None
+        say("%s: %s" % (what, summary(report, time.monotonic() - t0)))
         self.boards[kind] = vb
         return vb
 

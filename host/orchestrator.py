@@ -57,13 +57,17 @@ class Result:
         return sum(r.n_accepted for r in self.rounds)
 
     @property
+    def tested(self) -> int:
+        """Drafts the acceptance rule tested: accepted ones and each round's first rejected one."""
+        return self.accepted + sum(r.rejected for r in self.rounds)
+
+    @property
     def alpha(self) -> float | None:
         """Acceptance rate per draft: accepted / (accepted + rejected) drafts (None when nothing was drafted).
 
         Drafts after the first rejection of a round are never tested, so they do not count; this is the
-        i.i.d. alpha of DESIGN.md section 5, comparable across gamma (accepted / drafted is not)."""
-        tested = self.accepted + sum(r.rejected for r in self.rounds)
-        return self.accepted / tested if tested else None
+        i.i.d. alpha of docs/design.md section 3, comparable across gamma (accepted / drafted is not)."""
+        return self.accepted / self.tested if self.tested else None
 
     @property
     def tokens_per_verification(self) -> float:

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import IO
 
+FEW = 5  # samples below which a figure is left out of the table (with the count) rather than shown
 GREEN = "\x1b[32m"
 RESET = "\x1b[0m"
 REQUIRED_KEYS = ("text", "tokens", "alpha", "tokens_per_verification", "gamma", "wall_s", "tokens_per_s",
@@ -61,13 +62,57 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _stopped(stats: dict) -> str:
+    stop = stats.get("stop")
+    if stop == "context":
+        return "the context: prompt and text fill its %s positions (fewer tokens than --max-tokens)" % (
+            stats.get("context") or "")
+    return {"eos": "end of text (the model's end token)", "max_tokens": "--max-tokens reached"}.get(stop, str(stop))
+
+
+def _alpha(stats: dict):
+    n = stats.get("alpha_tested")
+    if n is None or stats["alpha"] is None:
+        return stats["alpha"]
+    if n < FEW:
+        return "left out: %d draft%s tested, fewer than %d" % (n, "" if n == 1 else "s", FEW)
+    return "%s (%d drafts tested)" % (_fmt(stats["alpha"]), n)
+
+
+def _estimates(est: dict) -> list[tuple[str, object]]:
+    """c and v(2), v(5), each with the timed rounds behind it, or left out when fewer than FEW rounds back
+    it (v(k) also when k is beyond the sizes measured that often: it would be an extrapolation)."""
+    n = est.get("drafting_rounds", FEW)
+    c = est.get("cost_ratio_c")
+    rows: list[tuple[str, object]] = [("drafter cost c", "%s (%d drafting rounds)" % (_fmt(c), n) if n >= FEW else
+                                       "left out: %d drafting round%s timed, fewer than %d" % (n, "s" * (n != 1), FEW))]
+    v = est.get("verify_v") or []
+    counts = {int(k): c for k, c in (est.get("verified") or {}).items()}
+    sizes = sorted(k for k, c in counts.items() if c >= FEW)
+    for k in (2, 5):
+        if len(sizes) >= 2 and k <= sizes[-1] and len(v) >= k:
+            rows.append(("verify cost v(%d)" % k, "%s (fit over %d rounds of %s positions)" % (
+                _fmt(v[k - 1]), sum(counts.values()), "/".join(map(str, sorted(counts))))))
+        elif len(sizes) < 2:
+            rows.append(("verify cost v(%d)" % k, "left out: %s measured %d+ times; a slope needs two" % (
+                "only size %d" % sizes[0] if sizes else "no size", FEW)))
+        else:
+            rows.append(("verify cost v(%d)" % k, "left out: sizes measured %d+ times end at %d (an extrapolation)"
+                         % (FEW, sizes[-1])))
+    return rows
+
+
 def format_table(stats: dict) -> str:
-    """The end-of-run table: one figure a line, then one line per board."""
+    """The end-of-run table: one figure a line, then one line per board.
+
+    A figure estimated from fewer than FEW samples (alpha from tested drafts; c and v(k) from timed
+    rounds) is left out with the reason; the others say how many samples they rest on."""
     hist = stats.get("gamma_hist") or {}
     gamma = ", ".join("%s x%d" % (g, n) for g, n in sorted(hist.items(), key=lambda kv: int(kv[0]))) or "-"
     rows = [
         ("tokens", stats["tokens"]),
-        ("acceptance alpha", stats["alpha"]),
+        ("stopped by", _stopped(stats)),
+        ("acceptance alpha", _alpha(stats) if stats.get("drafter") else stats["alpha"]),
         ("tokens / verification", stats["tokens_per_verification"]),
         ("gamma (%s)" % (stats.get("gamma_policy", "auto") + (", %s costs" % stats["gamma_costs"]
                                                              if stats.get("gamma_policy") == "auto" else "")), gamma),
@@ -79,9 +124,7 @@ def format_table(stats: dict) -> str:
     ]
     est = stats.get("estimates") or {}
     if stats.get("drafter") and est.get("cost_ratio_c") is not None:
-        v = est.get("verify_v") or []
-        rows.append(("drafter cost c, verify cost v(2), v(5)", "%.3g, %s, %s" % (
-            est["cost_ratio_c"], _fmt(v[1] if len(v) > 1 else None), _fmt(v[4] if len(v) > 4 else None))))
+        rows += _estimates(est)
     proj = stats.get("projection")
     if proj:
         rows.append(("projected on %s: tokens / s" % proj["hardware"], proj["tokens_per_s"]))

@@ -22,6 +22,8 @@ from host.backends import BackendError, SessionParams, temp_milli, top_p_q16
 from host.gamma import GammaController
 from host.orchestrator import Result, generate
 from host.output import TokenStream, format_table, write_stats_json
+from host.preflight import (PreflightError, check_backends, check_context, check_models, is_port,
+                            unknown_backend)
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
@@ -142,35 +144,27 @@ class Setup(contextlib.ExitStack):
                 from host.emulator.radio import RadioConfig  # noqa: PLC0415
 
                 radio = RadioConfig(loss=self.a.radio_loss, duplicate=self.a.radio_dup, seed=self.a.seed)
+            say = None if self.a.quiet else (lambda line: print("specmesh: " + line, file=sys.stderr, flush=True))
             self.cluster = self.enter_context(Cluster(self.a.transport, self.a.models, radio=radio,
-                                                      spec_ahead=self.a.spec_ahead, key=self.a.key))
+                                                      spec_ahead=self.a.spec_ahead, key=self.a.key, say=say))
         return self.cluster
 
     def make(self, kind: str, name: str):
         """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`."""
         model = self.a.models / ("drafter.spm" if kind == "drafter" else "target.spm")
         if name == "virtual":
-            if not self.a.quiet:
-                print("specmesh: starting the virtual %s board and flashing it (%s transport)..."
-                      % (kind, self.a.transport), file=sys.stderr, flush=True)
             backend = self._cluster().backend(kind)
         else:
             fac = backends.factory(kind, name)
             if fac is not None:
                 backend = fac(model)
-            elif name == "auto" or name.startswith("/dev/") or name.startswith("COM") or "://" in name:
+            elif is_port(name):
                 from host.cluster import connect, find  # noqa: PLC0415
-
-                if self.a.transport != "serial":
-                    raise UsageError("--transport %s drives virtual boards only; a real board is reached on its "
-                                     "own serial port (--transport serial)" % self.a.transport)
 
                 port = find(kind, self.a.key) if name == "auto" else name
                 backend = self.enter_context(connect(port, kind, self.a.key))
             else:
-                known = ", ".join(sorted({"virtual", *(backends.VERIFIERS if kind == "verifier"
-                                                       else backends.DRAFTERS)}))
-                raise UsageError("--%s %s: not a serial port nor one of %s" % (kind, name, known))
+                raise UsageError(unknown_backend(kind, name) or name)
         self.callback(backend.close)
         return backend
 
@@ -186,6 +180,7 @@ def build_stats(a, params: SessionParams, result: Result, text: str, verifier, d
         "failovers": result.failovers,
         "prompt_tokens": prompt_len,
         "alpha": result.alpha,
+        "alpha_tested": result.tested,
         "tokens_per_verification": result.tokens_per_verification,
         "gamma": max(hist, key=lambda g: (hist[g], -g)) if hist else 0,
         "gamma_hist": {str(g): c for g, c in hist.items()},
@@ -196,6 +191,7 @@ def build_stats(a, params: SessionParams, result: Result, text: str, verifier, d
         "verifier": verifier.name,
         "drafter": drafter.name if drafter else None,
         "stop": result.stop,
+        "context": verifier.max_seq,
         "seed": a.seed,
         "temperature": params.temperature,  # as applied: the nearest thousandth of --temperature
         "estimates": controller.summary(),
@@ -225,14 +221,21 @@ def run(a: argparse.Namespace, out=None) -> dict:
     fixed = parse_gamma(a.gamma)
     tok = load_tokenizer(a.models)
     prompt = tok.encode(a.prompt)
+    names = {"verifier": a.verifier} if a.plain else {"verifier": a.verifier, "drafter": a.drafter}
+    try:  # before anything starts: no board booted, no port held when one of these fails
+        heads = check_models(a.models, sorted({*names, *(["drafter"] if a.project else [])}))
+        check_context(len(prompt), heads["verifier"])
+        names = check_backends(names, a.transport, a.key)
+    except PreflightError as e:
+        raise UsageError(str(e)) from None
     from host.tokenizer import BOS  # noqa: PLC0415
 
     # llama2.c's models end a story by starting the next one (BOS), so BOS ends the stream
     params = SessionParams(seed=a.seed, temperature=a.temperature, draft_top_k=a.draft_top_k,
                            target_top_k=a.top_k, top_p=a.top_p, eos=BOS)
     with Setup(a) as setup:
-        verifier = setup.make("verifier", a.verifier)
-        drafter = None if a.plain else setup.make("drafter", a.drafter)
+        verifier = setup.make("verifier", names["verifier"])
+        drafter = None if a.plain else setup.make("drafter", names["drafter"])
         projector = cost_model = None
         # With sampling, which positions get a draft changes the text (the accept test and the residual
         # draw replace plain decoding's draw there), so an adaptive gamma fed wall-clock times would
@@ -241,10 +244,8 @@ def run(a: argparse.Namespace, out=None) -> dict:
         deterministic = a.temperature > 0 and fixed is None and drafter is not None
         if a.project or deterministic:
             from host.projection import Projector  # noqa: PLC0415
-            from shared.modelfile import parse_header  # noqa: PLC0415
 
-            heads = [parse_header((a.models / f).read_bytes()[:64]) for f in ("target.spm", "drafter.spm")]
-            cost_model = Projector(heads[0], heads[1], a.project or "esp32s3", a.transport)
+            cost_model = Projector(heads["verifier"], heads["drafter"], a.project or "esp32s3", a.transport)
             projector = cost_model if a.project else None
         controller = GammaController(max_gamma=min(8, MAX_GAMMA), fixed=fixed)
         stream = None

@@ -45,7 +45,7 @@ from host.engine import QMAX, WSUM, rope_tables
 from host.modelio import QTensor, read_model
 from shared.modelfile import FLAG_SHARED_CLS, ModelFileError
 
-INSTALL_HINT = "PyTorch is not installed: pip install specmesh[gpu]"
+INSTALL_HINT = "PyTorch is not installed: `make setup-gpu` in a checkout, else pip install 'specmesh[gpu]'"
 EXACT_COLS = 1040  # 127 * 127 * 1040 = 16_774_160 < 2^24
 
 

@@ -4,6 +4,8 @@ plain vs speculative text, the projection, colour, and one-line errors with exit
 import io
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,38 @@ def test_projection_reports_projected_speed(models):
     assert proj["tokens_per_s"] > 0 and proj["plain_tokens_per_s"] > 0 and proj["bus_bytes_per_token"] > 0
 
 
+def test_the_table_leaves_out_figures_from_too_few_samples_and_says_why_the_run_stopped(models):
+    from host.output import FEW, format_table
+
+    few = run(args(models, "--max-tokens", "8", "--quiet", "--gamma", "1"), io.StringIO())
+    few["alpha_tested"] = FEW - 1
+    few["estimates"].update(drafting_rounds=FEW - 1, verified={"1": 40, "2": FEW - 1})
+    rows = dict(line.split("  ", 1) for line in format_table(few).splitlines()[:14])
+    rows = {k.strip(): v.strip() for k, v in rows.items()}
+    assert rows["acceptance alpha"] == "left out: %d drafts tested, fewer than %d" % (FEW - 1, FEW)
+    assert rows["drafter cost c"].startswith("left out: %d drafting rounds timed" % (FEW - 1))
+    assert rows["verify cost v(2)"] == "left out: only size 1 measured %d+ times; a slope needs two" % FEW
+    assert rows["stopped by"] == "--max-tokens reached"
+    many = run(args(models, "--max-tokens", "60", "--quiet", "--gamma", "2", "--prompt", "The cat"), io.StringIO())
+    many["estimates"]["verified"]["1"] = FEW  # sizes 1 and 3 measured often enough: v(2) inside them, v(5) not
+    table = format_table(many)
+    assert "acceptance alpha       %.3g (%d drafts tested)" % (many["alpha"], many["alpha_tested"]) in table
+    assert "verify cost v(2)       %.3g (fit over " % many["estimates"]["verify_v"][1] in table
+    assert "verify cost v(5)       left out: sizes measured %d+ times end at 3 (an extrapolation)" % FEW in table
+
+
+def test_the_table_says_when_the_context_stopped_the_run(tmp_path, capsys):
+    shutil.copy(ROOT / "models" / "tokenizer.bin", tmp_path / "tokenizer.bin")
+    random_model(tmp_path / "target.spm", vocab=512, max_seq=12, seed=3)
+    rc = cli.main(["run", "--models", str(tmp_path), "--verifier", "cpu", "--plain", "--quiet", "--max-tokens", "50",
+                   "--stats-json", str(tmp_path / "s.json")])
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert rc == 0 and stats["stop"] == "context" and stats["context"] == 12
+    assert stats["tokens"] + stats["prompt_tokens"] == 12
+    out = capsys.readouterr().out
+    assert "stopped by             the context: prompt and text fill its 12 positions (fewer tokens than" in out
+
+
 def test_colour_marks_accepted_drafts_only_when_asked():
     pieces = {1: b"a", 2: b"b", 3: b"\xc3", 4: b"\xa9"}
     buf = io.StringIO()
@@ -94,6 +128,15 @@ def test_bad_input_is_one_line_and_status_2(models, capsys, extra, message):
     err = capsys.readouterr().err
     assert rc == 2
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.startswith("specmesh %s; virtual boards: MicroPython" % version("specmesh"))
 
 
 def test_unknown_flag_is_an_argparse_error(capsys):
@@ -151,3 +194,20 @@ def test_a_verifier_failing_mid_stream_fails_over_to_the_cpu_and_the_text_goes_o
     assert rc == 1
     assert cap.err == "specmesh run: error: /dev/ttyUSB1: node 2 did not answer VERIFY_REQ within 30 s\n"
     assert cap.out.endswith("\n") and "tokens / s" not in cap.out  # the partial text, then no table
+
+
+def test_host_works_without_torch_and_says_how_to_install_it(models):
+    """Runs wherever PyTorch is absent or blocked: the torch back-ends refuse with the install hint."""
+    from host.torch_backend import INSTALL_HINT
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from host.backends import VERIFIERS, BackendError\n"
+            "import host.cli, host.orchestrator, host.torch_backend\n"
+            "for name in ('torch-cpu', 'gpu'):\n"
+            "    try:\n"
+            "        VERIFIERS[name](%r)\n"
+            "    except BackendError as e:\n"
+            "        print(e)\n" % str(models / "target.spm"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [INSTALL_HINT] * 2

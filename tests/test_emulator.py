@@ -82,6 +82,24 @@ def test_heap_budget_per_board_class(virtual_board):
     assert mpremote(s3.port, "exec", "b = bytearray(4000000); print(len(b))").stdout == "4000000\n"
 
 
+@pytest.mark.parametrize("board", sorted(BOARD_CLASSES))
+def test_df_and_uname_answer_as_on_the_board_class(virtual_board, board):
+    """A folder flash reports the board class's filesystem (not the host disk), less what its files take;
+    the read-only stand-ins at /.emu are not listed; os.uname() is the ESP32 firmware's."""
+    cls = BOARD_CLASSES[board]
+    vb = virtual_board(board)
+    (vb.flash_dir / "data.bin").write_bytes(bytes(10_000))  # 3 blocks of 4 KiB
+    rows = mpremote(vb.port, "df").stdout.splitlines()
+    assert rows[0].split() == ["filesystem", "size", "used", "avail", "use%", "mounted", "on"]
+    assert len(rows) == 2, rows  # the flash alone
+    _, size, used, avail, _, mount = rows[1].split()
+    assert mount == "/" and int(size) == cls.flash_fs_bytes
+    assert int(used) >= 3 * 4096 and int(used) + int(avail) == int(size)
+    out = mpremote(vb.port, "exec", "import os; u = os.uname(); print(u.sysname, '|', u.machine, '|', u.release)")
+    sysname, machine, release = (x.strip() for x in out.stdout.split("|"))
+    assert sysname == "esp32" and machine == cls.machine and release.count(".") == 2
+
+
 def test_small_littlefs_flash_fills_up_and_board_stays_usable(virtual_board):
     vb = virtual_board(flash_bytes=64 * 1024)
     out = mpremote(vb.port, "exec", "import os; s = os.statvfs('/'); print(s[0] * s[2])")

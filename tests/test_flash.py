@@ -11,6 +11,7 @@ from emulator_util import mpremote, open_port, read_until
 from host import cli
 from host.flash import ROOT, BoardInfo, FlashError, check_board, flash, node_sources
 from host.ports import PortError, resolve_port
+from tools.testmodels import random_model
 
 ECHO_MAIN = (
     "import sys, json\n"
@@ -24,13 +25,13 @@ GREET = "import micropython\n\n@micropython.viper\ndef add(a: int, b: int) -> in
 
 @pytest.fixture
 def tiny_node(tmp_path):
-    """A stand-in node: main.py that echoes its config, and a module with viper code; a placeholder model."""
+    """A stand-in node: main.py that echoes its config, and a module with viper code; a small random model."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "main.py").write_text(ECHO_MAIN)
     (src / "greet.py").write_text(GREET)
     model = tmp_path / "drafter.spm"
-    model.write_bytes(os.urandom(20_000))
+    random_model(model)
     return [(src / "main.py", "/main.py"), (src / "greet.py", "/greet.py")], model
 
 
@@ -59,9 +60,6 @@ def test_flashed_firmware_node_answers(virtual_board, tmp_path):
 
     vb = virtual_board()
     model = ROOT / "models" / "drafter.spm"
-    if not model.exists():
-        model = tmp_path / "drafter.spm"
-        model.write_bytes(os.urandom(4096))
     report = flash(vb.port, "drafter", model, node_id=1, progress=False)
     assert {dest for _, dest in node_sources()} <= {d[:-4] + ".py" if d.endswith(".mpy") else d
                                                     for d in report.written}
@@ -75,7 +73,7 @@ def test_full_filesystem_is_one_line_and_the_board_stays_usable(virtual_board, t
     sources, _ = tiny_node
     vb = virtual_board("esp32s3", flash_bytes=64 * 1024)  # heap enough for the model, flash not
     big = tmp_path / "drafter.spm"
-    big.write_bytes(os.urandom(200_000))
+    random_model(big, dim=64, n_layers=4, hidden=172, vocab=512)  # 263 KB
     with pytest.raises(FlashError, match="filesystem is full"):
         flash(vb.port, "drafter", big, sources=sources, progress=False)
     assert mpremote(vb.port, "exec", "print('usable')").stdout == "usable\n"

@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="no PyTorch (the gpu extra): `make test-torch` runs these")
 
 from host.engine import Engine  # noqa: E402
 from tools.export import export_model  # noqa: E402
 from tools.modeldefs import ModelArgs, Transformer  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("shared", [True, False])

@@ -175,3 +175,41 @@ def test_pipelined_drafting_changes_nothing_but_time(serial_boards, models, tmp_
         got = [generate(p, verifier, ahead, params, 24, GammaController(fixed=2)).tokens for params, p in cases]
         assert got == want
         assert ahead.stats()["ahead"] > 0  # the drafter did draft ahead while verdicts were pending
+
+
+def test_a_board_whose_model_fails_to_load_is_reported_with_the_cause(models, tmp_path):
+    """A model corrupted on the board's flash: the node comes up idle and says why on its console; the host
+    names that cause and how to reflash the port, rather than calling the board 'not flashed'."""
+    from emulator_util import mpremote
+    from host.backends import BackendError
+    from host.cluster import connect
+
+    with Cluster("serial", models, tmp_path) as c:
+        vb = c.start("verifier")
+        model = vb.flash_dir / "models" / "target.spm"
+        data = bytearray(model.read_bytes())
+        data[300] ^= 0xFF
+        model.write_bytes(bytes(data))
+        assert mpremote(vb.port, "reset").returncode == 0
+        with pytest.raises(BackendError) as e:
+            with connect(vb.port, "verifier"):
+                pass
+    msg = str(e.value)
+    assert "did not start as a verifier" in msg and "CRC" in msg and "\n" not in msg
+    assert "`specmesh flash --port %s --role verifier`" % vb.port in msg
+
+
+def test_booting_and_flashing_say_what_they_do_and_skip_an_up_to_date_board(models, tmp_path):
+    said = []
+    for _ in range(2):
+        lines = []
+        with Cluster("serial", models, tmp_path, say=lines.append) as c:
+            c.start("drafter")
+        said.append(lines)
+    from host.flash import node_sources
+
+    files = len(list(node_sources())) + 2  # the node's files, the model and the board config
+    first, again = said
+    assert first[0] == "virtual drafter board (esp32): booting, flashing the node and drafter.spm with mpremote..."
+    assert first[1].startswith("virtual drafter board (esp32): flashed %d files (" % files)
+    assert again[1].startswith("virtual drafter board (esp32): up to date, not flashed (%d files checked in " % files)

@@ -10,6 +10,7 @@ import pytest
 from emulator_util import MPREMOTE, mpremote
 from host.emulator.radio import RadioConfig, RadioHub
 from host.flash import ROOT, flash
+from tools.testmodels import random_model
 
 A, B = "02:53:4d:00:00:01", "02:53:4d:00:00:02"
 
@@ -154,7 +155,7 @@ def test_firmware_espnow_link_runs_unchanged(virtual_board, tmp_path):
     sources = [(ROOT / "firmware" / "links.py", "/links.py")]
     sources += [(p, "/shared/" + p.name) for p in sorted((ROOT / "shared").glob("*.py"))]
     model = tmp_path / "drafter.spm"
-    model.write_bytes(b"placeholder")
+    random_model(model)
     with RadioHub(RadioConfig(seed=1)) as hub:
         rx = virtual_board("esp32s3", mac=B, radio=hub.address)
         tx = virtual_board("esp32s3", mac=A, radio=hub.address)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch", reason="PyTorch is the optional gpu extra: pip install specmesh[gpu]")
+pytest.importorskip("torch", reason="no PyTorch (the gpu extra): `make test-torch` runs these")
 
 from host.backends import SessionParams  # noqa: E402
 from host.batcher import Batcher  # noqa: E402
@@ -15,6 +15,8 @@ from host.cluster import Cluster  # noqa: E402
 from host.gamma import GammaController  # noqa: E402
 from host.orchestrator import generate  # noqa: E402
 from host.torch_backend import TorchModel, TorchVerifier  # noqa: E402
+
+pytestmark = pytest.mark.torch
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 STREAMS = 4

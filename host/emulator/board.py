@@ -98,6 +98,10 @@ def _die_with_parent() -> None:
         _PRCTL(1, signal.SIGKILL)
 
 
+FLASH_BLOCK = 4096  # the littlefs image's erase block (host/emulator/mpy/_vboard.py)
+FLASH_KB_RANGE = (8, 16384)  # littlefs needs two blocks; ESP32 modules carry at most 16 MB of flash
+
+
 class VirtualBoard:
     """One virtual board. `start()` it (or use `with`), hand `port` to pyserial or mpremote."""
 
@@ -210,6 +214,8 @@ class VirtualBoard:
             "VBOARD_FLASH": str(self.flash_dir.resolve()),
             "VBOARD_MODE": mode,
             "VBOARD_NAME": f"{self.board.description} ({self.name})",
+            "VBOARD_MACHINE": self.board.machine,
+            "VBOARD_FS_BYTES": str(self.board.flash_fs_bytes),
             "VBOARD_MAC": self.mac,
             "VBOARD_MTU": str(self.mtu),
         }

@@ -10,7 +10,8 @@ class BoardClass:
     name: str
     description: str
     heap_bytes: int  # -X heapsize= of the VM: the GC heap a MicroPython program gets on the real board
-    flash_fs_bytes: int  # size of the board's filesystem partition (used when a fixed-size flash is asked for)
+    flash_fs_bytes: int  # size of the board's filesystem partition (statvfs; a fixed-size flash's default)
+    machine: str  # os.uname().machine: MICROPY_HW_BOARD_NAME " with " MICROPY_HW_MCU_NAME of the firmware
     source: str
 
 
@@ -23,6 +24,7 @@ ESP32 = BoardClass(
     description="ESP32 (classic, no PSRAM)",
     heap_bytes=110_536,
     flash_fs_bytes=2 * 1024 * 1024,
+    machine="Generic ESP32 module with ESP32",  # ESP32_GENERIC
     source="MicroPython docs esp32/general.rst (heap 'around 100KB'); micropython#7962 (110536 bytes available)",
 )
 
@@ -34,6 +36,7 @@ ESP32S3 = BoardClass(
     description="ESP32-S3 with 8 MB PSRAM",
     heap_bytes=64_000 + 8_257_536,
     flash_fs_bytes=6 * 1024 * 1024,
+    machine="Generic ESP32S3 module with Octal-SPIRAM with ESP32S3",  # ESP32_GENERIC_S3, SPIRAM_OCT variant
     source="MicroPython docs esp32/general.rst (heap spans the SPIRAM); micropython#12237 (64000 + 8257536 bytes)",
 )
 

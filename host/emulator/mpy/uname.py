@@ -1,0 +1,59 @@
+"""What virtual boards answer for `os.uname()` and `os.statvfs()` (host/emulator/mpy/os.py calls in here).
+
+Kept out of os.py, which every VM imports at boot (see there why this module is named `uname`).
+
+- `uname()`: the board's answer (sysname "esp32", the board class's machine string), which the unix
+  port lacks;
+- `statvfs()`: a board whose flash is a host folder reports a filesystem of its board class's size
+  (VBOARD_FS_BYTES: 2 MiB on a classic ESP32, 6 MiB on the S3) less the 4 KiB blocks its files take,
+  instead of the host disk's figures; the read-only stand-ins at /.emu are no part of the board and
+  report an empty filesystem, which `mpremote df` leaves out. A littlefs flash image answers as is.
+"""
+
+import sys
+from collections import namedtuple
+
+_path = sys.path
+sys.path = ()  # the built-in os (host/emulator/mpy/os.py wraps it)
+try:
+    import os as _builtin
+finally:
+    sys.path = _path
+del _path
+
+_BLOCK = 4096
+_EMU = "/.emu"
+_uname_result = namedtuple("uname_result", ("sysname", "nodename", "release", "version", "machine"))
+
+
+def uname():
+    v = sys.implementation.version
+    release = "%d.%d.%d" % (v[0], v[1], v[2])
+    return _uname_result("esp32", "esp32", release, "v%s on virtual board" % release,
+                         _builtin.getenv("VBOARD_MACHINE") or "Generic ESP32 module with ESP32")
+
+
+def _blocks(path):
+    """4 KiB blocks the files and folders under `path` take, as a flash filesystem would count them."""
+    n = 1
+    for entry in _builtin.ilistdir(path):
+        child = (path.rstrip("/") + "/" + entry[0]) if path != "/" else "/" + entry[0]
+        if child == _EMU:
+            continue
+        if entry[1] & 0x4000:
+            n += _blocks(child)
+        else:
+            n += (_builtin.stat(child)[6] + _BLOCK - 1) // _BLOCK
+    return n
+
+
+def statvfs(path):
+    full = path if path.startswith("/") else _builtin.getcwd().rstrip("/") + "/" + path
+    if full == _EMU or full.startswith(_EMU + "/"):
+        return (_BLOCK, _BLOCK, 0, 0, 0, 0, 0, 0, 0, 255)
+    size = _builtin.getenv("VBOARD_FS_BYTES")
+    if _builtin.getenv("VBOARD_IMAGE") or not size:
+        return _builtin.statvfs(path)
+    total = int(size) // _BLOCK
+    free = max(0, total - _blocks("/"))
+    return (_BLOCK, _BLOCK, total, free, free, 0, 0, 0, 0, 255)

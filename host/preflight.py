@@ -1,0 +1,96 @@
+"""What `specmesh run` checks before it starts anything: no board is booted, no port held, no process
+left behind when one of these fails, and the failure is one line naming the file or port and what to do.
+
+- the model files parse: header, size and CRC (host/modelio.py `check_model_file`);
+- the prompt fits the target's context (the orchestrator would refuse it only after the boards were up);
+- every `--drafter`/`--verifier` names a known back-end, and every role given a serial port gets one that exists and opens now; `auto` is resolved here to the
+  port of the flashed board reporting that role, before a virtual board of the other role boots.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from host.modelio import check_model_file
+from shared.modelfile import Header, ModelFileError
+
+MODEL_FILES = {"verifier": "target.spm", "drafter": "drafter.spm"}
+
+
+class PreflightError(Exception):
+    """A check failed; the message is one line for the user."""
+
+
+def is_port(name: str) -> bool:
+    """Whether a `--drafter`/`--verifier` value names a serial port (or `auto`, to find one)."""
+    return name == "auto" or name.startswith("/dev/") or name.startswith("COM") or "://" in name
+
+
+def unknown_backend(kind: str, name: str) -> str | None:
+    """The one-line error for a `--drafter`/`--verifier` value that names no back-end, or None."""
+    from host import backends  # noqa: PLC0415
+
+    if name == "virtual" or is_port(name) or backends.factory(kind, name) is not None:
+        return None
+    known = ", ".join(sorted({"virtual", *(backends.VERIFIERS if kind == "verifier" else backends.DRAFTERS)}))
+    return "--%s %s: not a serial port nor one of %s" % (kind, name, known)
+
+
+def check_models(models: Path, roles: list[str]) -> dict[str, Header]:
+    """The header of each role's model file in `models`, every file checked whole."""
+    heads = {}
+    for role in roles:
+        path = models / MODEL_FILES[role]
+        try:
+            heads[role] = check_model_file(path)[0]
+        except ModelFileError as e:
+            raise PreflightError(str(e)) from None
+        except OSError as e:
+            raise PreflightError("cannot read model file %s: %s" % (path, e.strerror or e)) from None
+    return heads
+
+
+def check_context(prompt_tokens: int, target: Header) -> None:
+    """The prompt must leave room in the target's context for at least one generated token (the
+    drafter's context limits nothing: past it, rounds are plain; host/orchestrator.py)."""
+    if prompt_tokens >= target.max_seq:
+        raise PreflightError("the prompt is %d tokens but the target model's context holds %d (%s): shorten --prompt"
+                             % (prompt_tokens, target.max_seq, MODEL_FILES["verifier"]))
+
+
+def check_backends(names: dict[str, str], transport: str, key: bytes | None = None) -> dict[str, str]:
+    """`names` (role -> back-end name), each checked to name a back-end, with every `auto` replaced by
+    its board's port (asking with `key` when the boards sign frames) and every port checked to exist and
+    open."""
+    from host.ports import PortError, check_port  # noqa: PLC0415
+
+    for role, name in names.items():
+        problem = unknown_backend(role, name)
+        if problem:
+            raise PreflightError(problem)
+    ports = {role: name for role, name in names.items() if is_port(name)}
+    if ports and transport != "serial":
+        raise PreflightError("--transport %s drives virtual boards only; a real board is reached on its own "
+                             "serial port (--transport serial)" % transport)
+    out = dict(names)
+    for role, name in ports.items():
+        if name == "auto":
+            continue
+        try:
+            check_port(name)
+        except PortError as e:
+            raise PreflightError("--%s: %s" % (role, e)) from None
+    for role, name in ports.items():
+        if name == "auto":
+            out[role] = _find(role, key)
+    return out
+
+
+def _find(role: str, key: bytes | None) -> str:
+    from host.backends import BackendError  # noqa: PLC0415
+    from host.cluster import find  # noqa: PLC0415
+
+    try:
+        return find(role, key)
+    except BackendError as e:
+        raise PreflightError(str(e)) from None

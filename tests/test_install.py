@@ -1,0 +1,88 @@
+"""`pip install .` (not editable) gives a working specmesh: the installed copy runs, flashes a virtual
+board and emulates boards from outside the checkout, on the firmware, stand-ins and models it carries.
+
+The project is built into a wheel and installed with --no-deps into a fresh venv that reuses this venv's
+dependencies (a .pth line, so nothing is downloaded; the line adds no .pth processing, so this venv's
+editable install of specmesh stays invisible there)."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("install")
+    src = tmp / "src"  # built from a copy: setuptools writes build/ and *.egg-info into the tree it builds
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__", "tests"))
+    wheels = tmp / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(wheels), str(src)], check=True, capture_output=True, timeout=300)
+    env_dir = tmp / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site) / "specmesh_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", *wheels.glob("*.whl")],
+                   check=True, capture_output=True, timeout=300)
+    env = {"PATH": "%s:%s:%s" % (env_dir / "bin", Path(sys.executable).parent, os.environ.get("PATH", "")),
+           "HOME": str(tmp), "XDG_CACHE_HOME": str(tmp / "cache"), "LANG": "C.UTF-8"}
+    work = tmp / "elsewhere"  # not the checkout: nothing may come from the source tree
+    work.mkdir()
+    return {"bin": env_dir / "bin", "env": env, "cwd": work, "site": Path(site), "cache": tmp / "cache"}
+
+
+def specmesh(installed, *args, timeout=120):
+    return subprocess.run([str(installed["bin"] / "specmesh"), *args], capture_output=True, text=True,
+                          env=installed["env"], cwd=installed["cwd"], timeout=timeout)
+
+
+def test_the_installed_copy_is_used_and_carries_its_data(installed):
+    py = str(installed["bin"] / "python")
+    where = subprocess.run([py, "-c", "import host, shared; print(host.__file__); print(shared.__file__)"],
+                           capture_output=True, text=True, env=installed["env"], cwd=installed["cwd"]).stdout
+    assert all(line.startswith(str(installed["site"])) for line in where.split())
+    for part in ("firmware/main.py", "firmware/kernels.py", "host/emulator/mpy/_vboard.py", "models/target.spm",
+                 "models/drafter.spm", "models/tokenizer.bin"):
+        assert (installed["site"] / part).is_file(), part
+    assert specmesh(installed, "--version").stdout.startswith("specmesh 0.1.0")
+
+
+def test_run_plain_on_the_cpu(installed):
+    done = specmesh(installed, "run", "--plain", "--max-tokens", "4", "--verifier", "cpu", "--no-color")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Once upon a time") and "tokens                 4" in done.stdout
+
+
+def test_run_flashes_a_virtual_drafter_into_the_users_cache(installed):
+    done = specmesh(installed, "run", "--max-tokens", "4", "--verifier", "cpu", "--drafter", "virtual", "--no-color")
+    assert done.returncode == 0, done.stderr
+    assert "virtual drafter board (esp32): flashed" in done.stderr
+    assert (installed["cache"] / "specmesh" / "vboards" / "drafter" / "models" / "drafter.spm").is_file()
+    assert not (installed["site"] / "build").exists()
+
+
+def test_emulate_serves_a_board_that_flash_flashes(installed):
+    proc = subprocess.Popen([str(installed["bin"] / "specmesh"), "emulate", "--boards", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=installed["env"], cwd=installed["cwd"])
+    try:
+        lines = [proc.stdout.readline() for _ in range(2)]
+        assert lines[0].startswith("1 virtual ESP32") and lines[1].startswith("board0  /dev/"), lines
+        port = lines[1].split()[1]
+        done = specmesh(installed, "flash", "--port", port, "--role", "drafter")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("drafter on %s (MicroPython " % port) and "flashed" in done.stdout
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "stopped" in out, err
