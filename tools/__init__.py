@@ -1,1 +1,1 @@
-"""specmesh tools: corpus, tokenizer, training, export, llama2.c import, test vectors, benchmarks."""
+"""specmesh tools: drafter distillation, export, llama2.c import, model card, test vectors, benchmarks, fuzzing."""
