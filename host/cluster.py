@@ -45,14 +45,22 @@ NODE_ID = {"drafter": 1, "verifier": 2}
 BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier}
 
 
-def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None = None) -> Bus:
+def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None = None,
+          busy_s: float = 0.0) -> Bus:
     """A bus on the serial link at `port`, closed with `stack`; `faults` (host/faults.py) are injected;
-    with `key` every frame is signed and every reply must be (docs/security.md)."""
+    with `key` every frame is signed and every reply must be (docs/security.md). A port found locked is
+    tried again for `busy_s` seconds (a virtual board's new pty: its exclusive lock was seen to fail
+    with EAGAIN, now and then, while no process held one)."""
     auth = HostAuth(key) if key else None
-    try:
-        link = SerialLink(port, auth=auth)
-    except LinkError as e:
-        raise BackendError(str(e)) from None
+    end = time.monotonic() + busy_s
+    while True:
+        try:
+            link = SerialLink(port, auth=auth)
+            break
+        except LinkError as e:
+            if "exclusively lock" not in str(e) or time.monotonic() >= end:
+                raise BackendError(str(e)) from None
+            time.sleep(0.05)
     stack.callback(link.close)
     if faults is not None:
         from host.faults import FaultyLink  # noqa: PLC0415
@@ -187,7 +195,7 @@ class Cluster(contextlib.ExitStack):
         # that ran out of memory reading frames (13 KB free), so the gateway drafter is an ESP32-S3
         gw = self.start("drafter", {"link": "gateway", "espnow": {"peers": {"2": verifier_mac}}}, hub, "esp32s3")
         self.hub = hub
-        bus = _open(gw.port, self, self.faults, self.key)
+        bus = _open(gw.port, self, self.faults, self.key, busy_s=2.0)
         self.buses.append(bus)
         return bus
 
@@ -199,7 +207,7 @@ class Cluster(contextlib.ExitStack):
             where = "virtual:%s(espnow%s)" % (kind, ", gateway" if kind == "drafter" else "")
         else:
             vb = self.start(kind)
-            bus = _open(vb.port, self, self.faults, self.key)
+            bus = _open(vb.port, self, self.faults, self.key, busy_s=2.0)
             self.buses.append(bus)
             where = "virtual:%s(%s)" % (kind, vb.board.name)
         return _backend(kind, bus, NODE_ID[kind], where)
