@@ -7,6 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 STAMP := $(VENV)/.specmesh-setup
 GPU_STAMP := $(VENV)/.specmesh-setup-gpu
+BENCH_STAMP := $(VENV)/.specmesh-setup-bench
 # PyTorch, pinned: the tests exercise the torch back-end on the CPU, and CI's wheel mirror serves the
 # CPU build for this pin. From public PyPI on Linux the same pin is the much larger CUDA build; add
 # PIP_EXTRA='--index-url https://download.pytorch.org/whl/cpu' to get the CPU build there.
@@ -44,8 +45,13 @@ test-torch: setup-gpu
 test-all: setup-gpu
 	$(PY) -m pytest -q -m ''
 
-bench: setup
-	$(PY) -m tools.bench
+$(BENCH_STAMP): $(STAMP)
+	$(PIP) -e '.[dev,bench]'
+	@touch $(BENCH_STAMP)
+
+# Tables and JSON on the terminal, PNG plots and runs/bench/report.md (matplotlib, the `bench` extra).
+bench: $(BENCH_STAMP)
+	$(PY) -m tools.bench --json runs/bench/figures.json
 
 fuzz: setup
 	$(PY) -m tools.fuzz

@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench", description="specmesh benchmarks")
     ap.add_argument("section", nargs="*", help="sections to run (default: all): " + ", ".join(names))
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
+    ap.add_argument("--report", metavar="DIR", default="runs/bench",
+                    help="write PNG plots and report.md there (default: %(default)s; needs matplotlib)")
     args = ap.parse_args(argv)
     unknown = [s for s in args.section if s not in names]
     if unknown:
@@ -41,8 +43,16 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(name)
         print("(%s: %.1f s)\n" % (name, time.perf_counter() - t0), flush=True)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
         print("figures written to %s" % args.json)
+    try:
+        from tools.bench._report import write  # noqa: PLC0415
+
+        files = write(results, Path(args.report))
+        print("plots and report written: %s" % ", ".join(str(f) for f in files))
+    except ImportError:
+        print("plots skipped: matplotlib is not installed (pip install 'specmesh[bench]', or make bench)")
     return 1 if failed else 0
 
 

@@ -1,0 +1,30 @@
+"""The benchmark report (tools/bench/_report.py): the speed-up formula, and plots from a results dict."""
+
+import pytest
+
+from tools.bench._report import speedup
+
+
+def test_speedup_is_leviathans_formula():
+    v = {k: 1.0 for k in range(1, 10)}  # a memory-bound verifier: k positions cost one
+    assert speedup(0.8, 0, 0.1, v) == 1.0
+    assert speedup(0.8, 4, 0.0, v) == pytest.approx((1 - 0.8 ** 5) / 0.2)  # free drafts: tokens per pass
+    assert speedup(0.8, 4, 0.05, v) == pytest.approx((1 - 0.8 ** 5) / 0.2 / 1.2)
+    board = {k: 0.6 * k + 0.4 for k in range(1, 10)}  # a compute-bound board
+    assert max(speedup(0.7, g, 0.2, board) for g in range(1, 8)) < 1.0  # speculation cannot pay there
+    assert speedup(1.0, 3, 0.0, v) == 4.0
+
+
+def test_report_draws_what_the_sections_hold(tmp_path):
+    pytest.importorskip("matplotlib", reason="the bench extra is not installed: pip install 'specmesh[bench]'")
+    from tools.bench._report import write
+
+    acc = {"alpha": 0.7, "tokens_per_verification": 2.8, "alpha_per_position": [0.7, 0.72, 0.69, None]}
+    results = {"started": "now", "machine": {"platform": "test", "processor": "x"},
+               "vk": {"backends": {"cpu": {"v": {str(k): 1 + 0.1 * k for k in range(1, 9)}, "c": 0.3}},
+                      "acceptance": {"T=0": acc, "T=1": acc}}}
+    files = write(results, tmp_path)
+    assert {f.name for f in files} == {"vk.png", "speedup_gamma.png", "alpha_position.png", "report.md"}
+    assert all(f.stat().st_size > 1000 for f in files if f.suffix == ".png")
+    text = (tmp_path / "report.md").read_text()
+    assert "![Verify cost v(k)](vk.png)" in text and "projection section did not run" in text
