@@ -1,5 +1,5 @@
-"""Distil a drafter from the shipped target: KL to the target's distributions on stories the target
-samples itself, with a progress bar, a wall-clock budget and resumable checkpoints.
+"""Distil a drafter from the shipped target: KL to the target's distributions (or their total variation)
+on stories the target samples itself, with a progress bar, an optional time budget and resumable checkpoints.
 
 The data is unlimited and exactly the distribution the drafter must match: every `--refresh` steps the
 target samples a new pool of stories from a generator seeded by (seed, pool number), so a resumed run
@@ -104,6 +104,8 @@ def train(a) -> dict:
         opt.load_state_dict(ck["opt"])
         state = ck["state"]
         print("resuming %s at step %d" % (last, state["step"]))
+    elif a.init:
+        model.load_state_dict(torch.load(a.init, map_location="cpu", weights_only=False)["model"])
 
     def save(path: Path):
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state,
@@ -128,21 +130,24 @@ def train(a) -> dict:
         rows = torch.randint(0, a.pool, (a.batch,), generator=g)
         x, tl = pool[rows, :-1], pool_lp[rows].float().flatten(0, 1)
         lq = torch.log_softmax(model(x), -1).flatten(0, 1)
-        loss = F.kl_div(lq, tl, log_target=True, reduction="batchmean")
+        if a.loss == "kl":
+            loss = F.kl_div(lq, tl, log_target=True, reduction="batchmean")
+        else:  # total variation: 1 - alpha at temperature 1, the quantity speculation pays for
+            loss = 0.5 * (tl.exp() - lq.exp()).abs().sum(-1).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         state["step"] = step + 1
         state["train_s"] = time.time() - t0
-        bar.set_postfix(kl="%.3f" % loss.item(), lr="%.1e" % opt.param_groups[0]["lr"], refresh=False)
+        bar.set_postfix(loss="%.3f" % loss.item(), lr="%.1e" % opt.param_groups[0]["lr"], refresh=False)
         over = a.minutes and state["train_s"] > a.minutes * 60
         if state["step"] % a.eval_every == 0 or state["step"] == a.steps or over:
             ev = agreement(model, teacher, val_x, val_mask)
             state["history"].append((state["step"], round(state["train_s"], 1), round(loss.item(), 4),
                                      {k: round(v, 4) for k, v in ev.items()}))
-            bar.write("step %d  %.0fs  train KL %.4f  held-out %s" % (state["step"], state["train_s"], loss.item(),
-                                                                     " ".join("%s %.4f" % kv for kv in ev.items())))
+            bar.write("step %d  %.0fs  train %s %.4f  held-out %s" % (
+                state["step"], state["train_s"], a.loss, loss.item(), " ".join("%s %.4f" % kv for kv in ev.items())))
             if ev["alpha_t1"] > state["best"]:
                 state["best"] = ev["alpha_t1"]
                 save(out / "best.pt")
@@ -165,6 +170,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokenizer", type=Path, default=MODELS / "tokenizer.bin")
     ap.add_argument("--heldout", type=Path, default=MODELS / "heldout.txt")
     ap.add_argument("--val-stories", type=int, default=64)
+    ap.add_argument("--init", type=Path, help="start from this checkpoint's weights (a second phase)")
+    ap.add_argument("--loss", choices=("kl", "tv"), default="kl",
+                    help="KL(target || drafter), or the total variation distance 1 - alpha (T = 1)")
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--minutes", type=float, default=0, help="stop after this much training time")
     ap.add_argument("--batch", type=int, default=32)
