@@ -13,6 +13,14 @@ from pathlib import Path
 from tools.bench import sections
 
 
+def noise_lines(results: dict) -> list[str]:
+    """The run's own noise: the spec section's A/A rows (plain decoding timed against itself)."""
+    rows = [r for r in results.get("spec", {}).get("rows", []) if r.get("mode") == "plain A/A"]
+    return ["noise: plain A/A on %s at T=%.1f ran at %.3fx plain (+-%.3f, 95%%): ratios closer to 1 than this "
+            "are noise" % (r["config"], r["temperature"], r["speedup"] or 0.0, r["speedup_ci95"] or 0.0)
+            for r in rows]
+
+
 def main(argv: list[str] | None = None) -> int:
     names = sections()
     ap = argparse.ArgumentParser(prog="python -m tools.bench", description="specmesh benchmarks")
@@ -42,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = {"error": "%s: %s" % (type(e).__name__, e)}
             failed.append(name)
         print("(%s: %.1f s)\n" % (name, time.perf_counter() - t0), flush=True)
+    for line in noise_lines(results):
+        print(line)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

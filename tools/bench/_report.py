@@ -117,6 +117,11 @@ def write(results: dict, out: Path) -> list[Path]:
     else:
         parts += ["(Projected tokens/s: the projection section did not run.)", ""]
 
+    from tools.bench.__main__ import noise_lines  # noqa: PLC0415
+
+    noise = noise_lines(results)
+    parts += ["## Noise", ""] + (["- " + line for line in noise] or ["(the spec section, whose A/A rows measure "
+                                                                    "it, did not run)"]) + [""]
     report = out / "report.md"
     report.write_text("\n".join(parts))
     written.append(report)

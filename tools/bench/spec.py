@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
+
+from tqdm import tqdm
 
 from host.gamma import GammaController
 from host.orchestrator import generate
@@ -58,6 +61,8 @@ def bench_config(name: str, models: Path) -> list[dict]:
         verifier = setup.make("verifier", verifier_name)
         drafter = setup.make("drafter", drafter_name)
         projector = Projector(heads[0], heads[1], "esp32s3", transport)
+        bar = tqdm(total=len(TEMPERATURES) * len(PROMPTS) * REPEATS, desc="spec " + name, unit="repeat",
+                   leave=False, file=sys.stderr)
         for temp in TEMPERATURES:
             agg: dict[str, dict] = {}
             lossless = True
@@ -80,6 +85,7 @@ def bench_config(name: str, models: Path) -> list[dict]:
                         r = modes[mode]()
                         if mode not in runs or r.wall_s < runs[mode].wall_s:
                             runs[mode] = r
+                    bar.update()
                 if temp == 0.0:
                     lossless &= all(r.tokens == runs["plain"].tokens for r in runs.values())
                 for mode, r in runs.items():
@@ -122,6 +128,7 @@ def bench_config(name: str, models: Path) -> list[dict]:
                     "projected_tokens_per_s_esp32s3": s["tokens"] / s["proj"] if s["proj"] else None,
                     "greedy_identical_to_plain": lossless if temp == 0.0 else None,
                 })
+        bar.close()
     return rows
 
 
