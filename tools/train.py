@@ -51,15 +51,16 @@ def story_batch(tok: Tokenizer, stories: list[str], max_len: int) -> tuple[torch
 
 
 @torch.no_grad()
-def agreement(student: Transformer, teacher: Transformer, x: torch.Tensor, mask: torch.Tensor) -> dict:
-    """Teacher-forced agreement on x: i.i.d. acceptance at T = 0 and T = 1, and KL(teacher || student)."""
+def agreement(student: Transformer, teacher: Transformer, x: torch.Tensor, mask: torch.Tensor, k: int) -> dict:
+    """Teacher-forced agreement on x: i.i.d. acceptance at T = 0 and at T = 1 with the drafter's top-k
+    q-hat (as the rule sees it), and KL(teacher || student)."""
     student.eval()
     p = torch.softmax(teacher(x)[:, :-1].float(), -1)[mask]
     lq = torch.log_softmax(student(x)[:, :-1].float(), -1)[mask]
     student.train()
     q = lq.exp()
     return {"alpha_t0": float((p.argmax(-1) == q.argmax(-1)).float().mean()),
-            "alpha_t1": float(torch.minimum(p, q).sum(-1).mean()),
+            "alpha_t1": float(torch.minimum(p, qhat(lq, k)).sum(-1).mean()),
             "kl": float((p * (p.clamp_min(1e-12).log() - lq)).sum(-1).mean())}
 
 
@@ -70,6 +71,12 @@ def target_pool(teacher: Transformer, a, pool_id: int) -> tuple[torch.Tensor, to
     pool = teacher.sample(a.pool, a.seq, torch.Generator().manual_seed(a.seed * 1_000_003 + pool_id), a.temps)
     lp = torch.cat([torch.log_softmax(teacher(pool[i:i + 64, :-1]), -1).half() for i in range(0, a.pool, 64)])
     return pool, lp
+
+
+def qhat(lq: torch.Tensor, k: int) -> torch.Tensor:
+    """The drafter's q-hat from its log-probabilities: its top k, renormalised (the rule's draft table)."""
+    top, ids = lq.exp().topk(k, -1)
+    return torch.zeros_like(lq).scatter(-1, ids, top / top.sum(-1, keepdim=True))
 
 
 def lr_at(step: int, train_s: float, a) -> float:
@@ -132,8 +139,8 @@ def train(a) -> dict:
         lq = torch.log_softmax(model(x), -1).flatten(0, 1)
         if a.loss == "kl":
             loss = F.kl_div(lq, tl, log_target=True, reduction="batchmean")
-        else:  # total variation: 1 - alpha at temperature 1, the quantity speculation pays for
-            loss = 0.5 * (tl.exp() - lq.exp()).abs().sum(-1).mean()
+        else:  # total variation to the q-hat the drafter sends (its top --draft-top-k, renormalised):
+            loss = 0.5 * (tl.exp() - qhat(lq, a.draft_top_k)).abs().sum(-1).mean()  # 1 - alpha at T = 1
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -143,7 +150,7 @@ def train(a) -> dict:
         bar.set_postfix(loss="%.3f" % loss.item(), lr="%.1e" % opt.param_groups[0]["lr"], refresh=False)
         over = a.minutes and state["train_s"] > a.minutes * 60
         if state["step"] % a.eval_every == 0 or state["step"] == a.steps or over:
-            ev = agreement(model, teacher, val_x, val_mask)
+            ev = agreement(model, teacher, val_x, val_mask, a.draft_top_k)
             state["history"].append((state["step"], round(state["train_s"], 1), round(loss.item(), 4),
                                      {k: round(v, 4) for k, v in ev.items()}))
             bar.write("step %d  %.0fs  train %s %.4f  held-out %s" % (
@@ -172,7 +179,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--val-stories", type=int, default=64)
     ap.add_argument("--init", type=Path, help="start from this checkpoint's weights (a second phase)")
     ap.add_argument("--loss", choices=("kl", "tv"), default="kl",
-                    help="KL(target || drafter), or the total variation distance 1 - alpha (T = 1)")
+                    help="KL(target || drafter), or the total variation between the target and the drafter's "
+                         "q-hat, 1 - alpha at T = 1")
+    ap.add_argument("--draft-top-k", type=int, default=8, help="q-hat size the tv loss assumes (default: 8)")
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--minutes", type=float, default=0, help="stop after this much training time")
     ap.add_argument("--batch", type=int, default=32)
