@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from host.engine import Engine
+from host.engine import Engine, to_float
 from host.modelio import read_model, write_model
 from host.tokenizer import BOS, Tokenizer, TokenizerError, pack_vocab, read_llama2c_tokenizer, unpack_vocab, vocab_id
 from shared.modelfile import HEADER_SIZE, ModelFileError, tensor_layout
@@ -139,13 +139,32 @@ def test_int8_logits_track_float_reference(ref, name):
     eng = Engine(MODELS / (name + ".spm"))
     for toks, flt in zip(ref[name + ".tokens"], ref[name + ".logits"].astype(np.float32)):
         eng.reset()
-        got = eng.forward(toks, 0)
+        got = to_float(eng.forward(toks, 0))
         span = flt.max(axis=1) - flt.min(axis=1)
         assert (np.abs(got - flt).max(axis=1) <= LOGIT_TOL[name] * span).all()
         top2 = np.sort(flt, axis=1)[:, -2:]
         clear = top2[:, 1] - top2[:, 0] > NEAR_TIE
         assert clear.mean() > 0.5
         assert (got.argmax(axis=1) == flt.argmax(axis=1))[clear].all()
+
+
+def cross_entropy(logits: np.ndarray, tokens: np.ndarray) -> float:
+    """Mean -log p(next token) of float logits [n, vocab] over tokens[1:]."""
+    z = logits[:-1] - logits[:-1].max(axis=1, keepdims=True)
+    lp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    return float(-lp[np.arange(len(tokens) - 1), tokens[1:]].mean())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_integer_engine_loss_within_one_percent_of_float(ref, name):
+    """Held-out loss of the integer engine against the float model's, on the reference documents."""
+    eng = Engine(MODELS / (name + ".spm"))
+    got = want = 0.0
+    for toks, flt in zip(ref[name + ".tokens"], ref[name + ".logits"].astype(np.float64)):
+        eng.reset()
+        got += cross_entropy(to_float(eng.forward(toks, 0)), toks)
+        want += cross_entropy(flt, toks)
+    assert abs(got - want) <= 0.01 * want, (got, want)
 
 
 @pytest.mark.parametrize("name", NAMES)
