@@ -22,8 +22,8 @@ def matmul(w: ptr8, x: ptr16, acc: ptr32, p: ptr32):
     the inputs are int16 stored offset by 2^15 (as `quant` writes them), so a product needs no sign
     extension of x; the offset comes off once per sum (32768 * sum w, modulo 2^32 like the sum itself).
 
-    p = (rows, cols, k, r0). Each weight byte is loaded once per group of up to 4 positions; 5 positions
-    go as 3 + 2 (a group of one costs the most per product).
+    p = (rows, cols, k, r0). Each weight byte is loaded once per group of up to 5 positions (a verify
+    of gamma = 4 is one group; more positions go in groups of 4, then the rest).
     """
     rows = p[0]
     cols = p[1]
@@ -35,12 +35,30 @@ def matmul(w: ptr8, x: ptr16, acc: ptr32, p: ptr32):
         while j < k:
             x0 = j * cols
             g = k - j
-            if g == 5:
-                g = 3
-            elif g > 4:
+            if g > 5:
                 g = 4
             sw = 0
-            if g == 4:
+            if g == 5:
+                x1 = x0 + cols
+                x2 = x1 + cols
+                x3 = x2 + cols
+                x4 = x3 + cols
+                a0 = 0
+                a1 = 0
+                a2 = 0
+                a3 = 0
+                a4 = 0
+                for c in range(cols):
+                    v = (w[wo + c] ^ 0x80) - 0x80
+                    sw += v
+                    a0 += v * x[x0 + c]
+                    a1 += v * x[x1 + c]
+                    a2 += v * x[x2 + c]
+                    a3 += v * x[x3 + c]
+                    a4 += v * x[x4 + c]
+                acc[(j + 3) * rows + r] = a3 - (sw << 15)
+                acc[(j + 4) * rows + r] = a4 - (sw << 15)
+            elif g == 4:
                 x1 = x0 + cols
                 x2 = x1 + cols
                 x3 = x2 + cols
