@@ -148,22 +148,18 @@ def test_int8_logits_track_float_reference(ref, name):
         assert (got.argmax(axis=1) == flt.argmax(axis=1))[clear].all()
 
 
-def cross_entropy(logits: np.ndarray, tokens: np.ndarray) -> float:
-    """Mean -log p(next token) of float logits [n, vocab] over tokens[1:]."""
-    z = logits[:-1] - logits[:-1].max(axis=1, keepdims=True)
-    lp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-    return float(-lp[np.arange(len(tokens) - 1), tokens[1:]].mean())
-
-
 @pytest.mark.parametrize("name", NAMES)
-def test_integer_engine_loss_within_one_percent_of_float(ref, name):
-    """Held-out loss of the integer engine against the float model's, on the reference documents."""
-    eng = Engine(MODELS / (name + ".spm"))
-    got = want = 0.0
-    for toks, flt in zip(ref[name + ".tokens"], ref[name + ".logits"].astype(np.float64)):
-        eng.reset()
-        got += cross_entropy(to_float(eng.forward(toks, 0)), toks)
-        want += cross_entropy(flt, toks)
+def test_integer_engine_heldout_loss_within_one_percent_of_float(ref, tok, name):
+    """The model card's held-out loss (tools/modelcard.py: the loss stories of models/heldout.txt) of the
+    integer engine, against the float model's saved at export (measured: stories260K +0.42%, drafter
+    +0.01%)."""
+    pytest.importorskip("torch", reason="tools.export (the loss stories) needs PyTorch")
+    from tools.export import LOSS_STORIES
+    from tools.modelcard import int8_loss
+
+    stories = [s.strip() for s in (MODELS / "heldout.txt").read_text("utf-8").split("\n\n") if s.strip()]
+    got = int8_loss(MODELS / (name + ".spm"), [tok.encode(stories[i])[:512] for i in LOSS_STORIES])
+    want = float(ref[name + ".float_loss"])
     assert abs(got - want) <= 0.01 * want, (got, want)
 
 
