@@ -6,9 +6,9 @@ float engine it replaced, side by side on the same model files.
 The float engine is taken from git history (commit FLOAT_ENGINE: firmware/engine.py, kernels.py and the
 shared/modelfile.py it read) into a temporary folder; without git history only today's engine runs.
 Each engine runs in its own `micropython` process (tools/bench/_mp_kernels.py), ROUNDS times,
-alternating, and every figure is divided by `ref_us`, a fixed interpreted-Python workload timed in the
-same process: machine noise (other processes, frequency changes) cancels in the ratios, which are what
-the table compares (fastest round of each). Printed: per-token time of drafter and target (greedy, one
+alternating; each figure is the fastest round (noise only adds time), and per-token times are also
+given in units of `ref_us`, the fastest run of a fixed interpreted-Python workload timed in the same
+processes, so figures from different runs or machines compare as ratios. Printed: per-token time of drafter and target (greedy, one
 position per forward), heap bytes one token allocates, v(1..8) with the target, and the MAC/s of
 today's matmul kernel (viper, its plain-Python reference) next to numpy on the same 256 x 256 matrix.
 Models: models/drafter.spm and models/target.spm (stories260K). Figures are for the unix port on this
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("_mp_kernels.py")
 FLOAT_ENGINE = "d751430"  # the last commit with the float engine
 BUDGET_MS = 300
-ROUNDS = 3
+ROUNDS = 5
 
 
 def _models() -> dict[str, tuple[Path, str]]:
@@ -77,16 +77,16 @@ def _run_engine(engine_dir: str, models: dict) -> dict:
 
 
 def _best(runs: list[dict]) -> dict:
-    """Per figure, the fastest round in units of that round's reference workload."""
-    def rel(r, us):
-        return us / r["ref_us"]
-    return {"drafter_ref": min(rel(r, r["drafter"]["us_per_token"]) for r in runs),
-            "target_ref": min(rel(r, r["target"]["us_per_token"]) for r in runs),
-            "drafter_us": min(r["drafter"]["us_per_token"] for r in runs),
-            "target_us": min(r["target"]["us_per_token"] for r in runs),
-            "drafter_bytes": runs[0]["drafter"]["bytes_per_token"], "target_bytes": runs[0]["target"]["bytes_per_token"],
-            "v": [min(r["verify"]["v"][k] for r in runs) for k in range(8)],
-            "ref_us": min(r["ref_us"] for r in runs)}
+    """The fastest of the rounds, figure by figure (other processes only ever add time), and the
+    per-token times in units of the fastest reference workload."""
+    ref = min(r["ref_us"] for r in runs)
+    us = [min(r["verify"]["us"][k] for r in runs) for k in range(8)]
+    out = {"ref_us": ref, "v": [u / us[0] for u in us], "verify_us": us}
+    for m in ("drafter", "target"):
+        out[m + "_us"] = min(r[m]["us_per_token"] for r in runs)
+        out[m + "_ref"] = out[m + "_us"] / ref
+        out[m + "_bytes"] = max(r[m]["bytes_per_token"] for r in runs)
+    return out
 
 
 def run() -> dict:
