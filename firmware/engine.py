@@ -95,14 +95,15 @@ class Engine:
         self.kv = bytearray(2 * self.cache)  # keys, then values
         self.logits = _zeros("i", kmax * h.vocab)
         self.block = max(dim, qd, hid)  # matrix rows per matmul call: the classifier goes in blocks
-        self.acc = _zeros("i", kmax * self.block)
+        self.pm = _zeros("i", 16 + kmax * self.block)  # matmul's parameters, then its sums
+        self.acc = memoryview(self.pm)[16:]
         self.h1, self.h3 = _zeros("i", kmax * hid), _zeros("i", kmax * hid)
-        self.xq = _zeros("H", kmax * max(dim, qd, hid))  # matmul inputs: int16 + 32768
+        self.xq = _zeros("i", kmax * max(dim, qd, hid))  # matmul inputs: int16 values, positions interleaved
         self.sc = _zeros("i", self.n_ctx + hd + intmath.EXP_SIZE)  # scores, query scratch, exp table
         self.x, self.xn = _zeros("i", kmax * dim), _zeros("i", kmax * dim)
         self.qb = _zeros("i", kmax * qd)  # queries, then (in place) the attention outputs
         self.kb, self.vb = _zeros("i", kmax * kvd), _zeros("i", kmax * kvd)
-        self.pm, self.pr, self.pq = _zeros("i", 4), _zeros("i", 6 + kmax), _zeros("i", 4)
+        self.pr, self.pq = _zeros("i", 8 + kmax), _zeros("i", 8 + kmax)
         self.pn, self.po, self.pe, self.pg = _zeros("i", 4), _zeros("i", 4), _zeros("i", 3), _zeros("i", 2)
         self.pa, self.pl = _zeros("i", 11), _zeros("i", 2)
 
@@ -204,16 +205,17 @@ class Engine:
         po[1] = h.n_kv_heads
         kern.rope(self.kb, self.rope_cs, po)
         kvd = h.kv_dim
-        pq = self.pq
+        pq = self.pq  # the k new rows of keys, then of values, into the cache
+        pq[0] = 0
         pq[1] = kvd
+        pq[2] = (li * self.n_ctx + pos) * self.stride
         pq[3] = 7
-        for j in range(k):
-            c = (li * self.n_ctx + pos + j) * self.stride
-            pq[0] = j * kvd
-            pq[2] = c
-            self.kv[c + kvd] = kern.quant(self.kv, self.kb, pq)
-            pq[2] = self.cache + c
-            self.kv[self.cache + c + kvd] = kern.quant(self.kv, self.vb, pq)
+        pq[4] = 1
+        pq[5] = k
+        pq[6] = self.stride
+        kern.quant(self.kv, self.kb, pq)
+        pq[2] += self.cache
+        kern.quant(self.kv, self.vb, pq)
         pa = self.pa
         pa[1] = h.head_dim
         pa[2] = self.stride
@@ -224,10 +226,9 @@ class Engine:
         pa[7] = self.isq
         pa[9] = self.n_ctx
         pa[10] = self.n_ctx + h.head_dim
-        for j in range(k):  # query j sees positions 0 .. pos + j
-            pa[0] = pos + j + 1
-            pa[8] = j * h.n_heads * h.head_dim
-            kern.attend(self.qb, self.kv, self.sc, pa)
+        pa[0] = pos + 1  # query j sees positions 0 .. pos + j
+        pa[8] = k
+        kern.attend(self.qb, self.kv, self.sc, pa)
         self._matvec(wo, self.qb, self.x, k, 1)
         self._rmsnorm(ffn_norm, k)
         self._quant_rows(self.xn, h.dim, k)
@@ -254,13 +255,17 @@ class Engine:
         self._project(m, dst, k, add)
 
     def _quant_rows(self, src, cols, k):
-        """self.xq = k rows of src rounded to int16, their shifts in self.pr[6:] (for _project)."""
-        pq, pr = self.pq, self.pr
-        pq[1] = cols
-        pq[3] = 15
-        for j in range(k):
-            pq[0] = pq[2] = j * cols
-            pr[6 + j] = self._k.quant(self.xq, src, pq)
+        """self.xq = k rows of src rounded to int16 (interleaved: row j's value c at c*k + j), their
+        shifts in self.pr[8:], where _project's requant reads them."""
+        pr = self.pr
+        pr[0] = 0
+        pr[1] = cols
+        pr[2] = 0
+        pr[3] = 15
+        pr[4] = k
+        pr[5] = k
+        pr[6] = 1
+        self._k.quant(self.xq, src, pr)
 
     def _project(self, m, dst, k, add):
         """dst rows (+)= requant(Wq @ self.xq rows): the matvec of rows quantized by _quant_rows.
@@ -278,7 +283,7 @@ class Engine:
             n = min(self.block, rows - r0)
             pm[0] = pr[0] = n
             pm[3] = pr[2] = pr[4] = r0
-            self._k.matmul(w, self.xq, self.acc, pm)
+            self._k.matmul(w, self.xq, 0, pm)
             self._k.requant(dst, self.acc, ms, pr)
             r0 += n
 

@@ -17,142 +17,127 @@ import micropython
 
 
 @micropython.viper
-def matmul(w: ptr8, x: ptr16, acc: ptr32, p: ptr32):
-    """acc[j*rows + r] = sum_c int8 w[(r0 + r)*cols + c] * (x[j*cols + c] - 32768) for r < rows, j < k:
-    the inputs are int16 stored offset by 2^15 (as `quant` writes them), so a product needs no sign
-    extension of x; the offset comes off once per sum (32768 * sum w, modulo 2^32 like the sum itself).
+def matmul(wp: ptr8, xp: ptr32, a: int, p: ptr32):
+    """p[16 + j*rows + r] = sum_c int8 w[(r0 + r)*cols + c] * x[c*k + j] for r < rows, j < k, where wp
+    is w and xp is x: int32 inputs, the k positions interleaved. p = (rows, cols, k, r0, ...).
 
-    p = (rows, cols, k, r0). Each weight byte is loaded once per group of up to 5 positions (a verify
-    of gamma = 4 is one group; more positions go in groups of 4, then the rest).
+    Written for viper's 3 register locals: the first three locals (the parameters wp, xp and a, the
+    running sum; pass 0) are the inner loop's, which walks the two pointers. x is read as 32-bit words
+    and never sign-extended: on a 64-bit emitter a negative x loads as x + 2^32, which changes no sum
+    modulo 2^32, and sums are stored as 32 bits. Each weight byte is loaded once per group of up to
+    5 positions (a verify of gamma = 4 is one group; groups of 1 and 5 have loops of their own, 2 to
+    4 share one); the group's other sums live on the stack.
     """
     rows = p[0]
     cols = p[1]
     k = p[2]
-    r0 = p[3]
+    wb = uint(wp) + p[3] * cols
+    xb = uint(xp)
+    step = 4 * k
     for r in range(rows):
-        wo = (r0 + r) * cols
         j = 0
         while j < k:
-            x0 = j * cols
             g = k - j
             if g > 5:
-                g = 4
-            sw = 0
-            if g == 5:
-                x1 = x0 + cols
-                x2 = x1 + cols
-                x3 = x2 + cols
-                x4 = x3 + cols
-                a0 = 0
+                g = 5
+            wp = ptr8(wb + r * cols)
+            xp = ptr32(xb + 4 * j)
+            end = uint(wp) + cols
+            a = 0
+            if g == 1:
+                while uint(wp) < end:
+                    a += ((wp[0] ^ 0x80) - 0x80) * xp[0]
+                    wp = ptr8(uint(wp) + 1)
+                    xp = ptr32(uint(xp) + step)
+            elif g == 5:
                 a1 = 0
                 a2 = 0
                 a3 = 0
                 a4 = 0
-                for c in range(cols):
-                    v = (w[wo + c] ^ 0x80) - 0x80
-                    sw += v
-                    a0 += v * x[x0 + c]
-                    a1 += v * x[x1 + c]
-                    a2 += v * x[x2 + c]
-                    a3 += v * x[x3 + c]
-                    a4 += v * x[x4 + c]
-                acc[(j + 3) * rows + r] = a3 - (sw << 15)
-                acc[(j + 4) * rows + r] = a4 - (sw << 15)
-            elif g == 4:
-                x1 = x0 + cols
-                x2 = x1 + cols
-                x3 = x2 + cols
-                a0 = 0
+                while uint(wp) < end:
+                    v = (wp[0] ^ 0x80) - 0x80
+                    a += v * xp[0]
+                    a1 += v * xp[1]
+                    a2 += v * xp[2]
+                    a3 += v * xp[3]
+                    a4 += v * xp[4]
+                    wp = ptr8(uint(wp) + 1)
+                    xp = ptr32(uint(xp) + step)
+                p[16 + (j + 1) * rows + r] = a1
+                p[16 + (j + 2) * rows + r] = a2
+                p[16 + (j + 3) * rows + r] = a3
+                p[16 + (j + 4) * rows + r] = a4
+            else:
                 a1 = 0
                 a2 = 0
                 a3 = 0
-                for c in range(cols):
-                    v = (w[wo + c] ^ 0x80) - 0x80
-                    sw += v
-                    a0 += v * x[x0 + c]
-                    a1 += v * x[x1 + c]
-                    a2 += v * x[x2 + c]
-                    a3 += v * x[x3 + c]
-                acc[(j + 3) * rows + r] = a3 - (sw << 15)
-            elif g == 3:
-                x1 = x0 + cols
-                x2 = x1 + cols
-                a0 = 0
-                a1 = 0
-                a2 = 0
-                for c in range(cols):
-                    v = (w[wo + c] ^ 0x80) - 0x80
-                    sw += v
-                    a0 += v * x[x0 + c]
-                    a1 += v * x[x1 + c]
-                    a2 += v * x[x2 + c]
-            elif g == 2:
-                x1 = x0 + cols
-                a0 = 0
-                a1 = 0
-                for c in range(cols):
-                    v = (w[wo + c] ^ 0x80) - 0x80
-                    sw += v
-                    a0 += v * x[x0 + c]
-                    a1 += v * x[x1 + c]
-            else:
-                a0 = 0
-                for c in range(cols):
-                    v = (w[wo + c] ^ 0x80) - 0x80
-                    sw += v
-                    a0 += v * x[x0 + c]
-            sw = sw << 15
-            acc[j * rows + r] = a0 - sw
-            if g >= 2:
-                acc[(j + 1) * rows + r] = a1 - sw
-            if g >= 3:
-                acc[(j + 2) * rows + r] = a2 - sw
+                while uint(wp) < end:
+                    v = (wp[0] ^ 0x80) - 0x80
+                    a += v * xp[0]
+                    a1 += v * xp[1]
+                    if g >= 3:
+                        a2 += v * xp[2]
+                        if g == 4:
+                            a3 += v * xp[3]
+                    wp = ptr8(uint(wp) + 1)
+                    xp = ptr32(uint(xp) + step)
+                p[16 + (j + 1) * rows + r] = a1
+                if g >= 3:
+                    p[16 + (j + 2) * rows + r] = a2
+                if g == 4:
+                    p[16 + (j + 3) * rows + r] = a3
+            p[16 + j * rows + r] = a
             j += g
 
 
 @micropython.viper
-def quant(dst: ptr8, src: ptr32, p: ptr32) -> int:
-    """dst[do + i] = clip(round(src[so + i] / 2^sh), +-(2^bits - 1)) for i < n, sh the least shift that
-    fits the row's max |x| in `bits` bits; int8 bytes when bits <= 7, else uint16 (little-endian) holding
-    the value + 32768 (matmul's input). p = (so, n, do, bits); returns sh."""
-    so = p[0]
+def quant(dst: ptr8, src: ptr32, p: ptr32):
+    """For each of `rows` rows j of n values at src[so + j*n]: dst[do + j*rstep + i*stride] =
+    clip(round(src[.. + i] / 2^sh_j), +-(2^bits - 1)), sh_j the least shift that fits the row's max
+    |x| in `bits` bits, and p[8 + j] = sh_j. bits <= 7: int8 bytes, sh_j also in the byte after the
+    row (the KV cache's rows); else int32 (matmul's input). p = (so, n, do, bits, stride, rows, rstep)."""
     n = p[1]
-    do = p[2]
     bits = p[3]
-    m = 0
-    for i in range(so, so + n):
-        v = src[i]
-        v = ((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF)
-        if v < 0:
-            v = 0 - v
-        if v > m:
-            m = v
-    sh = 0
-    while (m >> sh) >> bits:
-        sh += 1
+    stride = p[4]
     lim = (1 << bits) - 1
-    half = (1 << sh) >> 1
-    for i in range(n):
-        v = src[so + i]
-        v = ((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF)
-        v = (v + half) >> sh
-        if v > lim:
-            v = lim
-        elif v < 0 - lim:
-            v = 0 - lim
+    d32 = ptr32(dst)
+    for j in range(p[5]):
+        so = p[0] + j * n
+        do = p[2] + j * p[6]
+        m = 0
+        for i in range(so, so + n):
+            v = src[i]
+            v = ((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF)
+            if v < 0:
+                v = 0 - v
+            if v > m:
+                m = v
+        sh = 0
+        while (m >> sh) >> bits:
+            sh += 1
+        half = (1 << sh) >> 1
+        for i in range(n):
+            v = src[so + i]
+            v = ((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF)
+            v = (v + half) >> sh
+            if v > lim:
+                v = lim
+            elif v < 0 - lim:
+                v = 0 - lim
+            if bits <= 7:
+                dst[do + i * stride] = v & 0xFF
+            else:
+                d32[do + i * stride] = v
         if bits <= 7:
-            dst[do + i] = v & 0xFF
-        else:
-            v += 32768
-            dst[2 * (do + i)] = v & 0xFF
-            dst[2 * (do + i) + 1] = (v >> 8) & 0xFF
-    return sh
+            dst[do + n * stride] = sh
+        p[8 + j] = sh
 
 
 @micropython.viper
 def requant(dst: ptr32, acc: ptr32, ms: ptr32, p: ptr32):
     """dst[j*stride + d0 + r] (+ when add)= mulsh(acc[j*n + r], m, s - sh_j) for r < n, j < k, where
-    ms[r0 + r] = m | s << 16; p = (n, k, r0, stride, d0, add, sh_0 .. sh_k-1)."""
+    ms[r0 + r] = m | s << 16; p = (n, k, r0, stride, d0, add, -, -, sh_0 .. sh_k-1): the shifts where
+    `quant` left them."""
     n = p[0]
     k = p[1]
     r0 = p[2]
@@ -160,7 +145,7 @@ def requant(dst: ptr32, acc: ptr32, ms: ptr32, p: ptr32):
     d0 = p[4]
     add = p[5]
     for j in range(k):
-        sh = p[6 + j]
+        sh = p[8 + j]
         for r in range(n):
             a = acc[j * n + r]
             a = ((((a >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (a & 0xFFFF)
@@ -293,17 +278,19 @@ def rope(buf: ptr32, cs: ptr16, p: ptr32):
 
 @micropython.viper
 def attend(q: ptr32, kv: ptr8, sc: ptr32, p: ptr32):
-    """Attention of one query row over cache positions t < n, every head, in place: q[qo + h*hd + i]
-    (Q16) becomes head h's output. kv: int8 key rows from kb, value rows from vb, `stride` bytes each,
-    the row's shift in its last byte; sc: n scores, then hd ints of scratch at `qq`, then the exp table
-    at `tab`. p = (n, hd, stride, kb, vb, heads, group, isq, qo, qq, tab). docs/CONTRACTS.md section 4."""
-    n = p[0]
+    """Attention of k query rows, row j over cache positions t < n + j, every head, in place: row j's
+    q[j*heads*hd + h*hd + i] (Q16) becomes head h's output. kv: int8 key rows from kb, value rows from
+    vb, `stride` bytes each, the row's shift in its last byte; sc: the scores, then hd ints of scratch
+    at `qq`, then the exp table at `tab`. p = (n, hd, stride, kb, vb, heads, group, isq, k, qq, tab).
+    docs/CONTRACTS.md section 4."""
     hd = p[1]
     stride = p[2]
     qq = p[9]
     tab = p[10]
-    for h in range(p[5]):
-        qo = p[8] + h * hd
+    for jh in range(p[8] * p[5]):
+        n = p[0] + jh // p[5]
+        h = jh % p[5]
+        qo = jh * hd
         kh = (h // p[6]) * hd
         # the query head rounded to 15 bits into the scratch
         m = 0

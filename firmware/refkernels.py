@@ -1,6 +1,6 @@
 """The engine's kernels in plain Python: the reference for kernels.py (same signatures, same integers) and
 the fallback on ports without a native emitter. int8 buffers are bytearrays (sign-extended here),
-int32 ones array('i'); `quant` with bits > 7 writes int16 + 32768 into an array('H') (matmul's input).
+int32 ones array('i'); `quant` with bits > 7 writes int32 (matmul's input, positions interleaved).
 """
 
 from shared.intmath import expq, inv_rms, mulsh, rope_at, rshr, sigmoid_q14
@@ -21,26 +21,30 @@ def _shift(src, o, n, bits):
     return sh
 
 
-def matmul(w, x, acc, p):
+def matmul(w, x, a, p):
     rows, cols, k, r0 = p[0], p[1], p[2], p[3]
     for j in range(k):
-        xo = j * cols
         for r in range(rows):
             wo = (r0 + r) * cols
             a = 0
             for c in range(cols):
-                a += _s8(w[wo + c]) * (x[xo + c] - 32768)
-            acc[j * rows + r] = a
+                a += _s8(w[wo + c]) * x[c * k + j]
+            p[16 + j * rows + r] = a
 
 
 def quant(dst, src, p):
-    so, n, do, bits = p[0], p[1], p[2], p[3]
-    sh = _shift(src, so, n, bits)
+    n, bits, stride = p[1], p[3], p[4]
     lim = (1 << bits) - 1
-    for i in range(n):
-        v = min(lim, max(-lim, rshr(src[so + i], sh)))
-        dst[do + i] = v & 0xFF if bits <= 7 else v + 32768
-    return sh
+    for j in range(p[5]):
+        so = p[0] + j * n
+        do = p[2] + j * p[6]
+        sh = _shift(src, so, n, bits)
+        for i in range(n):
+            v = min(lim, max(-lim, rshr(src[so + i], sh)))
+            dst[do + i * stride] = v & 0xFF if bits <= 7 else v
+        if bits <= 7:
+            dst[do + n * stride] = sh
+        p[8 + j] = sh
 
 
 def requant(dst, acc, ms, p):
@@ -48,7 +52,7 @@ def requant(dst, acc, ms, p):
     for j in range(k):
         for r in range(n):
             v = ms[r0 + r]
-            y = mulsh(acc[j * n + r], v & 0xFFFF, (v >> 16) - p[6 + j])
+            y = mulsh(acc[j * n + r], v & 0xFFFF, (v >> 16) - p[8 + j])
             o = j * stride + d0 + r
             dst[o] = dst[o] + y if add else y
 
@@ -85,10 +89,10 @@ def rope(buf, cs, p):
 
 
 def attend(q, kv, sc, p):
-    n, hd, stride, kb, vb, heads, group, isq, qo0, qq, tab = (p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7],
-                                                            p[8], p[9], p[10])
-    for h in range(heads):
-        qo = qo0 + h * hd
+    hd, stride, kb, vb, heads, group, isq, qq, tab = p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[9], p[10]
+    for jh in range(p[8] * heads):
+        n, h = p[0] + jh // heads, jh % heads
+        qo = jh * hd
         kh = (h // group) * hd
         sh = _shift(q, qo, hd, 15)
         for i in range(hd):
