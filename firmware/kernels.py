@@ -94,8 +94,9 @@ def matmul(wp: ptr8, xp: ptr32, a: int, p: ptr32):
 def quant(dst: ptr8, src: ptr32, p: ptr32):
     """For each of `rows` rows j of n values at src[so + j*n]: dst[do + j*rstep + i*stride] =
     clip(round(src[.. + i] / 2^sh_j), +-(2^bits - 1)), sh_j the least shift that fits the row's max
-    |x| in `bits` bits, and p[8 + j] = sh_j. bits <= 7: int8 bytes, sh_j also in the byte after the
-    row (the KV cache's rows); else int32 (matmul's input). p = (so, n, do, bits, stride, rows, rstep)."""
+    |x| in `bits` bits, and p[8 + j] = sh_j. bits <= 7: bytes holding the value + 128 (no sign to
+    extend where they are read), sh_j also in the byte after the row (the KV cache's rows); else int32
+    (matmul's input). p = (so, n, do, bits, stride, rows, rstep)."""
     n = p[1]
     bits = p[3]
     stride = p[4]
@@ -125,7 +126,7 @@ def quant(dst: ptr8, src: ptr32, p: ptr32):
             elif v < 0 - lim:
                 v = 0 - lim
             if bits <= 7:
-                dst[do + i * stride] = v & 0xFF
+                dst[do + i * stride] = v + 128
             else:
                 d32[do + i * stride] = v
         if bits <= 7:
@@ -280,7 +281,7 @@ def rope(buf: ptr32, cs: ptr16, p: ptr32):
 def attend(q: ptr32, kv: ptr8, sc: ptr32, p: ptr32):
     """Attention of k query rows, row j over cache positions t < n + j, every head, in place: row j's
     q[j*heads*hd + h*hd + i] (Q16) becomes head h's output. kv: int8 key rows from kb, value rows from
-    vb, `stride` bytes each, the row's shift in its last byte; sc: the scores, then hd ints of scratch
+    vb, `stride` bytes each, the row's shift in its last byte (values + 128: see quant); sc: the scores, then hd ints of scratch
     at `qq`, then the exp table at `tab`. p = (n, hd, stride, kb, vb, heads, group, isq, k, qq, tab).
     docs/CONTRACTS.md section 4."""
     hd = p[1]
@@ -304,6 +305,7 @@ def attend(q: ptr32, kv: ptr8, sc: ptr32, p: ptr32):
         sh = 0
         while (m >> sh) >> 15:
             sh += 1
+        qs = 0
         for i in range(hd):
             v = q[qo + i]
             v = (((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF)) + ((1 << sh) >> 1)
@@ -313,16 +315,17 @@ def attend(q: ptr32, kv: ptr8, sc: ptr32, p: ptr32):
             elif v < -32767:
                 v = -32767
             sc[qq + i] = v
+            qs += v
         # scores in Q12 and their max
         g = p[7]
         mx = 0
         for t in range(n):
             b = p[3] + t * stride
             a = 0
-            for i in range(hd):
-                v = sc[qq + i]
-                v = ((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF)
-                a += v * ((kv[b + kh + i] ^ 0x80) - 0x80)
+            for i in range(hd):  # cache bytes are int8 + 128; the query words unextended ...
+                a += sc[qq + i] * kv[b + kh + i]
+            a -= qs << 7  # ... so the sum is right modulo 2^32, and it fits int32
+            a = ((((a >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (a & 0xFFFF)
             s = 34 - sh - kv[b + stride - 1]
             if s >= 16:
                 a = ((a >> 15) * g + (1 << (s - 16)) + (((a & 0x7FFF) * g) >> 15)) >> (s - 15)
@@ -353,17 +356,19 @@ def attend(q: ptr32, kv: ptr8, sc: ptr32, p: ptr32):
         # weights times values, summed into the (consumed) query head
         for i in range(hd):
             q[qo + i] = 0
+        qs = 0  # the weights' sum: the value bytes are int8 + 128
         for t in range(n):
             b = p[4] + t * stride
             s = 8 + vm - kv[b + stride - 1]
             if s <= 30:
                 a = (sc[t] * rz + (1 << (s - 1))) >> s
                 if a:
+                    qs += a
                     for i in range(hd):
-                        q[qo + i] += a * ((kv[b + kh + i] ^ 0x80) - 0x80)
+                        q[qo + i] += a * kv[b + kh + i]
         s = 22 - vm
         for i in range(qo, qo + hd):
-            a = q[i]
+            a = q[i] - (qs << 7)
             a = ((((a >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (a & 0xFFFF)
             if s > 0:
                 q[i] = (a + (1 << (s - 1))) >> s

@@ -1,5 +1,6 @@
 """The engine's kernels in plain Python: the reference for kernels.py (same signatures, same integers) and
-the fallback on ports without a native emitter. int8 buffers are bytearrays (sign-extended here),
+the fallback on ports without a native emitter. int8 weights are bytearrays (sign-extended here), the KV
+cache's int8 values are stored + 128,
 int32 ones array('i'); `quant` with bits > 7 writes int32 (matmul's input, positions interleaved).
 """
 
@@ -41,7 +42,7 @@ def quant(dst, src, p):
         sh = _shift(src, so, n, bits)
         for i in range(n):
             v = min(lim, max(-lim, rshr(src[so + i], sh)))
-            dst[do + i * stride] = v & 0xFF if bits <= 7 else v
+            dst[do + i * stride] = v + 128 if bits <= 7 else v
         if bits <= 7:
             dst[do + n * stride] = sh
         p[8 + j] = sh
@@ -102,7 +103,7 @@ def attend(q, kv, sc, p):
             b = kb + t * stride
             a = 0
             for i in range(hd):
-                a += sc[qq + i] * _s8(kv[b + kh + i])
+                a += sc[qq + i] * (kv[b + kh + i] - 128)
             a = mulsh(a, isq, 34 - sh - kv[b + stride - 1])
             sc[t] = a
             if t == 0 or a > mx:
@@ -120,7 +121,7 @@ def attend(q, kv, sc, p):
             s = 8 + vm - kv[b + stride - 1]
             a = rshr(sc[t] * rz, s) if s <= 30 else 0
             for i in range(hd):
-                q[qo + i] += a * _s8(kv[b + kh + i])
+                q[qo + i] += a * (kv[b + kh + i] - 128)
         for i in range(qo, qo + hd):
             q[i] = rshr(q[i], 22 - vm)
 
