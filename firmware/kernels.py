@@ -21,8 +21,9 @@ def matmul(wp: ptr8, xp: ptr32, a: int, p: ptr32):
     """p[16 + j*rows + r] = sum_c int8 w[(r0 + r)*cols + c] * x[c*k + j] for r < rows, j < k, where wp
     is w and xp is x: int32 inputs, the k positions interleaved. p = (rows, cols, k, r0, ...).
 
-    Written for viper's 3 register locals: the first three locals (the parameters wp, xp and a, the
-    running sum; pass 0) are the inner loop's, which walks the two pointers. x is read as 32-bit words
+    Written for viper's register locals: the inner loop walks the two pointers, the parameters wp and
+    xp, which viper keeps in registers (pass 0 for a, the running sum); sums are written `a = v * x + a`,
+    which mpy-cross compiles with fewer stack round trips than `a += v * x` (tools/xtensa_loops.py). x is read as 32-bit words
     and never sign-extended: on a 64-bit emitter a negative x loads as x + 2^32, which changes no sum
     modulo 2^32, and sums are stored as 32 bits. Each weight byte is loaded once per group of up to
     5 positions (a verify of gamma = 4 is one group; groups of 1 and 5 have loops of their own, 2 to
@@ -46,7 +47,7 @@ def matmul(wp: ptr8, xp: ptr32, a: int, p: ptr32):
             a = 0
             if g == 1:
                 while uint(wp) < end:
-                    a += ((wp[0] ^ 0x80) - 0x80) * xp[0]
+                    a = ((wp[0] ^ 0x80) - 0x80) * xp[0] + a
                     wp = ptr8(uint(wp) + 1)
                     xp = ptr32(uint(xp) + step)
             elif g == 5:
@@ -56,11 +57,11 @@ def matmul(wp: ptr8, xp: ptr32, a: int, p: ptr32):
                 a4 = 0
                 while uint(wp) < end:
                     v = (wp[0] ^ 0x80) - 0x80
-                    a += v * xp[0]
-                    a1 += v * xp[1]
-                    a2 += v * xp[2]
-                    a3 += v * xp[3]
-                    a4 += v * xp[4]
+                    a = v * xp[0] + a
+                    a1 = v * xp[1] + a1
+                    a2 = v * xp[2] + a2
+                    a3 = v * xp[3] + a3
+                    a4 = v * xp[4] + a4
                     wp = ptr8(uint(wp) + 1)
                     xp = ptr32(uint(xp) + step)
                 p[16 + (j + 1) * rows + r] = a1
@@ -73,12 +74,12 @@ def matmul(wp: ptr8, xp: ptr32, a: int, p: ptr32):
                 a3 = 0
                 while uint(wp) < end:
                     v = (wp[0] ^ 0x80) - 0x80
-                    a += v * xp[0]
-                    a1 += v * xp[1]
+                    a = v * xp[0] + a
+                    a1 = v * xp[1] + a1
                     if g >= 3:
-                        a2 += v * xp[2]
+                        a2 = v * xp[2] + a2
                         if g == 4:
-                            a3 += v * xp[3]
+                            a3 = v * xp[3] + a3
                     wp = ptr8(uint(wp) + 1)
                     xp = ptr32(uint(xp) + step)
                 p[16 + (j + 1) * rows + r] = a1
