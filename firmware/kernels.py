@@ -324,7 +324,7 @@ def attend(q: ptr32, kv: ptr8, sc: ptr32, p: ptr32):
             b = p[3] + t * stride
             a = 0
             for i in range(hd):  # cache bytes are int8 + 128; the query words unextended ...
-                a += sc[qq + i] * kv[b + kh + i]
+                a = sc[qq + i] * kv[b + kh + i] + a
             a -= qs << 7  # ... so the sum is right modulo 2^32, and it fits int32
             a = ((((a >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (a & 0xFFFF)
             s = 34 - sh - kv[b + stride - 1]
@@ -366,7 +366,7 @@ def attend(q: ptr32, kv: ptr8, sc: ptr32, p: ptr32):
                 if a:
                     qs += a
                     for i in range(hd):
-                        q[qo + i] += a * kv[b + kh + i]
+                        q[qo + i] = a * kv[b + kh + i] + q[qo + i]
         s = 22 - vm
         for i in range(qo, qo + hd):
             a = q[i] - (qs << 7)
