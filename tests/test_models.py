@@ -148,12 +148,14 @@ def test_int8_logits_track_float_reference(ref, name):
         assert (got.argmax(axis=1) == flt.argmax(axis=1))[clear].all()
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", NAMES)
 def test_integer_engine_heldout_loss_within_one_percent_of_float(ref, tok, name):
     """The model card's held-out loss (tools/modelcard.py: the loss stories of models/heldout.txt) of the
     integer engine, against the float model's saved at export (measured: stories260K +0.42%, drafter
     +0.01%)."""
-    pytest.importorskip("torch", reason="tools.export (the loss stories) needs PyTorch")
+    pytest.importorskip("torch", reason="no PyTorch (the gpu extra; tools.export holds the loss stories): "
+                        "`make test-torch` runs these")
     from tools.export import LOSS_STORIES
     from tools.modelcard import int8_loss
 
