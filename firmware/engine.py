@@ -98,7 +98,7 @@ class Engine:
         self.pm = _zeros("i", 16 + kmax * self.block)  # matmul's parameters, then its sums
         self.acc = memoryview(self.pm)[16:]
         self.h1, self.h3 = _zeros("i", kmax * hid), _zeros("i", kmax * hid)
-        self.xq = _zeros("i", kmax * max(dim, qd, hid))  # matmul inputs: int16 values, positions interleaved
+        self.xq = _zeros("i", kmax * max(dim, qd, hid) + 1)  # matmul inputs, positions interleaved; + slack
         self.sc = _zeros("i", self.n_ctx + hd + intmath.EXP_SIZE)  # scores, query scratch, exp table
         self.x, self.xn = _zeros("i", kmax * dim), _zeros("i", kmax * dim)
         self.qb = _zeros("i", kmax * qd)  # queries, then (in place) the attention outputs

@@ -26,8 +26,9 @@ def matmul(wp: ptr8, xp: ptr32, a: int, p: ptr32):
     which mpy-cross compiles with fewer stack round trips than `a += v * x` (tools/xtensa_loops.py). x is read as 32-bit words
     and never sign-extended: on a 64-bit emitter a negative x loads as x + 2^32, which changes no sum
     modulo 2^32, and sums are stored as 32 bits. Each weight byte is loaded once per group of up to
-    5 positions (a verify of gamma = 4 is one group; groups of 1 and 5 have loops of their own, 2 to
-    4 share one); the group's other sums live on the stack.
+    5 positions (a verify of gamma = 4 is one group; groups of 1 and of 4 or 5 have loops of their
+    own, 2 and 3 share one); the group's other sums live on the stack. x needs one word of slack
+    after its k * cols values (a group of 4 at the end reads it and drops the product).
     """
     rows = p[0]
     cols = p[1]
@@ -50,7 +51,7 @@ def matmul(wp: ptr8, xp: ptr32, a: int, p: ptr32):
                     a = ((wp[0] ^ 0x80) - 0x80) * xp[0] + a
                     wp = ptr8(uint(wp) + 1)
                     xp = ptr32(uint(xp) + step)
-            elif g == 5:
+            elif g >= 4:  # 4 positions run the 5-position loop: a4 reads the slack word past x, unused
                 a1 = 0
                 a2 = 0
                 a3 = 0
@@ -67,26 +68,22 @@ def matmul(wp: ptr8, xp: ptr32, a: int, p: ptr32):
                 p[16 + (j + 1) * rows + r] = a1
                 p[16 + (j + 2) * rows + r] = a2
                 p[16 + (j + 3) * rows + r] = a3
-                p[16 + (j + 4) * rows + r] = a4
+                if g == 5:
+                    p[16 + (j + 4) * rows + r] = a4
             else:
                 a1 = 0
                 a2 = 0
-                a3 = 0
                 while uint(wp) < end:
                     v = (wp[0] ^ 0x80) - 0x80
                     a = v * xp[0] + a
                     a1 = v * xp[1] + a1
-                    if g >= 3:
+                    if g == 3:
                         a2 = v * xp[2] + a2
-                        if g == 4:
-                            a3 = v * xp[3] + a3
                     wp = ptr8(uint(wp) + 1)
                     xp = ptr32(uint(xp) + step)
                 p[16 + (j + 1) * rows + r] = a1
-                if g >= 3:
+                if g == 3:
                     p[16 + (j + 2) * rows + r] = a2
-                if g == 4:
-                    p[16 + (j + 3) * rows + r] = a3
             p[16 + j * rows + r] = a
             j += g
 
