@@ -1,135 +1,51 @@
-"""The firmware inference engine: a specmesh int8 model run by MicroPython, with an int8 KV cache.
+"""The firmware inference engine: a specmesh int8 model run by MicroPython in integers, with an int8 KV cache.
 
 API (used by the node and its roles; `firmware/` is the board's root, `shared/` a package beside it):
 
     e = Engine(path, kmax=1, viper=True, n_ctx=0)  # load; kmax = most positions one forward() takes;
                                           # n_ctx > 0 caps the context (and KV cache) below max_seq
     logits = e.forward(tokens, pos)       # k = len(tokens) <= kmax ids at positions pos .. pos+k-1;
-                                          # returns the engine's array('f'): row j at [j*vocab, (j+1)*vocab)
+                                          # returns the engine's array('i') of Q16 logits:
+                                          # row j at [j*vocab, (j+1)*vocab)
     e.argmax(j)                           # greedy token of row j (ties: lowest id)
     e.rollback(n)                         # keep the first n positions (n >= length: no-op)
+    e.exp_table                           # intmath.exp_table (a view of the engine's ints; for sampling)
     e.length, e.n_ctx, e.vocab, e.header  # cached positions, context size, vocabulary, model header
     e.heap_bytes                          # heap the loaded engine holds (weights + KV cache + buffers)
     e.viper                               # True when the viper kernels run, False on the Python fallback
 
 `forward` needs pos <= length (an earlier pos rolls back first). The returned array is overwritten by
 the next call. A prompt longer than kmax is fed in chunks. Every buffer is allocated by the constructor
-(largest first, with no temporary copies, against fragmentation); the token loop creates no lists,
-arrays or other objects that outlive a call, so the heap holds still token after token (tested). What
-it cannot avoid: MicroPython floats are heap objects (on the ESP32 ports too), so each float operation
-of the norms, softmax, RoPE and output scaling allocates a short-lived box that the GC reclaims
-(`python -m tools.bench kernels` reports the bytes per token). Integer work never allocates.
+(largest first, against fragmentation); the token loop allocates nothing (only small ints, no floats:
+tested with the GC disabled).
 
-Arithmetic: docs/CONTRACTS.md section 4 describes this engine's steps exactly; host/engine.py (numpy)
-and host/torch_backend.py reproduce them bit for bit on the unix port, where floats are doubles and
-every array('f') store rounds to float32 (on boards floats are float32, so there the host is matched
-to float32 rounding only). Matmuls run int8 x int8 -> int32 in `kernels.py` (viper) or in the
-plain-Python fallback below. Attention stays integer too, at float precision: each query head becomes
-30-bit ints (scale max|q|/(2^30-1)), split into two int16 halves for the q.k products against the int8
-key cache; softmax weights times value scales are quantized to sum to 2^23 for the products against
-the int8 value cache. Integer bounds (32-bit boards: int32 in viper, 31-bit small ints in Python):
-matmul sums 127*127*cols, q.k halves 32768*127*hd, value sums 127*(2^23 + n_ctx); so hd <= 256
-(checked at load) and cols < 66000.
+Arithmetic: docs/CONTRACTS.md section 4, all integer: Q16 activations, matmul inputs rounded to int16
+by a per-row power-of-two shift, int8 weights with per-row 14-bit multipliers and shifts, RMSNorm by an
+integer inverse square root, RoPE and exp (sigmoid too) from integer tables (shared/intmath.py), an int8
+KV cache whose rows carry their power-of-two shift in one extra byte. Kernels: `kernels.py` (viper) or
+`refkernels.py` (plain Python), identical integers. host/intengine.py computes the same with numpy or
+torch. Bounds (int32 on 32-bit boards): matmul sums 127 * 32767 * cols, so cols <= 516 and
+head size <= 516 (checked at load); activations below 2^14 in Q16 (real values below 16384).
 """
 
 import gc
-import math
 from array import array
 
-from micropython import const
-
+from shared import intmath
 from shared.modelfile import (FLAG_SHARED_CLS, HEADER_SIZE, KIND_Q8, ModelFileError, crc32,
                               parse_header, tensor_layout)
 
 try:
-    import kernels as _kernels
+    import kernels as _viper
 except Exception:  # no native emitter on this port (or viper disabled in the build)
-    _kernels = None
+    _viper = None
 
-_QMAX = const(1073741823)  # query scale: 30-bit ints, split into two int16 halves for the q.k kernel
-_WSUM = 8388608.0  # attention weights are quantized to sum to 2^23
-_MAX_HD = const(256)
+_MAX_COLS = 516  # 127 * 32767 * 516 < 2^31
 
 
-# Plain-Python kernels: the same signatures and results as kernels.py, for ports without viper.
-
-def _matmul_py(acc, w, x, p):
-    rows = p[0]
-    cols = p[1]
-    for j in range(p[2]):
-        xo = j * cols
-        ao = j * rows
-        for r in range(rows):
-            wo = (p[3] + r) * cols
-            a = 0
-            for c in range(cols):
-                a += ((w[wo + c] ^ 128) - 128) * ((x[xo + c] ^ 128) - 128)
-            acc[ao + r] = a
-
-
-def _qk_py(out, kc, q, p):
-    hd = p[1]
-    for t in range(p[0]):
-        b = t * p[2] + p[3]
-        hi = 0
-        lo = 0
-        for i in range(hd):
-            k = (kc[b + i] ^ 128) - 128
-            hi += q[i] * k
-            lo += q[hd + i] * k
-        out[2 * t] = hi
-        out[2 * t + 1] = lo
-
-
-def _av_py(out, vc, wt, p):
-    hd = p[1]
-    for i in range(hd):
-        out[i] = 0
-    for t in range(p[0]):
-        a = wt[t]
-        if a:
-            b = t * p[2] + p[3]
-            for i in range(hd):
-                out[i] += a * ((vc[b + i] ^ 128) - 128)
-
-
-def _absmax_py(a, p):
-    best = p[0]
-    m = 0.0
-    for i in range(p[0], p[0] + p[1]):
-        v = abs(a[i])
-        if v > m:
-            m = v
-            best = i
-    return best
-
-
-def _argmax_py(a, p):
-    off = p[0]
-    best = 0
-    m = a[off]
-    if m != m:
-        return -1
-    for i in range(1, p[1]):
-        v = a[off + i]
-        if v > m:
-            m = v
-            best = i
-        elif v != v:
-            return -1
-    return best
-
-
-def _f32(n):
-    """A zeroed array('f') of n, allocated once (array(range) sizes it up front; no temporary buffer)."""
-    a = array("f", range(n))
-    for i in range(n):
-        a[i] = 0.0
-    return a
-
-
-def _i32(n):
-    a = array("i", range(n))
+def _zeros(code, n):
+    """A zeroed array of n, allocated once (array(range) sizes it up front; no temporary buffer)."""
+    a = array(code, range(n))
     for i in range(n):
         a[i] = 0
     return a
@@ -143,20 +59,18 @@ class Engine:
             raise ValueError("kmax must be >= 1")
         gc.collect()
         before = gc.mem_alloc()
-        self.viper = bool(viper) and _kernels is not None
-        kern = _kernels if self.viper else None
-        self._mm = kern.matmul if kern else _matmul_py
-        self._qk = kern.qk if kern else _qk_py
-        self._av = kern.av if kern else _av_py
-        self._amax = kern.absmax if kern else _absmax_py
-        self._scale = kern.scale if kern else self._scale_py
-        self._q8 = kern.quant8 if kern else self._quant8_py
-        self._argmax = kern.argmax if kern else _argmax_py
+        self.viper = bool(viper) and _viper is not None
+        if self.viper:
+            self._k = _viper
+        else:
+            import refkernels  # only where it runs: its code would take heap on a board
+
+            self._k = refkernels
         with open(path, "rb") as f:
             h = parse_header(f.read(HEADER_SIZE))
-            if h.head_dim > _MAX_HD:
-                raise ModelFileError("model head size %d exceeds this engine's int32 bound (%d)"
-                                     % (h.head_dim, _MAX_HD))
+            if max(h.dim, h.hidden, h.n_heads * h.head_dim) > _MAX_COLS:
+                raise ModelFileError("model width %d exceeds this engine's int32 bound (%d)"
+                                     % (max(h.dim, h.hidden, h.n_heads * h.head_dim), _MAX_COLS))
             self.header = h
             self.kmax = kmax
             self.vocab = h.vocab
@@ -169,53 +83,62 @@ class Engine:
         self.layers = [tuple(t[1 + 9 * i:10 + 9 * i]) for i in range(h.n_layers)]
         self.final_norm = t[1 + 9 * h.n_layers]
         self.cls = t[0] if h.flags & FLAG_SHARED_CLS else t[2 + 9 * h.n_layers]
+        self._tables(h)
         gc.collect()
         self.heap_bytes = gc.mem_alloc() - before
 
     def _buffers(self, h, kmax):
         hd, dim, kvd, hid = h.head_dim, h.dim, h.kv_dim, h.hidden
         qd = h.n_heads * hd
-        cache = h.n_layers * self.n_ctx
-        self.kc, self.vc = bytearray(cache * kvd), bytearray(cache * kvd)
-        self.ks, self.vs = _f32(cache), _f32(cache)
-        self.logits = _f32(kmax * h.vocab)
+        self.stride = kvd + 1  # a cache row: kv_dim int8 values, then their shift
+        self.cache = h.n_layers * self.n_ctx * self.stride
+        self.kv = bytearray(2 * self.cache)  # keys, then values
+        self.logits = _zeros("i", kmax * h.vocab)
         self.block = max(dim, qd, hid)  # matrix rows per matmul call: the classifier goes in blocks
-        self.acc = _i32(kmax * self.block)
-        self.yb = _f32(kmax * dim)  # wo and w2 outputs, before the residual add
-        self.h1, self.h3 = _f32(kmax * hid), _f32(kmax * hid)
-        self.sc, self.si = _f32(self.n_ctx), _i32(2 * self.n_ctx)  # si: q.k sums, then attention weights
-        self.x, self.xn = _f32(kmax * dim), _f32(kmax * dim)
-        self.qb, self.ob = _f32(kmax * qd), _f32(kmax * qd)
-        self.kb, self.vb = _f32(kmax * kvd), _f32(kmax * kvd)
-        self.xq, self.xs = bytearray(kmax * max(dim, qd, hid)), _f32(kmax)
-        self.cos, self.sin = _f32(kmax * hd // 2), _f32(kmax * hd // 2)
-        self.qh, self.oi = array("h", range(2 * hd)), _i32(hd)
-        self.p, self.pa, self.ps, self.pq = _i32(4), _i32(2), _i32(5), _i32(3)
-        self.f1, self.f2 = _f32(1), _f32(1)
-        self.freqs = _f32(hd // 2)
-        for i in range(hd // 2):
-            self.freqs[i] = math.pow(h.rope_theta, -2.0 * i / hd)
-        self.inv_sqrt_hd = 1.0 / math.sqrt(hd)
+        self.pm = _zeros("i", 16 + kmax * self.block)  # matmul's parameters, then its sums
+        self.acc = memoryview(self.pm)[16:]
+        self.h1, self.h3 = _zeros("i", kmax * hid), _zeros("i", kmax * hid)
+        self.xq = _zeros("i", kmax * max(dim, qd, hid) + 1)  # matmul inputs, positions interleaved; + slack
+        self.sc = _zeros("i", self.n_ctx + hd + intmath.EXP_SIZE)  # scores, query scratch, exp table
+        self.x, self.xn = _zeros("i", kmax * dim), _zeros("i", kmax * dim)
+        self.qb = _zeros("i", kmax * qd)  # queries, then (in place) the attention outputs
+        self.kb, self.vb = _zeros("i", kmax * kvd), _zeros("i", kmax * kvd)
+        self.pr, self.pq = _zeros("i", 8 + kmax), _zeros("i", 8 + kmax)
+        self.pn, self.po, self.pe, self.pg = _zeros("i", 4), _zeros("i", 4), _zeros("i", 3), _zeros("i", 2)
+        self.pa, self.pl = _zeros("i", 11), _zeros("i", 2)
+
+    def _tables(self, h):
+        hd = h.head_dim
+        self.rope_cs = intmath.rope_table(h.rope_theta_bits, hd, self.n_ctx,
+                                          _zeros("h", intmath.rope_size(hd, self.n_ctx)))
+        tab = self.n_ctx + hd
+        intmath.exp_table(memoryview(self.sc)[tab:])
+        self.exp_table = memoryview(self.sc)[tab:]
+        self.isq = intmath.isqrt((1 << 28) // hd)  # 2^14 / sqrt(hd)
+        self.eps = intmath.eps_q32(h.norm_eps_bits)
 
     @staticmethod
     def _load(f, h):
         """Read every tensor into a fresh buffer, checking sizes and the body CRC; tensors in file order.
 
-        A Q8 tensor is (int8 bytearray, float32 scales, rows, cols); a vector an array('f').
+        A Q8 tensor becomes (int8 bytearray, array('i') of m | s << 16 per row, rows, cols), the row
+        scale m / 2^s (intmath.fixed: 0 <= m <= 2^14); a vector (array('i') of ints, s), values int / 2^s.
         """
         crc = 0
         layout = tensor_layout(h)
         out = [None] * len(layout)
         for n, (_name, kind, rows, cols) in enumerate(layout):
             if kind == KIND_Q8:
-                w, s = bytearray(rows * cols), _f32(rows)
+                w, ms = bytearray(rows * cols), _zeros("i", rows)
                 crc = _read(f, w, rows * cols, crc)
-                crc = _read(f, s, 4 * rows, crc)
-                out[n] = (w, s, rows, cols)
+                crc = _read(f, ms, 4 * rows, crc)
+                for r in range(rows):
+                    ms[r] = intmath.fixed_packed(ms[r])
+                out[n] = (w, ms, rows, cols)
             else:
-                v = _f32(cols)
+                v = _zeros("i", cols)
                 crc = _read(f, v, 4 * cols, crc)
-                out[n] = v
+                out[n] = (v, intmath.fixed_vector(v))
         if f.read(1):
             raise ModelFileError("model file has trailing bytes after its tensors: the file is corrupt")
         if crc is not None and crc != h.body_crc:
@@ -230,14 +153,11 @@ class Engine:
             self.length = n
 
     def argmax(self, j=0):
-        """Token id of the largest logit in row j; ties go to the lowest id; ValueError on a NaN logit."""
-        pa = self.pa
-        pa[0] = j * self.vocab
-        pa[1] = self.vocab
-        t = self._argmax(self.logits, pa)
-        if t < 0:
-            raise ValueError("nan")  # (a static qstr: no heap on a board)
-        return t
+        """Token id of the largest logit in row j; ties go to the lowest id."""
+        pg = self.pg
+        pg[0] = j * self.vocab
+        pg[1] = self.vocab
+        return self._k.argmax(self.logits, pg)
 
     def forward(self, tokens, pos):
         """Run k = len(tokens) positions from pos in one batched pass; returns the logits array."""
@@ -249,21 +169,19 @@ class Engine:
             raise ValueError("start position %d is beyond the %d cached positions" % (pos, self.length))
         if pos + k > self.n_ctx:
             raise ValueError("%d positions exceed the model's context of %d" % (pos + k, self.n_ctx))
-        dim = h.dim
-        x = self.x
-        ew, es = self.tok_emb[0], self.tok_emb[1]
+        pe = self.pe
+        pe[0] = h.dim
         for j in range(k):
             t = tokens[j]
             if t < 0 or t >= self.vocab:
                 raise ValueError("token id %d out of range [0, %d)" % (t, self.vocab))
-            s = es[t]
-            for i in range(dim):
-                x[j * dim + i] = ((ew[t * dim + i] ^ 128) - 128) * s
-        self._rope_tables(k, pos)
+            pe[1] = t
+            pe[2] = j * h.dim
+            self._k.embed(self.x, self.tok_emb[0], self.tok_emb[1], pe)
         for li in range(h.n_layers):
             self._layer(li, self.layers[li], k, pos)
-        self._rmsnorm(x, self.xn, self.final_norm, k)
-        self._matvec(self.cls, self.xn, self.logits, k, False)
+        self._rmsnorm(self.final_norm, k)
+        self._matvec(self.cls, self.xn, self.logits, k, 0)
         self.length = pos + k
         return self.logits
 
@@ -271,216 +189,103 @@ class Engine:
 
     def _layer(self, li, lw, k, pos):
         h = self.header
+        kern = self._k
         attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 = lw
-        self._rmsnorm(self.x, self.xn, attn_norm, k)
+        self._rmsnorm(attn_norm, k)
         self._quant_rows(self.xn, h.dim, k)  # one quantized input for wq, wk and wv
-        self._project(wq, self.qb, k, False)
-        self._project(wk, self.kb, k, False)
-        self._project(wv, self.vb, k, False)
-        self._rope(self.qb, h.n_heads, k)
-        self._rope(self.kb, h.n_kv_heads, k)
+        self._project(wq, self.qb, k, 0)
+        self._project(wk, self.kb, k, 0)
+        self._project(wv, self.vb, k, 0)
+        po = self.po
+        po[0] = k
+        po[2] = h.head_dim // 2
+        po[3] = pos
+        po[1] = h.n_heads
+        kern.rope(self.qb, self.rope_cs, po)
+        po[1] = h.n_kv_heads
+        kern.rope(self.kb, self.rope_cs, po)
         kvd = h.kv_dim
-        for j in range(k):
-            c = li * self.n_ctx + pos + j
-            self.ks[c] = self._quant(self.kb, j * kvd, kvd, self.kc, c * kvd)
-            self.vs[c] = self._quant(self.vb, j * kvd, kvd, self.vc, c * kvd)
-        for j in range(k):
-            self._attend(li, j, pos + j + 1)
-        self._matvec(wo, self.ob, self.x, k, True)
-        self._rmsnorm(self.x, self.xn, ffn_norm, k)
+        pq = self.pq  # the k new rows of keys, then of values, into the cache
+        pq[0] = 0
+        pq[1] = kvd
+        pq[2] = (li * self.n_ctx + pos) * self.stride
+        pq[3] = 7
+        pq[4] = 1
+        pq[5] = k
+        pq[6] = self.stride
+        kern.quant(self.kv, self.kb, pq)
+        pq[2] += self.cache
+        kern.quant(self.kv, self.vb, pq)
+        pa = self.pa
+        pa[1] = h.head_dim
+        pa[2] = self.stride
+        pa[3] = li * self.n_ctx * self.stride
+        pa[4] = self.cache + pa[3]
+        pa[5] = h.n_heads
+        pa[6] = h.n_heads // h.n_kv_heads
+        pa[7] = self.isq
+        pa[9] = self.n_ctx
+        pa[10] = self.n_ctx + h.head_dim
+        pa[0] = pos + 1  # query j sees positions 0 .. pos + j
+        pa[8] = k
+        kern.attend(self.qb, self.kv, self.sc, pa)
+        self._matvec(wo, self.qb, self.x, k, 1)
+        self._rmsnorm(ffn_norm, k)
         self._quant_rows(self.xn, h.dim, k)
-        self._project(w1, self.h1, k, False)
-        self._project(w3, self.h3, k, False)
-        h1, h3 = self.h1, self.h3
-        for i in range(k * h.hidden):
-            a = h1[i]
-            h1[i] = 0.0 if a < -80.0 else a / (1.0 + math.exp(-a)) * h3[i]
-        self._matvec(w2, self.h1, self.x, k, True)
+        self._project(w1, self.h1, k, 0)
+        self._project(w3, self.h3, k, 0)
+        pl = self.pl
+        pl[0] = h.hidden
+        pl[1] = k
+        kern.silu(self.h1, self.h3, self.exp_table, pl)
+        self._matvec(w2, self.h1, self.x, k, 1)
 
-    def _attend(self, li, j, n):
-        """Attention of query row j over cache positions 0..n-1 of layer li, into self.ob row j."""
-        h = self.header
-        hd, kvd = h.head_dim, h.kv_dim
-        group = h.n_heads // h.n_kv_heads
-        qd = h.n_heads * hd
-        base = li * self.n_ctx
-        qh, sc, si, oi, p = self.qh, self.sc, self.si, self.oi, self.p
-        ks, vs, ob = self.ks, self.vs, self.ob
-        p[0] = n
-        p[1] = hd
-        p[2] = kvd
-        for hh in range(h.n_heads):
-            qo = j * qd + hh * hd
-            qs = self._quant_q(qo, hd)
-            p[3] = base * kvd + (hh // group) * hd
-            self._qk(si, self.kc, qh, p)
-            c = qs * self.inv_sqrt_hd
-            mx = -1e30
-            for t in range(n):
-                s = (si[2 * t] * 32768.0 + si[2 * t + 1]) * ks[base + t] * c
-                sc[t] = s
-                if s > mx:
-                    mx = s
-            z = 0.0
-            ws = 0.0
-            for t in range(n):
-                e = math.exp(sc[t] - mx)
-                z += e
-                w = e * vs[base + t]
-                sc[t] = w
-                ws += w
-            if ws > 0.0:
-                g = _WSUM / ws
-                for t in range(n):
-                    si[t] = math.floor(sc[t] * g + 0.5)
-                self._av(oi, self.vc, si, p)
-                f = ws / (_WSUM * z)
-                for i in range(hd):
-                    ob[qo + i] = oi[i] * f
-            else:
-                for i in range(hd):
-                    ob[qo + i] = 0.0
+    def _rmsnorm(self, w, k):
+        """self.xn = RMSNorm of k rows of self.x with weights w = (ints, shift)."""
+        pn = self.pn
+        pn[0] = self.header.dim
+        pn[1] = k
+        pn[2] = w[1]
+        pn[3] = self.eps
+        self._k.rmsnorm(self.xn, self.x, w[0], pn)
 
     def _matvec(self, m, src, dst, k, add):
-        """dst rows (+)= (Wq @ quant(src row)) * ws * xs for k rows of src."""
+        """dst rows (+)= W @ src rows, for k rows of src."""
         self._quant_rows(src, m[3], k)
         self._project(m, dst, k, add)
 
     def _quant_rows(self, src, cols, k):
-        """self.xq, self.xs = int8 rows and scales of k rows of src (the input of the next _project)."""
-        for j in range(k):
-            self.xs[j] = self._quant(src, j * cols, cols, self.xq, j * cols)
+        """self.xq = k rows of src rounded to int16 (interleaved: row j's value c at c*k + j), their
+        shifts in self.pr[8:], where _project's requant reads them."""
+        pr = self.pr
+        pr[0] = 0
+        pr[1] = cols
+        pr[2] = 0
+        pr[3] = 15
+        pr[4] = k
+        pr[5] = k
+        pr[6] = 1
+        self._k.quant(self.xq, src, pr)
 
     def _project(self, m, dst, k, add):
-        """dst rows (+)= (Wq @ self.xq row) * ws * xs: the matvec of rows quantized by _quant_rows.
+        """dst rows (+)= requant(Wq @ self.xq rows): the matvec of rows quantized by _quant_rows.
 
-        y = f32(f32(acc) * ws) * xs, rounded as float32 hardware (and numpy) rounds; with `add` the
-        k rows of y (rows <= block) are added to dst.
-        """
-        w, ws, rows, cols = m
-        p, ps = self.p, self.ps
-        p[1] = cols
-        p[2] = k
-        ps[1] = k
+        The classifier (rows > block) goes in blocks of `block` rows through self.acc."""
+        w, ms, rows, cols = m
+        pm, pr = self.pm, self.pr
+        pm[1] = cols
+        pm[2] = k
+        pr[1] = k
+        pr[3] = rows
+        pr[5] = add
         r0 = 0
         while r0 < rows:
             n = min(self.block, rows - r0)
-            p[0] = n
-            p[3] = r0
-            self._mm(self.acc, w, self.xq, p)
-            ps[0] = n
-            ps[2] = r0
-            if add:
-                ps[3] = n
-                ps[4] = 0
-                self._scale(self.yb, self.acc, ws, self.xs, ps)
-            else:
-                ps[3] = rows
-                ps[4] = r0
-                self._scale(dst, self.acc, ws, self.xs, ps)
+            pm[0] = pr[0] = n
+            pm[3] = pr[2] = pr[4] = r0
+            self._k.matmul(w, self.xq, 0, pm)
+            self._k.requant(dst, self.acc, ms, pr)
             r0 += n
-        if add:
-            yb = self.yb
-            for i in range(k * rows):
-                dst[i] += yb[i]
-
-    def _scale_py(self, dst, acc, ws, xs, p):
-        """kernels.scale in Python: float32 rounding of the first product through a float32 slot."""
-        n, r0, stride, d0 = p[0], p[2], p[3], p[4]
-        f = self.f1
-        for j in range(p[1]):
-            s = xs[j]
-            for r in range(n):
-                f[0] = acc[j * n + r] * ws[r0 + r]
-                dst[j * stride + d0 + r] = f[0] * s
-
-    def _absmax(self, src, so, n):
-        """max |src[so:so+n]|."""
-        pa = self.pa
-        pa[0] = so
-        pa[1] = n
-        return abs(src[self._amax(src, pa)])
-
-    def _quant(self, src, so, n, dst, do):
-        """dst[do:do+n] = int8 of src[so:so+n] (scale max|x|/127, floor(x/xs + 0.5)); returns the scale."""
-        m = self._absmax(src, so, n)
-        if m == 0.0:
-            for i in range(do, do + n):
-                dst[i] = 0
-            return 0.0
-        r = self.f1  # the scale rounded to float32, as the reference has it
-        r[0] = m / 127.0
-        pq = self.pq
-        pq[0] = so
-        pq[1] = n
-        pq[2] = do
-        self._q8(dst, src, r, pq)
-        return r[0]
-
-    def _quant8_py(self, dst, src, sc, p):
-        """kernels.quant8 in Python: the quotient rounded to float32 through a float32 slot."""
-        s = sc[0]
-        f = self.f2
-        so, do = p[0], p[2]
-        for i in range(p[1]):
-            f[0] = src[so + i] / s
-            v = math.floor(f[0] + 0.5)
-            if v == 0 and f[0] == 0.4999999701976776:  # 0.5 - 2^-25: float32 rounds + 0.5 up to 1.0
-                v = 1
-            dst[do + i] = (127 if v > 127 else (-127 if v < -127 else v)) & 255
-
-    def _quant_q(self, so, n):
-        """Query head self.qb[so:so+n] as 30-bit ints v (scale max|q|/(2^30-1)), stored as two int16
-        halves: self.qh[i] = v >> 15 (signed), self.qh[n+i] = v & 0x7FFF; returns the scale."""
-        src, qh = self.qb, self.qh
-        m = self._absmax(src, so, n)
-        if m == 0.0:
-            for i in range(2 * n):
-                qh[i] = 0
-            return 0.0
-        s = m / _QMAX
-        for i in range(n):
-            v = math.floor(src[so + i] / s + 0.5)
-            qh[i] = v >> 15
-            qh[n + i] = v & 32767
-        return s
-
-    def _rmsnorm(self, src, dst, w, k):
-        dim = self.header.dim
-        eps = self.header.norm_eps
-        for j in range(k):
-            o = j * dim
-            ss = 0.0
-            for i in range(o, o + dim):
-                ss += src[i] * src[i]
-            d = math.sqrt(ss / dim + eps)
-            for i in range(dim):
-                dst[o + i] = src[o + i] * w[i] / d
-
-    def _rope_tables(self, k, pos):
-        half = self.header.head_dim // 2
-        fr, cs, sn = self.freqs, self.cos, self.sin
-        for j in range(k):
-            for i in range(half):
-                a = (pos + j) * fr[i]
-                cs[j * half + i] = math.cos(a)
-                sn[j * half + i] = math.sin(a)
-
-    def _rope(self, buf, heads, k):
-        """Rotate each pair (2i, 2i+1) of every head of k rows of buf by its position's angle."""
-        half = self.header.head_dim // 2
-        width = heads * half * 2
-        cs, sn = self.cos, self.sin
-        for j in range(k):
-            for hh in range(heads):
-                o = j * width + hh * half * 2
-                for i in range(half):
-                    c = cs[j * half + i]
-                    s = sn[j * half + i]
-                    a = buf[o + 2 * i]
-                    b = buf[o + 2 * i + 1]
-                    buf[o + 2 * i] = a * c - b * s
-                    buf[o + 2 * i + 1] = a * s + b * c
 
 
 def _read(f, buf, nbytes, crc):

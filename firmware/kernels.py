@@ -1,298 +1,439 @@
-"""Viper kernels of the firmware engine: int8 x int8 -> int32 matmul, the two attention products, absmax,
-and the float32 steps around the matmul: activation quantization and output scaling (integer arithmetic
-on IEEE-754 bits, rounding as float32 hardware and numpy do, no float objects).
+"""Viper kernels of the firmware engine: every per-element step of the integer model arithmetic.
 
-Compiled to machine code by MicroPython's viper emitter (x64 on the unix port, xtensawin on ESP32 and
-ESP32-S3). `engine.py` holds plain-Python fallbacks with the same signatures and results for ports
-without a native emitter. Every kernel takes buffers and `p`, an array('i') of sizes and offsets, so a
-call allocates nothing. int8 bytes are sign-extended as (b ^ 0x80) - 0x80, int16 as (h ^ 0x8000) - 0x8000,
-and only small constants appear, so the 32-bit (xtensawin) and 64-bit (x64) emitters compute the same.
-All sums stay inside int32 for the shapes the engine accepts (see engine.py).
+docs/CONTRACTS.md section 4 defines the arithmetic; `refkernels.py` is the same kernels in plain Python
+(the reference, and the fallback on ports without a native emitter), with identical results. Compiled by
+MicroPython's viper emitter (x64 on the unix port, xtensawin on ESP32 and ESP32-S3). Every kernel takes
+buffers and `p`, an array('i') of sizes, offsets and scalars (results come back in `p` or as a small
+int), so a call allocates nothing.
+
+32- and 64-bit emitters compute the same: loads are sign-extended by hand (`ptr32` loads are not
+sign-extended on x64), only small constants appear, and every intermediate value stays inside int32 for
+the shapes the engine accepts (see engine.py). `mulsh(a, m, s) = round(a * m / 2^s)` (|a| < 2^31,
+|m| <= 2^14) is written out where it is used, splitting a into a >> 15 and a & 0x7FFF so that no
+product leaves int32; viper cannot inline a call, and a call per element would cost more than the step.
 """
 
 import micropython
 
 
 @micropython.viper
-def matmul(acc: ptr32, w: ptr8, x: ptr8, p: ptr32):
-    """acc[j*rows + r] = sum_c w[(r0 + r)*cols + c] * x[j*cols + c] for r < rows, j < k.
+def matmul(wp: ptr8, xp: ptr32, a: int, p: ptr32):
+    """p[16 + j*rows + r] = sum_c int8 w[(r0 + r)*cols + c] * x[c*k + j] for r < rows, j < k, where wp
+    is w and xp is x: int32 inputs, the k positions interleaved. p = (rows, cols, k, r0, ...).
 
-    p = (rows, cols, k, r0): a block of `rows` weight rows from row r0 (big matrices go in blocks).
-
-    Each weight byte is loaded once per group of up to 4 positions (4 accumulators in registers).
+    Written for viper's register locals: the inner loop walks the two pointers, the parameters wp and
+    xp, which viper keeps in registers (pass 0 for a, the running sum); sums are written `a = v * x + a`,
+    which mpy-cross compiles with fewer stack round trips than `a += v * x` (tools/xtensa_loops.py). x is read as 32-bit words
+    and never sign-extended: on a 64-bit emitter a negative x loads as x + 2^32, which changes no sum
+    modulo 2^32, and sums are stored as 32 bits. Each weight byte is loaded once per group of up to
+    5 positions (a verify of gamma = 4 is one group; groups of 1 and of 4 or 5 have loops of their
+    own, 2 and 3 share one); the group's other sums live on the stack. x needs one word of slack
+    after its k * cols values (a group of 4 at the end reads it and drops the product).
     """
     rows = p[0]
     cols = p[1]
     k = p[2]
-    r0 = p[3]
+    wb = uint(wp) + p[3] * cols
+    xb = uint(xp)
+    step = 4 * k
     for r in range(rows):
-        wo = (r0 + r) * cols
         j = 0
         while j < k:
-            x0 = j * cols
-            n = k - j
-            if n >= 4:
-                x1 = x0 + cols
-                x2 = x1 + cols
-                x3 = x2 + cols
-                a0 = 0
+            g = k - j
+            if g > 5:
+                g = 5
+            wp = ptr8(wb + r * cols)
+            xp = ptr32(xb + 4 * j)
+            end = uint(wp) + cols
+            a = 0
+            if g == 1:
+                while uint(wp) < end:
+                    a = ((wp[0] ^ 0x80) - 0x80) * xp[0] + a
+                    wp = ptr8(uint(wp) + 1)
+                    xp = ptr32(uint(xp) + step)
+            elif g >= 4:  # 4 positions run the 5-position loop: a4 reads the slack word past x, unused
                 a1 = 0
                 a2 = 0
                 a3 = 0
-                for c in range(cols):
-                    v = (w[wo + c] ^ 0x80) - 0x80
-                    a0 += v * ((x[x0 + c] ^ 0x80) - 0x80)
-                    a1 += v * ((x[x1 + c] ^ 0x80) - 0x80)
-                    a2 += v * ((x[x2 + c] ^ 0x80) - 0x80)
-                    a3 += v * ((x[x3 + c] ^ 0x80) - 0x80)
-                acc[j * rows + r] = a0
-                acc[(j + 1) * rows + r] = a1
-                acc[(j + 2) * rows + r] = a2
-                acc[(j + 3) * rows + r] = a3
-                j += 4
-            elif n >= 2:
-                x1 = x0 + cols
-                a0 = 0
-                a1 = 0
-                for c in range(cols):
-                    v = (w[wo + c] ^ 0x80) - 0x80
-                    a0 += v * ((x[x0 + c] ^ 0x80) - 0x80)
-                    a1 += v * ((x[x1 + c] ^ 0x80) - 0x80)
-                acc[j * rows + r] = a0
-                acc[(j + 1) * rows + r] = a1
-                j += 2
+                a4 = 0
+                while uint(wp) < end:
+                    v = (wp[0] ^ 0x80) - 0x80
+                    a = v * xp[0] + a
+                    a1 = v * xp[1] + a1
+                    a2 = v * xp[2] + a2
+                    a3 = v * xp[3] + a3
+                    a4 = v * xp[4] + a4
+                    wp = ptr8(uint(wp) + 1)
+                    xp = ptr32(uint(xp) + step)
+                p[16 + (j + 1) * rows + r] = a1
+                p[16 + (j + 2) * rows + r] = a2
+                p[16 + (j + 3) * rows + r] = a3
+                if g == 5:
+                    p[16 + (j + 4) * rows + r] = a4
             else:
-                a0 = 0
-                for c in range(cols):
-                    a0 += ((w[wo + c] ^ 0x80) - 0x80) * ((x[x0 + c] ^ 0x80) - 0x80)
-                acc[j * rows + r] = a0
-                j += 1
+                a1 = 0
+                a2 = 0
+                while uint(wp) < end:
+                    v = (wp[0] ^ 0x80) - 0x80
+                    a = v * xp[0] + a
+                    a1 = v * xp[1] + a1
+                    if g == 3:
+                        a2 = v * xp[2] + a2
+                    wp = ptr8(uint(wp) + 1)
+                    xp = ptr32(uint(xp) + step)
+                p[16 + (j + 1) * rows + r] = a1
+                if g == 3:
+                    p[16 + (j + 2) * rows + r] = a2
+            p[16 + j * rows + r] = a
+            j += g
 
 
 @micropython.viper
-def qk(out: ptr32, kc: ptr8, q: ptr16, p: ptr32):
-    """out[2t] = sum_i q[i] * kc[t*stride + off + i], out[2t+1] = sum_i q[hd+i] * kc[...] for t < n.
-
-    The query is a 30-bit int split in two int16 halves: q[i] the signed high part, q[hd+i] the low
-    15 bits (non-negative); p = (n, hd, stride, off).
-    """
-    n = p[0]
-    hd = p[1]
-    stride = p[2]
-    off = p[3]
-    for t in range(n):
-        b = t * stride + off
-        hi = 0
-        lo = 0
-        for i in range(hd):
-            k = (kc[b + i] ^ 0x80) - 0x80
-            hi += ((q[i] ^ 0x8000) - 0x8000) * k
-            lo += q[hd + i] * k
-        out[2 * t] = hi
-        out[2 * t + 1] = lo
-
-
-@micropython.viper
-def av(out: ptr32, vc: ptr8, wt: ptr32, p: ptr32):
-    """out[i] = sum_t wt[t] * vc[t*stride + off + i] for i < hd, t < n: attention weights x int8 values.
-
-    p = (n, hd, stride, off); wt holds non-negative weights summing to at most 2^23 + n.
-    """
-    n = p[0]
-    hd = p[1]
-    stride = p[2]
-    off = p[3]
-    for i in range(hd):
-        out[i] = 0
-    for t in range(n):
-        a = wt[t]
-        if a:
-            b = t * stride + off
-            for i in range(hd):
-                out[i] += a * ((vc[b + i] ^ 0x80) - 0x80)
-
-
-@micropython.viper
-def absmax(a: ptr32, p: ptr32) -> int:
-    """Index of the largest |a[i]| for off <= i < off + n (the first on ties); p = (off, n).
-
-    `a` is an array('f') read as raw IEEE-754 bits: without the sign bit, bit patterns order like
-    magnitudes. Compared as two 16-bit halves so 32- and 64-bit emitters agree.
-    """
-    off = p[0]
-    best = off
-    bh = 0
-    bl = 0
-    for i in range(off, off + p[1]):
-        v = a[i]
-        h = (v >> 16) & 0x7FFF
-        lo = v & 0xFFFF
-        if h > bh or (h == bh and lo > bl):
-            bh = h
-            bl = lo
-            best = i
-    return best
+def quant(dst: ptr8, src: ptr32, p: ptr32):
+    """For each of `rows` rows j of n values at src[so + j*n]: dst[do + j*rstep + i*stride] =
+    clip(round(src[.. + i] / 2^sh_j), +-(2^bits - 1)), sh_j the least shift that fits the row's max
+    |x| in `bits` bits, and p[8 + j] = sh_j. bits <= 7: bytes holding the value + 128 (no sign to
+    extend where they are read), sh_j also in the byte after the row (the KV cache's rows); else int32
+    (matmul's input). p = (so, n, do, bits, stride, rows, rstep)."""
+    n = p[1]
+    bits = p[3]
+    stride = p[4]
+    lim = (1 << bits) - 1
+    d32 = ptr32(dst)
+    for j in range(p[5]):
+        so = p[0] + j * n
+        do = p[2] + j * p[6]
+        m = 0
+        for i in range(so, so + n):
+            v = src[i]
+            v = ((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF)
+            if v < 0:
+                v = 0 - v
+            if v > m:
+                m = v
+        sh = 0
+        while (m >> sh) >> bits:
+            sh += 1
+        half = (1 << sh) >> 1
+        for i in range(n):
+            v = src[so + i]
+            v = ((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF)
+            v = (v + half) >> sh
+            if v > lim:
+                v = lim
+            elif v < 0 - lim:
+                v = 0 - lim
+            if bits <= 7:
+                dst[do + i * stride] = v + 128
+            else:
+                d32[do + i * stride] = v
+        if bits <= 7:
+            dst[do + n * stride] = sh
+        p[8 + j] = sh
 
 
 @micropython.viper
-def scale(dst: ptr32, acc: ptr32, ws: ptr32, xs: ptr32, p: ptr32):
-    """dst[j*stride + d0 + r] = f32(f32(f32(acc[j*n + r]) * ws[r0 + r]) * xs[j]) as float32 bits, for
-    r < n, j < k; p = (n, k, r0, stride, d0). Rounding to nearest even, as IEEE float32 hardware and
-    numpy do; scales are positive normal floats (a zero scale gives 0.0)."""
+def requant(dst: ptr32, acc: ptr32, ms: ptr32, p: ptr32):
+    """dst[j*stride + d0 + r] (+ when add)= mulsh(acc[j*n + r], m, s - sh_j) for r < n, j < k, where
+    ms[r0 + r] = m | s << 16; p = (n, k, r0, stride, d0, add, -, -, sh_0 .. sh_k-1): the shifts where
+    `quant` left them."""
     n = p[0]
     k = p[1]
     r0 = p[2]
     stride = p[3]
     d0 = p[4]
+    add = p[5]
     for j in range(k):
-        xb = xs[j]
-        xe = (xb >> 23) & 0xFF
-        xm = (xb & 0x7FFFFF) | 0x800000
+        sh = p[8 + j]
         for r in range(n):
             a = acc[j * n + r]
-            neg = (a >> 31) & 1
-            if neg:
-                a = 0 - a
-                a = (a & 0xFFFF) | (((a >> 16) & 0x7FFF) << 16)
-            wb = ws[r0 + r]
-            we = (wb >> 23) & 0xFF
-            if a == 0 or we == 0 or xe == 0:
-                dst[j * stride + d0 + r] = 0
-                continue
-            # int -> float32 (m in [2^23, 2^24), exponent e), round to nearest even
-            e = 150
-            m = a
-            if m < 0x800000:
-                while m < 0x800000:
-                    m = m << 1
-                    e -= 1
-            elif m >= 0x1000000:
-                sh = 0
-                t = m
-                while t >= 0x1000000:
-                    t = t >> 1
-                    sh += 1
-                rem = m - (t << sh)
-                half = 1 << (sh - 1)
-                if rem > half or (rem == half and (t & 1)):
-                    t += 1
-                    if t == 0x1000000:
-                        t = 0x800000
-                        sh += 1
-                m = t
-                e = 150 + sh
-            # two float32 multiplies: by ws[r0 + r], then by xs[j]
-            for step in range(2):
-                if step == 0:
-                    bm = (wb & 0x7FFFFF) | 0x800000
-                    be = we
-                else:
-                    bm = xm
-                    be = xe
-                ah = m >> 12
-                al = m & 0xFFF
-                bh = bm >> 12
-                bl = bm & 0xFFF
-                mid = ah * bl + al * bh
-                lo = al * bl + ((mid & 0xFFF) << 12)
-                hi = ah * bh + (mid >> 12) + (lo >> 24)
-                lo = lo & 0xFFFFFF
-                e = e + be - 127
-                if hi >= 0x800000:
-                    m = hi
-                    rb = lo
-                    e += 1
-                else:
-                    m = (hi << 1) | (lo >> 23)
-                    rb = (lo << 1) & 0xFFFFFF
-                if rb > 0x800000 or (rb == 0x800000 and (m & 1)):
-                    m += 1
-                    if m == 0x1000000:
-                        m = 0x800000
-                        e += 1
-            if e <= 0:
-                dst[j * stride + d0 + r] = 0
+            a = ((((a >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (a & 0xFFFF)
+            m = ms[r0 + r]
+            s = (m >> 16) - sh
+            m = m & 0xFFFF
+            if s >= 16:
+                y = ((a >> 15) * m + (1 << (s - 16)) + (((a & 0x7FFF) * m) >> 15)) >> (s - 15)
+            elif s >= 1:
+                y = (((a >> 15) * m) << (15 - s)) + ((((a & 0x7FFF) * m) + (1 << (s - 1))) >> s)
             else:
-                dst[j * stride + d0 + r] = (neg << 31) | (e << 23) | (m & 0x7FFFFF)
+                y = (a * m) << (0 - s)
+            o = j * stride + d0 + r
+            if add:
+                v = dst[o]
+                y += ((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF)
+            dst[o] = y
 
 
 @micropython.viper
-def quant8(dst: ptr8, src: ptr32, sc: ptr32, p: ptr32):
-    """dst[do + i] = clip(floor(f32(src[so + i] / s) + 0.5), -127, 127) as int8 bytes, i < n, where
-    s = sc[0] (a positive normal float32) and src holds float32 bits; p = (so, n, do).
+def embed(dst: ptr32, w: ptr8, ms: ptr32, p: ptr32):
+    """dst[d0 + i] = mulsh(int8 w[t*dim + i], m, s - 16) for i < dim (Q16), ms[t] = m | s << 16;
+    p = (dim, t, d0)."""
+    dim = p[0]
+    t = p[1]
+    d0 = p[2]
+    m = ms[t] & 0xFFFF
+    s = (ms[t] >> 16) - 16
+    for i in range(dim):
+        a = ((w[t * dim + i] ^ 0x80) - 0x80) * m
+        if s >= 1:
+            a = (a + (1 << (s - 1))) >> s
+        else:
+            a = a << (0 - s)
+        dst[d0 + i] = a
 
-    The quotient is rounded to nearest even like a float32 division; the + 0.5 is exact in float32
-    for every quotient but 0.5 - 2^-25, which float32 rounds up to 1.0 (handled)."""
-    sb = sc[0]
-    se = (sb >> 23) & 0xFF
-    sm = (sb & 0x7FFFFF) | 0x800000
-    so = p[0]
-    do = p[2]
-    for i in range(p[1]):
-        xb = src[so + i]
-        xe = (xb >> 23) & 0xFF
-        q = 0
-        if xe:
-            neg = (xb >> 31) & 1
-            r = (xb & 0x7FFFFF) | 0x800000
-            # long division: d = floor(mx * 2^25 / ms), 26 quotient bits
-            d = 0
-            for _ in range(26):
-                d = d << 1
-                if r >= sm:
-                    r -= sm
-                    d = d | 1
-                r = r << 1
-            if d >= 0x2000000:
-                m = d >> 2
-                half = (d >> 1) & 1
-                sticky = (d & 1) | (1 if r else 0)
-                e = xe - se - 23
+
+@micropython.viper
+def rmsnorm(dst: ptr32, src: ptr32, wn: ptr32, p: ptr32):
+    """dst row j = mulsh(mulsh(x_i, wn_i, qw), g, s) for the k rows of dim values of src, where
+    (g, s) = intmath.inv_rms of the row's 10-bit sum of squares; p = (dim, k, qw, eps)."""
+    dim = p[0]
+    qw = p[2]
+    for j in range(p[1]):
+        o = j * dim
+        m = 0
+        for i in range(o, o + dim):
+            v = src[i]
+            v = ((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF)
+            if v < 0:
+                v = 0 - v
+            if v > m:
+                m = v
+        sh = 0
+        while (m >> sh) >> 10:
+            sh += 1
+        ss = 0
+        for i in range(o, o + dim):
+            v = src[i]
+            v = (((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF)) >> sh
+            ss += v * v
+        t = ss // dim + (p[3] >> (2 * sh))
+        if t <= 0:
+            for i in range(o, o + dim):
+                dst[i] = 0
+            continue
+        n = 0
+        while t < (1 << 28):
+            t = t << 2
+            n += 1
+        q = 32768  # isqrt(t), Newton from above: t < 2^30
+        while True:
+            y = (q + t // q) >> 1
+            if y >= q:
+                break
+            q = y
+        g = (1 << 28) // q
+        s = 12 + sh - n
+        for i in range(dim):
+            a = src[o + i]
+            a = ((((a >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (a & 0xFFFF)
+            m = wn[i]
+            m = ((((m >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (m & 0xFFFF)
+            if qw >= 16:
+                a = ((a >> 15) * m + (1 << (qw - 16)) + (((a & 0x7FFF) * m) >> 15)) >> (qw - 15)
+            elif qw >= 1:
+                a = (((a >> 15) * m) << (15 - qw)) + ((((a & 0x7FFF) * m) + (1 << (qw - 1))) >> qw)
             else:
-                m = d >> 1
-                half = d & 1
-                sticky = 1 if r else 0
-                e = xe - se - 24
-            if half and (sticky or (m & 1)):
-                m += 1
-                if m == 0x1000000:
-                    m = 0x800000
-                    e += 1
-            # the quotient is m * 2^e (e <= -16 since |x/s| < 128): q = floor(+-m * 2^e + 0.5)
-            sh = 0 - e
-            if sh >= 25:
-                if not neg and m == 0xFFFFFF and sh == 25:
-                    q = 1
-            elif neg:
-                h = 1 << (sh - 1)
-                if m > h:
-                    q = 0 - ((m - h + (1 << sh) - 1) >> sh)
+                a = (a * m) << (0 - qw)
+            if s >= 16:
+                a = ((a >> 15) * g + (1 << (s - 16)) + (((a & 0x7FFF) * g) >> 15)) >> (s - 15)
+            elif s >= 1:
+                a = (((a >> 15) * g) << (15 - s)) + ((((a & 0x7FFF) * g) + (1 << (s - 1))) >> s)
             else:
-                q = (m + (1 << (sh - 1))) >> sh
-            if q > 127:
-                q = 127
-            elif q < -127:
-                q = -127
-        dst[do + i] = q & 0xFF
+                a = (a * g) << (0 - s)
+            dst[o + i] = a
+
+
+@micropython.viper
+def rope(buf: ptr32, cs: ptr16, p: ptr32):
+    """Rotate each pair (2i, 2i+1) of every head of k rows of buf (Q16) by position pos0 + j's angles,
+    intmath.rope_at of the Q14 table cs; p = (k, heads, half, pos0)."""
+    k = p[0]
+    heads = p[1]
+    half = p[2]
+    for j in range(k):
+        lo = 2 * ((p[3] + j) & 31) * half
+        hi = 64 * half + 2 * ((p[3] + j) >> 5) * half
+        for i in range(half):
+            c1 = (cs[lo + 2 * i] ^ 0x8000) - 0x8000
+            s1 = (cs[lo + 2 * i + 1] ^ 0x8000) - 0x8000
+            c2 = (cs[hi + 2 * i] ^ 0x8000) - 0x8000
+            s2 = (cs[hi + 2 * i + 1] ^ 0x8000) - 0x8000
+            c = (c1 * c2 - s1 * s2 + 8192) >> 14
+            s = (s1 * c2 + c1 * s2 + 8192) >> 14
+            for h in range(heads):
+                o = (j * heads + h) * 2 * half + 2 * i
+                a = buf[o]
+                a = ((((a >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (a & 0xFFFF)
+                b = buf[o + 1]
+                b = ((((b >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (b & 0xFFFF)
+                ah = a >> 15
+                al = a & 0x7FFF
+                bh = b >> 15
+                bl = b & 0x7FFF
+                # mulsh(x, m, 14) = (x >> 15) * m * 2 + round((x & 0x7FFF) * m / 2^14)
+                buf[o] = ((ah * c - bh * s) << 1) + ((al * c + 8192) >> 14) - ((bl * s + 8192) >> 14)
+                buf[o + 1] = ((ah * s + bh * c) << 1) + ((al * s + 8192) >> 14) + ((bl * c + 8192) >> 14)
+
+
+@micropython.viper
+def attend(q: ptr32, kv: ptr8, sc: ptr32, p: ptr32):
+    """Attention of k query rows, row j over cache positions t < n + j, every head, in place: row j's
+    q[j*heads*hd + h*hd + i] (Q16) becomes head h's output. kv: int8 key rows from kb, value rows from
+    vb, `stride` bytes each, the row's shift in its last byte (values + 128: see quant); sc: the scores, then hd ints of scratch
+    at `qq`, then the exp table at `tab`. p = (n, hd, stride, kb, vb, heads, group, isq, k, qq, tab).
+    docs/CONTRACTS.md section 4."""
+    hd = p[1]
+    stride = p[2]
+    qq = p[9]
+    tab = p[10]
+    for jh in range(p[8] * p[5]):
+        n = p[0] + jh // p[5]
+        h = jh % p[5]
+        qo = jh * hd
+        kh = (h // p[6]) * hd
+        # the query head rounded to 15 bits into the scratch
+        m = 0
+        for i in range(hd):
+            v = q[qo + i]
+            v = ((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF)
+            if v < 0:
+                v = 0 - v
+            if v > m:
+                m = v
+        sh = 0
+        while (m >> sh) >> 15:
+            sh += 1
+        qs = 0
+        for i in range(hd):
+            v = q[qo + i]
+            v = (((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF)) + ((1 << sh) >> 1)
+            v = v >> sh
+            if v > 32767:
+                v = 32767
+            elif v < -32767:
+                v = -32767
+            sc[qq + i] = v
+            qs += v
+        # scores in Q12 and their max
+        g = p[7]
+        mx = 0
+        for t in range(n):
+            b = p[3] + t * stride
+            a = 0
+            for i in range(hd):  # cache bytes are int8 + 128; the query words unextended ...
+                a = sc[qq + i] * kv[b + kh + i] + a
+            a -= qs << 7  # ... so the sum is right modulo 2^32, and it fits int32
+            a = ((((a >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (a & 0xFFFF)
+            s = 34 - sh - kv[b + stride - 1]
+            if s >= 16:
+                a = ((a >> 15) * g + (1 << (s - 16)) + (((a & 0x7FFF) * g) >> 15)) >> (s - 15)
+            elif s >= 1:
+                a = (((a >> 15) * g) << (15 - s)) + ((((a & 0x7FFF) * g) + (1 << (s - 1))) >> s)
+            else:
+                a = (a * g) << (0 - s)
+            sc[t] = a
+            if t == 0 or a > mx:
+                mx = a
+        # weights expq(mx - score), their sum, the largest value shift
+        z = 0
+        z0 = 1
+        vm = 0
+        for t in range(n):
+            v = sc[t]
+            d = mx - (((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF))
+            e = 0
+            if d < 65536:
+                e = (sc[tab + (d >> 12)] * sc[tab + 16 + ((d >> 6) & 63)] + 16384) >> 15
+                e = (e * sc[tab + 80 + (d & 63)] + 16384) >> 15
+            sc[t] = e
+            z += e
+            v = kv[p[4] + t * stride + stride - 1]
+            if v > vm:
+                vm = v
+        rz = (z0 << 30) // z  # z0 = 1: a folded 2^30 would be a boxed constant on 32-bit ports
+        # weights times values, summed into the (consumed) query head
+        for i in range(hd):
+            q[qo + i] = 0
+        qs = 0  # the weights' sum: the value bytes are int8 + 128
+        for t in range(n):
+            b = p[4] + t * stride
+            s = 8 + vm - kv[b + stride - 1]
+            if s <= 30:
+                a = (sc[t] * rz + (1 << (s - 1))) >> s
+                if a:
+                    qs += a
+                    for i in range(hd):
+                        q[qo + i] = a * kv[b + kh + i] + q[qo + i]
+        s = 22 - vm
+        for i in range(qo, qo + hd):
+            a = q[i] - (qs << 7)
+            a = ((((a >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (a & 0xFFFF)
+            if s > 0:
+                q[i] = (a + (1 << (s - 1))) >> s
+            else:
+                q[i] = a << (0 - s)
+
+
+@micropython.viper
+def silu(h1: ptr32, h3: ptr32, tab: ptr32, p: ptr32):
+    """h1 = mulsh(mulsh(a, sigmoid(a), 14), b14, 16 - shb) for a in h1, b in h3 (k rows of n, Q16):
+    sigmoid by intmath.sigmoid_q14 (the exp table), b14 = b rounded to 14 bits by the row's shift shb.
+    p = (n, k)."""
+    n = p[0]
+    for j in range(p[1]):
+        o = j * n
+        m = 0
+        for i in range(o, o + n):
+            v = h3[i]
+            v = ((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF)
+            if v < 0:
+                v = 0 - v
+            if v > m:
+                m = v
+        sh = 0
+        while (m >> sh) >> 14:
+            sh += 1
+        for i in range(o, o + n):
+            a = h1[i]
+            a = ((((a >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (a & 0xFFFF)
+            d = a >> 4
+            if a < 0:
+                d = (0 - a) >> 4
+            e = 0
+            if d < 65536:
+                e = (tab[d >> 12] * tab[16 + ((d >> 6) & 63)] + 16384) >> 15
+                e = (e * tab[80 + (d & 63)] + 16384) >> 15
+            g = 536870912 // (32768 + e)
+            if a < 0:
+                g = 16384 - g
+            a = ((a >> 15) * g << 1) + (((a & 0x7FFF) * g + 8192) >> 14)
+            b = h3[i]
+            b = ((((b >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (b & 0xFFFF)
+            b = (b + ((1 << sh) >> 1)) >> sh
+            if b > 16383:
+                b = 16383
+            elif b < -16383:
+                b = -16383
+            s = 16 - sh
+            if s >= 16:
+                a = ((a >> 15) * b + 1 + (((a & 0x7FFF) * b) >> 15)) >> 1
+            elif s >= 1:
+                a = (((a >> 15) * b) << (15 - s)) + ((((a & 0x7FFF) * b) + (1 << (s - 1))) >> s)
+            else:
+                a = (a * b) << (0 - s)
+            h1[i] = a
 
 
 @micropython.viper
 def argmax(a: ptr32, p: ptr32) -> int:
-    """Index (from off) of the largest of a[off : off + n], float32 bits; ties go to the lowest; p = (off, n).
-
-    Bit patterns order like floats once negatives are negated (the magnitude is built from 16-bit
-    halves so it stays below 2^31 on 32-bit emitters); -0.0 equals 0.0. -1 if any value is a NaN.
-    """
+    """Index (from off) of the largest int32 of a[off : off + n], ties to the lowest; p = (off, n)."""
     off = p[0]
     best = 0
-    bk = 0
+    bv = 0
     for i in range(p[1]):
         v = a[off + i]
-        if (v >> 23) & 0xFF == 0xFF and v & 0x7FFFFF:
-            return -1
-        mag = (((v >> 16) & 0x7FFF) << 16) | (v & 0xFFFF)
-        key = (0 - mag) if (v >> 31) & 1 else mag
-        if i == 0 or key > bk:
-            bk = key
+        v = ((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF)
+        if i == 0 or v > bv:
+            bv = v
             best = i
     return best

@@ -65,11 +65,11 @@ class Role:
             if t >= self.vocab:
                 raise Refused(E_RANGE, "prompt token %d is outside the vocabulary of %d" % (t, self.vocab))
         self.seed = seed
-        self.temperature = temp_milli / 1000  # exactly host/backends.py temperature_from_milli
+        self.temp_milli = temp_milli
         self.greedy = temp_milli == 0
         self.draft_top_k = max(1, min(draft_top_k, self.vocab))
         self.target_top_k = target_top_k
-        self.top_p = sampling.top_p_from_q16(top_p_q16)
+        self.top_p_q16 = top_p_q16
         self.eos = eos
         for i in range(n):
             self.tokens[i] = prompt[i]
@@ -139,11 +139,10 @@ class Role:
         self.kv = end
         return logits
 
-    def _row(self, logits, j):
-        """Float distribution (sampling.prepare) of logits row j under the session's target settings."""
-        v = self.vocab
-        return sampling.prepare(memoryview(logits)[j * v:(j + 1) * v], self.temperature,
-                                self.target_top_k, self.top_p)
+    def _table(self, logits, j):
+        """The target's table (sampling.table) of logits row j under the session's settings."""
+        return sampling.table(memoryview(logits), j * self.vocab, self.vocab, self.temp_milli, self.target_top_k,
+                              self.top_p_q16, self.engine.exp_table)
 
     def _catch_up(self, end):
         """Fill the cache up to position `end` (exclusive) in batches; no logits needed."""
@@ -206,13 +205,8 @@ class Drafter(Role):
             t = self.engine.argmax(0)
             ids, weights = [t], [rule.ONE]
         else:
-            # quantize_topk(softmax(all logits)) keeps the k largest and renormalises them, which equals
-            # the softmax of those k logits alone: no vocab-sized float lists on the drafter's heap
-            top = rule.top_ids(memoryview(logits)[:self.vocab], self.draft_top_k)
-            top.sort()
-            local, weights = rule.quantize_topk(sampling.softmax([logits[i] for i in top], self.temperature),
-                                                self.draft_top_k)
-            ids = [top[j] for j in local]
+            ids, weights = sampling.draft_table(memoryview(logits), 0, self.vocab, self.temp_milli, self.draft_top_k,
+                                                self.engine.exp_table)
             t = rule.sample_sparse(ids, weights, self.seed, p, DRAFT)
         self.tokens[p] = t
         self.chain[p % CHAIN] = (t, ids, weights)
@@ -254,7 +248,7 @@ class Verifier(Role):
             amax = [self.engine.argmax(j) for j in range(n + 1)]
             acc, tok = rule.verify_greedy(amax, drafts, self.eos)
         else:
-            ps = [rule.quantize(self._row(logits, j)) for j in range(n + 1)]
+            ps = [self._table(logits, j) for j in range(n + 1)]
             acc, tok = rule.verify(ps, drafts, qs, self.seed, pos0, self.eos)
         st = self.stats
         st["verified"] += n

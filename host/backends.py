@@ -5,7 +5,7 @@ passes the whole committed list on every call, so a back-end can resynchronise f
 (roll its KV cache back to the longest common prefix and feed the rest).
 
 - `Drafter.draft(committed, gamma) -> Draft`: gamma tokens, each with the q-hat table it was sampled
-  from (CONTRACTS section 1: `quantize_topk`, PRNG purpose DRAFT at the absolute position).
+  from (CONTRACTS section 1: `sampling.draft_table`, PRNG purpose DRAFT at the absolute position).
 - `Verifier.verify(committed, draft) -> (n_accepted, token)`: one batched pass over gamma + 1 positions,
   then the shared rule; an empty draft is one step of plain decoding (same PRNG draws).
 - `commit(committed)`: the verdict is final; roll back anything beyond it (may be lazy).
@@ -27,8 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shared import prng, rule, sampling
-from shared.sampling import prepare
+from shared import prng, rule
 
 
 class BackendError(Exception):
@@ -83,7 +82,7 @@ class SessionParams:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "temperature", temperature_from_milli(temp_milli(self.temperature)))
-        object.__setattr__(self, "top_p", sampling.top_p_from_q16(top_p_q16(self.top_p)))
+        object.__setattr__(self, "top_p", top_p_q16(self.top_p) / 65536)
 
     @property
     def greedy(self) -> bool:
@@ -207,12 +206,6 @@ class EngineStream:
         return self.feed([*missing, tokens[-1], *extra])[len(missing):]
 
 
-def _probs(row, params: SessionParams, target: bool) -> list[float]:
-    if target:
-        return prepare([float(v) for v in row], params.temperature, params.target_top_k, params.top_p)
-    return prepare([float(v) for v in row], params.temperature)
-
-
 class LocalRole:
     """A model on the host CPU (numpy reference engine): what the drafter and the verifier share."""
 
@@ -244,18 +237,18 @@ class LocalVerifier(LocalRole):
         if draft.pos0 != len(committed):
             raise BackendError("draft for position %d, but the stream holds %d tokens"
                                % (draft.pos0, len(committed)))
-        from host.engine import argmax  # noqa: PLC0415 - numpy, loaded with the engine
+        from host.engine import argmax, target_table  # noqa: PLC0415 - numpy, loaded with the engine
 
         logits = self.stream.logits_after(committed, draft.tokens)
         p = self.params
         if p.greedy:
             return rule.verify_greedy([argmax(row) for row in logits], draft.tokens, p.eos)
-        tables = [rule.quantize(_probs(row, p, True)) for row in logits]
+        tables = [target_table(row, p.temp_milli, p.target_top_k, p.top_p_q16) for row in logits]
         return rule.verify(tables, draft.tokens, draft.q, p.seed, draft.pos0, p.eos)
 
 
 class LocalDrafter(LocalRole):
-    """The drafter model on the host CPU: q-hat = quantize_topk, token sampled from it (purpose DRAFT)."""
+    """The drafter model on the host CPU: q-hat = sampling.draft_table, token sampled from it (purpose DRAFT)."""
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
         super().begin(params, prompt)
@@ -263,16 +256,13 @@ class LocalDrafter(LocalRole):
             self.stream.feed(prompt[:-1])  # prefill, as a drafter board does at BEGIN
 
     def draft(self, committed: Sequence[int], gamma: int) -> Draft:
-        from host.engine import argmax  # noqa: PLC0415 - numpy, loaded with the engine
+        from host.engine import draft_table  # noqa: PLC0415 - numpy, loaded with the engine
 
         p = self.params
         out = Draft(len(committed))
         row = self.stream.logits_after(committed)[0]
         for i in range(gamma):
-            if p.greedy:
-                ids, weights = [argmax(row)], [rule.ONE]
-            else:
-                ids, weights = rule.quantize_topk(_probs(row, p, False), p.draft_top_k)
+            ids, weights = draft_table(row, p.temp_milli, p.draft_top_k)
             token = rule.sample_sparse(ids, weights, p.seed, out.pos0 + i, prng.DRAFT)
             out.tokens.append(token)
             out.q.append((ids, weights))

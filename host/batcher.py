@@ -1,7 +1,7 @@
 """Many streams, one forward: gathers the pending requests of concurrent streams into batched passes.
 
 Each stream (one per drafter, run by its own thread or task) calls `Batcher.forward(slot, tokens)` and
-blocks; a worker thread takes everything pending, runs it as one `TorchModel.forward` (ragged runs are
+blocks; a worker thread takes everything pending, runs it as one `IntModel.forward` (host/arraymath.py) (ragged runs are
 packed, attention is masked per stream), and hands each caller its own logits. The worker runs a batch
 as soon as every registered stream has a request pending (nobody else can add one), when `max_batch`
 requests wait, or `window_s` after the first request arrived (a stream busy elsewhere, e.g. drafting,
@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from host.torch_backend import TorchModel
+    from host.arraymath import IntModel
 
 
 class Batcher:
-    """Serves `forward` requests of many streams on one `TorchModel`, in batches."""
+    """Serves `forward` requests of many streams on one `IntModel`, in batches."""
 
-    def __init__(self, model: TorchModel, max_batch: int = 256, window_s: float = 0.002):
+    def __init__(self, model: IntModel, max_batch: int = 256, window_s: float = 0.002):
         self.model = model
         self.max_batch = max_batch
         self.window_s = window_s

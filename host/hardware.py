@@ -61,16 +61,23 @@ class Link:
         return nbytes * self.bits_per_byte / self.bits_per_s.value + packets * self.per_message_s.value
 
 
-CYCLES_PER_MAC = 20.0
+# Instructions per multiply-accumulate of firmware/kernels.py's matmul loops as mpy-cross compiles them
+# for xtensawin, {positions per pass over the weights: instructions}: `python -m tools.xtensa_loops`
+# (tests/test_xtensa_loops.py checks that these are its current counts).
+XTENSA_MATMUL_INSNS_PER_MAC = {1: 30.0, 3: 21.7, 4: 19.8, 5: 15.8}
+CYCLES_PER_INSN = 1.3
+CYCLES_PER_MAC = XTENSA_MATMUL_INSNS_PER_MAC[1] * CYCLES_PER_INSN
 VIPER_MAC = Figure(
     240e6 / CYCLES_PER_MAC, "MAC/s", "derived",
-    "No public figure for a viper int8 dot product on Xtensa. Derivation: the viper loop body "
-    "`acc += int(w[i]) * int(x[i]); i += 1` compiles to two byte loads, two sign extensions, a multiply, "
-    "two adds, a compare and a branch, plus spills of viper locals to the stack frame: about 20 cycles "
-    "per MAC at IPC ~1, so 240 MHz / 20 = 12 M MAC/s. Same order as [LLM]'s C kernel (stories260K, "
-    "~0.26 M MAC/token at 19-30 tok/s = 5-8 M MAC/s including attention, softmax and PSRAM stalls). "
-    "Replace with `python -m tools.bench "
-    "kernel` run on a real board.")
+    "The one-position matmul loop of firmware/kernels.py is %.0f Xtensa instructions per MAC as "
+    "mpy-cross emits it for xtensawin (counted from its disassembly by tools/xtensa_loops.py; viper "
+    "keeps three locals in registers, the rest of the loop's values live on the stack). At %.1f cycles "
+    "per instruction (single-issue LX6/LX7: one cycle each, plus a load-use stall after the loads, "
+    "about a third of the loop) that is %.0f cycles per MAC: 240 MHz / %.0f. A verify pass of 5 "
+    "positions is %.1f instructions per MAC (XTENSA_MATMUL_INSNS_PER_MAC); this figure, the "
+    "one-position rate, is the conservative one. Replace with a board measurement."
+    % (XTENSA_MATMUL_INSNS_PER_MAC[1], CYCLES_PER_INSN, XTENSA_MATMUL_INSNS_PER_MAC[1] * CYCLES_PER_INSN,
+       XTENSA_MATMUL_INSNS_PER_MAC[1] * CYCLES_PER_INSN, XTENSA_MATMUL_INSNS_PER_MAC[5]))
 PSRAM_STREAM = Figure(
     40e6, "B/s", "derived",
     "[S3-DS]: octal PSRAM at 80 MHz DDR moves 8 bits x 2 x 80 MHz = 160 MB/s at the pins; reads go "

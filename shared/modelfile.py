@@ -51,6 +51,15 @@ class Header:
     def kv_dim(self):
         return self.n_kv_heads * (self.dim // self.n_heads)
 
+    @property
+    def norm_eps_bits(self):
+        """The float32 bits of norm_eps (the integer arithmetic's input; exact on every runtime)."""
+        return float32_bits(self.norm_eps)
+
+    @property
+    def rope_theta_bits(self):
+        return float32_bits(self.rope_theta)
+
     def pack(self):
         return struct.pack(HEADER_FMT, MAGIC, VERSION, HEADER_SIZE, self.dim, self.n_layers,
                            self.n_heads, self.n_kv_heads, self.hidden, self.vocab, self.max_seq,
@@ -67,6 +76,11 @@ class Header:
         if self.body_len != body_size(self):
             raise ModelFileError("model header says %d tensor bytes but the shape needs %d: re-export the model"
                                  % (self.body_len, body_size(self)))
+
+
+def float32_bits(v):
+    """The IEEE-754 bits of v rounded to float32, as an unsigned int."""
+    return struct.unpack("<I", struct.pack("<f", v))[0]
 
 
 def parse_header(data):

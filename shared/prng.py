@@ -13,11 +13,16 @@ EMIT = 3  # residual, bonus and plain-decoding token at pos
 _M32 = 0xFFFFFFFF
 
 
+def _mul32(h, c):
+    """h * c mod 2^32 with no product above 2^48 (small ints on 64-bit ports: no heap allocation)."""
+    return (h * (c & 0xFFFF) + (((h * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
 def _mix(h):
     h ^= h >> 16
-    h = (h * 0x7FEB352D) & _M32
+    h = _mul32(h, 0x7FEB352D)
     h ^= h >> 15
-    h = (h * 0x846CA68B) & _M32
+    h = _mul32(h, 0x846CA68B)
     return h ^ (h >> 16)
 
 

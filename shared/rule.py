@@ -2,23 +2,21 @@
 
 Runs unchanged under MicroPython and CPython with bit-identical results (docs/CONTRACTS.md section 1).
 A distribution is a list of non-negative ints summing to ONE = 2^16 (weights and cumulative sums stay
-small ints on a 32-bit board). No float enters a decision: floats appear only in `quantize*`, which
-turn an engine's float probabilities into such tables (identical on runtimes with the same float
-width; a board with single-precision floats quantizes its own drafts, and the verifier uses the q-hat
-it is sent, so losslessness never depends on two runtimes rounding alike).
+small ints on a 32-bit board). No float enters a decision: engines give integer logits, shared/sampling.py
+turns them into integer weights, and `quantize*` scale those to ONE exactly.
 
-    quantize(probs) -> weights              largest remainder (24-bit remainders), ties to the lowest id
-    quantize_topk(probs, k) -> (ids, weights)  the k largest (ties lowest id), ids ascending, zeros dropped
+    quantize(weights) -> table              largest remainder, ties to the lowest id
+    quantize_topk(weights, k) -> (ids, weights)  the k largest (ties lowest id), ids ascending, zeros dropped
     top_ids(values, k) -> ids               the k largest values, descending, ties lowest id
     argmax(values) -> id                    ties lowest id
-
-A NaN among the values of top_ids or argmax is a ValueError (a NaN logit is an engine fault, never a
-token: numpy's argmax would pick it, a plain `>` scan would skip it). quantize raises ValueError for
-anything that is not a distribution (a negative or NaN entry, a zero or infinite sum).
     sample(weights, seed, pos, purpose)     dense table
     sample_sparse(ids, weights, seed, pos, purpose)
     verify(p_tables, drafts, q_tables, seed, pos0, eos=-1) -> (n_accepted, token)
     verify_greedy(argmaxes, drafts, eos=-1) -> (n_accepted, token)
+
+A NaN among the values of top_ids or argmax is a ValueError (a NaN is a fault, never a token: numpy's
+argmax would pick it, a plain `>` scan would skip it). quantize raises ValueError for anything that is
+not a distribution (a negative weight, a zero sum).
 
 verify: draft i (at position pos0 + i) is accepted iff p(x) >= q(x) or r < p(x) with r uniform in
 [0, q(x)) (purpose ACCEPT); at the first rejection the token is drawn from the residual
@@ -30,9 +28,6 @@ A residual or bonus token may itself be `eos`; the caller emits it and stops.
 from .prng import ACCEPT, EMIT, uniform
 
 ONE = 1 << 16
-FRAC_BITS = 24
-_FRAC_ONE = 1 << FRAC_BITS
-_INF = float("inf")
 
 
 def top_ids(values, k):
@@ -63,14 +58,6 @@ def top_ids(values, k):
     return ids
 
 
-def _fsum(xs):
-    """Left-to-right float sum (CPython >= 3.12's sum() compensates, MicroPython's does not)."""
-    total = 0.0
-    for x in xs:
-        total += x
-    return total
-
-
 def argmax(values):
     """Index of the largest value, ties to the lowest index; ValueError if a value is NaN."""
     best = 0
@@ -87,40 +74,22 @@ def argmax(values):
     return best
 
 
-def quantize(probs):
-    """Integer weights summing to ONE from non-negative floats (largest remainder, ties lowest id).
-
-    Fractional parts are compared as FRAC_BITS-bit fixed-point ints (small ints on every board,
-    no boxed floats kept): remainders closer than 2^-FRAC_BITS count as tied, going to the lowest id.
-    A sum so small that ONE / sum overflows (subnormal inputs, e.g. [5e-324]) is first normalised
-    by dividing each entry by the sum, so every positive finite sum quantizes.
-    """
-    total = _fsum(probs)
-    if not 0.0 < total < _INF or min(probs) < 0.0:  # a NaN makes the total NaN
-        raise ValueError("probabilities must be non-negative with a positive finite sum")
-    scale = ONE / total
-    if scale == _INF:
-        probs = [p / total for p in probs]
-        scale = ONE / _fsum(probs)
-    xs = [p * scale for p in probs]
-    weights = [int(x) for x in xs]
-    fracs = [int((x - int(x)) * _FRAC_ONE) if p > 0.0 else -1 for p, x in zip(probs, xs)]  # -1: never a unit
-    used = sum(weights)
-    eligible = len(fracs) - fracs.count(-1)
-    rem = ONE - used
-    while rem < 0:  # float rounding overshot: take units back from the largest weights
-        i = argmax(weights)
-        weights[i] -= 1
-        rem += 1
+def quantize(weights):
+    """Integer table summing to ONE from non-negative int weights: floor(w * ONE / total) each, and the
+    units left over to the largest remainders (ties to the lowest id); a zero weight stays 0."""
+    total = 0
+    for w in weights:
+        if w < 0:
+            raise ValueError("weights must be non-negative with a positive sum")
+        total += w
+    if total <= 0:
+        raise ValueError("weights must be non-negative with a positive sum")
+    out = [w * ONE // total for w in weights]
+    rems = [w * ONE % total if w > 0 else -1 for w in weights]  # -1: never a unit
+    rem = ONE - sum(out)  # fewer than the non-zero weights
     if rem:
-        full, rem = divmod(rem, eligible)  # more units than ids only after float rounding
-        if full:
-            for i in range(len(fracs)):
-                if fracs[i] >= 0:
-                    weights[i] += full
-        if rem:
-            _hand_out(weights, fracs, rem)
-    return weights
+        _hand_out(out, rems, rem)
+    return out
 
 
 def _hand_out(weights, fracs, rem):
@@ -138,17 +107,17 @@ def _hand_out(weights, fracs, rem):
                 ties -= 1
 
 
-def quantize_topk(probs, k):
-    """Sparse q-hat: the k most probable ids (ascending) with integer weights summing to ONE, no zeros."""
-    ids = top_ids(probs, k)
+def quantize_topk(weights, k):
+    """Sparse q-hat: the k largest weights' ids (ascending) with a table summing to ONE, no zeros."""
+    ids = top_ids(weights, k)
     ids.sort()
-    weights = quantize([probs[i] for i in ids])
+    table = quantize([weights[i] for i in ids])
     out_ids = []
     out_w = []
     for j in range(len(ids)):
-        if weights[j]:
+        if table[j]:
             out_ids.append(ids[j])
-            out_w.append(weights[j])
+            out_w.append(table[j])
     return out_ids, out_w
 
 

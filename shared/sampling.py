@@ -1,80 +1,75 @@
-"""Temperature, top-k and top-p applied to a float distribution, identically on every back-end.
+"""Temperature, top-k and top-p: integer logits to the integer tables of the rule, identically everywhere.
 
-Runs unchanged under MicroPython and CPython. The engine that computes the target's (or drafter's)
-logits calls `prepare` and then `shared.rule.quantize`. Vectorised back-ends (numpy, torch) may
-compute the same thing in bulk but must keep these semantics exactly:
+Runs unchanged under MicroPython and CPython; integers only (docs/CONTRACTS.md section 4). Logits are
+the engines' Q16 ints; `tab` is shared.intmath.exp_table() (an engine holds one).
 
-- temperature: softmax(logits / T) with the max subtracted first; T <= 0 means greedy, a one-hot
-  distribution on the argmax (ties to the lowest id), so greedy decoding goes through the same path.
-  A NaN logit is a ValueError, greedy or not; so is a +inf logit when sampling (the softmax is NaN).
-- top_k (0 = off): keep the k most probable tokens, ties to the lowest id.
-- top_p (>= 1.0 = off): walk tokens from most to least probable (ties to the lowest id), keep them
-  while the probability mass kept *before* the token is below top_p * total; at least one is kept.
-- Tokens dropped get probability 0.0; the result is not renormalised (quantize normalises).
-
-The wire (BEGIN) carries the temperature in thousandths, `temp_milli` u16, and top_p in Q16,
-`top_p_q16`. These are the exact parameters of a stream: the host rounds the user's values to them once
-(host/backends.py `temp_milli`, `top_p_q16`), and every back-end, host or board, samples with the floats
-`temp_milli / 1000` and `top_p_from_q16(top_p_q16)` make of them, so one seed gives one text everywhere.
+- temperature (temp_milli, the BEGIN field; 0 = greedy: a one-hot table on the argmax, ties to the
+  lowest id): weight_i = expq(d_i), d_i = ((lmax - l_i) >> 4) * 1000 // temp_milli, a Q12 argument
+  (0 from d >= 16; a gap of 2^20 or more in Q12 is 0 too), so the argmax weighs 2^15.
+- top_k (0 = off): keep the k largest logits, ties to the lowest id.
+- top_p_q16 (0 or >= 65536 = off): walk tokens from the largest logit down (ties lowest id), keeping
+  each while the weight kept before it, times 2^16, is below top_p_q16 times the total; at least one.
+- dropped tokens weigh 0; `rule.quantize` then scales the weights to ONE.
 """
 
-import math
-
-from .rule import _fsum, argmax, top_ids
-
-def top_p_from_q16(q16):
-    """top_p float from its Q16 wire value (0 and >= 65536 mean off)."""
-    return 1.0 if q16 <= 0 or q16 >= 65536 else q16 / 65536.0
+from .intmath import expq
+from .rule import argmax, quantize, quantize_topk, top_ids
 
 
-def softmax(logits, temperature=1.0):
-    """Probabilities softmax(logits / temperature); temperature <= 0 gives the one-hot argmax.
+def weights(logits, off, n, temp_milli, tab, out):
+    """out[i] = the temperature weight of logits[off + i], i < n (no allocation); returns their sum."""
+    lmax = logits[off]
+    for i in range(off + 1, off + n):
+        if logits[i] > lmax:
+            lmax = logits[i]
+    total = 0
+    for i in range(n):
+        d = (lmax - logits[off + i]) >> 4
+        w = expq(d * 1000 // temp_milli, tab) if d < (1 << 20) else 0
+        out[i] = w
+        total += w
+    return total
 
-    ValueError if a logit is NaN, or +inf when temperature > 0."""
-    n = len(logits)
-    if temperature <= 0.0:
-        out = [0.0] * n
-        out[argmax(logits)] = 1.0
+
+def table(logits, off, n, temp_milli, top_k, top_p_q16, tab):
+    """The target's dense table (ints summing to ONE) of the logits row logits[off:off + n]."""
+    if temp_milli <= 0:
+        out = [0] * n
+        out[argmax(logits[off:off + n])] = 1 << 16
         return out
-    m = max(logits)
-    inv = 1.0 / temperature
-    out = [math.exp((x - m) * inv) for x in logits]
-    s = _fsum(out)
-    if s != s:
-        raise ValueError("nan")  # a NaN logit, or +inf ones (inf - inf)
-    return [x / s for x in out]
+    row = logits[off:off + n]
+    w = [0] * n
+    weights(row, 0, n, temp_milli, tab, w)
+    if 0 < top_k < n:
+        keep = top_ids(row, top_k)
+        kept = [0] * n
+        for i in keep:
+            kept[i] = w[i]
+        w = kept
+    if 0 < top_p_q16 < 65536:
+        order = [i for i in range(n) if w[i] > 0]
+        order.sort(key=lambda i: (-row[i], i))
+        limit = top_p_q16 * sum(w)
+        kept = [0] * n
+        mass = 0
+        for i in order:
+            if mass << 16 >= limit and mass > 0:
+                break
+            kept[i] = w[i]
+            mass += w[i]
+        w = kept
+    return quantize(w)
 
 
-def filter_top_k(probs, k):
-    """Copy of probs with everything outside the k most probable set to 0.0 (k <= 0: unchanged)."""
-    if k <= 0 or k >= len(probs):
-        return list(probs)
-    out = [0.0] * len(probs)
-    for i in top_ids(probs, k):
-        out[i] = probs[i]
-    return out
+def draft_table(logits, off, n, temp_milli, k, tab):
+    """The drafter's q-hat (ids ascending, weights summing to ONE) of the top k logits of the row."""
+    ids = top_ids(logits[off:off + n], k)
+    if temp_milli <= 0:
+        return [ids[0]], [1 << 16]
+    ids.sort()
+    vals = [logits[off + i] for i in ids]
+    w = [0] * len(ids)
+    weights(vals, 0, len(ids), temp_milli, tab, w)
+    local, table_ = quantize_topk(w, len(ids))
+    return [ids[j] for j in local], table_
 
-
-def filter_top_p(probs, top_p):
-    """Copy of probs keeping the smallest most-probable prefix holding top_p of the mass."""
-    if top_p >= 1.0:
-        return list(probs)
-    order = [i for i in range(len(probs)) if probs[i] > 0.0]
-    order.sort(key=lambda i: (-probs[i], i))
-    limit = top_p * _fsum(probs)
-    out = [0.0] * len(probs)
-    kept = 0.0
-    for i in order:
-        if kept >= limit and kept > 0.0:
-            break
-        out[i] = probs[i]
-        kept += probs[i]
-    return out
-
-
-def prepare(logits, temperature=1.0, top_k=0, top_p=1.0):
-    """Float distribution to quantize: softmax with temperature, then top-k, then top-p."""
-    probs = softmax(logits, temperature)
-    if temperature <= 0.0:
-        return probs
-    return filter_top_p(filter_top_k(probs, top_k), top_p)

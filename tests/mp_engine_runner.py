@@ -10,14 +10,15 @@ holding engine, kernels and shared/ (compiled .mpy, as on a board), else the sou
   ["rollback", n]        -> {"length": n after}
   ["greedy", n]          -> {"tokens": [...]}: n greedy tokens, one position at a time, after the last row
   ["decode", n]          -> {"decoded": n, "last": id}: the same, keeping no token list (heap budgets)
-  ["alloc", n]           -> like greedy, plus the heap bytes the n steps retain (after a collect) and the
-                            bytes one more step allocates with the GC disabled (boxed float temporaries)
+  ["alloc", n, k, temp_milli] -> {"allocated": heap bytes, "tokens": [...]}: n steps of k positions
+                            each, greedy or sampled, after 2 warm-up steps, with the GC disabled (alloc())
 A load or call error prints {"error": "<message>"} instead.
 """
 
 import gc
 import json
 import sys
+from array import array
 
 with open(sys.argv[-1]) as _f:
     PLAN = json.load(_f)
@@ -38,6 +39,39 @@ def greedy(e, n, last, out=None):
         e.forward(one, e.length)
         last = 0
     return out if out is not None else one[0]
+
+
+def alloc(e, n, k, temp_milli):
+    """n verifier-style steps of k positions (feed, draw a token, keep one position), after 2 warm-up
+    steps; greedy (temp_milli 0: argmax) or sampled (temperature weights of the first row into a
+    preallocated table, a PRNG draw from it). Heap bytes allocated by the n steps, with the GC off."""
+    from shared import prng, rule, sampling  # only here: the heap-budget plans do not load them
+
+    toks = array("H", range(k))
+    w = array("i", range(e.vocab))
+    drawn = array("H", range(n))
+    last = 1
+    for i in range(n + 2):
+        if i == 2:
+            gc.collect()
+            gc.disable()
+            a0 = gc.mem_alloc()
+        pos = e.length
+        toks[0] = last
+        for j in range(1, k):
+            toks[j] = (last + j) % e.vocab
+        e.forward(toks, pos)
+        if temp_milli:
+            sampling.weights(e.logits, 0, e.vocab, temp_milli, e.exp_table, w)
+            last = rule.sample(w, 5, pos, prng.EMIT)
+        else:
+            last = e.argmax(0)
+        e.rollback(pos + 1)
+        if i >= 2:
+            drawn[i - 2] = last
+    allocated = gc.mem_alloc() - a0
+    gc.enable()
+    return {"allocated": allocated, "tokens": list(drawn)}
 
 
 def run(plan):
@@ -64,22 +98,7 @@ def run(plan):
             res.append({"decoded": op[1], "last": greedy(e, op[1], last)})
             last = 0
         elif op[0] == "alloc":
-            toks = [0] * op[1]
-            one = [e.argmax(last)]
-            gc.collect()
-            a0 = gc.mem_alloc()
-            for i in range(op[1]):
-                toks[i] = one[0]
-                e.forward(one, e.length)
-                one[0] = e.argmax(0)
-            gc.collect()
-            retained = gc.mem_alloc() - a0
-            gc.disable()
-            b0 = gc.mem_alloc()
-            e.forward(one, e.length)
-            transient = gc.mem_alloc() - b0
-            gc.enable()
-            res.append({"tokens": toks, "retained": retained, "transient": transient})
+            res.append(alloc(e, op[1], op[2], op[3]))
             last = 0
     gc.collect()
     return {"results": res, "heap_bytes": e.heap_bytes, "viper": e.viper, "mem_free": gc.mem_free(),

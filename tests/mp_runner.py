@@ -4,9 +4,9 @@ Executed both by the `micropython` binary and by CPython:  <python> tests/mp_run
 A vector file is JSON: `{"cases": [`, then one case object per line with the separating commas
 on lines of their own, then `]}`; so a board-sized heap can stream it a line at a time, uncopied.
 Each case is {"name", "op", "args", "expect"}; the output line is `["name", result]`.
-Bytes travel as hex strings, floats as the hex of their IEEE-754 double, so no float parsing or
-printing differs between the runtimes. tools/gen_vectors.py imports `run_case`
-to compute the expected results.
+Bytes travel as hex strings, the few floats (NaN cases of argmax and top_ids) as the hex of their
+IEEE-754 doubles, so no float parsing or printing differs between the runtimes; the rest is ints.
+tools/gen_vectors.py imports `run_case` to compute the expected results.
 """
 
 import binascii
@@ -19,20 +19,20 @@ if __name__ == "__main__":
     _here = sys.argv[0].rsplit("/", 1)[0] if "/" in sys.argv[0] else "."
     sys.path.append(_here + "/..")  # after MICROPYPATH, so precompiled .mpy files can stand in
 
-from shared import codec, messages, prng, rule, sampling  # noqa: E402
+from shared import codec, intmath, messages, prng, rule, sampling  # noqa: E402
 
 
 def unhex(s):
     return binascii.unhexlify(s)
 
 
-def tohex(b):
-    return binascii.hexlify(b).decode()
-
-
 def doubles(h):
     """Float list from the hex of packed little-endian doubles."""
     return struct.unpack("<%dd" % (len(h) // 16), unhex(h))
+
+
+def tohex(b):
+    return binascii.hexlify(b).decode()
 
 
 _ESC = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -145,9 +145,9 @@ def _op(op, a):
     if op == "uniform":
         return [prng.uniform(a["seed"], p, a["purpose"], a["n"]) for p in a["positions"]]
     if op == "quantize":
-        return rule.quantize(doubles(a["probs"]))
+        return rule.quantize(a["weights"])
     if op == "quantize_topk":
-        return _plain(rule.quantize_topk(doubles(a["probs"]), a["k"]))
+        return _plain(rule.quantize_topk(a["weights"], a["k"]))
     if op == "sample":
         return [rule.sample(a["weights"], s, a["pos"], a["purpose"]) for s in a["seeds"]]
     if op == "sample_sparse":
@@ -162,12 +162,28 @@ def _op(op, a):
         return rule.top_ids(doubles(a["values"]), a["k"])
     if op == "simulate":
         return simulate(a["p"], a["q"], a["seed0"], a["runs"], a["pos0"])
-    if op == "params":  # the floats every back-end applies for BEGIN's temp_milli and top_p_q16 (as roles.py)
-        return struct.pack("<2d", a["temp_milli"] / 1000, sampling.top_p_from_q16(a["top_p_q16"]))
-    if op == "prepare":
-        probs = sampling.prepare(doubles(a["logits"]), a["temperature"], a["top_k"], a["top_p"])
-        return rule.quantize(probs)
+    if op == "table":
+        tab = intmath.exp_table([0] * intmath.EXP_SIZE)
+        return sampling.table(a["logits"], 0, len(a["logits"]), a["temp_milli"], a["top_k"], a["top_p_q16"], tab)
+    if op == "draft_table":
+        tab = intmath.exp_table([0] * intmath.EXP_SIZE)
+        return _plain(sampling.draft_table(a["logits"], 0, len(a["logits"]), a["temp_milli"], a["k"], tab))
+    if op == "intmath":
+        return intmath_case(a)
     raise ValueError("unknown op " + op)
+
+
+def intmath_case(a):
+    """The integer model arithmetic's tables and scalar steps (shared/intmath.py) for the given inputs."""
+    tab = intmath.exp_table([0] * intmath.EXP_SIZE)
+    hd, n = a["hd"], a["n_ctx"]
+    v = list(a["vector_bits"])
+    s = intmath.fixed_vector(v)
+    return [tab, intmath.rope_table(a["theta_bits"], hd, n, [0] * intmath.rope_size(hd, n)),
+            [intmath.expq(d, tab) for d in a["d"]], [intmath.sigmoid_q14(x, tab) for x in a["x"]],
+            [intmath.fixed_packed(b) for b in a["scale_bits"]], [v, s], intmath.eps_q32(a["eps_bits"]),
+            [list(intmath.inv_rms(ss, a["dim"], a["eps"], sh)) for ss, sh in a["rms"]],
+            [intmath.mulsh(x, m, sh) for x, m, sh in a["mulsh"]]]
 
 
 def simulate(p, q, seed0, runs, pos0=0):

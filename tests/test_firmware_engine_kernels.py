@@ -1,10 +1,9 @@
-"""The firmware's float32-on-integer kernels (firmware/kernels.py) against numpy float32, bit for bit.
+"""The viper kernels (firmware/kernels.py) against their plain-Python reference (firmware/refkernels.py).
 
-quant8 (activation quantization), scale (matmul output scaling), argmax and absmax work on IEEE-754
-bit patterns inside viper code; each must give exactly what numpy's float32 arithmetic gives, and the
-plain-Python fallbacks in firmware/engine.py must agree with them (argmax: -1 on a NaN, which
-Engine.argmax raises as a ValueError, as rule.argmax and host.engine.argmax do). Inputs: random vectors over many
-magnitudes, zeros, exact half-integer quotients and their float32 neighbours, ties.
+Each kernel runs on the same inputs both ways under the real micropython binary and must give the same
+ints: random inputs over many magnitudes, both signs, zero rows, inputs at the int16 and int32 bounds the
+engine allows, and every branch of the rescaling step (shifts <= 0, 1..15, >= 16). Offsets into the
+buffers are non-zero, so an indexing slip shows.
 """
 
 import json
@@ -12,85 +11,106 @@ import subprocess
 
 import numpy as np
 
-from host.engine import quantize_act
 from tests.conftest import ROOT
 
 SCRIPT = r'''
 import sys, json
 sys.path[:0] = ["firmware", "."]
 from array import array
-import kernels, engine
+import kernels, refkernels
+from shared import intmath
 d = json.load(open(sys.argv[-1]))
-class Slots:  # all the engine's Python fallbacks use of self: their float32 slots
-    f1, f2 = array("f", [0.0]), array("f", [0.0])
-E, e = engine.Engine, Slots()
+tab = intmath.exp_table(array("i", range(intmath.EXP_SIZE)))
+rope = intmath.rope_table(d["theta"], 8, 70, array("h", range(intmath.rope_size(8, 70))))
 out = {}
-for name, q8 in (("viper", kernels.quant8), ("python", lambda *a: E._quant8_py(e, *a))):
-    rows = []
-    for row, s in zip(d["x"], d["s"]):
-        dst = bytearray(len(row))
-        q8(dst, array("f", row), array("f", [s]), array("i", (0, len(row), 0)))
-        rows.append([(b ^ 128) - 128 for b in dst])
-    out["quant8_" + name] = rows
-n, k = d["n"], d["k"]
-for name, sc in (("viper", kernels.scale), ("python", lambda *a: E._scale_py(e, *a))):
-    dst = array("f", range(n * k))
-    sc(dst, array("i", d["acc"]), array("f", d["ws"]), array("f", d["xs"]), array("i", (n, k, 0, n, 0)))
-    out["scale_" + name] = [dst[i] for i in range(n * k)]
-for name, am, ab in (("viper", kernels.argmax, kernels.absmax), ("python", engine._argmax_py, engine._absmax_py)):
-    out["argmax_" + name] = [am(array("f", r), array("i", (0, len(r)))) for r in d["am"]]
-    out["absmax_" + name] = [ab(array("f", r), array("i", (0, len(r)))) for r in d["am"]]
-    nan = float("nan")
-    out["argmax_nan_" + name] = [am(array("f", r), array("i", (0, len(r))))
-                                 for r in ([1.0, nan, 0.5], [nan, 1.0], [-nan, 2.0], [-1.0, 0.5, -nan])]
-e.vocab, e.pa, e.logits = 3, array("i", (0, 0)), array("f", [1.0, float("nan"), 0.5])
-for e._argmax in (kernels.argmax, engine._argmax_py):
-    try:
-        E.argmax(e, 0)
-    except ValueError as x:
-        out.setdefault("engine_nan", []).append(str(x))
+for name, K in (("viper", kernels), ("ref", refkernels)):
+    r = []
+    for c in d["matmul"]:
+        p = array("i", [c["rows"], c["cols"], c["k"], c["r0"]] + [7] * (12 + c["rows"] * c["k"]))
+        K.matmul(bytearray(c["w"]), array("i", c["x"] + [99]), 0, p)  # one word of slack
+        r.append(list(p))
+    for c in d["quant"]:
+        wide = c["bits"] > 7
+        dst = array("i", [0] * (4 * c["n"] + 9)) if wide else bytearray(4 * c["n"] + 9)
+        p = array("i", [2, c["n"] // 2, 3, c["bits"], 2, 2, c["n"] + 2, 0, 0, 0])  # 2 rows, row step n + 2
+        K.quant(dst, array("i", c["src"]), p)
+        r.append([list(p), list(dst)])
+    for c in d["requant"]:
+        dst = array("i", c["dst"])
+        p = array("i", [c["n"], c["k"], 1, c["n"] + 2, 2, c["add"], 0, 0] + c["sh"])
+        K.requant(dst, array("i", c["acc"]), array("i", c["ms"]), p)
+        r.append(list(dst))
+    for c in d["rows"]:
+        x = array("i", c["x"])
+        dst = array("i", [0] * len(x))
+        K.rmsnorm(dst, x, array("i", c["w"]), array("i", [c["dim"], c["k"], c["qw"], 42950]))
+        h1 = array("i", c["x"])
+        K.silu(h1, array("i", c["b"]), tab, array("i", [c["dim"], c["k"]]))
+        buf = array("i", c["x"])
+        K.rope(buf, rope, array("i", [c["k"], c["dim"] // 8, 4, c["pos"]]))
+        e = array("i", [0] * c["dim"])
+        for t in range(c["k"]):
+            K.embed(e, bytearray(c["w8"]), array("i", c["ms"]), array("i", [c["dim"] - 2, t, 1]))
+        pa = array("i", [0, len(c["x"])])
+        r.append([list(dst), list(h1), list(buf), list(e), K.argmax(array("i", c["x"]), pa)])
+    for c in d["attn"]:
+        n, hd, stride = c["n"], 8, 17
+        sc = array("i", [0] * (n + hd + intmath.EXP_SIZE))
+        intmath.exp_table(memoryview(sc)[n + hd:])
+        q = array("i", c["q"])  # 2 query rows of 3 heads (2 kv heads: group 2), the second sees one more
+        p = array("i", [n - 1, hd, stride, 0, n * stride, 3, 2, 5792, 2, n, n + hd])
+        K.attend(q, bytearray(c["kv"]), sc, p)
+        r.append([list(q), list(sc)])
+    out[name] = r
 print(json.dumps(out))
 '''
 
 
-def test_float_kernels_match_numpy_bit_for_bit(micropython, tmp_path):
-    rng = np.random.default_rng(7)
-    x = [(rng.normal(size=64) * 10.0 ** rng.integers(-6, 4)).astype(np.float32) for _ in range(60)]
-    x[0][:20] = 0
-    s = np.float32(0.3)
-    v = np.array([np.nextafter(np.float32(j + 0.5), np.float32(d)) for j in range(-127, 127) for d in (-1e9, 1e9)]
-                 + [np.float32(j + 0.5) for j in range(-127, 127)] + [np.float32(0.5) - np.float32(2 ** -25)],
-                 dtype=np.float32)
-    x.append((v * s).astype(np.float32))
-    xq, xs = zip(*(quantize_act(r[None, :]) for r in x))
-    xs = [float(a[0]) for a in xs]
-    xs[-1] = float(s)  # the boundary row is quantized with the scale it was built for
-    want_q8 = [q[0].tolist() for q in xq[:-1]] + [
-        np.clip(np.floor(x[-1] / s + np.float32(0.5)), -127, 127).astype(int).tolist()]
-    n, k = 500, 3
-    acc = (rng.integers(-2 ** 26, 2 ** 26, size=(k, n)) // rng.integers(1, 2 ** 16, size=(k, n))).astype(np.int32)
-    acc[0, :10] = 0
-    ws = (rng.random(n) * 10.0 ** rng.integers(-8, 2, n)).astype(np.float32)
-    sc = (rng.random(k) * 0.1 + 1e-4).astype(np.float32)
-    am = [rng.normal(size=33).astype(np.float32) for _ in range(20)]
-    am.append(np.array([-3, -1, -2, -1], np.float32))
-    am.append(np.array([-0.0, 0.0, -5.0], np.float32))
-    plan = tmp_path / "in.json"
-    plan.write_text(json.dumps({"x": [r.tolist() for r in x], "s": xs, "n": n, "k": k,
-                                "acc": acc.reshape(-1).tolist(), "ws": ws.tolist(), "xs": sc.tolist(),
-                                "am": [r.tolist() for r in am]}))
+def cases(rng):
+    def ints(n, lo, hi):
+        return rng.integers(lo, hi, n, endpoint=True).tolist()
+
+    d = {"theta": 1176256512, "matmul": [], "quant": [], "requant": [], "rows": [], "attn": []}
+    for rows, cols, k in ((5, 40, 1), (3, 172, 4), (4, 33, 5), (2, 516, 7), (3, 24, 6), (2, 30, 13), (2, 9, 2)):
+        x = ints(k * cols, -32767, 32767)  # interleaved: position j's column c at c*k + j
+        if k > 1:
+            x[::k] = [32767] * cols  # the int32 bound: 127 * 32767 * 516 < 2^31
+        d["matmul"].append({"rows": rows, "cols": cols, "k": k, "r0": 1, "x": x,
+                            "w": [v & 255 for v in ints((rows + 1) * cols, -127, 127)]})
+    for bits in (7, 14, 15):
+        for scale in (0, 1, 1000, 1 << 20, (1 << 31) - 1):
+            src = ints(40, -scale, scale)
+            d["quant"].append({"bits": bits, "n": 36, "src": src})
+    for add in (0, 1):
+        for n, k in ((6, 1), (5, 4)):
+            ms = [m | s << 16 for m, s in zip(ints(n + 1, 0, 1 << 14), ints(n + 1, 0, 40))]
+            d["requant"].append({"n": n, "k": k, "add": add, "ms": ms, "sh": ints(k, 0, 24),
+                                 "acc": ints(n * k, -(1 << 31) + 1, (1 << 31) - 1),
+                                 "dst": ints((n + 2) * k + 2, -(1 << 20), 1 << 20)})
+    for dim, k, scale in ((16, 1, 0), (32, 2, 70000), (64, 3, 1 << 22), (24, 1, 1 << 29)):
+        x = ints(dim * k, -scale, scale)
+        d["rows"].append({"dim": dim, "k": k, "x": x, "b": ints(dim * k, -scale, scale), "qw": int(rng.integers(1, 20)),
+                          "w": ints(dim, -(1 << 14), 1 << 14), "pos": int(rng.integers(0, 64)),
+                          "w8": [v & 255 for v in ints(dim * k, -127, 127)],
+                          "ms": [m | s << 16 for m, s in zip(ints(k, 0, 1 << 14), ints(k, 0, 30))]})
+    for n in (2, 9, 20):
+        kv = [v & 255 for v in ints(2 * n * 17, -127, 127)]
+        for t in range(2 * n):
+            kv[t * 17 + 16] = int(rng.integers(0, 13))  # keys and values up to 2^(12 + 7 - 16) = 8
+        for scale in (1 << 18, 1 << 22):  # queries up to 64: scores within the Q12 int32 bound
+            d["attn"].append({"n": n, "kv": kv, "q": ints(48, -scale, scale)})
+    return d
+
+
+def test_viper_kernels_equal_the_reference(micropython, tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(cases(np.random.default_rng(7))))
     script = tmp_path / "k.py"
     script.write_text(SCRIPT)
     p = subprocess.run([micropython, "-X", "heapsize=32M", str(script), str(plan)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
-    got = json.loads(p.stdout)
-    want_scale = (acc.astype(np.float32) * ws[None, :] * sc[:, None]).reshape(-1)
-    for impl in ("viper", "python"):
-        assert got["quant8_" + impl] == want_q8, impl
-        np.testing.assert_array_equal(np.array(got["scale_" + impl], np.float32).view(np.int32),
-                                      want_scale.view(np.int32), err_msg=impl)
-        assert got["argmax_" + impl] == [int(np.argmax(r)) for r in am], impl
-        assert got["absmax_" + impl] == [int(np.argmax(np.abs(r))) for r in am], impl
-        assert got["argmax_nan_" + impl] == [-1] * 4, impl  # a NaN anywhere, either sign: no token
-    assert got["engine_nan"] == ["nan"] * 2  # Engine.argmax turns it into a ValueError
+    out = json.loads(p.stdout)
+    assert len(out["viper"]) == len(out["ref"]) == 36
+    for i, (a, b) in enumerate(zip(out["viper"], out["ref"])):
+        assert a == b, "case %d" % i

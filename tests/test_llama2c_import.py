@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from host.engine import Engine
+from host.engine import Engine, to_float
 from host.tokenizer import Tokenizer, read_llama2c_tokenizer
 from shared.modelfile import FLAG_SHARED_CLS
 from tools import llama2c_import as imp
@@ -115,8 +115,8 @@ def float_forward(w, tokens):
 
 def check_logits(path, w):
     ref = float_forward(w, TOKENS)
-    got = Engine(str(path)).forward(TOKENS, 0)
-    # int8 weights and activations: every logit within 5% of the logit range; the argmax differs only
+    got = to_float(Engine(str(path)).forward(TOKENS, 0))
+    # int8 weights, int16 and int8 activations: every logit within 5% of the logit range; the argmax differs only
     # where the source's top two logits are closer than twice the row's error (a near-tie)
     diff = np.abs(got - ref).max(axis=1)
     assert (diff < 0.05 * (ref.max(axis=1) - ref.min(axis=1))).all(), diff

@@ -60,11 +60,11 @@ def make_config(vocab, gamma, k, rng):
     p_float = [rng.dirichlet(np.full(vocab, 0.7)) for _ in range(gamma + 1)]
     for pf in p_float:
         pf[rng.choice(vocab, vocab // 5, replace=False)] = 0.0
-    p = [rule.quantize(pf.tolist()) for pf in p_float]
+    p = [rule.quantize((pf * 1e9).astype(np.int64).tolist()) for pf in p_float]
     q = []
     for pf in p_float[:gamma]:
         qf = 0.6 * pf + 0.4 * rng.dirichlet(np.ones(vocab))
-        ids, w = rule.quantize_topk(qf.tolist(), k)
+        ids, w = rule.quantize_topk((qf * 1e9).astype(np.int64).tolist(), k)
         q.append([ids, w])
     return p, q
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from host.engine import Engine
+from host.engine import Engine, to_float
 from host.modelio import read_model, write_model
 from host.tokenizer import BOS, Tokenizer, TokenizerError, pack_vocab, read_llama2c_tokenizer, unpack_vocab, vocab_id
 from shared.modelfile import HEADER_SIZE, ModelFileError, tensor_layout
@@ -139,13 +139,30 @@ def test_int8_logits_track_float_reference(ref, name):
     eng = Engine(MODELS / (name + ".spm"))
     for toks, flt in zip(ref[name + ".tokens"], ref[name + ".logits"].astype(np.float32)):
         eng.reset()
-        got = eng.forward(toks, 0)
+        got = to_float(eng.forward(toks, 0))
         span = flt.max(axis=1) - flt.min(axis=1)
         assert (np.abs(got - flt).max(axis=1) <= LOGIT_TOL[name] * span).all()
         top2 = np.sort(flt, axis=1)[:, -2:]
         clear = top2[:, 1] - top2[:, 0] > NEAR_TIE
         assert clear.mean() > 0.5
         assert (got.argmax(axis=1) == flt.argmax(axis=1))[clear].all()
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", NAMES)
+def test_integer_engine_heldout_loss_within_one_percent_of_float(ref, tok, name):
+    """The model card's held-out loss (tools/modelcard.py: the loss stories of models/heldout.txt) of the
+    integer engine, against the float model's saved at export (measured: stories260K +0.42%, drafter
+    +0.01%)."""
+    pytest.importorskip("torch", reason="no PyTorch (the gpu extra; tools.export holds the loss stories): "
+                        "`make test-torch` runs these")
+    from tools.export import LOSS_STORIES
+    from tools.modelcard import int8_loss
+
+    stories = [s.strip() for s in (MODELS / "heldout.txt").read_text("utf-8").split("\n\n") if s.strip()]
+    got = int8_loss(MODELS / (name + ".spm"), [tok.encode(stories[i])[:512] for i in LOSS_STORIES])
+    want = float(ref[name + ".float_loss"])
+    assert abs(got - want) <= 0.01 * want, (got, want)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -9,7 +9,6 @@ from host.backends import (Draft, LocalDrafter, LocalVerifier, SessionParams, te
                            top_p_q16)
 from host.gamma import GammaController
 from host.orchestrator import generate
-from shared import sampling
 from tools.testmodels import random_model
 
 VOCAB = 64
@@ -130,7 +129,7 @@ def test_sampling_parameters_are_snapped_to_what_begin_carries():
     assert temp_milli(1.2345) == 1235 and temperature_from_milli(1235) == 1.235  # 1234.5: half up
     assert temp_milli(0.0005) == 1 and temp_milli(0.0) == 0 and temp_milli(65.535) == 65535
     assert top_p_q16(0.95) == 62259 and top_p_q16(1.0) == 65536
-    assert sampling.top_p_from_q16(62259) == 62259 / 65536
+    assert SessionParams(top_p=0.95).top_p == 62259 / 65536 and SessionParams(top_p=0.95).top_p_q16 == 62259
     for m in range(0, 65536, 7):  # the float a back-end applies gives back the wire value
         assert temp_milli(temperature_from_milli(m)) == m
 

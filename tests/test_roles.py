@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from host.engine import Engine, target_table
+from host.engine import Engine, draft_table, target_table
 from tools.nodeproc import NodeProc, begin, commit, generate
 from shared import messages as m
-from shared import rule, sampling
+from shared import rule
 from shared.prng import DRAFT
 from tools.testmodels import random_model
 
@@ -49,8 +49,7 @@ def drafter(micropython, tmp_path, models):
 
 
 def qhat(eng: Engine, tokens: list[int], temp: float, k: int) -> tuple[list[int], list[int]]:
-    row = eng.forward(tokens, 0)[-1]
-    return rule.quantize_topk(sampling.softmax([float(v) for v in row], temp), k)
+    return draft_table(eng.forward(tokens, 0)[-1], round(temp * 1000), k)
 
 
 def test_verifier_verdicts_equal_numpy_engine_and_shared_rule(verifier, models):
@@ -73,7 +72,7 @@ def test_verifier_verdicts_equal_numpy_engine_and_shared_rule(verifier, models):
         pos0, acc, tok = verifier.call(m.VERIFY_REQ, m.pack_draft(L, entries), expect=m.VERDICT)
         drafts = [e[0] for e in entries]
         rows = target.forward(tokens + drafts, 0)[L - 1:]
-        p_tables = [target_table(r, temp, top_k, top_p) for r in rows]
+        p_tables = [target_table(r, round(temp * 1000), top_k, round(top_p * 65536)) for r in rows]
         want = rule.verify(p_tables, drafts, [(e[1], e[2]) for e in entries], seed, L, -1)
         assert (pos0, acc, tok) == (L, *want), "step %d" % step
         accepted += acc

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from shared import prng, rule, sampling
+from shared import intmath, prng, rule, sampling
 from shared.rule import ONE
 
 
@@ -33,39 +33,28 @@ def test_uniform_range_and_rejection():
 
 
 def test_quantize_sums_to_one_and_keeps_zeros():
-    w = rule.quantize([0.1, 0.0, 0.2, 0.7])
+    w = rule.quantize([1, 0, 2, 7])
     assert sum(w) == ONE and w[1] == 0
-    assert rule.quantize([1.0]) == [ONE]
+    assert rule.quantize([5]) == [ONE]
     assert rule.quantize([1, 1, 1]) == [21846, 21845, 21845]  # one spare unit, tie to the lowest id
-    assert rule.quantize([2.0, 6.0]) == [ONE // 4, 3 * ONE // 4]  # scale-free
-    tiny = rule.quantize([1e-9] + [1.0] * 3)
+    assert rule.quantize([2, 6]) == [ONE // 4, 3 * ONE // 4]  # scale-free
+    assert rule.quantize([3, 1, 3]) == [28087, 9362, 28087]  # remainders 6/7, 2/7, 6/7: 2 spare units
+    tiny = rule.quantize([1] + [10 ** 9] * 3)
     assert tiny[0] == 0 and sum(tiny) == ONE
 
 
-@pytest.mark.parametrize("bad", [[], [0.0, 0.0], [0.5, -0.1], [float("nan"), 1.0], [float("inf")]])
+@pytest.mark.parametrize("bad", [[], [0, 0], [5, -1]])
 def test_quantize_rejects_non_distributions(bad):
     with pytest.raises(ValueError):
         rule.quantize(bad)
-
-
-@pytest.mark.parametrize("probs, want, top2", [([5e-324], [ONE], ([0], [ONE])),
-                                               ([1e-310, 0.0], [ONE, 0], ([0], [ONE])),
-                                               ([5e-324] * 3, [21846, 21845, 21845], ([0, 1], [ONE // 2] * 2))])
-def test_quantize_subnormal_sums_are_distributions(probs, want, top2):
-    assert rule.quantize(probs) == want  # ONE / sum overflows: normalised by division instead
-    assert rule.quantize_topk(probs, 2) == top2
 
 
 NAN = float("nan")
 
 
 @pytest.mark.parametrize("call", [lambda: rule.argmax([1, NAN, 0.5]), lambda: rule.argmax([NAN, 1.0]),
-                                  lambda: rule.top_ids([1, NAN, 0.5], 1), lambda: rule.top_ids([NAN, 1, 0.5], 2),
-                                  lambda: sampling.softmax([1, NAN, 0.5], 0.0),
-                                  lambda: sampling.softmax([1, NAN, 0.5], 0.8),
-                                  lambda: sampling.softmax([NAN, 1.0], 0.8),
-                                  lambda: sampling.prepare([1, float("inf")], 1.0)])
-def test_a_nan_logit_is_an_error(call):
+                                  lambda: rule.top_ids([1, NAN, 0.5], 1), lambda: rule.top_ids([NAN, 1, 0.5], 2)])
+def test_a_nan_value_is_an_error(call):
     with pytest.raises(ValueError):
         call()
 
@@ -78,13 +67,13 @@ def test_top_ids_argmax_ties_to_lowest_id():
 
 
 def test_quantize_topk():
-    ids, w = rule.quantize_topk([0.05, 0.5, 0.05, 0.3, 0.1], 3)
+    ids, w = rule.quantize_topk([5, 50, 5, 30, 10], 3)
     assert ids == [1, 3, 4] and sum(w) == ONE and w[0] > w[1] > w[2]
-    assert rule.quantize_topk([0.0, 1.0, 0.0], 3) == ([1], [ONE])  # zero weights dropped
-    assert rule.quantize_topk([0.25] * 4, 2) == ([0, 1], [ONE // 2, ONE // 2])
+    assert rule.quantize_topk([0, 1, 0], 3) == ([1], [ONE])  # zero weights dropped
+    assert rule.quantize_topk([25] * 4, 2) == ([0, 1], [ONE // 2, ONE // 2])
 
 
-P = rule.quantize([0.4, 0.3, 0.2, 0.1, 0.0])
+P = rule.quantize([4, 3, 2, 1, 0])
 
 
 def test_verify_q_equal_p_accepts_everything():
@@ -122,7 +111,7 @@ def test_verify_eos_inside_accepted_run_ends_stream():
 
 
 def test_verify_is_deterministic_in_seed_and_position():
-    q = rule.quantize_topk([0.1, 0.1, 0.4, 0.4, 0.0], 2)
+    q = rule.quantize_topk([1, 1, 4, 4, 0], 2)
     runs = [rule.verify([P] * 3, [2, 3], [q, q], s, 40) for s in range(64)]
     assert runs == [rule.verify([P] * 3, [2, 3], [q, q], s, 40) for s in range(64)]
     assert runs != [rule.verify([P] * 3, [2, 3], [q, q], s, 41) for s in range(64)]
@@ -153,24 +142,42 @@ def test_verify_greedy():
         rule.verify_greedy([1], [1])
 
 
-def test_softmax_and_temperature():
-    p = sampling.softmax([1.0, 2.0, 3.0], 1.0)
-    e = [math.exp(x) for x in (1.0, 2.0, 3.0)]
-    assert p == pytest.approx([x / sum(e) for x in e])
-    assert sampling.softmax([1.0, 3.0, 3.0], 0.0) == [0.0, 1.0, 0.0]
-    cold = sampling.softmax([1.0, 2.0, 3.0], 0.1)
-    assert cold[2] > 0.99 and sampling.softmax([1000.0, 0.0], 1.0)[0] == 1.0  # no overflow
+EXP = intmath.exp_table([0] * intmath.EXP_SIZE)
+Q16 = 1 << 16
 
 
-def test_top_k_and_top_p_filters():
-    probs = [0.1, 0.4, 0.2, 0.2, 0.1]
-    assert sampling.filter_top_k(probs, 2) == [0.0, 0.4, 0.2, 0.0, 0.0]
-    assert sampling.filter_top_k(probs, 0) == probs
-    assert sampling.filter_top_p(probs, 0.5) == [0.0, 0.4, 0.2, 0.0, 0.0]
-    assert sampling.filter_top_p(probs, 0.01) == [0.0, 0.4, 0.0, 0.0, 0.0]
-    assert sampling.filter_top_p(probs, 1.0) == probs
-    assert sampling.top_p_from_q16(32768) == 0.5 and sampling.top_p_from_q16(0) == 1.0
-    out = sampling.prepare([0.0, 1.0, 2.0, 3.0], 1.0, top_k=3, top_p=0.7)
-    assert out[0] == 0.0 and out[3] > out[2] > 0.0 and out[1] == 0.0
-    assert sampling.prepare([0.0, 5.0, 5.0], 0.0, top_k=1) == [0.0, 1.0, 0.0]
+def test_weights_follow_exp_of_the_temperature_scaled_logits():
+    logits = [0, Q16, 3 * Q16, 3 * Q16 - 1]
+    out = [0] * 4
+    total = sampling.weights(logits, 0, 4, 1000, EXP, out)
+    assert out[2] == 1 << 15 and total == sum(out)  # the argmax weighs 2^15
+    for v, w in zip(logits, out):
+        assert w == pytest.approx(2 ** 15 * math.exp((v - 3 * Q16) / Q16), abs=2)
+    hot = [0] * 4
+    sampling.weights(logits, 0, 4, 2000, EXP, hot)
+    assert hot[1] == pytest.approx(2 ** 15 * math.exp(-1.0), abs=2)  # T = 2 halves the gap
+    far = [0] * 2
+    sampling.weights([0, 100 * Q16], 0, 2, 1000, EXP, far)
+    assert far == [0, 1 << 15]  # exp(-100) rounds to 0
 
+
+def test_tables_apply_greedy_top_k_and_top_p():
+    logits = [0, 4 * Q16, 3 * Q16, 3 * Q16, 0]
+    assert sampling.table(logits, 0, 5, 0, 0, 0, EXP) == [0, ONE, 0, 0, 0]
+    full = sampling.table(logits, 0, 5, 1000, 0, 0, EXP)
+    assert sum(full) == ONE and full[1] > full[2] == full[3] > full[0] == full[4] > 0
+    assert full == sampling.table([9] * 3 + logits, 3, 5, 1000, 0, 65536, EXP)  # offset; top_p 1.0 is off
+    top2 = sampling.table(logits, 0, 5, 1000, 2, 0, EXP)
+    assert top2[0] == top2[3] == top2[4] == 0 and top2[1] > top2[2] > 0  # ties: the lowest id stays
+    # top-p 0.5: token 1 alone holds 1/(1 + 2/e) = 58% of the mass
+    assert sampling.table(logits, 0, 5, 1000, 0, 32768, EXP) == [0, ONE, 0, 0, 0]
+    p80 = sampling.table(logits, 0, 5, 1000, 0, 52429, EXP)
+    assert p80[2] > 0 and p80[3] > 0 and p80[0] == 0
+
+
+def test_draft_table_is_the_top_k_renormalised():
+    logits = [0, 4 * Q16, 3 * Q16, 3 * Q16, 0]
+    ids, w = sampling.draft_table(logits, 0, 5, 1000, 2, EXP)
+    assert ids == [1, 2] and sum(w) == ONE
+    assert w[1] / ONE == pytest.approx(1 / (1 + math.e), abs=1e-4)
+    assert sampling.draft_table(logits, 0, 5, 0, 8, EXP) == ([1], [ONE])

@@ -38,7 +38,7 @@ def mpy_dir(tmp_path_factory):
 
 
 def test_vector_files_exist():
-    assert {p.stem for p in VECTORS} >= {"codec", "messages", "prng", "quantize", "rule"}
+    assert {p.stem for p in VECTORS} >= {"codec", "intmath", "messages", "prng", "quantize", "rule"}
 
 
 @pytest.mark.parametrize("path", VECTORS, ids=lambda p: p.stem)

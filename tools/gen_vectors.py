@@ -47,11 +47,15 @@ def case(name: str, op: str, **args) -> dict:
     return c
 
 
-def rand_probs(rng: random.Random, n: int, zeros: int = 0) -> list[float]:
-    p = [rng.expovariate(1.0) ** 2 for _ in range(n)]
+def rand_weights(rng: random.Random, n: int, zeros: int = 0) -> list[int]:
+    p = [int(rng.expovariate(1.0) ** 2 * 10 ** 6) for _ in range(n)]
     for i in rng.sample(range(n), zeros):
-        p[i] = 0.0
+        p[i] = 0
     return p
+
+
+def bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
 
 
 # ---------------------------------------------------------------- prng
@@ -72,57 +76,62 @@ def prng_cases() -> list[dict]:
 def quantize_cases() -> list[dict]:
     rng = random.Random(2)
     out = [
-        case("uniform 3", "quantize", probs=dbl([1, 1, 1])),
-        case("one-hot", "quantize", probs=dbl([0, 0, 1, 0])),
-        case("ties of remainders", "quantize", probs=dbl([1, 1, 1, 1, 1, 1, 1])),
-        case("unnormalised", "quantize", probs=dbl([3.5, 0.25, 100.0])),
-        case("tiny and denormal", "quantize", probs=dbl([1e-300, 5e-324, 1.0, 1e-5])),
-        case("negative", "quantize", probs=dbl([0.5, -0.5, 1.0])),
-        case("all zero", "quantize", probs=dbl([0.0, 0.0])),
+        case("uniform 3", "quantize", weights=[1, 1, 1]),
+        case("one-hot", "quantize", weights=[0, 0, 1, 0]),
+        case("ties of remainders", "quantize", weights=[1, 1, 1, 1, 1, 1, 1]),
+        case("unnormalised", "quantize", weights=[7, 1, 200]),
+        case("tiny against huge", "quantize", weights=[1, 0, 10 ** 12, 3]),
+        case("negative", "quantize", weights=[1, -1, 2]),
+        case("all zero", "quantize", weights=[0, 0]),
         case("argmax ties", "argmax", values=dbl([3, 9, 9, 1])),
     ]
-    nan, inf = float("nan"), float("inf")
-    edge = [  # subnormal sums quantize (normalised by division first); a NaN logit is an error
-        case("subnormal one-hot", "quantize", probs=dbl([5e-324])),
-        case("subnormal and zero", "quantize", probs=dbl([1e-310, 0.0])),
-        case("subnormal mixed", "quantize", probs=dbl([1e-310, 3e-310, 5e-324])),
-        case("topk subnormal", "quantize_topk", probs=dbl([5e-324, 0, 0]), k=2),
+    nan = float("nan")
+    edge = [  # a NaN value is an error (values travel as packed doubles)
         case("argmax nan inside", "argmax", values=dbl([1, nan, 0.5])),
         case("argmax nan first", "argmax", values=dbl([nan, 1])),
         case("top_ids nan", "top_ids", values=dbl([1, nan, 0.5]), k=1),
         case("top_ids nan in the first k", "top_ids", values=dbl([nan, 1, 0.5]), k=2),
         case("top_ids ties", "top_ids", values=dbl([1, 3, 3, 2, 3]), k=2),
-        case("prepare nan greedy", "prepare", logits=dbl([1, nan, 0.5]), temperature=0.0, top_k=0, top_p=1.0),
-        case("prepare nan sampled", "prepare", logits=dbl([1, nan, 0.5]), temperature=0.8, top_k=0, top_p=1.0),
-        case("prepare +inf sampled", "prepare", logits=dbl([1, inf, 0.5]), temperature=0.8, top_k=0, top_p=1.0),
     ]
-    assert [c["expect"] for c in edge[:4]] == [[ONE], [ONE, 0], [16384, 49152, 0], [[0], [ONE]]]
-    assert all(c["expect"] == ["error", "ValueError"] for c in edge[4:8] + edge[9:])
-    assert edge[8]["expect"] == [1, 2]
+    assert all(c["expect"] == ["error", "ValueError"] for c in edge[:4])
+    assert edge[4]["expect"] == [1, 2]
     out += edge
     for n, z in ((10, 0), (32, 5), (64, 20), (256, 50)):
-        out.append(case("random vocab %d" % n, "quantize", probs=dbl(rand_probs(rng, n, z))))
+        out.append(case("random vocab %d" % n, "quantize", weights=rand_weights(rng, n, z)))
     for k in (1, 8, 32, 300):
-        out.append(case("topk k=%d vocab 256" % k, "quantize_topk", probs=dbl(rand_probs(rng, 256, 30)), k=k))
-    out.append(case("topk ties", "quantize_topk", probs=dbl([0.2, 0.1, 0.2, 0.2, 0.3]), k=3))
-    out.append(case("topk with zeros", "quantize_topk", probs=dbl([0.0, 1.0, 0.0, 0.0]), k=3))
-    for temp, k, p in ((0.0, 0, 1.0), (1.0, 0, 1.0), (0.7, 0, 1.0), (1.5, 5, 1.0), (1.0, 0, 0.9),
-                       (0.8, 10, 0.5), (1.0, 3, 0.01)):
-        logits = [rng.gauss(0.0, 3.0) for _ in range(40)]
-        out.append(case("prepare T=%s k=%d p=%s" % (temp, k, p), "prepare", logits=dbl(logits),
-                        temperature=temp, top_k=k, top_p=p))
-    for milli, q16 in ((0, 65536), (1235, 62259), (1, 1), (65535, 32768), (800, 0)):
-        out.append(case("params %d %d" % (milli, q16), "params", temp_milli=milli, top_p_q16=q16))
-    assert out[-4]["expect"] == dbl([1.235, 62259 / 65536])
-    out.append(case("prepare greedy tie", "prepare", logits=dbl([1.0, 4.0, 4.0]), temperature=0.0, top_k=0, top_p=1.0))
+        out.append(case("topk k=%d vocab 256" % k, "quantize_topk", weights=rand_weights(rng, 256, 30), k=k))
+    out.append(case("topk ties", "quantize_topk", weights=[2, 1, 2, 2, 3], k=3))
+    out.append(case("topk with zeros", "quantize_topk", weights=[0, 1, 0, 0], k=3))
+    for temp, k, p in ((0, 0, 65536), (1000, 0, 65536), (700, 0, 0), (1500, 5, 65536), (1000, 0, 58982),
+                       (800, 10, 32768), (1000, 3, 655), (1, 0, 65536), (30000, 0, 65536)):
+        logits = [int(rng.gauss(0.0, 3.0) * 65536) for _ in range(40)]
+        out.append(case("table T=%d k=%d p=%d" % (temp, k, p), "table", logits=logits, temp_milli=temp,
+                        top_k=k, top_p_q16=p))
+        out.append(case("draft T=%d k=%d" % (temp, k + 1), "draft_table", logits=logits, temp_milli=temp, k=k + 1))
+    out.append(case("table greedy tie", "table", logits=[1, 4, 4], temp_milli=0, top_k=0, top_p_q16=0))
     assert out[0]["expect"] == [21846, 21845, 21845] and out[1]["expect"] == [0, 0, ONE, 0]
     assert out[5]["expect"] == ["error", "ValueError"] and out[7]["expect"] == 1
     return out
 
 
+def intmath_cases() -> list[dict]:
+    """Tables and scalar steps of the integer model arithmetic: the same ints on every runtime."""
+    rng = random.Random(4)
+    return [case("tables and steps", "intmath", hd=8, n_ctx=70, theta_bits=bits(10000.0),
+                 d=[0, 1, 63, 64, 4095, 4096, 40000, 65535, 65536, 10 ** 6],
+                 x=[-(40 << 16), -(16 << 16), -70000, -1, 0, 1, 65536, 16 << 16, 40 << 16],
+                 scale_bits=[0, bits(0.0123), bits(1e-6), bits(3.0), bits(2.0 ** -20)],
+                 vector_bits=[bits(x) for x in (0.5, -3.0, 0.0, 1e-3, 7.25, -0.1)], eps_bits=bits(1e-5),
+                 dim=64, eps=42950, rms=[[0, 0], [1, 0], [2 ** 20 * 64 - 1, 0], [123456, 7], [5, 20]],
+                 mulsh=[[rng.randrange(-2 ** 30, 2 ** 30), rng.randrange(-2 ** 14, 2 ** 14 + 1), sh]
+                        for sh in (-3, 0, 1, 5, 14, 15, 16, 17, 30, 40)]),
+            case("rope theta 500000 hd 16", "intmath", hd=16, n_ctx=129, theta_bits=bits(500000.0), d=[], x=[],
+                 scale_bits=[], vector_bits=[], eps_bits=bits(1e-6), dim=48, eps=4295, rms=[[999, 3]], mulsh=[])]
+
+
 # ---------------------------------------------------------------- acceptance rule
 def dense(rng: random.Random, n: int, zeros: int = 0) -> list[int]:
-    return quantize(rand_probs(rng, n, zeros))
+    return quantize(rand_weights(rng, n, zeros))
 
 
 def rule_cases() -> list[dict]:
@@ -131,7 +140,7 @@ def rule_cases() -> list[dict]:
     out = []
     p = dense(rng, 12, 3)
     out.append(case("sample dense", "sample", weights=p, pos=7, purpose=prng.EMIT, seeds=seeds))
-    ids, w = quantize_topk(rand_probs(rng, 12), 4)
+    ids, w = quantize_topk(rand_weights(rng, 12), 4)
     out.append(case("sample sparse", "sample_sparse", ids=ids, weights=w, pos=7, purpose=prng.DRAFT, seeds=seeds))
 
     # q-hat == p: every draft accepted, then a bonus token
@@ -175,7 +184,7 @@ def rule_cases() -> list[dict]:
         ps = [dense(rng, vocab, vocab // 4) for _ in range(gamma + 1)]
         qs, drafts = [], []
         for j in range(gamma):
-            ids, w = quantize_topk([x * rng.uniform(0.2, 2.0) + 1 for x in ps[j]], k)
+            ids, w = quantize_topk([int(x * rng.uniform(0.2, 2.0)) + 1 for x in ps[j]], k)
             qs.append([ids, w])
             drafts.append(ids[rng.randrange(len(ids))])
         out.append(case("random v=%d g=%d k=%d" % (vocab, gamma, k), "verify", p=ps, drafts=drafts, q=qs,
@@ -381,7 +390,8 @@ def fuzz_cases() -> list[dict]:
     return out
 
 
-FILES = {"prng": prng_cases, "quantize": quantize_cases, "rule": rule_cases, "codec": codec_cases,
+FILES = {"prng": prng_cases, "quantize": quantize_cases, "intmath": intmath_cases, "rule": rule_cases,
+         "codec": codec_cases,
          "messages": message_cases, "fuzz": fuzz_cases}
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.engine import Engine
+from host.engine import Engine, to_float
 from host.gamma import GammaController
 from host.orchestrator import generate
 from host.tokenizer import Tokenizer
@@ -41,15 +41,15 @@ def n_params(h) -> int:
 
 
 def kv_bytes(h, max_seq: int) -> int:
-    """int8 KV cache: per layer, k and v, per position kv_dim int8 + one float32 scale."""
-    return h.n_layers * 2 * max_seq * (h.kv_dim + 4)
+    """int8 KV cache: per layer, k and v, per position kv_dim int8 + one shift byte."""
+    return h.n_layers * 2 * max_seq * (h.kv_dim + 1)
 
 
 def int8_loss(path: Path, stories: list[list[int]]) -> float:
     eng, tot, n = Engine(path), 0.0, 0
     for ids in stories:
         eng.reset()
-        logits = eng.forward(ids[:-1], 0).astype(np.float64)
+        logits = to_float(eng.forward(ids[:-1], 0))
         logits -= logits.max(axis=1, keepdims=True)
         lp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
         tot -= lp[np.arange(len(ids) - 1), ids[1:]].sum()

@@ -1,15 +1,18 @@
-"""Benchmark of the int8 inference kernels and the firmware engine under the unix MicroPython port.
+"""Benchmark of the firmware engine under the unix MicroPython port: today's integer engine against the
+float engine it replaced, side by side on the same model files.
 
     python -m tools.bench kernels
 
-Side by side on this machine, same 256 x 256 int8 matrix: MAC/s of the firmware's viper matmul and
-its plain-Python fallback (run by the `micropython` binary, tools/bench/_mp_kernels.py) against numpy
-(int32 matmul of the int8 values, and the float64 BLAS product the numpy reference engine uses).
-Then, in the firmware engine (viper): the verify-cost ratio v(k) = time(k positions) / time(1) for
-k = 1..8 with the target, and greedy tokens/s of drafter and target, one position per forward, with
-the heap each engine holds and the bytes of boxed-float temporaries one token allocates.
-Models: models/drafter.spm and models/target.spm when they exist, else random models of the same
-shapes (tools/modeldefs.py CONFIGS). Figures are for the unix port on this CPU, not a board.
+The float engine is taken from git history (commit FLOAT_ENGINE: firmware/engine.py, kernels.py and the
+shared/modelfile.py it read) into a temporary folder; without git history only today's engine runs.
+Each engine runs in its own `micropython` process (tools/bench/_mp_kernels.py), ROUNDS times,
+alternating; each figure is the fastest round (noise only adds time), and per-token times are also
+given in units of `ref_us`, the fastest run of a fixed interpreted-Python workload timed in the same
+processes, so figures from different runs or machines compare as ratios. Printed: per-token time of drafter and target (greedy, one
+position per forward), heap bytes one token allocates, v(1..8) with the target, and the MAC/s of
+today's matmul kernel (viper, its plain-Python reference) next to numpy on the same 256 x 256 matrix.
+Models: models/drafter.spm and models/target.spm (stories260K). Figures are for the unix port on this
+CPU, not a board.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,63 +28,96 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("_mp_kernels.py")
+FLOAT_ENGINE = "d751430"  # the last commit with the float engine
 BUDGET_MS = 300
+ROUNDS = 5
 
 
 def _models() -> dict[str, tuple[Path, str]]:
     return {name: (ROOT / "models" / (name + ".spm"), "models/%s.spm" % name) for name in ("drafter", "target")}
 
 
-def _numpy_macs() -> dict[str, float]:
-    rng = np.random.default_rng(0)
-    w = rng.integers(-127, 128, size=(256, 256), dtype=np.int8)
-    w32, w64 = w.astype(np.int32), w.astype(np.float64).T.copy()
-    out = {}
-    for k in (1, 4):
-        x = rng.integers(-127, 128, size=(k, 256), dtype=np.int8)
-        for name, fn in (("numpy_int32", lambda: x.astype(np.int32) @ w32.T),
-                         ("numpy_f64blas", lambda: x.astype(np.float64) @ w64)):
-            fn()
-            n, t0 = 0, time.perf_counter()
-            while time.perf_counter() - t0 < BUDGET_MS / 4e3 or n < 2:
-                fn()
-                n += 1
-            out["%s_k%d" % (name, k)] = 256 * 256 * k * n / (time.perf_counter() - t0)
+def _float_engine(tmp: Path) -> Path | None:
+    """The float engine's files from git history, or None without it."""
+    out = tmp / "float_engine"
+    (out / "shared").mkdir(parents=True)
+    for src, dst in (("firmware/engine.py", "engine.py"), ("firmware/kernels.py", "kernels.py"),
+                     ("shared/__init__.py", "shared/__init__.py"), ("shared/modelfile.py", "shared/modelfile.py")):
+        p = subprocess.run(["git", "show", "%s:%s" % (FLOAT_ENGINE, src)], cwd=ROOT, capture_output=True)
+        if p.returncode:
+            return None
+        (out / dst).write_bytes(p.stdout)
     return out
 
 
-def _micropython() -> str:
+def _numpy_macs() -> dict[str, float]:
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 128, size=(256, 256), dtype=np.int8).astype(np.float64).T.copy()
+    out = {}
+    for k in (1, 5):
+        x = rng.integers(-32767, 32768, size=(k, 256)).astype(np.float64)
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < BUDGET_MS / 4e3 or n < 2:
+            x @ w
+            n += 1
+        out["numpy_k%d" % k] = 256 * 256 * k * n / (time.perf_counter() - t0)
+    return out
+
+
+def _run_engine(engine_dir: str, models: dict) -> dict:
     exe = Path(sys.executable).with_name("micropython")
     if not exe.exists():
         raise RuntimeError("the micropython binary is missing: run `make setup`")
-    return str(exe)
+    p = subprocess.run([str(exe), "-X", "heapsize=8M", str(SCRIPT), engine_dir, str(models["drafter"][0]),
+                        str(models["target"][0]), str(BUDGET_MS)], capture_output=True, text=True, cwd=ROOT,
+                       timeout=600)
+    if p.returncode:
+        raise RuntimeError((p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1])
+    return json.loads(p.stdout)
+
+
+def _best(runs: list[dict]) -> dict:
+    """The fastest of the rounds, figure by figure (other processes only ever add time), and the
+    per-token times in units of the fastest reference workload."""
+    ref = min(r["ref_us"] for r in runs)
+    us = [min(r["verify"]["us"][k] for r in runs) for k in range(8)]
+    out = {"ref_us": ref, "v": [u / us[0] for u in us], "verify_us": us}
+    for m in ("drafter", "target"):
+        out[m + "_us"] = min(r[m]["us_per_token"] for r in runs)
+        out[m + "_ref"] = out[m + "_us"] / ref
+        out[m + "_bytes"] = max(r[m]["bytes_per_token"] for r in runs)
+    return out
 
 
 def run() -> dict:
-    models = _models()
-    p = subprocess.run([_micropython(), "-X", "heapsize=8M", str(SCRIPT), str(models["drafter"][0]),
-                        str(models["target"][0]), str(BUDGET_MS)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
-    if p.returncode:
-        raise RuntimeError((p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1])
-    mp = json.loads(p.stdout)
-    macs = dict(mp["macs"], **_numpy_macs())
-    print("int8 matmul, 256 x 256, MAC/s (unix port on this CPU)")
-    print("%-16s %14s %14s" % ("kernel", "k = 1", "k = 4"))
-    for name in ("viper", "python", "numpy_int32", "numpy_f64blas"):
-        print("%-16s %14.3g %14.3g" % (name, macs[name + "_k1"], macs[name + "_k4"]))
-    print("viper / python fallback: %.0fx (k = 1), %.0fx (k = 4)"
-          % (macs["viper_k1"] / macs["python_k1"], macs["viper_k4"] / macs["python_k4"]))
-    v = mp["verify"]
-    print("\nverify cost, firmware engine, target (%s), after a 32-token prefix" % models["target"][1])
-    print("k      " + " ".join("%6d" % k for k in range(1, 9)))
-    print("ms     " + " ".join("%6.1f" % (us / 1e3) for us in v["us"]))
-    print("v(k)   " + " ".join("%6.2f" % r for r in v["v"]))
-    print("\n%-8s %-22s %9s %8s %12s %18s" % ("model", "file", "tok/s", "tokens", "heap bytes",
-                                              "transient B/token"))
-    for name in ("drafter", "target"):
-        r = mp[name]
-        print("%-8s %-22s %9.1f %8d %12d %18d" % (name, models[name][1], r["tok_per_s"], r["tokens"],
-                                                  r["heap_bytes"], r["transient_bytes_per_token"]))
-    return {"macs": macs, "verify": v, "drafter": mp["drafter"], "target": mp["target"],
-            "models": {k: v[1] for k, v in models.items()}}
+    with tempfile.TemporaryDirectory() as tmp:
+        models = _models()
+        old_dir = _float_engine(Path(tmp))
+        engines = {"integer": "firmware"} | ({"float": str(old_dir)} if old_dir else {})
+        runs: dict[str, list[dict]] = {name: [] for name in engines}
+        for _ in range(ROUNDS):
+            for name, d in engines.items():
+                runs[name].append(_run_engine(d, models))
+    best = {name: _best(r) for name, r in runs.items()}
+    print("firmware engine, unix port; 'ref' = per-token time / a fixed Python workload in the same process")
+    print("models: drafter %s, target %s" % (models["drafter"][1], models["target"][1]))
+    print("%-8s %12s %10s %12s %10s %14s %14s" % ("engine", "drafter us", "ref", "target us", "ref",
+                                               "drafter B/tok", "target B/tok"))
+    for name, b in best.items():
+        print("%-8s %12.0f %10.3f %12.0f %10.3f %14d %14d" % (name, b["drafter_us"], b["drafter_ref"], b["target_us"],
+                                                         b["target_ref"], b["drafter_bytes"], b["target_bytes"]))
+    out: dict = {"engines": best, "models": {k: v[1] for k, v in models.items()}}
+    if "float" in best:
+        out["speedup"] = {m: best["float"][m + "_ref"] / best["integer"][m + "_ref"] for m in ("drafter", "target")}
+        print("speed-up of the integer engine (ref-normalised): drafter %.2fx, target %.2fx"
+              % (out["speedup"]["drafter"], out["speedup"]["target"]))
+    print("\nverify cost v(k) = time(k positions) / time(1), target, after a 32-token prefix")
+    print("k        " + " ".join("%6d" % k for k in range(1, 9)))
+    for name, b in best.items():
+        print("%-8s " % name + " ".join("%6.2f" % v for v in b["v"]))
+    macs = dict(runs["integer"][0]["macs"], **_numpy_macs())
+    print("\nmatmul 256 x 256 (int8 weights x int16 inputs), MAC/s")
+    for name in ("viper", "python", "numpy"):
+        print("%-8s k=1 %10.3g   k=5 %10.3g" % (name, macs[name + "_k1"], macs[name + "_k5"]))
+    out["macs"] = macs
+    return out
