@@ -34,6 +34,11 @@ from roles import E_INTERNAL, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, Refused
 
 FW_VERSION = "specmesh-node 0.1"
 HOST = 0
+# Free heap a node keeps once its model is loaded, else it halves its context (HELLO reports it): a
+# virtual classic ESP32 drafter had 16 KB less by its first reply (link buffers, decoders, interned
+# names) and needs about 12 KB more to serve DRAFT_REQ and STATS
+_RESERVE = const(28672)
+_MIN_CTX = const(64)  # the shortest context it halves to
 SMALL_HEAP = 1 << 20  # below this heap size (no PSRAM) the node collects garbage after every request
 REPLY_CACHE = 4  # replies kept for retransmitted requests (a host may have a few requests in flight)
 POLL_MS = 1000  # longest a single-link node blocks in one poll (nothing depends on it waking)
@@ -386,11 +391,19 @@ class Node:
         try:
             import engine
 
-            eng = engine.Engine(model, kmax, True, self.cfg.get("n_ctx", 0))
-            if role_id == m.ROLE_DRAFTER:
-                self.role = roles.Drafter(eng, self.stats, self.cfg.get("spec_ahead", 0))
-            else:
-                self.role = roles.Verifier(eng, self.stats)
+            n_ctx = self.cfg.get("n_ctx", 0)
+            while True:
+                eng = engine.Engine(model, kmax, True, n_ctx)
+                if role_id == m.ROLE_DRAFTER:
+                    self.role = roles.Drafter(eng, self.stats, self.cfg.get("spec_ahead", 0))
+                else:
+                    self.role = roles.Verifier(eng, self.stats)
+                gc.collect()
+                if gc.mem_free() >= _RESERVE or eng.n_ctx <= _MIN_CTX:
+                    break
+                n_ctx = eng.n_ctx // 2  # too little heap left to serve requests: a shorter context (HELLO says)
+                self.role = eng = None
+                gc.collect()
         except OSError as e:
             raise Refused(E_MODEL, "cannot open model %r: %s" % (model, e))
         except MemoryError:

@@ -36,6 +36,10 @@ class Profile:
     link: Faults | None = None
     radio: dict = field(default_factory=dict)  # RadioConfig fields
     event: tuple[str, str, int] | None = None  # ("kill" or "reboot", "drafter" or "verifier", round)
+    # False where a sampled stream may rightly differ from the reference: after a drafter fails, the stream
+    # goes on with plain rounds, whose draws differ from a round's accept test and residual draw (the text
+    # is another sample of the same distribution); greedy text must still be equal
+    same_sample: bool = True
 
 
 LOSSY = dict(drop=0.05, corrupt=0.01, duplicate=0.01, reorder=0.05)
@@ -50,7 +54,7 @@ PROFILES = {
     "verifier-dies": Profile("the verifier board is killed at round 4: the host CPU verifier takes over",
                              event=("kill", "verifier", 4)),
     "drafter-dies": Profile("the drafter board is killed at round 4: plain decoding goes on",
-                            event=("kill", "drafter", 4)),
+                            event=("kill", "drafter", 4), same_sample=False),
     "drafter-reboots": Profile("the drafter board reboots at round 4 (Ctrl-C, Ctrl-D): it is re-synchronised",
                                event=("reboot", "drafter", 4)),
     "verifier-reboots": Profile("the verifier board reboots at round 4 on a lossy link",
@@ -126,7 +130,9 @@ def run(names: list[str], tokens: int = 32, models: Path = ROOT / "models") -> l
                 base = run_case(Profile("none", prof.transport), params, tokens, models, Path(tmp) / "base")
                 got = run_case(prof, params, tokens, models, Path(tmp) / name)
                 lost, dup = compare(want, got["tokens"])
+                expect = prof.same_sample or params.temperature == 0.0
                 rows.append({"profile": name, "temperature": params.temperature, "tokens": len(got["tokens"]),
+                             "expect_equal": expect,
                              "lost": lost, "duplicated": dup, "retransmits": got["retransmits"],
                              "resyncs": got["resyncs"], "failovers": got["failovers"],
                              "radio_lost": got["radio_lost"], "overhead": got["wall_s"] / base["wall_s"],
@@ -138,9 +144,14 @@ def print_table(rows: list[dict]) -> None:
     print("%-17s %4s %6s %4s %4s %7s %7s %9s %8s %6s" % ("profile", "T", "tokens", "lost", "dup", "retrans",
                                                        "resyncs", "failovers", "overhead", "equal"))
     for r in rows:
-        print("%-17s %4.1f %6d %4d %4d %7d %7d %9d %7.2fx %6s" % (
-            r["profile"], r["temperature"], r["tokens"], r["lost"], r["duplicated"], r["retransmits"],
-            r["resyncs"], len(r["failovers"]), r["overhead"], "yes" if r["equal"] else "NO"))
+        equal = "yes" if r["equal"] else ("NO" if r["expect_equal"] else "other")
+        lost, dup = (r["lost"], r["duplicated"]) if r["expect_equal"] else ("-", "-")
+        print("%-17s %4.1f %6d %4s %4s %7d %7d %9d %7.2fx %6s" % (
+            r["profile"], r["temperature"], r["tokens"], lost, dup, r["retransmits"],
+            r["resyncs"], len(r["failovers"]), r["overhead"], equal))
+    if any(not r["expect_equal"] for r in rows):
+        print("other: a sampled stream that went on with plain rounds after its drafter failed is another sample of"
+              " the target's distribution (plain and speculative rounds draw differently), not the same text")
     for r in rows:
         for line in r["failovers"]:
             print("  %s T=%.1f: %s" % (r["profile"], r["temperature"], line))

@@ -80,6 +80,14 @@ def test_a_killed_verifier_fails_over_to_the_cpu_with_the_same_text(tmp_path):
     assert took < 2.0  # replaced within 2 s of detection
 
 
+def test_a_killed_drafter_leaves_plain_decoding_and_the_greedy_text(tmp_path):
+    params = CASES[0]
+    got = run_case(PROFILES["drafter-dies"], params, TOKENS, MODELS, tmp_path)
+    assert got["tokens"] == reference(MODELS, params, TOKENS)
+    (line,) = got["failovers"]
+    assert line.startswith("drafter virtual:drafter") and line.endswith("going on with plain decoding")
+
+
 def test_a_rebooted_drafter_loses_nothing(tmp_path):
     params = CASES[1]
     got = run_case(PROFILES["drafter-reboots"], params, TOKENS, MODELS, tmp_path)

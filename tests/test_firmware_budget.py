@@ -37,14 +37,15 @@ def test_drafter_drafts_500_tokens_in_a_classic_esp32_heap(micropython, board, t
     try:
         hello = node.call(m.HELLO)
         assert hello[2] == m.ROLE_DRAFTER, node.text
-        assert hello[5] == 256  # the full context: no n_ctx cap needed
+        ctx = hello[5]  # the node halves its context when the model leaves too little heap
+        assert ctx >= 128, "the drafter keeps too short a context: %d" % ctx
         prompt = list(range(1, 17))
         drafted = session = 0
         while drafted < 500:
             session += 1
             tokens = list(prompt)
             begin(node, session, session, 0.8, tokens, draft_k=8)
-            while len(tokens) + 4 <= 256 and drafted < 500:
+            while len(tokens) + 4 <= ctx and drafted < 500:
                 _, entries = node.call(m.DRAFT_REQ, m.pack_draft_req(len(tokens), 4), expect=m.DRAFT)
                 drafted += len(entries)
                 new = [e[0] for e in entries[:2]] + [(entries[2][0] + 1) % 512]  # accept 2, then a residual
