@@ -18,10 +18,9 @@ NAMES = ("drafter", "target")
 GOLDEN = ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball."
 # the integer engine against the float model: every logit within LOGIT_TOL of the row's logit range, and
 # the same argmax wherever the float model's top-2 margin exceeds NEAR_TIE logits. Measured on the
-# shipped files: at most 7.1% of the range for the target, whose 64-wide activations quantize coarsely,
-# flips below a 0.25 margin; the drafter, tuned on total variation (which leaves its logits' tail free),
-# errs by up to 1.6 logits (8.9% of the range) and flips below a 1.05 margin, while its held-out loss
-# stays within 0.1% of float (test below)
+# shipped files against the float16 reference: at most 7.1% of the range for the target, flips below a
+# 0.25 margin; the 40-wide drafter errs by up to 1.6 logits (8.9% of the range) and flips below a 1.05
+# margin, while its held-out loss stays within 0.1% of float (test below)
 LOGIT_TOL = {"drafter": 0.10, "target": 0.08}
 NEAR_TIE = {"drafter": 1.2, "target": 0.3}
 
