@@ -69,6 +69,15 @@ def reference(models: Path, params: SessionParams, tokens: int) -> list[int]:
                     tokens, GammaController(fixed=GAMMA)).tokens
 
 
+def soft_reset(board) -> None:
+    """Reboot a board mid-session as a user can: Ctrl-C ends the node, Ctrl-D soft-resets the board and
+    main.py starts afresh (its session lost; the host re-synchronises it from the committed prefix)."""
+    ser = board.proxy.bus.link.ser
+    ser.write(b"\x03")
+    time.sleep(0.3)
+    ser.write(b"\x04")
+
+
 def _event(cluster, backends: dict, event: tuple[str, str, int] | None) -> Callable:
     rounds = [0]
 
@@ -79,11 +88,8 @@ def _event(cluster, backends: dict, event: tuple[str, str, int] | None) -> Calla
         action, kind, _ = event
         if action == "kill":
             cluster.boards[kind].stop()
-        else:  # Ctrl-C ends the node, Ctrl-D soft-resets the board: main.py starts afresh
-            ser = backends[kind].proxy.bus.link.ser
-            ser.write(b"\x03")
-            time.sleep(0.3)
-            ser.write(b"\x04")
+        else:
+            soft_reset(backends[kind])
     return on_round
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
+from host.chaos import soft_reset
 from host.cluster import connect
 from host.flash import flash
 from host.gamma import GammaController
@@ -110,11 +111,8 @@ def test_a_verifier_reset_mid_generation_loses_nothing(boards, prompt):
 
     def reset_verifier(accepted, emitted):
         rounds.append(1)
-        if len(rounds) == 3:  # Ctrl-C ends the node, Ctrl-D soft-resets the board: main.py starts afresh
-            ser = verifier.proxy.bus.link.ser
-            ser.write(b"\x03")
-            time.sleep(0.3)
-            ser.write(b"\x04")
+        if len(rounds) == 3:
+            soft_reset(verifier)
 
     before = verifier.resyncs
     got = generate(prompt, verifier, drafter, params, 24, GammaController(fixed=2), on_round=reset_verifier)
