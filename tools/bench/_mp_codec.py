@@ -50,24 +50,24 @@ def per_call_us(fn, budget_us):
             return round(t / n, 2)
 
 
-def _floats(seed, pos, n, sharp):
-    """Skewed pseudo-random float distribution of length n from the shared PRNG."""
+def _weights(seed, pos, n, sharp):
+    """Skewed pseudo-random integer weights (the rule's input: the engines' integer softmax) of length n."""
     out = []
     for i in range(n):
         u = (prng.rand32(seed, pos, 9, i) & 0xFFFF) / 65536.0
-        out.append(u ** sharp)
+        out.append(int(u ** sharp * 1000000))
     return out
 
 
 def workload(budget_us):
     res = {}
-    p_float = [_floats(1, j, VOCAB, 60) for j in range(GAMMA + 1)]
-    p_tables = [rule.quantize(pf) for pf in p_float]
+    p_weights = [_weights(1, j, VOCAB, 60) for j in range(GAMMA + 1)]
+    p_tables = [rule.quantize(pf) for pf in p_weights]
     for k in (8, 32):
         qs = []
         for j in range(GAMMA):
-            noise = _floats(2, j, VOCAB, 60)
-            ids, w = rule.quantize_topk([p_float[j][i] + 0.15 * noise[i] for i in range(VOCAB)], k)
+            noise = _weights(2, j, VOCAB, 60)
+            ids, w = rule.quantize_topk([p_weights[j][i] + noise[i] * 15 // 100 for i in range(VOCAB)], k)
             qs.append((ids, w))
         drafts = [[rule.sample_sparse(q[0], q[1], s, j, prng.DRAFT) for j, q in enumerate(qs)] for s in range(64)]
         res["verify_k%d" % k] = per_call_us(
@@ -88,7 +88,7 @@ def workload(budget_us):
             for pkt in codec.fragment(frame, i & 0xFFFF):
                 dd.feed(pkt, 1)
         res["datagram_verify_req_k%d" % k] = per_call_us(datagram, budget_us)
-        res["quantize_topk_k%d" % k] = per_call_us(lambda i: rule.quantize_topk(p_float[i % GAMMA], k), budget_us)
+        res["quantize_topk_k%d" % k] = per_call_us(lambda i: rule.quantize_topk(p_weights[i % GAMMA], k), budget_us)
     tx, rx = codec.Auth(b"bench-key"), codec.Auth(b"bench-key")
     res["frame_verdict"] = per_call_us(
         lambda i: m.unpack_verdict(codec.decode(codec.encode(m.VERDICT, m.pack_verdict(100, 2, 7), 2, 0, i, 1,
@@ -97,7 +97,7 @@ def workload(budget_us):
         lambda i: codec.decode(codec.encode(m.VERDICT, m.pack_verdict(100, 2, 7), 2, 0, i, 1, True, tx), rx),
         budget_us)
     res["verify_greedy"] = per_call_us(lambda i: rule.verify_greedy([1, 2, 3, 4, 5], [1, 2, 3, 9]), budget_us)
-    res["quantize_512"] = per_call_us(lambda i: rule.quantize(p_float[i % (GAMMA + 1)]), budget_us)
+    res["quantize_512"] = per_call_us(lambda i: rule.quantize(p_weights[i % (GAMMA + 1)]), budget_us)
     res["sample_512"] = per_call_us(lambda i: rule.sample(p_tables[0], i, 0, prng.EMIT), budget_us)
     return res
 
