@@ -45,7 +45,7 @@ CONFIGS = {  # name: (drafter, verifier, transport, extra flags)
 def bench_config(name: str, models: Path) -> list[dict]:
     from host.backends import SessionParams
     from host.projection import Projector
-    from host.runner import Setup, add_arguments
+    from host.runner import Setup, add_arguments, check_args
     from host.tokenizer import BOS, Tokenizer
     from shared.modelfile import parse_header
 
@@ -54,6 +54,7 @@ def bench_config(name: str, models: Path) -> list[dict]:
     add_arguments(p)
     a = p.parse_args(["--models", str(models), "--drafter", drafter_name, "--verifier", verifier_name,
                       "--transport", transport, *extra])
+    check_args(a)
     tok = Tokenizer.from_llama2c(models / "tokenizer.bin")
     heads = [parse_header((models / f).read_bytes()[:64]) for f in ("target.spm", "drafter.spm")]
     rows = []
