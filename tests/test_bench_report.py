@@ -22,7 +22,12 @@ def test_report_draws_what_the_sections_hold(tmp_path):
     acc = {"alpha": 0.7, "tokens_per_verification": 2.8, "alpha_per_position": [0.7, 0.72, 0.69, None]}
     results = {"started": "now", "machine": {"platform": "test", "processor": "x"},
                "vk": {"backends": {"cpu": {"v": {str(k): 1 + 0.1 * k for k in range(1, 9)}, "c": 0.3}},
-                      "acceptance": {"T=0": acc, "T=1": acc}}}
+                      "acceptance": {"T=0": acc, "T=1": acc}},
+               "kernels": {"engines": {"integer": {"v": [1.0, 1.6, 2.1, 2.7, 3.0], "drafter_us": 100,
+                                                   "verify_us": [400, 640, 840, 1080, 1200]}}}}
+    from tools.bench._report import _v_curves
+
+    assert _v_curves(results)["board engine (unix port)"] == {1: 1.0, 2: 1.6, 3: 2.1, 4: 2.7, 5: 3.0}
     files = write(results, tmp_path)
     assert {f.name for f in files} == {"vk.png", "speedup_gamma.png", "alpha_position.png", "report.md"}
     assert all(f.stat().st_size > 1000 for f in files if f.suffix == ".png")

@@ -28,9 +28,9 @@ def _v_curves(results: dict) -> dict[str, dict[int, float]]:
     """{back-end: {k: v(k)}} from the vk section and the board engine of the kernels section."""
     curves = {name: {int(k): x for k, x in f["v"].items()} for name, f in results.get("vk", {}).get("backends",
                                                                                                     {}).items()}
-    board = results.get("kernels", {}).get("v")
-    if isinstance(board, dict) and board:
-        curves["board engine (unix port)"] = {int(k): float(x) for k, x in board.items()}
+    board = results.get("kernels", {}).get("engines", {}).get("integer", {}).get("v")
+    if board:  # v(1..len) of the firmware engine on the unix port
+        curves["board engine (unix port)"] = {k + 1: float(x) for k, x in enumerate(board)}
     return curves
 
 
@@ -72,9 +72,9 @@ def write(results: dict, out: Path) -> list[Path]:
 
     acc = results.get("vk", {}).get("acceptance", {})
     costs = {name: f["c"] for name, f in results.get("vk", {}).get("backends", {}).items()}
-    board_c = results.get("kernels", {}).get("c")
-    if board_c and "board engine (unix port)" in curves:
-        costs["board engine (unix port)"] = float(board_c)
+    engine = results.get("kernels", {}).get("engines", {}).get("integer", {})
+    if engine.get("drafter_us") and engine.get("verify_us") and "board engine (unix port)" in curves:
+        costs["board engine (unix port)"] = engine["drafter_us"] / engine["verify_us"][0]
     if acc and costs:
         fig, ax = plt.subplots(figsize=(6, 4))
         for t, a in acc.items():
