@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from host.links import LinkError
 from shared.codec import CodecError, Frame, decode, encode
 
 
@@ -101,16 +102,25 @@ class FaultyLink:
             if job is None:
                 continue
             if delay:
-                threading.Timer(delay, job).start()
+                threading.Timer(delay, self._late, (job,)).start()
             else:
                 job()
+
+    @staticmethod
+    def _late(job: Callable[[], None]) -> None:
+        """A delayed or held frame, sent from a timer: if its link closed meanwhile, the frame is lost,
+        as one in flight when a cable is pulled (the caller saw its send succeed long ago)."""
+        try:
+            job()
+        except LinkError:
+            pass
 
     def _release(self, way: str, job: Callable[[], None]) -> None:
         with self._lock:
             if self._held[way] is not job:
                 return  # already overtaken and sent
             self._held[way] = None
-        job()
+        self._late(job)
 
     @staticmethod
     def _corrupt_out(frame: bytes, rng: random.Random) -> bytes:
