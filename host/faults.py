@@ -21,6 +21,12 @@ from host.links import LinkError
 from shared.codec import CodecError, Frame, decode, encode
 
 
+def flip_bit(data: bytes, rng: random.Random) -> bytes:
+    """`data` with one bit, chosen by `rng`, flipped: line noise that a CRC must catch."""
+    bit = rng.randrange(8 * len(data))
+    return data[:bit // 8] + bytes([data[bit // 8] ^ (1 << bit % 8)]) + data[bit // 8 + 1:]
+
+
 @dataclass
 class Faults:
     """Probabilities per frame and direction; `delay_s` is the most a delayed frame waits."""
@@ -124,8 +130,7 @@ class FaultyLink:
 
     @staticmethod
     def _corrupt_out(frame: bytes, rng: random.Random) -> bytes:
-        bit = rng.randrange(8 * len(frame))
-        return frame[:bit // 8] + bytes([frame[bit // 8] ^ (1 << bit % 8)]) + frame[bit // 8 + 1:]
+        return flip_bit(frame, rng)
 
     @classmethod
     def _corrupt_in(cls, f: Frame, rng: random.Random) -> None:

@@ -17,6 +17,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from host.faults import flip_bit
+
 BROADCAST = b"\xff" * 6
 
 
@@ -139,8 +141,7 @@ class RadioHub:
         copies = 2 if self._rng.random() < cfg.duplicate else 1
         self.stats.duplicated += copies - 1
         if cfg.corrupt and self._rng.random() < cfg.corrupt:
-            bit = self._rng.randrange(8 * len(msg))
-            msg = msg[:bit // 8] + bytes([msg[bit // 8] ^ (1 << bit % 8)]) + msg[bit // 8 + 1:]
+            msg = flip_bit(msg, self._rng)
             self.stats.corrupted += 1
         for _ in range(copies):
             delay = cfg.delay_ms
