@@ -3,7 +3,6 @@
 import json
 import os
 import pty
-from pathlib import Path
 
 import pytest
 

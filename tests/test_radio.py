@@ -5,7 +5,6 @@ import socket
 import subprocess
 import time
 
-import pytest
 
 from emulator_util import MPREMOTE, mpremote
 from host.emulator.radio import RadioConfig, RadioHub
