@@ -29,13 +29,12 @@ from host.tokenizer import Tokenizer, vocab_id
 from shared.modelfile import FLAG_SHARED_CLS, Header
 from tools.llama2c_import import read_checkpoint
 from tools.modeldefs import ModelArgs, Transformer, export_tensors, from_tensors
-from tools.train import heldout_stories
+from tools.modelcard import LOSS_STORIES, heldout_stories
 
 REF_PROMPTS = 3
 REF_LEN = 64  # teacher-forced positions with saved logits
 GREEDY_PROMPT = 16
 GREEDY_NEW = 24
-LOSS_STORIES = range(64, 128)  # held-out stories of the loss figures (the first 64 select checkpoints)
 
 
 def header_of(model: Transformer, tokenizer_id: int) -> Header:

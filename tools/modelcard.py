@@ -31,8 +31,22 @@ from host.tokenizer import Tokenizer
 from shared.modelfile import tensor_layout
 
 GAMMA = 4
-FIRST_STORY = 128  # stories 0..63 select checkpoints (tools/train.py), 64..127 give the loss figures
+# models/heldout.txt by story number: 0..63 select checkpoints (tools/train.py), 64..127 give the loss
+# figures (tools/export.py saves the float model's), 128 on are the acceptance prompts
+LOSS_STORIES = range(64, 128)
+FIRST_STORY = 128
 PROMPT_TOKENS = 16
+
+
+def heldout_stories(path: Path) -> list[str]:
+    """The held-out stories (blank-line separated) of models/heldout.txt."""
+    return [s.strip() for s in path.read_text("utf-8").split("\n\n") if s.strip()]
+
+
+def heldout_prompts(models: Path, tok: Tokenizer, n: int) -> list[list[int]]:
+    """The first PROMPT_TOKENS tokens of n acceptance stories (from FIRST_STORY, long enough)."""
+    ids = (tok.encode(s) for s in heldout_stories(models / "heldout.txt")[FIRST_STORY:])
+    return [i[:PROMPT_TOKENS] for i in ids if len(i) >= PROMPT_TOKENS][:n]
 
 
 def n_params(h) -> int:
@@ -103,9 +117,7 @@ def variant(ck: Path, models: Path, prompts: list[list[int]], new: int) -> dict:
 
 def measure(a) -> dict:
     tok = Tokenizer.from_llama2c(a.models / "tokenizer.bin")
-    stories = [s.strip() for s in (a.models / "heldout.txt").read_text("utf-8").split("\n\n") if s.strip()]
-    from tools.export import LOSS_STORIES  # noqa: PLC0415
-
+    stories = heldout_stories(a.models / "heldout.txt")
     ref = np.load(a.models / "reference.npz")
     loss_ids = [tok.encode(stories[i])[:512] for i in LOSS_STORIES]
     out: dict = {"models": {}}
@@ -116,8 +128,7 @@ def measure(a) -> dict:
             "shape": describe(h), "vocab": h.vocab, "max_seq": h.max_seq, "params": n_params(h),
             "file_bytes": path.stat().st_size, "kv_bytes": kv_bytes(h, h.max_seq),
             "loss_float": float(ref[name + ".float_loss"]), "loss_int8": int8_loss(path, loss_ids)}
-    prompts = [ids[:PROMPT_TOKENS] for ids in (tok.encode(s) for s in stories[FIRST_STORY:])
-               if len(ids) >= PROMPT_TOKENS][:a.prompts]
+    prompts = heldout_prompts(a.models, tok, a.prompts)
     t0 = time.time()
     out["acceptance"] = measure_pair(a.models / "target.spm", a.models / "drafter.spm", prompts, a.new)
     out["acceptance_setup"] = {"gamma": GAMMA, "prompts": len(prompts), "prompt_tokens": PROMPT_TOKENS,

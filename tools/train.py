@@ -28,14 +28,10 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from host.tokenizer import Tokenizer
+from tools.modelcard import heldout_stories
 from tools.modeldefs import DRAFTERS, Transformer, from_model_file
 
 MODELS = Path("models")
-
-
-def heldout_stories(path: Path) -> list[str]:
-    """The held-out stories (blank-line separated) of models/heldout.txt."""
-    return [s.strip() for s in path.read_text("utf-8").split("\n\n") if s.strip()]
 
 
 def story_batch(tok: Tokenizer, stories: list[str], max_len: int) -> tuple[torch.Tensor, torch.Tensor]:

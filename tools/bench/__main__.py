@@ -11,14 +11,7 @@ import time
 from pathlib import Path
 
 from tools.bench import sections
-
-
-def noise_lines(results: dict) -> list[str]:
-    """The run's own noise: the spec section's A/A rows (plain decoding timed against itself)."""
-    rows = [r for r in results.get("spec", {}).get("rows", []) if r.get("mode") == "plain A/A"]
-    return ["noise: plain A/A on %s at T=%.1f ran at %.3fx plain (+-%.3f, 95%%): ratios closer to 1 than this "
-            "are noise" % (r["config"], r["temperature"], r["speedup"] or 0.0, r["speedup_ci95"] or 0.0)
-            for r in rows]
+from tools.bench._report import noise_lines
 
 
 def main(argv: list[str] | None = None) -> int:

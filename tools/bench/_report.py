@@ -24,6 +24,14 @@ def speedup(alpha: float, gamma: int, c: float, v: dict) -> float:
     return tokens / (gamma * c + v[gamma + 1])
 
 
+def noise_lines(results: dict) -> list[str]:
+    """The run's own noise: the spec section's A/A rows (plain decoding timed against itself)."""
+    rows = [r for r in results.get("spec", {}).get("rows", []) if r.get("mode") == "plain A/A"]
+    return ["noise: plain A/A on %s at T=%.1f ran at %.3fx plain (+-%.3f, 95%%): ratios closer to 1 than this "
+            "are noise" % (r["config"], r["temperature"], r["speedup"] or 0.0, r["speedup_ci95"] or 0.0)
+            for r in rows]
+
+
 def _v_curves(results: dict) -> dict[str, dict[int, float]]:
     """{back-end: {k: v(k)}} from the vk section and the board engine of the kernels section."""
     curves = {name: {int(k): x for k, x in f["v"].items()} for name, f in results.get("vk", {}).get("backends",
@@ -116,8 +124,6 @@ def write(results: dict, out: Path) -> list[Path]:
              "for the same model in C.")
     else:
         parts += ["(Projected tokens/s: the projection section did not run.)", ""]
-
-    from tools.bench.__main__ import noise_lines  # noqa: PLC0415
 
     noise = noise_lines(results)
     parts += ["## Noise", ""] + (["- " + line for line in noise] or ["(the spec section, whose A/A rows measure "

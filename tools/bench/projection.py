@@ -20,12 +20,12 @@ from host.hardware import BOARDS
 from host.orchestrator import generate
 from host.projection import Projector
 from host.tokenizer import Tokenizer
+from tools.bench.spec import PROMPTS
 from shared.modelfile import HEADER_SIZE, parse_header
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
 ANCHOR_TOK_S = 19.13  # DaveBben/esp32-llm, stories260K in C on an ESP32-S3
-PROMPTS = ("Once upon a time", "The little dog", "She opened the door and", "In the morning the sun")
 NEW = 64
 TARGET_BOARDS = ("esp32s3",)  # boards with PSRAM: the target's weights and KV cache fit
 

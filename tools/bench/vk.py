@@ -52,12 +52,9 @@ def backend_costs(name: str) -> dict:
 
 
 def acceptance() -> dict:
-    from tools.modelcard import FIRST_STORY, PROMPT_TOKENS, acceptance as measure  # noqa: PLC0415
+    from tools.modelcard import acceptance as measure, heldout_prompts  # noqa: PLC0415
 
-    tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
-    stories = [s.strip() for s in (MODELS / "heldout.txt").read_text("utf-8").split("\n\n") if s.strip()]
-    prompts = [ids[:PROMPT_TOKENS] for ids in (tok.encode(s) for s in stories[FIRST_STORY:])
-               if len(ids) >= PROMPT_TOKENS][:PROMPTS]
+    prompts = heldout_prompts(MODELS, Tokenizer.from_llama2c(MODELS / "tokenizer.bin"), PROMPTS)
     return {t: measure(MODELS / "target.spm", MODELS / "drafter.spm", prompts, NEW, float(t[2:]))
             for t in ("T=0", "T=1")}
 
