@@ -30,10 +30,10 @@ from shared import messages as m
 import config
 import roles
 from links import DST
-from roles import E_INTERNAL, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, Refused
+from roles import Refused
+from shared.messages import E_COUNTER, E_INTERNAL, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, HOST
 
 FW_VERSION = "specmesh-node 0.1"
-HOST = 0
 # Free heap a node keeps once its model is loaded, else it halves its context (HELLO reports it): a
 # virtual classic ESP32 drafter had 16 KB less by its first reply (link buffers, decoders, interned
 # names) and needs about 12 KB more to serve DRAFT_REQ and STATS
@@ -176,7 +176,7 @@ class Node:
             st[STAT_KEYS[_REPLAYED]] += 1
             top = self.auth._seen[src][0]
             if struct.unpack_from("<I", raw, len(raw) - codec.CRC_SIZE - codec.SIG_SIZE)[0] + self.auth.window < top:
-                link.send(codec.encode(m.ERROR, m.pack_error(7, str(top)), self.node_id, src, seq, session, True,
+                link.send(codec.encode(m.ERROR, m.pack_error(E_COUNTER, str(top)), self.node_id, src, seq, session, True,
                                        self.auth))
             return
         except codec.BadAuth:  # unsigned where a key is set, or a tag that fails: forged, or another key
@@ -334,8 +334,10 @@ class Node:
         board = self.cfg.get("board") or getattr(sys.implementation, "_machine", sys.platform)
         caps = _caps(e)
         gc.collect()
+        # the most drafts it takes: a drafter's chain, or what a verifier's pass holds besides the last token
+        gmax = 0 if e is None else m.MAX_GAMMA if self.role_id == m.ROLE_DRAFTER else e.kmax - 1
         return m.pack_hello(FW_VERSION, board[:64], self.role_id, self.cfg["model"][:64],
-                            e.vocab if e else 0, e.n_ctx if e else 0, gc.mem_free(), caps)
+                            e.vocab if e else 0, e.n_ctx if e else 0, gc.mem_free(), caps, gmax)
 
     def _stats(self):
         st = self.stats
@@ -387,7 +389,7 @@ class Node:
         gc.collect()
         if role_id == m.ROLE_IDLE:
             return
-        kmax = 1 if role_id == m.ROLE_DRAFTER else self.cfg.get("kmax", roles.CHAIN + 1)
+        kmax = 1 if role_id == m.ROLE_DRAFTER else self.cfg.get("kmax", m.MAX_GAMMA + 1)
         try:
             import engine
 

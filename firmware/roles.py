@@ -21,18 +21,9 @@ import time
 from array import array
 
 from shared import rule, sampling
+from shared.messages import E_MESSAGE, E_RANGE, E_STATE
+from shared.messages import MAX_GAMMA as CHAIN  # most drafts held beyond the committed prefix
 from shared.prng import DRAFT
-
-CHAIN = 32  # most drafts held beyond the committed prefix (gamma <= CHAIN)
-
-# ERROR reply codes
-E_MESSAGE = 1  # malformed payload, or a message that is not a request
-E_STATE = 2  # not valid in the node's current state (no model, no session, wrong length)
-E_RANGE = 3  # token id, length or position outside the model's vocabulary or context
-E_MODEL = 4  # the model file cannot be loaded
-E_MEMORY = 5  # out of memory
-E_INTERNAL = 6  # anything else: a bug
-# 7 (node.py): a signed request older than the replay window; the message is the newest counter seen
 
 
 class Refused(Exception):

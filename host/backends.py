@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from shared import prng, rule
+from shared.messages import MAX_GAMMA
 
 
 class BackendError(Exception):
@@ -112,6 +113,7 @@ class Draft:
 class Backend(Protocol):
     name: str  # what the stats show, e.g. "cpu" or "virtual:/dev/pts/4"
     max_seq: int  # longest sequence the model's context holds
+    max_gamma: int  # most drafts it drafts or verifies in one call (a board's HELLO says; MAX_GAMMA on the host)
     bus_bytes: int  # bytes this back-end's link carried so far, both ways (0 for in-process ones)
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None: ...
@@ -208,6 +210,8 @@ class EngineStream:
 
 class LocalRole:
     """A model on the host CPU (numpy reference engine): what the drafter and the verifier share."""
+
+    max_gamma = MAX_GAMMA  # no board's limits: the protocol's
 
     def __init__(self, model_path, **_options):
         self.stream = EngineStream(model_path)

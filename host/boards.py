@@ -8,7 +8,7 @@ other and with the host's own (a drafter prefills the prompt at BEGIN while the 
 at its first verdict). A drafter board with `spec_ahead` set in its config drafts the next block while
 a verdict is pending and answers DRAFT_REQ from it when its guess was right (firmware/roles.py).
 
-A node that restarted mid-session has lost it and refuses the next request ("no session", E_STATE): it
+A node that restarted mid-session has lost it and refuses the next request ("no session", m.E_STATE): it
 is re-synchronised with BEGIN carrying the whole committed stream as its prompt, and the request is
 sent again. Drafts and verdicts are pure functions of (seed, committed prefix), so nothing changes.
 """
@@ -22,7 +22,6 @@ from host.proxy import Call, NodeError, Proxy, ProxyError
 from shared import messages as m
 
 ROLE_NAMES = {m.ROLE_DRAFTER: "drafter", m.ROLE_VERIFIER: "verifier"}
-E_STATE = 2  # ERROR code of a request the node's state does not allow, e.g. "no session" (firmware/roles.py)
 
 
 class _Restarted(Exception):
@@ -43,13 +42,14 @@ class BoardBackend:
         self.proxy = proxy
         self.name = name
         try:
-            fw, board, role, model, vocab, max_seq, heap, caps = m.unpack_hello(proxy.call(m.HELLO).payload)
+            fw, board, role, model, vocab, max_seq, heap, caps, max_gamma = m.unpack_hello(proxy.call(m.HELLO).payload)
         except ProxyError as e:
             raise BackendError("%s: %s" % (name, e)) from None
         if role != self.role:
             raise BackendError(self._wrong_role(role))
         self.info = {"fw": fw, "board": board, "model": model, "vocab": vocab, "heap_free": heap, "caps": caps}
         self.max_seq = max_seq
+        self.max_gamma = max_gamma
         self.known: list[int] = []
         self.params: SessionParams | None = None
         self.resyncs = 0
@@ -91,7 +91,7 @@ class BoardBackend:
         try:
             return call.result()
         except NodeError as e:
-            if e.code == E_STATE and self.params is not None:
+            if e.code == m.E_STATE and self.params is not None:
                 raise _Restarted() from None
             raise BackendError("%s: %s" % (self.name, e)) from None
         except ProxyError as e:

@@ -124,7 +124,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
             break
         room = min(max_tokens - len(out), max_seq - len(committed)) - 1
         if drafter:  # past the drafter's context, the rest of the stream is plain rounds
-            room = min(room, drafter.max_seq - len(committed) - 1)
+            room = min(room, drafter.max_seq - len(committed) - 1, drafter.max_gamma, verifier.max_gamma)
         gamma = controller.choose(room) if drafter else 0
         b_d0 = drafter.bus_bytes if drafter else 0
         b_v0 = verifier.bus_bytes

@@ -22,13 +22,7 @@ from dataclasses import dataclass
 
 from host.links import LinkError
 from shared.codec import BROADCAST, CRC_SIZE, HEADER_SIZE, SIG_SIZE, Auth, CodecError, Frame, encode, resign
-from shared.messages import (ACK, BEGIN, COMMIT, CONFIGURE, DRAFT, DRAFT_REQ, ERROR, HELLO, NAMES, PING,
-                             RESET, ROLLBACK, STATS, VERDICT, VERIFY_REQ, unpack_error)
-
-HOST = 0
-E_COUNTER = 7  # ERROR code: the request's signing counter is older than the node's window; message: its newest
-REPLY_TYPE = {HELLO: HELLO, CONFIGURE: ACK, BEGIN: ACK, DRAFT_REQ: DRAFT, VERIFY_REQ: VERDICT, COMMIT: ACK,
-              ROLLBACK: ACK, STATS: STATS, PING: PING, RESET: ACK}
+from shared.messages import E_COUNTER, ERROR, HOST, NAMES, PING, REPLY_TYPE, unpack_error
 
 
 class HostAuth(Auth):

@@ -6,7 +6,7 @@ content, e.g. invalid UTF-8 or an empty q-hat table), both CodecError subclasses
 Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `_Reader.str`).
 
     HELLO       request: b""                      reply: pack_hello(fw, board, role, model, vocab,
-                                                         max_seq, heap_free, caps) / unpack_hello
+                                                         max_seq, heap_free, caps, max_gamma) / unpack_hello
     CONFIGURE   pack_configure(role, node_id, model) / unpack_configure -> (role, node_id, model)
     BEGIN       pack_begin(seed, temp_milli, draft_top_k, target_top_k, top_p_q16, eos, prompt)
                 unpack_begin -> (seed, temp_milli, draft_top_k, target_top_k, top_p_q16, eos, prompt)
@@ -55,6 +55,23 @@ ROLE_VERIFIER = 2
 CAP_VIPER = 1
 CAP_ULAB = 2
 CAP_ESPNOW = 4
+
+HOST = 0  # the host's node id; boards are 1..254, codec.BROADCAST is 255
+
+# what each request is answered with (ERROR instead when it fails), by request type
+REPLY_TYPE = {HELLO: HELLO, CONFIGURE: ACK, BEGIN: ACK, DRAFT_REQ: DRAFT, VERIFY_REQ: VERDICT, COMMIT: ACK,
+              ROLLBACK: ACK, STATS: STATS, PING: PING, RESET: ACK}
+
+# ERROR reply codes
+E_MESSAGE = 1  # malformed payload, or a message that is not a request
+E_STATE = 2  # not valid in the node's current state (no model, no session, wrong length, wrong role)
+E_RANGE = 3  # token id, length or position outside the model's vocabulary or context
+E_MODEL = 4  # the model file cannot be loaded
+E_MEMORY = 5  # out of memory (not cached: a retransmission runs the request again)
+E_INTERNAL = 6  # anything else: a bug (the session is dropped)
+E_COUNTER = 7  # a signed request older than the replay window; the message is the newest counter seen
+
+MAX_GAMMA = 32  # most drafts a node holds and a DRAFT_REQ may ask for; a node's HELLO reports its own limit
 
 
 def _put_str(buf, off, s):
@@ -127,13 +144,13 @@ class _Reader:
             raise BadLength("payload has %d trailing bytes" % (len(self.data) - self.off))
 
 
-def pack_hello(fw, board, role, model, vocab, max_seq, heap_free, caps):
-    buf = bytearray(_str_bytes(fw) + _str_bytes(board) + _str_bytes(model) + 10)
+def pack_hello(fw, board, role, model, vocab, max_seq, heap_free, caps, max_gamma):
+    buf = bytearray(_str_bytes(fw) + _str_bytes(board) + _str_bytes(model) + 11)
     off = _put_str(buf, 0, fw)
     off = _put_str(buf, off, board)
     buf[off] = role
     off = _put_str(buf, off + 1, model)
-    struct.pack_into("<HHIB", buf, off, vocab, max_seq, heap_free, caps)
+    struct.pack_into("<HHIBB", buf, off, vocab, max_seq, heap_free, caps, max_gamma)
     return bytes(buf)
 
 
@@ -143,9 +160,9 @@ def unpack_hello(payload):
     board = r.str()
     role = r.u8()
     model = r.str()
-    vocab, max_seq, heap_free, caps = r.take("<HHIB", 9)
+    vocab, max_seq, heap_free, caps, max_gamma = r.take("<HHIBB", 10)
     r.end()
-    return fw, board, role, model, vocab, max_seq, heap_free, caps
+    return fw, board, role, model, vocab, max_seq, heap_free, caps, max_gamma
 
 
 def pack_configure(role, node_id, model):

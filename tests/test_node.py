@@ -14,7 +14,7 @@ from shared import codec
 from shared import messages as m
 from tools.testmodels import random_model
 
-E_MESSAGE, E_STATE, E_RANGE, E_MODEL = 1, 2, 3, 4
+from shared.messages import E_MESSAGE, E_MODEL, E_RANGE, E_STATE
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +32,9 @@ def node(micropython, tmp_path):
 
 
 def test_idle_node_without_config_answers_hello_ping_stats(node):
-    fw, board, role, model, vocab, max_seq, heap, caps = node.call(m.HELLO, expect=m.HELLO)
+    fw, board, role, model, vocab, max_seq, heap, caps, max_gamma = node.call(m.HELLO, expect=m.HELLO)
     assert fw.startswith("specmesh-node") and board
-    assert (role, model, vocab, max_seq) == (m.ROLE_IDLE, "", 0, 0)
+    assert (role, model, vocab, max_seq, max_gamma) == (m.ROLE_IDLE, "", 0, 0, 0)
     assert heap > 100_000
     assert caps & m.CAP_VIPER  # the x64 unix port emits native code
     assert node.call(m.PING, b"\x00\x03ping\xff", expect=m.PING) == (b"\x00\x03ping\xff",)
@@ -56,6 +56,7 @@ def test_configure_loads_the_model_persists_and_boots_into_it(micropython, tmp_p
         n.node_id = 7
         hello = n.call(m.HELLO, expect=m.HELLO)
         assert hello[2:6] == (m.ROLE_VERIFIER, model, 96, 32)
+        assert hello[8] == m.MAX_GAMMA  # a verifier's default pass: the drafts and the last committed token
         assert n.request(m.HELLO).src == 7
     finally:
         n.close()

@@ -150,6 +150,20 @@ def test_drafter_prefills_the_prompt_at_begin_so_a_draft_feeds_only_new_position
     assert drafter.stats()["positions"] - before == len(tokens) + 1
 
 
+def test_hello_reports_the_largest_gamma_each_node_accepts(micropython, tmp_path, models, drafter):
+    assert drafter.call(m.HELLO)[8] == m.MAX_GAMMA
+    v = start(micropython, tmp_path / "small", m.ROLE_VERIFIER, models["target"], kmax=5)
+    try:
+        assert v.call(m.HELLO)[8] == 4  # 4 drafts and the last committed token fill its pass of 5
+        begin(v, 1, 1, 0.0, [3, 4])
+        assert v.call(m.VERIFY_REQ, m.pack_draft(2, [(5, [5], [rule.ONE])] * 4), expect=m.VERDICT)[0] == 2
+        assert v.error(m.VERIFY_REQ, m.pack_draft(2, [(5, [5], [rule.ONE])] * 5))[0] == m.E_RANGE
+    finally:
+        v.close()
+    begin(drafter, 9, 1, 0.0, [3, 4])
+    assert drafter.error(m.DRAFT_REQ, m.pack_draft_req(2, m.MAX_GAMMA + 1))[0] == m.E_RANGE
+
+
 def test_draft_block_stops_after_eos(drafter, models):
     ref = Engine(models["drafter"])
     tokens = [40, 41]
