@@ -1,4 +1,9 @@
-"""Board classes a virtual board can stand in for: MicroPython heap budget and flash size, with sources."""
+"""The board classes: each class's memory facts (MicroPython heap, PSRAM, filesystem), with sources.
+
+The one registry the emulator (host/emulator/board.py sizes a virtual board from it), cluster start-up
+(`ROLE_CLASS`: the class a role's virtual board is), the projection's cost figures (host/hardware.py,
+keyed by these names) and the tests read; a class's heap is its one `heap_bytes` line here.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ class BoardClass:
     name: str
     description: str
     heap_bytes: int  # -X heapsize= of the VM: the GC heap a MicroPython program gets on the real board
+    psram_bytes: int  # external RAM (0: none; the heap is then internal SRAM only)
     flash_fs_bytes: int  # size of the board's filesystem partition (statvfs; a fixed-size flash's default)
     machine: str  # os.uname().machine: MICROPY_HW_BOARD_NAME " with " MICROPY_HW_MCU_NAME of the firmware
     source: str
@@ -23,6 +29,7 @@ ESP32 = BoardClass(
     name="esp32",
     description="ESP32 (classic, no PSRAM)",
     heap_bytes=110_536,
+    psram_bytes=0,
     flash_fs_bytes=2 * 1024 * 1024,
     machine="Generic ESP32 module with ESP32",  # ESP32_GENERIC
     source="MicroPython docs esp32/general.rst (heap 'around 100KB'); micropython#7962 (110536 bytes available)",
@@ -35,12 +42,15 @@ ESP32S3 = BoardClass(
     name="esp32s3",
     description="ESP32-S3 with 8 MB PSRAM",
     heap_bytes=64_000 + 8_257_536,
+    psram_bytes=8 * 1024 * 1024,
     flash_fs_bytes=6 * 1024 * 1024,
     machine="Generic ESP32S3 module with Octal-SPIRAM with ESP32S3",  # ESP32_GENERIC_S3, SPIRAM_OCT variant
     source="MicroPython docs esp32/general.rst (heap spans the SPIRAM); micropython#12237 (64000 + 8257536 bytes)",
 )
 
 BOARD_CLASSES: dict[str, BoardClass] = {c.name: c for c in (ESP32, ESP32S3)}
+# the class of a role's board in a default cluster: the drafter fits a classic ESP32, the target needs PSRAM
+ROLE_CLASS = {"drafter": ESP32.name, "verifier": ESP32S3.name}
 
 
 def board_class(name: str) -> BoardClass:

@@ -96,7 +96,7 @@ def _keygen(args) -> int:
 
 
 def _add_emulate(sub) -> None:
-    from host.emulator.boards import BOARD_CLASSES
+    from host.boardclasses import BOARD_CLASSES
 
     p = sub.add_parser("emulate", help="start virtual boards (MicroPython VMs on ptys) until Ctrl-C")
     p.add_argument("--boards", type=int, default=2, help="how many boards (default 2)")
@@ -148,7 +148,8 @@ def _emulate_problem(args) -> str | None:
 
 
 def _emulate(args) -> int:
-    from host.emulator import BoardError, board_class
+    from host.boardclasses import board_class
+    from host.emulator import BoardError
     from host.emulator.radio import RadioConfig
     from host.emulator.session import Emulation
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from host.backends import BackendError
+from host.boardclasses import ESP32S3, ROLE_CLASS
 from host.boards import BoardDrafter, BoardVerifier
 from host.links import LinkError, SerialLink
 from host.proxy import Bus, HostAuth, Proxy
@@ -40,7 +41,6 @@ def _vboards_dir() -> Path:
 
 
 VBOARDS = _vboards_dir()
-BOARD_CLASS = {"drafter": "esp32", "verifier": "esp32s3"}
 NODE_ID = {"drafter": 1, "verifier": 2}
 BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier}
 
@@ -162,7 +162,7 @@ class Cluster(contextlib.ExitStack):
         cfg["spec_ahead"] = self.spec_ahead if kind == "drafter" else 0
         cfg.update(config or {})
         cfg_path.write_text(json.dumps(cfg, sort_keys=True))
-        vb = VirtualBoard(folder, board or BOARD_CLASS[kind], name="vboard-" + kind, mac=board_mac(NODE_ID[kind]),
+        vb = VirtualBoard(folder, board or ROLE_CLASS[kind], name="vboard-" + kind, mac=board_mac(NODE_ID[kind]),
                           radio=radio.address if radio is not None else None,
                           mtu=radio.config.mtu if radio is not None else 250)
         say = self.say or (lambda line: None)
@@ -193,7 +193,7 @@ class Cluster(contextlib.ExitStack):
         self.start("verifier", {"link": "espnow", "espnow": {"peers": {"0": drafter_mac}}}, hub)
         # the gateway also relays every verifier frame: on a classic ESP32's heap next to the drafter model
         # that ran out of memory reading frames (13 KB free), so the gateway drafter is an ESP32-S3
-        gw = self.start("drafter", {"link": "gateway", "espnow": {"peers": {"2": verifier_mac}}}, hub, "esp32s3")
+        gw = self.start("drafter", {"link": "gateway", "espnow": {"peers": {"2": verifier_mac}}}, hub, ESP32S3.name)
         self.hub = hub
         bus = _open(gw.port, self, self.faults, self.key, busy_s=2.0)
         self.buses.append(bus)

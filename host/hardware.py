@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from host import boardclasses
+
 
 @dataclass(frozen=True)
 class Figure:
@@ -84,8 +86,8 @@ PSRAM_STREAM = Figure(
     "through the 32-byte-line data cache with ~0.5 us miss latency, so a streaming read of weights "
     "sustains about a quarter of it: 40 MB/s (assumption, to be replaced by a HIL measurement).")
 
-ESP32S3 = Board("esp32s3", Figure(240e6, "Hz", "S3-DS"), VIPER_MAC, PSRAM_STREAM)
-ESP32 = Board("esp32", Figure(240e6, "Hz", "ESP32-DS"), VIPER_MAC, Figure(0.0, "B/s", "ESP32-DS",
+ESP32S3 = Board(boardclasses.ESP32S3.name, Figure(240e6, "Hz", "S3-DS"), VIPER_MAC, PSRAM_STREAM)
+ESP32 = Board(boardclasses.ESP32.name, Figure(240e6, "Hz", "ESP32-DS"), VIPER_MAC, Figure(0.0, "B/s", "ESP32-DS",
                                                                              "no PSRAM: models in SRAM"))
 
 USB_SERIAL_JTAG = Link("usb-serial-jtag", Figure(12e6, "bit/s", "USJ"), 8,

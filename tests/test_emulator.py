@@ -9,7 +9,7 @@ import time
 import pytest
 
 from emulator_util import mpremote, open_port, read_until
-from host.emulator import BOARD_CLASSES
+from host.boardclasses import BOARD_CLASSES
 from host.flash import ROOT
 
 

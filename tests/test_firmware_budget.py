@@ -14,17 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from host.boardclasses import ESP32, ESP32S3
 from shared import messages as m
 from tools.nodeproc import NodeProc, begin, code_heap, commit, flash, shipped_model
 
-ESP32_HEAP = 110_536  # host/emulator/boards.py: classic ESP32 without PSRAM (micropython#7962)
-ESP32S3_HEAP = 64_000 + 8_257_536  # ESP32-S3 with 8 MB PSRAM (micropython#12237)
+ESP32_HEAP = ESP32.heap_bytes
+ESP32S3_HEAP = ESP32S3.heap_bytes
 
 
 @pytest.fixture(scope="module")
 def board(tmp_path_factory, micropython) -> Path:
     d = tmp_path_factory.mktemp("flash")
-    flash(d, str(Path(micropython).with_name("mpy-cross")))
+    flash(d)
     return d
 
 

@@ -33,6 +33,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
+from host.boardclasses import ESP32
 from shared import codec
 from shared import messages as m
 from shared.rule import ONE
@@ -41,12 +42,12 @@ from tools.gen_vectors import mutate
 ROOT = Path(__file__).resolve().parent.parent
 KEY = b"fuzz-key-0123456789abcdef"
 HANG_S = 1.0
-ESP32_HEAP = 110_536
+ESP32_HEAP = ESP32.heap_bytes
 
 # (type, reply?, body): one valid body for every message and direction
 BODIES = [
     (m.HELLO, False, b""),
-    (m.HELLO, True, m.pack_hello("fw", "esp32", 1, "models/drafter.spm", 64, 64, 90000, 1)),
+    (m.HELLO, True, m.pack_hello("fw", "esp32", 1, "models/drafter.spm", 64, 64, 90000, 1, 32)),
     (m.CONFIGURE, False, m.pack_configure(1, 1, "models/drafter.spm")),
     (m.BEGIN, False, m.pack_begin(7, 800, 8, 0, 65536, -1, [1, 2, 3])),
     (m.DRAFT_REQ, False, m.pack_draft_req(3, 4)),
@@ -144,7 +145,7 @@ def fuzz_node(n: int, seed: int, micropython: str) -> dict:
     report = {"inputs": n, "crashes": 0, "hangs": 0, "examples": [], "heap_free": []}
     with tempfile.TemporaryDirectory(prefix="specmesh-fuzz-") as tmp:
         board = Path(tmp)
-        flash(board, str(Path(micropython).with_name("mpy-cross")))
+        flash(board)
         random_model(board / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=64,
                      max_seq=64, seed=seed)
         node = NodeProc(micropython, board, {"role": "drafter", "model": "drafter.spm"}, heap=ESP32_HEAP,

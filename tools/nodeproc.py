@@ -18,28 +18,23 @@ import time
 from pathlib import Path
 
 from host.backends import temp_milli, top_p_q16
+from host.flash import build
 from shared import codec
 from shared import messages as m
 
 ROOT = Path(__file__).resolve().parent.parent
-HOST = 0
 
 
 class NodeFailure(AssertionError):
     """The node did not answer, or refused a request it should have served."""
 
 
-def flash(board_dir: Path, mpy_cross: str, march: str = "x64") -> None:
-    """Copy the node into `board_dir` as a board gets it: main.py as source, every other firmware/ and
-    shared/ module precompiled by mpy-cross (no compiler RAM needed at import, as on a real board)."""
-    (board_dir / "shared").mkdir(parents=True, exist_ok=True)
-    for src in sorted((ROOT / "firmware").glob("*.py")) + sorted((ROOT / "shared").glob("*.py")):
-        rel = src.relative_to(ROOT / "firmware") if src.parent.name == "firmware" else src.relative_to(ROOT)
-        if rel.name == "main.py":
-            shutil.copy(src, board_dir / rel)
-            continue
-        out = board_dir / rel.with_suffix(".mpy")
-        subprocess.run([mpy_cross, "-march=" + march, "-o", str(out), str(src)], check=True, cwd=src.parent)
+def flash(board_dir: Path, march: str = "x64") -> None:
+    """Lay the node out in `board_dir` as host/flash.py lays it out on a board: main.py as source, every
+    other firmware/ and shared/ module precompiled by mpy-cross (no compiler RAM needed at import)."""
+    for dest, local in build(march, board_dir).items():
+        if not local.is_relative_to(board_dir):  # kept as source: copied as it is
+            shutil.copy(local, board_dir / dest.lstrip("/"))
 
 
 def shipped_model(name: str) -> str:
@@ -96,7 +91,7 @@ class NodeProc:
         if seq is None:
             self.seq = (self.seq + 1) & 0xFFFF
             seq = self.seq
-        return codec.encode(mtype, payload, src=HOST, dst=self.node_id if dst is None else dst, seq=seq,
+        return codec.encode(mtype, payload, src=m.HOST, dst=self.node_id if dst is None else dst, seq=seq,
                             session=self.session if session is None else session, auth=self.auth)
 
     def send(self, frame: bytes) -> None:

@@ -31,7 +31,7 @@ import weakref
 from functools import cache
 from pathlib import Path
 
-from host.emulator.boards import BoardClass, board_class
+from host.boardclasses import BoardClass, board_class
 from host.flash import compile_py
 
 MPY_DIR = Path(__file__).with_name("mpy")

