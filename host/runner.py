@@ -24,11 +24,12 @@ from host.orchestrator import Result, generate
 from host.output import TokenStream, format_table, write_stats_json
 from host.preflight import (PreflightError, check_backends, check_context, check_models, is_port,
                             unknown_backend)
+from shared import messages as m
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 DEFAULT_PROMPT = "Once upon a time"
-MAX_GAMMA = 16  # drafts per round at most (a q-hat table per draft must fit one message)
+MAX_GAMMA = 16  # the largest --gamma (a q-hat table per draft must fit one message); boards may cap it lower
 
 
 class UsageError(Exception):
@@ -101,8 +102,8 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError("--top-k must be in 0..65535 and --draft-top-k in 1..255")
     if not 0 <= a.seed <= 0xFFFFFFFF:
         raise UsageError("--seed must be in 0..4294967295")
-    if not 0 <= a.spec_ahead <= 32:
-        raise UsageError("--spec-ahead must be in 0..32")
+    if not 0 <= a.spec_ahead <= m.MAX_GAMMA:
+        raise UsageError("--spec-ahead must be in 0..%d" % m.MAX_GAMMA)
     if not (0.0 <= a.radio_loss < 1.0 and 0.0 <= a.radio_dup < 1.0):
         raise UsageError("--radio-loss and --radio-dup must be in [0, 1)")
     a.key = None
@@ -247,7 +248,7 @@ def run(a: argparse.Namespace, out=None) -> dict:
 
             cost_model = Projector(heads["verifier"], heads["drafter"], a.project or "esp32s3", a.transport)
             projector = cost_model if a.project else None
-        controller = GammaController(max_gamma=min(8, MAX_GAMMA), fixed=fixed)
+        controller = GammaController(fixed=fixed) if fixed is None else GammaController(max_gamma=fixed, fixed=fixed)
         stream = None
         if not a.quiet:
             stream = TokenStream(lambda t: tok.pieces[t], out, color=False if a.no_color else None)

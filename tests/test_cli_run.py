@@ -53,6 +53,11 @@ def test_stats_json_contract_and_plain_equals_speculative(models, tmp_path, caps
     assert plain["gamma_hist"] == {"0": len(plain["token_ids"]) + (plain["stop"] == "eos")}
 
 
+def test_a_fixed_gamma_above_the_auto_ceiling_is_used_as_given(models):
+    stats = run(args(models, "--max-tokens", "40", "--quiet", "--gamma", "12"), io.StringIO())
+    assert max(int(g) for g in stats["gamma_hist"]) == 12
+
+
 def test_sampling_same_seed_same_text(models):
     a = [run(args(models, "--temperature", "0.8", "--seed", str(s), "--max-tokens", "20", "--quiet"),
              io.StringIO())["token_ids"] for s in (5, 5, 6)]

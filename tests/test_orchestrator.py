@@ -57,6 +57,18 @@ def test_greedy_with_the_target_as_drafter_accepts_everything(backends):
     assert spec.tokens_per_verification == 5.0  # 6 rounds of 4 accepted + 1 bonus
 
 
+def test_gamma_is_capped_at_the_back_ends_limits(models):
+    verifier, drafter = LocalVerifier(models[0]), LocalDrafter(models[1])
+    params = SessionParams(temperature=0.0)
+    plain = generate([3, 1, 4], verifier, None, params, 30)
+    drafter.max_gamma = 2  # what a board's HELLO would report
+    spec = generate([3, 1, 4], verifier, drafter, params, 30, GammaController(max_gamma=6, fixed=6))
+    assert spec.tokens == plain.tokens and max(r.gamma for r in spec.rounds) == 2
+    drafter.max_gamma, verifier.max_gamma = 6, 3
+    spec = generate([3, 1, 4], verifier, drafter, params, 30, GammaController(max_gamma=6, fixed=6))
+    assert spec.tokens == plain.tokens and max(r.gamma for r in spec.rounds) == 3
+
+
 def test_adaptive_gamma_output_equals_plain(backends):
     verifier, drafter, _ = backends
     params = SessionParams(temperature=0.0)
