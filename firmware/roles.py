@@ -23,7 +23,6 @@ from array import array
 from shared import rule, sampling
 from shared.messages import E_MESSAGE, E_RANGE, E_STATE
 from shared.messages import MAX_GAMMA as CHAIN  # most drafts held beyond the committed prefix
-from shared.prng import DRAFT
 
 
 class Refused(Exception):
@@ -192,15 +191,11 @@ class Drafter(Role):
         p = self.held
         self._catch_up(p - 1)
         logits = self._feed(p - 1, p)
-        if self.greedy:
-            t = self.engine.argmax(0)
-            ids, weights = [t], [rule.ONE]
-        else:
-            ids, weights = sampling.draft_table(memoryview(logits), 0, self.vocab, self.temp_milli, self.draft_top_k,
-                                                self.engine.exp_table)
-            t = rule.sample_sparse(ids, weights, self.seed, p, DRAFT)
-        self.tokens[p] = t
-        self.chain[p % CHAIN] = (t, ids, weights)
+        e = rule.draft_step(self.greedy, self.engine.argmax, lambda: sampling.draft_table(
+            memoryview(logits), 0, self.vocab, self.temp_milli, self.draft_top_k, self.engine.exp_table),
+            self.seed, p)
+        self.tokens[p] = e[0]
+        self.chain[p % CHAIN] = e
         self.held = p + 1
 
     def idle_step(self):
@@ -235,12 +230,8 @@ class Verifier(Role):
             self._put(pos0 + i, drafts[i])
         self._catch_up(pos0 - 1)
         logits = self._feed(pos0 - 1, pos0 + n)
-        if self.greedy:
-            amax = [self.engine.argmax(j) for j in range(n + 1)]
-            acc, tok = rule.verify_greedy(amax, drafts, self.eos)
-        else:
-            ps = [self._table(logits, j) for j in range(n + 1)]
-            acc, tok = rule.verify(ps, drafts, qs, self.seed, pos0, self.eos)
+        acc, tok = rule.verdict_step(self.greedy, self.engine.argmax, lambda j: self._table(logits, j), drafts, qs,
+                                     self.seed, pos0, self.eos)
         st = self.stats
         st["verified"] += n
         st["accepted"] += acc

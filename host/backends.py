@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shared import prng, rule
+from shared import rule
 from shared.messages import MAX_GAMMA
 
 
@@ -245,10 +245,9 @@ class LocalVerifier(LocalRole):
 
         logits = self.stream.logits_after(committed, draft.tokens)
         p = self.params
-        if p.greedy:
-            return rule.verify_greedy([argmax(row) for row in logits], draft.tokens, p.eos)
-        tables = [target_table(row, p.temp_milli, p.target_top_k, p.top_p_q16) for row in logits]
-        return rule.verify(tables, draft.tokens, draft.q, p.seed, draft.pos0, p.eos)
+        return rule.verdict_step(p.greedy, lambda j: argmax(logits[j]),
+                                 lambda j: target_table(logits[j], p.temp_milli, p.target_top_k, p.top_p_q16),
+                                 draft.tokens, draft.q, p.seed, draft.pos0, p.eos)
 
 
 class LocalDrafter(LocalRole):
@@ -260,14 +259,15 @@ class LocalDrafter(LocalRole):
             self.stream.feed(prompt[:-1])  # prefill, as a drafter board does at BEGIN
 
     def draft(self, committed: Sequence[int], gamma: int) -> Draft:
-        from host.engine import draft_table  # noqa: PLC0415 - numpy, loaded with the engine
+        from host.engine import argmax, draft_table  # noqa: PLC0415 - numpy, loaded with the engine
 
         p = self.params
         out = Draft(len(committed))
         row = self.stream.logits_after(committed)[0]
         for i in range(gamma):
-            ids, weights = draft_table(row, p.temp_milli, p.draft_top_k)
-            token = rule.sample_sparse(ids, weights, p.seed, out.pos0 + i, prng.DRAFT)
+            token, ids, weights = rule.draft_step(p.greedy, lambda: argmax(row),
+                                                  lambda: draft_table(row, p.temp_milli, p.draft_top_k),
+                                                  p.seed, out.pos0 + i)
             out.tokens.append(token)
             out.q.append((ids, weights))
             if i + 1 < gamma:

@@ -13,6 +13,9 @@ turns them into integer weights, and `quantize*` scale those to ONE exactly.
     sample_sparse(ids, weights, seed, pos, purpose)
     verify(p_tables, drafts, q_tables, seed, pos0, eos=-1) -> (n_accepted, token)
     verify_greedy(argmaxes, drafts, eos=-1) -> (n_accepted, token)
+    draft_step(greedy, argmax, qhat, seed, pos) -> (token, ids, weights)   what every drafter does per draft
+    verdict_step(greedy, argmax, table, drafts, q_tables, seed, pos0, eos) -> (n_accepted, token)
+                                            what every verifier does with its n + 1 target rows
 
 A NaN among the values of top_ids or argmax is a ValueError (a NaN is a fault, never a token: numpy's
 argmax would pick it, a plain `>` scan would skip it). quantize raises ValueError for anything that is
@@ -25,7 +28,7 @@ p_tables[γ] (EMIT at pos0 + γ). An accepted draft equal to `eos` ends the stre
 A residual or bonus token may itself be `eos`; the caller emits it and stops.
 """
 
-from .prng import ACCEPT, EMIT, uniform
+from .prng import ACCEPT, DRAFT, EMIT, uniform
 
 ONE = 1 << 16
 
@@ -196,3 +199,24 @@ def verify_greedy(argmaxes, drafts, eos=-1):
         if drafts[i] == eos:
             return i + 1, -1
     return gamma, argmaxes[gamma]
+
+
+def draft_step(greedy, argmax, qhat, seed, pos):
+    """The draft at absolute position `pos` as (token, ids, weights), from callables over the drafter's
+    logits row: greedy, `argmax()` with weight ONE; else the q-hat `qhat()` -> (ids, weights) and a token
+    sampled from it (purpose DRAFT). The firmware drafter and the host's drafters all draft through this."""
+    if greedy:
+        t = argmax()
+        return t, [t], [ONE]
+    ids, weights = qhat()
+    return sample_sparse(ids, weights, seed, pos, DRAFT), ids, weights
+
+
+def verdict_step(greedy, argmax, table, drafts, q_tables, seed, pos0, eos=-1):
+    """(n_accepted, token) for the drafts at pos0 from the target's len(drafts) + 1 logits rows, through
+    callables of the row index j: greedy, `argmax(j)`; else `table(j)`, its dense table. The firmware
+    verifier and the host's verifiers all decide through this."""
+    rows = range(len(drafts) + 1)
+    if greedy:
+        return verify_greedy([argmax(j) for j in rows], drafts, eos)
+    return verify([table(j) for j in rows], drafts, q_tables, seed, pos0, eos)
