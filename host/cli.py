@@ -117,7 +117,7 @@ def _stop_on_ctrl_c_and_term() -> None:
 
     SIGINT is set explicitly: a shell script that starts `specmesh emulate &` (or any background job of
     a non-interactive shell) hands it SIGINT ignored, and Python keeps an inherited ignore, so without
-    this `kill -INT` would never stop the emulation (seen as a hung Ctrl-C test under a background pytest).
+    this `kill -INT` would never stop the emulation.
     """
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -49,8 +49,8 @@ def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None
           busy_s: float = 0.0) -> Bus:
     """A bus on the serial link at `port`, closed with `stack`; `faults` (host/faults.py) are injected;
     with `key` every frame is signed and every reply must be (docs/security.md). A port found locked is
-    tried again for `busy_s` seconds (a virtual board's new pty: its exclusive lock was seen to fail
-    with EAGAIN, now and then, while no process held one)."""
+    tried again for `busy_s` seconds (a virtual board's new pty can fail its exclusive lock with EAGAIN
+    while no process holds one)."""
     auth = HostAuth(key) if key else None
     end = time.monotonic() + busy_s
     while True:

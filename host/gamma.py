@@ -19,9 +19,8 @@ PROBE_BUDGET (2%) of the time.
 When the measured costs say that no gamma would beat plain decoding even if every draft were accepted
 (a compute-bound verifier with v(k) close to k), probing cannot change the choice and stops.
 After more than FREE_CATCH_UP plain rounds the rates alone never turn speculation back on: the drafter
-must first catch up on every token since, and the verify fit's slope comes from decayed, old rounds of
-other sizes (on virtual boards whose speed drifted it once made gamma = 1 look 6% better at round 93,
-and the 91-token catch-up cost 15 plain rounds); only a scheduled probe, spaced by the budget, does it.
+must first catch up on every token since (a cost the rates do not see), and the verify fit's slope comes
+from decayed, old rounds of other sizes; only a scheduled probe, spaced by the budget, does it.
 """
 
 from __future__ import annotations
