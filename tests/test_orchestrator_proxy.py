@@ -43,7 +43,7 @@ class LossyPeer:
                 if f.mtype == m.PING:
                     reply = encode(m.PING, f.payload, src=f.dst, dst=0, seq=f.seq, reply=True)
                 else:
-                    reply = encode(m.ERROR, m.pack_error(2, "no session: send BEGIN first"), src=f.dst, dst=0,
+                    reply = encode(m.ERROR, m.pack_error(m.E_STATE, "no session: send BEGIN first"), src=f.dst, dst=0,
                                    seq=f.seq, reply=True)
                 os.write(self.master, encode_line(reply) * 2)
 
