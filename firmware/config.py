@@ -12,7 +12,7 @@ the virtual board's directory in emulation). Keys, all optional:
     espnow    {"peers": {"<node id>": "aa:bb:cc:dd:ee:ff"}, "mtu": 250, "channel": 1}; a node behind a
               gateway lists the gateway's MAC under "0" (the host), since its replies go there
     spec_ahead  int: tokens a drafter may draft ahead while a verdict is pending (0: off)
-    kmax      int: most positions a verifier computes in one pass (drafts + 1; default shared/messages.py MAX_GAMMA + 1)
+    kmax      int: most positions a verifier computes in one pass (drafts + 1; default messages.MAX_GAMMA + 1)
     n_ctx     int: context (and KV cache) cap below the model's max_seq, to fit a small heap (0: none)
     key       hex string: shared signing key (frames are then HMAC-signed, unsigned ones refused)
     board     board name reported by HELLO (default: the port's machine string)

@@ -176,8 +176,8 @@ class Node:
             st[STAT_KEYS[_REPLAYED]] += 1
             top = self.auth._seen[src][0]
             if struct.unpack_from("<I", raw, len(raw) - codec.CRC_SIZE - codec.SIG_SIZE)[0] + self.auth.window < top:
-                link.send(codec.encode(m.ERROR, m.pack_error(E_COUNTER, str(top)), self.node_id, src, seq, session, True,
-                                       self.auth))
+                link.send(codec.encode(m.ERROR, m.pack_error(E_COUNTER, str(top)), self.node_id, src, seq, session,
+                                       True, self.auth))
             return
         except codec.BadAuth:  # unsigned where a key is set, or a tag that fails: forged, or another key
             st = self.stats

@@ -21,8 +21,7 @@ import time
 from array import array
 
 from shared import rule, sampling
-from shared.messages import E_MESSAGE, E_RANGE, E_STATE
-from shared.messages import MAX_GAMMA as CHAIN  # most drafts held beyond the committed prefix
+from shared.messages import E_MESSAGE, E_RANGE, E_STATE, MAX_GAMMA
 
 
 class Refused(Exception):
@@ -151,8 +150,8 @@ class Drafter(Role):
 
     def __init__(self, engine, stats, spec_ahead=0):
         Role.__init__(self, engine, stats)
-        self.spec_ahead = min(spec_ahead, CHAIN)
-        self.chain = [None] * CHAIN  # (token, ids, weights) of held drafts, by position % CHAIN
+        self.spec_ahead = min(spec_ahead, MAX_GAMMA)
+        self.chain = [None] * MAX_GAMMA  # (token, ids, weights) of held drafts, by position % MAX_GAMMA
 
     def begin(self, *args):
         """Start a session and prefill the prompt now, before the ACK: the host does not wait for it, so
@@ -166,8 +165,8 @@ class Drafter(Role):
         self._check_session()
         if committed != self.length:
             raise Refused(E_STATE, "draft from %d tokens, but %d are committed here" % (committed, self.length))
-        if gamma > CHAIN:
-            raise Refused(E_RANGE, "gamma %d exceeds %d" % (gamma, CHAIN))
+        if gamma > MAX_GAMMA:
+            raise Refused(E_RANGE, "gamma %d exceeds %d" % (gamma, MAX_GAMMA))
         if committed + gamma > self.max_seq:
             raise Refused(E_RANGE, "drafts up to position %d exceed the context of %d"
                           % (committed + gamma, self.max_seq))
@@ -178,7 +177,7 @@ class Drafter(Role):
                 self._draft_next()
             else:
                 hits += 1
-            e = self.chain[p % CHAIN]
+            e = self.chain[p % MAX_GAMMA]
             out.append(e)
             if e[0] == self.eos:
                 break
@@ -195,7 +194,7 @@ class Drafter(Role):
             memoryview(logits), 0, self.vocab, self.temp_milli, self.draft_top_k, self.engine.exp_table),
             self.seed, p)
         self.tokens[p] = e[0]
-        self.chain[p % CHAIN] = e
+        self.chain[p % MAX_GAMMA] = e
         self.held = p + 1
 
     def idle_step(self):

@@ -87,8 +87,8 @@ PSRAM_STREAM = Figure(
     "sustains about a quarter of it: 40 MB/s (assumption, to be replaced by a HIL measurement).")
 
 ESP32S3 = Board(boardclasses.ESP32S3.name, Figure(240e6, "Hz", "S3-DS"), VIPER_MAC, PSRAM_STREAM)
-ESP32 = Board(boardclasses.ESP32.name, Figure(240e6, "Hz", "ESP32-DS"), VIPER_MAC, Figure(0.0, "B/s", "ESP32-DS",
-                                                                             "no PSRAM: models in SRAM"))
+ESP32 = Board(boardclasses.ESP32.name, Figure(240e6, "Hz", "ESP32-DS"), VIPER_MAC,
+              Figure(0.0, "B/s", "ESP32-DS", "no PSRAM: models in SRAM"))
 
 USB_SERIAL_JTAG = Link("usb-serial-jtag", Figure(12e6, "bit/s", "USJ"), 8,
                        Figure(1e-3, "s", "derived", "USB full-speed frames are 1 ms [USJ]: a message "

@@ -76,7 +76,8 @@ def prompt() -> list[int]:
 
 def test_boards_report_their_role_and_model(boards):
     for board, role in zip(boards, (m.ROLE_DRAFTER, m.ROLE_VERIFIER)):
-        fw, _board, got_role, model, vocab, max_seq, heap, _caps, _gmax = m.unpack_hello(board.proxy.call(m.HELLO).payload)
+        hello = m.unpack_hello(board.proxy.call(m.HELLO).payload)
+        fw, _board, got_role, model, vocab, max_seq, heap, _caps, _gmax = hello
         assert got_role == role and vocab == 512 and heap > 0 and fw
         assert model.endswith("drafter.spm" if role == m.ROLE_DRAFTER else "target.spm")
         assert max_seq == board.max_seq >= 128  # a classic ESP32 drafter halves its context to keep heap free
