@@ -5,7 +5,7 @@ The node runs as flashed (firmware/ and shared/ precompiled by mpy-cross, main.p
 tables, module dicts) takes about twice the heap it takes on a 32-bit ESP32, so the drafter's VM gets the
 ESP32 figure plus the heap the node's code holds in this VM, measured here. That models a board with
 the node frozen into its firmware (code in flash, none of it on the heap); the whole figure - engine,
-KV cache, buffers, session, frames and per-token garbage - must then fit the ESP32's 110536 bytes.
+KV cache, buffers, session, frames and per-token garbage - must then fit the ESP32's heap (host/boardclasses.py).
 """
 
 from __future__ import annotations

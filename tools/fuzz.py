@@ -13,10 +13,11 @@ signed.
   input taking over a second; heap drift is tracemalloc's traced bytes at the end minus after the first
   tenth, with the decoders' state bounds (partials, line buffer) checked throughout.
 - MicroPython, `--node-frames` inputs: the firmware node (a drafter with a small random model) in
-  `micropython -X heapsize=110536`, fed the inputs as lines (RESET and CONFIGURE excluded: they end
-  the node or move its id), with a PING every 100 inputs that must come back within 10 s (a hang
-  otherwise) and STATS every 1000: its heap_free after a collection, after the first 1000 inputs (reply
-  cache and counters warm) against the last, is the drift.
+  a classic ESP32's heap (`micropython -X heapsize=`, host/boardclasses.py), fed the inputs as lines
+  (RESET and CONFIGURE excluded: they end the node or move its id), with a PING every 100 inputs that
+  must come back within 10 s (a hang otherwise) and STATS every 1000: its heap_free after a
+  collection, after the first 1000 inputs (reply cache and counters warm) against the last, is the
+  drift.
   A crash is the node process dying or printing a traceback.
 
 Exit status 1 if anything crashed or hung, or the drift exceeds --max-drift bytes on either runtime.

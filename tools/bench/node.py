@@ -8,8 +8,8 @@ Rows:
 - rtt: PING round trip host -> node -> host (median and p90), small and 200-byte payloads; and through a
   gateway node and the virtual ESP-NOW radio (no loss) to a node behind it, 600 bytes = 3 fragments.
 - drafter: the shipped drafter (models/drafter.spm, else a random model of its shape) in a classic ESP32
-  heap (110536 bytes + this VM's code overhead, see tests/test_firmware_budget.py), gamma 4, top-8
-  q-hat at temperature 0.8: tokens/s seen by the host (round trips included) and the node's own
+  heap (host/boardclasses.py, plus this VM's code overhead, see tests/test_firmware_budget.py), gamma 4,
+  top-8 q-hat at temperature 0.8: tokens/s seen by the host (round trips included) and the node's own
   compute ms per token; heap left.
 - target: the shipped target in an ESP32-S3 PSRAM heap: plain decoding tokens/s (VERIFY_REQ n = 0), and
   the compute time of verifying 4 drafts (5 positions) relative to one position, v(5), seen by the node.
