@@ -29,7 +29,7 @@ from shared import messages as m
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 DEFAULT_PROMPT = "Once upon a time"
-MAX_GAMMA = 16  # the largest --gamma (a q-hat table per draft must fit one message); boards may cap it lower
+GAMMA_FLAG_MAX = 16  # the largest --gamma; a round drafts at most what both back-ends' HELLO allows
 
 
 class UsageError(Exception):
@@ -85,8 +85,8 @@ def parse_gamma(text: str) -> int | None:
         g = int(text)
     except ValueError:
         raise UsageError("--gamma must be auto or an integer, not %r" % text) from None
-    if not 0 <= g <= MAX_GAMMA:
-        raise UsageError("--gamma must be in 0..%d, not %d" % (MAX_GAMMA, g))
+    if not 0 <= g <= GAMMA_FLAG_MAX:
+        raise UsageError("--gamma must be in 0..%d, not %d" % (GAMMA_FLAG_MAX, g))
     return g
 
 
