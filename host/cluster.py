@@ -23,6 +23,7 @@ from pathlib import Path
 from host.backends import BackendError
 from host.boardclasses import ESP32S3, ROLE_CLASS
 from host.boards import BoardDrafter, BoardVerifier
+from host.flash import ROLES
 from host.links import LinkError, SerialLink
 from host.proxy import Bus, HostAuth, Proxy
 from shared import messages as m
@@ -41,7 +42,7 @@ def _vboards_dir() -> Path:
 
 
 VBOARDS = _vboards_dir()
-NODE_ID = {"drafter": 1, "verifier": 2}
+NODE_ID = {role: node_id for role, (node_id, _model) in ROLES.items()}  # what `specmesh flash` gives each role
 BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier}
 
 
@@ -190,10 +191,11 @@ class Cluster(contextlib.ExitStack):
 
         hub = self.enter_context(RadioHub(self.radio))
         drafter_mac, verifier_mac = board_mac(NODE_ID["drafter"]), board_mac(NODE_ID["verifier"])
-        self.start("verifier", {"link": "espnow", "espnow": {"peers": {"0": drafter_mac}}}, hub)
+        self.start("verifier", {"link": "espnow", "espnow": {"peers": {str(m.HOST): drafter_mac}}}, hub)
         # the gateway also relays every verifier frame: on a classic ESP32's heap next to the drafter model
         # that ran out of memory reading frames (13 KB free), so the gateway drafter is an ESP32-S3
-        gw = self.start("drafter", {"link": "gateway", "espnow": {"peers": {"2": verifier_mac}}}, hub, ESP32S3.name)
+        gateway = {"link": "gateway", "espnow": {"peers": {str(NODE_ID["verifier"]): verifier_mac}}}
+        gw = self.start("drafter", gateway, hub, ESP32S3.name)
         self.hub = hub
         bus = _open(gw.port, self, self.faults, self.key, busy_s=2.0)
         self.buses.append(bus)
