@@ -43,7 +43,7 @@ SMALL_HEAP = 1 << 20  # below this heap size (no PSRAM) the node collects garbag
 REPLY_CACHE = 4  # replies kept for retransmitted requests (a host may have a few requests in flight)
 POLL_MS = 1000  # longest a single-link node blocks in one poll (nothing depends on it waking)
 
-ROLE_NAMES = ("idle", "drafter", "verifier")
+ROLE_NAMES = ("idle", "drafter", "verifier", "stage")
 STAT_KEYS = ("requests", "dup_replies", "errors", "bad_frames", "stray", "forwarded", "drafted", "ahead", "draft_hits",
              "verified", "accepted", "passes", "positions", "compute_ms", "heap_free", "heap_min",
              "committed", "kv", "uptime_ms", "dropped", "unsigned", "bad_tag", "replayed")
@@ -327,6 +327,10 @@ class Node:
             if self.role_id != m.ROLE_VERIFIER:
                 raise Refused(E_STATE, "VERIFY_REQ needs a verifier; this node is a %s" % ROLE_NAMES[self.role_id])
             return m.VERDICT, m.pack_verdict(*role.verify(*args))
+        if t == m.STAGE:
+            if self.role_id != m.ROLE_STAGE:
+                raise Refused(E_STATE, "STAGE needs a stage; this node is a %s" % ROLE_NAMES[self.role_id])
+            return m.STAGE, role.run(*args)
         raise Refused(E_MESSAGE, "%s is not a request" % _name(t))
 
     def _hello(self):
@@ -361,8 +365,8 @@ class Node:
 
     def _configure(self, role_id, node_id, model):
         """Load the new role and model, save the config; the reply still comes from the old id."""
-        if role_id > m.ROLE_VERIFIER:
-            raise Refused(E_MESSAGE, "unknown role %d (0 idle, 1 drafter, 2 verifier)" % role_id)
+        if role_id > m.ROLE_STAGE:
+            raise Refused(E_MESSAGE, "unknown role %d (0 idle, 1 drafter, 2 verifier, 3 stage)" % role_id)
         if not 1 <= node_id <= 254:
             raise Refused(E_MESSAGE, "node id %d is outside 1..254" % node_id)
         cfg = self.cfg
@@ -387,15 +391,21 @@ class Node:
         gc.collect()
         if role_id == m.ROLE_IDLE:
             return
-        kmax = 1 if role_id == m.ROLE_DRAFTER else self.cfg.get("kmax", roles.CHAIN + 1)
+        cfg = self.cfg
+        stage = role_id == m.ROLE_STAGE  # layers [a, b) of the model (config "layers"), firmware/stage.py
+        kmax = 1 if role_id == m.ROLE_DRAFTER else cfg.get("kmax", 1 if stage else roles.CHAIN + 1)
         try:
             import engine
 
-            n_ctx = self.cfg.get("n_ctx", 0)
+            n_ctx = cfg.get("n_ctx", 0)
             while True:
-                eng = engine.Engine(model, kmax, True, n_ctx)
+                eng = engine.Engine(model, kmax, True, n_ctx, cfg["layers"] if stage else None)
                 if role_id == m.ROLE_DRAFTER:
-                    self.role = roles.Drafter(eng, self.stats, self.cfg.get("spec_ahead", 0))
+                    self.role = roles.Drafter(eng, self.stats, cfg.get("spec_ahead", 0))
+                elif stage:
+                    import stage as st
+
+                    self.role = st.Stage(eng, self.stats)
                 else:
                     self.role = roles.Verifier(eng, self.stats)
                 gc.collect()

@@ -41,7 +41,7 @@ CRC_SIZE = 2
 SIG_SIZE = 12  # u32 counter + 8-byte tag
 TAG_SIZE = 8
 MIN_FRAME = HEADER_SIZE + CRC_SIZE
-MAX_TYPE = 0x0E  # message types 0x01..0x0E (shared/messages.py)
+MAX_TYPE = 0x0F  # message types 0x01..0x0F (shared/messages.py)
 
 FLAG_REPLY = 1
 FLAG_SIGNED = 2

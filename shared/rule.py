@@ -13,6 +13,8 @@ turns them into integer weights, and `quantize*` scale those to ONE exactly.
     sample_sparse(ids, weights, seed, pos, purpose)
     verify(p_tables, drafts, q_tables, seed, pos0, eos=-1) -> (n_accepted, token)
     verify_greedy(argmaxes, drafts, eos=-1) -> (n_accepted, token)
+    judge(p, x, ids, weights, seed, pos) -> -1 (draft accepted) or the residual token: verify's step for
+                                            one draft (a pipeline's last stage judges position by position)
 
 A NaN among the values of top_ids or argmax is a ValueError (a NaN is a fault, never a token: numpy's
 argmax would pick it, a plain `>` scan would skip it). quantize raises ValueError for anything that is
@@ -161,6 +163,21 @@ def sample_residual(p, ids, weights, seed, pos):
     raise ValueError("target table does not sum to ONE")
 
 
+def judge(p, x, ids, weights, seed, pos):
+    """Draft x at pos, drawn from q-hat (ids, weights), against the dense target table p: -1 if it is
+    accepted, else the token drawn from the residual max(0, p - q) (ValueError for a bad q-hat)."""
+    if sum(weights) != ONE:
+        raise ValueError("the q-hat table at %d does not sum to ONE" % pos)
+    try:
+        qx = weights[ids.index(x)]
+    except ValueError:
+        raise ValueError("draft token %d at %d is not in its q-hat table" % (x, pos))
+    px = p[x]
+    if px >= qx or uniform(seed, pos, ACCEPT, qx) < px:
+        return -1
+    return sample_residual(p, ids, weights, seed, pos)
+
+
 def verify(p_tables, drafts, q_tables, seed, pos0, eos=-1):
     """Speculative-sampling verdict (n_accepted, token) for γ drafts; see the module docstring."""
     gamma = len(drafts)
@@ -169,19 +186,11 @@ def verify(p_tables, drafts, q_tables, seed, pos0, eos=-1):
     for i in range(gamma):
         x = drafts[i]
         ids, weights = q_tables[i]
-        if sum(weights) != ONE:
-            raise ValueError("q-hat table %d does not sum to ONE" % i)
-        try:
-            qx = weights[ids.index(x)]
-        except ValueError:
-            raise ValueError("draft %d (token %d) is not in its q-hat table" % (i, x))
-        p = p_tables[i]
-        px = p[x]
-        if px >= qx or uniform(seed, pos0 + i, ACCEPT, qx) < px:
-            if x == eos:
-                return i + 1, -1
-            continue
-        return i, sample_residual(p, ids, weights, seed, pos0 + i)
+        t = judge(p_tables[i], x, ids, weights, seed, pos0 + i)
+        if t >= 0:
+            return i, t
+        if x == eos:
+            return i + 1, -1
     return gamma, sample(p_tables[gamma], seed, pos0 + gamma, EMIT)
 
 
