@@ -10,6 +10,7 @@ KV cache, buffers, session, frames and per-token garbage - must then fit the ESP
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,46 @@ def test_verifier_runs_the_target_in_an_esp32s3_psram_heap(micropython, board, t
         assert st["errors"] == 0 and st["verified"] == 16 and st["heap_free"] > 6_000_000
     finally:
         node.close()
+
+
+def test_each_stage_of_the_target_runs_in_a_classic_esp32_heap(micropython, board):
+    """The shipped target as 5 stage nodes of one layer each, every node in a classic ESP32's heap, chained
+    through the host (each stage's output is the next one's input): 160 positions, one per request as the
+    wavefront sends them, and the last stage's greedy tokens equal the numpy engine's argmax."""
+    from host.engine import Engine, argmax
+
+    model = shipped_model("target")
+    code = code_heap(micropython, board, ", stage")
+    for i in range(5):  # a folder each (its config), the node's code from the flashed board folder
+        (board / ("stage%d" % i)).mkdir(exist_ok=True)
+        (board / ("stage%d" % i) / "main.py").write_bytes((board / "main.py").read_bytes())
+    nodes = [NodeProc(micropython, board / ("stage%d" % i), {"role": "stage", "model": model, "layers": [i, i + 1], "n_ctx": 256},
+                      heap=ESP32_HEAP + code, flashed=True, env={"MICROPYPATH": ".frozen:" + str(board)})
+             for i in range(5)]
+    try:
+        for node in nodes:
+            node.rto = 5.0
+            hello = node.call(m.HELLO)
+            assert hello[2] == m.ROLE_STAGE, node.text
+            assert hello[5] >= 128, "a stage keeps too short a context: %d" % hello[5]
+            begin(node, 1, 1, 0.0, [0])
+        ref = Engine(model)
+        tokens = [0]
+        while len(tokens) <= 160:
+            pos = len(tokens) - 1
+            data = struct.pack("<H", tokens[-1])
+            for i, node in enumerate(nodes):
+                flags = (m.STAGE_ACT if i else 0) | (m.STAGE_HEAD if i == 4 else 0)
+                _, _, rflags, data = node.call(m.STAGE, m.pack_stage(pos % 128, 1, flags, [], data), expect=m.STAGE)
+            (tok,) = struct.unpack("<h", data)
+            want = argmax(ref.forward([tokens[-1]], pos % 128)[0])
+            assert tok == want, "position %d" % pos
+            tokens.append(tok)
+            if pos % 128 == 127:  # the context is full: start over, as a host rolls back
+                ref.rollback(0)
+        for node in nodes:
+            st = node.stats()
+            assert st["errors"] == 0 and st["positions"] == 160 and st["heap_min"] > 0, node.text
+    finally:
+        for node in nodes:
+            node.close()
