@@ -16,17 +16,29 @@ def _add_run(sub) -> None:
 
 
 def _add_flash(sub) -> None:
-    p = sub.add_parser("flash", help="flash the node (drafter or verifier) onto a board with mpremote")
+    p = sub.add_parser("flash", help="flash the node (drafter, verifier or pipeline stage) onto a board with mpremote")
     p.add_argument("--port", default="auto", help="serial port of the board, or `auto` (default) to find it")
-    p.add_argument("--role", required=True, choices=["drafter", "verifier"])
+    p.add_argument("--role", required=True, choices=["drafter", "verifier", "stage"])
+    p.add_argument("--layers", metavar="A:B", default=None,
+                   help="--role stage: the target's layers A..B-1 this board holds (docs/pipeline.md)")
     p.add_argument("--model", default=None, help="model file (default: models/drafter.spm or models/target.spm)")
-    p.add_argument("--node-id", type=int, default=None, help="bus node id (default: 1 drafter, 2 verifier)")
+    p.add_argument("--node-id", type=int, default=None,
+                   help="bus node id (default: 1 drafter, 2 verifier, 10 stage; stages of one pipeline need distinct ids)")
     p.add_argument("--no-reset", action="store_true", help="leave the board in the REPL instead of starting the node")
     keys = p.add_mutually_exclusive_group()
     keys.add_argument("--key-file", metavar="F", help="provision this deployment key (specmesh keygen): the board "
                       "then signs and checks every frame (default: keep the key the board has, if any)")
     keys.add_argument("--no-key", action="store_true", help="remove the board's key: an open bus")
     p.set_defaults(func=_flash)
+
+
+def parse_layers(text: str) -> tuple[int, int]:
+    """(a, b) from "a:b"; ValueError with a line for the user."""
+    try:
+        a, b = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--layers must be A:B (e.g. 0:1), not {text!r}") from None
+    return a, b
 
 
 def _flash(args) -> int:
@@ -38,9 +50,10 @@ def _flash(args) -> int:
         key = load_key(args.key_file) if args.key_file else None
         port = resolve_port(args.port)
         t0 = time.monotonic()
+        layers = parse_layers(args.layers) if args.layers is not None else None
         report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset, key=key,
-                       clear_key=args.no_key)
-    except (FlashError, PortError, KeyFileError) as e:
+                       clear_key=args.no_key, layers=layers)
+    except (FlashError, PortError, KeyFileError, ValueError) as e:
         print(f"specmesh flash: {e}", file=sys.stderr)
         return 1
     b = report.board

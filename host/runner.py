@@ -64,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "speculation). Off by default in emulation: the virtual boards share the host's cores, "
                         "so drafting ahead slows the verifier (64 tokens, gamma 2: 13.3 -> 7.9 tok/s)")
     p.add_argument("--plain", action="store_true", help="target-only decoding on the same verifier (baseline)")
+    p.add_argument("--stages", type=int, default=0, metavar="N",
+                   help="verify on a pipeline of N virtual stage boards (classic ESP32s), the target's layers split "
+                        "evenly, positions sent through as a wavefront (docs/pipeline.md; default 0: one verifier)")
     p.add_argument("--project", metavar="BOARD", choices=("esp32s3",),
                    help="also project the run onto real boards of this class (host/hardware.py); "
                         "gamma is then chosen for that hardware")
@@ -103,6 +106,11 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError("--seed must be in 0..4294967295")
     if not 0 <= a.spec_ahead <= 32:
         raise UsageError("--spec-ahead must be in 0..32")
+    if a.stages and (a.verifier != "virtual" or a.transport != "serial"):
+        raise UsageError("--stages N starts its own virtual stage boards on --transport serial: drop --verifier "
+                         "and --transport")
+    if not 0 <= a.stages <= 255:
+        raise UsageError("--stages must be in 0..255")
     if not (0.0 <= a.radio_loss < 1.0 and 0.0 <= a.radio_dup < 1.0):
         raise UsageError("--radio-loss and --radio-dup must be in [0, 1)")
     a.key = None
@@ -152,7 +160,12 @@ class Setup(contextlib.ExitStack):
     def make(self, kind: str, name: str):
         """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`."""
         model = self.a.models / ("drafter.spm" if kind == "drafter" else "target.spm")
-        if name == "virtual":
+        if kind == "verifier" and self.a.stages:
+            try:
+                backend = self._cluster().pipeline(self.a.stages)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+        elif name == "virtual":
             backend = self._cluster().backend(kind)
         else:
             fac = backends.factory(kind, name)
@@ -197,7 +210,8 @@ def build_stats(a, params: SessionParams, result: Result, text: str, verifier, d
         "estimates": controller.summary(),
         "boards": [],
     }
-    for role, b in (("verifier", verifier), ("drafter", drafter)):
+    verifiers = [("stage", st) for st in getattr(verifier, "stages", ())] or [("verifier", verifier)]
+    for role, b in verifiers + [("drafter", drafter)]:
         if b is None:
             continue
         try:
@@ -257,7 +271,8 @@ def run(a: argparse.Namespace, out=None) -> dict:
             result = generate(prompt, verifier, drafter, params, a.max_tokens, controller,
                               on_round=stream.write if stream else None,
                               costs=cost_model.round_costs if cost_model else None,
-                              fallback=None if a.verifier == "cpu" else (lambda: setup.make("verifier", "cpu")),
+                              fallback=None if a.verifier == "cpu" or a.stages else (
+                                  lambda: setup.make("verifier", "cpu")),
                               on_failover=lambda line: print("\nspecmesh: " + line, file=sys.stderr, flush=True))
         except (BackendError, RuntimeError) as e:
             if stream:
