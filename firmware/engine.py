@@ -54,7 +54,7 @@ except Exception:  # no native emitter on this port (or viper disabled in the bu
     _viper = None
 
 _MAX_COLS = 516  # 127 * 32767 * 516 < 2^31
-CLS_ROWS = 64  # classifier rows a stage streams from the file per chunk (64 x dim bytes of buffer)
+CLS_ROWS = 16  # classifier rows a stage streams from the file per chunk (16 x dim bytes of buffer)
 
 
 def _zeros(code, n):

@@ -38,6 +38,9 @@ HOST = 0
 # virtual classic ESP32 drafter had 16 KB less by its first reply (link buffers, decoders, interned
 # names) and needs about 12 KB more to serve DRAFT_REQ and STATS
 _RESERVE = const(28672)
+# a stage (its rule's tables preallocated, frames of a few hundred bytes) serves in less: 20 KB stayed free
+# on a virtual classic ESP32 last stage through sampled STAGE requests from 26 KB at load
+_STAGE_RESERVE = const(16384)
 _MIN_CTX = const(64)  # the shortest context it halves to
 SMALL_HEAP = 1 << 20  # below this heap size (no PSRAM) the node collects garbage after every request
 REPLY_CACHE = 4  # replies kept for retransmitted requests (a host may have a few requests in flight)
@@ -397,19 +400,19 @@ class Node:
         try:
             import engine
 
+            if stage:  # imported before the engine: its code would otherwise sit amid the freed engine of a retry
+                import stage as st
             n_ctx = cfg.get("n_ctx", 0)
             while True:
                 eng = engine.Engine(model, kmax, True, n_ctx, cfg["layers"] if stage else None)
                 if role_id == m.ROLE_DRAFTER:
                     self.role = roles.Drafter(eng, self.stats, cfg.get("spec_ahead", 0))
                 elif stage:
-                    import stage as st
-
                     self.role = st.Stage(eng, self.stats)
                 else:
                     self.role = roles.Verifier(eng, self.stats)
                 gc.collect()
-                if gc.mem_free() >= _RESERVE or eng.n_ctx <= _MIN_CTX:
+                if gc.mem_free() >= (_STAGE_RESERVE if stage else _RESERVE) or eng.n_ctx <= _MIN_CTX:
                     break
                 n_ctx = eng.n_ctx // 2  # too little heap left to serve requests: a shorter context (HELLO says)
                 self.role = eng = None

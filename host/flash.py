@@ -35,7 +35,7 @@ from shared.modelfile import ModelFileError, stage_bytes
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = {"drafter": (1, "models/drafter.spm"), "verifier": (2, "models/target.spm"),
          "stage": (10, "models/target.spm")}
-STAGE_CTX = 256  # a stage's context on a board without PSRAM (docs/pipeline.md: memory per stage)
+STAGE_CTX = 128  # a stage's context on a board without PSRAM (docs/pipeline.md: memory per stage)
 # sys.implementation._mpy >> 10 (py/persistentcode.h MP_NATIVE_ARCH_*)
 ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
           "xtensa", "xtensawin", "rv32imc", "rv64imc"]

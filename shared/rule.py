@@ -5,7 +5,7 @@ A distribution is a list of non-negative ints summing to ONE = 2^16 (weights and
 small ints on a 32-bit board). No float enters a decision: engines give integer logits, shared/sampling.py
 turns them into integer weights, and `quantize*` scale those to ONE exactly.
 
-    quantize(weights) -> table              largest remainder, ties to the lowest id
+    quantize(weights[, out, fracs, order]) -> table  largest remainder, ties to the lowest id
     quantize_topk(weights, k) -> (ids, weights)  the k largest (ties lowest id), ids ascending, zeros dropped
     top_ids(values, k) -> ids               the k largest values, descending, ties lowest id
     argmax(values) -> id                    ties lowest id
@@ -76,9 +76,12 @@ def argmax(values):
     return best
 
 
-def quantize(weights):
+def quantize(weights, out=None, fracs=None, order=None):
     """Integer table summing to ONE from non-negative int weights: floor(w * ONE / total) each, and the
-    units left over to the largest remainders (ties to the lowest id); a zero weight stays 0."""
+    units left over to the largest remainders (ties to the lowest id); a zero weight stays 0.
+
+    Allocation-free with buffers of len(weights) (a board's dense tables): the table goes into `out`,
+    the remainders into `fracs` (both may be array('i')), and `order`, a list, is sorted in place."""
     total = 0
     for w in weights:
         if w < 0:
@@ -86,17 +89,30 @@ def quantize(weights):
         total += w
     if total <= 0:
         raise ValueError("weights must be non-negative with a positive sum")
-    out = [w * ONE // total for w in weights]
-    rems = [w * ONE % total if w > 0 else -1 for w in weights]  # -1: never a unit
-    rem = ONE - sum(out)  # fewer than the non-zero weights
+    n = len(weights)
+    if out is None:
+        out, fracs = [0] * n, [0] * n
+    given = 0
+    for i in range(n):
+        w = weights[i]
+        out[i] = w * ONE // total
+        fracs[i] = w * ONE % total if w > 0 else -1  # -1: never a unit
+        given += out[i]
+    rem = ONE - given  # fewer than the non-zero weights
     if rem:
-        _hand_out(out, rems, rem)
+        _hand_out(out, fracs, rem, order)
     return out
 
 
-def _hand_out(weights, fracs, rem):
+def _hand_out(weights, fracs, rem, order=None):
     """Add one unit to each of the `rem` ids with the largest fracs, ties to the lowest id."""
-    thr = sorted(fracs, reverse=True)[rem - 1]
+    if order is None:
+        thr = sorted(fracs, reverse=True)[rem - 1]
+    else:
+        for i in range(len(fracs)):
+            order[i] = fracs[i]
+        order.sort(reverse=True)
+        thr = order[rem - 1]
     ties = rem
     for f in fracs:
         if f > thr:
