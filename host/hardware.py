@@ -18,6 +18,10 @@ Sources:
           USB 2.0 device (12 Mbit/s); bulk transfers are scheduled once per 1 ms USB frame.
 [UART]    MicroPython ESP32 quick reference: the REPL UART runs at 115200 baud (classic ESP32
           boards reach it through a CP210x/CH340 USB-UART bridge).
+[UART-HW] Espressif, ESP32 Technical Reference Manual, UART controller: baud rates up to 5 Mbit/s;
+          921600 is the common top rate of CP210x/CH340 USB-UART bridges (esptool's fastest default).
+[SPI-FL]  Espressif, ESP32 Series Datasheet: external SPI flash at 40/80 MHz, DIO/QIO (2-4 bits per
+          clock); MicroPython keeps its filesystem (littlefs) in that flash.
 """
 
 from __future__ import annotations
@@ -93,10 +97,18 @@ USB_SERIAL_JTAG = Link("usb-serial-jtag", Figure(12e6, "bit/s", "USJ"), 8,
                               "waits up to one frame for the host's next poll; 1 ms per message assumed"))
 UART_115200 = Link("uart-115200", Figure(115200, "bit/s", "UART"), 10,
                    Figure(0.0, "s", "UART", "no framing latency beyond the bits"))
+UART_921600 = Link("uart-921600", Figure(921600, "bit/s", "UART-HW"), 10,
+                   Figure(0.0, "s", "UART-HW", "no framing latency beyond the bits"))
+FLASH_FILE_READ = Figure(
+    2e6, "B/s", "derived",
+    "[SPI-FL]: 40 MHz DIO flash moves 10 MB/s at the pins; a MicroPython readinto of a littlefs file goes "
+    "through the VFS and littlefs's block cache, assumed to sustain a fifth of it: 2 MB/s (assumption, to "
+    "be replaced by a HIL measurement). A pipeline's last stage streams the classifier (vocab x dim bytes "
+    "and vocab scales) from the model file once per pass: firmware/engine.py.")
 ESPNOW = Link("espnow", Figure(1e6, "bit/s", "ESPNOW"), 8, Figure(1.3e-3, "s", "ESPNOW-T"), mtu=250)
 
 BOARDS = {b.name: b for b in (ESP32S3, ESP32)}
-LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, ESPNOW)}
+LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, UART_921600, ESPNOW)}
 
 
 def sources() -> list[dict]:
@@ -112,4 +124,6 @@ def sources() -> list[dict]:
             f = getattr(link, attr)
             out.append({"name": "%s.%s" % (link.name, attr), "value": f.value, "unit": f.unit,
                         "source": f.source, "note": f.note})
+    out.append({"name": "flash_file_read", "value": FLASH_FILE_READ.value, "unit": FLASH_FILE_READ.unit,
+                "source": FLASH_FILE_READ.source, "note": FLASH_FILE_READ.note})
     return out

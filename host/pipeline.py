@@ -182,6 +182,18 @@ class PipelineVerifier:
         except _Restarted:
             raise BackendError("%s restarted and lost the session" % self._who(self.stages.index(stage))) from None
 
+    def trace_summary(self) -> dict:
+        """The event trace for the stats JSON: per stage and link totals, and each round."""
+        n = len(self.stages)
+        return {
+            "layers": ["%d:%d" % ab for ab in self.layers],
+            "positions": [sum(r.computed[s] for r in self.trace) for s in range(n)],
+            "messages": [sum(r.messages[s] for r in self.trace) for s in range(n)],
+            "bytes": [sum(r.bytes[s] for r in self.trace) for s in range(n)],
+            "rounds": [{"positions": r.positions, "judged": r.judged, "computed": r.computed, "bytes": r.bytes}
+                       for r in self.trace],
+        }
+
     def stats(self) -> dict:
         per = [s.stats() for s in self.stages]
         return {"compute_s": sum(p["compute_s"] for p in per), "heap_free": min(p["heap_free"] for p in per),

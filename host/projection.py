@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from host.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, Board, Link
 from host.orchestrator import Result, Round
-from shared.modelfile import Header, body_size
+from shared.modelfile import Header, body_size, stage_bytes
 
 SRAM_BUDGET = 256 * 1024  # model bytes an ESP32-S3 keeps in internal SRAM; larger ones live in PSRAM
 FRAME_OVERHEAD = 11 + 2  # header + CRC (shared/codec.py), unsigned frames
@@ -36,12 +36,15 @@ def line_bytes(payload: int) -> int:
     return 2 + 4 * -(-(payload + FRAME_OVERHEAD) // 3)
 
 
+def layer_macs(h: Header, ctx: int) -> int:
+    """Multiply-accumulates of one layer for one position at context length ctx (matvecs + attention)."""
+    q_dim = h.n_heads * h.head_dim
+    return h.dim * q_dim * 2 + h.dim * h.kv_dim * 2 + 3 * h.dim * h.hidden + 2 * q_dim * ctx
+
+
 def macs_per_position(h: Header, ctx: int) -> int:
-    """Multiply-accumulates of one position at context length ctx (matvecs + attention)."""
-    hd = h.head_dim
-    q_dim = h.n_heads * hd
-    per_layer = h.dim * q_dim * 2 + h.dim * h.kv_dim * 2 + 3 * h.dim * h.hidden + 2 * q_dim * ctx
-    return h.n_layers * per_layer + h.vocab * h.dim
+    """Multiply-accumulates of one position at context length ctx: every layer, then the classifier."""
+    return h.n_layers * layer_macs(h, ctx) + h.vocab * h.dim
 
 
 def draft_body(gamma: int, q_ids: int) -> int:
@@ -63,11 +66,16 @@ class Projector:
             "verifier": (USB_SERIAL_JTAG, ESPNOW) if transport == "espnow" else (USB_SERIAL_JTAG,),
         }
 
-    def forward(self, h: Header, k: int, ctx: int) -> float:
-        """Seconds for one batched pass over k positions ending at context length ctx."""
-        macs = sum(macs_per_position(h, ctx - k + i + 1) for i in range(k))
+    def forward(self, h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None,
+                classifier: bool = True) -> float:
+        """Seconds for one batched pass over k positions ending at context length ctx: of layers a..b-1 only
+        with `layers=(a, b)` (a pipeline stage; default all), plus the vocab x dim classifier when
+        `classifier`."""
+        a, b = layers if layers is not None else (0, h.n_layers)
+        macs = sum((b - a) * layer_macs(h, ctx - k + i + 1) + (h.vocab * h.dim if classifier else 0)
+                   for i in range(k))
         t = macs / self.board.mac_per_s.value
-        size = body_size(h)
+        size = body_size(h) if layers is None else stage_bytes(h, a, b)
         if size > SRAM_BUDGET and self.board.weight_stream_bps.value > 0:
             t += size / self.board.weight_stream_bps.value
         return t

@@ -223,6 +223,10 @@ def build_stats(a, params: SessionParams, result: Result, text: str, verifier, d
             stats["boards"].append({"name": b.name, "role": role, "compute_s": s.get("compute_s"),
                                     "heap_free": s.get("heap_free"), "errors": s.get("errors", 0),
                                     "retransmits": s.get("retransmits", 0)})
+            if role == "stage":  # the firmware's own counters, next to the host's trace of the same work
+                stats["boards"][-1].update(positions=s.get("positions"), passes=s.get("passes"))
+    if hasattr(verifier, "trace"):
+        stats["pipeline"] = verifier.trace_summary()
     if projector is not None:
         stats["projection"] = projector.project(result, prompt_len)
     return stats
@@ -256,7 +260,12 @@ def run(a: argparse.Namespace, out=None) -> dict:
         # make the same seed give different texts. Sampling with --gamma auto therefore chooses gamma
         # from the projected costs (deterministic); greedy text never depends on gamma.
         deterministic = a.temperature > 0 and fixed is None and drafter is not None
-        if a.project or deterministic:
+        if a.stages:  # the pipeline's own projection (host/pipeline_projection.py), in every stats JSON
+            from host.pipeline_projection import LinksReport, PipelineProjector  # noqa: PLC0415
+
+            cost_model = PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, "uart-921600")
+            projector = LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers)
+        elif a.project or deterministic:
             from host.projection import Projector  # noqa: PLC0415
 
             cost_model = Projector(heads["verifier"], heads["drafter"], a.project or "esp32s3", a.transport)
