@@ -2,10 +2,9 @@
 
 API (used by the node and its roles; `firmware/` is the board's root, `shared/` a package beside it):
 
-    e = Engine(path, kmax=1, viper=True, n_ctx=0, layers=None)
+    e = Engine(path, kmax=1, viper=True, n_ctx=0)
                                           # load; kmax = most positions one forward() takes;
-                                          # n_ctx > 0 caps the context (and KV cache) below max_seq;
-                                          # layers=(a, b): a pipeline stage holding layers a..b-1 only
+                                          # n_ctx > 0 caps the context (and KV cache) below max_seq
     logits = e.forward(tokens, pos)       # k = len(tokens) <= kmax ids at positions pos .. pos+k-1;
                                           # returns the engine's array('i') of Q16 logits:
                                           # row j at [j*vocab, (j+1)*vocab)
@@ -19,13 +18,12 @@ API (used by the node and its roles; `firmware/` is the board's root, `shared/` 
     e.heap_bytes                          # heap the loaded engine holds (weights + KV cache + buffers)
     e.viper                               # True when the viper kernels run, False on the Python fallback
 
-A stage (`layers=(a, b)`) loads only the tensors of its layers, plus the final norm on the last
-stage; it reads the skipped bytes through its KV cache buffer, before using it, for the CRC check. The
-token embedding stays in the file: the first stage reads one row and its scale per token. The last
-stage streams the classifier (the embedding when the model shares it) from the file in chunks of
-CLS_ROWS rows through one preallocated buffer, each chunk applied to all k positions. After the stage
-runs, e.x holds its output residual stream, the next stage's input, exactly (no rounding between stages),
-so a chain of stages gives the full model's logits bit for bit (docs/pipeline.md).
+A pipeline stage is firmware/stage_engine.py's StageEngine, this class with `layers=(a, b)`: it loads
+only the tensors of layers a..b-1 (and the final norm on the last stage), reading the skipped bytes
+through its KV cache buffer, before using it, for the CRC check; the embedding and the classifier stay
+in the file, and its `_embed_row` and `_stream_cls` read them there. After a stage runs, e.x holds its
+output residual stream, the next stage's input, exactly (no rounding between stages), so a chain of
+stages gives the full model's logits bit for bit (docs/pipeline.md).
 
 `forward` needs pos <= length (an earlier pos rolls back first). The returned array is overwritten by
 the next call. A prompt longer than kmax is fed in chunks. Every buffer is allocated by the constructor
@@ -45,8 +43,8 @@ import gc
 from array import array
 
 from shared import intmath
-from shared.modelfile import (FLAG_SHARED_CLS, HEADER_SIZE, KIND_Q8, ModelFileError, body_size, crc32,
-                              parse_header, tensor_bytes, tensor_layout)
+from shared.modelfile import (FLAG_SHARED_CLS, HEADER_SIZE, KIND_Q8, ModelFileError, crc32, parse_header,
+                              tensor_bytes, tensor_layout)
 
 try:
     import kernels as _viper
@@ -54,7 +52,6 @@ except Exception:  # no native emitter on this port (or viper disabled in the bu
     _viper = None
 
 _MAX_COLS = 516  # 127 * 32767 * 516 < 2^31
-CLS_ROWS = 16  # classifier rows a stage streams from the file per chunk (16 x dim bytes of buffer)
 
 
 def _zeros(code, n):
@@ -69,6 +66,7 @@ class Engine:
     """One sequence of one model: weights, int8 KV cache and every scratch buffer, allocated here."""
 
     def __init__(self, path, kmax=1, viper=True, n_ctx=0, layers=None):
+        """layers=(a, b): StageEngine's slice (see the module docstring)."""
         if kmax < 1:
             raise ValueError("kmax must be >= 1")
         gc.collect()
@@ -80,8 +78,7 @@ class Engine:
             import refkernels  # only where it runs: its code would take heap on a board
 
             self._k = refkernels
-        f = open(path, "rb")
-        try:
+        with open(path, "rb") as f:
             h = parse_header(f.read(HEADER_SIZE))
             if max(h.dim, h.hidden, h.n_heads * h.head_dim) > _MAX_COLS:
                 raise ModelFileError("model width %d exceeds this engine's int32 bound (%d)"
@@ -96,25 +93,13 @@ class Engine:
             self.length = 0
             self.a, self.b = a, b
             self.head = b == h.n_layers  # final norm and classifier here
-            self.stage = layers is not None
             self._buffers(h, kmax)  # the largest first, before the weights, against fragmentation
-            t = self._load(f, h, a, b, self.kv if self.stage else None)
-        except BaseException:
-            f.close()
-            raise
-        if layers is None:
-            f.close()
+            t = self._load(f, h, a, b, None if layers is None else self.kv)
         # t follows tensor_layout: tok_emb, 9 tensors per layer, final_norm, [cls]; None where not loaded
         self.tok_emb = t[0]
         self.layers = [tuple(t[1 + 9 * i:10 + 9 * i]) for i in range(a, b)]
         self.final_norm = t[1 + 9 * h.n_layers]
         self.cls = t[0] if h.flags & FLAG_SHARED_CLS else t[2 + 9 * h.n_layers]
-        self._f = None
-        if self.stage:  # the file stays open: embedding rows and classifier chunks are read from it
-            self._f = f
-            self.emb_off = HEADER_SIZE
-            self.cls_off = HEADER_SIZE if h.flags & FLAG_SHARED_CLS else HEADER_SIZE + body_size(h) - (
-                h.vocab * h.dim + 4 * h.vocab)
         self._tables(h)
         gc.collect()
         self.heap_bytes = gc.mem_alloc() - before
@@ -126,11 +111,6 @@ class Engine:
         self.cache = (self.b - self.a) * self.n_ctx * self.stride
         self.kv = bytearray(2 * self.cache)  # keys, then values
         self.logits = _zeros("i", kmax * h.vocab) if self.head else None
-        if self.stage:
-            if self.head:  # a classifier chunk and its row scales
-                self.cw, self.cms = bytearray(CLS_ROWS * dim), _zeros("i", CLS_ROWS)
-            if self.a == 0:  # one embedding row and its scale
-                self.ew, self.ems = bytearray(dim), _zeros("i", 1)
         self.block = max(dim, qd, hid)  # matrix rows per matmul call: the classifier goes in blocks
         self.pm = _zeros("i", 16 + kmax * self.block)  # matmul's parameters, then its sums
         self.acc = memoryview(self.pm)[16:]
@@ -229,7 +209,7 @@ class Engine:
             if t < 0 or t >= self.vocab:
                 raise ValueError("token id %d out of range [0, %d)" % (t, self.vocab))
             pe[2] = j * h.dim
-            if self.tok_emb is None:
+            if self.tok_emb is None:  # a stage: StageEngine reads the row from the file
                 self._embed_row(t)
             else:
                 pe[1] = t
@@ -238,41 +218,12 @@ class Engine:
             self._layer(li, self.layers[li], k, pos)
         if self.head and head:
             self._rmsnorm(self.final_norm, k)
-            if self.cls is None:
+            if self.cls is None:  # a stage: StageEngine streams the classifier from the file
                 self._stream_cls(k)
             else:
                 self._matvec(self.cls, self.xn, self.logits, k, 0)
         self.length = pos + k
         return self.logits
-
-    def _embed_row(self, t):
-        """Embed token t into self.x at offset pe[2] from its row and scale read from the file."""
-        f, dim = self._f, self.header.dim
-        f.seek(self.emb_off + t * dim)
-        f.readinto(self.ew)
-        f.seek(self.emb_off + self.vocab * dim + 4 * t)
-        f.readinto(self.ems)
-        ems = self.ems
-        ems[0] = intmath.fixed_packed(ems[0])
-        self.pe[1] = 0
-        self._k.embed(self.x, self.ew, ems, self.pe)
-
-    def _stream_cls(self, k):
-        """self.logits = classifier @ self.xn for k rows, its rows read from the file CLS_ROWS at a time."""
-        f, dim, vocab = self._f, self.header.dim, self.vocab
-        self._quant_rows(self.xn, dim, k)
-        cw, cms = self.cw, self.cms
-        r0 = 0
-        while r0 < vocab:
-            n = min(CLS_ROWS, vocab - r0)
-            f.seek(self.cls_off + r0 * dim)
-            _read(f, memoryview(cw)[:n * dim], n * dim, None)
-            f.seek(self.cls_off + vocab * dim + 4 * r0)
-            _read(f, memoryview(cms)[:n], 4 * n, None)
-            for r in range(n):
-                cms[r] = intmath.fixed_packed(cms[r])
-            self._block(cw, cms, n, dim, 0, self.logits, k, r0, vocab, 0)
-            r0 += n
 
     # -- steps ----------------------------------------------------------------------------------
 

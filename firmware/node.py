@@ -402,9 +402,13 @@ class Node:
 
             if stage:  # imported before the engine: its code would otherwise sit amid the freed engine of a retry
                 import stage as st
+                import stage_engine
             n_ctx = cfg.get("n_ctx", 0)
             while True:
-                eng = engine.Engine(model, kmax, True, n_ctx, cfg["layers"] if stage else None)
+                if stage:
+                    eng = stage_engine.StageEngine(model, cfg["layers"], kmax, True, n_ctx)
+                else:
+                    eng = engine.Engine(model, kmax, True, n_ctx)
                 if role_id == m.ROLE_DRAFTER:
                     self.role = roles.Drafter(eng, self.stats, cfg.get("spec_ahead", 0))
                 elif stage:

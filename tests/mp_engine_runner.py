@@ -4,8 +4,7 @@ Usage (from the repository root): micropython tests/mp_engine_runner.py PLAN.jso
 the engine's .mpy files: micropython -c "import sys; sys.path.insert(0, DIR); import mp_engine_runner" PLAN.json
 (a file: the unix port dies on a command-line argument longer than 255 bytes, a qstr's limit).
 plan: {"model": path, "kmax": int, "viper": bool, "n_ctx": int, "path": dir, "ops": [op, ...]}, and optionally
-"stages": [[a, b], ...]: the model runs as a chain of stage engines (layers a..b-1 each, docs/pipeline.md), each
-stage's output rows copied into the next one's input; `path` is a folder
+"stages": [[a, b], ...]: the model runs as a chain of stage engines (tests/mp_stage_chain.py); `path` is a folder
 holding engine, kernels and shared/ (compiled .mpy, as on a board), else the source folders are used; ops:
   ["fwd", tokens, pos]   -> {"logits": [[...] per row], "argmax": [...]}
   ["feed", tokens, pos]  -> {"argmax": [...]} (the same pass, logits not reported)
@@ -76,41 +75,14 @@ def alloc(e, n, k, temp_milli):
     return {"allocated": allocated, "tokens": list(drawn)}
 
 
-class Chain:
-    """Stage engines run one after the other, with an Engine's interface (what the ops use)."""
-
-    def __init__(self, stages, *args):
-        self.stages = [Engine(*args, layers=tuple(ab)) for ab in stages]
-        last = self.stages[-1]
-        self.vocab, self.viper, self.logits = last.vocab, last.viper, last.logits
-        self.heap_bytes = [s.heap_bytes for s in self.stages]
-        self.exp_table = last.exp_table
-
-    @property
-    def length(self):
-        return self.stages[-1].length
-
-    def forward(self, tokens, pos):
-        k = len(tokens)
-        prev = self.stages[0]
-        lg = prev.forward(tokens, pos)
-        for s in self.stages[1:]:
-            s.x[:] = prev.x
-            lg = s.forward(None, pos, k)
-            prev = s
-        return lg
-
-    def argmax(self, j=0):
-        return self.stages[-1].argmax(j)
-
-    def rollback(self, n):
-        for s in self.stages:
-            s.rollback(n)
-
-
 def run(plan):
     args = (plan["model"], plan.get("kmax", 1), plan.get("viper", True), plan.get("n_ctx", 0))
-    e = Chain(plan["stages"], *args) if "stages" in plan else Engine(*args)
+    if "stages" in plan:
+        from mp_stage_chain import Chain  # only here: its code would take the heap-budget plans' heap
+
+        e = Chain(plan["stages"], *args)
+    else:
+        e = Engine(*args)
     res = []
     last = 0
     for op in plan["ops"]:
