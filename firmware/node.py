@@ -406,7 +406,7 @@ class Node:
             n_ctx = cfg.get("n_ctx", 0)
             while True:
                 if stage:
-                    eng = stage_engine.StageEngine(model, cfg["layers"], kmax, True, n_ctx)
+                    eng = stage_engine.StageEngine(model, cfg.get("layers"), kmax, True, n_ctx)
                 else:
                     eng = engine.Engine(model, kmax, True, n_ctx)
                 if role_id == m.ROLE_DRAFTER:

@@ -24,6 +24,8 @@ class StageEngine(Engine):
     """Engine over layers a..b-1, reading embedding rows and classifier chunks from its open model file."""
 
     def __init__(self, path, layers, kmax=1, viper=True, n_ctx=0):
+        if layers is None:
+            raise ValueError("a stage needs \"layers\": [a, b] in its board config (flash --role stage --layers A:B)")
         Engine.__init__(self, path, kmax, viper, n_ctx, layers)
         h = self.header
         dim = h.dim
