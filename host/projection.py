@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from host.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, Board, Link
 from host.orchestrator import Result, Round
-from shared.modelfile import Header, body_size
+from shared.modelfile import FLAG_SHARED_CLS, Header, tensor_bytes, tensor_layout
 
 SRAM_BUDGET = 256 * 1024  # model bytes an ESP32-S3 keeps in internal SRAM; larger ones live in PSRAM
 FRAME_OVERHEAD = 11 + 2  # header + CRC (shared/codec.py), unsigned frames
@@ -36,12 +36,38 @@ def line_bytes(payload: int) -> int:
     return 2 + 4 * -(-(payload + FRAME_OVERHEAD) // 3)
 
 
-def macs_per_position(h: Header, ctx: int) -> int:
-    """Multiply-accumulates of one position at context length ctx (matvecs + attention)."""
+def layer_span(h: Header, layers: tuple[int, int] | None) -> tuple[int, int]:
+    """(a, b) of `layers` checked against the model, or every layer when None."""
+    a, b = (0, h.n_layers) if layers is None else layers
+    if not 0 <= a <= b <= h.n_layers:
+        raise ValueError("layers %r outside the model's %d layers" % (layers, h.n_layers))
+    return a, b
+
+
+def macs_per_position(h: Header, ctx: int, layers: tuple[int, int] | None = None, classifier: bool = True) -> int:
+    """Multiply-accumulates of one position at context length ctx (matvecs + attention) in layers
+    a..b-1 when layers = (a, b) (all when None), plus the vocab x dim classifier when `classifier`."""
+    a, b = layer_span(h, layers)
     hd = h.head_dim
     q_dim = h.n_heads * hd
     per_layer = h.dim * q_dim * 2 + h.dim * h.kv_dim * 2 + 3 * h.dim * h.hidden + 2 * q_dim * ctx
-    return h.n_layers * per_layer + h.vocab * h.dim
+    return (b - a) * per_layer + (h.vocab * h.dim if classifier else 0)
+
+
+def weight_bytes(h: Header, layers: tuple[int, int] | None = None, classifier: bool = True) -> int:
+    """Bytes of the tensors a pass over layers a..b-1 (and the classifier, with its final norm) reads:
+    what a board running that slice holds. The token embedding is counted with the first layer."""
+    a, b = layer_span(h, layers)
+    n = 0
+    for name, kind, rows, cols in tensor_layout(h):
+        if name.startswith("layers."):
+            use = a <= int(name.split(".")[1]) < b
+        elif name == "tok_emb":
+            use = a == 0 and b > 0 or classifier and bool(h.flags & FLAG_SHARED_CLS)
+        else:  # final_norm, cls
+            use = classifier
+        n += tensor_bytes(kind, rows, cols) if use else 0
+    return n
 
 
 def draft_body(gamma: int, q_ids: int) -> int:
@@ -63,11 +89,14 @@ class Projector:
             "verifier": (USB_SERIAL_JTAG, ESPNOW) if transport == "espnow" else (USB_SERIAL_JTAG,),
         }
 
-    def forward(self, h: Header, k: int, ctx: int) -> float:
-        """Seconds for one batched pass over k positions ending at context length ctx."""
-        macs = sum(macs_per_position(h, ctx - k + i + 1) for i in range(k))
+    def forward(self, h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None,
+                classifier: bool = True) -> float:
+        """Seconds for one batched pass over k positions ending at context length ctx, through layers
+        a..b-1 only when layers = (a, b) (all when None), plus the classifier when `classifier`; the
+        board holds just that slice, so its weights stream from PSRAM only when the slice outgrows SRAM."""
+        macs = sum(macs_per_position(h, ctx - k + i + 1, layers, classifier) for i in range(k))
         t = macs / self.board.mac_per_s.value
-        size = body_size(h)
+        size = weight_bytes(h, layers, classifier)
         if size > SRAM_BUDGET and self.board.weight_stream_bps.value > 0:
             t += size / self.board.weight_stream_bps.value
         return t

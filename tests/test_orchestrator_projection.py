@@ -7,7 +7,7 @@ import pytest
 
 from host.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, sources
 from host.orchestrator import Result, Round
-from host.projection import Projector, draft_body, line_bytes, macs_per_position
+from host.projection import Projector, draft_body, line_bytes, macs_per_position, weight_bytes
 from shared import messages as m
 from shared.codec import encode, encode_line
 from shared.modelfile import FLAG_SHARED_CLS, KIND_Q8, Header, body_size, tensor_layout
@@ -74,3 +74,23 @@ def test_every_constant_names_its_source_or_derivation():
         assert row["source"] in {"S3-DS", "ESP32-DS", "VIPER", "LLM", "ESPNOW", "ESPNOW-T", "USJ", "UART", "derived"}
         if row["source"] == "derived":
             assert len(row["note"]) > 40  # the derivation is spelled out
+
+
+@pytest.mark.parametrize("h", [TARGET, DRAFTER, Header(16, 3, 2, 1, 24, 40, 32)])
+def test_a_pass_splits_into_stages_that_add_up(h):
+    full = macs_per_position(h, 9)
+    cut = h.n_layers // 2
+    assert macs_per_position(h, 9, (0, cut), False) + macs_per_position(h, 9, (cut, h.n_layers)) == full
+    assert macs_per_position(h, 9, (0, 0), True) == h.vocab * h.dim  # the classifier alone
+    assert weight_bytes(h) == body_size(h)
+    assert weight_bytes(h, (0, cut), False) + weight_bytes(h, (cut, h.n_layers), True) >= body_size(h)
+    with pytest.raises(ValueError):
+        macs_per_position(h, 9, (0, h.n_layers + 1))
+
+
+def test_a_stage_pays_only_its_own_layers():
+    p = Projector(DRAFTER, DRAFTER, "esp32s3")  # in SRAM: time is MACs only
+    whole = p.forward(DRAFTER, 5, 20)
+    assert p.forward(DRAFTER, 5, 20, layers=(0, 1), classifier=False) + p.forward(
+        DRAFTER, 5, 20, layers=(1, 2), classifier=True) == pytest.approx(whole)
+    assert p.forward(DRAFTER, 5, 20, layers=(0, 2), classifier=False) < whole
