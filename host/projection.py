@@ -4,9 +4,11 @@ A run's trace (host/orchestrator.py `Round`s: gamma, accepted, committed, contex
 fully determines the work each board does and every byte on the bus, so the projection replays it in
 virtual time with the constants of host/hardware.py instead of sleeping:
 
-- a forward pass over k positions at context length L costs `k * MACs(L) / mac_per_s`, plus one read of
-  the weights from PSRAM when the model does not fit internal SRAM (the batched kernel reads each weight
-  row once for all k positions);
+- a forward pass over k positions at context length L costs what host/costmodel.py counts for it (the
+  matmuls by positions per weight load, every non-matmul step of the engine, the attention's reads of
+  the KV cache, the interpreted calls between kernels, and one read of the weights, and of the KV
+  cache, from PSRAM when the model does not fit internal SRAM), priced by host/calibration.py's
+  `Rates`: derived from host/hardware.py, or measured on a board (`--calibration FILE`);
 - drafting gamma tokens is gamma one-position passes, after one per token committed while the drafter
   was idle (plain rounds); its prefill of the prompt at BEGIN runs while the verifier prefills the same
   prompt in the first round, and a drafter position costs a fraction of a target's, so it adds no time;
@@ -23,25 +25,19 @@ labelled "projected" wherever they are shown.
 
 from __future__ import annotations
 
+from host.calibration import Rates
+from host.costmodel import SRAM_BUDGET, layer_span, pass_work, weight_bytes
 from host.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, Board, Link
 from host.orchestrator import Result, Round
-from shared.modelfile import FLAG_SHARED_CLS, Header, tensor_bytes, tensor_layout
+from shared.modelfile import Header
 
-SRAM_BUDGET = 256 * 1024  # model bytes an ESP32-S3 keeps in internal SRAM; larger ones live in PSRAM
+__all__ = ["SRAM_BUDGET", "Projector", "draft_body", "line_bytes", "macs_per_position", "weight_bytes"]
 FRAME_OVERHEAD = 11 + 2  # header + CRC (shared/codec.py), unsigned frames
 
 
 def line_bytes(payload: int) -> int:
     """Bytes on a stream link for one frame with `payload` bytes: ':' + base64 + newline."""
     return 2 + 4 * -(-(payload + FRAME_OVERHEAD) // 3)
-
-
-def layer_span(h: Header, layers: tuple[int, int] | None) -> tuple[int, int]:
-    """(a, b) of `layers` checked against the model, or every layer when None."""
-    a, b = (0, h.n_layers) if layers is None else layers
-    if not 0 <= a <= b <= h.n_layers:
-        raise ValueError("layers %r outside the model's %d layers" % (layers, h.n_layers))
-    return a, b
 
 
 def macs_per_position(h: Header, ctx: int, layers: tuple[int, int] | None = None, classifier: bool = True) -> int:
@@ -54,22 +50,6 @@ def macs_per_position(h: Header, ctx: int, layers: tuple[int, int] | None = None
     return (b - a) * per_layer + (h.vocab * h.dim if classifier else 0)
 
 
-def weight_bytes(h: Header, layers: tuple[int, int] | None = None, classifier: bool = True) -> int:
-    """Bytes of the tensors a pass over layers a..b-1 (and the classifier, with its final norm) reads:
-    what a board running that slice holds. The token embedding is counted with the first layer."""
-    a, b = layer_span(h, layers)
-    n = 0
-    for name, kind, rows, cols in tensor_layout(h):
-        if name.startswith("layers."):
-            use = a <= int(name.split(".")[1]) < b
-        elif name == "tok_emb":
-            use = a == 0 and b > 0 or classifier and bool(h.flags & FLAG_SHARED_CLS)
-        else:  # final_norm, cls
-            use = classifier
-        n += tensor_bytes(kind, rows, cols) if use else 0
-    return n
-
-
 def draft_body(gamma: int, q_ids: int) -> int:
     return 5 + 3 * gamma + 4 * q_ids
 
@@ -77,10 +57,12 @@ def draft_body(gamma: int, q_ids: int) -> int:
 class Projector:
     """Replays rounds on `board`-class boards over `transport` ("serial" or "espnow")."""
 
-    def __init__(self, target: Header, drafter: Header | None, board: str = "esp32s3", transport: str = "serial"):
+    def __init__(self, target: Header, drafter: Header | None, board: str = "esp32s3", transport: str = "serial",
+                 rates: Rates | None = None):
         if board not in BOARDS:
             raise ValueError("unknown board class %r (known: %s)" % (board, ", ".join(BOARDS)))
         self.board: Board = BOARDS[board]
+        self.rates = rates if rates is not None else Rates.derived(self.board)
         self.target = target
         self.drafter = drafter
         self.transport = transport
@@ -94,12 +76,12 @@ class Projector:
         """Seconds for one batched pass over k positions ending at context length ctx, through layers
         a..b-1 only when layers = (a, b) (all when None), plus the classifier when `classifier`; the
         board holds just that slice, so its weights stream from PSRAM only when the slice outgrows SRAM."""
-        macs = sum(macs_per_position(h, ctx - k + i + 1, layers, classifier) for i in range(k))
-        t = macs / self.board.mac_per_s.value
-        size = weight_bytes(h, layers, classifier)
-        if size > SRAM_BUDGET and self.board.weight_stream_bps.value > 0:
-            t += size / self.board.weight_stream_bps.value
-        return t
+        return sum(self.terms(h, k, ctx, layers, classifier).values())
+
+    def terms(self, h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None,
+              classifier: bool = True) -> dict[str, float]:
+        """forward()'s seconds by term (host/costmodel.py)."""
+        return self.rates.times(pass_work(h, k, ctx, layers, classifier))
 
     def call(self, role: str, request: int, reply: int) -> float:
         """Bus seconds of one request/reply exchange with the `role` board, payloads of these sizes."""
@@ -133,6 +115,7 @@ class Projector:
         bus = sum(self._round_bytes(r) for r in result.rounds)
         return {
             "hardware": "%s boards, %s" % (self.board.name, "+".join(link.name for link in self.links["verifier"])),
+            "rates": self.rates.source,
             "wall_s": t,
             "tokens_per_s": n / t if t else 0.0,
             "plain_wall_s": plain,
