@@ -129,6 +129,7 @@ def format_table(stats: dict) -> str:
     if proj:
         rows.append(("projected on %s: tokens / s" % proj["hardware"], proj["tokens_per_s"]))
         rows.append(("projected speed-up vs plain", proj["speedup_vs_plain"]))
+        rows.append(("projection rates", proj["rates"]))
     width = max(len(k) for k, _ in rows)
     lines = ["%-*s  %s" % (width, k, _fmt(v)) for k, v in rows]
     boards = stats.get("boards") or []
