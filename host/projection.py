@@ -105,7 +105,14 @@ class Projector:
 
     def plain_round(self, pos0: int) -> float:
         """Seconds of one round of plain decoding (one position, no drafter) at context length pos0."""
-        return self.forward(self.target, 1, pos0) + self.call("verifier", 5, 7) + self.call("verifier", 8, 0)
+        return sum(self.plain_terms(pos0).values())
+
+    def plain_terms(self, pos0: int) -> dict[str, float]:
+        """plain_round's seconds by term: the target's pass (host/costmodel.py) and `bus` (its request,
+        reply and commit)."""
+        terms = self.terms(self.target, 1, pos0)
+        terms["bus"] = self.call("verifier", 5, 7) + self.call("verifier", 8, 0)
+        return terms
 
     def project(self, result: Result, prompt_len: int) -> dict:
         """Projected wall time and tokens/s of the run, and of plain decoding of as many tokens."""
