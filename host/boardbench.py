@@ -174,7 +174,7 @@ def modeled() -> dict[str, cm.Work]:
     cm.attend(w, h, 1, CTX)
     out["silu"] = w = cm.Work()
     cm.silu(w, HIDDEN, 1)
-    out["argmax"] = cm.Work(embed_argmax=VOCAB * cm._loop("argmax", 0))
+    out["argmax"] = cm.Work(embed_argmax=VOCAB * cm.loop_insns("argmax", 0))
     return out
 
 

@@ -56,7 +56,7 @@ def weight_bytes(h: Header, layers: tuple[int, int] | None = None, classifier: b
     return n
 
 
-def _loop(kernel: str, i: int) -> float:
+def loop_insns(kernel: str, i: int) -> float:
     """Instructions of loop i of a kernel, its runtime calls included."""
     calls = XTENSA_LOOP_CALLS.get(kernel, [0] * len(XTENSA_LOOPS[kernel]))[i]
     return XTENSA_LOOPS[kernel][i] + calls * RUNTIME_CALL.value
@@ -76,7 +76,7 @@ class Work(dict):
 
 def matmul(w: Work, rows: int, cols: int, k: int) -> None:
     """A rows x cols matmul over k positions (kernels.matmul's loops: row, group, then per column)."""
-    own_row, own_group, one, five, some = (_loop("matmul", i) for i in range(5))
+    own_row, own_group, one, five, some = (loop_insns("matmul", i) for i in range(5))
     for g in _groups(k):
         per_col = one if g == 1 else five if g >= 4 else some
         w.add("matmul_1" if g == 1 else "matmul_5", rows * (cols * per_col + own_group))
@@ -85,42 +85,42 @@ def matmul(w: Work, rows: int, cols: int, k: int) -> None:
 
 def quant(w: Work, rows: int, n: int, term: str = "requant") -> None:
     """kernels.quant of `rows` rows of n values: per row, its largest |x|, its shift, its values."""
-    w.add(term, rows * (_loop("quant", 0) + n * (_loop("quant", 1) + _loop("quant", 3))
-                        + SHIFT_STEPS.value * _loop("quant", 2)))
+    w.add(term, rows * (loop_insns("quant", 0) + n * (loop_insns("quant", 1) + loop_insns("quant", 3))
+                        + SHIFT_STEPS.value * loop_insns("quant", 2)))
 
 
 def requant(w: Work, n: int, k: int, term: str = "requant") -> None:
-    w.add(term, k * (_loop("requant", 0) + n * _loop("requant", 1)))
+    w.add(term, k * (loop_insns("requant", 0) + n * loop_insns("requant", 1)))
 
 
 def rmsnorm(w: Work, dim: int, k: int) -> None:
     """Per row: set-up with two divisions, the shift loop, ~8 normalising steps, ~8 Newton steps."""
-    per_row = (_loop("rmsnorm", 0) + SHIFT_STEPS.value * (_loop("rmsnorm", 2) + _loop("rmsnorm", 4))
-               + 8 * _loop("rmsnorm", 6))
-    per_value = _loop("rmsnorm", 1) + _loop("rmsnorm", 3) + _loop("rmsnorm", 7)
+    shift, normalise = loop_insns("rmsnorm", 2), loop_insns("rmsnorm", 5)  # loop 4 zeroes a null row: rare
+    per_row = loop_insns("rmsnorm", 0) + SHIFT_STEPS.value * (shift + normalise) + 8 * loop_insns("rmsnorm", 6)
+    per_value = loop_insns("rmsnorm", 1) + loop_insns("rmsnorm", 3) + loop_insns("rmsnorm", 7)
     w.add("rmsnorm", k * (per_row + dim * per_value))
 
 
 def rope(w: Work, h: Header, heads: int, k: int) -> None:
     half = h.head_dim // 2
-    w.add("rope", k * (_loop("rope", 0) + half * (_loop("rope", 1) + heads * _loop("rope", 2))))
+    w.add("rope", k * (loop_insns("rope", 0) + half * (loop_insns("rope", 1) + heads * loop_insns("rope", 2))))
 
 
 def attend(w: Work, h: Header, k: int, ctx: int) -> None:
     """Query j (of k, the last at ctx) attends over ctx - k + j + 1 cached positions in every head."""
     hd = h.head_dim
-    per_head = (_loop("attend", 0) + SHIFT_STEPS.value * _loop("attend", 2)
-                + hd * (_loop("attend", 1) + _loop("attend", 3) + _loop("attend", 7) + _loop("attend", 10)))
-    per_score = _loop("attend", 4) + _loop("attend", 6) + _loop("attend", 8)
-    per_value = _loop("attend", 5) + _loop("attend", 9)  # q.k and p.v, per cached value
+    per_head = (loop_insns("attend", 0) + SHIFT_STEPS.value * loop_insns("attend", 2)
+                + hd * (loop_insns("attend", 1) + loop_insns("attend", 3) + loop_insns("attend", 7) + loop_insns("attend", 10)))
+    per_score = loop_insns("attend", 4) + loop_insns("attend", 6) + loop_insns("attend", 8)
+    per_value = loop_insns("attend", 5) + loop_insns("attend", 9)  # q.k and p.v, per cached value
     scores = sum(ctx - k + j + 1 for j in range(k)) * h.n_heads
     w.add("softmax", k * h.n_heads * per_head + scores * per_score)
     w.add("kv_reads", scores * hd * per_value)
 
 
 def silu(w: Work, hidden: int, k: int) -> None:
-    per_row = _loop("silu", 0) + SHIFT_STEPS.value * _loop("silu", 2)
-    w.add("silu", k * (per_row + hidden * (_loop("silu", 1) + _loop("silu", 3))))
+    per_row = loop_insns("silu", 0) + SHIFT_STEPS.value * loop_insns("silu", 2)
+    w.add("silu", k * (per_row + hidden * (loop_insns("silu", 1) + loop_insns("silu", 3))))
 
 
 def pass_work(h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None,
@@ -131,7 +131,7 @@ def pass_work(h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None
     d, qd, kvd, hid = h.dim, h.n_heads * h.head_dim, h.kv_dim, h.hidden
     w = Work()
     if a == 0 and b > 0:
-        w.add("embed_argmax", k * d * _loop("embed", 0))
+        w.add("embed_argmax", k * d * loop_insns("embed", 0))
         w.add("engine", k)
     for _ in range(a, b):
         rmsnorm(w, d, k)
@@ -167,7 +167,7 @@ def pass_work(h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None
             n = min(block, h.vocab - r0)
             matmul(w, n, d, k)
             requant(w, n, k)
-        w.add("embed_argmax", k * h.vocab * _loop("argmax", 0))
+        w.add("embed_argmax", k * h.vocab * loop_insns("argmax", 0))
         w.add("engine", 2 + 2 * blocks + k)  # rmsnorm, quant, (matmul, requant) per block, argmax per row
     size = weight_bytes(h, layers, classifier)
     if size > SRAM_BUDGET:  # the board holds this slice in PSRAM, its KV cache too

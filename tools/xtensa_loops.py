@@ -1,4 +1,4 @@
-"""Instructions per inner loop of the firmware's viper kernels, as an ESP32 / ESP32-S3 runs them.
+"""Instructions per loop of the firmware's viper kernels, as an ESP32 / ESP32-S3 runs them.
 
     python -m tools.xtensa_loops [--kernels firmware/kernels.py] [--json]
 
