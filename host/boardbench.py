@@ -22,6 +22,7 @@ from shared.modelfile import HEADER_SIZE, Header, parse_header
 
 # The target's shapes (stories260K): what the calibrated rates are measured on.
 DIM, HIDDEN, HEADS, KV_HEADS, HD, CTX, VOCAB = 64, 172, 8, 4, 8, 40, 512
+EXEC_TIMEOUT_S = 120  # longest silence from the board while the script runs
 STREAM_BYTES = 256 * 1024  # larger than any data cache: every 32-byte line is a miss on a board
 
 BOARD_SCRIPT = """
@@ -30,7 +31,7 @@ from array import array
 from time import ticks_us, ticks_diff
 import kernels
 from shared import intmath
-from shared.modelfile import HEADER_SIZE, parse_header
+from shared.modelfile import HEADER_SIZE
 
 def best(fn, *a):
     # microseconds per call: the fastest of %(reps)d timings of n calls, n doubled until one takes 2 ms
@@ -202,16 +203,17 @@ def rates(measured: dict) -> tuple[dict[str, float], dict]:
         if isinstance(token, list):  # [microseconds, header bytes]: the header becomes its summary
             heads[name] = h = parse_header(bytes(token[1][:HEADER_SIZE]))
             token[1] = "%d layers x %d dim, vocab %d" % (h.n_layers, h.dim, h.vocab)
+    fitted = "target" if "target" in heads else "drafter"
     if heads:  # the interpreted calls between kernels: what a whole token leaves over
-        name = "target" if "target" in heads else "drafter"
-        w = cm.pass_work(heads[name], 1, 33)
-        rest = measured[name][0] * 1e-6 - sum(v * s[t] for t, v in w.items() if t != "engine")
-        s["engine"] = max(rest, 0.0) / w["engine"]
-        check["interpreted calls between kernels, share of the %s token" % name] = w["engine"] * s["engine"] / (measured[name][0] * 1e-6)
+        token_s = measured[fitted][0] * 1e-6
+        w = cm.pass_work(heads[fitted], 1, 33)
+        s["engine"] = max(token_s - sum(v * s[t] for t, v in w.items() if t != "engine"), 0.0) / w["engine"]
+        check["interpreted calls between kernels, share of the %s token" % fitted] = (
+            w["engine"] * s["engine"] / token_s)
     # passes the rates were not fitted to: measured next to projected
     for label, name, k, ctx in (("drafter token", "drafter", 1, 33), ("target verify of 5", "target", 5, 37)):
         us = measured.get("target_verify5" if k == 5 else name)
-        if name in heads and us is not None:
+        if name in heads and us is not None and (k, name) != (1, fitted):
             us = us if k == 5 else us[0]
             w = cm.pass_work(heads[name], k, ctx)
             check[label] = {"measured_us": us, "projected_us": 1e6 * sum(v * s[t] for t, v in w.items())}
@@ -228,11 +230,17 @@ def bench(port: str, out: str, reps: int = 7) -> dict:
         if not transport.fs_exists("kernels.mpy") and not transport.fs_exists("kernels.py"):
             raise FlashError("%s has no specmesh node: flash it first (specmesh flash --port %s --role verifier)"
                              % (port, port))
-        try:
-            raw = transport.exec(script(reps)).decode()
+        try:  # a real board takes seconds per model (loading, 32 tokens of prefix): a generous silence limit
+            raw, err = transport.exec_raw(script(reps), timeout=EXEC_TIMEOUT_S)
         except TransportError as e:
-            raise FlashError("the benchmark failed on the board: %s" % str(e).strip().splitlines()[-1]) from None
-        measured = json.loads(raw.strip().splitlines()[-1])
+            raise FlashError("lost the board during the benchmark: %s" % e) from None
+        lines = (err or raw).decode(errors="replace").strip().splitlines()
+        if err or not lines:
+            raise FlashError("the benchmark failed on the board: %s" % (lines[-1] if lines else "no output"))
+        try:
+            measured = json.loads(lines[-1])
+        except ValueError:
+            raise FlashError("the board's answer is not the benchmark's JSON: %s" % lines[-1][:80]) from None
     finally:
         with contextlib.suppress(Exception):
             transport.exit_raw_repl()
