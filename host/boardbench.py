@@ -107,7 +107,7 @@ logits = arr('i', V, 1 << 20, 1 << 19)
 out['argmax'] = best(kernels.argmax, logits, array('i', [0, V]))
 del w, x, p, src, dst, kv, logits
 gc.collect()
-n = min(%(stream)d, gc.mem_free() // 2) // 32 * 32
+n = min(%(stream)d, gc.mem_free() // 4) // 32 * 32  # a quarter: the free heap is fragmented
 big = bytearray(n)
 out['stream'] = [n, best(stride_read, big, n)]
 del big
