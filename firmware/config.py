@@ -9,8 +9,9 @@ the virtual board's directory in emulation). Keys, all optional:
     link      "stdio" (USB-serial REPL console, default) | "uart" | "espnow" | "gateway"
               ("gateway": stdio to the host, and ESP-NOW to the peers for frames addressed to them)
     uart      {"id", "baudrate", "tx", "rx"} for the "uart" link
-    espnow    {"peers": {"<node id>": "aa:bb:cc:dd:ee:ff"}, "mtu": 250, "channel": 1}; a node behind a
-              gateway lists the gateway's MAC under "0" (the host), since its replies go there
+    espnow    {"peers": {"<node id>": "aa:bb:cc:dd:ee:ff"}, "mtu": 250, "channel": 1, "plain": ["<node id>"]};
+              a node behind a gateway lists the gateway's MAC under "0" (the host), since its replies go
+              there; with a key, peers are encrypted except those in "plain" (firmware/links.py)
     spec_ahead  int: tokens a drafter may draft ahead while a verdict is pending (0: off)
     kmax      int: most positions a verifier computes in one pass (drafts + 1; default 33)
     n_ctx     int: context (and KV cache) cap below the model's max_seq, to fit a small heap (0: none)
