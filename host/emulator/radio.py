@@ -46,6 +46,7 @@ class RadioStats:
     corrupted: int = 0
     oversize: int = 0
     unknown_dst: int = 0
+    encrypted: int = 0  # packets sent to an encrypted peer
     by_board: dict[str, int] = field(default_factory=dict)
 
 
@@ -119,6 +120,7 @@ class RadioHub:
         if src is None:
             return
         self.stats.sent += 1
+        self.stats.encrypted += mode == ENCRYPTED
         name = mac_str(src)
         self.stats.by_board[name] = self.stats.by_board.get(name, 0) + 1
         if len(msg) > self.config.mtu:
