@@ -179,8 +179,8 @@ def print_table(rows: list[dict]) -> None:
         print("%-23s %4.1f %6d %4s %4s %7d %7d %9d %8s %7.2fx %6s" % (
             r["profile"], r["temperature"], r["tokens"], lost, dup, r["retransmits"],
             r["resyncs"], len(r["failovers"]), recovery, r["overhead"], equal))
-    print("recovery: from the board event to the end of the next round (a fault-free round took %s)"
-          % ", ".join(sorted({"%.2f s" % r["round_s"] for r in rows})))
+    print("recovery: from a board's reboot (its Ctrl-D) to the end of the next round; a fault-free round took"
+          " %.1f-%.1f ms" % (1000 * min(r["round_s"] for r in rows), 1000 * max(r["round_s"] for r in rows)))
     if any(not r["expect_equal"] for r in rows):
         print("other: a sampled stream that went on with plain rounds after its drafter failed is another sample of"
               " the target's distribution (plain and speculative rounds draw differently), not the same text")

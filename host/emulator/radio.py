@@ -47,6 +47,7 @@ class RadioStats:
     oversize: int = 0
     unknown_dst: int = 0
     encrypted: int = 0  # packets sent to an encrypted peer
+    payload_bytes: int = 0  # ESP-NOW payload bytes sent (what counts against MAX_DATA_LEN)
     by_board: dict[str, int] = field(default_factory=dict)
 
 
@@ -121,6 +122,7 @@ class RadioHub:
             return
         self.stats.sent += 1
         self.stats.encrypted += mode == ENCRYPTED
+        self.stats.payload_bytes += len(msg)
         name = mac_str(src)
         self.stats.by_board[name] = self.stats.by_board.get(name, 0) + 1
         if len(msg) > self.config.mtu:
