@@ -199,7 +199,9 @@ class EspNowLink:
             mac = peers[nid]
             if auth is None or nid in plain:
                 self._add(mac, None)
-            elif not self._add(mac, auth.derive(b"specmesh lmk" + min(me, mac) + max(me, mac))) and self._add(mac, None):
+                continue
+            lmk = auth.derive(b"specmesh lmk" + min(me, mac) + max(me, mac))
+            if not self._add(mac, lmk) and self._add(mac, None):
                 print("specmesh: ESP-NOW peer %d unencrypted (no room for another encrypted peer)" % nid)
         self._add(self.BROADCAST_MAC, None)
         self._dec = _RawDatagrams(stale_after=64)

@@ -1,13 +1,13 @@
 """`specmesh chaos`: generations on virtual boards under named fault profiles, against the fault-free text.
 
-Each profile runs a greedy and a seeded sampled generation on a fresh pair of virtual boards with
-faults on every link (host/faults.py; the radio's own for ESP-NOW) and, where the profile says, a board
-killed or rebooted at a chosen round, and, for the `signed-` profiles, a deployment key on every board
-(frames signed, ESP-NOW peers encrypted; docs/security.md). The reference is the same generation without faults on the CPU
-back-ends (the boards' arithmetic and PRNG are the CPU back-ends', so the texts must be equal). The
-table gives: tokens produced, tokens lost and duplicated against the reference (both 0 when the text
-is equal), retransmissions, re-synchronisations and fail-overs (the recoveries), the time from a reboot
-to the end of the next round (recovery), and the time against a fault-free run on the same kind of
+Each profile runs a greedy and a seeded sampled generation on a fresh pair of virtual boards with faults
+on every link (host/faults.py; the radio's own for ESP-NOW) and, where the profile says, a board killed
+or rebooted at a chosen round, and, for the `signed-` profiles, a deployment key on every board (frames
+signed, ESP-NOW peers encrypted; docs/security.md). The reference is the same generation without faults
+on the CPU back-ends (the boards' arithmetic and PRNG are the CPU back-ends', so the texts must be
+equal). The table gives: tokens produced, tokens lost and duplicated against the reference (both 0 when
+the text is equal), retransmissions, re-synchronisations and fail-overs (the recoveries), the time from a
+reboot to the end of the next round (recovery), and the time against a fault-free run on the same kind of
 boards (signed when the profile is).
 """
 

@@ -1,11 +1,12 @@
 """The virtual ESP-NOW radio: a UDP hub on loopback that boards' `espnow` stand-ins talk through.
 
-Each board registers its MAC; a sent packet is delivered to the board with the destination MAC
-(or to every other board for ff:ff:ff:ff:ff:ff), subject to seeded loss, duplication, corruption,
-delay and reordering. An encrypted packet carries its sender's key material to the receiving stand-in,
-which decides whether it decrypts there (host/emulator/mpy/espnow.py); broadcasts are marked as such. A sync send is answered at once with whether the packet will be delivered (the real
-radio's MAC-layer ack). Packets longer than the MTU are dropped (the stand-in refuses to send them).
-Wire format: see host/emulator/mpy/espnow.py.
+Each board registers its MAC; a sent packet is delivered to the board with the destination MAC (or to
+every other board for ff:ff:ff:ff:ff:ff), subject to seeded loss, duplication, corruption, delay and
+reordering. An encrypted packet carries its sender's key material to the receiving stand-in, which
+decides whether it decrypts there (host/emulator/mpy/espnow.py); broadcasts are marked as such. A sync
+send is answered at once with whether the packet will be delivered (the real radio's MAC-layer ack, which
+does not say whether the packet decrypted). Packets longer than the MTU are dropped (the stand-in refuses
+to send them). Wire format: see host/emulator/mpy/espnow.py.
 """
 
 from __future__ import annotations
