@@ -15,6 +15,11 @@ broadcasts from the host link are also handed to the radio.
 
 CONFIGURE replies from the id it was addressed to, then takes the new id, role and model, and
 saves them in the board config. RESET replies ACK and ends `run()`, back to the REPL.
+
+Signing counters: a keyed node keeps its counter in RAM and reserves blocks of counters in the board
+config ("ctr": the first counter a later boot may use), one flash write per boot and per block; a
+rebooted node therefore signs above every counter it ever used, and a host that saw its earlier frames
+takes its new ones while still refusing recordings of the old (docs/security.md).
 """
 
 import gc
@@ -45,6 +50,7 @@ _MIN_CTX = const(64)  # the shortest context it halves to
 SMALL_HEAP = 1 << 20  # below this heap size (no PSRAM) the node collects garbage after every request
 REPLY_CACHE = 4  # replies kept for retransmitted requests (a host may have a few requests in flight)
 POLL_MS = 1000  # longest a single-link node blocks in one poll (nothing depends on it waking)
+_CTR_BLOCK = const(4096)  # signing counters reserved per flash write
 
 ROLE_NAMES = ("idle", "drafter", "verifier", "stage")
 STAT_KEYS = ("requests", "dup_replies", "errors", "bad_frames", "stray", "forwarded", "drafted", "ahead", "draft_hits",
@@ -81,7 +87,7 @@ class Node:
         self.config_path = config_path
         self.links = links
         self.node_id = cfg["node_id"]
-        self.auth = codec.Auth(bytes.fromhex(cfg["key"])) if cfg.get("key") else None
+        self.auth = codec.Auth(bytes.fromhex(cfg["key"]), 24, cfg.get("ctr", 0)) if cfg.get("key") else None
         self.stats = {}
         for k in STAT_KEYS:
             self.stats[k] = 0
@@ -98,6 +104,8 @@ class Node:
         self._small_heap = gc.mem_free() + gc.mem_alloc() < SMALL_HEAP
         if load_error:
             _say(load_error)
+        if self.auth is not None:
+            self._reserve()
         if cfg["role"] != "idle":
             try:
                 self._load(ROLE_NAMES.index(cfg["role"]), cfg["model"])
@@ -122,7 +130,9 @@ class Node:
                     raw = link.recv(POLL_MS if single and not work else 0)
                     if raw is not None:
                         busy = True
-                        self.on_frame(raw, link)
+                        self.on_frame(raw, link)  # signs at most one frame
+                        if self.auth is not None and self.auth.counter + 4 > self.cfg["ctr"]:
+                            self._reserve()
                 except MemoryError:  # a frame too large for the heap left: drop it, keep serving
                     self.stats["bad_frames"] += 1
                     gc.collect()
@@ -135,6 +145,15 @@ class Node:
             work = self._idle_step()
             if not work and not single:
                 time.sleep_ms(1)
+
+    def _reserve(self):
+        """Reserve the next block of signing counters in the board config (a later boot starts above it)."""
+        cfg = self.cfg
+        cfg["ctr"] = self.auth.counter + _CTR_BLOCK
+        try:
+            config.save(cfg, self.config_path)
+        except (OSError, MemoryError, config.ConfigError) as e:
+            _say("signing counters not saved (%s): after a reboot the host refuses this node until a new run" % e)
 
     def _idle_step(self):
         """Background work of the role (pipelined drafting); paused after a MemoryError until the next request."""

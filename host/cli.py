@@ -62,6 +62,32 @@ def _flash(args) -> int:
     return 0
 
 
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="measure the projection's cost terms on a flashed board; write a calibration")
+    p.add_argument("--port", default="auto", help="serial port of the board, or `auto` (default) to find it")
+    p.add_argument("--out", default="calibration.json",
+                   help="calibration file to write (default: calibration.json), for run --calibration")
+    p.set_defaults(func=_bench)
+
+
+def _bench(args) -> int:
+    from host.boardbench import bench, report
+    from host.flash import FlashError
+    from host.ports import PortError, resolve_port
+
+    try:
+        port = resolve_port(args.port)
+        result = bench(port, args.out)
+    except (FlashError, PortError) as e:
+        print(f"specmesh bench: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"specmesh bench: cannot write {args.out}: {e.strerror}", file=sys.stderr)
+        return 1
+    print("\n".join(report(result, args.out)))
+    return 0
+
+
 def _add_chaos(sub) -> None:
     from host.chaos import PROFILES
 
@@ -224,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
     _add_flash(sub)
+    _add_bench(sub)
     _add_keygen(sub)
     _add_emulate(sub)
     _add_chaos(sub)

@@ -131,6 +131,7 @@ def format_table(stats: dict) -> str:
             rows.append(("projected on %s: tokens / s" % p["hardware"], p["tokens_per_s"]))
             if "speedup_vs_plain" in p:
                 rows.append(("projected speed-up vs plain", p["speedup_vs_plain"]))
+                rows.append(("projection rates", p["rates"]))
             else:
                 rows.append(("  vs plain on the pipeline (%s)" % link, p["speedup_vs_pipeline_plain"]))
                 rows.append(("  vs plain on one esp32s3 board", p["speedup_vs_single_board_plain"]))

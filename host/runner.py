@@ -70,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--project", metavar="BOARD", choices=("esp32s3",),
                    help="also project the run onto real boards of this class (host/hardware.py); "
                         "gamma is then chosen for that hardware")
+    p.add_argument("--calibration", metavar="FILE", type=Path,
+                   help="with --project: price the projection with a board's measurements (specmesh bench "
+                        "--port PORT --out FILE) instead of the derived figures")
     p.add_argument("--key-file", metavar="F", type=Path,
                    help="sign and check every frame with this deployment key (boards flashed with the same "
                         "--key-file; virtual boards get it at flashing)")
@@ -113,6 +116,17 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError("--stages must be in 0..255")
     if not (0.0 <= a.radio_loss < 1.0 and 0.0 <= a.radio_dup < 1.0):
         raise UsageError("--radio-loss and --radio-dup must be in [0, 1)")
+    if a.calibration is not None and not a.project:
+        raise UsageError("--calibration prices a projection: add --project esp32s3")
+    a.rates = None
+    if a.calibration is not None:
+        from host.calibration import CalibrationError, Rates  # noqa: PLC0415
+        from host.hardware import BOARDS  # noqa: PLC0415
+
+        try:
+            a.rates = Rates.load(a.calibration, BOARDS[a.project])
+        except CalibrationError as e:
+            raise UsageError(str(e)) from None
     a.key = None
     if a.key_file is not None:
         from host.keys import KeyFileError, load_key  # noqa: PLC0415
@@ -268,7 +282,8 @@ def run(a: argparse.Namespace, out=None) -> dict:
         elif a.project or deterministic:
             from host.projection import Projector  # noqa: PLC0415
 
-            cost_model = Projector(heads["verifier"], heads["drafter"], a.project or "esp32s3", a.transport)
+            cost_model = Projector(heads["verifier"], heads["drafter"], a.project or "esp32s3", a.transport,
+                                   a.rates)
             projector = cost_model if a.project else None
         controller = GammaController(max_gamma=min(8, MAX_GAMMA), fixed=fixed)
         stream = None
