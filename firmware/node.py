@@ -43,8 +43,8 @@ HOST = 0
 # virtual classic ESP32 drafter had 16 KB less by its first reply (link buffers, decoders, interned
 # names) and needs about 12 KB more to serve DRAFT_REQ and STATS
 _RESERVE = const(28672)
-# a stage (its rule's tables preallocated, frames of a few hundred bytes) serves in less: 20 KB stayed free
-# on a virtual classic ESP32 last stage through sampled STAGE requests from 26 KB at load
+# a stage (its rule's tables preallocated, frames of a few hundred bytes) serves in less: a last stage with
+# 19 KB free at load kept 16 KB free through sampled STAGE requests (docs/pipeline.md)
 _STAGE_RESERVE = const(16384)
 _MIN_CTX = const(64)  # the shortest context it halves to
 SMALL_HEAP = 1 << 20  # below this heap size (no PSRAM) the node collects garbage after every request
