@@ -53,6 +53,8 @@ def test_greedy_pipeline_equals_plain_decoding_on_one_verifier(mesh, prompt):
     assert spec.tokens == want and spec.accepted > 0
     judged = [r.judged for r in pipe.trace[-len(spec.rounds):]]
     assert max(judged) == 5 and all(1 <= j <= 5 for j in judged)  # gamma + 1, fewer after an early rejection
+    # the host's trace counts what each stage's firmware counted
+    assert pipe.trace_summary()["positions"] == [s.stats()["positions"] for s in pipe.stages]
 
 
 @pytest.mark.parametrize("seed", [3, 11])
