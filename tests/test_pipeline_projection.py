@@ -78,3 +78,38 @@ def test_a_shipped_pair_run_projects_pipeline_plain_single_board_and_speculative
         # the single board holds the whole target: the same plain tokens as the esp32s3 Projector
         assert p["single_board_plain_tokens_per_s"] == pytest.approx(
             n / sum(Projector(heads[0], None, "esp32s3").plain_round(len(prompt) + i) for i in range(n)))
+
+
+def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(heads):
+    """build_stats with a pipeline verifier (its stage boards stubbed): the keys scripts read."""
+    import argparse
+
+    from host.output import format_table
+    from host.pipeline import PipelineVerifier, RoundTrace
+    from host.pipeline_projection import LinksReport
+    from host.runner import build_stats
+
+    class Stage:
+        name, max_seq, bus_bytes = "stub", 128, 0
+
+        def stats(self):
+            return {"compute_s": 0.5, "heap_free": 20_000, "positions": 7, "passes": 7}
+
+    tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
+    prompt = tok.encode("Once upon a time")
+    r = generate(prompt, LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm"),
+                 SessionParams(), 16, GammaController(fixed=3))
+    layers = split_layers(5, 5)
+    pipe = PipelineVerifier([Stage() for _ in layers], layers)
+    pipe.trace.append(RoundTrace(7, 4, [7] * 5, [100] * 5, [7] * 5))
+    a = argparse.Namespace(seed=0)
+    stats = build_stats(a, SessionParams(), r, "x", pipe, None, GammaController(fixed=3), len(prompt),
+                        LinksReport(heads[0], heads[1], layers))
+    p = stats["projection"]
+    assert set(p["links"]) == {"espnow", "uart-921600"} and p["hardware"] == p["links"]["uart-921600"]["hardware"]
+    for v in p["links"].values():
+        assert v["speedup_vs_pipeline_plain"] > 0 and v["speedup_vs_single_board_plain"] > 0
+    assert stats["pipeline"]["positions"] == [7] * 5 and stats["pipeline"]["layers"][4] == "4:5"
+    assert [b["positions"] for b in stats["boards"]] == [7] * 5
+    table = format_table(stats)
+    assert table.count("vs plain on the pipeline") == 2
