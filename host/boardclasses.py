@@ -49,8 +49,9 @@ ESP32S3 = BoardClass(
 )
 
 BOARD_CLASSES: dict[str, BoardClass] = {c.name: c for c in (ESP32, ESP32S3)}
-# the class of a role's board in a default cluster: the drafter fits a classic ESP32, the target needs PSRAM
-ROLE_CLASS = {"drafter": ESP32.name, "verifier": ESP32S3.name}
+# the class of a role's board in a default cluster: the drafter fits a classic ESP32, the whole target
+# needs PSRAM, and a pipeline stage holds a slice of the target in a classic ESP32 (docs/pipeline.md)
+ROLE_CLASS = {"drafter": ESP32.name, "verifier": ESP32S3.name, "stage": ESP32.name}
 
 
 def board_class(name: str) -> BoardClass:

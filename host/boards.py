@@ -21,7 +21,7 @@ from host.backends import BackendError, Draft, SessionParams
 from host.proxy import Call, NodeError, Proxy, ProxyError
 from shared import messages as m
 
-ROLE_NAMES = {m.ROLE_DRAFTER: "drafter", m.ROLE_VERIFIER: "verifier"}
+ROLE_NAMES = {m.ROLE_DRAFTER: "drafter", m.ROLE_VERIFIER: "verifier", m.ROLE_STAGE: "stage"}
 
 
 class _Restarted(Exception):

@@ -22,6 +22,11 @@ Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `
     PING        payload echoed as is
     ERROR       pack_error(code, message) / unpack_error -> (code, message)
     ACK, RESET  empty payload; unpack_empty checks it is empty
+    STAGE       request: pack_stage(pos, n, flags, entries, data) / unpack_stage -> (pos, n, flags, entries,
+                data); reply: pack_stage_reply(pos, n, flags, data) / unpack_stage_reply -> (pos, n, flags,
+                data). flags: STAGE_ACT (data: n rows of the residual stream, int32 little-endian, else n
+                u16 tokens), STAGE_HEAD (the last stage answers n i16 results: -1 for an accepted draft,
+                else the token drawn there; entries: the drafts of the first positions). docs/pipeline.md
 
 `unpack(mtype, reply, payload)` dispatches on the type and direction (tuple, or () for empty bodies).
 """
@@ -44,13 +49,18 @@ PING = 0x0B
 ERROR = 0x0C
 ACK = 0x0D
 RESET = 0x0E
+STAGE = 0x0F
+
+STAGE_ACT = 1  # STAGE data: activations (n rows of dim int32), else tokens (n u16)
+STAGE_HEAD = 2  # request: the last stage judges its positions; reply: data is n i16 results
 
 NAMES = ("", "HELLO", "CONFIGURE", "BEGIN", "DRAFT_REQ", "DRAFT", "VERIFY_REQ", "VERDICT", "COMMIT",
-         "ROLLBACK", "STATS", "PING", "ERROR", "ACK", "RESET")
+         "ROLLBACK", "STATS", "PING", "ERROR", "ACK", "RESET", "STAGE")
 
 ROLE_IDLE = 0
 ROLE_DRAFTER = 1
 ROLE_VERIFIER = 2
+ROLE_STAGE = 3
 
 CAP_VIPER = 1
 CAP_ULAB = 2
@@ -60,7 +70,7 @@ HOST = 0  # the host's node id; boards are 1..254, codec.BROADCAST is 255
 
 # what each request is answered with (ERROR instead when it fails), by request type
 REPLY_TYPE = {HELLO: HELLO, CONFIGURE: ACK, BEGIN: ACK, DRAFT_REQ: DRAFT, VERIFY_REQ: VERDICT, COMMIT: ACK,
-              ROLLBACK: ACK, STATS: STATS, PING: PING, RESET: ACK}
+              ROLLBACK: ACK, STATS: STATS, PING: PING, RESET: ACK, STAGE: STAGE}
 
 # ERROR reply codes
 E_MESSAGE = 1  # malformed payload, or a message that is not a request
@@ -224,11 +234,18 @@ def draft_size(entries):
 
 def pack_draft(pos0, entries):
     """DRAFT / VERIFY_REQ body: pos0 and a list of (token, ids, weights) with weights 1..65536."""
+    buf = bytearray(draft_size(entries))
+    struct.pack_into("<I", buf, 0, pos0)
+    _put_entries(buf, 4, entries)
+    return bytes(buf)
+
+
+def _put_entries(buf, off, entries):
+    """Write m u8 and the m draft entries at off."""
     if len(entries) > 255:
         raise ValueError("at most 255 drafts per message")
-    buf = bytearray(draft_size(entries))
-    struct.pack_into("<IB", buf, 0, pos0, len(entries))
-    off = 5
+    buf[off] = len(entries)
+    off += 1
     for token, ids, weights in entries:
         k = len(ids)
         if k < 1 or k > 255 or len(weights) != k:
@@ -240,21 +257,55 @@ def pack_draft(pos0, entries):
             flat.append(weights[j] - 1)
         struct.pack_into("<%dH" % (2 * k), buf, off + 3, *flat)
         off += 3 + 4 * k
-    return bytes(buf)
 
 
 def unpack_draft(payload):
     r = _Reader(payload)
-    pos0, n = r.take("<IB", 5)
+    pos0 = r.u32()
+    entries = _entries(r)
+    r.end()
+    return pos0, entries
+
+
+def _entries(r):
+    """m u8 and m draft entries (token, ids, weights) from the reader."""
     entries = []
-    for _ in range(n):
+    for _ in range(r.u8()):
         token, k = r.take("<HB", 3)
         if k == 0:
             raise BadFrame("draft entry with an empty q-hat table")
         pairs = r.u16s(2 * k)
         entries.append((token, pairs[0::2], [w + 1 for w in pairs[1::2]]))
-    r.end()
-    return pos0, entries
+    return entries
+
+
+def pack_stage(pos, n, flags, entries, data):
+    """STAGE request: positions pos..pos+n-1; the drafts (token, ids, weights) of the first len(entries)
+    positions (only with STAGE_HEAD); data: tokens or activations as flags say (the node checks its size)."""
+    buf = bytearray(draft_size(entries) + 2 + len(data))
+    struct.pack_into("<IBB", buf, 0, pos, n, flags)
+    _put_entries(buf, 6, entries)
+    buf[len(buf) - len(data):] = data
+    return bytes(buf)
+
+
+def unpack_stage(payload):
+    r = _Reader(payload)
+    pos, n, flags = r.take("<IBB", 6)
+    entries = _entries(r)
+    if len(entries) > n:
+        raise BadFrame("%d drafts for %d positions" % (len(entries), n))
+    return pos, n, flags, entries, memoryview(payload)[r.off:]
+
+
+def pack_stage_reply(pos, n, flags, data):
+    return struct.pack("<IBB", pos, n, flags) + bytes(data)
+
+
+def unpack_stage_reply(payload):
+    r = _Reader(payload)
+    pos, n, flags = r.take("<IBB", 6)
+    return pos, n, flags, memoryview(payload)[6:]
 
 
 def pack_verdict(pos0, n_accepted, token):
@@ -369,6 +420,7 @@ _UNPACK = {
     ERROR: (None, unpack_error),
     ACK: (None, unpack_empty),
     RESET: (unpack_empty, None),
+    STAGE: (unpack_stage, unpack_stage_reply),
 }
 
 

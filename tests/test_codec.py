@@ -51,7 +51,7 @@ def _with_crc(body):
 def test_decode_rejects_version_and_type():
     with pytest.raises(codec.BadVersion):
         codec.decode(_with_crc(struct.pack("<BBBBBHHH", 2, m.PING, 0, 0, 0, 0, 0, 0)))
-    for t in (0, 0x0F, 0xFF):
+    for t in (0, 0x10, 0xFF):
         with pytest.raises(codec.BadType):
             codec.decode(_with_crc(struct.pack("<BBBBBHHH", 1, t, 0, 0, 0, 0, 0, 0)))
 

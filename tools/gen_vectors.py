@@ -228,7 +228,7 @@ def codec_cases() -> list[dict]:
     bad_crc[12] ^= 0x40
     hdr = struct.pack("<BBBBBHHH", 2, m.PING, 0, 1, 2, 3, 4, 0)
     frames = [good.hex(), good[:-1].hex(), (good + b"\x00").hex(), bytes(bad_crc).hex(), "", "01",
-              _crc_fixed(hdr), _crc_fixed(struct.pack("<BBBBBHHH", 1, 0x0F, 0, 1, 2, 3, 4, 0)),
+              _crc_fixed(hdr), _crc_fixed(struct.pack("<BBBBBHHH", 1, codec.MAX_TYPE + 1, 0, 1, 2, 3, 4, 0)),
               _crc_fixed(struct.pack("<BBBBBHHH", 1, 0, 0, 1, 2, 3, 4, 0)),
               _crc_fixed(struct.pack("<BBBBBHHH", 1, m.PING, 0, 1, 2, 3, 4, 9) + b"abc"),
               signed[0].hex()]
