@@ -29,7 +29,6 @@ from shared import messages as m
 
 import config
 import roles
-from links import DST
 from roles import E_INTERNAL, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, Refused
 
 FW_VERSION = "specmesh-node 0.1"
@@ -149,8 +148,8 @@ class Node:
 
     def on_frame(self, raw, link):
         """Route or handle one binary frame that arrived on `link`."""
-        if len(raw) > DST:
-            dst = raw[DST]
+        dst = codec.dst_of(raw)  # None: for this node, from the peer at the link's other end
+        if dst is not None:
             if dst != self.node_id and dst != codec.BROADCAST:
                 self._forward(raw, dst, link)
                 return
@@ -159,14 +158,13 @@ class Node:
                 self.stats["forwarded"] += 1
         try:
             f = codec.decode(raw, self.auth)
-        except (codec.BadType, codec.BadVersion) as e:
+        except codec.BadType as e:
             self.stats["bad_frames"] += 1
             self._refuse_header(raw, link, str(e))
             return
         except codec.Replay:  # an authentic request seen before: a retransmission gets its cached reply
-            _v, t, _fl, src, _d, seq, session, n = struct.unpack_from(codec.HEADER_FMT, raw, 0)
-            h = codec.HEADER_SIZE
-            if self._resend(src, seq, t, session, bytes(raw[h:h + n]), link):
+            t, fl, src, _d, seq, session, a, b = codec.header(raw)
+            if self._resend(src, seq, t, session, bytes(raw[a:b]), link):
                 return
             # a used counter: refused; one older than the whole window gets a signed ERROR 7 whose message
             # is the newest counter seen, so a restarted host signs above it (a replay earns only that number;
@@ -175,14 +173,14 @@ class Node:
             st["bad_frames"] += 1
             st[STAT_KEYS[_REPLAYED]] += 1
             top = self.auth._seen[src][0]
-            if struct.unpack_from("<I", raw, len(raw) - codec.CRC_SIZE - codec.SIG_SIZE)[0] + self.auth.window < top:
-                link.send(codec.encode(m.ERROR, m.pack_error(7, str(top)), self.node_id, src, seq, session, True,
-                                       self.auth))
+            if struct.unpack_from("<I", raw, b)[0] + self.auth.window < top:
+                me = self.node_id if fl & codec.FLAG_ADDR else None
+                link.send(codec.encode(m.ERROR, m.pack_error(7, str(top)), me, src, seq, 0, True, self.auth))
             return
         except codec.BadAuth:  # unsigned where a key is set, or a tag that fails: forged, or another key
             st = self.stats
             st["bad_frames"] += 1
-            st[STAT_KEYS[_BAD_TAG if raw[2] & codec.FLAG_SIGNED else _UNSIGNED]] += 1
+            st[STAT_KEYS[_BAD_TAG if raw[0] & codec.FLAG_SIGNED else _UNSIGNED]] += 1
             return
         except codec.CodecError:
             self.stats["bad_frames"] += 1
@@ -206,14 +204,11 @@ class Node:
         self.stats["forwarded"] += 1
 
     def _refuse_header(self, raw, link, message):
-        """ERROR reply to a frame whose CRC held but whose version or type is unknown."""
-        try:
-            _v, _t, _fl, src, _d, seq, session, _n = struct.unpack_from(codec.HEADER_FMT, raw, 0)
-        except ValueError:
-            return
+        """ERROR reply to a frame whose CRC held but whose type is unknown."""
+        _t, fl, src, _d, seq, _s, _a, _b = codec.header(raw)
         self.stats["errors"] += 1
-        link.send(codec.encode(m.ERROR, m.pack_error(E_MESSAGE, message), self.node_id, src, seq,
-                               session, True, self.auth))
+        me = self.node_id if fl & codec.FLAG_ADDR else None
+        link.send(codec.encode(m.ERROR, m.pack_error(E_MESSAGE, message), me, src, seq, 0, True, self.auth))
 
     def _resend(self, src, seq, mtype, session, payload, link):
         """Send the cached reply if this request was answered already; True if it was."""
@@ -231,14 +226,14 @@ class Node:
             return
         st["requests"] += 1
         self._idle_paused = False
-        src_id = self.node_id
+        src_id = self.node_id if f.flags & codec.FLAG_ADDR else None  # a reply is addressed as its request was
         rtype, body, keep = self._answer(f)
         if rtype == m.ERROR:
             st["errors"] += 1
         reply = None
         for _ in range(2):  # building the reply may meet a fragmented heap once
             try:
-                reply = codec.encode(rtype, body, src_id, f.src, f.seq, f.session, True, self.auth)
+                reply = codec.encode(rtype, body, src_id, f.src, f.seq, 0, True, self.auth)
                 link.send(reply)
                 break
             except MemoryError:
@@ -321,12 +316,13 @@ class Node:
         if t == m.DRAFT_REQ:
             if self.role_id != m.ROLE_DRAFTER:
                 raise Refused(E_STATE, "DRAFT_REQ needs a drafter; this node is a %s" % ROLE_NAMES[self.role_id])
-            pos0, entries = role.draft(*args)
+            role.commit(args[0], args[2])  # the COMMIT folded into the request
+            pos0, entries = role.draft(args[0], args[1])
             return m.DRAFT, m.pack_draft(pos0, entries)
         if t == m.VERIFY_REQ:
             if self.role_id != m.ROLE_VERIFIER:
                 raise Refused(E_STATE, "VERIFY_REQ needs a verifier; this node is a %s" % ROLE_NAMES[self.role_id])
-            return m.VERDICT, m.pack_verdict(*role.verify(*args))
+            return m.VERDICT, m.pack_verdict(*role.verify(*args)[1:])  # the verdict commits itself
         raise Refused(E_MESSAGE, "%s is not a request" % _name(t))
 
     def _hello(self):

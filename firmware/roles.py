@@ -2,7 +2,9 @@
 
 Both keep `tokens`, the committed prefix (length `length`) followed by tokens held speculatively
 (`held` >= length: drafts of the drafter's chain, or the drafts a verifier last checked), and the
-engine's KV cache over `tokens[:kv]`, kv <= held. COMMIT writes the new tail; every held token that
+engine's KV cache over `tokens[:kv]`, kv <= held. COMMIT (alone, or folded into a DRAFT_REQ) writes the
+new tail after any prefix of what the node holds; a verdict commits itself (the accepted drafts and
+the emitted token), so a verifier needs no COMMIT while the host follows its verdicts. Every held token that
 it confirms keeps its KV entry and (drafter) its draft, the first one it contradicts cuts `held` and
 `kv` there. So accepted tokens are never recomputed, and anything computed from a rejected token is
 dropped. ROLLBACK cuts everything beyond the length it names.
@@ -85,8 +87,8 @@ class Role:
     def commit(self, length, tail):
         self._check_session()
         base = length - len(tail)
-        if base > self.length:
-            raise Refused(E_STATE, "commit keeps %d tokens but the node holds only %d" % (base, self.length))
+        if base > self.held:
+            raise Refused(E_STATE, "commit keeps %d tokens but the node holds only %d" % (base, self.held))
         if length > self.max_seq:
             raise Refused(E_RANGE, "commit to %d tokens exceeds the context of %d" % (length, self.max_seq))
         for t in tail:
@@ -231,7 +233,7 @@ class Verifier(Role):
         n = len(entries)
         if pos0 != self.length:
             raise Refused(E_STATE, "drafts start at %d, but %d tokens are committed here" % (pos0, self.length))
-        if n + 1 > self.max_batch or pos0 + n > self.max_seq:
+        if n + 1 > self.max_batch or pos0 + n >= self.max_seq:
             raise Refused(E_RANGE, "%d drafts at %d exceed the context of %d or the batch of %d"
                           % (n, pos0, self.max_seq, self.max_batch))
         drafts = []
@@ -250,6 +252,11 @@ class Verifier(Role):
         else:
             ps = [self._table(logits, j) for j in range(n + 1)]
             acc, tok = rule.verify(ps, drafts, qs, self.seed, pos0, self.eos)
+        # the verdict commits itself: the accepted drafts and the emitted token (none after an accepted EOS)
+        self.length = pos0 + acc
+        if tok >= 0:
+            self._put(self.length, tok)
+            self.length += 1
         st = self.stats
         st["verified"] += n
         st["accepted"] += acc

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from host.backends import BackendError, Draft, Drafter, SessionParams, Verifier
 from host.gamma import GammaController
+from shared.messages import draft_size
 
 
 @dataclass
@@ -30,7 +31,7 @@ class Round:
     n_accepted: int
     committed: int  # tokens this round added to the stream
     pos0: int  # stream length before the round (absolute position of the first draft)
-    q_ids: int  # q-hat entries sent with the drafts, all drafts together
+    body: int  # bytes of the drafts as they travel (DRAFT / VERIFY_REQ payload, shared/messages.py)
     rejected: bool  # the verifier rejected a draft (else all were accepted, or one was end-of-stream)
     lag: int  # committed tokens the drafter first had to catch up on (plain rounds since it last drafted)
     t_draft: float
@@ -171,7 +172,8 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         t3 = clock()
         visible = [t for t in new if t != params.eos] if ended else new
         out += visible
-        r = Round(len(draft), n_acc, len(new), len(committed) - len(new), sum(len(q[0]) for q in draft.q),
+        r = Round(len(draft), n_acc, len(new), len(committed) - len(new),
+                  draft_size([(t, q[0], q[1]) for t, q in zip(draft.tokens, draft.q)]),
                   n_acc < len(draft) and token != -1, lag, t1 - t0, t2 - t1, t3 - t2,
                   (drafter.bus_bytes - b_d0) if drafter else 0, verifier.bus_bytes - b_v0)
         result.rounds.append(r)

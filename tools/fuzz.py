@@ -49,10 +49,11 @@ BODIES = [
     (m.HELLO, True, m.pack_hello("fw", "esp32", 1, "models/drafter.spm", 64, 64, 90000, 1)),
     (m.CONFIGURE, False, m.pack_configure(1, 1, "models/drafter.spm")),
     (m.BEGIN, False, m.pack_begin(7, 800, 8, 0, 65536, -1, [1, 2, 3])),
-    (m.DRAFT_REQ, False, m.pack_draft_req(3, 4)),
+    (m.DRAFT_REQ, False, m.pack_draft_req(3, 4, [2])),
     (m.DRAFT, True, m.pack_draft(3, [(5, [5, 9], [ONE - 3, 3]), (2, [2], [ONE])])),
     (m.VERIFY_REQ, False, m.pack_draft(3, [(5, [5, 9], [ONE - 3, 3])])),
-    (m.VERDICT, True, m.pack_verdict(3, 1, 7)),
+    (m.VERIFY_REQ, False, m.pack_draft(3, [(5, [5], [ONE]), (9, [9], [ONE])])),
+    (m.VERDICT, True, m.pack_verdict(1, 7)),
     (m.COMMIT, False, m.pack_commit(5, [5, 7])),
     (m.ROLLBACK, False, m.pack_rollback(4)),
     (m.STATS, False, b""),
@@ -78,9 +79,10 @@ def inputs(r: random.Random, node: bool = False):
         if kind == 9:
             yield bytes(r.randrange(256) for _ in range(r.randrange(40)))
             continue
-        frame = codec.encode(mtype, body, src=0 if not reply else 1, dst=1 if not reply else 0,
-                             seq=r.randrange(65536), session=r.randrange(3), reply=reply,
-                             auth=auth if signed else None)
+        addr = r.random() < 0.5  # to a node id, or to the peer at the link's other end
+        frame = codec.encode(mtype, body, src=(0 if not reply else 1) if addr else None,
+                             dst=(1 if not reply else 0) if addr else None, seq=r.randrange(256),
+                             session=r.randrange(3), reply=reply, auth=auth if signed else None)
         yield mutate(r, frame, max_ops=3) if 4 <= kind < 8 else frame
 
 

@@ -218,23 +218,23 @@ def codec_cases() -> list[dict]:
     assert out[0]["expect"] == 0x29B1
     draft = m.pack_draft(17, [(5, [5, 9], [ONE - 3, 3]), (2, [2], [ONE])])
     out.append(case("encode ping", "encode", **_fields(m.PING, b"hello")))
-    out.append(case("encode draft reply", "encode", **_fields(m.DRAFT, draft, reply=True, seq=65535, session=65535)))
-    out.append(case("encode signed", "encode", **_fields(m.VERDICT, m.pack_verdict(3, 1, 7), reply=True, key=key,
+    out.append(case("encode draft reply", "encode", **_fields(m.DRAFT, draft, reply=True, seq=255, session=255)))
+    out.append(case("encode signed", "encode", **_fields(m.VERDICT, m.pack_verdict(1, 7), reply=True, key=key,
                                                          counter=41)))
     out.append(case("encode broadcast ack", "encode", **_fields(m.ACK, dst=255, reply=True)))
+    out.append(case("encode to the peer", "encode", **_fields(m.VERIFY_REQ, m.pack_draft(300, []), src=None,
+                                                              dst=None, session=0)))
     good = codec.encode(m.PING, b"hello", 1, 2, 3, 4)
     signed = [codec.encode(m.PING, b"s%d" % i, src=6, auth=a) for a in [codec.Auth(b"board-key")] for i in range(4)]
     bad_crc = bytearray(good)
-    bad_crc[12] ^= 0x40
-    hdr = struct.pack("<BBBBBHHH", 2, m.PING, 0, 1, 2, 3, 4, 0)
+    bad_crc[6] ^= 0x40
     frames = [good.hex(), good[:-1].hex(), (good + b"\x00").hex(), bytes(bad_crc).hex(), "", "01",
-              _crc_fixed(hdr), _crc_fixed(struct.pack("<BBBBBHHH", 1, 0x0F, 0, 1, 2, 3, 4, 0)),
-              _crc_fixed(struct.pack("<BBBBBHHH", 1, 0, 0, 1, 2, 3, 4, 0)),
-              _crc_fixed(struct.pack("<BBBBBHHH", 1, m.PING, 0, 1, 2, 3, 4, 9) + b"abc"),
-              signed[0].hex()]
+              _crc_fixed(bytes([m.PING | codec.FLAG_SESSION, 3, 0])), _crc_fixed(bytes([0x0F, 3])),
+              _crc_fixed(bytes([0, 3])), _crc_fixed(bytes([m.PING | codec.FLAG_SIGNED, 3]) + b"abc"),
+              signed[0].hex(), codec.encode(m.PING, b"to the peer", seq=9).hex()]
     c = case("decode unsigned", "decode", frames=frames, key=None)
-    assert [r[1] for r in c["expect"][1:]] == ["BadLength", "BadLength", "BadCRC", "BadLength", "BadLength",
-                                               "BadVersion", "BadType", "BadType", "BadLength", "BadAuth"]
+    assert [r[1] for r in c["expect"][1:-1]] == ["BadCRC", "BadCRC", "BadCRC", "BadLength", "BadLength",
+                                                 "BadFrame", "BadType", "BadType", "BadLength", "BadAuth"]
     out.append(c)
     wrong = codec.encode(m.PING, b"x", src=6, auth=codec.Auth(b"other"))
     seq = [signed[1], signed[0], signed[1], signed[3], wrong, good, signed[2], signed[0]]
@@ -290,9 +290,9 @@ def message_cases() -> list[dict]:
         ("pack_hello", ["specmesh 0.1", "esp32", 1, "draft", 512, 256, 90000, 5]),
         ("pack_configure", [2, 7, "target-ü"]),
         ("pack_begin", [0xDEADBEEF, 700, 8, 40, 58982, 2, [1, 2, 500]]),
-        ("pack_draft_req", [1234, 4]),
+        ("pack_draft_req", [1234, 4, [5, 300]]),
         ("pack_draft", [77, [[3, [3], [ONE]], [9, [1, 9, 40], [100, 65000, 436]]]]),
-        ("pack_verdict", [77, 1, -1]),
+        ("pack_verdict", [1, -1]),
         ("pack_commit", [80, [5, 6, 7]]),
         ("pack_rollback", [60]),
         ("pack_stats", [[["accepted", 10], ["rounds", 4000000000]]]),
@@ -312,7 +312,12 @@ def message_cases() -> list[dict]:
                         payload=(payload + b"\x00").hex()))
     for name, mtype, reply, payload in (
             ("unpack verify_req", m.VERIFY_REQ, False, m.pack_draft(5, [(1, [1], [ONE])])),
-            ("unpack empty q-hat", m.DRAFT, True, struct.pack("<IBHB", 0, 1, 5, 0)),
+            ("unpack greedy drafts", m.VERIFY_REQ, False, m.pack_draft(300, [(3, [3], [ONE]), (500, [500], [ONE])])),
+            ("unpack empty q-hat", m.DRAFT, True, struct.pack("<HBBB", 0, 0x81, 0, 0)),
+            ("unpack token outside q-hat", m.DRAFT, True, struct.pack("<HBBBBB", 0, 0x81, 1, 1, 0, 0)),
+            ("unpack q-hat over ONE", m.DRAFT, True, struct.pack("<HBBB", 0, 0x81, 2, 0) + b"\x01\x00\xff\xff\x03"),
+            ("unpack long varint", m.DRAFT, True, struct.pack("<HBBB", 0, 0x81, 2, 0) + b"\x01\x80\x00\x05"),
+            ("unpack odd commit tail", m.COMMIT, False, b"\x05\x00\x01"),
             ("unpack bad utf-8", m.ERROR, True, b"\x01\x02\xff\xfe"),
             ("unpack ack", m.ACK, True, b""), ("unpack ack with body", m.ACK, True, b"\x00"),
             ("unpack ping", m.PING, False, b"\x00\x01"), ("unpack reset", m.RESET, False, b""),
@@ -362,7 +367,7 @@ def mutate(r: random.Random, data: bytes, max_ops: int = 3) -> bytes:
 def fuzz_cases() -> list[dict]:
     """Mutated and random inputs: both runtimes must reject (or accept) each one identically."""
     r = random.Random(4)
-    bodies = [m.pack_draft(9, [(1, [1, 2], [ONE - 1, 1])] * 3), m.pack_verdict(1, 2, 3), m.pack_hello(
+    bodies = [m.pack_draft(9, [(1, [1, 2], [ONE - 1, 1])] * 3), m.pack_verdict(2, 3), m.pack_hello(
         "fw", "b", 1, "m", 512, 256, 1, 0), m.pack_begin(1, 2, 3, 4, 5, -1, [1, 2, 3]), m.pack_stats([("a", 1)]),
         m.pack_error(1, "x"), m.pack_commit(5, [1, 2])]
     types = [m.DRAFT, m.VERDICT, m.HELLO, m.BEGIN, m.STATS, m.ERROR, m.COMMIT]
