@@ -21,8 +21,8 @@ import sys
 
 from shared import codec
 
-MAX_LINE = 4096  # longest frame line accepted (a VERIFY_REQ of 8 drafts x top-32 is ~1.8 KB)
-RX_PACKETS = 8  # ESP-NOW packets the receive buffer holds (a 1.8 KB VERIFY_REQ is 8 fragments of 250 bytes)
+MAX_LINE = 4096  # longest frame line accepted (a DRAFT of 8 drafts x top-32 is about 1 KB as a line)
+RX_PACKETS = 8  # ESP-NOW packets the receive buffer holds (a DRAFT of 8 drafts x top-32 takes 3)
 SEND_TRIES = 3  # ESP-NOW sends of one packet before leaving the loss to the requester's retransmission
 
 

@@ -75,8 +75,8 @@ class Role:
         self.eos = eos
         for i in range(n):
             self.tokens[i] = prompt[i]
+        self._cut(0)
         self.length = self.held = n
-        self.kv = 0
         self.engine.rollback(0)
         self.active = True
 
@@ -115,6 +115,7 @@ class Role:
 
     def _cut(self, p):
         """Hold nothing from position p on."""
+        self.pending = None  # (a verifier's table of a rejected draft: its prefix may change)
         self.held = p
         if self.kv > p:
             self.kv = p
@@ -225,12 +226,23 @@ class Drafter(Role):
 
 
 class Verifier(Role):
-    """Checks drafts against the target in one batched pass and applies the shared acceptance rule."""
+    """Checks drafts against the target in one batched pass and applies the shared acceptance rule.
+
+    Drafts may come with partial q-hat tables (each its token's weight only: enough to accept it). At the
+    rejection of such a draft the verdict is (n_accepted, rule.PARTIAL): the accepted drafts are committed,
+    and the target's table at the rejected position is kept (`pending`) until the host sends that draft
+    again with its whole table, which then gets the residual token without a second pass."""
+
+    pending = None  # (position, draft, its q(x), the target's table there) after a PARTIAL verdict
 
     def verify(self, pos0, entries):
         """(pos0, n_accepted, token) for the drafts `entries` [(token, ids, weights)] at pos0.."""
         self._check_session()
         n = len(entries)
+        pend = self.pending
+        self.pending = None
+        if pend is not None and n == 1 and pos0 == pend[0] == self.length:
+            return self._residual(pend, entries[0])
         if pos0 != self.length:
             raise Refused(E_STATE, "drafts start at %d, but %d tokens are committed here" % (pos0, self.length))
         if n + 1 > self.max_batch or pos0 + n >= self.max_seq:
@@ -252,15 +264,31 @@ class Verifier(Role):
         else:
             ps = [self._table(logits, j) for j in range(n + 1)]
             acc, tok = rule.verify(ps, drafts, qs, self.seed, pos0, self.eos)
-        # the verdict commits itself: the accepted drafts and the emitted token (none after an accepted EOS)
+            if tok == rule.PARTIAL:
+                self.pending = (pos0 + acc, drafts[acc], qs[acc][1][0], ps[acc])
+        st = self.stats
+        st["verified"] += n
+        st["accepted"] += acc
+        return self._commit_verdict(pos0, acc, tok)
+
+    def _commit_verdict(self, pos0, acc, tok):
+        """The verdict commits itself: the accepted drafts and the emitted token (none after an accepted EOS,
+        none yet after a PARTIAL verdict)."""
         self.length = pos0 + acc
         if tok >= 0:
             self._put(self.length, tok)
             self.length += 1
-        st = self.stats
-        st["verified"] += n
-        st["accepted"] += acc
         return pos0, acc, tok
+
+    def _residual(self, pend, entry):
+        """The token of a PARTIAL verdict, from the whole table of the rejected draft."""
+        p, x, qx, table = pend
+        token, ids, weights = entry
+        self._check_draft(token, ids, weights)
+        if token != x or len(ids) < 2 and weights[0] < rule.ONE or weights[ids.index(x)] != qx:
+            raise Refused(E_MESSAGE, "draft %d at %d was rejected with q(x) = %d: send its whole q-hat table"
+                          % (x, p, qx))
+        return self._commit_verdict(p, 0, rule.sample_residual(table, ids, weights, self.seed, p))
 
     def _check_draft(self, token, ids, weights):
         vocab = self.vocab
@@ -276,5 +304,5 @@ class Verifier(Role):
             total += weights[j]
             if ids[j] == token:
                 has = True
-        if total != rule.ONE or not has:
+        if not has or total != rule.ONE and (total > rule.ONE or len(ids) > 1):  # whole, or partial: ([x], [q(x)])
             raise Refused(E_MESSAGE, "a q-hat table must sum to %d and contain its draft token" % rule.ONE)

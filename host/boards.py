@@ -1,12 +1,13 @@
 """Drafter and verifier back-ends that are boards: the firmware node behind a chip proxy (host/proxy.py).
 
-The host tells a node the committed sequence only where the node cannot know it: a verifier's verdict
-commits itself (the accepted drafts and the emitted token), so while the host follows its verdicts the
-verifier gets no COMMIT at all; a drafter learns each round's outcome from the next DRAFT_REQ, which
-carries the COMMIT folded in, and only the tail beyond the longest prefix of what it holds (`held`:
-the committed stream and the drafts it proposed), so an accepted draft is never sent back to it. An
-explicit COMMIT, sent without waiting for its ACK, is left for a verifier whose stream the host changed
-itself. BEGIN is sent to each board without waiting for its ACK either; the next call to that board
+The host sends a node only what it cannot know. A verifier's verdict commits itself (the accepted
+drafts and the emitted token), so while the host follows its verdicts the verifier gets no COMMIT; when
+sampling, it gets each draft's own q-hat weight only (enough to accept it), and the whole table of the
+one draft it rejects after its PARTIAL verdict asks for it. A drafter learns each round's outcome from
+the next DRAFT_REQ, which carries the COMMIT folded in, and only the tail beyond the longest prefix of
+what it holds (`held`: the committed stream and the drafts it proposed), so an accepted draft is never
+sent back to it. An explicit COMMIT, sent without waiting for its ACK, is left for a verifier whose
+stream the host changed itself. BEGIN is sent to each board without waiting for its ACK either; the next call to that board
 collects it first, so the two boards' work overlaps with each other and with the host's own (a drafter
 prefills the prompt at BEGIN while the verifier prefills it at its first verdict). A drafter board with
 `spec_ahead` set in its config drafts the next block while a verdict is pending and answers DRAFT_REQ
@@ -24,6 +25,7 @@ from collections.abc import Callable, Sequence
 from host.backends import BackendError, Draft, SessionParams
 from host.proxy import Call, NodeError, Proxy, ProxyError
 from shared import messages as m
+from shared.rule import PARTIAL
 
 ROLE_NAMES = {m.ROLE_DRAFTER: "drafter", m.ROLE_VERIFIER: "verifier"}
 E_STATE = 2  # ERROR code of a request the node's state does not allow, e.g. "no session" (firmware/roles.py)
@@ -197,9 +199,18 @@ class BoardVerifier(BoardBackend):
     role = m.ROLE_VERIFIER
 
     def verify(self, committed: Sequence[int], draft: Draft) -> tuple[int, int]:
+        """Drafts go with partial q-hat tables (each its token's weight, enough to accept it); the whole
+        table of the one draft the verifier rejects follows only when asked for (a PARTIAL verdict)."""
         self.commit(committed)
-        body = m.pack_draft(draft.pos0, [(t, q[0], q[1]) for t, q in zip(draft.tokens, draft.q)])
+        entries = [(t, q[0], q[1]) for t, q in zip(draft.tokens, draft.q)]
+        body = m.pack_draft(draft.pos0, entries, partial=True)
         n_acc, token = m.unpack_verdict(self._call(m.VERIFY_REQ, body).payload)
+        if token == PARTIAL and 0 <= n_acc < len(draft):
+            rest = m.pack_draft(draft.pos0 + n_acc, entries[n_acc:n_acc + 1])
+            more, token = m.unpack_verdict(self._call(m.VERIFY_REQ, rest).payload)
+            if more or token == PARTIAL:
+                raise BackendError("%s answered the whole q-hat table of draft %d with the verdict (%d, %d)"
+                                   % (self.name, n_acc, more, token))
         if 0 <= n_acc <= len(draft):  # (an impossible verdict is the orchestrator's to report)
             # the verdict committed itself on the node: the accepted drafts and the emitted token
             self.known = list(committed) + draft.tokens[:n_acc] + ([token] if token >= 0 else [])

@@ -14,9 +14,11 @@ virtual time with the constants of host/hardware.py instead of sleeping:
   compact header: no addresses to the board at a link's end, src and dst to one behind a gateway),
   carried by the transport's link(s): serial = each board on its own USB link; espnow = the drafter
   board is the gateway on USB (as in host/cluster.py) and the verifier is one ESP-NOW hop further;
-- a round is DRAFT_REQ/DRAFT and VERIFY_REQ/VERDICT (host/boards.py): the verdict commits itself on the
-  verifier, and the drafter learns the outcome from the next DRAFT_REQ, whose folded COMMIT carries the
-  emitted token and the tokens of plain rounds since (`lag`), nothing it proposed itself;
+- a round is DRAFT_REQ/DRAFT and VERIFY_REQ/VERDICT (host/boards.py), plus, when sampling and a draft
+  was rejected, a second VERIFY_REQ/VERDICT carrying that draft's whole q-hat table (the first one
+  carries each draft's own weight only); the verdict commits itself on the verifier, and the drafter
+  learns the outcome from the next DRAFT_REQ, whose folded COMMIT carries the emitted token and the
+  tokens of plain rounds since (`lag`), nothing it proposed itself;
 - pipelined drafting (`--spec-ahead`) is not credited: the projection is conservative there.
 
 `Projector.round_costs` gives the (draft, verify, commit) seconds of a round, which is what the gamma
@@ -98,9 +100,11 @@ class Projector:
             assert self.drafter is not None
             # catch-up on tokens committed in plain rounds, then one pass per draft
             t_draft = sum(self.forward(self.drafter, 1, r.pos0 - r.lag + i) for i in range(r.lag + r.gamma))
-            t_draft += self.call("drafter", draft_req_body(r.lag + 1), r.body)
-        t_verify = self.forward(self.target, r.gamma + 1, r.pos0 + r.gamma) + self.call("verifier", r.body,
+            t_draft += self.call("drafter", draft_req_body(r.lag + 1), r.draft_body)
+        t_verify = self.forward(self.target, r.gamma + 1, r.pos0 + r.gamma) + self.call("verifier", r.verify_body,
                                                                                          VERDICT_BODY)
+        if r.table_body:
+            t_verify += self.call("verifier", r.table_body, VERDICT_BODY)
         return t_draft, t_verify, 0.0
 
     def plain_round(self, pos0: int) -> float:
@@ -133,7 +137,9 @@ class Projector:
     def round_bytes(self, r: Round, drafted_before: bool = True) -> dict[str, int]:
         """Line bytes of one round on the host's link to each board (`drafted_before`: the drafter has
         proposed earlier in the stream, so the round's DRAFT_REQ carries that round's emitted token)."""
-        out = {"drafter": 0, "verifier": self.exchange("verifier", r.body, VERDICT_BODY)}
+        out = {"drafter": 0, "verifier": self.exchange("verifier", r.verify_body, VERDICT_BODY)}
+        if r.table_body:
+            out["verifier"] += self.exchange("verifier", r.table_body, VERDICT_BODY)
         if r.gamma:
-            out["drafter"] = self.exchange("drafter", draft_req_body(r.lag + drafted_before), r.body)
+            out["drafter"] = self.exchange("drafter", draft_req_body(r.lag + drafted_before), r.draft_body)
         return out

@@ -15,7 +15,8 @@ Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `
     DRAFT       pack_draft(pos0, entries) / unpack_draft -> (pos0, entries)
                 entries: list of (token, ids, weights); ids ascending and holding the token, weights
                 ints 1..65536 summing to ONE (q-hat); draft_size(entries) is the body's length
-    VERIFY_REQ  same body as DRAFT: pack_draft / unpack_draft
+    VERIFY_REQ  same body as DRAFT: pack_draft / unpack_draft; pack_draft(pos0, entries, partial=True)
+                sends each q-hat table as its token's entry only: ([token], [q(token)]), weight < ONE
     VERDICT     pack_verdict(n_accepted, token) / unpack_verdict -> (n_accepted, token)
     COMMIT      pack_commit(length, tail) / unpack_commit -> (length, tail): the committed sequence
                 is the node's first length - len(tail) tokens followed by `tail`
@@ -247,6 +248,10 @@ def unpack_draft_req(payload):
     return length, gamma, tail
 
 
+_PARTIAL = 0x40  # draft body kinds, in the count byte's top bits: partial tables (the token's entry only)
+_TABLES = 0x80  # whole q-hat tables; neither: tokens alone (greedy drafts)
+
+
 def _var_size(v):
     n = 1
     while v > 0x7F:
@@ -283,12 +288,14 @@ def _check_table(token, ids, weights):
             raise ValueError("q-hat ids must ascend, each with a weight of at least 1")
 
 
-def draft_size(entries):
-    """Payload bytes of a DRAFT / VERIFY_REQ body."""
+def draft_size(entries, partial=False):
+    """Payload bytes of a DRAFT / VERIFY_REQ body (pack_draft's)."""
     if not entries:
         return 2
     if not _sparse(entries):
         return 3 + 2 * len(entries)
+    if partial:
+        return 3 + 4 * len(entries)
     n = 3
     for token, ids, weights in entries:
         n += 2
@@ -301,18 +308,19 @@ def draft_size(entries):
     return n
 
 
-def pack_draft(pos0, entries):
+def pack_draft(pos0, entries, partial=False):
     """DRAFT / VERIFY_REQ body: pos0 and a list of (token, ids, weights), each a q-hat table that sums to ONE
-    and holds its token, ids ascending. Greedy entries (one id, the token, weight ONE) travel as tokens alone."""
+    and holds its token, ids ascending. Greedy entries (one id, the token, weight ONE) travel as tokens alone;
+    `partial`: each table travels as its token's entry only, ([token], [q(token)]) (shared/rule.py)."""
     n = len(entries)
-    if n > 127:
-        raise ValueError("at most 127 drafts per message")
+    if n > 63:
+        raise ValueError("at most 63 drafts per message")
     sparse = _sparse(entries)
-    buf = bytearray(draft_size(entries))
+    buf = bytearray(draft_size(entries, partial))
     struct.pack_into("<H", buf, 0, pos0)
     if not n:
         return bytes(buf)
-    buf[2] = n | (0x80 if sparse else 0)
+    buf[2] = n | ((_PARTIAL if partial else _TABLES) if sparse else 0)
     off = 3
     for token, ids, weights in entries:
         if not sparse:
@@ -320,6 +328,10 @@ def pack_draft(pos0, entries):
             off += 2
             continue
         _check_table(token, ids, weights)
+        if partial:
+            struct.pack_into("<HH", buf, off, token, weights[ids.index(token)] - 1)
+            off += 4
+            continue
         buf[off] = len(ids)
         buf[off + 1] = ids.index(token)
         off += 2
@@ -339,12 +351,18 @@ def unpack_draft(payload):
     if r.off == len(payload):
         return pos0, entries
     n = r.u8()
-    sparse = n & 0x80
-    n &= 0x7F
+    kind = n & 0xC0
+    n &= 0x3F
+    if kind == 0xC0:
+        raise BadFrame("draft body of an unknown kind")
     for _ in range(n):
-        if not sparse:
+        if not kind:
             t = r.u16()
             entries.append((t, [t], [ONE]))
+            continue
+        if kind == _PARTIAL:
+            t, w = r.take("<HH", 4)
+            entries.append((t, [t], [w + 1]))
             continue
         k = r.u8()
         at = r.u8()

@@ -23,11 +23,15 @@ verify: draft i (at position pos0 + i) is accepted iff p(x) >= q(x) or r < p(x) 
 max(0, p - q) (purpose EMIT at that position); after γ acceptances a bonus token is drawn from
 p_tables[γ] (EMIT at pos0 + γ). An accepted draft equal to `eos` ends the stream: token is -1.
 A residual or bonus token may itself be `eos`; the caller emits it and stops.
+A q-hat table may come partial: the draft's own entry only, `([x], [q(x)])` with q(x) < ONE (the
+sender holds the rest back, since an accepted draft needs no more); at the rejection of such a draft
+the verdict is (i, PARTIAL), and the caller completes it with `sample_residual` on the whole table.
 """
 
 from .prng import ACCEPT, EMIT, uniform
 
 ONE = 1 << 16
+PARTIAL = -2  # verify's token at the rejection of a draft whose q-hat table came partial
 
 
 def top_ids(values, k):
@@ -169,7 +173,8 @@ def verify(p_tables, drafts, q_tables, seed, pos0, eos=-1):
     for i in range(gamma):
         x = drafts[i]
         ids, weights = q_tables[i]
-        if sum(weights) != ONE:
+        total = sum(weights)
+        if total != ONE and (total > ONE or len(ids) != 1):
             raise ValueError("q-hat table %d does not sum to ONE" % i)
         try:
             qx = weights[ids.index(x)]
@@ -181,6 +186,8 @@ def verify(p_tables, drafts, q_tables, seed, pos0, eos=-1):
             if x == eos:
                 return i + 1, -1
             continue
+        if total != ONE:
+            return i, PARTIAL
         return i, sample_residual(p, ids, weights, seed, pos0 + i)
     return gamma, sample(p_tables[gamma], seed, pos0 + gamma, EMIT)
 

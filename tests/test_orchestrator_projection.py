@@ -32,7 +32,7 @@ def test_macs_per_position_counts_every_weight_once_plus_attention(h):
 
 
 def plain_result(n, pos0):
-    return Result(list(range(n)), [Round(0, 0, 1, pos0 + i, PLAIN_BODY, False, 0, 0, 0, 0, 0, 0)
+    return Result(list(range(n)), [Round(0, 0, 1, pos0 + i, PLAIN_BODY, PLAIN_BODY, 0, False, 0, 0, 0, 0, 0, 0)
                                    for i in range(n)])
 
 

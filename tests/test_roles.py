@@ -87,6 +87,51 @@ def test_verifier_verdicts_equal_numpy_engine_and_shared_rule(verifier, models):
     assert st["committed"] == len(tokens)
 
 
+def test_partial_tables_get_the_whole_tables_verdicts_and_a_rejection_costs_no_second_pass(verifier, models):
+    """Drafts sent with their own q-hat weight only: each verdict is the rule's on the whole tables; at a
+    rejection the verdict is PARTIAL, and the rejected draft's whole table gets the residual from the
+    table the node kept (no second forward pass); the verdicts commit themselves."""
+    target = Engine(models["target"])
+    draft_eng = Engine(models["drafter"])
+    temp, seed = 1.5, 4321
+    tokens = [5, 17, 33, 2]
+    begin(verifier, 7, seed, temp, tokens)
+    asked = 0
+    for _ in range(10):
+        L = len(tokens)
+        entries = []
+        for i in range(3):
+            ids, weights = qhat(draft_eng, tokens + [e[0] for e in entries], temp, 8)
+            entries.append((rule.sample_sparse(ids, weights, seed, L + i, DRAFT), ids, weights))
+        drafts = [e[0] for e in entries]
+        rows = target.forward(tokens + drafts, 0)[L - 1:]
+        want = rule.verify([target_table(r, round(temp * 1000), 0, 65536) for r in rows], drafts,
+                           [(e[1], e[2]) for e in entries], seed, L, -1)
+        acc, tok = verifier.call(m.VERIFY_REQ, m.pack_draft(L, entries, partial=True), expect=m.VERDICT)
+        if tok == rule.PARTIAL:
+            asked += 1
+            passes = verifier.stats()["passes"]
+            more, tok = verifier.call(m.VERIFY_REQ, m.pack_draft(L + acc, entries[acc:acc + 1]), expect=m.VERDICT)
+            assert more == 0 and verifier.stats()["passes"] == passes
+        assert (acc, tok) == want
+        tokens += drafts[:acc] + [tok]
+    assert asked and verifier.stats()["committed"] == len(tokens)
+    # the whole table must hold the weight the draft was rejected with: the least likely token, drafted
+    # with weight ONE - 1, is rejected (p(x) << q(x)); a table giving it another weight is refused
+    L = len(tokens)
+    p = target_table(target.forward(tokens, 0)[-1], round(temp * 1000), 0, 65536)
+    x = min(range(VOCAB), key=lambda t: p[t])
+    y = (x + 1) % VOCAB
+    ids = sorted([x, y])
+    table = [(x, ids, [rule.ONE - 1 if t == x else 1 for t in ids])]
+    assert verifier.call(m.VERIFY_REQ, m.pack_draft(L, table, partial=True), expect=m.VERDICT) == (0, rule.PARTIAL)
+    other = [(x, ids, [rule.ONE - 2 if t == x else 2 for t in ids])]
+    assert verifier.error(m.VERIFY_REQ, m.pack_draft(L, other))[0] == 1  # E_MESSAGE
+    assert verifier.call(m.VERIFY_REQ, m.pack_draft(L, table, partial=True), expect=m.VERDICT) == (0, rule.PARTIAL)
+    assert verifier.call(m.VERIFY_REQ, m.pack_draft(L, table), expect=m.VERDICT) == rule.verify(
+        [p, p], [x], [(ids, table[0][2])], seed, L, -1)
+
+
 def test_greedy_verifier_matches_numpy_argmax(verifier, models):
     target = Engine(models["target"])
     tokens = [9, 8, 7]

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "vectors"
 sys.path.insert(0, str(ROOT))
 
-from shared import codec, messages as m, prng  # noqa: E402
+from shared import codec, messages as m, prng, rule  # noqa: E402
 from shared.rule import ONE, argmax, quantize, quantize_topk  # noqa: E402
 
 
@@ -177,8 +177,14 @@ def rule_cases() -> list[dict]:
     assert all(r == [2, -1] for r in c["expect"])
     out.append(c)
     out.append(case("draft not in q", "verify", p=[p, p], drafts=[5], q=[[[1], [ONE]]], pos0=0, eos=-1, seeds=[0]))
-    out.append(case("q not summing to ONE", "verify", p=[p, p], drafts=[1], q=[[[1], [ONE - 1]]], pos0=0, eos=-1,
-                    seeds=[0]))
+    out.append(case("q not summing to ONE", "verify", p=[p, p], drafts=[1], q=[[[1, 2], [ONE - 2, 1]]], pos0=0,
+                    eos=-1, seeds=[0]))
+    # partial tables (the draft's own weight only): the verdict of the whole table, PARTIAL at a rejection
+    p = [ONE // 16] * 16
+    c = case("partial tables", "verify", p=[p, p, p], drafts=[7, 3], q=[[[7], [ONE // 8]], [[3], [ONE // 32]]],
+             pos0=50, eos=-1, seeds=list(range(32)))
+    assert {r[1] for r in c["expect"] if r[0] == 0} == {rule.PARTIAL} and any(r[0] == 2 for r in c["expect"])
+    out.append(c)
     # random cases: vocab 16..64, gamma 1..4, q-hat from top-k of a perturbed p
     for i, (vocab, gamma, k) in enumerate(((16, 1, 4), (24, 2, 8), (32, 3, 32), (32, 4, 8), (64, 4, 16))):
         ps = [dense(rng, vocab, vocab // 4) for _ in range(gamma + 1)]
@@ -292,6 +298,7 @@ def message_cases() -> list[dict]:
         ("pack_begin", [0xDEADBEEF, 700, 8, 40, 58982, 2, [1, 2, 500]]),
         ("pack_draft_req", [1234, 4, [5, 300]]),
         ("pack_draft", [77, [[3, [3], [ONE]], [9, [1, 9, 40], [100, 65000, 436]]]]),
+        ("pack_draft", [77, [[3, [3], [ONE]], [9, [1, 9, 40], [100, 65000, 436]]], True]),
         ("pack_verdict", [1, -1]),
         ("pack_commit", [80, [5, 6, 7]]),
         ("pack_rollback", [60]),
@@ -302,7 +309,7 @@ def message_cases() -> list[dict]:
     out = [case(fn + " %d" % i, "pack", fn=fn, args=args) for i, (fn, args) in enumerate(packs)]
     assert out[-1]["expect"] == ["error", "ValueError"]
     types = [(m.HELLO, True), (m.CONFIGURE, False), (m.BEGIN, False), (m.DRAFT_REQ, False), (m.DRAFT, True),
-             (m.VERDICT, True), (m.COMMIT, False), (m.ROLLBACK, False), (m.STATS, True), (m.ERROR, True)]
+             (m.VERIFY_REQ, False), (m.VERDICT, True), (m.COMMIT, False), (m.ROLLBACK, False), (m.STATS, True), (m.ERROR, True)]
     for c, (mtype, reply) in zip(list(out), types):
         payload = bytes.fromhex(c["expect"])
         out.append(case("unpack " + m.NAMES[mtype], "unpack", mtype=mtype, reply=reply, payload=payload.hex()))
@@ -317,6 +324,8 @@ def message_cases() -> list[dict]:
             ("unpack token outside q-hat", m.DRAFT, True, struct.pack("<HBBBBB", 0, 0x81, 1, 1, 0, 0)),
             ("unpack q-hat over ONE", m.DRAFT, True, struct.pack("<HBBB", 0, 0x81, 2, 0) + b"\x01\x00\xff\xff\x03"),
             ("unpack long varint", m.DRAFT, True, struct.pack("<HBBB", 0, 0x81, 2, 0) + b"\x01\x80\x00\x05"),
+            ("unpack partial tables", m.VERIFY_REQ, False, struct.pack("<HBHHHH", 9, 0x42, 5, 999, 7, 65535)),
+            ("unpack unknown draft kind", m.VERIFY_REQ, False, struct.pack("<HBH", 9, 0xC1, 5)),
             ("unpack odd commit tail", m.COMMIT, False, b"\x05\x00\x01"),
             ("unpack bad utf-8", m.ERROR, True, b"\x01\x02\xff\xfe"),
             ("unpack ack", m.ACK, True, b""), ("unpack ack with body", m.ACK, True, b"\x00"),
