@@ -1,8 +1,8 @@
 """The node: reads frames from its links, routes or dispatches them, answers every request once.
 
-One loop serves every link kind (links.py). A frame addressed to this node (or broadcast) is a
-request: it gets exactly one reply with the request's seq and the REPLY flag, sent back on the link it
-came from. A request whose (src, seq, type, session, payload) equals one of the last REPLY_CACHE
+One loop serves every link kind (links.py). A frame addressed to this node (or broadcast, or carrying
+no addresses: from the peer at the link's other end) is a request: it gets exactly one reply with the
+request's seq and the REPLY flag, addressed as the request was, sent back on the link it came from. A request whose (src, seq, type, session, payload) equals one of the last REPLY_CACHE
 answered is a retransmission: the cached reply goes out again and nothing is done twice (CONTRACTS
 section 2, "Reliability"). Anything wrong with a request (malformed payload, wrong state, out of
 range, out of memory, even a bug) becomes an ERROR reply and a count; the node never dies on input.

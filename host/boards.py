@@ -7,11 +7,11 @@ one draft it rejects after its PARTIAL verdict asks for it. A drafter learns eac
 the next DRAFT_REQ, which carries the COMMIT folded in, and only the tail beyond the longest prefix of
 what it holds (`held`: the committed stream and the drafts it proposed), so an accepted draft is never
 sent back to it. An explicit COMMIT, sent without waiting for its ACK, is left for a verifier whose
-stream the host changed itself. BEGIN is sent to each board without waiting for its ACK either; the next call to that board
-collects it first, so the two boards' work overlaps with each other and with the host's own (a drafter
-prefills the prompt at BEGIN while the verifier prefills it at its first verdict). A drafter board with
-`spec_ahead` set in its config drafts the next block while a verdict is pending and answers DRAFT_REQ
-from it when its guess was right (firmware/roles.py).
+stream the host changed itself. BEGIN is sent to each board without waiting for its ACK either; the
+next call to that board collects it first, so the two boards' work overlaps with each other and with
+the host's own (a drafter prefills the prompt at BEGIN while the verifier prefills it at its first
+verdict). A drafter board with `spec_ahead` set in its config drafts the next block while a verdict is
+pending and answers DRAFT_REQ from it when its guess was right (firmware/roles.py).
 
 A node that restarted mid-session has lost it and refuses the next request ("no session", E_STATE): it
 is re-synchronised with BEGIN carrying the whole committed stream as its prompt, and the request is

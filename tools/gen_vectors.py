@@ -309,7 +309,8 @@ def message_cases() -> list[dict]:
     out = [case(fn + " %d" % i, "pack", fn=fn, args=args) for i, (fn, args) in enumerate(packs)]
     assert out[-1]["expect"] == ["error", "ValueError"]
     types = [(m.HELLO, True), (m.CONFIGURE, False), (m.BEGIN, False), (m.DRAFT_REQ, False), (m.DRAFT, True),
-             (m.VERIFY_REQ, False), (m.VERDICT, True), (m.COMMIT, False), (m.ROLLBACK, False), (m.STATS, True), (m.ERROR, True)]
+             (m.VERIFY_REQ, False), (m.VERDICT, True), (m.COMMIT, False), (m.ROLLBACK, False), (m.STATS, True),
+             (m.ERROR, True)]
     for c, (mtype, reply) in zip(list(out), types):
         payload = bytes.fromhex(c["expect"])
         out.append(case("unpack " + m.NAMES[mtype], "unpack", mtype=mtype, reply=reply, payload=payload.hex()))
