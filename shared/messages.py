@@ -202,11 +202,13 @@ def unpack_begin(payload):
     return seed, temp_milli, draft_top_k, target_top_k, top_p_q16, eos, prompt
 
 
-def _tail(r):
-    """The u16 tokens that fill the rest of a payload."""
+def _tail(r, length):
+    """A commit's tail: the u16 tokens that fill the rest of the payload, at most `length` of them."""
     n = len(r.data) - r.off
     if n & 1:
         raise BadLength("a token list of %d bytes" % n)
+    if n >> 1 > length:
+        raise BadFrame("commit tail of %d tokens is longer than the length %d" % (n >> 1, length))
     return r.u16s(n >> 1)
 
 
@@ -227,10 +229,7 @@ def pack_commit(length, tail, extra=b""):
 def unpack_commit(payload):
     r = _Reader(payload)
     length = r.u16()
-    tail = _tail(r)
-    if len(tail) > length:
-        raise BadFrame("commit tail of %d tokens is longer than the length %d" % (len(tail), length))
-    return length, tail
+    return length, _tail(r, length)
 
 
 def pack_draft_req(length, gamma, tail=()):
@@ -242,10 +241,7 @@ def unpack_draft_req(payload):
     r = _Reader(payload)
     length = r.u16()
     gamma = r.u8()
-    tail = _tail(r)
-    if len(tail) > length:
-        raise BadFrame("commit tail of %d tokens is longer than the length %d" % (len(tail), length))
-    return length, gamma, tail
+    return length, gamma, _tail(r, length)
 
 
 _PARTIAL = 0x40  # draft body kinds, in the count byte's top bits: partial tables (the token's entry only)
