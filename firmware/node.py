@@ -2,9 +2,10 @@
 
 One loop serves every link kind (links.py). A frame addressed to this node (or broadcast, or carrying
 no addresses: from the peer at the link's other end) is a request: it gets exactly one reply with the
-request's seq and the REPLY flag, addressed as the request was, sent back on the link it came from. A request whose (src, seq, type, session, payload) equals one of the last REPLY_CACHE
-answered is a retransmission: the cached reply goes out again and nothing is done twice (CONTRACTS
-section 2, "Reliability"). Anything wrong with a request (malformed payload, wrong state, out of
+request's seq and the REPLY flag, addressed as the request was, sent back on the link it came from. A
+request whose (src, seq, type, session, payload) equals one of the last REPLY_CACHE answered is a
+retransmission: the cached reply goes out again and nothing is done twice (CONTRACTS section 2,
+"Reliability"). Anything wrong with a request (malformed payload, wrong state, out of
 range, out of memory, even a bug) becomes an ERROR reply and a count; the node never dies on input.
 A frame that fails its CRC is only counted (its sender cannot be trusted); one with a good CRC but an
 unknown type or version still gets an ERROR reply.
