@@ -4,17 +4,20 @@ A small JSON object in `specmesh.json` in the board's working directory (the fla
 the virtual board's directory in emulation). Keys, all optional:
 
     node_id   int 1..254          the node's bus address (default 1)
-    role      "idle" | "drafter" | "verifier"
+    role      "idle" | "drafter" | "verifier" | "stage"
     model     path of the model file, relative to the working directory
     link      "stdio" (USB-serial REPL console, default) | "uart" | "espnow" | "gateway"
               ("gateway": stdio to the host, and ESP-NOW to the peers for frames addressed to them)
     uart      {"id", "baudrate", "tx", "rx"} for the "uart" link
-    espnow    {"peers": {"<node id>": "aa:bb:cc:dd:ee:ff"}, "mtu": 250, "channel": 1}; a node behind a
-              gateway lists the gateway's MAC under "0" (the host), since its replies go there
+    espnow    {"peers": {"<node id>": "aa:bb:cc:dd:ee:ff"}, "mtu": 250, "channel": 1, "plain": ["<node id>"]};
+              a node behind a gateway lists the gateway's MAC under "0" (the host), since its replies go
+              there; with a key, peers are encrypted except those in "plain" (firmware/links.py)
     spec_ahead  int: tokens a drafter may draft ahead while a verdict is pending (0: off)
-    kmax      int: most positions a verifier computes in one pass (drafts + 1; default 33)
+    kmax      int: most positions a verifier computes in one pass (drafts + 1; default 33; a stage: 1)
+    layers    [a, b]: the layers a..b-1 of the model a "stage" holds (required for that role)
     n_ctx     int: context (and KV cache) cap below the model's max_seq, to fit a small heap (0: none)
     key       hex string: shared signing key (frames are then HMAC-signed, unsigned ones refused)
+    ctr       int: the signing counter the next boot starts at (kept by the node itself, firmware/node.py)
     board     board name reported by HELLO (default: the port's machine string)
 
 A missing or unreadable file gives the defaults (an idle node that still answers HELLO/CONFIGURE).
@@ -26,7 +29,7 @@ import os
 
 PATH = "specmesh.json"
 
-ROLES = ("idle", "drafter", "verifier")
+ROLES = ("idle", "drafter", "verifier", "stage")
 LINKS = ("stdio", "uart", "espnow", "gateway")
 
 DEFAULTS = {"node_id": 1, "role": "idle", "model": "", "link": "stdio", "spec_ahead": 0}
@@ -53,9 +56,16 @@ def check(cfg):
     kmax = cfg.get("kmax", 33)
     if not isinstance(kmax, int) or not 1 <= kmax <= 256:
         raise ConfigError("kmax must be an int in 1..256, not %r" % (kmax,))
+    lay = cfg.get("layers")
+    if cfg["role"] == "stage" and not (isinstance(lay, list) and len(lay) == 2 and isinstance(lay[0], int)
+                                       and isinstance(lay[1], int) and 0 <= lay[0] < lay[1]):
+        raise ConfigError("a stage needs layers [a, b] with 0 <= a < b, not %r" % (lay,))
     n_ctx = cfg.get("n_ctx", 0)
     if not isinstance(n_ctx, int) or n_ctx < 0:
         raise ConfigError("n_ctx must be an int >= 0, not %r" % (n_ctx,))
+    ctr = cfg.get("ctr", 0)
+    if not isinstance(ctr, int) or not 0 <= ctr <= 0xFFFFFFFF:
+        raise ConfigError("ctr must be an int in 0..2**32-1, not %r" % (ctr,))
     key = cfg.get("key", "")
     try:
         bytes.fromhex(key)

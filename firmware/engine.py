@@ -2,17 +2,28 @@
 
 API (used by the node and its roles; `firmware/` is the board's root, `shared/` a package beside it):
 
-    e = Engine(path, kmax=1, viper=True, n_ctx=0)  # load; kmax = most positions one forward() takes;
+    e = Engine(path, kmax=1, viper=True, n_ctx=0)
+                                          # load; kmax = most positions one forward() takes;
                                           # n_ctx > 0 caps the context (and KV cache) below max_seq
     logits = e.forward(tokens, pos)       # k = len(tokens) <= kmax ids at positions pos .. pos+k-1;
                                           # returns the engine's array('i') of Q16 logits:
                                           # row j at [j*vocab, (j+1)*vocab)
+    e.forward(None, pos, k, head)         # a stage after the first: its input is the k rows of e.x
+                                          # (the residual stream, Q16 int32, row j at [j*dim, (j+1)*dim));
+                                          # the last stage computes logits only when head is true
     e.argmax(j)                           # greedy token of row j (ties: lowest id)
     e.rollback(n)                         # keep the first n positions (n >= length: no-op)
     e.exp_table                           # intmath.exp_table (a view of the engine's ints; for sampling)
     e.length, e.n_ctx, e.vocab, e.header  # cached positions, context size, vocabulary, model header
     e.heap_bytes                          # heap the loaded engine holds (weights + KV cache + buffers)
     e.viper                               # True when the viper kernels run, False on the Python fallback
+
+A pipeline stage is firmware/stage_engine.py's StageEngine, this class with `layers=(a, b)`: it loads
+only the tensors of layers a..b-1 (and the final norm on the last stage), reading the skipped bytes
+through its KV cache buffer, before using it, for the CRC check; the embedding and the classifier stay
+in the file, and its `_embed_row` and `_stream_cls` read them there. After a stage runs, e.x holds its
+output residual stream, the next stage's input, exactly (no rounding between stages), so a chain of
+stages gives the full model's logits bit for bit (docs/pipeline.md).
 
 `forward` needs pos <= length (an earlier pos rolls back first). The returned array is overwritten by
 the next call. A prompt longer than kmax is fed in chunks. Every buffer is allocated by the constructor
@@ -32,8 +43,8 @@ import gc
 from array import array
 
 from shared import intmath
-from shared.modelfile import (FLAG_SHARED_CLS, HEADER_SIZE, KIND_Q8, ModelFileError, crc32,
-                              parse_header, tensor_layout)
+from shared.modelfile import (FLAG_SHARED_CLS, HEADER_SIZE, KIND_Q8, ModelFileError, crc32, parse_header,
+                              tensor_bytes, tensor_layout)
 
 try:
     import kernels as _viper
@@ -54,7 +65,8 @@ def _zeros(code, n):
 class Engine:
     """One sequence of one model: weights, int8 KV cache and every scratch buffer, allocated here."""
 
-    def __init__(self, path, kmax=1, viper=True, n_ctx=0):
+    def __init__(self, path, kmax=1, viper=True, n_ctx=0, layers=None):
+        """layers=(a, b): StageEngine's slice (see the module docstring)."""
         if kmax < 1:
             raise ValueError("kmax must be >= 1")
         gc.collect()
@@ -71,16 +83,21 @@ class Engine:
             if max(h.dim, h.hidden, h.n_heads * h.head_dim) > _MAX_COLS:
                 raise ModelFileError("model width %d exceeds this engine's int32 bound (%d)"
                                      % (max(h.dim, h.hidden, h.n_heads * h.head_dim), _MAX_COLS))
+            a, b = layers if layers is not None else (0, h.n_layers)
+            if not 0 <= a < b <= h.n_layers:
+                raise ModelFileError("layers %d:%d are not a slice of the model's %d layers" % (a, b, h.n_layers))
             self.header = h
             self.kmax = kmax
             self.vocab = h.vocab
             self.n_ctx = min(n_ctx, h.max_seq) if n_ctx > 0 else h.max_seq
             self.length = 0
+            self.a, self.b = a, b
+            self.head = b == h.n_layers  # final norm and classifier here
             self._buffers(h, kmax)  # the largest first, before the weights, against fragmentation
-            t = self._load(f, h)
-        # t follows tensor_layout: tok_emb, 9 tensors per layer, final_norm, [cls]
+            t = self._load(f, h, a, b, None if layers is None else self.kv)
+        # t follows tensor_layout: tok_emb, 9 tensors per layer, final_norm, [cls]; None where not loaded
         self.tok_emb = t[0]
-        self.layers = [tuple(t[1 + 9 * i:10 + 9 * i]) for i in range(h.n_layers)]
+        self.layers = [tuple(t[1 + 9 * i:10 + 9 * i]) for i in range(a, b)]
         self.final_norm = t[1 + 9 * h.n_layers]
         self.cls = t[0] if h.flags & FLAG_SHARED_CLS else t[2 + 9 * h.n_layers]
         self._tables(h)
@@ -91,9 +108,9 @@ class Engine:
         hd, dim, kvd, hid = h.head_dim, h.dim, h.kv_dim, h.hidden
         qd = h.n_heads * hd
         self.stride = kvd + 1  # a cache row: kv_dim int8 values, then their shift
-        self.cache = h.n_layers * self.n_ctx * self.stride
+        self.cache = (self.b - self.a) * self.n_ctx * self.stride
         self.kv = bytearray(2 * self.cache)  # keys, then values
-        self.logits = _zeros("i", kmax * h.vocab)
+        self.logits = _zeros("i", kmax * h.vocab) if self.head else None
         self.block = max(dim, qd, hid)  # matrix rows per matmul call: the classifier goes in blocks
         self.pm = _zeros("i", 16 + kmax * self.block)  # matmul's parameters, then its sums
         self.acc = memoryview(self.pm)[16:]
@@ -118,17 +135,27 @@ class Engine:
         self.eps = intmath.eps_q32(h.norm_eps_bits)
 
     @staticmethod
-    def _load(f, h):
-        """Read every tensor into a fresh buffer, checking sizes and the body CRC; tensors in file order.
+    def _load(f, h, a, b, scratch):
+        """Read the tensors of layers a..b-1 (all of them without `scratch`) into fresh buffers, checking
+        sizes and the body CRC; tensors in file order, None for a tensor not loaded.
 
+        With `scratch` (a stage) the embedding, the other layers and the classifier are read through it
+        for the CRC only, and the final norm is loaded when b is the last layer.
         A Q8 tensor becomes (int8 bytearray, array('i') of m | s << 16 per row, rows, cols), the row
         scale m / 2^s (intmath.fixed: 0 <= m <= 2^14); a vector (array('i') of ints, s), values int / 2^s.
         """
         crc = 0
         layout = tensor_layout(h)
         out = [None] * len(layout)
+        lo, hi = 1 + 9 * a, 1 + 9 * b + (1 if b == h.n_layers else 0)  # tensors kept by a stage
         for n, (_name, kind, rows, cols) in enumerate(layout):
-            if kind == KIND_Q8:
+            if scratch is not None and not lo <= n < hi:
+                left = tensor_bytes(kind, rows, cols)
+                while left:
+                    c = min(left, len(scratch))
+                    crc = _read(f, memoryview(scratch)[:c], c, crc)
+                    left -= c
+            elif kind == KIND_Q8:
                 w, ms = bytearray(rows * cols), _zeros("i", rows)
                 crc = _read(f, w, rows * cols, crc)
                 crc = _read(f, ms, 4 * rows, crc)
@@ -159,29 +186,42 @@ class Engine:
         pg[1] = self.vocab
         return self._k.argmax(self.logits, pg)
 
-    def forward(self, tokens, pos):
-        """Run k = len(tokens) positions from pos in one batched pass; returns the logits array."""
+    def forward(self, tokens, pos, k=0, head=True):
+        """Run k = len(tokens) positions from pos in one batched pass; returns the logits array.
+
+        tokens None (a stage after the first): the k rows of self.x are the input. The logits are computed
+        on the last stage only, and there only when `head`; otherwise self.x is the output."""
         h = self.header
-        k = len(tokens)
+        if tokens is not None:
+            k = len(tokens)
         if k < 1 or k > self.kmax:
             raise ValueError("forward takes 1..%d tokens, got %d" % (self.kmax, k))
         if pos < 0 or pos > self.length:
             raise ValueError("start position %d is beyond the %d cached positions" % (pos, self.length))
         if pos + k > self.n_ctx:
             raise ValueError("%d positions exceed the model's context of %d" % (pos + k, self.n_ctx))
+        if (tokens is None) != (self.a > 0):
+            raise ValueError("the first stage takes tokens, a later one activations")
         pe = self.pe
         pe[0] = h.dim
-        for j in range(k):
+        for j in range(k if tokens is not None else 0):
             t = tokens[j]
             if t < 0 or t >= self.vocab:
                 raise ValueError("token id %d out of range [0, %d)" % (t, self.vocab))
-            pe[1] = t
             pe[2] = j * h.dim
-            self._k.embed(self.x, self.tok_emb[0], self.tok_emb[1], pe)
-        for li in range(h.n_layers):
+            if self.tok_emb is None:  # a stage: StageEngine reads the row from the file
+                self._embed_row(t)
+            else:
+                pe[1] = t
+                self._k.embed(self.x, self.tok_emb[0], self.tok_emb[1], pe)
+        for li in range(self.b - self.a):
             self._layer(li, self.layers[li], k, pos)
-        self._rmsnorm(self.final_norm, k)
-        self._matvec(self.cls, self.xn, self.logits, k, 0)
+        if self.head and head:
+            self._rmsnorm(self.final_norm, k)
+            if self.cls is None:  # a stage: StageEngine streams the classifier from the file
+                self._stream_cls(k)
+            else:
+                self._matvec(self.cls, self.xn, self.logits, k, 0)
         self.length = pos + k
         return self.logits
 
@@ -272,20 +312,25 @@ class Engine:
 
         The classifier (rows > block) goes in blocks of `block` rows through self.acc."""
         w, ms, rows, cols = m
-        pm, pr = self.pm, self.pr
-        pm[1] = cols
-        pm[2] = k
-        pr[1] = k
-        pr[3] = rows
-        pr[5] = add
         r0 = 0
         while r0 < rows:
             n = min(self.block, rows - r0)
-            pm[0] = pr[0] = n
-            pm[3] = pr[2] = pr[4] = r0
-            self._k.matmul(w, self.xq, 0, pm)
-            self._k.requant(dst, self.acc, ms, pr)
+            self._block(w, ms, n, cols, r0, dst, k, r0, rows, add)
             r0 += n
+
+    def _block(self, w, ms, n, cols, w0, dst, k, d0, rows, add):
+        """dst rows d0..d0+n-1 (of `rows` per position) (+)= requant of weight rows w0..w0+n-1 @ self.xq."""
+        pm, pr = self.pm, self.pr
+        pm[0] = pr[0] = n
+        pm[1] = cols
+        pm[2] = k
+        pm[3] = pr[2] = w0
+        pr[1] = k
+        pr[3] = rows
+        pr[4] = d0
+        pr[5] = add
+        self._k.matmul(w, self.xq, 0, pm)
+        self._k.requant(dst, self.acc, ms, pr)
 
 
 def _read(f, buf, nbytes, crc):

@@ -12,7 +12,12 @@ Every link has the same small interface:
 StdioLink: the REPL console (USB-serial on a board, the pty/pipe of a virtual board), one `:`-base64
 line per frame (shared/codec.py), so kbd_intr stays on and mpremote can always interrupt the node.
 UartLink: the same lines over machine.UART between boards. EspNowLink: one packet per frame,
-fragmented above the MTU (shared/codec.py); peers by MAC from the config. Board-only modules
+fragmented above the MTU (shared/codec.py); peers by MAC from the config. With a deployment key the
+radio's own encryption is on (docs/security.md): PMK = HMAC(key, "specmesh pmk"), and per peer pair
+LMK = HMAC(key, "specmesh lmk" + the lower MAC + the higher MAC), both truncated to 16 bytes, so the
+two ends derive the same LMK. Peers are encrypted in ascending node id order; one past the radio's
+limit of 6 encrypted peers, or listed in the config's "plain", is added unencrypted (frames still
+signed), and the console says which. Board-only modules
 (machine.UART, network, espnow) are imported when a link is built, so this file imports anywhere.
 """
 
@@ -168,7 +173,7 @@ class EspNowLink:
 
     BROADCAST_MAC = b"\xff" * 6
 
-    def __init__(self, peers, mtu=None, channel=None):
+    def __init__(self, peers, mtu=None, channel=None, key=None, plain=()):
         import espnow
         import network
 
@@ -186,20 +191,32 @@ class EspNowLink:
         self._e.config(rxbuf=RX_PACKETS * (self.mtu + 16))
         self._e.active(True)
         self.peers = peers  # node id -> 6-byte MAC
-        for mac in peers.values():
-            self._add(mac)
-        self._add(self.BROADCAST_MAC)
+        auth = codec.Auth(bytes.fromhex(key)) if key else None
+        if auth is not None:
+            self._e.set_pmk(auth.derive(b"specmesh pmk"))
+            me = sta.config("mac")
+        for nid in sorted(peers):
+            mac = peers[nid]
+            if auth is None or nid in plain:
+                self._add(mac, None)
+                continue
+            lmk = auth.derive(b"specmesh lmk" + min(me, mac) + max(me, mac))
+            if not self._add(mac, lmk) and self._add(mac, None):
+                print("specmesh: ESP-NOW peer %d unencrypted (no room for another encrypted peer)" % nid)
+        self._add(self.BROADCAST_MAC, None)
         self._dec = _RawDatagrams(stale_after=64)
         self.errors = self._dec.errors
         self.closed = False
         self._msg_id = 0
         self.sent = 0
 
-    def _add(self, mac):
+    def _add(self, mac, lmk):
+        """True if `mac` became a peer (encrypted with `lmk` if given); False: already one, or no room."""
         try:
-            self._e.add_peer(mac)
+            self._e.add_peer(mac, lmk)
+            return True
         except OSError:
-            pass  # already a peer
+            return False
 
     def routes(self, node_id):
         """True if `node_id` is reachable over this link."""

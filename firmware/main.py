@@ -22,7 +22,8 @@ def make_links(cfg):
             peers = {}
             for nid, mac in e.get("peers", {}).items():
                 peers[int(nid)] = config.parse_mac(mac)
-            radio = EspNowLink(peers, e.get("mtu"), e.get("channel"))
+            plain = [int(nid) for nid in e.get("plain", ())]
+            radio = EspNowLink(peers, e.get("mtu"), e.get("channel"), cfg.get("key"), plain)
             return [radio] if kind == "espnow" else [StdioLink(), radio]
     except (ImportError, OSError, ValueError, TypeError, AttributeError, config.ConfigError) as ex:
         _say("link %r unavailable (%s): serving on the console instead" % (kind, ex))

@@ -16,6 +16,11 @@ broadcasts from the host link are also handed to the radio.
 
 CONFIGURE replies from the id it was addressed to, then takes the new id, role and model, and
 saves them in the board config. RESET replies ACK and ends `run()`, back to the REPL.
+
+Signing counters: a keyed node keeps its counter in RAM and reserves blocks of counters in the board
+config ("ctr": the first counter a later boot may use), one flash write per boot and per block; a
+rebooted node therefore signs above every counter it ever used, and a host that saw its earlier frames
+takes its new ones while still refusing recordings of the old (docs/security.md).
 """
 
 import gc
@@ -38,12 +43,16 @@ HOST = 0
 # virtual classic ESP32 drafter had 16 KB less by its first reply (link buffers, decoders, interned
 # names) and needs about 12 KB more to serve DRAFT_REQ and STATS
 _RESERVE = const(28672)
+# a stage (its rule's tables preallocated, frames of a few hundred bytes) serves in less: a last stage with
+# 19 KB free at load kept 16 KB free through sampled STAGE requests (docs/pipeline.md)
+_STAGE_RESERVE = const(16384)
 _MIN_CTX = const(64)  # the shortest context it halves to
 SMALL_HEAP = 1 << 20  # below this heap size (no PSRAM) the node collects garbage after every request
 REPLY_CACHE = 4  # replies kept for retransmitted requests (a host may have a few requests in flight)
 POLL_MS = 1000  # longest a single-link node blocks in one poll (nothing depends on it waking)
+_CTR_BLOCK = const(4096)  # signing counters reserved per flash write
 
-ROLE_NAMES = ("idle", "drafter", "verifier")
+ROLE_NAMES = ("idle", "drafter", "verifier", "stage")
 STAT_KEYS = ("requests", "dup_replies", "errors", "bad_frames", "stray", "forwarded", "drafted", "ahead", "draft_hits",
              "verified", "accepted", "passes", "positions", "compute_ms", "heap_free", "heap_min",
              "committed", "kv", "uptime_ms", "dropped", "unsigned", "bad_tag", "replayed")
@@ -78,7 +87,7 @@ class Node:
         self.config_path = config_path
         self.links = links
         self.node_id = cfg["node_id"]
-        self.auth = codec.Auth(bytes.fromhex(cfg["key"])) if cfg.get("key") else None
+        self.auth = codec.Auth(bytes.fromhex(cfg["key"]), 24, cfg.get("ctr", 0)) if cfg.get("key") else None
         self.stats = {}
         for k in STAT_KEYS:
             self.stats[k] = 0
@@ -95,6 +104,8 @@ class Node:
         self._small_heap = gc.mem_free() + gc.mem_alloc() < SMALL_HEAP
         if load_error:
             _say(load_error)
+        if self.auth is not None:
+            self._reserve()
         if cfg["role"] != "idle":
             try:
                 self._load(ROLE_NAMES.index(cfg["role"]), cfg["model"])
@@ -119,7 +130,9 @@ class Node:
                     raw = link.recv(POLL_MS if single and not work else 0)
                     if raw is not None:
                         busy = True
-                        self.on_frame(raw, link)
+                        self.on_frame(raw, link)  # signs at most one frame
+                        if self.auth is not None and self.auth.counter + 4 > self.cfg["ctr"]:
+                            self._reserve()
                 except MemoryError:  # a frame too large for the heap left: drop it, keep serving
                     self.stats["bad_frames"] += 1
                     gc.collect()
@@ -132,6 +145,15 @@ class Node:
             work = self._idle_step()
             if not work and not single:
                 time.sleep_ms(1)
+
+    def _reserve(self):
+        """Reserve the next block of signing counters in the board config (a later boot starts above it)."""
+        cfg = self.cfg
+        cfg["ctr"] = self.auth.counter + _CTR_BLOCK
+        try:
+            config.save(cfg, self.config_path)
+        except (OSError, MemoryError, config.ConfigError) as e:
+            _say("signing counters not saved (%s): after a reboot the host refuses this node until a new run" % e)
 
     def _idle_step(self):
         """Background work of the role (pipelined drafting); paused after a MemoryError until the next request."""
@@ -324,6 +346,10 @@ class Node:
             if self.role_id != m.ROLE_VERIFIER:
                 raise Refused(E_STATE, "VERIFY_REQ needs a verifier; this node is a %s" % ROLE_NAMES[self.role_id])
             return m.VERDICT, m.pack_verdict(*role.verify(*args)[1:])  # the verdict commits itself
+        if t == m.STAGE:
+            if self.role_id != m.ROLE_STAGE:
+                raise Refused(E_STATE, "STAGE needs a stage; this node is a %s" % ROLE_NAMES[self.role_id])
+            return m.STAGE, role.run(*args)
         raise Refused(E_MESSAGE, "%s is not a request" % _name(t))
 
     def _hello(self):
@@ -358,8 +384,8 @@ class Node:
 
     def _configure(self, role_id, node_id, model):
         """Load the new role and model, save the config; the reply still comes from the old id."""
-        if role_id > m.ROLE_VERIFIER:
-            raise Refused(E_MESSAGE, "unknown role %d (0 idle, 1 drafter, 2 verifier)" % role_id)
+        if role_id > m.ROLE_STAGE:
+            raise Refused(E_MESSAGE, "unknown role %d (0 idle, 1 drafter, 2 verifier, 3 stage)" % role_id)
         if not 1 <= node_id <= 254:
             raise Refused(E_MESSAGE, "node id %d is outside 1..254" % node_id)
         cfg = self.cfg
@@ -384,19 +410,29 @@ class Node:
         gc.collect()
         if role_id == m.ROLE_IDLE:
             return
-        kmax = 1 if role_id == m.ROLE_DRAFTER else self.cfg.get("kmax", roles.CHAIN + 1)
+        cfg = self.cfg
+        stage = role_id == m.ROLE_STAGE  # layers [a, b) of the model (config "layers"), firmware/stage.py
+        kmax = 1 if role_id == m.ROLE_DRAFTER else cfg.get("kmax", 1 if stage else roles.CHAIN + 1)
         try:
             import engine
 
-            n_ctx = self.cfg.get("n_ctx", 0)
+            if stage:  # imported before the engine: its code would otherwise sit amid the freed engine of a retry
+                import stage as st
+                import stage_engine
+            n_ctx = cfg.get("n_ctx", 0)
             while True:
-                eng = engine.Engine(model, kmax, True, n_ctx)
+                if stage:
+                    eng = stage_engine.StageEngine(model, cfg.get("layers"), kmax, True, n_ctx)
+                else:
+                    eng = engine.Engine(model, kmax, True, n_ctx)
                 if role_id == m.ROLE_DRAFTER:
-                    self.role = roles.Drafter(eng, self.stats, self.cfg.get("spec_ahead", 0))
+                    self.role = roles.Drafter(eng, self.stats, cfg.get("spec_ahead", 0))
+                elif stage:
+                    self.role = st.Stage(eng, self.stats)
                 else:
                     self.role = roles.Verifier(eng, self.stats)
                 gc.collect()
-                if gc.mem_free() >= _RESERVE or eng.n_ctx <= _MIN_CTX:
+                if gc.mem_free() >= (_STAGE_RESERVE if stage else _RESERVE) or eng.n_ctx <= _MIN_CTX:
                     break
                 n_ctx = eng.n_ctx // 2  # too little heap left to serve requests: a shorter context (HELLO says)
                 self.role = eng = None

@@ -27,7 +27,7 @@ from host.proxy import Call, NodeError, Proxy, ProxyError
 from shared import messages as m
 from shared.rule import PARTIAL
 
-ROLE_NAMES = {m.ROLE_DRAFTER: "drafter", m.ROLE_VERIFIER: "verifier"}
+ROLE_NAMES = {m.ROLE_DRAFTER: "drafter", m.ROLE_VERIFIER: "verifier", m.ROLE_STAGE: "stage"}
 E_STATE = 2  # ERROR code of a request the node's state does not allow, e.g. "no session" (firmware/roles.py)
 
 

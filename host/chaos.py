@@ -1,16 +1,19 @@
 """`specmesh chaos`: generations on virtual boards under named fault profiles, against the fault-free text.
 
-Each profile runs a greedy and a seeded sampled generation on a fresh pair of virtual boards with
-faults on every link (host/faults.py; the radio's own for ESP-NOW) and, where the profile says, a board
-killed or rebooted at a chosen round. The reference is the same generation without faults on the CPU
-back-ends (the boards' arithmetic and PRNG are the CPU back-ends', so the texts must be equal). The
-table gives: tokens produced, tokens lost and duplicated against the reference (both 0 when the text
-is equal), retransmissions, re-synchronisations and fail-overs (the recoveries), and the time against
-a fault-free run on the same kind of boards.
+Each profile runs a greedy and a seeded sampled generation on a fresh pair of virtual boards with faults
+on every link (host/faults.py; the radio's own for ESP-NOW) and, where the profile says, a board killed
+or rebooted at a chosen round, and, for the `signed-` profiles, a deployment key on every board (frames
+signed, ESP-NOW peers encrypted; docs/security.md). The reference is the same generation without faults
+on the CPU back-ends (the boards' arithmetic and PRNG are the CPU back-ends', so the texts must be
+equal). The table gives: tokens produced, tokens lost and duplicated against the reference (both 0 when
+the text is equal), retransmissions, re-synchronisations and fail-overs (the recoveries), the time from a
+reboot to the end of the next round (recovery), and the time against a fault-free run on the same kind of
+boards (signed when the profile is).
 """
 
 from __future__ import annotations
 
+import secrets
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,6 +43,7 @@ class Profile:
     # goes on with plain rounds, whose draws differ from a round's accept test and residual draw (the text
     # is another sample of the same distribution); greedy text must still be equal
     same_sample: bool = True
+    signed: bool = False  # a fresh deployment key on every board: every frame signed, ESP-NOW peers encrypted
 
 
 LOSSY = dict(drop=0.05, corrupt=0.01, duplicate=0.01, reorder=0.05)
@@ -59,6 +63,13 @@ PROFILES = {
                                event=("reboot", "drafter", 4)),
     "verifier-reboots": Profile("the verifier board reboots at round 4 on a lossy link",
                                 link=Faults(**LOSSY), event=("reboot", "verifier", 4)),
+    "signed-drafter-reboots": Profile("signed bus: the drafter board reboots at round 4",
+                                      event=("reboot", "drafter", 4), signed=True),
+    "signed-verifier-reboots": Profile("signed bus: the verifier board reboots at round 4 on a lossy link",
+                                       link=Faults(**LOSSY), event=("reboot", "verifier", 4), signed=True),
+    "signed-noisy-radio": Profile("signed bus and encrypted ESP-NOW peers on the noisy-radio faults", "espnow",
+                                  link=Faults(**LOSSY), radio=dict(loss=0.1, duplicate=0.02, corrupt=0.01,
+                                                                   reorder=0.05), signed=True),
 }
 CASES = (SessionParams(temperature=0.0), SessionParams(seed=7, temperature=0.8))
 
@@ -78,11 +89,15 @@ def soft_reset(board) -> None:
     ser.write(b"\x04")
 
 
-def _event(cluster, backends: dict, event: tuple[str, str, int] | None) -> Callable:
+def _event(cluster, backends: dict, event: tuple[str, str, int] | None, times: dict) -> Callable:
+    """on_round for generate(): the profile's event at its round; `times` gets "event" (when it happened)
+    and "recovered" (when the next round ended)."""
     rounds = [0]
 
     def on_round(_accepted, _emitted) -> None:
         rounds[0] += 1
+        if "event" in times and "recovered" not in times:
+            times["recovered"] = time.perf_counter()
         if event is None or rounds[0] != event[2]:
             return
         action, kind, _ = event
@@ -90,6 +105,7 @@ def _event(cluster, backends: dict, event: tuple[str, str, int] | None) -> Calla
             cluster.boards[kind].stop()
         else:
             soft_reset(backends[kind])
+        times["event"] = time.perf_counter()
     return on_round
 
 
@@ -100,19 +116,24 @@ def run_case(profile: Profile | None, params: SessionParams, tokens: int, models
 
     p = profile or Profile("none")
     radio = RadioConfig(seed=3, **p.radio) if p.transport == "espnow" else None
-    with Cluster(p.transport, models, root, radio=radio, faults=p.link) as c:
+    key = secrets.token_bytes(32) if p.signed else None
+    with Cluster(p.transport, models, root, radio=radio, faults=p.link, key=key) as c:
         backends = {"verifier": c.backend("verifier"), "drafter": c.backend("drafter")}
         failovers: list[str] = []
+        times: dict[str, float] = {}
         t0 = time.perf_counter()
         res = generate(PROMPT, backends["verifier"], backends["drafter"], params, tokens,
-                       GammaController(fixed=GAMMA), on_round=_event(c, backends, p.event),
+                       GammaController(fixed=GAMMA), on_round=_event(c, backends, p.event, times),
                        fallback=lambda: LocalVerifier(models / "target.spm"), on_failover=failovers.append)
         wall = time.perf_counter() - t0
         links = c.buses
-        return {"tokens": res.tokens, "wall_s": wall, "failovers": failovers,
+        recovery = times["recovered"] - times["event"] if "recovered" in times else None
+        return {"tokens": res.tokens, "wall_s": wall, "failovers": failovers, "recovery_s": recovery,
+                "round_s": wall / max(1, len(res.rounds)),
                 "retransmits": sum(bus.retransmits for bus in links),
                 "resyncs": sum(getattr(b, "resyncs", 0) for b in backends.values()),
-                "radio_lost": c.hub.stats.lost if radio is not None else 0}
+                "radio_lost": c.hub.stats.lost if radio is not None else 0,
+                "radio_encrypted": c.hub.stats.encrypted if radio is not None else 0}
 
 
 def compare(want: list[int], got: list[int]) -> tuple[int, int]:
@@ -133,7 +154,8 @@ def run(names: list[str], tokens: int = 32, models: Path = ROOT / "models") -> l
             prof = PROFILES[name]
             for params in CASES:
                 want = reference(models, params, tokens)
-                base = run_case(Profile("none", prof.transport), params, tokens, models, Path(tmp) / "base")
+                base = run_case(Profile("none", prof.transport, signed=prof.signed), params, tokens, models,
+                                Path(tmp) / "base")
                 got = run_case(prof, params, tokens, models, Path(tmp) / name)
                 lost, dup = compare(want, got["tokens"])
                 expect = prof.same_sample or params.temperature == 0.0
@@ -141,20 +163,24 @@ def run(names: list[str], tokens: int = 32, models: Path = ROOT / "models") -> l
                              "expect_equal": expect,
                              "lost": lost, "duplicated": dup, "retransmits": got["retransmits"],
                              "resyncs": got["resyncs"], "failovers": got["failovers"],
+                             "recovery_s": got["recovery_s"], "round_s": base["round_s"],
                              "radio_lost": got["radio_lost"], "overhead": got["wall_s"] / base["wall_s"],
                              "equal": got["tokens"] == want and base["tokens"] == want})
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
-    print("%-17s %4s %6s %4s %4s %7s %7s %9s %8s %6s" % ("profile", "T", "tokens", "lost", "dup", "retrans",
-                                                       "resyncs", "failovers", "overhead", "equal"))
+    print("%-23s %4s %6s %4s %4s %7s %7s %9s %8s %8s %6s" % (
+        "profile", "T", "tokens", "lost", "dup", "retrans", "resyncs", "failovers", "recovery", "overhead", "equal"))
     for r in rows:
         equal = "yes" if r["equal"] else ("NO" if r["expect_equal"] else "other")
         lost, dup = (r["lost"], r["duplicated"]) if r["expect_equal"] else ("-", "-")
-        print("%-17s %4.1f %6d %4s %4s %7d %7d %9d %7.2fx %6s" % (
+        recovery = "-" if r["recovery_s"] is None else "%.2f s" % r["recovery_s"]
+        print("%-23s %4.1f %6d %4s %4s %7d %7d %9d %8s %7.2fx %6s" % (
             r["profile"], r["temperature"], r["tokens"], lost, dup, r["retransmits"],
-            r["resyncs"], len(r["failovers"]), r["overhead"], equal))
+            r["resyncs"], len(r["failovers"]), recovery, r["overhead"], equal))
+    print("recovery: from a board's reboot (its Ctrl-D) to the end of the next round; a fault-free round took"
+          " %.1f-%.1f ms" % (1000 * min(r["round_s"] for r in rows), 1000 * max(r["round_s"] for r in rows)))
     if any(not r["expect_equal"] for r in rows):
         print("other: a sampled stream that went on with plain rounds after its drafter failed is another sample of"
               " the target's distribution (plain and speculative rounds draw differently), not the same text")

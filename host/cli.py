@@ -16,17 +16,29 @@ def _add_run(sub) -> None:
 
 
 def _add_flash(sub) -> None:
-    p = sub.add_parser("flash", help="flash the node (drafter or verifier) onto a board with mpremote")
+    p = sub.add_parser("flash", help="flash the node (drafter, verifier or pipeline stage) onto a board with mpremote")
     p.add_argument("--port", default="auto", help="serial port of the board, or `auto` (default) to find it")
-    p.add_argument("--role", required=True, choices=["drafter", "verifier"])
+    p.add_argument("--role", required=True, choices=["drafter", "verifier", "stage"])
+    p.add_argument("--layers", metavar="A:B", default=None,
+                   help="--role stage: the target's layers A..B-1 this board holds (docs/pipeline.md)")
     p.add_argument("--model", default=None, help="model file (default: models/drafter.spm or models/target.spm)")
-    p.add_argument("--node-id", type=int, default=None, help="bus node id (default: 1 drafter, 2 verifier)")
+    p.add_argument("--node-id", type=int, default=None,
+                   help="bus node id (default: 1 drafter, 2 verifier, 10 stage; stages of one pipeline need distinct ids)")
     p.add_argument("--no-reset", action="store_true", help="leave the board in the REPL instead of starting the node")
     keys = p.add_mutually_exclusive_group()
     keys.add_argument("--key-file", metavar="F", help="provision this deployment key (specmesh keygen): the board "
                       "then signs and checks every frame (default: keep the key the board has, if any)")
     keys.add_argument("--no-key", action="store_true", help="remove the board's key: an open bus")
     p.set_defaults(func=_flash)
+
+
+def parse_layers(text: str) -> tuple[int, int]:
+    """(a, b) from "a:b"; ValueError with a line for the user."""
+    try:
+        a, b = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--layers must be A:B (e.g. 0:1), not {text!r}") from None
+    return a, b
 
 
 def _flash(args) -> int:
@@ -38,14 +50,41 @@ def _flash(args) -> int:
         key = load_key(args.key_file) if args.key_file else None
         port = resolve_port(args.port)
         t0 = time.monotonic()
+        layers = parse_layers(args.layers) if args.layers is not None else None
         report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset, key=key,
-                       clear_key=args.no_key)
-    except (FlashError, PortError, KeyFileError) as e:
+                       clear_key=args.no_key, layers=layers)
+    except (FlashError, PortError, KeyFileError, ValueError) as e:
         print(f"specmesh flash: {e}", file=sys.stderr)
         return 1
     b = report.board
     print(f"{args.role} on {port} (MicroPython {'.'.join(map(str, b.version[:3]))}, {b.arch}, "
           f"{b.mem_free // 1024} KiB heap free): {summary(report, time.monotonic() - t0)}")
+    return 0
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="measure the projection's cost terms on a flashed board; write a calibration")
+    p.add_argument("--port", default="auto", help="serial port of the board, or `auto` (default) to find it")
+    p.add_argument("--out", default="calibration.json",
+                   help="calibration file to write (default: calibration.json), for run --calibration")
+    p.set_defaults(func=_bench)
+
+
+def _bench(args) -> int:
+    from host.boardbench import bench, report
+    from host.flash import FlashError
+    from host.ports import PortError, resolve_port
+
+    try:
+        port = resolve_port(args.port)
+        result = bench(port, args.out)
+    except (FlashError, PortError) as e:
+        print(f"specmesh bench: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"specmesh bench: cannot write {args.out}: {e.strerror}", file=sys.stderr)
+        return 1
+    print("\n".join(report(result, args.out)))
     return 0
 
 
@@ -211,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
     _add_flash(sub)
+    _add_bench(sub)
     _add_keygen(sub)
     _add_emulate(sub)
     _add_chaos(sub)

@@ -23,6 +23,7 @@ from pathlib import Path
 from host.backends import BackendError
 from host.boards import BoardDrafter, BoardVerifier
 from host.links import LinkError, SerialLink
+from host.pipeline import BoardStage, PipelineVerifier
 from host.proxy import Bus, HostAuth, Proxy
 from shared import messages as m
 from shared.codec import BROADCAST
@@ -40,9 +41,17 @@ def _vboards_dir() -> Path:
 
 
 VBOARDS = _vboards_dir()
-BOARD_CLASS = {"drafter": "esp32", "verifier": "esp32s3"}
-NODE_ID = {"drafter": 1, "verifier": 2}
-BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier}
+BOARD_CLASS = {"drafter": "esp32", "verifier": "esp32s3", "stage": "esp32"}
+NODE_ID = {"drafter": 1, "verifier": 2, "stage": 10}  # stage i: 10 + i
+BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier, "stage": BoardStage}
+
+
+def split_layers(n_layers: int, n: int) -> list[tuple[int, int]]:
+    """n contiguous slices (a, b) of n_layers layers, as even as can be; ValueError if n is not 1..n_layers."""
+    if not 1 <= n <= n_layers:
+        raise ValueError("--stages must be in 1..%d (the target's layers), not %d" % (n_layers, n))
+    cuts = [round(i * n_layers / n) for i in range(n + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
 
 
 def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None = None,
@@ -145,16 +154,20 @@ class Cluster(contextlib.ExitStack):
         self.boards: dict = {}
         self._bus: Bus | None = None
 
-    def start(self, kind: str, config: dict | None = None, radio=None, board: str | None = None):
+    def start(self, kind: str, config: dict | None = None, radio=None, board: str | None = None,
+              stage: tuple[int, int, int] | None = None):
         """Start and flash the virtual board for `kind`; returns it (its `port` is the serial device).
 
-        `config`: board-config keys (link, espnow peers) written before flashing, which keeps them."""
+        `config`: board-config keys (link, espnow peers) written before flashing, which keeps them.
+        `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1."""
         from host.emulator.board import BoardError, VirtualBoard  # noqa: PLC0415
         from host.emulator.session import board_mac  # noqa: PLC0415
         from host.flash import FlashError, flash, summary  # noqa: PLC0415
 
         model = self.models / ("drafter.spm" if kind == "drafter" else "target.spm")
-        folder = self.root / (kind if radio is None else kind + "-espnow")
+        name = kind if stage is None else "stage%d" % stage[0]
+        node_id = NODE_ID[kind] + (0 if stage is None else stage[0])
+        folder = self.root / (name if radio is None else name + "-espnow")
         folder.mkdir(parents=True, exist_ok=True)
         cfg_path = folder / "specmesh.json"
         cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
@@ -163,26 +176,27 @@ class Cluster(contextlib.ExitStack):
         cfg["spec_ahead"] = self.spec_ahead if kind == "drafter" else 0
         cfg.update(config or {})
         cfg_path.write_text(json.dumps(cfg, sort_keys=True))
-        vb = VirtualBoard(folder, board or BOARD_CLASS[kind], name="vboard-" + kind, mac=board_mac(NODE_ID[kind]),
+        vb = VirtualBoard(folder, board or BOARD_CLASS[kind], name="vboard-" + name, mac=board_mac(node_id),
                           radio=radio.address if radio is not None else None,
                           mtu=radio.config.mtu if radio is not None else 250)
         say = self.say or (lambda line: None)
-        what = "virtual %s board (%s)" % (kind, vb.board.name)
+        what = "virtual %s board (%s)" % (name if stage is None else "stage %d (layers %d:%d)" % stage, vb.board.name)
         say("%s: booting, flashing the node and %s with mpremote..." % (what, model.name))
         try:
             vb.start()
             self.callback(vb.stop)
             t0 = time.monotonic()
+            layers = None if stage is None else stage[1:]
             try:
-                report = flash(vb.port, kind, model, NODE_ID[kind], progress=self.say is not None, key=self.key,
-                               clear_key=True)
+                report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
+                               clear_key=True, layers=layers)
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
-                report = flash(vb.port, kind, model, NODE_ID[kind], progress=self.say is not None, key=self.key,
-                               clear_key=True)
+                report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
+                               clear_key=True, layers=layers)
         except (BoardError, FlashError) as e:
             raise BackendError("virtual %s board: %s" % (kind, e)) from None
         say("%s: %s" % (what, summary(report, time.monotonic() - t0)))
-        self.boards[kind] = vb
+        self.boards[name] = vb
         return vb
 
     def _start_espnow(self) -> Bus:
@@ -200,6 +214,22 @@ class Cluster(contextlib.ExitStack):
         bus.peer = NODE_ID["drafter"]  # the gateway; the verifier's frames carry addresses
         self.buses.append(bus)
         return bus
+
+    def pipeline(self, n: int):
+        """A pipeline verifier (host/pipeline.py) over n virtual stage boards (classic ESP32s), the target's
+        layers split evenly; each on its own serial link, the host relaying activations between them."""
+        from host.modelio import check_model_file  # noqa: PLC0415
+        if self.transport != "serial":
+            raise BackendError("--stages runs on --transport serial (the host relays between stages)")
+        n_layers = check_model_file(self.models / "target.spm")[0].n_layers
+        layers = split_layers(n_layers, n)
+        stages = []
+        for i, (a, b) in enumerate(layers):
+            vb = self.start("stage", stage=(i, a, b))
+            bus = _open(vb.port, self, self.faults, self.key, busy_s=2.0)
+            self.buses.append(bus)
+            stages.append(_backend("stage", bus, NODE_ID["stage"] + i, "virtual:stage%d(%s)" % (i, vb.board.name)))
+        return PipelineVerifier(stages, layers)
 
     def backend(self, kind: str):
         if self.transport == "espnow":

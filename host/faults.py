@@ -5,7 +5,9 @@ and applies seeded faults to every frame in both directions: what the host sends
 damaged or not at all (the node's CRC check and the host's retransmission must cope), and what the
 board sends reaches the proxy the same way. A corrupted frame has one bit flipped; outgoing it goes on
 the wire so the node rejects it, incoming it is decoded again and must fail its CRC (a frame that would
-pass is a finding, so it raises). Reordering holds a frame back until the next one has gone (or until
+pass is a finding, so it raises). On a signed link the replay check of the link's decoder runs after
+the incoming faults, where a receiver runs it: a frame lost on the wire was never seen, and a
+duplicated one is refused as a replay. Reordering holds a frame back until the next one has gone (or until
 `hold_s` passed); delays run on timers, so the caller never sleeps. The radio has its own faults
 (host/emulator/radio.py RadioConfig).
 """
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from host.links import LinkError
-from shared.codec import CodecError, Frame, decode, encode
+from shared.codec import CodecError, Frame, Replay, decode, encode
 
 
 def flip_bit(data: bytes, rng: random.Random) -> bytes:
@@ -57,6 +59,16 @@ class FaultCounts:
     by_direction: dict[str, int] = field(default_factory=lambda: {"out": 0, "in": 0})
 
 
+class _TagOnly:
+    """A decoder's view of the host's signing state that checks tags but leaves the replay check to later."""
+
+    def __init__(self, auth) -> None:
+        self.tag = auth.tag
+
+    def check_replay(self, src: int, counter: int) -> None:
+        pass
+
+
 class FaultyLink:
     """A link that delivers frames as `faults` says; everything else is the wrapped link's."""
 
@@ -68,6 +80,10 @@ class FaultyLink:
         self._rng = random.Random(faults.seed)
         self._lock = threading.Lock()
         self._held: dict[str, Callable[[], None] | None] = {"out": None, "in": None}
+        decoder = getattr(link, "decoder", None)
+        self._auth = getattr(decoder, "auth", None)
+        if self._auth is not None:
+            decoder.auth = _TagOnly(self._auth)
         link.on_frame = self._receive
 
     def __getattr__(self, name: str):  # port, text, error, bus_bytes, close, ... of the real link
@@ -77,7 +93,17 @@ class FaultyLink:
         self._apply("out", frame, self._corrupt_out, self.link.send)
 
     def _receive(self, f: Frame) -> None:
-        self._apply("in", f, self._corrupt_in, lambda fr: self.on_frame(fr) if self.on_frame else None)
+        self._apply("in", f, self._corrupt_in, self._deliver)
+
+    def _deliver(self, f: Frame) -> None:
+        if self._auth is not None:
+            try:
+                with self._lock:  # (timers deliver too)
+                    self._auth.check_replay(f.src, f.counter)
+            except Replay:
+                return
+        if self.on_frame is not None:
+            self.on_frame(f)
 
     def _apply(self, way: str, item, corrupt: Callable, deliver: Callable) -> None:
         fa, rng = self.faults, self._rng

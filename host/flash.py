@@ -30,10 +30,12 @@ import serial
 
 from host import ports
 from host.modelio import check_model_file
-from shared.modelfile import ModelFileError
+from shared.modelfile import ModelFileError, stage_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
-ROLES = {"drafter": (1, "models/drafter.spm"), "verifier": (2, "models/target.spm")}
+ROLES = {"drafter": (1, "models/drafter.spm"), "verifier": (2, "models/target.spm"),
+         "stage": (10, "models/target.spm")}
+STAGE_CTX = 128  # a stage's context on a board without PSRAM (docs/pipeline.md: memory per stage)
 # sys.implementation._mpy >> 10 (py/persistentcode.h MP_NATIVE_ARCH_*)
 ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
           "xtensa", "xtensawin", "rv32imc", "rv64imc"]
@@ -264,14 +266,17 @@ def flash(
     reset: bool = True,
     key: bytes | None = None,
     clear_key: bool = False,
+    layers: tuple[int, int] | None = None,
 ) -> FlashReport:
     """Flash the node for `role` onto the board at `port`. Raises FlashError with a one-line message.
 
     `key`: the deployment key, written into the board config only (never printed or reported); the
     node then signs and checks every frame. Without it the board keeps the key it has, unless
-    `clear_key` removes it."""
+    `clear_key` removes it. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them)."""
     if role not in ROLES:
-        raise FlashError(f"unknown role {role!r} (drafter or verifier)")
+        raise FlashError(f"unknown role {role!r} (drafter, verifier or stage)")
+    if (role == "stage") != (layers is not None):
+        raise FlashError("--layers A:B goes with --role stage, and --role stage needs it")
     role_code, default_model = ROLES[role]
     model = Path(model) if model is not None else ROOT / default_model
     if not model.is_file():
@@ -279,9 +284,16 @@ def flash(
     if not ports.exists(port):  # the cheap checks first: a missing port before a broken model
         raise FlashError(ports.missing(port))
     try:  # a broken model is refused before the board is touched
-        check_model_file(model)
+        header = check_model_file(model)[0]
     except (ModelFileError, OSError) as e:
         raise FlashError(str(e)) from None
+    heap_bytes = model.stat().st_size
+    if layers is not None:
+        a, b = layers
+        if not 0 <= a < b <= header.n_layers:
+            raise FlashError(f"--layers {a}:{b} is not a slice of the model's {header.n_layers} layers (0 <= A < B <= "
+                             f"{header.n_layers})")
+        heap_bytes = stage_bytes(header, a, b)
     model_dest = f"{MODEL_DIR}/{model.name}"
 
     transport = open_board(port)
@@ -293,6 +305,11 @@ def flash(
             config = _board_config(transport)  # keep what else the board was configured with (link, peers)
             config.update(role=role, node_id=node_id if node_id is not None else role_code,
                           model=model_dest.lstrip("/"))
+            config.pop("layers", None)
+            if layers is not None:
+                config["layers"] = list(layers)
+                if info.mem_free < 1 << 20:  # no PSRAM: a context whose KV cache fits next to the layers
+                    config["n_ctx"] = STAGE_CTX
             if key:
                 config["key"] = key.hex()
             elif clear_key:
@@ -301,7 +318,7 @@ def flash(
             config_file.write_text(json.dumps(config, sort_keys=True))
             files[CONFIG_PATH] = config_file
             total = sum(p.stat().st_size for p in files.values())
-            check_board(info, role, model.stat().st_size, total)
+            check_board(info, role, heap_bytes, total)
             report = FlashReport(port, info)
             chunk = 2048 if info.mem_free > 1 << 20 else 512
             _mkdirs(transport, list(files))

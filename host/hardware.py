@@ -18,6 +18,10 @@ Sources:
           USB 2.0 device (12 Mbit/s); bulk transfers are scheduled once per 1 ms USB frame.
 [UART]    MicroPython ESP32 quick reference: the REPL UART runs at 115200 baud (classic ESP32
           boards reach it through a CP210x/CH340 USB-UART bridge).
+[UART-HW] Espressif, ESP32 Technical Reference Manual, UART controller: baud rates up to 5 Mbit/s;
+          921600 is the common top rate of CP210x/CH340 USB-UART bridges (esptool's fastest default).
+[SPI-FL]  Espressif, ESP32 Series Datasheet: external SPI flash at 40/80 MHz, DIO/QIO (2-4 bits per
+          clock); MicroPython keeps its filesystem (littlefs) in that flash.
 """
 
 from __future__ import annotations
@@ -61,28 +65,61 @@ class Link:
         return nbytes * self.bits_per_byte / self.bits_per_s.value + packets * self.per_message_s.value
 
 
-# Instructions per multiply-accumulate of firmware/kernels.py's matmul loops as mpy-cross compiles them
-# for xtensawin, {positions per pass over the weights: instructions}: `python -m tools.xtensa_loops`
-# (tests/test_xtensa_loops.py checks that these are its current counts).
-XTENSA_MATMUL_INSNS_PER_MAC = {1: 30.0, 3: 21.7, 4: 19.8, 5: 15.8}
+# Instructions of one iteration of each loop of firmware/kernels.py as mpy-cross compiles it for
+# xtensawin, the longest path through the iteration (nested loops counted on their own), in source order:
+# `python -m tools.xtensa_loops` (tests/test_xtensa_loops.py checks that these are its current counts).
+# `+N` there (runtime calls: viper's `//` and `%` call into MicroPython) is XTENSA_LOOP_CALLS.
+XTENSA_LOOPS = {
+    "matmul": [20, 200, 30, 79, 64], "quant": [112, 71, 19, 120], "requant": [32, 203], "embed": [78],
+    "rmsnorm": [109, 71, 18, 64, 23, 20, 30, 219], "rope": [65, 148, 243],
+    "attend": [144, 75, 18, 112, 185, 49, 188, 27, 104, 58, 89], "silu": [50, 71, 18, 332], "argmax": [71],
+}
+XTENSA_LOOP_CALLS = {"rmsnorm": [2, 0, 0, 0, 0, 0, 1, 0], "attend": [4] + [0] * 10, "silu": [0, 0, 0, 1]}
+# Instructions per multiply-accumulate of the matmul loops, {positions per pass over a weight row}.
+XTENSA_MATMUL_INSNS_PER_MAC = {1: 30.0, 3: 21.3, 4: 19.8, 5: 15.8}
 CYCLES_PER_INSN = 1.3
 CYCLES_PER_MAC = XTENSA_MATMUL_INSNS_PER_MAC[1] * CYCLES_PER_INSN
+CPI = Figure(
+    CYCLES_PER_INSN, "cycle/insn", "derived",
+    "Single-issue LX6/LX7 cores retire one instruction per cycle, plus a load-use stall after a load "
+    "whose result the next instruction uses; the compiled kernels are about a third loads (viper keeps "
+    "three locals in registers, the others live on the stack), hence %.1f. Replace with a board "
+    "measurement (specmesh bench)." % CYCLES_PER_INSN)
 VIPER_MAC = Figure(
     240e6 / CYCLES_PER_MAC, "MAC/s", "derived",
     "The one-position matmul loop of firmware/kernels.py is %.0f Xtensa instructions per MAC as "
     "mpy-cross emits it for xtensawin (counted from its disassembly by tools/xtensa_loops.py; viper "
     "keeps three locals in registers, the rest of the loop's values live on the stack). At %.1f cycles "
-    "per instruction (single-issue LX6/LX7: one cycle each, plus a load-use stall after the loads, "
-    "about a third of the loop) that is %.0f cycles per MAC: 240 MHz / %.0f. A verify pass of 5 "
-    "positions is %.1f instructions per MAC (XTENSA_MATMUL_INSNS_PER_MAC); this figure, the "
-    "one-position rate, is the conservative one. Replace with a board measurement."
+    "per instruction (CPI) that is %.0f cycles per MAC: 240 MHz / %.0f. A verify pass of 5 "
+    "positions is %.1f instructions per MAC (XTENSA_MATMUL_INSNS_PER_MAC), which host/costmodel.py uses "
+    "for batched passes; this figure is the one-position rate."
     % (XTENSA_MATMUL_INSNS_PER_MAC[1], CYCLES_PER_INSN, XTENSA_MATMUL_INSNS_PER_MAC[1] * CYCLES_PER_INSN,
        XTENSA_MATMUL_INSNS_PER_MAC[1] * CYCLES_PER_INSN, XTENSA_MATMUL_INSNS_PER_MAC[5]))
+RUNTIME_CALL = Figure(
+    30, "insn", "derived",
+    "A `//` or `%` on viper ints is a windowed call through MicroPython's native function table to "
+    "mp_small_int_floor_divide / _modulo (py/smallint.c): a hardware quotient (quos/rems), a sign "
+    "test and a correction, about 15 instructions, plus the call, the `entry` and the return with "
+    "their register-window spills: about 30 in all.")
+SHIFT_STEPS = Figure(
+    8, "iterations", "derived",
+    "The `while (m >> sh) >> bits: sh += 1` loops (quant, rmsnorm, attend, silu) run once per bit the "
+    "row's largest |value| has above the target width: Q16 activations of a few units to a few hundred "
+    "are 17-25 bits against 10-15 (rmsnorm, attend, quant to int16) or 7 (KV rows): about 8 typical.")
+KERNEL_CALL = Figure(
+    3000, "cycle", "derived",
+    "firmware/engine.py sets about 8 parameters in an array('i') before each kernel call (4 bytecodes "
+    "each: load array, load value, load index, store subscript) and calls the viper function, whose "
+    "entry converts its 4 arguments through runtime calls: about 35 bytecodes at ~80 cycles each on an "
+    "ESP32 ([VIPER]: a viper loop is ~16x the same bytecode, and the viper loops here are ~5 cycles "
+    "per operation), about 3000 cycles per call. specmesh bench calibrates it from a whole token.")
 PSRAM_STREAM = Figure(
     40e6, "B/s", "derived",
     "[S3-DS]: octal PSRAM at 80 MHz DDR moves 8 bits x 2 x 80 MHz = 160 MB/s at the pins; reads go "
     "through the 32-byte-line data cache with ~0.5 us miss latency, so a streaming read of weights "
-    "sustains about a quarter of it: 40 MB/s (assumption, to be replaced by a HIL measurement).")
+    "sustains about a quarter of it: 40 MB/s (assumption, to be replaced by a HIL measurement). "
+    "Applies to weights of a model over SRAM_BUDGET (host/costmodel.py) and to its KV cache, which "
+    "lives in the same PSRAM heap.")
 
 ESP32S3 = Board("esp32s3", Figure(240e6, "Hz", "S3-DS"), VIPER_MAC, PSRAM_STREAM)
 ESP32 = Board("esp32", Figure(240e6, "Hz", "ESP32-DS"), VIPER_MAC, Figure(0.0, "B/s", "ESP32-DS",
@@ -93,15 +130,25 @@ USB_SERIAL_JTAG = Link("usb-serial-jtag", Figure(12e6, "bit/s", "USJ"), 8,
                               "waits up to one frame for the host's next poll; 1 ms per message assumed"))
 UART_115200 = Link("uart-115200", Figure(115200, "bit/s", "UART"), 10,
                    Figure(0.0, "s", "UART", "no framing latency beyond the bits"))
+UART_921600 = Link("uart-921600", Figure(921600, "bit/s", "UART-HW"), 10,
+                   Figure(0.0, "s", "UART-HW", "no framing latency beyond the bits"))
+FLASH_FILE_READ = Figure(
+    2e6, "B/s", "derived",
+    "[SPI-FL]: 40 MHz DIO flash moves 10 MB/s at the pins; a MicroPython readinto of a littlefs file goes "
+    "through the VFS and littlefs's block cache, assumed to sustain a fifth of it: 2 MB/s (assumption, to "
+    "be replaced by a HIL measurement). A pipeline's last stage streams the classifier (vocab x dim bytes "
+    "and vocab scales) from the model file once per pass: firmware/engine.py.")
 ESPNOW = Link("espnow", Figure(1e6, "bit/s", "ESPNOW"), 8, Figure(1.3e-3, "s", "ESPNOW-T"), mtu=250)
 
 BOARDS = {b.name: b for b in (ESP32S3, ESP32)}
-LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, ESPNOW)}
+LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, UART_921600, ESPNOW)}
 
 
 def sources() -> list[dict]:
     """Every constant with its value, unit, source and note (for the bench JSON and the docs)."""
-    out = []
+    out = [{"name": name, "value": f.value, "unit": f.unit, "source": f.source, "note": f.note}
+           for name, f in (("cycles_per_insn", CPI), ("runtime_call", RUNTIME_CALL), ("shift_steps", SHIFT_STEPS),
+                           ("kernel_call", KERNEL_CALL))]
     for b in BOARDS.values():
         for attr in ("clock_hz", "mac_per_s", "weight_stream_bps"):
             f = getattr(b, attr)
@@ -112,4 +159,6 @@ def sources() -> list[dict]:
             f = getattr(link, attr)
             out.append({"name": "%s.%s" % (link.name, attr), "value": f.value, "unit": f.unit,
                         "source": f.source, "note": f.note})
+    out.append({"name": "flash_file_read", "value": FLASH_FILE_READ.value, "unit": FLASH_FILE_READ.unit,
+                "source": FLASH_FILE_READ.source, "note": FLASH_FILE_READ.note})
     return out

@@ -127,8 +127,14 @@ def format_table(stats: dict) -> str:
         rows += _estimates(est)
     proj = stats.get("projection")
     if proj:
-        rows.append(("projected on %s: tokens / s" % proj["hardware"], proj["tokens_per_s"]))
-        rows.append(("projected speed-up vs plain", proj["speedup_vs_plain"]))
+        for link, p in (proj.get("links") or {"": proj}).items():  # a pipeline's: per link
+            rows.append(("projected on %s: tokens / s" % p["hardware"], p["tokens_per_s"]))
+            if "speedup_vs_plain" in p:
+                rows.append(("projected speed-up vs plain", p["speedup_vs_plain"]))
+                rows.append(("projection rates", p["rates"]))
+            else:
+                rows.append(("  vs plain on the pipeline (%s)" % link, p["speedup_vs_pipeline_plain"]))
+                rows.append(("  vs plain on one esp32s3 board", p["speedup_vs_single_board_plain"]))
     width = max(len(k) for k, _ in rows)
     lines = ["%-*s  %s" % (width, k, _fmt(v)) for k, v in rows]
     boards = stats.get("boards") or []

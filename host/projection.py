@@ -4,9 +4,11 @@ A run's trace (host/orchestrator.py `Round`s: gamma, accepted, committed, contex
 fully determines the work each board does and every byte on the bus, so the projection replays it in
 virtual time with the constants of host/hardware.py instead of sleeping:
 
-- a forward pass over k positions at context length L costs `k * MACs(L) / mac_per_s`, plus one read of
-  the weights from PSRAM when the model does not fit internal SRAM (the batched kernel reads each weight
-  row once for all k positions);
+- a forward pass over k positions at context length L costs what host/costmodel.py counts for it (the
+  matmuls by positions per weight load, every non-matmul step of the engine, the attention's reads of
+  the KV cache, the interpreted calls between kernels, and one read of the weights, and of the KV
+  cache, from PSRAM when the model does not fit internal SRAM), priced by host/calibration.py's
+  `Rates`: derived from host/hardware.py, or measured on a board (`--calibration FILE`);
 - drafting gamma tokens is gamma one-position passes, after one per token committed while the drafter
   was idle (plain rounds); its prefill of the prompt at BEGIN runs while the verifier prefills the same
   prompt in the first round, and a drafter position costs a fraction of a target's, so it adds no time;
@@ -28,21 +30,31 @@ labelled "projected" wherever they are shown.
 
 from __future__ import annotations
 
+from host.calibration import Rates
+from host.costmodel import SRAM_BUDGET, layer_span, pass_work, weight_bytes
 from host.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, Board, Link
 from host.orchestrator import Result, Round
 from shared.codec import line_size
-from shared.modelfile import Header, body_size
+from shared.modelfile import Header
 
-SRAM_BUDGET = 256 * 1024  # model bytes an ESP32-S3 keeps in internal SRAM; larger ones live in PSRAM
+__all__ = ["ADDR_BYTES", "SRAM_BUDGET", "Projector", "draft_entries", "draft_req_body", "frame_bytes", "line_bytes",
+           "macs_per_position", "stage_body", "stage_reply_body", "weight_bytes"]
 FRAME_OVERHEAD = 2 + 2  # type/flags byte, seq, CRC-16 (shared/codec.py): an unsigned frame of session 0
 ADDR_BYTES = 2  # src and dst, on frames to and from a board behind a gateway
 PLAIN_BODY = 2  # VERIFY_REQ without drafts: pos0 u16
 VERDICT_BODY = 3  # n_accepted u8, token i16
+STAGE_HEADER = 4  # STAGE request and reply: pos u16, n u8, flags u8 (shared/messages.py)
+
+
+def frame_bytes(payload: int, addressed: bool = False) -> int:
+    """Binary bytes of one unsigned frame with `payload` bytes (`addressed`: to or from a board behind a
+    gateway, with src and dst); what an ESP-NOW hop carries."""
+    return payload + FRAME_OVERHEAD + (ADDR_BYTES if addressed else 0)
 
 
 def line_bytes(payload: int, addressed: bool = False) -> int:
     """Bytes on a stream link for one frame with `payload` bytes: ':' + unpadded base64 + newline."""
-    return line_size(payload + FRAME_OVERHEAD + (ADDR_BYTES if addressed else 0))
+    return line_size(frame_bytes(payload, addressed))
 
 
 def draft_req_body(tail: int) -> int:
@@ -50,21 +62,45 @@ def draft_req_body(tail: int) -> int:
     return 3 + 2 * tail
 
 
-def macs_per_position(h: Header, ctx: int) -> int:
-    """Multiply-accumulates of one position at context length ctx (matvecs + attention)."""
+def draft_entries(r: Round) -> list[int]:
+    """Bytes of each of round r's draft entries as a DRAFT body encodes them (whole q-hat tables, or
+    tokens alone when greedy): the DRAFT body's after its pos0 and count byte, spread evenly."""
+    if not r.gamma:
+        return []
+    q, extra = divmod(r.draft_body - 3, r.gamma)
+    return [q + (i < extra) for i in range(r.gamma)]
+
+
+def stage_body(entry: int, data: int) -> int:
+    """STAGE request payload for one position: header, the count byte, its draft entry's bytes (0: none)
+    and `data` bytes of input (a u16 token, or a row of the residual stream)."""
+    return STAGE_HEADER + 1 + entry + data
+
+
+def stage_reply_body(data: int) -> int:
+    """STAGE reply payload: header and `data` bytes (an i16 result per position, or rows)."""
+    return STAGE_HEADER + data
+
+
+def macs_per_position(h: Header, ctx: int, layers: tuple[int, int] | None = None, classifier: bool = True) -> int:
+    """Multiply-accumulates of one position at context length ctx (matvecs + attention) in layers
+    a..b-1 when layers = (a, b) (all when None), plus the vocab x dim classifier when `classifier`."""
+    a, b = layer_span(h, layers)
     hd = h.head_dim
     q_dim = h.n_heads * hd
     per_layer = h.dim * q_dim * 2 + h.dim * h.kv_dim * 2 + 3 * h.dim * h.hidden + 2 * q_dim * ctx
-    return h.n_layers * per_layer + h.vocab * h.dim
+    return (b - a) * per_layer + (h.vocab * h.dim if classifier else 0)
 
 
 class Projector:
     """Replays rounds on `board`-class boards over `transport` ("serial" or "espnow")."""
 
-    def __init__(self, target: Header, drafter: Header | None, board: str = "esp32s3", transport: str = "serial"):
+    def __init__(self, target: Header, drafter: Header | None, board: str = "esp32s3", transport: str = "serial",
+                 rates: Rates | None = None):
         if board not in BOARDS:
             raise ValueError("unknown board class %r (known: %s)" % (board, ", ".join(BOARDS)))
         self.board: Board = BOARDS[board]
+        self.rates = rates if rates is not None else Rates.derived(self.board)
         self.target = target
         self.drafter = drafter
         self.transport = transport
@@ -73,14 +109,17 @@ class Projector:
             "verifier": (USB_SERIAL_JTAG, ESPNOW) if transport == "espnow" else (USB_SERIAL_JTAG,),
         }
 
-    def forward(self, h: Header, k: int, ctx: int) -> float:
-        """Seconds for one batched pass over k positions ending at context length ctx."""
-        macs = sum(macs_per_position(h, ctx - k + i + 1) for i in range(k))
-        t = macs / self.board.mac_per_s.value
-        size = body_size(h)
-        if size > SRAM_BUDGET and self.board.weight_stream_bps.value > 0:
-            t += size / self.board.weight_stream_bps.value
-        return t
+    def forward(self, h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None,
+                classifier: bool = True) -> float:
+        """Seconds for one batched pass over k positions ending at context length ctx, through layers
+        a..b-1 only when layers = (a, b) (all when None), plus the classifier when `classifier`; the
+        board holds just that slice, so its weights stream from PSRAM only when the slice outgrows SRAM."""
+        return sum(self.terms(h, k, ctx, layers, classifier).values())
+
+    def terms(self, h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None,
+              classifier: bool = True) -> dict[str, float]:
+        """forward()'s seconds by term (host/costmodel.py)."""
+        return self.rates.times(pass_work(h, k, ctx, layers, classifier))
 
     def exchange(self, role: str, request: int, reply: int) -> int:
         """Line bytes of one request/reply exchange with the `role` board, payloads of these sizes."""
@@ -109,7 +148,14 @@ class Projector:
 
     def plain_round(self, pos0: int) -> float:
         """Seconds of one round of plain decoding (one position, no drafter) at context length pos0."""
-        return self.forward(self.target, 1, pos0) + self.call("verifier", PLAIN_BODY, VERDICT_BODY)
+        return sum(self.plain_terms(pos0).values())
+
+    def plain_terms(self, pos0: int) -> dict[str, float]:
+        """plain_round's seconds by term: the target's pass (host/costmodel.py) and `bus` (its request and
+        the verdict, which commits itself)."""
+        terms = self.terms(self.target, 1, pos0)
+        terms["bus"] = self.call("verifier", PLAIN_BODY, VERDICT_BODY)
+        return terms
 
     def project(self, result: Result, prompt_len: int) -> dict:
         """Projected wall time and tokens/s of the run, and of plain decoding of as many tokens."""
@@ -124,6 +170,7 @@ class Projector:
             drafted = drafted or r.gamma > 0
         return {
             "hardware": "%s boards, %s" % (self.board.name, "+".join(link.name for link in self.links["verifier"])),
+            "rates": self.rates.source,
             "wall_s": t,
             "tokens_per_s": n / t if t else 0.0,
             "plain_wall_s": plain,

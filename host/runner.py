@@ -64,9 +64,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "speculation). Off by default in emulation: the virtual boards share the host's cores, "
                         "so drafting ahead slows the verifier (64 tokens, gamma 2: 13.3 -> 7.9 tok/s)")
     p.add_argument("--plain", action="store_true", help="target-only decoding on the same verifier (baseline)")
+    p.add_argument("--stages", type=int, default=0, metavar="N",
+                   help="verify on a pipeline of N virtual stage boards (classic ESP32s), the target's layers split "
+                        "evenly, positions sent through as a wavefront (docs/pipeline.md; default 0: one verifier)")
     p.add_argument("--project", metavar="BOARD", choices=("esp32s3",),
                    help="also project the run onto real boards of this class (host/hardware.py); "
                         "gamma is then chosen for that hardware")
+    p.add_argument("--calibration", metavar="FILE", type=Path,
+                   help="with --project: price the projection with a board's measurements (specmesh bench "
+                        "--port PORT --out FILE) instead of the derived figures")
     p.add_argument("--key-file", metavar="F", type=Path,
                    help="sign and check every frame with this deployment key (boards flashed with the same "
                         "--key-file; virtual boards get it at flashing)")
@@ -103,8 +109,24 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError("--seed must be in 0..4294967295")
     if not 0 <= a.spec_ahead <= 32:
         raise UsageError("--spec-ahead must be in 0..32")
+    if a.stages and (a.verifier != "virtual" or a.transport != "serial"):
+        raise UsageError("--stages N starts its own virtual stage boards on --transport serial: drop --verifier "
+                         "and --transport")
+    if not 0 <= a.stages <= 255:
+        raise UsageError("--stages must be in 0..255")
     if not (0.0 <= a.radio_loss < 1.0 and 0.0 <= a.radio_dup < 1.0):
         raise UsageError("--radio-loss and --radio-dup must be in [0, 1)")
+    if a.calibration is not None and not a.project:
+        raise UsageError("--calibration prices a projection: add --project esp32s3")
+    a.rates = None
+    if a.calibration is not None:
+        from host.calibration import CalibrationError, Rates  # noqa: PLC0415
+        from host.hardware import BOARDS  # noqa: PLC0415
+
+        try:
+            a.rates = Rates.load(a.calibration, BOARDS[a.project])
+        except CalibrationError as e:
+            raise UsageError(str(e)) from None
     a.key = None
     if a.key_file is not None:
         from host.keys import KeyFileError, load_key  # noqa: PLC0415
@@ -152,7 +174,12 @@ class Setup(contextlib.ExitStack):
     def make(self, kind: str, name: str):
         """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`."""
         model = self.a.models / ("drafter.spm" if kind == "drafter" else "target.spm")
-        if name == "virtual":
+        if kind == "verifier" and self.a.stages:
+            try:
+                backend = self._cluster().pipeline(self.a.stages)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+        elif name == "virtual":
             backend = self._cluster().backend(kind)
         else:
             fac = backends.factory(kind, name)
@@ -200,7 +227,8 @@ def build_stats(a, params: SessionParams, result: Result, text: str, verifier, d
         "estimates": controller.summary(),
         "boards": [],
     }
-    for role, b in (("verifier", verifier), ("drafter", drafter)):
+    verifiers = [("stage", st) for st in getattr(verifier, "stages", ())] or [("verifier", verifier)]
+    for role, b in verifiers + [("drafter", drafter)]:
         if b is None:
             continue
         try:
@@ -212,6 +240,10 @@ def build_stats(a, params: SessionParams, result: Result, text: str, verifier, d
             stats["boards"].append({"name": b.name, "role": role, "compute_s": s.get("compute_s"),
                                     "heap_free": s.get("heap_free"), "errors": s.get("errors", 0),
                                     "retransmits": s.get("retransmits", 0)})
+            if role == "stage":  # the firmware's own counters, next to the host's trace of the same work
+                stats["boards"][-1].update(positions=s.get("positions"), passes=s.get("passes"))
+    if hasattr(verifier, "trace"):
+        stats["pipeline"] = verifier.trace_summary()
     if projector is not None:
         stats["projection"] = projector.project(result, prompt_len)
     return stats
@@ -245,10 +277,16 @@ def run(a: argparse.Namespace, out=None) -> dict:
         # make the same seed give different texts. Sampling with --gamma auto therefore chooses gamma
         # from the projected costs (deterministic); greedy text never depends on gamma.
         deterministic = a.temperature > 0 and fixed is None and drafter is not None
-        if a.project or deterministic:
+        if a.stages:  # the pipeline's own projection (host/pipeline_projection.py), in every stats JSON
+            from host.pipeline_projection import LinksReport, PipelineProjector  # noqa: PLC0415
+
+            cost_model = PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, "uart-921600")
+            projector = LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers)
+        elif a.project or deterministic:
             from host.projection import Projector  # noqa: PLC0415
 
-            cost_model = Projector(heads["verifier"], heads["drafter"], a.project or "esp32s3", a.transport)
+            cost_model = Projector(heads["verifier"], heads["drafter"], a.project or "esp32s3", a.transport,
+                                   a.rates)
             projector = cost_model if a.project else None
         controller = GammaController(max_gamma=min(8, MAX_GAMMA), fixed=fixed)
         stream = None
@@ -260,7 +298,8 @@ def run(a: argparse.Namespace, out=None) -> dict:
             result = generate(prompt, verifier, drafter, params, a.max_tokens, controller,
                               on_round=stream.write if stream else None,
                               costs=cost_model.round_costs if cost_model else None,
-                              fallback=None if a.verifier == "cpu" else (lambda: setup.make("verifier", "cpu")),
+                              fallback=None if a.verifier == "cpu" or a.stages else (
+                                  lambda: setup.make("verifier", "cpu")),
                               on_failover=lambda line: print("\nspecmesh: " + line, file=sys.stderr, flush=True))
         except (BackendError, RuntimeError) as e:
             if stream:

@@ -12,7 +12,8 @@ Frame API (a compact header: type and flags in one byte, then only the fields th
     Auth(key, window=24): signs outgoing frames (HMAC-SHA256 truncated to 8 bytes over header +
         payload + u32 counter) and checks incoming ones (tag, then a per-sender sliding replay window).
         A receiver that holds an Auth rejects unsigned frames; one without rejects signed frames.
-        `auth.forget(src)` resets a sender's window (e.g. after that node rebooted and restarted at 0).
+        `auth.forget(src)` resets a sender's window. `auth.derive(label)` -> 16 bytes of HMAC-SHA256(key,
+        label): keys of other layers bound to the deployment key (the ESP-NOW PMK and LMKs, firmware/links.py).
     resign(frame, auth) -> bytes: a signed frame with a fresh counter; retransmit signed requests
         with it, since a byte-identical copy is rejected as a Replay.
 
@@ -41,7 +42,7 @@ CRC_SIZE = 2
 SIG_SIZE = 12  # u32 counter + 8-byte tag
 TAG_SIZE = 8
 MIN_FRAME = 2 + CRC_SIZE  # header byte, seq, CRC
-MAX_TYPE = 0x0E  # message types 0x01..0x0E (shared/messages.py)
+MAX_TYPE = 0x0F  # message types 0x01..0x0F (shared/messages.py): the type nibble is full, 0 is never a type
 TYPE_MASK = 0x0F
 
 FLAG_REPLY = 0x10
@@ -128,13 +129,20 @@ class Auth:
         self.counter = counter  # last counter sent
         self._seen = {}  # src -> [highest counter, bitmap of the `window` counters below it]
 
-    def tag(self, data):
-        """Truncated HMAC-SHA256 of `data`."""
+    def _hmac(self, data):
         h = hashlib.sha256(self._ipad)
         h.update(data)
         h2 = hashlib.sha256(self._opad)
         h2.update(h.digest())
-        return h2.digest()[:TAG_SIZE]
+        return h2.digest()
+
+    def tag(self, data):
+        """Truncated HMAC-SHA256 of `data`."""
+        return self._hmac(data)[:TAG_SIZE]
+
+    def derive(self, label):
+        """A 16-byte key for another layer: HMAC-SHA256(key, label) truncated."""
+        return self._hmac(label)[:16]
 
     def next_counter(self):
         self.counter = (self.counter + 1) & 0xFFFFFFFF
@@ -269,8 +277,8 @@ def decode(frame, auth=None):
     mv = memoryview(frame)
     if crc16(mv[:size]) != struct.unpack_from("<H", frame, size)[0]:
         raise BadCRC("frame CRC mismatch")
-    if mtype < 1 or mtype > MAX_TYPE:
-        raise BadType("unknown message type 0x%02x" % mtype)
+    if not mtype:  # every other value of the type nibble is a type (MAX_TYPE = TYPE_MASK)
+        raise BadType("unknown message type 0")
     if flags & FLAG_SESSION and not session:
         raise BadFrame("session flag with session 0")  # one encoding per frame: session 0 is no byte
     counter = 0

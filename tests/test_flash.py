@@ -133,3 +133,19 @@ def test_cli_flash_reports_errors_in_one_line(capsys, tmp_path):
     assert cli.main(["flash", "--port", str(tmp_path / "nope"), "--role", "drafter", "--model", str(model)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such port" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("extra, message", [(["--role", "stage"], "needs it"),
+                                            (["--role", "verifier", "--layers", "0:1"], "goes with --role stage"),
+                                            (["--role", "stage", "--layers", "3"], "must be A:B"),
+                                            (["--role", "stage", "--layers", "4:6"], "not a slice of the model's 5")])
+def test_cli_flash_stage_layers_are_checked_in_one_line(capsys, tmp_path, monkeypatch, extra, message):
+    """Checked before the board is touched (the port "exists" here, but no board is ever opened)."""
+    from host import flash as flash_mod
+
+    monkeypatch.setattr(flash_mod.ports, "exists", lambda port: True)
+    monkeypatch.setattr(flash_mod, "open_board", lambda port: pytest.fail("the board was opened"))
+    model = ROOT / "models" / "target.spm"
+    assert cli.main(["flash", "--port", str(tmp_path / "nope"), "--model", str(model), *extra]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err

@@ -3,9 +3,11 @@ MAC counts from the model layout, and a plain run projecting to exactly the plai
 
 import pytest
 
+from host.costmodel import TERMS
 from host.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, sources
 from host.orchestrator import Result, Round
-from host.projection import PLAIN_BODY, VERDICT_BODY, Projector, line_bytes, macs_per_position
+from host.projection import (PLAIN_BODY, VERDICT_BODY, Projector, draft_entries, line_bytes, macs_per_position,
+                             stage_body, stage_reply_body, weight_bytes)
 from shared import messages as m
 from shared.codec import encode, encode_line
 from shared.modelfile import FLAG_SHARED_CLS, KIND_Q8, Header, body_size, tensor_layout
@@ -19,6 +21,21 @@ def test_line_bytes_is_what_the_codec_puts_on_the_wire():
         assert line_bytes(n) == len(encode_line(encode(m.PING, b"x" * n, seq=5)))
         assert line_bytes(n, addressed=True) == len(encode_line(encode(m.PING, b"x" * n, src=0, dst=2, seq=5)))
     assert PLAIN_BODY == len(m.pack_draft(300, [])) and VERDICT_BODY == len(m.pack_verdict(4, 300))
+
+
+@pytest.mark.parametrize("entries", [[], [(7, [7], [m.ONE])] * 3, [(7, [2, 7, 300], [100, m.ONE - 400, 300]),
+                                                                   (9, [9, 40], [m.ONE - 1, 1])]])
+def test_stage_bytes_are_what_the_codec_packs(entries):
+    """The pipeline projection's STAGE sizes: one position per request, its draft's entry as in DRAFT."""
+    draft = len(m.pack_draft(5, entries))
+    r = Round(len(entries), 0, 1, 5, draft, 0, 0, False, 0, 0, 0, 0, 0, 0)
+    assert sum(draft_entries(r)) == sum(len(m.pack_draft(5, [e])) - 3 for e in entries)
+    for data in (b"\x01\x00", bytes(4 * 64)):
+        assert stage_body(0, len(data)) == len(m.pack_stage(300, 1, m.STAGE_ACT, [], data))
+        for e in entries:
+            size = len(m.pack_draft(5, [e])) - 3  # the entry alone, as draft_entries counts it
+            assert stage_body(size, len(data)) == len(m.pack_stage(300, 1, m.STAGE_HEAD, [e], data))
+        assert stage_reply_body(len(data)) == len(m.pack_stage_reply(300, 1, m.STAGE_ACT, data))
 
 
 @pytest.mark.parametrize("h", [TARGET, DRAFTER, Header(16, 1, 2, 1, 24, 40, 32)])
@@ -46,10 +63,28 @@ def test_plain_run_projects_to_the_plain_baseline(transport):
 
 def test_verify_cost_on_a_compute_bound_board_grows_with_positions():
     p = Projector(TARGET, DRAFTER, "esp32s3")
-    one, five = p.forward(TARGET, 1, 50), p.forward(TARGET, 5, 54)
+    one, five = p.terms(TARGET, 1, 50), p.terms(TARGET, 5, 54)
     stream = body_size(TARGET) / BOARDS["esp32s3"].weight_stream_bps.value  # PSRAM weights: read once
-    assert five - stream == pytest.approx(5 * (one - stream), rel=0.01)  # no weight reuse in the MACs
-    assert p.forward(DRAFTER, 1, 50) < one / 20  # the drafter sits in SRAM and is ~30x smaller
+    assert one["weights_psram"] == five["weights_psram"] == pytest.approx(stream)
+    # the 5-position matmul loop shares each weight load: 15.8 instructions per MAC against 30
+    assert 2 * one["matmul_1"] < five["matmul_5"] < 3.5 * one["matmul_1"]
+    assert 4.5 * one["rmsnorm"] < five["rmsnorm"] < 5.5 * one["rmsnorm"]  # per-position steps: k times
+    assert 2 < sum(five.values()) / sum(one.values()) < 5
+    drafter = p.terms(DRAFTER, 1, 50)
+    assert "weights_psram" not in drafter and "kv_psram" not in drafter  # the drafter sits in SRAM
+    assert sum(drafter.values()) < sum(one.values()) / 5
+
+
+def test_every_step_of_the_engine_is_a_term_and_attention_grows_with_context():
+    p = Projector(TARGET, DRAFTER, "esp32s3")
+    short, long = p.terms(TARGET, 1, 10), p.terms(TARGET, 1, 210)
+    assert set(short) == set(TERMS) - {"matmul_5"}
+    assert all(v > 0 for v in short.values())
+    for t in ("kv_reads", "kv_psram"):  # per cached position
+        assert long[t] == pytest.approx(21 * short[t])
+    assert long["softmax"] > 5 * short["softmax"]  # per cached position, plus a per-head set-up
+    for t in ("matmul_1", "rmsnorm", "silu", "rope", "weights_psram"):  # independent of the context
+        assert long[t] == short[t]
 
 
 def test_espnow_adds_a_radio_hop_to_the_verifier_only():
@@ -63,6 +98,27 @@ def test_espnow_adds_a_radio_hop_to_the_verifier_only():
 
 def test_every_constant_names_its_source_or_derivation():
     for row in sources():
-        assert row["source"] in {"S3-DS", "ESP32-DS", "VIPER", "LLM", "ESPNOW", "ESPNOW-T", "USJ", "UART", "derived"}
+        assert row["source"] in {"S3-DS", "ESP32-DS", "VIPER", "LLM", "ESPNOW", "ESPNOW-T", "USJ", "UART", "UART-HW",
+                                 "derived"}
         if row["source"] == "derived":
             assert len(row["note"]) > 40  # the derivation is spelled out
+
+
+@pytest.mark.parametrize("h", [TARGET, DRAFTER, Header(16, 3, 2, 1, 24, 40, 32)])
+def test_a_pass_splits_into_stages_that_add_up(h):
+    full = macs_per_position(h, 9)
+    cut = h.n_layers // 2
+    assert macs_per_position(h, 9, (0, cut), False) + macs_per_position(h, 9, (cut, h.n_layers)) == full
+    assert macs_per_position(h, 9, (0, 0), True) == h.vocab * h.dim  # the classifier alone
+    assert weight_bytes(h) == body_size(h)
+    assert weight_bytes(h, (0, cut), False) + weight_bytes(h, (cut, h.n_layers), True) >= body_size(h)
+    with pytest.raises(ValueError):
+        macs_per_position(h, 9, (0, h.n_layers + 1))
+
+
+def test_a_stage_pays_only_its_own_layers():
+    p = Projector(DRAFTER, DRAFTER, "esp32s3")  # in SRAM: time is MACs only
+    whole = p.forward(DRAFTER, 5, 20)
+    assert p.forward(DRAFTER, 5, 20, layers=(0, 1), classifier=False) + p.forward(
+        DRAFTER, 5, 20, layers=(1, 2), classifier=True) == pytest.approx(whole)
+    assert p.forward(DRAFTER, 5, 20, layers=(0, 2), classifier=False) < whole

@@ -31,15 +31,15 @@ def _run_hub(config, n=200):
         dst = bytes.fromhex(B.replace(":", ""))
         acks = []
         for i in range(n):
-            a.sendto(b"S\x01" + dst + i.to_bytes(2, "little"), hub.address)
+            a.sendto(b"S\x01" + dst + b"\x00" + i.to_bytes(2, "little"), hub.address)
             acks.append(a.recv(16) == b"A\x01")
         got = []
         b.settimeout(0.3)
         try:
             while True:
                 pkt = b.recv(2048)
-                assert pkt[:7] == b"D" + bytes.fromhex(A.replace(":", ""))
-                got.append(int.from_bytes(pkt[7:], "little"))
+                assert pkt[:8] == b"D" + bytes.fromhex(A.replace(":", "")) + b"\x00"  # plain unicast
+                got.append(int.from_bytes(pkt[8:], "little"))
         except socket.timeout:
             pass
         a.close()

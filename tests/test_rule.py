@@ -200,3 +200,31 @@ def test_draft_table_is_the_top_k_renormalised():
     assert ids == [1, 2] and sum(w) == ONE
     assert w[1] / ONE == pytest.approx(1 / (1 + math.e), abs=1e-4)
     assert sampling.draft_table(logits, 0, 5, 0, 8, EXP) == ([1], [ONE])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_quantize_and_table_into_buffers_equal_the_allocating_path(seed):
+    """A board's preallocated tables (array('i') and a list sorted in place) give the very same integers."""
+    from array import array
+    import random
+
+    rng = random.Random(seed)
+    n = rng.choice([3, 17, 512])
+    logits = [rng.randrange(-(1 << 22), 1 << 22) for _ in range(n)]
+    tab = intmath.exp_table([0] * intmath.EXP_SIZE)
+    temp = rng.choice([1, 300, 1000, 2500])
+    bufs = (array("i", bytes(4 * n)), array("i", bytes(4 * n)), array("i", bytes(4 * n)), [0] * n)
+    want = sampling.table(logits, 0, n, temp, 0, 65536, tab)
+    got = sampling.table(logits, 0, n, temp, 0, 65536, tab, bufs)
+    assert list(got) == want and sum(got) == ONE
+    w = [rng.randrange(0, 1 << 15) for _ in range(n)] + [1]
+    assert list(rule.quantize(w, [0] * (n + 1), [0] * (n + 1), [0] * (n + 1))) == rule.quantize(w)
+
+
+def test_judge_is_verifys_step():
+    p = rule.quantize([5, 1, 0, 9])
+    for x, ids, w in ((0, [0, 3], [30000, ONE - 30000]), (3, [1, 3], [ONE - 100, 100]), (1, [1], [ONE])):
+        for pos in range(30):
+            t = rule.judge(p, x, ids, w, 11, pos)
+            acc, tok = rule.verify([p, p], [x], [(ids, w)], 11, pos)
+            assert (acc, tok) == ((1, tok) if t < 0 else (0, t))

@@ -76,6 +76,35 @@ def test_keyed_node_refuses_and_counts_unsigned_forged_wrong_key_and_replayed_fr
         node.close()
 
 
+def test_a_rebooted_node_signs_above_its_old_counters_and_its_old_frames_stay_refused(micropython, tmp_path):
+    """A keyed node reserves signing counters in its config: after a reboot (a new process on the same
+    flash) the host that saw its earlier replies takes its new ones, and a recording of an old-boot reply
+    is still refused as a replay."""
+    host = codec.Auth(KEY)
+    board = tmp_path / "b"
+    node = NodeProc(micropython, board, {"key": KEY.hex()}, auth=host)
+    old = []
+    for i in range(30):
+        f = node.request(m.PING, b"%d" % i)
+        assert f.payload == b"%d" % i
+        # the very bytes the node sent: the tag is a function of the key, the frame and its counter
+        old.append(codec.encode(f.mtype, f.payload, f.src, f.dst, f.seq, f.session, True,
+                                codec.Auth(KEY, counter=f.counter - 1)))
+    top = codec.decode(old[-1], codec.Auth(KEY)).counter
+    node.close()
+    reserved = json.loads((board / "specmesh.json").read_text())["ctr"]
+    assert reserved > top
+    node = NodeProc(micropython, board, None, auth=host)  # rebooted: its RAM state is gone
+    try:
+        f = node.request(m.PING, b"after")  # the host's decoder takes it: signed above every old counter
+        assert f.payload == b"after" and f.counter == reserved + 1
+        for raw in (old[0], old[-2], old[-1]):
+            with pytest.raises(codec.Replay):
+                codec.decode(raw, host)
+    finally:
+        node.close()
+
+
 def test_flash_key_then_signed_run_handshake_resync_and_refusals(virtual_board, models, tmp_path, capsys):
     key_file = tmp_path / "deploy.key"
     new_key_file(key_file)

@@ -20,10 +20,23 @@ def loops():
 def test_every_viper_kernel_is_found_with_its_loops(loops):
     assert list(loops) == xtensa_loops.viper_functions(xtensa_loops.ROOT / "firmware" / "kernels.py")
     assert all(loops[name] for name in loops)  # every kernel loops
-    assert len(loops["matmul"]) == 3  # one position, five, two to four
+    assert len(xtensa_loops.innermost(loops["matmul"])) == 3  # one position, five, two to four
+    assert [lp.inner for lp in loops["matmul"]] == [False, False, True, True, True]  # rows, groups, columns
+
+
+def test_a_loop_counts_its_longest_path_without_its_nested_loops():
+    code = [(0, "movi.n", "a2, 0"), (2, "beqz", "a2, 0x8"), (5, "add.n", "a3, a3, a2"), (7, "add.n", "a3, a3, a2"),
+            (8, "l32i", "a8, a7, 184"), (11, "excw", ""), (14, "bnez", "a3, 0x5"), (17, "bnez", "a4, 0x0")]
+    outer, inner = xtensa_loops.loops(code)
+    assert (inner.lo, inner.hi, inner.insns, inner.calls, inner.inner) == (5, 14, 5, 1, True)
+    # the outer loop: 0, 2 and 17; the inner loop's instructions are its own
+    assert (outer.lo, outer.hi, outer.insns, outer.calls, outer.inner) == (0, 17, 3, 0, False)
 
 
 def test_hardware_figures_are_the_current_counts(loops):
+    assert {n: [lp.insns for lp in ls] for n, ls in loops.items()} == hardware.XTENSA_LOOPS
+    calls = {n: [lp.calls for lp in ls] for n, ls in loops.items() if any(lp.calls for lp in ls)}
+    assert calls == hardware.XTENSA_LOOP_CALLS
     per_mac = xtensa_loops.matmul_per_mac(loops)
     assert {k: round(v, 1) for k, v in per_mac.items()} == hardware.XTENSA_MATMUL_INSNS_PER_MAC
     assert per_mac[5] < per_mac[4] < per_mac[1]  # a weight load shared by more positions costs less per MAC

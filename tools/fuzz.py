@@ -62,6 +62,8 @@ BODIES = [
     (m.ERROR, True, m.pack_error(2, "no session: send BEGIN first")),
     (m.ACK, True, b""),
     (m.RESET, False, b""),
+    (m.STAGE, False, m.pack_stage(3, 1, m.STAGE_HEAD, [(5, [5, 9], [ONE - 3, 3])], b"\x05\x00")),
+    (m.STAGE, True, m.pack_stage_reply(3, 1, m.STAGE_HEAD, b"\xff\xff")),
 ]
 NODE_EXCLUDED = (m.RESET, m.CONFIGURE)
 

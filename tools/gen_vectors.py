@@ -235,7 +235,7 @@ def codec_cases() -> list[dict]:
     bad_crc = bytearray(good)
     bad_crc[6] ^= 0x40
     frames = [good.hex(), good[:-1].hex(), (good + b"\x00").hex(), bytes(bad_crc).hex(), "", "01",
-              _crc_fixed(bytes([m.PING | codec.FLAG_SESSION, 3, 0])), _crc_fixed(bytes([0x0F, 3])),
+              _crc_fixed(bytes([m.PING | codec.FLAG_SESSION, 3, 0])), _crc_fixed(bytes([codec.FLAG_REPLY, 3])),
               _crc_fixed(bytes([0, 3])), _crc_fixed(bytes([m.PING | codec.FLAG_SIGNED, 3]) + b"abc"),
               signed[0].hex(), codec.encode(m.PING, b"to the peer", seq=9).hex()]
     c = case("decode unsigned", "decode", frames=frames, key=None)
@@ -327,6 +327,13 @@ def message_cases() -> list[dict]:
             ("unpack long varint", m.DRAFT, True, struct.pack("<HBBB", 0, 0x81, 2, 0) + b"\x01\x80\x00\x05"),
             ("unpack partial tables", m.VERIFY_REQ, False, struct.pack("<HBHHHH", 9, 0x42, 5, 999, 7, 65535)),
             ("unpack unknown draft kind", m.VERIFY_REQ, False, struct.pack("<HBH", 9, 0xC1, 5)),
+            ("unpack stage", m.STAGE, False, m.pack_stage(300, 2, m.STAGE_HEAD | m.STAGE_ACT,
+                                                          [(9, [1, 9, 40], [100, 65000, 436])], bytes(range(8)))),
+            ("unpack stage greedy", m.STAGE, False, m.pack_stage(300, 1, m.STAGE_HEAD, [(3, [3], [ONE])], b"\x05\x00")),
+            ("unpack stage more drafts than positions", m.STAGE, False,
+             m.pack_stage(0, 1, m.STAGE_HEAD, [(3, [3], [ONE])] * 2, b"")),
+            ("unpack stage reply", m.STAGE, True, m.pack_stage_reply(300, 2, m.STAGE_HEAD, b"\xff\xff\x05\x00")),
+            ("unpack truncated stage reply", m.STAGE, True, b"\x01\x00\x01"),
             ("unpack odd commit tail", m.COMMIT, False, b"\x05\x00\x01"),
             ("unpack bad utf-8", m.ERROR, True, b"\x01\x02\xff\xfe"),
             ("unpack ack", m.ACK, True, b""), ("unpack ack with body", m.ACK, True, b"\x00"),

@@ -52,10 +52,11 @@ def seq_of(frame: bytes) -> int:
     return codec.header(frame)[4]
 
 
-def code_heap(micropython: str, board_dir: Path) -> int:
-    """Heap bytes the node's modules hold once imported from a flashed board directory (see flash())."""
-    probe = ("import gc\ngc.collect()\na = gc.mem_alloc()\nimport config, links, node, roles, engine\n"
-             "gc.collect()\nprint(gc.mem_alloc() - a)\n")
+def code_heap(micropython: str, board_dir: Path, extra: str = "") -> int:
+    """Heap bytes the node's modules (and `extra`, e.g. ", stage") hold once imported from a flashed board
+    directory (see flash())."""
+    probe = ("import gc\ngc.collect()\na = gc.mem_alloc()\nimport config, links, node, roles, engine%s\n"
+             "gc.collect()\nprint(gc.mem_alloc() - a)\n" % extra)
     out = subprocess.run([micropython, "-c", probe], cwd=board_dir, capture_output=True, text=True, timeout=60,
                          env={"MICROPYPATH": ".frozen:" + str(board_dir)}, check=True)
     return int(out.stdout.strip())

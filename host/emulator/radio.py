@@ -1,10 +1,12 @@
 """The virtual ESP-NOW radio: a UDP hub on loopback that boards' `espnow` stand-ins talk through.
 
-Each board registers its MAC; a sent packet is delivered to the board with the destination MAC
-(or to every other board for ff:ff:ff:ff:ff:ff), subject to seeded loss, duplication, corruption,
-delay and reordering. A sync send is answered at once with whether the packet will be delivered (the real
-radio's MAC-layer ack). Packets longer than the MTU are dropped (the stand-in refuses to send them).
-Wire format: see host/emulator/mpy/espnow.py.
+Each board registers its MAC; a sent packet is delivered to the board with the destination MAC (or to
+every other board for ff:ff:ff:ff:ff:ff), subject to seeded loss, duplication, corruption, delay and
+reordering. An encrypted packet carries its sender's key material to the receiving stand-in, which
+decides whether it decrypts there (host/emulator/mpy/espnow.py); broadcasts are marked as such. A sync
+send is answered at once with whether the packet will be delivered (the real radio's MAC-layer ack, which
+does not say whether the packet decrypted). Packets longer than the MTU are dropped (the stand-in refuses
+to send them). Wire format: see host/emulator/mpy/espnow.py.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from dataclasses import dataclass, field
 from host.faults import flip_bit
 
 BROADCAST = b"\xff" * 6
+KEY_LEN = 16  # espnow.KEY_LEN: an encrypted packet carries the sender's PMK and LMK
+ENCRYPTED, BROADCAST_MODE = 1, 2  # packet modes (0: plain unicast)
 
 
 @dataclass
@@ -43,6 +47,8 @@ class RadioStats:
     corrupted: int = 0
     oversize: int = 0
     unknown_dst: int = 0
+    encrypted: int = 0  # packets sent to an encrypted peer
+    payload_bytes: int = 0  # ESP-NOW payload bytes sent (what counts against MAX_DATA_LEN)
     by_board: dict[str, int] = field(default_factory=dict)
 
 
@@ -108,13 +114,16 @@ class RadioHub:
         if kind == b"R" and len(pkt) == 7:
             self._boards[pkt[1:7]] = addr
             return
-        if kind != b"S" or len(pkt) < 8:
+        if kind != b"S" or len(pkt) < 9:
             return
-        sync, dst, msg = pkt[1], pkt[2:8], pkt[8:]
+        sync, dst, mode = pkt[1], pkt[2:8], pkt[8]
+        keys, msg = (pkt[9:9 + 2 * KEY_LEN], pkt[9 + 2 * KEY_LEN:]) if mode == ENCRYPTED else (b"", pkt[9:])
         src = next((m for m, a in self._boards.items() if a == addr), None)
         if src is None:
             return
         self.stats.sent += 1
+        self.stats.encrypted += mode == ENCRYPTED
+        self.stats.payload_bytes += len(msg)
         name = mac_str(src)
         self.stats.by_board[name] = self.stats.by_board.get(name, 0) + 1
         if len(msg) > self.config.mtu:
@@ -124,16 +133,16 @@ class RadioHub:
             delivered = True
             for mac, to in self._boards.items():
                 if mac != src:
-                    self._transmit(src, msg, to)
+                    self._transmit(src, bytes([BROADCAST_MODE]), msg, to)
         elif dst not in self._boards:
             self.stats.unknown_dst += 1
             delivered = False
         else:
-            delivered = self._transmit(src, msg, self._boards[dst])
+            delivered = self._transmit(src, bytes([mode]) + keys, msg, self._boards[dst])
         if sync:
             self._sock.sendto(b"A" + (b"\x01" if delivered else b"\x00"), addr)
 
-    def _transmit(self, src: bytes, msg: bytes, to: tuple[str, int]) -> bool:
+    def _transmit(self, src: bytes, mode: bytes, msg: bytes, to: tuple[str, int]) -> bool:
         cfg = self.config
         if self._rng.random() < cfg.loss:
             self.stats.lost += 1
@@ -148,6 +157,6 @@ class RadioHub:
             if self._rng.random() < cfg.reorder:
                 delay += cfg.reorder_ms
             self._counter += 1
-            heapq.heappush(self._pending, (time.monotonic() + delay / 1000, self._counter, to, b"D" + src + msg))
+            heapq.heappush(self._pending, (time.monotonic() + delay / 1000, self._counter, to, b"D" + src + mode + msg))
             self.stats.delivered += 1
         return True

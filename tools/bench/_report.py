@@ -32,6 +32,22 @@ def noise_lines(results: dict) -> list[str]:
             for r in rows]
 
 
+def derivation_lines(results: dict) -> list[str]:
+    """Markdown of the projection section's derivation: plain tok/s next to the anchor, then each term's
+    time per plain token and its share, per board class."""
+    proj = results.get("projection", {})
+    lines = []
+    for board, rows in proj.get("derivation", {}).items():
+        total = sum(r["ms_per_token"] for r in rows.values())
+        lines += ["%s, plain decoding of the shipped target: **%.2f tok/s projected** (%.1f ms per token), "
+                  "against %.2f tok/s measured by %s for the same model." % (
+                      board, proj["boards"][board]["plain"], total, ANCHOR[1], ANCHOR[0]), "",
+                  "| term (host/costmodel.py) | ms per token | share |", "| --- | ---: | ---: |"]
+        lines += ["| %s | %.2f | %.1f%% |" % (t, r["ms_per_token"], 100 * r["share"]) for t, r in rows.items()]
+        lines += ["| total | %.2f | 100%% |" % total, ""]
+    return lines
+
+
 def _v_curves(results: dict) -> dict[str, dict[int, float]]:
     """{back-end: {k: v(k)}} from the vk section and the board engine of the kernels section."""
     curves = {name: {int(k): x for k, x in f["v"].items()} for name, f in results.get("vk", {}).get("backends",
@@ -122,6 +138,7 @@ def write(results: dict, out: Path) -> list[Path]:
         save(fig, "projection.png", "Projected tokens/s per board class",
              "host/hardware.py's derivation for each board class, next to esp32-llm's measured 19.13 tok/s "
              "for the same model in C.")
+        parts += derivation_lines(results)
     else:
         parts += ["(Projected tokens/s: the projection section did not run.)", ""]
 

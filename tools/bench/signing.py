@@ -11,6 +11,13 @@ token, which signing reveals exactly: every frame grows by a 4-byte counter and 
 as ':'-base64. Time per frame: one HMAC-SHA256 to sign it at the sender and one to check it at the
 receiver, plus the replay-window update, from the codec benchmark's VERDICT rows (signed minus plain)
 under CPython and the MicroPython unix port (a board is slower: measure with real boards).
+
+ESP-NOW rows (the verifier one virtual radio hop behind the gateway, T = 0.8, once each): radio packets
+and ESP-NOW payload bytes per token, plain and keyed. With a key the peers are also encrypted (LMK):
+that adds no payload byte (the 250-byte budget is unchanged; the packets counted as encrypted carry
+the same payload), while CCMP adds 16 bytes per packet on air (8-byte CCMP header, 8-byte MIC) in the
+802.11 frame around it, which the last column counts. The radio's AES runs in the Wi-Fi hardware and
+is not modelled in time by the emulator.
 """
 
 from __future__ import annotations
@@ -34,11 +41,12 @@ TOKENS = 32
 GAMMA = 3
 KEY = bytes(range(32))
 LINE_BYTES_PER_FRAME = 4 * codec.SIG_SIZE // 3  # the 12 signing bytes on a ':'-base64 line
+CCMP_BYTES = 16  # per encrypted 802.11 frame: CCMP header 8 + MIC 8, outside the ESP-NOW payload
 
 
-def _generations(key: bytes | None, temperature: float, prompts: list[list[int]]) -> dict:
+def _generations(key: bytes | None, temperature: float, prompts: list[list[int]], transport: str = "serial") -> dict:
     with tempfile.TemporaryDirectory(prefix="specmesh-bench-") as tmp, \
-            Cluster("serial", MODELS, Path(tmp), key=key) as c:
+            Cluster(transport, MODELS, Path(tmp), key=key) as c:
         v, d = c.backend("verifier"), c.backend("drafter")
         tokens = 0
         texts = []
@@ -48,7 +56,30 @@ def _generations(key: bytes | None, temperature: float, prompts: list[list[int]]
             texts.append(generate(p, v, d, params, TOKENS, GammaController(fixed=GAMMA)).tokens)
             tokens += len(texts[-1])
         wall = time.perf_counter() - t0
-        return {"tokens": tokens, "tok_s": tokens / wall, "bytes": v.bus_bytes + d.bus_bytes, "texts": texts}
+        radio = c.hub.stats if transport == "espnow" else None
+        return {"tokens": tokens, "tok_s": tokens / wall, "bytes": v.bus_bytes + d.bus_bytes, "texts": texts,
+                "radio": None if radio is None else (radio.sent, radio.payload_bytes, radio.encrypted)}
+
+
+def _espnow(prompts: list[list[int]]) -> dict:
+    """Radio packets and payload bytes per token, plain and keyed (signed frames, encrypted peers)."""
+    print("\nESP-NOW, T = 0.8: %-8s %12s %12s %12s %18s" % ("", "packets/tok", "payload B/tok", "encrypted",
+                                                             "CCMP on-air B/tok"))
+    out = {}
+    for name, key in (("plain", None), ("keyed", KEY)):
+        r = _generations(key, 0.8, prompts, "espnow")
+        packets, payload, encrypted = r["radio"]
+        row = {"packets_per_token": packets / r["tokens"], "payload_bytes_per_token": payload / r["tokens"],
+               "encrypted_share": encrypted / packets, "ccmp_bytes_per_token": CCMP_BYTES * encrypted / r["tokens"],
+               "texts": r["texts"]}
+        out[name] = row
+        print("                   %-8s %12.2f %12.1f %11.0f%% %18.1f" % (
+            name, row["packets_per_token"], row["payload_bytes_per_token"], 100 * row["encrypted_share"],
+            row["ccmp_bytes_per_token"]))
+    out["same_text"] = out["plain"].pop("texts") == out["keyed"].pop("texts")
+    print("same text plain and keyed: %s; the keyed payload grows by the signatures only (12 B per frame)"
+          % out["same_text"])
+    return out
 
 
 def run() -> dict:
@@ -73,6 +104,7 @@ def run() -> dict:
         out["T=%g" % temperature] = row
         print("%-6g %12.1f %12.1f %12.1f %12.1f %10.2f %12s" % (temperature, row["tok_s_plain"], row["tok_s_signed"],
                                                                bpt[0], bpt[1], frames, row["same_text"]))
+    out["espnow"] = _espnow(prompts)
     t = _timings()
     print("\nsign + check + replay window per frame, µs (VERDICT signed minus plain; unix port, not a board)")
     for runtime in ("cpython", "micropython"):

@@ -2,8 +2,15 @@
 
 Packets go by UDP on loopback to the hub (host/emulator/radio.py), which applies loss, duplication,
 reordering and delay and forwards them to the destination board. Wire format to the hub:
-b"R" + mac (register), b"S" + sync u8 + dst mac + msg (send); from the hub: b"D" + src mac + msg
-(a received packet), b"A" + delivered u8 (the per-packet answer a sync send waits for).
+b"R" + mac (register), b"S" + sync u8 + dst mac + mode u8 + [pmk + lmk] + msg (send); from the hub:
+b"D" + src mac + mode u8 + [pmk + lmk] + msg (a received packet), b"A" + delivered u8 (the per-packet
+answer a sync send waits for). mode: 0 plain, 1 encrypted (the 32 key bytes follow), 2 broadcast.
+
+Encryption (CCMP with the PMK and the peer's LMK on a board) is modelled by the keys travelling with the
+packet: the receiver keeps an encrypted packet only if it registered the sender as an encrypted peer with
+the same PMK and LMK, and a plain unicast packet only if the sender is not one of its encrypted peers;
+other packets are dropped after the radio acknowledged them (counted in `undecryptable`). Broadcasts are
+never encrypted and always kept. At most MAX_ENCRYPT_PEER_NUM encrypted peers (ESP_ERR_ESPNOW_FULL).
 Environment (set by the board supervisor): VBOARD_RADIO "host:port", VBOARD_MAC, VBOARD_MTU.
 """
 
@@ -20,6 +27,7 @@ MAX_ENCRYPT_PEER_NUM = 6
 KEY_LEN = 16
 ADDR_LEN = 6
 _BROADCAST = b"\xff" * 6
+_DEFAULT_PMK = bytes(KEY_LEN)  # the stack's default when set_pmk is never called (a fixed value)
 
 
 def _err(name):
@@ -46,6 +54,8 @@ class ESPNow:
         self._timeout_ms = 300_000
         self._stats = [0, 0, 0, 0, 0]  # tx_pkts, tx_responses, tx_failures, rx_packets, rx_dropped
         self._hub = None
+        self._pmk = _DEFAULT_PMK
+        self.undecryptable = 0  # packets dropped because their encryption did not match (not in the real API)
 
     def __init__(self):
         pass
@@ -81,10 +91,17 @@ class ESPNow:
         if timeout_ms is not None:
             self._timeout_ms = timeout_ms
 
+    def set_pmk(self, pmk):
+        if len(pmk) != KEY_LEN:
+            raise ValueError("key must be 16 bytes")
+        self._pmk = bytes(pmk)
+
     def add_peer(self, mac, lmk=None, channel=0, ifidx=0, encrypt=None):
         mac = bytes(mac)
         if len(mac) != 6:
             raise ValueError("invalid peer MAC address")
+        if lmk and len(lmk) != KEY_LEN:
+            raise ValueError("key must be 16 bytes")
         if mac in self._peers:
             raise _err("ESP_ERR_ESPNOW_EXIST")
         if len(self._peers) >= MAX_TOTAL_PEER_NUM:
@@ -92,9 +109,20 @@ class ESPNow:
         enc = bool(lmk) if encrypt is None else bool(encrypt)
         if enc and mac == _BROADCAST:
             raise _err("ESP_ERR_ESPNOW_ARG")
-        if enc and sum(1 for p in self._peers.values() if p[4]) >= MAX_ENCRYPT_PEER_NUM:
+        if enc and self.peer_count()[1] >= MAX_ENCRYPT_PEER_NUM:
             raise _err("ESP_ERR_ESPNOW_FULL")
-        self._peers[mac] = (mac, lmk, channel, ifidx, enc)
+        self._peers[mac] = (mac, bytes(lmk) if lmk else b"", channel, ifidx, enc)
+
+    def peer_count(self):
+        """(registered peers other than broadcast, encrypted peers)."""
+        return (sum(1 for m in self._peers if m != _BROADCAST), sum(1 for p in self._peers.values() if p[4]))
+
+    def _keys(self, mac):
+        """The key material of packets to or from peer `mac` if they are encrypted, else None."""
+        peer = self._peers.get(mac)
+        if peer is None or not peer[4]:
+            return None
+        return self._pmk + (peer[1] or bytes(KEY_LEN))
 
     def del_peer(self, mac):
         try:
@@ -134,7 +162,9 @@ class ESPNow:
         ok = True
         for dst in targets:
             want_ack = sync and dst != _BROADCAST
-            self._sock.sendto(b"S" + (b"\x01" if want_ack else b"\x00") + dst + bytes(msg), self._hub)
+            keys = self._keys(dst)
+            mode = b"\x00" if keys is None else b"\x01" + keys
+            self._sock.sendto(b"S" + (b"\x01" if want_ack else b"\x00") + dst + mode + bytes(msg), self._hub)
             self._stats[0] += 1
             if want_ack:
                 if self._wait_ack():
@@ -162,14 +192,28 @@ class ESPNow:
             return None
         pkt = self._sock.recv(2048)
         if pkt[:1] == b"D":
-            self._stats[3] += 1
-            if self._queued_bytes + len(pkt) - 7 > self._rxbuf:
-                self._stats[4] += 1
-            else:
-                self._queue.append((pkt[1:7], pkt[7:]))
-                self._queued_bytes += len(pkt) - 7
+            self._receive(pkt[1:7], pkt[7], pkt[8:])
             return None
         return pkt
+
+    def _receive(self, src, mode, body):
+        """Queue a packet from the hub if it decrypts here (see the module docstring)."""
+        keys = self._keys(src)
+        if mode == 1:
+            msg = body[2 * KEY_LEN:]
+            ok = keys is not None and keys == body[:2 * KEY_LEN]
+        else:
+            msg = body
+            ok = mode == 2 or keys is None
+        if not ok:
+            self.undecryptable += 1
+            return
+        self._stats[3] += 1
+        if self._queued_bytes + len(msg) > self._rxbuf:
+            self._stats[4] += 1
+        else:
+            self._queue.append((src, msg))
+            self._queued_bytes += len(msg)
 
     def _drain(self):
         while self._read(0) is not None or self._poll.poll(0):

@@ -1,0 +1,68 @@
+"""The engine of a pipeline stage: layers [a, b) of a model, its embedding and classifier left in the file.
+
+    e = StageEngine(path, layers=(a, b), kmax=1, viper=True, n_ctx=0)
+    e.forward(tokens, pos)            # the first stage (a == 0): token ids in; e.x holds its output rows
+    e.forward(None, pos, k, head)     # a later stage: the k rows of e.x in (the previous stage's e.x)
+                                      # the last stage (b == n_layers) returns the logits when head is true
+
+firmware/engine.py's Engine loads only the layers' tensors (and the final norm on the last stage). The
+token embedding is read from the file one row (dim int8) and its scale per token, so the first stage
+holds no vocab x dim matrix; the last stage streams the classifier (the embedding when the model shares
+it) from the file in chunks of CLS_ROWS rows through one preallocated buffer, each chunk applied to all
+k positions: vocab x dim + 4 x vocab bytes read per pass instead of held (docs/pipeline.md weighs this).
+The file stays open for the engine's life. Imported only by a stage (the other roles never pay for it).
+"""
+
+from engine import Engine, _read, _zeros
+from shared import intmath
+from shared.modelfile import FLAG_SHARED_CLS, HEADER_SIZE, body_size
+
+CLS_ROWS = 16  # classifier rows streamed per chunk: 16 x dim bytes of buffer
+
+
+class StageEngine(Engine):
+    """Engine over layers a..b-1, reading embedding rows and classifier chunks from its open model file."""
+
+    def __init__(self, path, layers, kmax=1, viper=True, n_ctx=0):
+        if layers is None:
+            raise ValueError("a stage needs \"layers\": [a, b] in its board config (flash --role stage --layers A:B)")
+        Engine.__init__(self, path, kmax, viper, n_ctx, layers)
+        h = self.header
+        dim = h.dim
+        self._f = open(path, "rb")
+        self.emb_off = HEADER_SIZE
+        self.cls_off = HEADER_SIZE if h.flags & FLAG_SHARED_CLS else HEADER_SIZE + body_size(h) - (
+            h.vocab * dim + 4 * h.vocab)
+        if self.head:  # a classifier chunk and its row scales
+            self.cw, self.cms = bytearray(CLS_ROWS * dim), _zeros("i", CLS_ROWS)
+        if self.a == 0:  # one embedding row and its scale
+            self.ew, self.ems = bytearray(dim), _zeros("i", 1)
+
+    def _embed_row(self, t):
+        """Embed token t into self.x at offset pe[2] from its row and scale read from the file."""
+        f, dim = self._f, self.header.dim
+        f.seek(self.emb_off + t * dim)
+        _read(f, self.ew, dim, None)
+        f.seek(self.emb_off + self.vocab * dim + 4 * t)
+        _read(f, self.ems, 4, None)
+        ems = self.ems
+        ems[0] = intmath.fixed_packed(ems[0])
+        self.pe[1] = 0
+        self._k.embed(self.x, self.ew, ems, self.pe)
+
+    def _stream_cls(self, k):
+        """self.logits = classifier @ self.xn for k rows, its rows read from the file CLS_ROWS at a time."""
+        f, dim, vocab = self._f, self.header.dim, self.vocab
+        self._quant_rows(self.xn, dim, k)
+        cw, cms = self.cw, self.cms
+        r0 = 0
+        while r0 < vocab:
+            n = min(CLS_ROWS, vocab - r0)
+            f.seek(self.cls_off + r0 * dim)
+            _read(f, memoryview(cw)[:n * dim], n * dim, None)
+            f.seek(self.cls_off + vocab * dim + 4 * r0)
+            _read(f, memoryview(cms)[:n], 4 * n, None)
+            for r in range(n):
+                cms[r] = intmath.fixed_packed(cms[r])
+            self._block(cw, cms, n, dim, 0, self.logits, k, r0, vocab, 0)
+            r0 += n

@@ -1,0 +1,83 @@
+"""Seconds per unit of work of each cost term: derived from host/hardware.py, or measured on a board.
+
+`Rates.derived(board)` prices host/costmodel.py's terms with the hardware figures (instructions at
+CPI cycles each at the board's clock, kernel calls at KERNEL_CALL cycles, PSRAM bytes at its stream
+rate). `specmesh bench --port PORT` (host/boardbench.py) measures the same terms on a board and writes a
+calibration file; `Rates.load(path)` reads it back, and `specmesh run --project BOARD --calibration FILE`
+projects with it. A term the file does not measure keeps its derived rate, and says so.
+
+File format (JSON): {"format": "specmesh-calibration", "version": 1, "board": {...what the board
+reported...}, "seconds_per_unit": {term: seconds}, "measured": {micro-benchmark: microseconds},
+"check": {...a whole token measured next to its projection...}}.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from host.costmodel import TERMS, Work
+from host.hardware import CPI, KERNEL_CALL, Board
+
+FORMAT = "specmesh-calibration"
+VERSION = 1
+
+
+class CalibrationError(ValueError):
+    """A calibration file is missing or unreadable; the message is one line for the user."""
+
+
+@dataclass
+class Rates:
+    seconds: dict[str, float]  # per unit of each term of host/costmodel.py
+    source: str  # shown next to a projection
+    measured: set[str] = field(default_factory=set)  # the terms a board measured
+
+    @classmethod
+    def derived(cls, board: Board) -> Rates:
+        clock = board.clock_hz.value
+        s = {t: CPI.value / clock for t in TERMS}
+        s["engine"] = KERNEL_CALL.value / clock
+        stream = board.weight_stream_bps.value
+        s["weights_psram"] = s["kv_psram"] = 1 / stream if stream else 0.0
+        return cls(s, "derived (host/hardware.py)")
+
+    @classmethod
+    def load(cls, path: str | Path, board: Board) -> Rates:
+        """The board's derived rates with the terms the file measured replaced. CalibrationError."""
+        what = "calibration file %s" % path
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise CalibrationError("%s not found: write one with `specmesh bench --port PORT --out FILE`"
+                                   % what) from None
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise CalibrationError("%s is not valid JSON (%s): write it again with `specmesh bench`"
+                                   % (what, type(e).__name__)) from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
+            raise CalibrationError("%s is not a specmesh calibration (format %s version %d): write it "
+                                   "again with `specmesh bench`" % (what, FORMAT, VERSION))
+        units = data.get("seconds_per_unit")
+        if not isinstance(units, dict) or not units or any(
+                t not in TERMS or not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
+                or v < 0 for t, v in units.items()):
+            raise CalibrationError("%s has no valid seconds_per_unit (terms: %s, each a number >= 0): write "
+                                   "it again with `specmesh bench`" % (what, ", ".join(TERMS)))
+        rates = cls.derived(board)
+        rates.seconds.update({t: float(v) for t, v in units.items()})
+        name = (data.get("board") or {}).get("machine") or "a board"
+        rates.source = "calibrated on %s (%s: %d of %d terms measured)" % (name, path, len(units), len(TERMS))
+        rates.measured = set(units)
+        return rates
+
+    def times(self, work: Work) -> dict[str, float]:
+        """Seconds of each term of `work`."""
+        return {t: amount * self.seconds[t] for t, amount in work.items()}
+
+
+def write(path: str | Path, board: dict, seconds_per_unit: dict[str, float], measured: dict, check: dict) -> None:
+    Path(path).write_text(json.dumps({"format": FORMAT, "version": VERSION, "board": board,
+                                      "seconds_per_unit": seconds_per_unit, "measured": measured,
+                                      "check": check}, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,204 @@
+"""The pipeline verifier: the target split across stage boards (layers [a, b) each), driven as a wavefront.
+
+Each stage is a board playing the stage role (firmware/stage.py) behind its own proxy; the host relays
+every position's activations from one stage to the next (docs/pipeline.md says why). A round feeds the
+positions the stages do not hold yet, then the last committed token and the drafts, one position per
+STAGE request: a stage gets position j as soon as the previous stage answered it and it has finished
+j - 1, so the stages work on different positions at the same time (the wavefront). Plain decoding is a
+round of one position. The last stage judges each verified position (`rule.judge`) and the host
+assembles the verdict exactly as `rule.verify` does; once a position is rejected, later positions are
+not sent on.
+
+The stages' caches follow positions: a STAGE request at position p rolls a stage back to p first, so
+the host only tracks which tokens the stages hold (`fed`), and a rejected draft is overwritten by the
+next round. A stage that stops answering ends the run with one line naming it.
+
+The trace (`trace`): per round, positions each stage computed and STAGE messages and bytes per link;
+host/pipeline_projection.py replays it on real boards and links.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from host.backends import BackendError, Draft, SessionParams
+from host.boards import BoardBackend, _Restarted
+from host.proxy import ProxyError
+from shared import messages as m
+
+POLL_S = 0.001  # how long the wavefront waits on one reply before looking at the others
+PATIENCE_S = 0.2  # a reply this late: wait on that call alone (it retransmits as the bus says)
+
+
+class BoardStage(BoardBackend):
+    """One stage board: HELLO, BEGIN and STATS as any board; STAGE requests through `start`."""
+
+    role = m.ROLE_STAGE
+
+
+@dataclass
+class RoundTrace:
+    """One verify or plain round through the pipeline."""
+
+    positions: int  # positions sent through (catch-up included)
+    judged: int  # positions the last stage judged (gamma + 1 at most; fewer after an early rejection)
+    computed: list[int] = field(default_factory=list)  # per stage: positions it computed
+    bytes: list[int] = field(default_factory=list)  # per host-stage link: bytes both ways, stream-encoded
+    messages: list[int] = field(default_factory=list)  # per link: requests (each has one reply)
+
+
+class PipelineVerifier:
+    """A Verifier (host/backends.py) over stage boards; `stages` in layer order, the first takes tokens."""
+
+    def __init__(self, stages: Sequence[BoardStage], layers: Sequence[tuple[int, int]]):
+        if not stages:
+            raise BackendError("a pipeline needs at least one stage")
+        self.stages = list(stages)
+        self.layers = list(layers)
+        self.name = "pipeline(%d stages: %s)" % (len(stages), ", ".join(s.name for s in stages))
+        self.max_seq = min(s.max_seq for s in stages)
+        self.params = SessionParams()
+        self.fed: list[int] = []  # tokens whose positions every stage holds
+        self.trace: list[RoundTrace] = []
+
+    @property
+    def bus_bytes(self) -> int:
+        return sum(s.bus_bytes for s in self.stages)
+
+    def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
+        self.params = params
+        self.fed = []
+        for s in self.stages:
+            s.begin(params, prompt)
+
+    def commit(self, committed: Sequence[int]) -> None:
+        """Nothing to send: the next round's first position rolls every stage back to where it starts."""
+
+    def verify(self, committed: Sequence[int], draft: Draft) -> tuple[int, int]:
+        if draft.pos0 != len(committed):
+            raise BackendError("draft for position %d, but the stream holds %d tokens" % (draft.pos0, len(committed)))
+        for s in self.stages:
+            self._guard(s, s._settle)
+        start = 0
+        for a, b in zip(self.fed, committed[:-1]):
+            if a != b:
+                break
+            start += 1
+        feed = list(committed[start:]) + list(draft.tokens)
+        entries = [(t, q[0], q[1]) for t, q in zip(draft.tokens, draft.q)]
+        first_judged = len(committed) - 1 - start  # index in `feed` of the last committed token
+        results = self._wavefront(start, feed, first_judged, entries)
+        self.fed = list(committed[:start]) + feed[:first_judged + len(results)]
+        return self._verdict(results, draft.tokens)
+
+    def _verdict(self, results: list[int], drafts: list[int]) -> tuple[int, int]:
+        """rule.verify's verdict from the last stage's per-position answers (-1: draft accepted)."""
+        for i, r in enumerate(results):
+            if i == len(drafts):
+                return i, r
+            if r >= 0:
+                return i, r
+            if drafts[i] == self.params.eos:
+                return i + 1, -1
+        raise BackendError("%s: the last stage answered %d of %d positions" % (self.name, len(results),
+                                                                             len(drafts) + 1))
+
+    def _wavefront(self, start: int, feed: list[int], judged_from: int, entries: list) -> list[int]:
+        """Send feed[j] (at position start + j) through every stage, position after position; the last
+        stage judges positions from judged_from on. Returns its answers until the verdict is known."""
+        n_st = len(self.stages)
+        last = n_st - 1
+        inputs: list[dict[int, bytes]] = [{j: struct.pack("<H", t) for j, t in enumerate(feed)}] + [
+            {} for _ in range(last)]
+        nxt = [0] * n_st  # per stage: the next position index it computes
+        inflight: list[tuple | None] = [None] * n_st  # per stage: (call, j)
+        results: list[int] = []
+        end = len(feed)  # positions worth sending: cut once the verdict is known
+        tr = RoundTrace(len(feed), 0, [0] * n_st, [s.bus_bytes for s in self.stages], [0] * n_st)
+        while True:
+            for s in range(n_st):
+                j = nxt[s]
+                if inflight[s] is None and j < end and j in inputs[s]:
+                    head = s == last and j >= judged_from
+                    flags = (m.STAGE_ACT if s else 0) | (m.STAGE_HEAD if head else 0)
+                    k = j - judged_from
+                    ent = [entries[k]] if head and k < len(entries) else []
+                    body = m.pack_stage(start + j, 1, flags, ent, inputs[s].pop(j))
+                    inflight[s] = (self._guard(self.stages[s], lambda st=self.stages[s]: st.proxy.start(m.STAGE, body)),
+                                   j)
+                    tr.messages[s] += 1
+            busy = [s for s in range(n_st) if inflight[s] is not None]
+            if not busy:
+                break
+            s = self._next_done(busy, inflight)
+            call, j = inflight[s]
+            inflight[s] = None
+            stage = self.stages[s]
+            pos, n, flags, data = m.unpack_stage_reply(self._guard(stage, lambda: stage._result(call)).payload)
+            if pos != start + j or n != 1:
+                raise BackendError("%s answered STAGE for position %d, asked %d" % (self._who(s), pos, start + j))
+            nxt[s] = j + 1
+            tr.computed[s] += 1
+            if s < last:
+                inputs[s + 1][j] = bytes(data)
+            elif j >= judged_from:
+                (r,) = struct.unpack("<h", data)
+                results.append(r)
+                k = len(results) - 1
+                if k == len(entries) or r >= 0 or entries[k][0] == self.params.eos:
+                    end = j + 1  # the verdict is known: later positions are not sent on
+        tr.judged = len(results)
+        tr.bytes = [s.bus_bytes - b0 for s, b0 in zip(self.stages, tr.bytes)]
+        self.trace.append(tr)
+        return results
+
+    @staticmethod
+    def _next_done(busy: list[int], inflight: list) -> int:
+        """A stage whose reply is in (the oldest request's after PATIENCE_S: its call then retransmits)."""
+        oldest = min(busy, key=lambda s: inflight[s][0].sent)
+        while True:
+            for s in busy:
+                if inflight[s][0].waiter.event.is_set():
+                    return s
+            call = inflight[oldest][0]
+            if time.perf_counter() - call.sent > PATIENCE_S:
+                return oldest
+            call.waiter.event.wait(POLL_S)
+
+    def _who(self, s: int) -> str:
+        a, b = self.layers[s]
+        return "stage %d of %d (layers %d:%d, %s)" % (s + 1, len(self.stages), a, b, self.stages[s].name)
+
+    def _guard(self, stage: BoardStage, fn):
+        """fn(), its failure one line naming the stage."""
+        try:
+            return fn()
+        except (BackendError, ProxyError) as e:
+            s = self.stages.index(stage)
+            raise BackendError("%s stopped answering: %s" % (self._who(s), str(e).split(": ", 1)[-1])) from None
+        except _Restarted:
+            raise BackendError("%s restarted and lost the session" % self._who(self.stages.index(stage))) from None
+
+    def trace_summary(self) -> dict:
+        """The event trace for the stats JSON: per stage and link totals, and each round."""
+        n = len(self.stages)
+        return {
+            "layers": ["%d:%d" % ab for ab in self.layers],
+            "positions": [sum(r.computed[s] for r in self.trace) for s in range(n)],
+            "messages": [sum(r.messages[s] for r in self.trace) for s in range(n)],
+            "bytes": [sum(r.bytes[s] for r in self.trace) for s in range(n)],
+            "rounds": [{"positions": r.positions, "judged": r.judged, "computed": r.computed, "bytes": r.bytes}
+                       for r in self.trace],
+        }
+
+    def stats(self) -> dict:
+        per = [s.stats() for s in self.stages]
+        return {"compute_s": sum(p["compute_s"] for p in per), "heap_free": min(p["heap_free"] for p in per),
+                "stages": per}
+
+    def close(self) -> None:
+        for s in self.stages:
+            s.close()

@@ -1,0 +1,119 @@
+"""`specmesh bench --port PORT` (host/boardbench.py) on a virtual ESP32-S3 flashed as a verifier, and
+`specmesh run --project esp32s3 --calibration FILE` pricing its projection with what it wrote."""
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from host import cli
+from host.calibration import Rates
+from host.costmodel import TERMS
+from host.flash import flash
+from host.hardware import ESP32S3
+from tools.testmodels import random_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory):
+    from host.emulator import VirtualBoard
+
+    vb = VirtualBoard(tmp_path_factory.mktemp("s3"), "esp32s3", name="calib").start()
+    try:
+        yield vb
+    finally:
+        vb.stop()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    shutil.copy(ROOT / "models" / "tokenizer.bin", d / "tokenizer.bin")
+    random_model(d / "target.spm", dim=32, n_layers=2, hidden=64, vocab=512, max_seq=128, seed=21)
+    random_model(d / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512,
+                 max_seq=128, seed=22)
+    return d
+
+
+def test_a_board_without_the_node_is_told_to_flash_first(board, tmp_path, capsys):
+    rc = cli.main(["bench", "--port", board.port, "--out", str(tmp_path / "c.json")])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert "has no specmesh node: flash it first (specmesh flash --port %s --role verifier)" % board.port in err
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_bench_measures_every_term_and_run_projects_with_it(board, models, tmp_path, capsys):
+    flash(board.port, "verifier", ROOT / "models" / "target.spm", progress=False)
+    time.sleep(0.5)  # the node boots after the soft reset
+    path = tmp_path / "cal.json"
+    assert cli.main(["bench", "--port", board.port, "--out", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "written to %s" % path in out
+    data = json.loads(path.read_text())
+    assert set(data["seconds_per_unit"]) == set(TERMS)
+    assert all(v > 0 for v in data["seconds_per_unit"].values())
+    assert data["board"]["platform"] == "linux" and data["board"]["arch"] == "x64"
+    # the rates were fitted to kernels and one target token: a 5-position verify is projected from
+    # them, not fitted, and lands near its measurement (the unix port here, x64 code, not xtensawin)
+    five = data["check"]["target verify of 5"]
+    assert 0.5 < five["projected_us"] / five["measured_us"] < 2
+    assert "target verify of 5: measured" in out
+    rates = Rates.load(path, ESP32S3)
+    assert rates.measured == set(TERMS) and "calibrated on" in rates.source
+    # a virtual board runs the kernels far faster than a 240 MHz Xtensa core: the projection shows it
+    assert rates.seconds["matmul_1"] < Rates.derived(ESP32S3).seconds["matmul_1"] / 10
+
+    stats_file = tmp_path / "stats.json"
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--max-tokens", "12",
+                   "--quiet", "--project", "esp32s3", "--calibration", str(path), "--stats-json", str(stats_file)])
+    assert rc == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("projection rates"))
+    assert line.split(None, 2)[2].startswith("calibrated on") and "%d of %d terms measured" % (len(TERMS), len(TERMS)) in line
+    calibrated = json.loads(stats_file.read_text())["projection"]
+    assert cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--max-tokens", "12",
+                     "--quiet", "--project", "esp32s3", "--stats-json", str(stats_file)]) == 0
+    derived = json.loads(stats_file.read_text())["projection"]
+    assert derived["rates"] == "derived (host/hardware.py)"
+    assert calibrated["plain_tokens_per_s"] > derived["plain_tokens_per_s"]
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "not found: write one with `specmesh bench --port PORT --out FILE`"),
+    ("{not json", "is not valid JSON"),
+    ('{"format": "other"}', "is not a specmesh calibration"),
+    ('{"format": "specmesh-calibration", "version": 1, "seconds_per_unit": {"matmul_1": -1}}',
+     "has no valid seconds_per_unit"),
+    ('{"format": "specmesh-calibration", "version": 1, "seconds_per_unit": {"warp": 1e-9}}',
+     "has no valid seconds_per_unit"),
+])
+def test_a_missing_or_corrupt_calibration_is_one_line_and_status_2(models, tmp_path, capsys, content, message):
+    path = tmp_path / "cal.json"
+    if content is not None:
+        path.write_text(content)
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--quiet",
+                   "--project", "esp32s3", "--calibration", str(path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "calibration file %s %s" % (path, message) in err
+
+
+def test_calibration_without_a_projection_is_refused(models, tmp_path, capsys):
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--quiet",
+                   "--calibration", str(tmp_path / "c.json")])
+    assert rc == 2 and "--calibration prices a projection: add --project esp32s3" in capsys.readouterr().err
+
+
+def test_a_partial_calibration_keeps_the_derived_rates_of_the_other_terms(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"format": "specmesh-calibration", "version": 1, "board": {"machine": "S3 devkit"},
+                                "seconds_per_unit": {"matmul_1": 1e-9}}))
+    rates, derived = Rates.load(path, ESP32S3), Rates.derived(ESP32S3)
+    assert rates.seconds["matmul_1"] == 1e-9 and rates.measured == {"matmul_1"}
+    assert {t: v for t, v in rates.seconds.items() if t != "matmul_1"} == {
+        t: v for t, v in derived.seconds.items() if t != "matmul_1"}
+    assert rates.source.startswith("calibrated on S3 devkit (") and "1 of %d terms measured" % len(TERMS) in rates.source

@@ -1,0 +1,97 @@
+"""host/costmodel.py follows firmware/engine.py: every kernel call a real forward pass makes, with its
+shapes, priced by the cost model's own per-kernel counts, adds up to what pass_work counts from the
+model header alone, for one position and for a 5-position verify."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from host import costmodel as cm
+from shared.modelfile import HEADER_SIZE, parse_header
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = """
+import sys
+sys.path[:0] = ["firmware", "."]
+import json, refkernels as K
+from engine import Engine
+log = []
+def wrap(name):
+    f = getattr(K, name)
+    def g(*a):
+        log.append((name, list(a[-1][:12])))
+        return f(*a)
+    setattr(K, name, g)
+for n in ("matmul", "quant", "requant", "embed", "rmsnorm", "rope", "attend", "silu", "argmax"):
+    wrap(n)
+e = Engine("models/target.spm", 5, viper=False)
+e.forward([1, 2, 3, 4, 5, 6, 7, 8][:5], 0)
+e.forward([9, 10, 11], 5)
+out = {}
+for k, pos in ((1, 8), (5, 8)):
+    del log[:]
+    e.forward([3, 4, 5, 6, 7][:k], pos)
+    for j in range(k):
+        e.argmax(j)
+    out[k] = log[:]
+    e.rollback(pos)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def calls():
+    exe = Path(sys.executable).with_name("micropython")
+    p = subprocess.run([str(exe), "-X", "heapsize=8M", "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def priced(h, log):
+    """The cost model's per-kernel counts applied to each recorded call (p: its parameter array)."""
+    w = cm.Work()
+    for name, p in log:
+        if name == "matmul":
+            cm.matmul(w, p[0], p[1], p[2])
+        elif name == "quant":
+            cm.quant(w, p[5], p[1])
+        elif name == "requant":
+            cm.requant(w, p[0], p[1], "residual" if p[5] else "requant")
+        elif name == "rmsnorm":
+            cm.rmsnorm(w, p[0], p[1])
+        elif name == "rope":
+            cm.rope(w, h, p[1], p[0])
+        elif name == "attend":
+            cm.attend(w, h, p[8], p[0] + p[8] - 1)
+        elif name == "silu":
+            cm.silu(w, p[0], p[1])
+        elif name == "embed":
+            w.add("embed_argmax", p[0] * cm.loop_insns("embed", 0))
+        elif name == "argmax":
+            w.add("embed_argmax", p[1] * cm.loop_insns("argmax", 0))
+        w.add("engine", 1)
+    return w
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_pass_work_is_what_the_engine_calls(calls, k):
+    h = parse_header((ROOT / "models" / "target.spm").read_bytes()[:HEADER_SIZE])
+    want = priced(h, calls[str(k)])
+    got = cm.pass_work(h, k, 8 + k)
+    assert set(got) == set(want) | {"weights_psram", "kv_psram"}  # the target lives in PSRAM
+    for term, amount in want.items():
+        assert got[term] == pytest.approx(amount), term
+    assert got["weights_psram"] == cm.weight_bytes(h) > cm.SRAM_BUDGET
+
+
+def test_a_pipeline_stage_counts_only_its_layers():
+    h = parse_header((ROOT / "models" / "target.spm").read_bytes()[:HEADER_SIZE])
+    first, last = cm.pass_work(h, 5, 20, (0, 2), False), cm.pass_work(h, 5, 20, (2, h.n_layers), True)
+    whole = cm.pass_work(h, 5, 20)
+    for term in cm.COMPUTE + ("engine",):
+        assert first.get(term, 0) + last.get(term, 0) == pytest.approx(whole.get(term, 0)), term
+    assert "weights_psram" not in first  # two layers are 70 KB: that board keeps them in SRAM

@@ -1,0 +1,92 @@
+"""The pipeline verifier (host/pipeline.py) on virtual boards: the shipped target on 5 stage boards (classic
+ESP32s, one layer each) and the shipped drafter, against a single verifier.
+
+Lossless: greedy output equals plain decoding on one verifier, speculative or not; a seeded sampled run
+equals the single verifier's with the same seed and gamma; a stage that stops answering ends the run
+with one line naming it. The single verifier is the host's numpy engine, bit-identical to a board's
+(docs/CONTRACTS.md section 4).
+"""
+
+import pytest
+
+from host.backends import BackendError, LocalVerifier, SessionParams
+from host.cluster import Cluster, split_layers
+from host.gamma import GammaController
+from host.orchestrator import generate
+from host.runner import UsageError, add_arguments, check_args
+from host.tokenizer import Tokenizer
+from tests.conftest import ROOT
+
+MODELS = ROOT / "models"
+N = 40
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    with Cluster("serial", MODELS, tmp_path_factory.mktemp("vboards")) as c:
+        yield c, c.pipeline(5), c.backend("drafter")
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    return Tokenizer.from_llama2c(MODELS / "tokenizer.bin").encode("Once upon a time")
+
+
+def single(prompt, params, drafter, gamma):
+    return generate(prompt, LocalVerifier(MODELS / "target.spm"), drafter, params, N,
+                    GammaController(fixed=gamma)).tokens
+
+
+def test_layers_split_evenly():
+    assert split_layers(5, 5) == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+    assert split_layers(5, 2) == [(0, 2), (2, 5)] and split_layers(5, 1) == [(0, 5)]
+    with pytest.raises(ValueError, match="1..5"):
+        split_layers(5, 6)
+
+
+def test_greedy_pipeline_equals_plain_decoding_on_one_verifier(mesh, prompt):
+    _, pipe, drafter = mesh
+    params = SessionParams(eos=1)
+    want = single(prompt, params, None, 0)
+    assert generate(prompt, pipe, None, params, N, GammaController(fixed=0)).tokens == want
+    spec = generate(prompt, pipe, drafter, params, N, GammaController(fixed=4))
+    assert spec.tokens == want and spec.accepted > 0
+    judged = [r.judged for r in pipe.trace[-len(spec.rounds):]]
+    assert max(judged) == 5 and all(1 <= j <= 5 for j in judged)  # gamma + 1, fewer after an early rejection
+    # the host's trace counts what each stage's firmware counted
+    assert pipe.trace_summary()["positions"] == [s.stats()["positions"] for s in pipe.stages]
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_seeded_sampling_equals_the_single_verifier(mesh, prompt, seed):
+    _, pipe, drafter = mesh
+    params = SessionParams(seed=seed, temperature=1.0, eos=1)
+    got = generate(prompt, pipe, drafter, params, N, GammaController(fixed=3))
+    assert got.tokens == single(prompt, params, drafter, 3)
+    assert 0 < got.accepted < got.drafted  # drafts both accepted and rejected: the rule ran on the stage
+
+
+def test_a_stage_that_stops_answering_ends_the_run_naming_it(mesh, prompt):
+    c, pipe, drafter = mesh
+    rounds = []
+
+    def kill(rnd, *_):
+        rounds.append(rnd)
+        if len(rounds) == 3:
+            c.boards["stage2"].stop()
+
+    with pytest.raises(BackendError) as e:
+        generate(prompt, pipe, drafter, SessionParams(eos=1), N, GammaController(fixed=2), on_round=kill)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("stage 3 of 5 (layers 2:3, virtual:stage2(esp32)) stopped answering")
+
+
+@pytest.mark.parametrize("extra, message", [(["--stages", "2", "--verifier", "cpu"], "drop --verifier"),
+                                            (["--stages", "300"], "0..255")])
+def test_stage_flags_are_checked(extra, message):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    with pytest.raises(UsageError, match=message):
+        check_args(p.parse_args(extra))

@@ -1,0 +1,116 @@
+"""The pipeline projection (host/pipeline_projection.py): the wavefront's discrete-event model, the stage
+costs it is built from (Projector.forward over a layer slice), and the stats it reports."""
+
+import pytest
+
+from host.backends import LocalDrafter, LocalVerifier, SessionParams
+from host.cluster import split_layers
+from host.gamma import GammaController
+from host.hardware import UART_921600
+from host.orchestrator import Round, generate
+from host.pipeline_projection import PipelineProjector, judged
+from host.projection import Projector, stage_body, stage_reply_body
+from host.tokenizer import Tokenizer
+from shared.modelfile import HEADER_SIZE, parse_header
+from tests.conftest import ROOT
+
+MODELS = ROOT / "models"
+
+
+@pytest.fixture(scope="module")
+def heads():
+    return [parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for f in ("target.spm", "drafter.spm")]
+
+
+def test_stage_costs_add_up_to_the_whole_model(heads):
+    target = heads[0]
+    p = Projector(target, None, "esp32")  # no PSRAM term: only MACs
+    for n in (1, 2, 5):
+        layers = split_layers(5, n)
+        parts = sum(p.forward(target, 3, 40, ab, classifier=ab[1] == 5) for ab in layers)
+        assert parts == pytest.approx(p.forward(target, 3, 40))
+    assert p.forward(target, 1, 40, (0, 1), classifier=False) < p.forward(target, 1, 40, (4, 5), classifier=True)
+
+
+def test_one_position_costs_request_compute_and_reply_at_every_stage(heads):
+    pp = PipelineProjector(heads[0], heads[1], split_layers(5, 5), UART_921600.name)
+    t = pp.wavefront(10, 1, 0, 0, [])
+    dim4 = 4 * heads[0].dim
+    want = sum(pp._wire(stage_body(0, 2 if s == 0 else dim4)) + pp._stage(s, 11, True)
+               + pp._wire(stage_reply_body(2 if s == 4 else dim4))
+               for s in range(5))
+    assert t == pytest.approx(want)
+
+
+def test_the_wavefront_overlaps_positions_across_stages_and_stops_at_the_verdict(heads):
+    one = PipelineProjector(heads[0], heads[1], split_layers(5, 1), UART_921600.name)
+    five = PipelineProjector(heads[0], heads[1], split_layers(5, 5), UART_921600.name)
+    for pp, overlap in ((one, False), (five, True)):
+        single = pp.wavefront(20, 1, 0, 0, [])
+        full = pp.wavefront(20, 5, 0, 4, [8] * 4)
+        if overlap:
+            assert full < 2.5 * single  # 5 positions through 5 stages: far less than 5 passes
+        else:
+            assert full > 4.5 * single  # one stage: each position waits for the one before
+        assert pp.wavefront(20, 5, 0, 0, [8] * 4) < full  # rejected at the first draft: later ones cut
+
+
+def test_judged_positions_follow_the_verdict():
+    def rnd(gamma, acc, rejected):
+        return Round(gamma, acc, acc + 1, 10, 3 + 8 * gamma, 2 + 4 * gamma, 0, rejected, 0, 0.0, 0.0, 0.0, 0, 0)
+
+    assert judged(rnd(4, 1, True)) == 2 and judged(rnd(4, 4, False)) == 5
+    assert judged(rnd(4, 2, False)) == 2  # an accepted end-of-stream draft: no token judged after it
+    assert judged(rnd(0, 0, False)) == 1
+
+
+def test_a_shipped_pair_run_projects_pipeline_plain_single_board_and_speculative(heads):
+    tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
+    prompt = tok.encode("Once upon a time")
+    r = generate(prompt, LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm"),
+                 SessionParams(), 32, GammaController(fixed=3))
+    for link in ("espnow", UART_921600.name):
+        p = PipelineProjector(heads[0], heads[1], split_layers(5, 5), link).project(r, len(prompt))
+        n = sum(x.committed for x in r.rounds)
+        assert p["tokens_per_s"] == pytest.approx(n / p["wall_s"])
+        assert p["speedup_vs_pipeline_plain"] == pytest.approx(p["tokens_per_s"] / p["pipeline_plain_tokens_per_s"])
+        assert p["speedup_vs_single_board_plain"] == pytest.approx(
+            p["tokens_per_s"] / p["single_board_plain_tokens_per_s"])
+        # the single board holds the whole target: the same plain tokens as the esp32s3 Projector
+        assert p["single_board_plain_tokens_per_s"] == pytest.approx(
+            n / sum(Projector(heads[0], None, "esp32s3").plain_round(len(prompt) + i) for i in range(n)))
+
+
+def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(heads):
+    """build_stats with a pipeline verifier (its stage boards stubbed): the keys scripts read."""
+    import argparse
+
+    from host.output import format_table
+    from host.pipeline import PipelineVerifier, RoundTrace
+    from host.pipeline_projection import LinksReport
+    from host.runner import build_stats
+
+    class Stage:
+        name, max_seq, bus_bytes = "stub", 128, 0
+
+        def stats(self):
+            return {"compute_s": 0.5, "heap_free": 20_000, "positions": 7, "passes": 7}
+
+    tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
+    prompt = tok.encode("Once upon a time")
+    r = generate(prompt, LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm"),
+                 SessionParams(), 16, GammaController(fixed=3))
+    layers = split_layers(5, 5)
+    pipe = PipelineVerifier([Stage() for _ in layers], layers)
+    pipe.trace.append(RoundTrace(7, 4, [7] * 5, [100] * 5, [7] * 5))
+    a = argparse.Namespace(seed=0)
+    stats = build_stats(a, SessionParams(), r, "x", pipe, None, GammaController(fixed=3), len(prompt),
+                        LinksReport(heads[0], heads[1], layers))
+    p = stats["projection"]
+    assert set(p["links"]) == {"espnow", "uart-921600"} and p["hardware"] == p["links"]["uart-921600"]["hardware"]
+    for v in p["links"].values():
+        assert v["speedup_vs_pipeline_plain"] > 0 and v["speedup_vs_single_board_plain"] > 0
+    assert stats["pipeline"]["positions"] == [7] * 5 and stats["pipeline"]["layers"][4] == "4:5"
+    assert [b["positions"] for b in stats["boards"]] == [7] * 5
+    table = format_table(stats)
+    assert table.count("vs plain on the pipeline") == 2

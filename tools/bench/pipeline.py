@@ -1,0 +1,78 @@
+"""Projected tokens/s of the shipped target split across N classic-ESP32 stage boards, plain and speculative.
+
+    python -m tools.bench pipeline
+
+The spec bench's prompts are decoded greedily on the host CPU back-ends (the boards' arithmetic) at each
+gamma (0: plain, no drafter); host/pipeline_projection.py replays every run on N = 1..5 stages (the
+target's 5 layers split evenly) over 921600-baud UART and over ESP-NOW behind a gateway, next to plain
+decoding on one ESP32-S3 that holds the whole target. `fits` says whether each stage of that split fits
+a classic ESP32's heap (its layers' weights + a 128-position KV cache + 16 KB of buffers and tables +
+the node's 16 KB reserve <= 110,536 bytes): only the 5-stage split does; the others are the model's
+arithmetic, not boards one can build.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from host.backends import LocalDrafter, LocalVerifier, SessionParams
+from host.cluster import split_layers
+from host.flash import STAGE_CTX
+from host.gamma import GammaController
+from host.orchestrator import generate
+from host.pipeline_projection import PIPELINE_LINKS, PipelineProjector
+from host.tokenizer import Tokenizer
+from shared.modelfile import HEADER_SIZE, parse_header, stage_bytes
+from tools.bench.spec import PROMPTS
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "models"
+NEW = 64
+GAMMAS = range(0, 9)
+ESP32_HEAP = 110_536
+STAGE_OVERHEAD = 16_384 + 16_384  # buffers and tables, then the node's reserve (firmware/node.py)
+
+
+def fits(h, layers) -> bool:
+    """Whether every stage of the split fits a classic ESP32's heap (the module docstring's estimate)."""
+    kv = 2 * STAGE_CTX * (h.kv_dim + 1)
+    return all(stage_bytes(h, a, b) + (b - a) * kv + STAGE_OVERHEAD <= ESP32_HEAP for a, b in layers)
+
+
+def run() -> dict:
+    target, drafter = (parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for f in ("target.spm", "drafter.spm"))
+    tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
+    ver, dra = LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm")
+    runs = {g: [(len(p), generate(p, ver, dra if g else None, SessionParams(), NEW, GammaController(fixed=g)))
+                for p in (tok.encode(t) for t in PROMPTS)] for g in GAMMAS}
+    curve: dict = {}
+    for link in PIPELINE_LINKS:
+        curve[link] = {}
+        for n in range(1, 6):
+            layers = split_layers(target.n_layers, n)
+            pp = PipelineProjector(target, drafter, layers, link)
+            row = {"fits": fits(target, layers)}
+            for g, rs in runs.items():
+                secs = sum(pp.project(r, plen)["wall_s"] for plen, r in rs)
+                row[str(g)] = sum(sum(x.committed for x in r.rounds) for _, r in rs) / secs
+            plain = row["0"]
+            row["best_gamma"] = max(GAMMAS, key=lambda g: row[str(g)])
+            row["best_speedup_vs_pipeline_plain"] = row[str(row["best_gamma"])] / plain
+            curve[link][str(n)] = row
+    single_s = 0.0  # plain decoding of the same tokens on one ESP32-S3 holding the whole target
+    for plen, r in runs[0]:
+        p = PipelineProjector(target, None, split_layers(target.n_layers, 1), PIPELINE_LINKS[0]).project(r, plen)
+        single_s += sum(x.committed for x in r.rounds) / p["single_board_plain_tokens_per_s"]
+    single_tok_s = sum(sum(x.committed for x in r.rounds) for _, r in runs[0]) / single_s
+    alpha = {g: sum(r.accepted for _, r in rs) / max(1, sum(r.tested for _, r in rs)) for g, rs in runs.items() if g}
+    print("stories260K on N classic-ESP32 stages, projected tok/s (host/pipeline_projection.py), greedy, %d prompts "
+          "x %d tokens; one ESP32-S3 holding the whole target, plain: %.2f tok/s" % (len(PROMPTS), NEW, single_tok_s))
+    print("alpha per gamma: %s" % ", ".join("%d: %.2f" % (g, a) for g, a in alpha.items()))
+    for link, rows in curve.items():
+        print("\n%s  (gamma 0 = plain on the pipeline)" % link)
+        print("%-12s" % "stages" + "".join("%8s" % ("g=%d" % g) for g in GAMMAS) + "   best x plain")
+        for n, row in rows.items():
+            print("%-12s" % ("%s%s" % (n, "" if row["fits"] else " (no fit)"))
+                  + "".join("%8.2f" % row[str(g)] for g in GAMMAS)
+                  + "   %.2fx (g=%d)" % (row["best_speedup_vs_pipeline_plain"], row["best_gamma"]))
+    return {"single_board_plain_tok_s": single_tok_s, "alpha": {str(g): a for g, a in alpha.items()}, "curve": curve}
