@@ -11,9 +11,11 @@ signed.
   DatagramDecoder fed them as 250-byte fragments, a tenth mutated, neighbours swapped. A crash is any
   exception other than a CodecError out of decode/unpack, or any exception out of feed(); a hang is one
   input taking over a second; heap drift is tracemalloc's traced bytes at the end minus after the first
-  tenth, with the decoders' state bounds (partials, line buffer) checked throughout.
-- MicroPython, `--node-frames` inputs: the firmware node (a drafter with a small random model) in
-  `micropython -X heapsize=110536`, fed the inputs as lines (RESET and CONFIGURE excluded: they end
+  tenth (at least 1000 inputs, or half a shorter run, so the decoders' bounded state is full), with
+  the decoders' state bounds (partials, line buffer) checked throughout.
+- MicroPython, `--node-frames` inputs: the firmware node as a classic ESP32 runs it (the shipped drafter,
+  a 110,536-byte heap, the node's code frozen: the VM gets that heap plus what the code holds, as
+  tests/test_firmware_budget.py models a board), fed the inputs as lines (RESET and CONFIGURE excluded: they end
   the node or move its id), with a PING every 100 inputs that must come back within 10 s (a hang
   otherwise) and STATS every 1000: its heap_free after a collection, after the first 1000 inputs (reply
   cache and counters warm) against the last, is the drift.
@@ -103,6 +105,7 @@ def fuzz_cpython(n: int, seed: int) -> dict:
     chunk = bytearray()
     tracemalloc.start()
     base = None
+    warm = max(n // 10, min(n // 2, 1000))  # the reassembler's bounded partials fill over the first ~1000
     gen = inputs(r)
     for i in range(n):
         data = next(gen)
@@ -130,7 +133,7 @@ def fuzz_cpython(n: int, seed: int) -> dict:
         report["hangs"] += took > HANG_S
         if datagram.pending() > datagram.max_partial or stream._n > len(stream._buf):
             _crash(report, "state bound", data, RuntimeError("decoder state beyond its bound"))
-        if i == n // 10:
+        if i == warm:
             base = tracemalloc.get_traced_memory()[0]
     end = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
@@ -141,18 +144,15 @@ def fuzz_cpython(n: int, seed: int) -> dict:
 
 
 def fuzz_node(n: int, seed: int, micropython: str) -> dict:
-    from tools.nodeproc import NodeFailure, NodeProc, flash  # noqa: PLC0415
-    from tools.testmodels import random_model  # noqa: PLC0415
+    from tools.nodeproc import NodeFailure, NodeProc, code_heap, flash, shipped_model  # noqa: PLC0415
 
     r = random.Random(seed + 1)
     report = {"inputs": n, "crashes": 0, "hangs": 0, "examples": [], "heap_free": []}
     with tempfile.TemporaryDirectory(prefix="specmesh-fuzz-") as tmp:
         board = Path(tmp)
         flash(board, str(Path(micropython).with_name("mpy-cross")))
-        random_model(board / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=64,
-                     max_seq=64, seed=seed)
-        node = NodeProc(micropython, board, {"role": "drafter", "model": "drafter.spm"}, heap=ESP32_HEAP,
-                        flashed=True)
+        node = NodeProc(micropython, board, {"role": "drafter", "model": shipped_model("drafter")},
+                        heap=ESP32_HEAP + code_heap(micropython, board), flashed=True)
         gen = inputs(r, node=True)
         t0 = time.perf_counter()
         try:
