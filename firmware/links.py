@@ -4,6 +4,7 @@ Every link has the same small interface:
     recv(timeout_ms) -> bytes or None   one binary frame (framing undone, not yet CRC-checked);
                                         timeout_ms 0 polls, -1 blocks
     send(frame)                         one binary frame; a datagram link picks the peer from its dst byte
+                                        (frames on a radio always carry addresses)
     errors                              dict: framing errors by kind (lines that are no frame, bad base64,
                                         broken fragments); the node adds them to its bad-frame count
     closed                              True once the link's input ended (stdin closed)
@@ -25,9 +26,8 @@ import sys
 
 from shared import codec
 
-MAX_LINE = 4096  # longest frame line accepted (a VERIFY_REQ of 8 drafts x top-32 is ~1.8 KB)
-DST = 4  # offset of the dst byte in a binary frame
-RX_PACKETS = 8  # ESP-NOW packets the receive buffer holds (a 1.8 KB VERIFY_REQ is 8 fragments of 250 bytes)
+MAX_LINE = 4096  # longest frame line accepted (a DRAFT of 8 drafts x top-32 is about 1 KB as a line)
+RX_PACKETS = 8  # ESP-NOW packets the receive buffer holds (a DRAFT of 8 drafts x top-32 takes 3)
 SEND_TRIES = 3  # ESP-NOW sends of one packet before leaving the loss to the requester's retransmission
 
 
@@ -229,7 +229,7 @@ class EspNowLink:
         return self._dec.feed(msg, bytes(mac))
 
     def send(self, frame):
-        dst = frame[DST]
+        dst = codec.dst_of(frame)  # a frame without addresses has no peer on a radio
         mac = self.BROADCAST_MAC if dst == codec.BROADCAST else self.peers.get(dst)
         if mac is None:
             return False

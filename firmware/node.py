@@ -1,10 +1,11 @@
 """The node: reads frames from its links, routes or dispatches them, answers every request once.
 
-One loop serves every link kind (links.py). A frame addressed to this node (or broadcast) is a
-request: it gets exactly one reply with the request's seq and the REPLY flag, sent back on the link it
-came from. A request whose (src, seq, type, session, payload) equals one of the last REPLY_CACHE
-answered is a retransmission: the cached reply goes out again and nothing is done twice (CONTRACTS
-section 2, "Reliability"). Anything wrong with a request (malformed payload, wrong state, out of
+One loop serves every link kind (links.py). A frame addressed to this node (or broadcast, or carrying
+no addresses: from the peer at the link's other end) is a request: it gets exactly one reply with the
+request's seq and the REPLY flag, addressed as the request was, sent back on the link it came from. A
+request whose (src, seq, type, session, payload) equals one of the last REPLY_CACHE answered is a
+retransmission: the cached reply goes out again and nothing is done twice (CONTRACTS section 2,
+"Reliability"). Anything wrong with a request (malformed payload, wrong state, out of
 range, out of memory, even a bug) becomes an ERROR reply and a count; the node never dies on input.
 A frame that fails its CRC is only counted (its sender cannot be trusted); one with a good CRC but an
 unknown type or version still gets an ERROR reply.
@@ -34,7 +35,6 @@ from shared import messages as m
 
 import config
 import roles
-from links import DST
 from roles import Refused
 from shared.messages import E_COUNTER, E_INTERNAL, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, HOST
 
@@ -171,8 +171,8 @@ class Node:
 
     def on_frame(self, raw, link):
         """Route or handle one binary frame that arrived on `link`."""
-        if len(raw) > DST:
-            dst = raw[DST]
+        dst = codec.dst_of(raw)  # None: for this node, from the peer at the link's other end
+        if dst is not None:
             if dst != self.node_id and dst != codec.BROADCAST:
                 self._forward(raw, dst, link)
                 return
@@ -181,14 +181,13 @@ class Node:
                 self.stats["forwarded"] += 1
         try:
             f = codec.decode(raw, self.auth)
-        except (codec.BadType, codec.BadVersion) as e:
+        except codec.BadType as e:
             self.stats["bad_frames"] += 1
             self._refuse_header(raw, link, str(e))
             return
         except codec.Replay:  # an authentic request seen before: a retransmission gets its cached reply
-            _v, t, _fl, src, _d, seq, session, n = struct.unpack_from(codec.HEADER_FMT, raw, 0)
-            h = codec.HEADER_SIZE
-            if self._resend(src, seq, t, session, bytes(raw[h:h + n]), link):
+            t, fl, src, _d, seq, session, a, b = codec.header(raw)
+            if self._resend(src, seq, t, session, bytes(raw[a:b]), link):
                 return
             # a used counter: refused; one older than the whole window gets a signed ERROR 7 whose message
             # is the newest counter seen, so a restarted host signs above it (a replay earns only that number;
@@ -197,14 +196,14 @@ class Node:
             st["bad_frames"] += 1
             st[STAT_KEYS[_REPLAYED]] += 1
             top = self.auth._seen[src][0]
-            if struct.unpack_from("<I", raw, len(raw) - codec.CRC_SIZE - codec.SIG_SIZE)[0] + self.auth.window < top:
-                link.send(codec.encode(m.ERROR, m.pack_error(E_COUNTER, str(top)), self.node_id, src, seq, session,
-                                       True, self.auth))
+            if struct.unpack_from("<I", raw, b)[0] + self.auth.window < top:
+                me = self.node_id if fl & codec.FLAG_ADDR else None
+                link.send(codec.encode(m.ERROR, m.pack_error(E_COUNTER, str(top)), me, src, seq, 0, True, self.auth))
             return
         except codec.BadAuth:  # unsigned where a key is set, or a tag that fails: forged, or another key
             st = self.stats
             st["bad_frames"] += 1
-            st[STAT_KEYS[_BAD_TAG if raw[2] & codec.FLAG_SIGNED else _UNSIGNED]] += 1
+            st[STAT_KEYS[_BAD_TAG if raw[0] & codec.FLAG_SIGNED else _UNSIGNED]] += 1
             return
         except codec.CodecError:
             self.stats["bad_frames"] += 1
@@ -228,14 +227,11 @@ class Node:
         self.stats["forwarded"] += 1
 
     def _refuse_header(self, raw, link, message):
-        """ERROR reply to a frame whose CRC held but whose version or type is unknown."""
-        try:
-            _v, _t, _fl, src, _d, seq, session, _n = struct.unpack_from(codec.HEADER_FMT, raw, 0)
-        except ValueError:
-            return
+        """ERROR reply to a frame whose CRC held but whose type is unknown."""
+        _t, fl, src, _d, seq, _s, _a, _b = codec.header(raw)
         self.stats["errors"] += 1
-        link.send(codec.encode(m.ERROR, m.pack_error(E_MESSAGE, message), self.node_id, src, seq,
-                               session, True, self.auth))
+        me = self.node_id if fl & codec.FLAG_ADDR else None
+        link.send(codec.encode(m.ERROR, m.pack_error(E_MESSAGE, message), me, src, seq, 0, True, self.auth))
 
     def _resend(self, src, seq, mtype, session, payload, link):
         """Send the cached reply if this request was answered already; True if it was."""
@@ -253,14 +249,14 @@ class Node:
             return
         st["requests"] += 1
         self._idle_paused = False
-        src_id = self.node_id
+        src_id = self.node_id if f.flags & codec.FLAG_ADDR else None  # a reply is addressed as its request was
         rtype, body, keep = self._answer(f)
         if rtype == m.ERROR:
             st["errors"] += 1
         reply = None
         for _ in range(2):  # building the reply may meet a fragmented heap once
             try:
-                reply = codec.encode(rtype, body, src_id, f.src, f.seq, f.session, True, self.auth)
+                reply = codec.encode(rtype, body, src_id, f.src, f.seq, 0, True, self.auth)
                 link.send(reply)
                 break
             except MemoryError:
@@ -343,12 +339,13 @@ class Node:
         if t == m.DRAFT_REQ:
             if self.role_id != m.ROLE_DRAFTER:
                 raise Refused(E_STATE, "DRAFT_REQ needs a drafter; this node is a %s" % ROLE_NAMES[self.role_id])
-            pos0, entries = role.draft(*args)
+            role.commit(args[0], args[2])  # the COMMIT folded into the request
+            pos0, entries = role.draft(args[0], args[1])
             return m.DRAFT, m.pack_draft(pos0, entries)
         if t == m.VERIFY_REQ:
             if self.role_id != m.ROLE_VERIFIER:
                 raise Refused(E_STATE, "VERIFY_REQ needs a verifier; this node is a %s" % ROLE_NAMES[self.role_id])
-            return m.VERDICT, m.pack_verdict(*role.verify(*args))
+            return m.VERDICT, m.pack_verdict(*role.verify(*args)[1:])  # the verdict commits itself
         if t == m.STAGE:
             if self.role_id != m.ROLE_STAGE:
                 raise Refused(E_STATE, "STAGE needs a stage; this node is a %s" % ROLE_NAMES[self.role_id])
@@ -365,7 +362,7 @@ class Node:
         r = self.role_id
         gmax = (0 if e is None else m.MAX_GAMMA if r == m.ROLE_DRAFTER else e.kmax - 1 if r == m.ROLE_VERIFIER
                 else e.kmax if e.head else 0)
-        return m.pack_hello(FW_VERSION, board[:64], self.role_id, self.cfg["model"][:64],
+        return m.pack_hello(FW_VERSION, board[:64], r, self.cfg["model"][:64],
                             e.vocab if e else 0, e.n_ctx if e else 0, gc.mem_free(), caps, gmax)
 
     def _stats(self):

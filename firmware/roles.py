@@ -2,7 +2,9 @@
 
 Both keep `tokens`, the committed prefix (length `length`) followed by tokens held speculatively
 (`held` >= length: drafts of the drafter's chain, or the drafts a verifier last checked), and the
-engine's KV cache over `tokens[:kv]`, kv <= held. COMMIT writes the new tail; every held token that
+engine's KV cache over `tokens[:kv]`, kv <= held. COMMIT (alone, or folded into a DRAFT_REQ) writes the
+new tail after any prefix of what the node holds; a verdict commits itself (the accepted drafts and
+the emitted token), so a verifier needs no COMMIT while the host follows its verdicts. Every held token that
 it confirms keeps its KV entry and (drafter) its draft, the first one it contradicts cuts `held` and
 `kv` there. So accepted tokens are never recomputed, and anything computed from a rejected token is
 dropped. ROLLBACK cuts everything beyond the length it names.
@@ -62,8 +64,8 @@ class Role:
         self.eos = eos
         for i in range(n):
             self.tokens[i] = prompt[i]
+        self._cut(0)
         self.length = self.held = n
-        self.kv = 0
         self.engine.rollback(0)
         self.active = True
 
@@ -74,8 +76,8 @@ class Role:
     def commit(self, length, tail):
         self._check_session()
         base = length - len(tail)
-        if base > self.length:
-            raise Refused(E_STATE, "commit keeps %d tokens but the node holds only %d" % (base, self.length))
+        if base > self.held:
+            raise Refused(E_STATE, "commit keeps %d tokens but the node holds only %d" % (base, self.held))
         if length > self.max_seq:
             raise Refused(E_RANGE, "commit to %d tokens exceeds the context of %d" % (length, self.max_seq))
         for t in tail:
@@ -102,6 +104,7 @@ class Role:
 
     def _cut(self, p):
         """Hold nothing from position p on."""
+        self.pending = None  # (a verifier's table of a rejected draft: its prefix may change)
         self.held = p
         if self.kv > p:
             self.kv = p
@@ -190,7 +193,7 @@ class Drafter(Role):
         p = self.held
         self._catch_up(p - 1)
         logits = self._feed(p - 1, p)
-        e = rule.draft_step(self.greedy, self.engine.argmax, lambda: sampling.draft_table(
+        e = rule.draft(self.greedy, self.engine.argmax, lambda: sampling.draft_table(
             memoryview(logits), 0, self.vocab, self.temp_milli, self.draft_top_k, self.engine.exp_table),
             self.seed, p)
         self.tokens[p] = e[0]
@@ -208,15 +211,26 @@ class Drafter(Role):
 
 
 class Verifier(Role):
-    """Checks drafts against the target in one batched pass and applies the shared acceptance rule."""
+    """Checks drafts against the target in one batched pass and applies the shared acceptance rule.
+
+    Drafts may come with partial q-hat tables (each its token's weight only: enough to accept it). At the
+    rejection of such a draft the verdict is (n_accepted, rule.PARTIAL): the accepted drafts are committed,
+    and the target's table at the rejected position is kept (`pending`) until the host sends that draft
+    again with its whole table, which then gets the residual token without a second pass."""
+
+    pending = None  # (position, draft, its q(x), the target's table there) after a PARTIAL verdict
 
     def verify(self, pos0, entries):
         """(pos0, n_accepted, token) for the drafts `entries` [(token, ids, weights)] at pos0.."""
         self._check_session()
         n = len(entries)
+        pend = self.pending
+        self.pending = None
+        if pend is not None and n == 1 and pos0 == pend[0] == self.length:
+            return self._residual(pend, entries[0])
         if pos0 != self.length:
             raise Refused(E_STATE, "drafts start at %d, but %d tokens are committed here" % (pos0, self.length))
-        if n + 1 > self.max_batch or pos0 + n > self.max_seq:
+        if n + 1 > self.max_batch or pos0 + n >= self.max_seq:
             raise Refused(E_RANGE, "%d drafts at %d exceed the context of %d or the batch of %d"
                           % (n, pos0, self.max_seq, self.max_batch))
         drafts = []
@@ -229,12 +243,38 @@ class Verifier(Role):
             self._put(pos0 + i, drafts[i])
         self._catch_up(pos0 - 1)
         logits = self._feed(pos0 - 1, pos0 + n)
-        acc, tok = rule.verdict_step(self.greedy, self.engine.argmax, lambda j: self._table(logits, j), drafts, qs,
-                                     self.seed, pos0, self.eos)
+        ps = []  # the target's tables as the rule asks for them (sampled): a PARTIAL verdict keeps the rejected one
+
+        def table(j):
+            ps.append(self._table(logits, j))
+            return ps[j]
+
+        acc, tok = rule.verdict_step(self.greedy, self.engine.argmax, table, drafts, qs, self.seed, pos0, self.eos)
+        if tok == rule.PARTIAL:
+            self.pending = (pos0 + acc, drafts[acc], qs[acc][1][0], ps[acc])
         st = self.stats
         st["verified"] += n
         st["accepted"] += acc
+        return self._commit_verdict(pos0, acc, tok)
+
+    def _commit_verdict(self, pos0, acc, tok):
+        """The verdict commits itself: the accepted drafts and the emitted token (none after an accepted EOS,
+        none yet after a PARTIAL verdict)."""
+        self.length = pos0 + acc
+        if tok >= 0:
+            self._put(self.length, tok)
+            self.length += 1
         return pos0, acc, tok
+
+    def _residual(self, pend, entry):
+        """The token of a PARTIAL verdict, from the whole table of the rejected draft."""
+        p, x, qx, table = pend
+        token, ids, weights = entry
+        self._check_draft(token, ids, weights)
+        if token != x or len(ids) < 2 and weights[0] < rule.ONE or weights[ids.index(x)] != qx:
+            raise Refused(E_MESSAGE, "draft %d at %d was rejected with q(x) = %d: send its whole q-hat table"
+                          % (x, p, qx))
+        return self._commit_verdict(p, 0, rule.sample_residual(table, ids, weights, self.seed, p))
 
     def _check_draft(self, token, ids, weights):
         vocab = self.vocab
@@ -250,5 +290,5 @@ class Verifier(Role):
             total += weights[j]
             if ids[j] == token:
                 has = True
-        if total != rule.ONE or not has:
+        if not has or total != rule.ONE and (total > rule.ONE or len(ids) > 1):  # whole, or partial: ([x], [q(x)])
             raise Refused(E_MESSAGE, "a q-hat table must sum to %d and contain its draft token" % rule.ONE)

@@ -265,7 +265,7 @@ class LocalDrafter(LocalRole):
         out = Draft(len(committed))
         row = self.stream.logits_after(committed)[0]
         for i in range(gamma):
-            token, ids, weights = rule.draft_step(p.greedy, lambda: argmax(row),
+            token, ids, weights = rule.draft(p.greedy, lambda: argmax(row),
                                                   lambda: draft_table(row, p.temp_milli, p.draft_top_k),
                                                   p.seed, out.pos0 + i)
             out.tokens.append(token)

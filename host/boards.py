@@ -1,12 +1,17 @@
 """Drafter and verifier back-ends that are boards: the firmware node behind a chip proxy (host/proxy.py).
 
-The host tells a node the committed sequence with COMMIT messages carrying only what changed since
-the node last heard (`known`): the common prefix is kept, the tail is sent, anything beyond is rolled
-back by the node. BEGIN, and after a verdict the COMMIT, are sent to each board without waiting for
-its ACK; the next call to that board collects it first, so the two boards' work overlaps with each
-other and with the host's own (a drafter prefills the prompt at BEGIN while the verifier prefills it
-at its first verdict). A drafter board with `spec_ahead` set in its config drafts the next block while
-a verdict is pending and answers DRAFT_REQ from it when its guess was right (firmware/roles.py).
+The host sends a node only what it cannot know. A verifier's verdict commits itself (the accepted
+drafts and the emitted token), so while the host follows its verdicts the verifier gets no COMMIT; when
+sampling, it gets each draft's own q-hat weight only (enough to accept it), and the whole table of the
+one draft it rejects after its PARTIAL verdict asks for it. A drafter learns each round's outcome from
+the next DRAFT_REQ, which carries the COMMIT folded in, and only the tail beyond the longest prefix of
+what it holds (`held`: the committed stream and the drafts it proposed), so an accepted draft is never
+sent back to it. An explicit COMMIT, sent without waiting for its ACK, is left for a verifier whose
+stream the host changed itself. BEGIN is sent to each board without waiting for its ACK either; the
+next call to that board collects it first, so the two boards' work overlaps with each other and with
+the host's own (a drafter prefills the prompt at BEGIN while the verifier prefills it at its first
+verdict). A drafter board with `spec_ahead` set in its config drafts the next block while a verdict is
+pending and answers DRAFT_REQ from it when its guess was right (firmware/roles.py).
 
 A node that restarted mid-session has lost it and refuses the next request ("no session", m.E_STATE): it
 is re-synchronised with BEGIN carrying the whole committed stream as its prompt, and the request is
@@ -15,11 +20,12 @@ sent again. Drafts and verdicts are pure functions of (seed, committed prefix), 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from host.backends import BackendError, Draft, SessionParams
 from host.proxy import Call, NodeError, Proxy, ProxyError
 from shared import messages as m
+from shared.rule import PARTIAL
 
 ROLE_NAMES = {m.ROLE_DRAFTER: "drafter", m.ROLE_VERIFIER: "verifier", m.ROLE_STAGE: "stage"}
 
@@ -50,7 +56,8 @@ class BoardBackend:
         self.info = {"fw": fw, "board": board, "model": model, "vocab": vocab, "heap_free": heap, "caps": caps}
         self.max_seq = max_seq
         self.max_gamma = max_gamma
-        self.known: list[int] = []
+        self.known: list[int] = []  # the committed stream as the node holds it
+        self.held: list[int] = []  # what the node holds: `known`, then the drafts it proposed (a drafter)
         self.params: SessionParams | None = None
         self.resyncs = 0
         self._pending: Call | None = None  # a BEGIN or COMMIT whose ACK is not collected yet
@@ -97,13 +104,15 @@ class BoardBackend:
         except ProxyError as e:
             raise BackendError("%s: %s" % (self.name, e)) from None
 
-    def _call(self, mtype: int, payload: bytes = b""):
+    def _call(self, mtype: int, payload: bytes | Callable[[], bytes] = b""):
+        """The reply to a request; a callable payload is built again after a re-synchronisation."""
         self._settle()
+        body = payload if isinstance(payload, bytes) else payload()
         try:
-            return self._result(self.proxy.start(mtype, payload))
+            return self._result(self.proxy.start(mtype, body))
         except _Restarted:
             self._resync()
-            return self._once(self.proxy.start(mtype, payload))
+            return self._once(self.proxy.start(mtype, payload if isinstance(payload, bytes) else payload()))
 
     def _once(self, call: Call):
         """The reply after a re-synchronisation: losing the session again is an error, not a loop."""
@@ -117,6 +126,7 @@ class BoardBackend:
         """BEGIN again with the committed stream as the prompt (the node restarted and lost the session)."""
         self.resyncs += 1
         self._pending = None
+        self.held = list(self.known)
         assert self.params is not None
         self._once(self.proxy.start(m.BEGIN, _begin_body(self.params, self.known)))
 
@@ -127,22 +137,25 @@ class BoardBackend:
         self._pending = self.proxy.start(m.BEGIN, _begin_body(params, prompt))
         self._begun = params
         self.known = list(prompt)
+        self.held = list(prompt)
 
-    def _sync(self, committed: Sequence[int]) -> None:
-        """Send COMMIT for what changed since the node last heard; leaves it in flight."""
-        self._settle()
-        if len(committed) == len(self.known) and list(committed) == self.known:
-            return
+    def _tail(self, committed: Sequence[int]) -> list[int]:
+        """`committed` beyond its longest common prefix with what the node holds."""
         c = 0
-        for a, b in zip(self.known, committed):
+        for a, b in zip(self.held, committed):
             if a != b:
                 break
             c += 1
-        self._pending = self.proxy.start(m.COMMIT, m.pack_commit(len(committed), list(committed[c:])))
-        self.known = list(committed)
+        return list(committed[c:])
 
     def commit(self, committed: Sequence[int]) -> None:
-        self._sync(committed)
+        """Send COMMIT if the node's committed stream is not `committed`; leaves it in flight."""
+        self._settle()
+        if len(committed) == len(self.known) and list(committed) == self.known:
+            return
+        self._pending = self.proxy.start(m.COMMIT, m.pack_commit(len(committed), self._tail(committed)))
+        self.known = list(committed)
+        self.held = list(committed)
 
     def stats(self) -> dict:
         self._settle()
@@ -165,22 +178,41 @@ class BoardBackend:
 class BoardDrafter(BoardBackend):
     role = m.ROLE_DRAFTER
 
+    def commit(self, committed: Sequence[int]) -> None:
+        """Nothing to send: the next DRAFT_REQ carries the outcome (the board drafts only when asked)."""
+
     def draft(self, committed: Sequence[int], gamma: int) -> Draft:
-        self._sync(committed)
-        pos0, entries = m.unpack_draft(self._call(m.DRAFT_REQ, m.pack_draft_req(len(committed), gamma)).payload)
+        def body() -> bytes:
+            return m.pack_draft_req(len(committed), gamma, self._tail(committed))
+
+        pos0, entries = m.unpack_draft(self._call(m.DRAFT_REQ, body).payload)
         if pos0 != len(committed) or not 0 < len(entries) <= gamma:
             raise BackendError("%s drafted %d tokens at %d when asked for %d at %d"
                                % (self.name, len(entries), pos0, gamma, len(committed)))
-        return Draft(pos0, [e[0] for e in entries], [(list(e[1]), list(e[2])) for e in entries])
+        tokens = [e[0] for e in entries]
+        self.known = list(committed)
+        self.held = self.known + tokens
+        return Draft(pos0, tokens, [(list(e[1]), list(e[2])) for e in entries])
 
 
 class BoardVerifier(BoardBackend):
     role = m.ROLE_VERIFIER
 
     def verify(self, committed: Sequence[int], draft: Draft) -> tuple[int, int]:
-        self._sync(committed)
-        body = m.pack_draft(draft.pos0, [(t, q[0], q[1]) for t, q in zip(draft.tokens, draft.q)])
-        pos0, n_acc, token = m.unpack_verdict(self._call(m.VERIFY_REQ, body).payload)
-        if pos0 != draft.pos0:
-            raise BackendError("%s answered for position %d, asked %d" % (self.name, pos0, draft.pos0))
+        """Drafts go with partial q-hat tables (each its token's weight, enough to accept it); the whole
+        table of the one draft the verifier rejects follows only when asked for (a PARTIAL verdict)."""
+        self.commit(committed)
+        entries = [(t, q[0], q[1]) for t, q in zip(draft.tokens, draft.q)]
+        body = m.pack_draft(draft.pos0, entries, partial=True)
+        n_acc, token = m.unpack_verdict(self._call(m.VERIFY_REQ, body).payload)
+        if token == PARTIAL and 0 <= n_acc < len(draft):
+            rest = m.pack_draft(draft.pos0 + n_acc, entries[n_acc:n_acc + 1])
+            more, token = m.unpack_verdict(self._call(m.VERIFY_REQ, rest).payload)
+            if more or token == PARTIAL:
+                raise BackendError("%s answered the whole q-hat table of draft %d with the verdict (%d, %d)"
+                                   % (self.name, n_acc, more, token))
+        if 0 <= n_acc <= len(draft):  # (an impossible verdict is the orchestrator's to report)
+            # the verdict committed itself on the node: the accepted drafts and the emitted token
+            self.known = list(committed) + draft.tokens[:n_acc] + ([token] if token >= 0 else [])
+            self.held = list(self.known)
         return n_acc, token

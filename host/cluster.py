@@ -126,7 +126,8 @@ def connect(port: str, kind: str, key: bytes | None = None):
     """The back-end for a flashed board on `port` playing `kind` ("drafter" or "verifier")."""
     with contextlib.ExitStack() as stack:
         bus = _open(port, stack, key=key)
-        yield _backend(kind, bus, discover(bus), port)
+        bus.peer = discover(bus)
+        yield _backend(kind, bus, bus.peer, port)
 
 
 class Cluster(contextlib.ExitStack):
@@ -212,6 +213,7 @@ class Cluster(contextlib.ExitStack):
         gw = self.start("drafter", gateway, hub, ESP32S3.name)
         self.hub = hub
         bus = _open(gw.port, self, self.faults, self.key, busy_s=2.0)
+        bus.peer = NODE_ID["drafter"]  # the gateway; the verifier's frames carry addresses
         self.buses.append(bus)
         return bus
 
@@ -240,6 +242,7 @@ class Cluster(contextlib.ExitStack):
         else:
             vb = self.start(kind)
             bus = _open(vb.port, self, self.faults, self.key, busy_s=2.0)
+            bus.peer = NODE_ID[kind]
             self.buses.append(bus)
             where = "virtual:%s(%s)" % (kind, vb.board.name)
         return _backend(kind, bus, NODE_ID[kind], where)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from host.backends import BackendError, Draft, Drafter, SessionParams, Verifier
 from host.gamma import GammaController
+from shared.messages import draft_size
 
 
 @dataclass
@@ -30,7 +31,12 @@ class Round:
     n_accepted: int
     committed: int  # tokens this round added to the stream
     pos0: int  # stream length before the round (absolute position of the first draft)
-    q_ids: int  # q-hat entries sent with the drafts, all drafts together
+    # payload bytes of the drafts on a board bus (shared/messages.py, host/boards.py): in the DRAFT (whole
+    # q-hat tables), in the VERIFY_REQ (partial tables), and of the rejected draft's whole table sent after
+    # a PARTIAL verdict (0 when none was)
+    draft_body: int
+    verify_body: int
+    table_body: int
     rejected: bool  # the verifier rejected a draft (else all were accepted, or one was end-of-stream)
     lag: int  # committed tokens the drafter first had to catch up on (plain rounds since it last drafted)
     t_draft: float
@@ -171,8 +177,11 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         t3 = clock()
         visible = [t for t in new if t != params.eos] if ended else new
         out += visible
-        r = Round(len(draft), n_acc, len(new), len(committed) - len(new), sum(len(q[0]) for q in draft.q),
-                  n_acc < len(draft) and token != -1, lag, t1 - t0, t2 - t1, t3 - t2,
+        entries = [(t, q[0], q[1]) for t, q in zip(draft.tokens, draft.q)]
+        rejected = n_acc < len(draft) and token != -1
+        table = draft_size(entries[n_acc:n_acc + 1]) if rejected and len(draft.q[n_acc][0]) > 1 else 0
+        r = Round(len(draft), n_acc, len(new), len(committed) - len(new), draft_size(entries),
+                  draft_size(entries, partial=True), table, rejected, lag, t1 - t0, t2 - t1, t3 - t2,
                   (drafter.bus_bytes - b_d0) if drafter else 0, verifier.bus_bytes - b_v0)
         result.rounds.append(r)
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),

@@ -27,11 +27,11 @@ from __future__ import annotations
 from host.boardclasses import ROLE_CLASS
 from host.hardware import ESPNOW, FLASH_FILE_READ, LINKS, UART_921600, USB_SERIAL_JTAG, Link
 from host.orchestrator import Result, Round
-from host.projection import FRAME_OVERHEAD, Projector, draft_body, line_bytes
+from host.projection import (Projector, draft_entries, draft_req_body, frame_bytes, line_bytes, stage_body,
+                             stage_reply_body)
 from shared.modelfile import Header
 
 PIPELINE_LINKS = (ESPNOW.name, UART_921600.name)
-ENTRY = 3  # bytes of a draft entry before its q-hat pairs (token u16, k u8)
 
 
 def judged(r: Round) -> int:
@@ -48,6 +48,7 @@ class PipelineProjector:
         self.target, self.drafter, self.layers = target, drafter, list(layers)
         self.link_name = link
         self.hops: tuple[Link, ...] = (USB_SERIAL_JTAG, ESPNOW) if link == ESPNOW.name else (LINKS[link],)
+        self.addressed = link == ESPNOW.name  # every board is behind the gateway: frames carry src and dst
         self.boards = Projector(target, drafter, ROLE_CLASS["stage"])
         self.board = self.boards.board
         self.single = Projector(target, None, ROLE_CLASS["verifier"])
@@ -55,10 +56,10 @@ class PipelineProjector:
         self.cls_read = (h.vocab * h.dim + 4 * h.vocab) / FLASH_FILE_READ.value
 
     def _wire(self, payload: int) -> float:
-        """Seconds of one frame of `payload` bytes from host to board or back."""
+        """Seconds of one frame of `payload` bytes from host to board or back (host/projection.py's sizes)."""
         t = 0.0
         for link in self.hops:
-            n = payload + FRAME_OVERHEAD if link.mtu else line_bytes(payload)  # radio frames are binary
+            n = (frame_bytes if link.mtu else line_bytes)(payload, self.addressed)  # radio frames are binary
             t += link.seconds(n)
         return t
 
@@ -68,9 +69,9 @@ class PipelineProjector:
         t = self.boards.forward(self.target, 1, ctx, self.layers[s], classifier=last and head)
         return t + (self.cls_read if last and head else 0.0)
 
-    def wavefront(self, pos: int, n: int, judge_from: int, cut: int, q_ids: list[int]) -> float:
+    def wavefront(self, pos: int, n: int, judge_from: int, cut: int, entries: list[int]) -> float:
         """Seconds of one round: positions pos..pos+n-1 through every stage; the last stage judges from
-        index judge_from on, the verdict comes with index `cut`; q_ids[i]: q-hat size of draft i."""
+        index judge_from on, the verdict comes with index `cut`; entries[i]: bytes of draft i's entry."""
         n_st = len(self.layers)
         dim4 = 4 * self.target.dim
         held = [[-1.0] * n for _ in range(n_st)]  # time the host holds stage s's reply to position j
@@ -86,9 +87,8 @@ class PipelineProjector:
                     break  # the verdict is in: later positions are not sent on
                 head = s == n_st - 1 and j >= judge_from
                 k = j - judge_from
-                entry = ENTRY + 4 * q_ids[k] if head and k < len(q_ids) else 0
-                req = 7 + entry + (2 if s == 0 else dim4)
-                rep = 6 + (2 if head else dim4)
+                req = stage_body(entries[k] if head and k < len(entries) else 0, 2 if s == 0 else dim4)
+                rep = stage_reply_body(2 if head else dim4)
                 held[s][j] = send + self._wire(req) + self._stage(s, pos + j + 1, head) + self._wire(rep)
                 free[s] = held[s][j]
             if j == cut:
@@ -96,27 +96,27 @@ class PipelineProjector:
         return max(max(row) for row in held)
 
     def draft_seconds(self, r: Round) -> float:
-        """The drafter board's share of round r: catch-up and drafts, its call and its COMMIT."""
+        """The drafter board's share of round r: catch-up and drafts, and its call (a DRAFT_REQ with the
+        previous outcome folded in, its DRAFT)."""
         if not r.gamma:
             return 0.0
         assert self.drafter is not None
         t = sum(self.boards.forward(self.drafter, 1, r.pos0 - r.lag + i) for i in range(r.lag + r.gamma))
-        return t + self._wire(5) + self._wire(draft_body(r.gamma, r.q_ids)) + self._wire(6 + 2 * r.committed)
+        return t + self._wire(draft_req_body(r.lag + 1)) + self._wire(r.draft_body)
 
-    def round_seconds(self, r: Round, first: bool, prompt_len: int, q_ids: list[int]) -> float:
+    def round_seconds(self, r: Round, first: bool, prompt_len: int) -> float:
         pre = prompt_len - 1 if first else 0  # the first round also feeds the prompt
         n = pre + r.gamma + 1
-        return self.draft_seconds(r) + self.wavefront(r.pos0 - 1 - pre, n, pre, pre + judged(r) - 1, q_ids)
+        return self.draft_seconds(r) + self.wavefront(r.pos0 - 1 - pre, n, pre, pre + judged(r) - 1,
+                                                      draft_entries(r))
 
     def round_costs(self, r: Round) -> tuple[float, float, float]:
         """(draft, verify, commit) seconds of a round after the first: the gamma controller's cost model."""
-        q = [r.q_ids // r.gamma] * r.gamma if r.gamma else []
-        return self.draft_seconds(r), self.wavefront(r.pos0 - 1, r.gamma + 1, 0, judged(r) - 1, q), 0.0
+        return self.draft_seconds(r), self.wavefront(r.pos0 - 1, r.gamma + 1, 0, judged(r) - 1, draft_entries(r)), 0.0
 
     def project(self, result: Result, prompt_len: int) -> dict:
         """Projected seconds and tokens/s: this run, plain decoding on the pipeline, plain on one board."""
-        spec = sum(self.round_seconds(r, i == 0, prompt_len, [r.q_ids // r.gamma] * r.gamma if r.gamma else [])
-                   for i, r in enumerate(result.rounds))
+        spec = sum(self.round_seconds(r, i == 0, prompt_len) for i, r in enumerate(result.rounds))
         n = sum(r.committed for r in result.rounds)
         plain = self.plain_seconds(prompt_len, n)
         single = sum(self.single.plain_round(prompt_len + i) for i in range(n))

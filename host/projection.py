@@ -12,10 +12,15 @@ virtual time with the constants of host/hardware.py instead of sleeping:
 - drafting gamma tokens is gamma one-position passes, after one per token committed while the drafter
   was idle (plain rounds); its prefill of the prompt at BEGIN runs while the verifier prefills the same
   prompt in the first round, and a drafter position costs a fraction of a target's, so it adds no time;
-- each call is a request and a reply whose sizes are computed with the real codec (`:`-base64 lines),
+- each call is a request and a reply whose sizes are those of the real codec (`:`-base64 lines, the
+  compact header: no addresses to the board at a link's end, src and dst to one behind a gateway),
   carried by the transport's link(s): serial = each board on its own USB link; espnow = the drafter
   board is the gateway on USB (as in host/cluster.py) and the verifier is one ESP-NOW hop further;
-- the COMMITs after a verdict go to both boards at once (host/boards.py), so a round pays the slower;
+- a round is DRAFT_REQ/DRAFT and VERIFY_REQ/VERDICT (host/boards.py), plus, when sampling and a draft
+  was rejected, a second VERIFY_REQ/VERDICT carrying that draft's whole q-hat table (the first one
+  carries each draft's own weight only); the verdict commits itself on the verifier, and the drafter
+  learns the outcome from the next DRAFT_REQ, whose folded COMMIT carries the emitted token and the
+  tokens of plain rounds since (`lag`), nothing it proposed itself;
 - pipelined drafting (`--spec-ahead`) is not credited: the projection is conservative there.
 
 `Projector.round_costs` gives the (draft, verify, commit) seconds of a round, which is what the gamma
@@ -29,15 +34,52 @@ from host.calibration import Rates
 from host.costmodel import SRAM_BUDGET, layer_span, pass_work, weight_bytes
 from host.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, Board, Link
 from host.orchestrator import Result, Round
+from shared.codec import line_size
 from shared.modelfile import Header
 
-__all__ = ["SRAM_BUDGET", "Projector", "draft_body", "line_bytes", "macs_per_position", "weight_bytes"]
-FRAME_OVERHEAD = 11 + 2  # header + CRC (shared/codec.py), unsigned frames
+__all__ = ["ADDR_BYTES", "SRAM_BUDGET", "Projector", "draft_entries", "draft_req_body", "frame_bytes", "line_bytes",
+           "macs_per_position", "stage_body", "stage_reply_body", "weight_bytes"]
+FRAME_OVERHEAD = 2 + 2  # type/flags byte, seq, CRC-16 (shared/codec.py): an unsigned frame of session 0
+ADDR_BYTES = 2  # src and dst, on frames to and from a board behind a gateway
+PLAIN_BODY = 2  # VERIFY_REQ without drafts: pos0 u16
+VERDICT_BODY = 3  # n_accepted u8, token i16
+STAGE_HEADER = 4  # STAGE request and reply: pos u16, n u8, flags u8 (shared/messages.py)
 
 
-def line_bytes(payload: int) -> int:
-    """Bytes on a stream link for one frame with `payload` bytes: ':' + base64 + newline."""
-    return 2 + 4 * -(-(payload + FRAME_OVERHEAD) // 3)
+def frame_bytes(payload: int, addressed: bool = False) -> int:
+    """Binary bytes of one unsigned frame with `payload` bytes (`addressed`: to or from a board behind a
+    gateway, with src and dst); what an ESP-NOW hop carries."""
+    return payload + FRAME_OVERHEAD + (ADDR_BYTES if addressed else 0)
+
+
+def line_bytes(payload: int, addressed: bool = False) -> int:
+    """Bytes on a stream link for one frame with `payload` bytes: ':' + unpadded base64 + newline."""
+    return line_size(frame_bytes(payload, addressed))
+
+
+def draft_req_body(tail: int) -> int:
+    """DRAFT_REQ payload: length u16, gamma u8 and the folded COMMIT's `tail` tokens (u16 each)."""
+    return 3 + 2 * tail
+
+
+def draft_entries(r: Round) -> list[int]:
+    """Bytes of each of round r's draft entries as a DRAFT body encodes them (whole q-hat tables, or
+    tokens alone when greedy): the DRAFT body's after its pos0 and count byte, spread evenly."""
+    if not r.gamma:
+        return []
+    q, extra = divmod(r.draft_body - 3, r.gamma)
+    return [q + (i < extra) for i in range(r.gamma)]
+
+
+def stage_body(entry: int, data: int) -> int:
+    """STAGE request payload for one position: header, the count byte, its draft entry's bytes (0: none)
+    and `data` bytes of input (a u16 token, or a row of the residual stream)."""
+    return STAGE_HEADER + 1 + entry + data
+
+
+def stage_reply_body(data: int) -> int:
+    """STAGE reply payload: header and `data` bytes (an i16 result per position, or rows)."""
+    return STAGE_HEADER + data
 
 
 def macs_per_position(h: Header, ctx: int, layers: tuple[int, int] | None = None, classifier: bool = True) -> int:
@@ -48,10 +90,6 @@ def macs_per_position(h: Header, ctx: int, layers: tuple[int, int] | None = None
     q_dim = h.n_heads * hd
     per_layer = h.dim * q_dim * 2 + h.dim * h.kv_dim * 2 + 3 * h.dim * h.hidden + 2 * q_dim * ctx
     return (b - a) * per_layer + (h.vocab * h.dim if classifier else 0)
-
-
-def draft_body(gamma: int, q_ids: int) -> int:
-    return 5 + 3 * gamma + 4 * q_ids
 
 
 class Projector:
@@ -83,35 +121,40 @@ class Projector:
         """forward()'s seconds by term (host/costmodel.py)."""
         return self.rates.times(pass_work(h, k, ctx, layers, classifier))
 
+    def exchange(self, role: str, request: int, reply: int) -> int:
+        """Line bytes of one request/reply exchange with the `role` board, payloads of these sizes."""
+        addressed = role == "verifier" and len(self.links["verifier"]) > 1  # behind the gateway
+        return line_bytes(request, addressed) + line_bytes(reply, addressed)
+
     def call(self, role: str, request: int, reply: int) -> float:
         """Bus seconds of one request/reply exchange with the `role` board, payloads of these sizes."""
-        n = line_bytes(request) + line_bytes(reply)
+        n = self.exchange(role, request, reply)
         return sum(link.seconds(n, messages=2) for link in self.links[role])
 
     def round_costs(self, r: Round) -> tuple[float, float, float]:
-        """(draft, verify, commit) seconds of one round on the projected hardware."""
+        """(draft, verify, commit) seconds of one round on the projected hardware (no COMMIT is sent: the
+        verdict commits itself and the next DRAFT_REQ carries the drafter's)."""
         t_draft = 0.0
-        body = draft_body(r.gamma, r.q_ids)
         if r.gamma:
             assert self.drafter is not None
             # catch-up on tokens committed in plain rounds, then one pass per draft
             t_draft = sum(self.forward(self.drafter, 1, r.pos0 - r.lag + i) for i in range(r.lag + r.gamma))
-            t_draft += self.call("drafter", 5, body)
-        t_verify = self.forward(self.target, r.gamma + 1, r.pos0 + r.gamma) + self.call("verifier", body, 7)
-        commit = self.call("verifier", 6 + 2 * r.committed, 0)
-        if r.gamma:
-            commit = max(commit, self.call("drafter", 6 + 2 * r.committed, 0))
-        return t_draft, t_verify, commit
+            t_draft += self.call("drafter", draft_req_body(r.lag + 1), r.draft_body)
+        t_verify = self.forward(self.target, r.gamma + 1, r.pos0 + r.gamma) + self.call("verifier", r.verify_body,
+                                                                                         VERDICT_BODY)
+        if r.table_body:
+            t_verify += self.call("verifier", r.table_body, VERDICT_BODY)
+        return t_draft, t_verify, 0.0
 
     def plain_round(self, pos0: int) -> float:
         """Seconds of one round of plain decoding (one position, no drafter) at context length pos0."""
         return sum(self.plain_terms(pos0).values())
 
     def plain_terms(self, pos0: int) -> dict[str, float]:
-        """plain_round's seconds by term: the target's pass (host/costmodel.py) and `bus` (its request,
-        reply and commit)."""
+        """plain_round's seconds by term: the target's pass (host/costmodel.py) and `bus` (its request and
+        the verdict, which commits itself)."""
         terms = self.terms(self.target, 1, pos0)
-        terms["bus"] = self.call("verifier", 5, 7) + self.call("verifier", 8, 0)
+        terms["bus"] = self.call("verifier", PLAIN_BODY, VERDICT_BODY)
         return terms
 
     def project(self, result: Result, prompt_len: int) -> dict:
@@ -119,7 +162,12 @@ class Projector:
         t = sum(sum(self.round_costs(r)) for r in result.rounds)
         n = sum(r.committed for r in result.rounds)
         plain = sum(self.plain_round(prompt_len + i) for i in range(n))
-        bus = sum(self._round_bytes(r) for r in result.rounds)
+        link = {"drafter": 0, "verifier": 0}
+        drafted = False  # the first draft of a stream has no earlier round's outcome to carry
+        for r in result.rounds:
+            for role, b in self.round_bytes(r, drafted).items():
+                link[role] += b
+            drafted = drafted or r.gamma > 0
         return {
             "hardware": "%s boards, %s" % (self.board.name, "+".join(link.name for link in self.links["verifier"])),
             "rates": self.rates.source,
@@ -128,12 +176,17 @@ class Projector:
             "plain_wall_s": plain,
             "plain_tokens_per_s": n / plain if plain else 0.0,
             "speedup_vs_plain": plain / t if t else 0.0,
-            "bus_bytes_per_token": bus / n if n else 0.0,
+            "bus_bytes_per_token": (link["drafter"] + link["verifier"]) / n if n else 0.0,
+            "verifier_bytes_per_token": link["verifier"] / n if n else 0.0,
+            "drafter_bytes_per_token": link["drafter"] / n if n else 0.0,
         }
 
-    def _round_bytes(self, r: Round) -> int:
-        body = draft_body(r.gamma, r.q_ids)
-        n = line_bytes(body) + line_bytes(7) + line_bytes(6 + 2 * r.committed) + line_bytes(0)
+    def round_bytes(self, r: Round, drafted_before: bool = True) -> dict[str, int]:
+        """Line bytes of one round on the host's link to each board (`drafted_before`: the drafter has
+        proposed earlier in the stream, so the round's DRAFT_REQ carries that round's emitted token)."""
+        out = {"drafter": 0, "verifier": self.exchange("verifier", r.verify_body, VERDICT_BODY)}
+        if r.table_body:
+            out["verifier"] += self.exchange("verifier", r.table_body, VERDICT_BODY)
         if r.gamma:
-            n += line_bytes(5) + line_bytes(body) + line_bytes(6 + 2 * r.committed) + line_bytes(0)
-        return n
+            out["drafter"] = self.exchange("drafter", draft_req_body(r.lag + drafted_before), r.draft_body)
+        return out

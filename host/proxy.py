@@ -6,8 +6,10 @@ seq it has seen with its cached reply without acting again. So a lost request, a
 duplicated frame costs time but never changes a result. An ERROR reply becomes `NodeError`; no reply
 after the deadline becomes `NodeTimeout`, with the node's last console lines when it printed any.
 
-One `Bus` per link numbers the host's requests (the host is one sender) and routes replies to the
-waiting caller by (node, seq); several proxies (a gateway and the nodes behind it) share one bus.
+One `Bus` per link numbers the host's requests (the host is one sender; seq is one byte) and routes
+replies to the waiting caller by seq; several proxies (a gateway and the nodes behind it) share one
+bus. Requests to the bus's `peer`, the node at the link's other end, travel without address bytes (and
+so do its replies); those to nodes behind it carry src and dst.
 The retransmission timeout adapts per message type: three times the slowest recent reply time (of
 any type before one of this type was timed; `initial_rto` before any), at least `min_rto`, doubling
 after each retry; replies to resent requests are not timed (Karn's rule: they may answer either copy).
@@ -21,14 +23,14 @@ import time
 from dataclasses import dataclass
 
 from host.links import LinkError
-from shared.codec import BROADCAST, CRC_SIZE, HEADER_SIZE, SIG_SIZE, Auth, CodecError, Frame, encode, resign
+from shared.codec import BROADCAST, Auth, CodecError, Frame, encode, line_size, resign
 from shared.messages import E_COUNTER, ERROR, HOST, NAMES, PING, REPLY_TYPE, unpack_error
 
 
 class HostAuth(Auth):
     """The host's signing state (shared.codec.Auth) plus what its nonce handshake needs."""
 
-    def fresh(self, src: int, counter: int) -> None:
+    def fresh(self, src: int | None, counter: int) -> None:
         """`counter` signed the echo of a fresh nonce: refuse every older counter from `src` (a first frame
         is otherwise taken at any counter, and this process may be newer than recordings of `src`)."""
         self._seen[src] = [counter, (1 << self.window) - 1]
@@ -53,14 +55,17 @@ class NodeTimeout(ProxyError):
 @dataclass
 class _Waiter:
     event: threading.Event
+    node: int
     reply: Frame | None = None
 
 
 class Bus:
     """Numbers requests on one link and matches replies to them; counts retransmissions."""
 
-    def __init__(self, link, min_rto: float = 0.05, deadline: float = 60.0, auth=None, initial_rto: float = 3.0):
+    def __init__(self, link, min_rto: float = 0.05, deadline: float = 60.0, auth=None, initial_rto: float = 3.0,
+                 peer: int | None = None):
         self.link = link
+        self.peer = peer  # node id at the link's other end (None: unknown, every request is addressed)
         self.min_rto = min_rto
         self.initial_rto = initial_rto  # before any reply of a type was timed
         self.deadline = deadline
@@ -68,25 +73,31 @@ class Bus:
         self.retransmits = 0
         self.send_error: str | None = None  # the link could not be written (its board died): calls fail
         self.stale_replies = 0  # duplicates and replies that came after their caller gave up
-        self.bytes: dict[int, int] = {}  # per node: bytes of its requests and replies on the wire
+        self.bytes: dict[int, int] = {}  # per node: bytes of its requests and replies on this link
         # a random first seq: a node answers a (src, seq, type, session, payload) it has cached with the cached
         # reply, and a new host process counting from 1 again would get an earlier process's replies
-        self._seq = int.from_bytes(os.urandom(2), "little")
+        self._seq = os.urandom(1)[0]
         self._lock = threading.Lock()
-        self._waiting: dict[tuple[int, int], _Waiter] = {}
+        self._waiting: dict[int, _Waiter] = {}  # by seq
         self._slowest: dict[int, float] = {}  # per message type: recent slowest reply time (decays)
         link.on_frame = self._on_frame
 
     def count(self, node: int, frame_bytes: int) -> None:
         """Account one frame of `frame_bytes` binary bytes to `node`, at its stream-line size."""
-        self.bytes[node] = self.bytes.get(node, 0) + 2 + 4 * -(-frame_bytes // 3)
+        self.bytes[node] = self.bytes.get(node, 0) + line_size(frame_bytes)
 
     def _on_frame(self, f: Frame) -> None:
         if not f.reply:
             return
-        self.count(f.src, HEADER_SIZE + len(f.payload) + CRC_SIZE + (SIG_SIZE if f.counter else 0))
+        src = self.peer if f.src is None else f.src
         with self._lock:
-            w = self._waiting.pop((f.src, f.seq), None) or self._waiting.pop((BROADCAST, f.seq), None)
+            w = self._waiting.get(f.seq)
+            if w is not None and w.node in (src, BROADCAST):
+                del self._waiting[f.seq]
+            else:
+                w = None
+        if src is not None:
+            self.count(src, f.size)
         if w is None:
             self.stale_replies += 1
             return
@@ -104,11 +115,13 @@ class Bus:
               deadline: float | None = None) -> "Call":
         """Send a request to `node` now; `Call.result()` waits for the reply (retransmitting as needed)."""
         with self._lock:
-            self._seq = (self._seq + 1) & 0xFFFF
+            self._seq = (self._seq + 1) & 0xFF
             seq = self._seq
-            w = _Waiter(threading.Event())
-            self._waiting[(node, seq)] = w
-        frame = encode(mtype, payload, src=HOST, dst=node, seq=seq, session=session, auth=self.auth)
+            w = _Waiter(threading.Event(), node)
+            self._waiting[seq] = w
+        addr = node != self.peer
+        frame = encode(mtype, payload, src=HOST if addr else None, dst=node if addr else None, seq=seq,
+                       session=session, auth=self.auth)
         call = Call(self, node, mtype, seq, frame, w, self.deadline if deadline is None else deadline)
         self.send(node, frame)
         return call
@@ -136,7 +149,7 @@ class Bus:
         if reply.payload != nonce:
             raise ProxyError("node %d echoed another nonce: a replayed frame, or a second host on this key"
                              % node)
-        self.auth.fresh(node, reply.counter)
+        self.auth.fresh(reply.src, reply.counter)  # the replay window is keyed by src (None: the peer)
 
     def _timeout_message(self, node: int, mtype: int, err: str | None) -> str:
         if err:
@@ -181,7 +194,8 @@ class Call:
                 retried = True  # sent again, re-signed: its reply times nothing (Karn)
         finally:
             with bus._lock:
-                bus._waiting.pop((self.node, self.seq), None)
+                if bus._waiting.get(self.seq) is w:
+                    del bus._waiting[self.seq]
         if not retried:  # Karn: a reply to a resent request may answer either copy, so it times nothing
             took = time.perf_counter() - self.sent
             prev = bus._slowest.get(self.mtype)
@@ -213,7 +227,7 @@ class Call:
         w.reply = None
         w.event.clear()
         with bus._lock:
-            bus._waiting[(self.node, self.seq)] = w
+            bus._waiting[self.seq] = w
         self.frame = resign(self.frame, bus.auth)
         bus.send(self.node, self.frame)
         return True

@@ -216,6 +216,9 @@ def build_stats(a, params: SessionParams, result: Result, text: str, verifier, d
         "wall_s": result.wall_s,
         "tokens_per_s": n / result.wall_s if result.wall_s > 0 else 0.0,
         "bus_bytes_per_token": result.bus_bytes / n if n else 0.0,
+        "bus_bytes_per_token_by_link": {  # the host's link to each board (0 for an in-process back-end)
+            "verifier": sum(r.bytes_verify for r in result.rounds) / n if n else 0.0,
+            "drafter": sum(r.bytes_draft for r in result.rounds) / n if n else 0.0},
         "verifier": verifier.name,
         "drafter": drafter.name if drafter else None,
         "stop": result.stop,

@@ -2,10 +2,13 @@
 
 Runs unchanged under MicroPython and CPython (docs/CONTRACTS.md section 2 fixes the layout).
 
-Frame API:
-    encode(mtype, payload=b"", src=0, dst=0, seq=0, session=0, reply=False, auth=None) -> bytes
+Frame API (a compact header: type and flags in one byte, then only the fields the frame carries):
+    encode(mtype, payload=b"", src=None, dst=None, seq=0, session=0, reply=False, auth=None) -> bytes
+        src and dst both None: no address bytes (the frame is for the peer at the link's other end)
     decode(frame, auth=None) -> Frame          raises a CodecError subclass on any malformed input
-    Frame: .mtype .flags .src .dst .seq .session .payload (bytes) .counter (0 when unsigned) .reply
+    Frame: .mtype .flags .src .dst (None without addresses) .seq .session .payload (bytes)
+        .counter (0 when unsigned) .size (binary bytes) .reply
+    header(frame) -> the header fields without checks; dst_of(frame) -> dst byte or None (routing)
     Auth(key, window=24): signs outgoing frames (HMAC-SHA256 truncated to 8 bytes over header +
         payload + u32 counter) and checks incoming ones (tag, then a per-sender sliding replay window).
         A receiver that holds an Auth rejects unsigned frames; one without rejects signed frames.
@@ -15,7 +18,7 @@ Frame API:
         with it, since a byte-identical copy is rejected as a Replay.
 
 Stream links (USB-serial, UART), one frame per line, printable ASCII only:
-    encode_line(frame) -> b":" + base64(frame) + b"\\n"
+    encode_line(frame) -> b":" + base64(frame) without '=' padding + b"\\n"; line_size(n) its length
     StreamDecoder(auth=None, max_line=4096, on_text=None).feed(chunk) -> [Frame, ...]
         Accepts any chunking. Lines not starting with ':' are skipped (counted in .errors["text"],
         handed to on_text(line) if given). A line longer than max_line is discarded (.errors["overflow"]).
@@ -35,18 +38,17 @@ import binascii
 import hashlib
 import struct
 
-VERSION = 1
-HEADER_FMT = "<BBBBBHHH"  # version, type, flags, src, dst, seq, session, length
-HEADER_SIZE = 11
 CRC_SIZE = 2
 SIG_SIZE = 12  # u32 counter + 8-byte tag
 TAG_SIZE = 8
-MIN_FRAME = HEADER_SIZE + CRC_SIZE
-MAX_TYPE = 0x0F  # message types 0x01..0x0F (shared/messages.py)
+MIN_FRAME = 2 + CRC_SIZE  # header byte, seq, CRC
+MAX_TYPE = 0x0F  # message types 0x01..0x0F (shared/messages.py): the type nibble is full, 0 is never a type
+TYPE_MASK = 0x0F
 
-FLAG_REPLY = 1
-FLAG_SIGNED = 2
-FLAG_FRAGMENT = 4  # reserved
+FLAG_REPLY = 0x10
+FLAG_SIGNED = 0x20
+FLAG_ADDR = 0x40  # src and dst bytes follow the header byte; without: from/to the peer at the link's other end
+FLAG_SESSION = 0x80  # a session byte follows the seq; without: session 0
 
 BROADCAST = 255
 FRAG_MARK = 0xFE
@@ -56,10 +58,6 @@ DEFAULT_MTU = 250
 
 class CodecError(Exception):
     """Any malformed or unacceptable input on the bus."""
-
-
-class BadVersion(CodecError):
-    pass
 
 
 class BadType(CodecError):
@@ -168,7 +166,7 @@ class Auth:
             return
         back = top - counter
         if back == 0 or back > self.window or (bits >> (back - 1)) & 1:
-            raise Replay("replayed or stale counter %d from node %d" % (counter, src))
+            raise Replay("replayed or stale counter %d from node %s" % (counter, src))
         st[1] = bits | (1 << (back - 1))
 
     def forget(self, src):
@@ -176,9 +174,9 @@ class Auth:
 
 
 class Frame:
-    """One decoded frame."""
+    """One decoded frame; src and dst are None on a frame without addresses (the link's two ends)."""
 
-    def __init__(self, mtype, flags, src, dst, seq, session, payload, counter=0):
+    def __init__(self, mtype, flags, src, dst, seq, session, payload, counter=0, size=0):
         self.mtype = mtype
         self.flags = flags
         self.src = src
@@ -187,28 +185,38 @@ class Frame:
         self.session = session
         self.payload = payload
         self.counter = counter
+        self.size = size  # bytes of the binary frame
 
     @property
     def reply(self):
         return bool(self.flags & FLAG_REPLY)
 
     def __repr__(self):
-        return "Frame(type=%d, flags=%d, src=%d, dst=%d, seq=%d, session=%d, %d bytes)" % (
+        return "Frame(type=%d, flags=%d, src=%s, dst=%s, seq=%d, session=%d, %d bytes)" % (
             self.mtype, self.flags, self.src, self.dst, self.seq, self.session, len(self.payload))
 
 
-def encode(mtype, payload=b"", src=0, dst=0, seq=0, session=0, reply=False, auth=None):
-    """Binary frame for one message; `auth` signs it."""
-    n = len(payload)
-    if n > 0xFFFF:
-        raise BadLength("payload of %d bytes exceeds 65535" % n)
-    flags = (FLAG_REPLY if reply else 0) | (FLAG_SIGNED if auth is not None else 0)
-    body = HEADER_SIZE + n
+def encode(mtype, payload=b"", src=None, dst=None, seq=0, session=0, reply=False, auth=None):
+    """Binary frame for one message; `auth` signs it. With src and dst both None the frame carries no
+    addresses (it goes to, or comes from, the peer at the other end of a point-to-point link)."""
+    addr = src is not None or dst is not None
+    session &= 0xFF
+    flags = ((mtype & TYPE_MASK) | (FLAG_REPLY if reply else 0) | (FLAG_SIGNED if auth is not None else 0)
+             | (FLAG_ADDR if addr else 0) | (FLAG_SESSION if session else 0))
+    head = 2 + (2 if addr else 0) + (1 if session else 0)
+    body = head + len(payload)
     size = body + (SIG_SIZE if auth is not None else 0)
     buf = bytearray(size + CRC_SIZE)
-    struct.pack_into(HEADER_FMT, buf, 0, VERSION, mtype & 0xFF, flags, src & 0xFF, dst & 0xFF,
-                     seq & 0xFFFF, session & 0xFFFF, n)
-    buf[HEADER_SIZE:body] = payload
+    buf[0] = flags
+    off = 1
+    if addr:
+        buf[1] = (src or 0) & 0xFF
+        buf[2] = (dst or 0) & 0xFF
+        off = 3
+    buf[off] = seq & 0xFF
+    if session:
+        buf[off + 1] = session
+    buf[head:body] = payload
     mv = memoryview(buf)
     if auth is not None:
         struct.pack_into("<I", buf, body, auth.next_counter())
@@ -220,7 +228,7 @@ def encode(mtype, payload=b"", src=0, dst=0, seq=0, session=0, reply=False, auth
 def resign(frame, auth):
     """Copy of a signed frame with a fresh counter, tag and CRC: how a signed request is retransmitted
     (the receiver's replay window rejects a byte-identical copy). Unsigned frames come back as is."""
-    if not frame[2] & FLAG_SIGNED:
+    if not frame[0] & FLAG_SIGNED:
         return frame
     body = len(frame) - CRC_SIZE - SIG_SIZE
     buf = bytearray(frame)
@@ -231,35 +239,59 @@ def resign(frame, auth):
     return bytes(buf)
 
 
-def decode(frame, auth=None):
-    """Frame from its binary form; raises BadLength/BadCRC/BadVersion/BadType/BadAuth/Replay."""
+def dst_of(frame):
+    """The dst byte of a binary frame, None when it carries no addresses (or is too short to say)."""
+    return frame[2] if len(frame) > 2 and frame[0] & FLAG_ADDR else None
+
+
+def header(frame):
+    """Header fields (mtype, flags, src, dst, seq, session, payload start, payload end) of a binary frame,
+    without checking its CRC or tag; BadLength if it is too short for what its header byte announces."""
     n = len(frame)
     if n < MIN_FRAME:
         raise BadLength("frame of %d bytes is shorter than %d" % (n, MIN_FRAME))
-    version, mtype, flags, src, dst, seq, session, length = struct.unpack_from(HEADER_FMT, frame, 0)
+    flags = frame[0]
+    end = n - CRC_SIZE - (SIG_SIZE if flags & FLAG_SIGNED else 0)
+    if end < 2 + (2 if flags & FLAG_ADDR else 0) + (1 if flags & FLAG_SESSION else 0):
+        raise BadLength("frame of %d bytes is shorter than its header says" % n)
+    src = dst = None
+    off = 1
+    if flags & FLAG_ADDR:
+        src = frame[1]
+        dst = frame[2]
+        off = 3
+    seq = frame[off]
+    session = 0
+    off += 1
+    if flags & FLAG_SESSION:
+        session = frame[off]
+        off += 1
+    return flags & TYPE_MASK, flags, src, dst, seq, session, off, end
+
+
+def decode(frame, auth=None):
+    """Frame from its binary form; raises BadLength/BadCRC/BadType/BadAuth/Replay."""
+    mtype, flags, src, dst, seq, session, start, end = header(frame)
     signed = flags & FLAG_SIGNED
-    size = HEADER_SIZE + length + (SIG_SIZE if signed else 0)
-    if size + CRC_SIZE != n:
-        raise BadLength("frame of %d bytes, header says %d" % (n, size + CRC_SIZE))
+    size = len(frame) - CRC_SIZE
     mv = memoryview(frame)
     if crc16(mv[:size]) != struct.unpack_from("<H", frame, size)[0]:
         raise BadCRC("frame CRC mismatch")
-    if version != VERSION:
-        raise BadVersion("frame version %d, this build speaks %d" % (version, VERSION))
-    if mtype < 1 or mtype > MAX_TYPE:
-        raise BadType("unknown message type 0x%02x" % mtype)
-    body = HEADER_SIZE + length
+    if not mtype:  # every other value of the type nibble is a type (MAX_TYPE = TYPE_MASK)
+        raise BadType("unknown message type 0")
+    if flags & FLAG_SESSION and not session:
+        raise BadFrame("session flag with session 0")  # one encoding per frame: session 0 is no byte
     counter = 0
     if signed:
         if auth is None:
             raise BadAuth("signed frame but no key configured")
-        counter = struct.unpack_from("<I", frame, body)[0]
-        if auth.tag(mv[:body + 4]) != bytes(mv[body + 4:size]):
+        counter = struct.unpack_from("<I", frame, end)[0]
+        if auth.tag(mv[:end + 4]) != bytes(mv[end + 4:size]):
             raise BadAuth("bad authentication tag")
         auth.check_replay(src, counter)
     elif auth is not None:
         raise BadAuth("unsigned frame where signing is required")
-    return Frame(mtype, flags, src, dst, seq, session, bytes(mv[HEADER_SIZE:body]), counter)
+    return Frame(mtype, flags, src, dst, seq, session, bytes(mv[start:end]), counter, len(frame))
 
 
 class _Decoder:
@@ -284,19 +316,28 @@ class _Decoder:
 
 
 def encode_line(frame):
-    """Stream-link form of a binary frame: b':' + base64 + b'\\n'."""
-    return b":" + binascii.b2a_base64(frame)
+    """Stream-link form of a binary frame: b':' + base64 without its '=' padding + b'\\n'."""
+    b = binascii.b2a_base64(frame)
+    return b":" + b[:line_size(len(frame)) - 2] + b"\n"
+
+
+def line_size(n):
+    """Bytes on a stream link for a binary frame of n bytes: ':', ceil(4n / 3) base64 digits, newline."""
+    return 2 + (4 * n + 2) // 3
 
 
 def decode_line(text):
-    """Binary frame from the base64 text after ':' (no newline); raises BadFrame if not canonical."""
+    """Binary frame from the unpadded base64 text after ':' (no newline); BadFrame if not canonical."""
+    pad = -len(text) & 3
+    if pad == 3:
+        raise BadFrame("line length is not that of base64")
     try:
-        data = binascii.a2b_base64(text)
+        data = binascii.a2b_base64(text + b"=" * pad)
     except ValueError:
         raise BadFrame("line is not valid base64")
     # CPython skips characters outside the alphabet where MicroPython refuses them: accept only the
     # canonical encoding, so both runtimes take exactly the same lines.
-    if binascii.b2a_base64(data)[:-1] != text:
+    if binascii.b2a_base64(data)[:len(text)] != text or line_size(len(data)) != len(text) + 2:
         raise BadFrame("line is not canonical base64")
     return data
 

@@ -10,11 +10,14 @@ Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `
     CONFIGURE   pack_configure(role, node_id, model) / unpack_configure -> (role, node_id, model)
     BEGIN       pack_begin(seed, temp_milli, draft_top_k, target_top_k, top_p_q16, eos, prompt)
                 unpack_begin -> (seed, temp_milli, draft_top_k, target_top_k, top_p_q16, eos, prompt)
-    DRAFT_REQ   pack_draft_req(committed, gamma) / unpack_draft_req -> (committed, gamma)
+    DRAFT_REQ   pack_draft_req(length, gamma, tail=()) / unpack_draft_req -> (length, gamma, tail): a
+                COMMIT of (length, tail) folded in, then gamma drafts from `length`
     DRAFT       pack_draft(pos0, entries) / unpack_draft -> (pos0, entries)
-                entries: list of (token, ids, weights); weights are ints 1..65536 (q-hat, sum ONE)
-    VERIFY_REQ  same body as DRAFT: pack_draft / unpack_draft
-    VERDICT     pack_verdict(pos0, n_accepted, token) / unpack_verdict -> (pos0, n_accepted, token)
+                entries: list of (token, ids, weights); ids ascending and holding the token, weights
+                ints 1..65536 summing to ONE (q-hat); draft_size(entries) is the body's length
+    VERIFY_REQ  same body as DRAFT: pack_draft / unpack_draft; pack_draft(pos0, entries, partial=True)
+                sends each q-hat table as its token's entry only: ([token], [q(token)]), weight < ONE
+    VERDICT     pack_verdict(n_accepted, token) / unpack_verdict -> (n_accepted, token)
     COMMIT      pack_commit(length, tail) / unpack_commit -> (length, tail): the committed sequence
                 is the node's first length - len(tail) tokens followed by `tail`
     ROLLBACK    pack_rollback(length) / unpack_rollback -> (length,)
@@ -34,6 +37,7 @@ Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `
 import struct
 
 from .codec import BadFrame, BadLength
+from .rule import ONE
 
 HELLO = 0x01
 CONFIGURE = 0x02
@@ -120,6 +124,18 @@ class _Reader:
     def u32(self):
         return self.take("<I", 4)[0]
 
+    def var(self):
+        """An unsigned LEB128 varint of at most 3 bytes (values below 2^21), in its shortest form."""
+        v = 0
+        for i in range(3):
+            b = self.u8()
+            v |= (b & 0x7F) << (7 * i)
+            if not b & 0x80:
+                if i and not b:
+                    raise BadFrame("varint not in its shortest form")
+                return v
+        raise BadFrame("varint longer than 3 bytes")
+
     def u16s(self, n):
         return list(self.take("<%dH" % n, 2 * n)) if n else []
 
@@ -154,13 +170,14 @@ class _Reader:
             raise BadLength("payload has %d trailing bytes" % (len(self.data) - self.off))
 
 
-def pack_hello(fw, board, role, model, vocab, max_seq, heap_free, caps, max_gamma):
+def pack_hello(fw, board, role, model, vocab, max_seq, heap_free, caps, gamma):
+    """HELLO reply; `gamma` is its max_gamma field: the most drafts the node takes (0 when idle)."""
     buf = bytearray(_str_bytes(fw) + _str_bytes(board) + _str_bytes(model) + 11)
     off = _put_str(buf, 0, fw)
     off = _put_str(buf, off, board)
     buf[off] = role
     off = _put_str(buf, off + 1, model)
-    struct.pack_into("<HHIBB", buf, off, vocab, max_seq, heap_free, caps, max_gamma)
+    struct.pack_into("<HHIBB", buf, off, vocab, max_seq, heap_free, caps, gamma)
     return bytes(buf)
 
 
@@ -213,85 +230,217 @@ def unpack_begin(payload):
     return seed, temp_milli, draft_top_k, target_top_k, top_p_q16, eos, prompt
 
 
-def pack_draft_req(committed, gamma):
-    return struct.pack("<IB", committed, gamma)
+def _tail(r, length):
+    """A commit's tail: the u16 tokens that fill the rest of the payload, at most `length` of them."""
+    n = len(r.data) - r.off
+    if n & 1:
+        raise BadLength("a token list of %d bytes" % n)
+    if n >> 1 > length:
+        raise BadFrame("commit tail of %d tokens is longer than the length %d" % (n >> 1, length))
+    return r.u16s(n >> 1)
+
+
+def pack_commit(length, tail, extra=b""):
+    """COMMIT body (and the start of DRAFT_REQ's: `extra` goes between the length and the tail)."""
+    n = len(tail)
+    if n > length:
+        raise ValueError("commit tail of %d tokens is longer than the length %d" % (n, length))
+    buf = bytearray(2 + len(extra) + 2 * n)
+    struct.pack_into("<H", buf, 0, length)
+    off = 2 + len(extra)
+    buf[2:off] = extra
+    if n:
+        struct.pack_into("<%dH" % n, buf, off, *tail)
+    return bytes(buf)
+
+
+def unpack_commit(payload):
+    r = _Reader(payload)
+    length = r.u16()
+    return length, _tail(r, length)
+
+
+def pack_draft_req(length, gamma, tail=()):
+    """DRAFT_REQ body: a COMMIT of (length, tail) folded in, then draft gamma tokens from `length`."""
+    return pack_commit(length, tail, bytes((gamma,)))
 
 
 def unpack_draft_req(payload):
     r = _Reader(payload)
-    v = r.take("<IB", 5)
-    r.end()
-    return v
+    length = r.u16()
+    gamma = r.u8()
+    return length, gamma, _tail(r, length)
 
 
-def draft_size(entries):
-    """Payload bytes of a DRAFT / VERIFY_REQ body."""
-    n = 5
-    for e in entries:
-        n += 3 + 4 * len(e[1])
+_PARTIAL = 0x40  # draft body kinds, in the count byte's top bits: partial tables (the token's entry only)
+_TABLES = 0x80  # whole q-hat tables; neither: tokens alone (greedy drafts)
+
+
+def _var_size(v):
+    n = 1
+    while v > 0x7F:
+        v >>= 7
+        n += 1
     return n
 
 
-def pack_draft(pos0, entries):
-    """DRAFT / VERIFY_REQ body: pos0 and a list of (token, ids, weights) with weights 1..65536."""
-    buf = bytearray(draft_size(entries))
-    struct.pack_into("<I", buf, 0, pos0)
-    _put_entries(buf, 4, entries)
+def _put_var(buf, off, v):
+    while v > 0x7F:
+        buf[off] = (v & 0x7F) | 0x80
+        v >>= 7
+        off += 1
+    buf[off] = v
+    return off + 1
+
+
+def _sparse(entries):
+    """True unless every entry is greedy (its q-hat is its own token with weight ONE): then only tokens travel."""
+    for token, ids, weights in entries:
+        if len(ids) != 1 or ids[0] != token or weights[0] != ONE:
+            return True
+    return False
+
+
+def _check_table(token, ids, weights):
+    k = len(ids)
+    if k < 1 or k > 255 or len(weights) != k:
+        raise ValueError("a q-hat table needs 1..255 ids with one weight each")
+    if sum(weights) != ONE or token not in ids:
+        raise ValueError("a q-hat table must sum to %d and contain its draft token" % ONE)
+    for j in range(k):
+        if weights[j] < 1 or ids[j] > 0xFFFF or j and ids[j] <= ids[j - 1]:
+            raise ValueError("q-hat ids must ascend, each with a weight of at least 1")
+
+
+def _entries_size(entries, partial=False):
+    """Bytes of a count byte and the entries after it (_put_entries')."""
+    if not _sparse(entries):
+        return 1 + 2 * len(entries)
+    if partial:
+        return 1 + 4 * len(entries)
+    n = 1
+    for token, ids, weights in entries:
+        n += 2
+        prev = -1
+        for j in range(len(ids)):
+            n += _var_size(ids[j] - prev - 1)
+            prev = ids[j]
+            if ids[j] != token:
+                n += _var_size(weights[j] - 1)
+    return n
+
+
+def draft_size(entries, partial=False):
+    """Payload bytes of a DRAFT / VERIFY_REQ body (pack_draft's)."""
+    return 2 + _entries_size(entries, partial) if entries else 2
+
+
+def _put_entries(buf, off, entries, partial=False):
+    """Write the count byte (its top bits: the kind of body) and the entries at off."""
+    n = len(entries)
+    if n > 63:
+        raise ValueError("at most 63 drafts per message")
+    sparse = _sparse(entries)
+    buf[off] = n | ((_PARTIAL if partial else _TABLES) if sparse else 0)
+    off += 1
+    for token, ids, weights in entries:
+        if not sparse:
+            struct.pack_into("<H", buf, off, token)
+            off += 2
+            continue
+        _check_table(token, ids, weights)
+        if partial:
+            struct.pack_into("<HH", buf, off, token, weights[ids.index(token)] - 1)
+            off += 4
+            continue
+        buf[off] = len(ids)
+        buf[off + 1] = ids.index(token)
+        off += 2
+        prev = -1
+        for j in range(len(ids)):
+            off = _put_var(buf, off, ids[j] - prev - 1)
+            prev = ids[j]
+            if ids[j] != token:
+                off = _put_var(buf, off, weights[j] - 1)
+
+
+def pack_draft(pos0, entries, partial=False):
+    """DRAFT / VERIFY_REQ body: pos0 and a list of (token, ids, weights), each a q-hat table that sums to ONE
+    and holds its token, ids ascending. Greedy entries (one id, the token, weight ONE) travel as tokens alone;
+    `partial`: each table travels as its token's entry only, ([token], [q(token)]) (shared/rule.py)."""
+    buf = bytearray(draft_size(entries, partial))
+    struct.pack_into("<H", buf, 0, pos0)
+    if entries:
+        _put_entries(buf, 2, entries, partial)
     return bytes(buf)
 
 
-def _put_entries(buf, off, entries):
-    """Write m u8 and the m draft entries at off."""
-    if len(entries) > 255:
-        raise ValueError("at most 255 drafts per message")
-    buf[off] = len(entries)
-    off += 1
-    for token, ids, weights in entries:
-        k = len(ids)
-        if k < 1 or k > 255 or len(weights) != k:
-            raise ValueError("a q-hat table needs 1..255 ids with one weight each")
-        struct.pack_into("<HB", buf, off, token, k)
-        flat = []
+def _entries(r):
+    """The count byte and the entries after it, from the reader."""
+    n = r.u8()
+    kind = n & 0xC0
+    n &= 0x3F
+    if kind == 0xC0:
+        raise BadFrame("draft body of an unknown kind")
+    entries = []
+    for _ in range(n):
+        if not kind:
+            t = r.u16()
+            entries.append((t, [t], [ONE]))
+            continue
+        if kind == _PARTIAL:
+            t, w = r.take("<HH", 4)
+            entries.append((t, [t], [w + 1]))
+            continue
+        k = r.u8()
+        at = r.u8()
+        if k == 0 or at >= k:
+            raise BadFrame("draft entry with an empty q-hat table or its token outside it")
+        ids = []
+        weights = []
+        rest = ONE
+        prev = -1
         for j in range(k):
-            flat.append(ids[j])
-            flat.append(weights[j] - 1)
-        struct.pack_into("<%dH" % (2 * k), buf, off + 3, *flat)
-        off += 3 + 4 * k
+            prev += 1 + r.var()
+            if prev > 0xFFFF:
+                raise BadFrame("q-hat id beyond 65535")
+            ids.append(prev)
+            w = 0 if j == at else 1 + r.var()
+            weights.append(w)
+            rest -= w
+        if rest < 1:
+            raise BadFrame("q-hat weights exceed %d" % ONE)
+        weights[at] = rest
+        entries.append((ids[at], ids, weights))
+    return entries
 
 
 def unpack_draft(payload):
     r = _Reader(payload)
-    pos0 = r.u32()
-    entries = _entries(r)
+    pos0 = r.u16()
+    entries = _entries(r) if r.off < len(payload) else []
     r.end()
     return pos0, entries
 
 
-def _entries(r):
-    """m u8 and m draft entries (token, ids, weights) from the reader."""
-    entries = []
-    for _ in range(r.u8()):
-        token, k = r.take("<HB", 3)
-        if k == 0:
-            raise BadFrame("draft entry with an empty q-hat table")
-        pairs = r.u16s(2 * k)
-        entries.append((token, pairs[0::2], [w + 1 for w in pairs[1::2]]))
-    return entries
+_STAGE_FMT = "<HBB"  # pos, n, flags
 
 
 def pack_stage(pos, n, flags, entries, data):
     """STAGE request: positions pos..pos+n-1; the drafts (token, ids, weights) of the first len(entries)
-    positions (only with STAGE_HEAD); data: tokens or activations as flags say (the node checks its size)."""
-    buf = bytearray(draft_size(entries) + 2 + len(data))
-    struct.pack_into("<IBB", buf, 0, pos, n, flags)
-    _put_entries(buf, 6, entries)
-    buf[len(buf) - len(data):] = data
+    positions (only with STAGE_HEAD), encoded as a DRAFT body's; data: tokens or activations as flags say
+    (the node checks its size)."""
+    head = 4 + _entries_size(entries)
+    buf = bytearray(head + len(data))
+    struct.pack_into(_STAGE_FMT, buf, 0, pos, n, flags)
+    _put_entries(buf, 4, entries)
+    buf[head:] = data
     return bytes(buf)
 
 
 def unpack_stage(payload):
     r = _Reader(payload)
-    pos, n, flags = r.take("<IBB", 6)
+    pos, n, flags = r.take(_STAGE_FMT, 4)
     entries = _entries(r)
     if len(entries) > n:
         raise BadFrame("%d drafts for %d positions" % (len(entries), n))
@@ -299,43 +448,24 @@ def unpack_stage(payload):
 
 
 def pack_stage_reply(pos, n, flags, data):
-    return struct.pack("<IBB", pos, n, flags) + bytes(data)
+    return struct.pack(_STAGE_FMT, pos, n, flags) + bytes(data)
 
 
 def unpack_stage_reply(payload):
     r = _Reader(payload)
-    pos, n, flags = r.take("<IBB", 6)
-    return pos, n, flags, memoryview(payload)[6:]
+    pos, n, flags = r.take(_STAGE_FMT, 4)
+    return pos, n, flags, memoryview(payload)[4:]
 
 
-def pack_verdict(pos0, n_accepted, token):
-    return struct.pack("<IBh", pos0, n_accepted, token)
+def pack_verdict(n_accepted, token):
+    return struct.pack("<Bh", n_accepted, token)
 
 
 def unpack_verdict(payload):
     r = _Reader(payload)
-    v = r.take("<IBh", 7)
+    v = r.take("<Bh", 3)
     r.end()
     return v
-
-
-def pack_commit(length, tail):
-    n = len(tail)
-    buf = bytearray(6 + 2 * n)
-    struct.pack_into("<IH", buf, 0, length, n)
-    if n:
-        struct.pack_into("<%dH" % n, buf, 6, *tail)
-    return bytes(buf)
-
-
-def unpack_commit(payload):
-    r = _Reader(payload)
-    length, n = r.take("<IH", 6)
-    tail = r.u16s(n)
-    r.end()
-    if n > length:
-        raise BadFrame("commit tail of %d tokens is longer than the length %d" % (n, length))
-    return length, tail
 
 
 def pack_rollback(length):

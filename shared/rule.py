@@ -13,9 +13,9 @@ turns them into integer weights, and `quantize*` scale those to ONE exactly.
     sample_sparse(ids, weights, seed, pos, purpose)
     verify(p_tables, drafts, q_tables, seed, pos0, eos=-1) -> (n_accepted, token)
     verify_greedy(argmaxes, drafts, eos=-1) -> (n_accepted, token)
-    judge(p, x, ids, weights, seed, pos) -> -1 (draft accepted) or the residual token: verify's step for
-                                            one draft (a pipeline's last stage judges position by position)
-    draft_step(greedy, argmax, qhat, seed, pos) -> (token, ids, weights)   what every drafter does per draft
+    judge(p, x, ids, weights, seed, pos) -> -1 (draft accepted), the residual token or PARTIAL: verify's
+                                            step for one draft (a pipeline's last stage judges position by position)
+    draft(greedy, argmax, table, seed, pos) -> (token, ids, weights)  what every drafter does per draft
     verdict_step(greedy, argmax, table, drafts, q_tables, seed, pos0, eos) -> (n_accepted, token)
                                             what every verifier does with its n + 1 target rows
 
@@ -28,11 +28,15 @@ verify: draft i (at position pos0 + i) is accepted iff p(x) >= q(x) or r < p(x) 
 max(0, p - q) (purpose EMIT at that position); after γ acceptances a bonus token is drawn from
 p_tables[γ] (EMIT at pos0 + γ). An accepted draft equal to `eos` ends the stream: token is -1.
 A residual or bonus token may itself be `eos`; the caller emits it and stops.
+A q-hat table may come partial: the draft's own entry only, `([x], [q(x)])` with q(x) < ONE (the
+sender holds the rest back, since an accepted draft needs no more); at the rejection of such a draft
+the verdict is (i, PARTIAL), and the caller completes it with `sample_residual` on the whole table.
 """
 
 from .prng import ACCEPT, DRAFT, EMIT, uniform
 
 ONE = 1 << 16
+PARTIAL = -2  # verify's token at the rejection of a draft whose q-hat table came partial
 
 
 def top_ids(values, k):
@@ -184,8 +188,10 @@ def sample_residual(p, ids, weights, seed, pos):
 
 def judge(p, x, ids, weights, seed, pos):
     """Draft x at pos, drawn from q-hat (ids, weights), against the dense target table p: -1 if it is
-    accepted, else the token drawn from the residual max(0, p - q) (ValueError for a bad q-hat)."""
-    if sum(weights) != ONE:
+    accepted, else the token drawn from the residual max(0, p - q), or PARTIAL when the table came
+    partial, ([x], [q(x)]) (ValueError for a bad q-hat)."""
+    total = sum(weights)
+    if total != ONE and (total > ONE or len(ids) != 1):
         raise ValueError("the q-hat table at %d does not sum to ONE" % pos)
     try:
         qx = weights[ids.index(x)]
@@ -194,6 +200,8 @@ def judge(p, x, ids, weights, seed, pos):
     px = p[x]
     if px >= qx or uniform(seed, pos, ACCEPT, qx) < px:
         return -1
+    if total != ONE:
+        return PARTIAL
     return sample_residual(p, ids, weights, seed, pos)
 
 
@@ -206,7 +214,7 @@ def verify(p_tables, drafts, q_tables, seed, pos0, eos=-1):
         x = drafts[i]
         ids, weights = q_tables[i]
         t = judge(p_tables[i], x, ids, weights, seed, pos0 + i)
-        if t >= 0:
+        if t != -1:
             return i, t
         if x == eos:
             return i + 1, -1
@@ -226,21 +234,21 @@ def verify_greedy(argmaxes, drafts, eos=-1):
     return gamma, argmaxes[gamma]
 
 
-def draft_step(greedy, argmax, qhat, seed, pos):
+def draft(greedy, argmax, table, seed, pos):
     """The draft at absolute position `pos` as (token, ids, weights), from callables over the drafter's
-    logits row: greedy, `argmax()` with weight ONE; else the q-hat `qhat()` -> (ids, weights) and a token
-    sampled from it (purpose DRAFT). The firmware drafter and the host's drafters all draft through this."""
+    logits row: greedy, `argmax()` with weight ONE; else its q-hat table `table()` -> (ids, weights) and a
+    token sampled from it (purpose DRAFT). The firmware drafter and the host's drafters all draft through this."""
     if greedy:
         t = argmax()
         return t, [t], [ONE]
-    ids, weights = qhat()
+    ids, weights = table()
     return sample_sparse(ids, weights, seed, pos, DRAFT), ids, weights
 
 
 def verdict_step(greedy, argmax, table, drafts, q_tables, seed, pos0, eos=-1):
     """(n_accepted, token) for the drafts at pos0 from the target's len(drafts) + 1 logits rows, through
-    callables of the row index j: greedy, `argmax(j)`; else `table(j)`, its dense table. The firmware
-    verifier and the host's verifiers all decide through this."""
+    callables of the row index j: greedy, `argmax(j)`; else `table(j)`, its dense table, asked for each
+    row once, j = 0, 1, .. in order. The firmware verifier and the host's verifiers all decide through this."""
     rows = range(len(drafts) + 1)
     if greedy:
         return verify_greedy([argmax(j) for j in rows], drafts, eos)

@@ -69,6 +69,10 @@ def test_projection_reports_projected_speed(models):
     proj = stats["projection"]
     assert proj["hardware"].startswith("esp32s3")
     assert proj["tokens_per_s"] > 0 and proj["plain_tokens_per_s"] > 0 and proj["bus_bytes_per_token"] > 0
+    assert proj["verifier_bytes_per_token"] > 0  # projected per link: boards would carry these
+    assert proj["verifier_bytes_per_token"] + proj["drafter_bytes_per_token"] == pytest.approx(
+        proj["bus_bytes_per_token"])
+    assert stats["bus_bytes_per_token_by_link"] == {"verifier": 0.0, "drafter": 0.0}  # in-process back-ends
 
 
 def test_the_table_leaves_out_figures_from_too_few_samples_and_says_why_the_run_stopped(models):

@@ -23,20 +23,30 @@ def test_crc16_c_and_table_driven_agree():
 
 
 def test_frame_layout_matches_contract():
-    f = codec.encode(m.VERDICT, b"\x01\x02", src=3, dst=4, seq=0x1234, session=0xBEEF, reply=True)
-    assert f[:11] == struct.pack("<BBBBBHHH", 1, m.VERDICT, codec.FLAG_REPLY, 3, 4, 0x1234, 0xBEEF, 2)
-    assert f[11:13] == b"\x01\x02"
-    assert struct.unpack("<H", f[13:])[0] == codec.crc16(f[:13])
+    f = codec.encode(m.VERDICT, b"\x01\x02", src=3, dst=4, seq=0x34, session=0xBE, reply=True)
+    flags = m.VERDICT | codec.FLAG_REPLY | codec.FLAG_ADDR | codec.FLAG_SESSION
+    assert f[:5] == bytes([flags, 3, 4, 0x34, 0xBE])
+    assert f[5:7] == b"\x01\x02"
+    assert struct.unpack("<H", f[7:])[0] == codec.crc16(f[:7])
     d = codec.decode(f)
-    assert (d.mtype, d.src, d.dst, d.seq, d.session, d.payload, d.reply) == (
-        m.VERDICT, 3, 4, 0x1234, 0xBEEF, b"\x01\x02", True)
+    assert (d.mtype, d.src, d.dst, d.seq, d.session, d.payload, d.reply, d.size) == (
+        m.VERDICT, 3, 4, 0x34, 0xBE, b"\x01\x02", True, 9)
+
+
+def test_a_frame_to_the_peer_carries_only_type_flags_and_seq():
+    f = codec.encode(m.VERIFY_REQ, b"\x2c\x01", seq=7)
+    assert f[:4] == bytes([m.VERIFY_REQ, 7, 0x2C, 1]) and len(f) == 6
+    d = codec.decode(f)
+    assert (d.src, d.dst, d.session, d.payload, codec.dst_of(f)) == (None, None, 0, b"\x2c\x01", None)
+    assert codec.dst_of(codec.encode(m.PING, src=0, dst=9)) == 9
+    assert len(codec.encode_line(f)) == codec.line_size(6) == 10  # ':' + 8 base64 digits + newline
 
 
 @pytest.mark.parametrize("mutate, error", [
-    (lambda f: f[:-1], codec.BadLength),
-    (lambda f: f[:5], codec.BadLength),
-    (lambda f: f[:11] + b"\x00" + f[11:], codec.BadLength),
-    (lambda f: f[:12] + bytes([f[12] ^ 1]) + f[13:], codec.BadCRC),
+    (lambda f: f[:-1], codec.BadCRC),
+    (lambda f: f[:2], codec.BadLength),
+    (lambda f: f[:1] + b"\x00" + f[1:], codec.BadCRC),
+    (lambda f: f[:4] + bytes([f[4] ^ 1]) + f[5:], codec.BadCRC),
 ])
 def test_decode_rejects_damage(mutate, error):
     f = codec.encode(m.PING, b"abc")
@@ -48,18 +58,20 @@ def _with_crc(body):
     return body + struct.pack("<H", codec.crc16(body))
 
 
-def test_decode_rejects_version_and_type():
-    with pytest.raises(codec.BadVersion):
-        codec.decode(_with_crc(struct.pack("<BBBBBHHH", 2, m.PING, 0, 0, 0, 0, 0, 0)))
-    for t in (0, 0x10, 0xFF):
+def test_decode_rejects_unknown_type_and_a_second_form_of_session_0():
+    for t in (0, 0x10, 0xD0):  # type 0, with REPLY, with every flag but SIGNED
         with pytest.raises(codec.BadType):
-            codec.decode(_with_crc(struct.pack("<BBBBBHHH", 1, t, 0, 0, 0, 0, 0, 0)))
+            codec.decode(_with_crc(bytes([t, 0, 1, 2, 3, 4])))
+    with pytest.raises(codec.BadFrame):
+        codec.decode(_with_crc(bytes([m.PING | codec.FLAG_SESSION, 1, 0])))
+    with pytest.raises(codec.BadLength):  # the signature does not fit
+        codec.decode(_with_crc(bytes([m.PING | codec.FLAG_SIGNED, 1]) + bytes(11)))
 
 
 def test_signed_frames_tag_and_replay():
     tx, rx = codec.Auth(b"secret"), codec.Auth(b"secret")
     frames = [codec.encode(m.PING, b"x%d" % i, src=7, auth=tx) for i in range(5)]
-    assert len(frames[0]) == 11 + 2 + 12 + 2
+    assert len(frames[0]) == 3 + 1 + 2 + 12 + 2  # flags, src, dst; seq; payload; counter + tag; CRC
     got = [codec.decode(f, rx) for f in (frames[1], frames[0], frames[3])]  # reordered within window
     assert [g.counter for g in got] == [2, 1, 4]
     for f in (frames[0], frames[3]):
@@ -110,7 +122,7 @@ def test_line_is_printable_and_round_trips():
     assert line[:1] == b":" and line[-1:] == b"\n"
     assert all(0x20 <= b <= 0x7E for b in line[:-1])
     assert codec.decode_line(line[1:-1]) == f
-    assert len(line) == 1 + 4 * ((len(f) + 2) // 3) + 1
+    assert len(line) == codec.line_size(len(f)) == 1 + -(-4 * len(f) // 3) + 1  # base64 without padding
 
 
 def test_stream_decoder_any_chunking_and_text_lines():
@@ -131,7 +143,7 @@ def test_stream_decoder_counts_bad_lines_and_bounds_memory():
     good = codec.encode_line(codec.encode(m.ACK, reply=True))
     crc_bad = bytearray(codec.encode(m.ACK))
     crc_bad[-1] ^= 0xFF
-    noncanonical = b":" + binascii.b2a_base64(codec.encode(m.ACK))[:-1] + b"!\n"
+    noncanonical = b":" + binascii.b2a_base64(codec.encode(m.ACK))[:-1] + b"\n"  # with its padding
     wire = (b":" + b"A" * 10000 + b"\n" + b":@@@@\n" + noncanonical
             + codec.encode_line(bytes(crc_bad)) + good)
     d = codec.StreamDecoder(max_line=256)

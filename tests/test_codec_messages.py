@@ -14,11 +14,14 @@ ROUND_TRIPS = [
     (m.BEGIN, False, m.pack_begin(0xDEADBEEF, 800, 8, 40, 60000, -1, [1, 500, 2]),
      (0xDEADBEEF, 800, 8, 40, 60000, -1, [1, 500, 2])),
     (m.BEGIN, False, m.pack_begin(1, 0, 1, 0, 1 << 16, 2, []), (1, 0, 1, 0, 1 << 16, 2, [])),
-    (m.DRAFT_REQ, False, m.pack_draft_req(70000, 4), (70000, 4)),
+    (m.DRAFT_REQ, False, m.pack_draft_req(65535, 4), (65535, 4, [])),
+    (m.DRAFT_REQ, False, m.pack_draft_req(700, 4, [9, 500]), (700, 4, [9, 500])),
     (m.DRAFT, True, m.pack_draft(12, [(5, [5, 9], [65000, 536]), (7, [7], [65536])]),
      (12, [(5, [5, 9], [65000, 536]), (7, [7], [65536])])),
+    (m.DRAFT, True, m.pack_draft(12, [(9, [5, 9, 400], [1, 65000, 535])]), (12, [(9, [5, 9, 400], [1, 65000, 535])])),
     (m.VERIFY_REQ, False, m.pack_draft(0, []), (0, [])),
-    (m.VERDICT, True, m.pack_verdict(12, 2, -1), (12, 2, -1)),
+    (m.VERIFY_REQ, False, m.pack_draft(9, [(7, [7], [65536])] * 3), (9, [(7, [7], [65536])] * 3)),
+    (m.VERDICT, True, m.pack_verdict(2, -1), (2, -1)),
     (m.COMMIT, False, m.pack_commit(15, [3, 4]), (15, [3, 4])),
     (m.ROLLBACK, False, m.pack_rollback(9), (9,)),
     (m.STATS, True, m.pack_stats([("accepted", 10), ("heap", 2 ** 32 - 1)]),
@@ -36,16 +39,37 @@ def test_round_trip(mtype, reply, payload, fields):
 
 
 def test_draft_wire_layout():
-    # greedy draft: k = 1, weight ONE sent as weight-1 = 0xFFFF
-    body = m.pack_draft(3, [(42, [42], [1 << 16])])
-    assert body == struct.pack("<IBHBHH", 3, 1, 42, 1, 42, 0xFFFF)
-    assert m.draft_size([(42, [42], [1 << 16])]) == len(body)
+    # greedy drafts (q-hat: the token alone, weight ONE): tokens only
+    body = m.pack_draft(3, [(42, [42], [1 << 16]), (300, [300], [1 << 16])])
+    assert body == struct.pack("<HBHH", 3, 2, 42, 300)
+    assert m.draft_size([(42, [42], [1 << 16])] * 2) == len(body)
+    # q-hat tables: k, the token's index, then per id its gap to the previous id minus 1 and (but the
+    # token's, implied by the sum ONE) its weight minus 1, as LEB128 varints
+    entries = [(9, [5, 9, 400], [1, 65000, 535]), (2, [2], [1 << 16])]
+    body = m.pack_draft(300, entries)
+    assert body == struct.pack("<HB", 300, 0x82) + bytes([3, 1, 5, 0, 3, 134, 3, 150, 4, 1, 0, 2])
+    assert m.draft_size(entries) == len(body)
+    assert m.pack_draft(7, []) == struct.pack("<H", 7) and m.draft_size([]) == 2
+
+
+@pytest.mark.parametrize("entries", [
+    [(9, [5, 9], [1, 65534])],  # does not sum to ONE
+    [(9, [5, 8], [1, 65535])],  # the token is not in its table
+    [(9, [9, 5], [65535, 1])],  # ids not ascending
+    [(9, [5, 9], [0, 65536])],  # a zero weight
+    [(1, [1], [1 << 16])] * 128,  # too many drafts
+])
+def test_pack_draft_refuses_what_the_verifier_would(entries):
+    with pytest.raises(ValueError):
+        m.pack_draft(0, entries)
 
 
 @pytest.mark.parametrize("mtype, reply, payload", [
-    (m.VERDICT, True, b"\x00" * 6),
-    (m.VERDICT, True, b"\x00" * 8),
-    (m.DRAFT, True, m.pack_draft(1, [(5, [5, 9], [1, 2])])[:-1]),
+    (m.VERDICT, True, b"\x00" * 2),
+    (m.VERDICT, True, b"\x00" * 4),
+    (m.DRAFT, True, m.pack_draft(1, [(5, [5, 9], [65535, 1])])[:-1]),
+    (m.VERIFY_REQ, False, m.pack_draft(1, [(5, [5], [1 << 16])] * 2)[:-1]),
+    (m.COMMIT, False, b"\x05\x00\x01"),
     (m.BEGIN, False, m.pack_begin(1, 0, 1, 0, 0, -1, [1, 2])[:-2]),
     (m.HELLO, True, b"\x05ab"),
     (m.ACK, True, b"\x00"),
@@ -57,9 +81,12 @@ def test_malformed_is_bad_length(mtype, reply, payload):
 
 
 @pytest.mark.parametrize("mtype, reply, payload", [
-    (m.DRAFT, True, struct.pack("<IBHB", 0, 1, 5, 0)),  # empty q-hat table
+    (m.DRAFT, True, struct.pack("<HBBB", 0, 0x81, 0, 0)),  # empty q-hat table
+    (m.DRAFT, True, struct.pack("<HBBBBB", 0, 0x81, 1, 1, 5, 0)),  # its token outside the table
+    (m.DRAFT, True, struct.pack("<HBBB", 0, 0x81, 2, 0) + b"\x01\x00\xff\xff\x03"),  # weights above ONE
+    (m.DRAFT, True, struct.pack("<HBBB", 0, 0x81, 2, 0) + b"\x01\x80\x00\x05"),  # a varint not in its shortest form
     (m.ERROR, True, b"\x01\x02\xff\xfe"),  # invalid UTF-8
-    (m.COMMIT, False, m.pack_commit(1, [1, 2])),  # tail longer than the sequence
+    (m.COMMIT, False, struct.pack("<HHH", 1, 1, 2)),  # tail longer than the sequence
     (m.DRAFT, False, b""),  # a DRAFT is only ever a reply
     (0x42, False, b""),
 ])

@@ -18,7 +18,7 @@ import pytest
 from host.boardclasses import ESP32, ESP32S3
 from host.flash import STAGE_CTX
 from shared import messages as m
-from tools.nodeproc import NodeProc, begin, code_heap, commit, flash, shipped_model
+from tools.nodeproc import NodeProc, begin, code_heap, flash, shipped_model
 
 ESP32_HEAP = ESP32.heap_bytes
 ESP32S3_HEAP = ESP32S3.heap_bytes
@@ -48,12 +48,12 @@ def test_drafter_drafts_500_tokens_in_a_classic_esp32_heap(micropython, board, t
             session += 1
             tokens = list(prompt)
             begin(node, session, session, 0.8, tokens, draft_k=8)
+            tail = []  # the residual of the last round: the COMMIT folded into the next DRAFT_REQ
             while len(tokens) + 4 <= ctx and drafted < 500:
-                _, entries = node.call(m.DRAFT_REQ, m.pack_draft_req(len(tokens), 4), expect=m.DRAFT)
+                _, entries = node.call(m.DRAFT_REQ, m.pack_draft_req(len(tokens), 4, tail), expect=m.DRAFT)
                 drafted += len(entries)
-                new = [e[0] for e in entries[:2]] + [(entries[2][0] + 1) % 512]  # accept 2, then a residual
-                tokens += new
-                commit(node, tokens, len(new))
+                tail = [(entries[2][0] + 1) % 512]  # accept 2, then a residual
+                tokens += [e[0] for e in entries[:2]] + tail
         st = node.stats()
         assert st["errors"] == 0 and st["drafted"] >= 500
         assert st["bad_frames"] <= 2, node.text  # a rare drop under heap pressure, recovered by retransmission
@@ -71,12 +71,11 @@ def test_verifier_runs_the_target_in_an_esp32s3_psram_heap(micropython, board, t
         begin(node, 1, 3, 0.8, tokens, top_k=40, top_p=0.9)
         for _ in range(4):
             entries = [(t, [t, (t + 1) % 512], [60000, 5536]) for t in (5, 6, 7, 8)]
-            _, acc, tok = node.call(m.VERIFY_REQ, m.pack_draft(len(tokens), entries), expect=m.VERDICT)
-            new = [e[0] for e in entries[:acc]] + [tok]
-            tokens += new
-            commit(node, tokens, len(new))
+            acc, tok = node.call(m.VERIFY_REQ, m.pack_draft(len(tokens), entries), expect=m.VERDICT)
+            tokens += [e[0] for e in entries[:acc]] + [tok]  # the verdict commits itself
         st = node.stats()
         assert st["errors"] == 0 and st["verified"] == 16 and st["heap_free"] > 6_000_000
+        assert st["committed"] == len(tokens)
     finally:
         node.close()
 

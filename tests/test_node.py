@@ -82,7 +82,7 @@ def test_broken_config_gives_an_idle_node_with_a_console_note(micropython, tmp_p
 
 
 def _frame_with_type(mtype: int, seq: int) -> bytes:
-    head = struct.pack(codec.HEADER_FMT, codec.VERSION, mtype, 0, 0, 1, seq, 0, 0)
+    head = bytes([mtype | codec.FLAG_ADDR, 0, 1, seq])
     return head + struct.pack("<H", codec.crc16(head))
 
 
@@ -92,13 +92,13 @@ def test_malformed_input_is_counted_and_answered_when_addressable(node):
     bad_crc = bytearray(node.frame(m.PING, b"x"))
     bad_crc[-1] ^= 0xFF
     node.send(bytes(bad_crc))
-    node.send(_frame_with_type(0x3F, 500))
-    f = node.reply(500)
-    assert f.mtype == m.ERROR and "0x3f" in m.unpack_error(f.payload)[1]
+    node.send(_frame_with_type(0, 200))
+    f = node.reply(200)
+    assert f.mtype == m.ERROR and "type 0" in m.unpack_error(f.payload)[1]
     assert node.error(m.HELLO, b"junk")[0] == E_MESSAGE  # HELLO takes no payload
-    assert node.error(m.VERDICT, m.pack_verdict(0, 0, 1))[0] == E_MESSAGE  # not a request
-    node.send(codec.encode(m.PING, b"", src=0, dst=1, seq=900, reply=True))  # a stray reply
-    node.send(codec.encode(m.PING, b"", src=0, dst=9, seq=901))  # someone else's frame
+    assert node.error(m.VERDICT, m.pack_verdict(0, 1))[0] == E_MESSAGE  # not a request
+    node.send(codec.encode(m.PING, b"", src=0, dst=1, seq=90, reply=True))  # a stray reply
+    node.send(codec.encode(m.PING, b"", src=0, dst=9, seq=91))  # someone else's frame
     assert node.call(m.PING, b"alive") == (b"alive",)
     st = node.stats()
     assert st["bad_frames"] == 4  # text line, bad base64, bad CRC, unknown type
@@ -135,17 +135,17 @@ def test_invalid_states_and_ranges_are_refused_and_the_node_survives(node, model
     assert node.error(m.DRAFT_REQ, m.pack_draft_req(2, 2))[0] == E_STATE  # a verifier does not draft
     assert node.error(m.VERIFY_REQ, m.pack_draft(5, []))[0] == E_STATE  # wrong position
     assert node.error(m.VERIFY_REQ, m.pack_draft(2, []), session=4)[0] == E_STATE  # stale session
-    bad_q = [(5, [5, 6], [30000, 30000])]
-    assert node.error(m.VERIFY_REQ, m.pack_draft(2, bad_q))[0] == E_MESSAGE  # q-hat does not sum to ONE
-    no_tok = [(5, [6], [65536])]
-    assert node.error(m.VERIFY_REQ, m.pack_draft(2, no_tok))[0] == E_MESSAGE  # draft outside its q-hat
+    bad_q = struct.pack("<HBBB", 2, 0x81, 2, 0) + b"\x05\x00\xff\xff\x03"  # ids 5, 6; 6 weighs ONE already
+    assert node.error(m.VERIFY_REQ, bad_q)[0] == E_MESSAGE  # q-hat does not sum to ONE
+    no_tok = struct.pack("<HBBB", 2, 0x81, 1, 1) + b"\x06"  # its token is entry 1 of a 1-entry table
+    assert node.error(m.VERIFY_REQ, no_tok)[0] == E_MESSAGE  # draft outside its q-hat
     assert node.error(m.COMMIT, m.pack_commit(40, [1] * 38))[0] == E_RANGE  # beyond the context
     assert node.error(m.COMMIT, m.pack_commit(9, [1]))[0] == E_STATE  # a gap before the tail
     assert node.error(m.ROLLBACK, m.pack_rollback(3))[0] == E_STATE  # rolling forward
     assert node.error(m.COMMIT, m.pack_commit(3, [200]))[0] == E_RANGE
     node.call(m.COMMIT, m.pack_commit(31, [1] * 29))
     assert node.error(m.VERIFY_REQ, m.pack_draft(31, [(1, [1], [65536])] * 2))[0] == E_RANGE  # past max_seq
-    assert node.call(m.VERIFY_REQ, m.pack_draft(31, []), expect=m.VERDICT)[:2] == (31, 0)
+    assert node.call(m.VERIFY_REQ, m.pack_draft(31, []), expect=m.VERDICT)[0] == 0
     assert node.call(m.PING, b"ok") == (b"ok",)
     assert node.stats()["errors"] == 14
 

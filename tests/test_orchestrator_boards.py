@@ -191,3 +191,26 @@ def test_booting_and_flashing_say_what_they_do_and_skip_an_up_to_date_board(mode
     assert first[0] == "virtual drafter board (esp32): booting, flashing the node and drafter.spm with mpremote..."
     assert first[1].startswith("virtual drafter board (esp32): flashed %d files (" % files)
     assert again[1].startswith("virtual drafter board (esp32): up to date, not flashed (%d files checked in " % files)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_projected_bus_bytes_are_the_measured_ones_round_by_round(serial_boards, models, temperature):
+    """host/projection.py's byte model against the bytes the host's links carried, per round and per link
+    (the first round also collects BEGIN's ACK, so it is left out); a plain round is 22 bytes."""
+    from host.projection import Projector  # noqa: PLC0415
+    from shared.modelfile import parse_header  # noqa: PLC0415
+
+    verifier, drafter = serial_boards
+    heads = [parse_header((models / f).read_bytes()[:64]) for f in ("target.spm", "drafter.spm")]
+    proj = Projector(heads[0], heads[1], "esp32s3", "serial")
+    params = SessionParams(seed=5, temperature=temperature, draft_top_k=8)
+    for prompt in prompts(4, seed=7):
+        plain = generate(prompt, verifier, None, params, 12)
+        assert {r.bytes_verify for r in plain.rounds[1:]} == {22}
+        spec = generate(prompt, verifier, drafter, params, 20, GammaController(fixed=3))
+        drafted = spec.rounds[0].gamma > 0
+        for r in spec.rounds[1:]:
+            assert proj.round_bytes(r, drafted) == {"drafter": r.bytes_draft, "verifier": r.bytes_verify}
+            drafted = drafted or r.gamma > 0
+        if temperature:
+            assert any(r.table_body for r in spec.rounds)  # a rejection sent its whole q-hat table

@@ -1,14 +1,13 @@
 """Time-faithful projection (host/projection.py, host/hardware.py): message sizes from the real codec,
 MAC counts from the model layout, and a plain run projecting to exactly the plain baseline."""
 
-import random
-
 import pytest
 
 from host.costmodel import TERMS
 from host.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, sources
 from host.orchestrator import Result, Round
-from host.projection import Projector, draft_body, line_bytes, macs_per_position, weight_bytes
+from host.projection import (PLAIN_BODY, VERDICT_BODY, Projector, draft_entries, line_bytes, macs_per_position,
+                             stage_body, stage_reply_body, weight_bytes)
 from shared import messages as m
 from shared.codec import encode, encode_line
 from shared.modelfile import FLAG_SHARED_CLS, KIND_Q8, Header, body_size, tensor_layout
@@ -19,17 +18,24 @@ DRAFTER = Header(32, 2, 4, 2, 96, 512, 256, flags=FLAG_SHARED_CLS)
 
 def test_line_bytes_is_what_the_codec_puts_on_the_wire():
     for n in range(0, 300, 7):
-        assert line_bytes(n) == len(encode_line(encode(m.PING, b"x" * n, src=0, dst=1, seq=5)))
+        assert line_bytes(n) == len(encode_line(encode(m.PING, b"x" * n, seq=5)))
+        assert line_bytes(n, addressed=True) == len(encode_line(encode(m.PING, b"x" * n, src=0, dst=2, seq=5)))
+    assert PLAIN_BODY == len(m.pack_draft(300, [])) and VERDICT_BODY == len(m.pack_verdict(4, 300))
 
 
-def test_draft_body_is_the_packed_size():
-    rng = random.Random(1)
-    for gamma in range(0, 9):
-        entries = []
-        for _ in range(gamma):
-            k = rng.randrange(1, 9)
-            entries.append((3, list(range(k)), [1] * (k - 1) + [65536 - (k - 1)]))
-        assert draft_body(gamma, sum(len(e[1]) for e in entries)) == len(m.pack_draft(17, entries))
+@pytest.mark.parametrize("entries", [[], [(7, [7], [m.ONE])] * 3, [(7, [2, 7, 300], [100, m.ONE - 400, 300]),
+                                                                   (9, [9, 40], [m.ONE - 1, 1])]])
+def test_stage_bytes_are_what_the_codec_packs(entries):
+    """The pipeline projection's STAGE sizes: one position per request, its draft's entry as in DRAFT."""
+    draft = len(m.pack_draft(5, entries))
+    r = Round(len(entries), 0, 1, 5, draft, 0, 0, False, 0, 0, 0, 0, 0, 0)
+    assert sum(draft_entries(r)) == sum(len(m.pack_draft(5, [e])) - 3 for e in entries)
+    for data in (b"\x01\x00", bytes(4 * 64)):
+        assert stage_body(0, len(data)) == len(m.pack_stage(300, 1, m.STAGE_ACT, [], data))
+        for e in entries:
+            size = len(m.pack_draft(5, [e])) - 3  # the entry alone, as draft_entries counts it
+            assert stage_body(size, len(data)) == len(m.pack_stage(300, 1, m.STAGE_HEAD, [e], data))
+        assert stage_reply_body(len(data)) == len(m.pack_stage_reply(300, 1, m.STAGE_ACT, data))
 
 
 @pytest.mark.parametrize("h", [TARGET, DRAFTER, Header(16, 1, 2, 1, 24, 40, 32)])
@@ -43,7 +49,8 @@ def test_macs_per_position_counts_every_weight_once_plus_attention(h):
 
 
 def plain_result(n, pos0):
-    return Result(list(range(n)), [Round(0, 0, 1, pos0 + i, 0, False, 0, 0, 0, 0, 0, 0) for i in range(n)])
+    return Result(list(range(n)), [Round(0, 0, 1, pos0 + i, PLAIN_BODY, PLAIN_BODY, 0, False, 0, 0, 0, 0, 0, 0)
+                                   for i in range(n)])
 
 
 @pytest.mark.parametrize("transport", ["serial", "espnow"])
@@ -82,7 +89,8 @@ def test_every_step_of_the_engine_is_a_term_and_attention_grows_with_context():
 
 def test_espnow_adds_a_radio_hop_to_the_verifier_only():
     serial, radio = Projector(TARGET, DRAFTER, "esp32s3", "serial"), Projector(TARGET, DRAFTER, "esp32s3", "espnow")
-    extra = ESPNOW.seconds(line_bytes(5) + line_bytes(7), messages=2)
+    size = line_bytes(5, addressed=True) + line_bytes(7, addressed=True)  # frames behind the gateway carry addresses
+    extra = ESPNOW.seconds(size, messages=2) + USB_SERIAL_JTAG.seconds(size - line_bytes(5) - line_bytes(7), 0)
     assert radio.call("verifier", 5, 7) - serial.call("verifier", 5, 7) == pytest.approx(extra)
     assert radio.call("drafter", 5, 7) == serial.call("drafter", 5, 7)
     assert USB_SERIAL_JTAG.seconds(0, 2) == pytest.approx(2e-3)

@@ -9,7 +9,7 @@ from host.gamma import GammaController
 from host.hardware import UART_921600
 from host.orchestrator import Round, generate
 from host.pipeline_projection import PipelineProjector, judged
-from host.projection import Projector
+from host.projection import Projector, stage_body, stage_reply_body
 from host.tokenizer import Tokenizer
 from shared.modelfile import HEADER_SIZE, parse_header
 from tests.conftest import ROOT
@@ -36,7 +36,8 @@ def test_one_position_costs_request_compute_and_reply_at_every_stage(heads):
     pp = PipelineProjector(heads[0], heads[1], split_layers(5, 5), UART_921600.name)
     t = pp.wavefront(10, 1, 0, 0, [])
     dim4 = 4 * heads[0].dim
-    want = sum(pp._wire(7 + (2 if s == 0 else dim4)) + pp._stage(s, 11, True) + pp._wire(6 + (2 if s == 4 else dim4))
+    want = sum(pp._wire(stage_body(0, 2 if s == 0 else dim4)) + pp._stage(s, 11, True)
+               + pp._wire(stage_reply_body(2 if s == 4 else dim4))
                for s in range(5))
     assert t == pytest.approx(want)
 
@@ -56,7 +57,7 @@ def test_the_wavefront_overlaps_positions_across_stages_and_stops_at_the_verdict
 
 def test_judged_positions_follow_the_verdict():
     def rnd(gamma, acc, rejected):
-        return Round(gamma, acc, acc + 1, 10, 8 * gamma, rejected, 0, 0.0, 0.0, 0.0, 0, 0)
+        return Round(gamma, acc, acc + 1, 10, 3 + 8 * gamma, 2 + 4 * gamma, 0, rejected, 0, 0.0, 0.0, 0.0, 0, 0)
 
     assert judged(rnd(4, 1, True)) == 2 and judged(rnd(4, 4, False)) == 5
     assert judged(rnd(4, 2, False)) == 2  # an accepted end-of-stream draft: no token judged after it

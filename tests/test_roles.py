@@ -69,17 +69,15 @@ def test_verifier_verdicts_equal_numpy_engine_and_shared_rule(verifier, models):
         for i in range(gamma):  # the drafter's q-hat, sampled as the drafter would
             ids, weights = qhat(draft_eng, tokens + [e[0] for e in entries], temp, 8)
             entries.append((rule.sample_sparse(ids, weights, seed, L + i, DRAFT), ids, weights))
-        pos0, acc, tok = verifier.call(m.VERIFY_REQ, m.pack_draft(L, entries), expect=m.VERDICT)
+        acc, tok = verifier.call(m.VERIFY_REQ, m.pack_draft(L, entries), expect=m.VERDICT)
         drafts = [e[0] for e in entries]
         rows = target.forward(tokens + drafts, 0)[L - 1:]
         p_tables = [target_table(r, round(temp * 1000), top_k, round(top_p * 65536)) for r in rows]
         want = rule.verify(p_tables, drafts, [(e[1], e[2]) for e in entries], seed, L, -1)
-        assert (pos0, acc, tok) == (L, *want), "step %d" % step
+        assert (acc, tok) == want, "step %d" % step
         accepted += acc
         rounds += gamma > 0
-        new = drafts[:acc] + [tok]
-        tokens += new
-        commit(verifier, tokens, len(new))
+        tokens += drafts[:acc] + [tok]  # the verdict commits itself: no COMMIT
         if step == 8:  # the host rolls the stream back a few tokens
             cut = len(tokens) - int(rng.integers(1, 4))
             verifier.call(m.ROLLBACK, m.pack_rollback(cut), expect=m.ACK)
@@ -87,6 +85,51 @@ def test_verifier_verdicts_equal_numpy_engine_and_shared_rule(verifier, models):
     st = verifier.stats()
     assert st["accepted"] == accepted and st["verified"] == sum(s % 5 for s in range(14))
     assert st["committed"] == len(tokens)
+
+
+def test_partial_tables_get_the_whole_tables_verdicts_and_a_rejection_costs_no_second_pass(verifier, models):
+    """Drafts sent with their own q-hat weight only: each verdict is the rule's on the whole tables; at a
+    rejection the verdict is PARTIAL, and the rejected draft's whole table gets the residual from the
+    table the node kept (no second forward pass); the verdicts commit themselves."""
+    target = Engine(models["target"])
+    draft_eng = Engine(models["drafter"])
+    temp, seed = 1.5, 4321
+    tokens = [5, 17, 33, 2]
+    begin(verifier, 7, seed, temp, tokens)
+    asked = 0
+    for _ in range(10):
+        L = len(tokens)
+        entries = []
+        for i in range(3):
+            ids, weights = qhat(draft_eng, tokens + [e[0] for e in entries], temp, 8)
+            entries.append((rule.sample_sparse(ids, weights, seed, L + i, DRAFT), ids, weights))
+        drafts = [e[0] for e in entries]
+        rows = target.forward(tokens + drafts, 0)[L - 1:]
+        want = rule.verify([target_table(r, round(temp * 1000), 0, 65536) for r in rows], drafts,
+                           [(e[1], e[2]) for e in entries], seed, L, -1)
+        acc, tok = verifier.call(m.VERIFY_REQ, m.pack_draft(L, entries, partial=True), expect=m.VERDICT)
+        if tok == rule.PARTIAL:
+            asked += 1
+            passes = verifier.stats()["passes"]
+            more, tok = verifier.call(m.VERIFY_REQ, m.pack_draft(L + acc, entries[acc:acc + 1]), expect=m.VERDICT)
+            assert more == 0 and verifier.stats()["passes"] == passes
+        assert (acc, tok) == want
+        tokens += drafts[:acc] + [tok]
+    assert asked and verifier.stats()["committed"] == len(tokens)
+    # the whole table must hold the weight the draft was rejected with: the least likely token, drafted
+    # with weight ONE - 1, is rejected (p(x) << q(x)); a table giving it another weight is refused
+    L = len(tokens)
+    p = target_table(target.forward(tokens, 0)[-1], round(temp * 1000), 0, 65536)
+    x = min(range(VOCAB), key=lambda t: p[t])
+    y = (x + 1) % VOCAB
+    ids = sorted([x, y])
+    table = [(x, ids, [rule.ONE - 1 if t == x else 1 for t in ids])]
+    assert verifier.call(m.VERIFY_REQ, m.pack_draft(L, table, partial=True), expect=m.VERDICT) == (0, rule.PARTIAL)
+    other = [(x, ids, [rule.ONE - 2 if t == x else 2 for t in ids])]
+    assert verifier.error(m.VERIFY_REQ, m.pack_draft(L, other))[0] == 1  # E_MESSAGE
+    assert verifier.call(m.VERIFY_REQ, m.pack_draft(L, table, partial=True), expect=m.VERDICT) == (0, rule.PARTIAL)
+    assert verifier.call(m.VERIFY_REQ, m.pack_draft(L, table), expect=m.VERDICT) == rule.verify(
+        [p, p], [x], [(ids, table[0][2])], seed, L, -1)
 
 
 def test_greedy_verifier_matches_numpy_argmax(verifier, models):
@@ -97,12 +140,13 @@ def test_greedy_verifier_matches_numpy_argmax(verifier, models):
         L = len(tokens)
         guess = [int(np.argmax(target.forward(tokens, 0)[-1])), 3]  # one right draft, one (likely) wrong
         entries = [(t, [t], [rule.ONE]) for t in guess]
-        _, acc, tok = verifier.call(m.VERIFY_REQ, m.pack_draft(L, entries), expect=m.VERDICT)
+        acc, tok = verifier.call(m.VERIFY_REQ, m.pack_draft(L, entries), expect=m.VERDICT)
         rows = target.forward(tokens + guess, 0)[L - 1:]
         assert (acc, tok) == rule.verify_greedy([int(np.argmax(r)) for r in rows], guess, -1)
         new = guess[:acc] + [tok]
         tokens += new
-        commit(verifier, tokens, len(new))
+        if acc == 0:  # an explicit COMMIT of what the verdict committed already changes nothing
+            commit(verifier, tokens, len(new))
 
 
 def test_drafter_samples_each_draft_from_the_qhat_it_sends(drafter, models):
@@ -110,9 +154,10 @@ def test_drafter_samples_each_draft_from_the_qhat_it_sends(drafter, models):
     temp, k, seed = 0.8, 6, 77
     tokens = [1, 2, 3, 4, 5]
     begin(drafter, 3, seed, temp, tokens, draft_k=k)
+    tail = []
     for accept in (1, 4, 0):
         L = len(tokens)
-        pos0, entries = drafter.call(m.DRAFT_REQ, m.pack_draft_req(L, 4), expect=m.DRAFT)
+        pos0, entries = drafter.call(m.DRAFT_REQ, m.pack_draft_req(L, 4, tail), expect=m.DRAFT)
         assert pos0 == L and len(entries) == 4
         seq = list(tokens)
         for i, (tok, ids, weights) in enumerate(entries):
@@ -123,10 +168,12 @@ def test_drafter_samples_each_draft_from_the_qhat_it_sends(drafter, models):
             assert max(abs(a - b) for a, b in zip(weights, want_w)) <= 64  # int8 engine vs numpy: 0.1 %
             seq.append(tok)
         # accept some drafts, then a token of the host's choice (a residual or a bonus)
-        new = [e[0] for e in entries[:accept]] + [(entries[accept][0] + 1) % VOCAB if accept < 4 else 0]
-        tokens += new
-        commit(drafter, tokens, len(new))
-    assert drafter.stats()["drafted"] == 12
+        # the next DRAFT_REQ commits them: the drafter holds its accepted drafts, so only that token travels
+        tail = [(entries[accept][0] + 1) % VOCAB if accept < 4 else 0]
+        tokens += [e[0] for e in entries[:accept]] + tail
+    drafter.call(m.COMMIT, m.pack_commit(len(tokens), tail), expect=m.ACK)
+    st = drafter.stats()
+    assert st["drafted"] == 12 and st["committed"] == len(tokens)
 
 
 def test_greedy_drafts_are_the_drafter_models_argmax(drafter, models):
@@ -156,8 +203,9 @@ def test_hello_reports_the_largest_gamma_each_node_accepts(micropython, tmp_path
     try:
         assert v.call(m.HELLO)[8] == 4  # 4 drafts and the last committed token fill its pass of 5
         begin(v, 1, 1, 0.0, [3, 4])
-        assert v.call(m.VERIFY_REQ, m.pack_draft(2, [(5, [5], [rule.ONE])] * 4), expect=m.VERDICT)[0] == 2
         assert v.error(m.VERIFY_REQ, m.pack_draft(2, [(5, [5], [rule.ONE])] * 5))[0] == m.E_RANGE
+        n_accepted, token = v.call(m.VERIFY_REQ, m.pack_draft(2, [(5, [5], [rule.ONE])] * 4), expect=m.VERDICT)
+        assert 0 <= n_accepted <= 4 and token >= 0
     finally:
         v.close()
     begin(drafter, 9, 1, 0.0, [3, 4])

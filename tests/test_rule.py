@@ -120,11 +120,30 @@ def test_verify_is_deterministic_in_seed_and_position():
 @pytest.mark.parametrize("args", [
     ([P], [1], [([1], [ONE])]),  # missing bonus table
     ([P, P], [1], [([2], [ONE])]),  # draft not in its q-hat
-    ([P, P], [1], [([1], [ONE - 1])]),  # q-hat does not sum to ONE
+    ([P, P], [1], [([1, 2], [ONE - 2, 1])]),  # q-hat does not sum to ONE
+    ([P, P], [1], [([1, 2], [ONE, 1])]),  # nor here
+    ([P, P], [1], [([1], [ONE + 1])]),  # a partial table above ONE
 ])
 def test_verify_rejects_inconsistent_input(args):
     with pytest.raises(ValueError):
         rule.verify(*args, 0, 0)
+
+
+def test_a_partial_table_gives_the_verdict_of_the_whole_one_or_asks_for_it():
+    """A draft sent with its own weight only is accepted exactly when its whole table would be; at its
+    rejection the verdict is PARTIAL, and sample_residual on the whole table gives the token verify would."""
+    q = ([0, 1, 3], [50000, 10000, 5536])
+    partial = ([0], [50000])
+    seen = set()
+    for seed in range(300):
+        want = rule.verify([P, P, P], [0, 3], [q, ([3], [ONE])], seed, 7)
+        got = rule.verify([P, P, P], [0, 3], [partial, ([3], [ONE])], seed, 7)
+        if got[1] == rule.PARTIAL:
+            assert want[0] == got[0] == 0
+            got = (0, rule.sample_residual(P, q[0], q[1], seed, 7))
+        seen.add(want[0])
+        assert got == want
+    assert seen == {0, 1, 2}  # rejected at the partial table, after it, and all accepted
 
 
 def test_residual_rejects_repeated_ids():

@@ -59,7 +59,7 @@ def test_keyed_node_refuses_and_counts_unsigned_forged_wrong_key_and_replayed_fr
         node.send(codec.encode(m.PING, b"plain", src=0, dst=1, seq=500))  # unsigned
         node.send(codec.encode(m.PING, b"other", src=0, dst=1, seq=501, auth=codec.Auth(b"another key")))
         forged = bytearray(node.frame(m.PING, b"forged"))
-        forged[codec.HEADER_SIZE] ^= 1  # payload changed after signing; the CRC made good again
+        forged[codec.header(forged)[6]] ^= 1  # payload changed after signing; the CRC made good again
         forged[-2:] = codec.crc16(forged[:-2]).to_bytes(2, "little")
         node.send(bytes(forged))
         for i in range(30):  # the replay window (24) and the reply cache (4) move on

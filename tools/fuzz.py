@@ -11,13 +11,14 @@ signed.
   DatagramDecoder fed them as 250-byte fragments, a tenth mutated, neighbours swapped. A crash is any
   exception other than a CodecError out of decode/unpack, or any exception out of feed(); a hang is one
   input taking over a second; heap drift is tracemalloc's traced bytes at the end minus after the first
-  tenth, with the decoders' state bounds (partials, line buffer) checked throughout.
-- MicroPython, `--node-frames` inputs: the firmware node (a drafter with a small random model) in
-  a classic ESP32's heap (`micropython -X heapsize=`, host/boardclasses.py), fed the inputs as lines
-  (RESET and CONFIGURE excluded: they end the node or move its id), with a PING every 100 inputs that
-  must come back within 10 s (a hang otherwise) and STATS every 1000: its heap_free after a
-  collection, after the first 1000 inputs (reply cache and counters warm) against the last, is the
-  drift.
+  tenth (at least 1000 inputs, or half a shorter run, so the decoders' bounded state is full), with
+  the decoders' state bounds (partials, line buffer) checked throughout.
+- MicroPython, `--node-frames` inputs: the firmware node as a classic ESP32 runs it (the shipped drafter,
+  a classic ESP32's heap (host/boardclasses.py), the node's code frozen: the VM gets that heap plus what
+  the code holds, as tests/test_firmware_budget.py models a board), fed the inputs as lines (RESET and
+  CONFIGURE excluded: they end the node or move its id), with a PING every 100 inputs that must come
+  back within 10 s (a hang otherwise) and STATS every 1000: its heap_free after a collection, after the
+  first 1000 inputs (reply cache and counters warm) against the last, is the drift.
   A crash is the node process dying or printing a traceback.
 
 Exit status 1 if anything crashed or hung, or the drift exceeds --max-drift bytes on either runtime.
@@ -51,10 +52,11 @@ BODIES = [
     (m.HELLO, True, m.pack_hello("fw", "esp32", 1, "models/drafter.spm", 64, 64, 90000, 1, 32)),
     (m.CONFIGURE, False, m.pack_configure(1, 1, "models/drafter.spm")),
     (m.BEGIN, False, m.pack_begin(7, 800, 8, 0, 65536, -1, [1, 2, 3])),
-    (m.DRAFT_REQ, False, m.pack_draft_req(3, 4)),
+    (m.DRAFT_REQ, False, m.pack_draft_req(3, 4, [2])),
     (m.DRAFT, True, m.pack_draft(3, [(5, [5, 9], [ONE - 3, 3]), (2, [2], [ONE])])),
     (m.VERIFY_REQ, False, m.pack_draft(3, [(5, [5, 9], [ONE - 3, 3])])),
-    (m.VERDICT, True, m.pack_verdict(3, 1, 7)),
+    (m.VERIFY_REQ, False, m.pack_draft(3, [(5, [5], [ONE]), (9, [9], [ONE])])),
+    (m.VERDICT, True, m.pack_verdict(1, 7)),
     (m.COMMIT, False, m.pack_commit(5, [5, 7])),
     (m.ROLLBACK, False, m.pack_rollback(4)),
     (m.STATS, False, b""),
@@ -63,6 +65,8 @@ BODIES = [
     (m.ERROR, True, m.pack_error(2, "no session: send BEGIN first")),
     (m.ACK, True, b""),
     (m.RESET, False, b""),
+    (m.STAGE, False, m.pack_stage(3, 1, m.STAGE_HEAD, [(5, [5, 9], [ONE - 3, 3])], b"\x05\x00")),
+    (m.STAGE, True, m.pack_stage_reply(3, 1, m.STAGE_HEAD, b"\xff\xff")),
 ]
 NODE_EXCLUDED = (m.RESET, m.CONFIGURE)
 
@@ -80,9 +84,10 @@ def inputs(r: random.Random, node: bool = False):
         if kind == 9:
             yield bytes(r.randrange(256) for _ in range(r.randrange(40)))
             continue
-        frame = codec.encode(mtype, body, src=0 if not reply else 1, dst=1 if not reply else 0,
-                             seq=r.randrange(65536), session=r.randrange(3), reply=reply,
-                             auth=auth if signed else None)
+        addr = r.random() < 0.5  # to a node id, or to the peer at the link's other end
+        frame = codec.encode(mtype, body, src=(0 if not reply else 1) if addr else None,
+                             dst=(1 if not reply else 0) if addr else None, seq=r.randrange(256),
+                             session=r.randrange(3), reply=reply, auth=auth if signed else None)
         yield mutate(r, frame, max_ops=3) if 4 <= kind < 8 else frame
 
 
@@ -101,6 +106,7 @@ def fuzz_cpython(n: int, seed: int) -> dict:
     chunk = bytearray()
     tracemalloc.start()
     base = None
+    warm = max(n // 10, min(n // 2, 1000))  # the reassembler's bounded partials fill over the first ~1000
     gen = inputs(r)
     for i in range(n):
         data = next(gen)
@@ -128,7 +134,7 @@ def fuzz_cpython(n: int, seed: int) -> dict:
         report["hangs"] += took > HANG_S
         if datagram.pending() > datagram.max_partial or stream._n > len(stream._buf):
             _crash(report, "state bound", data, RuntimeError("decoder state beyond its bound"))
-        if i == n // 10:
+        if i == warm:
             base = tracemalloc.get_traced_memory()[0]
     end = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
@@ -139,18 +145,15 @@ def fuzz_cpython(n: int, seed: int) -> dict:
 
 
 def fuzz_node(n: int, seed: int, micropython: str) -> dict:
-    from tools.nodeproc import NodeFailure, NodeProc, flash  # noqa: PLC0415
-    from tools.testmodels import random_model  # noqa: PLC0415
+    from tools.nodeproc import NodeFailure, NodeProc, code_heap, flash, shipped_model  # noqa: PLC0415
 
     r = random.Random(seed + 1)
     report = {"inputs": n, "crashes": 0, "hangs": 0, "examples": [], "heap_free": []}
     with tempfile.TemporaryDirectory(prefix="specmesh-fuzz-") as tmp:
         board = Path(tmp)
         flash(board)
-        random_model(board / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=64,
-                     max_seq=64, seed=seed)
-        node = NodeProc(micropython, board, {"role": "drafter", "model": "drafter.spm"}, heap=ESP32_HEAP,
-                        flashed=True)
+        node = NodeProc(micropython, board, {"role": "drafter", "model": shipped_model("drafter")},
+                        heap=ESP32_HEAP + code_heap(micropython, board), flashed=True)
         gen = inputs(r, node=True)
         t0 = time.perf_counter()
         try:

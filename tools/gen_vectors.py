@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "vectors"
 sys.path.insert(0, str(ROOT))
 
-from shared import codec, messages as m, prng  # noqa: E402
+from shared import codec, messages as m, prng, rule  # noqa: E402
 from shared.rule import ONE, argmax, quantize, quantize_topk  # noqa: E402
 
 
@@ -177,8 +177,14 @@ def rule_cases() -> list[dict]:
     assert all(r == [2, -1] for r in c["expect"])
     out.append(c)
     out.append(case("draft not in q", "verify", p=[p, p], drafts=[5], q=[[[1], [ONE]]], pos0=0, eos=-1, seeds=[0]))
-    out.append(case("q not summing to ONE", "verify", p=[p, p], drafts=[1], q=[[[1], [ONE - 1]]], pos0=0, eos=-1,
-                    seeds=[0]))
+    out.append(case("q not summing to ONE", "verify", p=[p, p], drafts=[1], q=[[[1, 2], [ONE - 2, 1]]], pos0=0,
+                    eos=-1, seeds=[0]))
+    # partial tables (the draft's own weight only): the verdict of the whole table, PARTIAL at a rejection
+    p = [ONE // 16] * 16
+    c = case("partial tables", "verify", p=[p, p, p], drafts=[7, 3], q=[[[7], [ONE // 8]], [[3], [ONE // 32]]],
+             pos0=50, eos=-1, seeds=list(range(32)))
+    assert {r[1] for r in c["expect"] if r[0] == 0} == {rule.PARTIAL} and any(r[0] == 2 for r in c["expect"])
+    out.append(c)
     # random cases: vocab 16..64, gamma 1..4, q-hat from top-k of a perturbed p
     for i, (vocab, gamma, k) in enumerate(((16, 1, 4), (24, 2, 8), (32, 3, 32), (32, 4, 8), (64, 4, 16))):
         ps = [dense(rng, vocab, vocab // 4) for _ in range(gamma + 1)]
@@ -218,23 +224,23 @@ def codec_cases() -> list[dict]:
     assert out[0]["expect"] == 0x29B1
     draft = m.pack_draft(17, [(5, [5, 9], [ONE - 3, 3]), (2, [2], [ONE])])
     out.append(case("encode ping", "encode", **_fields(m.PING, b"hello")))
-    out.append(case("encode draft reply", "encode", **_fields(m.DRAFT, draft, reply=True, seq=65535, session=65535)))
-    out.append(case("encode signed", "encode", **_fields(m.VERDICT, m.pack_verdict(3, 1, 7), reply=True, key=key,
+    out.append(case("encode draft reply", "encode", **_fields(m.DRAFT, draft, reply=True, seq=255, session=255)))
+    out.append(case("encode signed", "encode", **_fields(m.VERDICT, m.pack_verdict(1, 7), reply=True, key=key,
                                                          counter=41)))
     out.append(case("encode broadcast ack", "encode", **_fields(m.ACK, dst=255, reply=True)))
+    out.append(case("encode to the peer", "encode", **_fields(m.VERIFY_REQ, m.pack_draft(300, []), src=None,
+                                                              dst=None, session=0)))
     good = codec.encode(m.PING, b"hello", 1, 2, 3, 4)
     signed = [codec.encode(m.PING, b"s%d" % i, src=6, auth=a) for a in [codec.Auth(b"board-key")] for i in range(4)]
     bad_crc = bytearray(good)
-    bad_crc[12] ^= 0x40
-    hdr = struct.pack("<BBBBBHHH", 2, m.PING, 0, 1, 2, 3, 4, 0)
+    bad_crc[6] ^= 0x40
     frames = [good.hex(), good[:-1].hex(), (good + b"\x00").hex(), bytes(bad_crc).hex(), "", "01",
-              _crc_fixed(hdr), _crc_fixed(struct.pack("<BBBBBHHH", 1, codec.MAX_TYPE + 1, 0, 1, 2, 3, 4, 0)),
-              _crc_fixed(struct.pack("<BBBBBHHH", 1, 0, 0, 1, 2, 3, 4, 0)),
-              _crc_fixed(struct.pack("<BBBBBHHH", 1, m.PING, 0, 1, 2, 3, 4, 9) + b"abc"),
-              signed[0].hex()]
+              _crc_fixed(bytes([m.PING | codec.FLAG_SESSION, 3, 0])), _crc_fixed(bytes([codec.FLAG_REPLY, 3])),
+              _crc_fixed(bytes([0, 3])), _crc_fixed(bytes([m.PING | codec.FLAG_SIGNED, 3]) + b"abc"),
+              signed[0].hex(), codec.encode(m.PING, b"to the peer", seq=9).hex()]
     c = case("decode unsigned", "decode", frames=frames, key=None)
-    assert [r[1] for r in c["expect"][1:]] == ["BadLength", "BadLength", "BadCRC", "BadLength", "BadLength",
-                                               "BadVersion", "BadType", "BadType", "BadLength", "BadAuth"]
+    assert [r[1] for r in c["expect"][1:-1]] == ["BadCRC", "BadCRC", "BadCRC", "BadLength", "BadLength",
+                                                 "BadFrame", "BadType", "BadType", "BadLength", "BadAuth"]
     out.append(c)
     wrong = codec.encode(m.PING, b"x", src=6, auth=codec.Auth(b"other"))
     seq = [signed[1], signed[0], signed[1], signed[3], wrong, good, signed[2], signed[0]]
@@ -290,9 +296,10 @@ def message_cases() -> list[dict]:
         ("pack_hello", ["specmesh 0.1", "esp32", 1, "draft", 512, 256, 90000, 5, 32]),
         ("pack_configure", [2, 7, "target-ü"]),
         ("pack_begin", [0xDEADBEEF, 700, 8, 40, 58982, 2, [1, 2, 500]]),
-        ("pack_draft_req", [1234, 4]),
+        ("pack_draft_req", [1234, 4, [5, 300]]),
         ("pack_draft", [77, [[3, [3], [ONE]], [9, [1, 9, 40], [100, 65000, 436]]]]),
-        ("pack_verdict", [77, 1, -1]),
+        ("pack_draft", [77, [[3, [3], [ONE]], [9, [1, 9, 40], [100, 65000, 436]]], True]),
+        ("pack_verdict", [1, -1]),
         ("pack_commit", [80, [5, 6, 7]]),
         ("pack_rollback", [60]),
         ("pack_stats", [[["accepted", 10], ["rounds", 4000000000]]]),
@@ -302,7 +309,8 @@ def message_cases() -> list[dict]:
     out = [case(fn + " %d" % i, "pack", fn=fn, args=args) for i, (fn, args) in enumerate(packs)]
     assert out[-1]["expect"] == ["error", "ValueError"]
     types = [(m.HELLO, True), (m.CONFIGURE, False), (m.BEGIN, False), (m.DRAFT_REQ, False), (m.DRAFT, True),
-             (m.VERDICT, True), (m.COMMIT, False), (m.ROLLBACK, False), (m.STATS, True), (m.ERROR, True)]
+             (m.VERIFY_REQ, False), (m.VERDICT, True), (m.COMMIT, False), (m.ROLLBACK, False), (m.STATS, True),
+             (m.ERROR, True)]
     for c, (mtype, reply) in zip(list(out), types):
         payload = bytes.fromhex(c["expect"])
         out.append(case("unpack " + m.NAMES[mtype], "unpack", mtype=mtype, reply=reply, payload=payload.hex()))
@@ -312,7 +320,21 @@ def message_cases() -> list[dict]:
                         payload=(payload + b"\x00").hex()))
     for name, mtype, reply, payload in (
             ("unpack verify_req", m.VERIFY_REQ, False, m.pack_draft(5, [(1, [1], [ONE])])),
-            ("unpack empty q-hat", m.DRAFT, True, struct.pack("<IBHB", 0, 1, 5, 0)),
+            ("unpack greedy drafts", m.VERIFY_REQ, False, m.pack_draft(300, [(3, [3], [ONE]), (500, [500], [ONE])])),
+            ("unpack empty q-hat", m.DRAFT, True, struct.pack("<HBBB", 0, 0x81, 0, 0)),
+            ("unpack token outside q-hat", m.DRAFT, True, struct.pack("<HBBBBB", 0, 0x81, 1, 1, 0, 0)),
+            ("unpack q-hat over ONE", m.DRAFT, True, struct.pack("<HBBB", 0, 0x81, 2, 0) + b"\x01\x00\xff\xff\x03"),
+            ("unpack long varint", m.DRAFT, True, struct.pack("<HBBB", 0, 0x81, 2, 0) + b"\x01\x80\x00\x05"),
+            ("unpack partial tables", m.VERIFY_REQ, False, struct.pack("<HBHHHH", 9, 0x42, 5, 999, 7, 65535)),
+            ("unpack unknown draft kind", m.VERIFY_REQ, False, struct.pack("<HBH", 9, 0xC1, 5)),
+            ("unpack stage", m.STAGE, False, m.pack_stage(300, 2, m.STAGE_HEAD | m.STAGE_ACT,
+                                                          [(9, [1, 9, 40], [100, 65000, 436])], bytes(range(8)))),
+            ("unpack stage greedy", m.STAGE, False, m.pack_stage(300, 1, m.STAGE_HEAD, [(3, [3], [ONE])], b"\x05\x00")),
+            ("unpack stage more drafts than positions", m.STAGE, False,
+             m.pack_stage(0, 1, m.STAGE_HEAD, [(3, [3], [ONE])] * 2, b"")),
+            ("unpack stage reply", m.STAGE, True, m.pack_stage_reply(300, 2, m.STAGE_HEAD, b"\xff\xff\x05\x00")),
+            ("unpack truncated stage reply", m.STAGE, True, b"\x01\x00\x01"),
+            ("unpack odd commit tail", m.COMMIT, False, b"\x05\x00\x01"),
             ("unpack bad utf-8", m.ERROR, True, b"\x01\x02\xff\xfe"),
             ("unpack ack", m.ACK, True, b""), ("unpack ack with body", m.ACK, True, b"\x00"),
             ("unpack ping", m.PING, False, b"\x00\x01"), ("unpack reset", m.RESET, False, b""),
@@ -362,7 +384,7 @@ def mutate(r: random.Random, data: bytes, max_ops: int = 3) -> bytes:
 def fuzz_cases() -> list[dict]:
     """Mutated and random inputs: both runtimes must reject (or accept) each one identically."""
     r = random.Random(4)
-    bodies = [m.pack_draft(9, [(1, [1, 2], [ONE - 1, 1])] * 3), m.pack_verdict(1, 2, 3), m.pack_hello(
+    bodies = [m.pack_draft(9, [(1, [1, 2], [ONE - 1, 1])] * 3), m.pack_verdict(2, 3), m.pack_hello(
         "fw", "b", 1, "m", 512, 256, 1, 0, 4), m.pack_begin(1, 2, 3, 4, 5, -1, [1, 2, 3]), m.pack_stats([("a", 1)]),
         m.pack_error(1, "x"), m.pack_commit(5, [1, 2])]
     types = [m.DRAFT, m.VERDICT, m.HELLO, m.BEGIN, m.STATS, m.ERROR, m.COMMIT]

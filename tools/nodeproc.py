@@ -44,7 +44,7 @@ def shipped_model(name: str) -> str:
 
 def seq_of(frame: bytes) -> int:
     """The seq field of a binary frame (signed or not)."""
-    return int.from_bytes(frame[5:7], "little")
+    return codec.header(frame)[4]
 
 
 def code_heap(micropython: str, board_dir: Path, extra: str = "") -> int:
@@ -90,7 +90,7 @@ class NodeProc:
               session: int | None = None) -> bytes:
         """A request frame from the host to this node (next seq unless given)."""
         if seq is None:
-            self.seq = (self.seq + 1) & 0xFFFF
+            self.seq = (self.seq + 1) & 0xFF
             seq = self.seq
         return codec.encode(mtype, payload, src=m.HOST, dst=self.node_id if dst is None else dst, seq=seq,
                             session=self.session if session is None else session, auth=self.auth)
@@ -204,19 +204,20 @@ def commit(node: NodeProc, tokens: list[int], n_new: int) -> None:
 def generate(drafter: NodeProc, verifier: NodeProc, prompt, n: int, gamma: int, temp: float, seed: int,
              session: int, max_seq: int, draft_k: int = 8, pause: float = 0.0) -> list[int]:
     """The host's speculative loop over two nodes; gamma 0 (no drafter) is plain decoding.
-    `pause` seconds after each commit stand for a verifier slower than the drafter."""
+    `pause` seconds after each verdict stand for a verifier slower than the drafter (which drafts ahead
+    meanwhile, if configured to, not knowing the verdict yet: it learns it from the next DRAFT_REQ)."""
     tokens = list(prompt)
     nodes = [verifier] + ([drafter] if gamma else [])
     for node in nodes:
         begin(node, session, seed, temp, tokens, draft_k=draft_k)
+    tail: list[int] = []  # committed tokens the drafter has not seen (the next DRAFT_REQ carries them)
     while len(tokens) < len(prompt) + n:
         L = len(tokens)
         g = min(gamma, max_seq - L - 1)
-        entries = drafter.call(m.DRAFT_REQ, m.pack_draft_req(L, g), expect=m.DRAFT)[1] if g else []
-        _, acc, tok = verifier.call(m.VERIFY_REQ, m.pack_draft(L, entries), expect=m.VERDICT)
+        entries = drafter.call(m.DRAFT_REQ, m.pack_draft_req(L, g, tail), expect=m.DRAFT)[1] if g else []
+        acc, tok = verifier.call(m.VERIFY_REQ, m.pack_draft(L, entries), expect=m.VERDICT)  # commits itself
         new = [e[0] for e in entries[:acc]] + [tok]
         tokens += new
-        for node in nodes:
-            commit(node, tokens, len(new))
+        tail = [tok] if g else tail + new  # the drafter holds its accepted drafts already
         time.sleep(pause)
     return tokens[:len(prompt) + n]

@@ -91,10 +91,10 @@ def workload(budget_us):
         res["quantize_topk_k%d" % k] = per_call_us(lambda i: rule.quantize_topk(p_weights[i % GAMMA], k), budget_us)
     tx, rx = codec.Auth(b"bench-key"), codec.Auth(b"bench-key")
     res["frame_verdict"] = per_call_us(
-        lambda i: m.unpack_verdict(codec.decode(codec.encode(m.VERDICT, m.pack_verdict(100, 2, 7), 2, 0, i, 1,
+        lambda i: m.unpack_verdict(codec.decode(codec.encode(m.VERDICT, m.pack_verdict(2, 7), 2, 0, i, 1,
                                                              True)).payload), budget_us)
     res["frame_verdict_signed"] = per_call_us(
-        lambda i: codec.decode(codec.encode(m.VERDICT, m.pack_verdict(100, 2, 7), 2, 0, i, 1, True, tx), rx),
+        lambda i: codec.decode(codec.encode(m.VERDICT, m.pack_verdict(2, 7), 2, 0, i, 1, True, tx), rx),
         budget_us)
     res["verify_greedy"] = per_call_us(lambda i: rule.verify_greedy([1, 2, 3, 4, 5], [1, 2, 3, 9]), budget_us)
     res["quantize_512"] = per_call_us(lambda i: rule.quantize(p_weights[i % (GAMMA + 1)]), budget_us)

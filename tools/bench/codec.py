@@ -8,11 +8,11 @@ by side. Rows: a VERIFY_REQ frame (γ = 4 drafts with q-hat top-k 8 or 32) packe
 unpacked on each link kind; a VERDICT frame plain and signed; the acceptance rule per verdict at
 vocab 512, γ = 4; the drafter's quantize_topk and the target's quantize per token.
 
-Wire bytes (exact, from the codec): per drafted token for the DRAFT body that carries it, on the
-stream link (':' + base64 + '\\n') and the datagram link (ESP-NOW packets, 250-byte MTU), for greedy
-(k = 1), k = 8 and k = 32. A host-orchestrated round moves each draft twice (DRAFT reply from the
-drafter, VERIFY_REQ to the verifier) plus DRAFT_REQ, VERDICT and COMMIT + ACK to both nodes
-(host/boards.py); `round_bytes` counts all of them for a round emitting γ + 1 tokens.
+Wire bytes (exact, from the codec): per drafted token for the DRAFT body that carries it, and per round
+on the host's link to each board (host/boards.py: DRAFT_REQ with the folded COMMIT + DRAFT; VERIFY_REQ
+with partial q-hat tables + VERDICT, and after a first rejection the rejected draft's whole table +
+VERDICT), on the stream link (':' + unpadded base64 + '\\n'), as ascii85-style lines for comparison,
+and on the datagram link (ESP-NOW packets, 250-byte MTU), for greedy (k = 1), k = 8 and k = 32.
 """
 
 from __future__ import annotations
@@ -62,32 +62,44 @@ def _stream_bytes(frame: bytes) -> int:
     return len(codec.encode_line(frame))
 
 
+def _base85_bytes(frame: bytes) -> int:
+    """The line an ascii85-style encoding would make of the frame (4 bytes in 5 digits, a last group of
+    n bytes in n + 1), with the same ':' and newline: the denser printable alternative to base64."""
+    n = len(frame)
+    return 2 + 5 * (n // 4) + (n % 4 + 1 if n % 4 else 0)
+
+
 def _datagram_bytes(frame: bytes) -> int:
     return sum(len(p) for p in codec.fragment(frame, 0))
 
 
 def wire_figures(gamma: int = GAMMA) -> dict:
-    """Exact bytes on each link kind, per drafted token and per round, by draft top-k."""
+    """Exact bytes on each link kind, per drafted token and per round (host/boards.py's messages), by
+    draft top-k: frames to the board at each link's end, so without addresses."""
+    pos = 1000
     out: dict = {}
+    plain = [codec.encode(m.VERIFY_REQ, m.pack_draft(pos, []), seq=1),
+             codec.encode(m.VERDICT, m.pack_verdict(0, 5), seq=1, reply=True)]
     for k in TOPKS:
-        ids = list(range(k))
-        weights = [ONE // k] * k
-        weights[0] += ONE - sum(weights)
-        entries = [(0, ids, weights)] * gamma
-        draft = codec.encode(m.DRAFT, m.pack_draft(1000, entries), 1, 0, 1, 1, True)
-        verify_req = codec.encode(m.VERIFY_REQ, m.pack_draft(1000, entries), 0, 2, 1, 1)
-        others = [codec.encode(m.DRAFT_REQ, m.pack_draft_req(1000, gamma), 0, 1, 1, 1),
-                  codec.encode(m.VERDICT, m.pack_verdict(1000, gamma, 5), 2, 0, 1, 1, True)]
-        for node in (1, 2):
-            others.append(codec.encode(m.COMMIT, m.pack_commit(1005, [5] * (gamma + 1)), 0, node, 2, 1))
-            others.append(codec.encode(m.ACK, b"", node, 0, 2, 1, True))
+        ids = list(range(3, 3 + 40 * k, 40))  # ids 40 apart, one heavy weight: a peaked q-hat like the drafter's
+        weights = [1 + 20 * j for j in range(k)]
+        weights[k // 2] += ONE - sum(weights)
+        entries = [(ids[k // 2], ids, weights)] * gamma
+        draft = codec.encode(m.DRAFT, m.pack_draft(pos, entries), seq=1, reply=True)
+        drafter = [codec.encode(m.DRAFT_REQ, m.pack_draft_req(pos, gamma, [5]), seq=1), draft]
+        verify = [codec.encode(m.VERIFY_REQ, m.pack_draft(pos, entries, partial=True), seq=2),
+                  codec.encode(m.VERDICT, m.pack_verdict(gamma, 5), seq=2, reply=True)]
+        table = [codec.encode(m.VERIFY_REQ, m.pack_draft(pos, entries[:1]), seq=3),
+                 codec.encode(m.VERDICT, m.pack_verdict(0, 5), seq=3, reply=True)] if k > 1 else []
         row = {"draft_frame_binary": len(draft)}
-        for link, size in (("stream", _stream_bytes), ("datagram", _datagram_bytes)):
+        for link, size in (("stream", _stream_bytes), ("base85", _base85_bytes), ("datagram", _datagram_bytes)):
             row[link + "_per_drafted_token"] = round(size(draft) / gamma, 1)
-            total = size(draft) + size(verify_req) + sum(size(f) for f in others)
-            row[link + "_round_bytes"] = total
-            row[link + "_per_token_all_accepted"] = round(total / (gamma + 1), 1)
+            row[link + "_drafter_round"] = sum(size(f) for f in drafter)
+            row[link + "_verifier_round_all_accepted"] = sum(size(f) for f in verify)
+            row[link + "_verifier_round_first_rejected"] = sum(size(f) for f in verify + table)
         out["greedy" if k == 1 else "k%d" % k] = row
+    out["plain_round"] = {link: sum(size(f) for f in plain) for link, size in (
+        ("stream", _stream_bytes), ("base85", _base85_bytes), ("datagram", _datagram_bytes))}
     out["signing_overhead_per_frame"] = codec.SIG_SIZE
     return out
 
@@ -120,14 +132,17 @@ def run() -> dict:
     if "micropython_error" in t:
         print("MicroPython not measured: " + t["micropython_error"])
     wire = wire_figures()
-    print("\nbus bytes, gamma = %d (stream: ':' + base64 + '\\n'; datagram: 250-byte ESP-NOW packets)" % GAMMA)
-    print("%-8s %10s %16s %18s %14s %16s" % ("q-hat", "DRAFT B", "stream B/draft", "datagram B/draft",
-                                             "stream B/round", "datagram B/round"))
+    print("\nbus bytes, gamma = %d (stream: ':' + unpadded base64 + '\\n'; base85: the same frames as ascii85-style"
+          " lines; datagram: 250-byte ESP-NOW packets)" % GAMMA)
+    print("%-8s %-10s %8s %10s %12s %20s %20s" % ("q-hat", "link", "DRAFT B", "B/draft", "drafter B/rd",
+                                                 "verifier B/rd, all ok", "verifier B/rd, 1st no"))
     for name in ("greedy", "k8", "k32"):
         w = wire[name]
-        print("%-8s %10d %16.1f %18.1f %14d %16d" % (name, w["draft_frame_binary"], w["stream_per_drafted_token"],
-                                                    w["datagram_per_drafted_token"], w["stream_round_bytes"],
-                                                    w["datagram_round_bytes"]))
-    print("a round moves each draft twice and emits 1..gamma+1 tokens; signing adds %d bytes per frame"
-          % codec.SIG_SIZE)
+        for link in ("stream", "base85", "datagram"):
+            print("%-8s %-10s %8d %10.1f %12d %20d %20d" % (
+                name, link, w["draft_frame_binary"], w[link + "_per_drafted_token"], w[link + "_drafter_round"],
+                w[link + "_verifier_round_all_accepted"], w[link + "_verifier_round_first_rejected"]))
+    print("plain decoding: %s bytes per token" % ", ".join("%s %d" % kv for kv in wire["plain_round"].items()))
+    print("a DRAFT carries whole q-hat tables, a VERIFY_REQ each draft's own weight, and the rejected draft's whole"
+          " table follows a PARTIAL verdict;\nsigning adds %d bytes per frame" % codec.SIG_SIZE)
     return {"timings_us": t, "wire_bytes": wire, "gamma": GAMMA, "vocab": _mp_codec.VOCAB}

@@ -93,17 +93,18 @@ def _drafter(mp: str, board: Path, model: str) -> dict:
         begin(node, 1, 7, 0.8, tokens, draft_k=8)
         before = node.stats()
         drafted, session = 0, 1
+        tail: list[int] = []
         t0 = time.perf_counter()
         while drafted < 200:
             if len(tokens) + 4 > ctx:  # a new story once the context is full
                 session += 1
                 tokens = list(range(1, 17))
+                tail = []
                 begin(node, session, 7, 0.8, tokens, draft_k=8)
-            _, entries = node.call(m.DRAFT_REQ, m.pack_draft_req(len(tokens), 4), expect=m.DRAFT)
+            _, entries = node.call(m.DRAFT_REQ, m.pack_draft_req(len(tokens), 4, tail), expect=m.DRAFT)
             drafted += len(entries)
-            new = [e[0] for e in entries[:3]] + [(entries[3][0] + 1) % 512]
-            tokens += new
-            commit(node, tokens, len(new))
+            tail = [(entries[3][0] + 1) % 512]  # accept 3, then a residual: committed by the next DRAFT_REQ
+            tokens += [e[0] for e in entries[:3]] + tail
         wall = time.perf_counter() - t0
         st = node.stats()
         comp = st["compute_ms"] - before["compute_ms"]
@@ -120,22 +121,18 @@ def _target(mp: str, board: Path, model: str) -> dict:
         tokens = list(range(1, 17))
         begin(node, 1, 3, 0.8, tokens)
         commit(node, tokens, 0)
-        node.call(m.VERIFY_REQ, m.pack_draft(len(tokens), []))  # prefill the prompt
+        tokens.append(node.call(m.VERIFY_REQ, m.pack_draft(len(tokens), []))[1])  # prefill the prompt
         st0 = node.stats()
         t0 = time.perf_counter()
-        for _ in range(24):
-            _, _, tok = node.call(m.VERIFY_REQ, m.pack_draft(len(tokens), []), expect=m.VERDICT)
-            tokens.append(tok)
-            commit(node, tokens, 1)
+        for _ in range(24):  # each verdict commits itself
+            tokens.append(node.call(m.VERIFY_REQ, m.pack_draft(len(tokens), []), expect=m.VERDICT)[1])
         wall = time.perf_counter() - t0
         st1 = node.stats()
         one = (st1["compute_ms"] - st0["compute_ms"]) / (st1["passes"] - st0["passes"])
         for _ in range(8):  # 4 drafts each: 5 positions per pass
             entries = [(t, [t], [65536]) for t in (5, 6, 7, 8)]
-            _, acc, tok = node.call(m.VERIFY_REQ, m.pack_draft(len(tokens), entries), expect=m.VERDICT)
-            new = [e[0] for e in entries[:acc]] + [tok]
-            tokens += new
-            commit(node, tokens, len(new))
+            acc, tok = node.call(m.VERIFY_REQ, m.pack_draft(len(tokens), entries), expect=m.VERDICT)
+            tokens += [e[0] for e in entries[:acc]] + [tok]
         st2 = node.stats()
         five = (st2["compute_ms"] - st1["compute_ms"]) / (st2["passes"] - st1["passes"])
         return {"plain_tokens_per_s": round(24 / wall, 2), "ms_per_pass_1": round(one, 1),

@@ -7,8 +7,8 @@ gamma (0: plain, no drafter); host/pipeline_projection.py replays every run on N
 target's 5 layers split evenly) over 921600-baud UART and over ESP-NOW behind a gateway, next to plain
 decoding on one ESP32-S3 that holds the whole target. `fits` says whether each stage of that split fits
 a classic ESP32's heap (its layers' weights + a 128-position KV cache + 16 KB of buffers and tables +
-the node's 16 KB reserve <= 110,536 bytes): only the 5-stage split does; the others are the model's
-arithmetic, not boards one can build.
+the node's 16 KB reserve <= the heap of host/boardclasses.py): only the 5-stage split does; the others
+are the model's arithmetic, not boards one can build.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
+from host.boardclasses import ESP32
 from host.cluster import split_layers
 from host.flash import STAGE_CTX
 from host.gamma import GammaController
@@ -29,14 +30,13 @@ ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
 NEW = 64
 GAMMAS = range(0, 9)
-ESP32_HEAP = 110_536
 STAGE_OVERHEAD = 16_384 + 16_384  # buffers and tables, then the node's reserve (firmware/node.py)
 
 
 def fits(h, layers) -> bool:
     """Whether every stage of the split fits a classic ESP32's heap (the module docstring's estimate)."""
     kv = 2 * STAGE_CTX * (h.kv_dim + 1)
-    return all(stage_bytes(h, a, b) + (b - a) * kv + STAGE_OVERHEAD <= ESP32_HEAP for a, b in layers)
+    return all(stage_bytes(h, a, b) + (b - a) * kv + STAGE_OVERHEAD <= ESP32.heap_bytes for a, b in layers)
 
 
 def run() -> dict:

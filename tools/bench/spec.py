@@ -9,8 +9,10 @@ gamma from measured costs), `fixed` (gamma = 4) and `auto@esp32s3` (gamma chosen
 ESP32-S3 costs), interleaved in a rotating order, REPEATS times each, keeping the fastest (other work on the host only ever
 adds time). Reported: wall-clock speed-up of each over plain (decode rate after the first round: it
 carries the prompt's prefill) with the 95% half-width of the per-prompt speed-ups, acceptance alpha,
-tokens per verification, the gamma chosen (most used), bus bytes per token (espnow: through a gateway
-board, 5% packet loss and 1% duplication on the virtual radio), and the
+tokens per verification, the gamma chosen (most used), bus bytes per committed token on the host's link
+to the verifier and to the drafter (espnow: through a gateway board, 5% packet loss and 1% duplication
+on the virtual radio; the verifier's bytes are those on the host's serial link), checked against the
+lean-bus goals (GOALS: plain decoding, greedy and sampled speculation at gamma 4), and the
 time-faithful projection of every run onto ESP32-S3 boards (host/projection.py). Greedy runs also
 check that every mode produced the very same tokens as plain. Models: models/*.spm when shipped, else
 random models of the shipped shapes (the table says which).
@@ -34,6 +36,11 @@ TEMPERATURES = (0.0, 0.8)
 MAX_TOKENS = 48
 FIXED_GAMMA = 4
 REPEATS = 5  # each (prompt, mode) runs this often, once in each position of the order; the fastest counts
+GOALS = (  # (what, temperature, mode, most bytes per committed token on the host-verifier link): issue 15
+    ("plain decoding", 0.0, "plain", 24),
+    ("greedy speculation, gamma 4", 0.0, "fixed", 12),
+    ("sampling, q-hat top 8, gamma 4", 0.8, "fixed", 40),
+)
 CONFIGS = {  # name: (drafter, verifier, transport, extra flags)
     "cpu": ("cpu", "cpu", "serial", []),
     "torch": ("cpu", "torch-cpu", "serial", []),
@@ -91,7 +98,8 @@ def bench_config(name: str, models: Path) -> list[dict]:
                     lossless &= all(r.tokens == runs["plain"].tokens for r in runs.values())
                 for mode, r in runs.items():
                     s = agg.setdefault(mode, {"wall": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "accepted": 0,
-                                              "rejected": 0, "bus": 0, "proj": 0.0, "proj_plain": 0.0, "gammas": {},
+                                              "rejected": 0, "bus": 0, "bus_v": 0, "bus_d": 0, "proj": 0.0,
+                                              "proj_plain": 0.0, "gammas": {},
                                               "steady_wall": 0.0, "steady_tokens": 0, "per_prompt": []})
                     pr = projector.project(r, len(prompt))
                     s["wall"] += r.wall_s
@@ -105,6 +113,8 @@ def bench_config(name: str, models: Path) -> list[dict]:
                     s["accepted"] += r.accepted
                     s["rejected"] += sum(x.rejected for x in r.rounds)
                     s["bus"] += r.bus_bytes
+                    s["bus_v"] += sum(x.bytes_verify for x in r.rounds)
+                    s["bus_d"] += sum(x.bytes_draft for x in r.rounds)
                     s["proj"] += pr["wall_s"]
                     s["proj_plain"] += pr["plain_wall_s"]
                     for g, c in r.gamma_hist.items():
@@ -125,6 +135,8 @@ def bench_config(name: str, models: Path) -> list[dict]:
                     "tokens_per_verification": s["tokens"] / max(1, s["rounds"]),
                     "gamma": max(s["gammas"], key=s["gammas"].get) if s["gammas"] else 0,
                     "bus_bytes_per_token": s["bus"] / n,
+                    "verifier_bytes_per_token": s["bus_v"] / n,
+                    "drafter_bytes_per_token": s["bus_d"] / n,
                     "projected_speedup_esp32s3": s["proj_plain"] / s["proj"] if s["proj"] else None,
                     "projected_tokens_per_s_esp32s3": s["tokens"] / s["proj"] if s["proj"] else None,
                     "greedy_identical_to_plain": lossless if temp == 0.0 else None,
@@ -173,19 +185,38 @@ def run() -> dict:
             skipped[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
     print("spec vs plain (the shipped models; %d prompts x %d tokens; same prompts and seeds per row group)"
           % (len(PROMPTS), MAX_TOKENS))
-    head = ("config", "T", "mode", "speed-up", "+-95%", "tok/s", "alpha", "tok/verif", "gamma", "bus B/tok",
-            "S3 proj tok/s", "S3 proj x", "greedy==plain")
-    print("%-8s %4s %-13s %8s %6s %8s %6s %9s %5s %9s %13s %9s %13s" % head)
+    head = ("config", "T", "mode", "speed-up", "+-95%", "tok/s", "alpha", "tok/verif", "gamma", "verif B/tok",
+            "draft B/tok", "S3 proj tok/s", "S3 proj x", "greedy==plain")
+    print("%-8s %4s %-13s %8s %6s %8s %6s %9s %5s %11s %11s %13s %9s %13s" % head)
     for r in rows:
-        print("%-8s %4.1f %-13s %8s %6s %8s %6s %9s %5s %9s %13s %9s %13s" % (
+        print("%-8s %4.1f %-13s %8s %6s %8s %6s %9s %5s %11s %11s %13s %9s %13s" % (
             r["config"], r["temperature"], r["mode"], _f(r["speedup"]), _f(r["speedup_ci95"]),
             _f(r["tokens_per_s"], "%.1f"),
-            _f(r["alpha"]), _f(r["tokens_per_verification"]), r["gamma"], _f(r["bus_bytes_per_token"], "%.0f"),
-            _f(r["projected_tokens_per_s_esp32s3"], "%.1f"), _f(r["projected_speedup_esp32s3"]),
-            _f(r["greedy_identical_to_plain"])))
+            _f(r["alpha"]), _f(r["tokens_per_verification"]), r["gamma"], _f(r["verifier_bytes_per_token"], "%.1f"),
+            _f(r["drafter_bytes_per_token"], "%.1f"), _f(r["projected_tokens_per_s_esp32s3"], "%.1f"),
+            _f(r["projected_speedup_esp32s3"]), _f(r["greedy_identical_to_plain"])))
+    goals = bus_goals(rows)
+    if goals:
+        print("\nbus bytes per committed token on the host-verifier link against the lean-bus goals (issue 15)")
+        for g in goals:
+            print("%-8s %-32s %6.1f <= %2d  %s" % (g["config"], g["what"], g["bytes_per_token"], g["goal"],
+                                                  "met" if g["met"] else "MISSED"))
     for name, why in skipped.items():
         print("skipped %s: %s" % (name, why))
-    return {"rows": rows, "skipped": skipped}
+    return {"rows": rows, "skipped": skipped, "bus_goals": goals}
+
+
+def bus_goals(rows: list[dict]) -> list[dict]:
+    """Each bus configuration's host-verifier bytes per committed token against GOALS."""
+    out = []
+    for r in rows:
+        if not r["verifier_bytes_per_token"]:
+            continue  # an in-process verifier: no bus
+        for what, temp, mode, goal in GOALS:
+            if (r["temperature"], r["mode"]) == (temp, mode):
+                out.append({"config": r["config"], "what": what, "bytes_per_token": r["verifier_bytes_per_token"],
+                            "goal": goal, "met": r["verifier_bytes_per_token"] <= goal})
+    return out
 
 
 if __name__ == "__main__":
