@@ -34,7 +34,7 @@ Arithmetic: docs/CONTRACTS.md section 4, all integer: Q16 activations, matmul in
 by a per-row power-of-two shift, int8 weights with per-row 14-bit multipliers and shifts, RMSNorm by an
 integer inverse square root, RoPE and exp (sigmoid too) from integer tables (shared/intmath.py), an int8
 KV cache whose rows carry their power-of-two shift in one extra byte. Kernels: `kernels.py` (viper) or
-`refkernels.py` (plain Python), identical integers. host/intengine.py computes the same with numpy or
+`refkernels.py` (plain Python), identical integers. host/backends/arraymath.py computes the same with numpy or
 torch. Bounds (int32 on 32-bit boards): matmul sums 127 * 32767 * cols, so cols <= 516 and
 head size <= 516 (checked at load); activations below 2^14 in Q16 (real values below 16384).
 """

@@ -1,7 +1,7 @@
 """The board classes: each class's memory facts (MicroPython heap, PSRAM, filesystem), with sources.
 
 The one registry the emulator (host/emulator/board.py sizes a virtual board from it), cluster start-up
-(`ROLE_CLASS`: the class a role's virtual board is), the projection's cost figures (host/hardware.py,
+(`ROLE_CLASS`: the class a role's virtual board is), the projection's cost figures (host/decode/hardware.py,
 keyed by these names) and the tests read; a class's heap is its one `heap_bytes` line here.
 """
 

@@ -1,12 +1,12 @@
-"""Faults on every link and boards that die or reboot mid-generation (host/faults.py, host/chaos.py):
+"""Faults on every link and boards that die or reboot mid-generation (host/bus/faults.py, host/cli/chaos.py):
 the text equals the fault-free text, nothing is lost or duplicated, and the recoveries are counted."""
 
 import time
 
 import pytest
 
-from host.chaos import CASES, PROFILES, ROOT, compare, reference, run_case
-from host.faults import Faults, FaultyLink
+from host.bus.faults import Faults, FaultyLink
+from host.cli.chaos import CASES, PROFILES, ROOT, compare, reference, run_case
 from shared.codec import CodecError, decode, encode
 
 MODELS = ROOT / "models"
@@ -116,8 +116,8 @@ def test_faulty_link_delays_run_on_timers():
 
 def test_a_link_that_cannot_be_written_fails_the_call_at_once():
     """A board that died under a write (its pty or USB port gone) is a failed call, not a 30 s wait."""
-    from host.links import LinkError
-    from host.proxy import Bus, NodeTimeout
+    from host.bus.links import LinkError
+    from host.bus.proxy import Bus, NodeTimeout
 
     class Dead(_Wire):
         def send(self, frame: bytes) -> None:

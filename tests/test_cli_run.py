@@ -1,4 +1,4 @@
-"""`specmesh run` (host/runner.py, host/output.py) with the CPU back-ends: the stats JSON contract,
+"""`specmesh run` (host/cli/run.py, host/cli/output.py) with the CPU back-ends: the stats JSON contract,
 plain vs speculative text, the projection, colour, and one-line errors with exit status 2."""
 
 import io
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from host import cli
-from host.output import GREEN, REQUIRED_KEYS, TokenStream
-from host.runner import add_arguments, run
+from host.cli.output import GREEN, REQUIRED_KEYS, TokenStream
+from host.cli.run import add_arguments, run
 from tools.testmodels import random_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,7 +76,7 @@ def test_projection_reports_projected_speed(models):
 
 
 def test_the_table_leaves_out_figures_from_too_few_samples_and_says_why_the_run_stopped(models):
-    from host.output import FEW, format_table
+    from host.cli.output import FEW, format_table
 
     few = run(args(models, "--max-tokens", "8", "--quiet", "--gamma", "1"), io.StringIO())
     few["alpha_tested"] = FEW - 1
@@ -156,7 +156,7 @@ def test_unknown_flag_is_an_argparse_error(capsys):
 
 
 def test_auto_without_boards_says_how_to_flash(models, capsys):
-    from host.ports import esp_ports
+    from host.bus.ports import esp_ports
 
     if esp_ports():
         pytest.skip("ESP32 boards are attached here")
@@ -207,11 +207,11 @@ def test_a_verifier_failing_mid_stream_fails_over_to_the_cpu_and_the_text_goes_o
 
 def test_host_works_without_torch_and_says_how_to_install_it(models):
     """Runs wherever PyTorch is absent or blocked: the torch back-ends refuse with the install hint."""
-    from host.torch_backend import INSTALL_HINT
+    from host.backends.torch_backend import INSTALL_HINT
 
     code = ("import sys; sys.modules['torch'] = None\n"
             "from host.backends import VERIFIERS, BackendError\n"
-            "import host.cli, host.orchestrator, host.torch_backend\n"
+            "import host.cli, host.decode.orchestrator, host.backends.torch_backend\n"
             "for name in ('torch-cpu', 'gpu'):\n"
             "    try:\n"
             "        VERIFIERS[name](%r)\n"

@@ -10,7 +10,7 @@ import pytest
 
 from emulator_util import mpremote, open_port, read_until
 from host.boardclasses import BOARD_CLASSES
-from host.flash import ROOT
+from host.provision.flash import ROOT
 
 
 def test_friendly_repl_over_the_pty(virtual_board):

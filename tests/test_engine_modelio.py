@@ -1,9 +1,9 @@
-"""Model file round trip and refusal of broken files (host/modelio.py)."""
+"""Model file round trip and refusal of broken files (host/backends/modelio.py)."""
 
 import numpy as np
 import pytest
 
-from host.modelio import QTensor, quantize_rows, read_model, write_model
+from host.backends.modelio import QTensor, quantize_rows, read_model, write_model
 from shared.modelfile import FLAG_SHARED_CLS, HEADER_SIZE, Header, ModelFileError, tensor_layout
 from tools.testmodels import random_model, random_tensors
 

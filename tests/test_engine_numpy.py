@@ -1,4 +1,4 @@
-"""The numpy engine (host/engine.py over host/arraymath.py): integer steps against float maths and
+"""The numpy engine (host/backends/engine.py over host/backends/arraymath.py): integer steps against float maths and
 against the scalar definitions in shared/intmath.py, batched passes, KV cache, rollback, tables."""
 
 import math
@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from host import arraymath as am
-from host.engine import EXP_TABLE, Engine, argmax, target_table, to_float
-from host.modelio import quantize_rows
+from host.backends import arraymath as am
+from host.backends.engine import EXP_TABLE, Engine, argmax, target_table, to_float
+from host.backends.modelio import quantize_rows
 from shared import intmath
 from shared.modelfile import FLAG_SHARED_CLS, Header, float32_bits
 from shared.rule import ONE

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from host.boardclasses import ESP32, ESP32S3
-from host.flash import STAGE_CTX
+from host.provision.flash import STAGE_CTX
 from shared import messages as m
 from tools.nodeproc import NodeProc, begin, code_heap, flash, shipped_model
 
@@ -85,7 +85,7 @@ def test_each_stage_of_the_target_runs_in_a_classic_esp32_heap(micropython, boar
     through the host (each stage's output is the next one's input): 160 positions, one per request as the
     wavefront sends them, and the last stage's greedy tokens equal the numpy engine's argmax; then a sampled
     session whose per-position answers (draft judged, or token drawn) equal the host's rule on numpy logits."""
-    from host.engine import Engine, argmax, target_table
+    from host.backends.engine import Engine, argmax, target_table
     from shared import prng, rule
 
     model = shipped_model("target")

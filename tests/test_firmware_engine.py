@@ -12,7 +12,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from host.engine import EXP_TABLE, Engine, argmax
+from host.backends.engine import EXP_TABLE, Engine, argmax
 from shared import prng, rule, sampling
 from tests.conftest import ROOT
 from shared.modelfile import FLAG_SHARED_CLS

@@ -8,8 +8,8 @@ import pytest
 
 from emulator_util import mpremote, open_port, read_until
 from host import cli
-from host.flash import ROOT, BoardInfo, FlashError, check_board, flash, node_sources
-from host.ports import PortError, resolve_port
+from host.bus.ports import PortError, resolve_port
+from host.provision.flash import ROOT, BoardInfo, FlashError, check_board, flash, node_sources
 from tools.testmodels import random_model
 
 ECHO_MAIN = (
@@ -55,7 +55,7 @@ def test_flash_copies_verifies_and_starts_the_node(virtual_board, tiny_node):
 
 
 def test_flashed_firmware_node_answers(virtual_board, tmp_path):
-    from host.cluster import _open, discover
+    from host.provision.cluster import _open, discover
 
     vb = virtual_board()
     model = ROOT / "models" / "drafter.spm"
@@ -141,7 +141,7 @@ def test_cli_flash_reports_errors_in_one_line(capsys, tmp_path):
                                             (["--role", "stage", "--layers", "4:6"], "not a slice of the model's 5")])
 def test_cli_flash_stage_layers_are_checked_in_one_line(capsys, tmp_path, monkeypatch, extra, message):
     """Checked before the board is touched (the port "exists" here, but no board is ever opened)."""
-    from host import flash as flash_mod
+    from host.provision import flash as flash_mod
 
     monkeypatch.setattr(flash_mod.ports, "exists", lambda port: True)
     monkeypatch.setattr(flash_mod, "open_board", lambda port: pytest.fail("the board was opened"))

@@ -1,11 +1,11 @@
-"""gamma choice (host/gamma.py): the expected-tokens formula, the cost fits, and the controller's choices
+"""gamma choice (host/decode/gamma.py): the expected-tokens formula, the cost fits, and the controller's choices
 in simulated streams whose acceptance and costs are known."""
 
 import random
 
 import pytest
 
-from host.gamma import PROBES, GammaController, LinearFit, expected_tokens
+from host.decode.gamma import PROBES, GammaController, LinearFit, expected_tokens
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.99])

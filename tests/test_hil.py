@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
-from host.chaos import soft_reset
-from host.cluster import connect
-from host.flash import flash
-from host.gamma import GammaController
-from host.orchestrator import generate
-from host.tokenizer import Tokenizer
+from host.cli.chaos import soft_reset
+from host.decode.gamma import GammaController
+from host.decode.orchestrator import generate
+from host.decode.tokenizer import Tokenizer
+from host.provision.cluster import connect
+from host.provision.flash import flash
 from shared import messages as m
 
 MODELS = Path(__file__).resolve().parent.parent / "models"

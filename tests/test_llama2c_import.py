@@ -7,8 +7,8 @@ import struct
 import numpy as np
 import pytest
 
-from host.engine import Engine, to_float
-from host.tokenizer import Tokenizer, read_llama2c_tokenizer
+from host.backends.engine import Engine, to_float
+from host.decode.tokenizer import Tokenizer, read_llama2c_tokenizer
 from shared.modelfile import FLAG_SHARED_CLS
 from tools import llama2c_import as imp
 

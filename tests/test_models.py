@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from host.engine import Engine, to_float
-from host.modelio import read_model, write_model
-from host.tokenizer import BOS, Tokenizer, TokenizerError, pack_vocab, read_llama2c_tokenizer, unpack_vocab, vocab_id
+from host.backends.engine import Engine, to_float
+from host.backends.modelio import read_model, write_model
+from host.decode.tokenizer import (BOS, Tokenizer, TokenizerError, pack_vocab, read_llama2c_tokenizer, unpack_vocab,
+                                   vocab_id)
 from shared.modelfile import HEADER_SIZE, ModelFileError, tensor_layout
 
 MODELS = Path(__file__).resolve().parent.parent / "models"

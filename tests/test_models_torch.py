@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="no PyTorch (the gpu extra): `make test-torch` runs these")
 
-from host.engine import Engine, to_float  # noqa: E402
+from host.backends.engine import Engine, to_float  # noqa: E402
 from tools.export import export_model  # noqa: E402
 from tools.modeldefs import ModelArgs, Transformer  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The decode loop (host/orchestrator.py) with the local numpy back-ends (host/backends.py):
+"""The decode loop (host/decode/orchestrator.py) with the local numpy back-ends (host/backends/__init__.py):
 greedy speculative output equals plain output, sampling is reproducible, stops are honoured."""
 
 import random
@@ -7,8 +7,8 @@ import pytest
 
 from host.backends import (Draft, LocalDrafter, LocalVerifier, SessionParams, temp_milli, temperature_from_milli,
                            top_p_q16)
-from host.gamma import GammaController
-from host.orchestrator import generate
+from host.decode.gamma import GammaController
+from host.decode.orchestrator import generate
 from tools.testmodels import random_model
 
 VOCAB = 64

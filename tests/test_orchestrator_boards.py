@@ -1,4 +1,4 @@
-"""The decode loop with virtual boards (real MicroPython VMs flashed with the node, host/cluster.py):
+"""The decode loop with virtual boards (real MicroPython VMs flashed with the node, host/provision/cluster.py):
 greedy speculative output equals plain output and the CPU verifier's; sampling is reproducible;
 ESP-NOW through a gateway with 5% loss and 1% duplication gives the serial transport's text."""
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.cluster import Cluster
-from host.gamma import GammaController
-from host.orchestrator import generate
+from host.decode.gamma import GammaController
+from host.decode.orchestrator import generate
+from host.provision.cluster import Cluster
 from tools.testmodels import random_pair
 
 VOCAB = 64
@@ -58,7 +58,7 @@ def test_greedy_virtual_boards_equal_plain_and_the_cpu_verifier_for_20_prompts(s
 
 @pytest.mark.slow
 def test_greedy_virtual_boards_with_the_shipped_models(tmp_path):
-    from host.tokenizer import Tokenizer
+    from host.decode.tokenizer import Tokenizer
 
     models = ROOT / "models"
     tok = Tokenizer.from_llama2c(models / "tokenizer.bin")
@@ -119,7 +119,7 @@ def test_real_boards_greedy_equals_plain():
     """SPECMESH_PORTS=DRAFTER_PORT,VERIFIER_PORT: boards flashed with `specmesh flash --role ...`."""
     import os
 
-    from host.cluster import connect
+    from host.provision.cluster import connect
 
     ports = os.environ.get("SPECMESH_PORTS", "").split(",")
     if len(ports) != 2 or not all(ports):
@@ -160,7 +160,7 @@ def test_a_board_whose_model_fails_to_load_is_reported_with_the_cause(models, tm
     names that cause and how to reflash the port, rather than calling the board 'not flashed'."""
     from emulator_util import mpremote
     from host.backends import BackendError
-    from host.cluster import connect
+    from host.provision.cluster import connect
 
     with Cluster("serial", models, tmp_path) as c:
         vb = c.start("verifier")
@@ -184,7 +184,7 @@ def test_booting_and_flashing_say_what_they_do_and_skip_an_up_to_date_board(mode
         with Cluster("serial", models, tmp_path, say=lines.append) as c:
             c.start("drafter")
         said.append(lines)
-    from host.flash import node_sources
+    from host.provision.flash import node_sources
 
     files = len(list(node_sources())) + 2  # the node's files, the model and the board config
     first, again = said
@@ -195,9 +195,9 @@ def test_booting_and_flashing_say_what_they_do_and_skip_an_up_to_date_board(mode
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_projected_bus_bytes_are_the_measured_ones_round_by_round(serial_boards, models, temperature):
-    """host/projection.py's byte model against the bytes the host's links carried, per round and per link
+    """host/decode/projection.py's byte model against the bytes the host's links carried, per round and per link
     (the first round also collects BEGIN's ACK, so it is left out); a plain round is 22 bytes."""
-    from host.projection import Projector  # noqa: PLC0415
+    from host.decode.projection import Projector  # noqa: PLC0415
     from shared.modelfile import parse_header  # noqa: PLC0415
 
     verifier, drafter = serial_boards

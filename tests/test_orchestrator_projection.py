@@ -1,13 +1,13 @@
-"""Time-faithful projection (host/projection.py, host/hardware.py): message sizes from the real codec,
+"""Time-faithful projection (host/decode/projection.py, host/decode/hardware.py): message sizes from the real codec,
 MAC counts from the model layout, and a plain run projecting to exactly the plain baseline."""
 
 import pytest
 
-from host.costmodel import TERMS
-from host.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, sources
-from host.orchestrator import Result, Round
-from host.projection import (PLAIN_BODY, VERDICT_BODY, Projector, draft_entries, line_bytes, macs_per_position,
-                             stage_body, stage_reply_body, weight_bytes)
+from host.decode.costmodel import TERMS
+from host.decode.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, sources
+from host.decode.orchestrator import Result, Round
+from host.decode.projection import (PLAIN_BODY, VERDICT_BODY, Projector, draft_entries, line_bytes, macs_per_position,
+                                    stage_body, stage_reply_body, weight_bytes)
 from shared import messages as m
 from shared.codec import encode, encode_line
 from shared.modelfile import FLAG_SHARED_CLS, KIND_Q8, Header, body_size, tensor_layout

@@ -1,5 +1,5 @@
 """The chip proxy over a real serial device (a pty): retransmission after loss, duplicate replies
-ignored, ERROR replies and silence turned into one-line exceptions (host/proxy.py, host/links.py)."""
+ignored, ERROR replies and silence turned into one-line exceptions (host/bus/proxy.py, host/bus/links.py)."""
 
 import os
 import threading
@@ -7,8 +7,8 @@ import tty
 
 import pytest
 
-from host.links import LinkError, SerialLink
-from host.proxy import Bus, NodeError, NodeTimeout, Proxy
+from host.bus.links import LinkError, SerialLink
+from host.bus.proxy import Bus, NodeError, NodeTimeout, Proxy
 from shared import messages as m
 from shared.codec import StreamDecoder, encode, encode_line
 

@@ -1,4 +1,4 @@
-"""The pipeline verifier (host/pipeline.py) on virtual boards: the shipped target on 5 stage boards (classic
+"""The pipeline verifier (host/backends/pipeline.py) on virtual boards: the shipped target on 5 stage boards (classic
 ESP32s, one layer each) and the shipped drafter, against a single verifier.
 
 Lossless: greedy output equals plain decoding on one verifier, speculative or not; a seeded sampled run
@@ -10,11 +10,11 @@ with one line naming it. The single verifier is the host's numpy engine, bit-ide
 import pytest
 
 from host.backends import BackendError, LocalVerifier, SessionParams
-from host.cluster import Cluster, split_layers
-from host.gamma import GammaController
-from host.orchestrator import generate
-from host.runner import UsageError, add_arguments, check_args
-from host.tokenizer import Tokenizer
+from host.cli.run import UsageError, add_arguments, check_args
+from host.decode.gamma import GammaController
+from host.decode.orchestrator import generate
+from host.decode.tokenizer import Tokenizer
+from host.provision.cluster import Cluster, split_layers
 from shared import messages as m
 from tests.conftest import ROOT
 

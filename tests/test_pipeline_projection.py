@@ -1,16 +1,16 @@
-"""The pipeline projection (host/pipeline_projection.py): the wavefront's discrete-event model, the stage
+"""The pipeline projection (host/decode/pipeline_projection.py): the wavefront's discrete-event model, the stage
 costs it is built from (Projector.forward over a layer slice), and the stats it reports."""
 
 import pytest
 
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.cluster import split_layers
-from host.gamma import GammaController
-from host.hardware import UART_921600
-from host.orchestrator import Round, generate
-from host.pipeline_projection import PipelineProjector, judged
-from host.projection import Projector, stage_body, stage_reply_body
-from host.tokenizer import Tokenizer
+from host.decode.gamma import GammaController
+from host.decode.hardware import UART_921600
+from host.decode.orchestrator import Round, generate
+from host.decode.pipeline_projection import PipelineProjector, judged
+from host.decode.projection import Projector, stage_body, stage_reply_body
+from host.decode.tokenizer import Tokenizer
+from host.provision.cluster import split_layers
 from shared.modelfile import HEADER_SIZE, parse_header
 from tests.conftest import ROOT
 
@@ -85,10 +85,10 @@ def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(h
     """build_stats with a pipeline verifier (its stage boards stubbed): the keys scripts read."""
     import argparse
 
-    from host.output import format_table
-    from host.pipeline import PipelineVerifier, RoundTrace
-    from host.pipeline_projection import LinksReport
-    from host.runner import build_stats
+    from host.backends.pipeline import PipelineVerifier, RoundTrace
+    from host.cli.output import format_table
+    from host.cli.run import build_stats
+    from host.decode.pipeline_projection import LinksReport
 
     class Stage:
         name, max_seq, bus_bytes = "stub", 128, 0

@@ -1,4 +1,4 @@
-"""Checks before anything starts (host/preflight.py, `specmesh emulate` flags): a corrupt model, an
+"""Checks before anything starts (host/cli/preflight.py, `specmesh emulate` flags): a corrupt model, an
 over-long prompt, a missing port, emulator flags out of range. Each is one line on stderr, exit status 2,
 within a second, and no virtual board is started (the default back-ends are virtual boards)."""
 
@@ -74,7 +74,7 @@ def test_an_over_long_prompt_is_refused_before_the_boards_start(models, capsys, 
 
 def test_only_the_targets_context_limits_the_prompt(models, capsys):
     """Past the drafter's context (32) rounds are plain: a prompt of 32..63 tokens runs."""
-    from host.tokenizer import Tokenizer
+    from host.decode.tokenizer import Tokenizer
 
     prompt = "Once upon a time " * 9
     n = len(Tokenizer.from_llama2c(models / "tokenizer.bin").encode(prompt))

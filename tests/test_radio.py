@@ -8,7 +8,7 @@ import time
 
 from emulator_util import MPREMOTE, mpremote
 from host.emulator.radio import RadioConfig, RadioHub
-from host.flash import ROOT, flash
+from host.provision.flash import ROOT, flash
 from tools.testmodels import random_model
 
 A, B = "02:53:4d:00:00:01", "02:53:4d:00:00:02"

@@ -1,12 +1,12 @@
 """Drafter and verifier nodes under the real `micropython` binary, checked against the numpy reference
-engine (host/engine.py) and the shared acceptance rule computed here, through commits and rollbacks."""
+engine (host/backends/engine.py) and the shared acceptance rule computed here, through commits and rollbacks."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from host.engine import Engine, draft_table, target_table
+from host.backends.engine import Engine, draft_table, target_table
 from tools.nodeproc import NodeProc, begin, commit, generate
 from shared import messages as m
 from shared import rule

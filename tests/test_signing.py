@@ -11,12 +11,12 @@ import pytest
 
 from host import cli
 from host.backends import SessionParams
-from host.cluster import Cluster, _backend, _open
-from host.gamma import GammaController
-from host.keys import KeyFileError, load_key, new_key_file
-from host.orchestrator import generate
-from host.links import SerialLink
-from host.proxy import Bus, HostAuth, NodeError, NodeTimeout
+from host.bus.links import SerialLink
+from host.bus.proxy import Bus, HostAuth, NodeError, NodeTimeout
+from host.decode.gamma import GammaController
+from host.decode.orchestrator import generate
+from host.provision.cluster import Cluster, _backend, _open
+from host.provision.keys import KeyFileError, load_key, new_key_file
 from shared import codec
 from shared import messages as m
 from tools.nodeproc import NodeProc, seq_of

@@ -1,7 +1,7 @@
 """Pipeline stages of the firmware engine (layers [a, b) each) under the real micropython binary.
 
 A chain of stages, each handing its residual stream to the next exactly, gives the full model's logits
-bit for bit: compared with the numpy engine (host/arraymath.py) on held-out text of the shipped target,
+bit for bit: compared with the numpy engine (host/backends/arraymath.py) on held-out text of the shipped target,
 for several splits, one and several positions per pass, and a greedy continuation. docs/pipeline.md.
 """
 

@@ -1,7 +1,7 @@
-"""The torch verifier (host/torch_backend.py, host/batcher.py) against the numpy reference engine.
+"""The torch verifier (host/backends/torch_backend.py, host/backends/batcher.py) against the numpy reference engine.
 
-Parity: the logits are bit-identical to host/engine.py's on the CPU and on CUDA (`-m gpu`): both are
-host/arraymath.py's integer arithmetic (docs/CONTRACTS.md section 4), exact in any summation order,
+Parity: the logits are bit-identical to host/backends/engine.py's on the CPU and on CUDA (`-m gpu`): both are
+host/backends/arraymath.py's integer arithmetic (docs/CONTRACTS.md section 4), exact in any summation order,
 so greedy tokens are identical too.
 """
 
@@ -15,14 +15,14 @@ import pytest
 torch = pytest.importorskip("torch", reason="no PyTorch (the gpu extra): `make test-torch` runs these")
 
 from host.backends import VERIFIERS, BackendError, LocalDrafter, LocalVerifier, SessionParams  # noqa: E402
-from host.batcher import Batcher  # noqa: E402
-from host.arraymath import Mat, Xp  # noqa: E402
-from host.engine import Engine  # noqa: E402
-from host.gamma import GammaController  # noqa: E402
-from host.modelio import quantize_rows  # noqa: E402
-from host.orchestrator import generate  # noqa: E402
-from host.runner import cli  # noqa: E402
-from host.torch_backend import TorchModel, TorchVerifier, TorchXp  # noqa: E402
+from host.backends.arraymath import Mat, Xp  # noqa: E402
+from host.backends.batcher import Batcher  # noqa: E402
+from host.backends.engine import Engine  # noqa: E402
+from host.backends.modelio import quantize_rows  # noqa: E402
+from host.backends.torch_backend import TorchModel, TorchVerifier, TorchXp  # noqa: E402
+from host.cli.run import cli  # noqa: E402
+from host.decode.gamma import GammaController  # noqa: E402
+from host.decode.orchestrator import generate  # noqa: E402
 from shared.modelfile import FLAG_SHARED_CLS  # noqa: E402
 from tools.testmodels import random_model  # noqa: E402
 

@@ -10,11 +10,11 @@ import pytest
 pytest.importorskip("torch", reason="no PyTorch (the gpu extra): `make test-torch` runs these")
 
 from host.backends import SessionParams  # noqa: E402
-from host.batcher import Batcher  # noqa: E402
-from host.cluster import Cluster  # noqa: E402
-from host.gamma import GammaController  # noqa: E402
-from host.orchestrator import generate  # noqa: E402
-from host.torch_backend import TorchModel, TorchVerifier  # noqa: E402
+from host.backends.batcher import Batcher  # noqa: E402
+from host.backends.torch_backend import TorchModel, TorchVerifier  # noqa: E402
+from host.decode.gamma import GammaController  # noqa: E402
+from host.decode.orchestrator import generate  # noqa: E402
+from host.provision.cluster import Cluster  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -1,7 +1,7 @@
 """Export float models to specmesh model files (int8 per row) plus their reference outputs.
 
 A model comes from a distillation checkpoint (`tools/train.py`, `.pt`) or a llama2.c checkpoint (`.bin`,
-as stories260K, the target, was imported once). models/<name>.spm is written with host/modelio.py; the
+as stories260K, the target, was imported once). models/<name>.spm is written with host/backends/modelio.py; the
 header's tokenizer id is the CRC-32 of models/vocab.bin. models/reference.npz keeps, for each exported
 model, the float model's outputs on held-out stories (models/heldout.txt), so tests and the model card
 check the int8 engines against the float model without PyTorch or the float checkpoint:
@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from host.modelio import write_model
-from host.tokenizer import Tokenizer, vocab_id
+from host.backends.modelio import write_model
+from host.decode.tokenizer import Tokenizer, vocab_id
 from shared.modelfile import FLAG_SHARED_CLS, Header
 from tools.llama2c_import import read_checkpoint
 from tools.modeldefs import ModelArgs, Transformer, export_tensors, from_tensors

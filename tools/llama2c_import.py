@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from host.modelio import write_model
-from host.tokenizer import TokenizerError, byte_pieces, pack_vocab, read_llama2c_tokenizer, vocab_id
+from host.backends.modelio import write_model
+from host.decode.tokenizer import TokenizerError, byte_pieces, pack_vocab, read_llama2c_tokenizer, vocab_id
 from shared.modelfile import FLAG_SHARED_CLS, Header, ModelFileError
 
 AK42 = 0x616B3432

@@ -1,11 +1,11 @@
 """Measure the figures of models/MODEL_CARD.md (printed and saved as JSON).
 
 Figures: parameters, file bytes, int8 KV-cache bytes, held-out loss of the float model (saved in
-models/reference.npz at export) and of the int8 file (numpy engine, host/engine.py) on the same
+models/reference.npz at export) and of the int8 file (numpy engine, host/backends/engine.py) on the same
 held-out stories; speculative-decoding acceptance at gamma = 4, temperature 0 and 1, q-hat = the
 drafter's top 8: held-out stories (models/heldout.txt, from story 128 on: no model trained on them and
 no checkpoint was selected with them), their first 16 tokens as the prompt, decoded by
-host/orchestrator.py with both int8 engines and the shared acceptance rule; alpha per draft position.
+host/decode/orchestrator.py with both int8 engines and the shared acceptance rule; alpha per draft position.
 With --variants, every drafter checkpoint tried (tools/train.py's best.pt) is exported to a scratch
 file and measured the same way, for the table of variants.
 
@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.engine import Engine, to_float
-from host.gamma import GammaController
-from host.orchestrator import generate
-from host.tokenizer import Tokenizer
+from host.backends.engine import Engine, to_float
+from host.decode.gamma import GammaController
+from host.decode.orchestrator import generate
+from host.decode.tokenizer import Tokenizer
 from shared.modelfile import tensor_layout
 
 GAMMA = 4
@@ -104,7 +104,7 @@ def describe(h) -> str:
 def variant(ck: Path, models: Path, prompts: list[list[int]], new: int) -> dict:
     """Export one drafter checkpoint to a scratch file and measure it against the shipped target."""
     from tools.export import export_model, load_float  # noqa: PLC0415 - needs torch, only for variants
-    from host.tokenizer import vocab_id  # noqa: PLC0415
+    from host.decode.tokenizer import vocab_id  # noqa: PLC0415
 
     summary = json.loads((ck / "summary.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from host.modelio import read_model
-from host.tokenizer import BOS
+from host.backends.modelio import read_model
+from host.decode.tokenizer import BOS
 from shared.modelfile import FLAG_SHARED_CLS
 
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from host.backends import temp_milli, top_p_q16
-from host.flash import build
+from host.provision.flash import build
 from shared import codec
 from shared import messages as m
 
@@ -30,7 +30,7 @@ class NodeFailure(AssertionError):
 
 
 def flash(board_dir: Path, march: str = "x64") -> None:
-    """Lay the node out in `board_dir` as host/flash.py lays it out on a board: main.py as source, every
+    """Lay the node out in `board_dir` as host/provision/flash.py lays it out on a board: main.py as source, every
     other firmware/ and shared/ module precompiled by mpy-cross (no compiler RAM needed at import)."""
     for dest, local in build(march, board_dir).items():
         if not local.is_relative_to(board_dir):  # kept as source: copied as it is

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from host.modelio import write_model
+from host.backends.modelio import write_model
 from shared.modelfile import KIND_Q8, Header, tensor_layout
 
 

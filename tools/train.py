@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from host.tokenizer import Tokenizer
+from host.decode.tokenizer import Tokenizer
 from tools.modelcard import heldout_stories
 from tools.modeldefs import DRAFTERS, Transformer, from_model_file
 

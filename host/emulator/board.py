@@ -32,7 +32,7 @@ from functools import cache
 from pathlib import Path
 
 from host.boardclasses import BoardClass, board_class
-from host.flash import compile_py
+from host.provision.flash import compile_py
 
 MPY_DIR = Path(__file__).with_name("mpy")
 EXIT_SOFT, EXIT_SOFT_RAW, EXIT_HARD = 64, 65, 66  # must match _vboard.py

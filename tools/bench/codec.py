@@ -9,7 +9,7 @@ unpacked on each link kind; a VERDICT frame plain and signed; the acceptance rul
 vocab 512, γ = 4; the drafter's quantize_topk and the target's quantize per token.
 
 Wire bytes (exact, from the codec): per drafted token for the DRAFT body that carries it, and per round
-on the host's link to each board (host/boards.py: DRAFT_REQ with the folded COMMIT + DRAFT; VERIFY_REQ
+on the host's link to each board (host/backends/board.py: DRAFT_REQ with the folded COMMIT + DRAFT; VERIFY_REQ
 with partial q-hat tables + VERDICT, and after a first rejection the rejected draft's whole table +
 VERDICT), on the stream link (':' + unpadded base64 + '\\n'), as ascii85-style lines for comparison,
 and on the datagram link (ESP-NOW packets, 250-byte MTU), for greedy (k = 1), k = 8 and k = 32.
@@ -74,7 +74,7 @@ def _datagram_bytes(frame: bytes) -> int:
 
 
 def wire_figures(gamma: int = GAMMA) -> dict:
-    """Exact bytes on each link kind, per drafted token and per round (host/boards.py's messages), by
+    """Exact bytes on each link kind, per drafted token and per round (host/backends/board.py's messages), by
     draft top-k: frames to the board at each link's end, so without addresses."""
     pos = 1000
     out: dict = {}

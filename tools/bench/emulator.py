@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from host.emulator import VirtualBoard
-from host.flash import ROOT, flash
+from host.provision.flash import ROOT, flash
 
 MPREMOTE = str(Path(sys.executable).with_name("mpremote"))
 

@@ -5,7 +5,7 @@
 For 1, 8, 64 and 256 streams at gamma = 4, every round verifies gamma + 1 positions per stream
 (the last committed token and 4 drafts) from a ragged committed length, then commits a ragged 1..5 and
 rolls the rest back, as verify rounds do. Measured side by side from the same cache states: one batched
-forward per round (host/torch_backend.py), one forward per stream (1-by-1), and the plain target-only
+forward per round (host/backends/torch_backend.py), one forward per stream (1-by-1), and the plain target-only
 baseline (plain decoding: one position per stream, in one batched forward). Medians of ROUNDS rounds.
 End to end (e2e): n threads, each one stream with its own TorchVerifier (greedy rule included) on
 one shared Batcher; "passes" is forward passes per round (1.0: every round of all streams in one pass).
@@ -104,8 +104,8 @@ def _verifier_streams(model, n: int) -> tuple[float, float]:
     """n threads, each a stream verifying greedy rounds through its own TorchVerifier, one shared
     Batcher: (seconds per round, forward passes per round), everything included (rule, threads)."""
     from host.backends import Draft, SessionParams
-    from host.batcher import Batcher
-    from host.torch_backend import TorchVerifier
+    from host.backends.batcher import Batcher
+    from host.backends.torch_backend import TorchVerifier
     from shared.rule import ONE
 
     batcher = Batcher(model)
@@ -138,7 +138,7 @@ def _verifier_streams(model, n: int) -> tuple[float, float]:
 
 
 def _device_rows(path: Path, device: str) -> list[dict]:
-    from host.torch_backend import TorchModel
+    from host.backends.torch_backend import TorchModel
     model = TorchModel(path, device=device, streams=max(STREAMS))
     rows = []
     width = GAMMA + 1
@@ -165,7 +165,7 @@ def run() -> dict:
     try:
         import torch
     except ImportError:
-        from host.torch_backend import INSTALL_HINT
+        from host.backends.torch_backend import INSTALL_HINT
         print("skipped: " + INSTALL_HINT)
         return {"skipped": INSTALL_HINT}
     devices = (["cuda"] if torch.cuda.is_available() else []) + ["cpu"]

@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 
 from host.backends import SessionParams
-from host.cluster import Cluster
-from host.gamma import GammaController
-from host.orchestrator import generate
-from host.tokenizer import Tokenizer
+from host.decode.gamma import GammaController
+from host.decode.orchestrator import generate
+from host.decode.tokenizer import Tokenizer
+from host.provision.cluster import Cluster
 from shared import codec
 from tools.bench.codec import _timings
 

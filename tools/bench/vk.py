@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from host.backends import factory
-from host.tokenizer import Tokenizer
+from host.decode.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"

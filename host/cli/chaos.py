@@ -1,7 +1,7 @@
 """`specmesh chaos`: generations on virtual boards under named fault profiles, against the fault-free text.
 
 Each profile runs a greedy and a seeded sampled generation on a fresh pair of virtual boards with faults
-on every link (host/faults.py; the radio's own for ESP-NOW) and, where the profile says, a board killed
+on every link (host/bus/faults.py; the radio's own for ESP-NOW) and, where the profile says, a board killed
 or rebooted at a chosen round, and, for the `signed-` profiles, a deployment key on every board (frames
 signed, ESP-NOW peers encrypted; docs/security.md). The reference is the same generation without faults
 on the CPU back-ends (the boards' arithmetic and PRNG are the CPU back-ends', so the texts must be
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.faults import Faults
-from host.gamma import GammaController
-from host.orchestrator import generate
+from host.bus.faults import Faults
+from host.decode.gamma import GammaController
+from host.decode.orchestrator import generate
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [1, 403, 407, 261, 378]  # "Once upon a time" in tok512
 GAMMA = 3
 
@@ -111,8 +111,8 @@ def _event(cluster, backends: dict, event: tuple[str, str, int] | None, times: d
 
 def run_case(profile: Profile | None, params: SessionParams, tokens: int, models: Path, root: Path) -> dict:
     """One generation on fresh virtual boards under `profile` (None: no faults)."""
-    from host.cluster import Cluster  # noqa: PLC0415
     from host.emulator.radio import RadioConfig  # noqa: PLC0415
+    from host.provision.cluster import Cluster  # noqa: PLC0415
 
     p = profile or Profile("none")
     radio = RadioConfig(seed=3, **p.radio) if p.transport == "espnow" else None

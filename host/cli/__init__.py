@@ -8,7 +8,7 @@ import time
 
 
 def _add_run(sub) -> None:
-    from host import runner
+    from host.cli import run as runner
 
     p = sub.add_parser("run", help="generate text: speculative decoding across boards")
     runner.add_arguments(p)
@@ -42,9 +42,9 @@ def parse_layers(text: str) -> tuple[int, int]:
 
 
 def _flash(args) -> int:
-    from host.flash import FlashError, flash, summary
-    from host.keys import KeyFileError, load_key
-    from host.ports import PortError, resolve_port
+    from host.bus.ports import PortError, resolve_port
+    from host.provision.flash import FlashError, flash, summary
+    from host.provision.keys import KeyFileError, load_key
 
     try:
         key = load_key(args.key_file) if args.key_file else None
@@ -71,9 +71,9 @@ def _add_bench(sub) -> None:
 
 
 def _bench(args) -> int:
-    from host.boardbench import bench, report
-    from host.flash import FlashError
-    from host.ports import PortError, resolve_port
+    from host.bus.ports import PortError, resolve_port
+    from host.decode.boardbench import bench, report
+    from host.provision.flash import FlashError
 
     try:
         port = resolve_port(args.port)
@@ -89,7 +89,7 @@ def _bench(args) -> int:
 
 
 def _add_chaos(sub) -> None:
-    from host.chaos import PROFILES
+    from host.cli.chaos import PROFILES
 
     p = sub.add_parser("chaos", help="generate on virtual boards under fault profiles; compare with the fault-free text")
     p.add_argument("--profile", action="append", choices=sorted(PROFILES),
@@ -101,7 +101,7 @@ def _add_chaos(sub) -> None:
 
 def _chaos(args) -> int:
     from host.backends import BackendError
-    from host.chaos import PROFILES, print_table, run
+    from host.cli.chaos import PROFILES, print_table, run
 
     if not 1 <= args.tokens <= 200:
         print("specmesh chaos: --tokens must be in 1..200", file=sys.stderr)
@@ -122,7 +122,7 @@ def _add_keygen(sub) -> None:
 
 
 def _keygen(args) -> int:
-    from host.keys import KeyFileError, new_key_file
+    from host.provision.keys import KeyFileError, new_key_file
 
     try:
         new_key_file(args.key_file)
@@ -257,7 +257,3 @@ def main(argv: list[str] | None = None) -> int:
     _add_chaos(sub)
     args = parser.parse_args(argv)
     return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

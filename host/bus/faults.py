@@ -1,6 +1,6 @@
 """Fault injection on the host's links: frames dropped, corrupted, duplicated, reordered and delayed.
 
-`FaultyLink(link, faults)` wraps a stream link (host/links.py SerialLink: `send(frame)`, `on_frame`)
+`FaultyLink(link, faults)` wraps a stream link (host/bus/links.py SerialLink: `send(frame)`, `on_frame`)
 and applies seeded faults to every frame in both directions: what the host sends reaches the board
 damaged or not at all (the node's CRC check and the host's retransmission must cope), and what the
 board sends reaches the proxy the same way. A corrupted frame has one bit flipped; outgoing it goes on
@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from host.links import LinkError
+from host.bus.links import LinkError
 from shared.codec import CodecError, Frame, Replay, decode, encode
 
 

@@ -1,22 +1,22 @@
 """Time-faithful projection: what a run's rounds would cost on real boards and links.
 
-A run's trace (host/orchestrator.py `Round`s: gamma, accepted, committed, context length, q-hat sizes)
+A run's trace (host/decode/orchestrator.py `Round`s: gamma, accepted, committed, context length, q-hat sizes)
 fully determines the work each board does and every byte on the bus, so the projection replays it in
-virtual time with the constants of host/hardware.py instead of sleeping:
+virtual time with the constants of host/decode/hardware.py instead of sleeping:
 
-- a forward pass over k positions at context length L costs what host/costmodel.py counts for it (the
+- a forward pass over k positions at context length L costs what host/decode/costmodel.py counts for it (the
   matmuls by positions per weight load, every non-matmul step of the engine, the attention's reads of
   the KV cache, the interpreted calls between kernels, and one read of the weights, and of the KV
-  cache, from PSRAM when the model does not fit internal SRAM), priced by host/calibration.py's
-  `Rates`: derived from host/hardware.py, or measured on a board (`--calibration FILE`);
+  cache, from PSRAM when the model does not fit internal SRAM), priced by host/decode/calibration.py's
+  `Rates`: derived from host/decode/hardware.py, or measured on a board (`--calibration FILE`);
 - drafting gamma tokens is gamma one-position passes, after one per token committed while the drafter
   was idle (plain rounds); its prefill of the prompt at BEGIN runs while the verifier prefills the same
   prompt in the first round, and a drafter position costs a fraction of a target's, so it adds no time;
 - each call is a request and a reply whose sizes are those of the real codec (`:`-base64 lines, the
   compact header: no addresses to the board at a link's end, src and dst to one behind a gateway),
   carried by the transport's link(s): serial = each board on its own USB link; espnow = the drafter
-  board is the gateway on USB (as in host/cluster.py) and the verifier is one ESP-NOW hop further;
-- a round is DRAFT_REQ/DRAFT and VERIFY_REQ/VERDICT (host/boards.py), plus, when sampling and a draft
+  board is the gateway on USB (as in host/provision/cluster.py) and the verifier is one ESP-NOW hop further;
+- a round is DRAFT_REQ/DRAFT and VERIFY_REQ/VERDICT (host/backends/board.py), plus, when sampling and a draft
   was rejected, a second VERIFY_REQ/VERDICT carrying that draft's whole q-hat table (the first one
   carries each draft's own weight only); the verdict commits itself on the verifier, and the drafter
   learns the outcome from the next DRAFT_REQ, whose folded COMMIT carries the emitted token and the
@@ -30,10 +30,10 @@ labelled "projected" wherever they are shown.
 
 from __future__ import annotations
 
-from host.calibration import Rates
-from host.costmodel import SRAM_BUDGET, layer_span, pass_work, weight_bytes
-from host.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, Board, Link
-from host.orchestrator import Result, Round
+from host.decode.calibration import Rates
+from host.decode.costmodel import SRAM_BUDGET, layer_span, pass_work, weight_bytes
+from host.decode.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, Board, Link
+from host.decode.orchestrator import Result, Round
 from shared.codec import line_size
 from shared.modelfile import Header
 
@@ -118,7 +118,7 @@ class Projector:
 
     def terms(self, h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None,
               classifier: bool = True) -> dict[str, float]:
-        """forward()'s seconds by term (host/costmodel.py)."""
+        """forward()'s seconds by term (host/decode/costmodel.py)."""
         return self.rates.times(pass_work(h, k, ctx, layers, classifier))
 
     def exchange(self, role: str, request: int, reply: int) -> int:
@@ -151,7 +151,7 @@ class Projector:
         return sum(self.plain_terms(pos0).values())
 
     def plain_terms(self, pos0: int) -> dict[str, float]:
-        """plain_round's seconds by term: the target's pass (host/costmodel.py) and `bus` (its request and
+        """plain_round's seconds by term: the target's pass (host/decode/costmodel.py) and `bus` (its request and
         the verdict, which commits itself)."""
         terms = self.terms(self.target, 1, pos0)
         terms["bus"] = self.call("verifier", PLAIN_BODY, VERDICT_BODY)

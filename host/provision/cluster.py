@@ -2,8 +2,8 @@
 
 `Cluster(transport, models)` starts, for each role asked of it, a virtual board of the class a real
 one would be (drafter: classic ESP32 without PSRAM; verifier: ESP32-S3 with 8 MB PSRAM), flashes it
-through the same path as a real board (host/flash.py: mpy-cross, mpremote, hash check, reset), opens
-its pty with pyserial and hands back the role's back-end (host/boards.py). Flash folders persist under
+through the same path as a real board (host/provision/flash.py: mpy-cross, mpremote, hash check, reset), opens
+its pty with pyserial and hands back the role's back-end (host/backends/board.py). Flash folders persist under
 build/vboards/ (in an installed copy: ~/.cache/specmesh/vboards), so a later run copies only what
 changed. With `--transport espnow` the boards talk over the virtual radio and the host reaches them
 through a gateway board on its serial link.
@@ -21,16 +21,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from host.backends import BackendError
+from host.backends.board import BoardDrafter, BoardVerifier
+from host.backends.pipeline import BoardStage, PipelineVerifier
 from host.boardclasses import ESP32S3, ROLE_CLASS
-from host.boards import BoardDrafter, BoardVerifier
-from host.flash import ROLES
-from host.links import LinkError, SerialLink
-from host.pipeline import BoardStage, PipelineVerifier
-from host.proxy import Bus, HostAuth, Proxy
+from host.bus.links import LinkError, SerialLink
+from host.bus.proxy import Bus, HostAuth, Proxy
+from host.provision.flash import ROLES
 from shared import messages as m
 from shared.codec import BROADCAST
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _vboards_dir() -> Path:
@@ -57,7 +57,7 @@ def split_layers(n_layers: int, n: int) -> list[tuple[int, int]]:
 
 def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None = None,
           busy_s: float = 0.0) -> Bus:
-    """A bus on the serial link at `port`, closed with `stack`; `faults` (host/faults.py) are injected;
+    """A bus on the serial link at `port`, closed with `stack`; `faults` (host/bus/faults.py) are injected;
     with `key` every frame is signed and every reply must be (docs/security.md). A port found locked is
     tried again for `busy_s` seconds (a virtual board's new pty can fail its exclusive lock with EAGAIN
     while no process holds one)."""
@@ -73,7 +73,7 @@ def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None
             time.sleep(0.05)
     stack.callback(link.close)
     if faults is not None:
-        from host.faults import FaultyLink  # noqa: PLC0415
+        from host.bus.faults import FaultyLink  # noqa: PLC0415
 
         link = FaultyLink(link, faults)
     return Bus(link, deadline=30.0, auth=auth)
@@ -81,7 +81,7 @@ def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None
 
 def _backend(kind: str, bus: Bus, node: int, where: str):
     """The board back-end for `node` on `bus`, after a signed nonce handshake when the bus signs."""
-    from host.proxy import ProxyError  # noqa: PLC0415
+    from host.bus.proxy import ProxyError  # noqa: PLC0415
 
     try:
         bus.handshake(node)
@@ -92,7 +92,7 @@ def _backend(kind: str, bus: Bus, node: int, where: str):
 
 def discover(bus: Bus) -> int:
     """Node id of the board on a serial link (HELLO to broadcast; the reply says who answered)."""
-    from host.proxy import ProxyError  # noqa: PLC0415
+    from host.bus.proxy import ProxyError  # noqa: PLC0415
 
     try:
         return bus.request(BROADCAST, m.HELLO, deadline=10.0).src
@@ -103,8 +103,8 @@ def discover(bus: Bus) -> int:
 
 def find(kind: str, key: bytes | None = None) -> str:
     """The serial port of the flashed board that reports role `kind` (ESP32 USB ports are asked in turn)."""
-    from host.ports import esp_ports  # noqa: PLC0415
-    from host.proxy import ProxyError  # noqa: PLC0415
+    from host.bus.ports import esp_ports  # noqa: PLC0415
+    from host.bus.proxy import ProxyError  # noqa: PLC0415
 
     want = m.ROLE_DRAFTER if kind == "drafter" else m.ROLE_VERIFIER
     ports = [dev for dev, _ in esp_ports()]
@@ -143,7 +143,7 @@ class Cluster(contextlib.ExitStack):
                  say: Callable[[str], None] | None = None):
         """`key`: provisioned onto every board at flashing, and every frame signed with it."""
         super().__init__()
-        self.faults = faults  # host/faults.py Faults on every host link, or None
+        self.faults = faults  # host/bus/faults.py Faults on every host link, or None
         self.key = key
         self.buses: list[Bus] = []
         self.say = say  # feedback on booting and flashing (a tqdm bar per file on a terminal); None: silent
@@ -163,7 +163,7 @@ class Cluster(contextlib.ExitStack):
         `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1."""
         from host.emulator.board import BoardError, VirtualBoard  # noqa: PLC0415
         from host.emulator.session import board_mac  # noqa: PLC0415
-        from host.flash import FlashError, flash, summary  # noqa: PLC0415
+        from host.provision.flash import FlashError, flash, summary  # noqa: PLC0415
 
         model = self.models / ("drafter.spm" if kind == "drafter" else "target.spm")
         name = kind if stage is None else "stage%d" % stage[0]
@@ -218,9 +218,9 @@ class Cluster(contextlib.ExitStack):
         return bus
 
     def pipeline(self, n: int):
-        """A pipeline verifier (host/pipeline.py) over n virtual stage boards (classic ESP32s), the target's
+        """A pipeline verifier (host/backends/pipeline.py) over n virtual stage boards (classic ESP32s), the target's
         layers split evenly; each on its own serial link, the host relaying activations between them."""
-        from host.modelio import check_model_file  # noqa: PLC0415
+        from host.backends.modelio import check_model_file  # noqa: PLC0415
         if self.transport != "serial":
             raise BackendError("--stages runs on --transport serial (the host relays between stages)")
         n_layers = check_model_file(self.models / "target.spm")[0].n_layers

@@ -1,11 +1,11 @@
 """Many streams, one forward: gathers the pending requests of concurrent streams into batched passes.
 
 Each stream (one per drafter, run by its own thread or task) calls `Batcher.forward(slot, tokens)` and
-blocks; a worker thread takes everything pending, runs it as one `IntModel.forward` (host/arraymath.py) (ragged runs are
-packed, attention is masked per stream), and hands each caller its own logits. The worker runs a batch
-as soon as every registered stream has a request pending (nobody else can add one), when `max_batch`
-requests wait, or `window_s` after the first request arrived (a stream busy elsewhere, e.g. drafting,
-does not stall the others). So forward calls per token fall as the number of streams grows; `stats`
+blocks; a worker thread takes everything pending, runs it as one `IntModel.forward`
+(host/backends/arraymath.py; ragged runs are packed, attention is masked per stream), and hands each
+caller its own logits. The worker runs a batch as soon as every registered stream has a request
+pending (nobody else can add one), when `max_batch` requests wait, or `window_s` after the first
+request arrived (a stream busy elsewhere, e.g. drafting, does not stall the others). So forward calls per token fall as the number of streams grows; `stats`
 counts them (`python -m tools.bench gpu`, e2e rows: 64 streams in Python threads took 2 passes per
 round, 256 took 3, with the 2 ms default window). Streams never share state: each owns a cache slot,
 and a slot may have one request pending. Stream bookkeeping (`open_stream`, `rollback`,
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from host.arraymath import IntModel
+    from host.backends.arraymath import IntModel
 
 
 class Batcher:

@@ -1,14 +1,14 @@
 """The torch verifier back-end: a specmesh model file run by PyTorch on CUDA or the CPU, many streams.
 
-`TorchXp` is host/arraymath.py's array namespace on a torch device, so the model (`TorchModel`) is
+`TorchXp` is host/backends/arraymath.py's array namespace on a torch device, so the model (`TorchModel`) is
 the same `IntModel` as the numpy engine's, computing the same integers (docs/CONTRACTS.md section 4)
 bit for bit: int64 arithmetic, and integer dot products as float64 matmuls, exact in any summation
 order, CUDA's included. One `IntModel` keeps one KV cache slot per stream; `forward` runs one batched
 pass over any number of streams, each appending its own ragged run of tokens (a verify round: the last
 committed token and the gamma drafts).
 
-`TorchVerifier` is the orchestrator's `Verifier` (host/backends.py) for one stream; the streams of one
-model and device share a `Batcher` (host/batcher.py), which runs their pending requests as one pass.
+`TorchVerifier` is the orchestrator's `Verifier` (host/backends/__init__.py) for one stream; the streams of one
+model and device share a `Batcher` (host/backends/batcher.py), which runs their pending requests as one pass.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ try:
 except ImportError:  # torch is the optional `gpu` extra; the host works without it
     torch = None
 
-from host.arraymath import IntModel, Xp
 from host.backends import BackendError, EngineStream, LocalVerifier, SessionParams, register_verifier
-from host.batcher import Batcher
+from host.backends.arraymath import IntModel, Xp
+from host.backends.batcher import Batcher
 from shared.modelfile import ModelFileError
 
 INSTALL_HINT = "PyTorch is not installed: `make setup-gpu` in a checkout, else pip install 'specmesh[gpu]'"
@@ -46,7 +46,7 @@ def pick_device(name: str) -> str:
 
 
 class TorchXp(Xp):
-    """host/arraymath.py's array operations on a torch device (int64 tensors)."""
+    """host/backends/arraymath.py's array operations on a torch device (int64 tensors)."""
 
     def __init__(self, device: str):
         self.device = device
@@ -96,7 +96,7 @@ class TorchXp(Xp):
 
 
 class TorchModel(IntModel):
-    """The model on a torch device (`pick_device` names it): host/arraymath.py's `IntModel` on `TorchXp`."""
+    """The model on a torch device (`pick_device` names it): host/backends/arraymath.py's `IntModel` on `TorchXp`."""
 
     def __init__(self, path, device: str = "auto", streams: int = 1):
         super().__init__(path, TorchXp(pick_device(device)), streams)

@@ -1,11 +1,11 @@
-"""`specmesh bench --port PORT`: measure host/costmodel.py's terms on a flashed board, write a calibration.
+"""`specmesh bench --port PORT`: measure host/decode/costmodel.py's terms on a flashed board, write a calibration.
 
 The board must hold the node (`specmesh flash`): the script below, run over mpremote's raw REPL,
 imports the board's own kernels and engine and times, best of several calls (ticks_us), each kernel on
 the shipped target's shapes (matmul over 1 and 5 positions, quant and requant, RMSNorm, RoPE,
 attention, SiLU, argmax), a strided read of a large buffer (the PSRAM stream rate), and a whole greedy
 token of each model the board holds that fits its heap. The host divides each time by the work
-host/costmodel.py counts for the same call, giving seconds per unit for each term; the interpreted
+host/decode/costmodel.py counts for the same call, giving seconds per unit for each term; the interpreted
 calls between kernels (`engine`) are what the measured target token leaves over. The board is
 soft-reset back into its node afterwards.
 """
@@ -15,9 +15,9 @@ from __future__ import annotations
 import contextlib
 import json
 
-from host import costmodel as cm
-from host.calibration import write
-from host.flash import FlashError, open_board, probe
+from host.decode import costmodel as cm
+from host.decode.calibration import write
+from host.provision.flash import FlashError, open_board, probe
 from shared.modelfile import HEADER_SIZE, Header, parse_header
 
 # The target's shapes (stories260K): what the calibrated rates are measured on.
@@ -157,7 +157,7 @@ def _shape() -> Header:
 
 
 def modeled() -> dict[str, cm.Work]:
-    """The work host/costmodel.py counts for each micro-benchmark of the board script."""
+    """The work host/decode/costmodel.py counts for each micro-benchmark of the board script."""
     h = _shape()
     out = {}
     for k in (1, 5):
@@ -255,8 +255,8 @@ def bench(port: str, out: str, reps: int = 7) -> dict:
 
 def report(result: dict, out: str) -> list[str]:
     """Lines for the user: each term's rate next to the derived one, and the whole-token check."""
-    from host.calibration import Rates
-    from host.hardware import ESP32S3
+    from host.decode.calibration import Rates
+    from host.decode.hardware import ESP32S3
 
     derived = Rates.derived(ESP32S3).seconds
     lines = ["calibration of %s (%s, MicroPython %s) written to %s" % (

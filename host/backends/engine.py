@@ -1,4 +1,4 @@
-"""The numpy engine: one stream of host/arraymath.py's `IntModel`, the host CPU back-end and the oracle.
+"""The numpy engine: one stream of host/backends/arraymath.py's `IntModel`, the host CPU back-end and the oracle.
 
 `Engine(path)` loads a model file; `forward(tokens, start_pos)` runs one batched pass over k new
 positions and returns the int64 Q16 logits `[k, vocab]`, bit-identical to the firmware engine's
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from host.arraymath import EXP_TABLE, IntModel
+from host.backends.arraymath import EXP_TABLE, IntModel
 from shared import sampling
 
 

@@ -1,6 +1,6 @@
 """The decode loop: the host owns the committed prefix and drives one drafter and one verifier.
 
-Each round: pick gamma (host/gamma.py), ask the drafter for gamma tokens with their q-hat tables,
+Each round: pick gamma (host/decode/gamma.py), ask the drafter for gamma tokens with their q-hat tables,
 ask the verifier for a verdict over the gamma + 1 positions, commit the accepted drafts and the
 emitted token, tell both back-ends (they roll back everything beyond it). gamma = 0 is a round of
 plain decoding on the verifier; without a drafter (`--plain`) every round is one, and so is every
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from host.backends import BackendError, Draft, Drafter, SessionParams, Verifier
-from host.gamma import GammaController
+from host.decode.gamma import GammaController
 from shared.messages import draft_size
 
 
@@ -31,7 +31,7 @@ class Round:
     n_accepted: int
     committed: int  # tokens this round added to the stream
     pos0: int  # stream length before the round (absolute position of the first draft)
-    # payload bytes of the drafts on a board bus (shared/messages.py, host/boards.py): in the DRAFT (whole
+    # payload bytes of the drafts on a board bus (shared/messages.py, host/backends/board.py): in the DRAFT (whole
     # q-hat tables), in the VERIFY_REQ (partial tables), and of the rejected draft's whole table sent after
     # a PARTIAL verdict (0 when none was)
     draft_body: int
@@ -100,7 +100,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     """Generate up to `max_tokens` tokens after `prompt`; speculative when a drafter is given.
 
     The gamma controller learns from the measured seconds of each round, or from `costs(round)` when
-    given (a projection to other hardware, host/projection.py).
+    given (a projection to other hardware, host/decode/projection.py).
 
     Fail-over, when `fallback` is given: a verifier that fails (BackendError: it stopped answering, its
     link died) is replaced by `fallback()`, begun on the committed prefix, and the round runs again; a

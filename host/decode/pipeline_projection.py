@@ -1,10 +1,10 @@
 """Time-faithful projection of a pipeline run: the wavefront replayed as a discrete-event model of real
-boards and links (host/hardware.py), next to plain decoding on the same pipeline and on one board.
+boards and links (host/decode/hardware.py), next to plain decoding on the same pipeline and on one board.
 
-A run's rounds (host/orchestrator.py `Round`) fix every position each stage computes: a round of gamma
+A run's rounds (host/decode/orchestrator.py `Round`) fix every position each stage computes: a round of gamma
 drafts sends gamma + 1 positions (the first round also the prompt), the last stage judges them in order,
 and the host stops sending positions once the verdict is known (judged = accepted + 1, or accepted when
-an end-of-stream draft was accepted). The model replays the schedule host/pipeline.py runs, with the host
+an end-of-stream draft was accepted). The model replays the schedule host/backends/pipeline.py runs, with the host
 relaying every position (one request in flight per stage):
 
     stage s may take position j once the host holds stage s-1's output of j and stage s's reply to j-1;
@@ -25,10 +25,10 @@ gamma (`python -m tools.bench pipeline`) replays host-CPU runs of the shipped pa
 from __future__ import annotations
 
 from host.boardclasses import ROLE_CLASS
-from host.hardware import ESPNOW, FLASH_FILE_READ, LINKS, UART_921600, USB_SERIAL_JTAG, Link
-from host.orchestrator import Result, Round
-from host.projection import (Projector, draft_entries, draft_req_body, frame_bytes, line_bytes, stage_body,
-                             stage_reply_body)
+from host.decode.hardware import ESPNOW, FLASH_FILE_READ, LINKS, UART_921600, USB_SERIAL_JTAG, Link
+from host.decode.orchestrator import Result, Round
+from host.decode.projection import (Projector, draft_entries, draft_req_body, frame_bytes, line_bytes, stage_body,
+                                    stage_reply_body)
 from shared.modelfile import Header
 
 PIPELINE_LINKS = (ESPNOW.name, UART_921600.name)
@@ -56,7 +56,7 @@ class PipelineProjector:
         self.cls_read = (h.vocab * h.dim + 4 * h.vocab) / FLASH_FILE_READ.value
 
     def _wire(self, payload: int) -> float:
-        """Seconds of one frame of `payload` bytes from host to board or back (host/projection.py's sizes)."""
+        """Seconds of one frame of `payload` bytes from host to board or back (host/decode/projection.py's sizes)."""
         t = 0.0
         for link in self.hops:
             n = (frame_bytes if link.mtu else line_bytes)(payload, self.addressed)  # radio frames are binary

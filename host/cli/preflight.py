@@ -1,7 +1,7 @@
 """What `specmesh run` checks before it starts anything: no board is booted, no port held, no process
 left behind when one of these fails, and the failure is one line naming the file or port and what to do.
 
-- the model files parse: header, size and CRC (host/modelio.py `check_model_file`);
+- the model files parse: header, size and CRC (host/backends/modelio.py `check_model_file`);
 - the prompt fits the target's context (the orchestrator would refuse it only after the boards were up);
 - every `--drafter`/`--verifier` names a known back-end, and every role given a serial port gets one that exists and opens now; `auto` is resolved here to the
   port of the flashed board reporting that role, before a virtual board of the other role boots.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from host.modelio import check_model_file
+from host.backends.modelio import check_model_file
 from shared.modelfile import Header, ModelFileError
 
 MODEL_FILES = {"verifier": "target.spm", "drafter": "drafter.spm"}
@@ -52,7 +52,7 @@ def check_models(models: Path, roles: list[str]) -> dict[str, Header]:
 
 def check_context(prompt_tokens: int, target: Header) -> None:
     """The prompt must leave room in the target's context for at least one generated token (the
-    drafter's context limits nothing: past it, rounds are plain; host/orchestrator.py)."""
+    drafter's context limits nothing: past it, rounds are plain; host/decode/orchestrator.py)."""
     if prompt_tokens >= target.max_seq:
         raise PreflightError("the prompt is %d tokens but the target model's context holds %d (%s): shorten --prompt"
                              % (prompt_tokens, target.max_seq, MODEL_FILES["verifier"]))
@@ -62,7 +62,7 @@ def check_backends(names: dict[str, str], transport: str, key: bytes | None = No
     """`names` (role -> back-end name), each checked to name a back-end, with every `auto` replaced by
     its board's port (asking with `key` when the boards sign frames) and every port checked to exist and
     open."""
-    from host.ports import PortError, check_port  # noqa: PLC0415
+    from host.bus.ports import PortError, check_port  # noqa: PLC0415
 
     for role, name in names.items():
         problem = unknown_backend(role, name)
@@ -88,7 +88,7 @@ def check_backends(names: dict[str, str], transport: str, key: bytes | None = No
 
 def _find(role: str, key: bytes | None) -> str:
     from host.backends import BackendError  # noqa: PLC0415
-    from host.cluster import find  # noqa: PLC0415
+    from host.provision.cluster import find  # noqa: PLC0415
 
     try:
         return find(role, key)

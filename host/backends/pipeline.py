@@ -14,7 +14,7 @@ the host only tracks which tokens the stages hold (`fed`), and a rejected draft 
 next round. A stage that stops answering ends the run with one line naming it.
 
 The trace (`trace`): per round, positions each stage computed and STAGE messages and bytes per link;
-host/pipeline_projection.py replays it on real boards and links.
+host/decode/pipeline_projection.py replays it on real boards and links.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from host.backends import BackendError, Draft, SessionParams
-from host.boards import BoardBackend, _Restarted
-from host.proxy import ProxyError
+from host.backends.board import BoardBackend, _Restarted
+from host.bus.proxy import ProxyError
 from shared import messages as m
 
 POLL_S = 0.001  # how long the wavefront waits on one reply before looking at the others
@@ -51,7 +51,7 @@ class RoundTrace:
 
 
 class PipelineVerifier:
-    """A Verifier (host/backends.py) over stage boards; `stages` in layer order, the first takes tokens."""
+    """A Verifier (host/backends/__init__.py) over stage boards; `stages` in layer order, the first takes tokens."""
 
     # a round sends one position, and with it at most one draft, per STAGE request: its drafts are bounded
     # by the protocol's limit, not by a stage's kmax (the last stage's HELLO max_gamma, >= 1)

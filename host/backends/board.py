@@ -1,4 +1,4 @@
-"""Drafter and verifier back-ends that are boards: the firmware node behind a chip proxy (host/proxy.py).
+"""Drafter and verifier back-ends that are boards: the firmware node behind a chip proxy (host/bus/proxy.py).
 
 The host sends a node only what it cannot know. A verifier's verdict commits itself (the accepted
 drafts and the emitted token), so while the host follows its verdicts the verifier gets no COMMIT; when
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from host.backends import BackendError, Draft, SessionParams
-from host.proxy import Call, NodeError, Proxy, ProxyError
+from host.bus.proxy import Call, NodeError, Proxy, ProxyError
 from shared import messages as m
 from shared.rule import PARTIAL
 

@@ -1,11 +1,11 @@
 """`specmesh run`: set up the drafter and verifier back-ends, generate, stream the text, print the stats.
 
 Back-ends by name: `cpu` (numpy engine on the host), `virtual` (a virtual board started and flashed for
-this run, host/cluster.py), any other name registered in host/backends.py (`torch-cpu`, `gpu`), or a
+this run, host/provision/cluster.py), any other name registered in host/backends/__init__.py (`torch-cpu`, `gpu`), or a
 serial port of a flashed board. `--plain` decodes with the verifier alone (the baseline). Every user
 error is one line on stderr and exit status 2; a failure during generation is one line and status 1.
 A verifier that fails mid-run is replaced by the `cpu` one and a drafter that fails leaves the stream
-on plain decoding (host/orchestrator.py): one line on stderr, the text goes on unchanged.
+on plain decoding (host/decode/orchestrator.py): one line on stderr, the text goes on unchanged.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from pathlib import Path
 
 from host import backends
 from host.backends import BackendError, SessionParams, temp_milli, top_p_q16
-from host.gamma import GammaController
-from host.orchestrator import Result, generate
-from host.output import TokenStream, format_table, write_stats_json
-from host.preflight import (PreflightError, check_backends, check_context, check_models, is_port,
-                            unknown_backend)
+from host.cli.output import TokenStream, format_table, write_stats_json
+from host.cli.preflight import (PreflightError, check_backends, check_context, check_models, is_port,
+                                unknown_backend)
+from host.decode.gamma import GammaController
+from host.decode.orchestrator import Result, generate
 from shared import messages as m
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
 DEFAULT_PROMPT = "Once upon a time"
 GAMMA_FLAG_MAX = 16  # the largest --gamma; a round drafts at most what both back-ends' HELLO allows
@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="verify on a pipeline of N virtual stage boards (classic ESP32s), the target's layers split "
                         "evenly, positions sent through as a wavefront (docs/pipeline.md; default 0: one verifier)")
     p.add_argument("--project", metavar="BOARD", choices=("esp32s3",),
-                   help="also project the run onto real boards of this class (host/hardware.py); "
+                   help="also project the run onto real boards of this class (host/decode/hardware.py); "
                         "gamma is then chosen for that hardware")
     p.add_argument("--calibration", metavar="FILE", type=Path,
                    help="with --project: price the projection with a board's measurements (specmesh bench "
@@ -121,8 +121,8 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError("--calibration prices a projection: add --project esp32s3")
     a.rates = None
     if a.calibration is not None:
-        from host.calibration import CalibrationError, Rates  # noqa: PLC0415
-        from host.hardware import BOARDS  # noqa: PLC0415
+        from host.decode.calibration import CalibrationError, Rates  # noqa: PLC0415
+        from host.decode.hardware import BOARDS  # noqa: PLC0415
 
         try:
             a.rates = Rates.load(a.calibration, BOARDS[a.project])
@@ -130,7 +130,7 @@ def check_args(a: argparse.Namespace) -> None:
             raise UsageError(str(e)) from None
     a.key = None
     if a.key_file is not None:
-        from host.keys import KeyFileError, load_key  # noqa: PLC0415
+        from host.provision.keys import KeyFileError, load_key  # noqa: PLC0415
 
         try:
             a.key = load_key(a.key_file)
@@ -142,7 +142,7 @@ def check_args(a: argparse.Namespace) -> None:
 
 
 def load_tokenizer(models: Path):
-    from host.tokenizer import Tokenizer, TokenizerError  # noqa: PLC0415
+    from host.decode.tokenizer import Tokenizer, TokenizerError  # noqa: PLC0415
 
     try:
         return Tokenizer.from_llama2c(models / "tokenizer.bin")
@@ -160,7 +160,7 @@ class Setup(contextlib.ExitStack):
 
     def _cluster(self):
         if self.cluster is None:
-            from host.cluster import Cluster  # noqa: PLC0415
+            from host.provision.cluster import Cluster  # noqa: PLC0415
 
             radio = None
             if self.a.transport == "espnow":
@@ -187,7 +187,7 @@ class Setup(contextlib.ExitStack):
             if fac is not None:
                 backend = fac(model)
             elif is_port(name):
-                from host.cluster import connect, find  # noqa: PLC0415
+                from host.provision.cluster import connect, find  # noqa: PLC0415
 
                 port = find(kind, self.a.key) if name == "auto" else name
                 backend = self.enter_context(connect(port, kind, self.a.key))
@@ -264,7 +264,7 @@ def run(a: argparse.Namespace, out=None) -> dict:
         names = check_backends(names, a.transport, a.key)
     except PreflightError as e:
         raise UsageError(str(e)) from None
-    from host.tokenizer import BOS  # noqa: PLC0415
+    from host.decode.tokenizer import BOS  # noqa: PLC0415
 
     # llama2.c's models end a story by starting the next one (BOS), so BOS ends the stream
     params = SessionParams(seed=a.seed, temperature=a.temperature, draft_top_k=a.draft_top_k,
@@ -278,13 +278,13 @@ def run(a: argparse.Namespace, out=None) -> dict:
         # make the same seed give different texts. Sampling with --gamma auto therefore chooses gamma
         # from the projected costs (deterministic); greedy text never depends on gamma.
         deterministic = a.temperature > 0 and fixed is None and drafter is not None
-        if a.stages:  # the pipeline's own projection (host/pipeline_projection.py), in every stats JSON
-            from host.pipeline_projection import LinksReport, PipelineProjector  # noqa: PLC0415
+        if a.stages:  # the pipeline's own projection (host/decode/pipeline_projection.py), in every stats JSON
+            from host.decode.pipeline_projection import LinksReport, PipelineProjector  # noqa: PLC0415
 
             cost_model = PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, "uart-921600")
             projector = LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers)
         elif a.project or deterministic:
-            from host.projection import Projector  # noqa: PLC0415
+            from host.decode.projection import Projector  # noqa: PLC0415
 
             cost_model = Projector(heads["verifier"], heads["drafter"], a.project or "esp32s3", a.transport,
                                    a.rates)

@@ -1,6 +1,6 @@
 """Drafter and verifier back-ends: the interfaces the orchestrator drives, and the registry of them.
 
-A stream is a prompt plus the tokens committed so far; the host owns it (host/orchestrator.py) and
+A stream is a prompt plus the tokens committed so far; the host owns it (host/decode/orchestrator.py) and
 passes the whole committed list on every call, so a back-end can resynchronise from it at any time
 (roll its KV cache back to the longest common prefix and feed the rest).
 
@@ -14,7 +14,7 @@ passes the whole committed list on every call, so a back-end can resynchronise f
   a verifier prefills at its first verdict.
 
 Verifier back-ends are made by name through `VERIFIERS` (`cpu` here; the GPU issue registers
-`torch-cpu` and `gpu`; anything else is a serial port or `virtual`, handled by host/proxy.py boards),
+`torch-cpu` and `gpu`; anything else is a serial port or `virtual`, handled by host/bus/proxy.py boards),
 drafters through `DRAFTERS`. A factory takes the model path and keyword options and returns the
 back-end; `BackendError` carries a one-line message for the user.
 """
@@ -138,7 +138,7 @@ VERIFIERS: dict[str, Factory] = {}
 DRAFTERS: dict[str, Factory] = {}
 # Modules that register more back-ends when imported; imported only when a name is not known yet
 # (so `--verifier cpu` never pays for importing torch).
-PLUGINS = ("host.torch_backend",)
+PLUGINS = ("host.backends.torch_backend",)
 
 
 def factory(kind: str, name: str) -> Factory | None:
@@ -168,7 +168,7 @@ class EngineStream:
 
     def __init__(self, path, engine=None):
         """`engine`: anything with Engine's `header`, `forward(tokens, start_pos)`, `rollback(n)` (torch)."""
-        from host.engine import Engine  # noqa: PLC0415 - numpy engine only when a local back-end is made
+        from host.backends.engine import Engine  # noqa: PLC0415 - numpy engine only when a local back-end is made
 
         try:
             self.engine = engine or Engine(path)
@@ -241,7 +241,7 @@ class LocalVerifier(LocalRole):
         if draft.pos0 != len(committed):
             raise BackendError("draft for position %d, but the stream holds %d tokens"
                                % (draft.pos0, len(committed)))
-        from host.engine import argmax, target_table  # noqa: PLC0415 - numpy, loaded with the engine
+        from host.backends.engine import argmax, target_table  # noqa: PLC0415 - numpy, loaded with the engine
 
         logits = self.stream.logits_after(committed, draft.tokens)
         p = self.params
@@ -259,7 +259,7 @@ class LocalDrafter(LocalRole):
             self.stream.feed(prompt[:-1])  # prefill, as a drafter board does at BEGIN
 
     def draft(self, committed: Sequence[int], gamma: int) -> Draft:
-        from host.engine import argmax, draft_table  # noqa: PLC0415 - numpy, loaded with the engine
+        from host.backends.engine import argmax, draft_table  # noqa: PLC0415 - numpy, loaded with the engine
 
         p = self.params
         out = Draft(len(committed))

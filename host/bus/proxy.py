@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from host.links import LinkError
+from host.bus.links import LinkError
 from shared.codec import BROADCAST, Auth, CodecError, Frame, encode, line_size, resign
 from shared.messages import E_COUNTER, ERROR, HOST, NAMES, PING, REPLY_TYPE, unpack_error
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from host.modelio import QTensor, read_model
+from host.backends.modelio import QTensor, read_model
 from shared import intmath
 from shared.modelfile import FLAG_SHARED_CLS, Header
 
@@ -28,7 +28,7 @@ EXP_TABLE = intmath.exp_table([0] * intmath.EXP_SIZE)
 
 
 class Xp:
-    """numpy spelled as the module needs it; `TorchXp` (host/torch_backend.py) is the torch one."""
+    """numpy spelled as the module needs it; `TorchXp` (host/backends/torch_backend.py) is the torch one."""
 
     name = "numpy"
 

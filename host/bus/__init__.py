@@ -1,0 +1,2 @@
+"""The bus to the boards: request/reply proxies with retransmission, serial links, port discovery, and
+fault injection on links."""
