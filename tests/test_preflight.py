@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from host import cli
+from host.cli.preflight import unknown_backend
 from host.emulator import board
 from shared.modelfile import HEADER_SIZE
 from tools.testmodels import random_model
@@ -110,6 +111,19 @@ def test_an_unknown_backend_is_refused_before_the_verifier_boots(models, capsys,
     # not within 1 s: listing the known back-ends imports the torch plugin, when PyTorch is installed
     err = one_line_status_2(capsys, ["run", "--models", str(models), "--drafter", "nope"], within=30.0)
     assert "--drafter nope: not a serial port nor one of" in err
+
+
+def test_boards_are_chosen_through_the_one_registry():
+    """`virtual` and every serial-port name are registered back-ends of both roles, as `cpu` is."""
+    from host import backends
+
+    for kind, table in (("verifier", backends.VERIFIERS), ("drafter", backends.DRAFTERS)):
+        assert backends.factory(kind, "virtual") is table["virtual"]
+        for port in ("/dev/ttyUSB0", "COM3", "auto", "rfc2217://lab:4000"):
+            assert backends.factory(kind, port) is table[backends.PORT]
+        assert backends.factory(kind, "cpu") is table["cpu"] and backends.factory(kind, "nope") is None
+    known = unknown_backend("drafter", "nope").split("nor one of ")[1].split(", ")
+    assert "virtual" in known and "cpu" in known and backends.PORT not in known
 
 
 @pytest.mark.parametrize("flags, message", [

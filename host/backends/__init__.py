@@ -13,10 +13,11 @@ passes the whole committed list on every call, so a back-end can resynchronise f
   host goes on, overlapping the verifier's prefill), so its first draft costs what any later one costs;
   a verifier prefills at its first verdict.
 
-Verifier back-ends are made by name through `VERIFIERS` (`cpu` here; the GPU issue registers
-`torch-cpu` and `gpu`; anything else is a serial port or `virtual`, handled by host/bus/proxy.py boards),
-drafters through `DRAFTERS`. A factory takes the model path and keyword options and returns the
-back-end; `BackendError` carries a one-line message for the user.
+Every back-end is made by name through one registry per role, `VERIFIERS` and `DRAFTERS` (`factory`):
+`cpu` here, `torch-cpu` and `gpu` (host/backends/torch_backend.py), `virtual` and `PORT`, the entry of
+every serial-port name (`is_port`), for boards (host/provision/cluster.py). A factory takes the model
+path and keyword options and returns the back-end: `name`, the name as given, and `boards`, the run's
+`Boards`; it ignores the options it does not use. `BackendError` carries a one-line message for the user.
 """
 
 from __future__ import annotations
@@ -133,24 +134,44 @@ class Verifier(Backend, Protocol):
     def verify(self, committed: Sequence[int], draft: Draft) -> tuple[int, int]: ...
 
 
+class Boards(Protocol):
+    """What a board's factory takes from the run (host/cli/run.py `Setup`): its cluster of virtual boards,
+    started on first use, the deployment key, and a stack that keeps what the factory opens until the run
+    ends."""
+
+    key: bytes | None
+
+    def cluster(self): ...
+
+    def enter_context(self, cm): ...
+
+
 Factory = Callable[..., Backend]
 VERIFIERS: dict[str, Factory] = {}
 DRAFTERS: dict[str, Factory] = {}
-# Modules that register more back-ends when imported; imported only when a name is not known yet
-# (so `--verifier cpu` never pays for importing torch).
-PLUGINS = ("host.backends.torch_backend",)
+PORT = "PORT"  # the registry entry of every name `is_port` accepts: a flashed board on that serial port
+# Modules that register more back-ends when imported, in turn, only until the name is known (so
+# `--verifier cpu` imports neither, and `virtual` or a port never pays for importing torch).
+PLUGINS = ("host.provision.cluster", "host.backends.torch_backend")
+
+
+def is_port(name: str) -> bool:
+    """Whether a `--drafter`/`--verifier` value names a serial port (or `auto`, to find one)."""
+    return name == "auto" or name.startswith("/dev/") or name.startswith("COM") or "://" in name
 
 
 def factory(kind: str, name: str) -> Factory | None:
     """The factory registered for `--verifier NAME` (kind "verifier") or `--drafter NAME`, or None."""
     table = VERIFIERS if kind == "verifier" else DRAFTERS
-    if name not in table:
-        for mod in PLUGINS:
-            try:
-                __import__(mod)
-            except ImportError:
-                pass
-    return table.get(name)
+    key = PORT if is_port(name) else name
+    for mod in PLUGINS:
+        if key in table:
+            break
+        try:
+            __import__(mod)
+        except ImportError:
+            pass
+    return table.get(key)
 
 
 def register_verifier(name: str, factory: Factory) -> None:

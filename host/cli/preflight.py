@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from host import backends
+from host.backends import is_port
 from host.backends.modelio import check_model_file
 from shared.modelfile import Header, ModelFileError
 
@@ -21,18 +23,11 @@ class PreflightError(Exception):
     """A check failed; the message is one line for the user."""
 
 
-def is_port(name: str) -> bool:
-    """Whether a `--drafter`/`--verifier` value names a serial port (or `auto`, to find one)."""
-    return name == "auto" or name.startswith("/dev/") or name.startswith("COM") or "://" in name
-
-
 def unknown_backend(kind: str, name: str) -> str | None:
     """The one-line error for a `--drafter`/`--verifier` value that names no back-end, or None."""
-    from host import backends  # noqa: PLC0415
-
-    if name == "virtual" or is_port(name) or backends.factory(kind, name) is not None:
+    if backends.factory(kind, name) is not None:
         return None
-    known = ", ".join(sorted({"virtual", *(backends.VERIFIERS if kind == "verifier" else backends.DRAFTERS)}))
+    known = ", ".join(sorted({*(backends.VERIFIERS if kind == "verifier" else backends.DRAFTERS)} - {backends.PORT}))
     return "--%s %s: not a serial port nor one of %s" % (kind, name, known)
 
 

@@ -1,9 +1,10 @@
 """`specmesh run`: set up the drafter and verifier back-ends, generate, stream the text, print the stats.
 
-Back-ends by name: `cpu` (numpy engine on the host), `virtual` (a virtual board started and flashed for
-this run, host/provision/cluster.py), any other name registered in host/backends/__init__.py (`torch-cpu`, `gpu`), or a
-serial port of a flashed board. `--plain` decodes with the verifier alone (the baseline). Every user
-error is one line on stderr and exit status 2; a failure during generation is one line and status 1.
+Back-ends by name, each made through the registry of host/backends/__init__.py: `cpu` (numpy engine on
+the host), `torch-cpu`, `gpu`, `virtual` (a virtual board started and flashed for this run,
+host/provision/cluster.py), or a serial port of a flashed board. `--plain` decodes with the verifier alone
+(the baseline). Every user error is one line on stderr and exit status 2; a failure during generation is
+one line and status 1.
 A verifier that fails mid-run is replaced by the `cpu` one and a drafter that fails leaves the stream
 on plain decoding (host/decode/orchestrator.py): one line on stderr, the text goes on unchanged.
 """
@@ -20,8 +21,7 @@ from pathlib import Path
 from host import backends
 from host.backends import BackendError, SessionParams, temp_milli, top_p_q16
 from host.cli.output import TokenStream, format_table, write_stats_json
-from host.cli.preflight import (PreflightError, check_backends, check_context, check_models, is_port,
-                                unknown_backend)
+from host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
 from host.decode.gamma import GammaController
 from host.decode.orchestrator import Result, generate
 from shared import messages as m
@@ -151,15 +151,18 @@ def load_tokenizer(models: Path):
 
 
 class Setup(contextlib.ExitStack):
-    """The back-ends of one run and everything they started (virtual boards, links), closed on exit."""
+    """The back-ends of one run and everything they started (virtual boards, links), closed on exit: the
+    `Boards` (host/backends/__init__.py) the board back-ends' factories take."""
 
     def __init__(self, a: argparse.Namespace):
         super().__init__()
         self.a = a
-        self.cluster = None
+        self.key = a.key
+        self._cluster = None
 
-    def _cluster(self):
-        if self.cluster is None:
+    def cluster(self):
+        """The run's virtual boards (host/provision/cluster.py), opened on first use."""
+        if self._cluster is None:
             from host.provision.cluster import Cluster  # noqa: PLC0415
 
             radio = None
@@ -168,31 +171,23 @@ class Setup(contextlib.ExitStack):
 
                 radio = RadioConfig(loss=self.a.radio_loss, duplicate=self.a.radio_dup, seed=self.a.seed)
             say = None if self.a.quiet else (lambda line: print("specmesh: " + line, file=sys.stderr, flush=True))
-            self.cluster = self.enter_context(Cluster(self.a.transport, self.a.models, radio=radio,
-                                                      spec_ahead=self.a.spec_ahead, key=self.a.key, say=say))
-        return self.cluster
+            self._cluster = self.enter_context(Cluster(self.a.transport, self.a.models, radio=radio,
+                                                       spec_ahead=self.a.spec_ahead, key=self.key, say=say))
+        return self._cluster
 
     def make(self, kind: str, name: str):
-        """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`."""
+        """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`, from the registry."""
         model = self.a.models / ("drafter.spm" if kind == "drafter" else "target.spm")
         if kind == "verifier" and self.a.stages:
             try:
-                backend = self._cluster().pipeline(self.a.stages)
+                backend = self.cluster().pipeline(self.a.stages)
             except ValueError as e:
                 raise UsageError(str(e)) from None
-        elif name == "virtual":
-            backend = self._cluster().backend(kind)
         else:
             fac = backends.factory(kind, name)
-            if fac is not None:
-                backend = fac(model)
-            elif is_port(name):
-                from host.provision.cluster import connect, find  # noqa: PLC0415
-
-                port = find(kind, self.a.key) if name == "auto" else name
-                backend = self.enter_context(connect(port, kind, self.a.key))
-            else:
+            if fac is None:
                 raise UsageError(unknown_backend(kind, name) or name)
+            backend = fac(model, name=name, boards=self)
         self.callback(backend.close)
         return backend
 

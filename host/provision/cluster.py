@@ -8,7 +8,8 @@ build/vboards/ (in an installed copy: ~/.cache/specmesh/vboards), so a later run
 changed. With `--transport espnow` the boards talk over the virtual radio and the host reaches them
 through a gateway board on its serial link.
 Everything started is stopped when the cluster closes. `find` discovers a flashed real board by the role it
-reports (HELLO), `connect` opens one on a known port.
+reports (HELLO), `connect` opens one on a known port. Both kinds are registered back-ends of each role
+(host/backends/__init__.py): `virtual`, and `PORT` for a serial port's name.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from host.backends import BackendError
+from host.backends import PORT, BackendError, Boards, register_drafter, register_verifier
 from host.backends.board import BoardDrafter, BoardVerifier
 from host.backends.pipeline import BoardStage, PipelineVerifier
 from host.boardclasses import ESP32S3, ROLE_CLASS
@@ -246,3 +247,25 @@ class Cluster(contextlib.ExitStack):
             self.buses.append(bus)
             where = "virtual:%s(%s)" % (kind, vb.board.name)
         return _backend(kind, bus, NODE_ID[kind], where)
+
+
+def _virtual(kind: str):
+    def make(_model_path, *, boards: Boards, **_options):
+        """`--drafter/--verifier virtual`: the run's virtual board of that role, started and flashed."""
+        return boards.cluster().backend(kind)
+
+    return make
+
+
+def _on_port(kind: str):
+    def make(_model_path, *, name: str, boards: Boards, **_options):
+        """A flashed board on serial port `name` (`auto`: the one among the ESP32 USB ports reporting `kind`)."""
+        port = find(kind, boards.key) if name == "auto" else name
+        return boards.enter_context(connect(port, kind, boards.key))
+
+    return make
+
+
+for _kind, _register in (("verifier", register_verifier), ("drafter", register_drafter)):
+    _register("virtual", _virtual(_kind))
+    _register(PORT, _on_port(_kind))
