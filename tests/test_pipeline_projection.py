@@ -5,7 +5,7 @@ import pytest
 
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
 from host.decode.gamma import GammaController
-from host.decode.hardware import UART_921600
+from host.decode.hardware import HOST_DRAFT_POSITION, UART_921600
 from host.decode.orchestrator import Round, generate
 from host.decode.pipeline_projection import PipelineProjector, judged
 from host.decode.projection import Projector, stage_body, stage_reply_body
@@ -80,6 +80,24 @@ def test_a_shipped_pair_run_projects_pipeline_plain_single_board_and_speculative
         assert p["single_board_plain_tokens_per_s"] == pytest.approx(
             n / sum(Projector(heads[0], None, "esp32s3").plain_round(len(prompt) + i) for i in range(n)))
 
+
+
+def test_a_host_drafter_costs_its_positions_on_the_host_and_no_bus(heads):
+    tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
+    prompt = tok.encode("Once upon a time")
+    r = generate(prompt, LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm"),
+                 SessionParams(), 32, GammaController(fixed=4))
+    layers = split_layers(5, 5)
+    for link in ("espnow", UART_921600.name):
+        board = PipelineProjector(heads[0], heads[1], layers, link)
+        host = PipelineProjector(heads[0], heads[1], layers, link, drafter_on_host=True)
+        for x in r.rounds:
+            assert host.draft_seconds(x) == pytest.approx((x.lag + x.gamma) * HOST_DRAFT_POSITION.value)
+            if x.gamma:
+                assert host.draft_seconds(x) < board.draft_seconds(x)
+        b, h = board.project(r, len(prompt)), host.project(r, len(prompt))
+        assert h["pipeline_plain_tokens_per_s"] == pytest.approx(b["pipeline_plain_tokens_per_s"])
+        assert h["speedup_vs_pipeline_plain"] > b["speedup_vs_pipeline_plain"]
 
 def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(heads):
     """build_stats with a pipeline verifier (its stage boards stubbed): the keys scripts read."""

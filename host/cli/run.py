@@ -276,8 +276,10 @@ def run(a: argparse.Namespace, out=None) -> dict:
         if a.stages:  # the pipeline's own projection (host/decode/pipeline_projection.py), in every stats JSON
             from host.decode.pipeline_projection import LinksReport, PipelineProjector  # noqa: PLC0415
 
-            cost_model = PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, "uart-921600")
-            projector = LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers)
+            on_host = names.get("drafter") == "cpu"  # the drafter back-end runs on this machine, not on a board
+            cost_model = PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, "uart-921600",
+                                           on_host)
+            projector = LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host)
         elif a.project or deterministic:
             from host.decode.projection import Projector  # noqa: PLC0415
 

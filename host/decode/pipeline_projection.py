@@ -12,8 +12,9 @@ relaying every position (one request in flight per stage):
     `Projector.forward(h, 1, ctx, layers=(a, b), classifier=last stage)` plus, on the last stage, one
     read of the classifier from flash (FLASH_FILE_READ: firmware/engine.py streams it);
 
-a round ends when the host holds the verdict and every reply it still waits for. Drafting is the board
-drafter's (`Projector` with the drafter on the same link kind), before the round, as the loop runs it.
+a round ends when the host holds the verdict and every reply it still waits for. Drafting comes before
+the round, as the loop runs it: on a drafter board (`Projector` with the drafter on the same link kind),
+or, with `drafter_on_host` (`--drafter cpu`), on the host CPU at HOST_DRAFT_POSITION a position, no bus.
 Links: "uart-921600" gives each board its own UART to the host; "espnow" reaches each board through a
 gateway board (USB serial, then one ESP-NOW hop), so every request and reply pays both.
 
@@ -25,7 +26,8 @@ gamma (`python -m tools.bench pipeline`) replays host-CPU runs of the shipped pa
 from __future__ import annotations
 
 from host.boardclasses import ROLE_CLASS
-from host.decode.hardware import ESPNOW, FLASH_FILE_READ, LINKS, UART_921600, USB_SERIAL_JTAG, Link
+from host.decode.hardware import (ESPNOW, FLASH_FILE_READ, HOST_DRAFT_POSITION, LINKS, UART_921600, USB_SERIAL_JTAG,
+                                  Link)
 from host.decode.orchestrator import Result, Round
 from host.decode.projection import (Projector, draft_entries, draft_req_body, frame_bytes, line_bytes, stage_body,
                                     stage_reply_body)
@@ -40,13 +42,16 @@ def judged(r: Round) -> int:
 
 
 class PipelineProjector:
-    """Replays rounds on classic-ESP32 stages holding `layers`, over `link` ("espnow" or "uart-921600")."""
+    """Replays rounds on classic-ESP32 stages holding `layers`, over `link` ("espnow" or "uart-921600"),
+    the drafts made on a drafter board or, with `drafter_on_host`, on the host CPU."""
 
-    def __init__(self, target: Header, drafter: Header | None, layers: list[tuple[int, int]], link: str):
+    def __init__(self, target: Header, drafter: Header | None, layers: list[tuple[int, int]], link: str,
+                 drafter_on_host: bool = False):
         if link not in PIPELINE_LINKS:
             raise ValueError("unknown pipeline link %r (known: %s)" % (link, ", ".join(PIPELINE_LINKS)))
         self.target, self.drafter, self.layers = target, drafter, list(layers)
         self.link_name = link
+        self.drafter_on_host = drafter_on_host
         self.hops: tuple[Link, ...] = (USB_SERIAL_JTAG, ESPNOW) if link == ESPNOW.name else (LINKS[link],)
         self.addressed = link == ESPNOW.name  # every board is behind the gateway: frames carry src and dst
         self.boards = Projector(target, drafter, ROLE_CLASS["stage"])
@@ -96,10 +101,12 @@ class PipelineProjector:
         return max(max(row) for row in held)
 
     def draft_seconds(self, r: Round) -> float:
-        """The drafter board's share of round r: catch-up and drafts, and its call (a DRAFT_REQ with the
-        previous outcome folded in, its DRAFT)."""
+        """The drafter's share of round r: catch-up and drafts, and on a board its call (a DRAFT_REQ with
+        the previous outcome folded in, its DRAFT)."""
         if not r.gamma:
             return 0.0
+        if self.drafter_on_host:
+            return (r.lag + r.gamma) * HOST_DRAFT_POSITION.value
         assert self.drafter is not None
         t = sum(self.boards.forward(self.drafter, 1, r.pos0 - r.lag + i) for i in range(r.lag + r.gamma))
         return t + self._wire(draft_req_body(r.lag + 1)) + self._wire(r.draft_body)
@@ -142,8 +149,10 @@ class LinksReport:
     """A run projected on both pipeline links: the stats JSON's `projection` (the UART figures at the top,
     each link's under `links`)."""
 
-    def __init__(self, target: Header, drafter: Header | None, layers: list[tuple[int, int]]):
-        self.projectors = {link: PipelineProjector(target, drafter, layers, link) for link in PIPELINE_LINKS}
+    def __init__(self, target: Header, drafter: Header | None, layers: list[tuple[int, int]],
+                 drafter_on_host: bool = False):
+        self.projectors = {link: PipelineProjector(target, drafter, layers, link, drafter_on_host)
+                           for link in PIPELINE_LINKS}
 
     def project(self, result: Result, prompt_len: int) -> dict:
         out = {link: p.project(result, prompt_len) for link, p in self.projectors.items()}

@@ -4,11 +4,12 @@
 
 The spec bench's prompts are decoded greedily on the host CPU back-ends (the boards' arithmetic) at each
 gamma (0: plain, no drafter); host/decode/pipeline_projection.py replays every run on N = 1..5 stages (the
-target's 5 layers split evenly) over 921600-baud UART and over ESP-NOW behind a gateway, next to plain
-decoding on one ESP32-S3 that holds the whole target. `fits` says whether each stage of that split fits
-a classic ESP32's heap (its layers' weights + a 128-position KV cache + 16 KB of buffers and tables +
-the node's 16 KB reserve <= the heap of host/boardclasses.py): only the 5-stage split does; the others
-are the model's arithmetic, not boards one can build.
+target's 5 layers split evenly) over 921600-baud UART and over ESP-NOW behind a gateway, with the drafts
+made on a drafter board or on the host CPU, next to plain decoding on one ESP32-S3 that holds the whole
+target. `fits` says whether each stage of that split fits a classic ESP32's heap (its layers' weights
++ a 128-position KV cache + 16 KB of buffers and tables + the node's 16 KB reserve <= the heap of
+host/boardclasses.py): only the 5-stage split does; the others are the model's arithmetic, not boards
+one can build.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
 from host.boardclasses import ESP32
 from host.decode.gamma import GammaController
+from host.decode.hardware import HOST_DRAFT_POSITION
 from host.decode.orchestrator import generate
 from host.decode.pipeline_projection import PIPELINE_LINKS, PipelineProjector
 from host.decode.tokenizer import Tokenizer
@@ -31,6 +33,7 @@ MODELS = ROOT / "models"
 NEW = 64
 GAMMAS = range(0, 9)
 STAGE_OVERHEAD = 16_384 + 16_384  # buffers and tables, then the node's reserve (firmware/node.py)
+DRAFTERS = {"board": "a classic-ESP32 drafter board", "host": "the host CPU (--drafter cpu)"}
 
 
 def fits(h, layers) -> bool:
@@ -47,18 +50,19 @@ def run() -> dict:
                 for p in (tok.encode(t) for t in PROMPTS)] for g in GAMMAS}
     curve: dict = {}
     for link in PIPELINE_LINKS:
-        curve[link] = {}
-        for n in range(1, 6):
-            layers = split_layers(target.n_layers, n)
-            pp = PipelineProjector(target, drafter, layers, link)
-            row = {"fits": fits(target, layers)}
-            for g, rs in runs.items():
-                secs = sum(pp.project(r, plen)["wall_s"] for plen, r in rs)
-                row[str(g)] = sum(sum(x.committed for x in r.rounds) for _, r in rs) / secs
-            plain = row["0"]
-            row["best_gamma"] = max(GAMMAS, key=lambda g: row[str(g)])
-            row["best_speedup_vs_pipeline_plain"] = row[str(row["best_gamma"])] / plain
-            curve[link][str(n)] = row
+        for where in DRAFTERS:
+            rows = curve.setdefault(link, {}).setdefault(where, {})
+            for n in range(1, 6):
+                layers = split_layers(target.n_layers, n)
+                pp = PipelineProjector(target, drafter, layers, link, drafter_on_host=where == "host")
+                row = {"fits": fits(target, layers)}
+                for g, rs in runs.items():
+                    secs = sum(pp.project(r, plen)["wall_s"] for plen, r in rs)
+                    row[str(g)] = sum(sum(x.committed for x in r.rounds) for _, r in rs) / secs
+                plain = row["0"]
+                row["best_gamma"] = max(GAMMAS, key=lambda g: row[str(g)])
+                row["best_speedup_vs_pipeline_plain"] = row[str(row["best_gamma"])] / plain
+                rows[str(n)] = row
     single_s = 0.0  # plain decoding of the same tokens on one ESP32-S3 holding the whole target
     for plen, r in runs[0]:
         p = PipelineProjector(target, None, split_layers(target.n_layers, 1), PIPELINE_LINKS[0]).project(r, plen)
@@ -69,11 +73,17 @@ def run() -> dict:
           "%d prompts x %d tokens; one ESP32-S3 holding the whole target, plain: %.2f tok/s"
           % (len(PROMPTS), NEW, single_tok_s))
     print("alpha per gamma: %s" % ", ".join("%d: %.2f" % (g, a) for g, a in alpha.items()))
-    for link, rows in curve.items():
-        print("\n%s  (gamma 0 = plain on the pipeline)" % link)
-        print("%-12s" % "stages" + "".join("%8s" % ("g=%d" % g) for g in GAMMAS) + "   best x plain")
-        for n, row in rows.items():
-            print("%-12s" % ("%s%s" % (n, "" if row["fits"] else " (no fit)"))
-                  + "".join("%8.2f" % row[str(g)] for g in GAMMAS)
-                  + "   %.2fx (g=%d)" % (row["best_speedup_vs_pipeline_plain"], row["best_gamma"]))
-    return {"single_board_plain_tok_s": single_tok_s, "alpha": {str(g): a for g, a in alpha.items()}, "curve": curve}
+    drafted = [x for rs in runs.values() for _, r in rs for x in r.rounds[1:] if x.gamma]
+    per_position = sum(x.t_draft for x in drafted) / max(1, sum(x.lag + x.gamma for x in drafted))
+    print("host drafter here: %.1f ms a drafted position (the projection uses HOST_DRAFT_POSITION, %.1f ms)"
+          % (1000 * per_position, 1000 * HOST_DRAFT_POSITION.value))
+    for link, by_drafter in curve.items():
+        for where, rows in by_drafter.items():
+            print("\n%s, drafter on %s  (gamma 0 = plain on the pipeline)" % (link, DRAFTERS[where]))
+            print("%-12s" % "stages" + "".join("%8s" % ("g=%d" % g) for g in GAMMAS) + "   best x plain")
+            for n, row in rows.items():
+                print("%-12s" % ("%s%s" % (n, "" if row["fits"] else " (no fit)"))
+                      + "".join("%8.2f" % row[str(g)] for g in GAMMAS)
+                      + "   %.2fx (g=%d)" % (row["best_speedup_vs_pipeline_plain"], row["best_gamma"]))
+    return {"single_board_plain_tok_s": single_tok_s, "host_draft_position_s": per_position,
+            "alpha": {str(g): a for g, a in alpha.items()}, "curve": curve}
