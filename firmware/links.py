@@ -26,7 +26,6 @@ import sys
 
 from shared import codec
 
-MAX_LINE = 4096  # longest frame line accepted (a DRAFT of 8 drafts x top-32 is about 1 KB as a line)
 RX_PACKETS = 8  # ESP-NOW packets the receive buffer holds (a DRAFT of 8 drafts x top-32 takes 3)
 SEND_TRIES = 3  # ESP-NOW sends of one packet before leaving the loss to the requester's retransmission
 
@@ -54,7 +53,7 @@ class _Lines:
                 self._count("text")
             return None
         end = len(line)
-        if line[end - 1] != 0x0A and end >= MAX_LINE:
+        if line[end - 1] != 0x0A and end >= codec.MAX_LINE:
             self._count("overflow")  # its tail arrives as a line of its own and counts as text
             return None
         while line[end - 1] in b"\r\n ":
@@ -93,7 +92,7 @@ class LineBuffer:
     """Stream bytes in, complete lines out, in one preallocated buffer. Add at most room() bytes at a
     time. A line that fills the whole buffer is dropped up to its newline (counted in `overflows`)."""
 
-    def __init__(self, size=MAX_LINE):
+    def __init__(self, size=codec.MAX_LINE):
         self._buf = bytearray(size)
         self._n = 0
         self._skip = False
@@ -136,7 +135,7 @@ class UartLink(_Lines):
         _Lines.__init__(self)
         from machine import UART
 
-        kw = {"baudrate": baudrate, "rxbuf": MAX_LINE}
+        kw = {"baudrate": baudrate, "rxbuf": codec.MAX_LINE}
         if tx is not None:
             kw["tx"] = tx
         if rx is not None:

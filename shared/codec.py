@@ -19,7 +19,7 @@ Frame API (a compact header: type and flags in one byte, then only the fields th
 
 Stream links (USB-serial, UART), one frame per line, printable ASCII only:
     encode_line(frame) -> b":" + base64(frame) without '=' padding + b"\\n"; line_size(n) its length
-    StreamDecoder(auth=None, max_line=4096, on_text=None).feed(chunk) -> [Frame, ...]
+    StreamDecoder(auth=None, max_line=MAX_LINE, on_text=None).feed(chunk) -> [Frame, ...]
         Accepts any chunking. Lines not starting with ':' are skipped (counted in .errors["text"],
         handed to on_text(line) if given). A line longer than max_line is discarded (.errors["overflow"]).
 
@@ -54,6 +54,7 @@ BROADCAST = 255
 FRAG_MARK = 0xFE
 FRAG_HEADER = 5
 DEFAULT_MTU = 250
+MAX_LINE = 4096  # longest frame line a stream link accepts (a DRAFT of 8 drafts x top-32 is about 1 KB)
 
 
 class CodecError(Exception):
@@ -345,7 +346,7 @@ def decode_line(text):
 class StreamDecoder(_Decoder):
     """Incremental decoder of ':'-base64 lines from a byte stream."""
 
-    def __init__(self, auth=None, max_line=4096, on_text=None):
+    def __init__(self, auth=None, max_line=MAX_LINE, on_text=None):
         _Decoder.__init__(self, auth)
         self._buf = bytearray(max_line)
         self._mv = memoryview(self._buf)
