@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: paths and the real MicroPython interpreter."""
+"""Shared pytest fixtures: paths, the real MicroPython interpreter, virtual boards and a small model pair."""
 
 import shutil
 import sys
@@ -38,3 +38,17 @@ def virtual_board(tmp_path):
     yield start
     for vb in started:
         vb.stop()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> Path:
+    """A --models folder: small random target and drafter (vocabulary 512) and the shipped tokenizer.
+    A test module that needs other models defines its own `models` fixture."""
+    from tools.testmodels import random_model
+
+    d = tmp_path_factory.mktemp("models")
+    shutil.copy(ROOT / "models" / "tokenizer.bin", d / "tokenizer.bin")
+    random_model(d / "target.spm", dim=32, n_layers=2, hidden=64, vocab=512, max_seq=128, seed=21)
+    random_model(d / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512,
+                 max_seq=128, seed=22)
+    return d

@@ -2,7 +2,6 @@
 `specmesh run --project esp32s3 --calibration FILE` pricing its projection with what it wrote."""
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -13,7 +12,6 @@ from host.decode.calibration import Rates
 from host.decode.costmodel import TERMS
 from host.decode.hardware import ESP32S3
 from host.provision.flash import flash
-from tools.testmodels import random_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,16 +25,6 @@ def board(tmp_path_factory):
         yield vb
     finally:
         vb.stop()
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    shutil.copy(ROOT / "models" / "tokenizer.bin", d / "tokenizer.bin")
-    random_model(d / "target.spm", dim=32, n_layers=2, hidden=64, vocab=512, max_seq=128, seed=21)
-    random_model(d / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512,
-                 max_seq=128, seed=22)
-    return d
 
 
 def test_a_board_without_the_node_is_told_to_flash_first(board, tmp_path, capsys):

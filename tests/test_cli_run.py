@@ -18,16 +18,6 @@ from tools.testmodels import random_model
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    shutil.copy(ROOT / "models" / "tokenizer.bin", d / "tokenizer.bin")
-    random_model(d / "target.spm", dim=32, n_layers=2, hidden=64, vocab=512, max_seq=128, seed=21)
-    random_model(d / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512,
-                 max_seq=128, seed=22)
-    return d
-
-
 def args(models, *extra):
     import argparse
 
