@@ -101,14 +101,15 @@ class PipelineVerifier:
     def _verdict(self, results: list[int], drafts: list[int]) -> tuple[int, int]:
         """rule.verify's verdict from the last stage's per-position answers (-1: draft accepted)."""
         for i, r in enumerate(results):
-            if i == len(drafts):
-                return i, r
-            if r >= 0:
-                return i, r
-            if drafts[i] == self.params.eos:
-                return i + 1, -1
+            if self._decides(i, r, drafts):
+                return (i + 1, -1) if r < 0 and i < len(drafts) else (i, r)
         raise BackendError("%s: the last stage answered %d of %d positions" % (self.name, len(results),
                                                                              len(drafts) + 1))
+
+    def _decides(self, i: int, r: int, drafts: Sequence[int]) -> bool:
+        """Whether the answer r at position i ends the verdict: the bonus position, a rejection (r is the
+        token drawn there), or an accepted end-of-stream draft."""
+        return i == len(drafts) or r >= 0 or drafts[i] == self.params.eos
 
     def _wavefront(self, start: int, feed: list[int], judged_from: int, entries: list) -> list[int]:
         """Send feed[j] (at position start + j) through every stage, position after position; the last
@@ -151,8 +152,7 @@ class PipelineVerifier:
             elif j >= judged_from:
                 (r,) = struct.unpack("<h", data)
                 results.append(r)
-                k = len(results) - 1
-                if k == len(entries) or r >= 0 or entries[k][0] == self.params.eos:
+                if self._decides(len(results) - 1, r, [e[0] for e in entries]):
                     end = j + 1  # the verdict is known: later positions are not sent on
         tr.judged = len(results)
         tr.bytes = [s.bus_bytes - b0 for s, b0 in zip(self.stages, tr.bytes)]
