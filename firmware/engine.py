@@ -15,7 +15,8 @@ API (used by the node and its roles; `firmware/` is the board's root, `shared/` 
     e.rollback(n)                         # keep the first n positions (n >= length: no-op)
     e.exp_table                           # intmath.exp_table (a view of the engine's ints; for sampling)
     e.length, e.n_ctx, e.vocab, e.header  # cached positions, context size, vocabulary, model header
-    e.heap_bytes                          # heap the loaded engine holds (weights + KV cache + buffers)
+    e.heap_bytes                          # heap the loaded engine holds (weights + KV cache + buffers;
+                                          # a model on a ROMFS keeps its int8 weights in flash, not here)
     e.viper                               # True when the viper kernels run, False on the Python fallback
 
 A pipeline stage is firmware/stage_engine.py's StageEngine, this class with `layers=(a, b)`: it loads
@@ -94,7 +95,7 @@ class Engine:
             self.a, self.b = a, b
             self.head = b == h.n_layers  # final norm and classifier here
             self._buffers(h, kmax)  # the largest first, before the weights, against fragmentation
-            t = self._load(f, h, a, b, None if layers is None else self.kv)
+            t = self._load(f, h, a, b, None if layers is None else self.kv, _rom_view(f))
         # t follows tensor_layout: tok_emb, 9 tensors per layer, final_norm, [cls]; None where not loaded
         self.tok_emb = t[0]
         self.layers = [tuple(t[1 + 9 * i:10 + 9 * i]) for i in range(a, b)]
@@ -135,9 +136,10 @@ class Engine:
         self.eps = intmath.eps_q32(h.norm_eps_bits)
 
     @staticmethod
-    def _load(f, h, a, b, scratch):
+    def _load(f, h, a, b, scratch, rom=None):
         """Read the tensors of layers a..b-1 (all of them without `scratch`) into fresh buffers, checking
-        sizes and the body CRC; tensors in file order, None for a tensor not loaded.
+        sizes and the body CRC; tensors in file order, None for a tensor not loaded. With `rom` (the file's
+        memoryview, a ROMFS file: memory-mapped flash) the int8 weights stay where they are, views of it.
 
         With `scratch` (a stage) the embedding, the other layers and the classifier are read through it
         for the CRC only, and the final norm is loaded when b is the last layer.
@@ -156,8 +158,12 @@ class Engine:
                     crc = _read(f, memoryview(scratch)[:c], c, crc)
                     left -= c
             elif kind == KIND_Q8:
-                w, ms = bytearray(rows * cols), _zeros("i", rows)
-                crc = _read(f, w, rows * cols, crc)
+                ms = _zeros("i", rows)
+                if rom is None:
+                    w = bytearray(rows * cols)
+                    crc = _read(f, w, rows * cols, crc)
+                else:
+                    w, crc = _view(f, rom, rows * cols, crc)
                 crc = _read(f, ms, 4 * rows, crc)
                 for r in range(rows):
                     ms[r] = intmath.fixed_packed(ms[r])
@@ -331,6 +337,24 @@ class Engine:
         pr[5] = add
         self._k.matmul(w, self.xq, 0, pm)
         self._k.requant(dst, self.acc, ms, pr)
+
+
+def _rom_view(f):
+    """The memoryview of a file on a ROMFS (memory-mapped flash: its bytes never come to the heap), else None."""
+    try:
+        return memoryview(f)
+    except TypeError:  # a file on a read-write filesystem (or CPython's): no buffer to view
+        return None
+
+
+def _view(f, rom, nbytes, crc):
+    """(the next nbytes of the file as a view of `rom`, the running CRC), the file moved past them."""
+    at = f.tell()
+    if at + nbytes > len(rom):
+        raise ModelFileError("model file is truncated: copy it again")
+    f.seek(at + nbytes)
+    w = rom[at:at + nbytes]
+    return w, None if crc is None else crc32(w, crc)
 
 
 def _read(f, buf, nbytes, crc):

@@ -4,7 +4,8 @@ Usage (from the repository root): micropython tests/mp_engine_runner.py PLAN.jso
 the engine's .mpy files: micropython -c "import sys; sys.path.insert(0, DIR); import mp_engine_runner" PLAN.json
 (a file: the unix port dies on a command-line argument longer than 255 bytes, a qstr's limit).
 plan: {"model": path, "kmax": int, "viper": bool, "n_ctx": int, "path": dir, "ops": [op, ...]}, and optionally
-"stages": [[a, b], ...]: the model runs as a chain of stage engines (tests/mp_stage_chain.py); `path` is a folder
+"stages": [[a, b], ...]: the model runs as a chain of stage engines (tests/mp_stage_chain.py), and "rom": the
+path of a ROMFS image mounted at /rom first (a board's memory-mapped ROMFS partition); `path` is a folder
 holding engine, kernels and shared/ (compiled .mpy, as on a board), else the source folders are used; ops:
   ["fwd", tokens, pos]   -> {"logits": [[...] per row], "argmax": [...]}
   ["feed", tokens, pos]  -> {"argmax": [...]} (the same pass, logits not reported)
@@ -76,6 +77,14 @@ def alloc(e, n, k, temp_milli):
 
 
 def run(plan):
+    if "rom" in plan:  # one allocation the size of the image (the test adds it to the VM's heap)
+        import os
+        import vfs
+
+        image = bytearray(os.stat(plan["rom"])[6])
+        with open(plan["rom"], "rb") as f:
+            f.readinto(image)
+        vfs.mount(vfs.VfsRom(image), "/rom")
     args = (plan["model"], plan.get("kmax", 1), plan.get("viper", True), plan.get("n_ctx", 0))
     if "stages" in plan:
         from mp_stage_chain import Chain  # only here: its code would take the heap-budget plans' heap

@@ -8,6 +8,7 @@ tokens identical. The engine runs from .mpy files compiled by mpy-cross for x64,
 
 import json
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,7 +47,10 @@ def run_plan(micropython, fw_dir, tmp_path_factory):
     plans = tmp_path_factory.mktemp("plans")
 
     def run(plan: dict, heap: str | None = None) -> dict:
+        """`heap`: the board's heap; a ROMFS image (flash on a board) comes on top, in this VM's heap."""
         code = "import sys; sys.path.insert(0, %r); import mp_engine_runner" % fw_dir
+        if heap and "rom" in plan:
+            heap = str(int(heap[:-1]) * (1 << (10 if heap[-1] == "k" else 20)) + Path(plan["rom"]).stat().st_size + 64)
         path = plans / ("%d.json" % len(list(plans.iterdir())))
         path.write_text(json.dumps(dict(plan, path=fw_dir)))
         cmd = [micropython] + (["-X", "heapsize=" + heap] if heap else []) + ["-c", code, str(path)]
@@ -165,6 +169,25 @@ def drafter_shape(tmp_path_factory):
     return str(path)
 
 
+def romfs_image(tmp_path: Path, model: str) -> tuple[str, str]:
+    """(a ROMFS image holding `model`, the model's path once the image is mounted at /rom)."""
+    from mpremote.romfs import make_romfs
+
+    src = tmp_path / "romfs"
+    src.mkdir()
+    (src / "m.spm").write_bytes(open(model, "rb").read())
+    image = tmp_path / "rom.img"
+    image.write_bytes(make_romfs(str(src), mpy_cross=False))
+    return str(image), "/rom/m.spm"
+
+
+@pytest.fixture(scope="module")
+def drafter_rom(drafter_shape, tmp_path_factory) -> dict:
+    """Plan keys running the drafter-shaped model from a ROMFS image, as a classic ESP32 drafter holds it."""
+    image, path = romfs_image(tmp_path_factory.mktemp("rom"), drafter_shape)
+    return {"model": path, "rom": image}
+
+
 @pytest.fixture(scope="module")
 def target_shape(tmp_path_factory):
     """A random model of stories260K's shape (the shipped target)."""
@@ -176,12 +199,14 @@ def target_shape(tmp_path_factory):
 @pytest.mark.parametrize("which, heap", [("drafter", "128k"), ("target", "8M")])
 @pytest.mark.parametrize("k", [1, 5])
 @pytest.mark.parametrize("temp_milli", [0, 800])
-def test_token_loop_allocates_nothing(run_plan, drafter_shape, target_shape, which, heap, k, temp_milli):
+def test_token_loop_allocates_nothing(run_plan, drafter_shape, drafter_rom, target_shape, which, heap, k, temp_milli):
     """100 tokens after warm-up, with the GC off: not one heap byte (greedy: argmax; sampled: the
-    temperature weights into a preallocated table and a PRNG draw), at a board's heap size."""
+    temperature weights into a preallocated table and a PRNG draw), at a board's heap size (the drafter's
+    weights on a ROMFS, as a classic ESP32 holds them)."""
     path = drafter_shape if which == "drafter" else target_shape
-    got = run_plan({"model": path, "kmax": k, "n_ctx": 128 if which == "drafter" else 0,
-                    "ops": [["feed", [5], 0], ["alloc", 100, k, temp_milli]]}, heap=heap)
+    where = drafter_rom if which == "drafter" else {"model": path}
+    got = run_plan(dict(where, kmax=k, n_ctx=128 if which == "drafter" else 0,
+                        ops=[["feed", [5], 0], ["alloc", 100, k, temp_milli]]), heap=heap)
     assert "error" not in got, got
     step = got["results"][1]
     assert step["allocated"] == 0
@@ -207,14 +232,38 @@ def alloc_reference(path, n, k, temp_milli):
 
 
 @pytest.mark.parametrize("n_ctx, heap", [(128, "112k"), (0, "112k")])
-def test_drafter_shape_runs_in_a_board_heap(run_plan, drafter_shape, n_ctx, heap):
-    # The x64 port: 80 KB of engine for the d40 drafter at 256 positions (52 KB int8 weights and their
-    # scales, 11 KB of int8 KV cache, RoPE table, buffers; 74 KB at 128) + the loaded .mpy code, in about
-    # a classic ESP32's 110,536 bytes (the whole node's budget: tests/test_firmware_budget.py).
+def test_drafter_shape_runs_in_a_board_heap(run_plan, drafter_rom, n_ctx, heap):
+    # The x64 port: the drafter's engine with its int8 weights on a ROMFS (KV cache, scales, RoPE table,
+    # buffers) + the loaded .mpy code, in about a classic ESP32's 110,536 bytes (the whole node's budget:
+    # tests/test_firmware_budget.py).
     n = (n_ctx or 256) - 1
-    got = run_plan({"model": drafter_shape, "n_ctx": n_ctx, "ops": [["feed", [5], 0], ["decode", n]]}, heap=heap)
+    got = run_plan(dict(drafter_rom, n_ctx=n_ctx, ops=[["feed", [5], 0], ["decode", n]]), heap=heap)
     assert "error" not in got, got
     assert got["length"] == n + 1 and got["results"][1]["decoded"] == n
+
+
+def test_a_model_on_romfs_runs_in_place(run_plan, drafter_shape, tmp_path):
+    """Its int8 weights stay in the (memory-mapped) image: the engine's heap shrinks by their bytes, and every
+    logit is the same as with the model read into the heap."""
+    from shared.modelfile import HEADER_SIZE, KIND_Q8, parse_header, tensor_layout
+
+    ops = greedy_plan(PROMPT, 1, 8)
+    heap = run_plan({"model": drafter_shape, "ops": ops})
+    image, path = romfs_image(tmp_path, drafter_shape)
+    rom = run_plan({"model": path, "rom": image, "ops": ops})
+    assert "error" not in rom, rom
+    assert rom["results"] == heap["results"]
+    h = parse_header(open(drafter_shape, "rb").read(HEADER_SIZE))
+    weights = sum(r * c for _n, kind, r, c in tensor_layout(h) if kind == KIND_Q8)
+    assert heap["heap_bytes"] - rom["heap_bytes"] >= weights
+
+
+def test_a_truncated_model_on_romfs_is_refused(run_plan, model, tmp_path):
+    short = tmp_path / "short.spm"
+    short.write_bytes(open(model, "rb").read()[:-300])
+    image, path = romfs_image(tmp_path, str(short))
+    got = run_plan({"model": path, "rom": image, "ops": []})
+    assert "ModelFileError" in got["error"] and "truncated" in got["error"]
 
 
 @pytest.mark.parametrize("damage, message", [

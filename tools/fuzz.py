@@ -13,8 +13,8 @@ signed.
   input taking over a second; heap drift is tracemalloc's traced bytes at the end minus after the first
   tenth (at least 1000 inputs, or half a shorter run, so the decoders' bounded state is full), with
   the decoders' state bounds (partials, line buffer) checked throughout.
-- MicroPython, `--node-frames` inputs: the firmware node as a classic ESP32 runs it (the shipped drafter,
-  a classic ESP32's heap (host/boardclasses.py), the node's code frozen: the VM gets that heap plus what
+- MicroPython, `--node-frames` inputs: the firmware node as a classic ESP32 runs it (the shipped drafter on
+  its ROMFS, a classic ESP32's heap (host/boardclasses.py), the node's code frozen: the VM gets that heap plus what
   the code holds, as tests/test_firmware_budget.py models a board), fed the inputs as lines (RESET and
   CONFIGURE excluded: they end the node or move its id), with a PING every 100 inputs that must come
   back within 10 s (a hang otherwise) and STATS every 1000: its heap_free after a collection, after the
@@ -145,15 +145,16 @@ def fuzz_cpython(n: int, seed: int) -> dict:
 
 
 def fuzz_node(n: int, seed: int, micropython: str) -> dict:
-    from tools.nodeproc import NodeFailure, NodeProc, code_heap, flash, shipped_model  # noqa: PLC0415
+    from tools.nodeproc import NodeFailure, NodeProc, code_heap, flash, rom_image, shipped_model  # noqa: PLC0415
 
     r = random.Random(seed + 1)
     report = {"inputs": n, "crashes": 0, "hangs": 0, "examples": [], "heap_free": []}
     with tempfile.TemporaryDirectory(prefix="specmesh-fuzz-") as tmp:
         board = Path(tmp)
         flash(board)
-        node = NodeProc(micropython, board, {"role": "drafter", "model": shipped_model("drafter")},
-                        heap=ESP32_HEAP + code_heap(micropython, board), flashed=True)
+        rom = rom_image([Path(shipped_model("drafter"))], Path(tmp) / "rom.img")
+        node = NodeProc(micropython, board, {"role": "drafter", "model": "/rom/drafter.spm"},
+                        heap=ESP32_HEAP + code_heap(micropython, board), flashed=True, rom=rom)
         gen = inputs(r, node=True)
         t0 = time.perf_counter()
         try:

@@ -26,6 +26,13 @@ from shared import messages as m
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# a node with a ROMFS: the image in one allocation first (its GC block rounding is the slack), mounted at /rom,
+# then the node's main.py
+BOOT_ROM = ("import os, sys, vfs\nb = bytearray(os.stat(%r)[6])\nf = open(%r, 'rb')\nf.readinto(b)\nf.close()\n"
+            "vfs.mount(vfs.VfsRom(b), '/rom')\ndel b, f\nsys.path.insert(0, %r)\nimport main\nmain.main()\n")
+ROM_SLACK = 64
+
+
 class NodeFailure(AssertionError):
     """The node did not answer, or refused a request it should have served."""
 
@@ -41,6 +48,19 @@ def flash(board_dir: Path, march: str = "x64") -> None:
 def shipped_model(name: str) -> str:
     """Path of the shipped models/<name>.spm."""
     return str(ROOT / "models" / (name + ".spm"))
+
+
+def rom_image(files: list[Path], out: Path) -> Path:
+    """A ROMFS image at `out` holding `files` at its root (mpremote's builder), for NodeProc(rom=...)."""
+    from mpremote.romfs import make_romfs
+
+    src = out.with_name(out.name + ".src")
+    src.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        shutil.copy(f, src / f.name)
+    out.write_bytes(make_romfs(str(src), mpy_cross=False))
+    shutil.rmtree(src)
+    return out
 
 
 def seq_of(frame: bytes) -> int:
@@ -73,7 +93,9 @@ class NodeProc:
 
     def __init__(self, micropython: str, board_dir: Path, config: dict | None = None,
                  heap: int | None = None, node_id: int = 1, flashed: bool = False, env: dict | None = None,
-                 auth: codec.Auth | None = None):
+                 auth: codec.Auth | None = None, rom: Path | None = None):
+        """`rom`: a ROMFS image (rom_image) the node finds mounted at /rom, as a board's ROMFS partition; it is
+        memory-mapped flash on a board, so the VM's heap grows by its bytes."""
         board_dir.mkdir(parents=True, exist_ok=True)
         if config is not None:
             (board_dir / "specmesh.json").write_text(json.dumps(config))
@@ -88,6 +110,10 @@ class NodeProc:
         self._frames: list[codec.Frame] = []
         # flashed: the board directory holds the node (see flash()); else run it from the source tree
         main = board_dir / "main.py" if flashed else ROOT / "firmware" / "main.py"
+        if rom is not None:  # a script beside the image (the unix port limits a -c argument to 255 bytes)
+            heap = heap and heap + rom.stat().st_size + ROM_SLACK
+            main = rom.with_name(rom.name + ".boot.py")
+            main.write_text(BOOT_ROM % (str(rom), str(rom), str(board_dir if flashed else ROOT / "firmware")))
         cmd = [micropython] + (["-X", "heapsize=%d" % heap] if heap else []) + [str(main)]
         env = dict(os.environ, MICROPYPATH=".frozen" if flashed else "%s:.frozen" % ROOT) | (env or {})
         self.proc = subprocess.Popen(cmd, cwd=board_dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
