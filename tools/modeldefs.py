@@ -48,6 +48,7 @@ DRAFTERS = {  # drafter shapes distilled from the target (tok512 vocabulary; con
     "d48l2kv1": ModelArgs(dim=48, n_layers=2, n_heads=4, n_kv_heads=1, hidden=96, max_seq=256),
     "d48l2": ModelArgs(dim=48, n_layers=2, n_heads=4, n_kv_heads=2, hidden=128, max_seq=256),
     "d64l1": ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=1, hidden=128, max_seq=256),
+    "d64l2kv1": ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=1, hidden=128, max_seq=256),
 }
 
 
@@ -147,19 +148,29 @@ class Transformer(nn.Module):
         return [[torch.zeros(batch, a.n_kv_heads, a.max_seq, a.head_dim) for _ in "kv"] for _ in self.layers]
 
     @torch.no_grad()
-    def sample(self, n: int, length: int, generator: torch.Generator, temperatures=(1.0,)) -> torch.Tensor:
+    def sample(self, n: int, length: int, generator: torch.Generator, temperatures=(1.0,),
+               openings: list[list[int]] | None = None) -> torch.Tensor:
         """n sequences [n, length + 1]: BOS, then `length` tokens sampled, the rows split evenly over
         `temperatures` (a story that ends runs on into the next, BOS between them, as the model was trained).
-        A row sampled cooler than 1 starts at temperature 1 for a random 4 to 48 tokens, so its cool text
-        continues varied openings, as a prompt's continuation does."""
+        With `openings` (n token lists from BOS, each shorter than length), row i starts with openings[i]
+        and the model continues it, as it continues a user's prompt. Without, a row sampled cooler than 1
+        starts at temperature 1 for a random 4 to 48 tokens, so its cool text continues varied openings."""
         seq = torch.full((n, length + 1), BOS, dtype=torch.long)
         cool = torch.tensor([temperatures[i * len(temperatures) // n] for i in range(n)])
-        warm_for = torch.where(cool < 1.0, torch.randint(4, 49, (n,), generator=generator), 0)
+        given = torch.zeros(n, dtype=torch.long)  # tokens each row opens with, not sampled
+        if openings is None:
+            warm_for = torch.where(cool < 1.0, torch.randint(4, 49, (n,), generator=generator), 0)
+        else:
+            warm_for = given
+            for i, o in enumerate(openings):
+                seq[i, :len(o)] = torch.tensor(o)
+                given[i] = len(o)
         cache = self.new_cache(n)
         for pos in range(length):
             temp = torch.where(warm_for > pos, 1.0, cool)[:, None]
             probs = torch.softmax(self(seq[:, pos:pos + 1], cache, pos)[:, -1].float() / temp, -1)
-            seq[:, pos + 1] = torch.multinomial(probs, 1, generator=generator)[:, 0]
+            drawn = torch.multinomial(probs, 1, generator=generator)[:, 0]
+            seq[:, pos + 1] = torch.where(given > pos + 1, seq[:, pos + 1], drawn)
         return seq
 
     def n_params(self) -> int:

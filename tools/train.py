@@ -28,22 +28,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from host.decode.tokenizer import Tokenizer
-from tools.modelcard import heldout_stories
+from tools.modelcard import PROMPT_TOKENS, heldout_stories
 from tools.modeldefs import DRAFTERS, Transformer, from_model_file
 
 MODELS = Path("models")
-
-
-def story_batch(tok: Tokenizer, stories: list[str], max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [n, T], mask [n, T - 1] of real next-token positions), stories padded with BOS."""
-    ids = [tok.encode(s)[:max_len] for s in stories]
-    t = max(len(i) for i in ids)
-    x = torch.full((len(ids), t), 1, dtype=torch.long)
-    mask = torch.zeros(len(ids), t - 1, dtype=torch.bool)
-    for r, i in enumerate(ids):
-        x[r, :len(i)] = torch.tensor(i)
-        mask[r, :len(i) - 1] = True
-    return x, mask
+MIN_OPENING, MAX_OPENING = 4, 48  # real tokens a pool row opens with, after BOS
 
 
 @torch.no_grad()
@@ -60,13 +49,38 @@ def agreement(student: Transformer, teacher: Transformer, x: torch.Tensor, mask:
             "kl": float((p * (p.clamp_min(1e-12).log() - lq)).sum(-1).mean())}
 
 
+def openings_of(tok: Tokenizer, path: Path) -> list[list[int]]:
+    """Token lists (from BOS) of the paragraphs of a text file (blank-line separated), for pool openings."""
+    return [ids for ids in (tok.encode(s) for s in heldout_stories(path)) if len(ids) > MIN_OPENING]
+
+
 @torch.no_grad()
-def target_pool(teacher: Transformer, a, pool_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def target_pool(teacher: Transformer, a, pool_id: int, openings: list[list[int]] | None) -> tuple[torch.Tensor, torch.Tensor]:
     """A pool of `a.pool` stories the target samples (seeded by seed and pool number) and the target's
-    log-probabilities at each of their positions (float16, computed once for all the batches drawn)."""
-    pool = teacher.sample(a.pool, a.seq, torch.Generator().manual_seed(a.seed * 1_000_003 + pool_id), a.temps)
+    log-probabilities at each of their positions (float16, computed once for all the batches drawn).
+    With `openings`, each row opens with the first MIN_OPENING to MAX_OPENING tokens of a paragraph drawn
+    from them and the target continues it: the text a drafter meets after a user's prompt."""
+    g = torch.Generator().manual_seed(a.seed * 1_000_003 + pool_id)
+    rows = None
+    if openings:
+        pick = torch.randint(0, len(openings), (a.pool,), generator=g).tolist()
+        cut = torch.randint(MIN_OPENING, MAX_OPENING + 1, (a.pool,), generator=g).tolist()
+        rows = [openings[i][:1 + c] for i, c in zip(pick, cut)]
+    pool = teacher.sample(a.pool, a.seq, g, a.temps, rows)
     lp = torch.cat([torch.log_softmax(teacher(pool[i:i + 64, :-1]), -1).half() for i in range(0, a.pool, 64)])
     return pool, lp
+
+
+@torch.no_grad()
+def continued_prompts(teacher: Transformer, tok: Tokenizer, stories: list[str], new: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, mask of the positions to score): each story's first PROMPT_TOKENS tokens continued by the
+    target at T = 1 for `new` tokens (a fixed seed), scored on the continuation only: the text the model
+    card measures acceptance on, from stories it does not measure."""
+    prompts = [ids[:PROMPT_TOKENS] for ids in (tok.encode(s) for s in stories) if len(ids) >= PROMPT_TOKENS]
+    x = teacher.sample(len(prompts), PROMPT_TOKENS + new - 1, torch.Generator().manual_seed(0), (1.0,), prompts)
+    mask = torch.zeros(x.shape[0], x.shape[1] - 1, dtype=torch.bool)
+    mask[:, PROMPT_TOKENS - 1:] = True
+    return x, mask
 
 
 def qhat(lq: torch.Tensor, k: int) -> torch.Tensor:
@@ -95,7 +109,8 @@ def train(a) -> dict:
     for p in teacher.parameters():
         p.requires_grad_(False)
     tok = Tokenizer.from_llama2c(a.tokenizer)
-    val_x, val_mask = story_batch(tok, heldout_stories(a.heldout)[:a.val_stories], a.seq + 1)
+    val_x, val_mask = continued_prompts(teacher, tok, heldout_stories(a.heldout)[:a.val_stories], a.val_new)
+    openings = openings_of(tok, a.openings) if a.openings else None
     cfg = DRAFTERS[a.shape]
     model = Transformer(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01, betas=(0.9, 0.95))
@@ -126,7 +141,7 @@ def train(a) -> dict:
     for step in bar:
         if step // a.refresh != pool_id:  # a new pool of target stories, a pure function of (seed, pool)
             pool_id = step // a.refresh
-            pool, pool_lp = target_pool(teacher, a, pool_id)
+            pool, pool_lp = target_pool(teacher, a, pool_id, openings)
         for grp in opt.param_groups:
             grp["lr"] = lr_at(step, time.time() - t0, a)
         g = torch.Generator().manual_seed(a.seed * 7_919 + step)
@@ -173,6 +188,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokenizer", type=Path, default=MODELS / "tokenizer.bin")
     ap.add_argument("--heldout", type=Path, default=MODELS / "heldout.txt")
     ap.add_argument("--val-stories", type=int, default=64)
+    ap.add_argument("--val-new", type=int, default=96, help="tokens the target continues each held-out prompt with")
+    ap.add_argument("--openings", type=Path, help="paragraphs (blank-line separated) the pool rows open with")
     ap.add_argument("--init", type=Path, help="start from this checkpoint's weights (a second phase)")
     ap.add_argument("--loss", choices=("kl", "tv"), default="kl",
                     help="KL(target || drafter), or the total variation between the target and the drafter's "
@@ -196,7 +213,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
-    for p in (a.teacher, a.tokenizer, a.heldout):
+    for p in (a.teacher, a.tokenizer, a.heldout) + ((a.openings,) if a.openings else ()):
         if not p.exists():
             print("train: %s not found" % p, file=sys.stderr)
             return 1
