@@ -43,7 +43,8 @@ def test_bench_measures_every_term_and_run_projects_with_it(board, models, tmp_p
     out = capsys.readouterr().out
     assert "written to %s" % path in out
     data = json.loads(path.read_text())
-    assert set(data["seconds_per_unit"]) == set(TERMS)
+    held = set(TERMS) - {"weights_flash"}  # a PSRAM board keeps its model there, none on a ROMFS to time
+    assert set(data["seconds_per_unit"]) == held
     assert all(v > 0 for v in data["seconds_per_unit"].values())
     assert data["board"]["platform"] == "linux" and data["board"]["arch"] == "x64"
     # the rates were fitted to kernels and one target token: a 5-position verify is projected from
@@ -52,7 +53,7 @@ def test_bench_measures_every_term_and_run_projects_with_it(board, models, tmp_p
     assert 0.5 < five["projected_us"] / five["measured_us"] < 2
     assert "target verify of 5: measured" in out
     rates = Rates.load(path, ESP32S3)
-    assert rates.measured == set(TERMS) and "calibrated on" in rates.source
+    assert rates.measured == held and "calibrated on" in rates.source
     # a virtual board runs the kernels far faster than a 240 MHz Xtensa core: the projection shows it
     assert rates.seconds["matmul_1"] < Rates.derived(ESP32S3).seconds["matmul_1"] / 10
 
@@ -61,7 +62,7 @@ def test_bench_measures_every_term_and_run_projects_with_it(board, models, tmp_p
                    "--quiet", "--project", "esp32s3", "--calibration", str(path), "--stats-json", str(stats_file)])
     assert rc == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("projection rates"))
-    assert line.split(None, 2)[2].startswith("calibrated on") and "%d of %d terms measured" % (len(TERMS), len(TERMS)) in line
+    assert line.split(None, 2)[2].startswith("calibrated on") and "%d of %d terms measured" % (len(held), len(TERMS)) in line
     calibrated = json.loads(stats_file.read_text())["projection"]
     assert cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--max-tokens", "12",
                      "--quiet", "--project", "esp32s3", "--stats-json", str(stats_file)]) == 0

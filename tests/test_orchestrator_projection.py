@@ -81,7 +81,7 @@ def test_verify_cost_on_a_compute_bound_board_grows_with_positions():
 def test_every_step_of_the_engine_is_a_term_and_attention_grows_with_context():
     p = Projector(TARGET, DRAFTER, "esp32s3")
     short, long = p.terms(TARGET, 1, 10), p.terms(TARGET, 1, 210)
-    assert set(short) == set(TERMS) - {"matmul_5"}
+    assert set(short) == set(TERMS) - {"matmul_5", "weights_flash"}  # an S3 keeps the target in PSRAM
     assert all(v > 0 for v in short.values())
     for t in ("kv_reads", "kv_psram"):  # per cached position
         assert long[t] == pytest.approx(21 * short[t])

@@ -5,7 +5,8 @@ import pytest
 
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
 from host.decode.gamma import GammaController
-from host.decode.hardware import HOST_DRAFT_POSITION, UART_921600
+from host.decode.costmodel import weight_bytes
+from host.decode.hardware import FLASH_MAP_STREAM, HOST_DRAFT_POSITION, UART_921600
 from host.decode.orchestrator import Round, generate
 from host.decode.pipeline_projection import PipelineProjector, judged
 from host.decode.projection import Projector, stage_body, stage_reply_body
@@ -24,12 +25,23 @@ def heads():
 
 def test_stage_costs_add_up_to_the_whole_model(heads):
     target = heads[0]
-    p = Projector(target, None, "esp32")  # no PSRAM term: only MACs
+    p = Projector(target, None, "esp32")  # no PSRAM term: stages hold their layers in the heap
+    whole = sum(t for name, t in p.terms(target, 3, 40).items() if name != "weights_flash")
     for n in (1, 2, 5):
         layers = split_layers(5, n)
         parts = sum(p.forward(target, 3, 40, ab, classifier=ab[1] == 5) for ab in layers)
-        assert parts == pytest.approx(p.forward(target, 3, 40))
+        assert parts == pytest.approx(whole)
     assert p.forward(target, 1, 40, (0, 1), classifier=False) < p.forward(target, 1, 40, (4, 5), classifier=True)
+
+
+def test_a_whole_model_on_a_board_without_psram_reads_its_weights_from_romfs(heads):
+    target, drafter = heads
+    p = Projector(target, drafter, "esp32")
+    terms = p.terms(drafter, 1, 50)
+    assert terms["weights_flash"] == pytest.approx(weight_bytes(drafter) / FLASH_MAP_STREAM.value)
+    assert "kv_psram" not in terms and "weights_psram" not in terms  # its KV cache is in the heap
+    assert "weights_flash" not in p.terms(target, 1, 50, (0, 1), classifier=False)  # a stage's slice: heap
+    assert "weights_flash" not in Projector(target, drafter, "esp32s3").terms(drafter, 1, 50)  # PSRAM board
 
 
 def test_one_position_costs_request_compute_and_reply_at_every_stage(heads):

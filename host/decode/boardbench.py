@@ -3,8 +3,9 @@
 The board must hold the node (`specmesh flash`): the script below, run over mpremote's raw REPL,
 imports the board's own kernels and engine and times, best of several calls (ticks_us), each kernel on
 the shipped target's shapes (matmul over 1 and 5 positions, quant and requant, RMSNorm, RoPE,
-attention, SiLU, argmax), a strided read of a large buffer (the PSRAM stream rate), and a whole greedy
-token of each model the board holds that fits its heap. The host divides each time by the work
+attention, SiLU, argmax), a strided read of a large buffer (the PSRAM stream rate) and of a model on its
+ROMFS (the memory-mapped flash rate), and a whole greedy token of each model the board holds that fits its
+heap. The host divides each time by the work
 host/decode/costmodel.py counts for the same call, giving seconds per unit for each term; the interpreted
 calls between kernels (`engine`) are what the measured target token leaves over. The board is
 soft-reset back into its node afterwards.
@@ -112,15 +113,32 @@ big = bytearray(n)
 out['stream'] = [n, best(stride_read, big, n)]
 del big
 gc.collect()
+
+def where(name):
+    # a model on the board's ROMFS (read in place from flash), else on its filesystem
+    for path in ('/rom/%%s.spm' %% name, 'models/%%s.spm' %% name):
+        try:
+            open(path).close()
+            return path
+        except OSError:
+            pass
+
+for name in ('drafter', 'target'):
+    path = where(name)
+    if path and path.startswith('/rom/'):
+        with open(path, 'rb') as f:
+            mv = memoryview(f)
+            n = len(mv) // 32 * 32
+            out['flash'] = [n, best(stride_read, mv, n)]
+        del mv
 from engine import Engine
 for name in ('drafter', 'target'):
-    try:
-        open('models/%%s.spm' %% name).close()
-    except OSError:
+    path = where(name)
+    if path is None:
         continue
     gc.collect()
     try:
-        e = Engine('models/%%s.spm' %% name, 5 if name == 'target' else 1)
+        e = Engine(path, 5 if name == 'target' else 1)
     except MemoryError:
         out[name] = 'no heap'
         continue
@@ -131,7 +149,7 @@ for name in ('drafter', 'target'):
         e.forward(one, 32)
         one[0] = e.argmax(0)
         e.rollback(32)
-    with open('models/%%s.spm' %% name, 'rb') as f:
+    with open(path, 'rb') as f:
         hd = f.read(HEADER_SIZE)
     out[name] = [best(step), list(hd)]
     if name == 'target':
@@ -196,6 +214,9 @@ def rates(measured: dict) -> tuple[dict[str, float], dict]:
     s["embed_argmax"] = per_unit("argmax")
     n, us = measured["stream"]
     s["weights_psram"] = s["kv_psram"] = us * 1e-6 / n
+    if "flash" in measured:  # a model on the board's ROMFS: memory-mapped flash read the same way
+        n, us = measured["flash"]
+        s["weights_flash"] = us * 1e-6 / n
     check: dict = {}
     heads = {}
     for name in ("drafter", "target"):

@@ -1,8 +1,8 @@
 """Seconds per unit of work of each cost term: derived from host/decode/hardware.py, or measured on a board.
 
 `Rates.derived(board)` prices host/decode/costmodel.py's terms with the hardware figures (instructions at
-CPI cycles each at the board's clock, kernel calls at KERNEL_CALL cycles, PSRAM bytes at its stream
-rate). `specmesh bench --port PORT` (host/decode/boardbench.py) measures the same terms on a board and writes a
+CPI cycles each at the board's clock, kernel calls at KERNEL_CALL cycles, PSRAM and memory-mapped flash
+bytes at their stream rates). `specmesh bench --port PORT` (host/decode/boardbench.py) measures the same terms on a board and writes a
 calibration file; `Rates.load(path)` reads it back, and `specmesh run --project BOARD --calibration FILE`
 projects with it. A term the file does not measure keeps its derived rate, and says so.
 
@@ -42,6 +42,7 @@ class Rates:
         s["engine"] = KERNEL_CALL.value / clock
         stream = board.weight_stream_bps.value
         s["weights_psram"] = s["kv_psram"] = 1 / stream if stream else 0.0
+        s["weights_flash"] = 1 / board.flash_map_bps.value
         return cls(s, "derived (host/decode/hardware.py)")
 
     @classmethod

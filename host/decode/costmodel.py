@@ -19,6 +19,11 @@ trip counts, plus the calls from engine.py into the kernels and the bytes stream
 | engine | kernel calls from engine.py (interpreted Python between kernels) | call |
 | weights_psram | weight bytes of a model over SRAM_BUDGET, once per pass | byte |
 | kv_psram | KV-cache bytes read once per layer when the model lives in PSRAM | byte |
+| weights_flash | weight bytes of a model on a ROMFS (memory-mapped flash), once per pass | byte |
+
+A whole model on a board without PSRAM runs from the board's ROMFS (`specmesh flash` puts it there: the
+heap keeps the engine's buffers and KV cache only), so its weights stream from flash; a pipeline stage's
+slice sits in the heap.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from shared.modelfile import FLAG_SHARED_CLS, Header, tensor_bytes, tensor_layou
 SRAM_BUDGET = 256 * 1024  # model bytes an ESP32-S3 keeps in internal SRAM; larger ones live in PSRAM
 COMPUTE = ("matmul_1", "matmul_5", "requant", "residual", "rmsnorm", "rope", "softmax", "kv_reads", "silu",
            "embed_argmax")
-TERMS = COMPUTE + ("engine", "weights_psram", "kv_psram")
+TERMS = COMPUTE + ("engine", "weights_psram", "kv_psram", "weights_flash")
 
 
 def layer_span(h: Header, layers: tuple[int, int] | None) -> tuple[int, int]:
@@ -124,9 +129,10 @@ def silu(w: Work, hidden: int, k: int) -> None:
 
 
 def pass_work(h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None,
-              classifier: bool = True) -> Work:
+              classifier: bool = True, on_romfs: bool = False) -> Work:
     """The work of one engine.forward over k positions ending at context length ctx, restricted to
-    layers a..b-1 (and the classifier when `classifier`), as firmware/engine.py does it."""
+    layers a..b-1 (and the classifier when `classifier`), as firmware/engine.py does it; `on_romfs`: the
+    weights stay in memory-mapped flash (the KV cache in the heap)."""
     a, b = layer_span(h, layers)
     d, qd, kvd, hid = h.dim, h.n_heads * h.head_dim, h.kv_dim, h.hidden
     w = Work()
@@ -170,7 +176,10 @@ def pass_work(h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None
         w.add("embed_argmax", k * h.vocab * loop_insns("argmax", 0))
         w.add("engine", 2 + 2 * blocks + k)  # rmsnorm, quant, (matmul, requant) per block, argmax per row
     size = weight_bytes(h, layers, classifier)
-    if size > SRAM_BUDGET:  # the board holds this slice in PSRAM, its KV cache too
+    if on_romfs:
+        w.add("weights_flash", size)
+        w.pop("kv_psram", None)
+    elif size > SRAM_BUDGET:  # the board holds this slice in PSRAM, its KV cache too
         w.add("weights_psram", size)
     else:
         w.pop("kv_psram", None)

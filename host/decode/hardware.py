@@ -50,6 +50,7 @@ class Board:
     clock_hz: Figure
     mac_per_s: Figure  # int8 MACs/s of a @micropython.viper dot-product loop, weights in fast RAM
     weight_stream_bps: Figure  # bytes/s for weights that live in PSRAM (0: model kept in SRAM)
+    flash_map_bps: Figure  # bytes/s for weights read in place from a ROMFS (memory-mapped flash)
 
 
 @dataclass(frozen=True)
@@ -126,9 +127,16 @@ PSRAM_STREAM = Figure(
     "Applies to weights of a model over SRAM_BUDGET (host/decode/costmodel.py) and to its KV cache, which "
     "lives in the same PSRAM heap.")
 
-ESP32S3 = Board(boardclasses.ESP32S3.name, Figure(240e6, "Hz", "S3-DS"), VIPER_MAC, PSRAM_STREAM)
+FLASH_MAP_STREAM = Figure(
+    5e6, "B/s", "derived",
+    "[SPI-FL]: 40 MHz DIO flash moves 10 MB/s at the pins. A model on a ROMFS is read in place through "
+    "the flash cache (32-byte lines; the interpreter's own code competes for the same cache), assumed to "
+    "sustain half of it: 5 MB/s (assumption, to be replaced by a HIL measurement). Applies to a whole "
+    "model on a board without PSRAM (host/decode/costmodel.py: weights_flash), once per pass.")
+
+ESP32S3 = Board(boardclasses.ESP32S3.name, Figure(240e6, "Hz", "S3-DS"), VIPER_MAC, PSRAM_STREAM, FLASH_MAP_STREAM)
 ESP32 = Board(boardclasses.ESP32.name, Figure(240e6, "Hz", "ESP32-DS"), VIPER_MAC,
-              Figure(0.0, "B/s", "ESP32-DS", "no PSRAM: models in SRAM"))
+              Figure(0.0, "B/s", "ESP32-DS", "no PSRAM: models in SRAM"), FLASH_MAP_STREAM)
 
 USB_SERIAL_JTAG = Link("usb-serial-jtag", Figure(12e6, "bit/s", "USJ"), 8,
                        Figure(1e-3, "s", "derived", "USB full-speed frames are 1 ms [USJ]: a message "
@@ -160,7 +168,7 @@ def sources() -> list[dict]:
                            ("kernel_call", KERNEL_CALL), ("flash_file_read", FLASH_FILE_READ),
                            ("host_draft_position", HOST_DRAFT_POSITION))]
     for b in BOARDS.values():
-        for attr in ("clock_hz", "mac_per_s", "weight_stream_bps"):
+        for attr in ("clock_hz", "mac_per_s", "weight_stream_bps", "flash_map_bps"):
             f = getattr(b, attr)
             out.append({"name": "%s.%s" % (b.name, attr), "value": f.value, "unit": f.unit,
                         "source": f.source, "note": f.note})

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from host.decode.calibration import Rates
 from host.decode.costmodel import SRAM_BUDGET, layer_span, pass_work, weight_bytes
+from host.boardclasses import BOARD_CLASSES
 from host.decode.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, Board, Link
 from host.decode.orchestrator import Result, Round
 from shared.codec import line_size
@@ -113,13 +114,15 @@ class Projector:
                 classifier: bool = True) -> float:
         """Seconds for one batched pass over k positions ending at context length ctx, through layers
         a..b-1 only when layers = (a, b) (all when None), plus the classifier when `classifier`; the
-        board holds just that slice, so its weights stream from PSRAM only when the slice outgrows SRAM."""
+        board holds just that slice, so its weights stream from PSRAM only when the slice outgrows SRAM,
+        and a whole model on a board without PSRAM is read in place from its ROMFS."""
         return sum(self.terms(h, k, ctx, layers, classifier).values())
 
     def terms(self, h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None,
               classifier: bool = True) -> dict[str, float]:
         """forward()'s seconds by term (host/decode/costmodel.py)."""
-        return self.rates.times(pass_work(h, k, ctx, layers, classifier))
+        on_romfs = layers is None and not BOARD_CLASSES[self.board.name].psram_bytes
+        return self.rates.times(pass_work(h, k, ctx, layers, classifier, on_romfs))
 
     def exchange(self, role: str, request: int, reply: int) -> int:
         """Line bytes of one request/reply exchange with the `role` board, payloads of these sizes."""
