@@ -1,4 +1,4 @@
-"""The board classes: each class's memory facts (MicroPython heap, PSRAM, filesystem), with sources.
+"""The board classes: each class's memory facts (MicroPython heap, PSRAM, filesystem, ROMFS), with sources.
 
 The one registry the emulator (host/emulator/board.py sizes a virtual board from it), cluster start-up
 (`ROLE_CLASS`: the class a role's virtual board is), the projection's cost figures (host/decode/hardware.py,
@@ -17,9 +17,18 @@ class BoardClass:
     heap_bytes: int  # -X heapsize= of the VM: the GC heap a MicroPython program gets on the real board
     psram_bytes: int  # external RAM (0: none; the heap is then internal SRAM only)
     flash_fs_bytes: int  # size of the board's filesystem partition (statvfs; a fixed-size flash's default)
+    romfs_bytes: int  # size of the ROMFS partition (memory-mapped flash at /rom, off the heap; 0: none)
     machine: str  # os.uname().machine: MICROPY_HW_BOARD_NAME " with " MICROPY_HW_MCU_NAME of the firmware
     source: str
 
+
+# ROMFS (https://docs.micropython.org/en/latest/reference/romfs.html, MicroPython >= 1.25): a read-only
+# filesystem in a flash partition, memory-mapped and mounted at /rom, so a model there is read in place
+# instead of filling the heap. The board must run a MicroPython build with MICROPY_VFS_ROM and a "romfs"
+# partition in its table: the stock ESP32_GENERIC / ESP32_GENERIC_S3 downloads have neither (v1.25 release
+# notes: "enabled only on selected boards"). specmesh assumes a 256 KiB partition on both classes, room for
+# a ~115 KB drafter model twice over; `specmesh flash` reads the real size from the board.
+ROMFS_BYTES = 256 * 1024
 
 # Classic ESP32 (no PSRAM): MicroPython gives the GC heap the largest free block of internal RAM.
 # docs/esp32/general.rst ("Controlling the Python heap size"): "On a 'simple' esp32 this comes out to
@@ -31,6 +40,7 @@ ESP32 = BoardClass(
     heap_bytes=110_536,
     psram_bytes=0,
     flash_fs_bytes=2 * 1024 * 1024,
+    romfs_bytes=ROMFS_BYTES,
     machine="Generic ESP32 module with ESP32",  # ESP32_GENERIC
     source="MicroPython docs esp32/general.rst (heap 'around 100KB'); micropython#7962 (110536 bytes available)",
 )
@@ -44,6 +54,7 @@ ESP32S3 = BoardClass(
     heap_bytes=64_000 + 8_257_536,
     psram_bytes=8 * 1024 * 1024,
     flash_fs_bytes=6 * 1024 * 1024,
+    romfs_bytes=ROMFS_BYTES,
     machine="Generic ESP32S3 module with Octal-SPIRAM with ESP32S3",  # ESP32_GENERIC_S3, SPIRAM_OCT variant
     source="MicroPython docs esp32/general.rst (heap spans the SPIRAM); micropython#12237 (64000 + 8257536 bytes)",
 )

@@ -17,6 +17,7 @@ import atexit
 import ctypes
 import errno
 import fcntl
+import math
 import os
 import select
 import signal
@@ -65,19 +66,50 @@ def standin_dir() -> str:
     return str(out)
 
 
+MEASURE_HEAP = 4 << 20  # -X heapsize= of the VMs that measure the shim (room for a ROMFS partition)
+
+
 @cache
+def _shim_heap(romfs_bytes: int) -> tuple[int, float]:
+    """(heap bytes the REPL shim holds at the prompt, VM heap size per usable heap byte: the GC's
+    allocation tables take the rest), with an erased ROMFS partition of `romfs_bytes` (0: none)."""
+    with tempfile.TemporaryDirectory(prefix="specmesh-measure-") as tmp:
+        flash = Path(tmp) / "flash"
+        flash.mkdir()
+        env = {"MICROPYPATH": standin_dir(), "VBOARD_EMU": standin_dir(), "VBOARD_FLASH": str(flash),
+               "VBOARD_MODE": "measure", "VBOARD_NAME": "measure"}
+        if romfs_bytes:
+            env["VBOARD_ROMFS"] = str(_erased(Path(tmp) / "flash.romfs", romfs_bytes))
+        done = subprocess.run([micropython_binary(), "-X", f"heapsize={MEASURE_HEAP}", "-c", "import _vboard"],
+                              env=env, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+    try:
+        alloc, usable = (int(v) for v in done.stdout.split()[-2:])
+    except ValueError:
+        raise BoardError(f"the REPL shim does not start: {done.stdout.decode(errors='replace')[-200:]}") from None
+    return alloc, MEASURE_HEAP / usable
+
+
 def shim_footprint() -> int:
     """Heap bytes the REPL shim itself holds at the prompt; added to the VM heap so that a program
     sees the board class's heap free, as on the real board."""
-    with tempfile.TemporaryDirectory(prefix="specmesh-measure-") as flash:
-        env = {"MICROPYPATH": standin_dir(), "VBOARD_EMU": standin_dir(), "VBOARD_FLASH": flash,
-               "VBOARD_MODE": "measure", "VBOARD_NAME": "measure"}
-        done = subprocess.run([micropython_binary(), "-c", "import _vboard"], env=env, capture_output=True,
-                              timeout=30, stdin=subprocess.DEVNULL)
-    try:
-        return int(done.stdout.split()[-1])
-    except (ValueError, IndexError):
-        raise BoardError(f"the REPL shim does not start: {done.stdout.decode(errors='replace')[-200:]}") from None
+    return _shim_heap(0)[0]
+
+
+def romfs_heap(romfs_bytes: int) -> int:
+    """VM heap a ROMFS partition of `romfs_bytes` takes: the bytearray holding it, its `vfs.rom_ioctl`
+    stand-in, and the GC's allocation tables for both. Added to the VM heap: on a board the partition
+    is memory-mapped flash, so a program still sees the board class's heap free."""
+    if not romfs_bytes:
+        return 0
+    alloc, per_byte = _shim_heap(romfs_bytes)
+    return math.ceil((alloc - shim_footprint()) * per_byte)
+
+
+def _erased(path: Path, size: int) -> Path:
+    """A flash partition of `size` bytes, erased (0xff), unless `path` already is one of that size."""
+    if not path.is_file() or path.stat().st_size != size:
+        path.write_bytes(b"\xff" * size)
+    return path
 
 
 def _rmtree(path: Path) -> None:
@@ -115,6 +147,7 @@ class VirtualBoard:
         radio: tuple[str, int] | None = None,
         mtu: int = 250,
         flash_bytes: int | None = None,
+        romfs_bytes: int | None = None,
         frozen_code: bool = True,
     ) -> None:
         self.board = board if isinstance(board, BoardClass) else board_class(board)
@@ -124,6 +157,9 @@ class VirtualBoard:
         self.radio = radio
         self.mtu = mtu
         self.flash_bytes = flash_bytes  # None: the flash is the directory itself; else a littlefs image
+        # the ROMFS partition's size (None: the board class's; 0: none, as on a build without ROMFS); it is
+        # the host file `romfs_path`, beside the flash folder, and survives reboots as the flash does
+        self.romfs_bytes = self.board.romfs_bytes if romfs_bytes is None else romfs_bytes
         # True: the heap that the flashed .mpy modules take once imported is added to the VM's, as if
         # that code were frozen into the board's firmware (in flash, off the heap); this is also what
         # makes up for the 64-bit unix port's objects being twice an ESP32's. The board class's heap
@@ -153,6 +189,8 @@ class VirtualBoard:
             if not image.exists() or image.stat().st_size != self.flash_bytes:
                 with open(image, "wb") as f:
                     f.truncate(self.flash_bytes)
+        if self.romfs_bytes:
+            _erased(self.romfs_path, self.romfs_bytes)
         self._master, self._slave = os.openpty()
         tty.setraw(self._slave)
         os.set_blocking(self._master, False)
@@ -199,6 +237,11 @@ class VirtualBoard:
         self.stop()
 
     @property
+    def romfs_path(self) -> Path:
+        """The host file holding the board's ROMFS partition: `<flash folder>.romfs`."""
+        return self.flash_dir.with_name(self.flash_dir.name + ".romfs")
+
+    @property
     def pid(self) -> int | None:
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
@@ -221,6 +264,8 @@ class VirtualBoard:
         }
         if self.flash_bytes is not None:
             env["VBOARD_IMAGE"] = str((self.flash_dir / "flash.img").resolve())
+        if self.romfs_bytes:
+            env["VBOARD_ROMFS"] = str(self.romfs_path.resolve())
         if self.radio is not None:
             env["VBOARD_RADIO"] = f"{self.radio[0]}:{self.radio[1]}"
         return env
@@ -230,7 +275,8 @@ class VirtualBoard:
         os.set_blocking(ready_r, False)
         env = self._env(mode)
         env["VBOARD_READY_FD"] = str(ready_w)
-        heap = self.board.heap_bytes + shim_footprint() + (self.code_heap() if self.frozen_code else 0)
+        heap = (self.board.heap_bytes + shim_footprint() + romfs_heap(self.romfs_bytes)
+                + (self.code_heap() if self.frozen_code else 0))
         try:
             proc = subprocess.Popen(
                 [micropython_binary(), "-X", f"heapsize={heap}", "-c", "import _vboard"],

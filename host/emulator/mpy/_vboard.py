@@ -2,7 +2,8 @@
 
 Runs inside the unix-port VM of a virtual board (started by host/emulator/board.py). It mounts the
 board's flash at `/` (a host directory, or a littlefs image when the board has a fixed flash size),
-mounts the stand-in modules read-only at `/.emu`, runs `boot.py` then (friendly mode only) `main.py`,
+mounts the stand-in modules read-only at `/.emu`, loads the board's ROMFS partition if it has one
+(_vrom.py: `vfs.rom_ioctl`, the image at /rom), runs `boot.py` then (friendly mode only) `main.py`,
 then serves the friendly and raw REPL (raw-paste included) the way shared/runtime/pyexec.c does.
 
 Ctrl-C arrives as SIGINT (the supervisor turns byte 0x03 into a signal), i.e. as KeyboardInterrupt:
@@ -23,6 +24,10 @@ _EXIT_HARD = const(66)  # machine.reset(): reboot like a power cycle
 _HARD_RESET = const(0x5EB007)  # SystemExit value raised by the stand-in machine.reset()
 _WINDOW = const(512)  # raw-paste flow-control window
 
+# The ROMFS partition (a host file, VBOARD_ROMFS), allocated first, in one block, before anything can
+# fragment the heap: on a board it is memory-mapped flash, and the supervisor adds its bytes to the heap.
+_ROMFS = os.getenv("VBOARD_ROMFS")
+_rom = bytearray(os.stat(_ROMFS)[6]) if _ROMFS else None
 _ready_fd = os.getenv("VBOARD_READY_FD")
 _ready_file = open(int(_ready_fd), "wb") if _ready_fd else None
 _out = sys.stdout.buffer
@@ -92,11 +97,16 @@ def _mount():
     else:
         vfs = os.VfsPosix(os.getenv("VBOARD_FLASH"))
     emu = os.VfsPosix(os.getenv("VBOARD_EMU"))
+    rom_file = open(_ROMFS, "r+b") if _rom is not None else None  # opened while the host's / is mounted
     os.umount("/")
     os.mount(vfs, "/")
     os.mount(emu, "/.emu", readonly=True)
     os.chdir("/")
     sys.path[:] = ["", ".frozen", "/lib", "/.emu"]
+    if _rom is not None:  # as a board with ROMFS: the partition's image at /rom, and on the import path
+        rom_file.readinto(_rom)
+        __import__("_vrom").install(_rom, rom_file)
+        sys.path[2:2] = ["/rom", "/rom/lib"]
 
 
 def _print_exc(e):
@@ -308,9 +318,9 @@ def main():
     mode = os.getenv("VBOARD_MODE")
     _mount()
     _builtins()
-    if mode == "measure":  # the supervisor sizes the VM heap by this shim's own footprint
+    if mode == "measure":  # the supervisor sizes the VM heap by this shim's own footprint (and the GC's tables)
         gc.collect()
-        _w(b"%d\n" % gc.mem_alloc())
+        _w(b"%d %d\n" % (gc.mem_alloc(), gc.mem_alloc() + gc.mem_free()))
         return
     if mode == "measure-code":  # ... and by the heap the flashed .mpy modules take once imported, and the
         gc.collect()  # stand-ins of modules a board has built in (C code in its firmware, no heap there)
