@@ -69,7 +69,7 @@ def test_ctrl_c_interrupts_main_and_gives_the_repl_back(virtual_board):
     assert mpremote(vb.port, "exec", "print('took over')").stdout == "took over\n"
 
 
-def test_heap_budget_per_board_class(virtual_board):
+def test_heap_budget_per_board_class(virtual_board, tmp_path):
     esp32 = virtual_board("esp32")
     probe = "import gc; gc.collect(); print(gc.mem_free())"
     free = int(mpremote(esp32.port, "exec", probe).stdout)
@@ -78,8 +78,50 @@ def test_heap_budget_per_board_class(virtual_board):
     out = mpremote(esp32.port, "exec", "b = bytearray(%d)" % heap)
     assert "MemoryError" in out.stdout + out.stderr
     assert mpremote(esp32.port, "exec", "b = bytearray(60000); print(len(b))").stdout == "60000\n"
+    # a ROMFS image bigger than the heap: on a board it is memory-mapped flash, and a file there is read in place
+    image = tmp_path / "image"
+    image.mkdir()
+    (image / "weights.bin").write_bytes(bytes(range(256)) * 800)  # 204,800 bytes
+    assert mpremote(esp32.port, "romfs", "deploy", str(image)).returncode == 0
+    probe = ("import gc; gc.collect(); free = gc.mem_free(); m = memoryview(open('/rom/weights.bin', 'rb'));"
+             " gc.collect(); print(free, gc.mem_free(), len(m), m[1000])")
+    free, after, size, byte = (int(v) for v in mpremote(esp32.port, "exec", probe).stdout.split())
+    assert heap - 8192 < free <= heap and (size, byte) == (204_800, 1000 % 256)
+    assert free - after < 1024  # zero-copy: the file's bytes take no heap
     s3 = virtual_board("esp32s3")
     assert mpremote(s3.port, "exec", "b = bytearray(4000000); print(len(b))").stdout == "4000000\n"
+
+
+def _df(port):
+    """mount point -> (size, used) as `mpremote df` lists them."""
+    rows = mpremote(port, "df").stdout.splitlines()[1:]
+    return {r.split()[5]: (int(r.split()[1]), int(r.split()[2])) for r in rows}
+
+
+def test_romfs_partition_as_mpremote_sees_it(virtual_board, tmp_path):
+    """A virtual esp32 has its class's ROMFS partition, a host file beside its flash folder: `mpremote romfs
+    query` and `deploy` work, the image is mounted at /rom (off the flash's usage) and outlives a reset;
+    a board whose MicroPython has no ROMFS says so."""
+    size = BOARD_CLASSES["esp32"].romfs_bytes
+    vb = virtual_board()
+    out = mpremote(vb.port, "romfs", "query").stdout
+    assert "ROMFS0 partition has size %d bytes" % size in out and "Not a valid ROMFS" in out
+    flash_used = _df(vb.port)["/"][1]
+    src = tmp_path / "src"
+    (src / "lib").mkdir(parents=True)
+    (src / "hello.txt").write_text("from rom")
+    (src / "lib" / "romlib.py").write_text("WHERE = __file__\n")
+    assert mpremote(vb.port, "romfs", "deploy", str(src)).returncode == 0
+    probe = "import romlib; print(open('/rom/hello.txt').read(), romlib.WHERE)"
+    assert mpremote(vb.port, "exec", probe).stdout == "from rom /rom/lib/romlib.mpy\n"  # /rom/lib is on sys.path (deploy compiled it)
+    assert mpremote(vb.port, "reset").returncode == 0
+    assert mpremote(vb.port, "exec", probe).stdout == "from rom /rom/lib/romlib.mpy\n"
+    assert "ROMFS image size" in mpremote(vb.port, "romfs", "query").stdout
+    df = _df(vb.port)
+    assert df["/"][1] == flash_used and 0 < df["/rom"][0] < 200
+    assert vb.romfs_path.parent == vb.flash_dir.parent and vb.romfs_path.stat().st_size == size
+    bare = virtual_board(romfs_bytes=0)
+    assert mpremote(bare.port, "romfs", "query").stdout == "ROMFS is not enabled on this device\n"
 
 
 @pytest.mark.parametrize("board", sorted(BOARD_CLASSES))

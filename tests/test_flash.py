@@ -1,8 +1,10 @@
 """Flashing virtual boards through the real path (mpy-cross, mpremote, hash check, reset), and its errors."""
 
+import hashlib
 import json
 import os
 import pty
+import sys
 
 import pytest
 
@@ -35,8 +37,9 @@ def tiny_node(tmp_path):
 
 
 def test_flash_copies_verifies_and_starts_the_node(virtual_board, tiny_node):
+    """On a board without ROMFS (a stock MicroPython build) the model goes to /models on the filesystem."""
     sources, model = tiny_node
-    vb = virtual_board()
+    vb = virtual_board(romfs_bytes=0)
     report = flash(vb.port, "drafter", model, node_id=7, sources=sources, progress=False)
     assert report.board.arch == "x64" and report.board.virtual
     assert set(report.written) == {"/main.py", "/greet.mpy", "/models/drafter.spm", "/specmesh.json"}
@@ -54,18 +57,76 @@ def test_flash_copies_verifies_and_starts_the_node(virtual_board, tiny_node):
     assert again.written == [] and len(again.unchanged) == 4
 
 
+def _board_sha256(port, path):
+    return mpremote(port, "exec", "import hashlib; print(hashlib.sha256(open(%r, 'rb').read()).digest().hex())"
+                    % path).stdout.strip()
+
+
+def test_flash_puts_the_model_in_romfs_once(virtual_board, tiny_node, tmp_path):
+    """A board with a ROMFS partition gets the model at /rom (a ROMFS image, checked by SHA-256 on the
+    board), the config points there, nothing goes to /models, and a second flash leaves the image alone."""
+    sources, model = tiny_node
+    vb = virtual_board()
+    report = flash(vb.port, "drafter", model, sources=sources, progress=False)
+    assert set(report.written) == {"/main.py", "/greet.mpy", "/rom/drafter.spm", "/specmesh.json"}
+    assert json.loads((vb.flash_dir / "specmesh.json").read_text())["model"] == "/rom/drafter.spm"
+    assert not (vb.flash_dir / "models").exists()
+    assert vb.romfs_path.read_bytes()[:3] == b"\xd2\xcd\x31" and not vb.romfs_path.is_relative_to(vb.flash_dir)
+    assert _board_sha256(vb.port, "/rom/drafter.spm") == hashlib.sha256(model.read_bytes()).hexdigest()
+    written_at = vb.romfs_path.stat().st_mtime_ns
+    again = flash(vb.port, "drafter", model, sources=sources, progress=False)
+    assert again.written == [] and "/rom/drafter.spm" in again.unchanged
+    assert vb.romfs_path.stat().st_mtime_ns == written_at  # the partition was not even erased
+    other = tmp_path / "other" / "drafter.spm"
+    other.parent.mkdir()
+    random_model(other, seed=5)
+    assert flash(vb.port, "drafter", other, sources=sources, progress=False).written == ["/rom/drafter.spm"]
+    assert _board_sha256(vb.port, "/rom/drafter.spm") == hashlib.sha256(other.read_bytes()).hexdigest()
+
+
+def test_cli_flash_no_romfs_keeps_the_model_on_the_filesystem(virtual_board, tiny_node, capsys):
+    _, model = tiny_node
+    vb = virtual_board()
+    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(model), "--no-romfs",
+                     "--no-reset"]) == 0, capsys.readouterr().err
+    assert json.loads((vb.flash_dir / "specmesh.json").read_text())["model"] == "models/drafter.spm"
+    assert (vb.flash_dir / "models" / "drafter.spm").read_bytes() == model.read_bytes()
+    assert set(vb.romfs_path.read_bytes()) == {0xFF}  # the partition is still erased
+
+
+def test_romfs_too_small_for_the_model(virtual_board, tiny_node, tmp_path):
+    """A partition too small for the image: the model goes to the filesystem when it fits the heap, and is
+    refused in one line saying what to do when it fits neither."""
+    sources, model = tiny_node
+    vb = virtual_board(romfs_bytes=4096)
+    report = flash(vb.port, "drafter", model, sources=sources, progress=False)
+    assert "/models/drafter.spm" in report.written and "/rom/drafter.spm" not in report.written
+    big = tmp_path / "big" / "drafter.spm"
+    big.parent.mkdir()
+    random_model(big, dim=64, n_layers=4, hidden=172, vocab=512)  # 263 KB: more than a classic ESP32's heap
+    with pytest.raises(FlashError, match="ROMFS partition holds 4 KiB: flash a MicroPython build with a bigger"):
+        flash(vb.port, "drafter", big, sources=sources, progress=False)
+
+
 def test_flashed_firmware_node_answers(virtual_board, tmp_path):
+    """The real node on a classic ESP32 reads its model from ROMFS and answers HELLO as the drafter."""
+    import contextlib
+
     from host.provision.cluster import _open, discover
+    from shared import messages as m
+    from shared.codec import BROADCAST
 
     vb = virtual_board()
     model = ROOT / "models" / "drafter.spm"
     report = flash(vb.port, "drafter", model, node_id=1, progress=False)
     assert {dest for _, dest in node_sources()} <= {d[:-4] + ".py" if d.endswith(".mpy") else d
                                                     for d in report.written}
-    import contextlib
-
+    assert "/rom/drafter.spm" in report.written
     with contextlib.ExitStack() as stack:
-        assert discover(_open(vb.port, stack)) == 1
+        bus = _open(vb.port, stack)
+        assert discover(bus) == 1
+        role, model_path = m.unpack_hello(bus.request(BROADCAST, m.HELLO).payload)[2:4]
+    assert (role, model_path) == (m.ROLE_DRAFTER, "/rom/drafter.spm")
 
 
 def test_full_filesystem_is_one_line_and_the_board_stays_usable(virtual_board, tiny_node, tmp_path):
@@ -101,8 +162,12 @@ def test_board_checks_refuse_what_cannot_run_the_role():
     old = BoardInfo((1, 19, 1), (10 << 10) | 6, "esp32", "ESP32", 100_000, 1 << 21, True)  # .mpy v6.0
     with pytest.raises(FlashError, match="1.23 or newer"):
         check_board(old, "drafter", 50_000, 80_000)
-    with pytest.raises(FlashError, match="heap"):
+    with pytest.raises(FlashError, match="heap; .* ROMFS partition keeps it in flash"):
         check_board(good, "verifier", 1_200_000, 1_300_000)
+    rom = BoardInfo((1, 28, 0), 2822, "esp32", "ESP32", 100_000, 1 << 21, True, 256 * 1024)
+    check_board(rom, "drafter", 115_000, 10_000, rom_image=115_100)  # the weights stay in flash: no heap check
+    with pytest.raises(FlashError, match="ROMFS image is 292 KiB; the board's ROMFS partition holds 256 KiB"):
+        check_board(rom, "drafter", 300_000, 10_000, rom_image=300_000)
     no_viper = BoardInfo((1, 28, 0), 2822, "esp32", "ESP32", 100_000, 1 << 21, False)
     with pytest.raises(FlashError, match="viper"):
         check_board(no_viper, "drafter", 50_000, 80_000)
@@ -149,3 +214,47 @@ def test_cli_flash_stage_layers_are_checked_in_one_line(capsys, tmp_path, monkey
     assert cli.main(["flash", "--port", str(tmp_path / "nope"), "--model", str(model), *extra]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+class _Partition(bytearray):
+    """What the esp32 port's `vfs.rom_ioctl(2, 0)` hands out: an esp32.Partition, a block device (ioctl,
+    writeblocks) whose buffer is the memory-mapped flash; rom_ioctl ops 3-5 are not served there."""
+
+    def ioctl(self, op, arg):
+        if op == 6:  # erase a block
+            self[arg * 4096:(arg + 1) * 4096] = b"\xff" * 4096
+        return {4: len(self) // 4096, 5: 4096}.get(op, 0)
+
+    def writeblocks(self, block, buf, off=0):
+        start = block * 4096 + off
+        self[start:start + len(buf)] = buf
+
+
+def test_romfs_deploy_to_a_block_device_partition(monkeypatch, tiny_node):
+    """The board code of host/provision/romfs.py, run by CPython against an esp32-style partition."""
+    import types
+
+    from host.provision import romfs
+
+    part = _Partition(b"\xff" * (64 * 1024))
+    monkeypatch.setitem(sys.modules, "vfs", types.SimpleNamespace(
+        rom_ioctl=lambda op, *args: {1: 1, 2: part}.get(op, -22), umount=lambda path: None))
+
+    class Board:  # the mpremote transport's exec and eval, run here
+        def __init__(self):
+            self.ns = {}
+
+        def exec(self, code):
+            exec(code, self.ns)
+
+        def eval(self, expr):
+            return eval(expr, self.ns)
+
+    board = Board()
+    board.exec(romfs.PROBE)
+    assert board.ns["rom"] == 64 * 1024
+    image = romfs.image(tiny_node[1])
+    done = []
+    romfs.write(board, image, done.append)
+    assert bytes(part[:len(image)]) == image and done[-1] == len(image)
+    assert romfs.digest(board, len(image)) == hashlib.sha256(image).digest()

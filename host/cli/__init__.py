@@ -25,6 +25,8 @@ def _add_flash(sub) -> None:
     p.add_argument("--node-id", type=int, default=None,
                    help="bus node id (default: 1 drafter, 2 verifier, 10 stage; stages of one pipeline need distinct ids)")
     p.add_argument("--no-reset", action="store_true", help="leave the board in the REPL instead of starting the node")
+    p.add_argument("--no-romfs", action="store_true", help="put the model on the filesystem (/models) even when the "
+                   "board has a ROMFS partition (default: a drafter's or verifier's model goes to /rom when it fits)")
     keys = p.add_mutually_exclusive_group()
     keys.add_argument("--key-file", metavar="F", help="provision this deployment key (specmesh keygen): the board "
                       "then signs and checks every frame (default: keep the key the board has, if any)")
@@ -52,7 +54,7 @@ def _flash(args) -> int:
         t0 = time.monotonic()
         layers = parse_layers(args.layers) if args.layers is not None else None
         report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset, key=key,
-                       clear_key=args.no_key, layers=layers)
+                       clear_key=args.no_key, layers=layers, use_romfs=not args.no_romfs)
     except (FlashError, PortError, KeyFileError, ValueError) as e:
         print(f"specmesh flash: {e}", file=sys.stderr)
         return 1

@@ -7,6 +7,11 @@ model file and /specmesh.json (role, node id, model path, the deployment key if 
 over the raw REPL (the key only there: the temporary copy is deleted), checks every file's
 SHA-256 on the board, and soft-resets the board so main.py starts the node.
 
+A drafter's or verifier's model goes into the board's ROMFS partition when it has one that holds the
+model's image (host/provision/romfs.py; /rom/<name>, memory-mapped flash the engine reads in place,
+so the weights need no heap), else (or with `romfs=False`) to /models/ on the filesystem. A stage
+reads only its layers, from /models/.
+
 It drives mpremote's Python API (one `SerialTransport` for the whole job) rather than its CLI:
 one connection means one soft reset instead of one per command, the write chunk can be sized to
 the board's heap, progress feeds a tqdm bar per file, and errors arrive as exceptions we can turn into one
@@ -30,6 +35,7 @@ import serial
 
 from host.backends.modelio import check_model_file
 from host.bus import ports
+from host.provision import romfs
 from shared.modelfile import ModelFileError, stage_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +64,7 @@ class BoardInfo:
     mem_free: int
     fs_free: int
     viper: bool
+    romfs: int = 0  # size of the ROMFS partition (0: none, or a MicroPython without ROMFS)
 
     @property
     def arch(self) -> str | None:
@@ -128,7 +135,7 @@ def sha256_file(path: Path) -> bytes:
 
 # -- talking to the board ------------------------------------------------------------------------
 
-PROBE = (
+PROBE = romfs.PROBE + (
     "import sys, gc, os\n"
     "gc.collect()\n"
     "try:\n s = os.statvfs('/')\n fs = s[0] * s[3]\n"
@@ -136,7 +143,7 @@ PROBE = (
     "try:\n exec('@micropython.viper\\ndef _v():\\n pass')\n vp = True\n"
     "except Exception:\n vp = False\n"
     "print(repr((tuple(sys.implementation.version), getattr(sys.implementation, '_mpy', 0), sys.platform,"
-    " getattr(sys.implementation, '_machine', ''), gc.mem_free(), fs, vp)))\n"
+    " getattr(sys.implementation, '_machine', ''), gc.mem_free(), fs, vp, rom)))\n"
 )
 
 
@@ -169,12 +176,14 @@ def probe(transport) -> BoardInfo:
         raise FlashError(f"the board did not answer the probe: {e}") from None
     import ast
 
-    version, mpy, platform, machine, mem_free, fs_free, viper = ast.literal_eval(out.decode().strip())
-    return BoardInfo(tuple(version), mpy, platform, machine, mem_free, fs_free, viper)
+    version, *rest = ast.literal_eval(out.decode().strip())
+    return BoardInfo(tuple(version), *rest)
 
 
-def check_board(info: BoardInfo, role: str, model_bytes: int, total_bytes: int) -> None:
-    """Refuse, with one line, a board that cannot run `role`."""
+def check_board(info: BoardInfo, role: str, model_bytes: int, total_bytes: int, rom_image: int = 0) -> None:
+    """Refuse, with one line, a board that cannot run `role`. `model_bytes`: the heap the model takes when
+    it is read from the filesystem; `rom_image`: the size of the ROMFS image holding the model when it
+    goes to the ROMFS partition instead (its weights then take no heap)."""
     if info.abi != MPY_ABI:
         raise FlashError(
             "board runs MicroPython %s (.mpy v%d.%d); the node needs .mpy v%d.%d: MicroPython 1.23 or newer"
@@ -184,9 +193,16 @@ def check_board(info: BoardInfo, role: str, model_bytes: int, total_bytes: int) 
         raise FlashError("board's MicroPython has no native code emitter; the node needs @micropython.viper")
     if not info.viper:
         raise FlashError(f"board's MicroPython ({info.arch}) was built without @micropython.viper")
-    if model_bytes and model_bytes > info.mem_free:
+    if rom_image > info.romfs:
         raise FlashError(
-            f"the {role} model needs {model_bytes // 1024} KiB of heap; this board has {info.mem_free // 1024} KiB free"
+            f"the {role} model's ROMFS image is {rom_image // 1024} KiB; the board's ROMFS partition holds "
+            f"{info.romfs // 1024} KiB: flash a MicroPython build with a bigger romfs partition, or a smaller model"
+        )
+    if not rom_image and model_bytes and model_bytes > info.mem_free:
+        hint = "" if info.romfs or role == "stage" else " (a MicroPython build with a ROMFS partition keeps it in flash: docs/node.md)"
+        raise FlashError(
+            f"the {role} model needs {model_bytes // 1024} KiB of heap; this board has {info.mem_free // 1024} KiB "
+            f"free{hint}"
         )
     if info.fs_free and total_bytes > info.fs_free:
         raise FlashError(
@@ -267,12 +283,14 @@ def flash(
     key: bytes | None = None,
     clear_key: bool = False,
     layers: tuple[int, int] | None = None,
+    use_romfs: bool = True,
 ) -> FlashReport:
     """Flash the node for `role` onto the board at `port`. Raises FlashError with a one-line message.
 
     `key`: the deployment key, written into the board config only (never printed or reported); the
     node then signs and checks every frame. Without it the board keeps the key it has, unless
-    `clear_key` removes it. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them)."""
+    `clear_key` removes it. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them).
+    `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition."""
     if role not in ROLES:
         raise FlashError(f"unknown role {role!r} (drafter, verifier or stage)")
     if (role == "stage") != (layers is not None):
@@ -294,17 +312,20 @@ def flash(
             raise FlashError(f"--layers {a}:{b} is not a slice of the model's {header.n_layers} layers (0 <= A < B <= "
                              f"{header.n_layers})")
         heap_bytes = stage_bytes(header, a, b)
-    model_dest = f"{MODEL_DIR}/{model.name}"
+    fs_dest = f"{MODEL_DIR}/{model.name}"
 
     transport = open_board(port)
     try:
         info = probe(transport)
+        image = _rom_image(info, role, model, heap_bytes) if use_romfs else b""
+        model_dest = f"{romfs.ROM_DIR}/{model.name}" if image else fs_dest
         with tempfile.TemporaryDirectory(prefix="specmesh-flash-") as tmp:
             files = build(info.arch, Path(tmp), iter(sources) if sources is not None else None)
-            files[model_dest] = model
+            if not image:
+                files[model_dest] = model
             config = _board_config(transport)  # keep what else the board was configured with (link, peers)
             config.update(role=role, node_id=node_id if node_id is not None else role_code,
-                          model=model_dest.lstrip("/"))
+                          model=model_dest if image else model_dest.lstrip("/"))
             config.pop("layers", None)
             if layers is not None:
                 config["layers"] = list(layers)
@@ -318,7 +339,7 @@ def flash(
             config_file.write_text(json.dumps(config, sort_keys=True))
             files[CONFIG_PATH] = config_file
             total = sum(p.stat().st_size for p in files.values())
-            check_board(info, role, heap_bytes, total)
+            check_board(info, role, heap_bytes, total, len(image))
             report = FlashReport(port, info)
             chunk = 2048 if info.mem_free > 1 << 20 else 512
             _mkdirs(transport, list(files))
@@ -339,6 +360,10 @@ def flash(
                     raise FlashError(f"{dest}: the copy on the board does not match (SHA-256 differs)")
                 report.written.append(dest)
                 report.bytes_written += len(data)
+        if image:
+            _deploy(transport, image, model_dest, report, progress)
+            if transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
+                transport.fs_rmfile(fs_dest)
         if reset:
             transport.exit_raw_repl()
             transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
@@ -351,6 +376,51 @@ def flash(
         raise
     finally:
         transport.close()
+
+
+def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> bytes:
+    """The ROMFS image to put the model in, or b"" to put it on the filesystem: a stage, a board without
+    a ROMFS partition, and an image bigger than the partition when the model fits the heap (one that fits
+    neither is refused by `check_board`) keep it there."""
+    if role == "stage" or not info.romfs:
+        return b""
+    try:
+        image = romfs.image(model)
+    except romfs.RomfsError as e:
+        raise FlashError(str(e)) from None
+    return image if len(image) <= info.romfs or heap_bytes > info.mem_free else b""
+
+
+def _deploy(transport, image: bytes, dest: str, report: FlashReport, progress: bool) -> None:
+    """Write the ROMFS image holding the model (`dest`: its path under /rom), unless the partition already
+    holds it; verified by the board's SHA-256 of the partition."""
+    from mpremote.transport import TransportError
+
+    digest = hashlib.sha256(image).digest()
+    try:
+        if romfs.digest(transport, len(image)) == digest:
+            report.unchanged.append(dest)
+            return
+        bar = _bar(dest, len(image)) if progress else None
+        try:
+            romfs.write(transport, image, None if bar is None else lambda done: bar.update(done - bar.n))
+        finally:
+            if bar is not None:
+                bar.close()
+        same = romfs.digest(transport, len(image)) == digest
+    except romfs.RomfsError as e:
+        raise FlashError(str(e)) from None
+    except TransportError as e:
+        raise FlashError(f"lost the board while writing its ROMFS partition: {_last_line(e)}") from None
+    if not same:
+        raise FlashError(f"{dest}: the ROMFS partition does not hold the image written (SHA-256 differs)")
+    report.written.append(dest)
+    report.bytes_written += len(image)
+
+
+def _last_line(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[-1] if lines else type(e).__name__
 
 
 def _bar(dest: str, size: int):
