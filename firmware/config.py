@@ -5,7 +5,8 @@ the virtual board's directory in emulation). Keys, all optional:
 
     node_id   int 1..254          the node's bus address (default 1)
     role      "idle" | "drafter" | "verifier" | "stage"
-    model     path of the model file, relative to the working directory
+    model     path of the model file: relative to the working directory, or absolute (`/rom/...`: a model
+              flashed into the ROMFS partition, host/provision/romfs.py)
     link      "stdio" (USB-serial REPL console, default) | "uart" | "espnow" | "gateway"
               ("gateway": stdio to the host, and ESP-NOW to the peers for frames addressed to them)
     uart      {"id", "baudrate", "tx", "rx"} for the "uart" link
