@@ -162,7 +162,7 @@ def test_board_checks_refuse_what_cannot_run_the_role():
     old = BoardInfo((1, 19, 1), (10 << 10) | 6, "esp32", "ESP32", 100_000, 1 << 21, True)  # .mpy v6.0
     with pytest.raises(FlashError, match="1.23 or newer"):
         check_board(old, "drafter", 50_000, 80_000)
-    with pytest.raises(FlashError, match="heap; .* ROMFS partition keeps it in flash"):
+    with pytest.raises(FlashError, match="heap; .* build with ROMFS keeps it in flash"):
         check_board(good, "verifier", 1_200_000, 1_300_000)
     rom = BoardInfo((1, 28, 0), 2822, "esp32", "ESP32", 100_000, 1 << 21, True, 256 * 1024)
     check_board(rom, "drafter", 115_000, 10_000, rom_image=115_100)  # the weights stay in flash: no heap check

@@ -9,7 +9,7 @@ SHA-256 on the board, and soft-resets the board so main.py starts the node.
 
 A drafter's or verifier's model goes into the board's ROMFS partition when it has one that holds the
 model's image (host/provision/romfs.py; /rom/<name>, memory-mapped flash the engine reads in place,
-so the weights need no heap), else (or with `romfs=False`) to /models/ on the filesystem. A stage
+so the weights need no heap), else (or with `use_romfs=False`) to /models/ on the filesystem. A stage
 reads only its layers, from /models/.
 
 It drives mpremote's Python API (one `SerialTransport` for the whole job) rather than its CLI:
@@ -199,7 +199,7 @@ def check_board(info: BoardInfo, role: str, model_bytes: int, total_bytes: int, 
             f"{info.romfs // 1024} KiB: flash a MicroPython build with a bigger romfs partition, or a smaller model"
         )
     if not rom_image and model_bytes and model_bytes > info.mem_free:
-        hint = "" if info.romfs or role == "stage" else " (a MicroPython build with a ROMFS partition keeps it in flash: docs/node.md)"
+        hint = "" if info.romfs or role == "stage" else " (a MicroPython build with ROMFS keeps it in flash: README)"
         raise FlashError(
             f"the {role} model needs {model_bytes // 1024} KiB of heap; this board has {info.mem_free // 1024} KiB "
             f"free{hint}"
