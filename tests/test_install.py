@@ -5,6 +5,7 @@ The project is built into a wheel and installed with --no-deps into a fresh venv
 dependencies (a .pth line, so nothing is downloaded; the line adds no .pth processing, so this venv's
 editable install of specmesh stays invisible there)."""
 
+import json
 import os
 import shutil
 import signal
@@ -68,7 +69,9 @@ def test_run_flashes_a_virtual_drafter_into_the_users_cache(installed):
     done = specmesh(installed, "run", "--max-tokens", "4", "--verifier", "cpu", "--drafter", "virtual", "--no-color")
     assert done.returncode == 0, done.stderr
     assert "virtual drafter board (esp32): flashed" in done.stderr
-    assert (installed["cache"] / "specmesh" / "vboards" / "drafter" / "models" / "drafter.spm").is_file()
+    vboards = installed["cache"] / "specmesh" / "vboards"
+    assert json.loads((vboards / "drafter" / "specmesh.json").read_text())["model"] == "/rom/drafter.spm"
+    assert (vboards / "drafter.romfs").read_bytes()[:3] == b"\xd2\xcd\x31"  # its ROMFS partition holds an image
     assert not (installed["site"] / "build").exists()
 
 
