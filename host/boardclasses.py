@@ -26,9 +26,10 @@ class BoardClass:
 # filesystem in a flash partition, memory-mapped and mounted at /rom, so a model there is read in place
 # instead of filling the heap. The board must run a MicroPython build with MICROPY_VFS_ROM and a "romfs"
 # partition in its table: the stock ESP32_GENERIC / ESP32_GENERIC_S3 downloads have neither (v1.25 release
-# notes: "enabled only on selected boards"). specmesh assumes a 256 KiB partition on both classes, room for
-# a ~115 KB drafter model twice over; `specmesh flash` reads the real size from the board.
-ROMFS_BYTES = 256 * 1024
+# notes: "enabled only on selected boards"). A classic ESP32 gets MicroPython's own 4 MB layout with one,
+# ports/esp32/partitions-4MiB-romfs.csv: "romfs, data, 0x8f, 0x1E0000, 0x20000" (128 KiB, beside the same
+# 2 MiB vfs); `specmesh flash` reads the real size from the board. An S3 with PSRAM keeps its models in
+# PSRAM, faster than mapped flash (host/decode/hardware.py), so its class has none.
 
 # Classic ESP32 (no PSRAM): MicroPython gives the GC heap the largest free block of internal RAM.
 # docs/esp32/general.rst ("Controlling the Python heap size"): "On a 'simple' esp32 this comes out to
@@ -40,7 +41,7 @@ ESP32 = BoardClass(
     heap_bytes=110_536,
     psram_bytes=0,
     flash_fs_bytes=2 * 1024 * 1024,
-    romfs_bytes=ROMFS_BYTES,
+    romfs_bytes=128 * 1024,
     machine="Generic ESP32 module with ESP32",  # ESP32_GENERIC
     source="MicroPython docs esp32/general.rst (heap 'around 100KB'); micropython#7962 (110536 bytes available)",
 )
@@ -54,7 +55,7 @@ ESP32S3 = BoardClass(
     heap_bytes=64_000 + 8_257_536,
     psram_bytes=8 * 1024 * 1024,
     flash_fs_bytes=6 * 1024 * 1024,
-    romfs_bytes=ROMFS_BYTES,
+    romfs_bytes=0,
     machine="Generic ESP32S3 module with Octal-SPIRAM with ESP32S3",  # ESP32_GENERIC_S3, SPIRAM_OCT variant
     source="MicroPython docs esp32/general.rst (heap spans the SPIRAM); micropython#12237 (64000 + 8257536 bytes)",
 )

@@ -34,7 +34,7 @@ def board(tmp_path_factory, micropython) -> Path:
 def test_drafter_drafts_500_tokens_in_a_classic_esp32_heap(micropython, board, tmp_path):
     """The shipped drafter on the board's ROMFS (its int8 weights in memory-mapped flash, as `specmesh flash`
     puts them on a board with a ROMFS partition), its engine and the whole node in the heap."""
-    rom = rom_image([Path(shipped_model("drafter"))], tmp_path / "rom.img")
+    rom = rom_image(Path(shipped_model("drafter")), tmp_path / "rom.img")
     code = code_heap(micropython, board)
     assert 10_000 < code < 120_000
     node = NodeProc(micropython, board, {"role": "drafter", "model": "/rom/drafter.spm"}, heap=ESP32_HEAP + code,

@@ -170,15 +170,12 @@ def drafter_shape(tmp_path_factory):
 
 
 def romfs_image(tmp_path: Path, model: str) -> tuple[str, str]:
-    """(a ROMFS image holding `model`, the model's path once the image is mounted at /rom)."""
-    from mpremote.romfs import make_romfs
+    """(a ROMFS image holding `model`, as `specmesh flash` builds it; the model's path once it is at /rom)."""
+    from host.provision import romfs
 
-    src = tmp_path / "romfs"
-    src.mkdir()
-    (src / "m.spm").write_bytes(open(model, "rb").read())
     image = tmp_path / "rom.img"
-    image.write_bytes(make_romfs(str(src), mpy_cross=False))
-    return str(image), "/rom/m.spm"
+    image.write_bytes(romfs.image(Path(model)))
+    return str(image), "/rom/" + Path(model).name
 
 
 @pytest.fixture(scope="module")

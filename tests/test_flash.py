@@ -94,6 +94,16 @@ def test_cli_flash_no_romfs_keeps_the_model_on_the_filesystem(virtual_board, tin
     assert set(vb.romfs_path.read_bytes()) == {0xFF}  # the partition is still erased
 
 
+def test_a_board_with_psram_keeps_the_model_in_psram(virtual_board, tiny_node):
+    """An ESP32-S3 with PSRAM and a ROMFS partition: its heap holds the model, read faster than mapped flash."""
+    sources, model = tiny_node
+    vb = virtual_board("esp32s3", romfs_bytes=128 * 1024)
+    report = flash(vb.port, "verifier", model, sources=sources, progress=False, reset=False)
+    assert "/models/drafter.spm" in report.written
+    assert json.loads((vb.flash_dir / "specmesh.json").read_text())["model"] == "models/drafter.spm"
+    assert set(vb.romfs_path.read_bytes()) == {0xFF}
+
+
 def test_romfs_too_small_for_the_model(virtual_board, tiny_node, tmp_path):
     """A partition too small for the image: the model goes to the filesystem when it fits the heap, and is
     refused in one line saying what to do when it fits neither."""

@@ -156,20 +156,18 @@ def test_pipelined_drafting_changes_nothing_but_time(serial_boards, models, tmp_
 
 
 def test_a_board_whose_model_fails_to_load_is_reported_with_the_cause(models, tmp_path):
-    """A model corrupted on the board's flash (the ROMFS partition it was flashed into): the node comes up
-    idle and says why on its console; the host names that cause and how to reflash the port, rather than
-    calling the board 'not flashed'."""
+    """A model corrupted on the board's flash: the node comes up idle and says why on its console; the host
+    names that cause and how to reflash the port, rather than calling the board 'not flashed'."""
     from emulator_util import mpremote
     from host.backends import BackendError
     from host.provision.cluster import connect
 
     with Cluster("serial", models, tmp_path) as c:
         vb = c.start("verifier")
-        part = bytearray(vb.romfs_path.read_bytes())
-        at = part.find((models / "target.spm").read_bytes())
-        assert at > 0  # the model is in the partition's image
-        part[at + 300] ^= 0xFF
-        vb.romfs_path.write_bytes(bytes(part))
+        model = vb.flash_dir / "models" / "target.spm"
+        data = bytearray(model.read_bytes())
+        data[300] ^= 0xFF
+        model.write_bytes(bytes(data))
         assert mpremote(vb.port, "reset").returncode == 0
         with pytest.raises(BackendError) as e:
             with connect(vb.port, "verifier"):

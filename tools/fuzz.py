@@ -152,7 +152,7 @@ def fuzz_node(n: int, seed: int, micropython: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="specmesh-fuzz-") as tmp:
         board = Path(tmp)
         flash(board)
-        rom = rom_image([Path(shipped_model("drafter"))], Path(tmp) / "rom.img")
+        rom = rom_image(Path(shipped_model("drafter")), Path(tmp) / "rom.img")
         node = NodeProc(micropython, board, {"role": "drafter", "model": "/rom/drafter.spm"},
                         heap=ESP32_HEAP + code_heap(micropython, board), flashed=True, rom=rom)
         gen = inputs(r, node=True)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from host.backends import temp_milli, top_p_q16
+from host.provision import romfs
 from host.provision.flash import build
 from shared import codec
 from shared import messages as m
@@ -50,16 +51,9 @@ def shipped_model(name: str) -> str:
     return str(ROOT / "models" / (name + ".spm"))
 
 
-def rom_image(files: list[Path], out: Path) -> Path:
-    """A ROMFS image at `out` holding `files` at its root (mpremote's builder), for NodeProc(rom=...)."""
-    from mpremote.romfs import make_romfs
-
-    src = out.with_name(out.name + ".src")
-    src.mkdir(parents=True, exist_ok=True)
-    for f in files:
-        shutil.copy(f, src / f.name)
-    out.write_bytes(make_romfs(str(src), mpy_cross=False))
-    shutil.rmtree(src)
+def rom_image(model: Path, out: Path) -> Path:
+    """A ROMFS image at `out` holding `model` (as `specmesh flash` builds it), for NodeProc(rom=...)."""
+    out.write_bytes(romfs.image(model))
     return out
 
 

@@ -7,10 +7,10 @@ model file and /specmesh.json (role, node id, model path, the deployment key if 
 over the raw REPL (the key only there: the temporary copy is deleted), checks every file's
 SHA-256 on the board, and soft-resets the board so main.py starts the node.
 
-A drafter's or verifier's model goes into the board's ROMFS partition when it has one that holds the
-model's image (host/provision/romfs.py; /rom/<name>, memory-mapped flash the engine reads in place,
-so the weights need no heap), else (or with `use_romfs=False`) to /models/ on the filesystem. A stage
-reads only its layers, from /models/.
+A drafter's or verifier's model goes into the board's ROMFS partition when the board has no PSRAM and a
+partition that holds the model's image (host/provision/romfs.py; /rom/<name>, memory-mapped flash the
+engine reads in place, so the weights need no heap), else (or with `use_romfs=False`) to /models/ on the
+filesystem. A stage reads only its layers, from /models/.
 
 It drives mpremote's Python API (one `SerialTransport` for the whole job) rather than its CLI:
 one connection means one soft reset instead of one per command, the write chunk can be sized to
@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ROLES = {"drafter": (1, "models/drafter.spm"), "verifier": (2, "models/target.spm"),
          "stage": (10, "models/target.spm")}
 STAGE_CTX = 128  # a stage's context on a board without PSRAM (docs/pipeline.md: memory per stage)
+PSRAM_HEAP = 1 << 20  # a board with more heap free than this has PSRAM
 # sys.implementation._mpy >> 10 (py/persistentcode.h MP_NATIVE_ARCH_*)
 ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
           "xtensa", "xtensawin", "rv32imc", "rv64imc"]
@@ -329,7 +330,7 @@ def flash(
             config.pop("layers", None)
             if layers is not None:
                 config["layers"] = list(layers)
-                if info.mem_free < 1 << 20:  # no PSRAM: a context whose KV cache fits next to the layers
+                if info.mem_free < PSRAM_HEAP:  # no PSRAM: a context whose KV cache fits next to the layers
                     config["n_ctx"] = STAGE_CTX
             if key:
                 config["key"] = key.hex()
@@ -341,7 +342,7 @@ def flash(
             total = sum(p.stat().st_size for p in files.values())
             check_board(info, role, heap_bytes, total, len(image))
             report = FlashReport(port, info)
-            chunk = 2048 if info.mem_free > 1 << 20 else 512
+            chunk = 2048 if info.mem_free > PSRAM_HEAP else 512
             _mkdirs(transport, list(files))
             for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
                 data = local.read_bytes()
@@ -380,9 +381,10 @@ def flash(
 
 def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> bytes:
     """The ROMFS image to put the model in, or b"" to put it on the filesystem: a stage, a board without
-    a ROMFS partition, and an image bigger than the partition when the model fits the heap (one that fits
-    neither is refused by `check_board`) keep it there."""
-    if role == "stage" or not info.romfs:
+    a ROMFS partition, a board with PSRAM (its heap there holds the model, read faster than mapped flash),
+    and an image bigger than the partition when the model fits the heap (one that fits neither is refused
+    by `check_board`) keep it there."""
+    if role == "stage" or not info.romfs or info.mem_free >= PSRAM_HEAP:
         return b""
     try:
         image = romfs.image(model)
