@@ -8,7 +8,8 @@ Rows:
 - rtt: PING round trip host -> node -> host (median and p90), small and 200-byte payloads; and through a
   gateway node and the virtual ESP-NOW radio (no loss) to a node behind it, 600 bytes = 3 fragments.
 - drafter: the shipped drafter (models/drafter.spm, else a random model of its shape) in a classic ESP32
-  heap (host/boardclasses.py, plus this VM's code overhead, see tests/test_firmware_budget.py), gamma 4,
+  heap, its weights on a ROMFS (host/boardclasses.py, plus this VM's code overhead, see
+  tests/test_firmware_budget.py), gamma 4,
   top-8 q-hat at temperature 0.8: tokens/s seen by the host (round trips included) and the node's own
   compute ms per token; heap left.
 - target: the shipped target in an ESP32-S3 PSRAM heap: plain decoding tokens/s (VERIFY_REQ n = 0), and
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from host.boardclasses import ESP32, ESP32S3
 from shared import messages as m
-from tools.nodeproc import ROOT, NodeProc, begin, code_heap, commit, flash, generate, shipped_model
+from tools.nodeproc import ROOT, NodeProc, begin, code_heap, commit, flash, generate, rom_image, shipped_model
 
 ESP32_HEAP = ESP32.heap_bytes
 ESP32S3_HEAP = ESP32S3.heap_bytes
@@ -85,8 +86,9 @@ def _rtt_radio(mp: str, tmp: Path) -> dict:
 
 
 def _drafter(mp: str, board: Path, model: str) -> dict:
-    node = NodeProc(mp, board, {"role": "drafter", "model": model, "node_id": 1},
-                    heap=ESP32_HEAP + code_heap(mp, board), flashed=True)
+    rom = rom_image(Path(model), board.parent / "drafter.romfs")  # as flash puts it on a classic ESP32
+    node = NodeProc(mp, board, {"role": "drafter", "model": "/rom/" + Path(model).name, "node_id": 1},
+                    heap=ESP32_HEAP + code_heap(mp, board), flashed=True, rom=rom)
     try:
         ctx = node.call(m.HELLO)[5]  # a node short of heap halves its context
         tokens = list(range(1, 17))
