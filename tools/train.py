@@ -4,14 +4,17 @@ on stories the target samples itself, with a progress bar, an optional time budg
 The data is unlimited and exactly the distribution the drafter must match: every `--refresh` steps the
 target samples a new pool of stories from a generator seeded by (seed, pool number), so a resumed run
 sees the same data as an uninterrupted one. `--temps` mixes sampling temperatures: stories sampled
-cooler look like the target's greedy text, where a greedy drafter is judged. Model selection uses held-out stories (the
-first `--val-stories` of models/heldout.txt; the model card measures on the others): teacher-forced
-agreement of the two models, the i.i.d. acceptance at T = 0 (argmax equal) and T = 1 (sum of min(p, q)).
+cooler look like the target's greedy text, where a greedy drafter is judged. `--openings FILE` starts
+each story with the first 4-48 tokens of a real paragraph, so the pool holds what a drafter meets after
+a user's prompt. Model selection uses held-out prompts (the first 16 tokens of the first `--val-stories`
+of models/heldout.txt, which the model card does not measure on) continued by the target at T = 1:
+teacher-forced agreement of the two models on the continuations, the i.i.d. acceptance at T = 0 (argmax
+equal) and T = 1 (sum of min(p, q-hat)), and the KL.
 
 Checkpoints go to <out>/last.pt (every eval) and <out>/best.pt (highest T = 1 acceptance); re-running
 the same command resumes from last.pt.
 
-    python -m tools.train --shape d48l2kv1 --out checkpoints/d48l2kv1 --minutes 20
+    python -m tools.train --shape d64l2kv1 --out checkpoints/d64 --openings models/tinystories_train_head.txt
 """
 
 from __future__ import annotations
