@@ -143,7 +143,7 @@ class Engine:
 
         With `scratch` (a stage) the embedding, the other layers and the classifier are read through it
         for the CRC only, and the final norm is loaded when b is the last layer.
-        A Q8 tensor becomes (int8 bytearray, array('i') of m | s << 16 per row, rows, cols), the row
+        A Q8 tensor becomes (int8 bytearray or ROMFS view, array('i') of m | s << 16 per row, rows, cols), the row
         scale m / 2^s (intmath.fixed: 0 <= m <= 2^14); a vector (array('i') of ints, s), values int / 2^s.
         """
         crc = 0
