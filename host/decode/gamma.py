@@ -7,9 +7,12 @@ every cost is measured around the call that pays it). `GammaController` keeps de
 alpha and of linear fits `D(g) = d0 + d1*g` and `V(k) = v0 + v1*k`, and picks the gamma with the most
 expected tokens per second, gamma = 0 (plain decoding: no drafter call at all) included.
 
-The first round is plain and untimed (it carries the prompt's prefill on every back-end); the next two
-probe gamma = 1 and 0, so the verify fit sees two sizes (the draft fit starts proportional and learns
-its intercept once a larger gamma is tried); afterwards a neighbour of the
+The first round is plain and untimed (it carries the prompt's prefill on every back-end); the next three
+probe gamma = 1, 0 and 4, so the verify fit sees three sizes and the draft fit two: a drafter call's round
+trip then goes to the fit's intercept, not to a per-token cost that would price the drafter's catch-up
+after plain rounds too high to ever probe again (with one size the fit is proportional; on virtual boards,
+where a call's round trip is most of it, gamma auto then stayed plain in about half the default runs).
+Afterwards a neighbour of the
 current choice is tried every `PROBE_EVERY` rounds so the estimates follow the stream. At gamma = 0 the
 probe is gamma = 1 (the cheapest way to keep alpha measured) and its interval doubles each time plain
 decoding stays the best choice, so a stream where speculation does not pay spends O(log n) rounds
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-PROBES = (0, 1, 0)  # first rounds: prefill (untimed), then V(k) at two sizes, D(g) at one, a first alpha
+PROBES = (0, 1, 0, 4)  # first rounds: prefill (untimed), then V(k) at three sizes, D(g) at two, a first alpha
 PROBE_EVERY = 16
 PROBE_BUDGET = 0.02  # at gamma = 0, probes may cost this fraction of the stream's time (and no more)
 MAX_PROBE_GAP = 1024
