@@ -17,6 +17,7 @@ from host.backends.engine import EXP_TABLE, Engine, argmax
 from shared import prng, rule, sampling
 from tests.conftest import ROOT
 from shared.modelfile import FLAG_SHARED_CLS
+from tools.nodeproc import ROM_SLACK, rom_image
 from tools.testmodels import random_model
 
 PROMPT = [3, 17, 42, 8, 79, 0, 55]
@@ -50,7 +51,7 @@ def run_plan(micropython, fw_dir, tmp_path_factory):
         """`heap`: the board's heap; a ROMFS image (flash on a board) comes on top, in this VM's heap."""
         code = "import sys; sys.path.insert(0, %r); import mp_engine_runner" % fw_dir
         if heap and "rom" in plan:
-            heap = str(int(heap[:-1]) * (1 << (10 if heap[-1] == "k" else 20)) + Path(plan["rom"]).stat().st_size + 64)
+            heap = str(int(heap[:-1]) * (1 << (10 if heap[-1] == "k" else 20)) + Path(plan["rom"]).stat().st_size + ROM_SLACK)
         path = plans / ("%d.json" % len(list(plans.iterdir())))
         path.write_text(json.dumps(dict(plan, path=fw_dir)))
         cmd = [micropython] + (["-X", "heapsize=" + heap] if heap else []) + ["-c", code, str(path)]
@@ -171,11 +172,7 @@ def drafter_shape(tmp_path_factory):
 
 def romfs_image(tmp_path: Path, model: str) -> tuple[str, str]:
     """(a ROMFS image holding `model`, as `specmesh flash` builds it; the model's path once it is at /rom)."""
-    from host.provision import romfs
-
-    image = tmp_path / "rom.img"
-    image.write_bytes(romfs.image(Path(model)))
-    return str(image), "/rom/" + Path(model).name
+    return str(rom_image(Path(model), tmp_path / "rom.img")), "/rom/" + Path(model).name
 
 
 @pytest.fixture(scope="module")

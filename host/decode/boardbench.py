@@ -123,8 +123,8 @@ def where(name):
         except OSError:
             pass
 
-for name in ('drafter', 'target'):
-    path = where(name)
+paths = {name: where(name) for name in ('drafter', 'target')}
+for path in paths.values():
     if path and path.startswith('/rom/'):
         with open(path, 'rb') as f:
             mv = memoryview(f)
@@ -132,8 +132,7 @@ for name in ('drafter', 'target'):
             out['flash'] = [n, best(stride_read, mv, n)]
         del mv
 from engine import Engine
-for name in ('drafter', 'target'):
-    path = where(name)
+for name, path in paths.items():
     if path is None:
         continue
     gc.collect()
