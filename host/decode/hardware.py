@@ -119,7 +119,7 @@ KERNEL_CALL = Figure(
     "each: load array, load value, load index, store subscript) and calls the viper function, whose "
     "entry converts its 4 arguments through runtime calls: about 35 bytecodes at ~80 cycles each on an "
     "ESP32 ([VIPER]: a viper loop is ~16x the same bytecode, and the viper loops here are ~5 cycles "
-    "per operation), about 3000 cycles per call. specmesh bench calibrates it from a whole token.")
+    "per operation), about 3000 cycles per call. specmesh bench times it: a token whose kernels return at once.")
 PSRAM_STREAM = Figure(
     40e6, "B/s", "derived",
     "[S3-DS]: octal PSRAM at 80 MHz DDR moves 8 bits x 2 x 80 MHz = 160 MB/s at the pins; reads go "
