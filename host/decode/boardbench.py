@@ -313,7 +313,7 @@ def report(result: dict, out: str) -> list[str]:
         result["board"]["port"], result["board"]["machine"], result["board"]["micropython"], out),
         "%-14s %14s %14s" % ("term", "measured", "derived S3")]
     for t, v in result["seconds_per_unit"].items():
-        unit = "s/byte" if t.endswith(("psram", "flash")) else "s/call" if t == "engine" else "s/insn"
+        unit = "s/insn" if t in cm.COMPUTE else "s/call" if t == "engine" else "s/byte"  # costmodel's units
         lines.append("%-14s %10.3g %-6s %10.3g" % (t, v, unit, derived[t]))
     for label, c in result["check"].items():
         if isinstance(c, dict):
