@@ -1,7 +1,7 @@
 """The board classes: each class's memory facts (MicroPython heap, PSRAM, filesystem, ROMFS), with sources.
 
 The one registry the emulator (host/emulator/board.py sizes a virtual board from it), cluster start-up
-(`ROLE_CLASS`: the class a role's virtual board is), the projection's cost figures (host/decode/hardware.py,
+(`ROLE_CLASS`: the class a role's virtual board is), the projection's cost figures (host/projection/hardware.py,
 keyed by these names) and the tests read; a class's heap is its one `heap_bytes` line here.
 """
 
@@ -29,7 +29,7 @@ class BoardClass:
 # notes: "enabled only on selected boards"). A classic ESP32 gets MicroPython's own 4 MB layout with one,
 # ports/esp32/partitions-4MiB-romfs.csv: "romfs, data, 0x8f, 0x1E0000, 0x20000" (128 KiB, beside the same
 # 2 MiB vfs); `specmesh flash` reads the real size from the board. An S3 with PSRAM keeps its models in
-# PSRAM, faster than mapped flash (host/decode/hardware.py), so its class has none.
+# PSRAM, faster than mapped flash (host/projection/hardware.py), so its class has none.
 
 # Classic ESP32 (no PSRAM): MicroPython gives the GC heap the largest free block of internal RAM.
 # docs/esp32/general.rst ("Controlling the Python heap size"): "On a 'simple' esp32 this comes out to

@@ -1,4 +1,4 @@
-"""`specmesh bench --port PORT` (host/decode/boardbench.py) on a virtual ESP32-S3 flashed as a verifier, and
+"""`specmesh bench --port PORT` (host/projection/boardbench.py) on a virtual ESP32-S3 flashed as a verifier, and
 `specmesh run --project esp32s3 --calibration FILE` pricing its projection with what it wrote."""
 
 import json
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from host import cli
-from host.decode.calibration import Rates
-from host.decode.costmodel import TERMS
-from host.decode.hardware import ESP32S3
+from host.projection.calibration import Rates
+from host.projection.costmodel import TERMS
+from host.projection.hardware import ESP32S3
 from host.provision.flash import flash
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +69,7 @@ def test_bench_measures_every_term_and_run_projects_with_it(board, models, tmp_p
     assert cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--max-tokens", "12",
                      "--quiet", "--project", "esp32s3", "--stats-json", str(stats_file)]) == 0
     derived = json.loads(stats_file.read_text())["projection"]
-    assert derived["rates"] == "derived (host/decode/hardware.py)"
+    assert derived["rates"] == "derived (host/projection/hardware.py)"
     assert calibrated["plain_tokens_per_s"] > derived["plain_tokens_per_s"]
 
 

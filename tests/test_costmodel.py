@@ -1,4 +1,4 @@
-"""host/decode/costmodel.py follows firmware/engine.py: every kernel call a real forward pass makes, with its
+"""host/projection/costmodel.py follows firmware/engine.py: every kernel call a real forward pass makes, with its
 shapes, priced by the cost model's own per-kernel counts, adds up to what pass_work counts from the
 model header alone, for one position and for a 5-position verify."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from host.decode import costmodel as cm
+from host.projection import costmodel as cm
 from shared.modelfile import HEADER_SIZE, parse_header
 
 ROOT = Path(__file__).resolve().parent.parent

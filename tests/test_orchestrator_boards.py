@@ -195,9 +195,9 @@ def test_booting_and_flashing_say_what_they_do_and_skip_an_up_to_date_board(mode
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_projected_bus_bytes_are_the_measured_ones_round_by_round(serial_boards, models, temperature):
-    """host/decode/projection.py's byte model against the bytes the host's links carried, per round and per link
+    """host/projection/rounds.py's byte model against the bytes the host's links carried, per round and per link
     (the first round also collects BEGIN's ACK, so it is left out); a plain round is 22 bytes."""
-    from host.decode.projection import Projector  # noqa: PLC0415
+    from host.projection.rounds import Projector  # noqa: PLC0415
     from shared.modelfile import parse_header  # noqa: PLC0415
 
     verifier, drafter = serial_boards

@@ -1,15 +1,15 @@
-"""Time-faithful projection (host/decode/projection.py, host/decode/hardware.py): message sizes from the real codec,
+"""Time-faithful projection (host/projection/rounds.py, host/projection/hardware.py): message sizes from the real codec,
 MAC counts from the model layout, and a plain run projecting to exactly the plain baseline."""
 
 import re
 
 import pytest
 
-from host.decode import hardware
-from host.decode.costmodel import TERMS
-from host.decode.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, sources
+from host.projection import hardware
+from host.projection.costmodel import TERMS
+from host.projection.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, sources
 from host.decode.orchestrator import Result, Round
-from host.decode.projection import (PLAIN_BODY, VERDICT_BODY, Projector, draft_entries, line_bytes,
+from host.projection.rounds import (PLAIN_BODY, VERDICT_BODY, Projector, draft_entries, line_bytes,
                                     macs_per_position, stage_body, stage_reply_body, weight_bytes)
 from shared import messages as m
 from shared.codec import encode, encode_line

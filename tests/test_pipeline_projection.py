@@ -1,15 +1,15 @@
-"""The pipeline projection (host/decode/pipeline_projection.py): the wavefront's discrete-event model, the stage
+"""The pipeline projection (host/projection/pipeline.py): the wavefront's discrete-event model, the stage
 costs it is built from (Projector.forward over a layer slice), and the stats it reports."""
 
 import pytest
 
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
 from host.decode.gamma import GammaController
-from host.decode.costmodel import weight_bytes
-from host.decode.hardware import FLASH_MAP_STREAM, HOST_DRAFT_POSITION, UART_921600
+from host.projection.costmodel import weight_bytes
+from host.projection.hardware import FLASH_MAP_STREAM, HOST_DRAFT_POSITION, UART_921600
 from host.decode.orchestrator import Round, generate
-from host.decode.pipeline_projection import PipelineProjector, judged
-from host.decode.projection import Projector, stage_body, stage_reply_body
+from host.projection.pipeline import PipelineProjector, judged
+from host.projection.rounds import Projector, stage_body, stage_reply_body
 from host.decode.tokenizer import Tokenizer
 from host.provision.cluster import split_layers
 from shared.modelfile import HEADER_SIZE, parse_header
@@ -118,7 +118,7 @@ def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(h
     from host.backends.pipeline import PipelineVerifier, RoundTrace
     from host.cli.output import format_table
     from host.cli.run import build_stats
-    from host.decode.pipeline_projection import LinksReport
+    from host.projection.pipeline import LinksReport
 
     class Stage:
         name, max_seq, bus_bytes = "stub", 128, 0

@@ -1,11 +1,11 @@
 """tools/xtensa_loops.py: instruction counts of the viper kernels as an ESP32 runs them, and the figures
-host/decode/hardware.py derives from them. Needs Debian's binutils-xtensa-lx106 (skipped without it)."""
+host/projection/hardware.py derives from them. Needs Debian's binutils-xtensa-lx106 (skipped without it)."""
 
 import shutil
 
 import pytest
 
-from host.decode import hardware
+from host.projection import hardware
 from tools import xtensa_loops
 
 pytestmark = pytest.mark.skipif(shutil.which(xtensa_loops.OBJDUMP) is None,

@@ -9,8 +9,8 @@ core instructions these loops use, and shows the windowed `entry`, `callx8` and 
 counts each loop (a backward branch and the range it closes): the instructions of the longest path
 through one iteration, branches taken or not, the loops nested in it left out (they are counted on
 their own), and the calls into the MicroPython runtime on that path (viper's `//` and `%`). The loops
-of a function are listed in address order, which is source order. host/decode/hardware.py keeps these counts
-(XTENSA_LOOPS, XTENSA_LOOP_CALLS, and the cycles-per-MAC figures from `matmul_per_mac`), host/decode/costmodel.py
+of a function are listed in address order, which is source order. host/projection/hardware.py keeps these counts
+(XTENSA_LOOPS, XTENSA_LOOP_CALLS, and the cycles-per-MAC figures from `matmul_per_mac`), host/projection/costmodel.py
 multiplies them by their trip counts; tests/test_xtensa_loops.py checks that they agree.
 """
 

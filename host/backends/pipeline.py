@@ -14,7 +14,7 @@ the host only tracks which tokens the stages hold (`fed`), and a rejected draft 
 next round. A stage that stops answering ends the run with one line naming it.
 
 The trace (`trace`): per round, positions each stage computed and STAGE messages and bytes per link;
-host/decode/pipeline_projection.py replays it on real boards and links.
+host/projection/pipeline.py replays it on real boards and links.
 """
 
 from __future__ import annotations

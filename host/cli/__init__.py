@@ -74,7 +74,7 @@ def _add_bench(sub) -> None:
 
 def _bench(args) -> int:
     from host.bus.ports import PortError, resolve_port
-    from host.decode.boardbench import bench, report
+    from host.projection.boardbench import bench, report
     from host.provision.flash import FlashError
 
     try:

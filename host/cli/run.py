@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="verify on a pipeline of N virtual stage boards (classic ESP32s), the target's layers split "
                         "evenly, positions sent through as a wavefront (docs/pipeline.md; default 0: one verifier)")
     p.add_argument("--project", metavar="BOARD", choices=("esp32s3",),
-                   help="also project the run onto real boards of this class (host/decode/hardware.py); "
+                   help="also project the run onto real boards of this class (host/projection/hardware.py); "
                         "gamma is then chosen for that hardware")
     p.add_argument("--calibration", metavar="FILE", type=Path,
                    help="with --project: price the projection with a board's measurements (specmesh bench "
@@ -121,8 +121,8 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError("--calibration prices a projection: add --project esp32s3")
     a.rates = None
     if a.calibration is not None:
-        from host.decode.calibration import CalibrationError, Rates  # noqa: PLC0415
-        from host.decode.hardware import BOARDS  # noqa: PLC0415
+        from host.projection.calibration import CalibrationError, Rates  # noqa: PLC0415
+        from host.projection.hardware import BOARDS  # noqa: PLC0415
 
         try:
             a.rates = Rates.load(a.calibration, BOARDS[a.project])
@@ -273,15 +273,15 @@ def run(a: argparse.Namespace, out=None) -> dict:
         # make the same seed give different texts. Sampling with --gamma auto therefore chooses gamma
         # from the projected costs (deterministic); greedy text never depends on gamma.
         deterministic = a.temperature > 0 and fixed is None and drafter is not None
-        if a.stages:  # the pipeline's own projection (host/decode/pipeline_projection.py), in every stats JSON
-            from host.decode.pipeline_projection import LinksReport, PipelineProjector  # noqa: PLC0415
+        if a.stages:  # the pipeline's own projection (host/projection/pipeline.py), in every stats JSON
+            from host.projection.pipeline import LinksReport, PipelineProjector  # noqa: PLC0415
 
             on_host = names.get("drafter") == "cpu"  # the drafter back-end runs on this machine, not on a board
             cost_model = PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, "uart-921600",
                                            on_host)
             projector = LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host)
         elif a.project or deterministic:
-            from host.decode.projection import Projector  # noqa: PLC0415
+            from host.projection.rounds import Projector  # noqa: PLC0415
 
             cost_model = Projector(heads["verifier"], heads["drafter"], a.project or "esp32s3", a.transport,
                                    a.rates)

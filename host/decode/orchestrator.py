@@ -100,7 +100,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     """Generate up to `max_tokens` tokens after `prompt`; speculative when a drafter is given.
 
     The gamma controller learns from the measured seconds of each round, or from `costs(round)` when
-    given (a projection to other hardware, host/decode/projection.py).
+    given (a projection to other hardware, host/projection/rounds.py).
 
     Fail-over, when `fallback` is given: a verifier that fails (BackendError: it stopped answering, its
     link died) is replaced by `fallback()`, begun on the committed prefix, and the round runs again; a

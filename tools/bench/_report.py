@@ -42,7 +42,7 @@ def derivation_lines(results: dict) -> list[str]:
         lines += ["%s, plain decoding of the shipped target: **%.2f tok/s projected** (%.1f ms per token), "
                   "against %.2f tok/s measured by %s for the same model." % (
                       board, proj["boards"][board]["plain"], total, ANCHOR[1], ANCHOR[0]), "",
-                  "| term (host/decode/costmodel.py) | ms per token | share |", "| --- | ---: | ---: |"]
+                  "| term (host/projection/costmodel.py) | ms per token | share |", "| --- | ---: | ---: |"]
         lines += ["| %s | %.2f | %.1f%% |" % (t, r["ms_per_token"], 100 * r["share"]) for t, r in rows.items()]
         lines += ["| total | %.2f | 100%% |" % total, ""]
     return lines
@@ -136,7 +136,7 @@ def write(results: dict, out: Path) -> list[Path]:
         ax.set(xlabel="tokens/s (projected for the boards; the anchor is measured)",
                title="stories260K: projected board speed and the C anchor")
         save(fig, "projection.png", "Projected tokens/s per board class",
-             "host/decode/hardware.py's derivation for each board class, next to esp32-llm's measured "
+             "host/projection/hardware.py's derivation for each board class, next to esp32-llm's measured "
              "19.13 tok/s for the same model in C.")
         parts += derivation_lines(results)
     else:

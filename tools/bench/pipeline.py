@@ -3,7 +3,7 @@
     python -m tools.bench pipeline
 
 The spec bench's prompts are decoded greedily on the host CPU back-ends (the boards' arithmetic) at each
-gamma (0: plain, no drafter); host/decode/pipeline_projection.py replays every run on N = 1..5 stages (the
+gamma (0: plain, no drafter); host/projection/pipeline.py replays every run on N = 1..5 stages (the
 target's 5 layers split evenly) over 921600-baud UART and over ESP-NOW behind a gateway, with the drafts
 made on a drafter board or on the host CPU, next to plain decoding on one ESP32-S3 that holds the whole
 target. `fits` says whether each stage of that split fits a classic ESP32's heap (its layers' weights
@@ -19,9 +19,9 @@ from pathlib import Path
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
 from host.boardclasses import ESP32
 from host.decode.gamma import GammaController
-from host.decode.hardware import HOST_DRAFT_POSITION
+from host.projection.hardware import HOST_DRAFT_POSITION
 from host.decode.orchestrator import generate
-from host.decode.pipeline_projection import PIPELINE_LINKS, PipelineProjector
+from host.projection.pipeline import PIPELINE_LINKS, PipelineProjector
 from host.decode.tokenizer import Tokenizer
 from host.provision.cluster import split_layers
 from host.provision.flash import STAGE_CTX
@@ -69,7 +69,7 @@ def run() -> dict:
         single_s += sum(x.committed for x in r.rounds) / p["single_board_plain_tokens_per_s"]
     single_tok_s = sum(sum(x.committed for x in r.rounds) for _, r in runs[0]) / single_s
     alpha = {g: sum(r.accepted for _, r in rs) / max(1, sum(r.tested for _, r in rs)) for g, rs in runs.items() if g}
-    print("stories260K on N classic-ESP32 stages, projected tok/s (host/decode/pipeline_projection.py), greedy, "
+    print("stories260K on N classic-ESP32 stages, projected tok/s (host/projection/pipeline.py), greedy, "
           "%d prompts x %d tokens; one ESP32-S3 holding the whole target, plain: %.2f tok/s"
           % (len(PROMPTS), NEW, single_tok_s))
     print("alpha per gamma: %s" % ", ".join("%d: %.2f" % (g, a) for g, a in alpha.items()))

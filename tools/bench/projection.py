@@ -2,9 +2,9 @@
 
     python -m tools.bench projection
 
-Four prompts are decoded on the host CPU back-ends (the boards' arithmetic) at gamma 4; host/decode/projection.py
-replays each run, and plain decoding of as many tokens, on host/decode/hardware.py's derived figures for a board
-class over USB serial. Every step of the engine is a term (host/decode/costmodel.py: the matmuls, the non-matmul
+Four prompts are decoded on the host CPU back-ends (the boards' arithmetic) at gamma 4; host/projection/rounds.py
+replays each run, and plain decoding of as many tokens, on host/projection/hardware.py's derived figures for a board
+class over USB serial. Every step of the engine is a term (host/projection/costmodel.py: the matmuls, the non-matmul
 kernels, the attention's KV-cache reads, the interpreted calls between kernels, PSRAM streaming) and the
 bus is one more; the derivation table gives each term's time per plain token and its share. esp32-llm's
 19.13 tok/s is stories260K in C on an ESP32-S3, measured by that project: the anchor. Only boards whose
@@ -17,9 +17,9 @@ from pathlib import Path
 
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
 from host.decode.gamma import GammaController
-from host.decode.hardware import BOARDS
+from host.projection.hardware import BOARDS
 from host.decode.orchestrator import generate
-from host.decode.projection import Projector
+from host.projection.rounds import Projector
 from host.decode.tokenizer import Tokenizer
 from tools.bench.spec import PROMPTS
 from shared.modelfile import HEADER_SIZE, parse_header
@@ -55,14 +55,14 @@ def run() -> dict:
         boards[BOARDS[name].name] = {"plain": tokens / plain, "speculative, gamma 4 (board drafter)": tokens / spec}
         derivation[BOARDS[name].name] = {t: {"ms_per_token": 1e3 * s / tokens, "share": s / plain}
                                          for t, s in sorted(terms.items(), key=lambda kv: -kv[1])}
-    print("stories260K projected on boards (host/decode/hardware.py, derived), %d prompts x %d tokens; anchor: "
+    print("stories260K projected on boards (host/projection/hardware.py, derived), %d prompts x %d tokens; anchor: "
           "esp32-llm in C" % (len(PROMPTS), NEW))
     print("%-44s %8.2f tok/s (measured by esp32-llm)" % ("esp32-llm, C, ESP32-S3", ANCHOR_TOK_S))
     for board, modes in boards.items():
         for mode, value in modes.items():
             print("%-44s %8.2f tok/s (projected)" % ("%s, %s" % (board, mode), value))
     for board, rows in derivation.items():
-        print("\nderivation of a plain %s token (host/decode/costmodel.py terms, mean over the runs above)" % board)
+        print("\nderivation of a plain %s token (host/projection/costmodel.py terms, mean over the runs above)" % board)
         print("%-14s %10s %7s" % ("term", "ms/token", "share"))
         for t, row in rows.items():
             print("%-14s %10.2f %6.1f%%" % (t, row["ms_per_token"], 100 * row["share"]))

@@ -13,7 +13,7 @@ tokens per verification, the gamma chosen (most used), bus bytes per committed t
 to the verifier and to the drafter (espnow: through a gateway board, 5% packet loss and 1% duplication
 on the virtual radio; the verifier's bytes are those on the host's serial link), checked against the
 lean-bus goals (GOALS: plain decoding, greedy and sampled speculation at gamma 4), and the
-time-faithful projection of every run onto ESP32-S3 boards (host/decode/projection.py). Greedy runs also
+time-faithful projection of every run onto ESP32-S3 boards (host/projection/rounds.py). Greedy runs also
 check that every mode produced the very same tokens as plain. Models: models/*.spm when shipped, else
 random models of the shipped shapes (the table says which).
 """
@@ -52,7 +52,7 @@ CONFIGS = {  # name: (drafter, verifier, transport, extra flags)
 def bench_config(name: str, models: Path) -> list[dict]:
     from host.backends import SessionParams
     from host.cli.run import Setup, add_arguments, check_args
-    from host.decode.projection import Projector
+    from host.projection.rounds import Projector
     from host.decode.tokenizer import BOS, Tokenizer
     from shared.modelfile import parse_header
 

@@ -1,8 +1,8 @@
-"""Seconds per unit of work of each cost term: derived from host/decode/hardware.py, or measured on a board.
+"""Seconds per unit of work of each cost term: derived from host/projection/hardware.py, or measured on a board.
 
-`Rates.derived(board)` prices host/decode/costmodel.py's terms with the hardware figures (instructions at
+`Rates.derived(board)` prices host/projection/costmodel.py's terms with the hardware figures (instructions at
 CPI cycles each at the board's clock, kernel calls at KERNEL_CALL cycles, PSRAM and memory-mapped flash
-bytes at their stream rates). `specmesh bench --port PORT` (host/decode/boardbench.py) measures the same terms on a board and writes a
+bytes at their stream rates). `specmesh bench --port PORT` (host/projection/boardbench.py) measures the same terms on a board and writes a
 calibration file; `Rates.load(path)` reads it back, and `specmesh run --project BOARD --calibration FILE`
 projects with it. A term the file does not measure keeps its derived rate, and says so.
 
@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from host.decode.costmodel import TERMS, Work
-from host.decode.hardware import CPI, KERNEL_CALL, Board
+from host.projection.costmodel import TERMS, Work
+from host.projection.hardware import CPI, KERNEL_CALL, Board
 
 FORMAT = "specmesh-calibration"
 VERSION = 1
@@ -31,7 +31,7 @@ class CalibrationError(ValueError):
 
 @dataclass
 class Rates:
-    seconds: dict[str, float]  # per unit of each term of host/decode/costmodel.py
+    seconds: dict[str, float]  # per unit of each term of host/projection/costmodel.py
     source: str  # shown next to a projection
     measured: set[str] = field(default_factory=set)  # the terms a board measured
 
@@ -43,7 +43,7 @@ class Rates:
         stream = board.weight_stream_bps.value
         s["weights_psram"] = s["kv_psram"] = 1 / stream if stream else 0.0
         s["weights_flash"] = 1 / board.flash_map_bps.value
-        return cls(s, "derived (host/decode/hardware.py)")
+        return cls(s, "derived (host/projection/hardware.py)")
 
     @classmethod
     def load(cls, path: str | Path, board: Board) -> Rates:

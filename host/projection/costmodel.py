@@ -4,8 +4,8 @@
 step of firmware/engine.py executes for a pass over k positions ending at context length ctx: the loop
 sizes of its viper kernels (host/hardware.XTENSA_LOOPS, counted by tools/xtensa_loops.py) times their
 trip counts, plus the calls from engine.py into the kernels and the bytes streamed from PSRAM.
-`Rates` turns that into seconds: derived from host/decode/hardware.py, or measured on a board
-(host/decode/calibration.py). The terms:
+`Rates` turns that into seconds: derived from host/projection/hardware.py, or measured on a board
+(host/projection/calibration.py). The terms:
 
 | term | what | unit |
 | --- | --- | --- |
@@ -28,7 +28,7 @@ slice sits in the heap.
 
 from __future__ import annotations
 
-from host.decode.hardware import RUNTIME_CALL, SHIFT_STEPS, XTENSA_LOOP_CALLS, XTENSA_LOOPS
+from host.projection.hardware import RUNTIME_CALL, SHIFT_STEPS, XTENSA_LOOP_CALLS, XTENSA_LOOPS
 from shared.modelfile import FLAG_SHARED_CLS, Header, tensor_bytes, tensor_layout
 
 SRAM_BUDGET = 256 * 1024  # model bytes an ESP32-S3 keeps in internal SRAM; larger ones live in PSRAM

@@ -1,5 +1,5 @@
 """Time-faithful projection of a pipeline run: the wavefront replayed as a discrete-event model of real
-boards and links (host/decode/hardware.py), next to plain decoding on the same pipeline and on one board.
+boards and links (host/projection/hardware.py), next to plain decoding on the same pipeline and on one board.
 
 A run's rounds (host/decode/orchestrator.py `Round`) fix every position each stage computes: a round of gamma
 drafts sends gamma + 1 positions (the first round also the prompt), the last stage judges them in order,
@@ -26,10 +26,10 @@ gamma (`python -m tools.bench pipeline`) replays host-CPU runs of the shipped pa
 from __future__ import annotations
 
 from host.boardclasses import ROLE_CLASS
-from host.decode.hardware import (ESPNOW, FLASH_FILE_READ, HOST_DRAFT_POSITION, LINKS, UART_921600, USB_SERIAL_JTAG,
+from host.projection.hardware import (ESPNOW, FLASH_FILE_READ, HOST_DRAFT_POSITION, LINKS, UART_921600, USB_SERIAL_JTAG,
                                   Link)
 from host.decode.orchestrator import Result, Round
-from host.decode.projection import (Projector, draft_entries, draft_req_body, frame_bytes, line_bytes, stage_body,
+from host.projection.rounds import (Projector, draft_entries, draft_req_body, frame_bytes, line_bytes, stage_body,
                                     stage_reply_body)
 from shared.modelfile import Header
 
@@ -61,7 +61,7 @@ class PipelineProjector:
         self.cls_read = (h.vocab * h.dim + 4 * h.vocab) / FLASH_FILE_READ.value
 
     def _wire(self, payload: int) -> float:
-        """Seconds of one frame of `payload` bytes from host to board or back (host/decode/projection.py's sizes)."""
+        """Seconds of one frame of `payload` bytes from host to board or back (host/projection/rounds.py's sizes)."""
         t = 0.0
         for link in self.hops:
             n = (frame_bytes if link.mtu else line_bytes)(payload, self.addressed)  # radio frames are binary

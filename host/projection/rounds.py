@@ -2,13 +2,13 @@
 
 A run's trace (host/decode/orchestrator.py `Round`s: gamma, accepted, committed, context length, q-hat sizes)
 fully determines the work each board does and every byte on the bus, so the projection replays it in
-virtual time with the constants of host/decode/hardware.py instead of sleeping:
+virtual time with the constants of host/projection/hardware.py instead of sleeping:
 
-- a forward pass over k positions at context length L costs what host/decode/costmodel.py counts for it (the
+- a forward pass over k positions at context length L costs what host/projection/costmodel.py counts for it (the
   matmuls by positions per weight load, every non-matmul step of the engine, the attention's reads of
   the KV cache, the interpreted calls between kernels, and one read of the weights, and of the KV
-  cache, from PSRAM when the model does not fit internal SRAM), priced by host/decode/calibration.py's
-  `Rates`: derived from host/decode/hardware.py, or measured on a board (`--calibration FILE`);
+  cache, from PSRAM when the model does not fit internal SRAM), priced by host/projection/calibration.py's
+  `Rates`: derived from host/projection/hardware.py, or measured on a board (`--calibration FILE`);
 - drafting gamma tokens is gamma one-position passes, after one per token committed while the drafter
   was idle (plain rounds); its prefill of the prompt at BEGIN runs while the verifier prefills the same
   prompt in the first round, and a drafter position costs a fraction of a target's, so it adds no time;
@@ -30,10 +30,10 @@ labelled "projected" wherever they are shown.
 
 from __future__ import annotations
 
-from host.decode.calibration import Rates
-from host.decode.costmodel import SRAM_BUDGET, layer_span, pass_work, weight_bytes
+from host.projection.calibration import Rates
+from host.projection.costmodel import SRAM_BUDGET, layer_span, pass_work, weight_bytes
 from host.boardclasses import BOARD_CLASSES
-from host.decode.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, Board, Link
+from host.projection.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, Board, Link
 from host.decode.orchestrator import Result, Round
 from shared.codec import line_size
 from shared.modelfile import Header
@@ -120,7 +120,7 @@ class Projector:
 
     def terms(self, h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None,
               classifier: bool = True) -> dict[str, float]:
-        """forward()'s seconds by term (host/decode/costmodel.py)."""
+        """forward()'s seconds by term (host/projection/costmodel.py)."""
         on_romfs = layers is None and not BOARD_CLASSES[self.board.name].psram_bytes
         return self.rates.times(pass_work(h, k, ctx, layers, classifier, on_romfs))
 
@@ -154,7 +154,7 @@ class Projector:
         return sum(self.plain_terms(pos0).values())
 
     def plain_terms(self, pos0: int) -> dict[str, float]:
-        """plain_round's seconds by term: the target's pass (host/decode/costmodel.py) and `bus` (its request and
+        """plain_round's seconds by term: the target's pass (host/projection/costmodel.py) and `bus` (its request and
         the verdict, which commits itself)."""
         terms = self.terms(self.target, 1, pos0)
         terms["bus"] = self.call("verifier", PLAIN_BODY, VERDICT_BODY)
