@@ -16,7 +16,7 @@ PIP_EXTRA ?=
 PORT ?= auto
 ROLE ?= drafter
 
-.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean
+.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean mpy-src
 
 setup: $(STAMP)
 
@@ -64,6 +64,15 @@ chaos: setup
 
 flash: setup
 	$(VENV)/bin/specmesh flash --port $(PORT) --role $(ROLE)
+
+# MicroPython's source (vendor/README.md), unpacked once: the native kernels and the RV32 boards build from it.
+MPY_SRC := build/micropython-1.28.0
+mpy-src: $(MPY_SRC)/LICENSE
+
+$(MPY_SRC)/LICENSE: vendor/micropython-1.28.0-src.tar.gz
+	@mkdir -p build
+	tar xzf $< -C build
+	@touch $@
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
