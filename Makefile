@@ -16,7 +16,7 @@ PIP_EXTRA ?=
 PORT ?= auto
 ROLE ?= drafter
 
-.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean mpy-src
+.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check test-rv32
 
 setup: $(STAMP)
 
@@ -73,6 +73,32 @@ $(MPY_SRC)/LICENSE: vendor/micropython-1.28.0-src.tar.gz
 	@mkdir -p build
 	tar xzf $< -C build
 	@touch $@
+
+# The virtual ESP32-C3/C6 boards' firmware (rv32/README.md): MicroPython's qemu port (VIRT_RV32) with the
+# project's board files laid over a copy of it, built with Debian's riscv64-unknown-elf-gcc + picolibc.
+# Bit for bit reproducible: fixed version strings and date, relative paths, no debug info.
+RV32_PORT := $(MPY_SRC)/ports/specmesh-rv32
+RV32_ELF := rv32/firmware.elf
+RV32_ENV := SOURCE_DATE_EPOCH=1767225600 MICROPY_GIT_TAG=v1.28.0 MICROPY_GIT_HASH=specmesh
+RV32_MAKE := $(RV32_ENV) $(MAKE) -C $(RV32_PORT) BOARD=SPECMESH_RV32 FROZEN_MANIFEST= RV32_ARCH=rv32imac \
+	CFLAGS_EXTRA=-misa-spec=2.2 AFLAGS="-mabi=ilp32 -march=rv32imac_zicsr" V=0
+
+rv32-firmware: $(MPY_SRC)/LICENSE
+	rm -rf $(RV32_PORT)
+	cp -r $(MPY_SRC)/ports/qemu $(RV32_PORT)
+	mv $(RV32_PORT)/mpconfigport.h $(RV32_PORT)/mpconfigport_qemu.h
+	mkdir -p $(RV32_PORT)/boards/SPECMESH_RV32
+	cp rv32/port/mpconfigboard.mk $(RV32_PORT)/boards/SPECMESH_RV32/
+	cp rv32/port/*.c rv32/port/*.h $(RV32_PORT)/
+	$(RV32_MAKE) -j2 >/dev/null
+	cp $(RV32_PORT)/build-SPECMESH_RV32/firmware.elf $(RV32_ELF)
+	sha256sum $(RV32_ELF)
+
+# CI: the shipped ELF is what its sources build.
+rv32-check:
+	cp $(RV32_ELF) build/firmware.elf.shipped
+	$(MAKE) rv32-firmware
+	cmp build/firmware.elf.shipped $(RV32_ELF) || { echo "rv32/firmware.elf is not what rv32/port builds: run make rv32-firmware and commit it"; exit 1; }
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

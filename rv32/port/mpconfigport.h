@@ -1,0 +1,19 @@
+// specmesh virtual RV32 board: the qemu port's configuration (mpconfigport_qemu.h, its own file renamed)
+// with what a board of the ESP32-C3/C6 classes has: a littlefs filesystem, a writable ROMFS partition
+// (vfs.rom_ioctl, vboard.c) and a console that sees Ctrl-C while code runs.
+#include "mpconfigport_qemu.h"
+
+#undef MICROPY_VFS_ROM_IOCTL
+#define MICROPY_VFS_ROM_IOCTL (1)
+#define MICROPY_KBD_EXCEPTION (1)
+#define MICROPY_HELPER_REPL (1)
+
+void vboard_rx_poll(void);
+#define MICROPY_VM_HOOK_COUNT (64)
+#define MICROPY_VM_HOOK_INIT static unsigned int vm_hook_divisor = MICROPY_VM_HOOK_COUNT;
+#define MICROPY_VM_HOOK_POLL if (--vm_hook_divisor == 0) { \
+        vm_hook_divisor = MICROPY_VM_HOOK_COUNT; \
+        vboard_rx_poll(); \
+}
+#define MICROPY_VM_HOOK_LOOP MICROPY_VM_HOOK_POLL
+#define MICROPY_VM_HOOK_RETURN MICROPY_VM_HOOK_POLL

@@ -1,0 +1,99 @@
+/*
+ * specmesh virtual RV32 board: the qemu port's HAL (MIT, Damien P. George) with the console a board has:
+ * received bytes go through a small buffer, so a Ctrl-C is seen while code runs (KeyboardInterrupt, as a
+ * board's UART interrupt raises it; polled from the VM hook, mpconfigport.h), and a CPU counter:
+ * time.ticks_cpu() reads minstret, which under `qemu -icount shift=0` is the number of instructions
+ * executed.
+ */
+
+#include "py/mphal.h"
+#include "py/runtime.h"
+#include "py/stream.h"
+#include "shared/runtime/interrupt_char.h"
+#include "uart.h"
+
+uintptr_t ticks_ms(void);
+uintptr_t ticks_us(void);
+
+#define RX_SIZE (256)
+static uint8_t rx_buf[RX_SIZE];
+static uint32_t rx_head, rx_tail; // bytes rx_tail..rx_head-1 are waiting
+
+void vboard_rx_poll(void) {
+    while (rx_head - rx_tail < RX_SIZE && uart_rx_any()) {
+        int c = uart_rx_chr();
+        if (c == mp_interrupt_char) {
+            mp_sched_keyboard_interrupt();
+        } else if (c >= 0) {
+            rx_buf[rx_head++ % RX_SIZE] = c;
+        }
+    }
+}
+
+uintptr_t mp_hal_stdio_poll(uintptr_t poll_flags) {
+    vboard_rx_poll();
+    uintptr_t ret = 0;
+    if ((poll_flags & MP_STREAM_POLL_RD) && rx_head != rx_tail) {
+        ret |= MP_STREAM_POLL_RD;
+    }
+    if (poll_flags & MP_STREAM_POLL_WR) {
+        ret |= MP_STREAM_POLL_WR;
+    }
+    return ret;
+}
+
+int mp_hal_stdin_rx_chr(void) {
+    for (;;) {
+        vboard_rx_poll();
+        if (rx_head != rx_tail) {
+            return rx_buf[rx_tail++ % RX_SIZE];
+        }
+        mp_handle_pending(true);
+    }
+}
+
+mp_uint_t mp_hal_stdout_tx_strn(const char *str, size_t len) {
+    uart_tx_strn(str, len);
+    return len;
+}
+
+mp_uint_t mp_hal_ticks_ms(void) {
+    return ticks_ms();
+}
+
+mp_uint_t mp_hal_ticks_us(void) {
+    return ticks_us();
+}
+
+void mp_hal_delay_ms(mp_uint_t ms) {
+    mp_uint_t start = mp_hal_ticks_ms();
+    do {
+        mp_handle_pending(true);
+    } while (mp_hal_ticks_ms() - start < ms);
+}
+
+void mp_hal_delay_us(mp_uint_t us) {
+    mp_uint_t start = mp_hal_ticks_us();
+    while (mp_hal_ticks_us() - start < us) {
+    }
+}
+
+mp_uint_t mp_hal_ticks_cpu(void) {
+    uint32_t n;
+    __asm volatile ("csrr %0, minstret" : "=r" (n));
+    return n;
+}
+
+// A dummy mp_hal_get_random() (an LCG), as the qemu port has.
+static uint32_t random_state;
+void mp_hal_get_random(size_t n, uint8_t *buf) {
+    for (size_t i = 0; i < n; ++i) {
+        random_state = random_state * 1664525 + 1013904223;
+        buf[i] = random_state >> 24;
+    }
+}
+
+// The filesystem's file times (littlefs mtime): time since power-on, as a board without a clock set.
+uint64_t mp_hal_time_ns(void) {
+    return (uint64_t)ticks_ms() * 1000000ull;
+}
