@@ -34,6 +34,7 @@ from shared import codec
 from shared import messages as m
 
 import config
+import cpucount
 import roles
 from roles import Refused
 from shared.messages import E_COUNTER, E_INTERNAL, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, HOST
@@ -47,6 +48,7 @@ _RESERVE = const(28672)
 # 19 KB free at load kept 16 KB free through sampled STAGE requests (docs/pipeline.md)
 _STAGE_RESERVE = const(16384)
 _MIN_CTX = const(64)  # the shortest context it halves to
+_MAX_TRY_CTX = const(256)  # the context it tries after the model's whole one did not fit
 SMALL_HEAP = 1 << 20  # below this heap size (no PSRAM) the node collects garbage after every request
 REPLY_CACHE = 4  # replies kept for retransmitted requests (a host may have a few requests in flight)
 POLL_MS = 1000  # longest a single-link node blocks in one poll (nothing depends on it waking)
@@ -385,7 +387,7 @@ class Node:
                 else:
                     bad += v
         st["dropped"] = dropped
-        return [(k, st[k] + (bad if k == "bad_frames" else 0)) for k in STAT_KEYS]
+        return [(k, st[k] + (bad if k == "bad_frames" else 0)) for k in STAT_KEYS] + cpucount.pairs()
 
     def _configure(self, role_id, node_id, model):
         """Load the new role and model, save the config; the reply still comes from the old id."""
@@ -426,20 +428,25 @@ class Node:
                 import stage_engine
             n_ctx = cfg.get("n_ctx", 0)
             while True:
-                if stage:
-                    eng = stage_engine.StageEngine(model, cfg.get("layers"), kmax, True, n_ctx)
-                else:
-                    eng = engine.Engine(model, kmax, True, n_ctx)
-                if role_id == m.ROLE_DRAFTER:
-                    self.role = roles.Drafter(eng, self.stats, cfg.get("spec_ahead", 0))
-                elif stage:
-                    self.role = st.Stage(eng, self.stats)
-                else:
-                    self.role = roles.Verifier(eng, self.stats)
-                gc.collect()
-                if gc.mem_free() >= (_STAGE_RESERVE if stage else _RESERVE) or eng.n_ctx <= _MIN_CTX:
-                    break
-                n_ctx = eng.n_ctx // 2  # too little heap left to serve requests: a shorter context (HELLO says)
+                try:
+                    if stage:
+                        eng = stage_engine.StageEngine(model, cfg.get("layers"), kmax, True, n_ctx)
+                    else:
+                        eng = engine.Engine(model, kmax, True, n_ctx)
+                    if role_id == m.ROLE_DRAFTER:
+                        self.role = roles.Drafter(eng, self.stats, cfg.get("spec_ahead", 0))
+                    elif stage:
+                        self.role = st.Stage(eng, self.stats)
+                    else:
+                        self.role = roles.Verifier(eng, self.stats)
+                    gc.collect()
+                    if gc.mem_free() >= (_STAGE_RESERVE if stage else _RESERVE) or eng.n_ctx <= _MIN_CTX:
+                        break
+                    n_ctx = eng.n_ctx // 2  # too little heap left to serve requests: a shorter context (HELLO says)
+                except MemoryError:  # a context whose KV cache does not fit at all: shorter, down to _MIN_CTX
+                    if 0 < n_ctx <= _MIN_CTX:
+                        raise
+                    n_ctx = n_ctx // 2 if n_ctx else _MAX_TRY_CTX
                 self.role = eng = None
                 gc.collect()
         except OSError as e:

@@ -22,6 +22,7 @@ ahead of time (pipelined speculation, `spec_ahead`), gives exactly what a fresh 
 import time
 from array import array
 
+import cpucount
 from shared import rule, sampling
 from shared.messages import E_MESSAGE, E_RANGE, E_STATE, MAX_GAMMA
 
@@ -123,8 +124,10 @@ class Role:
         Returns the engine's logits array (row j at [j * vocab, (j + 1) * vocab), valid until the next pass)."""
         st = self.stats
         t0 = time.ticks_ms()
+        c0 = cpucount.start()
         self.engine.rollback(start)
         logits = self.engine.forward(memoryview(self.tokens)[start:end], start)
+        cpucount.stop(c0, end - start)
         st["compute_ms"] += time.ticks_diff(time.ticks_ms(), t0)
         st["passes"] += 1
         st["positions"] += end - start

@@ -19,6 +19,8 @@ from array import array
 
 import uctypes
 
+import cpucount
+
 from shared import rule, sampling
 from shared.messages import E_MESSAGE, E_RANGE, E_STATE, STAGE_ACT, STAGE_HEAD, pack_stage_reply
 from shared.prng import EMIT
@@ -67,6 +69,7 @@ class Stage(Role):
             self._check_draft(token, ids, weights)
         st = self.stats
         t0 = time.ticks_ms()
+        c0 = cpucount.start()
         if first:
             tokens = struct.unpack("<%dH" % n, data)
             for t in tokens:
@@ -76,6 +79,7 @@ class Stage(Role):
         else:
             self.xb[:size] = data
             logits = e.forward(None, pos, n, head)
+        cpucount.stop(c0, n)
         st["compute_ms"] += time.ticks_diff(time.ticks_ms(), t0)
         st["passes"] += 1
         st["positions"] += n

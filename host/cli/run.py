@@ -49,10 +49,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-top-k", type=int, default=8, help="size of the drafter's q-hat tables (default: 8)")
     p.add_argument("--seed", type=int, default=0, help="session seed: same seed, same text (default: 0)")
     p.add_argument("--drafter", default="virtual",
-                   help="PORT | auto (the flashed drafter board among the ESP32 USB ports) | virtual | cpu "
+                   help="PORT | auto (the flashed drafter board among the ESP32 USB ports) | virtual | "
+                        "virtual:CLASS (virtual:esp32c3, virtual:esp32c6: QEMU running RV32 code) | cpu "
                         "(default: virtual)")
     p.add_argument("--verifier", default="virtual",
-                   help="PORT | auto | virtual | cpu | torch-cpu | gpu (default: virtual)")
+                   help="PORT | auto | virtual | virtual:CLASS | cpu | torch-cpu | gpu (default: virtual)")
     p.add_argument("--gamma", default="auto", help="drafts per round: auto, or a fixed K >= 0 (default: auto)")
     p.add_argument("--transport", choices=("serial", "espnow"), default="serial",
                    help="how virtual boards reach each other and the host (default: serial)")
@@ -66,11 +67,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "so drafting ahead slows the verifier (64 tokens, gamma 2: 13.3 -> 7.9 tok/s)")
     p.add_argument("--plain", action="store_true", help="target-only decoding on the same verifier (baseline)")
     p.add_argument("--stages", type=int, default=0, metavar="N",
-                   help="verify on a pipeline of N virtual stage boards (classic ESP32s), the target's layers split "
+                   help="verify on a pipeline of N virtual stage boards (classic ESP32s; --verifier virtual:CLASS: of "
+                        "that class), the target's layers split "
                         "evenly, positions sent through as a wavefront (docs/pipeline.md; default 0: one verifier)")
-    p.add_argument("--project", metavar="BOARD", choices=("esp32s3",),
+    p.add_argument("--project", metavar="BOARD", choices=("esp32s3", "esp32c3", "esp32c6"),
                    help="also project the run onto real boards of this class (host/projection/hardware.py); "
-                        "gamma is then chosen for that hardware")
+                        "gamma is then chosen for that hardware. esp32c3/esp32c6 price the instructions the run's "
+                        "virtual:esp32c3/c6 boards executed (measured under QEMU)")
     p.add_argument("--calibration", metavar="FILE", type=Path,
                    help="with --project: price the projection with a board's measurements (specmesh bench "
                         "--port PORT --out FILE) instead of the derived figures")
@@ -110,9 +113,9 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError("--seed must be in 0..4294967295")
     if not 0 <= a.spec_ahead <= m.MAX_GAMMA:
         raise UsageError("--spec-ahead must be in 0..%d" % m.MAX_GAMMA)
-    if a.stages and (a.verifier != "virtual" or a.transport != "serial"):
+    if a.stages and (not (a.verifier == "virtual" or a.verifier.startswith("virtual:")) or a.transport != "serial"):
         raise UsageError("--stages N starts its own virtual stage boards on --transport serial: drop --verifier "
-                         "and --transport")
+                         "(or name their class: --verifier virtual:esp32c3) and --transport")
     if not 0 <= a.stages <= 255:
         raise UsageError("--stages must be in 0..255")
     if not (0.0 <= a.radio_loss < 1.0 and 0.0 <= a.radio_dup < 1.0):
@@ -179,8 +182,9 @@ class Setup(contextlib.ExitStack):
         """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`, from the registry."""
         model = self.a.models / ("drafter.spm" if kind == "drafter" else "target.spm")
         if kind == "verifier" and self.a.stages:
+            board = name.split(":", 1)[1] if name.startswith("virtual:") else None
             try:
-                backend = self.cluster().pipeline(self.a.stages)
+                backend = self.cluster().pipeline(self.a.stages, board)
             except ValueError as e:
                 raise UsageError(str(e)) from None
         else:

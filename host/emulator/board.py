@@ -408,19 +408,27 @@ class VirtualBoard:
             proc.stdout.close()
             if self._stopping.is_set():
                 return
-            crashed = code not in (EXIT_SOFT, EXIT_SOFT_RAW, EXIT_HARD, -signal.SIGINT)
+            crashed = self._crashed(code)
             quick_deaths = quick_deaths + 1 if crashed and time.monotonic() - started < 0.5 else 0
             if quick_deaths >= 5:
                 self.failed = f"the VM keeps exiting at start (exit code {code})"
                 self._to_host(f"\r\n[{self.name}: {self.failed}]\r\n".encode())
                 return
-            if code == EXIT_SOFT_RAW:
-                self._spawn("raw")
-            elif code in (EXIT_SOFT, EXIT_HARD, -signal.SIGINT):
-                self._spawn("friendly")  # -SIGINT: Ctrl-C while kbd_intr was disabled: a reset
-            else:
-                self._to_host(f"\r\n[{self.name}: VM exited with code {code}; rebooting]\r\n".encode())
-                self._spawn("friendly")
+            self._reboot(code)
+
+    def _crashed(self, code: int) -> bool:
+        """Whether a VM that exited with `code` crashed (rather than rebooted on purpose)."""
+        return code not in (EXIT_SOFT, EXIT_SOFT_RAW, EXIT_HARD, -signal.SIGINT)
+
+    def _reboot(self, code: int) -> None:
+        """Start the VM again after it exited with `code`."""
+        if code == EXIT_SOFT_RAW:
+            self._spawn("raw")
+        elif code in (EXIT_SOFT, EXIT_HARD, -signal.SIGINT):
+            self._spawn("friendly")  # -SIGINT: Ctrl-C while kbd_intr was disabled: a reset
+        else:
+            self._to_host(f"\r\n[{self.name}: VM exited with code {code}; rebooting]\r\n".encode())
+            self._spawn("friendly")
 
     def _to_host(self, data: bytes) -> None:
         """Write to the pty. Output no one reads for a second is dropped from then on (like a UART with

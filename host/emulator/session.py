@@ -6,7 +6,7 @@ import contextlib
 import tempfile
 from pathlib import Path
 
-from host.emulator.board import VirtualBoard
+from host.emulator import VirtualBoard, make_board
 from host.emulator.radio import RadioConfig, RadioHub
 
 
@@ -42,7 +42,7 @@ class Emulation(contextlib.ExitStack):
                 prefix="specmesh-boards-")))
             self.hub = self.enter_context(RadioHub(self.radio_config))
             for i in range(self.n):
-                vb = VirtualBoard(root / f"board{i}", self.board, name=f"board{i}", mac=board_mac(i),
+                vb = make_board(root / f"board{i}", self.board, name=f"board{i}", mac=board_mac(i),
                                   radio=self.hub.address, mtu=self.radio_config.mtu, flash_bytes=self.flash_bytes)
                 self.enter_context(vb)
                 self.boards.append(vb)

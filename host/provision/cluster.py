@@ -7,9 +7,12 @@ its pty with pyserial and hands back the role's back-end (host/backends/board.py
 build/vboards/ (in an installed copy: ~/.cache/specmesh/vboards), so a later run copies only what
 changed. With `--transport espnow` the boards talk over the virtual radio and the host reaches them
 through a gateway board on its serial link.
+A role's board can be of another class: `virtual:<class>` (`virtual:esp32c3`: QEMU running the RV32 firmware,
+host/emulator/qemu.py; `virtual:esp32`: the unix port sized as that class).
 Everything started is stopped when the cluster closes. `find` discovers a flashed real board by the role it
 reports (HELLO), `connect` opens one on a known port. Both kinds are registered back-ends of each role
-(host/backends/__init__.py): `virtual`, and `PORT` for a serial port's name.
+(host/backends/__init__.py): `virtual`, `virtual:<class>` for each board class, and `PORT` for a serial
+port's name.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 from host.backends import PORT, BackendError, Boards, register_drafter, register_verifier
 from host.backends.board import BoardDrafter, BoardVerifier
 from host.backends.pipeline import BoardStage, PipelineVerifier
-from host.boardclasses import ESP32S3, ROLE_CLASS
+from host.boardclasses import BOARD_CLASSES, ESP32S3, ROLE_CLASS
 from host.bus.links import LinkError, SerialLink
 from host.bus.proxy import Bus, HostAuth, Proxy
 from host.provision.flash import ROLES
@@ -162,14 +165,14 @@ class Cluster(contextlib.ExitStack):
 
         `config`: board-config keys (link, espnow peers) written before flashing, which keeps them.
         `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1."""
-        from host.emulator.board import BoardError, VirtualBoard  # noqa: PLC0415
+        from host.emulator import BoardError, make_board  # noqa: PLC0415
         from host.emulator.session import board_mac  # noqa: PLC0415
         from host.provision.flash import FlashError, flash, summary  # noqa: PLC0415
 
         model = self.models / ("drafter.spm" if kind == "drafter" else "target.spm")
         name = kind if stage is None else "stage%d" % stage[0]
         node_id = NODE_ID[kind] + (0 if stage is None else stage[0])
-        folder = self.root / (name if radio is None else name + "-espnow")
+        folder = self.root / (name + ("" if board is None else "-" + board) + ("" if radio is None else "-espnow"))
         folder.mkdir(parents=True, exist_ok=True)
         cfg_path = folder / "specmesh.json"
         cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
@@ -178,7 +181,7 @@ class Cluster(contextlib.ExitStack):
         cfg["spec_ahead"] = self.spec_ahead if kind == "drafter" else 0
         cfg.update(config or {})
         cfg_path.write_text(json.dumps(cfg, sort_keys=True))
-        vb = VirtualBoard(folder, board or ROLE_CLASS[kind], name="vboard-" + name, mac=board_mac(node_id),
+        vb = make_board(folder, board or ROLE_CLASS[kind], name="vboard-" + name, mac=board_mac(node_id),
                           radio=radio.address if radio is not None else None,
                           mtu=radio.config.mtu if radio is not None else 250)
         say = self.say or (lambda line: None)
@@ -191,10 +194,10 @@ class Cluster(contextlib.ExitStack):
             layers = None if stage is None else stage[1:]
             try:
                 report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
-                               clear_key=True, layers=layers)
+                               clear_key=True, layers=layers, config=cfg)
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
                 report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
-                               clear_key=True, layers=layers)
+                               clear_key=True, layers=layers, config=cfg)
         except (BoardError, FlashError) as e:
             raise BackendError("virtual %s board: %s" % (kind, e)) from None
         say("%s: %s" % (what, summary(report, time.monotonic() - t0)))
@@ -218,9 +221,10 @@ class Cluster(contextlib.ExitStack):
         self.buses.append(bus)
         return bus
 
-    def pipeline(self, n: int):
-        """A pipeline verifier (host/backends/pipeline.py) over n virtual stage boards (classic ESP32s), the target's
-        layers split evenly; each on its own serial link, the host relaying activations between them."""
+    def pipeline(self, n: int, board: str | None = None):
+        """A pipeline verifier (host/backends/pipeline.py) over n virtual stage boards (classic ESP32s, or of class
+        `board`), the target's layers split evenly; each on its own serial link, the host relaying activations
+        between them."""
         from host.backends.modelio import check_model_file  # noqa: PLC0415
         if self.transport != "serial":
             raise BackendError("--stages runs on --transport serial (the host relays between stages)")
@@ -228,20 +232,23 @@ class Cluster(contextlib.ExitStack):
         layers = split_layers(n_layers, n)
         stages = []
         for i, (a, b) in enumerate(layers):
-            vb = self.start("stage", stage=(i, a, b))
+            vb = self.start("stage", stage=(i, a, b), board=board)
             bus = _open(vb.port, self, self.faults, self.key, busy_s=2.0)
             self.buses.append(bus)
             stages.append(_backend("stage", bus, NODE_ID["stage"] + i, "virtual:stage%d(%s)" % (i, vb.board.name)))
         return PipelineVerifier(stages, layers)
 
-    def backend(self, kind: str):
+    def backend(self, kind: str, board: str | None = None):
+        """The `kind` back-end on its virtual board (of class `board`; None: the role's default class)."""
         if self.transport == "espnow":
+            if board is not None:
+                raise BackendError("virtual:%s boards run on --transport serial (no radio under QEMU)" % board)
             if self._bus is None:
                 self._bus = self._start_espnow()
             bus = self._bus
             where = "virtual:%s(espnow%s)" % (kind, ", gateway" if kind == "drafter" else "")
         else:
-            vb = self.start(kind)
+            vb = self.start(kind, board=board)
             bus = _open(vb.port, self, self.faults, self.key, busy_s=2.0)
             bus.peer = NODE_ID[kind]
             self.buses.append(bus)
@@ -249,10 +256,10 @@ class Cluster(contextlib.ExitStack):
         return _backend(kind, bus, NODE_ID[kind], where)
 
 
-def _virtual(kind: str):
+def _virtual(kind: str, board: str | None = None):
     def make(_model_path, *, boards: Boards, **_options):
-        """`--drafter/--verifier virtual`: the run's virtual board of that role, started and flashed."""
-        return boards.cluster().backend(kind)
+        """`--drafter/--verifier virtual[:CLASS]`: the run's virtual board of that role, started and flashed."""
+        return boards.cluster().backend(kind, board)
 
     return make
 
@@ -268,4 +275,6 @@ def _on_port(kind: str):
 
 for _kind, _register in (("verifier", register_verifier), ("drafter", register_drafter)):
     _register("virtual", _virtual(_kind))
+    for _class in BOARD_CLASSES:
+        _register("virtual:" + _class, _virtual(_kind, _class))
     _register(PORT, _on_port(_kind))

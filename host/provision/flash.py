@@ -42,6 +42,10 @@ ROOT = Path(__file__).resolve().parents[2]
 ROLES = {"drafter": (1, "models/drafter.spm"), "verifier": (2, "models/target.spm"),
          "stage": (10, "models/target.spm")}
 STAGE_CTX = 128  # a stage's context on a board without PSRAM (docs/pipeline.md: memory per stage)
+# A verifier without PSRAM (an ESP32-C3/C6 reading the target from ROMFS): passes of at most 5 positions (4 drafts
+# and the bonus: one matmul group), and a context whose KV cache fits its heap (the node halves it if need be)
+SMALL_VERIFIER_KMAX = 5
+SMALL_VERIFIER_CTX = 96
 PSRAM_HEAP = 1 << 20  # a board with more heap free than this has PSRAM
 # sys.implementation._mpy >> 10 (py/persistentcode.h MP_NATIVE_ARCH_*)
 ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
@@ -69,7 +73,7 @@ class BoardInfo:
 
     @property
     def arch(self) -> str | None:
-        index = self.mpy >> 10
+        index = (self.mpy >> 10) & 0x0F  # above: the arch flags (RV32 extensions)
         return ARCHES[index] if index < len(ARCHES) else None
 
     @property
@@ -285,13 +289,15 @@ def flash(
     clear_key: bool = False,
     layers: tuple[int, int] | None = None,
     use_romfs: bool = True,
+    config: dict | None = None,
 ) -> FlashReport:
     """Flash the node for `role` onto the board at `port`. Raises FlashError with a one-line message.
 
     `key`: the deployment key, written into the board config only (never printed or reported); the
     node then signs and checks every frame. Without it the board keeps the key it has, unless
     `clear_key` removes it. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them).
-    `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition."""
+    `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition.
+    `config`: board-config keys (link, espnow peers, spec_ahead) to write besides the role's."""
     if role not in ROLES:
         raise FlashError(f"unknown role {role!r} (drafter, verifier or stage)")
     if (role == "stage") != (layers is not None):
@@ -324,10 +330,15 @@ def flash(
             files = build(info.arch, Path(tmp), iter(sources) if sources is not None else None)
             if not image:
                 files[model_dest] = model
-            config = _board_config(transport)  # keep what else the board was configured with (link, peers)
+            board_config = _board_config(transport)  # keep what else the board was configured with (link, peers)
+            board_config.update(config or {})
+            config = board_config
             config.update(role=role, node_id=node_id if node_id is not None else role_code,
                           model=model_dest if image else model_dest.lstrip("/"))
-            config.pop("layers", None)
+            for k in ("layers", "kmax", "n_ctx"):
+                config.pop(k, None)
+            if role == "verifier" and info.mem_free < PSRAM_HEAP:
+                config.update(kmax=SMALL_VERIFIER_KMAX, n_ctx=SMALL_VERIFIER_CTX)
             if layers is not None:
                 config["layers"] = list(layers)
                 if info.mem_free < PSRAM_HEAP:  # no PSRAM: a context whose KV cache fits next to the layers

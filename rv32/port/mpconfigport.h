@@ -17,3 +17,7 @@ void vboard_rx_poll(void);
 }
 #define MICROPY_VM_HOOK_LOOP MICROPY_VM_HOOK_POLL
 #define MICROPY_VM_HOOK_RETURN MICROPY_VM_HOOK_POLL
+
+// An ESP32-C3 has no Zba: the board's own viper compiler emits plain rv32imc, as stock C3 firmware does.
+#undef MICROPY_EMIT_RV32_ZBA
+#define MICROPY_EMIT_RV32_ZBA (0)
