@@ -63,6 +63,11 @@ class BoardBackend:
         self._pending: Call | None = None  # a BEGIN or COMMIT whose ACK is not collected yet
         self._begun: SessionParams | None = None  # the parameters of a BEGIN in flight
 
+    @property
+    def kernels(self) -> str:
+        """The kernels its engine runs, as its HELLO says: viper, or the plain Python fallback."""
+        return "viper" if self.info["caps"] & m.CAP_VIPER else "python"
+
     def _wrong_role(self, role: int) -> str:
         """Why the node does not play this back-end's role, and what to do (flashing a real board)."""
         want = ROLE_NAMES[self.role]

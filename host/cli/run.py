@@ -24,11 +24,13 @@ from host.cli.output import TokenStream, format_table, write_stats_json
 from host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
 from host.decode.gamma import GammaController
 from host.decode.orchestrator import Result, generate
+from host.projection.measured import board_summary
 from shared import messages as m
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
 DEFAULT_PROMPT = "Once upon a time"
+RV32_PROJECT = ("esp32c3", "esp32c6")  # --project classes priced from instructions measured under QEMU
 GAMMA_FLAG_MAX = 16  # the largest --gamma; a round drafts at most what both back-ends' HELLO allows
 
 
@@ -122,6 +124,14 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError("--radio-loss and --radio-dup must be in [0, 1)")
     if a.calibration is not None and not a.project:
         raise UsageError("--calibration prices a projection: add --project esp32s3")
+    if a.project in RV32_PROJECT:
+        want = "virtual:" + a.project
+        roles = [("verifier", a.verifier)] + ([] if a.plain else [("drafter", a.drafter)])
+        wrong = [flag for flag, name in roles if name != want]
+        if wrong or a.calibration is not None or a.stages:
+            raise UsageError("--project %s prices the instructions its boards execute under QEMU: run %s on %s "
+                             "(no --calibration, no --stages)" % (a.project, " and ".join("--" + r for r, _ in roles),
+                                                                  want))
     a.rates = None
     if a.calibration is not None:
         from host.projection.calibration import CalibrationError, Rates  # noqa: PLC0415
@@ -239,9 +249,12 @@ def build_stats(a, params: SessionParams, result: Result, text: str, verifier, d
         if "heap_free" in s:
             stats["boards"].append({"name": b.name, "role": role, "compute_s": s.get("compute_s"),
                                     "heap_free": s.get("heap_free"), "errors": s.get("errors", 0),
-                                    "retransmits": s.get("retransmits", 0)})
+                                    "retransmits": s.get("retransmits", 0), "kernels": b.kernels})
             if role == "stage":  # the firmware's own counters, next to the host's trace of the same work
                 stats["boards"][-1].update(positions=s.get("positions"), passes=s.get("passes"))
+            stats["boards"][-1].update(board_summary(s, n))  # instructions executed, on a QEMU board
+            if hasattr(projector, "measure"):
+                projector.measure(role, s)
     if hasattr(verifier, "trace"):
         stats["pipeline"] = verifier.trace_summary()
     if projector is not None:
@@ -284,6 +297,13 @@ def run(a: argparse.Namespace, out=None) -> dict:
             cost_model = PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, "uart-921600",
                                            on_host)
             projector = LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host)
+        elif a.project in RV32_PROJECT:  # priced after the run from what its boards executed
+            from host.projection.measured import MeasuredProjector  # noqa: PLC0415
+            from host.projection.rounds import Projector  # noqa: PLC0415
+
+            projector = MeasuredProjector(heads["verifier"], heads["drafter"], a.project, a.transport)
+            # gamma: the boards' measured costs, or the derived ones when sampling (deterministic texts)
+            cost_model = Projector(heads["verifier"], heads["drafter"], "esp32s3", a.transport) if deterministic else None
         elif a.project or deterministic:
             from host.projection.rounds import Projector  # noqa: PLC0415
 
