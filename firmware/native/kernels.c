@@ -16,6 +16,9 @@ typedef int32_t i32;
 typedef uint8_t u8;
 
 #define INLINE static inline __attribute__((always_inline))
+/* The function objects hold pointers: mpy_ld.py relocates those in .data.rel.ro (where gcc -fpic puts
+   them; clang for Xtensa would put them in .rodata, which mpy_ld does not relocate for that arch). */
+#define FUN_OBJ __attribute__((section(".data.rel.ro.kernels")))
 
 /* round(a * 2^-s), half up; a << -s when s <= 0. |a| < 2^30 (so a + 2^(s-1) fits). */
 INLINE i32 rshr(i32 a, int s) {
@@ -148,7 +151,7 @@ static mp_obj_t matmul(size_t n_args, const mp_obj_t *args) {
     }
     return mp_const_none;
 }
-static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(matmul_obj, 4, 4, matmul);
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(matmul_obj, 4, 4, matmul);
 
 /* -- the other kernels (firmware/kernels.py documents each) -------------------------------------- */
 
@@ -179,7 +182,7 @@ static mp_obj_t quant(mp_obj_t dst_in, mp_obj_t src_in, mp_obj_t p_in) {
     }
     return mp_const_none;
 }
-static MP_DEFINE_CONST_FUN_OBJ_3(quant_obj, quant);
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_3(quant_obj, quant);
 
 static mp_obj_t requant(size_t n_args, const mp_obj_t *args) {
     i32 *dst = RW(args[0]);
@@ -199,7 +202,7 @@ static mp_obj_t requant(size_t n_args, const mp_obj_t *args) {
     }
     return mp_const_none;
 }
-static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(requant_obj, 4, 4, requant);
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(requant_obj, 4, 4, requant);
 
 static mp_obj_t embed(size_t n_args, const mp_obj_t *args) {
     i32 *dst = RW(args[0]);
@@ -216,7 +219,7 @@ static mp_obj_t embed(size_t n_args, const mp_obj_t *args) {
     }
     return mp_const_none;
 }
-static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(embed_obj, 4, 4, embed);
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(embed_obj, 4, 4, embed);
 
 static mp_obj_t rmsnorm(size_t n_args, const mp_obj_t *args) {
     i32 *dst = RW(args[0]);
@@ -259,7 +262,7 @@ static mp_obj_t rmsnorm(size_t n_args, const mp_obj_t *args) {
     }
     return mp_const_none;
 }
-static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(rmsnorm_obj, 4, 4, rmsnorm);
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(rmsnorm_obj, 4, 4, rmsnorm);
 
 static mp_obj_t rope(mp_obj_t buf_in, mp_obj_t cs_in, mp_obj_t p_in) {
     i32 *b = RW(buf_in);
@@ -283,7 +286,7 @@ static mp_obj_t rope(mp_obj_t buf_in, mp_obj_t cs_in, mp_obj_t p_in) {
     }
     return mp_const_none;
 }
-static MP_DEFINE_CONST_FUN_OBJ_3(rope_obj, rope);
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_3(rope_obj, rope);
 
 /* p = (n, hd, stride, kb, vb, heads, group, isq, k, qq, tab); cache bytes are int8 + 128, each row's
    shift in its last byte. */
@@ -358,7 +361,7 @@ static mp_obj_t attend(size_t n_args, const mp_obj_t *args) {
     }
     return mp_const_none;
 }
-static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(attend_obj, 4, 4, attend);
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(attend_obj, 4, 4, attend);
 
 static mp_obj_t silu(size_t n_args, const mp_obj_t *args) {
     i32 *h1 = RW(args[0]);
@@ -381,7 +384,7 @@ static mp_obj_t silu(size_t n_args, const mp_obj_t *args) {
     }
     return mp_const_none;
 }
-static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(silu_obj, 4, 4, silu);
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(silu_obj, 4, 4, silu);
 
 static mp_obj_t argmax(mp_obj_t a_in, mp_obj_t p_in) {
     const i32 *p = RD(p_in);
@@ -394,7 +397,7 @@ static mp_obj_t argmax(mp_obj_t a_in, mp_obj_t p_in) {
     }
     return mp_obj_new_int(best);
 }
-static MP_DEFINE_CONST_FUN_OBJ_2(argmax_obj, argmax);
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_2(argmax_obj, argmax);
 
 mp_obj_t mpy_init(mp_obj_fun_bc_t *self, size_t n_args, size_t n_kw, mp_obj_t *args) {
     MP_DYNRUNTIME_INIT_ENTRY
