@@ -16,7 +16,7 @@ PIP_EXTRA ?=
 PORT ?= auto
 ROLE ?= drafter
 
-.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check test-rv32
+.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check test-rv32 native native-check
 
 setup: $(STAMP)
 
@@ -73,6 +73,27 @@ $(MPY_SRC)/LICENSE: vendor/micropython-1.28.0-src.tar.gz
 	@mkdir -p build
 	tar xzf $< -C build
 	@touch $@
+
+# The native kernel modules (firmware/native/kernels.c -> firmware/native/<arch>.mpy), shipped in the
+# repository and rebuilt here bit for bit: x64 (the system gcc), rv32imc (Debian's gcc-riscv64-unknown-elf,
+# picolibc-riscv64-unknown-elf), xtensawin (clang-22 and llc-22, Debian's llvm-22 and clang-22). mpy_ld.py
+# needs pyelftools (the `native` extra). `make native-check` fails when a shipped module differs from its build.
+NATIVE_ARCHES := x64 rv32imc xtensawin
+NATIVE_STAMP := $(VENV)/.specmesh-setup-native
+
+$(NATIVE_STAMP): $(STAMP)
+	$(PIP) -e '.[dev,native]'
+	@touch $(NATIVE_STAMP)
+
+native: $(NATIVE_STAMP) mpy-src
+	@for a in $(NATIVE_ARCHES); do \
+		$(MAKE) -B --no-print-directory -C firmware/native ARCH=$$a PYTHON=$(abspath $(PY)) \
+			MPY_DIR=$(abspath $(MPY_SRC)) BUILD=$(abspath build/native/$$a) || exit 1; \
+	done
+
+native-check: native
+	git diff --exit-code --stat -- firmware/native/ || \
+		{ echo "a shipped native module differs from its rebuild: commit the output of make native"; exit 1; }
 
 # The virtual ESP32-C3/C6 boards' firmware (rv32/README.md): MicroPython's qemu port (VIRT_RV32) with the
 # project's board files laid over a copy of it, built with Debian's riscv64-unknown-elf-gcc + picolibc.

@@ -141,16 +141,19 @@ def format_table(stats: dict) -> str:
     if boards:
         names = ["%s (%s)" % (b["name"], b["role"]) for b in boards]
         w = max(len(n) for n in names)
-        lines.append("%-*s  %10s %12s %11s %8s %15s" % (w, "board", "compute s", "heap free B", "retransmits",
-                                                        "kernels", "insn / token"))
+        lines.append("%-*s  %10s %12s %11s %15s  %s" % (w, "board", "compute s", "heap free B", "retransmits",
+                                                        "insn / token", "kernels"))
         for name, b in zip(names, boards):
             if "error" in b:
                 lines.append("%-*s  stats unavailable: %s" % (w, name, b["error"]))
                 continue
             insn = b.get("instructions_per_token")
-            lines.append("%-*s  %10s %12s %11s %8s %15s" % (
+            kernels = b.get("kernels") or "-"
+            if b.get("kernels_note"):
+                kernels += " (%s)" % b["kernels_note"]
+            lines.append("%-*s  %10s %12s %11s %15s  %s" % (
                 w, name, _fmt(b.get("compute_s")), _fmt(b.get("heap_free")), _fmt(b.get("retransmits")),
-                b.get("kernels", "-"), "-" if insn is None else "%.0f" % insn))
+                "-" if insn is None else "%.0f" % insn, kernels))
     return "\n".join(lines)
 
 
