@@ -101,8 +101,9 @@ native-check: native
 RV32_PORT := $(MPY_SRC)/ports/specmesh-rv32
 RV32_ELF := rv32/firmware.elf
 RV32_ENV := SOURCE_DATE_EPOCH=1767225600 MICROPY_GIT_TAG=v1.28.0 MICROPY_GIT_HASH=specmesh
+# -O2, as MicroPython's esp32 port builds (boards/sdkconfig.base: CONFIG_COMPILER_OPTIMIZATION_PERF)
 RV32_MAKE := $(RV32_ENV) $(MAKE) -C $(RV32_PORT) BOARD=SPECMESH_RV32 FROZEN_MANIFEST= RV32_ARCH=rv32imac \
-	CFLAGS_EXTRA=-misa-spec=2.2 AFLAGS="-mabi=ilp32 -march=rv32imac_zicsr" V=0
+	CFLAGS_EXTRA=-misa-spec=2.2 AFLAGS="-mabi=ilp32 -march=rv32imac_zicsr" COPT="-O2 -DNDEBUG" V=0
 
 rv32-firmware: $(MPY_SRC)/LICENSE
 	rm -rf $(RV32_PORT)

@@ -21,3 +21,7 @@ void vboard_rx_poll(void);
 // An ESP32-C3 has no Zba: the board's own viper compiler emits plain rv32imc, as stock C3 firmware does.
 #undef MICROPY_EMIT_RV32_ZBA
 #define MICROPY_EMIT_RV32_ZBA (0)
+
+// The VM as MicroPython's esp32 port builds it (ports/esp32/mpconfigport.h), so the executed instructions of
+// interpreted code are those of a stock ESP32-C3 firmware (built with -O2: the Makefile's rv32-firmware).
+#define MICROPY_OPT_COMPUTED_GOTO (1)

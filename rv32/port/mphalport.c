@@ -16,16 +16,30 @@ uintptr_t ticks_ms(void);
 uintptr_t ticks_us(void);
 
 #define RX_SIZE (256)
+#define CTRL_C (3)
 static uint8_t rx_buf[RX_SIZE];
 static uint32_t rx_head, rx_tail; // bytes rx_tail..rx_head-1 are waiting
+static uint32_t rx_ctrl_c; // rx_head after the last Ctrl-C buffered as a character (0: none waiting)
 
 void vboard_rx_poll(void) {
+    if (rx_ctrl_c && mp_interrupt_char == CTRL_C) {
+        // A Ctrl-C that came while none was caught (a soft reboot) interrupts the code that now runs, and
+        // takes what came before it, as a board's UART interrupt would have.
+        if (rx_ctrl_c - rx_tail <= rx_head - rx_tail) {
+            rx_tail = rx_ctrl_c;
+            mp_sched_keyboard_interrupt();
+        }
+        rx_ctrl_c = 0;
+    }
     while (rx_head - rx_tail < RX_SIZE && uart_rx_any()) {
         int c = uart_rx_chr();
         if (c == mp_interrupt_char) {
             mp_sched_keyboard_interrupt();
         } else if (c >= 0) {
             rx_buf[rx_head++ % RX_SIZE] = c;
+            if (c == CTRL_C) {
+                rx_ctrl_c = rx_head;
+            }
         }
     }
 }
@@ -46,6 +60,9 @@ int mp_hal_stdin_rx_chr(void) {
     for (;;) {
         vboard_rx_poll();
         if (rx_head != rx_tail) {
+            if (rx_ctrl_c == rx_tail + 1) {
+                rx_ctrl_c = 0; // the REPL reads the Ctrl-C as a character
+            }
             return rx_buf[rx_tail++ % RX_SIZE];
         }
         mp_handle_pending(true);
