@@ -16,7 +16,7 @@ PIP_EXTRA ?=
 PORT ?= auto
 ROLE ?= drafter
 
-.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check test-rv32 native native-check
+.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check rv32-deps test-rv32 native native-check
 
 setup: $(STAMP)
 
@@ -117,10 +117,23 @@ rv32-firmware: $(MPY_SRC)/LICENSE
 	sha256sum $(RV32_ELF)
 
 # CI: the shipped ELF is what its sources build.
-rv32-check:
+rv32-check: rv32-deps
+	@mkdir -p build
 	cp $(RV32_ELF) build/firmware.elf.shipped
 	$(MAKE) rv32-firmware
 	cmp build/firmware.elf.shipped $(RV32_ELF) || { echo "rv32/firmware.elf is not what rv32/port builds: run make rv32-firmware and commit it"; exit 1; }
+
+# What the RV32 boards need on Debian (README: With boards): QEMU, and the toolchain that rebuilds the firmware.
+RV32_DEBS := gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf qemu-system-misc
+rv32-deps:
+	@dpkg -s $(RV32_DEBS) >/dev/null 2>&1 || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends $(RV32_DEBS); }
+
+# The suite on virtual ESP32-C3 boards under QEMU (the tests marked rv32; `make test` skips them, saying so):
+# the firmware rebuilt bit for bit, the HIL suite with native and viper kernels, a 5-stage pipeline of C3s.
+test-rv32: setup rv32-check
+	SPECMESH_RV32=1 $(PY) -m pytest -q -m rv32
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -5,6 +5,9 @@ shift=0`) time.ticks_cpu() reads the minstret CSR, which QEMU advances by one pe
 the node counts each pass's instructions, by the positions it held (`k`), and reports them in STATS
 ("insn_k<k>": thousands of instructions over "passes_k<k>" passes; "insn_last": the exact count of the
 last pass). Elsewhere ticks_cpu counts cycles or nothing, and the node reports no counts.
+
+A count covers the engine's pass alone, which allocates nothing, so no garbage collection falls inside it;
+the node's request handling around it (frames, the collections its garbage causes) is not counted.
 """
 
 import sys

@@ -124,9 +124,10 @@ class Role:
         Returns the engine's logits array (row j at [j * vocab, (j + 1) * vocab), valid until the next pass)."""
         st = self.stats
         t0 = time.ticks_ms()
+        tokens = memoryview(self.tokens)[start:end]  # before the count: the pass itself allocates nothing
         c0 = cpucount.start()
         self.engine.rollback(start)
-        logits = self.engine.forward(memoryview(self.tokens)[start:end], start)
+        logits = self.engine.forward(tokens, start)
         cpucount.stop(c0, end - start)
         st["compute_ms"] += time.ticks_diff(time.ticks_ms(), t0)
         st["passes"] += 1

@@ -69,16 +69,16 @@ class Stage(Role):
             self._check_draft(token, ids, weights)
         st = self.stats
         t0 = time.ticks_ms()
-        c0 = cpucount.start()
         if first:
             tokens = struct.unpack("<%dH" % n, data)
             for t in tokens:
                 if t >= self.vocab:
                     raise Refused(E_RANGE, "token %d is outside the vocabulary of %d" % (t, self.vocab))
-            logits = e.forward(tokens, pos, n, head)
         else:
+            tokens = None
             self.xb[:size] = data
-            logits = e.forward(None, pos, n, head)
+        c0 = cpucount.start()
+        logits = e.forward(tokens, pos, n, head)
         cpucount.stop(c0, n)
         st["compute_ms"] += time.ticks_diff(time.ticks_ms(), t0)
         st["passes"] += 1

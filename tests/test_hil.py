@@ -7,6 +7,10 @@ mpremote path, so the suite a user relies on is never stale. In order: flash eac
 flash finds every file's SHA-256 on the board unchanged), the boards answer with their role and model,
 drafts and verdicts equal the host engine's, a speculative generation equals the host's target-only
 text, and a verifier reset in the middle of a generation loses nothing.
+
+`make test-rv32` runs the suite on two virtual ESP32-C3s (MicroPython's RV32 machine code under QEMU,
+host/emulator/qemu.py), once with the native kernels and once with the viper ones (the native module removed
+from the board, as on a board without it), and checks that their instruction counts are exact.
 """
 
 import os
@@ -21,8 +25,11 @@ from host.decode.gamma import GammaController
 from host.decode.orchestrator import generate
 from host.decode.tokenizer import Tokenizer
 from host.provision.cluster import connect
-from host.provision.flash import flash
+from host.backends.board import kernel_name
+from host.provision.flash import flash, open_board
+from host.projection.measured import board_summary
 from shared import messages as m
+from tests.conftest import require_rv32
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 ROLES = ("drafter", "verifier")
@@ -30,19 +37,32 @@ HOW = ("real boards: flash nothing yourself, connect a drafter and a verifier bo
        "SPECMESH_PORTS=DRAFTER_PORT,VERIFIER_PORT .venv/bin/pytest -m hil tests/test_hil.py")
 
 
-@pytest.fixture(scope="module", params=["virtual", pytest.param("real", marks=pytest.mark.hil)])
-def ports(request, tmp_path_factory) -> dict[str, str]:
-    """{role: serial port}: two virtual boards (an ESP32 drafter, an ESP32-S3 verifier), or SPECMESH_PORTS."""
-    if request.param == "real":
+KINDS = ["virtual", pytest.param("rv32-native", marks=pytest.mark.rv32),
+         pytest.param("rv32-viper", marks=pytest.mark.rv32), pytest.param("real", marks=pytest.mark.hil)]
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def kind(request) -> str:
+    """Which boards: two unix-port virtual boards, two virtual ESP32-C3s (native or viper kernels), or real ones."""
+    if request.param.startswith("rv32"):
+        require_rv32()
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def ports(kind, tmp_path_factory) -> dict[str, str]:
+    """{role: serial port}: two virtual boards (an ESP32 drafter, an ESP32-S3 verifier; or two ESP32-C3s under
+    QEMU), or SPECMESH_PORTS."""
+    if kind == "real":
         given = os.environ.get("SPECMESH_PORTS", "").split(",")
         if len(given) != 2 or not all(given):
             pytest.skip(HOW)
         yield dict(zip(ROLES, given))
         return
-    from host.emulator import VirtualBoard
+    from host.emulator import make_board
 
-    boards = [VirtualBoard(tmp_path_factory.mktemp(role), board, name="hil-" + role)
-              for role, board in zip(ROLES, ("esp32", "esp32s3"))]
+    classes = ("esp32c3", "esp32c3") if kind.startswith("rv32") else ("esp32", "esp32s3")
+    boards = [make_board(tmp_path_factory.mktemp(role), board, name="hil-" + role) for role, board in zip(ROLES, classes)]
     try:
         yield {role: vb.start().port for role, vb in zip(ROLES, boards)}
     finally:
@@ -51,7 +71,7 @@ def ports(request, tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def flashed(ports) -> dict[str, str]:
+def flashed(kind, ports) -> dict[str, str]:
     for role, port in ports.items():
         model = MODELS / ("drafter.spm" if role == "drafter" else "target.spm")
         report = flash(port, role, model, progress=False)
@@ -61,6 +81,15 @@ def flashed(ports) -> dict[str, str]:
         again = flash(port, role, model, progress=False)  # every file's SHA-256 on the board matches
         assert again.written == [] and len(again.unchanged) == len(report.written) + len(report.unchanged)
         time.sleep(0.5)
+        if kind == "rv32-viper":  # a board without the native module runs the viper kernels
+            transport = open_board(port)
+            try:
+                transport.fs_rmfile("/native/rv32imc.mpy")
+                transport.exit_raw_repl()
+                transport.serial.write(b"\x04")  # soft reset: the node starts again
+            finally:
+                transport.close()
+            time.sleep(0.5)
     return ports
 
 
@@ -75,13 +104,16 @@ def prompt() -> list[int]:
     return Tokenizer.from_llama2c(MODELS / "tokenizer.bin").encode("Once upon a time, a little dog")
 
 
-def test_boards_report_their_role_and_model(boards):
+def test_boards_report_their_role_and_model(kind, boards):
     for board, role in zip(boards, (m.ROLE_DRAFTER, m.ROLE_VERIFIER)):
         hello = m.unpack_hello(board.proxy.call(m.HELLO).payload)
-        fw, _board, got_role, model, vocab, max_seq, heap, _caps, _gmax, _kernels = hello
+        fw, _board, got_role, model, vocab, max_seq, heap, _caps, _gmax, kernels = hello
         assert got_role == role and vocab == 512 and heap > 0 and fw
         assert model.endswith("drafter.spm" if role == m.ROLE_DRAFTER else "target.spm")
-        assert max_seq == board.max_seq >= 128  # a node short of heap halves its context
+        # a node short of heap halves its context; a verifier without PSRAM (a C3) holds 96 positions
+        assert max_seq == board.max_seq >= 96
+        if kind.startswith("rv32"):  # the kernels the suite asked for, as the node says in HELLO
+            assert kernel_name(kernels)[0] == kind.split("-")[1]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
@@ -120,3 +152,23 @@ def test_a_verifier_reset_mid_generation_loses_nothing(boards, prompt):
     got = generate(prompt, verifier, drafter, params, 24, GammaController(fixed=2), on_round=reset_verifier)
     assert got.tokens == want
     assert verifier.resyncs == before + 1
+
+
+def test_the_board_counts_more_instructions_for_a_bigger_verify(kind, boards, prompt):
+    """On a QEMU board the node counts each pass's executed instructions (firmware/cpucount.py): a verify of 4
+    drafts (5 positions) executes more than plain decoding (1 position), and the board's STATS say so per size
+    (tests/test_rv32.py shows a pass's count is the same every time)."""
+    if not kind.startswith("rv32"):
+        pytest.skip("executed instructions are counted on the QEMU boards only (make test-rv32)")
+    _drafter, verifier = boards
+    params = SessionParams(temperature=0.0)
+    draft = LocalDrafter(MODELS / "drafter.spm")
+    draft.begin(params, prompt)
+    last = {}
+    for d in (Draft(len(prompt)), draft.draft(prompt, 4)):
+        verifier.begin(params, prompt)
+        verifier.verify(prompt, d)
+        last[len(d) + 1] = verifier.stats()["insn_last"]
+    assert last[5] > last[1] > 0
+    per_pass = board_summary(verifier.stats(), 1)["instructions_per_pass"]
+    assert per_pass["5"] > per_pass["1"] > 0

@@ -48,6 +48,7 @@ STAGE_CTX = 128  # a stage's context on a board without PSRAM (docs/pipeline.md:
 SMALL_VERIFIER_KMAX = 5
 SMALL_VERIFIER_CTX = 96
 PSRAM_HEAP = 1 << 20  # a board with more heap free than this has PSRAM
+BIG_CHUNK_HEAP = 128 * 1024  # a board with more heap free than this (S3, C3, C6) takes 2 KiB write chunks
 # sys.implementation._mpy >> 10 (py/persistentcode.h MP_NATIVE_ARCH_*)
 ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
           "xtensa", "xtensawin", "rv32imc", "rv64imc"]
@@ -365,7 +366,7 @@ def flash(
             total = sum(p.stat().st_size for p in files.values())
             check_board(info, role, heap_bytes, total, len(image))
             report = FlashReport(port, info)
-            chunk = 2048 if info.mem_free > PSRAM_HEAP else 512
+            chunk = 2048 if info.mem_free > BIG_CHUNK_HEAP else 512
             _mkdirs(transport, list(files))
             for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
                 data = local.read_bytes()

@@ -52,13 +52,16 @@ def per_kernel(e, k, pos):
     """(instructions of the pass, {kernel: its instructions}): the pass once as it runs, then again with
     each kernel call counted (the counting's own calls are not the pass's, so the total is the first)."""
     e.rollback(pos)
+    tokens = bytes(k)
+    gc.collect()  # no collection inside the pass: what it does is the pass's own work
     t = _T()
-    e.forward(bytes(k), pos)
+    e.forward(tokens, pos)
     total = _D(_T(), t)
     real = e._k
     c = e._k = Counting(real)
     e.rollback(pos)
-    e.forward(bytes(k), pos)
+    gc.collect()
+    e.forward(tokens, pos)
     e._k = real
     return total, c.n
 

@@ -1,0 +1,109 @@
+"""Virtual ESP32-C3 boards (MicroPython's RV32 machine code under QEMU, host/emulator/qemu.py): what `make test-rv32`
+runs besides the HIL suite (tests/test_hil.py). A pass executes the same instructions every time; `specmesh run` on
+two C3s prints the text of plain decoding on the host, greedy and seeded, with both boards on the native kernels
+and their instructions per token in the stats; `--project esp32c3` prices the measured instructions; a pipeline of
+five C3 stages gives the single verifier's tokens.
+"""
+
+import ast
+import json
+import time
+
+import pytest
+
+from host.backends import LocalVerifier, SessionParams
+from host.cli.run import cli
+from host.decode.gamma import GammaController
+from host.decode.orchestrator import generate
+from host.decode.tokenizer import Tokenizer
+from host.projection.hardware import ESP32C3, RV32_CPI
+from host.provision.cluster import Cluster
+from tests.conftest import ROOT, require_rv32
+
+pytestmark = pytest.mark.rv32
+MODELS = ROOT / "models"
+# Board code: the same one-position pass, 8 times in a row from the same cached state, counted by the board.
+REPEAT = """
+import time, engine
+from array import array
+e = engine.Engine('/rom/target.spm', 5, True, 96)
+mv = memoryview(array('H', range(1, 11)))
+e.forward(mv[0:4], 0)
+out = array('i', range(10))
+for i in range(10):
+    k = 5 if i == 9 else 1
+    v = mv[4:4 + k]
+    e.rollback(4)
+    t = time.ticks_cpu()
+    e.forward(v, 4)
+    out[i] = time.ticks_diff(time.ticks_cpu(), t)
+print(list(out))
+"""
+
+
+@pytest.fixture(autouse=True)
+def _rv32():
+    require_rv32()
+
+
+def test_a_pass_executes_the_same_instructions_every_time(tmp_path):
+    from host.emulator.qemu import QemuBoard
+    from host.provision.flash import flash, open_board
+
+    board = QemuBoard(tmp_path / "c3", "esp32c3", name="repeat").start()
+    try:
+        flash(board.port, "verifier", MODELS / "target.spm", progress=False)
+        time.sleep(0.5)
+        transport = open_board(board.port)
+        try:
+            out, err = transport.exec_raw(REPEAT, timeout=120)
+        finally:
+            transport.close()
+    finally:
+        board.stop()
+    assert not err, err
+    counts = ast.literal_eval(out.decode().strip().splitlines()[-1])
+    ones = counts[1:9]  # the first pass warms the interpreter up
+    # the same pass from the same state: the same count, to QEMU's exactness (measured: within 50 of 2.3 million)
+    assert max(ones) - min(ones) <= 1e-4 * min(ones), ones
+    assert counts[9] > 2 * min(ones)  # five positions take more than twice one
+
+
+def _run(*args, tmp_path, name):
+    path = tmp_path / (name + ".json")
+    assert cli(["--quiet", "--max-tokens", "64", "--stats-json", str(path), *args]) == 0
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("sampling", [[], ["--temperature", "0.8", "--seed", "7"]], ids=["greedy", "seeded"])
+def test_two_c3_boards_print_the_hosts_plain_text_on_native_kernels(tmp_path, sampling):
+    boards = _run("--drafter", "virtual:esp32c3", "--verifier", "virtual:esp32c3", *sampling, tmp_path=tmp_path,
+                  name="c3")
+    plain = _run("--plain", "--verifier", "cpu", *sampling, tmp_path=tmp_path, name="cpu")
+    assert boards["text"] == plain["text"] and boards["tokens"] == 64
+    roles = {b["role"]: b for b in boards["boards"]}
+    assert set(roles) == {"drafter", "verifier"}
+    for b in roles.values():
+        assert b["kernels"] == "native" and b["instructions_per_token"] > 0
+        assert b["instructions"] == "measured instructions (qemu)"
+
+
+def test_project_esp32c3_prices_the_measured_instructions(tmp_path):
+    stats = _run("--verifier", "virtual:esp32c3", "--plain", "--project", "esp32c3", tmp_path=tmp_path, name="proj")
+    p = stats["projection"]
+    per_pass = p["instructions_per_pass"]["verifier"]["1"]
+    assert p["compute"] == "measured instructions (qemu)"
+    assert p["plain_terms_s"]["compute"] == pytest.approx(per_pass * RV32_CPI.value / ESP32C3.clock_hz.value, rel=1e-3)
+    assert p["plain_terms_s"]["weights_flash"] == pytest.approx(276192 / ESP32C3.flash_map_bps.value, rel=0.01)
+    assert p["plain_tokens_per_s"] == pytest.approx(p["tokens_per_s"]) and p["plain_tokens_per_s"] > 0
+
+
+def test_a_pipeline_of_five_c3_stages_gives_the_single_verifiers_tokens(tmp_path):
+    prompt = Tokenizer.from_llama2c(MODELS / "tokenizer.bin").encode("Once upon a time")
+    params = SessionParams(eos=1)
+    want = generate(prompt, LocalVerifier(MODELS / "target.spm"), None, params, 24, GammaController(fixed=0)).tokens
+    with Cluster("serial", MODELS, tmp_path / "vboards") as c:
+        pipe = c.pipeline(5, "esp32c3")
+        assert [s.name for s in pipe.stages] == ["virtual:stage%d(esp32c3)" % i for i in range(5)]
+        assert generate(prompt, pipe, None, params, 24, GammaController(fixed=0)).tokens == want
+        assert all(s.stats()["kernels"] == "native" for s in pipe.stages)
