@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 
 from host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
+from host.backends.board import kernel_name
 from host.cli.chaos import soft_reset
 from host.decode.gamma import GammaController
 from host.decode.orchestrator import generate
 from host.decode.tokenizer import Tokenizer
-from host.provision.cluster import connect
-from host.backends.board import kernel_name
-from host.provision.flash import flash, open_board
 from host.projection.measured import board_summary
+from host.provision.cluster import connect
+from host.provision.flash import flash, open_board
 from shared import messages as m
 from tests.conftest import require_rv32
 

@@ -1,8 +1,9 @@
 """Virtual ESP32-C3 boards (MicroPython's RV32 machine code under QEMU, host/emulator/qemu.py): what `make test-rv32`
-runs besides the HIL suite (tests/test_hil.py). A pass executes the same instructions every time; `specmesh run` on
-two C3s prints the text of plain decoding on the host, greedy and seeded, with both boards on the native kernels
-and their instructions per token in the stats; `--project esp32c3` prices the measured instructions; a pipeline of
-five C3 stages gives the single verifier's tokens.
+runs besides the HIL suite (tests/test_hil.py). A native kernel call executes the same instructions every time,
+and a whole pass nearly so; `specmesh run` on two C3s prints the host's text (greedy: plain decoding's; seeded: the
+host back-ends' with the same seed), with both boards on the native kernels and their instructions per token in
+the stats; `--project esp32c3` prices the measured instructions; a pipeline of five C3 stages gives the single
+verifier's tokens.
 """
 
 import ast
@@ -22,22 +23,32 @@ from tests.conftest import ROOT, require_rv32
 
 pytestmark = pytest.mark.rv32
 MODELS = ROOT / "models"
-# Board code: the same one-position pass, 8 times in a row from the same cached state, counted by the board.
+# Board code, counted by the board: the native matmul (64 x 172, one position) 6 times, then the same
+# one-position pass 8 times in a row from the same cached state, then a pass of five.
 REPEAT = """
 import time, engine
 from array import array
+T, D = time.ticks_cpu, time.ticks_diff
 e = engine.Engine('/rom/target.spm', 5, True, 96)
+w = bytearray(64 * 172)
+x = array('i', range(173))
+p = array('i', range(16 + 64))
+p[0], p[1], p[2], p[3] = 64, 172, 1, 0
+mm = array('i', range(6))
+for i in range(6):
+    t = T()
+    e._k.matmul(w, x, 0, p)
+    mm[i] = D(T(), t)
 mv = memoryview(array('H', range(1, 11)))
 e.forward(mv[0:4], 0)
-out = array('i', range(10))
-for i in range(10):
-    k = 5 if i == 9 else 1
-    v = mv[4:4 + k]
+one, five = mv[4:5], mv[4:9]
+out = array('i', range(9))
+for i in range(9):
     e.rollback(4)
-    t = time.ticks_cpu()
-    e.forward(v, 4)
-    out[i] = time.ticks_diff(time.ticks_cpu(), t)
-print(list(out))
+    t = T()
+    e.forward(five if i == 8 else one, 4)
+    out[i] = D(T(), t)
+print((e.kernels, list(mm), list(out)))
 """
 
 
@@ -46,7 +57,7 @@ def _rv32():
     require_rv32()
 
 
-def test_a_pass_executes_the_same_instructions_every_time(tmp_path):
+def test_a_kernel_call_counts_the_same_instructions_every_time_and_a_pass_nearly(tmp_path):
     from host.emulator.qemu import QemuBoard
     from host.provision.flash import flash, open_board
 
@@ -62,11 +73,14 @@ def test_a_pass_executes_the_same_instructions_every_time(tmp_path):
     finally:
         board.stop()
     assert not err, err
-    counts = ast.literal_eval(out.decode().strip().splitlines()[-1])
-    ones = counts[1:9]  # the first pass warms the interpreter up
-    # the same pass from the same state: the same count, to QEMU's exactness (measured: within 50 of 2.3 million)
-    assert max(ones) - min(ones) <= 1e-4 * min(ones), ones
-    assert counts[9] > 2 * min(ones)  # five positions take more than twice one
+    kernels, matmul, passes = ast.literal_eval(out.decode().strip().splitlines()[-1])
+    assert kernels == "native"
+    assert len(set(matmul)) == 1 and 4 * 64 * 172 < matmul[0] < 6 * 64 * 172  # exact: 4-6 per MAC
+    # The whole pass interprets engine.py between the kernels: its count moves by a few hundredths of a percent
+    # to about one percent with the heap's history (measured; not with the data), never with QEMU's timing.
+    ones = passes[:8]
+    assert max(ones) - min(ones) <= 0.01 * min(ones), ones
+    assert passes[8] > 2 * min(ones)  # five positions take more than twice one
 
 
 def _run(*args, tmp_path, name):
@@ -76,11 +90,15 @@ def _run(*args, tmp_path, name):
 
 
 @pytest.mark.parametrize("sampling", [[], ["--temperature", "0.8", "--seed", "7"]], ids=["greedy", "seeded"])
-def test_two_c3_boards_print_the_hosts_plain_text_on_native_kernels(tmp_path, sampling):
+def test_two_c3_boards_print_the_hosts_text_on_native_kernels(tmp_path, sampling):
+    """Greedy: plain decoding's text on the host. Seeded: the host back-ends' text with the same seed and the same
+    gammas (chosen from the projected costs when sampling; where drafts are tested changes a sampled text, so
+    it is compared with speculation on the host, not with plain decoding)."""
     boards = _run("--drafter", "virtual:esp32c3", "--verifier", "virtual:esp32c3", *sampling, tmp_path=tmp_path,
                   name="c3")
-    plain = _run("--plain", "--verifier", "cpu", *sampling, tmp_path=tmp_path, name="cpu")
-    assert boards["text"] == plain["text"] and boards["tokens"] == 64
+    host = (["--drafter", "cpu", "--verifier", "cpu"] if sampling else ["--plain", "--verifier", "cpu"])
+    want = _run(*host, *sampling, tmp_path=tmp_path, name="cpu")
+    assert boards["text"] == want["text"] and boards["tokens"] == 64
     roles = {b["role"]: b for b in boards["boards"]}
     assert set(roles) == {"drafter", "verifier"}
     for b in roles.values():

@@ -9,6 +9,14 @@
 #define MICROPY_HELPER_REPL (1)
 
 void vboard_rx_poll(void);
+void vboard_idle(void);
+// select.poll and time.sleep wait here: asleep until input or the next millisecond (mphalport.c)
+#define MICROPY_INTERNAL_WFE(TIMEOUT_MS) do { \
+        if (!uart_rx_any_for_wfe()) { \
+            vboard_idle(); \
+        } \
+} while (0)
+int uart_rx_any_for_wfe(void);
 #define MICROPY_VM_HOOK_COUNT (64)
 #define MICROPY_VM_HOOK_INIT static unsigned int vm_hook_divisor = MICROPY_VM_HOOK_COUNT;
 #define MICROPY_VM_HOOK_POLL if (--vm_hook_divisor == 0) { \

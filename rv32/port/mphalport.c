@@ -3,7 +3,8 @@
  * received bytes go through a small buffer, so a Ctrl-C is seen while code runs (KeyboardInterrupt, as a
  * board's UART interrupt raises it; polled from the VM hook, mpconfigport.h), and a CPU counter:
  * time.ticks_cpu() reads minstret, which under `qemu -icount shift=0` is the number of instructions
- * executed.
+ * executed. A board waiting for input sleeps (wfi until the next timer tick, vboard_idle) instead of spinning,
+ * so an idle virtual board leaves the host's CPU alone (QEMU's icount sleeps with it).
  */
 
 #include "py/mphal.h"
@@ -56,6 +57,32 @@ uintptr_t mp_hal_stdio_poll(uintptr_t poll_flags) {
     return ret;
 }
 
+// The core local interruptor of QEMU's virt machine: the 10 MHz timer and hart 0's compare register.
+#define CLINT_MTIMECMP_LO (*(volatile uint32_t *)0x02004000)
+#define CLINT_MTIMECMP_HI (*(volatile uint32_t *)0x02004004)
+#define CLINT_MTIME_LO (*(volatile uint32_t *)0x0200bff8)
+#define CLINT_MTIME_HI (*(volatile uint32_t *)0x0200bffc)
+#define MIP_MTIP (1u << 7)
+#define IDLE_TICKS (10000u) // 1 ms of the 10 MHz timer
+
+void vboard_idle(void) {
+    // Sleep until the timer's next millisecond (or any other enabled interrupt): a timer interrupt enabled in
+    // mie wakes wfi even with interrupts globally off, so no handler runs; the compare is then pushed away.
+    uint32_t lo = CLINT_MTIME_LO, hi = CLINT_MTIME_HI;
+    uint32_t at = lo + IDLE_TICKS;
+    CLINT_MTIMECMP_HI = 0xffffffffu;
+    CLINT_MTIMECMP_LO = at;
+    CLINT_MTIMECMP_HI = hi + (at < lo);
+    uint32_t mstatus;
+    __asm volatile ("csrrci %0, mstatus, 8" : "=r" (mstatus));
+    __asm volatile ("csrs mie, %0" : : "r" (MIP_MTIP));
+    __asm volatile ("wfi");
+    __asm volatile ("csrc mie, %0" : : "r" (MIP_MTIP));
+    CLINT_MTIMECMP_HI = 0xffffffffu;
+    CLINT_MTIMECMP_LO = 0xffffffffu;
+    __asm volatile ("csrw mstatus, %0" : : "r" (mstatus));
+}
+
 int mp_hal_stdin_rx_chr(void) {
     for (;;) {
         vboard_rx_poll();
@@ -66,6 +93,9 @@ int mp_hal_stdin_rx_chr(void) {
             return rx_buf[rx_tail++ % RX_SIZE];
         }
         mp_handle_pending(true);
+        if (!uart_rx_any()) {
+            vboard_idle();
+        }
     }
 }
 
@@ -84,9 +114,10 @@ mp_uint_t mp_hal_ticks_us(void) {
 
 void mp_hal_delay_ms(mp_uint_t ms) {
     mp_uint_t start = mp_hal_ticks_ms();
-    do {
+    while (mp_hal_ticks_ms() - start < ms) {
         mp_handle_pending(true);
-    } while (mp_hal_ticks_ms() - start < ms);
+        vboard_idle();
+    }
 }
 
 void mp_hal_delay_us(mp_uint_t us) {
@@ -113,4 +144,8 @@ void mp_hal_get_random(size_t n, uint8_t *buf) {
 // The filesystem's file times (littlefs mtime): time since power-on, as a board without a clock set.
 uint64_t mp_hal_time_ns(void) {
     return (uint64_t)ticks_ms() * 1000000ull;
+}
+
+int uart_rx_any_for_wfe(void) {
+    return rx_head != rx_tail || uart_rx_any();
 }
