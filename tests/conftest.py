@@ -10,6 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from host.layout import DRAFTER_FILE, TARGET_FILE  # noqa: E402 - the checkout's, on the path above
+
 
 @pytest.fixture(scope="session")
 def micropython() -> str:
@@ -48,7 +50,7 @@ def models(tmp_path_factory) -> Path:
 
     d = tmp_path_factory.mktemp("models")
     shutil.copy(ROOT / "models" / "tokenizer.bin", d / "tokenizer.bin")
-    random_model(d / "target.spm", dim=32, n_layers=2, hidden=64, vocab=512, max_seq=128, seed=21)
-    random_model(d / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512,
+    random_model(d / TARGET_FILE, dim=32, n_layers=2, hidden=64, vocab=512, max_seq=128, seed=21)
+    random_model(d / DRAFTER_FILE, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512,
                  max_seq=128, seed=22)
     return d

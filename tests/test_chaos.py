@@ -6,7 +6,8 @@ import time
 import pytest
 
 from host.bus.faults import Faults, FaultyLink
-from host.cli.chaos import CASES, PROFILES, ROOT, compare, reference, run_case
+from host.cli.chaos import CASES, PROFILES, compare, reference, run_case
+from host.layout import ROOT
 from shared.codec import CodecError, decode, encode
 
 MODELS = ROOT / "models"

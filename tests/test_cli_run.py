@@ -13,6 +13,7 @@ import pytest
 from host import cli
 from host.cli.output import GREEN, REQUIRED_KEYS, TokenStream
 from host.cli.run import add_arguments, run
+from host.layout import TARGET_FILE
 from tools.testmodels import random_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,7 +88,7 @@ def test_the_table_leaves_out_figures_from_too_few_samples_and_says_why_the_run_
 
 def test_the_table_says_when_the_context_stopped_the_run(tmp_path, capsys):
     shutil.copy(ROOT / "models" / "tokenizer.bin", tmp_path / "tokenizer.bin")
-    random_model(tmp_path / "target.spm", vocab=512, max_seq=12, seed=3)
+    random_model(tmp_path / TARGET_FILE, vocab=512, max_seq=12, seed=3)
     rc = cli.main(["run", "--models", str(tmp_path), "--verifier", "cpu", "--plain", "--quiet", "--max-tokens", "50",
                    "--stats-json", str(tmp_path / "s.json")])
     stats = json.loads((tmp_path / "s.json").read_text())
@@ -206,7 +207,7 @@ def test_host_works_without_torch_and_says_how_to_install_it(models):
             "    try:\n"
             "        VERIFIERS[name](%r)\n"
             "    except BackendError as e:\n"
-            "        print(e)\n" % str(models / "target.spm"))
+            "        print(e)\n" % str(models / TARGET_FILE))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [INSTALL_HINT] * 2

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from host.backends.engine import EXP_TABLE, Engine, argmax
+from host.layout import DRAFTER_FILE
 from shared import prng, rule, sampling
 from tests.conftest import ROOT
 from shared.modelfile import FLAG_SHARED_CLS
@@ -163,7 +164,7 @@ def drafter_shape(tmp_path_factory):
     """A random model of the shipped drafter's shape (read from models/drafter.spm's header)."""
     from shared.modelfile import HEADER_SIZE, parse_header
 
-    h = parse_header((ROOT / "models" / "drafter.spm").read_bytes()[:HEADER_SIZE])
+    h = parse_header((ROOT / "models" / DRAFTER_FILE).read_bytes()[:HEADER_SIZE])
     path = tmp_path_factory.mktemp("ds") / "d.spm"
     random_model(path, dim=h.dim, n_layers=h.n_layers, n_heads=h.n_heads, n_kv_heads=h.n_kv_heads, hidden=h.hidden,
                  vocab=h.vocab, max_seq=h.max_seq, flags=h.flags, seed=1)

@@ -9,6 +9,7 @@ import pytest
 
 from host.backends.engine import Engine, to_float
 from host.decode.tokenizer import Tokenizer, read_llama2c_tokenizer
+from host.layout import TARGET_FILE
 from shared.modelfile import FLAG_SHARED_CLS
 from tools import llama2c_import as imp
 
@@ -192,7 +193,7 @@ def test_an_imported_model_runs_with_a_prompt_via_specmesh_run(tmp_path):
     pieces = [b"<unk>", b"<s>", b"</s>"] + [b"<0x%02X>" % i for i in range(256)] + words
     write_tokenizer(tmp_path / "tokenizer.bin", pieces)
     (tmp_path / "m.bin").write_bytes(write_v0(weights(5, True, vocab=len(pieces)), True))
-    imp.convert(tmp_path / "m.bin", tmp_path / "tokenizer.bin", tmp_path / "target.spm", None)
+    imp.convert(tmp_path / "m.bin", tmp_path / "tokenizer.bin", tmp_path / TARGET_FILE, None)
     stats = tmp_path / "stats.json"
     rc = cli.main(["run", "--models", str(tmp_path), "--verifier", "cpu", "--plain", "--prompt", "the cat sat",
                    "--max-tokens", "6", "--quiet", "--stats-json", str(stats)])

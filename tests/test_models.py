@@ -11,6 +11,7 @@ from host.backends.engine import Engine, to_float
 from host.backends.modelio import read_model, write_model
 from host.decode.tokenizer import (BOS, Tokenizer, TokenizerError, pack_vocab, read_llama2c_tokenizer, unpack_vocab,
                                    vocab_id)
+from host.layout import DRAFTER_FILE, TARGET_FILE
 from shared.modelfile import HEADER_SIZE, ModelFileError, tensor_layout
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
@@ -98,7 +99,7 @@ def test_tokenizer_files_are_checked(tmp_path):
 
 
 def test_golden_continuation_through_the_numpy_engine(tok):
-    eng = Engine(MODELS / "target.spm")
+    eng = Engine(MODELS / TARGET_FILE)
     ids = tok.encode("Once upon a time")
     logits = eng.forward(ids, 0)
     out = []
@@ -118,7 +119,7 @@ def test_shipped_model_header(name):
         from host.boardclasses import ESP32
         from host.provision.romfs import image
 
-        assert len(image(MODELS / "drafter.spm")) <= ESP32.romfs_bytes
+        assert len(image(MODELS / DRAFTER_FILE)) <= ESP32.romfs_bytes
     else:  # stories260K
         assert (h.dim, h.n_layers, h.n_heads, h.n_kv_heads, h.hidden) == (64, 5, 8, 4, 172)
         assert params == 260_032

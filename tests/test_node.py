@@ -9,6 +9,7 @@ import struct
 
 import pytest
 
+from host.layout import TARGET_FILE
 from tools.nodeproc import NodeProc, seq_of
 from shared import codec
 from shared import messages as m
@@ -19,7 +20,7 @@ from shared.messages import E_MESSAGE, E_MODEL, E_RANGE, E_STATE
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("models") / "target.spm"
+    path = tmp_path_factory.mktemp("models") / TARGET_FILE
     random_model(path, dim=32, n_layers=2, vocab=96, max_seq=32, seed=3)
     return str(path)
 

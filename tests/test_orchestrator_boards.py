@@ -10,6 +10,7 @@ import pytest
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
 from host.decode.gamma import GammaController
 from host.decode.orchestrator import generate
+from host.layout import DRAFTER_FILE, TARGET_FILE
 from host.provision.cluster import Cluster
 from tools.testmodels import random_pair
 
@@ -53,7 +54,7 @@ def check_greedy(verifier, drafter, cpu_verifier, n_prompts, max_tokens=16):
 
 
 def test_greedy_virtual_boards_equal_plain_and_the_cpu_verifier_for_20_prompts(serial_boards, models):
-    check_greedy(*serial_boards, LocalVerifier(models / "target.spm"), 20)
+    check_greedy(*serial_boards, LocalVerifier(models / TARGET_FILE), 20)
 
 
 @pytest.mark.slow
@@ -63,7 +64,7 @@ def test_greedy_virtual_boards_with_the_shipped_models(tmp_path):
     models = ROOT / "models"
     tok = Tokenizer.from_llama2c(models / "tokenizer.bin")
     params = SessionParams(temperature=0.0, eos=0)
-    cpu = LocalVerifier(models / "target.spm")
+    cpu = LocalVerifier(models / TARGET_FILE)
     with Cluster("serial", models, tmp_path) as c:
         verifier, drafter = c.backend("verifier"), c.backend("drafter")
         for i, text in enumerate(HELD_OUT):
@@ -81,7 +82,7 @@ def test_sampling_same_seed_same_text_across_drafter_and_verifier_kinds(serial_b
     assert board[0] == board[1]
     # the host CPU drafter samples exactly as the firmware drafter (q-hat, PRNG purpose DRAFT), and the
     # board verifier as the CPU one: every mix gives the same text for the same seed
-    cpu_d, cpu_v = LocalDrafter(models / "drafter.spm"), LocalVerifier(models / "target.spm")
+    cpu_d, cpu_v = LocalDrafter(models / DRAFTER_FILE), LocalVerifier(models / TARGET_FILE)
     assert generate([4, 5], verifier, cpu_d, params, 16, GammaController(fixed=3)).tokens == board[0]
     assert generate([4, 5], cpu_v, drafter, params, 16, GammaController(fixed=3)).tokens == board[0]
 
@@ -94,7 +95,7 @@ def test_parameters_between_wire_steps_give_one_text_on_boards_and_the_cpu(seria
     assert (params.temp_milli, params.temperature, params.top_p_q16, params.top_p) == (1235, 1.235, 62259,
                                                                                         62259 / 65536)
     board = generate([3, 9], verifier, drafter, params, 24, GammaController(fixed=2)).tokens
-    cpu_v = LocalVerifier(models / "target.spm")
+    cpu_v = LocalVerifier(models / TARGET_FILE)
     assert generate([3, 9], cpu_v, drafter, params, 24, GammaController(fixed=2)).tokens == board
     with pytest.raises(ValueError, match="rounds to 0"):  # greedy on a board, sampled on the host: refused
         SessionParams(temperature=0.0004)
@@ -164,7 +165,7 @@ def test_a_board_whose_model_fails_to_load_is_reported_with_the_cause(models, tm
 
     with Cluster("serial", models, tmp_path) as c:
         vb = c.start("verifier")
-        model = vb.flash_dir / "models" / "target.spm"
+        model = vb.flash_dir / "models" / TARGET_FILE
         data = bytearray(model.read_bytes())
         data[300] ^= 0xFF
         model.write_bytes(bytes(data))
@@ -201,7 +202,7 @@ def test_projected_bus_bytes_are_the_measured_ones_round_by_round(serial_boards,
     from shared.modelfile import parse_header  # noqa: PLC0415
 
     verifier, drafter = serial_boards
-    heads = [parse_header((models / f).read_bytes()[:64]) for f in ("target.spm", "drafter.spm")]
+    heads = [parse_header((models / f).read_bytes()[:64]) for f in (TARGET_FILE, DRAFTER_FILE)]
     proj = Projector(heads[0], heads[1], "esp32s3", "serial")
     params = SessionParams(seed=5, temperature=temperature, draft_top_k=8)
     for prompt in prompts(4, seed=7):

@@ -14,6 +14,7 @@ from host.cli.run import UsageError, add_arguments, check_args
 from host.decode.gamma import GammaController
 from host.decode.orchestrator import generate
 from host.decode.tokenizer import Tokenizer
+from host.layout import TARGET_FILE
 from host.provision.cluster import Cluster, split_layers
 from shared import messages as m
 from tests.conftest import ROOT
@@ -34,7 +35,7 @@ def prompt():
 
 
 def single(prompt, params, drafter, gamma):
-    return generate(prompt, LocalVerifier(MODELS / "target.spm"), drafter, params, N,
+    return generate(prompt, LocalVerifier(MODELS / TARGET_FILE), drafter, params, N,
                     GammaController(fixed=gamma)).tokens
 
 

@@ -5,6 +5,7 @@ import pytest
 
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
 from host.decode.gamma import GammaController
+from host.layout import DRAFTER_FILE, TARGET_FILE
 from host.projection.costmodel import weight_bytes
 from host.projection.hardware import FLASH_MAP_STREAM, HOST_DRAFT_POSITION, UART_921600
 from host.decode.orchestrator import Round, generate
@@ -20,7 +21,7 @@ MODELS = ROOT / "models"
 
 @pytest.fixture(scope="module")
 def heads():
-    return [parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for f in ("target.spm", "drafter.spm")]
+    return [parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for f in (TARGET_FILE, DRAFTER_FILE)]
 
 
 def test_stage_costs_add_up_to_the_whole_model(heads):
@@ -79,7 +80,7 @@ def test_judged_positions_follow_the_verdict():
 def test_a_shipped_pair_run_projects_pipeline_plain_single_board_and_speculative(heads):
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
     prompt = tok.encode("Once upon a time")
-    r = generate(prompt, LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm"),
+    r = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE),
                  SessionParams(), 32, GammaController(fixed=3))
     for link in ("espnow", UART_921600.name):
         p = PipelineProjector(heads[0], heads[1], split_layers(5, 5), link).project(r, len(prompt))
@@ -97,7 +98,7 @@ def test_a_shipped_pair_run_projects_pipeline_plain_single_board_and_speculative
 def test_a_host_drafter_costs_its_positions_on_the_host_and_no_bus(heads):
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
     prompt = tok.encode("Once upon a time")
-    r = generate(prompt, LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm"),
+    r = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE),
                  SessionParams(), 32, GammaController(fixed=4))
     layers = split_layers(5, 5)
     for link in ("espnow", UART_921600.name):
@@ -128,7 +129,7 @@ def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(h
 
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
     prompt = tok.encode("Once upon a time")
-    r = generate(prompt, LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm"),
+    r = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE),
                  SessionParams(), 16, GammaController(fixed=3))
     layers = split_layers(5, 5)
     pipe = PipelineVerifier([Stage() for _ in layers], layers)

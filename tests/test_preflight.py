@@ -11,6 +11,7 @@ import pytest
 from host import cli
 from host.cli.preflight import unknown_backend
 from host.emulator import board
+from host.layout import DRAFTER_FILE, TARGET_FILE
 from shared.modelfile import HEADER_SIZE
 from tools.testmodels import random_model
 
@@ -22,8 +23,8 @@ def models(tmp_path):
     d = tmp_path / "models"
     d.mkdir()
     shutil.copy(ROOT / "models" / "tokenizer.bin", d / "tokenizer.bin")
-    random_model(d / "target.spm", vocab=512, max_seq=64, seed=1)
-    random_model(d / "drafter.spm", vocab=512, max_seq=32, seed=2)
+    random_model(d / TARGET_FILE, vocab=512, max_seq=64, seed=1)
+    random_model(d / DRAFTER_FILE, vocab=512, max_seq=32, seed=2)
     return d
 
 
@@ -55,10 +56,10 @@ def damage_crc(b):
 
 
 @pytest.mark.parametrize("name, damage, reason", [
-    ("target.spm", damage_crc, "fails its CRC check"),
-    ("drafter.spm", lambda b: b[:-100], "is truncated"),
-    ("target.spm", lambda b: b"GGUF" + b[4:], "not a specmesh model file"),
-    ("drafter.spm", lambda b: b[:HEADER_SIZE - 1], "truncated"),
+    (TARGET_FILE, damage_crc, "fails its CRC check"),
+    (DRAFTER_FILE, lambda b: b[:-100], "is truncated"),
+    (TARGET_FILE, lambda b: b"GGUF" + b[4:], "not a specmesh model file"),
+    (DRAFTER_FILE, lambda b: b[:HEADER_SIZE - 1], "truncated"),
 ])
 def test_a_corrupt_model_is_named_with_its_reason(models, capsys, no_board_starts, name, damage, reason):
     path = models / name

@@ -14,6 +14,7 @@ from host.backends.batcher import Batcher  # noqa: E402
 from host.backends.torch_backend import TorchModel, TorchVerifier  # noqa: E402
 from host.decode.gamma import GammaController  # noqa: E402
 from host.decode.orchestrator import generate  # noqa: E402
+from host.layout import TARGET_FILE
 from host.provision.cluster import Cluster  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -24,11 +25,11 @@ STREAMS = 4
 
 @pytest.mark.slow
 def test_four_virtual_drafters_one_torch_verifier(tmp_path):
-    if not (MODELS / "target.spm").exists():
+    if not (MODELS / TARGET_FILE).exists():
         pytest.skip("models/target.spm is not built: run `make train`")
     prompts = [[1, 50 + 7 * i, 60, 70 + i] for i in range(STREAMS)]
     params = [SessionParams(seed=10 + i, temperature=0.8, draft_top_k=8) for i in range(STREAMS)]
-    batcher = Batcher(TorchModel(MODELS / "target.spm", "cpu"), window_s=0.05)
+    batcher = Batcher(TorchModel(MODELS / TARGET_FILE, "cpu"), window_s=0.05)
     clusters = [Cluster(models=MODELS, root=tmp_path / str(i)) for i in range(STREAMS)]
     try:
         drafters = [c.backend("drafter") for c in clusters]

@@ -28,6 +28,7 @@ from host.backends.engine import Engine, to_float
 from host.decode.gamma import GammaController
 from host.decode.orchestrator import generate
 from host.decode.tokenizer import Tokenizer
+from host.layout import DRAFTER_FILE, TARGET_FILE
 from shared.modelfile import tensor_layout
 
 GAMMA = 4
@@ -108,11 +109,11 @@ def variant(ck: Path, models: Path, prompts: list[list[int]], new: int) -> dict:
 
     summary = json.loads((ck / "summary.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "drafter.spm"
+        path = Path(tmp) / DRAFTER_FILE
         h = export_model(load_float(ck / "best.pt"), path, vocab_id((models / "vocab.bin").read_bytes()))
         return {"checkpoint": str(ck), "shape": describe(h), "params": n_params(h),
                 "file_bytes": path.stat().st_size, "train_steps": summary["steps"],
-                "train_s": summary["train_s"], "acceptance": measure_pair(models / "target.spm", path, prompts, new)}
+                "train_s": summary["train_s"], "acceptance": measure_pair(models / TARGET_FILE, path, prompts, new)}
 
 
 def measure(a) -> dict:
@@ -130,7 +131,7 @@ def measure(a) -> dict:
             "loss_float": float(ref[name + ".float_loss"]), "loss_int8": int8_loss(path, loss_ids)}
     prompts = heldout_prompts(a.models, tok, a.prompts)
     t0 = time.time()
-    out["acceptance"] = measure_pair(a.models / "target.spm", a.models / "drafter.spm", prompts, a.new)
+    out["acceptance"] = measure_pair(a.models / TARGET_FILE, a.models / DRAFTER_FILE, prompts, a.new)
     out["acceptance_setup"] = {"gamma": GAMMA, "prompts": len(prompts), "prompt_tokens": PROMPT_TOKENS,
                                "new_tokens": a.new, "seconds": round(time.time() - t0, 1)}
     out["variants"] = [variant(Path(ck), a.models, prompts, a.new) for ck in a.variants]

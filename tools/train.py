@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from host.decode.tokenizer import Tokenizer
+from host.layout import TARGET_FILE
 from tools.modelcard import PROMPT_TOKENS, heldout_stories
 from tools.modeldefs import DRAFTERS, Transformer, from_model_file
 
@@ -187,7 +188,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(DRAFTERS), required=True)
     ap.add_argument("--out", required=True, help="checkpoint directory")
-    ap.add_argument("--teacher", type=Path, default=MODELS / "target.spm", help="the target model file")
+    ap.add_argument("--teacher", type=Path, default=MODELS / TARGET_FILE, help="the target model file")
     ap.add_argument("--tokenizer", type=Path, default=MODELS / "tokenizer.bin")
     ap.add_argument("--heldout", type=Path, default=MODELS / "heldout.txt")
     ap.add_argument("--val-stories", type=int, default=64)

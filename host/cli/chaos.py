@@ -24,8 +24,8 @@ from host.backends import LocalDrafter, LocalVerifier, SessionParams
 from host.bus.faults import Faults
 from host.decode.gamma import GammaController
 from host.decode.orchestrator import generate
+from host.layout import MODELS, model_path
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [1, 403, 407, 261, 378]  # "Once upon a time" in tok512
 GAMMA = 3
 
@@ -76,8 +76,8 @@ CASES = (SessionParams(temperature=0.0), SessionParams(seed=7, temperature=0.8))
 
 def reference(models: Path, params: SessionParams, tokens: int) -> list[int]:
     """The fault-free text of a case, on the CPU back-ends."""
-    return generate(PROMPT, LocalVerifier(models / "target.spm"), LocalDrafter(models / "drafter.spm"), params,
-                    tokens, GammaController(fixed=GAMMA)).tokens
+    return generate(PROMPT, LocalVerifier(model_path(models, "verifier")), LocalDrafter(model_path(models, "drafter")),
+                    params, tokens, GammaController(fixed=GAMMA)).tokens
 
 
 def soft_reset(board) -> None:
@@ -124,7 +124,7 @@ def run_case(profile: Profile | None, params: SessionParams, tokens: int, models
         t0 = time.perf_counter()
         res = generate(PROMPT, backends["verifier"], backends["drafter"], params, tokens,
                        GammaController(fixed=GAMMA), on_round=_event(c, backends, p.event, times),
-                       fallback=lambda: LocalVerifier(models / "target.spm"), on_failover=failovers.append)
+                       fallback=lambda: LocalVerifier(model_path(models, "verifier")), on_failover=failovers.append)
         wall = time.perf_counter() - t0
         links = c.buses
         recovery = times["recovered"] - times["event"] if "recovered" in times else None
@@ -147,7 +147,7 @@ def compare(want: list[int], got: list[int]) -> tuple[int, int]:
     return len(want) - common, len(got) - common
 
 
-def run(names: list[str], tokens: int = 32, models: Path = ROOT / "models") -> list[dict]:
+def run(names: list[str], tokens: int = 32, models: Path = MODELS) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="specmesh-chaos-") as tmp:
         for name in names:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import host.cli.registry  # noqa: F401 - the back-ends a run offers, registered
 from host import backends
 from host.backends import is_port
 from host.backends.modelio import check_model_file
+from host.layout import MODEL_FILES
 from shared.modelfile import Header, ModelFileError
-
-MODEL_FILES = {"verifier": "target.spm", "drafter": "drafter.spm"}
 
 
 class PreflightError(Exception):

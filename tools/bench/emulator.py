@@ -21,13 +21,14 @@ import time
 from pathlib import Path
 
 from host.emulator import VirtualBoard
+from host.layout import DRAFTER_FILE, TARGET_FILE
 from host.provision.flash import ROOT, flash
 
 MPREMOTE = str(Path(sys.executable).with_name("mpremote"))
 
 
 def _model(role: str, tmp: Path) -> Path:
-    path = ROOT / "models" / ("drafter.spm" if role == "drafter" else "target.spm")
+    path = ROOT / "models" / (DRAFTER_FILE if role == "drafter" else TARGET_FILE)
     if path.exists():
         return path
     out = tmp / path.name

@@ -21,13 +21,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+from host.layout import TARGET_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAMS = (1, 8, 64, 256)
 GAMMA = 4
 PREFIX = (16, 64)  # ragged committed prefixes, tokens
 ROUNDS = 7  # timed rounds per configuration (after one warm-up round); medians are reported
-MODEL = ROOT / "models" / "target.spm"
+MODEL = ROOT / "models" / TARGET_FILE
 
 
 class _Streams:

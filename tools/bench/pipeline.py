@@ -19,6 +19,7 @@ from pathlib import Path
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
 from host.boardclasses import ESP32
 from host.decode.gamma import GammaController
+from host.layout import DRAFTER_FILE, TARGET_FILE
 from host.projection.hardware import HOST_DRAFT_POSITION
 from host.decode.orchestrator import generate
 from host.projection.pipeline import PIPELINE_LINKS, PipelineProjector
@@ -43,9 +44,9 @@ def fits(h, layers) -> bool:
 
 
 def run() -> dict:
-    target, drafter = (parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for f in ("target.spm", "drafter.spm"))
+    target, drafter = (parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for f in (TARGET_FILE, DRAFTER_FILE))
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
-    ver, dra = LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm")
+    ver, dra = LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE)
     runs = {g: [(len(p), generate(p, ver, dra if g else None, SessionParams(), NEW, GammaController(fixed=g)))
                 for p in (tok.encode(t) for t in PROMPTS)] for g in GAMMAS}
     curve: dict = {}

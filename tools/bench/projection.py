@@ -17,6 +17,7 @@ from pathlib import Path
 
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
 from host.decode.gamma import GammaController
+from host.layout import DRAFTER_FILE, TARGET_FILE
 from host.projection.hardware import BOARDS
 from host.decode.orchestrator import generate
 from host.projection.rounds import Projector
@@ -32,9 +33,9 @@ TARGET_BOARDS = ("esp32s3",)  # boards with PSRAM: the target's weights and KV c
 
 
 def run() -> dict:
-    heads = [parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for f in ("target.spm", "drafter.spm")]
+    heads = [parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for f in (TARGET_FILE, DRAFTER_FILE)]
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
-    ver, dra = LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm")
+    ver, dra = LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE)
     boards: dict[str, dict[str, float]] = {}
     derivation: dict[str, dict[str, dict[str, float]]] = {}
     for name in TARGET_BOARDS:

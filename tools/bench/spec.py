@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from host.decode.gamma import GammaController
 from host.decode.orchestrator import generate
+from host.layout import DRAFTER_FILE, TARGET_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ("Once upon a time", "The little dog", "She opened the door and", "In the morning the sun")
@@ -61,11 +62,11 @@ def bench_config(name: str, models: Path) -> list[dict]:
     add_arguments(p)
     a = p.parse_args(["--models", str(models), "--drafter", drafter_name, "--verifier", verifier_name,
                       "--transport", transport, *extra])
-    check_args(a)
+    config = check_args(a)
     tok = Tokenizer.from_llama2c(models / "tokenizer.bin")
-    heads = [parse_header((models / f).read_bytes()[:64]) for f in ("target.spm", "drafter.spm")]
+    heads = [parse_header((models / f).read_bytes()[:64]) for f in (TARGET_FILE, DRAFTER_FILE)]
     rows = []
-    with Setup(a) as setup:
+    with Setup(config) as setup:
         verifier = setup.make("verifier", verifier_name)
         drafter = setup.make("drafter", drafter_name)
         projector = Projector(heads[0], heads[1], "esp32s3", transport)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from host.layout import DRAFTER_FILE, TARGET_FILE
+import host.cli.registry  # noqa: F401 - the torch verifiers, registered
 from host.backends import factory
 from host.decode.tokenizer import Tokenizer
 
@@ -45,8 +47,8 @@ def _pass_seconds(name: str, path: Path, k: int) -> float:
 
 
 def backend_costs(name: str) -> dict:
-    target = {k: _pass_seconds(name, MODELS / "target.spm", k) for k in KS}
-    drafter = _pass_seconds(name, MODELS / "drafter.spm", 1)
+    target = {k: _pass_seconds(name, MODELS / TARGET_FILE, k) for k in KS}
+    drafter = _pass_seconds(name, MODELS / DRAFTER_FILE, 1)
     return {"v": {k: target[k] / target[1] for k in KS}, "c": drafter / target[1],
             "target_token_s": target[1], "drafter_token_s": drafter}
 
@@ -55,7 +57,7 @@ def acceptance() -> dict:
     from tools.modelcard import acceptance as measure, heldout_prompts  # noqa: PLC0415
 
     prompts = heldout_prompts(MODELS, Tokenizer.from_llama2c(MODELS / "tokenizer.bin"), PROMPTS)
-    return {t: measure(MODELS / "target.spm", MODELS / "drafter.spm", prompts, NEW, float(t[2:]))
+    return {t: measure(MODELS / TARGET_FILE, MODELS / DRAFTER_FILE, prompts, NEW, float(t[2:]))
             for t in ("T=0", "T=1")}
 
 
