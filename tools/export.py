@@ -29,7 +29,7 @@ from host.decode.tokenizer import Tokenizer, vocab_id
 from shared.modelfile import FLAG_SHARED_CLS, Header
 from tools.llama2c_import import read_checkpoint
 from tools.modeldefs import ModelArgs, Transformer, export_tensors, from_tensors
-from tools.modelcard import LOSS_STORIES, heldout_stories
+from tools.heldout import LOSS_STORIES, heldout_stories
 
 REF_PROMPTS = 3
 REF_LEN = 64  # teacher-forced positions with saved logits

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from host.decode.tokenizer import Tokenizer
 from host.layout import TARGET_FILE
-from tools.modelcard import PROMPT_TOKENS, heldout_stories
+from tools.heldout import PROMPT_TOKENS, heldout_stories
 from tools.modeldefs import DRAFTERS, Transformer, from_model_file
 
 MODELS = Path("models")

