@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TOP = ("shared", "firmware", "host", "tools", "tests")
-MICROPYTHON_IN_HOST = ("host/emulator/mpy",)  # run at a VM's or board's root, by bare name
+MICROPYTHON_IN_HOST = ("host/emulator/mpy", "host/projection/mpy")  # run at a VM's or board's root, by bare name
 # host/'s rooms by floor: a room imports its own modules and rooms of lower floors only
 HOST_FLOORS = {
     "layout": 0, "boardclasses": 0, "mpycross": 0,  # facts and tools every room may use
