@@ -84,7 +84,7 @@ def test_a_shipped_pair_run_projects_pipeline_plain_single_board_and_speculative
                  SessionParams(), 32, GammaController(fixed=3))
     for link in ("espnow", UART_921600.name):
         p = PipelineProjector(heads[0], heads[1], split_layers(5, 5), link).project(r, len(prompt))
-        n = sum(x.committed for x in r.rounds)
+        n = sum(x.n_committed for x in r.rounds)
         assert p["tokens_per_s"] == pytest.approx(n / p["wall_s"])
         assert p["speedup_vs_pipeline_plain"] == pytest.approx(p["tokens_per_s"] / p["pipeline_plain_tokens_per_s"])
         assert p["speedup_vs_single_board_plain"] == pytest.approx(

@@ -29,27 +29,10 @@ from host.decode.gamma import GammaController
 from host.decode.orchestrator import generate
 from host.decode.tokenizer import Tokenizer
 from host.layout import DRAFTER_FILE, TARGET_FILE
+from tools.heldout import LOSS_STORIES, PROMPT_TOKENS, heldout_prompts, heldout_stories  # noqa: F401 - tests read them here
 from shared.modelfile import tensor_layout
 
 GAMMA = 4
-# models/heldout.txt by story number: 0..63 select checkpoints (tools/train.py), 64..127 give the loss
-# figures (tools/export.py saves the float model's), 128 on are the acceptance prompts
-LOSS_STORIES = range(64, 128)
-FIRST_STORY = 128
-PROMPT_TOKENS = 16
-
-
-def heldout_stories(path: Path) -> list[str]:
-    """The held-out stories (blank-line separated) of models/heldout.txt."""
-    return [s.strip() for s in path.read_text("utf-8").split("\n\n") if s.strip()]
-
-
-def heldout_prompts(models: Path, tok: Tokenizer, n: int) -> list[list[int]]:
-    """The first PROMPT_TOKENS tokens of n acceptance stories (from FIRST_STORY, long enough)."""
-    ids = (tok.encode(s) for s in heldout_stories(models / "heldout.txt")[FIRST_STORY:])
-    return [i[:PROMPT_TOKENS] for i in ids if len(i) >= PROMPT_TOKENS][:n]
-
-
 def n_params(h) -> int:
     """Parameters of a model file (vectors are 1-row entries of the layout)."""
     return sum(r * c for _n, kind, r, c in tensor_layout(h))
@@ -84,7 +67,7 @@ def acceptance(target: Path, drafter: Path, prompts: list[list[int]], new: int, 
             acc += rd.n_accepted
             tested += rd.n_accepted + (rd.n_accepted < rd.gamma)
             rounds += 1
-            committed += rd.committed
+            committed += rd.n_committed
             for j in range(min(rd.gamma, rd.n_accepted + 1)):
                 reached[j] += 1
                 passed[j] += j < rd.n_accepted

@@ -145,8 +145,11 @@ def _add_emulate(sub) -> None:
     p.add_argument("--dir", default=None, help="keep the boards' flash folders here (default: a temporary folder)")
     p.add_argument("--flash-kb", type=int, default=None, help="give each board a littlefs flash of this size (8..16384, a multiple of 4)")
     p.add_argument("--mtu", type=int, default=250, choices=[250, 1470], help="ESP-NOW MAX_DATA_LEN (default 250)")
-    p.add_argument("--loss", type=float, default=0.0, help="radio packet loss probability")
-    p.add_argument("--duplicate", type=float, default=0.0, help="radio packet duplication probability")
+    # the names `specmesh run` gives the same settings; --loss and --duplicate are the older spellings
+    p.add_argument("--radio-loss", "--loss", dest="loss", type=float, default=0.0, metavar="P",
+                   help="radio packet loss probability")
+    p.add_argument("--radio-dup", "--duplicate", dest="duplicate", type=float, default=0.0, metavar="P",
+                   help="radio packet duplication probability")
     p.add_argument("--reorder", type=float, default=0.0, help="radio reordering probability")
     p.add_argument("--delay-ms", type=float, default=0.0, help="radio one-way delay")
     p.add_argument("--seed", type=int, default=0, help="seed of the radio's random choices")
@@ -170,10 +173,10 @@ def _emulate_problem(args) -> str | None:
 
     if not 1 <= args.boards <= 64:
         return "--boards must be between 1 and 64"
-    for flag in ("loss", "duplicate", "reorder"):
-        p = getattr(args, flag)
+    for dest, flag in (("loss", "--radio-loss/--loss"), ("duplicate", "--radio-dup/--duplicate"), ("reorder", "--reorder")):
+        p = getattr(args, dest)
         if not 0.0 <= p < 1.0:
-            return "--%s is a probability: it must be in [0, 1), not %g" % (flag, p)
+            return "%s is a probability: it must be in [0, 1), not %g" % (flag, p)
     if not 0.0 <= args.delay_ms <= 10_000.0:
         return "--delay-ms must be in 0..10000, not %g" % args.delay_ms
     if not 0 <= args.seed <= 0xFFFFFFFF:

@@ -124,7 +124,7 @@ class PipelineProjector:
     def project(self, result: Result, prompt_len: int) -> dict:
         """Projected seconds and tokens/s: this run, plain decoding on the pipeline, plain on one board."""
         spec = sum(self.round_seconds(r, i == 0, prompt_len) for i, r in enumerate(result.rounds))
-        n = sum(r.committed for r in result.rounds)
+        n = sum(r.n_committed for r in result.rounds)
         plain = self.plain_seconds(prompt_len, n)
         single = sum(self.single.plain_round(prompt_len + i) for i in range(n))
         return {

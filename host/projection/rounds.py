@@ -163,7 +163,7 @@ class Projector:
     def project(self, result: Result, prompt_len: int) -> dict:
         """Projected wall time and tokens/s of the run, and of plain decoding of as many tokens."""
         t = sum(sum(self.round_costs(r)) for r in result.rounds)
-        n = sum(r.committed for r in result.rounds)
+        n = sum(r.n_committed for r in result.rounds)
         plain = sum(self.plain_round(prompt_len + i) for i in range(n))
         link = {"drafter": 0, "verifier": 0}
         drafted = False  # the first draft of a stream has no earlier round's outcome to carry

@@ -59,7 +59,7 @@ def run() -> dict:
                 row = {"fits": fits(target, layers)}
                 for g, rs in runs.items():
                     secs = sum(pp.project(r, plen)["wall_s"] for plen, r in rs)
-                    row[str(g)] = sum(sum(x.committed for x in r.rounds) for _, r in rs) / secs
+                    row[str(g)] = sum(sum(x.n_committed for x in r.rounds) for _, r in rs) / secs
                 plain = row["0"]
                 row["best_gamma"] = max(GAMMAS, key=lambda g: row[str(g)])
                 row["best_speedup_vs_pipeline_plain"] = row[str(row["best_gamma"])] / plain
@@ -67,8 +67,8 @@ def run() -> dict:
     single_s = 0.0  # plain decoding of the same tokens on one ESP32-S3 holding the whole target
     for plen, r in runs[0]:
         p = PipelineProjector(target, None, split_layers(target.n_layers, 1), PIPELINE_LINKS[0]).project(r, plen)
-        single_s += sum(x.committed for x in r.rounds) / p["single_board_plain_tokens_per_s"]
-    single_tok_s = sum(sum(x.committed for x in r.rounds) for _, r in runs[0]) / single_s
+        single_s += sum(x.n_committed for x in r.rounds) / p["single_board_plain_tokens_per_s"]
+    single_tok_s = sum(sum(x.n_committed for x in r.rounds) for _, r in runs[0]) / single_s
     alpha = {g: sum(r.accepted for _, r in rs) / max(1, sum(r.tested for _, r in rs)) for g, rs in runs.items() if g}
     print("stories260K on N classic-ESP32 stages, projected tok/s (host/projection/pipeline.py), greedy, "
           "%d prompts x %d tokens; one ESP32-S3 holding the whole target, plain: %.2f tok/s"

@@ -48,7 +48,7 @@ def run() -> dict:
             p = proj.project(r, len(prompt))
             spec += p["wall_s"]
             plain += p["plain_wall_s"]
-            n = sum(x.committed for x in r.rounds)
+            n = sum(x.n_committed for x in r.rounds)
             tokens += n
             for i in range(n):  # the plain run project() priced, term by term
                 for t, s in proj.plain_terms(len(prompt) + i).items():

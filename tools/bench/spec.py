@@ -151,7 +151,7 @@ def steady(r) -> tuple[float, int]:
     if not r.rounds:
         return 0.0, 0
     first = r.rounds[0]
-    return r.wall_s - first.t_draft - first.t_verify - first.t_commit, len(r.tokens) - first.committed
+    return r.wall_s - first.t_draft - first.t_verify - first.t_commit, len(r.tokens) - first.n_committed
 
 
 def ratio(run: tuple[float, int], base: tuple[float, int]) -> float | None:

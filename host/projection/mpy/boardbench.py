@@ -167,9 +167,9 @@ def time_token(out, reps, name, path):
             e.rollback(32)
 
         out['target_verify5'] = best(verify, (), reps)
-    kern, e._k = e._k, stubs()
+    kern, e.kern = e.kern, stubs()
     out[name] = [token, list(hd), best(step, (), reps)]
-    e._k = kern
+    e.kern = kern
 
 
 def main(reps, shapes, stream, theta):
