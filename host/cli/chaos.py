@@ -83,10 +83,10 @@ def reference(models: Path, params: SessionParams, tokens: int) -> list[int]:
 def soft_reset(board) -> None:
     """Reboot a board mid-session as a user can: Ctrl-C ends the node, Ctrl-D soft-resets the board and
     main.py starts afresh (its session lost; the host re-synchronises it from the committed prefix)."""
-    ser = board.proxy.bus.link.ser
-    ser.write(b"\x03")
+    link = board.proxy.bus.link
+    link.write_raw(b"\x03")
     time.sleep(0.3)
-    ser.write(b"\x04")
+    link.write_raw(b"\x04")
 
 
 def _event(cluster, backends: dict, event: tuple[str, str, int] | None, times: dict) -> Callable:
