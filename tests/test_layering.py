@@ -17,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TOP = ("shared", "firmware", "host", "tools", "tests")
+PACKAGE = "specmesh."  # installed, host/ is specmesh.host, shared/ specmesh.shared, ...
 MICROPYTHON_IN_HOST = ("host/emulator/mpy", "host/projection/mpy")  # run at a VM's or board's root, by bare name
 # host/'s rooms by floor: a room imports its own modules and rooms of lower floors only
 HOST_FLOORS = {
@@ -74,7 +75,8 @@ def imported(path: Path, name: str = "") -> set[str]:
             names.update((module + "." if module else "") + a.name for a in node.names)
         elif isinstance(node, ast.Call) and (literal := _literal_import(node)):
             names.add(literal)
-    return names
+    # the CPython code imports the folders as subpackages of the one installed name (pyproject.toml)
+    return {n[len(PACKAGE):] if n.startswith(PACKAGE) else n for n in names}
 
 
 def top_level(name: str) -> str:
