@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from host.mpycross import compile_py
-from host.projection import boardbench
+from specmesh.host.mpycross import compile_py
+from specmesh.host.projection import boardbench
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(boardbench.MPY.glob("*.py"))

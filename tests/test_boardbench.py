@@ -7,19 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from host import cli
-from host.layout import TARGET_FILE
-from host.projection.calibration import Rates
-from host.projection.costmodel import TERMS
-from host.projection.hardware import ESP32S3
-from host.provision.flash import flash
+from specmesh.host import cli
+from specmesh.host.layout import TARGET_FILE
+from specmesh.host.projection.calibration import Rates
+from specmesh.host.projection.costmodel import TERMS
+from specmesh.host.projection.hardware import ESP32S3
+from specmesh.host.provision.flash import flash
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def board(tmp_path_factory):
-    from host.emulator import VirtualBoard
+    from specmesh.host.emulator import VirtualBoard
 
     vb = VirtualBoard(tmp_path_factory.mktemp("s3"), "esp32s3", name="calib").start()
     try:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from host.layout import TARGET_FILE
-from host.projection import costmodel as cm
-from shared.modelfile import HEADER_SIZE, parse_header
+from specmesh.host.layout import TARGET_FILE
+from specmesh.host.projection import costmodel as cm
+from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = """

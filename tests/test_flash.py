@@ -9,11 +9,11 @@ import sys
 import pytest
 
 from emulator_util import mpremote, open_port, read_until
-from host import cli
-from host.bus.ports import PortError, resolve_port
-from host.layout import DRAFTER_FILE, TARGET_FILE
-from host.provision.flash import ROOT, BoardInfo, FlashError, check_board, flash, node_sources
-from tools.testmodels import random_model
+from specmesh.host import cli
+from specmesh.host.bus.ports import PortError, resolve_port
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.provision.flash import ROOT, BoardInfo, FlashError, check_board, flash, node_sources
+from specmesh.tools.testmodels import random_model
 
 ECHO_MAIN = (
     "import sys, json\n"
@@ -123,9 +123,9 @@ def test_flashed_firmware_node_answers(virtual_board, tmp_path):
     """The real node on a classic ESP32 reads its model from ROMFS and answers HELLO as the drafter."""
     import contextlib
 
-    from host.provision.cluster import _open, discover
-    from shared import messages as m
-    from shared.codec import BROADCAST
+    from specmesh.host.provision.cluster import _open, discover
+    from specmesh.shared import messages as m
+    from specmesh.shared.codec import BROADCAST
 
     vb = virtual_board()
     model = ROOT / "models" / DRAFTER_FILE
@@ -217,7 +217,7 @@ def test_cli_flash_reports_errors_in_one_line(capsys, tmp_path):
                                             (["--role", "stage", "--layers", "4:6"], "not a slice of the model's 5")])
 def test_cli_flash_stage_layers_are_checked_in_one_line(capsys, tmp_path, monkeypatch, extra, message):
     """Checked before the board is touched (the port "exists" here, but no board is ever opened)."""
-    from host.provision import flash as flash_mod
+    from specmesh.host.provision import flash as flash_mod
 
     monkeypatch.setattr(flash_mod.ports, "exists", lambda port: True)
     monkeypatch.setattr(flash_mod, "open_board", lambda port: pytest.fail("the board was opened"))
@@ -245,7 +245,7 @@ def test_romfs_deploy_to_a_block_device_partition(monkeypatch, tiny_node):
     """The board code of host/provision/romfs.py, run by CPython against an esp32-style partition."""
     import types
 
-    from host.provision import romfs
+    from specmesh.host.provision import romfs
 
     part = _Partition(b"\xff" * (64 * 1024))
     monkeypatch.setitem(sys.modules, "vfs", types.SimpleNamespace(

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
-from host.cli.chaos import soft_reset
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.decode.tokenizer import Tokenizer
-from host.layout import DRAFTER_FILE, TARGET_FILE
-from host.provision.cluster import connect
-from host.provision.flash import flash
-from shared import messages as m
+from specmesh.host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.cli.chaos import soft_reset
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.provision.cluster import connect
+from specmesh.host.provision.flash import flash
+from specmesh.shared import messages as m
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 ROLES = ("drafter", "verifier")
@@ -40,7 +40,7 @@ def ports(request, tmp_path_factory) -> dict[str, str]:
             pytest.skip(HOW)
         yield dict(zip(ROLES, given))
         return
-    from host.emulator import VirtualBoard
+    from specmesh.host.emulator import VirtualBoard
 
     boards = [VirtualBoard(tmp_path_factory.mktemp(role), board, name="hil-" + role)
               for role, board in zip(ROLES, ("esp32", "esp32s3"))]

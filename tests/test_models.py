@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from host.backends.engine import Engine, to_float
-from host.backends.modelio import read_model, write_model
-from host.decode.tokenizer import (BOS, Tokenizer, TokenizerError, pack_vocab, read_llama2c_tokenizer, unpack_vocab,
+from specmesh.host.backends.engine import Engine, to_float
+from specmesh.host.backends.modelio import read_model, write_model
+from specmesh.host.decode.tokenizer import (BOS, Tokenizer, TokenizerError, pack_vocab, read_llama2c_tokenizer, unpack_vocab,
                                    vocab_id)
-from host.layout import DRAFTER_FILE, TARGET_FILE
-from shared.modelfile import HEADER_SIZE, ModelFileError, tensor_layout
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.shared.modelfile import HEADER_SIZE, ModelFileError, tensor_layout
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 NAMES = ("drafter", "target")
@@ -116,8 +116,8 @@ def test_shipped_model_header(name):
     assert h.vocab == 512 and h.max_seq == {"drafter": 256, "target": 512}[name]  # the drafter's training windows
     params = sum(r * c for _n, _k, r, c in tensor_layout(h))
     if name == "drafter":  # a classic ESP32 reads it in place from its ROMFS partition (host/boardclasses.py)
-        from host.boardclasses import ESP32
-        from host.provision.romfs import image
+        from specmesh.host.boardclasses import ESP32
+        from specmesh.host.provision.romfs import image
 
         assert len(image(MODELS / DRAFTER_FILE)) <= ESP32.romfs_bytes
     else:  # stories260K
@@ -158,7 +158,7 @@ def test_integer_engine_heldout_loss_within_one_percent_of_float(ref, tok, name)
     """The model card's held-out loss (tools/modelcard.py: the loss stories of models/heldout.txt) of the
     integer engine, against the float model's saved at export (measured: stories260K +0.42%, drafter
     +0.09%)."""
-    from tools.modelcard import LOSS_STORIES, heldout_stories, int8_loss
+    from specmesh.tools.modelcard import LOSS_STORIES, heldout_stories, int8_loss
 
     stories = heldout_stories(MODELS / "heldout.txt")
     got = int8_loss(MODELS / (name + ".spm"), [tok.encode(stories[i])[:512] for i in LOSS_STORIES])

@@ -9,13 +9,13 @@ import struct
 
 import pytest
 
-from host.layout import TARGET_FILE
-from tools.nodeproc import NodeProc, seq_of
-from shared import codec
-from shared import messages as m
-from tools.testmodels import random_model
+from specmesh.host.layout import TARGET_FILE
+from specmesh.tools.nodeproc import NodeProc, seq_of
+from specmesh.shared import codec
+from specmesh.shared import messages as m
+from specmesh.tools.testmodels import random_model
 
-from shared.messages import E_MESSAGE, E_MODEL, E_RANGE, E_STATE
+from specmesh.shared.messages import E_MESSAGE, E_MODEL, E_RANGE, E_STATE
 
 
 @pytest.fixture(scope="module")

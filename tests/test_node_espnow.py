@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from host.layout import DRAFTER_FILE, TARGET_FILE
-from tools.nodeproc import ROOT, NodeProc, generate
-from shared import codec
-from shared import messages as m
-from tools.testmodels import random_model
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.tools.nodeproc import ROOT, NodeProc, generate
+from specmesh.shared import codec
+from specmesh.shared import messages as m
+from specmesh.tools.testmodels import random_model
 
 radio = pytest.importorskip("host.emulator.radio")
 

@@ -5,12 +5,12 @@ import random
 
 import pytest
 
-from host.backends import (Draft, LocalDrafter, LocalVerifier, SessionParams, temp_milli, temperature_from_milli,
+from specmesh.host.backends import (Draft, LocalDrafter, LocalVerifier, SessionParams, temp_milli, temperature_from_milli,
                            top_p_q16)
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.layout import DRAFTER_FILE, TARGET_FILE
-from tools.testmodels import random_model
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.tools.testmodels import random_model
 
 VOCAB = 64
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.layout import DRAFTER_FILE, TARGET_FILE
-from host.provision.cluster import Cluster
-from tools.testmodels import random_pair
+from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.provision.cluster import Cluster
+from specmesh.tools.testmodels import random_pair
 
 VOCAB = 64
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,7 @@ def test_greedy_virtual_boards_equal_plain_and_the_cpu_verifier_for_20_prompts(s
 
 @pytest.mark.slow
 def test_greedy_virtual_boards_with_the_shipped_models(tmp_path):
-    from host.decode.tokenizer import Tokenizer
+    from specmesh.host.decode.tokenizer import Tokenizer
 
     models = ROOT / "models"
     tok = Tokenizer.from_llama2c(models / "tokenizer.bin")
@@ -102,7 +102,7 @@ def test_parameters_between_wire_steps_give_one_text_on_boards_and_the_cpu(seria
 
 
 def test_espnow_with_loss_and_duplication_gives_the_serial_text(serial_boards, models, tmp_path):
-    from host.emulator.radio import RadioConfig
+    from specmesh.host.emulator.radio import RadioConfig
 
     verifier, drafter = serial_boards
     radio = RadioConfig(loss=0.05, duplicate=0.01, seed=1)
@@ -120,7 +120,7 @@ def test_real_boards_greedy_equals_plain():
     """SPECMESH_PORTS=DRAFTER_PORT,VERIFIER_PORT: boards flashed with `specmesh flash --role ...`."""
     import os
 
-    from host.provision.cluster import connect
+    from specmesh.host.provision.cluster import connect
 
     ports = os.environ.get("SPECMESH_PORTS", "").split(",")
     if len(ports) != 2 or not all(ports):
@@ -133,7 +133,7 @@ def test_real_boards_greedy_equals_plain():
 
 
 def test_a_refused_begin_is_reported_at_the_next_call_and_the_board_stays_usable(serial_boards):
-    from host.backends import BackendError
+    from specmesh.host.backends import BackendError
 
     verifier, drafter = serial_boards
     drafter.begin(SessionParams(), [VOCAB + 5])  # returns at once: the node answers while the host goes on
@@ -160,8 +160,8 @@ def test_a_board_whose_model_fails_to_load_is_reported_with_the_cause(models, tm
     """A model corrupted on the board's flash: the node comes up idle and says why on its console; the host
     names that cause and how to reflash the port, rather than calling the board 'not flashed'."""
     from emulator_util import mpremote
-    from host.backends import BackendError
-    from host.provision.cluster import connect
+    from specmesh.host.backends import BackendError
+    from specmesh.host.provision.cluster import connect
 
     with Cluster("serial", models, tmp_path) as c:
         vb = c.start("verifier")
@@ -185,7 +185,7 @@ def test_booting_and_flashing_say_what_they_do_and_skip_an_up_to_date_board(mode
         with Cluster("serial", models, tmp_path, say=lines.append) as c:
             c.start("drafter")
         said.append(lines)
-    from host.provision.flash import node_sources
+    from specmesh.host.provision.flash import node_sources
 
     files = len(list(node_sources())) + 2  # the node's files, the model and the board config
     first, again = said
@@ -198,8 +198,8 @@ def test_booting_and_flashing_say_what_they_do_and_skip_an_up_to_date_board(mode
 def test_projected_bus_bytes_are_the_measured_ones_round_by_round(serial_boards, models, temperature):
     """host/projection/rounds.py's byte model against the bytes the host's links carried, per round and per link
     (the first round also collects BEGIN's ACK, so it is left out); a plain round is 22 bytes."""
-    from host.projection.rounds import Projector  # noqa: PLC0415
-    from shared.modelfile import parse_header  # noqa: PLC0415
+    from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
+    from specmesh.shared.modelfile import parse_header  # noqa: PLC0415
 
     verifier, drafter = serial_boards
     heads = [parse_header((models / f).read_bytes()[:64]) for f in (TARGET_FILE, DRAFTER_FILE)]

@@ -3,17 +3,17 @@ costs it is built from (Projector.forward over a layer slice), and the stats it 
 
 import pytest
 
-from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.decode.gamma import GammaController
-from host.layout import DRAFTER_FILE, TARGET_FILE
-from host.projection.costmodel import weight_bytes
-from host.projection.hardware import FLASH_MAP_STREAM, HOST_DRAFT_POSITION, UART_921600
-from host.decode.orchestrator import Round, generate
-from host.projection.pipeline import PipelineProjector, judged
-from host.projection.rounds import Projector, stage_body, stage_reply_body
-from host.decode.tokenizer import Tokenizer
-from host.provision.cluster import split_layers
-from shared.modelfile import HEADER_SIZE, parse_header
+from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.projection.costmodel import weight_bytes
+from specmesh.host.projection.hardware import FLASH_MAP_STREAM, HOST_DRAFT_POSITION, UART_921600
+from specmesh.host.decode.orchestrator import Round, generate
+from specmesh.host.projection.pipeline import PipelineProjector, judged
+from specmesh.host.projection.rounds import Projector, stage_body, stage_reply_body
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.provision.cluster import split_layers
+from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 from tests.conftest import ROOT
 
 MODELS = ROOT / "models"
@@ -116,10 +116,10 @@ def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(h
     """build_stats with a pipeline verifier (its stage boards stubbed): the keys scripts read."""
     import argparse
 
-    from host.backends.pipeline import PipelineVerifier, RoundTrace
-    from host.cli.output import format_table
-    from host.cli.run import build_stats
-    from host.projection.pipeline import LinksReport
+    from specmesh.host.backends.pipeline import PipelineVerifier, RoundTrace
+    from specmesh.host.cli.output import format_table
+    from specmesh.host.cli.run import build_stats
+    from specmesh.host.projection.pipeline import LinksReport
 
     class Stage:
         name, max_seq, bus_bytes = "stub", 128, 0

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from host import cli
-from host.cli.preflight import unknown_backend
-from host.emulator import board
-from host.layout import DRAFTER_FILE, TARGET_FILE
-from shared.modelfile import HEADER_SIZE
-from tools.testmodels import random_model
+from specmesh.host import cli
+from specmesh.host.cli.preflight import unknown_backend
+from specmesh.host.emulator import board
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.shared.modelfile import HEADER_SIZE
+from specmesh.tools.testmodels import random_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,7 +76,7 @@ def test_an_over_long_prompt_is_refused_before_the_boards_start(models, capsys, 
 
 def test_only_the_targets_context_limits_the_prompt(models, capsys):
     """Past the drafter's context (32) rounds are plain: a prompt of 32..63 tokens runs."""
-    from host.decode.tokenizer import Tokenizer
+    from specmesh.host.decode.tokenizer import Tokenizer
 
     prompt = "Once upon a time " * 9
     n = len(Tokenizer.from_llama2c(models / "tokenizer.bin").encode(prompt))
@@ -116,7 +116,7 @@ def test_an_unknown_backend_is_refused_before_the_verifier_boots(models, capsys,
 
 def test_boards_are_chosen_through_the_one_registry():
     """`virtual` and every serial-port name are registered back-ends of both roles, as `cpu` is."""
-    from host import backends
+    from specmesh.host import backends
 
     for kind, table in (("verifier", backends.VERIFIERS), ("drafter", backends.DRAFTERS)):
         assert backends.factory(kind, "virtual") is table["virtual"]

@@ -7,10 +7,10 @@ import time
 
 
 from emulator_util import MPREMOTE, mpremote
-from host.emulator.radio import RadioConfig, RadioHub
-from host.layout import DRAFTER_FILE
-from host.provision.flash import ROOT, flash
-from tools.testmodels import random_model
+from specmesh.host.emulator.radio import RadioConfig, RadioHub
+from specmesh.host.layout import DRAFTER_FILE
+from specmesh.host.provision.flash import ROOT, flash
+from specmesh.tools.testmodels import random_model
 
 A, B = "02:53:4d:00:00:01", "02:53:4d:00:00:02"
 

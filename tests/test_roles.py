@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from host.backends.engine import Engine, draft_table, target_table
-from host.layout import DRAFTER_FILE, TARGET_FILE
-from tools.nodeproc import NodeProc, begin, commit, generate
-from shared import messages as m
-from shared import rule
-from shared.prng import DRAFT
-from tools.testmodels import random_model
+from specmesh.host.backends.engine import Engine, draft_table, target_table
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.tools.nodeproc import NodeProc, begin, commit, generate
+from specmesh.shared import messages as m
+from specmesh.shared import rule
+from specmesh.shared.prng import DRAFT
+from specmesh.tools.testmodels import random_model
 
 MAX_SEQ = 48
 VOCAB = 96

@@ -9,19 +9,19 @@ import stat
 
 import pytest
 
-from host import cli
-from host.backends import SessionParams
-from host.bus.links import SerialLink
-from host.bus.proxy import Bus, HostAuth, NodeError, NodeTimeout
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.layout import DRAFTER_FILE
-from host.provision.cluster import Cluster, _backend, _open
-from host.provision.keys import KeyFileError, load_key, new_key_file
-from shared import codec
-from shared import messages as m
-from tools.nodeproc import NodeProc, seq_of
-from tools.testmodels import random_pair
+from specmesh.host import cli
+from specmesh.host.backends import SessionParams
+from specmesh.host.bus.links import SerialLink
+from specmesh.host.bus.proxy import Bus, HostAuth, NodeError, NodeTimeout
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.layout import DRAFTER_FILE
+from specmesh.host.provision.cluster import Cluster, _backend, _open
+from specmesh.host.provision.keys import KeyFileError, load_key, new_key_file
+from specmesh.shared import codec
+from specmesh.shared import messages as m
+from specmesh.tools.nodeproc import NodeProc, seq_of
+from specmesh.tools.testmodels import random_pair
 
 KEY = bytes(range(100, 132))
 VOCAB = 64

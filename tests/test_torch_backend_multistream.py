@@ -9,13 +9,13 @@ import pytest
 
 pytest.importorskip("torch", reason="no PyTorch (the gpu extra): `make test-torch` runs these")
 
-from host.backends import SessionParams  # noqa: E402
-from host.backends.batcher import Batcher  # noqa: E402
-from host.backends.torch_backend import TorchModel, TorchVerifier  # noqa: E402
-from host.decode.gamma import GammaController  # noqa: E402
-from host.decode.orchestrator import generate  # noqa: E402
-from host.layout import TARGET_FILE
-from host.provision.cluster import Cluster  # noqa: E402
+from specmesh.host.backends import SessionParams  # noqa: E402
+from specmesh.host.backends.batcher import Batcher  # noqa: E402
+from specmesh.host.backends.torch_backend import TorchModel, TorchVerifier  # noqa: E402
+from specmesh.host.decode.gamma import GammaController  # noqa: E402
+from specmesh.host.decode.orchestrator import generate  # noqa: E402
+from specmesh.host.layout import TARGET_FILE
+from specmesh.host.provision.cluster import Cluster  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from host.decode.tokenizer import Tokenizer
+from specmesh.host.decode.tokenizer import Tokenizer
 
 # models/heldout.txt by story number: 0..63 select checkpoints (tools/train.py), 64..127 give the loss
 # figures (tools/export.py saves the float model's), 128 on are the acceptance prompts

@@ -9,7 +9,7 @@ host/decode/orchestrator.py with both int8 engines and the shared acceptance rul
 With --variants, every drafter checkpoint tried (tools/train.py's best.pt) is exported to a scratch
 file and measured the same way, for the table of variants.
 
-    python -m tools.modelcard [--prompts 64] [--new 96] [--variants checkpoints/sweep-*]
+    python -m specmesh.tools.modelcard [--prompts 64] [--new 96] [--variants checkpoints/sweep-*]
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.backends.engine import Engine, to_float
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.decode.tokenizer import Tokenizer
-from host.layout import DRAFTER_FILE, TARGET_FILE
-from tools.heldout import LOSS_STORIES, PROMPT_TOKENS, heldout_prompts, heldout_stories  # noqa: F401 - tests read them here
-from shared.modelfile import tensor_layout
+from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.backends.engine import Engine, to_float
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.tools.heldout import LOSS_STORIES, PROMPT_TOKENS, heldout_prompts, heldout_stories  # noqa: F401 - tests read them here
+from specmesh.shared.modelfile import tensor_layout
 
 GAMMA = 4
 def n_params(h) -> int:
@@ -87,8 +87,8 @@ def describe(h) -> str:
 
 def variant(ck: Path, models: Path, prompts: list[list[int]], new: int) -> dict:
     """Export one drafter checkpoint to a scratch file and measure it against the shipped target."""
-    from tools.export import export_model, load_float  # noqa: PLC0415 - needs torch, only for variants
-    from host.decode.tokenizer import vocab_id  # noqa: PLC0415
+    from specmesh.tools.export import export_model, load_float  # noqa: PLC0415 - needs torch, only for variants
+    from specmesh.host.decode.tokenizer import vocab_id  # noqa: PLC0415
 
     summary = json.loads((ck / "summary.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:

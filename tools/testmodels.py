@@ -6,9 +6,9 @@ import os
 
 import numpy as np
 
-from host.backends.modelio import write_model
-from host.layout import DRAFTER_FILE, TARGET_FILE
-from shared.modelfile import KIND_Q8, Header, tensor_layout
+from specmesh.host.backends.modelio import write_model
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.shared.modelfile import KIND_Q8, Header, tensor_layout
 
 
 def random_tensors(h: Header, seed: int = 0) -> dict:

@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shared import rule
-from shared.messages import MAX_GAMMA
+from specmesh.shared import rule
+from specmesh.shared.messages import MAX_GAMMA
 
 
 class BackendError(Exception):
@@ -199,7 +199,7 @@ class EngineStream:
 
     def __init__(self, path, engine=None):
         """`engine`: anything with Engine's `header`, `forward(tokens, start_pos)`, `rollback(n)` (torch)."""
-        from host.backends.engine import Engine  # noqa: PLC0415 - numpy engine only when a local back-end is made
+        from specmesh.host.backends.engine import Engine  # noqa: PLC0415 - numpy engine only when a local back-end is made
 
         try:
             self.engine = engine or Engine(path)
@@ -272,7 +272,7 @@ class LocalVerifier(LocalRole):
         if draft.pos0 != len(committed):
             raise BackendError("draft for position %d, but the stream holds %d tokens"
                                % (draft.pos0, len(committed)))
-        from host.backends.engine import argmax, target_table  # noqa: PLC0415 - numpy, loaded with the engine
+        from specmesh.host.backends.engine import argmax, target_table  # noqa: PLC0415 - numpy, loaded with the engine
 
         logits = self.stream.logits_after(committed, draft.tokens)
         p = self.params
@@ -290,7 +290,7 @@ class LocalDrafter(LocalRole):
             self.stream.feed(prompt[:-1])  # prefill, as a drafter board does at BEGIN
 
     def draft(self, committed: Sequence[int], gamma: int) -> Draft:
-        from host.backends.engine import argmax, draft_table  # noqa: PLC0415 - numpy, loaded with the engine
+        from specmesh.host.backends.engine import argmax, draft_table  # noqa: PLC0415 - numpy, loaded with the engine
 
         p = self.params
         out = Draft(len(committed))

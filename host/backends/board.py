@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from host.backends import BackendError, Draft, SessionParams, Unit
-from host.bus.proxy import Call, NodeError, Proxy, ProxyError
-from shared import messages as m
-from shared.rule import PARTIAL
+from specmesh.host.backends import BackendError, Draft, SessionParams, Unit
+from specmesh.host.bus.proxy import Call, NodeError, Proxy, ProxyError
+from specmesh.shared import messages as m
+from specmesh.shared.rule import PARTIAL
 
 ROLE_NAMES = {m.ROLE_DRAFTER: "drafter", m.ROLE_VERIFIER: "verifier", m.ROLE_STAGE: "stage"}
 

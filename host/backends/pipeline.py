@@ -24,10 +24,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from host.backends import Backend, BackendError, Draft, SessionParams
-from host.backends.board import BoardBackend, Restarted
-from host.bus.proxy import ProxyError
-from shared import messages as m
+from specmesh.host.backends import Backend, BackendError, Draft, SessionParams
+from specmesh.host.backends.board import BoardBackend, Restarted
+from specmesh.host.bus.proxy import ProxyError
+from specmesh.shared import messages as m
 
 POLL_S = 0.001  # how long the wavefront waits on one reply before looking at the others
 PATIENCE_S = 0.2  # a reply this late: wait on that call alone (it retransmits as the bus says)

@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from host.bus.links import Link, LinkError
-from shared.codec import CodecError, Frame, Replay, decode, encode
+from specmesh.host.bus.links import Link, LinkError
+from specmesh.shared.codec import CodecError, Frame, Replay, decode, encode
 
 
 def flip_bit(data: bytes, rng: random.Random) -> bytes:

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import serial
 
-from shared.codec import Auth, Frame, StreamDecoder, encode_line
+from specmesh.shared.codec import Auth, Frame, StreamDecoder, encode_line
 
 
 class LinkError(Exception):

@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.bus.faults import Faults
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.layout import MODELS, model_path
+from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.bus.faults import Faults
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.layout import MODELS, model_path
 
 PROMPT = [1, 403, 407, 261, 378]  # "Once upon a time" in tok512
 GAMMA = 3
@@ -111,8 +111,8 @@ def _event(cluster, backends: dict, event: tuple[str, str, int] | None, times: d
 
 def run_case(profile: Profile | None, params: SessionParams, tokens: int, models: Path, root: Path) -> dict:
     """One generation on fresh virtual boards under `profile` (None: no faults)."""
-    from host.emulator.radio import RadioConfig  # noqa: PLC0415
-    from host.provision.cluster import Cluster  # noqa: PLC0415
+    from specmesh.host.emulator.radio import RadioConfig  # noqa: PLC0415
+    from specmesh.host.provision.cluster import Cluster  # noqa: PLC0415
 
     p = profile or Profile("none")
     radio = RadioConfig(seed=3, **p.radio) if p.transport == "espnow" else None

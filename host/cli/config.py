@@ -9,9 +9,9 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from host.backends import PIPELINE, SessionParams, temp_milli, top_p_q16
-from host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE
-from shared import messages as m
+from specmesh.host.backends import PIPELINE, SessionParams, temp_milli, top_p_q16
+from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE
+from specmesh.shared import messages as m
 
 DEFAULT_PROMPT = "Once upon a time"
 GAMMA_FLAG_MAX = 16  # the largest --gamma; a round drafts at most what both back-ends' HELLO allows
@@ -112,8 +112,8 @@ def _check_ranges(a: argparse.Namespace) -> None:
 def _rates(calibration: Path | None, project: str | None):
     if calibration is None:
         return None
-    from host.projection.calibration import CalibrationError, Rates  # noqa: PLC0415
-    from host.projection.hardware import BOARDS  # noqa: PLC0415
+    from specmesh.host.projection.calibration import CalibrationError, Rates  # noqa: PLC0415
+    from specmesh.host.projection.hardware import BOARDS  # noqa: PLC0415
 
     try:
         return Rates.load(calibration, BOARDS[project])
@@ -124,7 +124,7 @@ def _rates(calibration: Path | None, project: str | None):
 def _key(key_file: Path | None) -> bytes | None:
     if key_file is None:
         return None
-    from host.provision.keys import KeyFileError, load_key  # noqa: PLC0415
+    from specmesh.host.provision.keys import KeyFileError, load_key  # noqa: PLC0415
 
     try:
         return load_key(key_file)

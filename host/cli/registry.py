@@ -6,15 +6,15 @@ its names stand in the registry as factories that import it."""
 
 from __future__ import annotations
 
-import host.provision.cluster  # noqa: F401 - registers the board back-ends
-from host.backends import VERIFIERS, register_verifier
+import specmesh.host.provision.cluster  # noqa: F401 - registers the board back-ends
+from specmesh.host.backends import VERIFIERS, register_verifier
 
 TORCH_VERIFIERS = ("torch-cpu", "gpu")
 
 
 def _torch(name: str):
     def make(model_path, **options):
-        import host.backends.torch_backend  # noqa: F401, PLC0415 - registers the real factory under `name`
+        import specmesh.host.backends.torch_backend  # noqa: F401, PLC0415 - registers the real factory under `name`
 
         return VERIFIERS[name](model_path, **options)
 

@@ -20,14 +20,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from host import backends
-from host.backends import PIPELINE, BackendError, SessionParams
-from host.cli.config import DEFAULT_PROMPT, GAMMA_FLAG_MAX, RunConfig, UsageError, parse_gamma  # noqa: F401
-from host.cli.output import TokenStream, format_table, write_stats_json
-from host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import Result, generate
-from host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path
+from specmesh.host import backends
+from specmesh.host.backends import PIPELINE, BackendError, SessionParams
+from specmesh.host.cli.config import DEFAULT_PROMPT, GAMMA_FLAG_MAX, RunConfig, UsageError, parse_gamma  # noqa: F401
+from specmesh.host.cli.output import TokenStream, format_table, write_stats_json
+from specmesh.host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import Result, generate
+from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path
 
 
 class GenerationFailed(Exception):
@@ -85,7 +85,7 @@ def check_args(a: argparse.Namespace) -> RunConfig:
 
 
 def load_tokenizer(models: Path):
-    from host.decode.tokenizer import Tokenizer, TokenizerError  # noqa: PLC0415
+    from specmesh.host.decode.tokenizer import Tokenizer, TokenizerError  # noqa: PLC0415
 
     try:
         return Tokenizer.from_llama2c(models / TOKENIZER_FILE)
@@ -107,12 +107,12 @@ class Setup(contextlib.ExitStack):
     def cluster(self):
         """The run's virtual boards (host/provision/cluster.py), opened on first use."""
         if self._cluster is None:
-            from host.provision.cluster import Cluster  # noqa: PLC0415
+            from specmesh.host.provision.cluster import Cluster  # noqa: PLC0415
 
             c = self.config
             radio = None
             if c.transport == "espnow":
-                from host.emulator.radio import RadioConfig  # noqa: PLC0415
+                from specmesh.host.emulator.radio import RadioConfig  # noqa: PLC0415
 
                 radio = RadioConfig(loss=c.radio_loss, duplicate=c.radio_dup, seed=c.seed)
             say = None if c.quiet else (lambda line: print("specmesh: " + line, file=sys.stderr, flush=True))
@@ -188,13 +188,13 @@ def projection(config: RunConfig, heads: dict, verifier, on_host: bool, determin
     """(cost model, projector): what prices each round for gamma's choice, and what projects the run for the
     stats (None, None when neither is asked for). A pipeline always reports its own projection."""
     if config.stages:  # host/projection/pipeline.py, in every stats JSON
-        from host.projection.hardware import UART_921600  # noqa: PLC0415
-        from host.projection.pipeline import LinksReport, PipelineProjector  # noqa: PLC0415
+        from specmesh.host.projection.hardware import UART_921600  # noqa: PLC0415
+        from specmesh.host.projection.pipeline import LinksReport, PipelineProjector  # noqa: PLC0415
 
         return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, UART_921600.name, on_host),
                 LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host))
     if config.project or deterministic:
-        from host.projection.rounds import Projector  # noqa: PLC0415
+        from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
 
         projector = Projector(heads["verifier"], heads["drafter"], config.project or "esp32s3", config.transport,
                               config.rates)
@@ -221,7 +221,7 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
     tok = load_tokenizer(config.models)
     prompt = tok.encode(config.prompt)
     headers, names = preflight(config, len(prompt))
-    from host.decode.tokenizer import BOS  # noqa: PLC0415
+    from specmesh.host.decode.tokenizer import BOS  # noqa: PLC0415
 
     params = config.session_params(eos=BOS)  # llama2.c's models end a story by starting the next one (BOS)
     with Setup(config) as setup:

@@ -18,9 +18,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from host.backends import BackendError, Draft, Drafter, SessionParams, Verifier
-from host.decode.gamma import GammaController
-from shared.messages import draft_size
+from specmesh.host.backends import BackendError, Draft, Drafter, SessionParams, Verifier
+from specmesh.host.decode.gamma import GammaController
+from specmesh.shared.messages import draft_size
 
 
 @dataclass

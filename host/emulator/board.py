@@ -32,8 +32,8 @@ import weakref
 from functools import cache
 from pathlib import Path
 
-from host.boardclasses import BoardClass, board_class
-from host.mpycross import CompileError, compile_py
+from specmesh.host.boardclasses import BoardClass, board_class
+from specmesh.host.mpycross import CompileError, compile_py
 
 MPY_DIR = Path(__file__).with_name("mpy")
 EXIT_SOFT, EXIT_SOFT_RAW, EXIT_HARD = 64, 65, 66  # must match _vboard.py

@@ -19,10 +19,10 @@ import contextlib
 import json
 from pathlib import Path
 
-from host.projection import costmodel as cm
-from host.projection.calibration import write
-from host.provision.flash import FlashError, open_board, probe
-from shared.modelfile import HEADER_SIZE, Header, parse_header
+from specmesh.host.projection import costmodel as cm
+from specmesh.host.projection.calibration import write
+from specmesh.host.provision.flash import FlashError, open_board, probe
+from specmesh.shared.modelfile import HEADER_SIZE, Header, parse_header
 
 # The target's shapes (stories260K): what the calibrated rates are measured on.
 DIM, HIDDEN, HEADS, KV_HEADS, HD, CTX, VOCAB = 64, 172, 8, 4, 8, 40, 512
@@ -148,8 +148,8 @@ def bench(port: str, out: str, reps: int = 7) -> dict:
 
 def report(result: dict, out: str) -> list[str]:
     """Lines for the user: each term's rate next to the derived one, and the whole-token check."""
-    from host.projection.calibration import Rates
-    from host.projection.hardware import ESP32S3
+    from specmesh.host.projection.calibration import Rates
+    from specmesh.host.projection.hardware import ESP32S3
 
     derived = Rates.derived(ESP32S3).seconds
     lines = ["calibration of %s (%s, MicroPython %s) written to %s" % (

@@ -23,16 +23,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from host.backends import PIPELINE, PORT, BackendError, Boards, register_drafter, register_verifier
-from host.backends.board import BoardDrafter, BoardVerifier
-from host.backends.pipeline import BoardStage, PipelineVerifier
-from host.boardclasses import BOARD_CLASSES, ESP32S3, ROLE_CLASS
-from host.bus.links import LinkError, SerialLink
-from host.bus.proxy import Bus, HostAuth, Proxy
-from host.layout import MODELS, ROOT, model_path
-from host.provision.flash import NODE_ID
-from shared import messages as m
-from shared.codec import BROADCAST
+from specmesh.host.backends import PIPELINE, PORT, BackendError, Boards, register_drafter, register_verifier
+from specmesh.host.backends.board import BoardDrafter, BoardVerifier
+from specmesh.host.backends.pipeline import BoardStage, PipelineVerifier
+from specmesh.host.boardclasses import BOARD_CLASSES, ESP32S3, ROLE_CLASS
+from specmesh.host.bus.links import LinkError, SerialLink
+from specmesh.host.bus.proxy import Bus, HostAuth, Proxy
+from specmesh.host.layout import MODELS, ROOT, model_path
+from specmesh.host.provision.flash import NODE_ID
+from specmesh.shared import messages as m
+from specmesh.shared.codec import BROADCAST
 
 
 def _vboards_dir() -> Path:
@@ -74,7 +74,7 @@ def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None
             time.sleep(0.05)
     stack.callback(link.close)
     if faults is not None:
-        from host.bus.faults import FaultyLink  # noqa: PLC0415
+        from specmesh.host.bus.faults import FaultyLink  # noqa: PLC0415
 
         link = FaultyLink(link, faults)
     return Bus(link, deadline=30.0, auth=auth)
@@ -82,7 +82,7 @@ def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None
 
 def _backend(kind: str, bus: Bus, node: int, where: str):
     """The board back-end for `node` on `bus`, after a signed nonce handshake when the bus signs."""
-    from host.bus.proxy import ProxyError  # noqa: PLC0415
+    from specmesh.host.bus.proxy import ProxyError  # noqa: PLC0415
 
     try:
         bus.handshake(node)
@@ -93,7 +93,7 @@ def _backend(kind: str, bus: Bus, node: int, where: str):
 
 def discover(bus: Bus) -> int:
     """Node id of the board on a serial link (HELLO to broadcast; the reply says who answered)."""
-    from host.bus.proxy import ProxyError  # noqa: PLC0415
+    from specmesh.host.bus.proxy import ProxyError  # noqa: PLC0415
 
     try:
         return bus.request(BROADCAST, m.HELLO, deadline=10.0).src
@@ -104,8 +104,8 @@ def discover(bus: Bus) -> int:
 
 def find(kind: str, key: bytes | None = None) -> str:
     """The serial port of the flashed board that reports role `kind` (ESP32 USB ports are asked in turn)."""
-    from host.bus.ports import esp_ports  # noqa: PLC0415
-    from host.bus.proxy import ProxyError  # noqa: PLC0415
+    from specmesh.host.bus.ports import esp_ports  # noqa: PLC0415
+    from specmesh.host.bus.proxy import ProxyError  # noqa: PLC0415
 
     want = m.ROLE_DRAFTER if kind == "drafter" else m.ROLE_VERIFIER
     ports = [dev for dev, _ in esp_ports()]
@@ -162,9 +162,9 @@ class Cluster(contextlib.ExitStack):
 
         `config`: board-config keys (link, espnow peers) written before flashing, which keeps them.
         `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1."""
-        from host.emulator.board import BoardError, VirtualBoard  # noqa: PLC0415
-        from host.emulator.session import board_mac  # noqa: PLC0415
-        from host.provision.flash import FlashError, flash, summary  # noqa: PLC0415
+        from specmesh.host.emulator.board import BoardError, VirtualBoard  # noqa: PLC0415
+        from specmesh.host.emulator.session import board_mac  # noqa: PLC0415
+        from specmesh.host.provision.flash import FlashError, flash, summary  # noqa: PLC0415
 
         model = model_path(self.models, kind)
         name = kind if stage is None else "stage%d" % stage[0]
@@ -204,8 +204,8 @@ class Cluster(contextlib.ExitStack):
         return vb
 
     def _start_espnow(self) -> Bus:
-        from host.emulator.radio import RadioHub  # noqa: PLC0415
-        from host.emulator.session import board_mac  # noqa: PLC0415
+        from specmesh.host.emulator.radio import RadioHub  # noqa: PLC0415
+        from specmesh.host.emulator.session import board_mac  # noqa: PLC0415
 
         hub = self.enter_context(RadioHub(self.radio))
         drafter_mac, verifier_mac = board_mac(NODE_ID["drafter"]), board_mac(NODE_ID["verifier"])
@@ -223,7 +223,7 @@ class Cluster(contextlib.ExitStack):
     def pipeline(self, n: int):
         """A pipeline verifier (host/backends/pipeline.py) over n virtual stage boards (classic ESP32s), the target's
         layers split evenly; each on its own serial link, the host relaying activations between them."""
-        from host.backends.modelio import check_model_file  # noqa: PLC0415
+        from specmesh.host.backends.modelio import check_model_file  # noqa: PLC0415
         if self.transport != "serial":
             raise BackendError("--stages runs on --transport serial (the host relays between stages)")
         n_layers = check_model_file(model_path(self.models, "stage"))[0].n_layers

@@ -31,13 +31,13 @@ from pathlib import Path
 
 import serial
 
-from host.backends.modelio import check_model_file
-from host.boardclasses import has_psram
-from host.bus import ports
-from host.layout import MODELS, ROOT, model_path
-from host.mpycross import CompileError, compile_py
-from host.provision import romfs
-from shared.modelfile import ModelFileError, stage_bytes
+from specmesh.host.backends.modelio import check_model_file
+from specmesh.host.boardclasses import has_psram
+from specmesh.host.bus import ports
+from specmesh.host.layout import MODELS, ROOT, model_path
+from specmesh.host.mpycross import CompileError, compile_py
+from specmesh.host.provision import romfs
+from specmesh.shared.modelfile import ModelFileError, stage_bytes
 
 NODE_ID = {"drafter": 1, "verifier": 2, "stage": 10}  # the node id each role gets; its model: host/layout.py
 STAGE_CTX = 128  # a stage's context on a board without PSRAM (docs/pipeline.md: memory per stage)

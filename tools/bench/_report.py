@@ -1,6 +1,6 @@
 """Pictures of a benchmark run: PNG plots and one Markdown report that puts them together.
 
-`write(results, out_dir)` takes the figures `python -m tools.bench` collected (one dict per section)
+`write(results, out_dir)` takes the figures `python -m specmesh.tools.bench` collected (one dict per section)
 and draws what they hold: v(k) per back-end (vk: the host back-ends; kernels: the board engine on the
 unix port), the speed-up over plain decoding against gamma at the measured alpha and c (Leviathan's
 (1 - a^(g+1)) / ((1 - a)(g c + v(g + 1))), docs/design.md), alpha per draft position (vk), and the

@@ -1,6 +1,6 @@
 """Projected tokens/s of the shipped target split across N classic-ESP32 stage boards, plain and speculative.
 
-    python -m tools.bench pipeline
+    python -m specmesh.tools.bench pipeline
 
 The spec bench's prompts are decoded greedily on the host CPU back-ends (the boards' arithmetic) at each
 gamma (0: plain, no drafter); host/projection/pipeline.py replays every run on N = 1..5 stages (the
@@ -16,18 +16,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.boardclasses import ESP32
-from host.decode.gamma import GammaController
-from host.layout import DRAFTER_FILE, TARGET_FILE
-from host.projection.hardware import HOST_DRAFT_POSITION
-from host.decode.orchestrator import generate
-from host.projection.pipeline import PIPELINE_LINKS, PipelineProjector
-from host.decode.tokenizer import Tokenizer
-from host.provision.cluster import split_layers
-from host.provision.flash import STAGE_CTX
-from shared.modelfile import HEADER_SIZE, parse_header, stage_bytes
-from tools.bench.spec import PROMPTS
+from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.boardclasses import ESP32
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.projection.hardware import HOST_DRAFT_POSITION
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.projection.pipeline import PIPELINE_LINKS, PipelineProjector
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.provision.cluster import split_layers
+from specmesh.host.provision.flash import STAGE_CTX
+from specmesh.shared.modelfile import HEADER_SIZE, parse_header, stage_bytes
+from specmesh.tools.bench.spec import PROMPTS
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"

@@ -1,6 +1,6 @@
 """Projected tokens/s of the shipped target on real boards, plain and speculative, next to esp32-llm.
 
-    python -m tools.bench projection
+    python -m specmesh.tools.bench projection
 
 Four prompts are decoded on the host CPU back-ends (the boards' arithmetic) at gamma 4; host/projection/rounds.py
 replays each run, and plain decoding of as many tokens, on host/projection/hardware.py's derived figures for a board
@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.decode.gamma import GammaController
-from host.layout import DRAFTER_FILE, TARGET_FILE
-from host.projection.hardware import BOARDS
-from host.decode.orchestrator import generate
-from host.projection.rounds import Projector
-from host.decode.tokenizer import Tokenizer
-from tools.bench.spec import PROMPTS
-from shared.modelfile import HEADER_SIZE, parse_header
+from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.projection.hardware import BOARDS
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.projection.rounds import Projector
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.tools.bench.spec import PROMPTS
+from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"

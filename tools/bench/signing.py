@@ -1,6 +1,6 @@
 """Signing benchmark: what a deployment key (`--key-file`) costs per generated token, in bytes and time.
 
-    python -m tools.bench signing
+    python -m specmesh.tools.bench signing
 
 Side by side in one run, on the same prompts and seeds: generations through two virtual boards (the
 shipped models, serial links, gamma 3, greedy and T = 0.8), unsigned and signed, twice each in the order
@@ -26,13 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from host.backends import SessionParams
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.decode.tokenizer import Tokenizer
-from host.provision.cluster import Cluster
-from shared import codec
-from tools.bench.codec import _timings
+from specmesh.host.backends import SessionParams
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.provision.cluster import Cluster
+from specmesh.shared import codec
+from specmesh.tools.bench.codec import _timings
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"

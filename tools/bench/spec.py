@@ -1,6 +1,6 @@
 """Benchmark of speculative decoding end to end: spec vs plain, per back-end configuration.
 
-    python -m tools.bench spec            (SPECMESH_BENCH_CONFIGS=cpu,torch,virtual,espnow to choose)
+    python -m specmesh.tools.bench spec            (SPECMESH_BENCH_CONFIGS=cpu,torch,virtual,espnow to choose)
 
 For each configuration (drafter + verifier back-ends, transport) and each temperature, the same prompts
 and seeds are decoded five ways in one run on the same back-ends: `plain` (verifier alone), `plain A/A`
@@ -27,9 +27,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ("Once upon a time", "The little dog", "She opened the door and", "In the morning the sun")
@@ -51,11 +51,11 @@ CONFIGS = {  # name: (drafter, verifier, transport, extra flags)
 
 
 def bench_config(name: str, models: Path) -> list[dict]:
-    from host.backends import SessionParams
-    from host.cli.run import Setup, add_arguments, check_args
-    from host.projection.rounds import Projector
-    from host.decode.tokenizer import BOS, Tokenizer
-    from shared.modelfile import parse_header
+    from specmesh.host.backends import SessionParams
+    from specmesh.host.cli.run import Setup, add_arguments, check_args
+    from specmesh.host.projection.rounds import Projector
+    from specmesh.host.decode.tokenizer import BOS, Tokenizer
+    from specmesh.shared.modelfile import parse_header
 
     drafter_name, verifier_name, transport, extra = CONFIGS[name]
     p = argparse.ArgumentParser()
