@@ -104,7 +104,7 @@ def wire_figures(gamma: int = GAMMA) -> dict:
     return out
 
 
-def _timings() -> dict:
+def codec_timings() -> dict:
     res = {"cpython": _mp_codec.workload(BUDGET_MS * 1000)}
     mp = _micropython()
     if mp is None:
@@ -119,7 +119,7 @@ def _timings() -> dict:
 
 
 def run() -> dict:
-    t = _timings()
+    t = codec_timings()
     cp, mp = t["cpython"], t.get("micropython", {})
     print("codec and rule timings, µs per call (MicroPython = unix port on this host, not a board)")
     print("%-48s %10s %12s %7s" % ("operation", "CPython", "MicroPython", "ratio"))

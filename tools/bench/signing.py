@@ -32,7 +32,7 @@ from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.provision.cluster import Cluster
 from specmesh.shared import codec
-from specmesh.tools.bench.codec import _timings
+from specmesh.tools.bench.codec import codec_timings
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
@@ -105,7 +105,7 @@ def run() -> dict:
         print("%-6g %12.1f %12.1f %12.1f %12.1f %10.2f %12s" % (temperature, row["tok_s_plain"], row["tok_s_signed"],
                                                                bpt[0], bpt[1], frames, row["same_text"]))
     out["espnow"] = _espnow(prompts)
-    t = _timings()
+    t = codec_timings()
     print("\nsign + check + replay window per frame, µs (VERDICT signed minus plain; unix port, not a board)")
     for runtime in ("cpython", "micropython"):
         r = t.get(runtime)
