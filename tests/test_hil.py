@@ -19,16 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
-from host.backends.board import kernel_name
-from host.cli.chaos import soft_reset
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.decode.tokenizer import Tokenizer
-from host.projection.measured import board_summary
-from host.provision.cluster import connect
-from host.provision.flash import flash, open_board
-from shared import messages as m
+from specmesh.host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.backends.board import kernel_name
+from specmesh.host.cli.chaos import soft_reset
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.projection.measured import board_summary
+from specmesh.host.provision.cluster import connect
+from specmesh.host.provision.flash import flash, open_board
+from specmesh.shared import messages as m
 from tests.conftest import require_rv32
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
@@ -59,7 +60,7 @@ def ports(kind, tmp_path_factory) -> dict[str, str]:
             pytest.skip(HOW)
         yield dict(zip(ROLES, given))
         return
-    from host.emulator import make_board
+    from specmesh.host.emulator import make_board
 
     classes = ("esp32c3", "esp32c3") if kind.startswith("rv32") else ("esp32", "esp32s3")
     boards = [make_board(tmp_path_factory.mktemp(role), board, name="hil-" + role) for role, board in zip(ROLES, classes)]
@@ -73,7 +74,7 @@ def ports(kind, tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def flashed(kind, ports) -> dict[str, str]:
     for role, port in ports.items():
-        model = MODELS / ("drafter.spm" if role == "drafter" else "target.spm")
+        model = MODELS / (DRAFTER_FILE if role == "drafter" else TARGET_FILE)
         report = flash(port, role, model, progress=False)
         placed = {"/models/" + model.name, "/rom/" + model.name}  # the filesystem, or a board's ROMFS
         assert placed & set(report.written + report.unchanged)
@@ -109,7 +110,7 @@ def test_boards_report_their_role_and_model(kind, boards):
         hello = m.unpack_hello(board.proxy.call(m.HELLO).payload)
         fw, _board, got_role, model, vocab, max_seq, heap, _caps, _gmax, kernels = hello
         assert got_role == role and vocab == 512 and heap > 0 and fw
-        assert model.endswith("drafter.spm" if role == m.ROLE_DRAFTER else "target.spm")
+        assert model.endswith(DRAFTER_FILE if role == m.ROLE_DRAFTER else TARGET_FILE)
         # a node short of heap halves its context; a verifier without PSRAM (a C3) holds 96 positions
         assert max_seq == board.max_seq >= 96
         if kind.startswith("rv32"):  # the kernels the suite asked for, as the node says in HELLO
@@ -119,7 +120,7 @@ def test_boards_report_their_role_and_model(kind, boards):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_drafts_and_verdicts_equal_the_host_engines(boards, prompt, temperature):
     drafter, verifier = boards
-    host_d, host_v = LocalDrafter(MODELS / "drafter.spm"), LocalVerifier(MODELS / "target.spm")
+    host_d, host_v = LocalDrafter(MODELS / DRAFTER_FILE), LocalVerifier(MODELS / TARGET_FILE)
     params = SessionParams(seed=11, temperature=temperature)
     for backend in (drafter, host_d, verifier, host_v):
         backend.begin(params, prompt)
@@ -132,14 +133,14 @@ def test_drafts_and_verdicts_equal_the_host_engines(boards, prompt, temperature)
 def test_speculative_generation_equals_the_hosts_target_only_text(boards, prompt):
     drafter, verifier = boards
     params = SessionParams(temperature=0.0)
-    host = generate(prompt, LocalVerifier(MODELS / "target.spm"), None, params, 32).tokens
+    host = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), None, params, 32).tokens
     assert generate(prompt, verifier, drafter, params, 32, GammaController(fixed=3)).tokens == host
 
 
 def test_a_verifier_reset_mid_generation_loses_nothing(boards, prompt):
     drafter, verifier = boards
     params = SessionParams(seed=3, temperature=0.7)
-    want = generate(prompt, LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm"), params, 24,
+    want = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE), params, 24,
                     GammaController(fixed=2)).tokens
     rounds = []
 
@@ -162,7 +163,7 @@ def test_the_board_counts_more_instructions_for_a_bigger_verify(kind, boards, pr
         pytest.skip("executed instructions are counted on the QEMU boards only (make test-rv32)")
     _drafter, verifier = boards
     params = SessionParams(temperature=0.0)
-    draft = LocalDrafter(MODELS / "drafter.spm")
+    draft = LocalDrafter(MODELS / DRAFTER_FILE)
     draft.begin(params, prompt)
     last = {}
     for d in (Draft(len(prompt)), draft.draft(prompt, 4)):

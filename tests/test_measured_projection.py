@@ -5,13 +5,13 @@ instructions at the stated CPI and clock plus its weight bytes at the stated fla
 
 import pytest
 
-from host.backends.modelio import check_model_file
-from host.boardclasses import BOARD_CLASSES, ESP32C3, ESP32C6
-from host.cli.run import UsageError, add_arguments, check_args
-from host.emulator.qemu import CONFIG_ADDR, CONFIG_MAGIC, QemuBoard, qemu_command
-from host.projection.costmodel import weight_bytes
-from host.projection.hardware import BOARDS, RV32_CPI
-from host.projection.measured import MEASURED, Line, MeasuredProjector, board_summary, pass_counts
+from specmesh.host.backends.modelio import check_model_file
+from specmesh.host.boardclasses import BOARD_CLASSES, ESP32C3, ESP32C6
+from specmesh.host.cli.run import UsageError, add_arguments, check_args
+from specmesh.host.emulator.qemu import CONFIG_ADDR, CONFIG_MAGIC, QemuBoard, qemu_command
+from specmesh.host.projection.costmodel import weight_bytes
+from specmesh.host.projection.hardware import BOARDS, RV32_CPI
+from specmesh.host.projection.measured import MEASURED, Line, MeasuredProjector, board_summary, pass_counts
 from tests.conftest import ROOT
 
 STATS = {"insn_last": 2_300_123, "passes_k1": 4, "insn_k1": 9_200, "passes_k5": 2, "insn_k5": 13_600,

@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from host.backends import LocalVerifier, SessionParams
-from host.cli.run import cli
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.decode.tokenizer import Tokenizer
-from host.projection.hardware import ESP32C3, RV32_CPI
-from host.provision.cluster import Cluster
+from specmesh.host.backends import LocalVerifier, SessionParams
+from specmesh.host.cli.run import cli
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.projection.hardware import ESP32C3, RV32_CPI
+from specmesh.host.provision.cluster import Cluster
 from tests.conftest import ROOT, require_rv32
 
 pytestmark = pytest.mark.rv32
@@ -37,7 +37,7 @@ p[0], p[1], p[2], p[3] = 64, 172, 1, 0
 mm = array('i', range(6))
 for i in range(6):
     t = T()
-    e._k.matmul(w, x, 0, p)
+    e.kern.matmul(w, x, 0, p)
     mm[i] = D(T(), t)
 mv = memoryview(array('H', range(1, 11)))
 e.forward(mv[0:4], 0)
@@ -58,8 +58,8 @@ def _rv32():
 
 
 def test_a_kernel_call_counts_the_same_instructions_every_time_and_a_pass_nearly(tmp_path):
-    from host.emulator.qemu import QemuBoard
-    from host.provision.flash import flash, open_board
+    from specmesh.host.emulator.qemu import QemuBoard
+    from specmesh.host.provision.flash import flash, open_board
 
     board = QemuBoard(tmp_path / "c3", "esp32c3", name="repeat").start()
     try:

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.xtensa_loops import Loop, ToolError, loops
+from specmesh.tools.xtensa_loops import Loop, ToolError, loops
 
 ROOT = Path(__file__).resolve().parent.parent
 # arch -> (disassembler command, weight byte load, multiply)

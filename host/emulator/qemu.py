@@ -18,9 +18,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from host.emulator.board import BoardError, VirtualBoard, _die_with_parent, _erased
+from specmesh.host.emulator.board import BoardError, VirtualBoard, _die_with_parent, _erased
+from specmesh.host.layout import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 FIRMWARE = ROOT / "rv32" / "firmware.elf"
 QEMU = "qemu-system-riscv32"
 INSTALL_QEMU = "install QEMU: sudo apt-get install qemu-system-misc (README: With boards)"

@@ -6,8 +6,8 @@ import contextlib
 import tempfile
 from pathlib import Path
 
-from host.emulator import VirtualBoard, make_board
-from host.emulator.radio import RadioConfig, RadioHub
+from specmesh.host.emulator import VirtualBoard, make_board
+from specmesh.host.emulator.radio import RadioConfig, RadioHub
 
 
 def board_mac(index: int) -> str:

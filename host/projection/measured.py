@@ -13,10 +13,10 @@ say (cache misses, flash wait states, pipeline stalls) lives in those two figure
 
 from __future__ import annotations
 
-from host.projection.costmodel import pass_work
-from host.projection.hardware import RV32_CPI
-from host.projection.rounds import Projector
-from shared.modelfile import Header
+from specmesh.host.projection.costmodel import pass_work
+from specmesh.host.projection.hardware import RV32_CPI
+from specmesh.host.projection.rounds import Projector
+from specmesh.shared.modelfile import Header
 
 MEASURED = "measured instructions (qemu)"
 

@@ -57,12 +57,12 @@ def per_kernel(e, k, pos):
     t = _T()
     e.forward(tokens, pos)
     total = _D(_T(), t)
-    real = e._k
-    c = e._k = Counting(real)
+    real = e.kern
+    c = e.kern = Counting(real)
     e.rollback(pos)
     gc.collect()
     e.forward(tokens, pos)
-    e._k = real
+    e.kern = real
     return total, c.n
 
 

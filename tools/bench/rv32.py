@@ -1,6 +1,6 @@
 """RV32 benchmark: instructions executed on a virtual ESP32-C3, measured by the board itself.
 
-    python -m tools.bench rv32
+    python -m specmesh.tools.bench rv32
 
 A virtual ESP32-C3 (host/emulator/qemu.py: MicroPython's RV32 machine code under qemu-system-riscv32
 -icount shift=0, where time.ticks_cpu() counts executed instructions) is flashed with the node and the target
@@ -20,7 +20,8 @@ import ast
 import shutil
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from specmesh.host.layout import ROOT
+
 PROBE = Path(__file__).with_name("_rv32_probe.py")
 FOLDER = ROOT / "build" / "vboards" / "bench-esp32c3"
 CTX = 8  # cached positions before the measured passes
@@ -32,8 +33,8 @@ TERMS = {"matmul": ("matmul_1", "matmul_5"), "quant": ("requant",), "requant": (
 
 def measure() -> dict:
     """The probe's figures, from a flashed virtual ESP32-C3."""
-    from host.emulator.qemu import QemuBoard
-    from host.provision.flash import flash, open_board
+    from specmesh.host.emulator.qemu import QemuBoard
+    from specmesh.host.provision.flash import flash, open_board
 
     board = QemuBoard(FOLDER, "esp32c3", name="bench-esp32c3")
     board.start()
@@ -53,7 +54,7 @@ def measure() -> dict:
 
 def static_native() -> dict[int, float] | str:
     try:
-        from tools.native_loops import per_mac
+        from specmesh.tools.native_loops import per_mac
 
         return per_mac("rv32imc")
     except Exception as e:  # no build/native objects (make native) or no objdump
@@ -61,8 +62,8 @@ def static_native() -> dict[int, float] | str:
 
 
 def xtensa_static(k: int) -> dict[str, float]:
-    from host.backends.modelio import check_model_file
-    from host.projection.costmodel import pass_work
+    from specmesh.host.backends.modelio import check_model_file
+    from specmesh.host.projection.costmodel import pass_work
 
     h = check_model_file(ROOT / "models" / "target.spm")[0]
     return dict(pass_work(h, k, CTX + k))
