@@ -21,6 +21,8 @@ uintptr_t ticks_us(void);
 static uint8_t rx_buf[RX_SIZE];
 static uint32_t rx_head, rx_tail; // bytes rx_tail..rx_head-1 are waiting
 static uint32_t rx_ctrl_c; // rx_head after the last Ctrl-C buffered as a character (0: none waiting)
+static uint32_t rx_last_ms; // when a byte last arrived: a transfer under way is not slept through
+#define RX_BUSY_MS (20)
 
 void vboard_rx_poll(void) {
     if (rx_ctrl_c && mp_interrupt_char == CTRL_C) {
@@ -37,6 +39,7 @@ void vboard_rx_poll(void) {
         if (c == mp_interrupt_char) {
             mp_sched_keyboard_interrupt();
         } else if (c >= 0) {
+            rx_last_ms = ticks_ms();
             rx_buf[rx_head++ % RX_SIZE] = c;
             if (c == CTRL_C) {
                 rx_ctrl_c = rx_head;
@@ -68,6 +71,10 @@ uintptr_t mp_hal_stdio_poll(uintptr_t poll_flags) {
 void vboard_idle(void) {
     // Sleep until the timer's next millisecond (or any other enabled interrupt): a timer interrupt enabled in
     // mie wakes wfi even with interrupts globally off, so no handler runs; the compare is then pushed away.
+    // Not while bytes are arriving: the UART holds 16, so a transfer would go at 16 bytes a millisecond.
+    if (ticks_ms() - rx_last_ms < RX_BUSY_MS) {
+        return;
+    }
     uint32_t lo = CLINT_MTIME_LO, hi = CLINT_MTIME_HI;
     uint32_t at = lo + IDLE_TICKS;
     CLINT_MTIMECMP_HI = 0xffffffffu;
@@ -86,6 +93,7 @@ void vboard_idle(void) {
 int mp_hal_stdin_rx_chr(void) {
     for (;;) {
         vboard_rx_poll();
+        mp_handle_pending(true); // a Ctrl-C raises before the bytes after it are read: they are the REPL's
         if (rx_head != rx_tail) {
             if (rx_ctrl_c == rx_tail + 1) {
                 rx_ctrl_c = 0; // the REPL reads the Ctrl-C as a character
