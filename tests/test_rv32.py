@@ -75,7 +75,8 @@ def test_a_kernel_call_counts_the_same_instructions_every_time_and_a_pass_nearly
     assert not err, err
     kernels, matmul, passes = ast.literal_eval(out.decode().strip().splitlines()[-1])
     assert kernels == "native"
-    assert len(set(matmul)) == 1 and 4 * 64 * 172 < matmul[0] < 6 * 64 * 172  # exact: 4-6 per MAC
+    warm = matmul[1:]  # the first call also settles the call path
+    assert len(set(warm)) == 1 and 4 * 64 * 172 < warm[0] < 6 * 64 * 172  # exact: 4-6 per MAC
     # The whole pass interprets engine.py between the kernels: its count moves by a few hundredths of a percent
     # to about one percent with the heap's history (measured; not with the data), never with QEMU's timing.
     ones = passes[:8]

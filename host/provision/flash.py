@@ -45,7 +45,7 @@ STAGE_CTX = 128  # a stage's context on a board without PSRAM (docs/pipeline.md:
 # A verifier without PSRAM (an ESP32-C3/C6 reading the target from ROMFS): passes of at most 5 positions (4 drafts
 # and the bonus: one matmul group), and a context whose KV cache fits its heap (the node halves it if need be)
 SMALL_VERIFIER_KMAX = 5
-SMALL_VERIFIER_CTX = 96
+SMALL_VERIFIER_CTX = 80
 BIG_CHUNK_HEAP = 128 * 1024  # a board with more heap free than this (S3, C3, C6) takes 2 KiB write chunks
 # sys.implementation._mpy >> 10 (py/persistentcode.h MP_NATIVE_ARCH_*)
 ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
