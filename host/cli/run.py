@@ -71,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--project", metavar="BOARD", choices=("esp32s3",),
                    help="also project the run onto real boards of this class (host/projection/hardware.py); "
                         "gamma is then chosen for that hardware")
+    p.add_argument("--kernels", choices=("native", "viper"), default="native",
+                   help="with --project: the board kernels the projection prices (default native: the xtensawin "
+                        "module; viper: the MicroPython-only engine)")
     p.add_argument("--calibration", metavar="FILE", type=Path,
                    help="with --project: price the projection with a board's measurements (specmesh bench "
                         "--port PORT --out FILE) instead of the derived figures")
@@ -278,15 +281,17 @@ def run(a: argparse.Namespace, out=None) -> dict:
 
             on_host = names.get("drafter") == "cpu"  # the drafter back-end runs on this machine, not on a board
             cost_model = PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, "uart-921600",
-                                           on_host)
-            projector = LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host)
+                                           on_host, a.kernels)
+            projector = LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host, a.kernels)
         elif a.project or deterministic:
             from host.projection.rounds import Projector  # noqa: PLC0415
 
             cost_model = Projector(heads["verifier"], heads["drafter"], a.project or "esp32s3", a.transport,
-                                   a.rates)
+                                   a.rates, a.kernels, drafter_on_host=names.get("drafter") == "cpu")
             projector = cost_model if a.project else None
         controller = GammaController(fixed=fixed) if fixed is None else GammaController(max_gamma=fixed, fixed=fixed)
+        # a projection that credits pipelined drafting plans gamma and the look-ahead for it
+        controller.pipelined = bool(drafter is not None and cost_model is not None and cost_model.pipelined)
         stream = None
         if not a.quiet:
             stream = TokenStream(lambda t: tok.pieces[t], out, color=False if a.no_color else None)

@@ -44,6 +44,11 @@ class Round:
     t_commit: float
     bytes_draft: int
     bytes_verify: int
+    # pipelined drafting (host/decode/ahead.py): passes the drafter makes ahead after this round's block
+    # (the controller's look-ahead), and whether they were a hit: every draft accepted and the drafter's
+    # own guess at the bonus position (one draft more than the verifier got) is the emitted token
+    ahead: int = 0
+    guess_hit: bool = False
 
 
 @dataclass
@@ -136,13 +141,22 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         b_v0 = verifier.bus_bytes
         t0 = clock()
         lag = len(committed) - synced if gamma else 0
+        ahead = controller.ahead if gamma else 0
+        # with a look-ahead, the drafter's guess at the bonus position tells whether its ahead-drafts would
+        # serve the next round: one draft more than the verifier gets (drafts depend on their position
+        # alone, so the verifier's drafts, and the text, are the same)
+        guess = 1 if ahead and gamma < drafter.max_gamma and len(committed) + gamma + 1 < drafter.max_seq else 0
         try:
-            draft = drafter.draft(committed, gamma) if gamma else Draft(len(committed))
+            draft = drafter.draft(committed, gamma + guess) if gamma else Draft(len(committed))
         except BackendError as e:
             if fallback is None or drafter is None:
                 raise
             _failed(result, on_failover, "drafter %s failed (%s): going on with plain decoding" % (drafter.name, e))
-            drafter, gamma, lag, draft = None, 0, 0, Draft(len(committed))
+            drafter, gamma, lag, ahead, draft = None, 0, 0, 0, Draft(len(committed))
+        guessed = None
+        if len(draft) > gamma:
+            guessed = draft.tokens[gamma]
+            draft = Draft(draft.pos0, draft.tokens[:gamma], draft.q[:gamma])
         t1 = clock()
         try:
             n_acc, token = verifier.verify(committed, draft)
@@ -182,7 +196,8 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         table = draft_size(entries[n_acc:n_acc + 1]) if rejected and len(draft.q[n_acc][0]) > 1 else 0
         r = Round(len(draft), n_acc, len(new), len(committed) - len(new), draft_size(entries),
                   draft_size(entries, partial=True), table, rejected, lag, t1 - t0, t2 - t1, t3 - t2,
-                  (drafter.bus_bytes - b_d0) if drafter else 0, verifier.bus_bytes - b_v0)
+                  (drafter.bus_bytes - b_d0) if drafter else 0, verifier.bus_bytes - b_v0, ahead,
+                  guessed is not None and n_acc == len(draft) and token == guessed)
         result.rounds.append(r)
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
                            ended=token == -1, lag=lag, timed=len(result.rounds) > 1)

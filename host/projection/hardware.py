@@ -85,6 +85,32 @@ XTENSA_LOOP_CALLS = {"rmsnorm": [2, 0, 0, 0, 0, 0, 1, 0], "attend": [4] + [0] * 
 # Instructions per multiply-accumulate of the matmul loops, {positions per pass over a weight row}.
 XTENSA_MATMUL_INSNS_PER_MAC = {1: 30.0, 3: 21.3, 4: 19.8, 5: 15.8}
 CYCLES_PER_INSN = 1.3
+
+# Native kernels (issue 21: firmware/native/, one C source built as a MicroPython native module per
+# architecture). Instructions of the compiled xtensawin code per unit of work, the same units the cost
+# model counts for viper (host/projection/costmodel.py `Native`). NATIVE_COUNTED says where they come
+# from: "assumed" until the native module's counting tool (disassembly of the clang-22 build) replaces
+# them; every figure shown from them carries that word.
+NATIVE_COUNTED = "assumed"
+NATIVE_XTENSA = {
+    # int8 weight x int16 input MACs, by positions per pass over a weight row: a weight byte loaded and
+    # sign-extended once per row pass (l8ui, sext), then per position load, mull, add (the `loop`
+    # instruction makes the loop free): (2 + 3k) / k, plus a load-use stall every few MACs
+    "matmul_per_mac": {1: 6.0, 2: 4.5, 3: 4.0, 4: 3.8, 5: 3.6},
+    "matmul_per_row": 24.0,  # per output row and group: pointers, the row's multiplier and shift, stores
+    "quant_per_value": 11.0,  # largest |x| (load, abs, max), then shift, clamp and store
+    "quant_per_row": 40.0,
+    "requant_per_value": 9.0,  # load the sum, multiply by the row's 14-bit multiplier, shift, (add), store
+    "rmsnorm_per_value": 10.0,  # sum of squares, then scale by the inverse root and the norm weight
+    "rmsnorm_per_row": 160.0,  # the integer inverse square root (shared/intmath.py: Newton steps)
+    "rope_per_pair": 14.0,  # per head and pair of values: two table loads, four multiplies, shifts
+    "kv_per_value": 4.0,  # q.k and p.v over the int8 cache: load, mull, add (and the row's shift per row)
+    "softmax_per_score": 30.0,  # per score: scale, max, exp from the table, normalise
+    "softmax_per_head": 120.0,
+    "silu_per_value": 14.0,  # the sigmoid table lookup, a multiply, a shift
+    "embed_per_value": 4.0,
+    "argmax_per_value": 4.0,
+}
 CYCLES_PER_MAC = XTENSA_MATMUL_INSNS_PER_MAC[1] * CYCLES_PER_INSN
 CPI = Figure(
     CYCLES_PER_INSN, "cycle/insn", "derived",

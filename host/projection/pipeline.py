@@ -46,7 +46,7 @@ class PipelineProjector:
     the drafts made on a drafter board or, with `drafter_on_host`, on the host CPU."""
 
     def __init__(self, target: Header, drafter: Header | None, layers: list[tuple[int, int]], link: str,
-                 drafter_on_host: bool = False):
+                 drafter_on_host: bool = False, kernels: str = "native"):
         if link not in PIPELINE_LINKS:
             raise ValueError("unknown pipeline link %r (known: %s)" % (link, ", ".join(PIPELINE_LINKS)))
         self.target, self.drafter, self.layers = target, drafter, list(layers)
@@ -54,9 +54,10 @@ class PipelineProjector:
         self.drafter_on_host = drafter_on_host
         self.hops: tuple[Link, ...] = (USB_SERIAL_JTAG, ESPNOW) if link == ESPNOW.name else (LINKS[link],)
         self.addressed = link == ESPNOW.name  # every board is behind the gateway: frames carry src and dst
-        self.boards = Projector(target, drafter, ROLE_CLASS["stage"])
+        self.boards = Projector(target, drafter, ROLE_CLASS["stage"], kernels=kernels)
         self.board = self.boards.board
-        self.single = Projector(target, None, ROLE_CLASS["verifier"])
+        self.single = Projector(target, None, ROLE_CLASS["verifier"], kernels=kernels)
+        self.pipelined = False
         h = target
         self.cls_read = (h.vocab * h.dim + 4 * h.vocab) / FLASH_FILE_READ.value
 
@@ -150,8 +151,8 @@ class LinksReport:
     each link's under `links`)."""
 
     def __init__(self, target: Header, drafter: Header | None, layers: list[tuple[int, int]],
-                 drafter_on_host: bool = False):
-        self.projectors = {link: PipelineProjector(target, drafter, layers, link, drafter_on_host)
+                 drafter_on_host: bool = False, kernels: str = "native"):
+        self.projectors = {link: PipelineProjector(target, drafter, layers, link, drafter_on_host, kernels)
                            for link in PIPELINE_LINKS}
 
     def project(self, result: Result, prompt_len: int) -> dict:
