@@ -8,6 +8,7 @@ keyed by these names) and the tests read; a class's heap is its one `heap_bytes`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class BoardClass:
     romfs_bytes: int  # size of the ROMFS partition (memory-mapped flash at /rom, off the heap; 0: none)
     machine: str  # os.uname().machine: MICROPY_HW_BOARD_NAME " with " MICROPY_HW_MCU_NAME of the firmware
     source: str
+    drafter: str = "drafter.spm"  # the shipped drafter a drafter board of this class runs (models/MODEL_CARD.md)
 
 
 # ROMFS (https://docs.micropython.org/en/latest/reference/romfs.html, MicroPython >= 1.25): a read-only
@@ -44,6 +46,9 @@ ESP32 = BoardClass(
     romfs_bytes=128 * 1024,
     machine="Generic ESP32 module with ESP32",  # ESP32_GENERIC
     source="MicroPython docs esp32/general.rst (heap 'around 100KB'); micropython#7962 (110536 bytes available)",
+    # the 40-wide drafter, which its heap holds: drafter.spm (64 wide) would stream its 110 KB from ROMFS
+    # every pass, slower than the S3's whole target step with native kernels (models/MODEL_CARD.md)
+    drafter="drafter-esp32.spm",
 )
 
 # ESP32-S3 with 8 MB PSRAM: the heap spans the SPIRAM ("ends up being the full SPIRAM", same docs
@@ -64,6 +69,13 @@ BOARD_CLASSES: dict[str, BoardClass] = {c.name: c for c in (ESP32, ESP32S3)}
 # the class of a role's board in a default cluster: the drafter fits a classic ESP32, the whole target
 # needs PSRAM, and a pipeline stage holds a slice of the target in a classic ESP32 (docs/pipeline.md)
 ROLE_CLASS = {"drafter": ESP32.name, "verifier": ESP32S3.name, "stage": ESP32.name}
+
+
+def drafter_model(models: Path, name: str) -> Path:
+    """The drafter a board of class `name` runs from the folder `models`: its class's, or drafter.spm in a
+    folder without it (a folder of one drafter: every board runs that one)."""
+    own = models / board_class(name).drafter
+    return own if own.is_file() else models / ESP32S3.drafter
 
 
 def board_class(name: str) -> BoardClass:

@@ -14,9 +14,19 @@ from pathlib import Path
 from host import backends
 from host.backends import is_port
 from host.backends.modelio import check_model_file
+from host.boardclasses import ROLE_CLASS, drafter_model
 from shared.modelfile import Header, ModelFileError
 
 MODEL_FILES = {"verifier": "target.spm", "drafter": "drafter.spm"}
+
+
+def drafter_file(backend: str, models: Path) -> str:
+    """The model file in `models` of a `--drafter` back-end: a board's (`virtual`, `auto`, a port) is its
+    class's drafter (host/boardclasses.py; a default cluster's drafter board class), a host back-end's
+    drafter.spm."""
+    if backend == "virtual" or is_port(backend):
+        return drafter_model(models, ROLE_CLASS["drafter"]).name
+    return MODEL_FILES["drafter"]
 
 
 class PreflightError(Exception):
@@ -31,11 +41,12 @@ def unknown_backend(kind: str, name: str) -> str | None:
     return "--%s %s: not a serial port nor one of %s" % (kind, name, known)
 
 
-def check_models(models: Path, roles: list[str]) -> dict[str, Header]:
-    """The header of each role's model file in `models`, every file checked whole."""
+def check_models(models: Path, roles: list[str], files: dict[str, str] | None = None) -> dict[str, Header]:
+    """The header of each role's model file in `models` (MODEL_FILES, or `files` where it names one), every
+    file checked whole."""
     heads = {}
     for role in roles:
-        path = models / MODEL_FILES[role]
+        path = models / {**MODEL_FILES, **(files or {})}[role]
         try:
             heads[role] = check_model_file(path)[0]
         except ModelFileError as e:

@@ -21,7 +21,8 @@ from pathlib import Path
 from host import backends
 from host.backends import BackendError, SessionParams, temp_milli, top_p_q16
 from host.cli.output import TokenStream, format_table, write_stats_json
-from host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
+from host.cli.preflight import (PreflightError, check_backends, check_context, check_models, drafter_file,
+                                unknown_backend)
 from host.decode.gamma import GammaController
 from host.decode.orchestrator import Result, generate
 from shared import messages as m
@@ -139,7 +140,7 @@ def check_args(a: argparse.Namespace) -> None:
             a.key = load_key(a.key_file)
         except KeyFileError as e:
             raise UsageError(str(e)) from None
-    for name in (() if a.plain else ("drafter.spm",)) + ("target.spm", "tokenizer.bin"):
+    for name in (() if a.plain else (drafter_file(a.drafter, a.models),)) + ("target.spm", "tokenizer.bin"):
         if not (a.models / name).is_file():
             raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (name, a.models))
 
@@ -180,7 +181,7 @@ class Setup(contextlib.ExitStack):
 
     def make(self, kind: str, name: str):
         """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`, from the registry."""
-        model = self.a.models / ("drafter.spm" if kind == "drafter" else "target.spm")
+        model = self.a.models / (drafter_file(name, self.a.models) if kind == "drafter" else "target.spm")
         if kind == "verifier" and self.a.stages:
             try:
                 backend = self.cluster().pipeline(self.a.stages)
@@ -257,7 +258,8 @@ def run(a: argparse.Namespace, out=None) -> dict:
     prompt = tok.encode(a.prompt)
     names = {"verifier": a.verifier} if a.plain else {"verifier": a.verifier, "drafter": a.drafter}
     try:  # before anything starts: no board booted, no port held when one of these fails
-        heads = check_models(a.models, sorted({*names, *(["drafter"] if a.project else [])}))
+        heads = check_models(a.models, sorted({*names, *(["drafter"] if a.project else [])}),
+                             {"drafter": drafter_file(a.drafter, a.models)})
         check_context(len(prompt), heads["verifier"])
         names = check_backends(names, a.transport, a.key)
     except PreflightError as e:

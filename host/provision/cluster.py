@@ -24,7 +24,7 @@ from pathlib import Path
 from host.backends import PORT, BackendError, Boards, register_drafter, register_verifier
 from host.backends.board import BoardDrafter, BoardVerifier
 from host.backends.pipeline import BoardStage, PipelineVerifier
-from host.boardclasses import ESP32S3, ROLE_CLASS
+from host.boardclasses import ESP32S3, ROLE_CLASS, drafter_model
 from host.bus.links import LinkError, SerialLink
 from host.bus.proxy import Bus, HostAuth, Proxy
 from host.provision.flash import ROLES
@@ -166,7 +166,9 @@ class Cluster(contextlib.ExitStack):
         from host.emulator.session import board_mac  # noqa: PLC0415
         from host.provision.flash import FlashError, flash, summary  # noqa: PLC0415
 
-        model = self.models / ("drafter.spm" if kind == "drafter" else "target.spm")
+        # a drafter board runs its class's drafter (host/boardclasses.py: the one its memory runs fastest)
+        model = (drafter_model(self.models, board or ROLE_CLASS[kind]) if kind == "drafter"
+                 else self.models / "target.spm")
         name = kind if stage is None else "stage%d" % stage[0]
         node_id = NODE_ID[kind] + (0 if stage is None else stage[0])
         folder = self.root / (name if radio is None else name + "-espnow")

@@ -36,7 +36,9 @@ import serial
 from host.backends.modelio import check_model_file
 from host.bus import ports
 from host.provision import romfs
-from shared.modelfile import ModelFileError, stage_bytes
+from host.boardclasses import ESP32, ESP32S3, drafter_model
+from host.projection.costmodel import heap_need
+from shared.modelfile import ModelFileError, body_size, stage_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = {"drafter": (1, "models/drafter.spm"), "verifier": (2, "models/target.spm"),
@@ -297,6 +299,7 @@ def flash(
     if (role == "stage") != (layers is not None):
         raise FlashError("--layers A:B goes with --role stage, and --role stage needs it")
     role_code, default_model = ROLES[role]
+    by_class = model is None and role == "drafter"  # the board's class picks its drafter once probed
     model = Path(model) if model is not None else ROOT / default_model
     if not model.is_file():
         raise FlashError(f"model file not found: {model}")
@@ -318,7 +321,15 @@ def flash(
     transport = open_board(port)
     try:
         info = probe(transport)
-        image = _rom_image(info, role, model, heap_bytes) if use_romfs else b""
+        if by_class:
+            model = drafter_model(model.parent, ESP32S3.name if info.mem_free >= PSRAM_HEAP else ESP32.name)
+            try:
+                header = check_model_file(model)[0]
+            except (ModelFileError, OSError) as e:
+                raise FlashError(str(e)) from None
+            heap_bytes = model.stat().st_size
+            fs_dest = f"{MODEL_DIR}/{model.name}"
+        image = _rom_image(info, role, model, header) if use_romfs else b""
         model_dest = f"{romfs.ROM_DIR}/{model.name}" if image else fs_dest
         with tempfile.TemporaryDirectory(prefix="specmesh-flash-") as tmp:
             files = build(info.arch, Path(tmp), iter(sources) if sources is not None else None)
@@ -379,13 +390,16 @@ def flash(
         transport.close()
 
 
-def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> bytes:
+def _rom_image(info: BoardInfo, role: str, model: Path, header) -> bytes:
     """The ROMFS image to put the model in, or b"" to put it on the filesystem: a stage, a board without
     a ROMFS partition, a board with PSRAM (its heap there holds the model, read faster than mapped flash),
-    and an image bigger than the partition when the model fits the heap (one that fits neither is refused
-    by `check_board`) keep it there."""
-    if role == "stage" or not info.romfs or info.mem_free >= PSRAM_HEAP:
+    a model whose engine the heap holds beside the node's reserve (read from the heap, no flash read per
+    pass: host/projection/costmodel.py `heap_need`, the rule the projection prices), and an image bigger
+    than the partition when the model fits the heap (one that fits neither is refused by `check_board`)
+    keep it there."""
+    if role == "stage" or not info.romfs or info.mem_free >= PSRAM_HEAP or heap_need(header) <= info.mem_free:
         return b""
+    heap_bytes = body_size(header)
     try:
         image = romfs.image(model)
     except romfs.RomfsError as e:
