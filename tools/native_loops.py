@@ -2,7 +2,7 @@
 
     python -m tools.native_loops [--json]
 
-Disassembles `matmul` in the objects `make native` builds (build/native/<arch>/kernels.o, the code of the
+Disassembles `k_matmul` (what matmul and layer run) in the objects `make native` builds (build/native/<arch>/kernels.o, the code of the
 shipped firmware/native/<arch>.mpy): rv32imc with Debian's riscv64-unknown-elf-objdump, xtensawin with
 llvm-objdump-22 (-mcpu=esp32). Each innermost loop (a backward branch, or a zero-overhead `loop`, and the
 range it closes: tools/xtensa_loops.py's longest path through one iteration) is identified by what it
@@ -53,7 +53,7 @@ def object_path(arch: str) -> Path:
     return ROOT / "build" / "native" / arch / "kernels.o"
 
 
-def disassemble(arch: str, function: str = "matmul") -> list[tuple[int, str, str]]:
+def disassemble(arch: str, function: str = "k_matmul") -> list[tuple[int, str, str]]:
     """(address, mnemonic, operands) of one function of the arch's object; branch targets as 0x... ."""
     cmd = ARCHES[arch][0]
     if shutil.which(cmd[0]) is None:
