@@ -515,16 +515,16 @@ static mp_obj_t layer(mp_obj_t bufs_in, mp_obj_t p_in) {
     k_rope(b[L_QB], b[L_ROPE], q);
     q[1] = nkv;
     k_rope(b[L_KB], b[L_ROPE], q);
-    q[0] = 0;  /* the k new rows of keys, then of values, into the cache */
-    q[1] = kvd;
-    q[2] = (li * nctx + pos) * stride;
-    q[3] = 7;
-    q[4] = 1;
-    q[5] = k;
-    q[6] = stride;
-    k_quant(b[L_KV], b[L_KB], q);
-    q[2] += cache;
-    k_quant(b[L_KV], b[L_VB], q);
+    pr[0] = 0;  /* the k new rows of keys, then of values, into the cache (quant leaves k shifts after p[8]) */
+    pr[1] = kvd;
+    pr[2] = (li * nctx + pos) * stride;
+    pr[3] = 7;
+    pr[4] = 1;
+    pr[5] = k;
+    pr[6] = stride;
+    k_quant(b[L_KV], b[L_KB], pr);
+    pr[2] += cache;
+    k_quant(b[L_KV], b[L_VB], pr);
     q[0] = pos + 1;  /* query j sees positions 0 .. pos + j */
     q[1] = hd;
     q[2] = stride;
