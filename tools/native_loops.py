@@ -93,7 +93,11 @@ def zero_overhead(code: list[tuple[int, str, str]]) -> list[Loop]:
 
 
 def inner_loops(arch: str) -> list[InnerLoop]:
-    code = disassemble(arch)
+    return classify(disassemble(arch), arch)
+
+
+def classify(code: list[tuple[int, str, str]], arch: str) -> list[InnerLoop]:
+    """The innermost loops of `code` that multiply weight bytes, with their columns and positions."""
     _, byte_loads, muls = ARCHES[arch]
     found = []
     for lp in [lp for lp in loops(code) if lp.inner] + zero_overhead(code):
