@@ -78,7 +78,7 @@ def prompt() -> list[int]:
 def test_boards_report_their_role_and_model(boards):
     for board, role in zip(boards, (m.ROLE_DRAFTER, m.ROLE_VERIFIER)):
         hello = m.unpack_hello(board.proxy.call(m.HELLO).payload)
-        fw, _board, got_role, model, vocab, max_seq, heap, _caps, _gmax = hello
+        fw, _board, got_role, model, vocab, max_seq, heap, _caps, _gmax, _kernels = hello
         assert got_role == role and vocab == 512 and heap > 0 and fw
         assert model.endswith("drafter.spm" if role == m.ROLE_DRAFTER else "target.spm")
         assert max_seq == board.max_seq >= 128  # a node short of heap halves its context

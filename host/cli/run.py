@@ -239,7 +239,8 @@ def build_stats(a, params: SessionParams, result: Result, text: str, verifier, d
         if "heap_free" in s:
             stats["boards"].append({"name": b.name, "role": role, "compute_s": s.get("compute_s"),
                                     "heap_free": s.get("heap_free"), "errors": s.get("errors", 0),
-                                    "retransmits": s.get("retransmits", 0)})
+                                    "retransmits": s.get("retransmits", 0), "kernels": s.get("kernels"),
+                                    "kernels_note": s.get("kernels_note", "")})
             if role == "stage":  # the firmware's own counters, next to the host's trace of the same work
                 stats["boards"][-1].update(positions=s.get("positions"), passes=s.get("passes"))
     if hasattr(verifier, "trace"):

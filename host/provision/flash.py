@@ -2,7 +2,8 @@
 
 `flash(port, role, model)`: reads the board's MicroPython version, .mpy ABI and architecture,
 refuses a board that cannot run the role, compiles firmware/ and shared/ with mpy-cross for that
-architecture (xtensawin on ESP32/ESP32-S3, x64 on a virtual board), copies the files, the role's
+architecture (xtensawin on ESP32/ESP32-S3, x64 on a virtual board), adds the native kernel module built for
+that architecture (firmware/native/<arch>.mpy, to /native/; sys.implementation._mpy names the arch), copies the files, the role's
 model file and /specmesh.json (role, node id, model path, the deployment key if given; firmware/config.py)
 over the raw REPL (the key only there: the temporary copy is deleted), checks every file's
 SHA-256 on the board, and soft-resets the board so main.py starts the node.
@@ -106,7 +107,8 @@ def compile_py(src: Path, dst: Path, march: str | None = None, source_name: str 
 
 
 def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | None = None) -> dict[str, Path]:
-    """Compile the node's files for `arch`; returns board path -> local file."""
+    """Compile the node's files for `arch`; returns board path -> local file. The node's own files (no
+    `sources`) come with the native kernel module built for `arch`, where one is shipped."""
     files: dict[str, Path] = {}
     for src, dest in sources if sources is not None else node_sources():
         if src.name in KEEP_SOURCE or not src.name.endswith(".py"):
@@ -116,7 +118,17 @@ def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | Non
         local = out / mpy_dest.lstrip("/")
         compile_py(src, local, march=arch, source_name=dest.lstrip("/"))
         files[mpy_dest] = local
+    native = native_module(arch)
+    if sources is None and native is not None:
+        files[native[1]] = native[0]
     return files
+
+
+def native_module(arch: str | None, root: Path = ROOT) -> tuple[Path, str] | None:
+    """(the shipped native kernel module for `arch`, firmware/native/<arch>.mpy; its path on the board,
+    where firmware/kernelpick.py imports it), or None when none is built for that architecture."""
+    src = root / "firmware" / "native" / f"{arch}.mpy"
+    return (src, f"/native/{arch}.mpy") if arch and src.is_file() else None
 
 
 def node_sources(root: Path = ROOT) -> Iterator[tuple[Path, str]]:
