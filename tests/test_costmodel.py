@@ -84,6 +84,8 @@ def test_pass_work_is_what_the_engine_calls(calls, k, kernels):
     h = parse_header((ROOT / "models" / "target.spm").read_bytes()[:HEADER_SIZE])
     K = cm.KERNELS[kernels]
     want = priced(h, calls[str(k)], K)
+    # the native module's `layer` kernel runs a layer's 26 steps (the calls logged) in one call
+    want["engine"] -= (cm.VIPER.calls_per_layer - K.calls_per_layer) * h.n_layers
     got = cm.pass_work(h, k, 8 + k, kernels=K)
     assert set(got) == set(want) | {"weights_psram", "kv_psram"}  # the target lives in PSRAM
     for term, amount in want.items():

