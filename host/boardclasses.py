@@ -22,6 +22,8 @@ class BoardClass:
     machine: str  # os.uname().machine: MICROPY_HW_BOARD_NAME " with " MICROPY_HW_MCU_NAME of the firmware
     source: str
     drafter: str = "drafter.spm"  # the shipped drafter a drafter board of this class runs (models/MODEL_CARD.md)
+    drafter_ctx: int = 0  # positions a drafter node keeps of that drafter (0: its whole context); measured by
+    # tests/test_firmware_budget.py: a node halves its context until its reserve is free
 
 
 # ROMFS (https://docs.micropython.org/en/latest/reference/romfs.html, MicroPython >= 1.25): a read-only
@@ -49,6 +51,7 @@ ESP32 = BoardClass(
     # the 40-wide drafter, which its heap holds: drafter.spm (64 wide) would stream its 110 KB from ROMFS
     # every pass, slower than the S3's whole target step with native kernels (models/MODEL_CARD.md)
     drafter="drafter-esp32.spm",
+    drafter_ctx=64,  # 75 KB of engine at 128 positions leave less than the node's 28 KB reserve
 )
 
 # ESP32-S3 with 8 MB PSRAM: the heap spans the SPIRAM ("ends up being the full SPIRAM", same docs

@@ -39,8 +39,8 @@ COMPUTE = ("matmul_1", "matmul_5", "requant", "residual", "rmsnorm", "rope", "so
            "embed_argmax")
 TERMS = COMPUTE + ("engine", "weights_psram", "kv_psram", "weights_flash")
 NODE_RESERVE = 28672  # heap a drafter node keeps free after loading its engine (firmware/node.py _RESERVE)
-HEAP_CONTEXT = 128  # a node halves its context until its reserve is free (firmware/node.py); a drafter in the
-# heap is worth it at 128 positions or more (twice `specmesh run`'s default 64 tokens)
+HEAP_CONTEXT = 64  # a node halves its context until its reserve is free, down to 64 positions (firmware/node.py
+# _MIN_CTX): a model whose engine fits the heap at that context runs from the heap
 ENGINE_BUFFERS = 16 * 1024  # an engine's activations, logits and tables besides weights and KV cache
 # (docs/pipeline.md measures 66.1 KB for a stage engine of 47.5 KB weights and an 8.4 KB cache: ~10 KB)
 

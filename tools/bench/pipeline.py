@@ -50,8 +50,14 @@ def run() -> dict:
     files = {where: ESP32.drafter if where == "board" else "drafter.spm" for where in DRAFTERS}  # per class
     drafters = {where: parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for where, f in files.items()}
     prompts = [tok.encode(t) for t in PROMPTS]
+    def drafter(where: str) -> LocalDrafter:
+        d = LocalDrafter(MODELS / files[where])
+        if where == "board":  # the context a classic ESP32 keeps of its drafter (host/boardclasses.py)
+            d.max_seq = min(d.max_seq, ESP32.drafter_ctx or d.max_seq)
+        return d
+
     # a drafter board drafts ahead of each verdict: the guess and one block (gamma + 1 passes)
-    by_drafter = {where: {g: [(len(p), generate(p, ver, LocalDrafter(MODELS / f) if g else None, SessionParams(), NEW,
+    by_drafter = {where: {g: [(len(p), generate(p, ver, drafter(where) if g else None, SessionParams(), NEW,
                                                 GammaController(fixed=g, fixed_ahead=g + 1 if where == "board" else 0)))
                               for p in prompts] for g in GAMMAS} for where, f in files.items()}
     runs = by_drafter["host"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.boardclasses import ESP32, ESP32S3, ROLE_CLASS
+from host.boardclasses import BOARD_CLASSES, ESP32, ESP32S3, ROLE_CLASS
 from host.decode.gamma import GammaController
 from host.decode.orchestrator import generate
 from host.decode.tokenizer import Tokenizer
@@ -98,6 +98,9 @@ def run() -> dict:
             h = header(name)
             dra = LocalDrafter(MODELS / name)
             for place, cls in PLACES.items():
+                # a board keeps the context its class allows its own drafter (host/boardclasses.py drafter_ctx)
+                own = cls is not None and BOARD_CLASSES[cls].drafter == name and BOARD_CLASSES[cls].drafter_ctx
+                dra.max_seq = min(h.max_seq, own or h.max_seq)
                 proj = Projector(target, h, VERIFIER, kernels=kernels, drafter_on_host=cls is None,
                                  drafter_board=cls or ROLE_CLASS["drafter"])
                 row = speculate(proj, prompts, ver, dra)
@@ -110,7 +113,9 @@ def run() -> dict:
         layers = split_layers(target.n_layers, STAGES)
         for place, name, on_host in (("esp32 board", ESP32.drafter, False), ("host cpu", ESP32S3.drafter, True)):
             pp = PipelineProjector(target, header(name), layers, "uart-921600", on_host, kernels)
-            row = speculate(pp, prompts, ver, LocalDrafter(MODELS / name))
+            dra = LocalDrafter(MODELS / name)
+            dra.max_seq = ESP32.drafter_ctx if name == ESP32.drafter else dra.max_seq
+            row = speculate(pp, prompts, ver, dra)
             out["pipeline"].setdefault(kernels, {})[place] = row
     _print(out)
     return out
