@@ -98,7 +98,8 @@ class Engine:
         self._tables(h)
         self._whole = None  # kernels that run a whole layer per call (the native module): its arguments
         if hasattr(self._k, "layer"):
-            self._whole = [(self._layer_buffers(lw), self._layer_params(h, li, lw)) for li, lw in enumerate(self.layers)]
+            self._whole = [(self._layer_buffers(lw), self._layer_params(h, li, lw))
+                           for li, lw in enumerate(self.layers)]
         gc.collect()
         self.heap_bytes = gc.mem_alloc() - before
 

@@ -159,6 +159,10 @@ def test_flashed_firmware_node_answers(virtual_board, tmp_path):
         hello = m.unpack_hello(bus.request(BROADCAST, m.HELLO).payload)
     assert (hello[2], hello[3]) == (m.ROLE_DRAFTER, "/rom/drafter.spm")
     assert hello[-1] == "native"  # the flashed module passed its self-test
+    (vb.flash_dir / "native" / ".selftest").write_bytes(b"")  # as a module that stopped the board leaves it
+    (vb.flash_dir / "native" / "xtensawin.mpy").write_bytes(b"M")  # another arch's module
+    again = flash(vb.port, "drafter", model, node_id=1, progress=False)
+    assert again.written == [] and sorted(p.name for p in (vb.flash_dir / "native").iterdir()) == ["x64.mpy"]
 
 
 def test_full_filesystem_is_one_line_and_the_board_stays_usable(virtual_board, tiny_node, tmp_path):

@@ -2,8 +2,8 @@
 
     python -m tools.native_loops [--json]
 
-Disassembles `k_matmul` (what matmul and layer run) in the objects `make native` builds (build/native/<arch>/kernels.o, the code of the
-shipped firmware/native/<arch>.mpy): rv32imc with Debian's riscv64-unknown-elf-objdump, xtensawin with
+Disassembles `k_matmul` (what matmul and layer run) in the objects `make native` builds
+(build/native/<arch>/kernels.o, the code of the shipped firmware/native/<arch>.mpy): rv32imc with Debian's riscv64-unknown-elf-objdump, xtensawin with
 llvm-objdump-22 (-mcpu=esp32). Each innermost loop (a backward branch, or a zero-overhead `loop`, and the
 range it closes: tools/xtensa_loops.py's longest path through one iteration) is identified by what it
 does: U byte loads of weights (columns per iteration) and G*U multiplies (positions per group), so its

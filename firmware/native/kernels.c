@@ -8,7 +8,9 @@ kernels), no floats, nothing from libc, and nothing allocated: the arguments are
 array('i') of sizes, offsets and scalars, results come back in the buffers, `p` or as a small int.
 matmul's inner loops are unrolled by hand (constant group size and x stride, immediate offsets) so that
 gcc (rv32imc) and clang/llc (xtensawin) compile them to a few instructions per multiply-accumulate
-(tools/native_loops.py counts them).
+(tools/native_loops.py counts them); on x64 (the virtual boards) one position takes SSE2, which every x64
+core has. One more function, `layer`, runs a whole transformer layer in one call, the steps of
+Engine._layer with these kernels, so a token costs a few interpreted calls instead of a hundred.
 */
 #include "py/dynruntime.h"
 
@@ -480,8 +482,8 @@ INTERNAL void project(pass_t *ps, void *const *b, int wi, int rows, int cols, i3
 
 /* layer(bufs, p): one transformer layer over k positions, as Engine._layer computes it with the kernels
    above. bufs: a tuple of the buffers in L_* order (pr: quant's and requant's parameters, 8 + kmax ints;
-   each matrix as its int8 weights, then its m | s << 16 row scales); p = (k, pos, li, dim, head_dim, n_heads, n_kv_heads, hidden, n_ctx, stride, cache, isq, eps,
-   attn_norm shift, ffn_norm shift). */
+   each matrix as its int8 weights, then its m | s << 16 row scales); p = (k, pos, li, dim, head_dim,
+   n_heads, n_kv_heads, hidden, n_ctx, stride, cache, isq, eps, attn_norm shift, ffn_norm shift). */
 static mp_obj_t layer(mp_obj_t bufs_in, mp_obj_t p_in) {
     mp_obj_tuple_t *t = MP_OBJ_TO_PTR(bufs_in);  /* the engine's tuple (no string constant: see INTERNAL) */
     mp_obj_t *items = t->items;
