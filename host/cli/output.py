@@ -135,7 +135,7 @@ def format_table(stats: dict) -> str:
                 rows.append(("projection rates", p["rates"]))
                 rows.append(("projected kernels", p["kernels"]))
                 if p.get("pipelined_drafting"):
-                    rows.append(("projected look-ahead (drafter spec_ahead)", "%d passes, %d hits, %.1f ms wasted"
+                    rows.append(("projected look-ahead (passes past a block)", "%d, %d hits, %.1f ms wasted"
                                  % (p["lookahead"], p["ahead_hits"], 1e3 * p["ahead_waste_s"])))
             else:
                 rows.append(("  vs plain on the pipeline (%s)" % link, p["speedup_vs_pipeline_plain"]))
