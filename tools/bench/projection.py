@@ -92,6 +92,9 @@ def run() -> dict:
         total = sum(plain_terms.values())
         label = "%s, %s kernels" % (BOARDS[VERIFIER].name, kernels)
         out["boards"][label] = {"plain": n / total}
+        # v(k): a k-position verify pass over a one-position pass, at 40 cached positions, weight stream included
+        one = proj.forward(target, 1, 40)
+        out.setdefault("v", {})[label] = {k: proj.forward(target, k, 39 + k) / one for k in range(1, 9)}
         out["derivation"][label] = {t: {"ms_per_token": 1e3 * s / n, "share": s / total}
                                     for t, s in sorted(plain_terms.items(), key=lambda kv: -kv[1])}
         for name in DRAFTERS:
@@ -128,6 +131,8 @@ def _print(out: dict) -> None:
     for board, modes in out["boards"].items():
         for mode, value in modes.items():
             print("%-58s %8.2f tok/s (projected)" % ("%s, %s" % (board, mode), value))
+    for board, v in out["v"].items():
+        print("%s: v(k) = %s" % (board, ", ".join("v(%d) %.2f" % kv for kv in v.items())))
     for kernels, table in out["drafters"].items():
         print("\ndrafters on an ESP32-S3 verifier, %s kernels: alpha, c (drafter pass / target step), speed-up "
               "over plain" % kernels)
