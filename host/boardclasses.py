@@ -74,6 +74,12 @@ BOARD_CLASSES: dict[str, BoardClass] = {c.name: c for c in (ESP32, ESP32S3)}
 ROLE_CLASS = {"drafter": ESP32.name, "verifier": ESP32S3.name, "stage": ESP32.name}
 
 
+def drafter_class(transport: str) -> str:
+    """The class of a default cluster's drafter board: on ESP-NOW it is also the gateway, an ESP32-S3
+    (host/provision/cluster.py); on serial a classic ESP32 (ROLE_CLASS)."""
+    return ESP32S3.name if transport == "espnow" else ROLE_CLASS["drafter"]
+
+
 def drafter_model(models: Path, name: str) -> Path:
     """The drafter a board of class `name` runs from the folder `models`: its class's, or drafter.spm in a
     folder without it (a folder of one drafter: every board runs that one)."""

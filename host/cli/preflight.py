@@ -14,18 +14,18 @@ from pathlib import Path
 from host import backends
 from host.backends import is_port
 from host.backends.modelio import check_model_file
-from host.boardclasses import ROLE_CLASS, drafter_model
+from host.boardclasses import drafter_class, drafter_model
 from shared.modelfile import Header, ModelFileError
 
 MODEL_FILES = {"verifier": "target.spm", "drafter": "drafter.spm"}
 
 
-def drafter_file(backend: str, models: Path) -> str:
+def drafter_file(backend: str, models: Path, transport: str = "serial") -> str:
     """The model file in `models` of a `--drafter` back-end: a board's (`virtual`, `auto`, a port) is its
-    class's drafter (host/boardclasses.py; a default cluster's drafter board class), a host back-end's
-    drafter.spm."""
+    class's drafter (host/boardclasses.py; a default cluster's drafter board class on `transport`), a host
+    back-end's drafter.spm."""
     if backend == "virtual" or is_port(backend):
-        return drafter_model(models, ROLE_CLASS["drafter"]).name
+        return drafter_model(models, drafter_class(transport)).name
     return MODEL_FILES["drafter"]
 
 

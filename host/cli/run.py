@@ -20,6 +20,7 @@ from pathlib import Path
 
 from host import backends
 from host.backends import BackendError, SessionParams, temp_milli, top_p_q16
+from host.boardclasses import drafter_class
 from host.cli.output import TokenStream, format_table, write_stats_json
 from host.cli.preflight import (PreflightError, check_backends, check_context, check_models, drafter_file,
                                 unknown_backend)
@@ -140,7 +141,7 @@ def check_args(a: argparse.Namespace) -> None:
             a.key = load_key(a.key_file)
         except KeyFileError as e:
             raise UsageError(str(e)) from None
-    for name in (() if a.plain else (drafter_file(a.drafter, a.models),)) + ("target.spm", "tokenizer.bin"):
+    for name in (() if a.plain else (drafter_file(a.drafter, a.models, a.transport),)) + ("target.spm", "tokenizer.bin"):
         if not (a.models / name).is_file():
             raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (name, a.models))
 
@@ -181,7 +182,7 @@ class Setup(contextlib.ExitStack):
 
     def make(self, kind: str, name: str):
         """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`, from the registry."""
-        model = self.a.models / (drafter_file(name, self.a.models) if kind == "drafter" else "target.spm")
+        model = self.a.models / (drafter_file(name, self.a.models, self.a.transport) if kind == "drafter" else "target.spm")
         if kind == "verifier" and self.a.stages:
             try:
                 backend = self.cluster().pipeline(self.a.stages)
@@ -260,7 +261,7 @@ def run(a: argparse.Namespace, out=None) -> dict:
     names = {"verifier": a.verifier} if a.plain else {"verifier": a.verifier, "drafter": a.drafter}
     try:  # before anything starts: no board booted, no port held when one of these fails
         heads = check_models(a.models, sorted({*names, *(["drafter"] if a.project else [])}),
-                             {"drafter": drafter_file(a.drafter, a.models)})
+                             {"drafter": drafter_file(a.drafter, a.models, a.transport)})
         check_context(len(prompt), heads["verifier"])
         names = check_backends(names, a.transport, a.key)
     except PreflightError as e:
@@ -290,7 +291,8 @@ def run(a: argparse.Namespace, out=None) -> dict:
             from host.projection.rounds import Projector  # noqa: PLC0415
 
             cost_model = Projector(heads["verifier"], heads["drafter"], a.project or "esp32s3", a.transport,
-                                   a.rates, a.kernels, drafter_on_host=names.get("drafter") == "cpu")
+                                   a.rates, a.kernels, drafter_on_host=names.get("drafter") == "cpu",
+                                   drafter_board=drafter_class(a.transport))
             projector = cost_model if a.project else None
         controller = GammaController(fixed=fixed) if fixed is None else GammaController(max_gamma=fixed, fixed=fixed)
         # a projection that credits pipelined drafting plans gamma and the look-ahead for it

@@ -24,7 +24,7 @@ from pathlib import Path
 from host.backends import PORT, BackendError, Boards, register_drafter, register_verifier
 from host.backends.board import BoardDrafter, BoardVerifier
 from host.backends.pipeline import BoardStage, PipelineVerifier
-from host.boardclasses import ESP32S3, ROLE_CLASS, drafter_model
+from host.boardclasses import ROLE_CLASS, drafter_class, drafter_model
 from host.bus.links import LinkError, SerialLink
 from host.bus.proxy import Bus, HostAuth, Proxy
 from host.provision.flash import ROLES
@@ -213,7 +213,7 @@ class Cluster(contextlib.ExitStack):
         # the gateway also relays every verifier frame: on a classic ESP32's heap next to the drafter model
         # that ran out of memory reading frames (13 KB free), so the gateway drafter is an ESP32-S3
         gateway = {"link": "gateway", "espnow": {"peers": {str(NODE_ID["verifier"]): verifier_mac}}}
-        gw = self.start("drafter", gateway, hub, ESP32S3.name)
+        gw = self.start("drafter", gateway, hub, drafter_class("espnow"))
         self.hub = hub
         bus = _open(gw.port, self, self.faults, self.key, busy_s=2.0)
         bus.peer = NODE_ID["drafter"]  # the gateway; the verifier's frames carry addresses

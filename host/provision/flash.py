@@ -38,7 +38,7 @@ from host.backends.modelio import check_model_file
 from host.bus import ports
 from host.provision import romfs
 from host.boardclasses import ESP32, ESP32S3, drafter_model
-from host.projection.costmodel import heap_need
+from host.projection.costmodel import on_romfs
 from shared.modelfile import ModelFileError, body_size, stage_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -418,11 +418,12 @@ def _clear_native(transport, files: dict[str, Path]) -> None:
 def _rom_image(info: BoardInfo, role: str, model: Path, header) -> bytes:
     """The ROMFS image to put the model in, or b"" to put it on the filesystem: a stage, a board without
     a ROMFS partition, a board with PSRAM (its heap there holds the model, read faster than mapped flash),
-    a model whose engine the heap holds beside the node's reserve (read from the heap, no flash read per
-    pass: host/projection/costmodel.py `heap_need`, the rule the projection prices), and an image bigger
+    a model whose engine a classic ESP32's heap holds beside the node's reserve (read from the heap, no
+    flash read per pass: host/projection/costmodel.py `on_romfs`, the rule the projection prices; the class
+    heap, not what the board has free now, which a running node's engine takes), and an image bigger
     than the partition when the model fits the heap (one that fits neither is refused by `check_board`)
     keep it there."""
-    if role == "stage" or not info.romfs or info.mem_free >= PSRAM_HEAP or heap_need(header) <= info.mem_free:
+    if role == "stage" or not info.romfs or info.mem_free >= PSRAM_HEAP or not on_romfs(header, ESP32):
         return b""
     heap_bytes = body_size(header)
     try:
