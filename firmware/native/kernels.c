@@ -155,17 +155,18 @@ INTERNAL i32 dot_sse2(const int8_t *w, const i32 *x, int cols) {
    for G = 2; G = 3 reads one word past its values: at the end, the slack after x that matmul's callers
    leave), times the weight as
    (w, 0) int16 pairs: pmaddwd gives x * w + (x's sign half) * 0 per word. Eight columns a step; a fifth
-   position's products are scalar. */
+   position's products take a one-word load of their own. */
 #define SSE_COL(v, i) { \
         const i32 *xc = x + (c + (i)) * S; \
         __m128i xv = G == 2 ? _mm_loadl_epi64((const __m128i *)xc) : _mm_loadu_si128((const __m128i *)xc); \
         acc = _mm_add_epi32(acc, _mm_madd_epi16(xv, _mm_shuffle_epi32(v, ((i) & 3) * 0x55))); \
-        if (G == 5) a4 += w[c + (i)] * xc[4]; \
+        if (G == 5) acc4 = _mm_add_epi32(acc4, _mm_madd_epi16(_mm_cvtsi32_si128(xc[4]), \
+            _mm_shuffle_epi32(v, ((i) & 3) * 0x55))); \
 }
 
 INLINE void group_sse2(const int8_t *w, const i32 *x, int cols, const int G, const int S, i32 *out, int ostride) {
-    __m128i acc = _mm_setzero_si128(), zero = _mm_setzero_si128();
-    i32 a4 = 0, lanes[4];
+    __m128i acc = _mm_setzero_si128(), acc4 = _mm_setzero_si128(), zero = _mm_setzero_si128();
+    i32 lanes[4];
     int c = 0;
     for (; c + 8 <= cols; c += 8) {
         __m128i wb = _mm_loadl_epi64((const __m128i *)(w + c));
@@ -175,6 +176,7 @@ INLINE void group_sse2(const int8_t *w, const i32 *x, int cols, const int G, con
         SSE_COL(hi, 4) SSE_COL(hi, 5) SSE_COL(hi, 6) SSE_COL(hi, 7)
     }
     _mm_storeu_si128((__m128i *)lanes, acc);
+    i32 a4 = _mm_cvtsi128_si32(acc4);
     for (; c < cols; c++) {
         for (int j = 0; j < 4 && j < G; j++) {
             lanes[j] += w[c] * x[c * S + j];
