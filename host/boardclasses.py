@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from specmesh.shared.modelfile import Header, body_size
+
 
 @dataclass(frozen=True)
 class BoardClass:
@@ -74,6 +76,31 @@ BOARD_CLASSES: dict[str, BoardClass] = {c.name: c for c in (ESP32, ESP32S3)}
 ROLE_CLASS = {"drafter": ESP32.name, "verifier": ESP32S3.name, "stage": ESP32.name}
 
 
+# Where a board keeps a whole model (host/projection/costmodel.py prices it; `specmesh flash` follows it):
+NODE_RESERVE = 28672  # heap a drafter node keeps free after loading its engine (firmware/node.py _RESERVE)
+HEAP_CONTEXT = 64  # a node halves its context until its reserve is free, down to 64 positions (firmware/node.py
+# _MIN_CTX): a model whose engine fits the heap at that context runs from the heap
+ENGINE_BUFFERS = 16 * 1024  # an engine's activations, logits and tables besides weights and KV cache
+# (docs/pipeline.md measures 66.1 KB for a stage engine of 47.5 KB weights and an 8.4 KB cache: ~10 KB)
+
+
+def kv_bytes(h: Header, n_ctx: int) -> int:
+    """The int8 KV cache of every layer at n_ctx positions (kv_dim values and a shift byte per row)."""
+    return 2 * n_ctx * (h.kv_dim + 1) * h.n_layers
+
+
+def heap_need(h: Header) -> int:
+    """Heap a node running the whole model from its heap needs: weights, KV cache at HEAP_CONTEXT positions
+    (or the model's context, if shorter), buffers, and the node's reserve."""
+    return body_size(h) + kv_bytes(h, min(h.max_seq, HEAP_CONTEXT)) + ENGINE_BUFFERS + NODE_RESERVE
+
+
+def on_romfs(h: Header, cls: BoardClass, layers: tuple[int, int] | None = None) -> bool:
+    """Whether a board of class `cls` reads this model's weights in place from its ROMFS every pass: a
+    whole model, on a board without PSRAM but with a ROMFS partition, that its heap cannot hold."""
+    return layers is None and not cls.psram_bytes and bool(cls.romfs_bytes) and heap_need(h) > cls.heap_bytes
+
+
 def drafter_class(transport: str) -> str:
     """The class of a default cluster's drafter board: on ESP-NOW it is also the gateway, an ESP32-S3
     (host/provision/cluster.py); on serial a classic ESP32 (ROLE_CLASS)."""
@@ -85,6 +112,14 @@ def drafter_model(models: Path, name: str) -> Path:
     folder without it (a folder of one drafter: every board runs that one)."""
     own = models / board_class(name).drafter
     return own if own.is_file() else models / ESP32S3.drafter
+def has_psram(heap_free: int) -> bool:
+    """Whether a board with `heap_free` bytes of MicroPython heap free has PSRAM: more than the geometric mean
+    of the largest heap of a class without PSRAM and the smallest of a class with it (about 1 MiB today),
+    a wide margin both ways (a virtual board's heap also holds its stand-in modules, a real one's firmware
+    takes some PSRAM)."""
+    without = max(c.heap_bytes for c in BOARD_CLASSES.values() if not c.psram_bytes)
+    with_psram = min(c.heap_bytes for c in BOARD_CLASSES.values() if c.psram_bytes)
+    return heap_free * heap_free > without * with_psram
 
 
 def board_class(name: str) -> BoardClass:

@@ -4,13 +4,13 @@ the waste of thrown-away ahead passes (host/projection/rounds.py)."""
 
 import pytest
 
-from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.decode.ahead import best_lookahead, expected_draft, round_draft
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import Round, generate
-from host.projection.rounds import Projector
-from shared.modelfile import FLAG_SHARED_CLS, Header
-from tools.testmodels import random_model
+from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.decode.ahead import best_lookahead, expected_draft, round_draft
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import Round, generate
+from specmesh.host.projection.rounds import Projector
+from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header
+from specmesh.tools.testmodels import random_model
 
 PASS = [1.0] * 12
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from host.projection import costmodel as cm
-from shared.modelfile import HEADER_SIZE, parse_header
+from specmesh.host.layout import TARGET_FILE
+from specmesh.host.projection import costmodel as cm
+from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = """
@@ -81,7 +82,7 @@ def priced(h, log, K):
 @pytest.mark.parametrize("kernels", sorted(cm.KERNELS))
 @pytest.mark.parametrize("k", [1, 5])
 def test_pass_work_is_what_the_engine_calls(calls, k, kernels):
-    h = parse_header((ROOT / "models" / "target.spm").read_bytes()[:HEADER_SIZE])
+    h = parse_header((ROOT / "models" / TARGET_FILE).read_bytes()[:HEADER_SIZE])
     K = cm.KERNELS[kernels]
     want = priced(h, calls[str(k)], K)
     # the native module's `layer` kernel runs a layer's 26 steps (the calls logged) in one call
@@ -94,7 +95,7 @@ def test_pass_work_is_what_the_engine_calls(calls, k, kernels):
 
 
 def test_a_pipeline_stage_counts_only_its_layers():
-    h = parse_header((ROOT / "models" / "target.spm").read_bytes()[:HEADER_SIZE])
+    h = parse_header((ROOT / "models" / TARGET_FILE).read_bytes()[:HEADER_SIZE])
     first, last = cm.pass_work(h, 5, 20, (0, 2), False), cm.pass_work(h, 5, 20, (2, h.n_layers), True)
     whole = cm.pass_work(h, 5, 20)
     for term in cm.COMPUTE + ("engine",):
@@ -110,11 +111,11 @@ def test_native_matmul_costs_less_per_mac_with_more_positions_per_weight_load():
 
 
 def test_a_model_the_heap_holds_is_not_read_from_romfs():
-    from host.boardclasses import ESP32, ESP32S3
+    from specmesh.host.boardclasses import ESP32, ESP32S3, heap_need, on_romfs
 
     small = parse_header((ROOT / "models" / "drafter-esp32.spm").read_bytes()[:HEADER_SIZE])
     big = parse_header((ROOT / "models" / "drafter.spm").read_bytes()[:HEADER_SIZE])
-    assert cm.heap_need(small) <= ESP32.heap_bytes < cm.heap_need(big)
-    assert not cm.on_romfs(small, ESP32) and cm.on_romfs(big, ESP32)
-    assert not cm.on_romfs(big, ESP32S3)  # PSRAM
-    assert not cm.on_romfs(big, ESP32, (0, 1))  # a stage's slice sits in the heap
+    assert heap_need(small) <= ESP32.heap_bytes < heap_need(big)
+    assert not on_romfs(small, ESP32) and on_romfs(big, ESP32)
+    assert not on_romfs(big, ESP32S3)  # PSRAM
+    assert not on_romfs(big, ESP32, (0, 1))  # a stage's slice sits in the heap

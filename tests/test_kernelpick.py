@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from shared import messages as m
+from specmesh.shared import messages as m
 from tests.conftest import ROOT
-from tools.nodeproc import NodeProc, flash, generate
-from tools.testmodels import random_model
+from specmesh.tools.nodeproc import NodeProc, flash, generate
+from specmesh.tools.testmodels import random_model
 
 sys.path.insert(0, str(ROOT / "firmware"))  # selftest and refkernels are board modules (top-level names)
 import refkernels  # noqa: E402

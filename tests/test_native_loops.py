@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from host.projection import hardware
-from tools import native_loops
-from tools.xtensa_loops import ToolError
+from specmesh.host.projection import hardware
+from specmesh.tools import native_loops
+from specmesh.tools.xtensa_loops import ToolError
 
 missing = [cmd[0] for cmd, _, _ in native_loops.ARCHES.values() if shutil.which(cmd[0]) is None]
 pytestmark = [

@@ -1,6 +1,6 @@
 """Instructions per multiply-accumulate of the native matmul's inner loops, as the boards' cores run them.
 
-    python -m tools.native_loops [--json]
+    python -m specmesh.tools.native_loops [--json]
 
 Disassembles `k_matmul` (what matmul and layer run) in the objects `make native` builds
 (build/native/<arch>/kernels.o, the code of the shipped firmware/native/<arch>.mpy): rv32imc with Debian's riscv64-unknown-elf-objdump, xtensawin with
@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.xtensa_loops import Loop, ToolError, loops
+from specmesh.tools.xtensa_loops import Loop, ToolError, loops
 
 ROOT = Path(__file__).resolve().parent.parent
 # arch -> (disassembler command, weight byte load, multiply)

@@ -126,15 +126,6 @@ INLINE void group(const int8_t *w, const i32 *x, int cols, const int G, const in
 }
 
 /* A group of g positions of a pass of k > 5 (x values k words apart). */
-INTERNAL void group_strided(const int8_t *w, const i32 *x, int cols, int g, int k, i32 *out, int ostride) {
-    switch (g) {
-        case 1: group(w, x, cols, 1, k, 1, out, ostride); break;
-        case 2: group(w, x, cols, 2, k, 1, out, ostride); break;
-        case 3: group(w, x, cols, 3, k, 1, out, ostride); break;
-        case 4: group(w, x, cols, 4, k, 1, out, ostride); break;
-        default: group(w, x, cols, 5, k, 1, out, ostride); break;
-    }
-}
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -159,7 +150,63 @@ INTERNAL i32 dot_sse2(const int8_t *w, const i32 *x, int cols) {
     }
     return a;
 }
+
+/* A group of G = 2..5 positions, x values S words apart: column c's G values are one load of four words (two
+   for G = 2; G = 3 reads one word past its values: at the end, the slack after x that matmul's callers
+   leave), times the weight as
+   (w, 0) int16 pairs: pmaddwd gives x * w + (x's sign half) * 0 per word. Eight columns a step; a fifth
+   position's products take a one-word load of their own. */
+#define SSE_COL(v, i) { \
+        const i32 *xc = x + (c + (i)) * S; \
+        __m128i xv = G == 2 ? _mm_loadl_epi64((const __m128i *)xc) : _mm_loadu_si128((const __m128i *)xc); \
+        acc = _mm_add_epi32(acc, _mm_madd_epi16(xv, _mm_shuffle_epi32(v, ((i) & 3) * 0x55))); \
+        if (G == 5) acc4 = _mm_add_epi32(acc4, _mm_madd_epi16(_mm_cvtsi32_si128(xc[4]), \
+            _mm_shuffle_epi32(v, ((i) & 3) * 0x55))); \
+}
+
+INLINE void group_sse2(const int8_t *w, const i32 *x, int cols, const int G, const int S, i32 *out, int ostride) {
+    __m128i acc = _mm_setzero_si128(), acc4 = _mm_setzero_si128(), zero = _mm_setzero_si128();
+    i32 lanes[4];
+    int c = 0;
+    for (; c + 8 <= cols; c += 8) {
+        __m128i wb = _mm_loadl_epi64((const __m128i *)(w + c));
+        __m128i w16 = _mm_srai_epi16(_mm_unpacklo_epi8(wb, wb), 8);
+        __m128i lo = _mm_unpacklo_epi16(w16, zero), hi = _mm_unpackhi_epi16(w16, zero);
+        SSE_COL(lo, 0) SSE_COL(lo, 1) SSE_COL(lo, 2) SSE_COL(lo, 3)
+        SSE_COL(hi, 4) SSE_COL(hi, 5) SSE_COL(hi, 6) SSE_COL(hi, 7)
+    }
+    _mm_storeu_si128((__m128i *)lanes, acc);
+    i32 a4 = _mm_cvtsi128_si32(acc4);
+    for (; c < cols; c++) {
+        for (int j = 0; j < 4 && j < G; j++) {
+            lanes[j] += w[c] * x[c * S + j];
+        }
+        if (G == 5) a4 += w[c] * x[c * S + 4];
+    }
+    for (int j = 0; j < 4 && j < G; j++) {
+        out[j * ostride] = lanes[j];
+    }
+    if (G == 5) out[4 * ostride] = a4;
+}
 #endif
+
+/* A group of g positions of a pass of k > 5 (x values k words apart). */
+INTERNAL void group_strided(const int8_t *w, const i32 *x, int cols, int g, int k, i32 *out, int ostride) {
+    switch (g) {
+        case 1: group(w, x, cols, 1, k, 1, out, ostride); break;
+        #if defined(__SSE2__)
+        case 2: group_sse2(w, x, cols, 2, k, out, ostride); break;
+        case 3: group_sse2(w, x, cols, 3, k, out, ostride); break;
+        case 4: group_sse2(w, x, cols, 4, k, out, ostride); break;
+        default: group_sse2(w, x, cols, 5, k, out, ostride); break;
+        #else
+        case 2: group(w, x, cols, 2, k, 1, out, ostride); break;
+        case 3: group(w, x, cols, 3, k, 1, out, ostride); break;
+        case 4: group(w, x, cols, 4, k, 1, out, ostride); break;
+        default: group(w, x, cols, 5, k, 1, out, ostride); break;
+        #endif
+    }
+}
 
 /* out[j*rows + r] = sum_c int8 w[r*cols + c] * x[c*k + j], r < rows, j < k. Weights are loaded once per
    group of up to 5 positions; a pass of k <= 5 is one group with its stride known at compile time. */
@@ -173,10 +220,17 @@ INTERNAL void k_matmul(const int8_t *w, const i32 *x, int rows, int cols, int k,
                 group(w, x, cols, 1, 1, 4, out, rows);
                 #endif
                 break;
+            #if defined(__SSE2__)
+            case 2: group_sse2(w, x, cols, 2, 2, out, rows); break;
+            case 3: group_sse2(w, x, cols, 3, 3, out, rows); break;
+            case 4: group_sse2(w, x, cols, 4, 4, out, rows); break;
+            case 5: group_sse2(w, x, cols, 5, 5, out, rows); break;
+            #else
             case 2: group(w, x, cols, 2, 2, 4, out, rows); break;
             case 3: group(w, x, cols, 3, 3, 4, out, rows); break;
             case 4: group(w, x, cols, 4, 4, 4, out, rows); break;
             case 5: group(w, x, cols, 5, 5, 4, out, rows); break;
+            #endif
             default:
                 for (int j = 0; j < k; j += 5) {
                     group_strided(w, x + j, cols, k - j < 5 ? k - j : 5, k, out + j * rows, rows);

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from host.decode.ahead import best_lookahead, expected_draft
+from specmesh.host.decode.ahead import best_lookahead, expected_draft
 
 PROBES = (0, 1, 0, 4)  # first rounds: prefill (untimed), then V(k) at three sizes, D(g) at two, a first alpha
 PROBE_EVERY = 16

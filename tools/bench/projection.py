@@ -1,6 +1,6 @@
 """Projected tokens/s of the shipped target on real boards, plain and speculative, next to esp32-llm.
 
-    python -m tools.bench projection
+    python -m specmesh.tools.bench projection
 
 Held-out prompts (tools/modelcard.py: stories no model was trained or chosen on, their first 16 tokens)
 are decoded greedily on the host CPU back-ends (the boards' arithmetic, bit for bit) with gamma chosen as
@@ -25,21 +25,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.boardclasses import BOARD_CLASSES, ESP32, ESP32S3, ROLE_CLASS
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.decode.tokenizer import Tokenizer
-from host.projection.costmodel import KERNELS
-from host.projection.hardware import BOARDS
-from host.projection.pipeline import PipelineProjector
-from host.projection.rounds import Projector
-from host.provision.cluster import split_layers
-from shared.modelfile import HEADER_SIZE, parse_header
-from tools.modelcard import heldout_prompts
+from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, ESP32S3, ROLE_CLASS
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.layout import MODELS, TARGET_FILE
+from specmesh.host.projection.costmodel import KERNELS
+from specmesh.host.projection.hardware import BOARDS
+from specmesh.host.projection.pipeline import PipelineProjector
+from specmesh.host.projection.rounds import Projector
+from specmesh.host.provision.cluster import split_layers
+from specmesh.shared.modelfile import HEADER_SIZE, parse_header
+from specmesh.tools.heldout import heldout_prompts
 
-ROOT = Path(__file__).resolve().parents[2]
-MODELS = ROOT / "models"
 ANCHOR_TOK_S = 19.13  # DaveBben/esp32-llm, stories260K in C on an ESP32-S3
 NEW = 64
 PROMPTS = 8
@@ -64,8 +63,8 @@ def speculate(proj, prompts: list[list[int]], ver, dra) -> dict:
         out = proj.project(r, len(p))
         spec += out["wall_s"]
         plain += out.get("plain_wall_s", 0.0) or sum(proj.single.plain_round(len(p) + i) for i in range(
-            sum(x.committed for x in r.rounds)))
-        tokens += sum(x.committed for x in r.rounds)
+            sum(x.n_committed for x in r.rounds)))
+        tokens += sum(x.n_committed for x in r.rounds)
         acc += r.accepted
         tested += r.tested
         rounds += len(r.rounds)
@@ -74,10 +73,10 @@ def speculate(proj, prompts: list[list[int]], ver, dra) -> dict:
 
 
 def run() -> dict:
-    target = header("target.spm")
+    target = header(TARGET_FILE)
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
     prompts = heldout_prompts(MODELS, tok, PROMPTS)
-    ver = LocalVerifier(MODELS / "target.spm")
+    ver = LocalVerifier(MODELS / TARGET_FILE)
     out: dict = {"anchor_tok_s": ANCHOR_TOK_S, "prompts": len(prompts), "new_tokens": NEW, "boards": {},
                  "derivation": {}, "drafters": {}, "pipeline": {}}
     for kernels in KERNELS:
