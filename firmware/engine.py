@@ -46,9 +46,9 @@ head size <= 516 (checked at load); activations below 2^14 in Q16 (real values b
 import gc
 from array import array
 
+import kernelpick
 from micropython import const
 
-import kernelpick
 from shared import intmath
 from shared.modelfile import (FLAG_SHARED_CLS, HEADER_SIZE, KIND_Q8, ModelFileError, crc32, parse_header,
                               tensor_bytes, tensor_layout)
@@ -124,6 +124,10 @@ class Engine:
         self.final_norm = t[1 + 9 * h.n_layers]
         self.cls = t[0] if h.flags & FLAG_SHARED_CLS else t[2 + 9 * h.n_layers]
         self._tables(h)
+        self._whole = None  # kernels that run a whole layer per call (the native module): its arguments
+        if hasattr(self.kern, "layer"):
+            self._whole = [(self._layer_buffers(lw), self._layer_params(h, li, lw))
+                           for li, lw in enumerate(self.layers)]
         gc.collect()
         self.heap_bytes = gc.mem_alloc() - before
 
@@ -146,6 +150,23 @@ class Engine:
         self.pr, self.pq = _zeros("i", 8 + kmax), _zeros("i", 8 + kmax)
         self.norm_p, self.rope_p, self.embed_p = _zeros("i", 4), _zeros("i", 4), _zeros("i", 3)
         self.argmax_p, self.attend_p, self.pl = _zeros("i", 2), _zeros("i", 11), _zeros("i", 2)
+
+    def _layer_buffers(self, lw):
+        """The buffers of one layer, in the order of the native `layer` kernel (firmware/native/kernels.c, L_*)."""
+        attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 = lw
+        return (self.x, self.xn, self.xq, self.acc, self.pr, self.qb, self.kb, self.vb, self.kv, self.sc, self.h1,
+                self.h3, self.rope_cs, self.exp_table, attn_norm[0], ffn_norm[0], wq[0], wq[1], wk[0], wk[1],
+                wv[0], wv[1], wo[0], wo[1], w1[0], w1[1], w2[0], w2[1], w3[0], w3[1])
+
+    def _layer_params(self, h, li, lw):
+        """The native `layer` kernel's p: (k, pos, li, dim, head_dim, n_heads, n_kv_heads, hidden, n_ctx,
+        stride, cache, isq, eps, attn_norm shift, ffn_norm shift); k and pos are set per call."""
+        p = _zeros("i", 15)
+        vals = (0, 0, li, h.dim, h.head_dim, h.n_heads, h.n_kv_heads, h.hidden, self.n_ctx, self.stride, self.cache,
+                self.isq, self.eps, lw[0][1], lw[5][1])
+        for i in range(15):
+            p[i] = vals[i]
+        return p
 
     def _tables(self, h):
         hd = h.head_dim
@@ -256,6 +277,12 @@ class Engine:
     # -- steps ----------------------------------------------------------------------------------
 
     def _layer(self, li, lw, k, pos):
+        if self._whole is not None:  # the native kernels: the steps below in one call
+            bufs, p = self._whole[li]
+            p[0] = k
+            p[1] = pos
+            self.kern.layer(bufs, p)
+            return
         h = self.header
         kern = self.kern
         attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 = lw

@@ -2,17 +2,23 @@
 (native/<arch>.mpy, from firmware/native/kernels.c) when that module loads and passes its self-test
 (selftest.py), else the viper kernels (kernels.py), else plain Python (refkernels.py). All three compute
 the same integers (docs/CONTRACTS.md section 4); a native module that fails to load or to pass is never
-used, and the board says why on its console and in HELLO (`describe`).
+used, and the board says why on its console and in HELLO (`describe`). A module that crashes the board
+(machine code gone wrong can reset a board rather than raise) is not tried again: the file MARK exists
+while the module loads and runs its self-test, so the next boot finds it and runs viper (`specmesh flash`
+removes it with a new module).
 
     module, name = pick(viper=True, native=True)   # name: "native", "viper" or "python"
     describe(name)                                 # HELLO's kernels string: the name, and why not native
 """
 
+import os
 import sys
 
 # sys.implementation._mpy >> 10: py/persistentcode.h MP_NATIVE_ARCH_*; a native module is named after its arch
 ARCHES = ("", "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp", "xtensa",
           "xtensawin", "rv32imc", "rv64imc")
+
+MARK = "native/.selftest"  # beside the module, relative to the board's root (its working directory)
 
 _picked = {}
 _why = [None]  # why the native kernels are not used (None: not tried yet, or they are)
@@ -31,15 +37,48 @@ def _native():
     if not a:
         _why[0] = "no native code on this port"
         return None
+    if _exists(MARK):
+        _why[0] = "%s stopped the board in its self-test; flash the node again to retry" % path
+        print("specmesh: " + _why[0])
+        return None
+    marked = _mark()
+    try:
+        mod, found = _load(a, path)
+    finally:
+        if marked:
+            os.remove(MARK)
+    if mod is None and found:  # a module that is there and refused (a missing one is no news)
+        print("specmesh: " + _why[0] + "; not used")
+    return mod
+
+
+def _exists(name):
+    try:
+        os.stat(name)
+        return True
+    except OSError:
+        return False
+
+
+def _mark():
+    """Create MARK (False where it cannot be: no native/ folder, a read-only filesystem)."""
+    try:
+        open(MARK, "w").close()
+        return True
+    except OSError:
+        return False
+
+
+def _load(a, path):
+    """(the module for arch `a`, self-tested, or None with the reason in _why; whether a module was found)."""
     try:
         mod = getattr(__import__("native." + a), a)
     except ImportError:
         _why[0] = "no " + path
-        return None
+        return None, False
     except Exception as e:  # a corrupt or foreign file: "incompatible .mpy file" and the like
         _why[0] = "%s does not load: %s" % (path, e)
-        print("specmesh: " + _why[0] + "; not used")
-        return None
+        return None, True
     import selftest
 
     try:
@@ -49,10 +88,9 @@ def _native():
     if bad is not None:
         sys.modules.pop("native." + a, None)
         _why[0] = "%s fails its self-test (%s)" % (path, bad)
-        print("specmesh: " + _why[0] + "; not used")
-        return None
+        return None, True
     _why[0] = None
-    return mod
+    return mod, True
 
 
 def pick(viper=True, native=True):

@@ -146,9 +146,9 @@ def test_random_models_match_reference(run_plan, tmp_path, seed, shape, kernels)
 
 
 def test_native_viper_and_fallback_kernels_agree_exactly(run_plan, model):
-    """Passes of 3 and of 8 positions (the C matmul's strided groups of 5 and 3)."""
-    ops = [["fwd", PROMPT[:3], 0], ["fwd", PROMPT[3:6], 3], ["fwd", PROMPT + [1], 0]]
-    got = {name: run_plan({"model": model, "kmax": 8, "ops": ops, **plan}) for name, plan in KERNELS.items()}
+    """Passes of 3 and of 12 positions (the C matmul's strided groups of 5, 5 and 2; 12 shifts per quant)."""
+    ops = [["fwd", PROMPT[:3], 0], ["fwd", PROMPT[3:6], 3], ["fwd", (PROMPT * 2)[:12], 0]]
+    got = {name: run_plan({"model": model, "kmax": 12, "ops": ops, **plan}) for name, plan in KERNELS.items()}
     assert [g["kernels"] for g in got.values()] == list(KERNELS)
     assert got["native"]["results"] == got["viper"]["results"] == got["python"]["results"]
 

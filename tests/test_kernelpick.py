@@ -118,3 +118,25 @@ def test_a_board_without_the_module_runs_viper_and_says_so(micropython, tmp_path
         assert not any(b"native" in line for line in node.text)  # nothing wrong: no console note
     finally:
         node.close()
+
+
+def test_a_module_that_stopped_the_board_is_not_tried_again(micropython, tmp_path, model):
+    """The self-test's mark left behind (a board reset while it ran): viper, and the board says why."""
+    board = tmp_path / "b"
+    board.mkdir()
+    flash(board)
+    node = _node(micropython, board, model)
+    try:
+        assert node.call(m.HELLO, expect=m.HELLO)[-1] == "native"
+    finally:
+        node.close()
+    assert not (board / "native" / ".selftest").exists()  # a self-test that ends takes its mark away
+    (board / "native" / ".selftest").write_bytes(b"")
+    node = _node(micropython, board, model)
+    try:
+        kernels = node.call(m.HELLO, expect=m.HELLO)[-1]
+        console = b"\n".join(node.text).decode()
+    finally:
+        node.close()
+    why = "native/x64.mpy stopped the board in its self-test; flash the node again to retry"
+    assert kernels == "viper (%s)" % why and "specmesh: " + why in console

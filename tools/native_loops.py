@@ -1,9 +1,9 @@
 """Instructions per multiply-accumulate of the native matmul's inner loops, as the boards' cores run them.
 
-    python -m tools.native_loops [--json]
+    python -m specmesh.tools.native_loops [--json]
 
-Disassembles `matmul` in the objects `make native` builds (build/native/<arch>/kernels.o, the code of the
-shipped firmware/native/<arch>.mpy): rv32imc with Debian's riscv64-unknown-elf-objdump, xtensawin with
+Disassembles `k_matmul` (what matmul and layer run) in the objects `make native` builds
+(build/native/<arch>/kernels.o, the code of the shipped firmware/native/<arch>.mpy): rv32imc with Debian's riscv64-unknown-elf-objdump, xtensawin with
 llvm-objdump-22 (-mcpu=esp32). Each innermost loop (a backward branch, or a zero-overhead `loop`, and the
 range it closes: tools/xtensa_loops.py's longest path through one iteration) is identified by what it
 does: U byte loads of weights (columns per iteration) and G*U multiplies (positions per group), so its
@@ -53,7 +53,7 @@ def object_path(arch: str) -> Path:
     return ROOT / "build" / "native" / arch / "kernels.o"
 
 
-def disassemble(arch: str, function: str = "matmul") -> list[tuple[int, str, str]]:
+def disassemble(arch: str, function: str = "k_matmul") -> list[tuple[int, str, str]]:
     """(address, mnemonic, operands) of one function of the arch's object; branch targets as 0x... ."""
     cmd = ARCHES[arch][0]
     if shutil.which(cmd[0]) is None:
@@ -93,7 +93,11 @@ def zero_overhead(code: list[tuple[int, str, str]]) -> list[Loop]:
 
 
 def inner_loops(arch: str) -> list[InnerLoop]:
-    code = disassemble(arch)
+    return classify(disassemble(arch), arch)
+
+
+def classify(code: list[tuple[int, str, str]], arch: str) -> list[InnerLoop]:
+    """The innermost loops of `code` that multiply weight bytes, with their columns and positions."""
     _, byte_loads, muls = ARCHES[arch]
     found = []
     for lp in [lp for lp in loops(code) if lp.inner] + zero_overhead(code):

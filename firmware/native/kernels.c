@@ -8,7 +8,9 @@ kernels), no floats, nothing from libc, and nothing allocated: the arguments are
 array('i') of sizes, offsets and scalars, results come back in the buffers, `p` or as a small int.
 matmul's inner loops are unrolled by hand (constant group size and x stride, immediate offsets) so that
 gcc (rv32imc) and clang/llc (xtensawin) compile them to a few instructions per multiply-accumulate
-(tools/native_loops.py counts them).
+(tools/native_loops.py counts them); on x64 (the virtual boards) one position takes SSE2, which every x64
+core has. One more function, `layer`, runs a whole transformer layer in one call, the steps of
+Engine._layer with these kernels, so a token costs a few interpreted calls instead of a hundred.
 */
 #include "py/dynruntime.h"
 
@@ -19,6 +21,13 @@ typedef uint8_t u8;
 /* The function objects hold pointers: mpy_ld.py relocates those in .data.rel.ro (where gcc -fpic puts
    them; clang for Xtensa would put them in .rodata, which mpy_ld does not relocate for that arch). */
 #define FUN_OBJ __attribute__((section(".data.rel.ro.kernels")))
+/* Functions called, not inlined: llc calls them through a literal, which mpy_ld.py links only when it names
+   a symbol (a static function's would be .text plus an addend), so on Xtensa they are global. */
+#if defined(__XTENSA__)
+#define INTERNAL
+#else
+#define INTERNAL static
+#endif
 
 /* round(a * 2^-s), half up; a << -s when s <= 0. |a| < 2^30 (so a + 2^(s-1) fits). */
 INLINE i32 rshr(i32 a, int s) {
@@ -47,7 +56,7 @@ INLINE i32 mulsh(i32 a, i32 m, int s) {
 }
 
 /* The least shift that fits max |x[0..n)| in `bits` bits. */
-static int block_shift(const i32 *x, int n, int bits) {
+INTERNAL int block_shift(const i32 *x, int n, int bits) {
     uint32_t m = 0;
     for (int i = 0; i < n; i++) {
         i32 v = x[i];
@@ -72,14 +81,14 @@ INLINE i32 expq(i32 d, const i32 *tab) {
     return (e * tab[80 + (d & 63)] + 16384) >> 15;
 }
 
-static void *buf(mp_obj_t o, int flags) {
+INTERNAL void *buffer_of(mp_obj_t o, int flags) {
     mp_buffer_info_t info;
     mp_get_buffer_raise(o, &info, flags);
     return info.buf;
 }
 
-#define RD(o) buf((o), MP_BUFFER_READ)
-#define RW(o) buf((o), MP_BUFFER_RW)
+#define RD(o) buffer_of((o), MP_BUFFER_READ)
+#define RW(o) buffer_of((o), MP_BUFFER_RW)
 
 /* -- matmul ------------------------------------------------------------------------------------ */
 
@@ -117,49 +126,124 @@ INLINE void group(const int8_t *w, const i32 *x, int cols, const int G, const in
 }
 
 /* A group of g positions of a pass of k > 5 (x values k words apart). */
-static void group_strided(const int8_t *w, const i32 *x, int cols, int g, int k, i32 *out, int ostride) {
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+/* x64 (the virtual boards) has SSE2 on every core: one position, eight columns a step. x holds int16 values
+   in int32 words (quant clips them to 15 bits), so packing them to int16 is exact, and pmaddwd's pair sums
+   are the scalar loop's products; the sums wrap as the scalar ones would (and fit int32). */
+INTERNAL i32 dot_sse2(const int8_t *w, const i32 *x, int cols) {
+    __m128i acc = _mm_setzero_si128();
+    int c = 0;
+    for (; c + 8 <= cols; c += 8) {
+        __m128i x16 = _mm_packs_epi32(_mm_loadu_si128((const __m128i *)(x + c)),
+            _mm_loadu_si128((const __m128i *)(x + c + 4)));
+        __m128i wb = _mm_loadl_epi64((const __m128i *)(w + c));
+        __m128i w16 = _mm_srai_epi16(_mm_unpacklo_epi8(wb, wb), 8);
+        acc = _mm_add_epi32(acc, _mm_madd_epi16(w16, x16));
+    }
+    acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0x4E));
+    acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0xB1));
+    i32 a = _mm_cvtsi128_si32(acc);
+    for (; c < cols; c++) {
+        a += w[c] * x[c];
+    }
+    return a;
+}
+
+/* A group of G = 2..5 positions, x values S words apart: column c's G values are one load of four words (two
+   for G = 2; G = 3 reads one word past its values: at the end, the slack after x that matmul's callers
+   leave), times the weight as
+   (w, 0) int16 pairs: pmaddwd gives x * w + (x's sign half) * 0 per word. Eight columns a step; a fifth
+   position's products take a one-word load of their own. */
+#define SSE_COL(v, i) { \
+        const i32 *xc = x + (c + (i)) * S; \
+        __m128i xv = G == 2 ? _mm_loadl_epi64((const __m128i *)xc) : _mm_loadu_si128((const __m128i *)xc); \
+        acc = _mm_add_epi32(acc, _mm_madd_epi16(xv, _mm_shuffle_epi32(v, ((i) & 3) * 0x55))); \
+        if (G == 5) acc4 = _mm_add_epi32(acc4, _mm_madd_epi16(_mm_cvtsi32_si128(xc[4]), \
+            _mm_shuffle_epi32(v, ((i) & 3) * 0x55))); \
+}
+
+INLINE void group_sse2(const int8_t *w, const i32 *x, int cols, const int G, const int S, i32 *out, int ostride) {
+    __m128i acc = _mm_setzero_si128(), acc4 = _mm_setzero_si128(), zero = _mm_setzero_si128();
+    i32 lanes[4];
+    int c = 0;
+    for (; c + 8 <= cols; c += 8) {
+        __m128i wb = _mm_loadl_epi64((const __m128i *)(w + c));
+        __m128i w16 = _mm_srai_epi16(_mm_unpacklo_epi8(wb, wb), 8);
+        __m128i lo = _mm_unpacklo_epi16(w16, zero), hi = _mm_unpackhi_epi16(w16, zero);
+        SSE_COL(lo, 0) SSE_COL(lo, 1) SSE_COL(lo, 2) SSE_COL(lo, 3)
+        SSE_COL(hi, 4) SSE_COL(hi, 5) SSE_COL(hi, 6) SSE_COL(hi, 7)
+    }
+    _mm_storeu_si128((__m128i *)lanes, acc);
+    i32 a4 = _mm_cvtsi128_si32(acc4);
+    for (; c < cols; c++) {
+        for (int j = 0; j < 4 && j < G; j++) {
+            lanes[j] += w[c] * x[c * S + j];
+        }
+        if (G == 5) a4 += w[c] * x[c * S + 4];
+    }
+    for (int j = 0; j < 4 && j < G; j++) {
+        out[j * ostride] = lanes[j];
+    }
+    if (G == 5) out[4 * ostride] = a4;
+}
+#endif
+
+/* A group of g positions of a pass of k > 5 (x values k words apart). */
+INTERNAL void group_strided(const int8_t *w, const i32 *x, int cols, int g, int k, i32 *out, int ostride) {
     switch (g) {
         case 1: group(w, x, cols, 1, k, 1, out, ostride); break;
+        #if defined(__SSE2__)
+        case 2: group_sse2(w, x, cols, 2, k, out, ostride); break;
+        case 3: group_sse2(w, x, cols, 3, k, out, ostride); break;
+        case 4: group_sse2(w, x, cols, 4, k, out, ostride); break;
+        default: group_sse2(w, x, cols, 5, k, out, ostride); break;
+        #else
         case 2: group(w, x, cols, 2, k, 1, out, ostride); break;
         case 3: group(w, x, cols, 3, k, 1, out, ostride); break;
         case 4: group(w, x, cols, 4, k, 1, out, ostride); break;
         default: group(w, x, cols, 5, k, 1, out, ostride); break;
+        #endif
     }
 }
 
-/* p[16 + j*rows + r] = sum_c int8 w[(r0 + r)*cols + c] * x[c*k + j], r < rows, j < k; p = (rows, cols,
-   k, r0). `a` is unused (the viper kernel's register local). Weights are loaded once per group of up to
-   5 positions; a pass of k <= 5 is one group with its stride known at compile time. */
-static mp_obj_t matmul(size_t n_args, const mp_obj_t *args) {
-    i32 *p = RW(args[3]);
-    const i32 *x = RD(args[1]);
-    int rows = p[0], cols = p[1], k = p[2];
-    const int8_t *w = (const int8_t *)RD(args[0]) + p[3] * cols;
-    i32 *out = p + 16;
+/* out[j*rows + r] = sum_c int8 w[r*cols + c] * x[c*k + j], r < rows, j < k. Weights are loaded once per
+   group of up to 5 positions; a pass of k <= 5 is one group with its stride known at compile time. */
+INTERNAL void k_matmul(const int8_t *w, const i32 *x, int rows, int cols, int k, i32 *out) {
     for (int r = 0; r < rows; r++, w += cols, out++) {
         switch (k) {
-            case 1: group(w, x, cols, 1, 1, 4, out, rows); break;
+            case 1:
+                #if defined(__SSE2__)
+                out[0] = dot_sse2(w, x, cols);
+                #else
+                group(w, x, cols, 1, 1, 4, out, rows);
+                #endif
+                break;
+            #if defined(__SSE2__)
+            case 2: group_sse2(w, x, cols, 2, 2, out, rows); break;
+            case 3: group_sse2(w, x, cols, 3, 3, out, rows); break;
+            case 4: group_sse2(w, x, cols, 4, 4, out, rows); break;
+            case 5: group_sse2(w, x, cols, 5, 5, out, rows); break;
+            #else
             case 2: group(w, x, cols, 2, 2, 4, out, rows); break;
             case 3: group(w, x, cols, 3, 3, 4, out, rows); break;
             case 4: group(w, x, cols, 4, 4, 4, out, rows); break;
             case 5: group(w, x, cols, 5, 5, 4, out, rows); break;
+            #endif
             default:
                 for (int j = 0; j < k; j += 5) {
                     group_strided(w, x + j, cols, k - j < 5 ? k - j : 5, k, out + j * rows, rows);
                 }
         }
     }
-    return mp_const_none;
 }
-FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(matmul_obj, 4, 4, matmul);
 
-/* -- the other kernels (firmware/kernels.py documents each) -------------------------------------- */
+/* -- the other kernels (firmware/kernels.py documents each and its p) ----------------------------- */
 
-static mp_obj_t quant(mp_obj_t dst_in, mp_obj_t src_in, mp_obj_t p_in) {
-    i32 *p = RW(p_in);
-    const i32 *src = RD(src_in);
-    u8 *d8 = RW(dst_in);
-    i32 *d32 = (i32 *)d8;
+INTERNAL void k_quant(void *dst, const i32 *src, i32 *p) {
+    u8 *d8 = dst;
+    i32 *d32 = dst;
     int n = p[1], bits = p[3], stride = p[4], rows = p[5];
     i32 lim = (1 << bits) - 1;
     for (int j = 0; j < rows; j++) {
@@ -180,15 +264,9 @@ static mp_obj_t quant(mp_obj_t dst_in, mp_obj_t src_in, mp_obj_t p_in) {
         }
         p[8 + j] = sh;
     }
-    return mp_const_none;
 }
-FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_3(quant_obj, quant);
 
-static mp_obj_t requant(size_t n_args, const mp_obj_t *args) {
-    i32 *dst = RW(args[0]);
-    const i32 *acc = RD(args[1]);
-    const i32 *ms = RD(args[2]);
-    const i32 *p = RD(args[3]);
+INTERNAL void k_requant(i32 *dst, const i32 *acc, const i32 *ms, const i32 *p) {
     int n = p[0], k = p[1], stride = p[3], add = p[5];
     ms += p[2];
     for (int j = 0; j < k; j++) {
@@ -200,15 +278,9 @@ static mp_obj_t requant(size_t n_args, const mp_obj_t *args) {
             d[r] = add ? d[r] + y : y;
         }
     }
-    return mp_const_none;
 }
-FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(requant_obj, 4, 4, requant);
 
-static mp_obj_t embed(size_t n_args, const mp_obj_t *args) {
-    i32 *dst = RW(args[0]);
-    const int8_t *w = RD(args[1]);
-    const i32 *ms = RD(args[2]);
-    const i32 *p = RD(args[3]);
+INTERNAL void k_embed(i32 *dst, const int8_t *w, const i32 *ms, const i32 *p) {
     int dim = p[0], t = p[1];
     i32 m = ms[t] & 0xFFFF;
     int s = (ms[t] >> 16) - 16;
@@ -217,15 +289,9 @@ static mp_obj_t embed(size_t n_args, const mp_obj_t *args) {
     for (int i = 0; i < dim; i++) {
         dst[i] = mulsh(w[i], m, s);
     }
-    return mp_const_none;
 }
-FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(embed_obj, 4, 4, embed);
 
-static mp_obj_t rmsnorm(size_t n_args, const mp_obj_t *args) {
-    i32 *dst = RW(args[0]);
-    const i32 *src = RD(args[1]);
-    const i32 *wn = RD(args[2]);
-    const i32 *p = RD(args[3]);
+INTERNAL void k_rmsnorm(i32 *dst, const i32 *src, const i32 *wn, const i32 *p) {
     int dim = p[0], k = p[1], qw = p[2];
     for (int j = 0; j < k; j++, src += dim, dst += dim) {
         int sh = block_shift(src, dim, 10);
@@ -260,14 +326,9 @@ static mp_obj_t rmsnorm(size_t n_args, const mp_obj_t *args) {
             dst[i] = mulsh(mulsh(src[i], wn[i], qw), g, s);
         }
     }
-    return mp_const_none;
 }
-FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(rmsnorm_obj, 4, 4, rmsnorm);
 
-static mp_obj_t rope(mp_obj_t buf_in, mp_obj_t cs_in, mp_obj_t p_in) {
-    i32 *b = RW(buf_in);
-    const int16_t *cs = RD(cs_in);
-    const i32 *p = RD(p_in);
+INTERNAL void k_rope(i32 *b, const int16_t *cs, const i32 *p) {
     int k = p[0], heads = p[1], half = p[2];
     for (int j = 0; j < k; j++) {
         const int16_t *lo = cs + 2 * ((p[3] + j) & 31) * half;
@@ -284,17 +345,11 @@ static mp_obj_t rope(mp_obj_t buf_in, mp_obj_t cs_in, mp_obj_t p_in) {
             }
         }
     }
-    return mp_const_none;
 }
-FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_3(rope_obj, rope);
 
 /* p = (n, hd, stride, kb, vb, heads, group, isq, k, qq, tab); cache bytes are int8 + 128, each row's
    shift in its last byte. */
-static mp_obj_t attend(size_t n_args, const mp_obj_t *args) {
-    i32 *q = RW(args[0]);
-    const u8 *kv = RD(args[1]);
-    i32 *sc = RW(args[2]);
-    const i32 *p = RD(args[3]);
+INTERNAL void k_attend(i32 *q, const u8 *kv, i32 *sc, const i32 *p) {
     int hd = p[1], stride = p[2], heads = p[5], grp = p[6];
     i32 isq = p[7];
     i32 *qq = sc + p[9];
@@ -359,15 +414,9 @@ static mp_obj_t attend(size_t n_args, const mp_obj_t *args) {
             qo[i] = rshr(qo[i] - (qs << 7), 22 - vm);
         }
     }
-    return mp_const_none;
 }
-FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(attend_obj, 4, 4, attend);
 
-static mp_obj_t silu(size_t n_args, const mp_obj_t *args) {
-    i32 *h1 = RW(args[0]);
-    const i32 *h3 = RD(args[1]);
-    const i32 *tab = RD(args[2]);
-    const i32 *p = RD(args[3]);
+INTERNAL void k_silu(i32 *h1, const i32 *h3, const i32 *tab, const i32 *p) {
     int n = p[0], k = p[1];
     for (int j = 0; j < k; j++, h1 += n, h3 += n) {
         int sh = block_shift(h3, n, 14);
@@ -382,6 +431,57 @@ static mp_obj_t silu(size_t n_args, const mp_obj_t *args) {
             h1[i] = mulsh(mulsh(a, g, 14), b, 16 - sh);
         }
     }
+}
+
+/* -- the Python-facing kernels: firmware/kernels.py's signatures ---------------------------------- */
+
+/* p[16 + j*rows + r] = the sums; p = (rows, cols, k, r0); `a` is unused (the viper kernel's register local). */
+static mp_obj_t matmul(size_t n_args, const mp_obj_t *args) {
+    i32 *p = RW(args[3]);
+    const int8_t *w = RD(args[0]);
+    k_matmul(w + p[3] * p[1], RD(args[1]), p[0], p[1], p[2], p + 16);
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(matmul_obj, 4, 4, matmul);
+
+static mp_obj_t quant(mp_obj_t dst, mp_obj_t src, mp_obj_t p) {
+    k_quant(RW(dst), RD(src), RW(p));
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_3(quant_obj, quant);
+
+static mp_obj_t requant(size_t n_args, const mp_obj_t *args) {
+    k_requant(RW(args[0]), RD(args[1]), RD(args[2]), RD(args[3]));
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(requant_obj, 4, 4, requant);
+
+static mp_obj_t embed(size_t n_args, const mp_obj_t *args) {
+    k_embed(RW(args[0]), RD(args[1]), RD(args[2]), RD(args[3]));
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(embed_obj, 4, 4, embed);
+
+static mp_obj_t rmsnorm(size_t n_args, const mp_obj_t *args) {
+    k_rmsnorm(RW(args[0]), RD(args[1]), RD(args[2]), RD(args[3]));
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(rmsnorm_obj, 4, 4, rmsnorm);
+
+static mp_obj_t rope(mp_obj_t buf, mp_obj_t cs, mp_obj_t p) {
+    k_rope(RW(buf), RD(cs), RD(p));
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_3(rope_obj, rope);
+
+static mp_obj_t attend(size_t n_args, const mp_obj_t *args) {
+    k_attend(RW(args[0]), RD(args[1]), RW(args[2]), RD(args[3]));
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(attend_obj, 4, 4, attend);
+
+static mp_obj_t silu(size_t n_args, const mp_obj_t *args) {
+    k_silu(RW(args[0]), RD(args[1]), RD(args[2]), RD(args[3]));
     return mp_const_none;
 }
 FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(silu_obj, 4, 4, silu);
@@ -399,6 +499,119 @@ static mp_obj_t argmax(mp_obj_t a_in, mp_obj_t p_in) {
 }
 FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_2(argmax_obj, argmax);
 
+/* -- one whole layer per call: firmware/engine.py's Engine._layer, step for step ------------------ */
+
+enum { L_X, L_XN, L_XQ, L_ACC, L_PR, L_QB, L_KB, L_VB, L_KV, L_SC, L_H1, L_H3, L_ROPE, L_EXP, L_ATTN_NORM, L_FFN_NORM,
+       L_WQ, L_WK = L_WQ + 2, L_WV = L_WK + 2, L_WO = L_WV + 2, L_W1 = L_WO + 2, L_W2 = L_W1 + 2, L_W3 = L_W2 + 2,
+       L_BUFS = L_W3 + 2 };
+
+typedef struct {
+    i32 *xq, *acc;
+    int k;
+} pass_t;
+
+/* xq = the k rows of src rounded to int16 (positions interleaved), their shifts in pr[8:] (_quant_rows). */
+INTERNAL void quant_rows(pass_t *ps, const i32 *src, int cols, i32 *pr) {
+    pr[0] = 0;
+    pr[1] = cols;
+    pr[2] = 0;
+    pr[3] = 15;
+    pr[4] = ps->k;
+    pr[5] = ps->k;
+    pr[6] = 1;
+    k_quant(ps->xq, src, pr);
+}
+
+/* dst rows (+)= requant(W @ xq) for a matrix of rows x cols (_project, one block). */
+INTERNAL void project(pass_t *ps, void *const *b, int wi, int rows, int cols, i32 *dst, int add, i32 *pr) {
+    k_matmul(b[wi], ps->xq, rows, cols, ps->k, ps->acc);
+    pr[0] = rows;
+    pr[1] = ps->k;
+    pr[2] = 0;
+    pr[3] = rows;
+    pr[4] = 0;
+    pr[5] = add;
+    k_requant(dst, ps->acc, b[wi + 1], pr);
+}
+
+/* layer(bufs, p): one transformer layer over k positions, as Engine._layer computes it with the kernels
+   above. bufs: a tuple of the buffers in L_* order (pr: quant's and requant's parameters, 8 + kmax ints;
+   each matrix as its int8 weights, then its m | s << 16 row scales); p = (k, pos, li, dim, head_dim,
+   n_heads, n_kv_heads, hidden, n_ctx, stride, cache, isq, eps, attn_norm shift, ffn_norm shift). */
+static mp_obj_t layer(mp_obj_t bufs_in, mp_obj_t p_in) {
+    mp_obj_tuple_t *t = MP_OBJ_TO_PTR(bufs_in);  /* the engine's tuple (no string constant: see INTERNAL) */
+    mp_obj_t *items = t->items;
+    if (t->len != L_BUFS) {
+        mp_raise_ValueError(NULL);
+    }
+    void *b[L_BUFS];
+    for (int i = 0; i < L_BUFS; i++) {
+        b[i] = RD(items[i]);  /* read-only weights (a ROMFS) too; the engine's scratch is writable */
+    }
+    const i32 *p = RD(p_in);
+    int k = p[0], pos = p[1], li = p[2], dim = p[3], hd = p[4], nh = p[5], nkv = p[6], hid = p[7], nctx = p[8];
+    int stride = p[9], cache = p[10];
+    int qd = nh * hd, kvd = nkv * hd;
+    pass_t ps = {b[L_XQ], b[L_ACC], k};
+    i32 *pr = b[L_PR], q[11];
+    i32 *x = b[L_X], *xn = b[L_XN];
+    q[0] = dim;
+    q[1] = k;
+    q[2] = p[13];
+    q[3] = p[12];
+    k_rmsnorm(xn, x, b[L_ATTN_NORM], q);
+    quant_rows(&ps, xn, dim, pr);
+    project(&ps, b, L_WQ, qd, dim, b[L_QB], 0, pr);
+    project(&ps, b, L_WK, kvd, dim, b[L_KB], 0, pr);
+    project(&ps, b, L_WV, kvd, dim, b[L_VB], 0, pr);
+    q[0] = k;
+    q[1] = nh;
+    q[2] = hd / 2;
+    q[3] = pos;
+    k_rope(b[L_QB], b[L_ROPE], q);
+    q[1] = nkv;
+    k_rope(b[L_KB], b[L_ROPE], q);
+    pr[0] = 0;  /* the k new rows of keys, then of values, into the cache (quant leaves k shifts after p[8]) */
+    pr[1] = kvd;
+    pr[2] = (li * nctx + pos) * stride;
+    pr[3] = 7;
+    pr[4] = 1;
+    pr[5] = k;
+    pr[6] = stride;
+    k_quant(b[L_KV], b[L_KB], pr);
+    pr[2] += cache;
+    k_quant(b[L_KV], b[L_VB], pr);
+    q[0] = pos + 1;  /* query j sees positions 0 .. pos + j */
+    q[1] = hd;
+    q[2] = stride;
+    q[3] = li * nctx * stride;
+    q[4] = cache + q[3];
+    q[5] = nh;
+    q[6] = nh / nkv;
+    q[7] = p[11];
+    q[8] = k;
+    q[9] = nctx;
+    q[10] = nctx + hd;
+    k_attend(b[L_QB], b[L_KV], b[L_SC], q);
+    quant_rows(&ps, b[L_QB], qd, pr);
+    project(&ps, b, L_WO, dim, qd, x, 1, pr);
+    q[0] = dim;
+    q[1] = k;
+    q[2] = p[14];
+    q[3] = p[12];
+    k_rmsnorm(xn, x, b[L_FFN_NORM], q);
+    quant_rows(&ps, xn, dim, pr);
+    project(&ps, b, L_W1, hid, dim, b[L_H1], 0, pr);
+    project(&ps, b, L_W3, hid, dim, b[L_H3], 0, pr);
+    q[0] = hid;
+    q[1] = k;
+    k_silu(b[L_H1], b[L_H3], b[L_EXP], q);
+    quant_rows(&ps, b[L_H1], hid, pr);
+    project(&ps, b, L_W2, dim, hid, x, 1, pr);
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_2(layer_obj, layer);
+
 mp_obj_t mpy_init(mp_obj_fun_bc_t *self, size_t n_args, size_t n_kw, mp_obj_t *args) {
     MP_DYNRUNTIME_INIT_ENTRY
     mp_store_global(MP_QSTR_matmul, MP_OBJ_FROM_PTR(&matmul_obj));
@@ -410,5 +623,6 @@ mp_obj_t mpy_init(mp_obj_fun_bc_t *self, size_t n_args, size_t n_kw, mp_obj_t *a
     mp_store_global(MP_QSTR_attend, MP_OBJ_FROM_PTR(&attend_obj));
     mp_store_global(MP_QSTR_silu, MP_OBJ_FROM_PTR(&silu_obj));
     mp_store_global(MP_QSTR_argmax, MP_OBJ_FROM_PTR(&argmax_obj));
+    mp_store_global(MP_QSTR_layer, MP_OBJ_FROM_PTR(&layer_obj));
     MP_DYNRUNTIME_INIT_EXIT
 }

@@ -43,6 +43,7 @@ class RunConfig:
     plain: bool = False
     stages: int = 0
     project: str | None = None  # a board class name (host/projection/hardware.py BOARDS)
+    kernels: str = "native"  # the board kernels a projection prices (host/projection/costmodel.py KERNELS)
     rates: object | None = None  # host/projection/calibration.py Rates, from --calibration
     key: bytes | None = None  # the deployment key, from --key-file
     stats_json: str | None = None
@@ -59,7 +60,8 @@ class RunConfig:
                    top_p=a.top_p, draft_top_k=a.draft_top_k, seed=a.seed, drafter=a.drafter, verifier=a.verifier,
                    gamma=parse_gamma(a.gamma), transport=a.transport, radio_loss=a.radio_loss,
                    radio_dup=a.radio_dup, spec_ahead=a.spec_ahead, plain=a.plain, stages=a.stages,
-                   project=a.project, rates=_rates(a.calibration, a.project), key=_key(a.key_file),
+                   project=a.project, kernels=a.kernels, rates=_rates(a.calibration, a.project),
+                   key=_key(a.key_file),
                    stats_json=a.stats_json, models=a.models, color=False if a.no_color else None, quiet=a.quiet)
 
     @property

@@ -25,7 +25,9 @@ from specmesh.host.backends import PIPELINE, BackendError, SessionParams
 from specmesh.host.cli.config import (DEFAULT_PROMPT, GAMMA_FLAG_MAX, RV32_PROJECT, RunConfig,  # noqa: F401
                                       UsageError, parse_gamma)
 from specmesh.host.cli.output import TokenStream, format_table, write_stats_json
-from specmesh.host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
+from specmesh.host.boardclasses import drafter_class
+from specmesh.host.cli.preflight import (PreflightError, check_backends, check_context, check_models, drafter_file,
+                                         unknown_backend)
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, generate
 from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path
@@ -69,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also project the run onto real boards of this class (host/projection/hardware.py); "
                         "gamma is then chosen for that hardware. esp32c3/esp32c6 price the instructions the run's "
                         "virtual:esp32c3/c6 boards executed under QEMU (docs/run.md)")
+    p.add_argument("--kernels", choices=("native", "viper"), default="native",
+                   help="with --project: the board kernels the projection prices (default native: the xtensawin "
+                        "module; viper: the MicroPython-only engine)")
     p.add_argument("--calibration", metavar="FILE", type=Path,
                    help="with --project: price the projection with a board's measurements (specmesh bench "
                         "--port PORT --out FILE) instead of the derived figures")
@@ -131,7 +136,9 @@ class Setup(contextlib.ExitStack):
         fac = backends.factory(kind, name)
         if fac is None:
             raise UsageError(unknown_backend(kind, name) or name)
-        backend = fac(model_path(self.config.models, kind), name=name, boards=self)
+        c = self.config
+        model = c.models / drafter_file(name, c.models, c.transport) if kind == "drafter" else model_path(c.models, kind)
+        backend = fac(model, name=name, boards=self)
         self.callback(backend.close)
         return backend
 
@@ -204,8 +211,9 @@ def projection(config: RunConfig, heads: dict, verifier, on_host: bool, determin
         from specmesh.host.projection.hardware import UART_921600  # noqa: PLC0415
         from specmesh.host.projection.pipeline import LinksReport, PipelineProjector  # noqa: PLC0415
 
-        return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, UART_921600.name, on_host),
-                LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host))
+        return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, UART_921600.name, on_host,
+                                  config.kernels),
+                LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host, config.kernels))
     if config.project in RV32_PROJECT:  # priced after the run from what its boards executed
         from specmesh.host.projection.measured import MeasuredProjector  # noqa: PLC0415
         from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
@@ -217,7 +225,8 @@ def projection(config: RunConfig, heads: dict, verifier, on_host: bool, determin
         from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
 
         projector = Projector(heads["verifier"], heads["drafter"], config.project or "esp32s3", config.transport,
-                              config.rates)
+                              config.rates, config.kernels, drafter_on_host=on_host,
+                              drafter_board=drafter_class(config.transport))
         return projector, (projector if config.project else None)
     return None, None
 
@@ -227,7 +236,8 @@ def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
     no board booted, no port held when one of these fails."""
     names = config.backend_names
     try:
-        headers = check_models(config.models, sorted({*names, *(["drafter"] if config.project else [])}))
+        headers = check_models(config.models, sorted({*names, *(["drafter"] if config.project else [])}),
+                               {"drafter": drafter_file(config.drafter, config.models, config.transport)})
         check_context(prompt_tokens, headers["verifier"])
         return headers, check_backends(names, config.transport, config.key)
     except PreflightError as e:
@@ -256,6 +266,8 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
         costs, projector = projection(config, headers, verifier, on_host, deterministic)
         fixed = config.gamma
         controller = GammaController(fixed=fixed) if fixed is None else GammaController(max_gamma=fixed, fixed=fixed)
+        # a projection that credits pipelined drafting plans gamma and the look-ahead for it
+        controller.pipelined = bool(drafter is not None and costs is not None and costs.pipelined)
         stream = None
         if not config.quiet:
             stream = TokenStream(lambda t: tok.pieces[t], out, color=config.color)

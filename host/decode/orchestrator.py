@@ -44,6 +44,11 @@ class Round:
     t_commit: float
     bytes_draft: int
     bytes_verify: int
+    # pipelined drafting (host/decode/ahead.py): passes the drafter makes ahead after this round's block
+    # (the controller's look-ahead), and whether they were a hit: every draft accepted and the drafter's
+    # own guess at the bonus position (one draft more than the verifier got) is the emitted token
+    ahead: int = 0
+    guess_hit: bool = False
 
 
 @dataclass
@@ -136,9 +141,15 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         bytes0 = (drafter.bus_bytes if drafter else 0, verifier.bus_bytes)
         t0 = clock()
         lag = len(committed) - synced if gamma else 0
-        drafter, draft = failover.draft(drafter, committed, gamma)
+        ahead = controller.ahead if gamma else 0
+        # with a look-ahead, the drafter's guess at the bonus position tells whether its ahead-drafts would
+        # serve the next round: one draft more than the verifier gets (drafts depend on their position
+        # alone, so the verifier's drafts, and the text, are the same)
+        guess = 1 if ahead and gamma < drafter.max_gamma and len(committed) + gamma + 1 < drafter.max_seq else 0
+        drafter, draft = failover.draft(drafter, committed, gamma + guess if gamma else 0)
         if drafter is None:
-            gamma = lag = 0
+            gamma = lag = ahead = 0
+        draft, guessed = _guess(draft, gamma)
         t1 = clock()
         verifier, (n_acc, token) = failover.verify(verifier, params, committed, draft, lambda: (len(out), clock() - t1))
         t2 = clock()
@@ -154,7 +165,8 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         t3 = clock()
         out += [t for t in new if t != params.eos] if ended else new
         r = _round(draft, n_acc, token, len(committed), lag, (t0, t1, t2, t3),
-                   ((drafter.bus_bytes - bytes0[0]) if drafter else 0, verifier.bus_bytes - bytes0[1]))
+                   ((drafter.bus_bytes - bytes0[0]) if drafter else 0, verifier.bus_bytes - bytes0[1]),
+                   (ahead, guessed is not None and n_acc == len(draft) and token == guessed))
         result.rounds.append(r)
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
                            ended=token == -1, lag=lag, timed=len(result.rounds) > 1)
@@ -168,16 +180,25 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     return result
 
 
+def _guess(draft: Draft, gamma: int) -> tuple[Draft, int | None]:
+    """(the first gamma drafts, the drafter's guess at the bonus position after them or None): the loop
+    asks for one draft more when it plans a look-ahead (host/decode/ahead.py)."""
+    if len(draft) <= gamma:
+        return draft, None
+    return Draft(draft.pos0, draft.tokens[:gamma], draft.q[:gamma]), draft.tokens[gamma]
+
+
 def _round(draft: Draft, n_acc: int, token: int, length: int, lag: int, t: tuple[float, float, float, float],
-           bus: tuple[int, int]) -> Round:
+           bus: tuple[int, int], ahead: tuple[int, bool] = (0, False)) -> Round:
     """The record of a round that left the stream `length` tokens long: its verdict, the payload bytes its
-    drafts take on a board bus (what the projection prices), times t0..t3 and the bytes each link carried."""
+    drafts take on a board bus (what the projection prices), times t0..t3, the bytes each link carried and
+    (look-ahead, whether it was a hit)."""
     n_new = n_acc + (token >= 0)
     entries = [(tok, q[0], q[1]) for tok, q in zip(draft.tokens, draft.q)]
     rejected = n_acc < len(draft) and token != -1
     table = draft_size(entries[n_acc:n_acc + 1]) if rejected and len(draft.q[n_acc][0]) > 1 else 0
     return Round(len(draft), n_acc, n_new, length - n_new, draft_size(entries), draft_size(entries, partial=True),
-                 table, rejected, lag, t[1] - t[0], t[2] - t[1], t[3] - t[2], *bus)
+                 table, rejected, lag, t[1] - t[0], t[2] - t[1], t[3] - t[2], *bus, *ahead)
 
 
 class _Failover:

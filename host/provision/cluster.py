@@ -27,7 +27,7 @@ from pathlib import Path
 from specmesh.host.backends import PIPELINE, PORT, BackendError, Boards, register_drafter, register_verifier
 from specmesh.host.backends.board import BoardDrafter, BoardVerifier
 from specmesh.host.backends.pipeline import BoardStage, PipelineVerifier
-from specmesh.host.boardclasses import BOARD_CLASSES, ESP32S3, ROLE_CLASS
+from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, drafter_class, drafter_model
 from specmesh.host.bus.links import LinkError, SerialLink
 from specmesh.host.bus.proxy import Bus, HostAuth, Proxy
 from specmesh.host.layout import MODELS, ROOT, model_path
@@ -167,7 +167,9 @@ class Cluster(contextlib.ExitStack):
         from specmesh.host.emulator.session import board_mac  # noqa: PLC0415
         from specmesh.host.provision.flash import FlashError, flash, summary  # noqa: PLC0415
 
-        model = model_path(self.models, kind)
+        # a drafter board runs its class's drafter (host/boardclasses.py: the one its memory runs fastest)
+        model = (drafter_model(self.models, board or ROLE_CLASS[kind]) if kind == "drafter"
+                 else model_path(self.models, kind))
         name = kind if stage is None else "stage%d" % stage[0]
         if board is not None and board != ROLE_CLASS[kind]:
             name += "-" + board  # its own flash folder
@@ -214,7 +216,7 @@ class Cluster(contextlib.ExitStack):
         # the gateway also relays every verifier frame: on a classic ESP32's heap next to the drafter model
         # that ran out of memory reading frames (13 KB free), so the gateway drafter is an ESP32-S3
         gateway = {"link": "gateway", "espnow": {"peers": {str(NODE_ID["verifier"]): verifier_mac}}}
-        gw = self.start("drafter", gateway, hub, ESP32S3.name)
+        gw = self.start("drafter", gateway, hub, drafter_class("espnow"))
         self.hub = hub
         bus = _open(gw.port, self, self.faults, self.key, busy_s=2.0)
         bus.peer = NODE_ID["drafter"]  # the gateway; the verifier's frames carry addresses

