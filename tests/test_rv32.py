@@ -90,11 +90,12 @@ def _run(*args, tmp_path, name):
     return json.loads(path.read_text())
 
 
-@pytest.mark.parametrize("sampling", [[], ["--temperature", "0.8", "--seed", "7"]], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("sampling", [[], ["--temperature", "0.8", "--seed", "7", "--gamma", "4"]],
+                         ids=["greedy", "seeded"])
 def test_two_c3_boards_print_the_hosts_text_on_native_kernels(tmp_path, sampling):
     """Greedy: plain decoding's text on the host. Seeded: the host back-ends' text with the same seed and the same
-    gammas (chosen from the projected costs when sampling; where drafts are tested changes a sampled text, so
-    it is compared with speculation on the host, not with plain decoding)."""
+    gamma (where drafts are tested changes a sampled text, so it is compared with speculation on the host, not
+    with plain decoding, and with a fixed gamma: gamma auto prices a host drafter and a board differently)."""
     boards = _run("--drafter", "virtual:esp32c3", "--verifier", "virtual:esp32c3", *sampling, tmp_path=tmp_path,
                   name="c3")
     host = (["--drafter", "cpu", "--verifier", "cpu"] if sampling else ["--plain", "--verifier", "cpu"])
