@@ -31,11 +31,17 @@ def unknown_backend(kind: str, name: str) -> str | None:
     return "--%s %s: not a serial port nor one of %s" % (kind, name, known)
 
 
-def check_models(models: Path, roles: list[str]) -> dict[str, Header]:
-    """The header of each role's model file in `models`, every file checked whole."""
+def model_files(models: Path, target: Path | None = None, drafter: Path | None = None) -> dict[str, Path]:
+    """Each role's model file: the one given (`--model`, `--draft-model`), else its name in `models`."""
+    return {"verifier": target or models / MODEL_FILES["verifier"],
+            "drafter": drafter or models / MODEL_FILES["drafter"]}
+
+
+def check_models(files: dict[str, Path], roles: list[str]) -> dict[str, Header]:
+    """The header of each role's model file (`files`: role -> path), every file checked whole."""
     heads = {}
     for role in roles:
-        path = models / MODEL_FILES[role]
+        path = files[role]
         try:
             heads[role] = check_model_file(path)[0]
         except ModelFileError as e:
@@ -45,12 +51,12 @@ def check_models(models: Path, roles: list[str]) -> dict[str, Header]:
     return heads
 
 
-def check_context(prompt_tokens: int, target: Header) -> None:
+def check_context(prompt_tokens: int, target: Header, name: str = MODEL_FILES["verifier"]) -> None:
     """The prompt must leave room in the target's context for at least one generated token (the
     drafter's context limits nothing: past it, rounds are plain; host/decode/orchestrator.py)."""
     if prompt_tokens >= target.max_seq:
         raise PreflightError("the prompt is %d tokens but the target model's context holds %d (%s): shorten --prompt"
-                             % (prompt_tokens, target.max_seq, MODEL_FILES["verifier"]))
+                             % (prompt_tokens, target.max_seq, name))
 
 
 def check_backends(names: dict[str, str], transport: str, key: bytes | None = None) -> dict[str, str]:

@@ -21,9 +21,11 @@ from pathlib import Path
 from host import backends
 from host.backends import BackendError, SessionParams, temp_milli, top_p_q16
 from host.cli.output import TokenStream, format_table, write_stats_json
-from host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
+from host.cli.preflight import (PreflightError, check_backends, check_context, check_models, model_files,
+                                unknown_backend)
 from host.decode.gamma import GammaController
 from host.decode.orchestrator import Result, generate
+from host.decode.stopstrings import StopStrings
 from shared import messages as m
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +43,11 @@ class GenerationFailed(Exception):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="text to continue (default: %(default)r)")
+    p.add_argument("--prompt", default=None,
+                   help="text to continue, or - to read it from stdin (default: %r)" % DEFAULT_PROMPT)
+    p.add_argument("--prompt-file", metavar="F", type=Path, help="read the text to continue from file F (UTF-8)")
+    p.add_argument("--stop", metavar="STRING", action="append", default=[],
+                   help="end the text before this string (repeatable; the generated text only is searched)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=0, help="target top-k, 0 = off (default: %(default)s)")
@@ -80,6 +86,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stats-json", metavar="FILE", help="write the run's figures as JSON")
     p.add_argument("--models", type=Path, default=MODELS,
                    help="folder with drafter.spm, target.spm and a llama2.c tokenizer.bin")
+    p.add_argument("--model", metavar="FILE", type=Path,
+                   help="the target model file (default: target.spm in --models)")
+    p.add_argument("--draft-model", metavar="FILE", type=Path,
+                   help="the drafter model file (default: drafter.spm in --models; a drafter board runs the "
+                        "model it was flashed with, and the host reads that one from the same folder)")
     p.add_argument("--no-color", action="store_true", help="never colour the streamed text")
     p.add_argument("--quiet", action="store_true", help="do not stream the text (the table is still printed)")
 
@@ -96,7 +107,28 @@ def parse_gamma(text: str) -> int | None:
     return g
 
 
+def read_prompt(a: argparse.Namespace) -> str:
+    """The text to continue: `--prompt TEXT`, `--prompt -` (stdin) or `--prompt-file F`, read as UTF-8;
+    the final newlines of a file or stdin are dropped, as the shell's $(...) drops them."""
+    if a.prompt is not None and a.prompt_file is not None:
+        raise UsageError("give --prompt or --prompt-file, not both")
+    if a.prompt_file is None and a.prompt != "-":
+        return DEFAULT_PROMPT if a.prompt is None else a.prompt
+    where = "stdin" if a.prompt_file is None else str(a.prompt_file)
+    try:
+        data = sys.stdin.buffer.read() if a.prompt_file is None else a.prompt_file.read_bytes()
+    except OSError as e:
+        raise UsageError("cannot read the prompt from %s: %s" % (where, e.strerror or e)) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError("the prompt in %s is not UTF-8 text: byte %d is 0x%02x" % (where, e.start, data[e.start])
+                         ) from None
+    return text.rstrip("\r\n")
+
+
 def check_args(a: argparse.Namespace) -> None:
+    a.prompt = read_prompt(a)
     if a.max_tokens < 1:
         raise UsageError("--max-tokens must be at least 1")
     for convert, value, flag in ((temp_milli, a.temperature, "--temperature"), (top_p_q16, a.top_p, "--top-p")):
@@ -136,9 +168,15 @@ def check_args(a: argparse.Namespace) -> None:
             a.key = load_key(a.key_file)
         except KeyFileError as e:
             raise UsageError(str(e)) from None
-    for name in (() if a.plain else ("drafter.spm",)) + ("target.spm", "tokenizer.bin"):
-        if not (a.models / name).is_file():
-            raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (name, a.models))
+    a.model_files = model_files(a.models, a.model, a.draft_model)
+    for role, flag in (("drafter", "--draft-model"), ("verifier", "--model")):
+        path = a.model_files[role]
+        if (role == "verifier" or not a.plain) and not path.is_file():
+            given = a.model if role == "verifier" else a.draft_model
+            raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (path.name, a.models)
+                             if given is None else "%s %s: no such file" % (flag, path))
+    if not (a.models / "tokenizer.bin").is_file():
+        raise UsageError("tokenizer.bin is missing from %s: run `make train` or pass --models DIR" % a.models)
 
 
 def load_tokenizer(models: Path):
@@ -172,12 +210,13 @@ class Setup(contextlib.ExitStack):
                 radio = RadioConfig(loss=self.a.radio_loss, duplicate=self.a.radio_dup, seed=self.a.seed)
             say = None if self.a.quiet else (lambda line: print("specmesh: " + line, file=sys.stderr, flush=True))
             self._cluster = self.enter_context(Cluster(self.a.transport, self.a.models, radio=radio,
-                                                       spec_ahead=self.a.spec_ahead, key=self.key, say=say))
+                                                       spec_ahead=self.a.spec_ahead, key=self.key, say=say,
+                                                       files=self.a.model_files))
         return self._cluster
 
     def make(self, kind: str, name: str):
         """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`, from the registry."""
-        model = self.a.models / ("drafter.spm" if kind == "drafter" else "target.spm")
+        model = self.a.model_files[kind]
         if kind == "verifier" and self.a.stages:
             try:
                 backend = self.cluster().pipeline(self.a.stages)
@@ -210,12 +249,21 @@ def build_stats(a, params: SessionParams, result: Result, text: str, verifier, d
         "gamma_policy": "plain" if drafter is None else ("auto" if controller.fixed is None else "fixed"),
         "wall_s": result.wall_s,
         "tokens_per_s": n / result.wall_s if result.wall_s > 0 else 0.0,
+        # prefill: BEGIN to the first round's tokens (host/decode/orchestrator.py); decode: the rest
+        "prefill_s": result.prefill_s,
+        "prefill_tokens_per_s": prompt_len / result.prefill_s if result.prefill_s > 0 else 0.0,
+        "decode_s": result.wall_s - result.prefill_s,
+        "decode_tokens": result.decode_tokens,
+        "decode_tokens_per_s": (result.decode_tokens / (result.wall_s - result.prefill_s)
+                                if result.wall_s > result.prefill_s else 0.0),
         "bus_bytes_per_token": result.bus_bytes / n if n else 0.0,
         "bus_bytes_per_token_by_link": {  # the host's link to each board (0 for an in-process back-end)
             "verifier": sum(r.bytes_verify for r in result.rounds) / n if n else 0.0,
             "drafter": sum(r.bytes_draft for r in result.rounds) / n if n else 0.0},
         "verifier": verifier.name,
         "drafter": drafter.name if drafter else None,
+        "drafter_model": (drafter.info.get("model") if hasattr(drafter, "info") else
+                          a.model_files["drafter"].name) if drafter else None,
         "stop": result.stop,
         "context": verifier.max_seq,
         "seed": a.seed,
@@ -254,8 +302,8 @@ def run(a: argparse.Namespace, out=None) -> dict:
     prompt = tok.encode(a.prompt)
     names = {"verifier": a.verifier} if a.plain else {"verifier": a.verifier, "drafter": a.drafter}
     try:  # before anything starts: no board booted, no port held when one of these fails
-        heads = check_models(a.models, sorted({*names, *(["drafter"] if a.project else [])}))
-        check_context(len(prompt), heads["verifier"])
+        heads = check_models(a.model_files, sorted({*names, *(["drafter"] if a.project else [])}))
+        check_context(len(prompt), heads["verifier"], a.model_files["verifier"].name)
         names = check_backends(names, a.transport, a.key)
     except PreflightError as e:
         raise UsageError(str(e)) from None
@@ -267,6 +315,8 @@ def run(a: argparse.Namespace, out=None) -> dict:
     with Setup(a) as setup:
         verifier = setup.make("verifier", names["verifier"])
         drafter = None if a.plain else setup.make("drafter", names["drafter"])
+        if drafter is not None and "drafter" in heads:  # price the model the drafter board runs
+            heads["drafter"] = _drafter_head(drafter, a.model_files["drafter"], heads["drafter"])
         projector = cost_model = None
         # With sampling, which positions get a draft changes the text (the accept test and the residual
         # draw replace plain decoding's draw there), so an adaptive gamma fed wall-clock times would
@@ -287,9 +337,10 @@ def run(a: argparse.Namespace, out=None) -> dict:
                                    a.rates)
             projector = cost_model if a.project else None
         controller = GammaController(fixed=fixed) if fixed is None else GammaController(max_gamma=fixed, fixed=fixed)
+        stops = StopStrings(a.stop)
         stream = None
         if not a.quiet:
-            stream = TokenStream(lambda t: tok.pieces[t], out, color=False if a.no_color else None)
+            stream = TokenStream(lambda t: tok.pieces[t], out, color=False if a.no_color else None, stops=stops)
             out.write(a.prompt)
             out.flush()
         try:
@@ -298,17 +349,31 @@ def run(a: argparse.Namespace, out=None) -> dict:
                               costs=cost_model.round_costs if cost_model else None,
                               fallback=None if a.verifier == "cpu" or a.stages else (
                                   lambda: setup.make("verifier", "cpu")),
-                              on_failover=lambda line: print("\nspecmesh: " + line, file=sys.stderr, flush=True))
+                              on_failover=lambda line: print("\nspecmesh: " + line, file=sys.stderr, flush=True),
+                              stop_when=(lambda ids: stops.cut(tok.decode(ids)) is not None) if stops else None)
         except (BackendError, RuntimeError) as e:
             if stream:
                 out.write("\n")
             raise GenerationFailed(_one_line(e)) from None
         if stream:
             stream.finish()
-        stats = build_stats(a, params, result, tok.decode(result.tokens), verifier, drafter, controller, len(prompt),
+        text = tok.decode(result.tokens)
+        stats = build_stats(a, params, result, text[:stops.cut(text)], verifier, drafter, controller, len(prompt),
                             projector)
         stats["gamma_costs"] = ("projected %s" % cost_model.board.name) if cost_model else "measured"
     return stats
+
+
+def _drafter_head(drafter, given: Path, head):
+    """The header of the model a drafter board reports running (HELLO: drafter-heap.spm on a classic ESP32
+    without ROMFS, host/provision/drafters.py) when that file is beside `given`; else `head`, `given`'s."""
+    name = getattr(drafter, "info", {}).get("model", "").rsplit("/", 1)[-1]
+    if not name or name == given.name or not (given.parent / name).is_file():
+        return head
+    try:
+        return check_models({"drafter": given.parent / name}, ["drafter"])["drafter"]
+    except PreflightError as e:
+        raise UsageError(str(e)) from None
 
 
 def main(a: argparse.Namespace) -> int:

@@ -5,10 +5,13 @@ ask the verifier for a verdict over the gamma + 1 positions, commit the accepted
 emitted token, tell both back-ends (they roll back everything beyond it). gamma = 0 is a round of
 plain decoding on the verifier; without a drafter (`--plain`) every round is one, and so is every
 round once the drafter's context is full. The stream stops at the end-of-stream token, at
-`max_tokens`, or when the verifier's context is full.
+`max_tokens`, when the verifier's context is full, or when the caller's `stop_when` says so (a stop
+string in the text, host/decode/stopstrings.py).
 
 Times are measured around each call (so they include bus round trips) and fed back to the gamma
-controller; bus bytes come from the back-ends' links.
+controller; bus bytes come from the back-ends' links. `Result.prefill_s` is the time from BEGIN to the
+first round's tokens: the prompt's prefill on every back-end (a drafter board prefills at BEGIN, a
+verifier at its first verdict) and that first round; what follows is the decode.
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ class Result:
     tokens: list[int]  # generated tokens (prompt excluded, end-of-stream token excluded)
     rounds: list[Round] = field(default_factory=list)
     wall_s: float = 0.0
-    stop: str = "max_tokens"  # "eos", "max_tokens" or "context"
+    stop: str = "max_tokens"  # "eos", "max_tokens", "context" or "stop" (`stop_when` ended it)
+    prefill_s: float = 0.0  # BEGIN to the first round's tokens (the prompt's prefill and that round)
     failovers: list[str] = field(default_factory=list)  # one line per back-end that failed and was replaced
 
     @property
@@ -80,6 +84,11 @@ class Result:
         return sum(r.committed for r in self.rounds) / len(self.rounds) if self.rounds else 0.0
 
     @property
+    def decode_tokens(self) -> int:
+        """Tokens committed after the first round: the decode's share of the stream."""
+        return len(self.tokens) - self.rounds[0].committed if self.rounds else 0
+
+    @property
     def gamma_hist(self) -> dict[int, int]:
         return dict(sorted(Counter(r.gamma for r in self.rounds).items()))
 
@@ -96,7 +105,8 @@ Fallback = Callable[[], Verifier]  # a replacement verifier (its session is begu
 def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None, params: SessionParams,
              max_tokens: int, controller: GammaController | None = None, on_round: OnRound | None = None,
              clock: Callable[[], float] = time.perf_counter, costs: Costs | None = None,
-             fallback: Fallback | None = None, on_failover: Callable[[str], None] | None = None) -> Result:
+             fallback: Fallback | None = None, on_failover: Callable[[str], None] | None = None,
+             stop_when: Callable[[Sequence[int]], bool] | None = None) -> Result:
     """Generate up to `max_tokens` tokens after `prompt`; speculative when a drafter is given.
 
     The gamma controller learns from the measured seconds of each round, or from `costs(round)` when
@@ -107,6 +117,9 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     drafter that fails leaves the stream on plain decoding. Each is one line in `Result.failovers`
     (and to `on_failover`). Nothing committed is lost, and since every back-end computes the same
     distributions and draws from the same counter-based PRNG, the text is the one without the failure.
+
+    `stop_when(tokens)`, asked after each round with the tokens generated so far: True ends the stream
+    (stop "stop"). The rounds are the same as without it, so the stream is a prefix of the one without.
     """
     if not prompt:
         raise ValueError("the prompt must hold at least one token")
@@ -184,6 +197,8 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
                   draft_size(entries, partial=True), table, rejected, lag, t1 - t0, t2 - t1, t3 - t2,
                   (drafter.bus_bytes - b_d0) if drafter else 0, verifier.bus_bytes - b_v0)
         result.rounds.append(r)
+        if len(result.rounds) == 1:
+            result.prefill_s = clock() - start
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
                            ended=token == -1, lag=lag, timed=len(result.rounds) > 1)
         if on_round:
@@ -191,6 +206,9 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
             on_round(vis_acc, [t for t in emitted if not ended or t != params.eos])
         if ended:
             result.stop = "eos"
+            break
+        if stop_when is not None and stop_when(out):
+            result.stop = "stop"
             break
     result.wall_s = clock() - start
     return result

@@ -141,8 +141,9 @@ class Cluster(contextlib.ExitStack):
 
     def __init__(self, transport: str = "serial", models: Path = ROOT / "models", root: Path = VBOARDS,
                  radio=None, spec_ahead: int = 0, faults=None, key: bytes | None = None,
-                 say: Callable[[str], None] | None = None):
-        """`key`: provisioned onto every board at flashing, and every frame signed with it."""
+                 say: Callable[[str], None] | None = None, files: dict[str, Path] | None = None):
+        """`key`: provisioned onto every board at flashing, and every frame signed with it. `files`: the
+        model file of a role ("drafter", "verifier"; default: drafter.spm and target.spm in `models`)."""
         super().__init__()
         self.faults = faults  # host/bus/faults.py Faults on every host link, or None
         self.key = key
@@ -151,10 +152,16 @@ class Cluster(contextlib.ExitStack):
         self.spec_ahead = spec_ahead  # drafter config: tokens drafted ahead while a verdict is pending
         self.transport = transport
         self.models = Path(models)
+        self.files = dict(files or {})
         self.root = Path(root)
         self.radio = radio
         self.boards: dict = {}
         self._bus: Bus | None = None
+
+    def model(self, kind: str) -> Path:
+        """The model file a board of role `kind` is flashed with (a stage: the target's)."""
+        role = "drafter" if kind == "drafter" else "verifier"
+        return self.files.get(role) or self.models / ("drafter.spm" if role == "drafter" else "target.spm")
 
     def start(self, kind: str, config: dict | None = None, radio=None, board: str | None = None,
               stage: tuple[int, int, int] | None = None):
@@ -166,7 +173,7 @@ class Cluster(contextlib.ExitStack):
         from host.emulator.session import board_mac  # noqa: PLC0415
         from host.provision.flash import FlashError, flash, summary  # noqa: PLC0415
 
-        model = self.models / ("drafter.spm" if kind == "drafter" else "target.spm")
+        model = self.model(kind)
         name = kind if stage is None else "stage%d" % stage[0]
         node_id = NODE_ID[kind] + (0 if stage is None else stage[0])
         folder = self.root / (name if radio is None else name + "-espnow")
@@ -224,7 +231,7 @@ class Cluster(contextlib.ExitStack):
         from host.backends.modelio import check_model_file  # noqa: PLC0415
         if self.transport != "serial":
             raise BackendError("--stages runs on --transport serial (the host relays between stages)")
-        n_layers = check_model_file(self.models / "target.spm")[0].n_layers
+        n_layers = check_model_file(self.model("verifier"))[0].n_layers
         layers = split_layers(n_layers, n)
         stages = []
         for i, (a, b) in enumerate(layers):
