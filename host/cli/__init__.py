@@ -21,7 +21,9 @@ def _add_flash(sub) -> None:
     p.add_argument("--role", required=True, choices=["drafter", "verifier", "stage"])
     p.add_argument("--layers", metavar="A:B", default=None,
                    help="--role stage: the target's layers A..B-1 this board holds (docs/pipeline.md)")
-    p.add_argument("--model", default=None, help="model file (default: models/drafter.spm or models/target.spm)")
+    p.add_argument("--model", default=None, help="model file (default: models/target.spm; a drafter gets the shipped "
+                   "drafter its board runs: models/drafter.spm from ROMFS or PSRAM, models/drafter-heap.spm in a "
+                   "stock classic ESP32's heap)")
     p.add_argument("--node-id", type=int, default=None,
                    help="bus node id (default: 1 drafter, 2 verifier, 10 stage; stages of one pipeline need distinct ids)")
     p.add_argument("--no-reset", action="store_true", help="leave the board in the REPL instead of starting the node")
@@ -61,6 +63,8 @@ def _flash(args) -> int:
     b = report.board
     print(f"{args.role} on {port} (MicroPython {'.'.join(map(str, b.version[:3]))}, {b.arch}, "
           f"{b.mem_free // 1024} KiB heap free): {summary(report, time.monotonic() - t0)}")
+    if report.note:
+        print(report.note)
     return 0
 
 
@@ -144,6 +148,8 @@ def _add_emulate(sub) -> None:
     p.add_argument("--board", default="esp32", choices=sorted(BOARD_CLASSES), help="board class (default esp32)")
     p.add_argument("--dir", default=None, help="keep the boards' flash folders here (default: a temporary folder)")
     p.add_argument("--flash-kb", type=int, default=None, help="give each board a littlefs flash of this size (8..16384, a multiple of 4)")
+    p.add_argument("--no-romfs", action="store_true",
+                   help="boards without a ROMFS partition, as stock MicroPython downloads (default: the class's)")
     p.add_argument("--mtu", type=int, default=250, choices=[250, 1470], help="ESP-NOW MAX_DATA_LEN (default 250)")
     p.add_argument("--loss", type=float, default=0.0, help="radio packet loss probability")
     p.add_argument("--duplicate", type=float, default=0.0, help="radio packet duplication probability")
@@ -203,9 +209,10 @@ def _emulate(args) -> int:
     flash_bytes = args.flash_kb * 1024 if args.flash_kb is not None else None
     _stop_on_ctrl_c_and_term()
     try:
-        with Emulation(args.boards, args.board, args.dir, radio, flash_bytes) as emu:
+        with Emulation(args.boards, args.board, args.dir, radio, flash_bytes, 0 if args.no_romfs else None) as emu:
             cls = board_class(args.board)
-            print(f"{args.boards} virtual {cls.description} board(s), heap {cls.heap_bytes} bytes; "
+            romfs = "no ROMFS" if args.no_romfs or not cls.romfs_bytes else f"ROMFS {cls.romfs_bytes // 1024} KiB"
+            print(f"{args.boards} virtual {cls.description} board(s), heap {cls.heap_bytes} bytes, {romfs}; "
                   f"radio MTU {args.mtu}, loss {args.loss}. Ctrl-C (or SIGTERM) stops them.")
             for vb in emu.boards:
                 print(f"{vb.name}  {vb.port}  mac {vb.mac}  flash {vb.flash_dir}", flush=True)

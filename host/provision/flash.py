@@ -7,6 +7,10 @@ model file and /specmesh.json (role, node id, model path, the deployment key if 
 over the raw REPL (the key only there: the temporary copy is deleted), checks every file's
 SHA-256 on the board, and soft-resets the board so main.py starts the node.
 
+A drafter flashed without a named model gets the shipped drafter its board runs (host/provision/drafters.py:
+the 64-wide one where ROMFS or PSRAM holds its weights, the 40-wide one in a stock classic ESP32's heap);
+the report says which and what it costs in acceptance.
+
 A drafter's or verifier's model goes into the board's ROMFS partition when the board has no PSRAM and a
 partition that holds the model's image (host/provision/romfs.py; /rom/<name>, memory-mapped flash the
 engine reads in place, so the weights need no heap), else (or with `use_romfs=False`) to /models/ on the
@@ -35,7 +39,7 @@ import serial
 
 from host.backends.modelio import check_model_file
 from host.bus import ports
-from host.provision import romfs
+from host.provision import drafters, romfs
 from shared.modelfile import ModelFileError, stage_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,6 +92,8 @@ class FlashReport:
     written: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     bytes_written: int = 0
+    model: str = ""  # the model file flashed
+    note: str = ""  # the shipped drafter chosen for the board, where it runs and what it costs ("" if none)
 
 
 def compile_py(src: Path, dst: Path, march: str | None = None, source_name: str | None = None) -> None:
@@ -297,6 +303,7 @@ def flash(
     if (role == "stage") != (layers is not None):
         raise FlashError("--layers A:B goes with --role stage, and --role stage needs it")
     role_code, default_model = ROLES[role]
+    choose_drafter = role == "drafter" and model is None and drafters.HEAP.path().is_file()
     model = Path(model) if model is not None else ROOT / default_model
     if not model.is_file():
         raise FlashError(f"model file not found: {model}")
@@ -318,6 +325,11 @@ def flash(
     transport = open_board(port)
     try:
         info = probe(transport)
+        note = ""
+        if choose_drafter:
+            model, note = _choose_drafter(info, use_romfs)
+            heap_bytes = model.stat().st_size
+            fs_dest = f"{MODEL_DIR}/{model.name}"
         image = _rom_image(info, role, model, heap_bytes) if use_romfs else b""
         model_dest = f"{romfs.ROM_DIR}/{model.name}" if image else fs_dest
         with tempfile.TemporaryDirectory(prefix="specmesh-flash-") as tmp:
@@ -341,7 +353,7 @@ def flash(
             files[CONFIG_PATH] = config_file
             total = sum(p.stat().st_size for p in files.values())
             check_board(info, role, heap_bytes, total, len(image))
-            report = FlashReport(port, info)
+            report = FlashReport(port, info, model=model.name, note=note)
             chunk = 2048 if info.mem_free > PSRAM_HEAP else 512
             _mkdirs(transport, list(files))
             for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
@@ -365,6 +377,10 @@ def flash(
             _deploy(transport, image, model_dest, report, progress)
             if transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
                 transport.fs_rmfile(fs_dest)
+        if choose_drafter:  # the other shipped drafter, left by an earlier flash, would only fill the filesystem
+            for other in {d.file for d in (drafters.WIDE, drafters.HEAP)} - {model.name}:
+                if transport.fs_exists(f"{MODEL_DIR}/{other}"):
+                    transport.fs_rmfile(f"{MODEL_DIR}/{other}")
         if reset:
             transport.exit_raw_repl()
             transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
@@ -377,6 +393,18 @@ def flash(
         raise
     finally:
         transport.close()
+
+
+def _choose_drafter(info: BoardInfo, use_romfs: bool) -> tuple[Path, str]:
+    """The shipped drafter this board runs (host/provision/drafters.py), and the line that says so."""
+    wide = drafters.WIDE.path()
+    fits = use_romfs and bool(_rom_image(info, "drafter", wide, 0))
+    chosen, where = drafters.choose(info.mem_free >= PSRAM_HEAP, fits, info.mem_free)
+    try:  # the default drafter was checked before the board was touched; the other one is checked here
+        check_model_file(chosen.path())
+    except (ModelFileError, OSError) as e:
+        raise FlashError(str(e)) from None
+    return chosen.path(), drafters.describe(chosen, where)
 
 
 def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> bytes:
