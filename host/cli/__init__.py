@@ -17,7 +17,8 @@ def _add_run(sub) -> None:
 
 def _add_flash(sub) -> None:
     p = sub.add_parser("flash", help="flash the node (drafter, verifier or pipeline stage) onto a board with mpremote")
-    p.add_argument("--port", default="auto", help="serial port of the board, or `auto` (default) to find it")
+    p.add_argument("--port", default="auto", help="serial port of the board (a0, u0, c0 as in mpremote), or `auto` "
+                   "(default) to find it")
     p.add_argument("--role", required=True, choices=["drafter", "verifier", "stage"])
     p.add_argument("--layers", metavar="A:B", default=None,
                    help="--role stage: the target's layers A..B-1 this board holds (docs/pipeline.md)")
@@ -280,5 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     _add_keygen(sub)
     _add_emulate(sub)
     _add_chaos(sub)
+    from host.cli import console
+
+    console.add_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -3,7 +3,7 @@ left behind when one of these fails, and the failure is one line naming the file
 
 - the model files parse: header, size and CRC (host/backends/modelio.py `check_model_file`);
 - the prompt fits the target's context (the orchestrator would refuse it only after the boards were up);
-- every `--drafter`/`--verifier` names a known back-end, and every role given a serial port gets one that exists and opens now; `auto` is resolved here to the
+- every `--drafter`/`--verifier` names a known back-end (a port also as mpremote's `a0`, `u0`, `c0`), and every role given a serial port gets one that exists and opens now; `auto` is resolved here to the
   port of the flashed board reporting that role, before a virtual board of the other role boots.
 """
 
@@ -63,8 +63,9 @@ def check_backends(names: dict[str, str], transport: str, key: bytes | None = No
     """`names` (role -> back-end name), each checked to name a back-end, with every `auto` replaced by
     its board's port (asking with `key` when the boards sign frames) and every port checked to exist and
     open."""
-    from host.bus.ports import PortError, check_port  # noqa: PLC0415
+    from host.bus.ports import PortError, check_port, expand  # noqa: PLC0415
 
+    names = {role: expand(name) for role, name in names.items()}  # mpremote's shortcuts: a0, u0, c0
     for role, name in names.items():
         problem = unknown_backend(role, name)
         if problem:

@@ -55,8 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-top-k", type=int, default=8, help="size of the drafter's q-hat tables (default: 8)")
     p.add_argument("--seed", type=int, default=0, help="session seed: same seed, same text (default: 0)")
     p.add_argument("--drafter", default="virtual",
-                   help="PORT | auto (the flashed drafter board among the ESP32 USB ports) | virtual | cpu "
-                        "(default: virtual)")
+                   help="PORT (or mpremote's a0, u0, c0) | auto (the flashed drafter board among the ESP32 USB "
+                        "ports) | virtual | cpu (default: virtual)")
     p.add_argument("--verifier", default="virtual",
                    help="PORT | auto | virtual | cpu | torch-cpu | gpu (default: virtual)")
     p.add_argument("--gamma", default="auto", help="drafts per round: auto, or a fixed K >= 0 (default: auto)")
