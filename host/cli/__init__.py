@@ -281,8 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_keygen(sub)
     _add_emulate(sub)
     _add_chaos(sub)
-    from host.cli import console
+    from host.cli import chat, console
 
+    chat.add_parser(sub)
     console.add_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)

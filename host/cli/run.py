@@ -294,15 +294,15 @@ def build_stats(a, params: SessionParams, result: Result, text: str, verifier, d
     return stats
 
 
-def run(a: argparse.Namespace, out=None) -> dict:
-    """Generate as `a` says; returns the stats. Raises UsageError, BackendError and friends."""
-    out = out if out is not None else sys.stdout
+def prepare(a: argparse.Namespace):
+    """Everything checked before any back-end starts (no board booted, no port held when a check fails):
+    returns (tokenizer, prompt tokens, back-end names, model headers, session params, fixed gamma or None)."""
     check_args(a)
     fixed = parse_gamma(a.gamma)
     tok = load_tokenizer(a.models)
     prompt = tok.encode(a.prompt)
     names = {"verifier": a.verifier} if a.plain else {"verifier": a.verifier, "drafter": a.drafter}
-    try:  # before anything starts: no board booted, no port held when one of these fails
+    try:
         heads = check_models(a.model_files, sorted({*names, *(["drafter"] if a.project else [])}))
         check_context(len(prompt), heads["verifier"], a.model_files["verifier"].name)
         names = check_backends(names, a.transport, a.key)
@@ -313,6 +313,13 @@ def run(a: argparse.Namespace, out=None) -> dict:
     # llama2.c's models end a story by starting the next one (BOS), so BOS ends the stream
     params = SessionParams(seed=a.seed, temperature=a.temperature, draft_top_k=a.draft_top_k,
                            target_top_k=a.top_k, top_p=a.top_p, eos=BOS)
+    return tok, prompt, names, heads, params, fixed
+
+
+def run(a: argparse.Namespace, out=None) -> dict:
+    """Generate as `a` says; returns the stats. Raises UsageError, BackendError and friends."""
+    out = out if out is not None else sys.stdout
+    tok, prompt, names, heads, params, fixed = prepare(a)
     with Setup(a) as setup:
         verifier = setup.make("verifier", names["verifier"])
         drafter = None if a.plain else setup.make("drafter", names["drafter"])
