@@ -251,7 +251,8 @@ def _vm_version() -> str:
 
     from host.emulator.board import BoardError, micropython_binary
 
-    code = "import sys; v = sys.implementation.version; print('%d.%d.%d' % v[:3] + ('-' + v[3] if v[3:] and v[3] else ''))"
+    code = ("import sys; v = sys.implementation.version; "
+            "print('%d.%d.%d' % v[:3] + ('-' + v[3] if v[3:] and v[3] else ''))")
     try:
         done = subprocess.run([micropython_binary(), "-c", code], capture_output=True, text=True, timeout=10)
     except (BoardError, OSError, subprocess.TimeoutExpired):

@@ -3,7 +3,8 @@ left behind when one of these fails, and the failure is one line naming the file
 
 - the model files parse: header, size and CRC (host/backends/modelio.py `check_model_file`);
 - the prompt fits the target's context (the orchestrator would refuse it only after the boards were up);
-- every `--drafter`/`--verifier` names a known back-end (a port also as mpremote's `a0`, `u0`, `c0`), and every role given a serial port gets one that exists and opens now; `auto` is resolved here to the
+- every `--drafter`/`--verifier` names a known back-end (a port also as mpremote's `a0`, `u0`, `c0`), and
+  every role given a serial port gets one that exists and opens now; `auto` is resolved here to the
   port of the flashed board reporting that role, before a virtual board of the other role boots.
 """
 
