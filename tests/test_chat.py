@@ -61,6 +61,9 @@ def test_chat_from_a_pipe_with_an_opening_turn_and_a_stop_string():
     assert len(lines) == 2 and lines[1].startswith("She smiled") and "." not in lines[1]
 
 
-def test_chat_refuses_stdin_as_its_first_turn(models, capsys):
+def test_chat_refuses_stdin_as_its_first_turn_and_run_only_flags(models, capsys):
     assert cli.main(["chat", "--models", str(models), "--verifier", "cpu", "--prompt", "-"]) == 2
     assert "chat reads its turns from stdin" in capsys.readouterr().err
+    assert cli.main(["chat", "--models", str(models), "--verifier", "cpu", "--stats-json", "s.json"]) == 2
+    assert capsys.readouterr().err == ("specmesh chat: error: chat prints each turn's text and no stats: drop "
+                                       "--stats-json (specmesh run takes it)\n")

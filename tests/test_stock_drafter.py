@@ -6,9 +6,12 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 from host import cli
 from host.cli.run import add_arguments, run
 from host.provision import drafters
+from host.provision.flash import flash
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,3 +53,11 @@ def test_flash_onto_a_stock_classic_esp32_installs_the_heap_drafter_which_runs(v
     assert on_board["text"] == plain["text"] and on_board["drafter"] == vb.port
     assert on_board["drafter_model"] == "models/drafter-heap.spm" and on_board["alpha"] > 0.5
     assert on_board["boards"][0]["role"] == "drafter" and on_board["boards"][0]["heap_free"] > 0
+
+
+@pytest.mark.parametrize("board, where", [("esp32", "read in place from the ROMFS partition"),
+                                          ("esp32s3", "weights in PSRAM")])
+def test_a_board_with_romfs_or_psram_gets_the_wide_drafter(virtual_board, board, where):
+    vb = virtual_board(board)
+    report = flash(vb.port, "drafter", progress=False, reset=False)
+    assert report.model == "drafter.spm" and where in report.note and "drafter-heap.spm" not in report.note

@@ -67,6 +67,9 @@ def chat(a: argparse.Namespace, lines, out, echo: bool = True) -> int:
     opening = a.prompt is not None or a.prompt_file is not None
     if a.prompt == "-":
         raise UsageError("chat reads its turns from stdin: give the first turn as --prompt TEXT or --prompt-file F")
+    for flag, given in (("--stats-json", a.stats_json), ("--project", a.project), ("--quiet", a.quiet)):
+        if given:
+            raise UsageError("chat prints each turn's text and no stats: drop %s (specmesh run takes it)" % flag)
     tok, first, names, heads, params, fixed = prepare(a)
     stops = StopStrings(a.stop)
     with Setup(a) as setup:

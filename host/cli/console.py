@@ -12,9 +12,7 @@ from __future__ import annotations
 import os
 import select
 import sys
-import termios
 import time
-import tty
 
 import serial
 
@@ -32,6 +30,13 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
+    try:
+        import termios  # noqa: PLC0415 - POSIX only; imported here so the rest of the CLI runs anywhere
+        import tty  # noqa: PLC0415
+    except ImportError:
+        print("specmesh console: needs a POSIX terminal; on Windows use `mpremote connect %s repl`" % args.port,
+              file=sys.stderr)
+        return 1
     try:
         port = ports.resolve_port(args.port)
         if not ports.exists(port):
