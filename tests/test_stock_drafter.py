@@ -21,6 +21,7 @@ def test_each_board_gets_the_drafter_its_firmware_runs():
     assert drafters.choose(psram=False, romfs_fits=True, heap_free=100_000)[0] is drafters.WIDE
     heap, where = drafters.choose(psram=False, romfs_fits=False, heap_free=100_000)  # a stock classic ESP32
     assert heap is drafters.HEAP and "no ROMFS partition" in where
+    assert drafters.choose(psram=False, romfs_fits=False, heap_free=100_000, no_romfs=True)[1].endswith("--no-romfs")
     assert drafters.HEAP.path().stat().st_size < 100_000 < drafters.WIDE.path().stat().st_size
 
 
