@@ -17,11 +17,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_each_board_gets_the_drafter_its_firmware_runs():
-    assert drafters.choose(psram=True, romfs_fits=False, heap_free=8 << 20)[0] is drafters.WIDE
-    assert drafters.choose(psram=False, romfs_fits=True, heap_free=100_000)[0] is drafters.WIDE
-    heap, where = drafters.choose(psram=False, romfs_fits=False, heap_free=100_000)  # a stock classic ESP32
+    assert drafters.choose(psram=True, romfs_fits=False)[0] is drafters.WIDE
+    assert drafters.choose(psram=False, romfs_fits=True)[0] is drafters.WIDE
+    heap, where = drafters.choose(psram=False, romfs_fits=False)  # a stock classic ESP32
     assert heap is drafters.HEAP and "no ROMFS partition" in where
-    assert drafters.choose(psram=False, romfs_fits=False, heap_free=100_000, no_romfs=True)[1].endswith("--no-romfs")
+    assert drafters.choose(psram=False, romfs_fits=False, no_romfs=True)[1].endswith("--no-romfs")
     assert drafters.HEAP.path().stat().st_size < 100_000 < drafters.WIDE.path().stat().st_size
 
 

@@ -38,15 +38,15 @@ WIDE = ShippedDrafter("drafter.spm", 64, 0.841, 3.60, 0.705)
 HEAP = ShippedDrafter("drafter-heap.spm", 40, 0.788, 3.20, 0.616)
 
 
-def choose(psram: bool, romfs_fits: bool, heap_free: int, no_romfs: bool = False) -> tuple[ShippedDrafter, str]:
+def choose(psram: bool, romfs_fits: bool, no_romfs: bool = False) -> tuple[ShippedDrafter, str]:
     """The drafter for a board, and where its weights live (a few words for the user); `no_romfs`: the
-    user kept the model out of the board's ROMFS partition (flash --no-romfs)."""
+    user kept the model out of the board's ROMFS partition (flash --no-romfs). Without PSRAM the wide
+    drafter's 110 KB of weights never fit the heap beside its engine (a classic ESP32 has 110,536 bytes),
+    so the heap's free bytes, which a probe reads before the node's code is loaded, do not decide."""
     if psram:
         return WIDE, "weights in PSRAM"
     if romfs_fits:
         return WIDE, "weights read in place from the ROMFS partition"
-    if WIDE.path().stat().st_size <= heap_free:
-        return WIDE, "weights in the heap"
     why = "--no-romfs" if no_romfs else "this board has no ROMFS partition that holds %s" % WIDE.file
     return HEAP, "weights and engine in the heap: %s" % why
 

@@ -400,7 +400,7 @@ def _choose_drafter(info: BoardInfo, use_romfs: bool) -> tuple[Path, str]:
     wide = drafters.WIDE.path()
     fits = use_romfs and bool(_rom_image(info, "drafter", wide, 0))
     refused = bool(info.romfs) and not use_romfs
-    chosen, where = drafters.choose(info.mem_free >= PSRAM_HEAP, fits, info.mem_free, refused)
+    chosen, where = drafters.choose(info.mem_free >= PSRAM_HEAP, fits, refused)
     try:  # the default drafter was checked before the board was touched; the other one is checked here
         check_model_file(chosen.path())
     except (ModelFileError, OSError) as e:
