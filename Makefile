@@ -51,13 +51,13 @@ $(BENCH_STAMP): $(STAMP)
 
 # Tables and JSON on the terminal, PNG plots and runs/bench/report.md (matplotlib, the `bench` extra).
 bench: $(BENCH_STAMP)
-	$(PY) -m tools.bench --json runs/bench/figures.json
+	$(PY) -m specmesh.tools.bench --json runs/bench/figures.json
 
 fuzz: setup
-	$(PY) -m tools.fuzz
+	$(PY) -m specmesh.tools.fuzz
 
 train: setup-gpu
-	$(PY) -m tools.train_all
+	$(PY) -m specmesh.tools.train_all
 
 chaos: setup
 	$(VENV)/bin/specmesh chaos

@@ -5,9 +5,10 @@ import time
 
 import pytest
 
-from host.bus.faults import Faults, FaultyLink
-from host.cli.chaos import CASES, PROFILES, ROOT, compare, reference, run_case
-from shared.codec import CodecError, decode, encode
+from specmesh.host.bus.faults import Faults, FaultyLink
+from specmesh.host.cli.chaos import CASES, PROFILES, compare, reference, run_case
+from specmesh.host.layout import ROOT
+from specmesh.shared.codec import CodecError, decode, encode
 
 MODELS = ROOT / "models"
 TOKENS = 20
@@ -116,8 +117,8 @@ def test_faulty_link_delays_run_on_timers():
 
 def test_a_link_that_cannot_be_written_fails_the_call_at_once():
     """A board that died under a write (its pty or USB port gone) is a failed call, not a 30 s wait."""
-    from host.bus.links import LinkError
-    from host.bus.proxy import Bus, NodeTimeout
+    from specmesh.host.bus.links import LinkError
+    from specmesh.host.bus.proxy import Bus, NodeTimeout
 
     class Dead(_Wire):
         def send(self, frame: bytes) -> None:

@@ -7,13 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from host import cli
-from host.backends import LocalVerifier, SessionParams
-from host.cli.chat import chat
-from host.cli.run import add_arguments
-from host.decode.orchestrator import generate
-from host.decode.tokenizer import BOS, Tokenizer
-from tools.testmodels import random_model
+from specmesh.host import cli
+from specmesh.host.backends import LocalVerifier, SessionParams
+from specmesh.host.cli.chat import chat
+from specmesh.host.cli.run import add_arguments
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.tokenizer import BOS, Tokenizer
+from specmesh.tools.testmodels import random_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,7 +52,7 @@ def test_a_full_context_ends_the_session_with_one_line(tmp_path, capsys):
 
 
 def test_chat_from_a_pipe_with_an_opening_turn_and_a_stop_string():
-    done = subprocess.run([sys.executable, "-m", "host.cli", "chat", "--verifier", "cpu", "--drafter", "cpu",
+    done = subprocess.run([sys.executable, "-m", "specmesh.host.cli", "chat", "--verifier", "cpu", "--drafter", "cpu",
                            "--prompt", "Once upon a time", "--stop", ".", "--max-tokens", "40"],
                           input="She smiled\n", capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from host import cli
-from host.cli.output import GREEN, RESET, TokenStream
-from host.cli.run import add_arguments, run
-from host.decode.stopstrings import StopStrings
+from specmesh.host import cli
+from specmesh.host.cli.output import GREEN, RESET, TokenStream
+from specmesh.host.cli.run import add_arguments, run
+from specmesh.host.decode.stopstrings import StopStrings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,7 +133,7 @@ def test_prefill_and_decode_are_timed_apart_in_the_stats_and_the_table(models, t
 def test_a_prompt_piped_in_with_a_stop_string_prints_one_sentence():
     """The issue's example, on the shipped models (the cpu verifier keeps it quick; `make run`'s virtual
     boards give the same text: the verifier decides every token)."""
-    done = subprocess.run([sys.executable, "-m", "host.cli", "run", "--prompt", "-", "--plain", "--stop", ".",
+    done = subprocess.run([sys.executable, "-m", "specmesh.host.cli", "run", "--prompt", "-", "--plain", "--stop", ".",
                            "--max-tokens", "64", "--verifier", "cpu"], input="Once upon a time\n",
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr

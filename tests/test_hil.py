@@ -16,14 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
-from host.cli.chaos import soft_reset
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.decode.tokenizer import Tokenizer
-from host.provision.cluster import connect
-from host.provision.flash import flash
-from shared import messages as m
+from specmesh.host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.cli.chaos import soft_reset
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.layout import TARGET_FILE
+from specmesh.host.provision import drafters
+from specmesh.host.provision.cluster import connect
+from specmesh.host.provision.flash import flash
+from specmesh.shared import messages as m
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 ROLES = ("drafter", "verifier")
@@ -42,7 +44,7 @@ def ports(request, tmp_path_factory) -> dict[str, str]:
             pytest.skip(HOW)
         yield dict(zip(ROLES, given))
         return
-    from host.emulator import VirtualBoard
+    from specmesh.host.emulator import VirtualBoard
 
     romfs = {"drafter": 0 if request.param == "stock" else None, "verifier": None}  # None: the class's
     boards = [VirtualBoard(tmp_path_factory.mktemp(role), board, name="hil-" + role, romfs_bytes=romfs[role])
@@ -60,7 +62,7 @@ def flashed(ports) -> dict[str, Path]:
     board, drafter-heap.spm on a stock classic ESP32, host/provision/drafters.py)."""
     models = {}
     for role, port in ports.items():
-        given = None if role == "drafter" else MODELS / "target.spm"
+        given = None if role == "drafter" else MODELS / TARGET_FILE
         report = flash(port, role, given, progress=False)
         model = MODELS / report.model
         placed = {"/models/" + model.name, "/rom/" + model.name}  # the filesystem, or a board's ROMFS
@@ -91,8 +93,8 @@ def prompt() -> list[int]:
 
 def test_flash_gives_the_drafter_board_the_drafter_its_firmware_runs(request, drafter_model):
     board = request.node.callspec.params["ports"]  # a real board gets either, as its firmware allows
-    want = {"virtual": {"drafter.spm"}, "stock": {"drafter-heap.spm"}}.get(board, {"drafter.spm", "drafter-heap.spm"})
-    assert drafter_model.name in want
+    wide, heap = drafters.WIDE.file, drafters.HEAP.file
+    assert drafter_model.name in {"virtual": {wide}, "stock": {heap}}.get(board, {wide, heap})
 
 
 def test_boards_report_their_role_and_model(boards, drafter_model):
@@ -100,14 +102,14 @@ def test_boards_report_their_role_and_model(boards, drafter_model):
         hello = m.unpack_hello(board.proxy.call(m.HELLO).payload)
         fw, _board, got_role, model, vocab, max_seq, heap, _caps, _gmax = hello
         assert got_role == role and vocab == 512 and heap > 0 and fw
-        assert model.endswith(drafter_model.name if role == m.ROLE_DRAFTER else "target.spm")
+        assert model.endswith(drafter_model.name if role == m.ROLE_DRAFTER else TARGET_FILE)
         assert max_seq == board.max_seq >= 128  # a node short of heap halves its context
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_drafts_and_verdicts_equal_the_host_engines(boards, prompt, temperature, drafter_model):
     drafter, verifier = boards
-    host_d, host_v = LocalDrafter(drafter_model), LocalVerifier(MODELS / "target.spm")
+    host_d, host_v = LocalDrafter(drafter_model), LocalVerifier(MODELS / TARGET_FILE)
     params = SessionParams(seed=11, temperature=temperature)
     for backend in (drafter, host_d, verifier, host_v):
         backend.begin(params, prompt)
@@ -120,14 +122,14 @@ def test_drafts_and_verdicts_equal_the_host_engines(boards, prompt, temperature,
 def test_speculative_generation_equals_the_hosts_target_only_text(boards, prompt):
     drafter, verifier = boards
     params = SessionParams(temperature=0.0)
-    host = generate(prompt, LocalVerifier(MODELS / "target.spm"), None, params, 32).tokens
+    host = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), None, params, 32).tokens
     assert generate(prompt, verifier, drafter, params, 32, GammaController(fixed=3)).tokens == host
 
 
 def test_a_verifier_reset_mid_generation_loses_nothing(boards, prompt, drafter_model):
     drafter, verifier = boards
     params = SessionParams(seed=3, temperature=0.7)
-    want = generate(prompt, LocalVerifier(MODELS / "target.spm"), LocalDrafter(drafter_model), params, 24,
+    want = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(drafter_model), params, 24,
                     GammaController(fixed=2)).tokens
     rounds = []
 

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from host import cli
-from host.bus import ports
+from specmesh.host import cli
+from specmesh.host.bus import ports
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,7 +62,7 @@ def _read_until(fd, marker: bytes, timeout: float = 20.0) -> bytes:
 def test_console_on_a_terminal_types_into_the_repl_and_ctrl_close_bracket_leaves(virtual_board):
     vb = virtual_board()
     master, slave = pty.openpty()  # the user's terminal
-    proc = subprocess.Popen([sys.executable, "-m", "host.cli", "console", vb.port], stdin=slave, stdout=slave,
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "console", vb.port], stdin=slave, stdout=slave,
                             stderr=subprocess.PIPE, cwd=ROOT)
     os.close(slave)
     try:
@@ -78,7 +78,7 @@ def test_console_on_a_terminal_types_into_the_repl_and_ctrl_close_bracket_leaves
         if proc.poll() is None:
             proc.kill()
         os.close(master)
-    done = subprocess.run([sys.executable, "-m", "host.cli", "console", vb.port], input=b"print(2**10)\r\n",
+    done = subprocess.run([sys.executable, "-m", "specmesh.host.cli", "console", vb.port], input=b"print(2**10)\r\n",
                           capture_output=True, cwd=ROOT, timeout=30)  # the port is free again; a pipe works too
     assert done.returncode == 0 and b"1024" in done.stdout
 

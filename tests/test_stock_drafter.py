@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from host import cli
-from host.cli.run import add_arguments, run
-from host.provision import drafters
-from host.provision.flash import flash
+from specmesh.host import cli
+from specmesh.host.cli.run import add_arguments, run
+from specmesh.host.provision import drafters
+from specmesh.host.provision.flash import flash
 
 ROOT = Path(__file__).resolve().parent.parent
 

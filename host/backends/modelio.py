@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shared.modelfile import (HEADER_SIZE, KIND_Q8, Header, ModelFileError, body_size, parse_header,
+from specmesh.shared.modelfile import (HEADER_SIZE, KIND_Q8, Header, ModelFileError, body_size, parse_header,
                               tensor_layout)
 
 

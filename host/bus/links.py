@@ -12,14 +12,34 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 import serial
 
-from shared.codec import Auth, Frame, StreamDecoder, encode_line
+from specmesh.shared.codec import Auth, Frame, StreamDecoder, encode_line
 
 
 class LinkError(Exception):
     """The port cannot be opened or died; the message is one line for the user."""
+
+
+class Link(Protocol):
+    """A host link to boards: what a bus (host/bus/proxy.py) drives, and what host/bus/faults.py's
+    FaultyLink wraps. `SerialLink` is the one real kind."""
+
+    port: str  # what the user named it by, for messages
+    on_frame: Callable[[Frame], None] | None  # each decoded frame, on the link's reader thread
+    text: collections.deque[str]  # the last lines that were not frames (a node's traceback)
+    error: str | None  # why the link died, once it has
+
+    @property
+    def bus_bytes(self) -> int: ...  # bytes both ways so far
+
+    def send(self, frame: bytes) -> None: ...  # LinkError when the link cannot be written
+
+    def write_raw(self, data: bytes) -> None: ...  # bytes outside any frame (Ctrl-C, Ctrl-D to a board's REPL)
+
+    def close(self) -> None: ...
 
 
 class SerialLink:
@@ -56,6 +76,10 @@ class SerialLink:
             except (serial.SerialException, OSError) as e:
                 raise LinkError("%s: write failed: %s" % (self.port, _first_line(e))) from None
             self.bytes_sent += len(data)
+
+    def write_raw(self, data: bytes) -> None:
+        with self._lock:
+            self.ser.write(data)
 
     def _read_loop(self) -> None:
         while not self._stop.is_set():

@@ -22,9 +22,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from host.bus.links import LinkError
-from shared.codec import BROADCAST, Auth, CodecError, Frame, encode, line_size, resign
-from shared.messages import E_COUNTER, ERROR, HOST, NAMES, PING, REPLY_TYPE, unpack_error
+from specmesh.host.bus.links import LinkError
+from specmesh.shared.codec import BROADCAST, Auth, CodecError, Frame, encode, line_size, resign
+from specmesh.shared.messages import E_COUNTER, ERROR, HOST, NAMES, PING, REPLY_TYPE, unpack_error
 
 
 class HostAuth(Auth):

@@ -8,7 +8,7 @@ import time
 
 
 def _add_run(sub) -> None:
-    from host.cli import run as runner
+    from specmesh.host.cli import run as runner
 
     p = sub.add_parser("run", help="generate text: speculative decoding across boards")
     runner.add_arguments(p)
@@ -47,9 +47,9 @@ def parse_layers(text: str) -> tuple[int, int]:
 
 
 def _flash(args) -> int:
-    from host.bus.ports import PortError, resolve_port
-    from host.provision.flash import FlashError, flash, summary
-    from host.provision.keys import KeyFileError, load_key
+    from specmesh.host.bus.ports import PortError, resolve_port
+    from specmesh.host.provision.flash import FlashError, flash, summary
+    from specmesh.host.provision.keys import KeyFileError, load_key
 
     try:
         key = load_key(args.key_file) if args.key_file else None
@@ -78,9 +78,9 @@ def _add_bench(sub) -> None:
 
 
 def _bench(args) -> int:
-    from host.bus.ports import PortError, resolve_port
-    from host.projection.boardbench import bench, report
-    from host.provision.flash import FlashError
+    from specmesh.host.bus.ports import PortError, resolve_port
+    from specmesh.host.projection.boardbench import bench, report
+    from specmesh.host.provision.flash import FlashError
 
     try:
         port = resolve_port(args.port)
@@ -96,7 +96,7 @@ def _bench(args) -> int:
 
 
 def _add_chaos(sub) -> None:
-    from host.cli.chaos import PROFILES
+    from specmesh.host.cli.chaos import PROFILES
 
     p = sub.add_parser("chaos", help="generate on virtual boards under fault profiles; compare with the fault-free text")
     p.add_argument("--profile", action="append", choices=sorted(PROFILES),
@@ -107,8 +107,8 @@ def _add_chaos(sub) -> None:
 
 
 def _chaos(args) -> int:
-    from host.backends import BackendError
-    from host.cli.chaos import PROFILES, print_table, run
+    from specmesh.host.backends import BackendError
+    from specmesh.host.cli.chaos import PROFILES, print_table, run
 
     if not 1 <= args.tokens <= 200:
         print("specmesh chaos: --tokens must be in 1..200", file=sys.stderr)
@@ -129,7 +129,7 @@ def _add_keygen(sub) -> None:
 
 
 def _keygen(args) -> int:
-    from host.provision.keys import KeyFileError, new_key_file
+    from specmesh.host.provision.keys import KeyFileError, new_key_file
 
     try:
         new_key_file(args.key_file)
@@ -142,7 +142,7 @@ def _keygen(args) -> int:
 
 
 def _add_emulate(sub) -> None:
-    from host.boardclasses import BOARD_CLASSES
+    from specmesh.host.boardclasses import BOARD_CLASSES
 
     p = sub.add_parser("emulate", help="start virtual boards (MicroPython VMs on ptys) until Ctrl-C")
     p.add_argument("--boards", type=int, default=2, help="how many boards (default 2)")
@@ -152,8 +152,11 @@ def _add_emulate(sub) -> None:
     p.add_argument("--no-romfs", action="store_true",
                    help="boards without a ROMFS partition, as stock MicroPython downloads (default: the class's)")
     p.add_argument("--mtu", type=int, default=250, choices=[250, 1470], help="ESP-NOW MAX_DATA_LEN (default 250)")
-    p.add_argument("--loss", type=float, default=0.0, help="radio packet loss probability")
-    p.add_argument("--duplicate", type=float, default=0.0, help="radio packet duplication probability")
+    # the names `specmesh run` gives the same settings; --loss and --duplicate are the older spellings
+    p.add_argument("--radio-loss", "--loss", dest="loss", type=float, default=0.0, metavar="P",
+                   help="radio packet loss probability")
+    p.add_argument("--radio-dup", "--duplicate", dest="duplicate", type=float, default=0.0, metavar="P",
+                   help="radio packet duplication probability")
     p.add_argument("--reorder", type=float, default=0.0, help="radio reordering probability")
     p.add_argument("--delay-ms", type=float, default=0.0, help="radio one-way delay")
     p.add_argument("--seed", type=int, default=0, help="seed of the radio's random choices")
@@ -173,14 +176,14 @@ def _stop_on_ctrl_c_and_term() -> None:
 
 def _emulate_problem(args) -> str | None:
     """What is wrong with the `specmesh emulate` flags (one line), or None; checked before any board starts."""
-    from host.emulator.board import FLASH_BLOCK, FLASH_KB_RANGE
+    from specmesh.host.emulator.board import FLASH_BLOCK, FLASH_KB_RANGE
 
     if not 1 <= args.boards <= 64:
         return "--boards must be between 1 and 64"
-    for flag in ("loss", "duplicate", "reorder"):
-        p = getattr(args, flag)
+    for dest, flag in (("loss", "--radio-loss/--loss"), ("duplicate", "--radio-dup/--duplicate"), ("reorder", "--reorder")):
+        p = getattr(args, dest)
         if not 0.0 <= p < 1.0:
-            return "--%s is a probability: it must be in [0, 1), not %g" % (flag, p)
+            return "%s is a probability: it must be in [0, 1), not %g" % (flag, p)
     if not 0.0 <= args.delay_ms <= 10_000.0:
         return "--delay-ms must be in 0..10000, not %g" % args.delay_ms
     if not 0 <= args.seed <= 0xFFFFFFFF:
@@ -196,10 +199,10 @@ def _emulate_problem(args) -> str | None:
 
 
 def _emulate(args) -> int:
-    from host.boardclasses import board_class
-    from host.emulator import BoardError
-    from host.emulator.radio import RadioConfig
-    from host.emulator.session import Emulation
+    from specmesh.host.boardclasses import board_class
+    from specmesh.host.emulator import BoardError
+    from specmesh.host.emulator.radio import RadioConfig
+    from specmesh.host.emulator.session import Emulation
 
     problem = _emulate_problem(args)
     if problem:
@@ -249,7 +252,7 @@ def _vm_version() -> str:
     """The version the virtual boards' VM reports (sys.implementation), e.g. 1.29.0-preview."""
     import subprocess
 
-    from host.emulator.board import BoardError, micropython_binary
+    from specmesh.host.emulator.board import BoardError, micropython_binary
 
     code = ("import sys; v = sys.implementation.version; "
             "print('%d.%d.%d' % v[:3] + ('-' + v[3] if v[3:] and v[3] else ''))")
@@ -282,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_keygen(sub)
     _add_emulate(sub)
     _add_chaos(sub)
-    from host.cli import chat, console
+    from specmesh.host.cli import chat, console
 
     chat.add_parser(sub)
     console.add_parser(sub)

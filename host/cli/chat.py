@@ -15,12 +15,13 @@ import itertools
 import os
 import sys
 
-from host.backends import BackendError
-from host.cli.output import TokenStream
-from host.cli.run import GenerationFailed, Setup, UsageError, _one_line, add_arguments, prepare
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.decode.stopstrings import StopStrings
+from specmesh.host.backends import BackendError
+from specmesh.host.cli.output import TokenStream
+from specmesh.host.cli.run import (GenerationFailed, Setup, UsageError, _one_line, add_arguments, check_args,
+                                   load_tokenizer, preflight)
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.stopstrings import StopStrings
 
 PROMPT = "> "
 
@@ -70,14 +71,21 @@ def chat(a: argparse.Namespace, lines, out, echo: bool = True) -> int:
     for flag, given in (("--stats-json", a.stats_json), ("--project", a.project), ("--quiet", a.quiet)):
         if given:
             raise UsageError("chat prints each turn's text and no stats: drop %s (specmesh run takes it)" % flag)
-    tok, first, names, heads, params, fixed = prepare(a)
-    stops = StopStrings(a.stop)
-    with Setup(a) as setup:
+    config = check_args(a)
+    tok = load_tokenizer(config.models)
+    first = tok.encode(config.prompt)
+    names = preflight(config, len(first))[1]
+    from specmesh.host.decode.tokenizer import BOS  # noqa: PLC0415
+
+    params = config.session_params(eos=BOS)
+    stops = StopStrings(config.stop)
+    fixed = config.gamma
+    with Setup(config) as setup:
         verifier = setup.make("verifier", names["verifier"])
-        drafter = None if a.plain else setup.make("drafter", names["drafter"])
+        drafter = None if config.plain else setup.make("drafter", names["drafter"])
         controller = GammaController() if fixed is None else GammaController(max_gamma=fixed, fixed=fixed)
         context: list[int] = []
-        for i, line in enumerate(itertools.chain([a.prompt] if opening else [], lines)):
+        for i, line in enumerate(itertools.chain([config.prompt] if opening else [], lines)):
             new = first if i == 0 and opening else tok.encode(line, bos=not context)
             if len(context) + len(new) >= verifier.max_seq:
                 print("specmesh chat: the context is full (%d of %d positions; this turn needs %d more): start a "
@@ -86,9 +94,9 @@ def chat(a: argparse.Namespace, lines, out, echo: bool = True) -> int:
             context += new
             if echo or (i == 0 and opening):
                 out.write(line)
-            stream = TokenStream(lambda t: tok.pieces[t], out, color=False if a.no_color else None, stops=stops)
+            stream = TokenStream(lambda t: tok.pieces[t], out, color=config.color, stops=stops)
             try:
-                result = generate(context, verifier, drafter, params, a.max_tokens, controller,
+                result = generate(context, verifier, drafter, params, config.max_tokens, controller,
                                   on_round=stream.write,
                                   stop_when=(lambda ids: stops.cut(tok.decode(ids)) is not None) if stops else None)
             except (BackendError, RuntimeError) as e:

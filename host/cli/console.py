@@ -16,7 +16,7 @@ import time
 
 import serial
 
-from host.bus import ports
+from specmesh.host.bus import ports
 
 LEAVE = b"\x1d"  # Ctrl-]
 QUIET_S = 1.0

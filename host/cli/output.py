@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import IO
 
-from host.decode.stopstrings import StopStrings
+from specmesh.host.decode.stopstrings import StopStrings
 
 FEW = 5  # samples below which a figure is left out of the table (with the count) rather than shown
 GREEN = "\x1b[32m"

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from host import backends
-from host.backends import is_port
-from host.backends.modelio import check_model_file
-from shared.modelfile import Header, ModelFileError
-
-MODEL_FILES = {"verifier": "target.spm", "drafter": "drafter.spm"}
+import specmesh.host.cli.registry  # noqa: F401 - the back-ends a run offers, registered
+from specmesh.host import backends
+from specmesh.host.backends import is_port
+from specmesh.host.backends.modelio import check_model_file
+from specmesh.host.layout import MODEL_FILES
+from specmesh.shared.modelfile import Header, ModelFileError
 
 
 class PreflightError(Exception):
@@ -30,12 +30,6 @@ def unknown_backend(kind: str, name: str) -> str | None:
         return None
     known = ", ".join(sorted({*(backends.VERIFIERS if kind == "verifier" else backends.DRAFTERS)} - {backends.PORT}))
     return "--%s %s: not a serial port nor one of %s" % (kind, name, known)
-
-
-def model_files(models: Path, target: Path | None = None, drafter: Path | None = None) -> dict[str, Path]:
-    """Each role's model file: the one given (`--model`, `--draft-model`), else its name in `models`."""
-    return {"verifier": target or models / MODEL_FILES["verifier"],
-            "drafter": drafter or models / MODEL_FILES["drafter"]}
 
 
 def check_models(files: dict[str, Path], roles: list[str]) -> dict[str, Header]:
@@ -64,7 +58,7 @@ def check_backends(names: dict[str, str], transport: str, key: bytes | None = No
     """`names` (role -> back-end name), each checked to name a back-end, with every `auto` replaced by
     its board's port (asking with `key` when the boards sign frames) and every port checked to exist and
     open."""
-    from host.bus.ports import PortError, check_port, expand  # noqa: PLC0415
+    from specmesh.host.bus.ports import PortError, check_port, expand  # noqa: PLC0415
 
     names = {role: expand(name) for role, name in names.items()}  # mpremote's shortcuts: a0, u0, c0
     for role, name in names.items():
@@ -90,8 +84,8 @@ def check_backends(names: dict[str, str], transport: str, key: bytes | None = No
 
 
 def _find(role: str, key: bytes | None) -> str:
-    from host.backends import BackendError  # noqa: PLC0415
-    from host.provision.cluster import find  # noqa: PLC0415
+    from specmesh.host.backends import BackendError  # noqa: PLC0415
+    from specmesh.host.provision.cluster import find  # noqa: PLC0415
 
     try:
         return find(role, key)

