@@ -37,7 +37,7 @@ HOW = ("real boards: flash nothing yourself, connect a drafter and a verifier bo
 @pytest.fixture(scope="module", params=["virtual", "stock", pytest.param("real", marks=pytest.mark.hil)])
 def ports(request, tmp_path_factory) -> dict[str, str]:
     """{role: serial port}: two virtual boards (an ESP32 drafter, an ESP32-S3 verifier; "stock": the ESP32
-    without a ROMFS partition, as MicroPython's downloads, so flash gives it drafter-heap.spm), or
+    without a ROMFS partition, as MicroPython's downloads: it runs its class's heap drafter all the same), or
     SPECMESH_PORTS."""
     if request.param == "real":
         given = os.environ.get("SPECMESH_PORTS", "").split(",")
@@ -60,7 +60,7 @@ def ports(request, tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def flashed(ports) -> dict[str, Path]:
     """Flash both boards; the model file each runs (the drafter's: the shipped one flash picks for the
-    board, drafter-heap.spm on a stock classic ESP32, host/provision/drafters.py)."""
+    board's class, drafter-esp32.spm on a classic ESP32, host/boardclasses.py)."""
     models = {}
     for role, port in ports.items():
         given = None if role == "drafter" else MODELS / TARGET_FILE
@@ -96,7 +96,7 @@ def prompt() -> list[int]:
 def test_flash_gives_the_drafter_board_the_drafter_its_firmware_runs(request, drafter_model):
     board = request.node.callspec.params["ports"]  # a real board gets either, as its firmware allows
     wide, heap = drafters.WIDE.file, drafters.HEAP.file
-    assert drafter_model.name in {"virtual": {wide}, "stock": {heap}}.get(board, {wide, heap})
+    assert drafter_model.name in {"virtual": {heap}, "stock": {heap}}.get(board, {wide, heap})
 
 
 def test_boards_report_their_role_and_model(boards, drafter_model):

@@ -22,9 +22,9 @@ def _add_flash(sub) -> None:
     p.add_argument("--role", required=True, choices=["drafter", "verifier", "stage"])
     p.add_argument("--layers", metavar="A:B", default=None,
                    help="--role stage: the target's layers A..B-1 this board holds (docs/pipeline.md)")
-    p.add_argument("--model", default=None, help="model file (default: models/target.spm; a drafter gets the shipped "
-                   "drafter its board runs: models/drafter.spm from ROMFS or PSRAM, models/drafter-heap.spm in a "
-                   "stock classic ESP32's heap)")
+    p.add_argument("--model", default=None, help="model file (default: models/target.spm; a drafter gets its board "
+                   "class's drafter: models/drafter-esp32.spm in a classic ESP32's heap, models/drafter.spm in an "
+                   "S3's PSRAM)")
     p.add_argument("--node-id", type=int, default=None,
                    help="bus node id (default: 1 drafter, 2 verifier, 10 stage; stages of one pipeline need distinct ids)")
     p.add_argument("--no-reset", action="store_true", help="leave the board in the REPL instead of starting the node")

@@ -44,6 +44,7 @@ class RunConfig:
     plain: bool = False
     stages: int = 0
     project: str | None = None  # a board class name (host/projection/hardware.py BOARDS)
+    kernels: str = "native"  # the board kernels a projection prices (host/projection/costmodel.py KERNELS)
     rates: object | None = None  # host/projection/calibration.py Rates, from --calibration
     key: bytes | None = None  # the deployment key, from --key-file
     stats_json: str | None = None
@@ -58,13 +59,13 @@ class RunConfig:
         """The configuration `specmesh run`'s arguments describe; UsageError (one line) for a bad one."""
         _check_ranges(a)
         _check_models(a.models, a.plain, a.model, a.draft_model)
-        return cls(prompt=read_prompt(a), stop=tuple(a.stop), max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k,
-                   top_p=a.top_p, draft_top_k=a.draft_top_k, seed=a.seed, drafter=a.drafter, verifier=a.verifier,
+        return cls(prompt=read_prompt(a), stop=tuple(a.stop), max_tokens=a.max_tokens, temperature=a.temperature,
+                   top_k=a.top_k, top_p=a.top_p, draft_top_k=a.draft_top_k, seed=a.seed, drafter=a.drafter, verifier=a.verifier,
                    gamma=parse_gamma(a.gamma), transport=a.transport, radio_loss=a.radio_loss,
                    radio_dup=a.radio_dup, spec_ahead=a.spec_ahead, plain=a.plain, stages=a.stages,
-                   project=a.project, rates=_rates(a.calibration, a.project), key=_key(a.key_file),
-                   stats_json=a.stats_json, models=a.models, target_model=a.model, draft_model=a.draft_model,
-                   color=False if a.no_color else None, quiet=a.quiet)
+                   project=a.project, kernels=a.kernels, rates=_rates(a.calibration, a.project),
+                   key=_key(a.key_file), stats_json=a.stats_json, models=a.models, target_model=a.model,
+                   draft_model=a.draft_model, color=False if a.no_color else None, quiet=a.quiet)
 
     @property
     def backend_names(self) -> dict[str, str]:
@@ -72,14 +73,21 @@ class RunConfig:
         verifier = PIPELINE if self.stages else self.verifier
         return {"verifier": verifier} if self.plain else {"verifier": verifier, "drafter": self.drafter}
 
-    def model_file(self, role: str) -> Path:
-        """The model file `role` ("drafter", "verifier" or "stage") reads: the one named, else its name in
-        `models`."""
-        named = self.draft_model if role == "drafter" else self.target_model
-        return named or model_path(self.models, role)
+    def named_models(self) -> dict[str, Path]:
+        """The model files --model and --draft-model name (role -> path); none: each from `models`."""
+        return {r: p for r, p in (("drafter", self.draft_model), ("verifier", self.target_model)) if p is not None}
 
-    def model_files(self) -> dict[str, Path]:
-        return {role: self.model_file(role) for role in ("drafter", "verifier")}
+    def model_file(self, role: str) -> Path:
+        """The model file the host reads for `role` ("drafter", "verifier" or "stage"): the one named, else
+        in `models` the drafter the --drafter back-end runs (a board's: its class's) or the target."""
+        named = self.named_models().get("drafter" if role == "drafter" else "verifier")
+        if named is not None:
+            return named
+        if role == "drafter":
+            from specmesh.host.cli.preflight import drafter_file  # noqa: PLC0415
+
+            return self.models / drafter_file(self.drafter, self.models, self.transport)
+        return model_path(self.models, role)
 
     def session_params(self, eos: int) -> SessionParams:
         return SessionParams(seed=self.seed, temperature=self.temperature, draft_top_k=self.draft_top_k,

@@ -169,7 +169,12 @@ def format_table(stats: dict) -> str:
             rows.append(("projected on %s: tokens / s" % p["hardware"], p["tokens_per_s"]))
             if "speedup_vs_plain" in p:
                 rows.append(("projected speed-up vs plain", p["speedup_vs_plain"]))
+                rows.append(("projected plain tokens / s", p["plain_tokens_per_s"]))
                 rows.append(("projection rates", p["rates"]))
+                rows.append(("projected kernels", p["kernels"]))
+                if p.get("pipelined_drafting"):
+                    rows.append(("projected look-ahead (passes past a block)", "%d, %d hits, %.1f ms wasted"
+                                 % (p["lookahead"], p["ahead_hits"], 1e3 * p["ahead_waste_s"])))
             else:
                 rows.append(("  vs plain on the pipeline (%s)" % link, p["speedup_vs_pipeline_plain"]))
                 rows.append(("  vs plain on one esp32s3 board", p["speedup_vs_single_board_plain"]))

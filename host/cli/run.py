@@ -24,6 +24,7 @@ from specmesh.host import backends
 from specmesh.host.backends import PIPELINE, BackendError, SessionParams
 from specmesh.host.cli.config import DEFAULT_PROMPT, GAMMA_FLAG_MAX, RunConfig, UsageError, parse_gamma  # noqa: F401
 from specmesh.host.cli.output import TokenStream, format_table, write_stats_json
+from specmesh.host.boardclasses import drafter_class
 from specmesh.host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, generate
@@ -71,6 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--project", metavar="BOARD", choices=("esp32s3",),
                    help="also project the run onto real boards of this class (host/projection/hardware.py); "
                         "gamma is then chosen for that hardware")
+    p.add_argument("--kernels", choices=("native", "viper"), default="native",
+                   help="with --project: the board kernels the projection prices (default native: the xtensawin "
+                        "module; viper: the MicroPython-only engine)")
     p.add_argument("--calibration", metavar="FILE", type=Path,
                    help="with --project: price the projection with a board's measurements (specmesh bench "
                         "--port PORT --out FILE) instead of the derived figures")
@@ -128,7 +132,7 @@ class Setup(contextlib.ExitStack):
                 radio = RadioConfig(loss=c.radio_loss, duplicate=c.radio_dup, seed=c.seed)
             say = None if c.quiet else (lambda line: print("specmesh: " + line, file=sys.stderr, flush=True))
             self._cluster = self.enter_context(Cluster(c.transport, c.models, radio=radio, spec_ahead=c.spec_ahead,
-                                                       key=self.key, say=say, files=c.model_files()))
+                                                       key=self.key, say=say, files=c.named_models()))
         return self._cluster
 
     def make(self, kind: str, name: str):
@@ -212,13 +216,15 @@ def projection(config: RunConfig, heads: dict, verifier, on_host: bool, determin
         from specmesh.host.projection.hardware import UART_921600  # noqa: PLC0415
         from specmesh.host.projection.pipeline import LinksReport, PipelineProjector  # noqa: PLC0415
 
-        return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, UART_921600.name, on_host),
-                LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host))
+        return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, UART_921600.name, on_host,
+                                  config.kernels),
+                LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host, config.kernels))
     if config.project or deterministic:
         from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
 
         projector = Projector(heads["verifier"], heads["drafter"], config.project or "esp32s3", config.transport,
-                              config.rates)
+                              config.rates, config.kernels, drafter_on_host=on_host,
+                              drafter_board=drafter_class(config.transport))
         return projector, (projector if config.project else None)
     return None, None
 
@@ -228,7 +234,8 @@ def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
     no board booted, no port held when one of these fails."""
     names = config.backend_names
     try:
-        headers = check_models(config.model_files(), sorted({*names, *(["drafter"] if config.project else [])}))
+        roles = sorted({*names, *(["drafter"] if config.project else [])})
+        headers = check_models({r: config.model_file(r) for r in roles}, roles)
         check_context(prompt_tokens, headers["verifier"], config.model_file("verifier").name)
         return headers, check_backends(names, config.transport, config.key)
     except PreflightError as e:
@@ -259,6 +266,8 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
         costs, projector = projection(config, headers, verifier, on_host, deterministic)
         fixed = config.gamma
         controller = GammaController(fixed=fixed) if fixed is None else GammaController(max_gamma=fixed, fixed=fixed)
+        # a projection that credits pipelined drafting plans gamma and the look-ahead for it
+        controller.pipelined = bool(drafter is not None and costs is not None and costs.pipelined)
         stops = StopStrings(config.stop)
         stream = None
         if not config.quiet:
@@ -287,8 +296,8 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
 
 
 def _drafter_head(drafter, given: Path, head):
-    """The header of the model a drafter board reports running (HELLO: drafter-heap.spm on a classic ESP32
-    without ROMFS, host/provision/drafters.py) when that file is beside `given`; else `head`, `given`'s."""
+    """The header of the model a drafter board reports running (HELLO: e.g. drafter.spm on an S3 drafter board
+    where its class's drafter was assumed) when that file is beside `given`; else `head`, `given`'s."""
     name = getattr(drafter, "info", {}).get("model", "").rsplit("/", 1)[-1]
     if not name or name == given.name or not (given.parent / name).is_file():
         return head

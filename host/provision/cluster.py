@@ -26,7 +26,7 @@ from pathlib import Path
 from specmesh.host.backends import PIPELINE, PORT, BackendError, Boards, register_drafter, register_verifier
 from specmesh.host.backends.board import BoardDrafter, BoardVerifier
 from specmesh.host.backends.pipeline import BoardStage, PipelineVerifier
-from specmesh.host.boardclasses import BOARD_CLASSES, ESP32S3, ROLE_CLASS
+from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, drafter_class, drafter_model
 from specmesh.host.bus.links import LinkError, SerialLink
 from specmesh.host.bus.proxy import Bus, HostAuth, Proxy
 from specmesh.host.layout import MODELS, ROOT, model_path
@@ -158,9 +158,16 @@ class Cluster(contextlib.ExitStack):
         self.boards: dict = {}
         self._bus: Bus | None = None
 
-    def model(self, kind: str) -> Path:
-        """The model file a board of role `kind` is flashed with (a stage: the target's)."""
-        return self.files.get("drafter" if kind == "drafter" else "verifier") or model_path(self.models, kind)
+    def model(self, kind: str, board: str | None = None) -> Path:
+        """The model file a board of role `kind` (and class `board`) is flashed with: the one named in
+        `files`, else a drafter board's class drafter (host/boardclasses.py: the one its memory runs
+        fastest), a verifier's or stage's the target."""
+        named = self.files.get("drafter" if kind == "drafter" else "verifier")
+        if named is not None:
+            return named
+        if kind == "drafter":
+            return drafter_model(self.models, board or ROLE_CLASS[kind])
+        return model_path(self.models, kind)
 
     def start(self, kind: str, config: dict | None = None, radio=None, board: str | None = None,
               stage: tuple[int, int, int] | None = None):
@@ -172,7 +179,7 @@ class Cluster(contextlib.ExitStack):
         from specmesh.host.emulator.session import board_mac  # noqa: PLC0415
         from specmesh.host.provision.flash import FlashError, flash, summary  # noqa: PLC0415
 
-        model = self.model(kind)
+        model = self.model(kind, board or ROLE_CLASS[kind])
         name = kind if stage is None else "stage%d" % stage[0]
         if board is not None and board != ROLE_CLASS[kind]:
             name += "-" + board  # its own flash folder
@@ -219,7 +226,7 @@ class Cluster(contextlib.ExitStack):
         # the gateway also relays every verifier frame: on a classic ESP32's heap next to the drafter model
         # that ran out of memory reading frames (13 KB free), so the gateway drafter is an ESP32-S3
         gateway = {"link": "gateway", "espnow": {"peers": {str(NODE_ID["verifier"]): verifier_mac}}}
-        gw = self.start("drafter", gateway, hub, ESP32S3.name)
+        gw = self.start("drafter", gateway, hub, drafter_class("espnow"))
         self.hub = hub
         bus = _open(gw.port, self, self.faults, self.key, busy_s=2.0)
         bus.peer = NODE_ID["drafter"]  # the gateway; the verifier's frames carry addresses

@@ -8,9 +8,9 @@ copies the files, the role's model file and /specmesh.json (role, node id, model
 over the raw REPL (the key only there: the temporary copy is deleted), checks every file's
 SHA-256 on the board, and soft-resets the board so main.py starts the node.
 
-A drafter flashed without a named model gets the shipped drafter its board runs (host/provision/drafters.py:
-the 64-wide one where ROMFS or PSRAM holds its weights, the 40-wide one in a stock classic ESP32's heap);
-the report says which and what it costs in acceptance.
+A drafter flashed without a named model gets its board class's drafter (host/boardclasses.py: the 40-wide
+one from a classic ESP32's heap, stock firmware without ROMFS included; the 64-wide one in an S3's PSRAM);
+the report's note says which, where and what it costs in acceptance (host/provision/drafters.py).
 
 A drafter's or verifier's model goes into the board's ROMFS partition when the board has no PSRAM and a
 partition that holds the model's image (host/provision/romfs.py; /rom/<name>, memory-mapped flash the
@@ -37,7 +37,7 @@ from pathlib import Path
 import serial
 
 from specmesh.host.backends.modelio import check_model_file
-from specmesh.host.boardclasses import has_psram
+from specmesh.host.boardclasses import ESP32, ESP32S3, drafter_model, has_psram, on_romfs
 from specmesh.host.bus import ports
 from specmesh.host.layout import MODELS, ROOT, model_path
 from specmesh.host.mpycross import CompileError, compile_py
@@ -291,19 +291,19 @@ def flash(
     node then signs and checks every frame. Without it the board keeps the key it has, unless
     `clear_key` removes it. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them).
     `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition."""
-    choose_drafter = role == "drafter" and model is None and drafters.HEAP.path().is_file()
+    by_class = model is None and role == "drafter"  # the board's class picks its drafter once probed
     model, heap_bytes = _check_request(port, role, model, layers)
     fs_dest = f"{MODEL_DIR}/{model.name}"
     transport = open_board(port)
     try:
         info = probe(transport)
-        note = ""
-        if choose_drafter:
-            model, note = _choose_drafter(info, use_romfs)
-            heap_bytes = model.stat().st_size
+        if by_class:
+            model = drafter_model(model.parent, ESP32S3.name if has_psram(info.mem_free) else ESP32.name)
+            model, heap_bytes = _check_request(port, role, model, layers)
             fs_dest = f"{MODEL_DIR}/{model.name}"
         image = _rom_image(info, role, model, heap_bytes) if use_romfs else b""
         model_dest = f"{romfs.ROM_DIR}/{model.name}" if image else fs_dest
+        note = drafters.describe(model.name, _placement(info, image)) if by_class else ""
         with tempfile.TemporaryDirectory(prefix="specmesh-flash-") as tmp:
             files = build(info.arch, Path(tmp), iter(sources) if sources is not None else None)
             if not image:
@@ -321,7 +321,7 @@ def flash(
             _deploy(transport, image, model_dest, report, progress)
             if transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
                 transport.fs_rmfile(fs_dest)
-        if choose_drafter:
+        if by_class:
             _remove_other_drafter(transport, model.name)
         transport.exit_raw_repl()
         if reset:
@@ -335,22 +335,16 @@ def flash(
         transport.close()
 
 
-def _choose_drafter(info: BoardInfo, use_romfs: bool) -> tuple[Path, str]:
-    """The shipped drafter this board runs (host/provision/drafters.py), and the line that says so."""
-    wide = drafters.WIDE.path()
-    fits = use_romfs and bool(_rom_image(info, "drafter", wide, 0))
-    refused = bool(info.romfs) and not use_romfs
-    chosen, where = drafters.choose(has_psram(info.mem_free), fits, refused)
-    try:  # the default drafter was checked before the board was touched; the other one is checked here
-        check_model_file(chosen.path())
-    except (ModelFileError, OSError) as e:
-        raise FlashError(str(e)) from None
-    return chosen.path(), drafters.describe(chosen, where)
+def _placement(info: BoardInfo, image: bytes) -> str:
+    """Where a flashed model's weights live on the board, in a few words for the user."""
+    if has_psram(info.mem_free):
+        return "weights in PSRAM"
+    return "weights read in place from the ROMFS partition" if image else "weights and engine in the heap"
 
 
 def _remove_other_drafter(transport, flashed: str) -> None:
     """The other shipped drafter, left on the filesystem by an earlier flash, would only fill it."""
-    for other in sorted({d.file for d in (drafters.WIDE, drafters.HEAP)} - {flashed}):
+    for other in sorted(set(drafters.SHIPPED) - {flashed}):
         if transport.fs_exists(f"{MODEL_DIR}/{other}"):
             transport.fs_rmfile(f"{MODEL_DIR}/{other}")
 
@@ -431,9 +425,12 @@ def _clear_native(transport, files: dict[str, Path]) -> None:
 def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> bytes:
     """The ROMFS image to put the model in, or b"" to put it on the filesystem: a stage, a board without
     a ROMFS partition, a board with PSRAM (its heap there holds the model, read faster than mapped flash),
-    and an image bigger than the partition when the model fits the heap (one that fits neither is refused
-    by `check_board`) keep it there."""
-    if role == "stage" or not info.romfs or has_psram(info.mem_free):
+    a model whose engine a classic ESP32's heap holds beside the node's reserve (read from the heap, no
+    flash read per pass: host/boardclasses.py `on_romfs`, the rule the projection prices; the class
+    heap, not what the board has free now, which a running node's engine takes), and an image bigger
+    than the partition when the model fits the heap (one that fits neither is refused by `check_board`)
+    keep it there."""
+    if role == "stage" or not info.romfs or has_psram(info.mem_free) or not on_romfs(check_model_file(model)[0], ESP32):
         return b""
     try:
         image = romfs.image(model)
