@@ -47,7 +47,7 @@ class Emulation(contextlib.ExitStack):
             for i in range(self.n):
                 vb = make_board(root / f"board{i}", self.board, name=f"board{i}", mac=board_mac(i),
                                 radio=self.hub.address, mtu=self.radio_config.mtu, flash_bytes=self.flash_bytes,
-                                  romfs_bytes=self.romfs_bytes)
+                                romfs_bytes=self.romfs_bytes)
                 self.enter_context(vb)
                 self.boards.append(vb)
         except BaseException:
