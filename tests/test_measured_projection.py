@@ -29,7 +29,7 @@ def test_rv32_classes_carry_their_facts_and_run_under_qemu():
 
 
 def test_the_qemu_command_counts_instructions_and_sizes_the_board(monkeypatch):
-    monkeypatch.setattr("host.emulator.qemu.qemu_binary", lambda: "qemu-system-riscv32")
+    monkeypatch.setattr("specmesh.host.emulator.qemu.qemu_binary", lambda: "qemu-system-riscv32")
     cmd = " ".join(qemu_command(ESP32C3.heap_bytes, ESP32C3.romfs_bytes))
     assert "-icount shift=0" in cmd and "-machine virt" in cmd and "-serial stdio" in cmd
     assert "loader,addr=%#x,data=%#x" % (CONFIG_ADDR, CONFIG_MAGIC) in cmd
