@@ -49,6 +49,17 @@ def test_key_files(tmp_path):
         load_key(tmp_path / "missing")
 
 
+def test_keygen_into_a_folder_that_does_not_exist_yet(tmp_path, monkeypatch, capsys):
+    """docs/security.md's first command, on a fresh machine: `~/.specmesh/` is made, owner-only."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cli.main(["keygen", "--key-file", "~/.specmesh/bus.key"]) == 0
+    made = tmp_path / ".specmesh"
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700 and len(load_key(made / "bus.key")) == 32
+    assert [p.name for p in made.iterdir()] == ["bus.key"]  # no temporary file left beside it
+    assert cli.main(["keygen", "--key-file", str(made / "bus.key")]) == 1
+    assert "never overwrites" in capsys.readouterr().err
+
+
 def test_keyed_node_refuses_and_counts_unsigned_forged_wrong_key_and_replayed_frames(micropython, tmp_path):
     auth = codec.Auth(KEY)
     node = NodeProc(micropython, tmp_path / "b", {"key": KEY.hex()}, auth=auth)

@@ -35,6 +35,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
+from host import atomic
 from host.boardclasses import ESP32
 from shared import codec
 from shared import messages as m
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         for ex in part["examples"]:
             print("  example: %s" % json.dumps(ex))
     if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1))
+        atomic.write_text(a.json, json.dumps(res, indent=1))
     bad = any(p["crashes"] or p["hangs"] or p["heap_drift_bytes"] > a.max_drift for p in res.values())
     return 1 if bad else 0
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from host import backends
 from host.backends import BackendError, SessionParams, temp_milli, top_p_q16
+from host import atomic
+from host.cli.ranges import SEED, RangeError, in_range, probability
 from host.cli.output import TokenStream, format_table, write_stats_json
 from host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
 from host.decode.gamma import GammaController
@@ -91,32 +93,56 @@ def parse_gamma(text: str) -> int | None:
         g = int(text)
     except ValueError:
         raise UsageError("--gamma must be auto or an integer, not %r" % text) from None
-    if not 0 <= g <= GAMMA_FLAG_MAX:
-        raise UsageError("--gamma must be in 0..%d, not %d" % (GAMMA_FLAG_MAX, g))
-    return g
+    try:
+        return in_range("--gamma", g, 0, GAMMA_FLAG_MAX)
+    except RangeError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_ranges(a: argparse.Namespace) -> None:
+    """Every numeric flag in its range (host/cli/ranges.py); --stages against the target's layers later."""
+    try:
+        in_range("--max-tokens", a.max_tokens, 1)
+        in_range("--top-k", a.top_k, 0, 65535, "0: off")
+        in_range("--draft-top-k", a.draft_top_k, 1, 255)
+        in_range("--seed", a.seed, *SEED)
+        in_range("--spec-ahead", a.spec_ahead, 0, m.MAX_GAMMA)
+        probability("--radio-loss", a.radio_loss)
+        probability("--radio-dup", a.radio_dup)
+    except RangeError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_utf8(prompt: str) -> None:
+    """A prompt whose bytes are not UTF-8 (they arrive from argv or a file as surrogate escapes): one line
+    naming the first bad byte and its offset in the prompt's bytes."""
+    try:
+        raw = prompt.encode("utf-8", "surrogateescape")
+        raw.decode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError("the prompt holds characters that are not UTF-8 text") from None
+    except UnicodeDecodeError as e:
+        raise UsageError("the prompt is not UTF-8 text: byte 0x%02x at offset %d of its %d bytes; pass it in UTF-8"
+                         % (raw[e.start], e.start, len(raw))) from None
 
 
 def check_args(a: argparse.Namespace) -> None:
-    if a.max_tokens < 1:
-        raise UsageError("--max-tokens must be at least 1")
+    check_ranges(a)
     for convert, value, flag in ((temp_milli, a.temperature, "--temperature"), (top_p_q16, a.top_p, "--top-p")):
         try:
             convert(value)  # what the protocol carries; SessionParams applies exactly that everywhere
         except ValueError as e:
             raise UsageError("%s: %s" % (flag, e)) from None
-    if not 0 <= a.top_k <= 65535 or not 1 <= a.draft_top_k <= 255:
-        raise UsageError("--top-k must be in 0..65535 and --draft-top-k in 1..255")
-    if not 0 <= a.seed <= 0xFFFFFFFF:
-        raise UsageError("--seed must be in 0..4294967295")
-    if not 0 <= a.spec_ahead <= m.MAX_GAMMA:
-        raise UsageError("--spec-ahead must be in 0..%d" % m.MAX_GAMMA)
     if a.stages and (a.verifier != "virtual" or a.transport != "serial"):
         raise UsageError("--stages N starts its own virtual stage boards on --transport serial: drop --verifier "
                          "and --transport")
-    if not 0 <= a.stages <= 255:
-        raise UsageError("--stages must be in 0..255")
-    if not (0.0 <= a.radio_loss < 1.0 and 0.0 <= a.radio_dup < 1.0):
-        raise UsageError("--radio-loss and --radio-dup must be in [0, 1)")
+    if (a.radio_loss or a.radio_dup) and a.transport != "espnow":
+        raise UsageError("--radio-loss and --radio-dup act on the virtual radio: add --transport espnow")
+    if a.stats_json:
+        problem = atomic.unwritable(a.stats_json)
+        if problem:
+            raise UsageError("--stats-json %s cannot be written: %s" % (a.stats_json, problem))
+    check_utf8(a.prompt)
     if a.calibration is not None and not a.project:
         raise UsageError("--calibration prices a projection: add --project esp32s3")
     a.rates = None
@@ -179,10 +205,7 @@ class Setup(contextlib.ExitStack):
         """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`, from the registry."""
         model = self.a.models / ("drafter.spm" if kind == "drafter" else "target.spm")
         if kind == "verifier" and self.a.stages:
-            try:
-                backend = self.cluster().pipeline(self.a.stages)
-            except ValueError as e:
-                raise UsageError(str(e)) from None
+            backend = self.cluster().pipeline(self.a.stages)
         else:
             fac = backends.factory(kind, name)
             if fac is None:
@@ -256,8 +279,10 @@ def run(a: argparse.Namespace, out=None) -> dict:
     try:  # before anything starts: no board booted, no port held when one of these fails
         heads = check_models(a.models, sorted({*names, *(["drafter"] if a.project else [])}))
         check_context(len(prompt), heads["verifier"])
+        n_layers = heads["verifier"].n_layers
+        in_range("--stages", a.stages, 0, n_layers, "0: one verifier; at most the target's %d layers" % n_layers)
         names = check_backends(names, a.transport, a.key)
-    except PreflightError as e:
+    except (PreflightError, RangeError) as e:
         raise UsageError(str(e)) from None
     from host.decode.tokenizer import BOS  # noqa: PLC0415
 

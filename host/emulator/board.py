@@ -32,6 +32,7 @@ import weakref
 from functools import cache
 from pathlib import Path
 
+from host import atomic
 from host.boardclasses import BoardClass, board_class
 from host.provision.flash import compile_py
 
@@ -108,7 +109,7 @@ def romfs_heap(romfs_bytes: int) -> int:
 def _erased(path: Path, size: int) -> Path:
     """A flash partition of `size` bytes, erased (0xff), unless `path` already is one of that size."""
     if not path.is_file() or path.stat().st_size != size:
-        path.write_bytes(b"\xff" * size)
+        atomic.write_bytes(path, b"\xff" * size)
     return path
 
 

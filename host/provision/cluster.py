@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from host import atomic
 from host.backends import PORT, BackendError, Boards, register_drafter, register_verifier
 from host.backends.board import BoardDrafter, BoardVerifier
 from host.backends.pipeline import BoardStage, PipelineVerifier
@@ -49,9 +50,10 @@ BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier, "stage": BoardSta
 
 
 def split_layers(n_layers: int, n: int) -> list[tuple[int, int]]:
-    """n contiguous slices (a, b) of n_layers layers, as even as can be; ValueError if n is not 1..n_layers."""
+    """n contiguous slices (a, b) of n_layers layers, as even as can be; ValueError if n is not 1..n_layers
+    (`specmesh run --stages` is checked before: host/cli/ranges.py)."""
     if not 1 <= n <= n_layers:
-        raise ValueError("--stages must be in 1..%d (the target's layers), not %d" % (n_layers, n))
+        raise ValueError("cannot split %d layers into %d stages" % (n_layers, n))
     cuts = [round(i * n_layers / n) for i in range(n + 1)]
     return list(zip(cuts[:-1], cuts[1:]))
 
@@ -177,7 +179,7 @@ class Cluster(contextlib.ExitStack):
             cfg.pop(key, None)
         cfg["spec_ahead"] = self.spec_ahead if kind == "drafter" else 0
         cfg.update(config or {})
-        cfg_path.write_text(json.dumps(cfg, sort_keys=True))
+        atomic.write_text(cfg_path, json.dumps(cfg, sort_keys=True))
         vb = VirtualBoard(folder, board or ROLE_CLASS[kind], name="vboard-" + name, mac=board_mac(node_id),
                           radio=radio.address if radio is not None else None,
                           mtu=radio.config.mtu if radio is not None else 250)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from host import atomic
+
 ANCHOR = ("esp32-llm (C, ESP32-S3)", 19.13)  # DaveBben/esp32-llm: stories260K at 19.13 tok/s in C
 GAMMAS = range(0, 9)
 
@@ -73,7 +75,8 @@ def write(results: dict, out: Path) -> list[Path]:
 
     def save(fig, name: str, title: str, text: str) -> None:
         path = out / name
-        fig.savefig(path, dpi=110, bbox_inches="tight")
+        with atomic.replacing(path) as f:
+            fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(path)
         parts.extend(["## " + title, "", text, "", "![%s](%s)" % (title, name), ""])
@@ -146,6 +149,6 @@ def write(results: dict, out: Path) -> list[Path]:
     parts += ["## Noise", ""] + (["- " + line for line in noise] or ["(the spec section, whose A/A rows measure "
                                                                     "it, did not run)"]) + [""]
     report = out / "report.md"
-    report.write_text("\n".join(parts))
+    atomic.write_text(report, "\n".join(parts))
     written.append(report)
     return written
