@@ -21,6 +21,8 @@ the virtual board's directory in emulation). Keys, all optional:
     key       hex string: shared signing key (frames are then HMAC-signed, unsigned ones refused)
     ctr       int: the signing counter the next boot starts at (kept by the node itself, firmware/node.py)
     board     board name reported by HELLO (default: the port's machine string)
+    flashing  role: a `specmesh flash` for this role began and has not finished (it writes the final config
+              last); the board does not start the node (firmware/main.py)
 
 A missing or unreadable file gives the defaults (an idle node that still answers HELLO/CONFIGURE).
 `save` writes the whole object atomically (temp file + rename), so a reset mid-write keeps the old file.

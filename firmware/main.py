@@ -3,15 +3,21 @@
 A board without a config file (or with a broken one) starts an idle node on the USB-serial console,
 which still answers HELLO and CONFIGURE. When main() returns, the board drops to the REPL, so
 mpremote can always take over (the frames on the console never contain a Ctrl-C byte).
+
+A board whose config says "flashing" was left half-flashed: `specmesh flash` writes that first and the
+real config last (host/provision/flash.py), so its files may be a mix of two versions. The node is not
+started then; the console answers every line with messages.HALF_FLASHED and the role being flashed, which
+the host turns into the command that finishes the job (host/bus/links.py), until Ctrl-C.
 """
 
 import config
-from links import EspNowLink, StdioLink, UartLink
-from node import Node, _say
 
 
 def make_links(cfg):
     """Links for cfg["link"]; the first one faces the host. Falls back to stdio with a console note."""
+    from links import EspNowLink, StdioLink, UartLink
+    from node import _say
+
     kind = cfg["link"]
     try:
         if kind == "uart":
@@ -30,9 +36,26 @@ def make_links(cfg):
     return [StdioLink()]
 
 
+def half_flashed(role):
+    """Say on the console, at once and for every line received, that this board was left half-flashed."""
+    import sys
+
+    from shared.messages import HALF_FLASHED
+
+    note = "%s as %s" % (HALF_FLASHED, role)
+    print(note)
+    while sys.stdin.readline():
+        print(note)
+
+
 def main(path=config.PATH):
     try:
         cfg, err = config.load(path)
+        if cfg.get("flashing"):
+            half_flashed(cfg["flashing"])
+            return
+        from node import Node
+
         Node(cfg, make_links(cfg), path, err).run()
     except KeyboardInterrupt:  # Ctrl-C, even while a model loads: back to the REPL without a traceback
         pass

@@ -36,7 +36,7 @@ from shared import messages as m
 import config
 import roles
 from roles import Refused
-from shared.messages import E_COUNTER, E_INTERNAL, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, HOST
+from shared.messages import E_COUNTER, E_INTERNAL, E_KEY, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, HOST
 
 FW_VERSION = "specmesh-node 0.1"
 # Free heap a node keeps once its model is loaded, else it halves its context (HELLO reports it): a
@@ -51,6 +51,7 @@ SMALL_HEAP = 1 << 20  # below this heap size (no PSRAM) the node collects garbag
 REPLY_CACHE = 4  # replies kept for retransmitted requests (a host may have a few requests in flight)
 POLL_MS = 1000  # longest a single-link node blocks in one poll (nothing depends on it waking)
 _CTR_BLOCK = const(4096)  # signing counters reserved per flash write
+_KEY_GAP_MS = const(250)  # least time between two E_KEY refusals (docs/security.md: what a flood earns)
 
 ROLE_NAMES = ("idle", "drafter", "verifier", "stage")
 STAT_KEYS = ("requests", "dup_replies", "errors", "bad_frames", "stray", "forwarded", "drafted", "ahead", "draft_hits",
@@ -100,6 +101,7 @@ class Node:
         self._t0 = time.ticks_ms()
         self._new_id = None  # node id a CONFIGURE switches to once it has replied
         self._idle_paused = False
+        self._key_refused = time.ticks_add(time.ticks_ms(), -_KEY_GAP_MS)  # when the last E_KEY went out
         self.heap_min = gc.mem_free()
         self._small_heap = gc.mem_free() + gc.mem_alloc() < SMALL_HEAP
         if load_error:
@@ -204,6 +206,7 @@ class Node:
             st = self.stats
             st["bad_frames"] += 1
             st[STAT_KEYS[_BAD_TAG if raw[0] & codec.FLAG_SIGNED else _UNSIGNED]] += 1
+            self._refuse_key(raw, link)
             return
         except codec.CodecError:
             self.stats["bad_frames"] += 1
@@ -212,6 +215,20 @@ class Node:
             self.stats["stray"] += 1
             return
         self._request(f, link)
+
+    def _refuse_key(self, raw, link):
+        """ERROR E_KEY to a request refused for its signature, signed with this node's key if it has one (the
+        host reads the key states from that), at most one per _KEY_GAP_MS: a flood earns few frames."""
+        now = time.ticks_ms()
+        if raw[0] & codec.FLAG_REPLY or time.ticks_diff(now, self._key_refused) < _KEY_GAP_MS:
+            return
+        self._key_refused = now
+        _t, fl, src, _d, seq, _s, _a, _b = codec.header(raw)
+        me = self.node_id if fl & codec.FLAG_ADDR else None
+        why = ("signed frame; this node holds no key" if self.auth is None else
+               "bad tag; this node holds another key" if raw[0] & codec.FLAG_SIGNED else
+               "unsigned frame; this node holds a key")
+        link.send(codec.encode(m.ERROR, m.pack_error(E_KEY, why), me, src, seq, 0, True, self.auth))
 
     def _forward(self, raw, dst, link):
         links = self.links

