@@ -45,6 +45,14 @@ class BoardError(RuntimeError):
     """A virtual board could not start or keep running."""
 
 
+class FlashDamaged(BoardError):
+    """A module on a virtual board's flash does not load: it hangs the VM's import (a truncated .mpy does), as
+    an interrupted flash of a specmesh before host/provision/flash.py wrote files under a temporary name left."""
+
+
+MEASURE_S = 20  # longest the flashed modules may take to import when the VM heap is sized
+
+
 def micropython_binary() -> str:
     exe = Path(sys.executable).with_name("micropython")
     if exe.exists():
@@ -307,8 +315,12 @@ class VirtualBoard:
         if self._code_heap is not None and self._code_heap[0] == key:
             return self._code_heap[1]
         env = self._env("measure-code")
-        done = subprocess.run([micropython_binary(), "-c", "import _vboard"], env=env, capture_output=True,
-                              timeout=60, stdin=subprocess.DEVNULL, cwd=self.flash_dir)
+        try:
+            done = subprocess.run([micropython_binary(), "-c", "import _vboard"], env=env, capture_output=True,
+                                  timeout=MEASURE_S, stdin=subprocess.DEVNULL, cwd=self.flash_dir)
+        except subprocess.TimeoutExpired:
+            raise FlashDamaged("%s: a module on its flash (%s) does not load within %d s: a half-written file"
+                               % (self.name, self.flash_dir, MEASURE_S)) from None
         try:
             value = int(done.stdout.split()[-1])
         except (ValueError, IndexError):
@@ -415,13 +427,18 @@ class VirtualBoard:
                 self.failed = f"the VM keeps exiting at start (exit code {code})"
                 self._to_host(f"\r\n[{self.name}: {self.failed}]\r\n".encode())
                 return
-            if code == EXIT_SOFT_RAW:
-                self._spawn("raw")
-            elif code in (EXIT_SOFT, EXIT_HARD, -signal.SIGINT):
-                self._spawn("friendly")  # -SIGINT: Ctrl-C while kbd_intr was disabled: a reset
-            else:
-                self._to_host(f"\r\n[{self.name}: VM exited with code {code}; rebooting]\r\n".encode())
-                self._spawn("friendly")
+            try:
+                if code == EXIT_SOFT_RAW:
+                    self._spawn("raw")
+                elif code in (EXIT_SOFT, EXIT_HARD, -signal.SIGINT):
+                    self._spawn("friendly")  # -SIGINT: Ctrl-C while kbd_intr was disabled: a reset
+                else:
+                    self._to_host(f"\r\n[{self.name}: VM exited with code {code}; rebooting]\r\n".encode())
+                    self._spawn("friendly")
+            except BoardError as e:
+                self.failed = str(e)
+                self._to_host(f"\r\n[{self.failed}]\r\n".encode())
+                return
 
     def _to_host(self, data: bytes) -> None:
         """Write to the pty. Output no one reads for a second is dropped from then on (like a UART with

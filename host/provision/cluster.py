@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,8 +37,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _vboards_dir() -> Path:
-    """Where virtual boards keep their flash between runs: build/vboards/ in a checkout, the user's cache
-    folder when specmesh is installed (never inside site-packages)."""
+    """Where virtual boards keep their flash between runs: $SPECMESH_VBOARDS if set, build/vboards/ in a
+    checkout, the user's cache folder when specmesh is installed (never inside site-packages)."""
+    if os.environ.get("SPECMESH_VBOARDS"):
+        return Path(os.environ["SPECMESH_VBOARDS"])
     if (ROOT / "pyproject.toml").is_file():
         return ROOT / "build" / "vboards"
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -195,7 +198,7 @@ class Cluster(contextlib.ExitStack):
 
         `config`: board-config keys (link, espnow peers) written before flashing, which keeps them.
         `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1."""
-        from host.emulator.board import BoardError, VirtualBoard  # noqa: PLC0415
+        from host.emulator.board import BoardError, FlashDamaged, VirtualBoard  # noqa: PLC0415
         from host.emulator.session import board_mac  # noqa: PLC0415
         from host.provision.flash import FlashError, flash, summary  # noqa: PLC0415
 
@@ -218,7 +221,15 @@ class Cluster(contextlib.ExitStack):
         what = "virtual %s board (%s)" % (name if stage is None else "stage %d (layers %d:%d)" % stage, vb.board.name)
         say("%s: booting, flashing the node and %s with mpremote..." % (what, model.name))
         try:
-            vb.start()
+            try:
+                vb.start()
+            except FlashDamaged as e:  # a build folder, not a user's board: start it afresh
+                say("%s: %s; starting it with an empty flash" % (what, e))
+                shutil.rmtree(folder)
+                vb.romfs_path.unlink(missing_ok=True)
+                folder.mkdir(parents=True)
+                atomic.write_text(cfg_path, json.dumps(cfg, sort_keys=True))
+                vb.start()
             self.callback(vb.stop)
             t0 = time.monotonic()
             layers = None if stage is None else stage[1:]
