@@ -45,10 +45,13 @@ def parse_layers(text: str) -> tuple[int, int]:
 
 def _flash(args) -> int:
     from host.bus.ports import PortError, resolve_port
+    from host.cli.ranges import in_range
     from host.provision.flash import FlashError, flash, summary
     from host.provision.keys import KeyFileError, load_key
 
     try:
+        if args.node_id is not None:
+            in_range("--node-id", args.node_id, 1, 254, "255 is the broadcast address")
         key = load_key(args.key_file) if args.key_file else None
         port = resolve_port(args.port)
         t0 = time.monotonic()
