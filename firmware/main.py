@@ -12,12 +12,17 @@ the host turns into the command that finishes the job (host/bus/links.py), until
 
 import config
 
+try:  # first, as before any allocation of the run: the model then loads into a heap the imports did not split
+    from links import EspNowLink, StdioLink, UartLink
+    from node import Node, _say
+except Exception as e:  # noqa: BLE001 - a half-flashed board may hold modules of two versions: main() says so
+    _unloadable = e
+else:
+    _unloadable = None
+
 
 def make_links(cfg):
     """Links for cfg["link"]; the first one faces the host. Falls back to stdio with a console note."""
-    from links import EspNowLink, StdioLink, UartLink
-    from node import _say
-
     kind = cfg["link"]
     try:
         if kind == "uart":
@@ -54,8 +59,8 @@ def main(path=config.PATH):
         if cfg.get("flashing"):
             half_flashed(cfg["flashing"])
             return
-        from node import Node
-
+        if _unloadable is not None:
+            raise _unloadable
         Node(cfg, make_links(cfg), path, err).run()
     except KeyboardInterrupt:  # Ctrl-C, even while a model loads: back to the REPL without a traceback
         pass

@@ -3,12 +3,14 @@ SIGINT, SIGTERM or SIGKILL) at random instants of its first flash, of a re-flash
 every run, so its ROMFS image and the board config are rewritten) and of its generation, and the next
 `specmesh run` succeeds with no user action, without falling back to wiping the board's flash."""
 
+import os
 import random
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +30,19 @@ def model_dirs(tmp_path_factory, models):
     random_model(other / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512,
                  max_seq=128, seed=23)
     return [models, other]
+
+
+def _vms_of(vboards):
+    """Pids of live processes whose environment names a flash folder under `vboards` (a virtual board's VMs)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = Path("/proc", pid, "environ").read_bytes()
+        except OSError:
+            continue
+        if b"VBOARD_FLASH=" + str(vboards).encode() in env:
+            found.append(int(pid))
+    return found
 
 
 def _command(models):
@@ -63,5 +78,6 @@ def test_runs_interrupted_at_random_instants_leave_boards_the_next_run_uses(mode
         assert done.returncode == 0, "after interruptions %s: %s" % (instants[-2:], err)
         assert b"\ntokens  " in done.stdout and "empty flash" not in err, err
     assert len(instants) == 2 * PAIRS
+    assert _vms_of(vboards) == []  # no VM outlived its run, whatever signal ended it
     # the instants fell on every phase: some runs were stopped early (exit by signal or 130), some completed
     assert any(code != 0 for *_, code in instants)

@@ -256,6 +256,15 @@ class _Version(argparse.Action):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `specmesh` command; a Ctrl-C anywhere (even while its modules import) ends it with one line."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("\nspecmesh: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="specmesh", description=__doc__)
     parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -18,12 +18,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from host import backends
+from host import atomic, backends
 from host.backends import BackendError, SessionParams, temp_milli, top_p_q16
-from host import atomic
-from host.cli.ranges import SEED, RangeError, in_range, probability
 from host.cli.output import TokenStream, format_table, write_stats_json
 from host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
+from host.cli.ranges import SEED, RangeError, in_range, probability
 from host.decode.gamma import GammaController
 from host.decode.orchestrator import Result, generate
 from shared import messages as m

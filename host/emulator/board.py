@@ -90,7 +90,8 @@ def _shim_heap(romfs_bytes: int) -> tuple[int, float]:
         if romfs_bytes:
             env["VBOARD_ROMFS"] = str(_erased(Path(tmp) / "flash.romfs", romfs_bytes))
         done = subprocess.run([micropython_binary(), "-X", f"heapsize={MEASURE_HEAP}", "-c", "import _vboard"],
-                              env=env, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+                              env=env, capture_output=True, timeout=30, stdin=subprocess.DEVNULL,
+                              preexec_fn=_die_with_parent)
     try:
         alloc, usable = (int(v) for v in done.stdout.split()[-2:])
     except ValueError:
@@ -317,7 +318,8 @@ class VirtualBoard:
         env = self._env("measure-code")
         try:
             done = subprocess.run([micropython_binary(), "-c", "import _vboard"], env=env, capture_output=True,
-                                  timeout=MEASURE_S, stdin=subprocess.DEVNULL, cwd=self.flash_dir)
+                                  timeout=MEASURE_S, stdin=subprocess.DEVNULL, cwd=self.flash_dir,
+                                  preexec_fn=_die_with_parent)  # a host killed meanwhile leaves no VM behind
         except subprocess.TimeoutExpired:
             raise FlashDamaged("%s: a module on its flash (%s) does not load within %d s: a half-written file"
                                % (self.name, self.flash_dir, MEASURE_S)) from None
