@@ -51,7 +51,7 @@ $(BENCH_STAMP): $(STAMP)
 
 # Tables and JSON on the terminal, PNG plots and runs/bench/report.md (matplotlib, the `bench` extra).
 bench: $(BENCH_STAMP)
-	$(PY) -m tools.bench --json runs/bench/figures.json
+	$(PY) -m specmesh.tools.bench --json runs/bench/figures.json
 
 # Long fuzzing (tools/fuzz.py): FRAMES inputs through the CPython decoders, NODE_FRAMES through the firmware
 # node in a classic ESP32's heap, e.g. `make fuzz FRAMES=1000000 NODE_FRAMES=100000`.
@@ -59,10 +59,10 @@ FRAMES ?= 1000000
 NODE_FRAMES ?= 10000
 SEED ?= 0
 fuzz: setup
-	$(PY) -m tools.fuzz --frames $(FRAMES) --node-frames $(NODE_FRAMES) --seed $(SEED)
+	$(PY) -m specmesh.tools.fuzz --frames $(FRAMES) --node-frames $(NODE_FRAMES) --seed $(SEED)
 
 train: setup-gpu
-	$(PY) -m tools.train_all
+	$(PY) -m specmesh.tools.train_all
 
 chaos: setup
 	$(VENV)/bin/specmesh chaos

@@ -43,6 +43,8 @@ head size <= 516 (checked at load); activations below 2^14 in Q16 (real values b
 import gc
 from array import array
 
+from micropython import const
+
 from shared import intmath
 from shared.modelfile import (FLAG_SHARED_CLS, HEADER_SIZE, KIND_Q8, ModelFileError, crc32, parse_header,
                               tensor_bytes, tensor_layout)
@@ -53,6 +55,32 @@ except Exception:  # no native emitter on this port (or viper disabled in the bu
     _viper = None
 
 _MAX_COLS = 516  # 127 * 32767 * 516 < 2^31
+
+# The slots of the kernels' parameter arrays (firmware/kernels.py, each kernel's docstring), by name.
+_NORM_DIM = const(0)  # rmsnorm: (dim, k, qw, eps)
+_NORM_K = const(1)
+_NORM_QW = const(2)
+_NORM_EPS = const(3)
+_ROPE_K = const(0)  # rope: (k, heads, half, pos0)
+_ROPE_HEADS = const(1)
+_ROPE_HALF = const(2)
+_ROPE_POS = const(3)
+_EMBED_DIM = const(0)  # embed: (dim, t, d0)
+_EMBED_TOKEN = const(1)
+_EMBED_AT = const(2)
+_ARGMAX_OFF = const(0)  # argmax: (off, n)
+_ARGMAX_N = const(1)
+_ATT_SEEN = const(0)  # attend: (n, hd, stride, kb, vb, heads, group, isq, k, qq, tab)
+_ATT_HD = const(1)
+_ATT_STRIDE = const(2)
+_ATT_KB = const(3)
+_ATT_VB = const(4)
+_ATT_HEADS = const(5)
+_ATT_GROUP = const(6)
+_ATT_ISQ = const(7)
+_ATT_K = const(8)
+_ATT_SCRATCH = const(9)
+_ATT_TABLE = const(10)
 
 
 def _zeros(code, n):
@@ -74,11 +102,11 @@ class Engine:
         before = gc.mem_alloc()
         self.viper = bool(viper) and _viper is not None
         if self.viper:
-            self._k = _viper
+            self.kern = _viper
         else:
             import refkernels  # only where it runs: its code would take heap on a board
 
-            self._k = refkernels
+            self.kern = refkernels
         with open(path, "rb") as f:
             h = parse_header(f.read(HEADER_SIZE))
             if max(h.dim, h.hidden, h.n_heads * h.head_dim) > _MAX_COLS:
@@ -122,8 +150,8 @@ class Engine:
         self.qb = _zeros("i", kmax * qd)  # queries, then (in place) the attention outputs
         self.kb, self.vb = _zeros("i", kmax * kvd), _zeros("i", kmax * kvd)
         self.pr, self.pq = _zeros("i", 8 + kmax), _zeros("i", 8 + kmax)
-        self.pn, self.po, self.pe, self.pg = _zeros("i", 4), _zeros("i", 4), _zeros("i", 3), _zeros("i", 2)
-        self.pa, self.pl = _zeros("i", 11), _zeros("i", 2)
+        self.norm_p, self.rope_p, self.embed_p = _zeros("i", 4), _zeros("i", 4), _zeros("i", 3)
+        self.argmax_p, self.attend_p, self.pl = _zeros("i", 2), _zeros("i", 11), _zeros("i", 2)
 
     def _tables(self, h):
         hd = h.head_dim
@@ -187,10 +215,10 @@ class Engine:
 
     def argmax(self, j=0):
         """Token id of the largest logit in row j; ties go to the lowest id."""
-        pg = self.pg
-        pg[0] = j * self.vocab
-        pg[1] = self.vocab
-        return self._k.argmax(self.logits, pg)
+        p = self.argmax_p
+        p[_ARGMAX_OFF] = j * self.vocab
+        p[_ARGMAX_N] = self.vocab
+        return self.kern.argmax(self.logits, p)
 
     def forward(self, tokens, pos, k=0, head=True):
         """Run k = len(tokens) positions from pos in one batched pass; returns the logits array.
@@ -208,18 +236,18 @@ class Engine:
             raise ValueError("%d positions exceed the model's context of %d" % (pos + k, self.n_ctx))
         if (tokens is None) != (self.a > 0):
             raise ValueError("the first stage takes tokens, a later one activations")
-        pe = self.pe
-        pe[0] = h.dim
+        pe = self.embed_p
+        pe[_EMBED_DIM] = h.dim
         for j in range(k if tokens is not None else 0):
             t = tokens[j]
             if t < 0 or t >= self.vocab:
                 raise ValueError("token id %d out of range [0, %d)" % (t, self.vocab))
-            pe[2] = j * h.dim
+            pe[_EMBED_AT] = j * h.dim
             if self.tok_emb is None:  # a stage: StageEngine reads the row from the file
                 self._embed_row(t)
             else:
-                pe[1] = t
-                self._k.embed(self.x, self.tok_emb[0], self.tok_emb[1], pe)
+                pe[_EMBED_TOKEN] = t
+                self.kern.embed(self.x, self.tok_emb[0], self.tok_emb[1], pe)
         for li in range(self.b - self.a):
             self._layer(li, self.layers[li], k, pos)
         if self.head and head:
@@ -235,20 +263,20 @@ class Engine:
 
     def _layer(self, li, lw, k, pos):
         h = self.header
-        kern = self._k
+        kern = self.kern
         attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 = lw
         self._rmsnorm(attn_norm, k)
         self._quant_rows(self.xn, h.dim, k)  # one quantized input for wq, wk and wv
         self._project(wq, self.qb, k, 0)
         self._project(wk, self.kb, k, 0)
         self._project(wv, self.vb, k, 0)
-        po = self.po
-        po[0] = k
-        po[2] = h.head_dim // 2
-        po[3] = pos
-        po[1] = h.n_heads
+        po = self.rope_p
+        po[_ROPE_K] = k
+        po[_ROPE_HALF] = h.head_dim // 2
+        po[_ROPE_POS] = pos
+        po[_ROPE_HEADS] = h.n_heads
         kern.rope(self.qb, self.rope_cs, po)
-        po[1] = h.n_kv_heads
+        po[_ROPE_HEADS] = h.n_kv_heads
         kern.rope(self.kb, self.rope_cs, po)
         kvd = h.kv_dim
         pq = self.pq  # the k new rows of keys, then of values, into the cache
@@ -262,18 +290,18 @@ class Engine:
         kern.quant(self.kv, self.kb, pq)
         pq[2] += self.cache
         kern.quant(self.kv, self.vb, pq)
-        pa = self.pa
-        pa[1] = h.head_dim
-        pa[2] = self.stride
-        pa[3] = li * self.n_ctx * self.stride
-        pa[4] = self.cache + pa[3]
-        pa[5] = h.n_heads
-        pa[6] = h.n_heads // h.n_kv_heads
-        pa[7] = self.isq
-        pa[9] = self.n_ctx
-        pa[10] = self.n_ctx + h.head_dim
-        pa[0] = pos + 1  # query j sees positions 0 .. pos + j
-        pa[8] = k
+        pa = self.attend_p
+        pa[_ATT_HD] = h.head_dim
+        pa[_ATT_STRIDE] = self.stride
+        pa[_ATT_KB] = li * self.n_ctx * self.stride
+        pa[_ATT_VB] = self.cache + pa[_ATT_KB]
+        pa[_ATT_HEADS] = h.n_heads
+        pa[_ATT_GROUP] = h.n_heads // h.n_kv_heads
+        pa[_ATT_ISQ] = self.isq
+        pa[_ATT_SCRATCH] = self.n_ctx
+        pa[_ATT_TABLE] = self.n_ctx + h.head_dim
+        pa[_ATT_SEEN] = pos + 1  # query j sees positions 0 .. pos + j
+        pa[_ATT_K] = k
         kern.attend(self.qb, self.kv, self.sc, pa)
         self._matvec(wo, self.qb, self.x, k, 1)
         self._rmsnorm(ffn_norm, k)
@@ -288,12 +316,12 @@ class Engine:
 
     def _rmsnorm(self, w, k):
         """self.xn = RMSNorm of k rows of self.x with weights w = (ints, shift)."""
-        pn = self.pn
-        pn[0] = self.header.dim
-        pn[1] = k
-        pn[2] = w[1]
-        pn[3] = self.eps
-        self._k.rmsnorm(self.xn, self.x, w[0], pn)
+        pn = self.norm_p
+        pn[_NORM_DIM] = self.header.dim
+        pn[_NORM_K] = k
+        pn[_NORM_QW] = w[1]
+        pn[_NORM_EPS] = self.eps
+        self.kern.rmsnorm(self.xn, self.x, w[0], pn)
 
     def _matvec(self, m, src, dst, k, add):
         """dst rows (+)= W @ src rows, for k rows of src."""
@@ -311,7 +339,7 @@ class Engine:
         pr[4] = k
         pr[5] = k
         pr[6] = 1
-        self._k.quant(self.xq, src, pr)
+        self.kern.quant(self.xq, src, pr)
 
     def _project(self, m, dst, k, add):
         """dst rows (+)= requant(Wq @ self.xq rows): the matvec of rows quantized by _quant_rows.
@@ -335,8 +363,8 @@ class Engine:
         pr[3] = rows
         pr[4] = d0
         pr[5] = add
-        self._k.matmul(w, self.xq, 0, pm)
-        self._k.requant(dst, self.acc, ms, pr)
+        self.kern.matmul(w, self.xq, 0, pm)
+        self.kern.requant(dst, self.acc, ms, pr)
 
 
 def _rom_view(f):

@@ -39,7 +39,7 @@ class StageEngine(Engine):
             self.ew, self.ems = bytearray(dim), _zeros("i", 1)
 
     def _embed_row(self, t):
-        """Embed token t into self.x at offset pe[2] from its row and scale read from the file."""
+        """Embed token t into self.x at the offset embed_p holds, from its row and scale read from the file."""
         f, dim = self._f, self.header.dim
         f.seek(self.emb_off + t * dim)
         _read(f, self.ew, dim, None)
@@ -47,8 +47,8 @@ class StageEngine(Engine):
         _read(f, self.ems, 4, None)
         ems = self.ems
         ems[0] = intmath.fixed_packed(ems[0])
-        self.pe[1] = 0
-        self._k.embed(self.x, self.ew, ems, self.pe)
+        self.embed_p[1] = 0  # the token's row is the one read
+        self.kern.embed(self.x, self.ew, ems, self.embed_p)
 
     def _stream_cls(self, k):
         """self.logits = classifier @ self.xn for k rows, its rows read from the file CLS_ROWS at a time."""

@@ -66,6 +66,16 @@ BOARD_CLASSES: dict[str, BoardClass] = {c.name: c for c in (ESP32, ESP32S3)}
 ROLE_CLASS = {"drafter": ESP32.name, "verifier": ESP32S3.name, "stage": ESP32.name}
 
 
+def has_psram(heap_free: int) -> bool:
+    """Whether a board with `heap_free` bytes of MicroPython heap free has PSRAM: more than the geometric mean
+    of the largest heap of a class without PSRAM and the smallest of a class with it (about 1 MiB today),
+    a wide margin both ways (a virtual board's heap also holds its stand-in modules, a real one's firmware
+    takes some PSRAM)."""
+    without = max(c.heap_bytes for c in BOARD_CLASSES.values() if not c.psram_bytes)
+    with_psram = min(c.heap_bytes for c in BOARD_CLASSES.values() if c.psram_bytes)
+    return heap_free * heap_free > without * with_psram
+
+
 def board_class(name: str) -> BoardClass:
     try:
         return BOARD_CLASSES[name]

@@ -10,6 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE  # noqa: E402 - the checkout's, on the path above
+
 
 @pytest.fixture(scope="session")
 def micropython() -> str:
@@ -25,7 +27,7 @@ def micropython() -> str:
 def virtual_board(tmp_path):
     """Factory: `virtual_board(board="esp32", **kwargs)` starts a virtual board (a MicroPython VM
     behind a pty, flash folder under tmp_path) and stops it, VM included, at teardown."""
-    from host.emulator import VirtualBoard
+    from specmesh.host.emulator import VirtualBoard
 
     started = []
 
@@ -44,11 +46,11 @@ def virtual_board(tmp_path):
 def models(tmp_path_factory) -> Path:
     """A --models folder: small random target and drafter (vocabulary 512) and the shipped tokenizer.
     A test module that needs other models defines its own `models` fixture."""
-    from tools.testmodels import random_model
+    from specmesh.tools.testmodels import random_model
 
     d = tmp_path_factory.mktemp("models")
     shutil.copy(ROOT / "models" / "tokenizer.bin", d / "tokenizer.bin")
-    random_model(d / "target.spm", dim=32, n_layers=2, hidden=64, vocab=512, max_seq=128, seed=21)
-    random_model(d / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512,
+    random_model(d / TARGET_FILE, dim=32, n_layers=2, hidden=64, vocab=512, max_seq=128, seed=21)
+    random_model(d / DRAFTER_FILE, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512,
                  max_seq=128, seed=22)
     return d

@@ -19,7 +19,10 @@ if __name__ == "__main__":
     _here = sys.argv[0].rsplit("/", 1)[0] if "/" in sys.argv[0] else "."
     sys.path.append(_here + "/..")  # after MICROPYPATH, so precompiled .mpy files can stand in
 
-from shared import codec, intmath, messages, prng, rule, sampling  # noqa: E402
+try:  # CPython: the one import name (tests monkeypatch these modules; one copy of each)
+    from specmesh.shared import codec, intmath, messages, prng, rule, sampling  # noqa: E402
+except ImportError:  # MicroPython: shared/ at the root, as on a board
+    from shared import codec, intmath, messages, prng, rule, sampling  # noqa: E402
 
 
 def unhex(s):

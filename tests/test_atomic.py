@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from host import atomic
+from specmesh.host import atomic
 from tests.conftest import ROOT
 
 
@@ -27,7 +27,7 @@ def test_a_write_that_raises_leaves_the_old_file_and_nothing_else(tmp_path):
 def test_a_writer_killed_mid_write_leaves_the_old_file(tmp_path):
     path = tmp_path / "big.bin"
     path.write_bytes(b"old")
-    code = ("import sys, time\nfrom host import atomic\nwith atomic.replacing(sys.argv[1]) as f:\n"
+    code = ("import sys, time\nfrom specmesh.host import atomic\nwith atomic.replacing(sys.argv[1]) as f:\n"
             "    f.write(b'x' * 1000)\n    f.flush()\n    print('writing', flush=True)\n    time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(path)], cwd=ROOT, stdout=subprocess.PIPE)
     assert proc.stdout.readline() == b"writing\n"

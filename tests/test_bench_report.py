@@ -2,7 +2,7 @@
 
 import pytest
 
-from tools.bench._report import speedup
+from specmesh.tools.bench._report import speedup
 
 
 def test_speedup_is_leviathans_formula():
@@ -17,7 +17,7 @@ def test_speedup_is_leviathans_formula():
 
 def test_report_draws_what_the_sections_hold(tmp_path):
     pytest.importorskip("matplotlib", reason="the bench extra is not installed: pip install 'specmesh[bench]'")
-    from tools.bench._report import write
+    from specmesh.tools.bench._report import write
 
     acc = {"alpha": 0.7, "tokens_per_verification": 2.8, "alpha_per_position": [0.7, 0.72, 0.69, None]}
     results = {"started": "now", "machine": {"platform": "test", "processor": "x"},
@@ -25,7 +25,7 @@ def test_report_draws_what_the_sections_hold(tmp_path):
                       "acceptance": {"T=0": acc, "T=1": acc}},
                "kernels": {"engines": {"integer": {"v": [1.0, 1.6, 2.1, 2.7, 3.0], "drafter_us": 100,
                                                    "verify_us": [400, 640, 840, 1080, 1200]}}}}
-    from tools.bench._report import _v_curves
+    from specmesh.tools.bench._report import _v_curves
 
     assert _v_curves(results)["board engine (unix port)"] == {1: 1.0, 2: 1.6, 3: 2.1, 4: 2.7, 5: 3.0}
     files = write(results, tmp_path)
@@ -36,7 +36,7 @@ def test_report_draws_what_the_sections_hold(tmp_path):
 
 
 def test_the_projection_derivation_is_a_table_of_terms_next_to_the_anchor():
-    from tools.bench._report import derivation_lines
+    from specmesh.tools.bench._report import derivation_lines
 
     rows = {"matmul_1": {"ms_per_token": 60.0, "share": 0.75}, "bus": {"ms_per_token": 20.0, "share": 0.25}}
     results = {"projection": {"boards": {"esp32s3": {"plain": 12.5}}, "derivation": {"esp32s3": rows}}}

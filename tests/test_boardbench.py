@@ -7,18 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from host import cli
-from host.projection.calibration import Rates
-from host.projection.costmodel import TERMS
-from host.projection.hardware import ESP32S3
-from host.provision.flash import flash
+from specmesh.host import cli
+from specmesh.host.layout import TARGET_FILE
+from specmesh.host.projection.calibration import Rates
+from specmesh.host.projection.costmodel import TERMS
+from specmesh.host.projection.hardware import ESP32S3
+from specmesh.host.provision.flash import flash
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def board(tmp_path_factory):
-    from host.emulator import VirtualBoard
+    from specmesh.host.emulator import VirtualBoard
 
     vb = VirtualBoard(tmp_path_factory.mktemp("s3"), "esp32s3", name="calib").start()
     try:
@@ -36,7 +37,7 @@ def test_a_board_without_the_node_is_told_to_flash_first(board, tmp_path, capsys
 
 
 def test_bench_measures_every_term_and_run_projects_with_it(board, models, tmp_path, capsys):
-    flash(board.port, "verifier", ROOT / "models" / "target.spm", progress=False)
+    flash(board.port, "verifier", ROOT / "models" / TARGET_FILE, progress=False)
     time.sleep(0.5)  # the node boots after the soft reset
     path = tmp_path / "cal.json"
     assert cli.main(["bench", "--port", board.port, "--out", str(path)]) == 0

@@ -5,9 +5,10 @@ import time
 
 import pytest
 
-from host.bus.faults import Faults, FaultyLink
-from host.cli.chaos import CASES, PROFILES, ROOT, compare, reference, run_case
-from shared.codec import CodecError, decode, encode
+from specmesh.host.bus.faults import Faults, FaultyLink
+from specmesh.host.cli.chaos import CASES, PROFILES, compare, reference, run_case
+from specmesh.host.layout import ROOT
+from specmesh.shared.codec import CodecError, decode, encode
 
 MODELS = ROOT / "models"
 TOKENS = 20
@@ -22,6 +23,9 @@ class _Wire:
 
     def send(self, frame: bytes) -> None:
         self.sent.append(frame)
+
+    def watch(self, callback) -> None:
+        pass  # this stand-in never fails on its own
 
 
 def test_faulty_link_drops_corrupts_duplicates_and_reorders_as_seeded():
@@ -116,8 +120,8 @@ def test_faulty_link_delays_run_on_timers():
 
 def test_a_link_that_cannot_be_written_fails_the_call_at_once():
     """A board that died under a write (its pty or USB port gone) is a failed call, not a 30 s wait."""
-    from host.bus.links import LinkError
-    from host.bus.proxy import Bus, NodeTimeout
+    from specmesh.host.bus.links import LinkError
+    from specmesh.host.bus.proxy import Bus, NodeTimeout
 
     class Dead(_Wire):
         def send(self, frame: bytes) -> None:
@@ -149,7 +153,7 @@ def test_signed_and_encrypted_radio_gives_the_fault_free_text(tmp_path):
 
 
 def test_chaos_help_lists_the_profiles(capsys):
-    from host import cli
+    from specmesh.host import cli
 
     with pytest.raises(SystemExit) as e:
         cli.main(["chaos", "--help"])
@@ -159,7 +163,7 @@ def test_chaos_help_lists_the_profiles(capsys):
 
 def test_chaos_says_each_case_as_it_starts_and_ends(monkeypatch):
     """`make chaos` runs for minutes: every case is announced, then its outcome (the boards stubbed out)."""
-    from host.cli import chaos
+    from specmesh.host.cli import chaos
 
     monkeypatch.setattr(chaos, "reference", lambda models, params, tokens: [5, 6])
     monkeypatch.setattr(chaos, "run_case", lambda prof, params, tokens, models, root: dict(

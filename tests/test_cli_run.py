@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from host import cli
-from host.cli.output import GREEN, REQUIRED_KEYS, TokenStream
-from host.cli.run import add_arguments, run
-from tools.testmodels import random_model
+from specmesh.host import cli
+from specmesh.host.cli.output import GREEN, REQUIRED_KEYS, TokenStream
+from specmesh.host.cli.run import add_arguments, run
+from specmesh.host.layout import TARGET_FILE
+from specmesh.tools.testmodels import random_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,7 +67,7 @@ def test_projection_reports_projected_speed(models):
 
 
 def test_the_table_leaves_out_figures_from_too_few_samples_and_says_why_the_run_stopped(models):
-    from host.cli.output import FEW, format_table
+    from specmesh.host.cli.output import FEW, format_table
 
     few = run(args(models, "--max-tokens", "8", "--quiet", "--gamma", "1"), io.StringIO())
     few["alpha_tested"] = FEW - 1
@@ -87,7 +88,7 @@ def test_the_table_leaves_out_figures_from_too_few_samples_and_says_why_the_run_
 
 def test_the_table_says_when_the_context_stopped_the_run(tmp_path, capsys):
     shutil.copy(ROOT / "models" / "tokenizer.bin", tmp_path / "tokenizer.bin")
-    random_model(tmp_path / "target.spm", vocab=512, max_seq=12, seed=3)
+    random_model(tmp_path / TARGET_FILE, vocab=512, max_seq=12, seed=3)
     rc = cli.main(["run", "--models", str(tmp_path), "--verifier", "cpu", "--plain", "--quiet", "--max-tokens", "50",
                    "--stats-json", str(tmp_path / "s.json")])
     stats = json.loads((tmp_path / "s.json").read_text())
@@ -167,7 +168,7 @@ def test_unknown_flag_is_an_argparse_error(capsys):
 
 
 def test_auto_without_boards_says_how_to_flash(models, capsys):
-    from host.bus.ports import esp_ports
+    from specmesh.host.bus.ports import esp_ports
 
     if esp_ports():
         pytest.skip("ESP32 boards are attached here")
@@ -178,7 +179,7 @@ def test_auto_without_boards_says_how_to_flash(models, capsys):
 
 def test_a_verifier_failing_mid_stream_fails_over_to_the_cpu_and_the_text_goes_on(models, tmp_path, capsys,
                                                                                    monkeypatch):
-    from host import backends
+    from specmesh.host import backends
 
     class Failing(backends.LocalVerifier):
         """The CPU verifier, losing its board after `after` verdicts."""
@@ -218,16 +219,16 @@ def test_a_verifier_failing_mid_stream_fails_over_to_the_cpu_and_the_text_goes_o
 
 def test_host_works_without_torch_and_says_how_to_install_it(models):
     """Runs wherever PyTorch is absent or blocked: the torch back-ends refuse with the install hint."""
-    from host.backends.torch_backend import INSTALL_HINT
+    from specmesh.host.backends.torch_backend import INSTALL_HINT
 
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from host.backends import VERIFIERS, BackendError\n"
-            "import host.cli, host.decode.orchestrator, host.backends.torch_backend\n"
+            "from specmesh.host.backends import VERIFIERS, BackendError\n"
+            "import specmesh.host.cli, specmesh.host.decode.orchestrator, specmesh.host.backends.torch_backend\n"
             "for name in ('torch-cpu', 'gpu'):\n"
             "    try:\n"
             "        VERIFIERS[name](%r)\n"
             "    except BackendError as e:\n"
-            "        print(e)\n" % str(models / "target.spm"))
+            "        print(e)\n" % str(models / TARGET_FILE))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [INSTALL_HINT] * 2

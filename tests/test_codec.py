@@ -5,8 +5,8 @@ import struct
 
 import pytest
 
-from shared import codec
-from shared import messages as m
+from specmesh.shared import codec
+from specmesh.shared import messages as m
 
 
 def test_crc16_check_value():

@@ -4,8 +4,8 @@ import struct
 
 import pytest
 
-from shared import messages as m
-from shared.codec import BadFrame, BadLength, CodecError
+from specmesh.shared import messages as m
+from specmesh.shared.codec import BadFrame, BadLength, CodecError
 
 ROUND_TRIPS = [
     (m.HELLO, True, m.pack_hello("specmesh 0.1", "esp32s3", 2, "target-1M", 512, 256, 123456, 7, 32),

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from host.projection import costmodel as cm
-from shared.modelfile import HEADER_SIZE, parse_header
+from specmesh.host.layout import TARGET_FILE
+from specmesh.host.projection import costmodel as cm
+from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = """
@@ -79,7 +80,7 @@ def priced(h, log):
 
 @pytest.mark.parametrize("k", [1, 5])
 def test_pass_work_is_what_the_engine_calls(calls, k):
-    h = parse_header((ROOT / "models" / "target.spm").read_bytes()[:HEADER_SIZE])
+    h = parse_header((ROOT / "models" / TARGET_FILE).read_bytes()[:HEADER_SIZE])
     want = priced(h, calls[str(k)])
     got = cm.pass_work(h, k, 8 + k)
     assert set(got) == set(want) | {"weights_psram", "kv_psram"}  # the target lives in PSRAM
@@ -89,7 +90,7 @@ def test_pass_work_is_what_the_engine_calls(calls, k):
 
 
 def test_a_pipeline_stage_counts_only_its_layers():
-    h = parse_header((ROOT / "models" / "target.spm").read_bytes()[:HEADER_SIZE])
+    h = parse_header((ROOT / "models" / TARGET_FILE).read_bytes()[:HEADER_SIZE])
     first, last = cm.pass_work(h, 5, 20, (0, 2), False), cm.pass_work(h, 5, 20, (2, h.n_layers), True)
     whole = cm.pass_work(h, 5, 20)
     for term in cm.COMPUTE + ("engine",):

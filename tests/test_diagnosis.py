@@ -10,12 +10,12 @@ import tty
 
 import pytest
 
-from host import cli
-from host.bus.links import SerialLink
-from host.bus.proxy import Bus
-from host.backends import BackendError
-from host.provision.cluster import discover
-from host.provision.keys import new_key_file
+from specmesh.host import cli
+from specmesh.host.bus.links import SerialLink
+from specmesh.host.bus.proxy import Bus
+from specmesh.host.backends import BackendError
+from specmesh.host.provision.cluster import discover
+from specmesh.host.provision.keys import new_key_file
 
 
 def _run(models, port, *extra):

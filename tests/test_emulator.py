@@ -9,8 +9,8 @@ import time
 import pytest
 
 from emulator_util import mpremote, open_port, read_until
-from host.boardclasses import BOARD_CLASSES
-from host.provision.flash import ROOT
+from specmesh.host.boardclasses import BOARD_CLASSES
+from specmesh.host.provision.flash import ROOT
 
 
 def test_friendly_repl_over_the_pty(virtual_board):
@@ -154,7 +154,7 @@ def test_small_littlefs_flash_fills_up_and_board_stays_usable(virtual_board):
 def test_board_processes_end_with_their_owner(tmp_path):
     code = (
         "import sys, time; sys.path.insert(0, %r)\n"
-        "from host.emulator import VirtualBoard\n"
+        "from specmesh.host.emulator import VirtualBoard\n"
         "vb = VirtualBoard(%r).start(); print(vb.pid, flush=True); time.sleep(60)\n"
         % (str(ROOT), str(tmp_path / "b"))
     )
@@ -192,7 +192,7 @@ def _ignore_sigint() -> None:
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
 def test_emulate_command_serves_boards_until_ctrl_c_or_sigterm(tmp_path, stop):
     # started as a script's background job is: with SIGINT ignored (which Python keeps unless told otherwise)
-    cmd = [sys.executable, "-X", "faulthandler", "-m", "host.cli", "emulate", "--boards", "2", "--dir", str(tmp_path)]
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "specmesh.host.cli", "emulate", "--boards", "2", "--dir", str(tmp_path)]
     err = tmp_path / "stderr.txt"
     with open(err, "w") as err_file:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file, text=True, cwd=ROOT,

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from host.backends.modelio import QTensor, quantize_rows, read_model, write_model
-from shared.modelfile import FLAG_SHARED_CLS, HEADER_SIZE, Header, ModelFileError, tensor_layout
-from tools.testmodels import random_model, random_tensors
+from specmesh.host.backends.modelio import QTensor, quantize_rows, read_model, write_model
+from specmesh.shared.modelfile import FLAG_SHARED_CLS, HEADER_SIZE, Header, ModelFileError, tensor_layout
+from specmesh.tools.testmodels import random_model, random_tensors
 
 
 def test_quantize_rows_rounds_half_away_and_bounds_error():

@@ -6,13 +6,13 @@ import math
 import numpy as np
 import pytest
 
-from host.backends import arraymath as am
-from host.backends.engine import EXP_TABLE, Engine, argmax, target_table, to_float
-from host.backends.modelio import quantize_rows
-from shared import intmath
-from shared.modelfile import FLAG_SHARED_CLS, Header, float32_bits
-from shared.rule import ONE
-from tools.testmodels import random_model
+from specmesh.host.backends import arraymath as am
+from specmesh.host.backends.engine import EXP_TABLE, Engine, argmax, target_table, to_float
+from specmesh.host.backends.modelio import quantize_rows
+from specmesh.shared import intmath
+from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header, float32_bits
+from specmesh.shared.rule import ONE
+from specmesh.tools.testmodels import random_model
 
 XP = am.Xp()
 Q16 = 1 << 16

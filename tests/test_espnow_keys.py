@@ -9,8 +9,8 @@ import os
 import subprocess
 import time
 
-from host.emulator.radio import RadioConfig, RadioHub
-from tools.nodeproc import ROOT
+from specmesh.host.emulator.radio import RadioConfig, RadioHub
+from specmesh.tools.nodeproc import ROOT
 
 KEY = "a5" * 32
 OTHER = "5a" * 32

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from host.boardclasses import ESP32, ESP32S3
-from host.provision.flash import STAGE_CTX
-from shared import messages as m
-from tools.nodeproc import NodeProc, begin, code_heap, flash, rom_image, shipped_model
+from specmesh.host.boardclasses import ESP32, ESP32S3
+from specmesh.host.provision.flash import STAGE_CTX
+from specmesh.shared import messages as m
+from specmesh.tools.nodeproc import NodeProc, begin, code_heap, flash, rom_image, shipped_model
 
 ESP32_HEAP = ESP32.heap_bytes
 ESP32S3_HEAP = ESP32S3.heap_bytes
@@ -88,8 +88,8 @@ def test_each_stage_of_the_target_runs_in_a_classic_esp32_heap(micropython, boar
     through the host (each stage's output is the next one's input): 160 positions, one per request as the
     wavefront sends them, and the last stage's greedy tokens equal the numpy engine's argmax; then a sampled
     session whose per-position answers (draft judged, or token drawn) equal the host's rule on numpy logits."""
-    from host.backends.engine import Engine, argmax, target_table
-    from shared import prng, rule
+    from specmesh.host.backends.engine import Engine, argmax, target_table
+    from specmesh.shared import prng, rule
 
     model = shipped_model("target")
     code = code_heap(micropython, board, ", stage")

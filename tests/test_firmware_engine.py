@@ -13,12 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from host.backends.engine import EXP_TABLE, Engine, argmax
-from shared import prng, rule, sampling
+from specmesh.host.backends.engine import EXP_TABLE, Engine, argmax
+from specmesh.host.layout import DRAFTER_FILE
+from specmesh.shared import prng, rule, sampling
 from tests.conftest import ROOT
-from shared.modelfile import FLAG_SHARED_CLS
-from tools.nodeproc import ROM_SLACK, rom_image
-from tools.testmodels import random_model
+from specmesh.shared.modelfile import FLAG_SHARED_CLS
+from specmesh.tools.nodeproc import ROM_SLACK, rom_image
+from specmesh.tools.testmodels import random_model
 
 PROMPT = [3, 17, 42, 8, 79, 0, 55]
 
@@ -161,9 +162,9 @@ def test_rollback(run_plan, model):
 @pytest.fixture(scope="module")
 def drafter_shape(tmp_path_factory):
     """A random model of the shipped drafter's shape (read from models/drafter.spm's header)."""
-    from shared.modelfile import HEADER_SIZE, parse_header
+    from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 
-    h = parse_header((ROOT / "models" / "drafter.spm").read_bytes()[:HEADER_SIZE])
+    h = parse_header((ROOT / "models" / DRAFTER_FILE).read_bytes()[:HEADER_SIZE])
     path = tmp_path_factory.mktemp("ds") / "d.spm"
     random_model(path, dim=h.dim, n_layers=h.n_layers, n_heads=h.n_heads, n_kv_heads=h.n_kv_heads, hidden=h.hidden,
                  vocab=h.vocab, max_seq=h.max_seq, flags=h.flags, seed=1)
@@ -239,7 +240,7 @@ def test_drafter_shape_runs_in_a_board_heap(run_plan, drafter_rom, n_ctx, heap):
 def test_a_model_on_romfs_runs_in_place(run_plan, drafter_shape, tmp_path):
     """Its int8 weights stay in the (memory-mapped) image: the engine's heap shrinks by their bytes, and every
     logit is the same as with the model read into the heap."""
-    from shared.modelfile import HEADER_SIZE, KIND_Q8, parse_header, tensor_layout
+    from specmesh.shared.modelfile import HEADER_SIZE, KIND_Q8, parse_header, tensor_layout
 
     ops = greedy_plan(PROMPT, 1, 8)
     heap = run_plan({"model": drafter_shape, "ops": ops})

@@ -61,7 +61,7 @@ def test_greedy_continuations_match_reference(run_plan, name):
 
 def test_golden_continuation_through_the_firmware_engine(run_plan):
     """llama2.c's published greedy continuation of "Once upon a time" by stories260K, on the board engine."""
-    from host.decode.tokenizer import Tokenizer
+    from specmesh.host.decode.tokenizer import Tokenizer
     from tests.test_models import GOLDEN
 
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")

@@ -9,10 +9,11 @@ import sys
 import pytest
 
 from emulator_util import mpremote, open_port, read_until
-from host import cli
-from host.bus.ports import PortError, resolve_port
-from host.provision.flash import ROOT, BoardInfo, FlashError, check_board, flash, node_sources
-from tools.testmodels import random_model
+from specmesh.host import cli
+from specmesh.host.bus.ports import PortError, resolve_port
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.provision.flash import ROOT, BoardInfo, FlashError, check_board, flash, node_sources
+from specmesh.tools.testmodels import random_model
 
 ECHO_MAIN = (
     "import sys, json\n"
@@ -31,7 +32,7 @@ def tiny_node(tmp_path):
     src.mkdir()
     (src / "main.py").write_text(ECHO_MAIN)
     (src / "greet.py").write_text(GREET)
-    model = tmp_path / "drafter.spm"
+    model = tmp_path / DRAFTER_FILE
     random_model(model)
     return [(src / "main.py", "/main.py"), (src / "greet.py", "/greet.py")], model
 
@@ -44,7 +45,7 @@ def test_flash_copies_verifies_and_starts_the_node(virtual_board, tiny_node):
     assert report.board.arch == "x64" and report.board.virtual
     assert set(report.written) == {"/main.py", "/greet.mpy", "/models/drafter.spm", "/specmesh.json"}
     assert (vb.flash_dir / "greet.mpy").read_bytes()[:2] == b"M\x06"  # precompiled, .mpy v6
-    assert (vb.flash_dir / "models" / "drafter.spm").read_bytes() == model.read_bytes()
+    assert (vb.flash_dir / "models" / DRAFTER_FILE).read_bytes() == model.read_bytes()
     config = json.loads((vb.flash_dir / "specmesh.json").read_text())
     assert config == {"role": "drafter", "node_id": 7, "model": "models/drafter.spm"}
     with open_port(vb.port) as ser:  # the reset after flashing started main.py; reset again to watch it
@@ -77,7 +78,7 @@ def test_flash_puts_the_model_in_romfs_once(virtual_board, tiny_node, tmp_path):
     again = flash(vb.port, "drafter", model, sources=sources, progress=False)
     assert again.written == [] and "/rom/drafter.spm" in again.unchanged
     assert vb.romfs_path.stat().st_mtime_ns == written_at  # the partition was not even erased
-    other = tmp_path / "other" / "drafter.spm"
+    other = tmp_path / "other" / DRAFTER_FILE
     other.parent.mkdir()
     random_model(other, seed=5)
     # the config is written again too: it said "flashing" while the partition was rewritten
@@ -92,7 +93,7 @@ def test_cli_flash_no_romfs_keeps_the_model_on_the_filesystem(virtual_board, tin
     assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(model), "--no-romfs",
                      "--no-reset"]) == 0, capsys.readouterr().err
     assert json.loads((vb.flash_dir / "specmesh.json").read_text())["model"] == "models/drafter.spm"
-    assert (vb.flash_dir / "models" / "drafter.spm").read_bytes() == model.read_bytes()
+    assert (vb.flash_dir / "models" / DRAFTER_FILE).read_bytes() == model.read_bytes()
     assert set(vb.romfs_path.read_bytes()) == {0xFF}  # the partition is still erased
 
 
@@ -113,7 +114,7 @@ def test_romfs_too_small_for_the_model(virtual_board, tiny_node, tmp_path):
     vb = virtual_board(romfs_bytes=4096)
     report = flash(vb.port, "drafter", model, sources=sources, progress=False)
     assert "/models/drafter.spm" in report.written and "/rom/drafter.spm" not in report.written
-    big = tmp_path / "big" / "drafter.spm"
+    big = tmp_path / "big" / DRAFTER_FILE
     big.parent.mkdir()
     random_model(big, dim=64, n_layers=4, hidden=172, vocab=512)  # 263 KB: more than a classic ESP32's heap
     with pytest.raises(FlashError, match="ROMFS partition holds 4 KiB: flash a MicroPython build with a bigger"):
@@ -124,12 +125,12 @@ def test_flashed_firmware_node_answers(virtual_board, tmp_path):
     """The real node on a classic ESP32 reads its model from ROMFS and answers HELLO as the drafter."""
     import contextlib
 
-    from host.provision.cluster import _open, discover
-    from shared import messages as m
-    from shared.codec import BROADCAST
+    from specmesh.host.provision.cluster import _open, discover
+    from specmesh.shared import messages as m
+    from specmesh.shared.codec import BROADCAST
 
     vb = virtual_board()
-    model = ROOT / "models" / "drafter.spm"
+    model = ROOT / "models" / DRAFTER_FILE
     report = flash(vb.port, "drafter", model, node_id=1, progress=False)
     assert {dest for _, dest in node_sources()} <= {d[:-4] + ".py" if d.endswith(".mpy") else d
                                                     for d in report.written}
@@ -144,7 +145,7 @@ def test_flashed_firmware_node_answers(virtual_board, tmp_path):
 def test_full_filesystem_is_one_line_and_the_board_stays_usable(virtual_board, tiny_node, tmp_path):
     sources, _ = tiny_node
     vb = virtual_board("esp32s3", flash_bytes=64 * 1024)  # heap enough for the model, flash not
-    big = tmp_path / "drafter.spm"
+    big = tmp_path / DRAFTER_FILE
     random_model(big, dim=64, n_layers=4, hidden=172, vocab=512)  # 263 KB
     with pytest.raises(FlashError, match="filesystem is full"):
         flash(vb.port, "drafter", big, sources=sources, progress=False)
@@ -218,11 +219,11 @@ def test_cli_flash_reports_errors_in_one_line(capsys, tmp_path):
                                             (["--role", "stage", "--layers", "4:6"], "not a slice of the model's 5")])
 def test_cli_flash_stage_layers_are_checked_in_one_line(capsys, tmp_path, monkeypatch, extra, message):
     """Checked before the board is touched (the port "exists" here, but no board is ever opened)."""
-    from host.provision import flash as flash_mod
+    from specmesh.host.provision import flash as flash_mod
 
     monkeypatch.setattr(flash_mod.ports, "exists", lambda port: True)
     monkeypatch.setattr(flash_mod, "open_board", lambda port: pytest.fail("the board was opened"))
-    model = ROOT / "models" / "target.spm"
+    model = ROOT / "models" / TARGET_FILE
     assert cli.main(["flash", "--port", str(tmp_path / "nope"), "--model", str(model), *extra]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
@@ -246,7 +247,7 @@ def test_romfs_deploy_to_a_block_device_partition(monkeypatch, tiny_node):
     """The board code of host/provision/romfs.py, run by CPython against an esp32-style partition."""
     import types
 
-    from host.provision import romfs
+    from specmesh.host.provision import romfs
 
     part = _Partition(b"\xff" * (64 * 1024))
     monkeypatch.setitem(sys.modules, "vfs", types.SimpleNamespace(
@@ -275,7 +276,7 @@ def test_romfs_deploy_to_a_block_device_partition(monkeypatch, tiny_node):
 def test_a_file_whose_hash_is_wrong_on_the_board_is_sent_again(virtual_board, tiny_node, monkeypatch):
     """A copy damaged on the way (here: its first send of greet.mpy loses a byte) is sent again, and the board
     ends with the right file under its name and no temporary file."""
-    from host.provision import flash as flashing
+    from specmesh.host.provision import flash as flashing
 
     sources, model = tiny_node
     vb = virtual_board(romfs_bytes=0)

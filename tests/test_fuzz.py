@@ -8,11 +8,11 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from host.boardclasses import ESP32
-from shared import codec
-from tools.gen_vectors import mutate
-from shared import messages as m
-from shared.rule import ONE
+from specmesh.host.boardclasses import ESP32
+from specmesh.shared import codec
+from specmesh.tools.gen_vectors import mutate
+from specmesh.shared import messages as m
+from specmesh.shared.rule import ONE
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -152,7 +152,7 @@ def test_datagram_decoder_random_packets_bounded(packets):
 
 
 def test_long_fuzz_command_at_a_small_size_finds_nothing_and_would_report_a_crash(monkeypatch, capsys):
-    from tools import fuzz
+    from specmesh.tools import fuzz
 
     assert fuzz.main(["--frames", "2000", "--node-frames", "300"]) == 0
     out = capsys.readouterr().out

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from host.decode.gamma import PROBES, GammaController, LinearFit, expected_tokens
+from specmesh.host.decode.gamma import PROBES, GammaController, LinearFit, expected_tokens
 
 OPENING_DRAFTS = sum(1 for g in PROBES if g)  # rounds of the opening probes that draft
 

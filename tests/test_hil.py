@@ -15,14 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
-from host.cli.chaos import soft_reset
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.decode.tokenizer import Tokenizer
-from host.provision.cluster import connect
-from host.provision.flash import flash
-from shared import messages as m
+from specmesh.host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.cli.chaos import soft_reset
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.provision.cluster import connect
+from specmesh.host.provision.flash import flash
+from specmesh.shared import messages as m
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 ROLES = ("drafter", "verifier")
@@ -39,7 +40,7 @@ def ports(request, tmp_path_factory) -> dict[str, str]:
             pytest.skip(HOW)
         yield dict(zip(ROLES, given))
         return
-    from host.emulator import VirtualBoard
+    from specmesh.host.emulator import VirtualBoard
 
     boards = [VirtualBoard(tmp_path_factory.mktemp(role), board, name="hil-" + role)
               for role, board in zip(ROLES, ("esp32", "esp32s3"))]
@@ -53,7 +54,7 @@ def ports(request, tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def flashed(ports) -> dict[str, str]:
     for role, port in ports.items():
-        model = MODELS / ("drafter.spm" if role == "drafter" else "target.spm")
+        model = MODELS / (DRAFTER_FILE if role == "drafter" else TARGET_FILE)
         report = flash(port, role, model, progress=False)
         placed = {"/models/" + model.name, "/rom/" + model.name}  # the filesystem, or a board's ROMFS
         assert placed & set(report.written + report.unchanged)
@@ -80,14 +81,14 @@ def test_boards_report_their_role_and_model(boards):
         hello = m.unpack_hello(board.proxy.call(m.HELLO).payload)
         fw, _board, got_role, model, vocab, max_seq, heap, _caps, _gmax = hello
         assert got_role == role and vocab == 512 and heap > 0 and fw
-        assert model.endswith("drafter.spm" if role == m.ROLE_DRAFTER else "target.spm")
+        assert model.endswith(DRAFTER_FILE if role == m.ROLE_DRAFTER else TARGET_FILE)
         assert max_seq == board.max_seq >= 128  # a node short of heap halves its context
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_drafts_and_verdicts_equal_the_host_engines(boards, prompt, temperature):
     drafter, verifier = boards
-    host_d, host_v = LocalDrafter(MODELS / "drafter.spm"), LocalVerifier(MODELS / "target.spm")
+    host_d, host_v = LocalDrafter(MODELS / DRAFTER_FILE), LocalVerifier(MODELS / TARGET_FILE)
     params = SessionParams(seed=11, temperature=temperature)
     for backend in (drafter, host_d, verifier, host_v):
         backend.begin(params, prompt)
@@ -100,14 +101,14 @@ def test_drafts_and_verdicts_equal_the_host_engines(boards, prompt, temperature)
 def test_speculative_generation_equals_the_hosts_target_only_text(boards, prompt):
     drafter, verifier = boards
     params = SessionParams(temperature=0.0)
-    host = generate(prompt, LocalVerifier(MODELS / "target.spm"), None, params, 32).tokens
+    host = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), None, params, 32).tokens
     assert generate(prompt, verifier, drafter, params, 32, GammaController(fixed=3)).tokens == host
 
 
 def test_a_verifier_reset_mid_generation_loses_nothing(boards, prompt):
     drafter, verifier = boards
     params = SessionParams(seed=3, temperature=0.7)
-    want = generate(prompt, LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm"), params, 24,
+    want = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE), params, 24,
                     GammaController(fixed=2)).tokens
     rounds = []
 

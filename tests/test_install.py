@@ -1,5 +1,6 @@
 """`pip install .` (not editable) gives a working specmesh: the installed copy runs, flashes a virtual
-board and emulates boards from outside the checkout, on the firmware, stand-ins and models it carries.
+board and emulates boards from outside the checkout, on the firmware, stand-ins and models it carries, and
+adds one import name, `specmesh`.
 
 The project is built into a wheel and installed with --no-deps into a fresh venv that reuses this venv's
 dependencies (a .pth line, so nothing is downloaded; the line adds no .pth processing, so this venv's
@@ -50,13 +51,34 @@ def specmesh(installed, *args, timeout=120):
 
 def test_the_installed_copy_is_used_and_carries_its_data(installed):
     py = str(installed["bin"] / "python")
-    where = subprocess.run([py, "-c", "import host, shared; print(host.__file__); print(shared.__file__)"],
+    where = subprocess.run([py, "-c", "import specmesh.host, specmesh.shared; print(specmesh.host.__file__); "
+                            "print(specmesh.shared.__file__)"],
                            capture_output=True, text=True, env=installed["env"], cwd=installed["cwd"]).stdout
-    assert all(line.startswith(str(installed["site"])) for line in where.split())
-    for part in ("firmware/main.py", "firmware/kernels.py", "host/emulator/mpy/_vboard.py", "models/target.spm",
-                 "models/drafter.spm", "models/tokenizer.bin"):
-        assert (installed["site"] / part).is_file(), part
+    assert len(where.split()) == 2 and all(line.startswith(str(installed["site"])) for line in where.split())
+    for part in ("firmware/main.py", "firmware/kernels.py", "host/emulator/mpy/_vboard.py",
+                 "host/projection/mpy/boardbench.py", "models/target.spm", "models/drafter.spm", "models/tokenizer.bin"):
+        assert (installed["site"] / "specmesh" / part).is_file(), part
     assert specmesh(installed, "--version").stdout.startswith("specmesh 0.1.0")
+
+
+def test_specmesh_is_the_one_import_name_it_adds(installed):
+    """The wheel puts one package at the top of site-packages; the repository's folder names are not
+    importable from an installed copy (they would clash with other projects')."""
+    record = next(installed["site"].glob("specmesh-*.dist-info")) / "RECORD"
+    tops = {line.split("/")[0] for line in record.read_text().splitlines() if line and not line.startswith("..")}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"specmesh"}
+    py = str(installed["bin"] / "python")
+    for name in ("host", "tools", "models", "shared", "firmware"):
+        done = subprocess.run([py, "-c", "import %s" % name], capture_output=True, text=True, env=installed["env"],
+                              cwd=installed["cwd"])
+        assert done.returncode == 1 and "ModuleNotFoundError: No module named %r" % name in done.stderr, name
+
+
+def test_run_plain_on_a_virtual_verifier_from_another_folder(installed):
+    done = specmesh(installed, "run", "--plain", "--max-tokens", "4", "--no-color", timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Once upon a time") and "tokens                 4" in done.stdout
+    assert "virtual verifier board (esp32s3)" in done.stderr
 
 
 def test_run_plain_on_the_cpu(installed):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tools.testmodels import random_model
+from specmesh.tools.testmodels import random_model
 
 PAIRS = 10  # two interruptions in a row, then a run that must succeed: 20 interruption instants
 SIGNALS = (signal.SIGINT, signal.SIGKILL, signal.SIGTERM)

@@ -7,10 +7,11 @@ import struct
 import numpy as np
 import pytest
 
-from host.backends.engine import Engine, to_float
-from host.decode.tokenizer import Tokenizer, read_llama2c_tokenizer
-from shared.modelfile import FLAG_SHARED_CLS
-from tools import llama2c_import as imp
+from specmesh.host.backends.engine import Engine, to_float
+from specmesh.host.decode.tokenizer import Tokenizer, read_llama2c_tokenizer
+from specmesh.host.layout import TARGET_FILE
+from specmesh.shared.modelfile import FLAG_SHARED_CLS
+from specmesh.tools import llama2c_import as imp
 
 DIM, HIDDEN, LAYERS, HEADS, KV, VOCAB, SEQ = 32, 72, 2, 4, 2, 48, 24
 HD = DIM // HEADS
@@ -186,13 +187,13 @@ def test_bad_inputs_give_one_line_errors(tmp_path, capsys):
 
 def test_an_imported_model_runs_with_a_prompt_via_specmesh_run(tmp_path):
     """Any llama2.c model with its tokenizer.bin, not only the shipped one: import, then `specmesh run`."""
-    from host import cli
+    from specmesh.host import cli
 
     words = [b" ", b"t", b"h", b"e", b"c", b"a", b"s", b" t", b"he", b"at", b" the", b" c", b" cat", b" s", b" sat"]
     pieces = [b"<unk>", b"<s>", b"</s>"] + [b"<0x%02X>" % i for i in range(256)] + words
     write_tokenizer(tmp_path / "tokenizer.bin", pieces)
     (tmp_path / "m.bin").write_bytes(write_v0(weights(5, True, vocab=len(pieces)), True))
-    imp.convert(tmp_path / "m.bin", tmp_path / "tokenizer.bin", tmp_path / "target.spm", None)
+    imp.convert(tmp_path / "m.bin", tmp_path / "tokenizer.bin", tmp_path / TARGET_FILE, None)
     stats = tmp_path / "stats.json"
     rc = cli.main(["run", "--models", str(tmp_path), "--verifier", "cpu", "--plain", "--prompt", "the cat sat",
                    "--max-tokens", "6", "--quiet", "--stats-json", str(stats)])

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared import prng, rule
-from shared.rule import ONE
+from specmesh.shared import prng, rule
+from specmesh.shared.rule import ONE
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("mp_runner", ROOT / "tests" / "mp_runner.py")

@@ -7,11 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from host.backends.engine import Engine, to_float
-from host.backends.modelio import read_model, write_model
-from host.decode.tokenizer import (BOS, Tokenizer, TokenizerError, pack_vocab, read_llama2c_tokenizer, unpack_vocab,
+from specmesh.host.backends.engine import Engine, to_float
+from specmesh.host.backends.modelio import read_model, write_model
+from specmesh.host.decode.tokenizer import (BOS, Tokenizer, TokenizerError, pack_vocab, read_llama2c_tokenizer, unpack_vocab,
                                    vocab_id)
-from shared.modelfile import HEADER_SIZE, ModelFileError, tensor_layout
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.shared.modelfile import HEADER_SIZE, ModelFileError, tensor_layout
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 NAMES = ("drafter", "target")
@@ -98,7 +99,7 @@ def test_tokenizer_files_are_checked(tmp_path):
 
 
 def test_golden_continuation_through_the_numpy_engine(tok):
-    eng = Engine(MODELS / "target.spm")
+    eng = Engine(MODELS / TARGET_FILE)
     ids = tok.encode("Once upon a time")
     logits = eng.forward(ids, 0)
     out = []
@@ -115,10 +116,10 @@ def test_shipped_model_header(name):
     assert h.vocab == 512 and h.max_seq == {"drafter": 256, "target": 512}[name]  # the drafter's training windows
     params = sum(r * c for _n, _k, r, c in tensor_layout(h))
     if name == "drafter":  # a classic ESP32 reads it in place from its ROMFS partition (host/boardclasses.py)
-        from host.boardclasses import ESP32
-        from host.provision.romfs import image
+        from specmesh.host.boardclasses import ESP32
+        from specmesh.host.provision.romfs import image
 
-        assert len(image(MODELS / "drafter.spm")) <= ESP32.romfs_bytes
+        assert len(image(MODELS / DRAFTER_FILE)) <= ESP32.romfs_bytes
     else:  # stories260K
         assert (h.dim, h.n_layers, h.n_heads, h.n_kv_heads, h.hidden) == (64, 5, 8, 4, 172)
         assert params == 260_032
@@ -157,7 +158,7 @@ def test_integer_engine_heldout_loss_within_one_percent_of_float(ref, tok, name)
     """The model card's held-out loss (tools/modelcard.py: the loss stories of models/heldout.txt) of the
     integer engine, against the float model's saved at export (measured: stories260K +0.42%, drafter
     +0.09%)."""
-    from tools.modelcard import LOSS_STORIES, heldout_stories, int8_loss
+    from specmesh.tools.modelcard import LOSS_STORIES, heldout_stories, int8_loss
 
     stories = heldout_stories(MODELS / "heldout.txt")
     got = int8_loss(MODELS / (name + ".spm"), [tok.encode(stories[i])[:512] for i in LOSS_STORIES])

@@ -9,17 +9,18 @@ import struct
 
 import pytest
 
-from tools.nodeproc import NodeProc, seq_of
-from shared import codec
-from shared import messages as m
-from tools.testmodels import random_model
+from specmesh.host.layout import TARGET_FILE
+from specmesh.tools.nodeproc import NodeProc, seq_of
+from specmesh.shared import codec
+from specmesh.shared import messages as m
+from specmesh.tools.testmodels import random_model
 
-from shared.messages import E_MESSAGE, E_MODEL, E_RANGE, E_STATE
+from specmesh.shared.messages import E_MESSAGE, E_MODEL, E_RANGE, E_STATE
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("models") / "target.spm"
+    path = tmp_path_factory.mktemp("models") / TARGET_FILE
     random_model(path, dim=32, n_layers=2, vocab=96, max_seq=32, seed=3)
     return str(path)
 
@@ -186,7 +187,7 @@ def test_a_frame_too_big_for_a_100_kb_heap_is_refused_with_a_reason(micropython,
     """BEGIN frames of 280 and more prompt tokens on a node with a 100 KB heap (the node's modules precompiled, as
     flashed): each is answered, an out-of-memory one with E_MEMORY saying what to do, never dropped silently,
     and the node serves on."""
-    from tools.nodeproc import flash
+    from specmesh.tools.nodeproc import flash
 
     board = tmp_path / "b"
     board.mkdir()

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tools.nodeproc import ROOT, NodeProc, generate
-from shared import codec
-from shared import messages as m
-from tools.testmodels import random_model
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.tools.nodeproc import ROOT, NodeProc, generate
+from specmesh.shared import codec
+from specmesh.shared import messages as m
+from specmesh.tools.testmodels import random_model
 
 radio = pytest.importorskip("host.emulator.radio")
 
@@ -19,8 +20,8 @@ MAX_SEQ = 48
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, str]:
     d = tmp_path_factory.mktemp("models")
-    random_model(d / "target.spm", dim=32, n_layers=2, vocab=96, max_seq=MAX_SEQ, seed=21)
-    random_model(d / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=96,
+    random_model(d / TARGET_FILE, dim=32, n_layers=2, vocab=96, max_seq=MAX_SEQ, seed=21)
+    random_model(d / DRAFTER_FILE, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=96,
                  max_seq=MAX_SEQ, seed=22)
     return {k: str(d / (k + ".spm")) for k in ("target", "drafter")}
 

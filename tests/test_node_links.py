@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 
-from shared import codec
-from shared import messages as m
-from tools.nodeproc import ROOT, NodeProc
+from specmesh.shared import codec
+from specmesh.shared import messages as m
+from specmesh.tools.nodeproc import ROOT, NodeProc
 
 SCRIPT = """
 import json, sys

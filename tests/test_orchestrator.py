@@ -5,11 +5,12 @@ import random
 
 import pytest
 
-from host.backends import (Draft, LocalDrafter, LocalVerifier, SessionParams, temp_milli, temperature_from_milli,
+from specmesh.host.backends import (Draft, LocalDrafter, LocalVerifier, SessionParams, temp_milli, temperature_from_milli,
                            top_p_q16)
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from tools.testmodels import random_model
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.tools.testmodels import random_model
 
 VOCAB = 64
 
@@ -17,8 +18,8 @@ VOCAB = 64
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("models")
-    target = d / "target.spm"
-    drafter = d / "drafter.spm"
+    target = d / TARGET_FILE
+    drafter = d / DRAFTER_FILE
     random_model(target, dim=32, n_layers=2, hidden=64, vocab=VOCAB, max_seq=96, seed=11)
     random_model(drafter, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=VOCAB, max_seq=96, seed=12)
     return str(target), str(drafter)

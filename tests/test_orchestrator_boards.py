@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.provision.cluster import Cluster
-from tools.testmodels import random_pair
+from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.provision.cluster import Cluster
+from specmesh.tools.testmodels import random_pair
 
 VOCAB = 64
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,17 +54,17 @@ def check_greedy(verifier, drafter, cpu_verifier, n_prompts, max_tokens=16):
 
 
 def test_greedy_virtual_boards_equal_plain_and_the_cpu_verifier_for_20_prompts(serial_boards, models):
-    check_greedy(*serial_boards, LocalVerifier(models / "target.spm"), 20)
+    check_greedy(*serial_boards, LocalVerifier(models / TARGET_FILE), 20)
 
 
 @pytest.mark.slow
 def test_greedy_virtual_boards_with_the_shipped_models(tmp_path):
-    from host.decode.tokenizer import Tokenizer
+    from specmesh.host.decode.tokenizer import Tokenizer
 
     models = ROOT / "models"
     tok = Tokenizer.from_llama2c(models / "tokenizer.bin")
     params = SessionParams(temperature=0.0, eos=0)
-    cpu = LocalVerifier(models / "target.spm")
+    cpu = LocalVerifier(models / TARGET_FILE)
     with Cluster("serial", models, tmp_path) as c:
         verifier, drafter = c.backend("verifier"), c.backend("drafter")
         for i, text in enumerate(HELD_OUT):
@@ -81,7 +82,7 @@ def test_sampling_same_seed_same_text_across_drafter_and_verifier_kinds(serial_b
     assert board[0] == board[1]
     # the host CPU drafter samples exactly as the firmware drafter (q-hat, PRNG purpose DRAFT), and the
     # board verifier as the CPU one: every mix gives the same text for the same seed
-    cpu_d, cpu_v = LocalDrafter(models / "drafter.spm"), LocalVerifier(models / "target.spm")
+    cpu_d, cpu_v = LocalDrafter(models / DRAFTER_FILE), LocalVerifier(models / TARGET_FILE)
     assert generate([4, 5], verifier, cpu_d, params, 16, GammaController(fixed=3)).tokens == board[0]
     assert generate([4, 5], cpu_v, drafter, params, 16, GammaController(fixed=3)).tokens == board[0]
 
@@ -94,14 +95,14 @@ def test_parameters_between_wire_steps_give_one_text_on_boards_and_the_cpu(seria
     assert (params.temp_milli, params.temperature, params.top_p_q16, params.top_p) == (1235, 1.235, 62259,
                                                                                         62259 / 65536)
     board = generate([3, 9], verifier, drafter, params, 24, GammaController(fixed=2)).tokens
-    cpu_v = LocalVerifier(models / "target.spm")
+    cpu_v = LocalVerifier(models / TARGET_FILE)
     assert generate([3, 9], cpu_v, drafter, params, 24, GammaController(fixed=2)).tokens == board
     with pytest.raises(ValueError, match="rounds to 0"):  # greedy on a board, sampled on the host: refused
         SessionParams(temperature=0.0004)
 
 
 def test_espnow_with_loss_and_duplication_gives_the_serial_text(serial_boards, models, tmp_path):
-    from host.emulator.radio import RadioConfig
+    from specmesh.host.emulator.radio import RadioConfig
 
     verifier, drafter = serial_boards
     radio = RadioConfig(loss=0.05, duplicate=0.01, seed=1)
@@ -119,7 +120,7 @@ def test_real_boards_greedy_equals_plain():
     """SPECMESH_PORTS=DRAFTER_PORT,VERIFIER_PORT: boards flashed with `specmesh flash --role ...`."""
     import os
 
-    from host.provision.cluster import connect
+    from specmesh.host.provision.cluster import connect
 
     ports = os.environ.get("SPECMESH_PORTS", "").split(",")
     if len(ports) != 2 or not all(ports):
@@ -132,7 +133,7 @@ def test_real_boards_greedy_equals_plain():
 
 
 def test_a_refused_begin_is_reported_at_the_next_call_and_the_board_stays_usable(serial_boards):
-    from host.backends import BackendError
+    from specmesh.host.backends import BackendError
 
     verifier, drafter = serial_boards
     drafter.begin(SessionParams(), [VOCAB + 5])  # returns at once: the node answers while the host goes on
@@ -159,12 +160,12 @@ def test_a_board_whose_model_fails_to_load_is_reported_with_the_cause(models, tm
     """A model corrupted on the board's flash: the node comes up idle and says why on its console; the host
     names that cause and how to reflash the port, rather than calling the board 'not flashed'."""
     from emulator_util import mpremote
-    from host.backends import BackendError
-    from host.provision.cluster import connect
+    from specmesh.host.backends import BackendError
+    from specmesh.host.provision.cluster import connect
 
     with Cluster("serial", models, tmp_path) as c:
         vb = c.start("verifier")
-        model = vb.flash_dir / "models" / "target.spm"
+        model = vb.flash_dir / "models" / TARGET_FILE
         data = bytearray(model.read_bytes())
         data[300] ^= 0xFF
         model.write_bytes(bytes(data))
@@ -184,7 +185,7 @@ def test_booting_and_flashing_say_what_they_do_and_skip_an_up_to_date_board(mode
         with Cluster("serial", models, tmp_path, say=lines.append) as c:
             c.start("drafter")
         said.append(lines)
-    from host.provision.flash import node_sources
+    from specmesh.host.provision.flash import node_sources
 
     files = len(list(node_sources())) + 2  # the node's files, the model and the board config
     first, again = said
@@ -197,11 +198,11 @@ def test_booting_and_flashing_say_what_they_do_and_skip_an_up_to_date_board(mode
 def test_projected_bus_bytes_are_the_measured_ones_round_by_round(serial_boards, models, temperature):
     """host/projection/rounds.py's byte model against the bytes the host's links carried, per round and per link
     (the first round also collects BEGIN's ACK, so it is left out); a plain round is 22 bytes."""
-    from host.projection.rounds import Projector  # noqa: PLC0415
-    from shared.modelfile import parse_header  # noqa: PLC0415
+    from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
+    from specmesh.shared.modelfile import parse_header  # noqa: PLC0415
 
     verifier, drafter = serial_boards
-    heads = [parse_header((models / f).read_bytes()[:64]) for f in ("target.spm", "drafter.spm")]
+    heads = [parse_header((models / f).read_bytes()[:64]) for f in (TARGET_FILE, DRAFTER_FILE)]
     proj = Projector(heads[0], heads[1], "esp32s3", "serial")
     params = SessionParams(seed=5, temperature=temperature, draft_top_k=8)
     for prompt in prompts(4, seed=7):

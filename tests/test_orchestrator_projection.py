@@ -5,15 +5,15 @@ import re
 
 import pytest
 
-from host.projection import hardware
-from host.projection.costmodel import TERMS
-from host.projection.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, sources
-from host.decode.orchestrator import Result, Round
-from host.projection.rounds import (PLAIN_BODY, VERDICT_BODY, Projector, draft_entries, line_bytes,
+from specmesh.host.projection import hardware
+from specmesh.host.projection.costmodel import TERMS
+from specmesh.host.projection.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, sources
+from specmesh.host.decode.orchestrator import Result, Round
+from specmesh.host.projection.rounds import (PLAIN_BODY, VERDICT_BODY, Projector, draft_entries, line_bytes,
                                     macs_per_position, stage_body, stage_reply_body, weight_bytes)
-from shared import messages as m
-from shared.codec import encode, encode_line
-from shared.modelfile import FLAG_SHARED_CLS, KIND_Q8, Header, body_size, tensor_layout
+from specmesh.shared import messages as m
+from specmesh.shared.codec import encode, encode_line
+from specmesh.shared.modelfile import FLAG_SHARED_CLS, KIND_Q8, Header, body_size, tensor_layout
 
 TARGET = Header(128, 6, 4, 2, 352, 512, 256, flags=FLAG_SHARED_CLS)
 DRAFTER = Header(32, 2, 4, 2, 96, 512, 256, flags=FLAG_SHARED_CLS)

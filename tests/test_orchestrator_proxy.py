@@ -7,10 +7,10 @@ import tty
 
 import pytest
 
-from host.bus.links import LinkError, SerialLink
-from host.bus.proxy import Bus, NodeError, NodeTimeout, Proxy
-from shared import messages as m
-from shared.codec import StreamDecoder, encode, encode_line
+from specmesh.host.bus.links import LinkError, SerialLink
+from specmesh.host.bus.proxy import Bus, NodeError, NodeTimeout, Proxy
+from specmesh.shared import messages as m
+from specmesh.shared.codec import StreamDecoder, encode, encode_line
 
 
 class LossyPeer:

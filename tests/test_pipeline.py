@@ -9,13 +9,14 @@ with one line naming it. The single verifier is the host's numpy engine, bit-ide
 
 import pytest
 
-from host.backends import BackendError, LocalVerifier, SessionParams
-from host.cli.run import UsageError, add_arguments, check_args
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.decode.tokenizer import Tokenizer
-from host.provision.cluster import Cluster, split_layers
-from shared import messages as m
+from specmesh.host.backends import BackendError, LocalVerifier, SessionParams
+from specmesh.host.cli.run import UsageError, add_arguments, check_args
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.layout import TARGET_FILE
+from specmesh.host.provision.cluster import Cluster, split_layers
+from specmesh.shared import messages as m
 from tests.conftest import ROOT
 
 MODELS = ROOT / "models"
@@ -34,7 +35,7 @@ def prompt():
 
 
 def single(prompt, params, drafter, gamma):
-    return generate(prompt, LocalVerifier(MODELS / "target.spm"), drafter, params, N,
+    return generate(prompt, LocalVerifier(MODELS / TARGET_FILE), drafter, params, N,
                     GammaController(fixed=gamma)).tokens
 
 

@@ -3,16 +3,17 @@ costs it is built from (Projector.forward over a layer slice), and the stats it 
 
 import pytest
 
-from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.decode.gamma import GammaController
-from host.projection.costmodel import weight_bytes
-from host.projection.hardware import FLASH_MAP_STREAM, HOST_DRAFT_POSITION, UART_921600
-from host.decode.orchestrator import Round, generate
-from host.projection.pipeline import PipelineProjector, judged
-from host.projection.rounds import Projector, stage_body, stage_reply_body
-from host.decode.tokenizer import Tokenizer
-from host.provision.cluster import split_layers
-from shared.modelfile import HEADER_SIZE, parse_header
+from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.projection.costmodel import weight_bytes
+from specmesh.host.projection.hardware import FLASH_MAP_STREAM, HOST_DRAFT_POSITION, UART_921600
+from specmesh.host.decode.orchestrator import Round, generate
+from specmesh.host.projection.pipeline import PipelineProjector, judged
+from specmesh.host.projection.rounds import Projector, stage_body, stage_reply_body
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.provision.cluster import split_layers
+from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 from tests.conftest import ROOT
 
 MODELS = ROOT / "models"
@@ -20,7 +21,7 @@ MODELS = ROOT / "models"
 
 @pytest.fixture(scope="module")
 def heads():
-    return [parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for f in ("target.spm", "drafter.spm")]
+    return [parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for f in (TARGET_FILE, DRAFTER_FILE)]
 
 
 def test_stage_costs_add_up_to_the_whole_model(heads):
@@ -79,11 +80,11 @@ def test_judged_positions_follow_the_verdict():
 def test_a_shipped_pair_run_projects_pipeline_plain_single_board_and_speculative(heads):
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
     prompt = tok.encode("Once upon a time")
-    r = generate(prompt, LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm"),
+    r = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE),
                  SessionParams(), 32, GammaController(fixed=3))
     for link in ("espnow", UART_921600.name):
         p = PipelineProjector(heads[0], heads[1], split_layers(5, 5), link).project(r, len(prompt))
-        n = sum(x.committed for x in r.rounds)
+        n = sum(x.n_committed for x in r.rounds)
         assert p["tokens_per_s"] == pytest.approx(n / p["wall_s"])
         assert p["speedup_vs_pipeline_plain"] == pytest.approx(p["tokens_per_s"] / p["pipeline_plain_tokens_per_s"])
         assert p["speedup_vs_single_board_plain"] == pytest.approx(
@@ -97,7 +98,7 @@ def test_a_shipped_pair_run_projects_pipeline_plain_single_board_and_speculative
 def test_a_host_drafter_costs_its_positions_on_the_host_and_no_bus(heads):
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
     prompt = tok.encode("Once upon a time")
-    r = generate(prompt, LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm"),
+    r = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE),
                  SessionParams(), 32, GammaController(fixed=4))
     layers = split_layers(5, 5)
     for link in ("espnow", UART_921600.name):
@@ -115,10 +116,10 @@ def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(h
     """build_stats with a pipeline verifier (its stage boards stubbed): the keys scripts read."""
     import argparse
 
-    from host.backends.pipeline import PipelineVerifier, RoundTrace
-    from host.cli.output import format_table
-    from host.cli.run import build_stats
-    from host.projection.pipeline import LinksReport
+    from specmesh.host.backends.pipeline import PipelineVerifier, RoundTrace
+    from specmesh.host.cli.output import format_table
+    from specmesh.host.cli.run import build_stats
+    from specmesh.host.projection.pipeline import LinksReport
 
     class Stage:
         name, max_seq, bus_bytes = "stub", 128, 0
@@ -128,7 +129,7 @@ def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(h
 
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
     prompt = tok.encode("Once upon a time")
-    r = generate(prompt, LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm"),
+    r = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE),
                  SessionParams(), 16, GammaController(fixed=3))
     layers = split_layers(5, 5)
     pipe = PipelineVerifier([Stage() for _ in layers], layers)

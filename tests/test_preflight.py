@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from host import cli
-from host.cli.preflight import unknown_backend
-from host.emulator import board
-from shared.modelfile import HEADER_SIZE
-from tools.testmodels import random_model
+from specmesh.host import cli
+from specmesh.host.cli.preflight import unknown_backend
+from specmesh.host.emulator import board
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.shared.modelfile import HEADER_SIZE
+from specmesh.tools.testmodels import random_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,8 +23,8 @@ def models(tmp_path):
     d = tmp_path / "models"
     d.mkdir()
     shutil.copy(ROOT / "models" / "tokenizer.bin", d / "tokenizer.bin")
-    random_model(d / "target.spm", vocab=512, max_seq=64, seed=1)
-    random_model(d / "drafter.spm", vocab=512, max_seq=32, seed=2)
+    random_model(d / TARGET_FILE, vocab=512, max_seq=64, seed=1)
+    random_model(d / DRAFTER_FILE, vocab=512, max_seq=32, seed=2)
     return d
 
 
@@ -55,10 +56,10 @@ def damage_crc(b):
 
 
 @pytest.mark.parametrize("name, damage, reason", [
-    ("target.spm", damage_crc, "fails its CRC check"),
-    ("drafter.spm", lambda b: b[:-100], "is truncated"),
-    ("target.spm", lambda b: b"GGUF" + b[4:], "not a specmesh model file"),
-    ("drafter.spm", lambda b: b[:HEADER_SIZE - 1], "truncated"),
+    (TARGET_FILE, damage_crc, "fails its CRC check"),
+    (DRAFTER_FILE, lambda b: b[:-100], "is truncated"),
+    (TARGET_FILE, lambda b: b"GGUF" + b[4:], "not a specmesh model file"),
+    (DRAFTER_FILE, lambda b: b[:HEADER_SIZE - 1], "truncated"),
 ])
 def test_a_corrupt_model_is_named_with_its_reason(models, capsys, no_board_starts, name, damage, reason):
     path = models / name
@@ -75,7 +76,7 @@ def test_an_over_long_prompt_is_refused_before_the_boards_start(models, capsys, 
 
 def test_only_the_targets_context_limits_the_prompt(models, capsys):
     """Past the drafter's context (32) rounds are plain: a prompt of 32..63 tokens runs."""
-    from host.decode.tokenizer import Tokenizer
+    from specmesh.host.decode.tokenizer import Tokenizer
 
     prompt = "Once upon a time " * 9
     n = len(Tokenizer.from_llama2c(models / "tokenizer.bin").encode(prompt))
@@ -115,7 +116,7 @@ def test_an_unknown_backend_is_refused_before_the_verifier_boots(models, capsys,
 
 def test_boards_are_chosen_through_the_one_registry():
     """`virtual` and every serial-port name are registered back-ends of both roles, as `cpu` is."""
-    from host import backends
+    from specmesh.host import backends
 
     for kind, table in (("verifier", backends.VERIFIERS), ("drafter", backends.DRAFTERS)):
         assert backends.factory(kind, "virtual") is table["virtual"]

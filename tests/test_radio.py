@@ -7,9 +7,10 @@ import time
 
 
 from emulator_util import MPREMOTE, mpremote
-from host.emulator.radio import RadioConfig, RadioHub
-from host.provision.flash import ROOT, flash
-from tools.testmodels import random_model
+from specmesh.host.emulator.radio import RadioConfig, RadioHub
+from specmesh.host.layout import DRAFTER_FILE
+from specmesh.host.provision.flash import ROOT, flash
+from specmesh.tools.testmodels import random_model
 
 A, B = "02:53:4d:00:00:01", "02:53:4d:00:00:02"
 
@@ -153,7 +154,7 @@ print('sent', link.sent, 'packets of at most', link.mtu)
 def test_firmware_espnow_link_runs_unchanged(virtual_board, tmp_path):
     sources = [(ROOT / "firmware" / "links.py", "/links.py")]
     sources += [(p, "/shared/" + p.name) for p in sorted((ROOT / "shared").glob("*.py"))]
-    model = tmp_path / "drafter.spm"
+    model = tmp_path / DRAFTER_FILE
     random_model(model)
     with RadioHub(RadioConfig(seed=1)) as hub:
         rx = virtual_board("esp32s3", mac=B, radio=hub.address)

@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from host.backends.engine import Engine, draft_table, target_table
-from tools.nodeproc import NodeProc, begin, commit, generate
-from shared import messages as m
-from shared import rule
-from shared.prng import DRAFT
-from tools.testmodels import random_model
+from specmesh.host.backends.engine import Engine, draft_table, target_table
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.tools.nodeproc import NodeProc, begin, commit, generate
+from specmesh.shared import messages as m
+from specmesh.shared import rule
+from specmesh.shared.prng import DRAFT
+from specmesh.tools.testmodels import random_model
 
 MAX_SEQ = 48
 VOCAB = 96
@@ -20,8 +21,8 @@ VOCAB = 96
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, str]:
     d = tmp_path_factory.mktemp("models")
-    random_model(d / "target.spm", dim=32, n_layers=2, vocab=VOCAB, max_seq=MAX_SEQ, seed=11)
-    random_model(d / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=VOCAB,
+    random_model(d / TARGET_FILE, dim=32, n_layers=2, vocab=VOCAB, max_seq=MAX_SEQ, seed=11)
+    random_model(d / DRAFTER_FILE, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=VOCAB,
                  max_seq=MAX_SEQ, seed=12)
     return {k: str(d / (k + ".spm")) for k in ("target", "drafter")}
 

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from shared import intmath, prng, rule, sampling
-from shared.rule import ONE
+from specmesh.shared import intmath, prng, rule, sampling
+from specmesh.shared.rule import ONE
 
 
 def test_rand32_is_a_pure_32bit_function_of_all_arguments():

@@ -10,18 +10,19 @@ import time
 
 import pytest
 
-from host import cli
-from host.backends import SessionParams
-from host.bus.links import SerialLink
-from host.bus.proxy import Bus, HostAuth, NodeError, NodeTimeout
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.provision.cluster import Cluster, _backend, _open
-from host.provision.keys import KeyFileError, load_key, new_key_file
-from shared import codec
-from shared import messages as m
-from tools.nodeproc import NodeProc, seq_of
-from tools.testmodels import random_pair
+from specmesh.host import cli
+from specmesh.host.backends import SessionParams
+from specmesh.host.bus.links import SerialLink
+from specmesh.host.bus.proxy import Bus, HostAuth, NodeError, NodeTimeout
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.layout import DRAFTER_FILE
+from specmesh.host.provision.cluster import Cluster, _backend, _open
+from specmesh.host.provision.keys import KeyFileError, load_key, new_key_file
+from specmesh.shared import codec
+from specmesh.shared import messages as m
+from specmesh.tools.nodeproc import NodeProc, seq_of
+from specmesh.tools.testmodels import random_pair
 
 KEY = bytes(range(100, 132))
 VOCAB = 64
@@ -122,7 +123,7 @@ def test_flash_key_then_signed_run_handshake_resync_and_refusals(virtual_board, 
     new_key_file(key_file)
     key = load_key(key_file)
     vb = virtual_board()
-    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / "drafter.spm"),
+    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE),
                      "--key-file", str(key_file)]) == 0
     out = capsys.readouterr()
     assert key.hex() not in out.out + out.err  # never printed
@@ -154,9 +155,9 @@ def test_flash_key_then_signed_run_handshake_resync_and_refusals(virtual_board, 
         with pytest.raises(NodeError):  # a refused request is still an authentic answer
             bus.request(1, m.DRAFT_REQ, m.pack_draft_req(5, 1))
     # flashing without --key-file keeps the key; --no-key opens the bus again
-    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / "drafter.spm")]) == 0
+    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]) == 0
     assert "key" in json.loads((vb.flash_dir / "specmesh.json").read_text())
-    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / "drafter.spm"),
+    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE),
                      "--no-key"]) == 0
     assert "key" not in json.loads((vb.flash_dir / "specmesh.json").read_text())
 

@@ -14,17 +14,18 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="no PyTorch (the gpu extra): `make test-torch` runs these")
 
-from host.backends import VERIFIERS, BackendError, LocalDrafter, LocalVerifier, SessionParams  # noqa: E402
-from host.backends.arraymath import Mat, Xp  # noqa: E402
-from host.backends.batcher import Batcher  # noqa: E402
-from host.backends.engine import Engine  # noqa: E402
-from host.backends.modelio import quantize_rows  # noqa: E402
-from host.backends.torch_backend import TorchModel, TorchVerifier, TorchXp  # noqa: E402
-from host.cli.run import cli  # noqa: E402
-from host.decode.gamma import GammaController  # noqa: E402
-from host.decode.orchestrator import generate  # noqa: E402
-from shared.modelfile import FLAG_SHARED_CLS  # noqa: E402
-from tools.testmodels import random_model  # noqa: E402
+from specmesh.host.backends import VERIFIERS, BackendError, LocalDrafter, LocalVerifier, SessionParams  # noqa: E402
+from specmesh.host.backends.arraymath import Mat, Xp  # noqa: E402
+from specmesh.host.backends.batcher import Batcher  # noqa: E402
+from specmesh.host.backends.engine import Engine  # noqa: E402
+from specmesh.host.backends.modelio import quantize_rows  # noqa: E402
+from specmesh.host.backends.torch_backend import TorchModel, TorchVerifier, TorchXp  # noqa: E402
+from specmesh.host.cli.run import cli  # noqa: E402
+from specmesh.host.decode.gamma import GammaController  # noqa: E402
+from specmesh.host.decode.orchestrator import generate  # noqa: E402
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.shared.modelfile import FLAG_SHARED_CLS  # noqa: E402
+from specmesh.tools.testmodels import random_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -37,7 +38,7 @@ DEVICES = ["cpu", CUDA]
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("models")
-    target, tied, drafter = d / "target.spm", d / "tied.spm", d / "drafter.spm"
+    target, tied, drafter = d / TARGET_FILE, d / "tied.spm", d / DRAFTER_FILE
     random_model(target, dim=32, n_layers=2, hidden=64, vocab=VOCAB, max_seq=96, seed=11)
     random_model(tied, dim=32, n_layers=2, hidden=64, vocab=VOCAB, max_seq=96, seed=13, flags=FLAG_SHARED_CLS)
     random_model(drafter, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=VOCAB, max_seq=96,
@@ -184,7 +185,7 @@ SHIPPED = Path(__file__).resolve().parent.parent / "models"
 
 @pytest.fixture(scope="module")
 def shipped():
-    if not (SHIPPED / "target.spm").exists():
+    if not (SHIPPED / TARGET_FILE).exists():
         pytest.skip("models/target.spm is not built: run `make train`")
     return np.load(SHIPPED / "reference.npz")
 

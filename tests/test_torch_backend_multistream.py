@@ -9,12 +9,13 @@ import pytest
 
 pytest.importorskip("torch", reason="no PyTorch (the gpu extra): `make test-torch` runs these")
 
-from host.backends import SessionParams  # noqa: E402
-from host.backends.batcher import Batcher  # noqa: E402
-from host.backends.torch_backend import TorchModel, TorchVerifier  # noqa: E402
-from host.decode.gamma import GammaController  # noqa: E402
-from host.decode.orchestrator import generate  # noqa: E402
-from host.provision.cluster import Cluster  # noqa: E402
+from specmesh.host.backends import SessionParams  # noqa: E402
+from specmesh.host.backends.batcher import Batcher  # noqa: E402
+from specmesh.host.backends.torch_backend import TorchModel, TorchVerifier  # noqa: E402
+from specmesh.host.decode.gamma import GammaController  # noqa: E402
+from specmesh.host.decode.orchestrator import generate  # noqa: E402
+from specmesh.host.layout import TARGET_FILE
+from specmesh.host.provision.cluster import Cluster  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -24,11 +25,11 @@ STREAMS = 4
 
 @pytest.mark.slow
 def test_four_virtual_drafters_one_torch_verifier(tmp_path):
-    if not (MODELS / "target.spm").exists():
+    if not (MODELS / TARGET_FILE).exists():
         pytest.skip("models/target.spm is not built: run `make train`")
     prompts = [[1, 50 + 7 * i, 60, 70 + i] for i in range(STREAMS)]
     params = [SessionParams(seed=10 + i, temperature=0.8, draft_top_k=8) for i in range(STREAMS)]
-    batcher = Batcher(TorchModel(MODELS / "target.spm", "cpu"), window_s=0.05)
+    batcher = Batcher(TorchModel(MODELS / TARGET_FILE, "cpu"), window_s=0.05)
     clusters = [Cluster(models=MODELS, root=tmp_path / str(i)) for i in range(STREAMS)]
     try:
         drafters = [c.backend("drafter") for c in clusters]

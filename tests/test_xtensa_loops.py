@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from host.projection import hardware
-from tools import xtensa_loops
+from specmesh.host.projection import hardware
+from specmesh.tools import xtensa_loops
 
 pytestmark = pytest.mark.skipif(shutil.which(xtensa_loops.OBJDUMP) is None,
                                 reason="apt-get install binutils-xtensa-lx106 for the Xtensa disassembler")

@@ -11,8 +11,8 @@ check the int8 engines against the float model without PyTorch or the float chec
     <name>.float_loss float64 [] (held-out loss of the float model on the model card's loss stories).
 Entries of models not exported in this call are kept.
 
-    python -m tools.export --model drafter=checkpoints/drafter/best.pt
-    python -m tools.export --model target=stories260K.bin
+    python -m specmesh.tools.export --model drafter=checkpoints/drafter/best.pt
+    python -m specmesh.tools.export --model target=stories260K.bin
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from host.backends.modelio import write_model
-from host.decode.tokenizer import Tokenizer, vocab_id
-from shared.modelfile import FLAG_SHARED_CLS, Header
-from tools.llama2c_import import read_checkpoint
-from tools.modeldefs import ModelArgs, Transformer, export_tensors, from_tensors
-from tools.modelcard import LOSS_STORIES, heldout_stories
+from specmesh.host.backends.modelio import write_model
+from specmesh.host.decode.tokenizer import Tokenizer, vocab_id
+from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header
+from specmesh.tools.llama2c_import import read_checkpoint
+from specmesh.tools.modeldefs import ModelArgs, Transformer, export_tensors, from_tensors
+from specmesh.tools.heldout import LOSS_STORIES, heldout_stories
 
 REF_PROMPTS = 3
 REF_LEN = 64  # teacher-forced positions with saved logits

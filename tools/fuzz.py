@@ -1,6 +1,6 @@
 """Long fuzzing of the bus on both runtimes: crashes, hangs and heap drift.
 
-    python -m tools.fuzz [--frames 1000000] [--node-frames 10000] [--seed 0] [--json FILE]
+    python -m specmesh.tools.fuzz [--frames 1000000] [--node-frames 10000] [--seed 0] [--json FILE]
 
 Inputs: frames of every message type in both directions (valid bodies, bodies mutated and re-framed with
 a good CRC so they reach the payload parsers, whole frames mutated, random bytes), a quarter of them
@@ -37,12 +37,12 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from host import atomic
-from host.boardclasses import ESP32
-from shared import codec
-from shared import messages as m
-from shared.rule import ONE
-from tools.gen_vectors import mutate
+from specmesh.host import atomic
+from specmesh.host.boardclasses import ESP32
+from specmesh.shared import codec
+from specmesh.shared import messages as m
+from specmesh.shared.rule import ONE
+from specmesh.tools.gen_vectors import mutate
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = b"fuzz-key-0123456789abcdef"
@@ -148,7 +148,7 @@ def fuzz_cpython(n: int, seed: int) -> dict:
 
 
 def fuzz_node(n: int, seed: int, micropython: str) -> dict:
-    from tools.nodeproc import NodeFailure, NodeProc, code_heap, flash, rom_image, shipped_model  # noqa: PLC0415
+    from specmesh.tools.nodeproc import NodeFailure, NodeProc, code_heap, flash, rom_image, shipped_model  # noqa: PLC0415
 
     r = random.Random(seed + 1)
     report = {"inputs": n, "crashes": 0, "hangs": 0, "examples": [], "heap_free": []}
@@ -192,7 +192,7 @@ def fuzz_node(n: int, seed: int, micropython: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.fuzz", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m specmesh.tools.fuzz", description=__doc__.splitlines()[0])
     ap.add_argument("--frames", type=int, default=1_000_000, help="inputs through the CPython decoders")
     ap.add_argument("--node-frames", type=int, default=10_000, help="inputs through the MicroPython node")
     ap.add_argument("--seed", type=int, default=0)

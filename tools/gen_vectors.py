@@ -1,7 +1,7 @@
 """Writes tests/vectors/*.json: cross-runtime cases for shared/ (codec, messages, PRNG, rule) and a fuzz corpus.
 
-    python -m tools.gen_vectors            # rewrite the files
-    python -m tools.gen_vectors --check    # exit 1 if the files differ from what would be written
+    python -m specmesh.tools.gen_vectors            # rewrite the files
+    python -m specmesh.tools.gen_vectors --check    # exit 1 if the files differ from what would be written
 
 Inputs are fixed (seeded); expected results come from tests/mp_runner.py's `run_case` under CPython,
 after this tool asserts the properties each edge case exists to pin (e.g. q-hat == p accepts every
@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "vectors"
 sys.path.insert(0, str(ROOT))
 
-from shared import codec, messages as m, prng, rule  # noqa: E402
-from shared.rule import ONE, argmax, quantize, quantize_topk  # noqa: E402
+from specmesh.shared import codec, messages as m, prng, rule  # noqa: E402
+from specmesh.shared.rule import ONE, argmax, quantize, quantize_topk  # noqa: E402
 
 
 def _runner():
@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(text)
             print("wrote %s (%d cases)" % (path.relative_to(ROOT), text.count('{"name"')))
     if stale:
-        print("stale vector files: %s (run python -m tools.gen_vectors)" % ", ".join(stale))
+        print("stale vector files: %s (run python -m specmesh.tools.gen_vectors)" % ", ".join(stale))
         return 1
     return 0
 

@@ -8,7 +8,7 @@ Reads llama2.c's three layouts (model.py / export.py):
     (version 2: all matrices' int8 values, then all their float32 group scales).
 Matrices are re-quantized per row (a version-2 file is dequantized group by group first).
 
-    python -m tools.llama2c_import stories260K.bin --tokenizer tok512.bin --out models/stories260K.spm
+    python -m specmesh.tools.llama2c_import stories260K.bin --tokenizer tok512.bin --out models/stories260K.spm
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from host import atomic
-from host.backends.modelio import write_model
-from host.decode.tokenizer import TokenizerError, byte_pieces, pack_vocab, read_llama2c_tokenizer, vocab_id
-from shared.modelfile import FLAG_SHARED_CLS, Header, ModelFileError
+from specmesh.host import atomic
+from specmesh.host.backends.modelio import write_model
+from specmesh.host.decode.tokenizer import TokenizerError, byte_pieces, pack_vocab, read_llama2c_tokenizer, vocab_id
+from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header, ModelFileError
 
 AK42 = 0x616B3432
 MATS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")

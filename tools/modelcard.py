@@ -9,7 +9,7 @@ host/decode/orchestrator.py with both int8 engines and the shared acceptance rul
 With --variants, every drafter checkpoint tried (tools/train.py's best.pt) is exported to a scratch
 file and measured the same way, for the table of variants.
 
-    python -m tools.modelcard [--prompts 64] [--new 96] [--variants checkpoints/sweep-*]
+    python -m specmesh.tools.modelcard [--prompts 64] [--new 96] [--variants checkpoints/sweep-*]
 """
 
 from __future__ import annotations
@@ -23,33 +23,17 @@ from pathlib import Path
 
 import numpy as np
 
-from host import atomic
-from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.backends.engine import Engine, to_float
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.decode.tokenizer import Tokenizer
-from shared.modelfile import tensor_layout
+from specmesh.host import atomic
+from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.backends.engine import Engine, to_float
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.tools.heldout import LOSS_STORIES, PROMPT_TOKENS, heldout_prompts, heldout_stories  # noqa: F401 - tests read them here
+from specmesh.shared.modelfile import tensor_layout
 
 GAMMA = 4
-# models/heldout.txt by story number: 0..63 select checkpoints (tools/train.py), 64..127 give the loss
-# figures (tools/export.py saves the float model's), 128 on are the acceptance prompts
-LOSS_STORIES = range(64, 128)
-FIRST_STORY = 128
-PROMPT_TOKENS = 16
-
-
-def heldout_stories(path: Path) -> list[str]:
-    """The held-out stories (blank-line separated) of models/heldout.txt."""
-    return [s.strip() for s in path.read_text("utf-8").split("\n\n") if s.strip()]
-
-
-def heldout_prompts(models: Path, tok: Tokenizer, n: int) -> list[list[int]]:
-    """The first PROMPT_TOKENS tokens of n acceptance stories (from FIRST_STORY, long enough)."""
-    ids = (tok.encode(s) for s in heldout_stories(models / "heldout.txt")[FIRST_STORY:])
-    return [i[:PROMPT_TOKENS] for i in ids if len(i) >= PROMPT_TOKENS][:n]
-
-
 def n_params(h) -> int:
     """Parameters of a model file (vectors are 1-row entries of the layout)."""
     return sum(r * c for _n, kind, r, c in tensor_layout(h))
@@ -84,7 +68,7 @@ def acceptance(target: Path, drafter: Path, prompts: list[list[int]], new: int, 
             acc += rd.n_accepted
             tested += rd.n_accepted + (rd.n_accepted < rd.gamma)
             rounds += 1
-            committed += rd.committed
+            committed += rd.n_committed
             for j in range(min(rd.gamma, rd.n_accepted + 1)):
                 reached[j] += 1
                 passed[j] += j < rd.n_accepted
@@ -104,16 +88,16 @@ def describe(h) -> str:
 
 def variant(ck: Path, models: Path, prompts: list[list[int]], new: int) -> dict:
     """Export one drafter checkpoint to a scratch file and measure it against the shipped target."""
-    from tools.export import export_model, load_float  # noqa: PLC0415 - needs torch, only for variants
-    from host.decode.tokenizer import vocab_id  # noqa: PLC0415
+    from specmesh.tools.export import export_model, load_float  # noqa: PLC0415 - needs torch, only for variants
+    from specmesh.host.decode.tokenizer import vocab_id  # noqa: PLC0415
 
     summary = json.loads((ck / "summary.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "drafter.spm"
+        path = Path(tmp) / DRAFTER_FILE
         h = export_model(load_float(ck / "best.pt"), path, vocab_id((models / "vocab.bin").read_bytes()))
         return {"checkpoint": str(ck), "shape": describe(h), "params": n_params(h),
                 "file_bytes": path.stat().st_size, "train_steps": summary["steps"],
-                "train_s": summary["train_s"], "acceptance": measure_pair(models / "target.spm", path, prompts, new)}
+                "train_s": summary["train_s"], "acceptance": measure_pair(models / TARGET_FILE, path, prompts, new)}
 
 
 def measure(a) -> dict:
@@ -131,7 +115,7 @@ def measure(a) -> dict:
             "loss_float": float(ref[name + ".float_loss"]), "loss_int8": int8_loss(path, loss_ids)}
     prompts = heldout_prompts(a.models, tok, a.prompts)
     t0 = time.time()
-    out["acceptance"] = measure_pair(a.models / "target.spm", a.models / "drafter.spm", prompts, a.new)
+    out["acceptance"] = measure_pair(a.models / TARGET_FILE, a.models / DRAFTER_FILE, prompts, a.new)
     out["acceptance_setup"] = {"gamma": GAMMA, "prompts": len(prompts), "prompt_tokens": PROMPT_TOKENS,
                                "new_tokens": a.new, "seconds": round(time.time() - t0, 1)}
     out["variants"] = [variant(Path(ck), a.models, prompts, a.new) for ck in a.variants]

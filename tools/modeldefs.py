@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from host.backends.modelio import read_model
-from host.decode.tokenizer import BOS
-from shared.modelfile import FLAG_SHARED_CLS
+from specmesh.host.backends.modelio import read_model
+from specmesh.host.decode.tokenizer import BOS
+from specmesh.shared.modelfile import FLAG_SHARED_CLS
 
 
 @dataclass

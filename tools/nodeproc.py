@@ -18,11 +18,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from host.backends import temp_milli, top_p_q16
-from host.provision import romfs
-from host.provision.flash import build
-from shared import codec
-from shared import messages as m
+from specmesh.host.backends import temp_milli, top_p_q16
+from specmesh.host.provision import romfs
+from specmesh.host.provision.flash import build
+from specmesh.shared import codec
+from specmesh.shared import messages as m
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,8 +6,9 @@ import os
 
 import numpy as np
 
-from host.backends.modelio import write_model
-from shared.modelfile import KIND_Q8, Header, tensor_layout
+from specmesh.host.backends.modelio import write_model
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.shared.modelfile import KIND_Q8, Header, tensor_layout
 
 
 def random_tensors(h: Header, seed: int = 0) -> dict:
@@ -33,7 +34,7 @@ def random_model(path: str | os.PathLike, dim: int = 32, n_layers: int = 2, n_he
 
 def random_pair(folder: str | os.PathLike, vocab: int = 64, max_seq: int = 96, seed: int = 31) -> None:
     """A small random target.spm (dim 32, 2 layers) and drafter.spm (dim 16, 1 layer) in `folder`."""
-    random_model(os.path.join(folder, "target.spm"), dim=32, n_layers=2, hidden=64, vocab=vocab, max_seq=max_seq,
+    random_model(os.path.join(folder, TARGET_FILE), dim=32, n_layers=2, hidden=64, vocab=vocab, max_seq=max_seq,
                  seed=seed)
-    random_model(os.path.join(folder, "drafter.spm"), dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32,
+    random_model(os.path.join(folder, DRAFTER_FILE), dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32,
                  vocab=vocab, max_seq=max_seq, seed=seed + 1)

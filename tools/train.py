@@ -14,7 +14,7 @@ equal) and T = 1 (sum of min(p, q-hat)), and the KL.
 Checkpoints go to <out>/last.pt (every eval) and <out>/best.pt (highest T = 1 acceptance); re-running
 the same command resumes from last.pt.
 
-    python -m tools.train --shape d64l2kv1 --out checkpoints/d64 --openings models/tinystories_train_head.txt
+    python -m specmesh.tools.train --shape d64l2kv1 --out checkpoints/d64 --openings models/tinystories_train_head.txt
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from host import atomic
-from host.decode.tokenizer import Tokenizer
-from tools.modelcard import PROMPT_TOKENS, heldout_stories
-from tools.modeldefs import DRAFTERS, Transformer, from_model_file
+from specmesh.host import atomic
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.layout import TARGET_FILE
+from specmesh.tools.heldout import PROMPT_TOKENS, heldout_stories
+from specmesh.tools.modeldefs import DRAFTERS, Transformer, from_model_file
 
 MODELS = Path("models")
 MIN_OPENING, MAX_OPENING = 4, 48  # real tokens a pool row opens with, after BOS
@@ -189,7 +190,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(DRAFTERS), required=True)
     ap.add_argument("--out", required=True, help="checkpoint directory")
-    ap.add_argument("--teacher", type=Path, default=MODELS / "target.spm", help="the target model file")
+    ap.add_argument("--teacher", type=Path, default=MODELS / TARGET_FILE, help="the target model file")
     ap.add_argument("--tokenizer", type=Path, default=MODELS / "tokenizer.bin")
     ap.add_argument("--heldout", type=Path, default=MODELS / "heldout.txt")
     ap.add_argument("--val-stories", type=int, default=64)

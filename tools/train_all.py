@@ -7,7 +7,7 @@ has two phases (KL to the target's distributions, then their total variation), e
 checkpoints/drafter/<phase>/last.pt; data, batches and schedule are pure functions of the seed and the
 step, so a re-run rebuilds the same drafter (about an hour on 2 cores).
 
-    python -m tools.train_all
+    python -m specmesh.tools.train_all
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tools import export, modelcard, train
+from specmesh.tools import export, modelcard, train
 
 CK = Path("checkpoints") / "drafter"
 SHAPE = "d64l2kv1"  # the shipped drafter's shape (models/MODEL_CARD.md compares the others)

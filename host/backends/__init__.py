@@ -14,8 +14,10 @@ passes the whole committed list on every call, so a back-end can resynchronise f
   a verifier prefills at its first verdict.
 
 Every back-end is made by name through one registry per role, `VERIFIERS` and `DRAFTERS` (`factory`):
-`cpu` here, `torch-cpu` and `gpu` (host/backends/torch_backend.py), `virtual` and `PORT`, the entry of
-every serial-port name (`is_port`), for boards (host/provision/cluster.py). A factory takes the model
+`cpu` here, `torch-cpu` and `gpu` (host/backends/torch_backend.py), `virtual`, `virtual:CLASS` (a virtual
+board of each board class), `pipeline` (`--stages N` stage boards) and `PORT`, the entry of every
+serial-port name (`is_port`), for boards (host/provision/cluster.py). The modules that register them are
+imported by whoever assembles a run (host/cli/registry.py), never by name from here. A factory takes the model
 path and keyword options and returns the back-end: `name`, the name as given, and `boards`, the run's
 `Boards`; it ignores the options it does not use. `BackendError` carries a one-line message for the user.
 """
@@ -28,8 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shared import rule
-from shared.messages import MAX_GAMMA
+from specmesh.shared import rule
+from specmesh.shared.messages import MAX_GAMMA
 
 
 class BackendError(Exception):
@@ -125,6 +127,20 @@ class Backend(Protocol):
 
     def close(self) -> None: ...
 
+    def parts(self, role: str) -> list[tuple[str, Backend]]: ...  # what the stats list: itself, or its stages
+
+    def report(self) -> dict: ...  # its own sections of the stats JSON (a pipeline's trace); {} for most
+
+
+class Unit:
+    """What a back-end that is one unit (one model, one board) says of itself in a run's stats."""
+
+    def parts(self, role: str) -> list[tuple[str, Backend]]:
+        return [(role, self)]
+
+    def report(self) -> dict:
+        return {}
+
 
 class Drafter(Backend, Protocol):
     def draft(self, committed: Sequence[int], gamma: int) -> Draft: ...
@@ -136,10 +152,11 @@ class Verifier(Backend, Protocol):
 
 class Boards(Protocol):
     """What a board's factory takes from the run (host/cli/run.py `Setup`): its cluster of virtual boards,
-    started on first use, the deployment key, and a stack that keeps what the factory opens until the run
-    ends."""
+    started on first use, the deployment key, the pipeline's stage count, and a stack that keeps what the
+    factory opens until the run ends."""
 
     key: bytes | None
+    stages: int
 
     def cluster(self): ...
 
@@ -149,10 +166,8 @@ class Boards(Protocol):
 Factory = Callable[..., Backend]
 VERIFIERS: dict[str, Factory] = {}
 DRAFTERS: dict[str, Factory] = {}
+PIPELINE = "pipeline"  # the verifier of `--stages N`: N virtual stage boards
 PORT = "PORT"  # the registry entry of every name `is_port` accepts: a flashed board on that serial port
-# Modules that register more back-ends when imported, in turn, only until the name is known (so
-# `--verifier cpu` imports neither, and `virtual` or a port never pays for importing torch).
-PLUGINS = ("host.provision.cluster", "host.backends.torch_backend")
 
 
 def is_port(name: str) -> bool:
@@ -161,17 +176,12 @@ def is_port(name: str) -> bool:
 
 
 def factory(kind: str, name: str) -> Factory | None:
-    """The factory registered for `--verifier NAME` (kind "verifier") or `--drafter NAME`, or None."""
+    """The factory registered for `--verifier NAME` (kind "verifier") or `--drafter NAME`, or None.
+
+    Only what has been imported is registered: whoever assembles a run imports the back-end modules it
+    offers (host/cli/registry.py)."""
     table = VERIFIERS if kind == "verifier" else DRAFTERS
-    key = PORT if is_port(name) else name
-    for mod in PLUGINS:
-        if key in table:
-            break
-        try:
-            __import__(mod)
-        except ImportError:
-            pass
-    return table.get(key)
+    return table.get(PORT if is_port(name) else name)
 
 
 def register_verifier(name: str, factory: Factory) -> None:
@@ -189,7 +199,7 @@ class EngineStream:
 
     def __init__(self, path, engine=None):
         """`engine`: anything with Engine's `header`, `forward(tokens, start_pos)`, `rollback(n)` (torch)."""
-        from host.backends.engine import Engine  # noqa: PLC0415 - numpy engine only when a local back-end is made
+        from specmesh.host.backends.engine import Engine  # noqa: PLC0415 - numpy engine only when a local back-end is made
 
         try:
             self.engine = engine or Engine(path)
@@ -229,7 +239,7 @@ class EngineStream:
         return self.feed([*missing, tokens[-1], *extra])[len(missing):]
 
 
-class LocalRole:
+class LocalRole(Unit):
     """A model on the host CPU (numpy reference engine): what the drafter and the verifier share."""
 
     max_gamma = MAX_GAMMA  # no board's limits: the protocol's
@@ -262,7 +272,7 @@ class LocalVerifier(LocalRole):
         if draft.pos0 != len(committed):
             raise BackendError("draft for position %d, but the stream holds %d tokens"
                                % (draft.pos0, len(committed)))
-        from host.backends.engine import argmax, target_table  # noqa: PLC0415 - numpy, loaded with the engine
+        from specmesh.host.backends.engine import argmax, target_table  # noqa: PLC0415 - numpy, loaded with the engine
 
         logits = self.stream.logits_after(committed, draft.tokens)
         p = self.params
@@ -280,7 +290,7 @@ class LocalDrafter(LocalRole):
             self.stream.feed(prompt[:-1])  # prefill, as a drafter board does at BEGIN
 
     def draft(self, committed: Sequence[int], gamma: int) -> Draft:
-        from host.backends.engine import argmax, draft_table  # noqa: PLC0415 - numpy, loaded with the engine
+        from specmesh.host.backends.engine import argmax, draft_table  # noqa: PLC0415 - numpy, loaded with the engine
 
         p = self.params
         out = Draft(len(committed))

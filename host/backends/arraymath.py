@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from host.backends.modelio import QTensor, read_model
-from shared import intmath
-from shared.modelfile import FLAG_SHARED_CLS, Header
+from specmesh.host.backends.modelio import QTensor, read_model
+from specmesh.shared import intmath
+from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header
 
 I64 = np.int64
 EXP_TABLE = intmath.exp_table([0] * intmath.EXP_SIZE)

@@ -6,7 +6,7 @@ blocks; a worker thread takes everything pending, runs it as one `IntModel.forwa
 caller its own logits. The worker runs a batch as soon as every registered stream has a request
 pending (nobody else can add one), when `max_batch` requests wait, or `window_s` after the first
 request arrived (a stream busy elsewhere, e.g. drafting, does not stall the others). So forward calls per token fall as the number of streams grows; `stats`
-counts them (`python -m tools.bench gpu`, e2e rows: 64 streams in Python threads took 2 passes per
+counts them (`python -m specmesh.tools.bench gpu`, e2e rows: 64 streams in Python threads took 2 passes per
 round, 256 took 3, with the 2 ms default window). Streams never share state: each owns a cache slot,
 and a slot may have one request pending. Stream bookkeeping (`open_stream`, `rollback`,
 `close_stream`) is serialised with the passes.
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from host.backends.arraymath import IntModel
+    from specmesh.host.backends.arraymath import IntModel
 
 
 class Batcher:

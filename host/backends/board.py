@@ -22,15 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from host.backends import BackendError, Draft, SessionParams
-from host.bus.proxy import Call, NodeError, Proxy, ProxyError
-from shared import messages as m
-from shared.rule import PARTIAL
+from specmesh.host.backends import BackendError, Draft, SessionParams, Unit
+from specmesh.host.bus.proxy import Call, NodeError, Proxy, ProxyError
+from specmesh.shared import messages as m
+from specmesh.shared.rule import PARTIAL
 
 ROLE_NAMES = {m.ROLE_DRAFTER: "drafter", m.ROLE_VERIFIER: "verifier", m.ROLE_STAGE: "stage"}
 
 
-class _Restarted(Exception):
+class Restarted(Exception):
     """The node lost the session (it restarted): re-synchronise it."""
 
 
@@ -39,7 +39,7 @@ def _begin_body(params: SessionParams, prompt: Sequence[int]) -> bytes:
                         params.top_p_q16, params.eos, list(prompt))
 
 
-class BoardBackend:
+class BoardBackend(Unit):
     """What both roles share: HELLO at connect, BEGIN, COMMIT bookkeeping, STATS."""
 
     role = m.ROLE_IDLE
@@ -81,7 +81,7 @@ class BoardBackend:
     def bus_bytes(self) -> int:
         return self.proxy.bus.bytes.get(self.proxy.node, 0)
 
-    def _settle(self) -> None:
+    def settle(self) -> None:
         """Wait for the BEGIN or COMMIT still in flight, if any (re-synchronising a node that lost the
         session; a refused BEGIN is an error, never a re-synchronisation)."""
         call, self._pending = self._pending, None
@@ -89,7 +89,7 @@ class BoardBackend:
         if call is not None:
             try:
                 self._result(call)
-            except _Restarted:
+            except Restarted:
                 self._resync()
         if begun is not None:  # the BEGIN went through: from now on a lost session is re-synchronised
             self.params = begun
@@ -99,18 +99,18 @@ class BoardBackend:
             return call.result()
         except NodeError as e:
             if e.code == m.E_STATE and self.params is not None:
-                raise _Restarted() from None
+                raise Restarted() from None
             raise BackendError("%s: %s" % (self.name, e)) from None
         except ProxyError as e:
             raise BackendError("%s: %s" % (self.name, e)) from None
 
     def _call(self, mtype: int, payload: bytes | Callable[[], bytes] = b""):
         """The reply to a request; a callable payload is built again after a re-synchronisation."""
-        self._settle()
+        self.settle()
         body = payload if isinstance(payload, bytes) else payload()
         try:
             return self._result(self.proxy.start(mtype, body))
-        except _Restarted:
+        except Restarted:
             self._resync()
             return self._once(self.proxy.start(mtype, payload if isinstance(payload, bytes) else payload()))
 
@@ -118,7 +118,7 @@ class BoardBackend:
         """The reply after a re-synchronisation: losing the session again is an error, not a loop."""
         try:
             return self._result(call)
-        except _Restarted:
+        except Restarted:
             raise BackendError("%s keeps losing its session: check its console (mpremote connect %s)"
                                % (self.name, self.name)) from None
 
@@ -132,7 +132,7 @@ class BoardBackend:
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
         """Start a session; returns without waiting for the node (its ACK is collected by the next call)."""
-        self._settle()
+        self.settle()
         self.params = None  # no re-synchronisation until this BEGIN went through
         self._pending = self.proxy.start(m.BEGIN, _begin_body(params, prompt))
         self._begun = params
@@ -150,7 +150,7 @@ class BoardBackend:
 
     def commit(self, committed: Sequence[int]) -> None:
         """Send COMMIT if the node's committed stream is not `committed`; leaves it in flight."""
-        self._settle()
+        self.settle()
         if len(committed) == len(self.known) and list(committed) == self.known:
             return
         self._pending = self.proxy.start(m.COMMIT, m.pack_commit(len(committed), self._tail(committed)))
@@ -158,7 +158,7 @@ class BoardBackend:
         self.held = list(committed)
 
     def stats(self) -> dict:
-        self._settle()
+        self.settle()
         (pairs,) = m.unpack_stats(self._call(m.STATS).payload)
         out: dict = dict(pairs)
         out["compute_s"] = out.get("compute_ms", 0) / 1000.0
@@ -170,8 +170,8 @@ class BoardBackend:
 
     def close(self) -> None:
         try:
-            self._settle()
-        except (BackendError, _Restarted):
+            self.settle()
+        except (BackendError, Restarted):
             pass
 
 

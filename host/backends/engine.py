@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from host.backends.arraymath import EXP_TABLE, IntModel
-from shared import sampling
+from specmesh.host.backends.arraymath import EXP_TABLE, IntModel
+from specmesh.shared import sampling
 
 
 class Engine:

@@ -16,8 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from host import atomic
-from shared.modelfile import (HEADER_SIZE, KIND_Q8, Header, ModelFileError, body_size, parse_header,
+from specmesh.host import atomic
+from specmesh.shared.modelfile import (HEADER_SIZE, KIND_Q8, Header, ModelFileError, body_size, parse_header,
                               tensor_layout)
 
 

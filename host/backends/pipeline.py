@@ -24,10 +24,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from host.backends import BackendError, Draft, SessionParams
-from host.backends.board import BoardBackend, _Restarted
-from host.bus.proxy import ProxyError
-from shared import messages as m
+from specmesh.host.backends import Backend, BackendError, Draft, SessionParams
+from specmesh.host.backends.board import BoardBackend, Restarted
+from specmesh.host.bus.proxy import ProxyError
+from specmesh.shared import messages as m
 
 POLL_S = 0.001  # how long the wavefront waits on one reply before looking at the others
 PATIENCE_S = 0.2  # a reply this late: wait on that call alone (it retransmits as the bus says)
@@ -85,7 +85,7 @@ class PipelineVerifier:
         if draft.pos0 != len(committed):
             raise BackendError("draft for position %d, but the stream holds %d tokens" % (draft.pos0, len(committed)))
         for s in self.stages:
-            self._guard(s, s._settle)
+            self._guard(s, s.settle)
         start = 0
         for a, b in zip(self.fed, committed[:-1]):
             if a != b:
@@ -183,7 +183,7 @@ class PipelineVerifier:
         except (BackendError, ProxyError) as e:
             s = self.stages.index(stage)
             raise BackendError("%s stopped answering: %s" % (self._who(s), str(e).split(": ", 1)[-1])) from None
-        except _Restarted:
+        except Restarted:
             raise BackendError("%s restarted and lost the session" % self._who(self.stages.index(stage))) from None
 
     def trace_summary(self) -> dict:
@@ -197,6 +197,13 @@ class PipelineVerifier:
             "rounds": [{"positions": r.positions, "judged": r.judged, "computed": r.computed, "bytes": r.bytes}
                        for r in self.trace],
         }
+
+    def parts(self, role: str) -> list[tuple[str, Backend]]:
+        """Its stage boards, each reported as a "stage" (whatever role the pipeline plays)."""
+        return [("stage", s) for s in self.stages]
+
+    def report(self) -> dict:
+        return {"pipeline": self.trace_summary()}
 
     def stats(self) -> dict:
         per = [s.stats() for s in self.stages]

@@ -24,10 +24,10 @@ try:
 except ImportError:  # torch is the optional `gpu` extra; the host works without it
     torch = None
 
-from host.backends import BackendError, EngineStream, LocalVerifier, SessionParams, register_verifier
-from host.backends.arraymath import IntModel, Xp
-from host.backends.batcher import Batcher
-from shared.modelfile import ModelFileError
+from specmesh.host.backends import BackendError, EngineStream, LocalVerifier, SessionParams, register_verifier
+from specmesh.host.backends.arraymath import IntModel, Xp
+from specmesh.host.backends.batcher import Batcher
+from specmesh.shared.modelfile import ModelFileError
 
 INSTALL_HINT = "PyTorch is not installed: `make setup-gpu` in a checkout, else pip install 'specmesh[gpu]'"
 

@@ -1,6 +1,6 @@
 """Fault injection on the host's links: frames dropped, corrupted, duplicated, reordered and delayed.
 
-`FaultyLink(link, faults)` wraps a stream link (host/bus/links.py SerialLink: `send(frame)`, `on_frame`)
+`FaultyLink(link, faults)` wraps a host link (host/bus/links.py `Link`: `send(frame)`, `on_frame`)
 and applies seeded faults to every frame in both directions: what the host sends reaches the board
 damaged or not at all (the node's CRC check and the host's retransmission must cope), and what the
 board sends reaches the proxy the same way. A corrupted frame has one bit flipped; outgoing it goes on
@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from host.bus.links import LinkError
-from shared.codec import CodecError, Frame, Replay, decode, encode
+from specmesh.host.bus.links import Link, LinkError
+from specmesh.shared.codec import CodecError, Frame, Replay, decode, encode
 
 
 def flip_bit(data: bytes, rng: random.Random) -> bytes:
@@ -70,9 +70,10 @@ class _TagOnly:
 
 
 class FaultyLink:
-    """A link that delivers frames as `faults` says; everything else is the wrapped link's."""
+    """A link (host/bus/links.py `Link`) that delivers frames as `faults` says; everything else is the
+    wrapped link's."""
 
-    def __init__(self, link, faults: Faults):
+    def __init__(self, link: Link, faults: Faults):
         self.link = link
         self.faults = faults
         self.counts = FaultCounts()
@@ -86,8 +87,33 @@ class FaultyLink:
             decoder.auth = _TagOnly(self._auth)
         link.on_frame = self._receive
 
-    def __getattr__(self, name: str):  # port, text, error, bus_bytes, close, ... of the real link
-        return getattr(self.link, name)
+    @property
+    def port(self) -> str:
+        return self.link.port
+
+    @property
+    def text(self):
+        return self.link.text
+
+    @property
+    def error(self) -> str | None:
+        return self.link.error
+
+    @property
+    def bus_bytes(self) -> int:
+        return self.link.bus_bytes
+
+    def write_raw(self, data: bytes) -> None:
+        self.link.write_raw(data)
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        self.link.watch(callback)
+
+    def noise(self) -> tuple[int, dict[str, int]]:
+        return self.link.noise()
+
+    def close(self) -> None:
+        self.link.close()
 
     def send(self, frame: bytes) -> None:
         self._apply("out", frame, self._corrupt_out, self.link.send)

@@ -9,8 +9,10 @@ Two answers end a link's calls at once, with `error` saying what to do (the bus 
 through `watch`): a board left half-flashed (its console line, firmware/main.py), and, before any frame
 passed the link's signature check, a frame refused for its signature: the board holds a key and this
 host none (a signed frame), or the reverse (an unsigned one), or another key (a bad tag). A keyed
-board answers such a request with a refusal for exactly this (firmware/node.py, E_KEY). The ESP-NOW transport needs no other host link: the host talks to a gateway board
-over this same serial link, and the gateway relays frames addressed to other nodes over the radio.
+board answers such a request with a refusal for exactly this (firmware/node.py, E_KEY).
+
+The ESP-NOW transport needs no other host link: the host talks to a gateway board over this same serial
+link, and the gateway relays frames addressed to other nodes over the radio.
 """
 
 from __future__ import annotations
@@ -18,15 +20,39 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 import serial
 
-from shared.codec import FLAG_SIGNED, Auth, Frame, StreamDecoder, encode_line
-from shared.messages import HALF_FLASHED
+from specmesh.shared.codec import FLAG_SIGNED, Auth, Frame, StreamDecoder, encode_line
+from specmesh.shared.messages import HALF_FLASHED
 
 
 class LinkError(Exception):
     """The port cannot be opened or died; the message is one line for the user."""
+
+
+class Link(Protocol):
+    """A host link to boards: what a bus (host/bus/proxy.py) drives, and what host/bus/faults.py's
+    FaultyLink wraps. `SerialLink` is the one real kind."""
+
+    port: str  # what the user named it by, for messages
+    on_frame: Callable[[Frame], None] | None  # each decoded frame, on the link's reader thread
+    text: collections.deque[str]  # the last lines that were not frames (a node's traceback)
+    error: str | None  # why the link died, once it has
+
+    @property
+    def bus_bytes(self) -> int: ...  # bytes both ways so far
+
+    def send(self, frame: bytes) -> None: ...  # LinkError when the link cannot be written
+
+    def write_raw(self, data: bytes) -> None: ...  # bytes outside any frame (Ctrl-C, Ctrl-D to a board's REPL)
+
+    def watch(self, callback: Callable[[], None]) -> None: ...  # called once `error` is set
+
+    def noise(self) -> tuple[int, dict[str, int]]: ...  # (bytes received, what was no frame, by kind)
+
+    def close(self) -> None: ...
 
 
 class SerialLink:
@@ -56,6 +82,10 @@ class SerialLink:
     def watch(self, callback: Callable[[], None]) -> None:
         """Call `callback` (on the reader thread) when `error` is set."""
         self._watchers.append(callback)
+
+    def noise(self) -> tuple[int, dict[str, int]]:
+        """(bytes received, counts of what was no good frame by kind): what a silent node's port said."""
+        return self.bytes_received, dict(self.decoder.errors)
 
     def _fail(self, message: str) -> None:
         if self.error is None:
@@ -95,6 +125,10 @@ class SerialLink:
             except (serial.SerialException, OSError) as e:
                 raise LinkError("%s: write failed: %s" % (self.port, _first_line(e))) from None
             self.bytes_sent += len(data)
+
+    def write_raw(self, data: bytes) -> None:
+        with self._lock:
+            self.ser.write(data)
 
     def _read_loop(self) -> None:
         while not self._stop.is_set():

@@ -22,9 +22,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from host.bus.links import LinkError
-from shared.codec import BROADCAST, Auth, CodecError, Frame, encode, line_size, resign
-from shared.messages import E_COUNTER, ERROR, HOST, NAMES, PING, REPLY_TYPE, unpack_error
+from specmesh.host.bus.links import LinkError
+from specmesh.shared.codec import BROADCAST, Auth, CodecError, Frame, encode, line_size, resign
+from specmesh.shared.messages import E_COUNTER, ERROR, HOST, NAMES, PING, REPLY_TYPE, unpack_error
 
 
 class HostAuth(Auth):
@@ -81,9 +81,7 @@ class Bus:
         self._waiting: dict[int, _Waiter] = {}  # by seq
         self._slowest: dict[int, float] = {}  # per message type: recent slowest reply time (decays)
         link.on_frame = self._on_frame
-        watch = getattr(link, "watch", None)
-        if watch is not None:  # a link that fails (a key mismatch, a half-flashed board) ends the calls at once
-            watch(self._wake_all)
+        link.watch(self._wake_all)  # a link that fails (a key mismatch, a half-flashed board) ends the calls at once
 
     def _wake_all(self) -> None:
         with self._lock:

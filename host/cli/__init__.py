@@ -8,7 +8,7 @@ import time
 
 
 def _add_run(sub) -> None:
-    from host.cli import run as runner
+    from specmesh.host.cli import run as runner
 
     p = sub.add_parser("run", help="generate text: speculative decoding across boards")
     runner.add_arguments(p)
@@ -44,10 +44,10 @@ def parse_layers(text: str) -> tuple[int, int]:
 
 
 def _flash(args) -> int:
-    from host.bus.ports import PortError, resolve_port
-    from host.cli.ranges import in_range
-    from host.provision.flash import FlashError, flash, summary
-    from host.provision.keys import KeyFileError, load_key
+    from specmesh.host.bus.ports import PortError, resolve_port
+    from specmesh.host.cli.ranges import in_range
+    from specmesh.host.provision.flash import FlashError, flash, summary
+    from specmesh.host.provision.keys import KeyFileError, load_key
 
     try:
         if args.node_id is not None:
@@ -76,9 +76,9 @@ def _add_bench(sub) -> None:
 
 
 def _bench(args) -> int:
-    from host.bus.ports import PortError, resolve_port
-    from host.projection.boardbench import bench, report
-    from host.provision.flash import FlashError
+    from specmesh.host.bus.ports import PortError, resolve_port
+    from specmesh.host.projection.boardbench import bench, report
+    from specmesh.host.provision.flash import FlashError
 
     try:
         port = resolve_port(args.port)
@@ -94,7 +94,7 @@ def _bench(args) -> int:
 
 
 def _add_chaos(sub) -> None:
-    from host.cli.chaos import PROFILES
+    from specmesh.host.cli.chaos import PROFILES
 
     p = sub.add_parser("chaos", help="generate on virtual boards under fault profiles; compare with the fault-free text")
     p.add_argument("--profile", action="append", choices=sorted(PROFILES),
@@ -105,10 +105,9 @@ def _add_chaos(sub) -> None:
 
 
 def _chaos(args) -> int:
-    from host.backends import BackendError
-    from host.cli.chaos import PROFILES, print_table, run
-
-    from host.cli.ranges import RangeError, in_range
+    from specmesh.host.backends import BackendError
+    from specmesh.host.cli.chaos import PROFILES, print_table, run
+    from specmesh.host.cli.ranges import RangeError, in_range
 
     try:
         in_range("--tokens", args.tokens, 1, 200)
@@ -132,7 +131,7 @@ def _add_keygen(sub) -> None:
 
 
 def _keygen(args) -> int:
-    from host.provision.keys import KeyFileError, new_key_file
+    from specmesh.host.provision.keys import KeyFileError, new_key_file
 
     try:
         new_key_file(args.key_file)
@@ -145,7 +144,7 @@ def _keygen(args) -> int:
 
 
 def _add_emulate(sub) -> None:
-    from host.boardclasses import BOARD_CLASSES
+    from specmesh.host.boardclasses import BOARD_CLASSES
 
     p = sub.add_parser("emulate", help="start virtual boards (MicroPython VMs on ptys) until Ctrl-C")
     p.add_argument("--boards", type=int, default=2, help="how many boards (default 2)")
@@ -153,8 +152,11 @@ def _add_emulate(sub) -> None:
     p.add_argument("--dir", default=None, help="keep the boards' flash folders here (default: a temporary folder)")
     p.add_argument("--flash-kb", type=int, default=None, help="give each board a littlefs flash of this size (8..16384, a multiple of 4)")
     p.add_argument("--mtu", type=int, default=250, choices=[250, 1470], help="ESP-NOW MAX_DATA_LEN (default 250)")
-    p.add_argument("--loss", type=float, default=0.0, help="radio packet loss probability")
-    p.add_argument("--duplicate", type=float, default=0.0, help="radio packet duplication probability")
+    # the names `specmesh run` gives the same settings; --loss and --duplicate are the older spellings
+    p.add_argument("--radio-loss", "--loss", dest="loss", type=float, default=0.0, metavar="P",
+                   help="radio packet loss probability")
+    p.add_argument("--radio-dup", "--duplicate", dest="duplicate", type=float, default=0.0, metavar="P",
+                   help="radio packet duplication probability")
     p.add_argument("--reorder", type=float, default=0.0, help="radio reordering probability")
     p.add_argument("--delay-ms", type=float, default=0.0, help="radio one-way delay")
     p.add_argument("--seed", type=int, default=0, help="seed of the radio's random choices")
@@ -174,14 +176,15 @@ def _stop_on_ctrl_c_and_term() -> None:
 
 def _emulate_problem(args) -> str | None:
     """What is wrong with the `specmesh emulate` flags (one line), or None; checked before any board starts."""
-    from host.emulator.board import FLASH_BLOCK, FLASH_KB_RANGE
+    from specmesh.host.emulator.board import FLASH_BLOCK, FLASH_KB_RANGE
 
-    from host.cli.ranges import SEED, RangeError, in_range, probability
+    from specmesh.host.cli.ranges import SEED, RangeError, in_range, probability
 
     try:
         in_range("--boards", args.boards, 1, 64)
-        for flag in ("loss", "duplicate", "reorder"):
-            probability("--" + flag, getattr(args, flag))
+        for dest, flag in (("loss", "--radio-loss/--loss"), ("duplicate", "--radio-dup/--duplicate"),
+                           ("reorder", "--reorder")):
+            probability(flag, getattr(args, dest))
         in_range("--delay-ms", args.delay_ms, 0, 10_000)
         in_range("--seed", args.seed, *SEED)
     except RangeError as e:
@@ -197,10 +200,10 @@ def _emulate_problem(args) -> str | None:
 
 
 def _emulate(args) -> int:
-    from host.boardclasses import board_class
-    from host.emulator import BoardError
-    from host.emulator.radio import RadioConfig
-    from host.emulator.session import Emulation
+    from specmesh.host.boardclasses import board_class
+    from specmesh.host.emulator import BoardError
+    from specmesh.host.emulator.radio import RadioConfig
+    from specmesh.host.emulator.session import Emulation
 
     problem = _emulate_problem(args)
     if problem:

@@ -1,7 +1,7 @@
-"""`python -m host.cli`."""
+"""`python -m specmesh.host.cli`."""
 
 import sys
 
-from host.cli import main
+from specmesh.host.cli import main
 
 sys.exit(main())

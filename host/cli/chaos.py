@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.bus.faults import Faults
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
+from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.bus.faults import Faults
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.layout import MODELS, model_path
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [1, 403, 407, 261, 378]  # "Once upon a time" in tok512
 GAMMA = 3
 
@@ -76,17 +76,17 @@ CASES = (SessionParams(temperature=0.0), SessionParams(seed=7, temperature=0.8))
 
 def reference(models: Path, params: SessionParams, tokens: int) -> list[int]:
     """The fault-free text of a case, on the CPU back-ends."""
-    return generate(PROMPT, LocalVerifier(models / "target.spm"), LocalDrafter(models / "drafter.spm"), params,
-                    tokens, GammaController(fixed=GAMMA)).tokens
+    return generate(PROMPT, LocalVerifier(model_path(models, "verifier")), LocalDrafter(model_path(models, "drafter")),
+                    params, tokens, GammaController(fixed=GAMMA)).tokens
 
 
 def soft_reset(board) -> None:
     """Reboot a board mid-session as a user can: Ctrl-C ends the node, Ctrl-D soft-resets the board and
     main.py starts afresh (its session lost; the host re-synchronises it from the committed prefix)."""
-    ser = board.proxy.bus.link.ser
-    ser.write(b"\x03")
+    link = board.proxy.bus.link
+    link.write_raw(b"\x03")
     time.sleep(0.3)
-    ser.write(b"\x04")
+    link.write_raw(b"\x04")
 
 
 def _event(cluster, backends: dict, event: tuple[str, str, int] | None, times: dict) -> Callable:
@@ -111,8 +111,8 @@ def _event(cluster, backends: dict, event: tuple[str, str, int] | None, times: d
 
 def run_case(profile: Profile | None, params: SessionParams, tokens: int, models: Path, root: Path) -> dict:
     """One generation on fresh virtual boards under `profile` (None: no faults)."""
-    from host.emulator.radio import RadioConfig  # noqa: PLC0415
-    from host.provision.cluster import Cluster  # noqa: PLC0415
+    from specmesh.host.emulator.radio import RadioConfig  # noqa: PLC0415
+    from specmesh.host.provision.cluster import Cluster  # noqa: PLC0415
 
     p = profile or Profile("none")
     radio = RadioConfig(seed=3, **p.radio) if p.transport == "espnow" else None
@@ -124,7 +124,7 @@ def run_case(profile: Profile | None, params: SessionParams, tokens: int, models
         t0 = time.perf_counter()
         res = generate(PROMPT, backends["verifier"], backends["drafter"], params, tokens,
                        GammaController(fixed=GAMMA), on_round=_event(c, backends, p.event, times),
-                       fallback=lambda: LocalVerifier(models / "target.spm"), on_failover=failovers.append)
+                       fallback=lambda: LocalVerifier(model_path(models, "verifier")), on_failover=failovers.append)
         wall = time.perf_counter() - t0
         links = c.buses
         recovery = times["recovered"] - times["event"] if "recovered" in times else None
@@ -147,7 +147,7 @@ def compare(want: list[int], got: list[int]) -> tuple[int, int]:
     return len(want) - common, len(got) - common
 
 
-def run(names: list[str], tokens: int = 32, models: Path = ROOT / "models",
+def run(names: list[str], tokens: int = 32, models: Path = MODELS,
         say: Callable[[str], None] | None = None) -> list[dict]:
     """One row per profile and case; `say` gets a line as each case starts and ends (progress)."""
     rows = []

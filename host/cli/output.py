@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import IO
 
-from host import atomic
+from specmesh.host import atomic
 
 FEW = 5  # samples below which a figure is left out of the table (with the count) rather than shown
 GREEN = "\x1b[32m"

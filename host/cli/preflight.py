@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from host import backends
-from host.backends import is_port
-from host.backends.modelio import check_model_file
-from shared.modelfile import Header, ModelFileError
-
-MODEL_FILES = {"verifier": "target.spm", "drafter": "drafter.spm"}
+import specmesh.host.cli.registry  # noqa: F401 - the back-ends a run offers, registered
+from specmesh.host import backends
+from specmesh.host.backends import is_port
+from specmesh.host.backends.modelio import check_model_file
+from specmesh.host.layout import MODEL_FILES
+from specmesh.shared.modelfile import Header, ModelFileError
 
 
 class PreflightError(Exception):
@@ -57,7 +57,7 @@ def check_backends(names: dict[str, str], transport: str, key: bytes | None = No
     """`names` (role -> back-end name), each checked to name a back-end, with every `auto` replaced by
     its board's port (asking with `key` when the boards sign frames) and every port checked to exist and
     open."""
-    from host.bus.ports import PortError, check_port  # noqa: PLC0415
+    from specmesh.host.bus.ports import PortError, check_port  # noqa: PLC0415
 
     for role, name in names.items():
         problem = unknown_backend(role, name)
@@ -82,8 +82,8 @@ def check_backends(names: dict[str, str], transport: str, key: bytes | None = No
 
 
 def _find(role: str, key: bytes | None) -> str:
-    from host.backends import BackendError  # noqa: PLC0415
-    from host.provision.cluster import find  # noqa: PLC0415
+    from specmesh.host.backends import BackendError  # noqa: PLC0415
+    from specmesh.host.provision.cluster import find  # noqa: PLC0415
 
     try:
         return find(role, key)

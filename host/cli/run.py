@@ -1,8 +1,10 @@
 """`specmesh run`: set up the drafter and verifier back-ends, generate, stream the text, print the stats.
 
-Back-ends by name, each made through the registry of host/backends/__init__.py: `cpu` (numpy engine on
-the host), `torch-cpu`, `gpu`, `virtual` (a virtual board started and flashed for this run,
-host/provision/cluster.py), or a serial port of a flashed board. `--plain` decodes with the verifier alone
+The arguments become one checked, frozen `RunConfig` (host/cli/config.py) before anything starts; the rest
+of the run reads that. Back-ends by name, each made through the registry of host/backends/__init__.py (the
+modules that fill it are imported by host/cli/registry.py): `cpu` (numpy engine on the host), `torch-cpu`,
+`gpu`, `virtual` or `virtual:CLASS` (a virtual board started and flashed for this run,
+host/provision/cluster.py), `pipeline` (`--stages N`), or a serial port of a flashed board. `--plain` decodes with the verifier alone
 (the baseline). Every user error is one line on stderr and exit status 2; a failure during generation is
 one line and status 1.
 A verifier that fails mid-run is replaced by the `cpu` one and a drafter that fails leaves the stream
@@ -18,23 +20,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from host import atomic, backends
-from host.backends import BackendError, SessionParams, temp_milli, top_p_q16
-from host.cli.output import TokenStream, format_table, write_stats_json
-from host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
-from host.cli.ranges import SEED, RangeError, in_range, probability
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import Result, generate
-from shared import messages as m
-
-ROOT = Path(__file__).resolve().parents[2]
-MODELS = ROOT / "models"
-DEFAULT_PROMPT = "Once upon a time"
-GAMMA_FLAG_MAX = 16  # the largest --gamma; a round drafts at most what both back-ends' HELLO allows
-
-
-class UsageError(Exception):
-    """Bad input from the user: one line, exit status 2."""
+from specmesh.host import backends
+from specmesh.host.backends import PIPELINE, BackendError, SessionParams
+from specmesh.host.cli.config import DEFAULT_PROMPT, GAMMA_FLAG_MAX, RunConfig, UsageError, parse_gamma  # noqa: F401
+from specmesh.host.cli.output import TokenStream, format_table, write_stats_json
+from specmesh.host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
+from specmesh.host.cli.ranges import RangeError, in_range
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import Result, generate
+from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path
 
 
 class GenerationFailed(Exception):
@@ -50,10 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-top-k", type=int, default=8, help="size of the drafter's q-hat tables (default: 8)")
     p.add_argument("--seed", type=int, default=0, help="session seed: same seed, same text (default: 0)")
     p.add_argument("--drafter", default="virtual",
-                   help="PORT | auto (the flashed drafter board among the ESP32 USB ports) | virtual | cpu "
-                        "(default: virtual)")
+                   help="PORT | auto (the flashed drafter board among the ESP32 USB ports) | virtual | "
+                        "virtual:CLASS (a virtual board of that class) | cpu (default: virtual)")
     p.add_argument("--verifier", default="virtual",
-                   help="PORT | auto | virtual | cpu | torch-cpu | gpu (default: virtual)")
+                   help="PORT | auto | virtual | virtual:CLASS | cpu | torch-cpu | gpu (default: virtual)")
     p.add_argument("--gamma", default="auto", help="drafts per round: auto, or a fixed K >= 0 (default: auto)")
     p.add_argument("--transport", choices=("serial", "espnow"), default="serial",
                    help="how virtual boards reach each other and the host (default: serial)")
@@ -80,97 +74,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--key-file; virtual boards get it at flashing)")
     p.add_argument("--stats-json", metavar="FILE", help="write the run's figures as JSON")
     p.add_argument("--models", type=Path, default=MODELS,
-                   help="folder with drafter.spm, target.spm and a llama2.c tokenizer.bin")
+                   help="folder with %s, %s and a llama2.c %s" % (MODEL_FILES["drafter"], MODEL_FILES["verifier"],
+                                                                   TOKENIZER_FILE))
     p.add_argument("--no-color", action="store_true", help="never colour the streamed text")
     p.add_argument("--quiet", action="store_true", help="do not stream the text (the table is still printed)")
 
 
-def parse_gamma(text: str) -> int | None:
-    if text == "auto":
-        return None
-    try:
-        g = int(text)
-    except ValueError:
-        raise UsageError("--gamma must be auto or an integer, not %r" % text) from None
-    try:
-        return in_range("--gamma", g, 0, GAMMA_FLAG_MAX)
-    except RangeError as e:
-        raise UsageError(str(e)) from None
-
-
-def check_ranges(a: argparse.Namespace) -> None:
-    """Every numeric flag in its range (host/cli/ranges.py); --stages against the target's layers later."""
-    try:
-        in_range("--max-tokens", a.max_tokens, 1)
-        in_range("--top-k", a.top_k, 0, 65535, "0: off")
-        in_range("--draft-top-k", a.draft_top_k, 1, 255)
-        in_range("--seed", a.seed, *SEED)
-        in_range("--spec-ahead", a.spec_ahead, 0, m.MAX_GAMMA)
-        probability("--radio-loss", a.radio_loss)
-        probability("--radio-dup", a.radio_dup)
-    except RangeError as e:
-        raise UsageError(str(e)) from None
-
-
-def check_utf8(prompt: str) -> None:
-    """A prompt whose bytes are not UTF-8 (they arrive from argv or a file as surrogate escapes): one line
-    naming the first bad byte and its offset in the prompt's bytes."""
-    try:
-        raw = prompt.encode("utf-8", "surrogateescape")
-        raw.decode("utf-8")
-    except UnicodeEncodeError:
-        raise UsageError("the prompt holds characters that are not UTF-8 text") from None
-    except UnicodeDecodeError as e:
-        raise UsageError("the prompt is not UTF-8 text: byte 0x%02x at offset %d of its %d bytes; pass it in UTF-8"
-                         % (raw[e.start], e.start, len(raw))) from None
-
-
-def check_args(a: argparse.Namespace) -> None:
-    check_ranges(a)
-    for convert, value, flag in ((temp_milli, a.temperature, "--temperature"), (top_p_q16, a.top_p, "--top-p")):
-        try:
-            convert(value)  # what the protocol carries; SessionParams applies exactly that everywhere
-        except ValueError as e:
-            raise UsageError("%s: %s" % (flag, e)) from None
-    if a.stages and (a.verifier != "virtual" or a.transport != "serial"):
-        raise UsageError("--stages N starts its own virtual stage boards on --transport serial: drop --verifier "
-                         "and --transport")
-    if (a.radio_loss or a.radio_dup) and a.transport != "espnow":
-        raise UsageError("--radio-loss and --radio-dup act on the virtual radio: add --transport espnow")
-    if a.stats_json:
-        problem = atomic.unwritable(a.stats_json)
-        if problem:
-            raise UsageError("--stats-json %s cannot be written: %s" % (a.stats_json, problem))
-    check_utf8(a.prompt)
-    if a.calibration is not None and not a.project:
-        raise UsageError("--calibration prices a projection: add --project esp32s3")
-    a.rates = None
-    if a.calibration is not None:
-        from host.projection.calibration import CalibrationError, Rates  # noqa: PLC0415
-        from host.projection.hardware import BOARDS  # noqa: PLC0415
-
-        try:
-            a.rates = Rates.load(a.calibration, BOARDS[a.project])
-        except CalibrationError as e:
-            raise UsageError(str(e)) from None
-    a.key = None
-    if a.key_file is not None:
-        from host.provision.keys import KeyFileError, load_key  # noqa: PLC0415
-
-        try:
-            a.key = load_key(a.key_file)
-        except KeyFileError as e:
-            raise UsageError(str(e)) from None
-    for name in (() if a.plain else ("drafter.spm",)) + ("target.spm", "tokenizer.bin"):
-        if not (a.models / name).is_file():
-            raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (name, a.models))
+def check_args(a: argparse.Namespace) -> RunConfig:
+    """The run's configuration from its arguments, checked (UsageError: one line); `a` is left as it is."""
+    return RunConfig.from_args(a)
 
 
 def load_tokenizer(models: Path):
-    from host.decode.tokenizer import Tokenizer, TokenizerError  # noqa: PLC0415
+    from specmesh.host.decode.tokenizer import Tokenizer, TokenizerError  # noqa: PLC0415
 
     try:
-        return Tokenizer.from_llama2c(models / "tokenizer.bin")
+        return Tokenizer.from_llama2c(models / TOKENIZER_FILE)
     except TokenizerError as e:
         raise UsageError(str(e)) from None
 
@@ -179,42 +98,40 @@ class Setup(contextlib.ExitStack):
     """The back-ends of one run and everything they started (virtual boards, links), closed on exit: the
     `Boards` (host/backends/__init__.py) the board back-ends' factories take."""
 
-    def __init__(self, a: argparse.Namespace):
+    def __init__(self, config: RunConfig):
         super().__init__()
-        self.a = a
-        self.key = a.key
+        self.config = config
+        self.key = config.key
+        self.stages = config.stages
         self._cluster = None
 
     def cluster(self):
         """The run's virtual boards (host/provision/cluster.py), opened on first use."""
         if self._cluster is None:
-            from host.provision.cluster import Cluster  # noqa: PLC0415
+            from specmesh.host.provision.cluster import Cluster  # noqa: PLC0415
 
+            c = self.config
             radio = None
-            if self.a.transport == "espnow":
-                from host.emulator.radio import RadioConfig  # noqa: PLC0415
+            if c.transport == "espnow":
+                from specmesh.host.emulator.radio import RadioConfig  # noqa: PLC0415
 
-                radio = RadioConfig(loss=self.a.radio_loss, duplicate=self.a.radio_dup, seed=self.a.seed)
-            say = None if self.a.quiet else (lambda line: print("specmesh: " + line, file=sys.stderr, flush=True))
-            self._cluster = self.enter_context(Cluster(self.a.transport, self.a.models, radio=radio,
-                                                       spec_ahead=self.a.spec_ahead, key=self.key, say=say))
+                radio = RadioConfig(loss=c.radio_loss, duplicate=c.radio_dup, seed=c.seed)
+            say = None if c.quiet else (lambda line: print("specmesh: " + line, file=sys.stderr, flush=True))
+            self._cluster = self.enter_context(Cluster(c.transport, c.models, radio=radio,
+                                                       spec_ahead=c.spec_ahead, key=self.key, say=say))
         return self._cluster
 
     def make(self, kind: str, name: str):
         """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`, from the registry."""
-        model = self.a.models / ("drafter.spm" if kind == "drafter" else "target.spm")
-        if kind == "verifier" and self.a.stages:
-            backend = self.cluster().pipeline(self.a.stages)
-        else:
-            fac = backends.factory(kind, name)
-            if fac is None:
-                raise UsageError(unknown_backend(kind, name) or name)
-            backend = fac(model, name=name, boards=self)
+        fac = backends.factory(kind, name)
+        if fac is None:
+            raise UsageError(unknown_backend(kind, name) or name)
+        backend = fac(model_path(self.config.models, kind), name=name, boards=self)
         self.callback(backend.close)
         return backend
 
 
-def build_stats(a, params: SessionParams, result: Result, text: str, verifier, drafter,
+def build_stats(config: RunConfig, params: SessionParams, result: Result, text: str, verifier, drafter,
                 controller: GammaController, prompt_len: int, projector) -> dict:
     n = len(result.tokens)
     hist = result.gamma_hist
@@ -240,87 +157,98 @@ def build_stats(a, params: SessionParams, result: Result, text: str, verifier, d
         "drafter": drafter.name if drafter else None,
         "stop": result.stop,
         "context": verifier.max_seq,
-        "seed": a.seed,
+        "seed": config.seed,
         "temperature": params.temperature,  # as applied: the nearest thousandth of --temperature
         "estimates": controller.summary(),
-        "boards": [],
+        "boards": board_stats(verifier.parts("verifier") + (drafter.parts("drafter") if drafter else [])),
     }
-    verifiers = [("stage", st) for st in getattr(verifier, "stages", ())] or [("verifier", verifier)]
-    for role, b in verifiers + [("drafter", drafter)]:
-        if b is None:
-            continue
-        try:
-            s = b.stats()
-        except BackendError as e:  # the text is out already; a board too short of heap to report is a note
-            stats["boards"].append({"name": b.name, "role": role, "error": _one_line(e)})
-            continue
-        if "heap_free" in s:
-            stats["boards"].append({"name": b.name, "role": role, "compute_s": s.get("compute_s"),
-                                    "heap_free": s.get("heap_free"), "errors": s.get("errors", 0),
-                                    "retransmits": s.get("retransmits", 0)})
-            if role == "stage":  # the firmware's own counters, next to the host's trace of the same work
-                stats["boards"][-1].update(positions=s.get("positions"), passes=s.get("passes"))
-    if hasattr(verifier, "trace"):
-        stats["pipeline"] = verifier.trace_summary()
+    stats.update(verifier.report())
     if projector is not None:
         stats["projection"] = projector.project(result, prompt_len)
     return stats
 
 
-def run(a: argparse.Namespace, out=None) -> dict:
-    """Generate as `a` says; returns the stats. Raises UsageError, BackendError and friends."""
-    out = out if out is not None else sys.stdout
-    check_args(a)
-    fixed = parse_gamma(a.gamma)
-    tok = load_tokenizer(a.models)
-    prompt = tok.encode(a.prompt)
-    names = {"verifier": a.verifier} if a.plain else {"verifier": a.verifier, "drafter": a.drafter}
-    try:  # before anything starts: no board booted, no port held when one of these fails
-        heads = check_models(a.models, sorted({*names, *(["drafter"] if a.project else [])}))
-        check_context(len(prompt), heads["verifier"])
-        n_layers = heads["verifier"].n_layers
-        in_range("--stages", a.stages, 0, n_layers, "0: one verifier; at most the target's %d layers" % n_layers)
-        names = check_backends(names, a.transport, a.key)
+def board_stats(parts: list) -> list[dict]:
+    """One entry per board among the back-ends' parts (role, back-end): in-process ones report no heap."""
+    out = []
+    for role, b in parts:
+        try:
+            s = b.stats()
+        except BackendError as e:  # the text is out already; a board too short of heap to report is a note
+            out.append({"name": b.name, "role": role, "error": _one_line(e)})
+            continue
+        if "heap_free" in s:
+            out.append({"name": b.name, "role": role, "compute_s": s.get("compute_s"), "heap_free": s.get("heap_free"),
+                        "errors": s.get("errors", 0), "retransmits": s.get("retransmits", 0)})
+            if role == "stage":  # the firmware's own counters, next to the host's trace of the same work
+                out[-1].update(positions=s.get("positions"), passes=s.get("passes"))
+    return out
+
+
+def projection(config: RunConfig, heads: dict, verifier, on_host: bool, deterministic: bool):
+    """(cost model, projector): what prices each round for gamma's choice, and what projects the run for the
+    stats (None, None when neither is asked for). A pipeline always reports its own projection."""
+    if config.stages:  # host/projection/pipeline.py, in every stats JSON
+        from specmesh.host.projection.hardware import UART_921600  # noqa: PLC0415
+        from specmesh.host.projection.pipeline import LinksReport, PipelineProjector  # noqa: PLC0415
+
+        return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, UART_921600.name, on_host),
+                LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host))
+    if config.project or deterministic:
+        from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
+
+        projector = Projector(heads["verifier"], heads["drafter"], config.project or "esp32s3", config.transport,
+                              config.rates)
+        return projector, (projector if config.project else None)
+    return None, None
+
+
+def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
+    """(model headers by role, back-end names by role with `auto` resolved), checked before anything starts:
+    no board booted, no port held when one of these fails."""
+    names = config.backend_names
+    try:
+        headers = check_models(config.models, sorted({*names, *(["drafter"] if config.project else [])}))
+        check_context(prompt_tokens, headers["verifier"])
+        n_layers = headers["verifier"].n_layers
+        in_range("--stages", config.stages, 0, n_layers, "0: one verifier; at most the target's %d layers" % n_layers)
+        return headers, check_backends(names, config.transport, config.key)
     except (PreflightError, RangeError) as e:
         raise UsageError(str(e)) from None
-    from host.decode.tokenizer import BOS  # noqa: PLC0415
 
-    # llama2.c's models end a story by starting the next one (BOS), so BOS ends the stream
-    params = SessionParams(seed=a.seed, temperature=a.temperature, draft_top_k=a.draft_top_k,
-                           target_top_k=a.top_k, top_p=a.top_p, eos=BOS)
-    with Setup(a) as setup:
+
+def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
+    """Generate as `a` says; returns the stats. Raises UsageError, BackendError and friends."""
+    out = out if out is not None else sys.stdout
+    config = a if isinstance(a, RunConfig) else check_args(a)
+    tok = load_tokenizer(config.models)
+    prompt = tok.encode(config.prompt)
+    headers, names = preflight(config, len(prompt))
+    from specmesh.host.decode.tokenizer import BOS  # noqa: PLC0415
+
+    params = config.session_params(eos=BOS)  # llama2.c's models end a story by starting the next one (BOS)
+    with Setup(config) as setup:
         verifier = setup.make("verifier", names["verifier"])
-        drafter = None if a.plain else setup.make("drafter", names["drafter"])
-        projector = cost_model = None
+        drafter = None if config.plain else setup.make("drafter", names["drafter"])
         # With sampling, which positions get a draft changes the text (the accept test and the residual
         # draw replace plain decoding's draw there), so an adaptive gamma fed wall-clock times would
         # make the same seed give different texts. Sampling with --gamma auto therefore chooses gamma
         # from the projected costs (deterministic); greedy text never depends on gamma.
-        deterministic = a.temperature > 0 and fixed is None and drafter is not None
-        if a.stages:  # the pipeline's own projection (host/projection/pipeline.py), in every stats JSON
-            from host.projection.pipeline import LinksReport, PipelineProjector  # noqa: PLC0415
-
-            on_host = names.get("drafter") == "cpu"  # the drafter back-end runs on this machine, not on a board
-            cost_model = PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, "uart-921600",
-                                           on_host)
-            projector = LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host)
-        elif a.project or deterministic:
-            from host.projection.rounds import Projector  # noqa: PLC0415
-
-            cost_model = Projector(heads["verifier"], heads["drafter"], a.project or "esp32s3", a.transport,
-                                   a.rates)
-            projector = cost_model if a.project else None
+        deterministic = config.temperature > 0 and config.gamma is None and drafter is not None
+        on_host = names.get("drafter") == "cpu"  # the drafter back-end runs on this machine, not on a board
+        costs, projector = projection(config, headers, verifier, on_host, deterministic)
+        fixed = config.gamma
         controller = GammaController(fixed=fixed) if fixed is None else GammaController(max_gamma=fixed, fixed=fixed)
         stream = None
-        if not a.quiet:
-            stream = TokenStream(lambda t: tok.pieces[t], out, color=False if a.no_color else None)
-            out.write(a.prompt)
+        if not config.quiet:
+            stream = TokenStream(lambda t: tok.pieces[t], out, color=config.color)
+            out.write(config.prompt)
             out.flush()
         try:
-            result = generate(prompt, verifier, drafter, params, a.max_tokens, controller,
+            result = generate(prompt, verifier, drafter, params, config.max_tokens, controller,
                               on_round=stream.write if stream else None,
-                              costs=cost_model.round_costs if cost_model else None,
-                              fallback=None if a.verifier == "cpu" or a.stages else (
+                              costs=costs.round_costs if costs else None,
+                              fallback=None if names["verifier"] in ("cpu", PIPELINE) else (
                                   lambda: setup.make("verifier", "cpu")),
                               on_failover=lambda line: print("\nspecmesh: " + line, file=sys.stderr, flush=True))
         except (BackendError, RuntimeError) as e:
@@ -329,9 +257,9 @@ def run(a: argparse.Namespace, out=None) -> dict:
             raise GenerationFailed(_one_line(e)) from None
         if stream:
             stream.finish()
-        stats = build_stats(a, params, result, tok.decode(result.tokens), verifier, drafter, controller, len(prompt),
-                            projector)
-        stats["gamma_costs"] = ("projected %s" % cost_model.board.name) if cost_model else "measured"
+        stats = build_stats(config, params, result, tok.decode(result.tokens), verifier, drafter, controller,
+                            len(prompt), projector)
+        stats["gamma_costs"] = ("projected %s" % costs.board.name) if costs else "measured"
     return stats
 
 

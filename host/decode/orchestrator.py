@@ -18,9 +18,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from host.backends import BackendError, Draft, Drafter, SessionParams, Verifier
-from host.decode.gamma import GammaController
-from shared.messages import draft_size
+from specmesh.host.backends import BackendError, Draft, Drafter, SessionParams, Verifier
+from specmesh.host.decode.gamma import GammaController
+from specmesh.shared.messages import draft_size
 
 
 @dataclass
@@ -29,7 +29,7 @@ class Round:
 
     gamma: int
     n_accepted: int
-    committed: int  # tokens this round added to the stream
+    n_committed: int  # how many tokens this round added to the stream
     pos0: int  # stream length before the round (absolute position of the first draft)
     # payload bytes of the drafts on a board bus (shared/messages.py, host/backends/board.py): in the DRAFT (whole
     # q-hat tables), in the VERIFY_REQ (partial tables), and of the rejected draft's whole table sent after
@@ -77,7 +77,7 @@ class Result:
 
     @property
     def tokens_per_verification(self) -> float:
-        return sum(r.committed for r in self.rounds) / len(self.rounds) if self.rounds else 0.0
+        return sum(r.n_committed for r in self.rounds) / len(self.rounds) if self.rounds else 0.0
 
     @property
     def gamma_hist(self) -> dict[int, int]:
@@ -119,6 +119,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     committed = list(prompt)
     out: list[int] = []
     result = Result(out)
+    failover = _Failover(fallback, result, on_failover)
     start = clock()
     verifier.begin(params, committed)
     if drafter:
@@ -132,32 +133,15 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         if drafter:  # past the drafter's context, the rest of the stream is plain rounds
             room = min(room, drafter.max_seq - len(committed) - 1, drafter.max_gamma, verifier.max_gamma)
         gamma = controller.choose(room) if drafter else 0
-        b_d0 = drafter.bus_bytes if drafter else 0
-        b_v0 = verifier.bus_bytes
+        bytes0 = (drafter.bus_bytes if drafter else 0, verifier.bus_bytes)
         t0 = clock()
         lag = len(committed) - synced if gamma else 0
-        try:
-            draft = drafter.draft(committed, gamma) if gamma else Draft(len(committed))
-        except BackendError as e:
-            if fallback is None or drafter is None:
-                raise
-            _failed(result, on_failover, "drafter %s failed (%s): going on with plain decoding" % (drafter.name, e))
-            drafter, gamma, lag, draft = None, 0, 0, Draft(len(committed))
+        drafter, draft = failover.draft(drafter, committed, gamma)
+        if drafter is None:
+            gamma = lag = 0
         t1 = clock()
-        try:
-            n_acc, token = verifier.verify(committed, draft)
-        except BackendError as e:
-            if fallback is None:
-                raise
-            failed, verifier = verifier, fallback()
-            verifier.begin(params, committed)
-            n_acc, token = verifier.verify(committed, draft)
-            _failed(result, on_failover, "verifier %s failed (%s): %s took over at token %d, %.2f s after"
-                    % (failed.name, e, verifier.name, len(out), clock() - t1))
+        verifier, (n_acc, token) = failover.verify(verifier, params, committed, draft, lambda: (len(out), clock() - t1))
         t2 = clock()
-        if not 0 <= n_acc <= len(draft) or token < -1 or (token == -1 and n_acc == 0):
-            raise RuntimeError("verifier %s returned an impossible verdict (%d, %d) for %d drafts"
-                               % (verifier.name, n_acc, token, len(draft)))
         accepted = draft.tokens[:n_acc]
         emitted = [token] if token >= 0 else []
         new = accepted + emitted
@@ -165,24 +149,12 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         committed += new
         verifier.commit(committed)
         if drafter and gamma:
-            try:
-                drafter.commit(committed)
-            except BackendError as e:
-                if fallback is None:
-                    raise
-                _failed(result, on_failover, "drafter %s failed (%s): going on with plain decoding"
-                        % (drafter.name, e))
-                drafter = None
+            drafter = failover.commit(drafter, committed)
             synced = len(committed)
         t3 = clock()
-        visible = [t for t in new if t != params.eos] if ended else new
-        out += visible
-        entries = [(t, q[0], q[1]) for t, q in zip(draft.tokens, draft.q)]
-        rejected = n_acc < len(draft) and token != -1
-        table = draft_size(entries[n_acc:n_acc + 1]) if rejected and len(draft.q[n_acc][0]) > 1 else 0
-        r = Round(len(draft), n_acc, len(new), len(committed) - len(new), draft_size(entries),
-                  draft_size(entries, partial=True), table, rejected, lag, t1 - t0, t2 - t1, t3 - t2,
-                  (drafter.bus_bytes - b_d0) if drafter else 0, verifier.bus_bytes - b_v0)
+        out += [t for t in new if t != params.eos] if ended else new
+        r = _round(draft, n_acc, token, len(committed), lag, (t0, t1, t2, t3),
+                   ((drafter.bus_bytes - bytes0[0]) if drafter else 0, verifier.bus_bytes - bytes0[1]))
         result.rounds.append(r)
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
                            ended=token == -1, lag=lag, timed=len(result.rounds) > 1)
@@ -196,7 +168,74 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     return result
 
 
-def _failed(result: Result, on_failover: Callable[[str], None] | None, line: str) -> None:
-    result.failovers.append(line)
-    if on_failover:
-        on_failover(line)
+def _round(draft: Draft, n_acc: int, token: int, length: int, lag: int, t: tuple[float, float, float, float],
+           bus: tuple[int, int]) -> Round:
+    """The record of a round that left the stream `length` tokens long: its verdict, the payload bytes its
+    drafts take on a board bus (what the projection prices), times t0..t3 and the bytes each link carried."""
+    n_new = n_acc + (token >= 0)
+    entries = [(tok, q[0], q[1]) for tok, q in zip(draft.tokens, draft.q)]
+    rejected = n_acc < len(draft) and token != -1
+    table = draft_size(entries[n_acc:n_acc + 1]) if rejected and len(draft.q[n_acc][0]) > 1 else 0
+    return Round(len(draft), n_acc, n_new, length - n_new, draft_size(entries), draft_size(entries, partial=True),
+                 table, rejected, lag, t[1] - t[0], t[2] - t[1], t[3] - t[2], *bus)
+
+
+class _Failover:
+    """The loop's fail-over: with a `fallback`, a failed verifier is replaced by it and a failed drafter
+    dropped (plain decoding goes on), each a line in `Result.failovers` and to `on_failover`; without
+    one, the failure is raised."""
+
+    def __init__(self, fallback: Fallback | None, result: Result, on_failover: Callable[[str], None] | None):
+        self.fallback = fallback
+        self.result = result
+        self.on_failover = on_failover
+
+    def _say(self, line: str) -> None:
+        self.result.failovers.append(line)
+        if self.on_failover:
+            self.on_failover(line)
+
+    def draft(self, drafter: Drafter | None, committed: list[int], gamma: int) -> tuple[Drafter | None, Draft]:
+        """(the drafter, or None once it failed; its gamma drafts, or none)."""
+        if not gamma:
+            return drafter, Draft(len(committed))
+        try:
+            return drafter, drafter.draft(committed, gamma)
+        except BackendError as e:
+            if self.fallback is None:
+                raise
+            self._say("drafter %s failed (%s): going on with plain decoding" % (drafter.name, e))
+            return None, Draft(len(committed))
+
+    def verify(self, verifier: Verifier, params: SessionParams, committed: list[int], draft: Draft,
+               where: Callable[[], tuple[int, float]]) -> tuple[Verifier, tuple[int, int]]:
+        """(the verifier, replaced if it failed; its verdict, checked). `where()`: (tokens out, seconds since
+        the round's verify began), for the line."""
+        try:
+            verdict = verifier.verify(committed, draft)
+        except BackendError as e:
+            if self.fallback is None:
+                raise
+            failed, verifier = verifier, self.fallback()
+            verifier.begin(params, committed)
+            verdict = verifier.verify(committed, draft)
+            self._say("verifier %s failed (%s): %s took over at token %d, %.2f s after"
+                      % ((failed.name, e, verifier.name) + where()))
+        n_acc, token = verdict
+        if not 0 <= n_acc <= len(draft) or token < -1 or (token == -1 and n_acc == 0):
+            raise RuntimeError("verifier %s returned an impossible verdict (%d, %d) for %d drafts"
+                               % (verifier.name, n_acc, token, len(draft)))
+        return verifier, verdict
+
+    def commit(self, drafter: Drafter, committed: list[int]) -> Drafter | None:
+        """The drafter after hearing the verdict, or None once it failed."""
+        try:
+            drafter.commit(committed)
+        except BackendError as e:
+            if self.fallback is None:
+                raise
+            self._say("drafter %s failed (%s): going on with plain decoding" % (drafter.name, e))
+            return None
+        return drafter
+
+

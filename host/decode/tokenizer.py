@@ -177,9 +177,6 @@ class Tokenizer:
             push(i)
         return [t for t, a in zip(tok, alive) if a]
 
-    def encode_batch(self, texts: list[str], bos: bool = True) -> list[list[int]]:
-        return [self.encode(t, bos) for t in texts]
-
     def decode_bytes(self, ids) -> bytes:
         return b"".join(self.pieces[i] for i in ids)
 

@@ -1,5 +1,5 @@
 """Emulation of the hardware: virtual boards (MicroPython VMs behind ptys) and a virtual ESP-NOW radio."""
 
-from host.emulator.board import BoardError, VirtualBoard
+from specmesh.host.emulator.board import BoardError, VirtualBoard
 
 __all__ = ["BoardError", "VirtualBoard"]

@@ -32,9 +32,9 @@ import weakref
 from functools import cache
 from pathlib import Path
 
-from host import atomic
-from host.boardclasses import BoardClass, board_class
-from host.provision.flash import compile_py
+from specmesh.host import atomic
+from specmesh.host.boardclasses import BoardClass, board_class
+from specmesh.host.mpycross import CompileError, compile_py
 
 MPY_DIR = Path(__file__).with_name("mpy")
 EXIT_SOFT, EXIT_SOFT_RAW, EXIT_HARD = 64, 65, 66  # must match _vboard.py
@@ -71,7 +71,10 @@ def standin_dir() -> str:
     out = Path(tempfile.mkdtemp(prefix="specmesh-vboard-"))
     atexit.register(_rmtree, out)
     for src in sorted(MPY_DIR.glob("*.py")):
-        compile_py(src, out / (src.stem + ".mpy"), march="x64")
+        try:
+            compile_py(src, out / (src.stem + ".mpy"), march="x64")
+        except CompileError as e:
+            raise BoardError(str(e)) from None
     return str(out)
 
 

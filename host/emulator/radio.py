@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from host.bus.faults import flip_bit
+from specmesh.host.bus.faults import flip_bit
 
 BROADCAST = b"\xff" * 6
 KEY_LEN = 16  # espnow.KEY_LEN: an encrypted packet carries the sender's PMK and LMK

@@ -6,8 +6,8 @@ import contextlib
 import tempfile
 from pathlib import Path
 
-from host.emulator.board import VirtualBoard
-from host.emulator.radio import RadioConfig, RadioHub
+from specmesh.host.emulator.board import VirtualBoard
+from specmesh.host.emulator.radio import RadioConfig, RadioHub
 
 
 def board_mac(index: int) -> str:

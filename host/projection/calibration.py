@@ -18,9 +18,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from host import atomic
-from host.projection.costmodel import TERMS, Work
-from host.projection.hardware import CPI, KERNEL_CALL, Board
+from specmesh.host import atomic
+from specmesh.host.projection.costmodel import TERMS, Work
+from specmesh.host.projection.hardware import CPI, KERNEL_CALL, Board
 
 FORMAT = "specmesh-calibration"
 VERSION = 1

@@ -28,8 +28,8 @@ slice sits in the heap.
 
 from __future__ import annotations
 
-from host.projection.hardware import RUNTIME_CALL, SHIFT_STEPS, XTENSA_LOOP_CALLS, XTENSA_LOOPS
-from shared.modelfile import FLAG_SHARED_CLS, Header, tensor_bytes, tensor_layout
+from specmesh.host.projection.hardware import RUNTIME_CALL, SHIFT_STEPS, XTENSA_LOOP_CALLS, XTENSA_LOOPS
+from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header, tensor_bytes, tensor_layout
 
 SRAM_BUDGET = 256 * 1024  # model bytes an ESP32-S3 keeps in internal SRAM; larger ones live in PSRAM
 COMPUTE = ("matmul_1", "matmul_5", "requant", "residual", "rmsnorm", "rope", "softmax", "kv_reads", "silu",

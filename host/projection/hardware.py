@@ -23,7 +23,7 @@ Sources:
 [HOST]    Measured on this project's development and CI machine (2-core x86-64): the shipped drafter on
           the host CPU back-end (host/backends/__init__.py LocalDrafter, numpy) drafting greedily, 3.4 ms a
           position over 64 tokens at gamma 4 (the 64-wide drafter; the 40-wide one before it: 3.6 ms);
-          `python -m tools.bench pipeline` prints this machine's figure.
+          `python -m specmesh.tools.bench pipeline` prints this machine's figure.
 [SPI-FL]  Espressif, ESP32 Series Datasheet: external SPI flash at 40/80 MHz, DIO/QIO (2-4 bits per
           clock); MicroPython keeps its filesystem (littlefs) in that flash.
 """
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from host import boardclasses
+from specmesh.host import boardclasses
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class Link:
 
 # Instructions of one iteration of each loop of firmware/kernels.py as mpy-cross compiles it for
 # xtensawin, the longest path through the iteration (nested loops counted on their own), in source order:
-# `python -m tools.xtensa_loops` (tests/test_xtensa_loops.py checks that these are its current counts).
+# `python -m specmesh.tools.xtensa_loops` (tests/test_xtensa_loops.py checks that these are its current counts).
 # `+N` there (runtime calls: viper's `//` and `%` call into MicroPython) is XTENSA_LOOP_CALLS.
 XTENSA_LOOPS = {
     "matmul": [20, 200, 30, 79, 64], "quant": [112, 71, 19, 120], "requant": [32, 203], "embed": [78],

@@ -20,18 +20,18 @@ gateway board (USB serial, then one ESP-NOW hop), so every request and reply pay
 
 `plain` replays as many tokens one position per round; `single` is plain decoding on one board that
 holds the whole target (an ESP32-S3 with PSRAM: Projector's own plain round). The curve over stages and
-gamma (`python -m tools.bench pipeline`) replays host-CPU runs of the shipped pair the same way.
+gamma (`python -m specmesh.tools.bench pipeline`) replays host-CPU runs of the shipped pair the same way.
 """
 
 from __future__ import annotations
 
-from host.boardclasses import ROLE_CLASS
-from host.projection.hardware import (ESPNOW, FLASH_FILE_READ, HOST_DRAFT_POSITION, LINKS, UART_921600, USB_SERIAL_JTAG,
+from specmesh.host.boardclasses import ROLE_CLASS
+from specmesh.host.projection.hardware import (ESPNOW, FLASH_FILE_READ, HOST_DRAFT_POSITION, LINKS, UART_921600, USB_SERIAL_JTAG,
                                   Link)
-from host.decode.orchestrator import Result, Round
-from host.projection.rounds import (Projector, draft_entries, draft_req_body, frame_bytes, line_bytes, stage_body,
+from specmesh.host.decode.orchestrator import Result, Round
+from specmesh.host.projection.rounds import (Projector, draft_entries, draft_req_body, frame_bytes, line_bytes, stage_body,
                                     stage_reply_body)
-from shared.modelfile import Header
+from specmesh.shared.modelfile import Header
 
 PIPELINE_LINKS = (ESPNOW.name, UART_921600.name)
 
@@ -124,7 +124,7 @@ class PipelineProjector:
     def project(self, result: Result, prompt_len: int) -> dict:
         """Projected seconds and tokens/s: this run, plain decoding on the pipeline, plain on one board."""
         spec = sum(self.round_seconds(r, i == 0, prompt_len) for i, r in enumerate(result.rounds))
-        n = sum(r.committed for r in result.rounds)
+        n = sum(r.n_committed for r in result.rounds)
         plain = self.plain_seconds(prompt_len, n)
         single = sum(self.single.plain_round(prompt_len + i) for i in range(n))
         return {

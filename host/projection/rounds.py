@@ -30,13 +30,13 @@ labelled "projected" wherever they are shown.
 
 from __future__ import annotations
 
-from host.projection.calibration import Rates
-from host.projection.costmodel import SRAM_BUDGET, layer_span, pass_work, weight_bytes
-from host.boardclasses import BOARD_CLASSES
-from host.projection.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, Board, Link
-from host.decode.orchestrator import Result, Round
-from shared.codec import line_size
-from shared.modelfile import Header
+from specmesh.host.projection.calibration import Rates
+from specmesh.host.projection.costmodel import SRAM_BUDGET, layer_span, pass_work, weight_bytes
+from specmesh.host.boardclasses import BOARD_CLASSES
+from specmesh.host.projection.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, Board, Link
+from specmesh.host.decode.orchestrator import Result, Round
+from specmesh.shared.codec import line_size
+from specmesh.shared.modelfile import Header
 
 __all__ = ["ADDR_BYTES", "SRAM_BUDGET", "Projector", "draft_entries", "draft_req_body", "frame_bytes", "line_bytes",
            "macs_per_position", "stage_body", "stage_reply_body", "weight_bytes"]
@@ -163,7 +163,7 @@ class Projector:
     def project(self, result: Result, prompt_len: int) -> dict:
         """Projected wall time and tokens/s of the run, and of plain decoding of as many tokens."""
         t = sum(sum(self.round_costs(r)) for r in result.rounds)
-        n = sum(r.committed for r in result.rounds)
+        n = sum(r.n_committed for r in result.rounds)
         plain = sum(self.plain_round(prompt_len + i) for i in range(n))
         link = {"drafter": 0, "verifier": 0}
         drafted = False  # the first draft of a stream has no earlier round's outcome to carry

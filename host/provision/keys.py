@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from host import atomic
+from specmesh.host import atomic
 
 MIN_BYTES = 16
 MAX_BYTES = 64  # HMAC-SHA256's block: a longer key would be hashed down anyway

@@ -1,9 +1,9 @@
 """specmesh benchmarks: one module per section, each exposing `run() -> dict`.
 
-    python -m tools.bench [SECTION ...] [--json FILE]
+    python -m specmesh.tools.bench [SECTION ...] [--json FILE]
 
 A section (tools/bench/<section>.py, name not starting with '_') prints its own table and returns
-JSON-able figures; `python -m tools.bench` with no section runs them all. Speed figures live here,
+JSON-able figures; `python -m specmesh.tools.bench` with no section runs them all. Speed figures live here,
 never in tests.
 """
 

@@ -10,14 +10,14 @@ import sys
 import time
 from pathlib import Path
 
-from host import atomic
-from tools.bench import sections
-from tools.bench._report import noise_lines
+from specmesh.host import atomic
+from specmesh.tools.bench import sections
+from specmesh.tools.bench._report import noise_lines
 
 
 def main(argv: list[str] | None = None) -> int:
     names = sections()
-    ap = argparse.ArgumentParser(prog="python -m tools.bench", description="specmesh benchmarks")
+    ap = argparse.ArgumentParser(prog="python -m specmesh.tools.bench", description="specmesh benchmarks")
     ap.add_argument("section", nargs="*", help="sections to run (default: all): " + ", ".join(names))
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
     ap.add_argument("--report", metavar="DIR", default="runs/bench",
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         print("== %s ==" % name, flush=True)
         t0 = time.perf_counter()
         try:
-            results[name] = importlib.import_module("tools.bench." + name).run()
+            results[name] = importlib.import_module("specmesh.tools.bench." + name).run()
         except KeyboardInterrupt:
             raise
         except Exception as e:  # one section failing must not lose the others' figures
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         atomic.write_text(args.json, json.dumps(results, indent=2) + "\n")
         print("figures written to %s" % args.json)
     try:
-        from tools.bench._report import write  # noqa: PLC0415
+        from specmesh.tools.bench._report import write  # noqa: PLC0415
 
         files = write(results, Path(args.report))
         print("plots and report written: %s" % ", ".join(str(f) for f in files))

@@ -17,28 +17,18 @@ import gc
 import json
 import sys
 from array import array
-from time import ticks_diff, ticks_us
 
-sys.path[:0] = [sys.argv[1], "."]
+sys.path[:0] = [sys.argv[1], ".", "host/projection/mpy"]  # run from the repository root (tools/bench/kernels.py)
 
 from engine import Engine  # noqa: E402
+from timing import best  # noqa: E402 - the harness `specmesh bench` times a board with
 
 BUDGET_US = int(sys.argv[4]) * 1000
 
 
 def timed(fn, *args):
-    """Microseconds of the fastest call of fn(*args) over BUDGET_US / 4 (at least 5 calls): the work is
-    deterministic, so the fastest call is the one other processes disturbed least."""
-    fn(*args)
-    best = 1 << 30
-    n = 0
-    t0 = ticks_us()
-    while n < 5 or ticks_diff(ticks_us(), t0) < BUDGET_US // 4:
-        t = ticks_us()
-        fn(*args)
-        best = min(best, ticks_diff(ticks_us(), t))
-        n += 1
-    return best
+    """Microseconds of the fastest call of fn(*args) over BUDGET_US / 4 (at least 5 calls)."""
+    return best(fn, args, 5, BUDGET_US // 4, 0)
 
 
 def reference():

@@ -1,6 +1,6 @@
 """Codec benchmark: µs per frame and per verdict under CPython and MicroPython; bus bytes per token.
 
-    python -m tools.bench codec
+    python -m specmesh.tools.bench codec
 
 Timings: tools/bench/_mp_codec.py's workload, run in this CPython process and by the `micropython`
 binary (the unix port, on this machine; an ESP32 is far slower, measure it with real boards), side
@@ -23,10 +23,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shared import codec
-from shared import messages as m
-from shared.rule import ONE
-from tools.bench import _mp_codec
+from specmesh.shared import codec
+from specmesh.shared import messages as m
+from specmesh.shared.rule import ONE
+from specmesh.tools.bench import _mp_codec
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(_mp_codec.__file__)
@@ -104,7 +104,7 @@ def wire_figures(gamma: int = GAMMA) -> dict:
     return out
 
 
-def _timings() -> dict:
+def codec_timings() -> dict:
     res = {"cpython": _mp_codec.workload(BUDGET_MS * 1000)}
     mp = _micropython()
     if mp is None:
@@ -119,7 +119,7 @@ def _timings() -> dict:
 
 
 def run() -> dict:
-    t = _timings()
+    t = codec_timings()
     cp, mp = t["cpython"], t.get("micropython", {})
     print("codec and rule timings, µs per call (MicroPython = unix port on this host, not a board)")
     print("%-48s %10s %12s %7s" % ("operation", "CPython", "MicroPython", "ratio"))

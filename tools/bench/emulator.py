@@ -1,6 +1,6 @@
 """Emulator benchmark: time to start a virtual board, to run one mpremote command, and to flash it.
 
-    python -m tools.bench emulator
+    python -m specmesh.tools.bench emulator
 
 Emulation figures (this machine, the unix-port VM), not a real board's: a real ESP32 boots in about a
 second and copies files at the speed of its USB serial link. Rows: start (VM up, shim ready) per board
@@ -20,14 +20,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from host.emulator import VirtualBoard
-from host.provision.flash import ROOT, flash
+from specmesh.host.emulator import VirtualBoard
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.provision.flash import ROOT, flash
 
 MPREMOTE = str(Path(sys.executable).with_name("mpremote"))
 
 
 def _model(role: str, tmp: Path) -> Path:
-    path = ROOT / "models" / ("drafter.spm" if role == "drafter" else "target.spm")
+    path = ROOT / "models" / (DRAFTER_FILE if role == "drafter" else TARGET_FILE)
     if path.exists():
         return path
     out = tmp / path.name

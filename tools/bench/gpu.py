@@ -1,6 +1,6 @@
 """Benchmark of the torch verifier: verified positions per second across many concurrent streams.
 
-    python -m tools.bench gpu
+    python -m specmesh.tools.bench gpu
 
 For 1, 8, 64 and 256 streams at gamma = 4, every round verifies gamma + 1 positions per stream
 (the last committed token and 4 drafts) from a ragged committed length, then commits a ragged 1..5 and
@@ -21,13 +21,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+from specmesh.host.layout import TARGET_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAMS = (1, 8, 64, 256)
 GAMMA = 4
 PREFIX = (16, 64)  # ragged committed prefixes, tokens
 ROUNDS = 7  # timed rounds per configuration (after one warm-up round); medians are reported
-MODEL = ROOT / "models" / "target.spm"
+MODEL = ROOT / "models" / TARGET_FILE
 
 
 class _Streams:
@@ -103,10 +104,10 @@ def _sync(model) -> None:
 def _verifier_streams(model, n: int) -> tuple[float, float]:
     """n threads, each a stream verifying greedy rounds through its own TorchVerifier, one shared
     Batcher: (seconds per round, forward passes per round), everything included (rule, threads)."""
-    from host.backends import Draft, SessionParams
-    from host.backends.batcher import Batcher
-    from host.backends.torch_backend import TorchVerifier
-    from shared.rule import ONE
+    from specmesh.host.backends import Draft, SessionParams
+    from specmesh.host.backends.batcher import Batcher
+    from specmesh.host.backends.torch_backend import TorchVerifier
+    from specmesh.shared.rule import ONE
 
     batcher = Batcher(model)
     vocab = model.header.vocab
@@ -138,7 +139,7 @@ def _verifier_streams(model, n: int) -> tuple[float, float]:
 
 
 def _device_rows(path: Path, device: str) -> list[dict]:
-    from host.backends.torch_backend import TorchModel
+    from specmesh.host.backends.torch_backend import TorchModel
     model = TorchModel(path, device=device, streams=max(STREAMS))
     rows = []
     width = GAMMA + 1
@@ -165,7 +166,7 @@ def run() -> dict:
     try:
         import torch
     except ImportError:
-        from host.backends.torch_backend import INSTALL_HINT
+        from specmesh.host.backends.torch_backend import INSTALL_HINT
         print("skipped: " + INSTALL_HINT)
         return {"skipped": INSTALL_HINT}
     devices = (["cuda"] if torch.cuda.is_available() else []) + ["cpu"]

@@ -1,7 +1,7 @@
 """Benchmark of the firmware engine under the unix MicroPython port: today's integer engine against the
 float engine it replaced, side by side on the same model files.
 
-    python -m tools.bench kernels
+    python -m specmesh.tools.bench kernels
 
 The float engine is taken from git history (commit FLOAT_ENGINE: firmware/engine.py, kernels.py and the
 shared/modelfile.py it read) into a temporary folder; without git history only today's engine runs.
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from host import atomic
+from specmesh.host import atomic
 
 import numpy as np
 

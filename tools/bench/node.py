@@ -1,6 +1,6 @@
 """Node benchmark: message round trips, drafter and target tokens/s, heap per role, pipelined drafting.
 
-    python -m tools.bench node
+    python -m specmesh.tools.bench node
 
 Emulation figures: firmware nodes in the unix-port `micropython` VM on this machine, flashed as a board
 gets them (mpy-cross, x64 viper kernels), talking over pipes with `:`-base64 lines, as on USB serial.
@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from host.boardclasses import ESP32, ESP32S3
-from shared import messages as m
-from tools.nodeproc import ROOT, NodeProc, begin, code_heap, commit, flash, generate, rom_image, shipped_model
+from specmesh.host.boardclasses import ESP32, ESP32S3
+from specmesh.shared import messages as m
+from specmesh.tools.nodeproc import ROOT, NodeProc, begin, code_heap, commit, flash, generate, rom_image, shipped_model
 
 ESP32_HEAP = ESP32.heap_bytes
 ESP32S3_HEAP = ESP32S3.heap_bytes
@@ -63,7 +63,7 @@ def _rtt(mp: str, tmp: Path) -> dict:
 
 def _rtt_radio(mp: str, tmp: Path) -> dict:
     """PING host -> gateway (stdio) -> virtual ESP-NOW radio -> node and back; 600 bytes: 3 fragments."""
-    from host.emulator.radio import RadioConfig, RadioHub
+    from specmesh.host.emulator.radio import RadioConfig, RadioHub
 
     hub = RadioHub(RadioConfig(mtu=250)).start()
     macs = {1: "02:00:00:00:00:01", 2: "02:00:00:00:00:02"}

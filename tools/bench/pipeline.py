@@ -1,6 +1,6 @@
 """Projected tokens/s of the shipped target split across N classic-ESP32 stage boards, plain and speculative.
 
-    python -m tools.bench pipeline
+    python -m specmesh.tools.bench pipeline
 
 The spec bench's prompts are decoded greedily on the host CPU back-ends (the boards' arithmetic) at each
 gamma (0: plain, no drafter); host/projection/pipeline.py replays every run on N = 1..5 stages (the
@@ -16,17 +16,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.boardclasses import ESP32
-from host.decode.gamma import GammaController
-from host.projection.hardware import HOST_DRAFT_POSITION
-from host.decode.orchestrator import generate
-from host.projection.pipeline import PIPELINE_LINKS, PipelineProjector
-from host.decode.tokenizer import Tokenizer
-from host.provision.cluster import split_layers
-from host.provision.flash import STAGE_CTX
-from shared.modelfile import HEADER_SIZE, parse_header, stage_bytes
-from tools.bench.spec import PROMPTS
+from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.boardclasses import ESP32
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.projection.hardware import HOST_DRAFT_POSITION
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.projection.pipeline import PIPELINE_LINKS, PipelineProjector
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.provision.cluster import split_layers
+from specmesh.host.provision.flash import STAGE_CTX
+from specmesh.shared.modelfile import HEADER_SIZE, parse_header, stage_bytes
+from specmesh.tools.bench.spec import PROMPTS
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
@@ -43,9 +44,9 @@ def fits(h, layers) -> bool:
 
 
 def run() -> dict:
-    target, drafter = (parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for f in ("target.spm", "drafter.spm"))
+    target, drafter = (parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for f in (TARGET_FILE, DRAFTER_FILE))
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
-    ver, dra = LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm")
+    ver, dra = LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE)
     runs = {g: [(len(p), generate(p, ver, dra if g else None, SessionParams(), NEW, GammaController(fixed=g)))
                 for p in (tok.encode(t) for t in PROMPTS)] for g in GAMMAS}
     curve: dict = {}
@@ -58,7 +59,7 @@ def run() -> dict:
                 row = {"fits": fits(target, layers)}
                 for g, rs in runs.items():
                     secs = sum(pp.project(r, plen)["wall_s"] for plen, r in rs)
-                    row[str(g)] = sum(sum(x.committed for x in r.rounds) for _, r in rs) / secs
+                    row[str(g)] = sum(sum(x.n_committed for x in r.rounds) for _, r in rs) / secs
                 plain = row["0"]
                 row["best_gamma"] = max(GAMMAS, key=lambda g: row[str(g)])
                 row["best_speedup_vs_pipeline_plain"] = row[str(row["best_gamma"])] / plain
@@ -66,8 +67,8 @@ def run() -> dict:
     single_s = 0.0  # plain decoding of the same tokens on one ESP32-S3 holding the whole target
     for plen, r in runs[0]:
         p = PipelineProjector(target, None, split_layers(target.n_layers, 1), PIPELINE_LINKS[0]).project(r, plen)
-        single_s += sum(x.committed for x in r.rounds) / p["single_board_plain_tokens_per_s"]
-    single_tok_s = sum(sum(x.committed for x in r.rounds) for _, r in runs[0]) / single_s
+        single_s += sum(x.n_committed for x in r.rounds) / p["single_board_plain_tokens_per_s"]
+    single_tok_s = sum(sum(x.n_committed for x in r.rounds) for _, r in runs[0]) / single_s
     alpha = {g: sum(r.accepted for _, r in rs) / max(1, sum(r.tested for _, r in rs)) for g, rs in runs.items() if g}
     print("stories260K on N classic-ESP32 stages, projected tok/s (host/projection/pipeline.py), greedy, "
           "%d prompts x %d tokens; one ESP32-S3 holding the whole target, plain: %.2f tok/s"

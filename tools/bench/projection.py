@@ -1,6 +1,6 @@
 """Projected tokens/s of the shipped target on real boards, plain and speculative, next to esp32-llm.
 
-    python -m tools.bench projection
+    python -m specmesh.tools.bench projection
 
 Four prompts are decoded on the host CPU back-ends (the boards' arithmetic) at gamma 4; host/projection/rounds.py
 replays each run, and plain decoding of as many tokens, on host/projection/hardware.py's derived figures for a board
@@ -15,14 +15,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from host.backends import LocalDrafter, LocalVerifier, SessionParams
-from host.decode.gamma import GammaController
-from host.projection.hardware import BOARDS
-from host.decode.orchestrator import generate
-from host.projection.rounds import Projector
-from host.decode.tokenizer import Tokenizer
-from tools.bench.spec import PROMPTS
-from shared.modelfile import HEADER_SIZE, parse_header
+from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.projection.hardware import BOARDS
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.projection.rounds import Projector
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.tools.bench.spec import PROMPTS
+from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
@@ -32,9 +33,9 @@ TARGET_BOARDS = ("esp32s3",)  # boards with PSRAM: the target's weights and KV c
 
 
 def run() -> dict:
-    heads = [parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for f in ("target.spm", "drafter.spm")]
+    heads = [parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for f in (TARGET_FILE, DRAFTER_FILE)]
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
-    ver, dra = LocalVerifier(MODELS / "target.spm"), LocalDrafter(MODELS / "drafter.spm")
+    ver, dra = LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE)
     boards: dict[str, dict[str, float]] = {}
     derivation: dict[str, dict[str, dict[str, float]]] = {}
     for name in TARGET_BOARDS:
@@ -47,7 +48,7 @@ def run() -> dict:
             p = proj.project(r, len(prompt))
             spec += p["wall_s"]
             plain += p["plain_wall_s"]
-            n = sum(x.committed for x in r.rounds)
+            n = sum(x.n_committed for x in r.rounds)
             tokens += n
             for i in range(n):  # the plain run project() priced, term by term
                 for t, s in proj.plain_terms(len(prompt) + i).items():

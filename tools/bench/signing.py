@@ -1,6 +1,6 @@
 """Signing benchmark: what a deployment key (`--key-file`) costs per generated token, in bytes and time.
 
-    python -m tools.bench signing
+    python -m specmesh.tools.bench signing
 
 Side by side in one run, on the same prompts and seeds: generations through two virtual boards (the
 shipped models, serial links, gamma 3, greedy and T = 0.8), unsigned and signed, twice each in the order
@@ -26,13 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from host.backends import SessionParams
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
-from host.decode.tokenizer import Tokenizer
-from host.provision.cluster import Cluster
-from shared import codec
-from tools.bench.codec import _timings
+from specmesh.host.backends import SessionParams
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.provision.cluster import Cluster
+from specmesh.shared import codec
+from specmesh.tools.bench.codec import codec_timings
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
@@ -105,7 +105,7 @@ def run() -> dict:
         print("%-6g %12.1f %12.1f %12.1f %12.1f %10.2f %12s" % (temperature, row["tok_s_plain"], row["tok_s_signed"],
                                                                bpt[0], bpt[1], frames, row["same_text"]))
     out["espnow"] = _espnow(prompts)
-    t = _timings()
+    t = codec_timings()
     print("\nsign + check + replay window per frame, µs (VERDICT signed minus plain; unix port, not a board)")
     for runtime in ("cpython", "micropython"):
         r = t.get(runtime)

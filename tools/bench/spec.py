@@ -1,6 +1,6 @@
 """Benchmark of speculative decoding end to end: spec vs plain, per back-end configuration.
 
-    python -m tools.bench spec            (SPECMESH_BENCH_CONFIGS=cpu,torch,virtual,espnow to choose)
+    python -m specmesh.tools.bench spec            (SPECMESH_BENCH_CONFIGS=cpu,torch,virtual,espnow to choose)
 
 For each configuration (drafter + verifier back-ends, transport) and each temperature, the same prompts
 and seeds are decoded five ways in one run on the same back-ends: `plain` (verifier alone), `plain A/A`
@@ -27,8 +27,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from host.decode.gamma import GammaController
-from host.decode.orchestrator import generate
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ("Once upon a time", "The little dog", "She opened the door and", "In the morning the sun")
@@ -50,25 +51,25 @@ CONFIGS = {  # name: (drafter, verifier, transport, extra flags)
 
 
 def bench_config(name: str, models: Path) -> list[dict]:
-    from host.backends import SessionParams
-    from host.cli.run import Setup, add_arguments, check_args
-    from host.projection.rounds import Projector
-    from host.decode.tokenizer import BOS, Tokenizer
-    from shared.modelfile import parse_header
+    from specmesh.host.backends import SessionParams
+    from specmesh.host.cli.run import Setup, add_arguments, check_args
+    from specmesh.host.decode.tokenizer import BOS, Tokenizer
+    from specmesh.host.projection.rounds import Projector
+    from specmesh.shared.modelfile import parse_header
 
     drafter_name, verifier_name, transport, extra = CONFIGS[name]
     p = argparse.ArgumentParser()
     add_arguments(p)
     a = p.parse_args(["--models", str(models), "--drafter", drafter_name, "--verifier", verifier_name,
                       "--transport", transport, *extra])
-    check_args(a)
+    config = check_args(a)
     tok = Tokenizer.from_llama2c(models / "tokenizer.bin")
-    heads = [parse_header((models / f).read_bytes()[:64]) for f in ("target.spm", "drafter.spm")]
+    headers = [parse_header((models / f).read_bytes()[:64]) for f in (TARGET_FILE, DRAFTER_FILE)]
     rows = []
-    with Setup(a) as setup:
+    with Setup(config) as setup:
         verifier = setup.make("verifier", verifier_name)
         drafter = setup.make("drafter", drafter_name)
-        projector = Projector(heads[0], heads[1], "esp32s3", transport)
+        projector = Projector(headers[0], headers[1], "esp32s3", transport)
         bar = tqdm(total=len(TEMPERATURES) * len(PROMPTS) * REPEATS, desc="spec " + name, unit="repeat",
                    leave=False, file=sys.stderr)
         for temp in TEMPERATURES:
@@ -77,72 +78,92 @@ def bench_config(name: str, models: Path) -> list[dict]:
             for seed, text in enumerate(PROMPTS):
                 prompt = tok.encode(text)
                 params = SessionParams(seed=seed, temperature=temp, eos=BOS)
-                modes = {
-                    "plain": lambda: generate(prompt, verifier, None, params, MAX_TOKENS),
-                    "plain A/A": lambda: generate(prompt, verifier, None, params, MAX_TOKENS),
-                    "auto": lambda: generate(prompt, verifier, drafter, params, MAX_TOKENS, GammaController()),
-                    "fixed": lambda: generate(prompt, verifier, drafter, params, MAX_TOKENS,
-                                              GammaController(fixed=FIXED_GAMMA)),
-                    "auto@esp32s3": lambda: generate(prompt, verifier, drafter, params, MAX_TOKENS,
-                                                     GammaController(), costs=projector.round_costs),
-                }
-                runs = {}
-                order = list(modes)
-                for rep in range(REPEATS):  # modes interleaved, each repeat in a rotated order (no mode
-                    for mode in order[rep:] + order[:rep]:  # always runs first); the fastest is kept
-                        r = modes[mode]()
-                        if mode not in runs or r.wall_s < runs[mode].wall_s:
-                            runs[mode] = r
-                    bar.update()
+                runs = fastest_runs(modes(prompt, verifier, drafter, params, projector), bar)
                 if temp == 0.0:
                     lossless &= all(r.tokens == runs["plain"].tokens for r in runs.values())
                 for mode, r in runs.items():
-                    s = agg.setdefault(mode, {"wall": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "accepted": 0,
-                                              "rejected": 0, "bus": 0, "bus_v": 0, "bus_d": 0, "proj": 0.0,
-                                              "proj_plain": 0.0, "gammas": {},
-                                              "steady_wall": 0.0, "steady_tokens": 0, "per_prompt": []})
-                    pr = projector.project(r, len(prompt))
-                    s["wall"] += r.wall_s
-                    wall, tokens = steady(r)
-                    s["steady_wall"] += wall
-                    s["steady_tokens"] += tokens
-                    s["per_prompt"].append(ratio(steady(r), steady(runs["plain"])))
-                    s["tokens"] += len(r.tokens)
-                    s["rounds"] += len(r.rounds)
-                    s["drafted"] += r.drafted
-                    s["accepted"] += r.accepted
-                    s["rejected"] += sum(x.rejected for x in r.rounds)
-                    s["bus"] += r.bus_bytes
-                    s["bus_v"] += sum(x.bytes_verify for x in r.rounds)
-                    s["bus_d"] += sum(x.bytes_draft for x in r.rounds)
-                    s["proj"] += pr["wall_s"]
-                    s["proj_plain"] += pr["plain_wall_s"]
-                    for g, c in r.gamma_hist.items():
-                        s["gammas"][g] = s["gammas"].get(g, 0) + c
-            plain = agg["plain"]
-            for mode, s in agg.items():
-                n = max(1, s["tokens"])
-                rows.append({
-                    "config": name, "drafter": drafter.name, "verifier": verifier.name, "transport": transport,
-                    "temperature": temp, "mode": mode, "tokens": s["tokens"],
-                    # decode rate after the prefill round, as a ratio: with sampling the modes' texts (and
-                    # so their lengths) differ, and a prefill spread over fewer tokens is no slowdown
-                    "speedup": ratio((s["steady_wall"], s["steady_tokens"]),
-                                     (plain["steady_wall"], plain["steady_tokens"])),
-                    "speedup_ci95": half_width(s["per_prompt"]),
-                    "tokens_per_s": s["tokens"] / s["wall"] if s["wall"] else None,
-                    "alpha": s["accepted"] / (s["accepted"] + s["rejected"]) if s["drafted"] else None,
-                    "tokens_per_verification": s["tokens"] / max(1, s["rounds"]),
-                    "gamma": max(s["gammas"], key=s["gammas"].get) if s["gammas"] else 0,
-                    "bus_bytes_per_token": s["bus"] / n,
-                    "verifier_bytes_per_token": s["bus_v"] / n,
-                    "drafter_bytes_per_token": s["bus_d"] / n,
-                    "projected_speedup_esp32s3": s["proj_plain"] / s["proj"] if s["proj"] else None,
-                    "projected_tokens_per_s_esp32s3": s["tokens"] / s["proj"] if s["proj"] else None,
-                    "greedy_identical_to_plain": lossless if temp == 0.0 else None,
-                })
+                    accumulate(agg.setdefault(mode, totals()), r, runs["plain"], projector.project(r, len(prompt)))
+            where = {"config": name, "drafter": drafter.name, "verifier": verifier.name, "transport": transport,
+                     "temperature": temp}
+            rows += [row(where, mode, s, agg["plain"], lossless) for mode, s in agg.items()]
         bar.close()
     return rows
+
+
+def modes(prompt, verifier, drafter, params, projector) -> dict:
+    """Each decoding mode of the comparison, as a call that runs it once."""
+    return {
+        "plain": lambda: generate(prompt, verifier, None, params, MAX_TOKENS),
+        "plain A/A": lambda: generate(prompt, verifier, None, params, MAX_TOKENS),
+        "auto": lambda: generate(prompt, verifier, drafter, params, MAX_TOKENS, GammaController()),
+        "fixed": lambda: generate(prompt, verifier, drafter, params, MAX_TOKENS, GammaController(fixed=FIXED_GAMMA)),
+        "auto@esp32s3": lambda: generate(prompt, verifier, drafter, params, MAX_TOKENS, GammaController(),
+                                         costs=projector.round_costs),
+    }
+
+
+def fastest_runs(calls: dict, bar) -> dict:
+    """The fastest of REPEATS runs of each mode, the modes interleaved, each repeat in a rotated order (no
+    mode always runs first)."""
+    runs = {}
+    order = list(calls)
+    for rep in range(REPEATS):
+        for mode in order[rep:] + order[:rep]:
+            r = calls[mode]()
+            if mode not in runs or r.wall_s < runs[mode].wall_s:
+                runs[mode] = r
+        bar.update()
+    return runs
+
+
+def totals() -> dict:
+    return {"wall": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "accepted": 0, "rejected": 0, "bus": 0, "bus_v": 0,
+            "bus_d": 0, "proj": 0.0, "proj_plain": 0.0, "gammas": {}, "steady_wall": 0.0, "steady_tokens": 0,
+            "per_prompt": []}
+
+
+def accumulate(s: dict, r, plain, pr: dict) -> None:
+    """Add run `r` (its plain run `plain`, its projection `pr`) to a mode's totals `s`."""
+    s["wall"] += r.wall_s
+    wall, tokens = steady(r)
+    s["steady_wall"] += wall
+    s["steady_tokens"] += tokens
+    s["per_prompt"].append(ratio(steady(r), steady(plain)))
+    s["tokens"] += len(r.tokens)
+    s["rounds"] += len(r.rounds)
+    s["drafted"] += r.drafted
+    s["accepted"] += r.accepted
+    s["rejected"] += sum(x.rejected for x in r.rounds)
+    s["bus"] += r.bus_bytes
+    s["bus_v"] += sum(x.bytes_verify for x in r.rounds)
+    s["bus_d"] += sum(x.bytes_draft for x in r.rounds)
+    s["proj"] += pr["wall_s"]
+    s["proj_plain"] += pr["plain_wall_s"]
+    for g, c in r.gamma_hist.items():
+        s["gammas"][g] = s["gammas"].get(g, 0) + c
+
+
+def row(where: dict, mode: str, s: dict, plain: dict, lossless: bool) -> dict:
+    """One row of the report: a mode's totals at one temperature of one configuration."""
+    n = max(1, s["tokens"])
+    greedy = where["temperature"] == 0.0
+    return {
+        **where, "mode": mode, "tokens": s["tokens"],
+        # decode rate after the prefill round, as a ratio: with sampling the modes' texts (and so their
+        # lengths) differ, and a prefill spread over fewer tokens is no slowdown
+        "speedup": ratio((s["steady_wall"], s["steady_tokens"]), (plain["steady_wall"], plain["steady_tokens"])),
+        "speedup_ci95": half_width(s["per_prompt"]),
+        "tokens_per_s": s["tokens"] / s["wall"] if s["wall"] else None,
+        "alpha": s["accepted"] / (s["accepted"] + s["rejected"]) if s["drafted"] else None,
+        "tokens_per_verification": s["tokens"] / max(1, s["rounds"]),
+        "gamma": max(s["gammas"], key=s["gammas"].get) if s["gammas"] else 0,
+        "bus_bytes_per_token": s["bus"] / n,
+        "verifier_bytes_per_token": s["bus_v"] / n,
+        "drafter_bytes_per_token": s["bus_d"] / n,
+        "projected_speedup_esp32s3": s["proj_plain"] / s["proj"] if s["proj"] else None,
+        "projected_tokens_per_s_esp32s3": s["tokens"] / s["proj"] if s["proj"] else None,
+        "greedy_identical_to_plain": lossless if greedy else None,
+    }
 
 
 def steady(r) -> tuple[float, int]:
@@ -150,7 +171,7 @@ def steady(r) -> tuple[float, int]:
     if not r.rounds:
         return 0.0, 0
     first = r.rounds[0]
-    return r.wall_s - first.t_draft - first.t_verify - first.t_commit, len(r.tokens) - first.committed
+    return r.wall_s - first.t_draft - first.t_verify - first.t_commit, len(r.tokens) - first.n_committed
 
 
 def ratio(run: tuple[float, int], base: tuple[float, int]) -> float | None:

@@ -1,6 +1,6 @@
 """Verify cost v(k) and drafter cost ratio c of the host back-ends, and acceptance per draft position.
 
-    python -m tools.bench vk
+    python -m specmesh.tools.bench vk
 
 v(k) = time of one k-position pass of the target over time of a 1-position pass, after a 64-token
 prefix, for the numpy engine (`cpu`) and, when PyTorch is installed, the torch engine on the CPU;
@@ -17,8 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from host.backends import factory
-from host.decode.tokenizer import Tokenizer
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+import specmesh.host.cli.registry  # noqa: F401 - the torch verifiers, registered
+from specmesh.host.backends import factory
+from specmesh.host.decode.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
@@ -45,17 +47,17 @@ def _pass_seconds(name: str, path: Path, k: int) -> float:
 
 
 def backend_costs(name: str) -> dict:
-    target = {k: _pass_seconds(name, MODELS / "target.spm", k) for k in KS}
-    drafter = _pass_seconds(name, MODELS / "drafter.spm", 1)
+    target = {k: _pass_seconds(name, MODELS / TARGET_FILE, k) for k in KS}
+    drafter = _pass_seconds(name, MODELS / DRAFTER_FILE, 1)
     return {"v": {k: target[k] / target[1] for k in KS}, "c": drafter / target[1],
             "target_token_s": target[1], "drafter_token_s": drafter}
 
 
 def acceptance() -> dict:
-    from tools.modelcard import acceptance as measure, heldout_prompts  # noqa: PLC0415
+    from specmesh.tools.modelcard import acceptance as measure, heldout_prompts  # noqa: PLC0415
 
     prompts = heldout_prompts(MODELS, Tokenizer.from_llama2c(MODELS / "tokenizer.bin"), PROMPTS)
-    return {t: measure(MODELS / "target.spm", MODELS / "drafter.spm", prompts, NEW, float(t[2:]))
+    return {t: measure(MODELS / TARGET_FILE, MODELS / DRAFTER_FILE, prompts, NEW, float(t[2:]))
             for t in ("T=0", "T=1")}
 
 

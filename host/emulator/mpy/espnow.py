@@ -149,7 +149,7 @@ class ESPNow:
             msg, mac = mac, None
         if not self._active:
             raise _err("ESP_ERR_ESPNOW_NOT_INIT")
-        if not network._sta_active():
+        if not network.sta_active():
             raise _err("ESP_ERR_ESPNOW_IF")
         if isinstance(msg, str):
             msg = msg.encode()

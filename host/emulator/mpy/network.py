@@ -46,5 +46,5 @@ class WLAN:
         return ("0.0.0.0", "0.0.0.0", "0.0.0.0", "0.0.0.0")
 
 
-def _sta_active():
+def sta_active():  # not MicroPython's API: the espnow stand-in asks whether a WLAN interface is up
     return _active[STA_IF] or _active[AP_IF]

@@ -14,15 +14,8 @@ Kept out of os.py, which every VM imports at boot (see there why this module is 
 import sys
 from collections import namedtuple
 
+import uos as _builtin  # the built-in os (a u-prefixed name never finds os.py, which wraps it and imports this)
 import vfs
-
-_path = sys.path
-sys.path = ()  # the built-in os (host/emulator/mpy/os.py wraps it)
-try:
-    import os as _builtin
-finally:
-    sys.path = _path
-del _path
 
 _BLOCK = 4096
 _EMU = "/.emu"

@@ -1,0 +1,52 @@
+"""The run's configuration (host/cli/config.py): built once from `specmesh run`'s arguments, frozen, the
+arguments left as they were; the back-ends it names come from the one registry (host/cli/registry.py)."""
+
+import argparse
+import dataclasses
+
+import pytest
+
+from specmesh.host import backends
+from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, ESP32S3, has_psram
+from specmesh.host.cli.config import RunConfig
+from specmesh.host.cli.run import add_arguments, check_args
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_the_arguments_become_a_frozen_config_and_stay_as_they_were(models):
+    a = parse("--models", str(models), "--gamma", "3", "--temperature", "0.5", "--no-color")
+    before = dict(vars(a))
+    config = check_args(a)
+    assert vars(a) == before  # nothing added (rates, key) or changed
+    assert isinstance(config, RunConfig) and config.gamma == 3 and config.color is False and config.key is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.gamma = 4
+    assert config.session_params(eos=1).temperature == 0.5
+
+
+def test_stages_verify_on_the_registered_pipeline_and_plain_drops_the_drafter(models):
+    assert check_args(parse("--models", str(models), "--stages", "2")).backend_names == {
+        "verifier": backends.PIPELINE, "drafter": "virtual"}
+    assert check_args(parse("--models", str(models), "--plain", "--verifier", "cpu")).backend_names == {
+        "verifier": "cpu"}
+
+
+def test_every_board_class_is_a_virtual_backend_of_both_roles_and_the_pipeline_a_verifier():
+    import specmesh.host.cli.registry  # noqa: F401 - what a run imports to fill the registry
+
+    for name in BOARD_CLASSES:
+        assert backends.factory("verifier", "virtual:" + name) is backends.VERIFIERS["virtual:" + name]
+        assert backends.factory("drafter", "virtual:" + name) is backends.DRAFTERS["virtual:" + name]
+    assert backends.factory("verifier", backends.PIPELINE) is not None
+    assert backends.factory("drafter", backends.PIPELINE) is None
+
+
+def test_psram_is_told_from_the_heap_the_board_classes_hold():
+    assert not has_psram(ESP32.heap_bytes) and has_psram(ESP32S3.heap_bytes)
+    assert not has_psram(187_104)  # a virtual classic ESP32 after boot: its heap also holds the stand-ins
+    assert has_psram(2 * 1024 * 1024)  # a board with 2 MB of PSRAM
