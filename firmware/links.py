@@ -21,15 +21,11 @@ signed), and the console says which. Board-only modules
 (machine.UART, network, espnow) are imported when a link is built, so this file imports anywhere.
 """
 
-import gc
 import select
 import sys
 
-from micropython import const
-
 from shared import codec
 
-_HEAD = const(9)  # ':' and 8 base64 digits: a frame's first 6 bytes, which address a reply
 RX_PACKETS = 8  # ESP-NOW packets the receive buffer holds (a DRAFT of 8 drafts x top-32 takes 3)
 SEND_TRIES = 3  # ESP-NOW sends of one packet before leaving the loss to the requester's retransmission
 
@@ -74,19 +70,19 @@ class StdioLink(_Lines):
 
     def __init__(self, inp=None, out=None):
         _Lines.__init__(self)
-        self.head = None  # the start of the line being read: ':' and 8 base64 digits, a frame's first 6 bytes
+        self.head = None  # the start of the line being read (recv)
         self._in = inp or sys.stdin.buffer
         self._out = out or sys.stdout.buffer
         self._poll = select.poll()
         self._poll.register(inp or sys.stdin, select.POLLIN)
 
     def recv(self, timeout_ms):
-        """One frame; MemoryError for a line the heap cannot hold, with `head` then its first _HEAD bytes (the
+        """One frame; MemoryError for a line the heap cannot hold, with `head` then its first 9 bytes (the
         node answers it from them: firmware/node.py)."""
         if self.closed or not _ready(self._poll, timeout_ms):
             return None
         self.head = None
-        line = self._in.readline(_HEAD)
+        line = self._in.readline(9)  # ':' and 8 base64 digits: a frame's first 6 bytes, which address a reply
         if not line:
             self.closed = True
             return None
@@ -95,6 +91,8 @@ class StdioLink(_Lines):
             try:
                 rest = self._in.readline()  # grows with the line (a fixed limit would allocate it up front)
             except MemoryError:  # raised before the byte it had no room for was read: skip to the newline
+                import gc
+
                 gc.collect()
                 while True:  # in pieces the heap can hold
                     part = self._in.readline(64)
