@@ -16,7 +16,7 @@ PIP_EXTRA ?=
 PORT ?= auto
 ROLE ?= drafter
 
-.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean mpy-src
+.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean mpy-src native native-check
 
 setup: $(STAMP)
 
@@ -78,6 +78,27 @@ $(MPY_SRC)/LICENSE: vendor/micropython-1.28.0-src.tar.gz
 	@mkdir -p build
 	tar xzf $< -C build
 	@touch $@
+
+# The native kernel modules (firmware/native/kernels.c -> firmware/native/<arch>.mpy), shipped in the
+# repository and rebuilt here bit for bit: x64 (the system gcc), rv32imc (Debian's gcc-riscv64-unknown-elf,
+# picolibc-riscv64-unknown-elf), xtensawin (clang-22 and llc-22, Debian's llvm-22 and clang-22). mpy_ld.py
+# needs pyelftools (the `native` extra). `make native-check` fails when a shipped module differs from its build.
+# The build folder is given relative (firmware/native/Makefile: ../../build/native/<arch>): the .mpy names it.
+NATIVE_ARCHES := x64 rv32imc xtensawin
+NATIVE_STAMP := $(VENV)/.specmesh-setup-native
+
+$(NATIVE_STAMP): $(STAMP)
+	$(PIP) -e '.[dev,native]'
+	@touch $(NATIVE_STAMP)
+
+native: $(NATIVE_STAMP) mpy-src
+	@for a in $(NATIVE_ARCHES); do \
+		$(MAKE) -B --no-print-directory -C firmware/native ARCH=$$a PYTHON=$(abspath $(PY)) || exit 1; \
+	done
+
+native-check: native
+	git diff --exit-code --stat -- 'firmware/native/*.mpy' || \
+		{ echo "a shipped native module differs from its rebuild: commit the output of make native"; exit 1; }
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -2,9 +2,10 @@
 
 API (used by the node and its roles; `firmware/` is the board's root, `shared/` a package beside it):
 
-    e = Engine(path, kmax=1, viper=True, n_ctx=0)
+    e = Engine(path, kmax=1, viper=True, n_ctx=0, native=True)
                                           # load; kmax = most positions one forward() takes;
-                                          # n_ctx > 0 caps the context (and KV cache) below max_seq
+                                          # n_ctx > 0 caps the context (and KV cache) below max_seq;
+                                          # viper False: plain Python kernels; native False: no C kernels
     logits = e.forward(tokens, pos)       # k = len(tokens) <= kmax ids at positions pos .. pos+k-1;
                                           # returns the engine's array('i') of Q16 logits:
                                           # row j at [j*vocab, (j+1)*vocab)
@@ -17,7 +18,8 @@ API (used by the node and its roles; `firmware/` is the board's root, `shared/` 
     e.length, e.n_ctx, e.vocab, e.header  # cached positions, context size, vocabulary, model header
     e.heap_bytes                          # heap the loaded engine holds (weights + KV cache + buffers;
                                           # a model on a ROMFS keeps its int8 weights in flash, not here)
-    e.viper                               # True when the viper kernels run, False on the Python fallback
+    e.kernels                             # "native", "viper" or "python": the kernels it runs (kernelpick.py)
+    e.viper                               # True when compiled kernels (native or viper) run, False on Python
 
 A pipeline stage is firmware/stage_engine.py's StageEngine, this class with `layers=(a, b)`: it loads
 only the tensors of layers a..b-1 (and the final norm on the last stage), reading the skipped bytes
@@ -34,8 +36,9 @@ tested with the GC disabled).
 Arithmetic: docs/CONTRACTS.md section 4, all integer: Q16 activations, matmul inputs rounded to int16
 by a per-row power-of-two shift, int8 weights with per-row 14-bit multipliers and shifts, RMSNorm by an
 integer inverse square root, RoPE and exp (sigmoid too) from integer tables (shared/intmath.py), an int8
-KV cache whose rows carry their power-of-two shift in one extra byte. Kernels: `kernels.py` (viper) or
-`refkernels.py` (plain Python), identical integers. host/backends/arraymath.py computes the same with numpy or
+KV cache whose rows carry their power-of-two shift in one extra byte. Kernels: `native/<arch>.mpy` (C,
+firmware/native/kernels.c), `kernels.py` (viper) or `refkernels.py` (plain Python), identical integers,
+picked by kernelpick.py. host/backends/arraymath.py computes the same with numpy or
 torch. Bounds (int32 on 32-bit boards): matmul sums 127 * 32767 * cols, so cols <= 516 and
 head size <= 516 (checked at load); activations below 2^14 in Q16 (real values below 16384).
 """
@@ -43,16 +46,12 @@ head size <= 516 (checked at load); activations below 2^14 in Q16 (real values b
 import gc
 from array import array
 
+import kernelpick
 from micropython import const
 
 from shared import intmath
 from shared.modelfile import (FLAG_SHARED_CLS, HEADER_SIZE, KIND_Q8, ModelFileError, crc32, parse_header,
                               tensor_bytes, tensor_layout)
-
-try:
-    import kernels as _viper
-except Exception:  # no native emitter on this port (or viper disabled in the build)
-    _viper = None
 
 _MAX_COLS = 516  # 127 * 32767 * 516 < 2^31
 
@@ -94,19 +93,14 @@ def _zeros(code, n):
 class Engine:
     """One sequence of one model: weights, int8 KV cache and every scratch buffer, allocated here."""
 
-    def __init__(self, path, kmax=1, viper=True, n_ctx=0, layers=None):
+    def __init__(self, path, kmax=1, viper=True, n_ctx=0, layers=None, native=True):
         """layers=(a, b): StageEngine's slice (see the module docstring)."""
         if kmax < 1:
             raise ValueError("kmax must be >= 1")
+        self.kern, self.kernels = kernelpick.pick(viper, native)  # before `before`: the kernels are code
+        self.viper = self.kernels != "python"
         gc.collect()
         before = gc.mem_alloc()
-        self.viper = bool(viper) and _viper is not None
-        if self.viper:
-            self.kern = _viper
-        else:
-            import refkernels  # only where it runs: its code would take heap on a board
-
-            self.kern = refkernels
         with open(path, "rb") as f:
             h = parse_header(f.read(HEADER_SIZE))
             if max(h.dim, h.hidden, h.n_heads * h.head_dim) > _MAX_COLS:
@@ -130,6 +124,10 @@ class Engine:
         self.final_norm = t[1 + 9 * h.n_layers]
         self.cls = t[0] if h.flags & FLAG_SHARED_CLS else t[2 + 9 * h.n_layers]
         self._tables(h)
+        self._whole = None  # kernels that run a whole layer per call (the native module): its arguments
+        if hasattr(self.kern, "layer"):
+            self._whole = [(self._layer_buffers(lw), self._layer_params(h, li, lw))
+                           for li, lw in enumerate(self.layers)]
         gc.collect()
         self.heap_bytes = gc.mem_alloc() - before
 
@@ -152,6 +150,23 @@ class Engine:
         self.pr, self.pq = _zeros("i", 8 + kmax), _zeros("i", 8 + kmax)
         self.norm_p, self.rope_p, self.embed_p = _zeros("i", 4), _zeros("i", 4), _zeros("i", 3)
         self.argmax_p, self.attend_p, self.pl = _zeros("i", 2), _zeros("i", 11), _zeros("i", 2)
+
+    def _layer_buffers(self, lw):
+        """The buffers of one layer, in the order of the native `layer` kernel (firmware/native/kernels.c, L_*)."""
+        attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 = lw
+        return (self.x, self.xn, self.xq, self.acc, self.pr, self.qb, self.kb, self.vb, self.kv, self.sc, self.h1,
+                self.h3, self.rope_cs, self.exp_table, attn_norm[0], ffn_norm[0], wq[0], wq[1], wk[0], wk[1],
+                wv[0], wv[1], wo[0], wo[1], w1[0], w1[1], w2[0], w2[1], w3[0], w3[1])
+
+    def _layer_params(self, h, li, lw):
+        """The native `layer` kernel's p: (k, pos, li, dim, head_dim, n_heads, n_kv_heads, hidden, n_ctx,
+        stride, cache, isq, eps, attn_norm shift, ffn_norm shift); k and pos are set per call."""
+        p = _zeros("i", 15)
+        vals = (0, 0, li, h.dim, h.head_dim, h.n_heads, h.n_kv_heads, h.hidden, self.n_ctx, self.stride, self.cache,
+                self.isq, self.eps, lw[0][1], lw[5][1])
+        for i in range(15):
+            p[i] = vals[i]
+        return p
 
     def _tables(self, h):
         hd = h.head_dim
@@ -262,6 +277,12 @@ class Engine:
     # -- steps ----------------------------------------------------------------------------------
 
     def _layer(self, li, lw, k, pos):
+        if self._whole is not None:  # the native kernels: the steps below in one call
+            bufs, p = self._whole[li]
+            p[0] = k
+            p[1] = pos
+            self.kern.layer(bufs, p)
+            return
         h = self.header
         kern = self.kern
         attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 = lw

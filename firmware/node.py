@@ -34,6 +34,7 @@ from shared import codec
 from shared import messages as m
 
 import config
+import kernelpick
 import roles
 from roles import Refused
 from shared.messages import E_COUNTER, E_INTERNAL, E_KEY, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, HOST
@@ -402,7 +403,8 @@ class Node:
         gmax = (0 if e is None else m.MAX_GAMMA if r == m.ROLE_DRAFTER else e.kmax - 1 if r == m.ROLE_VERIFIER
                 else e.kmax if e.head else 0)
         return m.pack_hello(FW_VERSION, board[:64], r, self.cfg["model"][:64],
-                            e.vocab if e else 0, e.n_ctx if e else 0, gc.mem_free(), caps, gmax)
+                            e.vocab if e else 0, e.n_ctx if e else 0, gc.mem_free(), caps, gmax,
+                            kernelpick.describe(e.kernels if e else kernelpick.pick()[1])[:128])
 
     def _stats(self):
         st = self.stats

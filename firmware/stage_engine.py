@@ -1,6 +1,6 @@
 """The engine of a pipeline stage: layers [a, b) of a model, its embedding and classifier left in the file.
 
-    e = StageEngine(path, layers=(a, b), kmax=1, viper=True, n_ctx=0)
+    e = StageEngine(path, layers=(a, b), kmax=1, viper=True, n_ctx=0, native=True)
     e.forward(tokens, pos)            # the first stage (a == 0): token ids in; e.x holds its output rows
     e.forward(None, pos, k, head)     # a later stage: the k rows of e.x in (the previous stage's e.x)
                                       # the last stage (b == n_layers) returns the logits when head is true
@@ -23,10 +23,10 @@ CLS_ROWS = 16  # classifier rows streamed per chunk: 16 x dim bytes of buffer
 class StageEngine(Engine):
     """Engine over layers a..b-1, reading embedding rows and classifier chunks from its open model file."""
 
-    def __init__(self, path, layers, kmax=1, viper=True, n_ctx=0):
+    def __init__(self, path, layers, kmax=1, viper=True, n_ctx=0, native=True):
         if layers is None:
             raise ValueError("a stage needs \"layers\": [a, b] in its board config (flash --role stage --layers A:B)")
-        Engine.__init__(self, path, kmax, viper, n_ctx, layers)
+        Engine.__init__(self, path, kmax, viper, n_ctx, layers, native)
         h = self.header
         dim = h.dim
         self._f = open(path, "rb")

@@ -6,7 +6,7 @@ content, e.g. invalid UTF-8 or an empty q-hat table), both CodecError subclasses
 Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `_Reader.str`).
 
     HELLO       request: b""                      reply: pack_hello(fw, board, role, model, vocab,
-                                                         max_seq, heap_free, caps, max_gamma) / unpack_hello
+                                                         max_seq, heap_free, caps, max_gamma, kernels) / unpack_hello
     CONFIGURE   pack_configure(role, node_id, model) / unpack_configure -> (role, node_id, model)
     BEGIN       pack_begin(seed, temp_milli, draft_top_k, target_top_k, top_p_q16, eos, prompt)
                 unpack_begin -> (seed, temp_milli, draft_top_k, target_top_k, top_p_q16, eos, prompt)
@@ -174,14 +174,16 @@ class _Reader:
             raise BadLength("payload has %d trailing bytes" % (len(self.data) - self.off))
 
 
-def pack_hello(fw, board, role, model, vocab, max_seq, heap_free, caps, gamma):
-    """HELLO reply; `gamma` is its max_gamma field: the most drafts the node takes (0 when idle)."""
-    buf = bytearray(_str_bytes(fw) + _str_bytes(board) + _str_bytes(model) + 11)
+def pack_hello(fw, board, role, model, vocab, max_seq, heap_free, caps, gamma, kernels):
+    """HELLO reply; `gamma` is its max_gamma field: the most drafts the node takes (0 when idle);
+    `kernels` the engine's kernels, "native", "viper" or "python", then in parentheses why not native."""
+    buf = bytearray(_str_bytes(fw) + _str_bytes(board) + _str_bytes(model) + _str_bytes(kernels) + 11)
     off = _put_str(buf, 0, fw)
     off = _put_str(buf, off, board)
     buf[off] = role
     off = _put_str(buf, off + 1, model)
     struct.pack_into("<HHIBB", buf, off, vocab, max_seq, heap_free, caps, gamma)
+    _put_str(buf, off + 10, kernels)
     return bytes(buf)
 
 
@@ -192,8 +194,9 @@ def unpack_hello(payload):
     role = r.u8()
     model = r.str()
     vocab, max_seq, heap_free, caps, max_gamma = r.take("<HHIBB", 10)
+    kernels = r.str()
     r.end()
-    return fw, board, role, model, vocab, max_seq, heap_free, caps, max_gamma
+    return fw, board, role, model, vocab, max_seq, heap_free, caps, max_gamma, kernels
 
 
 def pack_configure(role, node_id, model):

@@ -3,7 +3,8 @@
 Usage (from the repository root): micropython tests/mp_engine_runner.py PLAN.json, or compiled beside
 the engine's .mpy files: micropython -c "import sys; sys.path.insert(0, DIR); import mp_engine_runner" PLAN.json
 (a file: the unix port dies on a command-line argument longer than 255 bytes, a qstr's limit).
-plan: {"model": path, "kmax": int, "viper": bool, "n_ctx": int, "path": dir, "ops": [op, ...]}, and optionally
+plan: {"model": path, "kmax": int, "viper": bool, "native": bool, "n_ctx": int, "path": dir, "ops": [op, ...]}
+(viper False: the plain-Python kernels; native False: viper, not the C kernels; firmware/kernelpick.py), and optionally
 "stages": [[a, b], ...]: the model runs as a chain of stage engines (tests/mp_stage_chain.py), and "rom": the
 path of a ROMFS image mounted at /rom first (a board's memory-mapped ROMFS partition); `path` is a folder
 holding engine, kernels and shared/ (compiled .mpy, as on a board), else the source folders are used; ops:
@@ -89,9 +90,9 @@ def run(plan):
     if "stages" in plan:
         from mp_stage_chain import Chain  # only here: its code would take the heap-budget plans' heap
 
-        e = Chain(plan["stages"], *args)
+        e = Chain(plan["stages"], *args, plan.get("native", True))
     else:
-        e = Engine(*args)
+        e = Engine(*args, native=plan.get("native", True))
     res = []
     last = 0
     for op in plan["ops"]:
@@ -117,7 +118,7 @@ def run(plan):
             res.append(alloc(e, op[1], op[2], op[3]))
             last = 0
     gc.collect()
-    return {"results": res, "heap_bytes": e.heap_bytes, "viper": e.viper, "mem_free": gc.mem_free(),
+    return {"results": res, "heap_bytes": e.heap_bytes, "viper": e.viper, "kernels": e.kernels, "mem_free": gc.mem_free(),
             "length": e.length}
 
 

@@ -13,7 +13,7 @@ class Chain:
     def __init__(self, stages, *args):
         self.stages = [StageEngine(args[0], tuple(ab), *args[1:]) for ab in stages]
         last = self.stages[-1]
-        self.vocab, self.viper, self.logits = last.vocab, last.viper, last.logits
+        self.vocab, self.viper, self.kernels, self.logits = last.vocab, last.viper, last.kernels, last.logits
         self.heap_bytes = [s.heap_bytes for s in self.stages]
         self.exp_table = last.exp_table
 

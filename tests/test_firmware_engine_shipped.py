@@ -2,7 +2,9 @@
 
 On the held-out text of models/reference.npz: teacher-forced logits the same as the numpy engine's
 (the comparison and its tolerance are tests/test_firmware_engine.py's) with the same argmax on every
-row, and the same greedy continuation of every held-out prompt, token for token, near-ties included.
+row, with the native kernels a node picks and with the viper kernels (the plain-Python ones are checked
+against both on random models: tests/test_firmware_engine.py), and the same greedy continuation of every
+held-out prompt, token for token, near-ties included.
 The target runs in an 8 MB heap (an ESP32-S3 with 8 MB PSRAM). The drafter's budget, a classic ESP32's
 110,536-byte heap with the node's code frozen, is tests/test_firmware_budget.py's: it runs the whole node.
 """
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_firmware_engine import assert_same_logits, fw_dir, reference, run_plan  # noqa: F401
+from tests.test_firmware_engine import KERNELS, assert_same_logits, fw_dir, reference, run_plan  # noqa: F401
 
 MODELS = ROOT / "models"
 REF = MODELS / "reference.npz"
@@ -31,13 +33,16 @@ def chunks(tokens, kmax, op="fwd"):
     return [[op, [int(t) for t in tokens[i:i + kmax]], i] for i in range(0, len(tokens), kmax)]
 
 
+@pytest.mark.parametrize("kernels", ["native", "viper"])
 @pytest.mark.parametrize("name", ["drafter", "target"])
-def test_teacher_forced_logits_match_reference(run_plan, name):
+def test_teacher_forced_logits_match_reference(run_plan, name, kernels):
     path = shipped(name)
     for doc in np.load(REF)[name + ".tokens"]:
         ops = chunks(doc, KMAX[name])
-        got = run_plan({"model": path, "kmax": KMAX[name], "ops": ops}, heap="64M")  # room for the JSON
+        plan = {"model": path, "kmax": KMAX[name], "ops": ops, **KERNELS[kernels]}
+        got = run_plan(plan, heap="64M")  # room for the JSON
         assert "error" not in got, got
+        assert got["kernels"] == kernels
         want = reference(path, ops)
         assert_same_logits([row for g in got["results"] for row in g["logits"]],
                            np.concatenate([w["logits"] for w in want]))

@@ -135,11 +135,18 @@ def test_flashed_firmware_node_answers(virtual_board, tmp_path):
     assert {dest for _, dest in node_sources()} <= {d[:-4] + ".py" if d.endswith(".mpy") else d
                                                     for d in report.written}
     assert "/rom/drafter.spm" in report.written
+    assert report.board.arch == "x64" and "/native/x64.mpy" in report.written  # the module for its arch only
+    assert not [d for d in report.written if d.startswith("/native/") and d != "/native/x64.mpy"]
     with contextlib.ExitStack() as stack:
         bus = _open(vb.port, stack)
         assert discover(bus) == 1
-        role, model_path = m.unpack_hello(bus.request(BROADCAST, m.HELLO).payload)[2:4]
-    assert (role, model_path) == (m.ROLE_DRAFTER, "/rom/drafter.spm")
+        hello = m.unpack_hello(bus.request(BROADCAST, m.HELLO).payload)
+    assert (hello[2], hello[3]) == (m.ROLE_DRAFTER, "/rom/drafter.spm")
+    assert hello[-1] == "native"  # the flashed module passed its self-test
+    (vb.flash_dir / "native" / ".selftest").write_bytes(b"")  # as a module that stopped the board leaves it
+    (vb.flash_dir / "native" / "xtensawin.mpy").write_bytes(b"M")  # another arch's module
+    again = flash(vb.port, "drafter", model, node_id=1, progress=False)
+    assert again.written == [] and sorted(p.name for p in (vb.flash_dir / "native").iterdir()) == ["x64.mpy"]
 
 
 def test_full_filesystem_is_one_line_and_the_board_stays_usable(virtual_board, tiny_node, tmp_path):

@@ -22,11 +22,12 @@ from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 from specmesh.host.provision.cluster import connect
-from specmesh.host.provision.flash import flash
+from specmesh.host.provision.flash import flash, native_module
 from specmesh.shared import messages as m
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 ROLES = ("drafter", "verifier")
+ARCH: dict[str, str | None] = {}  # role -> the flashed board's architecture (the flashed fixture's)
 HOW = ("real boards: flash nothing yourself, connect a drafter and a verifier board and run "
        "SPECMESH_PORTS=DRAFTER_PORT,VERIFIER_PORT .venv/bin/pytest -m hil tests/test_hil.py")
 
@@ -56,6 +57,7 @@ def flashed(ports) -> dict[str, str]:
     for role, port in ports.items():
         model = MODELS / (DRAFTER_FILE if role == "drafter" else TARGET_FILE)
         report = flash(port, role, model, progress=False)
+        ARCH[role] = report.board.arch
         placed = {"/models/" + model.name, "/rom/" + model.name}  # the filesystem, or a board's ROMFS
         assert placed & set(report.written + report.unchanged)
         time.sleep(0.5)  # the board boots the node after its soft reset
@@ -79,8 +81,11 @@ def prompt() -> list[int]:
 def test_boards_report_their_role_and_model(boards):
     for board, role in zip(boards, (m.ROLE_DRAFTER, m.ROLE_VERIFIER)):
         hello = m.unpack_hello(board.proxy.call(m.HELLO).payload)
-        fw, _board, got_role, model, vocab, max_seq, heap, _caps, _gmax = hello
+        fw, _board, got_role, model, vocab, max_seq, heap, _caps, _gmax, kernels = hello
         assert got_role == role and vocab == 512 and heap > 0 and fw
+        # the native module flashed for its arch passed its self-test: the parity tests below run it
+        role_name = ROLES[role - 1]
+        assert kernels == ("native" if native_module(ARCH[role_name]) else "viper (no native/%s.mpy)" % ARCH[role_name])
         assert model.endswith(DRAFTER_FILE if role == m.ROLE_DRAFTER else TARGET_FILE)
         assert max_seq == board.max_seq >= 128  # a node short of heap halves its context
 

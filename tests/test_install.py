@@ -8,6 +8,7 @@ editable install of specmesh stays invisible there)."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -55,8 +56,9 @@ def test_the_installed_copy_is_used_and_carries_its_data(installed):
                             "print(specmesh.shared.__file__)"],
                            capture_output=True, text=True, env=installed["env"], cwd=installed["cwd"]).stdout
     assert len(where.split()) == 2 and all(line.startswith(str(installed["site"])) for line in where.split())
-    for part in ("firmware/main.py", "firmware/kernels.py", "host/emulator/mpy/_vboard.py",
-                 "host/projection/mpy/boardbench.py", "models/target.spm", "models/drafter.spm", "models/tokenizer.bin"):
+    for part in ("firmware/main.py", "firmware/kernels.py", "firmware/native/x64.mpy", "firmware/native/rv32imc.mpy",
+                 "firmware/native/xtensawin.mpy", "host/emulator/mpy/_vboard.py", "host/projection/mpy/boardbench.py",
+                 "models/target.spm", "models/drafter.spm", "models/tokenizer.bin"):
         assert (installed["site"] / "specmesh" / part).is_file(), part
     assert specmesh(installed, "--version").stdout.startswith("specmesh 0.1.0")
 
@@ -88,9 +90,14 @@ def test_run_plain_on_the_cpu(installed):
 
 
 def test_run_flashes_a_virtual_drafter_into_the_users_cache(installed):
-    done = specmesh(installed, "run", "--max-tokens", "4", "--verifier", "cpu", "--drafter", "virtual", "--no-color")
+    stats_path = installed["cwd"] / "stats.json"
+    done = specmesh(installed, "run", "--max-tokens", "4", "--verifier", "cpu", "--drafter", "virtual", "--no-color",
+                    "--stats-json", str(stats_path))
     assert done.returncode == 0, done.stderr
     assert "virtual drafter board (esp32): flashed" in done.stderr
+    (board,) = json.loads(stats_path.read_text())["boards"]  # the flashed x64 module runs, and says so
+    assert (board["role"], board["kernels"], board["kernels_note"]) == ("drafter", "native", "")
+    assert re.search(r"\(drafter\) .* native$", done.stdout, re.M), done.stdout
     vboards = installed["cache"] / "specmesh" / "vboards"
     assert json.loads((vboards / "drafter" / "specmesh.json").read_text())["model"] == "/rom/drafter.spm"
     assert (vboards / "drafter.romfs").read_bytes()[:3] == b"\xd2\xcd\x31"  # its ROMFS partition holds an image

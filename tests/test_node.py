@@ -33,8 +33,9 @@ def node(micropython, tmp_path):
 
 
 def test_idle_node_without_config_answers_hello_ping_stats(node):
-    fw, board, role, model, vocab, max_seq, heap, caps, max_gamma = node.call(m.HELLO, expect=m.HELLO)
+    fw, board, role, model, vocab, max_seq, heap, caps, max_gamma, kernels = node.call(m.HELLO, expect=m.HELLO)
     assert fw.startswith("specmesh-node") and board
+    assert kernels == "native"  # the kernels it would run: firmware/native/x64.mpy passed its self-test
     assert (role, model, vocab, max_seq, max_gamma) == (m.ROLE_IDLE, "", 0, 0, 0)
     assert heap > 100_000
     assert caps & m.CAP_VIPER  # the x64 unix port emits native code

@@ -187,7 +187,7 @@ def test_booting_and_flashing_say_what_they_do_and_skip_an_up_to_date_board(mode
         said.append(lines)
     from specmesh.host.provision.flash import node_sources
 
-    files = len(list(node_sources())) + 2  # the node's files, the model and the board config
+    files = len(list(node_sources())) + 3  # the node's files, its native kernels, the model and the board config
     first, again = said
     assert first[0] == "virtual drafter board (esp32): booting, flashing the node and drafter.spm with mpremote..."
     assert first[1].startswith("virtual drafter board (esp32): flashed %d files (" % files)

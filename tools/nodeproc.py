@@ -42,7 +42,8 @@ def flash(board_dir: Path, march: str = "x64") -> None:
     """Lay the node out in `board_dir` as host/provision/flash.py lays it out on a board: main.py as source, every
     other firmware/ and shared/ module precompiled by mpy-cross (no compiler RAM needed at import)."""
     for dest, local in build(march, board_dir).items():
-        if not local.is_relative_to(board_dir):  # kept as source: copied as it is
+        if not local.is_relative_to(board_dir):  # kept as source (or the native module): copied as it is
+            (board_dir / dest.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(local, board_dir / dest.lstrip("/"))
 
 

@@ -39,6 +39,13 @@ def _begin_body(params: SessionParams, prompt: Sequence[int]) -> bytes:
                         params.top_p_q16, params.eos, list(prompt))
 
 
+def kernel_name(kernels: str) -> tuple[str, str]:
+    """(name, note) of HELLO's kernels string: "viper (native/x64.mpy fails its self-test (matmul))" is
+    ("viper", "native/x64.mpy fails its self-test (matmul)"); the note is "" when there is none."""
+    name, _, note = kernels.partition(" (")
+    return name, note[:-1] if note.endswith(")") else note
+
+
 class BoardBackend(Unit):
     """What both roles share: HELLO at connect, BEGIN, COMMIT bookkeeping, STATS."""
 
@@ -48,12 +55,14 @@ class BoardBackend(Unit):
         self.proxy = proxy
         self.name = name
         try:
-            fw, board, role, model, vocab, max_seq, heap, caps, max_gamma = m.unpack_hello(proxy.call(m.HELLO).payload)
+            fw, board, role, model, vocab, max_seq, heap, caps, max_gamma, kernels = m.unpack_hello(
+                proxy.call(m.HELLO).payload)
         except ProxyError as e:
             raise BackendError("%s: %s" % (name, e)) from None
         if role != self.role:
             raise BackendError(self._wrong_role(role))
-        self.info = {"fw": fw, "board": board, "model": model, "vocab": vocab, "heap_free": heap, "caps": caps}
+        self.info = {"fw": fw, "board": board, "model": model, "vocab": vocab, "heap_free": heap, "caps": caps,
+                     "kernels": kernels}
         self.max_seq = max_seq
         self.max_gamma = max_gamma
         self.known: list[int] = []  # the committed stream as the node holds it
@@ -166,6 +175,7 @@ class BoardBackend(Unit):
         out["retransmits"] = self.proxy.bus.retransmits
         out["resyncs"] = self.resyncs
         out["board"] = self.info["board"]
+        out["kernels"], out["kernels_note"] = kernel_name(self.info["kernels"])
         return out
 
     def close(self) -> None:

@@ -143,13 +143,16 @@ def format_table(stats: dict) -> str:
     if boards:
         names = ["%s (%s)" % (b["name"], b["role"]) for b in boards]
         w = max(len(n) for n in names)
-        lines.append("%-*s  %10s %12s %11s" % (w, "board", "compute s", "heap free B", "retransmits"))
+        lines.append("%-*s  %10s %12s %11s  %s" % (w, "board", "compute s", "heap free B", "retransmits", "kernels"))
         for name, b in zip(names, boards):
             if "error" in b:
                 lines.append("%-*s  stats unavailable: %s" % (w, name, b["error"]))
                 continue
-            lines.append("%-*s  %10s %12s %11s" % (w, name, _fmt(b.get("compute_s")), _fmt(b.get("heap_free")),
-                                                   _fmt(b.get("retransmits"))))
+            kernels = b.get("kernels") or "-"
+            if b.get("kernels_note"):
+                kernels += " (%s)" % b["kernels_note"]
+            lines.append("%-*s  %10s %12s %11s  %s" % (w, name, _fmt(b.get("compute_s")), _fmt(b.get("heap_free")),
+                                                       _fmt(b.get("retransmits")), kernels))
     return "\n".join(lines)
 
 

@@ -179,7 +179,8 @@ def board_stats(parts: list) -> list[dict]:
             continue
         if "heap_free" in s:
             out.append({"name": b.name, "role": role, "compute_s": s.get("compute_s"), "heap_free": s.get("heap_free"),
-                        "errors": s.get("errors", 0), "retransmits": s.get("retransmits", 0)})
+                        "errors": s.get("errors", 0), "retransmits": s.get("retransmits", 0),
+                        "kernels": s.get("kernels"), "kernels_note": s.get("kernels_note", "")})
             if role == "stage":  # the firmware's own counters, next to the host's trace of the same work
                 out[-1].update(positions=s.get("positions"), passes=s.get("passes"))
     return out

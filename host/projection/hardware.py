@@ -84,6 +84,12 @@ XTENSA_LOOPS = {
 XTENSA_LOOP_CALLS = {"rmsnorm": [2, 0, 0, 0, 0, 0, 1, 0], "attend": [4] + [0] * 10, "silu": [0, 0, 0, 1]}
 # Instructions per multiply-accumulate of the matmul loops, {positions per pass over a weight row}.
 XTENSA_MATMUL_INSNS_PER_MAC = {1: 30.0, 3: 21.3, 4: 19.8, 5: 15.8}
+# Instructions per multiply-accumulate of the native matmul's inner loops (firmware/native/kernels.c,
+# k_matmul: four columns an iteration), counted from the disassembly of the objects `make native` builds,
+# {arch: {positions per pass: instructions}}: `python -m specmesh.tools.native_loops` (tests/test_native_loops.py
+# checks that these are its current counts). Counted, not executed: rv32imc's executed figure comes from
+# the RISC-V boards (QEMU); these leave out each row's loop setup and stores.
+NATIVE_MATMUL_INSNS_PER_MAC = {"rv32imc": {1: 4.75, 5: 3.35}, "xtensawin": {1: 5.75, 5: 3.65}}
 CYCLES_PER_INSN = 1.3
 CYCLES_PER_MAC = XTENSA_MATMUL_INSNS_PER_MAC[1] * CYCLES_PER_INSN
 CPI = Figure(

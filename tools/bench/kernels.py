@@ -1,5 +1,6 @@
-"""Benchmark of the firmware engine under the unix MicroPython port: today's integer engine against the
-float engine it replaced, side by side on the same model files.
+"""Benchmark of the firmware engine under the unix MicroPython port: today's integer engine with the native
+C kernels a node picks (firmware/native/x64.mpy), the same engine with the viper kernels, and the float
+engine they replaced, side by side on the same model files.
 
     python -m specmesh.tools.bench kernels
 
@@ -9,8 +10,9 @@ Each engine runs in its own `micropython` process (tools/bench/_mp_kernels.py), 
 alternating; each figure is the fastest round (noise only adds time), and per-token times are also
 given in units of `ref_us`, the fastest run of a fixed interpreted-Python workload timed in the same
 processes, so figures from different runs or machines compare as ratios. Printed: per-token time of drafter and target (greedy, one
-position per forward), heap bytes one token allocates, v(1..8) with the target, and the MAC/s of
-today's matmul kernel (viper, its plain-Python reference) next to numpy on the same 256 x 256 matrix.
+position per forward), heap bytes one token allocates, v(1..8) with the target, the speed-up of the
+native kernels over viper on the same VM (per-token time of viper / native), and the MAC/s of today's
+matmul kernels (native, viper, the plain-Python reference) next to numpy on the same 256 x 256 matrix.
 Models: models/drafter.spm and models/target.spm (stories260K). Figures are for the unix port on this
 CPU, not a board.
 """
@@ -66,12 +68,13 @@ def _numpy_macs() -> dict[str, float]:
     return out
 
 
-def _run_engine(engine_dir: str, models: dict) -> dict:
+def _run_engine(engine_dir: str, kernels: str, models: dict) -> dict:
     exe = Path(sys.executable).with_name("micropython")
     if not exe.exists():
         raise RuntimeError("the micropython binary is missing: run `make setup`")
     p = subprocess.run([str(exe), "-X", "heapsize=8M", str(SCRIPT), engine_dir, str(models["drafter"][0]),
-                        str(models["target"][0]), str(BUDGET_MS)], capture_output=True, text=True, cwd=ROOT,
+                        str(models["target"][0]), str(BUDGET_MS)] + ([kernels] if kernels else []),
+                       capture_output=True, text=True, cwd=ROOT,
                        timeout=600)
     if p.returncode:
         raise RuntimeError((p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1])
@@ -95,11 +98,13 @@ def run() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         models = _models()
         old_dir = _float_engine(Path(tmp))
-        engines = {"integer": "firmware"} | ({"float": str(old_dir)} if old_dir else {})
+        # "integer": today's engine as a node runs it (native kernels); "viper": the same engine, viper kernels
+        engines = {"integer": ("firmware", "native"), "viper": ("firmware", "viper")}
+        engines |= {"float": (str(old_dir), "")} if old_dir else {}
         runs: dict[str, list[dict]] = {name: [] for name in engines}
         for _ in range(ROUNDS):
-            for name, d in engines.items():
-                runs[name].append(_run_engine(d, models))
+            for name, (d, kernels) in engines.items():
+                runs[name].append(_run_engine(d, kernels, models))
     best = {name: _best(r) for name, r in runs.items()}
     print("firmware engine, unix port; 'ref' = per-token time / a fixed Python workload in the same process")
     print("models: drafter %s, target %s" % (models["drafter"][1], models["target"][1]))
@@ -109,6 +114,9 @@ def run() -> dict:
         print("%-8s %12.0f %10.3f %12.0f %10.3f %14d %14d" % (name, b["drafter_us"], b["drafter_ref"], b["target_us"],
                                                          b["target_ref"], b["drafter_bytes"], b["target_bytes"]))
     out: dict = {"engines": best, "models": {k: v[1] for k, v in models.items()}}
+    out["native_speedup"] = {m: best["viper"][m + "_us"] / best["integer"][m + "_us"] for m in ("drafter", "target")}
+    print("native kernels against viper, same engine and VM (per-token time, viper / native): drafter %.2fx, "
+          "target %.2fx" % (out["native_speedup"]["drafter"], out["native_speedup"]["target"]))
     if "float" in best:
         out["speedup"] = {m: best["float"][m + "_ref"] / best["integer"][m + "_ref"] for m in ("drafter", "target")}
         print("speed-up of the integer engine (ref-normalised): drafter %.2fx, target %.2fx"
@@ -119,7 +127,7 @@ def run() -> dict:
         print("%-8s " % name + " ".join("%6.2f" % v for v in b["v"]))
     macs = dict(runs["integer"][0]["macs"], **_numpy_macs())
     print("\nmatmul 256 x 256 (int8 weights x int16 inputs), MAC/s")
-    for name in ("viper", "python", "numpy"):
+    for name in ("native", "viper", "python", "numpy"):
         print("%-8s k=1 %10.3g   k=5 %10.3g" % (name, macs[name + "_k1"], macs[name + "_k5"]))
     out["macs"] = macs
     return out

@@ -1,0 +1,628 @@
+/* specmesh's engine kernels in C, built as a MicroPython native module per architecture (`make native`).
+
+Every kernel of docs/CONTRACTS.md section 4 with the call signature of firmware/kernels.py (viper) and
+firmware/refkernels.py (plain Python), so firmware/engine.py runs whichever module its kernel picker
+(firmware/kernelpick.py) chose; the integers are the same bit for bit. Written for 32-bit cores: int32
+arithmetic only (every intermediate stays inside int32 for the shapes the engine accepts, as in the viper
+kernels), no floats, nothing from libc, and nothing allocated: the arguments are buffers and `p`, an
+array('i') of sizes, offsets and scalars, results come back in the buffers, `p` or as a small int.
+matmul's inner loops are unrolled by hand (constant group size and x stride, immediate offsets) so that
+gcc (rv32imc) and clang/llc (xtensawin) compile them to a few instructions per multiply-accumulate
+(tools/native_loops.py counts them); on x64 (the virtual boards) one position takes SSE2, which every x64
+core has. One more function, `layer`, runs a whole transformer layer in one call, the steps of
+Engine._layer with these kernels, so a token costs a few interpreted calls instead of a hundred.
+*/
+#include "py/dynruntime.h"
+
+typedef int32_t i32;
+typedef uint8_t u8;
+
+#define INLINE static inline __attribute__((always_inline))
+/* The function objects hold pointers: mpy_ld.py relocates those in .data.rel.ro (where gcc -fpic puts
+   them; clang for Xtensa would put them in .rodata, which mpy_ld does not relocate for that arch). */
+#define FUN_OBJ __attribute__((section(".data.rel.ro.kernels")))
+/* Functions called, not inlined: llc calls them through a literal, which mpy_ld.py links only when it names
+   a symbol (a static function's would be .text plus an addend), so on Xtensa they are global. */
+#if defined(__XTENSA__)
+#define INTERNAL
+#else
+#define INTERNAL static
+#endif
+
+/* round(a * 2^-s), half up; a << -s when s <= 0. |a| < 2^30 (so a + 2^(s-1) fits). */
+INLINE i32 rshr(i32 a, int s) {
+    if (s <= 0) {
+        return (i32)((uint32_t)a << -s);
+    }
+    if (s > 30) {  /* |a| < 2^30 <= 2^(s-1): the rounded value is 0 */
+        return 0;
+    }
+    return (a + (1 << (s - 1))) >> s;
+}
+
+/* rshr(a * m, s) exactly, |a| < 2^31, |m| <= 2^14: a splits into a >> 15 and a & 0x7FFF, so no product
+   leaves int32 (the viper kernels' form). */
+INLINE i32 mulsh(i32 a, i32 m, int s) {
+    if (s >= 16) {
+        if (s >= 46) {  /* |a * m| < 2^45 <= 2^(s-1) */
+            return 0;
+        }
+        return ((a >> 15) * m + (1 << (s - 16)) + (((a & 0x7FFF) * m) >> 15)) >> (s - 15);
+    }
+    if (s >= 1) {
+        return (i32)((uint32_t)((a >> 15) * m) << (15 - s)) + ((((a & 0x7FFF) * m) + (1 << (s - 1))) >> s);
+    }
+    return (i32)((uint32_t)(a * m) << -s);
+}
+
+/* The least shift that fits max |x[0..n)| in `bits` bits. */
+INTERNAL int block_shift(const i32 *x, int n, int bits) {
+    uint32_t m = 0;
+    for (int i = 0; i < n; i++) {
+        i32 v = x[i];
+        uint32_t u = v < 0 ? 0u - (uint32_t)v : (uint32_t)v;
+        if (u > m) {
+            m = u;
+        }
+    }
+    int sh = 0;
+    while ((m >> sh) >> bits) {
+        sh++;
+    }
+    return sh;
+}
+
+/* intmath.expq: round(2^15 exp(-d / 2^12)) for d >= 0 from the 144-entry Q15 table. */
+INLINE i32 expq(i32 d, const i32 *tab) {
+    if (d >= 65536) {
+        return 0;
+    }
+    i32 e = (tab[d >> 12] * tab[16 + ((d >> 6) & 63)] + 16384) >> 15;
+    return (e * tab[80 + (d & 63)] + 16384) >> 15;
+}
+
+INTERNAL void *buffer_of(mp_obj_t o, int flags) {
+    mp_buffer_info_t info;
+    mp_get_buffer_raise(o, &info, flags);
+    return info.buf;
+}
+
+#define RD(o) buffer_of((o), MP_BUFFER_READ)
+#define RW(o) buffer_of((o), MP_BUFFER_RW)
+
+/* -- matmul ------------------------------------------------------------------------------------ */
+
+/* One weight row against a group of G positions whose x values are S words apart (column c of position
+   g at x[c * S + g]); out[g * ostride] = the sums. Inlined with constant G and S (and U = 4: four columns
+   per iteration, at immediate offsets), each weight byte is loaded once for the G multiply-accumulates. */
+#define MAC(u) { \
+        i32 v = w[u]; \
+        const i32 *xx = x + (u) * S; \
+        a0 += v * xx[0]; \
+        if (G > 1) a1 += v * xx[1]; \
+        if (G > 2) a2 += v * xx[2]; \
+        if (G > 3) a3 += v * xx[3]; \
+        if (G > 4) a4 += v * xx[4]; \
+}
+
+INLINE void group(const int8_t *w, const i32 *x, int cols, const int G, const int S, const int U,
+    i32 *out, int ostride) {
+    i32 a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0;
+    const int8_t *wend = w + cols;
+    if (U == 4) {
+        const int8_t *end4 = w + (cols & ~3);
+        for (; w != end4; w += 4, x += 4 * S) {
+            MAC(0) MAC(1) MAC(2) MAC(3)
+        }
+    }
+    for (; w != wend; w += 1, x += S) {
+        MAC(0)
+    }
+    out[0] = a0;
+    if (G > 1) out[ostride] = a1;
+    if (G > 2) out[2 * ostride] = a2;
+    if (G > 3) out[3 * ostride] = a3;
+    if (G > 4) out[4 * ostride] = a4;
+}
+
+/* A group of g positions of a pass of k > 5 (x values k words apart). */
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+/* x64 (the virtual boards) has SSE2 on every core: one position, eight columns a step. x holds int16 values
+   in int32 words (quant clips them to 15 bits), so packing them to int16 is exact, and pmaddwd's pair sums
+   are the scalar loop's products; the sums wrap as the scalar ones would (and fit int32). */
+INTERNAL i32 dot_sse2(const int8_t *w, const i32 *x, int cols) {
+    __m128i acc = _mm_setzero_si128();
+    int c = 0;
+    for (; c + 8 <= cols; c += 8) {
+        __m128i x16 = _mm_packs_epi32(_mm_loadu_si128((const __m128i *)(x + c)),
+            _mm_loadu_si128((const __m128i *)(x + c + 4)));
+        __m128i wb = _mm_loadl_epi64((const __m128i *)(w + c));
+        __m128i w16 = _mm_srai_epi16(_mm_unpacklo_epi8(wb, wb), 8);
+        acc = _mm_add_epi32(acc, _mm_madd_epi16(w16, x16));
+    }
+    acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0x4E));
+    acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0xB1));
+    i32 a = _mm_cvtsi128_si32(acc);
+    for (; c < cols; c++) {
+        a += w[c] * x[c];
+    }
+    return a;
+}
+
+/* A group of G = 2..5 positions, x values S words apart: column c's G values are one load of four words (two
+   for G = 2; G = 3 reads one word past its values: at the end, the slack after x that matmul's callers
+   leave), times the weight as
+   (w, 0) int16 pairs: pmaddwd gives x * w + (x's sign half) * 0 per word. Eight columns a step; a fifth
+   position's products take a one-word load of their own. */
+#define SSE_COL(v, i) { \
+        const i32 *xc = x + (c + (i)) * S; \
+        __m128i xv = G == 2 ? _mm_loadl_epi64((const __m128i *)xc) : _mm_loadu_si128((const __m128i *)xc); \
+        acc = _mm_add_epi32(acc, _mm_madd_epi16(xv, _mm_shuffle_epi32(v, ((i) & 3) * 0x55))); \
+        if (G == 5) acc4 = _mm_add_epi32(acc4, _mm_madd_epi16(_mm_cvtsi32_si128(xc[4]), \
+            _mm_shuffle_epi32(v, ((i) & 3) * 0x55))); \
+}
+
+INLINE void group_sse2(const int8_t *w, const i32 *x, int cols, const int G, const int S, i32 *out, int ostride) {
+    __m128i acc = _mm_setzero_si128(), acc4 = _mm_setzero_si128(), zero = _mm_setzero_si128();
+    i32 lanes[4];
+    int c = 0;
+    for (; c + 8 <= cols; c += 8) {
+        __m128i wb = _mm_loadl_epi64((const __m128i *)(w + c));
+        __m128i w16 = _mm_srai_epi16(_mm_unpacklo_epi8(wb, wb), 8);
+        __m128i lo = _mm_unpacklo_epi16(w16, zero), hi = _mm_unpackhi_epi16(w16, zero);
+        SSE_COL(lo, 0) SSE_COL(lo, 1) SSE_COL(lo, 2) SSE_COL(lo, 3)
+        SSE_COL(hi, 4) SSE_COL(hi, 5) SSE_COL(hi, 6) SSE_COL(hi, 7)
+    }
+    _mm_storeu_si128((__m128i *)lanes, acc);
+    i32 a4 = _mm_cvtsi128_si32(acc4);
+    for (; c < cols; c++) {
+        for (int j = 0; j < 4 && j < G; j++) {
+            lanes[j] += w[c] * x[c * S + j];
+        }
+        if (G == 5) a4 += w[c] * x[c * S + 4];
+    }
+    for (int j = 0; j < 4 && j < G; j++) {
+        out[j * ostride] = lanes[j];
+    }
+    if (G == 5) out[4 * ostride] = a4;
+}
+#endif
+
+/* A group of g positions of a pass of k > 5 (x values k words apart). */
+INTERNAL void group_strided(const int8_t *w, const i32 *x, int cols, int g, int k, i32 *out, int ostride) {
+    switch (g) {
+        case 1: group(w, x, cols, 1, k, 1, out, ostride); break;
+        #if defined(__SSE2__)
+        case 2: group_sse2(w, x, cols, 2, k, out, ostride); break;
+        case 3: group_sse2(w, x, cols, 3, k, out, ostride); break;
+        case 4: group_sse2(w, x, cols, 4, k, out, ostride); break;
+        default: group_sse2(w, x, cols, 5, k, out, ostride); break;
+        #else
+        case 2: group(w, x, cols, 2, k, 1, out, ostride); break;
+        case 3: group(w, x, cols, 3, k, 1, out, ostride); break;
+        case 4: group(w, x, cols, 4, k, 1, out, ostride); break;
+        default: group(w, x, cols, 5, k, 1, out, ostride); break;
+        #endif
+    }
+}
+
+/* out[j*rows + r] = sum_c int8 w[r*cols + c] * x[c*k + j], r < rows, j < k. Weights are loaded once per
+   group of up to 5 positions; a pass of k <= 5 is one group with its stride known at compile time. */
+INTERNAL void k_matmul(const int8_t *w, const i32 *x, int rows, int cols, int k, i32 *out) {
+    for (int r = 0; r < rows; r++, w += cols, out++) {
+        switch (k) {
+            case 1:
+                #if defined(__SSE2__)
+                out[0] = dot_sse2(w, x, cols);
+                #else
+                group(w, x, cols, 1, 1, 4, out, rows);
+                #endif
+                break;
+            #if defined(__SSE2__)
+            case 2: group_sse2(w, x, cols, 2, 2, out, rows); break;
+            case 3: group_sse2(w, x, cols, 3, 3, out, rows); break;
+            case 4: group_sse2(w, x, cols, 4, 4, out, rows); break;
+            case 5: group_sse2(w, x, cols, 5, 5, out, rows); break;
+            #else
+            case 2: group(w, x, cols, 2, 2, 4, out, rows); break;
+            case 3: group(w, x, cols, 3, 3, 4, out, rows); break;
+            case 4: group(w, x, cols, 4, 4, 4, out, rows); break;
+            case 5: group(w, x, cols, 5, 5, 4, out, rows); break;
+            #endif
+            default:
+                for (int j = 0; j < k; j += 5) {
+                    group_strided(w, x + j, cols, k - j < 5 ? k - j : 5, k, out + j * rows, rows);
+                }
+        }
+    }
+}
+
+/* -- the other kernels (firmware/kernels.py documents each and its p) ----------------------------- */
+
+INTERNAL void k_quant(void *dst, const i32 *src, i32 *p) {
+    u8 *d8 = dst;
+    i32 *d32 = dst;
+    int n = p[1], bits = p[3], stride = p[4], rows = p[5];
+    i32 lim = (1 << bits) - 1;
+    for (int j = 0; j < rows; j++) {
+        const i32 *s = src + p[0] + j * n;
+        int o = p[2] + j * p[6];
+        int sh = block_shift(s, n, bits);
+        for (int i = 0; i < n; i++) {
+            i32 v = sh ? rshr(s[i], sh) : s[i];
+            v = v > lim ? lim : v < -lim ? -lim : v;
+            if (bits <= 7) {
+                d8[o + i * stride] = (u8)(v + 128);
+            } else {
+                d32[o + i * stride] = v;
+            }
+        }
+        if (bits <= 7) {
+            d8[o + n * stride] = (u8)sh;
+        }
+        p[8 + j] = sh;
+    }
+}
+
+INTERNAL void k_requant(i32 *dst, const i32 *acc, const i32 *ms, const i32 *p) {
+    int n = p[0], k = p[1], stride = p[3], add = p[5];
+    ms += p[2];
+    for (int j = 0; j < k; j++) {
+        int sh = p[8 + j];
+        i32 *d = dst + j * stride + p[4];
+        const i32 *a = acc + j * n;
+        for (int r = 0; r < n; r++) {
+            i32 y = mulsh(a[r], ms[r] & 0xFFFF, (ms[r] >> 16) - sh);
+            d[r] = add ? d[r] + y : y;
+        }
+    }
+}
+
+INTERNAL void k_embed(i32 *dst, const int8_t *w, const i32 *ms, const i32 *p) {
+    int dim = p[0], t = p[1];
+    i32 m = ms[t] & 0xFFFF;
+    int s = (ms[t] >> 16) - 16;
+    w += t * dim;
+    dst += p[2];
+    for (int i = 0; i < dim; i++) {
+        dst[i] = mulsh(w[i], m, s);
+    }
+}
+
+INTERNAL void k_rmsnorm(i32 *dst, const i32 *src, const i32 *wn, const i32 *p) {
+    int dim = p[0], k = p[1], qw = p[2];
+    for (int j = 0; j < k; j++, src += dim, dst += dim) {
+        int sh = block_shift(src, dim, 10);
+        i32 ss = 0;
+        for (int i = 0; i < dim; i++) {
+            i32 v = src[i] >> sh;
+            ss += v * v;
+        }
+        i32 t = ss / dim + (2 * sh > 31 ? 0 : p[3] >> (2 * sh));
+        if (t <= 0) {
+            for (int i = 0; i < dim; i++) {
+                dst[i] = 0;
+            }
+            continue;
+        }
+        int n = 0;
+        while (t < (1 << 28)) {
+            t <<= 2;
+            n++;
+        }
+        i32 q = 32768;  /* isqrt(t), Newton from above: t < 2^30 */
+        for (;;) {
+            i32 y = (q + t / q) >> 1;
+            if (y >= q) {
+                break;
+            }
+            q = y;
+        }
+        i32 g = (1 << 28) / q;
+        int s = 12 + sh - n;
+        for (int i = 0; i < dim; i++) {
+            dst[i] = mulsh(mulsh(src[i], wn[i], qw), g, s);
+        }
+    }
+}
+
+INTERNAL void k_rope(i32 *b, const int16_t *cs, const i32 *p) {
+    int k = p[0], heads = p[1], half = p[2];
+    for (int j = 0; j < k; j++) {
+        const int16_t *lo = cs + 2 * ((p[3] + j) & 31) * half;
+        const int16_t *hi = cs + 64 * half + 2 * ((p[3] + j) >> 5) * half;
+        for (int i = 0; i < half; i++) {
+            i32 c1 = lo[2 * i], s1 = lo[2 * i + 1], c2 = hi[2 * i], s2 = hi[2 * i + 1];
+            i32 c = (c1 * c2 - s1 * s2 + 8192) >> 14;
+            i32 s = (s1 * c2 + c1 * s2 + 8192) >> 14;
+            for (int h = 0; h < heads; h++) {
+                i32 *o = b + (j * heads + h) * 2 * half + 2 * i;
+                i32 x = o[0], y = o[1];
+                o[0] = mulsh(x, c, 14) - mulsh(y, s, 14);
+                o[1] = mulsh(x, s, 14) + mulsh(y, c, 14);
+            }
+        }
+    }
+}
+
+/* p = (n, hd, stride, kb, vb, heads, group, isq, k, qq, tab); cache bytes are int8 + 128, each row's
+   shift in its last byte. */
+INTERNAL void k_attend(i32 *q, const u8 *kv, i32 *sc, const i32 *p) {
+    int hd = p[1], stride = p[2], heads = p[5], grp = p[6];
+    i32 isq = p[7];
+    i32 *qq = sc + p[9];
+    const i32 *tab = sc + p[10];
+    for (int jh = 0; jh < p[8] * heads; jh++) {
+        int n = p[0] + jh / heads, h = jh % heads;
+        i32 *qo = q + jh * hd;
+        int kh = (h / grp) * hd;
+        int sh = block_shift(qo, hd, 15);
+        i32 qs = 0;
+        for (int i = 0; i < hd; i++) {
+            i32 v = sh ? rshr(qo[i], sh) : qo[i];
+            v = v > 32767 ? 32767 : v < -32767 ? -32767 : v;
+            qq[i] = v;
+            qs += v;
+        }
+        i32 mx = 0;
+        const u8 *row = kv + p[3];
+        for (int t = 0; t < n; t++, row += stride) {
+            const u8 *kr = row + kh;
+            i32 a = 0;
+            for (int i = 0; i < hd; i++) {
+                a += qq[i] * kr[i];
+            }
+            a = mulsh(a - (qs << 7), isq, 34 - sh - row[stride - 1]);
+            sc[t] = a;
+            if (t == 0 || a > mx) {
+                mx = a;
+            }
+        }
+        i32 z = 0;
+        int vm = 0;
+        row = kv + p[4];
+        for (int t = 0; t < n; t++, row += stride) {
+            i32 e = expq(mx - sc[t], tab);
+            sc[t] = e;
+            z += e;
+            if (row[stride - 1] > vm) {
+                vm = row[stride - 1];
+            }
+        }
+        i32 rz = (1 << 30) / z;
+        for (int i = 0; i < hd; i++) {
+            qo[i] = 0;
+        }
+        qs = 0;  /* the weights' sum: the value bytes are int8 + 128 */
+        row = kv + p[4];
+        for (int t = 0; t < n; t++, row += stride) {
+            int s = 8 + vm - row[stride - 1];
+            if (s <= 30) {
+                i32 a = rshr(sc[t] * rz, s);
+                if (a) {
+                    const u8 *vr = row + kh;
+                    qs += a;
+                    for (int i = 0; i < hd; i++) {
+                        qo[i] += a * vr[i];
+                    }
+                }
+            }
+        }
+        for (int i = 0; i < hd; i++) {
+            qo[i] = rshr(qo[i] - (qs << 7), 22 - vm);
+        }
+    }
+}
+
+INTERNAL void k_silu(i32 *h1, const i32 *h3, const i32 *tab, const i32 *p) {
+    int n = p[0], k = p[1];
+    for (int j = 0; j < k; j++, h1 += n, h3 += n) {
+        int sh = block_shift(h3, n, 14);
+        for (int i = 0; i < n; i++) {
+            i32 a = h1[i];
+            i32 g = (1 << 29) / (32768 + expq((a < 0 ? -a : a) >> 4, tab));
+            if (a < 0) {
+                g = 16384 - g;
+            }
+            i32 b = sh ? rshr(h3[i], sh) : h3[i];
+            b = b > 16383 ? 16383 : b < -16383 ? -16383 : b;
+            h1[i] = mulsh(mulsh(a, g, 14), b, 16 - sh);
+        }
+    }
+}
+
+/* -- the Python-facing kernels: firmware/kernels.py's signatures ---------------------------------- */
+
+/* p[16 + j*rows + r] = the sums; p = (rows, cols, k, r0); `a` is unused (the viper kernel's register local). */
+static mp_obj_t matmul(size_t n_args, const mp_obj_t *args) {
+    i32 *p = RW(args[3]);
+    const int8_t *w = RD(args[0]);
+    k_matmul(w + p[3] * p[1], RD(args[1]), p[0], p[1], p[2], p + 16);
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(matmul_obj, 4, 4, matmul);
+
+static mp_obj_t quant(mp_obj_t dst, mp_obj_t src, mp_obj_t p) {
+    k_quant(RW(dst), RD(src), RW(p));
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_3(quant_obj, quant);
+
+static mp_obj_t requant(size_t n_args, const mp_obj_t *args) {
+    k_requant(RW(args[0]), RD(args[1]), RD(args[2]), RD(args[3]));
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(requant_obj, 4, 4, requant);
+
+static mp_obj_t embed(size_t n_args, const mp_obj_t *args) {
+    k_embed(RW(args[0]), RD(args[1]), RD(args[2]), RD(args[3]));
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(embed_obj, 4, 4, embed);
+
+static mp_obj_t rmsnorm(size_t n_args, const mp_obj_t *args) {
+    k_rmsnorm(RW(args[0]), RD(args[1]), RD(args[2]), RD(args[3]));
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(rmsnorm_obj, 4, 4, rmsnorm);
+
+static mp_obj_t rope(mp_obj_t buf, mp_obj_t cs, mp_obj_t p) {
+    k_rope(RW(buf), RD(cs), RD(p));
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_3(rope_obj, rope);
+
+static mp_obj_t attend(size_t n_args, const mp_obj_t *args) {
+    k_attend(RW(args[0]), RD(args[1]), RW(args[2]), RD(args[3]));
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(attend_obj, 4, 4, attend);
+
+static mp_obj_t silu(size_t n_args, const mp_obj_t *args) {
+    k_silu(RW(args[0]), RD(args[1]), RD(args[2]), RD(args[3]));
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(silu_obj, 4, 4, silu);
+
+static mp_obj_t argmax(mp_obj_t a_in, mp_obj_t p_in) {
+    const i32 *p = RD(p_in);
+    const i32 *a = (const i32 *)RD(a_in) + p[0];
+    int best = 0;
+    for (int i = 1; i < p[1]; i++) {
+        if (a[i] > a[best]) {
+            best = i;
+        }
+    }
+    return mp_obj_new_int(best);
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_2(argmax_obj, argmax);
+
+/* -- one whole layer per call: firmware/engine.py's Engine._layer, step for step ------------------ */
+
+enum { L_X, L_XN, L_XQ, L_ACC, L_PR, L_QB, L_KB, L_VB, L_KV, L_SC, L_H1, L_H3, L_ROPE, L_EXP, L_ATTN_NORM, L_FFN_NORM,
+       L_WQ, L_WK = L_WQ + 2, L_WV = L_WK + 2, L_WO = L_WV + 2, L_W1 = L_WO + 2, L_W2 = L_W1 + 2, L_W3 = L_W2 + 2,
+       L_BUFS = L_W3 + 2 };
+
+typedef struct {
+    i32 *xq, *acc;
+    int k;
+} pass_t;
+
+/* xq = the k rows of src rounded to int16 (positions interleaved), their shifts in pr[8:] (_quant_rows). */
+INTERNAL void quant_rows(pass_t *ps, const i32 *src, int cols, i32 *pr) {
+    pr[0] = 0;
+    pr[1] = cols;
+    pr[2] = 0;
+    pr[3] = 15;
+    pr[4] = ps->k;
+    pr[5] = ps->k;
+    pr[6] = 1;
+    k_quant(ps->xq, src, pr);
+}
+
+/* dst rows (+)= requant(W @ xq) for a matrix of rows x cols (_project, one block). */
+INTERNAL void project(pass_t *ps, void *const *b, int wi, int rows, int cols, i32 *dst, int add, i32 *pr) {
+    k_matmul(b[wi], ps->xq, rows, cols, ps->k, ps->acc);
+    pr[0] = rows;
+    pr[1] = ps->k;
+    pr[2] = 0;
+    pr[3] = rows;
+    pr[4] = 0;
+    pr[5] = add;
+    k_requant(dst, ps->acc, b[wi + 1], pr);
+}
+
+/* layer(bufs, p): one transformer layer over k positions, as Engine._layer computes it with the kernels
+   above. bufs: a tuple of the buffers in L_* order (pr: quant's and requant's parameters, 8 + kmax ints;
+   each matrix as its int8 weights, then its m | s << 16 row scales); p = (k, pos, li, dim, head_dim,
+   n_heads, n_kv_heads, hidden, n_ctx, stride, cache, isq, eps, attn_norm shift, ffn_norm shift). */
+static mp_obj_t layer(mp_obj_t bufs_in, mp_obj_t p_in) {
+    mp_obj_tuple_t *t = MP_OBJ_TO_PTR(bufs_in);  /* the engine's tuple (no string constant: see INTERNAL) */
+    mp_obj_t *items = t->items;
+    if (t->len != L_BUFS) {
+        mp_raise_ValueError(NULL);
+    }
+    void *b[L_BUFS];
+    for (int i = 0; i < L_BUFS; i++) {
+        b[i] = RD(items[i]);  /* read-only weights (a ROMFS) too; the engine's scratch is writable */
+    }
+    const i32 *p = RD(p_in);
+    int k = p[0], pos = p[1], li = p[2], dim = p[3], hd = p[4], nh = p[5], nkv = p[6], hid = p[7], nctx = p[8];
+    int stride = p[9], cache = p[10];
+    int qd = nh * hd, kvd = nkv * hd;
+    pass_t ps = {b[L_XQ], b[L_ACC], k};
+    i32 *pr = b[L_PR], q[11];
+    i32 *x = b[L_X], *xn = b[L_XN];
+    q[0] = dim;
+    q[1] = k;
+    q[2] = p[13];
+    q[3] = p[12];
+    k_rmsnorm(xn, x, b[L_ATTN_NORM], q);
+    quant_rows(&ps, xn, dim, pr);
+    project(&ps, b, L_WQ, qd, dim, b[L_QB], 0, pr);
+    project(&ps, b, L_WK, kvd, dim, b[L_KB], 0, pr);
+    project(&ps, b, L_WV, kvd, dim, b[L_VB], 0, pr);
+    q[0] = k;
+    q[1] = nh;
+    q[2] = hd / 2;
+    q[3] = pos;
+    k_rope(b[L_QB], b[L_ROPE], q);
+    q[1] = nkv;
+    k_rope(b[L_KB], b[L_ROPE], q);
+    pr[0] = 0;  /* the k new rows of keys, then of values, into the cache (quant leaves k shifts after p[8]) */
+    pr[1] = kvd;
+    pr[2] = (li * nctx + pos) * stride;
+    pr[3] = 7;
+    pr[4] = 1;
+    pr[5] = k;
+    pr[6] = stride;
+    k_quant(b[L_KV], b[L_KB], pr);
+    pr[2] += cache;
+    k_quant(b[L_KV], b[L_VB], pr);
+    q[0] = pos + 1;  /* query j sees positions 0 .. pos + j */
+    q[1] = hd;
+    q[2] = stride;
+    q[3] = li * nctx * stride;
+    q[4] = cache + q[3];
+    q[5] = nh;
+    q[6] = nh / nkv;
+    q[7] = p[11];
+    q[8] = k;
+    q[9] = nctx;
+    q[10] = nctx + hd;
+    k_attend(b[L_QB], b[L_KV], b[L_SC], q);
+    quant_rows(&ps, b[L_QB], qd, pr);
+    project(&ps, b, L_WO, dim, qd, x, 1, pr);
+    q[0] = dim;
+    q[1] = k;
+    q[2] = p[14];
+    q[3] = p[12];
+    k_rmsnorm(xn, x, b[L_FFN_NORM], q);
+    quant_rows(&ps, xn, dim, pr);
+    project(&ps, b, L_W1, hid, dim, b[L_H1], 0, pr);
+    project(&ps, b, L_W3, hid, dim, b[L_H3], 0, pr);
+    q[0] = hid;
+    q[1] = k;
+    k_silu(b[L_H1], b[L_H3], b[L_EXP], q);
+    quant_rows(&ps, b[L_H1], hid, pr);
+    project(&ps, b, L_W2, dim, hid, x, 1, pr);
+    return mp_const_none;
+}
+FUN_OBJ MP_DEFINE_CONST_FUN_OBJ_2(layer_obj, layer);
+
+mp_obj_t mpy_init(mp_obj_fun_bc_t *self, size_t n_args, size_t n_kw, mp_obj_t *args) {
+    MP_DYNRUNTIME_INIT_ENTRY
+    mp_store_global(MP_QSTR_matmul, MP_OBJ_FROM_PTR(&matmul_obj));
+    mp_store_global(MP_QSTR_quant, MP_OBJ_FROM_PTR(&quant_obj));
+    mp_store_global(MP_QSTR_requant, MP_OBJ_FROM_PTR(&requant_obj));
+    mp_store_global(MP_QSTR_embed, MP_OBJ_FROM_PTR(&embed_obj));
+    mp_store_global(MP_QSTR_rmsnorm, MP_OBJ_FROM_PTR(&rmsnorm_obj));
+    mp_store_global(MP_QSTR_rope, MP_OBJ_FROM_PTR(&rope_obj));
+    mp_store_global(MP_QSTR_attend, MP_OBJ_FROM_PTR(&attend_obj));
+    mp_store_global(MP_QSTR_silu, MP_OBJ_FROM_PTR(&silu_obj));
+    mp_store_global(MP_QSTR_argmax, MP_OBJ_FROM_PTR(&argmax_obj));
+    mp_store_global(MP_QSTR_layer, MP_OBJ_FROM_PTR(&layer_obj));
+    MP_DYNRUNTIME_INIT_EXIT
+}

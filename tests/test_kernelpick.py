@@ -1,0 +1,142 @@
+"""The node's kernel choice (firmware/kernelpick.py): the self-test's stored checksums are the reference
+kernels' outputs and every kernel module passes them; a flashed node runs the native module and says so in
+HELLO; a node whose native module is corrupt falls back to viper, says why on its console and in HELLO, and
+generates the very same tokens."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from specmesh.shared import messages as m
+from tests.conftest import ROOT
+from specmesh.tools.nodeproc import NodeProc, flash, generate
+from specmesh.tools.testmodels import random_model
+
+sys.path.insert(0, str(ROOT / "firmware"))  # selftest and refkernels are board modules (top-level names)
+import refkernels  # noqa: E402
+import selftest  # noqa: E402
+
+PROMPT = [1, 17, 42, 8, 5]
+
+
+def test_stored_checks_are_the_reference_kernels_outputs():
+    assert selftest.checksums(refkernels) == selftest.CHECKS
+    assert selftest.run(refkernels) is None
+
+
+def test_a_kernel_that_differs_fails_the_self_test():
+    class Off:  # the reference kernels, embed's rounding off by one in one element
+        def __getattr__(self, name):
+            return getattr(refkernels, name)
+
+        @staticmethod
+        def embed(dst, w, ms, p):
+            refkernels.embed(dst, w, ms, p)
+            dst[p[2] + 3] += 1
+
+    assert selftest.run(Off()) == "embed"
+
+
+def test_native_and_viper_kernels_pass_under_micropython(micropython):
+    code = ("import sys; sys.path[:0] = ['firmware', '.']\nimport kernels, refkernels, selftest, kernelpick\n"
+            "import native.x64 as nat\nimport json\n"
+            "print(json.dumps([selftest.checksums(k) for k in (nat, kernels, refkernels)] + [kernelpick.pick()[1]]))")
+    out = subprocess.run([micropython, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    *sums, picked = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sums == [selftest.CHECKS] * 3
+    assert picked == "native"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("models") / "target.spm"
+    random_model(path, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=48, vocab=96, max_seq=64, seed=5)
+    return str(path)
+
+
+def _rounding_constant(data: bytes) -> int:
+    """Offset of bit 16 of the first imm32 0x2000 in the x64 module's code (rope's `+ 8192` rounding): the
+    flip makes it 0x12000, which moves every rounded value by 4, and changes no control flow."""
+    at = data.find(b"\x00\x20\x00\x00")
+    assert at > 0, "no imm32 0x2000 in native/x64.mpy: pick another byte for this test"
+    return at + 2
+
+
+CORRUPTIONS = {
+    "self-test": (lambda data: _rounding_constant(data), "native/x64.mpy fails its self-test ("),
+    "load": (lambda data: 1, "native/x64.mpy does not load: "),  # the .mpy version byte
+}
+
+
+def _node(micropython, board, model):
+    return NodeProc(micropython, board, {"role": "verifier", "node_id": 1, "model": model, "kmax": 4}, flashed=True)
+
+
+@pytest.mark.parametrize("damage", list(CORRUPTIONS))
+def test_a_corrupt_native_module_falls_back_to_viper_and_says_why(micropython, tmp_path, model, damage):
+    boards = {}
+    for name in ("good", "bad"):
+        boards[name] = tmp_path / name
+        boards[name].mkdir()
+        flash(boards[name])
+    where, reason = CORRUPTIONS[damage]
+    module = boards["bad"] / "native" / "x64.mpy"
+    data = bytearray(module.read_bytes())
+    data[where(data)] ^= 1
+    module.write_bytes(data)
+    tokens = {}
+    for name, board in boards.items():
+        node = _node(micropython, board, model)
+        try:
+            kernels = node.call(m.HELLO, expect=m.HELLO)[-1]
+            tokens[name] = generate(None, node, PROMPT, 24, 0, 0.0, 7, 1, 64)
+            console = b"\n".join(node.text).decode()
+        finally:
+            node.close()
+        if name == "good":
+            assert kernels == "native" and "native" not in console
+        else:
+            assert kernels.startswith("viper (" + reason) and kernels.endswith(")")
+            assert "specmesh: " + reason in console and "; not used" in console
+    assert tokens["bad"] == tokens["good"]
+
+
+def test_a_board_without_the_module_runs_viper_and_says_so(micropython, tmp_path, model):
+    board = tmp_path / "b"
+    board.mkdir()
+    flash(board)
+    shutil.rmtree(board / "native")
+    node = _node(micropython, board, model)
+    try:
+        assert node.call(m.HELLO, expect=m.HELLO)[-1] == "viper (no native/x64.mpy)"
+        assert not any(b"native" in line for line in node.text)  # nothing wrong: no console note
+    finally:
+        node.close()
+
+
+def test_a_module_that_stopped_the_board_is_not_tried_again(micropython, tmp_path, model):
+    """The self-test's mark left behind (a board reset while it ran): viper, and the board says why."""
+    board = tmp_path / "b"
+    board.mkdir()
+    flash(board)
+    node = _node(micropython, board, model)
+    try:
+        assert node.call(m.HELLO, expect=m.HELLO)[-1] == "native"
+    finally:
+        node.close()
+    assert not (board / "native" / ".selftest").exists()  # a self-test that ends takes its mark away
+    (board / "native" / ".selftest").write_bytes(b"")
+    node = _node(micropython, board, model)
+    try:
+        kernels = node.call(m.HELLO, expect=m.HELLO)[-1]
+        console = b"\n".join(node.text).decode()
+    finally:
+        node.close()
+    why = "native/x64.mpy stopped the board in its self-test; flash the node again to retry"
+    assert kernels == "viper (%s)" % why and "specmesh: " + why in console

@@ -1,0 +1,154 @@
+"""Instructions per multiply-accumulate of the native matmul's inner loops, as the boards' cores run them.
+
+    python -m specmesh.tools.native_loops [--json]
+
+Disassembles `k_matmul` (what matmul and layer run) in the objects `make native` builds
+(build/native/<arch>/kernels.o, the code of the shipped firmware/native/<arch>.mpy): rv32imc with Debian's riscv64-unknown-elf-objdump, xtensawin with
+llvm-objdump-22 (-mcpu=esp32). Each innermost loop (a backward branch, or a zero-overhead `loop`, and the
+range it closes: tools/xtensa_loops.py's longest path through one iteration) is identified by what it
+does: U byte loads of weights (columns per iteration) and G*U multiplies (positions per group), so its
+instructions per MAC are insns / (G*U). Reported for the loops a pass of 1 and of 5 positions runs
+(firmware/native/kernels.c: `group` with x contiguous, four columns an iteration). host/projection/hardware.py
+keeps these figures (NATIVE_MATMUL_INSNS_PER_MAC); tests/test_native_loops.py checks that they agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from specmesh.tools.xtensa_loops import Loop, ToolError, loops
+
+ROOT = Path(__file__).resolve().parent.parent
+# arch -> (disassembler command, weight byte load, multiply)
+ARCHES = {
+    "rv32imc": (["riscv64-unknown-elf-objdump", "-d", "--no-show-raw-insn"], ("lb",), ("mul",)),
+    "xtensawin": (["llvm-objdump-22", "-d", "--no-show-raw-insn", "--mcpu=esp32"], ("l8ui",), ("mull",)),
+}
+PACKAGES = {"riscv64-unknown-elf-objdump": "binutils-riscv64-unknown-elf", "llvm-objdump-22": "llvm-22"}
+
+
+@dataclass(frozen=True)
+class InnerLoop:
+    """One innermost loop of matmul: its instructions per iteration, columns (U) and positions (G) per
+    iteration."""
+
+    lo: int
+    insns: int
+    columns: int
+    positions: int
+
+    @property
+    def per_mac(self) -> float:
+        return self.insns / (self.columns * self.positions)
+
+
+def object_path(arch: str) -> Path:
+    return ROOT / "build" / "native" / arch / "kernels.o"
+
+
+def disassemble(arch: str, function: str = "k_matmul") -> list[tuple[int, str, str]]:
+    """(address, mnemonic, operands) of one function of the arch's object; branch targets as 0x... ."""
+    cmd = ARCHES[arch][0]
+    if shutil.which(cmd[0]) is None:
+        raise ToolError("%s is missing: apt-get install %s" % (cmd[0], PACKAGES[cmd[0]]))
+    obj = object_path(arch)
+    if not obj.is_file():
+        raise ToolError("%s is missing: run `make native`" % obj.relative_to(ROOT))
+    text = subprocess.run([*cmd, str(obj)], check=True, capture_output=True, text=True).stdout
+    code, inside = [], False
+    for line in text.splitlines():
+        head = re.match(r"^[0-9a-f]+ <(\S+)>:", line)
+        if head and not head.group(1).startswith(".L"):  # gcc's local labels are inside the function
+            inside = head.group(1) == function
+            continue
+        m = re.match(r"\s*([0-9a-f]+):\s+(\S+)\s*(.*)$", line)
+        if inside and m:
+            ops = re.sub(r"\s*[#<].*$", "", m.group(3)).strip()
+            mnem = m.group(2)
+            if mnem.startswith(("b", "j", "loop")) and mnem not in ("jalr", "jr", "jx"):
+                # the branch target, the last operand, as 0x... (riscv objdump prints it bare)
+                ops = re.sub(r"(?:0x)?([0-9a-f]+)$", lambda t: "0x" + t.group(1), ops)
+            code.append((int(m.group(1), 16), mnem, ops))
+    if not code:
+        raise ToolError("no function %s in %s" % (function, obj))
+    return code
+
+
+def zero_overhead(code: list[tuple[int, str, str]]) -> list[Loop]:
+    """Xtensa's `loop`/`loopnez`/`loopgtz` loops: the body from the next instruction to the end label."""
+    out = []
+    for i, (addr, mnem, ops) in enumerate(code):
+        if mnem.startswith("loop"):
+            end = int(ops.rsplit("0x", 1)[1], 16)
+            body = [c for c in code[i + 1:] if c[0] < end]
+            out.append(Loop(body[0][0], body[-1][0], len(body), 0, True))
+    return out
+
+
+def inner_loops(arch: str) -> list[InnerLoop]:
+    return classify(disassemble(arch), arch)
+
+
+def classify(code: list[tuple[int, str, str]], arch: str) -> list[InnerLoop]:
+    """The innermost loops of `code` that multiply weight bytes, with their columns and positions."""
+    _, byte_loads, muls = ARCHES[arch]
+    found = []
+    for lp in [lp for lp in loops(code) if lp.inner] + zero_overhead(code):
+        body = [c for c in code if lp.lo <= c[0] <= lp.hi]
+        u = sum(m in byte_loads for _, m, _ in body)
+        k = sum(m in muls for _, m, _ in body)
+        if u and k % u == 0:
+            found.append(InnerLoop(lp.lo, lp.insns, u, k // u))
+    return found
+
+
+def per_mac(arch: str) -> dict[int, float]:
+    """{positions: instructions per MAC} of the loops a pass of 1 and of 5 positions runs (four columns
+    an iteration: x contiguous, its stride known at compile time)."""
+    found = inner_loops(arch)
+    out = {}
+    for g in (1, 5):
+        match = [lp for lp in found if lp.positions == g and lp.columns == 4]
+        if len(match) != 1:
+            raise ToolError("%s: found %d unrolled loops of %d position(s) in matmul, not 1: kernels.c changed"
+                            % (arch, len(match), g))
+        out[g] = match[0].per_mac
+    return out
+
+
+def count() -> dict[str, dict[int, float]]:
+    return {arch: per_mac(arch) for arch in ARCHES}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    a = ap.parse_args(argv)
+    try:
+        found = {arch: inner_loops(arch) for arch in ARCHES}
+        figures = count()
+    except ToolError as e:
+        print("native_loops: %s" % e, file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps({"matmul_per_mac": figures,
+                          "loops": {arch: [vars(lp) for lp in ls] for arch, ls in found.items()}}))
+        return 0
+    print("native matmul inner loops (instructions of one iteration / columns x positions = per MAC)")
+    for arch, ls in found.items():
+        for lp in ls:
+            print("%-10s %3d insns / %d x %d = %.2f per MAC" % (arch, lp.insns, lp.columns, lp.positions, lp.per_mac))
+    for arch, f in figures.items():
+        print("%s matmul, instructions per MAC: 1 position %.2f, 5 positions %.2f" % (arch, f[1], f[5]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
