@@ -2,23 +2,14 @@
 
 A board without a config file (or with a broken one) starts an idle node on the USB-serial console,
 which still answers HELLO and CONFIGURE. When main() returns, the board drops to the REPL, so
-mpremote can always take over (the frames on the console never contain a Ctrl-C byte).
-
-A board whose config says "flashing" was left half-flashed: `specmesh flash` writes that first and the
-real config last (host/provision/flash.py), so its files may be a mix of two versions. The node is not
-started then; the console answers every line with messages.HALF_FLASHED and the role being flashed, which
-the host turns into the command that finishes the job (host/bus/links.py), until Ctrl-C.
+mpremote can always take over (the frames on the console never contain a Ctrl-C byte). A board left
+half-flashed starts no node (config.half_flashed). This file stays small: a board runs it as source, so
+its code takes heap that a last pipeline stage's layers need.
 """
 
 import config
-
-try:  # first, as before any allocation of the run: the model then loads into a heap the imports did not split
-    from links import EspNowLink, StdioLink, UartLink
-    from node import Node, _say
-except Exception as e:  # noqa: BLE001 - a half-flashed board may hold modules of two versions: main() says so
-    _unloadable = e
-else:
-    _unloadable = None
+from links import EspNowLink, StdioLink, UartLink
+from node import Node, _say
 
 
 def make_links(cfg):
@@ -41,27 +32,11 @@ def make_links(cfg):
     return [StdioLink()]
 
 
-def half_flashed(role):
-    """Say on the console, at once and for every line received, that this board was left half-flashed."""
-    import sys
-
-    from shared.messages import HALF_FLASHED
-
-    note = "%s as %s" % (HALF_FLASHED, role)
-    print(note)
-    while sys.stdin.readline():
-        print(note)
-
-
 def main(path=config.PATH):
     try:
         cfg, err = config.load(path)
-        if cfg.get("flashing"):
-            half_flashed(cfg["flashing"])
-            return
-        if _unloadable is not None:
-            raise _unloadable
-        Node(cfg, make_links(cfg), path, err).run()
+        if not config.half_flashed(cfg):
+            Node(cfg, make_links(cfg), path, err).run()
     except KeyboardInterrupt:  # Ctrl-C, even while a model loads: back to the REPL without a traceback
         pass
 

@@ -71,7 +71,7 @@ CAP_ULAB = 2
 CAP_ESPNOW = 4
 
 HOST = 0  # the host's node id; boards are 1..254, codec.BROADCAST is 255
-# the console line of a board left half-flashed (firmware/main.py), then " as <role>"; the host reads it
+# the console line of a board left half-flashed (firmware/config.py half_flashed), then " as <role>"; the host reads it
 HALF_FLASHED = "specmesh: half-flashed (an interrupted specmesh flash)"
 
 # what each request is answered with (ERROR instead when it fails), by request type

