@@ -129,6 +129,7 @@ class Node:
         while not self.done:
             busy = False
             for link in links:
+                raw = None
                 try:
                     raw = link.recv(POLL_MS if single and not work else 0)
                     if raw is not None:
@@ -136,10 +137,10 @@ class Node:
                         self.on_frame(raw, link)  # signs at most one frame
                         if self.auth is not None and self.auth.counter + 4 > self.cfg["ctr"]:
                             self._reserve()
-                except MemoryError:  # a frame too large for the heap left: refuse it if its head says to whom
+                except MemoryError:  # a frame too large for the heap left: refuse it if it says to whom
                     self.stats["bad_frames"] += 1
                     gc.collect()
-                    if not self._refuse_big(getattr(link, "head", None), link):
+                    if not self._refuse_big(raw, getattr(link, "head", None), link):
                         _say("out of memory reading a frame: dropped (%d bytes free)" % gc.mem_free())
             if links[0].closed:
                 break
@@ -226,12 +227,16 @@ class Node:
                "unsigned frame; this node holds a key")
         self._refuse(raw, E_KEY, why, link)
 
-    def _refuse_big(self, head, link):
-        """ERROR E_MEMORY to a frame too big for the heap left, addressed from its first bytes (`head`: ':' and
-        8 base64 digits; its CRC and tag could not be checked); False if the head says nothing usable."""
-        try:
-            raw = codec.decode_line(head[1:9])
-        except (TypeError, codec.CodecError):
+    def _refuse_big(self, raw, head, link):
+        """ERROR E_MEMORY to a frame too big for the heap left, addressed from the frame (`raw`, read whole) or
+        its line's first bytes (`head`: ':' and 8 base64 digits); its CRC and tag could not be checked. False
+        if neither says to whom."""
+        if raw is None:
+            try:
+                raw = codec.decode_line(head[1:9])
+            except (TypeError, codec.CodecError):
+                return False
+        elif len(raw) < codec.MIN_FRAME:
             return False
         dst = codec.dst_of(raw)
         if dst is not None and dst != self.node_id and dst != codec.BROADCAST:
