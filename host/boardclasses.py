@@ -8,6 +8,9 @@ keyed by these names) and the tests read; a class's heap is its one `heap_bytes`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from specmesh.shared.modelfile import Header, body_size
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,9 @@ class BoardClass:
     romfs_bytes: int  # size of the ROMFS partition (memory-mapped flash at /rom, off the heap; 0: none)
     machine: str  # os.uname().machine: MICROPY_HW_BOARD_NAME " with " MICROPY_HW_MCU_NAME of the firmware
     source: str
+    drafter: str = "drafter.spm"  # the shipped drafter a drafter board of this class runs (models/MODEL_CARD.md)
+    drafter_ctx: int = 0  # positions a drafter node keeps of that drafter (0: its whole context); measured by
+    # tests/test_firmware_budget.py: a node halves its context until its reserve is free
 
 
 # ROMFS (https://docs.micropython.org/en/latest/reference/romfs.html, MicroPython >= 1.25): a read-only
@@ -44,6 +50,10 @@ ESP32 = BoardClass(
     romfs_bytes=128 * 1024,
     machine="Generic ESP32 module with ESP32",  # ESP32_GENERIC
     source="MicroPython docs esp32/general.rst (heap 'around 100KB'); micropython#7962 (110536 bytes available)",
+    # the 40-wide drafter, which its heap holds: drafter.spm (64 wide) would stream its 110 KB from ROMFS
+    # every pass, slower than the S3's whole target step with native kernels (models/MODEL_CARD.md)
+    drafter="drafter-esp32.spm",
+    drafter_ctx=64,  # 75 KB of engine at 128 positions leave less than the node's 28 KB reserve
 )
 
 # ESP32-S3 with 8 MB PSRAM: the heap spans the SPIRAM ("ends up being the full SPIRAM", same docs
@@ -66,6 +76,42 @@ BOARD_CLASSES: dict[str, BoardClass] = {c.name: c for c in (ESP32, ESP32S3)}
 ROLE_CLASS = {"drafter": ESP32.name, "verifier": ESP32S3.name, "stage": ESP32.name}
 
 
+# Where a board keeps a whole model (host/projection/costmodel.py prices it; `specmesh flash` follows it):
+NODE_RESERVE = 28672  # heap a drafter node keeps free after loading its engine (firmware/node.py _RESERVE)
+HEAP_CONTEXT = 64  # a node halves its context until its reserve is free, down to 64 positions (firmware/node.py
+# _MIN_CTX): a model whose engine fits the heap at that context runs from the heap
+ENGINE_BUFFERS = 16 * 1024  # an engine's activations, logits and tables besides weights and KV cache
+# (docs/pipeline.md measures 66.1 KB for a stage engine of 47.5 KB weights and an 8.4 KB cache: ~10 KB)
+
+
+def kv_bytes(h: Header, n_ctx: int) -> int:
+    """The int8 KV cache of every layer at n_ctx positions (kv_dim values and a shift byte per row)."""
+    return 2 * n_ctx * (h.kv_dim + 1) * h.n_layers
+
+
+def heap_need(h: Header) -> int:
+    """Heap a node running the whole model from its heap needs: weights, KV cache at HEAP_CONTEXT positions
+    (or the model's context, if shorter), buffers, and the node's reserve."""
+    return body_size(h) + kv_bytes(h, min(h.max_seq, HEAP_CONTEXT)) + ENGINE_BUFFERS + NODE_RESERVE
+
+
+def on_romfs(h: Header, cls: BoardClass, layers: tuple[int, int] | None = None) -> bool:
+    """Whether a board of class `cls` reads this model's weights in place from its ROMFS every pass: a
+    whole model, on a board without PSRAM but with a ROMFS partition, that its heap cannot hold."""
+    return layers is None and not cls.psram_bytes and bool(cls.romfs_bytes) and heap_need(h) > cls.heap_bytes
+
+
+def drafter_class(transport: str) -> str:
+    """The class of a default cluster's drafter board: on ESP-NOW it is also the gateway, an ESP32-S3
+    (host/provision/cluster.py); on serial a classic ESP32 (ROLE_CLASS)."""
+    return ESP32S3.name if transport == "espnow" else ROLE_CLASS["drafter"]
+
+
+def drafter_model(models: Path, name: str) -> Path:
+    """The drafter a board of class `name` runs from the folder `models`: its class's, or drafter.spm in a
+    folder without it (a folder of one drafter: every board runs that one)."""
+    own = models / board_class(name).drafter
+    return own if own.is_file() else models / ESP32S3.drafter
 def has_psram(heap_free: int) -> bool:
     """Whether a board with `heap_free` bytes of MicroPython heap free has PSRAM: more than the geometric mean
     of the largest heap of a class without PSRAM and the smallest of a class with it (about 1 MiB today),

@@ -27,7 +27,7 @@ def test_report_draws_what_the_sections_hold(tmp_path):
                                                    "verify_us": [400, 640, 840, 1080, 1200]}}}}
     from specmesh.tools.bench._report import _v_curves
 
-    assert _v_curves(results)["board engine (unix port)"] == {1: 1.0, 2: 1.6, 3: 2.1, 4: 2.7, 5: 3.0}
+    assert _v_curves(results)["native engine (unix port)"] == {1: 1.0, 2: 1.6, 3: 2.1, 4: 2.7, 5: 3.0}
     files = write(results, tmp_path)
     assert {f.name for f in files} == {"vk.png", "speedup_gamma.png", "alpha_position.png", "report.md"}
     assert all(f.stat().st_size > 1000 for f in files if f.suffix == ".png")

@@ -105,7 +105,7 @@ def test_noisy_radio_gives_the_fault_free_text(tmp_path):
     # chance that none is lost, which would leave this test without its point, is 0.9^55 = 0.3%
     params = CASES[0]
     got = run_case(PROFILES["noisy-radio"], params, 64, MODELS, tmp_path)
-    assert got["tokens"] == reference(MODELS, params, 64)
+    assert got["tokens"] == reference(MODELS, params, 64, "espnow")
     assert got["radio_lost"] > 0
 
 
@@ -148,7 +148,7 @@ def test_signed_and_encrypted_radio_gives_the_fault_free_text(tmp_path):
     # 64 tokens, as the noisy radio's: 20 crossed ~16 packets on the lean bus, none lost one run in five
     params = CASES[1]
     got = run_case(PROFILES["signed-noisy-radio"], params, 64, MODELS, tmp_path)
-    assert got["tokens"] == reference(MODELS, params, 64)
+    assert got["tokens"] == reference(MODELS, params, 64, "espnow")
     assert got["radio_encrypted"] > 0 and got["radio_lost"] > 0
 
 
@@ -165,7 +165,7 @@ def test_chaos_says_each_case_as_it_starts_and_ends(monkeypatch):
     """`make chaos` runs for minutes: every case is announced, then its outcome (the boards stubbed out)."""
     from specmesh.host.cli import chaos
 
-    monkeypatch.setattr(chaos, "reference", lambda models, params, tokens: [5, 6])
+    monkeypatch.setattr(chaos, "reference", lambda models, params, tokens, *transport: [5, 6])
     monkeypatch.setattr(chaos, "run_case", lambda prof, params, tokens, models, root: dict(
         tokens=[5, 6], wall_s=1.0, failovers=[], recovery_s=None, round_s=0.1, retransmits=0, resyncs=0,
         radio_lost=0))

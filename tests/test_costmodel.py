@@ -1,6 +1,7 @@
 """host/projection/costmodel.py follows firmware/engine.py: every kernel call a real forward pass makes, with its
-shapes, priced by the cost model's own per-kernel counts, adds up to what pass_work counts from the
-model header alone, for one position and for a 5-position verify."""
+shapes, priced by the cost model's own per-kernel counts (viper's and the native kernels'), adds up to
+what pass_work counts from the model header alone, for one position and for a 5-position verify; and
+where a board keeps a model follows its heap."""
 
 import json
 import subprocess
@@ -52,37 +53,41 @@ def calls():
     return json.loads(p.stdout)
 
 
-def priced(h, log):
-    """The cost model's per-kernel counts applied to each recorded call (p: its parameter array)."""
+def priced(h, log, K):
+    """The kernel set K's counts applied to each recorded call (p: its parameter array)."""
     w = cm.Work()
     for name, p in log:
         if name == "matmul":
-            cm.matmul(w, p[0], p[1], p[2])
+            K.matmul(w, p[0], p[1], p[2])
         elif name == "quant":
-            cm.quant(w, p[5], p[1])
+            K.quant(w, p[5], p[1])
         elif name == "requant":
-            cm.requant(w, p[0], p[1], "residual" if p[5] else "requant")
+            K.requant(w, p[0], p[1], "residual" if p[5] else "requant")
         elif name == "rmsnorm":
-            cm.rmsnorm(w, p[0], p[1])
+            K.rmsnorm(w, p[0], p[1])
         elif name == "rope":
-            cm.rope(w, h, p[1], p[0])
+            K.rope(w, h, p[1], p[0])
         elif name == "attend":
-            cm.attend(w, h, p[8], p[0] + p[8] - 1)
+            K.attend(w, h, p[8], p[0] + p[8] - 1)
         elif name == "silu":
-            cm.silu(w, p[0], p[1])
+            K.silu(w, p[0], p[1])
         elif name == "embed":
-            w.add("embed_argmax", p[0] * cm.loop_insns("embed", 0))
+            K.embed(w, p[0])
         elif name == "argmax":
-            w.add("embed_argmax", p[1] * cm.loop_insns("argmax", 0))
+            K.argmax(w, p[1])
         w.add("engine", 1)
     return w
 
 
+@pytest.mark.parametrize("kernels", sorted(cm.KERNELS))
 @pytest.mark.parametrize("k", [1, 5])
-def test_pass_work_is_what_the_engine_calls(calls, k):
+def test_pass_work_is_what_the_engine_calls(calls, k, kernels):
     h = parse_header((ROOT / "models" / TARGET_FILE).read_bytes()[:HEADER_SIZE])
-    want = priced(h, calls[str(k)])
-    got = cm.pass_work(h, k, 8 + k)
+    K = cm.KERNELS[kernels]
+    want = priced(h, calls[str(k)], K)
+    # the native module's `layer` kernel runs a layer's 26 steps (the calls logged) in one call
+    want["engine"] -= (cm.VIPER.calls_per_layer - K.calls_per_layer) * h.n_layers
+    got = cm.pass_work(h, k, 8 + k, kernels=K)
     assert set(got) == set(want) | {"weights_psram", "kv_psram"}  # the target lives in PSRAM
     for term, amount in want.items():
         assert got[term] == pytest.approx(amount), term
@@ -96,3 +101,21 @@ def test_a_pipeline_stage_counts_only_its_layers():
     for term in cm.COMPUTE + ("engine",):
         assert first.get(term, 0) + last.get(term, 0) == pytest.approx(whole.get(term, 0)), term
     assert "weights_psram" not in first  # two layers are 70 KB: that board keeps them in SRAM
+
+
+def test_native_matmul_costs_less_per_mac_with_more_positions_per_weight_load():
+    h = parse_header((ROOT / "models" / "target.spm").read_bytes()[:HEADER_SIZE])
+    one, five = cm.pass_work(h, 1, 20, kernels=cm.NATIVE), cm.pass_work(h, 5, 24, kernels=cm.NATIVE)
+    assert five["matmul_5"] < 5 * one["matmul_1"]
+    assert five["weights_psram"] == one["weights_psram"] == cm.weight_bytes(h)  # one stream per pass, any k
+
+
+def test_a_model_the_heap_holds_is_not_read_from_romfs():
+    from specmesh.host.boardclasses import ESP32, ESP32S3, heap_need, on_romfs
+
+    small = parse_header((ROOT / "models" / "drafter-esp32.spm").read_bytes()[:HEADER_SIZE])
+    big = parse_header((ROOT / "models" / "drafter.spm").read_bytes()[:HEADER_SIZE])
+    assert heap_need(small) <= ESP32.heap_bytes < heap_need(big)
+    assert not on_romfs(small, ESP32) and on_romfs(big, ESP32)
+    assert not on_romfs(big, ESP32S3)  # PSRAM
+    assert not on_romfs(big, ESP32, (0, 1))  # a stage's slice sits in the heap

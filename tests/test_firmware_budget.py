@@ -65,6 +65,36 @@ def test_drafter_drafts_500_tokens_in_a_classic_esp32_heap(micropython, board, t
         node.close()
 
 
+def test_the_classic_esp32_drafter_runs_from_its_heap(micropython, board):
+    """The classic ESP32 class's drafter (host/boardclasses.py: drafter-esp32.spm, which `specmesh flash` keeps
+    on the filesystem) loads into the heap, keeps the context its class says (drafter_ctx: what the
+    projection bench drafts with) and drafts."""
+    from specmesh.host.boardclasses import heap_need
+    from specmesh.shared.modelfile import HEADER_SIZE, parse_header
+
+    model = shipped_model(ESP32.drafter[:-len(".spm")])
+    assert heap_need(parse_header(Path(model).read_bytes()[:HEADER_SIZE])) <= ESP32_HEAP
+    code = code_heap(micropython, board)
+    node = NodeProc(micropython, board, {"role": "drafter", "model": model}, heap=ESP32_HEAP + code, flashed=True)
+    node.rto = 5.0
+    try:
+        hello = node.call(m.HELLO)
+        assert hello[2] == m.ROLE_DRAFTER, node.text
+        ctx = hello[5]
+        assert ctx == ESP32.drafter_ctx, "the heap drafter keeps %d positions: update ESP32.drafter_ctx" % ctx
+        tokens = list(range(1, 17))
+        begin(node, 1, 1, 0.0, tokens)
+        drafted = 0
+        while len(tokens) + 4 <= ctx:
+            _, entries = node.call(m.DRAFT_REQ, m.pack_draft_req(len(tokens), 4, []), expect=m.DRAFT)
+            drafted += len(entries)
+            tokens += [e[0] for e in entries]  # every draft accepted: the next request starts after them
+        st = node.stats()
+        assert st["errors"] == 0 and st["drafted"] == drafted >= 44, node.text
+    finally:
+        node.close()
+
+
 def test_verifier_runs_the_target_in_an_esp32s3_psram_heap(micropython, board, tmp_path):
     model = shipped_model("target")
     node = NodeProc(micropython, board, {"role": "verifier", "model": model}, heap=ESP32S3_HEAP, flashed=True)

@@ -63,10 +63,18 @@ def _board_sha256(port, path):
                     % path).stdout.strip()
 
 
+HEAP_TOO_SMALL = dict(dim=48, n_layers=2, hidden=128, vocab=96)  # 65 KB of weights: 117 KB of heap with the
+# node's reserve, more than a classic ESP32's 110.5 KB (host/boardclasses.py heap_need)
+
+
 def test_flash_puts_the_model_in_romfs_once(virtual_board, tiny_node, tmp_path):
-    """A board with a ROMFS partition gets the model at /rom (a ROMFS image, checked by SHA-256 on the
-    board), the config points there, nothing goes to /models, and a second flash leaves the image alone."""
-    sources, model = tiny_node
+    """A board with a ROMFS partition gets a model its heap cannot hold at /rom (a ROMFS image, checked by
+    SHA-256 on the board), the config points there, nothing goes to /models, and a second flash leaves the
+    image alone."""
+    sources, _ = tiny_node
+    model = tmp_path / "big" / "drafter.spm"
+    model.parent.mkdir()
+    random_model(model, seed=4, **HEAP_TOO_SMALL)
     vb = virtual_board()
     report = flash(vb.port, "drafter", model, sources=sources, progress=False)
     assert set(report.written) == {"/main.py", "/greet.mpy", "/rom/drafter.spm", "/specmesh.json"}
@@ -80,11 +88,22 @@ def test_flash_puts_the_model_in_romfs_once(virtual_board, tiny_node, tmp_path):
     assert vb.romfs_path.stat().st_mtime_ns == written_at  # the partition was not even erased
     other = tmp_path / "other" / DRAFTER_FILE
     other.parent.mkdir()
-    random_model(other, seed=5)
+    random_model(other, seed=5, **HEAP_TOO_SMALL)
     # the config is written again too: it said "flashing" while the partition was rewritten
     assert flash(vb.port, "drafter", other, sources=sources, progress=False).written == ["/rom/drafter.spm",
                                                                                          "/specmesh.json"]
     assert _board_sha256(vb.port, "/rom/drafter.spm") == hashlib.sha256(other.read_bytes()).hexdigest()
+
+
+def test_a_model_the_heap_holds_stays_off_romfs(virtual_board, tiny_node):
+    """Read from the heap, a model costs no flash read per pass: a board with a ROMFS partition keeps a
+    small one on its filesystem, and the node loads it into its heap."""
+    sources, model = tiny_node
+    vb = virtual_board()
+    report = flash(vb.port, "drafter", model, sources=sources, progress=False)
+    assert "/models/drafter.spm" in report.written
+    assert json.loads((vb.flash_dir / "specmesh.json").read_text())["model"] == "models/drafter.spm"
+    assert set(vb.romfs_path.read_bytes()) == {0xFF}  # the partition is still erased
 
 
 def test_cli_flash_no_romfs_keeps_the_model_on_the_filesystem(virtual_board, tiny_node, capsys):

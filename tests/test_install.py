@@ -58,7 +58,7 @@ def test_the_installed_copy_is_used_and_carries_its_data(installed):
     assert len(where.split()) == 2 and all(line.startswith(str(installed["site"])) for line in where.split())
     for part in ("firmware/main.py", "firmware/kernels.py", "firmware/native/x64.mpy", "firmware/native/rv32imc.mpy",
                  "firmware/native/xtensawin.mpy", "host/emulator/mpy/_vboard.py", "host/projection/mpy/boardbench.py",
-                 "models/target.spm", "models/drafter.spm", "models/tokenizer.bin"):
+                 "models/target.spm", "models/drafter.spm", "models/drafter-esp32.spm", "models/tokenizer.bin"):
         assert (installed["site"] / "specmesh" / part).is_file(), part
     assert specmesh(installed, "--version").stdout.startswith("specmesh 0.1.0")
 
@@ -99,8 +99,9 @@ def test_run_flashes_a_virtual_drafter_into_the_users_cache(installed):
     assert (board["role"], board["kernels"], board["kernels_note"]) == ("drafter", "native", "")
     assert re.search(r"\(drafter\) .* native$", done.stdout, re.M), done.stdout
     vboards = installed["cache"] / "specmesh" / "vboards"
-    assert json.loads((vboards / "drafter" / "specmesh.json").read_text())["model"] == "/rom/drafter.spm"
-    assert (vboards / "drafter.romfs").read_bytes()[:3] == b"\xd2\xcd\x31"  # its ROMFS partition holds an image
+    # a classic ESP32 runs its class's drafter, which its heap holds: on the filesystem, loaded into the heap
+    assert json.loads((vboards / "drafter" / "specmesh.json").read_text())["model"] == "models/drafter-esp32.spm"
+    assert (vboards / "drafter" / "models" / "drafter-esp32.spm").is_file()
     assert not (installed["site"] / "build").exists()
 
 

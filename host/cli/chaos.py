@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.boardclasses import drafter_class, drafter_model
 from specmesh.host.bus.faults import Faults
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
@@ -74,10 +75,12 @@ PROFILES = {
 CASES = (SessionParams(temperature=0.0), SessionParams(seed=7, temperature=0.8))
 
 
-def reference(models: Path, params: SessionParams, tokens: int) -> list[int]:
-    """The fault-free text of a case, on the CPU back-ends."""
-    return generate(PROMPT, LocalVerifier(model_path(models, "verifier")), LocalDrafter(model_path(models, "drafter")),
-                    params, tokens, GammaController(fixed=GAMMA)).tokens
+def reference(models: Path, params: SessionParams, tokens: int, transport: str = "serial") -> list[int]:
+    """The fault-free text of a case, on the CPU back-ends (the drafter the cluster's drafter board runs on
+    `transport`)."""
+    drafter = drafter_model(models, drafter_class(transport))
+    return generate(PROMPT, LocalVerifier(model_path(models, "verifier")), LocalDrafter(drafter), params,
+                    tokens, GammaController(fixed=GAMMA)).tokens
 
 
 def soft_reset(board) -> None:
@@ -160,7 +163,7 @@ def run(names: list[str], tokens: int = 32, models: Path = MODELS,
                 t0 = time.perf_counter()
                 say("[%d/%d] %s, T=%.1f: a fault-free run, then the faulty one, on fresh virtual boards..."
                     % (len(rows) + 1, total, name, params.temperature))
-                want = reference(models, params, tokens)
+                want = reference(models, params, tokens, prof.transport)
                 base = run_case(Profile("none", prof.transport, signed=prof.signed), params, tokens, models,
                                 Path(tmp) / "base")
                 got = run_case(prof, params, tokens, models, Path(tmp) / name)

@@ -3,7 +3,8 @@ left behind when one of these fails, and the failure is one line naming the file
 
 - the model files parse: header, size and CRC (host/backends/modelio.py `check_model_file`);
 - the prompt fits the target's context (the orchestrator would refuse it only after the boards were up);
-- every `--drafter`/`--verifier` names a known back-end, and every role given a serial port gets one that exists and opens now; `auto` is resolved here to the
+- every `--drafter`/`--verifier` names a known back-end (a port also as mpremote's `a0`, `u0`, `c0`), and
+  every role given a serial port gets one that exists and opens now; `auto` is resolved here to the
   port of the flashed board reporting that role, before a virtual board of the other role boots.
 """
 
@@ -15,8 +16,20 @@ import specmesh.host.cli.registry  # noqa: F401 - the back-ends a run offers, re
 from specmesh.host import backends
 from specmesh.host.backends import is_port
 from specmesh.host.backends.modelio import check_model_file
+from specmesh.host.boardclasses import BOARD_CLASSES, drafter_class, drafter_model
 from specmesh.host.layout import MODEL_FILES
 from specmesh.shared.modelfile import Header, ModelFileError
+
+
+def drafter_file(backend: str, models: Path, transport: str = "serial") -> str:
+    """The model file in `models` of a `--drafter` back-end: a board's (`virtual[:CLASS]`, `auto`, a port) is
+    its class's drafter (host/boardclasses.py; without a class, a default cluster's drafter board class on
+    `transport`), a host back-end's drafter.spm."""
+    if backend == "virtual" or is_port(backend):
+        return drafter_model(models, drafter_class(transport)).name
+    if backend.startswith("virtual:") and backend[len("virtual:"):] in BOARD_CLASSES:
+        return drafter_model(models, backend[len("virtual:"):]).name
+    return MODEL_FILES["drafter"]
 
 
 class PreflightError(Exception):
@@ -31,11 +44,11 @@ def unknown_backend(kind: str, name: str) -> str | None:
     return "--%s %s: not a serial port nor one of %s" % (kind, name, known)
 
 
-def check_models(models: Path, roles: list[str]) -> dict[str, Header]:
-    """The header of each role's model file in `models`, every file checked whole."""
+def check_models(files: dict[str, Path], roles: list[str]) -> dict[str, Header]:
+    """The header of each role's model file (`files`: role -> path), every file checked whole."""
     heads = {}
     for role in roles:
-        path = models / MODEL_FILES[role]
+        path = files[role]
         try:
             heads[role] = check_model_file(path)[0]
         except ModelFileError as e:
@@ -45,20 +58,21 @@ def check_models(models: Path, roles: list[str]) -> dict[str, Header]:
     return heads
 
 
-def check_context(prompt_tokens: int, target: Header) -> None:
+def check_context(prompt_tokens: int, target: Header, name: str = MODEL_FILES["verifier"]) -> None:
     """The prompt must leave room in the target's context for at least one generated token (the
     drafter's context limits nothing: past it, rounds are plain; host/decode/orchestrator.py)."""
     if prompt_tokens >= target.max_seq:
         raise PreflightError("the prompt is %d tokens but the target model's context holds %d (%s): shorten --prompt"
-                             % (prompt_tokens, target.max_seq, MODEL_FILES["verifier"]))
+                             % (prompt_tokens, target.max_seq, name))
 
 
 def check_backends(names: dict[str, str], transport: str, key: bytes | None = None) -> dict[str, str]:
     """`names` (role -> back-end name), each checked to name a back-end, with every `auto` replaced by
     its board's port (asking with `key` when the boards sign frames) and every port checked to exist and
     open."""
-    from specmesh.host.bus.ports import PortError, check_port  # noqa: PLC0415
+    from specmesh.host.bus.ports import PortError, check_port, expand  # noqa: PLC0415
 
+    names = {role: expand(name) for role, name in names.items()}  # mpremote's shortcuts: a0, u0, c0
     for role, name in names.items():
         problem = unknown_backend(role, name)
         if problem:

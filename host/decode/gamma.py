@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specmesh.host.decode.ahead import best_lookahead, expected_draft
+
 PROBES = (0, 1, 0, 4)  # first rounds: prefill (untimed), then V(k) at three sizes, D(g) at two, a first alpha
 PROBE_EVERY = 16
 PROBE_BUDGET = 0.02  # at gamma = 0, probes may cost this fraction of the stream's time (and no more)
@@ -109,6 +111,12 @@ class GammaController:
     behind: int = 0  # plain rounds since the drafter last drafted: tokens it must catch up on first
     verified: dict[int, int] = field(default_factory=dict)  # timed rounds per verified size k (the v(k) fit)
     drafting_rounds: int = 0  # timed rounds that drafted (the c fit)
+    # pipelined drafting (host/decode/ahead.py): the drafter drafts ahead while a verdict is pending, so
+    # gamma is chosen for the expected wait of a DRAFT_REQ, and `ahead` (the look-ahead for the gamma of
+    # the last choice) with it; the draft fit stays the drafter's cost without it
+    pipelined: bool = False
+    ahead: int = 0
+    fixed_ahead: int | None = None  # a look-ahead given instead of planned
 
     @property
     def alpha(self) -> float:
@@ -126,7 +134,25 @@ class GammaController:
         # drafter: 1.2 ms a call, whatever its size; proportional scaling halved it and switched gamma on)
         floor = self.draft_cost.sy / self.draft_cost.s0 if self.draft_cost.one_size else 0.0
         plain = v0 + v1 + o0
-        return [plain] + [plain + v1 * g + o1 + max(floor, d0 + d1 * g) for g in range(1, cap + 1)]
+        return [plain] + [plain + v1 * g + o1 + max(floor, d0 + self._drafting(g, d0, d1, v0 + v1 * (g + 1)))
+                          for g in range(1, cap + 1)]
+
+    def _drafting(self, g: int, d0: float, d1: float, verify: float) -> float:
+        """Seconds of drafting a DRAFT_REQ for g drafts waits beyond its call: g passes, or with pipelined
+        drafting the expected wait at the best look-ahead (the verdict's window: the verify and the call)."""
+        if not self.pipelined:
+            return d1 * g
+        p_hit = self.alpha ** (g + 1)  # the previous block all accepted and the guess right
+        a = best_lookahead(d1, g, verify + d0, p_hit)
+        return expected_draft(d1, g, a, verify + d0, p_hit)
+
+    def lookahead(self, g: int) -> int:
+        """The look-ahead for rounds of g drafts (0 without pipelined drafting)."""
+        if not self.pipelined or g == 0:
+            return 0
+        v0, v1 = self.verify_cost.coefficients()
+        d0, d1 = self.draft_cost.coefficients()
+        return best_lookahead(d1, g, v0 + v1 * (g + 1) + d0, self.alpha ** (g + 1))
 
     def rates(self, cap: int) -> list[float]:
         """Predicted committed tokens per second at draft length 0..cap."""
@@ -156,6 +182,7 @@ class GammaController:
                 # the opening probes say plain: the next probe waits as long as the probe budget asks
                 self.next_probe = self.rounds + max(PROBE_EVERY, self._budget_gap())
         self.last = g
+        self.ahead = (self.fixed_ahead if g else 0) if self.fixed_ahead is not None else self.lookahead(g)
         return g
 
     def could_pay(self, cap: int) -> bool:

@@ -5,10 +5,13 @@ ask the verifier for a verdict over the gamma + 1 positions, commit the accepted
 emitted token, tell both back-ends (they roll back everything beyond it). gamma = 0 is a round of
 plain decoding on the verifier; without a drafter (`--plain`) every round is one, and so is every
 round once the drafter's context is full. The stream stops at the end-of-stream token, at
-`max_tokens`, or when the verifier's context is full.
+`max_tokens`, when the verifier's context is full, or when the caller's `stop_when` says so (a stop
+string in the text, host/decode/stopstrings.py).
 
 Times are measured around each call (so they include bus round trips) and fed back to the gamma
-controller; bus bytes come from the back-ends' links.
+controller; bus bytes come from the back-ends' links. `Result.prefill_s` is the time from BEGIN to the
+first round's tokens: the prompt's prefill on every back-end (a drafter board prefills at BEGIN, a
+verifier at its first verdict) and that first round; what follows is the decode.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ class Round:
     t_commit: float
     bytes_draft: int
     bytes_verify: int
+    # pipelined drafting (host/decode/ahead.py): passes the drafter makes ahead after this round's block
+    # (the controller's look-ahead), and whether they were a hit: every draft accepted and the drafter's
+    # own guess at the bonus position (one draft more than the verifier got) is the emitted token
+    ahead: int = 0
+    guess_hit: bool = False
 
 
 @dataclass
@@ -51,7 +59,8 @@ class Result:
     tokens: list[int]  # generated tokens (prompt excluded, end-of-stream token excluded)
     rounds: list[Round] = field(default_factory=list)
     wall_s: float = 0.0
-    stop: str = "max_tokens"  # "eos", "max_tokens" or "context"
+    stop: str = "max_tokens"  # "eos", "max_tokens", "context" or "stop" (`stop_when` ended it)
+    begin_s: float = 0.0  # the BEGIN calls (a drafter board prefills there; a verifier at its first verdict)
     failovers: list[str] = field(default_factory=list)  # one line per back-end that failed and was replaced
 
     @property
@@ -80,6 +89,17 @@ class Result:
         return sum(r.n_committed for r in self.rounds) / len(self.rounds) if self.rounds else 0.0
 
     @property
+    def prefill_s(self) -> float:
+        """BEGIN to the first round's tokens: the prompt's prefill on every back-end, and that round."""
+        r = self.rounds[0] if self.rounds else None
+        return self.begin_s + (r.t_draft + r.t_verify + r.t_commit if r else 0.0)
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens committed after the first round: the decode's share of the stream."""
+        return len(self.tokens) - self.rounds[0].n_committed if self.rounds else 0
+
+    @property
     def gamma_hist(self) -> dict[int, int]:
         return dict(sorted(Counter(r.gamma for r in self.rounds).items()))
 
@@ -91,16 +111,19 @@ class Result:
 OnRound = Callable[[Sequence[int], Sequence[int]], None]  # (accepted drafts, emitted tokens)
 Costs = Callable[[Round], tuple[float, float, float]]  # (draft, verify, commit) seconds of a round
 Fallback = Callable[[], Verifier]  # a replacement verifier (its session is begun by the loop)
+StopWhen = Callable[[Sequence[int]], bool]  # True: the tokens generated so far end the stream
+Clock = Callable[[], float]
 
 
 def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None, params: SessionParams,
              max_tokens: int, controller: GammaController | None = None, on_round: OnRound | None = None,
-             clock: Callable[[], float] = time.perf_counter, costs: Costs | None = None,
-             fallback: Fallback | None = None, on_failover: Callable[[str], None] | None = None) -> Result:
+             clock: Clock = time.perf_counter, costs: Costs | None = None, fallback: Fallback | None = None,
+             on_failover: Callable[[str], None] | None = None, stop_when: StopWhen | None = None) -> Result:
     """Generate up to `max_tokens` tokens after `prompt`; speculative when a drafter is given.
 
     The gamma controller learns from the measured seconds of each round, or from `costs(round)` when
-    given (a projection to other hardware, host/projection/rounds.py).
+    given (a projection to other hardware, host/projection/rounds.py). `stop_when(out)` True ends the stream
+    after a round (stop "stop"; the rounds are the same, so it is a prefix of the stream without).
 
     Fail-over, when `fallback` is given: a verifier that fails (BackendError: it stopped answering, its
     link died) is replaced by `fallback()`, begun on the committed prefix, and the round runs again; a
@@ -121,9 +144,9 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     result = Result(out)
     failover = _Failover(fallback, result, on_failover)
     start = clock()
-    verifier.begin(params, committed)
-    if drafter:
-        drafter.begin(params, committed)
+    for backend in (verifier, drafter) if drafter else (verifier,):
+        backend.begin(params, committed)
+    result.begin_s = clock() - start  # a drafter board prefills at BEGIN, a verifier at its first verdict
     synced = len(committed)  # the drafter has fed the stream up to here (drafters prefill the prompt at begin)
     while len(out) < max_tokens:
         if len(committed) >= max_seq:
@@ -136,9 +159,15 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         bytes0 = (drafter.bus_bytes if drafter else 0, verifier.bus_bytes)
         t0 = clock()
         lag = len(committed) - synced if gamma else 0
-        drafter, draft = failover.draft(drafter, committed, gamma)
+        ahead = controller.ahead if gamma else 0
+        # with a look-ahead, the drafter's guess at the bonus position tells whether its ahead-drafts would
+        # serve the next round: one draft more than the verifier gets (drafts depend on their position
+        # alone, so the verifier's drafts, and the text, are the same)
+        guess = 1 if ahead and gamma < drafter.max_gamma and len(committed) + gamma + 1 < drafter.max_seq else 0
+        drafter, draft = failover.draft(drafter, committed, gamma + guess if gamma else 0)
         if drafter is None:
-            gamma = lag = 0
+            gamma = lag = ahead = 0
+        draft, guessed = _guess(draft, gamma)
         t1 = clock()
         verifier, (n_acc, token) = failover.verify(verifier, params, committed, draft, lambda: (len(out), clock() - t1))
         t2 = clock()
@@ -154,30 +183,45 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         t3 = clock()
         out += [t for t in new if t != params.eos] if ended else new
         r = _round(draft, n_acc, token, len(committed), lag, (t0, t1, t2, t3),
-                   ((drafter.bus_bytes - bytes0[0]) if drafter else 0, verifier.bus_bytes - bytes0[1]))
+                   ((drafter.bus_bytes - bytes0[0]) if drafter else 0, verifier.bus_bytes - bytes0[1]),
+                   (ahead, guessed is not None and n_acc == len(draft) and token == guessed))
         result.rounds.append(r)
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
                            ended=token == -1, lag=lag, timed=len(result.rounds) > 1)
         if on_round:
-            vis_acc = [t for t in accepted if t != params.eos] if ended else accepted
-            on_round(vis_acc, [t for t in emitted if not ended or t != params.eos])
-        if ended:
-            result.stop = "eos"
+            on_round(*_visible(accepted, emitted, params.eos if ended else None))
+        if ended or (stop_when is not None and stop_when(out)):
+            result.stop = "eos" if ended else "stop"
             break
     result.wall_s = clock() - start
     return result
 
 
+def _visible(accepted: list[int], emitted: list[int], eos: int | None) -> tuple[list[int], list[int]]:
+    """What a round shows: its accepted drafts and emitted tokens, without the end token `eos` (None: it did
+    not end the stream)."""
+    return [t for t in accepted if t != eos], [t for t in emitted if t != eos]
+
+
+def _guess(draft: Draft, gamma: int) -> tuple[Draft, int | None]:
+    """(the first gamma drafts, the drafter's guess at the bonus position after them or None): the loop
+    asks for one draft more when it plans a look-ahead (host/decode/ahead.py)."""
+    if len(draft) <= gamma:
+        return draft, None
+    return Draft(draft.pos0, draft.tokens[:gamma], draft.q[:gamma]), draft.tokens[gamma]
+
+
 def _round(draft: Draft, n_acc: int, token: int, length: int, lag: int, t: tuple[float, float, float, float],
-           bus: tuple[int, int]) -> Round:
+           bus: tuple[int, int], ahead: tuple[int, bool] = (0, False)) -> Round:
     """The record of a round that left the stream `length` tokens long: its verdict, the payload bytes its
-    drafts take on a board bus (what the projection prices), times t0..t3 and the bytes each link carried."""
+    drafts take on a board bus (what the projection prices), times t0..t3, the bytes each link carried and
+    (look-ahead, whether it was a hit)."""
     n_new = n_acc + (token >= 0)
     entries = [(tok, q[0], q[1]) for tok, q in zip(draft.tokens, draft.q)]
     rejected = n_acc < len(draft) and token != -1
     table = draft_size(entries[n_acc:n_acc + 1]) if rejected and len(draft.q[n_acc][0]) > 1 else 0
     return Round(len(draft), n_acc, n_new, length - n_new, draft_size(entries), draft_size(entries, partial=True),
-                 table, rejected, lag, t[1] - t[0], t[2] - t[1], t[3] - t[2], *bus)
+                 table, rejected, lag, t[1] - t[0], t[2] - t[1], t[3] - t[2], *bus, *ahead)
 
 
 class _Failover:

@@ -52,19 +52,19 @@ def modeled() -> dict[str, cm.Work]:
     out = {}
     for k in (1, 5):
         out["matmul_%d" % k] = w = cm.Work()
-        cm.matmul(w, DIM, DIM, k)
+        cm.VIPER.matmul(w, DIM, DIM, k)
     out["quant"] = w = cm.Work()
-    cm.quant(w, 1, DIM)
+    cm.VIPER.quant(w, 1, DIM)
     out["requant"] = w = cm.Work()
-    cm.requant(w, DIM, 1)
+    cm.VIPER.requant(w, DIM, 1)
     out["rmsnorm"] = w = cm.Work()
-    cm.rmsnorm(w, DIM, 1)
+    cm.VIPER.rmsnorm(w, DIM, 1)
     out["rope"] = w = cm.Work()
-    cm.rope(w, h, HEADS, 1)
+    cm.VIPER.rope(w, h, HEADS, 1)
     out["attend"] = w = cm.Work()
-    cm.attend(w, h, 1, CTX)
+    cm.VIPER.attend(w, h, 1, CTX)
     out["silu"] = w = cm.Work()
-    cm.silu(w, HIDDEN, 1)
+    cm.VIPER.silu(w, HIDDEN, 1)
     out["argmax"] = cm.Work(embed_argmax=VOCAB * cm.loop_insns("argmax", 0))
     return out
 

@@ -91,6 +91,40 @@ XTENSA_MATMUL_INSNS_PER_MAC = {1: 30.0, 3: 21.3, 4: 19.8, 5: 15.8}
 # the RISC-V boards (QEMU); these leave out each row's loop setup and stores.
 NATIVE_MATMUL_INSNS_PER_MAC = {"rv32imc": {1: 4.75, 5: 3.35}, "xtensawin": {1: 5.75, 5: 3.65}}
 CYCLES_PER_INSN = 1.3
+
+# Native kernels (firmware/native/kernels.c, built as MicroPython native modules): Xtensa instructions per
+# unit of work of the xtensawin build, the units the cost model counts for viper (host/projection/costmodel.py
+# `Native`). The matmul's are counted from the disassembly (NATIVE_MATMUL_INSNS_PER_MAC, tools/native_loops.py)
+# for 1 and 5 positions per pass over a weight row; 2-4 positions are the curve a + b/g through those two
+# (a fixed cost per MAC, and the weight load and sign extension shared by the group's g positions). The
+# other kernels' figures are ASSUMED (not counted yet: the layer kernel's loops other than matmul), each
+# an estimate of its inner loop's loads, multiplies, shifts and stores; NATIVE_COUNTED says so wherever a
+# projection shows them.
+NATIVE_COUNTED = "matmul counted (tools/native_loops.py), other kernels assumed"
+
+
+def _per_mac_curve(counted: dict[int, float]) -> dict[int, float]:
+    b = (counted[1] - counted[5]) * 5 / 4
+    a = counted[1] - b
+    return {g: counted[g] if g in counted else round(a + b / g, 2) for g in range(1, 6)}
+
+
+NATIVE_XTENSA = {
+    "matmul_per_mac": _per_mac_curve(NATIVE_MATMUL_INSNS_PER_MAC["xtensawin"]),
+    "matmul_per_row": 24.0,  # per output row and group: pointers, the row's multiplier and shift, stores
+    "quant_per_value": 11.0,  # largest |x| (load, abs, max), then shift, clamp and store
+    "quant_per_row": 40.0,
+    "requant_per_value": 9.0,  # load the sum, multiply by the row's 14-bit multiplier, shift, (add), store
+    "rmsnorm_per_value": 10.0,  # sum of squares, then scale by the inverse root and the norm weight
+    "rmsnorm_per_row": 160.0,  # the integer inverse square root (shared/intmath.py: Newton steps)
+    "rope_per_pair": 14.0,  # per head and pair of values: two table loads, four multiplies, shifts
+    "kv_per_value": 4.0,  # q.k and p.v over the int8 cache: load, mull, add (and the row's shift per row)
+    "softmax_per_score": 30.0,  # per score: scale, max, exp from the table, normalise
+    "softmax_per_head": 120.0,
+    "silu_per_value": 14.0,  # the sigmoid table lookup, a multiply, a shift
+    "embed_per_value": 4.0,
+    "argmax_per_value": 4.0,
+}
 CYCLES_PER_MAC = XTENSA_MATMUL_INSNS_PER_MAC[1] * CYCLES_PER_INSN
 CPI = Figure(
     CYCLES_PER_INSN, "cycle/insn", "derived",

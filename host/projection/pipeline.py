@@ -26,9 +26,9 @@ gamma (`python -m specmesh.tools.bench pipeline`) replays host-CPU runs of the s
 from __future__ import annotations
 
 from specmesh.host.boardclasses import ROLE_CLASS
-from specmesh.host.projection.hardware import (ESPNOW, FLASH_FILE_READ, HOST_DRAFT_POSITION, LINKS, UART_921600, USB_SERIAL_JTAG,
-                                  Link)
+from specmesh.host.decode.ahead import round_draft
 from specmesh.host.decode.orchestrator import Result, Round
+from specmesh.host.projection.hardware import ESPNOW, FLASH_FILE_READ, LINKS, UART_921600, USB_SERIAL_JTAG, Link
 from specmesh.host.projection.rounds import (Projector, draft_entries, draft_req_body, frame_bytes, line_bytes, stage_body,
                                     stage_reply_body)
 from specmesh.shared.modelfile import Header
@@ -46,7 +46,7 @@ class PipelineProjector:
     the drafts made on a drafter board or, with `drafter_on_host`, on the host CPU."""
 
     def __init__(self, target: Header, drafter: Header | None, layers: list[tuple[int, int]], link: str,
-                 drafter_on_host: bool = False):
+                 drafter_on_host: bool = False, kernels: str = "native"):
         if link not in PIPELINE_LINKS:
             raise ValueError("unknown pipeline link %r (known: %s)" % (link, ", ".join(PIPELINE_LINKS)))
         self.target, self.drafter, self.layers = target, drafter, list(layers)
@@ -54,9 +54,12 @@ class PipelineProjector:
         self.drafter_on_host = drafter_on_host
         self.hops: tuple[Link, ...] = (USB_SERIAL_JTAG, ESPNOW) if link == ESPNOW.name else (LINKS[link],)
         self.addressed = link == ESPNOW.name  # every board is behind the gateway: frames carry src and dst
-        self.boards = Projector(target, drafter, ROLE_CLASS["stage"])
+        self.boards = Projector(target, drafter, ROLE_CLASS["stage"], kernels=kernels, drafter_on_host=drafter_on_host)
         self.board = self.boards.board
-        self.single = Projector(target, None, ROLE_CLASS["verifier"])
+        self.single = Projector(target, None, ROLE_CLASS["verifier"], kernels=kernels)
+        # a drafter board on its own UART drafts ahead during the wavefront (host/decode/ahead.py); behind the
+        # ESP-NOW gateway, which relays every stage's frames between its passes, it does not
+        self.pipelined = not drafter_on_host and link == UART_921600.name
         h = target
         self.cls_read = (h.vocab * h.dim + 4 * h.vocab) / FLASH_FILE_READ.value
 
@@ -100,22 +103,38 @@ class PipelineProjector:
                 verdict = held[n_st - 1][j]
         return max(max(row) for row in held)
 
+    def draft_call(self, r: Round) -> float:
+        """Wire seconds of round r's DRAFT_REQ (the previous outcome folded in) and DRAFT (none on the host)."""
+        if self.drafter_on_host:
+            return 0.0
+        return self._wire(draft_req_body(r.lag + 1)) + self._wire(r.draft_body)
+
     def draft_seconds(self, r: Round) -> float:
-        """The drafter's share of round r: catch-up and drafts, and on a board its call (a DRAFT_REQ with
-        the previous outcome folded in, its DRAFT)."""
+        """The drafter's share of round r without drafting ahead: catch-up and drafts, and its call."""
         if not r.gamma:
             return 0.0
-        if self.drafter_on_host:
-            return (r.lag + r.gamma) * HOST_DRAFT_POSITION.value
-        assert self.drafter is not None
-        t = sum(self.boards.forward(self.drafter, 1, r.pos0 - r.lag + i) for i in range(r.lag + r.gamma))
-        return t + self._wire(draft_req_body(r.lag + 1)) + self._wire(r.draft_body)
+        return sum(self.boards.draft_passes(r.pos0 - r.lag, r.lag + r.gamma)) + self.draft_call(r)
 
-    def round_seconds(self, r: Round, first: bool, prompt_len: int) -> float:
-        pre = prompt_len - 1 if first else 0  # the first round also feeds the prompt
-        n = pre + r.gamma + 1
-        return self.draft_seconds(r) + self.wavefront(r.pos0 - 1 - pre, n, pre, pre + judged(r) - 1,
-                                                      draft_entries(r))
+    def replay(self, rounds: list[Round], prompt_len: int) -> list[tuple[float, float, float]]:
+        """(draft, verify, waste) seconds of each round, drafting ahead where `pipelined` (as
+        host/projection/rounds.py's replay: the window is the previous round's wavefront and call)."""
+        out = []
+        prev: Round | None = None
+        window = 0.0
+        for i, r in enumerate(rounds):
+            pre = prompt_len - 1 if i == 0 else 0
+            t_verify = self.wavefront(r.pos0 - 1 - pre, pre + r.gamma + 1, pre, pre + judged(r) - 1, draft_entries(r))
+            waste = 0.0
+            if self.pipelined and r.gamma and prev is not None and prev.gamma and prev.ahead and not r.lag:
+                passes = self.boards.draft_passes(prev.pos0 + prev.gamma, max(prev.ahead, r.gamma + 1))
+                wait, waste = round_draft(passes, r.gamma, prev.ahead, window, prev.guess_hit)
+                t_draft = wait + self.draft_call(r)
+            else:
+                t_draft = self.draft_seconds(r)
+            out.append((t_draft, t_verify, waste))
+            window = t_verify + self.draft_call(r) if r.gamma else 0.0
+            prev = r
+        return out
 
     def round_costs(self, r: Round) -> tuple[float, float, float]:
         """(draft, verify, commit) seconds of a round after the first: the gamma controller's cost model."""
@@ -123,7 +142,8 @@ class PipelineProjector:
 
     def project(self, result: Result, prompt_len: int) -> dict:
         """Projected seconds and tokens/s: this run, plain decoding on the pipeline, plain on one board."""
-        spec = sum(self.round_seconds(r, i == 0, prompt_len) for i, r in enumerate(result.rounds))
+        costs = self.replay(result.rounds, prompt_len)
+        spec = sum(d + v for d, v, _ in costs)
         n = sum(r.n_committed for r in result.rounds)
         plain = self.plain_seconds(prompt_len, n)
         single = sum(self.single.plain_round(prompt_len + i) for i in range(n))
@@ -136,6 +156,9 @@ class PipelineProjector:
             "single_board_plain_tokens_per_s": n / single if single else 0.0,
             "speedup_vs_pipeline_plain": plain / spec if spec else 0.0,
             "speedup_vs_single_board_plain": single / spec if spec else 0.0,
+            "kernels": "%s (%s)" % (self.boards.kernels.name, self.boards.kernels.source),
+            "pipelined_drafting": self.pipelined,
+            "ahead_waste_s": sum(w for _, _, w in costs),
         }
 
     def plain_seconds(self, prompt_len: int, n: int) -> float:
@@ -150,8 +173,8 @@ class LinksReport:
     each link's under `links`)."""
 
     def __init__(self, target: Header, drafter: Header | None, layers: list[tuple[int, int]],
-                 drafter_on_host: bool = False):
-        self.projectors = {link: PipelineProjector(target, drafter, layers, link, drafter_on_host)
+                 drafter_on_host: bool = False, kernels: str = "native"):
+        self.projectors = {link: PipelineProjector(target, drafter, layers, link, drafter_on_host, kernels)
                            for link in PIPELINE_LINKS}
 
     def project(self, result: Result, prompt_len: int) -> dict:

@@ -21,7 +21,13 @@ virtual time with the constants of host/projection/hardware.py instead of sleepi
   carries each draft's own weight only); the verdict commits itself on the verifier, and the drafter
   learns the outcome from the next DRAFT_REQ, whose folded COMMIT carries the emitted token and the
   tokens of plain rounds since (`lag`), nothing it proposed itself;
-- pipelined drafting (`--spec-ahead`) is not credited: the projection is conservative there.
+- pipelined drafting (host/decode/ahead.py): a drafter board drafts ahead while a verdict is pending, the
+  round's look-ahead (`Round.ahead`, chosen by the gamma controller from these costs) passes at most; the
+  next round's DRAFT_REQ waits only for what it has not finished when the previous block was a hit
+  (`Round.guess_hit`), and for the rest of a thrown-away pass plus a fresh block when it was not (the
+  waste, reported); `pipelined` says whether the replay credits it (a drafter board on its own serial
+  link; not behind an ESP-NOW gateway, which relays the verifier's frames between its passes);
+- `drafter_on_host` (`--drafter cpu`): the drafts cost HOST_DRAFT_POSITION each on the host, no bus.
 
 `Projector.round_costs` gives the (draft, verify, commit) seconds of a round, which is what the gamma
 controller is fed under `--project`, so gamma is chosen for the projected hardware. Figures are
@@ -30,11 +36,12 @@ labelled "projected" wherever they are shown.
 
 from __future__ import annotations
 
-from specmesh.host.projection.calibration import Rates
-from specmesh.host.projection.costmodel import SRAM_BUDGET, layer_span, pass_work, weight_bytes
-from specmesh.host.boardclasses import BOARD_CLASSES
-from specmesh.host.projection.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, Board, Link
+from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, on_romfs
+from specmesh.host.decode.ahead import round_draft
 from specmesh.host.decode.orchestrator import Result, Round
+from specmesh.host.projection.calibration import Rates
+from specmesh.host.projection.costmodel import KERNELS, SRAM_BUDGET, layer_span, pass_work, weight_bytes
+from specmesh.host.projection.hardware import BOARDS, ESPNOW, HOST_DRAFT_POSITION, USB_SERIAL_JTAG, Board, Link
 from specmesh.shared.codec import line_size
 from specmesh.shared.modelfile import Header
 
@@ -97,14 +104,22 @@ class Projector:
     """Replays rounds on `board`-class boards over `transport` ("serial" or "espnow")."""
 
     def __init__(self, target: Header, drafter: Header | None, board: str = "esp32s3", transport: str = "serial",
-                 rates: Rates | None = None):
+                 rates: Rates | None = None, kernels: str = "native", drafter_on_host: bool = False,
+                 drafter_board: str = ROLE_CLASS["drafter"]):
         if board not in BOARDS:
             raise ValueError("unknown board class %r (known: %s)" % (board, ", ".join(BOARDS)))
         self.board: Board = BOARDS[board]
         self.rates = rates if rates is not None else Rates.derived(self.board)
+        self.kernels = KERNELS[kernels]
+        # the drafter board is its own class (a classic ESP32 by default), priced with its derived rates
+        self.drafter_board: Board = BOARDS[drafter_board]
+        self.drafter_rates = rates if drafter_board == board and rates is not None else Rates.derived(
+            self.drafter_board)
         self.target = target
         self.drafter = drafter
         self.transport = transport
+        self.drafter_on_host = drafter_on_host
+        self.pipelined = not drafter_on_host and transport == "serial"
         self.links: dict[str, tuple[Link, ...]] = {
             "drafter": (USB_SERIAL_JTAG,),
             "verifier": (USB_SERIAL_JTAG, ESPNOW) if transport == "espnow" else (USB_SERIAL_JTAG,),
@@ -113,16 +128,23 @@ class Projector:
     def forward(self, h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None,
                 classifier: bool = True) -> float:
         """Seconds for one batched pass over k positions ending at context length ctx, through layers
-        a..b-1 only when layers = (a, b) (all when None), plus the classifier when `classifier`; the
-        board holds just that slice, so its weights stream from PSRAM only when the slice outgrows SRAM,
-        and a whole model on a board without PSRAM is read in place from its ROMFS."""
+        a..b-1 only when layers = (a, b) (all when None), plus the classifier when `classifier`, on a
+        `board`-class board; it holds just that slice, so its weights stream from PSRAM only when the
+        slice outgrows SRAM, and from its ROMFS when it is a whole model its heap cannot hold."""
         return sum(self.terms(h, k, ctx, layers, classifier).values())
 
     def terms(self, h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None,
-              classifier: bool = True) -> dict[str, float]:
-        """forward()'s seconds by term (host/projection/costmodel.py)."""
-        on_romfs = layers is None and not BOARD_CLASSES[self.board.name].psram_bytes
-        return self.rates.times(pass_work(h, k, ctx, layers, classifier, on_romfs))
+              classifier: bool = True, board: Board | None = None) -> dict[str, float]:
+        """forward()'s seconds by term (host/projection/costmodel.py), on `board` (default: the projector's)."""
+        board = board or self.board
+        rates = self.rates if board is self.board else self.drafter_rates
+        romfs = on_romfs(h, BOARD_CLASSES[board.name], layers)
+        return rates.times(pass_work(h, k, ctx, layers, classifier, romfs, self.kernels))
+
+    def draft_pass(self, ctx: int) -> float:
+        """Seconds of one drafter pass at context length ctx on the drafter board."""
+        assert self.drafter is not None
+        return sum(self.terms(self.drafter, 1, ctx, board=self.drafter_board).values())
 
     def exchange(self, role: str, request: int, reply: int) -> int:
         """Line bytes of one request/reply exchange with the `role` board, payloads of these sizes."""
@@ -134,20 +156,56 @@ class Projector:
         n = self.exchange(role, request, reply)
         return sum(link.seconds(n, messages=2) for link in self.links[role])
 
-    def round_costs(self, r: Round) -> tuple[float, float, float]:
-        """(draft, verify, commit) seconds of one round on the projected hardware (no COMMIT is sent: the
-        verdict commits itself and the next DRAFT_REQ carries the drafter's)."""
-        t_draft = 0.0
-        if r.gamma:
-            assert self.drafter is not None
-            # catch-up on tokens committed in plain rounds, then one pass per draft
-            t_draft = sum(self.forward(self.drafter, 1, r.pos0 - r.lag + i) for i in range(r.lag + r.gamma))
-            t_draft += self.call("drafter", draft_req_body(r.lag + 1), r.draft_body)
-        t_verify = self.forward(self.target, r.gamma + 1, r.pos0 + r.gamma) + self.call("verifier", r.verify_body,
-                                                                                         VERDICT_BODY)
+    def draft_passes(self, pos: int, n: int) -> list[float]:
+        """Seconds of n one-position drafter passes from position pos on (on the host: HOST_DRAFT_POSITION)."""
+        if self.drafter_on_host:
+            return [HOST_DRAFT_POSITION.value] * n
+        return [self.draft_pass(pos + i) for i in range(n)]
+
+    def draft_call(self, r: Round) -> float:
+        """Bus seconds of round r's DRAFT_REQ and DRAFT (none for a drafter on the host)."""
+        return 0.0 if self.drafter_on_host else self.call("drafter", draft_req_body(r.lag + 1), r.draft_body)
+
+    def verify_seconds(self, r: Round) -> float:
+        t = self.forward(self.target, r.gamma + 1, r.pos0 + r.gamma) + self.call("verifier", r.verify_body,
+                                                                                 VERDICT_BODY)
         if r.table_body:
-            t_verify += self.call("verifier", r.table_body, VERDICT_BODY)
-        return t_draft, t_verify, 0.0
+            t += self.call("verifier", r.table_body, VERDICT_BODY)
+        return t
+
+    def round_costs(self, r: Round) -> tuple[float, float, float]:
+        """(draft, verify, commit) seconds of one round on the projected hardware, drafting not pipelined:
+        what the gamma controller fits (no COMMIT is sent: the verdict commits itself and the next
+        DRAFT_REQ carries the drafter's)."""
+        t_draft = 0.0
+        if r.gamma:  # catch-up on tokens committed in plain rounds, then one pass per draft
+            t_draft = sum(self.draft_passes(r.pos0 - r.lag, r.lag + r.gamma)) + self.draft_call(r)
+        return t_draft, self.verify_seconds(r), 0.0
+
+    def replay(self, rounds: list[Round]) -> list[tuple[float, float, float]]:
+        """(draft, verify, waste) seconds of each round with pipelined drafting where `pipelined`: a round
+        after a drafting round of look-ahead A waits for what host/decode/ahead.py says (the waste is part
+        of its draft seconds)."""
+        out = []
+        prev: Round | None = None
+        window = 0.0
+        for r in rounds:
+            t_verify = self.verify_seconds(r)
+            waste = 0.0
+            if not r.gamma:
+                t_draft = 0.0
+            elif self.pipelined and prev is not None and prev.gamma and prev.ahead and not r.lag:
+                # the ahead passes ran from the end of prev's block: position prev.pos0 + prev.gamma on
+                start = prev.pos0 + prev.gamma
+                passes = self.draft_passes(start, max(prev.ahead, r.gamma + 1))
+                wait, waste = round_draft(passes, r.gamma, prev.ahead, window, prev.guess_hit)
+                t_draft = wait + self.draft_call(r)
+            else:
+                t_draft = self.round_costs(r)[0]
+            out.append((t_draft, t_verify, waste))
+            window = t_verify + self.draft_call(r) if r.gamma else 0.0
+            prev = r
+        return out
 
     def plain_round(self, pos0: int) -> float:
         """Seconds of one round of plain decoding (one position, no drafter) at context length pos0."""
@@ -162,7 +220,8 @@ class Projector:
 
     def project(self, result: Result, prompt_len: int) -> dict:
         """Projected wall time and tokens/s of the run, and of plain decoding of as many tokens."""
-        t = sum(sum(self.round_costs(r)) for r in result.rounds)
+        costs = self.replay(result.rounds)
+        t = sum(d + v for d, v, _ in costs)
         n = sum(r.n_committed for r in result.rounds)
         plain = sum(self.plain_round(prompt_len + i) for i in range(n))
         link = {"drafter": 0, "verifier": 0}
@@ -171,14 +230,22 @@ class Projector:
             for role, b in self.round_bytes(r, drafted).items():
                 link[role] += b
             drafted = drafted or r.gamma > 0
+        looks = [r.ahead for r in result.rounds if r.gamma]
+        ahead = max(set(looks), key=lambda a: (looks.count(a), -a)) if looks and self.pipelined else 0
         return {
             "hardware": "%s boards, %s" % (self.board.name, "+".join(link.name for link in self.links["verifier"])),
             "rates": self.rates.source,
+            "kernels": "%s (%s)" % (self.kernels.name, self.kernels.source),
+            "drafter": "host cpu" if self.drafter_on_host else "%s board" % BOARD_CLASSES[ROLE_CLASS["drafter"]].name,
             "wall_s": t,
             "tokens_per_s": n / t if t else 0.0,
             "plain_wall_s": plain,
             "plain_tokens_per_s": n / plain if plain else 0.0,
             "speedup_vs_plain": plain / t if t else 0.0,
+            "pipelined_drafting": self.pipelined,
+            "lookahead": ahead,
+            "ahead_hits": sum(r.guess_hit for r in result.rounds if r.ahead) if self.pipelined else 0,
+            "ahead_waste_s": sum(w for _, _, w in costs),
             "bus_bytes_per_token": (link["drafter"] + link["verifier"]) / n if n else 0.0,
             "verifier_bytes_per_token": link["verifier"] / n if n else 0.0,
             "drafter_bytes_per_token": link["drafter"] / n if n else 0.0,

@@ -14,6 +14,10 @@ says "flashing" (FLASHING) from before the first changed byte until the final co
 a board interrupted in between starts no node but says it was left half-flashed (firmware/config.py half_flashed), and
 the next flash says it completes it (`FlashReport.resumed`).
 
+A drafter flashed without a named model gets its board class's drafter (host/boardclasses.py: the 40-wide
+one from a classic ESP32's heap, stock firmware without ROMFS included; the 64-wide one in an S3's PSRAM);
+the report's note says which, where and what it costs in acceptance (host/provision/drafters.py).
+
 A drafter's or verifier's model goes into the board's ROMFS partition when the board has no PSRAM and a
 partition that holds the model's image (host/provision/romfs.py; /rom/<name>, memory-mapped flash the
 engine reads in place, so the weights need no heap), else (or with `use_romfs=False`) to /models/ on the
@@ -39,11 +43,11 @@ from pathlib import Path
 import serial
 
 from specmesh.host.backends.modelio import check_model_file
-from specmesh.host.boardclasses import has_psram
+from specmesh.host.boardclasses import ESP32, ESP32S3, drafter_model, has_psram, on_romfs
 from specmesh.host.bus import ports
 from specmesh.host.layout import MODELS, ROOT, model_path
 from specmesh.host.mpycross import CompileError, compile_py
-from specmesh.host.provision import romfs
+from specmesh.host.provision import drafters, romfs
 from specmesh.shared.modelfile import ModelFileError, stage_bytes
 
 NODE_ID = {"drafter": 1, "verifier": 2, "stage": 10}  # the node id each role gets; its model: host/layout.py
@@ -99,6 +103,8 @@ class FlashReport:
     bytes_written: int = 0
     resent: list[str] = field(default_factory=list)  # files whose first copy hashed wrong on the board
     resumed: str | None = None  # the role of an interrupted flash this one finished (the board was half-flashed)
+    model: str = ""  # the model file flashed
+    note: str = ""  # the shipped drafter chosen for the board, where it runs and what it costs ("" if none)
 
 
 def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | None = None) -> dict[str, Path]:
@@ -341,13 +347,19 @@ def flash(
     node then signs and checks every frame. Without it the board keeps the key it has, unless
     `clear_key` removes it. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them).
     `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition."""
+    by_class = model is None and role == "drafter"  # the board's class picks its drafter once probed
     model, heap_bytes = _check_request(port, role, model, layers)
     fs_dest = f"{MODEL_DIR}/{model.name}"
     transport = open_board(port)
     try:
         info = probe(transport)
+        if by_class:
+            model = drafter_model(model.parent, ESP32S3.name if has_psram(info.mem_free) else ESP32.name)
+            model, heap_bytes = _check_request(port, role, model, layers)
+            fs_dest = f"{MODEL_DIR}/{model.name}"
         image = _rom_image(info, role, model, heap_bytes) if use_romfs else b""
         model_dest = f"{romfs.ROM_DIR}/{model.name}" if image else fs_dest
+        note = drafters.describe(model.name, _placement(info, image)) if by_class else ""
         with tempfile.TemporaryDirectory(prefix="specmesh-flash-") as tmp:
             files = build(info.arch, Path(tmp), iter(sources) if sources is not None else None)
             if not image:
@@ -360,7 +372,8 @@ def flash(
             config_data = json.dumps(config, sort_keys=True).encode()
             check_board(info, role, heap_bytes, sum(p.stat().st_size for p in files.values()) + len(config_data),
                         len(image))
-            report = FlashReport(port, info, resumed=board_config.get(FLASHING) or None)
+            report = FlashReport(port, info, model=model.name, note=note,
+                                 resumed=board_config.get(FLASHING) or None)
             if report.resumed:  # what an interrupted flash may have left half-written
                 _sweep_parts(transport, [*files, fs_dest, CONFIG_PATH])
             mark = json.dumps(dict(board_config, **{FLASHING: role}), sort_keys=True).encode()
@@ -368,6 +381,8 @@ def flash(
         _clear_native(transport, files)
         if image and transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
             transport.fs_rmfile(fs_dest)
+        if by_class:
+            _remove_other_drafter(transport, model.name)
         if _is_current(transport, CONFIG_PATH, config_data):  # the config last: the flash is complete
             report.unchanged.append(CONFIG_PATH)
         else:
@@ -382,6 +397,20 @@ def flash(
         raise
     finally:
         transport.close()
+
+
+def _placement(info: BoardInfo, image: bytes) -> str:
+    """Where a flashed model's weights live on the board, in a few words for the user."""
+    if has_psram(info.mem_free):
+        return "weights in PSRAM"
+    return "weights read in place from the ROMFS partition" if image else "weights and engine in the heap"
+
+
+def _remove_other_drafter(transport, flashed: str) -> None:
+    """The other shipped drafter, left on the filesystem by an earlier flash, would only fill it."""
+    for other in sorted(set(drafters.SHIPPED) - {flashed}):
+        if transport.fs_exists(f"{MODEL_DIR}/{other}"):
+            transport.fs_rmfile(f"{MODEL_DIR}/{other}")
 
 
 def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, int] | None) -> tuple[Path, int]:
@@ -475,9 +504,12 @@ def _clear_native(transport, files: dict[str, Path]) -> None:
 def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> bytes:
     """The ROMFS image to put the model in, or b"" to put it on the filesystem: a stage, a board without
     a ROMFS partition, a board with PSRAM (its heap there holds the model, read faster than mapped flash),
-    and an image bigger than the partition when the model fits the heap (one that fits neither is refused
-    by `check_board`) keep it there."""
-    if role == "stage" or not info.romfs or has_psram(info.mem_free):
+    a model whose engine a classic ESP32's heap holds beside the node's reserve (read from the heap, no
+    flash read per pass: host/boardclasses.py `on_romfs`, the rule the projection prices; the class
+    heap, not what the board has free now, which a running node's engine takes), and an image bigger
+    than the partition when the model fits the heap (one that fits neither is refused by `check_board`)
+    keep it there."""
+    if role == "stage" or not info.romfs or has_psram(info.mem_free) or not on_romfs(check_model_file(model)[0], ESP32):
         return b""
     try:
         image = romfs.image(model)

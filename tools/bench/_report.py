@@ -16,6 +16,8 @@ from specmesh.host import atomic
 
 ANCHOR = ("esp32-llm (C, ESP32-S3)", 19.13)  # DaveBben/esp32-llm: stories260K at 19.13 tok/s in C
 GAMMAS = range(0, 9)
+# the kernels section's engines: today's engine as a node runs it (native kernels), and with viper kernels
+ENGINES = {"integer": "native engine (unix port)", "viper": "viper engine (unix port)"}
 
 
 def speedup(alpha: float, gamma: int, c: float, v: dict) -> float:
@@ -54,9 +56,10 @@ def _v_curves(results: dict) -> dict[str, dict[int, float]]:
     """{back-end: {k: v(k)}} from the vk section and the board engine of the kernels section."""
     curves = {name: {int(k): x for k, x in f["v"].items()} for name, f in results.get("vk", {}).get("backends",
                                                                                                     {}).items()}
-    board = results.get("kernels", {}).get("engines", {}).get("integer", {}).get("v")
-    if board:  # v(1..len) of the firmware engine on the unix port
-        curves["board engine (unix port)"] = {k + 1: float(x) for k, x in enumerate(board)}
+    for engine, label in ENGINES.items():  # v(1..len) of the firmware engine on the unix port, per kernel set
+        board = results.get("kernels", {}).get("engines", {}).get(engine, {}).get("v")
+        if board:
+            curves[label] = {k + 1: float(x) for k, x in enumerate(board)}
     return curves
 
 
@@ -123,9 +126,10 @@ def _vk_section(rep: _Report, curves: dict) -> None:
 def _speedup_sections(rep: _Report, results: dict, curves: dict) -> None:
     acc = results.get("vk", {}).get("acceptance", {})
     costs = {name: f["c"] for name, f in results.get("vk", {}).get("backends", {}).items()}
-    engine = results.get("kernels", {}).get("engines", {}).get("integer", {})
-    if engine.get("drafter_us") and engine.get("verify_us") and "board engine (unix port)" in curves:
-        costs["board engine (unix port)"] = engine["drafter_us"] / engine["verify_us"][0]
+    for name, label in ENGINES.items():
+        engine = results.get("kernels", {}).get("engines", {}).get(name, {})
+        if engine.get("drafter_us") and engine.get("verify_us") and label in curves:
+            costs[label] = engine["drafter_us"] / engine["verify_us"][0]
     if not (acc and costs):
         rep.parts += ["(Speed-up and acceptance: the vk section did not run.)", ""]
         return

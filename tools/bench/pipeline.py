@@ -34,7 +34,8 @@ MODELS = ROOT / "models"
 NEW = 64
 GAMMAS = range(0, 9)
 STAGE_OVERHEAD = 16_384 + 16_384  # buffers and tables, then the node's reserve (firmware/node.py)
-DRAFTERS = {"board": "a classic-ESP32 drafter board", "host": "the host CPU (--drafter cpu)"}
+DRAFTERS = {"board": "a classic-ESP32 drafter board (drafter-esp32.spm; drafting ahead on UART, not behind a gateway)",
+            "host": "the host CPU (--drafter cpu, drafter.spm)"}
 
 
 def fits(h, layers) -> bool:
@@ -44,20 +45,33 @@ def fits(h, layers) -> bool:
 
 
 def run() -> dict:
-    target, drafter = (parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for f in (TARGET_FILE, DRAFTER_FILE))
+    target = parse_header((MODELS / TARGET_FILE).read_bytes()[:HEADER_SIZE])
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
-    ver, dra = LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE)
-    runs = {g: [(len(p), generate(p, ver, dra if g else None, SessionParams(), NEW, GammaController(fixed=g)))
-                for p in (tok.encode(t) for t in PROMPTS)] for g in GAMMAS}
+    ver = LocalVerifier(MODELS / TARGET_FILE)
+    files = {where: ESP32.drafter if where == "board" else DRAFTER_FILE for where in DRAFTERS}  # per class
+    drafters = {where: parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for where, f in files.items()}
+    prompts = [tok.encode(t) for t in PROMPTS]
+
+    def drafter(where: str) -> LocalDrafter:
+        d = LocalDrafter(MODELS / files[where])
+        if where == "board":  # the context a classic ESP32 keeps of its drafter (host/boardclasses.py)
+            d.max_seq = min(d.max_seq, ESP32.drafter_ctx or d.max_seq)
+        return d
+
+    # a drafter board drafts ahead of each verdict: the guess and one block (gamma + 1 passes)
+    by_drafter = {where: {g: [(len(p), generate(p, ver, drafter(where) if g else None, SessionParams(), NEW,
+                                                GammaController(fixed=g, fixed_ahead=g + 1 if where == "board" else 0)))
+                              for p in prompts] for g in GAMMAS} for where, f in files.items()}
+    runs = by_drafter["host"]
     curve: dict = {}
     for link in PIPELINE_LINKS:
         for where in DRAFTERS:
             rows = curve.setdefault(link, {}).setdefault(where, {})
             for n in range(1, 6):
                 layers = split_layers(target.n_layers, n)
-                pp = PipelineProjector(target, drafter, layers, link, drafter_on_host=where == "host")
+                pp = PipelineProjector(target, drafters[where], layers, link, drafter_on_host=where == "host")
                 row = {"fits": fits(target, layers)}
-                for g, rs in runs.items():
+                for g, rs in by_drafter[where].items():
                     secs = sum(pp.project(r, plen)["wall_s"] for plen, r in rs)
                     row[str(g)] = sum(sum(x.n_committed for x in r.rounds) for _, r in rs) / secs
                 plain = row["0"]

@@ -2,13 +2,23 @@
 
     python -m specmesh.tools.bench projection
 
-Four prompts are decoded on the host CPU back-ends (the boards' arithmetic) at gamma 4; host/projection/rounds.py
-replays each run, and plain decoding of as many tokens, on host/projection/hardware.py's derived figures for a board
-class over USB serial. Every step of the engine is a term (host/projection/costmodel.py: the matmuls, the non-matmul
-kernels, the attention's KV-cache reads, the interpreted calls between kernels, PSRAM streaming) and the
-bus is one more; the derivation table gives each term's time per plain token and its share. esp32-llm's
-19.13 tok/s is stories260K in C on an ESP32-S3, measured by that project: the anchor. Only boards whose
-heap holds the target are projected for it (a classic ESP32's 110 KB does not hold 276 KB of weights).
+Held-out prompts (tools/modelcard.py: stories no model was trained or chosen on, their first 16 tokens)
+are decoded greedily on the host CPU back-ends (the boards' arithmetic, bit for bit) with gamma chosen as
+`specmesh run --project esp32s3` chooses it: from the projected costs, the look-ahead of pipelined
+drafting with it (host/decode/gamma.py, host/decode/ahead.py). host/projection/rounds.py replays each run,
+and plain decoding of as many tokens, on an ESP32-S3 verifier over USB serial, for each kernel set
+(native: the xtensawin module, its counts as host/projection/hardware.py NATIVE_COUNTED says; viper: the
+MicroPython-only engine) and each configuration:
+
+- each shipped drafter (models/drafter.spm, models/drafter-esp32.spm) on each place it can draft: a
+  classic-ESP32 drafter board (heap or ROMFS, by what its heap holds), an ESP32-S3 drafter board, the
+  host CPU (`--drafter cpu`): alpha, tokens per verification (tau), c (a drafter pass over a plain target
+  step) and the speed-up over plain decoding (the model card's per-class choice);
+- the 5-stage pipeline of classic ESP32s (host/projection/pipeline.py) against one ESP32-S3 decoding
+  plainly with the same kernels.
+
+The derivation table gives each cost term's time per plain token and its share. esp32-llm's 19.13 tok/s
+is stories260K in C on an ESP32-S3, measured by that project: the anchor.
 """
 
 from __future__ import annotations
@@ -16,56 +26,126 @@ from __future__ import annotations
 from pathlib import Path
 
 from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, ESP32S3, ROLE_CLASS
 from specmesh.host.decode.gamma import GammaController
-from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
-from specmesh.host.projection.hardware import BOARDS
 from specmesh.host.decode.orchestrator import generate
-from specmesh.host.projection.rounds import Projector
 from specmesh.host.decode.tokenizer import Tokenizer
-from specmesh.tools.bench.spec import PROMPTS
+from specmesh.host.layout import MODELS, TARGET_FILE
+from specmesh.host.projection.costmodel import KERNELS
+from specmesh.host.projection.hardware import BOARDS
+from specmesh.host.projection.pipeline import PipelineProjector
+from specmesh.host.projection.rounds import Projector
+from specmesh.host.provision.cluster import split_layers
 from specmesh.shared.modelfile import HEADER_SIZE, parse_header
+from specmesh.tools.heldout import heldout_prompts
 
-ROOT = Path(__file__).resolve().parents[2]
-MODELS = ROOT / "models"
 ANCHOR_TOK_S = 19.13  # DaveBben/esp32-llm, stories260K in C on an ESP32-S3
 NEW = 64
-TARGET_BOARDS = ("esp32s3",)  # boards with PSRAM: the target's weights and KV cache fit
+PROMPTS = 8
+VERIFIER = ROLE_CLASS["verifier"]  # the board whose heap holds the target (PSRAM)
+DRAFTERS = (ESP32.drafter, ESP32S3.drafter)
+PLACES = {"esp32 board": ESP32.name, "esp32s3 board": ESP32S3.name, "host cpu": None}
+STAGES = 5
+
+
+def header(name: str):
+    return parse_header((MODELS / name).read_bytes()[:HEADER_SIZE])
+
+
+def speculate(proj, prompts: list[list[int]], ver, dra) -> dict:
+    """Greedy runs of `prompts` with gamma auto on `proj`'s projected costs; their projection summed."""
+    spec = plain = tokens = 0.0
+    acc = tested = rounds = 0  # drafts accepted, drafts tested, rounds
+    for p in prompts:
+        c = GammaController()
+        c.pipelined = proj.pipelined
+        r = generate(p, ver, dra, SessionParams(), NEW, c, costs=proj.round_costs)
+        out = proj.project(r, len(p))
+        spec += out["wall_s"]
+        plain += out.get("plain_wall_s", 0.0) or sum(proj.single.plain_round(len(p) + i) for i in range(
+            sum(x.n_committed for x in r.rounds)))
+        tokens += sum(x.n_committed for x in r.rounds)
+        acc += r.accepted
+        tested += r.tested
+        rounds += len(r.rounds)
+    return {"tokens_per_s": tokens / spec, "plain_tokens_per_s": tokens / plain, "speedup": plain / spec,
+            "alpha": acc / tested if tested else None, "tau": tokens / rounds, "tokens": tokens}
 
 
 def run() -> dict:
-    heads = [parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for f in (TARGET_FILE, DRAFTER_FILE)]
+    target = header(TARGET_FILE)
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
-    ver, dra = LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE)
-    boards: dict[str, dict[str, float]] = {}
-    derivation: dict[str, dict[str, dict[str, float]]] = {}
-    for name in TARGET_BOARDS:
-        proj = Projector(heads[0], heads[1], name, "serial")
-        spec = plain = tokens = 0.0
-        terms: dict[str, float] = {}
-        for text in PROMPTS:
-            prompt = tok.encode(text)
-            r = generate(prompt, ver, dra, SessionParams(), NEW, GammaController(fixed=4))
-            p = proj.project(r, len(prompt))
-            spec += p["wall_s"]
-            plain += p["plain_wall_s"]
-            n = sum(x.n_committed for x in r.rounds)
-            tokens += n
-            for i in range(n):  # the plain run project() priced, term by term
-                for t, s in proj.plain_terms(len(prompt) + i).items():
-                    terms[t] = terms.get(t, 0.0) + s
-        boards[BOARDS[name].name] = {"plain": tokens / plain, "speculative, gamma 4 (board drafter)": tokens / spec}
-        derivation[BOARDS[name].name] = {t: {"ms_per_token": 1e3 * s / tokens, "share": s / plain}
-                                         for t, s in sorted(terms.items(), key=lambda kv: -kv[1])}
-    print("stories260K projected on boards (host/projection/hardware.py, derived), %d prompts x %d tokens; anchor: "
-          "esp32-llm in C" % (len(PROMPTS), NEW))
-    print("%-44s %8.2f tok/s (measured by esp32-llm)" % ("esp32-llm, C, ESP32-S3", ANCHOR_TOK_S))
-    for board, modes in boards.items():
+    prompts = heldout_prompts(MODELS, tok, PROMPTS)
+    ver = LocalVerifier(MODELS / TARGET_FILE)
+    out: dict = {"anchor_tok_s": ANCHOR_TOK_S, "prompts": len(prompts), "new_tokens": NEW, "boards": {},
+                 "derivation": {}, "drafters": {}, "pipeline": {}}
+    for kernels in KERNELS:
+        plain_terms: dict[str, float] = {}
+        proj = Projector(target, None, VERIFIER, kernels=kernels)
+        n = 0
+        for p in prompts:
+            for i in range(NEW):
+                for t, s in proj.plain_terms(len(p) + i).items():
+                    plain_terms[t] = plain_terms.get(t, 0.0) + s
+                n += 1
+        total = sum(plain_terms.values())
+        label = "%s, %s kernels" % (BOARDS[VERIFIER].name, kernels)
+        out["boards"][label] = {"plain": n / total}
+        # v(k): a k-position verify pass over a one-position pass, at 40 cached positions, weight stream included
+        one = proj.forward(target, 1, 40)
+        out.setdefault("v", {})[label] = {k: proj.forward(target, k, 39 + k) / one for k in range(1, 9)}
+        out["derivation"][label] = {t: {"ms_per_token": 1e3 * s / n, "share": s / total}
+                                    for t, s in sorted(plain_terms.items(), key=lambda kv: -kv[1])}
+        for name in DRAFTERS:
+            h = header(name)
+            dra = LocalDrafter(MODELS / name)
+            for place, cls in PLACES.items():
+                # a board keeps the context its class allows its own drafter (host/boardclasses.py drafter_ctx)
+                own = cls is not None and BOARD_CLASSES[cls].drafter == name and BOARD_CLASSES[cls].drafter_ctx
+                dra.max_seq = min(h.max_seq, own or h.max_seq)
+                proj = Projector(target, h, VERIFIER, kernels=kernels, drafter_on_host=cls is None,
+                                 drafter_board=cls or ROLE_CLASS["drafter"])
+                row = speculate(proj, prompts, ver, dra)
+                row["c"] = proj.draft_passes(40, 1)[0] / proj.forward(target, 1, 40)  # at context 40
+                out["drafters"].setdefault(kernels, {}).setdefault(name, {})[place] = row
+        best = out["drafters"][kernels][ESP32.drafter]["esp32 board"]
+        out["boards"][label]["speculative, classic-ESP32 drafter board"] = best["tokens_per_s"]
+        out["boards"][label]["speculative, host cpu drafter"] = out["drafters"][kernels][ESP32S3.drafter][
+            "host cpu"]["tokens_per_s"]
+        layers = split_layers(target.n_layers, STAGES)
+        for place, name, on_host in (("esp32 board", ESP32.drafter, False), ("host cpu", ESP32S3.drafter, True)):
+            pp = PipelineProjector(target, header(name), layers, "uart-921600", on_host, kernels)
+            dra = LocalDrafter(MODELS / name)
+            dra.max_seq = ESP32.drafter_ctx if name == ESP32.drafter else dra.max_seq
+            row = speculate(pp, prompts, ver, dra)
+            out["pipeline"].setdefault(kernels, {})[place] = row
+    _print(out)
+    return out
+
+
+def _print(out: dict) -> None:
+    print("stories260K projected on boards (host/projection/hardware.py, derived), %d held-out prompts x %d tokens, "
+          "greedy, gamma auto on the projected costs; anchor: esp32-llm in C" % (out["prompts"], out["new_tokens"]))
+    print("%-58s %8.2f tok/s (measured by esp32-llm)" % ("esp32-llm, C, ESP32-S3", ANCHOR_TOK_S))
+    for board, modes in out["boards"].items():
         for mode, value in modes.items():
-            print("%-44s %8.2f tok/s (projected)" % ("%s, %s" % (board, mode), value))
-    for board, rows in derivation.items():
+            print("%-58s %8.2f tok/s (projected)" % ("%s, %s" % (board, mode), value))
+    for board, v in out["v"].items():
+        print("%s: v(k) = %s" % (board, ", ".join("v(%d) %.2f" % kv for kv in v.items())))
+    for kernels, table in out["drafters"].items():
+        print("\ndrafters on an ESP32-S3 verifier, %s kernels: alpha, c (drafter pass / target step), speed-up "
+              "over plain" % kernels)
+        for name, places in table.items():
+            for place, row in places.items():
+                print("  %-18s %-14s alpha %.3f  tau %.2f  c %5.2f  %6.2f tok/s  %.2fx" % (
+                    name, place, row["alpha"] or 0.0, row["tau"], row["c"], row["tokens_per_s"], row["speedup"]))
+    for kernels, places in out["pipeline"].items():
+        for place, row in places.items():
+            print("%d classic-ESP32 stages, UART 921600, %s kernels, drafts on the %s: %.2f tok/s, %.2fx one "
+                  "ESP32-S3 plain" % (STAGES, kernels, place, row["tokens_per_s"], row["speedup"]))
+    for board, rows in out["derivation"].items():
         print("\nderivation of a plain %s token (host/projection/costmodel.py terms, mean over the runs above)" % board)
         print("%-14s %10s %7s" % ("term", "ms/token", "share"))
         for t, row in rows.items():
             print("%-14s %10.2f %6.1f%%" % (t, row["ms_per_token"], 100 * row["share"]))
         print("%-14s %10.2f %6.1f%%" % ("total", sum(r["ms_per_token"] for r in rows.values()), 100.0))
-    return {"anchor_tok_s": ANCHOR_TOK_S, "boards": boards, "derivation": derivation}
