@@ -53,8 +53,13 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(PY) -m specmesh.tools.bench --json runs/bench/figures.json
 
+# Long fuzzing (tools/fuzz.py): FRAMES inputs through the CPython decoders, NODE_FRAMES through the firmware
+# node in a classic ESP32's heap, e.g. `make fuzz FRAMES=1000000 NODE_FRAMES=100000`.
+FRAMES ?= 1000000
+NODE_FRAMES ?= 10000
+SEED ?= 0
 fuzz: setup
-	$(PY) -m specmesh.tools.fuzz
+	$(PY) -m specmesh.tools.fuzz --frames $(FRAMES) --node-frames $(NODE_FRAMES) --seed $(SEED)
 
 train: setup-gpu
 	$(PY) -m specmesh.tools.train_all

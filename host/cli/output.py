@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import IO
 
+from specmesh.host import atomic
 from specmesh.host.decode.stopstrings import StopStrings
 
 FEW = 5  # samples below which a figure is left out of the table (with the count) rather than shown
@@ -205,6 +206,4 @@ def write_stats_json(path: str, stats: dict) -> None:
     missing = [k for k in REQUIRED_KEYS if k not in stats]
     if missing:
         raise ValueError("stats lack %s" % missing)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(stats, f, indent=1, sort_keys=True)
-        f.write("\n")
+    atomic.write_text(path, json.dumps(stats, indent=1, sort_keys=True) + "\n")

@@ -27,6 +27,7 @@ from specmesh.host.cli.config import (DEFAULT_PROMPT, GAMMA_FLAG_MAX, RV32_PROJE
 from specmesh.host.cli.output import TokenStream, format_table, write_stats_json
 from specmesh.host.boardclasses import drafter_class
 from specmesh.host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
+from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, generate
 from specmesh.host.decode.stopstrings import StopStrings
@@ -256,8 +257,10 @@ def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
         roles = sorted({*names, *(["drafter"] if config.project else [])})
         headers = check_models({r: config.model_file(r) for r in roles}, roles)
         check_context(prompt_tokens, headers["verifier"], config.model_file("verifier").name)
+        n_layers = headers["verifier"].n_layers
+        in_range("--stages", config.stages, 0, n_layers, "0: one verifier; at most the target's %d layers" % n_layers)
         return headers, check_backends(names, config.transport, config.key)
-    except PreflightError as e:
+    except (PreflightError, RangeError) as e:
         raise UsageError(str(e)) from None
 
 
