@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from specmesh.host.backends import BackendError, Draft, Drafter, SessionParams, Verifier
 from specmesh.host.decode.gamma import GammaController
 from specmesh.shared.messages import draft_size
+from specmesh.shared.rule import ONE
 
 
 @dataclass
@@ -126,9 +127,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     result = Result(out)
     failover = _Failover(fallback, result, on_failover)
     start = clock()
-    verifier.begin(params, committed)
-    if drafter:
-        drafter.begin(params, committed)
+    _begin(verifier, drafter, params, committed, controller, costs)
     synced = len(committed)  # the drafter has fed the stream up to here (drafters prefill the prompt at begin)
     while len(out) < max_tokens:
         if len(committed) >= max_seq:
@@ -178,6 +177,26 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
             break
     result.wall_s = clock() - start
     return result
+
+
+def _begin(verifier: Verifier, drafter: Drafter | None, params: SessionParams, committed: list[int],
+           controller: GammaController, costs: Costs | None) -> None:
+    """Begin the session on both back-ends; with projected costs (known beforehand) an adaptive gamma
+    controller is primed with them instead of probing for them."""
+    verifier.begin(params, committed)
+    if drafter:
+        drafter.begin(params, committed)
+        if costs and controller.fixed is None:
+            controller.prime(lambda g: costs(_probe_round(len(committed), g, params)))
+
+
+def _probe_round(pos0: int, gamma: int, params: SessionParams) -> Round:
+    """A round of `gamma` drafts from position pos0, every one accepted, its drafts' tables as wide as the
+    session's (one entry when greedy): what the gamma controller's opening probe of gamma would cost."""
+    width = 1 if params.greedy else params.draft_top_k
+    entries = [(0, list(range(width)), [ONE - width + 1] + [1] * (width - 1))] * gamma
+    return Round(gamma, gamma, gamma + 1, pos0, draft_size(entries), draft_size(entries, partial=True), 0, False, 0,
+                 0.0, 0.0, 0.0, 0, 0)
 
 
 def _guess(draft: Draft, gamma: int) -> tuple[Draft, int | None]:
