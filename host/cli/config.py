@@ -6,11 +6,12 @@ are fields, so nothing downstream re-reads or mutates the arguments."""
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from specmesh.host.backends import PIPELINE, SessionParams, temp_milli, top_p_q16
-from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE
+from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path
 from specmesh.shared import messages as m
 
 DEFAULT_PROMPT = "Once upon a time"
@@ -25,7 +26,8 @@ class UsageError(Exception):
 class RunConfig:
     """What a run does, as checked: sampling, back-ends, transport, projection, key and output."""
 
-    prompt: str = DEFAULT_PROMPT
+    prompt: str = DEFAULT_PROMPT  # as read: --prompt TEXT, --prompt - (stdin) or --prompt-file F
+    stop: tuple[str, ...] = ()  # --stop strings: the text ends before the first
     max_tokens: int = 64
     temperature: float = 0.0
     top_k: int = 0
@@ -47,6 +49,8 @@ class RunConfig:
     key: bytes | None = None  # the deployment key, from --key-file
     stats_json: str | None = None
     models: Path = MODELS
+    target_model: Path | None = None  # --model: the target's file (None: its name in `models`)
+    draft_model: Path | None = None  # --draft-model
     color: bool | None = None  # None: when the output is a terminal
     quiet: bool = False
 
@@ -54,20 +58,36 @@ class RunConfig:
     def from_args(cls, a: argparse.Namespace) -> RunConfig:
         """The configuration `specmesh run`'s arguments describe; UsageError (one line) for a bad one."""
         _check_ranges(a)
-        _check_models(a.models, a.plain)
-        return cls(prompt=a.prompt, max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k,
-                   top_p=a.top_p, draft_top_k=a.draft_top_k, seed=a.seed, drafter=a.drafter, verifier=a.verifier,
+        _check_models(a.models, a.plain, a.model, a.draft_model)
+        return cls(prompt=read_prompt(a), stop=tuple(a.stop), max_tokens=a.max_tokens, temperature=a.temperature,
+                   top_k=a.top_k, top_p=a.top_p, draft_top_k=a.draft_top_k, seed=a.seed, drafter=a.drafter, verifier=a.verifier,
                    gamma=parse_gamma(a.gamma), transport=a.transport, radio_loss=a.radio_loss,
                    radio_dup=a.radio_dup, spec_ahead=a.spec_ahead, plain=a.plain, stages=a.stages,
                    project=a.project, kernels=a.kernels, rates=_rates(a.calibration, a.project),
-                   key=_key(a.key_file),
-                   stats_json=a.stats_json, models=a.models, color=False if a.no_color else None, quiet=a.quiet)
+                   key=_key(a.key_file), stats_json=a.stats_json, models=a.models, target_model=a.model,
+                   draft_model=a.draft_model, color=False if a.no_color else None, quiet=a.quiet)
 
     @property
     def backend_names(self) -> dict[str, str]:
         """role -> the back-end name asked for it (no drafter with --plain; `--stages N` verifies on the pipeline)."""
         verifier = PIPELINE if self.stages else self.verifier
         return {"verifier": verifier} if self.plain else {"verifier": verifier, "drafter": self.drafter}
+
+    def named_models(self) -> dict[str, Path]:
+        """The model files --model and --draft-model name (role -> path); none: each from `models`."""
+        return {r: p for r, p in (("drafter", self.draft_model), ("verifier", self.target_model)) if p is not None}
+
+    def model_file(self, role: str) -> Path:
+        """The model file the host reads for `role` ("drafter", "verifier" or "stage"): the one named, else
+        in `models` the drafter the --drafter back-end runs (a board's: its class's) or the target."""
+        named = self.named_models().get("drafter" if role == "drafter" else "verifier")
+        if named is not None:
+            return named
+        if role == "drafter":
+            from specmesh.host.cli.preflight import drafter_file  # noqa: PLC0415
+
+            return self.models / drafter_file(self.drafter, self.models, self.transport)
+        return model_path(self.models, role)
 
     def session_params(self, eos: int) -> SessionParams:
         return SessionParams(seed=self.seed, temperature=self.temperature, draft_top_k=self.draft_top_k,
@@ -84,6 +104,26 @@ def parse_gamma(text: str) -> int | None:
     if not 0 <= g <= GAMMA_FLAG_MAX:
         raise UsageError("--gamma must be in 0..%d, not %d" % (GAMMA_FLAG_MAX, g))
     return g
+
+
+def read_prompt(a: argparse.Namespace) -> str:
+    """The text to continue: `--prompt TEXT`, `--prompt -` (stdin) or `--prompt-file F`, read as UTF-8;
+    the final newlines of a file or stdin are dropped, as the shell's $(...) drops them."""
+    if a.prompt is not None and a.prompt_file is not None:
+        raise UsageError("give --prompt or --prompt-file, not both")
+    if a.prompt_file is None and a.prompt != "-":
+        return DEFAULT_PROMPT if a.prompt is None else a.prompt
+    where = "stdin" if a.prompt_file is None else str(a.prompt_file)
+    try:
+        data = sys.stdin.buffer.read() if a.prompt_file is None else a.prompt_file.read_bytes()
+    except OSError as e:
+        raise UsageError("cannot read the prompt from %s: %s" % (where, e.strerror or e)) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError("the prompt in %s is not UTF-8 text: byte %d is 0x%02x" % (where, e.start, data[e.start])
+                         ) from None
+    return text.rstrip("\r\n")
 
 
 def _check_ranges(a: argparse.Namespace) -> None:
@@ -134,8 +174,15 @@ def _key(key_file: Path | None) -> bytes | None:
         raise UsageError(str(e)) from None
 
 
-def _check_models(models: Path, plain: bool) -> None:
-    roles = ("verifier",) if plain else ("drafter", "verifier")
-    for name in [MODEL_FILES[r] for r in roles] + [TOKENIZER_FILE]:
-        if not (models / name).is_file():
-            raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (name, models))
+def _check_models(models: Path, plain: bool, target: Path | None, drafter: Path | None) -> None:
+    """Each model file the run reads is there: one named by --model/--draft-model, else its name in `models`."""
+    for role, named, flag in (("drafter", drafter, "--draft-model"), ("verifier", target, "--model")):
+        if role == "drafter" and plain:
+            continue
+        if named is not None and not named.is_file():
+            raise UsageError("%s %s: no such file" % (flag, named))
+        if named is None and not (models / MODEL_FILES[role]).is_file():
+            raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (MODEL_FILES[role],
+                                                                                            models))
+    if not (models / TOKENIZER_FILE).is_file():
+        raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (TOKENIZER_FILE, models))

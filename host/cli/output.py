@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import IO
 
+from specmesh.host.decode.stopstrings import StopStrings
+
 FEW = 5  # samples below which a figure is left out of the table (with the count) rather than shown
 GREEN = "\x1b[32m"
 RESET = "\x1b[0m"
@@ -26,15 +28,24 @@ REQUIRED_KEYS = ("text", "tokens", "alpha", "tokens_per_verification", "gamma", 
 
 
 class TokenStream:
-    """Writes committed tokens to `out` as text; `piece(id) -> bytes` gives a token's bytes."""
+    """Writes committed tokens to `out` as text; `piece(id) -> bytes` gives a token's bytes.
 
-    def __init__(self, piece: Callable[[int], bytes], out: IO[str] | None = None, color: bool | None = None):
+    With `stops` (host/decode/stopstrings.py) the text ends before the first stop string, and an ending
+    that could begin one is held back until the next tokens tell."""
+
+    def __init__(self, piece: Callable[[int], bytes], out: IO[str] | None = None, color: bool | None = None,
+                 stops: StopStrings | None = None):
         self.out = out if out is not None else sys.stdout
         self.piece = piece
         if color is None:
             color = hasattr(self.out, "isatty") and self.out.isatty() and "NO_COLOR" not in os.environ
         self.color = color
+        self.stops = stops or StopStrings(())
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self._text_so_far = ""  # the generated text (with stops: what is shown, then what is held back)
+        self._green: list[tuple[int, int]] = []  # spans of it that are accepted drafts
+        self._shown = 0
+        self.stopped = False  # a stop string was reached: nothing more is shown
 
     def _text(self, ids: Sequence[int]) -> str:
         return self._utf8.decode(b"".join(self.piece(t) for t in ids))
@@ -42,15 +53,37 @@ class TokenStream:
     def write(self, accepted: Sequence[int], emitted: Sequence[int]) -> None:
         """Show one round: drafts the target accepted, then the tokens it emitted itself."""
         a, e = self._text(accepted), self._text(emitted)
-        if self.color and a:
-            a = GREEN + a + RESET
-        if a or e:
-            self.out.write(a + e)
-            self.out.flush()
+        if self.stopped:
+            return
+        start = len(self._text_so_far)
+        self._text_so_far += a + e
+        if a:
+            self._green.append((start, start + len(a)))
+        cut = self.stops.cut(self._text_so_far)
+        self.stopped = cut is not None
+        self._show(cut if cut is not None else self.stops.showable(self._text_so_far))
+
+    def _show(self, end: int) -> None:
+        """Write the text up to `end`, accepted drafts in green when colouring."""
+        begin, text = self._shown, self._text_so_far
+        if end <= begin:
+            return
+        parts, at = [], begin
+        for g0, g1 in self._green if self.color else ():
+            g0, g1 = max(g0, at), min(g1, end)
+            if g0 < g1:
+                parts += [text[at:g0], GREEN + text[g0:g1] + RESET]
+                at = g1
+        parts.append(text[at:end])
+        self.out.write("".join(parts))
+        self.out.flush()
+        self._shown = end
 
     def finish(self) -> None:
-        tail = self._utf8.decode(b"", final=True)
-        self.out.write(tail + "\n")
+        if not self.stopped:
+            self._text_so_far += self._utf8.decode(b"", final=True)
+            self._show(len(self._text_so_far))
+        self.out.write("\n")
         self.out.flush()
 
 
@@ -67,7 +100,8 @@ def _stopped(stats: dict) -> str:
     if stop == "context":
         return "the context: prompt and text fill its %s positions (fewer tokens than --max-tokens)" % (
             stats.get("context") or "")
-    return {"eos": "end of text (the model's end token)", "max_tokens": "--max-tokens reached"}.get(stop, str(stop))
+    return {"eos": "end of text (the model's end token)", "max_tokens": "--max-tokens reached",
+            "stop": "a --stop string (the text ends before it)"}.get(stop, str(stop))
 
 
 def _alpha(stats: dict):
@@ -118,6 +152,10 @@ def format_table(stats: dict) -> str:
                                                              if stats.get("gamma_policy") == "auto" else "")), gamma),
         ("wall time s", stats["wall_s"]),
         ("tokens / s", stats["tokens_per_s"]),
+        ("prefill s", "%s (%d prompt tokens, %s tokens / s; up to the first round's tokens)" % (
+            _fmt(stats["prefill_s"]), stats["prompt_tokens"], _fmt(stats["prefill_tokens_per_s"]))),
+        ("decode tokens / s", "%s (%d tokens in %s s)" % (
+            _fmt(stats["decode_tokens_per_s"]), stats["decode_tokens"], _fmt(stats["decode_s"]))),
         ("bus bytes / token", stats["bus_bytes_per_token"]),
         ("verifier", stats["verifier"]),
         ("drafter", stats["drafter"]),

@@ -3,7 +3,8 @@ left behind when one of these fails, and the failure is one line naming the file
 
 - the model files parse: header, size and CRC (host/backends/modelio.py `check_model_file`);
 - the prompt fits the target's context (the orchestrator would refuse it only after the boards were up);
-- every `--drafter`/`--verifier` names a known back-end, and every role given a serial port gets one that exists and opens now; `auto` is resolved here to the
+- every `--drafter`/`--verifier` names a known back-end (a port also as mpremote's `a0`, `u0`, `c0`), and
+  every role given a serial port gets one that exists and opens now; `auto` is resolved here to the
   port of the flashed board reporting that role, before a virtual board of the other role boots.
 """
 
@@ -43,12 +44,11 @@ def unknown_backend(kind: str, name: str) -> str | None:
     return "--%s %s: not a serial port nor one of %s" % (kind, name, known)
 
 
-def check_models(models: Path, roles: list[str], files: dict[str, str] | None = None) -> dict[str, Header]:
-    """The header of each role's model file in `models` (MODEL_FILES, or `files` where it names one), every
-    file checked whole."""
+def check_models(files: dict[str, Path], roles: list[str]) -> dict[str, Header]:
+    """The header of each role's model file (`files`: role -> path), every file checked whole."""
     heads = {}
     for role in roles:
-        path = models / {**MODEL_FILES, **(files or {})}[role]
+        path = files[role]
         try:
             heads[role] = check_model_file(path)[0]
         except ModelFileError as e:
@@ -58,20 +58,21 @@ def check_models(models: Path, roles: list[str], files: dict[str, str] | None = 
     return heads
 
 
-def check_context(prompt_tokens: int, target: Header) -> None:
+def check_context(prompt_tokens: int, target: Header, name: str = MODEL_FILES["verifier"]) -> None:
     """The prompt must leave room in the target's context for at least one generated token (the
     drafter's context limits nothing: past it, rounds are plain; host/decode/orchestrator.py)."""
     if prompt_tokens >= target.max_seq:
         raise PreflightError("the prompt is %d tokens but the target model's context holds %d (%s): shorten --prompt"
-                             % (prompt_tokens, target.max_seq, MODEL_FILES["verifier"]))
+                             % (prompt_tokens, target.max_seq, name))
 
 
 def check_backends(names: dict[str, str], transport: str, key: bytes | None = None) -> dict[str, str]:
     """`names` (role -> back-end name), each checked to name a back-end, with every `auto` replaced by
     its board's port (asking with `key` when the boards sign frames) and every port checked to exist and
     open."""
-    from specmesh.host.bus.ports import PortError, check_port  # noqa: PLC0415
+    from specmesh.host.bus.ports import PortError, check_port, expand  # noqa: PLC0415
 
+    names = {role: expand(name) for role, name in names.items()}  # mpremote's shortcuts: a0, u0, c0
     for role, name in names.items():
         problem = unknown_backend(role, name)
         if problem:

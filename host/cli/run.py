@@ -25,11 +25,11 @@ from specmesh.host.backends import PIPELINE, BackendError, SessionParams
 from specmesh.host.cli.config import DEFAULT_PROMPT, GAMMA_FLAG_MAX, RunConfig, UsageError, parse_gamma  # noqa: F401
 from specmesh.host.cli.output import TokenStream, format_table, write_stats_json
 from specmesh.host.boardclasses import drafter_class
-from specmesh.host.cli.preflight import (PreflightError, check_backends, check_context, check_models, drafter_file,
-                                         unknown_backend)
+from specmesh.host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, generate
-from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path
+from specmesh.host.decode.stopstrings import StopStrings
+from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE
 
 
 class GenerationFailed(Exception):
@@ -37,7 +37,11 @@ class GenerationFailed(Exception):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="text to continue (default: %(default)r)")
+    p.add_argument("--prompt", default=None,
+                   help="text to continue, or - to read it from stdin (default: %r)" % DEFAULT_PROMPT)
+    p.add_argument("--prompt-file", metavar="F", type=Path, help="read the text to continue from file F (UTF-8)")
+    p.add_argument("--stop", metavar="STRING", action="append", default=[],
+                   help="end the text before this string (repeatable; the generated text only is searched)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=0, help="target top-k, 0 = off (default: %(default)s)")
@@ -45,8 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-top-k", type=int, default=8, help="size of the drafter's q-hat tables (default: 8)")
     p.add_argument("--seed", type=int, default=0, help="session seed: same seed, same text (default: 0)")
     p.add_argument("--drafter", default="virtual",
-                   help="PORT | auto (the flashed drafter board among the ESP32 USB ports) | virtual | "
-                        "virtual:CLASS (a virtual board of that class) | cpu (default: virtual)")
+                   help="PORT (or mpremote's a0, u0, c0) | auto (the flashed drafter board among the ESP32 USB "
+                        "ports) | virtual | virtual:CLASS (a virtual board of that class) | cpu (default: virtual)")
     p.add_argument("--verifier", default="virtual",
                    help="PORT | auto | virtual | virtual:CLASS | cpu | torch-cpu | gpu (default: virtual)")
     p.add_argument("--gamma", default="auto", help="drafts per round: auto, or a fixed K >= 0 (default: auto)")
@@ -58,8 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="virtual radio: probability a packet arrives twice (default 0)")
     p.add_argument("--spec-ahead", type=int, default=0, metavar="N",
                    help="virtual drafter board: tokens it drafts ahead while a verdict is pending (pipelined "
-                        "speculation). Off by default in emulation: the virtual boards share the host's cores, "
-                        "so drafting ahead slows the verifier (64 tokens, gamma 2: 13.3 -> 7.9 tok/s)")
+                        "speculation; default 0). The virtual boards share the host's cores, so what it buys "
+                        "depends on the machine's load (64 tokens at --gamma 2, median of 8 runs on 2 shared "
+                        "cores: 821 tok/s without, 1087 with --spec-ahead 4)")
     p.add_argument("--plain", action="store_true", help="target-only decoding on the same verifier (baseline)")
     p.add_argument("--stages", type=int, default=0, metavar="N",
                    help="verify on a pipeline of N virtual stage boards (classic ESP32s), the target's layers split "
@@ -80,6 +85,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", type=Path, default=MODELS,
                    help="folder with %s, %s and a llama2.c %s" % (MODEL_FILES["drafter"], MODEL_FILES["verifier"],
                                                                    TOKENIZER_FILE))
+    p.add_argument("--model", metavar="FILE", type=Path,
+                   help="the target model file (default: %s in --models)" % MODEL_FILES["verifier"])
+    p.add_argument("--draft-model", metavar="FILE", type=Path,
+                   help="the drafter model file (default: %s in --models; a drafter board runs the model it was "
+                        "flashed with, and the host reads that one from the same folder)" % MODEL_FILES["drafter"])
     p.add_argument("--no-color", action="store_true", help="never colour the streamed text")
     p.add_argument("--quiet", action="store_true", help="do not stream the text (the table is still printed)")
 
@@ -121,8 +131,8 @@ class Setup(contextlib.ExitStack):
 
                 radio = RadioConfig(loss=c.radio_loss, duplicate=c.radio_dup, seed=c.seed)
             say = None if c.quiet else (lambda line: print("specmesh: " + line, file=sys.stderr, flush=True))
-            self._cluster = self.enter_context(Cluster(c.transport, c.models, radio=radio,
-                                                       spec_ahead=c.spec_ahead, key=self.key, say=say))
+            self._cluster = self.enter_context(Cluster(c.transport, c.models, radio=radio, spec_ahead=c.spec_ahead,
+                                                       key=self.key, say=say, files=c.named_models()))
         return self._cluster
 
     def make(self, kind: str, name: str):
@@ -130,9 +140,7 @@ class Setup(contextlib.ExitStack):
         fac = backends.factory(kind, name)
         if fac is None:
             raise UsageError(unknown_backend(kind, name) or name)
-        c = self.config
-        model = c.models / drafter_file(name, c.models, c.transport) if kind == "drafter" else model_path(c.models, kind)
-        backend = fac(model, name=name, boards=self)
+        backend = fac(self.config.model_file(kind), name=name, boards=self)
         self.callback(backend.close)
         return backend
 
@@ -155,12 +163,21 @@ def build_stats(config: RunConfig, params: SessionParams, result: Result, text: 
         "gamma_policy": "plain" if drafter is None else ("auto" if controller.fixed is None else "fixed"),
         "wall_s": result.wall_s,
         "tokens_per_s": n / result.wall_s if result.wall_s > 0 else 0.0,
+        # prefill: BEGIN to the first round's tokens (host/decode/orchestrator.py); decode: the rest
+        "prefill_s": result.prefill_s,
+        "prefill_tokens_per_s": prompt_len / result.prefill_s if result.prefill_s > 0 else 0.0,
+        "decode_s": result.wall_s - result.prefill_s,
+        "decode_tokens": result.decode_tokens,
+        "decode_tokens_per_s": (result.decode_tokens / (result.wall_s - result.prefill_s)
+                                if result.wall_s > result.prefill_s else 0.0),
         "bus_bytes_per_token": result.bus_bytes / n if n else 0.0,
         "bus_bytes_per_token_by_link": {  # the host's link to each board (0 for an in-process back-end)
             "verifier": sum(r.bytes_verify for r in result.rounds) / n if n else 0.0,
             "drafter": sum(r.bytes_draft for r in result.rounds) / n if n else 0.0},
         "verifier": verifier.name,
         "drafter": drafter.name if drafter else None,
+        "drafter_model": (drafter.info.get("model") if hasattr(drafter, "info") else
+                          config.model_file("drafter").name) if drafter else None,
         "stop": result.stop,
         "context": verifier.max_seq,
         "seed": config.seed,
@@ -217,9 +234,9 @@ def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
     no board booted, no port held when one of these fails."""
     names = config.backend_names
     try:
-        headers = check_models(config.models, sorted({*names, *(["drafter"] if config.project else [])}),
-                               {"drafter": drafter_file(config.drafter, config.models, config.transport)})
-        check_context(prompt_tokens, headers["verifier"])
+        roles = sorted({*names, *(["drafter"] if config.project else [])})
+        headers = check_models({r: config.model_file(r) for r in roles}, roles)
+        check_context(prompt_tokens, headers["verifier"], config.model_file("verifier").name)
         return headers, check_backends(names, config.transport, config.key)
     except PreflightError as e:
         raise UsageError(str(e)) from None
@@ -238,6 +255,8 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
     with Setup(config) as setup:
         verifier = setup.make("verifier", names["verifier"])
         drafter = None if config.plain else setup.make("drafter", names["drafter"])
+        if drafter is not None and "drafter" in headers:  # price the model the drafter board runs
+            headers["drafter"] = _drafter_head(drafter, config.model_file("drafter"), headers["drafter"])
         # With sampling, which positions get a draft changes the text (the accept test and the residual
         # draw replace plain decoding's draw there), so an adaptive gamma fed wall-clock times would
         # make the same seed give different texts. Sampling with --gamma auto therefore chooses gamma
@@ -249,9 +268,10 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
         controller = GammaController(fixed=fixed) if fixed is None else GammaController(max_gamma=fixed, fixed=fixed)
         # a projection that credits pipelined drafting plans gamma and the look-ahead for it
         controller.pipelined = bool(drafter is not None and costs is not None and costs.pipelined)
+        stops = StopStrings(config.stop)
         stream = None
         if not config.quiet:
-            stream = TokenStream(lambda t: tok.pieces[t], out, color=config.color)
+            stream = TokenStream(lambda t: tok.pieces[t], out, color=config.color, stops=stops)
             out.write(config.prompt)
             out.flush()
         try:
@@ -260,17 +280,31 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
                               costs=costs.round_costs if costs else None,
                               fallback=None if names["verifier"] in ("cpu", PIPELINE) else (
                                   lambda: setup.make("verifier", "cpu")),
-                              on_failover=lambda line: print("\nspecmesh: " + line, file=sys.stderr, flush=True))
+                              on_failover=lambda line: print("\nspecmesh: " + line, file=sys.stderr, flush=True),
+                              stop_when=(lambda ids: stops.cut(tok.decode(ids)) is not None) if stops else None)
         except (BackendError, RuntimeError) as e:
             if stream:
                 out.write("\n")
             raise GenerationFailed(_one_line(e)) from None
         if stream:
             stream.finish()
-        stats = build_stats(config, params, result, tok.decode(result.tokens), verifier, drafter, controller,
+        text = tok.decode(result.tokens)
+        stats = build_stats(config, params, result, text[:stops.cut(text)], verifier, drafter, controller,
                             len(prompt), projector)
         stats["gamma_costs"] = ("projected %s" % costs.board.name) if costs else "measured"
     return stats
+
+
+def _drafter_head(drafter, given: Path, head):
+    """The header of the model a drafter board reports running (HELLO: e.g. drafter.spm on an S3 drafter board
+    where its class's drafter was assumed) when that file is beside `given`; else `head`, `given`'s."""
+    name = getattr(drafter, "info", {}).get("model", "").rsplit("/", 1)[-1]
+    if not name or name == given.name or not (given.parent / name).is_file():
+        return head
+    try:
+        return check_models({"drafter": given.parent / name}, ["drafter"])["drafter"]
+    except PreflightError as e:
+        raise UsageError(str(e)) from None
 
 
 def main(a: argparse.Namespace) -> int:

@@ -5,10 +5,13 @@ ask the verifier for a verdict over the gamma + 1 positions, commit the accepted
 emitted token, tell both back-ends (they roll back everything beyond it). gamma = 0 is a round of
 plain decoding on the verifier; without a drafter (`--plain`) every round is one, and so is every
 round once the drafter's context is full. The stream stops at the end-of-stream token, at
-`max_tokens`, or when the verifier's context is full.
+`max_tokens`, when the verifier's context is full, or when the caller's `stop_when` says so (a stop
+string in the text, host/decode/stopstrings.py).
 
 Times are measured around each call (so they include bus round trips) and fed back to the gamma
-controller; bus bytes come from the back-ends' links.
+controller; bus bytes come from the back-ends' links. `Result.prefill_s` is the time from BEGIN to the
+first round's tokens: the prompt's prefill on every back-end (a drafter board prefills at BEGIN, a
+verifier at its first verdict) and that first round; what follows is the decode.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ class Result:
     tokens: list[int]  # generated tokens (prompt excluded, end-of-stream token excluded)
     rounds: list[Round] = field(default_factory=list)
     wall_s: float = 0.0
-    stop: str = "max_tokens"  # "eos", "max_tokens" or "context"
+    stop: str = "max_tokens"  # "eos", "max_tokens", "context" or "stop" (`stop_when` ended it)
+    begin_s: float = 0.0  # the BEGIN calls (a drafter board prefills there; a verifier at its first verdict)
     failovers: list[str] = field(default_factory=list)  # one line per back-end that failed and was replaced
 
     @property
@@ -86,6 +90,17 @@ class Result:
         return sum(r.n_committed for r in self.rounds) / len(self.rounds) if self.rounds else 0.0
 
     @property
+    def prefill_s(self) -> float:
+        """BEGIN to the first round's tokens: the prompt's prefill on every back-end, and that round."""
+        r = self.rounds[0] if self.rounds else None
+        return self.begin_s + (r.t_draft + r.t_verify + r.t_commit if r else 0.0)
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens committed after the first round: the decode's share of the stream."""
+        return len(self.tokens) - self.rounds[0].n_committed if self.rounds else 0
+
+    @property
     def gamma_hist(self) -> dict[int, int]:
         return dict(sorted(Counter(r.gamma for r in self.rounds).items()))
 
@@ -97,16 +112,19 @@ class Result:
 OnRound = Callable[[Sequence[int], Sequence[int]], None]  # (accepted drafts, emitted tokens)
 Costs = Callable[[Round], tuple[float, float, float]]  # (draft, verify, commit) seconds of a round
 Fallback = Callable[[], Verifier]  # a replacement verifier (its session is begun by the loop)
+StopWhen = Callable[[Sequence[int]], bool]  # True: the tokens generated so far end the stream
+Clock = Callable[[], float]
 
 
 def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None, params: SessionParams,
              max_tokens: int, controller: GammaController | None = None, on_round: OnRound | None = None,
-             clock: Callable[[], float] = time.perf_counter, costs: Costs | None = None,
-             fallback: Fallback | None = None, on_failover: Callable[[str], None] | None = None) -> Result:
+             clock: Clock = time.perf_counter, costs: Costs | None = None, fallback: Fallback | None = None,
+             on_failover: Callable[[str], None] | None = None, stop_when: StopWhen | None = None) -> Result:
     """Generate up to `max_tokens` tokens after `prompt`; speculative when a drafter is given.
 
     The gamma controller learns from the measured seconds of each round, or from `costs(round)` when
-    given (a projection to other hardware, host/projection/rounds.py).
+    given (a projection to other hardware, host/projection/rounds.py). `stop_when(out)` True ends the stream
+    after a round (stop "stop"; the rounds are the same, so it is a prefix of the stream without).
 
     Fail-over, when `fallback` is given: a verifier that fails (BackendError: it stopped answering, its
     link died) is replaced by `fallback()`, begun on the committed prefix, and the round runs again; a
@@ -116,7 +134,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     """
     if not prompt:
         raise ValueError("the prompt must hold at least one token")
-    controller = controller or GammaController()
+    controller = _primed(controller or GammaController(), costs if drafter else None, len(prompt), params)
     max_seq = verifier.max_seq
     if drafter and len(prompt) >= drafter.max_seq:  # the drafter's context cannot hold the prompt: plain
         drafter = None
@@ -127,7 +145,9 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     result = Result(out)
     failover = _Failover(fallback, result, on_failover)
     start = clock()
-    _begin(verifier, drafter, params, committed, controller, costs)
+    for backend in (verifier, drafter) if drafter else (verifier,):
+        backend.begin(params, committed)
+    result.begin_s = clock() - start  # a drafter board prefills at BEGIN, a verifier at its first verdict
     synced = len(committed)  # the drafter has fed the stream up to here (drafters prefill the prompt at begin)
     while len(out) < max_tokens:
         if len(committed) >= max_seq:
@@ -170,24 +190,20 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
                            ended=token == -1, lag=lag, timed=len(result.rounds) > 1)
         if on_round:
-            vis_acc = [t for t in accepted if t != params.eos] if ended else accepted
-            on_round(vis_acc, [t for t in emitted if not ended or t != params.eos])
-        if ended:
-            result.stop = "eos"
+            on_round(*_visible(accepted, emitted, params.eos if ended else None))
+        if ended or (stop_when is not None and stop_when(out)):
+            result.stop = "eos" if ended else "stop"
             break
     result.wall_s = clock() - start
     return result
 
 
-def _begin(verifier: Verifier, drafter: Drafter | None, params: SessionParams, committed: list[int],
-           controller: GammaController, costs: Costs | None) -> None:
-    """Begin the session on both back-ends; with projected costs (known beforehand) an adaptive gamma
-    controller is primed with them instead of probing for them."""
-    verifier.begin(params, committed)
-    if drafter:
-        drafter.begin(params, committed)
-        if costs and controller.fixed is None:
-            controller.prime(lambda g: costs(_probe_round(len(committed), g, params)))
+def _primed(controller: GammaController, costs: Costs | None, pos0: int, params: SessionParams) -> GammaController:
+    """The controller, primed with projected costs (known beforehand, so no probing for them) when it is
+    adaptive and they are given."""
+    if costs and controller.fixed is None:
+        controller.prime(lambda g: costs(_probe_round(pos0, g, params)))
+    return controller
 
 
 def _probe_round(pos0: int, gamma: int, params: SessionParams) -> Round:
@@ -197,6 +213,12 @@ def _probe_round(pos0: int, gamma: int, params: SessionParams) -> Round:
     entries = [(0, list(range(width)), [ONE - width + 1] + [1] * (width - 1))] * gamma
     return Round(gamma, gamma, gamma + 1, pos0, draft_size(entries), draft_size(entries, partial=True), 0, False, 0,
                  0.0, 0.0, 0.0, 0, 0)
+
+
+def _visible(accepted: list[int], emitted: list[int], eos: int | None) -> tuple[list[int], list[int]]:
+    """What a round shows: its accepted drafts and emitted tokens, without the end token `eos` (None: it did
+    not end the stream)."""
+    return [t for t in accepted if t != eos], [t for t in emitted if t != eos]
 
 
 def _guess(draft: Draft, gamma: int) -> tuple[Draft, int | None]:

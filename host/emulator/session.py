@@ -25,13 +25,16 @@ class Emulation(contextlib.ExitStack):
         root: str | Path | None = None,
         radio: RadioConfig | None = None,
         flash_bytes: int | None = None,
+        romfs_bytes: int | None = None,
     ) -> None:
+        """`romfs_bytes`: each board's ROMFS partition (None: its class's; 0: none, as stock firmware)."""
         super().__init__()
         self.n = n
         self.board = board
         self.root = root
         self.radio_config = radio or RadioConfig()
         self.flash_bytes = flash_bytes
+        self.romfs_bytes = romfs_bytes
         self.hub: RadioHub | None = None
         self.boards: list[VirtualBoard] = []
 
@@ -43,7 +46,8 @@ class Emulation(contextlib.ExitStack):
             self.hub = self.enter_context(RadioHub(self.radio_config))
             for i in range(self.n):
                 vb = VirtualBoard(root / f"board{i}", self.board, name=f"board{i}", mac=board_mac(i),
-                                  radio=self.hub.address, mtu=self.radio_config.mtu, flash_bytes=self.flash_bytes)
+                                  radio=self.hub.address, mtu=self.radio_config.mtu, flash_bytes=self.flash_bytes,
+                                  romfs_bytes=self.romfs_bytes)
                 self.enter_context(vb)
                 self.boards.append(vb)
         except BaseException:

@@ -141,8 +141,9 @@ class Cluster(contextlib.ExitStack):
 
     def __init__(self, transport: str = "serial", models: Path = MODELS, root: Path = VBOARDS,
                  radio=None, spec_ahead: int = 0, faults=None, key: bytes | None = None,
-                 say: Callable[[str], None] | None = None):
-        """`key`: provisioned onto every board at flashing, and every frame signed with it."""
+                 say: Callable[[str], None] | None = None, files: dict[str, Path] | None = None):
+        """`key`: provisioned onto every board at flashing, and every frame signed with it. `files`: the
+        model file of a role ("drafter", "verifier"; default: drafter.spm and target.spm in `models`)."""
         super().__init__()
         self.faults = faults  # host/bus/faults.py Faults on every host link, or None
         self.key = key
@@ -151,10 +152,22 @@ class Cluster(contextlib.ExitStack):
         self.spec_ahead = spec_ahead  # drafter config: tokens drafted ahead while a verdict is pending
         self.transport = transport
         self.models = Path(models)
+        self.files = dict(files or {})
         self.root = Path(root)
         self.radio = radio
         self.boards: dict = {}
         self._bus: Bus | None = None
+
+    def model(self, kind: str, board: str | None = None) -> Path:
+        """The model file a board of role `kind` (and class `board`) is flashed with: the one named in
+        `files`, else a drafter board's class drafter (host/boardclasses.py: the one its memory runs
+        fastest), a verifier's or stage's the target."""
+        named = self.files.get("drafter" if kind == "drafter" else "verifier")
+        if named is not None:
+            return named
+        if kind == "drafter":
+            return drafter_model(self.models, board or ROLE_CLASS[kind])
+        return model_path(self.models, kind)
 
     def start(self, kind: str, config: dict | None = None, radio=None, board: str | None = None,
               stage: tuple[int, int, int] | None = None):
@@ -166,9 +179,7 @@ class Cluster(contextlib.ExitStack):
         from specmesh.host.emulator.session import board_mac  # noqa: PLC0415
         from specmesh.host.provision.flash import FlashError, flash, summary  # noqa: PLC0415
 
-        # a drafter board runs its class's drafter (host/boardclasses.py: the one its memory runs fastest)
-        model = (drafter_model(self.models, board or ROLE_CLASS[kind]) if kind == "drafter"
-                 else model_path(self.models, kind))
+        model = self.model(kind, board or ROLE_CLASS[kind])
         name = kind if stage is None else "stage%d" % stage[0]
         if board is not None and board != ROLE_CLASS[kind]:
             name += "-" + board  # its own flash folder
@@ -228,7 +239,7 @@ class Cluster(contextlib.ExitStack):
         from specmesh.host.backends.modelio import check_model_file  # noqa: PLC0415
         if self.transport != "serial":
             raise BackendError("--stages runs on --transport serial (the host relays between stages)")
-        n_layers = check_model_file(model_path(self.models, "stage"))[0].n_layers
+        n_layers = check_model_file(self.model("stage"))[0].n_layers
         layers = split_layers(n_layers, n)
         stages = []
         for i, (a, b) in enumerate(layers):

@@ -8,6 +8,10 @@ copies the files, the role's model file and /specmesh.json (role, node id, model
 over the raw REPL (the key only there: the temporary copy is deleted), checks every file's
 SHA-256 on the board, and soft-resets the board so main.py starts the node.
 
+A drafter flashed without a named model gets its board class's drafter (host/boardclasses.py: the 40-wide
+one from a classic ESP32's heap, stock firmware without ROMFS included; the 64-wide one in an S3's PSRAM);
+the report's note says which, where and what it costs in acceptance (host/provision/drafters.py).
+
 A drafter's or verifier's model goes into the board's ROMFS partition when the board has no PSRAM and a
 partition that holds the model's image (host/provision/romfs.py; /rom/<name>, memory-mapped flash the
 engine reads in place, so the weights need no heap), else (or with `use_romfs=False`) to /models/ on the
@@ -37,7 +41,7 @@ from specmesh.host.boardclasses import ESP32, ESP32S3, drafter_model, has_psram,
 from specmesh.host.bus import ports
 from specmesh.host.layout import MODELS, ROOT, model_path
 from specmesh.host.mpycross import CompileError, compile_py
-from specmesh.host.provision import romfs
+from specmesh.host.provision import drafters, romfs
 from specmesh.shared.modelfile import ModelFileError, stage_bytes
 
 NODE_ID = {"drafter": 1, "verifier": 2, "stage": 10}  # the node id each role gets; its model: host/layout.py
@@ -88,6 +92,8 @@ class FlashReport:
     written: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     bytes_written: int = 0
+    model: str = ""  # the model file flashed
+    note: str = ""  # the shipped drafter chosen for the board, where it runs and what it costs ("" if none)
 
 
 def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | None = None) -> dict[str, Path]:
@@ -297,6 +303,7 @@ def flash(
             fs_dest = f"{MODEL_DIR}/{model.name}"
         image = _rom_image(info, role, model, heap_bytes) if use_romfs else b""
         model_dest = f"{romfs.ROM_DIR}/{model.name}" if image else fs_dest
+        note = drafters.describe(model.name, _placement(info, image)) if by_class else ""
         with tempfile.TemporaryDirectory(prefix="specmesh-flash-") as tmp:
             files = build(info.arch, Path(tmp), iter(sources) if sources is not None else None)
             if not image:
@@ -307,13 +314,15 @@ def flash(
             files[CONFIG_PATH] = config_file = Path(tmp) / "specmesh.json"
             config_file.write_text(json.dumps(config, sort_keys=True))
             check_board(info, role, heap_bytes, sum(p.stat().st_size for p in files.values()), len(image))
-            report = FlashReport(port, info)
+            report = FlashReport(port, info, model=model.name, note=note)
             _copy(transport, files, model_dest, report, progress)
         _clear_native(transport, files)
         if image:
             _deploy(transport, image, model_dest, report, progress)
             if transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
                 transport.fs_rmfile(fs_dest)
+        if by_class:
+            _remove_other_drafter(transport, model.name)
         transport.exit_raw_repl()
         if reset:
             transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
@@ -324,6 +333,20 @@ def flash(
         raise
     finally:
         transport.close()
+
+
+def _placement(info: BoardInfo, image: bytes) -> str:
+    """Where a flashed model's weights live on the board, in a few words for the user."""
+    if has_psram(info.mem_free):
+        return "weights in PSRAM"
+    return "weights read in place from the ROMFS partition" if image else "weights and engine in the heap"
+
+
+def _remove_other_drafter(transport, flashed: str) -> None:
+    """The other shipped drafter, left on the filesystem by an earlier flash, would only fill it."""
+    for other in sorted(set(drafters.SHIPPED) - {flashed}):
+        if transport.fs_exists(f"{MODEL_DIR}/{other}"):
+            transport.fs_rmfile(f"{MODEL_DIR}/{other}")
 
 
 def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, int] | None) -> tuple[Path, int]:

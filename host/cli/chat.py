@@ -1,0 +1,122 @@
+"""`specmesh chat`: an interactive session on `specmesh run`'s back-ends and flags: each line typed joins
+the context, the model continues it (speculatively, as `run` does, up to --max-tokens a turn, ending
+before a --stop string), and the context is kept across turns until it fills; then one line says so and
+the session ends. --prompt or --prompt-file, when given, is the first turn. The stories model has no
+chat template: a turn's text is appended to the story as typed.
+
+Each turn begins the back-ends on the whole context (BEGIN carries it), so a board that restarted between
+turns loses nothing; the gamma controller keeps what it learned across turns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+
+from specmesh.host.backends import BackendError
+from specmesh.host.cli.output import TokenStream
+from specmesh.host.cli.run import (GenerationFailed, Setup, UsageError, _one_line, add_arguments, check_args,
+                                   load_tokenizer, preflight)
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.stopstrings import StopStrings
+
+PROMPT = "> "
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("chat", help="an interactive session: each line continues the story, the context kept "
+                                    "across turns until it fills")
+    add_arguments(p)
+    p.set_defaults(func=main)
+
+
+def main(a: argparse.Namespace) -> int:
+    try:
+        return chat(a, _lines(), sys.stdout, echo=not sys.stdin.isatty())
+    except UsageError as e:
+        print("specmesh chat: error: %s" % e, file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nspecmesh chat: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - every failure is one line for the user, never a traceback
+        if os.environ.get("SPECMESH_DEBUG"):
+            raise
+        print("specmesh chat: error: %s" % _one_line(e), file=sys.stderr)
+        return 1 if isinstance(e, GenerationFailed) else 2
+
+
+def _lines():
+    """The turns typed: input() with a prompt on a terminal, else stdin's lines; EOF ends them."""
+    tty = sys.stdin.isatty()
+    while True:
+        try:
+            line = input(PROMPT) if tty else sys.stdin.readline()
+        except EOFError:
+            return
+        if not tty and not line:
+            return
+        yield line.rstrip("\r\n")
+
+
+def chat(a: argparse.Namespace, lines, out, echo: bool = True) -> int:
+    """Run the turns `lines` gives, each shown before its continuation when `echo` (a terminal has shown
+    it already); returns the exit status (0 also when the context filled)."""
+    opening = a.prompt is not None or a.prompt_file is not None
+    if a.prompt == "-":
+        raise UsageError("chat reads its turns from stdin: give the first turn as --prompt TEXT or --prompt-file F")
+    for flag, given in (("--stats-json", a.stats_json), ("--project", a.project), ("--quiet", a.quiet)):
+        if given:
+            raise UsageError("chat prints each turn's text and no stats: drop %s (specmesh run takes it)" % flag)
+    config = check_args(a)
+    tok = load_tokenizer(config.models)
+    first = tok.encode(config.prompt)
+    names = preflight(config, len(first))[1]
+    from specmesh.host.decode.tokenizer import BOS  # noqa: PLC0415
+
+    params = config.session_params(eos=BOS)
+    stops = StopStrings(config.stop)
+    fixed = config.gamma
+    with Setup(config) as setup:
+        verifier = setup.make("verifier", names["verifier"])
+        drafter = None if config.plain else setup.make("drafter", names["drafter"])
+        controller = GammaController() if fixed is None else GammaController(max_gamma=fixed, fixed=fixed)
+        context: list[int] = []
+        for i, line in enumerate(itertools.chain([config.prompt] if opening else [], lines)):
+            new = first if i == 0 and opening else tok.encode(line, bos=not context)
+            if len(context) + len(new) >= verifier.max_seq:
+                print("specmesh chat: the context is full (%d of %d positions; this turn needs %d more): start a "
+                      "new chat" % (len(context), verifier.max_seq, len(new)), file=sys.stderr)
+                return 0
+            context += new
+            if echo or (i == 0 and opening):
+                out.write(line)
+            stream = TokenStream(lambda t: tok.pieces[t], out, color=config.color, stops=stops)
+            try:
+                result = generate(context, verifier, drafter, params, config.max_tokens, controller,
+                                  on_round=stream.write,
+                                  stop_when=(lambda ids: stops.cut(tok.decode(ids)) is not None) if stops else None)
+            except (BackendError, RuntimeError) as e:
+                out.write("\n")
+                raise GenerationFailed(_one_line(e)) from None
+            stream.finish()
+            context += _kept(tok, result.tokens, stops)
+            if result.stop == "context":
+                print("specmesh chat: the context is full (%d positions): start a new chat" % verifier.max_seq,
+                      file=sys.stderr)
+                return 0
+    return 0
+
+
+def _kept(tok, tokens: list[int], stops: StopStrings) -> list[int]:
+    """The turn's tokens the context keeps: all, or with a stop string those whose text ends before it."""
+    cut = stops.cut(tok.decode(tokens)) if stops else None
+    if cut is None:
+        return tokens
+    n = len(tokens)
+    while n and len(tok.decode(tokens[:n])) > cut:
+        n -= 1
+    return tokens[:n]

@@ -1,0 +1,97 @@
+"""`specmesh console PORT`: a board's console on this terminal (its REPL, or what its node prints) until
+Ctrl-], as `mpremote connect PORT repl` gives it.
+
+On a terminal, keys go to the board as typed (raw mode: Ctrl-C interrupts the board, not this program);
+Ctrl-] leaves. From a pipe (`echo 'print(1)' | specmesh console u0`), the input is sent and the board's
+output shown until it has been quiet for `QUIET_S` after the input ended. Nothing is sent on connecting,
+so a running node is watched, not disturbed.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import time
+
+import serial
+
+from specmesh.host.bus import ports
+
+LEAVE = b"\x1d"  # Ctrl-]
+QUIET_S = 1.0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("console", help="a board's console (REPL or node output) on this terminal; Ctrl-] leaves")
+    p.add_argument("port", metavar="PORT", help="serial port (a0, u0, c0 as in mpremote), or auto")
+    p.add_argument("--baud", type=int, default=115200, help="baud rate (default: %(default)s)")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    try:
+        import termios  # noqa: PLC0415 - POSIX only; imported here so the rest of the CLI runs anywhere
+        import tty  # noqa: PLC0415
+    except ImportError:
+        print("specmesh console: needs a POSIX terminal; on Windows use `mpremote connect %s repl`" % args.port,
+              file=sys.stderr)
+        return 1
+    try:
+        port = ports.resolve_port(args.port)
+        if not ports.exists(port):
+            raise ports.PortError(ports.missing(port))
+        link = serial.serial_for_url(port, args.baud, timeout=0, exclusive=True)
+    except ports.PortError as e:
+        print("specmesh console: %s" % e, file=sys.stderr)
+        return 1
+    except (serial.SerialException, OSError, ValueError):
+        print("specmesh console: %s" % (ports.why_unopenable(args.port) or "cannot open %s" % args.port),
+              file=sys.stderr)
+        return 1
+    print("specmesh console: %s; Ctrl-] leaves" % port, file=sys.stderr, flush=True)
+    stdin = sys.stdin.fileno()
+    saved = termios.tcgetattr(stdin) if os.isatty(stdin) else None
+    try:
+        if saved is not None:
+            tty.setraw(stdin)
+        return _pump(link, stdin, sys.stdout.buffer)
+    except KeyboardInterrupt:
+        return 130
+    except (serial.SerialException, OSError) as e:
+        print("\r\nspecmesh console: lost %s: %s" % (port, e), file=sys.stderr)
+        return 1
+    finally:
+        if saved is not None:
+            termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
+        link.close()
+
+
+def _pump(link, stdin: int, out) -> int:
+    """Copy the board's output to `out` and `stdin` to the board until Ctrl-], or until the board has
+    been quiet for QUIET_S after stdin ended."""
+    ended_at = None
+    board = link.fileno()
+    while True:
+        readable, _, _ = select.select([board] + ([stdin] if ended_at is None else []), [], [], 0.1)
+        if board in readable:
+            data = link.read(link.in_waiting or 1)
+            if data:
+                out.write(data)
+                out.flush()
+                if ended_at is not None:
+                    ended_at = time.monotonic()
+        if stdin in readable:
+            data = os.read(stdin, 1024)
+            if not data:
+                ended_at = time.monotonic()
+                continue
+            head, leave, _ = data.partition(LEAVE)
+            if head:
+                link.write(head)
+            if leave:
+                out.write(b"\r\n")
+                out.flush()
+                return 0
+        if ended_at is not None and time.monotonic() - ended_at >= QUIET_S:
+            return 0

@@ -1,0 +1,42 @@
+"""What `specmesh flash` says about the shipped drafter a board gets when no --model is named: which, where
+its weights live, and what it costs in acceptance against the widest. Which drafter a board class runs is
+host/boardclasses.py's (`BoardClass.drafter`: drafter-esp32.spm from a classic ESP32's heap, stock firmware
+included, drafter.spm in an S3's PSRAM); the figures are models/MODEL_CARD.md's (gamma 4, q-hat of 8, 64
+held-out stories). The target decides every token, so either drafter gives the same text: the smaller one
+costs speed, never output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specmesh.host.boardclasses import ESP32, ESP32S3
+
+
+@dataclass(frozen=True)
+class ShippedDrafter:
+    file: str
+    width: int
+    alpha_greedy: float  # alpha at T = 0
+    per_verification: float  # tokens per verification at T = 0
+    alpha_sampled: float  # alpha at T = 1
+
+    def acceptance(self) -> str:
+        return "alpha %.3f greedy (%.2f tokens per verification), %.3f at T = 1" % (
+            self.alpha_greedy, self.per_verification, self.alpha_sampled)
+
+
+WIDE = ShippedDrafter(ESP32S3.drafter, 64, 0.841, 3.60, 0.705)
+HEAP = ShippedDrafter(ESP32.drafter, 40, 0.788, 3.20, 0.616)
+SHIPPED = {d.file: d for d in (WIDE, HEAP)}
+
+
+def describe(name: str, where: str) -> str:
+    """The line flash prints for the drafter file `name` it chose, placed `where` (a few words)."""
+    drafter = SHIPPED.get(name)
+    if drafter is None:  # a models folder of one drafter: every board runs that one
+        return "drafter model %s (%s)" % (name, where)
+    line = "drafter model %s (%d wide; %s): %s" % (drafter.file, drafter.width, where, drafter.acceptance())
+    if drafter is not WIDE:
+        line += "; %s would give %s" % (WIDE.file, WIDE.acceptance())
+    return line

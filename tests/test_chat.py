@@ -1,0 +1,69 @@
+"""`specmesh chat` (host/cli/chat.py): turns continue one context, kept until it fills, then one line."""
+
+import argparse
+import io
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from specmesh.host import cli
+from specmesh.host.backends import LocalVerifier, SessionParams
+from specmesh.host.cli.chat import chat
+from specmesh.host.cli.run import add_arguments
+from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.tokenizer import BOS, Tokenizer
+from specmesh.tools.testmodels import random_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def args(models, *extra):
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(["--models", str(models), "--drafter", "cpu", "--verifier", "cpu", *extra])
+
+
+def test_each_turn_continues_the_whole_context(models):
+    out = io.StringIO()
+    assert chat(args(models, "--max-tokens", "12", "--gamma", "3"), iter(["The cat", "Then a dog"]), out) == 0
+    first, second = out.getvalue().splitlines()
+    tok = Tokenizer.from_llama2c(models / "tokenizer.bin")
+    target = LocalVerifier(models / "target.spm")
+    params = SessionParams(eos=BOS)
+    context = tok.encode("The cat")
+    one = generate(context, target, None, params, 12).tokens  # plain decoding: the same text, lossless
+    context += one + tok.encode("Then a dog", bos=False)
+    two = generate(context, target, None, params, 12).tokens
+    assert first == "The cat" + tok.decode(one) and second == "Then a dog" + tok.decode(two)
+    alone = io.StringIO()
+    chat(args(models, "--max-tokens", "12", "--gamma", "3"), iter(["Then a dog"]), alone)
+    assert alone.getvalue() != "Then a dog" + tok.decode(two) + "\n"  # the first turn mattered
+
+
+def test_a_full_context_ends_the_session_with_one_line(tmp_path, capsys):
+    shutil.copy(ROOT / "models" / "tokenizer.bin", tmp_path / "tokenizer.bin")
+    random_model(tmp_path / "target.spm", vocab=512, max_seq=24, seed=5)
+    turns = ["one two", "three four", "five six", "seven eight", "nine ten"]
+    rc = chat(args(tmp_path, "--plain", "--max-tokens", "6"), iter(turns), io.StringIO())
+    err = capsys.readouterr().err
+    assert rc == 0 and err.startswith("specmesh chat: the context is full (") and err.count("\n") == 1
+    assert "of 24 positions" in err or "(24 positions)" in err
+
+
+def test_chat_from_a_pipe_with_an_opening_turn_and_a_stop_string():
+    done = subprocess.run([sys.executable, "-m", "specmesh.host.cli", "chat", "--verifier", "cpu", "--drafter", "cpu",
+                           "--prompt", "Once upon a time", "--stop", ".", "--max-tokens", "40"],
+                          input="She smiled\n", capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "Once upon a time, there was a little girl named Lily"
+    assert len(lines) == 2 and lines[1].startswith("She smiled") and "." not in lines[1]
+
+
+def test_chat_refuses_stdin_as_its_first_turn_and_run_only_flags(models, capsys):
+    assert cli.main(["chat", "--models", str(models), "--verifier", "cpu", "--prompt", "-"]) == 2
+    assert "chat reads its turns from stdin" in capsys.readouterr().err
+    assert cli.main(["chat", "--models", str(models), "--verifier", "cpu", "--stats-json", "s.json"]) == 2
+    assert capsys.readouterr().err == ("specmesh chat: error: chat prints each turn's text and no stats: drop "
+                                       "--stats-json (specmesh run takes it)\n")

@@ -1,0 +1,141 @@
+"""What llama.cpp users reach for in `specmesh run`: the prompt from stdin or a file, stop strings, model
+files named one by one, prefill and decode timed apart (host/cli/run.py, host/decode/stopstrings.py)."""
+
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specmesh.host import cli
+from specmesh.host.cli.output import GREEN, RESET, TokenStream
+from specmesh.host.cli.run import add_arguments, run
+from specmesh.host.decode.stopstrings import StopStrings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def args(models, *extra):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(["--models", str(models), "--drafter", "cpu", "--verifier", "cpu", *extra])
+
+
+def test_stop_strings_end_the_text_before_the_first_one_and_hold_back_what_may_begin_one():
+    s = StopStrings(["The end", "."])
+    assert s.cut("once. The end.") == 4 and s.cut("no stop here") is None
+    assert s.showable("a story, Th") == len("a story, ")  # "Th" may become "The end"
+    assert s.showable("it was The e") == len("it was ") and s.showable("The cat") == len("The cat")
+    assert s.showable("abc") == 3 and not StopStrings([""]) and StopStrings(["x"])
+
+
+def test_the_stream_holds_back_a_possible_stop_string_and_ends_before_a_whole_one():
+    pieces = {1: b"a", 2: b"b", 3: b"c", 4: b"d"}
+    buf = io.StringIO()
+    s = TokenStream(pieces.__getitem__, buf, color=True, stops=StopStrings(["bcd", "bd"]))
+    s.write([1], [2])
+    assert buf.getvalue() == GREEN + "a" + RESET  # "b" may begin a stop string: held back
+    s.write([], [3])
+    assert buf.getvalue() == GREEN + "a" + RESET  # "bc" still may
+    s.write([4], [1])  # "bcd": the text ends before it, nothing more is shown
+    s.write([1], [1])
+    s.finish()
+    assert buf.getvalue() == GREEN + "a" + RESET + "\n" and s.stopped
+    held = io.StringIO()
+    s = TokenStream(pieces.__getitem__, held, stops=StopStrings(["bd"]))
+    s.write([1, 2], [3])  # "abc": the "b" turned out not to begin "bd"
+    s.write([], [2])
+    s.finish()  # the end of the stream shows what was held back
+    assert held.getvalue() == "abcb\n"
+
+
+def test_greedy_text_with_stop_strings_is_a_prefix_of_the_text_without(models, capsys):
+    whole = run(args(models, "--max-tokens", "40", "--quiet", "--gamma", "3"), io.StringIO())["text"]
+    stop, later = whole[12:14], whole[20:22]  # two stop strings from the text: the earlier one ends it
+    assert whole.find(stop) < whole.find(later)
+    out = io.StringIO()
+    cut = run(args(models, "--max-tokens", "40", "--stop", later, "--stop", stop), out)
+    assert cut["text"] == whole[:whole.find(stop)] and whole.startswith(cut["text"])
+    assert cut["stop"] == "stop" and cut["tokens"] <= 40
+    assert out.getvalue() == "Once upon a time" + cut["text"] + "\n"
+    plain = run(args(models, "--max-tokens", "40", "--quiet", "--plain", "--stop", stop), io.StringIO())
+    assert plain["text"] == cut["text"]  # with or without a drafter, the same text
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--quiet",
+                   "--stop", stop])
+    assert rc == 0 and re.search(r"\nstopped by +a --stop string \(the text ends before it\)\n",
+                                 capsys.readouterr().out)
+
+
+def test_the_prompt_comes_from_stdin_or_a_file_without_its_final_newline(models, tmp_path, monkeypatch):
+    given = run(args(models, "--max-tokens", "8", "--quiet", "--prompt", "The cat sat"), io.StringIO())
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"The cat sat\n")))
+    piped = run(args(models, "--max-tokens", "8", "--quiet", "--prompt", "-"), io.StringIO())
+    (tmp_path / "p.txt").write_bytes(b"The cat sat\r\n\n")
+    filed = run(args(models, "--max-tokens", "8", "--quiet", "--prompt-file", str(tmp_path / "p.txt")),
+                io.StringIO())
+    assert piped["token_ids"] == filed["token_ids"] == given["token_ids"]
+    assert piped["prompt_tokens"] == given["prompt_tokens"]
+
+
+@pytest.mark.parametrize("setup, extra, message", [
+    (None, ["--prompt", "x", "--prompt-file", "p.txt"], "give --prompt or --prompt-file, not both"),
+    (None, ["--prompt-file", "nope.txt"], "cannot read the prompt from nope.txt: No such file or directory"),
+    (b"caf\xe9 au lait", ["--prompt-file", "p.txt"], "the prompt in p.txt is not UTF-8 text: byte 3 is 0xe9"),
+    (None, ["--model", "nope.spm"], "--model nope.spm: no such file"),
+    (None, ["--draft-model", "nope.spm"], "--draft-model nope.spm: no such file"),
+])
+def test_a_bad_prompt_or_model_file_is_one_line_and_status_2(models, tmp_path, monkeypatch, capsys, setup, extra,
+                                                              message):
+    monkeypatch.chdir(tmp_path)
+    if setup is not None:
+        (tmp_path / "p.txt").write_bytes(setup)
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == "specmesh run: error: %s\n" % message
+
+
+def test_model_files_named_one_by_one(models, tmp_path):
+    shutil.copy(models / "target.spm", tmp_path / "story.spm")
+    shutil.copy(models / "drafter.spm", tmp_path / "small.spm")
+    only_tokenizer = tmp_path / "tok"
+    only_tokenizer.mkdir()
+    shutil.copy(models / "tokenizer.bin", only_tokenizer / "tokenizer.bin")
+    default = run(args(models, "--max-tokens", "12", "--quiet", "--gamma", "2"), io.StringIO())
+    named = run(args(only_tokenizer, "--max-tokens", "12", "--quiet", "--gamma", "2", "--model",
+                     str(tmp_path / "story.spm"), "--draft-model", str(tmp_path / "small.spm")), io.StringIO())
+    assert named["token_ids"] == default["token_ids"] and named["alpha"] == default["alpha"]
+    assert named["drafter_model"] == "small.spm"
+    with pytest.raises(Exception, match="drafter.spm is missing from"):  # the folder alone lacks the models
+        run(args(only_tokenizer, "--quiet"), io.StringIO())
+
+
+def test_prefill_and_decode_are_timed_apart_in_the_stats_and_the_table(models, tmp_path, capsys):
+    path = tmp_path / "s.json"
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--max-tokens", "30",
+                   "--gamma", "3", "--stats-json", str(path)])
+    stats = json.loads(path.read_text())
+    out = capsys.readouterr().out
+    assert rc == 0 and 0 < stats["prefill_s"] < stats["wall_s"]
+    assert stats["decode_s"] == pytest.approx(stats["wall_s"] - stats["prefill_s"])
+    assert 0 < stats["decode_tokens"] < stats["tokens"]  # the first round committed at least one token
+    assert stats["decode_tokens_per_s"] == pytest.approx(stats["decode_tokens"] / stats["decode_s"])
+    assert stats["prefill_tokens_per_s"] == pytest.approx(stats["prompt_tokens"] / stats["prefill_s"])
+    assert re.search(r"\nprefill s +[0-9.e-]+ \(%d prompt tokens, " % stats["prompt_tokens"], out)
+    assert re.search(r"\ndecode tokens / s +[0-9.e+]+ \(%d tokens in " % stats["decode_tokens"], out)
+
+
+def test_a_prompt_piped_in_with_a_stop_string_prints_one_sentence():
+    """The issue's example, on the shipped models (the cpu verifier keeps it quick; `make run`'s virtual
+    boards give the same text: the verifier decides every token)."""
+    done = subprocess.run([sys.executable, "-m", "specmesh.host.cli", "run", "--prompt", "-", "--plain", "--stop", ".",
+                           "--max-tokens", "64", "--verifier", "cpu"], input="Once upon a time\n",
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first == "Once upon a time, there was a little girl named Lily"

@@ -1,0 +1,89 @@
+"""What mpremote users reach for: its port shortcuts (a0, u0, c0), FTDI adapters found by `--port auto`
+(host/bus/ports.py), and `specmesh console PORT` (host/cli/console.py) on a virtual board."""
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from specmesh.host import cli
+from specmesh.host.bus import ports
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_mpremote_shortcuts_name_their_devices():
+    assert ports.expand("a0") == "/dev/ttyACM0" and ports.expand("u1") == "/dev/ttyUSB1"
+    assert ports.expand("c3") == "COM3" and ports.expand("u12") == "/dev/ttyUSB12"
+    for other in ("auto", "/dev/ttyUSB0", "COM4", "a", "x0", "u0x", "socket://localhost:1"):
+        assert ports.expand(other) == other
+    assert ports.resolve_port("u0") == "/dev/ttyUSB0"
+
+
+def test_a_shortcut_is_checked_as_its_device(models, capsys):
+    rc = cli.main(["run", "--models", str(models), "--drafter", "a9", "--verifier", "cpu"])
+    assert rc == 2 and "cannot open /dev/ttyACM9: no such port" in capsys.readouterr().err
+    assert cli.main(["flash", "--port", "u9", "--role", "drafter"]) == 1
+    assert "cannot open /dev/ttyUSB9: no such port" in capsys.readouterr().err
+
+
+def test_auto_finds_a_board_behind_an_ftdi_adapter(monkeypatch):
+    found = [SimpleNamespace(device="/dev/ttyUSB3", vid=0x0403, pid=0x6001, description="FT232R USB UART"),
+             SimpleNamespace(device="/dev/ttyS0", vid=None, pid=None, description="n/a")]
+    monkeypatch.setattr(ports.list_ports, "comports", lambda: found)
+    assert ports.esp_ports() == [("/dev/ttyUSB3", "FTDI 0403:6001 FT232R USB UART")]
+    assert ports.resolve_port("auto") == "/dev/ttyUSB3"
+    monkeypatch.setattr(ports.list_ports, "comports", lambda: found[1:])
+    with pytest.raises(ports.PortError, match="looked for Espressif, CP210x, CH340, FTDI USB serial ports"):
+        ports.resolve_port("auto")
+
+
+def _read_until(fd, marker: bytes, timeout: float = 20.0) -> bytes:
+    seen = b""
+    end = time.monotonic() + timeout
+    while marker not in seen and time.monotonic() < end:
+        if select.select([fd], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    return seen
+
+
+def test_console_on_a_terminal_types_into_the_repl_and_ctrl_close_bracket_leaves(virtual_board):
+    vb = virtual_board()
+    master, slave = pty.openpty()  # the user's terminal
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "console", vb.port], stdin=slave, stdout=slave,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+    os.close(slave)
+    try:
+        assert b"Ctrl-] leaves" in _read_until(proc.stderr.fileno(), b"leaves")
+        time.sleep(0.3)  # the console puts the terminal in raw mode after saying so
+        os.write(master, b"\r")
+        assert b">>> " in _read_until(master, b">>> ")
+        os.write(master, b"print(6*7)\r")
+        assert b"42" in _read_until(master, b"42")
+        os.write(master, b"\x1d")
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    done = subprocess.run([sys.executable, "-m", "specmesh.host.cli", "console", vb.port], input=b"print(2**10)\r\n",
+                          capture_output=True, cwd=ROOT, timeout=30)  # the port is free again; a pipe works too
+    assert done.returncode == 0 and b"1024" in done.stdout
+
+
+def test_console_on_a_missing_port_is_one_line(capsys):
+    assert cli.main(["console", "/dev/ttyNOPE"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("specmesh console: cannot open /dev/ttyNOPE: no such port") and err.count("\n") == 1

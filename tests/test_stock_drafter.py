@@ -1,0 +1,56 @@
+"""Stock firmware runs every role: `specmesh flash` gives a drafter board its class's drafter
+(host/boardclasses.py), the 40-wide one from a classic ESP32's heap even without a ROMFS partition, says which,
+where and what it costs (host/provision/drafters.py), and `run` prices the model the board reports; the
+text is the target's either way."""
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from specmesh.host import cli
+from specmesh.host.cli.run import add_arguments, run
+from specmesh.host.provision import drafters
+from specmesh.host.provision.flash import flash
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_acceptance_said_at_flashing_is_the_model_cards():
+    """The variants table's rows of the two shipped drafters (models/MODEL_CARD.md) hold the figures flash says."""
+    rows = [line.replace("*", "") for line in (ROOT / "models" / "MODEL_CARD.md").read_text().splitlines()
+            if line.startswith("|")]
+    for d, mark in ((drafters.WIDE, "shipped: "), (drafters.HEAP, "(shipped before)")):
+        figures = "| %.3f | %.2f | %.3f |" % (d.alpha_greedy, d.per_verification, d.alpha_sampled)
+        assert any(mark in row and figures in row for row in rows), d.file
+    assert (ROOT / "models" / drafters.HEAP.file).stat().st_size == 57_068  # the 40-wide row's file size
+
+
+def test_flash_onto_a_stock_classic_esp32_installs_the_heap_drafter_which_runs(virtual_board, capsys):
+    vb = virtual_board(romfs_bytes=0)  # a classic ESP32 on a stock MicroPython download: no ROMFS partition
+    assert cli.main(["flash", "--port", vb.port, "--role", "drafter"]) == 0
+    out = capsys.readouterr().out
+    assert "drafter model drafter-esp32.spm (40 wide; weights and engine in the heap): alpha 0.788 greedy" in out
+    assert "drafter.spm would give alpha 0.841 greedy" in out
+    config = json.loads((vb.flash_dir / "specmesh.json").read_text())
+    assert config["model"] == "models/drafter-esp32.spm" and not (vb.flash_dir / "models" / "drafter.spm").exists()
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    common = ["--verifier", "cpu", "--max-tokens", "40", "--quiet"]
+    on_board = run(p.parse_args([*common, "--drafter", vb.port, "--gamma", "3", "--project", "esp32s3"]),
+                   io.StringIO())
+    plain = run(p.parse_args([*common, "--plain"]), io.StringIO())
+    assert on_board["text"] == plain["text"] and on_board["drafter"] == vb.port
+    assert on_board["drafter_model"] == "models/drafter-esp32.spm" and on_board["alpha"] > 0.5
+    assert on_board["boards"][0]["role"] == "drafter" and on_board["boards"][0]["heap_free"] > 0
+
+
+def test_an_s3_gets_the_wide_drafter_in_psram(virtual_board):
+    vb = virtual_board("esp32s3")
+    report = flash(vb.port, "drafter", progress=False, reset=False)
+    assert report.model == "drafter.spm" and report.note == (
+        "drafter model drafter.spm (64 wide; weights in PSRAM): alpha 0.841 greedy (3.60 tokens per "
+        "verification), 0.705 at T = 1")
