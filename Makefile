@@ -16,7 +16,7 @@ PIP_EXTRA ?=
 PORT ?= auto
 ROLE ?= drafter
 
-.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean mpy-src native native-check
+.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check rv32-deps test-rv32 native native-check
 
 setup: $(STAMP)
 
@@ -53,8 +53,13 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(PY) -m specmesh.tools.bench --json runs/bench/figures.json
 
+# Long fuzzing (tools/fuzz.py): FRAMES inputs through the CPython decoders, NODE_FRAMES through the firmware
+# node in a classic ESP32's heap, e.g. `make fuzz FRAMES=1000000 NODE_FRAMES=100000`.
+FRAMES ?= 1000000
+NODE_FRAMES ?= 10000
+SEED ?= 0
 fuzz: setup
-	$(PY) -m specmesh.tools.fuzz
+	$(PY) -m specmesh.tools.fuzz --frames $(FRAMES) --node-frames $(NODE_FRAMES) --seed $(SEED)
 
 train: setup-gpu
 	$(PY) -m specmesh.tools.train_all
@@ -94,6 +99,46 @@ native: $(NATIVE_STAMP) mpy-src
 native-check: native
 	git diff --exit-code --stat -- 'firmware/native/*.mpy' || \
 		{ echo "a shipped native module differs from its rebuild: commit the output of make native"; exit 1; }
+
+# The virtual ESP32-C3/C6 boards' firmware (rv32/README.md): MicroPython's qemu port (VIRT_RV32) with the
+# project's board files laid over a copy of it, built with Debian's riscv64-unknown-elf-gcc + picolibc.
+# Bit for bit reproducible: fixed version strings and date, relative paths, no debug info.
+RV32_PORT := $(MPY_SRC)/ports/specmesh-rv32
+RV32_ELF := rv32/firmware.elf
+RV32_ENV := SOURCE_DATE_EPOCH=1767225600 MICROPY_GIT_TAG=v1.28.0 MICROPY_GIT_HASH=specmesh
+# -O2, as MicroPython's esp32 port builds (boards/sdkconfig.base: CONFIG_COMPILER_OPTIMIZATION_PERF)
+RV32_MAKE := $(RV32_ENV) $(MAKE) -C $(RV32_PORT) BOARD=SPECMESH_RV32 FROZEN_MANIFEST= RV32_ARCH=rv32imac \
+	CFLAGS_EXTRA=-misa-spec=2.2 AFLAGS="-mabi=ilp32 -march=rv32imac_zicsr" COPT="-O2 -DNDEBUG" V=0
+
+rv32-firmware: $(MPY_SRC)/LICENSE
+	rm -rf $(RV32_PORT)
+	cp -r $(MPY_SRC)/ports/qemu $(RV32_PORT)
+	mv $(RV32_PORT)/mpconfigport.h $(RV32_PORT)/mpconfigport_qemu.h
+	mkdir -p $(RV32_PORT)/boards/SPECMESH_RV32
+	cp rv32/port/mpconfigboard.mk $(RV32_PORT)/boards/SPECMESH_RV32/
+	cp rv32/port/*.c rv32/port/*.h $(RV32_PORT)/
+	$(RV32_MAKE) -j2 >/dev/null
+	cp $(RV32_PORT)/build-SPECMESH_RV32/firmware.elf $(RV32_ELF)
+	sha256sum $(RV32_ELF)
+
+# CI: the shipped ELF is what its sources build.
+rv32-check: rv32-deps
+	@mkdir -p build
+	cp $(RV32_ELF) build/firmware.elf.shipped
+	$(MAKE) rv32-firmware
+	cmp build/firmware.elf.shipped $(RV32_ELF) || { echo "rv32/firmware.elf is not what rv32/port builds: run make rv32-firmware and commit it"; exit 1; }
+
+# What the RV32 boards need on Debian (README: With boards): QEMU, and the toolchain that rebuilds the firmware.
+RV32_DEBS := gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf qemu-system-misc
+rv32-deps:
+	@dpkg -s $(RV32_DEBS) >/dev/null 2>&1 || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends $(RV32_DEBS); }
+
+# The suite on virtual ESP32-C3 boards under QEMU (the tests marked rv32; `make test` skips them, saying so):
+# the firmware rebuilt bit for bit, the HIL suite with native and viper kernels, a 5-stage pipeline of C3s.
+test-rv32: setup rv32-check
+	SPECMESH_RV32=1 $(PY) -m pytest -q -m rv32
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

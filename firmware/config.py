@@ -21,6 +21,8 @@ the virtual board's directory in emulation). Keys, all optional:
     key       hex string: shared signing key (frames are then HMAC-signed, unsigned ones refused)
     ctr       int: the signing counter the next boot starts at (kept by the node itself, firmware/node.py)
     board     board name reported by HELLO (default: the port's machine string)
+    flashing  role: a `specmesh flash` for this role began and has not finished (it writes the final config
+              last); the board does not start the node (half_flashed)
 
 A missing or unreadable file gives the defaults (an idle node that still answers HELLO/CONFIGURE).
 `save` writes the whole object atomically (temp file + rename), so a reset mid-write keeps the old file.
@@ -106,6 +108,25 @@ def save(cfg, path=PATH):
     except OSError:  # a file system that cannot rename over an existing file
         os.remove(path)
         os.rename(tmp, path)
+
+
+def half_flashed(cfg):
+    """False, unless the config says "flashing": a `specmesh flash` began and did not finish (it writes that
+    first and the real config last, host/provision/flash.py), so the files may be a mix of two versions.
+    Then the node must not start: say so on the console, at once and for every line received (the host
+    turns messages.HALF_FLASHED into the command that finishes the job, host/bus/links.py), until Ctrl-C."""
+    role = cfg.get("flashing")
+    if not role:
+        return False
+    import sys
+
+    from shared.messages import HALF_FLASHED
+
+    note = "%s as %s" % (HALF_FLASHED, role)
+    print(note)
+    while sys.stdin.readline():
+        print(note)
+    return True
 
 
 def parse_mac(text):

@@ -26,7 +26,7 @@ _why = [None]  # why the native kernels are not used (None: not tried yet, or th
 
 def arch():
     """This VM's native architecture ("" when it emits no machine code)."""
-    i = getattr(sys.implementation, "_mpy", 0) >> 10
+    i = (getattr(sys.implementation, "_mpy", 0) >> 10) & 0x0F  # above: arch flags (RV32 extensions)
     return ARCHES[i] if i < len(ARCHES) else ""
 
 

@@ -70,18 +70,36 @@ class StdioLink(_Lines):
 
     def __init__(self, inp=None, out=None):
         _Lines.__init__(self)
+        self.head = None  # the start of the line being read (recv)
         self._in = inp or sys.stdin.buffer
         self._out = out or sys.stdout.buffer
         self._poll = select.poll()
         self._poll.register(inp or sys.stdin, select.POLLIN)
 
     def recv(self, timeout_ms):
+        """One frame; MemoryError for a line the heap cannot hold, with `head` then its first 9 bytes (the
+        node answers it from them: firmware/node.py)."""
         if self.closed or not _ready(self._poll, timeout_ms):
             return None
-        line = self._in.readline()  # grows with the line (a fixed limit would allocate it up front)
+        self.head = None
+        line = self._in.readline(9)  # ':' and 8 base64 digits: a frame's first 6 bytes, which address a reply
         if not line:
             self.closed = True
             return None
+        if line[-1] != 0x0A:
+            self.head = line
+            try:
+                rest = self._in.readline()  # grows with the line (a fixed limit would allocate it up front)
+            except MemoryError:  # raised before the byte it had no room for was read: skip to the newline
+                import gc
+
+                gc.collect()
+                while True:  # in pieces the heap can hold
+                    part = self._in.readline(64)
+                    if not part or part[-1] == 0x0A:
+                        break
+                raise
+            line += rest
         return self._frame(line)
 
     def send(self, frame):

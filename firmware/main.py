@@ -2,7 +2,9 @@
 
 A board without a config file (or with a broken one) starts an idle node on the USB-serial console,
 which still answers HELLO and CONFIGURE. When main() returns, the board drops to the REPL, so
-mpremote can always take over (the frames on the console never contain a Ctrl-C byte).
+mpremote can always take over (the frames on the console never contain a Ctrl-C byte). A board left
+half-flashed starts no node (config.half_flashed). This file stays small: a board runs it as source, so
+its code takes heap that a last pipeline stage's layers need.
 """
 
 import config
@@ -33,7 +35,8 @@ def make_links(cfg):
 def main(path=config.PATH):
     try:
         cfg, err = config.load(path)
-        Node(cfg, make_links(cfg), path, err).run()
+        if not config.half_flashed(cfg):
+            Node(cfg, make_links(cfg), path, err).run()
     except KeyboardInterrupt:  # Ctrl-C, even while a model loads: back to the REPL without a traceback
         pass
 

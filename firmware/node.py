@@ -34,10 +34,11 @@ from shared import codec
 from shared import messages as m
 
 import config
+import cpucount
 import kernelpick
 import roles
 from roles import Refused
-from shared.messages import E_COUNTER, E_INTERNAL, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, HOST
+from shared.messages import E_COUNTER, E_INTERNAL, E_KEY, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, HOST
 
 FW_VERSION = "specmesh-node 0.1"
 # Free heap a node keeps once its model is loaded, else it halves its context (HELLO reports it): a
@@ -50,10 +51,12 @@ _RESERVE = const(22528)
 # 19 KB free at load kept 16 KB free through sampled STAGE requests (docs/pipeline.md)
 _STAGE_RESERVE = const(16384)
 _MIN_CTX = const(64)  # the shortest context it halves to
+_MAX_TRY_CTX = const(256)  # the context it tries after the model's whole one did not fit
 SMALL_HEAP = 1 << 20  # below this heap size (no PSRAM) the node collects garbage after every request
 REPLY_CACHE = 4  # replies kept for retransmitted requests (a host may have a few requests in flight)
 POLL_MS = 1000  # longest a single-link node blocks in one poll (nothing depends on it waking)
 _CTR_BLOCK = const(4096)  # signing counters reserved per flash write
+_REFUSE_GAP_MS = const(250)  # least time between two refusals of frames not taken (docs/security.md)
 
 ROLE_NAMES = ("idle", "drafter", "verifier", "stage")
 STAT_KEYS = ("requests", "dup_replies", "errors", "bad_frames", "stray", "forwarded", "drafted", "ahead", "draft_hits",
@@ -103,6 +106,7 @@ class Node:
         self._t0 = time.ticks_ms()
         self._new_id = None  # node id a CONFIGURE switches to once it has replied
         self._idle_paused = False
+        self._refused_at = time.ticks_add(time.ticks_ms(), -_REFUSE_GAP_MS)  # when the last refusal went out
         self.heap_min = gc.mem_free()
         self._small_heap = gc.mem_free() + gc.mem_alloc() < SMALL_HEAP
         if load_error:
@@ -129,6 +133,7 @@ class Node:
         while not self.done:
             busy = False
             for link in links:
+                raw = None
                 try:
                     raw = link.recv(POLL_MS if single and not work else 0)
                     if raw is not None:
@@ -136,10 +141,11 @@ class Node:
                         self.on_frame(raw, link)  # signs at most one frame
                         if self.auth is not None and self.auth.counter + 4 > self.cfg["ctr"]:
                             self._reserve()
-                except MemoryError:  # a frame too large for the heap left: drop it, keep serving
+                except MemoryError:  # a frame too large for the heap left: refuse it if it says to whom
                     self.stats["bad_frames"] += 1
                     gc.collect()
-                    _say("out of memory reading a frame: dropped (%d bytes free)" % gc.mem_free())
+                    if not self._refuse_big(raw, getattr(link, "head", None), link):
+                        _say("out of memory reading a frame: dropped (%d bytes free)" % gc.mem_free())
             if links[0].closed:
                 break
             if busy:
@@ -207,6 +213,7 @@ class Node:
             st = self.stats
             st["bad_frames"] += 1
             st[STAT_KEYS[_BAD_TAG if raw[0] & codec.FLAG_SIGNED else _UNSIGNED]] += 1
+            self._refuse_key(raw, link)
             return
         except codec.CodecError:
             self.stats["bad_frames"] += 1
@@ -215,6 +222,45 @@ class Node:
             self.stats["stray"] += 1
             return
         self._request(f, link)
+
+    def _refuse_key(self, raw, link):
+        """ERROR E_KEY to a request refused for its signature, signed with this node's key if it has one (the
+        host reads the key states from that)."""
+        why = ("signed frame; this node holds no key" if self.auth is None else
+               "bad tag; this node holds another key" if raw[0] & codec.FLAG_SIGNED else
+               "unsigned frame; this node holds a key")
+        self._refuse(raw, E_KEY, why, link)
+
+    def _refuse_big(self, raw, head, link):
+        """ERROR E_MEMORY to a frame too big for the heap left, addressed from the frame (`raw`, read whole) or
+        its line's first bytes (`head`: ':' and 8 base64 digits); its CRC and tag could not be checked. False
+        if neither says to whom."""
+        if raw is None:
+            try:
+                raw = codec.decode_line(head[1:9])
+            except (TypeError, codec.CodecError):
+                return False
+        elif len(raw) < codec.MIN_FRAME:
+            return False
+        dst = codec.dst_of(raw)
+        if dst is not None and dst != self.node_id and dst != codec.BROADCAST:
+            return False
+        self._refuse(raw, E_MEMORY, "frame too big for this node's free heap (%d bytes): send a shorter one "
+                     "(a shorter prompt)" % gc.mem_free(), link)
+        return True
+
+    def _refuse(self, raw, code, why, link):
+        """An ERROR for a frame the node could not take, addressed from its header bytes, at most one per
+        _REFUSE_GAP_MS (a flood earns few frames); never to a reply."""
+        now = time.ticks_ms()
+        fl = raw[0]
+        if fl & codec.FLAG_REPLY or time.ticks_diff(now, self._refused_at) < _REFUSE_GAP_MS:
+            return
+        self._refused_at = now
+        addr = fl & codec.FLAG_ADDR
+        src = raw[1] if addr else None
+        me = self.node_id if addr else None
+        link.send(codec.encode(m.ERROR, m.pack_error(code, why), me, src, raw[3 if addr else 1], 0, True, self.auth))
 
     def _forward(self, raw, dst, link):
         links = self.links
@@ -293,8 +339,8 @@ class Node:
                 self._drop_session()
                 return m.ERROR, m.pack_error(E_INTERNAL, "%s failed: %s: %s" % (_name(f.mtype), type(e).__name__,
                                                                                e)), True
-        return m.ERROR, m.pack_error(E_MEMORY, "out of memory in %s (%d bytes free)" % (_name(f.mtype),
-                                                                                     gc.mem_free())), False
+        return m.ERROR, m.pack_error(E_MEMORY, "out of memory in %s of %d bytes (%d bytes free): send a shorter one"
+                                     % (_name(f.mtype), len(f.payload), gc.mem_free())), False
 
     def _heap(self):
         free = gc.mem_free()
@@ -389,7 +435,7 @@ class Node:
                 else:
                     bad += v
         st["dropped"] = dropped
-        return [(k, st[k] + (bad if k == "bad_frames" else 0)) for k in STAT_KEYS]
+        return [(k, st[k] + (bad if k == "bad_frames" else 0)) for k in STAT_KEYS] + cpucount.pairs()
 
     def _configure(self, role_id, node_id, model):
         """Load the new role and model, save the config; the reply still comes from the old id."""
@@ -430,20 +476,25 @@ class Node:
                 import stage_engine
             n_ctx = cfg.get("n_ctx", 0)
             while True:
-                if stage:
-                    eng = stage_engine.StageEngine(model, cfg.get("layers"), kmax, True, n_ctx)
-                else:
-                    eng = engine.Engine(model, kmax, True, n_ctx)
-                if role_id == m.ROLE_DRAFTER:
-                    self.role = roles.Drafter(eng, self.stats, cfg.get("spec_ahead", 0))
-                elif stage:
-                    self.role = st.Stage(eng, self.stats)
-                else:
-                    self.role = roles.Verifier(eng, self.stats)
-                gc.collect()
-                if gc.mem_free() >= (_STAGE_RESERVE if stage else _RESERVE) or eng.n_ctx <= _MIN_CTX:
-                    break
-                n_ctx = eng.n_ctx // 2  # too little heap left to serve requests: a shorter context (HELLO says)
+                try:
+                    if stage:
+                        eng = stage_engine.StageEngine(model, cfg.get("layers"), kmax, True, n_ctx)
+                    else:
+                        eng = engine.Engine(model, kmax, True, n_ctx)
+                    if role_id == m.ROLE_DRAFTER:
+                        self.role = roles.Drafter(eng, self.stats, cfg.get("spec_ahead", 0))
+                    elif stage:
+                        self.role = st.Stage(eng, self.stats)
+                    else:
+                        self.role = roles.Verifier(eng, self.stats)
+                    gc.collect()
+                    if gc.mem_free() >= (_STAGE_RESERVE if stage else _RESERVE) or eng.n_ctx <= _MIN_CTX:
+                        break
+                    n_ctx = eng.n_ctx // 2  # too little heap left to serve requests: a shorter context (HELLO says)
+                except MemoryError:  # a context whose KV cache does not fit at all: shorter, down to _MIN_CTX
+                    if 0 < n_ctx <= _MIN_CTX:
+                        raise
+                    n_ctx = n_ctx // 2 if n_ctx else _MAX_TRY_CTX
                 self.role = eng = None
                 gc.collect()
         except OSError as e:

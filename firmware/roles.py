@@ -22,6 +22,7 @@ ahead of time (pipelined speculation, `spec_ahead`), gives exactly what a fresh 
 import time
 from array import array
 
+import cpucount
 from shared import rule, sampling
 from shared.messages import E_MESSAGE, E_RANGE, E_STATE, MAX_GAMMA
 
@@ -123,8 +124,11 @@ class Role:
         Returns the engine's logits array (row j at [j * vocab, (j + 1) * vocab), valid until the next pass)."""
         st = self.stats
         t0 = time.ticks_ms()
+        tokens = memoryview(self.tokens)[start:end]  # before the count: the pass itself allocates nothing
+        c0 = cpucount.start()
         self.engine.rollback(start)
-        logits = self.engine.forward(memoryview(self.tokens)[start:end], start)
+        logits = self.engine.forward(tokens, start)
+        cpucount.stop(c0, end - start)
         st["compute_ms"] += time.ticks_diff(time.ticks_ms(), t0)
         st["passes"] += 1
         st["positions"] += end - start

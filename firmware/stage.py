@@ -19,6 +19,8 @@ from array import array
 
 import uctypes
 
+import cpucount
+
 from shared import rule, sampling
 from shared.messages import E_MESSAGE, E_RANGE, E_STATE, STAGE_ACT, STAGE_HEAD, pack_stage_reply
 from shared.prng import EMIT
@@ -72,10 +74,12 @@ class Stage(Role):
             for t in tokens:
                 if t >= self.vocab:
                     raise Refused(E_RANGE, "token %d is outside the vocabulary of %d" % (t, self.vocab))
-            logits = e.forward(tokens, pos, n, head)
         else:
+            tokens = None
             self.xb[:size] = data
-            logits = e.forward(None, pos, n, head)
+        c0 = cpucount.start()
+        logits = e.forward(tokens, pos, n, head)
+        cpucount.stop(c0, n)
         st["compute_ms"] += time.ticks_diff(time.ticks_ms(), t0)
         st["passes"] += 1
         st["positions"] += n

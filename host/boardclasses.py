@@ -1,8 +1,11 @@
-"""The board classes: each class's memory facts (MicroPython heap, PSRAM, filesystem, ROMFS), with sources.
+"""The board classes: each class's memory facts (MicroPython heap, PSRAM, filesystem, ROMFS), core and ISA,
+with sources.
 
 The one registry the emulator (host/emulator/board.py sizes a virtual board from it), cluster start-up
 (`ROLE_CLASS`: the class a role's virtual board is), the projection's cost figures (host/projection/hardware.py,
-keyed by these names) and the tests read; a class's heap is its one `heap_bytes` line here.
+keyed by these names) and the tests read; a class's heap is its one `heap_bytes` line here. A virtual board of
+an Xtensa class is MicroPython's unix port (host/emulator/board.py); one of an RV32 class runs the real RV32
+machine code under QEMU (host/emulator/qemu.py).
 """
 
 from __future__ import annotations
@@ -23,9 +26,17 @@ class BoardClass:
     romfs_bytes: int  # size of the ROMFS partition (memory-mapped flash at /rom, off the heap; 0: none)
     machine: str  # os.uname().machine: MICROPY_HW_BOARD_NAME " with " MICROPY_HW_MCU_NAME of the firmware
     source: str
+    clock_hz: float = 240e6  # the core clock MicroPython runs it at
+    isa: str = "xtensa-lx6"  # the core's ISA: xtensa-* (unix-port virtual boards), rv32* (QEMU virtual boards)
+    mpy_arch: str = "xtensawin"  # mpy-cross -march= of its native code
     drafter: str = "drafter.spm"  # the shipped drafter a drafter board of this class runs (models/MODEL_CARD.md)
     drafter_ctx: int = 0  # positions a drafter node keeps of that drafter (0: its whole context); measured by
     # tests/test_firmware_budget.py: a node halves its context until its reserve is free
+
+    @property
+    def qemu(self) -> bool:
+        """Whether its virtual board runs the class's own machine code under QEMU."""
+        return self.isa.startswith("rv32")
 
 
 # ROMFS (https://docs.micropython.org/en/latest/reference/romfs.html, MicroPython >= 1.25): a read-only
@@ -49,7 +60,8 @@ ESP32 = BoardClass(
     flash_fs_bytes=2 * 1024 * 1024,
     romfs_bytes=128 * 1024,
     machine="Generic ESP32 module with ESP32",  # ESP32_GENERIC
-    source="MicroPython docs esp32/general.rst (heap 'around 100KB'); micropython#7962 (110536 bytes available)",
+    source="MicroPython docs esp32/general.rst (heap 'around 100KB'); micropython#7962 (110536 bytes available); "
+           "ESP32 datasheet (Xtensa LX6, 240 MHz)",
     # the 40-wide drafter, which its heap holds: drafter.spm (64 wide) would stream its 110 KB from ROMFS
     # every pass, slower than the S3's whole target step with native kernels (models/MODEL_CARD.md)
     drafter="drafter-esp32.spm",
@@ -67,10 +79,52 @@ ESP32S3 = BoardClass(
     flash_fs_bytes=6 * 1024 * 1024,
     romfs_bytes=0,
     machine="Generic ESP32S3 module with Octal-SPIRAM with ESP32S3",  # ESP32_GENERIC_S3, SPIRAM_OCT variant
-    source="MicroPython docs esp32/general.rst (heap spans the SPIRAM); micropython#12237 (64000 + 8257536 bytes)",
+    source="MicroPython docs esp32/general.rst (heap spans the SPIRAM); micropython#12237 (64000 + 8257536 bytes); "
+           "ESP32-S3 datasheet (Xtensa LX7, 240 MHz)",
+    isa="xtensa-lx7",
 )
 
-BOARD_CLASSES: dict[str, BoardClass] = {c.name: c for c in (ESP32, ESP32S3)}
+# ESP32-C3 (RISC-V): ESP32-C3 datasheet: one 32-bit RISC-V core, RV32IMC, up to 160 MHz, 400 KB SRAM, 4 MB
+# in-package/module flash. MicroPython's split heap on a C3: an initial 64000-byte area plus a 139264-byte
+# area added when needed (micropython#14293): 203264 bytes. Stock ESP32_GENERIC_C3 firmware has no ROMFS
+# partition; the project's layout, rv32/partitions-4MiB-romfs.csv (MicroPython's partitions-4MiB-romfs.csv
+# with the romfs grown to hold the target), gives 512 KiB of ROMFS (the target's weights, read in place)
+# and a 1.5 MiB vfs next to the stock-sized 1.9 MiB app. Stock MicroPython enables the RV32 native emitter
+# there (viper, rv32imc native .mpy).
+ESP32C3 = BoardClass(
+    name="esp32c3",
+    description="ESP32-C3 (RISC-V, 4 MB flash)",
+    heap_bytes=64_000 + 139_264,
+    psram_bytes=0,
+    flash_fs_bytes=0x180000,
+    romfs_bytes=0x80000,
+    machine="ESP32C3 module with ESP32C3",  # ESP32_GENERIC_C3
+    source="ESP32-C3 datasheet (RV32IMC, 160 MHz, 400 KB SRAM); micropython#14293 (heap 64000 + 139264 bytes); "
+           "rv32/partitions-4MiB-romfs.csv (romfs 512 KiB, vfs 1.5 MiB)",
+    clock_hz=160e6,
+    isa="rv32imc",
+    mpy_arch="rv32imc",
+)
+
+# ESP32-C6: ESP32-C6 datasheet: a 32-bit RISC-V high-performance core, RV32IMAC, up to 160 MHz, 512 KB HP
+# SRAM, 4 MB flash on the common modules. Its MicroPython heap is not published; taken as the C3's
+# (assumption: the C6 has more SRAM, so at least that much), same partition layout.
+ESP32C6 = BoardClass(
+    name="esp32c6",
+    description="ESP32-C6 (RISC-V, 4 MB flash)",
+    heap_bytes=ESP32C3.heap_bytes,
+    psram_bytes=0,
+    flash_fs_bytes=ESP32C3.flash_fs_bytes,
+    romfs_bytes=ESP32C3.romfs_bytes,
+    machine="ESP32C6 module with ESP32C6",  # ESP32_GENERIC_C6
+    source="ESP32-C6 datasheet (RV32IMAC, 160 MHz, 512 KB HP SRAM); heap assumed the C3's (unpublished); "
+           "rv32/partitions-4MiB-romfs.csv",
+    clock_hz=160e6,
+    isa="rv32imac",
+    mpy_arch="rv32imc",
+)
+
+BOARD_CLASSES: dict[str, BoardClass] = {c.name: c for c in (ESP32, ESP32S3, ESP32C3, ESP32C6)}
 # the class of a role's board in a default cluster: the drafter fits a classic ESP32, the whole target
 # needs PSRAM, and a pipeline stage holds a slice of the target in a classic ESP32 (docs/pipeline.md)
 ROLE_CLASS = {"drafter": ESP32.name, "verifier": ESP32S3.name, "stage": ESP32.name}

@@ -71,6 +71,8 @@ CAP_ULAB = 2
 CAP_ESPNOW = 4
 
 HOST = 0  # the host's node id; boards are 1..254, codec.BROADCAST is 255
+# the console line of a board left half-flashed (firmware/config.py half_flashed), then " as <role>"; the host reads it
+HALF_FLASHED = "specmesh: half-flashed (an interrupted specmesh flash)"
 
 # what each request is answered with (ERROR instead when it fails), by request type
 REPLY_TYPE = {HELLO: HELLO, CONFIGURE: ACK, BEGIN: ACK, DRAFT_REQ: DRAFT, VERIFY_REQ: VERDICT, COMMIT: ACK,
@@ -84,6 +86,8 @@ E_MODEL = 4  # the model file cannot be loaded
 E_MEMORY = 5  # out of memory (not cached: a retransmission runs the request again)
 E_INTERNAL = 6  # anything else: a bug (the session is dropped)
 E_COUNTER = 7  # a signed request older than the replay window; the message is the newest counter seen
+E_KEY = 8  # a request refused for its signature (unsigned to a keyed node, signed to an unkeyed one, a bad tag);
+# the reply is signed exactly when the node holds a key, so the host tells the key states apart by its flags
 
 MAX_GAMMA = 32  # most drafts a node holds and a DRAFT_REQ may ask for; a node's HELLO reports its own limit
 

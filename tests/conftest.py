@@ -1,5 +1,6 @@
 """Shared pytest fixtures: paths, the real MicroPython interpreter, virtual boards and a small model pair."""
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -54,3 +55,15 @@ def models(tmp_path_factory) -> Path:
     random_model(d / DRAFTER_FILE, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512,
                  max_seq=128, seed=22)
     return d
+
+
+RV32_HOW = ("virtual ESP32-C3 boards run MicroPython's RV32 code under QEMU: `make test-rv32` runs these (it installs "
+            "qemu-system-misc when absent), or SPECMESH_RV32=1 .venv/bin/pytest -m rv32")
+
+
+def require_rv32() -> None:
+    """Skip, saying how to run them, unless the RV32 suite was asked for (SPECMESH_RV32=1) and QEMU is here."""
+    if not os.environ.get("SPECMESH_RV32"):
+        pytest.skip(RV32_HOW)
+    if shutil.which("qemu-system-riscv32") is None:
+        pytest.skip("qemu-system-riscv32 is missing: sudo apt-get install qemu-system-misc")

@@ -122,12 +122,33 @@ def test_colour_marks_accepted_drafts_only_when_asked():
     (["--temperature", "0.0004"], "--temperature: temperature 0.0004 rounds to 0 (greedy)"),
     (["--temperature", "70"], "--temperature: temperature 70.0 is outside 0..65.535"),
     (["--top-p", "1e-6"], "--top-p: top_p 1e-06 rounds to 0"),
+    (["--radio-loss", "0.5"], "--radio-loss and --radio-dup act on the virtual radio: add --transport espnow"),
+    (["--radio-dup", "1.5", "--transport", "espnow"], "--radio-dup is a probability: it must be in [0, 1), not 1.5"),
+    (["--stats-json", "/nonexistent/x.json"], "--stats-json /nonexistent/x.json cannot be written: folder "
+                                              "/nonexistent does not exist"),
+    (["--prompt", "caf\udce9 au lait"], "the prompt is not UTF-8 text: byte 0xe9 at offset 3 of its 12 bytes"),
 ])
 def test_bad_input_is_one_line_and_status_2(models, capsys, extra, message):
     rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--quiet", *extra])
     err = capsys.readouterr().err
     assert rc == 2
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("stages", ["99", "-3"])
+def test_stages_out_of_range_give_one_range_before_any_board_starts(models, capsys, stages):
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--quiet", "--stages", stages])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == ("specmesh run: error: --stages must be in 0..2 (0: one verifier; at most the target's "
+                               "2 layers), not %s\n" % stages)
+
+
+def test_a_non_utf8_prompt_from_argv_is_one_line(models):
+    done = subprocess.run([sys.executable, "-m", "specmesh.host.cli", "run", "--models", str(models), "--drafter", "cpu",
+                           "--verifier", "cpu", "--prompt", b"caf\xe9"], capture_output=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 2 and done.stdout == b""
+    assert done.stderr == b"specmesh run: error: the prompt is not UTF-8 text: byte 0xe9 at offset 3 of its 4 bytes; " \
+                          b"pass it in UTF-8\n"
 
 
 def test_version(capsys):

@@ -89,7 +89,9 @@ def test_flash_puts_the_model_in_romfs_once(virtual_board, tiny_node, tmp_path):
     other = tmp_path / "other" / DRAFTER_FILE
     other.parent.mkdir()
     random_model(other, seed=5, **HEAP_TOO_SMALL)
-    assert flash(vb.port, "drafter", other, sources=sources, progress=False).written == ["/rom/drafter.spm"]
+    # the config is written again too: it said "flashing" while the partition was rewritten
+    assert flash(vb.port, "drafter", other, sources=sources, progress=False).written == ["/rom/drafter.spm",
+                                                                                         "/specmesh.json"]
     assert _board_sha256(vb.port, "/rom/drafter.spm") == hashlib.sha256(other.read_bytes()).hexdigest()
 
 
@@ -295,3 +297,28 @@ def test_romfs_deploy_to_a_block_device_partition(monkeypatch, tiny_node):
     romfs.write(board, image, done.append)
     assert bytes(part[:len(image)]) == image and done[-1] == len(image)
     assert romfs.digest(board, len(image)) == hashlib.sha256(image).digest()
+
+
+def test_a_file_whose_hash_is_wrong_on_the_board_is_sent_again(virtual_board, tiny_node, monkeypatch):
+    """A copy damaged on the way (here: its first send of greet.mpy loses a byte) is sent again, and the board
+    ends with the right file under its name and no temporary file."""
+    from specmesh.host.provision import flash as flashing
+
+    sources, model = tiny_node
+    vb = virtual_board(romfs_bytes=0)
+    write = flashing._write
+    damaged = []
+
+    def lossy(transport, dest, data, chunk, bar):
+        if dest.startswith("/greet.mpy") and not damaged:
+            damaged.append(dest)
+            data = data[:-1]
+        write(transport, dest, data, chunk, bar)
+
+    monkeypatch.setattr(flashing, "_write", lossy)
+    report = flash(vb.port, "drafter", model, sources=sources, progress=False)
+    assert damaged == ["/greet.mpy.part"] and report.resent == ["/greet.mpy"]
+    assert "sent again after a wrong hash: /greet.mpy" in flashing.summary(report, 1.0)
+    local = flashing.build("x64", vb.flash_dir.parent / "local", iter(sources))["/greet.mpy"]
+    assert (vb.flash_dir / "greet.mpy").read_bytes() == local.read_bytes()
+    assert not list(vb.flash_dir.rglob("*.part"))

@@ -8,6 +8,10 @@ relies on is never stale. In order: flash each role (then a second
 flash finds every file's SHA-256 on the board unchanged), the boards answer with their role and model,
 drafts and verdicts equal the host engine's, a speculative generation equals the host's target-only
 text, and a verifier reset in the middle of a generation loses nothing.
+
+`make test-rv32` runs the suite on two virtual ESP32-C3s (MicroPython's RV32 machine code under QEMU,
+host/emulator/qemu.py), once with the native kernels and once with the viper ones (the native module removed
+from the board, as on a board without it), and checks that they count the instructions they execute.
 """
 
 import os
@@ -22,23 +26,40 @@ from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import TARGET_FILE
+from specmesh.host.projection.measured import board_summary
 from specmesh.host.provision import drafters
 from specmesh.host.provision.cluster import connect
-from specmesh.host.provision.flash import flash, native_module
+from specmesh.host.provision.flash import flash, native_module, open_board
 from specmesh.shared import messages as m
+from tests.conftest import require_rv32
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 ROLES = ("drafter", "verifier")
 ARCH: dict[str, str | None] = {}  # role -> the flashed board's architecture (the flashed fixture's)
+KIND = [""]  # the boards the module's tests run on now (the ports fixture's parameter)
 HOW = ("real boards: flash nothing yourself, connect a drafter and a verifier board and run "
        "SPECMESH_PORTS=DRAFTER_PORT,VERIFIER_PORT .venv/bin/pytest -m hil tests/test_hil.py")
 
 
-@pytest.fixture(scope="module", params=["virtual", "stock", pytest.param("real", marks=pytest.mark.hil)])
+@pytest.fixture(scope="module", params=["virtual", "stock", pytest.param("rv32-native", marks=pytest.mark.rv32),
+                                        pytest.param("rv32-viper", marks=pytest.mark.rv32),
+                                        pytest.param("real", marks=pytest.mark.hil)])
 def ports(request, tmp_path_factory) -> dict[str, str]:
     """{role: serial port}: two virtual boards (an ESP32 drafter, an ESP32-S3 verifier; "stock": the ESP32
-    without a ROMFS partition, as MicroPython's downloads: it runs its class's heap drafter all the same), or
-    SPECMESH_PORTS."""
+    without a ROMFS partition, as MicroPython's downloads: it runs its class's heap drafter all the same;
+    "rv32-*": two ESP32-C3s under QEMU), or SPECMESH_PORTS."""
+    KIND[0] = request.param
+    if request.param.startswith("rv32"):
+        require_rv32()
+        from specmesh.host.emulator import make_board
+
+        boards = [make_board(tmp_path_factory.mktemp(role), "esp32c3", name="hil-" + role) for role in ROLES]
+        try:
+            yield {role: vb.start().port for role, vb in zip(ROLES, boards)}
+        finally:
+            for vb in boards:
+                vb.stop()
+        return
     if request.param == "real":
         given = os.environ.get("SPECMESH_PORTS", "").split(",")
         if len(given) != 2 or not all(given):
@@ -73,6 +94,15 @@ def flashed(ports) -> dict[str, Path]:
         again = flash(port, role, given, progress=False)  # every file's SHA-256 on the board matches
         assert again.written == [] and len(again.unchanged) == len(report.written) + len(report.unchanged)
         time.sleep(0.5)
+        if KIND[0] == "rv32-viper":  # a board without the native module runs the viper kernels
+            transport = open_board(port)
+            try:
+                transport.fs_rmfile("/native/rv32imc.mpy")
+                transport.exit_raw_repl()
+                transport.serial.write(b"\x04")  # soft reset: the node starts again
+            finally:
+                transport.close()
+            time.sleep(0.5)
         models[role] = model
     return models
 
@@ -104,11 +134,14 @@ def test_boards_report_their_role_and_model(boards, drafter_model):
         hello = m.unpack_hello(board.proxy.call(m.HELLO).payload)
         fw, _board, got_role, model, vocab, max_seq, heap, _caps, _gmax, kernels = hello
         assert got_role == role and vocab == 512 and heap > 0 and fw
-        # the native module flashed for its arch passed its self-test: the parity tests below run it
+        # the native module flashed for its arch passed its self-test: the parity tests below run it (rv32-viper:
+        # the module was removed after flashing, as on a board without it)
         role_name = ROLES[role - 1]
-        assert kernels == ("native" if native_module(ARCH[role_name]) else "viper (no native/%s.mpy)" % ARCH[role_name])
+        native = native_module(ARCH[role_name]) and KIND[0] != "rv32-viper"
+        assert kernels == ("native" if native else "viper (no native/%s.mpy)" % ARCH[role_name])
         assert model.endswith(drafter_model.name if role == m.ROLE_DRAFTER else TARGET_FILE)
-        assert max_seq == board.max_seq >= 128  # a node short of heap halves its context
+        # a node short of heap halves its context; a verifier without PSRAM (a C3) holds 80 positions
+        assert max_seq == board.max_seq >= (80 if KIND[0].startswith("rv32") else 128)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
@@ -147,3 +180,23 @@ def test_a_verifier_reset_mid_generation_loses_nothing(boards, prompt, drafter_m
     got = generate(prompt, verifier, drafter, params, 24, GammaController(fixed=2), on_round=reset_verifier)
     assert got.tokens == want
     assert verifier.resyncs == before + 1
+
+
+def test_the_board_counts_more_instructions_for_a_bigger_verify(boards, prompt, drafter_model):
+    """On a QEMU board the node counts each pass's executed instructions (firmware/cpucount.py): a verify of 4
+    drafts (5 positions) executes more than plain decoding (1 position), and the board's STATS say so per size
+    (tests/test_rv32.py shows a kernel call's count is the same every time)."""
+    if not KIND[0].startswith("rv32"):
+        pytest.skip("executed instructions are counted on the QEMU boards only (make test-rv32)")
+    _drafter, verifier = boards
+    params = SessionParams(temperature=0.0)
+    draft = LocalDrafter(drafter_model)
+    draft.begin(params, prompt)
+    last = {}
+    for d in (Draft(len(prompt)), draft.draft(prompt, 4)):
+        verifier.begin(params, prompt)
+        verifier.verify(prompt, d)
+        last[len(d) + 1] = verifier.stats()["insn_last"]
+    assert last[5] > last[1] > 0
+    per_pass = board_summary(verifier.stats(), 1)["instructions_per_pass"]
+    assert per_pass["5"] > per_pass["1"] > 0

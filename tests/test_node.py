@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import struct
+import time
 
 import pytest
 
@@ -182,3 +183,28 @@ def test_signed_node_refuses_unsigned_frames_and_answers_retransmissions_from_it
     finally:
         node.close()
 
+
+
+def test_a_frame_too_big_for_a_100_kb_heap_is_refused_with_a_reason(micropython, tmp_path):
+    """BEGIN frames of 280 and more prompt tokens on a node with a 100 KB heap (the node's modules precompiled, as
+    flashed): each is answered, an out-of-memory one with E_MEMORY saying what to do, never dropped silently,
+    and the node serves on."""
+    from specmesh.tools.nodeproc import flash
+
+    board = tmp_path / "b"
+    board.mkdir()
+    flash(board)
+    node = NodeProc(micropython, board, {"role": "idle"}, heap=100_000, flashed=True)
+    try:
+        reasons = []
+        for n in (280, 1000, 3000):
+            time.sleep(0.3)  # the node refuses at most one frame per 250 ms
+            code, message = node.error(m.BEGIN, m.pack_begin(7, 800, 8, 0, 65536, -1, list(range(1, n + 1))),
+                                       timeout=5.0)
+            reasons.append((code, message))
+            node.call(m.PING, b"alive")
+        assert all(code in (m.E_MEMORY, E_STATE) for code, _ in reasons), reasons
+        code, message = reasons[-1]  # 6 KB of payload cannot fit: refused from the frame's first bytes
+        assert code == m.E_MEMORY and "too big for this node's free heap" in message and "shorter" in message
+    finally:
+        node.close()

@@ -42,7 +42,7 @@ def single(prompt, params, drafter, gamma):
 def test_layers_split_evenly():
     assert split_layers(5, 5) == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
     assert split_layers(5, 2) == [(0, 2), (2, 5)] and split_layers(5, 1) == [(0, 5)]
-    with pytest.raises(ValueError, match="1..5"):
+    with pytest.raises(ValueError, match="5 layers into 6 stages"):
         split_layers(5, 6)
 
 
@@ -91,8 +91,7 @@ def test_a_stage_that_stops_answering_ends_the_run_naming_it(mesh, prompt):
     assert "\n" not in line and line.startswith("stage 3 of 5 (layers 2:3, virtual:stage2(esp32)) stopped answering")
 
 
-@pytest.mark.parametrize("extra, message", [(["--stages", "2", "--verifier", "cpu"], "drop --verifier"),
-                                            (["--stages", "300"], "0..255")])
+@pytest.mark.parametrize("extra, message", [(["--stages", "2", "--verifier", "cpu"], "drop --verifier")])
 def test_stage_flags_are_checked(extra, message):
     import argparse
 

@@ -134,7 +134,7 @@ def test_boards_are_chosen_through_the_one_registry():
     (["--flash-kb", "1"], "--flash-kb must be a multiple of 4 in 8..16384"),
     (["--flash-kb", "10"], "--flash-kb must be"),
     (["--delay-ms", "-5"], "--delay-ms must be in 0..10000"),
-    (["--boards", "0"], "--boards must be between 1 and 64"),
+    (["--boards", "0"], "--boards must be in 1..64, not 0"),
 ])
 def test_emulator_flags_out_of_range(capsys, no_board_starts, flags, message):
     err = one_line_status_2(capsys, ["emulate", *flags])

@@ -6,6 +6,7 @@ generation giving the unsigned text."""
 import contextlib
 import json
 import stat
+import time
 
 import pytest
 
@@ -48,6 +49,17 @@ def test_key_files(tmp_path):
         assert text not in str(e.value)  # an error names the file, never the content
     with pytest.raises(KeyFileError, match="specmesh keygen"):
         load_key(tmp_path / "missing")
+
+
+def test_keygen_into_a_folder_that_does_not_exist_yet(tmp_path, monkeypatch, capsys):
+    """docs/security.md's first command, on a fresh machine: `~/.specmesh/` is made, owner-only."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cli.main(["keygen", "--key-file", "~/.specmesh/bus.key"]) == 0
+    made = tmp_path / ".specmesh"
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700 and len(load_key(made / "bus.key")) == 32
+    assert [p.name for p in made.iterdir()] == ["bus.key"]  # no temporary file left beside it
+    assert cli.main(["keygen", "--key-file", str(made / "bus.key")]) == 1
+    assert "never overwrites" in capsys.readouterr().err
 
 
 def test_keyed_node_refuses_and_counts_unsigned_forged_wrong_key_and_replayed_frames(micropython, tmp_path):
@@ -126,10 +138,16 @@ def test_flash_key_then_signed_run_handshake_resync_and_refusals(virtual_board, 
         bus = _open(vb.port, stack, key=key)
         _backend("drafter", bus, 1, vb.port)  # the handshake PING is stale: ERROR 7, resync, resend
         assert bus.auth.counter > 40 and bus.retransmits == 0
-    for wrong in (None, HostAuth(b"w" * 32)):  # an unkeyed host, a host with another key: no answer at all
+    # an unkeyed host, a host with another key: the node acts on nothing and says why (ERROR E_KEY, signed
+    # with its own key), which the host reads as a key mismatch at once, not as a node that does not answer
+    for wrong, why in ((None, "it holds a deployment key, and this run has none"),
+                       (HostAuth(b"w" * 32), "the board signs with another deployment key")):
         with contextlib.closing(SerialLink(vb.port, auth=wrong)) as link:
-            with pytest.raises(NodeTimeout):
-                Bus(link, auth=wrong, initial_rto=0.2, deadline=1.0).request(1, m.PING, b"x")
+            t0 = time.monotonic()
+            with pytest.raises(NodeTimeout, match="key mismatch: .*" + why):
+                Bus(link, auth=wrong, deadline=10.0).request(1, m.PING, b"x")
+            assert time.monotonic() - t0 < 2.0
+        time.sleep(0.3)  # the node answers one refusal per 250 ms
     with contextlib.ExitStack() as stack:
         bus = _open(vb.port, stack, key=key)
         st = _backend("drafter", bus, 1, vb.port).stats()

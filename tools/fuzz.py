@@ -19,9 +19,11 @@ signed.
   CONFIGURE excluded: they end the node or move its id), with a PING every 100 inputs that must come
   back within 10 s (a hang otherwise) and STATS every 1000: its heap_free after a collection, after the
   first 1000 inputs (reply cache and counters warm) against the last, is the drift.
-  A crash is the node process dying or printing a traceback.
+  A crash is the node process dying or printing a traceback; an unanswered MemoryError is a frame the node
+  ran out of memory on without refusing it with a reason (its console line "out of memory reading a frame").
 
-Exit status 1 if anything crashed or hung, or the drift exceeds --max-drift bytes on either runtime.
+Exit status 1 if anything crashed, hung or ran out of memory unanswered, or the drift exceeds --max-drift bytes
+on either runtime. `make fuzz FRAMES=N NODE_FRAMES=M SEED=S` passes the counts through.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
+from specmesh.host import atomic
 from specmesh.host.boardclasses import ESP32
 from specmesh.shared import codec
 from specmesh.shared import messages as m
@@ -174,6 +177,7 @@ def fuzz_node(n: int, seed: int, micropython: str) -> dict:
             st = node.stats()
             report["heap_free"].append(st["heap_free"])
             report["node_counts"] = {k: st[k] for k in ("requests", "errors", "bad_frames", "unsigned", "bad_tag")}
+            report["memory_unanswered"] = sum(b"out of memory reading a frame" in t for t in node.text)
         finally:
             code = node.proc.poll()
             tail = node.stderr_tail() if code is not None else b""
@@ -203,15 +207,17 @@ def main(argv: list[str] | None = None) -> int:
              1000 * res["cpython"]["slowest_s"], res["cpython"]["heap_drift_bytes"]), flush=True)
     if a.node_frames:
         res["micropython_node"] = nd = fuzz_node(a.node_frames, a.seed, str(mp))
-        print("MicroPython node (heap %d): %d inputs in %.0f s: %d crashes, %d hangs, heap_free %s, drift %d B; %s"
-              % (ESP32_HEAP, a.node_frames, nd["seconds"], nd["crashes"], nd["hangs"],
+        print("MicroPython node (heap %d): %d inputs in %.0f s: %d crashes, %d hangs, %d out-of-memory unanswered, "
+              "heap_free %s, drift %d B; %s"
+              % (ESP32_HEAP, a.node_frames, nd["seconds"], nd["crashes"], nd["hangs"], nd.get("memory_unanswered", 0),
                  nd["heap_free"][:1] + nd["heap_free"][-1:], nd["heap_drift_bytes"], nd.get("node_counts")))
     for part in res.values():
         for ex in part["examples"]:
             print("  example: %s" % json.dumps(ex))
     if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1))
-    bad = any(p["crashes"] or p["hangs"] or p["heap_drift_bytes"] > a.max_drift for p in res.values())
+        atomic.write_text(a.json, json.dumps(res, indent=1))
+    bad = any(p["crashes"] or p["hangs"] or p.get("memory_unanswered") or p["heap_drift_bytes"] > a.max_drift
+              for p in res.values())
     return 1 if bad else 0
 
 

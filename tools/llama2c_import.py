@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specmesh.host import atomic
 from specmesh.host.backends.modelio import write_model
 from specmesh.host.decode.tokenizer import TokenizerError, byte_pieces, pack_vocab, read_llama2c_tokenizer, vocab_id
 from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header, ModelFileError
@@ -128,7 +129,7 @@ def convert(checkpoint: Path, tokenizer: Path | None, out: Path, vocab_out: Path
         pieces, _scores = read_llama2c_tokenizer(tokenizer, cfg["vocab"])
         table = pack_vocab(byte_pieces(pieces))
         tid = vocab_id(table)
-        (vocab_out or out.with_suffix(".vocab.bin")).write_bytes(table)
+        atomic.write_bytes(vocab_out or out.with_suffix(".vocab.bin"), table)
     h = Header(cfg["dim"], cfg["n_layers"], cfg["n_heads"], cfg["n_kv_heads"], cfg["hidden"], cfg["vocab"],
                cfg["max_seq"], flags=FLAG_SHARED_CLS if cfg["shared_cls"] else 0, tokenizer_id=tid,
                norm_eps=1e-5, rope_theta=10000.0)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specmesh.host import atomic
 from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.backends.engine import Engine, to_float
 from specmesh.host.decode.gamma import GammaController
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         print("modelcard: %s" % e, file=sys.stderr)
         return 1
     a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps(figures, indent=1))
+    atomic.write_text(a.json, json.dumps(figures, indent=1))
     print(json.dumps(figures, indent=1))
     return 0
 

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from specmesh.host import atomic
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import TARGET_FILE
 from specmesh.tools.heldout import PROMPT_TOKENS, heldout_stories
@@ -130,9 +131,10 @@ def train(a) -> dict:
         model.load_state_dict(torch.load(a.init, map_location="cpu", weights_only=False)["model"])
 
     def save(path: Path):
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state,
-                    "config": cfg.to_dict(), "shape": a.shape,
-                    "args": {k: str(v) for k, v in vars(a).items()}}, path)
+        with atomic.replacing(path) as f:  # a checkpoint interrupted mid-write keeps the previous one
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state,
+                        "config": cfg.to_dict(), "shape": a.shape,
+                        "args": {k: str(v) for k, v in vars(a).items()}}, f)
 
     if a.minutes and state["train_s"] >= a.minutes * 60:
         print("%s already used its %g min budget" % (last, a.minutes))
@@ -180,7 +182,7 @@ def train(a) -> dict:
     bar.close()
     summary = {"shape": a.shape, "params": model.n_params(), "steps": state["step"],
                "train_s": round(state["train_s"], 1), "best_heldout_alpha_t1": state["best"]}
-    (out / "summary.json").write_text(json.dumps(summary | {"history": state["history"]}, indent=1))
+    atomic.write_text(out / "summary.json", json.dumps(summary | {"history": state["history"]}, indent=1))
     return summary
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 import zlib
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
+from specmesh.host import atomic
 from specmesh.shared.modelfile import (HEADER_SIZE, KIND_Q8, Header, ModelFileError, body_size, parse_header,
                               tensor_layout)
 
@@ -78,20 +78,7 @@ def write_model(path: str | os.PathLike, header: Header, tensors: dict) -> Heade
     h.body_len = len(body)
     h.body_crc = zlib.crc32(body) & 0xFFFFFFFF
     h.check()
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(h.pack())
-            f.write(body)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a model file is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic.write_bytes(path, h.pack() + body)
     return h
 
 

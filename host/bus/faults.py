@@ -106,6 +106,12 @@ class FaultyLink:
     def write_raw(self, data: bytes) -> None:
         self.link.write_raw(data)
 
+    def watch(self, callback: Callable[[], None]) -> None:
+        self.link.watch(callback)
+
+    def noise(self) -> tuple[int, dict[str, int]]:
+        return self.link.noise()
+
     def close(self) -> None:
         self.link.close()
 

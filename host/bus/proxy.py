@@ -81,6 +81,12 @@ class Bus:
         self._waiting: dict[int, _Waiter] = {}  # by seq
         self._slowest: dict[int, float] = {}  # per message type: recent slowest reply time (decays)
         link.on_frame = self._on_frame
+        link.watch(self._wake_all)  # a link that fails (a key mismatch, a half-flashed board) ends the calls at once
+
+    def _wake_all(self) -> None:
+        with self._lock:
+            for w in self._waiting.values():
+                w.event.set()
 
     def count(self, node: int, frame_bytes: int) -> None:
         """Account one frame of `frame_bytes` binary bytes to `node`, at its stream-line size."""
@@ -181,7 +187,7 @@ class Call:
         try:
             while True:
                 while bus.send_error or not w.event.wait(max(0.0, min(self.sent + rto, self.end)
-                                                             - time.perf_counter())):
+                                                             - time.perf_counter())) or w.reply is None:
                     err = getattr(bus.link, "error", None) or bus.send_error
                     if err or time.perf_counter() >= self.end:
                         raise NodeTimeout(bus._timeout_message(self.node, self.mtype, err))

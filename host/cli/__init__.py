@@ -48,10 +48,13 @@ def parse_layers(text: str) -> tuple[int, int]:
 
 def _flash(args) -> int:
     from specmesh.host.bus.ports import PortError, resolve_port
+    from specmesh.host.cli.ranges import in_range
     from specmesh.host.provision.flash import FlashError, flash, summary
     from specmesh.host.provision.keys import KeyFileError, load_key
 
     try:
+        if args.node_id is not None:
+            in_range("--node-id", args.node_id, 1, 254, "255 is the broadcast address")
         key = load_key(args.key_file) if args.key_file else None
         port = resolve_port(args.port)
         t0 = time.monotonic()
@@ -100,8 +103,8 @@ def _add_chaos(sub) -> None:
 
     p = sub.add_parser("chaos", help="generate on virtual boards under fault profiles; compare with the fault-free text")
     p.add_argument("--profile", action="append", choices=sorted(PROFILES),
-                   help="fault profile (repeatable; default: all): " + "; ".join(
-                       "%s: %s" % (k, v.what) for k, v in sorted(PROFILES.items())))
+                   help="fault profile (repeatable; default: all): " + "; ".join(  # argparse formats help with %
+                       "%s: %s" % (k, v.what.replace("%", "%%")) for k, v in sorted(PROFILES.items())))
     p.add_argument("--tokens", type=int, default=32, help="tokens per generation (default: 32)")
     p.set_defaults(func=_chaos)
 
@@ -109,12 +112,16 @@ def _add_chaos(sub) -> None:
 def _chaos(args) -> int:
     from specmesh.host.backends import BackendError
     from specmesh.host.cli.chaos import PROFILES, print_table, run
+    from specmesh.host.cli.ranges import RangeError, in_range
 
-    if not 1 <= args.tokens <= 200:
-        print("specmesh chaos: --tokens must be in 1..200", file=sys.stderr)
+    try:
+        in_range("--tokens", args.tokens, 1, 200)
+    except RangeError as e:
+        print("specmesh chaos: error: %s" % e, file=sys.stderr)
         return 2
     try:
-        rows = run(args.profile or sorted(PROFILES), args.tokens)
+        rows = run(args.profile or sorted(PROFILES), args.tokens,
+                   say=lambda line: print("specmesh chaos: " + line, file=sys.stderr, flush=True))
     except BackendError as e:
         print("specmesh chaos: %s" % e, file=sys.stderr)
         return 1
@@ -178,16 +185,17 @@ def _emulate_problem(args) -> str | None:
     """What is wrong with the `specmesh emulate` flags (one line), or None; checked before any board starts."""
     from specmesh.host.emulator.board import FLASH_BLOCK, FLASH_KB_RANGE
 
-    if not 1 <= args.boards <= 64:
-        return "--boards must be between 1 and 64"
-    for dest, flag in (("loss", "--radio-loss/--loss"), ("duplicate", "--radio-dup/--duplicate"), ("reorder", "--reorder")):
-        p = getattr(args, dest)
-        if not 0.0 <= p < 1.0:
-            return "%s is a probability: it must be in [0, 1), not %g" % (flag, p)
-    if not 0.0 <= args.delay_ms <= 10_000.0:
-        return "--delay-ms must be in 0..10000, not %g" % args.delay_ms
-    if not 0 <= args.seed <= 0xFFFFFFFF:
-        return "--seed must be in 0..4294967295"
+    from specmesh.host.cli.ranges import SEED, RangeError, in_range, probability
+
+    try:
+        in_range("--boards", args.boards, 1, 64)
+        for dest, flag in (("loss", "--radio-loss/--loss"), ("duplicate", "--radio-dup/--duplicate"),
+                           ("reorder", "--reorder")):
+            probability(flag, getattr(args, dest))
+        in_range("--delay-ms", args.delay_ms, 0, 10_000)
+        in_range("--seed", args.seed, *SEED)
+    except RangeError as e:
+        return str(e)
     lo, hi = FLASH_KB_RANGE
     block_kb = FLASH_BLOCK // 1024
     if args.flash_kb is not None and not (lo <= args.flash_kb <= hi and args.flash_kb % block_kb == 0):
@@ -276,6 +284,15 @@ class _Version(argparse.Action):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `specmesh` command; a Ctrl-C anywhere (even while its modules import) ends it with one line."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("\nspecmesh: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="specmesh", description=__doc__)
     parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)

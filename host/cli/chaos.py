@@ -150,12 +150,19 @@ def compare(want: list[int], got: list[int]) -> tuple[int, int]:
     return len(want) - common, len(got) - common
 
 
-def run(names: list[str], tokens: int = 32, models: Path = MODELS) -> list[dict]:
+def run(names: list[str], tokens: int = 32, models: Path = MODELS,
+        say: Callable[[str], None] | None = None) -> list[dict]:
+    """One row per profile and case; `say` gets a line as each case starts and ends (progress)."""
     rows = []
+    say = say or (lambda line: None)
+    total = len(names) * len(CASES)
     with tempfile.TemporaryDirectory(prefix="specmesh-chaos-") as tmp:
         for name in names:
             prof = PROFILES[name]
             for params in CASES:
+                t0 = time.perf_counter()
+                say("[%d/%d] %s, T=%.1f: a fault-free run, then the faulty one, on fresh virtual boards..."
+                    % (len(rows) + 1, total, name, params.temperature))
                 want = reference(models, params, tokens, prof.transport)
                 base = run_case(Profile("none", prof.transport, signed=prof.signed), params, tokens, models,
                                 Path(tmp) / "base")
@@ -169,6 +176,9 @@ def run(names: list[str], tokens: int = 32, models: Path = MODELS) -> list[dict]
                              "recovery_s": got["recovery_s"], "round_s": base["round_s"],
                              "radio_lost": got["radio_lost"], "overhead": got["wall_s"] / base["wall_s"],
                              "equal": got["tokens"] == want and base["tokens"] == want})
+                say("[%d/%d] %s, T=%.1f: %s in %.0f s" % (len(rows), total, name, params.temperature,
+                                                         "same text" if rows[-1]["equal"] else "text differs",
+                                                         time.perf_counter() - t0))
     return rows
 
 

@@ -10,12 +10,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from specmesh.host import atomic
 from specmesh.host.backends import PIPELINE, SessionParams, temp_milli, top_p_q16
+from specmesh.host.cli.ranges import SEED, RangeError, in_range, probability
 from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path
 from specmesh.shared import messages as m
 
 DEFAULT_PROMPT = "Once upon a time"
 GAMMA_FLAG_MAX = 16  # the largest --gamma; a round drafts at most what both back-ends' HELLO allows
+RV32_PROJECT = ("esp32c3", "esp32c6")  # --project classes priced from instructions measured under QEMU
 
 
 class UsageError(Exception):
@@ -101,9 +104,10 @@ def parse_gamma(text: str) -> int | None:
         g = int(text)
     except ValueError:
         raise UsageError("--gamma must be auto or an integer, not %r" % text) from None
-    if not 0 <= g <= GAMMA_FLAG_MAX:
-        raise UsageError("--gamma must be in 0..%d, not %d" % (GAMMA_FLAG_MAX, g))
-    return g
+    try:
+        return in_range("--gamma", g, 0, GAMMA_FLAG_MAX)
+    except RangeError as e:
+        raise UsageError(str(e)) from None
 
 
 def read_prompt(a: argparse.Namespace) -> str:
@@ -112,7 +116,10 @@ def read_prompt(a: argparse.Namespace) -> str:
     if a.prompt is not None and a.prompt_file is not None:
         raise UsageError("give --prompt or --prompt-file, not both")
     if a.prompt_file is None and a.prompt != "-":
-        return DEFAULT_PROMPT if a.prompt is None else a.prompt
+        if a.prompt is None:
+            return DEFAULT_PROMPT
+        check_utf8(a.prompt)  # argv's bytes arrive as surrogate escapes where they are not UTF-8
+        return a.prompt
     where = "stdin" if a.prompt_file is None else str(a.prompt_file)
     try:
         data = sys.stdin.buffer.read() if a.prompt_file is None else a.prompt_file.read_bytes()
@@ -127,28 +134,54 @@ def read_prompt(a: argparse.Namespace) -> str:
 
 
 def _check_ranges(a: argparse.Namespace) -> None:
-    if a.max_tokens < 1:
-        raise UsageError("--max-tokens must be at least 1")
+    """Every numeric flag in its range (host/cli/ranges.py; --stages against the target's layers in preflight),
+    and the flags that need another: all before anything starts."""
+    try:
+        in_range("--max-tokens", a.max_tokens, 1)
+        in_range("--top-k", a.top_k, 0, 65535, "0: off")
+        in_range("--draft-top-k", a.draft_top_k, 1, 255)
+        in_range("--seed", a.seed, *SEED)
+        in_range("--spec-ahead", a.spec_ahead, 0, m.MAX_GAMMA)
+        probability("--radio-loss", a.radio_loss)
+        probability("--radio-dup", a.radio_dup)
+    except RangeError as e:
+        raise UsageError(str(e)) from None
     for convert, value, flag in ((temp_milli, a.temperature, "--temperature"), (top_p_q16, a.top_p, "--top-p")):
         try:
             convert(value)  # what the protocol carries; SessionParams applies exactly that everywhere
         except ValueError as e:
             raise UsageError("%s: %s" % (flag, e)) from None
-    if not 0 <= a.top_k <= 65535 or not 1 <= a.draft_top_k <= 255:
-        raise UsageError("--top-k must be in 0..65535 and --draft-top-k in 1..255")
-    if not 0 <= a.seed <= 0xFFFFFFFF:
-        raise UsageError("--seed must be in 0..4294967295")
-    if not 0 <= a.spec_ahead <= m.MAX_GAMMA:
-        raise UsageError("--spec-ahead must be in 0..%d" % m.MAX_GAMMA)
-    if a.stages and (a.verifier != "virtual" or a.transport != "serial"):
+    if a.stages and (not (a.verifier == "virtual" or a.verifier.startswith("virtual:")) or a.transport != "serial"):
         raise UsageError("--stages N starts its own virtual stage boards on --transport serial: drop --verifier "
-                         "and --transport")
-    if not 0 <= a.stages <= 255:
-        raise UsageError("--stages must be in 0..255")
-    if not (0.0 <= a.radio_loss < 1.0 and 0.0 <= a.radio_dup < 1.0):
-        raise UsageError("--radio-loss and --radio-dup must be in [0, 1)")
+                         "(or name their class: --verifier virtual:esp32c3) and --transport")
+    if (a.radio_loss or a.radio_dup) and a.transport != "espnow":
+        raise UsageError("--radio-loss and --radio-dup act on the virtual radio: add --transport espnow")
     if a.calibration is not None and not a.project:
         raise UsageError("--calibration prices a projection: add --project esp32s3")
+    if a.project in RV32_PROJECT:
+        want = "virtual:" + a.project
+        roles = [("verifier", a.verifier)] + ([] if a.plain else [("drafter", a.drafter)])
+        if any(name != want for _, name in roles) or a.calibration is not None or a.stages:
+            raise UsageError("--project %s prices the instructions its boards execute under QEMU: run %s on %s "
+                             "(no --calibration, no --stages)" % (a.project, " and ".join("--" + r for r, _ in roles),
+                                                                  want))
+    if a.stats_json:
+        problem = atomic.unwritable(a.stats_json)
+        if problem:
+            raise UsageError("--stats-json %s cannot be written: %s" % (a.stats_json, problem))
+
+
+def check_utf8(prompt: str) -> None:
+    """A prompt whose bytes are not UTF-8 (they arrive from argv or a file as surrogate escapes): one line
+    naming the first bad byte and its offset in the prompt's bytes."""
+    try:
+        raw = prompt.encode("utf-8", "surrogateescape")
+        raw.decode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError("the prompt holds characters that are not UTF-8 text") from None
+    except UnicodeDecodeError as e:
+        raise UsageError("the prompt is not UTF-8 text: byte 0x%02x at offset %d of its %d bytes; pass it in UTF-8"
+                         % (raw[e.start], e.start, len(raw))) from None
 
 
 def _rates(calibration: Path | None, project: str | None):

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import IO
 
+from specmesh.host import atomic
 from specmesh.host.decode.stopstrings import StopStrings
 
 FEW = 5  # samples below which a figure is left out of the table (with the count) rather than shown
@@ -184,16 +185,19 @@ def format_table(stats: dict) -> str:
     if boards:
         names = ["%s (%s)" % (b["name"], b["role"]) for b in boards]
         w = max(len(n) for n in names)
-        lines.append("%-*s  %10s %12s %11s  %s" % (w, "board", "compute s", "heap free B", "retransmits", "kernels"))
+        lines.append("%-*s  %10s %12s %11s %15s  %s" % (w, "board", "compute s", "heap free B", "retransmits",
+                                                        "insn / token", "kernels"))
         for name, b in zip(names, boards):
             if "error" in b:
                 lines.append("%-*s  stats unavailable: %s" % (w, name, b["error"]))
                 continue
+            insn = b.get("instructions_per_token")
             kernels = b.get("kernels") or "-"
             if b.get("kernels_note"):
                 kernels += " (%s)" % b["kernels_note"]
-            lines.append("%-*s  %10s %12s %11s  %s" % (w, name, _fmt(b.get("compute_s")), _fmt(b.get("heap_free")),
-                                                       _fmt(b.get("retransmits")), kernels))
+            lines.append("%-*s  %10s %12s %11s %15s  %s" % (
+                w, name, _fmt(b.get("compute_s")), _fmt(b.get("heap_free")), _fmt(b.get("retransmits")),
+                "-" if insn is None else "%.0f" % insn, kernels))
     return "\n".join(lines)
 
 
@@ -202,6 +206,4 @@ def write_stats_json(path: str, stats: dict) -> None:
     missing = [k for k in REQUIRED_KEYS if k not in stats]
     if missing:
         raise ValueError("stats lack %s" % missing)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(stats, f, indent=1, sort_keys=True)
-        f.write("\n")
+    atomic.write_text(path, json.dumps(stats, indent=1, sort_keys=True) + "\n")

@@ -22,14 +22,17 @@ from pathlib import Path
 
 from specmesh.host import backends
 from specmesh.host.backends import PIPELINE, BackendError, SessionParams
-from specmesh.host.cli.config import DEFAULT_PROMPT, GAMMA_FLAG_MAX, RunConfig, UsageError, parse_gamma  # noqa: F401
+from specmesh.host.cli.config import (DEFAULT_PROMPT, GAMMA_FLAG_MAX, RV32_PROJECT, RunConfig,  # noqa: F401
+                                      UsageError, parse_gamma)
 from specmesh.host.cli.output import TokenStream, format_table, write_stats_json
 from specmesh.host.boardclasses import drafter_class
 from specmesh.host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
+from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, generate
 from specmesh.host.decode.stopstrings import StopStrings
 from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE
+from specmesh.host.projection.measured import board_summary
 
 
 class GenerationFailed(Exception):
@@ -67,11 +70,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "cores: 821 tok/s without, 1087 with --spec-ahead 4)")
     p.add_argument("--plain", action="store_true", help="target-only decoding on the same verifier (baseline)")
     p.add_argument("--stages", type=int, default=0, metavar="N",
-                   help="verify on a pipeline of N virtual stage boards (classic ESP32s), the target's layers split "
+                   help="verify on a pipeline of N virtual stage boards (classic ESP32s; --verifier virtual:CLASS: of "
+                        "that class), the target's layers split "
                         "evenly, positions sent through as a wavefront (docs/pipeline.md; default 0: one verifier)")
-    p.add_argument("--project", metavar="BOARD", choices=("esp32s3",),
+    p.add_argument("--project", metavar="BOARD", choices=("esp32s3",) + RV32_PROJECT,
                    help="also project the run onto real boards of this class (host/projection/hardware.py); "
-                        "gamma is then chosen for that hardware")
+                        "gamma is then chosen for that hardware. esp32c3/esp32c6 price the instructions the run's "
+                        "virtual:esp32c3/c6 boards executed under QEMU (docs/run.md)")
     p.add_argument("--kernels", choices=("native", "viper"), default="native",
                    help="with --project: the board kernels the projection prices (default native: the xtensawin "
                         "module; viper: the MicroPython-only engine)")
@@ -117,6 +122,8 @@ class Setup(contextlib.ExitStack):
         self.config = config
         self.key = config.key
         self.stages = config.stages
+        # the stages' class: `--stages N --verifier virtual:CLASS` (None: the default class)
+        self.stage_class = config.verifier.split(":", 1)[1] if config.verifier.startswith("virtual:") else None
         self._cluster = None
 
     def cluster(self):
@@ -183,7 +190,8 @@ def build_stats(config: RunConfig, params: SessionParams, result: Result, text: 
         "seed": config.seed,
         "temperature": params.temperature,  # as applied: the nearest thousandth of --temperature
         "estimates": controller.summary(),
-        "boards": board_stats(verifier.parts("verifier") + (drafter.parts("drafter") if drafter else [])),
+        "boards": board_stats(verifier.parts("verifier") + (drafter.parts("drafter") if drafter else []), n,
+                              projector),
     }
     stats.update(verifier.report())
     if projector is not None:
@@ -191,8 +199,10 @@ def build_stats(config: RunConfig, params: SessionParams, result: Result, text: 
     return stats
 
 
-def board_stats(parts: list) -> list[dict]:
-    """One entry per board among the back-ends' parts (role, back-end): in-process ones report no heap."""
+def board_stats(parts: list, tokens: int = 0, projector=None) -> list[dict]:
+    """One entry per board among the back-ends' parts (role, back-end): in-process ones report no heap. A board
+    under QEMU adds the instructions it executed (per generated token, per pass), which a projector that prices
+    them (host/projection/measured.py) takes too."""
     out = []
     for role, b in parts:
         try:
@@ -206,6 +216,9 @@ def board_stats(parts: list) -> list[dict]:
                         "kernels": s.get("kernels"), "kernels_note": s.get("kernels_note", "")})
             if role == "stage":  # the firmware's own counters, next to the host's trace of the same work
                 out[-1].update(positions=s.get("positions"), passes=s.get("passes"))
+            out[-1].update(board_summary(s, tokens))
+            if hasattr(projector, "measure"):
+                projector.measure(role, s)
     return out
 
 
@@ -219,6 +232,13 @@ def projection(config: RunConfig, heads: dict, verifier, on_host: bool, determin
         return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, UART_921600.name, on_host,
                                   config.kernels),
                 LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host, config.kernels))
+    if config.project in RV32_PROJECT:  # priced after the run from what its boards executed
+        from specmesh.host.projection.measured import MeasuredProjector  # noqa: PLC0415
+        from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
+
+        # gamma: the boards' measured costs, or the derived ones when sampling (deterministic texts)
+        costs = Projector(heads["verifier"], heads["drafter"], "esp32s3", config.transport) if deterministic else None
+        return costs, MeasuredProjector(heads["verifier"], heads["drafter"], config.project, config.transport)
     if config.project or deterministic:
         from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
 
@@ -237,8 +257,10 @@ def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
         roles = sorted({*names, *(["drafter"] if config.project else [])})
         headers = check_models({r: config.model_file(r) for r in roles}, roles)
         check_context(prompt_tokens, headers["verifier"], config.model_file("verifier").name)
+        n_layers = headers["verifier"].n_layers
+        in_range("--stages", config.stages, 0, n_layers, "0: one verifier; at most the target's %d layers" % n_layers)
         return headers, check_backends(names, config.transport, config.key)
-    except PreflightError as e:
+    except (PreflightError, RangeError) as e:
         raise UsageError(str(e)) from None
 
 

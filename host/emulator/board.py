@@ -32,6 +32,7 @@ import weakref
 from functools import cache
 from pathlib import Path
 
+from specmesh.host import atomic
 from specmesh.host.boardclasses import BoardClass, board_class
 from specmesh.host.mpycross import CompileError, compile_py
 
@@ -42,6 +43,14 @@ _LIVE: weakref.WeakSet[VirtualBoard] = weakref.WeakSet()
 
 class BoardError(RuntimeError):
     """A virtual board could not start or keep running."""
+
+
+class FlashDamaged(BoardError):
+    """A module on a virtual board's flash does not load: it hangs the VM's import (a truncated .mpy does), as
+    an interrupted flash of a specmesh before host/provision/flash.py wrote files under a temporary name left."""
+
+
+MEASURE_S = 20  # longest the flashed modules may take to import when the VM heap is sized
 
 
 def micropython_binary() -> str:
@@ -84,7 +93,8 @@ def _shim_heap(romfs_bytes: int) -> tuple[int, float]:
         if romfs_bytes:
             env["VBOARD_ROMFS"] = str(_erased(Path(tmp) / "flash.romfs", romfs_bytes))
         done = subprocess.run([micropython_binary(), "-X", f"heapsize={MEASURE_HEAP}", "-c", "import _vboard"],
-                              env=env, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+                              env=env, capture_output=True, timeout=30, stdin=subprocess.DEVNULL,
+                              preexec_fn=_die_with_parent)
     try:
         alloc, usable = (int(v) for v in done.stdout.split()[-2:])
     except ValueError:
@@ -111,7 +121,7 @@ def romfs_heap(romfs_bytes: int) -> int:
 def _erased(path: Path, size: int) -> Path:
     """A flash partition of `size` bytes, erased (0xff), unless `path` already is one of that size."""
     if not path.is_file() or path.stat().st_size != size:
-        path.write_bytes(b"\xff" * size)
+        atomic.write_bytes(path, b"\xff" * size)
     return path
 
 
@@ -309,8 +319,13 @@ class VirtualBoard:
         if self._code_heap is not None and self._code_heap[0] == key:
             return self._code_heap[1]
         env = self._env("measure-code")
-        done = subprocess.run([micropython_binary(), "-c", "import _vboard"], env=env, capture_output=True,
-                              timeout=60, stdin=subprocess.DEVNULL, cwd=self.flash_dir)
+        try:
+            done = subprocess.run([micropython_binary(), "-c", "import _vboard"], env=env, capture_output=True,
+                                  timeout=MEASURE_S, stdin=subprocess.DEVNULL, cwd=self.flash_dir,
+                                  preexec_fn=_die_with_parent)  # a host killed meanwhile leaves no VM behind
+        except subprocess.TimeoutExpired:
+            raise FlashDamaged("%s: a module on its flash (%s) does not load within %d s: a half-written file"
+                               % (self.name, self.flash_dir, MEASURE_S)) from None
         try:
             value = int(done.stdout.split()[-1])
         except (ValueError, IndexError):
@@ -411,12 +426,23 @@ class VirtualBoard:
             proc.stdout.close()
             if self._stopping.is_set():
                 return
-            crashed = code not in (EXIT_SOFT, EXIT_SOFT_RAW, EXIT_HARD, -signal.SIGINT)
+            crashed = self._crashed(code)
             quick_deaths = quick_deaths + 1 if crashed and time.monotonic() - started < 0.5 else 0
             if quick_deaths >= 5:
                 self.failed = f"the VM keeps exiting at start (exit code {code})"
                 self._to_host(f"\r\n[{self.name}: {self.failed}]\r\n".encode())
                 return
+            self._reboot(code)
+            if self.failed:
+                return
+
+    def _crashed(self, code: int) -> bool:
+        """Whether a VM that exited with `code` crashed (rather than rebooted on purpose)."""
+        return code not in (EXIT_SOFT, EXIT_SOFT_RAW, EXIT_HARD, -signal.SIGINT)
+
+    def _reboot(self, code: int) -> None:
+        """Start the VM again after it exited with `code`; a VM that cannot start leaves the board failed."""
+        try:
             if code == EXIT_SOFT_RAW:
                 self._spawn("raw")
             elif code in (EXIT_SOFT, EXIT_HARD, -signal.SIGINT):
@@ -424,6 +450,9 @@ class VirtualBoard:
             else:
                 self._to_host(f"\r\n[{self.name}: VM exited with code {code}; rebooting]\r\n".encode())
                 self._spawn("friendly")
+        except BoardError as e:
+            self.failed = str(e)
+            self._to_host(f"\r\n[{self.failed}]\r\n".encode())
 
     def _to_host(self, data: bytes) -> None:
         """Write to the pty. Output no one reads for a second is dropped from then on (like a UART with

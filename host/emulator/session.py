@@ -6,7 +6,7 @@ import contextlib
 import tempfile
 from pathlib import Path
 
-from specmesh.host.emulator.board import VirtualBoard
+from specmesh.host.emulator import VirtualBoard, make_board
 from specmesh.host.emulator.radio import RadioConfig, RadioHub
 
 
@@ -45,9 +45,9 @@ class Emulation(contextlib.ExitStack):
                 prefix="specmesh-boards-")))
             self.hub = self.enter_context(RadioHub(self.radio_config))
             for i in range(self.n):
-                vb = VirtualBoard(root / f"board{i}", self.board, name=f"board{i}", mac=board_mac(i),
-                                  radio=self.hub.address, mtu=self.radio_config.mtu, flash_bytes=self.flash_bytes,
-                                  romfs_bytes=self.romfs_bytes)
+                vb = make_board(root / f"board{i}", self.board, name=f"board{i}", mac=board_mac(i),
+                                radio=self.hub.address, mtu=self.radio_config.mtu, flash_bytes=self.flash_bytes,
+                                romfs_bytes=self.romfs_bytes)
                 self.enter_context(vb)
                 self.boards.append(vb)
         except BaseException:

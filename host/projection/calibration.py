@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specmesh.host import atomic
 from specmesh.host.projection.costmodel import TERMS, Work
 from specmesh.host.projection.hardware import CPI, KERNEL_CALL, Board
 
@@ -79,6 +80,6 @@ class Rates:
 
 
 def write(path: str | Path, board: dict, seconds_per_unit: dict[str, float], measured: dict, check: dict) -> None:
-    Path(path).write_text(json.dumps({"format": FORMAT, "version": VERSION, "board": board,
+    atomic.write_text(path, json.dumps({"format": FORMAT, "version": VERSION, "board": board,
                                       "seconds_per_unit": seconds_per_unit, "measured": measured,
                                       "check": check}, indent=2, sort_keys=True) + "\n")

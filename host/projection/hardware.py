@@ -26,6 +26,15 @@ Sources:
           `python -m specmesh.tools.bench pipeline` prints this machine's figure.
 [SPI-FL]  Espressif, ESP32 Series Datasheet: external SPI flash at 40/80 MHz, DIO/QIO (2-4 bits per
           clock); MicroPython keeps its filesystem (littlefs) in that flash.
+[C3-DS]   Espressif, ESP32-C3 Series Datasheet: a 32-bit RISC-V single-core (RV32IMC) up to 160 MHz, 400 KB
+          SRAM, 16 KB cache, in-package or external SPI flash at up to 80 MHz (QIO).
+[C6-DS]   Espressif, ESP32-C6 Series Datasheet: a 32-bit RISC-V high-performance core (RV32IMAC) up to
+          160 MHz, 512 KB HP SRAM, 32 KB cache, SPI flash at up to 80 MHz.
+[C3-TRM]  Espressif, ESP32-C3 Technical Reference Manual, ESP-RISC-V CPU: an in-order, single-issue
+          4-stage pipeline; ctrlsrc.io, "Counting CPU cycles on ESP32-C3 and ESP32-C6" (2023) measures
+          one cycle for most instructions on both, more for taken branches and jumps.
+[QEMU]    Measured: the node's own count of the instructions a pass executed on this project's virtual
+          RV32 boards (qemu-system-riscv32 -icount shift=0, minstret: firmware/cpucount.py).
 """
 
 from __future__ import annotations
@@ -175,7 +184,26 @@ FLASH_MAP_STREAM = Figure(
     "sustain half of it: 5 MB/s (assumption, to be replaced by a HIL measurement). Applies to a whole "
     "model on a board without PSRAM (host/projection/costmodel.py: weights_flash), once per pass.")
 
+RV32_CPI = Figure(
+    1.3, "cycle/insn", "C3-TRM",
+    "The ESP32-C3/C6 core issues one instruction per cycle in order [C3-TRM]; taken branches and jumps and "
+    "load-use pairs stall it. The kernels' loops are about a third loads and end in a taken branch, so 1.3 "
+    "cycles per executed instruction is assumed, the same allowance as the Xtensa CPI. QEMU counts "
+    "instructions, not cycles: replace with a board measurement (time.ticks_cpu() counts cycles there).")
+RV32_FLASH_MAP = Figure(
+    20e6, "B/s", "derived",
+    "[C3-DS]: 80 MHz QIO flash moves 40 MB/s at the pins. A model on the ROMFS is read in place through the "
+    "16 KB (C3) / 32 KB (C6) cache in 32-byte lines; a streaming read is assumed to sustain half of it, "
+    "20 MB/s (assumption: QEMU maps flash as RAM and cannot say; to be replaced by a HIL measurement). "
+    "Applies to the exact weight bytes a pass reads (host/projection/costmodel.py weight_bytes).")
+MEASURED_MAC = Figure(0.0, "MAC/s", "QEMU", "RV32 boards are priced by the instructions their passes executed "
+                      "(host/projection/measured.py), not by a MAC rate")
+
 ESP32S3 = Board(boardclasses.ESP32S3.name, Figure(240e6, "Hz", "S3-DS"), VIPER_MAC, PSRAM_STREAM, FLASH_MAP_STREAM)
+ESP32C3 = Board(boardclasses.ESP32C3.name, Figure(boardclasses.ESP32C3.clock_hz, "Hz", "C3-DS"), MEASURED_MAC,
+                Figure(0.0, "B/s", "C3-DS", "no PSRAM: the target on the ROMFS"), RV32_FLASH_MAP)
+ESP32C6 = Board(boardclasses.ESP32C6.name, Figure(boardclasses.ESP32C6.clock_hz, "Hz", "C6-DS"), MEASURED_MAC,
+                Figure(0.0, "B/s", "C6-DS", "no PSRAM: the target on the ROMFS"), RV32_FLASH_MAP)
 ESP32 = Board(boardclasses.ESP32.name, Figure(240e6, "Hz", "ESP32-DS"), VIPER_MAC,
               Figure(0.0, "B/s", "ESP32-DS", "no PSRAM: models in SRAM"), FLASH_MAP_STREAM)
 
@@ -198,7 +226,7 @@ FLASH_FILE_READ = Figure(
     "and vocab scales) from the model file once per pass: firmware/engine.py.")
 ESPNOW = Link("espnow", Figure(1e6, "bit/s", "ESPNOW"), 8, Figure(1.3e-3, "s", "ESPNOW-T"), mtu=250)
 
-BOARDS = {b.name: b for b in (ESP32S3, ESP32)}
+BOARDS = {b.name: b for b in (ESP32S3, ESP32, ESP32C3, ESP32C6)}
 LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, UART_921600, ESPNOW)}
 
 
@@ -207,6 +235,7 @@ def sources() -> list[dict]:
     out = [{"name": name, "value": f.value, "unit": f.unit, "source": f.source, "note": f.note}
            for name, f in (("cycles_per_insn", CPI), ("runtime_call", RUNTIME_CALL), ("shift_steps", SHIFT_STEPS),
                            ("kernel_call", KERNEL_CALL), ("flash_file_read", FLASH_FILE_READ),
+                           ("rv32_cycles_per_insn", RV32_CPI),
                            ("host_draft_position", HOST_DRAFT_POSITION))]
     for b in BOARDS.values():
         for attr in ("clock_hz", "mac_per_s", "weight_stream_bps", "flash_map_bps"):

@@ -10,7 +10,8 @@ through a gateway board on its serial link.
 Everything started is stopped when the cluster closes. `find` discovers a flashed real board by the role it
 reports (HELLO), `connect` opens one on a known port. Both kinds are registered back-ends of each role
 (host/backends/__init__.py): `virtual` (the role's default class), `virtual:CLASS` (a virtual board of any
-class of host/boardclasses.py), `pipeline` for the verifier (`--stages N` stage boards), and `PORT` for a
+class of host/boardclasses.py: the unix port sized as that class, or QEMU running the RV32 firmware for
+esp32c3/esp32c6, host/emulator/qemu.py), `pipeline` for the verifier (`--stages N` stage boards), and `PORT` for a
 serial port's name. Importing this module registers them (host/cli/registry.py does, for a run).
 """
 
@@ -19,16 +20,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from specmesh.host import atomic
 from specmesh.host.backends import PIPELINE, PORT, BackendError, Boards, register_drafter, register_verifier
 from specmesh.host.backends.board import BoardDrafter, BoardVerifier
 from specmesh.host.backends.pipeline import BoardStage, PipelineVerifier
 from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, drafter_class, drafter_model
 from specmesh.host.bus.links import LinkError, SerialLink
-from specmesh.host.bus.proxy import Bus, HostAuth, Proxy
+from specmesh.host.bus.proxy import Bus, HostAuth, NodeError, Proxy
 from specmesh.host.layout import MODELS, ROOT, model_path
 from specmesh.host.provision.flash import NODE_ID
 from specmesh.shared import messages as m
@@ -36,8 +39,10 @@ from specmesh.shared.codec import BROADCAST
 
 
 def _vboards_dir() -> Path:
-    """Where virtual boards keep their flash between runs: build/vboards/ in a checkout, the user's cache
-    folder when specmesh is installed (never inside site-packages)."""
+    """Where virtual boards keep their flash between runs: $SPECMESH_VBOARDS if set, build/vboards/ in a
+    checkout, the user's cache folder when specmesh is installed (never inside site-packages)."""
+    if os.environ.get("SPECMESH_VBOARDS"):
+        return Path(os.environ["SPECMESH_VBOARDS"])
     if (ROOT / "pyproject.toml").is_file():
         return ROOT / "build" / "vboards"
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -49,9 +54,10 @@ BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier, "stage": BoardSta
 
 
 def split_layers(n_layers: int, n: int) -> list[tuple[int, int]]:
-    """n contiguous slices (a, b) of n_layers layers, as even as can be; ValueError if n is not 1..n_layers."""
+    """n contiguous slices (a, b) of n_layers layers, as even as can be; ValueError if n is not 1..n_layers
+    (`specmesh run --stages` is checked before: host/cli/ranges.py)."""
     if not 1 <= n <= n_layers:
-        raise ValueError("--stages must be in 1..%d (the target's layers), not %d" % (n_layers, n))
+        raise ValueError("cannot split %d layers into %d stages" % (n_layers, n))
     cuts = [round(i * n_layers / n) for i in range(n + 1)]
     return list(zip(cuts[:-1], cuts[1:]))
 
@@ -91,15 +97,41 @@ def _backend(kind: str, bus: Bus, node: int, where: str):
     return BACKEND[kind](Proxy(bus, node), where)
 
 
-def discover(bus: Bus) -> int:
+def discover(bus: Bus, deadline: float = 10.0) -> int:
     """Node id of the board on a serial link (HELLO to broadcast; the reply says who answered)."""
     from specmesh.host.bus.proxy import ProxyError  # noqa: PLC0415
 
     try:
-        return bus.request(BROADCAST, m.HELLO, deadline=10.0).src
+        return bus.request(BROADCAST, m.HELLO, deadline=deadline).src
     except ProxyError as e:
-        raise BackendError("%s: no specmesh node answers (%s); flash it with `specmesh flash --port %s --role "
-                           "drafter|verifier`" % (bus.link.port, e, bus.link.port)) from None
+        raise BackendError(no_node(bus.link, e, deadline)) from None
+
+
+def no_node(link, e: Exception, deadline: float) -> str:
+    """Why no specmesh node answered HELLO on `link`, in one line: what the link diagnosed (a key mismatch, a
+    half-flashed board), an answer that is not a node's (a REPL, a traceback, another device's bytes), or
+    silence."""
+    port = link.port
+    if link.error:
+        return link.error
+    fix = "flash the node with `specmesh flash --port %s --role drafter|verifier`" % port
+    text = [t.strip() for t in link.text if t.strip()]
+    if text and _readable(text[-1]):
+        return "%s answers, but not as a specmesh node: it printed %r (%s)" % (port, text[-1][:100], fix)
+    received, errors = link.noise()
+    if received:
+        kinds = ", ".join("%d %s" % (n, k) for k, n in sorted(errors.items())) or "no whole line"
+        return ("%s sends %d bytes that are no specmesh frame (%s): another device, or a wrong baud rate"
+                % (port, received, kinds))
+    if isinstance(e, NodeError):
+        return "%s: the node refused HELLO: %s" % (port, e)
+    return "%s: nothing came back within %.0f s: is a board on this port, powered and running? If so, %s" % (
+        port, deadline, fix)
+
+
+def _readable(line: str) -> bool:
+    """Whether a console line reads as text (a REPL, a traceback) rather than noise (a wrong baud rate)."""
+    return sum(c.isprintable() and c != "\ufffd" for c in line) >= 0.75 * len(line)
 
 
 def find(kind: str, key: bytes | None = None) -> str:
@@ -109,17 +141,23 @@ def find(kind: str, key: bytes | None = None) -> str:
 
     want = m.ROLE_DRAFTER if kind == "drafter" else m.ROLE_VERIFIER
     ports = [dev for dev, _ in esp_ports()]
+    problems = []  # what boards that could be the one said: a key mismatch, a half-flashed board
     for port in ports:
         with contextlib.ExitStack() as stack:
             try:
                 bus = _open(port, stack, key=key)
                 role = m.unpack_hello(bus.request(BROADCAST, m.HELLO, deadline=2.0).payload)[2]
-            except (BackendError, ProxyError):
+            except BackendError:
+                continue
+            except ProxyError:
+                if bus.link.error:
+                    problems.append(bus.link.error)
                 continue
             if role == want:
                 return port
-    raise BackendError("--%s auto: no board on %s reports the %s role; flash one with `specmesh flash --port PORT "
-                       "--role %s`" % (kind, ", ".join(ports) or "any ESP32 USB port", kind, kind))
+    raise BackendError("--%s auto: no board on %s reports the %s role%s; flash one with `specmesh flash --port PORT "
+                       "--role %s`" % (kind, ", ".join(ports) or "any ESP32 USB port", kind,
+                                       "".join(" (%s)" % p for p in problems), kind))
 
 
 @contextlib.contextmanager
@@ -175,7 +213,7 @@ class Cluster(contextlib.ExitStack):
 
         `config`: board-config keys (link, espnow peers) written before flashing, which keeps them.
         `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1."""
-        from specmesh.host.emulator.board import BoardError, VirtualBoard  # noqa: PLC0415
+        from specmesh.host.emulator import BoardError, make_board  # noqa: PLC0415
         from specmesh.host.emulator.session import board_mac  # noqa: PLC0415
         from specmesh.host.provision.flash import FlashError, flash, summary  # noqa: PLC0415
 
@@ -192,24 +230,32 @@ class Cluster(contextlib.ExitStack):
             cfg.pop(key, None)
         cfg["spec_ahead"] = self.spec_ahead if kind == "drafter" else 0
         cfg.update(config or {})
-        cfg_path.write_text(json.dumps(cfg, sort_keys=True))
-        vb = VirtualBoard(folder, board or ROLE_CLASS[kind], name="vboard-" + name, mac=board_mac(node_id),
+        atomic.write_text(cfg_path, json.dumps(cfg, sort_keys=True))
+        vb = make_board(folder, board or ROLE_CLASS[kind], name="vboard-" + name, mac=board_mac(node_id),
                           radio=radio.address if radio is not None else None,
                           mtu=radio.config.mtu if radio is not None else 250)
         say = self.say or (lambda line: None)
         what = "virtual %s board (%s)" % (name if stage is None else "stage %d (layers %d:%d)" % stage, vb.board.name)
         say("%s: booting, flashing the node and %s with mpremote..." % (what, model.name))
         try:
-            vb.start()
+            try:
+                vb.start()
+            except FlashDamaged as e:  # a build folder, not a user's board: start it afresh
+                say("%s: %s; starting it with an empty flash" % (what, e))
+                shutil.rmtree(folder)
+                vb.romfs_path.unlink(missing_ok=True)
+                folder.mkdir(parents=True)
+                atomic.write_text(cfg_path, json.dumps(cfg, sort_keys=True))
+                vb.start()
             self.callback(vb.stop)
             t0 = time.monotonic()
             layers = None if stage is None else stage[1:]
             try:
                 report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
-                               clear_key=True, layers=layers)
+                               clear_key=True, layers=layers, config=cfg)
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
                 report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
-                               clear_key=True, layers=layers)
+                               clear_key=True, layers=layers, config=cfg)
         except (BoardError, FlashError) as e:
             raise BackendError("virtual %s board: %s" % (kind, e)) from None
         say("%s: %s" % (what, summary(report, time.monotonic() - t0)))
@@ -233,9 +279,10 @@ class Cluster(contextlib.ExitStack):
         self.buses.append(bus)
         return bus
 
-    def pipeline(self, n: int):
-        """A pipeline verifier (host/backends/pipeline.py) over n virtual stage boards (classic ESP32s), the target's
-        layers split evenly; each on its own serial link, the host relaying activations between them."""
+    def pipeline(self, n: int, board: str | None = None):
+        """A pipeline verifier (host/backends/pipeline.py) over n virtual stage boards (classic ESP32s, or of class
+        `board`), the target's layers split evenly; each on its own serial link, the host relaying activations
+        between them."""
         from specmesh.host.backends.modelio import check_model_file  # noqa: PLC0415
         if self.transport != "serial":
             raise BackendError("--stages runs on --transport serial (the host relays between stages)")
@@ -243,7 +290,7 @@ class Cluster(contextlib.ExitStack):
         layers = split_layers(n_layers, n)
         stages = []
         for i, (a, b) in enumerate(layers):
-            vb = self.start("stage", stage=(i, a, b))
+            vb = self.start("stage", stage=(i, a, b), board=board)
             bus = _open(vb.port, self, self.faults, self.key, busy_s=2.0)
             self.buses.append(bus)
             stages.append(_backend("stage", bus, NODE_ID["stage"] + i, "virtual:stage%d(%s)" % (i, vb.board.name)))
@@ -278,7 +325,7 @@ def _virtual(kind: str, board: str | None = None):
 def _pipeline(_model_path, *, boards: Boards, **_options):
     """`--stages N`: a pipeline verifier over N virtual stage boards."""
     try:
-        return boards.cluster().pipeline(boards.stages)
+        return boards.cluster().pipeline(boards.stages, boards.stage_class)
     except ValueError as e:
         raise BackendError(str(e)) from None
 

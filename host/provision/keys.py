@@ -7,9 +7,10 @@ ignored). Errors name the file and never quote its content, so a key cannot leak
 
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
+
+from specmesh.host import atomic
 
 MIN_BYTES = 16
 MAX_BYTES = 64  # HMAC-SHA256's block: a longer key would be hashed down anyway
@@ -40,12 +41,13 @@ def load_key(path: str | Path) -> bytes:
 
 
 def new_key_file(path: str | Path) -> None:
-    """Write a new random key to `path`, readable by its owner only; never overwrites a file."""
+    """Write a new random key to `path`, readable by its owner only, atomically; never overwrites a file.
+    A missing folder is made (owner-only, as ~/.specmesh/ of docs/security.md)."""
+    path = Path(path).expanduser()
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic.create(path, (secrets.token_hex(NEW_BYTES) + "\n").encode("ascii"), perms=0o600)
     except FileExistsError:
         raise KeyFileError("%s exists already: keygen never overwrites a key" % path) from None
     except OSError as e:
-        raise KeyFileError("cannot create %s: %s" % (path, e.strerror)) from None
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(NEW_BYTES) + "\n")
+        raise KeyFileError("cannot create %s: %s" % (path, e.strerror or e)) from None

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from specmesh.host import atomic
 from specmesh.tools.bench import sections
 from specmesh.tools.bench._report import noise_lines
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        atomic.write_text(args.json, json.dumps(results, indent=2) + "\n")
         print("figures written to %s" % args.json)
     try:
         from specmesh.tools.bench._report import write  # noqa: PLC0415

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specmesh.host import atomic
+
 ANCHOR = ("esp32-llm (C, ESP32-S3)", 19.13)  # DaveBben/esp32-llm: stories260K at 19.13 tok/s in C
 GAMMAS = range(0, 9)
 # the kernels section's engines: today's engine as a node runs it (native kernels), and with viper kernels
@@ -72,7 +74,8 @@ class _Report:
 
     def save(self, fig, name: str, title: str, text: str) -> None:
         path = self.out / name
-        fig.savefig(path, dpi=110, bbox_inches="tight")
+        with atomic.replacing(path) as f:
+            fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
         self.plt.close(fig)
         self.written.append(path)
         self.parts.extend(["## " + title, "", text, "", "![%s](%s)" % (title, name), ""])
@@ -98,7 +101,7 @@ def write(results: dict, out: Path) -> list[Path]:
     rep.parts += ["## Noise", ""] + (["- " + line for line in noise] or ["(the spec section, whose A/A rows measure "
                                                                         "it, did not run)"]) + [""]
     report = out / "report.md"
-    report.write_text("\n".join(rep.parts))
+    atomic.write_text(report, "\n".join(rep.parts))
     rep.written.append(report)
     return rep.written
 

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from specmesh.host import atomic
+
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +50,7 @@ def _float_engine(tmp: Path) -> Path | None:
         p = subprocess.run(["git", "show", "%s:%s" % (FLOAT_ENGINE, src)], cwd=ROOT, capture_output=True)
         if p.returncode:
             return None
-        (out / dst).write_bytes(p.stdout)
+        atomic.write_bytes(out / dst, p.stdout)
     return out
 
 

@@ -1,0 +1,35 @@
+"""The ranges of the command line's numeric flags, and the one message for a value outside its range.
+
+Every numeric flag of `specmesh run`, `chaos` and `emulate` is checked here, before anything starts, so a
+value too low and a value too high get the same line: "--stages must be in 0..6 (...), not 99".
+
+    in_range(flag, value, lo, hi=None, note="")   value, or RangeError (hi None: no upper bound)
+    probability(flag, p)                          p, or RangeError unless 0 <= p < 1
+"""
+
+from __future__ import annotations
+
+SEED = (0, 0xFFFFFFFF)  # --seed of run, emulate: a u32 in BEGIN and in the radio's PRNG
+
+
+class RangeError(ValueError):
+    """A flag's value outside its range; the message is one line naming the flag, the range and the value."""
+
+
+def in_range(flag: str, value: float, lo: float, hi: float | None = None, note: str = ""):
+    """`value` if lo <= value <= hi; RangeError otherwise. `note`: what the bounds mean, in parentheses."""
+    if lo <= value and (hi is None or value <= hi):
+        return value
+    bounds = "at least %s" % _num(lo) if hi is None else "in %s..%s" % (_num(lo), _num(hi))
+    raise RangeError("%s must be %s%s, not %s" % (flag, bounds, " (%s)" % note if note else "", _num(value)))
+
+
+def probability(flag: str, p: float) -> float:
+    """`p` if it is a probability below 1 (a link that loses every packet carries nothing); RangeError otherwise."""
+    if 0.0 <= p < 1.0:
+        return p
+    raise RangeError("%s is a probability: it must be in [0, 1), not %s" % (flag, _num(p)))
+
+
+def _num(v: float) -> str:
+    return "%g" % v if isinstance(v, float) else str(v)

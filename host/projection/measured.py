@@ -1,0 +1,109 @@
+"""Projection from executed instructions measured on virtual RV32 boards (`--project esp32c3` / `esp32c6`).
+
+A node on a QEMU board (host/emulator/qemu.py, `-icount shift=0`) counts the instructions each forward pass
+executes (firmware/cpucount.py) and reports them in STATS by the pass's positions k: `passes_k<k>` passes took
+`insn_k<k>` thousand instructions. `pass_counts` reads them; `board_summary` is what the stats JSON shows
+per board. `MeasuredProjector` prices a run's rounds as host/projection/rounds.py does, except a pass's
+compute: the instructions the run's own board of that role executed for a pass of k positions (the mean
+over the run; a k it never ran is read off the straight line through those it did), times one stated
+cycles-per-instruction figure at the class's clock (host/projection/hardware.py RV32_CPI), plus the exact
+bytes of weights the pass reads from memory-mapped flash at a stated rate (RV32_FLASH_MAP). What QEMU cannot
+say (cache misses, flash wait states, pipeline stalls) lives in those two figures, which stay visible.
+"""
+
+from __future__ import annotations
+
+from specmesh.host.projection.costmodel import pass_work
+from specmesh.host.projection.hardware import RV32_CPI
+from specmesh.host.projection.rounds import Projector
+from specmesh.shared.modelfile import Header
+
+MEASURED = "measured instructions (qemu)"
+
+
+def pass_counts(stats: dict) -> dict[int, tuple[int, int]]:
+    """{k: (passes, instructions)} from a node's STATS pairs (empty where the board does not count)."""
+    out = {}
+    for key, value in stats.items():
+        if key.startswith("passes_k") and value:
+            k = int(key[len("passes_k"):])
+            out[k] = (value, 1000 * stats.get("insn_k%d" % k, 0))
+    return out
+
+
+def per_pass(counts: dict[int, tuple[int, int]]) -> dict[int, float]:
+    """Mean instructions of a pass of k positions, by k."""
+    return {k: insn / n for k, (n, insn) in sorted(counts.items())}
+
+
+def board_summary(stats: dict, tokens: int) -> dict:
+    """The stats JSON's instruction figures of one board: per generated token and per pass by positions."""
+    counts = pass_counts(stats)
+    if not counts:
+        return {}
+    total = sum(insn for _, insn in counts.values())
+    return {"instructions": MEASURED, "instructions_per_token": total / tokens if tokens else 0.0,
+            "instructions_per_pass": {str(k): round(v) for k, v in per_pass(counts).items()},
+            "instructions_last_pass": stats.get("insn_last", 0)}
+
+
+class Line:
+    """Instructions of a pass by positions: the measured means, and the least-squares line a + b*k elsewhere."""
+
+    def __init__(self, means: dict[int, float]):
+        if not means:
+            raise ValueError("no passes measured")
+        self.means = means
+        n = len(means)
+        mk = sum(means) / n
+        mv = sum(means.values()) / n
+        var = sum((k - mk) ** 2 for k in means)
+        self.slope = sum((k - mk) * (v - mv) for k, v in means.items()) / var if var else 0.0
+        self.intercept = mv - self.slope * mk if var else 0.0
+        self.single = None if var else mv / mk  # one size measured: proportional to k
+
+    def __call__(self, k: int) -> float:
+        if k in self.means:
+            return self.means[k]
+        if self.single is not None:
+            return self.single * k
+        return max(0.0, self.intercept + self.slope * k)
+
+
+class MeasuredProjector(Projector):
+    """rounds.Projector with each pass's compute taken from the instructions the run's boards executed.
+
+    `measure(role, stats)` gives it a board's STATS (role "verifier" or "drafter") after the run, before
+    `project`."""
+
+    def __init__(self, target: Header, drafter: Header | None, board: str, transport: str = "serial"):
+        super().__init__(target, drafter, board, transport)
+        self.lines: dict[str, Line] = {}
+
+    def measure(self, role: str, stats: dict) -> None:
+        counts = pass_counts(stats)
+        if counts:
+            self.lines[role] = Line(per_pass(counts))
+
+    def terms(self, h: Header, k: int, ctx: int, layers=None, classifier: bool = True) -> dict[str, float]:
+        role = "verifier" if h is self.target else "drafter"
+        if role not in self.lines:
+            raise ValueError("--project %s prices the instructions its boards executed: run the %s on a "
+                             "virtual:%s board" % (self.board.name, role, self.board.name))
+        flash = pass_work(h, k, ctx, layers, classifier, on_romfs=True).get("weights_flash", 0.0)
+        return {"compute": self.lines[role](k) * RV32_CPI.value / self.board.clock_hz.value,
+                "weights_flash": flash / self.board.flash_map_bps.value}
+
+    def project(self, result, prompt_len: int) -> dict:
+        out = super().project(result, prompt_len)
+        out["rates"] = "%s x %.1f cycles/insn [%s] at %.0f MHz, flash %.0f MB/s [%s]" % (
+            MEASURED, RV32_CPI.value, RV32_CPI.source, self.board.clock_hz.value / 1e6,
+            self.board.flash_map_bps.value / 1e6, self.board.flash_map_bps.source)
+        out["compute"] = MEASURED
+        out["kernels"] = "as the run's boards ran them: %s" % MEASURED
+        out["cycles_per_insn"] = RV32_CPI.value
+        out["flash_map_bps"] = self.board.flash_map_bps.value
+        out["instructions_per_pass"] = {role: {str(k): round(v) for k, v in line.means.items()}
+                                        for role, line in self.lines.items()}
+        out["plain_terms_s"] = {t: v for t, v in self.plain_terms(prompt_len).items()}
+        return out

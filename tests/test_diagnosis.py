@@ -1,0 +1,100 @@
+"""Diagnose, don't guess: `specmesh run` on a board's port tells a key mismatch (each way round), a board left
+half-flashed, a board that answers but is no specmesh node, and a port where nothing answers apart, each in
+one line that says what to do, within 2 s where the board answers."""
+
+import contextlib
+import json
+import os
+import time
+import tty
+
+import pytest
+
+from specmesh.host import cli
+from specmesh.host.bus.links import SerialLink
+from specmesh.host.bus.proxy import Bus
+from specmesh.host.backends import BackendError
+from specmesh.host.provision.cluster import discover
+from specmesh.host.provision.keys import new_key_file
+
+
+def _run(models, port, *extra):
+    t0 = time.monotonic()
+    rc = cli.main(["run", "--models", str(models), "--drafter", port, "--verifier", "cpu", "--quiet",
+                   "--max-tokens", "4", *extra])
+    return rc, time.monotonic() - t0
+
+
+def test_a_key_mismatch_is_named_within_2_s_each_way_round(virtual_board, models, tmp_path, capsys):
+    key_a, key_b = tmp_path / "a.key", tmp_path / "b.key"
+    new_key_file(key_a)
+    new_key_file(key_b)
+    vb = virtual_board()
+    flash = ["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / "drafter.spm")]
+    assert cli.main([*flash, "--key-file", str(key_a)]) == 0
+    capsys.readouterr()
+    for extra, why in ((["--key-file", str(key_b)], "the board signs with another deployment key than this run's"),
+                       ([], "the board signs its frames: it holds a deployment key, and this run has none")):
+        rc, took = _run(models, vb.port, *extra)
+        err = capsys.readouterr().err
+        assert rc == 2 and took < 2.0, (rc, took, err)
+        assert err.count("\n") == 1 and "key mismatch" in err and why in err
+        assert key_a.read_text().strip() not in err and key_b.read_text().strip() not in err  # never the key
+        time.sleep(0.3)  # a node answers one refusal per 250 ms
+    assert cli.main([*flash, "--no-key"]) == 0
+    capsys.readouterr()
+    rc, took = _run(models, vb.port, "--key-file", str(key_a))
+    err = capsys.readouterr().err
+    assert rc == 2 and took < 2.0 and "the board holds no deployment key, and this run signs with --key-file" in err
+    rc, _ = _run(models, vb.port)  # and with the keys agreeing it runs
+    assert rc == 0, capsys.readouterr().err
+
+
+def test_a_half_flashed_board_is_named_with_the_command_that_finishes_it(virtual_board, models, capsys):
+    vb = virtual_board()
+    flash = ["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / "drafter.spm")]
+    assert cli.main(flash) == 0
+    # what an interrupted flash leaves: the config written first says "flashing" (host/provision/flash.py)
+    cfg_path = vb.flash_dir / "specmesh.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps(dict(cfg, flashing="drafter")))
+    with contextlib.closing(SerialLink(vb.port)) as link:  # reboot it: Ctrl-C ends the node, Ctrl-D resets
+        link.ser.write(b"\x03")
+        time.sleep(0.3)
+        link.ser.write(b"\x04")
+        time.sleep(0.5)
+    capsys.readouterr()
+    rc, took = _run(models, vb.port)
+    err = capsys.readouterr().err
+    assert rc == 2 and took < 2.0 and err.count("\n") == 1, (rc, took, err)
+    assert "left half-flashed" in err and "specmesh flash --port %s --role drafter" % vb.port in err
+    assert cli.main(flash) == 0
+    assert "left half-flashed (an interrupted flash as drafter): now complete" in capsys.readouterr().out
+    assert "flashing" not in json.loads(cfg_path.read_text())
+    assert _run(models, vb.port)[0] == 0
+
+
+def test_silence_is_told_apart_from_an_answer_that_is_no_node(virtual_board):
+    """A board at the MicroPython REPL (no node flashed) answers with text; a port where no one is there stays
+    silent; another device sends bytes that are no frame."""
+    vb = virtual_board()
+    with contextlib.ExitStack() as stack:
+        link = SerialLink(vb.port)
+        stack.callback(link.close)
+        with pytest.raises(BackendError, match="answers, but not as a specmesh node: it printed .*flash the node"):
+            discover(Bus(link), deadline=1.0)
+    for junk in (b"", b"\x00\xff\x13garbage\x80\n" * 4):
+        main, other = os.openpty()
+        tty.setraw(other)
+        try:
+            with contextlib.closing(SerialLink(os.ttyname(other))) as link:
+                os.write(main, junk)
+                with pytest.raises(BackendError) as e:
+                    discover(Bus(link), deadline=1.0)
+        finally:
+            os.close(main)
+            os.close(other)
+        if junk:
+            assert "bytes that are no specmesh frame" in str(e.value) and "another device" in str(e.value)
+        else:
+            assert "nothing came back within 1 s: is a board on this port, powered and running?" in str(e.value)

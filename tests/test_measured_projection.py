@@ -1,0 +1,75 @@
+"""The RV32 classes and the projection from measured instructions (host/projection/measured.py), without QEMU:
+the figures a node's STATS carry become per-pass means and the stats JSON's per-board summary, a pass size never
+run is read off the line through those that were, and `--project esp32c3` prices a pass as its measured
+instructions at the stated CPI and clock plus its weight bytes at the stated flash rate."""
+
+import pytest
+
+from specmesh.host.backends.modelio import check_model_file
+from specmesh.host.boardclasses import BOARD_CLASSES, ESP32C3, ESP32C6
+from specmesh.host.cli.run import UsageError, add_arguments, check_args
+from specmesh.host.emulator.qemu import CONFIG_ADDR, CONFIG_MAGIC, QemuBoard, qemu_command
+from specmesh.host.projection.costmodel import weight_bytes
+from specmesh.host.projection.hardware import BOARDS, RV32_CPI
+from specmesh.host.projection.measured import MEASURED, Line, MeasuredProjector, board_summary, pass_counts
+from tests.conftest import ROOT
+
+STATS = {"insn_last": 2_300_123, "passes_k1": 4, "insn_k1": 9_200, "passes_k5": 2, "insn_k5": 13_600,
+         "passes_k3": 0, "insn_k3": 0, "heap_free": 30_000}
+
+
+def test_rv32_classes_carry_their_facts_and_run_under_qemu():
+    assert ESP32C3.heap_bytes == 64_000 + 139_264 and ESP32C3.clock_hz == 160e6 and ESP32C3.isa == "rv32imc"
+    assert ESP32C6.isa == "rv32imac" and ESP32C6.mpy_arch == "rv32imc"
+    assert ESP32C3.romfs_bytes >= 300 * 1024  # holds the shipped target's image (276 KB of weights)
+    assert {c.name for c in BOARD_CLASSES.values() if c.qemu} == {"esp32c3", "esp32c6"}
+    assert {"esp32c3", "esp32c6"} <= set(BOARDS)
+    with pytest.raises(Exception, match="Xtensa"):
+        QemuBoard(ROOT / "build" / "never-started", "esp32")
+
+
+def test_the_qemu_command_counts_instructions_and_sizes_the_board(monkeypatch):
+    monkeypatch.setattr("specmesh.host.emulator.qemu.qemu_binary", lambda: "qemu-system-riscv32")
+    cmd = " ".join(qemu_command(ESP32C3.heap_bytes, ESP32C3.romfs_bytes))
+    assert "-icount shift=0" in cmd and "-machine virt" in cmd and "-serial stdio" in cmd
+    assert "loader,addr=%#x,data=%#x" % (CONFIG_ADDR, CONFIG_MAGIC) in cmd
+    assert "data=%#x" % ESP32C3.heap_bytes in cmd and "file=romfs.img" in cmd
+
+
+def test_stats_become_means_per_pass_and_a_board_summary():
+    assert pass_counts(STATS) == {1: (4, 9_200_000), 5: (2, 13_600_000)}
+    s = board_summary(STATS, tokens=8)
+    assert s["instructions"] == MEASURED and s["instructions_last_pass"] == 2_300_123
+    assert s["instructions_per_pass"] == {"1": 2_300_000, "5": 6_800_000}
+    assert s["instructions_per_token"] == pytest.approx((9_200_000 + 13_600_000) / 8)
+    assert board_summary({"heap_free": 1}, 8) == {}  # a board that does not count
+
+
+def test_a_size_never_run_is_read_off_the_line():
+    line = Line({1: 2_300_000.0, 5: 6_800_000.0})
+    assert line(1) == 2_300_000 and line(3) == pytest.approx(4_550_000)
+    assert Line({5: 5_000_000.0})(2) == pytest.approx(2_000_000)  # one size: proportional
+
+
+def test_the_measured_projection_prices_instructions_and_flash_bytes():
+    h = check_model_file(ROOT / "models" / "target.spm")[0]
+    p = MeasuredProjector(h, None, "esp32c3")
+    with pytest.raises(ValueError, match="virtual:esp32c3"):
+        p.terms(h, 1, 10)
+    p.measure("verifier", STATS)
+    terms = p.terms(h, 1, 10)
+    assert terms["compute"] == pytest.approx(2_300_000 * RV32_CPI.value / 160e6)
+    assert terms["weights_flash"] == pytest.approx(weight_bytes(h) / BOARDS["esp32c3"].flash_map_bps.value)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--project", "esp32c3", "--verifier", "cpu", "--plain"], "virtual:esp32c3"),
+    (["--project", "esp32c3", "--verifier", "virtual:esp32c3"], "--drafter"),
+])
+def test_project_esp32c3_needs_c3_boards(argv, message):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    with pytest.raises(UsageError, match=message):
+        check_args(p.parse_args(argv))
