@@ -65,7 +65,7 @@ ESP32 = BoardClass(
     # the 40-wide drafter, which its heap holds: drafter.spm (64 wide) would stream its 110 KB from ROMFS
     # every pass, slower than the S3's whole target step with native kernels (models/MODEL_CARD.md)
     drafter="drafter-esp32.spm",
-    drafter_ctx=64,  # 75 KB of engine at 128 positions leave less than the node's 28 KB reserve
+    drafter_ctx=256,  # its whole context: 33 KB free at load, 22.7 KB at the lowest (22 KB reserve, NODE_RESERVE)
 )
 
 # ESP32-S3 with 8 MB PSRAM: the heap spans the SPIRAM ("ends up being the full SPIRAM", same docs
@@ -131,7 +131,7 @@ ROLE_CLASS = {"drafter": ESP32.name, "verifier": ESP32S3.name, "stage": ESP32.na
 
 
 # Where a board keeps a whole model (host/projection/costmodel.py prices it; `specmesh flash` follows it):
-NODE_RESERVE = 28672  # heap a drafter node keeps free after loading its engine (firmware/node.py _RESERVE)
+NODE_RESERVE = 22528  # heap a drafter node keeps free after loading its engine (firmware/node.py _RESERVE)
 HEAP_CONTEXT = 64  # a node halves its context until its reserve is free, down to 64 positions (firmware/node.py
 # _MIN_CTX): a model whose engine fits the heap at that context runs from the heap
 ENGINE_BUFFERS = 16 * 1024  # an engine's activations, logits and tables besides weights and KV cache

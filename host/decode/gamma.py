@@ -8,7 +8,8 @@ alpha and of linear fits `D(g) = d0 + d1*g` and `V(k) = v0 + v1*k`, and picks th
 expected tokens per second, gamma = 0 (plain decoding: no drafter call at all) included.
 
 The first round is plain and untimed (it carries the prompt's prefill on every back-end); the next three
-probe gamma = 1, 0 and 4, so the verify fit sees three sizes and the draft fit two: a drafter call's round
+probe gamma = 1, 0 and 4 (unless the costs are known beforehand, as under a projection: `prime` then
+gives the fits what the probes would measure, and only alpha is learned), so the verify fit sees three sizes and the draft fit two: a drafter call's round
 trip then goes to the fit's intercept, not to a per-token cost that would price the drafter's catch-up
 after plain rounds too high to ever probe again (with one size the fit is proportional; on virtual boards,
 where a call's round trip is most of it, gamma auto then stayed plain in about half the default runs).
@@ -28,11 +29,13 @@ from decayed, old rounds of other sizes; only a scheduled probe, spaced by the b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specmesh.host.decode.ahead import best_lookahead, expected_draft
 
 PROBES = (0, 1, 0, 4)  # first rounds: prefill (untimed), then V(k) at three sizes, D(g) at two, a first alpha
+ALPHA_PROBE = 4  # with known costs (prime), the one opening probe: a round of this many drafts measures alpha
 PROBE_EVERY = 16
 PROBE_BUDGET = 0.02  # at gamma = 0, probes may cost this fraction of the stream's time (and no more)
 MAX_PROBE_GAP = 1024
@@ -117,6 +120,7 @@ class GammaController:
     pipelined: bool = False
     ahead: int = 0
     fixed_ahead: int | None = None  # a look-ahead given instead of planned
+    opening: tuple[int, ...] = PROBES  # the opening rounds' gammas (prime() leaves only the prefill round)
 
     @property
     def alpha(self) -> float:
@@ -164,8 +168,8 @@ class GammaController:
         cap = self.max_gamma if limit is None else max(0, min(self.max_gamma, limit))
         if self.fixed is not None:
             g = min(self.fixed, cap)
-        elif self.rounds < len(PROBES):
-            g = min(PROBES[self.rounds], cap)
+        elif self.rounds < len(self.opening):
+            g = min(self.opening[self.rounds], cap)
         else:
             rates = self.rates(cap)
             g = max(range(cap + 1), key=lambda k: (rates[k], -k))
@@ -178,12 +182,27 @@ class GammaController:
                 self.probe_gap = self.probe_gap * 2 if g == 0 and self.last == 0 else PROBE_EVERY
                 self.next_probe = self.rounds + max(self.probe_gap, self._budget_gap() if g == 0 else 0)
                 g = min(cap, g + 1) if g == 0 or (self.rounds // PROBE_EVERY) % 2 == 0 else g - 1
-            elif self.rounds == len(PROBES) and g == 0:
+            elif self.rounds == len(self.opening) and g == 0:
                 # the opening probes say plain: the next probe waits as long as the probe budget asks
                 self.next_probe = self.rounds + max(PROBE_EVERY, self._budget_gap())
         self.last = g
         self.ahead = (self.fixed_ahead if g else 0) if self.fixed_ahead is not None else self.lookahead(g)
         return g
+
+    def prime(self, costs: Callable[[int], tuple[float, float, float]]) -> None:
+        """Known costs (a projection: `costs(g)` is the (draft, verify, commit) seconds of a round of g
+        drafts, a deterministic function of the round's shape): the fits get what the opening probes
+        would have measured, and the probes are skipped. Only alpha is still learned, from real rounds
+        (one opening round of ALPHA_PROBE drafts measures it first, unless no gamma could pay even with
+        every draft accepted: the prior, Beta(1, 1), alone would pick plain decoding and never learn)."""
+        for g in PROBES[1:]:
+            t_draft, t_verify, t_other = costs(g)
+            if g:
+                self.draft_cost.add(g, t_draft)
+            self.verify_cost.add(g + 1, t_verify)
+            self.round_overhead.add(1.0 if g else 0.0, t_other)
+        # the prefill round stays plain and untimed
+        self.opening = PROBES[:1] + ((ALPHA_PROBE,) if self.could_pay(self.max_gamma) else ())
 
     def could_pay(self, cap: int) -> bool:
         """Whether some gamma <= cap would beat plain decoding if every draft were accepted (alpha = 1)."""

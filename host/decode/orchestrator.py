@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from specmesh.host.backends import BackendError, Draft, Drafter, SessionParams, Verifier
 from specmesh.host.decode.gamma import GammaController
 from specmesh.shared.messages import draft_size
+from specmesh.shared.rule import ONE
 
 
 @dataclass
@@ -133,7 +134,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     """
     if not prompt:
         raise ValueError("the prompt must hold at least one token")
-    controller = controller or GammaController()
+    controller = _primed(controller or GammaController(), costs if drafter else None, len(prompt), params)
     max_seq = verifier.max_seq
     if drafter and len(prompt) >= drafter.max_seq:  # the drafter's context cannot hold the prompt: plain
         drafter = None
@@ -195,6 +196,23 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
             break
     result.wall_s = clock() - start
     return result
+
+
+def _primed(controller: GammaController, costs: Costs | None, pos0: int, params: SessionParams) -> GammaController:
+    """The controller, primed with projected costs (known beforehand, so no probing for them) when it is
+    adaptive and they are given."""
+    if costs and controller.fixed is None:
+        controller.prime(lambda g: costs(_probe_round(pos0, g, params)))
+    return controller
+
+
+def _probe_round(pos0: int, gamma: int, params: SessionParams) -> Round:
+    """A round of `gamma` drafts from position pos0, every one accepted, its drafts' tables as wide as the
+    session's (one entry when greedy): what the gamma controller's opening probe of gamma would cost."""
+    width = 1 if params.greedy else params.draft_top_k
+    entries = [(0, list(range(width)), [ONE - width + 1] + [1] * (width - 1))] * gamma
+    return Round(gamma, gamma, gamma + 1, pos0, draft_size(entries), draft_size(entries, partial=True), 0, False, 0,
+                 0.0, 0.0, 0.0, 0, 0)
 
 
 def _visible(accepted: list[int], emitted: list[int], eos: int | None) -> tuple[list[int], list[int]]:
