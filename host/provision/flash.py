@@ -373,7 +373,7 @@ def flash(
                 files[model_dest] = model
             # keep what else the board was configured with (link, peers), not the mark of an unfinished flash
             board_config = _board_config(transport)
-            config = {k: v for k, v in board_config.items() if k != FLASHING} | (config or {})
+            config = {k: v for k, v in (board_config | (config or {})).items() if k != FLASHING}
             _configure(config, info, role, node_id, model_dest if image else model_dest.lstrip("/"), layers, key,
                        clear_key)
             config_data = json.dumps(config, sort_keys=True).encode()
