@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from specmesh.host.layout import DRAFTER_FILE
 from specmesh.shared.modelfile import Header, body_size
 
 
@@ -29,7 +30,7 @@ class BoardClass:
     clock_hz: float = 240e6  # the core clock MicroPython runs it at
     isa: str = "xtensa-lx6"  # the core's ISA: xtensa-* (unix-port virtual boards), rv32* (QEMU virtual boards)
     mpy_arch: str = "xtensawin"  # mpy-cross -march= of its native code
-    drafter: str = "drafter.spm"  # the shipped drafter a drafter board of this class runs (models/MODEL_CARD.md)
+    drafter: str = DRAFTER_FILE  # the shipped drafter a drafter board of this class runs (models/MODEL_CARD.md)
     drafter_ctx: int = 0  # positions a drafter node keeps of that drafter (0: its whole context); measured by
     # tests/test_firmware_budget.py: a node halves its context until its reserve is free
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from specmesh.host.layout import TARGET_FILE
 from specmesh.host import cli
 from specmesh.host.backends import LocalVerifier, SessionParams
 from specmesh.host.cli.chat import chat
@@ -29,7 +30,7 @@ def test_each_turn_continues_the_whole_context(models):
     assert chat(args(models, "--max-tokens", "12", "--gamma", "3"), iter(["The cat", "Then a dog"]), out) == 0
     first, second = out.getvalue().splitlines()
     tok = Tokenizer.from_llama2c(models / "tokenizer.bin")
-    target = LocalVerifier(models / "target.spm")
+    target = LocalVerifier(models / TARGET_FILE)
     params = SessionParams(eos=BOS)
     context = tok.encode("The cat")
     one = generate(context, target, None, params, 12).tokens  # plain decoding: the same text, lossless
@@ -43,7 +44,7 @@ def test_each_turn_continues_the_whole_context(models):
 
 def test_a_full_context_ends_the_session_with_one_line(tmp_path, capsys):
     shutil.copy(ROOT / "models" / "tokenizer.bin", tmp_path / "tokenizer.bin")
-    random_model(tmp_path / "target.spm", vocab=512, max_seq=24, seed=5)
+    random_model(tmp_path / TARGET_FILE, vocab=512, max_seq=24, seed=5)
     turns = ["one two", "three four", "five six", "seven eight", "nine ten"]
     rc = chat(args(tmp_path, "--plain", "--max-tokens", "6"), iter(turns), io.StringIO())
     err = capsys.readouterr().err

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 from specmesh.host import cli
 from specmesh.host.cli.output import GREEN, RESET, TokenStream
 from specmesh.host.cli.run import add_arguments, run
@@ -101,8 +102,8 @@ def test_a_bad_prompt_or_model_file_is_one_line_and_status_2(models, tmp_path, m
 
 
 def test_model_files_named_one_by_one(models, tmp_path):
-    shutil.copy(models / "target.spm", tmp_path / "story.spm")
-    shutil.copy(models / "drafter.spm", tmp_path / "small.spm")
+    shutil.copy(models / TARGET_FILE, tmp_path / "story.spm")
+    shutil.copy(models / DRAFTER_FILE, tmp_path / "small.spm")
     only_tokenizer = tmp_path / "tok"
     only_tokenizer.mkdir()
     shutil.copy(models / "tokenizer.bin", only_tokenizer / "tokenizer.bin")

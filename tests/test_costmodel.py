@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specmesh.host.layout import TARGET_FILE
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 from specmesh.host.projection import costmodel as cm
 from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 
@@ -104,7 +104,7 @@ def test_a_pipeline_stage_counts_only_its_layers():
 
 
 def test_native_matmul_costs_less_per_mac_with_more_positions_per_weight_load():
-    h = parse_header((ROOT / "models" / "target.spm").read_bytes()[:HEADER_SIZE])
+    h = parse_header((ROOT / "models" / TARGET_FILE).read_bytes()[:HEADER_SIZE])
     one, five = cm.pass_work(h, 1, 20, kernels=cm.NATIVE), cm.pass_work(h, 5, 24, kernels=cm.NATIVE)
     assert five["matmul_5"] < 5 * one["matmul_1"]
     assert five["weights_psram"] == one["weights_psram"] == cm.weight_bytes(h)  # one stream per pass, any k
@@ -114,7 +114,7 @@ def test_a_model_the_heap_holds_is_not_read_from_romfs():
     from specmesh.host.boardclasses import ESP32, ESP32S3, heap_need, on_romfs
 
     small = parse_header((ROOT / "models" / "drafter-esp32.spm").read_bytes()[:HEADER_SIZE])
-    big = parse_header((ROOT / "models" / "drafter.spm").read_bytes()[:HEADER_SIZE])
+    big = parse_header((ROOT / "models" / DRAFTER_FILE).read_bytes()[:HEADER_SIZE])
     assert heap_need(small) <= ESP32.heap_bytes < heap_need(big)
     assert not on_romfs(small, ESP32) and on_romfs(big, ESP32)
     assert not on_romfs(big, ESP32S3)  # PSRAM

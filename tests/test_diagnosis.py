@@ -10,6 +10,7 @@ import tty
 
 import pytest
 
+from specmesh.host.layout import DRAFTER_FILE
 from specmesh.host import cli
 from specmesh.host.bus.links import SerialLink
 from specmesh.host.bus.proxy import Bus
@@ -30,7 +31,7 @@ def test_a_key_mismatch_is_named_within_2_s_each_way_round(virtual_board, models
     new_key_file(key_a)
     new_key_file(key_b)
     vb = virtual_board()
-    flash = ["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / "drafter.spm")]
+    flash = ["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]
     assert cli.main([*flash, "--key-file", str(key_a)]) == 0
     capsys.readouterr()
     for extra, why in ((["--key-file", str(key_b)], "the board signs with another deployment key than this run's"),
@@ -52,7 +53,7 @@ def test_a_key_mismatch_is_named_within_2_s_each_way_round(virtual_board, models
 
 def test_a_half_flashed_board_is_named_with_the_command_that_finishes_it(virtual_board, models, capsys):
     vb = virtual_board()
-    flash = ["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / "drafter.spm")]
+    flash = ["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]
     assert cli.main(flash) == 0
     # what an interrupted flash leaves: the config written first says "flashing" (host/provision/flash.py)
     cfg_path = vb.flash_dir / "specmesh.json"

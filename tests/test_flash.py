@@ -72,7 +72,7 @@ def test_flash_puts_the_model_in_romfs_once(virtual_board, tiny_node, tmp_path):
     SHA-256 on the board), the config points there, nothing goes to /models, and a second flash leaves the
     image alone."""
     sources, _ = tiny_node
-    model = tmp_path / "big" / "drafter.spm"
+    model = tmp_path / "big" / DRAFTER_FILE
     model.parent.mkdir()
     random_model(model, seed=4, **HEAP_TOO_SMALL)
     vb = virtual_board()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 from specmesh.tools.testmodels import random_model
 
 PAIRS = 10  # two interruptions in a row, then a run that must succeed: 20 interruption instants
@@ -25,9 +26,9 @@ SIGNALS = (signal.SIGINT, signal.SIGKILL, signal.SIGTERM)
 def model_dirs(tmp_path_factory, models):
     """The conftest models, and a copy whose drafter differs (flashing it rewrites the board's ROMFS image)."""
     other = tmp_path_factory.mktemp("models-b")
-    for name in ("target.spm", "tokenizer.bin"):
+    for name in (TARGET_FILE, "tokenizer.bin"):
         shutil.copy(models / name, other / name)
-    random_model(other / "drafter.spm", dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512,
+    random_model(other / DRAFTER_FILE, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512,
                  max_seq=128, seed=23)
     return [models, other]
 

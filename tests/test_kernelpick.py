@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from specmesh.host.layout import TARGET_FILE
 from specmesh.shared import messages as m
 from tests.conftest import ROOT
 from specmesh.tools.nodeproc import NodeProc, flash, generate
@@ -55,7 +56,7 @@ def test_native_and_viper_kernels_pass_under_micropython(micropython):
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("models") / "target.spm"
+    path = tmp_path_factory.mktemp("models") / TARGET_FILE
     random_model(path, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=48, vocab=96, max_seq=64, seed=5)
     return str(path)
 

@@ -21,7 +21,8 @@ PACKAGE = "specmesh."  # installed, host/ is specmesh.host, shared/ specmesh.sha
 MICROPYTHON_IN_HOST = ("host/emulator/mpy", "host/projection/mpy")  # run at a VM's or board's root, by bare name
 # host/'s rooms by floor: a room imports its own modules and rooms of lower floors only
 HOST_FLOORS = {
-    "layout": 0, "boardclasses": 0, "mpycross": 0, "atomic": 0,  # facts and tools every room may use
+    "layout": 0, "mpycross": 0, "atomic": 0,  # facts and tools every room may use
+    "boardclasses": 1,  # the board classes (their drafter's file name from layout)
     "bus": 1,  # links, frames on the wire, fault injection
     "backends": 2, "emulator": 2,  # what a run drives; the virtual boards
     "decode": 3, "provision": 3,  # the decode loop; boards started and flashed

@@ -5,6 +5,7 @@ instructions at the stated CPI and clock plus its weight bytes at the stated fla
 
 import pytest
 
+from specmesh.host.layout import TARGET_FILE
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.boardclasses import BOARD_CLASSES, ESP32C3, ESP32C6
 from specmesh.host.cli.run import UsageError, add_arguments, check_args
@@ -52,7 +53,7 @@ def test_a_size_never_run_is_read_off_the_line():
 
 
 def test_the_measured_projection_prices_instructions_and_flash_bytes():
-    h = check_model_file(ROOT / "models" / "target.spm")[0]
+    h = check_model_file(ROOT / "models" / TARGET_FILE)[0]
     p = MeasuredProjector(h, None, "esp32c3")
     with pytest.raises(ValueError, match="virtual:esp32c3"):
         p.terms(h, 1, 10)

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from specmesh.host.layout import TARGET_FILE
 from specmesh.host.backends import LocalVerifier, SessionParams
 from specmesh.host.cli.run import cli
 from specmesh.host.decode.gamma import GammaController
@@ -63,7 +64,7 @@ def test_a_kernel_call_counts_the_same_instructions_every_time_and_a_pass_nearly
 
     board = QemuBoard(tmp_path / "c3", "esp32c3", name="repeat").start()
     try:
-        flash(board.port, "verifier", MODELS / "target.spm", progress=False)
+        flash(board.port, "verifier", MODELS / TARGET_FILE, progress=False)
         time.sleep(0.5)
         transport = open_board(board.port)
         try:
@@ -121,7 +122,7 @@ def test_project_esp32c3_prices_the_measured_instructions(tmp_path):
 def test_a_pipeline_of_five_c3_stages_gives_the_single_verifiers_tokens(tmp_path):
     prompt = Tokenizer.from_llama2c(MODELS / "tokenizer.bin").encode("Once upon a time")
     params = SessionParams(eos=1)
-    want = generate(prompt, LocalVerifier(MODELS / "target.spm"), None, params, 24, GammaController(fixed=0)).tokens
+    want = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), None, params, 24, GammaController(fixed=0)).tokens
     with Cluster("serial", MODELS, tmp_path / "vboards") as c:
         pipe = c.pipeline(5, "esp32c3")
         assert [s.name for s in pipe.stages] == ["virtual:stage%d(esp32c3)" % i for i in range(5)]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from specmesh.host.layout import DRAFTER_FILE
 from specmesh.host import cli
 from specmesh.host.cli.run import add_arguments, run
 from specmesh.host.provision import drafters
@@ -35,7 +36,7 @@ def test_flash_onto_a_stock_classic_esp32_installs_the_heap_drafter_which_runs(v
     assert "drafter model drafter-esp32.spm (40 wide; weights and engine in the heap): alpha 0.788 greedy" in out
     assert "drafter.spm would give alpha 0.841 greedy" in out
     config = json.loads((vb.flash_dir / "specmesh.json").read_text())
-    assert config["model"] == "models/drafter-esp32.spm" and not (vb.flash_dir / "models" / "drafter.spm").exists()
+    assert config["model"] == "models/drafter-esp32.spm" and not (vb.flash_dir / "models" / DRAFTER_FILE).exists()
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -51,6 +52,6 @@ def test_flash_onto_a_stock_classic_esp32_installs_the_heap_drafter_which_runs(v
 def test_an_s3_gets_the_wide_drafter_in_psram(virtual_board):
     vb = virtual_board("esp32s3")
     report = flash(vb.port, "drafter", progress=False, reset=False)
-    assert report.model == "drafter.spm" and report.note == (
+    assert report.model == DRAFTER_FILE and report.note == (
         "drafter model drafter.spm (64 wide; weights in PSRAM): alpha 0.841 greedy (3.60 tokens per "
         "verification), 0.705 at T = 1")

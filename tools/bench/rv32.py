@@ -20,7 +20,7 @@ import ast
 import shutil
 from pathlib import Path
 
-from specmesh.host.layout import ROOT
+from specmesh.host.layout import ROOT, TARGET_FILE
 
 PROBE = Path(__file__).with_name("_rv32_probe.py")
 FOLDER = ROOT / "build" / "vboards" / "bench-esp32c3"
@@ -39,7 +39,7 @@ def measure() -> dict:
     board = QemuBoard(FOLDER, "esp32c3", name="bench-esp32c3")
     board.start()
     try:
-        flash(board.port, "verifier", ROOT / "models" / "target.spm", progress=False)
+        flash(board.port, "verifier", ROOT / "models" / TARGET_FILE, progress=False)
         transport = open_board(board.port)
         try:
             out, err = transport.exec_raw("MODEL = '/rom/target.spm'\n" + PROBE.read_text(), timeout=600)
@@ -65,7 +65,7 @@ def xtensa_static(k: int) -> dict[str, float]:
     from specmesh.host.backends.modelio import check_model_file
     from specmesh.host.projection.costmodel import pass_work
 
-    h = check_model_file(ROOT / "models" / "target.spm")[0]
+    h = check_model_file(ROOT / "models" / TARGET_FILE)[0]
     return dict(pass_work(h, k, CTX + k))
 
 
