@@ -5,7 +5,7 @@ instructions at the stated CPI and clock plus its weight bytes at the stated fla
 
 import pytest
 
-from specmesh.host.layout import TARGET_FILE
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.boardclasses import BOARD_CLASSES, ESP32C3, ESP32C6
 from specmesh.host.cli.run import UsageError, add_arguments, check_args
@@ -61,6 +61,18 @@ def test_the_measured_projection_prices_instructions_and_flash_bytes():
     terms = p.terms(h, 1, 10)
     assert terms["compute"] == pytest.approx(2_300_000 * RV32_CPI.value / 160e6)
     assert terms["weights_flash"] == pytest.approx(weight_bytes(h) / BOARDS["esp32c3"].flash_map_bps.value)
+
+
+def test_a_measured_drafter_pass_is_priced_from_its_own_line():
+    """A C3 drafter and a C3 verifier: the drafter's pass is what the drafter board executed (the speculative
+    projection asks for it as on any board)."""
+    target = check_model_file(ROOT / "models" / TARGET_FILE)[0]
+    drafter = check_model_file(ROOT / "models" / DRAFTER_FILE)[0]
+    p = MeasuredProjector(target, drafter, "esp32c3")
+    p.measure("verifier", STATS)
+    p.measure("drafter", {"passes_k1": 2, "insn_k1": 300, "heap_free": 80_000})
+    assert p.draft_pass(10) == pytest.approx(150_000 * RV32_CPI.value / 160e6
+                                             + weight_bytes(drafter) / BOARDS["esp32c3"].flash_map_bps.value)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -85,7 +85,10 @@ class MeasuredProjector(Projector):
         if counts:
             self.lines[role] = Line(per_pass(counts))
 
-    def terms(self, h: Header, k: int, ctx: int, layers=None, classifier: bool = True) -> dict[str, float]:
+    def terms(self, h: Header, k: int, ctx: int, layers=None, classifier: bool = True,
+              board=None) -> dict[str, float]:
+        """Projector.terms from the measured lines: `board` needs no pricing here, since each role's line
+        is what that role's own board executed."""
         role = "verifier" if h is self.target else "drafter"
         if role not in self.lines:
             raise ValueError("--project %s prices the instructions its boards executed: run the %s on a "
