@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import sys
 
 from specmesh.host.backends import BackendError
 from specmesh.host.cli.output import TokenStream
-from specmesh.host.cli.run import (GenerationFailed, Setup, UsageError, _one_line, add_arguments, check_args,
+from specmesh.host.cli.run import (GenerationFailed, Setup, UsageError, _one_line, add_arguments, check_args, failed,
                                    load_tokenizer, preflight)
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
@@ -36,17 +35,8 @@ def add_parser(sub) -> None:
 def main(a: argparse.Namespace) -> int:
     try:
         return chat(a, _lines(), sys.stdout, echo=not sys.stdin.isatty())
-    except UsageError as e:
-        print("specmesh chat: error: %s" % e, file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\nspecmesh chat: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - every failure is one line for the user, never a traceback
-        if os.environ.get("SPECMESH_DEBUG"):
-            raise
-        print("specmesh chat: error: %s" % _one_line(e), file=sys.stderr)
-        return 1 if isinstance(e, GenerationFailed) else 2
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every failure is one line for the user
+        return failed("chat", e)
 
 
 def _lines():

@@ -337,22 +337,29 @@ def main(a: argparse.Namespace) -> int:
         return 141
 
 
+def failed(command: str, e: Exception | KeyboardInterrupt) -> int:
+    """The exit code of `specmesh COMMAND` that stopped on `e`, after one line on stderr, never a traceback
+    (SPECMESH_DEBUG=1 re-raises): 2 for a usage error or a setup failure, 1 when generation failed, 130
+    for Ctrl-C."""
+    if isinstance(e, UsageError):
+        print("specmesh %s: error: %s" % (command, e), file=sys.stderr)
+        return 2
+    if isinstance(e, KeyboardInterrupt):
+        print("\nspecmesh %s: interrupted" % command, file=sys.stderr)
+        return 130
+    if os.environ.get("SPECMESH_DEBUG"):
+        raise e
+    print("specmesh %s: error: %s" % (command, _one_line(e)), file=sys.stderr)
+    return 1 if isinstance(e, GenerationFailed) else 2
+
+
 def _main(a: argparse.Namespace) -> int:
     try:
         stats = run(a)
     except BrokenPipeError:
         raise
-    except UsageError as e:
-        print("specmesh run: error: %s" % e, file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\nspecmesh run: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - every failure is one line for the user, never a traceback
-        if os.environ.get("SPECMESH_DEBUG"):
-            raise
-        print("specmesh run: error: %s" % _one_line(e), file=sys.stderr)
-        return 1 if isinstance(e, GenerationFailed) else 2
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every failure is one line for the user
+        return failed("run", e)
     print(format_table(stats))
     if a.stats_json:
         try:
