@@ -30,7 +30,7 @@ EXEC_TIMEOUT_S = 120  # longest silence from the board while the script runs
 STREAM_BYTES = 256 * 1024  # larger than any data cache: every 32-byte line is a miss on a board
 
 MPY = Path(__file__).with_name("mpy")  # the board script and its timing harness (MicroPython code)
-TIMING_IMPORT = "from timing import best\n"
+TIMING_IMPORT = "from timing import best, greedy_step\n"
 
 
 def script(reps: int = 7) -> str:

@@ -22,7 +22,7 @@ from array import array
 sys.path[:0] = [sys.argv[1], ".", "host/projection/mpy"]  # run from the repository root (tools/bench/kernels.py)
 
 from engine import Engine  # noqa: E402
-from timing import best  # noqa: E402 - the harness `specmesh bench` times a board with
+from timing import best, greedy_step  # noqa: E402 - the harness `specmesh bench` times a board with
 
 BUDGET_US = int(sys.argv[4]) * 1000
 KERNELS = sys.argv[5] if len(sys.argv) > 5 else ""
@@ -91,14 +91,7 @@ def per_token(path):
     token, and the heap bytes one token allocates."""
     gc.collect()
     e = engine(path, 1)
-    for p in range(32):
-        e.forward([(7 * p + 3) % e.vocab], p)
-    one = [1]
-
-    def step():
-        e.forward(one, 32)
-        one[0] = e.argmax(0)
-        e.rollback(32)
+    step = greedy_step(e)
     us = timed(step)
     gc.collect()
     gc.disable()

@@ -15,7 +15,7 @@ from array import array
 import kernels
 from shared import intmath
 from shared.modelfile import HEADER_SIZE
-from timing import best
+from timing import best, greedy_step
 
 
 def arr(code, n, mod, off):
@@ -147,15 +147,7 @@ def time_token(out, reps, name, path):
     except MemoryError:
         out[name] = 'no heap'
         return
-    for i in range(32):
-        e.forward([(7 * i + 3) % e.vocab], i)
-    one = [1]
-
-    def step():
-        e.forward(one, 32)
-        one[0] = e.argmax(0)
-        e.rollback(32)
-
+    step = greedy_step(e)
     with open(path, 'rb') as f:
         hd = f.read(HEADER_SIZE)
     token = best(step, (), reps)

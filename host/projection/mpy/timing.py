@@ -1,5 +1,5 @@
 """The timing harness of the MicroPython benchmarks (MicroPython code): `specmesh bench`'s board script
-(host/projection/mpy/boardbench.py, which receives this file's text in place of its import) and the kernels
+(host/projection/mpy/boardbench.py, which receives this file's text in place of its import line) and the kernels
 benchmark run by the unix VM (tools/bench/_mp_kernels.py)."""
 
 from time import ticks_diff, ticks_us
@@ -28,3 +28,17 @@ def best(fn, args=(), reps=5, budget_us=0, batch_us=2000):
         fastest = min(fastest, ticks_diff(ticks_us(), t))
         done += 1
     return fastest / n
+
+
+def greedy_step(e, at=32):
+    """A call that decodes one greedy token at position `at` of engine `e` and rolls it back, after a
+    prefix of `at` tokens run here: a token's cost, to time again and again."""
+    for i in range(at):
+        e.forward([(7 * i + 3) % e.vocab], i)
+    one = [1]
+
+    def step():
+        e.forward(one, at)
+        one[0] = e.argmax(0)
+        e.rollback(at)
+    return step
