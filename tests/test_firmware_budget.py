@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specmesh.host.boardclasses import ESP32, ESP32S3
-from specmesh.host.provision.flash import STAGE_CTX
+from specmesh.host.boardclasses import ESP32, ESP32S3, STAGE_CTX
 from specmesh.shared import messages as m
 from specmesh.tools.nodeproc import NodeProc, begin, code_heap, flash, rom_image, shipped_model
 

@@ -10,7 +10,7 @@ from specmesh.host.projection.costmodel import weight_bytes
 from specmesh.host.projection.hardware import FLASH_MAP_STREAM, HOST_DRAFT_POSITION, UART_921600
 from specmesh.host.decode.orchestrator import Round, generate
 from specmesh.host.projection.pipeline import PipelineProjector, judged
-from specmesh.host.projection.rounds import Projector, stage_body, stage_reply_body
+from specmesh.host.projection.rounds import Projector, draft_entries, stage_body, stage_reply_body
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.provision.cluster import split_layers
 from specmesh.shared.modelfile import HEADER_SIZE, parse_header
@@ -147,3 +147,58 @@ def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(h
     assert [b["positions"] for b in stats["boards"]] == [7] * 5
     table = format_table(stats)
     assert table.count("vs plain on the pipeline") == 2
+
+
+def test_stages_of_the_projected_class_on_its_own_link(heads):
+    """--project esp32s3: S3 stages on USB-Serial-JTAG, their last stage holding the classifier in its heap;
+    the class rule's classic ESP32s stream it from flash every judged position."""
+    from specmesh.host.boardclasses import BOARD_CLASSES, classifier_bytes, stage_keeps_classifier
+    from specmesh.host.projection.hardware import FLASH_FILE_READ, USB_SERIAL_JTAG
+
+    target, drafter = heads
+    layers = split_layers(5, 5)
+    s3 = PipelineProjector(target, drafter, layers, USB_SERIAL_JTAG.name, board="esp32s3")
+    esp32 = PipelineProjector(target, drafter, layers, UART_921600.name)
+    assert s3.hops == (USB_SERIAL_JTAG,) and s3.pipelined and s3.board.name == "esp32s3"
+    assert stage_keeps_classifier(target, BOARD_CLASSES["esp32s3"], (4, 5))
+    assert not stage_keeps_classifier(target, BOARD_CLASSES["esp32"], (4, 5))
+    assert not stage_keeps_classifier(target, BOARD_CLASSES["esp32s3"], (3, 4))  # not the last stage
+    assert s3.cls_read == 0.0 and esp32.cls_read == pytest.approx(classifier_bytes(target) / FLASH_FILE_READ.value)
+    assert s3._stage(4, 40, True) == pytest.approx(s3.boards.forward(target, 1, 40, (4, 5), classifier=True))
+    assert esp32._stage(4, 40, True) - esp32._stage(4, 40, False) > esp32.cls_read
+    assert "5 esp32s3 stages" in s3.label() and "usb-serial-jtag" in s3.label() and "in RAM" in s3.label()
+    assert "5 esp32 stages" in esp32.label() and "streamed from flash" in esp32.label()
+    with pytest.raises(ValueError, match="no link"):
+        PipelineProjector(target, drafter, layers, UART_921600.name, board="esp32s3")
+
+
+def test_the_projection_prices_decoding_and_the_prefill_apart(heads):
+    """The single board's projection leaves its prefill out, so the pipeline's tokens/s do too: the first
+    round is priced as any other, the prompt's other positions as `prefill_s`."""
+    tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
+    prompt = tok.encode("Once upon a time there was")
+    r = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE),
+                 SessionParams(), 24, GammaController(fixed=3))
+    pp = PipelineProjector(heads[0], heads[1], split_layers(5, 5), UART_921600.name)
+    p = pp.project(r, len(prompt))
+    first = r.rounds[0]
+    assert pp.replay(r.rounds)[0][1] == pytest.approx(
+        pp.wavefront(first.pos0 - 1, first.gamma + 1, 0, judged(first) - 1, draft_entries(first)))
+    n = len(prompt) - 1
+    assert p["prefill_s"] == pytest.approx(pp.wavefront(0, n, n, n, [])) and p["prefill_s"] > 0
+    assert pp.prefill_seconds(1) == 0.0
+
+
+def test_a_run_projected_on_s3_stages_keeps_the_classic_links(heads):
+    from specmesh.host.projection.pipeline import LinksReport
+
+    tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
+    prompt = tok.encode("Once upon a time")
+    r = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE),
+                 SessionParams(), 24, GammaController(fixed=3))
+    p = LinksReport(heads[0], heads[1], split_layers(5, 5), board="esp32s3").project(r, len(prompt))
+    assert set(p["links"]) == {"usb-serial-jtag", "uart-921600", "espnow"}
+    assert p["hardware"] == p["links"]["usb-serial-jtag"]["hardware"] and "esp32s3 stages" in p["hardware"]
+    assert "esp32 stages" in p["links"]["uart-921600"]["hardware"]
+    # S3 stages: no classifier read per position, 1 ms USB messages instead of 3.9 ms UART lines
+    assert p["speedup_vs_single_board_plain"] > 1.5 * p["links"]["uart-921600"]["speedup_vs_single_board_plain"]

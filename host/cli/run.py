@@ -226,12 +226,14 @@ def projection(config: RunConfig, heads: dict, verifier, on_host: bool, determin
     """(cost model, projector): what prices each round for gamma's choice, and what projects the run for the
     stats (None, None when neither is asked for). A pipeline always reports its own projection."""
     if config.stages:  # host/projection/pipeline.py, in every stats JSON
-        from specmesh.host.projection.hardware import UART_921600  # noqa: PLC0415
-        from specmesh.host.projection.pipeline import LinksReport, PipelineProjector  # noqa: PLC0415
+        from specmesh.host.boardclasses import ROLE_CLASS  # noqa: PLC0415
+        from specmesh.host.projection.pipeline import STAGE_LINKS, LinksReport, PipelineProjector  # noqa: PLC0415
 
-        return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, UART_921600.name, on_host,
-                                  config.kernels),
-                LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host, config.kernels))
+        # stages of the class --project names (one with stages: the S3), else the class rule's classic ESP32s
+        cls = config.project if config.project in STAGE_LINKS else ROLE_CLASS["stage"]
+        return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, STAGE_LINKS[cls][0], on_host,
+                                  config.kernels, cls),
+                LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host, config.kernels, cls))
     if config.project in RV32_PROJECT:  # priced after the run from what its boards executed
         from specmesh.host.projection.measured import MeasuredProjector  # noqa: PLC0415
         from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
