@@ -82,6 +82,8 @@ class Stage(Role):
         cpucount.stop(c0, n)
         st["compute_ms"] += time.ticks_diff(time.ticks_ms(), t0)
         st["passes"] += 1
+        if head and not e.cls_held:
+            st["cls_reads"] += 1  # the classifier streamed from the model file once this pass
         st["positions"] += n
         self.kv = e.length
         if not head:

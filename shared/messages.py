@@ -69,6 +69,7 @@ ROLE_STAGE = 3
 CAP_VIPER = 1
 CAP_ULAB = 2
 CAP_ESPNOW = 4
+CAP_CLS_HELD = 8  # a last pipeline stage holding the classifier in its heap (else it streams it from flash)
 
 HOST = 0  # the host's node id; boards are 1..254, codec.BROADCAST is 255
 # the console line of a board left half-flashed (firmware/config.py half_flashed), then " as <role>"; the host reads it

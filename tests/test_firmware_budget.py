@@ -173,9 +173,35 @@ def test_each_stage_of_the_target_runs_in_a_classic_esp32_heap(micropython, boar
             p = target_table(ref.forward([tokens[pos]], pos)[0], 1000, 0, 65536)
             want = rule.judge(p, *entry[0], 7, pos + 1) if entry else rule.sample(p, 7, pos + 1, prng.EMIT)
             assert struct.unpack("<h", data)[0] == want, "position %d" % pos
-        for node in nodes:
+        for i, node in enumerate(nodes):
             st = node.stats()
             assert st["errors"] == 0 and st["positions"] == 220 and st["heap_min"] > 0, node.text
+            assert st["cls_reads"] == (220 if i == 4 else 0)  # no room for the classifier: streamed every pass
+            assert not node.call(m.HELLO)[7] & m.CAP_CLS_HELD
     finally:
         for node in nodes:
             node.close()
+
+
+def test_a_last_stage_in_an_esp32s3_heap_holds_the_classifier(micropython, board):
+    """With PSRAM the last stage reads the classifier into its heap once (HELLO says so) and reads no flash
+    per pass: a one-stage pipeline (layers 0:5) gives the numpy engine's greedy tokens, cls_reads 0."""
+    from specmesh.host.backends.engine import Engine, argmax
+
+    model = shipped_model("target")
+    node = NodeProc(micropython, board, {"role": "stage", "model": model, "layers": [0, 5]}, heap=ESP32S3_HEAP,
+                    flashed=True)
+    try:
+        hello = node.call(m.HELLO)
+        assert hello[2] == m.ROLE_STAGE and hello[7] & m.CAP_CLS_HELD, node.text
+        begin(node, 1, 1, 0.0, [0])
+        ref, tokens = Engine(model), [1]
+        for pos in range(24):
+            _, _, _, data = node.call(m.STAGE, m.pack_stage(pos, 1, m.STAGE_HEAD, [], struct.pack("<H", tokens[-1])),
+                                      expect=m.STAGE)
+            tokens.append(struct.unpack("<h", data)[0])
+            assert tokens[-1] == argmax(ref.forward([tokens[-2]], pos)[0]), "position %d" % pos
+        st = node.stats()
+        assert st["errors"] == 0 and st["passes"] == 24 and st["cls_reads"] == 0
+    finally:
+        node.close()

@@ -65,6 +65,12 @@ def test_the_stages_hello_limits_and_the_pipelines(mesh):
     _, pipe, _ = mesh
     assert [s.max_gamma for s in pipe.stages] == [0, 0, 0, 0, 1]
     assert pipe.max_gamma == m.MAX_GAMMA
+    # classic ESP32s: the last stage's heap cannot hold the classifier beside its layer (docs/pipeline.md)
+    assert [s.classifier for s in pipe.stages] == [None] * 4 + ["streamed from flash"]
+    last = pipe.stages[-1].stats()
+    assert last["classifier"] == "streamed from flash"  # once per judged position (the prompt's feed judges none)
+    assert last["cls_reads"] == sum(r.judged for r in pipe.trace) > 0
+    assert all(s.stats()["cls_reads"] == 0 for s in pipe.stages[:-1])
 
 
 @pytest.mark.parametrize("seed", [3, 11])

@@ -38,6 +38,20 @@ class BoardStage(BoardBackend):
 
     role = m.ROLE_STAGE
 
+    @property
+    def classifier(self) -> str | None:
+        """Where the last stage keeps the classifier, as its HELLO says: "in RAM" (read once at load) or
+        "streamed from flash" (every pass; STATS cls_reads counts them); None on an earlier stage."""
+        if not self.max_gamma:  # only the last stage takes drafts (firmware/node.py _hello)
+            return None
+        return "in RAM" if self.info["caps"] & m.CAP_CLS_HELD else "streamed from flash"
+
+    def stats(self) -> dict:
+        out = super().stats()
+        if self.classifier:
+            out["classifier"] = self.classifier
+        return out
+
 
 @dataclass
 class RoundTrace:
