@@ -73,6 +73,20 @@ def test_the_stages_hello_limits_and_the_pipelines(mesh):
     assert all(s.stats()["cls_reads"] == 0 for s in pipe.stages[:-1])
 
 
+def test_rows_between_stages_go_packed(mesh):
+    """A middle stage's link carries packed rows (193 bytes of the shipped target's, not 256) both ways."""
+    from specmesh.host.projection.rounds import line_bytes, stage_body, stage_reply_body
+
+    _, pipe, _ = mesh
+    assert pipe.packed
+    summary = pipe.trace_summary()
+    per_call = summary["bytes"][2] / summary["messages"][2]
+    assert summary["messages"][2] > 0
+    packed = line_bytes(stage_body(0, 193)) + line_bytes(stage_reply_body(193))
+    raw = line_bytes(stage_body(0, 256)) + line_bytes(stage_reply_body(256))
+    assert packed <= per_call <= packed + 8 < raw - 150  # (+ a session's header bytes; the projection's frames: 0)
+
+
 @pytest.mark.parametrize("seed", [3, 11])
 def test_seeded_sampling_equals_the_single_verifier(mesh, prompt, seed):
     _, pipe, drafter = mesh

@@ -7,7 +7,8 @@ from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 from specmesh.host.projection.costmodel import weight_bytes
-from specmesh.host.projection.hardware import FLASH_MAP_STREAM, HOST_DRAFT_POSITION, UART_921600
+from specmesh.host.projection.hardware import (CYCLES_PER_INSN, FLASH_MAP_STREAM, HOST_DRAFT_POSITION, PACKED_ROW_BYTES,
+                                               ROW_CODEC, UART_921600)
 from specmesh.host.decode.orchestrator import Round, generate
 from specmesh.host.projection.pipeline import PipelineProjector, judged
 from specmesh.host.projection.rounds import Projector, draft_entries, stage_body, stage_reply_body
@@ -45,14 +46,31 @@ def test_a_whole_model_on_a_board_without_psram_reads_its_weights_from_romfs(hea
     assert "weights_flash" not in Projector(target, drafter, "esp32s3").terms(drafter, 1, 50)  # PSRAM board
 
 
-def test_one_position_costs_request_compute_and_reply_at_every_stage(heads):
-    pp = PipelineProjector(heads[0], heads[1], split_layers(5, 5), UART_921600.name)
+@pytest.mark.parametrize("packed", [True, False])
+def test_one_position_costs_request_compute_and_reply_at_every_stage(heads, packed):
+    pp = PipelineProjector(heads[0], heads[1], split_layers(5, 5), UART_921600.name, packed=packed)
     t = pp.wavefront(10, 1, 0, 0, [])
-    dim4 = 4 * heads[0].dim
-    want = sum(pp._wire(stage_body(0, 2 if s == 0 else dim4)) + pp._stage(s, 11, True)
-               + pp._wire(stage_reply_body(2 if s == 4 else dim4))
+    row = round(PACKED_ROW_BYTES[1]) if packed else 4 * heads[0].dim
+    want = sum(pp._wire(stage_body(0, 2 if s == 0 else row)) + pp._stage(s, 11, True)
+               + pp._wire(stage_reply_body(2 if s == 4 else row))
                for s in range(5))
     assert t == pytest.approx(want)
+
+
+def test_packed_rows_cost_their_measured_bytes_and_the_boards_codec(heads):
+    """Packed rows (193 measured bytes instead of 256) shorten every relayed line; each stage pays its viper
+    codec (ROW_CODEC) on the rows it unpacks and packs, far less than the bytes it saves on UART."""
+    layers = split_layers(5, 5)
+    packed = PipelineProjector(heads[0], heads[1], layers, UART_921600.name)
+    raw = PipelineProjector(heads[0], heads[1], layers, UART_921600.name, packed=False)
+    assert packed.row(2) == 193 < raw.row(2) == 4 * heads[0].dim
+    codec = heads[0].dim * ROW_CODEC.value * CYCLES_PER_INSN / 240e6
+    assert packed._stage(2, 40, False) == pytest.approx(raw._stage(2, 40, False) + 2 * codec)
+    assert packed._stage(0, 40, False) == pytest.approx(raw._stage(0, 40, False) + codec)  # tokens in, a row out
+    assert packed._stage(4, 40, True) == pytest.approx(raw._stage(4, 40, True) + codec)  # a row in, a token out
+    saved = raw._wire(stage_body(0, raw.row(2))) - packed._wire(stage_body(0, packed.row(2)))
+    assert saved > 20 * codec
+    assert packed.wavefront(40, 5, 0, 4, [2] * 4) < raw.wavefront(40, 5, 0, 4, [2] * 4)
 
 
 def test_the_wavefront_overlaps_positions_across_stages_and_stops_at_the_verdict(heads):
@@ -164,7 +182,8 @@ def test_stages_of_the_projected_class_on_its_own_link(heads):
     assert not stage_keeps_classifier(target, BOARD_CLASSES["esp32"], (4, 5))
     assert not stage_keeps_classifier(target, BOARD_CLASSES["esp32s3"], (3, 4))  # not the last stage
     assert s3.cls_read == 0.0 and esp32.cls_read == pytest.approx(classifier_bytes(target) / FLASH_FILE_READ.value)
-    assert s3._stage(4, 40, True) == pytest.approx(s3.boards.forward(target, 1, 40, (4, 5), classifier=True))
+    assert s3._stage(4, 40, True) == pytest.approx(s3.boards.forward(target, 1, 40, (4, 5), classifier=True)
+                                                   + s3.codec)  # its input row unpacked
     assert esp32._stage(4, 40, True) - esp32._stage(4, 40, False) > esp32.cls_read
     assert "5 esp32s3 stages" in s3.label() and "usb-serial-jtag" in s3.label() and "in RAM" in s3.label()
     assert "5 esp32 stages" in esp32.label() and "streamed from flash" in esp32.label()

@@ -9,6 +9,9 @@ round of one position. The last stage judges each verified position (`rule.judge
 assembles the verdict exactly as `rule.verify` does; once a position is rejected, later positions are
 not sent on.
 
+Rows go packed (STAGE_PACKED: each row at the fewest bytes per value it needs, shared/rows.py), and the
+host relays a stage's reply rows to the next stage as they came, without unpacking them.
+
 The stages' caches follow positions: a STAGE request at position p rolls a stage back to p first, so
 the host only tracks which tokens the stages hold (`fed`), and a rejected draft is overwritten by the
 next round. A stage that stops answering ends the run with one line naming it.
@@ -71,9 +74,10 @@ class PipelineVerifier:
     # by the protocol's limit, not by a stage's kmax (the last stage's HELLO max_gamma, >= 1)
     max_gamma = m.MAX_GAMMA
 
-    def __init__(self, stages: Sequence[BoardStage], layers: Sequence[tuple[int, int]]):
+    def __init__(self, stages: Sequence[BoardStage], layers: Sequence[tuple[int, int]], packed: bool = True):
         if not stages:
             raise BackendError("a pipeline needs at least one stage")
+        self.packed = packed  # rows between stages at the fewest bytes per value (STAGE_PACKED, shared/rows.py)
         self.stages = list(stages)
         self.layers = list(layers)
         self.name = "pipeline(%d stages: %s)" % (len(stages), ", ".join(s.name for s in stages))
@@ -142,7 +146,8 @@ class PipelineVerifier:
                 j = nxt[s]
                 if inflight[s] is None and j < end and j in inputs[s]:
                     head = s == last and j >= judged_from
-                    flags = (m.STAGE_ACT if s else 0) | (m.STAGE_HEAD if head else 0)
+                    flags = (m.STAGE_ACT if s else 0) | (m.STAGE_HEAD if head else 0) | (m.STAGE_PACKED if self.packed
+                                                                                          else 0)
                     k = j - judged_from
                     ent = [entries[k]] if head and k < len(entries) else []
                     body = m.pack_stage(start + j, 1, flags, ent, inputs[s].pop(j))
@@ -159,6 +164,9 @@ class PipelineVerifier:
             pos, n, flags, data = m.unpack_stage_reply(self._guard(stage, lambda: stage._result(call)).payload)
             if pos != start + j or n != 1:
                 raise BackendError("%s answered STAGE for position %d, asked %d" % (self._who(s), pos, start + j))
+            if s < last and bool(flags & m.STAGE_PACKED) != self.packed:
+                raise BackendError("%s answered %s rows, asked %s" % (self._who(s), *(
+                    "packed" if p else "int32" for p in (flags & m.STAGE_PACKED, self.packed))))
             nxt[s] = j + 1
             tr.computed[s] += 1
             if s < last:

@@ -33,7 +33,9 @@ from __future__ import annotations
 from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, ESP32S3, ROLE_CLASS, classifier_bytes, stage_keeps_classifier
 from specmesh.host.decode.ahead import round_draft
 from specmesh.host.decode.orchestrator import Result, Round
-from specmesh.host.projection.hardware import ESPNOW, FLASH_FILE_READ, LINKS, UART_921600, USB_SERIAL_JTAG, Link
+from specmesh.host.projection.hardware import (CYCLES_PER_INSN, ESPNOW, FLASH_FILE_READ, LINKS, PACKED_ROW_BYTES,
+                                               PACKED_ROW_DIM, ROW_CODEC, UART_921600, USB_SERIAL_JTAG, Link)
+from specmesh.shared.rows import row_bytes
 from specmesh.host.projection.rounds import (Projector, draft_entries, draft_req_body, frame_bytes, line_bytes, stage_body,
                                     stage_reply_body)
 from specmesh.shared.modelfile import Header
@@ -55,7 +57,8 @@ class PipelineProjector:
     on the host CPU."""
 
     def __init__(self, target: Header, drafter: Header | None, layers: list[tuple[int, int]], link: str,
-                 drafter_on_host: bool = False, kernels: str = "native", board: str = ROLE_CLASS["stage"]):
+                 drafter_on_host: bool = False, kernels: str = "native", board: str = ROLE_CLASS["stage"],
+                 packed: bool = True):
         if board not in STAGE_LINKS:
             raise ValueError("no pipeline of %r stages (known: %s)" % (board, ", ".join(STAGE_LINKS)))
         if link not in STAGE_LINKS[board]:
@@ -74,6 +77,17 @@ class PipelineProjector:
         # the last stage streams the classifier from its model file every pass unless its heap holds it
         self.cls_held = stage_keeps_classifier(target, BOARD_CLASSES[board], self.layers[-1])
         self.cls_read = 0.0 if self.cls_held else classifier_bytes(target) / FLASH_FILE_READ.value
+        # rows between stages: packed (STAGE_PACKED) at their measured size, each end packing or unpacking it
+        self.packed = packed
+        self.codec = target.dim * ROW_CODEC.value * CYCLES_PER_INSN / self.board.clock_hz.value if packed else 0.0
+
+    def row(self, b: int) -> int:
+        """Bytes on the wire of a row of the residual stream leaving layers :b: packed, the measured mean of the
+        shipped target's (PACKED_ROW_BYTES; another model's at their widest), else int32."""
+        dim = self.target.dim
+        if not self.packed:
+            return 4 * dim
+        return round(PACKED_ROW_BYTES[b]) if dim == PACKED_ROW_DIM and b in PACKED_ROW_BYTES else row_bytes(dim, 4)
 
     def _wire(self, payload: int) -> float:
         """Seconds of one frame of `payload` bytes from host to board or back (host/projection/rounds.py's sizes)."""
@@ -84,16 +98,15 @@ class PipelineProjector:
         return t
 
     def _stage(self, s: int, ctx: int, head: bool) -> float:
-        """Compute seconds of stage s for one position at context length ctx."""
+        """Compute seconds of stage s for one position at context length ctx (rows unpacked and packed in)."""
         last = s == len(self.layers) - 1
         t = self.boards.forward(self.target, 1, ctx, self.layers[s], classifier=last and head)
-        return t + (self.cls_read if last and head else 0.0)
+        return t + (self.cls_read if last and head else 0.0) + self.codec * ((s > 0) + (not (last and head)))
 
     def wavefront(self, pos: int, n: int, judge_from: int, cut: int, entries: list[int]) -> float:
         """Seconds of one round: positions pos..pos+n-1 through every stage; the last stage judges from
         index judge_from on, the verdict comes with index `cut`; entries[i]: bytes of draft i's entry."""
         n_st = len(self.layers)
-        dim4 = 4 * self.target.dim
         held = [[-1.0] * n for _ in range(n_st)]  # time the host holds stage s's reply to position j
         free = [0.0] * n_st
         verdict = float("inf")
@@ -107,8 +120,9 @@ class PipelineProjector:
                     break  # the verdict is in: later positions are not sent on
                 head = s == n_st - 1 and j >= judge_from
                 k = j - judge_from
-                req = stage_body(entries[k] if head and k < len(entries) else 0, 2 if s == 0 else dim4)
-                rep = stage_reply_body(2 if head else dim4)
+                a, b = self.layers[s]
+                req = stage_body(entries[k] if head and k < len(entries) else 0, 2 if s == 0 else self.row(a))
+                rep = stage_reply_body(2 if head else self.row(b))
                 held[s][j] = send + self._wire(req) + self._stage(s, pos + j + 1, head) + self._wire(rep)
                 free[s] = held[s][j]
             if j == cut:
