@@ -158,13 +158,14 @@ def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(h
     stats = build_stats(a, SessionParams(), r, "x", pipe, None, GammaController(fixed=3), len(prompt),
                         LinksReport(heads[0], heads[1], layers))
     p = stats["projection"]
-    assert set(p["links"]) == {"espnow", "uart-921600"} and p["hardware"] == p["links"]["uart-921600"]["hardware"]
+    assert set(p["links"]) == {"espnow", "uart-921600", "uart-921600+espnow-direct"}
+    assert p["hardware"] == p["links"]["uart-921600"]["hardware"]
     for v in p["links"].values():
         assert v["speedup_vs_pipeline_plain"] > 0 and v["speedup_vs_single_board_plain"] > 0
     assert stats["pipeline"]["positions"] == [7] * 5 and stats["pipeline"]["layers"][4] == "4:5"
     assert [b["positions"] for b in stats["boards"]] == [7] * 5
     table = format_table(stats)
-    assert table.count("vs plain on the pipeline") == 2
+    assert table.count("vs plain on the pipeline") == 3
 
 
 def test_stages_of_the_projected_class_on_its_own_link(heads):
@@ -216,8 +217,48 @@ def test_a_run_projected_on_s3_stages_keeps_the_classic_links(heads):
     r = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE),
                  SessionParams(), 24, GammaController(fixed=3))
     p = LinksReport(heads[0], heads[1], split_layers(5, 5), board="esp32s3").project(r, len(prompt))
-    assert set(p["links"]) == {"usb-serial-jtag", "uart-921600", "espnow"}
+    assert set(p["links"]) == {"usb-serial-jtag", "usb-serial-jtag+espnow-direct", "uart-921600", "espnow",
+                               "uart-921600+espnow-direct"}
     assert p["hardware"] == p["links"]["usb-serial-jtag"]["hardware"] and "esp32s3 stages" in p["hardware"]
     assert "esp32 stages" in p["links"]["uart-921600"]["hardware"]
     # S3 stages: no classifier read per position, 1 ms USB messages instead of 3.9 ms UART lines
     assert p["speedup_vs_single_board_plain"] > 1.5 * p["links"]["uart-921600"]["speedup_vs_single_board_plain"]
+
+
+def test_rows_board_to_board_over_espnow_against_relayed_through_the_host(heads):
+    """One ESP-NOW hop (a packed row is one 250-byte packet: 2.9 ms) instead of a reply to the host and a request
+    to the next stage: it beats two 921600-baud lines (2 x 2.9 ms), not two USB messages (2 x 1.2 ms)."""
+    from specmesh.host.projection.hardware import ESPNOW, USB_SERIAL_JTAG
+
+    target, drafter = heads
+    layers = split_layers(5, 5)
+    pairs = {}
+    for cls, host in (("esp32", UART_921600.name), ("esp32s3", USB_SERIAL_JTAG.name)):
+        relay = PipelineProjector(target, drafter, layers, host, board=cls)
+        direct = PipelineProjector(target, drafter, layers, host + "+espnow-direct", board=cls)
+        assert direct.hops == relay.hops and direct.direct and "board to board" in direct.label()
+        row = stage_reply_body(relay.row(1))
+        assert direct._hop_out(1, row) == pytest.approx(ESPNOW.seconds(row + 6))  # one packet, src and dst
+        assert direct._hop_in(2, stage_body(0, relay.row(2))) == 0.0
+        assert direct._hop_out(4, stage_reply_body(2)) == relay._hop_out(4, stage_reply_body(2))  # to the host
+        pairs[cls] = (relay.wavefront(40, 5, 0, 4, [2] * 4), direct.wavefront(40, 5, 0, 4, [2] * 4))
+    assert pairs["esp32"][1] < pairs["esp32"][0]  # board to board wins on UART
+    assert pairs["esp32s3"][1] > pairs["esp32s3"][0]  # relaying wins on the S3's USB
+
+
+def test_the_first_position_sent_at_the_verdict_overlaps_the_drafting(heads):
+    """The host sends a round's first position to the first stage at the last verdict: a round whose drafts
+    took `lead` seconds saves up to the first stage's time on that position, no more."""
+    pp = PipelineProjector(heads[0], heads[1], split_layers(5, 5), UART_921600.name)
+    first = pp._wire(stage_body(0, 2)) + pp._stage(0, 41, False) + pp._wire(stage_reply_body(pp.row(1)))
+    base = pp.wavefront(40, 4, 0, 3, [2] * 3)
+    assert pp.wavefront(40, 4, 0, 3, [2] * 3, lead=first / 2) == pytest.approx(base - first / 2)
+    assert pp.wavefront(40, 4, 0, 3, [2] * 3, lead=10 * first) == pytest.approx(base - first)
+    tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
+    prompt = tok.encode("Once upon a time")
+    r = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE),
+                 SessionParams(), 24, GammaController(fixed=3))
+    costs = pp.replay(r.rounds)
+    x, (d, v, _) = r.rounds[2], costs[2]
+    assert v == pytest.approx(pp.wavefront(x.pos0 - 1, x.gamma + 1, 0, judged(x) - 1, draft_entries(x), lead=d))
+    assert v < pp.wavefront(x.pos0 - 1, x.gamma + 1, 0, judged(x) - 1, draft_entries(x))

@@ -10,7 +10,9 @@ assembles the verdict exactly as `rule.verify` does; once a position is rejected
 not sent on.
 
 Rows go packed (STAGE_PACKED: each row at the fewest bytes per value it needs, shared/rows.py), and the
-host relays a stage's reply rows to the next stage as they came, without unpacking them.
+host relays a stage's reply rows to the next stage as they came, without unpacking them. At a verdict the
+host sends the token it emitted, the next round's first position, to the first stage at once (`_send_early`):
+the first stage computes it while the drafter drafts, and the next round takes its reply.
 
 The stages' caches follow positions: a STAGE request at position p rolls a stage back to p first, so
 the host only tracks which tokens the stages hold (`fed`), and a rejected draft is overwritten by the
@@ -85,12 +87,15 @@ class PipelineVerifier:
         self.params = SessionParams()
         self.fed: list[int] = []  # tokens whose positions every stage holds
         self.trace: list[RoundTrace] = []
+        self._early: tuple | None = None  # (call, position, token): the next round's first position, in flight
+        self.early_taken = 0  # rounds whose first position went to the first stage at the previous verdict
 
     @property
     def bus_bytes(self) -> int:
         return sum(s.bus_bytes for s in self.stages)
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
+        self._drop_early()
         self.params = params
         self.fed = []
         for s in self.stages:
@@ -114,7 +119,43 @@ class PipelineVerifier:
         first_judged = len(committed) - 1 - start  # index in `feed` of the last committed token
         results = self._wavefront(start, feed, first_judged, entries)
         self.fed = list(committed[:start]) + feed[:first_judged + len(results)]
-        return self._verdict(results, draft.tokens)
+        n_acc, token = self._verdict(results, draft.tokens)
+        if token >= 0 and len(committed) + n_acc < self.max_seq:
+            self._send_early(len(committed) + n_acc, token)
+        return n_acc, token
+
+    def _send_early(self, pos: int, token: int) -> None:
+        """Send the next round's first position (the token this verdict emitted) to the first stage now: it
+        computes it while the drafts are made, and the next round takes its reply (host/projection/pipeline.py
+        credits that overlap)."""
+        st = self.stages[0]
+        b0 = st.bus_bytes
+        body = m.pack_stage(pos, 1, self._flags(0, False), [], struct.pack("<H", token))
+        self._early = (self._guard(st, lambda: st.proxy.start(m.STAGE, body)), pos, token)
+        self.trace[-1].bytes[0] += st.bus_bytes - b0
+
+    def _take_early(self, start: int, feed: list[int]):
+        """The call of the early position when it is this round's first, else None (it is collected)."""
+        if self._early is not None and self._early[1:] == (start, feed[0]):
+            call, self._early = self._early[0], None
+            self.early_taken += 1
+            return call
+        self._drop_early()
+        return None
+
+    def _drop_early(self) -> None:
+        """Collect an early position that no round takes (the stream ended, or started over); the first stage
+        computed it, so the trace counts it."""
+        early, self._early = self._early, None
+        if early is not None:
+            st = self.stages[0]
+            self._guard(st, lambda: st._result(early[0]))
+            self.trace[-1].computed[0] += 1
+            self.trace[-1].messages[0] += 1
+
+    def _flags(self, s: int, head: bool) -> int:
+        """A STAGE request's flags for stage s (`head`: the last stage judges the position)."""
+        return (m.STAGE_ACT if s else 0) | (m.STAGE_HEAD if head else 0) | (m.STAGE_PACKED if self.packed else 0)
 
     def _verdict(self, results: list[int], drafts: list[int]) -> tuple[int, int]:
         """rule.verify's verdict from the last stage's per-position answers (-1: draft accepted)."""
@@ -141,13 +182,17 @@ class PipelineVerifier:
         results: list[int] = []
         end = len(feed)  # positions worth sending: cut once the verdict is known
         tr = RoundTrace(len(feed), 0, [0] * n_st, [s.bus_bytes for s in self.stages], [0] * n_st)
+        early = self._take_early(start, feed)
+        if early is not None:  # feed[0] is at the first stage already
+            inputs[0].pop(0)
+            inflight[0] = (early, 0)
+            tr.messages[0] += 1
         while True:
             for s in range(n_st):
                 j = nxt[s]
                 if inflight[s] is None and j < end and j in inputs[s]:
                     head = s == last and j >= judged_from
-                    flags = (m.STAGE_ACT if s else 0) | (m.STAGE_HEAD if head else 0) | (m.STAGE_PACKED if self.packed
-                                                                                          else 0)
+                    flags = self._flags(s, head)
                     k = j - judged_from
                     ent = [entries[k]] if head and k < len(entries) else []
                     body = m.pack_stage(start + j, 1, flags, ent, inputs[s].pop(j))
@@ -209,13 +254,16 @@ class PipelineVerifier:
             raise BackendError("%s restarted and lost the session" % self._who(self.stages.index(stage))) from None
 
     def trace_summary(self) -> dict:
-        """The event trace for the stats JSON: per stage and link totals, and each round."""
+        """The event trace for the stats JSON: per stage and link totals, and each round (an early position
+        still in flight collected first: the first stage computed it)."""
+        self._drop_early()
         n = len(self.stages)
         return {
             "layers": ["%d:%d" % ab for ab in self.layers],
             "positions": [sum(r.computed[s] for r in self.trace) for s in range(n)],
             "messages": [sum(r.messages[s] for r in self.trace) for s in range(n)],
             "bytes": [sum(r.bytes[s] for r in self.trace) for s in range(n)],
+            "early": self.early_taken,
             "rounds": [{"positions": r.positions, "judged": r.judged, "computed": r.computed, "bytes": r.bytes}
                        for r in self.trace],
         }
@@ -228,10 +276,15 @@ class PipelineVerifier:
         return {"pipeline": self.trace_summary()}
 
     def stats(self) -> dict:
+        self._drop_early()
         per = [s.stats() for s in self.stages]
         return {"compute_s": sum(p["compute_s"] for p in per), "heap_free": min(p["heap_free"] for p in per),
                 "stages": per}
 
     def close(self) -> None:
+        try:
+            self._drop_early()
+        except BackendError:
+            pass  # closing anyway: the stage's failure was or will be reported where it mattered
         for s in self.stages:
             s.close()

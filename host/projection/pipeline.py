@@ -16,7 +16,9 @@ relaying every position (one request in flight per stage):
     `stage_keeps_classifier`; firmware/stage_engine.py streams it then);
 
 a round ends when the host holds the verdict and every reply it still waits for. Drafting comes before
-the round, as the loop runs it: on a drafter board (`Projector` with the drafter on the same link kind),
+the round, as the loop runs it, except for the round's first position (the token the last verdict emitted):
+the host sends it to the first stage at the verdict, so the first stage computes it while the drafts are
+made (`lead`). The drafts are made on a drafter board (`Projector` with the drafter on the same link kind),
 or, with `drafter_on_host` (`--drafter cpu`), on the host CPU at HOST_DRAFT_POSITION a position, no bus.
 Links (STAGE_LINKS, per class): "uart-921600" gives each classic ESP32 its own UART to the host,
 "usb-serial-jtag" each ESP32-S3 its own USB; "espnow" reaches each board through a gateway board (USB
@@ -43,7 +45,11 @@ from specmesh.shared.modelfile import Header
 # the links a stage board of each class reaches the host by, its own serial link first (the projection's top
 # figures): a classic ESP32 through its USB-UART bridge, or behind an ESP-NOW gateway; an ESP32-S3 by its own
 # USB-Serial-JTAG. Link names are unique across classes: they key the stats' `links`.
-STAGE_LINKS = {ESP32.name: (UART_921600.name, ESPNOW.name), ESP32S3.name: (USB_SERIAL_JTAG.name,)}
+# "<serial>+espnow-direct": each stage on its own serial link to the host, rows passed board to board over one
+# ESP-NOW hop instead of relayed through the host (projected only: the emulated run relays).
+DIRECT = "+espnow-direct"
+STAGE_LINKS = {ESP32.name: (UART_921600.name, ESPNOW.name, UART_921600.name + DIRECT),
+               ESP32S3.name: (USB_SERIAL_JTAG.name, USB_SERIAL_JTAG.name + DIRECT)}
 
 
 def judged(r: Round) -> int:
@@ -66,8 +72,10 @@ class PipelineProjector:
         self.target, self.drafter, self.layers = target, drafter, list(layers)
         self.link_name = link
         self.drafter_on_host = drafter_on_host
-        self.hops: tuple[Link, ...] = (USB_SERIAL_JTAG, ESPNOW) if link == ESPNOW.name else (LINKS[link],)
-        self.addressed = link == ESPNOW.name  # every board is behind the gateway: frames carry src and dst
+        self.direct = link.endswith(DIRECT)  # rows board to board over ESP-NOW, the host link for the rest
+        host = link[:-len(DIRECT)] if self.direct else link
+        self.hops: tuple[Link, ...] = (USB_SERIAL_JTAG, ESPNOW) if host == ESPNOW.name else (LINKS[host],)
+        self.addressed = host == ESPNOW.name  # every board is behind the gateway: frames carry src and dst
         self.boards = Projector(target, drafter, board, kernels=kernels, drafter_on_host=drafter_on_host)
         self.board = self.boards.board
         self.single = Projector(target, None, ROLE_CLASS["verifier"], kernels=kernels)
@@ -97,37 +105,53 @@ class PipelineProjector:
             t += link.seconds(n)
         return t
 
+    def _hop_in(self, s: int, payload: int) -> float:
+        """Seconds of stage s's input: the host's request, or (board to board, after the first) nothing more
+        than the previous stage's send (in its _hop_out; the host sends the last stage its drafts beforehand)."""
+        return 0.0 if self.direct and s > 0 else self._wire(payload)
+
+    def _hop_out(self, s: int, payload: int) -> float:
+        """Seconds of stage s's output: its reply to the host, or (board to board, before the last) one
+        ESP-NOW frame to the next stage, the sender busy until its ack (MicroPython's espnow send)."""
+        if self.direct and s < len(self.layers) - 1:
+            return ESPNOW.seconds(frame_bytes(payload, True))
+        return self._wire(payload)
+
     def _stage(self, s: int, ctx: int, head: bool) -> float:
         """Compute seconds of stage s for one position at context length ctx (rows unpacked and packed in)."""
         last = s == len(self.layers) - 1
         t = self.boards.forward(self.target, 1, ctx, self.layers[s], classifier=last and head)
         return t + (self.cls_read if last and head else 0.0) + self.codec * ((s > 0) + (not (last and head)))
 
-    def wavefront(self, pos: int, n: int, judge_from: int, cut: int, entries: list[int]) -> float:
+    def wavefront(self, pos: int, n: int, judge_from: int, cut: int, entries: list[int], lead: float = 0.0) -> float:
         """Seconds of one round: positions pos..pos+n-1 through every stage; the last stage judges from
-        index judge_from on, the verdict comes with index `cut`; entries[i]: bytes of draft i's entry."""
+        index judge_from on, the verdict comes with index `cut`; entries[i]: bytes of draft i's entry.
+        `lead`: the first stage got the first position that long before the round (sent at the last verdict,
+        while the drafts were made: host/backends/pipeline.py `_send_early`); the round's seconds count from
+        the drafts' arrival, its first position's at the first stage from -lead (the host relays nothing before
+        the drafts are in: it is waiting for them)."""
         n_st = len(self.layers)
-        held = [[-1.0] * n for _ in range(n_st)]  # time the host holds stage s's reply to position j
-        free = [0.0] * n_st
+        held: list[list[float | None]] = [[None] * n for _ in range(n_st)]  # when the host holds s's reply to j
+        free = [float("-inf")] * n_st
         verdict = float("inf")
         for j in range(n):
             for s in range(n_st):
-                ready = 0.0 if s == 0 else held[s - 1][j]
-                if ready < 0:
+                ready = (-lead if j == 0 else 0.0) if s == 0 else held[s - 1][j]
+                if ready is None:
                     break
-                send = max(ready, free[s])
-                if j > cut and send >= verdict:
-                    break  # the verdict is in: later positions are not sent on
+                send = max(ready, free[s], 0.0 if s else -lead)  # the host relays once the drafts are in
+                if j > cut and send >= verdict and (s == 0 or not self.direct):
+                    break  # the verdict is in: later positions are not sent on (board to board: not fed in)
                 head = s == n_st - 1 and j >= judge_from
                 k = j - judge_from
                 a, b = self.layers[s]
                 req = stage_body(entries[k] if head and k < len(entries) else 0, 2 if s == 0 else self.row(a))
                 rep = stage_reply_body(2 if head else self.row(b))
-                held[s][j] = send + self._wire(req) + self._stage(s, pos + j + 1, head) + self._wire(rep)
+                held[s][j] = send + self._hop_in(s, req) + self._stage(s, pos + j + 1, head) + self._hop_out(s, rep)
                 free[s] = held[s][j]
             if j == cut:
                 verdict = held[n_st - 1][j]
-        return max(max(row) for row in held)
+        return max(0.0, max(t for row in held for t in row if t is not None))
 
     def draft_call(self, r: Round) -> float:
         """Wire seconds of round r's DRAFT_REQ (the previous outcome folded in) and DRAFT (none on the host)."""
@@ -149,7 +173,6 @@ class PipelineProjector:
         prev: Round | None = None
         window = 0.0
         for r in rounds:
-            t_verify = self.wavefront(r.pos0 - 1, r.gamma + 1, 0, judged(r) - 1, draft_entries(r))
             waste = 0.0
             if self.pipelined and r.gamma and prev is not None and prev.gamma and prev.ahead and not r.lag:
                 passes = self.boards.draft_passes(prev.pos0 + prev.gamma, max(prev.ahead, r.gamma + 1))
@@ -157,14 +180,19 @@ class PipelineProjector:
                 t_draft = wait + self.draft_call(r)
             else:
                 t_draft = self.draft_seconds(r)
+            # the round's first position went to the first stage at the last verdict, while the drafts were made
+            lead = t_draft if prev is not None else 0.0
+            t_verify = self.wavefront(r.pos0 - 1, r.gamma + 1, 0, judged(r) - 1, draft_entries(r), lead)
             out.append((t_draft, t_verify, waste))
             window = t_verify + self.draft_call(r) if r.gamma else 0.0
             prev = r
         return out
 
     def round_costs(self, r: Round) -> tuple[float, float, float]:
-        """(draft, verify, commit) seconds of a round after the first: the gamma controller's cost model."""
-        return self.draft_seconds(r), self.wavefront(r.pos0 - 1, r.gamma + 1, 0, judged(r) - 1, draft_entries(r)), 0.0
+        """(draft, verify, commit) seconds of a round after the first: the gamma controller's cost model (the
+        verify's first position sent while the drafts were made)."""
+        t_draft = self.draft_seconds(r)
+        return t_draft, self.wavefront(r.pos0 - 1, r.gamma + 1, 0, judged(r) - 1, draft_entries(r), t_draft), 0.0
 
     def prefill_seconds(self, prompt_len: int) -> float:
         """The prompt's positions but its last through every stage, none judged (the first round's catch-up)."""
@@ -175,7 +203,8 @@ class PipelineProjector:
         """What the figures are of: the stages' class and layers, their link(s), where the classifier is."""
         return "%d %s stages (layers %s), %s, classifier %s" % (
             len(self.layers), self.board.name, " ".join("%d:%d" % ab for ab in self.layers),
-            "+".join(link.name for link in self.hops), "in RAM" if self.cls_held else "streamed from flash")
+            "+".join(link.name for link in self.hops) + (", rows board to board over espnow" if self.direct else ""),
+            "in RAM" if self.cls_held else "streamed from flash")
 
     def project(self, result: Result, prompt_len: int) -> dict:
         """Projected seconds and tokens/s of the decoding (the prompt's prefill apart, `prefill_s`): this run,
