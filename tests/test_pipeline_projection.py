@@ -145,7 +145,8 @@ def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(h
         name, max_seq, bus_bytes = "stub", 128, 0
 
         def stats(self):
-            return {"compute_s": 0.5, "heap_free": 20_000, "positions": 7, "passes": 7}
+            return {"compute_s": 0.5, "heap_free": 20_000, "positions": 7, "passes": 7, "cls_reads": 4,
+                    "classifier": "streamed from flash"}
 
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
     prompt = tok.encode("Once upon a time")
@@ -164,6 +165,7 @@ def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(h
         assert v["speedup_vs_pipeline_plain"] > 0 and v["speedup_vs_single_board_plain"] > 0
     assert stats["pipeline"]["positions"] == [7] * 5 and stats["pipeline"]["layers"][4] == "4:5"
     assert [b["positions"] for b in stats["boards"]] == [7] * 5
+    assert stats["boards"][4]["classifier"] == "streamed from flash" and stats["boards"][4]["cls_reads"] == 4
     table = format_table(stats)
     assert table.count("vs plain on the pipeline") == 3
 

@@ -216,6 +216,8 @@ def board_stats(parts: list, tokens: int = 0, projector=None) -> list[dict]:
                         "kernels": s.get("kernels"), "kernels_note": s.get("kernels_note", "")})
             if role == "stage":  # the firmware's own counters, next to the host's trace of the same work
                 out[-1].update(positions=s.get("positions"), passes=s.get("passes"))
+                if "classifier" in s:  # the last stage: the classifier in its heap, or streamed (cls_reads passes)
+                    out[-1].update(classifier=s["classifier"], cls_reads=s.get("cls_reads"))
             out[-1].update(board_summary(s, tokens))
             if hasattr(projector, "measure"):
                 projector.measure(role, s)

@@ -22,8 +22,10 @@ made (`lead`). The drafts are made on a drafter board (`Projector` with the draf
 or, with `drafter_on_host` (`--drafter cpu`), on the host CPU at HOST_DRAFT_POSITION a position, no bus.
 Links (STAGE_LINKS, per class): "uart-921600" gives each classic ESP32 its own UART to the host,
 "usb-serial-jtag" each ESP32-S3 its own USB; "espnow" reaches each board through a gateway board (USB
-serial, then one ESP-NOW hop), so every request and reply pays both. The drafter board (the class rule's,
-a classic ESP32) is priced on the stages' link kind.
+serial, then one ESP-NOW hop), so every request and reply pays both; "<serial>+espnow-direct" keeps each
+stage on its serial link but passes rows board to board over one ESP-NOW hop (projected only: the host
+relays in the emulated run). Rows are packed (shared/rows.py) at their measured size, PACKED_ROW_BYTES.
+The drafter board (the class rule's, a classic ESP32) is priced on the stages' link kind.
 
 `plain` replays as many tokens one position per round; `single` is plain decoding on one board that
 holds the whole target (an ESP32-S3 with PSRAM: Projector's own plain round). The curve over stages and
@@ -140,8 +142,9 @@ class PipelineProjector:
                 if ready is None:
                     break
                 send = max(ready, free[s], 0.0 if s else -lead)  # the host relays once the drafts are in
-                if j > cut and send >= verdict and (s == 0 or not self.direct):
-                    break  # the verdict is in: later positions are not sent on (board to board: not fed in)
+                if j > cut and (send >= verdict and (s == 0 or not self.direct) or self.direct and s == n_st - 1):
+                    break  # the verdict is in: later positions are not sent on (board to board: not fed in,
+                    # and the last stage, which found it, drops them)
                 head = s == n_st - 1 and j >= judge_from
                 k = j - judge_from
                 a, b = self.layers[s]
