@@ -249,13 +249,20 @@ def test_rows_board_to_board_over_espnow_against_relayed_through_the_host(heads)
 
 
 def test_the_first_position_sent_at_the_verdict_overlaps_the_drafting(heads):
-    """The host sends a round's first position to the first stage at the last verdict: a round whose drafts
-    took `lead` seconds saves up to the first stage's time on that position, no more."""
+    """The host sends a round's first position out at the last verdict and relays it through every stage but
+    the last while the drafts are made: a round whose drafts took `lead` seconds starts that much ahead,
+    up to the position's way to the last stage, which waits for the drafts."""
     pp = PipelineProjector(heads[0], heads[1], split_layers(5, 5), UART_921600.name)
     first = pp._wire(stage_body(0, 2)) + pp._stage(0, 41, False) + pp._wire(stage_reply_body(pp.row(1)))
+    way = first + sum(pp._wire(stage_body(0, pp.row(s))) + pp._stage(s, 41, False)
+                      + pp._wire(stage_reply_body(pp.row(s + 1))) for s in range(1, 4))
     base = pp.wavefront(40, 4, 0, 3, [2] * 3)
     assert pp.wavefront(40, 4, 0, 3, [2] * 3, lead=first / 2) == pytest.approx(base - first / 2)
-    assert pp.wavefront(40, 4, 0, 3, [2] * 3, lead=10 * first) == pytest.approx(base - first)
+    saturated = pp.wavefront(40, 4, 0, 3, [2] * 3, lead=way)
+    assert saturated == pytest.approx(pp.wavefront(40, 4, 0, 3, [2] * 3, lead=10 * way))
+    assert saturated < base - first
+    one = PipelineProjector(heads[0], heads[1], split_layers(5, 1), UART_921600.name)  # its stage judges it
+    assert one.wavefront(40, 4, 0, 3, [2] * 3, lead=way) == pytest.approx(one.wavefront(40, 4, 0, 3, [2] * 3))
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
     prompt = tok.encode("Once upon a time")
     r = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE),

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from specmesh.host.backends import Backend, BackendError, Draft, SessionParams
 from specmesh.host.backends.board import BoardBackend, Restarted
+from specmesh.host.backends.earlyrelay import EarlyRelay
 from specmesh.host.bus.proxy import ProxyError
 from specmesh.shared import messages as m
 
@@ -87,8 +88,9 @@ class PipelineVerifier:
         self.params = SessionParams()
         self.fed: list[int] = []  # tokens whose positions every stage holds
         self.trace: list[RoundTrace] = []
-        self._early: tuple | None = None  # (call, position, token): the next round's first position, in flight
-        self.early_taken = 0  # rounds whose first position went to the first stage at the previous verdict
+        self._early: EarlyRelay | None = None  # the next round's first position, on its way
+        self.early_taken = 0  # rounds whose first position went out at the previous verdict
+        self._mark = [0] * len(self.stages)  # each link's bus bytes when the last round ended (or at BEGIN)
 
     @property
     def bus_bytes(self) -> int:
@@ -100,6 +102,7 @@ class PipelineVerifier:
         self.fed = []
         for s in self.stages:
             s.begin(params, prompt)
+        self._mark = [s.bus_bytes for s in self.stages]
 
     def commit(self, committed: Sequence[int]) -> None:
         """Nothing to send: the next round's first position rolls every stage back to where it starts."""
@@ -120,38 +123,37 @@ class PipelineVerifier:
         results = self._wavefront(start, feed, first_judged, entries)
         self.fed = list(committed[:start]) + feed[:first_judged + len(results)]
         n_acc, token = self._verdict(results, draft.tokens)
-        if token >= 0 and len(committed) + n_acc < self.max_seq:
-            self._send_early(len(committed) + n_acc, token)
+        if token >= 0 and len(committed) + n_acc < self.max_seq and len(self.stages) > 1:
+            # the next round's first position goes through all stages but the last while the drafter drafts
+            pos = len(committed) + n_acc
+            self._early = self._guard(self.stages[0], lambda: EarlyRelay(
+                self.stages, pos, token, lambda s, data: m.pack_stage(pos, 1, self._flags(s, False), [], data)))
         return n_acc, token
 
-    def _send_early(self, pos: int, token: int) -> None:
-        """Send the next round's first position (the token this verdict emitted) to the first stage now: it
-        computes it while the drafts are made, and the next round takes its reply (host/projection/pipeline.py
-        credits that overlap)."""
-        st = self.stages[0]
-        b0 = st.bus_bytes
-        body = m.pack_stage(pos, 1, self._flags(0, False), [], struct.pack("<H", token))
-        self._early = (self._guard(st, lambda: st.proxy.start(m.STAGE, body)), pos, token)
-        self.trace[-1].bytes[0] += st.bus_bytes - b0
-
-    def _take_early(self, start: int, feed: list[int]):
-        """The call of the early position when it is this round's first, else None (it is collected)."""
-        if self._early is not None and self._early[1:] == (start, feed[0]):
-            call, self._early = self._early[0], None
+    def _take_early(self, start: int, feed: list[int]) -> EarlyRelay | None:
+        """The early position when it is this round's first, stopped where it is; else None (collected)."""
+        early = self._early
+        if early is not None and (early.pos, early.token) == (start, feed[0]):
+            self._early = None
+            early.stop()
             self.early_taken += 1
-            return call
+            return early
         self._drop_early()
         return None
 
     def _drop_early(self) -> None:
-        """Collect an early position that no round takes (the stream ended, or started over); the first stage
-        computed it, so the trace counts it."""
+        """Collect an early position that no round takes (the stream ended, or started over); the stages
+        computed it, so the last round's trace counts it."""
         early, self._early = self._early, None
         if early is not None:
-            st = self.stages[0]
-            self._guard(st, lambda: st._result(early[0]))
-            self.trace[-1].computed[0] += 1
-            self.trace[-1].messages[0] += 1
+            k = early.stop()
+            self._guard(self.stages[k], early.result)
+            tr = self.trace[-1]
+            for s in range(k + 1):
+                tr.computed[s] += 1
+                tr.messages[s] += 1
+            tr.bytes = [b + s.bus_bytes - m0 for b, s, m0 in zip(tr.bytes, self.stages, self._mark)]
+            self._mark = [s.bus_bytes for s in self.stages]
 
     def _flags(self, s: int, head: bool) -> int:
         """A STAGE request's flags for stage s (`head`: the last stage judges the position)."""
@@ -181,12 +183,17 @@ class PipelineVerifier:
         inflight: list[tuple | None] = [None] * n_st  # per stage: (call, j)
         results: list[int] = []
         end = len(feed)  # positions worth sending: cut once the verdict is known
-        tr = RoundTrace(len(feed), 0, [0] * n_st, [s.bus_bytes for s in self.stages], [0] * n_st)
+        tr = RoundTrace(len(feed), 0, [0] * n_st, list(self._mark), [0] * n_st)
         early = self._take_early(start, feed)
-        if early is not None:  # feed[0] is at the first stage already
+        if early is not None:  # feed[0] is past stages 0 .. k - 1 already, at stage k
+            k = early.stage
             inputs[0].pop(0)
-            inflight[0] = (early, 0)
-            tr.messages[0] += 1
+            for s in range(k):
+                nxt[s] = 1
+                tr.computed[s] += 1
+            inflight[k] = (early, 0)
+            for s in range(k + 1):
+                tr.messages[s] += 1
         while True:
             for s in range(n_st):
                 j = nxt[s]
@@ -222,7 +229,8 @@ class PipelineVerifier:
                 if self._decides(len(results) - 1, r, [e[0] for e in entries]):
                     end = j + 1  # the verdict is known: later positions are not sent on
         tr.judged = len(results)
-        tr.bytes = [s.bus_bytes - b0 for s, b0 in zip(self.stages, tr.bytes)]
+        self._mark = [s.bus_bytes for s in self.stages]
+        tr.bytes = [b1 - b0 for b1, b0 in zip(self._mark, tr.bytes)]
         self.trace.append(tr)
         return results
 

@@ -17,7 +17,7 @@ relaying every position (one request in flight per stage):
 
 a round ends when the host holds the verdict and every reply it still waits for. Drafting comes before
 the round, as the loop runs it, except for the round's first position (the token the last verdict emitted):
-the host sends it to the first stage at the verdict, so the first stage computes it while the drafts are
+the host sends it out at the verdict and relays it through every stage but the last while the drafts are
 made (`lead`). The drafts are made on a drafter board (`Projector` with the drafter on the same link kind),
 or, with `drafter_on_host` (`--drafter cpu`), on the host CPU at HOST_DRAFT_POSITION a position, no bus.
 Links (STAGE_LINKS, per class): "uart-921600" gives each classic ESP32 its own UART to the host,
@@ -128,10 +128,10 @@ class PipelineProjector:
     def wavefront(self, pos: int, n: int, judge_from: int, cut: int, entries: list[int], lead: float = 0.0) -> float:
         """Seconds of one round: positions pos..pos+n-1 through every stage; the last stage judges from
         index judge_from on, the verdict comes with index `cut`; entries[i]: bytes of draft i's entry.
-        `lead`: the first stage got the first position that long before the round (sent at the last verdict,
-        while the drafts were made: host/backends/pipeline.py `_send_early`); the round's seconds count from
-        the drafts' arrival, its first position's at the first stage from -lead (the host relays nothing before
-        the drafts are in: it is waiting for them)."""
+        `lead`: the first position went out that long before the round (at the last verdict, relayed through
+        every stage but the last while the drafts were made: host/backends/earlyrelay.py); the round's
+        seconds count from the drafts' arrival, the first position's from -lead up to the last stage, which
+        needs the drafts to judge it."""
         n_st = len(self.layers)
         held: list[list[float | None]] = [[None] * n for _ in range(n_st)]  # when the host holds s's reply to j
         free = [float("-inf")] * n_st
@@ -141,7 +141,7 @@ class PipelineProjector:
                 ready = (-lead if j == 0 else 0.0) if s == 0 else held[s - 1][j]
                 if ready is None:
                     break
-                send = max(ready, free[s], 0.0 if s else -lead)  # the host relays once the drafts are in
+                send = max(ready, free[s], 0.0 if s == n_st - 1 else -lead)  # the last stage needs the drafts
                 if j > cut and (send >= verdict and (s == 0 or not self.direct) or self.direct and s == n_st - 1):
                     break  # the verdict is in: later positions are not sent on (board to board: not fed in,
                     # and the last stage, which found it, drops them)
