@@ -66,7 +66,14 @@ def test_matvec_tracks_float_and_uses_int16_inputs():
     assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max()
     xq, sh = am.quant(q16(x), 15, XP)
     assert (np.abs(xq).max(-1) >= 1 << 14).all() and np.abs(xq).max() <= 32767  # 15 bits, power-of-two shift
-    assert (sh == am.bitlen(np.abs(q16(x)).max(-1, keepdims=True), XP) - 15).all()
+    assert (sh == XP.bitlen(np.abs(q16(x)).max(-1, keepdims=True)) - 15).all()
+
+
+def test_bitlen_is_int_bit_length_up_to_2_to_the_52():
+    edges = [0, 1, 2, 3] + [v for k in range(2, 53) for v in ((1 << k) - 1, 1 << k, (1 << k) + 1)]
+    got = XP.bitlen(np.array(edges, np.int64))
+    assert got.tolist() == [v.bit_length() for v in edges]
+    assert XP.bitlen(np.array([[5, 0], [1 << 40, 7]], np.int64)).tolist() == [[3, 0], [41, 3]]
 
 
 def test_rmsnorm_and_silu_track_float():

@@ -160,3 +160,31 @@ def test_probes_continue_where_full_acceptance_would_pay():
     c, hist = simulate(alpha=0.05, draft_s=0.001, verify=lambda k: 0.01, overhead=0.0, rounds=400)
     assert c.could_pay(c.max_gamma)
     assert hist.get(0, 0) > 300 and sum(n for g, n in hist.items() if g > 0) > OPENING_DRAFTS
+
+
+def s3_costs(g):
+    """(draft, verify, commit) seconds of a round of g drafts: a verify of k positions costs 0.67 + 0.33k plain
+    steps of 19.5 ms (native kernels on an ESP32-S3), a draft 1 ms."""
+    return 0.001 * g, 0.0195 * (0.67 + 0.33 * (g + 1)), 0.0
+
+
+def early_rejections(c: GammaController, rounds: int = 3) -> int:
+    """Feed `rounds` drafting rounds that each reject their first draft; the gamma chosen next."""
+    c.prime(s3_costs)
+    c.observe(0, 0, 0.0, 0.0, 0.0, timed=False)  # the prefill round
+    for _ in range(rounds):
+        g = max(1, c.choose())
+        c.observe(g, 0, *s3_costs(g))
+    return c.choose()
+
+
+def test_a_measured_acceptance_keeps_gamma_on_through_a_few_early_rejections():
+    plain_start = GammaController()
+    assert early_rejections(plain_start) == 0  # Beta(1, 1): three rejections read as alpha 0.2, plain
+    primed = GammaController()
+    primed.expect(0.8)
+    assert primed.alpha == pytest.approx(0.8)
+    assert early_rejections(primed) > 0 and 0.5 < primed.alpha < 0.8  # the evidence still pulls it down
+    doubted = GammaController()
+    doubted.expect(0.8)
+    assert early_rejections(doubted, rounds=30) == 0  # a drafter that keeps failing is still turned off

@@ -29,6 +29,17 @@ def test_rv32_classes_carry_their_facts_and_run_under_qemu():
         QemuBoard(ROOT / "build" / "never-started", "esp32")
 
 
+def test_a_probed_board_gets_its_class_and_a_c3_drafts_with_the_heap_drafter():
+    from specmesh.host.boardclasses import ESP32, ESP32S3, class_of, drafter_model
+
+    assert class_of("ESP32C3 module with ESP32C3", 150_000) is ESP32C3
+    assert class_of("ESP32C6 module with ESP32C6", 150_000) is ESP32C6
+    assert class_of("Generic ESP32 module with ESP32", 100_000) is ESP32
+    assert class_of(ESP32S3.machine, ESP32S3.heap_bytes) is ESP32S3
+    assert class_of(ESP32S3.machine, 300_000) is ESP32  # an S3 without PSRAM holds what a classic ESP32 holds
+    assert drafter_model(ROOT / "models", "esp32c3").name == ESP32.drafter  # measured: it pays there too
+
+
 def test_the_qemu_command_counts_instructions_and_sizes_the_board(monkeypatch):
     monkeypatch.setattr("specmesh.host.emulator.qemu.qemu_binary", lambda: "qemu-system-riscv32")
     cmd = " ".join(qemu_command(ESP32C3.heap_bytes, ESP32C3.romfs_bytes))
@@ -57,10 +68,12 @@ def test_the_measured_projection_prices_instructions_and_flash_bytes():
     p = MeasuredProjector(h, None, "esp32c3")
     with pytest.raises(ValueError, match="virtual:esp32c3"):
         p.terms(h, 1, 10)
-    p.measure("verifier", STATS)
+    p.measure("verifier", STATS, "/rom/target.spm")
     terms = p.terms(h, 1, 10)
     assert terms["compute"] == pytest.approx(2_300_000 * RV32_CPI.value / 160e6)
     assert terms["weights_flash"] == pytest.approx(weight_bytes(h) / BOARDS["esp32c3"].flash_map_bps.value)
+    p.measure("verifier", STATS, "models/target.spm")  # a model in the heap reads no flash per pass
+    assert p.terms(h, 1, 10)["weights_flash"] == 0.0
 
 
 def test_a_measured_drafter_pass_is_priced_from_its_own_line():
@@ -69,10 +82,48 @@ def test_a_measured_drafter_pass_is_priced_from_its_own_line():
     target = check_model_file(ROOT / "models" / TARGET_FILE)[0]
     drafter = check_model_file(ROOT / "models" / DRAFTER_FILE)[0]
     p = MeasuredProjector(target, drafter, "esp32c3")
-    p.measure("verifier", STATS)
-    p.measure("drafter", {"passes_k1": 2, "insn_k1": 300, "heap_free": 80_000})
+    p.measure("verifier", STATS, "/rom/target.spm")
+    p.measure("drafter", {"passes_k1": 2, "insn_k1": 300, "heap_free": 80_000}, "/rom/drafter.spm")
     assert p.draft_pass(10) == pytest.approx(150_000 * RV32_CPI.value / 160e6
                                              + weight_bytes(drafter) / BOARDS["esp32c3"].flash_map_bps.value)
+    assert p.drafter_board.name == "esp32c3"  # the stats name the drafter's own class
+
+
+class CountingBoard:
+    """A board back-end whose STATS grow as passes of new sizes run; counts the STATS exchanges."""
+
+    def __init__(self, model: str, counts: dict[int, int]):
+        self.info = {"model": model}
+        self.counts = counts
+        self.asked = 0
+
+    def stats(self) -> dict:
+        self.asked += 1
+        return {"heap_free": 1, **{"passes_k%d" % k: 1 for k in self.counts},
+                **{"insn_k%d" % k: v for k, v in self.counts.items()}}
+
+
+def test_live_costs_ask_the_boards_only_for_pass_sizes_not_measured_yet():
+    from specmesh.host.decode.orchestrator import Round
+    from specmesh.host.projection.measured import LiveCosts
+
+    target = check_model_file(ROOT / "models" / TARGET_FILE)[0]
+    drafter = check_model_file(ROOT / "models" / DRAFTER_FILE)[0]
+    ver, dra = CountingBoard("/rom/target.spm", {1: 2_000}), CountingBoard("/models/drafter.spm", {1: 700})
+    live = LiveCosts(MeasuredProjector(target, drafter, "esp32c3"), [("verifier", ver), ("drafter", dra)])
+    assert not live.known_beforehand and live.pipelined and live.board.name == "esp32c3"
+
+    def rnd(gamma):
+        return Round(gamma, gamma, gamma + 1, 20, 3 + gamma * 2, 4 + gamma, 0, False, 0, 0, 0, 0, 0, 0)
+
+    plain = live.round_costs(rnd(0))
+    assert ver.asked == 1 and plain[0] == 0.0 and plain[1] > 2_000_000 * RV32_CPI.value / 160e6
+    live.round_costs(rnd(0))
+    assert ver.asked == 1  # size 1 is measured: no exchange
+    ver.counts[4] = 5_000
+    t_draft, t_verify, _ = live.round_costs(rnd(3))  # size 4 is new: the boards are asked again
+    assert ver.asked == 2 and t_verify > plain[1]
+    assert t_draft >= 3 * 700_000 * RV32_CPI.value / 160e6  # three heap-resident passes, no flash term
 
 
 @pytest.mark.parametrize("argv, message", [

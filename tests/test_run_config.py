@@ -50,3 +50,23 @@ def test_psram_is_told_from_the_heap_the_board_classes_hold():
     assert not has_psram(ESP32.heap_bytes) and has_psram(ESP32S3.heap_bytes)
     assert not has_psram(187_104)  # a virtual classic ESP32 after boot: its heap also holds the stand-ins
     assert has_psram(2 * 1024 * 1024)  # a board with 2 MB of PSRAM
+
+
+def test_gamma_auto_starts_from_the_model_cards_acceptance_of_the_drafter_that_runs(models):
+    from types import SimpleNamespace
+
+    from specmesh.host.cli.run import gamma_controller
+    from specmesh.host.provision.drafters import HEAP, WIDE
+
+    board = SimpleNamespace(info={"model": "/models/%s" % HEAP.file})  # a drafter board's HELLO names its file
+    assert gamma_controller(check_args(parse("--models", str(models))), board).alpha == pytest.approx(
+        HEAP.alpha_greedy)
+    cpu = SimpleNamespace()  # the host's drafter runs the file the run names
+    assert gamma_controller(check_args(parse("--models", str(models), "--drafter", "cpu")), cpu).alpha == (
+        pytest.approx(WIDE.alpha_greedy))
+    sampled = check_args(parse("--models", str(models), "--drafter", "cpu", "--temperature", "1"))
+    assert gamma_controller(sampled, cpu).alpha == pytest.approx(WIDE.alpha_sampled)
+    other = SimpleNamespace(info={"model": "/models/mine.spm"})  # not on the card: no prior
+    assert gamma_controller(check_args(parse("--models", str(models))), other).alpha == 0.5
+    fixed = gamma_controller(check_args(parse("--models", str(models), "--gamma", "3")), board)
+    assert fixed.fixed == 3 and fixed.alpha == 0.5

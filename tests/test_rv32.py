@@ -14,6 +14,7 @@ import pytest
 
 from specmesh.host.layout import TARGET_FILE
 from specmesh.host.backends import LocalVerifier, SessionParams
+from specmesh.host.boardclasses import BOARD_CLASSES
 from specmesh.host.cli.run import cli
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
@@ -99,7 +100,9 @@ def test_two_c3_boards_print_the_hosts_text_on_native_kernels(tmp_path, sampling
     with plain decoding, and with a fixed gamma: gamma auto prices a host drafter and a board differently)."""
     boards = _run("--drafter", "virtual:esp32c3", "--verifier", "virtual:esp32c3", *sampling, tmp_path=tmp_path,
                   name="c3")
-    host = (["--drafter", "cpu", "--verifier", "cpu"] if sampling else ["--plain", "--verifier", "cpu"])
+    # seeded: the host drafts with the model the C3 drafter board runs (its class's), as a sampled text needs
+    host = (["--drafter", "cpu", "--verifier", "cpu", "--draft-model", str(MODELS / boards["drafter_model"].rsplit(
+        "/", 1)[-1])] if sampling else ["--plain", "--verifier", "cpu"])
     want = _run(*host, *sampling, tmp_path=tmp_path, name="cpu")
     assert boards["text"] == want["text"] and boards["tokens"] == 64
     roles = {b["role"]: b for b in boards["boards"]}
@@ -128,3 +131,14 @@ def test_a_pipeline_of_five_c3_stages_gives_the_single_verifiers_tokens(tmp_path
         assert [s.name for s in pipe.stages] == ["virtual:stage%d(esp32c3)" % i for i in range(5)]
         assert generate(prompt, pipe, None, params, 24, GammaController(fixed=0)).tokens == want
         assert all(s.stats()["kernels"] == "native" for s in pipe.stages)
+
+
+def test_a_c3_pair_plans_gamma_on_the_instructions_its_boards_execute(tmp_path):
+    """gamma auto under --project esp32c3 is fed the measured projection (the boards' STATS), not QEMU's wall
+    clock: it plans pipelined drafting for it; the C3 drafts with its class's heap drafter, reading no flash."""
+    stats = _run("--drafter", "virtual:esp32c3", "--verifier", "virtual:esp32c3", "--project", "esp32c3",
+                 tmp_path=tmp_path, name="pair")
+    p = stats["projection"]
+    assert stats["gamma_costs"] == "projected esp32c3" and p["drafter"] == "esp32c3 board"
+    assert stats["drafter_model"].endswith(BOARD_CLASSES["esp32c3"].drafter) and p["lookahead"] > 0
+    assert p["instructions_per_pass"]["drafter"]["1"] > 0 and p["pipelined_drafting"]

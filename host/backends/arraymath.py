@@ -54,6 +54,10 @@ class Xp:
         """An exact integer einsum (operands and sums below 2^53) through float64."""
         return np.einsum(spec, a.astype(np.float64), b.astype(np.float64)).astype(I64)
 
+    def bitlen(self, m):
+        """Bit length of non-negative ints below 2^53, elementwise: frexp's exponent (exact in float64)."""
+        return np.frexp(m.astype(np.float64))[1].astype(I64)
+
     def floor_sqrt(self, a):
         r = np.floor(np.sqrt(a.astype(np.float64))).astype(I64)
         r = r - (r * r > a)
@@ -83,17 +87,9 @@ def mulsh(a, m, s, xp: Xp):
     return rshr(a * m, s, xp)
 
 
-def bitlen(m, xp: Xp):
-    """Bit length of non-negative ints below 2^40, elementwise."""
-    n = xp.zeros(m.shape) if hasattr(m, "shape") else 0
-    for b in range(40):
-        n = n + ((m >> b) > 0)
-    return n
-
-
 def quant(x, bits: int, xp: Xp):
     """Rows of x rounded to `bits`-bit ints by the row's least fitting shift: (values, shift [.., 1])."""
-    sh = bitlen(xp.amax(abs(x)), xp) - bits
+    sh = xp.bitlen(xp.amax(abs(x))) - bits
     sh = xp.where(sh > 0, sh, 0)
     lim = (1 << bits) - 1
     return xp.clip(rshr(x, sh, xp), -lim, lim), sh
@@ -143,11 +139,11 @@ class Norm:
     def __call__(self, x):
         xp = self.xp
         dim = x.shape[-1]
-        sh = bitlen(xp.amax(abs(x)), xp) - 10
+        sh = xp.bitlen(xp.amax(abs(x))) - 10
         sh = xp.where(sh > 0, sh, 0)
         v = x >> sh
         t = xp.sum(v * v) // dim + (self.eps >> (2 * sh))
-        n = (30 - bitlen(t, xp)) // 2
+        n = (30 - xp.bitlen(t)) // 2
         n = xp.where(n > 0, n, 0)
         g = (1 << 28) // xp.where(t > 0, xp.floor_sqrt(t << (2 * n)), 1)
         y = mulsh(mulsh(x, self.w, self.qw, xp), g, 12 + sh - n, xp)

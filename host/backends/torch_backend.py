@@ -77,6 +77,9 @@ class TorchXp(Xp):
     def einsum(self, spec, a, b):
         return torch.einsum(spec, a.double(), b.double()).long()
 
+    def bitlen(self, m):
+        return torch.frexp(m.double())[1].long()
+
     def floor_sqrt(self, a):
         r = torch.floor(torch.sqrt(a.double())).long()
         r = r - (r * r > a).long()

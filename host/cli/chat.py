@@ -17,8 +17,7 @@ import sys
 from specmesh.host.backends import BackendError
 from specmesh.host.cli.output import TokenStream
 from specmesh.host.cli.run import (GenerationFailed, Setup, UsageError, _one_line, add_arguments, check_args, failed,
-                                   load_tokenizer, preflight)
-from specmesh.host.decode.gamma import GammaController
+                                   gamma_controller, load_tokenizer, preflight)
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.stopstrings import StopStrings
 
@@ -69,11 +68,10 @@ def chat(a: argparse.Namespace, lines, out, echo: bool = True) -> int:
 
     params = config.session_params(eos=BOS)
     stops = StopStrings(config.stop)
-    fixed = config.gamma
     with Setup(config) as setup:
         verifier = setup.make("verifier", names["verifier"])
         drafter = None if config.plain else setup.make("drafter", names["drafter"])
-        controller = GammaController() if fixed is None else GammaController(max_gamma=fixed, fixed=fixed)
+        controller = gamma_controller(config, drafter)
         context: list[int] = []
         for i, line in enumerate(itertools.chain([config.prompt] if opening else [], lines)):
             new = first if i == 0 and opening else tok.encode(line, bos=not context)

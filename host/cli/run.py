@@ -33,6 +33,7 @@ from specmesh.host.decode.orchestrator import Result, generate
 from specmesh.host.decode.stopstrings import StopStrings
 from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE
 from specmesh.host.projection.measured import board_summary
+from specmesh.host.provision.drafters import expected_alpha
 
 
 class GenerationFailed(Exception):
@@ -220,11 +221,11 @@ def board_stats(parts: list, tokens: int = 0, projector=None) -> list[dict]:
                     out[-1].update(classifier=s["classifier"], cls_reads=s.get("cls_reads"))
             out[-1].update(board_summary(s, tokens))
             if hasattr(projector, "measure"):
-                projector.measure(role, s)
+                projector.measure(role, s, getattr(b, "info", {}).get("model", ""))
     return out
 
 
-def projection(config: RunConfig, heads: dict, verifier, on_host: bool, deterministic: bool):
+def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool, deterministic: bool):
     """(cost model, projector): what prices each round for gamma's choice, and what projects the run for the
     stats (None, None when neither is asked for). A pipeline always reports its own projection."""
     if config.stages:  # host/projection/pipeline.py, in every stats JSON
@@ -236,13 +237,15 @@ def projection(config: RunConfig, heads: dict, verifier, on_host: bool, determin
         return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, STAGE_LINKS[cls][0], on_host,
                                   config.kernels, cls),
                 LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host, config.kernels, cls))
-    if config.project in RV32_PROJECT:  # priced after the run from what its boards executed
-        from specmesh.host.projection.measured import MeasuredProjector  # noqa: PLC0415
+    if config.project in RV32_PROJECT:  # priced from the instructions its boards execute
+        from specmesh.host.projection.measured import LiveCosts, MeasuredProjector  # noqa: PLC0415
         from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
 
-        # gamma: the boards' measured costs, or the derived ones when sampling (deterministic texts)
-        costs = Projector(heads["verifier"], heads["drafter"], "esp32s3", config.transport) if deterministic else None
-        return costs, MeasuredProjector(heads["verifier"], heads["drafter"], config.project, config.transport)
+        measured = MeasuredProjector(heads["verifier"], heads["drafter"], config.project, config.transport)
+        if deterministic:  # sampling: gamma from derived costs, so that a seed gives one text
+            return Projector(heads["verifier"], heads["drafter"], "esp32s3", config.transport), measured
+        boards = [("verifier", verifier)] + ([("drafter", drafter)] if drafter is not None else [])
+        return LiveCosts(measured, boards), measured
     if config.project or deterministic:
         from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
 
@@ -289,9 +292,8 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
         # from the projected costs (deterministic); greedy text never depends on gamma.
         deterministic = config.temperature > 0 and config.gamma is None and drafter is not None
         on_host = names.get("drafter") == "cpu"  # the drafter back-end runs on this machine, not on a board
-        costs, projector = projection(config, headers, verifier, on_host, deterministic)
-        fixed = config.gamma
-        controller = GammaController(fixed=fixed) if fixed is None else GammaController(max_gamma=fixed, fixed=fixed)
+        costs, projector = projection(config, headers, verifier, drafter, on_host, deterministic)
+        controller = gamma_controller(config, drafter)
         # a projection that credits pipelined drafting plans gamma and the look-ahead for it
         controller.pipelined = bool(drafter is not None and costs is not None and costs.pipelined)
         stops = StopStrings(config.stop)
@@ -304,6 +306,7 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
             result = generate(prompt, verifier, drafter, params, config.max_tokens, controller,
                               on_round=stream.write if stream else None,
                               costs=costs.round_costs if costs else None,
+                              costs_known=getattr(costs, "known_beforehand", True),
                               fallback=None if names["verifier"] in ("cpu", PIPELINE) else (
                                   lambda: setup.make("verifier", "cpu")),
                               on_failover=lambda line: print("\nspecmesh: " + line, file=sys.stderr, flush=True),
@@ -319,6 +322,20 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
                             len(prompt), projector)
         stats["gamma_costs"] = ("projected %s" % costs.board.name) if costs else "measured"
     return stats
+
+
+def gamma_controller(config: RunConfig, drafter) -> GammaController:
+    """--gamma N fixed, or gamma auto starting from the drafter's acceptance on the model card when it is a
+    shipped drafter (the file a drafter board reports running, else the one named)."""
+    if config.gamma is not None:
+        return GammaController(max_gamma=config.gamma, fixed=config.gamma)
+    controller = GammaController()
+    if drafter is not None:
+        name = getattr(drafter, "info", {}).get("model", "").rsplit("/", 1)[-1] or config.model_file("drafter").name
+        alpha = expected_alpha(name, config.temperature)
+        if alpha is not None:
+            controller.expect(alpha)
+    return controller
 
 
 def _drafter_head(drafter, given: Path, head):

@@ -41,6 +41,10 @@ PROBE_BUDGET = 0.02  # at gamma = 0, probes may cost this fraction of the stream
 MAX_PROBE_GAP = 1024
 FREE_CATCH_UP = 2  # plain rounds after which turning speculation on waits for a scheduled probe
 DECAY = 0.95  # per observation: about the last 20 rounds dominate
+# a measured acceptance (the model card's, host/provision/drafters.py) counts as this many tested drafts: on
+# 64-token held-out streams a Beta(1, 1) start chased a few early rejections into plain decoding (one prompt
+# 13 plain rounds, 1.04x), 8 kept gamma on them (`python -m specmesh.tools.bench projection`: 4 and 16 did less)
+PRIOR_WEIGHT = 8.0
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -121,11 +125,19 @@ class GammaController:
     ahead: int = 0
     fixed_ahead: int | None = None  # a look-ahead given instead of planned
     opening: tuple[int, ...] = PROBES  # the opening rounds' gammas (prime() leaves only the prefill round)
+    # the acceptance prior, Beta(prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight): Beta(1, 1)
+    # unless the drafter's acceptance was measured beforehand (expect())
+    prior_alpha: float = 0.5
+    prior_weight: float = 2.0
 
     @property
     def alpha(self) -> float:
-        """Acceptance rate per draft token: decayed Beta(1, 1) posterior mean."""
-        return (self.acc_hits + 1.0) / (self.acc_trials + 2.0)
+        """Acceptance rate per draft token: the posterior mean of the prior and the decayed observations."""
+        return (self.acc_hits + self.prior_alpha * self.prior_weight) / (self.acc_trials + self.prior_weight)
+
+    def expect(self, alpha: float, weight: float = PRIOR_WEIGHT) -> None:
+        """Start from a drafter's acceptance measured beforehand, worth `weight` tested drafts."""
+        self.prior_alpha, self.prior_weight = alpha, weight
 
     def round_times(self, cap: int) -> list[float]:
         """Predicted seconds of one round with draft length 0..cap (each fit solved once: this runs every

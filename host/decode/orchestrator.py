@@ -119,12 +119,13 @@ Clock = Callable[[], float]
 def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None, params: SessionParams,
              max_tokens: int, controller: GammaController | None = None, on_round: OnRound | None = None,
              clock: Clock = time.perf_counter, costs: Costs | None = None, fallback: Fallback | None = None,
-             on_failover: Callable[[str], None] | None = None, stop_when: StopWhen | None = None) -> Result:
+             on_failover: Callable[[str], None] | None = None, stop_when: StopWhen | None = None,
+             costs_known: bool = True) -> Result:
     """Generate up to `max_tokens` tokens after `prompt`; speculative when a drafter is given.
 
     The gamma controller learns from the measured seconds of each round, or from `costs(round)` when
-    given (a projection to other hardware, host/projection/rounds.py). `stop_when(out)` True ends the stream
-    after a round (stop "stop"; the rounds are the same, so it is a prefix of the stream without).
+    given (a projection, host/projection/rounds.py; `costs_known`: known before the first round: the
+    controller is primed with them). `stop_when(out)` True ends the stream after a round.
 
     Fail-over, when `fallback` is given: a verifier that fails (BackendError: it stopped answering, its
     link died) is replaced by `fallback()`, begun on the committed prefix, and the round runs again; a
@@ -134,7 +135,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     """
     if not prompt:
         raise ValueError("the prompt must hold at least one token")
-    controller = _primed(controller or GammaController(), costs if drafter else None, len(prompt), params)
+    controller = _primed(controller or GammaController(), costs if drafter and costs_known else None, prompt, params)
     max_seq = verifier.max_seq
     if drafter and len(prompt) >= drafter.max_seq:  # the drafter's context cannot hold the prompt: plain
         drafter = None
@@ -153,9 +154,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         if len(committed) >= max_seq:
             result.stop = "context"
             break
-        room = min(max_tokens - len(out), max_seq - len(committed)) - 1
-        if drafter:  # past the drafter's context, the rest of the stream is plain rounds
-            room = min(room, drafter.max_seq - len(committed) - 1, drafter.max_gamma, verifier.max_gamma)
+        room = _room(max_tokens - len(out), len(committed), verifier, drafter)
         gamma = controller.choose(room) if drafter else 0
         bytes0 = (drafter.bus_bytes if drafter else 0, verifier.bus_bytes)
         t0 = clock()
@@ -198,11 +197,21 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     return result
 
 
-def _primed(controller: GammaController, costs: Costs | None, pos0: int, params: SessionParams) -> GammaController:
+def _room(left: int, length: int, verifier: Verifier, drafter: Drafter | None) -> int:
+    """The most drafts the next round may take: the tokens left to generate and the verifier's context, and
+    with a drafter its context (past it, the rest of the stream is plain rounds) and both sides' batches."""
+    room = min(left, verifier.max_seq - length) - 1
+    if drafter:
+        room = min(room, drafter.max_seq - length - 1, drafter.max_gamma, verifier.max_gamma)
+    return room
+
+
+def _primed(controller: GammaController, costs: Costs | None, prompt: Sequence[int],
+            params: SessionParams) -> GammaController:
     """The controller, primed with projected costs (known beforehand, so no probing for them) when it is
     adaptive and they are given."""
     if costs and controller.fixed is None:
-        controller.prime(lambda g: costs(_probe_round(pos0, g, params)))
+        controller.prime(lambda g: costs(_probe_round(len(prompt), g, params)))
     return controller
 
 

@@ -6,14 +6,16 @@ executes (firmware/cpucount.py) and reports them in STATS by the pass's position
 per board. `MeasuredProjector` prices a run's rounds as host/projection/rounds.py does, except a pass's
 compute: the instructions the run's own board of that role executed for a pass of k positions (the mean
 over the run; a k it never ran is read off the straight line through those it did), times one stated
-cycles-per-instruction figure at the class's clock (host/projection/hardware.py RV32_CPI), plus the exact
-bytes of weights the pass reads from memory-mapped flash at a stated rate (RV32_FLASH_MAP). What QEMU cannot
+cycles-per-instruction figure at the class's clock (host/projection/hardware.py RV32_CPI), plus, for a model
+the board reads from its ROMFS (its HELLO names /rom/...), the exact bytes of weights the pass reads from
+memory-mapped flash at a stated rate (RV32_FLASH_MAP). What QEMU cannot
 say (cache misses, flash wait states, pipeline stalls) lives in those two figures, which stay visible.
 """
 
 from __future__ import annotations
 
 from specmesh.host.projection.costmodel import pass_work
+from specmesh.host.provision.romfs import ROM_DIR
 from specmesh.host.projection.hardware import RV32_CPI
 from specmesh.host.projection.rounds import Projector
 from specmesh.shared.modelfile import Header
@@ -73,17 +75,19 @@ class Line:
 class MeasuredProjector(Projector):
     """rounds.Projector with each pass's compute taken from the instructions the run's boards executed.
 
-    `measure(role, stats)` gives it a board's STATS (role "verifier" or "drafter") after the run, before
-    `project`."""
+    `measure(role, stats, model)` gives it a board's STATS (role "verifier" or "drafter") and the model file its
+    HELLO named, before `project`."""
 
     def __init__(self, target: Header, drafter: Header | None, board: str, transport: str = "serial"):
-        super().__init__(target, drafter, board, transport)
+        super().__init__(target, drafter, board, transport, drafter_board=board)
         self.lines: dict[str, Line] = {}
+        self.on_rom: dict[str, bool] = {}
 
-    def measure(self, role: str, stats: dict) -> None:
+    def measure(self, role: str, stats: dict, model: str = "") -> None:
         counts = pass_counts(stats)
         if counts:
             self.lines[role] = Line(per_pass(counts))
+            self.on_rom[role] = model.startswith(ROM_DIR + "/")
 
     def terms(self, h: Header, k: int, ctx: int, layers=None, classifier: bool = True,
               board=None) -> dict[str, float]:
@@ -93,7 +97,7 @@ class MeasuredProjector(Projector):
         if role not in self.lines:
             raise ValueError("--project %s prices the instructions its boards executed: run the %s on a "
                              "virtual:%s board" % (self.board.name, role, self.board.name))
-        flash = pass_work(h, k, ctx, layers, classifier, on_romfs=True).get("weights_flash", 0.0)
+        flash = pass_work(h, k, ctx, layers, classifier, on_romfs=self.on_rom[role]).get("weights_flash", 0.0)
         return {"compute": self.lines[role](k) * RV32_CPI.value / self.board.clock_hz.value,
                 "weights_flash": flash / self.board.flash_map_bps.value}
 
@@ -110,3 +114,26 @@ class MeasuredProjector(Projector):
                                         for role, line in self.lines.items()}
         out["plain_terms_s"] = {t: v for t, v in self.plain_terms(prompt_len).items()}
         return out
+
+
+class LiveCosts:
+    """What the gamma controller is fed during a greedy run on QEMU boards: `MeasuredProjector.round_costs`,
+    its lines refreshed from the `boards`' STATS ((role, back-end) pairs) whenever a round ran a pass size
+    they have not measured yet, a few STATS exchanges a run. Nothing is known before the first passes, so
+    the controller is not primed (`known_beforehand`): it probes as with wall-clock times, on these prices."""
+
+    known_beforehand = False
+
+    def __init__(self, projector: MeasuredProjector, boards: list):
+        self.projector = projector
+        self.boards = boards
+        self.board = projector.board
+        self.pipelined = projector.pipelined
+
+    def round_costs(self, r) -> tuple[float, float, float]:
+        need = {"verifier": r.gamma + 1, **({"drafter": 1} if r.gamma else {})}
+        lines = self.projector.lines
+        if any(role not in lines or k not in lines[role].means for role, k in need.items()):
+            for role, board in self.boards:
+                self.projector.measure(role, board.stats(), board.info.get("model", ""))
+        return self.projector.round_costs(r)

@@ -236,7 +236,7 @@ class Projector:
             "hardware": "%s boards, %s" % (self.board.name, "+".join(link.name for link in self.links["verifier"])),
             "rates": self.rates.source,
             "kernels": "%s (%s)" % (self.kernels.name, self.kernels.source),
-            "drafter": "host cpu" if self.drafter_on_host else "%s board" % BOARD_CLASSES[ROLE_CLASS["drafter"]].name,
+            "drafter": "host cpu" if self.drafter_on_host else "%s board" % self.drafter_board.name,
             "wall_s": t,
             "tokens_per_s": n / t if t else 0.0,
             "plain_wall_s": plain,

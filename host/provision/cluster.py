@@ -252,10 +252,10 @@ class Cluster(contextlib.ExitStack):
             layers = None if stage is None else stage[1:]
             try:
                 report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
-                               clear_key=True, layers=layers, config=cfg)
+                               clear_key=True, layers=layers, config=cfg, board_class=vb.board.name)
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
                 report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
-                               clear_key=True, layers=layers, config=cfg)
+                               clear_key=True, layers=layers, config=cfg, board_class=vb.board.name)
         except (BoardError, FlashError) as e:
             raise BackendError("virtual %s board: %s" % (kind, e)) from None
         say("%s: %s" % (what, summary(report, time.monotonic() - t0)))

@@ -31,6 +31,15 @@ HEAP = ShippedDrafter(ESP32.drafter, 40, 0.788, 3.20, 0.616)
 SHIPPED = {d.file: d for d in (WIDE, HEAP)}
 
 
+def expected_alpha(name: str, temperature: float) -> float | None:
+    """The model card's acceptance of the shipped drafter file `name` at this temperature (its T = 1 figure
+    for any T > 0), None for a drafter it did not measure: gamma auto's prior (host/decode/gamma.py expect)."""
+    drafter = SHIPPED.get(name)
+    if drafter is None:
+        return None
+    return drafter.alpha_greedy if temperature <= 0 else drafter.alpha_sampled
+
+
 def describe(name: str, where: str) -> str:
     """The line flash prints for the drafter file `name` it chose, placed `where` (a few words)."""
     drafter = SHIPPED.get(name)

@@ -43,7 +43,7 @@ from pathlib import Path
 import serial
 
 from specmesh.host.backends.modelio import check_model_file
-from specmesh.host.boardclasses import ESP32, ESP32S3, STAGE_CTX, drafter_model, has_psram, on_romfs
+from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, STAGE_CTX, class_of, drafter_model, has_psram, on_romfs
 from specmesh.host.bus import ports
 from specmesh.host.layout import MODELS, ROOT, model_path
 from specmesh.host.mpycross import CompileError, compile_py
@@ -345,6 +345,7 @@ def flash(
     layers: tuple[int, int] | None = None,
     use_romfs: bool = True,
     config: dict | None = None,
+    board_class: str | None = None,
 ) -> FlashReport:
     """Flash the node for `role` onto the board at `port`. Raises FlashError with a one-line message.
 
@@ -352,15 +353,17 @@ def flash(
     node then signs and checks every frame. Without it the board keeps the key it has, unless
     `clear_key` removes it. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them).
     `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition.
-    `config`: board-config keys (link, espnow peers, spec_ahead) to write besides the role's."""
+    `config`: board-config keys (link, espnow peers, spec_ahead) to write besides the role's.
+    `board_class`: the board's class when the caller knows it (a virtual board), else the probe's."""
     by_class = model is None and role == "drafter"  # the board's class picks its drafter once probed
     model, heap_bytes = _check_request(port, role, model, layers)
     fs_dest = f"{MODEL_DIR}/{model.name}"
     transport = open_board(port)
     try:
         info = probe(transport)
+        cls = BOARD_CLASSES[board_class] if board_class else class_of(info.machine, info.mem_free)
         if by_class:
-            model = drafter_model(model.parent, ESP32S3.name if has_psram(info.mem_free) else ESP32.name)
+            model = drafter_model(model.parent, cls.name)
             model, heap_bytes = _check_request(port, role, model, layers)
             fs_dest = f"{MODEL_DIR}/{model.name}"
         image = _rom_image(info, role, model, heap_bytes) if use_romfs else b""
@@ -515,7 +518,8 @@ def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> byte
     a ROMFS partition, a board with PSRAM (its heap there holds the model, read faster than mapped flash),
     a model whose engine a classic ESP32's heap holds beside the node's reserve (read from the heap, no
     flash read per pass: host/boardclasses.py `on_romfs`, the rule the projection prices; the class
-    heap, not what the board has free now, which a running node's engine takes), and an image bigger
+    heap, not what the board has free now, which a running node's engine takes; a C3's bigger heap is not
+    counted on: its virtual board loads the node's code into it), and an image bigger
     than the partition when the model fits the heap (one that fits neither is refused by `check_board`)
     keep it there."""
     if role == "stage" or not info.romfs or has_psram(info.mem_free) or not on_romfs(check_model_file(model)[0], ESP32):

@@ -37,6 +37,7 @@ from specmesh.host.projection.hardware import BOARDS
 from specmesh.host.projection.pipeline import STAGE_LINKS, PipelineProjector
 from specmesh.host.projection.rounds import Projector
 from specmesh.host.provision.cluster import split_layers
+from specmesh.host.provision.drafters import expected_alpha
 from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 from specmesh.tools.heldout import heldout_prompts
 
@@ -53,12 +54,14 @@ def header(name: str):
     return parse_header((MODELS / name).read_bytes()[:HEADER_SIZE])
 
 
-def speculate(proj, prompts: list[list[int]], ver, dra) -> dict:
-    """Greedy runs of `prompts` with gamma auto on `proj`'s projected costs; their projection summed."""
+def speculate(proj, prompts: list[list[int]], ver, dra, name: str) -> dict:
+    """Greedy runs of `prompts` with gamma auto on `proj`'s projected costs, from the acceptance the model card
+    gives drafter `name` (as `specmesh run` starts it); their projection summed."""
     spec = plain = tokens = 0.0
     acc = tested = rounds = 0  # drafts accepted, drafts tested, rounds
     for p in prompts:
         c = GammaController()
+        c.expect(expected_alpha(name, 0.0))
         c.pipelined = proj.pipelined
         r = generate(p, ver, dra, SessionParams(), NEW, c, costs=proj.round_costs)
         out = proj.project(r, len(p))
@@ -106,7 +109,7 @@ def run() -> dict:
                 dra.max_seq = min(h.max_seq, own or h.max_seq)
                 proj = Projector(target, h, VERIFIER, kernels=kernels, drafter_on_host=cls is None,
                                  drafter_board=cls or ROLE_CLASS["drafter"])
-                row = speculate(proj, prompts, ver, dra)
+                row = speculate(proj, prompts, ver, dra, name)
                 row["c"] = proj.draft_passes(40, 1)[0] / proj.forward(target, 1, 40)  # at context 40
                 out["drafters"].setdefault(kernels, {}).setdefault(name, {})[place] = row
         best = out["drafters"][kernels][ESP32.drafter]["esp32 board"]
@@ -119,7 +122,7 @@ def run() -> dict:
                 pp = PipelineProjector(target, header(name), layers, STAGE_LINKS[cls][0], on_host, kernels, cls)
                 dra = LocalDrafter(MODELS / name)
                 dra.max_seq = ESP32.drafter_ctx if name == ESP32.drafter else dra.max_seq
-                row = speculate(pp, prompts, ver, dra)
+                row = speculate(pp, prompts, ver, dra, name)
                 row["hardware"] = pp.label()
                 out["pipeline"].setdefault(kernels, {})["%s, drafts on the %s" % (cls, place)] = row
     _print(out)
