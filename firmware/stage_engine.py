@@ -11,7 +11,7 @@ holds no vocab x dim matrix; the last stage streams the classifier (the embeddin
 it) from the file in chunks of CLS_ROWS rows through one preallocated buffer, each chunk applied to all
 k positions: vocab x dim + 4 x vocab bytes read per pass instead of held (docs/pipeline.md weighs this).
 Where the stage's heap allows (an ESP32-S3: not a classic ESP32, whose 110 KB hold its layer, cache and
-tables with 19 KB to spare), `hold_classifier(reserve)` reads the classifier into the heap once, at load,
+tables with 31 KB to spare), `hold_classifier(reserve)` reads the classifier into the heap once, at load,
 when that leaves the node's reserve free: the engine then runs it as the single-board engine does, the
 same integers (tests/test_stage_engine.py), and reads nothing per pass (`cls_held`; the node says which in
 HELLO, CAP_CLS_HELD; host/boardclasses.py stage_keeps_classifier is the projection's estimate of it).
