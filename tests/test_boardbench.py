@@ -109,3 +109,32 @@ def test_a_partial_calibration_keeps_the_derived_rates_of_the_other_terms(tmp_pa
     assert {t: v for t, v in rates.seconds.items() if t != "matmul_1"} == {
         t: v for t, v in derived.seconds.items() if t != "matmul_1"}
     assert rates.source.startswith("calibrated on S3 devkit (") and "1 of %d terms measured" % len(TERMS) in rates.source
+
+
+def test_a_drafter_calibration_prices_the_drafter_board_and_says_so(tmp_path):
+    from specmesh.host.backends.modelio import check_model_file
+    from specmesh.host.boardclasses import ESP32
+    from specmesh.host.layout import MODELS
+    from specmesh.host.projection.hardware import BOARDS
+    from specmesh.host.projection.rounds import Projector
+
+    path = tmp_path / "drafter-cal.json"
+    path.write_text(json.dumps({"format": "specmesh-calibration", "version": 1, "board": {"machine": "ESP32 devkit"},
+                                "seconds_per_unit": {"matmul_1": 1e-7}}))
+    target = check_model_file(MODELS / TARGET_FILE)[0]
+    drafter = check_model_file(MODELS / ESP32.drafter)[0]
+    derived = Projector(target, drafter, drafter_board=ESP32.name)
+    calibrated = Projector(target, drafter, drafter_board=ESP32.name, drafter_rates=Rates.load(path, BOARDS["esp32"]))
+    assert calibrated.draft_pass(40) > derived.draft_pass(40)  # its matmuls measured slower than derived
+    assert calibrated.plain_round(40) == derived.plain_round(40)  # the verifier keeps its own rates
+    assert calibrated.drafter_rates.source.startswith("calibrated on ESP32 devkit")
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "--drafter-calibration prices a projection: add --project esp32s3"),
+    (["--project", "esp32s3", "--drafter", "cpu"], "--drafter-calibration prices a drafter board"),
+])
+def test_a_drafter_calibration_needs_a_projected_drafter_board(models, tmp_path, capsys, extra, message):
+    rc = cli.main(["run", "--models", str(models), "--verifier", "cpu", "--quiet", *extra,
+                   "--drafter-calibration", str(tmp_path / "c.json")])
+    assert rc == 2 and message in capsys.readouterr().err

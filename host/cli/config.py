@@ -12,6 +12,7 @@ from pathlib import Path
 
 from specmesh.host import atomic
 from specmesh.host.backends import PIPELINE, SessionParams, temp_milli, top_p_q16
+from specmesh.host.boardclasses import drafter_class
 from specmesh.host.cli.ranges import SEED, RangeError, in_range, probability
 from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path
 from specmesh.shared import messages as m
@@ -49,6 +50,7 @@ class RunConfig:
     project: str | None = None  # a board class name (host/projection/hardware.py BOARDS)
     kernels: str = "native"  # the board kernels a projection prices (host/projection/costmodel.py KERNELS)
     rates: object | None = None  # host/projection/calibration.py Rates, from --calibration
+    drafter_rates: object | None = None  # the drafter board's, from --drafter-calibration
     key: bytes | None = None  # the deployment key, from --key-file
     stats_json: str | None = None
     models: Path = MODELS
@@ -67,6 +69,7 @@ class RunConfig:
                    gamma=parse_gamma(a.gamma), transport=a.transport, radio_loss=a.radio_loss,
                    radio_dup=a.radio_dup, spec_ahead=a.spec_ahead, plain=a.plain, stages=a.stages,
                    project=a.project, kernels=a.kernels, rates=_rates(a.calibration, a.project),
+                   drafter_rates=_rates(a.drafter_calibration, drafter_class(a.transport)),
                    key=_key(a.key_file), stats_json=a.stats_json, models=a.models, target_model=a.model,
                    draft_model=a.draft_model, color=False if a.no_color else None, quiet=a.quiet)
 
@@ -156,12 +159,15 @@ def _check_ranges(a: argparse.Namespace) -> None:
                          "(or name their class: --verifier virtual:esp32c3) and --transport")
     if (a.radio_loss or a.radio_dup) and a.transport != "espnow":
         raise UsageError("--radio-loss and --radio-dup act on the virtual radio: add --transport espnow")
-    if a.calibration is not None and not a.project:
-        raise UsageError("--calibration prices a projection: add --project esp32s3")
+    for flag, given in (("--calibration", a.calibration), ("--drafter-calibration", a.drafter_calibration)):
+        if given is not None and not a.project:
+            raise UsageError("%s prices a projection: add --project esp32s3" % flag)
+    if a.drafter_calibration is not None and (a.plain or a.drafter == "cpu" or a.stages):
+        raise UsageError("--drafter-calibration prices a drafter board: not with --plain, --drafter cpu or --stages")
     if a.project in RV32_PROJECT:
         want = "virtual:" + a.project
         roles = [("verifier", a.verifier)] + ([] if a.plain else [("drafter", a.drafter)])
-        if any(name != want for _, name in roles) or a.calibration is not None or a.stages:
+        if any(name != want for _, name in roles) or a.calibration or a.drafter_calibration or a.stages:
             raise UsageError("--project %s prices the instructions its boards execute under QEMU: run %s on %s "
                              "(no --calibration, no --stages)" % (a.project, " and ".join("--" + r for r, _ in roles),
                                                                   want))

@@ -84,6 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration", metavar="FILE", type=Path,
                    help="with --project: price the projection with a board's measurements (specmesh bench "
                         "--port PORT --out FILE) instead of the derived figures")
+    p.add_argument("--drafter-calibration", metavar="FILE", type=Path,
+                   help="with --project: price the drafter board with its own measurements (specmesh bench on that "
+                        "board: its flash read rate among them) instead of its class's derived figures")
     p.add_argument("--key-file", metavar="F", type=Path,
                    help="sign and check every frame with this deployment key (boards flashed with the same "
                         "--key-file; virtual boards get it at flashing)")
@@ -251,7 +254,7 @@ def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool,
 
         projector = Projector(heads["verifier"], heads["drafter"], config.project or "esp32s3", config.transport,
                               config.rates, config.kernels, drafter_on_host=on_host,
-                              drafter_board=drafter_class(config.transport))
+                              drafter_board=drafter_class(config.transport), drafter_rates=config.drafter_rates)
         return projector, (projector if config.project else None)
     return None, None
 

@@ -105,16 +105,17 @@ class Projector:
 
     def __init__(self, target: Header, drafter: Header | None, board: str = "esp32s3", transport: str = "serial",
                  rates: Rates | None = None, kernels: str = "native", drafter_on_host: bool = False,
-                 drafter_board: str = ROLE_CLASS["drafter"]):
+                 drafter_board: str = ROLE_CLASS["drafter"], drafter_rates: Rates | None = None):
         if board not in BOARDS:
             raise ValueError("unknown board class %r (known: %s)" % (board, ", ".join(BOARDS)))
         self.board: Board = BOARDS[board]
         self.rates = rates if rates is not None else Rates.derived(self.board)
         self.kernels = KERNELS[kernels]
-        # the drafter board is its own class (a classic ESP32 by default), priced with its derived rates
+        # the drafter board is its own class (a classic ESP32 by default), priced with its derived rates or its
+        # own calibration (--drafter-calibration)
         self.drafter_board: Board = BOARDS[drafter_board]
-        self.drafter_rates = rates if drafter_board == board and rates is not None else Rates.derived(
-            self.drafter_board)
+        same = drafter_board == board and rates is not None
+        self.drafter_rates = drafter_rates or (rates if same else Rates.derived(self.drafter_board))
         self.target = target
         self.drafter = drafter
         self.transport = transport
@@ -235,6 +236,7 @@ class Projector:
         return {
             "hardware": "%s boards, %s" % (self.board.name, "+".join(link.name for link in self.links["verifier"])),
             "rates": self.rates.source,
+            "drafter_rates": None if self.drafter_on_host else self.drafter_rates.source,
             "kernels": "%s (%s)" % (self.kernels.name, self.kernels.source),
             "drafter": "host cpu" if self.drafter_on_host else "%s board" % self.drafter_board.name,
             "wall_s": t,
