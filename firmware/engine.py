@@ -267,7 +267,7 @@ class Engine:
             self._layer(li, self.layers[li], k, pos)
         if self.head and head:
             self._rmsnorm(self.final_norm, k)
-            if self.cls is None:  # a stage: StageEngine streams the classifier from the file
+            if self.cls is None:  # a stage not holding it: StageEngine streams the classifier from the file
                 self._stream_cls(k)
             else:
                 self._matvec(self.cls, self.xn, self.logits, k, 0)

@@ -62,7 +62,7 @@ _REFUSE_GAP_MS = const(250)  # least time between two refusals of frames not tak
 ROLE_NAMES = ("idle", "drafter", "verifier", "stage")
 STAT_KEYS = ("requests", "dup_replies", "errors", "bad_frames", "stray", "forwarded", "drafted", "ahead", "draft_hits",
              "verified", "accepted", "passes", "positions", "compute_ms", "heap_free", "heap_min",
-             "committed", "kv", "uptime_ms", "dropped", "unsigned", "bad_tag", "replayed")
+             "committed", "kv", "uptime_ms", "dropped", "unsigned", "bad_tag", "replayed", "cls_reads")
 # signed-bus refusals: unsigned frames, bad tags (forged, or another key), used counters (replays); by
 # index, so their names stay constants of the tuple (no interned string: the drafter's heap is tight)
 _UNSIGNED = const(20)
@@ -72,9 +72,10 @@ LOSSES = ("duplicate", "stale")  # datagram-link events of a lossy radio, not ma
 
 
 def _caps(engine):
-    """HELLO caps: viper (the loaded engine's kernels, else whether this build emits native code), ulab, espnow."""
+    """HELLO caps: viper (the loaded engine's kernels, else whether this build emits native code), ulab, espnow,
+    and on a last pipeline stage whether it holds the classifier in its heap (firmware/stage_engine.py)."""
     if engine is not None:
-        caps = m.CAP_VIPER if engine.viper else 0
+        caps = (m.CAP_VIPER if engine.viper else 0) | (m.CAP_CLS_HELD if getattr(engine, "cls_held", 0) else 0)
     else:
         caps = m.CAP_VIPER if (getattr(sys.implementation, "_mpy", 0) >> 10) & 0x0F else 0
     for name, bit in (("ulab", m.CAP_ULAB), ("espnow", m.CAP_ESPNOW)):
@@ -486,6 +487,7 @@ class Node:
                         self.role = roles.Drafter(eng, self.stats, cfg.get("spec_ahead", 0))
                     elif stage:
                         self.role = st.Stage(eng, self.stats)
+                        eng.hold_classifier(_STAGE_RESERVE)  # where the heap allows: no flash read per pass
                     else:
                         self.role = roles.Verifier(eng, self.stats)
                     gc.collect()

@@ -2,7 +2,8 @@
 
 A STAGE request names positions pos..pos+n-1 and carries their input: tokens for the first stage (it
 embeds them from the model file), the residual stream for a later one (n rows of dim int32, the previous
-stage's output exactly). The stage runs its layers over them, keeping their keys and values in its KV
+stage's output exactly; with STAGE_PACKED at the fewest bytes per value each row needs, shared/rows.py,
+and the reply's rows packed too). The stage runs its layers over them, keeping their keys and values in its KV
 cache (a request at an earlier pos rolls the cache back there first), and answers with its output rows.
 The last stage, asked with STAGE_HEAD, instead answers one i16 per position: for position j (the logits
 of the token at pos + 1 + j) with a draft entry, -1 when the shared rule accepts the draft, else the
@@ -21,9 +22,14 @@ import uctypes
 
 import cpucount
 
-from shared import rule, sampling
-from shared.messages import E_MESSAGE, E_RANGE, E_STATE, STAGE_ACT, STAGE_HEAD, pack_stage_reply
+from shared import rows, rule, sampling
+from shared.messages import E_MESSAGE, E_RANGE, E_STATE, STAGE_ACT, STAGE_HEAD, STAGE_PACKED, pack_stage_reply
 from shared.prng import EMIT
+
+try:  # the packed rows' viper codec: the same bytes as shared/rows.py, a thousandth of its time on a board
+    import rowpack as _codec
+except Exception:  # a port without viper
+    _codec = rows
 
 from roles import Refused, Role, Verifier
 
@@ -38,6 +44,7 @@ class Stage(Role):
         self.row = 4 * engine.header.dim  # bytes of one position's residual stream
         # engine.x as bytes: activations are copied in and out without a conversion
         self.xb = uctypes.bytearray_at(uctypes.addressof(engine.x), engine.kmax * self.row)
+        self.pk = bytearray(engine.kmax * rows.row_bytes(engine.header.dim, 4))  # packed reply rows
         if engine.head:  # the sampled rule's dense tables, allocated once: a small heap fragments too
             v = self.vocab  # much for blocks of vocab ints later (sampling.table's bufs)
             self.bufs = (array("i", bytes(4 * v)), array("i", bytes(4 * v)), array("i", bytes(4 * v)), [0] * v)
@@ -59,8 +66,9 @@ class Stage(Role):
         first = e.a == 0
         if first == bool(flags & STAGE_ACT):
             raise Refused(E_MESSAGE, "stage %d:%d takes %s" % (e.a, e.b, "tokens" if first else "activations"))
+        packed = flags & STAGE_PACKED
         size = n * (2 if first else self.row)
-        if len(data) != size:
+        if len(data) != size and not (packed and not first):
             raise Refused(E_MESSAGE, "STAGE input of %d bytes, %d expected" % (len(data), size))
         head = flags & STAGE_HEAD
         if head and not e.head:
@@ -74,6 +82,12 @@ class Stage(Role):
             for t in tokens:
                 if t >= self.vocab:
                     raise Refused(E_RANGE, "token %d is outside the vocabulary of %d" % (t, self.vocab))
+        elif packed:
+            tokens = None
+            try:
+                _codec.unpack_rows(data, n, e.header.dim, e.x)
+            except ValueError as err:
+                raise Refused(E_MESSAGE, "STAGE rows: %s" % err)
         else:
             tokens = None
             self.xb[:size] = data
@@ -82,8 +96,13 @@ class Stage(Role):
         cpucount.stop(c0, n)
         st["compute_ms"] += time.ticks_diff(time.ticks_ms(), t0)
         st["passes"] += 1
+        if head and not e.cls_held:
+            st["cls_reads"] += 1  # the classifier streamed from the model file once this pass
         st["positions"] += n
         self.kv = e.length
+        if not head and packed:
+            return pack_stage_reply(pos, n, STAGE_ACT | STAGE_PACKED,
+                                    memoryview(self.pk)[:_codec.pack_rows(e.x, n, e.header.dim, self.pk)])
         if not head:
             return pack_stage_reply(pos, n, STAGE_ACT, memoryview(self.xb)[:n * self.row])
         out = [0] * n

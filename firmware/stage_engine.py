@@ -10,8 +10,15 @@ token embedding is read from the file one row (dim int8) and its scale per token
 holds no vocab x dim matrix; the last stage streams the classifier (the embedding when the model shares
 it) from the file in chunks of CLS_ROWS rows through one preallocated buffer, each chunk applied to all
 k positions: vocab x dim + 4 x vocab bytes read per pass instead of held (docs/pipeline.md weighs this).
+Where the stage's heap allows (an ESP32-S3: not a classic ESP32, whose 110 KB hold its layer, cache and
+tables with 31 KB to spare), `hold_classifier(reserve)` reads the classifier into the heap once, at load,
+when that leaves the node's reserve free: the engine then runs it as the single-board engine does, the
+same integers (tests/test_stage_engine.py), and reads nothing per pass (`cls_held`; the node says which in
+HELLO, CAP_CLS_HELD; host/boardclasses.py stage_keeps_classifier is the projection's estimate of it).
 The file stays open for the engine's life. Imported only by a stage (the other roles never pay for it).
 """
+
+import gc
 
 from engine import Engine, _read, _zeros
 from shared import intmath
@@ -33,10 +40,36 @@ class StageEngine(Engine):
         self.emb_off = HEADER_SIZE
         self.cls_off = HEADER_SIZE if h.flags & FLAG_SHARED_CLS else HEADER_SIZE + body_size(h) - (
             h.vocab * dim + 4 * h.vocab)
+        self.cls_held = False
         if self.head:  # a classifier chunk and its row scales
             self.cw, self.cms = bytearray(CLS_ROWS * dim), _zeros("i", CLS_ROWS)
         if self.a == 0:  # one embedding row and its scale
             self.ew, self.ems = bytearray(dim), _zeros("i", 1)
+
+    def hold_classifier(self, reserve):
+        """Read the classifier and its row scales into the heap, once, if that leaves `reserve` bytes free
+        (else, or where the heap has no block for it, keep streaming it); returns whether it is held."""
+        vocab, dim = self.vocab, self.header.dim
+        n = vocab * dim
+        gc.collect()
+        if not self.head or self.cls_held or gc.mem_free() < n + 4 * vocab + reserve:
+            return self.cls_held
+        try:
+            w, ms = bytearray(n), _zeros("i", vocab)
+        except MemoryError:  # free bytes, but no block that large: stream as before
+            gc.collect()
+            return False
+        f = self._f
+        f.seek(self.cls_off)
+        _read(f, w, n, None)
+        _read(f, ms, 4 * vocab, None)
+        for r in range(vocab):
+            ms[r] = intmath.fixed_packed(ms[r])
+        self.cls = (w, ms, vocab, dim)  # Engine.forward runs it as the whole model's classifier
+        self.cw = self.cms = None
+        self.cls_held = True
+        gc.collect()
+        return True
 
     def _embed_row(self, t):
         """Embed token t into self.x at the offset embed_p holds, from its row and scale read from the file."""

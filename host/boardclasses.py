@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specmesh.host.layout import DRAFTER_FILE
-from specmesh.shared.modelfile import Header, body_size
+from specmesh.shared.modelfile import Header, body_size, stage_bytes
 
 
 @dataclass(frozen=True)
@@ -147,6 +147,30 @@ ENGINE_BUFFERS = 16 * 1024  # an engine's activations, logits and tables besides
 def kv_bytes(h: Header, n_ctx: int) -> int:
     """The int8 KV cache of every layer at n_ctx positions (kv_dim values and a shift byte per row)."""
     return 2 * n_ctx * (h.kv_dim + 1) * h.n_layers
+
+
+# A pipeline stage (docs/pipeline.md, memory per stage): its layers, their KV cache, the engine's buffers and the
+# node's reserve in the heap; the last stage also the rule's dense tables and, where the heap allows, the classifier
+STAGE_CTX = 128  # a stage's context on a board without PSRAM (`specmesh flash` writes it)
+STAGE_RESERVE = 16384  # heap a stage node keeps free after loading (firmware/node.py _STAGE_RESERVE)
+
+
+def classifier_bytes(h: Header) -> int:
+    """The classifier's int8 rows and their row scales (the embedding, when the model shares it)."""
+    return h.vocab * h.dim + 4 * h.vocab
+
+
+def stage_keeps_classifier(h: Header, cls: BoardClass, layers: tuple[int, int]) -> bool:
+    """Whether the last stage (layers a..n_layers) on a board of class `cls` holds the classifier in its heap,
+    read from its model file once at load, instead of streaming it from flash every pass: its slice, the
+    KV cache at its context (STAGE_CTX without PSRAM), buffers, the rule's tables (4 vocab-sized int tables)
+    and the classifier leave the node's reserve free. firmware/stage_engine.py decides the same from
+    gc.mem_free() at load, and says which in HELLO (CAP_CLS_HELD)."""
+    a, b = layers
+    n_ctx = h.max_seq if cls.psram_bytes else min(h.max_seq, STAGE_CTX)
+    need = (stage_bytes(h, a, b) + 2 * n_ctx * (h.kv_dim + 1) * (b - a) + ENGINE_BUFFERS + 16 * h.vocab
+            + STAGE_RESERVE + classifier_bytes(h))
+    return b == h.n_layers and need <= cls.heap_bytes
 
 
 def heap_need(h: Header) -> int:

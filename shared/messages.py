@@ -29,7 +29,9 @@ Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `
                 data); reply: pack_stage_reply(pos, n, flags, data) / unpack_stage_reply -> (pos, n, flags,
                 data). flags: STAGE_ACT (data: n rows of the residual stream, int32 little-endian, else n
                 u16 tokens), STAGE_HEAD (the last stage answers n i16 results: -1 for an accepted draft,
-                else the token drawn there; entries: the drafts of the first positions). docs/pipeline.md
+                else the token drawn there; entries: the drafts of the first positions), STAGE_PACKED (the
+                rows, in the request with STAGE_ACT and in the reply, are packed: shared/rows.py; a request
+                with it gets packed rows back). docs/pipeline.md
 
 `unpack(mtype, reply, payload)` dispatches on the type and direction (tuple, or () for empty bodies).
 """
@@ -57,6 +59,7 @@ STAGE = 0x0F
 
 STAGE_ACT = 1  # STAGE data: activations (n rows of dim int32), else tokens (n u16)
 STAGE_HEAD = 2  # request: the last stage judges its positions; reply: data is n i16 results
+STAGE_PACKED = 4  # rows packed at the fewest bytes per value (shared/rows.py), in the request and the reply
 
 NAMES = ("", "HELLO", "CONFIGURE", "BEGIN", "DRAFT_REQ", "DRAFT", "VERIFY_REQ", "VERDICT", "COMMIT",
          "ROLLBACK", "STATS", "PING", "ERROR", "ACK", "RESET", "STAGE")
@@ -69,6 +72,7 @@ ROLE_STAGE = 3
 CAP_VIPER = 1
 CAP_ULAB = 2
 CAP_ESPNOW = 4
+CAP_CLS_HELD = 8  # a last pipeline stage holding the classifier in its heap (else it streams it from flash)
 
 HOST = 0  # the host's node id; boards are 1..254, codec.BROADCAST is 255
 # the console line of a board left half-flashed (firmware/config.py half_flashed), then " as <role>"; the host reads it

@@ -6,7 +6,9 @@ the engine's .mpy files: micropython -c "import sys; sys.path.insert(0, DIR); im
 plan: {"model": path, "kmax": int, "viper": bool, "native": bool, "n_ctx": int, "path": dir, "ops": [op, ...]}
 (viper False: the plain-Python kernels; native False: viper, not the C kernels; firmware/kernelpick.py), and optionally
 "stages": [[a, b], ...]: the model runs as a chain of stage engines (tests/mp_stage_chain.py), and "rom": the
-path of a ROMFS image mounted at /rom first (a board's memory-mapped ROMFS partition); `path` is a folder
+path of a ROMFS image mounted at /rom first (a board's memory-mapped ROMFS partition), and with stages
+"hold_cls": reserve (the last stage holds the classifier in its heap if that leaves `reserve` bytes free;
+the answer's "cls_held" says whether it did); `path` is a folder
 holding engine, kernels and shared/ (compiled .mpy, as on a board), else the source folders are used; ops:
   ["fwd", tokens, pos]   -> {"logits": [[...] per row], "argmax": [...]}
   ["feed", tokens, pos]  -> {"argmax": [...]} (the same pass, logits not reported)
@@ -91,6 +93,8 @@ def run(plan):
         from mp_stage_chain import Chain  # only here: its code would take the heap-budget plans' heap
 
         e = Chain(plan["stages"], *args, plan.get("native", True))
+        if "hold_cls" in plan:  # the last stage reads the classifier into its heap if this reserve stays free
+            e.hold(plan["hold_cls"])
     else:
         e = Engine(*args, native=plan.get("native", True))
     res = []
@@ -119,7 +123,7 @@ def run(plan):
             last = 0
     gc.collect()
     return {"results": res, "heap_bytes": e.heap_bytes, "viper": e.viper, "kernels": e.kernels, "mem_free": gc.mem_free(),
-            "length": e.length}
+            "length": e.length, "cls_held": getattr(e, "cls_held", None)}
 
 
 try:

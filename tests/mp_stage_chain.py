@@ -16,6 +16,11 @@ class Chain:
         self.vocab, self.viper, self.kernels, self.logits = last.vocab, last.viper, last.kernels, last.logits
         self.heap_bytes = [s.heap_bytes for s in self.stages]
         self.exp_table = last.exp_table
+        self.cls_held = last.cls_held
+
+    def hold(self, reserve):
+        """The last stage holds the classifier in the heap when `reserve` bytes stay free."""
+        self.cls_held = self.stages[-1].hold_classifier(reserve)
 
     @property
     def length(self):

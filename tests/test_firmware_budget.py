@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specmesh.host.boardclasses import ESP32, ESP32S3
-from specmesh.host.provision.flash import STAGE_CTX
+from specmesh.host.boardclasses import ESP32, ESP32S3, STAGE_CTX
 from specmesh.shared import messages as m
 from specmesh.tools.nodeproc import NodeProc, begin, code_heap, flash, rom_image, shipped_model
 
@@ -174,9 +173,51 @@ def test_each_stage_of_the_target_runs_in_a_classic_esp32_heap(micropython, boar
             p = target_table(ref.forward([tokens[pos]], pos)[0], 1000, 0, 65536)
             want = rule.judge(p, *entry[0], 7, pos + 1) if entry else rule.sample(p, 7, pos + 1, prng.EMIT)
             assert struct.unpack("<h", data)[0] == want, "position %d" % pos
-        for node in nodes:
+        # packed rows (STAGE_PACKED) through the first three stages: the same row as int32 rows give, then a
+        # malformed packed row refused with one line
+        outs = []
+        for flags in (0, m.STAGE_PACKED):
+            data = struct.pack("<H", tokens[5])
+            for i, node in enumerate(nodes[:3]):
+                _, _, rflags, data = node.call(m.STAGE, m.pack_stage(5, 1, flags | (m.STAGE_ACT if i else 0), [], data),
+                                               expect=m.STAGE)
+                assert rflags == m.STAGE_ACT | flags
+            outs.append(bytes(data))
+        assert len(outs[1]) == 193 and outs[1][0] == 3
+        assert outs[0] == b"".join(v.to_bytes(4, "little", signed=True) for v in (
+            int.from_bytes(outs[1][1 + 3 * i:4 + 3 * i], "little", signed=True) for i in range(64)))
+        code, text = nodes[1].error(m.STAGE, m.pack_stage(5, 1, m.STAGE_ACT | m.STAGE_PACKED, [], b"\x05" + bytes(64)))
+        assert code == m.E_MESSAGE and "STAGE rows" in text
+        for i, node in enumerate(nodes):
             st = node.stats()
-            assert st["errors"] == 0 and st["positions"] == 220 and st["heap_min"] > 0, node.text
+            assert st["errors"] == (1 if i == 1 else 0) and st["heap_min"] > 0, node.text
+            assert st["positions"] == 220 + (2 if i < 3 else 0)
+            assert st["cls_reads"] == (220 if i == 4 else 0)  # no room for the classifier: streamed every pass
+            assert not node.call(m.HELLO)[7] & m.CAP_CLS_HELD
     finally:
         for node in nodes:
             node.close()
+
+
+def test_a_last_stage_in_an_esp32s3_heap_holds_the_classifier(micropython, board):
+    """With PSRAM the last stage reads the classifier into its heap once (HELLO says so) and reads no flash
+    per pass: a one-stage pipeline (layers 0:5) gives the numpy engine's greedy tokens, cls_reads 0."""
+    from specmesh.host.backends.engine import Engine, argmax
+
+    model = shipped_model("target")
+    node = NodeProc(micropython, board, {"role": "stage", "model": model, "layers": [0, 5]}, heap=ESP32S3_HEAP,
+                    flashed=True)
+    try:
+        hello = node.call(m.HELLO)
+        assert hello[2] == m.ROLE_STAGE and hello[7] & m.CAP_CLS_HELD, node.text
+        begin(node, 1, 1, 0.0, [0])
+        ref, tokens = Engine(model), [1]
+        for pos in range(24):
+            _, _, _, data = node.call(m.STAGE, m.pack_stage(pos, 1, m.STAGE_HEAD, [], struct.pack("<H", tokens[-1])),
+                                      expect=m.STAGE)
+            tokens.append(struct.unpack("<h", data)[0])
+            assert tokens[-1] == argmax(ref.forward([tokens[-2]], pos)[0]), "position %d" % pos
+        st = node.stats()
+        assert st["errors"] == 0 and st["passes"] == 24 and st["cls_reads"] == 0
+    finally:
+        node.close()

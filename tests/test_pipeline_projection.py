@@ -7,10 +7,11 @@ from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 from specmesh.host.projection.costmodel import weight_bytes
-from specmesh.host.projection.hardware import FLASH_MAP_STREAM, HOST_DRAFT_POSITION, UART_921600
+from specmesh.host.projection.hardware import (CYCLES_PER_INSN, FLASH_MAP_STREAM, HOST_DRAFT_POSITION, PACKED_ROW_BYTES,
+                                               ROW_CODEC, UART_921600)
 from specmesh.host.decode.orchestrator import Round, generate
 from specmesh.host.projection.pipeline import PipelineProjector, judged
-from specmesh.host.projection.rounds import Projector, stage_body, stage_reply_body
+from specmesh.host.projection.rounds import Projector, draft_entries, stage_body, stage_reply_body
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.provision.cluster import split_layers
 from specmesh.shared.modelfile import HEADER_SIZE, parse_header
@@ -45,14 +46,31 @@ def test_a_whole_model_on_a_board_without_psram_reads_its_weights_from_romfs(hea
     assert "weights_flash" not in Projector(target, drafter, "esp32s3").terms(drafter, 1, 50)  # PSRAM board
 
 
-def test_one_position_costs_request_compute_and_reply_at_every_stage(heads):
-    pp = PipelineProjector(heads[0], heads[1], split_layers(5, 5), UART_921600.name)
+@pytest.mark.parametrize("packed", [True, False])
+def test_one_position_costs_request_compute_and_reply_at_every_stage(heads, packed):
+    pp = PipelineProjector(heads[0], heads[1], split_layers(5, 5), UART_921600.name, packed=packed)
     t = pp.wavefront(10, 1, 0, 0, [])
-    dim4 = 4 * heads[0].dim
-    want = sum(pp._wire(stage_body(0, 2 if s == 0 else dim4)) + pp._stage(s, 11, True)
-               + pp._wire(stage_reply_body(2 if s == 4 else dim4))
+    row = round(PACKED_ROW_BYTES[1]) if packed else 4 * heads[0].dim
+    want = sum(pp._wire(stage_body(0, 2 if s == 0 else row)) + pp._stage(s, 11, True)
+               + pp._wire(stage_reply_body(2 if s == 4 else row))
                for s in range(5))
     assert t == pytest.approx(want)
+
+
+def test_packed_rows_cost_their_measured_bytes_and_the_boards_codec(heads):
+    """Packed rows (193 measured bytes instead of 256) shorten every relayed line; each stage pays its viper
+    codec (ROW_CODEC) on the rows it unpacks and packs, far less than the bytes it saves on UART."""
+    layers = split_layers(5, 5)
+    packed = PipelineProjector(heads[0], heads[1], layers, UART_921600.name)
+    raw = PipelineProjector(heads[0], heads[1], layers, UART_921600.name, packed=False)
+    assert packed.row(2) == 193 < raw.row(2) == 4 * heads[0].dim
+    codec = heads[0].dim * ROW_CODEC.value * CYCLES_PER_INSN / 240e6
+    assert packed._stage(2, 40, False) == pytest.approx(raw._stage(2, 40, False) + 2 * codec)
+    assert packed._stage(0, 40, False) == pytest.approx(raw._stage(0, 40, False) + codec)  # tokens in, a row out
+    assert packed._stage(4, 40, True) == pytest.approx(raw._stage(4, 40, True) + codec)  # a row in, a token out
+    saved = raw._wire(stage_body(0, raw.row(2))) - packed._wire(stage_body(0, packed.row(2)))
+    assert saved > 20 * codec
+    assert packed.wavefront(40, 5, 0, 4, [2] * 4) < raw.wavefront(40, 5, 0, 4, [2] * 4)
 
 
 def test_the_wavefront_overlaps_positions_across_stages_and_stops_at_the_verdict(heads):
@@ -127,7 +145,8 @@ def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(h
         name, max_seq, bus_bytes = "stub", 128, 0
 
         def stats(self):
-            return {"compute_s": 0.5, "heap_free": 20_000, "positions": 7, "passes": 7}
+            return {"compute_s": 0.5, "heap_free": 20_000, "positions": 7, "passes": 7, "cls_reads": 4,
+                    "classifier": "streamed from flash"}
 
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
     prompt = tok.encode("Once upon a time")
@@ -140,10 +159,129 @@ def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(h
     stats = build_stats(a, SessionParams(), r, "x", pipe, None, GammaController(fixed=3), len(prompt),
                         LinksReport(heads[0], heads[1], layers))
     p = stats["projection"]
-    assert set(p["links"]) == {"espnow", "uart-921600"} and p["hardware"] == p["links"]["uart-921600"]["hardware"]
+    assert set(p["links"]) == {"espnow", "uart-921600", "uart-921600+espnow-direct"}
+    assert p["hardware"] == p["links"]["uart-921600"]["hardware"]
     for v in p["links"].values():
         assert v["speedup_vs_pipeline_plain"] > 0 and v["speedup_vs_single_board_plain"] > 0
     assert stats["pipeline"]["positions"] == [7] * 5 and stats["pipeline"]["layers"][4] == "4:5"
     assert [b["positions"] for b in stats["boards"]] == [7] * 5
+    assert stats["boards"][4]["classifier"] == "streamed from flash" and stats["boards"][4]["cls_reads"] == 4
     table = format_table(stats)
-    assert table.count("vs plain on the pipeline") == 2
+    assert table.count("vs plain on the pipeline") == 3
+
+
+def test_stages_of_the_projected_class_on_its_own_link(heads):
+    """--project esp32s3: S3 stages on USB-Serial-JTAG, their last stage holding the classifier in its heap;
+    the class rule's classic ESP32s stream it from flash every judged position."""
+    from specmesh.host.boardclasses import BOARD_CLASSES, classifier_bytes, stage_keeps_classifier
+    from specmesh.host.projection.hardware import FLASH_FILE_READ, USB_SERIAL_JTAG
+
+    target, drafter = heads
+    layers = split_layers(5, 5)
+    s3 = PipelineProjector(target, drafter, layers, USB_SERIAL_JTAG.name, board="esp32s3")
+    esp32 = PipelineProjector(target, drafter, layers, UART_921600.name)
+    assert s3.hops == (USB_SERIAL_JTAG,) and s3.pipelined and s3.board.name == "esp32s3"
+    assert stage_keeps_classifier(target, BOARD_CLASSES["esp32s3"], (4, 5))
+    assert not stage_keeps_classifier(target, BOARD_CLASSES["esp32"], (4, 5))
+    assert not stage_keeps_classifier(target, BOARD_CLASSES["esp32s3"], (3, 4))  # not the last stage
+    assert s3.cls_read == 0.0 and esp32.cls_read == pytest.approx(classifier_bytes(target) / FLASH_FILE_READ.value)
+    assert s3._stage(4, 40, True) == pytest.approx(s3.boards.forward(target, 1, 40, (4, 5), classifier=True)
+                                                   + s3.codec)  # its input row unpacked
+    assert esp32._stage(4, 40, True) - esp32._stage(4, 40, False) > esp32.cls_read
+    assert "5 esp32s3 stages" in s3.label() and "usb-serial-jtag" in s3.label() and "in RAM" in s3.label()
+    assert "5 esp32 stages" in esp32.label() and "streamed from flash" in esp32.label()
+    with pytest.raises(ValueError, match="no link"):
+        PipelineProjector(target, drafter, layers, UART_921600.name, board="esp32s3")
+
+
+def test_the_projection_prices_decoding_and_the_prefill_apart(heads):
+    """The single board's projection leaves its prefill out, so the pipeline's tokens/s do too: the first
+    round is priced as any other, the prompt's other positions as `prefill_s`."""
+    tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
+    prompt = tok.encode("Once upon a time there was")
+    r = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE),
+                 SessionParams(), 24, GammaController(fixed=3))
+    pp = PipelineProjector(heads[0], heads[1], split_layers(5, 5), UART_921600.name)
+    p = pp.project(r, len(prompt))
+    first = r.rounds[0]
+    assert pp.replay(r.rounds)[0][1] == pytest.approx(
+        pp.wavefront(first.pos0 - 1, first.gamma + 1, 0, judged(first) - 1, draft_entries(first)))
+    n = len(prompt) - 1
+    assert p["prefill_s"] == pytest.approx(pp.wavefront(0, n, n, n, [])) and p["prefill_s"] > 0
+    assert pp.prefill_seconds(1) == 0.0
+
+
+def test_a_run_projected_on_s3_stages_keeps_the_classic_links(heads):
+    from specmesh.host.projection.pipeline import LinksReport
+
+    tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
+    prompt = tok.encode("Once upon a time")
+    r = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE),
+                 SessionParams(), 24, GammaController(fixed=3))
+    p = LinksReport(heads[0], heads[1], split_layers(5, 5), board="esp32s3").project(r, len(prompt))
+    assert set(p["links"]) == {"usb-serial-jtag", "usb-serial-jtag+espnow-direct", "uart-921600", "espnow",
+                               "uart-921600+espnow-direct"}
+    assert p["hardware"] == p["links"]["usb-serial-jtag"]["hardware"] and "esp32s3 stages" in p["hardware"]
+    assert "esp32 stages" in p["links"]["uart-921600"]["hardware"]
+    # S3 stages: no classifier read per position, 1 ms USB messages instead of 3.9 ms UART lines
+    assert p["speedup_vs_single_board_plain"] > 1.5 * p["links"]["uart-921600"]["speedup_vs_single_board_plain"]
+
+
+def test_rows_board_to_board_over_espnow_against_relayed_through_the_host(heads):
+    """One ESP-NOW hop (a packed row is one 250-byte packet: 2.9 ms) instead of a reply to the host and a request
+    to the next stage: it beats two 921600-baud lines (2 x 2.9 ms), not two USB messages (2 x 1.2 ms)."""
+    from specmesh.host.projection.hardware import ESPNOW, USB_SERIAL_JTAG
+
+    target, drafter = heads
+    layers = split_layers(5, 5)
+    pairs = {}
+    for cls, host in (("esp32", UART_921600.name), ("esp32s3", USB_SERIAL_JTAG.name)):
+        relay = PipelineProjector(target, drafter, layers, host, board=cls)
+        direct = PipelineProjector(target, drafter, layers, host + "+espnow-direct", board=cls)
+        assert direct.hops == relay.hops and direct.direct and "board to board" in direct.label()
+        row = stage_reply_body(relay.row(1))
+        assert direct._hop_out(1, row) == pytest.approx(ESPNOW.seconds(row + 6))  # one packet, src and dst
+        assert direct._hop_in(2, stage_body(0, relay.row(2))) == 0.0
+        assert direct._hop_out(4, stage_reply_body(2)) == relay._hop_out(4, stage_reply_body(2))  # to the host
+        pairs[cls] = (relay.wavefront(40, 5, 0, 4, [2] * 4), direct.wavefront(40, 5, 0, 4, [2] * 4))
+    assert pairs["esp32"][1] < pairs["esp32"][0]  # board to board wins on UART
+    assert pairs["esp32s3"][1] > pairs["esp32s3"][0]  # relaying wins on the S3's USB
+
+
+def test_the_first_position_sent_at_the_verdict_overlaps_the_drafting(heads):
+    """The host sends a round's first position out at the last verdict and relays it through every stage but
+    the last while the drafts are made: a round whose drafts took `lead` seconds starts that much ahead,
+    up to the position's way to the last stage, which waits for the drafts."""
+    pp = PipelineProjector(heads[0], heads[1], split_layers(5, 5), UART_921600.name)
+    first = pp._wire(stage_body(0, 2)) + pp._stage(0, 41, False) + pp._wire(stage_reply_body(pp.row(1)))
+    way = first + sum(pp._wire(stage_body(0, pp.row(s))) + pp._stage(s, 41, False)
+                      + pp._wire(stage_reply_body(pp.row(s + 1))) for s in range(1, 4))
+    base = pp.wavefront(40, 4, 0, 3, [2] * 3)
+    assert pp.wavefront(40, 4, 0, 3, [2] * 3, lead=first / 2) == pytest.approx(base - first / 2)
+    saturated = pp.wavefront(40, 4, 0, 3, [2] * 3, lead=way)
+    assert saturated == pytest.approx(pp.wavefront(40, 4, 0, 3, [2] * 3, lead=10 * way))
+    assert saturated < base - first
+    one = PipelineProjector(heads[0], heads[1], split_layers(5, 1), UART_921600.name)  # its stage judges it
+    assert one.wavefront(40, 4, 0, 3, [2] * 3, lead=way) == pytest.approx(one.wavefront(40, 4, 0, 3, [2] * 3))
+    tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
+    prompt = tok.encode("Once upon a time")
+    r = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(MODELS / DRAFTER_FILE),
+                 SessionParams(), 24, GammaController(fixed=3))
+    costs = pp.replay(r.rounds)
+    x, (d, v, _) = r.rounds[2], costs[2]
+    assert v == pytest.approx(pp.wavefront(x.pos0 - 1, x.gamma + 1, 0, judged(x) - 1, draft_entries(x), lead=d))
+    assert v < pp.wavefront(x.pos0 - 1, x.gamma + 1, 0, judged(x) - 1, draft_entries(x))
+
+
+def test_the_heap_budgets_are_the_nodes():
+    """host/boardclasses.py's reserves and shortest context are firmware/node.py's constants (the projection's
+    estimate of what a node holds, stage_keeps_classifier included, rests on them)."""
+    import re
+
+    from specmesh.host import boardclasses
+
+    node = (ROOT / "firmware" / "node.py").read_text()
+    consts = {k: int(v) for k, v in re.findall(r"^(_\w+) = const\((\d+)\)", node, re.M)}
+    assert consts["_STAGE_RESERVE"] == boardclasses.STAGE_RESERVE
+    assert consts["_RESERVE"] == boardclasses.NODE_RESERVE
+    assert consts["_MIN_CTX"] == boardclasses.HEAP_CONTEXT

@@ -9,6 +9,11 @@ round of one position. The last stage judges each verified position (`rule.judge
 assembles the verdict exactly as `rule.verify` does; once a position is rejected, later positions are
 not sent on.
 
+Rows go packed (STAGE_PACKED: each row at the fewest bytes per value it needs, shared/rows.py), and the
+host relays a stage's reply rows to the next stage as they came, without unpacking them. At a verdict the
+host sends the token it emitted, the next round's first position, to the first stage at once (`_send_early`):
+the first stage computes it while the drafter drafts, and the next round takes its reply.
+
 The stages' caches follow positions: a STAGE request at position p rolls a stage back to p first, so
 the host only tracks which tokens the stages hold (`fed`), and a rejected draft is overwritten by the
 next round. A stage that stops answering ends the run with one line naming it.
@@ -26,6 +31,7 @@ from dataclasses import dataclass, field
 
 from specmesh.host.backends import Backend, BackendError, Draft, SessionParams
 from specmesh.host.backends.board import BoardBackend, Restarted
+from specmesh.host.backends.earlyrelay import EarlyRelay
 from specmesh.host.bus.proxy import ProxyError
 from specmesh.shared import messages as m
 
@@ -37,6 +43,20 @@ class BoardStage(BoardBackend):
     """One stage board: HELLO, BEGIN and STATS as any board; STAGE requests through `start`."""
 
     role = m.ROLE_STAGE
+
+    @property
+    def classifier(self) -> str | None:
+        """Where the last stage keeps the classifier, as its HELLO says: "in RAM" (read once at load) or
+        "streamed from flash" (every pass; STATS cls_reads counts them); None on an earlier stage."""
+        if not self.max_gamma:  # only the last stage takes drafts (firmware/node.py _hello)
+            return None
+        return "in RAM" if self.info["caps"] & m.CAP_CLS_HELD else "streamed from flash"
+
+    def stats(self) -> dict:
+        out = super().stats()
+        if self.classifier:
+            out["classifier"] = self.classifier
+        return out
 
 
 @dataclass
@@ -57,9 +77,10 @@ class PipelineVerifier:
     # by the protocol's limit, not by a stage's kmax (the last stage's HELLO max_gamma, >= 1)
     max_gamma = m.MAX_GAMMA
 
-    def __init__(self, stages: Sequence[BoardStage], layers: Sequence[tuple[int, int]]):
+    def __init__(self, stages: Sequence[BoardStage], layers: Sequence[tuple[int, int]], packed: bool = True):
         if not stages:
             raise BackendError("a pipeline needs at least one stage")
+        self.packed = packed  # rows between stages at the fewest bytes per value (STAGE_PACKED, shared/rows.py)
         self.stages = list(stages)
         self.layers = list(layers)
         self.name = "pipeline(%d stages: %s)" % (len(stages), ", ".join(s.name for s in stages))
@@ -67,16 +88,21 @@ class PipelineVerifier:
         self.params = SessionParams()
         self.fed: list[int] = []  # tokens whose positions every stage holds
         self.trace: list[RoundTrace] = []
+        self._early: EarlyRelay | None = None  # the next round's first position, on its way
+        self.early_taken = 0  # rounds whose first position went out at the previous verdict
+        self._mark = [0] * len(self.stages)  # each link's bus bytes when the last round ended (or at BEGIN)
 
     @property
     def bus_bytes(self) -> int:
         return sum(s.bus_bytes for s in self.stages)
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
+        self._drop_early()
         self.params = params
         self.fed = []
         for s in self.stages:
             s.begin(params, prompt)
+        self._mark = [s.bus_bytes for s in self.stages]
 
     def commit(self, committed: Sequence[int]) -> None:
         """Nothing to send: the next round's first position rolls every stage back to where it starts."""
@@ -96,7 +122,42 @@ class PipelineVerifier:
         first_judged = len(committed) - 1 - start  # index in `feed` of the last committed token
         results = self._wavefront(start, feed, first_judged, entries)
         self.fed = list(committed[:start]) + feed[:first_judged + len(results)]
-        return self._verdict(results, draft.tokens)
+        n_acc, token = self._verdict(results, draft.tokens)
+        if token >= 0 and len(committed) + n_acc < self.max_seq and len(self.stages) > 1:
+            # the next round's first position goes through all stages but the last while the drafter drafts
+            pos = len(committed) + n_acc
+            self._early = self._guard(self.stages[0], lambda: EarlyRelay(
+                self.stages, pos, token, lambda s, data: m.pack_stage(pos, 1, self._flags(s, False), [], data)))
+        return n_acc, token
+
+    def _take_early(self, start: int, feed: list[int]) -> EarlyRelay | None:
+        """The early position when it is this round's first, stopped where it is; else None (collected)."""
+        early = self._early
+        if early is not None and (early.pos, early.token) == (start, feed[0]):
+            self._early = None
+            early.stop()
+            self.early_taken += 1
+            return early
+        self._drop_early()
+        return None
+
+    def _drop_early(self) -> None:
+        """Collect an early position that no round takes (the stream ended, or started over); the stages
+        computed it, so the last round's trace counts it."""
+        early, self._early = self._early, None
+        if early is not None:
+            k = early.stop()
+            self._guard(self.stages[k], early.result)
+            tr = self.trace[-1]
+            for s in range(k + 1):
+                tr.computed[s] += 1
+                tr.messages[s] += 1
+            tr.bytes = [b + s.bus_bytes - m0 for b, s, m0 in zip(tr.bytes, self.stages, self._mark)]
+            self._mark = [s.bus_bytes for s in self.stages]
+
+    def _flags(self, s: int, head: bool) -> int:
+        """A STAGE request's flags for stage s (`head`: the last stage judges the position)."""
+        return (m.STAGE_ACT if s else 0) | (m.STAGE_HEAD if head else 0) | (m.STAGE_PACKED if self.packed else 0)
 
     def _verdict(self, results: list[int], drafts: list[int]) -> tuple[int, int]:
         """rule.verify's verdict from the last stage's per-position answers (-1: draft accepted)."""
@@ -122,13 +183,23 @@ class PipelineVerifier:
         inflight: list[tuple | None] = [None] * n_st  # per stage: (call, j)
         results: list[int] = []
         end = len(feed)  # positions worth sending: cut once the verdict is known
-        tr = RoundTrace(len(feed), 0, [0] * n_st, [s.bus_bytes for s in self.stages], [0] * n_st)
+        tr = RoundTrace(len(feed), 0, [0] * n_st, list(self._mark), [0] * n_st)
+        early = self._take_early(start, feed)
+        if early is not None:  # feed[0] is past stages 0 .. k - 1 already, at stage k
+            k = early.stage
+            inputs[0].pop(0)
+            for s in range(k):
+                nxt[s] = 1
+                tr.computed[s] += 1
+            inflight[k] = (early, 0)
+            for s in range(k + 1):
+                tr.messages[s] += 1
         while True:
             for s in range(n_st):
                 j = nxt[s]
                 if inflight[s] is None and j < end and j in inputs[s]:
                     head = s == last and j >= judged_from
-                    flags = (m.STAGE_ACT if s else 0) | (m.STAGE_HEAD if head else 0)
+                    flags = self._flags(s, head)
                     k = j - judged_from
                     ent = [entries[k]] if head and k < len(entries) else []
                     body = m.pack_stage(start + j, 1, flags, ent, inputs[s].pop(j))
@@ -145,6 +216,9 @@ class PipelineVerifier:
             pos, n, flags, data = m.unpack_stage_reply(self._guard(stage, lambda: stage._result(call)).payload)
             if pos != start + j or n != 1:
                 raise BackendError("%s answered STAGE for position %d, asked %d" % (self._who(s), pos, start + j))
+            if s < last and bool(flags & m.STAGE_PACKED) != self.packed:
+                raise BackendError("%s answered %s rows, asked %s" % (self._who(s), *(
+                    "packed" if p else "int32" for p in (flags & m.STAGE_PACKED, self.packed))))
             nxt[s] = j + 1
             tr.computed[s] += 1
             if s < last:
@@ -155,7 +229,8 @@ class PipelineVerifier:
                 if self._decides(len(results) - 1, r, [e[0] for e in entries]):
                     end = j + 1  # the verdict is known: later positions are not sent on
         tr.judged = len(results)
-        tr.bytes = [s.bus_bytes - b0 for s, b0 in zip(self.stages, tr.bytes)]
+        self._mark = [s.bus_bytes for s in self.stages]
+        tr.bytes = [b1 - b0 for b1, b0 in zip(self._mark, tr.bytes)]
         self.trace.append(tr)
         return results
 
@@ -187,13 +262,16 @@ class PipelineVerifier:
             raise BackendError("%s restarted and lost the session" % self._who(self.stages.index(stage))) from None
 
     def trace_summary(self) -> dict:
-        """The event trace for the stats JSON: per stage and link totals, and each round."""
+        """The event trace for the stats JSON: per stage and link totals, and each round (an early position
+        still in flight collected first: the first stage computed it)."""
+        self._drop_early()
         n = len(self.stages)
         return {
             "layers": ["%d:%d" % ab for ab in self.layers],
             "positions": [sum(r.computed[s] for r in self.trace) for s in range(n)],
             "messages": [sum(r.messages[s] for r in self.trace) for s in range(n)],
             "bytes": [sum(r.bytes[s] for r in self.trace) for s in range(n)],
+            "early": self.early_taken,
             "rounds": [{"positions": r.positions, "judged": r.judged, "computed": r.computed, "bytes": r.bytes}
                        for r in self.trace],
         }
@@ -206,10 +284,14 @@ class PipelineVerifier:
         return {"pipeline": self.trace_summary()}
 
     def stats(self) -> dict:
+        self._drop_early()
         per = [s.stats() for s in self.stages]
         return {"compute_s": sum(p["compute_s"] for p in per), "heap_free": min(p["heap_free"] for p in per),
                 "stages": per}
 
     def close(self) -> None:
+        if self._early is not None:  # not waited for: closing (a Ctrl-C too) never hangs on a stage's reply
+            self._early.stop()
+            self._early = None
         for s in self.stages:
             s.close()

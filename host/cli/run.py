@@ -220,6 +220,8 @@ def board_stats(parts: list, tokens: int = 0, projector=None) -> list[dict]:
                         "kernels": s.get("kernels"), "kernels_note": s.get("kernels_note", "")})
             if role == "stage":  # the firmware's own counters, next to the host's trace of the same work
                 out[-1].update(positions=s.get("positions"), passes=s.get("passes"))
+                if "classifier" in s:  # the last stage: the classifier in its heap, or streamed (cls_reads passes)
+                    out[-1].update(classifier=s["classifier"], cls_reads=s.get("cls_reads"))
             out[-1].update(board_summary(s, tokens))
             if hasattr(projector, "measure"):
                 projector.measure(role, s, getattr(b, "info", {}).get("model", ""))
@@ -230,12 +232,14 @@ def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool,
     """(cost model, projector): what prices each round for gamma's choice, and what projects the run for the
     stats (None, None when neither is asked for). A pipeline always reports its own projection."""
     if config.stages:  # host/projection/pipeline.py, in every stats JSON
-        from specmesh.host.projection.hardware import UART_921600  # noqa: PLC0415
-        from specmesh.host.projection.pipeline import LinksReport, PipelineProjector  # noqa: PLC0415
+        from specmesh.host.boardclasses import ROLE_CLASS  # noqa: PLC0415
+        from specmesh.host.projection.pipeline import STAGE_LINKS, LinksReport, PipelineProjector  # noqa: PLC0415
 
-        return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, UART_921600.name, on_host,
-                                  config.kernels),
-                LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host, config.kernels))
+        # stages of the class --project names (one with stages: the S3), else the class rule's classic ESP32s
+        cls = config.project if config.project in STAGE_LINKS else ROLE_CLASS["stage"]
+        return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, STAGE_LINKS[cls][0], on_host,
+                                  config.kernels, cls),
+                LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host, config.kernels, cls))
     if config.project in RV32_PROJECT:  # priced from the instructions its boards execute
         from specmesh.host.projection.measured import LiveCosts, MeasuredProjector  # noqa: PLC0415
         from specmesh.host.projection.rounds import Projector  # noqa: PLC0415

@@ -34,6 +34,8 @@ Sources:
 [C3-TRM]  Espressif, ESP32-C3 Technical Reference Manual, ESP-RISC-V CPU: an in-order, single-issue
           4-stage pipeline; ctrlsrc.io, "Counting CPU cycles on ESP32-C3 and ESP32-C6" (2023) measures
           one cycle for most instructions on both, more for taken branches and jumps.
+[ROWS]    Measured: `python -m specmesh.tools.rowwidths`, the shipped target's residual-stream rows over held-out
+          text packed as shared/rows.py packs them (a width byte, then each value in the fewest bytes).
 [QEMU]    Measured: the node's own count of the instructions a pass executed on this project's virtual
           RV32 boards (qemu-system-riscv32 -icount shift=0, minstret: firmware/cpucount.py).
 """
@@ -225,6 +227,16 @@ FLASH_FILE_READ = Figure(
     "through the VFS and littlefs's block cache, assumed to sustain a fifth of it: 2 MB/s (assumption, to "
     "be replaced by a HIL measurement). A pipeline's last stage streams the classifier (vocab x dim bytes "
     "and vocab scales) from the model file once per pass: firmware/engine.py.")
+# Mean bytes of a packed row of the shipped target's residual stream (shared/rows.py) leaving layers :b, by
+# boundary b: what a stage ending at layer b sends on. Measured [ROWS] (tests/test_rowwidths.py checks that these
+# are the tool's current figures): every row needs 3 bytes a value, 193 bytes instead of 256 as int32.
+PACKED_ROW_DIM = 64  # the shipped target's dim: another model's rows are priced at their widest
+PACKED_ROW_BYTES = {1: 193.0, 2: 193.0, 3: 193.0, 4: 193.0, 5: 193.0}
+ROW_CODEC = Figure(
+    40.0, "insn/value", "derived",
+    "firmware/rowpack.py's viper loops, per value of a 3-byte row, packing or unpacking: the load and sign "
+    "extension, the row's extremes, three byte stores or loads with their shifts and the loop (assumed, not "
+    "counted). A stage unpacks its input rows and packs its output rows: about 14 us a row each way at 240 MHz.")
 ESPNOW = Link("espnow", Figure(1e6, "bit/s", "ESPNOW"), 8, Figure(1.3e-3, "s", "ESPNOW-T"), mtu=250)
 
 BOARDS = {b.name: b for b in (ESP32S3, ESP32, ESP32C3, ESP32C6)}
@@ -236,6 +248,7 @@ def sources() -> list[dict]:
     out = [{"name": name, "value": f.value, "unit": f.unit, "source": f.source, "note": f.note}
            for name, f in (("cycles_per_insn", CPI), ("runtime_call", RUNTIME_CALL), ("shift_steps", SHIFT_STEPS),
                            ("kernel_call", KERNEL_CALL), ("flash_file_read", FLASH_FILE_READ),
+                           ("row_codec", ROW_CODEC),
                            ("rv32_cycles_per_insn", RV32_CPI),
                            ("host_draft_position", HOST_DRAFT_POSITION))]
     for b in BOARDS.values():

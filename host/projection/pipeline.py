@@ -2,21 +2,30 @@
 boards and links (host/projection/hardware.py), next to plain decoding on the same pipeline and on one board.
 
 A run's rounds (host/decode/orchestrator.py `Round`) fix every position each stage computes: a round of gamma
-drafts sends gamma + 1 positions (the first round also the prompt), the last stage judges them in order,
+drafts sends gamma + 1 positions (the first round also the prompt: priced apart as `prefill_s`, since the
+single board's projection leaves its prefill out too), the last stage judges them in order,
 and the host stops sending positions once the verdict is known (judged = accepted + 1, or accepted when
 an end-of-stream draft was accepted). The model replays the schedule host/backends/pipeline.py runs, with the host
 relaying every position (one request in flight per stage):
 
     stage s may take position j once the host holds stage s-1's output of j and stage s's reply to j-1;
     it then costs request + compute + reply: the request and reply on stage s's link, the compute
-    `Projector.forward(h, 1, ctx, layers=(a, b), classifier=last stage)` plus, on the last stage, one
-    read of the classifier from flash (FLASH_FILE_READ: firmware/engine.py streams it);
+    `Projector.forward(h, 1, ctx, layers=(a, b), classifier=last stage)` on a board of the stages' class
+    (a classic ESP32 by default, `--project esp32s3`: ESP32-S3s) plus, on the last stage, one read of the
+    classifier from flash (FLASH_FILE_READ) where its heap cannot hold it (host/boardclasses.py
+    `stage_keeps_classifier`; firmware/stage_engine.py streams it then);
 
 a round ends when the host holds the verdict and every reply it still waits for. Drafting comes before
-the round, as the loop runs it: on a drafter board (`Projector` with the drafter on the same link kind),
+the round, as the loop runs it, except for the round's first position (the token the last verdict emitted):
+the host sends it out at the verdict and relays it through every stage but the last while the drafts are
+made (`lead`). The drafts are made on a drafter board (`Projector` with the drafter on the same link kind),
 or, with `drafter_on_host` (`--drafter cpu`), on the host CPU at HOST_DRAFT_POSITION a position, no bus.
-Links: "uart-921600" gives each board its own UART to the host; "espnow" reaches each board through a
-gateway board (USB serial, then one ESP-NOW hop), so every request and reply pays both.
+Links (STAGE_LINKS, per class): "uart-921600" gives each classic ESP32 its own UART to the host,
+"usb-serial-jtag" each ESP32-S3 its own USB; "espnow" reaches each board through a gateway board (USB
+serial, then one ESP-NOW hop), so every request and reply pays both; "<serial>+espnow-direct" keeps each
+stage on its serial link but passes rows board to board over one ESP-NOW hop (projected only: the host
+relays in the emulated run). Rows are packed (shared/rows.py) at their measured size, PACKED_ROW_BYTES.
+The drafter board (the class rule's, a classic ESP32) is priced on the stages' link kind.
 
 `plain` replays as many tokens one position per round; `single` is plain decoding on one board that
 holds the whole target (an ESP32-S3 with PSRAM: Projector's own plain round). The curve over stages and
@@ -25,15 +34,24 @@ gamma (`python -m specmesh.tools.bench pipeline`) replays host-CPU runs of the s
 
 from __future__ import annotations
 
-from specmesh.host.boardclasses import ROLE_CLASS
+from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, ESP32S3, ROLE_CLASS, classifier_bytes, stage_keeps_classifier
 from specmesh.host.decode.ahead import round_draft
 from specmesh.host.decode.orchestrator import Result, Round
-from specmesh.host.projection.hardware import ESPNOW, FLASH_FILE_READ, LINKS, UART_921600, USB_SERIAL_JTAG, Link
+from specmesh.host.projection.hardware import (CYCLES_PER_INSN, ESPNOW, FLASH_FILE_READ, LINKS, PACKED_ROW_BYTES,
+                                               PACKED_ROW_DIM, ROW_CODEC, UART_921600, USB_SERIAL_JTAG, Link)
+from specmesh.shared.rows import row_bytes
 from specmesh.host.projection.rounds import (Projector, draft_entries, draft_req_body, frame_bytes, line_bytes, stage_body,
                                     stage_reply_body)
 from specmesh.shared.modelfile import Header
 
-PIPELINE_LINKS = (ESPNOW.name, UART_921600.name)
+# the links a stage board of each class reaches the host by, its own serial link first (the projection's top
+# figures): a classic ESP32 through its USB-UART bridge, or behind an ESP-NOW gateway; an ESP32-S3 by its own
+# USB-Serial-JTAG. Link names are unique across classes: they key the stats' `links`.
+# "<serial>+espnow-direct": each stage on its own serial link to the host, rows passed board to board over one
+# ESP-NOW hop instead of relayed through the host (projected only: the emulated run relays).
+DIRECT = "+espnow-direct"
+STAGE_LINKS = {ESP32.name: (UART_921600.name, ESPNOW.name, UART_921600.name + DIRECT),
+               ESP32S3.name: (USB_SERIAL_JTAG.name, USB_SERIAL_JTAG.name + DIRECT)}
 
 
 def judged(r: Round) -> int:
@@ -42,26 +60,44 @@ def judged(r: Round) -> int:
 
 
 class PipelineProjector:
-    """Replays rounds on classic-ESP32 stages holding `layers`, over `link` ("espnow" or "uart-921600"),
-    the drafts made on a drafter board or, with `drafter_on_host`, on the host CPU."""
+    """Replays rounds on stages of class `board` (default: the class rule's, a classic ESP32) holding `layers`,
+    over `link` (one of STAGE_LINKS[board]), the drafts made on a drafter board or, with `drafter_on_host`,
+    on the host CPU."""
 
     def __init__(self, target: Header, drafter: Header | None, layers: list[tuple[int, int]], link: str,
-                 drafter_on_host: bool = False, kernels: str = "native"):
-        if link not in PIPELINE_LINKS:
-            raise ValueError("unknown pipeline link %r (known: %s)" % (link, ", ".join(PIPELINE_LINKS)))
+                 drafter_on_host: bool = False, kernels: str = "native", board: str = ROLE_CLASS["stage"],
+                 packed: bool = True):
+        if board not in STAGE_LINKS:
+            raise ValueError("no pipeline of %r stages (known: %s)" % (board, ", ".join(STAGE_LINKS)))
+        if link not in STAGE_LINKS[board]:
+            raise ValueError("a %s stage has no link %r (known: %s)" % (board, link, ", ".join(STAGE_LINKS[board])))
         self.target, self.drafter, self.layers = target, drafter, list(layers)
         self.link_name = link
         self.drafter_on_host = drafter_on_host
-        self.hops: tuple[Link, ...] = (USB_SERIAL_JTAG, ESPNOW) if link == ESPNOW.name else (LINKS[link],)
-        self.addressed = link == ESPNOW.name  # every board is behind the gateway: frames carry src and dst
-        self.boards = Projector(target, drafter, ROLE_CLASS["stage"], kernels=kernels, drafter_on_host=drafter_on_host)
+        self.direct = link.endswith(DIRECT)  # rows board to board over ESP-NOW, the host link for the rest
+        host = link[:-len(DIRECT)] if self.direct else link
+        self.hops: tuple[Link, ...] = (USB_SERIAL_JTAG, ESPNOW) if host == ESPNOW.name else (LINKS[host],)
+        self.addressed = host == ESPNOW.name  # every board is behind the gateway: frames carry src and dst
+        self.boards = Projector(target, drafter, board, kernels=kernels, drafter_on_host=drafter_on_host)
         self.board = self.boards.board
         self.single = Projector(target, None, ROLE_CLASS["verifier"], kernels=kernels)
-        # a drafter board on its own UART drafts ahead during the wavefront (host/decode/ahead.py); behind the
-        # ESP-NOW gateway, which relays every stage's frames between its passes, it does not
-        self.pipelined = not drafter_on_host and link == UART_921600.name
-        h = target
-        self.cls_read = (h.vocab * h.dim + 4 * h.vocab) / FLASH_FILE_READ.value
+        # a drafter board on its own serial link drafts ahead during the wavefront (host/decode/ahead.py); behind
+        # the ESP-NOW gateway, which relays every stage's frames between its passes, it does not
+        self.pipelined = not drafter_on_host and link != ESPNOW.name
+        # the last stage streams the classifier from its model file every pass unless its heap holds it
+        self.cls_held = stage_keeps_classifier(target, BOARD_CLASSES[board], self.layers[-1])
+        self.cls_read = 0.0 if self.cls_held else classifier_bytes(target) / FLASH_FILE_READ.value
+        # rows between stages: packed (STAGE_PACKED) at their measured size, each end packing or unpacking it
+        self.packed = packed
+        self.codec = target.dim * ROW_CODEC.value * CYCLES_PER_INSN / self.board.clock_hz.value if packed else 0.0
+
+    def row(self, b: int) -> int:
+        """Bytes on the wire of a row of the residual stream leaving layers :b: packed, the measured mean of the
+        shipped target's (PACKED_ROW_BYTES; another model's at their widest), else int32."""
+        dim = self.target.dim
+        if not self.packed:
+            return 4 * dim
+        return round(PACKED_ROW_BYTES[b]) if dim == PACKED_ROW_DIM and b in PACKED_ROW_BYTES else row_bytes(dim, 4)
 
     def _wire(self, payload: int) -> float:
         """Seconds of one frame of `payload` bytes from host to board or back (host/projection/rounds.py's sizes)."""
@@ -71,37 +107,54 @@ class PipelineProjector:
             t += link.seconds(n)
         return t
 
+    def _hop_in(self, s: int, payload: int) -> float:
+        """Seconds of stage s's input: the host's request, or (board to board, after the first) nothing more
+        than the previous stage's send (in its _hop_out; the host sends the last stage its drafts beforehand)."""
+        return 0.0 if self.direct and s > 0 else self._wire(payload)
+
+    def _hop_out(self, s: int, payload: int) -> float:
+        """Seconds of stage s's output: its reply to the host, or (board to board, before the last) one
+        ESP-NOW frame to the next stage, the sender busy until its ack (MicroPython's espnow send)."""
+        if self.direct and s < len(self.layers) - 1:
+            return ESPNOW.seconds(frame_bytes(payload, True))
+        return self._wire(payload)
+
     def _stage(self, s: int, ctx: int, head: bool) -> float:
-        """Compute seconds of stage s for one position at context length ctx."""
+        """Compute seconds of stage s for one position at context length ctx (rows unpacked and packed in)."""
         last = s == len(self.layers) - 1
         t = self.boards.forward(self.target, 1, ctx, self.layers[s], classifier=last and head)
-        return t + (self.cls_read if last and head else 0.0)
+        return t + (self.cls_read if last and head else 0.0) + self.codec * ((s > 0) + (not (last and head)))
 
-    def wavefront(self, pos: int, n: int, judge_from: int, cut: int, entries: list[int]) -> float:
+    def wavefront(self, pos: int, n: int, judge_from: int, cut: int, entries: list[int], lead: float = 0.0) -> float:
         """Seconds of one round: positions pos..pos+n-1 through every stage; the last stage judges from
-        index judge_from on, the verdict comes with index `cut`; entries[i]: bytes of draft i's entry."""
+        index judge_from on, the verdict comes with index `cut`; entries[i]: bytes of draft i's entry.
+        `lead`: the first position went out that long before the round (at the last verdict, relayed through
+        every stage but the last while the drafts were made: host/backends/earlyrelay.py); the round's
+        seconds count from the drafts' arrival, the first position's from -lead up to the last stage, which
+        needs the drafts to judge it."""
         n_st = len(self.layers)
-        dim4 = 4 * self.target.dim
-        held = [[-1.0] * n for _ in range(n_st)]  # time the host holds stage s's reply to position j
-        free = [0.0] * n_st
+        held: list[list[float | None]] = [[None] * n for _ in range(n_st)]  # when the host holds s's reply to j
+        free = [float("-inf")] * n_st
         verdict = float("inf")
         for j in range(n):
             for s in range(n_st):
-                ready = 0.0 if s == 0 else held[s - 1][j]
-                if ready < 0:
+                ready = (-lead if j == 0 else 0.0) if s == 0 else held[s - 1][j]
+                if ready is None:
                     break
-                send = max(ready, free[s])
-                if j > cut and send >= verdict:
-                    break  # the verdict is in: later positions are not sent on
+                send = max(ready, free[s], 0.0 if s == n_st - 1 else -lead)  # the last stage needs the drafts
+                if j > cut and (send >= verdict and (s == 0 or not self.direct) or self.direct and s == n_st - 1):
+                    break  # the verdict is in: later positions are not sent on (board to board: not fed in,
+                    # and the last stage, which found it, drops them)
                 head = s == n_st - 1 and j >= judge_from
                 k = j - judge_from
-                req = stage_body(entries[k] if head and k < len(entries) else 0, 2 if s == 0 else dim4)
-                rep = stage_reply_body(2 if head else dim4)
-                held[s][j] = send + self._wire(req) + self._stage(s, pos + j + 1, head) + self._wire(rep)
+                a, b = self.layers[s]
+                req = stage_body(entries[k] if head and k < len(entries) else 0, 2 if s == 0 else self.row(a))
+                rep = stage_reply_body(2 if head else self.row(b))
+                held[s][j] = send + self._hop_in(s, req) + self._stage(s, pos + j + 1, head) + self._hop_out(s, rep)
                 free[s] = held[s][j]
             if j == cut:
                 verdict = held[n_st - 1][j]
-        return max(max(row) for row in held)
+        return max(0.0, max(t for row in held for t in row if t is not None))
 
     def draft_call(self, r: Round) -> float:
         """Wire seconds of round r's DRAFT_REQ (the previous outcome folded in) and DRAFT (none on the host)."""
@@ -115,15 +168,14 @@ class PipelineProjector:
             return 0.0
         return sum(self.boards.draft_passes(r.pos0 - r.lag, r.lag + r.gamma)) + self.draft_call(r)
 
-    def replay(self, rounds: list[Round], prompt_len: int) -> list[tuple[float, float, float]]:
+    def replay(self, rounds: list[Round]) -> list[tuple[float, float, float]]:
         """(draft, verify, waste) seconds of each round, drafting ahead where `pipelined` (as
-        host/projection/rounds.py's replay: the window is the previous round's wavefront and call)."""
+        host/projection/rounds.py's replay: the window is the previous round's wavefront and call). The first
+        round's prompt is the prefill's (`prefill_seconds`), as the single board's projection leaves it out."""
         out = []
         prev: Round | None = None
         window = 0.0
-        for i, r in enumerate(rounds):
-            pre = prompt_len - 1 if i == 0 else 0
-            t_verify = self.wavefront(r.pos0 - 1 - pre, pre + r.gamma + 1, pre, pre + judged(r) - 1, draft_entries(r))
+        for r in rounds:
             waste = 0.0
             if self.pipelined and r.gamma and prev is not None and prev.gamma and prev.ahead and not r.lag:
                 passes = self.boards.draft_passes(prev.pos0 + prev.gamma, max(prev.ahead, r.gamma + 1))
@@ -131,26 +183,44 @@ class PipelineProjector:
                 t_draft = wait + self.draft_call(r)
             else:
                 t_draft = self.draft_seconds(r)
+            # the round's first position went to the first stage at the last verdict, while the drafts were made
+            lead = t_draft if prev is not None else 0.0
+            t_verify = self.wavefront(r.pos0 - 1, r.gamma + 1, 0, judged(r) - 1, draft_entries(r), lead)
             out.append((t_draft, t_verify, waste))
             window = t_verify + self.draft_call(r) if r.gamma else 0.0
             prev = r
         return out
 
     def round_costs(self, r: Round) -> tuple[float, float, float]:
-        """(draft, verify, commit) seconds of a round after the first: the gamma controller's cost model."""
-        return self.draft_seconds(r), self.wavefront(r.pos0 - 1, r.gamma + 1, 0, judged(r) - 1, draft_entries(r)), 0.0
+        """(draft, verify, commit) seconds of a round after the first: the gamma controller's cost model (the
+        verify's first position sent while the drafts were made)."""
+        t_draft = self.draft_seconds(r)
+        return t_draft, self.wavefront(r.pos0 - 1, r.gamma + 1, 0, judged(r) - 1, draft_entries(r), t_draft), 0.0
+
+    def prefill_seconds(self, prompt_len: int) -> float:
+        """The prompt's positions but its last through every stage, none judged (the first round's catch-up)."""
+        n = prompt_len - 1
+        return self.wavefront(0, n, n, n, []) if n > 0 else 0.0
+
+    def label(self) -> str:
+        """What the figures are of: the stages' class and layers, their link(s), where the classifier is."""
+        return "%d %s stages (layers %s), %s, classifier %s" % (
+            len(self.layers), self.board.name, " ".join("%d:%d" % ab for ab in self.layers),
+            "+".join(link.name for link in self.hops) + (", rows board to board over espnow" if self.direct else ""),
+            "in RAM" if self.cls_held else "streamed from flash")
 
     def project(self, result: Result, prompt_len: int) -> dict:
-        """Projected seconds and tokens/s: this run, plain decoding on the pipeline, plain on one board."""
-        costs = self.replay(result.rounds, prompt_len)
+        """Projected seconds and tokens/s of the decoding (the prompt's prefill apart, `prefill_s`): this run,
+        plain decoding on the pipeline, plain on one board (whose projection leaves its prefill out too)."""
+        costs = self.replay(result.rounds)
         spec = sum(d + v for d, v, _ in costs)
         n = sum(r.n_committed for r in result.rounds)
         plain = self.plain_seconds(prompt_len, n)
         single = sum(self.single.plain_round(prompt_len + i) for i in range(n))
         return {
-            "hardware": "%d esp32 stages (layers %s), %s" % (len(self.layers), " ".join(
-                "%d:%d" % ab for ab in self.layers), "+".join(link.name for link in self.hops)),
+            "hardware": self.label(),
             "wall_s": spec,
+            "prefill_s": self.prefill_seconds(prompt_len),
             "tokens_per_s": n / spec if spec else 0.0,
             "pipeline_plain_tokens_per_s": n / plain if plain else 0.0,
             "single_board_plain_tokens_per_s": n / single if single else 0.0,
@@ -162,21 +232,21 @@ class PipelineProjector:
         }
 
     def plain_seconds(self, prompt_len: int, n: int) -> float:
-        """n tokens of plain decoding on the pipeline, one position per round (the first also the prompt)."""
-        pre = prompt_len - 1
-        t = self.wavefront(0, pre + 1, pre, pre, [])
-        return t + sum(self.wavefront(prompt_len - 1 + i, 1, 0, 0, []) for i in range(1, n))
+        """n tokens of plain decoding on the pipeline, one position per round (the prompt's prefill apart)."""
+        return sum(self.wavefront(prompt_len - 1 + i, 1, 0, 0, []) for i in range(n))
 
 
 class LinksReport:
-    """A run projected on both pipeline links: the stats JSON's `projection` (the UART figures at the top,
-    each link's under `links`)."""
+    """A run projected on the pipeline's links: the stats JSON's `projection`, the figures of stages of class
+    `board` on its own serial link at the top, each link's under `links` (the classic-ESP32 stages' UART and
+    ESP-NOW figures always among them)."""
 
     def __init__(self, target: Header, drafter: Header | None, layers: list[tuple[int, int]],
-                 drafter_on_host: bool = False, kernels: str = "native"):
-        self.projectors = {link: PipelineProjector(target, drafter, layers, link, drafter_on_host, kernels)
-                           for link in PIPELINE_LINKS}
+                 drafter_on_host: bool = False, kernels: str = "native", board: str = ROLE_CLASS["stage"]):
+        self.top = STAGE_LINKS[board][0]
+        self.projectors = {link: PipelineProjector(target, drafter, layers, link, drafter_on_host, kernels, cls)
+                           for cls in dict.fromkeys((board, ROLE_CLASS["stage"])) for link in STAGE_LINKS[cls]}
 
     def project(self, result: Result, prompt_len: int) -> dict:
         out = {link: p.project(result, prompt_len) for link, p in self.projectors.items()}
-        return {**out[UART_921600.name], "links": out}
+        return {**out[self.top], "links": out}

@@ -43,7 +43,7 @@ from pathlib import Path
 import serial
 
 from specmesh.host.backends.modelio import check_model_file
-from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, class_of, drafter_model, has_psram, on_romfs
+from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, STAGE_CTX, class_of, drafter_model, has_psram, on_romfs
 from specmesh.host.bus import ports
 from specmesh.host.layout import MODELS, ROOT, model_path
 from specmesh.host.mpycross import CompileError, compile_py
@@ -51,7 +51,6 @@ from specmesh.host.provision import drafters, romfs
 from specmesh.shared.modelfile import ModelFileError, stage_bytes
 
 NODE_ID = {"drafter": 1, "verifier": 2, "stage": 10}  # the node id each role gets; its model: host/layout.py
-STAGE_CTX = 128  # a stage's context on a board without PSRAM (docs/pipeline.md: memory per stage)
 # A verifier without PSRAM (an ESP32-C3/C6 reading the target from ROMFS): passes of at most 5 positions (4 drafts
 # and the bonus: one matmul group), and a context whose KV cache fits its heap (the node halves it if need be)
 SMALL_VERIFIER_KMAX = 5

@@ -14,8 +14,9 @@ MicroPython-only engine) and each configuration:
   classic-ESP32 drafter board (heap or ROMFS, by what its heap holds), an ESP32-S3 drafter board, the
   host CPU (`--drafter cpu`): alpha, tokens per verification (tau), c (a drafter pass over a plain target
   step) and the speed-up over plain decoding (the model card's per-class choice);
-- the 5-stage pipeline of classic ESP32s (host/projection/pipeline.py) against one ESP32-S3 decoding
-  plainly with the same kernels.
+- the 5-stage pipeline (host/projection/pipeline.py) of classic ESP32s on UART and of ESP32-S3s on their
+  USB (`specmesh run --stages 5 --project esp32s3`), against one ESP32-S3 decoding plainly with the same
+  kernels.
 
 The derivation table gives each cost term's time per plain token and its share. esp32-llm's 19.13 tok/s
 is stories260K in C on an ESP32-S3, measured by that project: the anchor.
@@ -33,7 +34,7 @@ from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import MODELS, TARGET_FILE
 from specmesh.host.projection.costmodel import KERNELS
 from specmesh.host.projection.hardware import BOARDS
-from specmesh.host.projection.pipeline import PipelineProjector
+from specmesh.host.projection.pipeline import STAGE_LINKS, PipelineProjector
 from specmesh.host.projection.rounds import Projector
 from specmesh.host.provision.cluster import split_layers
 from specmesh.host.provision.drafters import expected_alpha
@@ -116,12 +117,14 @@ def run() -> dict:
         out["boards"][label]["speculative, host cpu drafter"] = out["drafters"][kernels][ESP32S3.drafter][
             "host cpu"]["tokens_per_s"]
         layers = split_layers(target.n_layers, STAGES)
-        for place, name, on_host in (("esp32 board", ESP32.drafter, False), ("host cpu", ESP32S3.drafter, True)):
-            pp = PipelineProjector(target, header(name), layers, "uart-921600", on_host, kernels)
-            dra = LocalDrafter(MODELS / name)
-            dra.max_seq = ESP32.drafter_ctx if name == ESP32.drafter else dra.max_seq
-            row = speculate(pp, prompts, ver, dra, name)
-            out["pipeline"].setdefault(kernels, {})[place] = row
+        for cls in STAGE_LINKS:
+            for place, name, on_host in (("esp32 board", ESP32.drafter, False), ("host cpu", ESP32S3.drafter, True)):
+                pp = PipelineProjector(target, header(name), layers, STAGE_LINKS[cls][0], on_host, kernels, cls)
+                dra = LocalDrafter(MODELS / name)
+                dra.max_seq = ESP32.drafter_ctx if name == ESP32.drafter else dra.max_seq
+                row = speculate(pp, prompts, ver, dra, name)
+                row["hardware"] = pp.label()
+                out["pipeline"].setdefault(kernels, {})["%s, drafts on the %s" % (cls, place)] = row
     _print(out)
     return out
 
@@ -142,10 +145,10 @@ def _print(out: dict) -> None:
             for place, row in places.items():
                 print("  %-18s %-14s alpha %.3f  tau %.2f  c %5.2f  %6.2f tok/s  %.2fx" % (
                     name, place, row["alpha"] or 0.0, row["tau"], row["c"], row["tokens_per_s"], row["speedup"]))
-    for kernels, places in out["pipeline"].items():
-        for place, row in places.items():
-            print("%d classic-ESP32 stages, UART 921600, %s kernels, drafts on the %s: %.2f tok/s, %.2fx one "
-                  "ESP32-S3 plain" % (STAGES, kernels, place, row["tokens_per_s"], row["speedup"]))
+    for kernels, configs in out["pipeline"].items():
+        for config, row in configs.items():
+            print("%s, %s kernels, drafts on the %s: %.2f tok/s, %.2fx one ESP32-S3 plain" % (
+                row["hardware"], kernels, config.split("drafts on the ")[1], row["tokens_per_s"], row["speedup"]))
     for board, rows in out["derivation"].items():
         print("\nderivation of a plain %s token (host/projection/costmodel.py terms, mean over the runs above)" % board)
         print("%-14s %10s %7s" % ("term", "ms/token", "share"))

@@ -1,0 +1,16 @@
+"""tools/rowwidths.py: the packed rows of the shipped target's residual stream, measured over held-out text, and
+the figures host/projection/hardware.py keeps for the pipeline projection (PACKED_ROW_BYTES)."""
+
+from specmesh.host.backends.engine import Engine
+from specmesh.host.layout import MODELS, TARGET_FILE
+from specmesh.host.projection import hardware
+from specmesh.tools import rowwidths
+
+
+def test_hardware_figures_are_the_current_measurement():
+    dim = Engine(MODELS / TARGET_FILE).header.dim
+    assert dim == hardware.PACKED_ROW_DIM
+    widths = rowwidths.measure()
+    assert all(sum(c.values()) >= 500 for c in widths.values())  # rows enough to mean something
+    assert rowwidths.mean_bytes(widths, dim) == hardware.PACKED_ROW_BYTES
+    assert max(hardware.PACKED_ROW_BYTES.values()) < 4 * dim  # smaller than int32 rows: what the packing buys
