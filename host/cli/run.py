@@ -327,6 +327,11 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
     return stats
 
 
+def running_model(backend) -> str:
+    """The file name of the model a board back-end's HELLO says it runs ("" for an in-process back-end)."""
+    return getattr(backend, "info", {}).get("model", "").rsplit("/", 1)[-1]
+
+
 def gamma_controller(config: RunConfig, drafter) -> GammaController:
     """--gamma N fixed, or gamma auto starting from the drafter's acceptance on the model card when it is a
     shipped drafter (the file a drafter board reports running, else the one named)."""
@@ -334,7 +339,7 @@ def gamma_controller(config: RunConfig, drafter) -> GammaController:
         return GammaController(max_gamma=config.gamma, fixed=config.gamma)
     controller = GammaController()
     if drafter is not None:
-        name = getattr(drafter, "info", {}).get("model", "").rsplit("/", 1)[-1] or config.model_file("drafter").name
+        name = running_model(drafter) or config.model_file("drafter").name
         alpha = expected_alpha(name, config.temperature)
         if alpha is not None:
             controller.expect(alpha)
@@ -344,7 +349,7 @@ def gamma_controller(config: RunConfig, drafter) -> GammaController:
 def _drafter_head(drafter, given: Path, head):
     """The header of the model a drafter board reports running (HELLO: e.g. drafter.spm on an S3 drafter board
     where its class's drafter was assumed) when that file is beside `given`; else `head`, `given`'s."""
-    name = getattr(drafter, "info", {}).get("model", "").rsplit("/", 1)[-1]
+    name = running_model(drafter)
     if not name or name == given.name or not (given.parent / name).is_file():
         return head
     try:
