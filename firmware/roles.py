@@ -163,8 +163,12 @@ class Drafter(Role):
     def begin(self, *args):
         """Start a session and prefill the prompt now, before the ACK: the host does not wait for it, so
         this overlaps the verifier's own prefill, and the first draft pays only for what was committed
-        since (its last token is fed by the draft itself)."""
+        since (its last token is fed by the draft itself). The last session's held drafts go: their q-hat
+        tables would otherwise stay in the heap until positions of this one overwrite them."""
         Role.begin(self, *args)
+        chain = self.chain
+        for i in range(len(chain)):
+            chain[i] = None
         self._catch_up(self.length - 1)
 
     def draft(self, committed, gamma):

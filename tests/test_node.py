@@ -208,3 +208,17 @@ def test_a_frame_too_big_for_a_100_kb_heap_is_refused_with_a_reason(micropython,
         assert code == m.E_MEMORY and "too big for this node's free heap" in message and "shorter" in message
     finally:
         node.close()
+
+
+def test_a_new_session_frees_the_last_ones_held_drafts(node, model):
+    """A drafter holds each draft with its q-hat table (position % MAX_GAMMA); BEGIN drops them, so a session
+    of whole-vocabulary tables does not keep its tables in the heap through the next one (the fuzzer's
+    heap drift was this)."""
+    node.call(m.CONFIGURE, m.pack_configure(m.ROLE_DRAFTER, 1, model))
+    node.session = 3
+    node.call(m.BEGIN, m.pack_begin(9, 1000, 96, 0, 0, -1, [3, 4, 5]))
+    node.call(m.DRAFT_REQ, m.pack_draft_req(3, 16), expect=m.DRAFT)
+    holding = node.stats()["heap_free"]
+    node.session = 4
+    node.call(m.BEGIN, m.pack_begin(9, 0, 1, 0, 0, -1, [3, 4, 5]))
+    assert node.stats()["heap_free"] - holding > 3000
