@@ -144,9 +144,10 @@ ENGINE_BUFFERS = 16 * 1024  # an engine's activations, logits and tables besides
 # (docs/pipeline.md measures 66.1 KB for a stage engine of 47.5 KB weights and an 8.4 KB cache: ~10 KB)
 
 
-def kv_bytes(h: Header, n_ctx: int) -> int:
-    """The int8 KV cache of every layer at n_ctx positions (kv_dim values and a shift byte per row)."""
-    return 2 * n_ctx * (h.kv_dim + 1) * h.n_layers
+def kv_bytes(h: Header, n_ctx: int, layers: int | None = None) -> int:
+    """The int8 KV cache at n_ctx positions (kv_dim values and a shift byte per row) of `layers` layers (all
+    when None)."""
+    return 2 * n_ctx * (h.kv_dim + 1) * (h.n_layers if layers is None else layers)
 
 
 # A pipeline stage (docs/pipeline.md, memory per stage): its layers, their KV cache, the engine's buffers and the
@@ -168,7 +169,7 @@ def stage_keeps_classifier(h: Header, cls: BoardClass, layers: tuple[int, int]) 
     gc.mem_free() at load, and says which in HELLO (CAP_CLS_HELD)."""
     a, b = layers
     n_ctx = h.max_seq if cls.psram_bytes else min(h.max_seq, STAGE_CTX)
-    need = (stage_bytes(h, a, b) + 2 * n_ctx * (h.kv_dim + 1) * (b - a) + ENGINE_BUFFERS + 16 * h.vocab
+    need = (stage_bytes(h, a, b) + kv_bytes(h, n_ctx, b - a) + ENGINE_BUFFERS + 16 * h.vocab
             + STAGE_RESERVE + classifier_bytes(h))
     return b == h.n_layers and need <= cls.heap_bytes
 

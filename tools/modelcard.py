@@ -26,6 +26,7 @@ import numpy as np
 from specmesh.host import atomic
 from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.backends.engine import Engine, to_float
+from specmesh.host.boardclasses import kv_bytes
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.tokenizer import Tokenizer
@@ -37,11 +38,6 @@ GAMMA = 4
 def n_params(h) -> int:
     """Parameters of a model file (vectors are 1-row entries of the layout)."""
     return sum(r * c for _n, kind, r, c in tensor_layout(h))
-
-
-def kv_bytes(h, max_seq: int) -> int:
-    """int8 KV cache: per layer, k and v, per position kv_dim int8 + one shift byte."""
-    return h.n_layers * 2 * max_seq * (h.kv_dim + 1)
 
 
 def int8_loss(path: Path, stories: list[list[int]]) -> float:
