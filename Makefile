@@ -70,19 +70,23 @@ chaos: setup
 flash: setup
 	$(VENV)/bin/specmesh flash --port $(PORT) --role $(ROLE)
 
-# MicroPython's source (vendor/README.md), unpacked once: the native kernels and the RV32 boards build from it.
+# MicroPython's source (vendor/README.md), unpacked once with the project's patches (vendor/patches/*.patch,
+# applied in name order by git apply, which every clone has): the native kernels and the RV32 boards build from it.
 MPY_SRC := build/micropython-1.28.0
+MPY_PATCHES := $(sort $(wildcard vendor/patches/*.patch))
 mpy-src: $(MPY_SRC)/LICENSE
 
-$(MPY_SRC)/LICENSE: vendor/micropython-1.28.0-src.tar.gz
+$(MPY_SRC)/LICENSE: vendor/micropython-1.28.0-src.tar.gz $(MPY_PATCHES)
 	@mkdir -p build
 	tar xzf $< -C build
+	@for p in $(MPY_PATCHES); do git apply --directory=$(MPY_SRC) $$p || exit 1; done
 	@touch $@
 
 # The native kernel modules (firmware/native/kernels.c -> firmware/native/<arch>.mpy), shipped in the
 # repository and rebuilt here bit for bit: x64 (the system gcc), rv32imc (Debian's gcc-riscv64-unknown-elf,
 # picolibc-riscv64-unknown-elf), xtensawin (clang-22 and llc-22, Debian's llvm-22 and clang-22). mpy_ld.py
-# needs pyelftools (the `native` extra). `make native-check` fails when a shipped module differs from its build.
+# needs pyelftools (the `native` extra). `make native-check` fails when a shipped module differs from its build
+# or when an L32R of the xtensawin module does not load its literal (tools/xtensa_mpy.py).
 # The build folder is given relative (firmware/native/Makefile: ../../build/native/<arch>): the .mpy names it.
 NATIVE_ARCHES := x64 rv32imc xtensawin
 NATIVE_STAMP := $(VENV)/.specmesh-setup-native
@@ -99,6 +103,7 @@ native: $(NATIVE_STAMP) mpy-src
 native-check: native
 	git diff --exit-code --stat -- 'firmware/native/*.mpy' || \
 		{ echo "a shipped native module differs from its rebuild: commit the output of make native"; exit 1; }
+	$(PY) -m specmesh.tools.xtensa_mpy firmware/native/xtensawin.mpy
 
 # The virtual ESP32-C3/C6 boards' firmware (rv32/README.md): MicroPython's qemu port (VIRT_RV32) with the
 # project's board files laid over a copy of it, built with Debian's riscv64-unknown-elf-gcc + picolibc.
