@@ -16,7 +16,7 @@ PIP_EXTRA ?=
 PORT ?= auto
 ROLE ?= drafter
 
-.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check rv32-deps test-rv32 native native-check
+.PHONY: setup setup-gpu run lint test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check rv32-deps test-rv32 native native-check
 
 setup: $(STAMP)
 
@@ -35,7 +35,14 @@ $(GPU_STAMP): $(STAMP)
 run: setup
 	$(VENV)/bin/specmesh run
 
-test: setup
+# The lint gate (pyproject.toml: [tool.ruff], [tool.mypy], [tool.importlinter]): pyflakes' checks and honest
+# noqa's over the repository, mypy's names over host/ through the editable install, and the import layers.
+lint: setup
+	$(VENV)/bin/ruff check --quiet .
+	$(VENV)/bin/mypy -p specmesh.host
+	$(VENV)/bin/lint-imports --no-cache
+
+test: setup lint
 	$(PY) -m pytest -q
 
 # The tests marked `torch` (the torch back-end, the exporter), with PyTorch installed.
@@ -146,4 +153,4 @@ test-rv32: setup rv32-check
 	SPECMESH_RV32=1 $(PY) -m pytest -q -m rv32
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

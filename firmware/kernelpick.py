@@ -76,7 +76,7 @@ def _load(a, path):
     except ImportError:
         _why[0] = "no " + path
         return None, False
-    except Exception as e:  # a corrupt or foreign file: "incompatible .mpy file" and the like
+    except Exception as e:  # noqa: BLE001 - a corrupt or foreign file: "incompatible .mpy file" and the like
         _why[0] = "%s does not load: %s" % (path, e)
         return None, True
     import selftest
@@ -105,7 +105,7 @@ def pick(viper=True, native=True):
                 import kernels as mod
 
                 name = "viper"
-            except Exception:  # no native emitter on this port (or viper disabled in the build)
+            except Exception:  # noqa: BLE001 - no native emitter on this port (or viper disabled in the build)
                 mod = None
         if mod is None:
             import refkernels as mod  # only where it runs: its code would take heap on a board

@@ -337,7 +337,7 @@ class Node:
                 return m.ERROR, m.pack_error(E_MESSAGE, "bad %s payload: %s" % (_name(f.mtype), e)), True
             except MemoryError:
                 gc.collect()
-            except Exception as e:  # a bug: report it, never die on input; the session may be inconsistent
+            except Exception as e:  # noqa: BLE001 - a bug: report it, never die on input; the session may be inconsistent
                 self._drop_session()
                 return m.ERROR, m.pack_error(E_INTERNAL, "%s failed: %s: %s" % (_name(f.mtype), type(e).__name__,
                                                                                e)), True
@@ -506,7 +506,7 @@ class Node:
             self.role = eng = None
             gc.collect()
             raise Refused(E_MEMORY, "model %r does not fit in %d bytes of free heap" % (model, gc.mem_free()))
-        except Exception as e:  # ModelFileError and the engine's size limits
+        except Exception as e:  # noqa: BLE001 - ModelFileError and the engine's size limits
             raise Refused(E_MODEL, "cannot load model %r: %s" % (model, e))
         self.role_id = role_id
         gc.collect()

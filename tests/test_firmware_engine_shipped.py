@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_firmware_engine import KERNELS, assert_same_logits, fw_dir, reference, run_plan  # noqa: F401
+from tests.test_firmware_engine import KERNELS, assert_same_logits, reference
 
 MODELS = ROOT / "models"
 REF = MODELS / "reference.npz"

@@ -60,7 +60,7 @@ def best_gamma(alpha, draft_s, verify, overhead, max_gamma=8):
 
 def test_compute_bound_verifier_with_costly_drafter_decodes_plain():
     # a microcontroller target: v(k) = k; drafter at half the target's cost; modest acceptance
-    verify = lambda k: 0.010 * k  # noqa: E731
+    verify = lambda k: 0.010 * k
     c, hist = simulate(0.5, 0.005, verify, 0.001)
     assert best_gamma(0.5, 0.005, verify, 0.001) == 0
     assert hist.get(0, 0) > 0.95 * sum(hist.values())
@@ -71,7 +71,7 @@ def test_compute_bound_verifier_with_costly_drafter_decodes_plain():
 @pytest.mark.parametrize("alpha", [0.6, 0.8, 0.9])
 def test_memory_bound_verifier_with_cheap_drafter_speculates_at_the_best_gamma(alpha):
     # a GPU-like target: v(k) ~ 1; drafter 5% of a verify
-    verify = lambda k: 0.010 + 0.0002 * k  # noqa: E731
+    verify = lambda k: 0.010 + 0.0002 * k
     want = best_gamma(alpha, 0.0005, verify, 0.0005)
     assert want >= 2
     c, hist = simulate(alpha, 0.0005, verify, 0.0005, seed=int(alpha * 10))
@@ -115,7 +115,7 @@ def test_drafter_catch_up_after_plain_rounds_is_not_charged_to_the_drafts():
 def test_a_drafter_call_that_costs_its_round_trip_is_not_halved_after_one_probe():
     # a numpy-like verifier (v(k) = 2.0 + 0.1k ms) and a drafter whose call costs 1 ms whatever its size;
     # the opening probe drafts 1 token after 1 catch-up token (2 positions) and is rejected
-    verify = lambda k: 0.0020 + 0.0001 * k  # noqa: E731
+    verify = lambda k: 0.0020 + 0.0001 * k
     c = GammaController()
     for g in PROBES:
         assert c.choose() == g

@@ -19,8 +19,8 @@ from specmesh.tools.nodeproc import NodeProc, flash, generate
 from specmesh.tools.testmodels import random_model
 
 sys.path.insert(0, str(ROOT / "firmware"))  # selftest and refkernels are board modules (top-level names)
-import refkernels  # noqa: E402
-import selftest  # noqa: E402
+import refkernels
+import selftest
 
 PROMPT = [1, 17, 42, 8, 5]
 

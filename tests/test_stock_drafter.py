@@ -8,7 +8,6 @@ import io
 import json
 from pathlib import Path
 
-import pytest
 
 from specmesh.host.layout import DRAFTER_FILE
 from specmesh.host import cli

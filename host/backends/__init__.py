@@ -200,7 +200,7 @@ class EngineStream:
 
     def __init__(self, path, engine=None):
         """`engine`: anything with Engine's `header`, `forward(tokens, start_pos)`, `rollback(n)` (torch)."""
-        from specmesh.host.backends.engine import Engine  # noqa: PLC0415 - numpy engine only when a local back-end is made
+        from specmesh.host.backends.engine import Engine  # numpy engine only when a local back-end is made
 
         try:
             self.engine = engine or Engine(path)
@@ -273,7 +273,7 @@ class LocalVerifier(LocalRole):
         if draft.pos0 != len(committed):
             raise BackendError("draft for position %d, but the stream holds %d tokens"
                                % (draft.pos0, len(committed)))
-        from specmesh.host.backends.engine import argmax, target_table  # noqa: PLC0415 - numpy, loaded with the engine
+        from specmesh.host.backends.engine import argmax, target_table  # numpy, loaded with the engine
 
         logits = self.stream.logits_after(committed, draft.tokens)
         p = self.params
@@ -291,7 +291,7 @@ class LocalDrafter(LocalRole):
             self.stream.feed(prompt[:-1])  # prefill, as a drafter board does at BEGIN
 
     def draft(self, committed: Sequence[int], gamma: int) -> Draft:
-        from specmesh.host.backends.engine import argmax, draft_table  # noqa: PLC0415 - numpy, loaded with the engine
+        from specmesh.host.backends.engine import argmax, draft_table  # numpy, loaded with the engine
 
         p = self.params
         out = Draft(len(committed))

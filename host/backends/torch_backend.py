@@ -102,8 +102,9 @@ class TorchModel(IntModel):
     """The model on a torch device (`pick_device` names it): host/backends/arraymath.py's `IntModel` on `TorchXp`."""
 
     def __init__(self, path, device: str = "auto", streams: int = 1):
-        super().__init__(path, TorchXp(pick_device(device)), streams)
-        self.device = self.xp.device
+        xp = TorchXp(pick_device(device))
+        super().__init__(path, xp, streams)
+        self.device = xp.device
 
 
 class _StreamEngine:

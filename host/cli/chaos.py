@@ -114,8 +114,8 @@ def _event(cluster, backends: dict, event: tuple[str, str, int] | None, times: d
 
 def run_case(profile: Profile | None, params: SessionParams, tokens: int, models: Path, root: Path) -> dict:
     """One generation on fresh virtual boards under `profile` (None: no faults)."""
-    from specmesh.host.emulator.radio import RadioConfig  # noqa: PLC0415
-    from specmesh.host.provision.cluster import Cluster  # noqa: PLC0415
+    from specmesh.host.emulator.radio import RadioConfig
+    from specmesh.host.provision.cluster import Cluster
 
     p = profile or Profile("none")
     radio = RadioConfig(seed=3, **p.radio) if p.transport == "espnow" else None

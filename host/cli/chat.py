@@ -64,7 +64,7 @@ def chat(a: argparse.Namespace, lines, out, echo: bool = True) -> int:
     tok = load_tokenizer(config.models)
     first = tok.encode(config.prompt)
     names = preflight(config, len(first))[1]
-    from specmesh.host.decode.tokenizer import BOS  # noqa: PLC0415
+    from specmesh.host.decode.tokenizer import BOS
 
     params = config.session_params(eos=BOS)
     stops = StopStrings(config.stop)

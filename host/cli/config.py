@@ -90,7 +90,7 @@ class RunConfig:
         if named is not None:
             return named
         if role == "drafter":
-            from specmesh.host.cli.preflight import drafter_file  # noqa: PLC0415
+            from specmesh.host.cli.preflight import drafter_file
 
             return self.models / drafter_file(self.drafter, self.models, self.transport)
         return model_path(self.models, role)
@@ -193,8 +193,8 @@ def check_utf8(prompt: str) -> None:
 def _rates(calibration: Path | None, project: str | None):
     if calibration is None:
         return None
-    from specmesh.host.projection.calibration import CalibrationError, Rates  # noqa: PLC0415
-    from specmesh.host.projection.hardware import BOARDS  # noqa: PLC0415
+    from specmesh.host.projection.calibration import CalibrationError, Rates
+    from specmesh.host.projection.hardware import BOARDS
 
     try:
         return Rates.load(calibration, BOARDS[project])
@@ -205,7 +205,7 @@ def _rates(calibration: Path | None, project: str | None):
 def _key(key_file: Path | None) -> bytes | None:
     if key_file is None:
         return None
-    from specmesh.host.provision.keys import KeyFileError, load_key  # noqa: PLC0415
+    from specmesh.host.provision.keys import KeyFileError, load_key
 
     try:
         return load_key(key_file)

@@ -31,8 +31,8 @@ def add_parser(sub) -> None:
 
 def main(args) -> int:
     try:
-        import termios  # noqa: PLC0415 - POSIX only; imported here so the rest of the CLI runs anywhere
-        import tty  # noqa: PLC0415
+        import termios  # POSIX only; imported here so the rest of the CLI runs anywhere
+        import tty
     except ImportError:
         print("specmesh console: needs a POSIX terminal; on Windows use `mpremote connect %s repl`" % args.port,
               file=sys.stderr)

@@ -70,7 +70,7 @@ def check_backends(names: dict[str, str], transport: str, key: bytes | None = No
     """`names` (role -> back-end name), each checked to name a back-end, with every `auto` replaced by
     its board's port (asking with `key` when the boards sign frames) and every port checked to exist and
     open."""
-    from specmesh.host.bus.ports import PortError, check_port, expand  # noqa: PLC0415
+    from specmesh.host.bus.ports import PortError, check_port, expand
 
     names = {role: expand(name) for role, name in names.items()}  # mpremote's shortcuts: a0, u0, c0
     for role, name in names.items():
@@ -96,8 +96,8 @@ def check_backends(names: dict[str, str], transport: str, key: bytes | None = No
 
 
 def _find(role: str, key: bytes | None) -> str:
-    from specmesh.host.backends import BackendError  # noqa: PLC0415
-    from specmesh.host.provision.cluster import find  # noqa: PLC0415
+    from specmesh.host.backends import BackendError
+    from specmesh.host.provision.cluster import find
 
     try:
         return find(role, key)

@@ -14,7 +14,7 @@ TORCH_VERIFIERS = ("torch-cpu", "gpu")
 
 def _torch(name: str):
     def make(model_path, **options):
-        import specmesh.host.backends.torch_backend  # noqa: F401, PLC0415 - registers the real factory under `name`
+        import specmesh.host.backends.torch_backend  # noqa: F401 - registers the real factory under `name`
 
         return VERIFIERS[name](model_path, **options)
 

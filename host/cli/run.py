@@ -109,7 +109,7 @@ def check_args(a: argparse.Namespace) -> RunConfig:
 
 
 def load_tokenizer(models: Path):
-    from specmesh.host.decode.tokenizer import Tokenizer, TokenizerError  # noqa: PLC0415
+    from specmesh.host.decode.tokenizer import Tokenizer, TokenizerError
 
     try:
         return Tokenizer.from_llama2c(models / TOKENIZER_FILE)
@@ -133,12 +133,12 @@ class Setup(contextlib.ExitStack):
     def cluster(self):
         """The run's virtual boards (host/provision/cluster.py), opened on first use."""
         if self._cluster is None:
-            from specmesh.host.provision.cluster import Cluster  # noqa: PLC0415
+            from specmesh.host.provision.cluster import Cluster
 
             c = self.config
             radio = None
             if c.transport == "espnow":
-                from specmesh.host.emulator.radio import RadioConfig  # noqa: PLC0415
+                from specmesh.host.emulator.radio import RadioConfig
 
                 radio = RadioConfig(loss=c.radio_loss, duplicate=c.radio_dup, seed=c.seed)
             say = None if c.quiet else (lambda line: print("specmesh: " + line, file=sys.stderr, flush=True))
@@ -232,8 +232,8 @@ def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool,
     """(cost model, projector): what prices each round for gamma's choice, and what projects the run for the
     stats (None, None when neither is asked for). A pipeline always reports its own projection."""
     if config.stages:  # host/projection/pipeline.py, in every stats JSON
-        from specmesh.host.boardclasses import ROLE_CLASS  # noqa: PLC0415
-        from specmesh.host.projection.pipeline import STAGE_LINKS, LinksReport, PipelineProjector  # noqa: PLC0415
+        from specmesh.host.boardclasses import ROLE_CLASS
+        from specmesh.host.projection.pipeline import STAGE_LINKS, LinksReport, PipelineProjector
 
         # stages of the class --project names (one with stages: the S3), else the class rule's classic ESP32s
         cls = config.project if config.project in STAGE_LINKS else ROLE_CLASS["stage"]
@@ -241,8 +241,8 @@ def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool,
                                   config.kernels, cls),
                 LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host, config.kernels, cls))
     if config.project in RV32_PROJECT:  # priced from the instructions its boards execute
-        from specmesh.host.projection.measured import LiveCosts, MeasuredProjector  # noqa: PLC0415
-        from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
+        from specmesh.host.projection.measured import LiveCosts, MeasuredProjector
+        from specmesh.host.projection.rounds import Projector
 
         measured = MeasuredProjector(heads["verifier"], heads["drafter"], config.project, config.transport)
         if deterministic:  # sampling: gamma from derived costs, so that a seed gives one text
@@ -250,7 +250,7 @@ def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool,
         boards = [("verifier", verifier)] + ([("drafter", drafter)] if drafter is not None else [])
         return LiveCosts(measured, boards), measured
     if config.project or deterministic:
-        from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
+        from specmesh.host.projection.rounds import Projector
 
         projector = Projector(heads["verifier"], heads["drafter"], config.project or "esp32s3", config.transport,
                               config.rates, config.kernels, drafter_on_host=on_host,
@@ -281,7 +281,7 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
     tok = load_tokenizer(config.models)
     prompt = tok.encode(config.prompt)
     headers, names = preflight(config, len(prompt))
-    from specmesh.host.decode.tokenizer import BOS  # noqa: PLC0415
+    from specmesh.host.decode.tokenizer import BOS
 
     params = config.session_params(eos=BOS)  # llama2.c's models end a story by starting the next one (BOS)
     with Setup(config) as setup:

@@ -189,7 +189,7 @@ def _scores(h: Header, k: int, ctx: int) -> int:
 
 VIPER = Viper()
 NATIVE = Native()
-KERNELS = {VIPER.name: VIPER, NATIVE.name: NATIVE}
+KERNELS: dict[str, Viper | Native] = {VIPER.name: VIPER, NATIVE.name: NATIVE}
 
 
 def pass_work(h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None,

@@ -80,7 +80,7 @@ def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None
             time.sleep(0.05)
     stack.callback(link.close)
     if faults is not None:
-        from specmesh.host.bus.faults import FaultyLink  # noqa: PLC0415
+        from specmesh.host.bus.faults import FaultyLink
 
         link = FaultyLink(link, faults)
     return Bus(link, deadline=30.0, auth=auth)
@@ -88,7 +88,7 @@ def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None
 
 def _backend(kind: str, bus: Bus, node: int, where: str):
     """The board back-end for `node` on `bus`, after a signed nonce handshake when the bus signs."""
-    from specmesh.host.bus.proxy import ProxyError  # noqa: PLC0415
+    from specmesh.host.bus.proxy import ProxyError
 
     try:
         bus.handshake(node)
@@ -99,7 +99,7 @@ def _backend(kind: str, bus: Bus, node: int, where: str):
 
 def discover(bus: Bus, deadline: float = 10.0) -> int:
     """Node id of the board on a serial link (HELLO to broadcast; the reply says who answered)."""
-    from specmesh.host.bus.proxy import ProxyError  # noqa: PLC0415
+    from specmesh.host.bus.proxy import ProxyError
 
     try:
         return bus.request(BROADCAST, m.HELLO, deadline=deadline).src
@@ -136,8 +136,8 @@ def _readable(line: str) -> bool:
 
 def find(kind: str, key: bytes | None = None) -> str:
     """The serial port of the flashed board that reports role `kind` (ESP32 USB ports are asked in turn)."""
-    from specmesh.host.bus.ports import esp_ports  # noqa: PLC0415
-    from specmesh.host.bus.proxy import ProxyError  # noqa: PLC0415
+    from specmesh.host.bus.ports import esp_ports
+    from specmesh.host.bus.proxy import ProxyError
 
     want = m.ROLE_DRAFTER if kind == "drafter" else m.ROLE_VERIFIER
     ports = [dev for dev, _ in esp_ports()]
@@ -213,9 +213,10 @@ class Cluster(contextlib.ExitStack):
 
         `config`: board-config keys (link, espnow peers) written before flashing, which keeps them.
         `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1."""
-        from specmesh.host.emulator import BoardError, make_board  # noqa: PLC0415
-        from specmesh.host.emulator.session import board_mac  # noqa: PLC0415
-        from specmesh.host.provision.flash import FlashError, flash, summary  # noqa: PLC0415
+        from specmesh.host.emulator import BoardError, make_board
+        from specmesh.host.emulator.board import FlashDamaged
+        from specmesh.host.emulator.session import board_mac
+        from specmesh.host.provision.flash import FlashError, flash, summary
 
         model = self.model(kind, board or ROLE_CLASS[kind])
         name = kind if stage is None else "stage%d" % stage[0]
@@ -263,8 +264,8 @@ class Cluster(contextlib.ExitStack):
         return vb
 
     def _start_espnow(self) -> Bus:
-        from specmesh.host.emulator.radio import RadioHub  # noqa: PLC0415
-        from specmesh.host.emulator.session import board_mac  # noqa: PLC0415
+        from specmesh.host.emulator.radio import RadioHub
+        from specmesh.host.emulator.session import board_mac
 
         hub = self.enter_context(RadioHub(self.radio))
         drafter_mac, verifier_mac = board_mac(NODE_ID["drafter"]), board_mac(NODE_ID["verifier"])
@@ -283,7 +284,7 @@ class Cluster(contextlib.ExitStack):
         """A pipeline verifier (host/backends/pipeline.py) over n virtual stage boards (classic ESP32s, or of class
         `board`), the target's layers split evenly; each on its own serial link, the host relaying activations
         between them."""
-        from specmesh.host.backends.modelio import check_model_file  # noqa: PLC0415
+        from specmesh.host.backends.modelio import check_model_file
         if self.transport != "serial":
             raise BackendError("--stages runs on --transport serial (the host relays between stages)")
         n_layers = check_model_file(self.model("stage"))[0].n_layers

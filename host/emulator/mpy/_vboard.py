@@ -129,7 +129,7 @@ def _execute(src, mode, eof):
         if eof:
             _w(b"\x04\x04")
         raise _Reset(_EXIT_HARD if e.args and e.args[0] == _HARD_RESET else _EXIT_SOFT)
-    except BaseException as e:  # noqa: B036 - a REPL reports everything, KeyboardInterrupt included
+    except BaseException as e:  # noqa: BLE001 - a REPL reports everything, KeyboardInterrupt included
         err = e
     micropython.kbd_intr(3)
     if eof:
@@ -310,7 +310,7 @@ def _builtins():
     for name in ("network", "espnow", "machine"):
         try:
             __import__(name)
-        except BaseException:  # noqa: B036 - a stand-in that cannot load takes no heap
+        except BaseException:  # noqa: BLE001 - a stand-in that cannot load takes no heap
             pass
 
 
@@ -328,7 +328,7 @@ def main():
         for name in _modules() + ["network", "espnow", "machine"]:
             try:
                 __import__(name)
-            except BaseException:  # noqa: B036 - a module that cannot load takes no heap
+            except BaseException:  # noqa: BLE001 - a module that cannot load takes no heap
                 pass
         gc.collect()
         _w(b"%d\n" % (gc.mem_alloc() - before))
