@@ -214,6 +214,7 @@ class Cluster(contextlib.ExitStack):
         `config`: board-config keys (link, espnow peers) written before flashing, which keeps them.
         `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1."""
         from specmesh.host.emulator import BoardError, make_board  # noqa: PLC0415
+        from specmesh.host.emulator.board import FlashDamaged  # noqa: PLC0415
         from specmesh.host.emulator.session import board_mac  # noqa: PLC0415
         from specmesh.host.provision.flash import FlashError, flash, summary  # noqa: PLC0415
 
