@@ -126,6 +126,7 @@ def test_colour_marks_accepted_drafts_only_when_asked():
     (["--radio-dup", "1.5", "--transport", "espnow"], "--radio-dup is a probability: it must be in [0, 1), not 1.5"),
     (["--stats-json", "/nonexistent/x.json"], "--stats-json /nonexistent/x.json cannot be written: folder "
                                               "/nonexistent does not exist"),
+    (["--stats-json", ""], "--stats-json '' cannot be written: an empty name (give a file, or - for stdout)"),
     (["--prompt", "caf\udce9 au lait"], "the prompt is not UTF-8 text: byte 0xe9 at offset 3 of its 12 bytes"),
 ])
 def test_bad_input_is_one_line_and_status_2(models, capsys, extra, message):
@@ -236,3 +237,12 @@ def test_host_works_without_torch_and_says_how_to_install_it(models):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [INSTALL_HINT] * 2
+
+
+def test_stats_json_to_stdout_leaves_it_the_json_alone(models, capsys):
+    """`--stats-json -`: stdout is the JSON (for `| jq`), the text and the table go to stderr."""
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--max-tokens", "4",
+                   "--stats-json", "-"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and json.loads(out)["tokens"] == 4
+    assert "\ntokens  " in err

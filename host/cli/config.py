@@ -171,10 +171,10 @@ def _check_ranges(a: argparse.Namespace) -> None:
             raise UsageError("--project %s prices the instructions its boards execute under QEMU: run %s on %s "
                              "(no --calibration, no --stages)" % (a.project, " and ".join("--" + r for r, _ in roles),
                                                                   want))
-    if a.stats_json:
-        problem = atomic.unwritable(a.stats_json)
+    if a.stats_json is not None:
+        problem = atomic.output_problem(a.stats_json)
         if problem:
-            raise UsageError("--stats-json %s cannot be written: %s" % (a.stats_json, problem))
+            raise UsageError("--stats-json %s cannot be written: %s" % (a.stats_json or "''", problem))
 
 
 def check_utf8(prompt: str) -> None:

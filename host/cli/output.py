@@ -202,8 +202,9 @@ def format_table(stats: dict) -> str:
 
 
 def write_stats_json(path: str, stats: dict) -> None:
-    """Write the stats JSON (keys REQUIRED_KEYS and more); raises OSError if the file cannot be written."""
+    """Write the stats JSON (keys REQUIRED_KEYS and more) to `path` as host/atomic.py `write_output` does (`-`:
+    stdout; a device or pipe straight; a regular file replaced atomically); OSError if it cannot be written."""
     missing = [k for k in REQUIRED_KEYS if k not in stats]
     if missing:
         raise ValueError("stats lack %s" % missing)
-    atomic.write_text(path, json.dumps(stats, indent=1, sort_keys=True) + "\n")
+    atomic.write_output(path, json.dumps(stats, indent=1, sort_keys=True) + "\n")

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specmesh.host import backends
+from specmesh.host.atomic import STDOUT
 from specmesh.host.backends import PIPELINE, BackendError, SessionParams
 from specmesh.host.cli.config import (DEFAULT_PROMPT, GAMMA_FLAG_MAX, RV32_PROJECT, RunConfig,  # noqa: F401
                                       UsageError, parse_gamma)
@@ -90,7 +91,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-file", metavar="F", type=Path,
                    help="sign and check every frame with this deployment key (boards flashed with the same "
                         "--key-file; virtual boards get it at flashing)")
-    p.add_argument("--stats-json", metavar="FILE", help="write the run's figures as JSON")
+    p.add_argument("--stats-json", metavar="FILE",
+                   help="write the run's figures as JSON to FILE (a device, pipe or FIFO is written straight, a "
+                        "symlink followed), or - for stdout (the text and the table then go to stderr)")
     p.add_argument("--models", type=Path, default=MODELS,
                    help="folder with %s, %s and a llama2.c %s" % (MODEL_FILES["drafter"], MODEL_FILES["verifier"],
                                                                    TOKENIZER_FILE))
@@ -383,14 +386,16 @@ def failed(command: str, e: Exception | KeyboardInterrupt) -> int:
 
 
 def _main(a: argparse.Namespace) -> int:
+    # `--stats-json -`: stdout holds the JSON alone (for a pipe to jq), so the text and the table go to stderr
+    out = sys.stderr if a.stats_json == STDOUT else sys.stdout
     try:
-        stats = run(a)
+        stats = run(a, out)
     except BrokenPipeError:
         raise
     except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every failure is one line for the user
         return failed("run", e)
-    print(format_table(stats))
-    if a.stats_json:
+    print(format_table(stats), file=out)
+    if a.stats_json is not None:
         try:
             write_stats_json(a.stats_json, stats)
         except OSError as e:
