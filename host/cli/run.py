@@ -27,7 +27,8 @@ from specmesh.host.cli.config import (DEFAULT_PROMPT, GAMMA_FLAG_MAX, RV32_PROJE
                                       UsageError, parse_gamma)
 from specmesh.host.cli.output import TokenStream, format_table, write_stats_json
 from specmesh.host.boardclasses import drafter_class
-from specmesh.host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
+from specmesh.host.cli.preflight import (PreflightError, check_backends, check_context, check_models, check_pair,
+                                         unknown_backend)
 from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, generate
@@ -269,6 +270,9 @@ def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
     try:
         roles = sorted({*names, *(["drafter"] if config.project else [])})
         headers = check_models({r: config.model_file(r) for r in roles}, roles)
+        if "drafter" in headers:
+            check_pair(headers["verifier"], headers["drafter"].vocab, headers["drafter"].tokenizer_id,
+                       str(config.model_file("drafter")))
         check_context(prompt_tokens, headers["verifier"], config.model_file("verifier").name)
         n_layers = headers["verifier"].n_layers
         in_range("--stages", config.stages, 0, n_layers, "0: one verifier; at most the target's %d layers" % n_layers)
@@ -290,6 +294,8 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
     with Setup(config) as setup:
         verifier = setup.make("verifier", names["verifier"])
         drafter = None if config.plain else setup.make("drafter", names["drafter"])
+        if drafter is not None:
+            _check_running_drafter(drafter, headers["verifier"])
         if drafter is not None and "drafter" in headers:  # price the model the drafter board runs
             headers["drafter"] = _drafter_head(drafter, config.model_file("drafter"), headers["drafter"])
         # With sampling, which positions get a draft changes the text (the accept test and the residual
@@ -347,6 +353,18 @@ def gamma_controller(config: RunConfig, drafter) -> GammaController:
         if alpha is not None:
             controller.expect(alpha)
     return controller
+
+
+def _check_running_drafter(drafter, target) -> None:
+    """A drafter board may run another model than the file the host checked (flashed before, by hand): its
+    HELLO's vocabulary must be the target's, before any text (host/cli/preflight.py `check_pair`)."""
+    vocab = getattr(drafter, "info", {}).get("vocab")
+    if vocab is None:
+        return
+    try:
+        check_pair(target, vocab, 0, "on %s (%s)" % (drafter.name, running_model(drafter) or "its model"))
+    except PreflightError as e:
+        raise UsageError(str(e)) from None
 
 
 def _drafter_head(drafter, given: Path, head):
