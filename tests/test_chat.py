@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def args(models, *extra):
     p = argparse.ArgumentParser()
     add_arguments(p)
-    return p.parse_args(["--models", str(models), "--drafter", "cpu", "--verifier", "cpu", *extra])
+    drafter = [] if "--plain" in extra else ["--drafter", "cpu"]  # --plain with a drafter named: a note line
+    return p.parse_args(["--models", str(models), *drafter, "--verifier", "cpu", *extra])
 
 
 def test_each_turn_continues_the_whole_context(models):

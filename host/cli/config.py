@@ -58,11 +58,15 @@ class RunConfig:
     draft_model: Path | None = None  # --draft-model
     color: bool | None = None  # None: when the output is a terminal
     quiet: bool = False
+    notes: tuple[str, ...] = ()  # one line each for a flag given that changes nothing here (said on stderr)
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> RunConfig:
         """The configuration `specmesh run`'s arguments describe; UsageError (one line) for a bad one."""
+        given = a
+        a = argparse.Namespace(**{**vars(a), **{k: v for k, v in UNSET_DEFAULTS.items() if getattr(a, k) is None}})
         _check_ranges(a)
+        notes = _pointless(given)
         _check_models(a.models, a.plain, a.model, a.draft_model)
         return cls(prompt=read_prompt(a), stop=tuple(a.stop), max_tokens=a.max_tokens, temperature=a.temperature,
                    top_k=a.top_k, top_p=a.top_p, draft_top_k=a.draft_top_k, seed=a.seed, drafter=a.drafter, verifier=a.verifier,
@@ -71,7 +75,7 @@ class RunConfig:
                    project=a.project, kernels=a.kernels, rates=_rates(a.calibration, a.project),
                    drafter_rates=_rates(a.drafter_calibration, drafter_class(a.transport)),
                    key=_key(a.key_file), stats_json=a.stats_json, models=a.models, target_model=a.model,
-                   draft_model=a.draft_model, color=False if a.no_color else None, quiet=a.quiet)
+                   draft_model=a.draft_model, color=False if a.no_color else None, quiet=a.quiet, notes=notes)
 
     @property
     def backend_names(self) -> dict[str, str]:
@@ -98,6 +102,38 @@ class RunConfig:
     def session_params(self, eos: int) -> SessionParams:
         return SessionParams(seed=self.seed, temperature=self.temperature, draft_top_k=self.draft_top_k,
                              target_top_k=self.top_k, top_p=self.top_p, eos=eos)
+
+
+# flags whose parser default is None so that one given can be told from one left out (`_pointless`): their values
+UNSET_DEFAULTS = {"drafter": "virtual", "kernels": "native"}
+DRAFTER_FLAGS = (("--drafter", "drafter", None), ("--draft-model", "draft_model", None), ("--gamma", "gamma", "auto"),
+                 ("--spec-ahead", "spec_ahead", 0))  # what only a drafter uses, and each one's value left out
+
+
+def _pointless(a: argparse.Namespace) -> tuple[str, ...]:
+    """The one checked place for flags that are legal alone but change nothing together: a refusal (UsageError)
+    where the run would do work for nothing or read a value it never checks, else one note line each."""
+    from specmesh.host.bus.ports import expand  # noqa: PLC0415
+    from specmesh.host.cli.preflight import unknown_backend  # noqa: PLC0415
+
+    if any(s == "" for s in a.stop):
+        raise UsageError("--stop needs a non-empty string (an empty one would end the text before it began)")
+    if a.kernels is not None and not (a.project or a.stages):
+        raise UsageError("--kernels %s chooses the kernels a projection prices: add --project esp32s3 (or --stages N)"
+                         % a.kernels)
+    if a.transport == "espnow" and not (a.verifier == "virtual" and not a.stages):
+        raise UsageError("--transport espnow puts the virtual verifier board on the radio; with --verifier %s "
+                         "nothing goes over it: drop --transport espnow, or use --verifier virtual" % a.verifier)
+    notes = []
+    if a.plain:
+        problem = a.drafter is not None and unknown_backend("drafter", expand(a.drafter))
+        if problem:
+            raise UsageError(problem)
+        given = [flag for flag, dest, unset in DRAFTER_FLAGS if getattr(a, dest) != unset]
+        if given:
+            notes.append("--plain decodes on the verifier alone: %s %s not used" % (
+                ", ".join(given), "is" if len(given) == 1 else "are"))
+    return tuple(notes)
 
 
 def parse_gamma(text: str) -> int | None:

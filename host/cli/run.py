@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="target top-p, 1 = off (default: %(default)s)")
     p.add_argument("--draft-top-k", type=int, default=8, help="size of the drafter's q-hat tables (default: 8)")
     p.add_argument("--seed", type=int, default=0, help="session seed: same seed, same text (default: 0)")
-    p.add_argument("--drafter", default="virtual",
+    p.add_argument("--drafter", default=None,
                    help="PORT (or mpremote's a0, u0, c0) | auto (the flashed drafter board among the ESP32 USB "
                         "ports) | virtual | virtual:CLASS (a virtual board of that class) | cpu (default: virtual)")
     p.add_argument("--verifier", default="virtual",
@@ -80,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also project the run onto real boards of this class (host/projection/hardware.py); "
                         "gamma is then chosen for that hardware. esp32c3/esp32c6 price the instructions the run's "
                         "virtual:esp32c3/c6 boards executed under QEMU (docs/run.md)")
-    p.add_argument("--kernels", choices=("native", "viper"), default="native",
+    p.add_argument("--kernels", choices=("native", "viper"), default=None,
                    help="with --project: the board kernels the projection prices (default native: the xtensawin "
                         "module; viper: the MicroPython-only engine)")
     p.add_argument("--calibration", metavar="FILE", type=Path,
@@ -108,8 +108,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_args(a: argparse.Namespace) -> RunConfig:
-    """The run's configuration from its arguments, checked (UsageError: one line); `a` is left as it is."""
-    return RunConfig.from_args(a)
+    """The run's configuration from its arguments, checked (UsageError: one line); `a` is left as it is. A flag
+    given that changes nothing is said in one line on stderr."""
+    config = RunConfig.from_args(a)
+    for note in config.notes:
+        print("specmesh: note: " + note, file=sys.stderr, flush=True)
+    return config
 
 
 def load_tokenizer(models: Path):
@@ -189,8 +193,10 @@ def build_stats(config: RunConfig, params: SessionParams, result: Result, text: 
         "bus_bytes_per_token_by_link": {  # the host's link to each board (0 for an in-process back-end)
             "verifier": sum(r.bytes_verify for r in result.rounds) / n if n else 0.0,
             "drafter": sum(r.bytes_draft for r in result.rounds) / n if n else 0.0},
-        "verifier": verifier.name,
-        "drafter": drafter.name if drafter else None,
+        # the back-ends that ended the run: the cpu verifier where the one asked for failed, none for a failed drafter
+        "verifier": "cpu" if "verifier" in result.failed else verifier.name,
+        "drafter": None if "drafter" in result.failed else (drafter.name if drafter else None),
+        "failed": dict(result.failed),  # role -> the back-end that failed mid-run (its line: failovers)
         "drafter_model": (drafter.info.get("model") if hasattr(drafter, "info") else
                           config.model_file("drafter").name) if drafter else None,
         "stop": result.stop,
