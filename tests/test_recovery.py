@@ -54,3 +54,60 @@ def test_a_dead_espnow_verifier_is_replaced_by_the_cpu_and_the_table_names_both(
     assert "cpu took over" in result.failovers[0]
     stats = {"verifier": "cpu", "failed": result.failed}
     assert _took_over(stats, "verifier") == "cpu, which took over from %s (it failed)" % verifier.name
+
+
+def test_a_flash_folder_deleted_while_the_board_boots_is_one_line_and_the_next_run_flashes_afresh(
+        models, tmp_path, monkeypatch, capfd):
+    """rm -rf build/vboards while a board boots: no thread's traceback, one line naming the folder, and the next
+    start flashes the board again."""
+    import shutil
+
+    from specmesh.host.backends import BackendError
+    from specmesh.host.provision import flash as flash_mod
+
+    real = flash_mod.flash
+
+    def deleting_first(port, *args, **kwargs):
+        shutil.rmtree(tmp_path / "drafter")  # the VM reboots into the raw REPL meanwhile: its folder is gone
+        return real(port, *args, **kwargs)
+
+    monkeypatch.setattr(flash_mod, "flash", deleting_first)
+    with pytest.raises(BackendError) as e, Cluster("serial", models, tmp_path) as c:
+        c.start("drafter")
+    assert str(e.value) == ("virtual drafter board: its flash folder %s was deleted while it booted: run again (it is "
+                            "flashed afresh)" % (tmp_path / "drafter"))
+    assert "Traceback" not in capfd.readouterr().err
+    monkeypatch.setattr(flash_mod, "flash", real)
+    with Cluster("serial", models, tmp_path) as c:
+        assert c.backend("drafter").info["model"].endswith(DRAFTER_FILE)
+
+
+def test_two_runs_on_one_flash_folder_the_second_is_told_and_the_first_is_untouched(models, tmp_path):
+    """A lock per board folder: the second run is refused in one line naming the folder and the process holding
+    it; once the first ends (even killed: the kernel drops the lock) the folder is free."""
+    import os
+    import subprocess
+    import sys
+
+    from specmesh.host.backends import BackendError
+    from tests.conftest import ROOT
+
+    code = ("import sys, time\nfrom pathlib import Path\nfrom specmesh.host.provision.cluster import Cluster\n"
+            "c = Cluster('serial', Path(sys.argv[1]), Path(sys.argv[2]))\nc._lock(Path(sys.argv[2]) / 'drafter')\n"
+            "print('holding', flush=True)\ntime.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(models), str(tmp_path)], cwd=ROOT,
+                              stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"holding\n"
+        with pytest.raises(BackendError) as e, Cluster("serial", models, tmp_path) as c:
+            c.start("drafter")
+        assert str(e.value) == ("virtual board folder %s is in use by another specmesh run (pid %d): wait for it to "
+                                "end, or give this one its own folder (SPECMESH_VBOARDS=DIR)"
+                                % (tmp_path / "drafter", holder.pid))
+        assert not (tmp_path / "drafter" / "models").exists()  # nothing was flashed over the other run's board
+    finally:
+        holder.kill()
+        holder.wait()
+    with Cluster("serial", models, tmp_path) as c:
+        c.start("drafter")
+    assert os.listdir(tmp_path / "drafter" / "models")
