@@ -118,7 +118,7 @@ def test_colour_marks_accepted_drafts_only_when_asked():
     (["--max-tokens", "0"], "--max-tokens must be at least 1"),
     (["--verifier", "nope"], "--verifier nope: not a serial port nor one of"),
     (["--drafter", "/dev/ttyNOPE"], "cannot open /dev/ttyNOPE"),
-    (["--models", "/nonexistent"], "drafter.spm is missing from /nonexistent"),
+    (["--models", "/nonexistent"], "--models /nonexistent: no such folder (the shipped models are in "),
     (["--temperature", "0.0004"], "--temperature: temperature 0.0004 rounds to 0 (greedy)"),
     (["--temperature", "70"], "--temperature: temperature 70.0 is outside 0..65.535"),
     (["--top-p", "1e-6"], "--top-p: top_p 1e-06 rounds to 0"),

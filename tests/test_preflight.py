@@ -72,6 +72,14 @@ def test_an_over_long_prompt_is_refused_before_the_boards_start(models, capsys, 
     err = one_line_status_2(capsys, ["run", "--models", str(models), "--prompt", "Once upon a time " * 100])
     assert "the prompt is" in err and "target model's context holds 64 (target.spm)" in err
     assert "Once upon" not in capsys.readouterr().out  # the prompt was not echoed either
+    assert err.endswith("shorten the prompt from --prompt\n")
+
+
+def test_an_over_long_prompt_from_a_file_names_the_file(models, tmp_path, capsys, no_board_starts):
+    story = tmp_path / "story.txt"
+    story.write_text("Once upon a time " * 100)
+    err = one_line_status_2(capsys, ["run", "--models", str(models), "--prompt-file", str(story)])
+    assert err.endswith("shorten the prompt from --prompt-file %s\n" % story)
 
 
 def test_only_the_targets_context_limits_the_prompt(models, capsys):

@@ -111,3 +111,25 @@ def test_two_runs_on_one_flash_folder_the_second_is_told_and_the_first_is_untouc
     with Cluster("serial", models, tmp_path) as c:
         c.start("drafter")
     assert os.listdir(tmp_path / "drafter" / "models")
+
+
+def test_a_full_host_disk_is_named_as_the_hosts_not_the_boards(models, tmp_path, monkeypatch):
+    """A virtual board's flash is a host folder: when the host's disk has no room for the model, the line says
+    to free the host's disk (the board would say 'board filesystem is full')."""
+    import collections
+
+    from specmesh.host.backends import BackendError
+    from specmesh.host.provision import cluster as cluster_mod
+    from specmesh.host.provision import flash as flash_mod
+
+    def full(port, *args, **kwargs):
+        raise flash_mod.FlashError("board filesystem is full while writing /models/drafter.spm.part (40000 bytes)")
+
+    monkeypatch.setattr(flash_mod, "flash", full)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(cluster_mod.shutil, "disk_usage", lambda path: usage(1 << 30, (1 << 30) - 8192, 8192))
+    with pytest.raises(BackendError) as e, Cluster("serial", models, tmp_path) as c:
+        c.start("drafter")
+    assert str(e.value).startswith("virtual drafter board: the host's disk holding %s is full (8 KiB free, about "
+                                   % (tmp_path / "drafter"))
+    assert str(e.value).endswith("free space there, or set SPECMESH_VBOARDS to a folder on another disk")

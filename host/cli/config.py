@@ -31,6 +31,7 @@ class RunConfig:
     """What a run does, as checked: sampling, back-ends, transport, projection, key and output."""
 
     prompt: str = DEFAULT_PROMPT  # as read: --prompt TEXT, --prompt - (stdin) or --prompt-file F
+    prompt_from: str = "--prompt"  # where it came from, for a message about it
     stop: tuple[str, ...] = ()  # --stop strings: the text ends before the first
     max_tokens: int = 64
     temperature: float = 0.0
@@ -68,7 +69,7 @@ class RunConfig:
         _check_ranges(a)
         notes = _pointless(given)
         _check_models(a.models, a.plain, a.model, a.draft_model)
-        return cls(prompt=read_prompt(a), stop=tuple(a.stop), max_tokens=a.max_tokens, temperature=a.temperature,
+        return cls(prompt=read_prompt(a), prompt_from=prompt_source(a), stop=tuple(a.stop), max_tokens=a.max_tokens, temperature=a.temperature,
                    top_k=a.top_k, top_p=a.top_p, draft_top_k=a.draft_top_k, seed=a.seed, drafter=a.drafter, verifier=a.verifier,
                    gamma=parse_gamma(a.gamma), transport=a.transport, radio_loss=a.radio_loss,
                    radio_dup=a.radio_dup, spec_ahead=a.spec_ahead, plain=a.plain, stages=a.stages,
@@ -147,6 +148,13 @@ def parse_gamma(text: str) -> int | None:
         return in_range("--gamma", g, 0, GAMMA_FLAG_MAX)
     except RangeError as e:
         raise UsageError(str(e)) from None
+
+
+def prompt_source(a: argparse.Namespace) -> str:
+    """Where the prompt came from, as the user gave it: `--prompt`, `--prompt-file F`, or stdin."""
+    if a.prompt_file is not None:
+        return "--prompt-file %s" % a.prompt_file
+    return "stdin (--prompt -)" if a.prompt == "-" else "--prompt"
 
 
 def read_prompt(a: argparse.Namespace) -> str:
@@ -250,7 +258,10 @@ def _key(key_file: Path | None) -> bytes | None:
 
 
 def _check_models(models: Path, plain: bool, target: Path | None, drafter: Path | None) -> None:
-    """Each model file the run reads is there: one named by --model/--draft-model, else its name in `models`."""
+    """Each model file the run reads is there: one named by --model/--draft-model, else its name in `models` (a
+    --models folder that does not exist is a typo to fix, not models to train)."""
+    if not models.is_dir():
+        raise UsageError("--models %s: no such folder (the shipped models are in %s)" % (models, MODELS))
     for role, named, flag in (("drafter", drafter, "--draft-model"), ("verifier", target, "--model")):
         if role == "drafter" and plain:
             continue

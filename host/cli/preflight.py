@@ -72,12 +72,14 @@ def check_pair(target: Header, vocab: int, tokenizer_id: int, what: str) -> None
                              "--plain" % (what, tokenizer_id, target.tokenizer_id))
 
 
-def check_context(prompt_tokens: int, target: Header, name: str = MODEL_FILES["verifier"]) -> None:
+def check_context(prompt_tokens: int, target: Header, name: str = MODEL_FILES["verifier"],
+                  source: str = "--prompt") -> None:
     """The prompt must leave room in the target's context for at least one generated token (the
-    drafter's context limits nothing: past it, rounds are plain; host/decode/orchestrator.py)."""
+    drafter's context limits nothing: past it, rounds are plain; host/decode/orchestrator.py). `source`: where
+    the prompt came from (--prompt, --prompt-file F, stdin), named in the message."""
     if prompt_tokens >= target.max_seq:
-        raise PreflightError("the prompt is %d tokens but the target model's context holds %d (%s): shorten --prompt"
-                             % (prompt_tokens, target.max_seq, name))
+        raise PreflightError("the prompt is %d tokens but the target model's context holds %d (%s): shorten the "
+                             "prompt from %s" % (prompt_tokens, target.max_seq, name, source))
 
 
 def check_backends(names: dict[str, str], transport: str, key: bytes | None = None) -> dict[str, str]:

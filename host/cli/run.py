@@ -279,7 +279,7 @@ def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
         if "drafter" in headers:
             check_pair(headers["verifier"], headers["drafter"].vocab, headers["drafter"].tokenizer_id,
                        str(config.model_file("drafter")))
-        check_context(prompt_tokens, headers["verifier"], config.model_file("verifier").name)
+        check_context(prompt_tokens, headers["verifier"], config.model_file("verifier").name, config.prompt_from)
         n_layers = headers["verifier"].n_layers
         in_range("--stages", config.stages, 0, n_layers, "0: one verifier; at most the target's %d layers" % n_layers)
         return headers, check_backends(names, config.transport, config.key)

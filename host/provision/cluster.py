@@ -53,6 +53,20 @@ VBOARDS = _vboards_dir()
 BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier, "stage": BoardStage}
 
 
+def _host_disk_full(folder: Path, model: Path) -> str | None:
+    """Why a virtual board's flash failed when the host's disk holding its folder has no room for the model (a
+    write the board saw as ENOSPC: "board filesystem is full"), as one line saying what to free; else None."""
+    try:
+        free = shutil.disk_usage(folder).free
+        need = model.stat().st_size + (1 << 20)  # the model beside the node's files
+    except OSError:
+        return None
+    if free >= need:
+        return None
+    return ("the host's disk holding %s is full (%d KiB free, about %d KiB needed): free space there, or set "
+            "SPECMESH_VBOARDS to a folder on another disk" % (folder, free // 1024, need // 1024))
+
+
 def split_layers(n_layers: int, n: int) -> list[tuple[int, int]]:
     """n contiguous slices (a, b) of n_layers layers, as even as can be; ValueError if n is not 1..n_layers
     (`specmesh run --stages` is checked before: host/cli/ranges.py)."""
@@ -262,6 +276,9 @@ class Cluster(contextlib.ExitStack):
             if not folder.is_dir():  # removed while the board booted: whatever step noticed first, one cause
                 raise BackendError("virtual %s board: its flash folder %s was deleted while it booted: run again "
                                    "(it is flashed afresh)" % (kind, folder)) from None
+            full = _host_disk_full(folder, model)
+            if full:  # the board's "filesystem is full" is the host's disk, which a user frees, not the board
+                raise BackendError("virtual %s board: %s" % (kind, full)) from None
             if isinstance(e, OSError):
                 raise
             raise BackendError("virtual %s board: %s" % (kind, vb.failed or e)) from None
