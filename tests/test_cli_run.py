@@ -118,7 +118,7 @@ def test_colour_marks_accepted_drafts_only_when_asked():
     (["--max-tokens", "0"], "--max-tokens must be at least 1"),
     (["--verifier", "nope"], "--verifier nope: not a serial port nor one of"),
     (["--drafter", "/dev/ttyNOPE"], "cannot open /dev/ttyNOPE"),
-    (["--models", "/nonexistent"], "drafter.spm is missing from /nonexistent"),
+    (["--models", "/nonexistent"], "--models /nonexistent: no such folder (the shipped models are in "),
     (["--temperature", "0.0004"], "--temperature: temperature 0.0004 rounds to 0 (greedy)"),
     (["--temperature", "70"], "--temperature: temperature 70.0 is outside 0..65.535"),
     (["--top-p", "1e-6"], "--top-p: top_p 1e-06 rounds to 0"),
@@ -126,6 +126,12 @@ def test_colour_marks_accepted_drafts_only_when_asked():
     (["--radio-dup", "1.5", "--transport", "espnow"], "--radio-dup is a probability: it must be in [0, 1), not 1.5"),
     (["--stats-json", "/nonexistent/x.json"], "--stats-json /nonexistent/x.json cannot be written: folder "
                                               "/nonexistent does not exist"),
+    (["--stats-json", ""], "--stats-json '' cannot be written: an empty name (give a file, or - for stdout)"),
+    (["--stop", ""], "--stop needs a non-empty string"),
+    (["--kernels", "viper"], "--kernels viper chooses the kernels a projection prices: add --project esp32s3"),
+    (["--plain", "--drafter", "bogus"], "--drafter bogus: not a serial port nor one of"),
+    (["--transport", "espnow"], "--transport espnow puts the virtual verifier board on the radio; with --verifier "
+                                "cpu nothing goes over it"),
     (["--prompt", "caf\udce9 au lait"], "the prompt is not UTF-8 text: byte 0xe9 at offset 3 of its 12 bytes"),
 ])
 def test_bad_input_is_one_line_and_status_2(models, capsys, extra, message):
@@ -213,6 +219,9 @@ def test_a_verifier_failing_mid_stream_fails_over_to_the_cpu_and_the_text_goes_o
     assert line.startswith("specmesh: verifier failing failed (/dev/ttyUSB1: node 2 did not answer") and \
         "cpu took over at token" in line
     assert stats["failovers"] == [line[len("specmesh: "):]]
+    # the table and the JSON name the verifier that finished the run, and the one that failed
+    assert stats["verifier"] == "cpu" and stats["failed"] == {"verifier": "failing"}
+    assert "cpu, which took over from failing (it failed)" in cap.out
     # when the verifier taken over fails too, the failure is one line and status 1
     monkeypatch.setitem(backends.VERIFIERS, "cpu", type("AlwaysFailing", (Failing,), {"after": 0}))
     rc, cap, _ = run("failing")
@@ -236,3 +245,20 @@ def test_host_works_without_torch_and_says_how_to_install_it(models):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [INSTALL_HINT] * 2
+
+
+def test_stats_json_to_stdout_leaves_it_the_json_alone(models, capsys):
+    """`--stats-json -`: stdout is the JSON (for `| jq`), the text and the table go to stderr."""
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--max-tokens", "4",
+                   "--stats-json", "-"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and json.loads(out)["tokens"] == 4
+    assert "\ntokens  " in err
+
+
+def test_a_flag_that_changes_nothing_is_said_in_one_line(models, capsys):
+    """--plain decodes on the verifier alone: drafter flags given with it are named, the run goes on."""
+    rc = cli.main(["run", "--models", str(models), "--verifier", "cpu", "--plain", "--drafter", "cpu", "--gamma", "3",
+                   "--max-tokens", "4", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 0 and err == "specmesh: note: --plain decodes on the verifier alone: --drafter, --gamma are not used\n"

@@ -234,7 +234,8 @@ def test_auto_port_picks_the_one_esp32(monkeypatch):
 def test_cli_flash_reports_errors_in_one_line(capsys, tmp_path):
     model = tmp_path / "m.spm"
     model.write_bytes(b"x")
-    assert cli.main(["flash", "--port", str(tmp_path / "nope"), "--role", "drafter", "--model", str(model)]) == 1
+    # a usage error, as `specmesh run` reports the same port: status 2
+    assert cli.main(["flash", "--port", str(tmp_path / "nope"), "--role", "drafter", "--model", str(model)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such port" in err and "Traceback" not in err
 
@@ -250,7 +251,7 @@ def test_cli_flash_stage_layers_are_checked_in_one_line(capsys, tmp_path, monkey
     monkeypatch.setattr(flash_mod.ports, "exists", lambda port: True)
     monkeypatch.setattr(flash_mod, "open_board", lambda port: pytest.fail("the board was opened"))
     model = ROOT / "models" / TARGET_FILE
-    assert cli.main(["flash", "--port", str(tmp_path / "nope"), "--model", str(model), *extra]) == 1
+    assert cli.main(["flash", "--port", str(tmp_path / "nope"), "--model", str(model), *extra]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
 

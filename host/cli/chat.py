@@ -38,16 +38,24 @@ def main(a: argparse.Namespace) -> int:
         return failed("chat", e)
 
 
-def _lines():
-    """The turns typed: input() with a prompt on a terminal, else stdin's lines; EOF ends them."""
-    tty = sys.stdin.isatty()
+def _lines(stdin=None):
+    """The turns typed: input() with a prompt on a terminal, else stdin's lines (read as bytes, each decoded on
+    its own); EOF ends them. A line that is not UTF-8 is skipped with one line saying so: the session goes on."""
+    stdin = stdin or sys.stdin
+    tty = stdin.isatty()
     while True:
         try:
-            line = input(PROMPT) if tty else sys.stdin.readline()
+            line = input(PROMPT) if tty else stdin.buffer.readline()
+            if not tty:
+                if not line:
+                    return
+                line = line.decode("utf-8")
         except EOFError:
             return
-        if not tty and not line:
-            return
+        except UnicodeDecodeError as e:
+            print("specmesh chat: that line is not UTF-8 text (byte 0x%02x at offset %d): skipped, type it in UTF-8"
+                  % (e.object[e.start], e.start), file=sys.stderr, flush=True)
+            continue
         yield line.rstrip("\r\n")
 
 

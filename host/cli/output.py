@@ -137,6 +137,16 @@ def _estimates(est: dict) -> list[tuple[str, object]]:
     return rows
 
 
+def _took_over(stats: dict, role: str):
+    """The back-end that ended the run in `role`, and the one it took over from when that failed mid-run."""
+    failed = (stats.get("failed") or {}).get(role)
+    if failed is None:
+        return stats[role]
+    if role == "drafter":
+        return "none: %s failed, plain decoding from then on" % failed
+    return "%s, which took over from %s (it failed)" % (stats[role], failed)
+
+
 def format_table(stats: dict) -> str:
     """The end-of-run table: one figure a line, then one line per board.
 
@@ -158,8 +168,8 @@ def format_table(stats: dict) -> str:
         ("decode tokens / s", "%s (%d tokens in %s s)" % (
             _fmt(stats["decode_tokens_per_s"]), stats["decode_tokens"], _fmt(stats["decode_s"]))),
         ("bus bytes / token", stats["bus_bytes_per_token"]),
-        ("verifier", stats["verifier"]),
-        ("drafter", stats["drafter"]),
+        ("verifier", _took_over(stats, "verifier")),
+        ("drafter", _took_over(stats, "drafter")),
     ]
     est = stats.get("estimates") or {}
     if stats.get("drafter") and est.get("cost_ratio_c") is not None:
@@ -202,8 +212,9 @@ def format_table(stats: dict) -> str:
 
 
 def write_stats_json(path: str, stats: dict) -> None:
-    """Write the stats JSON (keys REQUIRED_KEYS and more); raises OSError if the file cannot be written."""
+    """Write the stats JSON (keys REQUIRED_KEYS and more) to `path` as host/atomic.py `write_output` does (`-`:
+    stdout; a device or pipe straight; a regular file replaced atomically); OSError if it cannot be written."""
     missing = [k for k in REQUIRED_KEYS if k not in stats]
     if missing:
         raise ValueError("stats lack %s" % missing)
-    atomic.write_text(path, json.dumps(stats, indent=1, sort_keys=True) + "\n")
+    atomic.write_output(path, json.dumps(stats, indent=1, sort_keys=True) + "\n")

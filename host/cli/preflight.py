@@ -2,6 +2,8 @@
 left behind when one of these fails, and the failure is one line naming the file or port and what to do.
 
 - the model files parse: header, size and CRC (host/backends/modelio.py `check_model_file`);
+- the drafter speaks the target's tokens: the same vocabulary and, where both headers name one, the same
+  tokenizer (a drafter board's HELLO is checked again once it answers, before any text);
 - the prompt fits the target's context (the orchestrator would refuse it only after the boards were up);
 - every `--drafter`/`--verifier` names a known back-end (a port also as mpremote's `a0`, `u0`, `c0`), and
   every role given a serial port gets one that exists and opens now; `auto` is resolved here to the
@@ -58,12 +60,26 @@ def check_models(files: dict[str, Path], roles: list[str]) -> dict[str, Header]:
     return heads
 
 
-def check_context(prompt_tokens: int, target: Header, name: str = MODEL_FILES["verifier"]) -> None:
+def check_pair(target: Header, vocab: int, tokenizer_id: int, what: str) -> None:
+    """A drafter (`what`: its file, or the board that runs it) must draft the target's tokens: the same vocabulary
+    size, and the same tokenizer where both headers name one (tokenizer_id 0: not recorded)."""
+    if vocab != target.vocab:
+        raise PreflightError("the drafter %s has a vocabulary of %d tokens, the target's has %d: give a drafter "
+                             "trained with the target's tokenizer (--draft-model), or --plain" % (what, vocab, target.vocab))
+    if tokenizer_id and target.tokenizer_id and tokenizer_id != target.tokenizer_id:
+        raise PreflightError("the drafter %s was made with another tokenizer than the target (tokenizer id %08x, the "
+                             "target's %08x): give a drafter trained with the target's tokenizer (--draft-model), or "
+                             "--plain" % (what, tokenizer_id, target.tokenizer_id))
+
+
+def check_context(prompt_tokens: int, target: Header, name: str = MODEL_FILES["verifier"],
+                  source: str = "--prompt") -> None:
     """The prompt must leave room in the target's context for at least one generated token (the
-    drafter's context limits nothing: past it, rounds are plain; host/decode/orchestrator.py)."""
+    drafter's context limits nothing: past it, rounds are plain; host/decode/orchestrator.py). `source`: where
+    the prompt came from (--prompt, --prompt-file F, stdin), named in the message."""
     if prompt_tokens >= target.max_seq:
-        raise PreflightError("the prompt is %d tokens but the target model's context holds %d (%s): shorten --prompt"
-                             % (prompt_tokens, target.max_seq, name))
+        raise PreflightError("the prompt is %d tokens but the target model's context holds %d (%s): shorten the "
+                             "prompt from %s" % (prompt_tokens, target.max_seq, name, source))
 
 
 def check_backends(names: dict[str, str], transport: str, key: bytes | None = None) -> dict[str, str]:

@@ -21,12 +21,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specmesh.host import backends
+from specmesh.host.atomic import STDOUT
 from specmesh.host.backends import PIPELINE, BackendError, SessionParams
 from specmesh.host.cli.config import (DEFAULT_PROMPT, GAMMA_FLAG_MAX, RV32_PROJECT, RunConfig,  # noqa: F401
                                       UsageError, parse_gamma)
 from specmesh.host.cli.output import TokenStream, format_table, write_stats_json
 from specmesh.host.boardclasses import drafter_class
-from specmesh.host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
+from specmesh.host.cli.preflight import (PreflightError, check_backends, check_context, check_models, check_pair,
+                                         unknown_backend)
 from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, generate
@@ -52,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="target top-p, 1 = off (default: %(default)s)")
     p.add_argument("--draft-top-k", type=int, default=8, help="size of the drafter's q-hat tables (default: 8)")
     p.add_argument("--seed", type=int, default=0, help="session seed: same seed, same text (default: 0)")
-    p.add_argument("--drafter", default="virtual",
+    p.add_argument("--drafter", default=None,
                    help="PORT (or mpremote's a0, u0, c0) | auto (the flashed drafter board among the ESP32 USB "
                         "ports) | virtual | virtual:CLASS (a virtual board of that class) | cpu (default: virtual)")
     p.add_argument("--verifier", default="virtual",
@@ -78,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also project the run onto real boards of this class (host/projection/hardware.py); "
                         "gamma is then chosen for that hardware. esp32c3/esp32c6 price the instructions the run's "
                         "virtual:esp32c3/c6 boards executed under QEMU (docs/run.md)")
-    p.add_argument("--kernels", choices=("native", "viper"), default="native",
+    p.add_argument("--kernels", choices=("native", "viper"), default=None,
                    help="with --project: the board kernels the projection prices (default native: the xtensawin "
                         "module; viper: the MicroPython-only engine)")
     p.add_argument("--calibration", metavar="FILE", type=Path,
@@ -90,7 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-file", metavar="F", type=Path,
                    help="sign and check every frame with this deployment key (boards flashed with the same "
                         "--key-file; virtual boards get it at flashing)")
-    p.add_argument("--stats-json", metavar="FILE", help="write the run's figures as JSON")
+    p.add_argument("--stats-json", metavar="FILE",
+                   help="write the run's figures as JSON to FILE (a device, pipe or FIFO is written straight, a "
+                        "symlink followed), or - for stdout (the text and the table then go to stderr)")
     p.add_argument("--models", type=Path, default=MODELS,
                    help="folder with %s, %s and a llama2.c %s" % (MODEL_FILES["drafter"], MODEL_FILES["verifier"],
                                                                    TOKENIZER_FILE))
@@ -104,8 +108,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_args(a: argparse.Namespace) -> RunConfig:
-    """The run's configuration from its arguments, checked (UsageError: one line); `a` is left as it is."""
-    return RunConfig.from_args(a)
+    """The run's configuration from its arguments, checked (UsageError: one line); `a` is left as it is. A flag
+    given that changes nothing is said in one line on stderr."""
+    config = RunConfig.from_args(a)
+    for note in config.notes:
+        print("specmesh: note: " + note, file=sys.stderr, flush=True)
+    return config
 
 
 def load_tokenizer(models: Path):
@@ -185,8 +193,10 @@ def build_stats(config: RunConfig, params: SessionParams, result: Result, text: 
         "bus_bytes_per_token_by_link": {  # the host's link to each board (0 for an in-process back-end)
             "verifier": sum(r.bytes_verify for r in result.rounds) / n if n else 0.0,
             "drafter": sum(r.bytes_draft for r in result.rounds) / n if n else 0.0},
-        "verifier": verifier.name,
-        "drafter": drafter.name if drafter else None,
+        # the back-ends that ended the run: the cpu verifier where the one asked for failed, none for a failed drafter
+        "verifier": "cpu" if "verifier" in result.failed else verifier.name,
+        "drafter": None if "drafter" in result.failed else (drafter.name if drafter else None),
+        "failed": dict(result.failed),  # role -> the back-end that failed mid-run (its line: failovers)
         "drafter_model": (drafter.info.get("model") if hasattr(drafter, "info") else
                           config.model_file("drafter").name) if drafter else None,
         "stop": result.stop,
@@ -266,7 +276,10 @@ def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
     try:
         roles = sorted({*names, *(["drafter"] if config.project else [])})
         headers = check_models({r: config.model_file(r) for r in roles}, roles)
-        check_context(prompt_tokens, headers["verifier"], config.model_file("verifier").name)
+        if "drafter" in headers:
+            check_pair(headers["verifier"], headers["drafter"].vocab, headers["drafter"].tokenizer_id,
+                       str(config.model_file("drafter")))
+        check_context(prompt_tokens, headers["verifier"], config.model_file("verifier").name, config.prompt_from)
         n_layers = headers["verifier"].n_layers
         in_range("--stages", config.stages, 0, n_layers, "0: one verifier; at most the target's %d layers" % n_layers)
         return headers, check_backends(names, config.transport, config.key)
@@ -287,6 +300,8 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
     with Setup(config) as setup:
         verifier = setup.make("verifier", names["verifier"])
         drafter = None if config.plain else setup.make("drafter", names["drafter"])
+        if drafter is not None:
+            _check_running_drafter(drafter, headers["verifier"])
         if drafter is not None and "drafter" in headers:  # price the model the drafter board runs
             headers["drafter"] = _drafter_head(drafter, config.model_file("drafter"), headers["drafter"])
         # With sampling, which positions get a draft changes the text (the accept test and the residual
@@ -346,6 +361,18 @@ def gamma_controller(config: RunConfig, drafter) -> GammaController:
     return controller
 
 
+def _check_running_drafter(drafter, target) -> None:
+    """A drafter board may run another model than the file the host checked (flashed before, by hand): its
+    HELLO's vocabulary must be the target's, before any text (host/cli/preflight.py `check_pair`)."""
+    vocab = getattr(drafter, "info", {}).get("vocab")
+    if vocab is None:
+        return
+    try:
+        check_pair(target, vocab, 0, "on %s (%s)" % (drafter.name, running_model(drafter) or "its model"))
+    except PreflightError as e:
+        raise UsageError(str(e)) from None
+
+
 def _drafter_head(drafter, given: Path, head):
     """The header of the model a drafter board reports running (HELLO: e.g. drafter.spm on an S3 drafter board
     where its class's drafter was assumed) when that file is beside `given`; else `head`, `given`'s."""
@@ -383,14 +410,16 @@ def failed(command: str, e: Exception | KeyboardInterrupt) -> int:
 
 
 def _main(a: argparse.Namespace) -> int:
+    # `--stats-json -`: stdout holds the JSON alone (for a pipe to jq), so the text and the table go to stderr
+    out = sys.stderr if a.stats_json == STDOUT else sys.stdout
     try:
-        stats = run(a)
+        stats = run(a, out)
     except BrokenPipeError:
         raise
     except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every failure is one line for the user
         return failed("run", e)
-    print(format_table(stats))
-    if a.stats_json:
+    print(format_table(stats), file=out)
+    if a.stats_json is not None:
         try:
             write_stats_json(a.stats_json, stats)
         except OSError as e:

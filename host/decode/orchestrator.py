@@ -63,6 +63,7 @@ class Result:
     stop: str = "max_tokens"  # "eos", "max_tokens", "context" or "stop" (`stop_when` ended it)
     begin_s: float = 0.0  # the BEGIN calls (a drafter board prefills there; a verifier at its first verdict)
     failovers: list[str] = field(default_factory=list)  # one line per back-end that failed and was replaced
+    failed: dict[str, str] = field(default_factory=dict)  # role -> name of its back-end that failed mid-run
 
     @property
     def drafted(self) -> int:
@@ -276,6 +277,7 @@ class _Failover:
             if self.fallback is None:
                 raise
             self._say("drafter %s failed (%s): going on with plain decoding" % (drafter.name, e))
+            self.result.failed.setdefault("drafter", drafter.name)
             return None, Draft(len(committed))
 
     def verify(self, verifier: Verifier, params: SessionParams, committed: list[int], draft: Draft,
@@ -288,6 +290,7 @@ class _Failover:
             if self.fallback is None:
                 raise
             failed, verifier = verifier, self.fallback()
+            self.result.failed.setdefault("verifier", failed.name)
             verifier.begin(params, committed)
             verdict = verifier.verify(committed, draft)
             self._say("verifier %s failed (%s): %s took over at token %d, %.2f s after"
@@ -306,6 +309,7 @@ class _Failover:
             if self.fallback is None:
                 raise
             self._say("drafter %s failed (%s): going on with plain decoding" % (drafter.name, e))
+            self.result.failed.setdefault("drafter", drafter.name)
             return None
         return drafter
 

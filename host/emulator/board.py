@@ -288,9 +288,11 @@ class VirtualBoard:
         os.set_blocking(ready_r, False)
         env = self._env(mode)
         env["VBOARD_READY_FD"] = str(ready_w)
-        heap = (self.board.heap_bytes + shim_footprint() + romfs_heap(self.romfs_bytes)
-                + (self.code_heap() if self.frozen_code else 0))
         try:
+            if not self.flash_dir.is_dir():  # removed under a running board (rm -rf build/vboards)
+                raise FileNotFoundError(errno.ENOENT, "no such folder", str(self.flash_dir))
+            heap = (self.board.heap_bytes + shim_footprint() + romfs_heap(self.romfs_bytes)
+                    + (self.code_heap() if self.frozen_code else 0))
             proc = subprocess.Popen(
                 [micropython_binary(), "-X", f"heapsize={heap}", "-c", "import _vboard"],
                 stdin=self._stdin_r,
@@ -303,6 +305,11 @@ class VirtualBoard:
                 pass_fds=(ready_w,),
                 bufsize=0,
             )
+        except OSError as e:
+            os.close(ready_r)
+            raise BoardError("%s: its flash folder %s is gone (deleted while the board ran?): run again, which "
+                             "flashes it afresh" % (self.name, self.flash_dir)
+                             if not self.flash_dir.is_dir() else "%s: cannot start its VM: %s" % (self.name, e)) from None
         finally:
             os.close(ready_w)
         with self._lock:

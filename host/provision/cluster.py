@@ -53,6 +53,20 @@ VBOARDS = _vboards_dir()
 BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier, "stage": BoardStage}
 
 
+def _host_disk_full(folder: Path, model: Path) -> str | None:
+    """Why a virtual board's flash failed when the host's disk holding its folder has no room for the model (a
+    write the board saw as ENOSPC: "board filesystem is full"), as one line saying what to free; else None."""
+    try:
+        free = shutil.disk_usage(folder).free
+        need = model.stat().st_size + (1 << 20)  # the model beside the node's files
+    except OSError:
+        return None
+    if free >= need:
+        return None
+    return ("the host's disk holding %s is full (%d KiB free, about %d KiB needed): free space there, or set "
+            "SPECMESH_VBOARDS to a folder on another disk" % (folder, free // 1024, need // 1024))
+
+
 def split_layers(n_layers: int, n: int) -> list[tuple[int, int]]:
     """n contiguous slices (a, b) of n_layers layers, as even as can be; ValueError if n is not 1..n_layers
     (`specmesh run --stages` is checked before: host/cli/ranges.py)."""
@@ -225,6 +239,7 @@ class Cluster(contextlib.ExitStack):
         node_id = NODE_ID[kind] + (0 if stage is None else stage[0])
         folder = self.root / (name if radio is None else name + "-espnow")
         folder.mkdir(parents=True, exist_ok=True)
+        self._lock(folder)
         cfg_path = folder / "specmesh.json"
         cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
         for key in ("link", "espnow"):
@@ -257,11 +272,40 @@ class Cluster(contextlib.ExitStack):
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
                 report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
                                clear_key=True, layers=layers, config=cfg, board_class=vb.board.name)
-        except (BoardError, FlashError) as e:
-            raise BackendError("virtual %s board: %s" % (kind, e)) from None
+        except (BoardError, FlashError, OSError) as e:  # a VM that could not restart says why better than the flash
+            if not folder.is_dir():  # removed while the board booted: whatever step noticed first, one cause
+                raise BackendError("virtual %s board: its flash folder %s was deleted while it booted: run again "
+                                   "(it is flashed afresh)" % (kind, folder)) from None
+            full = _host_disk_full(folder, model)
+            if full:  # the board's "filesystem is full" is the host's disk, which a user frees, not the board
+                raise BackendError("virtual %s board: %s" % (kind, full)) from None
+            if isinstance(e, OSError):
+                raise
+            raise BackendError("virtual %s board: %s" % (kind, vb.failed or e)) from None
         say("%s: %s" % (what, summary(report, time.monotonic() - t0)))
         self.boards[name] = vb
         return vb
+
+    def _lock(self, folder: Path) -> None:
+        """Hold `folder` (a board's flash) for this cluster's life: a second run on the same folder is refused in
+        one line rather than flashing over this one's board (both wrote /models/target.spm.part). An advisory
+        lock on FOLDER.lock beside it (the flash folder is the board's file system); the kernel drops it when
+        this process ends, however it ends, so a killed run leaves nothing to clean."""
+        import fcntl
+
+        path = folder.with_name(folder.name + ".lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise BackendError("virtual board folder %s is in use by another specmesh run%s: wait for it to end, or "
+                               "give this one its own folder (SPECMESH_VBOARDS=DIR)"
+                               % (folder, " (pid %s)" % holder if holder.isdigit() else "")) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, b"%d\n" % os.getpid(), 0)
+        self.callback(os.close, fd)
 
     def _start_espnow(self) -> Bus:
         from specmesh.host.emulator.radio import RadioHub
