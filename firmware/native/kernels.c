@@ -29,10 +29,11 @@ typedef uint8_t u8;
 #define INTERNAL static
 #endif
 
-/* round(a * 2^-s), half up; a << -s when s <= 0. |a| < 2^30 (so a + 2^(s-1) fits). */
+/* round(a * 2^-s), half up; a << -s when s <= 0 (0 from 32 on: the exact value modulo 2^32, where C
+   and the cores' shifters differ). |a| < 2^30 (so a + 2^(s-1) fits). */
 INLINE i32 rshr(i32 a, int s) {
     if (s <= 0) {
-        return (i32)((uint32_t)a << -s);
+        return s <= -32 ? 0 : (i32)((uint32_t)a << -s);
     }
     if (s > 30) {  /* |a| < 2^30 <= 2^(s-1): the rounded value is 0 */
         return 0;
@@ -52,7 +53,7 @@ INLINE i32 mulsh(i32 a, i32 m, int s) {
     if (s >= 1) {
         return (i32)((uint32_t)((a >> 15) * m) << (15 - s)) + ((((a & 0x7FFF) * m) + (1 << (s - 1))) >> s);
     }
-    return (i32)((uint32_t)(a * m) << -s);
+    return s <= -32 ? 0 : (i32)((uint32_t)(a * m) << -s);
 }
 
 /* The least shift that fits max |x[0..n)| in `bits` bits. */
