@@ -110,14 +110,18 @@ INLINE void group(const int8_t *w, const i32 *x, int cols, const int G, const in
     i32 *out, int ostride) {
     i32 a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0;
     const int8_t *wend = w + cols;
-    if (U == 4) {
+    if (U == 5 || (U == 4 && cols >= 4)) {
         const int8_t *end4 = w + (cols & ~3);
-        for (; w != end4; w += 4, x += 4 * S) {
+        do {
             MAC(0) MAC(1) MAC(2) MAC(3)
-        }
+            w += 4;
+            x += 4 * S;
+        } while (w != end4);
     }
-    for (; w != wend; w += 1, x += S) {
-        MAC(0)
+    if (U != 5) {  /* U = 5: four columns an iteration, cols a positive multiple of 4: no remainder */
+        for (; w != wend; w += 1, x += S) {
+            MAC(0)
+        }
     }
     out[0] = a0;
     if (G > 1) out[ostride] = a1;
@@ -210,33 +214,34 @@ INTERNAL void group_strided(const int8_t *w, const i32 *x, int cols, int g, int 
 }
 
 /* out[j*rows + r] = sum_c int8 w[r*cols + c] * x[c*k + j], r < rows, j < k. Weights are loaded once per
-   group of up to 5 positions; a pass of k <= 5 is one group with its stride known at compile time. */
+   group of up to 5 positions; a pass of k <= 5 is one group with its stride known at compile time. Each
+   group size has a row loop of its own (the switch outside it), so a row costs its group's setup and
+   stores only: one loop over every case kept the other cases' values on the stack across rows. */
+#if defined(__SSE2__)
+#define ROWS(G) for (; rows > 0; rows--, w += cols, out++) { \
+        if (G == 1) out[0] = dot_sse2(w, x, cols); else group_sse2(w, x, cols, G, G, out, nrows); }
+#else
+/* The models' rows are multiples of 4 columns: their loop has no remainder to set up or test per row. */
+#define ROWS(G) if ((cols & 3) || cols == 0) { \
+        for (; rows > 0; rows--, w += cols, out++) group(w, x, cols, G, G, 4, out, nrows); \
+    } else if (rows > 0) { \
+        do { group(w, x, cols, G, G, 5, out, nrows); w += cols; out++; } while (--rows); \
+    }
+#endif
 INTERNAL void k_matmul(const int8_t *w, const i32 *x, int rows, int cols, int k, i32 *out) {
-    for (int r = 0; r < rows; r++, w += cols, out++) {
-        switch (k) {
-            case 1:
-                #if defined(__SSE2__)
-                out[0] = dot_sse2(w, x, cols);
-                #else
-                group(w, x, cols, 1, 1, 4, out, rows);
-                #endif
-                break;
-            #if defined(__SSE2__)
-            case 2: group_sse2(w, x, cols, 2, 2, out, rows); break;
-            case 3: group_sse2(w, x, cols, 3, 3, out, rows); break;
-            case 4: group_sse2(w, x, cols, 4, 4, out, rows); break;
-            case 5: group_sse2(w, x, cols, 5, 5, out, rows); break;
-            #else
-            case 2: group(w, x, cols, 2, 2, 4, out, rows); break;
-            case 3: group(w, x, cols, 3, 3, 4, out, rows); break;
-            case 4: group(w, x, cols, 4, 4, 4, out, rows); break;
-            case 5: group(w, x, cols, 5, 5, 4, out, rows); break;
-            #endif
-            default:
+    const int nrows = rows;
+    switch (k) {
+        case 1: ROWS(1) break;
+        case 2: ROWS(2) break;
+        case 3: ROWS(3) break;
+        case 4: ROWS(4) break;
+        case 5: ROWS(5) break;
+        default:
+            for (; rows > 0; rows--, w += cols, out++) {
                 for (int j = 0; j < k; j += 5) {
-                    group_strided(w, x + j, cols, k - j < 5 ? k - j : 5, k, out + j * rows, rows);
+                    group_strided(w, x + j, cols, k - j < 5 ? k - j : 5, k, out + j * nrows, nrows);
                 }
-        }
+            }
     }
 }
 
