@@ -100,7 +100,10 @@ def classify(code: list[tuple[int, str, str]], arch: str) -> list[InnerLoop]:
     """The innermost loops of `code` that multiply weight bytes, with their columns and positions."""
     _, byte_loads, muls = ARCHES[arch]
     found = []
-    for lp in [lp for lp in loops(code) if lp.inner] + zero_overhead(code):
+    zol = [c[0] for c in code if c[1].startswith("loop")]
+    # a branch loop around a zero-overhead loop (a row loop) is not innermost
+    branch = [lp for lp in loops(code) if lp.inner and not any(lp.lo <= a <= lp.hi for a in zol)]
+    for lp in branch + zero_overhead(code):
         body = [c for c in code if lp.lo <= c[0] <= lp.hi]
         u = sum(m in byte_loads for _, m, _ in body)
         k = sum(m in muls for _, m, _ in body)
