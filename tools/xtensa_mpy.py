@@ -10,7 +10,7 @@ v1.28.0's mpy_ld.py *added* the pool offset to the L32R immediate already in the
 leaves 0 but llvm-mc-22 pre-fills (0xffff): every such load then read a word far from its literal, and the
 shipped module's `matmul` came back as an int on every ESP32 (vendor/patches/ fixes it). This module finds
 the instructions by a linear sweep of the code (an Xtensa instruction's length follows from its first
-nibble; llvm-mc pads between functions with nop, nop.n or one zero byte before an `entry`), checks the
+nibble; llvm-mc pads with nop, nop.n or one zero byte, before an `entry` or after a jump), checks the
 sweep against every function start the module names (the jump, the GOT's and rodata's code pointers,
 each call8 target), then checks every L32R: its word lies in the GOT or LIT, every pool word is loaded by
 some L32R (mpy_ld.py makes entries only for literals the code loads), and a register loaded by L32R and
@@ -53,6 +53,7 @@ class Code:
     call_targets: set[int] = field(default_factory=set)
     l32r: list[tuple[int, int, int]] = field(default_factory=list)
     called_l32r: list[tuple[int, int]] = field(default_factory=list)  # (callx8 offset, L32R target)
+    pads: list[int] = field(default_factory=list)  # single padding bytes stepped over
 
 
 def parse(data: bytes) -> Module:
@@ -132,10 +133,11 @@ def is_entry(text: bytes, off: int) -> bool:
 def sweep(text: bytes, start: int) -> Code:
     """Decode from `start` to the end of text: instruction offsets, call8 targets, L32Rs, and callx8s of a
     register whose last write in the function was an L32R."""
-    code, off, loaded = Code(start), start, {}
+    code, off, loaded, jump_to = Code(start), start, {}, -1
     while off < len(text):
-        if text[off] == 0 and off % 4 == 3 and is_entry(text, off + 1):
-            off += 1  # one byte of padding before a function
+        if text[off] == 0 and off % 4 == 3 and (jump_to == off + 1 or is_entry(text, off + 1)):
+            code.pads.append(off)  # one byte of padding before a function, or that a jump steps over
+            off += 1
             continue
         if is_entry(text, off):
             loaded = {}
@@ -145,6 +147,7 @@ def sweep(text: bytes, start: int) -> Code:
         ins = int.from_bytes(text[off:off + n], "little")
         code.insns.append(off)
         op0, t = ins & 0xF, ins >> 4 & 0xF
+        jump_to = off + 4 + ((ins >> 6) - ((ins >> 6 & 1 << 17) << 1)) if n == 3 and op0 == 6 and t & 3 == 0 else -1  # J
         if n == 3 and op0 == 1:  # L32R at, label
             target = ((off + 3) & ~3) + (((ins >> 8) - 0x10000) << 2)
             code.l32r.append((off, t, target))
