@@ -31,7 +31,7 @@ A missing or unreadable file gives the defaults (an idle node that still answers
 import json
 import os
 
-from shared.board import CTR, DEFAULTS, KMAX, LINKS, NODE_IDS, ROLES, SPEC_AHEAD
+from shared.board import CTR, DEFAULTS, FLASHING, KMAX, LINKS, NODE_IDS, ROLES, SPEC_AHEAD
 
 PATH = "specmesh.json"
 
@@ -109,7 +109,7 @@ def half_flashed(cfg):
     first and the real config last, host/provision/flash.py), so the files may be a mix of two versions.
     Then the node must not start: say so on the console, at once and for every line received (the host
     turns messages.HALF_FLASHED into the command that finishes the job, host/bus/links.py), until Ctrl-C."""
-    role = cfg.get("flashing")
+    role = cfg.get(FLASHING)
     if not role:
         return False
     import sys

@@ -11,9 +11,10 @@ the same reserves (host/boardclasses.py).
 ROLES = ("idle", "drafter", "verifier", "stage")
 LINKS = ("stdio", "uart", "espnow", "gateway")  # the board config's "link"
 
-# The board config file's keys (firmware/config.py documents each) and the defaults of a missing file
-CONFIG_KEYS = ("node_id", "role", "model", "link", "uart", "espnow", "spec_ahead", "kmax", "layers", "n_ctx", "key",
-               "ctr", "board", "flashing")
+# The board config file (firmware/config.py documents each key): the defaults of a missing file, and the key a
+# `specmesh flash` writes first and removes last (host/provision/flash.py), so a board interrupted meanwhile
+# knows it is half-flashed
+FLASHING = "flashing"
 DEFAULTS = {"node_id": 1, "role": "idle", "model": "", "link": "stdio", "spec_ahead": 0}
 
 # Bounds, inclusive
