@@ -31,35 +31,31 @@ A missing or unreadable file gives the defaults (an idle node that still answers
 import json
 import os
 
+from shared.board import CTR, DEFAULTS, FLASHING, KMAX, LINKS, NODE_IDS, ROLES, SPEC_AHEAD
+
 PATH = "specmesh.json"
-
-ROLES = ("idle", "drafter", "verifier", "stage")
-LINKS = ("stdio", "uart", "espnow", "gateway")
-
-DEFAULTS = {"node_id": 1, "role": "idle", "model": "", "link": "stdio", "spec_ahead": 0}
 
 
 class ConfigError(Exception):
     """A config value that cannot be used; the message names the key."""
 
 
+def _bounded(key, value, bounds):
+    if not isinstance(value, int) or not bounds[0] <= value <= bounds[1]:
+        raise ConfigError("%s must be an int in %d..%d, not %r" % (key, bounds[0], bounds[1], value))
+
+
 def check(cfg):
     """Raise ConfigError unless `cfg` holds usable values; returns cfg."""
-    nid = cfg.get("node_id")
-    if not isinstance(nid, int) or not 1 <= nid <= 254:
-        raise ConfigError("node_id must be an int in 1..254, not %r" % (nid,))
+    _bounded("node_id", cfg.get("node_id"), NODE_IDS)
     if cfg.get("role") not in ROLES:
         raise ConfigError("role must be one of %s, not %r" % ("/".join(ROLES), cfg.get("role")))
     if cfg.get("link") not in LINKS:
         raise ConfigError("link must be one of %s, not %r" % ("/".join(LINKS), cfg.get("link")))
     if not isinstance(cfg.get("model"), str):
         raise ConfigError("model must be a file name")
-    ahead = cfg.get("spec_ahead")
-    if not isinstance(ahead, int) or not 0 <= ahead <= 64:
-        raise ConfigError("spec_ahead must be an int in 0..64, not %r" % (ahead,))
-    kmax = cfg.get("kmax", 1)
-    if not isinstance(kmax, int) or not 1 <= kmax <= 256:
-        raise ConfigError("kmax must be an int in 1..256, not %r" % (kmax,))
+    _bounded("spec_ahead", cfg.get("spec_ahead"), SPEC_AHEAD)
+    _bounded("kmax", cfg.get("kmax", 1), KMAX)
     lay = cfg.get("layers")
     if cfg["role"] == "stage" and not (isinstance(lay, list) and len(lay) == 2 and isinstance(lay[0], int)
                                        and isinstance(lay[1], int) and 0 <= lay[0] < lay[1]):
@@ -67,9 +63,7 @@ def check(cfg):
     n_ctx = cfg.get("n_ctx", 0)
     if not isinstance(n_ctx, int) or n_ctx < 0:
         raise ConfigError("n_ctx must be an int >= 0, not %r" % (n_ctx,))
-    ctr = cfg.get("ctr", 0)
-    if not isinstance(ctr, int) or not 0 <= ctr <= 0xFFFFFFFF:
-        raise ConfigError("ctr must be an int in 0..2**32-1, not %r" % (ctr,))
+    _bounded("ctr", cfg.get("ctr", 0), CTR)
     key = cfg.get("key", "")
     try:
         bytes.fromhex(key)
@@ -115,7 +109,7 @@ def half_flashed(cfg):
     first and the real config last, host/provision/flash.py), so the files may be a mix of two versions.
     Then the node must not start: say so on the console, at once and for every line received (the host
     turns messages.HALF_FLASHED into the command that finishes the job, host/bus/links.py), until Ctrl-C."""
-    role = cfg.get("flashing")
+    role = cfg.get(FLASHING)
     if not role:
         return False
     import sys

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specmesh.host.layout import DRAFTER_FILE
+from specmesh.shared import board
 from specmesh.shared.modelfile import Header, body_size, stage_bytes
 
 
@@ -137,9 +138,9 @@ ROLE_CLASS = {"drafter": ESP32.name, "verifier": ESP32S3.name, "stage": ESP32.na
 
 
 # Where a board keeps a whole model (host/projection/costmodel.py prices it; `specmesh flash` follows it):
-NODE_RESERVE = 22528  # heap a drafter node keeps free after loading its engine (firmware/node.py _RESERVE)
-HEAP_CONTEXT = 64  # a node halves its context until its reserve is free, down to 64 positions (firmware/node.py
-# _MIN_CTX): a model whose engine fits the heap at that context runs from the heap
+NODE_RESERVE = board.RESERVE  # heap a drafter node keeps free after loading its engine
+HEAP_CONTEXT = board.MIN_CTX  # a node halves its context until its reserve is free, down to this many positions:
+# a model whose engine fits the heap at that context runs from the heap
 ENGINE_BUFFERS = 16 * 1024  # an engine's activations, logits and tables besides weights and KV cache
 # (docs/pipeline.md measures 66.1 KB for a stage engine of 47.5 KB weights and an 8.4 KB cache: ~10 KB)
 
@@ -153,7 +154,7 @@ def kv_bytes(h: Header, n_ctx: int, layers: int | None = None) -> int:
 # A pipeline stage (docs/pipeline.md, memory per stage): its layers, their KV cache, the engine's buffers and the
 # node's reserve in the heap; the last stage also the rule's dense tables and, where the heap allows, the classifier
 STAGE_CTX = 128  # a stage's context on a board without PSRAM (`specmesh flash` writes it)
-STAGE_RESERVE = 16384  # heap a stage node keeps free after loading (firmware/node.py _STAGE_RESERVE)
+STAGE_RESERVE = board.STAGE_RESERVE  # heap a stage node keeps free after loading
 
 
 def classifier_bytes(h: Header) -> int:

@@ -273,15 +273,3 @@ def test_the_first_position_sent_at_the_verdict_overlaps_the_drafting(heads):
     assert v < pp.wavefront(x.pos0 - 1, x.gamma + 1, 0, judged(x) - 1, draft_entries(x))
 
 
-def test_the_heap_budgets_are_the_nodes():
-    """host/boardclasses.py's reserves and shortest context are firmware/node.py's constants (the projection's
-    estimate of what a node holds, stage_keeps_classifier included, rests on them)."""
-    import re
-
-    from specmesh.host import boardclasses
-
-    node = (ROOT / "firmware" / "node.py").read_text()
-    consts = {k: int(v) for k, v in re.findall(r"^(_\w+) = const\((\d+)\)", node, re.M)}
-    assert consts["_STAGE_RESERVE"] == boardclasses.STAGE_RESERVE
-    assert consts["_RESERVE"] == boardclasses.NODE_RESERVE
-    assert consts["_MIN_CTX"] == boardclasses.HEAP_CONTEXT

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from specmesh.shared import rule
+from specmesh.shared import rule, sampling
 from specmesh.shared.messages import MAX_GAMMA
 
 
@@ -90,7 +90,7 @@ class SessionParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return sampling.is_greedy(self.temp_milli)
 
     @property
     def temp_milli(self) -> int:

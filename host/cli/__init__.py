@@ -6,6 +6,8 @@ import signal
 import sys
 import time
 
+from specmesh.shared.board import NODE_IDS, ROLES
+
 
 def _add_run(sub) -> None:
     from specmesh.host.cli import run as runner
@@ -19,7 +21,7 @@ def _add_flash(sub) -> None:
     p = sub.add_parser("flash", help="flash the node (drafter, verifier or pipeline stage) onto a board with mpremote")
     p.add_argument("--port", default="auto", help="serial port of the board (a0, u0, c0 as in mpremote), or `auto` "
                    "(default) to find it")
-    p.add_argument("--role", required=True, choices=["drafter", "verifier", "stage"])
+    p.add_argument("--role", required=True, choices=ROLES[1:])
     p.add_argument("--layers", metavar="A:B", default=None,
                    help="--role stage: the target's layers A..B-1 this board holds (docs/pipeline.md)")
     p.add_argument("--model", default=None, help="model file (default: models/target.spm; a drafter gets its board "
@@ -54,7 +56,7 @@ def _flash(args) -> int:
 
     try:
         if args.node_id is not None:
-            in_range("--node-id", args.node_id, 1, 254, "255 is the broadcast address")
+            in_range("--node-id", args.node_id, *NODE_IDS, "255 is the broadcast address")
         key = load_key(args.key_file) if args.key_file else None
         port = resolve_port(args.port)
         t0 = time.monotonic()

@@ -16,6 +16,7 @@ from specmesh.host.boardclasses import drafter_class
 from specmesh.host.cli.ranges import SEED, RangeError, in_range, probability
 from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path
 from specmesh.shared import messages as m
+from specmesh.shared.sampling import is_greedy
 
 DEFAULT_PROMPT = "Once upon a time"
 GAMMA_FLAG_MAX = 16  # the largest --gamma; a round drafts at most what both back-ends' HELLO allows
@@ -99,6 +100,10 @@ class RunConfig:
 
             return self.models / drafter_file(self.drafter, self.models, self.transport)
         return model_path(self.models, role)
+
+    @property
+    def greedy(self) -> bool:
+        return is_greedy(temp_milli(self.temperature))
 
     def session_params(self, eos: int) -> SessionParams:
         return SessionParams(seed=self.seed, temperature=self.temperature, draft_top_k=self.draft_top_k,

