@@ -11,8 +11,8 @@ import sys
 from array import array
 
 sys.path[:0] = ["firmware", "."]
-import kernels  # noqa: E402
-import refkernels  # noqa: E402
+import kernels
+import refkernels
 
 SHIFTS = (-100, -64, -40, -33, -32, -31, -17, -1, 0, 1, 15, 16, 29, 30, 31, 32, 33, 45, 46, 47, 48,
           63, 64, 65, 79, 80, 81, 95, 96, 97, 127, 128, 140, 150)
