@@ -111,27 +111,45 @@ def _backend(kind: str, bus: Bus, node: int, where: str):
     return BACKEND[kind](Proxy(bus, node), where)
 
 
+FIRST_HELLO_S = 2.0  # a running node answers HELLO well within this; past it the board may sit at its REPL
+# Ctrl-C (stop what runs), Ctrl-B (leave the raw REPL: a soft reset there skips main.py), Ctrl-D (soft reset: main.py
+# starts the node), each let land before the next; bytes a running node, which reads frames with Ctrl-C off, drops
+SOFT_RESET = (b"\r\x03\x03", b"\x02", b"\x04")
+
+
 def discover(bus: Bus, deadline: float = 10.0) -> int:
-    """Node id of the board on a serial link (HELLO to broadcast; the reply says who answered)."""
+    """Node id of the board on a serial link (HELLO to broadcast; the reply says who answered). A board that does
+    not answer within FIRST_HELLO_S may be sitting at its REPL (after `specmesh console`, an interrupted `specmesh
+    flash`, `flash --no-reset`): it is soft-reset once, which starts its node (or shows it half-flashed), and
+    asked again."""
     from specmesh.host.bus.proxy import ProxyError  # noqa: PLC0415
 
     try:
+        return bus.request(BROADCAST, m.HELLO, deadline=min(FIRST_HELLO_S, deadline)).src
+    except ProxyError as e:
+        if bus.link.error:  # diagnosed already: a key mismatch, a half-flashed board
+            raise BackendError(no_node(bus.link, e, deadline)) from None
+    for keys in SOFT_RESET:
+        bus.link.write_raw(keys)
+        time.sleep(0.2)
+    try:
         return bus.request(BROADCAST, m.HELLO, deadline=deadline).src
     except ProxyError as e:
-        raise BackendError(no_node(bus.link, e, deadline)) from None
+        raise BackendError(no_node(bus.link, e, deadline, reset=True)) from None
 
 
-def no_node(link, e: Exception, deadline: float) -> str:
+def no_node(link, e: Exception, deadline: float, reset: bool = False) -> str:
     """Why no specmesh node answered HELLO on `link`, in one line: what the link diagnosed (a key mismatch, a
     half-flashed board), an answer that is not a node's (a REPL, a traceback, another device's bytes), or
-    silence."""
+    silence. `reset`: a soft reset was tried (discover), which the line says."""
     port = link.port
     if link.error:
         return link.error
     fix = "flash the node with `specmesh flash --port %s --role drafter|verifier`" % port
     text = [t.strip() for t in link.text if t.strip()]
     if text and _readable(text[-1]):
-        return "%s answers, but not as a specmesh node: it printed %r (%s)" % (port, text[-1][:100], fix)
+        return "%s answers, but not as a specmesh node%s: it printed %r (%s)" % (
+            port, " even after a soft reset" if reset else "", text[-1][:100], fix)
     received, errors = link.noise()
     if received:
         kinds = ", ".join("%d %s" % (n, k) for k, n in sorted(errors.items())) or "no whole line"
