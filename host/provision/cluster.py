@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -227,6 +228,7 @@ class Cluster(contextlib.ExitStack):
         self.radio = radio
         self.boards: dict = {}
         self._bus: Bus | None = None
+        self._mutex = threading.Lock()  # boards started side by side (pipeline) add to the stack and `boards`
 
     def model(self, kind: str, board: str | None = None) -> Path:
         """The model file a board of role `kind` (and class `board`) is flashed with: the one named in
@@ -240,11 +242,13 @@ class Cluster(contextlib.ExitStack):
         return model_path(self.models, kind)
 
     def start(self, kind: str, config: dict | None = None, radio=None, board: str | None = None,
-              stage: tuple[int, int, int] | None = None):
+              stage: tuple[int, int, int] | None = None, progress: bool = True):
         """Start and flash the virtual board for `kind`; returns it (its `port` is the serial device).
 
         `config`: board-config keys (link, espnow peers) written before flashing, which keeps them.
-        `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1."""
+        `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1. `progress` False:
+        no progress bars (boards flashed side by side would draw over each other's). Safe to call from several
+        threads at once: each board has its own folder, and what the cluster keeps is added under a lock."""
         from specmesh.host.emulator import BoardError, make_board  # noqa: PLC0415
         from specmesh.host.emulator.board import FlashDamaged  # noqa: PLC0415
         from specmesh.host.emulator.session import board_mac  # noqa: PLC0415
@@ -281,14 +285,16 @@ class Cluster(contextlib.ExitStack):
                 folder.mkdir(parents=True)
                 atomic.write_text(cfg_path, json.dumps(cfg, sort_keys=True))
                 vb.start()
-            self.callback(vb.stop)
+            with self._mutex:
+                self.callback(vb.stop)
             t0 = time.monotonic()
             layers = None if stage is None else stage[1:]
+            bars = progress and self.say is not None
             try:
-                report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
+                report = flash(vb.port, kind, model, node_id, progress=bars, key=self.key,
                                clear_key=True, layers=layers, config=cfg, board_class=vb.board.name)
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
-                report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
+                report = flash(vb.port, kind, model, node_id, progress=bars, key=self.key,
                                clear_key=True, layers=layers, config=cfg, board_class=vb.board.name)
         except (BoardError, FlashError, OSError) as e:  # a VM that could not restart says why better than the flash
             if not folder.is_dir():  # removed while the board booted: whatever step noticed first, one cause
@@ -301,7 +307,8 @@ class Cluster(contextlib.ExitStack):
                 raise
             raise BackendError("virtual %s board: %s" % (kind, vb.failed or e)) from None
         say("%s: %s" % (what, summary(report, time.monotonic() - t0)))
-        self.boards[name] = vb
+        with self._mutex:
+            self.boards[name] = vb
         return vb
 
     def _lock(self, folder: Path) -> None:
@@ -323,7 +330,8 @@ class Cluster(contextlib.ExitStack):
                                % (folder, " (pid %s)" % holder if holder.isdigit() else "")) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, b"%d\n" % os.getpid(), 0)
-        self.callback(os.close, fd)
+        with self._mutex:
+            self.callback(os.close, fd)
 
     def _start_espnow(self) -> Bus:
         from specmesh.host.emulator.radio import RadioHub  # noqa: PLC0415
@@ -342,18 +350,23 @@ class Cluster(contextlib.ExitStack):
         self.buses.append(bus)
         return bus
 
-    def pipeline(self, n: int, board: str | None = None):
+    def pipeline(self, n: int, board: str | None = None, beside: tuple[str, ...] = ()):
         """A pipeline verifier (host/backends/pipeline.py) over n virtual stage boards (classic ESP32s, or of class
         `board`), the target's layers split evenly; each on its own serial link, the host relaying activations
-        between them."""
+        between them. The boards of the roles in `beside` (their default class) boot and flash at the same time;
+        `backend` then finds them started."""
         from specmesh.host.backends.modelio import check_model_file  # noqa: PLC0415
         if self.transport != "serial":
             raise BackendError("--stages runs on --transport serial (the host relays between stages)")
         n_layers = check_model_file(self.model("stage"))[0].n_layers
         layers = split_layers(n_layers, n)
+        # the boards boot and flash at once (mpremote waits on each board's pty, not on the host's cores): a first
+        # 5-stage run took 76 s one board after another
+        boards = _side_by_side([lambda i=i, a=a, b=b: self.start("stage", stage=(i, a, b), board=board, progress=False)
+                                for i, (a, b) in enumerate(layers)] +
+                               [lambda kind=kind: self.start(kind, progress=False) for kind in beside])[:n]
         stages = []
-        for i, (a, b) in enumerate(layers):
-            vb = self.start("stage", stage=(i, a, b), board=board)
+        for i, vb in enumerate(boards):
             bus = _open(vb.port, self, self.faults, self.key, busy_s=2.0)
             self.buses.append(bus)
             stages.append(_backend("stage", bus, NODE_ID["stage"] + i, "virtual:stage%d(%s)" % (i, vb.board.name)))
@@ -369,12 +382,38 @@ class Cluster(contextlib.ExitStack):
             bus = self._bus
             where = "virtual:%s(espnow%s)" % (kind, ", gateway" if kind == "drafter" else "")
         else:
-            vb = self.start(kind, board=board)
+            vb = (self.boards.get(kind) if board is None else None) or self.start(kind, board=board)  # pipeline()'s
             bus = _open(vb.port, self, self.faults, self.key, busy_s=2.0)
             bus.peer = NODE_ID[kind]
             self.buses.append(bus)
             where = "virtual:%s(%s)" % (kind, vb.board.name)
         return _backend(kind, bus, NODE_ID[kind], where)
+
+
+def _side_by_side(calls: list[Callable[[], object]]) -> list:
+    """Each call's result, the calls run at once on daemon threads; the first failure (in call order) is raised once
+    all have ended. The wait is a timed one, so a Ctrl-C reaches the caller at once: the cluster then stops the
+    boards started so far, and a thread still flashing dies with the process (its VM with it: PR_SET_PDEATHSIG)."""
+    results: list = [None] * len(calls)
+    errors: list = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,), name="specmesh-start-%d" % i, daemon=True)
+               for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(0.1)
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
 
 
 def _virtual(kind: str, board: str | None = None):
@@ -388,7 +427,7 @@ def _virtual(kind: str, board: str | None = None):
 def _pipeline(_model_path, *, boards: Boards, **_options):
     """`--stages N`: a pipeline verifier over N virtual stage boards."""
     try:
-        return boards.cluster().pipeline(boards.stages, boards.stage_class)
+        return boards.cluster().pipeline(boards.stages, boards.stage_class, boards.beside_stages)
     except ValueError as e:
         raise BackendError(str(e)) from None
 
