@@ -461,7 +461,7 @@ def _main(a: argparse.Namespace) -> int:
             write_stats_json(a.stats_json, stats)
         except OSError as e:
             print("specmesh run: error: cannot write %s: %s" % (a.stats_json, e.strerror), file=sys.stderr)
-            return 2
+            return 1  # checked writable before the run: this failed while writing (a full disk, /dev/full)
     return 0
 
 
