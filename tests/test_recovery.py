@@ -169,3 +169,17 @@ def test_a_board_left_in_the_raw_repl_by_an_interrupted_flash_is_named_half_flas
         pass
     assert "the board was left half-flashed" in str(e.value)
     assert "`specmesh flash --port %s --role drafter`" % vb.port in str(e.value)
+
+
+def test_modules_with_fork_hooks_are_imported_before_any_board_forks_a_vm():
+    """A board's thread forks its VMs while the main thread may import lazily: a module registering at-fork hooks
+    imported in between ran its after-fork hook alone ('cannot release un-acquired lock', 1 run in 60)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = ("import sys\nimport specmesh.host.emulator.board as b\n"
+            "print(all(name in sys.modules for name in b.FORK_HOOKED))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout == "True\n"
