@@ -175,6 +175,16 @@ def stage_keeps_classifier(h: Header, cls: BoardClass, layers: tuple[int, int]) 
     return b == h.n_layers and need <= cls.heap_bytes
 
 
+def stage_heap_need(h: Header, cls: BoardClass, layers: tuple[int, int]) -> int:
+    """Heap the stage node of layers a..b-1 needs on a board of class `cls` at the least: its slice, the KV cache
+    at the shortest context it halves down to (HEAP_CONTEXT; the model's whole context in PSRAM), the engine's
+    buffers, the last stage's rule tables, and the node's reserve (firmware/node.py refuses a slice short of it)."""
+    a, b = layers
+    n_ctx = h.max_seq if cls.psram_bytes else min(h.max_seq, HEAP_CONTEXT)
+    return (stage_bytes(h, a, b) + kv_bytes(h, n_ctx, b - a) + ENGINE_BUFFERS + (16 * h.vocab if b == h.n_layers else 0)
+            + STAGE_RESERVE)
+
+
 def heap_need(h: Header) -> int:
     """Heap a node running the whole model from its heap needs: weights, KV cache at HEAP_CONTEXT positions
     (or the model's context, if shorter), buffers, and the node's reserve."""

@@ -262,3 +262,22 @@ def test_a_flag_that_changes_nothing_is_said_in_one_line(models, capsys):
                    "--max-tokens", "4", "--quiet"])
     err = capsys.readouterr().err
     assert rc == 0 and err == "specmesh: note: --plain decodes on the verifier alone: --drafter, --gamma are not used\n"
+
+
+def test_stats_json_to_a_device_is_written_straight_and_a_failed_write_is_one_line(models, capsys):
+    """/dev/full stays a device (it became a regular file when the JSON was renamed over it); the write's failure
+    is one line and status 1 (the path was checked before the run, the writing failed)."""
+    import os
+    import stat
+
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--max-tokens", "2",
+                   "--quiet", "--stats-json", "/dev/full"])
+    err = capsys.readouterr().err
+    assert rc == 1 and err == "specmesh run: error: cannot write /dev/full: No space left on device\n"
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+def test_bench_checks_its_output_path_before_benchmarking(capsys, tmp_path):
+    rc = cli.main(["bench", "--port", "/dev/ttyNOPE", "--out", str(tmp_path / "no" / "c.json")])
+    assert rc == 2 and capsys.readouterr().err == ("specmesh bench: error: --out %s cannot be written: folder %s does "
+                                                   "not exist\n" % (tmp_path / "no" / "c.json", tmp_path / "no"))

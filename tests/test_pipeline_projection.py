@@ -168,6 +168,8 @@ def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(h
     assert stats["boards"][4]["classifier"] == "streamed from flash" and stats["boards"][4]["cls_reads"] == 4
     table = format_table(stats)
     assert table.count("vs plain on the pipeline") == 3
+    assert max(len(line) for line in table.splitlines()) <= 100  # the hardware names wrap, every figure stays
+    assert "%s" % round(p["links"]["espnow"]["tokens_per_s"], 1) in table.replace("\n", " ")
 
 
 def test_stages_of_the_projected_class_on_its_own_link(heads):

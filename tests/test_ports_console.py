@@ -84,6 +84,6 @@ def test_console_on_a_terminal_types_into_the_repl_and_ctrl_close_bracket_leaves
 
 
 def test_console_on_a_missing_port_is_one_line(capsys):
-    assert cli.main(["console", "/dev/ttyNOPE"]) == 1
+    assert cli.main(["console", "/dev/ttyNOPE"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("specmesh console: cannot open /dev/ttyNOPE: no such port") and err.count("\n") == 1
+    assert err.startswith("specmesh console: error: cannot open /dev/ttyNOPE: no such port") and err.count("\n") == 1

@@ -184,3 +184,27 @@ def test_a_drafter_board_running_another_vocabulary_is_refused_before_any_text(m
     with pytest.raises(UsageError, match="the drafter on /dev/ttyUSB0 \\(old.spm\\) has a vocabulary of 96 tokens"):
         _check_running_drafter(board, target)
     _check_running_drafter(SimpleNamespace(name="u0", info={"model": "/models/x.spm", "vocab": 512}), target)
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+def test_stages_that_do_not_fit_the_class_heap_are_refused_before_any_board(capsys, no_board_starts, stages):
+    """The shipped target's 5 layers on classic ESP32 stages: only 5 stages fit (a stage of 2 layers needs
+    134 KiB of its 107 KiB); refused before flashing, naming the stage and the fix (was: found after up to 29 s
+    of flashing, by the node)."""
+    err = one_line_status_2(capsys, ["run", "--stages", str(stages), "--drafter", "cpu"], within=3.0)
+    assert "--stages %d: stage " % stages in err and "KiB of heap, an esp32 board has 107 KiB" in err
+    assert err.endswith("--stages 5, the fewest whose stages fit, or stage boards with PSRAM: --verifier "
+                        "virtual:esp32s3\n")
+
+
+def test_every_stage_of_the_shipped_split_fits_where_the_nodes_load_them():
+    """The planning rule against what the stage nodes hold: 5 classic ESP32 stages, and any split on S3s."""
+    from specmesh.host.backends.modelio import check_model_file
+    from specmesh.host.boardclasses import BOARD_CLASSES, stage_heap_need
+    from specmesh.host.cli.run import plan_stages
+
+    target = check_model_file(ROOT / "models" / TARGET_FILE)[0]
+    plan_stages(target, 5, "esp32")
+    for n in range(1, 6):
+        plan_stages(target, n, "esp32s3")
+    assert stage_heap_need(target, BOARD_CLASSES["esp32"], (0, 1)) < BOARD_CLASSES["esp32"].heap_bytes

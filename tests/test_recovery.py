@@ -133,3 +133,53 @@ def test_a_full_host_disk_is_named_as_the_hosts_not_the_boards(models, tmp_path,
     assert str(e.value).startswith("virtual drafter board: the host's disk holding %s is full (8 KiB free, about "
                                    % (tmp_path / "drafter"))
     assert str(e.value).endswith("free space there, or set SPECMESH_VBOARDS to a folder on another disk")
+
+
+def test_a_board_left_at_the_repl_is_soft_reset_into_its_node(virtual_board, models):
+    """`specmesh flash --no-reset` (or `specmesh console`) leaves the board at its REPL: the next connect soft-
+    resets it and its node answers, within seconds rather than a 10 s 'not a specmesh node'."""
+    import time
+
+    from specmesh.host.provision.cluster import connect
+    from specmesh.host.provision.flash import flash
+
+    vb = virtual_board()
+    flash(vb.port, "drafter", models / DRAFTER_FILE, progress=False, reset=False)
+    t0 = time.monotonic()
+    with connect(vb.port, "drafter") as drafter:
+        assert drafter.info["model"].endswith(DRAFTER_FILE)
+    assert time.monotonic() - t0 < 8.0
+
+
+def test_a_board_left_in_the_raw_repl_by_an_interrupted_flash_is_named_half_flashed(virtual_board, models):
+    """An interrupted `specmesh flash` leaves the board in the raw REPL with the "flashing" mark: after the soft
+    reset its console says half-flashed, and that is the line, with the command that finishes the flash."""
+    import json
+
+    from specmesh.host.backends import BackendError
+    from specmesh.host.provision.cluster import connect
+    from specmesh.host.provision.flash import flash, open_board
+
+    vb = virtual_board()
+    flash(vb.port, "drafter", models / DRAFTER_FILE, progress=False)
+    cfg = vb.flash_dir / "specmesh.json"
+    cfg.write_text(json.dumps(dict(json.loads(cfg.read_text()), flashing="drafter")))
+    open_board(vb.port).close()  # what the interrupted flash held: the raw REPL, never left
+    with pytest.raises(BackendError) as e, connect(vb.port, "drafter"):
+        pass
+    assert "the board was left half-flashed" in str(e.value)
+    assert "`specmesh flash --port %s --role drafter`" % vb.port in str(e.value)
+
+
+def test_modules_with_fork_hooks_are_imported_before_any_board_forks_a_vm():
+    """A board's thread forks its VMs while the main thread may import lazily: a module registering at-fork hooks
+    imported in between ran its after-fork hook alone ('cannot release un-acquired lock', 1 run in 60)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = ("import sys\nimport specmesh.host.emulator.board as b\n"
+            "print(all(name in sys.modules for name in b.FORK_HOOKED))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout == "True\n"

@@ -153,11 +153,12 @@ class Verifier(Backend, Protocol):
 class Boards(Protocol):
     """What a board's factory takes from the run (host/cli/run.py `Setup`): its cluster of virtual boards,
     started on first use, the deployment key, the pipeline's stage count and its stages' board class (None:
-    the default), and a stack that keeps what the factory opens until the run ends."""
+    the default), the roles flashed beside the stages, and a stack that keeps what the factory opens until the run ends."""
 
     key: bytes | None
     stages: int
     stage_class: str | None
+    beside_stages: tuple[str, ...]  # roles whose default virtual board boots and flashes beside the stages
 
     def cluster(self): ...
 

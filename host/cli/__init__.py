@@ -93,6 +93,12 @@ def _bench(args) -> int:
     from specmesh.host.projection.boardbench import bench, report
     from specmesh.host.provision.flash import FlashError, FlashRequestError
 
+    from specmesh.host import atomic
+
+    problem = atomic.unwritable(args.out)  # before minutes of benchmarking
+    if problem:
+        print(f"specmesh bench: error: --out {args.out} cannot be written: {problem}", file=sys.stderr)
+        return 2
     try:
         port = resolve_port(args.port)
         result = bench(port, args.out)

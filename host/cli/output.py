@@ -15,6 +15,7 @@ import codecs
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import IO
 
@@ -22,6 +23,8 @@ from specmesh.host import atomic
 from specmesh.host.decode.stopstrings import StopStrings
 
 FEW = 5  # samples below which a figure is left out of the table (with the count) rather than shown
+WIDTH = 100  # columns every line of the table fits in (a value or key longer is wrapped)
+KEY_WIDTH = 40  # the widest key column; a longer key takes lines of its own
 GREEN = "\x1b[32m"
 RESET = "\x1b[0m"
 REQUIRED_KEYS = ("text", "tokens", "alpha", "tokens_per_verification", "gamma", "wall_s", "tokens_per_s",
@@ -189,8 +192,8 @@ def format_table(stats: dict) -> str:
             else:
                 rows.append(("  vs plain on the pipeline (%s)" % link, p["speedup_vs_pipeline_plain"]))
                 rows.append(("  vs plain on one esp32s3 board", p["speedup_vs_single_board_plain"]))
-    width = max(len(k) for k, _ in rows)
-    lines = ["%-*s  %s" % (width, k, _fmt(v)) for k, v in rows]
+    width = min(max(len(k) for k, _ in rows), KEY_WIDTH)
+    lines = [line for k, v in rows for line in _row(k, _fmt(v), width)]
     boards = stats.get("boards") or []
     if boards:
         names = ["%s (%s)" % (b["name"], b["role"]) for b in boards]
@@ -199,16 +202,36 @@ def format_table(stats: dict) -> str:
                                                         "insn / token", "kernels"))
         for name, b in zip(names, boards):
             if "error" in b:
-                lines.append("%-*s  stats unavailable: %s" % (w, name, b["error"]))
+                lines += _wrapped("%-*s  " % (w, name), "stats unavailable: %s" % b["error"])
                 continue
             insn = b.get("instructions_per_token")
             kernels = b.get("kernels") or "-"
             if b.get("kernels_note"):
                 kernels += " (%s)" % b["kernels_note"]
-            lines.append("%-*s  %10s %12s %11s %15s  %s" % (
+            lines += _wrapped("%-*s  %10s %12s %11s %15s  " % (
                 w, name, _fmt(b.get("compute_s")), _fmt(b.get("heap_free")), _fmt(b.get("retransmits")),
-                "-" if insn is None else "%.0f" % insn, kernels))
+                "-" if insn is None else "%.0f" % insn), kernels)
     return "\n".join(lines)
+
+
+def _wrapped(head: str, text: str) -> list[str]:
+    """`head` then `text`, wrapped to the table's WIDTH; continuation lines indented under where `text` began (by
+    KEY_WIDTH + 2 columns at most, so that a long head leaves the text room)."""
+    if len(head + text) <= WIDTH:
+        return [head + text]
+    indent = " " * min(len(head), KEY_WIDTH + 2)
+    return textwrap.wrap(head + text, WIDTH, subsequent_indent=indent, break_on_hyphens=False)
+
+
+def _row(key: str, value: str, width: int) -> list[str]:
+    """One figure's lines: the key padded to `width`, then the value, both wrapped to WIDTH columns; a key
+    longer than `width` takes its own lines, the value then starts under the value column."""
+    if len(key) <= width:
+        return _wrapped("%-*s  " % (width, key), value)
+    keys = textwrap.wrap(key, WIDTH, subsequent_indent="  ")
+    if len(keys[-1]) <= width:  # the value goes beside the key's last line
+        return keys[:-1] + _wrapped("%-*s  " % (width, keys[-1]), value)
+    return keys + _wrapped(" " * (width + 2), value)
 
 
 def write_stats_json(path: str, stats: dict) -> None:

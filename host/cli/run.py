@@ -74,8 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plain", action="store_true", help="target-only decoding on the same verifier (baseline)")
     p.add_argument("--stages", type=int, default=0, metavar="N",
                    help="verify on a pipeline of N virtual stage boards (classic ESP32s; --verifier virtual:CLASS: of "
-                        "that class), the target's layers split "
-                        "evenly, positions sent through as a wavefront (docs/pipeline.md; default 0: one verifier)")
+                        "that class), the target's layers split evenly, positions sent through as a wavefront; each "
+                        "stage must fit its class's heap (the shipped target on classic ESP32s: 5) (docs/pipeline.md; "
+                        "default 0: one verifier)")
     p.add_argument("--project", metavar="BOARD", choices=("esp32s3",) + RV32_PROJECT,
                    help="also project the run onto real boards of this class (host/projection/hardware.py); "
                         "gamma is then chosen for that hardware. esp32c3/esp32c6 price the instructions the run's "
@@ -135,7 +136,9 @@ class Setup(contextlib.ExitStack):
         self.key = config.key
         self.stages = config.stages
         # the stages' class: `--stages N --verifier virtual:CLASS` (None: the default class)
-        self.stage_class = config.verifier.split(":", 1)[1] if config.verifier.startswith("virtual:") else None
+        self.stage_class = stage_class(config) if config.verifier.startswith("virtual:") else None
+        # a pipeline's default virtual drafter board is flashed at the same time as its stages
+        self.beside_stages = ("drafter",) if config.stages and config.backend_names.get("drafter") == "virtual" else ()
         self._cluster = None
 
     def cluster(self):
@@ -282,9 +285,43 @@ def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
         check_context(prompt_tokens, headers["verifier"], config.model_file("verifier").name, config.prompt_from)
         n_layers = headers["verifier"].n_layers
         in_range("--stages", config.stages, 0, n_layers, "0: one verifier; at most the target's %d layers" % n_layers)
+        if config.stages:
+            plan_stages(headers["verifier"], config.stages, stage_class(config))
         return headers, check_backends(names, config.transport, config.key)
     except (PreflightError, RangeError) as e:
         raise UsageError(str(e)) from None
+
+
+def stage_class(config: RunConfig) -> str:
+    """The class of a pipeline's stage boards: `--verifier virtual:CLASS`, else the stage role's (a classic ESP32)."""
+    from specmesh.host.boardclasses import ROLE_CLASS
+
+    return config.verifier.split(":", 1)[1] if config.verifier.startswith("virtual:") else ROLE_CLASS["stage"]
+
+
+def plan_stages(target, n: int, cls_name: str) -> None:
+    """Every stage of an n-stage split of `target` must fit the heap of a `cls_name` board, checked before any
+    board is flashed (a stage short of heap was found only after flashing, by the node); PreflightError naming
+    the first stage that does not fit and the fewest stages that do, or a class that holds them."""
+    from specmesh.host.boardclasses import BOARD_CLASSES, stage_heap_need
+    from specmesh.host.provision.cluster import split_layers
+
+    cls = BOARD_CLASSES[cls_name]
+
+    def first_short(k: int):
+        return next(((i, ab) for i, ab in enumerate(split_layers(target.n_layers, k))
+                     if stage_heap_need(target, cls, ab) > cls.heap_bytes), None)
+
+    short = first_short(n)
+    if short is None:
+        return
+    i, (a, b) = short
+    fits = next((k for k in range(n + 1, target.n_layers + 1) if first_short(k) is None), None)
+    fix = ("--stages %d, the fewest whose stages fit" % fits if fits else "no split fits it") + \
+        ", or stage boards with PSRAM: --verifier virtual:esp32s3"
+    raise PreflightError("--stages %d: stage %d (layers %d:%d) needs %d KiB of heap, an %s board has %d KiB: %s"
+                         % (n, i, a, b, stage_heap_need(target, cls, (a, b)) // 1024, cls.name, cls.heap_bytes // 1024,
+                            fix))
 
 
 def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
@@ -424,7 +461,7 @@ def _main(a: argparse.Namespace) -> int:
             write_stats_json(a.stats_json, stats)
         except OSError as e:
             print("specmesh run: error: cannot write %s: %s" % (a.stats_json, e.strerror), file=sys.stderr)
-            return 2
+            return 1  # checked writable before the run: this failed while writing (a full disk, /dev/full)
     return 0
 
 

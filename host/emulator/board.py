@@ -14,9 +14,11 @@ by `atexit`, or by the pytest fixture's teardown.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures.thread  # noqa: F401 - at-fork hooks registered before any fork: see FORK_HOOKED
 import ctypes
 import errno
 import fcntl
+import logging  # noqa: F401 - at-fork hooks registered before any fork: see FORK_HOOKED
 import math
 import os
 import select
@@ -36,6 +38,11 @@ from specmesh.host import atomic
 from specmesh.host.boardclasses import BoardClass, board_class
 from specmesh.host.mpycross import CompileError, compile_py
 
+# The stdlib modules that register at-fork hooks when first imported. A board's thread forks its VMs (subprocess with
+# preexec_fn runs the hooks); one of these imported meanwhile by another thread (a lazy import of the run) would have
+# its after-fork hook run without its before-fork one: "Exception ignored in _releaseLock ... RuntimeError: cannot
+# release un-acquired lock", about 1 run in 60. Imported above, before any board starts.
+FORK_HOOKED = ("logging", "concurrent.futures.thread")
 MPY_DIR = Path(__file__).with_name("mpy")
 EXIT_SOFT, EXIT_SOFT_RAW, EXIT_HARD = 64, 65, 66  # must match _vboard.py
 _LIVE: weakref.WeakSet[VirtualBoard] = weakref.WeakSet()

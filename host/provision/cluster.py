@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -111,27 +112,45 @@ def _backend(kind: str, bus: Bus, node: int, where: str):
     return BACKEND[kind](Proxy(bus, node), where)
 
 
+FIRST_HELLO_S = 2.0  # a running node answers HELLO well within this; past it the board may sit at its REPL
+# Ctrl-C (stop what runs), Ctrl-B (leave the raw REPL: a soft reset there skips main.py), Ctrl-D (soft reset: main.py
+# starts the node), each let land before the next; bytes a running node, which reads frames with Ctrl-C off, drops
+SOFT_RESET = (b"\r\x03\x03", b"\x02", b"\x04")
+
+
 def discover(bus: Bus, deadline: float = 10.0) -> int:
-    """Node id of the board on a serial link (HELLO to broadcast; the reply says who answered)."""
+    """Node id of the board on a serial link (HELLO to broadcast; the reply says who answered). A board that does
+    not answer within FIRST_HELLO_S may be sitting at its REPL (after `specmesh console`, an interrupted `specmesh
+    flash`, `flash --no-reset`): it is soft-reset once, which starts its node (or shows it half-flashed), and
+    asked again."""
     from specmesh.host.bus.proxy import ProxyError
 
     try:
+        return bus.request(BROADCAST, m.HELLO, deadline=min(FIRST_HELLO_S, deadline)).src
+    except ProxyError as e:
+        if bus.link.error:  # diagnosed already: a key mismatch, a half-flashed board
+            raise BackendError(no_node(bus.link, e, deadline)) from None
+    for keys in SOFT_RESET:
+        bus.link.write_raw(keys)
+        time.sleep(0.2)
+    try:
         return bus.request(BROADCAST, m.HELLO, deadline=deadline).src
     except ProxyError as e:
-        raise BackendError(no_node(bus.link, e, deadline)) from None
+        raise BackendError(no_node(bus.link, e, deadline, reset=True)) from None
 
 
-def no_node(link, e: Exception, deadline: float) -> str:
+def no_node(link, e: Exception, deadline: float, reset: bool = False) -> str:
     """Why no specmesh node answered HELLO on `link`, in one line: what the link diagnosed (a key mismatch, a
     half-flashed board), an answer that is not a node's (a REPL, a traceback, another device's bytes), or
-    silence."""
+    silence. `reset`: a soft reset was tried (discover), which the line says."""
     port = link.port
     if link.error:
         return link.error
     fix = "flash the node with `specmesh flash --port %s --role drafter|verifier`" % port
     text = [t.strip() for t in link.text if t.strip()]
     if text and _readable(text[-1]):
-        return "%s answers, but not as a specmesh node: it printed %r (%s)" % (port, text[-1][:100], fix)
+        return "%s answers, but not as a specmesh node%s: it printed %r (%s)" % (
+            port, " even after a soft reset" if reset else "", text[-1][:100], fix)
     received, errors = link.noise()
     if received:
         kinds = ", ".join("%d %s" % (n, k) for k, n in sorted(errors.items())) or "no whole line"
@@ -209,6 +228,7 @@ class Cluster(contextlib.ExitStack):
         self.radio = radio
         self.boards: dict = {}
         self._bus: Bus | None = None
+        self._mutex = threading.Lock()  # boards started side by side (pipeline) add to the stack and `boards`
 
     def model(self, kind: str, board: str | None = None) -> Path:
         """The model file a board of role `kind` (and class `board`) is flashed with: the one named in
@@ -222,11 +242,13 @@ class Cluster(contextlib.ExitStack):
         return model_path(self.models, kind)
 
     def start(self, kind: str, config: dict | None = None, radio=None, board: str | None = None,
-              stage: tuple[int, int, int] | None = None):
+              stage: tuple[int, int, int] | None = None, progress: bool = True):
         """Start and flash the virtual board for `kind`; returns it (its `port` is the serial device).
 
         `config`: board-config keys (link, espnow peers) written before flashing, which keeps them.
-        `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1."""
+        `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1. `progress` False:
+        no progress bars (boards flashed side by side would draw over each other's). Safe to call from several
+        threads at once: each board has its own folder, and what the cluster keeps is added under a lock."""
         from specmesh.host.emulator import BoardError, make_board
         from specmesh.host.emulator.board import FlashDamaged
         from specmesh.host.emulator.session import board_mac
@@ -263,14 +285,16 @@ class Cluster(contextlib.ExitStack):
                 folder.mkdir(parents=True)
                 atomic.write_text(cfg_path, json.dumps(cfg, sort_keys=True))
                 vb.start()
-            self.callback(vb.stop)
+            with self._mutex:
+                self.callback(vb.stop)
             t0 = time.monotonic()
             layers = None if stage is None else stage[1:]
+            bars = progress and self.say is not None
             try:
-                report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
+                report = flash(vb.port, kind, model, node_id, progress=bars, key=self.key,
                                clear_key=True, layers=layers, config=cfg, board_class=vb.board.name)
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
-                report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
+                report = flash(vb.port, kind, model, node_id, progress=bars, key=self.key,
                                clear_key=True, layers=layers, config=cfg, board_class=vb.board.name)
         except (BoardError, FlashError, OSError) as e:  # a VM that could not restart says why better than the flash
             if not folder.is_dir():  # removed while the board booted: whatever step noticed first, one cause
@@ -283,7 +307,8 @@ class Cluster(contextlib.ExitStack):
                 raise
             raise BackendError("virtual %s board: %s" % (kind, vb.failed or e)) from None
         say("%s: %s" % (what, summary(report, time.monotonic() - t0)))
-        self.boards[name] = vb
+        with self._mutex:
+            self.boards[name] = vb
         return vb
 
     def _lock(self, folder: Path) -> None:
@@ -305,7 +330,8 @@ class Cluster(contextlib.ExitStack):
                                % (folder, " (pid %s)" % holder if holder.isdigit() else "")) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, b"%d\n" % os.getpid(), 0)
-        self.callback(os.close, fd)
+        with self._mutex:
+            self.callback(os.close, fd)
 
     def _start_espnow(self) -> Bus:
         from specmesh.host.emulator.radio import RadioHub
@@ -324,18 +350,23 @@ class Cluster(contextlib.ExitStack):
         self.buses.append(bus)
         return bus
 
-    def pipeline(self, n: int, board: str | None = None):
+    def pipeline(self, n: int, board: str | None = None, beside: tuple[str, ...] = ()):
         """A pipeline verifier (host/backends/pipeline.py) over n virtual stage boards (classic ESP32s, or of class
         `board`), the target's layers split evenly; each on its own serial link, the host relaying activations
-        between them."""
+        between them. The boards of the roles in `beside` (their default class) boot and flash at the same time;
+        `backend` then finds them started."""
         from specmesh.host.backends.modelio import check_model_file
         if self.transport != "serial":
             raise BackendError("--stages runs on --transport serial (the host relays between stages)")
         n_layers = check_model_file(self.model("stage"))[0].n_layers
         layers = split_layers(n_layers, n)
+        # the boards boot and flash at once (mpremote waits on each board's pty, not on the host's cores): a first
+        # 5-stage run took 76 s one board after another
+        boards = _side_by_side([lambda i=i, a=a, b=b: self.start("stage", stage=(i, a, b), board=board, progress=False)
+                                for i, (a, b) in enumerate(layers)] +
+                               [lambda kind=kind: self.start(kind, progress=False) for kind in beside])[:n]
         stages = []
-        for i, (a, b) in enumerate(layers):
-            vb = self.start("stage", stage=(i, a, b), board=board)
+        for i, vb in enumerate(boards):
             bus = _open(vb.port, self, self.faults, self.key, busy_s=2.0)
             self.buses.append(bus)
             stages.append(_backend("stage", bus, NODE_ID["stage"] + i, "virtual:stage%d(%s)" % (i, vb.board.name)))
@@ -351,12 +382,38 @@ class Cluster(contextlib.ExitStack):
             bus = self._bus
             where = "virtual:%s(espnow%s)" % (kind, ", gateway" if kind == "drafter" else "")
         else:
-            vb = self.start(kind, board=board)
+            vb = (self.boards.get(kind) if board is None else None) or self.start(kind, board=board)  # pipeline()'s
             bus = _open(vb.port, self, self.faults, self.key, busy_s=2.0)
             bus.peer = NODE_ID[kind]
             self.buses.append(bus)
             where = "virtual:%s(%s)" % (kind, vb.board.name)
         return _backend(kind, bus, NODE_ID[kind], where)
+
+
+def _side_by_side(calls: list[Callable[[], object]]) -> list:
+    """Each call's result, the calls run at once on daemon threads; the first failure (in call order) is raised once
+    all have ended. The wait is a timed one, so a Ctrl-C reaches the caller at once: the cluster then stops the
+    boards started so far, and a thread still flashing dies with the process (its VM with it: PR_SET_PDEATHSIG)."""
+    results: list = [None] * len(calls)
+    errors: list = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,), name="specmesh-start-%d" % i, daemon=True)
+               for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(0.1)
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
 
 
 def _virtual(kind: str, board: str | None = None):
@@ -370,7 +427,7 @@ def _virtual(kind: str, board: str | None = None):
 def _pipeline(_model_path, *, boards: Boards, **_options):
     """`--stages N`: a pipeline verifier over N virtual stage boards."""
     try:
-        return boards.cluster().pipeline(boards.stages, boards.stage_class)
+        return boards.cluster().pipeline(boards.stages, boards.stage_class, boards.beside_stages)
     except ValueError as e:
         raise BackendError(str(e)) from None
 
