@@ -42,8 +42,12 @@ lint: setup
 	$(VENV)/bin/mypy -p specmesh.host
 	$(VENV)/bin/lint-imports --no-cache
 
+# The suite in TEST_WORKERS pytest-xdist workers, each test file in one worker (its module fixtures, e.g. booted
+# boards, are made once): most of the suite's wall time is waiting on virtual boards and subprocesses, so more
+# workers than cores pay. Each worker keeps its own virtual boards' folders (tests/conftest.py).
+TEST_WORKERS ?= 4
 test: setup lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The tests marked `torch` (the torch back-end, the exporter), with PyTorch installed.
 test-torch: setup-gpu

@@ -12,6 +12,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# Each pytest-xdist worker (`make test` runs several) keeps its own virtual boards' flash folders: two workers'
+# runs would otherwise start VMs on the same folders. Set before host/provision/cluster.py reads it.
+if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("SPECMESH_VBOARDS"):
+    os.environ["SPECMESH_VBOARDS"] = str(ROOT / "build" / ("vboards-" + os.environ["PYTEST_XDIST_WORKER"]))
 
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE  # the checkout's, on the path above
 from specmesh.tools.nodeproc import ROM_SLACK

@@ -13,6 +13,7 @@ import pytest
 from specmesh.host import cli
 from specmesh.host.cli.output import GREEN, REQUIRED_KEYS, TokenStream
 from specmesh.host.cli.run import add_arguments, run
+from specmesh.host.decode.stopstrings import StopScan, StopStrings
 from specmesh.host.layout import TARGET_FILE
 from specmesh.tools.testmodels import random_model
 
@@ -101,13 +102,13 @@ def test_the_table_says_when_the_context_stopped_the_run(tmp_path, capsys):
 def test_colour_marks_accepted_drafts_only_when_asked():
     pieces = {1: b"a", 2: b"b", 3: b"\xc3", 4: b"\xa9"}
     buf = io.StringIO()
-    s = TokenStream(pieces.__getitem__, buf, color=True)
+    s = TokenStream(StopScan(StopStrings(()), pieces.__getitem__), buf, color=True)
     s.write([1], [2])
     s.write([3], [4])  # a character split across two tokens is printed once whole
     s.finish()
     assert buf.getvalue() == GREEN + "a" + "\x1b[0m" + "b" + "\u00e9\n"
     plain = io.StringIO()
-    s = TokenStream(pieces.__getitem__, plain)  # StringIO is no terminal: no colour
+    s = TokenStream(StopScan(StopStrings(()), pieces.__getitem__), plain)  # StringIO is no terminal: no colour
     s.write([1], [2])
     assert plain.getvalue() == "ab"
 
@@ -190,6 +191,7 @@ def test_auto_without_boards_says_how_to_flash(models, capsys):
 def test_a_verifier_failing_mid_stream_fails_over_to_the_cpu_and_the_text_goes_on(models, tmp_path, capsys,
                                                                                    monkeypatch):
     from specmesh.host import backends
+    from specmesh.host.cli import registry
 
     class Failing(backends.LocalVerifier):
         """The CPU verifier, losing its board after `after` verdicts."""
@@ -212,7 +214,7 @@ def test_a_verifier_failing_mid_stream_fails_over_to_the_cpu_and_the_text_goes_o
                        "--max-tokens", "16", "--stats-json", str(path)])
         return rc, capsys.readouterr(), json.loads(path.read_text()) if rc == 0 else None
 
-    monkeypatch.setitem(backends.VERIFIERS, "failing", Failing)
+    monkeypatch.setitem(registry.VERIFIERS, "failing", Failing)
     rc, cap, stats = run("failing")
     assert rc == 0 and stats["token_ids"] == run("cpu")[2]["token_ids"]
     (line,) = [x for x in cap.err.splitlines() if x.strip()]
@@ -223,7 +225,7 @@ def test_a_verifier_failing_mid_stream_fails_over_to_the_cpu_and_the_text_goes_o
     assert stats["verifier"] == "cpu" and stats["failed"] == {"verifier": "failing"}
     assert "cpu, which took over from failing (it failed)" in cap.out
     # when the verifier taken over fails too, the failure is one line and status 1
-    monkeypatch.setitem(backends.VERIFIERS, "cpu", type("AlwaysFailing", (Failing,), {"after": 0}))
+    monkeypatch.setitem(registry.VERIFIERS, "cpu", type("AlwaysFailing", (Failing,), {"after": 0}))
     rc, cap, _ = run("failing")
     assert rc == 1
     assert cap.err == "specmesh run: error: /dev/ttyUSB1: node 2 did not answer VERIFY_REQ within 30 s\n"
@@ -235,7 +237,8 @@ def test_host_works_without_torch_and_says_how_to_install_it(models):
     from specmesh.host.backends.torch_backend import INSTALL_HINT
 
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from specmesh.host.backends import VERIFIERS, BackendError\n"
+            "from specmesh.host.backends import BackendError\n"
+            "from specmesh.host.cli.registry import VERIFIERS\n"
             "import specmesh.host.cli, specmesh.host.decode.orchestrator, specmesh.host.backends.torch_backend\n"
             "for name in ('torch-cpu', 'gpu'):\n"
             "    try:\n"

@@ -114,7 +114,8 @@ def test_live_costs_ask_the_boards_only_for_pass_sizes_not_measured_yet():
     assert not live.known_beforehand and live.pipelined and live.board.name == "esp32c3"
 
     def rnd(gamma):
-        return Round(gamma, gamma, gamma + 1, 20, 3 + gamma * 2, 4 + gamma, 0, False, 0, 0, 0, 0, 0, 0)
+        return Round(gamma=gamma, n_accepted=gamma, n_committed=gamma + 1, pos0=20, draft_body=3 + gamma * 2,
+                     verify_body=4 + gamma)
 
     plain = live.round_costs(rnd(0))
     assert ver.asked == 1 and plain[0] == 0.0 and plain[1] > 2_000_000 * RV32_CPI.value / 160e6

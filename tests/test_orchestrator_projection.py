@@ -31,7 +31,7 @@ def test_line_bytes_is_what_the_codec_puts_on_the_wire():
 def test_stage_bytes_are_what_the_codec_packs(entries):
     """The pipeline projection's STAGE sizes: one position per request, its draft's entry as in DRAFT."""
     draft = len(m.pack_draft(5, entries))
-    r = Round(len(entries), 0, 1, 5, draft, 0, 0, False, 0, 0, 0, 0, 0, 0)
+    r = Round(gamma=len(entries), n_accepted=0, n_committed=1, pos0=5, draft_body=draft, verify_body=0)
     assert sum(draft_entries(r)) == sum(len(m.pack_draft(5, [e])) - 3 for e in entries)
     for data in (b"\x01\x00", bytes(4 * 64)):
         assert stage_body(0, len(data)) == len(m.pack_stage(300, 1, m.STAGE_ACT, [], data))
@@ -52,7 +52,8 @@ def test_macs_per_position_counts_every_weight_once_plus_attention(h):
 
 
 def plain_result(n, pos0):
-    return Result(list(range(n)), [Round(0, 0, 1, pos0 + i, PLAIN_BODY, PLAIN_BODY, 0, False, 0, 0, 0, 0, 0, 0)
+    return Result(list(range(n)), [Round(gamma=0, n_accepted=0, n_committed=1, pos0=pos0 + i, draft_body=PLAIN_BODY,
+                                         verify_body=PLAIN_BODY)
                                    for i in range(n)])
 
 

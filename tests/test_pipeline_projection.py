@@ -90,7 +90,8 @@ def test_the_wavefront_overlaps_positions_across_stages_and_stops_at_the_verdict
 
 def test_judged_positions_follow_the_verdict():
     def rnd(gamma, acc, rejected):
-        return Round(gamma, acc, acc + 1, 10, 3 + 8 * gamma, 2 + 4 * gamma, 0, rejected, 0, 0.0, 0.0, 0.0, 0, 0)
+        return Round(gamma=gamma, n_accepted=acc, n_committed=acc + 1, pos0=10, draft_body=3 + 8 * gamma,
+                     verify_body=2 + 4 * gamma, rejected=rejected)
 
     assert judged(rnd(4, 1, True)) == 2 and judged(rnd(4, 4, False)) == 5
     assert judged(rnd(4, 2, False)) == 2  # an accepted end-of-stream draft: no token judged after it

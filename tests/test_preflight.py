@@ -123,14 +123,15 @@ def test_an_unknown_backend_is_refused_before_the_verifier_boots(models, capsys,
 
 
 def test_boards_are_chosen_through_the_one_registry():
-    """`virtual` and every serial-port name are registered back-ends of both roles, as `cpu` is."""
+    """`virtual` and every serial-port name are back-ends of both roles in the registry's tables, as `cpu` is."""
     from specmesh.host import backends
+    from specmesh.host.cli import registry
 
-    for kind, table in (("verifier", backends.VERIFIERS), ("drafter", backends.DRAFTERS)):
-        assert backends.factory(kind, "virtual") is table["virtual"]
+    for kind, table in (("verifier", registry.VERIFIERS), ("drafter", registry.DRAFTERS)):
+        assert registry.factory(kind, "virtual") is table["virtual"]
         for port in ("/dev/ttyUSB0", "COM3", "auto", "rfc2217://lab:4000"):
-            assert backends.factory(kind, port) is table[backends.PORT]
-        assert backends.factory(kind, "cpu") is table["cpu"] and backends.factory(kind, "nope") is None
+            assert registry.factory(kind, port) is table[backends.PORT]
+        assert registry.factory(kind, "cpu") is table["cpu"] and registry.factory(kind, "nope") is None
     known = unknown_backend("drafter", "nope").split("nor one of ")[1].split(", ")
     assert "virtual" in known and "cpu" in known and backends.PORT not in known
 

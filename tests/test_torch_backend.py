@@ -14,12 +14,13 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="no PyTorch (the gpu extra): `make test-torch` runs these")
 
-from specmesh.host.backends import VERIFIERS, BackendError, LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.backends import BackendError, LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.backends.arraymath import Mat, Xp
 from specmesh.host.backends.batcher import Batcher
 from specmesh.host.backends.engine import Engine
 from specmesh.host.backends.modelio import quantize_rows
 from specmesh.host.backends.torch_backend import TorchModel, TorchVerifier, TorchXp
+from specmesh.host.cli.registry import VERIFIERS
 from specmesh.host.cli.run import cli
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate

@@ -13,13 +13,13 @@ passes the whole committed list on every call, so a back-end can resynchronise f
   host goes on, overlapping the verifier's prefill), so its first draft costs what any later one costs;
   a verifier prefills at its first verdict.
 
-Every back-end is made by name through one registry per role, `VERIFIERS` and `DRAFTERS` (`factory`):
-`cpu` here, `torch-cpu` and `gpu` (host/backends/torch_backend.py), `virtual`, `virtual:CLASS` (a virtual
-board of each board class), `pipeline` (`--stages N` stage boards) and `PORT`, the entry of every
-serial-port name (`is_port`), for boards (host/provision/cluster.py). The modules that register them are
-imported by whoever assembles a run (host/cli/registry.py), never by name from here. A factory takes the model
-path and keyword options and returns the back-end: `name`, the name as given, and `boards`, the run's
-`Boards`; it ignores the options it does not use. `BackendError` carries a one-line message for the user.
+Every back-end is made by name through one table per role (host/cli/registry.py, which assembles a run
+and so may import every back-end's module): `cpu` here, `torch-cpu` and `gpu` (host/backends/torch_backend.py),
+`virtual`, `virtual:CLASS` (a virtual board of each board class), `pipeline` (`--stages N` stage boards) and
+`PORT`, the entry of every serial-port name (`is_port`), for boards (host/provision/cluster.py). A `Factory`
+takes the model path and keyword options and returns the back-end: `name`, the name as given, and `boards`,
+the run's `Boards`; it ignores the options it does not use. `BackendError` carries a one-line message for the
+user.
 """
 
 from __future__ import annotations
@@ -166,8 +166,6 @@ class Boards(Protocol):
 
 
 Factory = Callable[..., Backend]
-VERIFIERS: dict[str, Factory] = {}
-DRAFTERS: dict[str, Factory] = {}
 PIPELINE = "pipeline"  # the verifier of `--stages N`: N virtual stage boards
 PORT = "PORT"  # the registry entry of every name `is_port` accepts: a flashed board on that serial port
 
@@ -175,25 +173,6 @@ PORT = "PORT"  # the registry entry of every name `is_port` accepts: a flashed b
 def is_port(name: str) -> bool:
     """Whether a `--drafter`/`--verifier` value names a serial port (or `auto`, to find one)."""
     return name == "auto" or name.startswith("/dev/") or name.startswith("COM") or "://" in name
-
-
-def factory(kind: str, name: str) -> Factory | None:
-    """The factory registered for `--verifier NAME` (kind "verifier") or `--drafter NAME`, or None.
-
-    Only what has been imported is registered: whoever assembles a run imports the back-end modules it
-    offers (host/cli/registry.py)."""
-    table = VERIFIERS if kind == "verifier" else DRAFTERS
-    return table.get(PORT if is_port(name) else name)
-
-
-def register_verifier(name: str, factory: Factory) -> None:
-    """Make `--verifier NAME` build a back-end with `factory(model_path, **options)`."""
-    VERIFIERS[name] = factory
-
-
-def register_drafter(name: str, factory: Factory) -> None:
-    """Make `--drafter NAME` build a back-end with `factory(model_path, **options)`."""
-    DRAFTERS[name] = factory
 
 
 class EngineStream:
@@ -307,6 +286,3 @@ class LocalDrafter(LocalRole):
                 row = self.stream.feed([token])[0]
         return out
 
-
-register_verifier("cpu", LocalVerifier)
-register_drafter("cpu", LocalDrafter)

@@ -24,7 +24,7 @@ from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.boardclasses import drafter_class, drafter_model
 from specmesh.host.bus.faults import Faults
 from specmesh.host.decode.gamma import GammaController
-from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.orchestrator import Observer, generate
 from specmesh.host.layout import MODELS, model_path
 
 PROMPT = [1, 403, 407, 261, 378]  # "Once upon a time" in tok512
@@ -92,24 +92,35 @@ def soft_reset(board) -> None:
     link.write_raw(b"\x04")
 
 
-def _event(cluster, backends: dict, event: tuple[str, str, int] | None, times: dict) -> Callable:
-    """on_round for generate(): the profile's event at its round; `times` gets "event" (when it happened)
-    and "recovered" (when the next round ended)."""
-    rounds = [0]
+class _Chaos(Observer):
+    """generate()'s observer under a profile: its event at its round (`times` gets "event", when it happened,
+    and "recovered", when the next round ended), fail-over to a local verifier, each fail-over's line kept."""
 
-    def on_round(_accepted, _emitted) -> None:
-        rounds[0] += 1
-        if "event" in times and "recovered" not in times:
-            times["recovered"] = time.perf_counter()
-        if event is None or rounds[0] != event[2]:
+    def __init__(self, cluster, backends: dict, event: tuple[str, str, int] | None, models: Path):
+        super().__init__(fails_over=True)
+        self.cluster, self.backends, self.event, self.models = cluster, backends, event, models
+        self.rounds = 0
+        self.times: dict[str, float] = {}
+        self.failovers: list[str] = []
+
+    def shown(self, accepted, emitted) -> None:
+        self.rounds += 1
+        if "event" in self.times and "recovered" not in self.times:
+            self.times["recovered"] = time.perf_counter()
+        if self.event is None or self.rounds != self.event[2]:
             return
-        action, kind, _ = event
+        action, kind, _ = self.event
         if action == "kill":
-            cluster.boards[kind].stop()
+            self.cluster.boards[kind].stop()
         else:
-            soft_reset(backends[kind])
-        times["event"] = time.perf_counter()
-    return on_round
+            soft_reset(self.backends[kind])
+        self.times["event"] = time.perf_counter()
+
+    def fallback(self):
+        return LocalVerifier(model_path(self.models, "verifier"))
+
+    def failed_over(self, line: str) -> None:
+        self.failovers.append(line)
 
 
 def run_case(profile: Profile | None, params: SessionParams, tokens: int, models: Path, root: Path) -> dict:
@@ -122,12 +133,11 @@ def run_case(profile: Profile | None, params: SessionParams, tokens: int, models
     key = secrets.token_bytes(32) if p.signed else None
     with Cluster(p.transport, models, root, radio=radio, faults=p.link, key=key) as c:
         backends = {"verifier": c.backend("verifier"), "drafter": c.backend("drafter")}
-        failovers: list[str] = []
-        times: dict[str, float] = {}
+        watch = _Chaos(c, backends, p.event, models)
+        failovers, times = watch.failovers, watch.times
         t0 = time.perf_counter()
         res = generate(PROMPT, backends["verifier"], backends["drafter"], params, tokens,
-                       GammaController(fixed=GAMMA), on_round=_event(c, backends, p.event, times),
-                       fallback=lambda: LocalVerifier(model_path(models, "verifier")), on_failover=failovers.append)
+                       GammaController(fixed=GAMMA), watch)
         wall = time.perf_counter() - t0
         links = c.buses
         recovery = times["recovered"] - times["event"] if "recovered" in times else None

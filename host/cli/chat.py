@@ -15,11 +15,11 @@ import itertools
 import sys
 
 from specmesh.host.backends import BackendError
-from specmesh.host.cli.output import TokenStream
+from specmesh.host.cli.output import TokenStream, Watch
 from specmesh.host.cli.run import (GenerationFailed, Setup, UsageError, _one_line, add_arguments, check_args, failed,
                                    gamma_controller, load_tokenizer, preflight)
 from specmesh.host.decode.orchestrator import generate
-from specmesh.host.decode.stopstrings import StopStrings
+from specmesh.host.decode.stopstrings import StopScan, StopStrings
 
 PROMPT = "> "
 
@@ -90,29 +90,17 @@ def chat(a: argparse.Namespace, lines, out, echo: bool = True) -> int:
             context += new
             if echo or (i == 0 and opening):
                 out.write(line)
-            stream = TokenStream(lambda t: tok.pieces[t], out, color=config.color, stops=stops)
+            scan = StopScan(stops, tok.pieces.__getitem__)
+            watch = Watch(scan, TokenStream(scan, out, color=config.color))
             try:
-                result = generate(context, verifier, drafter, params, config.max_tokens, controller,
-                                  on_round=stream.write,
-                                  stop_when=(lambda ids: stops.cut(tok.decode(ids)) is not None) if stops else None)
+                result = generate(context, verifier, drafter, params, config.max_tokens, controller, watch)
             except (BackendError, RuntimeError) as e:
                 out.write("\n")
                 raise GenerationFailed(_one_line(e)) from None
-            stream.finish()
-            context += _kept(tok, result.tokens, stops)
+            watch.finish()
+            context += result.tokens[:scan.kept]  # with a stop string, the tokens whose text ends before it
             if result.stop == "context":
                 print("specmesh chat: the context is full (%d positions): start a new chat" % verifier.max_seq,
                       file=sys.stderr)
                 return 0
     return 0
-
-
-def _kept(tok, tokens: list[int], stops: StopStrings) -> list[int]:
-    """The turn's tokens the context keeps: all, or with a stop string those whose text ends before it."""
-    cut = stops.cut(tok.decode(tokens)) if stops else None
-    if cut is None:
-        return tokens
-    n = len(tokens)
-    while n and len(tok.decode(tokens[:n])) > cut:
-        n -= 1
-    return tokens[:n]

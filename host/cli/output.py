@@ -11,7 +11,6 @@ verifier, drafter`, plus more detail (`gamma_hist`, `boards`, `projection`, ...)
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
 import sys
@@ -20,7 +19,9 @@ from collections.abc import Callable, Sequence
 from typing import IO
 
 from specmesh.host import atomic
-from specmesh.host.decode.stopstrings import StopStrings
+from specmesh.host.backends import Verifier
+from specmesh.host.decode.orchestrator import Costs, Observer
+from specmesh.host.decode.stopstrings import StopScan
 
 FEW = 5  # samples below which a figure is left out of the table (with the count) rather than shown
 WIDTH = 100  # columns every line of the table fits in (a value or key longer is wrapped)
@@ -32,44 +33,32 @@ REQUIRED_KEYS = ("text", "tokens", "alpha", "tokens_per_verification", "gamma", 
 
 
 class TokenStream:
-    """Writes committed tokens to `out` as text; `piece(id) -> bytes` gives a token's bytes.
+    """Writes committed tokens to `out` as text, as a stream's `StopScan` (host/decode/stopstrings.py) decodes
+    them: the text ends before the first stop string, and an ending that could begin one is held back until
+    the next tokens tell."""
 
-    With `stops` (host/decode/stopstrings.py) the text ends before the first stop string, and an ending
-    that could begin one is held back until the next tokens tell."""
-
-    def __init__(self, piece: Callable[[int], bytes], out: IO[str] | None = None, color: bool | None = None,
-                 stops: StopStrings | None = None):
+    def __init__(self, scan: StopScan, out: IO[str] | None = None, color: bool | None = None):
         self.out = out if out is not None else sys.stdout
-        self.piece = piece
+        self.scan = scan
         if color is None:
             color = hasattr(self.out, "isatty") and self.out.isatty() and "NO_COLOR" not in os.environ
         self.color = color
-        self.stops = stops or StopStrings(())
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        self._text_so_far = ""  # the generated text (with stops: what is shown, then what is held back)
-        self._green: list[tuple[int, int]] = []  # spans of it that are accepted drafts
+        self._green: list[tuple[int, int]] = []  # spans of the scan's text that are accepted drafts
         self._shown = 0
-        self.stopped = False  # a stop string was reached: nothing more is shown
-
-    def _text(self, ids: Sequence[int]) -> str:
-        return self._utf8.decode(b"".join(self.piece(t) for t in ids))
 
     def write(self, accepted: Sequence[int], emitted: Sequence[int]) -> None:
         """Show one round: drafts the target accepted, then the tokens it emitted itself."""
-        a, e = self._text(accepted), self._text(emitted)
-        if self.stopped:
-            return
-        start = len(self._text_so_far)
-        self._text_so_far += a + e
-        if a:
-            self._green.append((start, start + len(a)))
-        cut = self.stops.cut(self._text_so_far)
-        self.stopped = cut is not None
-        self._show(cut if cut is not None else self.stops.showable(self._text_so_far))
+        scan = self.scan
+        start = len(scan.text)
+        scan.feed(accepted)
+        if len(scan.text) > start:
+            self._green.append((start, len(scan.text)))
+        scan.feed(emitted)
+        self._show(scan.showable())
 
     def _show(self, end: int) -> None:
         """Write the text up to `end`, accepted drafts in green when colouring."""
-        begin, text = self._shown, self._text_so_far
+        begin, text = self._shown, self.scan.text
         if end <= begin:
             return
         parts, at = [], begin
@@ -84,11 +73,46 @@ class TokenStream:
         self._shown = end
 
     def finish(self) -> None:
-        if not self.stopped:
-            self._text_so_far += self._utf8.decode(b"", final=True)
-            self._show(len(self._text_so_far))
+        self.scan.finish()
+        self._show(len(self.scan.final()))
         self.out.write("\n")
         self.out.flush()
+
+
+class Watch(Observer):
+    """generate()'s observer for a command's stream: its stop strings decided once, by `scan` (fed by the
+    `stream` that shows the text, or here when nothing is shown), a projection's `costs`, and with a
+    `fallback` (a factory of the replacement verifier) fail-over, each fail-over a line on stderr."""
+
+    def __init__(self, scan: StopScan, stream: TokenStream | None = None, costs: Costs | None = None,
+                 costs_known: bool = True, fallback: Callable[[], Verifier] | None = None):
+        super().__init__(costs, costs_known, fails_over=fallback is not None)
+        self.scan, self.stream, self._fallback = scan, stream, fallback
+
+    def shown(self, accepted: Sequence[int], emitted: Sequence[int]) -> None:
+        if self.stream is not None:
+            self.stream.write(accepted, emitted)
+        else:
+            self.scan.feed(accepted)
+            self.scan.feed(emitted)
+
+    def stopped(self) -> bool:
+        return self.scan.stopped
+
+    def fallback(self) -> Verifier | None:
+        return self._fallback() if self._fallback else None
+
+    def failed_over(self, line: str) -> None:
+        print("\nspecmesh: " + line, file=sys.stderr, flush=True)
+
+    def finish(self) -> str:
+        """The stream ended: the rest of the text shown (and a newline), and the text returned, before the
+        first stop string."""
+        if self.stream is not None:
+            self.stream.finish()
+        else:
+            self.scan.finish()
+        return self.scan.final()
 
 
 def _fmt(v) -> str:

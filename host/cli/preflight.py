@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import specmesh.host.cli.registry  # noqa: F401 - the back-ends a run offers, registered
 from specmesh.host import backends
+from specmesh.host.cli import registry
 from specmesh.host.backends import is_port
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.boardclasses import BOARD_CLASSES, drafter_class, drafter_model
@@ -40,9 +40,9 @@ class PreflightError(Exception):
 
 def unknown_backend(kind: str, name: str) -> str | None:
     """The one-line error for a `--drafter`/`--verifier` value that names no back-end, or None."""
-    if backends.factory(kind, name) is not None:
+    if registry.factory(kind, name) is not None:
         return None
-    known = ", ".join(sorted({*(backends.VERIFIERS if kind == "verifier" else backends.DRAFTERS)} - {backends.PORT}))
+    known = ", ".join(sorted({*(registry.VERIFIERS if kind == "verifier" else registry.DRAFTERS)} - {backends.PORT}))
     return "--%s %s: not a serial port nor one of %s" % (kind, name, known)
 
 

@@ -1,8 +1,7 @@
 """`specmesh run`: set up the drafter and verifier back-ends, generate, stream the text, print the stats.
 
 The arguments become one checked, frozen `RunConfig` (host/cli/config.py) before anything starts; the rest
-of the run reads that. Back-ends by name, each made through the registry of host/backends/__init__.py (the
-modules that fill it are imported by host/cli/registry.py): `cpu` (numpy engine on the host), `torch-cpu`,
+of the run reads that. Back-ends by name, each made through the tables of host/cli/registry.py: `cpu` (numpy engine on the host), `torch-cpu`,
 `gpu`, `virtual` or `virtual:CLASS` (a virtual board started and flashed for this run,
 host/provision/cluster.py), `pipeline` (`--stages N`), or a serial port of a flashed board. `--plain` decodes with the verifier alone
 (the baseline). Every user error is one line on stderr and exit status 2; a failure during generation is
@@ -20,19 +19,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from specmesh.host import backends
 from specmesh.host.atomic import STDOUT
+from specmesh.host.cli import registry
 from specmesh.host.backends import PIPELINE, BackendError, SessionParams
-from specmesh.host.cli.config import (DEFAULT_PROMPT, GAMMA_FLAG_MAX, RV32_PROJECT, RunConfig,  # noqa: F401
-                                      UsageError, parse_gamma)
-from specmesh.host.cli.output import TokenStream, format_table, write_stats_json
+from specmesh.host.cli.config import DEFAULT_PROMPT, RV32_PROJECT, RunConfig, UsageError
+from specmesh.host.cli.output import TokenStream, Watch, format_table, write_stats_json
 from specmesh.host.boardclasses import drafter_class
 from specmesh.host.cli.preflight import (PreflightError, check_backends, check_context, check_models, check_pair,
                                          unknown_backend)
 from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, generate
-from specmesh.host.decode.stopstrings import StopStrings
+from specmesh.host.decode.stopstrings import StopScan, StopStrings
 from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE
 from specmesh.host.projection.measured import board_summary
 from specmesh.host.provision.drafters import expected_alpha
@@ -159,7 +157,7 @@ class Setup(contextlib.ExitStack):
 
     def make(self, kind: str, name: str):
         """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`, from the registry."""
-        fac = backends.factory(kind, name)
+        fac = registry.factory(kind, name)
         if fac is None:
             raise UsageError(unknown_backend(kind, name) or name)
         backend = fac(self.config.model_file(kind), name=name, boards=self)
@@ -351,30 +349,23 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
         controller = gamma_controller(config, drafter)
         # a projection that credits pipelined drafting plans gamma and the look-ahead for it
         controller.pipelined = bool(drafter is not None and costs is not None and costs.pipelined)
-        stops = StopStrings(config.stop)
+        scan = StopScan(StopStrings(config.stop), tok.pieces.__getitem__)
         stream = None
         if not config.quiet:
-            stream = TokenStream(lambda t: tok.pieces[t], out, color=config.color, stops=stops)
+            stream = TokenStream(scan, out, color=config.color)
             out.write(config.prompt)
             out.flush()
+        watch = Watch(scan, stream, costs=costs.round_costs if costs else None,
+                      costs_known=getattr(costs, "known_beforehand", True),
+                      fallback=None if names["verifier"] in ("cpu", PIPELINE) else lambda: setup.make("verifier", "cpu"))
         try:
-            result = generate(prompt, verifier, drafter, params, config.max_tokens, controller,
-                              on_round=stream.write if stream else None,
-                              costs=costs.round_costs if costs else None,
-                              costs_known=getattr(costs, "known_beforehand", True),
-                              fallback=None if names["verifier"] in ("cpu", PIPELINE) else (
-                                  lambda: setup.make("verifier", "cpu")),
-                              on_failover=lambda line: print("\nspecmesh: " + line, file=sys.stderr, flush=True),
-                              stop_when=(lambda ids: stops.cut(tok.decode(ids)) is not None) if stops else None)
+            result = generate(prompt, verifier, drafter, params, config.max_tokens, controller, watch)
         except (BackendError, RuntimeError) as e:
             if stream:
                 out.write("\n")
             raise GenerationFailed(_one_line(e)) from None
-        if stream:
-            stream.finish()
-        text = tok.decode(result.tokens)
-        stats = build_stats(config, params, result, text[:stops.cut(text)], verifier, drafter, controller,
-                            len(prompt), projector)
+        text = watch.finish()
+        stats = build_stats(config, params, result, text, verifier, drafter, controller, len(prompt), projector)
         stats["gamma_costs"] = ("projected %s" % costs.board.name) if costs else "measured"
     return stats
 

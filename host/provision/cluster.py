@@ -8,11 +8,11 @@ build/vboards/ (in an installed copy: ~/.cache/specmesh/vboards), so a later run
 changed. With `--transport espnow` the boards talk over the virtual radio and the host reaches them
 through a gateway board on its serial link.
 Everything started is stopped when the cluster closes. `find` discovers a flashed real board by the role it
-reports (HELLO), `connect` opens one on a known port. Both kinds are registered back-ends of each role
-(host/backends/__init__.py): `virtual` (the role's default class), `virtual:CLASS` (a virtual board of any
+reports (HELLO), `connect` opens one on a known port. Both kinds are back-ends of each role, by name in
+host/cli/registry.py's tables: `virtual` (the role's default class), `virtual:CLASS` (a virtual board of any
 class of host/boardclasses.py: the unix port sized as that class, or QEMU running the RV32 firmware for
 esp32c3/esp32c6, host/emulator/qemu.py), `pipeline` for the verifier (`--stages N` stage boards), and `PORT` for a
-serial port's name. Importing this module registers them (host/cli/registry.py does, for a run).
+serial port's name (`virtual`, `pipeline` and `on_port` make their factories).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specmesh.host import atomic
-from specmesh.host.backends import PIPELINE, PORT, BackendError, Boards, register_drafter, register_verifier
+from specmesh.host.backends import BackendError, Boards
 from specmesh.host.backends.board import BoardDrafter, BoardVerifier
 from specmesh.host.backends.pipeline import BoardStage, PipelineVerifier
-from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, drafter_class, drafter_model
+from specmesh.host.boardclasses import ROLE_CLASS, drafter_class, drafter_model
 from specmesh.host.bus.links import LinkError, SerialLink
 from specmesh.host.bus.proxy import Bus, HostAuth, NodeError, Proxy
 from specmesh.host.layout import MODELS, ROOT, model_path
@@ -416,7 +416,7 @@ def _side_by_side(calls: list[Callable[[], object]]) -> list:
     return results
 
 
-def _virtual(kind: str, board: str | None = None):
+def virtual(kind: str, board: str | None = None):
     def make(_model_path, *, boards: Boards, **_options):
         """`--drafter/--verifier virtual[:CLASS]`: the run's virtual board of that role, started and flashed."""
         return boards.cluster().backend(kind, board)
@@ -424,7 +424,7 @@ def _virtual(kind: str, board: str | None = None):
     return make
 
 
-def _pipeline(_model_path, *, boards: Boards, **_options):
+def pipeline(_model_path, *, boards: Boards, **_options):
     """`--stages N`: a pipeline verifier over N virtual stage boards."""
     try:
         return boards.cluster().pipeline(boards.stages, boards.stage_class, boards.beside_stages)
@@ -432,7 +432,7 @@ def _pipeline(_model_path, *, boards: Boards, **_options):
         raise BackendError(str(e)) from None
 
 
-def _on_port(kind: str):
+def on_port(kind: str):
     def make(_model_path, *, name: str, boards: Boards, **_options):
         """A flashed board on serial port `name` (`auto`: the one among the ESP32 USB ports reporting `kind`)."""
         port = find(kind, boards.key) if name == "auto" else name
@@ -440,10 +440,3 @@ def _on_port(kind: str):
 
     return make
 
-
-for _kind, _register in (("verifier", register_verifier), ("drafter", register_drafter)):
-    _register("virtual", _virtual(_kind))
-    for _class in BOARD_CLASSES:
-        _register("virtual:" + _class, _virtual(_kind, _class))
-    _register(PORT, _on_port(_kind))
-register_verifier(PIPELINE, _pipeline)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, ESP32S3, ROLE_CLASS
 from specmesh.host.decode.gamma import GammaController
-from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.orchestrator import Observer, generate
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import MODELS, TARGET_FILE
 from specmesh.host.projection.costmodel import KERNELS
@@ -62,7 +62,7 @@ def speculate(proj, prompts: list[list[int]], ver, dra, name: str) -> dict:
         c = GammaController()
         c.expect(expected_alpha(name, greedy=True))
         c.pipelined = proj.pipelined
-        r = generate(p, ver, dra, SessionParams(), NEW, c, costs=proj.round_costs)
+        r = generate(p, ver, dra, SessionParams(), NEW, c, Observer(costs=proj.round_costs))
         out = proj.project(r, len(p))
         spec += out["wall_s"]
         plain += out.get("plain_wall_s", 0.0) or sum(proj.single.plain_round(len(p) + i) for i in range(

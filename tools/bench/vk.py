@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
-import specmesh.host.cli.registry  # noqa: F401 - the torch verifiers, registered
-from specmesh.host.backends import factory
+from specmesh.host.cli.registry import factory
 from specmesh.host.decode.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
