@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from specmesh.host.projection import hardware
 from specmesh.tools.bench import xtensa
 
 
@@ -29,3 +30,17 @@ def test_executed_instructions_cover_the_counted_loops(capsys):
             if isinstance(counted, dict):
                 assert out["executed"]["native"][shape][k] >= counted[k]
     assert "executed" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not os.environ.get("SPECMESH_XTENSA_ELF") or shutil.which(xtensa.QEMU) is None,
+                    reason="set SPECMESH_XTENSA_ELF (and install qemu-system-misc) to run the kernels on Xtensa")
+def test_the_projection_s_native_figures_are_the_executed_ones():
+    """hardware.NATIVE_XTENSA holds what the bench fits to the module's executed instructions (within the
+    few percent a collection or a tick of CCOUNT moves them)."""
+    units = xtensa.run()["native_units"]
+    assert set(units) == set(hardware.NATIVE_XTENSA)
+    for name, value in units.items():
+        stored = hardware.NATIVE_XTENSA[name]
+        pairs = [(value[g], stored[g]) for g in value] if isinstance(value, dict) else [(value, stored)]
+        for got, want in pairs:
+            assert abs(got - want) <= 0.05 * want + 1, name
