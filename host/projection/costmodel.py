@@ -140,7 +140,7 @@ class Viper:
 
 class Native:
     """The native kernels (firmware/native/, issue 21), per unit of work: host/projection/hardware.py NATIVE_XTENSA,
-    whose NATIVE_COUNTED says whether the figures are counted from the xtensawin build or assumed."""
+    whose NATIVE_COUNTED says where the figures come from (executed by the xtensawin module on an Xtensa core)."""
 
     name = "native"
     calls_per_layer = 1  # the module's `layer` kernel runs engine._layer's steps in one call
@@ -150,9 +150,10 @@ class Native:
         self.source = source or (NATIVE_COUNTED if counts is None else "given")
 
     def matmul(self, w: Work, rows: int, cols: int, k: int) -> None:
-        per_mac = self.n["matmul_per_mac"]
+        per_mac, per_row = self.n["matmul_per_mac"], self.n["matmul_per_row"]
         for g in _groups(k):
-            w.add("matmul_1" if g == 1 else "matmul_5", rows * (cols * g * per_mac[g] + self.n["matmul_per_row"]))
+            row = per_row[g] if isinstance(per_row, dict) else per_row
+            w.add("matmul_1" if g == 1 else "matmul_5", rows * (cols * g * per_mac[g] + row))
 
     def quant(self, w: Work, rows: int, n: int, term: str = "requant") -> None:
         w.add(term, rows * (self.n["quant_per_row"] + n * self.n["quant_per_value"]))

@@ -105,37 +105,33 @@ NATIVE_MATMUL_INSNS_PER_MAC = {"rv32imc": {1: 4.75, 5: 3.35}, "xtensawin": {1: 5
 CYCLES_PER_INSN = 1.3
 
 # Native kernels (firmware/native/kernels.c, built as MicroPython native modules): Xtensa instructions per
-# unit of work of the xtensawin build, the units the cost model counts for viper (host/projection/costmodel.py
-# `Native`). The matmul's are counted from the disassembly (NATIVE_MATMUL_INSNS_PER_MAC, tools/native_loops.py)
-# for 1 and 5 positions per pass over a weight row; 2-4 positions are the curve a + b/g through those two
-# (a fixed cost per MAC, and the weight load and sign extension shared by the group's g positions). The
-# other kernels' figures are ASSUMED (not counted yet: the layer kernel's loops other than matmul), each
-# an estimate of its inner loop's loads, multiplies, shifts and stores; NATIVE_COUNTED says so wherever a
-# projection shows them.
-NATIVE_COUNTED = "matmul counted (tools/native_loops.py), other kernels assumed"
-
-
-def _per_mac_curve(counted: dict[int, float]) -> dict[int, float]:
-    b = (counted[1] - counted[5]) * 5 / 4
-    a = counted[1] - b
-    return {g: counted[g] if g in counted else round(a + b / g, 2) for g in range(1, 6)}
-
-
+# unit of work of the xtensawin module, the units the cost model counts (host/projection/costmodel.py
+# `Native`), EXECUTED by the shipped module on an Xtensa core: `python -m specmesh.tools.bench xtensa`
+# (QEMU's dc233c under -icount, the module loaded by MicroPython's own loader), each figure the difference
+# of two sizes of one call at the target's shapes, so the call's own cost drops out (tools/bench/xtensa.py
+# native_units says which sizes). The matmul per MAC and per row for each group size; attend's per-value
+# figure also carries its per-head work that grows with the head size. The same machine code runs on the
+# ESP32/S3's LX6/LX7; only register-window spills differ (dc233c has 32 address registers, the LX6/LX7 64):
+# the kernels call nothing inside their loops, and a kernel call costs about 9 window overflows and 9
+# underflows here (about 180 instructions, QEMU -d int), under 0.2% of a token. Before these were executed,
+# the kernels other than matmul were assumed at 2-7x fewer instructions (quant 11, requant 9, rmsnorm 10,
+# silu 14, a score 30 per value): docs/run.md.
+NATIVE_COUNTED = "executed on Xtensa (QEMU dc233c, python -m specmesh.tools.bench xtensa)"
 NATIVE_XTENSA = {
-    "matmul_per_mac": _per_mac_curve(NATIVE_MATMUL_INSNS_PER_MAC["xtensawin"]),
-    "matmul_per_row": 24.0,  # per output row and group: pointers, the row's multiplier and shift, stores
-    "quant_per_value": 11.0,  # largest |x| (load, abs, max), then shift, clamp and store
-    "quant_per_row": 40.0,
-    "requant_per_value": 9.0,  # load the sum, multiply by the row's 14-bit multiplier, shift, (add), store
-    "rmsnorm_per_value": 10.0,  # sum of squares, then scale by the inverse root and the norm weight
-    "rmsnorm_per_row": 160.0,  # the integer inverse square root (shared/intmath.py: Newton steps)
-    "rope_per_pair": 14.0,  # per head and pair of values: two table loads, four multiplies, shifts
-    "kv_per_value": 4.0,  # q.k and p.v over the int8 cache: load, mull, add (and the row's shift per row)
-    "softmax_per_score": 30.0,  # per score: scale, max, exp from the table, normalise
-    "softmax_per_head": 120.0,
-    "silu_per_value": 14.0,  # the sigmoid table lookup, a multiply, a shift
-    "embed_per_value": 4.0,
-    "argmax_per_value": 4.0,
+    "matmul_per_mac": {1: 5.506, 2: 4.24, 3: 3.85, 4: 3.635, 5: 3.5},
+    "matmul_per_row": {1: 11.6, 2: 16.5, 3: 16.9, 4: 25.1, 5: 36.8},  # per output row and group
+    "quant_per_value": 29.0,  # the row's largest |x|, then the rounding shift, clamp and store
+    "quant_per_row": 75.7,
+    "requant_per_value": 31.9,  # mulsh's split product and its shift cases, (add), store
+    "rmsnorm_per_value": 55.1,  # sum of squares, then two mulsh per value
+    "rmsnorm_per_row": 174.1,  # the block shift and the integer inverse square root
+    "rope_per_pair": 40.6,  # per head and pair: four mulsh
+    "kv_per_value": 10.0,  # q.k and p.v over the int8 cache, per cached value (and head-size work)
+    "softmax_per_score": 103.2,  # per score: mulsh, the max, expq from the table, the weight
+    "softmax_per_head": 874.6,  # the query's block shift and rounding, 2^30 // z, the output's rounding
+    "silu_per_value": 83.7,  # the sigmoid's expq and division, two mulsh
+    "embed_per_value": 21.6,
+    "argmax_per_value": 7.1,
 }
 CYCLES_PER_MAC = XTENSA_MATMUL_INSNS_PER_MAC[1] * CYCLES_PER_INSN
 CPI = Figure(
