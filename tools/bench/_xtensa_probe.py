@@ -11,8 +11,8 @@ import time
 from array import array
 
 sys.path[:0] = ["."]
-import kernels  # noqa: E402
-import native.xtensawin as nat  # noqa: E402
+import kernels
+import native.xtensawin as nat
 
 _T = time.ticks_cpu
 _D = time.ticks_diff
@@ -182,7 +182,7 @@ if have_model:
     for name in ("native", "viper"):
         try:
             res[name]["passes"] = passes(name == "native")
-        except Exception as e:  # a heap too small, no float or os module: the figures above stand alone
+        except Exception as e:  # noqa: BLE001 - a heap too small, no float or os module: the figures above stand alone
             res[name]["no_passes"] = repr(e)
         gc.collect()
 print(repr(res))

@@ -108,7 +108,7 @@ def counted() -> dict:
         from specmesh.tools.native_loops import per_mac
 
         out["native"] = per_mac("xtensawin")
-    except Exception as e:  # no build/native objects (make native) or no llvm-objdump-22
+    except Exception as e:  # noqa: BLE001 - no build/native objects (make native) or no llvm-objdump-22
         out["native"] = "n/a (%s)" % str(e).strip().splitlines()[0][:80]
     from specmesh.host.projection.hardware import XTENSA_MATMUL_INSNS_PER_MAC
 
