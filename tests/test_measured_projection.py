@@ -10,8 +10,8 @@ from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.boardclasses import BOARD_CLASSES, ESP32C3, ESP32C6
 from specmesh.host.cli.run import UsageError, add_arguments, check_args
 from specmesh.host.emulator.qemu import CONFIG_ADDR, CONFIG_MAGIC, QemuBoard, qemu_command
-from specmesh.host.projection.costmodel import weight_bytes
-from specmesh.host.projection.hardware import BOARDS, RV32_CPI
+from specmesh.host.projection.costmodel import pass_work, weight_bytes
+from specmesh.host.projection.hardware import BOARDS, CPI, RV32_CPI
 from specmesh.host.projection.measured import MEASURED, Line, MeasuredProjector, board_summary, pass_counts
 from tests.conftest import ROOT
 
@@ -74,6 +74,21 @@ def test_the_measured_projection_prices_instructions_and_flash_bytes():
     assert terms["weights_flash"] == pytest.approx(weight_bytes(h) / BOARDS["esp32c3"].flash_map_bps.value)
     p.measure("verifier", STATS, "models/target.spm")  # a model in the heap reads no flash per pass
     assert p.terms(h, 1, 10)["weights_flash"] == 0.0
+
+
+def test_an_xtensa_class_prices_instructions_at_its_cpi_and_the_psram_bytes():
+    """--project esp32s3 from an Xtensa board's counts: the S3's CPI and clock, and the target's weights
+    and KV rows from PSRAM at the class's rate (no flash read: the S3 keeps it in PSRAM)."""
+    h = check_model_file(ROOT / "models" / TARGET_FILE)[0]
+    p = MeasuredProjector(h, None, "esp32s3")
+    p.measure("verifier", STATS, "models/target.spm")
+    terms = p.terms(h, 1, 10)
+    s3 = BOARDS["esp32s3"]
+    assert terms["compute"] == pytest.approx(2_300_000 * CPI.value / s3.clock_hz.value)
+    work = pass_work(h, 1, 10)
+    assert terms["weights_psram"] == pytest.approx(work["weights_psram"] / s3.weight_stream_bps.value)
+    assert terms["kv_psram"] == pytest.approx(work["kv_psram"] / s3.weight_stream_bps.value)
+    assert terms["weights_flash"] == 0.0
 
 
 def test_a_measured_drafter_pass_is_priced_from_its_own_line():

@@ -424,6 +424,14 @@ INTERNAL void k_rope(i32 *b, const int16_t *cs, const i32 *p) {
     }
 }
 
+/* q.k of one cached key row against the query's 15-bit values qq (hd of them), and p.v: out[i] += a * v[i].
+   For the models' head size of 8 the query values and the outputs stay in registers across the cached
+   rows (HD8); the sums are the same modulo 2^32. */
+#define QK8(kr) (q0 * (kr)[0] + q1 * (kr)[1] + q2 * (kr)[2] + q3 * (kr)[3] + q4 * (kr)[4] + q5 * (kr)[5] + \
+    q6 * (kr)[6] + q7 * (kr)[7])
+#define PV8(a, vr) { o0 += (a) * (vr)[0]; o1 += (a) * (vr)[1]; o2 += (a) * (vr)[2]; o3 += (a) * (vr)[3]; \
+    o4 += (a) * (vr)[4]; o5 += (a) * (vr)[5]; o6 += (a) * (vr)[6]; o7 += (a) * (vr)[7]; }
+
 /* p = (n, hd, stride, kb, vb, heads, group, isq, k, qq, tab); cache bytes are int8 + 128, each row's
    shift in its last byte. */
 INTERNAL void k_attend(i32 *q, const u8 *kv, i32 *sc, const i32 *p) {
@@ -445,16 +453,27 @@ INTERNAL void k_attend(i32 *q, const u8 *kv, i32 *sc, const i32 *p) {
         }
         i32 mx = 0;
         const u8 *row = kv + p[3];
-        for (int t = 0; t < n; t++, row += stride) {
-            const u8 *kr = row + kh;
-            i32 a = 0;
-            for (int i = 0; i < hd; i++) {
-                a += qq[i] * kr[i];
+        if (hd == 8) {
+            i32 q0 = qq[0], q1 = qq[1], q2 = qq[2], q3 = qq[3], q4 = qq[4], q5 = qq[5], q6 = qq[6], q7 = qq[7];
+            for (int t = 0; t < n; t++, row += stride) {
+                i32 a = mulsh(QK8(row + kh) - (qs << 7), isq, 34 - sh - row[stride - 1]);
+                sc[t] = a;
+                if (t == 0 || a > mx) {
+                    mx = a;
+                }
             }
-            a = mulsh(a - (qs << 7), isq, 34 - sh - row[stride - 1]);
-            sc[t] = a;
-            if (t == 0 || a > mx) {
-                mx = a;
+        } else {
+            for (int t = 0; t < n; t++, row += stride) {
+                const u8 *kr = row + kh;
+                i32 a = 0;
+                for (int i = 0; i < hd; i++) {
+                    a += qq[i] * kr[i];
+                }
+                a = mulsh(a - (qs << 7), isq, 34 - sh - row[stride - 1]);
+                sc[t] = a;
+                if (t == 0 || a > mx) {
+                    mx = a;
+                }
             }
         }
         i32 z = 0;
@@ -474,15 +493,28 @@ INTERNAL void k_attend(i32 *q, const u8 *kv, i32 *sc, const i32 *p) {
         }
         qs = 0;  /* the weights' sum: the value bytes are int8 + 128 */
         row = kv + p[4];
-        for (int t = 0; t < n; t++, row += stride) {
-            int s = 8 + vm - row[stride - 1];
-            if (s <= 30) {
-                i32 a = rshr(sc[t] * rz, s);
-                if (a) {
-                    const u8 *vr = row + kh;
+        if (hd == 8) {
+            i32 o0 = 0, o1 = 0, o2 = 0, o3 = 0, o4 = 0, o5 = 0, o6 = 0, o7 = 0;
+            for (int t = 0; t < n; t++, row += stride) {
+                int s = 8 + vm - row[stride - 1];
+                if (s <= 30) {
+                    i32 a = rshr(sc[t] * rz, s);
                     qs += a;
-                    for (int i = 0; i < hd; i++) {
-                        qo[i] += a * vr[i];
+                    PV8(a, row + kh)
+                }
+            }
+            qo[0] = o0, qo[1] = o1, qo[2] = o2, qo[3] = o3, qo[4] = o4, qo[5] = o5, qo[6] = o6, qo[7] = o7;
+        } else {
+            for (int t = 0; t < n; t++, row += stride) {
+                int s = 8 + vm - row[stride - 1];
+                if (s <= 30) {
+                    i32 a = rshr(sc[t] * rz, s);
+                    if (a) {
+                        const u8 *vr = row + kh;
+                        qs += a;
+                        for (int i = 0; i < hd; i++) {
+                            qo[i] += a * vr[i];
+                        }
                     }
                 }
             }

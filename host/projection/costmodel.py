@@ -170,7 +170,8 @@ class Native:
     def attend(self, w: Work, h: Header, k: int, ctx: int) -> None:
         scores = _scores(h, k, ctx)
         w.add("softmax", k * h.n_heads * self.n["softmax_per_head"] + scores * self.n["softmax_per_score"])
-        w.add("kv_reads", scores * h.head_dim * 2 * self.n["kv_per_value"])
+        kv = self.n["kv_per_value_hd8"] if h.head_dim == 8 and "kv_per_value_hd8" in self.n else self.n["kv_per_value"]
+        w.add("kv_reads", scores * h.head_dim * 2 * kv)
 
     def silu(self, w: Work, hidden: int, k: int) -> None:
         w.add("silu", k * hidden * self.n["silu_per_value"])

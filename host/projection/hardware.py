@@ -110,7 +110,7 @@ CYCLES_PER_INSN = 1.3
 # (QEMU's dc233c under -icount, the module loaded by MicroPython's own loader), each figure the difference
 # of two sizes of one call at the target's shapes, so the call's own cost drops out (tools/bench/xtensa.py
 # native_units says which sizes). The matmul per MAC and per row for each group size; attend's per-value
-# figure also carries its per-head work that grows with the head size. The same machine code runs on the
+# figure for head sizes other than 8 also carries its per-head work that grows with the head size. The same machine code runs on the
 # ESP32/S3's LX6/LX7; only register-window spills differ (dc233c has 32 address registers, the LX6/LX7 64):
 # the kernels call nothing inside their loops, and a kernel call costs about 9 window overflows and 9
 # underflows here (about 180 instructions, QEMU -d int), under 0.2% of a token. Before these were executed,
@@ -118,19 +118,20 @@ CYCLES_PER_INSN = 1.3
 # silu 14, a score 30 per value): docs/run.md.
 NATIVE_COUNTED = "executed on Xtensa (QEMU dc233c, python -m specmesh.tools.bench xtensa)"
 NATIVE_XTENSA = {
-    "matmul_per_mac": {1: 5.506, 2: 4.24, 3: 3.85, 4: 3.635, 5: 3.5},
-    "matmul_per_row": {1: 11.6, 2: 16.5, 3: 16.9, 4: 25.1, 5: 36.8},  # per output row and group
+    "matmul_per_mac": {1: 5.505, 2: 4.24, 3: 3.85, 4: 3.635, 5: 3.5},
+    "matmul_per_row": {1: 11.7, 2: 16.4, 3: 16.9, 4: 25.0, 5: 36.8},  # per output row and group
     "quant_per_value": 29.0,  # the row's largest |x|, then the rounding shift, clamp and store
     "quant_per_row": 75.7,
     "requant_per_value": 31.9,  # mulsh's split product and its shift cases, (add), store
     "rmsnorm_per_value": 55.1,  # sum of squares, then two mulsh per value
-    "rmsnorm_per_row": 174.1,  # the block shift and the integer inverse square root
+    "rmsnorm_per_row": 172.5,  # the block shift and the integer inverse square root
     "rope_per_pair": 40.6,  # per head and pair: four mulsh
-    "kv_per_value": 10.0,  # q.k and p.v over the int8 cache, per cached value (and head-size work)
-    "softmax_per_score": 103.2,  # per score: mulsh, the max, expq from the table, the weight
-    "softmax_per_head": 874.6,  # the query's block shift and rounding, 2^30 // z, the output's rounding
-    "silu_per_value": 83.7,  # the sigmoid's expq and division, two mulsh
-    "embed_per_value": 21.6,
+    "kv_per_value": 9.5,  # q.k and p.v over the int8 cache, per cached value (and head-size work)
+    "kv_per_value_hd8": 4.0,  # the same for the models' head size of 8: the query and outputs in registers
+    "softmax_per_score": 111.0,  # per score: mulsh, the max, expq from the table, the weight
+    "softmax_per_head": 916.0,  # the query's block shift and rounding, 2^30 // z, the output's rounding
+    "silu_per_value": 83.1,  # the sigmoid's expq and division, two mulsh
+    "embed_per_value": 21.2,
     "argmax_per_value": 7.1,
 }
 CYCLES_PER_MAC = XTENSA_MATMUL_INSNS_PER_MAC[1] * CYCLES_PER_INSN

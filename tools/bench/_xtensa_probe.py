@@ -134,7 +134,7 @@ def units(K):
     for heads in (4, 8):
         q[0], q[1], q[2], q[3] = 1, heads, 4, 40
         out[("rope", heads)] = count(K.rope, dst, cs, q)
-    for hd, n in ((8, 8), (8, 40), (16, 40)):
+    for hd, n in ((8, 8), (8, 40), (12, 8), (12, 40), (16, 8), (16, 40)):
         heads, group = 8, 2
         stride = hd * heads // group + 1
         kv = bytearray(2 * 40 * stride)

@@ -71,9 +71,10 @@ def native_units(raw: dict, reps: int) -> dict:
     """host/projection/hardware.py NATIVE_XTENSA's figures (instructions per unit of work, costmodel.Native's
     units) fitted to the probe's executed counts: each the difference of two sizes of one call, so a call's
     fixed cost drops out. The matmul's per MAC and per row for each group size from 64 rows of 64 and of
-    172 columns less the same call without rows; attend's per value from head sizes 8 and 16 (its per-head
-    work that grows with the head size is counted there too), per score and per head from 8 and 40 cached
-    positions."""
+    172 columns less the same call without rows; attend's per score from 8 and 40 cached positions, split
+    into its per-value (q.k and p.v) and other work by head sizes 12 and 16 (the generic loops; per-head
+    work that grows with the head size is counted there too), and the head size of 8 (the models', its
+    own loops) per value from its per score less that other work."""
     u = {key: v / reps for key, v in raw.items()}
     out: dict = {"matmul_per_mac": {}, "matmul_per_row": {}}
     for k in (1, 2, 3, 4, 5):
@@ -91,11 +92,12 @@ def native_units(raw: dict, reps: int) -> dict:
     out["rmsnorm_per_row"] = round((u[("rmsnorm", 4, 64)] - u[("rmsnorm", 1, 64)]) / 3 - 64 * rv, 1)
     out["rope_per_pair"] = round((u[("rope", 8)] - u[("rope", 4)]) / 16, 2)
     heads = 8
-    kv = (u[("attend", 16, 40)] - u[("attend", 8, 40)]) / (heads * 40 * 2 * 8)
-    per_n = (u[("attend", 8, 40)] - u[("attend", 8, 8)]) / 32  # one more cached position, every head
+    score = {hd: (u[("attend", hd, 40)] - u[("attend", hd, 8)]) / (32 * heads) for hd in (8, 12, 16)}
+    kv = (score[16] - score[12]) / (2 * 4)  # head sizes other than 8: q.k and p.v loops over the head
     out["kv_per_value"] = round(kv, 2)
-    out["softmax_per_score"] = round(per_n / heads - 2 * 8 * kv, 1)
-    out["softmax_per_head"] = round((u[("attend", 8, 8)] - 8 * per_n) / heads, 1)
+    out["softmax_per_score"] = round(score[12] - 2 * 12 * kv, 1)
+    out["kv_per_value_hd8"] = round((score[8] - out["softmax_per_score"]) / (2 * 8), 2)  # query in registers
+    out["softmax_per_head"] = round((u[("attend", 8, 8)] - 8 * heads * score[8]) / heads, 1)
     out["silu_per_value"] = round((u[("silu", 172)] - u[("silu", 64)]) / 108, 2)
     out["embed_per_value"] = round((u[("embed", 172)] - u[("embed", 64)]) / 108, 2)
     out["argmax_per_value"] = round((u[("argmax", 512)] - u[("argmax", 64)]) / 448, 2)
