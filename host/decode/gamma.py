@@ -19,14 +19,17 @@ current choice is tried every `PROBE_EVERY` rounds so the estimates follow the s
 At gamma = 0 nothing is given up for good, since one slow or unlucky round must not end speculation for
 the rest of a run (on virtual boards, whose wall clock is the host's, one round in a few hundred is a
 scheduling hiccup; early rejections on an unseen prompt read as a low alpha). The regret is bounded
-instead: the acceptance evidence decays during plain rounds too, so the estimate drifts back to the
-drafter's measured prior, and a probe comes at the latest MAX_PROBE_GAP rounds after the last one (its
-interval doubles from PROBE_EVERY each time plain decoding stays best, and is at least what keeps the
-probe round's own loss within PROBE_BUDGET, 2%, of the time): a wrong plain stretch lasts at most
-MAX_PROBE_GAP rounds, and a drafter that does not pay costs O(log n) probes. The probe drafts what the
-rates would choose once the drafter is caught up, at least one token. (The drafter's catch-up on the
-tokens since is not charged to the budget: any return to speculation pays it, so charging it spaced the
-probes past the end of every run: a 500-token run stayed plain for 493 rounds.)
+instead. Probes are scheduled: the interval doubles from PROBE_EVERY each time plain decoding stays best,
+up to MAX_PROBE_GAP, and is at least what keeps the probe round's own loss within PROBE_BUDGET (2%) of the
+time. (The drafter's catch-up on the tokens since is not charged to the budget: any return to
+speculation pays it, so charging it spaced the probes past the end of every run: a 500-token run stayed
+plain for 493 rounds.) The acceptance evidence ages during plain rounds (PLAIN_DECAY), so the estimate
+drifts back to the drafter's measured prior; with known costs alpha is the only unknown, and the stream
+returns to speculation at the first scheduled probe after the aged evidence says it pays (a drafter that
+kept failing waits longer: its catch-up is not spent on a probe the evidence argues against). With
+measured costs, which may be a noisy round's, every scheduled probe drafts: what the rates would choose
+were the acceptance its prior again, at least one token. Either way a wrong plain stretch ends, and a
+drafter that does not pay costs O(log n) probes.
 Only when the costs are known beforehand (prime: a projection, whose costs are the board class's) and
 say that no gamma would beat plain decoding even if every draft were accepted (a compute-bound verifier
 with v(k) close to k) does probing stop: that drafter truly cannot pay, and the stream decodes plainly.
@@ -207,15 +210,20 @@ class GammaController:
         else:
             rates = self.rates(cap)
             g = max(range(cap + 1), key=lambda k: (rates[k], -k))
-            if g and self.behind > FREE_CATCH_UP and self.rounds < self.next_probe:
+            returning = g > 0 and self.behind > FREE_CATCH_UP
+            if returning and self.rounds < self.next_probe:
                 g = 0  # after a run of plain rounds, turning speculation on is a probe: it waits its turn
             if self.rounds >= self.next_probe and cap > 0 and g == 0 and self.known_costs and not self.could_pay(cap):
                 self.next_probe = 1 << 62  # the board class's costs: no gamma can pay, ever
             elif self.rounds >= self.next_probe and cap > 0:
                 # plain decoding still best after the last probe: probe half as often (at most MAX_PROBE_GAP)
-                self.probe_gap = min(MAX_PROBE_GAP, self.probe_gap * 2) if g == 0 and self.last == 0 else PROBE_EVERY
+                self.probe_gap = min(MAX_PROBE_GAP, self.probe_gap * 2) if self.last == 0 and (
+                    g == 0 or returning) else PROBE_EVERY
                 self.next_probe = self.rounds + max(self.probe_gap, self._budget_gap() if g == 0 else 0)
-                g = self._probe(cap) if g == 0 else (min(cap, g + 1) if (self.rounds // PROBE_EVERY) % 2 == 0 else g - 1)
+                if g == 0:  # measured costs may be wrong: measure; known ones wait for the aged evidence to say so
+                    g = 0 if self.known_costs else self._probe(cap)
+                elif not returning:  # a neighbour of the choice, to keep the estimates following the stream
+                    g = min(cap, g + 1) if (self.rounds // PROBE_EVERY) % 2 == 0 else g - 1
             elif self.rounds == len(self.opening) and g == 0:
                 # the opening probes say plain: the next probe waits as long as the probe budget asks
                 self.next_probe = self.rounds + max(PROBE_EVERY, self._budget_gap())
