@@ -24,7 +24,7 @@ from specmesh.host.cli import registry
 from specmesh.host.backends import PIPELINE, BackendError, SessionParams
 from specmesh.host.cli.config import DEFAULT_PROMPT, RV32_PROJECT, RunConfig, UsageError
 from specmesh.host.cli.output import TokenStream, Watch, format_table, write_stats_json
-from specmesh.host.boardclasses import drafter_class
+from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, drafter_class
 from specmesh.host.cli.preflight import (PreflightError, check_backends, check_context, check_models, check_pair,
                                          unknown_backend)
 from specmesh.host.cli.ranges import RangeError, in_range
@@ -243,7 +243,6 @@ def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool,
     """(cost model, projector): what prices each round for gamma's choice, and what projects the run for the
     stats (None, None when neither is asked for). A pipeline always reports its own projection."""
     if config.stages:  # host/projection/pipeline.py, in every stats JSON
-        from specmesh.host.boardclasses import ROLE_CLASS
         from specmesh.host.projection.pipeline import STAGE_LINKS, LinksReport, PipelineProjector
 
         # stages of the class --project names (one with stages: the S3), else the class rule's classic ESP32s
@@ -260,14 +259,35 @@ def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool,
             return Projector(heads["verifier"], heads["drafter"], "esp32s3", config.transport), measured
         boards = [("verifier", verifier)] + ([("drafter", drafter)] if drafter is not None else [])
         return LiveCosts(measured, boards), measured
-    if config.project or deterministic:
+    virtual = virtual_classes(config, on_host)
+    if config.project or deterministic or virtual:
         from specmesh.host.projection.rounds import Projector
 
-        projector = Projector(heads["verifier"], heads["drafter"], config.project or "esp32s3", config.transport,
-                              config.rates, config.kernels, drafter_on_host=on_host,
-                              drafter_board=drafter_class(config.transport), drafter_rates=config.drafter_rates)
+        board, drafts_on = config.project or ROLE_CLASS["verifier"], drafter_class(config.transport)
+        if virtual and not (config.project or deterministic):
+            board, drafts_on = virtual
+        projector = Projector(heads["verifier"], heads["drafter"], board, config.transport, config.rates,
+                              config.kernels, drafter_on_host=on_host, drafter_board=drafts_on,
+                              drafter_rates=config.drafter_rates)
         return projector, (projector if config.project else None)
     return None, None
+
+
+def virtual_classes(config: RunConfig, on_host: bool) -> tuple[str, str] | None:
+    """(verifier class, drafter board class) when gamma auto speculates on virtual boards: they stand for
+    their class, and their wall clock is the host's (a scheduling hiccup read as a slow board switched
+    drafting off), so gamma plans from the class's projected costs; None otherwise."""
+    if config.gamma is not None or config.plain or not (on_host or _virtual(config.drafter)):
+        return None
+    if not _virtual(config.verifier):
+        return None
+    verifier = config.verifier.partition(":")[2] or ROLE_CLASS["verifier"]
+    drafter = config.drafter.partition(":")[2] or drafter_class(config.transport)
+    return (verifier, verifier if on_host else drafter) if {verifier, drafter} <= BOARD_CLASSES.keys() else None
+
+
+def _virtual(name: str) -> bool:
+    return name == "virtual" or name.startswith("virtual:")
 
 
 def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
