@@ -68,7 +68,10 @@ STAT_KEYS = ("requests", "dup_replies", "errors", "bad_frames", "stray", "forwar
 _UNSIGNED = const(20)
 _BAD_TAG = const(21)
 _REPLAYED = const(22)
-LOSSES = ("duplicate", "stale")  # datagram-link events of a lossy radio, not malformed input
+# datagram-link events of a lossy radio, not malformed input: radio sends that raised (firmware/links.py), and an
+# OSError that left a link's recv or send (the loop counts it on that link and goes on: a board never falls to
+# its REPL because its radio driver ran out of buffers)
+LOSSES = ("duplicate", "stale", "send_failed", "oserror")
 
 
 def _caps(engine):
@@ -148,6 +151,9 @@ class Node:
                     gc.collect()
                     if not self._refuse_big(raw, getattr(link, "head", None), link):
                         _say("out of memory reading a frame: dropped (%d bytes free)" % gc.mem_free())
+                except OSError:
+                    errors = link.errors
+                    errors["oserror"] = errors.get("oserror", 0) + 1
             if links[0].closed:
                 break
             if busy:
