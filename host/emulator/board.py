@@ -271,6 +271,7 @@ class VirtualBoard:
             "VBOARD_MODE": mode,
             "VBOARD_NAME": f"{self.board.description} ({self.name})",
             "VBOARD_MACHINE": self.board.machine,
+            "VBOARD_CLOCK_HZ": str(int(self.board.stock_clock_hz)),
             "VBOARD_FS_BYTES": str(self.board.flash_fs_bytes),
             "VBOARD_MAC": self.mac,
             "VBOARD_MTU": str(self.mtu),
