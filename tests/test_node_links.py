@@ -136,3 +136,18 @@ def test_a_uart_link_on_its_pins_serves_frames(micropython, tmp_path):
     finally:
         node.close()
         server.close()
+
+
+@pytest.mark.parametrize("machine, stock, clock", [
+    (ESP32, 160_000_000, 240_000_000),  # ESP32_GENERIC boots at 160 MHz; the chip takes 240
+    ("ESP32C3 module with ESP32C3", 160_000_000, 160_000_000),  # the C3 tops at 160 MHz (ValueError for 240)
+], ids=["esp32", "esp32c3"])
+def test_the_node_runs_the_chip_at_its_fastest_clock(micropython, machine, stock, clock):
+    """firmware/main.py sets machine.freq(240 MHz) at boot where ports/esp32/modmachine.c mp_machine_set_freq
+    takes it; the stand-in boots at the stock build's clock (VBOARD_CLOCK_HZ, host/boardclasses.py)."""
+    out = subprocess.run([micropython, "-c", "import machine, main\nmain.fast_clock()\nprint(machine.freq())"],
+                         capture_output=True, text=True, timeout=30,
+                         env=_standin_env(machine, VBOARD_CLOCK_HZ=str(stock))
+                         | {"MICROPYPATH": "%s:%s:%s" % (ROOT / "firmware", ROOT, STANDINS)})
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == clock
