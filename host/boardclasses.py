@@ -17,6 +17,9 @@ from specmesh.host.layout import DRAFTER_FILE
 from specmesh.shared.modelfile import Header, body_size, stage_bytes
 
 
+CONSOLE_RING = 260  # the stdin ring every esp32 console feeds (ports/esp32/mphalport.c); it holds 259 bytes
+
+
 @dataclass(frozen=True)
 class BoardClass:
     name: str
@@ -39,6 +42,12 @@ class BoardClass:
     drafter: str = DRAFTER_FILE  # the shipped drafter a drafter board of this class runs (models/MODEL_CARD.md)
     drafter_ctx: int = 0  # positions a drafter node keeps of that drafter (0: its whole context); measured by
     # tests/test_firmware_budget.py: a node halves its context until its reserve is free
+
+    @property
+    def ring_drops(self) -> bool:
+        """Whether its console drops input past CONSOLE_RING while the node computes: a UART console's interrupt
+        handler does (ports/esp32/uart.c uart_irq_handler); USB-Serial/JTAG and TinyUSB CDC take only what fits."""
+        return self.console == "uart"
 
     @property
     def qemu(self) -> bool:
