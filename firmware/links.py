@@ -192,6 +192,7 @@ class EspNowLink:
     """Frames as ESP-NOW packets to peers known by node id (config "espnow": {"peers": {id: mac}})."""
 
     BROADCAST_MAC = b"\xff" * 6
+    radio = True  # its driver's buffers come from the heap the node's GC heap grows into (firmware/node.py)
 
     def __init__(self, peers, mtu=None, channel=None, key=None, plain=()):
         import espnow

@@ -51,6 +51,10 @@ _RESERVE = const(22528)
 # a stage (its rule's tables preallocated, frames of a few hundred bytes) serves in less: a last stage with
 # 19 KB free at load kept 16 KB free through sampled STAGE requests (docs/pipeline.md)
 _STAGE_RESERVE = const(16384)
+# ESP-IDF heap a radio node leaves to Wi-Fi/ESP-NOW: its dynamic buffers come from the IDF heap that the esp32 port's GC
+# heap also grows into (py/gc.c gc_try_add_heap), and without them ESPNow.send raises NO_MEM (micropython#14421:
+# low IDF memory drops packets). An assumption: ten of the driver's 1.6 KB dynamic buffers; not measured on a board
+_RADIO_IDF = const(16384)
 _MIN_CTX = const(64)  # the shortest context it halves to
 _MAX_TRY_CTX = const(256)  # the context it tries after the model's whole one did not fit
 SMALL_HEAP = 1 << 20  # below this heap size (no PSRAM) the node collects garbage after every request
@@ -97,6 +101,7 @@ class Node:
         self.cfg = cfg
         self.config_path = config_path
         self.links = links
+        self._radio = [link for link in links if getattr(link, "radio", False)]  # links whose driver shares the heap
         self.node_id = cfg["node_id"]
         self.auth = codec.Auth(bytes.fromhex(cfg["key"]), 24, cfg.get("ctr", 0)) if cfg.get("key") else None
         self.stats = {}
@@ -350,6 +355,19 @@ class Node:
         return m.ERROR, m.pack_error(E_MEMORY, "out of memory in %s of %d bytes (%d bytes free): send a shorter one"
                                      % (_name(f.mtype), len(f.payload), gc.mem_free())), False
 
+    def _headroom(self):
+        """Free heap the node may fill: gc.mem_free(), which on the esp32 port adds the largest free ESP-IDF block
+        (py/modgc.c gc_mem_free, MICROPY_GC_SPLIT_HEAP_AUTO), less, on a radio node, the part of that block the
+        radio keeps (_RADIO_IDF; esp32.idf_heap_info gives the block)."""
+        free = gc.mem_free()
+        if self._radio:
+            try:
+                import esp32
+            except ImportError:  # a port without the ESP-IDF heap
+                return free
+            free -= min(_RADIO_IDF, max(h[2] for h in esp32.idf_heap_info(esp32.HEAP_DATA)))
+        return free
+
     def _heap(self):
         free = gc.mem_free()
         if free < self.heap_min:
@@ -497,7 +515,7 @@ class Node:
                     else:
                         self.role = roles.Verifier(eng, self.stats)
                     gc.collect()
-                    if gc.mem_free() >= (_STAGE_RESERVE if stage else _RESERVE) or eng.n_ctx <= _MIN_CTX:
+                    if self._headroom() >= (_STAGE_RESERVE if stage else _RESERVE) or eng.n_ctx <= _MIN_CTX:
                         break
                     n_ctx = eng.n_ctx // 2  # too little heap left to serve requests: a shorter context (HELLO says)
                 except MemoryError:  # a context whose KV cache does not fit at all: shorter, down to _MIN_CTX

@@ -64,19 +64,23 @@ class BoardClass:
 # 2 MiB vfs); `specmesh flash` reads the real size from the board. An S3 with PSRAM keeps its models in
 # PSRAM, faster than mapped flash (host/projection/hardware.py), so its class has none.
 
-# Classic ESP32 (no PSRAM): MicroPython gives the GC heap the largest free block of internal RAM.
-# docs/esp32/general.rst ("Controlling the Python heap size"): "On a 'simple' esp32 this comes out to
-# around 100KB"; micropython issue #7962 measures the block actually available: 110536 bytes.
+# Classic ESP32 (no PSRAM), MicroPython v1.28: the GC heap starts as one 56 KiB area (ports/esp32/mpconfigport.h
+# MICROPY_GC_INITIAL_HEAP_SIZE, "chosen so they can grow the heap once (double it) and still have enough internal
+# RAM to start WiFi") and grows from the ESP-IDF heap on demand (MICROPY_GC_SPLIT_HEAP_AUTO; py/gc.c
+# gc_try_add_heap doubles the total), so the heap a node can fill without taking Wi-Fi's memory is two such areas:
+# 2 x 56,000 bytes of blocks (a 64 KiB area holds 64000: micropython#12141's mem_info; the allocation tables take
+# the rest). Beyond that the GC heap grows into what the radio needs (firmware/node.py _headroom).
+# (The earlier figure, 110,536 bytes, was micropython#7962's fixed heap of v1.17, before the split heap.)
 # Filesystem: the 4 MB flash layout gives the vfs partition 2 MiB (partitions-4MiB.csv: vfs 0x200000).
 ESP32 = BoardClass(
     name="esp32",
     description="ESP32 (classic, no PSRAM)",
-    heap_bytes=110_536,
+    heap_bytes=2 * 56_000,
     psram_bytes=0,
     flash_fs_bytes=2 * 1024 * 1024,
     romfs_bytes=128 * 1024,
     machine="Generic ESP32 module with ESP32",  # ESP32_GENERIC
-    source="MicroPython docs esp32/general.rst (heap 'around 100KB'); micropython#7962 (110536 bytes available); "
+    source="v1.28 ports/esp32/mpconfigport.h (56 KiB initial GC area, grown once: 2 x 56000 bytes of blocks); "
            "ESP32 datasheet (Xtensa LX6, 240 MHz); v1.28 ports/esp32/boards/ESP32_GENERIC (no sdkconfig.240mhz: 160 MHz "
            "at boot; UART0 REPL console)",
     # the 40-wide drafter, which its heap holds: drafter.spm (64 wide) would stream its 110 KB from ROMFS

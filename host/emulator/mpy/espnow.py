@@ -25,6 +25,7 @@ import select
 import socket
 import time
 
+import esp32
 import network
 
 MAX_DATA_LEN = int(os.getenv("VBOARD_MTU") or "250")
@@ -34,6 +35,10 @@ KEY_LEN = 16
 ADDR_LEN = 6
 _BROADCAST = b"\xff" * 6
 _DEFAULT_PMK = bytes(KEY_LEN)  # the stack's default when set_pmk is never called (a fixed value)
+# ESP-IDF heap the modelled Wi-Fi driver needs for its dynamic buffers (ten of 1.6 KB, an assumption): with less
+# free, esp_now_send keeps answering ESP_ERR_ESPNOW_NO_MEM and ESPNow.send raises it (modespnow.c espnow_send),
+# on a board whose ESP-IDF heap is modelled (VBOARD_IDF_BYTES, esp32.py)
+_DRIVER_BYTES = 16384
 
 
 _CODES = {"ESP_ERR_ESPNOW_NOT_INIT": 0x3065, "ESP_ERR_ESPNOW_ARG": 0x3066, "ESP_ERR_ESPNOW_NO_MEM": 0x3067,
@@ -177,6 +182,9 @@ class ESPNow:
             msg = msg.encode()
         if len(msg) > MAX_DATA_LEN:
             raise _err("ESP_ERR_ESPNOW_ARG")
+        if esp32._IDF and esp32.idf_heap_info(esp32.HEAP_DATA)[0][2] < _DRIVER_BYTES:
+            self._stats[2] += 1
+            raise _err("ESP_ERR_ESPNOW_NO_MEM")  # the GC heap grew into the driver's buffers
         targets = list(self._peers) if mac is None else [bytes(mac)]
         for dst in targets:
             if dst not in self._peers:
