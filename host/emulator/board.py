@@ -171,6 +171,7 @@ class VirtualBoard:
         flash_bytes: int | None = None,
         romfs_bytes: int | None = None,
         frozen_code: bool = True,
+        romfs_port: str = "",
     ) -> None:
         self.board = board if isinstance(board, BoardClass) else board_class(board)
         self.flash_dir = Path(flash_dir)
@@ -187,6 +188,9 @@ class VirtualBoard:
         # makes up for the 64-bit unix port's objects being twice an ESP32's. The board class's heap
         # is then what data (model, KV cache, buffers) gets, as the node's budget assumes.
         self.frozen_code = frozen_code
+        # "esp32": its ROMFS partition is served as the esp32 port serves it (an esp32.Partition block device,
+        # host/emulator/mpy/_vrom.py); "": as a buffer written through vfs.rom_ioctl ops 3-5 (stm32, rp2, qemu)
+        self.romfs_port = romfs_port
         self._code_heap: tuple[object, int] | None = None
         self.port = ""
         self.boots = 0
@@ -298,6 +302,7 @@ class VirtualBoard:
             env["VBOARD_IMAGE"] = str((self.flash_dir / "flash.img").resolve())
         if self.romfs_bytes:
             env["VBOARD_ROMFS"] = str(self.romfs_path.resolve())
+            env["VBOARD_ROMFS_PORT"] = self.romfs_port
         if self.radio is not None:
             env["VBOARD_RADIO"] = f"{self.radio[0]}:{self.radio[1]}"
         return env
