@@ -15,7 +15,8 @@ UartLink: the same lines over machine.UART between boards. EspNowLink: one packe
 fragmented above the MTU (shared/codec.py); peers by MAC from the config. `ESPNow.send` raises OSError on
 the real port (ports/esp32/modespnow.c espnow_send: ESP_ERR_ESPNOW_NO_MEM after 2 s of retries, ETIMEDOUT with
 acks pending past 100 ms): such a try counts as a lost packet ("send_failed"), the requester retransmits the
-frame, and a peer the radio did not take is dropped (a send to it would raise ESP_ERR_ESPNOW_NOT_FOUND). With a deployment key the
+frame, and a peer the radio did not take is dropped (a send to it would raise ESP_ERR_ESPNOW_NOT_FOUND).
+With a deployment key the
 radio's own encryption is on (docs/security.md): PMK = HMAC(key, "specmesh pmk"), and per peer pair
 LMK = HMAC(key, "specmesh lmk" + the lower MAC + the higher MAC), both truncated to 16 bytes, so the
 two ends derive the same LMK. Peers are encrypted in ascending node id order; one past the radio's

@@ -81,7 +81,8 @@ ESP32 = BoardClass(
     romfs_bytes=128 * 1024,
     machine="Generic ESP32 module with ESP32",  # ESP32_GENERIC
     source="v1.28 ports/esp32/mpconfigport.h (56 KiB initial GC area, grown once: 2 x 56000 bytes of blocks); "
-           "ESP32 datasheet (Xtensa LX6, 240 MHz); v1.28 ports/esp32/boards/ESP32_GENERIC (no sdkconfig.240mhz: 160 MHz "
+           "ESP32 datasheet (Xtensa LX6, 240 MHz); v1.28 ports/esp32/boards/ESP32_GENERIC (no sdkconfig.240mhz: "
+           "160 MHz "
            "at boot; UART0 REPL console)",
     # the 40-wide drafter, which its heap holds: drafter.spm (64 wide) would stream its 110 KB from ROMFS
     # every pass, slower than the S3's whole target step with native kernels (models/MODEL_CARD.md)

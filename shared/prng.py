@@ -2,7 +2,8 @@
 
 Runs unchanged under MicroPython and CPython and gives the same numbers on both (docs/CONTRACTS.md
 section 1). `rand32` hashes its arguments with three rounds of the lowbias32 mixer (a xorshift-multiply
-integer hash with near-ideal avalanche), computed in 16-bit halves so that a 32-bit port allocates nothing; `uniform` turns it into an exact uniform integer in [0, n) by
+integer hash with near-ideal avalanche), computed in 16-bit halves so that a 32-bit port allocates nothing;
+`uniform` turns it into an exact uniform integer in [0, n) by
 masking to the next power of two and rejecting on `attempt`, so no modulo bias enters any decision.
 """
 

@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="verify on a pipeline of N virtual stage boards (classic ESP32s; --verifier virtual:CLASS: of "
                         "that class), the target's layers split "
                         "evenly, positions sent through as a wavefront (docs/pipeline.md; default 0: one verifier)")
-    p.add_argument("--project", metavar="BOARD", choices=("esp32s3",) + RV32_PROJECT,
+    p.add_argument("--project", metavar="BOARD", choices=("esp32", "esp32s3") + RV32_PROJECT,
                    help="also project the run onto real boards of this class (host/projection/hardware.py); "
                         "gamma is then chosen for that hardware. esp32c3/esp32c6 price the instructions the run's "
                         "virtual:esp32c3/c6 boards executed under QEMU (docs/run.md)")

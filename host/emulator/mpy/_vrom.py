@@ -1,7 +1,8 @@
 """A virtual board's ROMFS partition: `vfs.rom_ioctl` for the board's code, and the image mounted at /rom.
 
 On a board the partition is memory-mapped flash; here it is one bytearray that the shim (_vboard.py)
-allocates first at VM start (a Partition, VBOARD_ROMFS_PORT=esp32, for the esp32 port's way) and fills from a host file, the supervisor adding its bytes to the VM's
+allocates first at VM start (a Partition, VBOARD_ROMFS_PORT=esp32, for the esp32 port's way) and fills
+from a host file, the supervisor adding its bytes to the VM's
 heap. The unix port has `vfs.VfsRom` but no `vfs.rom_ioctl`, and a built-in module cannot be shadowed
 by a file, so `install` hooks `builtins.__import__`: `import vfs` in the board's code gets a stand-in
 whose `rom_ioctl` serves the partition (ops 1-5, what `mpremote romfs deploy` uses) and whose other

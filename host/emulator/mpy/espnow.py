@@ -95,7 +95,8 @@ class ESPNow:
         if flag and not self._active:
             radio = os.getenv("VBOARD_RADIO")
             if not radio:
-                raise OSError(-_CODES["ESP_ERR_ESPNOW_INTERNAL"], "ESP_ERR_ESPNOW_INTERNAL: no virtual radio on this board")
+                raise OSError(-_CODES["ESP_ERR_ESPNOW_INTERNAL"],
+                              "ESP_ERR_ESPNOW_INTERNAL: no virtual radio on this board")
             host, port = radio.split(":")
             self._hub = socket.getaddrinfo(host, int(port))[0][-1]
             self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -100,7 +100,8 @@ class UART(io.IOBase):
     def __repr__(self):
         c = self._cfg
         return ("UART(%d, baudrate=%d, bits=8, parity=None, stop=1, tx=%d, rx=%d, rts=-1, cts=-1, txbuf=%d, rxbuf=%d, "
-                "timeout=0, timeout_char=0, irq=0)" % (self._id, c["baudrate"], c["tx"], c["rx"], c["txbuf"], c["rxbuf"]))
+                "timeout=0, timeout_char=0, irq=0)"
+                % (self._id, c["baudrate"], c["tx"], c["rx"], c["txbuf"], c["rxbuf"]))
 
     def _fill(self):
         """Take what the line delivered, up to the driver's rx buffer (the rest waits on the line)."""
