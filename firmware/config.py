@@ -9,7 +9,9 @@ the virtual board's directory in emulation). Keys, all optional:
               flashed into the ROMFS partition, host/provision/romfs.py)
     link      "stdio" (USB-serial REPL console, default) | "uart" | "espnow" | "gateway"
               ("gateway": stdio to the host, and ESP-NOW to the peers for frames addressed to them)
-    uart      {"id", "baudrate", "tx", "rx"} for the "uart" link
+    uart      {"id", "baudrate", "tx", "rx"} for the "uart" link; tx and rx are required (machine.UART(1) without
+              pins takes GPIO 9/10, the SPI flash lines of a classic ESP32 WROOM module: ports/esp32/machine_uart.c),
+              and neither may be a flash or PSRAM line of the chip (FLASH_PINS)
     espnow    {"peers": {"<node id>": "aa:bb:cc:dd:ee:ff"}, "mtu": 250, "channel": 1, "plain": ["<node id>"]};
               a node behind a gateway lists the gateway's MAC under "0" (the host), since its replies go
               there; with a key, peers are encrypted except those in "plain" (firmware/links.py)
@@ -34,6 +36,10 @@ import os
 from shared.board import CTR, DEFAULTS, FLASHING, KMAX, LINKS, NODE_IDS, ROLES, SPEC_AHEAD
 
 PATH = "specmesh.json"
+
+# GPIOs wired to the module's SPI flash (and PSRAM), by MCU (os.uname().machine after " with "): ESP32 6-11, ESP32-S3
+# 26-32 (33-37 with octal PSRAM), ESP32-C3 12-17, ESP32-C6 24-30 (each chip's datasheet, "Pin Overview")
+FLASH_PINS = {"ESP32": (6, 11), "ESP32S3": (26, 37), "ESP32C3": (12, 17), "ESP32C6": (24, 30)}
 
 
 class ConfigError(Exception):
@@ -64,12 +70,27 @@ def check(cfg):
     if not isinstance(n_ctx, int) or n_ctx < 0:
         raise ConfigError("n_ctx must be an int >= 0, not %r" % (n_ctx,))
     _bounded("ctr", cfg.get("ctr", 0), CTR)
+    if cfg["link"] == "uart":
+        _check_uart(cfg.get("uart"))
     key = cfg.get("key", "")
     try:
         bytes.fromhex(key)
     except (TypeError, ValueError):
         raise ConfigError("key must be a hex string")
     return cfg
+
+
+def _check_uart(u):
+    """Raise ConfigError unless the "uart" link names its pins, none of them a flash line of this chip."""
+    if not isinstance(u, dict) or not isinstance(u.get("tx"), int) or not isinstance(u.get("rx"), int):
+        raise ConfigError("a uart link needs its pins, uart {\"tx\": N, \"rx\": N}: UART(1) without them "
+                          "takes GPIO 9/10, the SPI flash lines of an ESP32 module")
+    uname = getattr(os, "uname", None)
+    span = FLASH_PINS.get(uname().machine.split(" with ")[-1]) if uname else None
+    for pin in (u["tx"], u["rx"]):
+        if span and span[0] <= pin <= span[1]:
+            raise ConfigError("uart pin %d is wired to this module's flash (GPIO %d-%d): pick another" % (
+                pin, span[0], span[1]))
 
 
 def load(path=PATH):

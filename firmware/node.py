@@ -42,6 +42,10 @@ from roles import Refused
 from shared.messages import E_COUNTER, E_INTERNAL, E_KEY, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, HOST
 
 FW_VERSION = "specmesh-node 0.1"
+# ESP-IDF heap a radio node leaves to Wi-Fi/ESP-NOW: its dynamic buffers come from the IDF heap that the esp32 port's GC
+# heap also grows into (py/gc.c gc_try_add_heap), and without them ESPNow.send raises NO_MEM (micropython#14421:
+# low IDF memory drops packets). An assumption: ten of the driver's 1.6 KB dynamic buffers; not measured on a board
+_RADIO_IDF = const(16384)
 SMALL_HEAP = 1 << 20  # below this heap size (no PSRAM) the node collects garbage after every request
 REPLY_CACHE = 4  # replies kept for retransmitted requests (a host may have a few requests in flight)
 POLL_MS = 1000  # longest a single-link node blocks in one poll (nothing depends on it waking)
@@ -56,7 +60,10 @@ STAT_KEYS = ("requests", "dup_replies", "errors", "bad_frames", "stray", "forwar
 _UNSIGNED = const(20)
 _BAD_TAG = const(21)
 _REPLAYED = const(22)
-LOSSES = ("duplicate", "stale")  # datagram-link events of a lossy radio, not malformed input
+# datagram-link events of a lossy radio, not malformed input: radio sends that raised (firmware/links.py), and an
+# OSError that left a link's recv or send (the loop counts it on that link and goes on: a board never falls to
+# its REPL because its radio driver ran out of buffers)
+LOSSES = ("duplicate", "stale", "send_failed", "oserror")
 
 
 def _caps(engine):
@@ -82,6 +89,7 @@ class Node:
         self.cfg = cfg
         self.config_path = config_path
         self.links = links
+        self._radio = [link for link in links if getattr(link, "radio", False)]  # links whose driver shares the heap
         self.node_id = cfg["node_id"]
         self.auth = codec.Auth(bytes.fromhex(cfg["key"]), 24, cfg.get("ctr", 0)) if cfg.get("key") else None
         self.stats = {}
@@ -136,6 +144,9 @@ class Node:
                     gc.collect()
                     if not self._refuse_big(raw, getattr(link, "head", None), link):
                         _say("out of memory reading a frame: dropped (%d bytes free)" % gc.mem_free())
+                except OSError:
+                    errors = link.errors
+                    errors["oserror"] = errors.get("oserror", 0) + 1
             if links[0].closed:
                 break
             if busy:
@@ -332,6 +343,19 @@ class Node:
         return m.ERROR, m.pack_error(E_MEMORY, "out of memory in %s of %d bytes (%d bytes free): send a shorter one"
                                      % (_name(f.mtype), len(f.payload), gc.mem_free())), False
 
+    def _headroom(self):
+        """Free heap the node may fill: gc.mem_free(), which on the esp32 port adds the largest free ESP-IDF block
+        (py/modgc.c gc_mem_free, MICROPY_GC_SPLIT_HEAP_AUTO), less, on a radio node, the part of that block the
+        radio keeps (_RADIO_IDF; esp32.idf_heap_info gives the block)."""
+        free = gc.mem_free()
+        if self._radio:
+            try:
+                import esp32
+            except ImportError:  # a port without the ESP-IDF heap
+                return free
+            free -= min(_RADIO_IDF, max(h[2] for h in esp32.idf_heap_info(esp32.HEAP_DATA)))
+        return free
+
     def _heap(self):
         free = gc.mem_free()
         if free < self.heap_min:
@@ -479,7 +503,7 @@ class Node:
                     else:
                         self.role = roles.Verifier(eng, self.stats)
                     gc.collect()
-                    if gc.mem_free() >= (STAGE_RESERVE if stage else RESERVE) or eng.n_ctx <= MIN_CTX:
+                    if self._headroom() >= (STAGE_RESERVE if stage else RESERVE) or eng.n_ctx <= MIN_CTX:
                         break
                     n_ctx = eng.n_ctx // 2  # too little heap left to serve requests: a shorter context (HELLO says)
                 except MemoryError:  # a context whose KV cache does not fit at all: shorter, down to MIN_CTX

@@ -182,3 +182,22 @@ def test_chaos_says_each_case_as_it_starts_and_ends(monkeypatch):
     assert len(rows) == 2 * len(CASES) and len(lines) == 2 * len(rows)
     assert lines[0].startswith("[1/4] lossy-serial, T=0.0: a fault-free run") and "same text in" in lines[1]
     assert lines[-1].startswith("[4/4] slow-serial, T=0.8: same text in")
+
+
+def test_a_radio_that_raises_gives_the_fault_free_text(tmp_path):
+    """A tenth of the sync sends raise OSError, as the real port's ESPNow.send does (ports/esp32/modespnow.c): each
+    is a lost try on the sender, retransmitted (before, the OSError ended the node: the run failed)."""
+    params = CASES[0]
+    got = run_case(PROFILES["raising-radio"], params, 64, MODELS, tmp_path)
+    assert got["tokens"] == reference(MODELS, params, 64, "espnow")
+    assert got["radio_raised"] > 0 and not got["failovers"]  # the verifier board served throughout
+
+
+def test_a_dropping_uart_console_gives_the_fault_free_text(tmp_path):
+    """The drafter's console is a classic ESP32's UART console (a 260-byte stdin ring that drops when full) on a
+    lossy link: the host holds what the ring could not take while the node computes, so the text is the
+    fault-free text."""
+    params = CASES[1]
+    got = run_case(PROFILES["dropping-console"], params, 48, MODELS, tmp_path)
+    assert got["tokens"] == reference(MODELS, params, 48)
+    assert got["console_dropped"] == 0 and not got["failovers"]

@@ -199,7 +199,7 @@ def alloc_reference(path, n, k, temp_milli):
 @pytest.mark.parametrize("n_ctx, heap", [(128, "112k"), (0, "112k")])
 def test_drafter_shape_runs_in_a_board_heap(run_plan, drafter_rom, n_ctx, heap):
     # The x64 port: the drafter's engine with its int8 weights on a ROMFS (KV cache, scales, RoPE table,
-    # buffers) + the loaded .mpy code, in about a classic ESP32's 110,536 bytes (the whole node's budget:
+    # buffers) + the loaded .mpy code, in about a classic ESP32's 112,000 bytes (the whole node's budget:
     # tests/test_firmware_budget.py).
     n = (n_ctx or 256) - 1
     got = run_plan(dict(drafter_rom, n_ctx=n_ctx, ops=[["feed", [5], 0], ["decode", n]]), heap=heap)

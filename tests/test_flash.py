@@ -67,15 +67,17 @@ HEAP_TOO_SMALL = dict(dim=48, n_layers=2, hidden=144, vocab=96)  # 70 KB of weig
 # node's reserve, more than a classic ESP32's 110.5 KB (host/boardclasses.py heap_need)
 
 
-def test_flash_puts_the_model_in_romfs_once(virtual_board, tiny_node, tmp_path):
+@pytest.mark.parametrize("romfs_port", ["", "esp32"], ids=["rom_ioctl-writes", "esp32-partition"])
+def test_flash_puts_the_model_in_romfs_once(virtual_board, tiny_node, tmp_path, romfs_port):
     """A board with a ROMFS partition gets a model its heap cannot hold at /rom (a ROMFS image, checked by
     SHA-256 on the board), the config points there, nothing goes to /models, and a second flash leaves the
-    image alone."""
+    image alone; on a partition served as the esp32 port serves it too (ports/esp32/esp32_partition.c
+    mp_vfs_rom_ioctl: ops 1-2, an esp32.Partition block device, /rom mounted at the next boot)."""
     sources, _ = tiny_node
     model = tmp_path / "big" / DRAFTER_FILE
     model.parent.mkdir()
     random_model(model, seed=4, **HEAP_TOO_SMALL)
-    vb = virtual_board()
+    vb = virtual_board(romfs_port=romfs_port)
     report = flash(vb.port, "drafter", model, sources=sources, progress=False)
     assert set(report.written) == {"/main.py", "/greet.mpy", "/rom/drafter.spm", "/specmesh.json"}
     assert json.loads((vb.flash_dir / "specmesh.json").read_text())["model"] == "/rom/drafter.spm"

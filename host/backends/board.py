@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from specmesh.host.backends import BackendError, Draft, SessionParams, Unit
+from specmesh.host.boardclasses import CONSOLE_RING, class_of
 from specmesh.host.bus.proxy import Call, NodeError, Proxy, ProxyError
 from specmesh.shared import messages as m
 from specmesh.shared.board import ROLES
@@ -61,6 +62,8 @@ class BoardBackend(Unit):
             raise BackendError("%s: %s" % (name, e)) from None
         if role != self.role:
             raise BackendError(self._wrong_role(role))
+        if proxy.bus.peer in (None, proxy.node) and class_of(board, heap).ring_drops:  # on its own console
+            proxy.bus.ring = CONSOLE_RING
         self.info = {"fw": fw, "board": board, "model": model, "vocab": vocab, "heap_free": heap, "caps": caps,
                      "kernels": kernels}
         self.max_seq = max_seq

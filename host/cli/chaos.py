@@ -45,6 +45,9 @@ class Profile:
     # is another sample of the same distribution); greedy text must still be equal
     same_sample: bool = True
     signed: bool = False  # a fresh deployment key on every board: every frame signed, ESP-NOW peers encrypted
+    # the UART console of a classic ESP32 board as the port has it: a 260-byte stdin ring that drops what finds it
+    # full while the node computes (host/emulator/board.py); the host keeps such a board's input under it
+    uart_console: bool = False
 
 
 LOSSY = dict(drop=0.05, corrupt=0.01, duplicate=0.01, reorder=0.05)
@@ -68,6 +71,11 @@ PROFILES = {
                                       event=("reboot", "drafter", 4), signed=True),
     "signed-verifier-reboots": Profile("signed bus: the verifier board reboots at round 4 on a lossy link",
                                        link=Faults(**LOSSY), event=("reboot", "verifier", 4), signed=True),
+    "raising-radio": Profile("ESP-NOW: a tenth of the radio's sync sends raise OSError (NO_MEM, ETIMEDOUT), as "
+                             "ports/esp32/modespnow.c's do", "espnow", radio=dict(raises=0.1)),
+    "dropping-console": Profile("the drafter's UART console drops input past its 260-byte ring while it computes "
+                                "(a classic ESP32's, at 115200 baud), on a lossy link", link=Faults(**LOSSY),
+                                uart_console=True),
     "signed-noisy-radio": Profile("signed bus and encrypted ESP-NOW peers on the noisy-radio faults", "espnow",
                                   link=Faults(**LOSSY), radio=dict(loss=0.1, duplicate=0.02, corrupt=0.01,
                                                                    reorder=0.05), signed=True),
@@ -133,6 +141,9 @@ def run_case(profile: Profile | None, params: SessionParams, tokens: int, models
     key = secrets.token_bytes(32) if p.signed else None
     with Cluster(p.transport, models, root, radio=radio, faults=p.link, key=key) as c:
         backends = {"verifier": c.backend("verifier"), "drafter": c.backend("drafter")}
+        if p.uart_console:  # from now on (flashing at the ring's pace would only be slow)
+            for board in c.boards.values():
+                board.model_console()
         watch = _Chaos(c, backends, p.event, models)
         failovers, times = watch.failovers, watch.times
         t0 = time.perf_counter()
@@ -146,6 +157,8 @@ def run_case(profile: Profile | None, params: SessionParams, tokens: int, models
                 "retransmits": sum(bus.retransmits for bus in links),
                 "resyncs": sum(getattr(b, "resyncs", 0) for b in backends.values()),
                 "radio_lost": c.hub.stats.lost if radio is not None else 0,
+                "radio_raised": c.hub.stats.raised if radio is not None else 0,
+                "console_dropped": sum(getattr(b, "dropped_input", 0) for b in c.boards.values()),
                 "radio_encrypted": c.hub.stats.encrypted if radio is not None else 0}
 
 
@@ -184,7 +197,8 @@ def run(names: list[str], tokens: int = 32, models: Path = MODELS,
                              "lost": lost, "duplicated": dup, "retransmits": got["retransmits"],
                              "resyncs": got["resyncs"], "failovers": got["failovers"],
                              "recovery_s": got["recovery_s"], "round_s": base["round_s"],
-                             "radio_lost": got["radio_lost"], "overhead": got["wall_s"] / base["wall_s"],
+                             "radio_lost": got["radio_lost"], "radio_raised": got["radio_raised"],
+                             "console_dropped": got["console_dropped"], "overhead": got["wall_s"] / base["wall_s"],
                              "equal": got["tokens"] == want and base["tokens"] == want})
                 say("[%d/%d] %s, T=%.1f: %s in %.0f s" % (len(rows), total, name, params.temperature,
                                                          "same text" if rows[-1]["equal"] else "text differs",
@@ -207,6 +221,10 @@ def print_table(rows: list[dict]) -> None:
     if any(not r["expect_equal"] for r in rows):
         print("other: a sampled stream that went on with plain rounds after its drafter failed is another sample of"
               " the target's distribution (plain and speculative rounds draw differently), not the same text")
+    for r in rows:
+        if r["radio_raised"] or r["console_dropped"]:
+            print("  %s T=%.1f: %d radio sends raised, %d console bytes dropped" % (
+                r["profile"], r["temperature"], r["radio_raised"], r["console_dropped"]))
     for r in rows:
         for line in r["failovers"]:
             print("  %s T=%.1f: %s" % (r["profile"], r["temperature"], line))

