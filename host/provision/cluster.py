@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -208,11 +209,13 @@ class Cluster(contextlib.ExitStack):
         return model_path(self.models, kind)
 
     def start(self, kind: str, config: dict | None = None, radio=None, board: str | None = None,
-              stage: tuple[int, int, int] | None = None):
+              stage: tuple[int, int, int] | None = None, bars: bool = True,
+              say: Callable[[str], None] | None = None):
         """Start and flash the virtual board for `kind`; returns it (its `port` is the serial device).
 
         `config`: board-config keys (link, espnow peers) written before flashing, which keeps them.
-        `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1."""
+        `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1. `bars`: a
+        progress bar per file while flashing, when there is feedback (the cluster's `say`, or this call's)."""
         from specmesh.host.emulator import BoardError, make_board
         from specmesh.host.emulator.board import FlashDamaged
         from specmesh.host.emulator.session import board_mac
@@ -235,7 +238,7 @@ class Cluster(contextlib.ExitStack):
         vb = make_board(folder, board or ROLE_CLASS[kind], name="vboard-" + name, mac=board_mac(node_id),
                           radio=radio.address if radio is not None else None,
                           mtu=radio.config.mtu if radio is not None else 250)
-        say = self.say or (lambda line: None)
+        say = say or self.say or (lambda line: None)
         what = "virtual %s board (%s)" % (name if stage is None else "stage %d (layers %d:%d)" % stage, vb.board.name)
         say("%s: booting, flashing the node and %s with mpremote..." % (what, model.name))
         try:
@@ -252,10 +255,10 @@ class Cluster(contextlib.ExitStack):
             t0 = time.monotonic()
             layers = None if stage is None else stage[1:]
             try:
-                report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
+                report = flash(vb.port, kind, model, node_id, progress=bars and self.say is not None, key=self.key,
                                clear_key=True, layers=layers, config=cfg, board_class=vb.board.name)
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
-                report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
+                report = flash(vb.port, kind, model, node_id, progress=bars and self.say is not None, key=self.key,
                                clear_key=True, layers=layers, config=cfg, board_class=vb.board.name)
         except (BoardError, FlashError) as e:
             raise BackendError("virtual %s board: %s" % (kind, e)) from None
@@ -290,12 +293,40 @@ class Cluster(contextlib.ExitStack):
         n_layers = check_model_file(self.model("stage"))[0].n_layers
         layers = split_layers(n_layers, n)
         stages = []
-        for i, (a, b) in enumerate(layers):
-            vb = self.start("stage", stage=(i, a, b), board=board)
+        for i, vb in enumerate(self._start_stages(layers, board)):
             bus = _open(vb.port, self, self.faults, self.key, busy_s=2.0)
             self.buses.append(bus)
             stages.append(_backend("stage", bus, NODE_ID["stage"] + i, "virtual:stage%d(%s)" % (i, vb.board.name)))
         return PipelineVerifier(stages, layers)
+
+    def _start_stages(self, layers: list[tuple[int, int]], board: str | None) -> list:
+        """The stage boards, booted and flashed at once, each on its own pty and folder (flashing one waits on
+        its serial link, not the CPU: five took 85 s one after another); no progress bars, whose lines
+        would interleave. The first failure is raised once all have finished; a board started is stopped
+        when the cluster closes, as any other. Daemon threads: a Ctrl-C ends the run without waiting."""
+        out: list = [None] * len(layers)
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+
+        def said(line: str) -> None:  # one whole line at a time
+            if self.say is not None:
+                with lock:
+                    self.say(line)
+
+        def one(i: int, a: int, b: int) -> None:
+            try:
+                out[i] = self.start("stage", stage=(i, a, b), board=board, bars=False, say=said)
+            except BaseException as e:  # noqa: BLE001 - raised again below, in the caller's thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=one, args=(i, a, b), daemon=True) for i, (a, b) in enumerate(layers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return out
 
     def backend(self, kind: str, board: str | None = None):
         """The back-end of the virtual board playing `kind`, of class `board` (default: the role's class)."""
