@@ -363,7 +363,7 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
         # draw replace plain decoding's draw there), so an adaptive gamma fed wall-clock times would
         # make the same seed give different texts. Sampling with --gamma auto therefore chooses gamma
         # from the projected costs (deterministic); greedy text never depends on gamma.
-        deterministic = config.temperature > 0 and config.gamma is None and drafter is not None
+        deterministic = not config.greedy and config.gamma is None and drafter is not None
         on_host = names.get("drafter") == "cpu"  # the drafter back-end runs on this machine, not on a board
         costs, projector = projection(config, headers, verifier, drafter, on_host, deterministic)
         controller = gamma_controller(config, drafter)
