@@ -147,7 +147,10 @@ def sweep(text: bytes, start: int) -> Code:
         ins = int.from_bytes(text[off:off + n], "little")
         code.insns.append(off)
         op0, t = ins & 0xF, ins >> 4 & 0xF
-        jump_to = off + 4 + ((ins >> 6) - ((ins >> 6 & 1 << 17) << 1)) if n == 3 and op0 == 6 and t & 3 == 0 else -1  # J
+        jump_to = -1
+        if n == 3 and op0 == 6 and t & 3 == 0:  # J: an 18-bit signed offset from the next word
+            offset = ins >> 6
+            jump_to = off + 4 + offset - ((offset & 1 << 17) << 1)
         if n == 3 and op0 == 1:  # L32R at, label
             target = ((off + 3) & ~3) + (((ins >> 8) - 0x10000) << 2)
             code.l32r.append((off, t, target))
