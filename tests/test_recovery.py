@@ -29,7 +29,7 @@ def test_a_dead_espnow_verifier_is_replaced_by_the_cpu_and_the_table_names_both(
     from specmesh.host.backends import LocalVerifier, SessionParams
     from specmesh.host.cli.output import _took_over
     from specmesh.host.decode.gamma import GammaController
-    from specmesh.host.decode.orchestrator import generate
+    from specmesh.host.decode.orchestrator import Observer, generate
     from specmesh.host.layout import TARGET_FILE
 
     params = SessionParams(temperature=0.0)
@@ -40,15 +40,19 @@ def test_a_dead_espnow_verifier_is_replaced_by_the_cpu_and_the_table_names_both(
         verifier, drafter = c.backend("verifier"), c.backend("drafter")
         for bus in c.buses:
             bus.deadline = 3.0  # the dead board is given up on sooner than a run's 30 s
-        rounds = []
+        class KillAfterTwo(Observer):
+            rounds = 0
 
-        def kill_after_two(*_):
-            rounds.append(1)
-            if len(rounds) == 2:
-                c.boards["verifier"].stop()
+            def shown(self, accepted, emitted):
+                self.rounds += 1
+                if self.rounds == 2:
+                    c.boards["verifier"].stop()
 
-        result = generate(prompt, verifier, drafter, params, 24, GammaController(fixed=2), on_round=kill_after_two,
-                          fallback=lambda: LocalVerifier(models / TARGET_FILE))
+            def fallback(self):
+                return LocalVerifier(models / TARGET_FILE)
+
+        result = generate(prompt, verifier, drafter, params, 24, GammaController(fixed=2),
+                          KillAfterTwo(fails_over=True))
     assert result.tokens == want
     assert result.failed == {"verifier": verifier.name} and len(result.failovers) == 1
     assert "cpu took over" in result.failovers[0]
