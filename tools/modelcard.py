@@ -6,6 +6,8 @@ held-out stories; speculative-decoding acceptance at gamma = 4, temperature 0 an
 drafter's top 8: held-out stories (models/heldout.txt, from story 128 on: no model trained on them and
 no checkpoint was selected with them), their first 16 tokens as the prompt, decoded by
 host/decode/orchestrator.py with both int8 engines and the shared acceptance rule; alpha per draft position.
+Both shipped drafters are also measured so on both held-out prompt sets (tools/heldout.py: the
+TinyStories tuning set and the hand-written report set, each prompt whole), `acceptance_by_set`.
 With --variants, every drafter checkpoint tried (tools/train.py's best.pt) is exported to a scratch
 file and measured the same way, for the table of variants.
 
@@ -26,12 +28,14 @@ import numpy as np
 from specmesh.host import atomic
 from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.backends.engine import Engine, to_float
-from specmesh.host.boardclasses import kv_bytes
+from specmesh.host.boardclasses import ESP32, ESP32S3, kv_bytes
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
-from specmesh.tools.heldout import LOSS_STORIES, PROMPT_TOKENS, heldout_prompts, heldout_stories
+from specmesh.tools.heldout import (
+    LOSS_STORIES, PROMPT_SETS, PROMPT_TOKENS, heldout_prompts, heldout_stories, prompt_set,
+)
 from specmesh.shared.modelfile import tensor_layout
 
 GAMMA = 4
@@ -114,6 +118,10 @@ def measure(a) -> dict:
     out["acceptance"] = measure_pair(a.models / TARGET_FILE, a.models / DRAFTER_FILE, prompts, a.new)
     out["acceptance_setup"] = {"gamma": GAMMA, "prompts": len(prompts), "prompt_tokens": PROMPT_TOKENS,
                                "new_tokens": a.new, "seconds": round(time.time() - t0, 1)}
+    out["acceptance_by_set"] = {
+        name: {set_name: measure_pair(a.models / TARGET_FILE, a.models / name,
+                                      prompt_set(set_name, a.models, tok, a.prompts), a.new) for set_name in PROMPT_SETS}
+        for name in (ESP32S3.drafter, ESP32.drafter)}
     out["variants"] = [variant(Path(ck), a.models, prompts, a.new) for ck in a.variants]
     out["loss_setup"] = {"stories": len(loss_ids), "tokens": sum(len(i) - 1 for i in loss_ids)}
     return out

@@ -202,7 +202,8 @@ def train(a) -> dict:
     t0 = time.time() - state["train_s"]
     pool = pool_lp = None
     pool_id = -1
-    bar = tqdm(range(state["step"], a.steps), initial=state["step"], total=a.steps, desc=a.shape,
+    end = min(a.steps, a.stop_at or a.steps)
+    bar = tqdm(range(state["step"], end), initial=state["step"], total=end, desc=a.shape,
                mininterval=10, file=sys.stdout)
     for step in bar:
         if step // a.refresh != pool_id:  # a new pool of target stories, a pure function of (seed, pool)
@@ -223,7 +224,7 @@ def train(a) -> dict:
         state["train_s"] = time.time() - t0
         bar.set_postfix(loss="%.3f" % loss.item(), lr="%.1e" % opt.param_groups[0]["lr"], refresh=False)
         over = a.minutes and state["train_s"] > a.minutes * 60
-        if state["step"] % a.eval_every == 0 or state["step"] == a.steps or over:
+        if state["step"] % a.eval_every == 0 or state["step"] == end or over:
             ev = agreement(model, teacher, val_x, val_mask, a.draft_top_k)
             ev["alpha_greedy"] = agreement(model, teacher, greedy_x, greedy_mask, a.draft_top_k)["alpha_t0"]
             state["history"].append((state["step"], round(state["train_s"], 1), round(loss.item(), 4),
@@ -266,6 +267,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-top-k", type=int, default=8, help="q-hat size the tv loss assumes (default: 8)")
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--minutes", type=float, default=0, help="stop after this much training time")
+    ap.add_argument("--stop-at", type=int, default=0,
+                    help="stop after this step, the schedule still that of --steps (a shorter run of the same phase)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--pool", type=int, default=1024, help="stories the target samples per pool")

@@ -1,11 +1,24 @@
-"""`make train`: distil the drafter from the shipped target, export it, measure the model card figures.
+"""`make train`: distil both shipped drafters from the shipped target, export them, measure the model card.
 
-The target (models/target.spm, llama2.c's stories260K) is shipped and never retrained; the drafter
-learns from stories the target samples itself, each opening with a few tokens of a TinyStories paragraph
-(models/tinystories_train_head.txt), so nothing outside the repository is needed. Training
-has two phases (KL to the target's distributions, then their total variation), each resuming from its
-checkpoints/drafter/<phase>/last.pt; data, batches and schedule are pure functions of the seed and the
-step, so a re-run rebuilds the same drafter (about an hour on 2 cores).
+The target (models/target.spm, llama2.c's stories260K) is shipped and never retrained; each drafter
+learns from stories the target samples itself and from TinyStories paragraphs
+(models/tinystories_train_head.txt), so nothing outside the repository is needed. Phases each resume
+from their checkpoints/<drafter>/<phase>/last.pt:
+
+1. `kl`: KL to the target's distributions (5,000 steps);
+2. `tv`: the total variation to the drafter's q-hat, 1 - alpha at T = 1 (1,000 steps), from kl's best;
+3. `accept` (drafter-esp32.spm; issue 30): from tv's best as the int8 file it exports to (the 40-wide
+   drafter as shipped before this phase), the first 400 steps of a 600-step schedule at a low learning
+   rate, on pools that are half the target's greedy continuations of TinyStories openings, half its
+   T = 1 samples, a quarter of the rows TinyStories text itself, with acceptance-shaped losses
+   (DistillSpec, Zhou et al. 2023): the q-hat total variation, the drafter's log-probability of the
+   target's greedy token (a smooth alpha at T = 0) and half the KL. The checkpoint with the best greedy
+   acceptance on the tuning prompts (tools/heldout.py) continued greedily is kept. The same phase on
+   drafter.spm did not beat it (models/MODEL_CARD.md), so drafter.spm ends after `tv`.
+
+Data, batches and schedules are pure functions of the seed and the step (no time budget: the
+learning-rate schedule does not depend on the machine's speed), so a re-run rebuilds the same drafters
+on the same software, about two hours on 2 cores.
 
     python -m specmesh.tools.train_all
 """
@@ -15,26 +28,49 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from specmesh.host.decode.tokenizer import vocab_id
 from specmesh.tools import export, modelcard, train
 
-CK = Path("checkpoints") / "drafter"
-SHAPE = "d64l2kv1"  # the shipped drafter's shape (models/MODEL_CARD.md compares the others)
-# Step counts, no time budget, so the learning-rate schedule, and with it the drafter, does not depend on
-# the machine's speed. Pools: half sampled at T = 1, half cooler (T = 0.3), each row opening with 4-48
-# tokens of a real TinyStories paragraph (the text after a user's prompt, where acceptance is measured).
-DATA = ["--shape", SHAPE, "--temps", "1,0.3", "--openings", "models/tinystories_train_head.txt"]
-KL = DATA + ["--out", str(CK / "kl"), "--steps", "5000"]
-# then the total variation (1 - alpha at T = 1) from the KL phase's best, where KL flattens
-TV = DATA + ["--out", str(CK / "tv"), "--steps", "1000", "--loss", "tv", "--lr", "5e-4", "--warmup", "20",
-             "--init", str(CK / "kl" / "best.pt")]
+CK = Path("checkpoints")
+MODELS = Path("models")
+OPENINGS = str(MODELS / "tinystories_train_head.txt")
+# drafter file -> (shape, its kl and tv phases' data, whether an accept phase follows): drafter.spm trains on
+# pools opening with TinyStories text; drafter-esp32.spm's first phases are those of commit a9c3511
+RECIPES = {
+    "drafter": ("d64l2kv1", ["--temps", "1,0.3", "--openings", OPENINGS], False),
+    "drafter-esp32": ("d40l2kv1", ["--temps", "1,0.3"], True),
+}
+ACCEPT = ["--steps", "600", "--stop-at", "400", "--pool", "512", "--refresh", "100", "--lr", "5e-4", "--warmup",
+          "20", "--eval-every", "100", "--temps", "0,1", "--openings", OPENINGS, "--text-share", "0.25",
+          "--loss", "kl:0.5,tv:1,greedy:1", "--select", "alpha_greedy"]
+
+
+def phases(name: str) -> list[list[str]]:
+    """The train.py arguments of each phase of drafter `name`, in order."""
+    shape, data, accept = RECIPES[name]
+    ck = CK / name
+    return [
+        ["--shape", shape, "--out", str(ck / "kl"), "--steps", "5000"] + data,
+        ["--shape", shape, "--out", str(ck / "tv"), "--steps", "1000", "--loss", "tv", "--lr", "5e-4",
+         "--warmup", "20", "--init", str(ck / "kl" / "best.pt")] + data,
+    ] + ([["--shape", shape, "--out", str(ck / "accept"), "--init", str(ck / "tv.spm")] + ACCEPT] if accept else [])
 
 
 def main(argv: list[str] | None = None) -> int:
-    for phase in (KL, TV):
-        if train.main(phase):
-            return 1
-    if export.main(["--model", "drafter=%s" % (CK / "tv" / "best.pt")]):
+    tid = vocab_id((MODELS / "vocab.bin").read_bytes())
+    best = {}
+    for name in RECIPES:
+        steps = phases(name)
+        for i, phase in enumerate(steps):
+            if i == 2:  # the accept phase starts from the int8 file the tv phase exports
+                export.export_model(export.load_float(CK / name / "tv" / "best.pt"), CK / name / "tv.spm", tid)
+            if train.main(phase):
+                return 1
+        best[name] = Path(steps[-1][steps[-1].index("--out") + 1]) / "best.pt"
+    # drafter.spm with its reference outputs (models/reference.npz); drafter-esp32.spm the file alone
+    if export.main(["--model", "drafter=%s" % best["drafter"]]):
         return 1
+    export.export_model(export.load_float(best["drafter-esp32"]), MODELS / "drafter-esp32.spm", tid)
     return modelcard.main([])
 
 

@@ -30,7 +30,6 @@ is stories260K in C on an ESP32-S3, measured by that project: the anchor.
 
 from __future__ import annotations
 
-
 from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, ESP32S3, ROLE_CLASS
 from specmesh.host.decode.gamma import GammaController
