@@ -9,7 +9,9 @@ request arrived (a stream busy elsewhere, e.g. drafting, does not stall the othe
 counts them (`python -m specmesh.tools.bench gpu`, e2e rows: 64 streams in Python threads took 2 passes per
 round, 256 took 3, with the 2 ms default window). Streams never share state: each owns a cache slot,
 and a slot may have one request pending. Stream bookkeeping (`open_stream`, `rollback`,
-`close_stream`) is serialised with the passes.
+`close_stream`) is serialised with the passes. `StreamEngine` is one stream of a Batcher in the numpy
+`Engine`'s shape, so host/backends' `EngineStream` (and so the local drafter and verifier, and the torch
+verifier) runs on it unchanged.
 """
 
 from __future__ import annotations
@@ -134,3 +136,24 @@ class Batcher:
         self.requests += len(batch)
         for (_, _, fut), logits in zip(batch, out):
             fut.set_result(logits)
+
+
+class StreamEngine:
+    """One stream of a shared model, with the numpy `Engine`'s header/forward/rollback for EngineStream."""
+
+    def __init__(self, batcher: Batcher):
+        self.batcher = batcher
+        self.header = batcher.model.header
+        self.slot = batcher.open_stream()
+
+    def forward(self, tokens: Sequence[int], start_pos: int) -> np.ndarray:
+        self.batcher.rollback(self.slot, start_pos)
+        if self.batcher.length(self.slot) != start_pos:
+            raise ValueError("start position %d is beyond the cached positions" % start_pos)
+        return self.batcher.forward(self.slot, tokens)
+
+    def rollback(self, length: int) -> None:
+        self.batcher.rollback(self.slot, length)
+
+    def close(self) -> None:
+        self.batcher.close_stream(self.slot)

@@ -28,19 +28,15 @@ REQUIRED_KEYS = ("text", "tokens", "alpha", "tokens_per_verification", "gamma", 
                  "bus_bytes_per_token", "verifier", "drafter")
 
 
-class TokenStream:
-    """Writes committed tokens to `out` as text; `piece(id) -> bytes` gives a token's bytes.
+class TextStream:
+    """The committed tokens as text, kept for a stream's reader; `piece(id) -> bytes` gives a token's bytes.
 
+    `write` takes a round and returns what may be shown of it now, as segments (text, was an accepted draft).
     With `stops` (host/decode/stopstrings.py) the text ends before the first stop string, and an ending
     that could begin one is held back until the next tokens tell."""
 
-    def __init__(self, piece: Callable[[int], bytes], out: IO[str] | None = None, color: bool | None = None,
-                 stops: StopStrings | None = None):
-        self.out = out if out is not None else sys.stdout
+    def __init__(self, piece: Callable[[int], bytes], stops: StopStrings | None = None):
         self.piece = piece
-        if color is None:
-            color = hasattr(self.out, "isatty") and self.out.isatty() and "NO_COLOR" not in os.environ
-        self.color = color
         self.stops = stops or StopStrings(())
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         self._text_so_far = ""  # the generated text (with stops: what is shown, then what is held back)
@@ -51,39 +47,70 @@ class TokenStream:
     def _text(self, ids: Sequence[int]) -> str:
         return self._utf8.decode(b"".join(self.piece(t) for t in ids))
 
-    def write(self, accepted: Sequence[int], emitted: Sequence[int]) -> None:
-        """Show one round: drafts the target accepted, then the tokens it emitted itself."""
+    def write(self, accepted: Sequence[int], emitted: Sequence[int]) -> list[tuple[str, bool]]:
+        """One round: drafts the target accepted, then the tokens it emitted itself; returns what to show."""
         a, e = self._text(accepted), self._text(emitted)
         if self.stopped:
-            return
+            return []
         start = len(self._text_so_far)
         self._text_so_far += a + e
         if a:
             self._green.append((start, start + len(a)))
         cut = self.stops.cut(self._text_so_far)
         self.stopped = cut is not None
-        self._show(cut if cut is not None else self.stops.showable(self._text_so_far))
+        return self._show(cut if cut is not None else self.stops.showable(self._text_so_far))
 
-    def _show(self, end: int) -> None:
-        """Write the text up to `end`, accepted drafts in green when colouring."""
+    def _show(self, end: int) -> list[tuple[str, bool]]:
+        """The text from what was shown up to `end`, split where accepted drafts begin and end."""
         begin, text = self._shown, self._text_so_far
         if end <= begin:
-            return
+            return []
         parts, at = [], begin
-        for g0, g1 in self._green if self.color else ():
+        for g0, g1 in self._green:
             g0, g1 = max(g0, at), min(g1, end)
             if g0 < g1:
-                parts += [text[at:g0], GREEN + text[g0:g1] + RESET]
+                parts += [(text[at:g0], False), (text[g0:g1], True)]
                 at = g1
-        parts.append(text[at:end])
-        self.out.write("".join(parts))
-        self.out.flush()
+        parts.append((text[at:end], False))
         self._shown = end
+        return [(t, draft) for t, draft in parts if t]
+
+    def finish(self) -> list[tuple[str, bool]]:
+        """What was held back, once the stream has ended (a partial character, a possible stop string's start)."""
+        if self.stopped:
+            return []
+        self._text_so_far += self._utf8.decode(b"", final=True)
+        return self._show(len(self._text_so_far))
+
+
+class TokenStream:
+    """Writes committed tokens to `out` as a TextStream shows them: accepted drafts in green when colouring
+    (`color=None`: when `out` is a terminal and NO_COLOR is unset), a newline at the end."""
+
+    def __init__(self, piece: Callable[[int], bytes], out: IO[str] | None = None, color: bool | None = None,
+                 stops: StopStrings | None = None):
+        self.out = out if out is not None else sys.stdout
+        if color is None:
+            color = hasattr(self.out, "isatty") and self.out.isatty() and "NO_COLOR" not in os.environ
+        self.color = color
+        self.text = TextStream(piece, stops)
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string was reached: nothing more is shown."""
+        return self.text.stopped
+
+    def write(self, accepted: Sequence[int], emitted: Sequence[int]) -> None:
+        """Show one round: drafts the target accepted, then the tokens it emitted itself."""
+        self.show(self.text.write(accepted, emitted))
+
+    def show(self, segments: Sequence[tuple[str, bool]]) -> None:
+        if segments:
+            self.out.write("".join(GREEN + t + RESET if draft and self.color else t for t, draft in segments))
+            self.out.flush()
 
     def finish(self) -> None:
-        if not self.stopped:
-            self._text_so_far += self._utf8.decode(b"", final=True)
-            self._show(len(self._text_so_far))
+        self.show(self.text.finish())
         self.out.write("\n")
         self.out.flush()
 

@@ -14,93 +14,15 @@ on plain decoding (host/decode/orchestrator.py): one line on stderr, the text go
 from __future__ import annotations
 
 import argparse
-import contextlib
+import json
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from specmesh.host import backends
-from specmesh.host.backends import PIPELINE, BackendError, SessionParams
-from specmesh.host.cli.config import (DEFAULT_PROMPT, GAMMA_FLAG_MAX, RV32_PROJECT, RunConfig,  # noqa: F401
-                                      UsageError, parse_gamma)
+from specmesh.host.cli.config import RunConfig, UsageError
+from specmesh.host.cli.flags import add_arguments
 from specmesh.host.cli.output import TokenStream, format_table, write_stats_json
-from specmesh.host.boardclasses import drafter_class
-from specmesh.host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
-from specmesh.host.cli.ranges import RangeError, in_range
-from specmesh.host.decode.gamma import GammaController
-from specmesh.host.decode.orchestrator import Result, generate
-from specmesh.host.decode.stopstrings import StopStrings
-from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE
-from specmesh.host.projection.measured import board_summary
-from specmesh.host.provision.drafters import expected_alpha
-
-
-class GenerationFailed(Exception):
-    """A back-end failed once generation had started (e.g. a board stopped answering): exit status 1."""
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompt", default=None,
-                   help="text to continue, or - to read it from stdin (default: %r)" % DEFAULT_PROMPT)
-    p.add_argument("--prompt-file", metavar="F", type=Path, help="read the text to continue from file F (UTF-8)")
-    p.add_argument("--stop", metavar="STRING", action="append", default=[],
-                   help="end the text before this string (repeatable; the generated text only is searched)")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
-    p.add_argument("--top-k", type=int, default=0, help="target top-k, 0 = off (default: %(default)s)")
-    p.add_argument("--top-p", type=float, default=1.0, help="target top-p, 1 = off (default: %(default)s)")
-    p.add_argument("--draft-top-k", type=int, default=8, help="size of the drafter's q-hat tables (default: 8)")
-    p.add_argument("--seed", type=int, default=0, help="session seed: same seed, same text (default: 0)")
-    p.add_argument("--drafter", default="virtual",
-                   help="PORT (or mpremote's a0, u0, c0) | auto (the flashed drafter board among the ESP32 USB "
-                        "ports) | virtual | virtual:CLASS (a virtual board of that class) | cpu (default: virtual)")
-    p.add_argument("--verifier", default="virtual",
-                   help="PORT | auto | virtual | virtual:CLASS | cpu | torch-cpu | gpu (default: virtual)")
-    p.add_argument("--gamma", default="auto", help="drafts per round: auto, or a fixed K >= 0 (default: auto)")
-    p.add_argument("--transport", choices=("serial", "espnow"), default="serial",
-                   help="how virtual boards reach each other and the host (default: serial)")
-    p.add_argument("--radio-loss", type=float, default=0.0, metavar="P",
-                   help="virtual radio: probability a packet is lost (espnow transport; default 0)")
-    p.add_argument("--radio-dup", type=float, default=0.0, metavar="P",
-                   help="virtual radio: probability a packet arrives twice (default 0)")
-    p.add_argument("--spec-ahead", type=int, default=0, metavar="N",
-                   help="virtual drafter board: tokens it drafts ahead while a verdict is pending (pipelined "
-                        "speculation; default 0). The virtual boards share the host's cores, so what it buys "
-                        "depends on the machine's load (64 tokens at --gamma 2, median of 8 runs on 2 shared "
-                        "cores: 821 tok/s without, 1087 with --spec-ahead 4)")
-    p.add_argument("--plain", action="store_true", help="target-only decoding on the same verifier (baseline)")
-    p.add_argument("--stages", type=int, default=0, metavar="N",
-                   help="verify on a pipeline of N virtual stage boards (classic ESP32s; --verifier virtual:CLASS: of "
-                        "that class), the target's layers split "
-                        "evenly, positions sent through as a wavefront (docs/pipeline.md; default 0: one verifier)")
-    p.add_argument("--project", metavar="BOARD", choices=("esp32s3",) + RV32_PROJECT,
-                   help="also project the run onto real boards of this class (host/projection/hardware.py); "
-                        "gamma is then chosen for that hardware. esp32c3/esp32c6 price the instructions the run's "
-                        "virtual:esp32c3/c6 boards executed under QEMU (docs/run.md)")
-    p.add_argument("--kernels", choices=("native", "viper"), default="native",
-                   help="with --project: the board kernels the projection prices (default native: the xtensawin "
-                        "module; viper: the MicroPython-only engine)")
-    p.add_argument("--calibration", metavar="FILE", type=Path,
-                   help="with --project: price the projection with a board's measurements (specmesh bench "
-                        "--port PORT --out FILE) instead of the derived figures")
-    p.add_argument("--drafter-calibration", metavar="FILE", type=Path,
-                   help="with --project: price the drafter board with its own measurements (specmesh bench on that "
-                        "board: its flash read rate among them) instead of its class's derived figures")
-    p.add_argument("--key-file", metavar="F", type=Path,
-                   help="sign and check every frame with this deployment key (boards flashed with the same "
-                        "--key-file; virtual boards get it at flashing)")
-    p.add_argument("--stats-json", metavar="FILE", help="write the run's figures as JSON")
-    p.add_argument("--models", type=Path, default=MODELS,
-                   help="folder with %s, %s and a llama2.c %s" % (MODEL_FILES["drafter"], MODEL_FILES["verifier"],
-                                                                   TOKENIZER_FILE))
-    p.add_argument("--model", metavar="FILE", type=Path,
-                   help="the target model file (default: %s in --models)" % MODEL_FILES["verifier"])
-    p.add_argument("--draft-model", metavar="FILE", type=Path,
-                   help="the drafter model file (default: %s in --models; a drafter board runs the model it was "
-                        "flashed with, and the host reads that one from the same folder)" % MODEL_FILES["drafter"])
-    p.add_argument("--no-color", action="store_true", help="never colour the streamed text")
-    p.add_argument("--quiet", action="store_true", help="do not stream the text (the table is still printed)")
+from specmesh.host.cli.session import GenerationFailed, Mesh, one_line, say_on_stderr
 
 
 def check_args(a: argparse.Namespace) -> RunConfig:
@@ -108,254 +30,28 @@ def check_args(a: argparse.Namespace) -> RunConfig:
     return RunConfig.from_args(a)
 
 
-def load_tokenizer(models: Path):
-    from specmesh.host.decode.tokenizer import Tokenizer, TokenizerError  # noqa: PLC0415
-
-    try:
-        return Tokenizer.from_llama2c(models / TOKENIZER_FILE)
-    except TokenizerError as e:
-        raise UsageError(str(e)) from None
-
-
-class Setup(contextlib.ExitStack):
-    """The back-ends of one run and everything they started (virtual boards, links), closed on exit: the
-    `Boards` (host/backends/__init__.py) the board back-ends' factories take."""
-
-    def __init__(self, config: RunConfig):
-        super().__init__()
-        self.config = config
-        self.key = config.key
-        self.stages = config.stages
-        # the stages' class: `--stages N --verifier virtual:CLASS` (None: the default class)
-        self.stage_class = config.verifier.split(":", 1)[1] if config.verifier.startswith("virtual:") else None
-        self._cluster = None
-
-    def cluster(self):
-        """The run's virtual boards (host/provision/cluster.py), opened on first use."""
-        if self._cluster is None:
-            from specmesh.host.provision.cluster import Cluster  # noqa: PLC0415
-
-            c = self.config
-            radio = None
-            if c.transport == "espnow":
-                from specmesh.host.emulator.radio import RadioConfig  # noqa: PLC0415
-
-                radio = RadioConfig(loss=c.radio_loss, duplicate=c.radio_dup, seed=c.seed)
-            say = None if c.quiet else (lambda line: print("specmesh: " + line, file=sys.stderr, flush=True))
-            self._cluster = self.enter_context(Cluster(c.transport, c.models, radio=radio, spec_ahead=c.spec_ahead,
-                                                       key=self.key, say=say, files=c.named_models()))
-        return self._cluster
-
-    def make(self, kind: str, name: str):
-        """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`, from the registry."""
-        fac = backends.factory(kind, name)
-        if fac is None:
-            raise UsageError(unknown_backend(kind, name) or name)
-        backend = fac(self.config.model_file(kind), name=name, boards=self)
-        self.callback(backend.close)
-        return backend
-
-
-def build_stats(config: RunConfig, params: SessionParams, result: Result, text: str, verifier, drafter,
-                controller: GammaController, prompt_len: int, projector) -> dict:
-    n = len(result.tokens)
-    hist = result.gamma_hist
-    stats = {
-        "text": text,
-        "tokens": n,
-        "token_ids": result.tokens,
-        "failovers": result.failovers,
-        "prompt_tokens": prompt_len,
-        "alpha": result.alpha,
-        "alpha_tested": result.tested,
-        "tokens_per_verification": result.tokens_per_verification,
-        "gamma": max(hist, key=lambda g: (hist[g], -g)) if hist else 0,
-        "gamma_hist": {str(g): c for g, c in hist.items()},
-        "gamma_policy": "plain" if drafter is None else ("auto" if controller.fixed is None else "fixed"),
-        "wall_s": result.wall_s,
-        "tokens_per_s": n / result.wall_s if result.wall_s > 0 else 0.0,
-        # prefill: BEGIN to the first round's tokens (host/decode/orchestrator.py); decode: the rest
-        "prefill_s": result.prefill_s,
-        "prefill_tokens_per_s": prompt_len / result.prefill_s if result.prefill_s > 0 else 0.0,
-        "decode_s": result.wall_s - result.prefill_s,
-        "decode_tokens": result.decode_tokens,
-        "decode_tokens_per_s": (result.decode_tokens / (result.wall_s - result.prefill_s)
-                                if result.wall_s > result.prefill_s else 0.0),
-        "bus_bytes_per_token": result.bus_bytes / n if n else 0.0,
-        "bus_bytes_per_token_by_link": {  # the host's link to each board (0 for an in-process back-end)
-            "verifier": sum(r.bytes_verify for r in result.rounds) / n if n else 0.0,
-            "drafter": sum(r.bytes_draft for r in result.rounds) / n if n else 0.0},
-        "verifier": verifier.name,
-        "drafter": drafter.name if drafter else None,
-        "drafter_model": (drafter.info.get("model") if hasattr(drafter, "info") else
-                          config.model_file("drafter").name) if drafter else None,
-        "stop": result.stop,
-        "context": verifier.max_seq,
-        "seed": config.seed,
-        "temperature": params.temperature,  # as applied: the nearest thousandth of --temperature
-        "estimates": controller.summary(),
-        "boards": board_stats(verifier.parts("verifier") + (drafter.parts("drafter") if drafter else []), n,
-                              projector),
-    }
-    stats.update(verifier.report())
-    if projector is not None:
-        stats["projection"] = projector.project(result, prompt_len)
-    return stats
-
-
-def board_stats(parts: list, tokens: int = 0, projector=None) -> list[dict]:
-    """One entry per board among the back-ends' parts (role, back-end): in-process ones report no heap. A board
-    under QEMU adds the instructions it executed (per generated token, per pass), which a projector that prices
-    them (host/projection/measured.py) takes too."""
-    out = []
-    for role, b in parts:
-        try:
-            s = b.stats()
-        except BackendError as e:  # the text is out already; a board too short of heap to report is a note
-            out.append({"name": b.name, "role": role, "error": _one_line(e)})
-            continue
-        if "heap_free" in s:
-            out.append({"name": b.name, "role": role, "compute_s": s.get("compute_s"), "heap_free": s.get("heap_free"),
-                        "errors": s.get("errors", 0), "retransmits": s.get("retransmits", 0),
-                        "kernels": s.get("kernels"), "kernels_note": s.get("kernels_note", "")})
-            if role == "stage":  # the firmware's own counters, next to the host's trace of the same work
-                out[-1].update(positions=s.get("positions"), passes=s.get("passes"))
-                if "classifier" in s:  # the last stage: the classifier in its heap, or streamed (cls_reads passes)
-                    out[-1].update(classifier=s["classifier"], cls_reads=s.get("cls_reads"))
-            out[-1].update(board_summary(s, tokens))
-            if hasattr(projector, "measure"):
-                projector.measure(role, s, getattr(b, "info", {}).get("model", ""))
-    return out
-
-
-def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool, deterministic: bool):
-    """(cost model, projector): what prices each round for gamma's choice, and what projects the run for the
-    stats (None, None when neither is asked for). A pipeline always reports its own projection."""
-    if config.stages:  # host/projection/pipeline.py, in every stats JSON
-        from specmesh.host.boardclasses import ROLE_CLASS  # noqa: PLC0415
-        from specmesh.host.projection.pipeline import STAGE_LINKS, LinksReport, PipelineProjector  # noqa: PLC0415
-
-        # stages of the class --project names (one with stages: the S3), else the class rule's classic ESP32s
-        cls = config.project if config.project in STAGE_LINKS else ROLE_CLASS["stage"]
-        return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, STAGE_LINKS[cls][0], on_host,
-                                  config.kernels, cls),
-                LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host, config.kernels, cls))
-    if config.project in RV32_PROJECT:  # priced from the instructions its boards execute
-        from specmesh.host.projection.measured import LiveCosts, MeasuredProjector  # noqa: PLC0415
-        from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
-
-        measured = MeasuredProjector(heads["verifier"], heads["drafter"], config.project, config.transport)
-        if deterministic:  # sampling: gamma from derived costs, so that a seed gives one text
-            return Projector(heads["verifier"], heads["drafter"], "esp32s3", config.transport), measured
-        boards = [("verifier", verifier)] + ([("drafter", drafter)] if drafter is not None else [])
-        return LiveCosts(measured, boards), measured
-    if config.project or deterministic:
-        from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
-
-        projector = Projector(heads["verifier"], heads["drafter"], config.project or "esp32s3", config.transport,
-                              config.rates, config.kernels, drafter_on_host=on_host,
-                              drafter_board=drafter_class(config.transport), drafter_rates=config.drafter_rates)
-        return projector, (projector if config.project else None)
-    return None, None
-
-
-def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
-    """(model headers by role, back-end names by role with `auto` resolved), checked before anything starts:
-    no board booted, no port held when one of these fails."""
-    names = config.backend_names
-    try:
-        roles = sorted({*names, *(["drafter"] if config.project else [])})
-        headers = check_models({r: config.model_file(r) for r in roles}, roles)
-        check_context(prompt_tokens, headers["verifier"], config.model_file("verifier").name)
-        n_layers = headers["verifier"].n_layers
-        in_range("--stages", config.stages, 0, n_layers, "0: one verifier; at most the target's %d layers" % n_layers)
-        return headers, check_backends(names, config.transport, config.key)
-    except (PreflightError, RangeError) as e:
-        raise UsageError(str(e)) from None
-
-
 def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
-    """Generate as `a` says; returns the stats. Raises UsageError, BackendError and friends."""
+    """Generate as `a` says, the prompt and the text streamed to `out` (default stdout) unless the stats JSON
+    goes there (`--stats-json -`); returns the stats. Raises UsageError, GenerationFailed and friends."""
     out = out if out is not None else sys.stdout
     config = a if isinstance(a, RunConfig) else check_args(a)
-    tok = load_tokenizer(config.models)
-    prompt = tok.encode(config.prompt)
-    headers, names = preflight(config, len(prompt))
-    from specmesh.host.decode.tokenizer import BOS  # noqa: PLC0415
-
-    params = config.session_params(eos=BOS)  # llama2.c's models end a story by starting the next one (BOS)
-    with Setup(config) as setup:
-        verifier = setup.make("verifier", names["verifier"])
-        drafter = None if config.plain else setup.make("drafter", names["drafter"])
-        if drafter is not None and "drafter" in headers:  # price the model the drafter board runs
-            headers["drafter"] = _drafter_head(drafter, config.model_file("drafter"), headers["drafter"])
-        # With sampling, which positions get a draft changes the text (the accept test and the residual
-        # draw replace plain decoding's draw there), so an adaptive gamma fed wall-clock times would
-        # make the same seed give different texts. Sampling with --gamma auto therefore chooses gamma
-        # from the projected costs (deterministic); greedy text never depends on gamma.
-        deterministic = config.temperature > 0 and config.gamma is None and drafter is not None
-        on_host = names.get("drafter") == "cpu"  # the drafter back-end runs on this machine, not on a board
-        costs, projector = projection(config, headers, verifier, drafter, on_host, deterministic)
-        controller = gamma_controller(config, drafter)
-        # a projection that credits pipelined drafting plans gamma and the look-ahead for it
-        controller.pipelined = bool(drafter is not None and costs is not None and costs.pipelined)
-        stops = StopStrings(config.stop)
+    say = None if config.quiet else say_on_stderr()
+    with Mesh.from_config(config, say=say, warn=say_on_stderr()) as mesh:
+        prompt = mesh.encode(config.prompt)
         stream = None
-        if not config.quiet:
-            stream = TokenStream(lambda t: tok.pieces[t], out, color=config.color, stops=stops)
+        if config.stats_json != "-":
+            stream = TokenStream(lambda t: mesh.tok.pieces[t], out, color=config.color)
             out.write(config.prompt)
             out.flush()
         try:
-            result = generate(prompt, verifier, drafter, params, config.max_tokens, controller,
-                              on_round=stream.write if stream else None,
-                              costs=costs.round_costs if costs else None,
-                              costs_known=getattr(costs, "known_beforehand", True),
-                              fallback=None if names["verifier"] in ("cpu", PIPELINE) else (
-                                  lambda: setup.make("verifier", "cpu")),
-                              on_failover=lambda line: print("\nspecmesh: " + line, file=sys.stderr, flush=True),
-                              stop_when=(lambda ids: stops.cut(tok.decode(ids)) is not None) if stops else None)
-        except (BackendError, RuntimeError) as e:
+            done = mesh.complete(prompt, on_piece=stream and (lambda p: stream.show(p.segments)))
+        except GenerationFailed:
             if stream:
                 out.write("\n")
-            raise GenerationFailed(_one_line(e)) from None
+            raise
         if stream:
             stream.finish()
-        text = tok.decode(result.tokens)
-        stats = build_stats(config, params, result, text[:stops.cut(text)], verifier, drafter, controller,
-                            len(prompt), projector)
-        stats["gamma_costs"] = ("projected %s" % costs.board.name) if costs else "measured"
-    return stats
-
-
-def running_model(backend) -> str:
-    """The file name of the model a board back-end's HELLO says it runs ("" for an in-process back-end)."""
-    return getattr(backend, "info", {}).get("model", "").rsplit("/", 1)[-1]
-
-
-def gamma_controller(config: RunConfig, drafter) -> GammaController:
-    """--gamma N fixed, or gamma auto starting from the drafter's acceptance on the model card when it is a
-    shipped drafter (the file a drafter board reports running, else the one named)."""
-    if config.gamma is not None:
-        return GammaController(max_gamma=config.gamma, fixed=config.gamma)
-    controller = GammaController()
-    if drafter is not None:
-        name = running_model(drafter) or config.model_file("drafter").name
-        alpha = expected_alpha(name, config.temperature)
-        if alpha is not None:
-            controller.expect(alpha)
-    return controller
-
-
-def _drafter_head(drafter, given: Path, head):
-    """The header of the model a drafter board reports running (HELLO: e.g. drafter.spm on an S3 drafter board
-    where its class's drafter was assumed) when that file is beside `given`; else `head`, `given`'s."""
-    name = running_model(drafter)
-    if not name or name == given.name or not (given.parent / name).is_file():
-        return head
-    try:
-        return check_models({"drafter": given.parent / name}, ["drafter"])["drafter"]
-    except PreflightError as e:
-        raise UsageError(str(e)) from None
+    return done.stats
 
 
 def main(a: argparse.Namespace) -> int:
@@ -378,7 +74,7 @@ def failed(command: str, e: Exception | KeyboardInterrupt) -> int:
         return 130
     if os.environ.get("SPECMESH_DEBUG"):
         raise e
-    print("specmesh %s: error: %s" % (command, _one_line(e)), file=sys.stderr)
+    print("specmesh %s: error: %s" % (command, one_line(e)), file=sys.stderr)
     return 1 if isinstance(e, GenerationFailed) else 2
 
 
@@ -389,19 +85,17 @@ def _main(a: argparse.Namespace) -> int:
         raise
     except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every failure is one line for the user
         return failed("run", e)
-    print(format_table(stats))
-    if a.stats_json:
+    if not a.quiet:
+        print(format_table(stats), file=sys.stderr)
+    if a.stats_json == "-":
+        sys.stdout.write(json.dumps(stats, indent=1, sort_keys=True) + "\n")
+    elif a.stats_json:
         try:
             write_stats_json(a.stats_json, stats)
         except OSError as e:
             print("specmesh run: error: cannot write %s: %s" % (a.stats_json, e.strerror), file=sys.stderr)
             return 2
     return 0
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
