@@ -302,10 +302,11 @@ def _main(argv: list[str] | None) -> int:
     _add_keygen(sub)
     _add_emulate(sub)
     _add_chaos(sub)
-    from specmesh.host.cli import chat, console
+    from specmesh.host.cli import chat, console, serve
 
     chat.add_parser(sub)
     console.add_parser(sub)
+    serve.add_parser(sub)
     args, extra = parser.parse_known_args(argv)
     if extra:
         unknown(sub.choices[args.command], extra)
