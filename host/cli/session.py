@@ -42,7 +42,7 @@ from pathlib import Path
 
 from specmesh.host import backends
 from specmesh.host.backends import PIPELINE, BackendError, SessionParams
-from specmesh.host.boardclasses import drafter_class
+from specmesh.host.boardclasses import class_of, drafter_class
 from specmesh.host.cli.config import RV32_PROJECT, RunConfig, UsageError
 from specmesh.host.cli.flags import add_arguments
 from specmesh.host.cli.output import TextStream
@@ -214,7 +214,10 @@ def board_stats(parts: list, tokens: int = 0, projector=None) -> list[dict]:
             out.append({"name": b.name, "role": role, "error": one_line(e)})
             continue
         if "heap_free" in s:
-            out.append({"name": b.name, "role": role, "compute_s": s.get("compute_s"), "heap_free": s.get("heap_free"),
+            # the board's class as its HELLO tells it (host/boardclasses.py class_of: its MCU, else its heap)
+            cls = class_of(s.get("board") or "", s["heap_free"]).name
+            out.append({"name": b.name, "role": role, "class": cls, "compute_s": s.get("compute_s"),
+                        "heap_free": s.get("heap_free"),
                         "errors": s.get("errors", 0), "retransmits": s.get("retransmits", 0),
                         "kernels": s.get("kernels"), "kernels_note": s.get("kernels_note", "")})
             if role == "stage":  # the firmware's own counters, next to the host's trace of the same work
