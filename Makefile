@@ -16,7 +16,7 @@ PIP_EXTRA ?=
 PORT ?= auto
 ROLE ?= drafter
 
-.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check rv32-deps test-rv32 native native-check
+.PHONY: setup setup-gpu run lint test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check rv32-deps test-rv32 native native-check
 
 setup: $(STAMP)
 
@@ -35,8 +35,19 @@ $(GPU_STAMP): $(STAMP)
 run: setup
 	$(VENV)/bin/specmesh run
 
-test: setup
-	$(PY) -m pytest -q
+# The lint gate (pyproject.toml: [tool.ruff], [tool.mypy], [tool.importlinter]): pyflakes' checks and honest
+# noqa's over the repository, mypy's names over host/ through the editable install, and the import layers.
+lint: setup
+	$(VENV)/bin/ruff check --quiet .
+	$(VENV)/bin/mypy -p specmesh.host
+	$(VENV)/bin/lint-imports --no-cache
+
+# The suite in TEST_WORKERS pytest-xdist workers, each test file in one worker (its module fixtures, e.g. booted
+# boards, are made once): most of the suite's wall time is waiting on virtual boards and subprocesses, so more
+# workers than cores pay. Each worker keeps its own virtual boards' folders (tests/conftest.py).
+TEST_WORKERS ?= 4
+test: setup lint
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The tests marked `torch` (the torch back-end, the exporter), with PyTorch installed.
 test-torch: setup-gpu
@@ -70,19 +81,23 @@ chaos: setup
 flash: setup
 	$(VENV)/bin/specmesh flash --port $(PORT) --role $(ROLE)
 
-# MicroPython's source (vendor/README.md), unpacked once: the native kernels and the RV32 boards build from it.
+# MicroPython's source (vendor/README.md), unpacked once with the project's patches (vendor/patches/*.patch,
+# applied in name order by git apply, which every clone has): the native kernels and the RV32 boards build from it.
 MPY_SRC := build/micropython-1.28.0
+MPY_PATCHES := $(sort $(wildcard vendor/patches/*.patch))
 mpy-src: $(MPY_SRC)/LICENSE
 
-$(MPY_SRC)/LICENSE: vendor/micropython-1.28.0-src.tar.gz
+$(MPY_SRC)/LICENSE: vendor/micropython-1.28.0-src.tar.gz $(MPY_PATCHES)
 	@mkdir -p build
 	tar xzf $< -C build
+	@for p in $(MPY_PATCHES); do git apply --directory=$(MPY_SRC) $$p || exit 1; done
 	@touch $@
 
 # The native kernel modules (firmware/native/kernels.c -> firmware/native/<arch>.mpy), shipped in the
 # repository and rebuilt here bit for bit: x64 (the system gcc), rv32imc (Debian's gcc-riscv64-unknown-elf,
 # picolibc-riscv64-unknown-elf), xtensawin (clang-22 and llc-22, Debian's llvm-22 and clang-22). mpy_ld.py
-# needs pyelftools (the `native` extra). `make native-check` fails when a shipped module differs from its build.
+# needs pyelftools (the `native` extra). `make native-check` fails when a shipped module differs from its build
+# or when an L32R of the xtensawin module does not load its literal (tools/xtensa_mpy.py).
 # The build folder is given relative (firmware/native/Makefile: ../../build/native/<arch>): the .mpy names it.
 NATIVE_ARCHES := x64 rv32imc xtensawin
 NATIVE_STAMP := $(VENV)/.specmesh-setup-native
@@ -99,6 +114,7 @@ native: $(NATIVE_STAMP) mpy-src
 native-check: native
 	git diff --exit-code --stat -- 'firmware/native/*.mpy' || \
 		{ echo "a shipped native module differs from its rebuild: commit the output of make native"; exit 1; }
+	$(PY) -m specmesh.tools.xtensa_mpy firmware/native/xtensawin.mpy
 
 # The virtual ESP32-C3/C6 boards' firmware (rv32/README.md): MicroPython's qemu port (VIRT_RV32) with the
 # project's board files laid over a copy of it, built with Debian's riscv64-unknown-elf-gcc + picolibc.
@@ -141,4 +157,4 @@ test-rv32: setup rv32-check
 	SPECMESH_RV32=1 $(PY) -m pytest -q -m rv32
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -9,7 +9,9 @@ the virtual board's directory in emulation). Keys, all optional:
               flashed into the ROMFS partition, host/provision/romfs.py)
     link      "stdio" (USB-serial REPL console, default) | "uart" | "espnow" | "gateway"
               ("gateway": stdio to the host, and ESP-NOW to the peers for frames addressed to them)
-    uart      {"id", "baudrate", "tx", "rx"} for the "uart" link
+    uart      {"id", "baudrate", "tx", "rx"} for the "uart" link; tx and rx are required (machine.UART(1) without
+              pins takes GPIO 9/10, the SPI flash lines of a classic ESP32 WROOM module: ports/esp32/machine_uart.c),
+              and neither may be a flash or PSRAM line of the chip (FLASH_PINS)
     espnow    {"peers": {"<node id>": "aa:bb:cc:dd:ee:ff"}, "mtu": 250, "channel": 1, "plain": ["<node id>"]};
               a node behind a gateway lists the gateway's MAC under "0" (the host), since its replies go
               there; with a key, peers are encrypted except those in "plain" (firmware/links.py)
@@ -31,35 +33,35 @@ A missing or unreadable file gives the defaults (an idle node that still answers
 import json
 import os
 
+from shared.board import CTR, DEFAULTS, FLASHING, KMAX, LINKS, NODE_IDS, ROLES, SPEC_AHEAD
+
 PATH = "specmesh.json"
 
-ROLES = ("idle", "drafter", "verifier", "stage")
-LINKS = ("stdio", "uart", "espnow", "gateway")
-
-DEFAULTS = {"node_id": 1, "role": "idle", "model": "", "link": "stdio", "spec_ahead": 0}
+# GPIOs wired to the module's SPI flash (and PSRAM), by MCU (os.uname().machine after " with "): ESP32 6-11, ESP32-S3
+# 26-32 (33-37 with octal PSRAM), ESP32-C3 12-17, ESP32-C6 24-30 (each chip's datasheet, "Pin Overview")
+FLASH_PINS = {"ESP32": (6, 11), "ESP32S3": (26, 37), "ESP32C3": (12, 17), "ESP32C6": (24, 30)}
 
 
 class ConfigError(Exception):
     """A config value that cannot be used; the message names the key."""
 
 
+def _bounded(key, value, bounds):
+    if not isinstance(value, int) or not bounds[0] <= value <= bounds[1]:
+        raise ConfigError("%s must be an int in %d..%d, not %r" % (key, bounds[0], bounds[1], value))
+
+
 def check(cfg):
     """Raise ConfigError unless `cfg` holds usable values; returns cfg."""
-    nid = cfg.get("node_id")
-    if not isinstance(nid, int) or not 1 <= nid <= 254:
-        raise ConfigError("node_id must be an int in 1..254, not %r" % (nid,))
+    _bounded("node_id", cfg.get("node_id"), NODE_IDS)
     if cfg.get("role") not in ROLES:
         raise ConfigError("role must be one of %s, not %r" % ("/".join(ROLES), cfg.get("role")))
     if cfg.get("link") not in LINKS:
         raise ConfigError("link must be one of %s, not %r" % ("/".join(LINKS), cfg.get("link")))
     if not isinstance(cfg.get("model"), str):
         raise ConfigError("model must be a file name")
-    ahead = cfg.get("spec_ahead")
-    if not isinstance(ahead, int) or not 0 <= ahead <= 64:
-        raise ConfigError("spec_ahead must be an int in 0..64, not %r" % (ahead,))
-    kmax = cfg.get("kmax", 1)
-    if not isinstance(kmax, int) or not 1 <= kmax <= 256:
-        raise ConfigError("kmax must be an int in 1..256, not %r" % (kmax,))
+    _bounded("spec_ahead", cfg.get("spec_ahead"), SPEC_AHEAD)
+    _bounded("kmax", cfg.get("kmax", 1), KMAX)
     lay = cfg.get("layers")
     if cfg["role"] == "stage" and not (isinstance(lay, list) and len(lay) == 2 and isinstance(lay[0], int)
                                        and isinstance(lay[1], int) and 0 <= lay[0] < lay[1]):
@@ -67,15 +69,28 @@ def check(cfg):
     n_ctx = cfg.get("n_ctx", 0)
     if not isinstance(n_ctx, int) or n_ctx < 0:
         raise ConfigError("n_ctx must be an int >= 0, not %r" % (n_ctx,))
-    ctr = cfg.get("ctr", 0)
-    if not isinstance(ctr, int) or not 0 <= ctr <= 0xFFFFFFFF:
-        raise ConfigError("ctr must be an int in 0..2**32-1, not %r" % (ctr,))
+    _bounded("ctr", cfg.get("ctr", 0), CTR)
+    if cfg["link"] == "uart":
+        _check_uart(cfg.get("uart"))
     key = cfg.get("key", "")
     try:
         bytes.fromhex(key)
     except (TypeError, ValueError):
         raise ConfigError("key must be a hex string")
     return cfg
+
+
+def _check_uart(u):
+    """Raise ConfigError unless the "uart" link names its pins, none of them a flash line of this chip."""
+    if not isinstance(u, dict) or not isinstance(u.get("tx"), int) or not isinstance(u.get("rx"), int):
+        raise ConfigError("a uart link needs its pins, uart {\"tx\": N, \"rx\": N}: UART(1) without them "
+                          "takes GPIO 9/10, the SPI flash lines of an ESP32 module")
+    uname = getattr(os, "uname", None)
+    span = FLASH_PINS.get(uname().machine.split(" with ")[-1]) if uname else None
+    for pin in (u["tx"], u["rx"]):
+        if span and span[0] <= pin <= span[1]:
+            raise ConfigError("uart pin %d is wired to this module's flash (GPIO %d-%d): pick another" % (
+                pin, span[0], span[1]))
 
 
 def load(path=PATH):
@@ -115,7 +130,7 @@ def half_flashed(cfg):
     first and the real config last, host/provision/flash.py), so the files may be a mix of two versions.
     Then the node must not start: say so on the console, at once and for every line received (the host
     turns messages.HALF_FLASHED into the command that finishes the job, host/bus/links.py), until Ctrl-C."""
-    role = cfg.get("flashing")
+    role = cfg.get(FLASHING)
     if not role:
         return False
     import sys

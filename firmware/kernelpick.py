@@ -5,7 +5,8 @@ the same integers (docs/CONTRACTS.md section 4); a native module that fails to l
 used, and the board says why on its console and in HELLO (`describe`). A module that crashes the board
 (machine code gone wrong can reset a board rather than raise) is not tried again: the file MARK exists
 while the module loads and runs its self-test, so the next boot finds it and runs viper (`specmesh flash`
-removes it with a new module).
+removes it with a new module). On the esp32 port a module that fails its self-test keeps its IRAM until a soft reset,
+so there the board writes why into MARK and soft-resets once: the next boot reads it and runs viper.
 
     module, name = pick(viper=True, native=True)   # name: "native", "viper" or "python"
     describe(name)                                 # HELLO's kernels string: the name, and why not native
@@ -38,18 +39,42 @@ def _native():
         _why[0] = "no native code on this port"
         return None
     if _exists(MARK):
-        _why[0] = "%s stopped the board in its self-test; flash the node again to retry" % path
-        print("specmesh: " + _why[0])
+        with open(MARK) as f:
+            said = f.read()  # a self-test that failed on a port keeping its code (_iram_kept) says so here
+        _why[0] = said or "%s stopped the board in its self-test; flash the node again to retry" % path
+        print("specmesh: " + _why[0] + ("; not used" if said else ""))
         return None
     marked = _mark()
     try:
-        mod, found = _load(a, path)
+        mod, found, loaded = _load(a, path)
     finally:
         if marked:
             os.remove(MARK)
     if mod is None and found:  # a module that is there and refused (a missing one is no news)
         print("specmesh: " + _why[0] + "; not used")
+        if loaded and marked and _iram_kept():
+            _reboot()
     return mod
+
+
+def _iram_kept():
+    """Whether a dropped native module keeps its code memory until a soft reset: the esp32 port commits native
+    code to IRAM (ports/esp32/main.c esp_native_code_commit) and frees it only at soft reset
+    (esp_native_code_free_all), so viper, also native code, may not fit next to a module that failed."""
+    try:
+        import esp32  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _reboot():
+    """Keep the reason in MARK and soft-reset: the next boot skips the module and runs viper in freed IRAM."""
+    with open(MARK, "w") as f:
+        f.write(_why[0] + "; a soft reset freed its IRAM")
+    import machine
+
+    machine.soft_reset()
 
 
 def _exists(name):
@@ -70,15 +95,16 @@ def _mark():
 
 
 def _load(a, path):
-    """(the module for arch `a`, self-tested, or None with the reason in _why; whether a module was found)."""
+    """(the module for arch `a`, self-tested, or None with the reason in _why; whether a module was found; whether
+    its code was loaded)."""
     try:
         mod = getattr(__import__("native." + a), a)
     except ImportError:
         _why[0] = "no " + path
-        return None, False
-    except Exception as e:  # a corrupt or foreign file: "incompatible .mpy file" and the like
+        return None, False, False
+    except Exception as e:  # noqa: BLE001 - a corrupt or foreign file: "incompatible .mpy file" and the like
         _why[0] = "%s does not load: %s" % (path, e)
-        return None, True
+        return None, True, False
     import selftest
 
     try:
@@ -88,9 +114,9 @@ def _load(a, path):
     if bad is not None:
         sys.modules.pop("native." + a, None)
         _why[0] = "%s fails its self-test (%s)" % (path, bad)
-        return None, True
+        return None, True, True
     _why[0] = None
-    return mod, True
+    return mod, True, True
 
 
 def pick(viper=True, native=True):
@@ -105,7 +131,7 @@ def pick(viper=True, native=True):
                 import kernels as mod
 
                 name = "viper"
-            except Exception:  # no native emitter on this port (or viper disabled in the build)
+            except Exception:  # noqa: BLE001 - no native emitter on this port (or viper disabled in the build)
                 mod = None
         if mod is None:
             import refkernels as mod  # only where it runs: its code would take heap on a board

@@ -8,7 +8,10 @@ int), so a call allocates nothing.
 
 32- and 64-bit emitters compute the same: loads are sign-extended by hand (`ptr32` loads are not
 sign-extended on x64), only small constants appear, and every intermediate value stays inside int32 for
-the shapes the engine accepts (see engine.py). `mulsh(a, m, s) = round(a * m / 2^s)` (|a| < 2^31,
+the shapes the engine accepts (see engine.py). No shift count reaches 31 where a scale's exponent sets it
+(32-bit cores shift by the count's low 5 bits, x64 by its low 6): a rounding shift of 46 or more gives
+0, as kernels.c's mulsh does (|a * m| < 2^45), and a left shift of 32 or more gives 0, the exact value
+modulo 2^32. `mulsh(a, m, s) = round(a * m / 2^s)` (|a| < 2^31,
 |m| <= 2^14) is written out where it is used, splitting a into a >> 15 and a & 0x7FFF so that no
 product leaves int32; viper cannot inline a call, and a call per element would cost more than the step.
 """
@@ -149,14 +152,18 @@ def requant(dst: ptr32, acc: ptr32, ms: ptr32, p: ptr32):
             a = acc[j * n + r]
             a = ((((a >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (a & 0xFFFF)
             m = ms[r0 + r]
-            s = (m >> 16) - sh
+            s = ((((m >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) - sh
             m = m & 0xFFFF
-            if s >= 16:
+            if s >= 46:
+                y = 0
+            elif s >= 16:
                 y = ((a >> 15) * m + (1 << (s - 16)) + (((a & 0x7FFF) * m) >> 15)) >> (s - 15)
             elif s >= 1:
                 y = (((a >> 15) * m) << (15 - s)) + ((((a & 0x7FFF) * m) + (1 << (s - 1))) >> s)
-            else:
+            elif s > -32:
                 y = (a * m) << (0 - s)
+            else:
+                y = 0
             o = j * stride + d0 + r
             if add:
                 v = dst[o]
@@ -172,13 +179,17 @@ def embed(dst: ptr32, w: ptr8, ms: ptr32, p: ptr32):
     t = p[1]
     d0 = p[2]
     m = ms[t] & 0xFFFF
-    s = (ms[t] >> 16) - 16
+    s = ((((ms[t] >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) - 16
     for i in range(dim):
         a = ((w[t * dim + i] ^ 0x80) - 0x80) * m
-        if s >= 1:
+        if s >= 31:  # |a| < 2^21
+            a = 0
+        elif s >= 1:
             a = (a + (1 << (s - 1))) >> s
-        else:
+        elif s > -32:
             a = a << (0 - s)
+        else:
+            a = 0
         dst[d0 + i] = a
 
 
@@ -206,7 +217,9 @@ def rmsnorm(dst: ptr32, src: ptr32, wn: ptr32, p: ptr32):
             v = src[i]
             v = (((((v >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (v & 0xFFFF)) >> sh
             ss += v * v
-        t = ss // dim + (p[3] >> (2 * sh))
+        t = ss // dim
+        if 2 * sh <= 31:
+            t += p[3] >> (2 * sh)
         if t <= 0:
             for i in range(o, o + dim):
                 dst[i] = 0
@@ -228,12 +241,16 @@ def rmsnorm(dst: ptr32, src: ptr32, wn: ptr32, p: ptr32):
             a = ((((a >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (a & 0xFFFF)
             m = wn[i]
             m = ((((m >> 16) & 0xFFFF) ^ 0x8000) - 0x8000) << 16 | (m & 0xFFFF)
-            if qw >= 16:
+            if qw >= 46:
+                a = 0
+            elif qw >= 16:
                 a = ((a >> 15) * m + (1 << (qw - 16)) + (((a & 0x7FFF) * m) >> 15)) >> (qw - 15)
             elif qw >= 1:
                 a = (((a >> 15) * m) << (15 - qw)) + ((((a & 0x7FFF) * m) + (1 << (qw - 1))) >> qw)
-            else:
+            elif qw > -32:
                 a = (a * m) << (0 - qw)
+            else:
+                a = 0
             if s >= 16:
                 a = ((a >> 15) * g + (1 << (s - 16)) + (((a & 0x7FFF) * g) >> 15)) >> (s - 15)
             elif s >= 1:

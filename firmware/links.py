@@ -12,7 +12,11 @@ Every link has the same small interface:
 StdioLink: the REPL console (USB-serial on a board, the pty/pipe of a virtual board), one `:`-base64
 line per frame (shared/codec.py), so kbd_intr stays on and mpremote can always interrupt the node.
 UartLink: the same lines over machine.UART between boards. EspNowLink: one packet per frame,
-fragmented above the MTU (shared/codec.py); peers by MAC from the config. With a deployment key the
+fragmented above the MTU (shared/codec.py); peers by MAC from the config. `ESPNow.send` raises OSError on
+the real port (ports/esp32/modespnow.c espnow_send: ESP_ERR_ESPNOW_NO_MEM after 2 s of retries, ETIMEDOUT with
+acks pending past 100 ms): such a try counts as a lost packet ("send_failed"), the requester retransmits the
+frame, and a peer the radio did not take is dropped (a send to it would raise ESP_ERR_ESPNOW_NOT_FOUND).
+With a deployment key the
 radio's own encryption is on (docs/security.md): PMK = HMAC(key, "specmesh pmk"), and per peer pair
 LMK = HMAC(key, "specmesh lmk" + the lower MAC + the higher MAC), both truncated to 16 bytes, so the
 two ends derive the same LMK. Peers are encrypted in ascending node id order; one past the radio's
@@ -189,6 +193,7 @@ class EspNowLink:
     """Frames as ESP-NOW packets to peers known by node id (config "espnow": {"peers": {id: mac}})."""
 
     BROADCAST_MAC = b"\xff" * 6
+    radio = True  # its driver's buffers come from the heap the node's GC heap grows into (firmware/node.py)
 
     def __init__(self, peers, mtu=None, channel=None, key=None, plain=()):
         import espnow
@@ -208,6 +213,7 @@ class EspNowLink:
         self._e.config(rxbuf=RX_PACKETS * (self.mtu + 16))
         self._e.active(True)
         self.peers = peers  # node id -> 6-byte MAC
+        self._macs = []  # the MACs the radio took as peers
         auth = codec.Auth(bytes.fromhex(key)) if key else None
         if auth is not None:
             self._e.set_pmk(auth.derive(b"specmesh pmk"))
@@ -220,6 +226,9 @@ class EspNowLink:
             lmk = auth.derive(b"specmesh lmk" + min(me, mac) + max(me, mac))
             if not self._add(mac, lmk) and self._add(mac, None):
                 print("specmesh: ESP-NOW peer %d unencrypted (no room for another encrypted peer)" % nid)
+        for nid in [n for n in peers if peers[n] not in self._macs]:  # a send to it would raise NOT_FOUND
+            print("specmesh: ESP-NOW peer %d dropped (the radio took no more peers)" % nid)
+            del peers[nid]
         self._add(self.BROADCAST_MAC, None)
         self._dec = _RawDatagrams(stale_after=64)
         self.errors = self._dec.errors
@@ -229,11 +238,14 @@ class EspNowLink:
 
     def _add(self, mac, lmk):
         """True if `mac` became a peer (encrypted with `lmk` if given); False: already one, or no room."""
+        if mac in self._macs:
+            return False
         try:
             self._e.add_peer(mac, lmk)
-            return True
         except OSError:
             return False
+        self._macs.append(mac)
+        return True
 
     def routes(self, node_id):
         """True if `node_id` is reachable over this link."""
@@ -255,6 +267,9 @@ class EspNowLink:
         for pkt in codec.fragment(frame, self._msg_id, self.mtu):
             for _ in range(SEND_TRIES):  # a sync send is False when the peer never acknowledged it
                 self.sent += 1
-                if self._e.send(mac, pkt, sync) or not sync:
-                    break
+                try:
+                    if self._e.send(mac, pkt, sync) or not sync:
+                        break
+                except OSError:  # the port's NO_MEM (buffers full for 2 s), ETIMEDOUT (acks pending): a lost try
+                    self.errors["send_failed"] = self.errors.get("send_failed", 0) + 1
         return True

@@ -32,6 +32,7 @@ from micropython import const
 
 from shared import codec
 from shared import messages as m
+from shared.board import MAX_TRY_CTX, MIN_CTX, NODE_IDS, RESERVE, ROLES, STAGE_RESERVE
 
 import config
 import cpucount
@@ -41,25 +42,16 @@ from roles import Refused
 from shared.messages import E_COUNTER, E_INTERNAL, E_KEY, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, HOST
 
 FW_VERSION = "specmesh-node 0.1"
-# Free heap a node keeps once its model is loaded, else it halves its context (HELLO reports it): a
-# virtual classic ESP32 drafter of drafter-esp32.spm serves DRAFT_REQ, the ahead-drafts and STATS in
-# ~10.5 KB (free at load 29.4 KB, lowest 18.8 KB at 64 positions; 26.1 and 15.7 KB at 128), and at 256
-# positions (~19.7 KB free at load) it ran out reading a frame: 22 KB keeps 128 with 15 KB to spare (with
-# today's node, 33.3 KB free at load at 256 positions and 22.7 KB at the lowest: it keeps all 256)
-# (tests/test_firmware_budget.py drafts through the whole context at -X heapsize= the class heap)
-_RESERVE = const(22528)
-# a stage (its rule's tables preallocated, frames of a few hundred bytes) serves in less: a last stage with
-# 19 KB free at load kept 16 KB free through sampled STAGE requests (docs/pipeline.md)
-_STAGE_RESERVE = const(16384)
-_MIN_CTX = const(64)  # the shortest context it halves to
-_MAX_TRY_CTX = const(256)  # the context it tries after the model's whole one did not fit
+# ESP-IDF heap a radio node leaves to Wi-Fi/ESP-NOW: its dynamic buffers come from the IDF heap that the esp32 port's GC
+# heap also grows into (py/gc.c gc_try_add_heap), and without them ESPNow.send raises NO_MEM (micropython#14421:
+# low IDF memory drops packets). An assumption: ten of the driver's 1.6 KB dynamic buffers; not measured on a board
+_RADIO_IDF = const(16384)
 SMALL_HEAP = 1 << 20  # below this heap size (no PSRAM) the node collects garbage after every request
 REPLY_CACHE = 4  # replies kept for retransmitted requests (a host may have a few requests in flight)
 POLL_MS = 1000  # longest a single-link node blocks in one poll (nothing depends on it waking)
 _CTR_BLOCK = const(4096)  # signing counters reserved per flash write
 _REFUSE_GAP_MS = const(250)  # least time between two refusals of frames not taken (docs/security.md)
 
-ROLE_NAMES = ("idle", "drafter", "verifier", "stage")
 STAT_KEYS = ("requests", "dup_replies", "errors", "bad_frames", "stray", "forwarded", "drafted", "ahead", "draft_hits",
              "verified", "accepted", "passes", "positions", "compute_ms", "heap_free", "heap_min",
              "committed", "kv", "uptime_ms", "dropped", "unsigned", "bad_tag", "replayed", "cls_reads")
@@ -68,7 +60,10 @@ STAT_KEYS = ("requests", "dup_replies", "errors", "bad_frames", "stray", "forwar
 _UNSIGNED = const(20)
 _BAD_TAG = const(21)
 _REPLAYED = const(22)
-LOSSES = ("duplicate", "stale")  # datagram-link events of a lossy radio, not malformed input
+# datagram-link events of a lossy radio, not malformed input: radio sends that raised (firmware/links.py), and an
+# OSError that left a link's recv or send (the loop counts it on that link and goes on: a board never falls to
+# its REPL because its radio driver ran out of buffers)
+LOSSES = ("duplicate", "stale", "send_failed", "oserror")
 
 
 def _caps(engine):
@@ -94,6 +89,7 @@ class Node:
         self.cfg = cfg
         self.config_path = config_path
         self.links = links
+        self._radio = [link for link in links if getattr(link, "radio", False)]  # links whose driver shares the heap
         self.node_id = cfg["node_id"]
         self.auth = codec.Auth(bytes.fromhex(cfg["key"]), 24, cfg.get("ctr", 0)) if cfg.get("key") else None
         self.stats = {}
@@ -117,7 +113,7 @@ class Node:
             self._reserve()
         if cfg["role"] != "idle":
             try:
-                self._load(ROLE_NAMES.index(cfg["role"]), cfg["model"])
+                self._load(ROLES.index(cfg["role"]), cfg["model"])
             except Refused as e:
                 _say("cannot start as %s: %s" % (cfg["role"], e))
                 self.stats["errors"] += 1
@@ -148,6 +144,9 @@ class Node:
                     gc.collect()
                     if not self._refuse_big(raw, getattr(link, "head", None), link):
                         _say("out of memory reading a frame: dropped (%d bytes free)" % gc.mem_free())
+                except OSError:
+                    errors = link.errors
+                    errors["oserror"] = errors.get("oserror", 0) + 1
             if links[0].closed:
                 break
             if busy:
@@ -337,12 +336,25 @@ class Node:
                 return m.ERROR, m.pack_error(E_MESSAGE, "bad %s payload: %s" % (_name(f.mtype), e)), True
             except MemoryError:
                 gc.collect()
-            except Exception as e:  # a bug: report it, never die on input; the session may be inconsistent
+            except Exception as e:  # noqa: BLE001 - a bug: report it, never die on input; the session may be inconsistent
                 self._drop_session()
                 return m.ERROR, m.pack_error(E_INTERNAL, "%s failed: %s: %s" % (_name(f.mtype), type(e).__name__,
                                                                                e)), True
         return m.ERROR, m.pack_error(E_MEMORY, "out of memory in %s of %d bytes (%d bytes free): send a shorter one"
                                      % (_name(f.mtype), len(f.payload), gc.mem_free())), False
+
+    def _headroom(self):
+        """Free heap the node may fill: gc.mem_free(), which on the esp32 port adds the largest free ESP-IDF block
+        (py/modgc.c gc_mem_free, MICROPY_GC_SPLIT_HEAP_AUTO), less, on a radio node, the part of that block the
+        radio keeps (_RADIO_IDF; esp32.idf_heap_info gives the block)."""
+        free = gc.mem_free()
+        if self._radio:
+            try:
+                import esp32
+            except ImportError:  # a port without the ESP-IDF heap
+                return free
+            free -= min(_RADIO_IDF, max(h[2] for h in esp32.idf_heap_info(esp32.HEAP_DATA)))
+        return free
 
     def _heap(self):
         free = gc.mem_free()
@@ -389,17 +401,17 @@ class Node:
             return m.ACK, b""
         if t == m.DRAFT_REQ:
             if self.role_id != m.ROLE_DRAFTER:
-                raise Refused(E_STATE, "DRAFT_REQ needs a drafter; this node is a %s" % ROLE_NAMES[self.role_id])
+                raise Refused(E_STATE, "DRAFT_REQ needs a drafter; this node is a %s" % ROLES[self.role_id])
             role.commit(args[0], args[2])  # the COMMIT folded into the request
             pos0, entries = role.draft(args[0], args[1])
             return m.DRAFT, m.pack_draft(pos0, entries)
         if t == m.VERIFY_REQ:
             if self.role_id != m.ROLE_VERIFIER:
-                raise Refused(E_STATE, "VERIFY_REQ needs a verifier; this node is a %s" % ROLE_NAMES[self.role_id])
+                raise Refused(E_STATE, "VERIFY_REQ needs a verifier; this node is a %s" % ROLES[self.role_id])
             return m.VERDICT, m.pack_verdict(*role.verify(*args)[1:])  # the verdict commits itself
         if t == m.STAGE:
             if self.role_id != m.ROLE_STAGE:
-                raise Refused(E_STATE, "STAGE needs a stage; this node is a %s" % ROLE_NAMES[self.role_id])
+                raise Refused(E_STATE, "STAGE needs a stage; this node is a %s" % ROLES[self.role_id])
             return m.STAGE, role.run(*args)
         raise Refused(E_MESSAGE, "%s is not a request" % _name(t))
 
@@ -443,13 +455,13 @@ class Node:
         """Load the new role and model, save the config; the reply still comes from the old id."""
         if role_id > m.ROLE_STAGE:
             raise Refused(E_MESSAGE, "unknown role %d (0 idle, 1 drafter, 2 verifier, 3 stage)" % role_id)
-        if not 1 <= node_id <= 254:
-            raise Refused(E_MESSAGE, "node id %d is outside 1..254" % node_id)
+        if not NODE_IDS[0] <= node_id <= NODE_IDS[1]:
+            raise Refused(E_MESSAGE, "node id %d is outside %d..%d" % (node_id, NODE_IDS[0], NODE_IDS[1]))
         cfg = self.cfg
         try:
             self._load(role_id, model)
         finally:  # a role that failed to load leaves an idle node, and the config says so
-            cfg["role"] = ROLE_NAMES[self.role_id]
+            cfg["role"] = ROLES[self.role_id]
             cfg["model"] = model if self.role is not None else ""
         cfg["node_id"] = node_id
         try:
@@ -487,17 +499,17 @@ class Node:
                         self.role = roles.Drafter(eng, self.stats, cfg.get("spec_ahead", 0))
                     elif stage:
                         self.role = st.Stage(eng, self.stats)
-                        eng.hold_classifier(_STAGE_RESERVE)  # where the heap allows: no flash read per pass
+                        eng.hold_classifier(STAGE_RESERVE)  # where the heap allows: no flash read per pass
                     else:
                         self.role = roles.Verifier(eng, self.stats)
                     gc.collect()
-                    if gc.mem_free() >= (_STAGE_RESERVE if stage else _RESERVE) or eng.n_ctx <= _MIN_CTX:
+                    if self._headroom() >= (STAGE_RESERVE if stage else RESERVE) or eng.n_ctx <= MIN_CTX:
                         break
                     n_ctx = eng.n_ctx // 2  # too little heap left to serve requests: a shorter context (HELLO says)
-                except MemoryError:  # a context whose KV cache does not fit at all: shorter, down to _MIN_CTX
-                    if 0 < n_ctx <= _MIN_CTX:
+                except MemoryError:  # a context whose KV cache does not fit at all: shorter, down to MIN_CTX
+                    if 0 < n_ctx <= MIN_CTX:
                         raise
-                    n_ctx = n_ctx // 2 if n_ctx else _MAX_TRY_CTX
+                    n_ctx = n_ctx // 2 if n_ctx else MAX_TRY_CTX
                 self.role = eng = None
                 gc.collect()
         except OSError as e:
@@ -506,7 +518,7 @@ class Node:
             self.role = eng = None
             gc.collect()
             raise Refused(E_MEMORY, "model %r does not fit in %d bytes of free heap" % (model, gc.mem_free()))
-        except Exception as e:  # ModelFileError and the engine's size limits
+        except Exception as e:  # noqa: BLE001 - ModelFileError and the engine's size limits
             raise Refused(E_MODEL, "cannot load model %r: %s" % (model, e))
         self.role_id = role_id
         gc.collect()

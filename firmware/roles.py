@@ -58,7 +58,7 @@ class Role:
                 raise Refused(E_RANGE, "prompt token %d is outside the vocabulary of %d" % (t, self.vocab))
         self.seed = seed
         self.temp_milli = temp_milli
-        self.greedy = temp_milli == 0
+        self.greedy = sampling.is_greedy(temp_milli)
         self.draft_top_k = max(1, min(draft_top_k, self.vocab))
         self.target_top_k = target_top_k
         self.top_p_q16 = top_p_q16

@@ -28,7 +28,7 @@ from shared.prng import EMIT
 
 try:  # the packed rows' viper codec: the same bytes as shared/rows.py, a thousandth of its time on a board
     import rowpack as _codec
-except Exception:  # a port without viper
+except Exception:  # noqa: BLE001 - a port without viper
     _codec = rows
 
 from roles import Refused, Role, Verifier

@@ -12,12 +12,23 @@ the same way by host/provision/flash.py (a temporary name, its hash checked, the
     write_bytes(path, data) / write_text(path, text)
     create(path, data, perms=0o600)        a new file only (FileExistsError if `path` exists), atomically
     unwritable(path) -> str | None         why `path` cannot be written (checked before long work), or None
+
+A file the user names for output (`--stats-json FILE`) is written the Unix way, as a shell's `>` would:
+    write_output(path, text)               `-`: stdout; an open descriptor (/dev/stdout, /dev/fd/N): written
+                                            through it; a device, pipe or FIFO: written straight; a symlink:
+                                            followed; a regular file or a new path: replaced atomically
+    output_problem(path) -> str | None     why write_output cannot write `path`, or None (opens nothing: a
+                                            FIFO with no reader yet is not waited for)
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import re
+import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,3 +113,71 @@ def unwritable(path: str | os.PathLike) -> str | None:
     if not os.access(folder, os.W_OK | os.X_OK):
         return "no permission to write in %s" % folder
     return None
+
+
+STDOUT = "-"
+# the names of an already open descriptor: written through it (bash treats them so), never reopened, which
+# would truncate a file that stdout is redirected to, or replaced
+_FD_PATH = re.compile(r"^/(?:dev/fd|proc/self/fd)/(\d+)$")
+_FD_NAMES = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+
+
+def _descriptor(path: str) -> int | None:
+    """The descriptor a path such as /dev/stdout or /dev/fd/3 names, or None for any other path."""
+    if path in _FD_NAMES:
+        return _FD_NAMES[path]
+    match = _FD_PATH.match(path)
+    return int(match.group(1)) if match else None
+
+
+def _kind(path: str) -> int | None:
+    """The file type bits of what `path` names after its symlinks (None: nothing there yet)."""
+    try:
+        return stat.S_IFMT(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return None
+
+
+def output_problem(path: str | os.PathLike) -> str | None:
+    """Why `write_output` cannot write `path` (one phrase), or None."""
+    path = os.fspath(path)
+    if path == STDOUT:
+        return None
+    if not path:
+        return "an empty name (give a file, or - for stdout)"
+    fd = _descriptor(path)
+    if fd is not None:
+        try:
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        except OSError:
+            return "descriptor %d is not open" % fd
+        return None if flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR) else "descriptor %d is not open for writing" % fd
+    kind = _kind(path)
+    if kind == stat.S_IFDIR:
+        return "it is a folder"
+    if kind is not None and kind != stat.S_IFREG:
+        return None if os.access(path, os.W_OK) else "no permission to write it"
+    return unwritable(os.path.realpath(path))
+
+
+def write_output(path: str | os.PathLike, text: str) -> None:
+    """Write `text` (UTF-8) to the output file `path` the Unix way (module docstring); OSError if it cannot."""
+    path = os.fspath(path)
+    if path == STDOUT:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    fd = _descriptor(path)
+    if fd is not None:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # what was printed before comes first
+        data = text.encode("utf-8")
+        while data:
+            data = data[os.write(fd, data):]
+        return
+    kind = _kind(path)
+    if kind is not None and kind != stat.S_IFREG:  # a device, pipe or FIFO: it takes the bytes as they come
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    write_text(os.path.realpath(path), text)  # a symlink's target is replaced, the link stays

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specmesh.host.layout import DRAFTER_FILE
+from specmesh.shared import board
 from specmesh.shared.modelfile import Header, body_size, stage_bytes
+
+
+CONSOLE_RING = 260  # the stdin ring every esp32 console feeds (ports/esp32/mphalport.c); it holds 259 bytes
 
 
 @dataclass(frozen=True)
@@ -27,12 +31,24 @@ class BoardClass:
     romfs_bytes: int  # size of the ROMFS partition (memory-mapped flash at /rom, off the heap; 0: none)
     machine: str  # os.uname().machine: MICROPY_HW_BOARD_NAME " with " MICROPY_HW_MCU_NAME of the firmware
     source: str
-    clock_hz: float = 240e6  # the core clock MicroPython runs it at
+    clock_hz: float = 240e6  # the core clock a node runs it at: firmware/main.py sets the fastest the chip takes
+    stock_clock_hz: float = 160e6  # the clock the stock firmware boots at (CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ)
+    stock_firmware: str = "ESP32_GENERIC"  # the micropython.org download the class assumes (ports/esp32/boards)
+    # the REPL console of that firmware: "uart" (UART0 through the module's USB-UART bridge), "tinyusb-cdc" (the
+    # chip's USB-OTG), "usb-serial-jtag"; the stock S3/C3/C6 builds also mirror stdout to UART0 (uart_mirror)
+    console: str = "uart"
+    uart_mirror: bool = False  # MICROPY_HW_ENABLE_UART_REPL beside a USB console: every write also to UART0
     isa: str = "xtensa-lx6"  # the core's ISA: xtensa-* (unix-port virtual boards), rv32* (QEMU virtual boards)
     mpy_arch: str = "xtensawin"  # mpy-cross -march= of its native code
     drafter: str = DRAFTER_FILE  # the shipped drafter a drafter board of this class runs (models/MODEL_CARD.md)
     drafter_ctx: int = 0  # positions a drafter node keeps of that drafter (0: its whole context); measured by
     # tests/test_firmware_budget.py: a node halves its context until its reserve is free
+
+    @property
+    def ring_drops(self) -> bool:
+        """Whether its console drops input past CONSOLE_RING while the node computes: a UART console's interrupt
+        handler does (ports/esp32/uart.c uart_irq_handler); USB-Serial/JTAG and TinyUSB CDC take only what fits."""
+        return self.console == "uart"
 
     @property
     def qemu(self) -> bool:
@@ -49,20 +65,26 @@ class BoardClass:
 # 2 MiB vfs); `specmesh flash` reads the real size from the board. An S3 with PSRAM keeps its models in
 # PSRAM, faster than mapped flash (host/projection/hardware.py), so its class has none.
 
-# Classic ESP32 (no PSRAM): MicroPython gives the GC heap the largest free block of internal RAM.
-# docs/esp32/general.rst ("Controlling the Python heap size"): "On a 'simple' esp32 this comes out to
-# around 100KB"; micropython issue #7962 measures the block actually available: 110536 bytes.
+# Classic ESP32 (no PSRAM), MicroPython v1.28: the GC heap starts as one 56 KiB area (ports/esp32/mpconfigport.h
+# MICROPY_GC_INITIAL_HEAP_SIZE, "chosen so they can grow the heap once (double it) and still have enough internal
+# RAM to start WiFi") and grows from the ESP-IDF heap on demand (MICROPY_GC_SPLIT_HEAP_AUTO; py/gc.c
+# gc_try_add_heap doubles the total), so the heap a node can fill without taking Wi-Fi's memory is two such areas:
+# 2 x 56,000 bytes of blocks (a 64 KiB area holds 64000: micropython#12141's mem_info; the allocation tables take
+# the rest). Beyond that the GC heap grows into what the radio needs (firmware/node.py _headroom).
+# (The earlier figure, 110,536 bytes, was micropython#7962's fixed heap of v1.17, before the split heap.)
 # Filesystem: the 4 MB flash layout gives the vfs partition 2 MiB (partitions-4MiB.csv: vfs 0x200000).
 ESP32 = BoardClass(
     name="esp32",
     description="ESP32 (classic, no PSRAM)",
-    heap_bytes=110_536,
+    heap_bytes=2 * 56_000,
     psram_bytes=0,
     flash_fs_bytes=2 * 1024 * 1024,
     romfs_bytes=128 * 1024,
     machine="Generic ESP32 module with ESP32",  # ESP32_GENERIC
-    source="MicroPython docs esp32/general.rst (heap 'around 100KB'); micropython#7962 (110536 bytes available); "
-           "ESP32 datasheet (Xtensa LX6, 240 MHz)",
+    source="v1.28 ports/esp32/mpconfigport.h (56 KiB initial GC area, grown once: 2 x 56000 bytes of blocks); "
+           "ESP32 datasheet (Xtensa LX6, 240 MHz); v1.28 ports/esp32/boards/ESP32_GENERIC (no sdkconfig.240mhz: "
+           "160 MHz "
+           "at boot; UART0 REPL console)",
     # the 40-wide drafter, which its heap holds: drafter.spm (64 wide) would stream its 110 KB from ROMFS
     # every pass, slower than the S3's whole target step with native kernels (models/MODEL_CARD.md)
     drafter="drafter-esp32.spm",
@@ -81,8 +103,14 @@ ESP32S3 = BoardClass(
     romfs_bytes=0,
     machine="Generic ESP32S3 module with Octal-SPIRAM with ESP32S3",  # ESP32_GENERIC_S3, SPIRAM_OCT variant
     source="MicroPython docs esp32/general.rst (heap spans the SPIRAM); micropython#12237 (64000 + 8257536 bytes); "
-           "ESP32-S3 datasheet (Xtensa LX7, 240 MHz)",
+           "ESP32-S3 datasheet (Xtensa LX7, 240 MHz); v1.28 ports/esp32/boards/ESP32_GENERIC_S3 "
+           "(mpconfigvariant_SPIRAM_OCT.cmake takes sdkconfig.240mhz; mpconfigboard.h MICROPY_HW_ENABLE_UART_REPL 1; "
+           "mpconfigport.h MICROPY_HW_USB_CDC: the console is TinyUSB CDC)",
     isa="xtensa-lx7",
+    stock_clock_hz=240e6,
+    stock_firmware="ESP32_GENERIC_S3 (SPIRAM_OCT variant)",
+    console="tinyusb-cdc",
+    uart_mirror=True,
 )
 
 # ESP32-C3 (RISC-V): ESP32-C3 datasheet: one 32-bit RISC-V core, RV32IMC, up to 160 MHz, 400 KB SRAM, 4 MB
@@ -101,8 +129,12 @@ ESP32C3 = BoardClass(
     romfs_bytes=0x80000,
     machine="ESP32C3 module with ESP32C3",  # ESP32_GENERIC_C3
     source="ESP32-C3 datasheet (RV32IMC, 160 MHz, 400 KB SRAM); micropython#14293 (heap 64000 + 139264 bytes); "
-           "rv32/partitions-4MiB-romfs.csv (romfs 512 KiB, vfs 1.5 MiB)",
+           "rv32/partitions-4MiB-romfs.csv (romfs 512 KiB, vfs 1.5 MiB); v1.28 ports/esp32/boards/ESP32_GENERIC_C3 "
+           "(sdkconfig.c3usb: USB-Serial/JTAG console; MICROPY_HW_ENABLE_UART_REPL 1)",
     clock_hz=160e6,
+    stock_firmware="ESP32_GENERIC_C3",
+    console="usb-serial-jtag",
+    uart_mirror=True,
     isa="rv32imc",
     mpy_arch="rv32imc",
     # the 40-wide drafter from the heap: measured under QEMU (`specmesh run --drafter virtual:esp32c3 --verifier
@@ -123,8 +155,12 @@ ESP32C6 = BoardClass(
     romfs_bytes=ESP32C3.romfs_bytes,
     machine="ESP32C6 module with ESP32C6",  # ESP32_GENERIC_C6
     source="ESP32-C6 datasheet (RV32IMAC, 160 MHz, 512 KB HP SRAM); heap assumed the C3's (unpublished); "
-           "rv32/partitions-4MiB-romfs.csv",
+           "rv32/partitions-4MiB-romfs.csv; v1.28 ports/esp32/boards/ESP32_GENERIC_C6 (USB-Serial/JTAG console; "
+           "MICROPY_HW_ENABLE_UART_REPL 1)",
     clock_hz=160e6,
+    stock_firmware="ESP32_GENERIC_C6",
+    console="usb-serial-jtag",
+    uart_mirror=True,
     isa="rv32imac",
     mpy_arch="rv32imc",
     drafter=ESP32C3.drafter,  # the C3's measurement (same heap, same core speed assumed)
@@ -137,9 +173,9 @@ ROLE_CLASS = {"drafter": ESP32.name, "verifier": ESP32S3.name, "stage": ESP32.na
 
 
 # Where a board keeps a whole model (host/projection/costmodel.py prices it; `specmesh flash` follows it):
-NODE_RESERVE = 22528  # heap a drafter node keeps free after loading its engine (firmware/node.py _RESERVE)
-HEAP_CONTEXT = 64  # a node halves its context until its reserve is free, down to 64 positions (firmware/node.py
-# _MIN_CTX): a model whose engine fits the heap at that context runs from the heap
+NODE_RESERVE = board.RESERVE  # heap a drafter node keeps free after loading its engine
+HEAP_CONTEXT = board.MIN_CTX  # a node halves its context until its reserve is free, down to this many positions:
+# a model whose engine fits the heap at that context runs from the heap
 ENGINE_BUFFERS = 16 * 1024  # an engine's activations, logits and tables besides weights and KV cache
 # (docs/pipeline.md measures 66.1 KB for a stage engine of 47.5 KB weights and an 8.4 KB cache: ~10 KB)
 
@@ -153,7 +189,7 @@ def kv_bytes(h: Header, n_ctx: int, layers: int | None = None) -> int:
 # A pipeline stage (docs/pipeline.md, memory per stage): its layers, their KV cache, the engine's buffers and the
 # node's reserve in the heap; the last stage also the rule's dense tables and, where the heap allows, the classifier
 STAGE_CTX = 128  # a stage's context on a board without PSRAM (`specmesh flash` writes it)
-STAGE_RESERVE = 16384  # heap a stage node keeps free after loading (firmware/node.py _STAGE_RESERVE)
+STAGE_RESERVE = board.STAGE_RESERVE  # heap a stage node keeps free after loading
 
 
 def classifier_bytes(h: Header) -> int:
@@ -172,6 +208,16 @@ def stage_keeps_classifier(h: Header, cls: BoardClass, layers: tuple[int, int]) 
     need = (stage_bytes(h, a, b) + kv_bytes(h, n_ctx, b - a) + ENGINE_BUFFERS + 16 * h.vocab
             + STAGE_RESERVE + classifier_bytes(h))
     return b == h.n_layers and need <= cls.heap_bytes
+
+
+def stage_heap_need(h: Header, cls: BoardClass, layers: tuple[int, int]) -> int:
+    """Heap the stage node of layers a..b-1 needs on a board of class `cls` at the least: its slice, the KV cache
+    at the shortest context it halves down to (HEAP_CONTEXT; the model's whole context in PSRAM), the engine's
+    buffers, the last stage's rule tables, and the node's reserve (firmware/node.py refuses a slice short of it)."""
+    a, b = layers
+    n_ctx = h.max_seq if cls.psram_bytes else min(h.max_seq, HEAP_CONTEXT)
+    return (stage_bytes(h, a, b) + kv_bytes(h, n_ctx, b - a) + ENGINE_BUFFERS + (16 * h.vocab if b == h.n_layers else 0)
+            + STAGE_RESERVE)
 
 
 def heap_need(h: Header) -> int:

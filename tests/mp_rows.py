@@ -8,9 +8,9 @@ from array import array
 
 sys.path.insert(0, "firmware")
 sys.path.insert(0, ".")  # the repository root: shared/
-import rowpack  # noqa: E402
+import rowpack
 
-from shared import rows  # noqa: E402
+from shared import rows
 
 
 def case(dim, values):

@@ -20,9 +20,9 @@ if __name__ == "__main__":
     sys.path.append(_here + "/..")  # after MICROPYPATH, so precompiled .mpy files can stand in
 
 try:  # CPython: the one import name (tests monkeypatch these modules; one copy of each)
-    from specmesh.shared import codec, intmath, messages, prng, rule, sampling  # noqa: E402
+    from specmesh.shared import codec, intmath, messages, prng, rule, sampling
 except ImportError:  # MicroPython: shared/ at the root, as on a board
-    from shared import codec, intmath, messages, prng, rule, sampling  # noqa: E402
+    from shared import codec, intmath, messages, prng, rule, sampling
 
 
 def unhex(s):

@@ -74,8 +74,8 @@ DRAFTER = Header(32, 2, 4, 2, 96, 512, 256, flags=FLAG_SHARED_CLS)
 
 
 def rnd(pos0, hit, ahead=3):
-    return Round(2, 2 if hit else 1, 3 if hit else 2, pos0, 3 + 2 * 2, 2 + 2 * 2, 0, not hit, 0, 0, 0, 0, 0, 0,
-                 ahead, hit)
+    return Round(gamma=2, n_accepted=2 if hit else 1, n_committed=3 if hit else 2, pos0=pos0, draft_body=3 + 2 * 2,
+                 verify_body=2 + 2 * 2, rejected=not hit, ahead=ahead, guess_hit=hit)
 
 
 def test_the_replay_credits_hits_and_charges_the_waste():

@@ -51,3 +51,50 @@ def test_unwritable_says_why(tmp_path):
     assert atomic.unwritable(tmp_path / "x.json") is None
     assert atomic.unwritable(tmp_path / "no" / "x.json") == "folder %s does not exist" % (tmp_path / "no")
     assert atomic.unwritable(tmp_path) == "it is a folder"
+
+
+def test_an_output_file_is_written_the_unix_way(tmp_path):
+    """A regular file is replaced atomically; a symlink is followed (the link stays); a FIFO is written
+    straight to its reader and stays a FIFO; a device is written, never replaced."""
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    atomic.write_output(link, "new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"
+    dangling = tmp_path / "later.json"
+    dangling.symlink_to(tmp_path / "made.json")
+    atomic.write_output(dangling, "x")
+    assert dangling.is_symlink() and (tmp_path / "made.json").read_text() == "x"
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    assert atomic.output_problem(fifo) is None  # checked without opening it (no reader needed yet)
+    atomic.write_output(fifo, "through the pipe\n")
+    assert reader.communicate(timeout=10)[0] == b"through the pipe\n"
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+    with pytest.raises(OSError) as e:
+        atomic.write_output("/dev/full", "{}\n")
+    assert e.value.errno == 28 and stat.S_ISCHR(os.stat("/dev/full").st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "later.json", "link.json", "made.json", "real.json"]
+
+
+@pytest.mark.parametrize("name", ["-", "/dev/stdout", "/dev/fd/1"])
+def test_stdout_is_written_through_its_descriptor_after_what_was_printed(tmp_path, name):
+    """`-`, /dev/stdout and /dev/fd/1 with stdout redirected to a file add to it (as a shell does), never
+    truncate or replace it."""
+    out = tmp_path / "out.txt"
+    code = "import sys\nfrom specmesh.host import atomic\nprint('the table')\natomic.write_output(sys.argv[1], '{}\\n')\n"
+    with open(out, "w") as f:
+        subprocess.run([sys.executable, "-c", code, name], cwd=ROOT, stdout=f, check=True)
+    assert out.read_text() == "the table\n{}\n" and stat.S_ISREG(out.stat().st_mode)
+
+
+def test_output_problem_says_why(tmp_path):
+    assert atomic.output_problem("-") is None and atomic.output_problem("/dev/null") is None
+    assert atomic.output_problem("") == "an empty name (give a file, or - for stdout)"
+    assert atomic.output_problem(tmp_path) == "it is a folder"
+    assert atomic.output_problem(tmp_path / "no" / "x") == "folder %s does not exist" % (tmp_path / "no")
+    assert atomic.output_problem("/dev/fd/97") == "descriptor 97 is not open"

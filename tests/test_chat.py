@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def args(models, *extra):
     p = argparse.ArgumentParser()
     add_arguments(p)
-    return p.parse_args(["--models", str(models), "--drafter", "cpu", "--verifier", "cpu", *extra])
+    drafter = [] if "--plain" in extra else ["--drafter", "cpu"]  # --plain with a drafter named: a note line
+    return p.parse_args(["--models", str(models), *drafter, "--verifier", "cpu", *extra])
 
 
 def test_each_turn_continues_the_whole_context(models):
@@ -68,3 +69,14 @@ def test_chat_refuses_stdin_as_its_first_turn_and_run_only_flags(models, capsys)
     assert cli.main(["chat", "--models", str(models), "--verifier", "cpu", "--stats-json", "s.json"]) == 2
     assert capsys.readouterr().err == ("specmesh chat: error: chat prints each turn's text and no stats: drop "
                                        "--stats-json (specmesh run takes it)\n")
+
+
+def test_a_line_that_is_not_utf8_is_skipped_with_one_line_and_the_session_goes_on(models):
+    done = subprocess.run([sys.executable, "-m", "specmesh.host.cli", "chat", "--models", str(models), "--verifier",
+                           "cpu", "--drafter", "cpu", "--max-tokens", "4"],
+                          input=b"The cat\ncaf\xe9\nThe dog\n", capture_output=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.decode() == ("specmesh chat: that line is not UTF-8 text (byte 0xe9 at offset 3): skipped, type "
+                                    "it in UTF-8\n")
+    lines = done.stdout.decode().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("The cat") and lines[1].startswith("The dog")

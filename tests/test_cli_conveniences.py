@@ -15,7 +15,7 @@ from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 from specmesh.host import cli
 from specmesh.host.cli.output import GREEN, RESET, TokenStream
 from specmesh.host.cli.run import add_arguments, run
-from specmesh.host.decode.stopstrings import StopStrings
+from specmesh.host.decode.stopstrings import StopScan, StopStrings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,7 +39,7 @@ def test_stop_strings_end_the_text_before_the_first_one_and_hold_back_what_may_b
 def test_the_stream_holds_back_a_possible_stop_string_and_ends_before_a_whole_one():
     pieces = {1: b"a", 2: b"b", 3: b"c", 4: b"d"}
     buf = io.StringIO()
-    s = TokenStream(pieces.__getitem__, buf, color=True, stops=StopStrings(["bcd", "bd"]))
+    s = TokenStream(StopScan(StopStrings(["bcd", "bd"]), pieces.__getitem__), buf, color=True)
     s.write([1], [2])
     assert buf.getvalue() == GREEN + "a" + RESET  # "b" may begin a stop string: held back
     s.write([], [3])
@@ -47,9 +47,9 @@ def test_the_stream_holds_back_a_possible_stop_string_and_ends_before_a_whole_on
     s.write([4], [1])  # "bcd": the text ends before it, nothing more is shown
     s.write([1], [1])
     s.finish()
-    assert buf.getvalue() == GREEN + "a" + RESET + "\n" and s.stopped
+    assert buf.getvalue() == GREEN + "a" + RESET + "\n" and s.scan.stopped and s.scan.kept == 1  # "a" alone
     held = io.StringIO()
-    s = TokenStream(pieces.__getitem__, held, stops=StopStrings(["bd"]))
+    s = TokenStream(StopScan(StopStrings(["bd"]), pieces.__getitem__), held)
     s.write([1, 2], [3])  # "abc": the "b" turned out not to begin "bd"
     s.write([], [2])
     s.finish()  # the end of the stream shows what was held back

@@ -13,6 +13,7 @@ import pytest
 from specmesh.host import cli
 from specmesh.host.cli.output import GREEN, REQUIRED_KEYS, TokenStream
 from specmesh.host.cli.run import add_arguments, run
+from specmesh.host.decode.stopstrings import StopScan, StopStrings
 from specmesh.host.layout import TARGET_FILE
 from specmesh.tools.testmodels import random_model
 
@@ -101,13 +102,13 @@ def test_the_table_says_when_the_context_stopped_the_run(tmp_path, capsys):
 def test_colour_marks_accepted_drafts_only_when_asked():
     pieces = {1: b"a", 2: b"b", 3: b"\xc3", 4: b"\xa9"}
     buf = io.StringIO()
-    s = TokenStream(pieces.__getitem__, buf, color=True)
+    s = TokenStream(StopScan(StopStrings(()), pieces.__getitem__), buf, color=True)
     s.write([1], [2])
     s.write([3], [4])  # a character split across two tokens is printed once whole
     s.finish()
     assert buf.getvalue() == GREEN + "a" + "\x1b[0m" + "b" + "\u00e9\n"
     plain = io.StringIO()
-    s = TokenStream(pieces.__getitem__, plain)  # StringIO is no terminal: no colour
+    s = TokenStream(StopScan(StopStrings(()), pieces.__getitem__), plain)  # StringIO is no terminal: no colour
     s.write([1], [2])
     assert plain.getvalue() == "ab"
 
@@ -118,7 +119,7 @@ def test_colour_marks_accepted_drafts_only_when_asked():
     (["--max-tokens", "0"], "--max-tokens must be at least 1"),
     (["--verifier", "nope"], "--verifier nope: not a serial port nor one of"),
     (["--drafter", "/dev/ttyNOPE"], "cannot open /dev/ttyNOPE"),
-    (["--models", "/nonexistent"], "drafter.spm is missing from /nonexistent"),
+    (["--models", "/nonexistent"], "--models /nonexistent: no such folder (the shipped models are in "),
     (["--temperature", "0.0004"], "--temperature: temperature 0.0004 rounds to 0 (greedy)"),
     (["--temperature", "70"], "--temperature: temperature 70.0 is outside 0..65.535"),
     (["--top-p", "1e-6"], "--top-p: top_p 1e-06 rounds to 0"),
@@ -126,6 +127,12 @@ def test_colour_marks_accepted_drafts_only_when_asked():
     (["--radio-dup", "1.5", "--transport", "espnow"], "--radio-dup is a probability: it must be in [0, 1), not 1.5"),
     (["--stats-json", "/nonexistent/x.json"], "--stats-json /nonexistent/x.json cannot be written: folder "
                                               "/nonexistent does not exist"),
+    (["--stats-json", ""], "--stats-json '' cannot be written: an empty name (give a file, or - for stdout)"),
+    (["--stop", ""], "--stop needs a non-empty string"),
+    (["--kernels", "viper"], "--kernels viper chooses the kernels a projection prices: add --project esp32s3"),
+    (["--plain", "--drafter", "bogus"], "--drafter bogus: not a serial port nor one of"),
+    (["--transport", "espnow"], "--transport espnow puts the virtual verifier board on the radio; with --verifier "
+                                "cpu nothing goes over it"),
     (["--prompt", "caf\udce9 au lait"], "the prompt is not UTF-8 text: byte 0xe9 at offset 3 of its 12 bytes"),
 ])
 def test_bad_input_is_one_line_and_status_2(models, capsys, extra, message):
@@ -184,6 +191,7 @@ def test_auto_without_boards_says_how_to_flash(models, capsys):
 def test_a_verifier_failing_mid_stream_fails_over_to_the_cpu_and_the_text_goes_on(models, tmp_path, capsys,
                                                                                    monkeypatch):
     from specmesh.host import backends
+    from specmesh.host.cli import registry
 
     class Failing(backends.LocalVerifier):
         """The CPU verifier, losing its board after `after` verdicts."""
@@ -206,15 +214,18 @@ def test_a_verifier_failing_mid_stream_fails_over_to_the_cpu_and_the_text_goes_o
                        "--max-tokens", "16", "--stats-json", str(path)])
         return rc, capsys.readouterr(), json.loads(path.read_text()) if rc == 0 else None
 
-    monkeypatch.setitem(backends.VERIFIERS, "failing", Failing)
+    monkeypatch.setitem(registry.VERIFIERS, "failing", Failing)
     rc, cap, stats = run("failing")
     assert rc == 0 and stats["token_ids"] == run("cpu")[2]["token_ids"]
     (line,) = [x for x in cap.err.splitlines() if x.startswith("specmesh")]  # then the table
     assert line.startswith("specmesh: verifier failing failed (/dev/ttyUSB1: node 2 did not answer") and \
         "cpu took over at token" in line
     assert stats["failovers"] == [line[len("specmesh: "):]]
+    # the table and the JSON name the verifier that finished the run, and the one that failed
+    assert stats["verifier"] == "cpu" and stats["failed"] == {"verifier": "failing"}
+    assert "cpu, which took over from failing (it failed)" in cap.err  # the table
     # when the verifier taken over fails too, the failure is one line and status 1
-    monkeypatch.setitem(backends.VERIFIERS, "cpu", type("AlwaysFailing", (Failing,), {"after": 0}))
+    monkeypatch.setitem(registry.VERIFIERS, "cpu", type("AlwaysFailing", (Failing,), {"after": 0}))
     rc, cap, _ = run("failing")
     assert rc == 1
     assert cap.err == "specmesh run: error: /dev/ttyUSB1: node 2 did not answer VERIFY_REQ within 30 s\n"
@@ -226,7 +237,8 @@ def test_host_works_without_torch_and_says_how_to_install_it(models):
     from specmesh.host.backends.torch_backend import INSTALL_HINT
 
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from specmesh.host.backends import VERIFIERS, BackendError\n"
+            "from specmesh.host.backends import BackendError\n"
+            "from specmesh.host.cli.registry import VERIFIERS\n"
             "import specmesh.host.cli, specmesh.host.decode.orchestrator, specmesh.host.backends.torch_backend\n"
             "for name in ('torch-cpu', 'gpu'):\n"
             "    try:\n"
@@ -236,3 +248,39 @@ def test_host_works_without_torch_and_says_how_to_install_it(models):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [INSTALL_HINT] * 2
+
+
+def test_stats_json_to_stdout_leaves_it_the_json_alone(models, capsys):
+    """`--stats-json -`: stdout is the JSON (for `| jq`), the text and the table go to stderr."""
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--max-tokens", "4",
+                   "--stats-json", "-"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and json.loads(out)["tokens"] == 4
+    assert "\ntokens  " in err
+
+
+def test_a_flag_that_changes_nothing_is_said_in_one_line(models, capsys):
+    """--plain decodes on the verifier alone: drafter flags given with it are named, the run goes on."""
+    rc = cli.main(["run", "--models", str(models), "--verifier", "cpu", "--plain", "--drafter", "cpu", "--gamma", "3",
+                   "--max-tokens", "4", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 0 and err == "specmesh: note: --plain decodes on the verifier alone: --drafter, --gamma are not used\n"
+
+
+def test_stats_json_to_a_device_is_written_straight_and_a_failed_write_is_one_line(models, capsys):
+    """/dev/full stays a device (it became a regular file when the JSON was renamed over it); the write's failure
+    is one line and status 1 (the path was checked before the run, the writing failed)."""
+    import os
+    import stat
+
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--max-tokens", "2",
+                   "--quiet", "--stats-json", "/dev/full"])
+    err = capsys.readouterr().err
+    assert rc == 1 and err == "specmesh run: error: cannot write /dev/full: No space left on device\n"
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+def test_bench_checks_its_output_path_before_benchmarking(capsys, tmp_path):
+    rc = cli.main(["bench", "--port", "/dev/ttyNOPE", "--out", str(tmp_path / "no" / "c.json")])
+    assert rc == 2 and capsys.readouterr().err == ("specmesh bench: error: --out %s cannot be written: folder %s does "
+                                                   "not exist\n" % (tmp_path / "no" / "c.json", tmp_path / "no"))

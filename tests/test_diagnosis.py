@@ -82,7 +82,7 @@ def test_silence_is_told_apart_from_an_answer_that_is_no_node(virtual_board):
     with contextlib.ExitStack() as stack:
         link = SerialLink(vb.port)
         stack.callback(link.close)
-        with pytest.raises(BackendError, match="answers, but not as a specmesh node: it printed .*flash the node"):
+        with pytest.raises(BackendError, match="answers, but not as a specmesh node even after a soft reset: it printed .*flash the node"):
             discover(Bus(link), deadline=1.0)
     for junk in (b"", b"\x00\xff\x13garbage\x80\n" * 4):
         main, other = os.openpty()

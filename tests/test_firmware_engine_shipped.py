@@ -6,14 +6,14 @@ row, with the native kernels a node picks and with the viper kernels (the plain-
 against both on random models: tests/test_firmware_engine.py), and the same greedy continuation of every
 held-out prompt, token for token, near-ties included.
 The target runs in an 8 MB heap (an ESP32-S3 with 8 MB PSRAM). The drafter's budget, a classic ESP32's
-110,536-byte heap with the node's code frozen, is tests/test_firmware_budget.py's: it runs the whole node.
+112,000-byte heap with the node's code frozen, is tests/test_firmware_budget.py's: it runs the whole node.
 """
 
 import numpy as np
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_firmware_engine import KERNELS, assert_same_logits, fw_dir, reference, run_plan  # noqa: F401
+from tests.test_firmware_engine import KERNELS, assert_same_logits, reference
 
 MODELS = ROOT / "models"
 REF = MODELS / "reference.npz"

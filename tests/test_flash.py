@@ -67,15 +67,17 @@ HEAP_TOO_SMALL = dict(dim=48, n_layers=2, hidden=144, vocab=96)  # 70 KB of weig
 # node's reserve, more than a classic ESP32's 110.5 KB (host/boardclasses.py heap_need)
 
 
-def test_flash_puts_the_model_in_romfs_once(virtual_board, tiny_node, tmp_path):
+@pytest.mark.parametrize("romfs_port", ["", "esp32"], ids=["rom_ioctl-writes", "esp32-partition"])
+def test_flash_puts_the_model_in_romfs_once(virtual_board, tiny_node, tmp_path, romfs_port):
     """A board with a ROMFS partition gets a model its heap cannot hold at /rom (a ROMFS image, checked by
     SHA-256 on the board), the config points there, nothing goes to /models, and a second flash leaves the
-    image alone."""
+    image alone; on a partition served as the esp32 port serves it too (ports/esp32/esp32_partition.c
+    mp_vfs_rom_ioctl: ops 1-2, an esp32.Partition block device, /rom mounted at the next boot)."""
     sources, _ = tiny_node
     model = tmp_path / "big" / DRAFTER_FILE
     model.parent.mkdir()
     random_model(model, seed=4, **HEAP_TOO_SMALL)
-    vb = virtual_board()
+    vb = virtual_board(romfs_port=romfs_port)
     report = flash(vb.port, "drafter", model, sources=sources, progress=False)
     assert set(report.written) == {"/main.py", "/greet.mpy", "/rom/drafter.spm", "/specmesh.json"}
     assert json.loads((vb.flash_dir / "specmesh.json").read_text())["model"] == "/rom/drafter.spm"
@@ -234,7 +236,8 @@ def test_auto_port_picks_the_one_esp32(monkeypatch):
 def test_cli_flash_reports_errors_in_one_line(capsys, tmp_path):
     model = tmp_path / "m.spm"
     model.write_bytes(b"x")
-    assert cli.main(["flash", "--port", str(tmp_path / "nope"), "--role", "drafter", "--model", str(model)]) == 1
+    # a usage error, as `specmesh run` reports the same port: status 2
+    assert cli.main(["flash", "--port", str(tmp_path / "nope"), "--role", "drafter", "--model", str(model)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such port" in err and "Traceback" not in err
 
@@ -250,7 +253,7 @@ def test_cli_flash_stage_layers_are_checked_in_one_line(capsys, tmp_path, monkey
     monkeypatch.setattr(flash_mod.ports, "exists", lambda port: True)
     monkeypatch.setattr(flash_mod, "open_board", lambda port: pytest.fail("the board was opened"))
     model = ROOT / "models" / TARGET_FILE
-    assert cli.main(["flash", "--port", str(tmp_path / "nope"), "--model", str(model), *extra]) == 1
+    assert cli.main(["flash", "--port", str(tmp_path / "nope"), "--model", str(model), *extra]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
 

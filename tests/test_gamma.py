@@ -5,7 +5,9 @@ import random
 
 import pytest
 
-from specmesh.host.decode.gamma import PROBES, GammaController, LinearFit, expected_tokens
+from specmesh.host.decode.gamma import (
+    MAX_PROBE_GAP, PROBE_EVERY, PROBES, GammaController, LinearFit, expected_tokens,
+)
 
 OPENING_DRAFTS = sum(1 for g in PROBES if g)  # rounds of the opening probes that draft
 
@@ -60,18 +62,18 @@ def best_gamma(alpha, draft_s, verify, overhead, max_gamma=8):
 
 def test_compute_bound_verifier_with_costly_drafter_decodes_plain():
     # a microcontroller target: v(k) = k; drafter at half the target's cost; modest acceptance
-    verify = lambda k: 0.010 * k  # noqa: E731
+    verify = lambda k: 0.010 * k
     c, hist = simulate(0.5, 0.005, verify, 0.001)
     assert best_gamma(0.5, 0.005, verify, 0.001) == 0
     assert hist.get(0, 0) > 0.95 * sum(hist.values())
-    # even alpha = 1 could not pay here, so after the opening probe the controller never probes again
-    assert hist.get(1, 0) == PROBES.count(1)
+    # even alpha = 1 could not pay here, as measured: probes come rarely (their gaps double)
+    assert hist.get(1, 0) <= PROBES.count(1) + 5
 
 
 @pytest.mark.parametrize("alpha", [0.6, 0.8, 0.9])
 def test_memory_bound_verifier_with_cheap_drafter_speculates_at_the_best_gamma(alpha):
     # a GPU-like target: v(k) ~ 1; drafter 5% of a verify
-    verify = lambda k: 0.010 + 0.0002 * k  # noqa: E731
+    verify = lambda k: 0.010 + 0.0002 * k
     want = best_gamma(alpha, 0.0005, verify, 0.0005)
     assert want >= 2
     c, hist = simulate(alpha, 0.0005, verify, 0.0005, seed=int(alpha * 10))
@@ -115,7 +117,7 @@ def test_drafter_catch_up_after_plain_rounds_is_not_charged_to_the_drafts():
 def test_a_drafter_call_that_costs_its_round_trip_is_not_halved_after_one_probe():
     # a numpy-like verifier (v(k) = 2.0 + 0.1k ms) and a drafter whose call costs 1 ms whatever its size;
     # the opening probe drafts 1 token after 1 catch-up token (2 positions) and is rejected
-    verify = lambda k: 0.0020 + 0.0001 * k  # noqa: E731
+    verify = lambda k: 0.0020 + 0.0001 * k
     c = GammaController()
     for g in PROBES:
         assert c.choose() == g
@@ -124,19 +126,32 @@ def test_a_drafter_call_that_costs_its_round_trip_is_not_halved_after_one_probe(
     assert c.choose() == 0
 
 
-def test_no_probes_once_speculation_could_not_pay_even_at_full_acceptance():
-    # v(k) = k and a drafter at 0.2 of a target step: even alpha = 1 loses (k + 1 tokens for 1.2k + 1 steps)
+def test_measured_costs_that_could_not_pay_even_at_full_acceptance_are_probed_rarely():
+    # v(k) = k and a drafter at 0.2 of a target step: even alpha = 1 loses (k + 1 tokens for 1.2k + 1 steps);
+    # measured costs may have been a noisy round's, so probes go on, each interval twice the last
     c, hist = simulate(alpha=1.0, draft_s=0.002, verify=lambda k: 0.01 * k, overhead=0.0, rounds=400)
     assert not c.could_pay(c.max_gamma)
-    assert sum(n for g, n in hist.items() if g > 0) == OPENING_DRAFTS
+    assert OPENING_DRAFTS < sum(n for g, n in hist.items() if g > 0) <= OPENING_DRAFTS + 5
 
 
-def test_after_the_opening_probes_say_plain_the_next_probe_waits_for_the_probe_budget():
+def drafting_rounds(gammas: list[int]) -> list[int]:
+    return [i for i, g in enumerate(gammas) if g > 0]
+
+
+def test_a_drafter_that_never_agrees_costs_a_few_spaced_probes():
     # full acceptance would pay (v(k) = 1 + 0.2k), but nothing is accepted and a drafter token costs 25% of
-    # a plain round: a probe after n plain rounds pays n catch-up passes, which no gap keeps within 2%
-    c, hist = simulate(alpha=0.0, draft_s=0.003, verify=lambda k: 0.01 + 0.002 * k, overhead=0.0, rounds=200)
+    # a plain round: after the opening, probes only, each interval twice the last, never over MAX_PROBE_GAP
+    rng = random.Random(0)
+    c, got = GammaController(), []
+    for _ in range(600):
+        got.append(c.choose())
+        c.observe(got[-1], 0, 0.003 * got[-1] * (1 + 0.1 * rng.random()), 0.01 + 0.002 * (got[-1] + 1), 0.0)
     assert c.could_pay(c.max_gamma)
-    assert sum(n for g, n in hist.items() if g > 0) == OPENING_DRAFTS
+    probes = [i for i in drafting_rounds(got) if i >= len(PROBES)]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert got.count(0) > 0.97 * len(got)
+    assert 3 <= len(probes) <= 9 and all(PROBE_EVERY <= g <= MAX_PROBE_GAP + 1 for g in gaps)
+    assert gaps == sorted(gaps)
 
 
 def test_after_many_plain_rounds_drifting_costs_do_not_switch_speculation_on_outside_a_probe():
@@ -151,8 +166,10 @@ def test_after_many_plain_rounds_drifting_costs_do_not_switch_speculation_on_out
         v1 = 0.010 if i < 10 else 0.020
         c.observe(g, 0, 0.0016 * (g + (1 if g else 0)), v1 + 0.0045 * g, 0.0, lag=1 if g else 0)
     assert got[:len(PROBES)] == list(PROBES)
-    assert sum(got[len(PROBES):]) == 0
-    assert max(c.rates(8)[1:]) > c.rates(8)[0]  # the stale fit would have switched
+    # drafting after the opening: scheduled probes (and a round or two the rates try right after one),
+    # never a stale fit's switch that stays on
+    later = [i for i in drafting_rounds(got) if i >= len(PROBES)]
+    assert 0 < len(later) <= 8
 
 
 def test_probes_continue_where_full_acceptance_would_pay():
@@ -188,3 +205,56 @@ def test_a_measured_acceptance_keeps_gamma_on_through_a_few_early_rejections():
     doubted = GammaController()
     doubted.expect(0.8)
     assert early_rejections(doubted, rounds=30) == 0  # a drafter that keeps failing is still turned off
+
+
+def memory_bound(g: int) -> tuple[float, float, float]:
+    """(draft, verify, commit) seconds of a round of g drafts on a GPU-like verifier with a cheap drafter."""
+    return 0.0005 * g, 0.010 + 0.0002 * (g + 1), 0.0005
+
+
+@pytest.mark.parametrize("slow_round", [2, 3, 40])  # the opening gamma = 1 probe, the gamma = 4 one, mid-stream
+def test_a_noisy_slow_round_does_not_end_speculation(slow_round):
+    # measured costs; one scripted round takes 40 times its cost (a scheduling hiccup of a shared host)
+    rng = random.Random(slow_round)
+    c, got = GammaController(), []
+    for i in range(300):
+        g = c.choose()
+        got.append(g)
+        n = 0
+        while n < g and rng.random() < 0.8:
+            n += 1
+        t_draft, t_verify, t_other = memory_bound(g)
+        if i == slow_round:
+            t_draft, t_verify = 40 * t_draft, 40 * t_verify
+        c.observe(g, n, t_draft, t_verify, t_other, timed=i > 0)
+    assert sum(1 for g in got[-100:] if g > 0) >= 95
+
+
+def test_a_drafter_that_truly_cannot_pay_decodes_plainly_without_probes():
+    # known costs (a projection): v(k) = k and a drafter pass at 0.3 of a target step: even alpha = 1 loses
+    c, got = GammaController(), []
+    c.prime(lambda g: (0.003 * g, 0.010 * (g + 1), 0.0))
+    for i in range(500):
+        got.append(c.choose())
+        c.observe(got[-1], got[-1], *(0.003 * got[-1], 0.010 * (got[-1] + 1), 0.0), timed=i > 0)
+    assert not c.could_pay(c.max_gamma) and sum(got) == 0
+
+
+def test_speculation_returns_after_a_stretch_where_the_drafter_disagrees():
+    # an ESP32-S3 verifier's projected costs; the drafter agrees 10% of the time for rounds 10-60, then 85%
+    rng = random.Random(1)
+    c, got = GammaController(), []
+    c.expect(0.8)
+    c.prime(s3_costs)
+    for i in range(500):
+        g = c.choose()
+        got.append(g)
+        alpha = 0.1 if 10 <= i < 60 else 0.85
+        n = 0
+        while n < g and rng.random() < alpha:
+            n += 1
+        c.observe(g, n, *s3_costs(g), timed=i > 0)
+    assert got[40:60].count(0) >= 10  # it did stop drafting while the drafter disagreed
+    back = next(i for i in range(60, 500) if got[i] > 0)
+    assert back < 60 + MAX_PROBE_GAP + 1
+    assert sum(1 for g in got[back:] if g > 0) >= 0.9 * (500 - back)

@@ -23,7 +23,7 @@ import pytest
 from specmesh.host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.cli.chaos import soft_reset
 from specmesh.host.decode.gamma import GammaController
-from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.orchestrator import Observer, generate
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import TARGET_FILE
 from specmesh.host.projection.measured import board_summary
@@ -171,13 +171,14 @@ def test_a_verifier_reset_mid_generation_loses_nothing(boards, prompt, drafter_m
                     GammaController(fixed=2)).tokens
     rounds = []
 
-    def reset_verifier(accepted, emitted):
-        rounds.append(1)
-        if len(rounds) == 3:
-            soft_reset(verifier)
+    class ResetVerifier(Observer):
+        def shown(self, accepted, emitted):
+            rounds.append(1)
+            if len(rounds) == 3:
+                soft_reset(verifier)
 
     before = verifier.resyncs
-    got = generate(prompt, verifier, drafter, params, 24, GammaController(fixed=2), on_round=reset_verifier)
+    got = generate(prompt, verifier, drafter, params, 24, GammaController(fixed=2), ResetVerifier())
     assert got.tokens == want
     assert verifier.resyncs == before + 1
 

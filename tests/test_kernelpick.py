@@ -19,8 +19,8 @@ from specmesh.tools.nodeproc import NodeProc, flash, generate
 from specmesh.tools.testmodels import random_model
 
 sys.path.insert(0, str(ROOT / "firmware"))  # selftest and refkernels are board modules (top-level names)
-import refkernels  # noqa: E402
-import selftest  # noqa: E402
+import refkernels
+import selftest
 
 PROMPT = [1, 17, 42, 8, 5]
 
@@ -141,3 +141,34 @@ def test_a_module_that_stopped_the_board_is_not_tried_again(micropython, tmp_pat
         node.close()
     why = "native/x64.mpy stopped the board in its self-test; flash the node again to retry"
     assert kernels == "viper (%s)" % why and "specmesh: " + why in console
+
+
+def test_on_the_esp32_port_a_module_that_fails_its_self_test_frees_its_iram_by_a_soft_reset(micropython, tmp_path,
+                                                                                              model):
+    """ports/esp32/main.c commits native code to IRAM and frees it only at soft reset (esp_native_code_free_all):
+    a module that fails its self-test would keep its IRAM, and viper (native code too) might not fit. With the
+    esp32 module present (the stand-in), the board keeps why in the mark and soft-resets; its next boot runs viper
+    and says why, and does not reset again."""
+    board = tmp_path / "b"
+    board.mkdir()
+    flash(board)
+    module = board / "native" / "x64.mpy"
+    data = bytearray(module.read_bytes())
+    data[_rounding_constant(data)] ^= 1
+    module.write_bytes(data)
+    env = {"MICROPYPATH": ".frozen:%s" % (ROOT / "host" / "emulator" / "mpy")}
+    cfg = {"role": "verifier", "node_id": 1, "model": model, "kmax": 4}
+    first = NodeProc(micropython, board, cfg, flashed=True, env=env)
+    try:
+        assert first.proc.wait(timeout=60) == 0  # SystemExit: the soft reset (a board boots main.py again)
+    finally:
+        first.close()
+    mark = (board / "native" / ".selftest").read_text()
+    assert mark.startswith("native/x64.mpy fails its self-test (") and mark.endswith("a soft reset freed its IRAM")
+    node = NodeProc(micropython, board, cfg, flashed=True, env=env)
+    try:
+        kernels = node.call(m.HELLO, expect=m.HELLO)[-1]
+        assert kernels == "viper (%s)" % mark
+        assert node.proc.poll() is None
+    finally:
+        node.close()

@@ -10,8 +10,8 @@ from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.boardclasses import BOARD_CLASSES, ESP32C3, ESP32C6
 from specmesh.host.cli.run import UsageError, add_arguments, check_args
 from specmesh.host.emulator.qemu import CONFIG_ADDR, CONFIG_MAGIC, QemuBoard, qemu_command
-from specmesh.host.projection.costmodel import weight_bytes
-from specmesh.host.projection.hardware import BOARDS, RV32_CPI
+from specmesh.host.projection.costmodel import pass_work, weight_bytes
+from specmesh.host.projection.hardware import BOARDS, CPI, RV32_CPI
 from specmesh.host.projection.measured import MEASURED, Line, MeasuredProjector, board_summary, pass_counts
 from tests.conftest import ROOT
 
@@ -76,6 +76,21 @@ def test_the_measured_projection_prices_instructions_and_flash_bytes():
     assert p.terms(h, 1, 10)["weights_flash"] == 0.0
 
 
+def test_an_xtensa_class_prices_instructions_at_its_cpi_and_the_psram_bytes():
+    """--project esp32s3 from an Xtensa board's counts: the S3's CPI and clock, and the target's weights
+    and KV rows from PSRAM at the class's rate (no flash read: the S3 keeps it in PSRAM)."""
+    h = check_model_file(ROOT / "models" / TARGET_FILE)[0]
+    p = MeasuredProjector(h, None, "esp32s3")
+    p.measure("verifier", STATS, "models/target.spm")
+    terms = p.terms(h, 1, 10)
+    s3 = BOARDS["esp32s3"]
+    assert terms["compute"] == pytest.approx(2_300_000 * CPI.value / s3.clock_hz.value)
+    work = pass_work(h, 1, 10)
+    assert terms["weights_psram"] == pytest.approx(work["weights_psram"] / s3.weight_stream_bps.value)
+    assert terms["kv_psram"] == pytest.approx(work["kv_psram"] / s3.weight_stream_bps.value)
+    assert terms["weights_flash"] == 0.0
+
+
 def test_a_measured_drafter_pass_is_priced_from_its_own_line():
     """A C3 drafter and a C3 verifier: the drafter's pass is what the drafter board executed (the speculative
     projection asks for it as on any board)."""
@@ -114,7 +129,8 @@ def test_live_costs_ask_the_boards_only_for_pass_sizes_not_measured_yet():
     assert not live.known_beforehand and live.pipelined and live.board.name == "esp32c3"
 
     def rnd(gamma):
-        return Round(gamma, gamma, gamma + 1, 20, 3 + gamma * 2, 4 + gamma, 0, False, 0, 0, 0, 0, 0, 0)
+        return Round(gamma=gamma, n_accepted=gamma, n_committed=gamma + 1, pos0=20, draft_body=3 + gamma * 2,
+                     verify_body=4 + gamma)
 
     plain = live.round_costs(rnd(0))
     assert ver.asked == 1 and plain[0] == 0.0 and plain[1] > 2_000_000 * RV32_CPI.value / 160e6

@@ -5,9 +5,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="no PyTorch (the gpu extra): `make test-torch` runs these")
 
-from specmesh.host.backends.engine import Engine, to_float  # noqa: E402
-from specmesh.tools.export import export_model  # noqa: E402
-from specmesh.tools.modeldefs import ModelArgs, Transformer  # noqa: E402
+from specmesh.host.backends.engine import Engine, to_float
+from specmesh.tools.export import export_model
+from specmesh.tools.modeldefs import ModelArgs, Transformer
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

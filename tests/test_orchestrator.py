@@ -8,7 +8,9 @@ import pytest
 from specmesh.host.backends import (Draft, LocalDrafter, LocalVerifier, SessionParams, temp_milli, temperature_from_milli,
                            top_p_q16)
 from specmesh.host.decode.gamma import GammaController
+from specmesh.host.cli.output import Watch
 from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.stopstrings import StopScan, StopStrings
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 from specmesh.tools.testmodels import random_model
 
@@ -155,3 +157,59 @@ def test_sampling_parameters_are_snapped_to_what_begin_carries():
 def test_sampling_parameters_the_wire_cannot_carry_are_errors(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+class CountingStops(StopStrings):
+    """Stop strings that record how much text each search covers."""
+
+    def __init__(self, stops):
+        super().__init__(stops)
+        self.searched = []
+
+    def cut(self, text, start=0):
+        self.searched.append(len(text) - start)
+        return super().cut(text, start)
+
+
+class PerRound(Watch):
+    """The CLI's observer, recording per round: the tokens shown, and the decodes and text searched it took."""
+
+    def __init__(self, scan, decodes):
+        super().__init__(scan)
+        self.decodes, self.rounds = decodes, []
+
+    def shown(self, accepted, emitted):
+        before, searched = len(self.decodes), len(self.scan.stops.searched)
+        super().shown(accepted, emitted)
+        self.rounds.append((len(accepted) + len(emitted), len(self.decodes) - before,
+                            max(self.scan.stops.searched[searched:], default=0)))
+
+
+def test_a_stop_string_check_costs_the_same_at_token_500_as_at_token_5(tmp_path):
+    """The stop decision decodes each token once, as it arrives: a round decodes its own tokens only and
+    searches the text they add (with the few characters before it a stop string could straddle), at the
+    500th token as at the 5th; and a stop string first written there ends the stream there."""
+    path = tmp_path / "long.spm"
+    random_model(path, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=VOCAB, max_seq=640, seed=3)
+    verifier, params = LocalVerifier(path), SessionParams()
+    letters = [bytes([97 + t % 26]) for t in range(VOCAB)]  # each token one letter
+
+    def run(stop):
+        decodes = []
+        watch = PerRound(StopScan(CountingStops([stop]), lambda t: decodes.append(t) or letters[t]), decodes)
+        return generate([1, 2, 3], verifier, None, params, 520, observer=watch), watch
+
+    result, watch = run("no such text")
+    assert result.stop == "max_tokens" and len(result.tokens) == 520
+    for token in (5, 500):  # plain rounds: one token each
+        # one decode, and a search of the new letter and the 11 before it (fewer at the start)
+        assert watch.rounds[token - 1] == (1, 1, min(token, len("no such text")))
+    text = watch.finish()
+    assert text == "".join(letters[t].decode() for t in result.tokens)
+    stop = text[496:500]
+    first = text.find(stop)
+    assert 5 < first <= 496  # (a random model's text repeats: the stop string may first appear earlier)
+    cut, watch = run(stop)
+    assert cut.stop == "stop" and watch.finish() == text[:first]
+    assert len(cut.tokens) == first + len(stop) and cut.tokens == result.tokens[:len(cut.tokens)]
+    assert {(n, d) for n, d, _ in watch.rounds} == {(1, 1)} and max(s for _, _, s in watch.rounds) <= len(stop)

@@ -198,8 +198,8 @@ def test_booting_and_flashing_say_what_they_do_and_skip_an_up_to_date_board(mode
 def test_projected_bus_bytes_are_the_measured_ones_round_by_round(serial_boards, models, temperature):
     """host/projection/rounds.py's byte model against the bytes the host's links carried, per round and per link
     (the first round also collects BEGIN's ACK, so it is left out); a plain round is 22 bytes."""
-    from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
-    from specmesh.shared.modelfile import parse_header  # noqa: PLC0415
+    from specmesh.host.projection.rounds import Projector
+    from specmesh.shared.modelfile import parse_header
 
     verifier, drafter = serial_boards
     heads = [parse_header((models / f).read_bytes()[:64]) for f in (TARGET_FILE, DRAFTER_FILE)]

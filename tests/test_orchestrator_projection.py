@@ -7,10 +7,11 @@ import pytest
 
 from specmesh.host.projection import hardware
 from specmesh.host.projection.costmodel import TERMS
-from specmesh.host.projection.hardware import BOARDS, ESPNOW, USB_SERIAL_JTAG, sources
+from specmesh.host.projection.hardware import (BOARDS, CONSOLES, CPI, ESPNOW, FREERTOS_TICK, NODE_FRAME_BYTE_INSNS,
+                                               NODE_FRAME_INSNS, USB_SERIAL_JTAG, sources)
 from specmesh.host.decode.orchestrator import Result, Round
-from specmesh.host.projection.rounds import (PLAIN_BODY, VERDICT_BODY, Projector, draft_entries, line_bytes,
-                                    macs_per_position, stage_body, stage_reply_body, weight_bytes)
+from specmesh.host.projection.rounds import (PLAIN_BODY, VERDICT_BODY, Projector, draft_entries, frame_bytes,
+                                    line_bytes, macs_per_position, stage_body, stage_reply_body, weight_bytes)
 from specmesh.shared import messages as m
 from specmesh.shared.codec import encode, encode_line
 from specmesh.shared.modelfile import FLAG_SHARED_CLS, KIND_Q8, Header, body_size, tensor_layout
@@ -31,7 +32,7 @@ def test_line_bytes_is_what_the_codec_puts_on_the_wire():
 def test_stage_bytes_are_what_the_codec_packs(entries):
     """The pipeline projection's STAGE sizes: one position per request, its draft's entry as in DRAFT."""
     draft = len(m.pack_draft(5, entries))
-    r = Round(len(entries), 0, 1, 5, draft, 0, 0, False, 0, 0, 0, 0, 0, 0)
+    r = Round(gamma=len(entries), n_accepted=0, n_committed=1, pos0=5, draft_body=draft, verify_body=0)
     assert sum(draft_entries(r)) == sum(len(m.pack_draft(5, [e])) - 3 for e in entries)
     for data in (b"\x01\x00", bytes(4 * 64)):
         assert stage_body(0, len(data)) == len(m.pack_stage(300, 1, m.STAGE_ACT, [], data))
@@ -52,7 +53,8 @@ def test_macs_per_position_counts_every_weight_once_plus_attention(h):
 
 
 def plain_result(n, pos0):
-    return Result(list(range(n)), [Round(0, 0, 1, pos0 + i, PLAIN_BODY, PLAIN_BODY, 0, False, 0, 0, 0, 0, 0, 0)
+    return Result(list(range(n)), [Round(gamma=0, n_accepted=0, n_committed=1, pos0=pos0 + i, draft_body=PLAIN_BODY,
+                                         verify_body=PLAIN_BODY)
                                    for i in range(n)])
 
 
@@ -91,12 +93,36 @@ def test_every_step_of_the_engine_is_a_term_and_attention_grows_with_context():
 
 
 def test_espnow_adds_a_radio_hop_to_the_verifier_only():
+    """Serial: the S3 verifier on its own stock console (TinyUSB CDC, replies mirrored to UART0 at 115200); ESP-NOW:
+    through the gateway's (the classic ESP32 drafter's UART0 console), then the radio hop, frames with addresses;
+    both pay the verifier node's own Python for the two frames."""
     serial, radio = Projector(TARGET, DRAFTER, "esp32s3", "serial"), Projector(TARGET, DRAFTER, "esp32s3", "espnow")
-    size = line_bytes(5, addressed=True) + line_bytes(7, addressed=True)  # frames behind the gateway carry addresses
-    extra = ESPNOW.seconds(size, messages=2) + USB_SERIAL_JTAG.seconds(size - line_bytes(5) - line_bytes(7), 0)
-    assert radio.call("verifier", 5, 7) - serial.call("verifier", 5, 7) == pytest.approx(extra)
+
+    def node(addressed: bool) -> float:
+        insns = NODE_FRAME_INSNS.value + NODE_FRAME_BYTE_INSNS.value * (frame_bytes(5, addressed)
+                                                                        + frame_bytes(7, addressed))
+        return insns * CPI.value / 240e6
+
+    up, down = line_bytes(5, addressed=True), line_bytes(7, addressed=True)  # frames behind the gateway: addresses
+    assert radio.call("verifier", 5, 7) == pytest.approx(
+        CONSOLES["esp32"].exchange_seconds(up, down) + ESPNOW.exchange_seconds(up, down) + node(True))
+    assert serial.call("verifier", 5, 7) == pytest.approx(
+        CONSOLES["esp32s3"].exchange_seconds(line_bytes(5), line_bytes(7)) + node(False))
     assert radio.call("drafter", 5, 7) == serial.call("drafter", 5, 7)
     assert USB_SERIAL_JTAG.seconds(0, 2) == pytest.approx(2e-3)
+
+
+def test_stock_consoles_price_the_uart0_mirror_and_the_tick():
+    """[MPY-ESP32]: a stock S3/C3 reply leaves at UART0's 115200 baud (the mirror), a request at USB speed; a frame on
+    a classic ESP32's UART console waits half a FreeRTOS tick for its node, and an ESP-NOW frame at each end."""
+    s3 = CONSOLES["esp32s3"]
+    assert s3.exchange_seconds(100, 0) == pytest.approx(100 * 8 / 12e6 + 2e-3)
+    assert s3.exchange_seconds(0, 100) - s3.exchange_seconds(0, 0) == pytest.approx(100 * 10 / 115200)
+    uart = CONSOLES["esp32"]
+    assert uart.exchange_seconds(0, 0) == pytest.approx(FREERTOS_TICK.value / 2)
+    assert ESPNOW.exchange_seconds(0, 0) - ESPNOW.seconds(0, 2) == pytest.approx(FREERTOS_TICK.value)
+    assert "ESP32_GENERIC v1.28, 240 MHz (set by the node; 160 at boot)" in Projector(TARGET, DRAFTER, "esp32").project(
+        Result([]), 1)["hardware"]
 
 
 def test_every_constant_names_its_source_or_derivation():

@@ -12,7 +12,7 @@ import pytest
 from specmesh.host.backends import BackendError, LocalVerifier, SessionParams
 from specmesh.host.cli.run import UsageError, add_arguments, check_args
 from specmesh.host.decode.gamma import GammaController
-from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.orchestrator import Observer, generate
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import TARGET_FILE
 from specmesh.host.provision.cluster import Cluster, split_layers
@@ -103,13 +103,14 @@ def test_a_stage_that_stops_answering_ends_the_run_naming_it(mesh, prompt):
     c, pipe, drafter = mesh
     rounds = []
 
-    def kill(rnd, *_):
-        rounds.append(rnd)
-        if len(rounds) == 3:
-            c.boards["stage2"].stop()
+    class Kill(Observer):
+        def shown(self, accepted, emitted):
+            rounds.append(accepted)
+            if len(rounds) == 3:
+                c.boards["stage2"].stop()
 
     with pytest.raises(BackendError) as e:
-        generate(prompt, pipe, drafter, SessionParams(eos=1), N, GammaController(fixed=2), on_round=kill)
+        generate(prompt, pipe, drafter, SessionParams(eos=1), N, GammaController(fixed=2), Kill())
     line = str(e.value)
     assert "\n" not in line and line.startswith("stage 3 of 5 (layers 2:3, virtual:stage2(esp32)) stopped answering")
 

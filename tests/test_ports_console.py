@@ -29,7 +29,7 @@ def test_mpremote_shortcuts_name_their_devices():
 def test_a_shortcut_is_checked_as_its_device(models, capsys):
     rc = cli.main(["run", "--models", str(models), "--drafter", "a9", "--verifier", "cpu"])
     assert rc == 2 and "cannot open /dev/ttyACM9: no such port" in capsys.readouterr().err
-    assert cli.main(["flash", "--port", "u9", "--role", "drafter"]) == 1
+    assert cli.main(["flash", "--port", "u9", "--role", "drafter"]) == 2  # the status run gives the same port
     assert "cannot open /dev/ttyUSB9: no such port" in capsys.readouterr().err
 
 
@@ -84,6 +84,6 @@ def test_console_on_a_terminal_types_into_the_repl_and_ctrl_close_bracket_leaves
 
 
 def test_console_on_a_missing_port_is_one_line(capsys):
-    assert cli.main(["console", "/dev/ttyNOPE"]) == 1
+    assert cli.main(["console", "/dev/ttyNOPE"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("specmesh console: cannot open /dev/ttyNOPE: no such port") and err.count("\n") == 1
+    assert err.startswith("specmesh console: error: cannot open /dev/ttyNOPE: no such port") and err.count("\n") == 1

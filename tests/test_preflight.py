@@ -72,6 +72,14 @@ def test_an_over_long_prompt_is_refused_before_the_boards_start(models, capsys, 
     err = one_line_status_2(capsys, ["run", "--models", str(models), "--prompt", "Once upon a time " * 100])
     assert "the prompt is" in err and "target model's context holds 64 (target.spm)" in err
     assert "Once upon" not in capsys.readouterr().out  # the prompt was not echoed either
+    assert err.endswith("shorten the prompt from --prompt\n")
+
+
+def test_an_over_long_prompt_from_a_file_names_the_file(models, tmp_path, capsys, no_board_starts):
+    story = tmp_path / "story.txt"
+    story.write_text("Once upon a time " * 100)
+    err = one_line_status_2(capsys, ["run", "--models", str(models), "--prompt-file", str(story)])
+    assert err.endswith("shorten the prompt from --prompt-file %s\n" % story)
 
 
 def test_only_the_targets_context_limits_the_prompt(models, capsys):
@@ -115,14 +123,15 @@ def test_an_unknown_backend_is_refused_before_the_verifier_boots(models, capsys,
 
 
 def test_boards_are_chosen_through_the_one_registry():
-    """`virtual` and every serial-port name are registered back-ends of both roles, as `cpu` is."""
+    """`virtual` and every serial-port name are back-ends of both roles in the registry's tables, as `cpu` is."""
     from specmesh.host import backends
+    from specmesh.host.cli import registry
 
-    for kind, table in (("verifier", backends.VERIFIERS), ("drafter", backends.DRAFTERS)):
-        assert backends.factory(kind, "virtual") is table["virtual"]
+    for kind, table in (("verifier", registry.VERIFIERS), ("drafter", registry.DRAFTERS)):
+        assert registry.factory(kind, "virtual") is table["virtual"]
         for port in ("/dev/ttyUSB0", "COM3", "auto", "rfc2217://lab:4000"):
-            assert backends.factory(kind, port) is table[backends.PORT]
-        assert backends.factory(kind, "cpu") is table["cpu"] and backends.factory(kind, "nope") is None
+            assert registry.factory(kind, port) is table[backends.PORT]
+        assert registry.factory(kind, "cpu") is table["cpu"] and registry.factory(kind, "nope") is None
     known = unknown_backend("drafter", "nope").split("nor one of ")[1].split(", ")
     assert "virtual" in known and "cpu" in known and backends.PORT not in known
 
@@ -139,3 +148,64 @@ def test_boards_are_chosen_through_the_one_registry():
 def test_emulator_flags_out_of_range(capsys, no_board_starts, flags, message):
     err = one_line_status_2(capsys, ["emulate", *flags])
     assert err.startswith("specmesh emulate: error: ") and message in err
+
+
+@pytest.mark.parametrize("drafter, words", [
+    (dict(vocab=96), "has a vocabulary of 96 tokens, the target's has 512"),
+    (dict(vocab=512, tokenizer_id=0x1234), "was made with another tokenizer than the target (tokenizer id 00001234"),
+])
+def test_a_drafter_for_another_vocabulary_or_tokenizer_is_refused_before_any_board(models, tmp_path, capsys,
+                                                                                  no_board_starts, drafter, words):
+    """Checked against the target before anything is flashed or generated: the virtual drafter board would be
+    flashed with it and decode plainly, the CPU drafter would fail with a token id out of range mid-text."""
+    from specmesh.shared.modelfile import Header
+    from specmesh.tools.testmodels import random_tensors, write_model
+
+    if "tokenizer_id" in drafter:  # the target names its tokenizer too: a llama2.c import's CRC of its vocab
+        named = Header(32, 2, 4, 2, 64, 512, 64, tokenizer_id=0xBEEF)
+        write_model(models / TARGET_FILE, named, random_tensors(named, 1))
+    h = Header(16, 1, 2, 1, 32, drafter["vocab"], 32, tokenizer_id=drafter.get("tokenizer_id", 0))
+    other = write_model(tmp_path / "other.spm", h, random_tensors(h, 3))
+    assert other.vocab == drafter["vocab"]
+    for backend in ("virtual", "cpu"):
+        err = one_line_status_2(capsys, ["run", "--models", str(models), "--verifier", "cpu", "--drafter", backend,
+                                         "--draft-model", str(tmp_path / "other.spm")])
+        assert words in err and "--plain" in err
+
+
+def test_a_drafter_board_running_another_vocabulary_is_refused_before_any_text(models):
+    """A board flashed earlier (by hand, with another model) says its vocabulary in HELLO: refused then."""
+    from types import SimpleNamespace
+
+    from specmesh.host.backends.modelio import check_model_file
+    from specmesh.host.cli.run import UsageError, _check_running_drafter
+
+    target = check_model_file(models / TARGET_FILE)[0]
+    board = SimpleNamespace(name="/dev/ttyUSB0", info={"model": "/models/old.spm", "vocab": 96})
+    with pytest.raises(UsageError, match="the drafter on /dev/ttyUSB0 \\(old.spm\\) has a vocabulary of 96 tokens"):
+        _check_running_drafter(board, target)
+    _check_running_drafter(SimpleNamespace(name="u0", info={"model": "/models/x.spm", "vocab": 512}), target)
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+def test_stages_that_do_not_fit_the_class_heap_are_refused_before_any_board(capsys, no_board_starts, stages):
+    """The shipped target's 5 layers on classic ESP32 stages: only 5 stages fit (a stage of 2 layers needs
+    134 KiB of its 107 KiB); refused before flashing, naming the stage and the fix (was: found after up to 29 s
+    of flashing, by the node)."""
+    err = one_line_status_2(capsys, ["run", "--stages", str(stages), "--drafter", "cpu"], within=3.0)
+    assert "--stages %d: stage " % stages in err and "KiB of heap, an esp32 board has 107 KiB" in err
+    assert err.endswith("--stages 5, the fewest whose stages fit, or stage boards with PSRAM: --verifier "
+                        "virtual:esp32s3\n")
+
+
+def test_every_stage_of_the_shipped_split_fits_where_the_nodes_load_them():
+    """The planning rule against what the stage nodes hold: 5 classic ESP32 stages, and any split on S3s."""
+    from specmesh.host.backends.modelio import check_model_file
+    from specmesh.host.boardclasses import BOARD_CLASSES, stage_heap_need
+    from specmesh.host.cli.run import plan_stages
+
+    target = check_model_file(ROOT / "models" / TARGET_FILE)[0]
+    plan_stages(target, 5, "esp32")
+    for n in range(1, 6):
+        plan_stages(target, n, "esp32s3")
+    assert stage_heap_need(target, BOARD_CLASSES["esp32"], (0, 1)) < BOARD_CLASSES["esp32"].heap_bytes

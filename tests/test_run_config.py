@@ -37,13 +37,13 @@ def test_stages_verify_on_the_registered_pipeline_and_plain_drops_the_drafter(mo
 
 
 def test_every_board_class_is_a_virtual_backend_of_both_roles_and_the_pipeline_a_verifier():
-    import specmesh.host.cli.registry  # noqa: F401 - what a run imports to fill the registry
+    from specmesh.host.cli import registry
 
     for name in BOARD_CLASSES:
-        assert backends.factory("verifier", "virtual:" + name) is backends.VERIFIERS["virtual:" + name]
-        assert backends.factory("drafter", "virtual:" + name) is backends.DRAFTERS["virtual:" + name]
-    assert backends.factory("verifier", backends.PIPELINE) is not None
-    assert backends.factory("drafter", backends.PIPELINE) is None
+        assert registry.factory("verifier", "virtual:" + name) is registry.VERIFIERS["virtual:" + name]
+        assert registry.factory("drafter", "virtual:" + name) is registry.DRAFTERS["virtual:" + name]
+    assert registry.factory("verifier", backends.PIPELINE) is not None
+    assert registry.factory("drafter", backends.PIPELINE) is None
 
 
 def test_psram_is_told_from_the_heap_the_board_classes_hold():

@@ -16,9 +16,10 @@ import pytest
 pytest.importorskip("starlette", reason="specmesh serve needs the `serve` extra: pip install -e '.[dev]'")
 openai = pytest.importorskip("openai", reason="the tests drive the server with the `openai` package (dev extra)")
 
-from specmesh import Mesh  # noqa: E402
-from specmesh.host import backends  # noqa: E402
-from tests.serve_util import serving  # noqa: E402
+from specmesh import Mesh
+from specmesh.host import backends
+from specmesh.host.cli import registry
+from tests.serve_util import serving
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "Once upon a time"
@@ -128,7 +129,7 @@ class Slow(backends.LocalVerifier):
 
 
 def test_a_client_killed_mid_stream_frees_its_lane_for_the_next_request(models, monkeypatch):
-    monkeypatch.setitem(backends.VERIFIERS, "slow", Slow)
+    monkeypatch.setitem(registry.VERIFIERS, "slow", Slow)
     with Mesh(drafter="cpu", verifier="slow", models=models, gamma="0") as mesh, serving(mesh) as url:
         assert mesh.streams == 1  # one lane: the next request waits for it
         port = int(url.rsplit(":", 1)[1])

@@ -12,9 +12,9 @@ import pytest
 pytest.importorskip("starlette", reason="specmesh serve needs the `serve` extra: pip install -e '.[dev]'")
 pytest.importorskip("websocket", reason="the browser is driven with websocket-client (dev extra)")
 
-from specmesh import Mesh  # noqa: E402
-from tests.cdp import browser, chromium  # noqa: E402
-from tests.serve_util import serving  # noqa: E402
+from specmesh import Mesh
+from tests.cdp import browser, chromium
+from tests.serve_util import serving
 
 PROMPT = "The little dog"
 

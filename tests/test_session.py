@@ -12,6 +12,7 @@ import pytest
 
 from specmesh import Completion, Mesh, Piece
 from specmesh.host import backends
+from specmesh.host.cli import registry
 from specmesh.host.cli.config import UsageError
 from specmesh.host.cli.run import run
 from specmesh.host.cli.chat import chat
@@ -123,7 +124,7 @@ def test_chat_fails_over_to_the_cpu_verifier_and_keeps_it_for_the_next_turns(mod
     want = io.StringIO()
     assert chat(args(models, "--max-tokens", "12", "--gamma", "2"), iter(turns), want) == 0
     capsys.readouterr()
-    monkeypatch.setitem(backends.VERIFIERS, "failing", Failing)
+    monkeypatch.setitem(registry.VERIFIERS, "failing", Failing)
     out = io.StringIO()
     a = args(models, "--max-tokens", "12", "--gamma", "2")
     a.verifier = "failing"

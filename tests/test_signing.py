@@ -58,8 +58,19 @@ def test_keygen_into_a_folder_that_does_not_exist_yet(tmp_path, monkeypatch, cap
     made = tmp_path / ".specmesh"
     assert stat.S_IMODE(made.stat().st_mode) == 0o700 and len(load_key(made / "bus.key")) == 32
     assert [p.name for p in made.iterdir()] == ["bus.key"]  # no temporary file left beside it
-    assert cli.main(["keygen", "--key-file", str(made / "bus.key")]) == 1
+    assert "made the folder %s (owner only) for it" % made in capsys.readouterr().out
+    assert cli.main(["keygen", "--key-file", str(made / "bus.key")]) == 2
     assert "never overwrites" in capsys.readouterr().err
+
+
+def test_keygen_refuses_to_make_a_folder_outside_the_home(tmp_path, monkeypatch, capsys):
+    """A typo such as /nonexist/k.key is one line and status 2, and no folder is made."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cli.main(["keygen", "--key-file", str(tmp_path / "nonexist" / "k.key")]) == 2
+    assert capsys.readouterr().err == ("specmesh keygen: error: folder %s does not exist: make it first, or give a path "
+                                       "under your home (keygen makes a folder such as ~/.specmesh/ itself)\n"
+                                       % (tmp_path / "nonexist"))
+    assert not (tmp_path / "nonexist").exists()
 
 
 def test_keyed_node_refuses_and_counts_unsigned_forged_wrong_key_and_replayed_frames(micropython, tmp_path):

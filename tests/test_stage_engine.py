@@ -8,7 +8,7 @@ for several splits, one and several positions per pass, and a greedy continuatio
 import numpy as np
 import pytest
 
-from tests.test_firmware_engine import fw_dir, reference, run_plan  # noqa: F401
+from tests.test_firmware_engine import reference
 from tests.test_firmware_engine_shipped import REF, chunks, shipped
 
 SPLITS = [[[0, 1], [1, 2], [2, 3], [3, 4], [4, 5]], [[0, 2], [2, 5]], [[0, 5]]]

@@ -8,33 +8,43 @@ import io
 import json
 from pathlib import Path
 
-import pytest
 
 from specmesh.host.layout import DRAFTER_FILE
 from specmesh.host import cli
 from specmesh.host.cli.run import add_arguments, run
 from specmesh.host.provision import drafters
 from specmesh.host.provision.flash import flash
+from specmesh.tools import cardtable
 
 ROOT = Path(__file__).resolve().parent.parent
+CARD = json.loads((ROOT / "models" / "card.json").read_text())  # read here, not through the code under test
 
 
-def test_the_acceptance_said_at_flashing_is_the_model_cards():
-    """The variants table's rows of the two shipped drafters (models/MODEL_CARD.md) hold the figures flash says."""
-    rows = [line.replace("*", "") for line in (ROOT / "models" / "MODEL_CARD.md").read_text().splitlines()
-            if line.startswith("|")]
+def test_the_model_card_renders_its_data_file():
+    """models/MODEL_CARD.md's Acceptance table is what models/card.json renders, and the variants table's rows
+    of the two shipped drafters hold the same figures."""
+    text = (ROOT / "models" / "MODEL_CARD.md").read_text()
+    assert cardtable.rendered(text, CARD) == text, "run: python -m specmesh.tools.cardtable"
+    rows = [line.replace("*", "") for line in text.splitlines() if line.startswith("|")]
     for d, mark in ((drafters.WIDE, "shipped: "), (drafters.HEAP, "(shipped before)")):
         figures = "| %.3f | %.2f | %.3f |" % (d.alpha_greedy, d.per_verification, d.alpha_sampled)
         assert any(mark in row and figures in row for row in rows), d.file
     assert (ROOT / "models" / drafters.HEAP.file).stat().st_size == 57_068  # the 40-wide row's file size
 
 
+def said(name: str) -> str:
+    """What flash says of the shipped drafter `name`'s acceptance: the card's figures."""
+    d = CARD["drafters"][name]
+    return "alpha %.3f greedy (%.2f tokens per verification), %.3f at T = 1" % (
+        d["greedy"]["alpha"], d["greedy"]["tokens_per_verification"], d["sampled"]["alpha"])
+
+
 def test_flash_onto_a_stock_classic_esp32_installs_the_heap_drafter_which_runs(virtual_board, capsys):
     vb = virtual_board(romfs_bytes=0)  # a classic ESP32 on a stock MicroPython download: no ROMFS partition
     assert cli.main(["flash", "--port", vb.port, "--role", "drafter"]) == 0
     out = capsys.readouterr().out
-    assert "drafter model drafter-esp32.spm (40 wide; weights and engine in the heap): alpha 0.788 greedy" in out
-    assert "drafter.spm would give alpha 0.841 greedy" in out
+    assert "drafter model drafter-esp32.spm (40 wide; weights and engine in the heap): %s" % said("drafter-esp32.spm") in out
+    assert "drafter.spm would give %s" % said("drafter.spm") in out
     config = json.loads((vb.flash_dir / "specmesh.json").read_text())
     assert config["model"] == "models/drafter-esp32.spm" and not (vb.flash_dir / "models" / DRAFTER_FILE).exists()
 
@@ -53,5 +63,4 @@ def test_an_s3_gets_the_wide_drafter_in_psram(virtual_board):
     vb = virtual_board("esp32s3")
     report = flash(vb.port, "drafter", progress=False, reset=False)
     assert report.model == DRAFTER_FILE and report.note == (
-        "drafter model drafter.spm (64 wide; weights in PSRAM): alpha 0.841 greedy (3.60 tokens per "
-        "verification), 0.705 at T = 1")
+        "drafter model drafter.spm (64 wide; weights in PSRAM): %s" % said("drafter.spm"))

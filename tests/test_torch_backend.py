@@ -14,18 +14,19 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="no PyTorch (the gpu extra): `make test-torch` runs these")
 
-from specmesh.host.backends import VERIFIERS, BackendError, LocalDrafter, LocalVerifier, SessionParams  # noqa: E402
-from specmesh.host.backends.arraymath import Mat, Xp  # noqa: E402
-from specmesh.host.backends.batcher import Batcher  # noqa: E402
-from specmesh.host.backends.engine import Engine  # noqa: E402
-from specmesh.host.backends.modelio import quantize_rows  # noqa: E402
-from specmesh.host.backends.torch_backend import TorchModel, TorchVerifier, TorchXp  # noqa: E402
-from specmesh.host.cli.run import cli  # noqa: E402
-from specmesh.host.decode.gamma import GammaController  # noqa: E402
-from specmesh.host.decode.orchestrator import generate  # noqa: E402
+from specmesh.host.backends import BackendError, LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.backends.arraymath import Mat, Xp
+from specmesh.host.backends.batcher import Batcher
+from specmesh.host.backends.engine import Engine
+from specmesh.host.backends.modelio import quantize_rows
+from specmesh.host.backends.torch_backend import TorchModel, TorchVerifier, TorchXp
+from specmesh.host.cli.registry import VERIFIERS
+from specmesh.host.cli.run import cli
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
-from specmesh.shared.modelfile import FLAG_SHARED_CLS  # noqa: E402
-from specmesh.tools.testmodels import random_model  # noqa: E402
+from specmesh.shared.modelfile import FLAG_SHARED_CLS
+from specmesh.tools.testmodels import random_model
 
 pytestmark = pytest.mark.torch
 

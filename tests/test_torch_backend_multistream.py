@@ -9,13 +9,13 @@ import pytest
 
 pytest.importorskip("torch", reason="no PyTorch (the gpu extra): `make test-torch` runs these")
 
-from specmesh.host.backends import SessionParams  # noqa: E402
-from specmesh.host.backends.batcher import Batcher  # noqa: E402
-from specmesh.host.backends.torch_backend import TorchModel, TorchVerifier  # noqa: E402
-from specmesh.host.decode.gamma import GammaController  # noqa: E402
-from specmesh.host.decode.orchestrator import generate  # noqa: E402
+from specmesh.host.backends import SessionParams
+from specmesh.host.backends.batcher import Batcher
+from specmesh.host.backends.torch_backend import TorchModel, TorchVerifier
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import generate
 from specmesh.host.layout import TARGET_FILE
-from specmesh.host.provision.cluster import Cluster  # noqa: E402
+from specmesh.host.provision.cluster import Cluster
 
 pytestmark = pytest.mark.torch
 

@@ -149,7 +149,7 @@ def fuzz_cpython(n: int, seed: int) -> dict:
 
 
 def fuzz_node(n: int, seed: int, micropython: str) -> dict:
-    from specmesh.tools.nodeproc import NodeFailure, NodeProc, code_heap, flash, rom_image, shipped_model  # noqa: PLC0415
+    from specmesh.tools.nodeproc import NodeFailure, NodeProc, code_heap, flash, rom_image, shipped_model
 
     r = random.Random(seed + 1)
     report = {"inputs": n, "crashes": 0, "hangs": 0, "examples": [], "heap_free": []}

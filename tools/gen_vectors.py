@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "vectors"
 sys.path.insert(0, str(ROOT))
 
-from specmesh.shared import codec, messages as m, prng, rule  # noqa: E402
-from specmesh.shared.rule import ONE, argmax, quantize, quantize_topk  # noqa: E402
+from specmesh.shared import codec, messages as m, prng, rule
+from specmesh.shared.rule import ONE, argmax, quantize, quantize_topk
 
 
 def _runner():

@@ -1,6 +1,16 @@
-"""The held-out stories of models/heldout.txt and what each range of them is for: checkpoint selection
-(tools/train.py), the loss figures (tools/export.py, tools/modelcard.py) and the acceptance prompts.
-One home for the split, below both the exporter and the model card."""
+"""The held-out prompts and what each set of them is for: one home for the split, below the trainer, the
+exporter, the model card and the benches.
+
+Two disjoint sets of different sources (issue 30's protocol: tune on the first, report the second):
+
+- `tinystories`, the tuning set: models/heldout.txt, stories of the TinyStories validation split. By
+  story number: 0..63 select checkpoints (tools/train.py), 64..127 give the loss figures
+  (tools/export.py saves the float model's), 128 on are the acceptance prompts (their first
+  PROMPT_TOKENS tokens), on which the model card's alphas and gamma's prior weight were chosen.
+- `handwritten`, the report set: models/heldout_handwritten.txt, short story starts written by hand for
+  this project, one a line, each whole as the prompt. No model was trained, no checkpoint chosen and no
+  constant tuned on them: they are only measured.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +18,11 @@ from pathlib import Path
 
 from specmesh.host.decode.tokenizer import Tokenizer
 
-# models/heldout.txt by story number: 0..63 select checkpoints (tools/train.py), 64..127 give the loss
-# figures (tools/export.py saves the float model's), 128 on are the acceptance prompts
 LOSS_STORIES = range(64, 128)
 FIRST_STORY = 128
 PROMPT_TOKENS = 16
+HANDWRITTEN = "heldout_handwritten.txt"
+PROMPT_SETS = ("tinystories", "handwritten")  # the tuning set first, then the report set
 
 
 def heldout_stories(path: Path) -> list[str]:
@@ -24,3 +34,18 @@ def heldout_prompts(models: Path, tok: Tokenizer, n: int) -> list[list[int]]:
     """The first PROMPT_TOKENS tokens of n acceptance stories (from FIRST_STORY, long enough)."""
     ids = (tok.encode(s) for s in heldout_stories(models / "heldout.txt")[FIRST_STORY:])
     return [i[:PROMPT_TOKENS] for i in ids if len(i) >= PROMPT_TOKENS][:n]
+
+
+def handwritten_prompts(models: Path, tok: Tokenizer, n: int | None = None) -> list[list[int]]:
+    """The hand-written story starts (the report set), each line whole from BOS; the first n, or all."""
+    lines = [s.strip() for s in (models / HANDWRITTEN).read_text("utf-8").splitlines() if s.strip()]
+    return [tok.encode(s) for s in lines[:n]]
+
+
+def prompt_set(name: str, models: Path, tok: Tokenizer, n: int) -> list[list[int]]:
+    """The first n prompts of the set `name` (PROMPT_SETS)."""
+    if name == "tinystories":
+        return heldout_prompts(models, tok, n)
+    if name == "handwritten":
+        return handwritten_prompts(models, tok, n)
+    raise ValueError("unknown prompt set %r (sets: %s)" % (name, ", ".join(PROMPT_SETS)))

@@ -31,7 +31,7 @@ from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
-from specmesh.tools.heldout import LOSS_STORIES, PROMPT_TOKENS, heldout_prompts, heldout_stories  # noqa: F401 - tests read them here
+from specmesh.tools.heldout import LOSS_STORIES, PROMPT_TOKENS, heldout_prompts, heldout_stories
 from specmesh.shared.modelfile import tensor_layout
 
 GAMMA = 4
@@ -84,8 +84,8 @@ def describe(h) -> str:
 
 def variant(ck: Path, models: Path, prompts: list[list[int]], new: int) -> dict:
     """Export one drafter checkpoint to a scratch file and measure it against the shipped target."""
-    from specmesh.tools.export import export_model, load_float  # noqa: PLC0415 - needs torch, only for variants
-    from specmesh.host.decode.tokenizer import vocab_id  # noqa: PLC0415
+    from specmesh.tools.export import export_model, load_float  # needs torch, only for variants
+    from specmesh.host.decode.tokenizer import vocab_id
 
     summary = json.loads((ck / "summary.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:

@@ -151,9 +151,10 @@ class Transformer(nn.Module):
     def sample(self, n: int, length: int, generator: torch.Generator, temperatures=(1.0,),
                openings: list[list[int]] | None = None) -> torch.Tensor:
         """n sequences [n, length + 1]: BOS, then `length` tokens sampled, the rows split evenly over
-        `temperatures` (a story that ends runs on into the next, BOS between them, as the model was trained).
+        `temperatures` (0: greedy; a story that ends runs on into the next, BOS between them, as the model was
+        trained).
         With `openings` (n token lists from BOS, each shorter than length), row i starts with openings[i]
-        and the model continues it, as it continues a user's prompt. Without, a row sampled cooler than 1
+        and the model continues it, as it continues a user's prompt (its first token drawn at T = 1). Without, a row sampled cooler than 1
         starts at temperature 1 for a random 4 to 48 tokens, so its cool text continues varied openings."""
         seq = torch.full((n, length + 1), BOS, dtype=torch.long)
         cool = torch.tensor([temperatures[i * len(temperatures) // n] for i in range(n)])
@@ -168,8 +169,10 @@ class Transformer(nn.Module):
         cache = self.new_cache(n)
         for pos in range(length):
             temp = torch.where(warm_for > pos, 1.0, cool)[:, None]
-            probs = torch.softmax(self(seq[:, pos:pos + 1], cache, pos)[:, -1].float() / temp, -1)
+            logits = self(seq[:, pos:pos + 1], cache, pos)[:, -1].float()
+            probs = torch.softmax(logits / temp.clamp_min(1e-6), -1)
             drawn = torch.multinomial(probs, 1, generator=generator)[:, 0]
+            drawn = torch.where(temp[:, 0] > 0, drawn, logits.argmax(-1))  # T = 0: the greedy token
             seq[:, pos + 1] = torch.where(given > pos + 1, seq[:, pos + 1], drawn)
         return seq
 

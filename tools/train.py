@@ -1,18 +1,24 @@
-"""Distil a drafter from the shipped target: KL to the target's distributions (or their total variation)
-on stories the target samples itself, with a progress bar, an optional time budget and resumable checkpoints.
+"""Distil a drafter from the shipped target: KL to the target's distributions and acceptance-shaped losses
+(the total variation to the drafter's q-hat, 1 - alpha at T = 1, and the drafter's log-probability of the
+target's greedy token, a smooth 1 - alpha at T = 0: DistillSpec, Zhou et al. 2023) on stories the target
+samples itself and on TinyStories text, with a progress bar, an optional time budget and resumable checkpoints.
 
 The data is unlimited and exactly the distribution the drafter must match: every `--refresh` steps the
 target samples a new pool of stories from a generator seeded by (seed, pool number), so a resumed run
 sees the same data as an uninterrupted one. `--temps` mixes sampling temperatures: stories sampled
-cooler look like the target's greedy text, where a greedy drafter is judged. `--openings FILE` starts
-each story with the first 4-48 tokens of a real paragraph, so the pool holds what a drafter meets after
-a user's prompt. Model selection uses held-out prompts (the first 16 tokens of the first `--val-stories`
+cooler look like the target's greedy text, where a greedy drafter is judged (0: the greedy text itself).
+`--openings FILE` starts each story with the first 4-48 tokens of a real paragraph, so the pool holds what
+a drafter meets after a user's prompt; `--text-share F` makes that fraction of the pool rows windows of
+the paragraphs themselves (the target's distributions on real text, as a user's prompt is). Model selection uses held-out prompts (the first 16 tokens of the first `--val-stories`
 of models/heldout.txt, which the model card does not measure on) continued by the target at T = 1:
 teacher-forced agreement of the two models on the continuations, the i.i.d. acceptance at T = 0 (argmax
-equal) and T = 1 (sum of min(p, q-hat)), and the KL.
+equal) and T = 1 (sum of min(p, q-hat)), and the KL; and on the same prompts continued greedily, the
+greedy acceptance (`alpha_greedy`: on the target's own greedy text, argmax equal), which `--select
+alpha_greedy` chooses checkpoints by.
 
-Checkpoints go to <out>/last.pt (every eval) and <out>/best.pt (highest T = 1 acceptance); re-running
-the same command resumes from last.pt.
+Checkpoints go to <out>/last.pt (every eval) and <out>/best.pt (highest `--select` figure); re-running
+the same command resumes from last.pt. `--init` starts from a checkpoint or from a shipped model file
+(its int8 weights dequantized), for a phase that refines a drafter.
 
     python -m specmesh.tools.train --shape d64l2kv1 --out checkpoints/d64 --openings models/tinystories_train_head.txt
 """
@@ -54,6 +60,14 @@ def agreement(student: Transformer, teacher: Transformer, x: torch.Tensor, mask:
             "kl": float((p * (p.clamp_min(1e-12).log() - lq)).sum(-1).mean())}
 
 
+def text_windows(openings: list[list[int]], n: int, length: int, g: torch.Generator) -> torch.Tensor:
+    """n windows [n, length + 1] of the paragraphs `openings` laid end to end (each from its BOS), at random
+    offsets: real text for the target to score."""
+    stream = torch.tensor([t for ids in openings for t in ids])
+    start = torch.randint(0, len(stream) - length - 1, (n,), generator=g)
+    return torch.stack([stream[s:s + length + 1] for s in start.tolist()])
+
+
 def openings_of(tok: Tokenizer, path: Path) -> list[list[int]]:
     """Token lists (from BOS) of the paragraphs of a text file (blank-line separated), for pool openings."""
     return [ids for ids in (tok.encode(s) for s in heldout_stories(path)) if len(ids) > MIN_OPENING]
@@ -71,18 +85,22 @@ def target_pool(teacher: Transformer, a, pool_id: int, openings: list[list[int]]
         pick = torch.randint(0, len(openings), (a.pool,), generator=g).tolist()
         cut = torch.randint(MIN_OPENING, MAX_OPENING + 1, (a.pool,), generator=g).tolist()
         rows = [openings[i][:1 + c] for i, c in zip(pick, cut)]
-    pool = teacher.sample(a.pool, a.seq, g, a.temps, rows)
+    n_text = int(a.pool * a.text_share) if openings else 0
+    pool = teacher.sample(a.pool - n_text, a.seq, g, a.temps, rows[n_text:] if rows else None)
+    if n_text:
+        pool = torch.cat([text_windows(openings, n_text, a.seq, g), pool])
     lp = torch.cat([torch.log_softmax(teacher(pool[i:i + 64, :-1]), -1).half() for i in range(0, a.pool, 64)])
     return pool, lp
 
 
 @torch.no_grad()
-def continued_prompts(teacher: Transformer, tok: Tokenizer, stories: list[str], new: int) -> tuple[torch.Tensor, torch.Tensor]:
+def continued_prompts(teacher: Transformer, tok: Tokenizer, stories: list[str], new: int,
+                      temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, mask of the positions to score): each story's first PROMPT_TOKENS tokens continued by the
-    target at T = 1 for `new` tokens (a fixed seed), scored on the continuation only: the text the model
-    card measures acceptance on, from stories it does not measure."""
+    target at `temperature` for `new` tokens (a fixed seed), scored on the continuation only: the text the
+    model card measures acceptance on, from stories it does not measure."""
     prompts = [ids[:PROMPT_TOKENS] for ids in (tok.encode(s) for s in stories) if len(ids) >= PROMPT_TOKENS]
-    x = teacher.sample(len(prompts), PROMPT_TOKENS + new - 1, torch.Generator().manual_seed(0), (1.0,), prompts)
+    x = teacher.sample(len(prompts), PROMPT_TOKENS + new - 1, torch.Generator().manual_seed(0), (temperature,), prompts)
     mask = torch.zeros(x.shape[0], x.shape[1] - 1, dtype=torch.bool)
     mask[:, PROMPT_TOKENS - 1:] = True
     return x, mask
@@ -92,6 +110,45 @@ def qhat(lq: torch.Tensor, k: int) -> torch.Tensor:
     """The drafter's q-hat from its log-probabilities: its top k, renormalised (the rule's draft table)."""
     top, ids = lq.exp().topk(k, -1)
     return torch.zeros_like(lq).scatter(-1, ids, top / top.sum(-1, keepdim=True))
+
+
+LOSSES = ("kl", "tv", "greedy")
+
+
+def loss_terms(spec: str) -> dict[str, float]:
+    """`--loss` as {term: weight}: "kl", or weighted terms such as "kl:1,tv:1,greedy:0.5"."""
+    terms = {}
+    for part in spec.split(","):
+        name, _, w = part.partition(":")
+        if name not in LOSSES:
+            raise argparse.ArgumentTypeError("unknown loss term %r (terms: %s)" % (name, ", ".join(LOSSES)))
+        try:
+            terms[name] = float(w) if w else 1.0
+        except ValueError:
+            raise argparse.ArgumentTypeError("loss weight %r is not a number" % w) from None
+    return terms
+
+
+def distil_loss(lq: torch.Tensor, tl: torch.Tensor, terms: dict[str, float], k: int) -> torch.Tensor:
+    """The weighted loss terms on drafter log-probabilities lq and target log-probabilities tl ([N, vocab]):
+    kl KL(target || drafter); tv the total variation between the target and the drafter's q-hat (its top
+    k, renormalised: exactly what the rule accepts with), 1 - alpha at T = 1; greedy the drafter's
+    negative log-probability of the target's argmax, a smooth stand-in for 1 - alpha at T = 0."""
+    loss = lq.new_zeros(())
+    if "kl" in terms:
+        loss = loss + terms["kl"] * F.kl_div(lq, tl, log_target=True, reduction="batchmean")
+    if "tv" in terms:
+        loss = loss + terms["tv"] * 0.5 * (tl.exp() - qhat(lq, k)).abs().sum(-1).mean()
+    if "greedy" in terms:
+        loss = loss + terms["greedy"] * F.nll_loss(lq, tl.argmax(-1))
+    return loss
+
+
+def initial_weights(path: Path) -> dict:
+    """A state dict to start from: a checkpoint's, or a model file's (int8 weights dequantized)."""
+    if path.suffix == ".pt":
+        return torch.load(path, map_location="cpu", weights_only=False)["model"]
+    return from_model_file(path).state_dict()
 
 
 def lr_at(step: int, train_s: float, a) -> float:
@@ -114,7 +171,10 @@ def train(a) -> dict:
     for p in teacher.parameters():
         p.requires_grad_(False)
     tok = Tokenizer.from_llama2c(a.tokenizer)
-    val_x, val_mask = continued_prompts(teacher, tok, heldout_stories(a.heldout)[:a.val_stories], a.val_new)
+    val_stories = heldout_stories(a.heldout)[:a.val_stories]
+    val_x, val_mask = continued_prompts(teacher, tok, val_stories, a.val_new)
+    greedy_x, greedy_mask = continued_prompts(teacher, tok, val_stories, a.val_new, 0.0)
+    terms = loss_terms(a.loss)
     openings = openings_of(tok, a.openings) if a.openings else None
     cfg = DRAFTERS[a.shape]
     model = Transformer(cfg)
@@ -128,7 +188,7 @@ def train(a) -> dict:
         state = ck["state"]
         print("resuming %s at step %d" % (last, state["step"]))
     elif a.init:
-        model.load_state_dict(torch.load(a.init, map_location="cpu", weights_only=False)["model"])
+        model.load_state_dict(initial_weights(a.init))
 
     def save(path: Path):
         with atomic.replacing(path) as f:  # a checkpoint interrupted mid-write keeps the previous one
@@ -154,10 +214,7 @@ def train(a) -> dict:
         rows = torch.randint(0, a.pool, (a.batch,), generator=g)
         x, tl = pool[rows, :-1], pool_lp[rows].float().flatten(0, 1)
         lq = torch.log_softmax(model(x), -1).flatten(0, 1)
-        if a.loss == "kl":
-            loss = F.kl_div(lq, tl, log_target=True, reduction="batchmean")
-        else:  # total variation to the q-hat the drafter sends (its top --draft-top-k, renormalised):
-            loss = 0.5 * (tl.exp() - qhat(lq, a.draft_top_k)).abs().sum(-1).mean()  # 1 - alpha at T = 1
+        loss = distil_loss(lq, tl, terms, a.draft_top_k)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -168,12 +225,13 @@ def train(a) -> dict:
         over = a.minutes and state["train_s"] > a.minutes * 60
         if state["step"] % a.eval_every == 0 or state["step"] == a.steps or over:
             ev = agreement(model, teacher, val_x, val_mask, a.draft_top_k)
+            ev["alpha_greedy"] = agreement(model, teacher, greedy_x, greedy_mask, a.draft_top_k)["alpha_t0"]
             state["history"].append((state["step"], round(state["train_s"], 1), round(loss.item(), 4),
                                      {k: round(v, 4) for k, v in ev.items()}))
             bar.write("step %d  %.0fs  train %s %.4f  held-out %s" % (
                 state["step"], state["train_s"], a.loss, loss.item(), " ".join("%s %.4f" % kv for kv in ev.items())))
-            if ev["alpha_t1"] > state["best"]:
-                state["best"] = ev["alpha_t1"]
+            if ev[a.select] > state["best"]:
+                state["best"] = ev[a.select]
                 save(out / "best.pt")
             save(last)
             if over:
@@ -181,7 +239,7 @@ def train(a) -> dict:
                 break
     bar.close()
     summary = {"shape": a.shape, "params": model.n_params(), "steps": state["step"],
-               "train_s": round(state["train_s"], 1), "best_heldout_alpha_t1": state["best"]}
+               "train_s": round(state["train_s"], 1), "best_heldout_" + a.select: state["best"]}
     atomic.write_text(out / "summary.json", json.dumps(summary | {"history": state["history"]}, indent=1))
     return summary
 
@@ -196,10 +254,15 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--val-stories", type=int, default=64)
     ap.add_argument("--val-new", type=int, default=96, help="tokens the target continues each held-out prompt with")
     ap.add_argument("--openings", type=Path, help="paragraphs (blank-line separated) the pool rows open with")
-    ap.add_argument("--init", type=Path, help="start from this checkpoint's weights (a second phase)")
-    ap.add_argument("--loss", choices=("kl", "tv"), default="kl",
-                    help="KL(target || drafter), or the total variation between the target and the drafter's "
-                         "q-hat, 1 - alpha at T = 1")
+    ap.add_argument("--text-share", type=float, default=0.0,
+                    help="with --openings: this fraction of each pool is windows of the paragraphs themselves")
+    ap.add_argument("--init", type=Path, help="start from this checkpoint's (.pt) or model file's (.spm) weights")
+    ap.add_argument("--loss", default="kl",
+                    help="weighted terms, e.g. kl or kl:1,tv:1,greedy:0.5: KL(target || drafter); tv the total "
+                         "variation between the target and the drafter's q-hat, 1 - alpha at T = 1; greedy the "
+                         "drafter's log-probability of the target's argmax (alpha at T = 0)")
+    ap.add_argument("--select", choices=("alpha_t1", "alpha_greedy"), default="alpha_t1",
+                    help="the held-out figure best.pt is chosen by")
     ap.add_argument("--draft-top-k", type=int, default=8, help="q-hat size the tv loss assumes (default: 8)")
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--minutes", type=float, default=0, help="stop after this much training time")
@@ -219,7 +282,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
-    for p in (a.teacher, a.tokenizer, a.heldout) + ((a.openings,) if a.openings else ()):
+    try:
+        loss_terms(a.loss)
+    except argparse.ArgumentTypeError as e:
+        print("train: %s" % e, file=sys.stderr)
+        return 2
+    for p in (a.teacher, a.tokenizer, a.heldout) + ((a.openings,) if a.openings else ()) + ((a.init,) if a.init else ()):
         if not p.exists():
             print("train: %s not found" % p, file=sys.stderr)
             return 1

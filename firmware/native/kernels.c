@@ -29,10 +29,11 @@ typedef uint8_t u8;
 #define INTERNAL static
 #endif
 
-/* round(a * 2^-s), half up; a << -s when s <= 0. |a| < 2^30 (so a + 2^(s-1) fits). */
+/* round(a * 2^-s), half up; a << -s when s <= 0 (0 from 32 on: the exact value modulo 2^32, where C
+   and the cores' shifters differ). |a| < 2^30 (so a + 2^(s-1) fits). */
 INLINE i32 rshr(i32 a, int s) {
     if (s <= 0) {
-        return (i32)((uint32_t)a << -s);
+        return s <= -32 ? 0 : (i32)((uint32_t)a << -s);
     }
     if (s > 30) {  /* |a| < 2^30 <= 2^(s-1): the rounded value is 0 */
         return 0;
@@ -52,7 +53,7 @@ INLINE i32 mulsh(i32 a, i32 m, int s) {
     if (s >= 1) {
         return (i32)((uint32_t)((a >> 15) * m) << (15 - s)) + ((((a & 0x7FFF) * m) + (1 << (s - 1))) >> s);
     }
-    return (i32)((uint32_t)(a * m) << -s);
+    return s <= -32 ? 0 : (i32)((uint32_t)(a * m) << -s);
 }
 
 /* The least shift that fits max |x[0..n)| in `bits` bits. */
@@ -109,14 +110,18 @@ INLINE void group(const int8_t *w, const i32 *x, int cols, const int G, const in
     i32 *out, int ostride) {
     i32 a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0;
     const int8_t *wend = w + cols;
-    if (U == 4) {
+    if (U == 5 || (U == 4 && cols >= 4)) {
         const int8_t *end4 = w + (cols & ~3);
-        for (; w != end4; w += 4, x += 4 * S) {
+        do {
             MAC(0) MAC(1) MAC(2) MAC(3)
-        }
+            w += 4;
+            x += 4 * S;
+        } while (w != end4);
     }
-    for (; w != wend; w += 1, x += S) {
-        MAC(0)
+    if (U != 5) {  /* U = 5: four columns an iteration, cols a positive multiple of 4: no remainder */
+        for (; w != wend; w += 1, x += S) {
+            MAC(0)
+        }
     }
     out[0] = a0;
     if (G > 1) out[ostride] = a1;
@@ -124,8 +129,6 @@ INLINE void group(const int8_t *w, const i32 *x, int cols, const int G, const in
     if (G > 3) out[3 * ostride] = a3;
     if (G > 4) out[4 * ostride] = a4;
 }
-
-/* A group of g positions of a pass of k > 5 (x values k words apart). */
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -190,6 +193,74 @@ INLINE void group_sse2(const int8_t *w, const i32 *x, int cols, const int G, con
 }
 #endif
 
+#if defined(__XTENSA__)
+/* group() for a pass of G <= 5 positions over rows of a positive multiple of 4 columns, as Xtensa code: a
+   zero-overhead loop (LLVM emits none; its bottom test took two branches, the body being out of a
+   conditional branch's reach) of four columns an iteration, in column pairs: both weights loaded and
+   sign-extended, then each position's two products, loads and multiplies paired so that no result is used
+   by the next instruction (the LX6/LX7 load-use and multiply-use stalls). The same products and wrapping
+   sums as group(). The loop body's first instruction must not cross an instruction fetch boundary: the
+   block starts 4-aligned (a jump over the padding), and the accumulators' zeroing instructions (2 or 3
+   bytes each) put the body at 0 or 1 mod 4. */
+#define XT_OFF(u, g, G) "4*((" #u ")*" #G "+" #g ")"
+#define XT_W(u) "l8ui %[v0], %[w], " #u "\n\tl8ui %[v1], %[w], " #u "+1\n\t" \
+    "sext %[v0], %[v0], 7\n\tsext %[v1], %[v1], 7\n\t"
+#define XT_P(u, g, G) "l32i %[t0], %[x], " XT_OFF(u, g, G) "\n\tl32i %[t1], %[x], " XT_OFF(u + 1, g, G) "\n\t" \
+    "mull %[t0], %[t0], %[v0]\n\tmull %[t1], %[t1], %[v1]\n\t" \
+    "add %[a" #g "], %[a" #g "], %[t0]\n\tadd %[a" #g "], %[a" #g "], %[t1]\n\t"
+#define XT_C1(u) XT_W(u) XT_P(u, 0, 1)
+#define XT_C2(u) XT_W(u) XT_P(u, 0, 2) XT_P(u, 1, 2)
+#define XT_C3(u) XT_W(u) XT_P(u, 0, 3) XT_P(u, 1, 3) XT_P(u, 2, 3)
+#define XT_C4(u) XT_W(u) XT_P(u, 0, 4) XT_P(u, 1, 4) XT_P(u, 2, 4) XT_P(u, 3, 4)
+#define XT_C5(u) XT_W(u) XT_P(u, 0, 5) XT_P(u, 1, 5) XT_P(u, 2, 5) XT_P(u, 3, 5) XT_P(u, 4, 5)
+#define XT_LOOP(G, zero) "j 2f\n\t.balign 4\n2:\n\t" zero "loopnez %[n], 3f\n\t" \
+    XT_C##G(0) XT_C##G(2) "addi %[w], %[w], 4\n\taddi %[x], %[x], 16*" #G "\n3:\n"
+#define XT_OUT [w] "+r"(w), [x] "+r"(x), [v0] "=&r"(v0), [v1] "=&r"(v1), [t0] "=&r"(t0), [t1] "=&r"(t1)
+
+INLINE void group_xt(const int8_t *w, const i32 *x, int cols, const int G, i32 *out, int ostride) {
+    i32 a0, a1, a2, a3, a4, v0, v1, t0, t1;
+    int n = cols >> 2;
+    switch (G) {
+        case 1:
+            __asm__ volatile(XT_LOOP(1, "movi.n %[a0], 0\n\t")
+                : [a0] "=&r"(a0), XT_OUT : [n] "r"(n) : "memory");
+            out[0] = a0;
+            break;
+        case 2:
+            __asm__ volatile(XT_LOOP(2, "movi %[a0], 0\n\tmovi.n %[a1], 0\n\t")
+                : [a0] "=&r"(a0), [a1] "=&r"(a1), XT_OUT : [n] "r"(n) : "memory");
+            out[0] = a0;
+            out[ostride] = a1;
+            break;
+        case 3:
+            __asm__ volatile(XT_LOOP(3, "movi.n %[a0], 0\n\tmovi.n %[a1], 0\n\tmovi.n %[a2], 0\n\t")
+                : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), XT_OUT : [n] "r"(n) : "memory");
+            out[0] = a0;
+            out[ostride] = a1;
+            out[2 * ostride] = a2;
+            break;
+        case 4:
+            __asm__ volatile(XT_LOOP(4, "movi %[a0], 0\n\tmovi.n %[a1], 0\n\tmovi.n %[a2], 0\n\tmovi.n %[a3], 0\n\t")
+                : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), XT_OUT : [n] "r"(n) : "memory");
+            out[0] = a0;
+            out[ostride] = a1;
+            out[2 * ostride] = a2;
+            out[3 * ostride] = a3;
+            break;
+        default:
+            __asm__ volatile(XT_LOOP(5, "movi.n %[a0], 0\n\tmovi.n %[a1], 0\n\tmovi.n %[a2], 0\n\tmovi.n %[a3], 0\n\t"
+                                        "movi.n %[a4], 0\n\t")
+                : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), [a4] "=&r"(a4), XT_OUT
+                : [n] "r"(n) : "memory");
+            out[0] = a0;
+            out[ostride] = a1;
+            out[2 * ostride] = a2;
+            out[3 * ostride] = a3;
+            out[4 * ostride] = a4;
+    }
+}
+#endif
+
 /* A group of g positions of a pass of k > 5 (x values k words apart). */
 INTERNAL void group_strided(const int8_t *w, const i32 *x, int cols, int g, int k, i32 *out, int ostride) {
     switch (g) {
@@ -209,33 +280,39 @@ INTERNAL void group_strided(const int8_t *w, const i32 *x, int cols, int g, int 
 }
 
 /* out[j*rows + r] = sum_c int8 w[r*cols + c] * x[c*k + j], r < rows, j < k. Weights are loaded once per
-   group of up to 5 positions; a pass of k <= 5 is one group with its stride known at compile time. */
+   group of up to 5 positions; a pass of k <= 5 is one group with its stride known at compile time. Each
+   group size has a row loop of its own (the switch outside it), so a row costs its group's setup and
+   stores only: one loop over every case kept the other cases' values on the stack across rows. */
+#if defined(__SSE2__)
+#define ROWS(G) for (; rows > 0; rows--, w += cols, out++) { \
+        if (G == 1) out[0] = dot_sse2(w, x, cols); else group_sse2(w, x, cols, G, G, out, nrows); }
+#else
+/* The models' rows are multiples of 4 columns: their loop has no remainder to set up or test per row. */
+#if defined(__XTENSA__)
+#define GROUP4(G) group_xt(w, x, cols, G, out, nrows)
+#else
+#define GROUP4(G) group(w, x, cols, G, G, 5, out, nrows)
+#endif
+#define ROWS(G) if ((cols & 3) || cols == 0) { \
+        for (; rows > 0; rows--, w += cols, out++) group(w, x, cols, G, G, 4, out, nrows); \
+    } else if (rows > 0) { \
+        do { GROUP4(G); w += cols; out++; } while (--rows); \
+    }
+#endif
 INTERNAL void k_matmul(const int8_t *w, const i32 *x, int rows, int cols, int k, i32 *out) {
-    for (int r = 0; r < rows; r++, w += cols, out++) {
-        switch (k) {
-            case 1:
-                #if defined(__SSE2__)
-                out[0] = dot_sse2(w, x, cols);
-                #else
-                group(w, x, cols, 1, 1, 4, out, rows);
-                #endif
-                break;
-            #if defined(__SSE2__)
-            case 2: group_sse2(w, x, cols, 2, 2, out, rows); break;
-            case 3: group_sse2(w, x, cols, 3, 3, out, rows); break;
-            case 4: group_sse2(w, x, cols, 4, 4, out, rows); break;
-            case 5: group_sse2(w, x, cols, 5, 5, out, rows); break;
-            #else
-            case 2: group(w, x, cols, 2, 2, 4, out, rows); break;
-            case 3: group(w, x, cols, 3, 3, 4, out, rows); break;
-            case 4: group(w, x, cols, 4, 4, 4, out, rows); break;
-            case 5: group(w, x, cols, 5, 5, 4, out, rows); break;
-            #endif
-            default:
+    const int nrows = rows;
+    switch (k) {
+        case 1: ROWS(1) break;
+        case 2: ROWS(2) break;
+        case 3: ROWS(3) break;
+        case 4: ROWS(4) break;
+        case 5: ROWS(5) break;
+        default:
+            for (; rows > 0; rows--, w += cols, out++) {
                 for (int j = 0; j < k; j += 5) {
-                    group_strided(w, x + j, cols, k - j < 5 ? k - j : 5, k, out + j * rows, rows);
+                    group_strided(w, x + j, cols, k - j < 5 ? k - j : 5, k, out + j * nrows, nrows);
                 }
-        }
+            }
     }
 }
 
@@ -347,6 +424,14 @@ INTERNAL void k_rope(i32 *b, const int16_t *cs, const i32 *p) {
     }
 }
 
+/* q.k of one cached key row against the query's 15-bit values qq (hd of them), and p.v: out[i] += a * v[i].
+   For the models' head size of 8 the query values and the outputs stay in registers across the cached
+   rows (HD8); the sums are the same modulo 2^32. */
+#define QK8(kr) (q0 * (kr)[0] + q1 * (kr)[1] + q2 * (kr)[2] + q3 * (kr)[3] + q4 * (kr)[4] + q5 * (kr)[5] + \
+    q6 * (kr)[6] + q7 * (kr)[7])
+#define PV8(a, vr) { o0 += (a) * (vr)[0]; o1 += (a) * (vr)[1]; o2 += (a) * (vr)[2]; o3 += (a) * (vr)[3]; \
+    o4 += (a) * (vr)[4]; o5 += (a) * (vr)[5]; o6 += (a) * (vr)[6]; o7 += (a) * (vr)[7]; }
+
 /* p = (n, hd, stride, kb, vb, heads, group, isq, k, qq, tab); cache bytes are int8 + 128, each row's
    shift in its last byte. */
 INTERNAL void k_attend(i32 *q, const u8 *kv, i32 *sc, const i32 *p) {
@@ -368,16 +453,27 @@ INTERNAL void k_attend(i32 *q, const u8 *kv, i32 *sc, const i32 *p) {
         }
         i32 mx = 0;
         const u8 *row = kv + p[3];
-        for (int t = 0; t < n; t++, row += stride) {
-            const u8 *kr = row + kh;
-            i32 a = 0;
-            for (int i = 0; i < hd; i++) {
-                a += qq[i] * kr[i];
+        if (hd == 8) {
+            i32 q0 = qq[0], q1 = qq[1], q2 = qq[2], q3 = qq[3], q4 = qq[4], q5 = qq[5], q6 = qq[6], q7 = qq[7];
+            for (int t = 0; t < n; t++, row += stride) {
+                i32 a = mulsh(QK8(row + kh) - (qs << 7), isq, 34 - sh - row[stride - 1]);
+                sc[t] = a;
+                if (t == 0 || a > mx) {
+                    mx = a;
+                }
             }
-            a = mulsh(a - (qs << 7), isq, 34 - sh - row[stride - 1]);
-            sc[t] = a;
-            if (t == 0 || a > mx) {
-                mx = a;
+        } else {
+            for (int t = 0; t < n; t++, row += stride) {
+                const u8 *kr = row + kh;
+                i32 a = 0;
+                for (int i = 0; i < hd; i++) {
+                    a += qq[i] * kr[i];
+                }
+                a = mulsh(a - (qs << 7), isq, 34 - sh - row[stride - 1]);
+                sc[t] = a;
+                if (t == 0 || a > mx) {
+                    mx = a;
+                }
             }
         }
         i32 z = 0;
@@ -397,15 +493,28 @@ INTERNAL void k_attend(i32 *q, const u8 *kv, i32 *sc, const i32 *p) {
         }
         qs = 0;  /* the weights' sum: the value bytes are int8 + 128 */
         row = kv + p[4];
-        for (int t = 0; t < n; t++, row += stride) {
-            int s = 8 + vm - row[stride - 1];
-            if (s <= 30) {
-                i32 a = rshr(sc[t] * rz, s);
-                if (a) {
-                    const u8 *vr = row + kh;
+        if (hd == 8) {
+            i32 o0 = 0, o1 = 0, o2 = 0, o3 = 0, o4 = 0, o5 = 0, o6 = 0, o7 = 0;
+            for (int t = 0; t < n; t++, row += stride) {
+                int s = 8 + vm - row[stride - 1];
+                if (s <= 30) {
+                    i32 a = rshr(sc[t] * rz, s);
                     qs += a;
-                    for (int i = 0; i < hd; i++) {
-                        qo[i] += a * vr[i];
+                    PV8(a, row + kh)
+                }
+            }
+            qo[0] = o0, qo[1] = o1, qo[2] = o2, qo[3] = o3, qo[4] = o4, qo[5] = o5, qo[6] = o6, qo[7] = o7;
+        } else {
+            for (int t = 0; t < n; t++, row += stride) {
+                int s = 8 + vm - row[stride - 1];
+                if (s <= 30) {
+                    i32 a = rshr(sc[t] * rz, s);
+                    if (a) {
+                        const u8 *vr = row + kh;
+                        qs += a;
+                        for (int i = 0; i < hd; i++) {
+                            qo[i] += a * vr[i];
+                        }
                     }
                 }
             }

@@ -13,13 +13,13 @@ passes the whole committed list on every call, so a back-end can resynchronise f
   host goes on, overlapping the verifier's prefill), so its first draft costs what any later one costs;
   a verifier prefills at its first verdict.
 
-Every back-end is made by name through one registry per role, `VERIFIERS` and `DRAFTERS` (`factory`):
-`cpu` here, `torch-cpu` and `gpu` (host/backends/torch_backend.py), `virtual`, `virtual:CLASS` (a virtual
-board of each board class), `pipeline` (`--stages N` stage boards) and `PORT`, the entry of every
-serial-port name (`is_port`), for boards (host/provision/cluster.py). The modules that register them are
-imported by whoever assembles a run (host/cli/registry.py), never by name from here. A factory takes the model
-path and keyword options and returns the back-end: `name`, the name as given, and `boards`, the run's
-`Boards`; it ignores the options it does not use. `BackendError` carries a one-line message for the user.
+Every back-end is made by name through one table per role (host/cli/registry.py, which assembles a run
+and so may import every back-end's module): `cpu` here, `torch-cpu` and `gpu` (host/backends/torch_backend.py),
+`virtual`, `virtual:CLASS` (a virtual board of each board class), `pipeline` (`--stages N` stage boards) and
+`PORT`, the entry of every serial-port name (`is_port`), for boards (host/provision/cluster.py). A `Factory`
+takes the model path and keyword options and returns the back-end: `name`, the name as given, and `boards`,
+the run's `Boards`; it ignores the options it does not use. `BackendError` carries a one-line message for the
+user.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from specmesh.shared import rule
+from specmesh.shared import rule, sampling
 from specmesh.shared.messages import MAX_GAMMA
 
 
@@ -90,7 +90,7 @@ class SessionParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return sampling.is_greedy(self.temp_milli)
 
     @property
     def temp_milli(self) -> int:
@@ -153,11 +153,12 @@ class Verifier(Backend, Protocol):
 class Boards(Protocol):
     """What a board's factory takes from the run (host/cli/run.py `Setup`): its cluster of virtual boards,
     started on first use, the deployment key, the pipeline's stage count and its stages' board class (None:
-    the default), and a stack that keeps what the factory opens until the run ends."""
+    the default), the roles flashed beside the stages, and a stack that keeps what the factory opens until the run ends."""
 
     key: bytes | None
     stages: int
     stage_class: str | None
+    beside_stages: tuple[str, ...]  # roles whose default virtual board boots and flashes beside the stages
 
     def cluster(self): ...
 
@@ -165,8 +166,6 @@ class Boards(Protocol):
 
 
 Factory = Callable[..., Backend]
-VERIFIERS: dict[str, Factory] = {}
-DRAFTERS: dict[str, Factory] = {}
 PIPELINE = "pipeline"  # the verifier of `--stages N`: N virtual stage boards
 PORT = "PORT"  # the registry entry of every name `is_port` accepts: a flashed board on that serial port
 
@@ -176,31 +175,12 @@ def is_port(name: str) -> bool:
     return name == "auto" or name.startswith("/dev/") or name.startswith("COM") or "://" in name
 
 
-def factory(kind: str, name: str) -> Factory | None:
-    """The factory registered for `--verifier NAME` (kind "verifier") or `--drafter NAME`, or None.
-
-    Only what has been imported is registered: whoever assembles a run imports the back-end modules it
-    offers (host/cli/registry.py)."""
-    table = VERIFIERS if kind == "verifier" else DRAFTERS
-    return table.get(PORT if is_port(name) else name)
-
-
-def register_verifier(name: str, factory: Factory) -> None:
-    """Make `--verifier NAME` build a back-end with `factory(model_path, **options)`."""
-    VERIFIERS[name] = factory
-
-
-def register_drafter(name: str, factory: Factory) -> None:
-    """Make `--drafter NAME` build a back-end with `factory(model_path, **options)`."""
-    DRAFTERS[name] = factory
-
-
 class EngineStream:
     """A numpy `Engine` whose KV cache follows a token list: keeps the common prefix, feeds the rest."""
 
     def __init__(self, path, engine=None):
         """`engine`: anything with Engine's `header`, `forward(tokens, start_pos)`, `rollback(n)` (torch)."""
-        from specmesh.host.backends.engine import Engine  # noqa: PLC0415 - numpy engine only when a local back-end is made
+        from specmesh.host.backends.engine import Engine  # numpy engine only when a local back-end is made
 
         try:
             self.engine = engine or Engine(path)
@@ -275,7 +255,7 @@ class LocalVerifier(LocalRole):
         if draft.pos0 != len(committed):
             raise BackendError("draft for position %d, but the stream holds %d tokens"
                                % (draft.pos0, len(committed)))
-        from specmesh.host.backends.engine import argmax, target_table  # noqa: PLC0415 - numpy, loaded with the engine
+        from specmesh.host.backends.engine import argmax, target_table  # numpy, loaded with the engine
 
         logits = self.stream.logits_after(committed, draft.tokens)
         p = self.params
@@ -293,7 +273,7 @@ class LocalDrafter(LocalRole):
             self.stream.feed(prompt[:-1])  # prefill, as a drafter board does at BEGIN
 
     def draft(self, committed: Sequence[int], gamma: int) -> Draft:
-        from specmesh.host.backends.engine import argmax, draft_table  # noqa: PLC0415 - numpy, loaded with the engine
+        from specmesh.host.backends.engine import argmax, draft_table  # numpy, loaded with the engine
 
         p = self.params
         out = Draft(len(committed))
@@ -308,6 +288,3 @@ class LocalDrafter(LocalRole):
                 row = self.stream.feed([token])[0]
         return out
 
-
-register_verifier("cpu", LocalVerifier)
-register_drafter("cpu", LocalDrafter)

@@ -125,7 +125,7 @@ class Batcher:
         try:
             with self._model_lock:
                 out = self.model.forward([(s, toks) for s, toks, _ in batch])
-        except Exception as exc:  # forward checks every run before touching a cache
+        except Exception as exc:  # noqa: BLE001 - forward checks every run before touching a cache
             if len(batch) == 1:
                 batch[0][2].set_exception(exc)
             else:  # only the bad request fails: the others run alone

@@ -23,11 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from specmesh.host.backends import BackendError, Draft, SessionParams, Unit
+from specmesh.host.boardclasses import CONSOLE_RING, class_of
 from specmesh.host.bus.proxy import Call, NodeError, Proxy, ProxyError
 from specmesh.shared import messages as m
+from specmesh.shared.board import ROLES
 from specmesh.shared.rule import PARTIAL
 
-ROLE_NAMES = {m.ROLE_DRAFTER: "drafter", m.ROLE_VERIFIER: "verifier", m.ROLE_STAGE: "stage"}
 
 
 class Restarted(Exception):
@@ -61,6 +62,8 @@ class BoardBackend(Unit):
             raise BackendError("%s: %s" % (name, e)) from None
         if role != self.role:
             raise BackendError(self._wrong_role(role))
+        if proxy.bus.peer in (None, proxy.node) and class_of(board, heap).ring_drops:  # on its own console
+            proxy.bus.ring = CONSOLE_RING
         self.info = {"fw": fw, "board": board, "model": model, "vocab": vocab, "heap_free": heap, "caps": caps,
                      "kernels": kernels}
         self.max_seq = max_seq
@@ -74,14 +77,14 @@ class BoardBackend(Unit):
 
     def _wrong_role(self, role: int) -> str:
         """Why the node does not play this back-end's role, and what to do (flashing a real board)."""
-        want = ROLE_NAMES[self.role]
+        want = ROLES[self.role]
         if role == m.ROLE_IDLE:  # the node prints why its role did not start (firmware/node.py)
             said = [t.strip() for t in getattr(self.proxy.bus.link, "text", ()) if "cannot start as" in t]
             why = "%s did not start as a %s: %s" % (
                 self.name, want, said[-1].split(": ", 2)[-1] if said else
                 "its node is idle (its model failed to load or it was never flashed with a role)")
         else:
-            why = "%s is flashed as a %s, not a %s" % (self.name, ROLE_NAMES.get(role, "role %d" % role), want)
+            why = "%s is flashed as a %s, not a %s" % (self.name, ROLES[role] if 0 <= role < len(ROLES) else "role %d" % role, want)
         if self.name.startswith("virtual:"):  # flashed for this run: a flash command would not help
             return why
         return why + "; flash it: `specmesh flash --port %s --role %s`" % (self.name, want)

@@ -23,7 +23,7 @@ try:
 except ImportError:  # torch is the optional `gpu` extra; the host works without it
     torch = None
 
-from specmesh.host.backends import BackendError, EngineStream, LocalVerifier, SessionParams, register_verifier
+from specmesh.host.backends import BackendError, EngineStream, LocalVerifier, SessionParams
 from specmesh.host.backends.arraymath import IntModel, Xp
 from specmesh.host.backends.batcher import Batcher, StreamEngine
 from specmesh.shared.modelfile import ModelFileError
@@ -101,8 +101,9 @@ class TorchModel(IntModel):
     """The model on a torch device (`pick_device` names it): host/backends/arraymath.py's `IntModel` on `TorchXp`."""
 
     def __init__(self, path, device: str = "auto", streams: int = 1):
-        super().__init__(path, TorchXp(pick_device(device)), streams)
-        self.device = self.xp.device
+        xp = TorchXp(pick_device(device))
+        super().__init__(path, xp, streams)
+        self.device = xp.device
 
 
 class TorchVerifier(LocalVerifier):
@@ -144,13 +145,3 @@ def make_verifier(model_path, device: str = "cpu", **_options) -> TorchVerifier:
     """A torch verifier for one new stream (`--verifier torch-cpu` / `gpu`)."""
     return TorchVerifier(shared_batcher(model_path, device), "gpu" if device.startswith("cuda") else "torch-cpu")
 
-
-def _factory(device: str):
-    def make(model_path, **options):
-        return make_verifier(model_path, device, **options)
-
-    return make
-
-
-register_verifier("torch-cpu", _factory("cpu"))  # works without torch too: it then says how to install it
-register_verifier("gpu", _factory("cuda"))

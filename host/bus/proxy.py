@@ -13,6 +13,11 @@ so do its replies); those to nodes behind it carry src and dst.
 The retransmission timeout adapts per message type: three times the slowest recent reply time (of
 any type before one of this type was timed; `initial_rto` before any), at least `min_rto`, doubling
 after each retry; replies to resent requests are not timed (Karn's rule: they may answer either copy).
+
+A node on a UART console (a classic ESP32's, `ring`: its stdin ring's size) loses what arrives while it
+computes past the 259 bytes that ring holds (ports/esp32/uart.c drops them), so a new request waits, while
+others are in flight, until the ring can take its line besides the lines the node has not read: all but the
+oldest in flight, which it may be computing (retransmissions go at once: the one they repeat is presumed lost).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class _Waiter:
     event: threading.Event
     node: int
     reply: Frame | None = None
+    line: int = 0  # bytes of the request's line on the link
 
 
 class Bus:
@@ -78,6 +84,8 @@ class Bus:
         # reply, and a new host process counting from 1 again would get an earlier process's replies
         self._seq = os.urandom(1)[0]
         self._lock = threading.Lock()
+        self._replied = threading.Condition(self._lock)  # notified at every reply (a UART console's ring drains)
+        self.ring = 0  # the peer's UART-console stdin ring in bytes (0: a console that takes what it is sent)
         self._waiting: dict[int, _Waiter] = {}  # by seq
         self._slowest: dict[int, float] = {}  # per message type: recent slowest reply time (decays)
         link.on_frame = self._on_frame
@@ -97,6 +105,7 @@ class Bus:
             return
         src = self.peer if f.src is None else f.src
         with self._lock:
+            self._replied.notify_all()
             w = self._waiting.get(f.seq)
             if w is not None and w.node in (src, BROADCAST):
                 del self._waiting[f.seq]
@@ -119,18 +128,31 @@ class Bus:
 
     def start(self, node: int, mtype: int, payload: bytes = b"", session: int = 0,
               deadline: float | None = None) -> "Call":
-        """Send a request to `node` now; `Call.result()` waits for the reply (retransmitting as needed)."""
+        """Send a request to `node` now (on a UART console, once its ring can take it: the module docstring);
+        `Call.result()` waits for the reply (retransmitting as needed)."""
+        addr = node != self.peer
         with self._lock:
             self._seq = (self._seq + 1) & 0xFF
             seq = self._seq
-            w = _Waiter(threading.Event(), node)
+            frame = encode(mtype, payload, src=HOST if addr else None, dst=node if addr else None, seq=seq,
+                           session=session, auth=self.auth)
+            w = _Waiter(threading.Event(), node, line=line_size(len(frame)))
+            if self.ring:
+                self._make_room(w.line, time.perf_counter() + self._rto(mtype))
             self._waiting[seq] = w
-        addr = node != self.peer
-        frame = encode(mtype, payload, src=HOST if addr else None, dst=node if addr else None, seq=seq,
-                       session=session, auth=self.auth)
         call = Call(self, node, mtype, seq, frame, w, self.deadline if deadline is None else deadline)
         self.send(node, frame)
         return call
+
+    def _make_room(self, line: int, until: float) -> None:
+        """Wait (holding the lock, released while waiting) until the ring takes `line` bytes besides the lines in
+        flight after the oldest, or until `until`."""
+        while True:
+            unread = sum(w.line for w in list(self._waiting.values())[1:])
+            left = until - time.perf_counter()
+            if not self._waiting or unread + line < self.ring or left <= 0:
+                return
+            self._replied.wait(left)
 
     def send(self, node: int, frame: bytes) -> None:
         """Put a frame on the link; a link that cannot be written fails the calls waiting on it."""

@@ -6,6 +6,8 @@ import signal
 import sys
 import time
 
+from specmesh.shared.board import NODE_IDS, ROLES
+
 
 def _add_run(sub) -> None:
     from specmesh.host.cli import run as runner
@@ -19,7 +21,7 @@ def _add_flash(sub) -> None:
     p = sub.add_parser("flash", help="flash the node (drafter, verifier or pipeline stage) onto a board with mpremote")
     p.add_argument("--port", default="auto", help="serial port of the board (a0, u0, c0 as in mpremote), or `auto` "
                    "(default) to find it")
-    p.add_argument("--role", required=True, choices=["drafter", "verifier", "stage"])
+    p.add_argument("--role", required=True, choices=ROLES[1:])
     p.add_argument("--layers", metavar="A:B", default=None,
                    help="--role stage: the target's layers A..B-1 this board holds (docs/pipeline.md)")
     p.add_argument("--model", default=None, help="model file (default: models/target.spm; a drafter gets its board "
@@ -49,12 +51,12 @@ def parse_layers(text: str) -> tuple[int, int]:
 def _flash(args) -> int:
     from specmesh.host.bus.ports import PortError, resolve_port
     from specmesh.host.cli.ranges import in_range
-    from specmesh.host.provision.flash import FlashError, flash, summary
+    from specmesh.host.provision.flash import FlashError, FlashRequestError, flash, summary
     from specmesh.host.provision.keys import KeyFileError, load_key
 
     try:
         if args.node_id is not None:
-            in_range("--node-id", args.node_id, 1, 254, "255 is the broadcast address")
+            in_range("--node-id", args.node_id, *NODE_IDS, "255 is the broadcast address")
         key = load_key(args.key_file) if args.key_file else None
         port = resolve_port(args.port)
         t0 = time.monotonic()
@@ -62,14 +64,20 @@ def _flash(args) -> int:
         report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset, key=key,
                        clear_key=args.no_key, layers=layers, use_romfs=not args.no_romfs)
     except (FlashError, PortError, KeyFileError, ValueError) as e:
-        print(f"specmesh flash: {e}", file=sys.stderr)
-        return 1
+        return _failed("flash", e, isinstance(e, (FlashRequestError, PortError, KeyFileError, ValueError)))
     b = report.board
     print(f"{args.role} on {port} (MicroPython {'.'.join(map(str, b.version[:3]))}, {b.arch}, "
           f"{b.mem_free // 1024} KiB heap free): {summary(report, time.monotonic() - t0)}")
     if report.note:
         print(report.note)
     return 0
+
+
+def _failed(command: str, e: Exception, usage: bool) -> int:
+    """One line on stderr; the exit status every command gives (docs/run.md): 2 for a usage error (a flag, port or
+    file given that cannot be used, found before any work), 1 for a failure while working."""
+    print(f"specmesh {command}: {'error: ' if usage else ''}{e}", file=sys.stderr)
+    return 2 if usage else 1
 
 
 def _add_bench(sub) -> None:
@@ -83,14 +91,19 @@ def _add_bench(sub) -> None:
 def _bench(args) -> int:
     from specmesh.host.bus.ports import PortError, resolve_port
     from specmesh.host.projection.boardbench import bench, report
-    from specmesh.host.provision.flash import FlashError
+    from specmesh.host.provision.flash import FlashError, FlashRequestError
 
+    from specmesh.host import atomic
+
+    problem = atomic.unwritable(args.out)  # before minutes of benchmarking
+    if problem:
+        print(f"specmesh bench: error: --out {args.out} cannot be written: {problem}", file=sys.stderr)
+        return 2
     try:
         port = resolve_port(args.port)
         result = bench(port, args.out)
     except (FlashError, PortError) as e:
-        print(f"specmesh bench: {e}", file=sys.stderr)
-        return 1
+        return _failed("bench", e, isinstance(e, (FlashRequestError, PortError)))
     except OSError as e:
         print(f"specmesh bench: cannot write {args.out}: {e.strerror}", file=sys.stderr)
         return 1
@@ -139,10 +152,12 @@ def _keygen(args) -> int:
     from specmesh.host.provision.keys import KeyFileError, new_key_file
 
     try:
-        new_key_file(args.key_file)
+        made = new_key_file(args.key_file)
     except KeyFileError as e:
-        print(f"specmesh keygen: {e}", file=sys.stderr)
-        return 1
+        print(f"specmesh keygen: error: {e}", file=sys.stderr)
+        return 2
+    if made is not None:
+        print(f"made the folder {made} (owner only) for it")
     print(f"wrote a new key to {args.key_file}: flash it onto every board (specmesh flash --key-file), "
           "keep it out of version control")
     return 0

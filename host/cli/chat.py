@@ -16,10 +16,9 @@ import argparse
 import itertools
 import sys
 
-from specmesh.host.cli.output import TokenStream
+from specmesh.host.cli.output import Printer
 from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed
-from specmesh.host.cli.session import GenerationFailed, Mesh, gamma_controller, say_on_stderr
-from specmesh.host.decode.stopstrings import StopStrings
+from specmesh.host.cli.session import Mesh, gamma_controller, say_on_stderr
 
 PROMPT = "> "
 
@@ -38,16 +37,24 @@ def main(a: argparse.Namespace) -> int:
         return failed("chat", e)
 
 
-def _lines():
-    """The turns typed: input() with a prompt on a terminal, else stdin's lines; EOF ends them."""
-    tty = sys.stdin.isatty()
+def _lines(stdin=None):
+    """The turns typed: input() with a prompt on a terminal, else stdin's lines (read as bytes, each decoded on
+    its own); EOF ends them. A line that is not UTF-8 is skipped with one line saying so: the session goes on."""
+    stdin = stdin or sys.stdin
+    tty = stdin.isatty()
     while True:
         try:
-            line = input(PROMPT) if tty else sys.stdin.readline()
+            line = input(PROMPT) if tty else stdin.buffer.readline()
+            if not tty:
+                if not line:
+                    return
+                line = line.decode("utf-8")
         except EOFError:
             return
-        if not tty and not line:
-            return
+        except UnicodeDecodeError as e:
+            print("specmesh chat: that line is not UTF-8 text (byte 0x%02x at offset %d): skipped, type it in UTF-8"
+                  % (e.object[e.start], e.start), file=sys.stderr, flush=True)
+            continue
         yield line.rstrip("\r\n")
 
 
@@ -68,9 +75,8 @@ def chat(a: argparse.Namespace, lines, out, echo: bool = True) -> int:
 def _turns(mesh: Mesh, turns, opening: bool, out, echo: bool) -> int:
     """The chat on `mesh`: one lane for the whole session, and one gamma controller learning across turns."""
     config, tok = mesh.config, mesh.tok
-    stops = StopStrings(config.stop)
     with mesh.lane() as lane:
-        controller = None
+        controller = gamma_controller(config, lane.drafter)
         context: list[int] = []
         for i, line in enumerate(turns):
             new = tok.encode(line, bos=not context)
@@ -81,29 +87,15 @@ def _turns(mesh: Mesh, turns, opening: bool, out, echo: bool) -> int:
             context += new
             if echo or (i == 0 and opening):
                 out.write(line)
-            stream = TokenStream(lambda t: tok.pieces[t], out, color=config.color)
-            controller = controller or gamma_controller(config, lane.drafter)
+            printer = Printer(out, color=config.color)
             try:
-                done = mesh.complete(context, on_piece=lambda p: stream.show(p.segments), controller=controller,
+                done = mesh.complete(context, on_piece=lambda p: printer.show(p.segments), controller=controller,
                                      lane=lane)
-            except GenerationFailed:
-                out.write("\n")
-                raise
-            stream.finish()
-            context += _kept(tok, done.token_ids, stops)
+            finally:
+                printer.end()
+            context += done.token_ids  # with a stop string, the tokens whose text ends before it
             if done.stop == "context":
                 print("specmesh chat: the context is full (%d positions): start a new chat" % mesh.context,
                       file=sys.stderr)
                 return 0
     return 0
-
-
-def _kept(tok, tokens: list[int], stops: StopStrings) -> list[int]:
-    """The turn's tokens the context keeps: all, or with a stop string those whose text ends before it."""
-    cut = stops.cut(tok.decode(tokens)) if stops else None
-    if cut is None:
-        return tokens
-    n = len(tokens)
-    while n and len(tok.decode(tokens[:n])) > cut:
-        n -= 1
-    return tokens[:n]

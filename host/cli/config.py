@@ -16,6 +16,7 @@ from specmesh.host.boardclasses import drafter_class
 from specmesh.host.cli.ranges import SEED, RangeError, in_range, probability
 from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path
 from specmesh.shared import messages as m
+from specmesh.shared.sampling import is_greedy
 
 DEFAULT_PROMPT = "Once upon a time"
 GAMMA_FLAG_MAX = 16  # the largest --gamma; a round drafts at most what both back-ends' HELLO allows
@@ -31,6 +32,7 @@ class RunConfig:
     """What a run does, as checked: sampling, back-ends, transport, projection, key and output."""
 
     prompt: str = DEFAULT_PROMPT  # as read: --prompt TEXT, --prompt - (stdin) or --prompt-file F
+    prompt_from: str = "--prompt"  # where it came from, for a message about it
     stop: tuple[str, ...] = ()  # --stop strings: the text ends before the first
     max_tokens: int = 64
     temperature: float = 0.0
@@ -59,20 +61,24 @@ class RunConfig:
     draft_model: Path | None = None  # --draft-model
     color: bool | None = None  # None: when the output is a terminal
     quiet: bool = False
+    notes: tuple[str, ...] = ()  # one line each for a flag given that changes nothing here (said on stderr)
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> RunConfig:
         """The configuration `specmesh run`'s arguments describe; UsageError (one line) for a bad one."""
+        given = a
+        a = argparse.Namespace(**{**vars(a), **{k: v for k, v in UNSET_DEFAULTS.items() if getattr(a, k) is None}})
         _check_ranges(a)
+        notes = _pointless(given)
         _check_models(a.models, a.plain, a.model, a.draft_model)
-        return cls(prompt=read_prompt(a), stop=tuple(a.stop), max_tokens=a.max_tokens, temperature=a.temperature,
+        return cls(prompt=read_prompt(a), prompt_from=prompt_source(a), stop=tuple(a.stop), max_tokens=a.max_tokens, temperature=a.temperature,
                    top_k=a.top_k, top_p=a.top_p, draft_top_k=a.draft_top_k, seed=a.seed, drafter=a.drafter, verifier=a.verifier,
                    gamma=parse_gamma(a.gamma), draft_max=a.draft_max, transport=a.transport, radio_loss=a.radio_loss,
                    radio_dup=a.radio_dup, spec_ahead=a.spec_ahead, plain=a.plain, stages=a.stages,
                    project=a.project, kernels=a.kernels, rates=_rates(a.calibration, a.project),
                    drafter_rates=_rates(a.drafter_calibration, drafter_class(a.transport)),
                    key=_key(a.key_file), stats_json=a.stats_json, models=a.models, target_model=a.model,
-                   draft_model=a.draft_model, color=False if a.no_color else None, quiet=a.quiet)
+                   draft_model=a.draft_model, color=False if a.no_color else None, quiet=a.quiet, notes=notes)
 
     @property
     def backend_names(self) -> dict[str, str]:
@@ -91,14 +97,50 @@ class RunConfig:
         if named is not None:
             return named
         if role == "drafter":
-            from specmesh.host.cli.preflight import drafter_file  # noqa: PLC0415
+            from specmesh.host.cli.preflight import drafter_file
 
             return self.models / drafter_file(self.drafter, self.models, self.transport)
         return model_path(self.models, role)
 
+    @property
+    def greedy(self) -> bool:
+        return is_greedy(temp_milli(self.temperature))
+
     def session_params(self, eos: int) -> SessionParams:
         return SessionParams(seed=self.seed, temperature=self.temperature, draft_top_k=self.draft_top_k,
                              target_top_k=self.top_k, top_p=self.top_p, eos=eos)
+
+
+# flags whose parser default is None so that one given can be told from one left out (`_pointless`): their values
+UNSET_DEFAULTS = {"drafter": "virtual", "kernels": "native"}
+DRAFTER_FLAGS = (("--drafter", "drafter", None), ("--draft-model", "draft_model", None), ("--gamma", "gamma", "auto"),
+                 ("--spec-ahead", "spec_ahead", 0))  # what only a drafter uses, and each one's value left out
+
+
+def _pointless(a: argparse.Namespace) -> tuple[str, ...]:
+    """The one checked place for flags that are legal alone but change nothing together: a refusal (UsageError)
+    where the run would do work for nothing or read a value it never checks, else one note line each."""
+    from specmesh.host.bus.ports import expand
+    from specmesh.host.cli.preflight import unknown_backend
+
+    if any(s == "" for s in a.stop):
+        raise UsageError("--stop needs a non-empty string (an empty one would end the text before it began)")
+    if a.kernels is not None and not (a.project or a.stages):
+        raise UsageError("--kernels %s chooses the kernels a projection prices: add --project esp32s3 (or --stages N)"
+                         % a.kernels)
+    if a.transport == "espnow" and not (a.verifier == "virtual" and not a.stages):
+        raise UsageError("--transport espnow puts the virtual verifier board on the radio; with --verifier %s "
+                         "nothing goes over it: drop --transport espnow, or use --verifier virtual" % a.verifier)
+    notes = []
+    if a.plain:
+        problem = a.drafter is not None and unknown_backend("drafter", expand(a.drafter))
+        if problem:
+            raise UsageError(problem)
+        given = [flag for flag, dest, unset in DRAFTER_FLAGS if getattr(a, dest) != unset]
+        if given:
+            notes.append("--plain decodes on the verifier alone: %s %s not used" % (
+                ", ".join(given), "is" if len(given) == 1 else "are"))
+    return tuple(notes)
 
 
 def parse_gamma(text: str) -> int | None:
@@ -112,6 +154,13 @@ def parse_gamma(text: str) -> int | None:
         return in_range("--gamma", g, 0, GAMMA_FLAG_MAX)
     except RangeError as e:
         raise UsageError(str(e)) from None
+
+
+def prompt_source(a: argparse.Namespace) -> str:
+    """Where the prompt came from, as the user gave it: `--prompt`, `--prompt-file F`, or stdin."""
+    if a.prompt_file is not None:
+        return "--prompt-file %s" % a.prompt_file
+    return "stdin (--prompt -)" if a.prompt == "-" else "--prompt"
 
 
 def read_prompt(a: argparse.Namespace) -> str:
@@ -176,10 +225,10 @@ def _check_ranges(a: argparse.Namespace) -> None:
             raise UsageError("--project %s prices the instructions its boards execute under QEMU: run %s on %s "
                              "(no --calibration, no --stages)" % (a.project, " and ".join("--" + r for r, _ in roles),
                                                                   want))
-    if a.stats_json and a.stats_json != "-":  # "-": stdout
-        problem = atomic.unwritable(a.stats_json)
+    if a.stats_json is not None:
+        problem = atomic.output_problem(a.stats_json)
         if problem:
-            raise UsageError("--stats-json %s cannot be written: %s" % (a.stats_json, problem))
+            raise UsageError("--stats-json %s cannot be written: %s" % (a.stats_json or "''", problem))
 
 
 def check_utf8(prompt: str) -> None:
@@ -198,8 +247,8 @@ def check_utf8(prompt: str) -> None:
 def _rates(calibration: Path | None, project: str | None):
     if calibration is None:
         return None
-    from specmesh.host.projection.calibration import CalibrationError, Rates  # noqa: PLC0415
-    from specmesh.host.projection.hardware import BOARDS  # noqa: PLC0415
+    from specmesh.host.projection.calibration import CalibrationError, Rates
+    from specmesh.host.projection.hardware import BOARDS
 
     try:
         return Rates.load(calibration, BOARDS[project])
@@ -210,7 +259,7 @@ def _rates(calibration: Path | None, project: str | None):
 def _key(key_file: Path | None) -> bytes | None:
     if key_file is None:
         return None
-    from specmesh.host.provision.keys import KeyFileError, load_key  # noqa: PLC0415
+    from specmesh.host.provision.keys import KeyFileError, load_key
 
     try:
         return load_key(key_file)
@@ -219,7 +268,10 @@ def _key(key_file: Path | None) -> bytes | None:
 
 
 def _check_models(models: Path, plain: bool, target: Path | None, drafter: Path | None) -> None:
-    """Each model file the run reads is there: one named by --model/--draft-model, else its name in `models`."""
+    """Each model file the run reads is there: one named by --model/--draft-model, else its name in `models` (a
+    --models folder that does not exist is a typo to fix, not models to train)."""
+    if not models.is_dir():
+        raise UsageError("--models %s: no such folder (the shipped models are in %s)" % (models, MODELS))
     for role, named, flag in (("drafter", drafter, "--draft-model"), ("verifier", target, "--model")):
         if role == "drafter" and plain:
             continue

@@ -31,8 +31,8 @@ def add_parser(sub) -> None:
 
 def main(args) -> int:
     try:
-        import termios  # noqa: PLC0415 - POSIX only; imported here so the rest of the CLI runs anywhere
-        import tty  # noqa: PLC0415
+        import termios  # POSIX only; imported here so the rest of the CLI runs anywhere
+        import tty
     except ImportError:
         print("specmesh console: needs a POSIX terminal; on Windows use `mpremote connect %s repl`" % args.port,
               file=sys.stderr)
@@ -42,13 +42,13 @@ def main(args) -> int:
         if not ports.exists(port):
             raise ports.PortError(ports.missing(port))
         link = serial.serial_for_url(port, args.baud, timeout=0, exclusive=True)
-    except ports.PortError as e:
-        print("specmesh console: %s" % e, file=sys.stderr)
-        return 1
+    except ports.PortError as e:  # a usage error, as every command reports a port it cannot use: status 2
+        print("specmesh console: error: %s" % e, file=sys.stderr)
+        return 2
     except (serial.SerialException, OSError, ValueError):
-        print("specmesh console: %s" % (ports.why_unopenable(args.port) or "cannot open %s" % args.port),
+        print("specmesh console: error: %s" % (ports.why_unopenable(args.port) or "cannot open %s" % args.port),
               file=sys.stderr)
-        return 1
+        return 2
     print("specmesh console: %s; Ctrl-] leaves" % port, file=sys.stderr, flush=True)
     stdin = sys.stdin.fileno()
     saved = termios.tcgetattr(stdin) if os.isatty(stdin) else None

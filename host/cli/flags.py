@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="target top-p, 1 = off (default: %(default)s)")
     p.add_argument("--draft-top-k", type=int, default=8, help="size of the drafter's q-hat tables (default: 8)")
     p.add_argument("-s", "--seed", type=int, default=0, help="session seed: same seed, same text (default: 0)")
-    p.add_argument("--drafter", default="virtual",
+    p.add_argument("--drafter", default=None,
                    help="PORT (or mpremote's a0, u0, c0) | auto (the flashed drafter board among the ESP32 USB "
                         "ports) | virtual | virtual:CLASS (a virtual board of that class) | cpu (default: virtual)")
     p.add_argument("--verifier", default="virtual",
@@ -46,13 +46,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plain", action="store_true", help="target-only decoding on the same verifier (baseline)")
     p.add_argument("--stages", type=int, default=0, metavar="N",
                    help="verify on a pipeline of N virtual stage boards (classic ESP32s; --verifier virtual:CLASS: of "
-                        "that class), the target's layers split "
-                        "evenly, positions sent through as a wavefront (docs/pipeline.md; default 0: one verifier)")
-    p.add_argument("--project", metavar="BOARD", choices=("esp32s3",) + RV32_PROJECT,
+                        "that class), the target's layers split evenly, positions sent through as a wavefront; each "
+                        "stage must fit its class's heap (the shipped target on classic ESP32s: 5) (docs/pipeline.md; "
+                        "default 0: one verifier)")
+    p.add_argument("--project", metavar="BOARD", choices=("esp32", "esp32s3") + RV32_PROJECT,
                    help="also project the run onto real boards of this class (host/projection/hardware.py); "
                         "gamma is then chosen for that hardware. esp32c3/esp32c6 price the instructions the run's "
                         "virtual:esp32c3/c6 boards executed under QEMU (docs/run.md)")
-    p.add_argument("--kernels", choices=("native", "viper"), default="native",
+    p.add_argument("--kernels", choices=("native", "viper"), default=None,
                    help="with --project: the board kernels the projection prices (default native: the xtensawin "
                         "module; viper: the MicroPython-only engine)")
     p.add_argument("--calibration", metavar="FILE", type=Path,
@@ -65,7 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sign and check every frame with this deployment key (boards flashed with the same "
                         "--key-file; virtual boards get it at flashing)")
     p.add_argument("--stats-json", metavar="FILE",
-                   help="write the run's figures as JSON to FILE, or to stdout instead of the text with -")
+                   help="write the run's figures as JSON to FILE (a device, pipe or FIFO is written straight, a "
+                        "symlink followed), or - for stdout in place of the text (which then goes to stderr)")
     p.add_argument("--models", type=Path, default=MODELS,
                    help="folder with %s, %s and a llama2.c %s" % (MODEL_FILES["drafter"], MODEL_FILES["verifier"],
                                                                    TOKENIZER_FILE))

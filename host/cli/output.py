@@ -11,58 +11,53 @@ verifier, drafter`, plus more detail (`gamma_hist`, `boards`, `projection`, ...)
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import IO
 
 from specmesh.host import atomic
-from specmesh.host.decode.stopstrings import StopStrings
+from specmesh.host.backends import Verifier
+from specmesh.host.decode.orchestrator import Costs, Observer
+from specmesh.host.decode.stopstrings import StopScan
 
 FEW = 5  # samples below which a figure is left out of the table (with the count) rather than shown
+WIDTH = 100  # columns every line of the table fits in (a value or key longer is wrapped)
+KEY_WIDTH = 40  # the widest key column; a longer key takes lines of its own
 GREEN = "\x1b[32m"
 RESET = "\x1b[0m"
 REQUIRED_KEYS = ("text", "tokens", "alpha", "tokens_per_verification", "gamma", "wall_s", "tokens_per_s",
                  "bus_bytes_per_token", "verifier", "drafter")
 
 
+Segments = list[tuple[str, bool]]  # text to show, in order, each part marked True where it was accepted drafts
+
+
 class TextStream:
-    """The committed tokens as text, kept for a stream's reader; `piece(id) -> bytes` gives a token's bytes.
+    """A stream's committed tokens as the text to show, as its `StopScan` (host/decode/stopstrings.py) decodes
+    them: the text ends before the first stop string, and an ending that could begin one is held back until
+    the next tokens tell. `write` and `finish` return what may be shown now, as Segments."""
 
-    `write` takes a round and returns what may be shown of it now, as segments (text, was an accepted draft).
-    With `stops` (host/decode/stopstrings.py) the text ends before the first stop string, and an ending
-    that could begin one is held back until the next tokens tell."""
-
-    def __init__(self, piece: Callable[[int], bytes], stops: StopStrings | None = None):
-        self.piece = piece
-        self.stops = stops or StopStrings(())
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        self._text_so_far = ""  # the generated text (with stops: what is shown, then what is held back)
-        self._green: list[tuple[int, int]] = []  # spans of it that are accepted drafts
+    def __init__(self, scan: StopScan):
+        self.scan = scan
+        self._green: list[tuple[int, int]] = []  # spans of the scan's text that are accepted drafts
         self._shown = 0
-        self.stopped = False  # a stop string was reached: nothing more is shown
 
-    def _text(self, ids: Sequence[int]) -> str:
-        return self._utf8.decode(b"".join(self.piece(t) for t in ids))
+    def write(self, accepted: Sequence[int], emitted: Sequence[int]) -> Segments:
+        """One round: drafts the target accepted, then the tokens it emitted itself."""
+        scan = self.scan
+        start = len(scan.text)
+        scan.feed(accepted)
+        if len(scan.text) > start:
+            self._green.append((start, len(scan.text)))
+        scan.feed(emitted)
+        return self._upto(scan.showable())
 
-    def write(self, accepted: Sequence[int], emitted: Sequence[int]) -> list[tuple[str, bool]]:
-        """One round: drafts the target accepted, then the tokens it emitted itself; returns what to show."""
-        a, e = self._text(accepted), self._text(emitted)
-        if self.stopped:
-            return []
-        start = len(self._text_so_far)
-        self._text_so_far += a + e
-        if a:
-            self._green.append((start, start + len(a)))
-        cut = self.stops.cut(self._text_so_far)
-        self.stopped = cut is not None
-        return self._show(cut if cut is not None else self.stops.showable(self._text_so_far))
-
-    def _show(self, end: int) -> list[tuple[str, bool]]:
+    def _upto(self, end: int) -> Segments:
         """The text from what was shown up to `end`, split where accepted drafts begin and end."""
-        begin, text = self._shown, self._text_so_far
+        begin, text = self._shown, self.scan.text
         if end <= begin:
             return []
         parts, at = [], begin
@@ -75,44 +70,85 @@ class TextStream:
         self._shown = end
         return [(t, draft) for t, draft in parts if t]
 
-    def finish(self) -> list[tuple[str, bool]]:
-        """What was held back, once the stream has ended (a partial character, a possible stop string's start)."""
-        if self.stopped:
-            return []
-        self._text_so_far += self._utf8.decode(b"", final=True)
-        return self._show(len(self._text_so_far))
+    def finish(self) -> Segments:
+        """The stream ended: what was held back (a partial character, a possible stop string's start)."""
+        self.scan.finish()
+        return self._upto(len(self.scan.final()))
 
 
-class TokenStream:
-    """Writes committed tokens to `out` as a TextStream shows them: accepted drafts in green when colouring
-    (`color=None`: when `out` is a terminal and NO_COLOR is unset), a newline at the end."""
+class Printer:
+    """Writes Segments to `out`, accepted drafts in green when colouring (`color=None`: when `out` is a
+    terminal and NO_COLOR is unset)."""
 
-    def __init__(self, piece: Callable[[int], bytes], out: IO[str] | None = None, color: bool | None = None,
-                 stops: StopStrings | None = None):
+    def __init__(self, out: IO[str] | None = None, color: bool | None = None):
         self.out = out if out is not None else sys.stdout
         if color is None:
             color = hasattr(self.out, "isatty") and self.out.isatty() and "NO_COLOR" not in os.environ
         self.color = color
-        self.text = TextStream(piece, stops)
 
-    @property
-    def stopped(self) -> bool:
-        """A stop string was reached: nothing more is shown."""
-        return self.text.stopped
-
-    def write(self, accepted: Sequence[int], emitted: Sequence[int]) -> None:
-        """Show one round: drafts the target accepted, then the tokens it emitted itself."""
-        self.show(self.text.write(accepted, emitted))
-
-    def show(self, segments: Sequence[tuple[str, bool]]) -> None:
+    def show(self, segments: Segments) -> None:
         if segments:
             self.out.write("".join(GREEN + t + RESET if draft and self.color else t for t, draft in segments))
             self.out.flush()
 
-    def finish(self) -> None:
-        self.show(self.text.finish())
+    def end(self) -> None:
         self.out.write("\n")
         self.out.flush()
+
+
+class TokenStream(TextStream):
+    """A TextStream written to `out` as it goes (a Printer), a newline at the end."""
+
+    def __init__(self, scan: StopScan, out: IO[str] | None = None, color: bool | None = None):
+        super().__init__(scan)
+        self.printer = Printer(out, color)
+
+    def write(self, accepted: Sequence[int], emitted: Sequence[int]) -> Segments:
+        segments = super().write(accepted, emitted)
+        self.printer.show(segments)
+        return segments
+
+    def finish(self) -> Segments:
+        segments = super().finish()
+        self.printer.show(segments)
+        self.printer.end()
+        return segments
+
+
+class Watch(Observer):
+    """generate()'s observer for a command's stream: its stop strings decided once, by `scan` (fed by the
+    `stream` that shows the text, or here when nothing is shown), a projection's `costs`, and with a
+    `fallback` (a factory of the replacement verifier) fail-over, each fail-over a line on stderr."""
+
+    def __init__(self, scan: StopScan, stream: TextStream | None = None, costs: Costs | None = None,
+                 costs_known: bool = True, fallback: Callable[[], Verifier] | None = None):
+        super().__init__(costs, costs_known, fails_over=fallback is not None)
+        self.scan, self.stream, self._fallback = scan, stream, fallback
+
+    def shown(self, accepted: Sequence[int], emitted: Sequence[int]) -> None:
+        if self.stream is not None:
+            self.stream.write(accepted, emitted)
+        else:
+            self.scan.feed(accepted)
+            self.scan.feed(emitted)
+
+    def stopped(self) -> bool:
+        return self.scan.stopped
+
+    def fallback(self) -> Verifier | None:
+        return self._fallback() if self._fallback else None
+
+    def failed_over(self, line: str) -> None:
+        print("\nspecmesh: " + line, file=sys.stderr, flush=True)
+
+    def finish(self) -> str:
+        """The stream ended: the rest of the text shown (and a newline), and the text returned, before the
+        first stop string."""
+        if self.stream is not None:
+            self.stream.finish()
+        else:
+            self.scan.finish()
+        return self.scan.final()
 
 
 def _fmt(v) -> str:
@@ -164,6 +200,16 @@ def _estimates(est: dict) -> list[tuple[str, object]]:
     return rows
 
 
+def _took_over(stats: dict, role: str):
+    """The back-end that ended the run in `role`, and the one it took over from when that failed mid-run."""
+    failed = (stats.get("failed") or {}).get(role)
+    if failed is None:
+        return stats[role]
+    if role == "drafter":
+        return "none: %s failed, plain decoding from then on" % failed
+    return "%s, which took over from %s (it failed)" % (stats[role], failed)
+
+
 def format_table(stats: dict) -> str:
     """The end-of-run table: one figure a line, then one line per board.
 
@@ -185,8 +231,8 @@ def format_table(stats: dict) -> str:
         ("decode tokens / s", "%s (%d tokens in %s s)" % (
             _fmt(stats["decode_tokens_per_s"]), stats["decode_tokens"], _fmt(stats["decode_s"]))),
         ("bus bytes / token", stats["bus_bytes_per_token"]),
-        ("verifier", stats["verifier"]),
-        ("drafter", stats["drafter"]),
+        ("verifier", _took_over(stats, "verifier")),
+        ("drafter", _took_over(stats, "drafter")),
     ]
     est = stats.get("estimates") or {}
     if stats.get("drafter") and est.get("cost_ratio_c") is not None:
@@ -206,8 +252,8 @@ def format_table(stats: dict) -> str:
             else:
                 rows.append(("  vs plain on the pipeline (%s)" % link, p["speedup_vs_pipeline_plain"]))
                 rows.append(("  vs plain on one esp32s3 board", p["speedup_vs_single_board_plain"]))
-    width = max(len(k) for k, _ in rows)
-    lines = ["%-*s  %s" % (width, k, _fmt(v)) for k, v in rows]
+    width = min(max(len(k) for k, _ in rows), KEY_WIDTH)
+    lines = [line for k, v in rows for line in _row(k, _fmt(v), width)]
     boards = stats.get("boards") or []
     if boards:
         names = ["%s (%s)" % (b["name"], b["role"]) for b in boards]
@@ -216,21 +262,42 @@ def format_table(stats: dict) -> str:
                                                         "insn / token", "kernels"))
         for name, b in zip(names, boards):
             if "error" in b:
-                lines.append("%-*s  stats unavailable: %s" % (w, name, b["error"]))
+                lines += _wrapped("%-*s  " % (w, name), "stats unavailable: %s" % b["error"])
                 continue
             insn = b.get("instructions_per_token")
             kernels = b.get("kernels") or "-"
             if b.get("kernels_note"):
                 kernels += " (%s)" % b["kernels_note"]
-            lines.append("%-*s  %10s %12s %11s %15s  %s" % (
+            lines += _wrapped("%-*s  %10s %12s %11s %15s  " % (
                 w, name, _fmt(b.get("compute_s")), _fmt(b.get("heap_free")), _fmt(b.get("retransmits")),
-                "-" if insn is None else "%.0f" % insn, kernels))
+                "-" if insn is None else "%.0f" % insn), kernels)
     return "\n".join(lines)
 
 
+def _wrapped(head: str, text: str) -> list[str]:
+    """`head` then `text`, wrapped to the table's WIDTH; continuation lines indented under where `text` began (by
+    KEY_WIDTH + 2 columns at most, so that a long head leaves the text room)."""
+    if len(head + text) <= WIDTH:
+        return [head + text]
+    indent = " " * min(len(head), KEY_WIDTH + 2)
+    return textwrap.wrap(head + text, WIDTH, subsequent_indent=indent, break_on_hyphens=False)
+
+
+def _row(key: str, value: str, width: int) -> list[str]:
+    """One figure's lines: the key padded to `width`, then the value, both wrapped to WIDTH columns; a key
+    longer than `width` takes its own lines, the value then starts under the value column."""
+    if len(key) <= width:
+        return _wrapped("%-*s  " % (width, key), value)
+    keys = textwrap.wrap(key, WIDTH, subsequent_indent="  ")
+    if len(keys[-1]) <= width:  # the value goes beside the key's last line
+        return keys[:-1] + _wrapped("%-*s  " % (width, keys[-1]), value)
+    return keys + _wrapped(" " * (width + 2), value)
+
+
 def write_stats_json(path: str, stats: dict) -> None:
-    """Write the stats JSON (keys REQUIRED_KEYS and more); raises OSError if the file cannot be written."""
+    """Write the stats JSON (keys REQUIRED_KEYS and more) to `path` as host/atomic.py `write_output` does (`-`:
+    stdout; a device or pipe straight; a regular file replaced atomically); OSError if it cannot be written."""
     missing = [k for k in REQUIRED_KEYS if k not in stats]
     if missing:
         raise ValueError("stats lack %s" % missing)
-    atomic.write_text(path, json.dumps(stats, indent=1, sort_keys=True) + "\n")
+    atomic.write_output(path, json.dumps(stats, indent=1, sort_keys=True) + "\n")

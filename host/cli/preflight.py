@@ -2,6 +2,8 @@
 left behind when one of these fails, and the failure is one line naming the file or port and what to do.
 
 - the model files parse: header, size and CRC (host/backends/modelio.py `check_model_file`);
+- the drafter speaks the target's tokens: the same vocabulary and, where both headers name one, the same
+  tokenizer (a drafter board's HELLO is checked again once it answers, before any text);
 - the prompt fits the target's context (the orchestrator would refuse it only after the boards were up);
 - every `--drafter`/`--verifier` names a known back-end (a port also as mpremote's `a0`, `u0`, `c0`), and
   every role given a serial port gets one that exists and opens now; `auto` is resolved here to the
@@ -12,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import specmesh.host.cli.registry  # noqa: F401 - the back-ends a run offers, registered
 from specmesh.host import backends
+from specmesh.host.cli import registry
 from specmesh.host.backends import is_port
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.boardclasses import BOARD_CLASSES, drafter_class, drafter_model
@@ -38,9 +40,9 @@ class PreflightError(Exception):
 
 def unknown_backend(kind: str, name: str) -> str | None:
     """The one-line error for a `--drafter`/`--verifier` value that names no back-end, or None."""
-    if backends.factory(kind, name) is not None:
+    if registry.factory(kind, name) is not None:
         return None
-    known = ", ".join(sorted({*(backends.VERIFIERS if kind == "verifier" else backends.DRAFTERS)} - {backends.PORT}))
+    known = ", ".join(sorted({*(registry.VERIFIERS if kind == "verifier" else registry.DRAFTERS)} - {backends.PORT}))
     return "--%s %s: not a serial port nor one of %s" % (kind, name, known)
 
 
@@ -58,19 +60,33 @@ def check_models(files: dict[str, Path], roles: list[str]) -> dict[str, Header]:
     return heads
 
 
-def check_context(prompt_tokens: int, target: Header, name: str = MODEL_FILES["verifier"]) -> None:
+def check_pair(target: Header, vocab: int, tokenizer_id: int, what: str) -> None:
+    """A drafter (`what`: its file, or the board that runs it) must draft the target's tokens: the same vocabulary
+    size, and the same tokenizer where both headers name one (tokenizer_id 0: not recorded)."""
+    if vocab != target.vocab:
+        raise PreflightError("the drafter %s has a vocabulary of %d tokens, the target's has %d: give a drafter "
+                             "trained with the target's tokenizer (--draft-model), or --plain" % (what, vocab, target.vocab))
+    if tokenizer_id and target.tokenizer_id and tokenizer_id != target.tokenizer_id:
+        raise PreflightError("the drafter %s was made with another tokenizer than the target (tokenizer id %08x, the "
+                             "target's %08x): give a drafter trained with the target's tokenizer (--draft-model), or "
+                             "--plain" % (what, tokenizer_id, target.tokenizer_id))
+
+
+def check_context(prompt_tokens: int, target: Header, name: str = MODEL_FILES["verifier"],
+                  source: str = "--prompt") -> None:
     """The prompt must leave room in the target's context for at least one generated token (the
-    drafter's context limits nothing: past it, rounds are plain; host/decode/orchestrator.py)."""
+    drafter's context limits nothing: past it, rounds are plain; host/decode/orchestrator.py). `source`: where
+    the prompt came from (--prompt, --prompt-file F, stdin), named in the message."""
     if prompt_tokens >= target.max_seq:
-        raise PreflightError("the prompt is %d tokens but the target model's context holds %d (%s): shorten --prompt"
-                             % (prompt_tokens, target.max_seq, name))
+        raise PreflightError("the prompt is %d tokens but the target model's context holds %d (%s): shorten the "
+                             "prompt from %s" % (prompt_tokens, target.max_seq, name, source))
 
 
 def check_backends(names: dict[str, str], transport: str, key: bytes | None = None) -> dict[str, str]:
     """`names` (role -> back-end name), each checked to name a back-end, with every `auto` replaced by
     its board's port (asking with `key` when the boards sign frames) and every port checked to exist and
     open."""
-    from specmesh.host.bus.ports import PortError, check_port, expand  # noqa: PLC0415
+    from specmesh.host.bus.ports import PortError, check_port, expand
 
     names = {role: expand(name) for role, name in names.items()}  # mpremote's shortcuts: a0, u0, c0
     for role, name in names.items():
@@ -96,8 +112,8 @@ def check_backends(names: dict[str, str], transport: str, key: bytes | None = No
 
 
 def _find(role: str, key: bytes | None) -> str:
-    from specmesh.host.backends import BackendError  # noqa: PLC0415
-    from specmesh.host.provision.cluster import find  # noqa: PLC0415
+    from specmesh.host.backends import BackendError
+    from specmesh.host.provision.cluster import find
 
     try:
         return find(role, key)

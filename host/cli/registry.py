@@ -1,26 +1,36 @@
-"""The back-ends a `specmesh run` offers, put into the one registry (host/backends/__init__.py) by importing
-the modules that define them: `cpu` (host/backends), the boards (`virtual`, `virtual:CLASS`, `pipeline`, serial
-ports: host/provision/cluster.py) and the torch verifiers (host/backends/torch_backend.py). The torch module
-is imported on first use (PyTorch takes seconds to import, and `--verifier cpu` never needs it); until then
-its names stand in the registry as factories that import it."""
+"""The back-ends a `specmesh run` offers, by name, one explicit table per role: `cpu` (host/backends), the
+boards (`virtual`, `virtual:CLASS`, `pipeline`, serial ports: host/provision/cluster.py) and the torch
+verifiers (host/backends/torch_backend.py). The torch module is imported on first use (PyTorch takes seconds
+to import, and `--verifier cpu` never needs it)."""
 
 from __future__ import annotations
 
-import specmesh.host.provision.cluster  # noqa: F401 - registers the board back-ends
-from specmesh.host.backends import VERIFIERS, register_verifier
+from specmesh.host.backends import PIPELINE, PORT, Factory, LocalDrafter, LocalVerifier, is_port
+from specmesh.host.boardclasses import BOARD_CLASSES
+from specmesh.host.provision import cluster
 
-TORCH_VERIFIERS = ("torch-cpu", "gpu")
 
-
-def _torch(name: str):
+def _torch(device: str) -> Factory:
     def make(model_path, **options):
-        import specmesh.host.backends.torch_backend  # noqa: F401, PLC0415 - registers the real factory under `name`
+        from specmesh.host.backends.torch_backend import make_verifier  # works without torch: it says how to install it
 
-        return VERIFIERS[name](model_path, **options)
+        return make_verifier(model_path, device, **options)
 
     return make
 
 
-for _name in TORCH_VERIFIERS:
-    if _name not in VERIFIERS:  # already imported: its own factory stays
-        register_verifier(_name, _torch(_name))
+def _boards(kind: str) -> dict[str, Factory]:
+    """A role's board back-ends: its virtual board, one of each class, and a flashed board on a serial port."""
+    return {"virtual": cluster.virtual(kind), **{"virtual:" + c: cluster.virtual(kind, c) for c in BOARD_CLASSES},
+            PORT: cluster.on_port(kind)}
+
+
+VERIFIERS: dict[str, Factory] = {"cpu": LocalVerifier, **_boards("verifier"), PIPELINE: cluster.pipeline,
+                                 "torch-cpu": _torch("cpu"), "gpu": _torch("cuda")}
+DRAFTERS: dict[str, Factory] = {"cpu": LocalDrafter, **_boards("drafter")}
+
+
+def factory(kind: str, name: str) -> Factory | None:
+    """The factory of `--verifier NAME` (kind "verifier") or `--drafter NAME`, or None."""
+    table = VERIFIERS if kind == "verifier" else DRAFTERS
+    return table.get(PORT if is_port(name) else name)

@@ -1,8 +1,7 @@
 """`specmesh run`: set up the drafter and verifier back-ends, generate, stream the text, print the stats.
 
 The arguments become one checked, frozen `RunConfig` (host/cli/config.py) before anything starts; the rest
-of the run reads that. Back-ends by name, each made through the registry of host/backends/__init__.py (the
-modules that fill it are imported by host/cli/registry.py): `cpu` (numpy engine on the host), `torch-cpu`,
+of the run reads that. Back-ends by name, each made through the tables of host/cli/registry.py: `cpu` (numpy engine on the host), `torch-cpu`,
 `gpu`, `virtual` or `virtual:CLASS` (a virtual board started and flashed for this run,
 host/provision/cluster.py), `pipeline` (`--stages N`), or a serial port of a flashed board. `--plain` decodes with the verifier alone
 (the baseline). Every user error is one line on stderr and exit status 2; a failure during generation is
@@ -14,43 +13,39 @@ on plain decoding (host/decode/orchestrator.py): one line on stderr, the text go
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
 
+from specmesh.host.atomic import STDOUT
 from specmesh.host.cli.config import RunConfig, UsageError
 from specmesh.host.cli.flags import add_arguments
-from specmesh.host.cli.output import TokenStream, format_table, write_stats_json
+from specmesh.host.cli.output import Printer, format_table, write_stats_json
 from specmesh.host.cli.session import GenerationFailed, Mesh, one_line, say_on_stderr
 
 
 def check_args(a: argparse.Namespace) -> RunConfig:
-    """The run's configuration from its arguments, checked (UsageError: one line); `a` is left as it is."""
-    return RunConfig.from_args(a)
+    """The run's configuration from its arguments, checked (UsageError: one line); `a` is left as it is. A flag
+    given that changes nothing is said in one line on stderr."""
+    config = RunConfig.from_args(a)
+    for note in config.notes:
+        print("specmesh: note: " + note, file=sys.stderr, flush=True)
+    return config
 
 
 def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
-    """Generate as `a` says, the prompt and the text streamed to `out` (default stdout) unless the stats JSON
-    goes there (`--stats-json -`); returns the stats. Raises UsageError, GenerationFailed and friends."""
+    """Generate as `a` says, the prompt and the text streamed to `out` (default stdout); returns the stats.
+    Raises UsageError, GenerationFailed and friends."""
     out = out if out is not None else sys.stdout
     config = a if isinstance(a, RunConfig) else check_args(a)
-    say = None if config.quiet else say_on_stderr()
-    with Mesh.from_config(config, say=say, warn=say_on_stderr()) as mesh:
-        prompt = mesh.encode(config.prompt)
-        stream = None
-        if config.stats_json != "-":
-            stream = TokenStream(lambda t: mesh.tok.pieces[t], out, color=config.color)
-            out.write(config.prompt)
-            out.flush()
+    with Mesh.from_config(config, say=None if config.quiet else say_on_stderr(), warn=say_on_stderr()) as mesh:
+        printer = Printer(out, color=config.color)
+        out.write(config.prompt)
+        out.flush()
         try:
-            done = mesh.complete(prompt, on_piece=stream and (lambda p: stream.show(p.segments)))
-        except GenerationFailed:
-            if stream:
-                out.write("\n")
-            raise
-        if stream:
-            stream.finish()
+            done = mesh.complete(mesh.encode(config.prompt), on_piece=lambda p: printer.show(p.segments))
+        finally:
+            printer.end()
     return done.stats
 
 
@@ -79,22 +74,23 @@ def failed(command: str, e: Exception | KeyboardInterrupt) -> int:
 
 
 def _main(a: argparse.Namespace) -> int:
+    # the text alone on stdout, the table on stderr; `--stats-json -`: stdout holds the JSON alone (for a pipe
+    # to jq), so the text goes to stderr too
+    out = sys.stderr if a.stats_json == STDOUT else sys.stdout
     try:
-        stats = run(a)
+        stats = run(a, out)
     except BrokenPipeError:
         raise
     except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every failure is one line for the user
         return failed("run", e)
     if not a.quiet:
         print(format_table(stats), file=sys.stderr)
-    if a.stats_json == "-":
-        sys.stdout.write(json.dumps(stats, indent=1, sort_keys=True) + "\n")
-    elif a.stats_json:
+    if a.stats_json is not None:
         try:
             write_stats_json(a.stats_json, stats)
         except OSError as e:
             print("specmesh run: error: cannot write %s: %s" % (a.stats_json, e.strerror), file=sys.stderr)
-            return 2
+            return 1  # checked writable before the run: this failed while writing (a full disk, /dev/full)
     return 0
 
 

@@ -39,9 +39,9 @@ def main(a: argparse.Namespace) -> int:
 
 def serve(a: argparse.Namespace) -> int:
     try:
-        import uvicorn  # noqa: PLC0415 - the optional `serve` extra
+        import uvicorn
 
-        from specmesh.host.cli.server import app  # noqa: PLC0415 - Starlette, the same extra
+        from specmesh.host.cli.server import app
     except ImportError:
         print("specmesh serve: error: " + INSTALL_HINT, file=sys.stderr)
         return 2

@@ -39,22 +39,28 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specmesh.host import backends
 from specmesh.host.backends import PIPELINE, BackendError, SessionParams
-from specmesh.host.boardclasses import class_of, drafter_class
+from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, class_of, drafter_class
+from specmesh.host.cli import registry
 from specmesh.host.cli.config import RV32_PROJECT, RunConfig, UsageError
 from specmesh.host.cli.flags import add_arguments
-from specmesh.host.cli.output import TextStream
-from specmesh.host.cli.preflight import PreflightError, check_backends, check_context, check_models, unknown_backend
+from specmesh.host.cli.output import Segments, TextStream, Watch
+from specmesh.host.cli.preflight import (PreflightError, check_backends, check_context, check_models, check_pair,
+                                         unknown_backend)
 from specmesh.host.cli.ranges import SEED, RangeError, in_range
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, generate
-from specmesh.host.decode.stopstrings import StopStrings
+from specmesh.host.decode.stopstrings import StopScan, StopStrings
 from specmesh.host.layout import TOKENIZER_FILE
 from specmesh.host.projection.measured import board_summary
 from specmesh.host.provision.drafters import expected_alpha
 from specmesh.shared.modelfile import ModelFileError
+
+if TYPE_CHECKING:
+    from specmesh.host.backends.batcher import Batcher
 
 HOST_BACKENDS = ("cpu", "torch-cpu", "gpu")  # in-process back-ends: a stream each, as many as asked
 Say = Callable[[str], None]
@@ -67,15 +73,6 @@ class GenerationFailed(Exception):
 def one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
-
-
-def load_tokenizer(models: Path):
-    from specmesh.host.decode.tokenizer import Tokenizer, TokenizerError  # noqa: PLC0415
-
-    try:
-        return Tokenizer.from_llama2c(models / TOKENIZER_FILE)
-    except TokenizerError as e:
-        raise UsageError(str(e)) from None
 
 
 def config_from(**flags) -> RunConfig:
@@ -92,6 +89,15 @@ def config_from(**flags) -> RunConfig:
     return RunConfig.from_args(ns)
 
 
+def load_tokenizer(models: Path):
+    from specmesh.host.decode.tokenizer import Tokenizer, TokenizerError
+
+    try:
+        return Tokenizer.from_llama2c(models / TOKENIZER_FILE)
+    except TokenizerError as e:
+        raise UsageError(str(e)) from None
+
+
 class Setup(contextlib.ExitStack):
     """The back-ends of one mesh and everything they started (virtual boards, links), closed on exit: the
     `Boards` (host/backends/__init__.py) the board back-ends' factories take."""
@@ -99,23 +105,25 @@ class Setup(contextlib.ExitStack):
     def __init__(self, config: RunConfig, say: Say | None = None):
         super().__init__()
         self.config = config
+        self.say = say
+        self._batchers: dict[str, Batcher] = {}
         self.key = config.key
         self.stages = config.stages
-        self.say = say
         # the stages' class: `--stages N --verifier virtual:CLASS` (None: the default class)
-        self.stage_class = config.verifier.split(":", 1)[1] if config.verifier.startswith("virtual:") else None
+        self.stage_class = stage_class(config) if config.verifier.startswith("virtual:") else None
+        # a pipeline's default virtual drafter board is flashed at the same time as its stages
+        self.beside_stages = ("drafter",) if config.stages and config.backend_names.get("drafter") == "virtual" else ()
         self._cluster = None
-        self._batchers: dict[str, object] = {}
 
     def cluster(self):
-        """The mesh's virtual boards (host/provision/cluster.py), opened on first use."""
+        """The run's virtual boards (host/provision/cluster.py), opened on first use."""
         if self._cluster is None:
-            from specmesh.host.provision.cluster import Cluster  # noqa: PLC0415
+            from specmesh.host.provision.cluster import Cluster
 
             c = self.config
             radio = None
             if c.transport == "espnow":
-                from specmesh.host.emulator.radio import RadioConfig  # noqa: PLC0415
+                from specmesh.host.emulator.radio import RadioConfig
 
                 radio = RadioConfig(loss=c.radio_loss, duplicate=c.radio_dup, seed=c.seed)
             self._cluster = self.enter_context(Cluster(c.transport, c.models, radio=radio, spec_ahead=c.spec_ahead,
@@ -128,7 +136,7 @@ class Setup(contextlib.ExitStack):
         if batched and name == "cpu":
             backend = self._batched(kind)
         else:
-            fac = backends.factory(kind, name)
+            fac = registry.factory(kind, name)
             if fac is None:
                 raise UsageError(unknown_backend(kind, name) or name)
             backend = fac(self.config.model_file(kind), name=name, boards=self)
@@ -137,8 +145,8 @@ class Setup(contextlib.ExitStack):
 
     def _batched(self, kind: str):
         """A `cpu` drafter or verifier on the numpy `IntModel` of its file, one Batcher per file for the mesh."""
-        from specmesh.host.backends.arraymath import IntModel  # noqa: PLC0415 - numpy, only for batched lanes
-        from specmesh.host.backends.batcher import Batcher, StreamEngine  # noqa: PLC0415
+        from specmesh.host.backends.arraymath import IntModel
+        from specmesh.host.backends.batcher import Batcher, StreamEngine
 
         path = self.config.model_file(kind)
         if kind not in self._batchers:
@@ -184,8 +192,10 @@ def build_stats(config: RunConfig, params: SessionParams, result: Result, text: 
         "bus_bytes_per_token_by_link": {  # the host's link to each board (0 for an in-process back-end)
             "verifier": sum(r.bytes_verify for r in result.rounds) / n if n else 0.0,
             "drafter": sum(r.bytes_draft for r in result.rounds) / n if n else 0.0},
-        "verifier": verifier.name,
-        "drafter": drafter.name if drafter else None,
+        # the back-ends that ended the run: the cpu verifier where the one asked for failed, none for a failed drafter
+        "verifier": "cpu" if "verifier" in result.failed else verifier.name,
+        "drafter": None if "drafter" in result.failed else (drafter.name if drafter else None),
+        "failed": dict(result.failed),  # role -> the back-end that failed mid-run (its line: failovers)
         "drafter_model": (drafter.info.get("model") if hasattr(drafter, "info") else
                           config.model_file("drafter").name) if drafter else None,
         "stop": result.stop,
@@ -234,8 +244,7 @@ def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool,
     """(cost model, projector): what prices each round for gamma's choice, and what projects the run for the
     stats (None, None when neither is asked for). A pipeline always reports its own projection."""
     if config.stages:  # host/projection/pipeline.py, in every stats JSON
-        from specmesh.host.boardclasses import ROLE_CLASS  # noqa: PLC0415
-        from specmesh.host.projection.pipeline import STAGE_LINKS, LinksReport, PipelineProjector  # noqa: PLC0415
+        from specmesh.host.projection.pipeline import STAGE_LINKS, LinksReport, PipelineProjector
 
         # stages of the class --project names (one with stages: the S3), else the class rule's classic ESP32s
         cls = config.project if config.project in STAGE_LINKS else ROLE_CLASS["stage"]
@@ -243,22 +252,43 @@ def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool,
                                   config.kernels, cls),
                 LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host, config.kernels, cls))
     if config.project in RV32_PROJECT:  # priced from the instructions its boards execute
-        from specmesh.host.projection.measured import LiveCosts, MeasuredProjector  # noqa: PLC0415
-        from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
+        from specmesh.host.projection.measured import LiveCosts, MeasuredProjector
+        from specmesh.host.projection.rounds import Projector
 
         measured = MeasuredProjector(heads["verifier"], heads["drafter"], config.project, config.transport)
         if deterministic:  # sampling: gamma from derived costs, so that a seed gives one text
             return Projector(heads["verifier"], heads["drafter"], "esp32s3", config.transport), measured
         boards = [("verifier", verifier)] + ([("drafter", drafter)] if drafter is not None else [])
         return LiveCosts(measured, boards), measured
-    if config.project or deterministic:
-        from specmesh.host.projection.rounds import Projector  # noqa: PLC0415
+    virtual = virtual_classes(config, on_host)
+    if config.project or deterministic or virtual:
+        from specmesh.host.projection.rounds import Projector
 
-        projector = Projector(heads["verifier"], heads["drafter"], config.project or "esp32s3", config.transport,
-                              config.rates, config.kernels, drafter_on_host=on_host,
-                              drafter_board=drafter_class(config.transport), drafter_rates=config.drafter_rates)
+        board, drafts_on = config.project or ROLE_CLASS["verifier"], drafter_class(config.transport)
+        if virtual and not (config.project or deterministic):
+            board, drafts_on = virtual
+        projector = Projector(heads["verifier"], heads["drafter"], board, config.transport, config.rates,
+                              config.kernels, drafter_on_host=on_host, drafter_board=drafts_on,
+                              drafter_rates=config.drafter_rates)
         return projector, (projector if config.project else None)
     return None, None
+
+
+def virtual_classes(config: RunConfig, on_host: bool) -> tuple[str, str] | None:
+    """(verifier class, drafter board class) when gamma auto speculates on virtual boards: they stand for
+    their class, and their wall clock is the host's (a scheduling hiccup read as a slow board switched
+    drafting off), so gamma plans from the class's projected costs; None otherwise."""
+    if config.gamma is not None or config.plain or not (on_host or _virtual(config.drafter)):
+        return None
+    if not _virtual(config.verifier):
+        return None
+    verifier = config.verifier.partition(":")[2] or ROLE_CLASS["verifier"]
+    drafter = config.drafter.partition(":")[2] or drafter_class(config.transport)
+    return (verifier, verifier if on_host else drafter) if {verifier, drafter} <= BOARD_CLASSES.keys() else None
+
+
+def _virtual(name: str) -> bool:
+    return name == "virtual" or name.startswith("virtual:")
 
 
 def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
@@ -268,12 +298,49 @@ def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
     try:
         roles = sorted({*names, *(["drafter"] if config.project else [])})
         headers = check_models({r: config.model_file(r) for r in roles}, roles)
-        check_context(prompt_tokens, headers["verifier"], config.model_file("verifier").name)
+        if "drafter" in headers:
+            check_pair(headers["verifier"], headers["drafter"].vocab, headers["drafter"].tokenizer_id,
+                       str(config.model_file("drafter")))
+        check_context(prompt_tokens, headers["verifier"], config.model_file("verifier").name, config.prompt_from)
         n_layers = headers["verifier"].n_layers
         in_range("--stages", config.stages, 0, n_layers, "0: one verifier; at most the target's %d layers" % n_layers)
+        if config.stages:
+            plan_stages(headers["verifier"], config.stages, stage_class(config))
         return headers, check_backends(names, config.transport, config.key)
     except (PreflightError, RangeError) as e:
         raise UsageError(str(e)) from None
+
+
+def stage_class(config: RunConfig) -> str:
+    """The class of a pipeline's stage boards: `--verifier virtual:CLASS`, else the stage role's (a classic ESP32)."""
+    from specmesh.host.boardclasses import ROLE_CLASS
+
+    return config.verifier.split(":", 1)[1] if config.verifier.startswith("virtual:") else ROLE_CLASS["stage"]
+
+
+def plan_stages(target, n: int, cls_name: str) -> None:
+    """Every stage of an n-stage split of `target` must fit the heap of a `cls_name` board, checked before any
+    board is flashed (a stage short of heap was found only after flashing, by the node); PreflightError naming
+    the first stage that does not fit and the fewest stages that do, or a class that holds them."""
+    from specmesh.host.boardclasses import BOARD_CLASSES, stage_heap_need
+    from specmesh.host.provision.cluster import split_layers
+
+    cls = BOARD_CLASSES[cls_name]
+
+    def first_short(k: int):
+        return next(((i, ab) for i, ab in enumerate(split_layers(target.n_layers, k))
+                     if stage_heap_need(target, cls, ab) > cls.heap_bytes), None)
+
+    short = first_short(n)
+    if short is None:
+        return
+    i, (a, b) = short
+    fits = next((k for k in range(n + 1, target.n_layers + 1) if first_short(k) is None), None)
+    fix = ("--stages %d, the fewest whose stages fit" % fits if fits else "no split fits it") + \
+        ", or stage boards with PSRAM: --verifier virtual:esp32s3"
+    raise PreflightError("--stages %d: stage %d (layers %d:%d) needs %d KiB of heap, an %s board has %d KiB: %s"
+                         % (n, i, a, b, stage_heap_need(target, cls, (a, b)) // 1024, cls.name, cls.heap_bytes // 1024,
+                            fix))
 
 
 def running_model(backend) -> str:
@@ -289,10 +356,22 @@ def gamma_controller(config: RunConfig, drafter) -> GammaController:
     controller = GammaController() if config.draft_max is None else GammaController(max_gamma=config.draft_max)
     if drafter is not None:
         name = running_model(drafter) or config.model_file("drafter").name
-        alpha = expected_alpha(name, config.temperature)
+        alpha = expected_alpha(name, config.greedy)
         if alpha is not None:
             controller.expect(alpha)
     return controller
+
+
+def _check_running_drafter(drafter, target) -> None:
+    """A drafter board may run another model than the file the host checked (flashed before, by hand): its
+    HELLO's vocabulary must be the target's, before any text (host/cli/preflight.py `check_pair`)."""
+    vocab = getattr(drafter, "info", {}).get("vocab")
+    if vocab is None:
+        return
+    try:
+        check_pair(target, vocab, 0, "on %s (%s)" % (drafter.name, running_model(drafter) or "its model"))
+    except PreflightError as e:
+        raise UsageError(str(e)) from None
 
 
 def _drafter_head(drafter, given: Path, head):
@@ -318,7 +397,7 @@ class Piece:
     n_accepted: int
     n_committed: int
     round_s: float
-    segments: list[tuple[str, bool]] = field(default_factory=list, repr=False)  # (text, was a draft), in order
+    segments: Segments = field(default_factory=list, repr=False)  # (text, was a draft), in order
 
 
 @dataclass
@@ -359,7 +438,7 @@ class Mesh(contextlib.AbstractContextManager):
         self.say = say
         self.warn = warn or say
         self.tok = load_tokenizer(self.config.models)
-        from specmesh.host.decode.tokenizer import BOS  # noqa: PLC0415
+        from specmesh.host.decode.tokenizer import BOS
 
         self.eos = BOS  # llama2.c's models end a story by starting the next one (BOS)
         self.headers, self.names = preflight(self.config, len(self.tok.encode(self.config.prompt)))
@@ -399,6 +478,8 @@ class Mesh(contextlib.AbstractContextManager):
         batched = self.streams > 1
         verifier = self._setup.make("verifier", self.names["verifier"], batched)
         drafter = None if self.config.plain else self._setup.make("drafter", self.names["drafter"], batched)
+        if drafter is not None:
+            _check_running_drafter(drafter, self.headers["verifier"])
         if drafter is not None and "drafter" in self.headers and not self._lanes:  # price the model it runs
             self.headers["drafter"] = _drafter_head(drafter, self.config.model_file("drafter"), self.headers["drafter"])
         lane = Lane(verifier, drafter)
@@ -529,53 +610,61 @@ class Mesh(contextlib.AbstractContextManager):
         controller = controller or gamma_controller(request, drafter)
         # a projection that credits pipelined drafting plans gamma and the look-ahead for it
         controller.pipelined = bool(drafter is not None and costs is not None and costs.pipelined)
-        stops = StopStrings(request.stop)
-        text = TextStream(lambda t: self.tok.pieces[t], stops)
-        result = self._decode(prompt, lane, params, request.max_tokens, controller, costs, stops, text, on_piece,
-                              cancel)
-        full = self.tok.decode(result.tokens)
-        shown = full[:stops.cut(full)]
-        stats = build_stats(request, params, result, shown, verifier, drafter, controller, len(prompt), projector)
+        scan = StopScan(StopStrings(request.stop), self.tok.pieces.__getitem__)
+        fallback = None if self.names["verifier"] in ("cpu", PIPELINE) else lambda: self._fall_back(lane)
+        watch = _Watch(scan, costs, fallback, on_piece, cancel, self.warn)
+        result = self._decode(prompt, lane, params, request.max_tokens, controller, watch)
+        text = watch.finish()
+        stats = build_stats(request, params, result, text, verifier, drafter, controller, len(prompt), projector)
         stats["gamma_costs"] = ("projected %s" % costs.board.name) if costs else "measured"
-        stop = "cancelled" if cancel is not None and cancel.is_set() and result.stop == "stop" else result.stop
-        return Completion(shown, result.tokens, stop, stats)
+        stop = "cancelled" if result.stop == "stop" and not scan.stopped else result.stop
+        return Completion(text, result.tokens[:scan.kept], stop, stats)
 
-    def _decode(self, prompt, lane: Lane, params: SessionParams, max_tokens: int, controller: GammaController, costs,
-                stops: StopStrings, text: TextStream, on_piece, cancel) -> Result:
+    def _fall_back(self, lane: Lane):
+        """The `cpu` verifier taking over from the lane's failed one, kept by the lane for what follows."""
+        lane.verifier = self._setup.make("verifier", "cpu")
+        return lane.verifier
+
+    def _decode(self, prompt: Sequence[int], lane: Lane, params: SessionParams, max_tokens: int,
+                controller: GammaController, watch: _Watch) -> Result:
         """The one call of the decode loop (host/decode/orchestrator.py) for every generation of every command."""
-        tok, last = self.tok, [time.perf_counter()]
-
-        def on_round(accepted, emitted) -> None:
-            segments = text.write(accepted, emitted)
-            now = time.perf_counter()
-            if on_piece is not None:
-                on_piece(_piece(segments, len(accepted), len(accepted) + len(emitted), now - last[0]))
-            last[0] = now
-
-        def fallback():
-            lane.verifier = self._setup.make("verifier", "cpu")
-            return lane.verifier
-
-        def stop_when(ids) -> bool:
-            return (cancel is not None and cancel.is_set()) or (bool(stops) and stops.cut(tok.decode(ids)) is not None)
-
-        def on_failover(line: str) -> None:
-            if self.warn:
-                self.warn(line)
-
         try:
-            result = generate(prompt, lane.verifier, lane.drafter, params, max_tokens, controller,
-                              on_round=on_round, costs=costs.round_costs if costs else None,
-                              costs_known=getattr(costs, "known_beforehand", True),
-                              fallback=None if self.names["verifier"] in ("cpu", PIPELINE) else fallback,
-                              on_failover=on_failover, stop_when=stop_when)
+            return generate(prompt, lane.verifier, lane.drafter, params, max_tokens, controller, watch)
         except (BackendError, RuntimeError) as e:
             raise GenerationFailed(one_line(e)) from None
-        if on_piece is not None:
-            tail = text.finish()
-            if tail:
-                on_piece(_piece(tail, 0, 0, 0.0))
-        return result
+
+
+class _Watch(Watch):
+    """generate()'s observer for a mesh's generation (host/cli/output.py `Watch`): each round a Piece to
+    `on_piece` with its seconds, the `cancel` event ending the stream after the round, a fail-over's line
+    to `warn`."""
+
+    def __init__(self, scan: StopScan, costs, fallback, on_piece: Callable[[Piece], None] | None,
+                 cancel: threading.Event | None, warn: Say | None):
+        super().__init__(scan, TextStream(scan), costs=costs.round_costs if costs else None,
+                         costs_known=getattr(costs, "known_beforehand", True), fallback=fallback)
+        self.on_piece, self.cancel, self.warn = on_piece, cancel, warn
+        self._last = time.perf_counter()
+
+    def shown(self, accepted: Sequence[int], emitted: Sequence[int]) -> None:
+        segments = self.stream.write(accepted, emitted)
+        now = time.perf_counter()
+        if self.on_piece is not None:
+            self.on_piece(_piece(segments, len(accepted), len(accepted) + len(emitted), now - self._last))
+        self._last = now
+
+    def stopped(self) -> bool:
+        return self.scan.stopped or (self.cancel is not None and self.cancel.is_set())
+
+    def failed_over(self, line: str) -> None:
+        if self.warn is not None:
+            self.warn(line)
+
+    def finish(self) -> str:
+        tail = self.stream.finish()
+        if tail and self.on_piece is not None:
+            self.on_piece(_piece(tail, 0, 0, 0.0))
+        return self.scan.final()
 
 
 @dataclass
@@ -590,7 +679,7 @@ class _Ticket:
         self.ready.set()
 
 
-def _piece(segments: list[tuple[str, bool]], n_accepted: int, n_committed: int, seconds: float) -> Piece:
+def _piece(segments: Segments, n_accepted: int, n_committed: int, seconds: float) -> Piece:
     """A Piece from a round's segments (text, was a draft): drafts come first in a round, so they are a prefix."""
     accepted = sum(len(s) for s, draft in segments if draft)
     return Piece("".join(s for s, _ in segments), accepted, n_accepted, n_committed, seconds, segments)

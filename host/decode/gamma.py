@@ -14,17 +14,30 @@ trip then goes to the fit's intercept, not to a per-token cost that would price 
 after plain rounds too high to ever probe again (with one size the fit is proportional; on virtual boards,
 where a call's round trip is most of it, gamma auto then stayed plain in about half the default runs).
 Afterwards a neighbour of the
-current choice is tried every `PROBE_EVERY` rounds so the estimates follow the stream. At gamma = 0 the
-probe is gamma = 1 (the cheapest way to keep alpha measured) and its interval doubles each time plain
-decoding stays the best choice, so a stream where speculation does not pay spends O(log n) rounds
-probing: on a compute-bound board a fixed interval of 16 rounds cost ~5% against plain decoding. The
-interval, the first one included, is also at least what keeps the probes' measured cost within
-PROBE_BUDGET (2%) of the time.
-When the measured costs say that no gamma would beat plain decoding even if every draft were accepted
-(a compute-bound verifier with v(k) close to k), probing cannot change the choice and stops.
+current choice is tried every `PROBE_EVERY` rounds so the estimates follow the stream.
+
+At gamma = 0 nothing is given up for good, since one slow or unlucky round must not end speculation for
+the rest of a run (on virtual boards, whose wall clock is the host's, one round in a few hundred is a
+scheduling hiccup; early rejections on an unseen prompt read as a low alpha). The regret is bounded
+instead. Probes are scheduled: the interval doubles from PROBE_EVERY each time plain decoding stays best,
+up to MAX_PROBE_GAP, and is at least what keeps the probe round's own loss within PROBE_BUDGET (2%) of the
+time. (The drafter's catch-up on the tokens since is not charged to the budget: any return to
+speculation pays it, so charging it spaced the probes past the end of every run: a 500-token run stayed
+plain for 493 rounds.) The acceptance evidence ages during plain rounds (PLAIN_DECAY), so the estimate
+drifts back to the drafter's measured prior; with known costs alpha is the only unknown, and the stream
+returns to speculation at the first scheduled probe after the aged evidence says it pays (a drafter that
+kept failing waits longer: its catch-up is not spent on a probe the evidence argues against). With
+measured costs, which may be a noisy round's, every scheduled probe drafts: what the rates would choose
+were the acceptance its prior again, at least one token. Either way a wrong plain stretch ends, and a
+drafter that does not pay costs O(log n) probes.
+Only when the costs are known beforehand (prime: a projection, whose costs are the board class's) and
+say that no gamma would beat plain decoding even if every draft were accepted (a compute-bound verifier
+with v(k) close to k) does probing stop: that drafter truly cannot pay, and the stream decodes plainly.
+Measured costs say so only until the next probe: a measured round slower than OUTLIER times its fit's
+prediction counts as that bound (one noisy round moves a fit by a bounded amount).
 After more than FREE_CATCH_UP plain rounds the rates alone never turn speculation back on: the drafter
 must first catch up on every token since (a cost the rates do not see), and the verify fit's slope comes
-from decayed, old rounds of other sizes; only a scheduled probe, spaced by the budget, does it.
+from decayed, old rounds of other sizes; only a scheduled probe does it.
 """
 
 from __future__ import annotations
@@ -37,10 +50,12 @@ from specmesh.host.decode.ahead import best_lookahead, expected_draft
 PROBES = (0, 1, 0, 4)  # first rounds: prefill (untimed), then V(k) at three sizes, D(g) at two, a first alpha
 ALPHA_PROBE = 4  # with known costs (prime), the one opening probe: a round of this many drafts measures alpha
 PROBE_EVERY = 16
-PROBE_BUDGET = 0.02  # at gamma = 0, probes may cost this fraction of the stream's time (and no more)
-MAX_PROBE_GAP = 1024
+PROBE_BUDGET = 0.02  # at gamma = 0, a probe round's own loss may cost this fraction of the time (and no more)
+MAX_PROBE_GAP = 128  # at gamma = 0, rounds between probes at most (the longest a wrong plain stretch lasts)
+OUTLIER = 3.0  # a measured cost above this multiple of its fit's prediction counts as this multiple
 FREE_CATCH_UP = 2  # plain rounds after which turning speculation on waits for a scheduled probe
 DECAY = 0.95  # per observation: about the last 20 rounds dominate
+PLAIN_DECAY = 0.99  # per plain round, the acceptance evidence's: it halves over ~70 rounds that test nothing
 # a measured acceptance (the model card's, host/provision/drafters.py) counts as this many tested drafts: on
 # 64-token held-out streams a Beta(1, 1) start chased a few early rejections into plain decoding (one prompt
 # 13 plain rounds, 1.04x), 8 kept gamma on them (`python -m specmesh.tools.bench projection`: 4 and 16 did less)
@@ -99,6 +114,15 @@ class LinearFit:
         a, b = self.coefficients()
         return a + b * x
 
+    def bound(self, x: float) -> float:
+        """The most a measured cost at x is taken to be: OUTLIER times the fit's prediction, or the
+        proportional extrapolation from the measurements' mean if larger (no intercept: the steepest a
+        cost that never shrinks with size grows, as a compute-bound pass of k positions costs k passes of
+        one); infinity before any measurement."""
+        if not self.seen or self.s1 <= 0.0:
+            return float("inf")
+        return max(OUTLIER * self(x), self.sy / self.s1 * x)
+
 
 @dataclass
 class GammaController:
@@ -129,6 +153,7 @@ class GammaController:
     # unless the drafter's acceptance was measured beforehand (expect())
     prior_alpha: float = 0.5
     prior_weight: float = 2.0
+    known_costs: bool = False  # the fits hold the board class's costs (prime), not measurements
 
     @property
     def alpha(self) -> float:
@@ -185,21 +210,36 @@ class GammaController:
         else:
             rates = self.rates(cap)
             g = max(range(cap + 1), key=lambda k: (rates[k], -k))
-            if g and self.behind > FREE_CATCH_UP and self.rounds < self.next_probe:
+            returning = g > 0 and self.behind > FREE_CATCH_UP
+            if returning and self.rounds < self.next_probe:
                 g = 0  # after a run of plain rounds, turning speculation on is a probe: it waits its turn
-            if self.rounds >= self.next_probe and cap > 0 and g == 0 and not self.could_pay(cap):
-                self.next_probe = self.rounds + MAX_PROBE_GAP
+            if self.rounds >= self.next_probe and cap > 0 and g == 0 and self.known_costs and not self.could_pay(cap):
+                self.next_probe = 1 << 62  # the board class's costs: no gamma can pay, ever
             elif self.rounds >= self.next_probe and cap > 0:
-                # plain decoding still best after the last probe: probe half as often
-                self.probe_gap = self.probe_gap * 2 if g == 0 and self.last == 0 else PROBE_EVERY
+                # plain decoding still best after the last probe: probe half as often (at most MAX_PROBE_GAP)
+                self.probe_gap = min(MAX_PROBE_GAP, self.probe_gap * 2) if self.last == 0 and (
+                    g == 0 or returning) else PROBE_EVERY
                 self.next_probe = self.rounds + max(self.probe_gap, self._budget_gap() if g == 0 else 0)
-                g = min(cap, g + 1) if g == 0 or (self.rounds // PROBE_EVERY) % 2 == 0 else g - 1
+                if g == 0:  # measured costs may be wrong: measure; known ones wait for the aged evidence to say so
+                    g = 0 if self.known_costs else self._probe(cap)
+                elif not returning:  # a neighbour of the choice, to keep the estimates following the stream
+                    g = min(cap, g + 1) if (self.rounds // PROBE_EVERY) % 2 == 0 else g - 1
             elif self.rounds == len(self.opening) and g == 0:
                 # the opening probes say plain: the next probe waits as long as the probe budget asks
                 self.next_probe = self.rounds + max(PROBE_EVERY, self._budget_gap())
         self.last = g
         self.ahead = (self.fixed_ahead if g else 0) if self.fixed_ahead is not None else self.lookahead(g)
         return g
+
+    def _probe(self, cap: int) -> int:
+        """The draft length of a probe from plain decoding: what the rates would choose were the drafter's
+        acceptance its prior again, at least 1 (a drafter back from a plain stretch is measured at the
+        length it would draft)."""
+        hits, trials = self.acc_hits, self.acc_trials
+        self.acc_hits = self.acc_trials = 0.0
+        rates = self.rates(cap)
+        self.acc_hits, self.acc_trials = hits, trials
+        return max(1, max(range(cap + 1), key=lambda k: (rates[k], -k)))
 
     def prime(self, costs: Callable[[int], tuple[float, float, float]]) -> None:
         """Known costs (a projection: `costs(g)` is the (draft, verify, commit) seconds of a round of g
@@ -214,6 +254,7 @@ class GammaController:
             self.verify_cost.add(g + 1, t_verify)
             self.round_overhead.add(1.0 if g else 0.0, t_other)
         # the prefill round stays plain and untimed
+        self.known_costs = True
         self.opening = PROBES[:1] + ((ALPHA_PROBE,) if self.could_pay(self.max_gamma) else ())
 
     def could_pay(self, cap: int) -> bool:
@@ -225,19 +266,15 @@ class GammaController:
         """Plain rounds between gamma = 1 probes so that probing costs at most PROBE_BUDGET of the time.
 
         A probe after `gap` plain rounds loses `base` (its round against plain rounds giving as many
-        tokens) plus the drafter's catch-up on the ~gap tokens committed meanwhile (`d1` each), so the
-        gap must satisfy base + d1 * gap <= PROBE_BUDGET * gap * t0. When catching up on one token costs
-        more than the budget of one plain round, probing never pays for itself: MAX_PROBE_GAP.
+        tokens), so the gap must satisfy base <= PROBE_BUDGET * gap * t0, and at most MAX_PROBE_GAP. The
+        drafter's catch-up on the ~gap tokens committed meanwhile is left out: every return to speculation
+        pays it, whenever it comes (module docstring).
         """
         t0, t1 = self.round_times(1)
         if t0 <= 0:
             return PROBE_EVERY
         base = max(0.0, t1 - expected_tokens(self.alpha, 1) * t0)
-        d1 = self.draft_cost.coefficients()[1]
-        room = PROBE_BUDGET * t0 - d1
-        if room <= 0:
-            return MAX_PROBE_GAP
-        return min(MAX_PROBE_GAP, int(base / room) + 1)
+        return min(MAX_PROBE_GAP, int(base / (PROBE_BUDGET * t0)) + 1)
 
     def observe(self, gamma: int, n_accepted: int, t_draft: float, t_verify: float, t_other: float,
                 ended: bool = False, lag: int = 0, timed: bool = True) -> None:
@@ -251,6 +288,11 @@ class GammaController:
         """
         self.rounds += 1
         self.behind = 0 if gamma > 0 else self.behind + 1
+        if timed and not self.known_costs:
+            t_draft, t_verify, t_other = self._bounded(gamma, lag, t_draft, t_verify, t_other)
+        if gamma == 0:  # what was measured of alpha ages while nothing tests it: the prior regains weight
+            self.acc_hits *= PLAIN_DECAY
+            self.acc_trials *= PLAIN_DECAY
         if gamma > 0:
             trials = n_accepted + (0 if n_accepted >= gamma or ended else 1)
             self.acc_hits = self.acc_hits * DECAY + n_accepted
@@ -262,6 +304,19 @@ class GammaController:
             self.verify_cost.add(gamma + 1, t_verify)
             self.verified[gamma + 1] = self.verified.get(gamma + 1, 0) + 1
             self.round_overhead.add(1.0 if gamma else 0.0, t_other)
+
+    def _bounded(self, gamma: int, lag: int, t_draft: float, t_verify: float,
+                 t_other: float) -> tuple[float, float, float]:
+        """A round's measured seconds, each at most its fit's bound (LinearFit.bound): a scheduling hiccup
+        is not a cost of the board. The commit overhead, whose fit's x is 0 or 1, is bounded by OUTLIER
+        times its mean or its fit."""
+        t_verify = min(t_verify, self.verify_cost.bound(gamma + 1))
+        if gamma:
+            t_draft = min(t_draft, self.draft_cost.bound(gamma + lag))
+        o = self.round_overhead
+        if o.s0 >= 2.0 - 1e-9 and o.sy > 0.0:
+            t_other = min(t_other, OUTLIER * max(o(1.0 if gamma else 0.0), o.sy / o.s0))
+        return t_draft, t_verify, t_other
 
     def summary(self) -> dict:
         """Figures behind the choice: alpha, c (draft token / target position), v(k) for k = 1..8, and the

@@ -5,8 +5,13 @@ ask the verifier for a verdict over the gamma + 1 positions, commit the accepted
 emitted token, tell both back-ends (they roll back everything beyond it). gamma = 0 is a round of
 plain decoding on the verifier; without a drafter (`--plain`) every round is one, and so is every
 round once the drafter's context is full. The stream stops at the end-of-stream token, at
-`max_tokens`, when the verifier's context is full, or when the caller's `stop_when` says so (a stop
+`max_tokens`, when the verifier's context is full, or when the caller's `Observer` says so (a stop
 string in the text, host/decode/stopstrings.py).
+
+The caller hears and decides through one object, an `Observer` (each method has a do-nothing default):
+the tokens each round shows, whether the stream stops there, the costs the gamma controller learns from
+(a projection's, else the measured seconds), the verifier that replaces a failed one, and a line per
+fail-over.
 
 Times are measured around each call (so they include bus round trips) and fed back to the gamma
 controller; bus bytes come from the back-ends' links. `Result.prefill_s` is the time from BEGIN to the
@@ -27,9 +32,9 @@ from specmesh.shared.messages import draft_size
 from specmesh.shared.rule import ONE
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Round:
-    """One draft/verify/commit round, as the projection and the stats need it."""
+    """One draft/verify/commit round, as the projection and the stats need it (built by keyword)."""
 
     gamma: int
     n_accepted: int
@@ -40,14 +45,15 @@ class Round:
     # a PARTIAL verdict (0 when none was)
     draft_body: int
     verify_body: int
-    table_body: int
-    rejected: bool  # the verifier rejected a draft (else all were accepted, or one was end-of-stream)
-    lag: int  # committed tokens the drafter first had to catch up on (plain rounds since it last drafted)
-    t_draft: float
-    t_verify: float
-    t_commit: float
-    bytes_draft: int
-    bytes_verify: int
+    table_body: int = 0
+    rejected: bool = False  # the verifier rejected a draft (else all were accepted, or one was end-of-stream)
+    lag: int = 0  # committed tokens the drafter first had to catch up on (plain rounds since it last drafted)
+    # measured: seconds of each call, bytes each link carried (0 in a round the projection made up)
+    t_draft: float = 0.0
+    t_verify: float = 0.0
+    t_commit: float = 0.0
+    bytes_draft: int = 0
+    bytes_verify: int = 0
     # pipelined drafting (host/decode/ahead.py): passes the drafter makes ahead after this round's block
     # (the controller's look-ahead), and whether they were a hit: every draft accepted and the drafter's
     # own guess at the bonus position (one draft more than the verifier got) is the emitted token
@@ -63,6 +69,7 @@ class Result:
     stop: str = "max_tokens"  # "eos", "max_tokens", "context" or "stop" (`stop_when` ended it)
     begin_s: float = 0.0  # the BEGIN calls (a drafter board prefills there; a verifier at its first verdict)
     failovers: list[str] = field(default_factory=list)  # one line per back-end that failed and was replaced
+    failed: dict[str, str] = field(default_factory=dict)  # role -> name of its back-end that failed mid-run
 
     @property
     def drafted(self) -> int:
@@ -109,33 +116,62 @@ class Result:
         return sum(r.bytes_draft + r.bytes_verify for r in self.rounds)
 
 
-OnRound = Callable[[Sequence[int], Sequence[int]], None]  # (accepted drafts, emitted tokens)
 Costs = Callable[[Round], tuple[float, float, float]]  # (draft, verify, commit) seconds of a round
-Fallback = Callable[[], Verifier]  # a replacement verifier (its session is begun by the loop)
-StopWhen = Callable[[Sequence[int]], bool]  # True: the tokens generated so far end the stream
 Clock = Callable[[], float]
 
 
+class Observer:
+    """What the caller of `generate` hears and decides during a stream; a subclass overrides what it needs.
+
+    `costs`: a projection's (draft, verify, commit) seconds of a round (host/projection/rounds.py), which the
+    gamma controller learns from instead of the measured seconds; `costs_known`: they are known before the
+    first round (the controller is primed with them). `fails_over`: a verifier that fails is replaced by
+    `fallback()` and a drafter that fails is dropped; else a back-end's failure is raised."""
+
+    def __init__(self, costs: Costs | None = None, costs_known: bool = True, fails_over: bool = False):
+        self.costs = costs
+        self.costs_known = costs_known
+        self.fails_over = fails_over
+
+    def shown(self, accepted: Sequence[int], emitted: Sequence[int]) -> None:
+        """A round committed these: the drafts the verifier accepted, then the tokens it emitted itself
+        (without an end-of-stream token)."""
+
+    def stopped(self) -> bool:
+        """True ends the stream after the round just shown (a stop string reached)."""
+        return False
+
+    def fallback(self) -> Verifier | None:
+        """A verifier to replace one that failed (the loop begins its session), or None: the failure is raised."""
+        return None
+
+    def failed_over(self, line: str) -> None:
+        """A back-end failed and was replaced (or the drafter dropped): one line saying which and where."""
+
+
+QUIET = Observer()  # hears nothing, decides nothing
+
+
 def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None, params: SessionParams,
-             max_tokens: int, controller: GammaController | None = None, on_round: OnRound | None = None,
-             clock: Clock = time.perf_counter, costs: Costs | None = None, fallback: Fallback | None = None,
-             on_failover: Callable[[str], None] | None = None, stop_when: StopWhen | None = None,
-             costs_known: bool = True) -> Result:
+             max_tokens: int, controller: GammaController | None = None, observer: Observer = QUIET,
+             clock: Clock = time.perf_counter) -> Result:
     """Generate up to `max_tokens` tokens after `prompt`; speculative when a drafter is given.
 
-    The gamma controller learns from the measured seconds of each round, or from `costs(round)` when
-    given (a projection, host/projection/rounds.py; `costs_known`: known before the first round: the
-    controller is primed with them). `stop_when(out)` True ends the stream after a round.
+    The gamma controller learns from the measured seconds of each round, or from `observer.costs(round)`
+    when it has costs (a projection; `observer.costs_known`: known before the first round: the controller
+    is primed with them). `observer.stopped()` True ends the stream after a round.
 
-    Fail-over, when `fallback` is given: a verifier that fails (BackendError: it stopped answering, its
-    link died) is replaced by `fallback()`, begun on the committed prefix, and the round runs again; a
-    drafter that fails leaves the stream on plain decoding. Each is one line in `Result.failovers`
-    (and to `on_failover`). Nothing committed is lost, and since every back-end computes the same
+    Fail-over, when `observer.fails_over`: a verifier that fails (BackendError: it stopped answering, its
+    link died) is replaced by `observer.fallback()`, begun on the committed prefix, and the round runs
+    again; a drafter that fails leaves the stream on plain decoding. Each is one line in `Result.failovers` (and to
+    `observer.failed_over`). Nothing committed is lost, and since every back-end computes the same
     distributions and draws from the same counter-based PRNG, the text is the one without the failure.
     """
     if not prompt:
         raise ValueError("the prompt must hold at least one token")
-    controller = _primed(controller or GammaController(), costs if drafter and costs_known else None, prompt, params)
+    costs = observer.costs
+    controller = _primed(controller or GammaController(), costs if drafter and observer.costs_known else None, prompt,
+                         params)
     max_seq = verifier.max_seq
     if drafter and len(prompt) >= drafter.max_seq:  # the drafter's context cannot hold the prompt: plain
         drafter = None
@@ -144,7 +180,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     committed = list(prompt)
     out: list[int] = []
     result = Result(out)
-    failover = _Failover(fallback, result, on_failover)
+    failover = _Failover(observer, result)
     start = clock()
     for backend in (verifier, drafter) if drafter else (verifier,):
         backend.begin(params, committed)
@@ -188,9 +224,8 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         result.rounds.append(r)
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
                            ended=token == -1, lag=lag, timed=len(result.rounds) > 1)
-        if on_round:
-            on_round(*_visible(accepted, emitted, params.eos if ended else None))
-        if ended or (stop_when is not None and stop_when(out)):
+        observer.shown(*_visible(accepted, emitted, params.eos if ended else None))
+        if ended or observer.stopped():
             result.stop = "eos" if ended else "stop"
             break
     result.wall_s = clock() - start
@@ -220,8 +255,8 @@ def _probe_round(pos0: int, gamma: int, params: SessionParams) -> Round:
     session's (one entry when greedy): what the gamma controller's opening probe of gamma would cost."""
     width = 1 if params.greedy else params.draft_top_k
     entries = [(0, list(range(width)), [ONE - width + 1] + [1] * (width - 1))] * gamma
-    return Round(gamma, gamma, gamma + 1, pos0, draft_size(entries), draft_size(entries, partial=True), 0, False, 0,
-                 0.0, 0.0, 0.0, 0, 0)
+    return Round(gamma=gamma, n_accepted=gamma, n_committed=gamma + 1, pos0=pos0, draft_body=draft_size(entries),
+                 verify_body=draft_size(entries, partial=True))
 
 
 def _visible(accepted: list[int], emitted: list[int], eos: int | None) -> tuple[list[int], list[int]]:
@@ -247,24 +282,24 @@ def _round(draft: Draft, n_acc: int, token: int, length: int, lag: int, t: tuple
     entries = [(tok, q[0], q[1]) for tok, q in zip(draft.tokens, draft.q)]
     rejected = n_acc < len(draft) and token != -1
     table = draft_size(entries[n_acc:n_acc + 1]) if rejected and len(draft.q[n_acc][0]) > 1 else 0
-    return Round(len(draft), n_acc, n_new, length - n_new, draft_size(entries), draft_size(entries, partial=True),
-                 table, rejected, lag, t[1] - t[0], t[2] - t[1], t[3] - t[2], *bus, *ahead)
+    return Round(gamma=len(draft), n_accepted=n_acc, n_committed=n_new, pos0=length - n_new,
+                 draft_body=draft_size(entries), verify_body=draft_size(entries, partial=True), table_body=table,
+                 rejected=rejected, lag=lag, t_draft=t[1] - t[0], t_verify=t[2] - t[1], t_commit=t[3] - t[2],
+                 bytes_draft=bus[0], bytes_verify=bus[1], ahead=ahead[0], guess_hit=ahead[1])
 
 
 class _Failover:
-    """The loop's fail-over: with a `fallback`, a failed verifier is replaced by it and a failed drafter
-    dropped (plain decoding goes on), each a line in `Result.failovers` and to `on_failover`; without
-    one, the failure is raised."""
+    """The loop's fail-over: when the observer fails over, a failed verifier is replaced by its fallback
+    and a failed drafter dropped (plain decoding goes on), each a line in `Result.failovers` and to the
+    observer; without one, the failure is raised."""
 
-    def __init__(self, fallback: Fallback | None, result: Result, on_failover: Callable[[str], None] | None):
-        self.fallback = fallback
+    def __init__(self, observer: Observer, result: Result):
+        self.observer = observer
         self.result = result
-        self.on_failover = on_failover
 
     def _say(self, line: str) -> None:
         self.result.failovers.append(line)
-        if self.on_failover:
-            self.on_failover(line)
+        self.observer.failed_over(line)
 
     def draft(self, drafter: Drafter | None, committed: list[int], gamma: int) -> tuple[Drafter | None, Draft]:
         """(the drafter, or None once it failed; its gamma drafts, or none)."""
@@ -273,9 +308,10 @@ class _Failover:
         try:
             return drafter, drafter.draft(committed, gamma)
         except BackendError as e:
-            if self.fallback is None:
+            if not self.observer.fails_over:
                 raise
             self._say("drafter %s failed (%s): going on with plain decoding" % (drafter.name, e))
+            self.result.failed.setdefault("drafter", drafter.name)
             return None, Draft(len(committed))
 
     def verify(self, verifier: Verifier, params: SessionParams, committed: list[int], draft: Draft,
@@ -285,9 +321,11 @@ class _Failover:
         try:
             verdict = verifier.verify(committed, draft)
         except BackendError as e:
-            if self.fallback is None:
+            replacement = self.observer.fallback() if self.observer.fails_over else None
+            if replacement is None:
                 raise
-            failed, verifier = verifier, self.fallback()
+            failed, verifier = verifier, replacement
+            self.result.failed.setdefault("verifier", failed.name)
             verifier.begin(params, committed)
             verdict = verifier.verify(committed, draft)
             self._say("verifier %s failed (%s): %s took over at token %d, %.2f s after"
@@ -303,9 +341,10 @@ class _Failover:
         try:
             drafter.commit(committed)
         except BackendError as e:
-            if self.fallback is None:
+            if not self.observer.fails_over:
                 raise
             self._say("drafter %s failed (%s): going on with plain decoding" % (drafter.name, e))
+            self.result.failed.setdefault("drafter", drafter.name)
             return None
         return drafter
 

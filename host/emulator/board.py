@@ -7,6 +7,13 @@ everything else goes to the VM's stdin. The VM runs host/emulator/mpy/_vboard.py
 when it exits with a reboot code (soft reset, machine.reset()) the supervisor starts a fresh VM on
 the same pty and flash, so the host sees one board that rebooted.
 
+A board whose console is a UART (a classic ESP32: UART0 through its module's USB-UART bridge) can model that
+console's input (`console_ring`, off by default, so that flashing is not paced): the bytes arrive at the
+console's baud rate in the UART FIFO's interrupt-sized pieces, into one 260-byte stdin ring (ports/esp32/
+mphalport.c stdin_ringbuf_array) that holds 259 (py/ringbuf.h keeps a slot free); the interrupt handler drops
+every byte that finds it full (ports/esp32/uart.c uart_irq_handler: ringbuf_put's result is not looked at).
+The ring is the VM's stdin pipe: the bytes in it that the VM has not read are the ring's fill.
+
 VMs run in their own session, die with their parent (PR_SET_PDEATHSIG), and are killed by `stop()`,
 by `atexit`, or by the pytest fixture's teardown.
 """
@@ -14,9 +21,11 @@ by `atexit`, or by the pytest fixture's teardown.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures.thread  # noqa: F401 - at-fork hooks registered before any fork: see FORK_HOOKED
 import ctypes
 import errno
 import fcntl
+import logging  # noqa: F401 - at-fork hooks registered before any fork: see FORK_HOOKED
 import math
 import os
 import select
@@ -33,9 +42,14 @@ from functools import cache
 from pathlib import Path
 
 from specmesh.host import atomic
-from specmesh.host.boardclasses import BoardClass, board_class
+from specmesh.host.boardclasses import CONSOLE_RING, BoardClass, board_class
 from specmesh.host.mpycross import CompileError, compile_py
 
+# The stdlib modules that register at-fork hooks when first imported. A board's thread forks its VMs (subprocess with
+# preexec_fn runs the hooks); one of these imported meanwhile by another thread (a lazy import of the run) would have
+# its after-fork hook run without its before-fork one: "Exception ignored in _releaseLock ... RuntimeError: cannot
+# release un-acquired lock", about 1 run in 60. Imported above, before any board starts.
+FORK_HOOKED = ("logging", "concurrent.futures.thread")
 MPY_DIR = Path(__file__).with_name("mpy")
 EXIT_SOFT, EXIT_SOFT_RAW, EXIT_HARD = 64, 65, 66  # must match _vboard.py
 _LIVE: weakref.WeakSet[VirtualBoard] = weakref.WeakSet()
@@ -144,6 +158,8 @@ def _die_with_parent() -> None:
 
 
 FLASH_BLOCK = 4096  # the littlefs image's erase block (host/emulator/mpy/_vboard.py)
+UART_BAUD = 115200  # the UART0 REPL's speed, fixed on the stock builds (ports/esp32/uart.c uart_stdout_init)
+UART_IRQ_BYTES = 120  # RXFIFO_FULL_THR (SOC_UART_FIFO_LEN - 8, ports/esp32/uart.c): bytes per interrupt
 FLASH_KB_RANGE = (8, 16384)  # littlefs needs two blocks; ESP32 modules carry at most 16 MB of flash
 
 
@@ -162,6 +178,7 @@ class VirtualBoard:
         flash_bytes: int | None = None,
         romfs_bytes: int | None = None,
         frozen_code: bool = True,
+        romfs_port: str = "",
     ) -> None:
         self.board = board if isinstance(board, BoardClass) else board_class(board)
         self.flash_dir = Path(flash_dir)
@@ -178,10 +195,17 @@ class VirtualBoard:
         # makes up for the 64-bit unix port's objects being twice an ESP32's. The board class's heap
         # is then what data (model, KV cache, buffers) gets, as the node's budget assumes.
         self.frozen_code = frozen_code
+        # "esp32": its ROMFS partition is served as the esp32 port serves it (an esp32.Partition block device,
+        # host/emulator/mpy/_vrom.py); "": as a buffer written through vfs.rom_ioctl ops 3-5 (stm32, rp2, qemu)
+        self.romfs_port = romfs_port
         self._code_heap: tuple[object, int] | None = None
         self.port = ""
         self.boots = 0
         self.dropped_output = 0
+        # the UART console's stdin ring (module docstring): its size in bytes (0: the host's bytes go to the
+        # VM at once, as over USB), settable while the board runs (`model_console`); `dropped_input` counts drops
+        self.console_ring = 0
+        self.dropped_input = 0
         self._stalled_since: float | None = None
         self._master = self._slave = -1
         self._stdin_r = self._stdin_w = -1  # one pipe for every VM generation, like a UART's RX line
@@ -249,6 +273,11 @@ class VirtualBoard:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def model_console(self) -> None:
+        """From now on, a UART-console class's input goes through its stdin ring (module docstring)."""
+        if self.board.ring_drops:
+            self.console_ring = CONSOLE_RING
+
     @property
     def romfs_path(self) -> Path:
         """The host file holding the board's ROMFS partition: `<flash folder>.romfs`."""
@@ -271,6 +300,7 @@ class VirtualBoard:
             "VBOARD_MODE": mode,
             "VBOARD_NAME": f"{self.board.description} ({self.name})",
             "VBOARD_MACHINE": self.board.machine,
+            "VBOARD_CLOCK_HZ": str(int(self.board.stock_clock_hz)),
             "VBOARD_FS_BYTES": str(self.board.flash_fs_bytes),
             "VBOARD_MAC": self.mac,
             "VBOARD_MTU": str(self.mtu),
@@ -279,6 +309,7 @@ class VirtualBoard:
             env["VBOARD_IMAGE"] = str((self.flash_dir / "flash.img").resolve())
         if self.romfs_bytes:
             env["VBOARD_ROMFS"] = str(self.romfs_path.resolve())
+            env["VBOARD_ROMFS_PORT"] = self.romfs_port
         if self.radio is not None:
             env["VBOARD_RADIO"] = f"{self.radio[0]}:{self.radio[1]}"
         return env
@@ -288,9 +319,11 @@ class VirtualBoard:
         os.set_blocking(ready_r, False)
         env = self._env(mode)
         env["VBOARD_READY_FD"] = str(ready_w)
-        heap = (self.board.heap_bytes + shim_footprint() + romfs_heap(self.romfs_bytes)
-                + (self.code_heap() if self.frozen_code else 0))
         try:
+            if not self.flash_dir.is_dir():  # removed under a running board (rm -rf build/vboards)
+                raise FileNotFoundError(errno.ENOENT, "no such folder", str(self.flash_dir))
+            heap = (self.board.heap_bytes + shim_footprint() + romfs_heap(self.romfs_bytes)
+                    + (self.code_heap() if self.frozen_code else 0))
             proc = subprocess.Popen(
                 [micropython_binary(), "-X", f"heapsize={heap}", "-c", "import _vboard"],
                 stdin=self._stdin_r,
@@ -303,6 +336,11 @@ class VirtualBoard:
                 pass_fds=(ready_w,),
                 bufsize=0,
             )
+        except OSError as e:
+            os.close(ready_r)
+            raise BoardError("%s: its flash folder %s is gone (deleted while the board ran?): run again, which "
+                             "flashes it afresh" % (self.name, self.flash_dir)
+                             if not self.flash_dir.is_dir() else "%s: cannot start its VM: %s" % (self.name, e)) from None
         finally:
             os.close(ready_w)
         with self._lock:
@@ -400,7 +438,11 @@ class VirtualBoard:
         self._to_vm(b"\x03")
 
     def _to_vm(self, data: bytes) -> None:
-        """Into the VM's stdin; waits while the program is not reading (a full pipe), until stopped."""
+        """Into the VM's stdin; waits while the program is not reading (a full pipe), until stopped. With a
+        console ring: at the UART's pace, dropping what finds the ring full."""
+        if self.console_ring:
+            self._to_ring(data)
+            return
         view = memoryview(data)
         while view and not self._stopping.is_set():
             try:
@@ -409,6 +451,21 @@ class VirtualBoard:
                 select.select([], [self._stdin_w], [], 0.1)
             except OSError:
                 return
+
+    def _to_ring(self, data: bytes) -> None:
+        """The UART console's receive path: an interrupt per UART_IRQ_BYTES at UART_BAUD (10 bits a byte) puts
+        each byte into the ring if it has room, else drops it."""
+        for at in range(0, len(data), UART_IRQ_BYTES):
+            if self._stopping.is_set():
+                return
+            piece = data[at:at + UART_IRQ_BYTES]
+            time.sleep(len(piece) * 10 / UART_BAUD)
+            room = max(0, self.console_ring - 1 - _unread(self._stdin_r))
+            try:
+                os.write(self._stdin_w, piece[:room])
+            except OSError:
+                return
+            self.dropped_input += len(piece) - min(room, len(piece))
 
     def _pump_out(self) -> None:
         """VM -> host, and the reboot loop: a VM that exits with a reboot code is started again."""

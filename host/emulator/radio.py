@@ -6,7 +6,10 @@ reordering. An encrypted packet carries its sender's key material to the receivi
 decides whether it decrypts there (host/emulator/mpy/espnow.py); broadcasts are marked as such. A sync
 send is answered at once with whether the packet will be delivered (the real radio's MAC-layer ack, which
 does not say whether the packet decrypted). Packets longer than the MTU are dropped (the stand-in refuses
-to send them). Wire format: see host/emulator/mpy/espnow.py.
+to send them). With `raises`, a sync send is answered, at that rate, by an error the real port raises from
+`ESPNow.send` instead (ports/esp32/modespnow.c espnow_send): ESP_ERR_ESPNOW_NO_MEM (the stack's buffers stayed
+full through its 2 s of retries: the packet is not sent) or ETIMEDOUT (acks pending past 100 ms: the packet
+may have gone). Wire format: see host/emulator/mpy/espnow.py.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from dataclasses import dataclass, field
 from specmesh.host.bus.faults import flip_bit
 
 BROADCAST = b"\xff" * 6
+# OSError numbers of what ESPNow.send raises: ESP-IDF's esp_now.h (ESP_ERR_ESPNOW_BASE = 0x3000 + 100), negated
+# by ports/esp32/mphalport.c check_esp_err_; ETIMEDOUT is MP_ETIMEDOUT (py/mperrno.h)
+ESP_ERR_ESPNOW_NO_MEM = 0x3067
+ETIMEDOUT = 110
 KEY_LEN = 16  # espnow.KEY_LEN: an encrypted packet carries the sender's PMK and LMK
 ENCRYPTED, BROADCAST_MODE = 1, 2  # packet modes (0: plain unicast)
 
@@ -35,6 +42,7 @@ class RadioConfig:
     reorder: float = 0.0  # probability a packet is held back by `reorder_ms` (later ones overtake it)
     delay_ms: float = 0.0  # base one-way delay
     reorder_ms: float = 5.0
+    raises: float = 0.0  # probability a sync send raises OSError on the sender (NO_MEM or ETIMEDOUT, half each)
     seed: int = 0
 
 
@@ -46,6 +54,7 @@ class RadioStats:
     duplicated: int = 0
     corrupted: int = 0
     oversize: int = 0
+    raised: int = 0  # sync sends answered with an OSError (`raises`)
     unknown_dst: int = 0
     encrypted: int = 0  # packets sent to an encrypted peer
     payload_bytes: int = 0  # ESP-NOW payload bytes sent (what counts against MAX_DATA_LEN)
@@ -126,6 +135,15 @@ class RadioHub:
         self.stats.payload_bytes += len(msg)
         name = mac_str(src)
         self.stats.by_board[name] = self.stats.by_board.get(name, 0) + 1
+        if sync and self.config.raises and self._rng.random() < self.config.raises:
+            self.stats.raised += 1
+            if self._rng.random() < 0.5:  # NO_MEM: never sent
+                self._sock.sendto(b"X" + ESP_ERR_ESPNOW_NO_MEM.to_bytes(2, "little"), addr)
+                return
+            if dst in self._boards:  # ETIMEDOUT: it went, or not, as the radio has it
+                self._transmit(src, bytes([mode]) + keys, msg, self._boards[dst])
+            self._sock.sendto(b"X" + ETIMEDOUT.to_bytes(2, "little"), addr)
+            return
         if len(msg) > self.config.mtu:
             self.stats.oversize += 1
             delivered = False

@@ -67,6 +67,7 @@ class Rates:
                 or v < 0 for t, v in units.items()):
             raise CalibrationError("%s has no valid seconds_per_unit (terms: %s, each a number >= 0): write "
                                    "it again with `specmesh bench`" % (what, ", ".join(TERMS)))
+        _check_measured_on(data.get("board"), board, what)
         rates = cls.derived(board)
         rates.seconds.update({t: float(v) for t, v in units.items()})
         name = (data.get("board") or {}).get("machine") or "a board"
@@ -77,6 +78,24 @@ class Rates:
     def times(self, work: Work) -> dict[str, float]:
         """Seconds of each term of `work`."""
         return {t: amount * self.seconds[t] for t, amount in work.items()}
+
+
+def _check_measured_on(measured_on, board: Board, what: str) -> None:
+    """A calibration prices the board it was measured on: one from a virtual board (the unix port on the host's
+    CPU, many times a 240 MHz core's speed) or from another architecture than `board`'s class would project
+    that speed onto real boards. CalibrationError naming both."""
+    from specmesh.host.boardclasses import BOARD_CLASSES
+
+    if not isinstance(measured_on, dict):
+        return
+    arch = BOARD_CLASSES[board.name].mpy_arch if board.name in BOARD_CLASSES else None
+    got = measured_on.get("arch")
+    if measured_on.get("platform") == "linux" or (arch and got and got != arch):
+        raise CalibrationError("%s was measured on %s (%s, %s), not on an %s: measure one with `specmesh bench --port "
+                               "PORT` on a flashed %s, or drop --calibration" % (
+                                   what, "a virtual board" if measured_on.get("platform") == "linux" else "another board",
+                                   measured_on.get("machine") or measured_on.get("platform"), got, board.name,
+                                   board.name))
 
 
 def write(path: str | Path, board: dict, seconds_per_unit: dict[str, float], measured: dict, check: dict) -> None:

@@ -140,7 +140,7 @@ class Viper:
 
 class Native:
     """The native kernels (firmware/native/, issue 21), per unit of work: host/projection/hardware.py NATIVE_XTENSA,
-    whose NATIVE_COUNTED says whether the figures are counted from the xtensawin build or assumed."""
+    whose NATIVE_COUNTED says where the figures come from (executed by the xtensawin module on an Xtensa core)."""
 
     name = "native"
     calls_per_layer = 1  # the module's `layer` kernel runs engine._layer's steps in one call
@@ -150,9 +150,10 @@ class Native:
         self.source = source or (NATIVE_COUNTED if counts is None else "given")
 
     def matmul(self, w: Work, rows: int, cols: int, k: int) -> None:
-        per_mac = self.n["matmul_per_mac"]
+        per_mac, per_row = self.n["matmul_per_mac"], self.n["matmul_per_row"]
         for g in _groups(k):
-            w.add("matmul_1" if g == 1 else "matmul_5", rows * (cols * g * per_mac[g] + self.n["matmul_per_row"]))
+            row = per_row[g] if isinstance(per_row, dict) else per_row
+            w.add("matmul_1" if g == 1 else "matmul_5", rows * (cols * g * per_mac[g] + row))
 
     def quant(self, w: Work, rows: int, n: int, term: str = "requant") -> None:
         w.add(term, rows * (self.n["quant_per_row"] + n * self.n["quant_per_value"]))
@@ -169,7 +170,8 @@ class Native:
     def attend(self, w: Work, h: Header, k: int, ctx: int) -> None:
         scores = _scores(h, k, ctx)
         w.add("softmax", k * h.n_heads * self.n["softmax_per_head"] + scores * self.n["softmax_per_score"])
-        w.add("kv_reads", scores * h.head_dim * 2 * self.n["kv_per_value"])
+        kv = self.n["kv_per_value_hd8"] if h.head_dim == 8 and "kv_per_value_hd8" in self.n else self.n["kv_per_value"]
+        w.add("kv_reads", scores * h.head_dim * 2 * kv)
 
     def silu(self, w: Work, hidden: int, k: int) -> None:
         w.add("silu", k * hidden * self.n["silu_per_value"])
@@ -189,7 +191,7 @@ def _scores(h: Header, k: int, ctx: int) -> int:
 
 VIPER = Viper()
 NATIVE = Native()
-KERNELS = {VIPER.name: VIPER, NATIVE.name: NATIVE}
+KERNELS: dict[str, Viper | Native] = {VIPER.name: VIPER, NATIVE.name: NATIVE}
 
 
 def pass_work(h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None,

@@ -38,6 +38,19 @@ Sources:
           text packed as shared/rows.py packs them (a width byte, then each value in the fewest bytes).
 [QEMU]    Measured: the node's own count of the instructions a pass executed on this project's virtual
           RV32 boards (qemu-system-riscv32 -icount shift=0, minstret: firmware/cpucount.py).
+[MPY-ESP32] MicroPython v1.28.0, ports/esp32 (the stock builds of micropython.org): boards/ESP32_GENERIC takes no
+          boards/sdkconfig.240mhz (ESP-IDF's default 160 MHz at boot; firmware/main.py sets 240 MHz), the S3's
+          SPIRAM_OCT variant does (240 MHz, PSRAM at 80 MHz from boards/sdkconfig.spiram_sx); mpconfigport.h
+          makes the S3's console TinyUSB CDC (MICROPY_HW_USB_CDC) and the C3/C6's USB-Serial/JTAG; the S3/C3/C6
+          boards set MICROPY_HW_ENABLE_UART_REPL, so mphalport.c mp_hal_stdout_tx_strn also writes every byte to
+          UART0 at 115200 and waits for it (uart.c uart_stdout_tx_strn); a classic ESP32's console is UART0 itself
+          through the module's USB-UART bridge; MICROPY_EVENT_POLL_HOOK waits with ulTaskNotifyTake(pdFALSE, 1): a
+          FreeRTOS tick, 10 ms at ESP-IDF's default CONFIG_FREERTOS_HZ 100 (boards/sdkconfig.base leaves it), unless
+          an interrupt wakes the task, which the USB consoles' do and the UART console's and ESP-NOW's receive
+          callback do not.
+[FRAME]   Measured: `python -m specmesh.tools.frame_cost` (a virtual ESP32-C3 under QEMU counts the instructions of
+          shared/codec.py decoding a request line and encoding a reply line, CRC-16 in Python: binascii has no crc_hqx
+          in MicroPython).
 """
 
 from __future__ import annotations
@@ -65,6 +78,16 @@ class Board:
     weight_stream_bps: Figure  # bytes/s for weights that live in PSRAM (0: model kept in SRAM)
     flash_map_bps: Figure  # bytes/s for weights read in place from a ROMFS (memory-mapped flash)
 
+    @property
+    def stock(self) -> str:
+        """The stock build a projection on this class assumes, in a few words (host/boardclasses.py; its console,
+        CONSOLES[name], is the link a projection names)."""
+        c = boardclasses.BOARD_CLASSES[self.name]
+        clock = "%d MHz" % (c.clock_hz / 1e6)
+        if c.stock_clock_hz != c.clock_hz:
+            clock += " (set by the node; %d at boot)" % (c.stock_clock_hz / 1e6)
+        return "stock %s v1.28, %s" % (c.stock_firmware, clock)
+
 
 @dataclass(frozen=True)
 class Link:
@@ -75,6 +98,12 @@ class Link:
     bits_per_byte: float  # 10 for 8N1 UART framing, 8 for USB bulk and radio payloads
     per_message_s: Figure  # latency added to each frame, independent of its size
     mtu: int = 0  # bytes per packet (datagram links: one latency per packet); 0 = stream
+    # board to host, where it is slower than host to board (a USB console whose every write is also written to
+    # UART0 at 115200 and waited for: the stock S3/C3/C6 builds [MPY-ESP32]); None: as `bits_per_s`
+    reply_bits_per_s: Figure | None = None
+    # how long a node waiting for input takes to see a frame that came in (0: at once); on a radio both ends are
+    # nodes, on a console only the board's end
+    wake_s: float = 0.0
 
     def seconds(self, nbytes: int, messages: int = 1) -> float:
         """Time to carry `messages` frames totalling `nbytes` bytes."""
@@ -83,14 +112,22 @@ class Link:
             packets = max(messages, -(-nbytes // self.mtu))
         return nbytes * self.bits_per_byte / self.bits_per_s.value + packets * self.per_message_s.value
 
+    def exchange_seconds(self, request: int, reply: int) -> float:
+        """Time to carry a request line of `request` bytes and its reply line of `reply` bytes, each frame seen by
+        the node it reaches after `wake_s`."""
+        wake = self.wake_s * (2 if self.mtu else 1)
+        if self.reply_bits_per_s is None:
+            return self.seconds(request + reply, messages=2) + wake
+        return self.seconds(request) + reply * 10 / self.reply_bits_per_s.value + self.per_message_s.value + wake
+
 
 # Instructions of one iteration of each loop of firmware/kernels.py as mpy-cross compiles it for
 # xtensawin, the longest path through the iteration (nested loops counted on their own), in source order:
 # `python -m specmesh.tools.xtensa_loops` (tests/test_xtensa_loops.py checks that these are its current counts).
 # `+N` there (runtime calls: viper's `//` and `%` call into MicroPython) is XTENSA_LOOP_CALLS.
 XTENSA_LOOPS = {
-    "matmul": [20, 200, 30, 79, 64], "quant": [112, 71, 19, 120], "requant": [32, 203], "embed": [78],
-    "rmsnorm": [109, 71, 18, 64, 23, 20, 30, 219], "rope": [65, 148, 243],
+    "matmul": [20, 200, 30, 79, 64], "quant": [112, 71, 19, 120], "requant": [32, 217], "embed": [87],
+    "rmsnorm": [120, 71, 18, 64, 23, 20, 30, 227], "rope": [65, 148, 243],
     "attend": [144, 75, 18, 112, 185, 49, 188, 27, 104, 58, 89], "silu": [50, 71, 18, 332], "argmax": [71],
 }
 XTENSA_LOOP_CALLS = {"rmsnorm": [2, 0, 0, 0, 0, 0, 1, 0], "attend": [4] + [0] * 10, "silu": [0, 0, 0, 1]}
@@ -101,41 +138,38 @@ XTENSA_MATMUL_INSNS_PER_MAC = {1: 30.0, 3: 21.3, 4: 19.8, 5: 15.8}
 # {arch: {positions per pass: instructions}}: `python -m specmesh.tools.native_loops` (tests/test_native_loops.py
 # checks that these are its current counts). Counted, not executed: rv32imc's executed figure comes from
 # the RISC-V boards (QEMU); these leave out each row's loop setup and stores.
-NATIVE_MATMUL_INSNS_PER_MAC = {"rv32imc": {1: 4.75, 5: 3.35}, "xtensawin": {1: 5.75, 5: 3.65}}
+NATIVE_MATMUL_INSNS_PER_MAC = {"rv32imc": {1: 4.75, 5: 3.35}, "xtensawin": {1: 5.5, 5: 3.5}}
 CYCLES_PER_INSN = 1.3
 
 # Native kernels (firmware/native/kernels.c, built as MicroPython native modules): Xtensa instructions per
-# unit of work of the xtensawin build, the units the cost model counts for viper (host/projection/costmodel.py
-# `Native`). The matmul's are counted from the disassembly (NATIVE_MATMUL_INSNS_PER_MAC, tools/native_loops.py)
-# for 1 and 5 positions per pass over a weight row; 2-4 positions are the curve a + b/g through those two
-# (a fixed cost per MAC, and the weight load and sign extension shared by the group's g positions). The
-# other kernels' figures are ASSUMED (not counted yet: the layer kernel's loops other than matmul), each
-# an estimate of its inner loop's loads, multiplies, shifts and stores; NATIVE_COUNTED says so wherever a
-# projection shows them.
-NATIVE_COUNTED = "matmul counted (tools/native_loops.py), other kernels assumed"
-
-
-def _per_mac_curve(counted: dict[int, float]) -> dict[int, float]:
-    b = (counted[1] - counted[5]) * 5 / 4
-    a = counted[1] - b
-    return {g: counted[g] if g in counted else round(a + b / g, 2) for g in range(1, 6)}
-
-
+# unit of work of the xtensawin module, the units the cost model counts (host/projection/costmodel.py
+# `Native`), EXECUTED by the shipped module on an Xtensa core: `python -m specmesh.tools.bench xtensa`
+# (QEMU's dc233c under -icount, the module loaded by MicroPython's own loader), each figure the difference
+# of two sizes of one call at the target's shapes, so the call's own cost drops out (tools/bench/xtensa.py
+# native_units says which sizes). The matmul per MAC and per row for each group size; attend's per-value
+# figure for head sizes other than 8 also carries its per-head work that grows with the head size. The same machine code runs on the
+# ESP32/S3's LX6/LX7; only register-window spills differ (dc233c has 32 address registers, the LX6/LX7 64):
+# the kernels call nothing inside their loops, and a kernel call costs about 9 window overflows and 9
+# underflows here (about 180 instructions, QEMU -d int), under 0.2% of a token. Before these were executed,
+# the kernels other than matmul were assumed at 2-7x fewer instructions (quant 11, requant 9, rmsnorm 10,
+# silu 14, a score 30 per value): docs/run.md.
+NATIVE_COUNTED = "executed on Xtensa (QEMU dc233c, python -m specmesh.tools.bench xtensa)"
 NATIVE_XTENSA = {
-    "matmul_per_mac": _per_mac_curve(NATIVE_MATMUL_INSNS_PER_MAC["xtensawin"]),
-    "matmul_per_row": 24.0,  # per output row and group: pointers, the row's multiplier and shift, stores
-    "quant_per_value": 11.0,  # largest |x| (load, abs, max), then shift, clamp and store
-    "quant_per_row": 40.0,
-    "requant_per_value": 9.0,  # load the sum, multiply by the row's 14-bit multiplier, shift, (add), store
-    "rmsnorm_per_value": 10.0,  # sum of squares, then scale by the inverse root and the norm weight
-    "rmsnorm_per_row": 160.0,  # the integer inverse square root (shared/intmath.py: Newton steps)
-    "rope_per_pair": 14.0,  # per head and pair of values: two table loads, four multiplies, shifts
-    "kv_per_value": 4.0,  # q.k and p.v over the int8 cache: load, mull, add (and the row's shift per row)
-    "softmax_per_score": 30.0,  # per score: scale, max, exp from the table, normalise
-    "softmax_per_head": 120.0,
-    "silu_per_value": 14.0,  # the sigmoid table lookup, a multiply, a shift
-    "embed_per_value": 4.0,
-    "argmax_per_value": 4.0,
+    "matmul_per_mac": {1: 5.505, 2: 4.24, 3: 3.85, 4: 3.635, 5: 3.5},
+    "matmul_per_row": {1: 11.7, 2: 16.4, 3: 16.9, 4: 25.0, 5: 36.8},  # per output row and group
+    "quant_per_value": 29.0,  # the row's largest |x|, then the rounding shift, clamp and store
+    "quant_per_row": 75.7,
+    "requant_per_value": 31.9,  # mulsh's split product and its shift cases, (add), store
+    "rmsnorm_per_value": 55.1,  # sum of squares, then two mulsh per value
+    "rmsnorm_per_row": 172.5,  # the block shift and the integer inverse square root
+    "rope_per_pair": 40.6,  # per head and pair: four mulsh
+    "kv_per_value": 9.5,  # q.k and p.v over the int8 cache, per cached value (and head-size work)
+    "kv_per_value_hd8": 4.0,  # the same for the models' head size of 8: the query and outputs in registers
+    "softmax_per_score": 111.0,  # per score: mulsh, the max, expq from the table, the weight
+    "softmax_per_head": 916.0,  # the query's block shift and rounding, 2^30 // z, the output's rounding
+    "silu_per_value": 83.1,  # the sigmoid's expq and division, two mulsh
+    "embed_per_value": 21.2,
+    "argmax_per_value": 7.1,
 }
 CYCLES_PER_MAC = XTENSA_MATMUL_INSNS_PER_MAC[1] * CYCLES_PER_INSN
 CPI = Figure(
@@ -176,7 +210,8 @@ PSRAM_STREAM = Figure(
     40e6, "B/s", "derived",
     "[S3-DS]: octal PSRAM at 80 MHz DDR moves 8 bits x 2 x 80 MHz = 160 MB/s at the pins; reads go "
     "through the 32-byte-line data cache with ~0.5 us miss latency, so a streaming read of weights "
-    "sustains about a quarter of it: 40 MB/s (assumption, to be replaced by a HIL measurement). "
+    "sustains about a quarter of it: 40 MB/s (assumption, to be replaced by a HIL measurement; the stock "
+    "SPIRAM_OCT build runs the PSRAM at 80 MHz [MPY-ESP32]: boards/sdkconfig.spiram_sx CONFIG_SPIRAM_SPEED_80M). "
     "Applies to weights of a model over SRAM_BUDGET (host/projection/costmodel.py) and to its KV cache, which "
     "lives in the same PSRAM heap.")
 
@@ -202,12 +237,16 @@ RV32_FLASH_MAP = Figure(
 MEASURED_MAC = Figure(0.0, "MAC/s", "QEMU", "RV32 boards are priced by the instructions their passes executed "
                       "(host/projection/measured.py), not by a MAC rate")
 
-ESP32S3 = Board(boardclasses.ESP32S3.name, Figure(240e6, "Hz", "S3-DS"), VIPER_MAC, PSRAM_STREAM, FLASH_MAP_STREAM)
+ESP32S3 = Board(boardclasses.ESP32S3.name, Figure(boardclasses.ESP32S3.clock_hz, "Hz", "MPY-ESP32",
+                                                  "the SPIRAM_OCT build takes boards/sdkconfig.240mhz"),
+                VIPER_MAC, PSRAM_STREAM, FLASH_MAP_STREAM)
 ESP32C3 = Board(boardclasses.ESP32C3.name, Figure(boardclasses.ESP32C3.clock_hz, "Hz", "C3-DS"), MEASURED_MAC,
                 Figure(0.0, "B/s", "C3-DS", "no PSRAM: the target on the ROMFS"), RV32_FLASH_MAP)
 ESP32C6 = Board(boardclasses.ESP32C6.name, Figure(boardclasses.ESP32C6.clock_hz, "Hz", "C6-DS"), MEASURED_MAC,
                 Figure(0.0, "B/s", "C6-DS", "no PSRAM: the target on the ROMFS"), RV32_FLASH_MAP)
-ESP32 = Board(boardclasses.ESP32.name, Figure(240e6, "Hz", "ESP32-DS"), VIPER_MAC,
+ESP32 = Board(boardclasses.ESP32.name, Figure(boardclasses.ESP32.clock_hz, "Hz", "MPY-ESP32",
+                                              "ESP32_GENERIC boots at 160 MHz; firmware/main.py sets 240 MHz"),
+              VIPER_MAC,
               Figure(0.0, "B/s", "ESP32-DS", "no PSRAM: models in SRAM"), FLASH_MAP_STREAM)
 
 USB_SERIAL_JTAG = Link("usb-serial-jtag", Figure(12e6, "bit/s", "USJ"), 8,
@@ -237,10 +276,36 @@ ROW_CODEC = Figure(
     "firmware/rowpack.py's viper loops, per value of a 3-byte row, packing or unpacking: the load and sign "
     "extension, the row's extremes, three byte stores or loads with their shifts and the loop (assumed, not "
     "counted). A stage unpacks its input rows and packs its output rows: about 14 us a row each way at 240 MHz.")
-ESPNOW = Link("espnow", Figure(1e6, "bit/s", "ESPNOW"), 8, Figure(1.3e-3, "s", "ESPNOW-T"), mtu=250)
+FREERTOS_TICK = Figure(
+    10e-3, "s", "MPY-ESP32",
+    "a node waiting for input sleeps a tick at a time (MICROPY_EVENT_POLL_HOOK: ulTaskNotifyTake(pdFALSE, 1)) "
+    "unless an "
+    "interrupt wakes it: a frame on a UART console or the radio waits half a tick on average for the node to see it")
+# half a FreeRTOS tick before the receiving node sees a frame: ESP-NOW's receive callback wakes no task [MPY-ESP32]
+ESPNOW = Link("espnow", Figure(1e6, "bit/s", "ESPNOW"), 8, Figure(1.3e-3, "s", "ESPNOW-T"), mtu=250,
+              wake_s=FREERTOS_TICK.value / 2)
+UART_MIRROR = Figure(115200, "bit/s", "MPY-ESP32", "every console write also goes to UART0 at 115200 and waits for it")
+# The console of each class's stock build [MPY-ESP32], what its node's host link is priced as:
+UART_CONSOLE = Link("uart0-console", Figure(115200, "bit/s", "UART"), 10,
+                    Figure(0.0, "s", "UART", "no framing latency beyond the bits"),
+                    wake_s=FREERTOS_TICK.value / 2)  # its interrupt handler fills the stdin ring and wakes no task
+TINYUSB_CDC_UART0 = Link("tinyusb-cdc+uart0", Figure(12e6, "bit/s", "MPY-ESP32", "TinyUSB CDC, USB full speed"), 8,
+                         Figure(1e-3, "s", "derived",
+                                "a message waits up to one 1 ms USB full-speed frame for the host's poll, as [USJ]"),
+                         reply_bits_per_s=UART_MIRROR)
+USB_SERIAL_JTAG_UART0 = Link("usb-serial-jtag+uart0", USB_SERIAL_JTAG.bits_per_s, 8, USB_SERIAL_JTAG.per_message_s,
+                             reply_bits_per_s=UART_MIRROR)
+CONSOLES = {"esp32": UART_CONSOLE, "esp32s3": TINYUSB_CDC_UART0, "esp32c3": USB_SERIAL_JTAG_UART0,
+            "esp32c6": USB_SERIAL_JTAG_UART0}
+# The node's own Python per request, besides its kernels [FRAME]: decoding the request's line (base64 in C, the
+# CRC-16 and the header in Python) and encoding its reply's, in RV32 instructions, a fixed part and one per frame
+# byte; taken for the Xtensa boards too (the same bytecode, assumed about as many instructions)
+NODE_FRAME_INSNS = Figure(52e3, "insn/request", "FRAME", "the fixed part of decoding a request and encoding its reply")
+NODE_FRAME_BYTE_INSNS = Figure(938.0, "insn/byte", "FRAME", "per payload byte, in or out: most of it the CRC-16")
 
 BOARDS = {b.name: b for b in (ESP32S3, ESP32, ESP32C3, ESP32C6)}
-LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, UART_921600, ESPNOW)}
+LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, UART_921600, ESPNOW, UART_CONSOLE,
+                                      TINYUSB_CDC_UART0, USB_SERIAL_JTAG_UART0)}
 
 
 def sources() -> list[dict]:
@@ -250,7 +315,8 @@ def sources() -> list[dict]:
                            ("kernel_call", KERNEL_CALL), ("flash_file_read", FLASH_FILE_READ),
                            ("row_codec", ROW_CODEC),
                            ("rv32_cycles_per_insn", RV32_CPI),
-                           ("host_draft_position", HOST_DRAFT_POSITION))]
+                           ("host_draft_position", HOST_DRAFT_POSITION), ("freertos_tick", FREERTOS_TICK),
+                           ("node_frame_insns", NODE_FRAME_INSNS), ("node_frame_byte_insns", NODE_FRAME_BYTE_INSNS))]
     for b in BOARDS.values():
         for attr in ("clock_hz", "mac_per_s", "weight_stream_bps", "flash_map_bps"):
             f = getattr(b, attr)

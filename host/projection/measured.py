@@ -1,4 +1,5 @@
-"""Projection from executed instructions measured on virtual RV32 boards (`--project esp32c3` / `esp32c6`).
+"""Projection from executed instructions measured on virtual boards (`--project esp32c3` / `esp32c6`, and the
+Xtensa classes `esp32` / `esp32s3` once their boards count instructions).
 
 A node on a QEMU board (host/emulator/qemu.py, `-icount shift=0`) counts the instructions each forward pass
 executes (firmware/cpucount.py) and reports them in STATS by the pass's positions k: `passes_k<k>` passes took
@@ -8,15 +9,17 @@ compute: the instructions the run's own board of that role executed for a pass o
 over the run; a k it never ran is read off the straight line through those it did), times one stated
 cycles-per-instruction figure at the class's clock (host/projection/hardware.py RV32_CPI), plus, for a model
 the board reads from its ROMFS (its HELLO names /rom/...), the exact bytes of weights the pass reads from
-memory-mapped flash at a stated rate (RV32_FLASH_MAP). What QEMU cannot
-say (cache misses, flash wait states, pipeline stalls) lives in those two figures, which stay visible.
+memory-mapped flash at a stated rate (RV32_FLASH_MAP). An Xtensa class is priced the same way with its
+own CPI (hardware.py CPI), plus the exact bytes a pass streams from PSRAM (weights of a model over the
+SRAM budget, its KV cache) at the class's stated rate. What QEMU cannot say (cache misses, flash and PSRAM
+wait states, pipeline stalls) lives in those figures, which stay visible.
 """
 
 from __future__ import annotations
 
 from specmesh.host.projection.costmodel import pass_work
 from specmesh.host.provision.romfs import ROM_DIR
-from specmesh.host.projection.hardware import RV32_CPI
+from specmesh.host.projection.hardware import CPI, RV32_CPI
 from specmesh.host.projection.rounds import Projector
 from specmesh.shared.modelfile import Header
 
@@ -82,6 +85,7 @@ class MeasuredProjector(Projector):
         super().__init__(target, drafter, board, transport, drafter_board=board)
         self.lines: dict[str, Line] = {}
         self.on_rom: dict[str, bool] = {}
+        self.cpi = RV32_CPI if board in ("esp32c3", "esp32c6") else CPI
 
     def measure(self, role: str, stats: dict, model: str = "") -> None:
         counts = pass_counts(stats)
@@ -97,18 +101,25 @@ class MeasuredProjector(Projector):
         if role not in self.lines:
             raise ValueError("--project %s prices the instructions its boards executed: run the %s on a "
                              "virtual:%s board" % (self.board.name, role, self.board.name))
-        flash = pass_work(h, k, ctx, layers, classifier, on_romfs=self.on_rom[role]).get("weights_flash", 0.0)
-        return {"compute": self.lines[role](k) * RV32_CPI.value / self.board.clock_hz.value,
-                "weights_flash": flash / self.board.flash_map_bps.value}
+        work = pass_work(h, k, ctx, layers, classifier, on_romfs=self.on_rom[role])
+        out = {"compute": self.lines[role](k) * self.cpi.value / self.board.clock_hz.value,
+               "weights_flash": work.get("weights_flash", 0.0) / self.board.flash_map_bps.value}
+        if self.board.weight_stream_bps.value:  # a class with PSRAM: the bytes it streams from there
+            for term in ("weights_psram", "kv_psram"):
+                out[term] = work.get(term, 0.0) / self.board.weight_stream_bps.value
+        return out
 
     def project(self, result, prompt_len: int) -> dict:
         out = super().project(result, prompt_len)
         out["rates"] = "%s x %.1f cycles/insn [%s] at %.0f MHz, flash %.0f MB/s [%s]" % (
-            MEASURED, RV32_CPI.value, RV32_CPI.source, self.board.clock_hz.value / 1e6,
+            MEASURED, self.cpi.value, self.cpi.source, self.board.clock_hz.value / 1e6,
             self.board.flash_map_bps.value / 1e6, self.board.flash_map_bps.source)
+        if self.board.weight_stream_bps.value:
+            out["rates"] += ", PSRAM %.0f MB/s [%s]" % (self.board.weight_stream_bps.value / 1e6,
+                                                        self.board.weight_stream_bps.source)
         out["compute"] = MEASURED
         out["kernels"] = "as the run's boards ran them: %s" % MEASURED
-        out["cycles_per_insn"] = RV32_CPI.value
+        out["cycles_per_insn"] = self.cpi.value
         out["flash_map_bps"] = self.board.flash_map_bps.value
         out["instructions_per_pass"] = {role: {str(k): round(v) for k, v in line.means.items()}
                                         for role, line in self.lines.items()}

@@ -14,8 +14,13 @@ virtual time with the constants of host/projection/hardware.py instead of sleepi
   prompt in the first round, and a drafter position costs a fraction of a target's, so it adds no time;
 - each call is a request and a reply whose sizes are those of the real codec (`:`-base64 lines, the
   compact header: no addresses to the board at a link's end, src and dst to one behind a gateway),
-  carried by the transport's link(s): serial = each board on its own USB link; espnow = the drafter
-  board is the gateway on USB (as in host/provision/cluster.py) and the verifier is one ESP-NOW hop further;
+  carried by the transport's link(s): serial = each board on its own console, the one its class's stock build
+  has (hardware.CONSOLES: a classic ESP32's UART0 at 115200, the S3's TinyUSB CDC and the C3/C6's USB-Serial/JTAG,
+  both with every reply also written to UART0 at 115200); espnow = the drafter board is the gateway on its
+  console (as in host/provision/cluster.py) and the verifier is one ESP-NOW hop further; a frame that reaches a
+  node on a UART console or the radio waits half a FreeRTOS tick for it (hardware.FREERTOS_TICK);
+- each request costs the node's own Python besides its kernels: decoding the request line and encoding the reply
+  (hardware.NODE_FRAME_INSNS, NODE_FRAME_BYTE_INSNS);
 - a round is DRAFT_REQ/DRAFT and VERIFY_REQ/VERDICT (host/backends/board.py), plus, when sampling and a draft
   was rejected, a second VERIFY_REQ/VERDICT carrying that draft's whole q-hat table (the first one
   carries each draft's own weight only); the verdict commits itself on the verifier, and the drafter
@@ -41,7 +46,8 @@ from specmesh.host.decode.ahead import round_draft
 from specmesh.host.decode.orchestrator import Result, Round
 from specmesh.host.projection.calibration import Rates
 from specmesh.host.projection.costmodel import KERNELS, SRAM_BUDGET, layer_span, pass_work, weight_bytes
-from specmesh.host.projection.hardware import BOARDS, ESPNOW, HOST_DRAFT_POSITION, USB_SERIAL_JTAG, Board, Link
+from specmesh.host.projection.hardware import (BOARDS, CONSOLES, CPI, ESPNOW, HOST_DRAFT_POSITION,
+                                               NODE_FRAME_BYTE_INSNS, NODE_FRAME_INSNS, RV32_CPI, Board, Link)
 from specmesh.shared.codec import line_size
 from specmesh.shared.modelfile import Header
 
@@ -121,9 +127,10 @@ class Projector:
         self.transport = transport
         self.drafter_on_host = drafter_on_host
         self.pipelined = not drafter_on_host and transport == "serial"
+        gateway = CONSOLES[self.drafter_board.name]  # the drafter board is the gateway on ESP-NOW
         self.links: dict[str, tuple[Link, ...]] = {
-            "drafter": (USB_SERIAL_JTAG,),
-            "verifier": (USB_SERIAL_JTAG, ESPNOW) if transport == "espnow" else (USB_SERIAL_JTAG,),
+            "drafter": (gateway,),
+            "verifier": (gateway, ESPNOW) if transport == "espnow" else (CONSOLES[self.board.name],),
         }
 
     def forward(self, h: Header, k: int, ctx: int, layers: tuple[int, int] | None = None,
@@ -153,9 +160,15 @@ class Projector:
         return line_bytes(request, addressed) + line_bytes(reply, addressed)
 
     def call(self, role: str, request: int, reply: int) -> float:
-        """Bus seconds of one request/reply exchange with the `role` board, payloads of these sizes."""
-        n = self.exchange(role, request, reply)
-        return sum(link.seconds(n, messages=2) for link in self.links[role])
+        """Seconds of one request/reply exchange with the `role` board, payloads of these sizes: the bus, and the
+        node's own Python for the two frames."""
+        addressed = role == "verifier" and len(self.links["verifier"]) > 1  # behind the gateway
+        up, down = line_bytes(request, addressed), line_bytes(reply, addressed)
+        board = self.board if role == "verifier" else self.drafter_board
+        insns = NODE_FRAME_INSNS.value + NODE_FRAME_BYTE_INSNS.value * (frame_bytes(request, addressed)
+                                                                        + frame_bytes(reply, addressed))
+        cpi = RV32_CPI.value if BOARD_CLASSES[board.name].qemu else CPI.value
+        return sum(link.exchange_seconds(up, down) for link in self.links[role]) + insns * cpi / board.clock_hz.value
 
     def draft_passes(self, pos: int, n: int) -> list[float]:
         """Seconds of n one-position drafter passes from position pos on (on the host: HOST_DRAFT_POSITION)."""
@@ -234,7 +247,8 @@ class Projector:
         looks = [r.ahead for r in result.rounds if r.gamma]
         ahead = max(set(looks), key=lambda a: (looks.count(a), -a)) if looks and self.pipelined else 0
         return {
-            "hardware": "%s boards, %s" % (self.board.name, "+".join(link.name for link in self.links["verifier"])),
+            "hardware": "%s boards (%s), %s" % (self.board.name, self.board.stock,
+                                                "+".join(link.name for link in self.links["verifier"])),
             "rates": self.rates.source,
             "drafter_rates": None if self.drafter_on_host else self.drafter_rates.source,
             "kernels": "%s (%s)" % (self.kernels.name, self.kernels.source),

@@ -8,11 +8,11 @@ build/vboards/ (in an installed copy: ~/.cache/specmesh/vboards), so a later run
 changed. With `--transport espnow` the boards talk over the virtual radio and the host reaches them
 through a gateway board on its serial link.
 Everything started is stopped when the cluster closes. `find` discovers a flashed real board by the role it
-reports (HELLO), `connect` opens one on a known port. Both kinds are registered back-ends of each role
-(host/backends/__init__.py): `virtual` (the role's default class), `virtual:CLASS` (a virtual board of any
+reports (HELLO), `connect` opens one on a known port. Both kinds are back-ends of each role, by name in
+host/cli/registry.py's tables: `virtual` (the role's default class), `virtual:CLASS` (a virtual board of any
 class of host/boardclasses.py: the unix port sized as that class, or QEMU running the RV32 firmware for
 esp32c3/esp32c6, host/emulator/qemu.py), `pipeline` for the verifier (`--stages N` stage boards), and `PORT` for a
-serial port's name. Importing this module registers them (host/cli/registry.py does, for a run).
+serial port's name (`virtual`, `pipeline` and `on_port` make their factories).
 """
 
 from __future__ import annotations
@@ -21,15 +21,16 @@ import contextlib
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from specmesh.host import atomic
-from specmesh.host.backends import PIPELINE, PORT, BackendError, Boards, register_drafter, register_verifier
+from specmesh.host.backends import BackendError, Boards
 from specmesh.host.backends.board import BoardDrafter, BoardVerifier
 from specmesh.host.backends.pipeline import BoardStage, PipelineVerifier
-from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, drafter_class, drafter_model
+from specmesh.host.boardclasses import ROLE_CLASS, drafter_class, drafter_model
 from specmesh.host.bus.links import LinkError, SerialLink
 from specmesh.host.bus.proxy import Bus, HostAuth, NodeError, Proxy
 from specmesh.host.layout import MODELS, ROOT, model_path
@@ -51,6 +52,20 @@ def _vboards_dir() -> Path:
 
 VBOARDS = _vboards_dir()
 BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier, "stage": BoardStage}
+
+
+def _host_disk_full(folder: Path, model: Path) -> str | None:
+    """Why a virtual board's flash failed when the host's disk holding its folder has no room for the model (a
+    write the board saw as ENOSPC: "board filesystem is full"), as one line saying what to free; else None."""
+    try:
+        free = shutil.disk_usage(folder).free
+        need = model.stat().st_size + (1 << 20)  # the model beside the node's files
+    except OSError:
+        return None
+    if free >= need:
+        return None
+    return ("the host's disk holding %s is full (%d KiB free, about %d KiB needed): free space there, or set "
+            "SPECMESH_VBOARDS to a folder on another disk" % (folder, free // 1024, need // 1024))
 
 
 def split_layers(n_layers: int, n: int) -> list[tuple[int, int]]:
@@ -80,7 +95,7 @@ def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None
             time.sleep(0.05)
     stack.callback(link.close)
     if faults is not None:
-        from specmesh.host.bus.faults import FaultyLink  # noqa: PLC0415
+        from specmesh.host.bus.faults import FaultyLink
 
         link = FaultyLink(link, faults)
     return Bus(link, deadline=30.0, auth=auth)
@@ -88,7 +103,7 @@ def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None
 
 def _backend(kind: str, bus: Bus, node: int, where: str):
     """The board back-end for `node` on `bus`, after a signed nonce handshake when the bus signs."""
-    from specmesh.host.bus.proxy import ProxyError  # noqa: PLC0415
+    from specmesh.host.bus.proxy import ProxyError
 
     try:
         bus.handshake(node)
@@ -97,27 +112,45 @@ def _backend(kind: str, bus: Bus, node: int, where: str):
     return BACKEND[kind](Proxy(bus, node), where)
 
 
-def discover(bus: Bus, deadline: float = 10.0) -> int:
-    """Node id of the board on a serial link (HELLO to broadcast; the reply says who answered)."""
-    from specmesh.host.bus.proxy import ProxyError  # noqa: PLC0415
+FIRST_HELLO_S = 2.0  # a running node answers HELLO well within this; past it the board may sit at its REPL
+# Ctrl-C (stop what runs), Ctrl-B (leave the raw REPL: a soft reset there skips main.py), Ctrl-D (soft reset: main.py
+# starts the node), each let land before the next; bytes a running node, which reads frames with Ctrl-C off, drops
+SOFT_RESET = (b"\r\x03\x03", b"\x02", b"\x04")
 
+
+def discover(bus: Bus, deadline: float = 10.0) -> int:
+    """Node id of the board on a serial link (HELLO to broadcast; the reply says who answered). A board that does
+    not answer within FIRST_HELLO_S may be sitting at its REPL (after `specmesh console`, an interrupted `specmesh
+    flash`, `flash --no-reset`): it is soft-reset once, which starts its node (or shows it half-flashed), and
+    asked again."""
+    from specmesh.host.bus.proxy import ProxyError
+
+    try:
+        return bus.request(BROADCAST, m.HELLO, deadline=min(FIRST_HELLO_S, deadline)).src
+    except ProxyError as e:
+        if bus.link.error:  # diagnosed already: a key mismatch, a half-flashed board
+            raise BackendError(no_node(bus.link, e, deadline)) from None
+    for keys in SOFT_RESET:
+        bus.link.write_raw(keys)
+        time.sleep(0.2)
     try:
         return bus.request(BROADCAST, m.HELLO, deadline=deadline).src
     except ProxyError as e:
-        raise BackendError(no_node(bus.link, e, deadline)) from None
+        raise BackendError(no_node(bus.link, e, deadline, reset=True)) from None
 
 
-def no_node(link, e: Exception, deadline: float) -> str:
+def no_node(link, e: Exception, deadline: float, reset: bool = False) -> str:
     """Why no specmesh node answered HELLO on `link`, in one line: what the link diagnosed (a key mismatch, a
     half-flashed board), an answer that is not a node's (a REPL, a traceback, another device's bytes), or
-    silence."""
+    silence. `reset`: a soft reset was tried (discover), which the line says."""
     port = link.port
     if link.error:
         return link.error
     fix = "flash the node with `specmesh flash --port %s --role drafter|verifier`" % port
     text = [t.strip() for t in link.text if t.strip()]
     if text and _readable(text[-1]):
-        return "%s answers, but not as a specmesh node: it printed %r (%s)" % (port, text[-1][:100], fix)
+        return "%s answers, but not as a specmesh node%s: it printed %r (%s)" % (
+            port, " even after a soft reset" if reset else "", text[-1][:100], fix)
     received, errors = link.noise()
     if received:
         kinds = ", ".join("%d %s" % (n, k) for k, n in sorted(errors.items())) or "no whole line"
@@ -136,8 +169,8 @@ def _readable(line: str) -> bool:
 
 def find(kind: str, key: bytes | None = None) -> str:
     """The serial port of the flashed board that reports role `kind` (ESP32 USB ports are asked in turn)."""
-    from specmesh.host.bus.ports import esp_ports  # noqa: PLC0415
-    from specmesh.host.bus.proxy import ProxyError  # noqa: PLC0415
+    from specmesh.host.bus.ports import esp_ports
+    from specmesh.host.bus.proxy import ProxyError
 
     want = m.ROLE_DRAFTER if kind == "drafter" else m.ROLE_VERIFIER
     ports = [dev for dev, _ in esp_ports()]
@@ -195,6 +228,7 @@ class Cluster(contextlib.ExitStack):
         self.radio = radio
         self.boards: dict = {}
         self._bus: Bus | None = None
+        self._mutex = threading.Lock()  # boards started side by side (pipeline) add to the stack and `boards`
 
     def model(self, kind: str, board: str | None = None) -> Path:
         """The model file a board of role `kind` (and class `board`) is flashed with: the one named in
@@ -208,14 +242,17 @@ class Cluster(contextlib.ExitStack):
         return model_path(self.models, kind)
 
     def start(self, kind: str, config: dict | None = None, radio=None, board: str | None = None,
-              stage: tuple[int, int, int] | None = None):
+              stage: tuple[int, int, int] | None = None, progress: bool = True):
         """Start and flash the virtual board for `kind`; returns it (its `port` is the serial device).
 
         `config`: board-config keys (link, espnow peers) written before flashing, which keeps them.
-        `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1."""
-        from specmesh.host.emulator import BoardError, make_board  # noqa: PLC0415
-        from specmesh.host.emulator.session import board_mac  # noqa: PLC0415
-        from specmesh.host.provision.flash import FlashError, flash, summary  # noqa: PLC0415
+        `stage` (i, a, b): kind "stage", the i-th stage of a pipeline, holding layers a..b-1. `progress` False:
+        no progress bars (boards flashed side by side would draw over each other's). Safe to call from several
+        threads at once: each board has its own folder, and what the cluster keeps is added under a lock."""
+        from specmesh.host.emulator import BoardError, make_board
+        from specmesh.host.emulator.board import FlashDamaged
+        from specmesh.host.emulator.session import board_mac
+        from specmesh.host.provision.flash import FlashError, flash, summary
 
         model = self.model(kind, board or ROLE_CLASS[kind])
         name = kind if stage is None else "stage%d" % stage[0]
@@ -224,6 +261,7 @@ class Cluster(contextlib.ExitStack):
         node_id = NODE_ID[kind] + (0 if stage is None else stage[0])
         folder = self.root / (name if radio is None else name + "-espnow")
         folder.mkdir(parents=True, exist_ok=True)
+        self._lock(folder)
         cfg_path = folder / "specmesh.json"
         cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
         for key in ("link", "espnow"):
@@ -247,24 +285,57 @@ class Cluster(contextlib.ExitStack):
                 folder.mkdir(parents=True)
                 atomic.write_text(cfg_path, json.dumps(cfg, sort_keys=True))
                 vb.start()
-            self.callback(vb.stop)
+            with self._mutex:
+                self.callback(vb.stop)
             t0 = time.monotonic()
             layers = None if stage is None else stage[1:]
+            bars = progress and self.say is not None
             try:
-                report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
+                report = flash(vb.port, kind, model, node_id, progress=bars, key=self.key,
                                clear_key=True, layers=layers, config=cfg, board_class=vb.board.name)
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
-                report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
+                report = flash(vb.port, kind, model, node_id, progress=bars, key=self.key,
                                clear_key=True, layers=layers, config=cfg, board_class=vb.board.name)
-        except (BoardError, FlashError) as e:
-            raise BackendError("virtual %s board: %s" % (kind, e)) from None
+        except (BoardError, FlashError, OSError) as e:  # a VM that could not restart says why better than the flash
+            if not folder.is_dir():  # removed while the board booted: whatever step noticed first, one cause
+                raise BackendError("virtual %s board: its flash folder %s was deleted while it booted: run again "
+                                   "(it is flashed afresh)" % (kind, folder)) from None
+            full = _host_disk_full(folder, model)
+            if full:  # the board's "filesystem is full" is the host's disk, which a user frees, not the board
+                raise BackendError("virtual %s board: %s" % (kind, full)) from None
+            if isinstance(e, OSError):
+                raise
+            raise BackendError("virtual %s board: %s" % (kind, vb.failed or e)) from None
         say("%s: %s" % (what, summary(report, time.monotonic() - t0)))
-        self.boards[name] = vb
+        with self._mutex:
+            self.boards[name] = vb
         return vb
 
+    def _lock(self, folder: Path) -> None:
+        """Hold `folder` (a board's flash) for this cluster's life: a second run on the same folder is refused in
+        one line rather than flashing over this one's board (both wrote /models/target.spm.part). An advisory
+        lock on FOLDER.lock beside it (the flash folder is the board's file system); the kernel drops it when
+        this process ends, however it ends, so a killed run leaves nothing to clean."""
+        import fcntl
+
+        path = folder.with_name(folder.name + ".lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise BackendError("virtual board folder %s is in use by another specmesh run%s: wait for it to end, or "
+                               "give this one its own folder (SPECMESH_VBOARDS=DIR)"
+                               % (folder, " (pid %s)" % holder if holder.isdigit() else "")) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, b"%d\n" % os.getpid(), 0)
+        with self._mutex:
+            self.callback(os.close, fd)
+
     def _start_espnow(self) -> Bus:
-        from specmesh.host.emulator.radio import RadioHub  # noqa: PLC0415
-        from specmesh.host.emulator.session import board_mac  # noqa: PLC0415
+        from specmesh.host.emulator.radio import RadioHub
+        from specmesh.host.emulator.session import board_mac
 
         hub = self.enter_context(RadioHub(self.radio))
         drafter_mac, verifier_mac = board_mac(NODE_ID["drafter"]), board_mac(NODE_ID["verifier"])
@@ -279,18 +350,23 @@ class Cluster(contextlib.ExitStack):
         self.buses.append(bus)
         return bus
 
-    def pipeline(self, n: int, board: str | None = None):
+    def pipeline(self, n: int, board: str | None = None, beside: tuple[str, ...] = ()):
         """A pipeline verifier (host/backends/pipeline.py) over n virtual stage boards (classic ESP32s, or of class
         `board`), the target's layers split evenly; each on its own serial link, the host relaying activations
-        between them."""
-        from specmesh.host.backends.modelio import check_model_file  # noqa: PLC0415
+        between them. The boards of the roles in `beside` (their default class) boot and flash at the same time;
+        `backend` then finds them started."""
+        from specmesh.host.backends.modelio import check_model_file
         if self.transport != "serial":
             raise BackendError("--stages runs on --transport serial (the host relays between stages)")
         n_layers = check_model_file(self.model("stage"))[0].n_layers
         layers = split_layers(n_layers, n)
+        # the boards boot and flash at once (mpremote waits on each board's pty, not on the host's cores): a first
+        # 5-stage run took 76 s one board after another
+        boards = _side_by_side([lambda i=i, a=a, b=b: self.start("stage", stage=(i, a, b), board=board, progress=False)
+                                for i, (a, b) in enumerate(layers)] +
+                               [lambda kind=kind: self.start(kind, progress=False) for kind in beside])[:n]
         stages = []
-        for i, (a, b) in enumerate(layers):
-            vb = self.start("stage", stage=(i, a, b), board=board)
+        for i, vb in enumerate(boards):
             bus = _open(vb.port, self, self.faults, self.key, busy_s=2.0)
             self.buses.append(bus)
             stages.append(_backend("stage", bus, NODE_ID["stage"] + i, "virtual:stage%d(%s)" % (i, vb.board.name)))
@@ -306,7 +382,7 @@ class Cluster(contextlib.ExitStack):
             bus = self._bus
             where = "virtual:%s(espnow%s)" % (kind, ", gateway" if kind == "drafter" else "")
         else:
-            vb = self.start(kind, board=board)
+            vb = (self.boards.get(kind) if board is None else None) or self.start(kind, board=board)  # pipeline()'s
             bus = _open(vb.port, self, self.faults, self.key, busy_s=2.0)
             bus.peer = NODE_ID[kind]
             self.buses.append(bus)
@@ -314,7 +390,33 @@ class Cluster(contextlib.ExitStack):
         return _backend(kind, bus, NODE_ID[kind], where)
 
 
-def _virtual(kind: str, board: str | None = None):
+def _side_by_side(calls: list[Callable[[], object]]) -> list:
+    """Each call's result, the calls run at once on daemon threads; the first failure (in call order) is raised once
+    all have ended. The wait is a timed one, so a Ctrl-C reaches the caller at once: the cluster then stops the
+    boards started so far, and a thread still flashing dies with the process (its VM with it: PR_SET_PDEATHSIG)."""
+    results: list = [None] * len(calls)
+    errors: list = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,), name="specmesh-start-%d" % i, daemon=True)
+               for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(0.1)
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+def virtual(kind: str, board: str | None = None):
     def make(_model_path, *, boards: Boards, **_options):
         """`--drafter/--verifier virtual[:CLASS]`: the run's virtual board of that role, started and flashed."""
         return boards.cluster().backend(kind, board)
@@ -322,15 +424,15 @@ def _virtual(kind: str, board: str | None = None):
     return make
 
 
-def _pipeline(_model_path, *, boards: Boards, **_options):
+def pipeline(_model_path, *, boards: Boards, **_options):
     """`--stages N`: a pipeline verifier over N virtual stage boards."""
     try:
-        return boards.cluster().pipeline(boards.stages, boards.stage_class)
+        return boards.cluster().pipeline(boards.stages, boards.stage_class, boards.beside_stages)
     except ValueError as e:
         raise BackendError(str(e)) from None
 
 
-def _on_port(kind: str):
+def on_port(kind: str):
     def make(_model_path, *, name: str, boards: Boards, **_options):
         """A flashed board on serial port `name` (`auto`: the one among the ESP32 USB ports reporting `kind`)."""
         port = find(kind, boards.key) if name == "auto" else name
@@ -338,10 +440,3 @@ def _on_port(kind: str):
 
     return make
 
-
-for _kind, _register in (("verifier", register_verifier), ("drafter", register_drafter)):
-    _register("virtual", _virtual(_kind))
-    for _class in BOARD_CLASSES:
-        _register("virtual:" + _class, _virtual(_kind, _class))
-    _register(PORT, _on_port(_kind))
-register_verifier(PIPELINE, _pipeline)

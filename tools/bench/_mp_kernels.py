@@ -21,8 +21,8 @@ from array import array
 
 sys.path[:0] = [sys.argv[1], ".", "host/projection/mpy"]  # run from the repository root (tools/bench/kernels.py)
 
-from engine import Engine  # noqa: E402
-from timing import best, greedy_step  # noqa: E402 - the harness `specmesh bench` times a board with
+from engine import Engine
+from timing import best, greedy_step  # the harness `specmesh bench` times a board with
 
 BUDGET_US = int(sys.argv[4]) * 1000
 KERNELS = sys.argv[5] if len(sys.argv) > 5 else ""

@@ -83,10 +83,10 @@ class _Report:
 
 def write(results: dict, out: Path) -> list[Path]:
     """Write the PNGs and report.md into `out`; returns the files written."""
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
     rep = _Report(out, plt)

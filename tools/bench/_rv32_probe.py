@@ -74,7 +74,7 @@ for name, native in (("native", True), ("viper", False)):
         continue
     row = {"per_mac": {k: per_mac(mod, k) for k in (1, 5)}}
     gc.collect()
-    e = engine.Engine(MODEL, 5, True, 96, native=native)
+    e = engine.Engine(MODEL, 5, True, 96, native=native)  # noqa: F821 - rv32.py sets MODEL above this script
     e.forward(bytes(4), 0)  # a context of 8 positions, then passes of 1 and 5 positions after it
     e.forward(bytes(4), 4)
     for k in (1, 5):

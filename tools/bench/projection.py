@@ -18,18 +18,23 @@ MicroPython-only engine) and each configuration:
   USB (`specmesh run --stages 5 --project esp32s3`), against one ESP32-S3 decoding plainly with the same
   kernels.
 
+Held-out protocol (tools/heldout.py): the tables above decode the tuning set (TinyStories validation
+openings, on which the model card's alphas and gamma's prior were chosen); the two headline
+configurations (the classic-ESP32 drafter board, the host CPU drafting), native kernels, are also
+decoded on the report set (short hand-written story starts nobody tuned on), and both sets' tables give
+every prompt's alpha, tau and speed-up over plain, their mean and the worst prompt.
+
 The derivation table gives each cost term's time per plain token and its share. esp32-llm's 19.13 tok/s
 is stories260K in C on an ESP32-S3, measured by that project: the anchor.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, ESP32S3, ROLE_CLASS
 from specmesh.host.decode.gamma import GammaController
-from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.orchestrator import Observer, generate
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import MODELS, TARGET_FILE
 from specmesh.host.projection.costmodel import KERNELS
@@ -39,7 +44,7 @@ from specmesh.host.projection.rounds import Projector
 from specmesh.host.provision.cluster import split_layers
 from specmesh.host.provision.drafters import expected_alpha
 from specmesh.shared.modelfile import HEADER_SIZE, parse_header
-from specmesh.tools.heldout import heldout_prompts
+from specmesh.tools.heldout import PROMPT_SETS, prompt_set
 
 ANCHOR_TOK_S = 19.13  # DaveBben/esp32-llm, stories260K in C on an ESP32-S3
 NEW = 64
@@ -47,6 +52,9 @@ PROMPTS = 8
 VERIFIER = ROLE_CLASS["verifier"]  # the board whose heap holds the target (PSRAM)
 DRAFTERS = (ESP32.drafter, ESP32S3.drafter)
 PLACES = {"esp32 board": ESP32.name, "esp32s3 board": ESP32S3.name, "host cpu": None}
+HEADLINE = {"classic-ESP32 drafter board": (ESP32.drafter, "esp32 board"), "host cpu (--drafter cpu)": (
+    ESP32S3.drafter, "host cpu")}  # the per-prompt tables of both held-out sets (native kernels)
+HELDOUT_PROMPTS = 16  # per set in the held-out tables (the report set whole)
 STAGES = 5
 
 
@@ -56,30 +64,53 @@ def header(name: str):
 
 def speculate(proj, prompts: list[list[int]], ver, dra, name: str) -> dict:
     """Greedy runs of `prompts` with gamma auto on `proj`'s projected costs, from the acceptance the model card
-    gives drafter `name` (as `specmesh run` starts it); their projection summed."""
+    gives drafter `name` (as `specmesh run` starts it); their projection summed, and each prompt's (`per_prompt`:
+    alpha, tau, speed-up over plain, plain rounds; `mean_speedup` and `worst_speedup` over them)."""
     spec = plain = tokens = 0.0
     acc = tested = rounds = 0  # drafts accepted, drafts tested, rounds
+    rows = []
     for p in prompts:
         c = GammaController()
-        c.expect(expected_alpha(name, 0.0))
+        c.expect(expected_alpha(name, greedy=True))
         c.pipelined = proj.pipelined
-        r = generate(p, ver, dra, SessionParams(), NEW, c, costs=proj.round_costs)
+        r = generate(p, ver, dra, SessionParams(), NEW, c, Observer(costs=proj.round_costs))
         out = proj.project(r, len(p))
+        n = sum(x.n_committed for x in r.rounds)
+        one_plain = out.get("plain_wall_s", 0.0) or sum(proj.single.plain_round(len(p) + i) for i in range(n))
         spec += out["wall_s"]
-        plain += out.get("plain_wall_s", 0.0) or sum(proj.single.plain_round(len(p) + i) for i in range(
-            sum(x.n_committed for x in r.rounds)))
-        tokens += sum(x.n_committed for x in r.rounds)
+        plain += one_plain
+        tokens += n
         acc += r.accepted
         tested += r.tested
         rounds += len(r.rounds)
+        rows.append({"alpha": r.accepted / r.tested if r.tested else None, "tau": n / len(r.rounds),
+                     "speedup": one_plain / out["wall_s"], "plain_rounds": sum(1 for x in r.rounds if not x.gamma)})
     return {"tokens_per_s": tokens / spec, "plain_tokens_per_s": tokens / plain, "speedup": plain / spec,
-            "alpha": acc / tested if tested else None, "tau": tokens / rounds, "tokens": tokens}
+            "alpha": acc / tested if tested else None, "tau": tokens / rounds, "tokens": tokens, "per_prompt": rows,
+            "mean_speedup": sum(x["speedup"] for x in rows) / len(rows), "worst_speedup": min(x["speedup"] for x in rows)}
+
+
+def heldout(target, ver, tok) -> dict:
+    """Both held-out sets (tools/heldout.py) on the HEADLINE configurations, native kernels: set -> config -> row."""
+    out: dict = {}
+    for set_name in PROMPT_SETS:
+        prompts = prompt_set(set_name, MODELS, tok, HELDOUT_PROMPTS)
+        for config, (name, place) in HEADLINE.items():
+            h = header(name)
+            dra = LocalDrafter(MODELS / name)
+            cls = PLACES[place]
+            own = cls is not None and BOARD_CLASSES[cls].drafter == name and BOARD_CLASSES[cls].drafter_ctx
+            dra.max_seq = min(h.max_seq, own or h.max_seq)
+            proj = Projector(target, h, VERIFIER, kernels="native", drafter_on_host=cls is None,
+                             drafter_board=cls or ROLE_CLASS["drafter"])
+            out.setdefault(set_name, {})[config] = speculate(proj, prompts, ver, dra, name) | {"drafter": name}
+    return out
 
 
 def run() -> dict:
     target = header(TARGET_FILE)
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
-    prompts = heldout_prompts(MODELS, tok, PROMPTS)
+    prompts = prompt_set(PROMPT_SETS[0], MODELS, tok, PROMPTS)
     ver = LocalVerifier(MODELS / TARGET_FILE)
     out: dict = {"anchor_tok_s": ANCHOR_TOK_S, "prompts": len(prompts), "new_tokens": NEW, "boards": {},
                  "derivation": {}, "drafters": {}, "pipeline": {}}
@@ -125,8 +156,21 @@ def run() -> dict:
                 row = speculate(pp, prompts, ver, dra, name)
                 row["hardware"] = pp.label()
                 out["pipeline"].setdefault(kernels, {})["%s, drafts on the %s" % (cls, place)] = row
+    out["heldout"] = heldout(target, ver, tok)
     _print(out)
     return out
+
+
+def _print_heldout(sets: dict) -> None:
+    for set_name, configs in sets.items():
+        print("\nheld-out set %s (%s), ESP32-S3 verifier, native kernels, %d greedy tokens a prompt" % (
+            set_name, "tuning" if set_name == PROMPT_SETS[0] else "report: never tuned on", NEW))
+        for config, row in configs.items():
+            print("  %s (%s): mean speed-up %.2fx, worst prompt %.2fx, alpha %.3f, tau %.2f" % (
+                config, row["drafter"], row["mean_speedup"], row["worst_speedup"], row["alpha"] or 0.0, row["tau"]))
+            print("    %6s %7s %6s %8s %6s" % ("prompt", "alpha", "tau", "speed-up", "plain"))
+            for i, p in enumerate(row["per_prompt"]):
+                print("    %6d %7.3f %6.2f %7.2fx %6d" % (i, p["alpha"] or 0.0, p["tau"], p["speedup"], p["plain_rounds"]))
 
 
 def _print(out: dict) -> None:
@@ -149,6 +193,7 @@ def _print(out: dict) -> None:
         for config, row in configs.items():
             print("%s, %s kernels, drafts on the %s: %.2f tok/s, %.2fx one ESP32-S3 plain" % (
                 row["hardware"], kernels, config.split("drafts on the ")[1], row["tokens_per_s"], row["speedup"]))
+    _print_heldout(out["heldout"])
     for board, rows in out["derivation"].items():
         print("\nderivation of a plain %s token (host/projection/costmodel.py terms, mean over the runs above)" % board)
         print("%-14s %10s %7s" % ("term", "ms/token", "share"))

@@ -57,7 +57,7 @@ def static_native() -> dict[int, float] | str:
         from specmesh.tools.native_loops import per_mac
 
         return per_mac("rv32imc")
-    except Exception as e:  # no build/native objects (make native) or no objdump
+    except Exception as e:  # noqa: BLE001 - no build/native objects (make native) or no objdump
         return "n/a (%s)" % str(e).strip().splitlines()[0][:80]
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from specmesh.host.decode.gamma import GammaController
-from specmesh.host.decode.orchestrator import generate
+from specmesh.host.decode.orchestrator import Observer, generate
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +99,7 @@ def modes(prompt, verifier, drafter, params, projector) -> dict:
         "auto": lambda: generate(prompt, verifier, drafter, params, MAX_TOKENS, GammaController()),
         "fixed": lambda: generate(prompt, verifier, drafter, params, MAX_TOKENS, GammaController(fixed=FIXED_GAMMA)),
         "auto@esp32s3": lambda: generate(prompt, verifier, drafter, params, MAX_TOKENS, GammaController(),
-                                         costs=projector.round_costs),
+                                         Observer(costs=projector.round_costs)),
     }
 
 

@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
-import specmesh.host.cli.registry  # noqa: F401 - the torch verifiers, registered
-from specmesh.host.backends import factory
+from specmesh.host.cli.registry import factory
 from specmesh.host.decode.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +53,7 @@ def backend_costs(name: str) -> dict:
 
 
 def acceptance() -> dict:
-    from specmesh.tools.modelcard import acceptance as measure, heldout_prompts  # noqa: PLC0415
+    from specmesh.tools.modelcard import acceptance as measure, heldout_prompts
 
     prompts = heldout_prompts(MODELS, Tokenizer.from_llama2c(MODELS / "tokenizer.bin"), PROMPTS)
     return {t: measure(MODELS / TARGET_FILE, MODELS / DRAFTER_FILE, prompts, NEW, float(t[2:]))
@@ -65,7 +64,7 @@ def run() -> dict:
     out: dict = {"backends": {}}
     names = ["cpu"]
     try:
-        import torch  # noqa: F401, PLC0415
+        import torch  # noqa: F401
 
         names.append("torch-cpu")
     except ImportError:

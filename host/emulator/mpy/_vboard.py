@@ -27,7 +27,8 @@ _WINDOW = const(512)  # raw-paste flow-control window
 # The ROMFS partition (a host file, VBOARD_ROMFS), allocated first, in one block, before anything can
 # fragment the heap: on a board it is memory-mapped flash, and the supervisor adds its bytes to the heap.
 _ROMFS = os.getenv("VBOARD_ROMFS")
-_rom = bytearray(os.stat(_ROMFS)[6]) if _ROMFS else None
+_rom = ((__import__("_vrom").Partition if os.getenv("VBOARD_ROMFS_PORT") == "esp32" else bytearray)(os.stat(_ROMFS)[6])
+        if _ROMFS else None)
 _ready_fd = os.getenv("VBOARD_READY_FD")
 _ready_file = open(int(_ready_fd), "wb") if _ready_fd else None
 _out = sys.stdout.buffer
@@ -129,7 +130,7 @@ def _execute(src, mode, eof):
         if eof:
             _w(b"\x04\x04")
         raise _Reset(_EXIT_HARD if e.args and e.args[0] == _HARD_RESET else _EXIT_SOFT)
-    except BaseException as e:  # noqa: B036 - a REPL reports everything, KeyboardInterrupt included
+    except BaseException as e:  # noqa: BLE001 - a REPL reports everything, KeyboardInterrupt included
         err = e
     micropython.kbd_intr(3)
     if eof:
@@ -310,7 +311,7 @@ def _builtins():
     for name in ("network", "espnow", "machine"):
         try:
             __import__(name)
-        except BaseException:  # noqa: B036 - a stand-in that cannot load takes no heap
+        except BaseException:  # noqa: BLE001 - a stand-in that cannot load takes no heap
             pass
 
 
@@ -328,7 +329,7 @@ def main():
         for name in _modules() + ["network", "espnow", "machine"]:
             try:
                 __import__(name)
-            except BaseException:  # noqa: B036 - a module that cannot load takes no heap
+            except BaseException:  # noqa: BLE001 - a module that cannot load takes no heap
                 pass
         gc.collect()
         _w(b"%d\n" % (gc.mem_alloc() - before))

@@ -4,7 +4,13 @@ Packets go by UDP on loopback to the hub (host/emulator/radio.py), which applies
 reordering and delay and forwards them to the destination board. Wire format to the hub:
 b"R" + mac (register), b"S" + sync u8 + dst mac + mode u8 + [pmk + lmk] + msg (send); from the hub:
 b"D" + src mac + mode u8 + [pmk + lmk] + msg (a received packet), b"A" + delivered u8 (the per-packet
-answer a sync send waits for). mode: 0 plain, 1 encrypted (the 32 key bytes follow), 2 broadcast.
+answer a sync send waits for), or b"X" + errno u16 (that send raises OSError, as the real port's can).
+mode: 0 plain, 1 encrypted (the 32 key bytes follow), 2 broadcast.
+
+Errors are raised as ports/esp32 raises them (mphalport.c check_esp_err_): OSError(-code, name) for an
+ESP-IDF code (esp_now.h: ESP_ERR_ESPNOW_BASE 0x3064 + 1..8), OSError(ETIMEDOUT) for acks pending past
+100 ms (modespnow.c _wait_for_pending_responses); a message over MAX_DATA_LEN is ESP_ERR_ESPNOW_ARG (the
+stack refuses it in esp_now_send), a peer never added ESP_ERR_ESPNOW_NOT_FOUND.
 
 Encryption (CCMP with the PMK and the peer's LMK on a board) is modelled by the keys travelling with the
 packet: the receiver keeps an encrypted packet only if it registered the sender as an encrypted peer with
@@ -19,6 +25,7 @@ import select
 import socket
 import time
 
+import esp32
 import network
 
 MAX_DATA_LEN = int(os.getenv("VBOARD_MTU") or "250")
@@ -28,10 +35,30 @@ KEY_LEN = 16
 ADDR_LEN = 6
 _BROADCAST = b"\xff" * 6
 _DEFAULT_PMK = bytes(KEY_LEN)  # the stack's default when set_pmk is never called (a fixed value)
+# ESP-IDF heap the modelled Wi-Fi driver needs for its dynamic buffers (ten of 1.6 KB, an assumption): with less
+# free, esp_now_send keeps answering ESP_ERR_ESPNOW_NO_MEM and ESPNow.send raises it (modespnow.c espnow_send),
+# on a board whose ESP-IDF heap is modelled (VBOARD_IDF_BYTES, esp32.py)
+_DRIVER_BYTES = 16384
+
+
+_CODES = {"ESP_ERR_ESPNOW_NOT_INIT": 0x3065, "ESP_ERR_ESPNOW_ARG": 0x3066, "ESP_ERR_ESPNOW_NO_MEM": 0x3067,
+          "ESP_ERR_ESPNOW_FULL": 0x3068, "ESP_ERR_ESPNOW_NOT_FOUND": 0x3069, "ESP_ERR_ESPNOW_INTERNAL": 0x306A,
+          "ESP_ERR_ESPNOW_EXIST": 0x306B, "ESP_ERR_ESPNOW_IF": 0x306C}
+_ETIMEDOUT = 110
 
 
 def _err(name):
-    return OSError(name)
+    return OSError(-_CODES[name], name)
+
+
+def _raised(code):
+    """The OSError the hub's b"X" answer stands for."""
+    if code == _ETIMEDOUT:
+        return OSError(_ETIMEDOUT)
+    for name, value in _CODES.items():
+        if value == code:
+            return _err(name)
+    return OSError(-code)
 
 
 class ESPNow:
@@ -68,7 +95,8 @@ class ESPNow:
         if flag and not self._active:
             radio = os.getenv("VBOARD_RADIO")
             if not radio:
-                raise _err("ESP_ERR_ESPNOW_INTERNAL: no virtual radio on this board")
+                raise OSError(-_CODES["ESP_ERR_ESPNOW_INTERNAL"],
+                              "ESP_ERR_ESPNOW_INTERNAL: no virtual radio on this board")
             host, port = radio.split(":")
             self._hub = socket.getaddrinfo(host, int(port))[0][-1]
             self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -154,7 +182,10 @@ class ESPNow:
         if isinstance(msg, str):
             msg = msg.encode()
         if len(msg) > MAX_DATA_LEN:
-            raise ValueError("msg too long")
+            raise _err("ESP_ERR_ESPNOW_ARG")
+        if esp32._IDF and esp32.idf_heap_info(esp32.HEAP_DATA)[0][2] < _DRIVER_BYTES:
+            self._stats[2] += 1
+            raise _err("ESP_ERR_ESPNOW_NO_MEM")  # the GC heap grew into the driver's buffers
         targets = list(self._peers) if mac is None else [bytes(mac)]
         for dst in targets:
             if dst not in self._peers:
@@ -183,6 +214,8 @@ class ESPNow:
             pkt = self._read(left)
             if pkt is not None and pkt[0] == 0x41:  # "A"
                 return pkt[1] == 1
+            if pkt is not None and pkt[0] == 0x58:  # "X": this send raises
+                raise _raised(pkt[1] | pkt[2] << 8)
 
     # -- receiving -------------------------------------------------------------------------------
 

@@ -32,22 +32,22 @@ class Stubs:
 
 
 @micropython.viper  # noqa: F821 - the MicroPython compiler's decorator
-def _ptr_ptr_int_ptr(a: ptr8, b: ptr8, c: int, d: ptr8):  # noqa: F821
+def _ptr_ptr_int_ptr(a: ptr8, b: ptr8, c: int, d: ptr8):
     pass
 
 
 @micropython.viper  # noqa: F821
-def _ptr4(a: ptr8, b: ptr8, c: ptr8, d: ptr8):  # noqa: F821
+def _ptr4(a: ptr8, b: ptr8, c: ptr8, d: ptr8):
     pass
 
 
 @micropython.viper  # noqa: F821
-def _ptr3(a: ptr8, b: ptr8, c: ptr8):  # noqa: F821
+def _ptr3(a: ptr8, b: ptr8, c: ptr8):
     pass
 
 
 @micropython.viper  # noqa: F821
-def _ptr2_int(a: ptr8, b: ptr8) -> int:  # noqa: F821
+def _ptr2_int(a: ptr8, b: ptr8) -> int:
     return 0
 
 
@@ -60,7 +60,7 @@ def stubs():
 
 
 @micropython.viper  # noqa: F821
-def stride_read(b: ptr8, n: int) -> int:  # noqa: F821
+def stride_read(b: ptr8, n: int) -> int:
     s = 0
     i = 0
     while i < n:

@@ -1,7 +1,7 @@
-"""specmesh, installed: the one import name. Its subpackages are the repository's folders (pyproject.toml's
-package-dir mapping): `specmesh.host` (host/), `specmesh.shared` (shared/), `specmesh.tools` (tools/), and
-the data a run reads beside them, `specmesh.firmware` and `specmesh.models`. docs/architecture.md,
-"Installed: one import name", says why and how.
+"""specmesh, installed: the one import name. Its subpackages are the repository's folders, linked from here
+(src/specmesh/host -> host/, ...): `specmesh.host` (host/), `specmesh.shared` (shared/), `specmesh.tools`
+(tools/), and the data a run reads beside them, `specmesh.firmware` and `specmesh.models`.
+docs/architecture.md, "Installed: one import name", says why and how.
 
 The Python API is `specmesh.Mesh` (host/cli/session.py), imported on first use so that `import specmesh`
 stays cheap: `from specmesh import Mesh; mesh = Mesh(drafter="virtual", verifier="cpu")`.

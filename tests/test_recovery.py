@@ -1,0 +1,185 @@
+"""The recovery paths the docs promise, each walked: a planted truncated module on a virtual board's flash
+(docs/emulator.md: started afresh, with a line saying so), a board left at the REPL (a soft reset brings the
+node back), two runs on one flash folder (a lock: the second is told, nothing collides)."""
+
+import pytest
+
+from specmesh.host.emulator import board as board_mod
+from specmesh.host.layout import DRAFTER_FILE
+from specmesh.host.provision.cluster import Cluster
+
+
+def test_a_truncated_module_on_a_virtual_boards_flash_is_healed_with_a_line(models, tmp_path, monkeypatch):
+    with Cluster("serial", models, tmp_path) as c:
+        c.start("drafter")
+    codec = tmp_path / "drafter" / "shared" / "codec.mpy"
+    codec.write_bytes(codec.read_bytes()[:300])  # what an interrupted copy of an older specmesh left
+    monkeypatch.setattr(board_mod, "MEASURE_S", 8)  # the hang is told from a slow import by this deadline
+    lines = []
+    with Cluster("serial", models, tmp_path, say=lines.append) as c:
+        drafter = c.backend("drafter")
+        assert drafter.info.get("model", "").endswith(DRAFTER_FILE)
+    assert any("does not load" in line and "starting it with an empty flash" in line for line in lines), lines
+    assert len(codec.read_bytes()) > 300  # flashed whole again
+
+
+def test_a_dead_espnow_verifier_is_replaced_by_the_cpu_and_the_table_names_both(models, tmp_path):
+    """The verifier board behind the gateway dies mid-run: the CPU verifier takes over on the committed prefix,
+    the text is the one the CPU alone gives, and the stats name the verifier that finished and the dead one."""
+    from specmesh.host.backends import LocalVerifier, SessionParams
+    from specmesh.host.cli.output import _took_over
+    from specmesh.host.decode.gamma import GammaController
+    from specmesh.host.decode.orchestrator import generate
+    from specmesh.host.layout import TARGET_FILE
+
+    params = SessionParams(temperature=0.0)
+    prompt = [5, 17, 3]
+    cpu = LocalVerifier(models / TARGET_FILE)
+    want = generate(prompt, cpu, None, params, 24).tokens
+    with Cluster("espnow", models, tmp_path) as c:
+        verifier, drafter = c.backend("verifier"), c.backend("drafter")
+        for bus in c.buses:
+            bus.deadline = 3.0  # the dead board is given up on sooner than a run's 30 s
+        rounds = []
+
+        def kill_after_two(*_):
+            rounds.append(1)
+            if len(rounds) == 2:
+                c.boards["verifier"].stop()
+
+        result = generate(prompt, verifier, drafter, params, 24, GammaController(fixed=2), on_round=kill_after_two,
+                          fallback=lambda: LocalVerifier(models / TARGET_FILE))
+    assert result.tokens == want
+    assert result.failed == {"verifier": verifier.name} and len(result.failovers) == 1
+    assert "cpu took over" in result.failovers[0]
+    stats = {"verifier": "cpu", "failed": result.failed}
+    assert _took_over(stats, "verifier") == "cpu, which took over from %s (it failed)" % verifier.name
+
+
+def test_a_flash_folder_deleted_while_the_board_boots_is_one_line_and_the_next_run_flashes_afresh(
+        models, tmp_path, monkeypatch, capfd):
+    """rm -rf build/vboards while a board boots: no thread's traceback, one line naming the folder, and the next
+    start flashes the board again."""
+    import shutil
+
+    from specmesh.host.backends import BackendError
+    from specmesh.host.provision import flash as flash_mod
+
+    real = flash_mod.flash
+
+    def deleting_first(port, *args, **kwargs):
+        shutil.rmtree(tmp_path / "drafter")  # the VM reboots into the raw REPL meanwhile: its folder is gone
+        return real(port, *args, **kwargs)
+
+    monkeypatch.setattr(flash_mod, "flash", deleting_first)
+    with pytest.raises(BackendError) as e, Cluster("serial", models, tmp_path) as c:
+        c.start("drafter")
+    assert str(e.value) == ("virtual drafter board: its flash folder %s was deleted while it booted: run again (it is "
+                            "flashed afresh)" % (tmp_path / "drafter"))
+    assert "Traceback" not in capfd.readouterr().err
+    monkeypatch.setattr(flash_mod, "flash", real)
+    with Cluster("serial", models, tmp_path) as c:
+        assert c.backend("drafter").info["model"].endswith(DRAFTER_FILE)
+
+
+def test_two_runs_on_one_flash_folder_the_second_is_told_and_the_first_is_untouched(models, tmp_path):
+    """A lock per board folder: the second run is refused in one line naming the folder and the process holding
+    it; once the first ends (even killed: the kernel drops the lock) the folder is free."""
+    import os
+    import subprocess
+    import sys
+
+    from specmesh.host.backends import BackendError
+    from tests.conftest import ROOT
+
+    code = ("import sys, time\nfrom pathlib import Path\nfrom specmesh.host.provision.cluster import Cluster\n"
+            "c = Cluster('serial', Path(sys.argv[1]), Path(sys.argv[2]))\nc._lock(Path(sys.argv[2]) / 'drafter')\n"
+            "print('holding', flush=True)\ntime.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(models), str(tmp_path)], cwd=ROOT,
+                              stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"holding\n"
+        with pytest.raises(BackendError) as e, Cluster("serial", models, tmp_path) as c:
+            c.start("drafter")
+        assert str(e.value) == ("virtual board folder %s is in use by another specmesh run (pid %d): wait for it to "
+                                "end, or give this one its own folder (SPECMESH_VBOARDS=DIR)"
+                                % (tmp_path / "drafter", holder.pid))
+        assert not (tmp_path / "drafter" / "models").exists()  # nothing was flashed over the other run's board
+    finally:
+        holder.kill()
+        holder.wait()
+    with Cluster("serial", models, tmp_path) as c:
+        c.start("drafter")
+    assert os.listdir(tmp_path / "drafter" / "models")
+
+
+def test_a_full_host_disk_is_named_as_the_hosts_not_the_boards(models, tmp_path, monkeypatch):
+    """A virtual board's flash is a host folder: when the host's disk has no room for the model, the line says
+    to free the host's disk (the board would say 'board filesystem is full')."""
+    import collections
+
+    from specmesh.host.backends import BackendError
+    from specmesh.host.provision import cluster as cluster_mod
+    from specmesh.host.provision import flash as flash_mod
+
+    def full(port, *args, **kwargs):
+        raise flash_mod.FlashError("board filesystem is full while writing /models/drafter.spm.part (40000 bytes)")
+
+    monkeypatch.setattr(flash_mod, "flash", full)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(cluster_mod.shutil, "disk_usage", lambda path: usage(1 << 30, (1 << 30) - 8192, 8192))
+    with pytest.raises(BackendError) as e, Cluster("serial", models, tmp_path) as c:
+        c.start("drafter")
+    assert str(e.value).startswith("virtual drafter board: the host's disk holding %s is full (8 KiB free, about "
+                                   % (tmp_path / "drafter"))
+    assert str(e.value).endswith("free space there, or set SPECMESH_VBOARDS to a folder on another disk")
+
+
+def test_a_board_left_at_the_repl_is_soft_reset_into_its_node(virtual_board, models):
+    """`specmesh flash --no-reset` (or `specmesh console`) leaves the board at its REPL: the next connect soft-
+    resets it and its node answers, within seconds rather than a 10 s 'not a specmesh node'."""
+    import time
+
+    from specmesh.host.provision.cluster import connect
+    from specmesh.host.provision.flash import flash
+
+    vb = virtual_board()
+    flash(vb.port, "drafter", models / DRAFTER_FILE, progress=False, reset=False)
+    t0 = time.monotonic()
+    with connect(vb.port, "drafter") as drafter:
+        assert drafter.info["model"].endswith(DRAFTER_FILE)
+    assert time.monotonic() - t0 < 8.0
+
+
+def test_a_board_left_in_the_raw_repl_by_an_interrupted_flash_is_named_half_flashed(virtual_board, models):
+    """An interrupted `specmesh flash` leaves the board in the raw REPL with the "flashing" mark: after the soft
+    reset its console says half-flashed, and that is the line, with the command that finishes the flash."""
+    import json
+
+    from specmesh.host.backends import BackendError
+    from specmesh.host.provision.cluster import connect
+    from specmesh.host.provision.flash import flash, open_board
+
+    vb = virtual_board()
+    flash(vb.port, "drafter", models / DRAFTER_FILE, progress=False)
+    cfg = vb.flash_dir / "specmesh.json"
+    cfg.write_text(json.dumps(dict(json.loads(cfg.read_text()), flashing="drafter")))
+    open_board(vb.port).close()  # what the interrupted flash held: the raw REPL, never left
+    with pytest.raises(BackendError) as e, connect(vb.port, "drafter"):
+        pass
+    assert "the board was left half-flashed" in str(e.value)
+    assert "`specmesh flash --port %s --role drafter`" % vb.port in str(e.value)
+
+
+def test_modules_with_fork_hooks_are_imported_before_any_board_forks_a_vm():
+    """A board's thread forks its VMs while the main thread may import lazily: a module registering at-fork hooks
+    imported in between ran its after-fork hook alone ('cannot release un-acquired lock', 1 run in 60)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = ("import sys\nimport specmesh.host.emulator.board as b\n"
+            "print(all(name in sys.modules for name in b.FORK_HOOKED))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout == "True\n"

@@ -1,0 +1,63 @@
+"""The distillation losses and data of tools/train.py (needs torch): the acceptance-shaped terms measure what
+the acceptance rule does, greedy pools are the model's own argmax text, and a model file starts a phase."""
+
+import argparse
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="no PyTorch (the gpu extra): `make test-torch` runs these")
+
+from specmesh.tools.export import export_model
+from specmesh.tools.modeldefs import ModelArgs, Transformer
+from specmesh.tools.train import distil_loss, initial_weights, loss_terms, qhat, text_windows
+
+pytestmark = [pytest.mark.torch]
+
+
+def test_loss_terms_parse_weights_and_refuse_unknown_terms():
+    assert loss_terms("kl") == {"kl": 1.0}
+    assert loss_terms("kl:0.5,tv:1,greedy:2") == {"kl": 0.5, "tv": 1.0, "greedy": 2.0}
+    for bad in ("ce", "kl:x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            loss_terms(bad)
+
+
+def test_the_tv_term_is_one_minus_the_acceptance_at_t1_and_greedy_follows_the_argmax():
+    g = torch.Generator().manual_seed(0)
+    tl = torch.log_softmax(torch.randn(6, 20, generator=g), -1)
+    lq = torch.log_softmax(torch.randn(6, 20, generator=g), -1)
+    accept = torch.minimum(tl.exp(), qhat(lq, 8)).sum(-1).mean()  # the rule's i.i.d. acceptance at T = 1
+    assert float(distil_loss(lq, tl, {"tv": 1.0}, 8)) == pytest.approx(1 - float(accept), abs=1e-5)
+    assert float(distil_loss(tl, tl, {"kl": 1.0}, 8)) == pytest.approx(0.0, abs=1e-6)
+    want = -lq[torch.arange(6), tl.argmax(-1)].mean()
+    assert float(distil_loss(lq, tl, {"greedy": 1.0}, 8)) == pytest.approx(float(want), abs=1e-5)
+
+
+def tiny() -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(ModelArgs(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=40, max_seq=32)).eval()
+
+
+def test_a_greedy_pool_row_is_the_models_own_argmax_continuation():
+    # after its opening a row draws one token at T = 1 (as every row cooler than 1 does), then its argmax
+    m = tiny()
+    rows = m.sample(2, 12, torch.Generator().manual_seed(1), (0.0,), [[1, 5, 7], [1, 9]])
+    for row, given in zip(rows, (3, 2)):
+        with torch.no_grad():
+            logits = m(row[None, :-1])[0]
+        assert torch.equal(row[given + 1:], logits[given:].argmax(-1))
+
+
+def test_text_windows_are_slices_of_the_paragraphs_laid_end_to_end():
+    paras = [[1, 4, 5, 6], [1, 7, 8], [1, 9, 10, 11, 12]]
+    stream = [t for p in paras for t in p]
+    for w in text_windows(paras, 5, 4, torch.Generator().manual_seed(0)).tolist():
+        assert any(stream[i:i + 5] == w for i in range(len(stream) - 4))
+
+
+def test_a_model_file_starts_a_phase_with_its_dequantized_weights(tmp_path):
+    m = tiny()
+    export_model(m, tmp_path / "m.spm", tokenizer_id=1)
+    state = initial_weights(tmp_path / "m.spm")
+    for name, w in m.state_dict().items():
+        assert (state[name] - w).abs().max() <= w.abs().max() / 100  # int8 per row

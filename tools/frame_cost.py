@@ -1,0 +1,75 @@
+"""The node's own Python per request, in instructions: a virtual ESP32-C3 (MicroPython's RV32 code under QEMU,
+`-icount shift=0`: time.ticks_cpu() counts executed instructions) decodes request lines and encodes reply lines
+with shared/codec.py as a node does (the CRC-16 in Python: MicroPython's binascii has no crc_hqx), for payloads of
+two sizes; a fixed part and one per frame byte fit both (host/projection/hardware.py NODE_FRAME_INSNS,
+NODE_FRAME_BYTE_INSNS keep the figures).
+
+    python -m specmesh.tools.frame_cost
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from specmesh.host.layout import ROOT
+
+SIZES = (100, 400)
+SCRIPT = """
+import gc, time
+from shared import codec
+T, D = time.ticks_cpu, time.ticks_diff
+def count(f, n=10):
+    gc.collect()
+    t = T()
+    for _ in range(n):
+        f()
+    return D(T(), t) // n
+base = count(lambda: None)
+for size in %r:
+    payload = bytes(size)
+    line = codec.encode_line(codec.encode(5, payload, seq=3))
+    print(size, count(lambda: codec.decode(codec.decode_line(line[1:-1]))) - base,
+          count(lambda: codec.encode_line(codec.encode(5, payload, None, None, 3, 0, True))) - base)
+""" % (SIZES,)
+
+
+def measure() -> dict[int, tuple[int, int]]:
+    """{payload bytes: (instructions to decode the request line, to encode the reply line)}."""
+    from specmesh.host.emulator import make_board
+
+    mpremote = str(Path(sys.executable).with_name("mpremote"))
+    with tempfile.TemporaryDirectory(prefix="specmesh-frame-cost-") as tmp:
+        script = Path(tmp) / "frame_cost.py"
+        script.write_text(SCRIPT)
+        board = make_board(Path(tmp) / "c3", "esp32c3").start()
+        try:
+            out = subprocess.run([mpremote, "connect", board.port, "mount", str(ROOT), "run", str(script)],
+                                 capture_output=True, text=True, timeout=300)
+        finally:
+            board.stop()
+    if out.returncode:
+        raise SystemExit("the virtual ESP32-C3 did not run the count: %s" % out.stderr.strip().splitlines()[-1:])
+    rows = [line.split() for line in out.stdout.splitlines() if line.split() and line.split()[0].isdigit()]
+    return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
+
+
+def fit(counts: dict[int, tuple[int, int]]) -> tuple[float, float]:
+    """(fixed instructions a request and its reply, instructions per frame byte) through the two sizes."""
+    (a, (da, ea)), (b, (db, eb)) = sorted(counts.items())
+    per_byte = ((db - da) + (eb - ea)) / 2 / (b - a)
+    return da + ea - 2 * a * per_byte, per_byte
+
+
+def main() -> None:
+    counts = measure()
+    for size, (dec, enc) in sorted(counts.items()):
+        print("payload %4d B: decode %7d, encode %7d instructions" % (size, dec, enc))
+    fixed, per_byte = fit(counts)
+    print("fixed %.0f instructions a request and reply, %.0f per frame byte" % (fixed, per_byte))
+
+
+if __name__ == "__main__":
+    main()
