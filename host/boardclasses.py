@@ -88,7 +88,7 @@ ESP32 = BoardClass(
     # the 40-wide drafter, which its heap holds: drafter.spm (64 wide) would stream its 110 KB from ROMFS
     # every pass, slower than the S3's whole target step with native kernels (models/MODEL_CARD.md)
     drafter="drafter-esp32.spm",
-    drafter_ctx=256,  # its whole context: 33 KB free at load, 22.7 KB at the lowest (22 KB reserve, NODE_RESERVE)
+    drafter_ctx=256,  # its whole context: 33 KB free at load, 22.7 KB at the lowest (22 KB reserve, board.RESERVE)
 )
 
 # ESP32-S3 with 8 MB PSRAM: the heap spans the SPIRAM ("ends up being the full SPIRAM", same docs
@@ -173,9 +173,9 @@ ROLE_CLASS = {"drafter": ESP32.name, "verifier": ESP32S3.name, "stage": ESP32.na
 
 
 # Where a board keeps a whole model (host/projection/costmodel.py prices it; `specmesh flash` follows it):
-NODE_RESERVE = board.RESERVE  # heap a drafter node keeps free after loading its engine
-HEAP_CONTEXT = board.MIN_CTX  # a node halves its context until its reserve is free, down to this many positions:
-# a model whose engine fits the heap at that context runs from the heap
+# shared/board.py: RESERVE, the heap a drafter node keeps free after loading its engine, and MIN_CTX, the
+# shortest context a node halves to until its reserve is free: a model whose engine fits the heap at that
+# context runs from the heap
 ENGINE_BUFFERS = 16 * 1024  # an engine's activations, logits and tables besides weights and KV cache
 # (docs/pipeline.md measures 66.1 KB for a stage engine of 47.5 KB weights and an 8.4 KB cache: ~10 KB)
 
@@ -189,7 +189,6 @@ def kv_bytes(h: Header, n_ctx: int, layers: int | None = None) -> int:
 # A pipeline stage (docs/pipeline.md, memory per stage): its layers, their KV cache, the engine's buffers and the
 # node's reserve in the heap; the last stage also the rule's dense tables and, where the heap allows, the classifier
 STAGE_CTX = 128  # a stage's context on a board without PSRAM (`specmesh flash` writes it)
-STAGE_RESERVE = board.STAGE_RESERVE  # heap a stage node keeps free after loading
 
 
 def classifier_bytes(h: Header) -> int:
@@ -206,24 +205,24 @@ def stage_keeps_classifier(h: Header, cls: BoardClass, layers: tuple[int, int]) 
     a, b = layers
     n_ctx = h.max_seq if cls.psram_bytes else min(h.max_seq, STAGE_CTX)
     need = (stage_bytes(h, a, b) + kv_bytes(h, n_ctx, b - a) + ENGINE_BUFFERS + 16 * h.vocab
-            + STAGE_RESERVE + classifier_bytes(h))
+            + board.STAGE_RESERVE + classifier_bytes(h))
     return b == h.n_layers and need <= cls.heap_bytes
 
 
 def stage_heap_need(h: Header, cls: BoardClass, layers: tuple[int, int]) -> int:
     """Heap the stage node of layers a..b-1 needs on a board of class `cls` at the least: its slice, the KV cache
-    at the shortest context it halves down to (HEAP_CONTEXT; the model's whole context in PSRAM), the engine's
+    at the shortest context it halves down to (board.MIN_CTX; the model's whole context in PSRAM), the engine's
     buffers, the last stage's rule tables, and the node's reserve (firmware/node.py refuses a slice short of it)."""
     a, b = layers
-    n_ctx = h.max_seq if cls.psram_bytes else min(h.max_seq, HEAP_CONTEXT)
+    n_ctx = h.max_seq if cls.psram_bytes else min(h.max_seq, board.MIN_CTX)
     return (stage_bytes(h, a, b) + kv_bytes(h, n_ctx, b - a) + ENGINE_BUFFERS + (16 * h.vocab if b == h.n_layers else 0)
-            + STAGE_RESERVE)
+            + board.STAGE_RESERVE)
 
 
 def heap_need(h: Header) -> int:
-    """Heap a node running the whole model from its heap needs: weights, KV cache at HEAP_CONTEXT positions
+    """Heap a node running the whole model from its heap needs: weights, KV cache at board.MIN_CTX positions
     (or the model's context, if shorter), buffers, and the node's reserve."""
-    return body_size(h) + kv_bytes(h, min(h.max_seq, HEAP_CONTEXT)) + ENGINE_BUFFERS + NODE_RESERVE
+    return body_size(h) + kv_bytes(h, min(h.max_seq, board.MIN_CTX)) + ENGINE_BUFFERS + board.RESERVE
 
 
 def on_romfs(h: Header, cls: BoardClass, layers: tuple[int, int] | None = None) -> bool:

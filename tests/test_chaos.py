@@ -176,7 +176,7 @@ def test_chaos_says_each_case_as_it_starts_and_ends(monkeypatch):
     monkeypatch.setattr(chaos, "reference", lambda models, params, tokens, *transport: [5, 6])
     monkeypatch.setattr(chaos, "run_case", lambda prof, params, tokens, models, root: dict(
         tokens=[5, 6], wall_s=1.0, failovers=[], recovery_s=None, round_s=0.1, retransmits=0, resyncs=0,
-        radio_lost=0))
+        radio_lost=0, radio_raised=0, console_dropped=0))
     lines: list[str] = []
     rows = chaos.run(["lossy-serial", "slow-serial"], 2, say=lines.append)
     assert len(rows) == 2 * len(CASES) and len(lines) == 2 * len(rows)

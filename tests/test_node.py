@@ -185,8 +185,8 @@ def test_signed_node_refuses_unsigned_frames_and_answers_retransmissions_from_it
 
 
 
-def test_a_frame_too_big_for_a_100_kb_heap_is_refused_with_a_reason(micropython, tmp_path):
-    """BEGIN frames of 280 and more prompt tokens on a node with a 100 KB heap (the node's modules precompiled, as
+def test_a_frame_too_big_for_a_classic_esp32_heap_is_refused_with_a_reason(micropython, tmp_path):
+    """BEGIN frames of 280 and more prompt tokens on a node with a classic ESP32's heap (the node's modules precompiled, as
     flashed): each is answered, an out-of-memory one with E_MEMORY saying what to do, never dropped silently,
     and the node serves on."""
     from specmesh.tools.nodeproc import flash
@@ -194,7 +194,9 @@ def test_a_frame_too_big_for_a_100_kb_heap_is_refused_with_a_reason(micropython,
     board = tmp_path / "b"
     board.mkdir()
     flash(board)
-    node = NodeProc(micropython, board, {"role": "idle"}, heap=100_000, flashed=True)
+    from specmesh.host.boardclasses import BOARD_CLASSES
+
+    node = NodeProc(micropython, board, {"role": "idle"}, heap=BOARD_CLASSES["esp32"].heap_bytes, flashed=True)
     try:
         reasons = []
         for n in (280, 1000, 3000):

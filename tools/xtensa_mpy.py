@@ -13,8 +13,9 @@ the instructions by a linear sweep of the code (an Xtensa instruction's length f
 nibble; llvm-mc pads with nop, nop.n or one zero byte, before an `entry` or after a jump), checks the
 sweep against every function start the module names (the jump, the GOT's and rodata's code pointers,
 each call8 target), then checks every L32R: its word lies in the GOT or LIT, every pool word is loaded by
-some L32R (mpy_ld.py makes entries only for literals the code loads), and a register loaded by L32R and
-then called (callx8) holds a GOT word that the loader points at a function start.
+some L32R (mpy_ld.py makes entries only for literals the code loads), a register loaded by L32R and
+then called (callx8) holds a GOT word that the loader points at a function start, and no zero-overhead
+loop's first instruction crosses a 4-byte fetch boundary (an ISA requirement llvm-mc does not enforce).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Code:
     l32r: list[tuple[int, int, int]] = field(default_factory=list)
     called_l32r: list[tuple[int, int]] = field(default_factory=list)  # (callx8 offset, L32R target)
     pads: list[int] = field(default_factory=list)  # single padding bytes stepped over
+    loops: list[int] = field(default_factory=list)  # offsets of zero-overhead loop instructions
 
 
 def parse(data: bytes) -> Module:
@@ -147,7 +149,10 @@ def sweep(text: bytes, start: int) -> Code:
         ins = int.from_bytes(text[off:off + n], "little")
         code.insns.append(off)
         op0, t = ins & 0xF, ins >> 4 & 0xF
-        jump_to = off + 4 + ((ins >> 6) - ((ins >> 6 & 1 << 17) << 1)) if n == 3 and op0 == 6 and t & 3 == 0 else -1  # J
+        jump_to = -1
+        if n == 3 and op0 == 6 and t & 3 == 0:  # J: an 18-bit signed offset from the next word
+            offset = ins >> 6
+            jump_to = off + 4 + offset - ((offset & 1 << 17) << 1)
         if n == 3 and op0 == 1:  # L32R at, label
             target = ((off + 3) & ~3) + (((ins >> 8) - 0x10000) << 2)
             code.l32r.append((off, t, target))
@@ -157,6 +162,9 @@ def sweep(text: bytes, start: int) -> Code:
             offset -= (offset & 1 << 17) << 1
             code.call_targets.add((off & ~3) + (offset << 2) + 4)
             loaded = {}
+        elif n == 3 and ins & 0xFF == 0x76 and ins >> 12 & 0xF in (8, 9, 10):  # LOOP, LOOPNEZ, LOOPGTZ
+            code.loops.append(off)
+            loaded.pop(t, None)
         elif n == 3 and ins & 0xFFF0FF == 0x0000E0:  # CALLX8 as
             s = ins >> 8 & 0xF
             if s in loaded:
@@ -212,6 +220,10 @@ def check(mod: Module) -> Code:
     unused = sorted(set(pool[::4]) - {t for _, _, t in code.l32r})
     if unused:
         raise ModuleError("pool word at 0x%x is loaded by no L32R" % unused[0])
+    for o in code.loops:  # the ISA: a loop body's first instruction must not cross a fetch boundary
+        body = o + 3
+        if body % 4 + length(text[body]) > 4:
+            raise ModuleError("the zero-overhead loop at 0x%x starts its body across a 4-byte boundary" % o)
     for o, t in code.called_l32r:
         i = t // 4
         if got.get(i) != KIND_TEXT or word(text, t) not in boundaries or not is_entry(text, word(text, t)):

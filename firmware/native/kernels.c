@@ -95,7 +95,8 @@ INTERNAL void *buffer_of(mp_obj_t o, int flags) {
 
 /* One weight row against a group of G positions whose x values are S words apart (column c of position
    g at x[c * S + g]); out[g * ostride] = the sums. Inlined with constant G and S (and U = 4: four columns
-   per iteration, at immediate offsets), each weight byte is loaded once for the G multiply-accumulates. */
+   per iteration, at immediate offsets, then the remainder; U = 5: the same for cols a positive multiple of
+   4, no remainder), each weight byte is loaded once for the G multiply-accumulates. */
 #define MAC(u) { \
         i32 v = w[u]; \
         const i32 *xx = x + (u) * S; \

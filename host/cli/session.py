@@ -605,7 +605,7 @@ class Mesh(contextlib.AbstractContextManager):
         # draw replace plain decoding's draw there), so an adaptive gamma fed wall-clock times would
         # make the same seed give different texts. Sampling with gamma auto therefore chooses gamma
         # from the projected costs (deterministic); greedy text never depends on gamma.
-        deterministic = request.temperature > 0 and request.gamma is None and drafter is not None
+        deterministic = not request.greedy and request.gamma is None and drafter is not None
         costs, projector = projection(request, dict(self.headers), verifier, drafter, self.on_host, deterministic)
         controller = controller or gamma_controller(request, drafter)
         # a projection that credits pipelined drafting plans gamma and the look-ahead for it

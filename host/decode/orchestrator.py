@@ -66,7 +66,7 @@ class Result:
     tokens: list[int]  # generated tokens (prompt excluded, end-of-stream token excluded)
     rounds: list[Round] = field(default_factory=list)
     wall_s: float = 0.0
-    stop: str = "max_tokens"  # "eos", "max_tokens", "context" or "stop" (`stop_when` ended it)
+    stop: str = "max_tokens"  # "eos", "max_tokens", "context" or "stop" (the observer's `stopped()` ended it)
     begin_s: float = 0.0  # the BEGIN calls (a drafter board prefills there; a verifier at its first verdict)
     failovers: list[str] = field(default_factory=list)  # one line per back-end that failed and was replaced
     failed: dict[str, str] = field(default_factory=dict)  # role -> name of its back-end that failed mid-run

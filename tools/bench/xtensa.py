@@ -141,11 +141,13 @@ def run() -> dict:
         if not all("passes" in got[n] for n in got):
             print("(no engine passes on this firmware: %s)" % got["native"].get("no_passes", "no target model"))
             break
-        print("one engine pass of %d position%s after 8 cached: executed instructions (thousands)" % (k, "" if k == 1 else "s"))
+        print("one engine pass of %d position%s after 8 cached: executed instructions (thousands)"
+              % (k, "" if k == 1 else "s"))
         kernels = sorted({kern for n in got for kern in got[n]["passes"][k][1]})
         for n in ("native", "viper"):
             total, per = got[n]["passes"][k]
             cells = ", ".join("%s %d" % (kern, per[kern] // 1000) for kern in kernels if kern in per)
-            print("  %-6s total %d: %s, between kernels %d" % (n, total // 1000, cells, (total - sum(per.values())) // 1000))
+            between = (total - sum(per.values())) // 1000
+            print("  %-6s total %d: %s, between kernels %d" % (n, total // 1000, cells, between))
     return {"executed": {n: {s: v for s, v in got[n].items() if s != "units"} for n in got}, "counted": static,
             "native_units": units}
