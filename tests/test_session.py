@@ -140,3 +140,26 @@ def test_python_dash_m_specmesh_is_the_command(models):
                            "--drafter", "cpu", "-p", "The cat", "-n", "8", "--quiet"], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert done.returncode == 0 and done.stderr == "" and done.stdout.startswith("The cat"), done.stderr
+
+
+def test_a_free_lane_s_streams_are_idle_so_a_lone_request_s_passes_wait_for_nobody(models):
+    from specmesh.host.backends.arraymath import IntModel
+    from specmesh.host.backends.batcher import Batcher
+
+    batcher = Batcher(IntModel(models / "target.spm"), window_s=60.0)  # a pass waits for every busy stream
+    try:
+        a, b = batcher.open_stream(), batcher.open_stream()
+        batcher.idle(b)
+        assert batcher.submit(a, [1, 2]).result(timeout=10).shape[0] == 2  # b is idle: not waited for
+        batcher.idle(b, False)
+        pending = batcher.submit(a, [3])
+        assert not pending.done() and batcher.submit(b, [1]).result(timeout=10).shape[0] == 1  # both, one pass
+        assert pending.result(timeout=10).shape[0] == 1
+    finally:
+        batcher.close()
+    with Mesh(drafter="cpu", verifier="cpu", models=models, streams=4) as mesh:
+        with mesh.lane(), mesh.lane():  # two lanes opened, both busy, then freed
+            pass
+        verifier = mesh._setup._batchers["verifier"]
+        assert len(verifier._idle) == verifier._streams == 2  # both lanes free again: idle
+        assert mesh.generate("The cat", max_tokens=4).token_ids  # served at once, not after a window per pass

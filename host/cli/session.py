@@ -418,6 +418,13 @@ class Lane:
     verifier: object
     drafter: object | None
 
+    def idle(self, idle: bool = True) -> None:
+        """Mark its streams of shared models idle (a free lane) or busy: a Batcher waits only for busy ones."""
+        for backend in (self.verifier, self.drafter):
+            engine = getattr(getattr(backend, "stream", None), "engine", None)
+            if hasattr(engine, "idle"):
+                engine.idle(idle)
+
 
 class Mesh(contextlib.AbstractContextManager):
     """The session object: a mesh's back-ends, started once, and generation on them.
@@ -451,7 +458,7 @@ class Mesh(contextlib.AbstractContextManager):
         self._free: deque[Lane] = deque()
         self._waiting: deque[_Ticket] = deque()
         try:
-            self._free.append(self._new_lane())
+            self._release(self._new_lane())
         except BaseException:
             self._setup.close()
             raise
@@ -504,6 +511,8 @@ class Mesh(contextlib.AbstractContextManager):
                     if ticket.lane is None:
                         self._waiting.remove(ticket)
                         break
+        if ticket.lane is not None:
+            ticket.lane.idle(False)
         try:
             yield ticket.lane
         finally:
@@ -511,6 +520,7 @@ class Mesh(contextlib.AbstractContextManager):
                 self._release(ticket.lane)
 
     def _release(self, lane: Lane) -> None:
+        lane.idle()
         with self._lock:
             if self._waiting:
                 self._waiting.popleft().hand(lane)
