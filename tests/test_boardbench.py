@@ -70,9 +70,9 @@ def test_bench_measures_every_term_and_run_projects_with_it(board, models, tmp_p
     assert rates.measured == held and "calibrated on" in rates.source
     assert rates.seconds["matmul_1"] < Rates.derived(ESP32S3).seconds["matmul_1"] / 10
     rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--max-tokens", "12",
-                   "--quiet", "--project", "esp32s3", "--calibration", str(path), "--stats-json", str(stats_file)])
+                   "--project", "esp32s3", "--calibration", str(path), "--stats-json", str(stats_file)])
     assert rc == 0
-    table = capsys.readouterr().out.splitlines()
+    table = capsys.readouterr().err.splitlines()  # the table is on stderr
     at = next(i for i, x in enumerate(table) if x.startswith("projection rates"))
     wrapped = itertools.takewhile(lambda x: x.startswith(" " * 10), table[at + 1:])  # the value's lines past 100
     line = " ".join([table[at]] + [x.strip() for x in wrapped])

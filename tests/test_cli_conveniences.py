@@ -67,10 +67,9 @@ def test_greedy_text_with_stop_strings_is_a_prefix_of_the_text_without(models, c
     assert out.getvalue() == "Once upon a time" + cut["text"] + "\n"
     plain = run(args(models, "--max-tokens", "40", "--quiet", "--plain", "--stop", stop), io.StringIO())
     assert plain["text"] == cut["text"]  # with or without a drafter, the same text
-    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--quiet",
-                   "--stop", stop])
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--stop", stop])
     assert rc == 0 and re.search(r"\nstopped by +a --stop string \(the text ends before it\)\n",
-                                 capsys.readouterr().out)
+                                 capsys.readouterr().err)
 
 
 def test_the_prompt_comes_from_stdin_or_a_file_without_its_final_newline(models, tmp_path, monkeypatch):
@@ -121,7 +120,7 @@ def test_prefill_and_decode_are_timed_apart_in_the_stats_and_the_table(models, t
     rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--max-tokens", "30",
                    "--gamma", "3", "--stats-json", str(path)])
     stats = json.loads(path.read_text())
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err  # the table
     assert rc == 0 and 0 < stats["prefill_s"] < stats["wall_s"]
     assert stats["decode_s"] == pytest.approx(stats["wall_s"] - stats["prefill_s"])
     assert 0 < stats["decode_tokens"] < stats["tokens"]  # the first round committed at least one token

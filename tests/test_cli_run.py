@@ -33,13 +33,13 @@ def test_stats_json_contract_and_plain_equals_speculative(models, tmp_path, caps
     rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--max-tokens", "24",
                    "--prompt", "The cat", "--gamma", "3", "--stats-json", str(path)])
     assert rc == 0
-    out = capsys.readouterr().out
+    cap = capsys.readouterr()
     stats = json.loads(path.read_text())
     assert set(REQUIRED_KEYS) <= set(stats)
     assert stats["verifier"] == "cpu" and stats["drafter"] == "cpu" and stats["gamma"] == 3
     assert stats["tokens"] == len(stats["token_ids"]) > 0
-    assert out.startswith("The cat" + stats["text"])  # streamed text, then the table
-    assert "tokens / verification" in out
+    assert cap.out == "The cat" + stats["text"] + "\n"  # the text alone on stdout, the table on stderr
+    assert "tokens / verification" in cap.err
     plain = run(args(models, "--max-tokens", "24", "--prompt", "The cat", "--plain", "--quiet"), io.StringIO())
     assert plain["token_ids"] == stats["token_ids"] and plain["drafter"] is None
     assert plain["gamma_hist"] == {"0": len(plain["token_ids"]) + (plain["stop"] == "eos")}
@@ -90,12 +90,12 @@ def test_the_table_leaves_out_figures_from_too_few_samples_and_says_why_the_run_
 def test_the_table_says_when_the_context_stopped_the_run(tmp_path, capsys):
     shutil.copy(ROOT / "models" / "tokenizer.bin", tmp_path / "tokenizer.bin")
     random_model(tmp_path / TARGET_FILE, vocab=512, max_seq=12, seed=3)
-    rc = cli.main(["run", "--models", str(tmp_path), "--verifier", "cpu", "--plain", "--quiet", "--max-tokens", "50",
+    rc = cli.main(["run", "--models", str(tmp_path), "--verifier", "cpu", "--plain", "--max-tokens", "50",
                    "--stats-json", str(tmp_path / "s.json")])
     stats = json.loads((tmp_path / "s.json").read_text())
     assert rc == 0 and stats["stop"] == "context" and stats["context"] == 12
     assert stats["tokens"] + stats["prompt_tokens"] == 12
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "stopped by             the context: prompt and text fill its 12 positions (fewer tokens than" in out
 
 
@@ -217,13 +217,13 @@ def test_a_verifier_failing_mid_stream_fails_over_to_the_cpu_and_the_text_goes_o
     monkeypatch.setitem(registry.VERIFIERS, "failing", Failing)
     rc, cap, stats = run("failing")
     assert rc == 0 and stats["token_ids"] == run("cpu")[2]["token_ids"]
-    (line,) = [x for x in cap.err.splitlines() if x.strip()]
+    (line,) = [x for x in cap.err.splitlines() if x.startswith("specmesh")]  # then the table
     assert line.startswith("specmesh: verifier failing failed (/dev/ttyUSB1: node 2 did not answer") and \
         "cpu took over at token" in line
     assert stats["failovers"] == [line[len("specmesh: "):]]
     # the table and the JSON name the verifier that finished the run, and the one that failed
     assert stats["verifier"] == "cpu" and stats["failed"] == {"verifier": "failing"}
-    assert "cpu, which took over from failing (it failed)" in cap.out
+    assert "cpu, which took over from failing (it failed)" in cap.err  # the table
     # when the verifier taken over fails too, the failure is one line and status 1
     monkeypatch.setitem(registry.VERIFIERS, "cpu", type("AlwaysFailing", (Failing,), {"after": 0}))
     rc, cap, _ = run("failing")

@@ -139,7 +139,7 @@ def test_stats_json_of_a_pipeline_run_has_both_speedups_per_link_and_the_trace(h
 
     from specmesh.host.backends.pipeline import PipelineVerifier, RoundTrace
     from specmesh.host.cli.output import format_table
-    from specmesh.host.cli.run import build_stats
+    from specmesh.host.cli.session import build_stats
     from specmesh.host.projection.pipeline import LinksReport
 
     class Stage:

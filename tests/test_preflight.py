@@ -178,7 +178,8 @@ def test_a_drafter_board_running_another_vocabulary_is_refused_before_any_text(m
     from types import SimpleNamespace
 
     from specmesh.host.backends.modelio import check_model_file
-    from specmesh.host.cli.run import UsageError, _check_running_drafter
+    from specmesh.host.cli.config import UsageError
+    from specmesh.host.cli.session import _check_running_drafter
 
     target = check_model_file(models / TARGET_FILE)[0]
     board = SimpleNamespace(name="/dev/ttyUSB0", info={"model": "/models/old.spm", "vocab": 96})
@@ -205,7 +206,7 @@ def test_every_stage_of_the_shipped_split_fits_where_the_nodes_load_them():
     """The planning rule against what the stage nodes hold: 5 classic ESP32 stages, and any split on S3s."""
     from specmesh.host.backends.modelio import check_model_file
     from specmesh.host.boardclasses import BOARD_CLASSES, stage_heap_need
-    from specmesh.host.cli.run import plan_stages
+    from specmesh.host.cli.session import plan_stages
 
     target = check_model_file(ROOT / "models" / TARGET_FILE)[0]
     plan_stages(target, 5, "esp32")

@@ -55,7 +55,7 @@ def test_psram_is_told_from_the_heap_the_board_classes_hold():
 def test_gamma_auto_starts_from_the_model_cards_acceptance_of_the_drafter_that_runs(models):
     from types import SimpleNamespace
 
-    from specmesh.host.cli.run import gamma_controller
+    from specmesh.host.cli.session import gamma_controller
     from specmesh.host.provision.drafters import HEAP, WIDE
 
     board = SimpleNamespace(info={"model": "/models/%s" % HEAP.file})  # a drafter board's HELLO names its file

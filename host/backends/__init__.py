@@ -225,8 +225,10 @@ class LocalRole(Unit):
 
     max_gamma = MAX_GAMMA  # no board's limits: the protocol's
 
-    def __init__(self, model_path, **_options):
-        self.stream = EngineStream(model_path)
+    def __init__(self, model_path, stream: EngineStream | None = None, **_options):
+        """`stream`: the model's stream, when it is not this file's own numpy Engine (e.g. a stream of a model
+        shared through a Batcher, host/backends/batcher.py `StreamEngine`)."""
+        self.stream = stream or EngineStream(model_path)
         self.name = "cpu"
         self.max_seq = self.stream.max_seq
         self.bus_bytes = 0

@@ -4,12 +4,14 @@ Each stream (one per drafter, run by its own thread or task) calls `Batcher.forw
 blocks; a worker thread takes everything pending, runs it as one `IntModel.forward`
 (host/backends/arraymath.py; ragged runs are packed, attention is masked per stream), and hands each
 caller its own logits. The worker runs a batch as soon as every registered stream has a request
-pending (nobody else can add one), when `max_batch` requests wait, or `window_s` after the first
+pending (nobody else can add one; a stream marked `idle` is not waited for), when `max_batch` requests wait, or `window_s` after the first
 request arrived (a stream busy elsewhere, e.g. drafting, does not stall the others). So forward calls per token fall as the number of streams grows; `stats`
 counts them (`python -m specmesh.tools.bench gpu`, e2e rows: 64 streams in Python threads took 2 passes per
 round, 256 took 3, with the 2 ms default window). Streams never share state: each owns a cache slot,
 and a slot may have one request pending. Stream bookkeeping (`open_stream`, `rollback`,
-`close_stream`) is serialised with the passes.
+`close_stream`) is serialised with the passes. `StreamEngine` is one stream of a Batcher in the numpy
+`Engine`'s shape, so host/backends' `EngineStream` (and so the local drafter and verifier, and the torch
+verifier) runs on it unchanged.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Batcher:
         self._model_lock = threading.Lock()
         self._pending: dict[int, tuple[list[int], Future]] = {}
         self._streams = 0
+        self._idle: set[int] = set()  # open streams that send nothing for now (a server's free lanes)
         self._closed = False
         self._worker = threading.Thread(target=self._loop, name="specmesh-batcher", daemon=True)
         self._worker.start()
@@ -57,7 +60,14 @@ class Batcher:
             self.model.close_stream(slot)
         with self._cond:
             self._streams -= 1
+            self._idle.discard(slot)
             self._cond.notify()  # the remaining streams may now all be pending
+
+    def idle(self, slot: int, idle: bool = True) -> None:
+        """Stream `slot` sends nothing until `idle(slot, False)`: the others' batches do not wait for it."""
+        with self._cond:
+            (self._idle.add if idle else self._idle.discard)(slot)
+            self._cond.notify()
 
     def rollback(self, slot: int, length: int) -> None:
         with self._model_lock:
@@ -98,7 +108,7 @@ class Batcher:
 
     def _ready(self, deadline: float | None) -> bool:
         n = len(self._pending)
-        return (n >= self.max_batch or n >= self._streams
+        return (n >= self.max_batch or n >= self._streams - len(self._idle)
                 or (deadline is not None and time.monotonic() >= deadline))
 
     def _take(self) -> list[tuple[int, list[int], Future]] | None:
@@ -134,3 +144,27 @@ class Batcher:
         self.requests += len(batch)
         for (_, _, fut), logits in zip(batch, out):
             fut.set_result(logits)
+
+
+class StreamEngine:
+    """One stream of a shared model, with the numpy `Engine`'s header/forward/rollback for EngineStream."""
+
+    def __init__(self, batcher: Batcher):
+        self.batcher = batcher
+        self.header = batcher.model.header
+        self.slot = batcher.open_stream()
+
+    def forward(self, tokens: Sequence[int], start_pos: int) -> np.ndarray:
+        self.batcher.rollback(self.slot, start_pos)
+        if self.batcher.length(self.slot) != start_pos:
+            raise ValueError("start position %d is beyond the cached positions" % start_pos)
+        return self.batcher.forward(self.slot, tokens)
+
+    def rollback(self, length: int) -> None:
+        self.batcher.rollback(self.slot, length)
+
+    def idle(self, idle: bool = True) -> None:
+        self.batcher.idle(self.slot, idle)
+
+    def close(self) -> None:
+        self.batcher.close_stream(self.slot)

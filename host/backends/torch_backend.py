@@ -14,7 +14,6 @@ model and device share a `Batcher` (host/backends/batcher.py), which runs their 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ except ImportError:  # torch is the optional `gpu` extra; the host works without
 
 from specmesh.host.backends import BackendError, EngineStream, LocalVerifier, SessionParams
 from specmesh.host.backends.arraymath import IntModel, Xp
-from specmesh.host.backends.batcher import Batcher
+from specmesh.host.backends.batcher import Batcher, StreamEngine
 from specmesh.shared.modelfile import ModelFileError
 
 INSTALL_HINT = "PyTorch is not installed: `make setup-gpu` in a checkout, else pip install 'specmesh[gpu]'"
@@ -107,29 +106,11 @@ class TorchModel(IntModel):
         self.device = xp.device
 
 
-class _StreamEngine:
-    """One stream of a shared model, with the numpy `Engine`'s forward/rollback shape for EngineStream."""
-
-    def __init__(self, batcher: Batcher):
-        self.batcher = batcher
-        self.header = batcher.model.header
-        self.slot = batcher.open_stream()
-
-    def forward(self, tokens: Sequence[int], start_pos: int) -> np.ndarray:
-        self.batcher.rollback(self.slot, start_pos)
-        if self.batcher.length(self.slot) != start_pos:
-            raise ValueError("start position %d is beyond the cached positions" % start_pos)
-        return self.batcher.forward(self.slot, tokens)
-
-    def rollback(self, length: int) -> None:
-        self.batcher.rollback(self.slot, length)
-
-
 class TorchVerifier(LocalVerifier):
     """The target on torch for one stream: the numpy verifier's protocol and rule, batched logits."""
 
     def __init__(self, batcher: Batcher, name: str):
-        self.stream = EngineStream(None, engine=_StreamEngine(batcher))
+        self.stream = EngineStream(None, engine=StreamEngine(batcher))
         self.batcher = batcher
         self.name = name
         self.max_seq = self.stream.max_seq
@@ -140,7 +121,7 @@ class TorchVerifier(LocalVerifier):
         return {**super().stats(), **self.batcher.stats}
 
     def close(self) -> None:
-        self.batcher.close_stream(self.stream.engine.slot)
+        self.stream.engine.close()
 
 
 _shared: dict[tuple[str, str], Batcher] = {}

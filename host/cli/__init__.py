@@ -317,9 +317,24 @@ def _main(argv: list[str] | None) -> int:
     _add_keygen(sub)
     _add_emulate(sub)
     _add_chaos(sub)
-    from specmesh.host.cli import chat, console
+    from specmesh.host.cli import chat, console, serve
 
     chat.add_parser(sub)
     console.add_parser(sub)
-    args = parser.parse_args(argv)
+    serve.add_parser(sub)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        unknown(sub.choices[args.command], extra)
     return args.func(args)
+
+
+def unknown(command: argparse.ArgumentParser, extra: list[str]) -> None:
+    """Exit 2 with the subcommand's usage and its closest flag: argparse alone reports an unknown flag of a
+    subcommand with the top-level usage and no suggestion."""
+    import difflib
+
+    flags = [f for f in command._option_string_actions if f.startswith("--")]  # every spelling it takes
+    line = "unrecognized arguments: %s" % " ".join(extra)
+    first = next((x.split("=", 1)[0] for x in extra if x.startswith("-")), None)
+    close = difflib.get_close_matches(first, flags, n=1, cutoff=0.6) if first else []
+    command.error(line + ("; did you mean %s?" % close[0] if close else ""))

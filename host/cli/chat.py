@@ -5,7 +5,9 @@ the session ends. --prompt or --prompt-file, when given, is the first turn. The 
 chat template: a turn's text is appended to the story as typed.
 
 Each turn begins the back-ends on the whole context (BEGIN carries it), so a board that restarted between
-turns loses nothing; the gamma controller keeps what it learned across turns.
+turns loses nothing; the gamma controller keeps what it learned across turns. The turns run on one `Mesh`
+(host/cli/session.py), as `run` does: a verifier that fails is replaced by the `cpu` one (one line on stderr)
+and the session goes on with it.
 """
 
 from __future__ import annotations
@@ -14,12 +16,9 @@ import argparse
 import itertools
 import sys
 
-from specmesh.host.backends import BackendError
-from specmesh.host.cli.output import TokenStream, Watch
-from specmesh.host.cli.run import (GenerationFailed, Setup, UsageError, _one_line, add_arguments, check_args, failed,
-                                   gamma_controller, load_tokenizer, preflight)
-from specmesh.host.decode.orchestrator import generate
-from specmesh.host.decode.stopstrings import StopScan, StopStrings
+from specmesh.host.cli.output import Printer
+from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed
+from specmesh.host.cli.session import Mesh, gamma_controller, say_on_stderr
 
 PROMPT = "> "
 
@@ -69,38 +68,34 @@ def chat(a: argparse.Namespace, lines, out, echo: bool = True) -> int:
         if given:
             raise UsageError("chat prints each turn's text and no stats: drop %s (specmesh run takes it)" % flag)
     config = check_args(a)
-    tok = load_tokenizer(config.models)
-    first = tok.encode(config.prompt)
-    names = preflight(config, len(first))[1]
-    from specmesh.host.decode.tokenizer import BOS
+    with Mesh.from_config(config, say=say_on_stderr(), warn=say_on_stderr()) as mesh:
+        return _turns(mesh, itertools.chain([config.prompt] if opening else [], lines), opening, out, echo)
 
-    params = config.session_params(eos=BOS)
-    stops = StopStrings(config.stop)
-    with Setup(config) as setup:
-        verifier = setup.make("verifier", names["verifier"])
-        drafter = None if config.plain else setup.make("drafter", names["drafter"])
-        controller = gamma_controller(config, drafter)
+
+def _turns(mesh: Mesh, turns, opening: bool, out, echo: bool) -> int:
+    """The chat on `mesh`: one lane for the whole session, and one gamma controller learning across turns."""
+    config, tok = mesh.config, mesh.tok
+    with mesh.lane() as lane:
+        controller = gamma_controller(config, lane.drafter)
         context: list[int] = []
-        for i, line in enumerate(itertools.chain([config.prompt] if opening else [], lines)):
-            new = first if i == 0 and opening else tok.encode(line, bos=not context)
-            if len(context) + len(new) >= verifier.max_seq:
+        for i, line in enumerate(turns):
+            new = tok.encode(line, bos=not context)
+            if len(context) + len(new) >= mesh.context:
                 print("specmesh chat: the context is full (%d of %d positions; this turn needs %d more): start a "
-                      "new chat" % (len(context), verifier.max_seq, len(new)), file=sys.stderr)
+                      "new chat" % (len(context), mesh.context, len(new)), file=sys.stderr)
                 return 0
             context += new
             if echo or (i == 0 and opening):
                 out.write(line)
-            scan = StopScan(stops, tok.pieces.__getitem__)
-            watch = Watch(scan, TokenStream(scan, out, color=config.color))
+            printer = Printer(out, color=config.color)
             try:
-                result = generate(context, verifier, drafter, params, config.max_tokens, controller, watch)
-            except (BackendError, RuntimeError) as e:
-                out.write("\n")
-                raise GenerationFailed(_one_line(e)) from None
-            watch.finish()
-            context += result.tokens[:scan.kept]  # with a stop string, the tokens whose text ends before it
-            if result.stop == "context":
-                print("specmesh chat: the context is full (%d positions): start a new chat" % verifier.max_seq,
+                done = mesh.complete(context, on_piece=lambda p: printer.show(p.segments), controller=controller,
+                                     lane=lane)
+            finally:
+                printer.end()
+            context += done.token_ids  # with a stop string, the tokens whose text ends before it
+            if done.stop == "context":
+                print("specmesh chat: the context is full (%d positions): start a new chat" % mesh.context,
                       file=sys.stderr)
                 return 0
     return 0

@@ -43,6 +43,7 @@ class RunConfig:
     drafter: str = "virtual"
     verifier: str = "virtual"
     gamma: int | None = None  # None: automatic
+    draft_max: int | None = None  # the most drafts automatic gamma takes (None: the controller's own)
     transport: str = "serial"
     radio_loss: float = 0.0
     radio_dup: float = 0.0
@@ -72,7 +73,7 @@ class RunConfig:
         _check_models(a.models, a.plain, a.model, a.draft_model)
         return cls(prompt=read_prompt(a), prompt_from=prompt_source(a), stop=tuple(a.stop), max_tokens=a.max_tokens, temperature=a.temperature,
                    top_k=a.top_k, top_p=a.top_p, draft_top_k=a.draft_top_k, seed=a.seed, drafter=a.drafter, verifier=a.verifier,
-                   gamma=parse_gamma(a.gamma), transport=a.transport, radio_loss=a.radio_loss,
+                   gamma=parse_gamma(a.gamma), draft_max=a.draft_max, transport=a.transport, radio_loss=a.radio_loss,
                    radio_dup=a.radio_dup, spec_ahead=a.spec_ahead, plain=a.plain, stages=a.stages,
                    project=a.project, kernels=a.kernels, rates=_rates(a.calibration, a.project),
                    drafter_rates=_rates(a.drafter_calibration, drafter_class(a.transport)),
@@ -194,6 +195,10 @@ def _check_ranges(a: argparse.Namespace) -> None:
         in_range("--draft-top-k", a.draft_top_k, 1, 255)
         in_range("--seed", a.seed, *SEED)
         in_range("--spec-ahead", a.spec_ahead, 0, m.MAX_GAMMA)
+        if a.draft_max is not None:
+            in_range("--draft-max", a.draft_max, 0, GAMMA_FLAG_MAX)
+            if a.gamma != "auto":
+                raise UsageError("--draft-max caps the automatic gamma: give --gamma N or --draft-max N, not both")
         probability("--radio-loss", a.radio_loss)
         probability("--radio-dup", a.radio_dup)
     except RangeError as e:

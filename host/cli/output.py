@@ -32,51 +32,87 @@ REQUIRED_KEYS = ("text", "tokens", "alpha", "tokens_per_verification", "gamma", 
                  "bus_bytes_per_token", "verifier", "drafter")
 
 
-class TokenStream:
-    """Writes committed tokens to `out` as text, as a stream's `StopScan` (host/decode/stopstrings.py) decodes
-    them: the text ends before the first stop string, and an ending that could begin one is held back until
-    the next tokens tell."""
+Segments = list[tuple[str, bool]]  # text to show, in order, each part marked True where it was accepted drafts
 
-    def __init__(self, scan: StopScan, out: IO[str] | None = None, color: bool | None = None):
-        self.out = out if out is not None else sys.stdout
+
+class TextStream:
+    """A stream's committed tokens as the text to show, as its `StopScan` (host/decode/stopstrings.py) decodes
+    them: the text ends before the first stop string, and an ending that could begin one is held back until
+    the next tokens tell. `write` and `finish` return what may be shown now, as Segments."""
+
+    def __init__(self, scan: StopScan):
         self.scan = scan
-        if color is None:
-            color = hasattr(self.out, "isatty") and self.out.isatty() and "NO_COLOR" not in os.environ
-        self.color = color
         self._green: list[tuple[int, int]] = []  # spans of the scan's text that are accepted drafts
         self._shown = 0
 
-    def write(self, accepted: Sequence[int], emitted: Sequence[int]) -> None:
-        """Show one round: drafts the target accepted, then the tokens it emitted itself."""
+    def write(self, accepted: Sequence[int], emitted: Sequence[int]) -> Segments:
+        """One round: drafts the target accepted, then the tokens it emitted itself."""
         scan = self.scan
         start = len(scan.text)
         scan.feed(accepted)
         if len(scan.text) > start:
             self._green.append((start, len(scan.text)))
         scan.feed(emitted)
-        self._show(scan.showable())
+        return self._upto(scan.showable())
 
-    def _show(self, end: int) -> None:
-        """Write the text up to `end`, accepted drafts in green when colouring."""
+    def _upto(self, end: int) -> Segments:
+        """The text from what was shown up to `end`, split where accepted drafts begin and end."""
         begin, text = self._shown, self.scan.text
         if end <= begin:
-            return
+            return []
         parts, at = [], begin
-        for g0, g1 in self._green if self.color else ():
+        for g0, g1 in self._green:
             g0, g1 = max(g0, at), min(g1, end)
             if g0 < g1:
-                parts += [text[at:g0], GREEN + text[g0:g1] + RESET]
+                parts += [(text[at:g0], False), (text[g0:g1], True)]
                 at = g1
-        parts.append(text[at:end])
-        self.out.write("".join(parts))
-        self.out.flush()
+        parts.append((text[at:end], False))
         self._shown = end
+        return [(t, draft) for t, draft in parts if t]
 
-    def finish(self) -> None:
+    def finish(self) -> Segments:
+        """The stream ended: what was held back (a partial character, a possible stop string's start)."""
         self.scan.finish()
-        self._show(len(self.scan.final()))
+        return self._upto(len(self.scan.final()))
+
+
+class Printer:
+    """Writes Segments to `out`, accepted drafts in green when colouring (`color=None`: when `out` is a
+    terminal and NO_COLOR is unset)."""
+
+    def __init__(self, out: IO[str] | None = None, color: bool | None = None):
+        self.out = out if out is not None else sys.stdout
+        if color is None:
+            color = hasattr(self.out, "isatty") and self.out.isatty() and "NO_COLOR" not in os.environ
+        self.color = color
+
+    def show(self, segments: Segments) -> None:
+        if segments:
+            self.out.write("".join(GREEN + t + RESET if draft and self.color else t for t, draft in segments))
+            self.out.flush()
+
+    def end(self) -> None:
         self.out.write("\n")
         self.out.flush()
+
+
+class TokenStream(TextStream):
+    """A TextStream written to `out` as it goes (a Printer), a newline at the end."""
+
+    def __init__(self, scan: StopScan, out: IO[str] | None = None, color: bool | None = None):
+        super().__init__(scan)
+        self.printer = Printer(out, color)
+
+    def write(self, accepted: Sequence[int], emitted: Sequence[int]) -> Segments:
+        segments = super().write(accepted, emitted)
+        self.printer.show(segments)
+        return segments
+
+    def finish(self) -> Segments:
+        segments = super().finish()
+        self.printer.show(segments)
+        self.printer.end()
+        return segments
 
 
 class Watch(Observer):
@@ -84,7 +120,7 @@ class Watch(Observer):
     `stream` that shows the text, or here when nothing is shown), a projection's `costs`, and with a
     `fallback` (a factory of the replacement verifier) fail-over, each fail-over a line on stderr."""
 
-    def __init__(self, scan: StopScan, stream: TokenStream | None = None, costs: Costs | None = None,
+    def __init__(self, scan: StopScan, stream: TextStream | None = None, costs: Costs | None = None,
                  costs_known: bool = True, fallback: Callable[[], Verifier] | None = None):
         super().__init__(costs, costs_known, fails_over=fallback is not None)
         self.scan, self.stream, self._fallback = scan, stream, fallback

@@ -52,7 +52,8 @@ CONFIGS = {  # name: (drafter, verifier, transport, extra flags)
 
 def bench_config(name: str, models: Path) -> list[dict]:
     from specmesh.host.backends import SessionParams
-    from specmesh.host.cli.run import Setup, add_arguments, check_args
+    from specmesh.host.cli.run import add_arguments, check_args
+    from specmesh.host.cli.session import Setup
     from specmesh.host.decode.tokenizer import BOS, Tokenizer
     from specmesh.host.projection.rounds import Projector
     from specmesh.shared.modelfile import parse_header

@@ -1,0 +1,61 @@
+"""`specmesh serve`: one mesh (the back-ends `specmesh run` takes: virtual boards by default, ports,
+`--verifier cpu|gpu`, `--stages N`) behind an OpenAI-compatible HTTP API and a live page
+(host/cli/server.py), on uvicorn, until Ctrl-C. Starlette and uvicorn are the optional `serve` extra
+(`pip install 'specmesh[serve]'`). A mesh of host back-ends serves `--streams` requests at once, batched;
+one with boards serves one at a time, the others waiting their turn."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from specmesh.host.cli.flags import add_arguments
+from specmesh.host.cli.run import check_args, failed
+from specmesh.host.cli.session import Mesh, say_on_stderr
+
+INSTALL_HINT = "specmesh serve needs Starlette and uvicorn: pip install 'specmesh[serve]' (in a checkout: make setup)"
+RUN_ONLY = ("prompt", "prompt_file", "stats_json", "quiet")  # flags of one generation, not of a server
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a mesh over HTTP: an OpenAI-compatible API and a live page at /")
+    add_arguments(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine "
+                   "only; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=8080, help="TCP port (default: %(default)s; 0: any free one)")
+    p.add_argument("--streams", type=int, default=16, metavar="N",
+                   help="requests generated at once on host back-ends, batched (default: %(default)s); a mesh "
+                        "with boards serves one at a time")
+    p.set_defaults(func=main)
+
+
+def main(a: argparse.Namespace) -> int:
+    try:
+        return serve(a)
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every failure is one line for the user
+        return failed("serve", e)
+
+
+def serve(a: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from specmesh.host.cli.server import app
+    except ImportError:
+        print("specmesh serve: error: " + INSTALL_HINT, file=sys.stderr)
+        return 2
+    given = [f for f in RUN_ONLY if getattr(a, f) not in (None, False)]
+    if given:
+        print("specmesh serve: error: --%s belongs to one generation: a request's body carries it (drop it)"
+              % given[0].replace("_", "-"), file=sys.stderr)
+        return 2
+    config = check_args(a)
+    with Mesh.from_config(config, streams=a.streams, say=say_on_stderr("serve"), warn=say_on_stderr("serve")) as mesh, \
+            ThreadPoolExecutor(max_workers=4 * a.streams + 16, thread_name_prefix="specmesh-request") as threads:
+        server = uvicorn.Server(uvicorn.Config(app(mesh, threads), host=a.host, port=a.port, log_level="warning"))
+        print("specmesh serve: %s on http://%s:%d/ (the live page; the API under /v1), %d stream%s at once; "
+              "Ctrl-C stops it" % (", ".join("%s %s" % kv for kv in mesh.names.items()), a.host, a.port,
+                                   mesh.streams, "s" * (mesh.streams > 1)), file=sys.stderr, flush=True)
+        server.run()
+    return 0

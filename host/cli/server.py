@@ -1,0 +1,301 @@
+"""The HTTP face of a `Mesh` (host/cli/session.py): an OpenAI-compatible API and the live page, on Starlette.
+
+Routes: `POST /v1/completions` and `POST /v1/chat/completions` (`stream: true` as server-sent events, else one
+JSON body), `GET /v1/models`, `GET /health`, and `/`, the live page (host/cli/page.html). The parameters that
+map are taken (`max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1; `stream_options` and `user` are
+accepted and ignored); any other parameter set to something but its OpenAI default is a 400 naming it, as is
+a bad value. Where OpenAI's and `specmesh run`'s defaults differ, the mesh's are kept: greedy
+(`temperature` 0) and its `--max-tokens`. A chat's messages are its turns, appended as typed (the stories
+model has no chat template; `specmesh chat` does the same).
+
+Every response carries specmesh's own figures in the extension field `specmesh`: acceptance, tokens per
+verification, tokens/s, the projected board tokens/s when the mesh projects, the boards; each streamed chunk
+its round's (characters of the chunk that were accepted drafts, drafts accepted, tokens committed, seconds).
+
+Each request generates in a thread of its own on a lane of the mesh (waiting for one, first come first
+served, when all are busy); a client that disconnects mid-stream sets its cancel event, which ends its
+generation after the round in progress and frees the lane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from specmesh.host.cli.config import UsageError
+from specmesh.host.cli.session import Completion, GenerationFailed, Mesh, Piece
+
+MODEL_ID = "specmesh"
+TAKEN = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
+         "stop", "n", "stream", "stream_options", "user"}
+DEFAULTS = {"echo": False, "logprobs": None, "top_logprobs": None, "best_of": 1, "presence_penalty": 0,
+            "frequency_penalty": 0, "logit_bias": None, "suffix": None, "tools": None, "tool_choice": None,
+            "response_format": None, "parallel_tool_calls": None}  # OpenAI's defaults, accepted as such
+FINISH = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context": "length", "cancelled": "stop"}
+
+
+class BadRequest(Exception):
+    """A request the API refuses: HTTP status, one line, the parameter it names."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
+        super().__init__(message)
+        self.param, self.status, self.code = param, status, code
+
+
+def error(status: int, message: str, param: str | None = None, code: str | None = None,
+          kind: str = "invalid_request_error") -> JSONResponse:
+    """OpenAI's error body."""
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status)
+
+
+def sampling(body: dict, mesh: Mesh) -> dict:
+    """The keyword arguments of Mesh.request for a request body; BadRequest for what does not map."""
+    for key, value in body.items():
+        if key in TAKEN:
+            continue
+        if key not in DEFAULTS:
+            raise BadRequest("unsupported parameter %r" % key, key)
+        if value not in (DEFAULTS[key], {} if key == "logit_bias" else DEFAULTS[key]) and not (
+                key == "tools" and value == []):
+            raise BadRequest("parameter %r is not supported by specmesh (only its default, %s)"
+                             % (key, json.dumps(DEFAULTS[key])), key)
+    if body.get("model") not in (None, MODEL_ID):
+        raise BadRequest("the model %r does not exist: this server serves %r" % (body["model"], MODEL_ID),
+                         "model", 404, "model_not_found")
+    if body.get("n", 1) != 1:
+        raise BadRequest("n must be 1: one choice per request", "n")
+    out: dict[str, Any] = {}
+    for key, kind in (("max_tokens", int), ("max_completion_tokens", int), ("seed", int), ("temperature", float),
+                      ("top_p", float)):
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+            raise BadRequest("%s must be %s, not %s" % (key, "a number" if kind is float else "an integer",
+                                                         json.dumps(value)), key)
+        out["max_tokens" if key == "max_completion_tokens" else key] = kind(value)
+    stop = body.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
+            raise BadRequest("stop must be a string or a list of up to 4 non-empty strings", "stop")
+        out["stop"] = stops
+    if not isinstance(body.get("stream", False), bool):
+        raise BadRequest("stream must be true or false", "stream")
+    try:
+        return {"request": mesh.request(**out)}
+    except UsageError as e:
+        raise BadRequest(str(e)) from None
+
+
+def completion_prompt(body: dict, mesh: Mesh) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not all(0 <= t < len(mesh.tok.pieces) for t in prompt):
+            raise BadRequest("prompt token ids must be in 0..%d" % (len(mesh.tok.pieces) - 1), "prompt")
+        return list(prompt)
+    if not isinstance(prompt, str) or not prompt:
+        raise BadRequest("prompt must be a non-empty string (one prompt per request)", "prompt")
+    return mesh.encode(prompt)
+
+
+def chat_prompt(body: dict, mesh: Mesh) -> list[int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list", "messages")
+    turns = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):  # content parts: their text
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        if not isinstance(content, str) or m.get("role") not in ("system", "developer", "user", "assistant"):
+            raise BadRequest("each message needs a role (system, user, assistant) and text content", "messages")
+        if content:
+            turns.append(content)
+    if not turns:
+        raise BadRequest("the messages hold no text", "messages")
+    return mesh.encode_turns(turns)
+
+
+def figures(done: Completion) -> dict:
+    """specmesh's extension field of a finished generation."""
+    s = done.stats
+    proj = s.get("projection") or {}
+    return {"acceptance": s.get("alpha"), "tokens_per_verification": s.get("tokens_per_verification"),
+            "tokens_per_s": s.get("tokens_per_s"), "projected_tokens_per_s": proj.get("tokens_per_s"),
+            "projected_on": proj.get("hardware"), "gamma_hist": s.get("gamma_hist"), "verifier": s.get("verifier"),
+            "drafter": s.get("drafter"), "boards": s.get("boards"), "failovers": s.get("failovers"),
+            "stop": done.stop}
+
+
+def round_figures(p: Piece) -> dict:
+    return {"accepted_chars": p.accepted, "n_accepted": p.n_accepted, "n_committed": p.n_committed,
+            "round_s": p.round_s}
+
+
+def usage(prompt: list[int], done: Completion) -> dict:
+    n = len(done.token_ids)
+    return {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}
+
+
+class Api:
+    """The routes over one mesh."""
+
+    def __init__(self, mesh: Mesh, threads: ThreadPoolExecutor):
+        self.mesh = mesh
+        self.threads = threads  # one per request generating or waiting for a lane (asyncio's default has few)
+        self.busy = 0
+
+    async def health(self, request: Request) -> Response:
+        m = self.mesh
+        return JSONResponse({"status": "ok", "model": MODEL_ID, "streams": m.streams, "busy": self.busy,
+                             "waiting": len(m._waiting)})
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0,
+                                                         "owned_by": "specmesh", "context": self.mesh.context}]})
+
+    async def page(self, request: Request) -> Response:
+        return HTMLResponse(resources.files("specmesh.host.cli").joinpath("page.html").read_text())
+
+    async def completions(self, request: Request) -> Response:
+        return await self._serve(request, chat=False)
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._serve(request, chat=True)
+
+    async def _serve(self, request: Request, chat: bool) -> Response:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return error(400, "the body must be JSON")
+        if not isinstance(body, dict):
+            return error(400, "the body must be a JSON object")
+        try:
+            prompt = chat_prompt(body, self.mesh) if chat else completion_prompt(body, self.mesh)
+            kw = sampling(body, self.mesh)
+            if len(prompt) >= self.mesh.context:
+                raise BadRequest("the prompt has %d tokens but the context holds %d" % (len(prompt), self.mesh.context),
+                                 "messages" if chat else "prompt", code="context_length_exceeded")
+        except BadRequest as e:
+            return error(e.status, str(e), e.param, e.code)
+        reply = Reply(chat)
+        if body.get("stream"):
+            return StreamingResponse(self._events(prompt, kw, reply), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        cancel = threading.Event()
+        try:
+            done = await self._run(prompt, kw, cancel, None)
+        except GenerationFailed as e:
+            return error(503, str(e), kind="server_error")
+        finally:
+            cancel.set()
+        return JSONResponse(reply.whole(done, prompt))
+
+    async def _run(self, prompt, kw, cancel, on_piece) -> Completion:
+        self.busy += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self.threads, self.mesh.complete, prompt, kw["request"], on_piece, cancel)
+        finally:
+            self.busy -= 1
+
+    async def _events(self, prompt: list[int], kw: dict, reply: Reply):
+        """The SSE stream of one generation; closed early (the client left), it cancels the generation."""
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+        task = asyncio.ensure_future(self._run(prompt, kw, cancel,
+                                               lambda p: loop.call_soon_threadsafe(pieces.put_nowait, p)))
+        task.add_done_callback(lambda _: pieces.put_nowait(None))
+        try:
+            yield sse(reply.first())
+            while (piece := await pieces.get()) is not None:
+                if piece.text:
+                    yield sse(reply.chunk(piece))
+            try:
+                done = task.result()
+            except GenerationFailed as e:
+                yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
+                return
+            yield sse(reply.last(done, prompt))
+            yield "data: [DONE]\n\n"
+        finally:
+            cancel.set()  # a client gone: the generation ends after its round, freeing its lane
+
+
+def sse(obj: dict) -> str:
+    return "data: %s\n\n" % json.dumps(obj)
+
+
+class Reply:
+    """The bodies of one response, as a completion or a chat completion."""
+
+    def __init__(self, chat: bool):
+        self.chat = chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def _head(self, stream: bool) -> dict:
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {"id": self.id, "object": kind + (".chunk" if stream and self.chat else ""), "created": self.created,
+                "model": MODEL_ID}
+
+    def _choice(self, text: str | None, finish: str | None, stream: bool) -> dict:
+        if not self.chat:
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        if stream:
+            return {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
+                    "finish_reason": finish}
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": finish}
+
+    def whole(self, done: Completion, prompt: list[int]) -> dict:
+        return {**self._head(False), "choices": [self._choice(done.text, FINISH[done.stop], False)],
+                "usage": usage(prompt, done), "specmesh": figures(done)}
+
+    def first(self) -> dict:
+        if self.chat:
+            return {**self._head(True), "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                     "logprobs": None, "finish_reason": None}]}
+        return {**self._head(True), "choices": [self._choice("", None, True)]}
+
+    def chunk(self, piece: Piece) -> dict:
+        return {**self._head(True), "choices": [self._choice(piece.text, None, True)],
+                "specmesh": round_figures(piece)}
+
+    def last(self, done: Completion, prompt: list[int]) -> dict:
+        return {**self._head(True), "choices": [self._choice(None if self.chat else "", FINISH[done.stop], True)],
+                "usage": usage(prompt, done), "specmesh": figures(done)}
+
+
+def app(mesh: Mesh, threads: ThreadPoolExecutor) -> Starlette:
+    """The ASGI application serving `mesh` on `threads` (both closed by the caller)."""
+    api = Api(mesh, threads)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error(404, "no route %s %s" % (request.method, request.url.path))
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return error(405, "%s is not allowed on %s" % (request.method, request.url.path))
+
+    return Starlette(routes=[
+        Route("/", api.page),
+        Route("/health", api.health),
+        Route("/v1/models", api.models),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+    ], exception_handlers={404: not_found, 405: not_allowed})

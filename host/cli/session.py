@@ -1,0 +1,715 @@
+"""One mesh, built once: the session object `specmesh run`, `specmesh chat`, `specmesh serve` and the Python
+API (`specmesh.Mesh`) all generate through.
+
+A `Mesh` checks its configuration (host/cli/config.py `RunConfig`, the same checks and defaults as the
+command line's flags), reads the tokenizer and the model headers, resolves the back-ends (preflight: nothing
+started when one is wrong), then starts them once: the virtual boards, the ports' links, the host models.
+Each generation begins a new stream on them (BEGIN carries the whole prompt), so a mesh serves any number of
+generations, one after another or, where its back-ends allow, side by side:
+
+- a *lane* is one drafter and one verifier back-end serving one stream at a time;
+- a mesh with a board among its back-ends has one lane: requests wait for it in a first-come, first-served
+  queue (`Mesh.lane`), and a request given up while waiting (a client gone) leaves the queue;
+- a mesh of host back-ends only (`cpu`, `torch-cpu`, `gpu`; no drafter or a `cpu` one) opens up to
+  `streams` lanes on demand, whose models share one `Batcher` per model file (host/backends/batcher.py):
+  the pending forwards of concurrent streams run as one pass. The arithmetic is the same integers
+  (docs/CONTRACTS.md section 4), so a stream's text does not depend on its neighbours.
+
+Every generation may fail over: a verifier that fails is replaced by the `cpu` one (kept by the lane for the
+generations after), a drafter that fails leaves the stream on plain decoding (host/decode/orchestrator.py).
+A generation ends at the end token, `max_tokens`, a full context, a stop string, or when its `cancel` event
+is set (checked after each round: the boards finish the round they are in and are left with nothing
+pending; the next BEGIN starts them afresh).
+
+`Mesh.generate` returns a `Completion` (text, token ids, stats); `Mesh.stream` is the same generation as an
+iterator of `Piece`s, each round's visible text with the share that was accepted drafts, then the
+`Completion`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import queue
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from specmesh.host import backends
+from specmesh.host.backends import PIPELINE, BackendError, SessionParams
+from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, class_of, drafter_class
+from specmesh.host.cli import registry
+from specmesh.host.cli.config import RV32_PROJECT, RunConfig, UsageError
+from specmesh.host.cli.flags import add_arguments
+from specmesh.host.cli.output import Segments, TextStream, Watch
+from specmesh.host.cli.preflight import (PreflightError, check_backends, check_context, check_models, check_pair,
+                                         unknown_backend)
+from specmesh.host.cli.ranges import SEED, RangeError, in_range
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.orchestrator import Result, generate
+from specmesh.host.decode.stopstrings import StopScan, StopStrings
+from specmesh.host.layout import TOKENIZER_FILE
+from specmesh.host.projection.measured import board_summary
+from specmesh.host.provision.drafters import expected_alpha
+from specmesh.shared.modelfile import ModelFileError
+
+if TYPE_CHECKING:
+    from specmesh.host.backends.batcher import Batcher
+
+HOST_BACKENDS = ("cpu", "torch-cpu", "gpu")  # in-process back-ends: a stream each, as many as asked
+Say = Callable[[str], None]
+
+
+class GenerationFailed(Exception):
+    """A back-end failed once generation had started (e.g. a board stopped answering): exit status 1."""
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def config_from(**flags) -> RunConfig:
+    """The RunConfig of `specmesh run` given these flags by their long names (`max_tokens=16`, `verifier="cpu"`),
+    with the command line's defaults and checks; TypeError for a name that is no flag."""
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    ns = p.parse_args([])
+    for name, value in flags.items():
+        if not hasattr(ns, name):
+            raise TypeError("Mesh() got an unexpected option %r (the long flags of `specmesh run` are its options, "
+                            "e.g. drafter, verifier, stages, gamma, models)" % name)
+        setattr(ns, name, Path(value) if isinstance(p.get_default(name), Path) and value is not None else value)
+    return RunConfig.from_args(ns)
+
+
+def load_tokenizer(models: Path):
+    from specmesh.host.decode.tokenizer import Tokenizer, TokenizerError
+
+    try:
+        return Tokenizer.from_llama2c(models / TOKENIZER_FILE)
+    except TokenizerError as e:
+        raise UsageError(str(e)) from None
+
+
+class Setup(contextlib.ExitStack):
+    """The back-ends of one mesh and everything they started (virtual boards, links), closed on exit: the
+    `Boards` (host/backends/__init__.py) the board back-ends' factories take."""
+
+    def __init__(self, config: RunConfig, say: Say | None = None):
+        super().__init__()
+        self.config = config
+        self.say = say
+        self._batchers: dict[str, Batcher] = {}
+        self.key = config.key
+        self.stages = config.stages
+        # the stages' class: `--stages N --verifier virtual:CLASS` (None: the default class)
+        self.stage_class = stage_class(config) if config.verifier.startswith("virtual:") else None
+        # a pipeline's default virtual drafter board is flashed at the same time as its stages
+        self.beside_stages = ("drafter",) if config.stages and config.backend_names.get("drafter") == "virtual" else ()
+        self._cluster = None
+
+    def cluster(self):
+        """The run's virtual boards (host/provision/cluster.py), opened on first use."""
+        if self._cluster is None:
+            from specmesh.host.provision.cluster import Cluster
+
+            c = self.config
+            radio = None
+            if c.transport == "espnow":
+                from specmesh.host.emulator.radio import RadioConfig
+
+                radio = RadioConfig(loss=c.radio_loss, duplicate=c.radio_dup, seed=c.seed)
+            self._cluster = self.enter_context(Cluster(c.transport, c.models, radio=radio, spec_ahead=c.spec_ahead,
+                                                       key=self.key, say=self.say, files=c.named_models()))
+        return self._cluster
+
+    def make(self, kind: str, name: str, batched: bool = False):
+        """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`, from the registry; `batched`:
+        a `cpu` one whose model is shared, through a Batcher, with the mesh's other lanes."""
+        if batched and name == "cpu":
+            backend = self._batched(kind)
+        else:
+            fac = registry.factory(kind, name)
+            if fac is None:
+                raise UsageError(unknown_backend(kind, name) or name)
+            backend = fac(self.config.model_file(kind), name=name, boards=self)
+        self.callback(backend.close)
+        return backend
+
+    def _batched(self, kind: str):
+        """A `cpu` drafter or verifier on the numpy `IntModel` of its file, one Batcher per file for the mesh."""
+        from specmesh.host.backends.arraymath import IntModel
+        from specmesh.host.backends.batcher import Batcher, StreamEngine
+
+        path = self.config.model_file(kind)
+        if kind not in self._batchers:
+            try:
+                batcher = Batcher(IntModel(path))
+            except (OSError, ValueError, ModelFileError) as e:
+                raise BackendError("cannot load model %s: %s" % (path, e)) from None
+            self.callback(batcher.close)  # after the streams' close (callbacks run last in, first out)
+            self._batchers[kind] = batcher
+        engine = StreamEngine(self._batchers[kind])
+        self.callback(engine.close)
+        stream = backends.EngineStream(None, engine=engine)
+        role = backends.LocalVerifier if kind == "verifier" else backends.LocalDrafter
+        return role(path, stream=stream)
+
+
+def build_stats(config: RunConfig, params: SessionParams, result: Result, text: str, verifier, drafter,
+                controller: GammaController, prompt_len: int, projector) -> dict:
+    n = len(result.tokens)
+    hist = result.gamma_hist
+    stats = {
+        "text": text,
+        "tokens": n,
+        "token_ids": result.tokens,
+        "failovers": result.failovers,
+        "prompt_tokens": prompt_len,
+        "alpha": result.alpha,
+        "alpha_tested": result.tested,
+        "tokens_per_verification": result.tokens_per_verification,
+        "gamma": max(hist, key=lambda g: (hist[g], -g)) if hist else 0,
+        "gamma_hist": {str(g): c for g, c in hist.items()},
+        "gamma_policy": "plain" if drafter is None else ("auto" if controller.fixed is None else "fixed"),
+        "wall_s": result.wall_s,
+        "tokens_per_s": n / result.wall_s if result.wall_s > 0 else 0.0,
+        # prefill: BEGIN to the first round's tokens (host/decode/orchestrator.py); decode: the rest
+        "prefill_s": result.prefill_s,
+        "prefill_tokens_per_s": prompt_len / result.prefill_s if result.prefill_s > 0 else 0.0,
+        "decode_s": result.wall_s - result.prefill_s,
+        "decode_tokens": result.decode_tokens,
+        "decode_tokens_per_s": (result.decode_tokens / (result.wall_s - result.prefill_s)
+                                if result.wall_s > result.prefill_s else 0.0),
+        "bus_bytes_per_token": result.bus_bytes / n if n else 0.0,
+        "bus_bytes_per_token_by_link": {  # the host's link to each board (0 for an in-process back-end)
+            "verifier": sum(r.bytes_verify for r in result.rounds) / n if n else 0.0,
+            "drafter": sum(r.bytes_draft for r in result.rounds) / n if n else 0.0},
+        # the back-ends that ended the run: the cpu verifier where the one asked for failed, none for a failed drafter
+        "verifier": "cpu" if "verifier" in result.failed else verifier.name,
+        "drafter": None if "drafter" in result.failed else (drafter.name if drafter else None),
+        "failed": dict(result.failed),  # role -> the back-end that failed mid-run (its line: failovers)
+        "drafter_model": (drafter.info.get("model") if hasattr(drafter, "info") else
+                          config.model_file("drafter").name) if drafter else None,
+        "stop": result.stop,
+        "context": verifier.max_seq,
+        "seed": params.seed,
+        "temperature": params.temperature,  # as applied: the nearest thousandth of --temperature
+        "estimates": controller.summary(),
+        "boards": board_stats(verifier.parts("verifier") + (drafter.parts("drafter") if drafter else []), n,
+                              projector),
+    }
+    stats.update(verifier.report())
+    if projector is not None:
+        stats["projection"] = projector.project(result, prompt_len)
+    return stats
+
+
+def board_stats(parts: list, tokens: int = 0, projector=None) -> list[dict]:
+    """One entry per board among the back-ends' parts (role, back-end): in-process ones report no heap. A board
+    under QEMU adds the instructions it executed (per generated token, per pass), which a projector that prices
+    them (host/projection/measured.py) takes too."""
+    out = []
+    for role, b in parts:
+        try:
+            s = b.stats()
+        except BackendError as e:  # the text is out already; a board too short of heap to report is a note
+            out.append({"name": b.name, "role": role, "error": one_line(e)})
+            continue
+        if "heap_free" in s:
+            # the board's class as its HELLO tells it (host/boardclasses.py class_of: its MCU, else its heap)
+            cls = class_of(s.get("board") or "", s["heap_free"]).name
+            out.append({"name": b.name, "role": role, "class": cls, "compute_s": s.get("compute_s"),
+                        "heap_free": s.get("heap_free"),
+                        "errors": s.get("errors", 0), "retransmits": s.get("retransmits", 0),
+                        "kernels": s.get("kernels"), "kernels_note": s.get("kernels_note", "")})
+            if role == "stage":  # the firmware's own counters, next to the host's trace of the same work
+                out[-1].update(positions=s.get("positions"), passes=s.get("passes"))
+                if "classifier" in s:  # the last stage: the classifier in its heap, or streamed (cls_reads passes)
+                    out[-1].update(classifier=s["classifier"], cls_reads=s.get("cls_reads"))
+            out[-1].update(board_summary(s, tokens))
+            if hasattr(projector, "measure"):
+                projector.measure(role, s, getattr(b, "info", {}).get("model", ""))
+    return out
+
+
+def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool, deterministic: bool):
+    """(cost model, projector): what prices each round for gamma's choice, and what projects the run for the
+    stats (None, None when neither is asked for). A pipeline always reports its own projection."""
+    if config.stages:  # host/projection/pipeline.py, in every stats JSON
+        from specmesh.host.projection.pipeline import STAGE_LINKS, LinksReport, PipelineProjector
+
+        # stages of the class --project names (one with stages: the S3), else the class rule's classic ESP32s
+        cls = config.project if config.project in STAGE_LINKS else ROLE_CLASS["stage"]
+        return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, STAGE_LINKS[cls][0], on_host,
+                                  config.kernels, cls),
+                LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host, config.kernels, cls))
+    if config.project in RV32_PROJECT:  # priced from the instructions its boards execute
+        from specmesh.host.projection.measured import LiveCosts, MeasuredProjector
+        from specmesh.host.projection.rounds import Projector
+
+        measured = MeasuredProjector(heads["verifier"], heads["drafter"], config.project, config.transport)
+        if deterministic:  # sampling: gamma from derived costs, so that a seed gives one text
+            return Projector(heads["verifier"], heads["drafter"], "esp32s3", config.transport), measured
+        boards = [("verifier", verifier)] + ([("drafter", drafter)] if drafter is not None else [])
+        return LiveCosts(measured, boards), measured
+    virtual = virtual_classes(config, on_host)
+    if config.project or deterministic or virtual:
+        from specmesh.host.projection.rounds import Projector
+
+        board, drafts_on = config.project or ROLE_CLASS["verifier"], drafter_class(config.transport)
+        if virtual and not (config.project or deterministic):
+            board, drafts_on = virtual
+        projector = Projector(heads["verifier"], heads["drafter"], board, config.transport, config.rates,
+                              config.kernels, drafter_on_host=on_host, drafter_board=drafts_on,
+                              drafter_rates=config.drafter_rates)
+        return projector, (projector if config.project else None)
+    return None, None
+
+
+def virtual_classes(config: RunConfig, on_host: bool) -> tuple[str, str] | None:
+    """(verifier class, drafter board class) when gamma auto speculates on virtual boards: they stand for
+    their class, and their wall clock is the host's (a scheduling hiccup read as a slow board switched
+    drafting off), so gamma plans from the class's projected costs; None otherwise."""
+    if config.gamma is not None or config.plain or not (on_host or _virtual(config.drafter)):
+        return None
+    if not _virtual(config.verifier):
+        return None
+    verifier = config.verifier.partition(":")[2] or ROLE_CLASS["verifier"]
+    drafter = config.drafter.partition(":")[2] or drafter_class(config.transport)
+    return (verifier, verifier if on_host else drafter) if {verifier, drafter} <= BOARD_CLASSES.keys() else None
+
+
+def _virtual(name: str) -> bool:
+    return name == "virtual" or name.startswith("virtual:")
+
+
+def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
+    """(model headers by role, back-end names by role with `auto` resolved), checked before anything starts:
+    no board booted, no port held when one of these fails."""
+    names = config.backend_names
+    try:
+        roles = sorted({*names, *(["drafter"] if config.project else [])})
+        headers = check_models({r: config.model_file(r) for r in roles}, roles)
+        if "drafter" in headers:
+            check_pair(headers["verifier"], headers["drafter"].vocab, headers["drafter"].tokenizer_id,
+                       str(config.model_file("drafter")))
+        check_context(prompt_tokens, headers["verifier"], config.model_file("verifier").name, config.prompt_from)
+        n_layers = headers["verifier"].n_layers
+        in_range("--stages", config.stages, 0, n_layers, "0: one verifier; at most the target's %d layers" % n_layers)
+        if config.stages:
+            plan_stages(headers["verifier"], config.stages, stage_class(config))
+        return headers, check_backends(names, config.transport, config.key)
+    except (PreflightError, RangeError) as e:
+        raise UsageError(str(e)) from None
+
+
+def stage_class(config: RunConfig) -> str:
+    """The class of a pipeline's stage boards: `--verifier virtual:CLASS`, else the stage role's (a classic ESP32)."""
+    from specmesh.host.boardclasses import ROLE_CLASS
+
+    return config.verifier.split(":", 1)[1] if config.verifier.startswith("virtual:") else ROLE_CLASS["stage"]
+
+
+def plan_stages(target, n: int, cls_name: str) -> None:
+    """Every stage of an n-stage split of `target` must fit the heap of a `cls_name` board, checked before any
+    board is flashed (a stage short of heap was found only after flashing, by the node); PreflightError naming
+    the first stage that does not fit and the fewest stages that do, or a class that holds them."""
+    from specmesh.host.boardclasses import BOARD_CLASSES, stage_heap_need
+    from specmesh.host.provision.cluster import split_layers
+
+    cls = BOARD_CLASSES[cls_name]
+
+    def first_short(k: int):
+        return next(((i, ab) for i, ab in enumerate(split_layers(target.n_layers, k))
+                     if stage_heap_need(target, cls, ab) > cls.heap_bytes), None)
+
+    short = first_short(n)
+    if short is None:
+        return
+    i, (a, b) = short
+    fits = next((k for k in range(n + 1, target.n_layers + 1) if first_short(k) is None), None)
+    fix = ("--stages %d, the fewest whose stages fit" % fits if fits else "no split fits it") + \
+        ", or stage boards with PSRAM: --verifier virtual:esp32s3"
+    raise PreflightError("--stages %d: stage %d (layers %d:%d) needs %d KiB of heap, an %s board has %d KiB: %s"
+                         % (n, i, a, b, stage_heap_need(target, cls, (a, b)) // 1024, cls.name, cls.heap_bytes // 1024,
+                            fix))
+
+
+def running_model(backend) -> str:
+    """The file name of the model a board back-end's HELLO says it runs ("" for an in-process back-end)."""
+    return getattr(backend, "info", {}).get("model", "").rsplit("/", 1)[-1]
+
+
+def gamma_controller(config: RunConfig, drafter) -> GammaController:
+    """--gamma N fixed, or gamma auto starting from the drafter's acceptance on the model card when it is a
+    shipped drafter (the file a drafter board reports running, else the one named)."""
+    if config.gamma is not None:
+        return GammaController(max_gamma=config.gamma, fixed=config.gamma)
+    controller = GammaController() if config.draft_max is None else GammaController(max_gamma=config.draft_max)
+    if drafter is not None:
+        name = running_model(drafter) or config.model_file("drafter").name
+        alpha = expected_alpha(name, config.greedy)
+        if alpha is not None:
+            controller.expect(alpha)
+    return controller
+
+
+def _check_running_drafter(drafter, target) -> None:
+    """A drafter board may run another model than the file the host checked (flashed before, by hand): its
+    HELLO's vocabulary must be the target's, before any text (host/cli/preflight.py `check_pair`)."""
+    vocab = getattr(drafter, "info", {}).get("vocab")
+    if vocab is None:
+        return
+    try:
+        check_pair(target, vocab, 0, "on %s (%s)" % (drafter.name, running_model(drafter) or "its model"))
+    except PreflightError as e:
+        raise UsageError(str(e)) from None
+
+
+def _drafter_head(drafter, given: Path, head):
+    """The header of the model a drafter board reports running (HELLO: e.g. drafter.spm on an S3 drafter board
+    where its class's drafter was assumed) when that file is beside `given`; else `head`, `given`'s."""
+    name = running_model(drafter)
+    if not name or name == given.name or not (given.parent / name).is_file():
+        return head
+    try:
+        return check_models({"drafter": given.parent / name}, ["drafter"])["drafter"]
+    except PreflightError as e:
+        raise UsageError(str(e)) from None
+
+
+@dataclass
+class Piece:
+    """One round's visible text (stop strings applied), the first `accepted` characters of which were drafts
+    the verifier accepted, and the round's figures: drafts accepted, tokens it added to the text (the end token
+    not counted), its seconds."""
+
+    text: str
+    accepted: int
+    n_accepted: int
+    n_committed: int
+    round_s: float
+    segments: Segments = field(default_factory=list, repr=False)  # (text, was a draft), in order
+
+
+@dataclass
+class Completion:
+    """A finished generation: its text (prompt excluded, ending before a stop string), why it stopped
+    ("eos", "max_tokens", "context", "stop" or "cancelled") and the run's stats (`specmesh run --stats-json`)."""
+
+    text: str
+    token_ids: list[int]
+    stop: str
+    stats: dict = field(repr=False)
+
+
+@dataclass
+class Lane:
+    """One drafter (None: plain decoding) and one verifier serving one stream at a time."""
+
+    verifier: object
+    drafter: object | None
+
+    def idle(self, idle: bool = True) -> None:
+        """Mark its streams of shared models idle (a free lane) or busy: a Batcher waits only for busy ones."""
+        for backend in (self.verifier, self.drafter):
+            engine = getattr(getattr(backend, "stream", None), "engine", None)
+            if hasattr(engine, "idle"):
+                engine.idle(idle)
+
+
+class Mesh(contextlib.AbstractContextManager):
+    """The session object: a mesh's back-ends, started once, and generation on them.
+
+    `Mesh(drafter="virtual", verifier="cpu", **flags)` takes `specmesh run`'s long flags as keywords (`stages=2`,
+    `gamma="3"`, `models="models"`, ...; their defaults too) and raises UsageError for a bad one; `streams`: how
+    many generations may run at once when its back-ends are all on the host; `say`: where the boards' start-up
+    lines go, `warn`: where a fail-over's line goes (default: `say`). Close it (or use `with`) to stop the
+    boards it started."""
+
+    def __init__(self, drafter: str = "virtual", verifier: str = "virtual", *, streams: int = 1,
+                 say: Say | None = None, warn: Say | None = None, config: RunConfig | None = None, **flags):
+        self.config = config if config is not None else config_from(drafter=drafter, verifier=verifier, **flags)
+        try:
+            in_range("streams", streams, 1, 256)
+        except RangeError as e:
+            raise UsageError(str(e)) from None
+        self.say = say
+        self.warn = warn or say
+        self.tok = load_tokenizer(self.config.models)
+        from specmesh.host.decode.tokenizer import BOS
+
+        self.eos = BOS  # llama2.c's models end a story by starting the next one (BOS)
+        self.headers, self.names = preflight(self.config, len(self.tok.encode(self.config.prompt)))
+        self.on_host = self.names.get("drafter") == "cpu"  # the drafter runs on this machine, not on a board
+        host_only = all(n in HOST_BACKENDS for n in self.names.values())
+        self.streams = streams if host_only else 1
+        self._setup = Setup(self.config, say)
+        self._lock = threading.Lock()
+        self._lanes: list[Lane] = []
+        self._free: deque[Lane] = deque()
+        self._waiting: deque[_Ticket] = deque()
+        try:
+            self._release(self._new_lane())
+        except BaseException:
+            self._setup.close()
+            raise
+
+    @classmethod
+    def from_config(cls, config: RunConfig, streams: int = 1, say: Say | None = None, warn: Say | None = None
+                    ) -> Mesh:
+        return cls(config=config, streams=streams, say=say, warn=warn)
+
+    def close(self) -> None:
+        self._setup.close()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def context(self) -> int:
+        """Positions the target's context holds: prompt and text together."""
+        return self.headers["verifier"].max_seq
+
+    # -- lanes -------------------------------------------------------------------------------------
+
+    def _new_lane(self) -> Lane:
+        batched = self.streams > 1
+        verifier = self._setup.make("verifier", self.names["verifier"], batched)
+        drafter = None if self.config.plain else self._setup.make("drafter", self.names["drafter"], batched)
+        if drafter is not None:
+            _check_running_drafter(drafter, self.headers["verifier"])
+        if drafter is not None and "drafter" in self.headers and not self._lanes:  # price the model it runs
+            self.headers["drafter"] = _drafter_head(drafter, self.config.model_file("drafter"), self.headers["drafter"])
+        lane = Lane(verifier, drafter)
+        self._lanes.append(lane)
+        return lane
+
+    @contextlib.contextmanager
+    def lane(self, cancel: threading.Event | None = None) -> Iterator[Lane | None]:
+        """A lane for one stream, waited for first come, first served (a new one opened while fewer than
+        `streams` exist); None when `cancel` was set while waiting (the request left the queue)."""
+        ticket = _Ticket()
+        with self._lock:
+            if self._free and not self._waiting:
+                ticket.hand(self._free.popleft())
+            elif len(self._lanes) < self.streams:
+                ticket.hand(self._new_lane())
+            else:
+                self._waiting.append(ticket)
+        while not ticket.ready.wait(0.05):
+            if cancel is not None and cancel.is_set():
+                with self._lock:
+                    if ticket.lane is None:
+                        self._waiting.remove(ticket)
+                        break
+        if ticket.lane is not None:
+            ticket.lane.idle(False)
+        try:
+            yield ticket.lane
+        finally:
+            if ticket.lane is not None:
+                self._release(ticket.lane)
+
+    def _release(self, lane: Lane) -> None:
+        lane.idle()
+        with self._lock:
+            if self._waiting:
+                self._waiting.popleft().hand(lane)
+            else:
+                self._free.append(lane)
+
+    # -- generation --------------------------------------------------------------------------------
+
+    def encode(self, text: str, bos: bool = True) -> list[int]:
+        return self.tok.encode(text, bos=bos)
+
+    def encode_turns(self, turns: Iterable[str]) -> list[int]:
+        """A context of turns as `specmesh chat` builds it: each turn's text appended as typed, BOS first."""
+        ids: list[int] = []
+        for turn in turns:
+            ids += self.tok.encode(turn, bos=not ids)
+        return ids
+
+    def request(self, max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
+                top_k: int | None = None, seed: int | None = None, stop: Sequence[str] | str | None = None
+                ) -> RunConfig:
+        """The mesh's configuration with one generation's sampling settings (None: the mesh's), checked as the
+        flags are (UsageError: one line)."""
+        c = self.config
+        stop = (stop,) if isinstance(stop, str) else tuple(stop) if stop is not None else c.stop
+        new = dataclasses.replace(c, max_tokens=c.max_tokens if max_tokens is None else max_tokens,
+                                  temperature=c.temperature if temperature is None else temperature,
+                                  top_p=c.top_p if top_p is None else top_p, top_k=c.top_k if top_k is None else top_k,
+                                  seed=c.seed if seed is None else seed, stop=stop)
+        try:
+            in_range("max_tokens", new.max_tokens, 1)
+            in_range("top_k", new.top_k, 0, 65535, "0: off")
+            in_range("seed", new.seed, *SEED)
+            new.session_params(self.eos)
+        except (RangeError, ValueError) as e:
+            raise UsageError(str(e)) from None
+        return new
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int | None = 64, **sampling) -> Completion:
+        """Generate after `prompt` (text, or token ids as `encode` gives) and return the Completion. Keywords:
+        temperature, top_p, top_k, seed, stop (a string or several); the others as `complete`."""
+        return self.complete(self._ids(prompt), self.request(max_tokens, **_sampling(sampling)), **_rest(sampling))
+
+    def stream(self, prompt: str | Sequence[int], max_tokens: int | None = 64, **sampling) -> Iterator[Piece | Completion]:
+        """`generate` as an iterator: a Piece per round as it is committed, then the Completion. Leaving the
+        iteration early (closing it) cancels the generation after its current round."""
+        request = self.request(max_tokens, **_sampling(sampling))
+        ids, rest = self._ids(prompt), _rest(sampling)
+        cancel = rest.pop("cancel", None) or threading.Event()
+        pieces: queue.Queue = queue.Queue()
+
+        def work() -> None:
+            try:
+                pieces.put(self.complete(ids, request, on_piece=pieces.put, cancel=cancel, **rest))
+            except BaseException as e:  # noqa: BLE001 - handed to the iterating thread, which raises it
+                pieces.put(e)
+
+        thread = threading.Thread(target=work, name="specmesh-stream", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = pieces.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, Completion):
+                    return
+        finally:
+            cancel.set()
+            thread.join()
+
+    def _ids(self, prompt: str | Sequence[int]) -> list[int]:
+        return self.tok.encode(prompt) if isinstance(prompt, str) else list(prompt)
+
+    def complete(self, prompt: Sequence[int], request: RunConfig | None = None,
+                 on_piece: Callable[[Piece], None] | None = None, cancel: threading.Event | None = None,
+                 controller: GammaController | None = None, lane: Lane | None = None) -> Completion:
+        """Generate after the token ids `prompt` as `request` (a `request()`; None: the mesh's configuration)
+        says, on `lane` or the next free one. `controller`: a gamma controller kept across generations (chat's
+        turns); None: a new one. GenerationFailed when a back-end failed beyond fail-over."""
+        request = request or self.config
+        if len(prompt) >= self.context:
+            raise UsageError("the prompt has %d tokens but the context holds %d" % (len(prompt), self.context))
+        if lane is None:
+            with self.lane(cancel) as lane:
+                if lane is None:
+                    return Completion("", [], "cancelled", {})
+                return self.complete(prompt, request, on_piece, cancel, controller, lane)
+        params = request.session_params(eos=self.eos)
+        verifier, drafter = lane.verifier, lane.drafter
+        # With sampling, which positions get a draft changes the text (the accept test and the residual
+        # draw replace plain decoding's draw there), so an adaptive gamma fed wall-clock times would
+        # make the same seed give different texts. Sampling with gamma auto therefore chooses gamma
+        # from the projected costs (deterministic); greedy text never depends on gamma.
+        deterministic = not request.greedy and request.gamma is None and drafter is not None
+        costs, projector = projection(request, dict(self.headers), verifier, drafter, self.on_host, deterministic)
+        controller = controller or gamma_controller(request, drafter)
+        # a projection that credits pipelined drafting plans gamma and the look-ahead for it
+        controller.pipelined = bool(drafter is not None and costs is not None and costs.pipelined)
+        scan = StopScan(StopStrings(request.stop), self.tok.pieces.__getitem__)
+        fallback = None if self.names["verifier"] in ("cpu", PIPELINE) else lambda: self._fall_back(lane)
+        watch = _Watch(scan, costs, fallback, on_piece, cancel, self.warn)
+        result = self._decode(prompt, lane, params, request.max_tokens, controller, watch)
+        text = watch.finish()
+        stats = build_stats(request, params, result, text, verifier, drafter, controller, len(prompt), projector)
+        stats["gamma_costs"] = ("projected %s" % costs.board.name) if costs else "measured"
+        stop = "cancelled" if result.stop == "stop" and not scan.stopped else result.stop
+        return Completion(text, result.tokens[:scan.kept], stop, stats)
+
+    def _fall_back(self, lane: Lane):
+        """The `cpu` verifier taking over from the lane's failed one, kept by the lane for what follows."""
+        lane.verifier = self._setup.make("verifier", "cpu")
+        return lane.verifier
+
+    def _decode(self, prompt: Sequence[int], lane: Lane, params: SessionParams, max_tokens: int,
+                controller: GammaController, watch: _Watch) -> Result:
+        """The one call of the decode loop (host/decode/orchestrator.py) for every generation of every command."""
+        try:
+            return generate(prompt, lane.verifier, lane.drafter, params, max_tokens, controller, watch)
+        except (BackendError, RuntimeError) as e:
+            raise GenerationFailed(one_line(e)) from None
+
+
+class _Watch(Watch):
+    """generate()'s observer for a mesh's generation (host/cli/output.py `Watch`): each round a Piece to
+    `on_piece` with its seconds, the `cancel` event ending the stream after the round, a fail-over's line
+    to `warn`."""
+
+    def __init__(self, scan: StopScan, costs, fallback, on_piece: Callable[[Piece], None] | None,
+                 cancel: threading.Event | None, warn: Say | None):
+        super().__init__(scan, TextStream(scan), costs=costs.round_costs if costs else None,
+                         costs_known=getattr(costs, "known_beforehand", True), fallback=fallback)
+        self.on_piece, self.cancel, self.warn = on_piece, cancel, warn
+        self._last = time.perf_counter()
+
+    def shown(self, accepted: Sequence[int], emitted: Sequence[int]) -> None:
+        segments = self.stream.write(accepted, emitted)
+        now = time.perf_counter()
+        if self.on_piece is not None:
+            self.on_piece(_piece(segments, len(accepted), len(accepted) + len(emitted), now - self._last))
+        self._last = now
+
+    def stopped(self) -> bool:
+        return self.scan.stopped or (self.cancel is not None and self.cancel.is_set())
+
+    def failed_over(self, line: str) -> None:
+        if self.warn is not None:
+            self.warn(line)
+
+    def finish(self) -> str:
+        tail = self.stream.finish()
+        if tail and self.on_piece is not None:
+            self.on_piece(_piece(tail, 0, 0, 0.0))
+        return self.scan.final()
+
+
+@dataclass
+class _Ticket:
+    """A request's place in a mesh's queue: the lane handed to it, and the event that says so."""
+
+    lane: Lane | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+
+    def hand(self, lane: Lane) -> None:
+        self.lane = lane
+        self.ready.set()
+
+
+def _piece(segments: Segments, n_accepted: int, n_committed: int, seconds: float) -> Piece:
+    """A Piece from a round's segments (text, was a draft): drafts come first in a round, so they are a prefix."""
+    accepted = sum(len(s) for s, draft in segments if draft)
+    return Piece("".join(s for s, _ in segments), accepted, n_accepted, n_committed, seconds, segments)
+
+
+SAMPLING = ("temperature", "top_p", "top_k", "seed", "stop")
+
+
+def _sampling(kw: dict) -> dict:
+    unknown = set(kw) - set(SAMPLING) - {"cancel", "controller", "on_piece"}
+    if unknown:
+        raise TypeError("unexpected keyword %s (sampling: %s)" % (", ".join(sorted(unknown)), ", ".join(SAMPLING)))
+    return {k: v for k, v in kw.items() if k in SAMPLING}
+
+
+def _rest(kw: dict) -> dict:
+    return {k: v for k, v in kw.items() if k not in SAMPLING}
+
+
+def say_on_stderr(command: str = "") -> Say:
+    """A `say` that writes each line to stderr, prefixed with the command's name."""
+    prefix = "specmesh%s: " % (" " + command if command else "")
+    return lambda line: print(prefix + line, file=sys.stderr, flush=True)

@@ -1,0 +1,84 @@
+"""The command line's conventions (host/cli/flags.py, host/cli/run.py, host/cli/__init__.py): the text alone on
+stdout, stats and progress on stderr (`--quiet` silences them), `--stats-json -` the JSON on stdout instead of
+the text; llama.cpp's spellings as aliases; an unknown flag gets its subcommand's usage and a suggestion."""
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specmesh.host import cli
+from specmesh.host.cli.flags import add_arguments
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse(*argv: str) -> dict:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return vars(p.parse_args(list(argv)))
+
+
+def test_every_llama_cpp_spelling_is_an_alias_of_the_long_flag(tmp_path):
+    short = parse("-m", "t.spm", "-md", "d.spm", "-p", "Hi", "-n", "7", "-s", "3", "--temp", "0.5", "-r", ".",
+                  "-r", "!", "--draft-max", "4")
+    long = parse("--model", "t.spm", "--draft-model", "d.spm", "--prompt", "Hi", "--max-tokens", "7", "--seed", "3",
+                 "--temperature", "0.5", "--stop", ".", "--stop", "!", "--draft-max", "4")
+    assert short == long
+    assert parse("--model-draft", "d.spm", "--n-predict", "7", "--reverse-prompt", ".") == parse(
+        "--draft-model", "d.spm", "--max-tokens", "7", "--stop", ".")
+    assert parse("-f", "p.txt") == parse("--file", "p.txt") == parse("--prompt-file", "p.txt")
+
+
+def _run(models, *argv, **kw):
+    return subprocess.run([sys.executable, "-m", "specmesh", "run", "--models", str(models), "--verifier", "cpu",
+                           "--drafter", "cpu", "--no-color", *argv], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120, **kw)
+
+
+def test_text_on_stdout_stats_on_stderr_quiet_and_json_on_stdout_only_when_asked(models, tmp_path):
+    (tmp_path / "p.txt").write_text("The cat\n")
+    stats_file = tmp_path / "s.json"
+    done = _run(models, "-f", str(tmp_path / "p.txt"), "-n", "12", "--temp", "0.7", "-s", "5", "--draft-max", "3",
+                "--stats-json", str(stats_file))
+    stats = json.loads(stats_file.read_text())
+    assert done.returncode == 0 and done.stdout == "The cat" + stats["text"] + "\n"
+    assert "tokens / verification" in done.stderr and stats["seed"] == 5 and stats["temperature"] == 0.7
+    assert max(int(g) for g in stats["gamma_hist"]) <= 3
+    quiet = _run(models, "-p", "The cat", "-n", "12", "--temp", "0.7", "-s", "5", "--draft-max", "3", "--quiet")
+    assert quiet.returncode == 0 and quiet.stderr == "" and quiet.stdout == done.stdout
+    as_json = _run(models, "-p", "The cat", "-n", "12", "--temp", "0.7", "-s", "5", "--draft-max", "3", "--stats-json", "-",
+                   "--quiet")
+    assert as_json.returncode == 0 and json.loads(as_json.stdout)["token_ids"] == stats["token_ids"]
+
+
+def test_the_story_alone_lands_in_the_file_stdout_is_sent_to(tmp_path):
+    """The issue's command as written, on the default virtual boards and the shipped models."""
+    out = tmp_path / "out.txt"
+    with out.open("w") as f:
+        done = subprocess.run([sys.executable, "-m", "specmesh", "run", "-p", "Once upon a time", "-n", "32",
+                               "--stats-json", str(tmp_path / "s.json")], stdout=f, stderr=subprocess.PIPE,
+                              text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    text = json.loads((tmp_path / "s.json").read_text())["text"]
+    assert out.read_text() == "Once upon a time" + text + "\n" and len(text.split()) > 10
+    assert "tokens / s" in done.stderr and "booting" in done.stderr
+
+
+@pytest.mark.parametrize("argv, usage, hint", [
+    (["run", "--temprature", "1"], "usage: specmesh run ", "; did you mean --temperature?"),
+    (["run", "--draft-modle", "x"], "usage: specmesh run ", "; did you mean --draft-model?"),
+    (["chat", "--seeed", "1"], "usage: specmesh chat ", "; did you mean --seed?"),
+    (["emulate", "--bords", "2"], "usage: specmesh emulate ", "; did you mean --boards?"),
+    (["run", "--zzzz"], "usage: specmesh run ", ""),
+])
+def test_an_unknown_flag_gets_the_subcommand_s_usage_and_the_closest_flag(capsys, argv, usage, hint):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(usage)
+    assert err.splitlines()[-1] == "specmesh %s: error: unrecognized arguments: %s%s" % (argv[0], " ".join(argv[1:]),
+                                                                                       hint)

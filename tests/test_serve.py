@@ -1,0 +1,147 @@
+"""`specmesh serve` (host/cli/server.py, host/cli/serve.py) driven by the official `openai` client: greedy text
+equals `specmesh run`'s on virtual boards, streamed (SSE) and not, completions and chat; 16 concurrent streams
+on host back-ends give the texts they give one at a time (greedy and seeded) with batched passes; a client
+killed mid-stream frees its lane for the next request; what does not map is a 4xx naming it."""
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="specmesh serve needs the `serve` extra: pip install -e '.[dev]'")
+openai = pytest.importorskip("openai", reason="the tests drive the server with the `openai` package (dev extra)")
+
+from specmesh import Mesh
+from specmesh.host import backends
+from specmesh.host.cli import registry
+from tests.serve_util import serving
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = "Once upon a time"
+
+
+def client(url: str):
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def run_text():
+    """`specmesh run`'s greedy text on the default virtual boards (run first: the server's boards are the same)."""
+    done = subprocess.run([sys.executable, "-m", "specmesh", "run", "-p", PROMPT, "-n", "24", "--stats-json", "-",
+                           "--quiet"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["text"]
+
+
+@pytest.fixture(scope="module")
+def boards(run_text):
+    with Mesh() as mesh, serving(mesh) as url:  # virtual drafter and verifier boards, as `specmesh run`
+        yield url
+
+
+def test_completions_and_chat_streamed_and_not_give_run_s_greedy_text(run_text, boards):
+    c = client(boards)
+    whole = c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=24)
+    assert whole.choices[0].text == run_text and whole.usage.completion_tokens == 24
+    assert whole.choices[0].finish_reason == "length"
+    figures = whole.model_extra["specmesh"]  # specmesh's extension field
+    assert figures["tokens_per_verification"] >= 1 and {b["role"] for b in figures["boards"]} == {"drafter",
+                                                                                                  "verifier"}
+    chunks = list(c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=24, stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks) == run_text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert any(ch.model_extra.get("specmesh", {}).get("accepted_chars") for ch in chunks)  # drafts were accepted
+    chat = c.chat.completions.create(model="specmesh", messages=[{"role": "user", "content": PROMPT}], max_tokens=24)
+    assert chat.choices[0].message.content == run_text and chat.choices[0].message.role == "assistant"
+    deltas = list(c.chat.completions.create(model="specmesh", messages=[{"role": "user", "content": PROMPT}],
+                                            max_tokens=24, stream=True))
+    assert "".join(d.choices[0].delta.content or "" for d in deltas) == run_text
+    assert [m.id for m in c.models.list().data] == ["specmesh"]
+
+
+def test_curl_shows_the_sse_stream(run_text, boards):
+    done = subprocess.run(["curl", "-sN", boards + "/v1/completions", "-H", "content-type: application/json", "-d",
+                           json.dumps({"prompt": PROMPT, "max_tokens": 24, "stream": True})],
+                          capture_output=True, text=True, timeout=120)
+    events = [line for line in done.stdout.split("\n\n") if line]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    assert "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]) == run_text
+
+
+def test_what_does_not_map_is_a_4xx_naming_it(boards):
+    c = client(boards)
+    for kwargs, status, param in (({"n": 2}, 400, "n"), ({"logprobs": 2}, 400, "logprobs"),
+                                  ({"presence_penalty": 0.5}, 400, "presence_penalty"),
+                                  ({"temperature": -1}, 400, None), ({"model": "gpt-4"}, 404, "model"),
+                                  ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+                                  ({"prompt": PROMPT * 200}, 400, "prompt")):
+        body = {"model": "specmesh", "prompt": PROMPT, "max_tokens": 4, **kwargs}
+        with pytest.raises(openai.APIStatusError) as e:
+            c.completions.create(**body)
+        assert e.value.status_code == status and e.value.body["param"] == param, (kwargs, e.value.body)
+    import urllib.request
+
+    assert json.load(urllib.request.urlopen(boards + "/health"))["status"] == "ok"
+
+
+@pytest.fixture(scope="module")
+def host(models):
+    with Mesh(drafter="cpu", verifier="cpu", models=models, streams=16) as mesh, serving(mesh) as url:
+        yield url, mesh
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_16_concurrent_streams_give_the_texts_they_give_one_at_a_time(host, temperature):
+    url, mesh = host
+    c = client(url)
+    prompts = ["%s %d" % (PROMPT, i) for i in range(16)]
+
+    def one(i: int) -> str:
+        stream = c.completions.create(model="specmesh", prompt=prompts[i], max_tokens=24, temperature=temperature,
+                                      seed=i, stream=True)
+        return "".join(ch.choices[0].text for ch in stream)
+
+    alone = [one(i) for i in range(16)]
+    verifier = mesh._setup._batchers["verifier"]
+    before = verifier.batches, verifier.requests
+    got: list = [None] * 16
+    threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, one(i))) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == alone and len(set(alone)) > 1
+    passes, requests = verifier.batches - before[0], verifier.requests - before[1]
+    assert requests > passes > 0  # the streams' forwards shared passes
+
+
+class Slow(backends.LocalVerifier):
+    """The CPU verifier taking 50 ms a verdict, as a slow board would: 120 tokens take 6 s or more."""
+
+    def verify(self, committed, draft):
+        time.sleep(0.05)
+        return super().verify(committed, draft)
+
+
+def test_a_client_killed_mid_stream_frees_its_lane_for_the_next_request(models, monkeypatch):
+    monkeypatch.setitem(registry.VERIFIERS, "slow", Slow)
+    with Mesh(drafter="cpu", verifier="slow", models=models, gamma="0") as mesh, serving(mesh) as url:
+        assert mesh.streams == 1  # one lane: the next request waits for it
+        port = int(url.rsplit(":", 1)[1])
+        body = json.dumps({"prompt": PROMPT, "max_tokens": 120, "stream": True}).encode()
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        got = b""
+        while got.count(b"data: ") < 3:  # the stream is under way: its lane is taken
+            got += sock.recv(4096)
+        sock.close()  # the client is killed
+        t0 = time.monotonic()
+        done = client(url).completions.create(model="specmesh", prompt="The cat", max_tokens=8)
+        took = time.monotonic() - t0
+        assert done.usage.completion_tokens == 8 and took < 2.0, took  # not the 6 s the killed stream had left

@@ -1,0 +1,47 @@
+"""The live page of `specmesh serve` (host/cli/page.html) in a real headless browser (Debian's `chromium`,
+tests/cdp.py): a prompt typed into the box, the text streamed back equal to the mesh's greedy text, accepted
+drafts marked, and each board's role, class and kernels shown. SPECMESH_PAGE_SHOT=FILE keeps a screenshot
+(docs/serve-page.png is one)."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="specmesh serve needs the `serve` extra: pip install -e '.[dev]'")
+pytest.importorskip("websocket", reason="the browser is driven with websocket-client (dev extra)")
+
+from specmesh import Mesh
+from tests.cdp import browser, chromium
+from tests.serve_util import serving
+
+PROMPT = "The little dog"
+
+
+def test_the_page_streams_a_typed_prompt_s_text_with_drafts_marked_and_the_boards(tmp_path):
+    binary = chromium()
+    if binary is None:
+        pytest.skip("chromium is not installed: apt-get install chromium (.ci/run does)")
+    with Mesh(gamma="4") as mesh:  # virtual drafter and verifier boards; gamma fixed: drafts every round
+        want = mesh.generate(PROMPT, max_tokens=48).text
+        with serving(mesh) as url, browser(binary) as page:
+            page.open(url + "/")
+            page.js("const t = document.getElementById('prompt'); t.focus(); t.select(); true")
+            page.call("Input.insertText", text=PROMPT)  # typed, as a keyboard would
+            page.js("document.getElementById('max_tokens').value = '48'; true")
+            page.js("document.getElementById('go').click(); true")
+            state = page.wait("['done', 'error'].includes(document.body.dataset.state) && document.body.dataset.state")
+            assert state == "done", page.js("document.getElementById('summary').textContent")
+            assert page.js("document.getElementById('text').textContent") == PROMPT + want
+            drafts = page.js("[...document.querySelectorAll('#text .draft')].map(s => s.textContent).join('')")
+            assert drafts and len(drafts) < len(want)  # some text came from accepted drafts, not all
+            rows = page.js("[...document.querySelectorAll('#boards tbody tr')].map(r => [...r.cells].map("
+                           "c => c.textContent))")
+            assert {(r[1], r[2]) for r in rows} == {("verifier", "esp32s3"), ("drafter", "esp32")}
+            assert all(r[3].startswith("native") or r[3].startswith("viper") for r in rows)
+            assert page.js("document.querySelectorAll('#rounds tbody tr').length") > 1
+            page.screenshot(tmp_path / "page.png")
+    assert (tmp_path / "page.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if os.environ.get("SPECMESH_PAGE_SHOT"):
+        shutil.copy(tmp_path / "page.png", Path(os.environ["SPECMESH_PAGE_SHOT"]))

@@ -1,0 +1,165 @@
+"""The session object (host/cli/session.py, `specmesh.Mesh`): a mesh built once serves many generations; its
+text is `specmesh run`'s; streaming gives the same text round by round; a mesh of host back-ends runs streams
+side by side (batched) with the texts each gives alone; a one-lane mesh queues them; chat fails over."""
+
+import io
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from specmesh import Completion, Mesh, Piece
+from specmesh.host import backends
+from specmesh.host.cli import registry
+from specmesh.host.cli.config import UsageError
+from specmesh.host.cli.run import run
+from specmesh.host.cli.chat import chat
+from tests.test_chat import args
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_generate_gives_run_s_text_and_stats_and_a_stream_the_same_text_round_by_round(models):
+    stats = run(args(models, "--max-tokens", "20", "--prompt", "The cat", "--quiet"), io.StringIO())
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        done = mesh.generate("The cat", max_tokens=20)
+        assert isinstance(done, Completion) and done.text == stats["text"] and done.token_ids == stats["token_ids"]
+        assert done.stats["tokens_per_verification"] > 0 and done.stop == stats["stop"]
+        items = list(mesh.stream("The cat", max_tokens=20))
+        pieces, last = items[:-1], items[-1]
+        assert all(isinstance(p, Piece) for p in pieces) and last.text == done.text
+        assert "".join(p.text for p in pieces) == done.text
+        assert sum(p.n_committed for p in pieces) == len(done.token_ids)
+        assert all(0 <= p.accepted <= len(p.text) and (p.n_accepted or not p.accepted) for p in pieces)
+        sampled = [mesh.generate("The cat", max_tokens=12, temperature=0.8, seed=s).text for s in (3, 3, 4)]
+        assert sampled[0] == sampled[1] != sampled[2]
+
+
+def test_leaving_a_stream_early_cancels_it_and_the_mesh_serves_the_next(models):
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        stream = mesh.stream("The cat", max_tokens=100)
+        first = next(stream)
+        stream.close()  # the generation stops after its round; the lane is free again
+        assert isinstance(first, Piece)
+        assert mesh.generate("The cat", max_tokens=5).token_ids == mesh.generate("The cat", max_tokens=5).token_ids
+
+
+def test_bad_options_are_one_line_errors(models):
+    with pytest.raises(TypeError, match="unexpected option 'colour'"):
+        Mesh(verifier="cpu", models=models, colour=True)
+    with pytest.raises(UsageError, match="--max-tokens"):
+        Mesh(verifier="cpu", models=models, max_tokens=0)
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        with pytest.raises(UsageError, match="temperature"):
+            mesh.generate("The cat", temperature=-1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_concurrent_streams_on_host_back_ends_give_the_texts_they_give_alone(models, temperature):
+    prompts = ["The cat", "A dog ran", "Once upon a time", "She said"]
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as alone:
+        want = [alone.generate(p, max_tokens=16, temperature=temperature, seed=i).token_ids
+                for i, p in enumerate(prompts)]
+    with Mesh(drafter="cpu", verifier="cpu", models=models, streams=4) as mesh:
+        got: list = [None] * len(prompts)
+
+        def one(i: int) -> None:
+            got[i] = mesh.generate(prompts[i], max_tokens=16, temperature=temperature, seed=i).token_ids
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == want
+        batcher = mesh._setup._batchers["verifier"]
+        assert batcher.requests > batcher.batches  # some passes served more than one stream
+
+
+def test_a_one_lane_mesh_serves_requests_in_arrival_order_and_a_cancelled_wait_leaves_the_queue(models):
+    with Mesh(drafter="cpu", verifier="cpu", models=models, streams=4) as mesh:
+        assert mesh.streams == 4
+    with Mesh(drafter="cpu", verifier="virtual", models=models, streams=4) as mesh:
+        assert mesh.streams == 1  # a board serves one stream at a time
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        order = []
+        with mesh.lane() as held:
+            gone = threading.Event()
+            gone.set()
+            with mesh.lane(gone) as none:
+                assert none is None and not mesh._waiting  # given up while waiting: out of the queue
+            waiters = []
+            for i in range(3):
+                def wait(i=i):
+                    with mesh.lane():
+                        order.append(i)
+                waiters.append(threading.Thread(target=wait))
+                waiters[-1].start()
+                while len(mesh._waiting) < i + 1:
+                    threading.Event().wait(0.01)
+            assert held is not None and order == []
+        for t in waiters:
+            t.join()
+        assert order == [0, 1, 2]
+
+
+class Failing(backends.LocalVerifier):
+    """The CPU verifier, losing its board after 3 verdicts."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.name, self.calls = "failing", 0
+
+    def verify(self, committed, draft):
+        self.calls += 1
+        if self.calls > 3:
+            raise backends.BackendError("/dev/ttyUSB1: node 2 did not answer VERIFY_REQ within 30 s")
+        return super().verify(committed, draft)
+
+
+def test_chat_fails_over_to_the_cpu_verifier_and_keeps_it_for_the_next_turns(models, monkeypatch, capsys):
+    turns = ["The cat", "Then a dog"]
+    want = io.StringIO()
+    assert chat(args(models, "--max-tokens", "12", "--gamma", "2"), iter(turns), want) == 0
+    capsys.readouterr()
+    monkeypatch.setitem(registry.VERIFIERS, "failing", Failing)
+    out = io.StringIO()
+    a = args(models, "--max-tokens", "12", "--gamma", "2")
+    a.verifier = "failing"
+    assert chat(a, iter(turns), out) == 0
+    assert out.getvalue() == want.getvalue()  # the same turns, word for word
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("specmesh: verifier failing failed (/dev/ttyUSB1") and \
+        "cpu took over at token" in lines[0]  # once: the second turn ran on the cpu verifier taken over
+
+
+def test_python_dash_m_specmesh_is_the_command(models):
+    done = subprocess.run([sys.executable, "-m", "specmesh", "run", "--models", str(models), "--verifier", "cpu",
+                           "--drafter", "cpu", "-p", "The cat", "-n", "8", "--quiet"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert done.returncode == 0 and done.stderr == "" and done.stdout.startswith("The cat"), done.stderr
+
+
+def test_a_free_lane_s_streams_are_idle_so_a_lone_request_s_passes_wait_for_nobody(models):
+    from specmesh.host.backends.arraymath import IntModel
+    from specmesh.host.backends.batcher import Batcher
+
+    batcher = Batcher(IntModel(models / "target.spm"), window_s=60.0)  # a pass waits for every busy stream
+    try:
+        a, b = batcher.open_stream(), batcher.open_stream()
+        batcher.idle(b)
+        assert batcher.submit(a, [1, 2]).result(timeout=10).shape[0] == 2  # b is idle: not waited for
+        batcher.idle(b, False)
+        pending = batcher.submit(a, [3])
+        assert not pending.done() and batcher.submit(b, [1]).result(timeout=10).shape[0] == 1  # both, one pass
+        assert pending.result(timeout=10).shape[0] == 1
+    finally:
+        batcher.close()
+    with Mesh(drafter="cpu", verifier="cpu", models=models, streams=4) as mesh:
+        with mesh.lane(), mesh.lane():  # two lanes opened, both busy, then freed
+            pass
+        verifier = mesh._setup._batchers["verifier"]
+        assert len(verifier._idle) == verifier._streams == 2  # both lanes free again: idle
+        assert mesh.generate("The cat", max_tokens=4).token_ids  # served at once, not after a window per pass
