@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from specmesh.host.boardclasses import ESP32
 from specmesh.shared import codec
+from specmesh.tools.fuzz import keyed_auth
 from specmesh.tools.gen_vectors import mutate
 from specmesh.shared import messages as m
 from specmesh.shared.rule import ONE
@@ -46,11 +47,11 @@ def test_decode_random_bytes_only_raises_codec_errors(data, keyed):
 @FUZZ
 @given(frames, st.booleans())
 def test_valid_frames_round_trip(f, signed):
-    auth = (codec.Auth(b"key"), codec.Auth(b"key")) if signed else (None, None)
+    auth = (keyed_auth(m.HOST, 1), keyed_auth(1, m.HOST)) if signed else (None, None)  # the link's two ends
     data = codec.encode(auth=auth[0], **f)
     assert _same(codec.decode(data, auth[1]), f)
     line = codec.encode_line(data)
-    got = codec.StreamDecoder(auth=codec.Auth(b"key") if signed else None).feed(line)
+    got = codec.StreamDecoder(auth=keyed_auth(1, m.HOST) if signed else None).feed(line)
     assert len(got) == 1 and _same(got[0], f)
 
 

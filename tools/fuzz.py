@@ -78,7 +78,7 @@ NODE_EXCLUDED = (m.RESET, m.CONFIGURE)
 def inputs(r: random.Random, node: bool = False):
     """Endless fuzz inputs (binary frames, mostly invalid); node=True leaves out what ends or moves a node."""
     bodies = [b for b in BODIES if not (node and b[0] in NODE_EXCLUDED)]
-    auth = codec.Auth(KEY)
+    auth = keyed_auth(m.HOST, 1)
     while True:
         mtype, reply, body = r.choice(bodies)
         kind = r.randrange(10)
@@ -95,6 +95,14 @@ def inputs(r: random.Random, node: bool = False):
         yield mutate(r, frame, max_ops=3) if 4 <= kind < 8 else frame
 
 
+def keyed_auth(me: int, peer: int) -> codec.Auth:
+    """Signing state with one session open towards every node id, so signed inputs reach the parsers."""
+    auth = codec.Auth(KEY, 24, 0, me, peer)
+    for node in range(256):
+        auth.sessions[node] = b"fuzz-session-000"
+    return auth
+
+
 def _crash(report: dict, where: str, data: bytes, e: BaseException) -> None:
     report["crashes"] += 1
     if len(report["examples"]) < 5:
@@ -104,7 +112,7 @@ def _crash(report: dict, where: str, data: bytes, e: BaseException) -> None:
 def fuzz_cpython(n: int, seed: int) -> dict:
     r = random.Random(seed)
     report = {"inputs": n, "crashes": 0, "hangs": 0, "slowest_s": 0.0, "examples": []}
-    keyed = codec.Auth(KEY)
+    keyed = keyed_auth(1, m.HOST)
     stream = codec.StreamDecoder(max_line=4096)
     datagram = codec.DatagramDecoder()
     chunk = bytearray()

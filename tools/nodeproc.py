@@ -167,6 +167,15 @@ class NodeProc:
                 if time.monotonic() >= end:
                     raise
 
+    def open(self) -> bytes:
+        """A signed node: open a session (docs/security.md) with a HELLO; `auth` must be a host/bus/proxy.py
+        HostAuth. Returns the HELLO payload."""
+        payload, challenge = self.auth.open_request()
+        body = self.auth.accept(self.node_id, challenge, self.request(m.HELLO, payload).payload)
+        if body is None:
+            raise NodeFailure("the node's HELLO answered no challenge of ours")
+        return body
+
     def view(self, node_id: int) -> NodeProc:
         """The same process seen as a way to another node (a gateway's peer): own node id and seqs."""
         v = copy.copy(self)

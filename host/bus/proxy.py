@@ -13,27 +13,53 @@ so do its replies); those to nodes behind it carry src and dst.
 The retransmission timeout adapts per message type: three times the slowest recent reply time (of
 any type before one of this type was timed; `initial_rto` before any), at least `min_rto`, doubling
 after each retry; replies to resent requests are not timed (Karn's rule: they may answer either copy).
+
+Signed buses (docs/security.md, signing version 2): every HELLO opens a session, carrying this process's
+session id and a fresh challenge; only the node's signed answer to that challenge is taken, and its nonce
+then binds every frame to and from that node. A signed request that the node refused unsigned (a session
+it does not hold: it rebooted) or left unanswered twice opens the session again and goes out re-signed;
+the first time a bus does so it says so on stderr (a delay, never a board's answer).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from specmesh.host.bus.links import LinkError
 from specmesh.shared.codec import BROADCAST, Auth, CodecError, Frame, encode, line_size, resign
-from specmesh.shared.messages import E_COUNTER, ERROR, HOST, NAMES, PING, REPLY_TYPE, unpack_error
+from specmesh.shared.messages import ERROR, HELLO, HOST, NAMES, REPLY_TYPE, pack_open_req, split_open, unpack_error
 
 
 class HostAuth(Auth):
-    """The host's signing state (shared.codec.Auth) plus what its nonce handshake needs."""
+    """The host's signing state (shared.codec.Auth): this end is the host, with a random session id of its own."""
 
-    def fresh(self, src: int | None, counter: int) -> None:
-        """`counter` signed the echo of a fresh nonce: refuse every older counter from `src` (a first frame
-        is otherwise taken at any counter, and this process may be newer than recordings of `src`)."""
-        self._seen[src] = [counter, (1 << self.window) - 1]
+    def __init__(self, key: bytes, window: int = 24):
+        super().__init__(key, window, 0, HOST)
+        self.session_id = os.urandom(8)
+
+    def open_request(self) -> tuple[bytes, bytes]:
+        """(payload of a signed HELLO, its challenge)."""
+        challenge = os.urandom(8)
+        return pack_open_req(self.session_id, challenge), challenge
+
+    def accept(self, node: int, challenge: bytes, payload: bytes) -> bytes | None:
+        """The HELLO payload of `node`'s signed answer to `challenge`, after opening the session it proposes
+        (its nonce with this host's session id; this host then signs above the node's counter floor); None if
+        it answers another challenge (a recording) or has no session tail."""
+        try:
+            body, got, nonce, floor = split_open(payload)
+        except CodecError:
+            return None
+        if got != challenge:
+            return None
+        self.open(node, nonce + self.session_id)
+        self.counter = max(self.counter, floor)
+        return body
 
 
 class ProxyError(Exception):
@@ -57,6 +83,7 @@ class _Waiter:
     event: threading.Event
     node: int
     reply: Frame | None = None
+    challenge: bytes | None = None  # a signed HELLO's: only the answer to it is taken
 
 
 class Bus:
@@ -65,12 +92,15 @@ class Bus:
     def __init__(self, link, min_rto: float = 0.05, deadline: float = 60.0, auth=None, initial_rto: float = 3.0,
                  peer: int | None = None):
         self.link = link
+        self.auth = auth
         self.peer = peer  # node id at the link's other end (None: unknown, every request is addressed)
         self.min_rto = min_rto
         self.initial_rto = initial_rto  # before any reply of a type was timed
         self.deadline = deadline
-        self.auth = auth
         self.retransmits = 0
+        self.reopens = 0  # sessions opened again after a refusal or silence (signed buses)
+        self.say: Callable[[str], None] = lambda line: print(line, file=sys.stderr)
+        self._refused: dict[int, float] = {}  # per node: when an unsigned refusal last came (a hint, never an answer)
         self.send_error: str | None = None  # the link could not be written (its board died): calls fail
         self.stale_replies = 0  # duplicates and replies that came after their caller gave up
         self.bytes: dict[int, int] = {}  # per node: bytes of its requests and replies on this link
@@ -81,7 +111,25 @@ class Bus:
         self._waiting: dict[int, _Waiter] = {}  # by seq
         self._slowest: dict[int, float] = {}  # per message type: recent slowest reply time (decays)
         link.on_frame = self._on_frame
+        if auth is not None:
+            link.on_refusal = self._on_refusal
         link.watch(self._wake_all)  # a link that fails (a key mismatch, a half-flashed board) ends the calls at once
+
+    @property
+    def peer(self) -> int | None:
+        return self._peer
+
+    @peer.setter
+    def peer(self, node: int | None) -> None:
+        self._peer = node
+        if self.auth is not None:
+            self.auth.peer = node  # address-less frames are bound to it (codec.Auth.ends)
+
+    def _on_refusal(self, src: int | None) -> None:
+        """An unsigned refusal on an authenticated link: perhaps our session is gone (a hint only)."""
+        node = self.peer if src is None else src
+        if node is not None:
+            self._refused[node] = time.perf_counter()
 
     def _wake_all(self) -> None:
         with self._lock:
@@ -98,7 +146,7 @@ class Bus:
         src = self.peer if f.src is None else f.src
         with self._lock:
             w = self._waiting.get(f.seq)
-            if w is not None and w.node in (src, BROADCAST):
+            if w is not None and w.node in (src, BROADCAST) and self._opens(w, f, src):
                 del self._waiting[f.seq]
             else:
                 w = None
@@ -109,6 +157,19 @@ class Bus:
             return
         w.reply = f
         w.event.set()
+
+    def _opens(self, w: _Waiter, f: Frame, src: int | None) -> bool:  # on the link's reader thread
+        """Whether `f` answers `w`: a signed HELLO's answer must carry its challenge; it then opens the session
+        (the node's nonce with this process's session id) and this host signs above the node's counter floor."""
+        if w.challenge is None or self.auth is None or src is None:
+            return True
+        if f.mtype != HELLO:
+            return f.mtype == ERROR
+        body = self.auth.accept(src, w.challenge, f.payload)
+        if body is None:
+            return False  # a recorded answer to another HELLO
+        f.payload = body
+        return True
 
     def _rto(self, mtype: int) -> float:
         """Three times the slowest recent reply of this type; before one was timed, of any type."""
@@ -124,6 +185,8 @@ class Bus:
             self._seq = (self._seq + 1) & 0xFF
             seq = self._seq
             w = _Waiter(threading.Event(), node)
+            if self.auth is not None and mtype == HELLO and not payload:
+                payload, w.challenge = self.auth.open_request()
             self._waiting[seq] = w
         addr = node != self.peer
         frame = encode(mtype, payload, src=HOST if addr else None, dst=node if addr else None, seq=seq,
@@ -145,17 +208,19 @@ class Bus:
         """Send a request to `node` and return its reply frame."""
         return self.start(node, mtype, payload, session, deadline).result()
 
-    def handshake(self, node: int) -> None:
-        """With signing: PING `node` with a random nonce; its signed echo proves that counter fresh, so
-        replies recorded earlier (a new host process takes a first frame at any counter) are refused."""
-        if self.auth is None:
-            return
-        nonce = os.urandom(8)
-        reply = self.request(node, PING, nonce)
-        if reply.payload != nonce:
-            raise ProxyError("node %d echoed another nonce: a replayed frame, or a second host on this key"
-                             % node)
-        self.auth.fresh(reply.src, reply.counter)  # the replay window is keyed by src (None: the peer)
+    def reopen(self, node: int, end: float) -> None:
+        """Open the session with `node` again (a HELLO): it refused this host's frames unsigned or did not answer
+        (it rebooted, or someone on the bus is in the way). Says so on stderr the first time on this bus."""
+        if not self.reopens:
+            self.say("specmesh: %s: node %d refused or left unanswered a signed request; opening its session again "
+                     "(the board rebooted, or someone is sending on the bus: a delay, nothing is taken from it)"
+                     % (getattr(self.link, "port", "bus"), node))
+        self.reopens += 1
+        try:
+            self.request(node, HELLO,
+                         deadline=max(0.05, min(self.initial_rto, end - time.perf_counter())))
+        except ProxyError:
+            pass  # the request goes out again anyway, and its deadline decides
 
     def _timeout_message(self, node: int, mtype: int, err: str | None) -> str:
         if err:
@@ -184,20 +249,22 @@ class Call:
         bus, w = self.bus, self.waiter
         rto = bus._rto(self.mtype)
         retried = False
+        last = self.sent
         try:
-            while True:
-                while bus.send_error or not w.event.wait(max(0.0, min(self.sent + rto, self.end)
-                                                             - time.perf_counter())) or w.reply is None:
-                    err = getattr(bus.link, "error", None) or bus.send_error
-                    if err or time.perf_counter() >= self.end:
-                        raise NodeTimeout(bus._timeout_message(self.node, self.mtype, err))
-                    bus.retransmits += 1
-                    retried = True
-                    rto *= 2
-                    bus.send(self.node, self.frame)
-                if not self._stale_counter():
-                    break
-                retried = True  # sent again, re-signed: its reply times nothing (Karn)
+            while bus.send_error or not w.event.wait(max(0.0, min(self.sent + rto, self.end)
+                                                         - time.perf_counter())) or w.reply is None:
+                err = getattr(bus.link, "error", None) or bus.send_error
+                if err or time.perf_counter() >= self.end:
+                    raise NodeTimeout(bus._timeout_message(self.node, self.mtype, err))
+                bus.retransmits += 1
+                rto *= 2
+                if bus.auth is not None and self.mtype != HELLO and (
+                        retried or bus._refused.get(self.node, 0.0) > last):
+                    bus.reopen(self.node, self.end)  # refused unsigned since sent, or silent twice
+                    self.frame = resign(self.frame, bus.auth)
+                retried = True
+                last = time.perf_counter()
+                bus.send(self.node, self.frame)
         finally:
             with bus._lock:
                 if bus._waiting.get(self.seq) is w:
@@ -214,29 +281,6 @@ class Call:
         if reply.mtype != REPLY_TYPE.get(self.mtype, self.mtype):
             raise ProxyError("node %d answered %s with %s" % (self.node, _name(self.mtype), _name(reply.mtype)))
         return reply
-
-    def _stale_counter(self) -> bool:
-        """An E_COUNTER ERROR (this host signed below what the node saw from an earlier host process):
-        continue above the node's highest counter and send the request again, re-signed."""
-        bus, w = self.bus, self.waiter
-        reply = w.reply
-        if bus.auth is None or reply is None or reply.mtype != ERROR or time.perf_counter() >= self.end:
-            return False
-        code, message = _error_body(reply.payload)
-        if code != E_COUNTER:
-            return False
-        try:
-            highest = int(message)
-        except ValueError:
-            return False
-        bus.auth.counter = max(bus.auth.counter, highest & 0xFFFFFFFF)
-        w.reply = None
-        w.event.clear()
-        with bus._lock:
-            bus._waiting[self.seq] = w
-        self.frame = resign(self.frame, bus.auth)
-        bus.send(self.node, self.frame)
-        return True
 
 
 def _name(mtype: int) -> str:

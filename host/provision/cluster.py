@@ -87,13 +87,7 @@ def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None
 
 
 def _backend(kind: str, bus: Bus, node: int, where: str):
-    """The board back-end for `node` on `bus`, after a signed nonce handshake when the bus signs."""
-    from specmesh.host.bus.proxy import ProxyError  # noqa: PLC0415
-
-    try:
-        bus.handshake(node)
-    except ProxyError as e:
-        raise BackendError("%s: %s" % (where, e)) from None
+    """The board back-end for `node` on `bus` (its HELLO opens the signed session when the bus signs)."""
     return BACKEND[kind](Proxy(bus, node), where)
 
 
