@@ -221,7 +221,7 @@ class EspNowLink:
             if not self._add(mac, lmk) and self._add(mac, None):
                 print("specmesh: ESP-NOW peer %d unencrypted (no room for another encrypted peer)" % nid)
         self._add(self.BROADCAST_MAC, None)
-        self._dec = _RawDatagrams(stale_after=64)
+        self._dec = _RawDatagrams(stale_after=64, senders=set(peers.values()))  # slots per configured peer only
         self.errors = self._dec.errors
         self.closed = False
         self._msg_id = 0

@@ -33,11 +33,13 @@ Stream links (USB-serial, UART), one frame per line, printable ASCII only:
         handed to on_text(line) if given). A line longer than max_line is discarded (.errors["overflow"]).
 
 Datagram links (ESP-NOW): fragment(frame, msg_id, mtu=250) -> [packet, ...]
-    DatagramDecoder(auth=None, max_partial=4, max_size=4096, stale_after=64).feed(packet, sender=0)
+    DatagramDecoder(auth=None, max_partial=4, max_size=4096, stale_after=64, senders=None).feed(packet, sender=0)
         -> Frame or None. Reassembles fragments (b"\\xfe" + msg_id u16 + index u8 + count u8 + chunk)
-        with reordering and duplicates; a partial message is dropped once `stale_after` packets have
-        arrived since its last fragment, or when more than `max_partial` are pending (oldest first),
-        or as soon as its fragments hold more than `max_size` bytes (counted as "BadLength").
+        with reordering and duplicates, in slots per sender: a partial message is dropped once
+        `stale_after` packets have arrived since its last fragment, or when its sender has more than
+        `max_partial` pending (its oldest first: another sender's fragments never evict it), or as soon as
+        its fragments hold more than `max_size` bytes (counted as "BadLength"). With `senders` (the
+        configured peers' addresses), fragments from any other sender take no slot ("stranger").
 
 Decoders never raise out of feed(): they count errors per kind in `.errors` (keys: class names of
 CodecError subclasses, plus "text" and "overflow") and `.frames` good frames.
@@ -63,6 +65,7 @@ BROADCAST = 255
 FRAG_MARK = 0xFE
 FRAG_HEADER = 5
 DEFAULT_MTU = 250
+MAX_SLOTS = 32  # partial datagram messages held at most, all senders together (each sender: max_partial)
 MAX_LINE = 4096  # longest frame line a stream link accepts (a DRAFT of 8 drafts x top-32 is about 1 KB)
 
 VERSION = 2  # signing version: the first byte of every tag's context (docs/security.md)
@@ -492,9 +495,10 @@ def fragment(frame, msg_id, mtu=DEFAULT_MTU):
 class DatagramDecoder(_Decoder):
     """Decoder of datagram packets: whole frames and fragments, with bounded reassembly state."""
 
-    def __init__(self, auth=None, max_partial=4, max_size=4096, stale_after=64):
+    def __init__(self, auth=None, max_partial=4, max_size=4096, stale_after=64, senders=None):
         _Decoder.__init__(self, auth)
-        self.max_partial = max_partial
+        self.senders = senders  # None: any sender may hold partial messages
+        self.max_partial = max_partial  # per sender
         self.max_size = max_size
         self.stale_after = stale_after
         self._partial = {}  # (sender, msg_id) -> [count, parts list, received, last tick, bytes held]
@@ -532,11 +536,21 @@ class DatagramDecoder(_Decoder):
         key = (sender, msg_id)
         st = self._partial.get(key)
         if st is None:
-            if len(self._partial) >= self.max_partial:
-                oldest = None
-                for k in self._partial:
+            if self.senders is not None and sender not in self.senders:
+                self._count("stranger")
+                return None
+            oldest = None
+            held = 0
+            for k in self._partial:
+                if k[0] == sender:
+                    held += 1
                     if oldest is None or self._partial[k][3] < self._partial[oldest][3]:
                         oldest = k
+            if held >= self.max_partial or len(self._partial) >= MAX_SLOTS:  # its own oldest, else the oldest
+                if held < self.max_partial:
+                    for k in self._partial:
+                        if oldest is None or self._partial[k][3] < self._partial[oldest][3]:
+                            oldest = k
                 del self._partial[oldest]
                 self._count("stale")
             st = [count, [None] * count, 0, self._tick, 0]

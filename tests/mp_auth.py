@@ -125,7 +125,24 @@ def counter_range():
     raise AssertionError("signed past the last counter")
 
 
-for attack in (replayed_begin, unsigned_and_type0, cross_link, second_run, counter_range):
+def reassembly_slots():
+    """7: spoofed fragments from other MACs never evict a configured peer's partial message, and a stranger's
+    take no slot at all."""
+    peer, other = b"\x02" * 6, b"\x06" * 6
+    frame = codec.encode(m.PING, bytes(600), 1, HOST, 1)
+    real = codec.fragment(frame, 9)
+    for senders in (None, [peer]):
+        d = codec.DatagramDecoder(max_partial=4, senders=senders)
+        assert d.feed(real[0], peer) is None
+        for i in range(8):
+            d.feed(codec.fragment(codec.encode(m.PING, bytes(600), 1, HOST, 1), 100 + i)[0], other)
+        assert d.pending() == (5 if senders is None else 1)
+        assert d.feed(real[1], peer) is None and d.feed(real[2], peer).payload == bytes(600)
+        if senders is not None:
+            assert d.errors.get("stranger") == 8
+
+
+for attack in (replayed_begin, unsigned_and_type0, cross_link, second_run, counter_range, reassembly_slots):
     try:
         attack()
         print(attack.__name__, "ok")

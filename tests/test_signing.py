@@ -71,7 +71,7 @@ def test_codec_attacks_fail_under_both_runtimes(micropython):
         out = subprocess.run([exe, "tests/mp_auth.py"], cwd=ROOT, capture_output=True, text=True, timeout=120)
         lines = out.stdout.splitlines()
         assert lines == [name + " ok" for name in ("replayed_begin", "unsigned_and_type0", "cross_link",
-                                                   "second_run", "counter_range")], (exe, out.stdout, out.stderr)
+                                                   "second_run", "counter_range", "reassembly_slots")], (exe, out.stdout, out.stderr)
 
 
 def _refusal(node: NodeProc, seq: int) -> codec.Frame:
