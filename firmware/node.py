@@ -19,8 +19,9 @@ saves them in the board config. RESET replies ACK and ends `run()`, back to the 
 
 Signing (docs/security.md, version 2): a keyed node answers a signed HELLO with a fresh nonce that, with the
 host's session id, binds every later frame of the session; it keeps its counter in RAM and reserves blocks
-of counters in the board config ("ctr": the first counter a later boot may use), one flash write per boot
-and per block, and stops signing before the counter's range ends. Frames it cannot authenticate get an
+of counters in its key file ("ctr": the first counter a later boot may use; config.KEY_PATH), one flash
+write per boot and per block, and signs nothing beyond what that file reserved: not past the end of the
+range, nor past a block it could not save. Frames it cannot authenticate get an
 unsigned refusal (at most one per 250 ms) and cost it no counter.
 """
 
@@ -91,13 +92,16 @@ def _caps(engine):
 class Node:
     """A bus node: config, role, links, reply cache and counters."""
 
-    def __init__(self, cfg, links, config_path=config.PATH, load_error=None):
+    def __init__(self, cfg, links, config_path=config.PATH, load_error=None, key=None, key_path=config.KEY_PATH):
+        """`key`: (deployment key, counter floor) of the key file (config.load_key), None without one."""
         self.cfg = cfg
         self.config_path = config_path
+        self.key_path = key_path
         self.links = links
         self.node_id = cfg["node_id"]
-        self.auth = codec.Auth(bytes.fromhex(cfg["key"]), 24, cfg.get("ctr", 0), self.node_id, HOST) if cfg.get(
-            "key") else None
+        self.key = key[0] if key else None
+        self.auth = codec.Auth(key[0], 24, key[1], self.node_id, HOST) if key else None
+        self._floor = key[1] if key else 0  # the counter the key file lets a later boot start at
         self.spent = False  # the key's counters are used up: nothing more is signed
         self.stats = {}
         for k in STAT_KEYS:
@@ -144,7 +148,7 @@ class Node:
                     if raw is not None:
                         busy = True
                         self.on_frame(raw, link)  # signs at most two frames (a HELLO's nonce and reply)
-                        if self.auth is not None and self.auth.counter + 4 > self.cfg["ctr"] and not self.spent:
+                        if self.auth is not None and self.auth.counter + 4 > self._floor and not self.spent:
                             self._reserve()
                 except MemoryError:  # a frame too large for the heap left: refuse it if it says to whom
                     self.stats["bad_frames"] += 1
@@ -161,19 +165,19 @@ class Node:
                 time.sleep_ms(1)
 
     def _reserve(self):
-        """Reserve the next block of signing counters in the board config (a later boot starts above it)."""
-        cfg = self.cfg
-        if self.auth.counter + 4 >= codec.LAST_COUNTER:  # the range is used up (a request signs at most 2)
+        """Reserve the next block of signing counters in the key file (a later boot starts above it); signing
+        stops at the last block saved (on_frame), and for good before the range ends."""
+        auth = self.auth
+        if auth.counter + 4 >= codec.LAST_COUNTER:  # the range is used up (a request signs at most 2)
             self.spent = True
-            cfg["ctr"] = codec.LAST_COUNTER  # a later boot signs nothing either
-            self.auth.counter = codec.LAST_COUNTER
-            _say(m.KEY_SPENT)
-        else:  # the last block ends at the range's end
-            cfg["ctr"] = min(self.auth.counter + _CTR_BLOCK, codec.LAST_COUNTER)
+            auth.counter = codec.LAST_COUNTER  # a later boot signs nothing either
+            _say(m.KEY_WHY[3])
+        floor = codec.LAST_COUNTER if self.spent else min(auth.counter + _CTR_BLOCK, codec.LAST_COUNTER)
         try:
-            config.save(cfg, self.config_path)
+            config.save_key(self.key, floor, self.key_path)
+            self._floor = floor
         except (OSError, MemoryError, config.ConfigError) as e:
-            _say("signing counters not saved (%s): after a reboot the host refuses this node until a new run" % e)
+            _say("signing counters not saved (%s): signing stops at %d" % (e, self._floor))
 
     def _idle_step(self):
         """Background work of the role (pipelined drafting); paused after a MemoryError until the next request."""
@@ -225,16 +229,16 @@ class Node:
         if f.reply:
             self.stats["stray"] += 1
             return
-        if self.spent:  # authentic, but nothing more can be signed: the host says so (a new key)
-            self._refuse(raw, E_KEY, m.KEY_SPENT, link)
+        if self.spent or self.auth is not None and self.auth.counter + 2 > self._floor:  # nothing left to sign with
+            self._refuse(raw, E_KEY, m.KEY_WHY[3] if self.spent else "signing counters not saved", link)
             return
         self._request(f, link)
 
     def _refuse_key(self, raw, link):
         """Unsigned ERROR E_KEY to a frame refused for its signature, saying why (the host's key-mismatch
         diagnosis reads it before its link authenticated, and nothing after)."""
-        why = (m.KEY_NONE if self.auth is None else m.KEY_WANTED if not raw[0] & codec.FLAG_SIGNED else
-               m.KEY_SPENT if self.spent else m.KEY_OTHER)
+        why = (m.KEY_WHY[0] if self.auth is None else m.KEY_WHY[1] if not raw[0] & codec.FLAG_SIGNED else
+               m.KEY_WHY[3] if self.spent else m.KEY_WHY[2])
         self._refuse(raw, E_KEY, why, link)
 
     def _refuse_big(self, raw, head, link):
@@ -431,22 +435,24 @@ class Node:
                             kernelpick.describe(e.kernels if e else kernelpick.pick()[1])[:128])
 
     def _open(self, args):
-        """A keyed node's HELLO tail: a fresh nonce proposed as the session with the host's id `args[0]`
-        (current once a request verifies under it), the challenge `args[1]` and the highest host counter
-        taken this boot. The nonce is HMAC(key, a counter never used before + urandom where the port has it)."""
+        """A keyed node's HELLO tail for the request payload `args[0]` (the host's session id, a challenge): a
+        fresh nonce proposed as the session with that id (current once a request verifies under it), the
+        challenge and the highest host counter taken this boot. The nonce is HMAC(key, a counter never used
+        before + urandom where the port has it)."""
         auth = self.auth
-        if auth is None:
+        p = args[0]
+        if auth is None and not p:
             return b""
-        if not args:
-            raise Refused(E_MESSAGE, "a signed HELLO carries a session id and a challenge (signing version 2)")
+        if auth is None or len(p) != 16:
+            raise Refused(E_MESSAGE, "HELLO: no payload, or signed a session id and a challenge")
         try:
             import os
             rnd = os.urandom(8)
         except (ImportError, AttributeError):
             rnd = b""
         nonce = auth.derive(b"specmesh nonce" + struct.pack("<I", auth.next_counter()) + rnd)[:8]
-        auth.pending[self.node_id] = nonce + args[0]
-        return m.pack_open(args[1], nonce, auth._seen.get(HOST, (0,))[0])
+        auth.pending[self.node_id] = nonce + p[:8]
+        return p[8:] + nonce + struct.pack("<I", auth._seen.get(HOST, (0,))[0])  # messages: the HELLO tail
 
     def _stats(self):
         st = self.stats

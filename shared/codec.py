@@ -19,8 +19,7 @@ Frame API (a compact header: type and flags in one byte, then only the fields th
         seen from its sender then makes current. OPEN_TYPE frames pass no replay window.
         A receiver that holds an Auth rejects unsigned frames; one without rejects signed frames; the tag is
         checked before the type, so nothing unauthenticated is ever answered as a request.
-        `auth.open(node, session)` makes a session current (and resets node's window); `auth.forget(src)`
-        resets a sender's window; next_counter() raises BadAuth rather than wrap (LAST_COUNTER).
+        `auth.forget(src)` resets a sender's window; next_counter() raises BadAuth rather than wrap (LAST_COUNTER).
         `auth.derive(label)` -> 16 bytes of HMAC-SHA256(key, label): keys of other layers bound to the
         deployment key (the ESP-NOW PMK and LMKs, firmware/links.py).
     resign(frame, auth) -> bytes: a signed frame with a fresh counter under the current session; retransmit
@@ -180,18 +179,13 @@ class Auth:
                 self.sessions.get(b if a == HOST_ID else a) or NO_SESSION)
         return bytes((VERSION, a, b)) + session
 
-    def open(self, node, session):
-        """Sign and check the frames to and from `node` under `session` from now on (a fresh replay window)."""
-        self.sessions[node] = session
-        self._seen.pop(node, None)
-
     def derive(self, label):
         """A 16-byte key for another layer: HMAC-SHA256(key, label) truncated."""
         return self._hmac(label)[:16]
 
     def next_counter(self):
         if self.counter >= LAST_COUNTER - 1:
-            raise BadAuth("the signing counters of this key are used up: make a new key (specmesh keygen)")
+            raise BadAuth("counters used up")
         self.counter += 1
         return self.counter
 
@@ -355,11 +349,10 @@ def _verify(auth, frame, mv, end, size, mtype, counter):
     if cur is None or auth.tag(data, auth.context(frame, True, cur)) != tag:
         prop = auth.pending.get(node)
         if prop is None or auth.tag(data, auth.context(frame, True, prop)) != tag:
-            raise BadAuth("bad authentication tag" if cur is not None or prop is not None else
-                          "no session open with node %d (a HELLO opens one)" % node)
+            raise BadAuth("bad authentication tag" if cur or prop else "no session (a HELLO opens one)")
         st = auth._seen.get(src)
         if st is not None and counter <= st[0]:  # a session opens only above every counter taken from src
-            raise Replay("counter %d from node %s opens no session" % (counter, src))
+            raise Replay("counter %d opens no session" % counter)
         auth.sessions[node] = auth.pending.pop(node)
     auth.check_replay(src, counter)
 

@@ -7,9 +7,9 @@ Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `
 
     HELLO       request: b""                      reply: pack_hello(fw, board, role, model, vocab,
                                                          max_seq, heap_free, caps, max_gamma, kernels) / unpack_hello
-                signed (docs/security.md): the request is pack_open_req(session_id, challenge) and the reply
-                ends with pack_open(challenge, nonce, floor): split_open(reply payload) -> (hello payload,
-                challenge, nonce, floor); both signed without a session (codec.OPEN_TYPE)
+                signed (docs/security.md): the request is the host's session id and a challenge (8 bytes
+                each), the reply ends with the challenge, a nonce and a counter floor (20 bytes, below);
+                both signed without a session (codec.OPEN_TYPE)
     CONFIGURE   pack_configure(role, node_id, model) / unpack_configure -> (role, node_id, model)
     BEGIN       pack_begin(seed, temp_milli, draft_top_k, target_top_k, top_p_q16, eos, prompt)
                 unpack_begin -> (seed, temp_milli, draft_top_k, target_top_k, top_p_q16, eos, prompt)
@@ -41,10 +41,10 @@ Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `
 
 import struct
 
-from .codec import OPEN_TYPE, BadFrame, BadLength
+from .codec import BadFrame, BadLength
 from .rule import ONE
 
-HELLO = OPEN_TYPE  # 0x01: the exchange that opens a signed session (shared/codec.py)
+HELLO = 0x01  # codec.OPEN_TYPE: the exchange that opens a signed session
 CONFIGURE = 0x02
 BEGIN = 0x03
 DRAFT_REQ = 0x04
@@ -95,13 +95,13 @@ E_INTERNAL = 6  # anything else: a bug (the session is dropped)
 # 7 was the stale-counter answer of signing version 1 (signing version 2 has no counter resynchronisation)
 E_KEY = 8  # a frame refused for its signature (unsigned to a keyed node, signed to an unkeyed one, a bad tag or
 # a session the node does not hold, the key's counters used up); never signed: a refusal gives an attacker nothing
-# the node's words for E_KEY refusals (the host's key-mismatch diagnosis reads them, host/bus/links.py)
-KEY_NONE = "signed frame; this node holds no key"
-KEY_OTHER = "bad tag: another key, or a session this node does not hold"
-KEY_WANTED = "unsigned frame; this node holds a key"
-KEY_SPENT = "the signing counters of this node's key are used up: flash a new key (specmesh keygen)"
-OPEN_REQ = 16  # a signed HELLO request: the host's session id (8 bytes) and a random challenge (8)
-OPEN_TAIL = 20  # what a signed HELLO reply ends with: the challenge, the node's nonce (8), a u32 counter floor
+# the node's words for E_KEY refusals, by KEY_* index (the host's key-mismatch diagnosis reads them,
+# host/bus/links.py): a signed frame to a node without a key, an unsigned one to a keyed node, a bad tag, spent
+KEY_WHY = ("signed; no key here", "unsigned; a key here", "bad tag: another key, or no such session",
+           "key's counters used up: flash a new key")
+# A signed HELLO request holds the host's session id (8 bytes) and a random challenge (8); its reply ends with 20
+# bytes: the challenge, the node's nonce (8), the u32 highest host counter it took this boot (packed by
+# firmware/node.py, read by host/bus/proxy.py: no function here, each name costs a board's heap)
 
 MAX_GAMMA = 32  # most drafts a node holds and a DRAFT_REQ may ask for; a node's HELLO reports its own limit
 
@@ -211,35 +211,6 @@ def unpack_hello(payload):
     kernels = r.str()
     r.end()
     return fw, board, role, model, vocab, max_seq, heap_free, caps, max_gamma, kernels
-
-
-def pack_open_req(session_id, challenge):
-    """A signed HELLO's request payload: the host's session id and its challenge, 8 bytes each."""
-    if len(session_id) != 8 or len(challenge) != 8:
-        raise BadLength("session id and challenge take 8 bytes each")
-    return bytes(session_id) + bytes(challenge)
-
-
-def pack_open(challenge, nonce, floor):
-    """The tail a keyed node appends to its HELLO reply: the request's challenge, the nonce of the session it
-    proposes, and the highest counter it took from the host this boot (the host signs above it)."""
-    return bytes(challenge) + bytes(nonce) + struct.pack("<I", floor)
-
-
-def split_open(payload):
-    """(hello payload, challenge, nonce, floor) of a signed HELLO reply; BadLength if it has no tail."""
-    n = len(payload) - OPEN_TAIL
-    if n < 0:
-        raise BadLength("a signed HELLO reply ends with %d bytes of session" % OPEN_TAIL)
-    return bytes(payload[:n]), bytes(payload[n:n + 8]), bytes(payload[n + 8:n + 16]), \
-        struct.unpack_from("<I", payload, n + 16)[0]
-
-
-def _hello_req(payload):
-    """HELLO's request: empty, or (signed) a session id and a challenge."""
-    if len(payload) not in (0, OPEN_REQ):
-        raise BadLength("a HELLO request holds 0 or %d bytes, not %d" % (OPEN_REQ, len(payload)))
-    return (bytes(payload[:8]), bytes(payload[8:])) if payload else ()
 
 
 def pack_configure(role, node_id, model):
@@ -586,7 +557,7 @@ def _ping(payload):
 # (request unpacker, reply unpacker) per message type; None where that direction is not used.
 # A request answered by "ACK" in the contract gets a reply frame of type ACK.
 _UNPACK = {
-    HELLO: (_hello_req, unpack_hello),
+    HELLO: (_ping, unpack_hello),  # a signed one: session id + challenge, checked by the node
     CONFIGURE: (unpack_configure, None),
     BEGIN: (unpack_begin, None),
     DRAFT_REQ: (unpack_draft_req, None),

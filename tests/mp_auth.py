@@ -34,7 +34,7 @@ def open_session(host, node, node_id, session_id, nonce):
     the node proposes nonce + session id, the host opens it, the node takes it at the host's first request."""
     node.pending[node_id] = nonce + session_id
     floor = node._seen.get(HOST, (0,))[0]
-    host.open(node_id, nonce + session_id)
+    host.sessions[node_id] = nonce + session_id  # (host/bus/proxy.py HostAuth.open)
     host.counter = max(host.counter, floor)
     codec.decode(codec.encode(m.PING, b"first", HOST, node_id, 0, auth=host), node)  # the node takes it
 

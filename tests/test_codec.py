@@ -71,7 +71,7 @@ def test_decode_rejects_unknown_type_and_a_second_form_of_session_0():
 def _opened(node, *auths):
     """Auths with one session open towards `node` (what a signed HELLO leaves, docs/security.md)."""
     for a in auths:
-        a.open(node, b"nonce-01session")
+        a.sessions[node] = b"nonce-01session"
     return auths
 
 

@@ -93,7 +93,7 @@ def test_keyed_node_refuses_unsigned_forged_wrong_key_and_replayed_frames_unsign
         assert node.reply(seq_of(first)).payload == b"first"
         node.send(codec.encode(m.PING, b"plain", src=0, dst=1, seq=200))  # unsigned
         err = _refusal(node, 200)
-        assert err.counter == 0 and m.unpack_error(err.payload) == (m.E_KEY, m.KEY_WANTED)
+        assert err.counter == 0 and m.unpack_error(err.payload) == (m.E_KEY, m.KEY_WHY[1])
         time.sleep(0.3)  # one refusal per 250 ms
         zero = bytearray(codec.encode(m.PING, b"", src=0, dst=1, seq=201))  # type 0: refused for its tag
         zero[0] &= 0xF0
@@ -135,7 +135,7 @@ def test_a_rebooted_node_opens_a_new_session_and_its_old_frames_stay_refused(mic
         old.append(codec.encode(f.mtype, f.payload, f.src, f.dst, f.seq, f.session, True, _clone(host, f.counter)))
     top = old[-1]
     node.close()
-    reserved = json.loads((board / "specmesh.json").read_text())["ctr"]
+    reserved = json.loads((board / "specmesh.key").read_text())["ctr"]
     node = NodeProc(micropython, board, None, auth=host)  # rebooted: its RAM state is gone
     try:
         late = node.frame(m.PING, b"late")
@@ -177,7 +177,7 @@ def test_keyed_node_walks_to_the_end_of_its_counter_range_then_signs_nothing(mic
                 f = node.frame(m.PING, b"walk")
                 node.send(f)
                 err = _refusal(node, seq_of(f))
-                assert m.unpack_error(err.payload) == (m.E_KEY, m.KEY_SPENT) and err.counter == 0
+                assert m.unpack_error(err.payload) == (m.E_KEY, m.KEY_WHY[3]) and err.counter == 0
                 break
             assert got.payload == b"walk"
             counters.append(got.counter)
@@ -185,14 +185,44 @@ def test_keyed_node_walks_to_the_end_of_its_counter_range_then_signs_nothing(mic
         node.close()
     assert counters == sorted(set(counters)) and codec.LAST_COUNTER - 20 < counters[0]
     assert codec.LAST_COUNTER - 8 <= counters[-1] < codec.LAST_COUNTER
-    assert any(m.KEY_SPENT in t.decode() for t in node.text)
-    assert json.loads((board / "specmesh.json").read_text())["ctr"] == codec.LAST_COUNTER
+    assert any(m.KEY_WHY[3] in t.decode() for t in node.text)
+    assert json.loads((board / "specmesh.key").read_text())["ctr"] == codec.LAST_COUNTER
     node = NodeProc(micropython, board, None, auth=HostAuth(KEY))  # a later boot
     try:
-        hello = node.frame(m.HELLO, m.pack_open_req(b"s" * 8, b"c" * 8))
+        hello = node.frame(m.HELLO, b"s" * 8 + b"c" * 8)
         node.send(hello)
         err = _refusal(node, seq_of(hello))
-        assert m.unpack_error(err.payload) == (m.E_KEY, m.KEY_SPENT) and err.counter == 0
+        assert m.unpack_error(err.payload) == (m.E_KEY, m.KEY_WHY[3]) and err.counter == 0
+    finally:
+        node.close()
+
+
+def test_a_keyed_board_whose_config_or_key_file_cannot_be_read_serves_nothing(micropython, tmp_path):
+    """Issue 36, 6: a torn config beside a key file, or a torn key file, leaves the board serving nothing (an
+    unsigned CONFIGURE is not obeyed, nothing is saved) and saying why; a key save torn between its remove and
+    its rename is recovered from the temp file."""
+    board = tmp_path / "b"
+    configure = codec.encode(m.CONFIGURE, m.pack_configure(m.ROLE_VERIFIER, 7, "x.spm"), src=0, dst=1, seq=3)
+    for torn in ("specmesh.json", "specmesh.key"):
+        NodeProc(micropython, board, {"key": KEY.hex(), "role": "idle"}).close()  # a keyed board's files
+        (board / torn).write_text('{"node_id": 1, "ro')  # a write cut short
+        before = (board / "specmesh.json").read_text()
+        node = NodeProc(micropython, board, None)
+        try:
+            node.send(configure)
+            assert node.read(5.0) is None  # no frame: nothing is served, and the console says why
+            assert any(b"serving nothing" in t for t in node.text), (node.text, node.stderr_tail())
+        finally:
+            node.close()
+        assert (board / "specmesh.json").read_text() == before
+    NodeProc(micropython, board, {"key": KEY.hex(), "role": "idle"}).close()
+    (board / "specmesh.key").rename(board / "specmesh.key.tmp")  # removed, not yet renamed: the new one is whole
+    node = NodeProc(micropython, board, None, auth=HostAuth(KEY))
+    try:
+        node.open()
+        assert node.call(m.PING, b"keyed") == (b"keyed",)
+        node.send(configure)  # unsigned: refused
+        assert node.read(2.0) is None
     finally:
         node.close()
 
@@ -206,12 +236,18 @@ def test_flash_key_then_signed_runs_open_sessions_and_refusals(virtual_board, mo
                      "--key-file", str(key_file)]) == 0
     out = capsys.readouterr()
     assert key.hex() not in out.out + out.err  # never printed
-    assert json.loads((vb.flash_dir / "specmesh.json").read_text())["key"] == key.hex()  # the board's flash
+    held = vb.flash_dir / "specmesh.key"  # the board's flash: the key apart from the config, owner-only
+    assert json.loads(held.read_text())["key"] == key.hex() and "key" not in (vb.flash_dir / "specmesh.json").read_text()
+    assert stat.S_IMODE(held.stat().st_mode) == 0o600 and stat.S_IMODE(vb.flash_dir.stat().st_mode) == 0o700
     with contextlib.ExitStack() as stack:  # a first host process signs 40 frames
         bus = _open(vb.port, stack, key=key)
         drafter = _backend("drafter", bus, 1, vb.port)
+        bus.link.text.clear()  # (what the flash's own reset printed)
+        bus.link.write_raw(b"\x03\x03\x03")  # Ctrl-C on the USB line: the keyed node serves on, no REPL
+        time.sleep(0.5)
         for i in range(40):
             assert bus.request(1, m.PING, b"%d" % i).payload == b"%d" % i
+        assert not any(">>>" in t or "MicroPython" in t for t in bus.link.text), list(bus.link.text)
         drafter.close()
     with contextlib.ExitStack() as stack:  # a new host process starts its counter at 0 again
         bus = _open(vb.port, stack, key=key)
@@ -233,12 +269,22 @@ def test_flash_key_then_signed_runs_open_sessions_and_refusals(virtual_board, mo
         assert st["unsigned"] >= 1 and st["bad_tag"] >= 1
         with pytest.raises(NodeError):  # a refused request is still an authentic answer
             bus.request(1, m.DRAFT_REQ, m.pack_draft_req(5, 1))
-    # flashing without --key-file keeps the key; --no-key opens the bus again
-    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]) == 0
-    assert "key" in json.loads((vb.flash_dir / "specmesh.json").read_text())
+    # the running keyed node takes no Ctrl-C: flashing it needs its key (a signed RESET ends it); a re-flash with
+    # the same key keeps its counter floor (no counter used twice); --no-key with the key opens the bus again
+    floor = json.loads(held.read_text())["ctr"]
+    capsys.readouterr()
+    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--key-file" in err
     assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE),
-                     "--no-key"]) == 0
-    assert "key" not in json.loads((vb.flash_dir / "specmesh.json").read_text())
+                     "--key-file", str(key_file)]) == 0
+    assert json.loads(held.read_text())["ctr"] >= floor
+    with contextlib.ExitStack() as stack:
+        bus = _open(vb.port, stack, key=key)
+        assert _backend("drafter", bus, 1, vb.port).stats()["requests"] >= 1
+    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE),
+                     "--key-file", str(key_file), "--no-key"]) == 0
+    assert not held.exists()
 
 
 def test_signed_generation_gives_the_unsigned_text(models, tmp_path):

@@ -108,13 +108,13 @@ class SerialLink:
         """The board refused this link's signature (`reason`: its E_KEY words, messages.KEY_*), before any
         frame passed: a key mismatch, said once with what to do."""
         fix = "specmesh flash --port %s --role ROLE" % self.port
-        if reason == m.KEY_WANTED:
+        if reason == m.KEY_WHY[1]:
             why = ("the board signs its frames: it holds a deployment key, and this run has none; pass its key "
                    "with --key-file, or remove it with `%s --no-key`" % fix)
-        elif reason == m.KEY_OTHER:
+        elif reason == m.KEY_WHY[2]:
             why = ("the board signs with another deployment key than this run's --key-file; pass the key it was "
                    "flashed with, or flash this one onto it with `%s --key-file FILE`" % fix)
-        elif reason == m.KEY_SPENT:
+        elif reason == m.KEY_WHY[3]:
             why = ("the board's key has used up its signing counters; make a new key (`specmesh keygen`) and flash "
                    "it onto every board with `%s --key-file FILE`" % fix)
         else:
@@ -177,7 +177,7 @@ class _Decoder(StreamDecoder):
         if f is None and self.errors.get("BadAuth", 0) != refused:
             if data[0] & FLAG_SIGNED:  # a signed frame on an unsigned link, or a bad tag (forged, another link)
                 if first and self.auth is None:
-                    self.link._refused(m.KEY_WANTED)
+                    self.link._refused(m.KEY_WHY[1])
                 return None
             reason, src = _refusal(data)
             if reason is not None and first:

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from specmesh.host.bus.links import LinkError
 from specmesh.shared.codec import BROADCAST, Auth, CodecError, Frame, encode, line_size, resign
-from specmesh.shared.messages import ERROR, HELLO, HOST, NAMES, REPLY_TYPE, pack_open_req, split_open, unpack_error
+from specmesh.shared.codec import BadLength
+from specmesh.shared.messages import ERROR, HELLO, HOST, NAMES, REPLY_TYPE, unpack_error
 
 
 class HostAuth(Auth):
@@ -42,10 +43,16 @@ class HostAuth(Auth):
         super().__init__(key, window, 0, HOST)
         self.session_id = os.urandom(8)
 
+    def open(self, node: int, session: bytes) -> None:
+        """Sign and check the frames to and from `node` under `session` from now on (a fresh replay window)."""
+        self.sessions[node] = session
+        self._seen.pop(node, None)
+
     def open_request(self) -> tuple[bytes, bytes]:
-        """(payload of a signed HELLO, its challenge)."""
+        """(payload of a signed HELLO: this host's session id and a challenge, messages.OPEN_REQ bytes; the
+        challenge)."""
         challenge = os.urandom(8)
-        return pack_open_req(self.session_id, challenge), challenge
+        return self.session_id + challenge, challenge
 
     def accept(self, node: int, challenge: bytes, payload: bytes) -> bytes | None:
         """The HELLO payload of `node`'s signed answer to `challenge`, after opening the session it proposes
@@ -53,7 +60,7 @@ class HostAuth(Auth):
         it answers another challenge (a recording) or has no session tail."""
         try:
             body, got, nonce, floor = split_open(payload)
-        except CodecError:
+        except BadLength:
             return None
         if got != challenge:
             return None
@@ -281,6 +288,18 @@ class Call:
         if reply.mtype != REPLY_TYPE.get(self.mtype, self.mtype):
             raise ProxyError("node %d answered %s with %s" % (self.node, _name(self.mtype), _name(reply.mtype)))
         return reply
+
+
+OPEN_TAIL = 20  # a signed HELLO reply's last bytes (shared/messages.py: challenge, nonce, u32 counter floor)
+
+
+def split_open(payload: bytes) -> tuple[bytes, bytes, bytes, int]:
+    """(hello payload, challenge, nonce, counter floor) of a signed HELLO reply."""
+    n = len(payload) - OPEN_TAIL
+    if n < 0:
+        raise BadLength("a signed HELLO reply ends with %d bytes of session" % OPEN_TAIL)
+    return (bytes(payload[:n]), bytes(payload[n:n + 8]), bytes(payload[n + 8:n + 16]),
+            int.from_bytes(payload[n + 16:n + 20], "little"))
 
 
 def _name(mtype: int) -> str:

@@ -218,6 +218,7 @@ class Cluster(contextlib.ExitStack):
         node_id = NODE_ID[kind] + (0 if stage is None else stage[0])
         folder = self.root / (name if radio is None else name + "-espnow")
         folder.mkdir(parents=True, exist_ok=True)
+        _erase_other_key(folder, self.key)
         cfg_path = folder / "specmesh.json"
         cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
         for key in ("link", "espnow"):
@@ -246,10 +247,10 @@ class Cluster(contextlib.ExitStack):
             layers = None if stage is None else stage[1:]
             try:
                 report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
-                               clear_key=True, layers=layers, config=cfg, board_class=vb.board.name)
+                               clear_key=self.key is None, layers=layers, config=cfg, board_class=vb.board.name)
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
                 report = flash(vb.port, kind, model, node_id, progress=self.say is not None, key=self.key,
-                               clear_key=True, layers=layers, config=cfg, board_class=vb.board.name)
+                               clear_key=self.key is None, layers=layers, config=cfg, board_class=vb.board.name)
         except (BoardError, FlashError) as e:
             raise BackendError("virtual %s board: %s" % (kind, e)) from None
         say("%s: %s" % (what, summary(report, time.monotonic() - t0)))
@@ -306,6 +307,21 @@ class Cluster(contextlib.ExitStack):
             self.buses.append(bus)
             where = "virtual:%s(%s)" % (kind, vb.board.name)
         return _backend(kind, bus, NODE_ID[kind], where)
+
+
+def _erase_other_key(folder: Path, key: bytes | None) -> None:
+    """A virtual board that holds another key than this run's (or one, for a run without) takes no Ctrl-C and no
+    RESET from this run: its key file is erased before it boots, as `esptool erase_flash` would on a board (a
+    build folder: nothing of the user's)."""
+    path = folder / "specmesh.key"
+    try:
+        held = bytes.fromhex(json.loads(path.read_text())["key"])
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, KeyError, TypeError):
+        held = None
+    if held != key:
+        path.unlink()
 
 
 def _virtual(kind: str, board: str | None = None):
