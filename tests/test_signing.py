@@ -15,7 +15,7 @@ import pytest
 from specmesh.host import cli
 from specmesh.host.backends import SessionParams
 from specmesh.host.bus.links import SerialLink
-from specmesh.host.bus.proxy import Bus, HostAuth, NodeError, NodeTimeout
+from specmesh.host.bus.proxy import Bus, HostAuth, NodeError, NodeTimeout, ProxyError
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.layout import DRAFTER_FILE, ROOT
@@ -304,3 +304,24 @@ def test_run_key_file_errors_are_one_line(capsys, tmp_path):
     assert cli.main(["run", "--key-file", str(tmp_path / "k"), "--drafter", "cpu", "--verifier", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "must hold the key as hex digits" in err and "not a key" not in err
+
+
+def test_a_host_at_the_end_of_its_counter_range_stops_with_one_line():
+    """The host never wraps a counter either: a request it cannot sign is a ProxyError, no retry loop."""
+
+    class Wire:
+        on_frame = None
+        sent: list[bytes] = []
+
+        def send(self, frame: bytes) -> None:
+            self.sent.append(frame)
+
+        def watch(self, callback) -> None:
+            pass
+
+    auth = HostAuth(KEY)
+    auth.counter = codec.LAST_COUNTER - 1
+    bus = Bus(Wire(), auth=auth, deadline=1.0)
+    with pytest.raises(ProxyError, match="counters used up; reboot the board"):
+        bus.request(1, m.PING, b"x")
+    assert Wire.sent == [] and not bus._waiting

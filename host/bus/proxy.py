@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from specmesh.host.bus.links import LinkError
 from specmesh.shared.codec import BROADCAST, Auth, CodecError, Frame, encode, line_size, resign
-from specmesh.shared.codec import BadLength
+from specmesh.shared.codec import BadAuth, BadLength
 from specmesh.shared.messages import ERROR, HELLO, HOST, NAMES, REPLY_TYPE, unpack_error
 
 
@@ -196,8 +196,13 @@ class Bus:
                 payload, w.challenge = self.auth.open_request()
             self._waiting[seq] = w
         addr = node != self.peer
-        frame = encode(mtype, payload, src=HOST if addr else None, dst=node if addr else None, seq=seq,
-                       session=session, auth=self.auth)
+        try:
+            frame = encode(mtype, payload, src=HOST if addr else None, dst=node if addr else None, seq=seq,
+                           session=session, auth=self.auth)
+        except BadAuth as e:  # the end of the counter range: never wrapped (shared/codec.py LAST_COUNTER)
+            with self._lock:
+                self._waiting.pop(seq, None)
+            raise ProxyError("node %d: %s; reboot the board (a new boot takes counters afresh)" % (node, e)) from None
         call = Call(self, node, mtype, seq, frame, w, self.deadline if deadline is None else deadline)
         self.send(node, frame)
         return call
@@ -268,7 +273,10 @@ class Call:
                 if bus.auth is not None and self.mtype != HELLO and (
                         retried or bus._refused.get(self.node, 0.0) > last):
                     bus.reopen(self.node, self.end)  # refused unsigned since sent, or silent twice
-                    self.frame = resign(self.frame, bus.auth)
+                    try:
+                        self.frame = resign(self.frame, bus.auth)
+                    except BadAuth as e:
+                        raise ProxyError("node %d: %s; reboot the board" % (self.node, e)) from None
                 retried = True
                 last = time.perf_counter()
                 bus.send(self.node, self.frame)
