@@ -149,7 +149,8 @@ def test_datagram_decoder_random_packets_bounded(packets):
     d = codec.DatagramDecoder(max_partial=3, max_size=1024)
     for sender, pkt in packets:
         d.feed(b"\xfe" + pkt if sender & 1 else pkt, sender)
-        assert d.pending() <= 3
+        held = [k[0] for k in d._partial]  # slots per sender (max_partial), all of them together (MAX_SLOTS)
+        assert d.pending() <= codec.MAX_SLOTS and all(held.count(s) <= 3 for s in held)
 
 
 def test_long_fuzz_command_at_a_small_size_finds_nothing_and_would_report_a_crash(monkeypatch, capsys):
