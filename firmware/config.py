@@ -20,22 +20,26 @@ the virtual board's directory in emulation). Keys, all optional:
               a stage: 1)
     layers    [a, b]: the layers a..b-1 of the model a "stage" holds (required for that role)
     n_ctx     int: context (and KV cache) cap below the model's max_seq, to fit a small heap (0: none)
-    key       hex string: shared signing key (frames are then HMAC-signed, unsigned ones refused)
-    ctr       int: the signing counter the next boot starts at (kept by the node itself, firmware/node.py)
     board     board name reported by HELLO (default: the port's machine string)
     flashing  role: a `specmesh flash` for this role began and has not finished (it writes the final config
               last); the board does not start the node (half_flashed)
 
 A missing or unreadable file gives the defaults (an idle node that still answers HELLO/CONFIGURE).
 `save` writes the whole object atomically (temp file + rename), so a reset mid-write keeps the old file.
+
+The deployment key lives apart, in `specmesh.key` ({"key": hex, "ctr": the signing counter the next boot
+starts at}; `load_key`, `save_key`; docs/security.md): a torn config never loses it. A key file that cannot be
+read, or a config that cannot be read beside a key file, leaves the board serving nothing (main.py).
 """
 
 import json
 import os
 
-from shared.board import CTR, DEFAULTS, FLASHING, KMAX, LINKS, NODE_IDS, ROLES, SPEC_AHEAD
+from shared.board import DEFAULTS, FLASHING, KMAX, LINKS, NODE_IDS, ROLES, SPEC_AHEAD
 
 PATH = "specmesh.json"
+KEY_PATH = "specmesh.key"
+_ENOENT = 2  # errno of a file that does not exist (both runtimes)
 
 # GPIOs wired to the module's SPI flash (and PSRAM), by MCU (os.uname().machine after " with "): ESP32 6-11, ESP32-S3
 # 26-32 (33-37 with octal PSRAM), ESP32-C3 12-17, ESP32-C6 24-30 (each chip's datasheet, "Pin Overview")
@@ -69,14 +73,8 @@ def check(cfg):
     n_ctx = cfg.get("n_ctx", 0)
     if not isinstance(n_ctx, int) or n_ctx < 0:
         raise ConfigError("n_ctx must be an int >= 0, not %r" % (n_ctx,))
-    _bounded("ctr", cfg.get("ctr", 0), CTR)
     if cfg["link"] == "uart":
         _check_uart(cfg.get("uart"))
-    key = cfg.get("key", "")
-    try:
-        bytes.fromhex(key)
-    except (TypeError, ValueError):
-        raise ConfigError("key must be a hex string")
     return cfg
 
 
@@ -115,14 +113,71 @@ def load(path=PATH):
 def save(cfg, path=PATH):
     """Write `cfg` (checked) atomically to `path`."""
     check(cfg)
+    _write(cfg, path)
+
+
+def _write(obj, path):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(cfg, f)
+        json.dump(obj, f)
     try:
         os.rename(tmp, path)
-    except OSError:  # a file system that cannot rename over an existing file
+    except OSError:  # a file system that cannot rename over an existing file: load_key finds tmp if torn here
         os.remove(path)
         os.rename(tmp, path)
+
+
+def load_key(path=KEY_PATH):
+    """(key bytes, counter floor) of the key file, None if the board has none; ConfigError if one exists (or the
+    temp file of a save torn between its remove and rename) that cannot be used."""
+    for name in (path, path + ".tmp"):
+        try:
+            with open(name) as f:
+                data = json.load(f)
+        except OSError as e:
+            if e.args and e.args[0] != _ENOENT:
+                raise ConfigError("cannot read key file %s (%s)" % (name, e))
+            continue  # none (the temp file: a save torn after the remove; its content is whole if it parses)
+        except ValueError:
+            raise ConfigError("key file %s is not valid JSON" % name)
+        try:
+            key, ctr = bytes.fromhex(data["key"]), data.get("ctr", 0)
+        except (TypeError, ValueError, KeyError, AttributeError):
+            raise ConfigError("key file %s must hold {\"key\": hex, \"ctr\": int}" % name)
+        if not key or not isinstance(ctr, int) or not 0 <= ctr <= 0xFFFFFFFF:
+            raise ConfigError("key file %s holds no key or a counter outside 0..2**32-1" % name)
+        return key, ctr
+    return None
+
+
+def load_board(path=PATH, key_path=KEY_PATH):
+    """(config, its load error, key) for main.py; config None where the board must serve nothing: a key file it
+    cannot read, or a config it cannot read beside a key (never the unkeyed defaults then), said on the console.
+    With a key file Ctrl-C is off from here on (console): the USB line is no way past the key."""
+    cfg, err = load(path)
+    try:
+        key = load_key(key_path)
+    except ConfigError as e:
+        key, err = True, "%s" % e
+    if key is not None:
+        console(False)
+        if key is True or err:
+            repeat("specmesh: %s; the board holds a key: serving nothing (esptool erase_flash, then specmesh flash "
+                   "--key-file)" % err)
+            return None, err, None
+    return cfg, err, key
+
+
+def console(on):
+    """Ctrl-C on the console on (the REPL's) or off (a keyed node's)."""
+    import micropython
+
+    micropython.kbd_intr(3 if on else -1)
+
+
+def save_key(key, ctr, path=KEY_PATH):
+    """Write the key file atomically: the key (bytes) and the counter a later boot starts at."""
+    _write({"key": key.hex(), "ctr": ctr}, path)
 
 
 def half_flashed(cfg):
@@ -133,15 +188,20 @@ def half_flashed(cfg):
     role = cfg.get(FLASHING)
     if not role:
         return False
-    import sys
-
     from shared.messages import HALF_FLASHED
 
-    note = "%s as %s" % (HALF_FLASHED, role)
+    repeat("%s as %s" % (HALF_FLASHED, role))
+    return True
+
+
+def repeat(note):
+    """Say `note` on the console at once and for every line received, until Ctrl-C: a board that must not start
+    its node (half-flashed, or a key it cannot use: main.py) answers every host with why."""
+    import sys
+
     print(note)
     while sys.stdin.readline():
         print(note)
-    return True
 
 
 def parse_mac(text):

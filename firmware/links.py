@@ -230,7 +230,7 @@ class EspNowLink:
             print("specmesh: ESP-NOW peer %d dropped (the radio took no more peers)" % nid)
             del peers[nid]
         self._add(self.BROADCAST_MAC, None)
-        self._dec = _RawDatagrams(stale_after=64)
+        self._dec = _RawDatagrams(stale_after=64, senders=set(peers.values()))  # slots per configured peer only
         self.errors = self._dec.errors
         self.closed = False
         self._msg_id = 0

@@ -3,8 +3,10 @@
 A board without a config file (or with a broken one) starts an idle node on the USB-serial console,
 which still answers HELLO and CONFIGURE. When main() returns, the board drops to the REPL, so
 mpremote can always take over (the frames on the console never contain a Ctrl-C byte). A board left
-half-flashed starts no node (config.half_flashed). This file stays small: a board runs it as source, so
-its code takes heap that a last pipeline stage's layers need.
+half-flashed starts no node (config.half_flashed). A board with a deployment key (config.KEY_PATH) fails
+closed: a key file or a config it cannot read leaves it serving nothing (it says why on the console), and a
+keyed node turns Ctrl-C off, so only a signed RESET ends it (`specmesh flash --key-file` sends one). This
+file stays small: a board runs it as source, so its code takes heap that a last pipeline stage's layers need.
 """
 
 import config
@@ -12,7 +14,7 @@ from links import EspNowLink, StdioLink, UartLink
 from node import Node, _say
 
 
-def make_links(cfg):
+def make_links(cfg, key=None):
     """Links for cfg["link"]; the first one faces the host. Falls back to stdio with a console note."""
     kind = cfg["link"]
     try:
@@ -25,7 +27,7 @@ def make_links(cfg):
             for nid, mac in e.get("peers", {}).items():
                 peers[int(nid)] = config.parse_mac(mac)
             plain = [int(nid) for nid in e.get("plain", ())]
-            radio = EspNowLink(peers, e.get("mtu"), e.get("channel"), cfg.get("key"), plain)
+            radio = EspNowLink(peers, e.get("mtu"), e.get("channel"), key and key.hex(), plain)
             return [radio] if kind == "espnow" else [StdioLink(), radio]
     except (ImportError, OSError, ValueError, TypeError, AttributeError, config.ConfigError) as ex:
         _say("link %r unavailable (%s): serving on the console instead" % (kind, ex))
@@ -44,12 +46,13 @@ def fast_clock():
         pass
 
 
-def main(path=config.PATH):
+def main(path=config.PATH, key_path=config.KEY_PATH):
     try:
         fast_clock()
-        cfg, err = config.load(path)
-        if not config.half_flashed(cfg):
-            Node(cfg, make_links(cfg), path, err).run()
+        cfg, err, key = config.load_board(path, key_path)
+        if cfg is not None and not config.half_flashed(cfg):
+            Node(cfg, make_links(cfg, key and key[0]), path, err, key, key_path).run()
+            config.console(True)  # ended by RESET (signed, with a key): the REPL takes Ctrl-C again
     except KeyboardInterrupt:  # Ctrl-C, even while a model loads: back to the REPL without a traceback
         pass
 

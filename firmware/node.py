@@ -17,10 +17,12 @@ broadcasts from the host link are also handed to the radio.
 CONFIGURE replies from the id it was addressed to, then takes the new id, role and model, and
 saves them in the board config. RESET replies ACK and ends `run()`, back to the REPL.
 
-Signing counters: a keyed node keeps its counter in RAM and reserves blocks of counters in the board
-config ("ctr": the first counter a later boot may use), one flash write per boot and per block; a
-rebooted node therefore signs above every counter it ever used, and a host that saw its earlier frames
-takes its new ones while still refusing recordings of the old (docs/security.md).
+Signing (docs/security.md, version 2): a keyed node answers a signed HELLO with a fresh nonce that, with the
+host's session id, binds every later frame of the session; it keeps its counter in RAM and reserves blocks
+of counters in its key file ("ctr": the first counter a later boot may use; config.KEY_PATH), one flash
+write per boot and per block, and signs nothing beyond what that file reserved: not past the end of the
+range, nor past a block it could not save. Frames it cannot authenticate get an
+unsigned refusal (at most one per 250 ms) and cost it no counter.
 """
 
 import gc
@@ -39,7 +41,7 @@ import cpucount
 import kernelpick
 import roles
 from roles import Refused
-from shared.messages import E_COUNTER, E_INTERNAL, E_KEY, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, HOST
+from shared.messages import E_INTERNAL, E_KEY, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, HOST
 
 FW_VERSION = "specmesh-node 0.1"
 # ESP-IDF heap a radio node leaves to Wi-Fi/ESP-NOW: its dynamic buffers come from the IDF heap that the esp32 port's GC
@@ -85,13 +87,18 @@ def _caps(engine):
 class Node:
     """A bus node: config, role, links, reply cache and counters."""
 
-    def __init__(self, cfg, links, config_path=config.PATH, load_error=None):
+    def __init__(self, cfg, links, config_path=config.PATH, load_error=None, key=None, key_path=config.KEY_PATH):
+        """`key`: (deployment key, counter floor) of the key file (config.load_key), None without one."""
         self.cfg = cfg
         self.config_path = config_path
+        self.key_path = key_path
         self.links = links
         self._radio = [link for link in links if getattr(link, "radio", False)]  # links whose driver shares the heap
         self.node_id = cfg["node_id"]
-        self.auth = codec.Auth(bytes.fromhex(cfg["key"]), 24, cfg.get("ctr", 0)) if cfg.get("key") else None
+        self.key = key[0] if key else None
+        self.auth = codec.Auth(key[0], 24, key[1], self.node_id, HOST) if key else None
+        self._floor = key[1] if key else 0  # the counter the key file lets a later boot start at
+        self.spent = False  # the key's counters are used up: nothing more is signed
         self.stats = {}
         for k in STAT_KEYS:
             self.stats[k] = 0
@@ -136,8 +143,8 @@ class Node:
                     raw = link.recv(POLL_MS if single and not work else 0)
                     if raw is not None:
                         busy = True
-                        self.on_frame(raw, link)  # signs at most one frame
-                        if self.auth is not None and self.auth.counter + 4 > self.cfg["ctr"]:
+                        self.on_frame(raw, link)  # signs at most two frames (a HELLO's nonce and reply)
+                        if self.auth is not None and self.auth.counter + 4 > self._floor and not self.spent:
                             self._reserve()
                 except MemoryError:  # a frame too large for the heap left: refuse it if it says to whom
                     self.stats["bad_frames"] += 1
@@ -157,13 +164,19 @@ class Node:
                 time.sleep_ms(1)
 
     def _reserve(self):
-        """Reserve the next block of signing counters in the board config (a later boot starts above it)."""
-        cfg = self.cfg
-        cfg["ctr"] = self.auth.counter + _CTR_BLOCK
+        """Reserve the next block of signing counters in the key file (a later boot starts above it); signing
+        stops at the last block saved (on_frame), and for good before the range ends."""
+        auth = self.auth
+        if auth.counter + 4 >= codec.LAST_COUNTER:  # the range is used up (a request signs at most 2)
+            self.spent = True
+            auth.counter = codec.LAST_COUNTER  # a later boot signs nothing either
+            _say(m.KEY_WHY[3])
+        floor = codec.LAST_COUNTER if self.spent else min(auth.counter + _CTR_BLOCK, codec.LAST_COUNTER)
         try:
-            config.save(cfg, self.config_path)
+            config.save_key(self.key, floor, self.key_path)
+            self._floor = floor
         except (OSError, MemoryError, config.ConfigError) as e:
-            _say("signing counters not saved (%s): after a reboot the host refuses this node until a new run" % e)
+            _say("signing counters not saved (%s): signing stops at %d" % (e, self._floor))
 
     def _idle_step(self):
         """Background work of the role (pipelined drafting); paused after a MemoryError until the next request."""
@@ -191,24 +204,17 @@ class Node:
                 self.stats["forwarded"] += 1
         try:
             f = codec.decode(raw, self.auth)
-        except codec.BadType as e:
+        except codec.BadType as e:  # with a key: an authentic frame of type 0 (the tag is checked first)
             self.stats["bad_frames"] += 1
-            self._refuse_header(raw, link, str(e))
+            self.stats["errors"] += 1
+            self._refuse(raw, E_MESSAGE, str(e), link, None if self.spent else self.auth)
             return
-        except codec.Replay:  # an authentic request seen before: a retransmission gets its cached reply
+        except codec.Replay:  # an authentic request seen before: a retransmission gets its cached reply as sent
             t, fl, src, _d, seq, session, a, b = codec.header(raw)
-            if self._resend(src, seq, t, session, bytes(raw[a:b]), link):
+            if self._resend(src, seq, t, session, bytes(raw[a:b]), link, False):
                 return
-            # a used counter: refused; one older than the whole window gets a signed ERROR 7 whose message
-            # is the newest counter seen, so a restarted host signs above it (a replay earns only that number;
-            # Auth._seen is read here rather than through a new method name, to spare the drafter's heap)
-            st = self.stats
-            st["bad_frames"] += 1
-            st[STAT_KEYS[_REPLAYED]] += 1
-            top = self.auth._seen[src][0]
-            if struct.unpack_from("<I", raw, b)[0] + self.auth.window < top:
-                me = self.node_id if fl & codec.FLAG_ADDR else None
-                link.send(codec.encode(m.ERROR, m.pack_error(E_COUNTER, str(top)), me, src, seq, 0, True, self.auth))
+            self.stats["bad_frames"] += 1  # a used counter: refused, and nothing is signed for it
+            self.stats[STAT_KEYS[_REPLAYED]] += 1
             return
         except codec.BadAuth:  # unsigned where a key is set, or a tag that fails: forged, or another key
             st = self.stats
@@ -222,14 +228,16 @@ class Node:
         if f.reply:
             self.stats["stray"] += 1
             return
+        if self.spent or self.auth is not None and self.auth.counter + 2 > self._floor:  # nothing left to sign with
+            self._refuse(raw, E_KEY, m.KEY_WHY[3] if self.spent else "signing counters not saved", link)
+            return
         self._request(f, link)
 
     def _refuse_key(self, raw, link):
-        """ERROR E_KEY to a request refused for its signature, signed with this node's key if it has one (the
-        host reads the key states from that)."""
-        why = ("signed frame; this node holds no key" if self.auth is None else
-               "bad tag; this node holds another key" if raw[0] & codec.FLAG_SIGNED else
-               "unsigned frame; this node holds a key")
+        """Unsigned ERROR E_KEY to a frame refused for its signature, saying why (the host's key-mismatch
+        diagnosis reads it before its link authenticated, and nothing after)."""
+        why = (m.KEY_WHY[0] if self.auth is None else m.KEY_WHY[1] if not raw[0] & codec.FLAG_SIGNED else
+               m.KEY_WHY[3] if self.spent else m.KEY_WHY[2])
         self._refuse(raw, E_KEY, why, link)
 
     def _refuse_big(self, raw, head, link):
@@ -250,9 +258,10 @@ class Node:
                      "(a shorter prompt)" % gc.mem_free(), link)
         return True
 
-    def _refuse(self, raw, code, why, link):
+    def _refuse(self, raw, code, why, link, auth=None):
         """An ERROR for a frame the node could not take, addressed from its header bytes, at most one per
-        _REFUSE_GAP_MS (a flood earns few frames); never to a reply."""
+        _REFUSE_GAP_MS (a flood earns few frames); never to a reply; signed only with `auth` (a frame that
+        authenticated), so unauthenticated input costs no counter."""
         now = time.ticks_ms()
         fl = raw[0]
         if fl & codec.FLAG_REPLY or time.ticks_diff(now, self._refused_at) < _REFUSE_GAP_MS:
@@ -261,7 +270,7 @@ class Node:
         addr = fl & codec.FLAG_ADDR
         src = raw[1] if addr else None
         me = self.node_id if addr else None
-        link.send(codec.encode(m.ERROR, m.pack_error(code, why), me, src, raw[3 if addr else 1], 0, True, self.auth))
+        link.send(codec.encode(m.ERROR, m.pack_error(code, why), me, src, raw[3 if addr else 1], 0, True, auth))
 
     def _forward(self, raw, dst, link):
         links = self.links
@@ -276,22 +285,25 @@ class Node:
         out.send(raw)
         self.stats["forwarded"] += 1
 
-    def _refuse_header(self, raw, link, message):
-        """ERROR reply to a frame whose CRC held but whose type is unknown."""
-        _t, fl, src, _d, seq, _s, _a, _b = codec.header(raw)
-        self.stats["errors"] += 1
-        me = self.node_id if fl & codec.FLAG_ADDR else None
-        link.send(codec.encode(m.ERROR, m.pack_error(E_MESSAGE, message), me, src, seq, 0, True, self.auth))
-
-    def _resend(self, src, seq, mtype, session, payload, link):
-        """Send the cached reply if this request was answered already; True if it was."""
-        for hit in self._cache:
+    def _resend(self, src, seq, mtype, session, payload, link, fresh=True):
+        """Send the cached reply if this request was answered already; True if it was. A `fresh` request (a
+        retransmission re-signed, not a byte-identical replay) in a session opened since gets it re-signed
+        under that session."""
+        for i in range(REPLY_CACHE):
+            hit = self._cache[i]
             if (hit is not None and hit[0] == src and hit[1] == seq and hit[2] == mtype and hit[3] == session
                     and hit[4] == payload):
                 self.stats["dup_replies"] += 1
+                if fresh and self.auth is not None and hit[6] is not self._signing():
+                    hit = hit[:5] + (codec.resign(hit[5], self.auth), self._signing())
+                    self._cache[i] = hit
                 link.send(hit[5])
                 return True
         return False
+
+    def _signing(self):
+        """The session this node signs its replies under now (None: unkeyed, or none open)."""
+        return self.auth.sessions.get(self.node_id) if self.auth is not None else None
 
     def _request(self, f, link):
         st = self.stats
@@ -312,12 +324,17 @@ class Node:
             except MemoryError:
                 gc.collect()
         if keep and reply is not None:
-            self._cache[self._next] = (f.src, f.seq, f.mtype, f.session, f.payload, reply)
+            self._cache[self._next] = (f.src, f.seq, f.mtype, f.session, f.payload, reply, self._signing())
             self._next = (self._next + 1) % REPLY_CACHE
         if self._small_heap:
             gc.collect()  # a tidy heap between requests: no fragmentation build-up, a true low-water mark
         self._heap()
         if self._new_id is not None:
+            if self.auth is not None:  # the session moves with the id (frames carry ids in their tags)
+                for d in (self.auth.sessions, self.auth.pending):
+                    if self.node_id in d:
+                        d[self._new_id] = d.pop(self.node_id)
+                self.auth.me = self._new_id
             self.node_id = self._new_id
             self._new_id = None
             self._cache = [None] * REPLY_CACHE
@@ -376,7 +393,7 @@ class Node:
         if t == m.PING:
             return m.PING, args[0]
         if t == m.HELLO:
-            return m.HELLO, self._hello()
+            return m.HELLO, self._hello() + self._open(args)
         if t == m.STATS:
             return m.STATS, m.pack_stats(self._stats())
         if t == m.CONFIGURE:
@@ -428,6 +445,26 @@ class Node:
         return m.pack_hello(FW_VERSION, board[:64], r, self.cfg["model"][:64],
                             e.vocab if e else 0, e.n_ctx if e else 0, gc.mem_free(), caps, gmax,
                             kernelpick.describe(e.kernels if e else kernelpick.pick()[1])[:128])
+
+    def _open(self, args):
+        """A keyed node's HELLO tail for the request payload `args[0]` (the host's session id, a challenge): a
+        fresh nonce proposed as the session with that id (current once a request verifies under it), the
+        challenge and the highest host counter taken this boot. The nonce is HMAC(key, a counter never used
+        before + urandom where the port has it)."""
+        auth = self.auth
+        p = args[0]
+        if auth is None and not p:
+            return b""
+        if auth is None or len(p) != 16:
+            raise Refused(E_MESSAGE, "HELLO: no payload, or signed a session id and a challenge")
+        try:
+            import os
+            rnd = os.urandom(8)
+        except (ImportError, AttributeError):
+            rnd = b""
+        nonce = auth.derive(b"specmesh nonce" + struct.pack("<I", auth.next_counter()) + rnd)[:8]
+        auth.pending[self.node_id] = nonce + p[:8]
+        return p[8:] + nonce + struct.pack("<I", auth._seen.get(HOST, (0,))[0])  # messages: the HELLO tail
 
     def _stats(self):
         st = self.stats

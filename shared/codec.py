@@ -9,13 +9,21 @@ Frame API (a compact header: type and flags in one byte, then only the fields th
     Frame: .mtype .flags .src .dst (None without addresses) .seq .session .payload (bytes)
         .counter (0 when unsigned) .size (binary bytes) .reply
     header(frame) -> the header fields without checks; dst_of(frame) -> dst byte or None (routing)
-    Auth(key, window=24): signs outgoing frames (HMAC-SHA256 truncated to 8 bytes over header +
-        payload + u32 counter) and checks incoming ones (tag, then a per-sender sliding replay window).
-        A receiver that holds an Auth rejects unsigned frames; one without rejects signed frames.
-        `auth.forget(src)` resets a sender's window. `auth.derive(label)` -> 16 bytes of HMAC-SHA256(key,
-        label): keys of other layers bound to the deployment key (the ESP-NOW PMK and LMKs, firmware/links.py).
-    resign(frame, auth) -> bytes: a signed frame with a fresh counter; retransmit signed requests
-        with it, since a byte-identical copy is rejected as a Replay.
+    Auth(key, window=24, counter=0, me=0, peer=None): signs outgoing frames and checks incoming ones (tag,
+        then a per-sender sliding replay window). Signing version 2 (docs/security.md): the tag is
+        HMAC-SHA256(key, context + header + payload + u32 counter) truncated to 8 bytes, the context (never
+        sent) being VERSION, the sender's and receiver's ids (an address-less frame: `peer`, the link's other
+        end, and `me`) and the 16-byte session (node nonce + host session id) of the node end: `sessions[id]`,
+        zeros for an OPEN_TYPE frame (HELLO, which opens sessions) and where none is open. A frame that fails
+        there is tried under `pending[id]` (a session a HELLO proposed), which a request above every counter
+        seen from its sender then makes current. OPEN_TYPE frames pass no replay window.
+        A receiver that holds an Auth rejects unsigned frames; one without rejects signed frames; the tag is
+        checked before the type, so nothing unauthenticated is ever answered as a request.
+        `auth.forget(src)` resets a sender's window; next_counter() raises BadAuth rather than wrap (LAST_COUNTER).
+        `auth.derive(label)` -> 16 bytes of HMAC-SHA256(key, label): keys of other layers bound to the
+        deployment key (the ESP-NOW PMK and LMKs, firmware/links.py).
+    resign(frame, auth) -> bytes: a signed frame with a fresh counter under the current session; retransmit
+        signed requests with it, since a byte-identical copy is rejected as a Replay.
 
 Stream links (USB-serial, UART), one frame per line, printable ASCII only:
     encode_line(frame) -> b":" + base64(frame) without '=' padding + b"\\n"; line_size(n) its length
@@ -24,11 +32,13 @@ Stream links (USB-serial, UART), one frame per line, printable ASCII only:
         handed to on_text(line) if given). A line longer than max_line is discarded (.errors["overflow"]).
 
 Datagram links (ESP-NOW): fragment(frame, msg_id, mtu=250) -> [packet, ...]
-    DatagramDecoder(auth=None, max_partial=4, max_size=4096, stale_after=64).feed(packet, sender=0)
+    DatagramDecoder(auth=None, max_partial=4, max_size=4096, stale_after=64, senders=None).feed(packet, sender=0)
         -> Frame or None. Reassembles fragments (b"\\xfe" + msg_id u16 + index u8 + count u8 + chunk)
-        with reordering and duplicates; a partial message is dropped once `stale_after` packets have
-        arrived since its last fragment, or when more than `max_partial` are pending (oldest first),
-        or as soon as its fragments hold more than `max_size` bytes (counted as "BadLength").
+        with reordering and duplicates, in slots per sender: a partial message is dropped once
+        `stale_after` packets have arrived since its last fragment, or when its sender has more than
+        `max_partial` pending (its oldest first: another sender's fragments never evict it), or as soon as
+        its fragments hold more than `max_size` bytes (counted as "BadLength"). With `senders` (the
+        configured peers' addresses), fragments from any other sender take no slot ("stranger").
 
 Decoders never raise out of feed(): they count errors per kind in `.errors` (keys: class names of
 CodecError subclasses, plus "text" and "overflow") and `.frames` good frames.
@@ -54,7 +64,15 @@ BROADCAST = 255
 FRAG_MARK = 0xFE
 FRAG_HEADER = 5
 DEFAULT_MTU = 250
+MAX_SLOTS = 32  # partial datagram messages held at most, all senders together (each sender: max_partial)
 MAX_LINE = 4096  # longest frame line a stream link accepts (a DRAFT of 8 drafts x top-32 is about 1 KB)
+
+VERSION = 2  # signing version: the first byte of every tag's context (docs/security.md)
+OPEN_TYPE = 0x01  # messages.HELLO: signed without a session, the exchange that opens one
+SESSION_SIZE = 16  # node nonce (8) + host session id (8)
+NO_SESSION = bytes(SESSION_SIZE)
+HOST_ID = 0  # messages.HOST: of a frame's two ends, the other one is the node whose session binds it
+LAST_COUNTER = 0xFFFFFFFF  # never signed: a counter does not wrap (a key whose counters are used up is replaced)
 
 
 class CodecError(Exception):
@@ -118,7 +136,7 @@ else:
 class Auth:
     """Shared-key signing plus replay protection for frames of one key domain."""
 
-    def __init__(self, key, window=24, counter=0):
+    def __init__(self, key, window=24, counter=0, me=0, peer=None):
         if not key:
             raise ValueError("signing key must not be empty")
         if len(key) > 64:
@@ -129,24 +147,46 @@ class Auth:
         self.window = window  # <= 29 keeps the bitmap a small int on 32-bit boards
         self.counter = counter  # last counter sent
         self._seen = {}  # src -> [highest counter, bitmap of the `window` counters below it]
+        self.me = me  # this end's node id (the host: 0)
+        self.peer = peer  # the id of the link's other end, for frames without addresses (None: not known yet)
+        self.sessions = {}  # node id -> 16-byte session context of the frames to and from it
+        self.pending = {}  # node id -> a session a HELLO proposed, current once a request verifies under it
 
-    def _hmac(self, data):
+    def _hmac(self, data, ctx=b""):
         h = hashlib.sha256(self._ipad)
+        h.update(ctx)
         h.update(data)
         h2 = hashlib.sha256(self._opad)
         h2.update(h.digest())
         return h2.digest()
 
-    def tag(self, data):
-        """Truncated HMAC-SHA256 of `data`."""
-        return self._hmac(data)[:TAG_SIZE]
+    def tag(self, data, ctx=b""):
+        """Truncated HMAC-SHA256 of the context `ctx` followed by `data`."""
+        return self._hmac(data, ctx)[:TAG_SIZE]
+
+    def ends(self, frame, incoming):
+        """(sender id, receiver id) of a binary frame: its address bytes, else the link's two ends."""
+        if frame[0] & FLAG_ADDR:
+            return frame[1], frame[2]
+        peer = BROADCAST if self.peer is None else self.peer
+        return (peer, self.me) if incoming else (self.me, peer)
+
+    def context(self, frame, incoming, session=None):
+        """The tag's context of `frame`: VERSION, its ends, the session of its node end (`session` if given)."""
+        a, b = self.ends(frame, incoming)
+        if session is None:
+            session = NO_SESSION if frame[0] & TYPE_MASK == OPEN_TYPE else (
+                self.sessions.get(b if a == HOST_ID else a) or NO_SESSION)
+        return bytes((VERSION, a, b)) + session
 
     def derive(self, label):
         """A 16-byte key for another layer: HMAC-SHA256(key, label) truncated."""
         return self._hmac(label)[:16]
 
     def next_counter(self):
-        self.counter = (self.counter + 1) & 0xFFFFFFFF
+        if self.counter >= LAST_COUNTER - 1:
+            raise BadAuth("counters used up")
+        self.counter += 1
         return self.counter
 
     def check_replay(self, src, counter):
@@ -221,7 +261,7 @@ def encode(mtype, payload=b"", src=None, dst=None, seq=0, session=0, reply=False
     mv = memoryview(buf)
     if auth is not None:
         struct.pack_into("<I", buf, body, auth.next_counter())
-        buf[body + 4:size] = auth.tag(mv[:body + 4])
+        buf[body + 4:size] = auth.tag(mv[:body + 4], auth.context(buf, False))
     struct.pack_into("<H", buf, size, crc16(mv[:size]))
     return bytes(buf)
 
@@ -235,7 +275,7 @@ def resign(frame, auth):
     buf = bytearray(frame)
     struct.pack_into("<I", buf, body, auth.next_counter())
     mv = memoryview(buf)
-    buf[body + 4:body + SIG_SIZE] = auth.tag(mv[:body + 4])
+    buf[body + 4:body + SIG_SIZE] = auth.tag(mv[:body + 4], auth.context(buf, False))
     struct.pack_into("<H", buf, body + SIG_SIZE, crc16(mv[:body + SIG_SIZE]))
     return bytes(buf)
 
@@ -271,28 +311,50 @@ def header(frame):
 
 
 def decode(frame, auth=None):
-    """Frame from its binary form; raises BadLength/BadCRC/BadType/BadAuth/Replay."""
+    """Frame from its binary form; raises BadLength/BadCRC/BadAuth/Replay/BadType (in that order: with a key,
+    nothing unauthenticated gets as far as its type)."""
     mtype, flags, src, dst, seq, session, start, end = header(frame)
     signed = flags & FLAG_SIGNED
     size = len(frame) - CRC_SIZE
     mv = memoryview(frame)
     if crc16(mv[:size]) != struct.unpack_from("<H", frame, size)[0]:
         raise BadCRC("frame CRC mismatch")
-    if not mtype:  # every other value of the type nibble is a type (MAX_TYPE = TYPE_MASK)
-        raise BadType("unknown message type 0")
-    if flags & FLAG_SESSION and not session:
-        raise BadFrame("session flag with session 0")  # one encoding per frame: session 0 is no byte
     counter = 0
     if signed:
         if auth is None:
             raise BadAuth("signed frame but no key configured")
         counter = struct.unpack_from("<I", frame, end)[0]
-        if auth.tag(mv[:end + 4]) != bytes(mv[end + 4:size]):
-            raise BadAuth("bad authentication tag")
-        auth.check_replay(src, counter)
+        _verify(auth, frame, mv, end, size, mtype, counter)
     elif auth is not None:
         raise BadAuth("unsigned frame where signing is required")
+    if not mtype:  # every other value of the type nibble is a type (MAX_TYPE = TYPE_MASK)
+        raise BadType("unknown message type 0")
+    if flags & FLAG_SESSION and not session:
+        raise BadFrame("session flag with session 0")  # one encoding per frame: session 0 is no byte
     return Frame(mtype, flags, src, dst, seq, session, bytes(mv[start:end]), counter, len(frame))
+
+
+def _verify(auth, frame, mv, end, size, mtype, counter):
+    """Check a signed frame's tag and counter: a HELLO without a session (and no replay window), any other
+    frame under its node's session, else under the pending one it then opens; none open: refused."""
+    tag = bytes(mv[end + 4:size])
+    data = mv[:end + 4]
+    if mtype == OPEN_TYPE:
+        if auth.tag(data, auth.context(frame, True, NO_SESSION)) != tag:
+            raise BadAuth("bad authentication tag")
+        return
+    src, dst = auth.ends(frame, True)
+    node = dst if src == HOST_ID else src
+    cur = auth.sessions.get(node)
+    if cur is None or auth.tag(data, auth.context(frame, True, cur)) != tag:
+        prop = auth.pending.get(node)
+        if prop is None or auth.tag(data, auth.context(frame, True, prop)) != tag:
+            raise BadAuth("bad authentication tag" if cur or prop else "no session (a HELLO opens one)")
+        st = auth._seen.get(src)
+        if st is not None and counter <= st[0]:  # a session opens only above every counter taken from src
+            raise Replay("counter %d opens no session" % counter)
+        auth.sessions[node] = auth.pending.pop(node)
+    auth.check_replay(src, counter)
 
 
 class _Decoder:
@@ -426,9 +488,10 @@ def fragment(frame, msg_id, mtu=DEFAULT_MTU):
 class DatagramDecoder(_Decoder):
     """Decoder of datagram packets: whole frames and fragments, with bounded reassembly state."""
 
-    def __init__(self, auth=None, max_partial=4, max_size=4096, stale_after=64):
+    def __init__(self, auth=None, max_partial=4, max_size=4096, stale_after=64, senders=None):
         _Decoder.__init__(self, auth)
-        self.max_partial = max_partial
+        self.senders = senders  # None: any sender may hold partial messages
+        self.max_partial = max_partial  # per sender
         self.max_size = max_size
         self.stale_after = stale_after
         self._partial = {}  # (sender, msg_id) -> [count, parts list, received, last tick, bytes held]
@@ -466,11 +529,21 @@ class DatagramDecoder(_Decoder):
         key = (sender, msg_id)
         st = self._partial.get(key)
         if st is None:
-            if len(self._partial) >= self.max_partial:
-                oldest = None
-                for k in self._partial:
+            if self.senders is not None and sender not in self.senders:
+                self._count("stranger")
+                return None
+            oldest = None
+            held = 0
+            for k in self._partial:
+                if k[0] == sender:
+                    held += 1
                     if oldest is None or self._partial[k][3] < self._partial[oldest][3]:
                         oldest = k
+            if held >= self.max_partial or len(self._partial) >= MAX_SLOTS:  # its own oldest, else the oldest
+                if held < self.max_partial:
+                    for k in self._partial:
+                        if oldest is None or self._partial[k][3] < self._partial[oldest][3]:
+                            oldest = k
                 del self._partial[oldest]
                 self._count("stale")
             st = [count, [None] * count, 0, self._tick, 0]

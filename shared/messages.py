@@ -7,6 +7,9 @@ Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `
 
     HELLO       request: b""                      reply: pack_hello(fw, board, role, model, vocab,
                                                          max_seq, heap_free, caps, max_gamma, kernels) / unpack_hello
+                signed (docs/security.md): the request is the host's session id and a challenge (8 bytes
+                each), the reply ends with the challenge, a nonce and a counter floor (20 bytes, below);
+                both signed without a session (codec.OPEN_TYPE)
     CONFIGURE   pack_configure(role, node_id, model) / unpack_configure -> (role, node_id, model)
     BEGIN       pack_begin(seed, temp_milli, draft_top_k, target_top_k, top_p_q16, eos, prompt)
                 unpack_begin -> (seed, temp_milli, draft_top_k, target_top_k, top_p_q16, eos, prompt)
@@ -41,7 +44,7 @@ import struct
 from .codec import BadFrame, BadLength
 from .rule import ONE
 
-HELLO = 0x01
+HELLO = 0x01  # codec.OPEN_TYPE: the exchange that opens a signed session
 CONFIGURE = 0x02
 BEGIN = 0x03
 DRAFT_REQ = 0x04
@@ -89,9 +92,16 @@ E_RANGE = 3  # token id, length or position outside the model's vocabulary or co
 E_MODEL = 4  # the model file cannot be loaded
 E_MEMORY = 5  # out of memory (not cached: a retransmission runs the request again)
 E_INTERNAL = 6  # anything else: a bug (the session is dropped)
-E_COUNTER = 7  # a signed request older than the replay window; the message is the newest counter seen
-E_KEY = 8  # a request refused for its signature (unsigned to a keyed node, signed to an unkeyed one, a bad tag);
-# the reply is signed exactly when the node holds a key, so the host tells the key states apart by its flags
+# 7 was the stale-counter answer of signing version 1 (signing version 2 has no counter resynchronisation)
+E_KEY = 8  # a frame refused for its signature (unsigned to a keyed node, signed to an unkeyed one, a bad tag or
+# a session the node does not hold, the key's counters used up); never signed: a refusal gives an attacker nothing
+# the node's words for E_KEY refusals, by KEY_* index (the host's key-mismatch diagnosis reads them,
+# host/bus/links.py): a signed frame to a node without a key, an unsigned one to a keyed node, a bad tag, spent
+KEY_WHY = ("signed; no key here", "unsigned; a key here", "bad tag: another key, or no such session",
+           "key's counters used up: flash a new key")
+# A signed HELLO request holds the host's session id (8 bytes) and a random challenge (8); its reply ends with 20
+# bytes: the challenge, the node's nonce (8), the u32 highest host counter it took this boot (packed by
+# firmware/node.py, read by host/bus/proxy.py: no function here, each name costs a board's heap)
 
 MAX_GAMMA = 32  # most drafts a node holds and a DRAFT_REQ may ask for; a node's HELLO reports its own limit
 
@@ -547,7 +557,7 @@ def _ping(payload):
 # (request unpacker, reply unpacker) per message type; None where that direction is not used.
 # A request answered by "ACK" in the contract gets a reply frame of type ACK.
 _UNPACK = {
-    HELLO: (unpack_empty, unpack_hello),
+    HELLO: (_ping, unpack_hello),  # a signed one: session id + challenge, checked by the node
     CONFIGURE: (unpack_configure, None),
     BEGIN: (unpack_begin, None),
     DRAFT_REQ: (unpack_draft_req, None),

@@ -83,9 +83,14 @@ def _errors(d):
 
 
 def _auth(a):
+    """The case's signing state: its key, first counter, and (signing version 2) its session towards every node."""
     if a.get("key") is None:
         return None
-    return codec.Auth(unhex(a["key"]), counter=a.get("counter", 0))
+    auth = codec.Auth(unhex(a["key"]), counter=a.get("counter", 0))
+    if a.get("signing"):
+        for node in range(256):
+            auth.sessions[node] = unhex(a["signing"])
+    return auth
 
 
 def _plain(x):

@@ -68,8 +68,15 @@ def test_decode_rejects_unknown_type_and_a_second_form_of_session_0():
         codec.decode(_with_crc(bytes([m.PING | codec.FLAG_SIGNED, 1]) + bytes(11)))
 
 
+def _opened(node, *auths):
+    """Auths with one session open towards `node` (what a signed HELLO leaves, docs/security.md)."""
+    for a in auths:
+        a.sessions[node] = b"nonce-01session"
+    return auths
+
+
 def test_signed_frames_tag_and_replay():
-    tx, rx = codec.Auth(b"secret"), codec.Auth(b"secret")
+    tx, rx = _opened(7, codec.Auth(b"secret"), codec.Auth(b"secret"))
     frames = [codec.encode(m.PING, b"x%d" % i, src=7, auth=tx) for i in range(5)]
     assert len(frames[0]) == 3 + 1 + 2 + 12 + 2  # flags, src, dst; seq; payload; counter + tag; CRC
     got = [codec.decode(f, rx) for f in (frames[1], frames[0], frames[3])]  # reordered within window
@@ -79,7 +86,9 @@ def test_signed_frames_tag_and_replay():
             codec.decode(f, rx)
     assert codec.decode(frames[2], rx).payload == b"x2"
     with pytest.raises(codec.BadAuth):  # wrong key
-        codec.decode(codec.encode(m.PING, auth=codec.Auth(b"other")), codec.Auth(b"secret"))
+        codec.decode(codec.encode(m.PING, src=7, auth=_opened(7, codec.Auth(b"other"))[0]), _opened(7, codec.Auth(b"secret"))[0])
+    with pytest.raises(codec.BadAuth):  # the same key, another session
+        codec.decode(codec.encode(m.PING, src=7, auth=codec.Auth(b"secret")), _opened(7, codec.Auth(b"secret"))[0])
     with pytest.raises(codec.BadAuth):  # unsigned where signing is required
         codec.decode(codec.encode(m.PING), rx)
     with pytest.raises(codec.BadAuth):  # signed but no key
@@ -91,7 +100,7 @@ def test_signed_frames_tag_and_replay():
 
 
 def test_resign_lets_a_signed_retransmission_through():
-    tx, rx = codec.Auth(b"secret"), codec.Auth(b"secret")
+    tx, rx = _opened(1, codec.Auth(b"secret"), codec.Auth(b"secret"))
     first = codec.encode(m.DRAFT_REQ, b"\x01\x00\x00\x00\x04", src=0, dst=1, seq=77, auth=tx)
     assert codec.decode(first, rx).counter == 1
     with pytest.raises(codec.Replay):

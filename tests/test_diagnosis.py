@@ -42,7 +42,7 @@ def test_a_key_mismatch_is_named_within_2_s_each_way_round(virtual_board, models
         assert err.count("\n") == 1 and "key mismatch" in err and why in err
         assert key_a.read_text().strip() not in err and key_b.read_text().strip() not in err  # never the key
         time.sleep(0.3)  # a node answers one refusal per 250 ms
-    assert cli.main([*flash, "--no-key"]) == 0
+    assert cli.main([*flash, "--key-file", str(key_a), "--no-key"]) == 0  # a keyed node is ended by its key only
     capsys.readouterr()
     rc, took = _run(models, vb.port, "--key-file", str(key_a))
     err = capsys.readouterr().err

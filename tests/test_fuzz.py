@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from specmesh.host.boardclasses import ESP32
 from specmesh.shared import codec
+from specmesh.tools.fuzz import keyed_auth
 from specmesh.tools.gen_vectors import mutate
 from specmesh.shared import messages as m
 from specmesh.shared.rule import ONE
@@ -46,11 +47,11 @@ def test_decode_random_bytes_only_raises_codec_errors(data, keyed):
 @FUZZ
 @given(frames, st.booleans())
 def test_valid_frames_round_trip(f, signed):
-    auth = (codec.Auth(b"key"), codec.Auth(b"key")) if signed else (None, None)
+    auth = (keyed_auth(m.HOST, 1), keyed_auth(1, m.HOST)) if signed else (None, None)  # the link's two ends
     data = codec.encode(auth=auth[0], **f)
     assert _same(codec.decode(data, auth[1]), f)
     line = codec.encode_line(data)
-    got = codec.StreamDecoder(auth=codec.Auth(b"key") if signed else None).feed(line)
+    got = codec.StreamDecoder(auth=keyed_auth(1, m.HOST) if signed else None).feed(line)
     assert len(got) == 1 and _same(got[0], f)
 
 
@@ -148,7 +149,8 @@ def test_datagram_decoder_random_packets_bounded(packets):
     d = codec.DatagramDecoder(max_partial=3, max_size=1024)
     for sender, pkt in packets:
         d.feed(b"\xfe" + pkt if sender & 1 else pkt, sender)
-        assert d.pending() <= 3
+        held = [k[0] for k in d._partial]  # slots per sender (max_partial), all of them together (MAX_SLOTS)
+        assert d.pending() <= codec.MAX_SLOTS and all(held.count(s) <= 3 for s in held)
 
 
 def test_long_fuzz_command_at_a_small_size_finds_nothing_and_would_report_a_crash(monkeypatch, capsys):

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from specmesh.host.layout import TARGET_FILE
+from specmesh.host.bus.proxy import HostAuth
 from specmesh.tools.nodeproc import NodeProc, seq_of
 from specmesh.shared import codec
 from specmesh.shared import messages as m
@@ -167,8 +168,9 @@ def test_ctrl_c_ends_the_node_cleanly(node):
 
 def test_signed_node_refuses_unsigned_frames_and_answers_retransmissions_from_its_cache(micropython, tmp_path):
     key = bytes(range(16))
-    node = NodeProc(micropython, tmp_path / "b", {"key": key.hex()}, auth=codec.Auth(key))
+    node = NodeProc(micropython, tmp_path / "b", {"key": key.hex()}, auth=HostAuth(key))
     try:
+        node.open()
         assert node.call(m.PING, b"signed") == (b"signed",)
         req = node.frame(m.PING, b"once")
         node.send(req)
@@ -179,7 +181,7 @@ def test_signed_node_refuses_unsigned_frames_and_answers_retransmissions_from_it
         node.send(codec.encode(m.PING, b"plain", src=0, dst=1, seq=77))  # unsigned
         node.send(codec.encode(m.PING, b"forged", src=0, dst=1, seq=78, auth=codec.Auth(b"wrong key")))
         st = node.stats()
-        assert st["dup_replies"] == 1 and st["bad_frames"] == 2 and st["requests"] == 4  # 2 PINGs, 2 STATS
+        assert st["dup_replies"] == 1 and st["bad_frames"] == 2 and st["requests"] == 5  # HELLO, 2 PINGs, 2 STATS
     finally:
         node.close()
 

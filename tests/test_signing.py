@@ -1,11 +1,13 @@
 """Deployment keys from flash to run (docs/security.md): key files, `specmesh flash --key-file`, a keyed
 node refusing and counting unsigned, forged, wrong-key and replayed frames (under the real `micropython`
-and on a flashed virtual board), the host's nonce handshake and counter resynchronisation, and a signed
+and on a flashed virtual board), the sessions a HELLO opens, the end of the counter range, and a signed
 generation giving the unsigned text."""
 
 import contextlib
 import json
 import stat
+import subprocess
+import sys
 import time
 
 import pytest
@@ -13,10 +15,10 @@ import pytest
 from specmesh.host import cli
 from specmesh.host.backends import SessionParams
 from specmesh.host.bus.links import SerialLink
-from specmesh.host.bus.proxy import Bus, HostAuth, NodeError, NodeTimeout
+from specmesh.host.bus.proxy import Bus, HostAuth, NodeError, NodeTimeout, ProxyError
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
-from specmesh.host.layout import DRAFTER_FILE
+from specmesh.host.layout import DRAFTER_FILE, ROOT
 from specmesh.host.provision.cluster import Cluster, _backend, _open
 from specmesh.host.provision.keys import KeyFileError, load_key, new_key_file
 from specmesh.shared import codec
@@ -73,63 +75,170 @@ def test_keygen_refuses_to_make_a_folder_outside_the_home(tmp_path, monkeypatch,
     assert not (tmp_path / "nonexist").exists()
 
 
-def test_keyed_node_refuses_and_counts_unsigned_forged_wrong_key_and_replayed_frames(micropython, tmp_path):
-    auth = codec.Auth(KEY)
+def test_codec_attacks_fail_under_both_runtimes(micropython):
+    """Issue 36's attacks on shared/codec.py alone (tests/mp_auth.py): replayed BEGIN, unsigned and type-0
+    frames, cross-link injection, a second host process, the end of the counter range."""
+    for exe in (sys.executable, micropython):
+        out = subprocess.run([exe, "tests/mp_auth.py"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        lines = out.stdout.splitlines()
+        assert lines == [name + " ok" for name in ("replayed_begin", "unsigned_and_type0", "cross_link",
+                                                   "second_run", "counter_range", "reassembly_slots")], (exe, out.stdout, out.stderr)
+
+
+def _refusal(node: NodeProc, seq: int) -> codec.Frame:
+    """The node's refusal with `seq`, read without a key: it is never signed."""
+    keyed, node.decoder.auth = node.decoder.auth, None
+    try:
+        return node.reply(seq, 10.0)
+    finally:
+        node.decoder.auth = keyed
+
+
+def test_keyed_node_refuses_unsigned_forged_wrong_key_and_replayed_frames_unsigned(micropython, tmp_path):
+    auth = HostAuth(KEY)
     node = NodeProc(micropython, tmp_path / "b", {"key": KEY.hex()}, auth=auth)
     try:
+        node.open()
         first = node.frame(m.PING, b"first")
         node.send(first)
         assert node.reply(seq_of(first)).payload == b"first"
-        node.send(codec.encode(m.PING, b"plain", src=0, dst=1, seq=500))  # unsigned
-        node.send(codec.encode(m.PING, b"other", src=0, dst=1, seq=501, auth=codec.Auth(b"another key")))
+        node.send(codec.encode(m.PING, b"plain", src=0, dst=1, seq=200))  # unsigned
+        err = _refusal(node, 200)
+        assert err.counter == 0 and m.unpack_error(err.payload) == (m.E_KEY, m.KEY_WHY[1])
+        time.sleep(0.3)  # one refusal per 250 ms
+        zero = bytearray(codec.encode(m.PING, b"", src=0, dst=1, seq=201))  # type 0: refused for its tag
+        zero[0] &= 0xF0
+        zero[-2:] = codec.crc16(zero[:-2]).to_bytes(2, "little")
+        node.send(bytes(zero))
+        err = _refusal(node, 201)
+        assert err.counter == 0 and m.unpack_error(err.payload)[0] == m.E_KEY
+        node.send(codec.encode(m.PING, b"other", src=0, dst=1, seq=202, auth=codec.Auth(b"another key")))
         forged = bytearray(node.frame(m.PING, b"forged"))
         forged[codec.header(forged)[6]] ^= 1  # payload changed after signing; the CRC made good again
         forged[-2:] = codec.crc16(forged[:-2]).to_bytes(2, "little")
         node.send(bytes(forged))
         for i in range(30):  # the replay window (24) and the reply cache (4) move on
             assert node.call(m.PING, b"%d" % i) == (b"%d" % i,)
-        node.send(first)  # a recording of an answered frame, older than the window
-        err = node.reply(seq_of(first))
-        assert err.mtype == m.ERROR and err.counter > 0  # signed by the node
-        code, message = m.unpack_error(err.payload)
-        assert code == 7 and int(message) == auth.counter  # the newest counter it saw from the host
+        node.send(first)  # a recording of an answered frame, older than the window: nothing comes back
+        node.send(node.frame(m.PING, b"after"))
+        f = node.read(10.0)
+        assert f is not None and f.payload == b"after"
         st = node.stats()
-        assert (st["unsigned"], st["bad_tag"], st["replayed"]) == (1, 2, 1)
-        assert st["bad_frames"] == 4 and st["requests"] == 31 + 1  # 31 PINGs, this STATS
+        assert (st["unsigned"], st["bad_tag"], st["replayed"]) == (2, 2, 1)
+        assert st["bad_frames"] == 5 and st["requests"] == 1 + 31 + 1 + 1  # HELLO, 31 PINGs, "after", STATS
     finally:
         node.close()
 
 
-def test_a_rebooted_node_signs_above_its_old_counters_and_its_old_frames_stay_refused(micropython, tmp_path):
-    """A keyed node reserves signing counters in its config: after a reboot (a new process on the same
-    flash) the host that saw its earlier replies takes its new ones, and a recording of an old-boot reply
-    is still refused as a replay."""
-    host = codec.Auth(KEY)
+def test_a_rebooted_node_opens_a_new_session_and_its_old_frames_stay_refused(micropython, tmp_path):
+    """After a reboot (a new process on the same flash) the node holds no session: the host's next frame is
+    refused unsigned, a HELLO opens a new one, the node signs above every counter it used before, and
+    recordings of the old boot (its replies, the host's requests) verify nowhere."""
+    host = HostAuth(KEY)
     board = tmp_path / "b"
     node = NodeProc(micropython, board, {"key": KEY.hex()}, auth=host)
-    old = []
+    node.open()
+    sent, old = [], []
     for i in range(30):
-        f = node.request(m.PING, b"%d" % i)
-        assert f.payload == b"%d" % i
-        # the very bytes the node sent: the tag is a function of the key, the frame and its counter
-        old.append(codec.encode(f.mtype, f.payload, f.src, f.dst, f.seq, f.session, True,
-                                codec.Auth(KEY, counter=f.counter - 1)))
-    top = codec.decode(old[-1], codec.Auth(KEY)).counter
+        sent.append(node.frame(m.PING, b"%d" % i))
+        node.send(sent[-1])
+        f = node.reply(seq_of(sent[-1]))
+        old.append(codec.encode(f.mtype, f.payload, f.src, f.dst, f.seq, f.session, True, _clone(host, f.counter)))
+    top = old[-1]
     node.close()
-    reserved = json.loads((board / "specmesh.json").read_text())["ctr"]
-    assert reserved > top
+    reserved = json.loads((board / "specmesh.key").read_text())["ctr"]
     node = NodeProc(micropython, board, None, auth=host)  # rebooted: its RAM state is gone
     try:
-        f = node.request(m.PING, b"after")  # the host's decoder takes it: signed above every old counter
-        assert f.payload == b"after" and f.counter == reserved + 1
-        for raw in (old[0], old[-2], old[-1]):
-            with pytest.raises(codec.Replay):
+        late = node.frame(m.PING, b"late")
+        node.send(late)
+        assert m.unpack_error(_refusal(node, seq_of(late)).payload)[0] == m.E_KEY  # no session: refused, unsigned
+        node.send(sent[0])  # the old boot's requests: refused too (rate-limited refusal: none comes back)
+        node.open()
+        f = node.request(m.PING, b"after")
+        assert f.payload == b"after" and f.counter > reserved
+        for raw in old[:1] + [top]:
+            with pytest.raises(codec.BadAuth):
                 codec.decode(raw, host)
+        assert node.stats()["requests"] == 3  # HELLO, PING, STATS: nothing old was acted on
     finally:
         node.close()
 
 
-def test_flash_key_then_signed_run_handshake_resync_and_refusals(virtual_board, models, tmp_path, capsys):
+def _clone(host: HostAuth, counter: int) -> codec.Auth:
+    """A node-side Auth that signs exactly as the node did at `counter` (the bytes it sent): same session."""
+    a = codec.Auth(KEY, 24, counter - 1, 1, m.HOST)
+    a.sessions[1] = host.sessions[1]
+    return a
+
+
+def test_keyed_node_walks_to_the_end_of_its_counter_range_then_signs_nothing(micropython, tmp_path):
+    """A node near 2**32 - 1 signs with every counter left, each once and in order, then refuses unsigned,
+    saying why (a new key); a later boot signs nothing either: no counter is ever used twice."""
+    board = tmp_path / "b"
+    node = NodeProc(micropython, board, {"key": KEY.hex(), "ctr": codec.LAST_COUNTER - 20}, auth=HostAuth(KEY))
+    counters = []
+    try:
+        node.open()
+        while True:
+            f = node.frame(m.PING, b"walk")
+            node.send(f)
+            got = node.read(3.0)
+            if got is None:  # the end comes as an unsigned refusal (the keyed decoder drops it): ask again
+                time.sleep(0.3)
+                f = node.frame(m.PING, b"walk")
+                node.send(f)
+                err = _refusal(node, seq_of(f))
+                assert m.unpack_error(err.payload) == (m.E_KEY, m.KEY_WHY[3]) and err.counter == 0
+                break
+            assert got.payload == b"walk"
+            counters.append(got.counter)
+    finally:
+        node.close()
+    assert counters == sorted(set(counters)) and codec.LAST_COUNTER - 20 < counters[0]
+    assert codec.LAST_COUNTER - 8 <= counters[-1] < codec.LAST_COUNTER
+    assert any(m.KEY_WHY[3] in t.decode() for t in node.text)
+    assert json.loads((board / "specmesh.key").read_text())["ctr"] == codec.LAST_COUNTER
+    node = NodeProc(micropython, board, None, auth=HostAuth(KEY))  # a later boot
+    try:
+        hello = node.frame(m.HELLO, b"s" * 8 + b"c" * 8)
+        node.send(hello)
+        err = _refusal(node, seq_of(hello))
+        assert m.unpack_error(err.payload) == (m.E_KEY, m.KEY_WHY[3]) and err.counter == 0
+    finally:
+        node.close()
+
+
+def test_a_keyed_board_whose_config_or_key_file_cannot_be_read_serves_nothing(micropython, tmp_path):
+    """Issue 36, 6: a torn config beside a key file, or a torn key file, leaves the board serving nothing (an
+    unsigned CONFIGURE is not obeyed, nothing is saved) and saying why; a key save torn between its remove and
+    its rename is recovered from the temp file."""
+    board = tmp_path / "b"
+    configure = codec.encode(m.CONFIGURE, m.pack_configure(m.ROLE_VERIFIER, 7, "x.spm"), src=0, dst=1, seq=3)
+    for torn in ("specmesh.json", "specmesh.key"):
+        NodeProc(micropython, board, {"key": KEY.hex(), "role": "idle"}).close()  # a keyed board's files
+        (board / torn).write_text('{"node_id": 1, "ro')  # a write cut short
+        before = (board / "specmesh.json").read_text()
+        node = NodeProc(micropython, board, None)
+        try:
+            node.send(configure)
+            assert node.read(5.0) is None  # no frame: nothing is served, and the console says why
+            assert any(b"serving nothing" in t for t in node.text), (node.text, node.stderr_tail())
+        finally:
+            node.close()
+        assert (board / "specmesh.json").read_text() == before
+    NodeProc(micropython, board, {"key": KEY.hex(), "role": "idle"}).close()
+    (board / "specmesh.key").rename(board / "specmesh.key.tmp")  # removed, not yet renamed: the new one is whole
+    node = NodeProc(micropython, board, None, auth=HostAuth(KEY))
+    try:
+        node.open()
+        assert node.call(m.PING, b"keyed") == (b"keyed",)
+        node.send(configure)  # unsigned: refused
+        assert node.read(2.0) is None
+    finally:
+        node.close()
+
+
+def test_flash_key_then_signed_runs_open_sessions_and_refusals(virtual_board, models, tmp_path, capsys):
     key_file = tmp_path / "deploy.key"
     new_key_file(key_file)
     key = load_key(key_file)
@@ -138,19 +247,25 @@ def test_flash_key_then_signed_run_handshake_resync_and_refusals(virtual_board, 
                      "--key-file", str(key_file)]) == 0
     out = capsys.readouterr()
     assert key.hex() not in out.out + out.err  # never printed
-    assert json.loads((vb.flash_dir / "specmesh.json").read_text())["key"] == key.hex()  # the board's flash
+    held = vb.flash_dir / "specmesh.key"  # the board's flash: the key apart from the config, owner-only
+    assert json.loads(held.read_text())["key"] == key.hex() and "key" not in (vb.flash_dir / "specmesh.json").read_text()
+    assert stat.S_IMODE(held.stat().st_mode) == 0o600 and stat.S_IMODE(vb.flash_dir.stat().st_mode) == 0o700
     with contextlib.ExitStack() as stack:  # a first host process signs 40 frames
         bus = _open(vb.port, stack, key=key)
         drafter = _backend("drafter", bus, 1, vb.port)
+        bus.link.text.clear()  # (what the flash's own reset printed)
+        bus.link.write_raw(b"\x03\x03\x03")  # Ctrl-C on the USB line: the keyed node serves on, no REPL
+        time.sleep(0.5)
         for i in range(40):
             assert bus.request(1, m.PING, b"%d" % i).payload == b"%d" % i
+        assert not any(">>>" in t or "MicroPython" in t for t in bus.link.text), list(bus.link.text)
         drafter.close()
     with contextlib.ExitStack() as stack:  # a new host process starts its counter at 0 again
         bus = _open(vb.port, stack, key=key)
-        _backend("drafter", bus, 1, vb.port)  # the handshake PING is stale: ERROR 7, resync, resend
+        _backend("drafter", bus, 1, vb.port)  # its HELLO opens a session above the first process's counters
         assert bus.auth.counter > 40 and bus.retransmits == 0
-    # an unkeyed host, a host with another key: the node acts on nothing and says why (ERROR E_KEY, signed
-    # with its own key), which the host reads as a key mismatch at once, not as a node that does not answer
+    # an unkeyed host, a host with another key: the node acts on nothing and says why (ERROR E_KEY, unsigned),
+    # which the host reads as a key mismatch at once, not as a node that does not answer
     for wrong, why in ((None, "it holds a deployment key, and this run has none"),
                        (HostAuth(b"w" * 32), "the board signs with another deployment key")):
         with contextlib.closing(SerialLink(vb.port, auth=wrong)) as link:
@@ -165,12 +280,22 @@ def test_flash_key_then_signed_run_handshake_resync_and_refusals(virtual_board, 
         assert st["unsigned"] >= 1 and st["bad_tag"] >= 1
         with pytest.raises(NodeError):  # a refused request is still an authentic answer
             bus.request(1, m.DRAFT_REQ, m.pack_draft_req(5, 1))
-    # flashing without --key-file keeps the key; --no-key opens the bus again
-    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]) == 0
-    assert "key" in json.loads((vb.flash_dir / "specmesh.json").read_text())
+    # the running keyed node takes no Ctrl-C: flashing it needs its key (a signed RESET ends it); a re-flash with
+    # the same key keeps its counter floor (no counter used twice); --no-key with the key opens the bus again
+    floor = json.loads(held.read_text())["ctr"]
+    capsys.readouterr()
+    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--key-file" in err
     assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE),
-                     "--no-key"]) == 0
-    assert "key" not in json.loads((vb.flash_dir / "specmesh.json").read_text())
+                     "--key-file", str(key_file)]) == 0
+    assert json.loads(held.read_text())["ctr"] >= floor
+    with contextlib.ExitStack() as stack:
+        bus = _open(vb.port, stack, key=key)
+        assert _backend("drafter", bus, 1, vb.port).stats()["requests"] >= 1
+    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE),
+                     "--key-file", str(key_file), "--no-key"]) == 0
+    assert not held.exists()
 
 
 def test_signed_generation_gives_the_unsigned_text(models, tmp_path):
@@ -190,3 +315,24 @@ def test_run_key_file_errors_are_one_line(capsys, tmp_path):
     assert cli.main(["run", "--key-file", str(tmp_path / "k"), "--drafter", "cpu", "--verifier", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "must hold the key as hex digits" in err and "not a key" not in err
+
+
+def test_a_host_at_the_end_of_its_counter_range_stops_with_one_line():
+    """The host never wraps a counter either: a request it cannot sign is a ProxyError, no retry loop."""
+
+    class Wire:
+        on_frame = None
+        sent: list[bytes] = []
+
+        def send(self, frame: bytes) -> None:
+            self.sent.append(frame)
+
+        def watch(self, callback) -> None:
+            pass
+
+    auth = HostAuth(KEY)
+    auth.counter = codec.LAST_COUNTER - 1
+    bus = Bus(Wire(), auth=auth, deadline=1.0)
+    with pytest.raises(ProxyError, match="counters used up; reboot the board"):
+        bus.request(1, m.PING, b"x")
+    assert Wire.sent == [] and not bus._waiting

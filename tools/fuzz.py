@@ -78,7 +78,7 @@ NODE_EXCLUDED = (m.RESET, m.CONFIGURE)
 def inputs(r: random.Random, node: bool = False):
     """Endless fuzz inputs (binary frames, mostly invalid); node=True leaves out what ends or moves a node."""
     bodies = [b for b in BODIES if not (node and b[0] in NODE_EXCLUDED)]
-    auth = codec.Auth(KEY)
+    auth = keyed_auth(m.HOST, 1)
     while True:
         mtype, reply, body = r.choice(bodies)
         kind = r.randrange(10)
@@ -95,6 +95,17 @@ def inputs(r: random.Random, node: bool = False):
         yield mutate(r, frame, max_ops=3) if 4 <= kind < 8 else frame
 
 
+SENDERS = 3  # datagram senders the fuzzed fragments come from
+
+
+def keyed_auth(me: int, peer: int) -> codec.Auth:
+    """Signing state with one session open towards every node id, so signed inputs reach the parsers."""
+    auth = codec.Auth(KEY, 24, 0, me, peer)
+    for node in range(256):
+        auth.sessions[node] = b"fuzz-session-000"
+    return auth
+
+
 def _crash(report: dict, where: str, data: bytes, e: BaseException) -> None:
     report["crashes"] += 1
     if len(report["examples"]) < 5:
@@ -104,7 +115,7 @@ def _crash(report: dict, where: str, data: bytes, e: BaseException) -> None:
 def fuzz_cpython(n: int, seed: int) -> dict:
     r = random.Random(seed)
     report = {"inputs": n, "crashes": 0, "hangs": 0, "slowest_s": 0.0, "examples": []}
-    keyed = codec.Auth(KEY)
+    keyed = keyed_auth(1, m.HOST)
     stream = codec.StreamDecoder(max_line=4096)
     datagram = codec.DatagramDecoder()
     chunk = bytearray()
@@ -130,13 +141,13 @@ def fuzz_cpython(n: int, seed: int) -> dict:
                 stream.feed(bytes(chunk[len(chunk) // 2:]))
                 chunk.clear()
             for p in codec.fragment(data, i & 0xFFFF):
-                datagram.feed(mutate(r, p) if r.random() < 0.1 else p, sender=r.randrange(3))
+                datagram.feed(mutate(r, p) if r.random() < 0.1 else p, sender=r.randrange(SENDERS))
         except Exception as e:  # noqa: BLE001
             _crash(report, "feed", data, e)
         took = time.perf_counter() - t0
         report["slowest_s"] = max(report["slowest_s"], took)
         report["hangs"] += took > HANG_S
-        if datagram.pending() > datagram.max_partial or stream._n > len(stream._buf):
+        if datagram.pending() > SENDERS * datagram.max_partial or stream._n > len(stream._buf):  # slots per sender
             _crash(report, "state bound", data, RuntimeError("decoder state beyond its bound"))
         if i == warm:
             base = tracemalloc.get_traced_memory()[0]

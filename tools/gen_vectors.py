@@ -208,9 +208,20 @@ def rule_cases() -> list[dict]:
 
 
 # ---------------------------------------------------------------- frames
+SESSION = b"vector nonce+sid"  # the signing session of every signed case (codec.SESSION_SIZE bytes)
+
+
 def _fields(mtype, payload=b"", src=1, dst=2, seq=3, session=4, reply=False, key=None, counter=0) -> dict:
     return dict(mtype=mtype, payload=payload.hex(), src=src, dst=dst, seq=seq, session=session, reply=reply,
-                key=key, counter=counter)
+                key=key, counter=counter, **({"signing": SESSION.hex()} if key else {}))
+
+
+def _keyed(key: bytes) -> codec.Auth:
+    """A signing state as tests/mp_runner.py builds it for a case with a session: SESSION towards every node."""
+    auth = codec.Auth(key)
+    for node in range(256):
+        auth.sessions[node] = SESSION
+    return auth
 
 
 def _crc_fixed(body: bytes) -> str:
@@ -231,7 +242,7 @@ def codec_cases() -> list[dict]:
     out.append(case("encode to the peer", "encode", **_fields(m.VERIFY_REQ, m.pack_draft(300, []), src=None,
                                                               dst=None, session=0)))
     good = codec.encode(m.PING, b"hello", 1, 2, 3, 4)
-    signed = [codec.encode(m.PING, b"s%d" % i, src=6, auth=a) for a in [codec.Auth(b"board-key")] for i in range(4)]
+    signed = [codec.encode(m.PING, b"s%d" % i, src=6, auth=a) for a in [_keyed(b"board-key")] for i in range(4)]
     bad_crc = bytearray(good)
     bad_crc[6] ^= 0x40
     frames = [good.hex(), good[:-1].hex(), (good + b"\x00").hex(), bytes(bad_crc).hex(), "", "01",
@@ -242,9 +253,9 @@ def codec_cases() -> list[dict]:
     assert [r[1] for r in c["expect"][1:-1]] == ["BadCRC", "BadCRC", "BadCRC", "BadLength", "BadLength",
                                                  "BadFrame", "BadType", "BadType", "BadLength", "BadAuth"]
     out.append(c)
-    wrong = codec.encode(m.PING, b"x", src=6, auth=codec.Auth(b"other"))
+    wrong = codec.encode(m.PING, b"x", src=6, auth=_keyed(b"other"))
     seq = [signed[1], signed[0], signed[1], signed[3], wrong, good, signed[2], signed[0]]
-    c = case("decode signed with replay", "decode", frames=[f.hex() for f in seq], key=key)
+    c = case("decode signed with replay", "decode", frames=[f.hex() for f in seq], key=key, signing=SESSION.hex())
     assert [r[0] if r[0] == "error" else "ok" for r in c["expect"]] == ["ok", "ok", "error", "ok", "error", "error",
                                                                           "ok", "error"]
     out.append(c)

@@ -92,8 +92,12 @@ class NodeProc:
         """`rom`: a ROMFS image (rom_image) the node finds mounted at /rom, as a board's ROMFS partition; it is
         memory-mapped flash on a board, so the VM's heap grows by its bytes."""
         board_dir.mkdir(parents=True, exist_ok=True)
-        if config is not None:
+        if config is not None:  # a "key" (and "ctr") go to the board's key file, as flashing puts them
+            config = dict(config)
+            key = {k: config.pop(k) for k in ("key", "ctr") if k in config}
             (board_dir / "specmesh.json").write_text(json.dumps(config))
+            if key:
+                (board_dir / "specmesh.key").write_text(json.dumps(key))
         self.dir = board_dir
         self.node_id = node_id
         self.seq = 0
@@ -166,6 +170,15 @@ class NodeProc:
             except NodeFailure:
                 if time.monotonic() >= end:
                     raise
+
+    def open(self) -> bytes:
+        """A signed node: open a session (docs/security.md) with a HELLO; `auth` must be a host/bus/proxy.py
+        HostAuth. Returns the HELLO payload."""
+        payload, challenge = self.auth.open_request()
+        body = self.auth.accept(self.node_id, challenge, self.request(m.HELLO, payload).payload)
+        if body is None:
+            raise NodeFailure("the node's HELLO answered no challenge of ours")
+        return body
 
     def view(self, node_id: int) -> NodeProc:
         """The same process seen as a way to another node (a gateway's peer): own node id and seqs."""

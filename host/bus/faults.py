@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specmesh.host.bus.links import Link, LinkError
-from specmesh.shared.codec import CodecError, Frame, Replay, decode, encode
+from specmesh.shared.codec import OPEN_TYPE, CodecError, Frame, Replay, decode, encode
 
 
 def flip_bit(data: bytes, rng: random.Random) -> bytes:
@@ -63,7 +63,10 @@ class _TagOnly:
     """A decoder's view of the host's signing state that checks tags but leaves the replay check to later."""
 
     def __init__(self, auth) -> None:
-        self.tag = auth.tag
+        self._auth = auth
+
+    def __getattr__(self, name: str):
+        return getattr(self._auth, name)  # tags, sessions, ends: the host's own
 
     def check_replay(self, src: int, counter: int) -> None:
         pass
@@ -124,8 +127,9 @@ class FaultyLink:
     def _deliver(self, f: Frame) -> None:
         if self._auth is not None:
             try:
-                with self._lock:  # (timers deliver too)
-                    self._auth.check_replay(f.src, f.counter)
+                with self._lock:  # (timers deliver too); a HELLO passes no window (codec.OPEN_TYPE)
+                    if f.mtype != OPEN_TYPE:
+                        self._auth.check_replay(self._auth.peer if f.src is None else f.src, f.counter)
             except Replay:
                 return
         if self.on_frame is not None:

@@ -7,9 +7,10 @@ can quote them.
 
 Two answers end a link's calls at once, with `error` saying what to do (the bus waiting on it is woken
 through `watch`): a board left half-flashed (its console line, firmware/config.py half_flashed), and, before any frame
-passed the link's signature check, a frame refused for its signature: the board holds a key and this
-host none (a signed frame), or the reverse (an unsigned one), or another key (a bad tag). A keyed
-board answers such a request with a refusal for exactly this (firmware/node.py, E_KEY).
+passed the link's signature check, a board's refusal of our signature (an unsigned ERROR E_KEY naming why:
+firmware/node.py) or a signed frame on an unsigned link: the board holds a key and this host none, or the
+reverse, or another key, or a key whose counters are used up. Once a frame passed, an unsigned frame is never
+an answer: a keyed link only tells `on_refusal` (the bus opens its session again, host/bus/proxy.py).
 
 The ESP-NOW transport needs no other host link: the host talks to a gateway board over this same serial
 link, and the gateway relays frames addressed to other nodes over the radio.
@@ -24,7 +25,8 @@ from typing import Protocol
 
 import serial
 
-from specmesh.shared.codec import FLAG_SIGNED, Auth, Frame, StreamDecoder, encode_line
+from specmesh.shared import messages as m
+from specmesh.shared.codec import FLAG_REPLY, FLAG_SIGNED, Auth, CodecError, Frame, StreamDecoder, decode, encode_line
 from specmesh.shared.messages import HALF_FLASHED
 
 
@@ -68,6 +70,7 @@ class SerialLink:
             raise LinkError("cannot open %s: %s" % (port, _first_line(e))) from None
         self.port = port
         self.on_frame = on_frame
+        self.on_refusal: Callable[[int | None], None] | None = None  # an unsigned refusal's src, once authenticated
         self.bytes_sent = 0
         self.bytes_received = 0
         self.text: collections.deque[str] = collections.deque(maxlen=20)
@@ -101,17 +104,19 @@ class SerialLink:
             self._fail("%s: the board was left half-flashed (a `specmesh flash` was interrupted); finish it with "
                        "`specmesh flash --port %s --role %s`" % (self.port, self.port, role))
 
-    def _refused(self, signed: bool) -> None:
-        """A frame refused for its signature (its CRC good): a key mismatch, unless frames passed before."""
-        if self.decoder.frames:
-            return  # an authentic peer: a stray or forged frame, counted in decoder.errors
+    def _refused(self, reason: str) -> None:
+        """The board refused this link's signature (`reason`: its E_KEY words, messages.KEY_*), before any
+        frame passed: a key mismatch, said once with what to do."""
         fix = "specmesh flash --port %s --role ROLE" % self.port
-        if self.decoder.auth is None:
+        if reason == m.KEY_WHY[1]:
             why = ("the board signs its frames: it holds a deployment key, and this run has none; pass its key "
                    "with --key-file, or remove it with `%s --no-key`" % fix)
-        elif signed:
+        elif reason == m.KEY_WHY[2]:
             why = ("the board signs with another deployment key than this run's --key-file; pass the key it was "
                    "flashed with, or flash this one onto it with `%s --key-file FILE`" % fix)
+        elif reason == m.KEY_WHY[3]:
+            why = ("the board's key has used up its signing counters; make a new key (`specmesh keygen`) and flash "
+                   "it onto every board with `%s --key-file FILE`" % fix)
         else:
             why = ("the board holds no deployment key, and this run signs with --key-file; flash the key onto it "
                    "with `%s --key-file FILE`, or run without --key-file" % fix)
@@ -166,11 +171,38 @@ class _Decoder(StreamDecoder):
         self.link = link
 
     def _decode(self, data):
+        first = not self.frames  # nothing passed this link's check yet: a refusal is the key-mismatch diagnosis
         refused = self.errors.get("BadAuth", 0)
         f = super()._decode(data)
         if f is None and self.errors.get("BadAuth", 0) != refused:
-            self.link._refused(bool(data[0] & FLAG_SIGNED))
+            if data[0] & FLAG_SIGNED:  # a signed frame on an unsigned link, or a bad tag (forged, another link)
+                if first and self.auth is None:
+                    self.link._refused(m.KEY_WHY[1])
+                return None
+            reason, src = _refusal(data)
+            if reason is not None and first:
+                self.link._refused(reason)
+            elif reason is not None and self.link.on_refusal is not None:
+                self.link.on_refusal(src)
+        elif f is not None and self.auth is None and f.mtype == m.ERROR and f.reply:
+            reason = _refusal(data)[0]
+            if reason is not None:  # a keyed board refused this unsigned link: said as such, not as its answer
+                self.frames -= 1
+                if first:
+                    self.link._refused(reason)
+                return None
         return f
+
+
+def _refusal(data: bytes) -> tuple[str | None, int | None]:
+    """(the reason, src) of an unsigned ERROR E_KEY reply (a board's refusal of a signature), (None, None) if it
+    is none."""
+    try:
+        f = decode(data)
+        code, message = m.unpack_error(f.payload) if f.mtype == m.ERROR and f.flags & FLAG_REPLY else (0, "")
+    except CodecError:
+        return None, None
+    return (message, f.src) if code == m.E_KEY else (None, None)
 
 
 def _first_line(e: BaseException) -> str:

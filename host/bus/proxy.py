@@ -18,27 +18,60 @@ A node on a UART console (a classic ESP32's, `ring`: its stdin ring's size) lose
 computes past the 259 bytes that ring holds (ports/esp32/uart.c drops them), so a new request waits, while
 others are in flight, until the ring can take its line besides the lines the node has not read: all but the
 oldest in flight, which it may be computing (retransmissions go at once: the one they repeat is presumed lost).
+
+Signed buses (docs/security.md, signing version 2): every HELLO opens a session, carrying this process's
+session id and a fresh challenge; only the node's signed answer to that challenge is taken, and its nonce
+then binds every frame to and from that node. A signed request that the node refused unsigned (a session
+it does not hold: it rebooted) or left unanswered twice opens the session again and goes out re-signed;
+the first time a bus does so it says so on stderr (a delay, never a board's answer).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from specmesh.host.bus.links import LinkError
 from specmesh.shared.codec import BROADCAST, Auth, CodecError, Frame, encode, line_size, resign
-from specmesh.shared.messages import E_COUNTER, ERROR, HOST, NAMES, PING, REPLY_TYPE, unpack_error
+from specmesh.shared.codec import BadAuth, BadLength
+from specmesh.shared.messages import ERROR, HELLO, HOST, NAMES, REPLY_TYPE, unpack_error
 
 
 class HostAuth(Auth):
-    """The host's signing state (shared.codec.Auth) plus what its nonce handshake needs."""
+    """The host's signing state (shared.codec.Auth): this end is the host, with a random session id of its own."""
 
-    def fresh(self, src: int | None, counter: int) -> None:
-        """`counter` signed the echo of a fresh nonce: refuse every older counter from `src` (a first frame
-        is otherwise taken at any counter, and this process may be newer than recordings of `src`)."""
-        self._seen[src] = [counter, (1 << self.window) - 1]
+    def __init__(self, key: bytes, window: int = 24):
+        super().__init__(key, window, 0, HOST)
+        self.session_id = os.urandom(8)
+
+    def open(self, node: int, session: bytes) -> None:
+        """Sign and check the frames to and from `node` under `session` from now on (a fresh replay window)."""
+        self.sessions[node] = session
+        self._seen.pop(node, None)
+
+    def open_request(self) -> tuple[bytes, bytes]:
+        """(payload of a signed HELLO: this host's session id and a challenge, messages.OPEN_REQ bytes; the
+        challenge)."""
+        challenge = os.urandom(8)
+        return self.session_id + challenge, challenge
+
+    def accept(self, node: int, challenge: bytes, payload: bytes) -> bytes | None:
+        """The HELLO payload of `node`'s signed answer to `challenge`, after opening the session it proposes
+        (its nonce with this host's session id; this host then signs above the node's counter floor); None if
+        it answers another challenge (a recording) or has no session tail."""
+        try:
+            body, got, nonce, floor = split_open(payload)
+        except BadLength:
+            return None
+        if got != challenge:
+            return None
+        self.open(node, nonce + self.session_id)
+        self.counter = max(self.counter, floor)
+        return body
 
 
 class ProxyError(Exception):
@@ -63,6 +96,7 @@ class _Waiter:
     node: int
     reply: Frame | None = None
     line: int = 0  # bytes of the request's line on the link
+    challenge: bytes | None = None  # a signed HELLO's: only the answer to it is taken
 
 
 class Bus:
@@ -71,12 +105,15 @@ class Bus:
     def __init__(self, link, min_rto: float = 0.05, deadline: float = 60.0, auth=None, initial_rto: float = 3.0,
                  peer: int | None = None):
         self.link = link
+        self.auth = auth
         self.peer = peer  # node id at the link's other end (None: unknown, every request is addressed)
         self.min_rto = min_rto
         self.initial_rto = initial_rto  # before any reply of a type was timed
         self.deadline = deadline
-        self.auth = auth
         self.retransmits = 0
+        self.reopens = 0  # sessions opened again after a refusal or silence (signed buses)
+        self.say: Callable[[str], None] = lambda line: print(line, file=sys.stderr)
+        self._refused: dict[int, float] = {}  # per node: when an unsigned refusal last came (a hint, never an answer)
         self.send_error: str | None = None  # the link could not be written (its board died): calls fail
         self.stale_replies = 0  # duplicates and replies that came after their caller gave up
         self.bytes: dict[int, int] = {}  # per node: bytes of its requests and replies on this link
@@ -89,7 +126,25 @@ class Bus:
         self._waiting: dict[int, _Waiter] = {}  # by seq
         self._slowest: dict[int, float] = {}  # per message type: recent slowest reply time (decays)
         link.on_frame = self._on_frame
+        if auth is not None:
+            link.on_refusal = self._on_refusal
         link.watch(self._wake_all)  # a link that fails (a key mismatch, a half-flashed board) ends the calls at once
+
+    @property
+    def peer(self) -> int | None:
+        return self._peer
+
+    @peer.setter
+    def peer(self, node: int | None) -> None:
+        self._peer = node
+        if self.auth is not None:
+            self.auth.peer = node  # address-less frames are bound to it (codec.Auth.ends)
+
+    def _on_refusal(self, src: int | None) -> None:
+        """An unsigned refusal on an authenticated link: perhaps our session is gone (a hint only)."""
+        node = self.peer if src is None else src
+        if node is not None:
+            self._refused[node] = time.perf_counter()
 
     def _wake_all(self) -> None:
         with self._lock:
@@ -107,7 +162,7 @@ class Bus:
         with self._lock:
             self._replied.notify_all()
             w = self._waiting.get(f.seq)
-            if w is not None and w.node in (src, BROADCAST):
+            if w is not None and w.node in (src, BROADCAST) and self._opens(w, f, src):
                 del self._waiting[f.seq]
             else:
                 w = None
@@ -118,6 +173,19 @@ class Bus:
             return
         w.reply = f
         w.event.set()
+
+    def _opens(self, w: _Waiter, f: Frame, src: int | None) -> bool:  # on the link's reader thread
+        """Whether `f` answers `w`: a signed HELLO's answer must carry its challenge; it then opens the session
+        (the node's nonce with this process's session id) and this host signs above the node's counter floor."""
+        if w.challenge is None or self.auth is None or src is None:
+            return True
+        if f.mtype != HELLO:
+            return f.mtype == ERROR
+        body = self.auth.accept(src, w.challenge, f.payload)
+        if body is None:
+            return False  # a recorded answer to another HELLO
+        f.payload = body
+        return True
 
     def _rto(self, mtype: int) -> float:
         """Three times the slowest recent reply of this type; before one was timed, of any type."""
@@ -134,9 +202,15 @@ class Bus:
         with self._lock:
             self._seq = (self._seq + 1) & 0xFF
             seq = self._seq
-            frame = encode(mtype, payload, src=HOST if addr else None, dst=node if addr else None, seq=seq,
-                           session=session, auth=self.auth)
-            w = _Waiter(threading.Event(), node, line=line_size(len(frame)))
+            w = _Waiter(threading.Event(), node)
+            if self.auth is not None and mtype == HELLO and not payload:
+                payload, w.challenge = self.auth.open_request()
+            try:
+                frame = encode(mtype, payload, src=HOST if addr else None, dst=node if addr else None, seq=seq,
+                               session=session, auth=self.auth)
+            except BadAuth as e:  # the end of the counter range: never wrapped (shared/codec.py LAST_COUNTER)
+                raise ProxyError("node %d: %s; reboot the board (a new boot takes counters afresh)" % (node, e)) from None
+            w.line = line_size(len(frame))
             if self.ring:
                 self._make_room(w.line, time.perf_counter() + self._rto(mtype))
             self._waiting[seq] = w
@@ -167,17 +241,19 @@ class Bus:
         """Send a request to `node` and return its reply frame."""
         return self.start(node, mtype, payload, session, deadline).result()
 
-    def handshake(self, node: int) -> None:
-        """With signing: PING `node` with a random nonce; its signed echo proves that counter fresh, so
-        replies recorded earlier (a new host process takes a first frame at any counter) are refused."""
-        if self.auth is None:
-            return
-        nonce = os.urandom(8)
-        reply = self.request(node, PING, nonce)
-        if reply.payload != nonce:
-            raise ProxyError("node %d echoed another nonce: a replayed frame, or a second host on this key"
-                             % node)
-        self.auth.fresh(reply.src, reply.counter)  # the replay window is keyed by src (None: the peer)
+    def reopen(self, node: int, end: float) -> None:
+        """Open the session with `node` again (a HELLO): it refused this host's frames unsigned or did not answer
+        (it rebooted, or someone on the bus is in the way). Says so on stderr the first time on this bus."""
+        if not self.reopens:
+            self.say("specmesh: %s: node %d refused or left unanswered a signed request; opening its session again "
+                     "(the board rebooted, or someone is sending on the bus: a delay, nothing is taken from it)"
+                     % (getattr(self.link, "port", "bus"), node))
+        self.reopens += 1
+        try:
+            self.request(node, HELLO,
+                         deadline=max(0.05, min(self.initial_rto, end - time.perf_counter())))
+        except ProxyError:
+            pass  # the request goes out again anyway, and its deadline decides
 
     def _timeout_message(self, node: int, mtype: int, err: str | None) -> str:
         if err:
@@ -206,20 +282,25 @@ class Call:
         bus, w = self.bus, self.waiter
         rto = bus._rto(self.mtype)
         retried = False
+        last = self.sent
         try:
-            while True:
-                while bus.send_error or not w.event.wait(max(0.0, min(self.sent + rto, self.end)
-                                                             - time.perf_counter())) or w.reply is None:
-                    err = getattr(bus.link, "error", None) or bus.send_error
-                    if err or time.perf_counter() >= self.end:
-                        raise NodeTimeout(bus._timeout_message(self.node, self.mtype, err))
-                    bus.retransmits += 1
-                    retried = True
-                    rto *= 2
-                    bus.send(self.node, self.frame)
-                if not self._stale_counter():
-                    break
-                retried = True  # sent again, re-signed: its reply times nothing (Karn)
+            while bus.send_error or not w.event.wait(max(0.0, min(self.sent + rto, self.end)
+                                                         - time.perf_counter())) or w.reply is None:
+                err = getattr(bus.link, "error", None) or bus.send_error
+                if err or time.perf_counter() >= self.end:
+                    raise NodeTimeout(bus._timeout_message(self.node, self.mtype, err))
+                bus.retransmits += 1
+                rto *= 2
+                if bus.auth is not None and self.mtype != HELLO and (
+                        retried or bus._refused.get(self.node, 0.0) > last):
+                    bus.reopen(self.node, self.end)  # refused unsigned since sent, or silent twice
+                    try:
+                        self.frame = resign(self.frame, bus.auth)
+                    except BadAuth as e:
+                        raise ProxyError("node %d: %s; reboot the board" % (self.node, e)) from None
+                retried = True
+                last = time.perf_counter()
+                bus.send(self.node, self.frame)
         finally:
             with bus._lock:
                 if bus._waiting.get(self.seq) is w:
@@ -237,28 +318,17 @@ class Call:
             raise ProxyError("node %d answered %s with %s" % (self.node, _name(self.mtype), _name(reply.mtype)))
         return reply
 
-    def _stale_counter(self) -> bool:
-        """An E_COUNTER ERROR (this host signed below what the node saw from an earlier host process):
-        continue above the node's highest counter and send the request again, re-signed."""
-        bus, w = self.bus, self.waiter
-        reply = w.reply
-        if bus.auth is None or reply is None or reply.mtype != ERROR or time.perf_counter() >= self.end:
-            return False
-        code, message = _error_body(reply.payload)
-        if code != E_COUNTER:
-            return False
-        try:
-            highest = int(message)
-        except ValueError:
-            return False
-        bus.auth.counter = max(bus.auth.counter, highest & 0xFFFFFFFF)
-        w.reply = None
-        w.event.clear()
-        with bus._lock:
-            bus._waiting[self.seq] = w
-        self.frame = resign(self.frame, bus.auth)
-        bus.send(self.node, self.frame)
-        return True
+
+OPEN_TAIL = 20  # a signed HELLO reply's last bytes (shared/messages.py: challenge, nonce, u32 counter floor)
+
+
+def split_open(payload: bytes) -> tuple[bytes, bytes, bytes, int]:
+    """(hello payload, challenge, nonce, counter floor) of a signed HELLO reply."""
+    n = len(payload) - OPEN_TAIL
+    if n < 0:
+        raise BadLength("a signed HELLO reply ends with %d bytes of session" % OPEN_TAIL)
+    return (bytes(payload[:n]), bytes(payload[n:n + 8]), bytes(payload[n + 8:n + 16]),
+            int.from_bytes(payload[n + 16:n + 20], "little"))
 
 
 def _name(mtype: int) -> str:

@@ -32,10 +32,11 @@ def _add_flash(sub) -> None:
     p.add_argument("--no-reset", action="store_true", help="leave the board in the REPL instead of starting the node")
     p.add_argument("--no-romfs", action="store_true", help="put the model on the filesystem (/models) even when the "
                    "board has a ROMFS partition (default: a drafter's or verifier's model goes to /rom when it fits)")
-    keys = p.add_mutually_exclusive_group()
-    keys.add_argument("--key-file", metavar="F", help="provision this deployment key (specmesh keygen): the board "
-                      "then signs and checks every frame (default: keep the key the board has, if any)")
-    keys.add_argument("--no-key", action="store_true", help="remove the board's key: an open bus")
+    p.add_argument("--key-file", metavar="F", help="provision this deployment key (specmesh keygen): the board "
+                   "then signs and checks every frame (default: keep the key the board has, if any); a board that "
+                   "holds a key is flashed again only with that key (its node takes no Ctrl-C)")
+    p.add_argument("--no-key", action="store_true", help="remove the board's key: an open bus (with --key-file: the "
+                   "key the board holds, which ends its node)")
     p.set_defaults(func=_flash)
 
 

@@ -26,6 +26,7 @@ from specmesh.host.bus.faults import Faults
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Observer, generate
 from specmesh.host.layout import MODELS, model_path
+from specmesh.shared import messages as m
 
 PROMPT = [1, 403, 407, 261, 378]  # "Once upon a time" in tok512
 GAMMA = 3
@@ -92,10 +93,14 @@ def reference(models: Path, params: SessionParams, tokens: int, transport: str =
 
 
 def soft_reset(board) -> None:
-    """Reboot a board mid-session as a user can: Ctrl-C ends the node, Ctrl-D soft-resets the board and
-    main.py starts afresh (its session lost; the host re-synchronises it from the committed prefix)."""
+    """Reboot a board mid-session as a user can: Ctrl-C ends the node (a keyed node takes none: a signed RESET,
+    docs/security.md), Ctrl-D soft-resets the board and main.py starts afresh (its session lost; the host
+    re-synchronises it from the committed prefix)."""
     link = board.proxy.bus.link
-    link.write_raw(b"\x03")
+    if board.proxy.bus.auth is not None:
+        board.proxy.call(m.RESET)
+    else:
+        link.write_raw(b"\x03")
     time.sleep(0.3)
     link.write_raw(b"\x04")
 

@@ -221,6 +221,7 @@ class VirtualBoard:
 
     def start(self, timeout: float = 10.0) -> VirtualBoard:
         self.flash_dir.mkdir(parents=True, exist_ok=True)
+        self.flash_dir.chmod(0o700)  # a board's flash may hold its deployment key (docs/security.md)
         if self.flash_bytes is not None:
             image = self.flash_dir / "flash.img"
             if not image.exists() or image.stat().st_size != self.flash_bytes:
@@ -335,6 +336,7 @@ class VirtualBoard:
                 preexec_fn=_die_with_parent,
                 pass_fds=(ready_w,),
                 bufsize=0,
+                umask=0o077,  # what the board writes (its key file among them) is its owner's only
             )
         except OSError as e:
             os.close(ready_r)

