@@ -171,5 +171,10 @@ xtensa-deps:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends $(XTENSA_DEBS); }
 
+# The suite on virtual ESP32 / ESP32-S3 boards under QEMU (the tests marked xtensa; `make test` skips them, saying
+# so): the firmware rebuilt bit for bit, the HIL suite with native and viper kernels, the node's own tests there.
+test-xtensa: setup xtensa-check
+	SPECMESH_XTENSA=1 $(PY) -m pytest -q -m xtensa
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

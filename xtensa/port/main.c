@@ -1,7 +1,8 @@
 /*
  * specmesh virtual Xtensa board: main() (after MicroPython's qemu port, MIT, Damien P. George), booting as a board
  * does: the filesystem mounted at / (rv32/port/vboard.c), then boot.py, then main.py in the friendly REPL, soft
- * reset (Ctrl-D) starting over. machine.reset() exits QEMU; the host starts it again (a power cycle).
+ * reset (Ctrl-D) ends QEMU with a code that says which REPL to come back to, machine.reset() with 0; the host starts
+ * it again on the same console (host/emulator/qemu.py).
  *
  * The GC heap is the board class's (vboard.h's config block): one internal area, the class's SRAM heap, and on
  * the S3 a second area in PSRAM, as MicroPython's esp32 port splits its heap (MICROPY_GC_SPLIT_HEAP).
@@ -23,10 +24,10 @@ void *xsim_get_sp(void);
 
 static uint32_t gc_heap[MICROPY_HEAP_SIZE / sizeof(uint32_t)];
 
-// The PSRAM heap area's bytes: the config block's fourth word (the first three are rv32/port/vboard.c's)
-static size_t psram_bytes(void) {
+// The config block's words after rv32/port/vboard.c's three: the PSRAM heap area's bytes, the REPL to boot into
+static uint32_t config_word(int i) {
     const uint32_t *c = (const uint32_t *)VBOARD_CONFIG_ADDR;
-    return c[0] == VBOARD_CONFIG_MAGIC && c[3] <= VBOARD_PSRAM_MAX ? c[3] & ~3u : 0;
+    return c[0] == VBOARD_CONFIG_MAGIC ? c[i] : 0;
 }
 
 int xsim_main(void) {
@@ -34,11 +35,14 @@ int xsim_main(void) {
     mp_cstack_init_with_top(_stack_top, _stack_top - _stack_bottom);
     vboard_init();
     gc_init(gc_heap, (char *)gc_heap + vboard_heap_bytes(MICROPY_HEAP_SIZE));
-    size_t psram = psram_bytes();
-    if (psram) {
+    size_t psram = config_word(3) & ~3u;
+    if (psram && psram <= VBOARD_PSRAM_MAX) {
         gc_add((void *)VBOARD_PSRAM_ADDR, (char *)VBOARD_PSRAM_ADDR + psram);
     }
 
+    if (config_word(4) == VBOARD_BOOT_RAW) {
+        pyexec_mode_kind = PYEXEC_MODE_RAW_REPL; // a soft reset in the raw REPL: back into it
+    }
     for (;;) {
         mp_init();
         vboard_mount();
@@ -61,9 +65,11 @@ int xsim_main(void) {
         }
 
         mp_printf(&mp_plat_print, "MPY: soft reboot\n");
-
-        gc_sweep_all();
+        gc_sweep_all(); // finalisers: open files are closed (flushed to the flash)
         mp_deinit();
+        // A soft reset ends QEMU: the host starts the board again in the same REPL (host/emulator/qemu.py),
+        // with the heap sized for the flash as it is now, as the unix-port boards do
+        semihost_exit(pyexec_mode_kind == PYEXEC_MODE_RAW_REPL ? VBOARD_EXIT_SOFT_RAW : VBOARD_EXIT_SOFT);
     }
     return 0;
 }

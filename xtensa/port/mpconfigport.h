@@ -1,4 +1,4 @@
-// specmesh virtual Xtensa board (ESP32 / ESP32-S3 classes): MicroPython on qemu-system-xtensa -M sim -cpu dc233c,
+// specmesh virtual Xtensa board (ESP32 / ESP32-S3 classes): MicroPython on qemu-system-xtensa -M sim -cpu de233_fpu,
 // the ESP32's windowed ABI and the xtensawin emitter, with what a board of those classes has: a littlefs
 // filesystem, a writable ROMFS partition (vfs.rom_ioctl, rv32/port/vboard.c), a console that sees Ctrl-C while
 // code runs, and a split heap for the S3's PSRAM (main.c).
@@ -15,15 +15,18 @@
 #define MICROPY_GC_SPLIT_HEAP       (1)
 #define MICROPY_ENABLE_EMERGENCY_EXCEPTION_BUF (1)
 #define MICROPY_LONGINT_IMPL        (MICROPY_LONGINT_IMPL_MPZ)
-// dc233c has no FPU and there is no soft-float runtime for LLVM's Xtensa target here: no float (the node's
-// arithmetic is all integer, docs/CONTRACTS.md section 4)
-#define MICROPY_FLOAT_IMPL          (MICROPY_FLOAT_IMPL_NONE)
+// single precision in the FPU, as the ESP32's and the S3's MicroPython (the node's arithmetic is integer,
+// docs/CONTRACTS.md section 4; its model header and host-side figures are floats)
+#define MICROPY_FLOAT_IMPL          (MICROPY_FLOAT_IMPL_FLOAT)
+// no complex numbers: llc-22 aborts on objcomplex.c at any optimisation level (xtensa/tools/xcc: a select
+// between two float constants it cannot select)
+#define MICROPY_PY_BUILTINS_COMPLEX (0)
 #define MICROPY_WARNINGS            (1)
 #define MICROPY_HELPER_REPL         (1)
 #define MICROPY_KBD_EXCEPTION       (1)
 #define MICROPY_PY_SYS_PLATFORM     "qemu"
 #define MICROPY_HW_BOARD_NAME       "specmesh-qemu-xtensa"
-#define MICROPY_HW_MCU_NAME         "dc233c"
+#define MICROPY_HW_MCU_NAME         "de233_fpu"
 #define MICROPY_PY_ASYNCIO          (0)
 #define MICROPY_PY_TIME             (1)
 #define MICROPY_PY_TIME_INCLUDEFILE "ports/specmesh-xtensa/modtime.c"
@@ -60,6 +63,7 @@ int vboard_rx_any(void);
 #define MICROPY_VM_HOOK_RETURN MICROPY_VM_HOOK_POLL
 
 #define MP_SSIZE_MAX (0x7fffffff)
+#define MP_NEED_LOG2 (1) // lib/libm has no log2f: py/modmath.c defines it
 typedef long mp_off_t;
 #include <alloca.h>
 #define MP_STATE_PORT MP_STATE_VM

@@ -7,9 +7,9 @@
  * including one that arrived during a soft reboot. A board waiting for input sleeps (waiti until the next
  * millisecond's timer interrupt, vboard_idle) instead of spinning, so an idle board leaves the host's CPU alone.
  *
- * The clock is CCOUNT, which QEMU's dc233c runs at 10 MHz of its virtual clock: under `-icount shift=0` one
- * tick is 100 executed instructions exactly, so time.ticks_cpu() (CCOUNT x 100) counts instructions to the
- * hundred, and time.ticks_us() is 1000 instructions a microsecond, as on the RV32 board.
+ * The clock is CCOUNT, which QEMU's de233_fpu runs at 40 MHz of its virtual clock: under `-icount shift=0` one
+ * tick is 25 executed instructions exactly, so time.ticks_cpu() (CCOUNT x 25) counts instructions to 25,
+ * and time.ticks_us() is 1000 instructions a microsecond, as on the RV32 board.
  */
 
 #include "py/mphal.h"
@@ -18,9 +18,9 @@
 #include "shared/runtime/interrupt_char.h"
 #include "semihost.h"
 
-#define TICKS_PER_US (10)
-#define INSNS_PER_TICK (100) // -icount shift=0: 1 ns per instruction; CCOUNT: 10 MHz
-#define CCOMPARE_TIMER_INT (6) // dc233c: CCOMPARE0 raises interrupt 6, level 1 (start.S clears it)
+#define TICKS_PER_US (40)
+#define INSNS_PER_TICK (25) // -icount shift=0: 1 ns per instruction; CCOUNT: 40 MHz
+#define CCOMPARE_TIMER_INT (6) // de233_fpu: CCOMPARE0 raises interrupt 6, level 1 (start.S clears it)
 
 static inline uint32_t ccount(void) {
     uint32_t c;
@@ -28,7 +28,7 @@ static inline uint32_t ccount(void) {
     return c;
 }
 
-// CCOUNT extended to 64 bits (it wraps every 429 s); read often enough, since an idle board wakes every ms
+// CCOUNT extended to 64 bits (it wraps every 107 s); read often enough, since an idle board wakes every ms
 static uint64_t ticks64(void) {
     static uint32_t last, high;
     uint32_t now = ccount();
@@ -49,7 +49,8 @@ static uint8_t rx_buf[RX_SIZE];
 static uint32_t rx_head, rx_tail; // bytes rx_tail..rx_head-1 are waiting
 static uint32_t rx_ctrl_c; // rx_head after the last Ctrl-C buffered as a character (0: none waiting)
 static uint32_t rx_polled; // CCOUNT at the last look at QEMU's stdin
-#define RX_POLL_TICKS (1000) // the VM hook looks at most every 100 us: a host poll() costs what 1000 instructions do
+static bool rx_closed; // QEMU's stdin is at its end: the board stops once the bytes before it are read
+#define RX_POLL_TICKS (100 * TICKS_PER_US) // the VM hook looks every 100 us at most: a host poll() is dear
 
 static void rx_take(uint8_t c) {
     if (c == mp_interrupt_char) {
@@ -64,12 +65,13 @@ static void rx_take(uint8_t c) {
 
 static void rx_read(void) {
     rx_polled = ccount();
-    while (rx_head - rx_tail < RX_SIZE && semihost_readable(0)) {
+    while (!rx_closed && rx_head - rx_tail < RX_SIZE && semihost_readable(0)) {
         uint8_t chunk[64];
         uint32_t room = RX_SIZE - (rx_head - rx_tail);
         int n = semihost_read(0, chunk, room < sizeof(chunk) ? room : sizeof(chunk));
         if (n <= 0) {
-            semihost_exit(0); // stdin closed: the host has gone
+            rx_closed = true; // the host has gone
+            return;
         }
         for (int i = 0; i < n; ++i) {
             rx_take(chunk[i]);
@@ -108,7 +110,7 @@ void vboard_idle(void) {
     // Sleep until the next millisecond: CCOMPARE0's interrupt wakes waiti (with interrupts masked until waiti
     // lowers the level, so it cannot fire before); start.S's handler clears it. QEMU's icount lets the
     // virtual clock run on in real time while the CPU waits.
-    if (semihost_readable(0)) {
+    if (rx_closed || semihost_readable(0)) {
         return;
     }
     uint32_t ps, enable = 1u << CCOMPARE_TIMER_INT;
@@ -130,6 +132,9 @@ int mp_hal_stdin_rx_chr(void) {
                 rx_ctrl_c = 0; // the REPL reads the Ctrl-C as a character
             }
             return rx_buf[rx_tail++ % RX_SIZE];
+        }
+        if (rx_closed) {
+            semihost_exit(0);
         }
         vboard_idle();
     }

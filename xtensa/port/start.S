@@ -1,6 +1,6 @@
 // specmesh virtual Xtensa board: reset vector, XEA2 window overflow/underflow vectors, the alloca (MOVSP) handler,
 // the timer interrupt that wakes an idle board (mphalport.c vboard_idle), setjmp/longjmp and window spill for
-// MicroPython on qemu-system-xtensa -M sim -cpu dc233c (windowed ABI, 32 AR registers = 8 window units).
+// MicroPython on qemu-system-xtensa -M sim -cpu de233_fpu (windowed ABI, 32 AR registers = 8 window units).
 #define NUNITS 8
 #define SIMCALL .byte 0x00, 0x51, 0x00
 
@@ -174,6 +174,8 @@ _start:
     rsync
     l32r    a2, .Lvecbase
     wsr     a2, vecbase
+    movi    a2, 1
+    wsr     a2, cpenable            // the FPU (coprocessor 0)
     l32r    a1, .Lstack_top
     l32r    a2, .Lps
     wsr     a2, ps

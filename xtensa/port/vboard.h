@@ -7,9 +7,14 @@
 #include <stdint.h>
 
 // Board configuration, written into guest memory by QEMU before the CPU starts (host/emulator/qemu.py:
-// `-device loader,addr=...,data=...`): magic, internal GC heap bytes, ROMFS partition bytes, PSRAM heap bytes.
+// `-device loader,addr=...,data=...`): magic, internal GC heap bytes, ROMFS partition bytes, PSRAM heap bytes,
+// the REPL to boot into (VBOARD_BOOT_RAW: the raw REPL, after a soft reset there).
 #define VBOARD_CONFIG_ADDR (0x07f00000u)
 #define VBOARD_CONFIG_MAGIC (0x46434256u) // "VBCF"
+#define VBOARD_BOOT_RAW (1u)
+// QEMU's exit codes for a soft reset in the friendly and in the raw REPL (those of host/emulator/board.py)
+#define VBOARD_EXIT_SOFT (64)
+#define VBOARD_EXIT_SOFT_RAW (65)
 // The S3's PSRAM: the second area of the split GC heap (as MicroPython's esp32 port adds the SPIRAM).
 #define VBOARD_PSRAM_ADDR (0x04000000u)
 #define VBOARD_PSRAM_MAX (0x01000000u)
