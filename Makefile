@@ -16,7 +16,7 @@ PIP_EXTRA ?=
 PORT ?= auto
 ROLE ?= drafter
 
-.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check rv32-deps test-rv32 xtensa-firmware xtensa-check xtensa-deps test-xtensa native native-check
+.PHONY: setup setup-gpu run test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check rv32-deps test-rv32 xtensa-firmware xtensa-check xtensa-deps test-xtensa xtensa-mpy-tests native native-check
 
 setup: $(STAMP)
 
@@ -74,9 +74,10 @@ flash: setup
 MPY_SRC := build/micropython-1.28.0
 mpy-src: $(MPY_SRC)/LICENSE
 
-$(MPY_SRC)/LICENSE: vendor/micropython-1.28.0-src.tar.gz
+$(MPY_SRC)/LICENSE: vendor/micropython-1.28.0-src.tar.gz vendor/micropython-1.28.0-tests.tar.gz
 	@mkdir -p build
 	tar xzf $< -C build
+	tar xzf vendor/micropython-1.28.0-tests.tar.gz -C build
 	@touch $@
 
 # The native kernel modules (firmware/native/kernels.c -> firmware/native/<arch>.mpy), shipped in the
@@ -175,6 +176,11 @@ xtensa-deps:
 # so): the firmware rebuilt bit for bit, the HIL suite with native and viper kernels, the node's own tests there.
 test-xtensa: setup xtensa-check
 	SPECMESH_XTENSA=1 $(PY) -m pytest -q -m xtensa
+
+# MicroPython's own test suite (tests/run-tests.py) on a virtual ESP32-S3 under QEMU, less the tests
+# xtensa/mpytests-exclude.txt lists with their reasons (xtensa/README.md); about 15 minutes on 2 cores.
+xtensa-mpy-tests: setup mpy-src
+	$(PY) xtensa/tools/mpytests.py $(MPY_SRC)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

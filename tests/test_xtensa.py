@@ -143,16 +143,17 @@ def test_a_corrupt_native_module_falls_back_to_viper_and_says_why(tmp_path):
         time.sleep(0.5)
         transport = open_board(board.port)
         try:
-            good = transport.fs_readfile("/native/xtensawin.mpy")
-            transport.fs_writefile("/native/xtensawin.mpy", good[: len(good) // 2])  # a flash cut short
+            data = bytearray(transport.fs_readfile("/native/xtensawin.mpy"))
+            data[1] ^= 1  # the .mpy version byte (a module cut short hangs MicroPython's loader, on a board too)
+            transport.fs_writefile("/native/xtensawin.mpy", bytes(data))
             transport.exit_raw_repl()
             transport.serial.write(b"\x04")  # soft reset: the node starts again
         finally:
             transport.close()
-        time.sleep(1.0)
+        time.sleep(3.0)  # QEMU starts again (a soft reset), the node picks its kernels
         with connect(board.port, "verifier") as verifier:
             kernels = verifier.info["kernels"]
-        assert kernels.startswith("viper (native/xtensawin.mpy") and kernels != "viper", kernels
+        assert kernels.startswith("viper (native/xtensawin.mpy does not load: "), kernels
     finally:
         board.stop()
 
