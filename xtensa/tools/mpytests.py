@@ -3,7 +3,7 @@
 Starts one virtual ESP32-S3 under QEMU (host/emulator/qemu.py) and runs run-tests.py against its pty (`-t port:PTY`:
 each test in the raw REPL after a soft reset), over the vendored test folders (vendor/README.md), with the tests
 xtensa/mpytests-exclude.txt lists (each with its reason) left out. Exit status: run-tests.py's.
-Usage: python xtensa/tools/mpytests.py MPY_SRC [TEST_DIR ...]
+Usage: python xtensa/tools/mpytests.py MPY_SRC [TEST_DIR ... | TEST_FILE.py ...] (default: DIRS)
 """
 
 import subprocess
@@ -32,7 +32,9 @@ def main(src: str, dirs: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="specmesh-mpytests-") as tmp:
         board = make_board(Path(tmp) / "board", "esp32s3", qemu=True, name="mpytests").start()
         try:
-            cmd = [sys.executable, "run-tests.py", "-t", "port:" + board.port, "-d", *(dirs or DIRS)]
+            files = [d for d in dirs if d.endswith(".py")]
+            cmd = [sys.executable, "run-tests.py", "-t", "port:" + board.port,
+                   *(files or ["-d", *(dirs or DIRS)])]
             for name in excluded():
                 cmd += ["-e", name]
             return subprocess.run(cmd, cwd=tests).returncode
