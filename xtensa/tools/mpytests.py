@@ -18,7 +18,7 @@ DIRS = ("basics", "float", "micropython", "misc", "import", "extmod", "inlineasm
 
 
 def excluded() -> list[str]:
-    """The regexes of xtensa/mpytests-exclude.txt (a test name per line, then its reason after '#')."""
+    """The regexes of xtensa/mpytests-exclude.txt (a test per line, then its reason after '#')."""
     out = []
     for line in (HERE / "mpytests-exclude.txt").read_text().splitlines():
         name = line.split("#", 1)[0].strip()
