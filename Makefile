@@ -16,7 +16,7 @@ PIP_EXTRA ?=
 PORT ?= auto
 ROLE ?= drafter
 
-.PHONY: setup setup-gpu run lint test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check rv32-deps test-rv32 native native-check
+.PHONY: setup setup-gpu run lint test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check rv32-deps test-rv32 xtensa-firmware xtensa-check xtensa-deps test-xtensa xtensa-mpy-tests native native-check
 
 setup: $(STAMP)
 
@@ -87,9 +87,10 @@ MPY_SRC := build/micropython-1.28.0
 MPY_PATCHES := $(sort $(wildcard vendor/patches/*.patch))
 mpy-src: $(MPY_SRC)/LICENSE
 
-$(MPY_SRC)/LICENSE: vendor/micropython-1.28.0-src.tar.gz $(MPY_PATCHES)
+$(MPY_SRC)/LICENSE: vendor/micropython-1.28.0-src.tar.gz vendor/micropython-1.28.0-tests.tar.gz $(MPY_PATCHES)
 	@mkdir -p build
 	tar xzf $< -C build
+	tar xzf vendor/micropython-1.28.0-tests.tar.gz -C build
 	@for p in $(MPY_PATCHES); do git apply --directory=$(MPY_SRC) $$p || exit 1; done
 	@touch $@
 
@@ -155,6 +156,47 @@ rv32-deps:
 # the firmware rebuilt bit for bit, the HIL suite with native and viper kernels, a 5-stage pipeline of C3s.
 test-rv32: setup rv32-check
 	SPECMESH_RV32=1 $(PY) -m pytest -q -m rv32
+
+# The virtual ESP32/ESP32-S3 boards' firmware (xtensa/README.md): MicroPython's core with the project's port,
+# xtensa/port (and rv32/port/vboard.c, the flash both boards share), built for the ESP32's core (-mcpu=esp32) by
+# Debian's clang-22 / llc-22 / llvm-mc-22 (xtensa/tools/xcc) and linked by binutils-xtensa-lx106's ld, for
+# qemu-system-xtensa -M sim -cpu dc233c. Bit for bit reproducible as the RV32 firmware is.
+XTENSA_PORT := $(MPY_SRC)/ports/specmesh-xtensa
+XTENSA_ELF := xtensa/firmware.elf
+XTENSA_MAKE := $(RV32_ENV) $(MAKE) -C $(XTENSA_PORT) XCC=$(abspath xtensa/tools/xcc) V=0
+
+xtensa-firmware: $(MPY_SRC)/LICENSE
+	rm -rf $(XTENSA_PORT)
+	cp -r xtensa/port $(XTENSA_PORT)
+	cp rv32/port/vboard.c $(XTENSA_PORT)/
+	$(XTENSA_MAKE) -j2 >/dev/null
+	cp $(XTENSA_PORT)/build/firmware.elf $(XTENSA_ELF)
+	sha256sum $(XTENSA_ELF)
+
+# CI: the shipped ELF is what its sources build.
+xtensa-check: xtensa-deps
+	@mkdir -p build
+	cp $(XTENSA_ELF) build/xtensa-firmware.elf.shipped
+	$(MAKE) xtensa-firmware
+	cmp build/xtensa-firmware.elf.shipped $(XTENSA_ELF) || { echo "xtensa/firmware.elf is not what xtensa/port builds: run make xtensa-firmware and commit it"; exit 1; }
+
+# What the Xtensa boards need on Debian: QEMU, and the toolchain that rebuilds the firmware (picolibc for its
+# headers only).
+XTENSA_DEBS := clang-22 llvm-22 binutils-xtensa-lx106 picolibc-riscv64-unknown-elf qemu-system-misc
+xtensa-deps:
+	@dpkg -s $(XTENSA_DEBS) >/dev/null 2>&1 || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends $(XTENSA_DEBS); }
+
+# The suite on virtual ESP32 / ESP32-S3 boards under QEMU (the tests marked xtensa; `make test` skips them, saying
+# so): the firmware rebuilt bit for bit, the HIL suite with native and viper kernels, the node's own tests there.
+test-xtensa: setup xtensa-check
+	SPECMESH_XTENSA=1 $(PY) -m pytest -q -m xtensa
+
+# MicroPython's own test suite (tests/run-tests.py) on a virtual ESP32-S3 under QEMU, less the tests
+# xtensa/mpytests-exclude.txt lists with their reasons (xtensa/README.md); about 15 minutes on 2 cores.
+xtensa-mpy-tests: setup mpy-src
+	$(PY) xtensa/tools/mpytests.py $(MPY_SRC)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

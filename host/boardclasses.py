@@ -4,8 +4,9 @@ with sources.
 The one registry the emulator (host/emulator/board.py sizes a virtual board from it), cluster start-up
 (`ROLE_CLASS`: the class a role's virtual board is), the projection's cost figures (host/projection/hardware.py,
 keyed by these names) and the tests read; a class's heap is its one `heap_bytes` line here. A virtual board of
-an Xtensa class is MicroPython's unix port (host/emulator/board.py); one of an RV32 class runs the real RV32
-machine code under QEMU (host/emulator/qemu.py).
+an RV32 class runs the real RV32 machine code under QEMU (host/emulator/qemu.py); one of an Xtensa class is
+MicroPython's unix port (host/emulator/board.py), or, named as `virtual:esp32` / `virtual:esp32s3`, the real
+Xtensa machine code under QEMU.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class BoardClass:
     drafter: str = DRAFTER_FILE  # the shipped drafter a drafter board of this class runs (models/MODEL_CARD.md)
     drafter_ctx: int = 0  # positions a drafter node keeps of that drafter (0: its whole context); measured by
     # tests/test_firmware_budget.py: a node halves its context until its reserve is free
+    psram_heap_bytes: int = 0  # the part of heap_bytes in PSRAM (the split heap's second area), the rest internal
 
     @property
     def ring_drops(self) -> bool:
@@ -52,7 +54,8 @@ class BoardClass:
 
     @property
     def qemu(self) -> bool:
-        """Whether its virtual board runs the class's own machine code under QEMU."""
+        """Whether its virtual board always runs the class's own machine code under QEMU (an Xtensa class's
+        does when named, `virtual:esp32`; its unix-port board, plain `virtual`, is the fast one)."""
         return self.isa.startswith("rv32")
 
 
@@ -98,6 +101,7 @@ ESP32S3 = BoardClass(
     name="esp32s3",
     description="ESP32-S3 with 8 MB PSRAM",
     heap_bytes=64_000 + 8_257_536,
+    psram_heap_bytes=8_257_536,
     psram_bytes=8 * 1024 * 1024,
     flash_fs_bytes=6 * 1024 * 1024,
     romfs_bytes=0,

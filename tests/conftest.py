@@ -110,6 +110,18 @@ RV32_HOW = ("virtual ESP32-C3 boards run MicroPython's RV32 code under QEMU: `ma
             "qemu-system-misc when absent), or SPECMESH_RV32=1 .venv/bin/pytest -m rv32")
 
 
+XTENSA_HOW = ("virtual ESP32/ESP32-S3 boards run the Xtensa firmware's code under QEMU: `make test-xtensa` runs these "
+              "(it installs qemu-system-misc when absent), or SPECMESH_XTENSA=1 .venv/bin/pytest -m xtensa")
+
+
+def require_xtensa() -> None:
+    """Skip, saying how to run them, unless the Xtensa suite was asked for (SPECMESH_XTENSA=1) and QEMU is here."""
+    if not os.environ.get("SPECMESH_XTENSA"):
+        pytest.skip(XTENSA_HOW)
+    if shutil.which("qemu-system-xtensa") is None:
+        pytest.skip("qemu-system-xtensa is missing: sudo apt-get install qemu-system-misc")
+
+
 def require_rv32() -> None:
     """Skip, saying how to run them, unless the RV32 suite was asked for (SPECMESH_RV32=1) and QEMU is here."""
     if not os.environ.get("SPECMESH_RV32"):

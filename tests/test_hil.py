@@ -11,7 +11,8 @@ text, and a verifier reset in the middle of a generation loses nothing.
 
 `make test-rv32` runs the suite on two virtual ESP32-C3s (MicroPython's RV32 machine code under QEMU,
 host/emulator/qemu.py), once with the native kernels and once with the viper ones (the native module removed
-from the board, as on a board without it), and checks that they count the instructions they execute.
+from the board, as on a board without it), and checks that they count the instructions they execute;
+`make test-xtensa` the same on a virtual ESP32 and ESP32-S3 (the ESP32's Xtensa machine code under QEMU).
 """
 
 import os
@@ -31,29 +32,34 @@ from specmesh.host.provision import drafters
 from specmesh.host.provision.cluster import connect
 from specmesh.host.provision.flash import flash, native_module, open_board
 from specmesh.shared import messages as m
-from tests.conftest import require_rv32
+from tests.conftest import require_rv32, require_xtensa
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 ROLES = ("drafter", "verifier")
 ARCH: dict[str, str | None] = {}  # role -> the flashed board's architecture (the flashed fixture's)
 KIND = [""]  # the boards the module's tests run on now (the ports fixture's parameter)
+QEMU_KINDS = ("rv32", "xtensa")  # the kinds of boards that run their class's own machine code under QEMU
 HOW = ("real boards: flash nothing yourself, connect a drafter and a verifier board and run "
        "SPECMESH_PORTS=DRAFTER_PORT,VERIFIER_PORT .venv/bin/pytest -m hil tests/test_hil.py")
 
 
 @pytest.fixture(scope="module", params=["virtual", "stock", pytest.param("rv32-native", marks=pytest.mark.rv32),
                                         pytest.param("rv32-viper", marks=pytest.mark.rv32),
+                                        pytest.param("xtensa-native", marks=pytest.mark.xtensa),
+                                        pytest.param("xtensa-viper", marks=pytest.mark.xtensa),
                                         pytest.param("real", marks=pytest.mark.hil)])
 def ports(request, tmp_path_factory) -> dict[str, str]:
     """{role: serial port}: two virtual boards (an ESP32 drafter, an ESP32-S3 verifier; "stock": the ESP32
     without a ROMFS partition, as MicroPython's downloads: it runs its class's heap drafter all the same;
-    "rv32-*": two ESP32-C3s under QEMU), or SPECMESH_PORTS."""
+    "rv32-*": two ESP32-C3s under QEMU; "xtensa-*": an ESP32 and an ESP32-S3 under QEMU), or SPECMESH_PORTS."""
     KIND[0] = request.param
-    if request.param.startswith("rv32"):
-        require_rv32()
+    if request.param.startswith(QEMU_KINDS):
+        (require_rv32 if request.param.startswith("rv32") else require_xtensa)()
         from specmesh.host.emulator import make_board
 
-        boards = [make_board(tmp_path_factory.mktemp(role), "esp32c3", name="hil-" + role) for role in ROLES]
+        classes = ("esp32c3", "esp32c3") if request.param.startswith("rv32") else ("esp32", "esp32s3")
+        boards = [make_board(tmp_path_factory.mktemp(role), cls, qemu=True, name="hil-" + role)
+                  for role, cls in zip(ROLES, classes)]
         try:
             yield {role: vb.start().port for role, vb in zip(ROLES, boards)}
         finally:
@@ -94,10 +100,10 @@ def flashed(ports) -> dict[str, Path]:
         again = flash(port, role, given, progress=False)  # every file's SHA-256 on the board matches
         assert again.written == [] and len(again.unchanged) == len(report.written) + len(report.unchanged)
         time.sleep(0.5)
-        if KIND[0] == "rv32-viper":  # a board without the native module runs the viper kernels
+        if KIND[0].endswith("-viper"):  # a board without the native module runs the viper kernels
             transport = open_board(port)
             try:
-                transport.fs_rmfile("/native/rv32imc.mpy")
+                transport.fs_rmfile("/native/%s.mpy" % ARCH[role])
                 transport.exit_raw_repl()
                 transport.serial.write(b"\x04")  # soft reset: the node starts again
             finally:
@@ -137,7 +143,7 @@ def test_boards_report_their_role_and_model(boards, drafter_model):
         # the native module flashed for its arch passed its self-test: the parity tests below run it (rv32-viper:
         # the module was removed after flashing, as on a board without it)
         role_name = ROLES[role - 1]
-        native = native_module(ARCH[role_name]) and KIND[0] != "rv32-viper"
+        native = native_module(ARCH[role_name]) and not KIND[0].endswith("-viper")
         assert kernels == ("native" if native else "viper (no native/%s.mpy)" % ARCH[role_name])
         assert model.endswith(drafter_model.name if role == m.ROLE_DRAFTER else TARGET_FILE)
         # a node short of heap halves its context; a verifier without PSRAM (a C3) holds 80 positions
@@ -187,8 +193,8 @@ def test_the_board_counts_more_instructions_for_a_bigger_verify(boards, prompt, 
     """On a QEMU board the node counts each pass's executed instructions (firmware/cpucount.py): a verify of 4
     drafts (5 positions) executes more than plain decoding (1 position), and the board's STATS say so per size
     (tests/test_rv32.py shows a kernel call's count is the same every time)."""
-    if not KIND[0].startswith("rv32"):
-        pytest.skip("executed instructions are counted on the QEMU boards only (make test-rv32)")
+    if not KIND[0].startswith(QEMU_KINDS):
+        pytest.skip("executed instructions are counted on the QEMU boards only (make test-rv32, make test-xtensa)")
     _drafter, verifier = boards
     params = SessionParams(temperature=0.0)
     draft = LocalDrafter(drafter_model)

@@ -3,13 +3,13 @@
 from specmesh.host.emulator.board import BoardError, VirtualBoard
 
 
-def make_board(flash_dir, board="esp32", **kwargs) -> VirtualBoard:
-    """A virtual board of class `board`: the unix-port VM for an Xtensa class, QEMU running the firmware's RV32
-    machine code for an RV32 one (host/emulator/qemu.py)."""
+def make_board(flash_dir, board="esp32", qemu: bool = False, **kwargs) -> VirtualBoard:
+    """A virtual board of class `board`: QEMU running the firmware's machine code for an RV32 class, or for an
+    Xtensa one with `qemu` (host/emulator/qemu.py); else the unix-port VM sized as an Xtensa class."""
     from specmesh.host.boardclasses import board_class
 
     cls = board_class(board) if isinstance(board, str) else board
-    if cls.qemu:
+    if cls.qemu or qemu:
         from specmesh.host.emulator.qemu import QemuBoard
 
         return QemuBoard(flash_dir, cls, **kwargs)

@@ -1,79 +1,147 @@
-"""A virtual RV32 board: MicroPython's own RV32 machine code under QEMU, behind a pseudo-terminal.
+"""A virtual board that executes its class's own machine code under QEMU, behind a pseudo-terminal.
 
 `QemuBoard` is a `VirtualBoard` (host/emulator/board.py: the pty, the bridge threads, the reboot loop) whose
-VM is `qemu-system-riscv32` running the project's firmware (rv32/firmware.elf, MicroPython v1.28.0's qemu
-port with the board files of rv32/port) with `-icount shift=0`: one executed instruction is one nanosecond
-of the guest's clock, so the node's instruction counts (firmware/cpucount.py) are exact and deterministic.
+VM is QEMU running the project's firmware for the class's core with `-icount shift=0`: one executed
+instruction is one nanosecond of the guest's clock, so the node's instruction counts (firmware/cpucount.py)
+are exact and deterministic. Two machines (`MACHINES`, by the class's ISA):
+- RV32 (ESP32-C3/C6): `qemu-system-riscv32 -machine virt` running rv32/firmware.elf (MicroPython v1.28.0's
+  qemu port with rv32/port's board files); the console is its UART on QEMU's stdio;
+- Xtensa (ESP32/ESP32-S3): `qemu-system-xtensa -M sim -cpu de233_fpu` running xtensa/firmware.elf (MicroPython
+  v1.28.0 built for the ESP32's core, xtensa/port); the console is semihosting's stdin and stdout.
 The board's flash folder holds its two flash partitions as host files, which survive a reset as flash
 does: `flash.img` (the littlefs filesystem, the class's filesystem size) and `romfs.img` (the ROMFS
 partition, loaded into guest memory and read in place). The heap is the board class's, written into the
-guest's config block before it starts (rv32/port/vboard.h). Bytes go to the UART as they are (a Ctrl-C
+guest's config block before it starts (rv32/port/vboard.h, xtensa/port/vboard.h); an S3's PSRAM is the second
+area of a split heap there, as MicroPython's esp32 port adds it. Bytes go to the console as they are (a Ctrl-C
 is the firmware's to see, as on a board); `machine.reset()` ends QEMU and the supervisor starts it again
-on the same pty, a power cycle.
+on the same pty, a power cycle. The Xtensa firmware's soft reset ends QEMU too, with a code saying which REPL
+to come back to, so that the heap is sized again: an Xtensa class's heap is the class's plus what its flashed
+code takes (measured on this VM), as if that code were frozen into the firmware, as the unix-port boards of
+those classes size theirs (docs/emulator.md).
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
-from specmesh.host.emulator.board import BoardError, VirtualBoard, _die_with_parent, _erased
+from specmesh.host.boardclasses import BoardClass
+from specmesh.host.emulator.board import EXIT_SOFT, EXIT_SOFT_RAW, BoardError, VirtualBoard, _die_with_parent, _erased
 from specmesh.host.layout import ROOT
 
-FIRMWARE = ROOT / "rv32" / "firmware.elf"
-QEMU = "qemu-system-riscv32"
 INSTALL_QEMU = "install QEMU: sudo apt-get install qemu-system-misc (README: With boards)"
-# rv32/port/vboard.h: the config block and the ROMFS partition's address in guest memory
-CONFIG_ADDR = 0x80F00000
-CONFIG_MAGIC = 0x46434256
-ROMFS_ADDR = 0x81000000
+CONFIG_MAGIC = 0x46434256  # "VBCF": the config block's first word (vboard.h)
 
 
-def qemu_binary() -> str:
-    found = shutil.which(QEMU)
+@dataclass(frozen=True)
+class Machine:
+    """How QEMU runs one core family's firmware: its binary, machine options and console, the firmware and the
+    make target that rebuilds it, and where its vboard.h puts the config block and the ROMFS partition."""
+
+    qemu: str
+    options: tuple[str, ...]
+    firmware: Path
+    make_target: str
+    config_addr: int
+    romfs_addr: int
+
+
+RV32 = Machine("qemu-system-riscv32", ("-machine", "virt", "-m", "64M", "-bios", "none", "-serial", "stdio"),
+               ROOT / "rv32" / "firmware.elf", "rv32-firmware", 0x80F00000, 0x81000000)
+# -serial none: the sim machine has no UART; its console is semihosting on QEMU's own stdin and stdout
+XTENSA = Machine("qemu-system-xtensa", ("-M", "sim", "-cpu", "de233_fpu", "-serial", "none"),
+                 ROOT / "xtensa" / "firmware.elf", "xtensa-firmware", 0x07F00000, 0x06000000)
+MACHINES = {"rv32": RV32, "xtensa": XTENSA}
+FIRMWARE = RV32.firmware
+CONFIG_ADDR, ROMFS_ADDR = RV32.config_addr, RV32.romfs_addr
+
+
+MEASURE_SPARE = 1 << 20  # heap a board measuring its code heap gets beyond its class's
+# What host/emulator/mpy/_vboard.py's measure-code mode does on a unix-port board: the flashed modules imported
+MEASURE_CODE = """
+import gc, os
+names = []
+for e in os.ilistdir('/'):
+    if e[1] == 0x4000 and not e[0].startswith('.'):
+        try:
+            os.stat('/%s/__init__.mpy' % e[0])
+        except OSError:
+            continue
+        names.append(e[0])
+        names += [e[0] + '.' + f[:-4] for f in os.listdir('/' + e[0]) if f.endswith('.mpy') and f != '__init__.mpy']
+    elif e[0].endswith('.mpy'):
+        names.append(e[0][:-4])
+gc.collect()
+before = gc.mem_alloc()
+for n in names:
+    try:
+        __import__(n)
+    except BaseException:
+        pass
+gc.collect()
+print('CODEHEAP', gc.mem_alloc() - before)
+"""
+
+
+def machine_of(cls: BoardClass) -> Machine:
+    """The QEMU machine that runs the code of class `cls`'s core."""
+    for prefix, machine in MACHINES.items():
+        if cls.isa.startswith(prefix):
+            return machine
+    raise BoardError(f"QEMU runs no {cls.isa} board ({cls.name})")
+
+
+def qemu_binary(machine: Machine = RV32) -> str:
+    found = shutil.which(machine.qemu)
     if not found:
-        raise BoardError(f"{QEMU} is missing: {INSTALL_QEMU}")
+        raise BoardError(f"{machine.qemu} is missing: {INSTALL_QEMU}")
     return found
 
 
-def qemu_command(heap_bytes: int, romfs_bytes: int, firmware: Path = FIRMWARE) -> list[str]:
-    """The QEMU command line of a board (run in its flash folder, where flash.img and romfs.img are)."""
-    words = (CONFIG_MAGIC, heap_bytes, romfs_bytes)
-    cmd = [qemu_binary(), "-machine", "virt", "-m", "64M", "-bios", "none", "-display", "none", "-monitor", "none",
-           "-semihosting-config", "enable=on,target=native", "-icount", "shift=0", "-serial", "stdio",
-           "-kernel", str(firmware)]
+def qemu_command(heap_bytes: int, romfs_bytes: int, machine: Machine = RV32, psram_heap_bytes: int = 0,
+                 raw: bool = False) -> list[str]:
+    """The QEMU command line of a board (run in its flash folder, where flash.img and romfs.img are): its
+    internal heap, ROMFS partition and PSRAM heap area sizes, and whether it boots into the raw REPL, go into
+    the config block (the RV32 firmware reads the first three words)."""
+    words = (CONFIG_MAGIC, heap_bytes, romfs_bytes, psram_heap_bytes, int(raw))
+    cmd = [qemu_binary(machine), *machine.options, "-display", "none", "-monitor", "none",
+           "-semihosting-config", "enable=on,target=native", "-icount", "shift=0", "-kernel", str(machine.firmware)]
     for i, word in enumerate(words):
-        cmd += ["-device", "loader,addr=%#x,data=%#x,data-len=4" % (CONFIG_ADDR + 4 * i, word)]
+        cmd += ["-device", "loader,addr=%#x,data=%#x,data-len=4" % (machine.config_addr + 4 * i, word)]
     if romfs_bytes:
-        cmd += ["-device", "loader,file=romfs.img,addr=%#x,force-raw=on" % ROMFS_ADDR]
+        cmd += ["-device", "loader,file=romfs.img,addr=%#x,force-raw=on" % machine.romfs_addr]
     return cmd
 
 
 class QemuBoard(VirtualBoard):
-    """One virtual RV32 board of `board`'s class (esp32c3, esp32c6). `start()` it, hand `port` to mpremote."""
+    """One virtual board of `board`'s class running the class's own machine code (esp32c3 and esp32c6 on the
+    RV32 machine, esp32 and esp32s3 on the Xtensa one). `start()` it, hand `port` to mpremote."""
 
     def __init__(self, flash_dir, board="esp32c3", **kwargs) -> None:
         super().__init__(flash_dir, board, **kwargs)
-        if not self.board.qemu:
-            raise BoardError(f"{self.board.name} is an Xtensa board: QEMU runs the RV32 classes only")
+        self.machine = machine_of(self.board)
         if self.flash_bytes is None:
             self.flash_bytes = self.board.flash_fs_bytes
-        self.frozen_code = False  # the heap is the class's, as on the board: the node's code takes its share
+        self.frozen_code = False  # the unix port's code measure is not this VM's: code_heap() measures its own
 
     @property
     def romfs_path(self) -> Path:
         return self.flash_dir / "romfs.img"
 
     def start(self, timeout: float = 10.0) -> QemuBoard:
-        if not FIRMWARE.is_file():
-            raise BoardError(f"{FIRMWARE} is missing: run `make rv32-firmware`")
-        qemu_binary()
+        if not self.machine.firmware.is_file():
+            raise BoardError(f"{self.machine.firmware} is missing: run `make {self.machine.make_target}`")
+        qemu_binary(self.machine)
         super().start(timeout)
         return self
 
     def _spawn(self, mode: str) -> None:
-        cmd = qemu_command(self.board.heap_bytes, self.romfs_bytes)
+        psram = self.board.psram_heap_bytes
+        cmd = qemu_command(self.board.heap_bytes - psram + self.code_heap(), self.romfs_bytes, self.machine, psram,
+                           mode == "raw")
         if self.romfs_bytes:
             _erased(self.romfs_path, self.romfs_bytes)
         log = open(self.flash_dir / "qemu.log", "wb")  # QEMU's own messages, off the board's console
@@ -95,14 +163,51 @@ class QemuBoard(VirtualBoard):
         self._to_vm(b"\x03")
 
     def _crashed(self, code: int) -> bool:
-        return code != 0  # machine.reset() exits QEMU with 0 (semihosting)
+        # machine.reset() exits QEMU with 0 (semihosting); the Xtensa firmware's soft reset with a reboot code
+        return code not in (0, EXIT_SOFT, EXIT_SOFT_RAW)
 
     def _reboot(self, code: int) -> None:
-        if code:
+        if code == EXIT_SOFT_RAW:
+            self._spawn("raw")
+            return
+        if self._crashed(code):
             why = (self.flash_dir / "qemu.log").read_text(errors="replace").strip().splitlines()
             self._to_host(f"\r\n[{self.name}: QEMU exited with code {code}: {why[-1] if why else '?'}; "
                           "rebooting]\r\n".encode())
         self._spawn("friendly")
 
     def code_heap(self) -> int:
-        return 0
+        """Heap the flashed .mpy modules take once imported, on an Xtensa class's board: added to its heap, as the
+        unix-port boards of those classes add it (the node's budget counts its code as frozen into the
+        firmware, docs/emulator.md). Measured on this board's own VM, on a copy of its flash, and cached until
+        the flash changes. An RV32 class's heap is its own, code included (0)."""
+        image = self.flash_dir / "flash.img"
+        if self.board.qemu or not image.is_file():
+            return 0
+        with open(image, "rb") as f:
+            if f.read(8192).count(0xFF) == 8192:  # erased: littlefs keeps its superblock in blocks 0 and 1
+                return 0
+        key = self._flash_signature()
+        if self._code_heap is not None and self._code_heap[0] == key:
+            return self._code_heap[1]
+        value = self._measure_code_heap()
+        self._code_heap = (key, value)
+        return value
+
+    def _measure_code_heap(self) -> int:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="specmesh-codeheap-") as tmp:
+            shutil.copy(self.flash_dir / "flash.img", tmp)
+            if self.romfs_bytes:
+                shutil.copy(_erased(self.romfs_path, self.romfs_bytes), tmp)
+            cmd = qemu_command(self.board.heap_bytes - self.board.psram_heap_bytes + MEASURE_SPARE, self.romfs_bytes,
+                               self.machine, self.board.psram_heap_bytes, raw=True)  # raw: main.py stays off
+            try:
+                done = subprocess.run(cmd, input=MEASURE_CODE.encode() + b"\x04", capture_output=True, timeout=60,
+                                      cwd=tmp, preexec_fn=_die_with_parent)  # stdin's end stops the board
+            except subprocess.TimeoutExpired:
+                raise BoardError(f"{self.name}: its flashed modules do not load in QEMU") from None
+            out = done.stdout
+        found = re.search(rb"CODEHEAP (\d+)", out)
+        return int(found.group(1)) if found else 0

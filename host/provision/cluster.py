@@ -10,8 +10,8 @@ through a gateway board on its serial link.
 Everything started is stopped when the cluster closes. `find` discovers a flashed real board by the role it
 reports (HELLO), `connect` opens one on a known port. Both kinds are back-ends of each role, by name in
 host/cli/registry.py's tables: `virtual` (the role's default class), `virtual:CLASS` (a virtual board of any
-class of host/boardclasses.py: the unix port sized as that class, or QEMU running the RV32 firmware for
-esp32c3/esp32c6, host/emulator/qemu.py), `pipeline` for the verifier (`--stages N` stage boards), and `PORT` for a
+class of host/boardclasses.py: the unix port sized as that class, or QEMU running that class's own machine code:
+the RV32 firmware for esp32c3/esp32c6, the Xtensa one for esp32/esp32s3, host/emulator/qemu.py), `pipeline` for the verifier (`--stages N` stage boards), and `PORT` for a
 serial port's name (`virtual`, `pipeline` and `on_port` make their factories).
 """
 
@@ -250,8 +250,8 @@ class Cluster(contextlib.ExitStack):
 
         model = self.model(kind, board or ROLE_CLASS[kind])
         name = kind if stage is None else "stage%d" % stage[0]
-        if board is not None and board != ROLE_CLASS[kind]:
-            name += "-" + board  # its own flash folder
+        if board is not None:
+            name += "-" + board  # its own flash folder: a named class runs on QEMU, the role's default on the unix port
         node_id = NODE_ID[kind] + (0 if stage is None else stage[0])
         folder = self.root / (name if radio is None else name + "-espnow")
         folder.mkdir(parents=True, exist_ok=True)
@@ -264,9 +264,11 @@ class Cluster(contextlib.ExitStack):
         cfg["spec_ahead"] = self.spec_ahead if kind == "drafter" else 0
         cfg.update(config or {})
         atomic.write_text(cfg_path, json.dumps(cfg, sort_keys=True))
-        vb = make_board(folder, board or ROLE_CLASS[kind], name="vboard-" + name, mac=board_mac(node_id),
-                          radio=radio.address if radio is not None else None,
-                          mtu=radio.config.mtu if radio is not None else 250)
+        # a class named on serial runs its own machine code (QEMU); the radio's boards are unix-port ones
+        vb = make_board(folder, board or ROLE_CLASS[kind], qemu=board is not None and radio is None,
+                        name="vboard-" + name, mac=board_mac(node_id),
+                        radio=radio.address if radio is not None else None,
+                        mtu=radio.config.mtu if radio is not None else 250)
         say = self.say or (lambda line: None)
         what = "virtual %s board (%s)" % (name if stage is None else "stage %d (layers %d:%d)" % stage, vb.board.name)
         say("%s: booting, flashing the node and %s with mpremote..." % (what, model.name))

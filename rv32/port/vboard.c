@@ -1,5 +1,6 @@
 /*
- * specmesh virtual RV32 board (ESP32-C3 / ESP32-C6 classes) on MicroPython's qemu port.
+ * specmesh virtual boards' flash: the RV32 board (ESP32-C3 / ESP32-C6 classes, MicroPython's qemu port) and the
+ * Xtensa board (ESP32 / ESP32-S3 classes, xtensa/port, which builds this file with its own vboard.h).
  *
  * Owns what a real board's flash gives MicroPython, kept in two host files beside QEMU (its working
  * directory), reached through semihosting so they survive a reset the way flash does:
@@ -19,7 +20,11 @@
 #include "py/compile.h"
 #include "extmod/vfs.h"
 #include "extmod/vfs_rom.h"
+#if defined(__xtensa__)
+#include "semihost.h" // the same calls over Xtensa semihosting (xtensa/port)
+#else
 #include "shared/runtime/semihosting_rv32.h"
+#endif
 #include "vboard.h"
 
 #define BLOCK (4096)

@@ -1,0 +1,30 @@
+// specmesh virtual Xtensa board: what main.c and mphalport.c take from vboard.c, and its memory map in
+// QEMU's sim machine (128 MiB of RAM from address 0; the firmware is linked at 0x2000, board.ld).
+#ifndef SPECMESH_VBOARD_H
+#define SPECMESH_VBOARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// Board configuration, written into guest memory by QEMU before the CPU starts (host/emulator/qemu.py:
+// `-device loader,addr=...,data=...`): magic, internal GC heap bytes, ROMFS partition bytes, PSRAM heap bytes,
+// the REPL to boot into (VBOARD_BOOT_RAW: the raw REPL, after a soft reset there).
+#define VBOARD_CONFIG_ADDR (0x07f00000u)
+#define VBOARD_CONFIG_MAGIC (0x46434256u) // "VBCF"
+#define VBOARD_BOOT_RAW (1u)
+// QEMU's exit codes for a soft reset in the friendly and in the raw REPL (those of host/emulator/board.py)
+#define VBOARD_EXIT_SOFT (64)
+#define VBOARD_EXIT_SOFT_RAW (65)
+// The S3's PSRAM: the second area of the split GC heap (as MicroPython's esp32 port adds the SPIRAM).
+#define VBOARD_PSRAM_ADDR (0x04000000u)
+#define VBOARD_PSRAM_MAX (0x01000000u)
+// The ROMFS partition: the host file romfs.img loaded here by QEMU (`-device loader,file=...`), read in
+// place like memory-mapped flash.
+#define VBOARD_ROMFS_ADDR (0x06000000u)
+#define VBOARD_ROMFS_MAX (0x01000000u)
+
+size_t vboard_heap_bytes(size_t largest);
+void vboard_init(void);
+void vboard_mount(void);
+
+#endif
