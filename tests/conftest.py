@@ -128,3 +128,13 @@ def require_rv32() -> None:
         pytest.skip(RV32_HOW)
     if shutil.which("qemu-system-riscv32") is None:
         pytest.skip("qemu-system-riscv32 is missing: sudo apt-get install qemu-system-misc")
+
+
+def run_stats(*args, tmp_path, name):
+    """The stats JSON of `specmesh run --quiet --max-tokens 64 ARGS` (asserting exit 0): one run of the QEMU
+    board tests (tests/test_rv32.py, tests/test_xtensa.py)."""
+    from specmesh.host.cli.run import cli
+
+    path = tmp_path / (name + ".json")
+    assert cli(["--quiet", "--max-tokens", "64", "--stats-json", str(path), *args]) == 0
+    return json.loads(path.read_text())

@@ -7,7 +7,6 @@ verifier's tokens.
 """
 
 import ast
-import json
 import time
 
 import pytest
@@ -15,13 +14,12 @@ import pytest
 from specmesh.host.layout import TARGET_FILE
 from specmesh.host.backends import LocalVerifier, SessionParams
 from specmesh.host.boardclasses import BOARD_CLASSES
-from specmesh.host.cli.run import cli
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.projection.hardware import ESP32C3, RV32_CPI
 from specmesh.host.provision.cluster import Cluster
-from tests.conftest import ROOT, require_rv32
+from tests.conftest import ROOT, require_rv32, run_stats
 
 pytestmark = pytest.mark.rv32
 MODELS = ROOT / "models"
@@ -86,24 +84,18 @@ def test_a_kernel_call_counts_the_same_instructions_every_time_and_a_pass_nearly
     assert passes[8] > 2 * min(ones)  # five positions take more than twice one
 
 
-def _run(*args, tmp_path, name):
-    path = tmp_path / (name + ".json")
-    assert cli(["--quiet", "--max-tokens", "64", "--stats-json", str(path), *args]) == 0
-    return json.loads(path.read_text())
-
-
 @pytest.mark.parametrize("sampling", [[], ["--temperature", "0.8", "--seed", "7", "--gamma", "4"]],
                          ids=["greedy", "seeded"])
 def test_two_c3_boards_print_the_hosts_text_on_native_kernels(tmp_path, sampling):
     """Greedy: plain decoding's text on the host. Seeded: the host back-ends' text with the same seed and the same
     gamma (where drafts are tested changes a sampled text, so it is compared with speculation on the host, not
     with plain decoding, and with a fixed gamma: gamma auto prices a host drafter and a board differently)."""
-    boards = _run("--drafter", "virtual:esp32c3", "--verifier", "virtual:esp32c3", *sampling, tmp_path=tmp_path,
+    boards = run_stats("--drafter", "virtual:esp32c3", "--verifier", "virtual:esp32c3", *sampling, tmp_path=tmp_path,
                   name="c3")
     # seeded: the host drafts with the model the C3 drafter board runs (its class's), as a sampled text needs
     host = (["--drafter", "cpu", "--verifier", "cpu", "--draft-model", str(MODELS / boards["drafter_model"].rsplit(
         "/", 1)[-1])] if sampling else ["--plain", "--verifier", "cpu"])
-    want = _run(*host, *sampling, tmp_path=tmp_path, name="cpu")
+    want = run_stats(*host, *sampling, tmp_path=tmp_path, name="cpu")
     assert boards["text"] == want["text"] and boards["tokens"] == 64
     roles = {b["role"]: b for b in boards["boards"]}
     assert set(roles) == {"drafter", "verifier"}
@@ -113,7 +105,7 @@ def test_two_c3_boards_print_the_hosts_text_on_native_kernels(tmp_path, sampling
 
 
 def test_project_esp32c3_prices_the_measured_instructions(tmp_path):
-    stats = _run("--verifier", "virtual:esp32c3", "--plain", "--project", "esp32c3", tmp_path=tmp_path, name="proj")
+    stats = run_stats("--verifier", "virtual:esp32c3", "--plain", "--project", "esp32c3", tmp_path=tmp_path, name="proj")
     p = stats["projection"]
     per_pass = p["instructions_per_pass"]["verifier"]["1"]
     assert p["compute"] == "measured instructions (qemu)"
@@ -136,7 +128,7 @@ def test_a_pipeline_of_five_c3_stages_gives_the_single_verifiers_tokens(tmp_path
 def test_a_c3_pair_plans_gamma_on_the_instructions_its_boards_execute(tmp_path):
     """gamma auto under --project esp32c3 is fed the measured projection (the boards' STATS), not QEMU's wall
     clock: it plans pipelined drafting for it; the C3 drafts with its class's heap drafter, reading no flash."""
-    stats = _run("--drafter", "virtual:esp32c3", "--verifier", "virtual:esp32c3", "--project", "esp32c3",
+    stats = run_stats("--drafter", "virtual:esp32c3", "--verifier", "virtual:esp32c3", "--project", "esp32c3",
                  tmp_path=tmp_path, name="pair")
     p = stats["projection"]
     assert stats["gamma_costs"] == "projected esp32c3" and p["drafter"] == "esp32c3 board"

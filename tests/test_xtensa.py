@@ -6,7 +6,6 @@ instructions in the stats; a corrupt native module falls back to viper, saying w
 single verifier's tokens.
 """
 
-import json
 import shutil
 import subprocess
 import sys
@@ -15,13 +14,12 @@ import time
 import pytest
 
 from specmesh.host.backends import LocalVerifier, SessionParams
-from specmesh.host.cli.run import cli
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import TARGET_FILE
 from specmesh.host.provision.cluster import Cluster
-from tests.conftest import ROOT, require_xtensa
+from tests.conftest import ROOT, require_xtensa, run_stats
 
 pytestmark = pytest.mark.xtensa
 MODELS = ROOT / "models"
@@ -108,22 +106,16 @@ def test_mpremote_drives_the_console_and_the_flash_and_romfs_survive_a_reset(tmp
         board.stop()
 
 
-def _run(*args, tmp_path, name):
-    path = tmp_path / (name + ".json")
-    assert cli(["--quiet", "--max-tokens", "64", "--stats-json", str(path), *args]) == 0
-    return json.loads(path.read_text())
-
-
 @pytest.mark.parametrize("sampling", [[], ["--temperature", "0.8", "--seed", "7", "--gamma", "4"]],
                          ids=["greedy", "seeded"])
 def test_an_esp32_and_an_s3_print_the_hosts_text_on_native_kernels(tmp_path, sampling):
     """Greedy: plain decoding's text on the host. Seeded: the host back-ends' text with the same seed, gamma and
     drafter model (as tests/test_rv32.py does for two C3s)."""
-    boards = _run("--drafter", "virtual:esp32", "--verifier", "virtual:esp32s3", *sampling, tmp_path=tmp_path,
+    boards = run_stats("--drafter", "virtual:esp32", "--verifier", "virtual:esp32s3", *sampling, tmp_path=tmp_path,
                   name="xtensa")
     host = (["--drafter", "cpu", "--verifier", "cpu", "--draft-model", str(MODELS / boards["drafter_model"].rsplit(
         "/", 1)[-1])] if sampling else ["--plain", "--verifier", "cpu"])
-    want = _run(*host, *sampling, tmp_path=tmp_path, name="cpu")
+    want = run_stats(*host, *sampling, tmp_path=tmp_path, name="cpu")
     assert boards["text"] == want["text"] and boards["tokens"] == 64
     roles = {b["role"]: b for b in boards["boards"]}
     assert set(roles) == {"drafter", "verifier"}
