@@ -117,7 +117,9 @@ def test_stops_at_max_tokens_and_at_the_context(backends):
         generate(list(range(VOCAB)) + list(range(40)), verifier, None, SessionParams(), 5)
 
 
-def test_past_the_drafters_context_rounds_are_plain(models, tmp_path, backends):
+def test_past_the_drafters_context_it_is_re_primed_on_the_streams_tail(models, tmp_path, backends):
+    """A drafter whose context is full begins again on the stream's last tokens (host/decode/window.py): it
+    never drafts past its context and drafts to the end; a prompt longer than its context starts it there."""
     verifier = backends[0]
     short = tmp_path / "short.spm"
     random_model(short, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=VOCAB, max_seq=24, seed=12)
@@ -125,12 +127,11 @@ def test_past_the_drafters_context_rounds_are_plain(models, tmp_path, backends):
     plain = generate([3, 4], verifier, None, SessionParams(), 60)
     res = generate([3, 4], verifier, drafter, SessionParams(), 60, GammaController(fixed=4))
     assert res.tokens == plain.tokens and len(res.tokens) == 60
-    drafted_up_to = [r.pos0 + r.gamma for r in res.rounds if r.gamma]
-    assert drafted_up_to and max(drafted_up_to) <= 24 - 1  # no draft beyond the drafter's context
-    assert sum(r.gamma == 0 for r in res.rounds) >= 60 - 24  # the rest were plain rounds
+    assert all(r.pos0 - r.base + r.gamma <= 24 - 1 for r in res.rounds)  # no draft beyond the drafter's context
+    assert sum(1 for r in res.rounds if r.reprime) >= 2 and all(r.gamma for r in res.rounds[:-1])
     too_long = generate(list(range(30)), verifier, drafter, SessionParams(), 5, GammaController(fixed=4))
     assert too_long.tokens == generate(list(range(30)), verifier, None, SessionParams(), 5).tokens
-    assert all(r.gamma == 0 for r in too_long.rounds)
+    assert too_long.rounds[0].gamma and too_long.rounds[0].base == 30 - 24 // 4
 
 
 def test_verifier_refuses_a_draft_for_the_wrong_position(backends):

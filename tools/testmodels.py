@@ -8,7 +8,7 @@ import numpy as np
 
 from specmesh.host.backends.modelio import write_model
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
-from specmesh.shared.modelfile import KIND_Q8, Header, tensor_layout
+from specmesh.shared.modelfile import HEADER_SIZE, KIND_Q8, Header, parse_header, tensor_layout
 
 
 def random_tensors(h: Header, seed: int = 0) -> dict:
@@ -38,3 +38,14 @@ def random_pair(folder: str | os.PathLike, vocab: int = 64, max_seq: int = 96, s
                  seed=seed)
     random_model(os.path.join(folder, DRAFTER_FILE), dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32,
                  vocab=vocab, max_seq=max_seq, seed=seed + 1)
+
+
+def with_context(src: str | os.PathLike, dst: str | os.PathLike, max_seq: int) -> Header:
+    """Copy the model file `src` to `dst` with a context of `max_seq` positions (the same weights: the tensor
+    layout does not depend on it, and the body's CRC does not cover the header); returns its header."""
+    data = open(src, "rb").read()
+    h = parse_header(data)
+    h.max_seq = max_seq
+    with open(dst, "wb") as f:
+        f.write(h.pack() + data[HEADER_SIZE:])
+    return h

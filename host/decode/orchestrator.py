@@ -3,8 +3,9 @@
 Each round: pick gamma (host/decode/gamma.py), ask the drafter for gamma tokens with their q-hat tables,
 ask the verifier for a verdict over the gamma + 1 positions, commit the accepted drafts and the
 emitted token, tell both back-ends (they roll back everything beyond it). gamma = 0 is a round of
-plain decoding on the verifier; without a drafter (`--plain`) every round is one, and so is every
-round once the drafter's context is full. The stream stops at the end-of-stream token, at
+plain decoding on the verifier; without a drafter (`--plain`) every round is one. A drafter whose
+context is full is re-primed on the stream's last tokens (host/decode/window.py), so a stream longer than
+its context keeps speculating. The stream stops at the end-of-stream token, at
 `max_tokens`, when the verifier's context is full, or when the caller's `Observer` says so (a stop
 string in the text, host/decode/stopstrings.py).
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 
 from specmesh.host.backends import BackendError, Draft, Drafter, SessionParams, Verifier
 from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.window import Window
 from specmesh.shared.messages import draft_size
 from specmesh.shared.rule import ONE
 
@@ -48,6 +50,10 @@ class Round:
     table_body: int = 0
     rejected: bool = False  # the verifier rejected a draft (else all were accepted, or one was end-of-stream)
     lag: int = 0  # committed tokens the drafter first had to catch up on (plain rounds since it last drafted)
+    # the drafter's sliding window (host/decode/window.py): the stream position its context begins at, and the
+    # tokens it was re-primed with (BEGIN, prefilled) before this round's drafts (0: not re-primed)
+    base: int = 0
+    reprime: int = 0
     # measured: seconds of each call, bytes each link carried (0 in a round the projection made up)
     t_draft: float = 0.0
     t_verify: float = 0.0
@@ -173,8 +179,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     controller = _primed(controller or GammaController(), costs if drafter and observer.costs_known else None, prompt,
                          params)
     max_seq = verifier.max_seq
-    if drafter and len(prompt) >= drafter.max_seq:  # the drafter's context cannot hold the prompt: plain
-        drafter = None
+    window = Window(drafter.max_seq) if drafter else None
     if len(prompt) >= max_seq:
         raise ValueError("the prompt has %d tokens but the context holds %d" % (len(prompt), max_seq))
     committed = list(prompt)
@@ -182,8 +187,9 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     result = Result(out)
     failover = _Failover(observer, result)
     start = clock()
-    for backend in (verifier, drafter) if drafter else (verifier,):
-        backend.begin(params, committed)
+    verifier.begin(params, committed)
+    if drafter and window:  # (a prompt longer than its context: its last tokens)
+        drafter.begin(window.params(params), window.start(committed))
     result.begin_s = clock() - start  # a drafter board prefills at BEGIN, a verifier at its first verdict
     synced = len(committed)  # the drafter has fed the stream up to here (drafters prefill the prompt at begin)
     while len(out) < max_tokens:
@@ -194,13 +200,20 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         gamma = controller.choose(room) if drafter else 0
         bytes0 = (drafter.bus_bytes if drafter else 0, verifier.bus_bytes)
         t0 = clock()
+        reprime = 0
+        if drafter and window:
+            if window.full(len(committed), gamma):
+                drafter, reprime = failover.reprime(drafter, window, params, committed)
+                synced = len(committed)
+            gamma = max(0, min(gamma, window.room(len(committed))))
         lag = len(committed) - synced if gamma else 0
         ahead = controller.ahead if gamma else 0
         # with a look-ahead, the drafter's guess at the bonus position tells whether its ahead-drafts would
         # serve the next round: one draft more than the verifier gets (drafts depend on their position
         # alone, so the verifier's drafts, and the text, are the same)
-        guess = 1 if ahead and gamma < drafter.max_gamma and len(committed) + gamma + 1 < drafter.max_seq else 0
-        drafter, draft = failover.draft(drafter, committed, gamma + guess if gamma else 0)
+        guess = 1 if (ahead and drafter and window and gamma < drafter.max_gamma
+                      and window.room(len(committed)) > gamma) else 0
+        drafter, draft = failover.draft(drafter, window, committed, gamma + guess if gamma else 0)
         if drafter is None:
             gamma = lag = ahead = 0
         draft, guessed = _guess(draft, gamma)
@@ -213,17 +226,19 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         ended = token == -1 or (params.eos >= 0 and token == params.eos)
         committed += new
         verifier.commit(committed)
-        if drafter and gamma:
-            drafter = failover.commit(drafter, committed)
+        if drafter and window and gamma:
+            drafter = failover.commit(drafter, window.view(committed))
             synced = len(committed)
         t3 = clock()
         out += [t for t in new if t != params.eos] if ended else new
         r = _round(draft, n_acc, token, len(committed), lag, (t0, t1, t2, t3),
                    ((drafter.bus_bytes - bytes0[0]) if drafter else 0, verifier.bus_bytes - bytes0[1]),
-                   (ahead, guessed is not None and n_acc == len(draft) and token == guessed))
+                   (ahead, guessed is not None and n_acc == len(draft) and token == guessed),
+                   (window.base if window else 0, reprime))
         result.rounds.append(r)
+        # a re-prime's seconds are the window's, not the round's drafts': that round fits no cost
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
-                           ended=token == -1, lag=lag, timed=len(result.rounds) > 1)
+                           ended=token == -1, lag=lag, timed=len(result.rounds) > 1 and not reprime)
         observer.shown(*_visible(accepted, emitted, params.eos if ended else None))
         if ended or observer.stopped():
             result.stop = "eos" if ended else "stop"
@@ -234,10 +249,10 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
 
 def _room(left: int, length: int, verifier: Verifier, drafter: Drafter | None) -> int:
     """The most drafts the next round may take: the tokens left to generate and the verifier's context, and
-    with a drafter its context (past it, the rest of the stream is plain rounds) and both sides' batches."""
+    with a drafter both sides' batches (a drafter whose context is full is re-primed: `_reprime`)."""
     room = min(left, verifier.max_seq - length) - 1
     if drafter:
-        room = min(room, drafter.max_seq - length - 1, drafter.max_gamma, verifier.max_gamma)
+        room = min(room, drafter.max_gamma, verifier.max_gamma)
     return room
 
 
@@ -274,10 +289,10 @@ def _guess(draft: Draft, gamma: int) -> tuple[Draft, int | None]:
 
 
 def _round(draft: Draft, n_acc: int, token: int, length: int, lag: int, t: tuple[float, float, float, float],
-           bus: tuple[int, int], ahead: tuple[int, bool] = (0, False)) -> Round:
+           bus: tuple[int, int], ahead: tuple[int, bool] = (0, False), window: tuple[int, int] = (0, 0)) -> Round:
     """The record of a round that left the stream `length` tokens long: its verdict, the payload bytes its
-    drafts take on a board bus (what the projection prices), times t0..t3, the bytes each link carried and
-    (look-ahead, whether it was a hit)."""
+    drafts take on a board bus (what the projection prices), times t0..t3, the bytes each link carried,
+    (look-ahead, whether it was a hit) and (the drafter window's base, the tokens it was re-primed with)."""
     n_new = n_acc + (token >= 0)
     entries = [(tok, q[0], q[1]) for tok, q in zip(draft.tokens, draft.q)]
     rejected = n_acc < len(draft) and token != -1
@@ -285,7 +300,8 @@ def _round(draft: Draft, n_acc: int, token: int, length: int, lag: int, t: tuple
     return Round(gamma=len(draft), n_accepted=n_acc, n_committed=n_new, pos0=length - n_new,
                  draft_body=draft_size(entries), verify_body=draft_size(entries, partial=True), table_body=table,
                  rejected=rejected, lag=lag, t_draft=t[1] - t[0], t_verify=t[2] - t[1], t_commit=t[3] - t[2],
-                 bytes_draft=bus[0], bytes_verify=bus[1], ahead=ahead[0], guess_hit=ahead[1])
+                 bytes_draft=bus[0], bytes_verify=bus[1], ahead=ahead[0], guess_hit=ahead[1], base=window[0],
+                 reprime=window[1])
 
 
 class _Failover:
@@ -301,17 +317,22 @@ class _Failover:
         self.result.failovers.append(line)
         self.observer.failed_over(line)
 
-    def draft(self, drafter: Drafter | None, committed: list[int], gamma: int) -> tuple[Drafter | None, Draft]:
-        """(the drafter, or None once it failed; its gamma drafts, or none)."""
-        if not gamma:
+    def _drop(self, drafter: Drafter, e: BackendError) -> None:
+        """A drafter failed: raise, or (failing over) say so; the caller goes on without it."""
+        if not self.observer.fails_over:
+            raise e
+        self._say("drafter %s failed (%s): going on with plain decoding" % (drafter.name, e))
+        self.result.failed.setdefault("drafter", drafter.name)
+
+    def draft(self, drafter: Drafter | None, window: Window | None, committed: list[int],
+              gamma: int) -> tuple[Drafter | None, Draft]:
+        """(the drafter, or None once it failed; its gamma drafts, or none), at stream positions."""
+        if not gamma or drafter is None or window is None:
             return drafter, Draft(len(committed))
         try:
-            return drafter, drafter.draft(committed, gamma)
+            return drafter, window.draft(drafter.draft(window.view(committed), gamma))
         except BackendError as e:
-            if not self.observer.fails_over:
-                raise
-            self._say("drafter %s failed (%s): going on with plain decoding" % (drafter.name, e))
-            self.result.failed.setdefault("drafter", drafter.name)
+            self._drop(drafter, e)
             return None, Draft(len(committed))
 
     def verify(self, verifier: Verifier, params: SessionParams, committed: list[int], draft: Draft,
@@ -336,15 +357,25 @@ class _Failover:
                                % (verifier.name, n_acc, token, len(draft)))
         return verifier, verdict
 
+    def reprime(self, drafter: Drafter, window: Window, params: SessionParams,
+                committed: list[int]) -> tuple[Drafter | None, int]:
+        """Move the drafter's window to the stream's last tokens and begin it there (it prefills them):
+        (the drafter, or None once it failed; how many tokens it was re-primed with). A board collects the
+        BEGIN's ACK at its next call, so a failure there is the draft's."""
+        prompt = window.move(committed)
+        try:
+            drafter.begin(window.params(params), prompt)
+        except BackendError as e:
+            self._drop(drafter, e)
+            return None, 0
+        return drafter, len(prompt)
+
     def commit(self, drafter: Drafter, committed: list[int]) -> Drafter | None:
         """The drafter after hearing the verdict, or None once it failed."""
         try:
             drafter.commit(committed)
         except BackendError as e:
-            if not self.observer.fails_over:
-                raise
-            self._say("drafter %s failed (%s): going on with plain decoding" % (drafter.name, e))
-            self.result.failed.setdefault("drafter", drafter.name)
+            self._drop(drafter, e)
             return None
         return drafter
 

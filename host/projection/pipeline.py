@@ -160,13 +160,14 @@ class PipelineProjector:
         """Wire seconds of round r's DRAFT_REQ (the previous outcome folded in) and DRAFT (none on the host)."""
         if self.drafter_on_host:
             return 0.0
-        return self._wire(draft_req_body(r.lag + 1)) + self._wire(r.draft_body)
+        return self._wire(draft_req_body(r.lag + (not r.reprime))) + self._wire(r.draft_body)
 
     def draft_seconds(self, r: Round) -> float:
         """The drafter's share of round r without drafting ahead: catch-up and drafts, and its call."""
         if not r.gamma:
             return 0.0
-        return sum(self.boards.draft_passes(r.pos0 - r.lag, r.lag + r.gamma)) + self.draft_call(r)
+        return (sum(self.boards.draft_passes(r.pos0 - r.base - r.lag, r.lag + r.gamma)) + self.draft_call(r)
+                + self.boards.reprime_seconds(r))
 
     def replay(self, rounds: list[Round]) -> list[tuple[float, float, float]]:
         """(draft, verify, waste) seconds of each round, drafting ahead where `pipelined` (as
@@ -177,8 +178,9 @@ class PipelineProjector:
         window = 0.0
         for r in rounds:
             waste = 0.0
-            if self.pipelined and r.gamma and prev is not None and prev.gamma and prev.ahead and not r.lag:
-                passes = self.boards.draft_passes(prev.pos0 + prev.gamma, max(prev.ahead, r.gamma + 1))
+            if self.pipelined and r.gamma and prev is not None and prev.gamma and prev.ahead and not r.lag \
+                    and not r.reprime:
+                passes = self.boards.draft_passes(prev.pos0 + prev.gamma - prev.base, max(prev.ahead, r.gamma + 1))
                 wait, waste = round_draft(passes, r.gamma, prev.ahead, window, prev.guess_hit)
                 t_draft = wait + self.draft_call(r)
             else:

@@ -9,8 +9,10 @@ virtual time with the constants of host/projection/hardware.py instead of sleepi
   the KV cache, the interpreted calls between kernels, and one read of the weights, and of the KV
   cache, from PSRAM when the model does not fit internal SRAM), priced by host/projection/calibration.py's
   `Rates`: derived from host/projection/hardware.py, or measured on a board (`--calibration FILE`);
-- drafting gamma tokens is gamma one-position passes, after one per token committed while the drafter
-  was idle (plain rounds); its prefill of the prompt at BEGIN runs while the verifier prefills the same
+- drafting gamma tokens is gamma one-position passes at the drafter's own context length (its sliding
+  window's, host/decode/window.py), after one per token committed while the drafter was idle (plain rounds);
+  a re-primed window costs the drafter its BEGIN exchange and one pass per prefilled position (a drafter
+  board's engine takes one position per pass; on the host, HOST_DRAFT_POSITION each); its prefill of the prompt at BEGIN runs while the verifier prefills the same
   prompt in the first round, and a drafter position costs a fraction of a target's, so it adds no time;
 - each call is a request and a reply whose sizes are those of the real codec (`:`-base64 lines, the
   compact header: no addresses to the board at a link's end, src and dst to one behind a gateway),
@@ -49,6 +51,7 @@ from specmesh.host.projection.costmodel import KERNELS, SRAM_BUDGET, layer_span,
 from specmesh.host.projection.hardware import (BOARDS, CONSOLES, CPI, ESPNOW, HOST_DRAFT_POSITION,
                                                NODE_FRAME_BYTE_INSNS, NODE_FRAME_INSNS, RV32_CPI, Board, Link)
 from specmesh.shared.codec import line_size
+from specmesh.shared.messages import pack_begin
 from specmesh.shared.modelfile import Header
 
 __all__ = ["ADDR_BYTES", "SRAM_BUDGET", "Projector", "draft_entries", "draft_req_body", "frame_bytes", "line_bytes",
@@ -74,6 +77,11 @@ def line_bytes(payload: int, addressed: bool = False) -> int:
 def draft_req_body(tail: int) -> int:
     """DRAFT_REQ payload: length u16, gamma u8 and the folded COMMIT's `tail` tokens (u16 each)."""
     return 3 + 2 * tail
+
+
+def begin_body(prompt: int) -> int:
+    """BEGIN payload with a prompt of `prompt` tokens (a drafter's re-prime carries its window)."""
+    return len(pack_begin(0, 0, 0, 0, 0, -1, [0] * prompt))
 
 
 def draft_entries(r: Round) -> list[int]:
@@ -176,9 +184,18 @@ class Projector:
             return [HOST_DRAFT_POSITION.value] * n
         return [self.draft_pass(pos + i) for i in range(n)]
 
+    def reprime_seconds(self, r: Round) -> float:
+        """Seconds of round r's re-prime of the drafter's window (0 without one): its BEGIN exchange (the ACK is
+        empty) and the prefill of all but the window's last token, one pass each."""
+        if not r.reprime:
+            return 0.0
+        bus = 0.0 if self.drafter_on_host else self.call("drafter", begin_body(r.reprime), 0)
+        return bus + sum(self.draft_passes(0, r.reprime - 1))
+
     def draft_call(self, r: Round) -> float:
         """Bus seconds of round r's DRAFT_REQ and DRAFT (none for a drafter on the host)."""
-        return 0.0 if self.drafter_on_host else self.call("drafter", draft_req_body(r.lag + 1), r.draft_body)
+        return 0.0 if self.drafter_on_host else self.call("drafter", draft_req_body(r.lag + (not r.reprime)),
+                                                          r.draft_body)
 
     def verify_seconds(self, r: Round) -> float:
         t = self.forward(self.target, r.gamma + 1, r.pos0 + r.gamma) + self.call("verifier", r.verify_body,
@@ -190,10 +207,11 @@ class Projector:
     def round_costs(self, r: Round) -> tuple[float, float, float]:
         """(draft, verify, commit) seconds of one round on the projected hardware, drafting not pipelined:
         what the gamma controller fits (no COMMIT is sent: the verdict commits itself and the next
-        DRAFT_REQ carries the drafter's)."""
+        DRAFT_REQ carries the drafter's), with the re-prime of the drafter's window when the round had one."""
         t_draft = 0.0
         if r.gamma:  # catch-up on tokens committed in plain rounds, then one pass per draft
-            t_draft = sum(self.draft_passes(r.pos0 - r.lag, r.lag + r.gamma)) + self.draft_call(r)
+            t_draft = (sum(self.draft_passes(r.pos0 - r.base - r.lag, r.lag + r.gamma)) + self.draft_call(r)
+                       + self.reprime_seconds(r))
         return t_draft, self.verify_seconds(r), 0.0
 
     def replay(self, rounds: list[Round]) -> list[tuple[float, float, float]]:
@@ -208,9 +226,9 @@ class Projector:
             waste = 0.0
             if not r.gamma:
                 t_draft = 0.0
-            elif self.pipelined and prev is not None and prev.gamma and prev.ahead and not r.lag:
+            elif self.pipelined and prev is not None and prev.gamma and prev.ahead and not r.lag and not r.reprime:
                 # the ahead passes ran from the end of prev's block: position prev.pos0 + prev.gamma on
-                start = prev.pos0 + prev.gamma
+                start = prev.pos0 + prev.gamma - prev.base
                 passes = self.draft_passes(start, max(prev.ahead, r.gamma + 1))
                 wait, waste = round_draft(passes, r.gamma, prev.ahead, window, prev.guess_hit)
                 t_draft = wait + self.draft_call(r)
@@ -273,6 +291,9 @@ class Projector:
         out = {"drafter": 0, "verifier": self.exchange("verifier", r.verify_body, VERDICT_BODY)}
         if r.table_body:
             out["verifier"] += self.exchange("verifier", r.table_body, VERDICT_BODY)
-        if r.gamma:
-            out["drafter"] = self.exchange("drafter", draft_req_body(r.lag + drafted_before), r.draft_body)
+        if r.gamma:  # (a re-primed drafter holds the whole stream: its DRAFT_REQ carries no tail)
+            out["drafter"] = self.exchange("drafter", draft_req_body(r.lag + (drafted_before and not r.reprime)),
+                                           r.draft_body)
+        if r.reprime:
+            out["drafter"] += self.exchange("drafter", begin_body(r.reprime), 0)
         return out
