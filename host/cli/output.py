@@ -234,6 +234,13 @@ def format_table(stats: dict) -> str:
         ("verifier", _took_over(stats, "verifier")),
         ("drafter", _took_over(stats, "drafter")),
     ]
+    window = stats.get("drafter_window") or {}
+    if window.get("reprimes"):
+        after = window["after_first_reprime"]
+        rows.append(("drafter window", "%d re-primes on the stream's last %d tokens (context %d), from token %d on: "
+                     "%d of %d rounds drafted, %s tokens / verification" % (
+                         window["reprimes"], window["keep"], window["context"], window["first_reprime_token"],
+                         after["drafting_rounds"], after["rounds"], _fmt(after["tokens_per_verification"]))))
     est = stats.get("estimates") or {}
     if stats.get("drafter") and est.get("cost_ratio_c") is not None:
         rows += _estimates(est)

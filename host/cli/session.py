@@ -52,8 +52,9 @@ from specmesh.host.cli.preflight import (PreflightError, check_backends, check_c
                                          unknown_backend)
 from specmesh.host.cli.ranges import SEED, RangeError, in_range
 from specmesh.host.decode.gamma import GammaController
-from specmesh.host.decode.orchestrator import Result, generate
+from specmesh.host.decode.orchestrator import Result, Round, generate
 from specmesh.host.decode.stopstrings import StopScan, StopStrings
+from specmesh.host.decode.window import Window
 from specmesh.host.layout import TOKENIZER_FILE
 from specmesh.host.projection.measured import board_summary
 from specmesh.host.provision.drafters import expected_alpha
@@ -196,6 +197,7 @@ def build_stats(config: RunConfig, params: SessionParams, result: Result, text: 
         "verifier": "cpu" if "verifier" in result.failed else verifier.name,
         "drafter": None if "drafter" in result.failed else (drafter.name if drafter else None),
         "failed": dict(result.failed),  # role -> the back-end that failed mid-run (its line: failovers)
+        "drafter_window": window_stats(result, prompt_len, drafter.max_seq) if drafter else None,
         "drafter_model": (drafter.info.get("model") if hasattr(drafter, "info") else
                           config.model_file("drafter").name) if drafter else None,
         "stop": result.stop,
@@ -210,6 +212,23 @@ def build_stats(config: RunConfig, params: SessionParams, result: Result, text: 
     if projector is not None:
         stats["projection"] = projector.project(result, prompt_len)
     return stats
+
+
+def window_stats(result: Result, prompt_len: int, context: int) -> dict:
+    """The drafter's sliding window (host/decode/window.py) over the run: its context, the tokens a re-prime
+    keeps, the re-primes, the generated token at which the first came, and how the rounds from there on and those
+    of the run's second half speculated."""
+    first = next((i for i, r in enumerate(result.rounds) if r.reprime), None)
+    half = len(result.tokens) // 2
+
+    def share(rounds: list[Round]) -> dict:
+        return {"rounds": len(rounds), "drafting_rounds": sum(1 for r in rounds if r.gamma),
+                "tokens_per_verification": sum(r.n_committed for r in rounds) / len(rounds) if rounds else None}
+
+    return {"context": context, "keep": Window(context).keep, "reprimes": sum(1 for r in result.rounds if r.reprime),
+            "first_reprime_token": None if first is None else result.rounds[first].pos0 - prompt_len,
+            "after_first_reprime": share(result.rounds[first:] if first is not None else []),
+            "second_half": share([r for r in result.rounds if r.pos0 - prompt_len >= half])}
 
 
 def board_stats(parts: list, tokens: int = 0, projector=None) -> list[dict]:

@@ -169,8 +169,8 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
 
     Fail-over, when `observer.fails_over`: a verifier that fails (BackendError: it stopped answering, its
     link died) is replaced by `observer.fallback()`, begun on the committed prefix, and the round runs
-    again; a drafter that fails leaves the stream on plain decoding. Each is one line in `Result.failovers` (and to
-    `observer.failed_over`). Nothing committed is lost, and since every back-end computes the same
+    again; a drafter that fails leaves the stream on plain decoding. Each is one line in `Result.failovers`
+    (and to `observer.failed_over`). Nothing committed is lost, and since every back-end computes the same
     distributions and draws from the same counter-based PRNG, the text is the one without the failure.
     """
     if not prompt:
@@ -200,19 +200,13 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         gamma = controller.choose(room) if drafter else 0
         bytes0 = (drafter.bus_bytes if drafter else 0, verifier.bus_bytes)
         t0 = clock()
-        reprime = 0
-        if drafter and window:
-            if window.full(len(committed), gamma):
-                drafter, reprime = failover.reprime(drafter, window, params, committed)
-                synced = len(committed)
-            gamma = max(0, min(gamma, window.room(len(committed))))
+        drafter, gamma, reprime = failover.windowed(drafter, window, params, committed, gamma)
+        synced = len(committed) if reprime else synced
         lag = len(committed) - synced if gamma else 0
         ahead = controller.ahead if gamma else 0
-        # with a look-ahead, the drafter's guess at the bonus position tells whether its ahead-drafts would
-        # serve the next round: one draft more than the verifier gets (drafts depend on their position
-        # alone, so the verifier's drafts, and the text, are the same)
-        guess = 1 if (ahead and drafter and window and gamma < drafter.max_gamma
-                      and window.room(len(committed)) > gamma) else 0
+        # with a look-ahead, one draft more than the verifier gets: the drafter's guess at the bonus position says
+        # whether its ahead-drafts serve the next round (drafts depend on their position alone: the text is the same)
+        guess = 1 if ahead and drafter and window and gamma < min(drafter.max_gamma, window.room(len(committed))) else 0
         drafter, draft = failover.draft(drafter, window, committed, gamma + guess if gamma else 0)
         if drafter is None:
             gamma = lag = ahead = 0
@@ -236,9 +230,8 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
                    (ahead, guessed is not None and n_acc == len(draft) and token == guessed),
                    (window.base if window else 0, reprime))
         result.rounds.append(r)
-        # a re-prime's seconds are the window's, not the round's drafts': that round fits no cost
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
-                           ended=token == -1, lag=lag, timed=len(result.rounds) > 1 and not reprime)
+                           ended=token == -1, lag=lag, timed=len(result.rounds) > 1 and not reprime)  # re-prime: no fit
         observer.shown(*_visible(accepted, emitted, params.eos if ended else None))
         if ended or observer.stopped():
             result.stop = "eos" if ended else "stop"
@@ -357,18 +350,24 @@ class _Failover:
                                % (verifier.name, n_acc, token, len(draft)))
         return verifier, verdict
 
-    def reprime(self, drafter: Drafter, window: Window, params: SessionParams,
-                committed: list[int]) -> tuple[Drafter | None, int]:
-        """Move the drafter's window to the stream's last tokens and begin it there (it prefills them):
-        (the drafter, or None once it failed; how many tokens it was re-primed with). A board collects the
-        BEGIN's ACK at its next call, so a failure there is the draft's."""
-        prompt = window.move(committed)
-        try:
-            drafter.begin(window.params(params), prompt)
-        except BackendError as e:
-            self._drop(drafter, e)
-            return None, 0
-        return drafter, len(prompt)
+    def windowed(self, drafter: Drafter | None, window: Window | None, params: SessionParams, committed: list[int],
+                 gamma: int) -> tuple[Drafter | None, int, int]:
+        """(the drafter, or None once it failed; gamma, at most what its context has room for; the tokens it was
+        re-primed with, 0 if none). When gamma drafts do not fit its context, the window moves to the stream's
+        last tokens and the drafter begins there (it prefills them); a board collects the BEGIN's ACK at its next
+        call, so a failure there is the draft's."""
+        if drafter is None or window is None:
+            return drafter, gamma, 0
+        reprime = 0
+        if window.full(len(committed), gamma):
+            prompt = window.move(committed)
+            try:
+                drafter.begin(window.params(params), prompt)
+            except BackendError as e:
+                self._drop(drafter, e)
+                return None, gamma, 0
+            reprime = len(prompt)
+        return drafter, max(0, min(gamma, window.room(len(committed)))), reprime
 
     def commit(self, drafter: Drafter, committed: list[int]) -> Drafter | None:
         """The drafter after hearing the verdict, or None once it failed."""
