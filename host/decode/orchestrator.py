@@ -5,7 +5,8 @@ ask the verifier for a verdict over the gamma + 1 positions, commit the accepted
 emitted token, tell both back-ends (they roll back everything beyond it). gamma = 0 is a round of
 plain decoding on the verifier; without a drafter (`--plain`) every round is one. A drafter whose
 context is full is re-primed on the stream's last tokens (host/decode/window.py), so a stream longer than
-its context keeps speculating. The stream stops at the end-of-stream token, at
+its context keeps speculating (that round teaches the gamma controller no cost: its draft seconds carry the
+re-prime). The stream stops at the end-of-stream token, at
 `max_tokens`, when the verifier's context is full, or when the caller's `Observer` says so (a stop
 string in the text, host/decode/stopstrings.py).
 
