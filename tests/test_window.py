@@ -91,6 +91,7 @@ def test_a_board_drafter_re_primes_through_begin_and_drafts_what_the_host_drafte
     from specmesh.host.provision.cluster import Cluster
 
     verifier, cpu = LocalVerifier(models / TARGET_FILE), LocalDrafter(models / DRAFTER_FILE)
+    projector = Projector(*(parse_header((models / f).read_bytes()[:64]) for f in (TARGET_FILE, DRAFTER_FILE)))
     with Cluster("serial", models, tmp_path) as c:
         board = c.backend("drafter")
         assert board.max_seq == CTX
@@ -101,6 +102,9 @@ def test_a_board_drafter_re_primes_through_begin_and_drafts_what_the_host_drafte
             if params.greedy:
                 assert res.tokens == generate(prompt, verifier, None, params, 90).tokens
             assert tokens_per_verification(after_refill(res.rounds)) > 1.5
+            # the projection's bytes on the drafter's link are the measured ones, re-primes (their BEGIN) included
+            for r in res.rounds[1:]:
+                assert projector.round_bytes(r)["drafter"] == r.bytes_draft, r
 
 
 def test_the_projection_charges_a_re_prime_to_the_drafter(models):

@@ -9,7 +9,10 @@ the stream from `base` on, at its own positions 0.., and its drafts are moved ba
 `keep` is a quarter of the drafter's context by default (KEEP_SHARE): a re-prime prefills `keep` - 1
 positions (one pass each on a drafter board, whose engine takes one position per pass) and buys
 max_seq - keep - 1 positions of drafting, so a smaller window re-primes less per token; a quarter of the
-classic ESP32 drafter's 256 positions (64 tokens) still holds several sentences of a story.
+classic ESP32 drafter's 256 positions (64 tokens) still holds several sentences of a story (at gamma 4 on the
+default prompt's 500 greedy tokens, a half, a quarter and an eighth all gave 3.42 tokens per verification), and
+its BEGIN line (201 bytes) fits the 259 bytes a classic ESP32's UART console ring holds (host/boardclasses.py
+CONSOLE_RING), so a copy of it resent while the board prefills is not lost; a half's (372 bytes) would not.
 
 Sampling: a drafter draws each draft with purpose DRAFT at its own position, so a window that began at
 `base` would repeat the draws of positions it already drew at. Each window therefore drafts under a seed
