@@ -251,14 +251,20 @@ def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool,
         return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, STAGE_LINKS[cls][0], on_host,
                                   config.kernels, cls),
                 LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host, config.kernels, cls))
-    if config.project in RV32_PROJECT:  # priced from the instructions its boards execute
+    if config.measured_projection:  # priced from the instructions its boards execute
         from specmesh.host.projection.measured import LiveCosts, MeasuredProjector
         from specmesh.host.projection.rounds import Projector
 
-        measured = MeasuredProjector(heads["verifier"], heads["drafter"], config.project, config.transport)
-        if deterministic:  # sampling: gamma from derived costs, so that a seed gives one text
-            return Projector(heads["verifier"], heads["drafter"], "esp32s3", config.transport), measured
-        boards = [("verifier", verifier)] + ([("drafter", drafter)] if drafter is not None else [])
+        # each role on its own board's class (an ESP32 drafter beside an S3 verifier), a cpu drafter on the host
+        drafts_on = config.drafter.partition(":")[2] or config.project
+        measured = MeasuredProjector(heads["verifier"], heads["drafter"], config.project, config.transport,
+                                     drafts_on, on_host)
+        if deterministic:  # sampling: gamma from derived costs (an Xtensa class's own), so that a seed gives one text
+            if config.project in RV32_PROJECT:
+                return Projector(heads["verifier"], heads["drafter"], "esp32s3", config.transport), measured
+            return Projector(heads["verifier"], heads["drafter"], config.project, config.transport,
+                             drafter_on_host=on_host, drafter_board=drafts_on), measured
+        boards = [("verifier", verifier)] + ([("drafter", drafter)] if drafter is not None and not on_host else [])
         return LiveCosts(measured, boards), measured
     virtual = virtual_classes(config, on_host)
     if config.project or deterministic or virtual:
