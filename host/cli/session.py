@@ -226,7 +226,9 @@ def board_stats(parts: list, tokens: int = 0, projector=None) -> list[dict]:
         if "heap_free" in s:
             # the board's class as its HELLO tells it (host/boardclasses.py class_of: its MCU, else its heap)
             cls = class_of(s.get("board") or "", s["heap_free"]).name
-            out.append({"name": b.name, "role": role, "class": cls, "compute_s": s.get("compute_s"),
+            # machine: what its HELLO names the board (os.uname().machine: the core QEMU runs, on a virtual one)
+            out.append({"name": b.name, "role": role, "class": cls, "machine": s.get("board") or "",
+                        "compute_s": s.get("compute_s"),
                         "heap_free": s.get("heap_free"),
                         "errors": s.get("errors", 0), "retransmits": s.get("retransmits", 0),
                         "kernels": s.get("kernels"), "kernels_note": s.get("kernels_note", "")})
