@@ -63,6 +63,10 @@ def test_a_size_never_run_is_read_off_the_line():
     line = Line({1: 2_300_000.0, 5: 6_800_000.0})
     assert line(1) == 2_300_000 and line(3) == pytest.approx(4_550_000)
     assert Line({5: 5_000_000.0})(2) == pytest.approx(2_000_000)  # one size: proportional
+    # a fixed gamma 4 run: its prefill (4 positions, a short context) and its verifies (5) tilt the line below 0 at
+    # one position, which would price a plain pass at nothing: the line through 0 instead
+    tilted = Line({4: 5_486_000.0, 5: 7_706_000.0})
+    assert tilted(1) == pytest.approx((4 * 5_486_000 + 5 * 7_706_000) / 41) and tilted(4) == 5_486_000
 
 
 def test_the_measured_projection_prices_instructions_and_flash_bytes():
@@ -76,6 +80,9 @@ def test_the_measured_projection_prices_instructions_and_flash_bytes():
     assert terms["weights_flash"] == pytest.approx(weight_bytes(h) / BOARDS["esp32c3"].flash_map_bps.value)
     p.measure("verifier", STATS, "models/target.spm")  # a model in the heap reads no flash per pass
     assert p.terms(h, 1, 10)["weights_flash"] == 0.0
+    assert p.unmeasured == {}
+    p.terms(h, 3, 10)  # a size the run never ran, read off the line: said in the projection
+    assert p.unmeasured == {"verifier": {3}}
 
 
 def test_an_xtensa_class_prices_instructions_at_its_cpi_and_the_psram_bytes():

@@ -56,7 +56,9 @@ def board_summary(stats: dict, tokens: int) -> dict:
 
 
 class Line:
-    """Instructions of a pass by positions: the measured means, and the least-squares line a + b*k elsewhere."""
+    """Instructions of a pass by positions: the measured means, and elsewhere the least-squares line a + b*k, or,
+    where that line's a comes out negative (a pass costs a fixed part and a part per position, neither below 0:
+    sizes measured at different contexts, a prefill's and the verifies', can tilt it), the line through 0."""
 
     def __init__(self, means: dict[int, float]):
         if not means:
@@ -68,14 +70,14 @@ class Line:
         var = sum((k - mk) ** 2 for k in means)
         self.slope = sum((k - mk) * (v - mv) for k, v in means.items()) / var if var else 0.0
         self.intercept = mv - self.slope * mk if var else 0.0
-        self.single = None if var else mv / mk  # one size measured: proportional to k
+        if self.intercept < 0 or not var:  # one size measured too: proportional to k
+            self.intercept = 0.0
+            self.slope = sum(k * v for k, v in means.items()) / sum(k * k for k in means)
 
     def __call__(self, k: int) -> float:
         if k in self.means:
             return self.means[k]
-        if self.single is not None:
-            return self.single * k
-        return max(0.0, self.intercept + self.slope * k)
+        return self.intercept + self.slope * k
 
 
 class MeasuredProjector(Projector):
@@ -90,6 +92,7 @@ class MeasuredProjector(Projector):
                          drafter_board=drafter_board or board)
         self.lines: dict[str, Line] = {}
         self.on_rom: dict[str, bool] = {}
+        self.unmeasured: dict[str, set[int]] = {}  # role -> pass sizes priced off its line, never run
         self.cpi = cpi_of(self.board.name)
 
     def measure(self, role: str, stats: dict, model: str = "") -> None:
@@ -107,6 +110,8 @@ class MeasuredProjector(Projector):
         if role not in self.lines:
             raise ValueError("--project %s prices the instructions its boards executed: run the %s on a "
                              "virtual:%s board" % (self.board.name, role, own.name))
+        if k not in self.lines[role].means:
+            self.unmeasured.setdefault(role, set()).add(k)
         work = pass_work(h, k, ctx, layers, classifier, on_romfs=self.on_rom[role])
         out = {"compute": self.lines[role](k) * cpi_of(own.name).value / own.clock_hz.value,
                "weights_flash": work.get("weights_flash", 0.0) / own.flash_map_bps.value}
@@ -136,6 +141,8 @@ class MeasuredProjector(Projector):
         out["instructions_per_pass"] = {role: {str(k): round(v) for k, v in line.means.items()}
                                         for role, line in self.lines.items()}
         out["plain_terms_s"] = {t: v for t, v in self.plain_terms(prompt_len).items()}
+        # what was read off a line, not run: a fixed-gamma run's plain baseline (run --plain to measure it)
+        out["instructions_extrapolated"] = {role: sorted(ks) for role, ks in sorted(self.unmeasured.items())}
         return out
 
 
