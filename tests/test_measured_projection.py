@@ -151,6 +151,27 @@ def test_live_costs_ask_the_boards_only_for_pass_sizes_not_measured_yet():
     assert t_draft >= 3 * 700_000 * RV32_CPI.value / 160e6  # three heap-resident passes, no flash term
 
 
+def test_live_costs_open_on_the_class_cost_model_until_the_boards_have_run_passes():
+    """An Xtensa pair: before any pass the class's cost model prices a round (the controller is primed on it,
+    not left to probe plain and short rounds first); once the boards have run passes, what they executed."""
+    from specmesh.host.decode.orchestrator import Round
+    from specmesh.host.projection.measured import LiveCosts
+    from specmesh.host.projection.rounds import Projector
+
+    target = check_model_file(ROOT / "models" / TARGET_FILE)[0]
+    drafter = check_model_file(ROOT / "models" / DRAFTER_FILE)[0]
+    ver, dra = CountingBoard("/models/target.spm", {}), CountingBoard("/models/drafter.spm", {})
+    prior = Projector(target, drafter, "esp32s3", drafter_board="esp32")
+    measured = MeasuredProjector(target, drafter, "esp32s3", drafter_board="esp32")
+    live = LiveCosts(measured, [("verifier", ver), ("drafter", dra)], prior)
+    assert live.known_beforehand
+    probe = Round(gamma=4, n_accepted=4, n_committed=5, pos0=5, draft_body=11, verify_body=8)
+    assert live.round_costs(probe) == prior.round_costs(probe)
+    ver.counts.update({1: 2_000, 5: 6_000})
+    dra.counts[1] = 700
+    assert live.round_costs(probe) == measured.round_costs(probe) != prior.round_costs(probe)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--project", "esp32c3", "--verifier", "cpu", "--plain"], "virtual:esp32c3"),
     (["--project", "esp32c3", "--verifier", "virtual:esp32c3"], "--drafter"),

@@ -261,13 +261,15 @@ def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool,
         drafts_on = config.drafter.partition(":")[2] or config.project
         measured = MeasuredProjector(heads["verifier"], heads["drafter"], config.project, config.transport,
                                      drafts_on, on_host)
-        if deterministic:  # sampling: gamma from derived costs (an Xtensa class's own), so that a seed gives one text
-            if config.project in RV32_PROJECT:
+        derived = None if config.project in RV32_PROJECT else Projector(  # an Xtensa class's own cost model
+            heads["verifier"], heads["drafter"], config.project, config.transport, drafter_on_host=on_host,
+            drafter_board=drafts_on)
+        if deterministic:  # sampling: gamma from derived costs, so that a seed gives one text
+            if derived is None:
                 return Projector(heads["verifier"], heads["drafter"], "esp32s3", config.transport), measured
-            return Projector(heads["verifier"], heads["drafter"], config.project, config.transport,
-                             drafter_on_host=on_host, drafter_board=drafts_on), measured
+            return derived, measured
         boards = [("verifier", verifier)] + ([("drafter", drafter)] if drafter is not None and not on_host else [])
-        return LiveCosts(measured, boards), measured
+        return LiveCosts(measured, boards, derived), measured
     virtual = virtual_classes(config, on_host)
     if config.project or deterministic or virtual:
         from specmesh.host.projection.rounds import Projector
