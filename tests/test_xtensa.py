@@ -2,11 +2,13 @@
 what `make test-xtensa` runs besides the HIL suite (tests/test_hil.py, its xtensa-* boards). The LLVM 22 varargs bug
 the port works around, shown on its own; the board's console as mpremote drives it, its flash and ROMFS across a
 reset; `specmesh run` on an ESP32 drafter and an ESP32-S3 verifier prints the host's text with both boards' executed
-instructions in the stats; a corrupt native module falls back to viper, saying why; five ESP32 stages give the
-single verifier's tokens.
+instructions in the stats; `--project esp32s3` on them prices each pass from those instructions and plans gamma on
+them; `specmesh emulate --board virtual:esp32s3` serves a QEMU board; a corrupt native module falls back to viper,
+saying why; five ESP32 stages give the single verifier's tokens.
 """
 
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import TARGET_FILE
+from specmesh.host.projection.hardware import BOARDS, CPI
 from specmesh.host.provision.cluster import Cluster
 from tests.conftest import ROOT, require_xtensa, run_stats
 
@@ -122,6 +125,49 @@ def test_an_esp32_and_an_s3_print_the_hosts_text_on_native_kernels(tmp_path, sam
     for b in roles.values():
         assert b["kernels"] == "native", b.get("kernels_note")
         assert b["instructions"] == "measured instructions (qemu)" and b["instructions_per_token"] > 0
+
+
+def test_project_esp32s3_prices_the_instructions_the_xtensa_boards_executed(tmp_path):
+    """The Xtensa pair under --project esp32s3: gamma auto plans on the boards' own counts ("projected esp32s3",
+    as the C3 pair's), a pass's compute is the S3 verifier's executed instructions at the stated CPI and clock, the
+    PSRAM stream its exact weight bytes at the stated rate, and the drafter is priced on its own class's board; the
+    stats carry each board's instructions per token and per verify size, and the machine its HELLO names."""
+    from specmesh.host.backends.modelio import check_model_file
+    from specmesh.host.projection.costmodel import weight_bytes
+
+    stats = run_stats("--drafter", "virtual:esp32", "--verifier", "virtual:esp32s3", "--project", "esp32s3",
+                      tmp_path=tmp_path, name="proj")
+    p = stats["projection"]
+    s3 = BOARDS["esp32s3"]
+    assert stats["gamma_costs"] == "projected esp32s3" and p["drafter"] == "esp32 board"
+    assert p["compute"] == "measured instructions (qemu)" and p["kernels"].endswith("measured instructions (qemu)")
+    one = p["instructions_per_pass"]["verifier"]["1"]
+    assert p["plain_terms_s"]["compute"] == pytest.approx(one * CPI.value / s3.clock_hz.value, rel=1e-3)
+    target = check_model_file(MODELS / TARGET_FILE)[0]
+    assert p["plain_terms_s"]["weights_psram"] == pytest.approx(weight_bytes(target) / s3.weight_stream_bps.value)
+    assert p["instructions_per_pass"]["drafter"]["1"] > 0 and len(p["instructions_per_pass"]["verifier"]) > 1
+    assert p["plain_tokens_per_s"] > 0 and p["tokens_per_s"] > p["plain_tokens_per_s"]  # it drafts where it pays
+    roles = {b["role"]: b for b in stats["boards"]}
+    for role, cls in (("verifier", "esp32s3"), ("drafter", "esp32")):
+        b = roles[role]
+        assert b["class"] == cls and b["machine"] == "specmesh-qemu-xtensa with de233_fpu"
+        assert b["instructions_per_token"] > 0 and b["instructions_per_pass"]["1"] > 0
+
+
+def test_emulate_serves_qemu_xtensa_boards_until_ctrl_c(tmp_path):
+    cmd = [sys.executable, "-m", "specmesh.host.cli", "emulate", "--boards", "1", "--board", "virtual:esp32s3",
+           "--dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        summary = proc.stdout.readline()
+        assert "ESP32-S3" in summary and "xtensa-lx7 machine code under QEMU, no radio" in summary, summary
+        port = proc.stdout.readline().split()[1]
+        got = _mpremote(port, "exec", "import gc, os; print(os.uname().machine, gc.mem_free() > 8_000_000)")
+        assert got == "specmesh-qemu-xtensa with de233_fpu True"  # the S3's heap, its PSRAM in it
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0 and proc.stdout.read().strip() == "stopped"
+    finally:
+        proc.kill()
 
 
 def test_a_corrupt_native_module_falls_back_to_viper_and_says_why(tmp_path):

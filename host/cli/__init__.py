@@ -169,7 +169,11 @@ def _add_emulate(sub) -> None:
 
     p = sub.add_parser("emulate", help="start virtual boards (MicroPython VMs on ptys) until Ctrl-C")
     p.add_argument("--boards", type=int, default=2, help="how many boards (default 2)")
-    p.add_argument("--board", default="esp32", choices=sorted(BOARD_CLASSES), help="board class (default esp32)")
+    names = sorted(BOARD_CLASSES)
+    p.add_argument("--board", default="esp32", choices=names + ["virtual:" + c for c in names],
+                   help="board class (default esp32: the fast unix-port VM sized as one); virtual:CLASS runs the "
+                        "class's own machine code under QEMU, as --drafter virtual:CLASS does (an RV32 class always "
+                        "does); QEMU boards have no radio")
     p.add_argument("--dir", default=None, help="keep the boards' flash folders here (default: a temporary folder)")
     p.add_argument("--flash-kb", type=int, default=None, help="give each board a littlefs flash of this size (8..16384, a multiple of 4)")
     p.add_argument("--no-romfs", action="store_true",
@@ -219,7 +223,20 @@ def _emulate_problem(args) -> str | None:
                 % (block_kb, lo, hi, block_kb, args.flash_kb))
     if args.dir is not None and os.path.exists(args.dir) and not os.path.isdir(args.dir):
         return "--dir %s is a file, not a folder" % args.dir
+    radio = [flag for flag, dest in (("--radio-loss", "loss"), ("--radio-dup", "duplicate"), ("--reorder", "reorder"),
+                                     ("--delay-ms", "delay_ms")) if getattr(args, dest)]
+    if radio and _qemu_board(args.board):
+        return ("%s act%s on the virtual radio, which QEMU boards (--board %s) do not join: drop %s, or use the "
+                "unix-port boards (--board esp32 or esp32s3)" % (", ".join(radio), "" if len(radio) > 1 else "s",
+                                                                 args.board, "them" if len(radio) > 1 else "it"))
     return None
+
+
+def _qemu_board(name: str) -> bool:
+    """Whether `specmesh emulate --board NAME` starts QEMU boards (virtual:CLASS, or an RV32 class)."""
+    from specmesh.host.boardclasses import board_class
+
+    return name.startswith("virtual:") or board_class(name).qemu
 
 
 def _emulate(args) -> int:
@@ -236,12 +253,16 @@ def _emulate(args) -> int:
                         delay_ms=args.delay_ms, seed=args.seed)
     flash_bytes = args.flash_kb * 1024 if args.flash_kb is not None else None
     _stop_on_ctrl_c_and_term()
+    qemu = _qemu_board(args.board)
+    name = args.board.partition(":")[2] or args.board
     try:
-        with Emulation(args.boards, args.board, args.dir, radio, flash_bytes, 0 if args.no_romfs else None) as emu:
-            cls = board_class(args.board)
+        with Emulation(args.boards, name, args.dir, radio, flash_bytes, 0 if args.no_romfs else None, qemu) as emu:
+            cls = board_class(name)
             romfs = "no ROMFS" if args.no_romfs or not cls.romfs_bytes else f"ROMFS {cls.romfs_bytes // 1024} KiB"
+            link = (f"its own {cls.isa} machine code under QEMU, no radio" if qemu else
+                    f"radio MTU {args.mtu}, loss {args.loss}")
             print(f"{args.boards} virtual {cls.description} board(s), heap {cls.heap_bytes} bytes, {romfs}; "
-                  f"radio MTU {args.mtu}, loss {args.loss}. Ctrl-C (or SIGTERM) stops them.")
+                  f"{link}. Ctrl-C (or SIGTERM) stops them.")
             for vb in emu.boards:
                 print(f"{vb.name}  {vb.port}  mac {vb.mac}  flash {vb.flash_dir}", flush=True)
             while True:  # a timed wait: a signal may land on a board's pump thread, and an untimed wait

@@ -21,6 +21,18 @@ from specmesh.shared.sampling import is_greedy
 DEFAULT_PROMPT = "Once upon a time"
 GAMMA_FLAG_MAX = 16  # the largest --gamma; a round drafts at most what both back-ends' HELLO allows
 RV32_PROJECT = ("esp32c3", "esp32c6")  # --project classes priced from instructions measured under QEMU
+XTENSA_PROJECT = ("esp32", "esp32s3")  # priced from them when the run's boards are their QEMU boards, else modelled
+XTENSA_QEMU = tuple("virtual:" + c for c in XTENSA_PROJECT)  # the boards that run the Xtensa code under QEMU
+
+
+def measured_projection(project: str | None, verifier: str, stages: int) -> bool:
+    """Whether --project prices each pass from the instructions the run's own boards executed under QEMU
+    (host/projection/measured.py): always for an RV32 class; for an Xtensa class when its verifier is that
+    class's QEMU board (`virtual:esp32s3`), while the unix-port `virtual` boards and real boards keep the cost
+    model (host/projection/hardware.py). A pipeline (--stages) is priced by its own (host/projection/pipeline.py)."""
+    if stages or project is None:
+        return False
+    return project in RV32_PROJECT or (project in XTENSA_PROJECT and verifier == "virtual:" + project)
 
 
 class UsageError(Exception):
@@ -86,6 +98,11 @@ class RunConfig:
         verifier = PIPELINE if self.stages else self.verifier
         return {"verifier": verifier} if self.plain else {"verifier": verifier, "drafter": self.drafter}
 
+    @property
+    def measured_projection(self) -> bool:
+        """--project prices the instructions the run's QEMU boards executed (`measured_projection`)."""
+        return measured_projection(self.project, self.verifier, self.stages)
+
     def named_models(self) -> dict[str, Path]:
         """The model files --model and --draft-model name (role -> path); none: each from `models`."""
         return {r: p for r, p in (("drafter", self.draft_model), ("verifier", self.target_model)) if p is not None}
@@ -128,6 +145,9 @@ def _pointless(a: argparse.Namespace) -> tuple[str, ...]:
     if a.kernels is not None and not (a.project or a.stages):
         raise UsageError("--kernels %s chooses the kernels a projection prices: add --project esp32s3 (or --stages N)"
                          % a.kernels)
+    if a.kernels is not None and measured_projection(a.project, a.verifier, a.stages):
+        raise UsageError("--kernels %s chooses the kernels the cost model prices; --project %s on %s prices what "
+                         "its boards' own kernels executed: drop --kernels" % (a.kernels, a.project, a.verifier))
     if a.transport == "espnow" and not (a.verifier == "virtual" and not a.stages):
         raise UsageError("--transport espnow puts the virtual verifier board on the radio; with --verifier %s "
                          "nothing goes over it: drop --transport espnow, or use --verifier virtual" % a.verifier)
@@ -225,10 +245,34 @@ def _check_ranges(a: argparse.Namespace) -> None:
             raise UsageError("--project %s prices the instructions its boards execute under QEMU: run %s on %s "
                              "(no --calibration, no --stages)" % (a.project, " and ".join("--" + r for r, _ in roles),
                                                                   want))
+    _check_xtensa_project(a)
     if a.stats_json is not None:
         problem = atomic.output_problem(a.stats_json)
         if problem:
             raise UsageError("--stats-json %s cannot be written: %s" % (a.stats_json or "''", problem))
+
+
+def _check_xtensa_project(a: argparse.Namespace) -> None:
+    """--project esp32 / esp32s3 with a QEMU Xtensa board in a role prices what the run's boards executed, so
+    every board role must be one, the verifier of the projected class (a drafter may be either class or the
+    host's cpu), and nothing may replace their counts (a calibration's rates); a run with none keeps the cost
+    model. A pipeline (--stages) is priced by its links' model whatever its stages run."""
+    if a.project not in XTENSA_PROJECT or a.stages:
+        return
+    drafter = None if a.plain else a.drafter
+    if a.verifier not in XTENSA_QEMU and drafter not in XTENSA_QEMU:
+        return  # unix-port or real boards: the cost model
+    want = "virtual:" + a.project
+    if a.verifier != want:
+        raise UsageError("--project %s prices the instructions its QEMU boards execute: run the verifier on %s, not "
+                         "%s (or every role on unix-port `virtual` or real boards for the cost model)"
+                         % (a.project, want, a.verifier))
+    if drafter is not None and drafter not in XTENSA_QEMU + ("cpu",):
+        raise UsageError("--project %s on a %s verifier prices the instructions its boards execute: run the drafter "
+                         "on %s too, or --drafter cpu (not %s)" % (a.project, want, " or ".join(XTENSA_QEMU), drafter))
+    if a.calibration or a.drafter_calibration:
+        raise UsageError("--project %s on QEMU boards prices the instructions they executed: drop --calibration and "
+                         "--drafter-calibration (they price the cost model)" % a.project)
 
 
 def check_utf8(prompt: str) -> None:

@@ -52,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--project", metavar="BOARD", choices=("esp32", "esp32s3") + RV32_PROJECT,
                    help="also project the run onto real boards of this class (host/projection/hardware.py); "
                         "gamma is then chosen for that hardware. esp32c3/esp32c6 price the instructions the run's "
-                        "virtual:esp32c3/c6 boards executed under QEMU (docs/run.md)")
+                        "virtual:esp32c3/c6 boards executed under QEMU, and esp32/esp32s3 those of a virtual:esp32 "
+                        "/ virtual:esp32s3 verifier (and drafter) when the run has them (docs/run.md)")
     p.add_argument("--kernels", choices=("native", "viper"), default=None,
                    help="with --project: the board kernels the projection prices (default native: the xtensawin "
                         "module; viper: the MicroPython-only engine)")

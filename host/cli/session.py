@@ -245,7 +245,9 @@ def board_stats(parts: list, tokens: int = 0, projector=None) -> list[dict]:
         if "heap_free" in s:
             # the board's class as its HELLO tells it (host/boardclasses.py class_of: its MCU, else its heap)
             cls = class_of(s.get("board") or "", s["heap_free"]).name
-            out.append({"name": b.name, "role": role, "class": cls, "compute_s": s.get("compute_s"),
+            # machine: what its HELLO names the board (os.uname().machine: the core QEMU runs, on a virtual one)
+            out.append({"name": b.name, "role": role, "class": cls, "machine": s.get("board") or "",
+                        "compute_s": s.get("compute_s"),
                         "heap_free": s.get("heap_free"),
                         "errors": s.get("errors", 0), "retransmits": s.get("retransmits", 0),
                         "kernels": s.get("kernels"), "kernels_note": s.get("kernels_note", "")})
@@ -270,15 +272,23 @@ def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool,
         return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, STAGE_LINKS[cls][0], on_host,
                                   config.kernels, cls),
                 LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host, config.kernels, cls))
-    if config.project in RV32_PROJECT:  # priced from the instructions its boards execute
+    if config.measured_projection:  # priced from the instructions its boards execute
         from specmesh.host.projection.measured import LiveCosts, MeasuredProjector
         from specmesh.host.projection.rounds import Projector
 
-        measured = MeasuredProjector(heads["verifier"], heads["drafter"], config.project, config.transport)
+        # each role on its own board's class (an ESP32 drafter beside an S3 verifier), a cpu drafter on the host
+        drafts_on = config.drafter.partition(":")[2] or config.project
+        measured = MeasuredProjector(heads["verifier"], heads["drafter"], config.project, config.transport,
+                                     drafts_on, on_host)
+        derived = None if config.project in RV32_PROJECT else Projector(  # an Xtensa class's own cost model
+            heads["verifier"], heads["drafter"], config.project, config.transport, drafter_on_host=on_host,
+            drafter_board=drafts_on)
         if deterministic:  # sampling: gamma from derived costs, so that a seed gives one text
-            return Projector(heads["verifier"], heads["drafter"], "esp32s3", config.transport), measured
-        boards = [("verifier", verifier)] + ([("drafter", drafter)] if drafter is not None else [])
-        return LiveCosts(measured, boards), measured
+            if derived is None:
+                return Projector(heads["verifier"], heads["drafter"], "esp32s3", config.transport), measured
+            return derived, measured
+        boards = [("verifier", verifier)] + ([("drafter", drafter)] if drafter is not None and not on_host else [])
+        return LiveCosts(measured, boards, derived), measured
     virtual = virtual_classes(config, on_host)
     if config.project or deterministic or virtual:
         from specmesh.host.projection.rounds import Projector

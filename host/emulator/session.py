@@ -26,8 +26,10 @@ class Emulation(contextlib.ExitStack):
         radio: RadioConfig | None = None,
         flash_bytes: int | None = None,
         romfs_bytes: int | None = None,
+        qemu: bool = False,
     ) -> None:
-        """`romfs_bytes`: each board's ROMFS partition (None: its class's; 0: none, as stock firmware)."""
+        """`romfs_bytes`: each board's ROMFS partition (None: its class's; 0: none, as stock firmware). `qemu`: an
+        Xtensa class's boards run its machine code under QEMU (an RV32 class's always do), off the radio."""
         super().__init__()
         self.n = n
         self.board = board
@@ -35,6 +37,7 @@ class Emulation(contextlib.ExitStack):
         self.radio_config = radio or RadioConfig()
         self.flash_bytes = flash_bytes
         self.romfs_bytes = romfs_bytes
+        self.qemu = qemu
         self.hub: RadioHub | None = None
         self.boards: list[VirtualBoard] = []
 
@@ -45,9 +48,9 @@ class Emulation(contextlib.ExitStack):
                 prefix="specmesh-boards-")))
             self.hub = self.enter_context(RadioHub(self.radio_config))
             for i in range(self.n):
-                vb = make_board(root / f"board{i}", self.board, name=f"board{i}", mac=board_mac(i),
-                                radio=self.hub.address, mtu=self.radio_config.mtu, flash_bytes=self.flash_bytes,
-                                romfs_bytes=self.romfs_bytes)
+                vb = make_board(root / f"board{i}", self.board, self.qemu, name=f"board{i}", mac=board_mac(i),
+                                radio=None if self.qemu else self.hub.address, mtu=self.radio_config.mtu,
+                                flash_bytes=self.flash_bytes, romfs_bytes=self.romfs_bytes)
                 self.enter_context(vb)
                 self.boards.append(vb)
         except BaseException:

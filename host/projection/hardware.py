@@ -308,6 +308,11 @@ LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, UART_921600,
                                       TINYUSB_CDC_UART0, USB_SERIAL_JTAG_UART0)}
 
 
+def cpi_of(board: str) -> Figure:
+    """The stated cycles per executed instruction of a class's core: RV32_CPI for an RV32 class, else CPI."""
+    return RV32_CPI if boardclasses.BOARD_CLASSES[board].isa.startswith("rv32") else CPI
+
+
 def sources() -> list[dict]:
     """Every constant with its value, unit, source and note (for the bench JSON and the docs)."""
     out = [{"name": name, "value": f.value, "unit": f.unit, "source": f.source, "note": f.note}

@@ -48,8 +48,8 @@ from specmesh.host.decode.ahead import round_draft
 from specmesh.host.decode.orchestrator import Result, Round
 from specmesh.host.projection.calibration import Rates
 from specmesh.host.projection.costmodel import KERNELS, SRAM_BUDGET, layer_span, pass_work, weight_bytes
-from specmesh.host.projection.hardware import (BOARDS, CONSOLES, CPI, ESPNOW, HOST_DRAFT_POSITION,
-                                               NODE_FRAME_BYTE_INSNS, NODE_FRAME_INSNS, RV32_CPI, Board, Link)
+from specmesh.host.projection.hardware import (BOARDS, CONSOLES, ESPNOW, HOST_DRAFT_POSITION, NODE_FRAME_BYTE_INSNS,
+                                               NODE_FRAME_INSNS, Board, Link, cpi_of)
 from specmesh.shared.codec import line_size
 from specmesh.shared.messages import pack_begin
 from specmesh.shared.modelfile import Header
@@ -175,8 +175,8 @@ class Projector:
         board = self.board if role == "verifier" else self.drafter_board
         insns = NODE_FRAME_INSNS.value + NODE_FRAME_BYTE_INSNS.value * (frame_bytes(request, addressed)
                                                                         + frame_bytes(reply, addressed))
-        cpi = RV32_CPI.value if BOARD_CLASSES[board.name].qemu else CPI.value
-        return sum(link.exchange_seconds(up, down) for link in self.links[role]) + insns * cpi / board.clock_hz.value
+        return (sum(link.exchange_seconds(up, down) for link in self.links[role])
+                + insns * cpi_of(board.name).value / board.clock_hz.value)
 
     def draft_passes(self, pos: int, n: int) -> list[float]:
         """Seconds of n one-position drafter passes from position pos on (on the host: HOST_DRAFT_POSITION)."""
