@@ -34,7 +34,7 @@ from micropython import const
 
 from shared import codec
 from shared import messages as m
-from shared.board import MAX_TRY_CTX, MIN_CTX, NODE_IDS, RESERVE, ROLES, STAGE_RESERVE
+from shared.board import MAX_TRY_CTX, MIN_CTX, NODE_IDS, RESERVE, ROLES, STAGE_RESERVE, VERIFIER_RESERVE
 
 import config
 import cpucount
@@ -540,7 +540,8 @@ class Node:
                     else:
                         self.role = roles.Verifier(eng, self.stats)
                     gc.collect()
-                    if self._headroom() >= (STAGE_RESERVE if stage else RESERVE) or eng.n_ctx <= MIN_CTX:
+                    reserve = STAGE_RESERVE if stage else RESERVE if role_id == m.ROLE_DRAFTER else VERIFIER_RESERVE
+                    if self._headroom() >= reserve or eng.n_ctx <= MIN_CTX:
                         break
                     n_ctx = eng.n_ctx // 2  # too little heap left to serve requests: a shorter context (HELLO says)
                 except MemoryError:  # a context whose KV cache does not fit at all: shorter, down to MIN_CTX

@@ -136,9 +136,10 @@ class Role:
         return logits
 
     def _table(self, logits, j):
-        """The target's table (sampling.table) of logits row j under the session's settings."""
+        """The target's table (sampling.table) of logits row j under the session's settings, built in the role's
+        preallocated `bufs` (sampling.buffers): valid until the next call."""
         return sampling.table(memoryview(logits), j * self.vocab, self.vocab, self.temp_milli, self.target_top_k,
-                              self.top_p_q16, self.engine.exp_table)
+                              self.top_p_q16, self.engine.exp_table, self.bufs)
 
     def _catch_up(self, end):
         """Fill the cache up to position `end` (exclusive) in batches; no logits needed."""
@@ -226,7 +227,14 @@ class Verifier(Role):
     and the target's table at the rejected position is kept (`pending`) until the host sends that draft
     again with its whole table, which then gets the residual token without a second pass."""
 
-    pending = None  # (position, draft, its q(x), the target's table there) after a PARTIAL verdict
+    pending = None  # (position, draft, its q(x), the target's table there, in bufs) after a PARTIAL verdict
+
+    def __init__(self, engine, stats):
+        Role.__init__(self, engine, stats)
+        # every sampled row's table is built in these, one row at a time (rule.verdict_step): a sampled verify
+        # allocates nothing vocabulary-sized, where it took three lists a row and kept a table a row (heap on a C3)
+        self.bufs = sampling.buffers(self.vocab)
+        self._row = None  # the table last built: a PARTIAL verdict keeps it (pending) until the next verify
 
     def verify(self, pos0, entries):
         """(pos0, n_accepted, token) for the drafts `entries` [(token, ids, weights)] at pos0.."""
@@ -251,15 +259,15 @@ class Verifier(Role):
             self._put(pos0 + i, drafts[i])
         self._catch_up(pos0 - 1)
         logits = self._feed(pos0 - 1, pos0 + n)
-        ps = []  # the target's tables as the rule asks for them (sampled): a PARTIAL verdict keeps the rejected one
 
-        def table(j):
-            ps.append(self._table(logits, j))
-            return ps[j]
+        def table(j):  # asked row by row up to the first rejection: the last one built is the rejected draft's
+            self._row = self._table(logits, j)
+            return self._row
 
         acc, tok = rule.verdict_step(self.greedy, self.engine.argmax, table, drafts, qs, self.seed, pos0, self.eos)
-        if tok == rule.PARTIAL:
-            self.pending = (pos0 + acc, drafts[acc], qs[acc][1][0], ps[acc])
+        if tok == rule.PARTIAL:  # its table stays in bufs: nothing builds another before the next verify
+            self.pending = (pos0 + acc, drafts[acc], qs[acc][1][0], self._row)
+        self._row = None
         st = self.stats
         st["verified"] += n
         st["accepted"] += acc

@@ -16,7 +16,6 @@ Imported only by a node playing this role (a drafter never pays for its code).
 
 import struct
 import time
-from array import array
 
 import uctypes
 
@@ -46,13 +45,7 @@ class Stage(Role):
         self.xb = uctypes.bytearray_at(uctypes.addressof(engine.x), engine.kmax * self.row)
         self.pk = bytearray(engine.kmax * rows.row_bytes(engine.header.dim, 4))  # packed reply rows
         if engine.head:  # the sampled rule's dense tables, allocated once: a small heap fragments too
-            v = self.vocab  # much for blocks of vocab ints later (sampling.table's bufs)
-            self.bufs = (array("i", bytes(4 * v)), array("i", bytes(4 * v)), array("i", bytes(4 * v)), [0] * v)
-
-    def _dense(self, logits, j):
-        """The target's table of logits row j, in self.bufs."""
-        return sampling.table(memoryview(logits), j * self.vocab, self.vocab, self.temp_milli, self.target_top_k,
-                              self.top_p_q16, self.engine.exp_table, self.bufs)
+            self.bufs = sampling.buffers(self.vocab)  # much for blocks of vocab ints later (Role._table)
 
     def run(self, pos, n, flags, entries, data):
         """The STAGE reply payload for positions pos..pos+n-1."""
@@ -113,8 +106,8 @@ class Stage(Role):
                 out[j] = -1 if j < len(entries) and entries[j][0] == a else a
             elif j < len(entries):
                 token, ids, weights = entries[j]
-                out[j] = rule.judge(self._dense(logits, j), token, ids, weights, self.seed, p)
+                out[j] = rule.judge(self._table(logits, j), token, ids, weights, self.seed, p)
             else:
-                out[j] = rule.sample(self._dense(logits, j), self.seed, p, EMIT)
+                out[j] = rule.sample(self._table(logits, j), self.seed, p, EMIT)
         st["verified"] += len(entries)
         return pack_stage_reply(pos, n, STAGE_HEAD, struct.pack("<%dh" % n, *out))

@@ -72,8 +72,12 @@ class BoardClass:
 # MICROPY_GC_INITIAL_HEAP_SIZE, "chosen so they can grow the heap once (double it) and still have enough internal
 # RAM to start WiFi") and grows from the ESP-IDF heap on demand (MICROPY_GC_SPLIT_HEAP_AUTO; py/gc.c
 # gc_try_add_heap doubles the total), so the heap a node can fill without taking Wi-Fi's memory is two such areas:
-# 2 x 56,000 bytes of blocks (a 64 KiB area holds 64000: micropython#12141's mem_info; the allocation tables take
-# the rest). Beyond that the GC heap grows into what the radio needs (firmware/node.py _headroom).
+# 2 x 56,000 bytes of blocks. From v1.28's py/gc.c on a 32-bit port (16-byte blocks, finaliser table, no weakref
+# table at the esp32's ROM level): gc_setup_area splits the 57,344-byte area into an 875-byte allocation table, a
+# 438-byte finaliser table and 3,500 blocks (56,000 bytes); the first growth allocates the bytes of a heap of the
+# same 3,500 blocks, 57,360 with its 32-byte area struct (gc_try_add_heap's total_heap, rounded to a block), which
+# gc_add splits into 3,500 blocks again. Beyond that the GC heap grows into what the radio needs (firmware/node.py
+# _headroom).
 # (The earlier figure, 110,536 bytes, was micropython#7962's fixed heap of v1.17, before the split heap.)
 # Filesystem: the 4 MB flash layout gives the vfs partition 2 MiB (partitions-4MiB.csv: vfs 0x200000).
 ESP32 = BoardClass(

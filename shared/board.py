@@ -23,11 +23,12 @@ SPEC_AHEAD = (0, 64)  # tokens a drafter may draft ahead while a verdict is pend
 KMAX = (1, 256)  # most positions a verifier computes in one pass
 CTR = (0, 0xFFFFFFFF)  # the signing counter (u32)
 
-# Free heap a node keeps once its model is loaded, else it halves its context (HELLO reports it): a drafter's
-# and a stage's (whose rule tables are preallocated and frames a few hundred bytes: it serves in less).
-# tests/test_firmware_budget.py drafts through the whole context at -X heapsize= the class heap; the figures
-# that chose them are in docs/bench/heap.md.
+# Free heap a node keeps once its model is loaded, else it halves its context (HELLO reports it): a drafter's,
+# and a stage's and a verifier's (whose rule tables are preallocated at load and frames a few hundred bytes: they
+# serve in less). tests/test_firmware_budget.py drafts through the whole context at -X heapsize= the class heap;
+# the figures that chose them are in docs/bench/heap.md.
 RESERVE = 22528
 STAGE_RESERVE = 16384
+VERIFIER_RESERVE = STAGE_RESERVE
 MIN_CTX = 64  # the shortest context a node halves to
 MAX_TRY_CTX = 256  # the context it tries after the model's whole one did not fit

@@ -88,7 +88,10 @@ def quantize(weights, out=None, fracs=None, order=None):
     units left over to the largest remainders (ties to the lowest id); a zero weight stays 0.
 
     Allocation-free with buffers of len(weights) (a board's dense tables): the table goes into `out`,
-    the remainders into `fracs` (both may be array('i')), and `order`, a list, is sorted in place."""
+    the remainders into `fracs` (both may be array('i'); fracs may be `weights` itself, each weight is read
+    before its remainder is written), and `order`, a list, is sorted in place. w * ONE is taken in two steps
+    of w << 14 and a factor 4, so a weight up to 2^15 and a total under 2^28 stay small ints on a 32-bit
+    board (31 bits: at 2^30 an int is a heap object)."""
     total = 0
     for w in weights:
         if w < 0:
@@ -102,8 +105,9 @@ def quantize(weights, out=None, fracs=None, order=None):
     given = 0
     for i in range(n):
         w = weights[i]
-        out[i] = w * ONE // total
-        fracs[i] = w * ONE % total if w > 0 else -1  # -1: never a unit
+        r = (w << 14) % total << 2  # w * ONE = 4 * (w << 14), whose remainder is r // 4
+        out[i] = ((w << 14) // total << 2) + r // total
+        fracs[i] = r % total if w > 0 else -1  # -1: never a unit
         given += out[i]
     rem = ONE - given  # fewer than the non-zero weights
     if rem:
@@ -210,15 +214,22 @@ def verify(p_tables, drafts, q_tables, seed, pos0, eos=-1):
     gamma = len(drafts)
     if len(p_tables) != gamma + 1 or len(q_tables) != gamma:
         raise ValueError("verify needs gamma+1 target tables and gamma q-hat tables")
+    return _verdict(lambda i: p_tables[i], drafts, q_tables, seed, pos0, eos)
+
+
+def _verdict(table, drafts, q_tables, seed, pos0, eos):
+    """verify's walk, asking `table(i)` for the target's table at draft i only once drafts 0..i-1 are accepted
+    (and for the bonus row after all of them): a caller may build each table in the same buffer."""
+    gamma = len(drafts)
     for i in range(gamma):
         x = drafts[i]
         ids, weights = q_tables[i]
-        t = judge(p_tables[i], x, ids, weights, seed, pos0 + i)
+        t = judge(table(i), x, ids, weights, seed, pos0 + i)
         if t != -1:
             return i, t
         if x == eos:
             return i + 1, -1
-    return gamma, sample(p_tables[gamma], seed, pos0 + gamma, EMIT)
+    return gamma, sample(table(gamma), seed, pos0 + gamma, EMIT)
 
 
 def verify_greedy(argmaxes, drafts, eos=-1):
@@ -247,9 +258,12 @@ def draft(greedy, argmax, table, seed, pos):
 
 def verdict_step(greedy, argmax, table, drafts, q_tables, seed, pos0, eos=-1):
     """(n_accepted, token) for the drafts at pos0 from the target's len(drafts) + 1 logits rows, through
-    callables of the row index j: greedy, `argmax(j)`; else `table(j)`, its dense table, asked for each
-    row once, j = 0, 1, .. in order. The firmware verifier and the host's verifiers all decide through this."""
-    rows = range(len(drafts) + 1)
+    callables of the row index j: greedy, `argmax(j)`; else `table(j)`, its dense table, asked for row by
+    row, j = 0, 1, .., up to the first rejected draft (or the bonus row), each once, and not used after the
+    next call (so a board builds every table in one preallocated buffer). The firmware verifier and the
+    host's verifiers all decide through this."""
     if greedy:
-        return verify_greedy([argmax(j) for j in rows], drafts, eos)
-    return verify([table(j) for j in rows], drafts, q_tables, seed, pos0, eos)
+        return verify_greedy([argmax(j) for j in range(len(drafts) + 1)], drafts, eos)
+    if len(q_tables) != len(drafts):
+        raise ValueError("verify needs gamma q-hat tables")
+    return _verdict(table, drafts, q_tables, seed, pos0, eos)

@@ -12,8 +12,10 @@ the engines' Q16 ints; `tab` is shared.intmath.exp_table() (an engine holds one)
 - dropped tokens weigh 0; `rule.quantize` then scales the weights to ONE.
 """
 
+from array import array
+
 from .intmath import expq
-from .rule import argmax, quantize, quantize_topk, top_ids
+from .rule import ONE, argmax, quantize, quantize_topk, top_ids
 
 
 def is_greedy(temp_milli):
@@ -36,39 +38,46 @@ def weights(logits, off, n, temp_milli, tab, out):
     return total
 
 
+def buffers(n):
+    """table()'s bufs for rows of n logits, (w, out, order): allocated once by a role that samples on a board, so
+    a sampled row allocates nothing vocabulary-sized (a small heap would take three lists a row, and fragment)."""
+    return array("i", bytes(4 * n)), array("i", bytes(4 * n)), [0] * n
+
+
 def table(logits, off, n, temp_milli, top_k, top_p_q16, tab, bufs=None):
     """The target's dense table (ints summing to ONE) of the logits row logits[off:off + n].
 
-    bufs (w, out, fracs, order), each of n (order a list): no vocabulary-sized allocation with
-    temperature alone (top-k and top-p still build lists); the table is `out`, valid until the next call."""
+    bufs: buffers(n), else three lists are made. The table is bufs' `out` (or the other int buffer after a
+    top-k or top-p cut), valid until the next call with the same bufs; only top-p still builds a list (the ids
+    it sorts)."""
+    w, out, order = ([0] * n, [0] * n, [0] * n) if bufs is None else bufs
     if is_greedy(temp_milli):
-        out = [0] * n
-        out[argmax(logits[off:off + n])] = 1 << 16
+        for i in range(n):
+            out[i] = 0
+        out[argmax(logits[off:off + n])] = ONE
         return out
     row = logits[off:off + n]
-    w = [0] * n if bufs is None else bufs[0]
     weights(row, 0, n, temp_milli, tab, w)
     if 0 < top_k < n:
-        keep = top_ids(row, top_k)
-        kept = [0] * n
-        for i in keep:
-            kept[i] = w[i]
-        w = kept
+        for i in range(n):
+            out[i] = 0
+        for i in top_ids(row, top_k):
+            out[i] = w[i]
+        w, out = out, w
     if 0 < top_p_q16 < 65536:
-        order = [i for i in range(n) if w[i] > 0]
-        order.sort(key=lambda i: (-row[i], i))
+        ids = [i for i in range(n) if w[i] > 0]
+        ids.sort(key=lambda i: (-row[i], i))
         limit = top_p_q16 * sum(w)
-        kept = [0] * n
+        for i in range(n):
+            out[i] = 0
         mass = 0
-        for i in order:
+        for i in ids:
             if mass << 16 >= limit and mass > 0:
                 break
-            kept[i] = w[i]
+            out[i] = w[i]
             mass += w[i]
-        w = kept
-    if bufs is None:
-        return quantize(w)
-    return quantize(w, bufs[1], bufs[2], bufs[3])
+        w, out = out, w
+    return quantize(w, out, w, order)  # the remainders overwrite the weights: each is read first
 
 
 def draft_table(logits, off, n, temp_milli, k, tab):

@@ -44,6 +44,8 @@ def fw_dir(micropython, tmp_path_factory) -> str:
                      ("firmware/kernelpick.py", "kernelpick.mpy"), ("firmware/selftest.py", "selftest.mpy"),
                      ("firmware/stage_engine.py", "stage_engine.mpy"),
                      ("firmware/refkernels.py", "refkernels.mpy"),
+                     ("firmware/roles.py", "roles.mpy"), ("firmware/cpucount.py", "cpucount.mpy"),
+                     ("shared/messages.py", "shared/messages.mpy"), ("shared/codec.py", "shared/codec.mpy"),
                      ("shared/intmath.py", "shared/intmath.mpy"), ("shared/rule.py", "shared/rule.mpy"),
                      ("shared/prng.py", "shared/prng.mpy"), ("shared/sampling.py", "shared/sampling.mpy"),
                      ("shared/__init__.py", "shared/__init__.mpy"),

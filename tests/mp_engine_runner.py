@@ -17,6 +17,9 @@ holding engine, kernels and shared/ (compiled .mpy, as on a board), else the sou
   ["decode", n]          -> {"decoded": n, "last": id}: the same, keeping no token list (heap budgets)
   ["alloc", n, k, temp_milli] -> {"allocated": heap bytes, "tokens": [...]}: n steps of k positions
                             each, greedy or sampled, after 2 warm-up steps, with the GC disabled (alloc())
+  ["verify", prompt, n, drafts, temp_milli, seed] -> {"allocated": heap bytes, "verdicts": [[acc, token], ...]}:
+                            a firmware verifier role (firmware/roles.py) over the engine, BEGIN with the prompt,
+                            then n VERIFY_REQs of the same drafts (verify())
 A load or call error prints {"error": "<message>"} instead.
 """
 
@@ -79,6 +82,33 @@ def alloc(e, n, k, temp_milli):
     return {"allocated": allocated, "tokens": list(drawn)}
 
 
+def verify(e, prompt, n, drafts, temp_milli, seed):
+    """A Verifier role over the engine: BEGIN (seed, temp_milli, no top-k or top-p), then n verifies of `drafts`,
+    each with a two-entry q-hat table, at the committed length (the first one also prefills the prompt). The
+    verdicts, and the most heap bytes one verify allocated, with the GC off during each."""
+    import roles  # only here: the heap-budget plans do not load it
+
+    stats = {}
+    for k in ("compute_ms", "passes", "positions", "verified", "accepted"):
+        stats[k] = 0
+    v = roles.Verifier(e, stats)
+    v.begin(seed, temp_milli, 8, 0, 0, -1, prompt)
+    entries = [(t, [t, (t + 1) % e.vocab], [60000, 5536]) for t in drafts]
+    verdicts = []
+    most = 0
+    for _ in range(n):
+        gc.collect()
+        gc.disable()
+        a = gc.mem_alloc()
+        _pos0, acc, tok = v.verify(v.length, entries)
+        b = gc.mem_alloc()
+        gc.enable()
+        if b - a > most:
+            most = b - a
+        verdicts.append([acc, tok])
+    return {"allocated": most, "verdicts": verdicts}
+
+
 def run(plan):
     if "rom" in plan:  # one allocation the size of the image (the test adds it to the VM's heap)
         import os
@@ -121,6 +151,8 @@ def run(plan):
         elif op[0] == "alloc":
             res.append(alloc(e, op[1], op[2], op[3]))
             last = 0
+        elif op[0] == "verify":
+            res.append(verify(e, *op[1:]))
     gc.collect()
     return {"results": res, "heap_bytes": e.heap_bytes, "viper": e.viper, "kernels": e.kernels, "mem_free": gc.mem_free(),
             "length": e.length, "cls_held": getattr(e, "cls_held", None)}

@@ -196,6 +196,42 @@ def alloc_reference(path, n, k, temp_milli):
     return out[2:]
 
 
+@pytest.mark.parametrize("temp_milli", [0, 800])
+def test_a_verify_allocates_no_table_in_a_c3_heap(run_plan, tmp_path, temp_milli):
+    """The shipped target on a C3 verifier's ROMFS at its class heap, with the context and batch `specmesh flash`
+    gives a verifier without PSRAM: one VERIFY_REQ of 4 drafts (5 rows), greedy or sampled, allocates no
+    vocabulary-sized table (sampling.buffers, one row at a time: before, a sampled verify took 3 lists a row and
+    kept a table a row, about 16 KB on a 32-bit board, and a C3 verifier refused it with E_MEMORY), and the
+    verdicts equal the host's rule on the numpy engine with the same seed."""
+    from specmesh.host.backends import Draft, LocalVerifier, SessionParams
+    from specmesh.host.boardclasses import ESP32C3
+    from specmesh.host.provision.flash import SMALL_VERIFIER_CTX, SMALL_VERIFIER_KMAX
+
+    model = ROOT / "models" / "target.spm"
+    image, path = romfs_image(tmp_path, str(model))
+    prompt, seed, n = [1, 400, 30, 7], 7, 6
+    ref = Engine(str(model))
+    drafts = [argmax(ref.forward(prompt, 0)[-1])]  # the target's greedy continuation: accepted, then rejected
+    for _ in range(3):
+        drafts.append(argmax(ref.forward(drafts[-1:], ref.length)[-1]))
+    got = run_plan({"model": path, "rom": image, "kmax": SMALL_VERIFIER_KMAX, "n_ctx": SMALL_VERIFIER_CTX,
+                    "ops": [["verify", prompt, n, drafts, temp_milli, seed]]}, heap="%dk" % (ESP32C3.heap_bytes // 1024))
+    assert "error" not in got, got
+    res = got["results"][0]
+    # a few small objects a row (memoryviews, the verdict): any vocabulary-sized list alone is 4 KB in this VM
+    assert res["allocated"] < 2048, res["allocated"]
+    host = LocalVerifier(model)
+    params = SessionParams(seed=seed, temperature=temp_milli / 1000)
+    host.begin(params, prompt)
+    committed, want = list(prompt), []
+    q = [([t, (t + 1) % 512], [60000, 5536]) for t in drafts]  # as the runner sends them
+    for _ in range(n):
+        acc, tok = host.verify(committed, Draft(len(committed), list(drafts), q))
+        committed += drafts[:acc] + [tok]
+        want.append([acc, tok])
+    assert res["verdicts"] == want
+
+
 @pytest.mark.parametrize("n_ctx, heap", [(128, "112k"), (0, "112k")])
 def test_drafter_shape_runs_in_a_board_heap(run_plan, drafter_rom, n_ctx, heap):
     # The x64 port: the drafter's engine with its int8 weights on a ROMFS (KV cache, scales, RoPE table,

@@ -150,19 +150,8 @@ def test_boards_report_their_role_and_model(boards, drafter_model):
         assert max_seq == board.max_seq >= (80 if KIND[0].startswith("rv32") else 128)
 
 
-def _c3_sampled_verify_short_of_heap(request) -> None:
-    """Known open regression (found merging issue 35's and 36's node changes, left for the next round): on the
-    virtual ESP32-C3 the verifier node keeps 80 positions with about 33 KB free, and its first sampled VERIFY_REQ
-    runs out of memory (E_MEMORY, 29-33 KB free); greedy verifies pass. Strict: once the node's heap use is cut,
-    these pass and the marker must go."""
-    if KIND[0].startswith("rv32"):
-        request.node.add_marker(pytest.mark.xfail(strict=True, reason="C3 verifier: sampled verify short of heap"))
-
-
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_drafts_and_verdicts_equal_the_host_engines(boards, prompt, temperature, drafter_model, request):
-    if temperature:
-        _c3_sampled_verify_short_of_heap(request)
+def test_drafts_and_verdicts_equal_the_host_engines(boards, prompt, temperature, drafter_model):
     drafter, verifier = boards
     host_d, host_v = LocalDrafter(drafter_model), LocalVerifier(MODELS / TARGET_FILE)
     params = SessionParams(seed=11, temperature=temperature)
@@ -181,8 +170,7 @@ def test_speculative_generation_equals_the_hosts_target_only_text(boards, prompt
     assert generate(prompt, verifier, drafter, params, 32, GammaController(fixed=3)).tokens == host
 
 
-def test_a_verifier_reset_mid_generation_loses_nothing(boards, prompt, drafter_model, request):
-    _c3_sampled_verify_short_of_heap(request)
+def test_a_verifier_reset_mid_generation_loses_nothing(boards, prompt, drafter_model):
     drafter, verifier = boards
     params = SessionParams(seed=3, temperature=0.7)
     want = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), LocalDrafter(drafter_model), params, 24,

@@ -202,23 +202,57 @@ def test_draft_table_is_the_top_k_renormalised():
     assert sampling.draft_table(logits, 0, 5, 0, 8, EXP) == ([1], [ONE])
 
 
+def _plain_quantize(w):
+    """Largest remainder to ONE, ties to the lowest id, as the rule's docstring says it (exact ints, sorting)."""
+    total = sum(w)
+    out = [x * ONE // total for x in w]
+    by = sorted((i for i in range(len(w)) if w[i] > 0), key=lambda i: (-(w[i] * ONE % total), i))
+    for i in by[:ONE - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def _plain_table(logits, temp, top_k, top_p_q16, tab):
+    """sampling.table as its docstring says it, with fresh lists at every step: the reference."""
+    n = len(logits)
+    w = [0] * n
+    sampling.weights(logits, 0, n, temp, tab, w)
+    if 0 < top_k < n:
+        keep = set(rule.top_ids(logits, top_k))
+        w = [w[i] if i in keep else 0 for i in range(n)]
+    if 0 < top_p_q16 < 65536:
+        kept, mass = [0] * n, 0
+        for i in sorted((i for i in range(n) if w[i]), key=lambda i: (-logits[i], i)):
+            if mass << 16 >= top_p_q16 * sum(w) and mass:
+                break
+            kept[i], mass = w[i], mass + w[i]
+        w = kept
+    return _plain_quantize(w)
+
+
 @pytest.mark.parametrize("seed", range(20))
-def test_quantize_and_table_into_buffers_equal_the_allocating_path(seed):
-    """A board's preallocated tables (array('i') and a list sorted in place) give the very same integers."""
-    from array import array
+def test_quantize_and_table_into_buffers_equal_the_plain_rule(seed):
+    """A board's preallocated tables (sampling.buffers: array('i') and a list sorted in place, reused row after row)
+    give the very integers of the rule written plainly, with temperature alone, top-k and top-p."""
     import random
 
     rng = random.Random(seed)
     n = rng.choice([3, 17, 512])
-    logits = [rng.randrange(-(1 << 22), 1 << 22) for _ in range(n)]
     tab = intmath.exp_table([0] * intmath.EXP_SIZE)
-    temp = rng.choice([1, 300, 1000, 2500])
-    bufs = (array("i", bytes(4 * n)), array("i", bytes(4 * n)), array("i", bytes(4 * n)), [0] * n)
-    want = sampling.table(logits, 0, n, temp, 0, 65536, tab)
-    got = sampling.table(logits, 0, n, temp, 0, 65536, tab, bufs)
-    assert list(got) == want and sum(got) == ONE
-    w = [rng.randrange(0, 1 << 15) for _ in range(n)] + [1]
-    assert list(rule.quantize(w, [0] * (n + 1), [0] * (n + 1), [0] * (n + 1))) == rule.quantize(w)
+    bufs = sampling.buffers(n)
+    for _ in range(3):
+        logits = [rng.randrange(-(1 << 22), 1 << 22) for _ in range(n)]
+        temp = rng.choice([1, 300, 1000, 2500])
+        top_k = rng.choice([0, 0, 1, 2, 40])
+        top_p = rng.choice([0, 65536, 1, 30000, 58982])
+        want = _plain_table(logits, temp, top_k, top_p, tab)
+        assert list(sampling.table(logits, 0, n, temp, top_k, top_p, tab, bufs)) == want and sum(want) == ONE
+        assert sampling.table(logits, 0, n, temp, top_k, top_p, tab) == want
+    w = [rng.randrange(0, 1 << 15) for _ in range(n)] + [1, 1 << 15]
+    want = _plain_quantize(w)
+    assert rule.quantize(w) == want
+    assert list(rule.quantize(w, [0] * (n + 2), [0] * (n + 2), [0] * (n + 2))) == want
+    assert list(rule.quantize(list(w), [0] * (n + 2), w, [0] * (n + 2))) == want  # the remainders over the weights
 
 
 def test_judge_is_verifys_step():

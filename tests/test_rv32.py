@@ -84,6 +84,55 @@ def test_a_kernel_call_counts_the_same_instructions_every_time_and_a_pass_nearly
     assert passes[8] > 2 * min(ones)  # five positions take more than twice one
 
 
+# Board code: the verifier role as a C3 verifier holds it (`specmesh flash`: 80 positions, kmax 5), one sampled
+# session, and the most heap bytes one VERIFY of 4 drafts allocates, with the GC off during each.
+VERIFY_ALLOC = """
+import gc, engine, roles
+e = engine.Engine('/rom/target.spm', %d, True, %d)
+st = {}
+for k in ('compute_ms', 'passes', 'positions', 'verified', 'accepted'):
+    st[k] = 0
+v = roles.Verifier(e, st)
+v.begin(7, 800, 8, 0, 0, -1, [1, 400, 30, 7])
+ents = [(t, [t, (t + 1) %% 512], [60000, 5536]) for t in (12, 300, 5, 9)]
+most = 0
+for i in range(6):
+    gc.collect()
+    gc.disable()
+    a = gc.mem_alloc()
+    v.verify(v.length, ents)
+    b = gc.mem_alloc()
+    gc.enable()
+    most = max(most, b - a)
+gc.collect()
+print((e.kernels, gc.mem_free(), most))
+"""
+
+
+def test_a_sampled_verify_allocates_no_table_on_a_c3(tmp_path):
+    """On the 32-bit board (31-bit small ints), a sampled verify of 4 drafts builds its 5 rows' tables in the role's
+    buffers, and no weight's product becomes a long (rule.quantize): a few hundred bytes, where one 512-entry
+    table alone is 2 KB (before: about 16 KB a verify, and a C3 verifier node refused it with E_MEMORY)."""
+    from specmesh.host.emulator.qemu import QemuBoard
+    from specmesh.host.provision.flash import SMALL_VERIFIER_CTX, SMALL_VERIFIER_KMAX, flash, open_board
+
+    board = QemuBoard(tmp_path / "c3", "esp32c3", name="valloc").start()
+    try:
+        flash(board.port, "verifier", MODELS / TARGET_FILE, progress=False)
+        time.sleep(0.5)
+        transport = open_board(board.port)
+        try:
+            out, err = transport.exec_raw(VERIFY_ALLOC % (SMALL_VERIFIER_KMAX, SMALL_VERIFIER_CTX), timeout=120)
+        finally:
+            transport.close()
+    finally:
+        board.stop()
+    assert not err, err
+    kernels, free, most = ast.literal_eval(out.decode().strip().splitlines()[-1])
+    assert kernels == "native" and free > 0
+    assert most < 1024, most
+
+
 @pytest.mark.parametrize("sampling", [[], ["--temperature", "0.8", "--seed", "7", "--gamma", "4"]],
                          ids=["greedy", "seeded"])
 def test_two_c3_boards_print_the_hosts_text_on_native_kernels(tmp_path, sampling):
