@@ -29,8 +29,26 @@ typedef uint8_t u8;
 #define INTERNAL static
 #endif
 
+/* The low 15 and 16 bits of a: one `extui` on Xtensa (LLVM loads the mask from a literal and ands). */
+#if defined(__XTENSA__)
+INLINE i32 lo15(i32 a) {
+    i32 r;
+    __asm__("extui %0, %1, 0, 15" : "=r"(r) : "r"(a));
+    return r;
+}
+INLINE i32 lo16(i32 a) {
+    i32 r;
+    __asm__("extui %0, %1, 0, 16" : "=r"(r) : "r"(a));
+    return r;
+}
+#else
+#define lo15(a) ((a) & 0x7FFF)
+#define lo16(a) ((a) & 0xFFFF)
+#endif
+
 /* round(a * 2^-s), half up; a << -s when s <= 0 (0 from 32 on: the exact value modulo 2^32, where C
-   and the cores' shifters differ). |a| < 2^30 (so a + 2^(s-1) fits). */
+   and the cores' shifters differ). |a| < 2^30. For s >= 1, (a + 2^(s-1)) >> s is ((a >> (s-1)) + 1) >> 1
+   (floor division twice), which takes no variable left shift for the 2^(s-1). */
 INLINE i32 rshr(i32 a, int s) {
     if (s <= 0) {
         return s <= -32 ? 0 : (i32)((uint32_t)a << -s);
@@ -38,33 +56,63 @@ INLINE i32 rshr(i32 a, int s) {
     if (s > 30) {  /* |a| < 2^30 <= 2^(s-1): the rounded value is 0 */
         return 0;
     }
-    return (a + (1 << (s - 1))) >> s;
+    return ((a >> (s - 1)) + 1) >> 1;
 }
 
 /* rshr(a * m, s) exactly, |a| < 2^31, |m| <= 2^14: a splits into a >> 15 and a & 0x7FFF, so no product
-   leaves int32 (the viper kernels' form). */
+   leaves int32 (the viper kernels' form). mulsh_hi is the case 16 <= s <= 45 (one test on the way in),
+   mulsh_lo 1 <= s <= 15; each rounds as rshr does, by two floor shifts (the sums stay under 2^31). */
+INLINE i32 mulsh_hi(i32 a, i32 m, int s) {
+    i32 x = (a >> 15) * m + ((lo15(a) * m) >> 15);
+    return ((x >> (s - 16)) + 1) >> 1;
+}
+
+INLINE i32 mulsh_lo(i32 a, i32 m, int s) {
+    return (i32)((uint32_t)((a >> 15) * m) << (15 - s)) + ((((lo15(a) * m) >> (s - 1)) + 1) >> 1);
+}
+
+#define SHIFT_HI(s) ((uint32_t)((s) - 16) < 30u)
+#define SHIFT_LO(s) ((uint32_t)((s) - 1) < 15u)
+
 INLINE i32 mulsh(i32 a, i32 m, int s) {
-    if (s >= 16) {
-        if (s >= 46) {  /* |a * m| < 2^45 <= 2^(s-1) */
-            return 0;
-        }
-        return ((a >> 15) * m + (1 << (s - 16)) + (((a & 0x7FFF) * m) >> 15)) >> (s - 15);
+    if (SHIFT_HI(s)) {
+        return mulsh_hi(a, m, s);
+    }
+    if (s >= 46) {  /* |a * m| < 2^45 <= 2^(s-1) */
+        return 0;
     }
     if (s >= 1) {
-        return (i32)((uint32_t)((a >> 15) * m) << (15 - s)) + ((((a & 0x7FFF) * m) + (1 << (s - 1))) >> s);
+        return mulsh_lo(a, m, s);
     }
     return s <= -32 ? 0 : (i32)((uint32_t)(a * m) << -s);
 }
 
-/* The least shift that fits max |x[0..n)| in `bits` bits. */
+/* The least shift that fits max |x[0..n)| in `bits` bits: the bit length of the values' OR (that of
+   their largest) above `bits`. On Xtensa a zero-overhead loop of two values an iteration (abs, or) and
+   `nsau` for the bit length. */
+#if defined(__XTENSA__)
+INTERNAL int block_shift(const i32 *x, int n, int bits) {
+    uint32_t m, t0, t1;
+    const i32 *p = x;
+    __asm__ volatile("j 2f\n\t.balign 4\n2:\n\tmovi.n %[m], 0\n\tloopnez %[n], 3f\n\t"
+        "l32i %[t0], %[p], 0\n\tl32i %[t1], %[p], 4\n\tabs %[t0], %[t0]\n\tabs %[t1], %[t1]\n\t"
+        "addi %[p], %[p], 8\n\tor %[m], %[m], %[t0]\n\tor %[m], %[m], %[t1]\n3:\n"
+        : [m] "=&r"(m), [p] "+r"(p), [t0] "=&r"(t0), [t1] "=&r"(t1) : [n] "r"(n >> 1) : "memory");
+    if (n & 1) {
+        i32 v = x[n - 1];
+        m |= v < 0 ? 0u - (uint32_t)v : (uint32_t)v;
+    }
+    int z;
+    __asm__("nsau %0, %1" : "=r"(z) : "r"(m));
+    int sh = 32 - z - bits;
+    return sh > 0 ? sh : 0;
+}
+#else
 INTERNAL int block_shift(const i32 *x, int n, int bits) {
     uint32_t m = 0;
     for (int i = 0; i < n; i++) {
         i32 v = x[i];
-        uint32_t u = v < 0 ? 0u - (uint32_t)v : (uint32_t)v;
-        if (u > m) {
-            m = u;
-        }
+        m |= v < 0 ? 0u - (uint32_t)v : (uint32_t)v;
     }
     int sh = 0;
     while ((m >> sh) >> bits) {
@@ -72,6 +120,7 @@ INTERNAL int block_shift(const i32 *x, int n, int bits) {
     }
     return sh;
 }
+#endif
 
 /* intmath.expq: round(2^15 exp(-d / 2^12)) for d >= 0 from the 144-entry Q15 table. */
 INLINE i32 expq(i32 d, const i32 *tab) {
@@ -319,41 +368,57 @@ INTERNAL void k_matmul(const int8_t *w, const i32 *x, int rows, int cols, int k,
 
 /* -- the other kernels (firmware/kernels.py documents each and its p) ----------------------------- */
 
+/* Each row's shift is fixed, so its rounding constant is too: rshr(v, sh) = (v + r) >> sh,
+   the clamp a min and a max, the store through a pointer that steps
+   by stride; one loop for byte and one for word rows (bits >= 2, the engine's 7 and 15: sh <= 30). */
 INTERNAL void k_quant(void *dst, const i32 *src, i32 *p) {
-    u8 *d8 = dst;
-    i32 *d32 = dst;
     int n = p[1], bits = p[3], stride = p[4], rows = p[5];
     i32 lim = (1 << bits) - 1;
     for (int j = 0; j < rows; j++) {
-        const i32 *s = src + p[0] + j * n;
+        const i32 *s = src + p[0] + j * n, *end = s + n;
         int o = p[2] + j * p[6];
         int sh = block_shift(s, n, bits);
-        for (int i = 0; i < n; i++) {
-            i32 v = sh ? rshr(s[i], sh) : s[i];
-            v = v > lim ? lim : v < -lim ? -lim : v;
-            if (bits <= 7) {
-                d8[o + i * stride] = (u8)(v + 128);
-            } else {
-                d32[o + i * stride] = v;
-            }
-        }
+        i32 r = sh ? 1 << (sh - 1) : 0;
         if (bits <= 7) {
-            d8[o + n * stride] = (u8)sh;
+            u8 *d = (u8 *)dst + o;
+            for (; s != end; s++, d += stride) {
+                i32 v = (*s + r) >> sh;
+                v = v > lim ? lim : v;
+                v = v < -lim ? -lim : v;
+                *d = (u8)(v + 128);
+            }
+            *d = (u8)sh;
+        } else {
+            i32 *d = (i32 *)dst + o;
+            for (; s != end; s++, d += stride) {
+                i32 v = (*s + r) >> sh;
+                v = v > lim ? lim : v;
+                *d = v < -lim ? -lim : v;
+            }
         }
         p[8 + j] = sh;
     }
 }
 
+/* The `add` test out of the loop; the row scale's m and shift are one word: m | s << 16. */
 INTERNAL void k_requant(i32 *dst, const i32 *acc, const i32 *ms, const i32 *p) {
     int n = p[0], k = p[1], stride = p[3], add = p[5];
     ms += p[2];
     for (int j = 0; j < k; j++) {
         int sh = p[8 + j];
         i32 *d = dst + j * stride + p[4];
-        const i32 *a = acc + j * n;
-        for (int r = 0; r < n; r++) {
-            i32 y = mulsh(a[r], ms[r] & 0xFFFF, (ms[r] >> 16) - sh);
-            d[r] = add ? d[r] + y : y;
+        const i32 *a = acc + j * n, *end = a + n;
+        const i32 *m = ms;
+        if (add) {
+            for (; a != end; a++, m++, d++) {
+                i32 v = *m;
+                *d += mulsh(*a, lo16(v), (v >> 16) - sh);
+            }
+        } else {
+            for (; a != end; a++, m++, d++) {
+                i32 v = *m;
+                *d = mulsh(*a, lo16(v), (v >> 16) - sh);
+            }
         }
     }
 }
@@ -364,10 +429,20 @@ INTERNAL void k_embed(i32 *dst, const int8_t *w, const i32 *ms, const i32 *p) {
     int s = (ms[t] >> 16) - 16;
     w += t * dim;
     dst += p[2];
-    for (int i = 0; i < dim; i++) {
-        dst[i] = mulsh(w[i], m, s);
+    if (SHIFT_HI(s)) {  /* the shift is the call's: its case is chosen once */
+        for (int i = 0; i < dim; i++) {
+            dst[i] = mulsh_hi(w[i], m, s);
+        }
+    } else {
+        for (int i = 0; i < dim; i++) {
+            dst[i] = mulsh(w[i], m, s);
+        }
     }
 }
+
+/* dst = mulsh(mulsh(src, wn, qw), g, s) over a row, the case of each shift (the call's qw, the row's s)
+   chosen once for the row: the models' norm shifts are 1..15 and the row's s either case. */
+#define NORM_ROW(f1, f2) for (int i = 0; i < dim; i++) dst[i] = f2(f1(src[i], wn[i], qw), g, s)
 
 INTERNAL void k_rmsnorm(i32 *dst, const i32 *src, const i32 *wn, const i32 *p) {
     int dim = p[0], k = p[1], qw = p[2];
@@ -400,8 +475,12 @@ INTERNAL void k_rmsnorm(i32 *dst, const i32 *src, const i32 *wn, const i32 *p) {
         }
         i32 g = (1 << 28) / q;
         int s = 12 + sh - n;
-        for (int i = 0; i < dim; i++) {
-            dst[i] = mulsh(mulsh(src[i], wn[i], qw), g, s);
+        if (SHIFT_LO(qw) && SHIFT_HI(s)) {
+            NORM_ROW(mulsh_lo, mulsh_hi);
+        } else if (SHIFT_LO(qw) && SHIFT_LO(s)) {
+            NORM_ROW(mulsh_lo, mulsh_lo);
+        } else {
+            NORM_ROW(mulsh, mulsh);
         }
     }
 }
@@ -434,111 +513,127 @@ INTERNAL void k_rope(i32 *b, const int16_t *cs, const i32 *p) {
     o4 += (a) * (vr)[4]; o5 += (a) * (vr)[5]; o6 += (a) * (vr)[6]; o7 += (a) * (vr)[7]; }
 
 /* p = (n, hd, stride, kb, vb, heads, group, isq, k, qq, tab); cache bytes are int8 + 128, each row's
-   shift in its last byte. */
+   shift in its last byte. Per query and head, over its n cached rows, one pass each (few live values, so
+   few spills): the raw q.k, then their scaling (mulsh by isq, the row's shift) and the max, then expq, z
+   and the value rows' largest shift, then the weights (2^30 // z, the row's rounding), then p.v. */
 INTERNAL void k_attend(i32 *q, const u8 *kv, i32 *sc, const i32 *p) {
     int hd = p[1], stride = p[2], heads = p[5], grp = p[6];
     i32 isq = p[7];
     i32 *qq = sc + p[9];
     const i32 *tab = sc + p[10];
-    for (int jh = 0; jh < p[8] * heads; jh++) {
-        int n = p[0] + jh / heads, h = jh % heads;
-        i32 *qo = q + jh * hd;
-        int kh = (h / grp) * hd;
-        int sh = block_shift(qo, hd, 15);
-        i32 qs = 0;
-        for (int i = 0; i < hd; i++) {
-            i32 v = sh ? rshr(qo[i], sh) : qo[i];
-            v = v > 32767 ? 32767 : v < -32767 ? -32767 : v;
-            qq[i] = v;
-            qs += v;
-        }
-        i32 mx = 0;
-        const u8 *row = kv + p[3];
-        if (hd == 8) {
-            i32 q0 = qq[0], q1 = qq[1], q2 = qq[2], q3 = qq[3], q4 = qq[4], q5 = qq[5], q6 = qq[6], q7 = qq[7];
-            for (int t = 0; t < n; t++, row += stride) {
-                i32 a = mulsh(QK8(row + kh) - (qs << 7), isq, 34 - sh - row[stride - 1]);
-                sc[t] = a;
-                if (t == 0 || a > mx) {
-                    mx = a;
+    i32 *qo = q;
+    for (int j = 0; j < p[8]; j++) {
+        int n = p[0] + j;  /* query j sees positions 0 .. p[0] + j - 1 */
+        int kh = 0, gi = 0;  /* (h / grp) * hd, counted */
+        for (int h = 0; h < heads; h++, qo += hd) {
+            int sh = block_shift(qo, hd, 15);
+            i32 r = sh ? 1 << (sh - 1) : 0;
+            i32 qs = 0;
+            for (int i = 0; i < hd; i++) {
+                i32 v = (qo[i] + r) >> sh;
+                v = v > 32767 ? 32767 : v;
+                v = v < -32767 ? -32767 : v;
+                qq[i] = v;
+                qs += v;
+            }
+            i32 base = qs << 7;
+            const u8 *row = kv + p[3] + kh;
+            if (hd == 8) {
+                i32 q0 = qq[0], q1 = qq[1], q2 = qq[2], q3 = qq[3], q4 = qq[4], q5 = qq[5], q6 = qq[6], q7 = qq[7];
+                for (int t = 0; t < n; t++, row += stride) {
+                    sc[t] = QK8(row) - base;
+                }
+            } else {
+                for (int t = 0; t < n; t++, row += stride) {
+                    i32 a = 0;
+                    for (int i = 0; i < hd; i++) {
+                        a += qq[i] * row[i];
+                    }
+                    sc[t] = a - base;
                 }
             }
-        } else {
-            for (int t = 0; t < n; t++, row += stride) {
-                const u8 *kr = row + kh;
-                i32 a = 0;
+            int s0 = 34 - sh;
+            i32 mx = -2147483647 - 1;
+            const u8 *rs = kv + p[3] + stride - 1;
+            for (int t = 0; t < n; t++, rs += stride) {
+                i32 a = mulsh(sc[t], isq, s0 - *rs);
+                sc[t] = a;
+                mx = a > mx ? a : mx;
+            }
+            i32 z = 0;
+            int vm = 0;
+            rs = kv + p[4] + stride - 1;
+            for (int t = 0; t < n; t++, rs += stride) {
+                i32 e = expq(mx - sc[t], tab);
+                sc[t] = e;
+                z += e;
+                vm = *rs > vm ? *rs : vm;
+            }
+            i32 rz = (1 << 30) / z;
+            qs = 0;  /* the weights' sum: the value bytes are int8 + 128 */
+            rs = kv + p[4] + stride - 1;
+            for (int t = 0; t < n; t++, rs += stride) {
+                int s = 8 + vm - *rs;  /* 8 .. 8 + vm: vm is the rows' largest */
+                i32 a = s <= 30 ? ((((sc[t] * rz) >> (s - 1)) + 1) >> 1) : 0;
+                sc[t] = a;
+                qs += a;
+            }
+            row = kv + p[4] + kh;
+            if (hd == 8) {
+                i32 o0 = 0, o1 = 0, o2 = 0, o3 = 0, o4 = 0, o5 = 0, o6 = 0, o7 = 0;
+                for (int t = 0; t < n; t++, row += stride) {
+                    i32 a = sc[t];
+                    PV8(a, row)
+                }
+                qo[0] = o0, qo[1] = o1, qo[2] = o2, qo[3] = o3, qo[4] = o4, qo[5] = o5, qo[6] = o6, qo[7] = o7;
+            } else {
                 for (int i = 0; i < hd; i++) {
-                    a += qq[i] * kr[i];
+                    qo[i] = 0;
                 }
-                a = mulsh(a - (qs << 7), isq, 34 - sh - row[stride - 1]);
-                sc[t] = a;
-                if (t == 0 || a > mx) {
-                    mx = a;
-                }
-            }
-        }
-        i32 z = 0;
-        int vm = 0;
-        row = kv + p[4];
-        for (int t = 0; t < n; t++, row += stride) {
-            i32 e = expq(mx - sc[t], tab);
-            sc[t] = e;
-            z += e;
-            if (row[stride - 1] > vm) {
-                vm = row[stride - 1];
-            }
-        }
-        i32 rz = (1 << 30) / z;
-        for (int i = 0; i < hd; i++) {
-            qo[i] = 0;
-        }
-        qs = 0;  /* the weights' sum: the value bytes are int8 + 128 */
-        row = kv + p[4];
-        if (hd == 8) {
-            i32 o0 = 0, o1 = 0, o2 = 0, o3 = 0, o4 = 0, o5 = 0, o6 = 0, o7 = 0;
-            for (int t = 0; t < n; t++, row += stride) {
-                int s = 8 + vm - row[stride - 1];
-                if (s <= 30) {
-                    i32 a = rshr(sc[t] * rz, s);
-                    qs += a;
-                    PV8(a, row + kh)
-                }
-            }
-            qo[0] = o0, qo[1] = o1, qo[2] = o2, qo[3] = o3, qo[4] = o4, qo[5] = o5, qo[6] = o6, qo[7] = o7;
-        } else {
-            for (int t = 0; t < n; t++, row += stride) {
-                int s = 8 + vm - row[stride - 1];
-                if (s <= 30) {
-                    i32 a = rshr(sc[t] * rz, s);
+                for (int t = 0; t < n; t++, row += stride) {
+                    i32 a = sc[t];
                     if (a) {
-                        const u8 *vr = row + kh;
-                        qs += a;
                         for (int i = 0; i < hd; i++) {
-                            qo[i] += a * vr[i];
+                            qo[i] += a * row[i];
                         }
                     }
                 }
             }
-        }
-        for (int i = 0; i < hd; i++) {
-            qo[i] = rshr(qo[i] - (qs << 7), 22 - vm);
+            for (int i = 0; i < hd; i++) {
+                qo[i] = rshr(qo[i] - (qs << 7), 22 - vm);
+            }
+            if (++gi == grp) {
+                gi = 0;
+                kh += hd;
+            }
         }
     }
 }
 
+/* The row's shift sh fixes rshr(h3, sh)'s rounding constant and the last mulsh's case (16 - sh). */
+#define SILU_ROW(f2) for (int i = 0; i < n; i++) { \
+        i32 a = h1[i]; \
+        i32 g = (1 << 29) / (32768 + expq((a < 0 ? -a : a) >> 4, tab)); \
+        if (a < 0) { \
+            g = 16384 - g; \
+        } \
+        i32 b = (h3[i] + r) >> sh; \
+        b = b > 16383 ? 16383 : b; \
+        b = b < -16383 ? -16383 : b; \
+        h1[i] = f2(mulsh_lo(a, g, 14), b, 16 - sh); \
+    }
+
 INTERNAL void k_silu(i32 *h1, const i32 *h3, const i32 *tab, const i32 *p) {
     int n = p[0], k = p[1];
     for (int j = 0; j < k; j++, h1 += n, h3 += n) {
-        int sh = block_shift(h3, n, 14);
-        for (int i = 0; i < n; i++) {
-            i32 a = h1[i];
-            i32 g = (1 << 29) / (32768 + expq((a < 0 ? -a : a) >> 4, tab));
-            if (a < 0) {
-                g = 16384 - g;
-            }
-            i32 b = sh ? rshr(h3[i], sh) : h3[i];
-            b = b > 16383 ? 16383 : b < -16383 ? -16383 : b;
-            h1[i] = mulsh(mulsh(a, g, 14), b, 16 - sh);
+        int sh = block_shift(h3, n, 14);  /* <= 18: 16 - sh >= -2 */
+        i32 r = sh ? 1 << (sh - 1) : 0;
+        if (sh == 0) {
+            SILU_ROW(mulsh_hi)
+        } else if (sh <= 15) {
+            SILU_ROW(mulsh_lo)
+        } else {
+            SILU_ROW(mulsh)
         }
     }
 }
@@ -600,8 +695,10 @@ static mp_obj_t argmax(mp_obj_t a_in, mp_obj_t p_in) {
     const i32 *p = RD(p_in);
     const i32 *a = (const i32 *)RD(a_in) + p[0];
     int best = 0;
+    i32 top = a[0];  /* the best value in a register, not reloaded per value */
     for (int i = 1; i < p[1]; i++) {
-        if (a[i] > a[best]) {
+        if (a[i] > top) {
+            top = a[i];
             best = i;
         }
     }
