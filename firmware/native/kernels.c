@@ -504,17 +504,68 @@ INTERNAL void k_rope(i32 *b, const int16_t *cs, const i32 *p) {
     }
 }
 
-/* q.k of one cached key row against the query's 15-bit values qq (hd of them), and p.v: out[i] += a * v[i].
-   For the models' head size of 8 the query values and the outputs stay in registers across the cached
-   rows (HD8); the sums are the same modulo 2^32. */
-#define QK8(kr) (q0 * (kr)[0] + q1 * (kr)[1] + q2 * (kr)[2] + q3 * (kr)[3] + q4 * (kr)[4] + q5 * (kr)[5] + \
-    q6 * (kr)[6] + q7 * (kr)[7])
-#define PV8(a, vr) { o0 += (a) * (vr)[0]; o1 += (a) * (vr)[1]; o2 += (a) * (vr)[2]; o3 += (a) * (vr)[3]; \
-    o4 += (a) * (vr)[4]; o5 += (a) * (vr)[5]; o6 += (a) * (vr)[6]; o7 += (a) * (vr)[7]; }
+/* The models' head size of 8: sc[t] = q.k of the query's 15-bit values qq against cached row t (int8 + 128
+   bytes, rows stride bytes apart from row), and out[i] = sum_t w[t] * v_t[i] over the value rows; the query
+   values (or the outputs) stay in registers across the rows. The sums are the same modulo 2^32. */
+#if defined(__XTENSA__)
+/* A zero-overhead loop of one row an iteration, the eight values in pairs (two loads, two multiplies,
+   then their adds: no result used by the next instruction). Fourteen registers: all a windowed function
+   has beside a0 and a1 (the count arrives in one of the temporaries). */
+#define XT_QK(i, j) "l8ui %[t0], %[r], " #i "\n\tl8ui %[t1], %[r], " #j "\n\t" \
+    "mull %[t0], %[t0], %[q" #i "]\n\tmull %[t1], %[t1], %[q" #j "]\n\t" \
+    "add %[a], %[a], %[t0]\n\tadd %[a], %[a], %[t1]\n\t"
+INTERNAL void qk8(const i32 *qq, const u8 *row, int stride, int n, i32 *sc) {
+    i32 q0 = qq[0], q1 = qq[1], q2 = qq[2], q3 = qq[3], q4 = qq[4], q5 = qq[5], q6 = qq[6], q7 = qq[7];
+    i32 a, t0, t1 = n;
+    __asm__ volatile("loopnez %[t1], 3f\n\t"
+        "l8ui %[t0], %[r], 0\n\tl8ui %[t1], %[r], 1\n\tmull %[a], %[t0], %[q0]\n\tmull %[t1], %[t1], %[q1]\n\t"
+        "add %[a], %[a], %[t1]\n\t"
+        XT_QK(2, 3) XT_QK(4, 5) XT_QK(6, 7)
+        "add %[r], %[r], %[st]\n\ts32i %[a], %[sc], 0\n\taddi %[sc], %[sc], 4\n3:\n"
+        : [r] "+r"(row), [sc] "+r"(sc), [a] "=&r"(a), [t0] "=&r"(t0), [t1] "+r"(t1)
+        : [q0] "r"(q0), [q1] "r"(q1), [q2] "r"(q2), [q3] "r"(q3), [q4] "r"(q4), [q5] "r"(q5), [q6] "r"(q6),
+          [q7] "r"(q7), [st] "r"(stride)
+        : "memory");
+}
+
+#define XT_PV(i, j) "l8ui %[t0], %[r], " #i "\n\tl8ui %[t1], %[r], " #j "\n\t" \
+    "mull %[t0], %[t0], %[a]\n\tmull %[t1], %[t1], %[a]\n\t" \
+    "add %[o" #i "], %[o" #i "], %[t0]\n\tadd %[o" #j "], %[o" #j "], %[t1]\n\t"
+INTERNAL void pv8(const i32 *w, const u8 *row, int stride, int n, i32 *out) {
+    i32 o0 = 0, o1 = 0, o2 = 0, o3 = 0, o4 = 0, o5 = 0, o6 = 0, o7 = 0, a, t0, t1 = n;
+    __asm__ volatile("loopnez %[t1], 3f\n\t"
+        "l32i %[a], %[w], 0\n\taddi %[w], %[w], 4\n\t"
+        XT_PV(0, 1) XT_PV(2, 3) XT_PV(4, 5) XT_PV(6, 7)
+        "add %[r], %[r], %[st]\n3:\n"
+        : [r] "+r"(row), [w] "+r"(w), [a] "=&r"(a), [t0] "=&r"(t0), [t1] "+r"(t1), [o0] "+r"(o0), [o1] "+r"(o1),
+          [o2] "+r"(o2), [o3] "+r"(o3), [o4] "+r"(o4), [o5] "+r"(o5), [o6] "+r"(o6), [o7] "+r"(o7)
+        : [st] "r"(stride)
+        : "memory");
+    out[0] = o0, out[1] = o1, out[2] = o2, out[3] = o3, out[4] = o4, out[5] = o5, out[6] = o6, out[7] = o7;
+}
+#else
+INTERNAL void qk8(const i32 *qq, const u8 *row, int stride, int n, i32 *sc) {
+    i32 q0 = qq[0], q1 = qq[1], q2 = qq[2], q3 = qq[3], q4 = qq[4], q5 = qq[5], q6 = qq[6], q7 = qq[7];
+    for (int t = 0; t < n; t++, row += stride) {
+        sc[t] = q0 * row[0] + q1 * row[1] + q2 * row[2] + q3 * row[3] + q4 * row[4] + q5 * row[5] +
+            q6 * row[6] + q7 * row[7];
+    }
+}
+
+INTERNAL void pv8(const i32 *w, const u8 *row, int stride, int n, i32 *out) {
+    i32 o0 = 0, o1 = 0, o2 = 0, o3 = 0, o4 = 0, o5 = 0, o6 = 0, o7 = 0;
+    for (int t = 0; t < n; t++, row += stride) {
+        i32 a = w[t];
+        o0 += a * row[0], o1 += a * row[1], o2 += a * row[2], o3 += a * row[3];
+        o4 += a * row[4], o5 += a * row[5], o6 += a * row[6], o7 += a * row[7];
+    }
+    out[0] = o0, out[1] = o1, out[2] = o2, out[3] = o3, out[4] = o4, out[5] = o5, out[6] = o6, out[7] = o7;
+}
+#endif
 
 /* p = (n, hd, stride, kb, vb, heads, group, isq, k, qq, tab); cache bytes are int8 + 128, each row's
    shift in its last byte. Per query and head, over its n cached rows, one pass each (few live values, so
-   few spills): the raw q.k, then their scaling (mulsh by isq, the row's shift) and the max, then expq, z
+   few spills): the raw q.k, then their scaling (less the bytes' +128, mulsh by isq, the row's shift) and the max, then expq, z
    and the value rows' largest shift, then the weights (2^30 // z, the row's rounding), then p.v. */
 INTERNAL void k_attend(i32 *q, const u8 *kv, i32 *sc, const i32 *p) {
     int hd = p[1], stride = p[2], heads = p[5], grp = p[6];
@@ -539,24 +590,21 @@ INTERNAL void k_attend(i32 *q, const u8 *kv, i32 *sc, const i32 *p) {
             i32 base = qs << 7;
             const u8 *row = kv + p[3] + kh;
             if (hd == 8) {
-                i32 q0 = qq[0], q1 = qq[1], q2 = qq[2], q3 = qq[3], q4 = qq[4], q5 = qq[5], q6 = qq[6], q7 = qq[7];
-                for (int t = 0; t < n; t++, row += stride) {
-                    sc[t] = QK8(row) - base;
-                }
+                qk8(qq, row, stride, n, sc);
             } else {
                 for (int t = 0; t < n; t++, row += stride) {
                     i32 a = 0;
                     for (int i = 0; i < hd; i++) {
                         a += qq[i] * row[i];
                     }
-                    sc[t] = a - base;
+                    sc[t] = a;
                 }
             }
             int s0 = 34 - sh;
             i32 mx = -2147483647 - 1;
             const u8 *rs = kv + p[3] + stride - 1;
             for (int t = 0; t < n; t++, rs += stride) {
-                i32 a = mulsh(sc[t], isq, s0 - *rs);
+                i32 a = mulsh(sc[t] - base, isq, s0 - *rs);
                 sc[t] = a;
                 mx = a > mx ? a : mx;
             }
@@ -580,12 +628,7 @@ INTERNAL void k_attend(i32 *q, const u8 *kv, i32 *sc, const i32 *p) {
             }
             row = kv + p[4] + kh;
             if (hd == 8) {
-                i32 o0 = 0, o1 = 0, o2 = 0, o3 = 0, o4 = 0, o5 = 0, o6 = 0, o7 = 0;
-                for (int t = 0; t < n; t++, row += stride) {
-                    i32 a = sc[t];
-                    PV8(a, row)
-                }
-                qo[0] = o0, qo[1] = o1, qo[2] = o2, qo[3] = o3, qo[4] = o4, qo[5] = o5, qo[6] = o6, qo[7] = o7;
+                pv8(sc, row, stride, n, qo);
             } else {
                 for (int i = 0; i < hd; i++) {
                     qo[i] = 0;
