@@ -29,7 +29,7 @@ typedef uint8_t u8;
 #define INTERNAL static
 #endif
 
-/* The low 15 and 16 bits of a: one `extui` on Xtensa (LLVM loads the mask from a literal and ands). */
+/* The low 6, 15 and 16 bits of a: one `extui` on Xtensa (LLVM loads the mask from a literal and ands). */
 #if defined(__XTENSA__)
 INLINE i32 lo15(i32 a) {
     i32 r;
@@ -41,9 +41,15 @@ INLINE i32 lo16(i32 a) {
     __asm__("extui %0, %1, 0, 16" : "=r"(r) : "r"(a));
     return r;
 }
+INLINE i32 bits6(i32 a) {
+    i32 r;
+    __asm__("extui %0, %1, 0, 6" : "=r"(r) : "r"(a));
+    return r;
+}
 #else
 #define lo15(a) ((a) & 0x7FFF)
 #define lo16(a) ((a) & 0xFFFF)
+#define bits6(a) ((a) & 63)
 #endif
 
 /* round(a * 2^-s), half up; a << -s when s <= 0 (0 from 32 on: the exact value modulo 2^32, where C
@@ -127,8 +133,8 @@ INLINE i32 expq(i32 d, const i32 *tab) {
     if (d >= 65536) {
         return 0;
     }
-    i32 e = (tab[d >> 12] * tab[16 + ((d >> 6) & 63)] + 16384) >> 15;
-    return (e * tab[80 + (d & 63)] + 16384) >> 15;
+    i32 e = (tab[d >> 12] * tab[16 + bits6(d >> 6)] + 16384) >> 15;
+    return (e * tab[80 + bits6(d)] + 16384) >> 15;
 }
 
 INTERNAL void *buffer_of(mp_obj_t o, int flags) {
@@ -563,6 +569,57 @@ INTERNAL void pv8(const i32 *w, const u8 *row, int stride, int n, i32 *out) {
 }
 #endif
 
+/* attend's passes over a head's n scores, each a function of its own (so that its loop keeps its values
+   in registers); rs: the first cached row's shift byte, the next stride bytes on. */
+
+/* sc[t] = mulsh(sc[t] - base, isq, s0 - row t's shift); returns their max. */
+INTERNAL i32 att_scale(i32 *sc, int n, const u8 *rs, int stride, i32 base, i32 isq, int s0) {
+    i32 mx = -2147483647 - 1;
+    for (i32 *end = sc + n; sc != end; sc++, rs += stride) {
+        i32 a = mulsh(*sc - base, isq, s0 - *rs);
+        *sc = a;
+        mx = a > mx ? a : mx;
+    }
+    return mx;
+}
+
+/* sc[t] = expq(mx - sc[t]); returns their sum, and in *vm the value rows' largest shift. */
+INTERNAL i32 att_exp(i32 *sc, int n, const u8 *rs, int stride, i32 mx, const i32 *tab, int *vm) {
+    i32 z = 0;
+    int m = 0;
+    for (i32 *end = sc + n; sc != end; sc++, rs += stride) {
+        i32 e = expq(mx - *sc, tab);
+        *sc = e;
+        z += e;
+        m = *rs > m ? *rs : m;
+    }
+    *vm = m;
+    return z;
+}
+
+/* sc[t] = rshr(sc[t] * rz, 8 + vm - row t's shift), 0 from a shift of 31 on (8 .. 8 + vm: vm is the rows'
+   largest, so no row needs the test when vm <= 22); returns their sum. */
+INTERNAL i32 att_weights(i32 *sc, int n, const u8 *rs, int stride, int vm, i32 rz) {
+    i32 qs = 0;
+    int c = 7 + vm;
+    i32 *end = sc + n;
+    if (vm <= 22) {
+        for (; sc != end; sc++, rs += stride) {
+            i32 a = (((*sc * rz) >> (c - *rs)) + 1) >> 1;
+            *sc = a;
+            qs += a;
+        }
+    } else {
+        for (; sc != end; sc++, rs += stride) {
+            int s = c - *rs;
+            i32 a = s <= 29 ? ((((*sc * rz) >> s) + 1) >> 1) : 0;
+            *sc = a;
+            qs += a;
+        }
+    }
+    return qs;
+}
+
 /* p = (n, hd, stride, kb, vb, heads, group, isq, k, qq, tab); cache bytes are int8 + 128, each row's
    shift in its last byte. Per query and head, over its n cached rows, one pass each (few live values, so
    few spills): the raw q.k, then their scaling (less the bytes' +128, mulsh by isq, the row's shift) and the max, then expq, z
@@ -600,32 +657,10 @@ INTERNAL void k_attend(i32 *q, const u8 *kv, i32 *sc, const i32 *p) {
                     sc[t] = a;
                 }
             }
-            int s0 = 34 - sh;
-            i32 mx = -2147483647 - 1;
-            const u8 *rs = kv + p[3] + stride - 1;
-            for (int t = 0; t < n; t++, rs += stride) {
-                i32 a = mulsh(sc[t] - base, isq, s0 - *rs);
-                sc[t] = a;
-                mx = a > mx ? a : mx;
-            }
-            i32 z = 0;
-            int vm = 0;
-            rs = kv + p[4] + stride - 1;
-            for (int t = 0; t < n; t++, rs += stride) {
-                i32 e = expq(mx - sc[t], tab);
-                sc[t] = e;
-                z += e;
-                vm = *rs > vm ? *rs : vm;
-            }
-            i32 rz = (1 << 30) / z;
-            qs = 0;  /* the weights' sum: the value bytes are int8 + 128 */
-            rs = kv + p[4] + stride - 1;
-            for (int t = 0; t < n; t++, rs += stride) {
-                int s = 8 + vm - *rs;  /* 8 .. 8 + vm: vm is the rows' largest */
-                i32 a = s <= 30 ? ((((sc[t] * rz) >> (s - 1)) + 1) >> 1) : 0;
-                sc[t] = a;
-                qs += a;
-            }
+            i32 mx = att_scale(sc, n, kv + p[3] + stride - 1, stride, base, isq, 34 - sh);
+            int vm;
+            i32 z = att_exp(sc, n, kv + p[4] + stride - 1, stride, mx, tab, &vm);
+            qs = att_weights(sc, n, kv + p[4] + stride - 1, stride, vm, (1 << 30) / z);
             row = kv + p[4] + kh;
             if (hd == 8) {
                 pv8(sc, row, stride, n, qo);
