@@ -688,18 +688,25 @@ INTERNAL void k_attend(i32 *q, const u8 *kv, i32 *sc, const i32 *p) {
     }
 }
 
-/* The row's shift sh fixes rshr(h3, sh)'s rounding constant and the last mulsh's case (16 - sh). */
-#define SILU_ROW(f2) for (int i = 0; i < n; i++) { \
-        i32 a = h1[i]; \
+/* One row: h1 = mulsh(mulsh(h1, sigmoid(h1), 14), b, 16 - sh), b = h3 rounded by the row's shift sh (its
+   rounding constant r) and clamped; a function per case of the last mulsh (16 - sh: 16, 1..15, other),
+   each loop with its own registers. */
+#define SILU_ROW(name, f2) INTERNAL void name(i32 *h1, const i32 *h3, int n, const i32 *tab, i32 r, int sh) { \
+    for (i32 *end = h1 + n; h1 != end; h1++, h3++) { \
+        i32 a = *h1; \
         i32 g = (1 << 29) / (32768 + expq((a < 0 ? -a : a) >> 4, tab)); \
         if (a < 0) { \
             g = 16384 - g; \
         } \
-        i32 b = (h3[i] + r) >> sh; \
+        i32 b = (*h3 + r) >> sh; \
         b = b > 16383 ? 16383 : b; \
         b = b < -16383 ? -16383 : b; \
-        h1[i] = f2(mulsh_lo(a, g, 14), b, 16 - sh); \
-    }
+        *h1 = f2(mulsh_lo(a, g, 14), b, 16 - sh); \
+    } \
+}
+SILU_ROW(silu_hi, mulsh_hi)
+SILU_ROW(silu_lo, mulsh_lo)
+SILU_ROW(silu_any, mulsh)
 
 INTERNAL void k_silu(i32 *h1, const i32 *h3, const i32 *tab, const i32 *p) {
     int n = p[0], k = p[1];
@@ -707,11 +714,11 @@ INTERNAL void k_silu(i32 *h1, const i32 *h3, const i32 *tab, const i32 *p) {
         int sh = block_shift(h3, n, 14);  /* <= 18: 16 - sh >= -2 */
         i32 r = sh ? 1 << (sh - 1) : 0;
         if (sh == 0) {
-            SILU_ROW(mulsh_hi)
+            silu_hi(h1, h3, n, tab, r, sh);
         } else if (sh <= 15) {
-            SILU_ROW(mulsh_lo)
+            silu_lo(h1, h3, n, tab, r, sh);
         } else {
-            SILU_ROW(mulsh)
+            silu_any(h1, h3, n, tab, r, sh);
         }
     }
 }
