@@ -414,17 +414,23 @@ INTERNAL void k_requant(i32 *dst, const i32 *acc, const i32 *ms, const i32 *p) {
         int sh = p[8 + j];
         i32 *d = dst + j * stride + p[4];
         const i32 *a = acc + j * n, *end = a + n;
-        const i32 *m = ms;
+        const i32 *m = ms, *end2 = a + (n & ~1);
         if (add) {
-            for (; a != end; a++, m++, d++) {
-                i32 v = *m;
-                *d += mulsh(*a, lo16(v), (v >> 16) - sh);
+            for (; a != end2; a += 2, m += 2, d += 2) {  /* two rows a step: the pointers step once for both */
+                i32 v0 = m[0], v1 = m[1];
+                d[0] += mulsh(a[0], lo16(v0), (v0 >> 16) - sh);
+                d[1] += mulsh(a[1], lo16(v1), (v1 >> 16) - sh);
             }
         } else {
-            for (; a != end; a++, m++, d++) {
-                i32 v = *m;
-                *d = mulsh(*a, lo16(v), (v >> 16) - sh);
+            for (; a != end2; a += 2, m += 2, d += 2) {
+                i32 v0 = m[0], v1 = m[1];
+                d[0] = mulsh(a[0], lo16(v0), (v0 >> 16) - sh);
+                d[1] = mulsh(a[1], lo16(v1), (v1 >> 16) - sh);
             }
+        }
+        if (a != end) {
+            i32 y = mulsh(*a, lo16(*m), (*m >> 16) - sh);
+            *d = add ? *d + y : y;
         }
     }
 }
