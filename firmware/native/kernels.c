@@ -28,6 +28,8 @@ typedef uint8_t u8;
 #else
 #define INTERNAL static
 #endif
+/* A function kept out of line, so that its loop gets the registers to itself. */
+#define NOINLINE INTERNAL __attribute__((noinline))
 
 /* The low 6, 15 and 16 bits of a: one `extui` on Xtensa (LLVM loads the mask from a literal and ands). */
 #if defined(__XTENSA__)
@@ -579,7 +581,7 @@ INTERNAL void pv8(const i32 *w, const u8 *row, int stride, int n, i32 *out) {
    in registers); rs: the first cached row's shift byte, the next stride bytes on. */
 
 /* sc[t] = mulsh(sc[t] - base, isq, s0 - row t's shift); returns their max. */
-INTERNAL i32 att_scale(i32 *sc, int n, const u8 *rs, int stride, i32 base, i32 isq, int s0) {
+NOINLINE i32 att_scale(i32 *sc, int n, const u8 *rs, int stride, i32 base, i32 isq, int s0) {
     i32 mx = -2147483647 - 1;
     for (i32 *end = sc + n; sc != end; sc++, rs += stride) {
         i32 a = mulsh(*sc - base, isq, s0 - *rs);
@@ -590,7 +592,7 @@ INTERNAL i32 att_scale(i32 *sc, int n, const u8 *rs, int stride, i32 base, i32 i
 }
 
 /* sc[t] = expq(mx - sc[t]); returns their sum, and in *vm the value rows' largest shift. */
-INTERNAL i32 att_exp(i32 *sc, int n, const u8 *rs, int stride, i32 mx, const i32 *tab, int *vm) {
+NOINLINE i32 att_exp(i32 *sc, int n, const u8 *rs, int stride, i32 mx, const i32 *tab, int *vm) {
     i32 z = 0;
     int m = 0;
     for (i32 *end = sc + n; sc != end; sc++, rs += stride) {
@@ -605,7 +607,7 @@ INTERNAL i32 att_exp(i32 *sc, int n, const u8 *rs, int stride, i32 mx, const i32
 
 /* sc[t] = rshr(sc[t] * rz, 8 + vm - row t's shift), 0 from a shift of 31 on (8 .. 8 + vm: vm is the rows'
    largest, so no row needs the test when vm <= 22); returns their sum. */
-INTERNAL i32 att_weights(i32 *sc, int n, const u8 *rs, int stride, int vm, i32 rz) {
+NOINLINE i32 att_weights(i32 *sc, int n, const u8 *rs, int stride, int vm, i32 rz) {
     i32 qs = 0;
     int c = 7 + vm;
     i32 *end = sc + n;
@@ -683,8 +685,16 @@ INTERNAL void k_attend(i32 *q, const u8 *kv, i32 *sc, const i32 *p) {
                     }
                 }
             }
-            for (int i = 0; i < hd; i++) {
-                qo[i] = rshr(qo[i] - (qs << 7), 22 - vm);
+            i32 base_v = qs << 7;
+            if (vm <= 21) {  /* the head's shift 22 - vm is 1..22: rshr's case, chosen once */
+                int s1 = 21 - vm;
+                for (int i = 0; i < hd; i++) {
+                    qo[i] = (((qo[i] - base_v) >> s1) + 1) >> 1;
+                }
+            } else {
+                for (int i = 0; i < hd; i++) {
+                    qo[i] = rshr(qo[i] - base_v, 22 - vm);
+                }
             }
             if (++gi == grp) {
                 gi = 0;
