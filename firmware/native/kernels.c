@@ -592,6 +592,28 @@ NOINLINE i32 att_scale(i32 *sc, int n, const u8 *rs, int stride, i32 base, i32 i
 }
 
 /* sc[t] = expq(mx - sc[t]); returns their sum, and in *vm the value rows' largest shift. */
+#if defined(__XTENSA__)
+/* As Xtensa code: a zero-overhead loop whose rare case (d > 65535: 0) is out of line after the loop, and
+   jumps back into it; expq's table indices by extui, its rounding constant in a register. */
+NOINLINE i32 att_exp(i32 *sc, int n, const u8 *rs, int stride, i32 mx, const i32 *tab, int *vm) {
+    i32 z, m = 0, d, e, t = n, lim = 65535, half = 16384;
+    __asm__ volatile("j 2f\n\t.balign 4\n2:\n\tmovi.n %[z], 0\n\tloopnez %[t], 3f\n\t"
+        "l32i %[d], %[sc], 0\n\tl8ui %[t], %[rs], 0\n\tsub %[d], %[mx], %[d]\n\tadd %[rs], %[rs], %[st]\n\t"
+        "maxu %[m], %[m], %[t]\n\tblt %[lim], %[d], 5f\n\t"
+        "srai %[e], %[d], 12\n\taddx4 %[e], %[e], %[tab]\n\tl32i %[e], %[e], 0\n\t"
+        "extui %[t], %[d], 6, 6\n\taddx4 %[t], %[t], %[tab]\n\tl32i %[t], %[t], 64\n\t"
+        "mull %[e], %[e], %[t]\n\textui %[t], %[d], 0, 6\n\tadd %[e], %[e], %[h]\n\t"
+        "addx4 %[t], %[t], %[tab]\n\tsrai %[e], %[e], 15\n\tl32i %[t], %[t], 320\n\t"
+        "mull %[e], %[e], %[t]\n\tadd %[e], %[e], %[h]\n\tsrai %[e], %[e], 15\n"
+        "6:\n\ts32i %[e], %[sc], 0\n\tadd %[z], %[z], %[e]\n\taddi %[sc], %[sc], 4\n"
+        "3:\n\tj 4f\n5:\n\tmovi %[e], 0\n\tj 6b\n4:\n"
+        : [z] "=&r"(z), [m] "+r"(m), [d] "=&r"(d), [e] "=&r"(e), [t] "+r"(t), [sc] "+r"(sc), [rs] "+r"(rs)
+        : [st] "r"(stride), [mx] "r"(mx), [tab] "r"(tab), [lim] "r"(lim), [h] "r"(half)
+        : "memory");
+    *vm = m;
+    return z;
+}
+#else
 NOINLINE i32 att_exp(i32 *sc, int n, const u8 *rs, int stride, i32 mx, const i32 *tab, int *vm) {
     i32 z = 0;
     int m = 0;
@@ -604,6 +626,7 @@ NOINLINE i32 att_exp(i32 *sc, int n, const u8 *rs, int stride, i32 mx, const i32
     *vm = m;
     return z;
 }
+#endif
 
 /* sc[t] = rshr(sc[t] * rz, 8 + vm - row t's shift), 0 from a shift of 31 on (8 .. 8 + vm: vm is the rows'
    largest, so no row needs the test when vm <= 22); returns their sum. */
