@@ -524,14 +524,16 @@ INTERNAL void k_rope(i32 *b, const int16_t *cs, const i32 *p) {
 #if defined(__XTENSA__)
 /* A zero-overhead loop of one row an iteration, the eight values in pairs (two loads, two multiplies,
    then their adds: no result used by the next instruction). Fourteen registers: all a windowed function
-   has beside a0 and a1 (the count arrives in one of the temporaries). */
+   has beside a0 and a1 (the count arrives in one of the temporaries). Each zero-overhead loop here (and in
+   block_shift, att_scale_hi, att_exp) starts 4-aligned, jumped to, with a 2-byte instruction before the
+   3-byte loopnez, so that the body's first instruction does not cross a fetch boundary. */
 #define XT_QK(i, j) "l8ui %[t0], %[r], " #i "\n\tl8ui %[t1], %[r], " #j "\n\t" \
     "mull %[t0], %[t0], %[q" #i "]\n\tmull %[t1], %[t1], %[q" #j "]\n\t" \
     "add %[a], %[a], %[t0]\n\tadd %[a], %[a], %[t1]\n\t"
 INTERNAL void qk8(const i32 *qq, const u8 *row, int stride, int n, i32 *sc) {
     i32 q0 = qq[0], q1 = qq[1], q2 = qq[2], q3 = qq[3], q4 = qq[4], q5 = qq[5], q6 = qq[6], q7 = qq[7];
     i32 a, t0, t1 = n;
-    __asm__ volatile("loopnez %[t1], 3f\n\t"
+    __asm__ volatile("j 2f\n\t.balign 4\n2:\n\tmovi.n %[a], 0\n\tloopnez %[t1], 3f\n\t"
         "l8ui %[t0], %[r], 0\n\tl8ui %[t1], %[r], 1\n\tmull %[a], %[t0], %[q0]\n\tmull %[t1], %[t1], %[q1]\n\t"
         "add %[a], %[a], %[t1]\n\t"
         XT_QK(2, 3) XT_QK(4, 5) XT_QK(6, 7)
@@ -547,7 +549,7 @@ INTERNAL void qk8(const i32 *qq, const u8 *row, int stride, int n, i32 *sc) {
     "add %[o" #i "], %[o" #i "], %[t0]\n\tadd %[o" #j "], %[o" #j "], %[t1]\n\t"
 INTERNAL void pv8(const i32 *w, const u8 *row, int stride, int n, i32 *out) {
     i32 o0 = 0, o1 = 0, o2 = 0, o3 = 0, o4 = 0, o5 = 0, o6 = 0, o7 = 0, a, t0, t1 = n;
-    __asm__ volatile("loopnez %[t1], 3f\n\t"
+    __asm__ volatile("j 2f\n\t.balign 4\n2:\n\tmovi.n %[a], 0\n\tloopnez %[t1], 3f\n\t"
         "l32i %[a], %[w], 0\n\taddi %[w], %[w], 4\n\t"
         XT_PV(0, 1) XT_PV(2, 3) XT_PV(4, 5) XT_PV(6, 7)
         "add %[r], %[r], %[st]\n3:\n"
