@@ -379,6 +379,21 @@ INTERNAL void k_matmul(const int8_t *w, const i32 *x, int rows, int cols, int k,
 /* Each row's shift is fixed, so its rounding constant is too: rshr(v, sh) = (v + r) >> sh,
    the clamp a min and a max, the store through a pointer that steps
    by stride; one loop for byte and one for word rows (bits >= 2, the engine's 7 and 15: sh <= 30). */
+#if defined(__XTENSA__)
+/* A row as a zero-overhead loop: the shift set once (ssr), then load, round, clamp (min, max), store (a byte
+   as v - 128: the low 8 bits of v + 128, addi's range ends at 127). The
+   ssr and a 2-byte move put the body 4-aligned. */
+#define XT_QUANT(store, step) { \
+        i32 v, nl = -lim, st = (step); \
+        __asm__ volatile("j 2f\n\t.balign 4\n2:\n\tssr %[sh]\n\tmov.n %[v], %[r]\n\tloopnez %[n], 3f\n\t" \
+            "l32i %[v], %[s], 0\n\taddi %[s], %[s], 4\n\tadd %[v], %[v], %[r]\n\tsra %[v], %[v]\n\t" \
+            "min %[v], %[v], %[lim]\n\tmax %[v], %[v], %[nl]\n\t" store "add %[d], %[d], %[st]\n3:\n" \
+            : [v] "=&r"(v), [s] "+r"(s), [d] "+r"(d) \
+            : [sh] "r"(sh), [r] "r"(r), [n] "r"(n), [lim] "r"(lim), [nl] "r"(nl), [st] "r"(st) \
+            : "memory", "sar"); \
+    }
+#endif
+
 INTERNAL void k_quant(void *dst, const i32 *src, i32 *p) {
     int n = p[1], bits = p[3], stride = p[4], rows = p[5];
     i32 lim = (1 << bits) - 1;
@@ -389,20 +404,30 @@ INTERNAL void k_quant(void *dst, const i32 *src, i32 *p) {
         i32 r = sh ? 1 << (sh - 1) : 0;
         if (bits <= 7) {
             u8 *d = (u8 *)dst + o;
+#if defined(__XTENSA__)
+            XT_QUANT("addi %[v], %[v], -128\n\ts8i %[v], %[d], 0\n\t", stride);
+            (void)end;
+#else
             for (; s != end; s++, d += stride) {
                 i32 v = (*s + r) >> sh;
                 v = v > lim ? lim : v;
                 v = v < -lim ? -lim : v;
                 *d = (u8)(v + 128);
             }
+#endif
             *d = (u8)sh;
         } else {
             i32 *d = (i32 *)dst + o;
+#if defined(__XTENSA__)
+            XT_QUANT("s32i %[v], %[d], 0\n\t", 4 * stride);
+            (void)end;
+#else
             for (; s != end; s++, d += stride) {
                 i32 v = (*s + r) >> sh;
                 v = v > lim ? lim : v;
                 *d = v < -lim ? -lim : v;
             }
+#endif
         }
         p[8 + j] = sh;
     }
