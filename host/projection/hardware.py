@@ -157,15 +157,15 @@ CYCLES_PER_INSN = 1.3
 # underflows here (about 180 instructions, QEMU -d int), under 0.2% of a token. Before these were executed,
 # the kernels other than matmul were assumed at 2-7x fewer instructions (quant 11, requant 9, rmsnorm 10,
 # silu 14, a score 30 per value): docs/run.md. The kernels other than matmul were then cut (docs/bench/xkern.md,
-# executed before -> after: quant 29.0 -> 14.5, requant 31.9 -> 20.9, rmsnorm 55.1 -> 41.6, silu 83.1 -> 66.8,
+# executed before -> after: quant 29.0 -> 11.5, requant 31.9 -> 20.9, rmsnorm 55.1 -> 41.6, silu 83.1 -> 66.8,
 # a score of head size 8 175 -> 110, a head's own set-up 422 -> 424, now fitted without the Python call's cost
 # that the layer kernel does not pay: 916 before).
 NATIVE_COUNTED = "executed on Xtensa (QEMU dc233c, python -m specmesh.tools.bench xtensa)"
 NATIVE_XTENSA = {
     "matmul_per_mac": {1: 5.505, 2: 4.242, 3: 3.851, 4: 3.627, 5: 3.52},
     "matmul_per_row": {1: 11.7, 2: 17.7, 3: 11.1, 4: 30.8, 5: 27.7},  # per output row and group
-    "quant_per_value": 14.5,  # the row's largest |x| (or and abs), then the rounding shift, clamp and store
-    "quant_per_row": 46.3,
+    "quant_per_value": 11.49,  # the row's largest |x| (or and abs), then the rounding shift, clamp and store
+    "quant_per_row": 44.0,
     "requant_per_value": 20.89,  # mulsh's split product and its shift case, (add), store
     "rmsnorm_per_value": 41.55,  # sum of squares, then two mulsh per value
     "rmsnorm_per_row": 101.2,  # the block shift and the integer inverse square root
