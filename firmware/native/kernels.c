@@ -382,10 +382,11 @@ INTERNAL void k_matmul(const int8_t *w, const i32 *x, int rows, int cols, int k,
 #if defined(__XTENSA__)
 /* A row as a zero-overhead loop: the shift set once (ssr), then load, round, clamp (min, max), store (a byte
    as v - 128: the low 8 bits of v + 128, addi's range ends at 127). The
-   ssr and a 2-byte move put the body 4-aligned. */
+   2-byte move and the ssr put the body 4-aligned (a move first: after the padding, an instruction whose
+   first byte is 0, as ssr's, is decoded by llvm-objdump with the padding byte). */
 #define XT_QUANT(store, step) { \
         i32 v, nl = -lim, st = (step); \
-        __asm__ volatile("j 2f\n\t.balign 4\n2:\n\tssr %[sh]\n\tmov.n %[v], %[r]\n\tloopnez %[n], 3f\n\t" \
+        __asm__ volatile("j 2f\n\t.balign 4\n2:\n\tmov.n %[v], %[r]\n\tssr %[sh]\n\tloopnez %[n], 3f\n\t" \
             "l32i %[v], %[s], 0\n\taddi %[s], %[s], 4\n\tadd %[v], %[v], %[r]\n\tsra %[v], %[v]\n\t" \
             "min %[v], %[v], %[lim]\n\tmax %[v], %[v], %[nl]\n\t" store "add %[d], %[d], %[st]\n3:\n" \
             : [v] "=&r"(v), [s] "+r"(s), [d] "+r"(d) \
