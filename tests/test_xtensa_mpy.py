@@ -19,7 +19,9 @@ def shipped():
 def test_the_shipped_module_loads_every_literal_it_was_linked_to(shipped):
     code = xtensa_mpy.check(shipped)
     assert code.l32r and code.called_l32r  # the kernels load constants and call through the GOT
-    assert len(code.loops) == 5  # the matmul's zero-overhead loops, one per group size, bodies aligned
+    # zero-overhead loops, bodies aligned (check() fails otherwise): the matmul's five (one per group size),
+    # and those of block_shift (inlined in four kernels), attend's q.k, p.v, scaling and expq passes
+    assert len(code.loops) >= 5 + 4
 
 
 def relink(mod, imm16):

@@ -28,9 +28,35 @@ typedef uint8_t u8;
 #else
 #define INTERNAL static
 #endif
+/* A function kept out of line, so that its loop gets the registers to itself. */
+#define NOINLINE INTERNAL __attribute__((noinline))
+
+/* The low 6, 15 and 16 bits of a: one `extui` on Xtensa (LLVM loads the mask from a literal and ands). */
+#if defined(__XTENSA__)
+INLINE i32 lo15(i32 a) {
+    i32 r;
+    __asm__("extui %0, %1, 0, 15" : "=r"(r) : "r"(a));
+    return r;
+}
+INLINE i32 lo16(i32 a) {
+    i32 r;
+    __asm__("extui %0, %1, 0, 16" : "=r"(r) : "r"(a));
+    return r;
+}
+INLINE i32 bits6(i32 a) {
+    i32 r;
+    __asm__("extui %0, %1, 0, 6" : "=r"(r) : "r"(a));
+    return r;
+}
+#else
+#define lo15(a) ((a) & 0x7FFF)
+#define lo16(a) ((a) & 0xFFFF)
+#define bits6(a) ((a) & 63)
+#endif
 
 /* round(a * 2^-s), half up; a << -s when s <= 0 (0 from 32 on: the exact value modulo 2^32, where C
-   and the cores' shifters differ). |a| < 2^30 (so a + 2^(s-1) fits). */
+   and the cores' shifters differ). |a| < 2^30. For s >= 1, (a + 2^(s-1)) >> s is ((a >> (s-1)) + 1) >> 1
+   (floor division twice), which takes no variable left shift for the 2^(s-1). */
 INLINE i32 rshr(i32 a, int s) {
     if (s <= 0) {
         return s <= -32 ? 0 : (i32)((uint32_t)a << -s);
@@ -38,33 +64,63 @@ INLINE i32 rshr(i32 a, int s) {
     if (s > 30) {  /* |a| < 2^30 <= 2^(s-1): the rounded value is 0 */
         return 0;
     }
-    return (a + (1 << (s - 1))) >> s;
+    return ((a >> (s - 1)) + 1) >> 1;
 }
 
 /* rshr(a * m, s) exactly, |a| < 2^31, |m| <= 2^14: a splits into a >> 15 and a & 0x7FFF, so no product
-   leaves int32 (the viper kernels' form). */
+   leaves int32 (the viper kernels' form). mulsh_hi is the case 16 <= s <= 45 (one test on the way in),
+   mulsh_lo 1 <= s <= 15; each rounds as rshr does, by two floor shifts (the sums stay under 2^31). */
+INLINE i32 mulsh_hi(i32 a, i32 m, int s) {
+    i32 x = (a >> 15) * m + ((lo15(a) * m) >> 15);
+    return ((x >> (s - 16)) + 1) >> 1;
+}
+
+INLINE i32 mulsh_lo(i32 a, i32 m, int s) {
+    return (i32)((uint32_t)((a >> 15) * m) << (15 - s)) + ((((lo15(a) * m) >> (s - 1)) + 1) >> 1);
+}
+
+#define SHIFT_HI(s) ((uint32_t)((s) - 16) < 30u)
+#define SHIFT_LO(s) ((uint32_t)((s) - 1) < 15u)
+
 INLINE i32 mulsh(i32 a, i32 m, int s) {
-    if (s >= 16) {
-        if (s >= 46) {  /* |a * m| < 2^45 <= 2^(s-1) */
-            return 0;
-        }
-        return ((a >> 15) * m + (1 << (s - 16)) + (((a & 0x7FFF) * m) >> 15)) >> (s - 15);
+    if (SHIFT_HI(s)) {
+        return mulsh_hi(a, m, s);
+    }
+    if (s >= 46) {  /* |a * m| < 2^45 <= 2^(s-1) */
+        return 0;
     }
     if (s >= 1) {
-        return (i32)((uint32_t)((a >> 15) * m) << (15 - s)) + ((((a & 0x7FFF) * m) + (1 << (s - 1))) >> s);
+        return mulsh_lo(a, m, s);
     }
     return s <= -32 ? 0 : (i32)((uint32_t)(a * m) << -s);
 }
 
-/* The least shift that fits max |x[0..n)| in `bits` bits. */
+/* The least shift that fits max |x[0..n)| in `bits` bits: the bit length of the values' OR (that of
+   their largest) above `bits`. On Xtensa a zero-overhead loop of two values an iteration (abs, or) and
+   `nsau` for the bit length. */
+#if defined(__XTENSA__)
+INTERNAL int block_shift(const i32 *x, int n, int bits) {
+    uint32_t m, t0, t1;
+    const i32 *p = x;
+    __asm__ volatile("j 2f\n\t.balign 4\n2:\n\tmovi.n %[m], 0\n\tloopnez %[n], 3f\n\t"
+        "l32i %[t0], %[p], 0\n\tl32i %[t1], %[p], 4\n\tabs %[t0], %[t0]\n\tabs %[t1], %[t1]\n\t"
+        "addi %[p], %[p], 8\n\tor %[m], %[m], %[t0]\n\tor %[m], %[m], %[t1]\n3:\n"
+        : [m] "=&r"(m), [p] "+r"(p), [t0] "=&r"(t0), [t1] "=&r"(t1) : [n] "r"(n >> 1) : "memory");
+    if (n & 1) {
+        i32 v = x[n - 1];
+        m |= v < 0 ? 0u - (uint32_t)v : (uint32_t)v;
+    }
+    int z;
+    __asm__("nsau %0, %1" : "=r"(z) : "r"(m));
+    int sh = 32 - z - bits;
+    return sh > 0 ? sh : 0;
+}
+#else
 INTERNAL int block_shift(const i32 *x, int n, int bits) {
     uint32_t m = 0;
     for (int i = 0; i < n; i++) {
         i32 v = x[i];
-        uint32_t u = v < 0 ? 0u - (uint32_t)v : (uint32_t)v;
-        if (u > m) {
-            m = u;
-        }
+        m |= v < 0 ? 0u - (uint32_t)v : (uint32_t)v;
     }
     int sh = 0;
     while ((m >> sh) >> bits) {
@@ -72,14 +128,15 @@ INTERNAL int block_shift(const i32 *x, int n, int bits) {
     }
     return sh;
 }
+#endif
 
 /* intmath.expq: round(2^15 exp(-d / 2^12)) for d >= 0 from the 144-entry Q15 table. */
 INLINE i32 expq(i32 d, const i32 *tab) {
     if (d >= 65536) {
         return 0;
     }
-    i32 e = (tab[d >> 12] * tab[16 + ((d >> 6) & 63)] + 16384) >> 15;
-    return (e * tab[80 + (d & 63)] + 16384) >> 15;
+    i32 e = (tab[d >> 12] * tab[16 + bits6(d >> 6)] + 16384) >> 15;
+    return (e * tab[80 + bits6(d)] + 16384) >> 15;
 }
 
 INTERNAL void *buffer_of(mp_obj_t o, int flags) {
@@ -319,41 +376,89 @@ INTERNAL void k_matmul(const int8_t *w, const i32 *x, int rows, int cols, int k,
 
 /* -- the other kernels (firmware/kernels.py documents each and its p) ----------------------------- */
 
+/* Each row's shift is fixed, so its rounding constant is too: rshr(v, sh) = (v + r) >> sh,
+   the clamp a min and a max, the store through a pointer that steps
+   by stride; one loop for byte and one for word rows (bits >= 2, the engine's 7 and 15: sh <= 30). */
+#if defined(__XTENSA__)
+/* A row as a zero-overhead loop: the shift set once (ssr), then load, round, clamp (min, max), store (a byte
+   as v - 128: the low 8 bits of v + 128, addi's range ends at 127). The
+   2-byte move and the ssr put the body 4-aligned (a move first: after the padding, an instruction whose
+   first byte is 0, as ssr's, is decoded by llvm-objdump with the padding byte). */
+#define XT_QUANT(store, step) { \
+        i32 v, nl = -lim, st = (step); \
+        __asm__ volatile("j 2f\n\t.balign 4\n2:\n\tmov.n %[v], %[r]\n\tssr %[sh]\n\tloopnez %[n], 3f\n\t" \
+            "l32i %[v], %[s], 0\n\taddi %[s], %[s], 4\n\tadd %[v], %[v], %[r]\n\tsra %[v], %[v]\n\t" \
+            "min %[v], %[v], %[lim]\n\tmax %[v], %[v], %[nl]\n\t" store "add %[d], %[d], %[st]\n3:\n" \
+            : [v] "=&r"(v), [s] "+r"(s), [d] "+r"(d) \
+            : [sh] "r"(sh), [r] "r"(r), [n] "r"(n), [lim] "r"(lim), [nl] "r"(nl), [st] "r"(st) \
+            : "memory", "sar"); \
+    }
+#endif
+
 INTERNAL void k_quant(void *dst, const i32 *src, i32 *p) {
-    u8 *d8 = dst;
-    i32 *d32 = dst;
     int n = p[1], bits = p[3], stride = p[4], rows = p[5];
     i32 lim = (1 << bits) - 1;
     for (int j = 0; j < rows; j++) {
-        const i32 *s = src + p[0] + j * n;
+        const i32 *s = src + p[0] + j * n, *end = s + n;
         int o = p[2] + j * p[6];
         int sh = block_shift(s, n, bits);
-        for (int i = 0; i < n; i++) {
-            i32 v = sh ? rshr(s[i], sh) : s[i];
-            v = v > lim ? lim : v < -lim ? -lim : v;
-            if (bits <= 7) {
-                d8[o + i * stride] = (u8)(v + 128);
-            } else {
-                d32[o + i * stride] = v;
-            }
-        }
+        i32 r = sh ? 1 << (sh - 1) : 0;
         if (bits <= 7) {
-            d8[o + n * stride] = (u8)sh;
+            u8 *d = (u8 *)dst + o;
+#if defined(__XTENSA__)
+            XT_QUANT("addi %[v], %[v], -128\n\ts8i %[v], %[d], 0\n\t", stride);
+            (void)end;
+#else
+            for (; s != end; s++, d += stride) {
+                i32 v = (*s + r) >> sh;
+                v = v > lim ? lim : v;
+                v = v < -lim ? -lim : v;
+                *d = (u8)(v + 128);
+            }
+#endif
+            *d = (u8)sh;
+        } else {
+            i32 *d = (i32 *)dst + o;
+#if defined(__XTENSA__)
+            XT_QUANT("s32i %[v], %[d], 0\n\t", 4 * stride);
+            (void)end;
+#else
+            for (; s != end; s++, d += stride) {
+                i32 v = (*s + r) >> sh;
+                v = v > lim ? lim : v;
+                *d = v < -lim ? -lim : v;
+            }
+#endif
         }
         p[8 + j] = sh;
     }
 }
 
+/* The `add` test out of the loop; the row scale's m and shift are one word: m | s << 16. */
 INTERNAL void k_requant(i32 *dst, const i32 *acc, const i32 *ms, const i32 *p) {
     int n = p[0], k = p[1], stride = p[3], add = p[5];
     ms += p[2];
     for (int j = 0; j < k; j++) {
         int sh = p[8 + j];
         i32 *d = dst + j * stride + p[4];
-        const i32 *a = acc + j * n;
-        for (int r = 0; r < n; r++) {
-            i32 y = mulsh(a[r], ms[r] & 0xFFFF, (ms[r] >> 16) - sh);
-            d[r] = add ? d[r] + y : y;
+        const i32 *a = acc + j * n, *end = a + n;
+        const i32 *m = ms, *end2 = a + (n & ~1);
+        if (add) {
+            for (; a != end2; a += 2, m += 2, d += 2) {  /* two rows a step: the pointers step once for both */
+                i32 v0 = m[0], v1 = m[1];
+                d[0] += mulsh(a[0], lo16(v0), (v0 >> 16) - sh);
+                d[1] += mulsh(a[1], lo16(v1), (v1 >> 16) - sh);
+            }
+        } else {
+            for (; a != end2; a += 2, m += 2, d += 2) {
+                i32 v0 = m[0], v1 = m[1];
+                d[0] = mulsh(a[0], lo16(v0), (v0 >> 16) - sh);
+                d[1] = mulsh(a[1], lo16(v1), (v1 >> 16) - sh);
+            }
+        }
+        if (a != end) {
+            i32 y = mulsh(*a, lo16(*m), (*m >> 16) - sh);
+            *d = add ? *d + y : y;
         }
     }
 }
@@ -364,10 +469,20 @@ INTERNAL void k_embed(i32 *dst, const int8_t *w, const i32 *ms, const i32 *p) {
     int s = (ms[t] >> 16) - 16;
     w += t * dim;
     dst += p[2];
-    for (int i = 0; i < dim; i++) {
-        dst[i] = mulsh(w[i], m, s);
+    if (SHIFT_HI(s)) {  /* the shift is the call's: its case is chosen once */
+        for (int i = 0; i < dim; i++) {
+            dst[i] = mulsh_hi(w[i], m, s);
+        }
+    } else {
+        for (int i = 0; i < dim; i++) {
+            dst[i] = mulsh(w[i], m, s);
+        }
     }
 }
+
+/* dst = mulsh(mulsh(src, wn, qw), g, s) over a row, the case of each shift (the call's qw, the row's s)
+   chosen once for the row: the models' norm shifts are 1..15 and the row's s either case. */
+#define NORM_ROW(f1, f2) for (int i = 0; i < dim; i++) dst[i] = f2(f1(src[i], wn[i], qw), g, s)
 
 INTERNAL void k_rmsnorm(i32 *dst, const i32 *src, const i32 *wn, const i32 *p) {
     int dim = p[0], k = p[1], qw = p[2];
@@ -400,8 +515,12 @@ INTERNAL void k_rmsnorm(i32 *dst, const i32 *src, const i32 *wn, const i32 *p) {
         }
         i32 g = (1 << 28) / q;
         int s = 12 + sh - n;
-        for (int i = 0; i < dim; i++) {
-            dst[i] = mulsh(mulsh(src[i], wn[i], qw), g, s);
+        if (SHIFT_LO(qw) && SHIFT_HI(s)) {
+            NORM_ROW(mulsh_lo, mulsh_hi);
+        } else if (SHIFT_LO(qw) && SHIFT_LO(s)) {
+            NORM_ROW(mulsh_lo, mulsh_lo);
+        } else {
+            NORM_ROW(mulsh, mulsh);
         }
     }
 }
@@ -425,120 +544,284 @@ INTERNAL void k_rope(i32 *b, const int16_t *cs, const i32 *p) {
     }
 }
 
-/* q.k of one cached key row against the query's 15-bit values qq (hd of them), and p.v: out[i] += a * v[i].
-   For the models' head size of 8 the query values and the outputs stay in registers across the cached
-   rows (HD8); the sums are the same modulo 2^32. */
-#define QK8(kr) (q0 * (kr)[0] + q1 * (kr)[1] + q2 * (kr)[2] + q3 * (kr)[3] + q4 * (kr)[4] + q5 * (kr)[5] + \
-    q6 * (kr)[6] + q7 * (kr)[7])
-#define PV8(a, vr) { o0 += (a) * (vr)[0]; o1 += (a) * (vr)[1]; o2 += (a) * (vr)[2]; o3 += (a) * (vr)[3]; \
-    o4 += (a) * (vr)[4]; o5 += (a) * (vr)[5]; o6 += (a) * (vr)[6]; o7 += (a) * (vr)[7]; }
+/* The models' head size of 8: sc[t] = q.k of the query's 15-bit values qq against cached row t (int8 + 128
+   bytes, rows stride bytes apart from row), and out[i] = sum_t w[t] * v_t[i] over the value rows; the query
+   values (or the outputs) stay in registers across the rows. The sums are the same modulo 2^32. */
+#if defined(__XTENSA__)
+/* A zero-overhead loop of one row an iteration, the eight values in pairs (two loads, two multiplies,
+   then their adds: no result used by the next instruction). Fourteen registers: all a windowed function
+   has beside a0 and a1 (the count arrives in one of the temporaries). Each zero-overhead loop here (and in
+   block_shift, att_scale_hi, att_exp) starts 4-aligned, jumped to, with a 2-byte instruction before the
+   3-byte loopnez, so that the body's first instruction does not cross a fetch boundary. */
+#define XT_QK(i, j) "l8ui %[t0], %[r], " #i "\n\tl8ui %[t1], %[r], " #j "\n\t" \
+    "mull %[t0], %[t0], %[q" #i "]\n\tmull %[t1], %[t1], %[q" #j "]\n\t" \
+    "add %[a], %[a], %[t0]\n\tadd %[a], %[a], %[t1]\n\t"
+INTERNAL void qk8(const i32 *qq, const u8 *row, int stride, int n, i32 *sc) {
+    i32 q0 = qq[0], q1 = qq[1], q2 = qq[2], q3 = qq[3], q4 = qq[4], q5 = qq[5], q6 = qq[6], q7 = qq[7];
+    i32 a, t0, t1 = n;
+    __asm__ volatile("j 2f\n\t.balign 4\n2:\n\tmovi.n %[a], 0\n\tloopnez %[t1], 3f\n\t"
+        "l8ui %[t0], %[r], 0\n\tl8ui %[t1], %[r], 1\n\tmull %[a], %[t0], %[q0]\n\tmull %[t1], %[t1], %[q1]\n\t"
+        "add %[a], %[a], %[t1]\n\t"
+        XT_QK(2, 3) XT_QK(4, 5) XT_QK(6, 7)
+        "add %[r], %[r], %[st]\n\ts32i %[a], %[sc], 0\n\taddi %[sc], %[sc], 4\n3:\n"
+        : [r] "+r"(row), [sc] "+r"(sc), [a] "=&r"(a), [t0] "=&r"(t0), [t1] "+r"(t1)
+        : [q0] "r"(q0), [q1] "r"(q1), [q2] "r"(q2), [q3] "r"(q3), [q4] "r"(q4), [q5] "r"(q5), [q6] "r"(q6),
+          [q7] "r"(q7), [st] "r"(stride)
+        : "memory");
+}
+
+#define XT_PV(i, j) "l8ui %[t0], %[r], " #i "\n\tl8ui %[t1], %[r], " #j "\n\t" \
+    "mull %[t0], %[t0], %[a]\n\tmull %[t1], %[t1], %[a]\n\t" \
+    "add %[o" #i "], %[o" #i "], %[t0]\n\tadd %[o" #j "], %[o" #j "], %[t1]\n\t"
+INTERNAL void pv8(const i32 *w, const u8 *row, int stride, int n, i32 *out) {
+    i32 o0 = 0, o1 = 0, o2 = 0, o3 = 0, o4 = 0, o5 = 0, o6 = 0, o7 = 0, a, t0, t1 = n;
+    __asm__ volatile("j 2f\n\t.balign 4\n2:\n\tmovi.n %[a], 0\n\tloopnez %[t1], 3f\n\t"
+        "l32i %[a], %[w], 0\n\taddi %[w], %[w], 4\n\t"
+        XT_PV(0, 1) XT_PV(2, 3) XT_PV(4, 5) XT_PV(6, 7)
+        "add %[r], %[r], %[st]\n3:\n"
+        : [r] "+r"(row), [w] "+r"(w), [a] "=&r"(a), [t0] "=&r"(t0), [t1] "+r"(t1), [o0] "+r"(o0), [o1] "+r"(o1),
+          [o2] "+r"(o2), [o3] "+r"(o3), [o4] "+r"(o4), [o5] "+r"(o5), [o6] "+r"(o6), [o7] "+r"(o7)
+        : [st] "r"(stride)
+        : "memory");
+    out[0] = o0, out[1] = o1, out[2] = o2, out[3] = o3, out[4] = o4, out[5] = o5, out[6] = o6, out[7] = o7;
+}
+#else
+INTERNAL void qk8(const i32 *qq, const u8 *row, int stride, int n, i32 *sc) {
+    i32 q0 = qq[0], q1 = qq[1], q2 = qq[2], q3 = qq[3], q4 = qq[4], q5 = qq[5], q6 = qq[6], q7 = qq[7];
+    for (int t = 0; t < n; t++, row += stride) {
+        sc[t] = q0 * row[0] + q1 * row[1] + q2 * row[2] + q3 * row[3] + q4 * row[4] + q5 * row[5] +
+            q6 * row[6] + q7 * row[7];
+    }
+}
+
+INTERNAL void pv8(const i32 *w, const u8 *row, int stride, int n, i32 *out) {
+    i32 o0 = 0, o1 = 0, o2 = 0, o3 = 0, o4 = 0, o5 = 0, o6 = 0, o7 = 0;
+    for (int t = 0; t < n; t++, row += stride) {
+        i32 a = w[t];
+        o0 += a * row[0], o1 += a * row[1], o2 += a * row[2], o3 += a * row[3];
+        o4 += a * row[4], o5 += a * row[5], o6 += a * row[6], o7 += a * row[7];
+    }
+    out[0] = o0, out[1] = o1, out[2] = o2, out[3] = o3, out[4] = o4, out[5] = o5, out[6] = o6, out[7] = o7;
+}
+#endif
+
+/* attend's passes over a head's n scores, each a function of its own (so that its loop keeps its values
+   in registers); rs: the first cached row's shift byte, the next stride bytes on. */
+
+/* sc[t] = mulsh(sc[t] - base, isq, s0 - row t's shift); returns their max. */
+NOINLINE i32 att_scale(i32 *sc, int n, const u8 *rs, int stride, i32 base, i32 isq, int s0) {
+    i32 mx = -2147483647 - 1;
+    for (i32 *end = sc + n; sc != end; sc++, rs += stride) {
+        i32 a = mulsh(*sc - base, isq, s0 - *rs);
+        *sc = a;
+        mx = a > mx ? a : mx;
+    }
+    return mx;
+}
+
+/* att_scale when every row's shift is of mulsh's common case (16 <= s0 - shift <= 45, known from the
+   rows' least and largest shifts): no test per score; on Xtensa a zero-overhead loop. */
+#if defined(__XTENSA__)
+NOINLINE i32 att_scale_hi(i32 *sc, int n, const u8 *rs, int stride, i32 base, i32 isq, int s0) {
+    i32 mx = -2147483647 - 1, a, hi, lo, t = n, c = s0 - 16;
+    __asm__ volatile("j 2f\n\t.balign 4\n2:\n\tmovi.n %[a], 0\n\tloopnez %[t], 3f\n\t"
+        "l32i %[a], %[sc], 0\n\tl8ui %[t], %[rs], 0\n\tsub %[a], %[a], %[b]\n\tadd %[rs], %[rs], %[st]\n\t"
+        "srai %[hi], %[a], 15\n\textui %[lo], %[a], 0, 15\n\tmull %[hi], %[hi], %[m]\n\t"
+        "mull %[lo], %[lo], %[m]\n\tsub %[t], %[c], %[t]\n\tsrai %[lo], %[lo], 15\n\tssr %[t]\n\t"
+        "add %[hi], %[hi], %[lo]\n\tsra %[hi], %[hi]\n\taddi %[hi], %[hi], 1\n\tsrai %[hi], %[hi], 1\n\t"
+        "s32i %[hi], %[sc], 0\n\tmax %[mx], %[mx], %[hi]\n\taddi %[sc], %[sc], 4\n3:\n"
+        : [mx] "+r"(mx), [a] "=&r"(a), [hi] "=&r"(hi), [lo] "=&r"(lo), [t] "+r"(t), [sc] "+r"(sc), [rs] "+r"(rs)
+        : [st] "r"(stride), [b] "r"(base), [m] "r"(isq), [c] "r"(c)
+        : "memory", "sar");
+    return mx;
+}
+#else
+NOINLINE i32 att_scale_hi(i32 *sc, int n, const u8 *rs, int stride, i32 base, i32 isq, int s0) {
+    i32 mx = -2147483647 - 1;
+    for (i32 *end = sc + n; sc != end; sc++, rs += stride) {
+        i32 a = mulsh_hi(*sc - base, isq, s0 - *rs);
+        *sc = a;
+        mx = a > mx ? a : mx;
+    }
+    return mx;
+}
+#endif
+
+/* sc[t] = expq(mx - sc[t]); returns their sum, and in *vm the value rows' largest shift. */
+#if defined(__XTENSA__)
+/* As Xtensa code: a zero-overhead loop whose rare case (d > 65535: 0) is out of line after the loop, and
+   jumps back into it; expq's table indices by extui, its rounding constant in a register. */
+NOINLINE i32 att_exp(i32 *sc, int n, const u8 *rs, int stride, i32 mx, const i32 *tab, int *vm) {
+    i32 z, m = 0, d, e, t = n, lim = 65535, half = 16384;
+    __asm__ volatile("j 2f\n\t.balign 4\n2:\n\tmovi.n %[z], 0\n\tloopnez %[t], 3f\n\t"
+        "l32i %[d], %[sc], 0\n\tl8ui %[t], %[rs], 0\n\tsub %[d], %[mx], %[d]\n\tadd %[rs], %[rs], %[st]\n\t"
+        "maxu %[m], %[m], %[t]\n\tblt %[lim], %[d], 5f\n\t"
+        "srai %[e], %[d], 12\n\taddx4 %[e], %[e], %[tab]\n\tl32i %[e], %[e], 0\n\t"
+        "extui %[t], %[d], 6, 6\n\taddx4 %[t], %[t], %[tab]\n\tl32i %[t], %[t], 64\n\t"
+        "mull %[e], %[e], %[t]\n\textui %[t], %[d], 0, 6\n\tadd %[e], %[e], %[h]\n\t"
+        "addx4 %[t], %[t], %[tab]\n\tsrai %[e], %[e], 15\n\tl32i %[t], %[t], 320\n\t"
+        "mull %[e], %[e], %[t]\n\tadd %[e], %[e], %[h]\n\tsrai %[e], %[e], 15\n"
+        "6:\n\ts32i %[e], %[sc], 0\n\tadd %[z], %[z], %[e]\n\taddi %[sc], %[sc], 4\n"
+        "3:\n\tj 4f\n5:\n\tmovi %[e], 0\n\tj 6b\n4:\n"
+        : [z] "=&r"(z), [m] "+r"(m), [d] "=&r"(d), [e] "=&r"(e), [t] "+r"(t), [sc] "+r"(sc), [rs] "+r"(rs)
+        : [st] "r"(stride), [mx] "r"(mx), [tab] "r"(tab), [lim] "r"(lim), [h] "r"(half)
+        : "memory");
+    *vm = m;
+    return z;
+}
+#else
+NOINLINE i32 att_exp(i32 *sc, int n, const u8 *rs, int stride, i32 mx, const i32 *tab, int *vm) {
+    i32 z = 0;
+    int m = 0;
+    for (i32 *end = sc + n; sc != end; sc++, rs += stride) {
+        i32 e = expq(mx - *sc, tab);
+        *sc = e;
+        z += e;
+        m = *rs > m ? *rs : m;
+    }
+    *vm = m;
+    return z;
+}
+#endif
+
+/* sc[t] = rshr(sc[t] * rz, 8 + vm - row t's shift), 0 from a shift of 31 on (8 .. 8 + vm: vm is the rows'
+   largest, so no row needs the test when vm <= 22); returns their sum. */
+NOINLINE i32 att_weights(i32 *sc, int n, const u8 *rs, int stride, int vm, i32 rz) {
+    i32 qs = 0;
+    int c = 7 + vm;
+    i32 *end = sc + n;
+    if (vm <= 22) {
+        for (; sc != end; sc++, rs += stride) {
+            i32 a = (((*sc * rz) >> (c - *rs)) + 1) >> 1;
+            *sc = a;
+            qs += a;
+        }
+    } else {
+        for (; sc != end; sc++, rs += stride) {
+            int s = c - *rs;
+            i32 a = s <= 29 ? ((((*sc * rz) >> s) + 1) >> 1) : 0;
+            *sc = a;
+            qs += a;
+        }
+    }
+    return qs;
+}
 
 /* p = (n, hd, stride, kb, vb, heads, group, isq, k, qq, tab); cache bytes are int8 + 128, each row's
-   shift in its last byte. */
+   shift in its last byte. Per query and head, over its n cached rows, one pass each (few live values, so
+   few spills): the raw q.k, then their scaling (less the bytes' +128, mulsh by isq, the row's shift) and the max, then expq, z
+   and the value rows' largest shift, then the weights (2^30 // z, the row's rounding), then p.v. */
 INTERNAL void k_attend(i32 *q, const u8 *kv, i32 *sc, const i32 *p) {
     int hd = p[1], stride = p[2], heads = p[5], grp = p[6];
     i32 isq = p[7];
     i32 *qq = sc + p[9];
     const i32 *tab = sc + p[10];
-    for (int jh = 0; jh < p[8] * heads; jh++) {
-        int n = p[0] + jh / heads, h = jh % heads;
-        i32 *qo = q + jh * hd;
-        int kh = (h / grp) * hd;
-        int sh = block_shift(qo, hd, 15);
-        i32 qs = 0;
-        for (int i = 0; i < hd; i++) {
-            i32 v = sh ? rshr(qo[i], sh) : qo[i];
-            v = v > 32767 ? 32767 : v < -32767 ? -32767 : v;
-            qq[i] = v;
-            qs += v;
-        }
-        i32 mx = 0;
-        const u8 *row = kv + p[3];
-        if (hd == 8) {
-            i32 q0 = qq[0], q1 = qq[1], q2 = qq[2], q3 = qq[3], q4 = qq[4], q5 = qq[5], q6 = qq[6], q7 = qq[7];
-            for (int t = 0; t < n; t++, row += stride) {
-                i32 a = mulsh(QK8(row + kh) - (qs << 7), isq, 34 - sh - row[stride - 1]);
-                sc[t] = a;
-                if (t == 0 || a > mx) {
-                    mx = a;
+    i32 *qo = q;
+    int kmin = 255, kmax = 0;  /* the key rows' least and largest shifts, over the rows the last query sees */
+    const u8 *ks = kv + p[3] + stride - 1;
+    for (int t = 0; t < p[0] + p[8] - 1; t++, ks += stride) {
+        kmin = *ks < kmin ? *ks : kmin;
+        kmax = *ks > kmax ? *ks : kmax;
+    }
+    for (int j = 0; j < p[8]; j++) {
+        int n = p[0] + j;  /* query j sees positions 0 .. p[0] + j - 1 */
+        int kh = 0, gi = 0;  /* (h / grp) * hd, counted */
+        for (int h = 0; h < heads; h++, qo += hd) {
+            int sh = block_shift(qo, hd, 15);
+            i32 r = sh ? 1 << (sh - 1) : 0;
+            i32 qs = 0;
+            for (int i = 0; i < hd; i++) {
+                i32 v = (qo[i] + r) >> sh;
+                v = v > 32767 ? 32767 : v;
+                v = v < -32767 ? -32767 : v;
+                qq[i] = v;
+                qs += v;
+            }
+            i32 base = qs << 7;
+            const u8 *row = kv + p[3] + kh;
+            if (hd == 8) {
+                qk8(qq, row, stride, n, sc);
+            } else {
+                for (int t = 0; t < n; t++, row += stride) {
+                    i32 a = 0;
+                    for (int i = 0; i < hd; i++) {
+                        a += qq[i] * row[i];
+                    }
+                    sc[t] = a;
                 }
             }
-        } else {
-            for (int t = 0; t < n; t++, row += stride) {
-                const u8 *kr = row + kh;
-                i32 a = 0;
+            int s0 = 34 - sh;
+            i32 mx = s0 - kmax >= 16 && s0 - kmin <= 45 ? att_scale_hi(sc, n, kv + p[3] + stride - 1, stride, base, isq, s0)
+                : att_scale(sc, n, kv + p[3] + stride - 1, stride, base, isq, s0);
+            int vm;
+            i32 z = att_exp(sc, n, kv + p[4] + stride - 1, stride, mx, tab, &vm);
+            qs = att_weights(sc, n, kv + p[4] + stride - 1, stride, vm, (1 << 30) / z);
+            row = kv + p[4] + kh;
+            if (hd == 8) {
+                pv8(sc, row, stride, n, qo);
+            } else {
                 for (int i = 0; i < hd; i++) {
-                    a += qq[i] * kr[i];
+                    qo[i] = 0;
                 }
-                a = mulsh(a - (qs << 7), isq, 34 - sh - row[stride - 1]);
-                sc[t] = a;
-                if (t == 0 || a > mx) {
-                    mx = a;
-                }
-            }
-        }
-        i32 z = 0;
-        int vm = 0;
-        row = kv + p[4];
-        for (int t = 0; t < n; t++, row += stride) {
-            i32 e = expq(mx - sc[t], tab);
-            sc[t] = e;
-            z += e;
-            if (row[stride - 1] > vm) {
-                vm = row[stride - 1];
-            }
-        }
-        i32 rz = (1 << 30) / z;
-        for (int i = 0; i < hd; i++) {
-            qo[i] = 0;
-        }
-        qs = 0;  /* the weights' sum: the value bytes are int8 + 128 */
-        row = kv + p[4];
-        if (hd == 8) {
-            i32 o0 = 0, o1 = 0, o2 = 0, o3 = 0, o4 = 0, o5 = 0, o6 = 0, o7 = 0;
-            for (int t = 0; t < n; t++, row += stride) {
-                int s = 8 + vm - row[stride - 1];
-                if (s <= 30) {
-                    i32 a = rshr(sc[t] * rz, s);
-                    qs += a;
-                    PV8(a, row + kh)
-                }
-            }
-            qo[0] = o0, qo[1] = o1, qo[2] = o2, qo[3] = o3, qo[4] = o4, qo[5] = o5, qo[6] = o6, qo[7] = o7;
-        } else {
-            for (int t = 0; t < n; t++, row += stride) {
-                int s = 8 + vm - row[stride - 1];
-                if (s <= 30) {
-                    i32 a = rshr(sc[t] * rz, s);
+                for (int t = 0; t < n; t++, row += stride) {
+                    i32 a = sc[t];
                     if (a) {
-                        const u8 *vr = row + kh;
-                        qs += a;
                         for (int i = 0; i < hd; i++) {
-                            qo[i] += a * vr[i];
+                            qo[i] += a * row[i];
                         }
                     }
                 }
             }
-        }
-        for (int i = 0; i < hd; i++) {
-            qo[i] = rshr(qo[i] - (qs << 7), 22 - vm);
+            i32 base_v = qs << 7;
+            if (vm <= 21) {  /* the head's shift 22 - vm is 1..22: rshr's case, chosen once */
+                int s1 = 21 - vm;
+                for (int i = 0; i < hd; i++) {
+                    qo[i] = (((qo[i] - base_v) >> s1) + 1) >> 1;
+                }
+            } else {
+                for (int i = 0; i < hd; i++) {
+                    qo[i] = rshr(qo[i] - base_v, 22 - vm);
+                }
+            }
+            if (++gi == grp) {
+                gi = 0;
+                kh += hd;
+            }
         }
     }
 }
 
+/* One row: h1 = mulsh(mulsh(h1, sigmoid(h1), 14), b, 16 - sh), b = h3 rounded by the row's shift sh (its
+   rounding constant r) and clamped; a function per case of the last mulsh (16 - sh: 16, 1..15, other),
+   each loop with its own registers. */
+#define SILU_ROW(name, f2) INTERNAL void name(i32 *h1, const i32 *h3, int n, const i32 *tab, i32 r, int sh) { \
+    for (i32 *end = h1 + n; h1 != end; h1++, h3++) { \
+        i32 a = *h1; \
+        i32 g = (1 << 29) / (32768 + expq((a < 0 ? -a : a) >> 4, tab)); \
+        if (a < 0) { \
+            g = 16384 - g; \
+        } \
+        i32 b = (*h3 + r) >> sh; \
+        b = b > 16383 ? 16383 : b; \
+        b = b < -16383 ? -16383 : b; \
+        *h1 = f2(mulsh_lo(a, g, 14), b, 16 - sh); \
+    } \
+}
+SILU_ROW(silu_hi, mulsh_hi)
+SILU_ROW(silu_lo, mulsh_lo)
+SILU_ROW(silu_any, mulsh)
+
 INTERNAL void k_silu(i32 *h1, const i32 *h3, const i32 *tab, const i32 *p) {
     int n = p[0], k = p[1];
     for (int j = 0; j < k; j++, h1 += n, h3 += n) {
-        int sh = block_shift(h3, n, 14);
-        for (int i = 0; i < n; i++) {
-            i32 a = h1[i];
-            i32 g = (1 << 29) / (32768 + expq((a < 0 ? -a : a) >> 4, tab));
-            if (a < 0) {
-                g = 16384 - g;
-            }
-            i32 b = sh ? rshr(h3[i], sh) : h3[i];
-            b = b > 16383 ? 16383 : b < -16383 ? -16383 : b;
-            h1[i] = mulsh(mulsh(a, g, 14), b, 16 - sh);
+        int sh = block_shift(h3, n, 14);  /* <= 18: 16 - sh >= -2 */
+        i32 r = sh ? 1 << (sh - 1) : 0;
+        if (sh == 0) {
+            silu_hi(h1, h3, n, tab, r, sh);
+        } else if (sh <= 15) {
+            silu_lo(h1, h3, n, tab, r, sh);
+        } else {
+            silu_any(h1, h3, n, tab, r, sh);
         }
     }
 }
@@ -600,8 +883,10 @@ static mp_obj_t argmax(mp_obj_t a_in, mp_obj_t p_in) {
     const i32 *p = RD(p_in);
     const i32 *a = (const i32 *)RD(a_in) + p[0];
     int best = 0;
+    i32 top = a[0];  /* the best value in a register, not reloaded per value */
     for (int i = 1; i < p[1]; i++) {
-        if (a[i] > a[best]) {
+        if (a[i] > top) {
+            top = a[i];
             best = i;
         }
     }

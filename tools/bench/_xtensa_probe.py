@@ -134,8 +134,8 @@ def units(K):
     for heads in (4, 8):
         q[0], q[1], q[2], q[3] = 1, heads, 4, 40
         out[("rope", heads)] = count(K.rope, dst, cs, q)
-    for hd, n in ((8, 8), (8, 40), (12, 8), (12, 40), (16, 8), (16, 40)):
-        heads, group = 8, 2
+    for hd, n, heads in ((8, 8, 8), (8, 40, 8), (12, 8, 8), (12, 40, 8), (16, 8, 8), (16, 40, 8), (8, 8, 4)):
+        group = 2
         stride = hd * heads // group + 1
         kv = bytearray(2 * 40 * stride)
         fill(kv, len(kv), 0, 255, 6)
@@ -146,7 +146,7 @@ def units(K):
         sc = array("i", [0] * (40 + 16 + intmath.EXP_SIZE))
         intmath.exp_table(memoryview(sc)[56:])
         pa = array("i", (n, hd, stride, 0, 40 * stride, heads, group, 8192, 1, 40, 56))
-        out[("attend", hd, n)] = count(K.attend, qv, kv, sc, pa)
+        out[("attend", hd, n) if heads == 8 else ("attend", hd, n, heads)] = count(K.attend, qv, kv, sc, pa)
     tab = array("i", [0] * intmath.EXP_SIZE)
     intmath.exp_table(tab)
     h1 = array("i", [0] * 172)

@@ -74,7 +74,8 @@ def native_units(raw: dict, reps: int) -> dict:
     172 columns less the same call without rows; attend's per score from 8 and 40 cached positions, split
     into its per-value (q.k and p.v) and other work by head sizes 12 and 16 (the generic loops; per-head
     work that grows with the head size is counted there too), and the head size of 8 (the models', its
-    own loops) per value from its per score less that other work."""
+    own loops) per value from its per score less that other work; a head's set-up from 8 heads less 4 at 8
+    cached positions, less their scores."""
     u = {key: v / reps for key, v in raw.items()}
     out: dict = {"matmul_per_mac": {}, "matmul_per_row": {}}
     for k in (1, 2, 3, 4, 5):
@@ -97,7 +98,8 @@ def native_units(raw: dict, reps: int) -> dict:
     out["kv_per_value"] = round(kv, 2)
     out["softmax_per_score"] = round(score[12] - 2 * 12 * kv, 1)
     out["kv_per_value_hd8"] = round((score[8] - out["softmax_per_score"]) / (2 * 8), 2)  # query in registers
-    out["softmax_per_head"] = round((u[("attend", 8, 8)] - 8 * heads * score[8]) / heads, 1)
+    # a head's own work: 8 heads less 4 (the call's cost drops out, as the layer kernel calls attend from C)
+    out["softmax_per_head"] = round((u[("attend", 8, 8)] - u[("attend", 8, 8, 4)]) / 4 - 8 * score[8], 1)
     out["silu_per_value"] = round((u[("silu", 172)] - u[("silu", 64)]) / 108, 2)
     out["embed_per_value"] = round((u[("embed", 172)] - u[("embed", 64)]) / 108, 2)
     out["argmax_per_value"] = round((u[("argmax", 512)] - u[("argmax", 64)]) / 448, 2)
