@@ -161,7 +161,7 @@ CYCLES_PER_INSN = 1.3
 # executed before -> after: quant 29.0 -> 11.5, requant 31.9 -> 20.9, rmsnorm 55.1 -> 41.6, silu 83.1 -> 66.8,
 # a score of head size 8 175 -> 110, a head's own set-up 422 -> 424, now fitted without the Python call's cost
 # that the layer kernel does not pay: 916 before). Those were fitted on dc233c under a semihosting MicroPython;
-# the same fit on the shipped board agrees within 1% except the per-row terms (matmul's for 3 and 5 positions,
+# the same fit on the shipped board agrees within a few percent except the per-row terms (matmul's for 3 and 5 positions,
 # rmsnorm's: up to 7 instructions a row, docs/bench/xkern.md): these are the board's.
 NATIVE_COUNTED = "executed on Xtensa (QEMU de233_fpu, virtual ESP32-S3, python -m specmesh.tools.bench xtensa)"
 NATIVE_XTENSA = {
