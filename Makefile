@@ -160,7 +160,7 @@ test-rv32: setup rv32-check
 # The virtual ESP32/ESP32-S3 boards' firmware (xtensa/README.md): MicroPython's core with the project's port,
 # xtensa/port (and rv32/port/vboard.c, the flash both boards share), built for the ESP32's core (-mcpu=esp32) by
 # Debian's clang-22 / llc-22 / llvm-mc-22 (xtensa/tools/xcc) and linked by binutils-xtensa-lx106's ld, for
-# qemu-system-xtensa -M sim -cpu dc233c. Bit for bit reproducible as the RV32 firmware is.
+# qemu-system-xtensa -M sim -cpu de233_fpu. Bit for bit reproducible as the RV32 firmware is.
 XTENSA_PORT := $(MPY_SRC)/ports/specmesh-xtensa
 XTENSA_ELF := xtensa/firmware.elf
 XTENSA_MAKE := $(RV32_ENV) $(MAKE) -C $(XTENSA_PORT) XCC=$(abspath xtensa/tools/xcc) V=0

@@ -144,7 +144,8 @@ CYCLES_PER_INSN = 1.3
 # Native kernels (firmware/native/kernels.c, built as MicroPython native modules): Xtensa instructions per
 # unit of work of the xtensawin module, the units the cost model counts (host/projection/costmodel.py
 # `Native`), EXECUTED by the shipped module on an Xtensa core: `python -m specmesh.tools.bench xtensa`
-# (QEMU's dc233c under -icount, the module loaded by MicroPython's own loader), each figure the difference
+# (a flashed virtual ESP32-S3: QEMU's de233_fpu under -icount, the module loaded from /native by MicroPython's own
+# loader), each figure the difference
 # of two sizes of one call at the target's shapes, so the call's own cost drops out (tools/bench/xtensa.py
 # native_units says which sizes). The matmul per MAC and per row for each group size; attend's per-value
 # figure for head sizes other than 8 also carries its per-head work that grows with the head size. For the
@@ -152,31 +153,33 @@ CYCLES_PER_INSN = 1.3
 # as that score less the generic path's per-score work, and the head-size-8 path's own scaling is cheaper,
 # so it reads low (its q.k and p.v loops take 26 and 27 instructions a row, 3.3 a value); the sum is what
 # executes. The same machine code runs on the
-# ESP32/S3's LX6/LX7; only register-window spills differ (dc233c has 32 address registers, the LX6/LX7 64):
+# ESP32/S3's LX6/LX7; only register-window spills differ (QEMU's cores have 32 address registers, the LX6/LX7 64):
 # the kernels call nothing inside their loops, and a kernel call costs about 9 window overflows and 9
-# underflows here (about 180 instructions, QEMU -d int), under 0.2% of a token. Before these were executed,
+# underflows here (about 180 instructions, QEMU -d int on dc233c), under 0.2% of a token. Before these were executed,
 # the kernels other than matmul were assumed at 2-7x fewer instructions (quant 11, requant 9, rmsnorm 10,
 # silu 14, a score 30 per value): docs/run.md. The kernels other than matmul were then cut (docs/bench/xkern.md,
 # executed before -> after: quant 29.0 -> 11.5, requant 31.9 -> 20.9, rmsnorm 55.1 -> 41.6, silu 83.1 -> 66.8,
 # a score of head size 8 175 -> 110, a head's own set-up 422 -> 424, now fitted without the Python call's cost
-# that the layer kernel does not pay: 916 before).
-NATIVE_COUNTED = "executed on Xtensa (QEMU dc233c, python -m specmesh.tools.bench xtensa)"
+# that the layer kernel does not pay: 916 before). Those were fitted on dc233c under a semihosting MicroPython;
+# the same fit on the shipped board agrees within a few percent except the per-row terms (matmul's for 3 and 5 positions,
+# rmsnorm's: up to 7 instructions a row, docs/bench/xkern.md): these are the board's.
+NATIVE_COUNTED = "executed on Xtensa (QEMU de233_fpu, virtual ESP32-S3, python -m specmesh.tools.bench xtensa)"
 NATIVE_XTENSA = {
-    "matmul_per_mac": {1: 5.505, 2: 4.242, 3: 3.851, 4: 3.627, 5: 3.52},
-    "matmul_per_row": {1: 11.7, 2: 17.7, 3: 11.1, 4: 30.8, 5: 27.7},  # per output row and group
-    "quant_per_value": 11.49,  # the row's largest |x| (or and abs), then the rounding shift, clamp and store
-    "quant_per_row": 44.0,
-    "requant_per_value": 20.89,  # mulsh's split product and its shift case, (add), store
-    "rmsnorm_per_value": 41.55,  # sum of squares, then two mulsh per value
-    "rmsnorm_per_row": 101.2,  # the block shift and the integer inverse square root
-    "rope_per_pair": 39.45,  # per head and pair: four mulsh
-    "kv_per_value": 9.5,  # q.k and p.v over the int8 cache, per cached value (and head-size work)
-    "kv_per_value_hd8": 1.81,  # the same for the models' head size of 8, fitted as said above
-    "softmax_per_score": 80.9,  # per score: mulsh, the max, expq from the table, the weight
-    "softmax_per_head": 424.2,  # the query's block shift and rounding, 2^30 // z, the output's rounding
-    "silu_per_value": 66.84,  # the sigmoid's expq and division, two mulsh
-    "embed_per_value": 17.19,
-    "argmax_per_value": 6.11,
+    "matmul_per_mac": {1: 5.501, 2: 4.238, 3: 3.841, 4: 3.626, 5: 3.5},
+    "matmul_per_row": {1: 12.1, 2: 16.7, 3: 18.7, 4: 27.1, 5: 34.1},  # per output row and group
+    "quant_per_value": 11.5,  # the row's largest |x| (or and abs), then the rounding shift, clamp and store
+    "quant_per_row": 45.7,
+    "requant_per_value": 20.98,  # mulsh's split product and its shift case, (add), store
+    "rmsnorm_per_value": 41.75,  # sum of squares, then two mulsh per value
+    "rmsnorm_per_row": 92.9,  # the block shift and the integer inverse square root
+    "rope_per_pair": 38.96,  # per head and pair: four mulsh
+    "kv_per_value": 9.56,  # q.k and p.v over the int8 cache, per cached value (and head-size work)
+    "kv_per_value_hd8": 1.91,  # the same for the models' head size of 8, fitted as said above
+    "softmax_per_score": 79.4,  # per score: mulsh, the max, expq from the table, the weight
+    "softmax_per_head": 419.9,  # the query's block shift and rounding, 2^30 // z, the output's rounding
+    "silu_per_value": 66.72,  # the sigmoid's expq and division, two mulsh
+    "embed_per_value": 17.0,
+    "argmax_per_value": 6.0,
 }
 CYCLES_PER_MAC = XTENSA_MATMUL_INSNS_PER_MAC[1] * CYCLES_PER_INSN
 CPI = Figure(

