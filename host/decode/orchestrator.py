@@ -66,6 +66,12 @@ class Round:
     # own guess at the bonus position (one draft more than the verifier got) is the emitted token
     ahead: int = 0
     guess_hit: bool = False
+    # a shadow draft (host/decode/gamma.py): in a plain greedy round the drafter drafted the position the
+    # verifier decided, beside the verify (on its own link); the verdict alone commits. Its DRAFT body's bytes,
+    # and whether its token was the emitted one (alpha evidence at no verifier cost); `lag` is its catch-up then
+    shadow: bool = False
+    shadow_body: int = 0
+    shadow_hit: bool = False
 
 
 @dataclass
@@ -117,6 +123,16 @@ class Result:
     @property
     def gamma_hist(self) -> dict[int, int]:
         return dict(sorted(Counter(r.gamma for r in self.rounds).items()))
+
+    @property
+    def shadows(self) -> int:
+        """Plain rounds that ran a shadow draft."""
+        return sum(r.shadow for r in self.rounds)
+
+    @property
+    def shadow_hits(self) -> int:
+        """Shadow drafts whose token was the one the verifier emitted."""
+        return sum(r.shadow_hit for r in self.rounds)
 
     @property
     def bus_bytes(self) -> int:
@@ -177,6 +193,8 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     if not prompt:
         raise ValueError("the prompt must hold at least one token")
     costs = observer.costs
+    if drafter and params.greedy:  # shadow drafts in plain rounds: greedy only (a sampled stream stays as it was)
+        (controller := controller or GammaController()).shadowing = True
     controller = _primed(controller or GammaController(), costs if drafter and observer.costs_known else None, prompt,
                          params)
     max_seq = verifier.max_seq
@@ -201,9 +219,12 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         gamma = controller.choose(room) if drafter else 0
         bytes0 = (drafter.bus_bytes if drafter else 0, verifier.bus_bytes)
         t0 = clock()
-        drafter, gamma, reprime = failover.windowed(drafter, window, params, committed, gamma)
+        # a plain round with a drafter: a shadow draft beside the verify, when the controller asks for one
+        shadow = gamma == 0 and room > 0 and drafter is not None and controller.shadowing and controller.shadows()
+        drafter, gamma, reprime = failover.windowed(drafter, window, params, committed, gamma or int(shadow))
+        shadow, gamma = (gamma > 0, 0) if shadow else (False, gamma)
         synced = len(committed) if reprime else synced
-        lag = len(committed) - synced if gamma else 0
+        lag = len(committed) - synced if gamma or shadow else 0
         ahead = controller.ahead if gamma else 0
         # with a look-ahead, one draft more than the verifier gets: the drafter's guess at the bonus position says
         # whether its ahead-drafts serve the next round (drafts depend on their position alone: the text is the same)
@@ -212,6 +233,11 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         if drafter is None:
             gamma = lag = ahead = 0
         draft, guessed = _guess(draft, gamma)
+        shadowed = Draft(len(committed))
+        if shadow:  # one draft at the position the verifier decides; the verifier gets none (a plain round)
+            drafter, shadowed = failover.draft(drafter, window, committed, 1)
+            shadow = len(shadowed) == 1
+            lag = lag if shadow else 0
         t1 = clock()
         verifier, (n_acc, token) = failover.verify(verifier, params, committed, draft, lambda: (len(out), clock() - t1))
         t2 = clock()
@@ -221,7 +247,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         ended = token == -1 or (params.eos >= 0 and token == params.eos)
         committed += new
         verifier.commit(committed)
-        if drafter and window and gamma:
+        if drafter and window and (gamma or shadow):
             drafter = failover.commit(drafter, window.view(committed))
             synced = len(committed)
         t3 = clock()
@@ -230,9 +256,12 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
                    ((drafter.bus_bytes - bytes0[0]) if drafter else 0, verifier.bus_bytes - bytes0[1]),
                    (ahead, guessed is not None and n_acc == len(draft) and token == guessed),
                    (window.base if window else 0, reprime))
+        if shadow:
+            r.shadow, r.shadow_body, r.shadow_hit = True, _body(shadowed), shadowed.tokens[0] == token
         result.rounds.append(r)
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
-                           ended=token == -1, lag=lag, timed=len(result.rounds) > 1 and not reprime)  # re-prime: no fit
+                           ended=token == -1, lag=lag, timed=len(result.rounds) > 1 and not reprime,  # re-prime: no fit
+                           shadow=r.shadow_hit if shadow else None)
         observer.shown(*_visible(accepted, emitted, params.eos if ended else None))
         if ended or observer.stopped():
             result.stop = "eos" if ended else "stop"
@@ -280,6 +309,11 @@ def _guess(draft: Draft, gamma: int) -> tuple[Draft, int | None]:
     if len(draft) <= gamma:
         return draft, None
     return Draft(draft.pos0, draft.tokens[:gamma], draft.q[:gamma]), draft.tokens[gamma]
+
+
+def _body(draft: Draft) -> int:
+    """Payload bytes of a DRAFT carrying these drafts (shared/messages.py)."""
+    return draft_size([(tok, q[0], q[1]) for tok, q in zip(draft.tokens, draft.q)])
 
 
 def _round(draft: Draft, n_acc: int, token: int, length: int, lag: int, t: tuple[float, float, float, float],
