@@ -38,6 +38,18 @@ prediction counts as that bound (one noisy round moves a fit by a bounded amount
 After more than FREE_CATCH_UP plain rounds the rates alone never turn speculation back on: the drafter
 must first catch up on every token since (a cost the rates do not see), and the verify fit's slope comes
 from decayed, old rounds of other sizes; only a scheduled probe does it.
+
+Shadow drafts (greedy runs with a drafter: `shadowing`, set by host/decode/orchestrator.py): a plain round
+also asks the drafter for one draft at the position the verifier decides, on the drafter's own link beside
+the verify, and the verdict alone commits (the text is the verifier's). A shadow whose token is the emitted
+one is a hit: `observe(shadow=...)` counts it as one tested draft (no PLAIN_DECAY then), and its call feeds
+the draft fit. So plain rounds measure alpha at no verifier cost: the drafter is never behind (no catch-up,
+no FREE_CATCH_UP wait), the rates turn speculation back on as soon as the evidence says it pays, a known-cost
+run skips its opening ALPHA_PROBE, and a measured-cost scheduled probe drafts what the rates choose at the
+live alpha (at least 1: it is there to re-measure the costs) rather than at the prior's. `shadows()` asks
+for one only while the drafter's call (after its catch-up) is predicted to end within a plain verify: one
+that ran past it would delay the next round, and the projection prices a shadowed round max(verify,
+shadow) (host/projection/rounds.py). Sampled runs have none, so they stay as they were.
 """
 
 from __future__ import annotations
