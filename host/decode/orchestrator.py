@@ -72,6 +72,14 @@ class Round:
     shadow: bool = False
     shadow_body: int = 0
     shadow_hit: bool = False
+    after_hit: bool = False  # the drafter's last draft was a shadow hit: it holds that committed token already
+
+    @property
+    def told(self) -> int:
+        """Committed tokens this round's DRAFT_REQ carries to a drafter board (its folded COMMIT: the tail
+        beyond what it holds, host/backends/board.py): the catch-up and the emitted token of the drafter's last
+        round, unless it proposed that one itself (a shadow hit) or was re-primed (it holds the whole stream)."""
+        return self.lag + (not self.reprime and not self.after_hit)
 
 
 @dataclass
@@ -211,6 +219,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         drafter.begin(window.params(params), window.start(committed))
     result.begin_s = clock() - start  # a drafter board prefills at BEGIN, a verifier at its first verdict
     synced = len(committed)  # the drafter has fed the stream up to here (drafters prefill the prompt at begin)
+    own = False  # the drafter's last draft was a shadow hit (Round.after_hit)
     while len(out) < max_tokens:
         if len(committed) >= max_seq:
             result.stop = "context"
@@ -258,6 +267,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
                    (window.base if window else 0, reprime))
         if shadow:
             r.shadow, r.shadow_body, r.shadow_hit = True, _body(shadowed), shadowed.tokens[0] == token
+        r.after_hit, own = own, (r.shadow_hit if gamma or shadow else own)
         result.rounds.append(r)
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
                            ended=token == -1, lag=lag, timed=len(result.rounds) > 1 and not reprime,  # re-prime: no fit

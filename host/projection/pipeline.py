@@ -160,7 +160,7 @@ class PipelineProjector:
         """Wire seconds of round r's DRAFT_REQ (the previous outcome folded in) and DRAFT (none on the host)."""
         if self.drafter_on_host:
             return 0.0
-        return self._wire(draft_req_body(r.lag + (not r.reprime))) + self._wire(r.draft_body)
+        return self._wire(draft_req_body(r.told)) + self._wire(r.draft_body)
 
     def draft_seconds(self, r: Round) -> float:
         """The drafter's share of round r without drafting ahead: catch-up and drafts, and its call."""
@@ -173,7 +173,7 @@ class PipelineProjector:
         """Round r's shadow draft (host/projection/rounds.py): catch-up and one pass, its call, a re-prime."""
         if not r.shadow:
             return 0.0
-        call = 0.0 if self.drafter_on_host else (self._wire(draft_req_body(r.lag + (not r.reprime)))
+        call = 0.0 if self.drafter_on_host else (self._wire(draft_req_body(r.told))
                                                  + self._wire(r.shadow_body))
         return (sum(self.boards.draft_passes(r.pos0 - r.base - r.lag, r.lag + 1)) + call
                 + self.boards.reprime_seconds(r))

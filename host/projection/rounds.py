@@ -198,14 +198,14 @@ class Projector:
 
     def draft_call(self, r: Round) -> float:
         """Bus seconds of round r's DRAFT_REQ and DRAFT (none for a drafter on the host)."""
-        return 0.0 if self.drafter_on_host else self.call("drafter", draft_req_body(r.lag + (not r.reprime)),
+        return 0.0 if self.drafter_on_host else self.call("drafter", draft_req_body(r.told),
                                                           r.draft_body)
 
     def shadow_seconds(self, r: Round) -> float:
         """Seconds of round r's shadow draft (0 without one): its catch-up and one pass, its call, a re-prime."""
         if not r.shadow:
             return 0.0
-        call = 0.0 if self.drafter_on_host else self.call("drafter", draft_req_body(r.lag + (not r.reprime)),
+        call = 0.0 if self.drafter_on_host else self.call("drafter", draft_req_body(r.told),
                                                           r.shadow_body)
         return sum(self.draft_passes(r.pos0 - r.base - r.lag, r.lag + 1)) + call + self.reprime_seconds(r)
 
@@ -306,10 +306,10 @@ class Projector:
         if r.table_body:
             out["verifier"] += self.exchange("verifier", r.table_body, VERDICT_BODY)
         if r.gamma:  # (a re-primed drafter holds the whole stream: its DRAFT_REQ carries no tail)
-            out["drafter"] = self.exchange("drafter", draft_req_body(r.lag + (drafted_before and not r.reprime)),
+            out["drafter"] = self.exchange("drafter", draft_req_body(r.told if drafted_before else r.lag),
                                            r.draft_body)
         if r.shadow:
-            out["drafter"] = self.exchange("drafter", draft_req_body(r.lag + (drafted_before and not r.reprime)),
+            out["drafter"] = self.exchange("drafter", draft_req_body(r.told if drafted_before else r.lag),
                                            r.shadow_body)
         if r.reprime:
             out["drafter"] += self.exchange("drafter", begin_body(r.reprime), 0)
