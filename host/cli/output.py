@@ -224,6 +224,9 @@ def format_table(stats: dict) -> str:
         ("tokens / verification", stats["tokens_per_verification"]),
         ("gamma (%s)" % (stats.get("gamma_policy", "auto") + (", %s costs" % stats["gamma_costs"]
                                                              if stats.get("gamma_policy") == "auto" else "")), gamma),
+        *([("shadow drafts", "%d in plain rounds, %d the verifier's token" % (stats["shadow_drafts"],
+                                                                           stats["shadow_hits"]))]
+          if stats.get("shadow_drafts") else []),
         ("wall time s", stats["wall_s"]),
         ("tokens / s", stats["tokens_per_s"]),
         ("prefill s", "%s (%d prompt tokens, %s tokens / s; up to the first round's tokens)" % (

@@ -180,6 +180,9 @@ def build_stats(config: RunConfig, params: SessionParams, result: Result, text: 
         "gamma": max(hist, key=lambda g: (hist[g], -g)) if hist else 0,
         "gamma_hist": {str(g): c for g, c in hist.items()},
         "gamma_policy": "plain" if drafter is None else ("auto" if controller.fixed is None else "fixed"),
+        # plain rounds' shadow drafts (host/decode/gamma.py): how many ran beside the verify, how many were the token
+        "shadow_drafts": result.shadows,
+        "shadow_hits": result.shadow_hits,
         "wall_s": result.wall_s,
         "tokens_per_s": n / result.wall_s if result.wall_s > 0 else 0.0,
         # prefill: BEGIN to the first round's tokens (host/decode/orchestrator.py); decode: the rest

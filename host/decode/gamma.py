@@ -38,6 +38,18 @@ prediction counts as that bound (one noisy round moves a fit by a bounded amount
 After more than FREE_CATCH_UP plain rounds the rates alone never turn speculation back on: the drafter
 must first catch up on every token since (a cost the rates do not see), and the verify fit's slope comes
 from decayed, old rounds of other sizes; only a scheduled probe does it.
+
+Shadow drafts (greedy runs with a drafter: `shadowing`, set by host/decode/orchestrator.py): a plain round
+also asks the drafter for one draft at the position the verifier decides, on the drafter's own link beside
+the verify, and the verdict alone commits (the text is the verifier's). A shadow whose token is the emitted
+one is a hit: `observe(shadow=...)` counts it as one tested draft (no PLAIN_DECAY then), and its call feeds
+the draft fit. So plain rounds measure alpha at no verifier cost: the drafter is never behind (no catch-up,
+no FREE_CATCH_UP wait), the rates turn speculation back on as soon as the evidence says it pays, a known-cost
+run skips its opening ALPHA_PROBE, and a measured-cost scheduled probe drafts what the rates choose at the
+live alpha (at least 1: it is there to re-measure the costs) rather than at the prior's. `shadows()` asks
+for one only while the drafter's call (after its catch-up) is predicted to end within a plain verify: one
+that ran past it would delay the next round, and the projection prices a shadowed round max(verify,
+shadow) (host/projection/rounds.py). Sampled runs have none, so they stay as they were.
 """
 
 from __future__ import annotations
@@ -154,6 +166,10 @@ class GammaController:
     prior_alpha: float = 0.5
     prior_weight: float = 2.0
     known_costs: bool = False  # the fits hold the board class's costs (prime), not measurements
+    # shadow drafts (module docstring): the loop drafts one token beside each plain round's verify (greedy runs
+    # with a drafter; host/decode/orchestrator.py sets it before the first round), and `observe` hears the hit
+    shadowing: bool = False
+    shadowed: bool = False  # the last plain round had a shadow draft: the acceptance evidence is live
 
     @property
     def alpha(self) -> float:
@@ -221,7 +237,7 @@ class GammaController:
                     g == 0 or returning) else PROBE_EVERY
                 self.next_probe = self.rounds + max(self.probe_gap, self._budget_gap() if g == 0 else 0)
                 if g == 0:  # measured costs may be wrong: measure; known ones wait for the aged evidence to say so
-                    g = 0 if self.known_costs else self._probe(cap)
+                    g = 0 if self.known_costs else self._probe(cap, live=self.shadowed)
                 elif not returning:  # a neighbour of the choice, to keep the estimates following the stream
                     g = min(cap, g + 1) if (self.rounds // PROBE_EVERY) % 2 == 0 else g - 1
             elif self.rounds == len(self.opening) and g == 0:
@@ -231,15 +247,28 @@ class GammaController:
         self.ahead = (self.fixed_ahead if g else 0) if self.fixed_ahead is not None else self.lookahead(g)
         return g
 
-    def _probe(self, cap: int) -> int:
+    def _probe(self, cap: int, live: bool = False) -> int:
         """The draft length of a probe from plain decoding: what the rates would choose were the drafter's
         acceptance its prior again, at least 1 (a drafter back from a plain stretch is measured at the
-        length it would draft)."""
+        length it would draft); with `live` acceptance evidence (shadow drafts) the rates' own choice at it,
+        at least 1: the probe then measures the costs, and costs the least a probe can."""
         hits, trials = self.acc_hits, self.acc_trials
-        self.acc_hits = self.acc_trials = 0.0
+        if not live:
+            self.acc_hits = self.acc_trials = 0.0
         rates = self.rates(cap)
         self.acc_hits, self.acc_trials = hits, trials
         return max(1, max(range(cap + 1), key=lambda k: (rates[k], -k)))
+
+    def shadows(self) -> bool:
+        """Whether the next plain round drafts a shadow token: gamma auto, and the drafter's call for one
+        draft (its catch-up first) predicted to end within the verifier's plain round (with measured costs
+        the fits are the sequential calls'; before the drafter was measured, yes). A shadow beyond the
+        verify would delay the next round."""
+        if self.fixed is not None or not self.shadowing:
+            return False
+        if not self.draft_cost.seen or not self.verify_cost.seen:
+            return True
+        return self.draft_cost(1 + self.behind) <= self.verify_cost(1)
 
     def prime(self, costs: Callable[[int], tuple[float, float, float]]) -> None:
         """Known costs (a projection: `costs(g)` is the (draft, verify, commit) seconds of a round of g
@@ -255,7 +284,8 @@ class GammaController:
             self.round_overhead.add(1.0 if g else 0.0, t_other)
         # the prefill round stays plain and untimed
         self.known_costs = True
-        self.opening = PROBES[:1] + ((ALPHA_PROBE,) if self.could_pay(self.max_gamma) else ())
+        probe = self.could_pay(self.max_gamma) and not self.shadowing  # shadow drafts measure alpha instead
+        self.opening = PROBES[:1] + ((ALPHA_PROBE,) if probe else ())
 
     def could_pay(self, cap: int) -> bool:
         """Whether some gamma <= cap would beat plain decoding if every draft were accepted (alpha = 1)."""
@@ -277,7 +307,7 @@ class GammaController:
         return min(MAX_PROBE_GAP, int(base / (PROBE_BUDGET * t0)) + 1)
 
     def observe(self, gamma: int, n_accepted: int, t_draft: float, t_verify: float, t_other: float,
-                ended: bool = False, lag: int = 0, timed: bool = True) -> None:
+                ended: bool = False, lag: int = 0, timed: bool = True, shadow: bool | None = None) -> None:
         """Record a finished round: drafts accepted and seconds spent drafting, verifying, committing.
 
         `ended`: the round stopped at an end-of-stream draft; a short run then says nothing about alpha.
@@ -285,12 +315,22 @@ class GammaController:
         after plain rounds that catch-up would otherwise be charged to the drafts themselves (a probe
         after 30 plain rounds measured c = 1.7 on virtual boards where c is about 0.1).
         `timed` False: the round's seconds are not representative (the first one carries the prefill).
+        `shadow`: a plain round's shadow draft was the emitted token (True) or not (False); None: none ran.
+        It is one tested draft, and `t_draft` its call (after `lag` catch-up tokens).
         """
         self.rounds += 1
-        self.behind = 0 if gamma > 0 else self.behind + 1
+        self.behind = 0 if gamma > 0 or shadow is not None else self.behind + 1
+        if gamma == 0:
+            self.shadowed = shadow is not None
         if timed and not self.known_costs:
-            t_draft, t_verify, t_other = self._bounded(gamma, lag, t_draft, t_verify, t_other)
-        if gamma == 0:  # what was measured of alpha ages while nothing tests it: the prior regains weight
+            t_draft, t_verify, t_other = self._bounded(gamma or int(shadow is not None), lag, t_draft, t_verify,
+                                                       t_other, gamma + 1)
+        if gamma == 0 and shadow is not None:  # one draft tested, at no verifier cost
+            self.acc_hits = self.acc_hits * DECAY + shadow
+            self.acc_trials = self.acc_trials * DECAY + 1.0
+            if timed:
+                self.draft_cost.add(1 + lag, t_draft)
+        elif gamma == 0:  # what was measured of alpha ages while nothing tests it: the prior regains weight
             self.acc_hits *= PLAIN_DECAY
             self.acc_trials *= PLAIN_DECAY
         if gamma > 0:
@@ -305,17 +345,17 @@ class GammaController:
             self.verified[gamma + 1] = self.verified.get(gamma + 1, 0) + 1
             self.round_overhead.add(1.0 if gamma else 0.0, t_other)
 
-    def _bounded(self, gamma: int, lag: int, t_draft: float, t_verify: float,
-                 t_other: float) -> tuple[float, float, float]:
+    def _bounded(self, drafts: int, lag: int, t_draft: float, t_verify: float,
+                 t_other: float, k: int) -> tuple[float, float, float]:
         """A round's measured seconds, each at most its fit's bound (LinearFit.bound): a scheduling hiccup
-        is not a cost of the board. The commit overhead, whose fit's x is 0 or 1, is bounded by OUTLIER
-        times its mean or its fit."""
-        t_verify = min(t_verify, self.verify_cost.bound(gamma + 1))
-        if gamma:
-            t_draft = min(t_draft, self.draft_cost.bound(gamma + lag))
+        is not a cost of the board (`drafts`: the drafter's, a shadow's included; `k`: positions verified).
+        The commit overhead, whose fit's x is 0 or 1, is bounded by OUTLIER times its mean or its fit."""
+        t_verify = min(t_verify, self.verify_cost.bound(k))
+        if drafts:
+            t_draft = min(t_draft, self.draft_cost.bound(drafts + lag))
         o = self.round_overhead
         if o.s0 >= 2.0 - 1e-9 and o.sy > 0.0:
-            t_other = min(t_other, OUTLIER * max(o(1.0 if gamma else 0.0), o.sy / o.s0))
+            t_other = min(t_other, OUTLIER * max(o(1.0 if k > 1 else 0.0), o.sy / o.s0))
         return t_draft, t_verify, t_other
 
     def summary(self) -> dict:

@@ -66,6 +66,20 @@ class Round:
     # own guess at the bonus position (one draft more than the verifier got) is the emitted token
     ahead: int = 0
     guess_hit: bool = False
+    # a shadow draft (host/decode/gamma.py): in a plain greedy round the drafter drafted the position the
+    # verifier decided, beside the verify (on its own link); the verdict alone commits. Its DRAFT body's bytes,
+    # and whether its token was the emitted one (alpha evidence at no verifier cost); `lag` is its catch-up then
+    shadow: bool = False
+    shadow_body: int = 0
+    shadow_hit: bool = False
+    after_hit: bool = False  # the drafter's last draft was a shadow hit: it holds that committed token already
+
+    @property
+    def told(self) -> int:
+        """Committed tokens this round's DRAFT_REQ carries to a drafter board (its folded COMMIT: the tail
+        beyond what it holds, host/backends/board.py): the catch-up and the emitted token of the drafter's last
+        round, unless it proposed that one itself (a shadow hit) or was re-primed (it holds the whole stream)."""
+        return self.lag + (not self.reprime and not self.after_hit)
 
 
 @dataclass
@@ -117,6 +131,16 @@ class Result:
     @property
     def gamma_hist(self) -> dict[int, int]:
         return dict(sorted(Counter(r.gamma for r in self.rounds).items()))
+
+    @property
+    def shadows(self) -> int:
+        """Plain rounds that ran a shadow draft."""
+        return sum(r.shadow for r in self.rounds)
+
+    @property
+    def shadow_hits(self) -> int:
+        """Shadow drafts whose token was the one the verifier emitted."""
+        return sum(r.shadow_hit for r in self.rounds)
 
     @property
     def bus_bytes(self) -> int:
@@ -178,7 +202,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         raise ValueError("the prompt must hold at least one token")
     costs = observer.costs
     controller = _primed(controller or GammaController(), costs if drafter and observer.costs_known else None, prompt,
-                         params)
+                         params, shadowing=drafter is not None and params.greedy)
     max_seq = verifier.max_seq
     window = Window(drafter.max_seq) if drafter else None
     if len(prompt) >= max_seq:
@@ -193,6 +217,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         drafter.begin(window.params(params), window.start(committed))
     result.begin_s = clock() - start  # a drafter board prefills at BEGIN, a verifier at its first verdict
     synced = len(committed)  # the drafter has fed the stream up to here (drafters prefill the prompt at begin)
+    own = False  # the drafter's last draft was a shadow hit (Round.after_hit)
     while len(out) < max_tokens:
         if len(committed) >= max_seq:
             result.stop = "context"
@@ -201,17 +226,10 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         gamma = controller.choose(room) if drafter else 0
         bytes0 = (drafter.bus_bytes if drafter else 0, verifier.bus_bytes)
         t0 = clock()
-        drafter, gamma, reprime = failover.windowed(drafter, window, params, committed, gamma)
+        drafter, gamma, reprime, ahead, draft, guessed, shadowed = _drafts(failover, controller, drafter, window, params,
+                                                                           committed, gamma, room)
         synced = len(committed) if reprime else synced
-        lag = len(committed) - synced if gamma else 0
-        ahead = controller.ahead if gamma else 0
-        # with a look-ahead, one draft more than the verifier gets: the drafter's guess at the bonus position says
-        # whether its ahead-drafts serve the next round (drafts depend on their position alone: the text is the same)
-        guess = 1 if ahead and drafter and window and gamma < min(drafter.max_gamma, window.room(len(committed))) else 0
-        drafter, draft = failover.draft(drafter, window, committed, gamma + guess if gamma else 0)
-        if drafter is None:
-            gamma = lag = ahead = 0
-        draft, guessed = _guess(draft, gamma)
+        lag = len(committed) - synced if gamma or shadowed else 0
         t1 = clock()
         verifier, (n_acc, token) = failover.verify(verifier, params, committed, draft, lambda: (len(out), clock() - t1))
         t2 = clock()
@@ -221,7 +239,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         ended = token == -1 or (params.eos >= 0 and token == params.eos)
         committed += new
         verifier.commit(committed)
-        if drafter and window and gamma:
+        if drafter and window and (gamma or shadowed):
             drafter = failover.commit(drafter, window.view(committed))
             synced = len(committed)
         t3 = clock()
@@ -229,16 +247,42 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         r = _round(draft, n_acc, token, len(committed), lag, (t0, t1, t2, t3),
                    ((drafter.bus_bytes - bytes0[0]) if drafter else 0, verifier.bus_bytes - bytes0[1]),
                    (ahead, guessed is not None and n_acc == len(draft) and token == guessed),
-                   (window.base if window else 0, reprime))
+                   (window.base if window else 0, reprime), (shadowed, own))
+        own = r.shadow_hit if gamma or shadowed else own
         result.rounds.append(r)
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
-                           ended=token == -1, lag=lag, timed=len(result.rounds) > 1 and not reprime)  # re-prime: no fit
+                           ended=token == -1, lag=lag, timed=len(result.rounds) > 1 and not reprime,  # re-prime: no fit
+                           shadow=r.shadow_hit if shadowed else None)
         observer.shown(*_visible(accepted, emitted, params.eos if ended else None))
         if ended or observer.stopped():
             result.stop = "eos" if ended else "stop"
             break
     result.wall_s = clock() - start
     return result
+
+
+def _drafts(failover: _Failover, controller: GammaController, drafter: Drafter | None, window: Window | None,
+            params: SessionParams, committed: list[int], gamma: int,
+            room: int) -> tuple[Drafter | None, int, int, int, Draft, int | None, Draft | None]:
+    """The drafter's part of a round of `gamma` drafts: (the drafter, None once it failed; gamma, at most what its
+    window holds; the tokens it was re-primed with; the look-ahead; the drafts for the verifier; its guess at the
+    bonus position or None; a plain round's shadow draft or None: one draft at the position the verifier decides,
+    when the controller asks for one, which the verifier never sees)."""
+    want = gamma == 0 and room > 0 and drafter is not None and controller.shadowing and controller.shadows()
+    drafter, gamma, reprime = failover.windowed(drafter, window, params, committed, gamma or int(want))
+    shadow, gamma = (gamma > 0, 0) if want else (False, gamma)
+    ahead = controller.ahead if gamma else 0
+    # with a look-ahead, one draft more than the verifier gets: the drafter's guess at the bonus position says
+    # whether its ahead-drafts serve the next round (drafts depend on their position alone: the text is the same)
+    guess = 1 if ahead and drafter and window and gamma < min(drafter.max_gamma, window.room(len(committed))) else 0
+    drafter, draft = failover.draft(drafter, window, committed, gamma + guess if gamma else 0)
+    if drafter is None:
+        gamma = ahead = 0
+    draft, guessed = _guess(draft, gamma)
+    shadowed = None
+    if shadow:
+        drafter, shadowed = failover.draft(drafter, window, committed, 1)
+    return drafter, gamma, reprime, ahead, draft, guessed, shadowed if shadowed else None
 
 
 def _room(left: int, length: int, verifier: Verifier, drafter: Drafter | None) -> int:
@@ -250,10 +294,12 @@ def _room(left: int, length: int, verifier: Verifier, drafter: Drafter | None) -
     return room
 
 
-def _primed(controller: GammaController, costs: Costs | None, prompt: Sequence[int],
-            params: SessionParams) -> GammaController:
+def _primed(controller: GammaController, costs: Costs | None, prompt: Sequence[int], params: SessionParams,
+            shadowing: bool = False) -> GammaController:
     """The controller, primed with projected costs (known beforehand, so no probing for them) when it is
-    adaptive and they are given."""
+    adaptive and they are given; `shadowing`: plain rounds will draft shadow tokens (greedy runs with a
+    drafter only: a sampled stream stays as it was)."""
+    controller.shadowing = shadowing
     if costs and controller.fixed is None:
         controller.prime(lambda g: costs(_probe_round(len(prompt), g, params)))
     return controller
@@ -282,11 +328,18 @@ def _guess(draft: Draft, gamma: int) -> tuple[Draft, int | None]:
     return Draft(draft.pos0, draft.tokens[:gamma], draft.q[:gamma]), draft.tokens[gamma]
 
 
+def _body(draft: Draft) -> int:
+    """Payload bytes of a DRAFT carrying these drafts (shared/messages.py)."""
+    return draft_size([(tok, q[0], q[1]) for tok, q in zip(draft.tokens, draft.q)])
+
+
 def _round(draft: Draft, n_acc: int, token: int, length: int, lag: int, t: tuple[float, float, float, float],
-           bus: tuple[int, int], ahead: tuple[int, bool] = (0, False), window: tuple[int, int] = (0, 0)) -> Round:
+           bus: tuple[int, int], ahead: tuple[int, bool] = (0, False), window: tuple[int, int] = (0, 0),
+           shadow: tuple[Draft | None, bool] = (None, False)) -> Round:
     """The record of a round that left the stream `length` tokens long: its verdict, the payload bytes its
     drafts take on a board bus (what the projection prices), times t0..t3, the bytes each link carried,
-    (look-ahead, whether it was a hit) and (the drafter window's base, the tokens it was re-primed with)."""
+    (look-ahead, whether it was a hit), (the drafter window's base, the tokens it was re-primed with) and (its
+    shadow draft or None, whether the drafter's last draft was a shadow hit)."""
     n_new = n_acc + (token >= 0)
     entries = [(tok, q[0], q[1]) for tok, q in zip(draft.tokens, draft.q)]
     rejected = n_acc < len(draft) and token != -1
@@ -295,7 +348,8 @@ def _round(draft: Draft, n_acc: int, token: int, length: int, lag: int, t: tuple
                  draft_body=draft_size(entries), verify_body=draft_size(entries, partial=True), table_body=table,
                  rejected=rejected, lag=lag, t_draft=t[1] - t[0], t_verify=t[2] - t[1], t_commit=t[3] - t[2],
                  bytes_draft=bus[0], bytes_verify=bus[1], ahead=ahead[0], guess_hit=ahead[1], base=window[0],
-                 reprime=window[1])
+                 reprime=window[1], shadow=shadow[0] is not None, shadow_body=_body(shadow[0]) if shadow[0] else 0,
+                 shadow_hit=shadow[0] is not None and shadow[0].tokens[0] == token, after_hit=shadow[1])
 
 
 class _Failover:

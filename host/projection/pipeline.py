@@ -160,13 +160,22 @@ class PipelineProjector:
         """Wire seconds of round r's DRAFT_REQ (the previous outcome folded in) and DRAFT (none on the host)."""
         if self.drafter_on_host:
             return 0.0
-        return self._wire(draft_req_body(r.lag + (not r.reprime))) + self._wire(r.draft_body)
+        return self._wire(draft_req_body(r.told)) + self._wire(r.draft_body)
 
     def draft_seconds(self, r: Round) -> float:
         """The drafter's share of round r without drafting ahead: catch-up and drafts, and its call."""
         if not r.gamma:
             return 0.0
         return (sum(self.boards.draft_passes(r.pos0 - r.base - r.lag, r.lag + r.gamma)) + self.draft_call(r)
+                + self.boards.reprime_seconds(r))
+
+    def shadow_seconds(self, r: Round) -> float:
+        """Round r's shadow draft (host/projection/rounds.py): catch-up and one pass, its call, a re-prime."""
+        if not r.shadow:
+            return 0.0
+        call = 0.0 if self.drafter_on_host else (self._wire(draft_req_body(r.told))
+                                                 + self._wire(r.shadow_body))
+        return (sum(self.boards.draft_passes(r.pos0 - r.base - r.lag, r.lag + 1)) + call
                 + self.boards.reprime_seconds(r))
 
     def replay(self, rounds: list[Round]) -> list[tuple[float, float, float]]:
@@ -188,6 +197,8 @@ class PipelineProjector:
             # the round's first position went to the first stage at the last verdict, while the drafts were made
             lead = t_draft if prev is not None else 0.0
             t_verify = self.wavefront(r.pos0 - 1, r.gamma + 1, 0, judged(r) - 1, draft_entries(r), lead)
+            if r.shadow:  # beside the plain round's wavefront: what it does not hide
+                t_draft = max(0.0, self.shadow_seconds(r) - t_verify)
             out.append((t_draft, t_verify, waste))
             window = t_verify + self.draft_call(r) if r.gamma else 0.0
             prev = r
@@ -197,7 +208,8 @@ class PipelineProjector:
         """(draft, verify, commit) seconds of a round after the first: the gamma controller's cost model (the
         verify's first position sent while the drafts were made)."""
         t_draft = self.draft_seconds(r)
-        return t_draft, self.wavefront(r.pos0 - 1, r.gamma + 1, 0, judged(r) - 1, draft_entries(r), t_draft), 0.0
+        t_verify = self.wavefront(r.pos0 - 1, r.gamma + 1, 0, judged(r) - 1, draft_entries(r), t_draft)
+        return t_draft or self.shadow_seconds(r), t_verify, 0.0
 
     def prefill_seconds(self, prompt_len: int) -> float:
         """The prompt's positions but its last through every stage, none judged (the first round's catch-up)."""

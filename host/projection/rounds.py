@@ -34,7 +34,11 @@ virtual time with the constants of host/projection/hardware.py instead of sleepi
   (`Round.guess_hit`), and for the rest of a thrown-away pass plus a fresh block when it was not (the
   waste, reported); `pipelined` says whether the replay credits it (a drafter board on its own serial
   link; not behind an ESP-NOW gateway, which relays the verifier's frames between its passes);
-- `drafter_on_host` (`--drafter cpu`): the drafts cost HOST_DRAFT_POSITION each on the host, no bus.
+- `drafter_on_host` (`--drafter cpu`): the drafts cost HOST_DRAFT_POSITION each on the host, no bus;
+- a plain round's shadow draft (`Round.shadow`, host/decode/gamma.py): the drafter's DRAFT_REQ/DRAFT for one
+  draft (after its catch-up, `lag`), sent with the VERIFY_REQ and on its own link, so the round costs
+  max(verify, shadow): what of the shadow the verify does not hide is the round's draft seconds (the emulation
+  runs the two calls one after the other; the boards would not).
 
 `Projector.round_costs` gives the (draft, verify, commit) seconds of a round, which is what the gamma
 controller is fed under `--project`, so gamma is chosen for the projected hardware. Figures are
@@ -194,8 +198,16 @@ class Projector:
 
     def draft_call(self, r: Round) -> float:
         """Bus seconds of round r's DRAFT_REQ and DRAFT (none for a drafter on the host)."""
-        return 0.0 if self.drafter_on_host else self.call("drafter", draft_req_body(r.lag + (not r.reprime)),
+        return 0.0 if self.drafter_on_host else self.call("drafter", draft_req_body(r.told),
                                                           r.draft_body)
+
+    def shadow_seconds(self, r: Round) -> float:
+        """Seconds of round r's shadow draft (0 without one): its catch-up and one pass, its call, a re-prime."""
+        if not r.shadow:
+            return 0.0
+        call = 0.0 if self.drafter_on_host else self.call("drafter", draft_req_body(r.told),
+                                                          r.shadow_body)
+        return sum(self.draft_passes(r.pos0 - r.base - r.lag, r.lag + 1)) + call + self.reprime_seconds(r)
 
     def verify_seconds(self, r: Round) -> float:
         t = self.forward(self.target, r.gamma + 1, r.pos0 + r.gamma) + self.call("verifier", r.verify_body,
@@ -208,7 +220,7 @@ class Projector:
         """(draft, verify, commit) seconds of one round on the projected hardware, drafting not pipelined:
         what the gamma controller fits (no COMMIT is sent: the verdict commits itself and the next
         DRAFT_REQ carries the drafter's), with the re-prime of the drafter's window when the round had one."""
-        t_draft = 0.0
+        t_draft = self.shadow_seconds(r)  # a plain round's shadow draft (the controller's draft fit hears it)
         if r.gamma:  # catch-up on tokens committed in plain rounds, then one pass per draft
             t_draft = (sum(self.draft_passes(r.pos0 - r.base - r.lag, r.lag + r.gamma)) + self.draft_call(r)
                        + self.reprime_seconds(r))
@@ -224,8 +236,8 @@ class Projector:
         for r in rounds:
             t_verify = self.verify_seconds(r)
             waste = 0.0
-            if not r.gamma:
-                t_draft = 0.0
+            if not r.gamma:  # a shadow draft runs beside the verify: the round waits for what it does not hide
+                t_draft = max(0.0, self.shadow_seconds(r) - t_verify)
             elif self.pipelined and prev is not None and prev.gamma and prev.ahead and not r.lag and not r.reprime:
                 # the ahead passes ran from the end of prev's block: position prev.pos0 + prev.gamma on
                 start = prev.pos0 + prev.gamma - prev.base
@@ -261,7 +273,7 @@ class Projector:
         for r in result.rounds:
             for role, b in self.round_bytes(r, drafted).items():
                 link[role] += b
-            drafted = drafted or r.gamma > 0
+            drafted = drafted or r.gamma > 0 or r.shadow
         looks = [r.ahead for r in result.rounds if r.gamma]
         ahead = max(set(looks), key=lambda a: (looks.count(a), -a)) if looks and self.pipelined else 0
         return {
@@ -280,6 +292,8 @@ class Projector:
             "lookahead": ahead,
             "ahead_hits": sum(r.guess_hit for r in result.rounds if r.ahead) if self.pipelined else 0,
             "ahead_waste_s": sum(w for _, _, w in costs),
+            "shadow_drafts": result.shadows,
+            "shadow_hits": result.shadow_hits,
             "bus_bytes_per_token": (link["drafter"] + link["verifier"]) / n if n else 0.0,
             "verifier_bytes_per_token": link["verifier"] / n if n else 0.0,
             "drafter_bytes_per_token": link["drafter"] / n if n else 0.0,
@@ -292,8 +306,11 @@ class Projector:
         if r.table_body:
             out["verifier"] += self.exchange("verifier", r.table_body, VERDICT_BODY)
         if r.gamma:  # (a re-primed drafter holds the whole stream: its DRAFT_REQ carries no tail)
-            out["drafter"] = self.exchange("drafter", draft_req_body(r.lag + (drafted_before and not r.reprime)),
+            out["drafter"] = self.exchange("drafter", draft_req_body(r.told if drafted_before else r.lag),
                                            r.draft_body)
+        if r.shadow:
+            out["drafter"] = self.exchange("drafter", draft_req_body(r.told if drafted_before else r.lag),
+                                           r.shadow_body)
         if r.reprime:
             out["drafter"] += self.exchange("drafter", begin_body(r.reprime), 0)
         return out
