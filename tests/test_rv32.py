@@ -7,7 +7,6 @@ verifier's tokens.
 """
 
 import ast
-import time
 
 import pytest
 
@@ -58,20 +57,10 @@ def _rv32():
 
 
 def test_a_kernel_call_counts_the_same_instructions_every_time_and_a_pass_nearly(tmp_path):
-    from specmesh.host.emulator.qemu import QemuBoard
-    from specmesh.host.provision.flash import flash, open_board
+    from specmesh.tools.bench._qemu import flashed
 
-    board = QemuBoard(tmp_path / "c3", "esp32c3", name="repeat").start()
-    try:
-        flash(board.port, "verifier", MODELS / TARGET_FILE, progress=False)
-        time.sleep(0.5)
-        transport = open_board(board.port)
-        try:
-            out, err = transport.exec_raw(REPEAT, timeout=120)
-        finally:
-            transport.close()
-    finally:
-        board.stop()
+    with flashed("esp32c3", tmp_path / "c3") as transport:
+        out, err = transport.exec_raw(REPEAT, timeout=120)
     assert not err, err
     kernels, matmul, passes = ast.literal_eval(out.decode().strip().splitlines()[-1])
     assert kernels == "native"
@@ -113,20 +102,11 @@ def test_a_sampled_verify_allocates_no_table_on_a_c3(tmp_path):
     """On the 32-bit board (31-bit small ints), a sampled verify of 4 drafts builds its 5 rows' tables in the role's
     buffers, and no weight's product becomes a long (rule.quantize): a few hundred bytes, where one 512-entry
     table alone is 2 KB (before: about 16 KB a verify, and a C3 verifier node refused it with E_MEMORY)."""
-    from specmesh.host.emulator.qemu import QemuBoard
-    from specmesh.host.provision.flash import SMALL_VERIFIER_CTX, SMALL_VERIFIER_KMAX, flash, open_board
+    from specmesh.host.provision.flash import SMALL_VERIFIER_CTX, SMALL_VERIFIER_KMAX
+    from specmesh.tools.bench._qemu import flashed
 
-    board = QemuBoard(tmp_path / "c3", "esp32c3", name="valloc").start()
-    try:
-        flash(board.port, "verifier", MODELS / TARGET_FILE, progress=False)
-        time.sleep(0.5)
-        transport = open_board(board.port)
-        try:
-            out, err = transport.exec_raw(VERIFY_ALLOC % (SMALL_VERIFIER_KMAX, SMALL_VERIFIER_CTX), timeout=120)
-        finally:
-            transport.close()
-    finally:
-        board.stop()
+    with flashed("esp32c3", tmp_path / "c3") as transport:
+        out, err = transport.exec_raw(VERIFY_ALLOC % (SMALL_VERIFIER_KMAX, SMALL_VERIFIER_CTX), timeout=120)
     assert not err, err
     kernels, free, most = ast.literal_eval(out.decode().strip().splitlines()[-1])
     assert kernels == "native" and free > 0
