@@ -140,7 +140,7 @@ class Setup(contextlib.ExitStack):
             fac = registry.factory(kind, name)
             if fac is None:
                 raise UsageError(unknown_backend(kind, name) or name)
-            backend = fac(self.config.model_file(kind), name=name, boards=self)
+            backend = fac(self.config.model_file(kind), name=name, boards=self, stop_margin=self._stop_margin(kind))
         self.callback(backend.close)
         return backend
 
@@ -161,7 +161,12 @@ class Setup(contextlib.ExitStack):
         self.callback(engine.close)
         stream = backends.EngineStream(None, engine=engine)
         role = backends.LocalVerifier if kind == "verifier" else backends.LocalDrafter
-        return role(path, stream=stream)
+        return role(path, stream=stream, stop_margin=self._stop_margin(kind))
+
+    def _stop_margin(self, kind: str) -> int:
+        """A host drafter's unsure-draft margin (host/backends LocalDrafter): under gamma auto, which plans each
+        block's length; a fixed --gamma N drafts N."""
+        return backends.UNSURE_MARGIN if kind == "drafter" and self.config.gamma is None else 0
 
 
 def build_stats(config: RunConfig, params: SessionParams, result: Result, text: str, verifier, drafter,

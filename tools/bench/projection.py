@@ -30,7 +30,7 @@ is stories260K in C on an ESP32-S3, measured by that project: the anchor.
 
 from __future__ import annotations
 
-from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.backends import UNSURE_MARGIN, LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, ESP32S3, ROLE_CLASS
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Observer, generate
@@ -55,6 +55,12 @@ HEADLINE = {"classic-ESP32 drafter board": (ESP32.drafter, "esp32 board"), "host
     ESP32S3.drafter, "host cpu")}  # the per-prompt tables of both held-out sets (native kernels)
 HELDOUT_PROMPTS = 16  # per set in the held-out tables (the report set whole)
 STAGES = 5
+
+
+def drafter(name: str, on_host: bool) -> LocalDrafter:
+    """Drafter `name` as the run has it: on the host (`--drafter cpu`, gamma auto) it ends a greedy block at an
+    unsure draft; standing for a board, it drafts every draft asked for, as the board does."""
+    return LocalDrafter(MODELS / name, stop_margin=UNSURE_MARGIN if on_host else 0)
 
 
 def header(name: str):
@@ -96,8 +102,8 @@ def heldout(target, ver, tok) -> dict:
         prompts = prompt_set(set_name, MODELS, tok, HELDOUT_PROMPTS)
         for config, (name, place) in HEADLINE.items():
             h = header(name)
-            dra = LocalDrafter(MODELS / name)
             cls = PLACES[place]
+            dra = drafter(name, cls is None)
             own = cls is not None and BOARD_CLASSES[cls].drafter == name and BOARD_CLASSES[cls].drafter_ctx
             dra.max_seq = min(h.max_seq, own or h.max_seq)
             proj = Projector(target, h, VERIFIER, kernels="native", drafter_on_host=cls is None,
@@ -132,8 +138,8 @@ def run() -> dict:
                                     for t, s in sorted(plain_terms.items(), key=lambda kv: -kv[1])}
         for name in DRAFTERS:
             h = header(name)
-            dra = LocalDrafter(MODELS / name)
             for place, cls in PLACES.items():
+                dra = drafter(name, cls is None)
                 # a board keeps the context its class allows its own drafter (host/boardclasses.py drafter_ctx)
                 own = cls is not None and BOARD_CLASSES[cls].drafter == name and BOARD_CLASSES[cls].drafter_ctx
                 dra.max_seq = min(h.max_seq, own or h.max_seq)
@@ -150,7 +156,7 @@ def run() -> dict:
         for cls in STAGE_LINKS:
             for place, name, on_host in (("esp32 board", ESP32.drafter, False), ("host cpu", ESP32S3.drafter, True)):
                 pp = PipelineProjector(target, header(name), layers, STAGE_LINKS[cls][0], on_host, kernels, cls)
-                dra = LocalDrafter(MODELS / name)
+                dra = drafter(name, on_host)
                 dra.max_seq = ESP32.drafter_ctx if name == ESP32.drafter else dra.max_seq
                 row = speculate(pp, prompts, ver, dra, name)
                 row["hardware"] = pp.label()
