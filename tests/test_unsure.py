@@ -1,7 +1,7 @@
 """A host drafter's unsure drafts (host/backends LocalDrafter `stop_margin`): a greedy block ends at its first
 draft whose logit leads the runner-up by less than the margin, that draft sent last; the drafts before it are
 the ones a full block has; greedy text stays plain decoding's; sampled sessions and fixed gamma draft every
-draft asked for; the CLI turns it on for the host drafter under gamma auto only."""
+draft asked for; the CLI turns it on for the host drafter of one verifier under gamma auto only."""
 
 from pathlib import Path
 
@@ -59,11 +59,13 @@ def test_the_text_is_plain_decodings_and_sampled_sessions_draft_every_draft():
     assert len(cut.draft(committed, 8)) == 8
 
 
-def test_the_cli_gives_the_host_drafter_the_margin_under_gamma_auto_only():
+def test_the_cli_gives_the_host_drafter_the_margin_under_gamma_auto_and_one_verifier_only():
     auto, fixed = config_from(drafter="cpu", verifier="cpu"), config_from(drafter="cpu", verifier="cpu", gamma="4")
     with Setup(auto) as s:
         assert s.make("drafter", "cpu").stop_margin == UNSURE_MARGIN
         assert s.make("drafter", "cpu", batched=True).stop_margin == UNSURE_MARGIN
         assert not hasattr(s.make("verifier", "cpu"), "stop_margin")
     with Setup(fixed) as s:
+        assert s.make("drafter", "cpu").stop_margin == 0
+    with Setup(config_from(drafter="cpu", stages=2)) as s:
         assert s.make("drafter", "cpu").stop_margin == 0

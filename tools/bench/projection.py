@@ -57,10 +57,11 @@ HELDOUT_PROMPTS = 16  # per set in the held-out tables (the report set whole)
 STAGES = 5
 
 
-def drafter(name: str, on_host: bool) -> LocalDrafter:
-    """Drafter `name` as the run has it: on the host (`--drafter cpu`, gamma auto) it ends a greedy block at an
-    unsure draft; standing for a board, it drafts every draft asked for, as the board does."""
-    return LocalDrafter(MODELS / name, stop_margin=UNSURE_MARGIN if on_host else 0)
+def drafter(name: str, stops: bool) -> LocalDrafter:
+    """Drafter `name` as the run has it: `stops`, the host drafter of one verifier (`--drafter cpu`, gamma auto),
+    ends a greedy block at an unsure draft (host/cli/session.py `_stop_margin`); standing for a board, or
+    drafting for stages, it drafts every draft asked for."""
+    return LocalDrafter(MODELS / name, stop_margin=UNSURE_MARGIN if stops else 0)
 
 
 def header(name: str):
@@ -156,7 +157,7 @@ def run() -> dict:
         for cls in STAGE_LINKS:
             for place, name, on_host in (("esp32 board", ESP32.drafter, False), ("host cpu", ESP32S3.drafter, True)):
                 pp = PipelineProjector(target, header(name), layers, STAGE_LINKS[cls][0], on_host, kernels, cls)
-                dra = drafter(name, on_host)
+                dra = drafter(name, False)
                 dra.max_seq = ESP32.drafter_ctx if name == ESP32.drafter else dra.max_seq
                 row = speculate(pp, prompts, ver, dra, name)
                 row["hardware"] = pp.label()
