@@ -151,3 +151,18 @@ def test_the_node_runs_the_chip_at_its_fastest_clock(micropython, machine, stock
                          | {"MICROPYPATH": "%s:%s:%s" % (ROOT / "firmware", ROOT, STANDINS)})
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == clock
+
+
+
+@pytest.mark.parametrize("cls", ["esp32", "esp32s3", "esp32c3", "esp32c6"])
+def test_only_a_uart_console_gets_the_waker(micropython, cls):
+    """firmware/main.py `waker` as a virtual board's os.uname() and machine stand-in answer: the classic ESP32, whose
+    UART0 interrupt wakes no task, gets a 1 ms periodic hardware timer (Timer 0); the S3's TinyUSB and the C3/C6's
+    USB-Serial/JTAG wake the node themselves and get none."""
+    from specmesh.host.boardclasses import BOARD_CLASSES
+
+    out = subprocess.run([micropython, "-c", "import main\nt = main.waker()\nprint(t and (t.id, t.mode, t.period))"],
+                         capture_output=True, text=True, timeout=30, env=_standin_env(BOARD_CLASSES[cls].machine)
+                         | {"MICROPYPATH": "%s:%s:%s" % (ROOT / "firmware", ROOT, STANDINS)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("(0, 1, 1)" if cls == "esp32" else "None")

@@ -7,8 +7,8 @@ import pytest
 
 from specmesh.host.projection import hardware
 from specmesh.host.projection.costmodel import TERMS
-from specmesh.host.projection.hardware import (BOARDS, CONSOLES, CPI, ESPNOW, FREERTOS_TICK, NODE_FRAME_BYTE_INSNS,
-                                               NODE_FRAME_INSNS, USB_SERIAL_JTAG, sources)
+from specmesh.host.projection.hardware import (BOARDS, CONSOLE_WAKE, CONSOLES, CPI, ESPNOW, FREERTOS_TICK,
+                                               NODE_FRAME_BYTE_INSNS, NODE_FRAME_INSNS, USB_SERIAL_JTAG, sources)
 from specmesh.host.decode.orchestrator import Result, Round
 from specmesh.host.projection.rounds import (PLAIN_BODY, VERDICT_BODY, Projector, draft_entries, frame_bytes,
                                     line_bytes, macs_per_position, stage_body, stage_reply_body, weight_bytes)
@@ -114,12 +114,14 @@ def test_espnow_adds_a_radio_hop_to_the_verifier_only():
 
 def test_stock_consoles_price_the_uart0_mirror_and_the_tick():
     """[MPY-ESP32]: a stock S3/C3 reply leaves at UART0's 115200 baud (the mirror), a request at USB speed; a frame on
-    a classic ESP32's UART console waits half a FreeRTOS tick for its node, and an ESP-NOW frame at each end."""
+    a classic ESP32's UART console waits half its node's 1 ms waker period, an ESP-NOW frame half a FreeRTOS tick
+    at each end."""
     s3 = CONSOLES["esp32s3"]
     assert s3.exchange_seconds(100, 0) == pytest.approx(100 * 8 / 12e6 + 2e-3)
     assert s3.exchange_seconds(0, 100) - s3.exchange_seconds(0, 0) == pytest.approx(100 * 10 / 115200)
     uart = CONSOLES["esp32"]
-    assert uart.exchange_seconds(0, 0) == pytest.approx(FREERTOS_TICK.value / 2)
+    assert uart.exchange_seconds(0, 0) == pytest.approx(CONSOLE_WAKE.value / 2)
+    assert CONSOLE_WAKE.value < FREERTOS_TICK.value
     assert ESPNOW.exchange_seconds(0, 0) - ESPNOW.seconds(0, 2) == pytest.approx(FREERTOS_TICK.value)
     assert "ESP32_GENERIC v1.28, 240 MHz (set by the node; 160 at boot)" in Projector(TARGET, DRAFTER, "esp32").project(
         Result([]), 1)["hardware"]

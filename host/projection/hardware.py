@@ -290,15 +290,22 @@ FREERTOS_TICK = Figure(
     10e-3, "s", "MPY-ESP32",
     "a node waiting for input sleeps a tick at a time (MICROPY_EVENT_POLL_HOOK: ulTaskNotifyTake(pdFALSE, 1)) "
     "unless an "
-    "interrupt wakes it: a frame on a UART console or the radio waits half a tick on average for the node to see it")
+    "interrupt wakes it: a frame on the radio waits half a tick on average for a single-link node to see it (a "
+    "UART console's node is woken by its timer instead: CONSOLE_WAKE)")
 # half a FreeRTOS tick before the receiving node sees a frame: ESP-NOW's receive callback wakes no task [MPY-ESP32]
 ESPNOW = Link("espnow", Figure(1e6, "bit/s", "ESPNOW"), 8, Figure(1.3e-3, "s", "ESPNOW-T"), mtu=250,
               wake_s=FREERTOS_TICK.value / 2)
 UART_MIRROR = Figure(115200, "bit/s", "MPY-ESP32", "every console write also goes to UART0 at 115200 and waits for it")
 # The console of each class's stock build [MPY-ESP32], what its node's host link is priced as:
+CONSOLE_WAKE = Figure(
+    1e-3, "s", "MPY-ESP32",
+    "a node on a UART console runs a 1 ms periodic hardware timer (firmware/main.py waker), whose interrupt wakes "
+    "the main task (ports/esp32/machine_timer.c: mp_hal_wake_main_task_from_isr), since the UART0 interrupt "
+    "handler fills the stdin ring and wakes no task (ports/esp32/uart.c): a frame is seen half a period after its "
+    "last byte on average, where without the timer it waited half a FreeRTOS tick")
 UART_CONSOLE = Link("uart0-console", Figure(115200, "bit/s", "UART"), 10,
                     Figure(0.0, "s", "UART", "no framing latency beyond the bits"),
-                    wake_s=FREERTOS_TICK.value / 2)  # its interrupt handler fills the stdin ring and wakes no task
+                    wake_s=CONSOLE_WAKE.value / 2)
 TINYUSB_CDC_UART0 = Link("tinyusb-cdc+uart0", Figure(12e6, "bit/s", "MPY-ESP32", "TinyUSB CDC, USB full speed"), 8,
                          Figure(1e-3, "s", "derived",
                                 "a message waits up to one 1 ms USB full-speed frame for the host's poll, as [USJ]"),
@@ -331,6 +338,7 @@ def sources() -> list[dict]:
                            ("row_codec", ROW_CODEC),
                            ("rv32_cycles_per_insn", RV32_CPI),
                            ("host_draft_position", HOST_DRAFT_POSITION), ("freertos_tick", FREERTOS_TICK),
+                           ("console_wake", CONSOLE_WAKE),
                            ("node_frame_insns", NODE_FRAME_INSNS), ("node_frame_byte_insns", NODE_FRAME_BYTE_INSNS))]
     for b in BOARDS.values():
         for attr in ("clock_hz", "mac_per_s", "weight_stream_bps", "flash_map_bps"):

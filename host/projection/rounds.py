@@ -20,7 +20,8 @@ virtual time with the constants of host/projection/hardware.py instead of sleepi
   has (hardware.CONSOLES: a classic ESP32's UART0 at 115200, the S3's TinyUSB CDC and the C3/C6's USB-Serial/JTAG,
   both with every reply also written to UART0 at 115200); espnow = the drafter board is the gateway on its
   console (as in host/provision/cluster.py) and the verifier is one ESP-NOW hop further; a frame that reaches a
-  node on a UART console or the radio waits half a FreeRTOS tick for it (hardware.FREERTOS_TICK);
+  node on the radio waits half a FreeRTOS tick for it (hardware.FREERTOS_TICK), one on a UART console half the
+  period of the node's 1 ms waker timer (hardware.CONSOLE_WAKE, firmware/main.py);
 - each request costs the node's own Python besides its kernels: decoding the request line and encoding the reply
   (hardware.NODE_FRAME_INSNS, NODE_FRAME_BYTE_INSNS);
 - a round is DRAFT_REQ/DRAFT and VERIFY_REQ/VERDICT (host/backends/board.py), plus, when sampling and a draft

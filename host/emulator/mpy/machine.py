@@ -1,4 +1,4 @@
-"""Virtual board stand-in for the parts of `machine` a node uses: reset, soft_reset, unique_id, freq, UART.
+"""Virtual board stand-in for the parts of `machine` a node uses: reset, soft_reset, unique_id, freq, UART, Timer.
 
 `freq()` is the board's stock clock (VBOARD_CLOCK_HZ: 160 MHz on a stock ESP32_GENERIC, which does not take
 boards/sdkconfig.240mhz) until `freq(hz)` sets one the chip allows (ports/esp32/modmachine.c
@@ -9,6 +9,11 @@ buffers, UART0 the REPL UART (its pins stay 1/3 and its buffers are fixed: "REPL
 UART1 on rx 9 / tx 10 (4/5 on a classic ESP32 with SPIRAM, whose 9/10 are the PSRAM's; on a WROOM module
 without PSRAM 9/10 are the SPI flash's lines), UART2 on 16/17 where the chip has one. Its line is a TCP
 connection to VBOARD_UART<id> ("host:port") when set, else nothing is attached (reads nothing, writes vanish).
+
+`Timer(id, mode=, period=, callback=)` takes ports/esp32/machine_timer.c's arguments (hardware timers 0-3, 0-1 on a
+C3/C6; period in ms; periodic by default) and checks them, but its callback never runs: the node's timer
+(firmware/main.py `waker`) exists to wake a real board's main task from its FreeRTOS tick, and a unix VM's poll
+wakes on input by itself. Its names are kept few: on a board they are the firmware's, here they take VM heap.
 """
 
 import io
@@ -143,3 +148,15 @@ class UART(io.IOBase):
             self._fill()
             return (arg & 1 if self._buf else 0) | (arg & 4)
         return 0
+
+
+class Timer:
+    PERIODIC = 1
+
+    def __init__(self, id, mode=1, period=-1, callback=None):
+        if not 0 <= id < (2 if _MCU in ("ESP32C3", "ESP32C6") else 4) or mode not in (0, 1) or period < 0:
+            raise ValueError("Timer(%d) does not exist, or its mode or period is wrong" % id)
+        self.id, self.mode, self.period, self.callback = id, mode, period, callback
+
+    def deinit(self):
+        self.period = -1
