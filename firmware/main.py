@@ -47,13 +47,15 @@ def fast_clock():
 
 
 def waker():
-    """On a classic ESP32 a 1 ms periodic hardware timer (returned; the port keeps it until the next soft reset): its UART0 console's receive
-    interrupt wakes no task (ports/esp32/uart.c), so a node waiting for a frame, in poll or in a readline whose
-    line is still arriving, saw it only at its next 10 ms FreeRTOS tick (ports/esp32/mpconfigport.h
-    MICROPY_EVENT_POLL_HOOK); the timer's interrupt wakes the main task (ports/esp32/machine_timer.c
-    mp_hal_wake_main_task_from_isr), so it sees the frame within a millisecond (host/projection/hardware.py
-    CONSOLE_WAKE). Its default mode is periodic. The S2/S3/C3/C6 consoles are USB, whose drivers wake the task.
-    New names cost heap here: the classic ESP32's node sits a dozen qstrs below its next qstr pool, 7 KB."""
+    """On a classic ESP32, a 1 ms periodic hardware timer (returned; the port keeps it until the next soft reset).
+
+    Its UART0 console's receive interrupt wakes no task (ports/esp32/uart.c), so a node waiting for a frame, in
+    poll or in a readline whose line is still arriving, saw it only at its next 10 ms FreeRTOS tick
+    (ports/esp32/mpconfigport.h MICROPY_EVENT_POLL_HOOK); the timer's interrupt wakes the main task
+    (ports/esp32/machine_timer.c mp_hal_wake_main_task_from_isr), so it sees the frame within a millisecond
+    (host/projection/hardware.py CONSOLE_WAKE). Its default mode is periodic. The S2/S3/C3/C6 consoles are USB,
+    whose drivers wake the task. New names cost heap here: the classic ESP32's node sits a dozen qstrs below its
+    next qstr pool, 7 KB (docs/bench/waker.md)."""
     import os
 
     if getattr(os, "uname", None) and os.uname().machine.split(" with ")[-1] == "ESP32":

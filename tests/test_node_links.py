@@ -153,7 +153,6 @@ def test_the_node_runs_the_chip_at_its_fastest_clock(micropython, machine, stock
     assert int(out.stdout) == clock
 
 
-
 @pytest.mark.parametrize("cls", ["esp32", "esp32s3", "esp32c3", "esp32c6"])
 def test_only_a_uart_console_gets_the_waker(micropython, cls):
     """firmware/main.py `waker` as a virtual board's os.uname() and machine stand-in answer: the classic ESP32, whose
