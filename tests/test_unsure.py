@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specmesh.host.backends import UNSURE_MARGIN, LocalDrafter, LocalVerifier, SessionParams, unsure
-from specmesh.host.backends.engine import Engine
+from specmesh.host.backends import UNSURE_MARGIN, LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.backends.engine import Engine, unsure
 from specmesh.host.cli.session import Setup, config_from
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate

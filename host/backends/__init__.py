@@ -291,7 +291,7 @@ class LocalDrafter(LocalRole):
             self.stream.feed(prompt[:-1])  # prefill, as a drafter board does at BEGIN
 
     def draft(self, committed: Sequence[int], gamma: int) -> Draft:
-        from specmesh.host.backends.engine import argmax, draft_table  # numpy, loaded with the engine
+        from specmesh.host.backends.engine import argmax, draft_table, unsure  # numpy, loaded with the engine
 
         p = self.params
         out = Draft(len(committed))
@@ -307,12 +307,3 @@ class LocalDrafter(LocalRole):
                     break
                 row = self.stream.feed([token])[0]
         return out
-
-
-def unsure(row, margin: int) -> bool:
-    """Whether a logits row's largest value leads the next largest by less than `margin` (ties: unsure)."""
-    import numpy as np  # loaded with the engine
-
-    top = np.partition(row, len(row) - 2)[-2:]
-    return int(top[1]) - int(top[0]) < margin
-

@@ -3,8 +3,9 @@
 `Engine(path)` loads a model file; `forward(tokens, start_pos)` runs one batched pass over k new
 positions and returns the int64 Q16 logits `[k, vocab]`, bit-identical to the firmware engine's
 (docs/CONTRACTS.md section 4); `rollback(length)` and `reset()` cut its KV cache.
-`to_float` gives the logits' real values; `argmax`, `target_table` and `draft_table` turn a logits row into what the acceptance rule consumes
-(shared/sampling.py, integers only).
+`to_float` gives the logits' real values; `argmax`, `target_table` and `draft_table` turn a logits row into what
+the acceptance rule consumes (shared/sampling.py, integers only); `unsure` says whether a row's top logit barely
+leads (LocalDrafter's block stop).
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ def argmax(logits: np.ndarray) -> int:
     if np.isnan(logits[i]):
         raise ValueError("NaN logit at index %d" % i)
     return i
+
+
+def unsure(logits: np.ndarray, margin: int) -> bool:
+    """Whether a logits row's largest value leads the next largest by less than `margin` (ties: unsure)."""
+    top = np.partition(logits, len(logits) - 2)[-2:]
+    return int(top[1]) - int(top[0]) < margin
 
 
 def target_table(logits: np.ndarray, temp_milli: int, top_k: int = 0, top_p_q16: int = 0) -> list[int]:
