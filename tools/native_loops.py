@@ -8,8 +8,12 @@ llvm-objdump-22 (-mcpu=esp32). Each innermost loop (a backward branch, or a zero
 range it closes: tools/xtensa_loops.py's longest path through one iteration) is identified by what it
 does: U byte loads of weights (columns per iteration) and G*U multiplies (positions per group), so its
 instructions per MAC are insns / (G*U). Reported for the loops a pass of 1 and of 5 positions runs
-(firmware/native/kernels.c: `group` with x contiguous, four columns an iteration). host/projection/hardware.py
-keeps these figures (NATIVE_MATMUL_INSNS_PER_MAC); tests/test_native_loops.py checks that they agree.
+(firmware/native/kernels.c: `group` with x contiguous, four columns an iteration). On xtensawin the models'
+rows (up to MAC16_COLS columns, a multiple of 4) run on MAC16 instead (`mac16_matmul`), whose loops are
+functions of their own: one position is `mac16_row1`'s loop over a weight word (4 MACs), a pass of 5 is
+`mac16_expand`'s (a row's word, once) and five of `mac16_dot`'s (4 MACs each); those are xtensawin's
+figures. host/projection/hardware.py keeps these figures (NATIVE_MATMUL_INSNS_PER_MAC);
+tests/test_native_loops.py checks that they agree.
 """
 
 from __future__ import annotations
@@ -128,8 +132,34 @@ def per_mac(arch: str) -> dict[int, float]:
     return out
 
 
+MAC16_LOOPS = ("mac16_row1", "mac16_expand", "mac16_dot")  # xtensawin: (function, MACs of one iteration) below
+
+
+def mac16_loop(function: str) -> Loop:
+    """The one zero-overhead loop of a MAC16 function of the xtensawin object."""
+    found = zero_overhead(disassemble("xtensawin", function))
+    if len(found) != 1:
+        raise ToolError("xtensawin: %s has %d loops, not 1: kernels.c changed" % (function, len(found)))
+    return found[0]
+
+
+def mac16_per_mac() -> dict[int, float]:
+    """{positions: instructions per MAC} of xtensawin's MAC16 passes: one position, a weight word (4 columns)
+    an iteration of mac16_row1; five, one mac16_expand iteration per word and five of mac16_dot's."""
+    macs = {}
+    for function in ("mac16_row1", "mac16_dot"):
+        lp = mac16_loop(function)
+        code = disassemble("xtensawin", function)
+        macs[function] = sum(m.startswith("mula.") for a, m, _ in code if lp.lo <= a <= lp.hi)
+        if macs[function] != 4:
+            raise ToolError("xtensawin: %s multiplies %d times an iteration, not 4: kernels.c changed"
+                            % (function, macs[function]))
+    row1, expand, dot = (mac16_loop(f).insns for f in MAC16_LOOPS)
+    return {1: row1 / 4, 5: (expand + 5 * dot) / 20}
+
+
 def count() -> dict[str, dict[int, float]]:
-    return {arch: per_mac(arch) for arch in ARCHES}
+    return {arch: mac16_per_mac() if arch == "xtensawin" else per_mac(arch) for arch in ARCHES}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     for arch, ls in found.items():
         for lp in ls:
             print("%-10s %3d insns / %d x %d = %.2f per MAC" % (arch, lp.insns, lp.columns, lp.positions, lp.per_mac))
+    for function in MAC16_LOOPS:
+        print("xtensawin  %3d insns an iteration of %s (MAC16)" % (mac16_loop(function).insns, function))
     for arch, f in figures.items():
         print("%s matmul, instructions per MAC: 1 position %.2f, 5 positions %.2f" % (arch, f[1], f[5]))
     return 0

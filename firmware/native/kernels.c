@@ -9,7 +9,7 @@ array('i') of sizes, offsets and scalars, results come back in the buffers, `p` 
 matmul's inner loops are unrolled by hand (constant group size and x stride, immediate offsets) so that
 gcc (rv32imc) and clang/llc (xtensawin) compile them to a few instructions per multiply-accumulate
 (tools/native_loops.py counts them); on x64 (the virtual boards) one position takes SSE2, which every x64
-core has. One more function, `layer`, runs a whole transformer layer in one call, the steps of
+core has; on Xtensa the models' rows run on the ESP32/S3's MAC16 unit (mac16_matmul, below). One more function, `layer`, runs a whole transformer layer in one call, the steps of
 Engine._layer with these kernels, so a token costs a few interpreted calls instead of a hundred.
 */
 #include "py/dynruntime.h"
@@ -319,6 +319,101 @@ INLINE void group_xt(const int8_t *w, const i32 *x, int cols, const int G, i32 *
 }
 #endif
 
+#if defined(__XTENSA__)
+/* The matmul on the ESP32/S3's MAC16 unit (both cores have the option; QEMU's de233_fpu executes it): mula
+   multiplies two 16-bit halves into the 40-bit accumulator ACC, and its .ldinc forms load the next operand word
+   in the same instruction. A weight word's four int8 values are taken as offset values, u = w + 128 (xor
+   0x80808080), two to a word in 16-bit halves: e = (u0, u2) = u & 0x00FF00FF and o = (u1, u3) = (u >> 8) &
+   0x00FF00FF; x is packed to match, (x0, x2) and (x1, x3) (pack_x: int16 values, as quant leaves them), so a sum
+   is ACC - 128 * sum(x): the scalar loop's products and int32 wrapping (ACC's low word is the sum modulo 2^32).
+   One position (mac16_row1): the weight word expanded in registers, four mula a word (10 instructions per 4 MACs).
+   More positions (mac16_rows): the row expanded once into a buffer, then each position's pass is mula.dd.*.ldinc
+   alone, the weight and x words alternating: one instruction a MAC. ACC and the MR registers belong to one asm
+   statement at a time (nothing else here uses them; ESP-IDF's interrupt entry saves them with the other
+   non-coprocessor state, xthal_save_extra_nw). Rows of up to MAC16_COLS columns, a multiple of 4, 4-aligned;
+   other rows take group_xt. Each loop body starts 0 or 1 mod 4 (group_xt says why). */
+#define MAC16_COLS 192
+#define MAC16_G 5  /* positions per packing of x */
+#define MAC16_WORDS (MAC16_COLS / 2 + 1)  /* a packed row: two words per 4 columns, and the word the last ldinc
+   loads (never multiplied) */
+
+/* Position values S words apart, cols a multiple of 4, packed for mula (above) into xp; their sum. */
+INTERNAL i32 pack_x(const i32 *x, int cols, int S, i32 *xp) {
+    i32 sum = 0;
+    for (int c = 0; c < cols; c += 4, x += 4 * S, xp += 2) {
+        i32 x0 = x[0], x1 = x[S], x2 = x[2 * S], x3 = x[3 * S];
+        sum += x0 + x1 + x2 + x3;
+        xp[0] = (i32)((uint32_t)x2 << 16) | lo16(x0);
+        xp[1] = (i32)((uint32_t)x3 << 16) | lo16(x1);
+    }
+    return sum;
+}
+
+/* One weight row (n4 words) against one packed position: the offset sum, ACC's low word. */
+INTERNAL i32 mac16_row1(const int8_t *w, const i32 *xp, int n4) {
+    i32 acc, t, e, zero = 0, m = 0x00FF00FF, f = (i32)0x80808080;
+    const i32 *px = xp - 1;
+    __asm__ volatile("wsr %[z], acclo\n\twsr %[z], acchi\n\tj 2f\n\t.balign 4\n2:\n\tldinc m0, %[px]\n\tnop.n\n\t"
+        "loopnez %[n], 3f\n\t"
+        "l32i %[t], %[w], 0\n\taddi %[w], %[w], 4\n\txor %[t], %[t], %[f]\n\tand %[e], %[t], %[m]\n\t"
+        "srli %[t], %[t], 8\n\tand %[t], %[t], %[m]\n\t"
+        "mula.da.ll.ldinc m1, %[px], m0, %[e]\n\tmula.da.hh m0, %[e]\n\t"
+        "mula.da.ll.ldinc m0, %[px], m1, %[t]\n\tmula.da.hh m1, %[t]\n3:\n\trsr %[acc], acclo\n"
+        : [acc] "=r"(acc), [t] "=&r"(t), [e] "=&r"(e), [w] "+r"(w), [px] "+r"(px)
+        : [n] "r"(n4), [z] "r"(zero), [m] "r"(m), [f] "r"(f) : "memory");
+    return acc;
+}
+
+/* A weight row (n4 words) expanded to its offset halves, e and o of each word in turn, into ws. */
+INTERNAL void mac16_expand(const int8_t *w, i32 *ws, int n4) {
+    i32 t, e, m = 0x00FF00FF, f = (i32)0x80808080;
+    __asm__ volatile("j 2f\n\t.balign 4\n2:\n\tnop.n\n\tloopnez %[n], 3f\n\t"
+        "l32i %[t], %[w], 0\n\taddi %[w], %[w], 4\n\txor %[t], %[t], %[f]\n\tand %[e], %[t], %[m]\n\t"
+        "srli %[t], %[t], 8\n\tand %[t], %[t], %[m]\n\ts32i %[e], %[d], 0\n\ts32i %[t], %[d], 4\n\t"
+        "addi %[d], %[d], 8\n3:\n"
+        : [t] "=&r"(t), [e] "=&r"(e), [w] "+r"(w), [d] "+r"(ws)
+        : [n] "r"(n4), [m] "r"(m), [f] "r"(f) : "memory");
+}
+
+/* An expanded row (mac16_expand) against one packed position: the offset sum. */
+INTERNAL i32 mac16_dot(const i32 *ws, const i32 *xp, int n4) {
+    i32 acc, zero = 0;
+    const i32 *pw = ws - 1, *px = xp - 1;
+    __asm__ volatile("wsr %[z], acclo\n\twsr %[z], acchi\n\tj 2f\n\t.balign 4\n2:\n\tldinc m0, %[pw]\n\t"
+        "ldinc m2, %[px]\n\tloopnez %[n], 3f\n\t"
+        "mula.dd.ll.ldinc m1, %[pw], m0, m2\n\tmula.dd.hh.ldinc m3, %[px], m0, m2\n\t"
+        "mula.dd.ll.ldinc m0, %[pw], m1, m3\n\tmula.dd.hh.ldinc m2, %[px], m1, m3\n3:\n\trsr %[acc], acclo\n"
+        : [acc] "=r"(acc), [pw] "+r"(pw), [px] "+r"(px) : [n] "r"(n4), [z] "r"(zero) : "memory");
+    return acc;
+}
+
+/* k_matmul on MAC16 (above): positions MAC16_G at a time, x packed once per group for every row. */
+INTERNAL void mac16_matmul(const int8_t *w, const i32 *x, int rows, int cols, int k, i32 *out) {
+    i32 xp[MAC16_G * MAC16_WORDS], ws[MAC16_WORDS], bias[MAC16_G];
+    int n4 = cols >> 2;
+    for (int j = 0; j < k; j += MAC16_G) {
+        int g = k - j < MAC16_G ? k - j : MAC16_G;
+        for (int i = 0; i < g; i++) {
+            bias[i] = (i32)((uint32_t)pack_x(x + j + i, cols, k, xp + i * MAC16_WORDS) << 7);
+        }
+        const int8_t *wr = w;
+        i32 *o = out + j * rows;
+        if (g == 1) {
+            for (int r = 0; r < rows; r++, wr += cols) {
+                o[r] = mac16_row1(wr, xp, n4) - bias[0];
+            }
+            continue;
+        }
+        for (int r = 0; r < rows; r++, wr += cols) {
+            mac16_expand(wr, ws, n4);
+            for (int i = 0; i < g; i++) {
+                o[i * rows + r] = mac16_dot(ws, xp + i * MAC16_WORDS, n4) - bias[i];
+            }
+        }
+    }
+}
+#endif
+
 /* A group of g positions of a pass of k > 5 (x values k words apart). */
 INTERNAL void group_strided(const int8_t *w, const i32 *x, int cols, int g, int k, i32 *out, int ostride) {
     switch (g) {
@@ -359,6 +454,12 @@ INTERNAL void group_strided(const int8_t *w, const i32 *x, int cols, int g, int 
 #endif
 INTERNAL void k_matmul(const int8_t *w, const i32 *x, int rows, int cols, int k, i32 *out) {
     const int nrows = rows;
+#if defined(__XTENSA__)
+    if (cols > 0 && (cols & 3) == 0 && cols <= MAC16_COLS && ((uintptr_t)w & 3) == 0) {
+        mac16_matmul(w, x, rows, cols, k, out);
+        return;
+    }
+#endif
     switch (k) {
         case 1: ROWS(1) break;
         case 2: ROWS(2) break;

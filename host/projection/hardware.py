@@ -134,11 +134,12 @@ XTENSA_LOOP_CALLS = {"rmsnorm": [2, 0, 0, 0, 0, 0, 1, 0], "attend": [4] + [0] * 
 # Instructions per multiply-accumulate of the matmul loops, {positions per pass over a weight row}.
 XTENSA_MATMUL_INSNS_PER_MAC = {1: 30.0, 3: 21.3, 4: 19.8, 5: 15.8}
 # Instructions per multiply-accumulate of the native matmul's inner loops (firmware/native/kernels.c,
-# k_matmul: four columns an iteration), counted from the disassembly of the objects `make native` builds,
+# k_matmul: four columns an iteration; on xtensawin the MAC16 loops the models' rows run, mac16_matmul),
+# counted from the disassembly of the objects `make native` builds,
 # {arch: {positions per pass: instructions}}: `python -m specmesh.tools.native_loops` (tests/test_native_loops.py
-# checks that these are its current counts). Counted, not executed: rv32imc's executed figure comes from
-# the RISC-V boards (QEMU); these leave out each row's loop setup and stores.
-NATIVE_MATMUL_INSNS_PER_MAC = {"rv32imc": {1: 4.75, 5: 3.35}, "xtensawin": {1: 5.5, 5: 3.5}}
+# checks that these are its current counts). Counted, not executed: the executed figures come from the
+# boards (QEMU); these leave out each row's loop setup and stores. xtensawin before MAC16: 5.5 and 3.5.
+NATIVE_MATMUL_INSNS_PER_MAC = {"rv32imc": {1: 4.75, 5: 3.35}, "xtensawin": {1: 2.5, 5: 1.45}}
 CYCLES_PER_INSN = 1.3
 
 # Native kernels (firmware/native/kernels.c, built as MicroPython native modules): Xtensa instructions per
@@ -165,8 +166,10 @@ CYCLES_PER_INSN = 1.3
 # rmsnorm's: up to 7 instructions a row, docs/bench/xkern.md): these are the board's.
 NATIVE_COUNTED = "executed on Xtensa (QEMU de233_fpu, virtual ESP32-S3, python -m specmesh.tools.bench xtensa)"
 NATIVE_XTENSA = {
-    "matmul_per_mac": {1: 5.501, 2: 4.238, 3: 3.841, 4: 3.626, 5: 3.5},
-    "matmul_per_row": {1: 12.1, 2: 16.7, 3: 18.7, 4: 27.1, 5: 34.1},  # per output row and group
+    # the MAC16 loops (kernels.c mac16_matmul; before them 5.501 / 4.238 / 3.841 / 3.626 / 3.5 per MAC and
+    # 12.1 / 16.7 / 18.7 / 27.1 / 34.1 per row, docs/bench/xkern.md)
+    "matmul_per_mac": {1: 2.591, 2: 2.203, 3: 1.847, 4: 1.653, 5: 1.54},
+    "matmul_per_row": {1: 4.5, 2: 31.7, 3: 31.4, 4: 35.4, 5: 38.1},  # per output row and group
     "quant_per_value": 11.5,  # the row's largest |x| (or and abs), then the rounding shift, clamp and store
     "quant_per_row": 45.7,
     "requant_per_value": 20.98,  # mulsh's split product and its shift case, (add), store

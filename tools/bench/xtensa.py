@@ -69,9 +69,9 @@ def native_units(raw: dict, reps: int) -> dict:
 def counted() -> dict:
     out: dict = {}
     try:
-        from specmesh.tools.native_loops import per_mac
+        from specmesh.tools.native_loops import mac16_per_mac
 
-        out["native"] = per_mac("xtensawin")
+        out["native"] = mac16_per_mac()
     except Exception as e:  # noqa: BLE001 - no build/native objects (make native) or no llvm-objdump-22
         out["native"] = "n/a (%s)" % str(e).strip().splitlines()[0][:80]
     from specmesh.host.projection.hardware import XTENSA_MATMUL_INSNS_PER_MAC
