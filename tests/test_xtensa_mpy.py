@@ -67,12 +67,12 @@ needs_object = pytest.mark.skipif(not OBJ.is_file() or shutil.which("llvm-objdum
                                   reason="run `make native` (llvm-22) to build the object this decoder is checked against")
 
 
-@needs_object
 def _listed(text: str) -> dict[int, str]:
     """llvm-objdump's instructions: address -> its bytes."""
     return {int(m.group(1), 16): m.group(2) for m in re.finditer(r"^\s+([0-9a-f]+):\s+((?:[0-9a-f]{2} )+)", text, re.M)}
 
 
+@needs_object
 def test_the_sweep_finds_exactly_the_object_s_instructions_and_l32r_relocations(shipped):
     """The object's code lies in the module at the sweep's start: the same instruction boundaries as
     llvm-objdump, and an L32R where every R_XTENSA_SLOT0_OP relocation against the literal pool is."""
