@@ -132,34 +132,39 @@ def per_mac(arch: str) -> dict[int, float]:
     return out
 
 
-MAC16_LOOPS = ("mac16_row1", "mac16_expand", "mac16_dot")  # xtensawin: (function, MACs of one iteration) below
+MAC16_LOOPS = ("mac16_row1", "mac16_expand", "mac16_dot")  # xtensawin's MAC16 functions, one loop each
+MAC16_MACS = {"mac16_row1": 4, "mac16_expand": 0, "mac16_dot": 4}  # multiplies of one iteration (a weight word)
 
 
-def mac16_loop(function: str) -> Loop:
-    """The one zero-overhead loop of a MAC16 function of the xtensawin object."""
-    found = zero_overhead(disassemble("xtensawin", function))
-    if len(found) != 1:
-        raise ToolError("xtensawin: %s has %d loops, not 1: kernels.c changed" % (function, len(found)))
-    return found[0]
-
-
-def mac16_per_mac() -> dict[int, float]:
-    """{positions: instructions per MAC} of xtensawin's MAC16 passes: one position, a weight word (4 columns)
-    an iteration of mac16_row1; five, one mac16_expand iteration per word and five of mac16_dot's."""
-    macs = {}
-    for function in ("mac16_row1", "mac16_dot"):
-        lp = mac16_loop(function)
+def mac16_loops() -> dict[str, int]:
+    """{function: instructions of one iteration} of the MAC16 functions of the xtensawin object, each checked to
+    have one zero-overhead loop with MAC16_MACS multiplies."""
+    out = {}
+    for function in MAC16_LOOPS:
         code = disassemble("xtensawin", function)
-        macs[function] = sum(m.startswith("mula.") for a, m, _ in code if lp.lo <= a <= lp.hi)
-        if macs[function] != 4:
-            raise ToolError("xtensawin: %s multiplies %d times an iteration, not 4: kernels.c changed"
-                            % (function, macs[function]))
-    row1, expand, dot = (mac16_loop(f).insns for f in MAC16_LOOPS)
-    return {1: row1 / 4, 5: (expand + 5 * dot) / 20}
+        found = zero_overhead(code)
+        if len(found) != 1:
+            raise ToolError("xtensawin: %s has %d loops, not 1: kernels.c changed" % (function, len(found)))
+        lp = found[0]
+        macs = sum(m.startswith("mula.") for a, m, _ in code if lp.lo <= a <= lp.hi)
+        if macs != MAC16_MACS[function]:
+            raise ToolError("xtensawin: %s multiplies %d times an iteration, not %d: kernels.c changed"
+                            % (function, macs, MAC16_MACS[function]))
+        out[function] = lp.insns
+    return out
 
 
-def count() -> dict[str, dict[int, float]]:
-    return {arch: mac16_per_mac() if arch == "xtensawin" else per_mac(arch) for arch in ARCHES}
+def mac16_per_mac(found: dict[str, int] | None = None) -> dict[int, float]:
+    """{positions: instructions per MAC} of xtensawin's MAC16 passes (`found`: mac16_loops(), counted if not
+    given): one position, an iteration of mac16_row1 per weight word of 4 columns; five, one mac16_expand
+    iteration per word and five of mac16_dot's."""
+    n = found or mac16_loops()
+    return {1: n["mac16_row1"] / 4, 5: (n["mac16_expand"] + 5 * n["mac16_dot"]) / 20}
+
+
+def count(mac16: dict[str, int] | None = None) -> dict[str, dict[int, float]]:
+    """Every arch's per_mac figures (xtensawin's from its MAC16 loops, `mac16` if already counted)."""
+    return {arch: mac16_per_mac(mac16) if arch == "xtensawin" else per_mac(arch) for arch in ARCHES}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         found = {arch: inner_loops(arch) for arch in ARCHES}
-        figures = count()
+        mac16 = mac16_loops()
+        figures = count(mac16)
     except ToolError as e:
         print("native_loops: %s" % e, file=sys.stderr)
         return 2
@@ -180,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     for arch, ls in found.items():
         for lp in ls:
             print("%-10s %3d insns / %d x %d = %.2f per MAC" % (arch, lp.insns, lp.columns, lp.positions, lp.per_mac))
-    for function in MAC16_LOOPS:
-        print("xtensawin  %3d insns an iteration of %s (MAC16)" % (mac16_loop(function).insns, function))
+    for function, insns in mac16.items():
+        print("xtensawin  %3d insns an iteration of %s (MAC16)" % (insns, function))
     for arch, f in figures.items():
         print("%s matmul, instructions per MAC: 1 position %.2f, 5 positions %.2f" % (arch, f[1], f[5]))
     return 0

@@ -9,8 +9,8 @@ array('i') of sizes, offsets and scalars, results come back in the buffers, `p` 
 matmul's inner loops are unrolled by hand (constant group size and x stride, immediate offsets) so that
 gcc (rv32imc) and clang/llc (xtensawin) compile them to a few instructions per multiply-accumulate
 (tools/native_loops.py counts them); on x64 (the virtual boards) one position takes SSE2, which every x64
-core has; on Xtensa the models' rows run on the ESP32/S3's MAC16 unit (mac16_matmul, below). One more function, `layer`, runs a whole transformer layer in one call, the steps of
-Engine._layer with these kernels, so a token costs a few interpreted calls instead of a hundred.
+core has; on Xtensa the models' rows run on the ESP32/S3's MAC16 unit (mac16_matmul, below). One more
+function, `layer`, runs a whole transformer layer in one call, the steps of Engine._layer with these kernels, so a token costs a few interpreted calls instead of a hundred.
 */
 #include "py/dynruntime.h"
 
@@ -327,7 +327,7 @@ INLINE void group_xt(const int8_t *w, const i32 *x, int cols, const int G, i32 *
    0x00FF00FF; x is packed to match, (x0, x2) and (x1, x3) (pack_x: int16 values, as quant leaves them), so a sum
    is ACC - 128 * sum(x): the scalar loop's products and int32 wrapping (ACC's low word is the sum modulo 2^32).
    One position (mac16_row1): the weight word expanded in registers, four mula a word (10 instructions per 4 MACs).
-   More positions (mac16_rows): the row expanded once into a buffer, then each position's pass is mula.dd.*.ldinc
+   More positions (mac16_expand, mac16_dot): the row expanded once into a buffer, then each position's pass is mula.dd.*.ldinc
    alone, the weight and x words alternating: one instruction a MAC. ACC and the MR registers belong to one asm
    statement at a time (nothing else here uses them; ESP-IDF's interrupt entry saves them with the other
    non-coprocessor state, xthal_save_extra_nw). Rows of up to MAC16_COLS columns, a multiple of 4, 4-aligned;
@@ -336,6 +336,10 @@ INLINE void group_xt(const int8_t *w, const i32 *x, int cols, const int G, i32 *
 #define MAC16_G 5  /* positions per packing of x */
 #define MAC16_WORDS (MAC16_COLS / 2 + 1)  /* a packed row: two words per 4 columns, and the word the last ldinc
    loads (never multiplied) */
+
+/* The weight word at w as its offset halves (above), w stepped past it: e = (u0, u2), t = (u1, u3). */
+#define MAC16_WORD "l32i %[t], %[w], 0\n\taddi %[w], %[w], 4\n\txor %[t], %[t], %[f]\n\t" \
+    "and %[e], %[t], %[m]\n\tsrli %[t], %[t], 8\n\tand %[t], %[t], %[m]\n\t"
 
 /* Position values S words apart, cols a multiple of 4, packed for mula (above) into xp; their sum. */
 INTERNAL i32 pack_x(const i32 *x, int cols, int S, i32 *xp) {
@@ -354,9 +358,7 @@ INTERNAL i32 mac16_row1(const int8_t *w, const i32 *xp, int n4) {
     i32 acc, t, e, zero = 0, m = 0x00FF00FF, f = (i32)0x80808080;
     const i32 *px = xp - 1;
     __asm__ volatile("wsr %[z], acclo\n\twsr %[z], acchi\n\tj 2f\n\t.balign 4\n2:\n\tldinc m0, %[px]\n\tnop.n\n\t"
-        "loopnez %[n], 3f\n\t"
-        "l32i %[t], %[w], 0\n\taddi %[w], %[w], 4\n\txor %[t], %[t], %[f]\n\tand %[e], %[t], %[m]\n\t"
-        "srli %[t], %[t], 8\n\tand %[t], %[t], %[m]\n\t"
+        "loopnez %[n], 3f\n\t" MAC16_WORD
         "mula.da.ll.ldinc m1, %[px], m0, %[e]\n\tmula.da.hh m0, %[e]\n\t"
         "mula.da.ll.ldinc m0, %[px], m1, %[t]\n\tmula.da.hh m1, %[t]\n3:\n\trsr %[acc], acclo\n"
         : [acc] "=r"(acc), [t] "=&r"(t), [e] "=&r"(e), [w] "+r"(w), [px] "+r"(px)
@@ -367,10 +369,8 @@ INTERNAL i32 mac16_row1(const int8_t *w, const i32 *xp, int n4) {
 /* A weight row (n4 words) expanded to its offset halves, e and o of each word in turn, into ws. */
 INTERNAL void mac16_expand(const int8_t *w, i32 *ws, int n4) {
     i32 t, e, m = 0x00FF00FF, f = (i32)0x80808080;
-    __asm__ volatile("j 2f\n\t.balign 4\n2:\n\tnop.n\n\tloopnez %[n], 3f\n\t"
-        "l32i %[t], %[w], 0\n\taddi %[w], %[w], 4\n\txor %[t], %[t], %[f]\n\tand %[e], %[t], %[m]\n\t"
-        "srli %[t], %[t], 8\n\tand %[t], %[t], %[m]\n\ts32i %[e], %[d], 0\n\ts32i %[t], %[d], 4\n\t"
-        "addi %[d], %[d], 8\n3:\n"
+    __asm__ volatile("j 2f\n\t.balign 4\n2:\n\tnop.n\n\tloopnez %[n], 3f\n\t" MAC16_WORD
+        "s32i %[e], %[d], 0\n\ts32i %[t], %[d], 4\n\taddi %[d], %[d], 8\n3:\n"
         : [t] "=&r"(t), [e] "=&r"(e), [w] "+r"(w), [d] "+r"(ws)
         : [n] "r"(n4), [m] "r"(m), [f] "r"(f) : "memory");
 }
