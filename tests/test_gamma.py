@@ -6,7 +6,8 @@ import random
 import pytest
 
 from specmesh.host.decode.gamma import (
-    MAX_PROBE_GAP, PROBE_EVERY, PROBES, GammaController, LinearFit, expected_tokens,
+    MAX_PROBE_GAP, PRIOR_DECAY, PRIOR_WEIGHT, PROBE_EVERY, PROBES, UNINFORMED_WEIGHT, GammaController, LinearFit,
+    expected_tokens,
 )
 
 OPENING_DRAFTS = sum(1 for g in PROBES if g)  # rounds of the opening probes that draft
@@ -205,6 +206,40 @@ def test_a_measured_acceptance_keeps_gamma_on_through_a_few_early_rejections():
     doubted = GammaController()
     doubted.expect(0.8)
     assert early_rejections(doubted, rounds=30) == 0  # a drafter that keeps failing is still turned off
+
+
+def test_a_measured_prior_gives_way_to_the_streams_own_evidence():
+    # a drafter measured at 0.8 on other prompts that agrees 40% of the time on this stream, one draft a round
+    c = GammaController()
+    c.expect(0.8)
+    before = GammaController(prior_share=1.0 / PRIOR_DECAY ** 60)  # the prior held at its full weight throughout
+    before.expect(0.8)
+    for i in range(60):
+        for x in (c, before):
+            x.observe(1, int(i % 5 in (0, 2)), 0.001, 0.02, 0.0)
+    assert c.prior_weight_now == UNINFORMED_WEIGHT and before.prior_weight_now == pytest.approx(PRIOR_WEIGHT)
+    assert c.alpha < 0.45 < 0.5 < before.alpha  # at full weight the prior kept it at gamma 1's break-even and above
+    for _ in range(300):  # a plain stretch without shadows tests nothing: the prior regains its weight as the
+        c.observe(0, 0, 0.0, 0.02, 0.0)  # evidence ages, so a scheduled probe is back at the drafter's prior
+    assert c.prior_weight_now > 0.9 * PRIOR_WEIGHT and c.alpha > 0.7
+
+
+def test_known_costs_price_each_verify_at_the_streams_position():
+    # an S3-like verify, known beforehand as under --project: a one-position pass is code of its own (cheaper
+    # than the line through the others), and every pass grows with the context (its KV reads)
+    def verify_at(k, pos):
+        return 0.0195 * (0.67 + 0.33 * k + (0.08 if k > 1 else 0.0)) * (1 + pos / 200)
+
+    c = GammaController()
+    c.prime(lambda g: (0.001 * g, verify_at(g + 1, 16), 0.0), verify_at)
+    for _ in range(40):  # drafting rounds of one size, later and later: all the fit hears
+        c.choose(position=16 + 2 * _)
+        c.observe(1, 1, 0.001, verify_at(2, 16 + 2 * _), 0.0)
+    c.choose(position=96)
+    fit_plain = c.verify_cost(1)
+    assert c.round_times(2)[0] == pytest.approx(verify_at(1, 96))  # the plain round, priced where it runs
+    assert c.round_times(2)[2] == pytest.approx(verify_at(3, 96) + c.draft_cost(2))
+    assert abs(fit_plain - verify_at(1, 96)) > 0.05 * verify_at(1, 96)  # what the fit alone would have said
 
 
 def memory_bound(g: int) -> tuple[float, float, float]:

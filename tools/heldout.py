@@ -6,7 +6,7 @@ Two disjoint sets of different sources (issue 30's protocol: tune on the first, 
 - `tinystories`, the tuning set: models/heldout.txt, stories of the TinyStories validation split. By
   story number: 0..63 select checkpoints (tools/train.py), 64..127 give the loss figures
   (tools/export.py saves the float model's), 128 on are the acceptance prompts (their first
-  PROMPT_TOKENS tokens), on which the model card's alphas and gamma's prior weight were chosen.
+  PROMPT_TOKENS tokens), on which the model card's alphas and gamma's prior weight and its decay were chosen.
 - `handwritten`, the report set: models/heldout_handwritten.txt, short story starts written by hand for
   this project, one a line, each whole as the prompt. No model was trained, no checkpoint chosen and no
   constant tuned on them: they are only measured.

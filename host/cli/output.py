@@ -121,8 +121,8 @@ class Watch(Observer):
     `fallback` (a factory of the replacement verifier) fail-over, each fail-over a line on stderr."""
 
     def __init__(self, scan: StopScan, stream: TextStream | None = None, costs: Costs | None = None,
-                 costs_known: bool = True, fallback: Callable[[], Verifier] | None = None):
-        super().__init__(costs, costs_known, fails_over=fallback is not None)
+                 costs_known: bool = True, fallback: Callable[[], Verifier] | None = None, verify_by_shape: bool = False):
+        super().__init__(costs, costs_known, fails_over=fallback is not None, verify_by_shape=verify_by_shape)
         self.scan, self.stream, self._fallback = scan, stream, fallback
 
     def shown(self, accepted: Sequence[int], emitted: Sequence[int]) -> None:

@@ -692,7 +692,8 @@ class _Watch(Watch):
     def __init__(self, scan: StopScan, costs, fallback, on_piece: Callable[[Piece], None] | None,
                  cancel: threading.Event | None, warn: Say | None):
         super().__init__(scan, TextStream(scan), costs=costs.round_costs if costs else None,
-                         costs_known=getattr(costs, "known_beforehand", True), fallback=fallback)
+                         costs_known=getattr(costs, "known_beforehand", True), fallback=fallback,
+                         verify_by_shape=getattr(costs, "verify_by_shape", False))
         self.on_piece, self.cancel, self.warn = on_piece, cancel, warn
         self._last = time.perf_counter()
 

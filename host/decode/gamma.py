@@ -23,8 +23,11 @@ instead. Probes are scheduled: the interval doubles from PROBE_EVERY each time p
 up to MAX_PROBE_GAP, and is at least what keeps the probe round's own loss within PROBE_BUDGET (2%) of the
 time. (The drafter's catch-up on the tokens since is not charged to the budget: any return to
 speculation pays it, so charging it spaced the probes past the end of every run: a 500-token run stayed
-plain for 493 rounds.) The acceptance evidence ages during plain rounds (PLAIN_DECAY), so the estimate
-drifts back to the drafter's measured prior; with known costs alpha is the only unknown, and the stream
+plain for 493 rounds.) A drafter's measured acceptance (`expect`: the model card's, from other prompts) is
+the prior, worth PRIOR_WEIGHT tested drafts at first and less with each round that tests this stream's
+drafts (PRIOR_DECAY, down to a Beta(1, 1)'s weight), so a stream whose drafter agrees less than elsewhere is
+estimated at its own rate. The acceptance evidence ages during plain rounds that test nothing (PLAIN_DECAY)
+and the prior regains its weight as it does, so the estimate drifts back to the measured prior; with known costs alpha is the only unknown, and the stream
 returns to speculation at the first scheduled probe after the aged evidence says it pays (a drafter that
 kept failing waits longer: its catch-up is not spent on a probe the evidence argues against). With
 measured costs, which may be a noisy round's, every scheduled probe drafts: what the rates would choose
@@ -72,6 +75,13 @@ PLAIN_DECAY = 0.99  # per plain round, the acceptance evidence's: it halves over
 # 64-token held-out streams a Beta(1, 1) start chased a few early rejections into plain decoding (one prompt
 # 13 plain rounds, 1.04x), 8 kept gamma on them (`python -m specmesh.tools.bench projection`: 4 and 16 did less)
 PRIOR_WEIGHT = 8.0
+# The measured prior stands for the drafter on other prompts, not on this stream: each round that tests drafts
+# (a drafting round or a shadow) shrinks its weight by this factor, down to UNINFORMED_WEIGHT. Held at 8 beside
+# about 20 decayed observations, it kept a stream whose drafter agrees 40% of the time estimating 0.5 and
+# drafting at a loss. Chosen on the tuning set (64 prompts, and its drafts spoiled at random for low alphas):
+# 0.9 left the real prompts as they were (within 0.01) and raised the spoiled ones by up to 0.06x.
+PRIOR_DECAY = 0.9
+UNINFORMED_WEIGHT = 2.0  # Beta(1, 1)'s weight: what a measured prior keeps however long the stream
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -164,8 +174,14 @@ class GammaController:
     # the acceptance prior, Beta(prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight): Beta(1, 1)
     # unless the drafter's acceptance was measured beforehand (expect())
     prior_alpha: float = 0.5
-    prior_weight: float = 2.0
+    prior_weight: float = UNINFORMED_WEIGHT
+    prior_share: float = 1.0  # of prior_weight still counted (PRIOR_DECAY; it regains as untested evidence ages)
     known_costs: bool = False  # the fits hold the board class's costs (prime), not measurements
+    # with known costs, the verify's seconds of k positions from position pos (prime's `verify_at`), and the
+    # stream's length at the round being chosen (choose's `position`): the plan prices each size where it runs
+    verify_at: Callable[[int, int], float] | None = None
+    position: int = 0
+    _verify_memo: tuple[int, list[float]] = (-1, [])
     # shadow drafts (module docstring): the loop drafts one token beside each plain round's verify (greedy runs
     # with a drafter; host/decode/orchestrator.py sets it before the first round), and `observe` hears the hit
     shadowing: bool = False
@@ -174,7 +190,14 @@ class GammaController:
     @property
     def alpha(self) -> float:
         """Acceptance rate per draft token: the posterior mean of the prior and the decayed observations."""
-        return (self.acc_hits + self.prior_alpha * self.prior_weight) / (self.acc_trials + self.prior_weight)
+        w = self.prior_weight_now
+        return (self.acc_hits + self.prior_alpha * w) / (self.acc_trials + w)
+
+    @property
+    def prior_weight_now(self) -> float:
+        """The prior's weight in tested drafts now: prior_weight, shrunk by PRIOR_DECAY per testing round to
+        UNINFORMED_WEIGHT (a Beta(1, 1) prior stays as it is)."""
+        return min(self.prior_weight, max(UNINFORMED_WEIGHT, self.prior_weight * self.prior_share))
 
     def expect(self, alpha: float, weight: float = PRIOR_WEIGHT) -> None:
         """Start from a drafter's acceptance measured beforehand, worth `weight` tested drafts."""
@@ -183,16 +206,31 @@ class GammaController:
     def round_times(self, cap: int) -> list[float]:
         """Predicted seconds of one round with draft length 0..cap (each fit solved once: this runs every
         round, and on a fast verifier a round is ~2 ms)."""
-        v0, v1 = self.verify_cost.coefficients()
+        v = self._verify_seconds(cap + 1)
         d0, d1 = self.draft_cost.coefficients()
         o0, o1 = self.round_overhead.coefficients()
         # one draft size seen (the opening probe: 1 draft after 1 catch-up token): a smaller call is not
         # taken as cheaper than that one, since a drafter call may cost mostly its round trip (the CPU
         # drafter: 1.2 ms a call, whatever its size; proportional scaling halved it and switched gamma on)
         floor = self.draft_cost.sy / self.draft_cost.s0 if self.draft_cost.one_size else 0.0
-        plain = v0 + v1 + o0
-        return [plain] + [plain + v1 * g + o1 + max(floor, d0 + self._drafting(g, d0, d1, v0 + v1 * (g + 1)))
-                          for g in range(1, cap + 1)]
+        return [v[1] + o0] + [v[g + 1] + o0 + o1 + max(floor, d0 + self._drafting(g, d0, d1, v[g + 1]))
+                              for g in range(1, cap + 1)]
+
+    def _verify_seconds(self, k_max: int) -> list[float]:
+        """Predicted seconds of a verify of k = 0..k_max positions (index 0 unused): with known costs and
+        `verify_at`, the board class's at the stream's position (one call per size and position); else the
+        verify fit. The fit sees only the sizes drafted lately, at earlier positions: on an ESP32-S3 it put a
+        plain verify 1-2 ms (6-10%) above its cost, so drafting looked like it paid where it lost (a drafter
+        agreeing 40% of the time); pricing each size where it runs raised such streams by up to 0.08x on the
+        tuning set, the others within 0.01x."""
+        if self.verify_at is None or not self.known_costs:
+            v0, v1 = self.verify_cost.coefficients()
+            return [v0 + v1 * k for k in range(k_max + 1)]
+        pos, memo = self._verify_memo
+        if pos != self.position or len(memo) <= k_max:
+            memo = [0.0] + [self.verify_at(k, self.position) for k in range(1, k_max + 1)]
+            self._verify_memo = (self.position, memo)
+        return memo
 
     def _drafting(self, g: int, d0: float, d1: float, verify: float) -> float:
         """Seconds of drafting a DRAFT_REQ for g drafts waits beyond its call: g passes, or with pipelined
@@ -207,17 +245,19 @@ class GammaController:
         """The look-ahead for rounds of g drafts (0 without pipelined drafting)."""
         if not self.pipelined or g == 0:
             return 0
-        v0, v1 = self.verify_cost.coefficients()
         d0, d1 = self.draft_cost.coefficients()
-        return best_lookahead(d1, g, v0 + v1 * (g + 1) + d0, self.alpha ** (g + 1))
+        return best_lookahead(d1, g, self._verify_seconds(g + 1)[g + 1] + d0, self.alpha ** (g + 1))
 
     def rates(self, cap: int) -> list[float]:
         """Predicted committed tokens per second at draft length 0..cap."""
         alpha = self.alpha
         return [expected_tokens(alpha, g) / t if t > 0 else float("inf") for g, t in enumerate(self.round_times(cap))]
 
-    def choose(self, limit: int | None = None) -> int:
-        """Draft length for the next round, at most `limit` (room left in the stream or the context)."""
+    def choose(self, limit: int | None = None, position: int | None = None) -> int:
+        """Draft length for the next round, at most `limit` (room left in the stream or the context);
+        `position`: the stream's length there (known costs price the verify at it)."""
+        if position is not None:
+            self.position = position
         cap = self.max_gamma if limit is None else max(0, min(self.max_gamma, limit))
         if self.fixed is not None:
             g = min(self.fixed, cap)
@@ -268,14 +308,18 @@ class GammaController:
             return False
         if not self.draft_cost.seen or not self.verify_cost.seen:
             return True
-        return self.draft_cost(1 + self.behind) <= self.verify_cost(1)
+        return self.draft_cost(1 + self.behind) <= self._verify_seconds(1)[1]
 
-    def prime(self, costs: Callable[[int], tuple[float, float, float]]) -> None:
+    def prime(self, costs: Callable[[int], tuple[float, float, float]],
+              verify_at: Callable[[int, int], float] | None = None) -> None:
         """Known costs (a projection: `costs(g)` is the (draft, verify, commit) seconds of a round of g
         drafts, a deterministic function of the round's shape): the fits get what the opening probes
         would have measured, and the probes are skipped. Only alpha is still learned, from real rounds
         (one opening round of ALPHA_PROBE drafts measures it first, unless no gamma could pay even with
-        every draft accepted: the prior, Beta(1, 1), alone would pick plain decoding and never learn)."""
+        every draft accepted: the prior, Beta(1, 1), alone would pick plain decoding and never learn).
+        `verify_at(k, pos)`: the seconds of verifying k positions from position pos, which then price each
+        round's verify in place of the fit (`_verify_seconds`)."""
+        self.verify_at = verify_at
         for g in PROBES[1:]:
             t_draft, t_verify, t_other = costs(g)
             if g:
@@ -320,6 +364,10 @@ class GammaController:
         """
         self.rounds += 1
         self.behind = 0 if gamma > 0 or shadow is not None else self.behind + 1
+        if gamma > 0 or shadow is not None:  # this stream's own evidence: the prior counts for less
+            self.prior_share *= PRIOR_DECAY
+        else:  # nothing tested: as the evidence ages (PLAIN_DECAY), the prior regains what it lost
+            self.prior_share = 1.0 - (1.0 - self.prior_share) * PLAIN_DECAY
         if gamma == 0:
             self.shadowed = shadow is not None
         if timed and not self.known_costs:

@@ -156,13 +156,17 @@ class Observer:
 
     `costs`: a projection's (draft, verify, commit) seconds of a round (host/projection/rounds.py), which the
     gamma controller learns from instead of the measured seconds; `costs_known`: they are known before the
-    first round (the controller is primed with them). `fails_over`: a verifier that fails is replaced by
-    `fallback()` and a drafter that fails is dropped; else a back-end's failure is raised."""
+    first round (the controller is primed with them); `verify_by_shape`: a round's verify costs what its size
+    and position say, whatever its outcome (one verifier; not a pipeline's wavefront), so the controller prices
+    each size where the stream is. `fails_over`: a verifier that fails is replaced by `fallback()` and a drafter
+    that fails is dropped; else a back-end's failure is raised."""
 
-    def __init__(self, costs: Costs | None = None, costs_known: bool = True, fails_over: bool = False):
+    def __init__(self, costs: Costs | None = None, costs_known: bool = True, fails_over: bool = False,
+                 verify_by_shape: bool = False):
         self.costs = costs
         self.costs_known = costs_known
         self.fails_over = fails_over
+        self.verify_by_shape = verify_by_shape
 
     def shown(self, accepted: Sequence[int], emitted: Sequence[int]) -> None:
         """A round committed these: the drafts the verifier accepted, then the tokens it emitted itself
@@ -202,7 +206,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         raise ValueError("the prompt must hold at least one token")
     costs = observer.costs
     controller = _primed(controller or GammaController(), costs if drafter and observer.costs_known else None, prompt,
-                         params, shadowing=drafter is not None and params.greedy)
+                         params, shadowing=drafter is not None and params.greedy, by_shape=observer.verify_by_shape)
     max_seq = verifier.max_seq
     window = Window(drafter.max_seq) if drafter else None
     if len(prompt) >= max_seq:
@@ -223,7 +227,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
             result.stop = "context"
             break
         room = _room(max_tokens - len(out), len(committed), verifier, drafter)
-        gamma = controller.choose(room) if drafter else 0
+        gamma = controller.choose(room, position=len(committed)) if drafter else 0
         bytes0 = (drafter.bus_bytes if drafter else 0, verifier.bus_bytes)
         t0 = clock()
         drafter, gamma, reprime, ahead, draft, guessed, shadowed = _drafts(failover, controller, drafter, window, params,
@@ -295,13 +299,15 @@ def _room(left: int, length: int, verifier: Verifier, drafter: Drafter | None) -
 
 
 def _primed(controller: GammaController, costs: Costs | None, prompt: Sequence[int], params: SessionParams,
-            shadowing: bool = False) -> GammaController:
+            shadowing: bool = False, by_shape: bool = False) -> GammaController:
     """The controller, primed with projected costs (known beforehand, so no probing for them) when it is
     adaptive and they are given; `shadowing`: plain rounds will draft shadow tokens (greedy runs with a
-    drafter only: a sampled stream stays as it was)."""
+    drafter only: a sampled stream stays as it was); `by_shape` (Observer.verify_by_shape): each round's verify
+    is priced at its size and position by the same costs."""
     controller.shadowing = shadowing
     if costs and controller.fixed is None:
-        controller.prime(lambda g: costs(_probe_round(len(prompt), g, params)))
+        controller.prime(lambda g: costs(_probe_round(len(prompt), g, params)),
+                         (lambda k, pos: costs(_probe_round(pos, k - 1, params))[1]) if by_shape else None)
     return controller
 
 

@@ -64,6 +64,10 @@ class PipelineProjector:
     over `link` (one of STAGE_LINKS[board]), the drafts made on a drafter board or, with `drafter_on_host`,
     on the host CPU."""
 
+    # a round's wavefront depends on what the stages judge and on when its drafts arrive: the gamma controller
+    # keeps its fit of the rounds it heard (pricing full-accept rounds instead cost the 5-stage runs 2-5%)
+    verify_by_shape = False
+
     def __init__(self, target: Header, drafter: Header | None, layers: list[tuple[int, int]], link: str,
                  drafter_on_host: bool = False, kernels: str = "native", board: str = ROLE_CLASS["stage"],
                  packed: bool = True):

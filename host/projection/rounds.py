@@ -122,6 +122,10 @@ def macs_per_position(h: Header, ctx: int, layers: tuple[int, int] | None = None
 class Projector:
     """Replays rounds on `board`-class boards over `transport` ("serial" or "espnow")."""
 
+    # one verifier: a round's verify costs what its size and position say, whatever its drafts' outcome, so the
+    # gamma controller may price each size at the stream's position (host/decode/orchestrator.py Observer)
+    verify_by_shape = True
+
     def __init__(self, target: Header, drafter: Header | None, board: str = "esp32s3", transport: str = "serial",
                  rates: Rates | None = None, kernels: str = "native", drafter_on_host: bool = False,
                  drafter_board: str = ROLE_CLASS["drafter"], drafter_rates: Rates | None = None):

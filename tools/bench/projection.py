@@ -79,7 +79,8 @@ def speculate(proj, prompts: list[list[int]], ver, dra, name: str) -> dict:
         c = GammaController()
         c.expect(expected_alpha(name, greedy=True))
         c.pipelined = proj.pipelined
-        r = generate(p, ver, dra, SessionParams(), NEW, c, Observer(costs=proj.round_costs))
+        r = generate(p, ver, dra, SessionParams(), NEW, c, Observer(costs=proj.round_costs,
+                                                                    verify_by_shape=proj.verify_by_shape))
         out = proj.project(r, len(p))
         n = sum(x.n_committed for x in r.rounds)
         one_plain = out.get("plain_wall_s", 0.0) or sum(proj.single.plain_round(len(p) + i) for i in range(n))

@@ -99,7 +99,8 @@ def modes(prompt, verifier, drafter, params, projector) -> dict:
         "auto": lambda: generate(prompt, verifier, drafter, params, MAX_TOKENS, GammaController()),
         "fixed": lambda: generate(prompt, verifier, drafter, params, MAX_TOKENS, GammaController(fixed=FIXED_GAMMA)),
         "auto@esp32s3": lambda: generate(prompt, verifier, drafter, params, MAX_TOKENS, GammaController(),
-                                         Observer(costs=projector.round_costs)),
+                                         Observer(costs=projector.round_costs,
+                                                  verify_by_shape=projector.verify_by_shape)),
     }
 
 
