@@ -5,7 +5,9 @@ downloaded. Runs as root, so without the sandbox; an empty profile; nothing fetc
 import contextlib
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -72,10 +74,12 @@ class Page:
 
 @contextlib.contextmanager
 def browser(binary: str):
-    """A headless Chromium on an empty profile; yields a Page on about:blank, stops the browser on exit."""
+    """A headless Chromium on an empty profile; yields a Page on about:blank, stops the browser on exit: its
+    whole process group (its own session), since helpers left running write into the profile while it is
+    removed (under load, rmtree then met a 'Default' directory that was not empty)."""
     with tempfile.TemporaryDirectory(prefix="specmesh-chromium-") as profile:
         proc = subprocess.Popen([binary, *FLAGS, "--user-data-dir=" + profile, "about:blank"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             port_file = Path(profile) / "DevToolsActivePort"
             end = time.monotonic() + 30
@@ -91,9 +95,25 @@ def browser(binary: str):
             finally:
                 page.ws.close()
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the browser's process group, SIGKILL to what is left of it after 10 s (or at once to
+    stragglers once the browser itself has exited); returns when no process of the group remains."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
