@@ -27,9 +27,10 @@ plain for 493 rounds.) A drafter's measured acceptance (`expect`: the model card
 the prior, worth PRIOR_WEIGHT tested drafts at first and less with each round that tests this stream's
 drafts (PRIOR_DECAY, down to a Beta(1, 1)'s weight), so a stream whose drafter agrees less than elsewhere is
 estimated at its own rate. The acceptance evidence ages during plain rounds that test nothing (PLAIN_DECAY)
-and the prior regains its weight as it does, so the estimate drifts back to the measured prior; with known costs alpha is the only unknown, and the stream
-returns to speculation at the first scheduled probe after the aged evidence says it pays (a drafter that
-kept failing waits longer: its catch-up is not spent on a probe the evidence argues against). With
+and the prior regains its weight as it does, so the estimate drifts back to the measured prior; with known
+costs alpha is the only unknown, and the stream returns to speculation at the first scheduled probe after
+the aged evidence says it pays (a drafter that kept failing waits longer: its catch-up is not spent on a
+probe the evidence argues against). With
 measured costs, which may be a noisy round's, every scheduled probe drafts: what the rates would choose
 were the acceptance its prior again, at least one token. Either way a wrong plain stretch ends, and a
 drafter that does not pay costs O(log n) probes.
@@ -221,7 +222,7 @@ class GammaController:
         `verify_at`, the board class's at the stream's position (one call per size and position); else the
         verify fit. The fit sees only the sizes drafted lately, at earlier positions: on an ESP32-S3 it put a
         plain verify 1-2 ms (6-10%) above its cost, so drafting looked like it paid where it lost (a drafter
-        agreeing 40% of the time); pricing each size where it runs raised such streams by up to 0.08x on the
+        agreeing 40% of the time); pricing each size where it runs raised such streams by up to 0.05x on the
         tuning set, the others within 0.01x."""
         if self.verify_at is None or not self.known_costs:
             v0, v1 = self.verify_cost.coefficients()
