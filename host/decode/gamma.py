@@ -58,7 +58,7 @@ shadow) (host/projection/rounds.py). Sampled runs have none, so they stay as the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specmesh.host.decode.ahead import best_lookahead, expected_draft
@@ -182,7 +182,7 @@ class GammaController:
     # stream's length at the round being chosen (choose's `position`): the plan prices each size where it runs
     verify_at: Callable[[int, int], float] | None = None
     position: int = 0
-    _verify_memo: tuple[int, list[float]] = (-1, [])
+    _verify_memo: tuple[int, tuple[float, ...]] = (-1, ())
     # shadow drafts (module docstring): the loop drafts one token beside each plain round's verify (greedy runs
     # with a drafter; host/decode/orchestrator.py sets it before the first round), and `observe` hears the hit
     shadowing: bool = False
@@ -217,19 +217,19 @@ class GammaController:
         return [v[1] + o0] + [v[g + 1] + o0 + o1 + max(floor, d0 + self._drafting(g, d0, d1, v[g + 1]))
                               for g in range(1, cap + 1)]
 
-    def _verify_seconds(self, k_max: int) -> list[float]:
+    def _verify_seconds(self, k_max: int) -> Sequence[float]:
         """Predicted seconds of a verify of k = 0..k_max positions (index 0 unused): with known costs and
         `verify_at`, the board class's at the stream's position (one call per size and position); else the
         verify fit. The fit sees only the sizes drafted lately, at earlier positions: on an ESP32-S3 it put a
         plain verify 1-2 ms (6-10%) above its cost, so drafting looked like it paid where it lost (a drafter
         agreeing 40% of the time); pricing each size where it runs raised such streams by up to 0.05x on the
         tuning set, the others within 0.01x."""
-        if self.verify_at is None or not self.known_costs:
+        if self.verify_at is None:  # (prime sets it: the costs are known)
             v0, v1 = self.verify_cost.coefficients()
             return [v0 + v1 * k for k in range(k_max + 1)]
         pos, memo = self._verify_memo
         if pos != self.position or len(memo) <= k_max:
-            memo = [0.0] + [self.verify_at(k, self.position) for k in range(1, k_max + 1)]
+            memo = (0.0, *(self.verify_at(k, self.position) for k in range(1, k_max + 1)))
             self._verify_memo = (self.position, memo)
         return memo
 
