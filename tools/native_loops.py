@@ -132,15 +132,15 @@ def per_mac(arch: str) -> dict[int, float]:
     return out
 
 
-MAC16_LOOPS = ("mac16_row1", "mac16_expand", "mac16_dot")  # xtensawin's MAC16 functions, one loop each
-MAC16_MACS = {"mac16_row1": 4, "mac16_expand": 0, "mac16_dot": 4}  # multiplies of one iteration (a weight word)
+# xtensawin's MAC16 functions, one loop each: the multiplies of one iteration (a weight word)
+MAC16_MACS = {"mac16_row1": 4, "mac16_expand": 0, "mac16_dot": 4}
 
 
 def mac16_loops() -> dict[str, int]:
     """{function: instructions of one iteration} of the MAC16 functions of the xtensawin object, each checked to
     have one zero-overhead loop with MAC16_MACS multiplies."""
     out = {}
-    for function in MAC16_LOOPS:
+    for function in MAC16_MACS:
         code = disassemble("xtensawin", function)
         found = zero_overhead(code)
         if len(found) != 1:

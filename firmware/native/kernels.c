@@ -10,7 +10,8 @@ matmul's inner loops are unrolled by hand (constant group size and x stride, imm
 gcc (rv32imc) and clang/llc (xtensawin) compile them to a few instructions per multiply-accumulate
 (tools/native_loops.py counts them); on x64 (the virtual boards) one position takes SSE2, which every x64
 core has; on Xtensa the models' rows run on the ESP32/S3's MAC16 unit (mac16_matmul, below). One more
-function, `layer`, runs a whole transformer layer in one call, the steps of Engine._layer with these kernels, so a token costs a few interpreted calls instead of a hundred.
+function, `layer`, runs a whole transformer layer in one call, the steps of Engine._layer with these kernels,
+so a token costs a few interpreted calls instead of a hundred.
 */
 #include "py/dynruntime.h"
 
@@ -327,8 +328,8 @@ INLINE void group_xt(const int8_t *w, const i32 *x, int cols, const int G, i32 *
    0x00FF00FF; x is packed to match, (x0, x2) and (x1, x3) (pack_x: int16 values, as quant leaves them), so a sum
    is ACC - 128 * sum(x): the scalar loop's products and int32 wrapping (ACC's low word is the sum modulo 2^32).
    One position (mac16_row1): the weight word expanded in registers, four mula a word (10 instructions per 4 MACs).
-   More positions (mac16_expand, mac16_dot): the row expanded once into a buffer, then each position's pass is mula.dd.*.ldinc
-   alone, the weight and x words alternating: one instruction a MAC. ACC and the MR registers belong to one asm
+   More positions (mac16_expand, mac16_dot): the row expanded once into a buffer, then each position's pass is
+   mula.dd.*.ldinc alone, the weight and x words alternating: one instruction a MAC. ACC and the MR registers belong to one asm
    statement at a time (nothing else here uses them; ESP-IDF's interrupt entry saves them with the other
    non-coprocessor state, xthal_save_extra_nw). Rows of up to MAC16_COLS columns, a multiple of 4, 4-aligned;
    other rows take group_xt. Each loop body starts 0 or 1 mod 4 (group_xt says why). */
