@@ -73,6 +73,7 @@ def test_the_story_alone_lands_in_the_file_stdout_is_sent_to(tmp_path):
     (["run", "--draft-modle", "x"], "usage: specmesh run ", "; did you mean --draft-model?"),
     (["chat", "--seeed", "1"], "usage: specmesh chat ", "; did you mean --seed?"),
     (["emulate", "--bords", "2"], "usage: specmesh emulate ", "; did you mean --boards?"),
+    (["run", "--json", "x"], "usage: specmesh run ", "; did you mean --stats-json?"),
     (["run", "--zzzz"], "usage: specmesh run ", ""),
 ])
 def test_an_unknown_flag_gets_the_subcommand_s_usage_and_the_closest_flag(capsys, argv, usage, hint):

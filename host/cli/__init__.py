@@ -358,5 +358,9 @@ def unknown(command: argparse.ArgumentParser, extra: list[str]) -> None:
     flags = [f for f in command._option_string_actions if f.startswith("--")]  # every spelling it takes
     line = "unrecognized arguments: %s" % " ".join(extra)
     first = next((x.split("=", 1)[0] for x in extra if x.startswith("-")), None)
-    close = difflib.get_close_matches(first, flags, n=1, cutoff=0.6) if first else []
+    close: list[str] = []
+    if first:
+        # the one flag that has the typed word as one of its words (--json: --stats-json, not the spelling --stop)
+        close = [f for f in flags if first.lstrip("-") in f[2:].split("-")]
+        close = close if len(close) == 1 else difflib.get_close_matches(first, flags, n=1, cutoff=0.6)
     command.error(line + ("; did you mean %s?" % close[0] if close else ""))
