@@ -116,6 +116,11 @@ def test_a_port_someone_holds_is_busy(models, capsys, no_board_starts):
     assert "busy" in err
 
 
+def test_a_device_that_is_no_serial_port_says_so(models, capsys, no_board_starts):
+    err = one_line_status_2(capsys, ["run", "--models", str(models), "--drafter", "/dev/null"])
+    assert "cannot open /dev/null: not a serial port (ESP32 USB ports here:" in err
+
+
 def test_an_unknown_backend_is_refused_before_the_verifier_boots(models, capsys, no_board_starts):
     # not within 1 s: listing the known back-ends imports the torch plugin, when PyTorch is installed
     err = one_line_status_2(capsys, ["run", "--models", str(models), "--drafter", "nope"], within=30.0)

@@ -4,6 +4,7 @@ that a named port exists and can be opened before anything is started on it."""
 
 from __future__ import annotations
 
+import errno
 import re
 from pathlib import Path
 
@@ -55,10 +56,10 @@ def exists(port: str) -> bool:
     return "://" in port or Path(port).exists()
 
 
-def missing(port: str) -> str:
-    """The one-line message for a port that is not there, listing the ESP32 ports that are."""
+def missing(port: str, why: str = "no such port") -> str:
+    """The one-line message for a port that is not there (or not a serial port), listing the ESP32 ports that are."""
     seen = ", ".join(d for d, _ in esp_ports())
-    return f"cannot open {port}: no such port (ESP32 USB ports here: {seen or 'none'})"
+    return f"cannot open {port}: {why} (ESP32 USB ports here: {seen or 'none'})"
 
 
 def why_unopenable(port: str) -> str | None:
@@ -69,6 +70,8 @@ def why_unopenable(port: str) -> str | None:
     except serial.SerialException as e:
         if "lock" in str(e) or getattr(e, "errno", None) in BUSY_ERRNOS:
             return f"port {port} is busy: another program has it open"
+        if getattr(e.__context__, "args", (None,))[0] == errno.ENOTTY:  # termios refused it: a file, /dev/null
+            return missing(port, "not a serial port")
         return f"cannot open {port}: {e.strerror or e}"
     except (OSError, ValueError) as e:
         return f"cannot open {port}: {e}"
