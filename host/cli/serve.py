@@ -7,9 +7,12 @@ one with boards serves one at a time, the others waiting their turn."""
 from __future__ import annotations
 
 import argparse
+import errno
+import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+from specmesh.host.cli.config import UsageError
 from specmesh.host.cli.flags import add_arguments
 from specmesh.host.cli.run import check_args, failed
 from specmesh.host.cli.session import Mesh, say_on_stderr
@@ -51,11 +54,37 @@ def serve(a: argparse.Namespace) -> int:
               % given[0].replace("_", "-"), file=sys.stderr)
         return 2
     config = check_args(a)
-    with Mesh.from_config(config, streams=a.streams, say=say_on_stderr("serve"), warn=say_on_stderr("serve")) as mesh, \
+    with listen(a.host, a.port) as sock, \
+            Mesh.from_config(config, streams=a.streams, say=say_on_stderr("serve"), warn=say_on_stderr("serve")) as mesh, \
             ThreadPoolExecutor(max_workers=4 * a.streams + 16, thread_name_prefix="specmesh-request") as threads:
-        server = uvicorn.Server(uvicorn.Config(app(mesh, threads), host=a.host, port=a.port, log_level="warning"))
+        server = uvicorn.Server(uvicorn.Config(app(mesh, threads), log_level="warning"))
         print("specmesh serve: %s on http://%s:%d/ (the live page; the API under /v1), %d stream%s at once; "
-              "Ctrl-C stops it" % (", ".join("%s %s" % kv for kv in mesh.names.items()), a.host, a.port,
-                                   mesh.streams, "s" * (mesh.streams > 1)), file=sys.stderr, flush=True)
-        server.run()
+              "Ctrl-C stops it" % (", ".join("%s %s" % kv for kv in mesh.names.items()), a.host,
+                                   sock.getsockname()[1], mesh.streams, "s" * (mesh.streams > 1)),
+              file=sys.stderr, flush=True)
+        server.run(sockets=[sock])
     return 0
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound before any board boots: a port in use or out of range is one line
+    then (UsageError), not uvicorn's traceback after the boards were flashed; with port 0, the port the kernel
+    chose is the one the banner gives."""
+    if not 0 <= port <= 65535:
+        raise UsageError("--port must be in 0..65535 (0: any free one), not %d" % port)
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family)
+    except socket.gaierror as e:
+        raise UsageError("--host %s: not an address of this machine (%s)" % (host, e.strerror)) from None
+    except OSError as e:
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise UsageError("--host %s: not an address of this machine (127.0.0.1: this machine only, 0.0.0.0: "
+                             "every interface)" % host) from None
+        if e.errno == errno.EADDRINUSE:
+            raise UsageError("port %d on %s is in use: stop what listens there, or give another with --port N "
+                             "(0: any free one)" % (port, host)) from None
+        if e.errno == errno.EACCES:
+            raise UsageError("port %d needs more privileges than this user has: give one from 1024 on with --port N"
+                             % port) from None
+        raise UsageError("cannot listen on %s port %d: %s" % (host, port, e.strerror or e)) from None
