@@ -5,7 +5,7 @@ import sys
 import time
 from pathlib import Path
 
-import serial
+from specmesh.host.bus import ports
 
 MPREMOTE = str(Path(sys.executable).with_name("mpremote"))
 
@@ -27,14 +27,6 @@ def read_until(ser, marker, timeout=10.0):
 
 
 def open_port(port, busy_s: float = 5.0):
-    """The board's pty, exclusively; a lock refused with EAGAIN is tried again for `busy_s` seconds (a virtual
-    board's pty can refuse it for a moment while no process holds it: host/provision/cluster.py `_open`, seen
-    after a flash under a full `make test`)."""
-    end = time.monotonic() + busy_s
-    while True:
-        try:
-            return serial.Serial(port, 115200, timeout=0.05, exclusive=True)
-        except serial.SerialException as e:
-            if "exclusively lock" not in str(e) or time.monotonic() >= end:
-                raise
-            time.sleep(0.05)
+    """The board's pty, exclusively; a refused lock is tried again for `busy_s` seconds (host/bus/ports.py
+    LOCK_RETRY_S: a lock lent to a forked child)."""
+    return ports.open_exclusive(port, wait_s=busy_s, baudrate=115200, timeout=0.05)

@@ -159,7 +159,7 @@ def test_flashed_firmware_node_answers(virtual_board, tmp_path):
     assert report.board.arch == "x64" and "/native/x64.mpy" in report.written  # the module for its arch only
     assert not [d for d in report.written if d.startswith("/native/") and d != "/native/x64.mpy"]
     with contextlib.ExitStack() as stack:
-        bus = _open(vb.port, stack, busy_s=5.0)
+        bus = _open(vb.port, stack)
         assert discover(bus) == 1
         hello = m.unpack_hello(bus.request(BROADCAST, m.HELLO).payload)
     assert (hello[2], hello[3]) == (m.ROLE_DRAFTER, "/rom/drafter.spm")

@@ -133,7 +133,7 @@ def attacked(boards):
             stack.callback(mitm.close)
         backends = {}
         for kind in ("verifier", "drafter"):
-            bus = _open(mitms[kind].port, stack, key=KEY, busy_s=2.0)
+            bus = _open(mitms[kind].port, stack, key=KEY)
             bus.peer = NODE_ID[kind]
             bus.say = notes.append
             backends[kind] = _backend(kind, bus, NODE_ID[kind], kind)

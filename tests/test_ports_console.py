@@ -87,3 +87,30 @@ def test_console_on_a_missing_port_is_one_line(capsys):
     assert cli.main(["console", "/dev/ttyNOPE"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("specmesh console: error: cannot open /dev/ttyNOPE: no such port") and err.count("\n") == 1
+
+
+def test_a_lock_lent_to_a_forked_child_is_waited_out_not_called_busy():
+    """A process that forks while it holds a port's exclusive lock lends it to the child until the child's exec
+    (host/bus/ports.py LOCK_RETRY_S): the next exclusive open fails with EAGAIN though nobody holds the port. A
+    child that keeps its copy 0.3 s: pyserial alone refuses the port, open_exclusive gets it once the copy is gone."""
+    import serial
+
+    master, slave = pty.openpty()
+    port = os.ttyname(slave)
+    try:
+        held = serial.Serial(port, exclusive=True)
+        child = os.fork()
+        if child == 0:  # the copy of the locked descriptor, kept for a moment (as a child before its exec)
+            time.sleep(0.3)
+            os._exit(0)
+        held.close()
+        with pytest.raises(serial.SerialException, match="exclusively lock"):
+            serial.Serial(port, exclusive=True)
+        assert ports.why_unopenable(port, wait_s=0) == "port %s is busy: another program has it open" % port
+        t0 = time.monotonic()
+        with ports.open_exclusive(port) as ser:
+            assert ser.is_open and time.monotonic() - t0 < ports.LOCK_RETRY_S
+        os.waitpid(child, 0)
+    finally:
+        os.close(master)
+        os.close(slave)

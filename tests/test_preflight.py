@@ -109,7 +109,9 @@ def test_a_port_someone_holds_is_busy(models, capsys, no_board_starts):
         import serial
 
         with serial.Serial(os.ttyname(slave), exclusive=True):
-            err = one_line_status_2(capsys, ["run", "--models", str(models), "--drafter", os.ttyname(slave)])
+            # (within 5 s: a refused lock is tried again for LOCK_RETRY_S before the port counts as busy)
+            err = one_line_status_2(capsys, ["run", "--models", str(models), "--drafter", os.ttyname(slave)],
+                                    within=5.0)
     finally:
         os.close(master)
         os.close(slave)

@@ -251,7 +251,7 @@ def test_flash_key_then_signed_runs_open_sessions_and_refusals(virtual_board, mo
     assert json.loads(held.read_text())["key"] == key.hex() and "key" not in (vb.flash_dir / "specmesh.json").read_text()
     assert stat.S_IMODE(held.stat().st_mode) == 0o600 and stat.S_IMODE(vb.flash_dir.stat().st_mode) == 0o700
     with contextlib.ExitStack() as stack:  # a first host process signs 40 frames
-        bus = _open(vb.port, stack, key=key, busy_s=5.0)
+        bus = _open(vb.port, stack, key=key)
         drafter = _backend("drafter", bus, 1, vb.port)
         bus.link.text.clear()  # (what the flash's own reset printed)
         bus.link.write_raw(b"\x03\x03\x03")  # Ctrl-C on the USB line: the keyed node serves on, no REPL
@@ -261,7 +261,7 @@ def test_flash_key_then_signed_runs_open_sessions_and_refusals(virtual_board, mo
         assert not any(">>>" in t or "MicroPython" in t for t in bus.link.text), list(bus.link.text)
         drafter.close()
     with contextlib.ExitStack() as stack:  # a new host process starts its counter at 0 again
-        bus = _open(vb.port, stack, key=key, busy_s=5.0)
+        bus = _open(vb.port, stack, key=key)
         _backend("drafter", bus, 1, vb.port)  # its HELLO opens a session above the first process's counters
         assert bus.auth.counter > 40 and bus.retransmits == 0
     # an unkeyed host, a host with another key: the node acts on nothing and says why (ERROR E_KEY, unsigned),
@@ -275,7 +275,7 @@ def test_flash_key_then_signed_runs_open_sessions_and_refusals(virtual_board, mo
             assert time.monotonic() - t0 < 2.0
         time.sleep(0.3)  # the node answers one refusal per 250 ms
     with contextlib.ExitStack() as stack:
-        bus = _open(vb.port, stack, key=key, busy_s=5.0)
+        bus = _open(vb.port, stack, key=key)
         st = _backend("drafter", bus, 1, vb.port).stats()
         assert st["unsigned"] >= 1 and st["bad_tag"] >= 1
         with pytest.raises(NodeError):  # a refused request is still an authentic answer
@@ -291,7 +291,7 @@ def test_flash_key_then_signed_runs_open_sessions_and_refusals(virtual_board, mo
                      "--key-file", str(key_file)]) == 0
     assert json.loads(held.read_text())["ctr"] >= floor
     with contextlib.ExitStack() as stack:
-        bus = _open(vb.port, stack, key=key, busy_s=5.0)
+        bus = _open(vb.port, stack, key=key)
         assert _backend("drafter", bus, 1, vb.port).stats()["requests"] >= 1
     assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE),
                      "--key-file", str(key_file), "--no-key"]) == 0

@@ -25,6 +25,7 @@ from typing import Protocol
 
 import serial
 
+from specmesh.host.bus.ports import open_exclusive
 from specmesh.shared import messages as m
 from specmesh.shared.codec import FLAG_REPLY, FLAG_SIGNED, Auth, CodecError, Frame, StreamDecoder, decode, encode_line
 from specmesh.shared.messages import HALF_FLASHED
@@ -65,7 +66,7 @@ class SerialLink:
         """`auth`: the host's signing state; frames then must be signed with its key (others are counted
         in `decoder.errors` and dropped)."""
         try:
-            self.ser = serial.serial_for_url(port, baudrate=baudrate, timeout=0.05, exclusive=True)
+            self.ser = open_exclusive(port, baudrate=baudrate, timeout=0.05)
         except (serial.SerialException, OSError, ValueError) as e:
             raise LinkError("cannot open %s: %s" % (port, _first_line(e))) from None
         self.port = port

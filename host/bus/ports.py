@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import errno
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import serial
 from serial.tools import list_ports
@@ -17,6 +20,15 @@ ESP_VENDORS = {0x303A: "Espressif", 0x10C4: "CP210x", 0x1A86: "CH340", 0x0403: "
 # mpremote's shortcuts (mpremote/main.py defines a0-a3, u0-u3 and c0-c3; any number works here)
 SHORTCUTS = {"a": "/dev/ttyACM", "u": "/dev/ttyUSB", "c": "COM"}
 BUSY_ERRNOS = (11, 16)  # EAGAIN (the exclusive lock is taken), EBUSY
+# A process that forks while it holds a port's exclusive lock (it starts a subprocess: the host starts the virtual
+# boards' VMs) lends the lock to the child until the child's exec, so for a moment the port's next exclusive open
+# fails with EAGAIN though no program holds it (a full `make test` saw it after flashing a virtual board); udev's
+# ModemManager probing a new USB port holds one briefly too. A refused lock is tried again for this long before
+# the port counts as busy.
+LOCK_RETRY_S = 2.0
+
+
+T = TypeVar("T")
 
 
 class PortError(RuntimeError):
@@ -62,13 +74,38 @@ def missing(port: str, why: str = "no such port") -> str:
     return f"cannot open {port}: {why} (ESP32 USB ports here: {seen or 'none'})"
 
 
-def why_unopenable(port: str) -> str | None:
-    """Open `port` exclusively and close it again: None if that worked, else a one-line reason."""
+def is_locked(e: BaseException) -> bool:
+    """Whether pyserial's exception `e` says the port's exclusive lock was refused (EAGAIN) or it is busy (EBUSY)."""
+    return isinstance(e, serial.SerialException) and ("lock" in str(e) or getattr(e, "errno", None) in BUSY_ERRNOS)
+
+
+def retry_locked(open_port: Callable[[], T], locked: Callable[[Exception], bool] = is_locked,
+                 wait_s: float = LOCK_RETRY_S) -> T:
+    """open_port(), tried again every 50 ms for `wait_s` seconds while it raises what `locked` says is a refused
+    lock (LOCK_RETRY_S); then its exception."""
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            return open_port()
+        except Exception as e:
+            if not locked(e) or time.monotonic() >= end:
+                raise
+            time.sleep(0.05)
+
+
+def open_exclusive(port: str, wait_s: float = LOCK_RETRY_S, **options) -> serial.SerialBase:
+    """serial.serial_for_url(port, exclusive=True, **options), a refused lock tried again for `wait_s` seconds."""
+    return retry_locked(lambda: serial.serial_for_url(port, exclusive=True, **options), wait_s=wait_s)
+
+
+def why_unopenable(port: str, wait_s: float = LOCK_RETRY_S) -> str | None:
+    """Open `port` exclusively (a refused lock tried again for `wait_s` seconds) and close it again: None if that
+    worked, else a one-line reason."""
     try:
-        with serial.serial_for_url(port, exclusive=True):
+        with open_exclusive(port, wait_s):
             pass
     except serial.SerialException as e:
-        if "lock" in str(e) or getattr(e, "errno", None) in BUSY_ERRNOS:
+        if is_locked(e):
             return f"port {port} is busy: another program has it open"
         if getattr(e.__context__, "args", (None,))[0] == errno.ENOTTY:  # termios refused it: a file, /dev/null
             return missing(port, "not a serial port")

@@ -41,12 +41,12 @@ def main(args) -> int:
         port = ports.resolve_port(args.port)
         if not ports.exists(port):
             raise ports.PortError(ports.missing(port))
-        link = serial.serial_for_url(port, args.baud, timeout=0, exclusive=True)
+        link = ports.open_exclusive(port, baudrate=args.baud, timeout=0)
     except ports.PortError as e:  # a usage error, as every command reports a port it cannot use: status 2
         print("specmesh console: error: %s" % e, file=sys.stderr)
         return 2
     except (serial.SerialException, OSError, ValueError):
-        print("specmesh console: error: %s" % (ports.why_unopenable(args.port) or "cannot open %s" % args.port),
+        print("specmesh console: error: %s" % (ports.why_unopenable(port, wait_s=0) or "cannot open %s" % port),
               file=sys.stderr)
         return 2
     print("specmesh console: %s; Ctrl-] leaves" % port, file=sys.stderr, flush=True)

@@ -77,22 +77,14 @@ def split_layers(n_layers: int, n: int) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1], cuts[1:]))
 
 
-def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None = None,
-          busy_s: float = 0.0) -> Bus:
+def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None = None) -> Bus:
     """A bus on the serial link at `port`, closed with `stack`; `faults` (host/bus/faults.py) are injected;
-    with `key` every frame is signed and every reply must be (docs/security.md). A port found locked is
-    tried again for `busy_s` seconds (a virtual board's new pty can fail its exclusive lock with EAGAIN
-    while no process holds one)."""
+    with `key` every frame is signed and every reply must be (docs/security.md)."""
     auth = HostAuth(key) if key else None
-    end = time.monotonic() + busy_s
-    while True:
-        try:
-            link = SerialLink(port, auth=auth)
-            break
-        except LinkError as e:
-            if "exclusively lock" not in str(e) or time.monotonic() >= end:
-                raise BackendError(str(e)) from None
-            time.sleep(0.05)
+    try:
+        link = SerialLink(port, auth=auth)
+    except LinkError as e:
+        raise BackendError(str(e)) from None
     stack.callback(link.close)
     if faults is not None:
         from specmesh.host.bus.faults import FaultyLink
@@ -342,7 +334,7 @@ class Cluster(contextlib.ExitStack):
         gateway = {"link": "gateway", "espnow": {"peers": {str(NODE_ID["verifier"]): verifier_mac}}}
         gw = self.start("drafter", gateway, hub, drafter_class("espnow"))
         self.hub = hub
-        bus = _open(gw.port, self, self.faults, self.key, busy_s=2.0)
+        bus = _open(gw.port, self, self.faults, self.key)
         bus.peer = NODE_ID["drafter"]  # the gateway; the verifier's frames carry addresses
         self.buses.append(bus)
         return bus
@@ -364,7 +356,7 @@ class Cluster(contextlib.ExitStack):
                                [lambda kind=kind: self.start(kind, progress=False) for kind in beside])[:n]
         stages = []
         for i, vb in enumerate(boards):
-            bus = _open(vb.port, self, self.faults, self.key, busy_s=2.0)
+            bus = _open(vb.port, self, self.faults, self.key)
             self.buses.append(bus)
             stages.append(_backend("stage", bus, NODE_ID["stage"] + i, "virtual:stage%d(%s)" % (i, vb.board.name)))
         return PipelineVerifier(stages, layers)
@@ -380,7 +372,7 @@ class Cluster(contextlib.ExitStack):
             where = "virtual:%s(espnow%s)" % (kind, ", gateway" if kind == "drafter" else "")
         else:
             vb = (self.boards.get(kind) if board is None else None) or self.start(kind, board=board)  # pipeline()'s
-            bus = _open(vb.port, self, self.faults, self.key, busy_s=2.0)
+            bus = _open(vb.port, self, self.faults, self.key)
             bus.peer = NODE_ID[kind]
             self.buses.append(bus)
             where = "virtual:%s(%s)" % (kind, vb.board.name)

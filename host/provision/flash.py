@@ -179,10 +179,11 @@ def open_board(port: str, timeout: float = 5.0):  # -> mpremote SerialTransport
 
     if not ports.exists(port):
         raise FlashRequestError(ports.missing(port))
-    try:
-        transport = SerialTransport(port, baudrate=115200)
+    try:  # mpremote's error says only that the open failed: any is tried again, as a refused lock is
+        transport = ports.retry_locked(lambda: SerialTransport(port, baudrate=115200),
+                                       lambda e: isinstance(e, TransportError))
     except TransportError:
-        raise FlashRequestError(ports.why_unopenable(port) or f"cannot open {port}") from None
+        raise FlashRequestError(ports.why_unopenable(port, wait_s=0) or f"cannot open {port}") from None
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # mpremote prints raw bytes on failure
             transport.enter_raw_repl(soft_reset=True, timeout_overall=timeout)
