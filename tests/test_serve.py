@@ -145,3 +145,31 @@ def test_a_client_killed_mid_stream_frees_its_lane_for_the_next_request(models, 
         done = client(url).completions.create(model="specmesh", prompt="The cat", max_tokens=8)
         took = time.monotonic() - t0
         assert done.usage.completion_tokens == 8 and took < 2.0, took  # not the 6 s the killed stream had left
+
+
+def test_serve_on_port_0_names_the_port_it_listens_on_and_stops_on_ctrl_c():
+    """`specmesh serve --port 0` (host/cli/serve.py): the banner's address is where the API answers; Ctrl-C ends it
+    with one line and status 130."""
+    import signal
+    import urllib.request
+
+    from specmesh.host.cli.serve import url
+
+    assert url("::1", 80) == "http://[::1]:80/" and url("127.0.0.1", 8080) == "http://127.0.0.1:8080/"
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh", "serve", "--verifier", "cpu", "--drafter", "cpu",
+                             "--port", "0"], stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        banner = proc.stderr.readline()
+        while banner and " on http" not in banner:  # (any line before the banner: a warning)
+            banner = proc.stderr.readline()
+        assert " on http://127.0.0.1:" in banner, banner
+        address = banner.split(" on ")[1].split()[0]
+        assert not address.endswith(":0/")
+        with urllib.request.urlopen(address + "v1/models", timeout=30) as reply:
+            assert json.loads(reply.read())["data"][0]["id"] == "specmesh"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        assert proc.stderr.read().strip() == "specmesh serve: interrupted"
+    finally:
+        proc.kill()
+        proc.wait()

@@ -58,12 +58,16 @@ def serve(a: argparse.Namespace) -> int:
             Mesh.from_config(config, streams=a.streams, say=say_on_stderr("serve"), warn=say_on_stderr("serve")) as mesh, \
             ThreadPoolExecutor(max_workers=4 * a.streams + 16, thread_name_prefix="specmesh-request") as threads:
         server = uvicorn.Server(uvicorn.Config(app(mesh, threads), log_level="warning"))
-        print("specmesh serve: %s on http://%s:%d/ (the live page; the API under /v1), %d stream%s at once; "
-              "Ctrl-C stops it" % (", ".join("%s %s" % kv for kv in mesh.names.items()), a.host,
-                                   sock.getsockname()[1], mesh.streams, "s" * (mesh.streams > 1)),
-              file=sys.stderr, flush=True)
+        print("specmesh serve: %s on %s (the live page; the API under /v1), %d stream%s at once; Ctrl-C stops it"
+              % (", ".join("%s %s" % kv for kv in mesh.names.items()), url(a.host, sock.getsockname()[1]),
+                 mesh.streams, "s" * (mesh.streams > 1)), file=sys.stderr, flush=True)
         server.run(sockets=[sock])
     return 0
+
+
+def url(host: str, port: int) -> str:
+    """The live page's address on `host` and `port` (an IPv6 address in brackets, as URLs write it)."""
+    return "http://%s:%d/" % ("[%s]" % host if ":" in host else host, port)
 
 
 def listen(host: str, port: int) -> socket.socket:
