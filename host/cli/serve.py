@@ -62,6 +62,8 @@ def serve(a: argparse.Namespace) -> int:
               % (", ".join("%s %s" % kv for kv in mesh.names.items()), url(a.host, sock.getsockname()[1]),
                  mesh.streams, "s" * (mesh.streams > 1)), file=sys.stderr, flush=True)
         server.run(sockets=[sock])
+        if server.should_exit:  # Ctrl-C: uvicorn stopped gracefully, and asyncio's runner re-raises the signal only
+            raise KeyboardInterrupt  # when its cancel beats the coroutine's return: status 130 every time
     return 0
 
 
