@@ -224,24 +224,26 @@ def test_every_stage_of_the_shipped_split_fits_where_the_nodes_load_them():
     assert stage_heap_need(target, BOARD_CLASSES["esp32"], (0, 1)) < BOARD_CLASSES["esp32"].heap_bytes
 
 
-# (within 10 s: starlette and uvicorn are imported first; no_board_starts is what says it came before the boards)
-def test_serve_refuses_a_port_out_of_range_before_any_board_boots(models, capsys, no_board_starts):
+@pytest.fixture
+def serve_extra():
     pytest.importorskip("uvicorn", reason="specmesh serve needs the `serve` extra: pip install -e '.[dev]'")
+
+
+# (within 10 s: starlette and uvicorn are imported first; no_board_starts is what says it came before the boards)
+def test_serve_refuses_a_port_out_of_range_before_any_board_boots(models, capsys, no_board_starts, serve_extra):
     err = one_line_status_2(capsys, ["serve", "--models", str(models), "--port", "99999"], within=10.0)
     assert "--port must be in 0..65535" in err
 
 
-def test_serve_on_a_port_in_use_says_so_before_any_board_boots(models, capsys, no_board_starts):
+def test_serve_on_a_port_in_use_says_so_before_any_board_boots(models, capsys, no_board_starts, serve_extra):
     import socket
 
-    pytest.importorskip("uvicorn", reason="specmesh serve needs the `serve` extra: pip install -e '.[dev]'")
     with socket.create_server(("127.0.0.1", 0)) as held:
         port = held.getsockname()[1]
         err = one_line_status_2(capsys, ["serve", "--models", str(models), "--port", str(port)], within=10.0)
     assert "port %d on 127.0.0.1 is in use" % port in err and "--port N" in err
 
 
-def test_serve_on_an_address_not_of_this_machine_says_so(models, capsys, no_board_starts):
-    pytest.importorskip("uvicorn", reason="specmesh serve needs the `serve` extra: pip install -e '.[dev]'")
+def test_serve_on_an_address_not_of_this_machine_says_so(models, capsys, no_board_starts, serve_extra):
     err = one_line_status_2(capsys, ["serve", "--models", str(models), "--host", "192.0.2.1"], within=10.0)  # TEST-NET-1
     assert "--host 192.0.2.1: not an address of this machine" in err
