@@ -84,8 +84,19 @@ def test_what_does_not_map_is_a_4xx_naming_it(boards):
         with pytest.raises(openai.APIStatusError) as e:
             c.completions.create(**body)
         assert e.value.status_code == status and e.value.body["param"] == param, (kwargs, e.value.body)
+    import urllib.error
     import urllib.request
 
+    for route, body, param in (  # JSON the openai client does not send: a lone surrogate, a part's text not text
+            ("completions", '{"prompt": "Once \\ud800 upon"}', "prompt"),
+            ("chat/completions", '{"messages": [{"role": "user", "content": "\\udcff"}]}', "messages"),
+            ("chat/completions", '{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}',
+             "messages")):
+        ask = urllib.request.Request(boards + "/v1/" + route, body.encode(), {"content-type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(ask, timeout=60)
+        error = json.load(e.value)["error"]
+        assert e.value.code == 400 and error["param"] == param, (body, error)
     assert json.load(urllib.request.urlopen(boards + "/health"))["status"] == "ok"
 
 

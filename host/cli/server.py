@@ -109,7 +109,18 @@ def completion_prompt(body: dict, mesh: Mesh) -> list[int]:
         return list(prompt)
     if not isinstance(prompt, str) or not prompt:
         raise BadRequest("prompt must be a non-empty string (one prompt per request)", "prompt")
-    return mesh.encode(prompt)
+    return mesh.encode(unicode_text(prompt, "prompt"))
+
+
+def unicode_text(text: str, param: str) -> str:
+    """`text` if it is Unicode text; JSON's escapes can also spell a lone UTF-16 surrogate, which no encoding
+    writes (the tokenizer works on UTF-8 bytes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadRequest("%s holds a lone surrogate (\\u%04x at character %d), which is not Unicode text"
+                         % (param, ord(text[e.start]), e.start), param) from None
+    return text
 
 
 def chat_prompt(body: dict, mesh: Mesh) -> list[int]:
@@ -120,11 +131,12 @@ def chat_prompt(body: dict, mesh: Mesh) -> list[int]:
     for m in messages:
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(content, list):  # content parts: their text
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            content = "".join(texts) if all(isinstance(t, str) for t in texts) else None
         if not isinstance(content, str) or m.get("role") not in ("system", "developer", "user", "assistant"):
             raise BadRequest("each message needs a role (system, user, assistant) and text content", "messages")
         if content:
-            turns.append(content)
+            turns.append(unicode_text(content, "messages"))
     if not turns:
         raise BadRequest("the messages hold no text", "messages")
     return mesh.encode_turns(turns)
