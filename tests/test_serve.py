@@ -1,7 +1,7 @@
 """`specmesh serve` (host/cli/server.py, host/cli/serve.py) driven by the official `openai` client: greedy text
 equals `specmesh run`'s on virtual boards, streamed (SSE) and not, completions and chat; 16 concurrent streams
 on host back-ends give the texts they give one at a time (greedy and seeded) with batched passes; a client
-killed mid-stream frees its lane for the next request; what does not map is a 4xx naming it."""
+killed mid-generation (streamed or not) frees its lane for the next request; what does not map is a 4xx naming it."""
 
 import json
 import socket
@@ -139,18 +139,21 @@ class Slow(backends.LocalVerifier):
         return super().verify(committed, draft)
 
 
-def test_a_client_killed_mid_stream_frees_its_lane_for_the_next_request(models, monkeypatch):
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_killed_mid_generation_frees_its_lane_for_the_next_request(models, monkeypatch, stream):
     monkeypatch.setitem(registry.VERIFIERS, "slow", Slow)
     with Mesh(drafter="cpu", verifier="slow", models=models, gamma="0") as mesh, serving(mesh) as url:
         assert mesh.streams == 1  # one lane: the next request waits for it
         port = int(url.rsplit(":", 1)[1])
-        body = json.dumps({"prompt": PROMPT, "max_tokens": 120, "stream": True}).encode()
+        body = json.dumps({"prompt": PROMPT, "max_tokens": 120, "stream": stream}).encode()
         sock = socket.create_connection(("127.0.0.1", port))
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         got = b""
-        while got.count(b"data: ") < 3:  # the stream is under way: its lane is taken
+        while stream and got.count(b"data: ") < 3:  # the stream is under way: its lane is taken
             got += sock.recv(4096)
+        while not stream and mesh._free:  # the whole-body request has taken the lane
+            time.sleep(0.01)
         sock.close()  # the client is killed
         t0 = time.monotonic()
         done = client(url).completions.create(model="specmesh", prompt="The cat", max_tokens=8)

@@ -13,7 +13,7 @@ verification, tokens/s, the projected board tokens/s when the mesh projects, the
 its round's (characters of the chunk that were accepted drafts, drafts accepted, tokens committed, seconds).
 
 Each request generates in a thread of its own on a lane of the mesh (waiting for one, first come first
-served, when all are busy); a client that disconnects mid-stream sets its cancel event, which ends its
+served, when all are busy); a client that disconnects, streamed or not, sets its cancel event, which ends its
 generation after the round in progress and frees the lane.
 """
 
@@ -209,13 +209,23 @@ class Api:
             return StreamingResponse(self._events(prompt, kw, reply), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         cancel = threading.Event()
+        watch = asyncio.ensure_future(self._left(request, cancel))
         try:
             done = await self._run(prompt, kw, cancel, None)
         except GenerationFailed as e:
             return error(503, str(e), kind="server_error")
         finally:
             cancel.set()
+            watch.cancel()
         return JSONResponse(reply.whole(done, prompt))
+
+    @staticmethod
+    async def _left(request: Request, cancel: threading.Event) -> None:
+        """Sets `cancel` when the client of a whole-body request disconnects: its body was read, so what the
+        server hands on next is the disconnect (as a stream's own end does for streamed replies)."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        cancel.set()
 
     async def _run(self, prompt, kw, cancel, on_piece) -> Completion:
         self.busy += 1
