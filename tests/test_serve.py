@@ -87,16 +87,21 @@ def test_what_does_not_map_is_a_4xx_naming_it(boards):
     import urllib.error
     import urllib.request
 
-    for route, body, param in (  # JSON the openai client does not send: a lone surrogate, a part's text not text
-            ("completions", '{"prompt": "Once \\ud800 upon"}', "prompt"),
-            ("chat/completions", '{"messages": [{"role": "user", "content": "\\udcff"}]}', "messages"),
+    huge = PROMPT * 200_000  # 3.2 MB: refused from its size, before it is encoded
+    for route, body, param, says in (  # bodies the openai client does not send, and a huge prompt
+            ("completions", '{"prompt": "Once \\ud800 upon"}', "prompt", "lone surrogate"),
+            ("chat/completions", '{"messages": [{"role": "user", "content": "\\udcff"}]}', "messages",
+             "lone surrogate"),
             ("chat/completions", '{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}',
-             "messages")):
+             "messages", "text content"),
+            ("completions", json.dumps({"prompt": huge}), "prompt", "at least"),
+            ("chat/completions", json.dumps({"messages": [{"role": "user", "content": huge}]}), "messages",
+             "at least")):
         ask = urllib.request.Request(boards + "/v1/" + route, body.encode(), {"content-type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(ask, timeout=60)
         error = json.load(e.value)["error"]
-        assert e.value.code == 400 and error["param"] == param, (body, error)
+        assert e.value.code == 400 and error["param"] == param and says in error["message"], (body[:80], error)
     assert json.load(urllib.request.urlopen(boards + "/health"))["status"] == "ok"
 
 

@@ -109,18 +109,26 @@ def completion_prompt(body: dict, mesh: Mesh) -> list[int]:
         return list(prompt)
     if not isinstance(prompt, str) or not prompt:
         raise BadRequest("prompt must be a non-empty string (one prompt per request)", "prompt")
-    return mesh.encode(unicode_text(prompt, "prompt"))
+    fits_context([prompt], mesh, "prompt")
+    return mesh.encode(prompt)
 
 
-def unicode_text(text: str, param: str) -> str:
-    """`text` if it is Unicode text; JSON's escapes can also spell a lone UTF-16 surrogate, which no encoding
-    writes (the tokenizer works on UTF-8 bytes)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise BadRequest("%s holds a lone surrogate (\\u%04x at character %d), which is not Unicode text"
-                         % (param, ord(text[e.start]), e.start), param) from None
-    return text
+def fits_context(texts: list[str], mesh: Mesh, param: str) -> None:
+    """BadRequest unless `texts` are Unicode text that may fit the context, checked before they are encoded:
+    JSON's escapes can spell a lone UTF-16 surrogate, which no encoding writes (the tokenizer works on UTF-8
+    bytes), and a text longer than the context's tokens times the longest piece's bytes cannot fit (encoding
+    a megabyte would hold the event loop every stream shares for seconds)."""
+    nbytes = 0
+    for text in texts:
+        try:
+            nbytes += len(text.encode("utf-8"))
+        except UnicodeEncodeError as e:
+            raise BadRequest("%s holds a lone surrogate (\\u%04x at character %d), which is not Unicode text"
+                             % (param, ord(text[e.start]), e.start), param) from None
+    least = -(-nbytes // mesh.tok.longest_piece)
+    if least >= mesh.context:
+        raise BadRequest("the prompt has at least %d tokens (its %d bytes) but the context holds %d"
+                         % (least, nbytes, mesh.context), param, code="context_length_exceeded")
 
 
 def chat_prompt(body: dict, mesh: Mesh) -> list[int]:
@@ -136,9 +144,10 @@ def chat_prompt(body: dict, mesh: Mesh) -> list[int]:
         if not isinstance(content, str) or m.get("role") not in ("system", "developer", "user", "assistant"):
             raise BadRequest("each message needs a role (system, user, assistant) and text content", "messages")
         if content:
-            turns.append(unicode_text(content, "messages"))
+            turns.append(content)
     if not turns:
         raise BadRequest("the messages hold no text", "messages")
+    fits_context(turns, mesh, "messages")
     return mesh.encode_turns(turns)
 
 

@@ -132,6 +132,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return len(self.pieces)
 
+    @property
+    def longest_piece(self) -> int:
+        """Bytes of the longest piece: a text of n UTF-8 bytes encodes to at least n / this many tokens."""
+        return max(len(p) for p in self.pieces)
+
     def encode(self, text: str, bos: bool = True, eos: bool = False) -> list[int]:
         """llama2.c's encoding: a dummy-prefix space, each UTF-8 character as a piece or its bytes
         (id byte + 3), then merges of the adjacent pair forming the best-scoring piece."""
