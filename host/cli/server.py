@@ -42,6 +42,7 @@ TAKEN = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "
 DEFAULTS = {"echo": False, "logprobs": None, "top_logprobs": None, "best_of": 1, "presence_penalty": 0,
             "frequency_penalty": 0, "logit_bias": None, "suffix": None, "tools": None, "tool_choice": None,
             "response_format": None, "parallel_tool_calls": None}  # OpenAI's defaults, accepted as such
+MAX_BODY = 1 << 20
 FINISH = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context": "length", "cancelled": "stop"}
 
 
@@ -200,7 +201,9 @@ class Api:
 
     async def _serve(self, request: Request, chat: bool) -> Response:
         try:
-            body = await request.json()
+            body = json.loads(await body_of(request))
+        except BadRequest as e:
+            return error(e.status, str(e))
         except (ValueError, UnicodeDecodeError):
             return error(400, "the body must be JSON")
         if not isinstance(body, dict):
@@ -266,6 +269,19 @@ class Api:
             yield "data: [DONE]\n\n"
         finally:
             cancel.set()  # a client gone: the generation ends after its round, freeing its lane
+
+
+async def body_of(request: Request) -> bytes:
+    """The request's body, read up to MAX_BODY bytes (BadRequest 413 beyond: any prompt the context holds is a
+    few kilobytes, and a body is held whole in memory to be parsed)."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise BadRequest("the body is over %d bytes: no prompt the context holds is that long" % MAX_BODY,
+                             status=413)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def sse(obj: dict) -> str:
