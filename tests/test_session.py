@@ -54,6 +54,10 @@ def test_bad_options_are_one_line_errors(models):
     with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
         with pytest.raises(UsageError, match="temperature"):
             mesh.generate("The cat", temperature=-1)
+    with pytest.raises(UsageError, match="closed"):  # not a run on back-ends it released
+        mesh.generate("The cat", max_tokens=4)
+    with pytest.raises(UsageError, match="closed"):
+        next(mesh.stream("The cat", max_tokens=4))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])

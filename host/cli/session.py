@@ -497,6 +497,7 @@ class Mesh(contextlib.AbstractContextManager):
         self._lanes: list[Lane] = []
         self._free: deque[Lane] = deque()
         self._waiting: deque[_Ticket] = deque()
+        self._closed = False
         try:
             self._release(self._new_lane())
         except BaseException:
@@ -509,6 +510,7 @@ class Mesh(contextlib.AbstractContextManager):
         return cls(config=config, streams=streams, say=say, warn=warn)
 
     def close(self) -> None:
+        self._closed = True
         self._setup.close()
 
     def __exit__(self, *exc) -> None:
@@ -537,6 +539,8 @@ class Mesh(contextlib.AbstractContextManager):
     def lane(self, cancel: threading.Event | None = None) -> Iterator[Lane | None]:
         """A lane for one stream, waited for first come, first served (a new one opened while fewer than
         `streams` exist); None when `cancel` was set while waiting (the request left the queue)."""
+        if self._closed:  # its boards' links are shut: each would only fail over to the cpu verifier
+            raise UsageError("this Mesh is closed (its back-ends were released): make a new one")
         ticket = _Ticket()
         with self._lock:
             if self._free and not self._waiting:
