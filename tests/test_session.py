@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specmesh import Completion, Mesh, Piece
@@ -54,6 +55,12 @@ def test_bad_options_are_one_line_errors(models):
     with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
         with pytest.raises(UsageError, match="temperature"):
             mesh.generate("The cat", temperature=-1)
+        for kw, says in (({"temperature": "hot"}, "temperature must be a number"), ({"seed": 1.5}, "seed must be an"),
+                         ({"max_tokens": True}, "max_tokens must be an"), ({"stop": 5}, "stop must be"),
+                         ({"stop": ["a", None]}, "stop must be")):
+            with pytest.raises(UsageError, match=says):
+                mesh.generate("The cat", **kw)
+        assert mesh.generate("The cat", max_tokens=np.int64(3), temperature=np.float32(0.5), seed=1).token_ids
     with pytest.raises(UsageError, match="closed"):  # not a run on back-ends it released
         mesh.generate("The cat", max_tokens=4)
     with pytest.raises(UsageError, match="closed"):

@@ -38,6 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -589,7 +590,16 @@ class Mesh(contextlib.AbstractContextManager):
         """The mesh's configuration with one generation's sampling settings (None: the mesh's), checked as the
         flags are (UsageError: one line)."""
         c = self.config
-        stop = (stop,) if isinstance(stop, str) else tuple(stop) if stop is not None else c.stop
+        for name, value, kind in (("max_tokens", max_tokens, Integral), ("top_k", top_k, Integral),
+                                  ("seed", seed, Integral), ("temperature", temperature, Real), ("top_p", top_p, Real)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+                raise UsageError("%s must be %s, not %r" % (name, "an integer" if kind is Integral else "a number",
+                                                            value))
+        stop = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, (list, tuple)) else stop
+        if stop is None:
+            stop = c.stop
+        elif not (isinstance(stop, tuple) and all(isinstance(s, str) for s in stop)):
+            raise UsageError("stop must be a string or a list of strings, not %r" % (stop,))
         new = dataclasses.replace(c, max_tokens=c.max_tokens if max_tokens is None else max_tokens,
                                   temperature=c.temperature if temperature is None else temperature,
                                   top_p=c.top_p if top_p is None else top_p, top_k=c.top_k if top_k is None else top_k,
