@@ -16,6 +16,7 @@ from specmesh.host import backends
 from specmesh.host.cli import registry
 from specmesh.host.cli.config import UsageError
 from specmesh.host.cli.run import run
+from specmesh.host.cli.session import config_from
 from specmesh.host.cli.chat import chat
 from tests.test_chat import args
 
@@ -52,6 +53,14 @@ def test_bad_options_are_one_line_errors(models):
         Mesh(verifier="cpu", models=models, colour=True)
     with pytest.raises(UsageError, match="--max-tokens"):
         Mesh(verifier="cpu", models=models, max_tokens=0)
+    for kw, says in (({"stages": "x"}, "stages must be an integer, not 'x'"), ({"prompt": 5.0}, "prompt must be a str"),
+                     ({"transport": "wifi"}, "transport must be one of serial, espnow"),
+                     ({"plain": "yes"}, "plain must be true or false"), ({"models": 5}, "models must be a path"),
+                     ({"stop": [1]}, "stop must be a string or a list")):
+        with pytest.raises(UsageError, match=says):  # as the command line refuses them, not deep in the run
+            Mesh(verifier="cpu", **{"models": models, **kw})
+    config = config_from(verifier="cpu", max_tokens="16", gamma=3, stop="The")  # read as the command line reads them
+    assert (config.max_tokens, config.gamma, config.stop) == (16, 3, ("The",))
     with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
         with pytest.raises(UsageError, match="temperature"):
             mesh.generate("The cat", temperature=-1)

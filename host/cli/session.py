@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import queue
 import sys
 import threading
@@ -79,16 +80,52 @@ def one_line(e: BaseException) -> str:
 
 def config_from(**flags) -> RunConfig:
     """The RunConfig of `specmesh run` given these flags by their long names (`max_tokens=16`, `verifier="cpu"`),
-    with the command line's defaults and checks; TypeError for a name that is no flag."""
+    with the command line's defaults and checks; TypeError for a name that is no flag, UsageError for a value
+    of the wrong kind (a string is read as the command line reads it: `max_tokens="16"`)."""
     p = argparse.ArgumentParser()
     add_arguments(p)
     ns = p.parse_args([])
+    actions = {a.dest: a for a in p._actions}
     for name, value in flags.items():
         if not hasattr(ns, name):
             raise TypeError("Mesh() got an unexpected option %r (the long flags of `specmesh run` are its options, "
                             "e.g. drafter, verifier, stages, gamma, models)" % name)
-        setattr(ns, name, Path(value) if isinstance(p.get_default(name), Path) and value is not None else value)
+        setattr(ns, name, flag_value(actions[name], name, value))
     return RunConfig.from_args(ns)
+
+
+def flag_value(action: argparse.Action, name: str, value):
+    """`value` for the flag `action` as its command-line parse would give it (an integer for a string flag as its
+    digits: `gamma=3`); UsageError naming `name`."""
+    kind = action.type
+    want = "an integer" if kind is int else "a number" if kind is float else "a path" if kind is Path else "a string"
+    if isinstance(action.default, list):  # an appending flag (--stop): one string or several
+        values = [value] if isinstance(value, str) else [] if value is None else value
+        if isinstance(values, (list, tuple)) and all(isinstance(v, str) for v in values):
+            return list(values)
+        want = "a string or a list of strings"
+    elif value is None:
+        return None
+    elif action.nargs == 0:  # a switch (plain, quiet)
+        if isinstance(value, bool):
+            return value
+        want = "true or false"
+    elif isinstance(value, str) or (kind is None and isinstance(value, Integral) and not isinstance(value, bool)):
+        value = str(value)
+        if kind in (int, float):
+            with contextlib.suppress(ValueError):
+                return kind(value)
+        elif kind is Path:
+            return Path(value)
+        elif action.choices and value not in action.choices:
+            want = "one of " + ", ".join(action.choices)
+        else:
+            return value
+    elif kind is Path and isinstance(value, os.PathLike):
+        return Path(value)
+    elif kind in (int, float) and isinstance(value, Integral if kind is int else Real) and not isinstance(value, bool):
+        return value
+    raise UsageError("%s must be %s, not %r" % (name, want, value))
 
 
 def load_tokenizer(models: Path):
