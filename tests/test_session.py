@@ -70,6 +70,11 @@ def test_bad_options_are_one_line_errors(models):
             with pytest.raises(UsageError, match=says):
                 mesh.generate("The cat", **kw)
         assert mesh.generate("The cat", max_tokens=np.int64(3), temperature=np.float32(0.5), seed=1).token_ids
+        for prompt, says in (([1, 512], "integers in 0..511, not 512"), ([1, -3], "not -3"), ([1, True], "not True"),
+                             (["a"], "not 'a'"), ([], "no token"), (None, "text or a list of token ids")):
+            with pytest.raises(UsageError, match=says):  # before any back-end sees them (a board packs a u16)
+                mesh.generate(prompt, max_tokens=3)
+        assert mesh.generate(np.array([1, 400]), max_tokens=3).token_ids
     with pytest.raises(UsageError, match="closed"):  # not a run on back-ends it released
         mesh.generate("The cat", max_tokens=4)
     with pytest.raises(UsageError, match="closed"):

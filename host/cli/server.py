@@ -34,7 +34,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from specmesh.host.cli.config import UsageError
-from specmesh.host.cli.session import Completion, GenerationFailed, Mesh, Piece
+from specmesh.host.cli.session import Completion, GenerationFailed, Mesh, Piece, check_ids
 
 MODEL_ID = "specmesh"
 TAKEN = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
@@ -105,8 +105,10 @@ def completion_prompt(body: dict, mesh: Mesh) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if not all(0 <= t < len(mesh.tok.pieces) for t in prompt):
-            raise BadRequest("prompt token ids must be in 0..%d" % (len(mesh.tok.pieces) - 1), "prompt")
+        try:
+            check_ids(prompt, len(mesh.tok.pieces))
+        except UsageError as e:
+            raise BadRequest(str(e), "prompt") from None
         return list(prompt)
     if not isinstance(prompt, str) or not prompt:
         raise BadRequest("prompt must be a non-empty string (one prompt per request)", "prompt")

@@ -128,6 +128,15 @@ def flag_value(action: argparse.Action, name: str, value):
     raise UsageError("%s must be %s, not %r" % (name, want, value))
 
 
+def check_ids(prompt: Sequence[int], vocab: int) -> None:
+    """UsageError unless `prompt` is one token id or more, each an integer in 0..vocab - 1."""
+    if len(prompt) == 0:
+        raise UsageError("the prompt holds no token: give it text or at least one token id")
+    for t in prompt:
+        if isinstance(t, bool) or not isinstance(t, Integral) or not 0 <= t < vocab:
+            raise UsageError("the prompt's token ids must be integers in 0..%d, not %r" % (vocab - 1, t))
+
+
 def load_tokenizer(models: Path):
     from specmesh.host.decode.tokenizer import Tokenizer, TokenizerError
 
@@ -684,7 +693,14 @@ class Mesh(contextlib.AbstractContextManager):
             thread.join()
 
     def _ids(self, prompt: str | Sequence[int]) -> list[int]:
-        return self.tok.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if isinstance(prompt, str):
+            return self.tok.encode(prompt)
+        try:
+            if isinstance(prompt, (bytes, bytearray)):
+                raise TypeError
+            return list(prompt)
+        except TypeError:
+            raise UsageError("the prompt must be text or a list of token ids, not %r" % (prompt,)) from None
 
     def complete(self, prompt: Sequence[int], request: RunConfig | None = None,
                  on_piece: Callable[[Piece], None] | None = None, cancel: threading.Event | None = None,
@@ -695,6 +711,7 @@ class Mesh(contextlib.AbstractContextManager):
         request = request or self.config
         if len(prompt) >= self.context:
             raise UsageError("the prompt has %d tokens but the context holds %d" % (len(prompt), self.context))
+        check_ids(prompt, len(self.tok.pieces))
         if lane is None:
             with self.lane(cancel) as lane:
                 if lane is None:
