@@ -71,6 +71,16 @@ def test_tokenizer_round_trips_any_text(tok):
     assert len(tok.encode("the the the the", bos=False)) < len("the the the the")  # merges exist
 
 
+def test_least_tokens_bounds_the_encoding_from_below(tok):
+    """Tokenizer.least_tokens: what a too-long prompt is refused by before it is encoded (`specmesh run`, serve)."""
+    stories = (MODELS / "heldout.txt").read_text("utf-8").split("\n\n")[:100]
+    longest = max(tok.pieces, key=len).decode("utf-8")
+    for text in stories + ["", "a", " ", "\U0001F600" * 9, longest * 50, (" " + longest) * 50]:
+        for bos in (True, False):
+            assert tok.least_tokens(text, bos) <= len(tok.encode(text, bos=bos)), (text[:40], bos)
+    assert tok.least_tokens("Once upon a time " * 1000) > 512  # enough to refuse a long prompt unencoded
+
+
 def test_vocab_table_matches_tokenizer(tok):
     data = (MODELS / "vocab.bin").read_bytes()
     board = Tokenizer.from_vocab_bin(MODELS / "vocab.bin")

@@ -73,6 +73,9 @@ def test_an_over_long_prompt_is_refused_before_the_boards_start(models, capsys, 
     assert "the prompt is" in err and "target model's context holds 64 (target.spm)" in err
     assert "Once upon" not in capsys.readouterr().out  # the prompt was not echoed either
     assert err.endswith("shorten the prompt from --prompt\n")
+    assert "is at least " in err  # its bytes alone say so (Tokenizer.least_tokens): it was not encoded
+    err = one_line_status_2(capsys, ["run", "--models", str(models), "--prompt", "Once upon a time " * 17])
+    assert "the prompt is 70 tokens" in err  # under that bound: encoded, and counted exactly
 
 
 def test_an_over_long_prompt_from_a_file_names_the_file(models, tmp_path, capsys, no_board_starts):

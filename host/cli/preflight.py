@@ -73,13 +73,15 @@ def check_pair(target: Header, vocab: int, tokenizer_id: int, what: str) -> None
 
 
 def check_context(prompt_tokens: int, target: Header, name: str = MODEL_FILES["verifier"],
-                  source: str = "--prompt") -> None:
+                  source: str = "--prompt", at_least: bool = False) -> None:
     """The prompt must leave room in the target's context for at least one generated token (the
     drafter's context limits nothing: past it, rounds are plain; host/decode/orchestrator.py). `source`: where
-    the prompt came from (--prompt, --prompt-file F, stdin), named in the message."""
+    the prompt came from (--prompt, --prompt-file F, stdin), named in the message; `at_least`: the count is a
+    lower bound (Tokenizer.least_tokens: a prompt too long to be worth encoding)."""
     if prompt_tokens >= target.max_seq:
-        raise PreflightError("the prompt is %d tokens but the target model's context holds %d (%s): shorten the "
-                             "prompt from %s" % (prompt_tokens, target.max_seq, name, source))
+        raise PreflightError("the prompt is %s%d tokens but the target model's context holds %d (%s): shorten the "
+                             "prompt from %s" % ("at least " if at_least else "", prompt_tokens, target.max_seq, name,
+                                                 source))
 
 
 def check_backends(names: dict[str, str], transport: str, key: bytes | None = None) -> dict[str, str]:

@@ -119,19 +119,17 @@ def completion_prompt(body: dict, mesh: Mesh) -> list[int]:
 def fits_context(texts: list[str], mesh: Mesh, param: str) -> None:
     """BadRequest unless `texts` are Unicode text that may fit the context, checked before they are encoded:
     JSON's escapes can spell a lone UTF-16 surrogate, which no encoding writes (the tokenizer works on UTF-8
-    bytes), and a text longer than the context's tokens times the longest piece's bytes cannot fit (encoding
-    a megabyte would hold the event loop every stream shares for seconds)."""
-    nbytes = 0
+    bytes), and encoding a megabyte would hold the event loop every stream shares for seconds."""
+    least = 0
     for text in texts:
         try:
-            nbytes += len(text.encode("utf-8"))
+            least += mesh.tok.least_tokens(text, bos=not least)  # (a chat's later turns have none)
         except UnicodeEncodeError as e:
             raise BadRequest("%s holds a lone surrogate (\\u%04x at character %d), which is not Unicode text"
                              % (param, ord(text[e.start]), e.start), param) from None
-    least = -(-nbytes // mesh.tok.longest_piece)
     if least >= mesh.context:
-        raise BadRequest("the prompt has at least %d tokens (its %d bytes) but the context holds %d"
-                         % (least, nbytes, mesh.context), param, code="context_length_exceeded")
+        raise BadRequest("the prompt has at least %d tokens but the context holds %d" % (least, mesh.context), param,
+                         code="context_length_exceeded")
 
 
 def chat_prompt(body: dict, mesh: Mesh) -> list[int]:

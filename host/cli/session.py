@@ -378,9 +378,9 @@ def _virtual(name: str) -> bool:
     return name == "virtual" or name.startswith("virtual:")
 
 
-def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
+def preflight(config: RunConfig, tok) -> tuple[dict, dict]:
     """(model headers by role, back-end names by role with `auto` resolved), checked before anything starts:
-    no board booted, no port held when one of these fails."""
+    no board booted, no port held when one of these fails; `tok` encodes the prompt (only when it may fit)."""
     names = config.backend_names
     try:
         roles = sorted({*names, *(["drafter"] if config.project else [])})
@@ -388,7 +388,10 @@ def preflight(config: RunConfig, prompt_tokens: int) -> tuple[dict, dict]:
         if "drafter" in headers:
             check_pair(headers["verifier"], headers["drafter"].vocab, headers["drafter"].tokenizer_id,
                        str(config.model_file("drafter")))
-        check_context(prompt_tokens, headers["verifier"], config.model_file("verifier").name, config.prompt_from)
+        least = tok.least_tokens(config.prompt)
+        check_context(least if least >= headers["verifier"].max_seq else len(tok.encode(config.prompt)),
+                      headers["verifier"], config.model_file("verifier").name, config.prompt_from,
+                      at_least=least >= headers["verifier"].max_seq)
         n_layers = headers["verifier"].n_layers
         in_range("--stages", config.stages, 0, n_layers, "0: one verifier; at most the target's %d layers" % n_layers)
         if config.stages:
@@ -535,7 +538,7 @@ class Mesh(contextlib.AbstractContextManager):
         from specmesh.host.decode.tokenizer import BOS
 
         self.eos = BOS  # llama2.c's models end a story by starting the next one (BOS)
-        self.headers, self.names = preflight(self.config, len(self.tok.encode(self.config.prompt)))
+        self.headers, self.names = preflight(self.config, self.tok)
         self.on_host = self.names.get("drafter") == "cpu"  # the drafter runs on this machine, not on a board
         host_only = all(n in HOST_BACKENDS for n in self.names.values())
         self.streams = streams if host_only else 1

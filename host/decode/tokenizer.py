@@ -132,10 +132,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return len(self.pieces)
 
-    @property
-    def longest_piece(self) -> int:
-        """Bytes of the longest piece: a text of n UTF-8 bytes encodes to at least n / this many tokens."""
-        return max(len(p) for p in self.pieces)
+    def least_tokens(self, text: str, bos: bool = True) -> int:
+        """A lower bound of len(encode(text, bos)) without encoding it (a megabyte takes seconds): its UTF-8
+        bytes (and the dummy-prefix space) over the longest piece's, and the BOS. UnicodeEncodeError as encode."""
+        longest = max(len(p) for p in self.pieces)
+        return int(bos) + (-(-(len(text.encode("utf-8")) + 1) // longest) if text else 0)
 
     def encode(self, text: str, bos: bool = True, eos: bool = False) -> list[int]:
         """llama2.c's encoding: a dummy-prefix space, each UTF-8 character as a piece or its bytes
