@@ -75,6 +75,12 @@ def test_the_story_alone_lands_in_the_file_stdout_is_sent_to(tmp_path):
     (["emulate", "--bords", "2"], "usage: specmesh emulate ", "; did you mean --boards?"),
     (["run", "--json", "x"], "usage: specmesh run ", "; did you mean --stats-json?"),
     (["run", "--zzzz"], "usage: specmesh run ", ""),
+    # a bare word: the flag whose value it is
+    (["run", "Once", "upon"], "usage: specmesh run ", "; did you mean --prompt 'Once upon'?"),
+    (["run", "esp32s3"], "usage: specmesh run ", "; did you mean --project esp32s3?"),
+    (["bench", "/dev/ttyUSB0"], "usage: specmesh bench ", "; did you mean --port /dev/ttyUSB0?"),
+    (["chaos", "lossy-serial"], "usage: specmesh chaos ", "; did you mean --profile lossy-serial?"),
+    (["run", "/dev/ttyUSB0"], "usage: specmesh run ", ""),  # a port, but of which role: not guessed
 ])
 def test_an_unknown_flag_gets_the_subcommand_s_usage_and_the_closest_flag(capsys, argv, usage, hint):
     with pytest.raises(SystemExit) as e:

@@ -2,6 +2,8 @@
 
 import argparse
 import os
+import re
+import shlex
 import signal
 import sys
 import time
@@ -363,4 +365,13 @@ def unknown(command: argparse.ArgumentParser, extra: list[str]) -> None:
         # the one flag that has the typed word as one of its words (--json: --stats-json, not the spelling --stop)
         close = [f for f in flags if first.lstrip("-") in f[2:].split("-")]
         close = close if len(close) == 1 else difflib.get_close_matches(first, flags, n=1, cutoff=0.6)
+    else:  # a bare word: the value of the flag it fits (bench /dev/ttyUSB0: --port /dev/ttyUSB0)
+        word = extra[0]
+        close = ["%s %s" % (f, word) for f, a in command._option_string_actions.items()
+                 if f.startswith("--") and a.choices and word in a.choices]
+        port = re.fullmatch(r"/dev/\S+|COM\d+", word)
+        if not close and "--port" in flags and port:
+            close = ["--port " + word]
+        elif not close and "--prompt" in flags and not port:  # run "Once upon a time": the prompt is a flag
+            close = ["--prompt " + shlex.quote(" ".join(extra))]
     command.error(line + ("; did you mean %s?" % close[0] if close else ""))
