@@ -4,6 +4,8 @@ folder (which role reads which file)."""
 
 from __future__ import annotations
 
+import shutil
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,3 +19,9 @@ TOKENIZER_FILE = "tokenizer.bin"  # llama2.c's tokenizer format
 def model_path(models: Path, role: str) -> Path:
     """The model file `role` ("drafter", "verifier" or "stage") reads in the folder `models`."""
     return Path(models) / MODEL_FILES[role]
+
+
+def micropython_binary() -> str | None:
+    """The `micropython` binary `make setup` builds beside this interpreter (else one on PATH), or None."""
+    exe = Path(sys.executable).with_name("micropython")
+    return str(exe) if exe.exists() else shutil.which("micropython")

@@ -8,6 +8,7 @@ editable install of specmesh stays invisible there)."""
 
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -59,7 +60,7 @@ def test_the_installed_copy_is_used_and_carries_its_data(installed):
     for part in ("firmware/main.py", "firmware/kernels.py", "firmware/native/x64.mpy", "firmware/native/rv32imc.mpy",
                  "firmware/native/xtensawin.mpy", "host/emulator/mpy/_vboard.py", "host/projection/mpy/boardbench.py",
                  "models/target.spm", "models/drafter.spm", "models/drafter-esp32.spm", "models/tokenizer.bin",
-                 "host/cli/page.html", "__main__.py"):  # serve's live page; python -m specmesh
+                 "host/cli/page.html", "host/backends/mpy/engine_pipe.py", "__main__.py"):  # serve's page; -m
         assert (installed["site"] / "specmesh" / part).is_file(), part
     assert specmesh(installed, "--version").stdout.startswith("specmesh 0.1.0")
 
@@ -88,6 +89,12 @@ def test_run_plain_on_the_cpu(installed):
     done = specmesh(installed, "run", "--plain", "--max-tokens", "4", "--verifier", "cpu", "--no-color")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Once upon a time") and "tokens                 4" in done.stderr
+    if platform.machine() == "x86_64":  # the cpu back-ends' engine process runs from the installed copy
+        started = subprocess.run([str(installed["bin"] / "python"), "-c", "from specmesh.host.backends.pipeengine "
+                                  "import PipeEngine; from specmesh.host.layout import MODELS; "
+                                  "print(PipeEngine.start(MODELS / 'target.spm') is not None)"],
+                                 capture_output=True, text=True, env=installed["env"], cwd=installed["cwd"])
+        assert started.stdout.strip() == "True", started.stderr
 
 
 def test_run_flashes_a_virtual_drafter_into_the_users_cache(installed):

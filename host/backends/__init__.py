@@ -32,6 +32,7 @@ from typing import Protocol
 
 from specmesh.shared import rule, sampling
 from specmesh.shared.messages import MAX_GAMMA
+from specmesh.shared.modelfile import ModelFileError
 
 
 class BackendError(Exception):
@@ -176,18 +177,35 @@ def is_port(name: str) -> bool:
 
 
 class EngineStream:
-    """A numpy `Engine` whose KV cache follows a token list: keeps the common prefix, feeds the rest."""
+    """A model's engine whose KV cache follows a token list: keeps the common prefix, feeds the rest. Its own
+    engine is the board's engine and C kernels in a `micropython` process where they run (host/backends/
+    pipeengine.py: 25-35x faster a position), else the numpy `Engine`: the same integers either way."""
 
     def __init__(self, path, engine=None):
-        """`engine`: anything with Engine's `header`, `forward(tokens, start_pos)`, `rollback(n)` (torch)."""
+        """`engine`: anything with Engine's `header`, `forward(tokens, start_pos)`, `rollback(n)` (torch, a
+        Batcher's stream), closed by its owner; None: this stream's own, closed by `close`. Should its own
+        engine's process end, the numpy engine takes over, fed the cached tokens again: the run goes on."""
+        from specmesh.host.backends.pipeengine import PipeEngine
+
+        self.path = path
+        # (a file the board's engine refuses leaves the numpy one to load it, or to say why it cannot)
+        self._own = None if engine is not None else PipeEngine.start(path)
+        self.engine = engine or self._own or self._numpy()
+        self.cached: list[int] = []  # the tokens whose keys and values the cache holds
+        self.compute_s = 0.0
+
+    def _numpy(self):
         from specmesh.host.backends.engine import Engine  # numpy engine only when a local back-end is made
 
         try:
-            self.engine = engine or Engine(path)
-        except (OSError, ValueError) as e:
-            raise BackendError("cannot load model %s: %s" % (path, e)) from None
-        self.cached: list[int] = []  # the tokens whose keys and values the cache holds
-        self.compute_s = 0.0
+            return Engine(self.path)
+        except (OSError, ValueError, ModelFileError) as e:
+            raise BackendError("cannot load model %s: %s" % (self.path, e)) from None
+
+    def close(self) -> None:
+        """End this stream's own engine process, if it has one."""
+        if self._own is not None:
+            self._own.close()
 
     @property
     def max_seq(self) -> int:
@@ -205,8 +223,17 @@ class EngineStream:
 
     def feed(self, tokens: Sequence[int]):
         """Logits [len(tokens), vocab] of tokens appended after the cached ones."""
+        from specmesh.host.backends.pipeengine import EngineGone
+
         t0 = time.perf_counter()
-        logits = self.engine.forward(tokens, len(self.cached))
+        try:
+            logits = self.engine.forward(tokens, len(self.cached))
+        except EngineGone:
+            self.close()
+            self.engine, self._own = self._numpy(), None
+            if self.cached:
+                self.engine.forward(self.cached, 0)
+            logits = self.engine.forward(tokens, len(self.cached))
         self.compute_s += time.perf_counter() - t0
         self.cached.extend(tokens)
         return logits
@@ -245,7 +272,7 @@ class LocalRole(Unit):
         return {"compute_s": self.stream.compute_s}
 
     def close(self) -> None:
-        pass
+        self.stream.close()
 
 
 class LocalVerifier(LocalRole):

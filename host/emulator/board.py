@@ -41,7 +41,7 @@ import weakref
 from functools import cache
 from pathlib import Path
 
-from specmesh.host import atomic
+from specmesh.host import atomic, layout
 from specmesh.host.boardclasses import CONSOLE_RING, BoardClass, board_class
 from specmesh.host.mpycross import CompileError, compile_py
 
@@ -68,12 +68,7 @@ MEASURE_S = 20  # longest the flashed modules may take to import when the VM hea
 
 
 def micropython_binary() -> str:
-    exe = Path(sys.executable).with_name("micropython")
-    if exe.exists():
-        return str(exe)
-    from shutil import which
-
-    found = which("micropython")
+    found = layout.micropython_binary()
     if not found:
         raise BoardError("the micropython binary is missing: run `make setup`")
     return found
