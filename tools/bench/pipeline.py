@@ -91,7 +91,7 @@ def run() -> dict:
     print("alpha per gamma: %s" % ", ".join("%d: %.2f" % (g, a) for g, a in alpha.items()))
     drafted = [x for rs in runs.values() for _, r in rs for x in r.rounds[1:] if x.gamma]
     per_position = sum(x.t_draft for x in drafted) / max(1, sum(x.lag + x.gamma for x in drafted))
-    print("host drafter here: %.1f ms a drafted position (the projection uses HOST_DRAFT_POSITION, %.1f ms)"
+    print("host drafter here: %.3f ms a drafted position (the projection uses HOST_DRAFT_POSITION, %.3f ms)"
           % (1000 * per_position, 1000 * HOST_DRAFT_POSITION.value))
     for link, by_drafter in curve.items():
         for where, rows in by_drafter.items():
