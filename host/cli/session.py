@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import os
 import queue
 import sys
@@ -82,16 +83,23 @@ def config_from(**flags) -> RunConfig:
     """The RunConfig of `specmesh run` given these flags by their long names (`max_tokens=16`, `verifier="cpu"`),
     with the command line's defaults and checks; TypeError for a name that is no flag, UsageError for a value
     of the wrong kind (a string is read as the command line reads it: `max_tokens="16"`)."""
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    ns = p.parse_args([])
-    actions = {a.dest: a for a in p._actions}
+    actions = flag_actions()
+    # the defaults as parse_args([]) gives them (no typed flag has a string default for it to convert)
+    ns = argparse.Namespace(**{name: action.default for name, action in actions.items()})
     for name, value in flags.items():
-        if not hasattr(ns, name):
+        if name not in actions:
             raise TypeError("Mesh() got an unexpected option %r (the long flags of `specmesh run` are its options, "
                             "e.g. drafter, verifier, stages, gamma, models)" % name)
         setattr(ns, name, flag_value(actions[name], name, value))
     return RunConfig.from_args(ns)
+
+
+@functools.cache
+def flag_actions() -> dict[str, argparse.Action]:
+    """`specmesh run`'s flags by their long names (argparse's own list of them: it has no public one)."""
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return {a.dest: a for a in p._actions if a.dest != "help"}
 
 
 def flag_value(action: argparse.Action, name: str, value):
@@ -638,21 +646,13 @@ class Mesh(contextlib.AbstractContextManager):
                 ) -> RunConfig:
         """The mesh's configuration with one generation's sampling settings (None: the mesh's), checked as the
         flags are (UsageError: one line)."""
-        c = self.config
-        for name, value, kind in (("max_tokens", max_tokens, Integral), ("top_k", top_k, Integral),
-                                  ("seed", seed, Integral), ("temperature", temperature, Real), ("top_p", top_p, Real)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
-                raise UsageError("%s must be %s, not %r" % (name, "an integer" if kind is Integral else "a number",
-                                                            value))
-        stop = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, (list, tuple)) else stop
-        if stop is None:
-            stop = c.stop
-        elif not (isinstance(stop, tuple) and all(isinstance(s, str) for s in stop)):
-            raise UsageError("stop must be a string or a list of strings, not %r" % (stop,))
-        new = dataclasses.replace(c, max_tokens=c.max_tokens if max_tokens is None else max_tokens,
-                                  temperature=c.temperature if temperature is None else temperature,
-                                  top_p=c.top_p if top_p is None else top_p, top_k=c.top_k if top_k is None else top_k,
-                                  seed=c.seed if seed is None else seed, stop=stop)
+        actions = flag_actions()
+        given = {name: flag_value(actions[name], name, value) for name, value in (
+            ("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p), ("top_k", top_k),
+            ("seed", seed), ("stop", stop)) if value is not None}
+        if "stop" in given:
+            given["stop"] = tuple(given["stop"])
+        new = dataclasses.replace(self.config, **given)
         try:
             in_range("max_tokens", new.max_tokens, 1)
             in_range("top_k", new.top_k, 0, 65535, "0: off")
