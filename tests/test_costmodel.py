@@ -5,12 +5,11 @@ where a board keeps a model follows its heap."""
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE, micropython_binary
 from specmesh.host.projection import costmodel as cm
 from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 
@@ -46,8 +45,9 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def calls():
-    exe = Path(sys.executable).with_name("micropython")
-    p = subprocess.run([str(exe), "-X", "heapsize=8M", "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True,
+    exe = micropython_binary()
+    assert exe, "the micropython binary is missing: run `make setup`"
+    p = subprocess.run([exe, "-X", "heapsize=8M", "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)

@@ -44,6 +44,7 @@ from specmesh.shared import codec
 from specmesh.shared import messages as m
 from specmesh.shared.rule import ONE
 from specmesh.tools.gen_vectors import mutate
+from specmesh.host.layout import micropython_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = b"fuzz-key-0123456789abcdef"
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-drift", type=int, default=4096, help="heap drift that counts as a failure (bytes)")
     ap.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     a = ap.parse_args(argv)
-    mp = Path(sys.executable).with_name("micropython")
+    mp = micropython_binary()
     t0 = time.perf_counter()
     res = {"cpython": fuzz_cpython(a.frames, a.seed)}
     print("CPython decoders: %d inputs in %.0f s: %d crashes, %d hangs (slowest %.1f ms), heap drift %d B"

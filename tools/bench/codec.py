@@ -18,15 +18,14 @@ and on the datagram link (ESP-NOW packets, 250-byte MTU), for greedy (k = 1), k 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from specmesh.shared import codec
 from specmesh.shared import messages as m
 from specmesh.shared.rule import ONE
 from specmesh.tools.bench import _mp_codec
+from specmesh.host.layout import micropython_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(_mp_codec.__file__)
@@ -54,8 +53,7 @@ ROWS = [  # (key, label)
 
 
 def _micropython() -> str | None:
-    exe = Path(sys.executable).with_name("micropython")
-    return str(exe) if exe.exists() else shutil.which("micropython")
+    return micropython_binary()
 
 
 def _stream_bytes(frame: bytes) -> int:

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from specmesh.host import atomic
+from specmesh.host.layout import micropython_binary
 
 import numpy as np
 
@@ -69,10 +69,10 @@ def _numpy_macs() -> dict[str, float]:
 
 
 def _run_engine(engine_dir: str, kernels: str, models: dict) -> dict:
-    exe = Path(sys.executable).with_name("micropython")
-    if not exe.exists():
+    exe = micropython_binary()
+    if exe is None:
         raise RuntimeError("the micropython binary is missing: run `make setup`")
-    p = subprocess.run([str(exe), "-X", "heapsize=8M", str(SCRIPT), engine_dir, str(models["drafter"][0]),
+    p = subprocess.run([exe, "-X", "heapsize=8M", str(SCRIPT), engine_dir, str(models["drafter"][0]),
                         str(models["target"][0]), str(BUDGET_MS)] + ([kernels] if kernels else []),
                        capture_output=True, text=True, cwd=ROOT,
                        timeout=600)
