@@ -1,6 +1,7 @@
 """Where specmesh's files are, one home each: the root the data sits under (the repository in a checkout;
 the installed copy's folder in site-packages), the shipped models folder and the file names inside a models
-folder (which role reads which file)."""
+folder (which role reads which file), and the `micropython` binary the virtual boards and the host's engine
+process run."""
 
 from __future__ import annotations
 
