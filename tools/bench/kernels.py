@@ -12,8 +12,8 @@ given in units of `ref_us`, the fastest run of a fixed interpreted-Python worklo
 processes, so figures from different runs or machines compare as ratios. Printed: per-token time of drafter and target (greedy, one
 position per forward), heap bytes one token allocates, v(1..8) with the target, the speed-up of the
 native kernels over viper on the same VM (per-token time of viper / native), and the MAC/s of today's
-matmul kernels (native, viper, the plain-Python reference) next to numpy on the same 256 x 256 matrix.
-Models: models/drafter.spm and models/target.spm (stories260K). Figures are for the unix port on this
+matmul kernels (native, viper, the plain-Python reference) next to numpy on the same 256 x 256 matrix, and the
+host CPU back-ends' engines side by side (host/backends/pipeengine.py against numpy, ms a position). Models: models/drafter.spm and models/target.spm (stories260K). Figures are for the unix port on this
 CPU, not a board.
 """
 
@@ -81,6 +81,33 @@ def _run_engine(engine_dir: str, kernels: str, models: dict) -> dict:
     return json.loads(p.stdout)
 
 
+def _host_engines(models: dict) -> dict:
+    """ms a greedy position (one position a forward, the fastest of 3 runs of 100) of the host CPU back-ends'
+    engines on each model: the board's engine in a micropython process (host/backends/pipeengine.py, None where it
+    cannot run native kernels) and the numpy one it falls back to."""
+    from specmesh.host.backends.engine import Engine, argmax
+    from specmesh.host.backends.pipeengine import PipeEngine
+
+    out: dict = {}
+    for name, (path, _) in models.items():
+        row = out[name] = {}
+        for kind, engine in (("pipe", PipeEngine.start(path)), ("numpy", Engine(path))):
+            if engine is None:
+                row[kind] = None
+                continue
+            best = float("inf")
+            for _ in range(3):
+                engine.reset()
+                t, t0 = argmax(engine.forward([1], 0)[-1]), time.perf_counter()
+                for _ in range(100):
+                    t = argmax(engine.forward([t])[-1])
+                best = min(best, (time.perf_counter() - t0) * 10)  # ms a position
+            row[kind] = best
+            if kind == "pipe":
+                engine.close()
+    return out
+
+
 def _best(runs: list[dict]) -> dict:
     """The fastest of the rounds, figure by figure (other processes only ever add time), and the
     per-token times in units of the fastest reference workload."""
@@ -130,4 +157,11 @@ def run() -> dict:
     for name in ("native", "viper", "python", "numpy"):
         print("%-8s k=1 %10.3g   k=5 %10.3g" % (name, macs[name + "_k1"], macs[name + "_k5"]))
     out["macs"] = macs
+    host = out["host_engine_ms"] = _host_engines(models)
+    print("\nhost CPU back-ends (--drafter cpu, --verifier cpu), ms a greedy position: the board's engine in a "
+          "micropython process against numpy")
+    for name, row in host.items():
+        pipe = row["pipe"]
+        print("%-8s pipe %s   numpy %.3f   %s" % (name, "%.3f" % pipe if pipe else "-", row["numpy"],
+                                                 "%.1fx" % (row["numpy"] / pipe) if pipe else "(no native kernels)"))
     return out
