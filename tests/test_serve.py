@@ -111,8 +111,14 @@ def test_what_does_not_map_is_a_4xx_naming_it(boards):
 
 @pytest.fixture(scope="module")
 def host(models):
-    with Mesh(drafter="cpu", verifier="cpu", models=models, streams=16) as mesh, serving(mesh) as url:
-        yield url, mesh
+    """16 lanes whose forwards are batched: on a host where the engine process (host/backends/pipeengine.py) cannot
+    run native kernels (elsewhere each lane has its own: tests/test_session.py)."""
+    from specmesh.host.backends.pipeengine import PipeEngine
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(PipeEngine, "start", classmethod(lambda cls, path: None))
+        with Mesh(drafter="cpu", verifier="cpu", models=models, streams=16) as mesh, serving(mesh) as url:
+            yield url, mesh
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])

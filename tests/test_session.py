@@ -17,6 +17,8 @@ from specmesh.host.cli import registry
 from specmesh.host.cli.config import UsageError
 from specmesh.host.cli.run import run
 from specmesh.host.cli.session import config_from
+from specmesh.host.backends.pipeengine import PipeEngine
+from specmesh.host.layout import MODELS, TARGET_FILE
 from specmesh.host.cli.chat import chat
 from tests.test_chat import args
 
@@ -81,12 +83,20 @@ def test_bad_options_are_one_line_errors(models):
         next(mesh.stream("The cat", max_tokens=4))
 
 
+@pytest.mark.parametrize("engine", ["process", "numpy"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_concurrent_streams_on_host_back_ends_give_the_texts_they_give_alone(models, temperature):
+def test_concurrent_streams_on_host_back_ends_give_the_texts_they_give_alone(models, temperature, engine,
+                                                                              monkeypatch):
+    """Each lane on its own engine process where the host runs one (host/backends/pipeengine.py), else the lanes'
+    forwards batched on one numpy model (host/backends/batcher.py)."""
     prompts = ["The cat", "A dog ran", "Once upon a time", "She said"]
     with Mesh(drafter="cpu", verifier="cpu", models=models) as alone:
         want = [alone.generate(p, max_tokens=16, temperature=temperature, seed=i).token_ids
                 for i, p in enumerate(prompts)]
+    if engine == "numpy":  # a host where the engine process cannot run native kernels
+        monkeypatch.setattr(PipeEngine, "start", classmethod(lambda cls, path: None))
+    elif not PipeEngine.start(MODELS / TARGET_FILE):
+        pytest.skip("no engine process on this host (micropython with native kernels: an x86-64 host)")
     with Mesh(drafter="cpu", verifier="cpu", models=models, streams=4) as mesh:
         got: list = [None] * len(prompts)
 
@@ -99,8 +109,14 @@ def test_concurrent_streams_on_host_back_ends_give_the_texts_they_give_alone(mod
         for t in threads:
             t.join()
         assert got == want
-        batcher = mesh._setup._batchers["verifier"]
-        assert batcher.requests > batcher.batches  # some passes served more than one stream
+        if engine == "numpy":
+            batcher = mesh._setup._batchers["verifier"]
+            assert batcher.requests > batcher.batches  # some passes served more than one stream
+        else:
+            assert not mesh._setup._batchers and len(mesh._lanes) == 4
+            engines = {id(b.stream.engine) for lane in mesh._lanes for b in (lane.verifier, lane.drafter)}
+            assert len(engines) == 8 and all(isinstance(b.stream.engine, PipeEngine)
+                                             for lane in mesh._lanes for b in (lane.verifier, lane.drafter))
 
 
 def test_a_one_lane_mesh_serves_requests_in_arrival_order_and_a_cancelled_wait_leaves_the_queue(models):
@@ -167,7 +183,7 @@ def test_python_dash_m_specmesh_is_the_command(models):
     assert done.returncode == 0 and done.stderr == "" and done.stdout.startswith("The cat"), done.stderr
 
 
-def test_a_free_lane_s_streams_are_idle_so_a_lone_request_s_passes_wait_for_nobody(models):
+def test_a_free_lane_s_streams_are_idle_so_a_lone_request_s_passes_wait_for_nobody(models, monkeypatch):
     from specmesh.host.backends.arraymath import IntModel
     from specmesh.host.backends.batcher import Batcher
 
@@ -182,6 +198,7 @@ def test_a_free_lane_s_streams_are_idle_so_a_lone_request_s_passes_wait_for_nobo
         assert pending.result(timeout=10).shape[0] == 1
     finally:
         batcher.close()
+    monkeypatch.setattr(PipeEngine, "start", classmethod(lambda cls, path: None))  # lanes batched (no process)
     with Mesh(drafter="cpu", verifier="cpu", models=models, streams=4) as mesh:
         with mesh.lane(), mesh.lane():  # two lanes opened, both busy, then freed
             pass

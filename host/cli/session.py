@@ -163,6 +163,7 @@ class Setup(contextlib.ExitStack):
         self.config = config
         self.say = say
         self._batchers: dict[str, Batcher] = {}
+        self._natives: dict[str, bool] = {}
         self.key = config.key
         self.stages = config.stages
         # the stages' class: `--stages N --verifier virtual:CLASS` (None: the default class)
@@ -188,8 +189,9 @@ class Setup(contextlib.ExitStack):
 
     def make(self, kind: str, name: str, batched: bool = False):
         """A drafter or verifier back-end for `--drafter NAME` / `--verifier NAME`, from the registry; `batched`:
-        a `cpu` one whose model is shared, through a Batcher, with the mesh's other lanes."""
-        if batched and name == "cpu":
+        a `cpu` one for one of several lanes, whose model is shared through a Batcher with the others' where this
+        host has no engine process for it (`_native`)."""
+        if batched and name == "cpu" and not self._native(kind):
             backend = self._batched(kind)
         else:
             fac = registry.factory(kind, name)
@@ -198,6 +200,19 @@ class Setup(contextlib.ExitStack):
             backend = fac(self.config.model_file(kind), name=name, boards=self, stop_margin=self._stop_margin(kind))
         self.callback(backend.close)
         return backend
+
+    def _native(self, kind: str) -> bool:
+        """Whether this host runs `kind`'s model on the board's engine in a process (host/backends/pipeengine.py):
+        then each lane has its own, alone faster than numpy's batches of 16 streams (`python -m specmesh.tools.bench
+        serve`); else the lanes share a Batcher."""
+        if kind not in self._natives:
+            from specmesh.host.backends.pipeengine import PipeEngine
+
+            engine = PipeEngine.start(self.config.model_file(kind))
+            self._natives[kind] = engine is not None
+            if engine is not None:
+                engine.close()
+        return self._natives[kind]
 
     def _batched(self, kind: str):
         """A `cpu` drafter or verifier on the numpy `IntModel` of its file, one Batcher per file for the mesh."""
