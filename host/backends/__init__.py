@@ -179,7 +179,7 @@ def is_port(name: str) -> bool:
 class EngineStream:
     """A model's engine whose KV cache follows a token list: keeps the common prefix, feeds the rest. Its own
     engine is the board's engine and C kernels in a `micropython` process where they run (host/backends/
-    pipeengine.py: 25-35x faster a position), else the numpy `Engine`: the same integers either way."""
+    pipeengine.py: 30-40x faster a position), else the numpy `Engine`: the same integers either way."""
 
     def __init__(self, path, engine=None):
         """`engine`: anything with Engine's `header`, `forward(tokens, start_pos)`, `rollback(n)` (torch, a
@@ -248,12 +248,13 @@ class EngineStream:
 
 
 class LocalRole(Unit):
-    """A model on the host CPU (numpy reference engine): what the drafter and the verifier share."""
+    """A model on the host CPU (its EngineStream's engine: the board's in a process, or numpy's): what the drafter
+    and the verifier share."""
 
     max_gamma = MAX_GAMMA  # no board's limits: the protocol's
 
     def __init__(self, model_path, stream: EngineStream | None = None, **_options):
-        """`stream`: the model's stream, when it is not this file's own numpy Engine (e.g. a stream of a model
+        """`stream`: the model's stream, when it is not this file's own (e.g. a stream of a model
         shared through a Batcher, host/backends/batcher.py `StreamEngine`)."""
         self.stream = stream or EngineStream(model_path)
         self.name = "cpu"
