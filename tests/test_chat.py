@@ -51,6 +51,9 @@ def test_a_full_context_ends_the_session_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 0 and err.startswith("specmesh chat: the context is full (") and err.count("\n") == 1
     assert "of 24 positions" in err or "(24 positions)" in err
+    rc = chat(args(tmp_path, "--plain", "--max-tokens", "6"), iter(["one", "two " * 100_000]), io.StringIO())
+    err = capsys.readouterr().err  # a 400 kB line: refused by its size (Tokenizer.least_tokens), not encoded
+    assert rc == 0 and "this turn needs at least " in err and err.count("\n") == 1
 
 
 def test_chat_from_a_pipe_with_an_opening_turn_and_a_stop_string():

@@ -79,10 +79,12 @@ def _turns(mesh: Mesh, turns, opening: bool, out, echo: bool) -> int:
         controller = gamma_controller(config, lane.drafter)
         context: list[int] = []
         for i, line in enumerate(turns):
-            new = tok.encode(line, bos=not context)
-            if len(context) + len(new) >= mesh.context:
-                print("specmesh chat: the context is full (%d of %d positions; this turn needs %d more): start a "
-                      "new chat" % (len(context), mesh.context, len(new)), file=sys.stderr)
+            least = tok.least_tokens(line, bos=not context)  # a turn too long by its bytes is not encoded
+            new = tok.encode(line, bos=not context) if len(context) + least < mesh.context else []
+            if len(context) + max(least, len(new)) >= mesh.context:
+                print("specmesh chat: the context is full (%d of %d positions; this turn needs %s%d more): start a "
+                      "new chat" % (len(context), mesh.context, "" if new else "at least ", max(least, len(new))),
+                      file=sys.stderr)
                 return 0
             context += new
             if echo or (i == 0 and opening):
