@@ -2,6 +2,7 @@
 text is `specmesh run`'s; streaming gives the same text round by round; a mesh of host back-ends runs streams
 side by side (batched) with the texts each gives alone; a one-lane mesh queues them; chat fails over."""
 
+import contextlib
 import io
 import subprocess
 import sys
@@ -95,9 +96,14 @@ def test_concurrent_streams_on_host_back_ends_give_the_texts_they_give_alone(mod
                 for i, p in enumerate(prompts)]
     if engine == "numpy":  # a host where the engine process cannot run native kernels
         monkeypatch.setattr(PipeEngine, "start", classmethod(lambda cls, path: None))
-    elif not PipeEngine.start(MODELS / TARGET_FILE):
+    elif (probe := PipeEngine.start(MODELS / TARGET_FILE)) is None:
         pytest.skip("no engine process on this host (micropython with native kernels: an x86-64 host)")
+    else:
+        probe.close()
     with Mesh(drafter="cpu", verifier="cpu", models=models, streams=4) as mesh:
+        with contextlib.ExitStack() as held:  # four lanes held at once: four are opened (streams may not overlap)
+            for _ in range(4):
+                held.enter_context(mesh.lane())
         got: list = [None] * len(prompts)
 
         def one(i: int) -> None:
