@@ -35,10 +35,10 @@ class EngineGone(RuntimeError):
 class PipeEngine:
     """One model's engine in a `micropython` process; one sequence."""
 
-    def __init__(self, path: str | os.PathLike, proc: subprocess.Popen, vocab: int):
+    def __init__(self, path: str | os.PathLike, proc: subprocess.Popen):
         with open(path, "rb") as f:
             self.header = parse_header(f.read(HEADER_SIZE))
-        self._proc, self.vocab = proc, vocab
+        self._proc, self.vocab = proc, self.header.vocab
         self.length = 0
 
     @classmethod
@@ -56,11 +56,10 @@ class PipeEngine:
         except OSError:
             return None
         assert proc.stdout is not None
-        hello = proc.stdout.readline().split()
-        if len(hello) != 3 or hello[0] != b"native":
+        if proc.stdout.readline() != b"native\n":  # the kernels it runs (nothing: the file did not load)
             _stop(proc)
             return None
-        return cls(path, proc, int(hello[1]))
+        return cls(path, proc)
 
     def forward(self, tokens: Sequence[int], start_pos: int | None = None) -> np.ndarray:
         """Logits [k, vocab] for tokens at positions start_pos.., after which the cache holds start_pos + k.

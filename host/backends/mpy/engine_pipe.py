@@ -3,7 +3,7 @@
     micropython engine_pipe.py ROOT MODEL KMAX
 
 ROOT holds firmware/ and shared/ (the engine and its kernels: the C kernels of firmware/native/ when this
-port's module passes its self-test, as on a board). It writes one line, `KERNELS VOCAB N_CTX`, then answers
+port's module passes its self-test, as on a board). It writes one line, the kernels it runs, then answers
 each request on stdin, a little-endian u16 start position, u16 count k and k u16 token ids, with the k rows
 of Q16 logits as little-endian int32 (k x VOCAB of them), fed KMAX positions a pass. A start position before
 the engine's length rolls its cache back first. It ends at the end of stdin.
@@ -34,7 +34,7 @@ def read(n):
 def serve():
     e = Engine(MODEL, KMAX)
     vocab = e.vocab
-    out.write(b"%s %d %d\n" % (e.kernels, vocab, e.n_ctx))
+    out.write(b"%s\n" % e.kernels)
     out.flush()
     while True:
         head = read(4)
