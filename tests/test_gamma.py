@@ -224,6 +224,14 @@ def test_a_measured_prior_gives_way_to_the_streams_own_evidence():
     assert c.prior_weight_now > 0.9 * PRIOR_WEIGHT and c.alpha > 0.7
 
 
+def test_a_drafter_the_model_card_did_not_measure_keeps_the_flat_prior():
+    c, flat = GammaController(), GammaController()
+    c.expect(None)  # expected_alpha's answer for a file the card does not name
+    assert (c.alpha, c.prior_weight_now) == (flat.alpha, flat.prior_weight_now)
+    c.expect(0.9)
+    assert c.alpha == pytest.approx(0.9)
+
+
 def test_known_costs_price_each_verify_at_the_streams_position():
     # an S3-like verify, known beforehand as under --project: a one-position pass is code of its own (cheaper
     # than the line through the others), and every pass grows with the context (its KV reads)

@@ -469,9 +469,7 @@ def gamma_controller(config: RunConfig, drafter) -> GammaController:
     controller = GammaController() if config.draft_max is None else GammaController(max_gamma=config.draft_max)
     if drafter is not None:
         name = running_model(drafter) or config.model_file("drafter").name
-        alpha = expected_alpha(name, config.greedy)
-        if alpha is not None:
-            controller.expect(alpha)
+        controller.expect(expected_alpha(name, config.greedy))
     return controller
 
 

@@ -200,9 +200,11 @@ class GammaController:
         UNINFORMED_WEIGHT (a Beta(1, 1) prior stays as it is)."""
         return min(self.prior_weight, max(UNINFORMED_WEIGHT, self.prior_weight * self.prior_share))
 
-    def expect(self, alpha: float, weight: float = PRIOR_WEIGHT) -> None:
-        """Start from a drafter's acceptance measured beforehand, worth `weight` tested drafts."""
-        self.prior_alpha, self.prior_weight = alpha, weight
+    def expect(self, alpha: float | None, weight: float = PRIOR_WEIGHT) -> None:
+        """Start from a drafter's acceptance measured beforehand, worth `weight` tested drafts (None: none was
+        measured, the default prior stays)."""
+        if alpha is not None:
+            self.prior_alpha, self.prior_weight = alpha, weight
 
     def round_times(self, cap: int) -> list[float]:
         """Predicted seconds of one round with draft length 0..cap (each fit solved once: this runs every
