@@ -61,3 +61,22 @@ def test_a_model_file_starts_a_phase_with_its_dequantized_weights(tmp_path):
     state = initial_weights(tmp_path / "m.spm")
     for name, w in m.state_dict().items():
         assert (state[name] - w).abs().max() <= w.abs().max() / 100  # int8 per row
+
+
+def test_a_layer_subset_is_the_deeper_models_layers_in_order_and_the_trainer_refuses_a_wrong_count(capsys):
+    from specmesh.tools.modeldefs import layer_subset
+    from specmesh.tools.train import main
+
+    torch.manual_seed(0)
+    deep = Transformer(ModelArgs(dim=16, n_layers=3, n_heads=2, n_kv_heads=1, hidden=32, vocab=40, max_seq=32)).eval()
+    shallow = Transformer(ModelArgs(dim=16, n_layers=2, n_heads=2, n_kv_heads=1, hidden=32, vocab=40, max_seq=32)).eval()
+    shallow.load_state_dict(layer_subset(deep.state_dict(), [0, 2]))
+    x = torch.randint(0, 40, (2, 12))
+    with torch.no_grad():  # the same as the deep model with its middle layer skipped
+        h = deep.tok_emb(x)
+        for i in (0, 2):
+            h = deep.layers[i](h, deep.cos[:12], deep.sin[:12])
+        want = deep.final_norm(h) @ deep.tok_emb.weight.t()
+        assert torch.allclose(shallow(x), want, atol=1e-6)
+    assert main(["--shape", "t64l4", "--out", "unused", "--init-layers", "0,1,2"]) == 2
+    assert "names 3 distinct layers of the target, --shape t64l4 has 4" in capsys.readouterr().err

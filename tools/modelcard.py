@@ -6,7 +6,7 @@ held-out stories; speculative-decoding acceptance at gamma = 4, temperature 0 an
 drafter's top 8: held-out stories (models/heldout.txt, from story 128 on: no model trained on them and
 no checkpoint was selected with them), their first 16 tokens as the prompt, decoded by
 host/decode/orchestrator.py with both int8 engines and the shared acceptance rule; alpha per draft position.
-Both shipped drafters are also measured so on both held-out prompt sets (tools/heldout.py: the
+The shipped drafters (the boards' two and the host's, models/drafter-host.spm) are also measured so on both held-out prompt sets (tools/heldout.py: the
 TinyStories tuning set and the hand-written report set, each prompt whole), `acceptance_by_set`.
 With --variants, every drafter checkpoint tried (tools/train.py's best.pt) is exported to a scratch
 file and measured the same way, for the table of variants.
@@ -32,7 +32,7 @@ from specmesh.host.boardclasses import ESP32, ESP32S3, kv_bytes
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.tokenizer import Tokenizer
-from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.layout import DRAFTER_FILE, HOST_DRAFTER_FILE, TARGET_FILE
 from specmesh.tools.heldout import (
     LOSS_STORIES, PROMPT_SETS, PROMPT_TOKENS, heldout_prompts, heldout_stories, prompt_set,
 )
@@ -106,13 +106,14 @@ def measure(a) -> dict:
     ref = np.load(a.models / "reference.npz")
     loss_ids = [tok.encode(stories[i])[:512] for i in LOSS_STORIES]
     out: dict = {"models": {}}
-    for name in ("drafter", "target"):
+    for name in ("drafter", "target", HOST_DRAFTER_FILE.removesuffix(".spm")):
         path = a.models / (name + ".spm")
         h = Engine(path).header
         out["models"][name] = {
             "shape": describe(h), "vocab": h.vocab, "max_seq": h.max_seq, "params": n_params(h),
             "file_bytes": path.stat().st_size, "kv_bytes": kv_bytes(h, h.max_seq),
-            "loss_float": float(ref[name + ".float_loss"]), "loss_int8": int8_loss(path, loss_ids)}
+            "loss_int8": int8_loss(path, loss_ids)} | (
+            {"loss_float": float(ref[name + ".float_loss"])} if name + ".float_loss" in ref else {})
     prompts = heldout_prompts(a.models, tok, a.prompts)
     t0 = time.time()
     out["acceptance"] = measure_pair(a.models / TARGET_FILE, a.models / DRAFTER_FILE, prompts, a.new)
@@ -121,7 +122,7 @@ def measure(a) -> dict:
     out["acceptance_by_set"] = {
         name: {set_name: measure_pair(a.models / TARGET_FILE, a.models / name,
                                       prompt_set(set_name, a.models, tok, a.prompts), a.new) for set_name in PROMPT_SETS}
-        for name in (ESP32S3.drafter, ESP32.drafter)}
+        for name in (ESP32S3.drafter, ESP32.drafter, HOST_DRAFTER_FILE)}
     out["variants"] = [variant(Path(ck), a.models, prompts, a.new) for ck in a.variants]
     out["loss_setup"] = {"stories": len(loss_ids), "tokens": sum(len(i) - 1 for i in loss_ids)}
     return out

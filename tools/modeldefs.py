@@ -49,6 +49,9 @@ DRAFTERS = {  # drafter shapes distilled from the target (tok512 vocabulary; con
     "d48l2": ModelArgs(dim=48, n_layers=2, n_heads=4, n_kv_heads=2, hidden=128, max_seq=256),
     "d64l1": ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=1, hidden=128, max_seq=256),
     "d64l2kv1": ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=1, hidden=128, max_seq=256),
+    # the target's own layer shape, fewer layers: a drafter for the host, which has the memory (started from
+    # a subset of the target's layers: tools/train.py --init-layers)
+    "t64l4": ModelArgs(dim=64, n_layers=4, n_heads=8, n_kv_heads=4, hidden=172, max_seq=256),
 }
 
 
@@ -194,6 +197,20 @@ def from_model_file(path) -> Transformer:
     return from_tensors(ModelArgs(dim=h.dim, n_layers=h.n_layers, n_heads=h.n_heads, n_kv_heads=h.n_kv_heads,
                                   hidden=h.hidden, vocab=h.vocab, max_seq=h.max_seq, norm_eps=h.norm_eps,
                                   rope_theta=h.rope_theta, shared_cls=bool(h.flags & FLAG_SHARED_CLS)), t)
+
+
+def layer_subset(state: dict, layers: list[int]) -> dict:
+    """A state dict holding the embedding, final norm and classifier of `state` and its layers `layers`,
+    renumbered 0, 1, ... in that order: a shallower model started from a deeper one's layers."""
+    out = {}
+    for name, v in state.items():
+        if not name.startswith("layers."):
+            out[name] = v
+            continue
+        i, rest = name.split(".", 2)[1:]
+        if int(i) in layers:
+            out["layers.%d.%s" % (layers.index(int(i)), rest)] = v
+    return out
 
 
 def export_tensors(model: Transformer) -> dict[str, np.ndarray]:

@@ -18,7 +18,8 @@ alpha_greedy` chooses checkpoints by.
 
 Checkpoints go to <out>/last.pt (every eval) and <out>/best.pt (highest `--select` figure); re-running
 the same command resumes from last.pt. `--init` starts from a checkpoint or from a shipped model file
-(its int8 weights dequantized), for a phase that refines a drafter.
+(its int8 weights dequantized), for a phase that refines a drafter; `--init-layers` from a subset of the
+target's own layers (a host drafter of the target's layer shape, fewer layers).
 
     python -m specmesh.tools.train --shape d64l2kv1 --out checkpoints/d64 --openings models/tinystories_train_head.txt
 """
@@ -40,7 +41,7 @@ from specmesh.host import atomic
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import TARGET_FILE
 from specmesh.tools.heldout import PROMPT_TOKENS, heldout_stories
-from specmesh.tools.modeldefs import DRAFTERS, Transformer, from_model_file
+from specmesh.tools.modeldefs import DRAFTERS, Transformer, from_model_file, layer_subset
 
 MODELS = Path("models")
 MIN_OPENING, MAX_OPENING = 4, 48  # real tokens a pool row opens with, after BOS
@@ -189,6 +190,8 @@ def train(a) -> dict:
         print("resuming %s at step %d" % (last, state["step"]))
     elif a.init:
         model.load_state_dict(initial_weights(a.init))
+    elif a.init_layers:
+        model.load_state_dict(layer_subset(teacher.state_dict(), a.init_layers))
 
     def save(path: Path):
         with atomic.replacing(path) as f:  # a checkpoint interrupted mid-write keeps the previous one
@@ -258,6 +261,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--text-share", type=float, default=0.0,
                     help="with --openings: this fraction of each pool is windows of the paragraphs themselves")
     ap.add_argument("--init", type=Path, help="start from this checkpoint's (.pt) or model file's (.spm) weights")
+    ap.add_argument("--init-layers", type=lambda t: [int(x) for x in t.split(",")],
+                    help="start from these layers of the target (e.g. 0,1,2,4), its embedding and final norm: "
+                         "a --shape of the target's layer shape (t64l4) with as many layers")
     ap.add_argument("--loss", default="kl",
                     help="weighted terms, e.g. kl or kl:1,tv:1,greedy:0.5: KL(target || drafter); tv the total "
                          "variation between the target and the drafter's q-hat, 1 - alpha at T = 1; greedy the "
@@ -289,6 +295,11 @@ def main(argv: list[str] | None = None) -> int:
         loss_terms(a.loss)
     except argparse.ArgumentTypeError as e:
         print("train: %s" % e, file=sys.stderr)
+        return 2
+    if a.init_layers and (a.init or len(set(a.init_layers)) != DRAFTERS[a.shape].n_layers):
+        print("train: --init-layers names %d distinct layers of the target, --shape %s has %d%s" % (
+            len(set(a.init_layers)), a.shape, DRAFTERS[a.shape].n_layers, " (and not with --init)" if a.init else ""),
+            file=sys.stderr)
         return 2
     for p in (a.teacher, a.tokenizer, a.heldout) + ((a.openings,) if a.openings else ()) + ((a.init,) if a.init else ()):
         if not p.exists():

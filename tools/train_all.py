@@ -1,11 +1,12 @@
-"""`make train`: distil both shipped drafters from the shipped target, export them, measure the model card.
+"""`make train`: distil the three shipped drafters from the shipped target, export them, measure the model card.
 
 The target (models/target.spm, llama2.c's stories260K) is shipped and never retrained; each drafter
 learns from stories the target samples itself and from TinyStories paragraphs
 (models/tinystories_train_head.txt), so nothing outside the repository is needed. Phases each resume
 from their checkpoints/<drafter>/<phase>/last.pt:
 
-1. `kl`: KL to the target's distributions (5,000 steps);
+1. `kl`: KL to the target's distributions (5,000 steps; drafter-host.spm 3,000 from four of the target's
+   five layers, 0, 1, 2 and 4, at a third of the learning rate, its checkpoint chosen by greedy acceptance);
 2. `tv`: the total variation to the drafter's q-hat, 1 - alpha at T = 1 (1,000 steps), from kl's best;
 3. `accept` (drafter-esp32.spm; issue 30): from tv's best as the int8 file it exports to (the 40-wide
    drafter as shipped before this phase), the first 400 steps of a 600-step schedule at a low learning
@@ -18,7 +19,7 @@ from their checkpoints/<drafter>/<phase>/last.pt:
 
 Data, batches and schedules are pure functions of the seed and the step (no time budget: the
 learning-rate schedule does not depend on the machine's speed), so a re-run rebuilds the same drafters
-on the same software, about two hours on 2 cores.
+on the same software, about two and a half hours on 2 cores.
 
     python -m specmesh.tools.train_all
 """
@@ -34,11 +35,16 @@ from specmesh.tools import export, modelcard, train
 CK = Path("checkpoints")
 MODELS = Path("models")
 OPENINGS = str(MODELS / "tinystories_train_head.txt")
-# drafter file -> (shape, its kl and tv phases' data, whether an accept phase follows): drafter.spm trains on
-# pools opening with TinyStories text; drafter-esp32.spm's first phases are those of commit a9c3511
+# drafter file -> (shape, its kl and tv phases' data, the kl phase's own arguments, whether an accept phase
+# follows): drafter.spm trains on pools opening with TinyStories text; drafter-esp32.spm's first phases are those
+# of commit a9c3511; drafter-host.spm (the host's, `--drafter cpu`) starts from four of the target's five layers,
+# so a short kl phase at a lower learning rate suffices
 RECIPES = {
-    "drafter": ("d64l2kv1", ["--temps", "1,0.3", "--openings", OPENINGS], False),
-    "drafter-esp32": ("d40l2kv1", ["--temps", "1,0.3"], True),
+    "drafter": ("d64l2kv1", ["--temps", "1,0.3", "--openings", OPENINGS], ["--steps", "5000"], False),
+    "drafter-esp32": ("d40l2kv1", ["--temps", "1,0.3"], ["--steps", "5000"], True),
+    "drafter-host": ("t64l4", ["--temps", "1,0.3", "--openings", OPENINGS, "--threads", "2"],
+                     ["--steps", "3000", "--init-layers", "0,1,2,4", "--lr", "1e-3", "--warmup", "20",
+                      "--select", "alpha_greedy"], False),
 }
 ACCEPT = ["--steps", "600", "--stop-at", "400", "--pool", "512", "--refresh", "100", "--lr", "5e-4", "--warmup",
           "20", "--eval-every", "100", "--temps", "0,1", "--openings", OPENINGS, "--text-share", "0.25",
@@ -47,10 +53,10 @@ ACCEPT = ["--steps", "600", "--stop-at", "400", "--pool", "512", "--refresh", "1
 
 def phases(name: str) -> list[list[str]]:
     """The train.py arguments of each phase of drafter `name`, in order."""
-    shape, data, accept = RECIPES[name]
+    shape, data, kl, accept = RECIPES[name]
     ck = CK / name
     return [
-        ["--shape", shape, "--out", str(ck / "kl"), "--steps", "5000"] + data,
+        ["--shape", shape, "--out", str(ck / "kl")] + kl + data,
         ["--shape", shape, "--out", str(ck / "tv"), "--steps", "1000", "--loss", "tv", "--lr", "5e-4",
          "--warmup", "20", "--init", str(ck / "kl" / "best.pt")] + data,
     ] + ([["--shape", shape, "--out", str(ck / "accept"), "--init", str(ck / "tv.spm")] + ACCEPT] if accept else [])
@@ -67,10 +73,11 @@ def main(argv: list[str] | None = None) -> int:
             if train.main(phase):
                 return 1
         best[name] = Path(steps[-1][steps[-1].index("--out") + 1]) / "best.pt"
-    # drafter.spm with its reference outputs (models/reference.npz); drafter-esp32.spm the file alone
+    # drafter.spm with its reference outputs (models/reference.npz); the others the file alone
     if export.main(["--model", "drafter=%s" % best["drafter"]]):
         return 1
-    export.export_model(export.load_float(best["drafter-esp32"]), MODELS / "drafter-esp32.spm", tid)
+    for name in ("drafter-esp32", "drafter-host"):
+        export.export_model(export.load_float(best[name]), MODELS / (name + ".spm"), tid)
     return modelcard.main([])
 
 

@@ -13,7 +13,7 @@ processes, so figures from different runs or machines compare as ratios. Printed
 position per forward), heap bytes one token allocates, v(1..8) with the target, the speed-up of the
 native kernels over viper on the same VM (per-token time of viper / native), and the MAC/s of today's
 matmul kernels (native, viper, the plain-Python reference) next to numpy on the same 256 x 256 matrix, and the
-host CPU back-ends' engines side by side (host/backends/pipeengine.py against numpy, ms a position). Models: models/drafter.spm and models/target.spm (stories260K). Figures are for the unix port on this
+host CPU back-ends' engines side by side (host/backends/pipeengine.py against numpy, ms a position; models/drafter-host.spm too). Models: models/drafter.spm and models/target.spm (stories260K). Figures are for the unix port on this
 CPU, not a board.
 """
 
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from specmesh.host import atomic
-from specmesh.host.layout import micropython_binary
+from specmesh.host.layout import HOST_DRAFTER_FILE, micropython_binary
 
 import numpy as np
 
@@ -157,7 +157,8 @@ def run() -> dict:
     for name in ("native", "viper", "python", "numpy"):
         print("%-8s k=1 %10.3g   k=5 %10.3g" % (name, macs[name + "_k1"], macs[name + "_k5"]))
     out["macs"] = macs
-    host = out["host_engine_ms"] = _host_engines(models)
+    host_drafter = ROOT / "models" / HOST_DRAFTER_FILE  # what --drafter cpu runs (no board does)
+    host = out["host_engine_ms"] = _host_engines(models | {"drafter-host": (host_drafter, str(host_drafter))})
     print("\nhost CPU back-ends (--drafter cpu, --verifier cpu), ms a greedy position: the board's engine in a "
           "micropython process against numpy")
     for name, row in host.items():

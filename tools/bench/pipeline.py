@@ -20,7 +20,7 @@ from pathlib import Path
 from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, STAGE_CTX
 from specmesh.host.decode.gamma import GammaController
-from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.layout import HOST_DRAFTER_FILE, TARGET_FILE
 from specmesh.host.projection.hardware import HOST_DRAFT_POSITION, UART_921600
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.projection.pipeline import STAGE_LINKS, PipelineProjector
@@ -35,7 +35,7 @@ NEW = 64
 GAMMAS = range(0, 9)
 STAGE_OVERHEAD = 16_384 + 16_384  # buffers and tables, then the node's reserve (firmware/node.py)
 DRAFTERS = {"board": "a classic-ESP32 drafter board (drafter-esp32.spm; drafting ahead on UART, not behind a gateway)",
-            "host": "the host CPU (--drafter cpu, drafter.spm)"}
+            "host": "the host CPU (--drafter cpu, drafter-host.spm)"}
 
 
 def fits(h, layers, cls: str = ESP32.name) -> bool:
@@ -49,7 +49,7 @@ def run() -> dict:
     target = parse_header((MODELS / TARGET_FILE).read_bytes()[:HEADER_SIZE])
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
     ver = LocalVerifier(MODELS / TARGET_FILE)
-    files = {where: ESP32.drafter if where == "board" else DRAFTER_FILE for where in DRAFTERS}  # per class
+    files = {where: ESP32.drafter if where == "board" else HOST_DRAFTER_FILE for where in DRAFTERS}  # per class
     drafters = {where: parse_header((MODELS / f).read_bytes()[:HEADER_SIZE]) for where, f in files.items()}
     prompts = [tok.encode(t) for t in PROMPTS]
 

@@ -10,9 +10,9 @@ and plain decoding of as many tokens, on an ESP32-S3 verifier over USB serial, f
 (native: the xtensawin module, its counts as host/projection/hardware.py NATIVE_COUNTED says; viper: the
 MicroPython-only engine) and each configuration:
 
-- each shipped drafter (models/drafter.spm, models/drafter-esp32.spm) on each place it can draft: a
+- each shipped board drafter (models/drafter.spm, models/drafter-esp32.spm) on each place it can draft: a
   classic-ESP32 drafter board (heap or ROMFS, by what its heap holds), an ESP32-S3 drafter board, the
-  host CPU (`--drafter cpu`): alpha, tokens per verification (tau), c (a drafter pass over a plain target
+  host CPU; and the host's own (models/drafter-host.spm, what `--drafter cpu` runs) on the host: alpha, tokens per verification (tau), c (a drafter pass over a plain target
   step) and the speed-up over plain decoding (the model card's per-class choice);
 - the 5-stage pipeline (host/projection/pipeline.py) of classic ESP32s on UART and of ESP32-S3s on their
   USB (`specmesh run --stages 5 --project esp32s3`), against one ESP32-S3 decoding plainly with the same
@@ -35,7 +35,7 @@ from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, ESP32S3, ROLE_CLASS
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Observer, generate
 from specmesh.host.decode.tokenizer import Tokenizer
-from specmesh.host.layout import MODELS, TARGET_FILE
+from specmesh.host.layout import HOST_DRAFTER_FILE, MODELS, TARGET_FILE
 from specmesh.host.projection.costmodel import KERNELS
 from specmesh.host.projection.hardware import BOARDS
 from specmesh.host.projection.pipeline import STAGE_LINKS, PipelineProjector
@@ -49,10 +49,10 @@ ANCHOR_TOK_S = 19.13  # DaveBben/esp32-llm, stories260K in C on an ESP32-S3
 NEW = 64
 PROMPTS = 8
 VERIFIER = ROLE_CLASS["verifier"]  # the board whose heap holds the target (PSRAM)
-DRAFTERS = (ESP32.drafter, ESP32S3.drafter)
 PLACES = {"esp32 board": ESP32.name, "esp32s3 board": ESP32S3.name, "host cpu": None}
+DRAFTERS = {ESP32.drafter: tuple(PLACES), ESP32S3.drafter: tuple(PLACES), HOST_DRAFTER_FILE: ("host cpu",)}  # where each drafts
 HEADLINE = {"classic-ESP32 drafter board": (ESP32.drafter, "esp32 board"), "host cpu (--drafter cpu)": (
-    ESP32S3.drafter, "host cpu")}  # the per-prompt tables of both held-out sets (native kernels)
+    HOST_DRAFTER_FILE, "host cpu")}  # the per-prompt tables of both held-out sets (native kernels)
 HELDOUT_PROMPTS = 16  # per set in the held-out tables (the report set whole)
 STAGES = 5
 
@@ -138,9 +138,10 @@ def run() -> dict:
         out.setdefault("v", {})[label] = {k: proj.forward(target, k, 39 + k) / one for k in range(1, 9)}
         out["derivation"][label] = {t: {"ms_per_token": 1e3 * s / n, "share": s / total}
                                     for t, s in sorted(plain_terms.items(), key=lambda kv: -kv[1])}
-        for name in DRAFTERS:
+        for name, places in DRAFTERS.items():
             h = header(name)
-            for place, cls in PLACES.items():
+            for place in places:
+                cls = PLACES[place]
                 dra = drafter(name, cls is None)
                 # a board keeps the context its class allows its own drafter (host/boardclasses.py drafter_ctx)
                 own = cls is not None and BOARD_CLASSES[cls].drafter == name and BOARD_CLASSES[cls].drafter_ctx
@@ -152,11 +153,11 @@ def run() -> dict:
                 out["drafters"].setdefault(kernels, {}).setdefault(name, {})[place] = row
         best = out["drafters"][kernels][ESP32.drafter]["esp32 board"]
         out["boards"][label]["speculative, classic-ESP32 drafter board"] = best["tokens_per_s"]
-        out["boards"][label]["speculative, host cpu drafter"] = out["drafters"][kernels][ESP32S3.drafter][
+        out["boards"][label]["speculative, host cpu drafter"] = out["drafters"][kernels][HOST_DRAFTER_FILE][
             "host cpu"]["tokens_per_s"]
         layers = split_layers(target.n_layers, STAGES)
         for cls in STAGE_LINKS:
-            for place, name, on_host in (("esp32 board", ESP32.drafter, False), ("host cpu", ESP32S3.drafter, True)):
+            for place, name, on_host in (("esp32 board", ESP32.drafter, False), ("host cpu", HOST_DRAFTER_FILE, True)):
                 pp = PipelineProjector(target, header(name), layers, STAGE_LINKS[cls][0], on_host, kernels, cls)
                 dra = drafter(name, False)
                 dra.max_seq = ESP32.drafter_ctx if name == ESP32.drafter else dra.max_seq
