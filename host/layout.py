@@ -14,12 +14,22 @@ MODELS = ROOT / "models"
 MODEL_FILES = {"drafter": "drafter.spm", "verifier": "target.spm", "stage": "target.spm"}  # role -> file
 DRAFTER_FILE = MODEL_FILES["drafter"]
 TARGET_FILE = MODEL_FILES["verifier"]
+# the host CPU back-end's drafter (`--drafter cpu`): four of the target's layers, distilled, which the host has the
+# memory for and no board does (models/MODEL_CARD.md)
+HOST_DRAFTER_FILE = "drafter-host.spm"
 TOKENIZER_FILE = "tokenizer.bin"  # llama2.c's tokenizer format
 
 
 def model_path(models: Path, role: str) -> Path:
     """The model file `role` ("drafter", "verifier" or "stage") reads in the folder `models`."""
     return Path(models) / MODEL_FILES[role]
+
+
+def host_drafter_model(models: Path) -> Path:
+    """The drafter the host CPU back-end runs from the folder `models`: HOST_DRAFTER_FILE, or drafter.spm in a
+    folder without it (one made before it shipped, or of one drafter)."""
+    own = Path(models) / HOST_DRAFTER_FILE
+    return own if own.is_file() else Path(models) / DRAFTER_FILE
 
 
 def micropython_binary() -> str | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.layout import DRAFTER_FILE, HOST_DRAFTER_FILE, TARGET_FILE
 from specmesh.host import cli
 from specmesh.host.cli.output import GREEN, RESET, TokenStream
 from specmesh.host.cli.run import add_arguments, run
@@ -113,6 +113,21 @@ def test_model_files_named_one_by_one(models, tmp_path):
     assert named["drafter_model"] == "small.spm"
     with pytest.raises(Exception, match="drafter.spm is missing from"):  # the folder alone lacks the models
         run(args(only_tokenizer, "--quiet"), io.StringIO())
+
+
+def test_the_host_drafter_runs_drafter_host_spm_where_the_folder_has_it(models, tmp_path):
+    from specmesh.tools.testmodels import random_model
+
+    with_host = tmp_path / "with_host"
+    shutil.copytree(models, with_host)
+    random_model(with_host / HOST_DRAFTER_FILE, dim=16, n_layers=2, n_heads=2, n_kv_heads=1, hidden=32, vocab=512,
+                 max_seq=128, seed=23)
+    own = run(args(with_host, "--max-tokens", "12", "--quiet", "--gamma", "2"), io.StringIO())
+    older = run(args(models, "--max-tokens", "12", "--quiet", "--gamma", "2"), io.StringIO())  # a folder without it
+    assert own["drafter_model"] == HOST_DRAFTER_FILE and older["drafter_model"] == DRAFTER_FILE
+    assert own["token_ids"] == older["token_ids"]  # the target decides every token, whichever drafter drafts
+    board = run(args(with_host, "--max-tokens", "4", "--quiet", "--gamma", "2", "--drafter", "virtual"), io.StringIO())
+    assert board["drafter_model"] != HOST_DRAFTER_FILE  # a board runs its class's drafter, never the host's
 
 
 def test_prefill_and_decode_are_timed_apart_in_the_stats_and_the_table(models, tmp_path, capsys):

@@ -59,7 +59,8 @@ def test_the_installed_copy_is_used_and_carries_its_data(installed):
     assert len(where.split()) == 2 and all(line.startswith(str(installed["site"])) for line in where.split())
     for part in ("firmware/main.py", "firmware/kernels.py", "firmware/native/x64.mpy", "firmware/native/rv32imc.mpy",
                  "firmware/native/xtensawin.mpy", "host/emulator/mpy/_vboard.py", "host/projection/mpy/boardbench.py",
-                 "models/target.spm", "models/drafter.spm", "models/drafter-esp32.spm", "models/tokenizer.bin",
+                 "models/target.spm", "models/drafter.spm", "models/drafter-esp32.spm", "models/drafter-host.spm",
+                 "models/tokenizer.bin",
                  "host/cli/page.html", "host/backends/mpy/engine_pipe.py", "__main__.py"):  # serve's page; -m
         assert (installed["site"] / "specmesh" / part).is_file(), part
     assert specmesh(installed, "--version").stdout.startswith("specmesh 0.1.0")

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(micropython_binary() is None or platform.machine
                                        "machine's native module (firmware/native/x64.mpy: an x86-64 host)")
 
 
-@pytest.mark.parametrize("model", ["drafter.spm", "drafter-esp32.spm", "target.spm"])
+@pytest.mark.parametrize("model", ["drafter.spm", "drafter-esp32.spm", "drafter-host.spm", "target.spm"])
 def test_its_logits_are_the_numpy_engine_s_through_rollbacks(model):
     mine, ref = PipeEngine.start(MODELS / model), Engine(MODELS / model)
     assert mine is not None  # native kernels: the machine code a board runs

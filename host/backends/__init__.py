@@ -292,10 +292,11 @@ class LocalVerifier(LocalRole):
                                  draft.tokens, draft.q, p.seed, draft.pos0, p.eos)
 
 
-# the logit lead (Q16: half a logit) below which a greedy draft on the host ends its block (LocalDrafter): chosen on
-# the tuning prompts only (python -m specmesh.tools.bench projection, --drafter cpu: mean 1.51x -> 1.57x there;
-# 0.25-1.0 logit all gave 1.54-1.57x); a drafter board drafts every draft asked for, where it measured no gain
-UNSURE_MARGIN = 1 << 15
+# the logit lead (Q16: a quarter of a logit) below which a greedy draft on the host ends its block (LocalDrafter):
+# chosen on the tuning prompts only, for the host's drafter-host.spm (its 64 prompts, --drafter cpu projected on an
+# S3: 0 / 1/8 / 1/4 / 1/2 / 1 logit gave mean 2.01 / 2.07 / 2.07 / 2.02 / 1.90x, worst 1.56 / 1.63 / 1.65 / 1.56 /
+# 1.58x; docs/bench/hostdrafter.md); a drafter board drafts every draft asked for, where it measured no gain
+UNSURE_MARGIN = 1 << 14
 
 
 class LocalDrafter(LocalRole):

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from specmesh.host.cli.config import DEFAULT_PROMPT, RV32_PROJECT
-from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE
+from specmesh.host.layout import HOST_DRAFTER_FILE, MODEL_FILES, MODELS, TOKENIZER_FILE
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,8 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", metavar="FILE", type=Path,
                    help="the target model file (default: %s in --models)" % MODEL_FILES["verifier"])
     p.add_argument("-md", "--draft-model", "--model-draft", metavar="FILE", type=Path,
-                   help="the drafter model file (default: %s in --models; a drafter board runs the model it was "
-                        "flashed with, and the host reads that one from the same folder)" % MODEL_FILES["drafter"])
+                   help="the drafter model file (default in --models: %s for --drafter cpu, else %s; a drafter board "
+                        "runs the model it was flashed with, and the host reads that one from the same folder)"
+                        % (HOST_DRAFTER_FILE, MODEL_FILES["drafter"]))
     p.add_argument("--no-color", action="store_true", help="never colour the streamed text")
     p.add_argument("--quiet", action="store_true", help="no stats table and no progress on stderr (the text is still "
                    "on stdout; errors and fail-overs are still said)")

@@ -19,19 +19,19 @@ from specmesh.host.cli import registry
 from specmesh.host.backends import is_port
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.boardclasses import BOARD_CLASSES, drafter_class, drafter_model
-from specmesh.host.layout import MODEL_FILES
+from specmesh.host.layout import MODEL_FILES, host_drafter_model
 from specmesh.shared.modelfile import Header, ModelFileError
 
 
 def drafter_file(backend: str, models: Path, transport: str = "serial") -> str:
     """The model file in `models` of a `--drafter` back-end: a board's (`virtual[:CLASS]`, `auto`, a port) is
     its class's drafter (host/boardclasses.py; without a class, a default cluster's drafter board class on
-    `transport`), a host back-end's drafter.spm."""
+    `transport`), a host back-end's drafter-host.spm (drafter.spm in a folder without it)."""
     if backend == "virtual" or is_port(backend):
         return drafter_model(models, drafter_class(transport)).name
     if backend.startswith("virtual:") and backend[len("virtual:"):] in BOARD_CLASSES:
         return drafter_model(models, backend[len("virtual:"):]).name
-    return MODEL_FILES["drafter"]
+    return host_drafter_model(models).name
 
 
 class PreflightError(Exception):

@@ -20,11 +20,11 @@ Sources:
           boards reach it through a CP210x/CH340 USB-UART bridge).
 [UART-HW] Espressif, ESP32 Technical Reference Manual, UART controller: baud rates up to 5 Mbit/s;
           921600 is the common top rate of CP210x/CH340 USB-UART bridges (esptool's fastest default).
-[HOST]    Measured on this project's development and CI machine (2-core x86-64): the shipped drafter on
-          the host CPU back-end (host/backends/__init__.py LocalDrafter) drafting greedily, 0.048 ms a
-          position over 64 tokens at gamma 1-8 (the 64-wide drafter), its engine the board's firmware/engine.py
-          and x64 C kernels in a micropython process (host/backends/pipeengine.py); 1.2 ms on the numpy
-          engine, which drafts where that process cannot run native kernels (3.4 ms before its bit lengths
+[HOST]    Measured on this project's development and CI machine (2-core x86-64): the host's shipped drafter
+          on the host CPU back-end (host/backends/__init__.py LocalDrafter) drafting greedily, 0.078-0.084 ms a
+          position over 64 tokens at gamma 1-8 (drafter-host.spm, four of the target's layers; 0.048 ms for the
+          64-wide drafter.spm), its engine the board's firmware/engine.py and x64 C kernels in a micropython
+          process (host/backends/pipeengine.py); 1.2 ms (drafter.spm) on the numpy engine, which drafts where that process cannot run native kernels (3.4 ms before its bit lengths
           became one frexp instead of a 40-step loop); `python -m specmesh.tools.bench pipeline` prints
           this machine's figure.
 [SPI-FL]  Espressif, ESP32 Series Datasheet: external SPI flash at 40/80 MHz, DIO/QIO (2-4 bits per
@@ -272,8 +272,8 @@ UART_115200 = Link("uart-115200", Figure(115200, "bit/s", "UART"), 10,
 UART_921600 = Link("uart-921600", Figure(921600, "bit/s", "UART-HW"), 10,
                    Figure(0.0, "s", "UART-HW", "no framing latency beyond the bits"))
 HOST_DRAFT_POSITION = Figure(
-    0.05e-3, "s", "HOST",
-    "one drafted position of the shipped drafter on the host CPU (the cpu drafter back-end), bus-free: a "
+    0.08e-3, "s", "HOST",
+    "one drafted position of the host's shipped drafter on the host CPU (the cpu drafter back-end), bus-free: a "
     "pipeline whose drafter is the host pays this instead of a drafter board's passes and bus calls")
 FLASH_FILE_READ = Figure(
     2e6, "B/s", "derived",
