@@ -80,7 +80,11 @@ def test_the_story_alone_lands_in_the_file_stdout_is_sent_to(tmp_path):
     (["run", "esp32s3"], "usage: specmesh run ", "; did you mean --project esp32s3?"),
     (["bench", "/dev/ttyUSB0"], "usage: specmesh bench ", "; did you mean --port /dev/ttyUSB0?"),
     (["chaos", "lossy-serial"], "usage: specmesh chaos ", "; did you mean --profile lossy-serial?"),
-    (["run", "/dev/ttyUSB0"], "usage: specmesh run ", ""),  # a port, but of which role: not guessed
+    # a port, but of which role: both offered, neither guessed
+    (["run", "/dev/ttyUSB0"], "usage: specmesh run ", "; did you mean --verifier /dev/ttyUSB0 or --drafter /dev/ttyUSB0?"),
+    (["chat", "COM3"], "usage: specmesh chat ", "; did you mean --verifier COM3 or --drafter COM3?"),
+    (["serve", "/dev/ttyACM0"], "usage: specmesh serve ",  # not its --port: that is the TCP one
+     "; did you mean --verifier /dev/ttyACM0 or --drafter /dev/ttyACM0?"),
 ])
 def test_an_unknown_flag_gets_the_subcommand_s_usage_and_the_closest_flag(capsys, argv, usage, hint):
     with pytest.raises(SystemExit) as e:

@@ -370,7 +370,9 @@ def unknown(command: argparse.ArgumentParser, extra: list[str]) -> None:
         close = ["%s %s" % (f, word) for f, a in command._option_string_actions.items()
                  if f.startswith("--") and a.choices and word in a.choices]
         port = re.fullmatch(r"/dev/\S+|COM\d+", word)
-        if not close and "--port" in flags and port:
+        if not close and port and {"--verifier", "--drafter"} <= set(flags):  # a mesh's boards: both roles offered
+            close = ["--verifier %s or --drafter %s" % (word, word)]  # (serve's --port is its TCP port)
+        elif not close and "--port" in flags and port:
             close = ["--port " + word]
         elif not close and "--prompt" in flags and not port:  # run "Once upon a time": the prompt is a flag
             close = ["--prompt " + shlex.quote(" ".join(extra))]
