@@ -250,3 +250,110 @@ def test_serve_on_a_port_in_use_says_so_before_any_board_boots(models, capsys, n
 def test_serve_on_an_address_not_of_this_machine_says_so(models, capsys, no_board_starts, serve_extra):
     err = one_line_status_2(capsys, ["serve", "--models", str(models), "--host", "192.0.2.1"], within=10.0)  # TEST-NET-1
     assert "--host 192.0.2.1: not an address of this machine" in err
+
+
+def resolving(monkeypatch, name, *addresses):
+    """socket.getaddrinfo with `name` resolving to `addresses` (IPv4 or IPv6 literals, in that order)."""
+    import socket
+
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host != name:
+            return real(host, port, *args, **kwargs)
+        return [entry for address in addresses for entry in real(address, port, *args, **kwargs)]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+def ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        return False
+    return True
+
+
+def test_serve_listens_on_every_address_of_its_host_on_one_port(monkeypatch):
+    """`--host localhost` where it is ::1 and 127.0.0.1 (host/cli/serve.py `listen`): a socket on each, on the
+    port the first drew (was: only the first address, so a client trying the other was refused)."""
+    import socket
+
+    from specmesh.host.cli.serve import listen
+
+    if not ipv6_loopback():
+        pytest.skip("this machine cannot bind ::1 (IPv6 is off)")
+    resolving(monkeypatch, "dual.test", "::1", "127.0.0.1")
+    sockets = listen("dual.test", 0)
+    try:
+        assert [s.family for s in sockets] == [socket.AF_INET6, socket.AF_INET]
+        port = sockets[0].getsockname()[1]
+        assert port and sockets[1].getsockname()[1] == port
+        for family, address in ((socket.AF_INET6, "::1"), (socket.AF_INET, "127.0.0.1")):
+            with socket.socket(family) as client:  # the backlog completes the handshake: no accept() needed
+                client.settimeout(5)
+                client.connect((address, port))
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def test_serve_leaves_out_an_address_this_machine_lacks_among_others(monkeypatch):
+    from specmesh.host.cli.serve import listen
+
+    resolving(monkeypatch, "partly.test", "192.0.2.1", "127.0.0.1")  # TEST-NET-1: no machine's address
+    sockets = listen("partly.test", 0)
+    try:
+        assert [s.getsockname()[0] for s in sockets] == ["127.0.0.1"]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def test_serve_on_a_port_in_use_on_one_address_closes_what_it_bound(monkeypatch):
+    """The port is free on ::1 and taken on 127.0.0.1: one line naming it, and ::1's socket is not left open."""
+    import socket
+
+    from specmesh.host.cli.config import UsageError
+    from specmesh.host.cli.serve import listen
+
+    if not ipv6_loopback():
+        pytest.skip("this machine cannot bind ::1 (IPv6 is off)")
+    resolving(monkeypatch, "dual.test", "::1", "127.0.0.1")
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        with pytest.raises(UsageError, match="port %d on dual.test is in use" % port):
+            listen("dual.test", port)
+        socket.create_server(("::1", port), family=socket.AF_INET6).close()  # free again: nothing left bound
+
+
+def test_serve_on_port_0_draws_again_when_a_later_address_has_the_drawn_port_taken(monkeypatch):
+    """Port 0 on two addresses: when the port the first drew is taken on the second, both are drawn again."""
+    import errno
+    import socket
+
+    from specmesh.host.cli import serve
+
+    real = socket.create_server
+    calls = []
+
+    def create_server(address, **kwargs):
+        calls.append(address)
+        if len(calls) == 2:  # the second address, first draw: another program holds that port there
+            raise OSError(errno.EADDRINUSE, "Address already in use")
+        return real(address, **kwargs)
+
+    if not ipv6_loopback():
+        pytest.skip("this machine cannot bind ::1 (IPv6 is off)")
+    resolving(monkeypatch, "twice.test", "127.0.0.1", "::1")
+    monkeypatch.setattr(serve.socket, "create_server", create_server)
+    sockets = serve.listen("twice.test", 0)
+    try:
+        assert [a[0] for a in calls] == ["127.0.0.1", "::1", "127.0.0.1", "::1"]
+        assert calls[0][1] == calls[2][1] == 0 and calls[3][1] == sockets[0].getsockname()[1]
+        assert [s.getsockname()[:2] for s in sockets] == [("127.0.0.1", calls[3][1]), ("::1", calls[3][1])]
+    finally:
+        for s in sockets:
+            s.close()

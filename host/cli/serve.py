@@ -24,8 +24,8 @@ RUN_ONLY = ("prompt", "prompt_file", "stats_json", "quiet")  # flags of one gene
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a mesh over HTTP: an OpenAI-compatible API and a live page at /")
     add_arguments(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine "
-                   "only; 0.0.0.0 for every interface)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on, or a name: each of its addresses "
+                   "(default: %(default)s, this machine only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8080, help="TCP port (default: %(default)s; 0: any free one)")
     p.add_argument("--streams", type=int, default=16, metavar="N",
                    help="requests generated at once on host back-ends, batched (default: %(default)s); a mesh "
@@ -54,16 +54,20 @@ def serve(a: argparse.Namespace) -> int:
               % given[0].replace("_", "-"), file=sys.stderr)
         return 2
     config = check_args(a)
-    with listen(a.host, a.port) as sock, \
-            Mesh.from_config(config, streams=a.streams, say=say_on_stderr("serve"), warn=say_on_stderr("serve")) as mesh, \
-            ThreadPoolExecutor(max_workers=4 * a.streams + 16, thread_name_prefix="specmesh-request") as threads:
-        server = uvicorn.Server(uvicorn.Config(app(mesh, threads), log_level="warning"))
-        print("specmesh serve: %s on %s (the live page; the API under /v1), %d stream%s at once; Ctrl-C stops it"
-              % (", ".join("%s %s" % kv for kv in mesh.names.items()), url(a.host, sock.getsockname()[1]),
-                 mesh.streams, "s" * (mesh.streams > 1)), file=sys.stderr, flush=True)
-        server.run(sockets=[sock])
-        if server.should_exit:  # Ctrl-C: uvicorn stopped gracefully, and asyncio's runner re-raises the signal only
-            raise KeyboardInterrupt  # when its cancel beats the coroutine's return: status 130 every time
+    sockets = listen(a.host, a.port)
+    try:
+        with Mesh.from_config(config, streams=a.streams, say=say_on_stderr("serve"), warn=say_on_stderr("serve")) as mesh, \
+                ThreadPoolExecutor(max_workers=4 * a.streams + 16, thread_name_prefix="specmesh-request") as threads:
+            server = uvicorn.Server(uvicorn.Config(app(mesh, threads), log_level="warning"))
+            print("specmesh serve: %s on %s (the live page; the API under /v1), %d stream%s at once; Ctrl-C stops it"
+                  % (", ".join("%s %s" % kv for kv in mesh.names.items()), url(a.host, sockets[0].getsockname()[1]),
+                     mesh.streams, "s" * (mesh.streams > 1)), file=sys.stderr, flush=True)
+            server.run(sockets=sockets)
+            if server.should_exit:  # Ctrl-C: uvicorn stopped gracefully, and asyncio's runner re-raises the signal
+                raise KeyboardInterrupt  # only when its cancel beats the coroutine's return: status 130 every time
+    finally:
+        for sock in sockets:
+            sock.close()
     return 0
 
 
@@ -72,25 +76,57 @@ def url(host: str, port: int) -> str:
     return "http://%s:%d/" % ("[%s]" % host if ":" in host else host, port)
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """The server's listening socket, bound before any board boots: a port in use or out of range is one line
-    then (UsageError), not uvicorn's traceback after the boards were flashed; with port 0, the port the kernel
-    chose is the one the banner gives."""
+def listen(host: str, port: int) -> list[socket.socket]:
+    """The server's listening sockets, bound before any board boots: a port in use or out of range is one line
+    then (UsageError), not uvicorn's traceback after the boards were flashed. A name with several addresses
+    (localhost: ::1 and 127.0.0.1 on most machines) gets a socket on each, all on one port (with port 0 the
+    one the kernel chose for the first, which the banner gives); an address this machine lacks among others
+    (::1 where IPv6 is off) is left out."""
     if not 0 <= port <= 65535:
         raise UsageError("--port must be in 0..65535 (0: any free one), not %d" % port)
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        return socket.create_server((host, port), family=family)
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
         raise UsageError("--host %s: not an address of this machine (%s)" % (host, e.strerror)) from None
-    except OSError as e:
-        if e.errno == errno.EADDRNOTAVAIL:
-            raise UsageError("--host %s: not an address of this machine (127.0.0.1: this machine only, 0.0.0.0: "
-                             "every interface)" % host) from None
-        if e.errno == errno.EADDRINUSE:
-            raise UsageError("port %d on %s is in use: stop what listens there, or give another with --port N "
-                             "(0: any free one)" % (port, host)) from None
-        if e.errno == errno.EACCES:
-            raise UsageError("port %d needs more privileges than this user has: give one from 1024 on with --port N"
-                             % port) from None
-        raise UsageError("cannot listen on %s port %d: %s" % (host, port, e.strerror or e)) from None
+    addresses = list(dict.fromkeys((family, sockaddr) for family, _, _, _, sockaddr in found))
+    draws = 8  # port 0: another program may take the port the first address drew on a later one; draw again
+    while True:
+        try:
+            return bind_each(addresses, port)
+        except OSError as e:
+            draws -= 1
+            if port or e.errno != errno.EADDRINUSE or not draws:
+                raise bind_error(host, port, e) from None
+
+
+def bind_each(addresses: list[tuple[int, tuple]], port: int) -> list[socket.socket]:
+    """A listening socket on each (family, sockaddr) of `addresses`, on `port` (0: the one the first drew); one
+    this machine lacks is left out while another binds; the first other failure closes what was bound."""
+    sockets: list[socket.socket] = []
+    try:
+        for i, (family, sockaddr) in enumerate(addresses):
+            same = sockets[0].getsockname()[1] if sockets else port
+            try:
+                sockets.append(socket.create_server((sockaddr[0], same, *sockaddr[2:]), family=family))
+            except OSError as e:
+                if e.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT) or (i == len(addresses) - 1 and not sockets):
+                    raise
+        return sockets
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+
+
+def bind_error(host: str, port: int, e: OSError) -> UsageError:
+    """What a failed bind of `host` and `port` tells the user, and what to do."""
+    if e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+        return UsageError("--host %s: not an address of this machine (127.0.0.1: this machine only, 0.0.0.0: "
+                          "every interface)" % host)
+    if e.errno == errno.EADDRINUSE:
+        return UsageError("port %d on %s is in use: stop what listens there, or give another with --port N "
+                          "(0: any free one)" % (port, host))
+    if e.errno == errno.EACCES:
+        return UsageError("port %d needs more privileges than this user has: give one from 1024 on with --port N"
+                          % port)
+    return UsageError("cannot listen on %s port %d: %s" % (host, port, e.strerror or e))
