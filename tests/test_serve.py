@@ -77,7 +77,10 @@ def test_what_does_not_map_is_a_4xx_naming_it(boards):
     c = client(boards)
     for kwargs, status, param in (({"n": 2}, 400, "n"), ({"logprobs": 2}, 400, "logprobs"),
                                   ({"presence_penalty": 0.5}, 400, "presence_penalty"),
-                                  ({"temperature": -1}, 400, None), ({"model": "gpt-4"}, 404, "model"),
+                                  ({"temperature": -1}, 400, "temperature"), ({"top_p": 0}, 400, "top_p"),
+                                  ({"seed": -5}, 400, "seed"), ({"max_tokens": 0}, 400, "max_tokens"),
+                                  ({"extra_body": {"max_completion_tokens": 0}}, 400, "max_completion_tokens"),
+                                  ({"model": "gpt-4"}, 404, "model"),
                                   ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
                                   ({"prompt": PROMPT * 200}, 400, "prompt")):
         body = {"model": "specmesh", "prompt": PROMPT, "max_tokens": 4, **kwargs}

@@ -97,7 +97,20 @@ def sampling(body: dict, mesh: Mesh) -> dict:
     try:
         return {"request": mesh.request(**out)}
     except UsageError as e:
-        raise BadRequest(str(e)) from None
+        key = refused(mesh, out)
+        raise BadRequest(str(e), "max_completion_tokens" if key == "max_tokens" and body.get(
+            "max_completion_tokens") is not None else key) from None
+
+
+def refused(mesh: Mesh, settings: dict) -> str | None:
+    """The first of a refused request's `settings` that Mesh.request refuses alone: the parameter its error
+    names (None: only their combination is refused)."""
+    for key, value in settings.items():
+        try:
+            mesh.request(**{key: value})
+        except UsageError:
+            return key
+    return None
 
 
 def completion_prompt(body: dict, mesh: Mesh) -> list[int]:
