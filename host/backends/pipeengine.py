@@ -5,11 +5,11 @@ start_pos)` -> int64 Q16 logits `[k, vocab]`, `rollback`, `reset`, `length`) and
 (docs/CONTRACTS.md section 4), at the speed of the machine code a board runs: a position of drafter.spm takes
 about 0.05 ms in the x64 module, where numpy's hundred small array operations a layer take 1.1 ms
 (drafter-host.spm: 0.08 and 2.5 ms). It is the `cpu` drafter's engine (`--drafter cpu`, host/cli/registry.py)
-where the `micropython` binary (`make setup`) runs the native kernels (an x64 host: firmware/native/x64.mpy); elsewhere `PipeEngine.start` gives None and
-the numpy engine drafts. The process is host/backends/mpy/engine_pipe.py (its docstring: the pipe's format),
-run in that script's folder (the kernel picker writes its crash mark into the working directory's native/, which
-that folder lacks) and in a process group of its own, out of the terminal's Ctrl-C, which the host handles; it
-ends when its stdin closes.
+where the `micropython` binary (`make setup`) runs the native kernels (an x64 host: firmware/native/x64.mpy);
+elsewhere `PipeEngine.start` gives None and the numpy engine drafts. The process is
+host/backends/mpy/engine_pipe.py (its docstring: the pipe's format), run in that script's folder (the kernel
+picker writes its crash mark into the working directory's native/, which that folder lacks) and in a process
+group of its own, out of the terminal's Ctrl-C, which the host handles; it ends when its stdin closes.
 """
 
 from __future__ import annotations

@@ -56,7 +56,8 @@ def serve(a: argparse.Namespace) -> int:
     config = check_args(a)
     sockets = listen(a.host, a.port)
     try:
-        with Mesh.from_config(config, streams=a.streams, say=say_on_stderr("serve"), warn=say_on_stderr("serve")) as mesh, \
+        say = say_on_stderr("serve")
+        with Mesh.from_config(config, streams=a.streams, say=say, warn=say) as mesh, \
                 ThreadPoolExecutor(max_workers=4 * a.streams + 16, thread_name_prefix="specmesh-request") as threads:
             server = uvicorn.Server(uvicorn.Config(app(mesh, threads), log_level="warning"))
             print("specmesh serve: %s on %s (the live page; the API under /v1), %d stream%s at once; Ctrl-C stops it"
@@ -109,7 +110,8 @@ def bind_each(addresses: list[tuple[int, tuple]], port: int) -> list[socket.sock
             try:
                 sockets.append(socket.create_server((sockaddr[0], same, *sockaddr[2:]), family=family))
             except OSError as e:
-                if e.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT) or (i == len(addresses) - 1 and not sockets):
+                lacked = e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
+                if not lacked or (i == len(addresses) - 1 and not sockets):
                     raise
         return sockets
     except BaseException:
