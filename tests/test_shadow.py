@@ -45,7 +45,9 @@ def s3(r: Round) -> tuple[float, float, float]:
 
 
 def run(target, agrees, n=64, params=SessionParams(temperature=0.0)):
-    c = GammaController()  # Beta(1, 1): a measured prior (expect) is worth PRIOR_WEIGHT misses more before plain
+    # Beta(1, 1): a measured prior (expect) is worth PRIOR_WEIGHT misses more before plain; no copied drafts
+    # (tests/test_lookup.py): the plain rounds here are the shadows' alone
+    c = GammaController(copying=False)
     return generate(PROMPT, LocalVerifier(target), Scripted(target, agrees), params, n, c, Observer(costs=s3))
 
 

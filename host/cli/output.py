@@ -227,6 +227,9 @@ def format_table(stats: dict) -> str:
         *([("shadow drafts", "%d in plain rounds, %d the verifier's token" % (stats["shadow_drafts"],
                                                                            stats["shadow_hits"]))]
           if stats.get("shadow_drafts") else []),
+        *([("copied drafts", "%d in %d plain rounds (copied from the text), %d accepted" % (
+            stats["lookup_drafts"], stats["lookup_rounds"], stats["lookup_accepted"]))]
+          if stats.get("lookup_rounds") else []),
         ("wall time s", stats["wall_s"]),
         ("tokens / s", stats["tokens_per_s"]),
         ("prefill s", "%s (%d prompt tokens, %s tokens / s; up to the first round's tokens)" % (

@@ -261,6 +261,10 @@ def build_stats(config: RunConfig, params: SessionParams, result: Result, text: 
         # plain rounds' shadow drafts (host/decode/gamma.py): how many ran beside the verify, how many were the token
         "shadow_drafts": result.shadows,
         "shadow_hits": result.shadow_hits,
+        # plain rounds that verified drafts copied from the text instead (host/decode/lookup.py)
+        "lookup_rounds": result.lookups,
+        "lookup_drafts": result.lookup_drafts,
+        "lookup_accepted": result.lookup_accepted,
         "wall_s": result.wall_s,
         "tokens_per_s": n / result.wall_s if result.wall_s > 0 else 0.0,
         # prefill: BEGIN to the first round's tokens (host/decode/orchestrator.py); decode: the rest
@@ -303,7 +307,7 @@ def window_stats(result: Result, prompt_len: int, context: int) -> dict:
     half = len(result.tokens) // 2
 
     def share(rounds: list[Round]) -> dict:
-        return {"rounds": len(rounds), "drafting_rounds": sum(1 for r in rounds if r.gamma),
+        return {"rounds": len(rounds), "drafting_rounds": sum(1 for r in rounds if r.drafter_drafts),
                 "tokens_per_verification": sum(r.n_committed for r in rounds) / len(rounds) if rounds else None}
 
     return {"context": context, "keep": Window(context).keep, "reprimes": sum(1 for r in result.rounds if r.reprime),

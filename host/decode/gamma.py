@@ -54,6 +54,12 @@ live alpha (at least 1: it is there to re-measure the costs) rather than at the 
 for one only while the drafter's call (after its catch-up) is predicted to end within a plain verify: one
 that ran past it would delay the next round, and the projection prices a shadowed round max(verify,
 shadow) (host/projection/rounds.py). Sampled runs have none, so they stay as they were.
+
+Copied drafts (greedy runs, gamma auto; host/decode/lookup.py): a round chosen plain verifies tokens copied from
+the stream's own history instead when `lookup_length` says they pay: their expected tokens (at `lookup_alpha`,
+LOOKUP_PRIOR and the stream's own copies, apart from the drafter's alpha) per second of the verify of that many
+positions beat a plain round's. Nothing is drafted for them, so no drafter cost enters; `observe(lookup=True)`
+gives the verify fit the round's size and leaves the drafter's estimates as after a plain round.
 """
 
 from __future__ import annotations
@@ -83,6 +89,11 @@ PRIOR_WEIGHT = 8.0
 # 0.9 left the real prompts as they were (within 0.01) and raised the spoiled ones by up to 0.06x.
 PRIOR_DECAY = 0.9
 UNINFORMED_WEIGHT = 2.0  # Beta(1, 1)'s weight: what a measured prior keeps however long the stream
+# copied drafts (host/decode/lookup.py): their acceptance before the stream's own, about the 76% of copied first
+# tokens right on the tuning set's greedy targets, worth LOOKUP_WEIGHT tested drafts (0.6 and 0.9 projected within
+# 0.01x of it on the tuning set)
+LOOKUP_PRIOR = 0.75
+LOOKUP_WEIGHT = 4.0
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -187,6 +198,11 @@ class GammaController:
     # with a drafter; host/decode/orchestrator.py sets it before the first round), and `observe` hears the hit
     shadowing: bool = False
     shadowed: bool = False  # the last plain round had a shadow draft: the acceptance evidence is live
+    # context-lookup drafts (host/decode/lookup.py): a greedy stream's plain rounds may verify drafts copied from
+    # the stream (`copying`; gamma auto only), whose acceptance is estimated apart from the drafter's
+    copying: bool = True
+    lookup_hits: float = 0.0
+    lookup_trials: float = 0.0
 
     @property
     def alpha(self) -> float:
@@ -334,6 +350,23 @@ class GammaController:
         probe = self.could_pay(self.max_gamma) and not self.shadowing  # shadow drafts measure alpha instead
         self.opening = PROBES[:1] + ((ALPHA_PROBE,) if probe else ())
 
+    @property
+    def lookup_alpha(self) -> float:
+        """Acceptance of context-lookup drafts: LOOKUP_PRIOR and this stream's decayed evidence."""
+        return (self.lookup_hits + LOOKUP_PRIOR * LOOKUP_WEIGHT) / (self.lookup_trials + LOOKUP_WEIGHT)
+
+    def lookup_length(self, cap: int) -> int:
+        """Copied drafts worth sending in a round that would otherwise be plain, at most `cap` (0: none pays):
+        a lookup block costs its verify alone (nothing is drafted), so it pays when its expected tokens per
+        second beat a plain round's."""
+        if self.fixed is not None or not self.copying or cap <= 0:
+            return 0
+        v = self._verify_seconds(cap + 1)
+        o0 = self.round_overhead.coefficients()[0]
+        rates = [expected_tokens(self.lookup_alpha, k) / (v[k + 1] + o0) if v[k + 1] + o0 > 0 else 0.0
+                 for k in range(cap + 1)]
+        return max(range(cap + 1), key=lambda k: (rates[k], -k))
+
     def could_pay(self, cap: int) -> bool:
         """Whether some gamma <= cap would beat plain decoding if every draft were accepted (alpha = 1)."""
         times = self.round_times(cap)
@@ -354,7 +387,8 @@ class GammaController:
         return min(MAX_PROBE_GAP, int(base / (PROBE_BUDGET * t0)) + 1)
 
     def observe(self, gamma: int, n_accepted: int, t_draft: float, t_verify: float, t_other: float,
-                ended: bool = False, lag: int = 0, timed: bool = True, shadow: bool | None = None) -> None:
+                ended: bool = False, lag: int = 0, timed: bool = True, shadow: bool | None = None,
+                lookup: bool = False) -> None:
         """Record a finished round: drafts accepted and seconds spent drafting, verifying, committing.
 
         `ended`: the round stopped at an end-of-stream draft; a short run then says nothing about alpha.
@@ -364,7 +398,14 @@ class GammaController:
         `timed` False: the round's seconds are not representative (the first one carries the prefill).
         `shadow`: a plain round's shadow draft was the emitted token (True) or not (False); None: none ran.
         It is one tested draft, and `t_draft` its call (after `lag` catch-up tokens).
+        `lookup`: the round's `gamma` drafts were copied from the stream (host/decode/lookup.py): to the drafter
+        it was a plain round, and its verify is timed at its size.
         """
+        k = gamma + 1  # positions verified
+        if lookup:
+            self.lookup_hits = self.lookup_hits * DECAY + n_accepted
+            self.lookup_trials = self.lookup_trials * DECAY + n_accepted + (0 if n_accepted >= gamma or ended else 1)
+            gamma = n_accepted = 0  # the drafter drafted none of them
         self.rounds += 1
         self.behind = 0 if gamma > 0 or shadow is not None else self.behind + 1
         if gamma > 0 or shadow is not None:  # this stream's own evidence: the prior counts for less
@@ -375,7 +416,7 @@ class GammaController:
             self.shadowed = shadow is not None
         if timed and not self.known_costs:
             t_draft, t_verify, t_other = self._bounded(gamma or int(shadow is not None), lag, t_draft, t_verify,
-                                                       t_other, gamma + 1)
+                                                       t_other, k)
         if gamma == 0 and shadow is not None:  # one draft tested, at no verifier cost
             self.acc_hits = self.acc_hits * DECAY + shadow
             self.acc_trials = self.acc_trials * DECAY + 1.0
@@ -392,8 +433,8 @@ class GammaController:
                 self.draft_cost.add(gamma + lag, t_draft)
                 self.drafting_rounds += 1
         if timed:
-            self.verify_cost.add(gamma + 1, t_verify)
-            self.verified[gamma + 1] = self.verified.get(gamma + 1, 0) + 1
+            self.verify_cost.add(k, t_verify)
+            self.verified[k] = self.verified.get(k, 0) + 1
             self.round_overhead.add(1.0 if gamma else 0.0, t_other)
 
     def _bounded(self, drafts: int, lag: int, t_draft: float, t_verify: float,

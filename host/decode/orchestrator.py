@@ -3,7 +3,8 @@
 Each round: pick gamma (host/decode/gamma.py), ask the drafter for gamma tokens with their q-hat tables,
 ask the verifier for a verdict over the gamma + 1 positions, commit the accepted drafts and the
 emitted token, tell both back-ends (they roll back everything beyond it). gamma = 0 is a round of
-plain decoding on the verifier; without a drafter (`--plain`) every round is one. A drafter whose
+plain decoding on the verifier; without a drafter (`--plain`) every round is one (with one, a greedy plain
+round may verify drafts copied from the stream instead: host/decode/lookup.py). A drafter whose
 context is full is re-primed on the stream's last tokens (host/decode/window.py), so a stream longer than
 its context keeps speculating (that round teaches the gamma controller no cost: its draft seconds carry the
 re-prime). The stream stops at the end-of-stream token, at
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 
 from specmesh.host.backends import BackendError, Draft, Drafter, SessionParams, Verifier
 from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.lookup import continuation
 from specmesh.host.decode.window import Window
 from specmesh.shared.messages import draft_size
 from specmesh.shared.rule import ONE
@@ -73,6 +75,12 @@ class Round:
     shadow_body: int = 0
     shadow_hit: bool = False
     after_hit: bool = False  # the drafter's last draft was a shadow hit: it holds that committed token already
+    lookup: bool = False  # the drafts were copied from the stream (host/decode/lookup.py): the drafter sat it out
+
+    @property
+    def drafter_drafts(self) -> int:
+        """Drafts the drafter made this round (a lookup round's are copied: none)."""
+        return 0 if self.lookup else self.gamma
 
     @property
     def told(self) -> int:
@@ -94,24 +102,39 @@ class Result:
 
     @property
     def drafted(self) -> int:
-        return sum(r.gamma for r in self.rounds)
+        """The drafter's drafts (copied ones, of lookup rounds, are `lookup_drafts`)."""
+        return sum(r.drafter_drafts for r in self.rounds)
 
     @property
     def accepted(self) -> int:
-        return sum(r.n_accepted for r in self.rounds)
+        return sum(r.n_accepted for r in self.rounds if not r.lookup)
 
     @property
     def tested(self) -> int:
-        """Drafts the acceptance rule tested: accepted ones and each round's first rejected one."""
-        return self.accepted + sum(r.rejected for r in self.rounds)
+        """The drafter's drafts the acceptance rule tested: accepted ones and each round's first rejected one."""
+        return self.accepted + sum(r.rejected for r in self.rounds if not r.lookup)
 
     @property
     def alpha(self) -> float | None:
-        """Acceptance rate per draft: accepted / (accepted + rejected) drafts (None when nothing was drafted).
+        """The drafter's acceptance rate per draft: accepted / (accepted + rejected) drafts (None when nothing
+        was drafted).
 
         Drafts after the first rejection of a round are never tested, so they do not count; this is the
         i.i.d. alpha of docs/design.md section 3, comparable across gamma (accepted / drafted is not)."""
         return self.accepted / self.tested if self.tested else None
+
+    @property
+    def lookups(self) -> int:
+        """Rounds whose drafts were copied from the stream (host/decode/lookup.py)."""
+        return sum(r.lookup for r in self.rounds)
+
+    @property
+    def lookup_drafts(self) -> int:
+        return sum(r.gamma for r in self.rounds if r.lookup)
+
+    @property
+    def lookup_accepted(self) -> int:
+        return sum(r.n_accepted for r in self.rounds if r.lookup)
 
     @property
     def tokens_per_verification(self) -> float:
@@ -130,7 +153,8 @@ class Result:
 
     @property
     def gamma_hist(self) -> dict[int, int]:
-        return dict(sorted(Counter(r.gamma for r in self.rounds).items()))
+        """Rounds per drafter draft length (a lookup round is a plain round to the drafter)."""
+        return dict(sorted(Counter(r.drafter_drafts for r in self.rounds).items()))
 
     @property
     def shadows(self) -> int:
@@ -232,6 +256,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         t0 = clock()
         drafter, gamma, reprime, ahead, draft, guessed, shadowed = _drafts(failover, controller, drafter, window, params,
                                                                            committed, gamma, room)
+        copied = not gamma and len(draft) > 0  # a plain round's verify of drafts copied from the stream
         synced = len(committed) if reprime else synced
         lag = len(committed) - synced if gamma or shadowed else 0
         t1 = clock()
@@ -251,12 +276,12 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         r = _round(draft, n_acc, token, len(committed), lag, (t0, t1, t2, t3),
                    ((drafter.bus_bytes - bytes0[0]) if drafter else 0, verifier.bus_bytes - bytes0[1]),
                    (ahead, guessed is not None and n_acc == len(draft) and token == guessed),
-                   (window.base if window else 0, reprime), (shadowed, own))
+                   (window.base if window else 0, reprime), (shadowed, own), copied)
         own = r.shadow_hit if gamma or shadowed else own
         result.rounds.append(r)
         controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
                            ended=token == -1, lag=lag, timed=len(result.rounds) > 1 and not reprime,  # re-prime: no fit
-                           shadow=r.shadow_hit if shadowed else None)
+                           shadow=r.shadow_hit if shadowed else None, lookup=copied)
         observer.shown(*_visible(accepted, emitted, params.eos if ended else None))
         if ended or observer.stopped():
             result.stop = "eos" if ended else "stop"
@@ -271,7 +296,11 @@ def _drafts(failover: _Failover, controller: GammaController, drafter: Drafter |
     """The drafter's part of a round of `gamma` drafts: (the drafter, None once it failed; gamma, at most what its
     window holds; the tokens it was re-primed with; the look-ahead; the drafts for the verifier; its guess at the
     bonus position or None; a plain round's shadow draft or None: one draft at the position the verifier decides,
-    when the controller asks for one, which the verifier never sees)."""
+    when the controller asks for one, which the verifier never sees). A greedy plain round's drafts may instead be
+    copied from the stream (`_copied`): gamma stays 0, the drafter sits the round out."""
+    copied = _copied(controller, committed, room) if drafter and not gamma and params.greedy else []
+    if copied:
+        return drafter, 0, 0, 0, Draft(len(committed), copied, [([t], [ONE]) for t in copied]), None, None
     want = gamma == 0 and room > 0 and drafter is not None and controller.shadowing and controller.shadows()
     drafter, gamma, reprime = failover.windowed(drafter, window, params, committed, gamma or int(want))
     shadow, gamma = (gamma > 0, 0) if want else (False, gamma)
@@ -287,6 +316,13 @@ def _drafts(failover: _Failover, controller: GammaController, drafter: Drafter |
     if shadow:
         drafter, shadowed = failover.draft(drafter, window, committed, 1)
     return drafter, gamma, reprime, ahead, draft, guessed, shadowed if shadowed else None
+
+
+def _copied(controller: GammaController, committed: list[int], room: int) -> list[int]:
+    """The drafts a plain round sends instead, copied from the stream (host/decode/lookup.py), as many as the
+    controller says pay ([] when none do, or the stream's last tokens never occurred before)."""
+    block = continuation(committed, room) if controller.copying else []
+    return block[:controller.lookup_length(len(block))] if block else []
 
 
 def _room(left: int, length: int, verifier: Verifier, drafter: Drafter | None) -> int:
@@ -341,7 +377,7 @@ def _body(draft: Draft) -> int:
 
 def _round(draft: Draft, n_acc: int, token: int, length: int, lag: int, t: tuple[float, float, float, float],
            bus: tuple[int, int], ahead: tuple[int, bool] = (0, False), window: tuple[int, int] = (0, 0),
-           shadow: tuple[Draft | None, bool] = (None, False)) -> Round:
+           shadow: tuple[Draft | None, bool] = (None, False), lookup: bool = False) -> Round:
     """The record of a round that left the stream `length` tokens long: its verdict, the payload bytes its
     drafts take on a board bus (what the projection prices), times t0..t3, the bytes each link carried,
     (look-ahead, whether it was a hit), (the drafter window's base, the tokens it was re-primed with) and (its
@@ -355,7 +391,8 @@ def _round(draft: Draft, n_acc: int, token: int, length: int, lag: int, t: tuple
                  rejected=rejected, lag=lag, t_draft=t[1] - t[0], t_verify=t[2] - t[1], t_commit=t[3] - t[2],
                  bytes_draft=bus[0], bytes_verify=bus[1], ahead=ahead[0], guess_hit=ahead[1], base=window[0],
                  reprime=window[1], shadow=shadow[0] is not None, shadow_body=_body(shadow[0]) if shadow[0] else 0,
-                 shadow_hit=shadow[0] is not None and shadow[0].tokens[0] == token, after_hit=shadow[1])
+                 shadow_hit=shadow[0] is not None and shadow[0].tokens[0] == token, after_hit=shadow[1],
+                 lookup=lookup)
 
 
 class _Failover:

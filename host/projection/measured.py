@@ -168,7 +168,7 @@ class LiveCosts:
         return self.prior is not None
 
     def round_costs(self, r) -> tuple[float, float, float]:
-        drafts = (r.gamma or r.shadow) and not self.projector.drafter_on_host  # a drafter board's passes too
+        drafts = (r.drafter_drafts or r.shadow) and not self.projector.drafter_on_host  # a drafter board's passes too
         need = {"verifier": r.gamma + 1, **({"drafter": 1} if drafts else {})}
         lines = self.projector.lines
         if any(role not in lines or k not in lines[role].means for role, k in need.items()):

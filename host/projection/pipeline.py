@@ -168,7 +168,7 @@ class PipelineProjector:
 
     def draft_seconds(self, r: Round) -> float:
         """The drafter's share of round r without drafting ahead: catch-up and drafts, and its call."""
-        if not r.gamma:
+        if not r.drafter_drafts:
             return 0.0
         return (sum(self.boards.draft_passes(r.pos0 - r.base - r.lag, r.lag + r.gamma)) + self.draft_call(r)
                 + self.boards.reprime_seconds(r))
@@ -191,8 +191,8 @@ class PipelineProjector:
         window = 0.0
         for r in rounds:
             waste = 0.0
-            if self.pipelined and r.gamma and prev is not None and prev.gamma and prev.ahead and not r.lag \
-                    and not r.reprime:
+            if self.pipelined and r.drafter_drafts and prev is not None and prev.drafter_drafts and prev.ahead \
+                    and not r.lag and not r.reprime:
                 passes = self.boards.draft_passes(prev.pos0 + prev.gamma - prev.base, max(prev.ahead, r.gamma + 1))
                 wait, waste = round_draft(passes, r.gamma, prev.ahead, window, prev.guess_hit)
                 t_draft = wait + self.draft_call(r)
@@ -204,7 +204,7 @@ class PipelineProjector:
             if r.shadow:  # beside the plain round's wavefront: what it does not hide
                 t_draft = max(0.0, self.shadow_seconds(r) - t_verify)
             out.append((t_draft, t_verify, waste))
-            window = t_verify + self.draft_call(r) if r.gamma else 0.0
+            window = t_verify + self.draft_call(r) if r.drafter_drafts else 0.0
             prev = r
         return out
 

@@ -226,7 +226,7 @@ class Projector:
         what the gamma controller fits (no COMMIT is sent: the verdict commits itself and the next
         DRAFT_REQ carries the drafter's), with the re-prime of the drafter's window when the round had one."""
         t_draft = self.shadow_seconds(r)  # a plain round's shadow draft (the controller's draft fit hears it)
-        if r.gamma:  # catch-up on tokens committed in plain rounds, then one pass per draft
+        if r.drafter_drafts:  # catch-up on tokens committed in plain rounds, then one pass per draft
             t_draft = (sum(self.draft_passes(r.pos0 - r.base - r.lag, r.lag + r.gamma)) + self.draft_call(r)
                        + self.reprime_seconds(r))
         return t_draft, self.verify_seconds(r), 0.0
@@ -241,9 +241,9 @@ class Projector:
         for r in rounds:
             t_verify = self.verify_seconds(r)
             waste = 0.0
-            if not r.gamma:  # a shadow draft runs beside the verify: the round waits for what it does not hide
+            if not r.drafter_drafts:  # a shadow draft runs beside the verify: the round waits for what it does not hide
                 t_draft = max(0.0, self.shadow_seconds(r) - t_verify)
-            elif self.pipelined and prev is not None and prev.gamma and prev.ahead and not r.lag and not r.reprime:
+            elif self.pipelined and prev is not None and prev.drafter_drafts and prev.ahead and not r.lag and not r.reprime:
                 # the ahead passes ran from the end of prev's block: position prev.pos0 + prev.gamma on
                 start = prev.pos0 + prev.gamma - prev.base
                 passes = self.draft_passes(start, max(prev.ahead, r.gamma + 1))
@@ -252,7 +252,7 @@ class Projector:
             else:
                 t_draft = self.round_costs(r)[0]
             out.append((t_draft, t_verify, waste))
-            window = t_verify + self.draft_call(r) if r.gamma else 0.0
+            window = t_verify + self.draft_call(r) if r.drafter_drafts else 0.0
             prev = r
         return out
 
@@ -278,8 +278,8 @@ class Projector:
         for r in result.rounds:
             for role, b in self.round_bytes(r, drafted).items():
                 link[role] += b
-            drafted = drafted or r.gamma > 0 or r.shadow
-        looks = [r.ahead for r in result.rounds if r.gamma]
+            drafted = drafted or r.drafter_drafts > 0 or r.shadow
+        looks = [r.ahead for r in result.rounds if r.drafter_drafts]
         ahead = max(set(looks), key=lambda a: (looks.count(a), -a)) if looks and self.pipelined else 0
         return {
             "hardware": "%s boards (%s), %s" % (self.board.name, self.board.stock,
@@ -299,6 +299,7 @@ class Projector:
             "ahead_waste_s": sum(w for _, _, w in costs),
             "shadow_drafts": result.shadows,
             "shadow_hits": result.shadow_hits,
+            "lookup_rounds": result.lookups,
             "bus_bytes_per_token": (link["drafter"] + link["verifier"]) / n if n else 0.0,
             "verifier_bytes_per_token": link["verifier"] / n if n else 0.0,
             "drafter_bytes_per_token": link["drafter"] / n if n else 0.0,
@@ -310,7 +311,7 @@ class Projector:
         out = {"drafter": 0, "verifier": self.exchange("verifier", r.verify_body, VERDICT_BODY)}
         if r.table_body:
             out["verifier"] += self.exchange("verifier", r.table_body, VERDICT_BODY)
-        if r.gamma:  # (a re-primed drafter holds the whole stream: its DRAFT_REQ carries no tail)
+        if r.drafter_drafts:  # (a re-primed drafter holds the whole stream: its DRAFT_REQ carries no tail)
             out["drafter"] = self.exchange("drafter", draft_req_body(r.told if drafted_before else r.lag),
                                            r.draft_body)
         if r.shadow:

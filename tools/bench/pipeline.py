@@ -89,7 +89,7 @@ def run() -> dict:
           "%d prompts x %d tokens; one ESP32-S3 holding the whole target, plain: %.2f tok/s"
           % (len(PROMPTS), NEW, single_tok_s))
     print("alpha per gamma: %s" % ", ".join("%d: %.2f" % (g, a) for g, a in alpha.items()))
-    drafted = [x for rs in runs.values() for _, r in rs for x in r.rounds[1:] if x.gamma]
+    drafted = [x for rs in runs.values() for _, r in rs for x in r.rounds[1:] if x.drafter_drafts]
     per_position = sum(x.t_draft for x in drafted) / max(1, sum(x.lag + x.gamma for x in drafted))
     print("host drafter here: %.3f ms a drafted position (the projection uses HOST_DRAFT_POSITION, %.3f ms)"
           % (1000 * per_position, 1000 * HOST_DRAFT_POSITION.value))

@@ -1,0 +1,120 @@
+"""Context-lookup drafts (host/decode/lookup.py): a greedy stream's plain rounds verify tokens copied from its own
+history when the gamma controller says they pay. The text stays the plain run's, the drafter's alpha counts its
+own drafts only, a copied round is priced without the drafter, and sampled or fixed-gamma runs copy nothing."""
+
+import pytest
+
+from specmesh.host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.lookup import MIN_MATCH, continuation
+from specmesh.host.decode.orchestrator import Observer, Round, generate
+from specmesh.host.layout import TARGET_FILE
+from specmesh.host.projection.rounds import PLAIN_BODY, Projector
+from specmesh.shared import messages as m
+from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header
+from specmesh.tools.testmodels import random_model
+
+VOCAB = 64
+PROMPT = [3, 1, 4, 1, 5]
+GREEDY = SessionParams(temperature=0.0)
+
+
+def test_the_longest_suffix_seen_before_gives_what_followed_its_latest_occurrence():
+    assert continuation([1, 2, 3, 9, 1, 2, 3, 7, 5, 2, 3], 2) == [7, 5]  # "2 3" last followed by 7 5 ...
+    assert continuation([1, 2, 3, 9, 5, 2, 3, 7, 1, 2, 3], 3) == [9, 5, 2]  # ... but "1 2 3" by 9 5 2
+    assert continuation([4, 5, 6, 4, 5], 8) == [6, 4, 5]  # as many as followed, up to the stream's end
+    assert continuation([4, 5, 6, 4, 5], 1) == [6]
+
+
+def test_no_copy_without_a_repeat_of_the_shortest_match():
+    assert continuation([1, 2, 3, 4, 5], 4) == []
+    assert continuation([7, 1, 8, 7], 4) == []  # one token matched is too weak a cue (MIN_MATCH)
+    assert MIN_MATCH == 2 and continuation([7, 1, 8, 9, 7, 1], 2) == [8, 9]
+    assert continuation([1, 2, 1, 2], 0) == [] and continuation([], 3) == []
+
+
+def _known(verify):
+    """A controller primed with known costs: `verify(k)` seconds for k positions, a 5 ms drafter call."""
+    c = GammaController()
+    c.prime(lambda g: (0.005 if g else 0.0, verify(g + 1), 0.0))
+    return c
+
+
+def test_copies_pay_where_a_position_costs_less_than_a_round_and_never_on_fixed_gamma():
+    bus_bound = _known(lambda k: 0.010 + 0.002 * k)  # a verify mostly its round trip: copies pay
+    assert bus_bound.lookup_length(6) >= 2
+    assert _known(lambda k: 0.010 * k).lookup_length(6) == 0  # each position a whole pass: no copy pays
+    assert GammaController(fixed=0).lookup_length(6) == 0
+    off = _known(lambda k: 0.010 + 0.002 * k)
+    off.copying = False
+    assert off.lookup_length(6) == 0
+
+
+def test_copies_that_keep_missing_stop_being_sent():
+    c = _known(lambda k: 0.010 + 0.004 * k)
+    first = c.lookup_length(6)
+    assert first >= 1
+    for _ in range(10):  # each copied round rejected at its first draft
+        c.observe(first, 0, 0.0, 0.010 + 0.004 * (first + 1), 0.0, lookup=True)
+    assert c.lookup_length(6) == 0
+    assert c.alpha == pytest.approx(c.prior_alpha)  # the drafter's own estimate heard nothing of them
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    path = tmp_path_factory.mktemp("models") / TARGET_FILE
+    random_model(path, dim=32, n_layers=2, hidden=64, vocab=VOCAB, max_seq=128, seed=11)
+    return str(path)
+
+
+class Wrong(LocalDrafter):
+    """A drafter whose every first draft is a token the target never picks there (it disagrees always)."""
+
+    def draft(self, committed, gamma: int) -> Draft:
+        d = super().draft(committed, gamma)
+        if d.tokens:
+            wrong = (d.tokens[0] + 1) % VOCAB
+            d.tokens[0], d.q[0] = wrong, ([wrong], d.q[0][1])
+        return d
+
+
+def bus_bound(r: Round) -> tuple[float, float, float]:
+    """Known costs where a verify is mostly its round trip (v(k) = 0.8 + 0.2k): copies pay."""
+    passes = r.lag + (r.drafter_drafts or r.shadow)
+    return ((0.0013 + 0.0001 * passes) if passes else 0.0), 0.021 * (0.8 + 0.2 * (r.gamma + 1)), 0.0
+
+
+def test_a_looping_stream_verifies_copies_and_keeps_the_plain_text(target):
+    plain = generate(PROMPT, LocalVerifier(target), None, GREEDY, 96)
+    r = generate(PROMPT, LocalVerifier(target), Wrong(target), GREEDY, 96, GammaController(),
+                 Observer(costs=bus_bound))
+    assert r.tokens == plain.tokens
+    assert r.lookups > 0 and r.lookup_accepted > 0  # the random target repeats itself; the copies follow it
+    copied = [x for x in r.rounds if x.lookup]
+    assert all(x.drafter_drafts == 0 and not x.shadow for x in copied)  # the drafter sat them out
+    # the drafter's alpha is its own drafts' (every one rejected), not the copies'
+    assert r.accepted == 0 and r.alpha in (None, 0.0)
+    assert r.lookup_drafts == sum(x.gamma for x in copied)
+    assert sum(r.gamma_hist.values()) == len(r.rounds) and r.gamma_hist.get(0, 0) >= len(copied)
+
+
+def test_sampled_and_fixed_gamma_runs_copy_nothing(target):
+    sampled = generate(PROMPT, LocalVerifier(target), Wrong(target), SessionParams(seed=3, temperature=0.8), 64,
+                       GammaController(), Observer(costs=bus_bound))
+    fixed = generate(PROMPT, LocalVerifier(target), Wrong(target), GREEDY, 64, GammaController(fixed=0),
+                     Observer(costs=bus_bound))
+    assert sampled.lookups == 0 and fixed.lookups == 0
+
+
+def test_a_copied_round_costs_its_verify_and_no_drafter_time():
+    target = Header(128, 6, 4, 2, 352, 512, 256, flags=FLAG_SHARED_CLS)
+    drafter = Header(32, 2, 4, 2, 96, 512, 256, flags=FLAG_SHARED_CLS)
+    p = Projector(target, drafter, "esp32s3")
+    entries = [(7, [7], [m.ONE])] * 3
+    body = dict(draft_body=len(m.pack_draft(20, entries)), verify_body=len(m.pack_draft(20, entries, partial=True)))
+    drafted = Round(gamma=3, n_accepted=3, n_committed=4, pos0=20, **body)
+    copied = Round(gamma=3, n_accepted=3, n_committed=4, pos0=20, lookup=True, **body)
+    plain = Round(gamma=0, n_accepted=0, n_committed=1, pos0=20, draft_body=PLAIN_BODY, verify_body=PLAIN_BODY)
+    assert p.round_costs(copied) == (0.0, p.round_costs(drafted)[1], 0.0)
+    assert p.round_costs(drafted)[0] > 0.0 and p.round_costs(copied)[1] > p.round_costs(plain)[1]
+    assert p.round_bytes(copied)["drafter"] == 0 and p.round_bytes(drafted)["drafter"] > 0
