@@ -22,7 +22,8 @@ Held-out protocol (tools/heldout.py): the tables above decode the tuning set (Ti
 openings, on which the model card's alphas and gamma's prior were chosen); the two headline
 configurations (the classic-ESP32 drafter board, the host CPU drafting), native kernels, are also
 decoded on the report set (short hand-written story starts nobody tuned on), and both sets' tables give
-every prompt's alpha, tau and speed-up over plain, their mean and the worst prompt.
+every prompt's alpha, tau and speed-up over plain, their mean and the worst prompt (and its rounds: plain, and
+plain ones that verified drafts copied from the text instead, host/decode/lookup.py).
 
 The derivation table gives each cost term's time per plain token and its share. esp32-llm's 19.13 tok/s
 is stories260K in C on an ESP32-S3, measured by that project: the anchor.
@@ -71,7 +72,8 @@ def header(name: str):
 def speculate(proj, prompts: list[list[int]], ver, dra, name: str) -> dict:
     """Greedy runs of `prompts` with gamma auto on `proj`'s projected costs, from the acceptance the model card
     gives drafter `name` (as `specmesh run` starts it); their projection summed, and each prompt's (`per_prompt`:
-    alpha, tau, speed-up over plain, plain rounds; `mean_speedup` and `worst_speedup` over them)."""
+    the drafter's alpha, tau, speed-up over plain, plain rounds, rounds that verified copied drafts instead
+    (host/decode/lookup.py); `mean_speedup` and `worst_speedup` over them)."""
     spec = plain = tokens = 0.0
     acc = tested = rounds = 0  # drafts accepted, drafts tested, rounds
     rows = []
@@ -91,7 +93,8 @@ def speculate(proj, prompts: list[list[int]], ver, dra, name: str) -> dict:
         tested += r.tested
         rounds += len(r.rounds)
         rows.append({"alpha": r.accepted / r.tested if r.tested else None, "tau": n / len(r.rounds),
-                     "speedup": one_plain / out["wall_s"], "plain_rounds": sum(1 for x in r.rounds if not x.gamma)})
+                     "speedup": one_plain / out["wall_s"], "plain_rounds": sum(1 for x in r.rounds if not x.gamma),
+                     "copied_rounds": r.lookups})
     return {"tokens_per_s": tokens / spec, "plain_tokens_per_s": tokens / plain, "speedup": plain / spec,
             "alpha": acc / tested if tested else None, "tau": tokens / rounds, "tokens": tokens, "per_prompt": rows,
             "mean_speedup": sum(x["speedup"] for x in rows) / len(rows), "worst_speedup": min(x["speedup"] for x in rows)}
@@ -176,9 +179,10 @@ def _print_heldout(sets: dict) -> None:
         for config, row in configs.items():
             print("  %s (%s): mean speed-up %.2fx, worst prompt %.2fx, alpha %.3f, tau %.2f" % (
                 config, row["drafter"], row["mean_speedup"], row["worst_speedup"], row["alpha"] or 0.0, row["tau"]))
-            print("    %6s %7s %6s %8s %6s" % ("prompt", "alpha", "tau", "speed-up", "plain"))
+            print("    %6s %7s %6s %8s %6s %6s" % ("prompt", "alpha", "tau", "speed-up", "plain", "copied"))
             for i, p in enumerate(row["per_prompt"]):
-                print("    %6d %7.3f %6.2f %7.2fx %6d" % (i, p["alpha"] or 0.0, p["tau"], p["speedup"], p["plain_rounds"]))
+                print("    %6d %7.3f %6.2f %7.2fx %6d %6d" % (i, p["alpha"] or 0.0, p["tau"], p["speedup"],
+                                                          p["plain_rounds"], p["copied_rounds"]))
 
 
 def _print(out: dict) -> None:
