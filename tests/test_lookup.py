@@ -3,18 +3,16 @@ history when the gamma controller says they pay. The text stays the plain run's,
 own drafts only, a copied round is priced without the drafter, and sampled or fixed-gamma runs copy nothing."""
 
 import pytest
+from scripted_drafter import Scripted, random_target
 
-from specmesh.host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.backends import LocalVerifier, SessionParams
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.lookup import MIN_MATCH, continuation
 from specmesh.host.decode.orchestrator import Observer, Round, generate
-from specmesh.host.layout import TARGET_FILE
 from specmesh.host.projection.rounds import PLAIN_BODY, Projector
 from specmesh.shared import messages as m
 from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header
-from specmesh.tools.testmodels import random_model
 
-VOCAB = 64
 PROMPT = [3, 1, 4, 1, 5]
 GREEDY = SessionParams(temperature=0.0)
 
@@ -62,20 +60,12 @@ def test_copies_that_keep_missing_stop_being_sent():
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    path = tmp_path_factory.mktemp("models") / TARGET_FILE
-    random_model(path, dim=32, n_layers=2, hidden=64, vocab=VOCAB, max_seq=128, seed=11)
-    return str(path)
+    return random_target(tmp_path_factory.mktemp("models"))
 
 
-class Wrong(LocalDrafter):
-    """A drafter whose every first draft is a token the target never picks there (it disagrees always)."""
-
-    def draft(self, committed, gamma: int) -> Draft:
-        d = super().draft(committed, gamma)
-        if d.tokens:
-            wrong = (d.tokens[0] + 1) % VOCAB
-            d.tokens[0], d.q[0] = wrong, ([wrong], d.q[0][1])
-        return d
+def wrong(target: str) -> Scripted:
+    """A drafter whose every first draft is a token the target does not pick there."""
+    return Scripted(target, lambda pos: False)
 
 
 def bus_bound(r: Round) -> tuple[float, float, float]:
@@ -86,7 +76,7 @@ def bus_bound(r: Round) -> tuple[float, float, float]:
 
 def test_a_looping_stream_verifies_copies_and_keeps_the_plain_text(target):
     plain = generate(PROMPT, LocalVerifier(target), None, GREEDY, 96)
-    r = generate(PROMPT, LocalVerifier(target), Wrong(target), GREEDY, 96, GammaController(),
+    r = generate(PROMPT, LocalVerifier(target), wrong(target), GREEDY, 96, GammaController(),
                  Observer(costs=bus_bound))
     assert r.tokens == plain.tokens
     assert r.lookups > 0 and r.lookup_accepted > 0  # the random target repeats itself; the copies follow it
@@ -99,9 +89,9 @@ def test_a_looping_stream_verifies_copies_and_keeps_the_plain_text(target):
 
 
 def test_sampled_and_fixed_gamma_runs_copy_nothing(target):
-    sampled = generate(PROMPT, LocalVerifier(target), Wrong(target), SessionParams(seed=3, temperature=0.8), 64,
+    sampled = generate(PROMPT, LocalVerifier(target), wrong(target), SessionParams(seed=3, temperature=0.8), 64,
                        GammaController(), Observer(costs=bus_bound))
-    fixed = generate(PROMPT, LocalVerifier(target), Wrong(target), GREEDY, 64, GammaController(fixed=0),
+    fixed = generate(PROMPT, LocalVerifier(target), wrong(target), GREEDY, 64, GammaController(fixed=0),
                      Observer(costs=bus_bound))
     assert sampled.lookups == 0 and fixed.lookups == 0
 

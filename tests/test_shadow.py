@@ -3,38 +3,18 @@ the position the verifier decides, and its hit or miss is acceptance evidence at
 the verifier's alone; a drafter that never agrees is not probed, one that starts agreeing is drafted again."""
 
 import pytest
+from scripted_drafter import Scripted, random_target
 
-from specmesh.host.backends import Draft, LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.backends import LocalVerifier, SessionParams
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Observer, Round, generate
-from specmesh.host.layout import TARGET_FILE
-from specmesh.tools.testmodels import random_model
 
-VOCAB = 64
 PROMPT = [3, 1, 4, 1, 5]
 
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    path = tmp_path_factory.mktemp("models") / TARGET_FILE
-    random_model(path, dim=32, n_layers=2, hidden=64, vocab=VOCAB, max_seq=128, seed=11)
-    return str(path)
-
-
-class Scripted(LocalDrafter):
-    """The target as its own drafter (it always agrees), except at stream positions where `agrees(pos)` is
-    False: there its first draft is another token."""
-
-    def __init__(self, path: str, agrees):
-        super().__init__(path)
-        self.agrees = agrees
-
-    def draft(self, committed, gamma: int) -> Draft:
-        d = super().draft(committed, gamma)
-        if d.tokens and not self.agrees(d.pos0):
-            wrong = (d.tokens[0] + 1) % VOCAB
-            d.tokens[0], d.q[0] = wrong, ([wrong], d.q[0][1])
-        return d
+    return random_target(tmp_path_factory.mktemp("models"))
 
 
 def s3(r: Round) -> tuple[float, float, float]:
@@ -81,7 +61,7 @@ def test_sampled_runs_have_no_shadow_drafts(target):
 
 def test_a_shadow_draft_costs_a_plain_round_only_what_the_verify_does_not_hide():
     from specmesh.host.projection.rounds import Projector
-    from specmesh.host.layout import MODELS, DRAFTER_FILE
+    from specmesh.host.layout import DRAFTER_FILE, MODELS, TARGET_FILE
     from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 
     def header(name):

@@ -320,8 +320,10 @@ def _drafts(failover: _Failover, controller: GammaController, drafter: Drafter |
 
 def _copied(controller: GammaController, committed: list[int], room: int) -> list[int]:
     """The drafts a plain round sends instead, copied from the stream (host/decode/lookup.py), as many as the
-    controller says pay ([] when none do, or the stream's last tokens never occurred before)."""
-    block = continuation(committed, room) if controller.copying else []
+    controller says pay ([] when none do, or the stream's last tokens never occurred before). The stream is
+    searched only when some copy could pay (on a host verifier a plain round is a few tenths of a ms, and a
+    search of 500 tokens 0.05-0.07 ms)."""
+    block = continuation(committed, room) if controller.lookup_length(room) else []
     return block[:controller.lookup_length(len(block))] if block else []
 
 
