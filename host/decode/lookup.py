@@ -8,7 +8,8 @@ that followed them then are a proposal that costs nothing to draft (prompt looku
 tokens (MAX_MATCH at most) and returns what came after it. The decode loop (host/decode/orchestrator.py)
 sends such a block instead of a plain round's single position when the gamma controller says it pays
 (host/decode/gamma.py `lookup_length`); the verifier judges it as it judges any draft, so the text is
-the plain run's. Greedy streams only: a copied token has no q-hat table to sample against.
+the plain run's. Greedy streams only: in a sampled one a copy would be a one-point q-hat table (lossless as
+well), but every sampled text would change, and those stay bit for bit as they were.
 """
 
 from __future__ import annotations
