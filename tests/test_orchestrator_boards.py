@@ -197,7 +197,9 @@ def test_booting_and_flashing_say_what_they_do_and_skip_an_up_to_date_board(mode
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_projected_bus_bytes_are_the_measured_ones_round_by_round(serial_boards, models, temperature):
     """host/projection/rounds.py's byte model against the bytes the host's links carried, per round and per link
-    (the first round also collects BEGIN's ACK, so it is left out); a plain round is 22 bytes."""
+    (the first round also collects BEGIN's ACK, so it is left out); a plain round is 22 bytes. A run during which
+    a link resent a frame (its reply came after the retransmission timeout: the VMs share the test workers'
+    cores) carried bytes no model of the protocol prices, so it is not compared; the others are (one at least)."""
     from specmesh.host.projection.rounds import Projector
     from specmesh.shared.modelfile import parse_header
 
@@ -205,12 +207,22 @@ def test_projected_bus_bytes_are_the_measured_ones_round_by_round(serial_boards,
     heads = [parse_header((models / f).read_bytes()[:64]) for f in (TARGET_FILE, DRAFTER_FILE)]
     proj = Projector(heads[0], heads[1], "esp32s3", "serial")
     params = SessionParams(seed=5, temperature=temperature, draft_top_k=8)
+
+    def unresent(*args):
+        """generate(*args), and whether no frame was resent meanwhile."""
+        before = verifier.proxy.bus.retransmits + drafter.proxy.bus.retransmits
+        run = generate(*args)
+        return run, verifier.proxy.bus.retransmits + drafter.proxy.bus.retransmits == before
+
+    compared = 0
     for prompt in prompts(4, seed=7):
-        plain = generate(prompt, verifier, None, params, 12)
-        assert {r.bytes_verify for r in plain.rounds[1:]} == {22}
-        spec = generate(prompt, verifier, drafter, params, 20, GammaController(fixed=3))
-        auto = generate(prompt, verifier, drafter, params, 20)  # gamma auto: greedy plain rounds have shadow drafts
-        for run in (spec, auto) if temperature == 0.0 else (spec,):
+        plain, clean = unresent(prompt, verifier, None, params, 12)
+        assert not clean or {r.bytes_verify for r in plain.rounds[1:]} == {22}
+        spec, spec_clean = unresent(prompt, verifier, drafter, params, 20, GammaController(fixed=3))
+        auto, auto_clean = unresent(prompt, verifier, drafter, params, 20)  # gamma auto: greedy plain rounds shadow
+        runs = [(spec, spec_clean)] + ([(auto, auto_clean)] if temperature == 0.0 else [])
+        for run in (run for run, clean in runs if clean):
+            compared += 1
             drafted = run.rounds[0].gamma > 0 or run.rounds[0].shadow
             for r in run.rounds[1:]:
                 assert proj.round_bytes(r, drafted) == {"drafter": r.bytes_draft, "verifier": r.bytes_verify}
@@ -218,3 +230,4 @@ def test_projected_bus_bytes_are_the_measured_ones_round_by_round(serial_boards,
         assert (auto.shadows > 0) == (temperature == 0.0)
         if temperature:
             assert any(r.table_body for r in spec.rounds)  # a rejection sent its whole q-hat table
+    assert compared > 0
