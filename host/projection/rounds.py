@@ -243,7 +243,8 @@ class Projector:
             waste = 0.0
             if not r.drafter_drafts:  # a shadow draft runs beside the verify: the round waits for what it does not hide
                 t_draft = max(0.0, self.shadow_seconds(r) - t_verify)
-            elif self.pipelined and prev is not None and prev.drafter_drafts and prev.ahead and not r.lag and not r.reprime:
+            elif (self.pipelined and prev is not None and prev.drafter_drafts and prev.ahead and not r.lag
+                  and not r.reprime):
                 # the ahead passes ran from the end of prev's block: position prev.pos0 + prev.gamma on
                 start = prev.pos0 + prev.gamma - prev.base
                 passes = self.draft_passes(start, max(prev.ahead, r.gamma + 1))
