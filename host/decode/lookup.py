@@ -29,9 +29,8 @@ def continuation(stream: Sequence[int], k: int, min_match: int = MIN_MATCH, max_
     n = len(stream)
     if k <= 0:
         return []
-    tail = list(stream[-max_match - 1:]) if n > max_match else list(stream)
     for m in range(min(max_match, n - 1), min_match - 1, -1):
-        suffix = tail[-m:]
+        suffix = list(stream[n - m:])
         first = suffix[0]
         for j in range(n - m - 1, -1, -1):  # an occurrence ending before the stream does
             if stream[j] == first and list(stream[j:j + m]) == suffix:
