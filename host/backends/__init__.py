@@ -114,6 +114,29 @@ class Draft:
         return len(self.tokens)
 
 
+class Pending:
+    """A drafter call in flight (`Drafter.start_draft`): `result()` waits for its drafts; `seconds` is then what the
+    call took, from its request to its reply (`took`: a board's reply is timed as it arrives, however late it is
+    collected), or the drafting itself for a call made when collected (`later`: a drafter on the host)."""
+
+    def __init__(self, wait: Callable[[], Draft], took: Callable[[], float] | None = None):
+        self._wait, self._took = wait, took
+        self._draft: Draft | None = None
+        self.seconds = 0.0
+
+    @classmethod
+    def later(cls, drafter: Drafter, committed: Sequence[int], gamma: int) -> Pending:
+        """The call of a drafter without `start_draft`: its `draft`, made when collected."""
+        return cls(lambda: drafter.draft(committed, gamma))
+
+    def result(self) -> Draft:
+        if self._draft is None:
+            t0 = time.perf_counter()
+            self._draft = self._wait()
+            self.seconds = self._took() if self._took is not None else time.perf_counter() - t0
+        return self._draft
+
+
 class Backend(Protocol):
     name: str  # what the stats show, e.g. "cpu" or "virtual:/dev/pts/4"
     max_seq: int  # longest sequence the model's context holds
@@ -145,6 +168,9 @@ class Unit:
 
 class Drafter(Backend, Protocol):
     def draft(self, committed: Sequence[int], gamma: int) -> Draft: ...
+
+    # optional: `start_draft(committed, gamma) -> Pending`, a call that works while the host waits for the verifier
+    # (a board's DRAFT_REQ goes out at once); without it the decode loop drafts when it collects (`Pending.later`)
 
 
 class Verifier(Backend, Protocol):

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from specmesh.host.backends import BackendError, Draft, SessionParams, Unit
+from specmesh.host.backends import BackendError, Draft, Pending, SessionParams, Unit
 from specmesh.host.boardclasses import CONSOLE_RING, class_of
 from specmesh.host.bus.proxy import Call, NodeError, Proxy, ProxyError
+from specmesh.shared.codec import Frame
 from specmesh.shared import messages as m
 from specmesh.shared.board import ROLES
 from specmesh.shared.rule import PARTIAL
@@ -118,13 +119,12 @@ class BoardBackend(Unit):
 
     def _call(self, mtype: int, payload: bytes | Callable[[], bytes] = b""):
         """The reply to a request; a callable payload is built again after a re-synchronisation."""
+        return self._start(mtype, payload).reply()
+
+    def _start(self, mtype: int, payload: bytes | Callable[[], bytes] = b"") -> _Request:
+        """A request sent now, its reply waited for later (`_Request.reply`)."""
         self.settle()
-        body = payload if isinstance(payload, bytes) else payload()
-        try:
-            return self._result(self.proxy.start(mtype, body))
-        except Restarted:
-            self._resync()
-            return self._once(self.proxy.start(mtype, payload if isinstance(payload, bytes) else payload()))
+        return _Request(self, mtype, payload)
 
     def _once(self, call: Call):
         """The reply after a re-synchronisation: losing the session again is an error, not a loop."""
@@ -188,6 +188,31 @@ class BoardBackend(Unit):
             pass
 
 
+class _Request:
+    """A board's request in flight: `reply()` waits for its reply, re-synchronising a node that lost the session and
+    asking again (a callable payload is built again then); `seconds`, what it took (Call.seconds)."""
+
+    def __init__(self, board: BoardBackend, mtype: int, payload: bytes | Callable[[], bytes]):
+        self.board, self.mtype, self.payload = board, mtype, payload
+        self.call = board.proxy.start(mtype, self._body())
+
+    def _body(self) -> bytes:
+        return self.payload if isinstance(self.payload, bytes) else self.payload()
+
+    def reply(self) -> Frame:
+        b = self.board
+        try:
+            return b._result(self.call)
+        except Restarted:
+            b._resync()
+            self.call = b.proxy.start(self.mtype, self._body())
+            return b._once(self.call)
+
+    @property
+    def seconds(self) -> float:
+        return self.call.seconds
+
+
 class BoardDrafter(BoardBackend):
     role = m.ROLE_DRAFTER
 
@@ -195,17 +220,28 @@ class BoardDrafter(BoardBackend):
         """Nothing to send: the next DRAFT_REQ carries the outcome (the board drafts only when asked)."""
 
     def draft(self, committed: Sequence[int], gamma: int) -> Draft:
+        return self.start_draft(committed, gamma).result()
+
+    def start_draft(self, committed: Sequence[int], gamma: int) -> Pending:
+        """`draft`, its DRAFT_REQ sent now and its DRAFT waited for by the function returned: the decode loop sends
+        it beside a verify (a shadow, or drafts ahead: host/decode/ahead.py) and collects it after the verdict.
+        `committed` may run past the stream into what the drafter proposed (the round's drafts and guess): it holds
+        them, so the folded COMMIT carries none of them."""
         def body() -> bytes:
             return m.pack_draft_req(len(committed), gamma, self._tail(committed))
 
-        pos0, entries = m.unpack_draft(self._call(m.DRAFT_REQ, body).payload)
-        if pos0 != len(committed) or not 0 < len(entries) <= gamma:
-            raise BackendError("%s drafted %d tokens at %d when asked for %d at %d"
-                               % (self.name, len(entries), pos0, gamma, len(committed)))
-        tokens = [e[0] for e in entries]
-        self.known = list(committed)
-        self.held = self.known + tokens
-        return Draft(pos0, tokens, [(list(e[1]), list(e[2])) for e in entries])
+        request = self._start(m.DRAFT_REQ, body)
+
+        def drafted() -> Draft:
+            pos0, entries = m.unpack_draft(request.reply().payload)
+            if pos0 != len(committed) or not 0 < len(entries) <= gamma:
+                raise BackendError("%s drafted %d tokens at %d when asked for %d at %d"
+                                   % (self.name, len(entries), pos0, gamma, len(committed)))
+            tokens = [e[0] for e in entries]
+            self.known = list(committed)
+            self.held = self.known + tokens
+            return Draft(pos0, tokens, [(list(e[1]), list(e[2])) for e in entries])
+        return Pending(drafted, lambda: request.seconds)
 
 
 class BoardVerifier(BoardBackend):

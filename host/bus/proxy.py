@@ -97,6 +97,7 @@ class _Waiter:
     reply: Frame | None = None
     line: int = 0  # bytes of the request's line on the link
     challenge: bytes | None = None  # a signed HELLO's: only the answer to it is taken
+    at: float = 0.0  # when the reply came (on the link's reader thread): a call collected late is timed right
 
 
 class Bus:
@@ -171,6 +172,7 @@ class Bus:
         if w is None:
             self.stale_replies += 1
             return
+        w.at = time.perf_counter()
         w.reply = f
         w.event.set()
 
@@ -278,6 +280,12 @@ class Call:
             self._reply = self._wait()
         return self._reply
 
+    @property
+    def seconds(self) -> float:
+        """From the request's first sending to its reply's arrival (so far, before it came): what the call took,
+        however late its caller collects it."""
+        return (self.waiter.at or time.perf_counter()) - self.sent
+
     def _wait(self) -> Frame:
         bus, w = self.bus, self.waiter
         rto = bus._rto(self.mtype)
@@ -306,7 +314,7 @@ class Call:
                 if bus._waiting.get(self.seq) is w:
                     del bus._waiting[self.seq]
         if not retried:  # Karn: a reply to a resent request may answer either copy, so it times nothing
-            took = time.perf_counter() - self.sent
+            took = self.seconds
             prev = bus._slowest.get(self.mtype)
             bus._slowest[self.mtype] = took if prev is None else max(took, 0.9 * prev)
         reply = w.reply
