@@ -220,7 +220,11 @@ def test_projected_bus_bytes_are_the_measured_ones_round_by_round(serial_boards,
         assert not clean or {r.bytes_verify for r in plain.rounds[1:]} == {22}
         spec, spec_clean = unresent(prompt, verifier, drafter, params, 20, GammaController(fixed=3))
         auto, auto_clean = unresent(prompt, verifier, drafter, params, 20)  # gamma auto: greedy plain rounds shadow
-        runs = [(spec, spec_clean)] + ([(auto, auto_clean)] if temperature == 0.0 else [])
+        ahead = GammaController(fixed=3)
+        ahead.pipelined = True  # drafting beside each verify: ready rounds send no DRAFT_REQ
+        pipe, pipe_clean = unresent(prompt, verifier, drafter, params, 20, ahead)
+        assert pipe.tokens == spec.tokens and any(r.ahead for r in pipe.rounds)
+        runs = [(spec, spec_clean), (pipe, pipe_clean)] + ([(auto, auto_clean)] if temperature == 0.0 else [])
         for run in (run for run, clean in runs if clean):
             compared += 1
             drafted = run.rounds[0].gamma > 0 or run.rounds[0].shadow

@@ -183,7 +183,8 @@ def test_stages_of_the_projected_class_on_its_own_link(heads):
     layers = split_layers(5, 5)
     s3 = PipelineProjector(target, drafter, layers, USB_SERIAL_JTAG.name, board="esp32s3")
     esp32 = PipelineProjector(target, drafter, layers, UART_921600.name)
-    assert s3.hops == (USB_SERIAL_JTAG,) and s3.pipelined and s3.board.name == "esp32s3"
+    # (no drafting ahead beside a wavefront: a fresh block hides behind the first position's relay)
+    assert s3.hops == (USB_SERIAL_JTAG,) and not s3.pipelined and s3.board.name == "esp32s3"
     assert stage_keeps_classifier(target, BOARD_CLASSES["esp32s3"], (4, 5))
     assert not stage_keeps_classifier(target, BOARD_CLASSES["esp32"], (4, 5))
     assert not stage_keeps_classifier(target, BOARD_CLASSES["esp32s3"], (3, 4))  # not the last stage

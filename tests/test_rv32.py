@@ -156,10 +156,10 @@ def test_a_pipeline_of_five_c3_stages_gives_the_single_verifiers_tokens(tmp_path
 
 def test_a_c3_pair_plans_gamma_on_the_instructions_its_boards_execute(tmp_path):
     """gamma auto under --project esp32c3 is fed the measured projection (the boards' STATS), not QEMU's wall
-    clock: it plans pipelined drafting for it; the C3 drafts with its class's heap drafter, reading no flash."""
+    clock: it plans drafting ahead for it; the C3 drafts with its class's heap drafter, reading no flash."""
     stats = run_stats("--drafter", "virtual:esp32c3", "--verifier", "virtual:esp32c3", "--project", "esp32c3",
                  tmp_path=tmp_path, name="pair")
     p = stats["projection"]
     assert stats["gamma_costs"] == "projected esp32c3" and p["drafter"] == "esp32c3 board"
-    assert stats["drafter_model"].endswith(BOARD_CLASSES["esp32c3"].drafter) and p["lookahead"] > 0
+    assert stats["drafter_model"].endswith(BOARD_CLASSES["esp32c3"].drafter) and p["ready_rounds"] > 0
     assert p["instructions_per_pass"]["drafter"]["1"] > 0 and p["pipelined_drafting"]

@@ -227,6 +227,8 @@ def format_table(stats: dict) -> str:
         *([("shadow drafts", "%d in plain rounds, %d the verifier's token" % (stats["shadow_drafts"],
                                                                            stats["shadow_hits"]))]
           if stats.get("shadow_drafts") else []),
+        *([("drafts made ahead", "%d rounds verified drafts made beside the verify before (no drafter call)"
+            % stats["ready_rounds"])] if stats.get("ready_rounds") else []),
         *([("copied drafts", "%d in %d plain rounds (copied from the text), %d accepted" % (
             stats["lookup_drafts"], stats["lookup_rounds"], stats["lookup_accepted"]))]
           if stats.get("lookup_rounds") else []),
@@ -260,8 +262,9 @@ def format_table(stats: dict) -> str:
                 rows.append(("projection rates", p["rates"]))
                 rows.append(("projected kernels", p["kernels"]))
                 if p.get("pipelined_drafting"):
-                    rows.append(("projected look-ahead (passes past a block)", "%d, %d hits, %.1f ms wasted"
-                                 % (p["lookahead"], p["ahead_hits"], 1e3 * p["ahead_waste_s"])))
+                    rows.append(("projected drafting ahead", "%d rounds' drafts ready, %d drafts made beside a verify, "
+                                 "%.1f ms past it" % (p["ready_rounds"], p["ahead_drafts"],
+                                                      1e3 * p["ahead_overrun_s"])))
             else:
                 rows.append(("  vs plain on the pipeline (%s)" % link, p["speedup_vs_pipeline_plain"]))
                 rows.append(("  vs plain on one esp32s3 board", p["speedup_vs_single_board_plain"]))

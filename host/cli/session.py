@@ -261,6 +261,8 @@ def build_stats(config: RunConfig, params: SessionParams, result: Result, text: 
         # plain rounds' shadow drafts (host/decode/gamma.py): how many ran beside the verify, how many were the token
         "shadow_drafts": result.shadows,
         "shadow_hits": result.shadow_hits,
+        # drafting rounds whose drafts the drafter had made beside the verify before (host/decode/ahead.py)
+        "ready_rounds": result.ready_rounds,
         # plain rounds that verified drafts copied from the text instead (host/decode/lookup.py)
         "lookup_rounds": result.lookups,
         "lookup_drafts": result.lookup_drafts,
@@ -746,7 +748,7 @@ class Mesh(contextlib.AbstractContextManager):
         deterministic = not request.greedy and request.gamma is None and drafter is not None
         costs, projector = projection(request, dict(self.headers), verifier, drafter, self.on_host, deterministic)
         controller = controller or gamma_controller(request, drafter)
-        # a projection that credits pipelined drafting plans gamma and the look-ahead for it
+        # a projection that prices drafting ahead (host/decode/ahead.py) plans gamma and what is drafted beside a verify
         controller.pipelined = bool(drafter is not None and costs is not None and costs.pipelined)
         scan = StopScan(StopStrings(request.stop), self.tok.pieces.__getitem__)
         fallback = None if self.names["verifier"] in ("cpu", PIPELINE) else lambda: self._fall_back(lane)

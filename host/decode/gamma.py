@@ -58,8 +58,16 @@ shadow) (host/projection/rounds.py). Sampled runs have none, so they stay as the
 Copied drafts (greedy runs, gamma auto; host/decode/lookup.py): a round chosen plain verifies tokens copied from
 the stream's own history instead when `lookup_length` says they pay: their expected tokens (at `lookup_alpha`,
 LOOKUP_PRIOR and the stream's own copies, apart from the drafter's alpha) per second of the verify of that many
-positions beat a plain round's. Nothing is drafted for them, so no drafter cost enters; `observe(lookup=True)`
-gives the verify fit the round's size and leaves the drafter's estimates as after a plain round.
+positions beat a plain round's. Nothing is drafted for them, so no drafter cost enters (a shadow beside them is
+the drafter's alpha evidence, as in any plain round); `observe(lookup=True)` gives the verify fit the round's size
+and leaves the drafter's estimates as after a plain round.
+
+Drafting ahead (`pipelined`: a drafter board on its own link, its costs known; host/decode/ahead.py): the drafter
+drafts the next round's block beside each verify, so a round whose drafts are on the host (`choose`'s `ready`)
+costs its verify alone. gamma then follows `plan`, the best policy over the stream's two states (drafts ready,
+or behind the verifier's last token), and each choice also says what the round asks beside its verify: `ahead`
+drafts after a drafting round's guess, `shadow_ahead` after a plain round's shadow. With gamma fixed, every
+drafting round asks for the next round's drafts and guess.
 """
 
 from __future__ import annotations
@@ -67,7 +75,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from specmesh.host.decode.ahead import best_lookahead, expected_draft
+from specmesh.host.decode.ahead import Plan, expected_tokens, plan
 
 PROBES = (0, 1, 0, 4)  # first rounds: prefill (untimed), then V(k) at three sizes, D(g) at two, a first alpha
 ALPHA_PROBE = 4  # with known costs (prime), the one opening probe: a round of this many drafts measures alpha
@@ -94,13 +102,6 @@ UNINFORMED_WEIGHT = 2.0  # Beta(1, 1)'s weight: what a measured prior keeps howe
 # 0.01x of it on the tuning set)
 LOOKUP_PRIOR = 0.75
 LOOKUP_WEIGHT = 4.0
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """Expected tokens committed by one round with draft length gamma (accepted drafts + 1 emitted)."""
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
 @dataclass
@@ -176,12 +177,14 @@ class GammaController:
     behind: int = 0  # plain rounds since the drafter last drafted: tokens it must catch up on first
     verified: dict[int, int] = field(default_factory=dict)  # timed rounds per verified size k (the v(k) fit)
     drafting_rounds: int = 0  # timed rounds that drafted (the c fit)
-    # pipelined drafting (host/decode/ahead.py): the drafter drafts ahead while a verdict is pending, so
-    # gamma is chosen for the expected wait of a DRAFT_REQ, and `ahead` (the look-ahead for the gamma of
-    # the last choice) with it; the draft fit stays the drafter's cost without it
+    # drafting ahead (host/decode/ahead.py): the drafter drafts the next round's block beside each verify, so
+    # gamma follows `plan` over the stream's two states (its drafts ready or not), and each choice says what to
+    # ask beside the verify: `ahead` drafts after a drafting round's guess, `shadow_ahead` after a plain round's
+    # shadow draft (a shadow block)
     pipelined: bool = False
     ahead: int = 0
-    fixed_ahead: int | None = None  # a look-ahead given instead of planned
+    shadow_ahead: int = 0
+    plan: Plan | None = None  # the last choice's (None: not pipelined, or gamma fixed)
     opening: tuple[int, ...] = PROBES  # the opening rounds' gammas (prime() leaves only the prefill round)
     # the acceptance prior, Beta(prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight): Beta(1, 1)
     # unless the drafter's acceptance was measured beforehand (expect())
@@ -232,8 +235,7 @@ class GammaController:
         # taken as cheaper than that one, since a drafter call may cost mostly its round trip (the CPU
         # drafter: 1.2 ms a call, whatever its size; proportional scaling halved it and switched gamma on)
         floor = self.draft_cost.sy / self.draft_cost.s0 if self.draft_cost.one_size else 0.0
-        return [v[1] + o0] + [v[g + 1] + o0 + o1 + max(floor, d0 + self._drafting(g, d0, d1, v[g + 1]))
-                              for g in range(1, cap + 1)]
+        return [v[1] + o0] + [v[g + 1] + o0 + o1 + max(floor, d0 + d1 * g) for g in range(1, cap + 1)]
 
     def _verify_seconds(self, k_max: int) -> Sequence[float]:
         """Predicted seconds of a verify of k = 0..k_max positions (index 0 unused): with known costs and
@@ -251,40 +253,39 @@ class GammaController:
             self._verify_memo = (self.position, memo)
         return memo
 
-    def _drafting(self, g: int, d0: float, d1: float, verify: float) -> float:
-        """Seconds of drafting a DRAFT_REQ for g drafts waits beyond its call: g passes, or with pipelined
-        drafting the expected wait at the best look-ahead (the verdict's window: the verify and the call)."""
-        if not self.pipelined:
-            return d1 * g
-        p_hit = self.alpha ** (g + 1)  # the previous block all accepted and the guess right
-        a = best_lookahead(d1, g, verify + d0, p_hit)
-        return expected_draft(d1, g, a, verify + d0, p_hit)
-
-    def lookahead(self, g: int) -> int:
-        """The look-ahead for rounds of g drafts (0 without pipelined drafting)."""
-        if not self.pipelined or g == 0:
-            return 0
+    def planned(self, cap: int) -> Plan:
+        """The two-state plan of drafting ahead (host/decode/ahead.py) from the estimates: alpha, the verify's
+        seconds by size at the stream's position, a drafter call's intercept and per-pass seconds."""
         d0, d1 = self.draft_cost.coefficients()
-        return best_lookahead(d1, g, self._verify_seconds(g + 1)[g + 1] + d0, self.alpha ** (g + 1))
+        return plan(self.alpha, self._verify_seconds(cap + 1), d0, d1, cap, self.round_overhead.coefficients()[0],
+                    self.shadowing)
 
     def rates(self, cap: int) -> list[float]:
         """Predicted committed tokens per second at draft length 0..cap."""
         alpha = self.alpha
         return [expected_tokens(alpha, g) / t if t > 0 else float("inf") for g, t in enumerate(self.round_times(cap))]
 
-    def choose(self, limit: int | None = None, position: int | None = None) -> int:
+    def choose(self, limit: int | None = None, position: int | None = None, ready: int = 0) -> int:
         """Draft length for the next round, at most `limit` (room left in the stream or the context);
-        `position`: the stream's length there (known costs price the verify at it)."""
+        `position`: the stream's length there (known costs price the verify at it); `ready`: drafts of the
+        drafter's that the host holds for the positions from there on (drafting ahead: a round of g < ready of
+        them, the next one its guess, needs no drafter call). Sets `ahead` and `shadow_ahead` for the round."""
         if position is not None:
             self.position = position
         cap = self.max_gamma if limit is None else max(0, min(self.max_gamma, limit))
+        self.plan = None
         if self.fixed is not None:
             g = min(self.fixed, cap)
         elif self.rounds < len(self.opening):
             g = min(self.opening[self.rounds], cap)
+            self.plan = self.planned(cap) if self.pipelined and self.known_costs and cap else None
         else:
-            rates = self.rates(cap)
-            g = max(range(cap + 1), key=lambda k: (rates[k], -k))
+            if self.pipelined:
+                self.plan = self.planned(cap)
+                g = min(self.plan.ready, ready - 1) if ready > 1 else self.plan.behind
+            else:
+                rates = self.rates(cap)
+                g = max(range(cap + 1), key=lambda k: (rates[k], -k))
             returning = g > 0 and self.behind > FREE_CATCH_UP
             if returning and self.rounds < self.next_probe:
                 g = 0  # after a run of plain rounds, turning speculation on is a probe: it waits its turn
@@ -303,8 +304,21 @@ class GammaController:
                 # the opening probes say plain: the next probe waits as long as the probe budget asks
                 self.next_probe = self.rounds + max(PROBE_EVERY, self._budget_gap())
         self.last = g
-        self.ahead = (self.fixed_ahead if g else 0) if self.fixed_ahead is not None else self.lookahead(g)
+        self._ahead(g, ready)
         return g
+
+    def _ahead(self, g: int, ready: int) -> None:
+        """What the round asks beside its verify when drafting ahead: a drafting round of g drafts (its guess
+        the draft after them) the block that makes the next round ready, less what the host holds beyond the
+        guess already; a plain greedy round a shadow block (the plan's, or a lone shadow)."""
+        self.ahead = self.shadow_ahead = 0
+        if not self.pipelined:
+            return
+        want = self.fixed + 1 if self.fixed is not None else self.plan.block if self.plan and self.plan.ready else 0
+        if g:
+            self.ahead = max(0, want - max(0, ready - g - 1))
+        elif self.plan is not None and self.plan.ready:
+            self.shadow_ahead = self.plan.shadow_block - 1
 
     def _probe(self, cap: int, live: bool = False) -> int:
         """The draft length of a probe from plain decoding: what the rates would choose were the drafter's
@@ -388,7 +402,7 @@ class GammaController:
 
     def observe(self, gamma: int, n_accepted: int, t_draft: float, t_verify: float, t_other: float,
                 ended: bool = False, lag: int = 0, timed: bool = True, shadow: bool | None = None,
-                lookup: bool = False) -> None:
+                lookup: bool = False, ready: bool = False, guessed: bool = False, ahead: int = 0) -> None:
         """Record a finished round: drafts accepted and seconds spent drafting, verifying, committing.
 
         `ended`: the round stopped at an end-of-stream draft; a short run then says nothing about alpha.
@@ -400,6 +414,9 @@ class GammaController:
         It is one tested draft, and `t_draft` its call (after `lag` catch-up tokens).
         `lookup`: the round's `gamma` drafts were copied from the stream (host/decode/lookup.py): to the drafter
         it was a plain round, and its verify is timed at its size.
+        Drafting ahead (host/decode/ahead.py): `ready`, the drafts were on the host (no drafter call: nothing for
+        the draft fit); `guessed`, a fresh call drafted the guess after them too (one pass more); `ahead`, a
+        shadow call drafted that many more after the shadow (a shadow block).
         """
         k = gamma + 1  # positions verified
         if lookup:
@@ -415,13 +432,14 @@ class GammaController:
         if gamma == 0:
             self.shadowed = shadow is not None
         if timed and not self.known_costs:
-            t_draft, t_verify, t_other = self._bounded(gamma or int(shadow is not None), lag, t_draft, t_verify,
+            t_draft, t_verify, t_other = self._bounded(gamma + guessed if gamma else (1 + ahead) * (shadow is not None),
+                                                       lag, t_draft, t_verify,
                                                        t_other, k)
         if gamma == 0 and shadow is not None:  # one draft tested, at no verifier cost
             self.acc_hits = self.acc_hits * DECAY + shadow
             self.acc_trials = self.acc_trials * DECAY + 1.0
             if timed:
-                self.draft_cost.add(1 + lag, t_draft)
+                self.draft_cost.add(1 + lag + ahead, t_draft)
         elif gamma == 0:  # what was measured of alpha ages while nothing tests it: the prior regains weight
             self.acc_hits *= PLAIN_DECAY
             self.acc_trials *= PLAIN_DECAY
@@ -429,8 +447,8 @@ class GammaController:
             trials = n_accepted + (0 if n_accepted >= gamma or ended else 1)
             self.acc_hits = self.acc_hits * DECAY + n_accepted
             self.acc_trials = self.acc_trials * DECAY + trials
-            if timed:
-                self.draft_cost.add(gamma + lag, t_draft)
+            if timed and not ready:
+                self.draft_cost.add(gamma + lag + guessed, t_draft)
                 self.drafting_rounds += 1
         if timed:
             self.verify_cost.add(k, t_verify)

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from specmesh.host.backends import BackendError, Draft, Drafter, SessionParams, Verifier
+from specmesh.host.backends import BackendError, Draft, Drafter, Pending, SessionParams, Verifier
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.lookup import continuation
 from specmesh.host.decode.window import Window
@@ -47,10 +47,11 @@ class Round:
     pos0: int  # stream length before the round (absolute position of the first draft)
     # payload bytes of the drafts on a board bus (shared/messages.py, host/backends/board.py): in the DRAFT (whole
     # q-hat tables), in the VERIFY_REQ (partial tables), and of the rejected draft's whole table sent after
-    # a PARTIAL verdict (0 when none was)
+    # a PARTIAL verdict (0 when none was); `guess_body`, the entry of the guess a fresh DRAFT carried after them
     draft_body: int
     verify_body: int
     table_body: int = 0
+    guess_body: int = 0
     rejected: bool = False  # the verifier rejected a draft (else all were accepted, or one was end-of-stream)
     lag: int = 0  # committed tokens the drafter first had to catch up on (plain rounds since it last drafted)
     # the drafter's sliding window (host/decode/window.py): the stream position its context begins at, and the
@@ -58,23 +59,32 @@ class Round:
     base: int = 0
     reprime: int = 0
     # measured: seconds of each call, bytes each link carried (0 in a round the projection made up)
-    t_draft: float = 0.0
+    t_draft: float = 0.0  # the drafter's call before the verify, and what of the one beside it the verify did not hide
     t_verify: float = 0.0
     t_commit: float = 0.0
+    t_ahead: float = 0.0  # the drafter's call beside the verify (a shadow, drafts ahead), its request to its reply
     bytes_draft: int = 0
     bytes_verify: int = 0
-    # pipelined drafting (host/decode/ahead.py): passes the drafter makes ahead after this round's block
-    # (the controller's look-ahead), and whether they were a hit: every draft accepted and the drafter's
-    # own guess at the bonus position (one draft more than the verifier got) is the emitted token
+    # drafting ahead (host/decode/ahead.py): `ready`, the drafts and the guess after them were on the host before
+    # the round (made beside the last verify: no DRAFT_REQ, no pass waited for); `guessed`, the drafter's guess at
+    # the bonus position was known (a fresh DRAFT then carried it after the drafts); `ahead`, the drafts the
+    # drafter made beside this round's verify after the guess (DRAFT body `ahead_body`), or after a plain round's
+    # shadow draft (the rest of its shadow block); `guess_hit`, every draft accepted and the emitted token the
+    # guess: what the drafter made ahead serves the next round
+    ready: bool = False
+    guessed: bool = False
     ahead: int = 0
+    ahead_body: int = 0
     guess_hit: bool = False
     # a shadow draft (host/decode/gamma.py): in a plain greedy round the drafter drafted the position the
-    # verifier decided, beside the verify (on its own link); the verdict alone commits. Its DRAFT body's bytes,
-    # and whether its token was the emitted one (alpha evidence at no verifier cost); `lag` is its catch-up then
+    # verifier decided, beside the verify (on its own link); the verdict alone commits. Its DRAFT body's bytes
+    # (the shadow block's: `ahead` more drafts after it), and whether its token was the emitted one (alpha
+    # evidence at no verifier cost); `lag` is its catch-up then
     shadow: bool = False
     shadow_body: int = 0
     shadow_hit: bool = False
-    after_hit: bool = False  # the drafter's last draft was a shadow hit: it holds that committed token already
+    after_hit: bool = False  # the drafter proposed the last committed token itself (a shadow or guess hit): it has it
+    owed: int = 0  # besides that token, the tokens of its last round the drafter does not hold (copies not shadowed)
     lookup: bool = False  # the drafts were copied from the stream (host/decode/lookup.py): the drafter sat it out
 
     @property
@@ -86,8 +96,9 @@ class Round:
     def told(self) -> int:
         """Committed tokens this round's DRAFT_REQ carries to a drafter board (its folded COMMIT: the tail
         beyond what it holds, host/backends/board.py): the catch-up and the emitted token of the drafter's last
-        round, unless it proposed that one itself (a shadow hit) or was re-primed (it holds the whole stream)."""
-        return self.lag + (not self.reprime and not self.after_hit)
+        round, unless it proposed that one itself (a shadow or guess hit) or was re-primed (it holds the whole
+        stream)."""
+        return self.lag + (0 if self.reprime else self.owed + (not self.after_hit))
 
 
 @dataclass
@@ -162,6 +173,11 @@ class Result:
         return sum(r.shadow for r in self.rounds)
 
     @property
+    def ready_rounds(self) -> int:
+        """Rounds whose drafts the drafter had made ahead, beside the verify before (host/decode/ahead.py)."""
+        return sum(r.ready for r in self.rounds)
+
+    @property
     def shadow_hits(self) -> int:
         """Shadow drafts whose token was the one the verifier emitted."""
         return sum(r.shadow_hit for r in self.rounds)
@@ -232,56 +248,51 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     controller = _primed(controller or GammaController(), costs if drafter and observer.costs_known else None, prompt,
                          params, shadowing=drafter is not None and params.greedy, by_shape=observer.verify_by_shape)
     max_seq = verifier.max_seq
-    window = Window(drafter.max_seq) if drafter else None
     if len(prompt) >= max_seq:
         raise ValueError("the prompt has %d tokens but the context holds %d" % (len(prompt), max_seq))
     committed = list(prompt)
     out: list[int] = []
     result = Result(out)
     failover = _Failover(observer, result)
+    side = _DrafterSide(drafter, failover, controller, params, len(committed))
     start = clock()
     verifier.begin(params, committed)
-    if drafter and window:  # (a prompt longer than its context: its last tokens)
-        drafter.begin(window.params(params), window.start(committed))
+    side.begin(committed)
     result.begin_s = clock() - start  # a drafter board prefills at BEGIN, a verifier at its first verdict
-    synced = len(committed)  # the drafter has fed the stream up to here (drafters prefill the prompt at begin)
-    own = False  # the drafter's last draft was a shadow hit (Round.after_hit)
     while len(out) < max_tokens:
         if len(committed) >= max_seq:
             result.stop = "context"
             break
-        room = _room(max_tokens - len(out), len(committed), verifier, drafter)
-        gamma = controller.choose(room, position=len(committed)) if drafter else 0
-        bytes0 = (drafter.bus_bytes if drafter else 0, verifier.bus_bytes)
+        room = _room(max_tokens - len(out), len(committed), verifier, side.drafter)
+        bytes0 = (side.bus_bytes, verifier.bus_bytes)
         t0 = clock()
-        drafter, gamma, reprime, ahead, draft, guessed, shadowed = _drafts(failover, controller, drafter, window, params,
-                                                                           committed, gamma, room)
-        copied = not gamma and len(draft) > 0  # a plain round's verify of drafts copied from the stream
-        synced = len(committed) if reprime else synced
-        lag = len(committed) - synced if gamma or shadowed else 0
+        part = side.drafts(committed, room)
+        beside = side.start_beside(part, committed)  # beside the verify: a shadow block, or the drafts ahead
         t1 = clock()
-        verifier, (n_acc, token) = failover.verify(verifier, params, committed, draft, lambda: (len(out), clock() - t1))
+        verifier, (n_acc, token) = failover.verify(verifier, params, committed, part.draft,
+                                                   lambda: (len(out), clock() - t1))
         t2 = clock()
-        accepted = draft.tokens[:n_acc]
+        made = side.finish_beside(beside)
+        waited = clock() - t2  # for what of the drafter's call the verify did not hide
+        accepted = part.draft.tokens[:n_acc]
         emitted = [token] if token >= 0 else []
         new = accepted + emitted
         ended = token == -1 or (params.eos >= 0 and token == params.eos)
         committed += new
         verifier.commit(committed)
-        if drafter and window and (gamma or shadowed):
-            drafter = failover.commit(drafter, window.view(committed))
-            synced = len(committed)
+        side.commit(part, committed)
         t3 = clock()
         out += [t for t in new if t != params.eos] if ended else new
-        r = _round(draft, n_acc, token, len(committed), lag, (t0, t1, t2, t3),
-                   ((drafter.bus_bytes - bytes0[0]) if drafter else 0, verifier.bus_bytes - bytes0[1]),
-                   (ahead, guessed is not None and n_acc == len(draft) and token == guessed),
-                   (window.base if window else 0, reprime), (shadowed, own), copied)
-        own = r.shadow_hit if gamma or shadowed else own
+        r = _round(part, n_acc, token, len(committed), (t0, t1, t2, t3, waited, beside.seconds if beside else 0.0),
+                   (side.bus_bytes - bytes0[0], verifier.bus_bytes - bytes0[1]), made, side.window_base,
+                   (side.own, side.owed))
+        side.advance(part, made, new, ended, len(committed))
         result.rounds.append(r)
-        controller.observe(r.gamma, n_acc, *(costs(r) if costs else (r.t_draft, r.t_verify, r.t_commit)),
-                           ended=token == -1, lag=lag, timed=len(result.rounds) > 1 and not reprime,  # re-prime: no fit
-                           shadow=r.shadow_hit if shadowed else None, lookup=copied)
+        # the measured seconds: a shadow's are its own call's, beside the verify (a re-prime's round fits nothing)
+        seconds = costs(r) if costs else (r.t_draft if r.gamma else r.t_ahead, r.t_verify, r.t_commit)
+        controller.observe(r.gamma, n_acc, *seconds, ended=token == -1, lag=r.lag,
+                           timed=len(result.rounds) > 1 and not r.reprime, shadow=r.shadow_hit if r.shadow else None,
+                           lookup=r.lookup, ready=r.ready, guessed=r.guessed, ahead=r.ahead if r.shadow else 0)
         observer.shown(*_visible(accepted, emitted, params.eos if ended else None))
         if ended or observer.stopped():
             result.stop = "eos" if ended else "stop"
@@ -290,32 +301,141 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     return result
 
 
-def _drafts(failover: _Failover, controller: GammaController, drafter: Drafter | None, window: Window | None,
-            params: SessionParams, committed: list[int], gamma: int,
-            room: int) -> tuple[Drafter | None, int, int, int, Draft, int | None, Draft | None]:
-    """The drafter's part of a round of `gamma` drafts: (the drafter, None once it failed; gamma, at most what its
-    window holds; the tokens it was re-primed with; the look-ahead; the drafts for the verifier; its guess at the
-    bonus position or None; a plain round's shadow draft or None: one draft at the position the verifier decides,
-    when the controller asks for one, which the verifier never sees). A greedy plain round's drafts may instead be
-    copied from the stream (`_copied`): gamma stays 0, the drafter sits the round out."""
-    copied = _copied(controller, committed, room) if drafter and not gamma and params.greedy else []
-    if copied:
-        return drafter, 0, 0, 0, Draft(len(committed), copied, [([t], [ONE]) for t in copied]), None, None
-    want = gamma == 0 and room > 0 and drafter is not None and controller.shadowing and controller.shadows()
-    drafter, gamma, reprime = failover.windowed(drafter, window, params, committed, gamma or int(want))
-    shadow, gamma = (gamma > 0, 0) if want else (False, gamma)
-    ahead = controller.ahead if gamma else 0
-    # with a look-ahead, one draft more than the verifier gets: the drafter's guess at the bonus position says
-    # whether its ahead-drafts serve the next round (drafts depend on their position alone: the text is the same)
-    guess = 1 if ahead and drafter and window and gamma < min(drafter.max_gamma, window.room(len(committed))) else 0
-    drafter, draft = failover.draft(drafter, window, committed, gamma + guess if gamma else 0)
-    if drafter is None:
-        gamma = ahead = 0
-    draft, guessed = _guess(draft, gamma)
-    shadowed = None
-    if shadow:
-        drafter, shadowed = failover.draft(drafter, window, committed, 1)
-    return drafter, gamma, reprime, ahead, draft, guessed, shadowed if shadowed else None
+@dataclass
+class _Part:
+    """The drafter's part of a round: its drafts for the verifier (copied ones in a plain round that verifies
+    some), whether they were ready (drafted ahead: no drafter call), the drafter's guess at the bonus position
+    after them (None: not known), the tokens a re-prime gave the drafter, a plain round's shadow block (drafts
+    asked beside the verify, 0: none), the catch-up the drafter's call began with, and whether the drafts were
+    copied from the stream."""
+
+    gamma: int
+    draft: Draft
+    ready: bool = False
+    guess: int | None = None
+    guess_body: int = 0  # a fresh DRAFT's bytes for the guess's entry (0: none, or the drafts were ready)
+    reprime: int = 0
+    shadow: int = 0
+    lag: int = 0
+    copied: bool = False
+
+    @property
+    def guessed(self) -> bool:
+        return self.guess is not None
+
+
+class _DrafterSide:
+    """The decode loop's drafter side: the back-end (None without one, or once it failed), its sliding window,
+    and the drafter's proposals beyond the committed stream as far as the host holds them (`path`, its `pos0` the
+    stream's length: the drafts and guess of the round in flight and what it drafted ahead beside the verify,
+    host/decode/ahead.py), what it has fed (`synced`) and whether it proposed the last committed token (`own`)."""
+
+    def __init__(self, drafter: Drafter | None, failover: _Failover, controller: GammaController,
+                 params: SessionParams, length: int):
+        self.drafter = drafter
+        self.window = Window(drafter.max_seq) if drafter else None
+        self.failover = failover
+        self.controller = controller
+        self.params = params
+        self.path = Draft(length)
+        self.synced = length  # the drafter has fed the stream up to here (drafters prefill the prompt at begin)
+        self.own = False
+        self.owed = 0  # besides the last committed token, the last round's tokens the drafter does not hold
+
+    def begin(self, committed: list[int]) -> None:
+        if self.drafter and self.window:  # (a prompt longer than its context: its last tokens)
+            self.drafter.begin(self.window.params(self.params), self.window.start(committed))
+
+    @property
+    def bus_bytes(self) -> int:
+        return self.drafter.bus_bytes if self.drafter else 0
+
+    @property
+    def window_base(self) -> int:
+        return self.window.base if self.window else 0
+
+    def ready(self, length: int) -> int:
+        """Drafts of the drafter's the host holds for the positions from `length` on: none when its window would
+        have to move before a round of them (a re-primed drafter proposes from another context)."""
+        w, path = self.window, self.path
+        if w is None or path.pos0 != length or not len(path) or w.full(length, len(path)):
+            return 0
+        return len(path)
+
+    def drafts(self, committed: list[int], room: int) -> _Part:
+        """The round's gamma (the controller's choice) and the drafts for the verifier: those the host holds when a
+        round of them and the guess after them are ready, else the drafter's call (`_fresh`)."""
+        ready = self.ready(len(committed)) if self.drafter else 0
+        gamma = self.controller.choose(room, position=len(committed), ready=ready) if self.drafter else 0
+        if 0 < gamma < ready:
+            path = self.path
+            return _Part(gamma, Draft(path.pos0, path.tokens[:gamma], path.q[:gamma]), ready=True,
+                         guess=path.tokens[gamma])
+        part = self._fresh(committed, gamma, room)
+        self.synced = len(committed) if part.reprime else self.synced
+        part.lag = len(committed) - self.synced if part.gamma or part.shadow else 0
+        return part
+
+    def _fresh(self, committed: list[int], gamma: int, room: int) -> _Part:
+        """A round whose drafts the host does not hold: the drafter drafts gamma (at most what its window holds),
+        then its guess at the bonus position when the round drafts ahead (host/decode/ahead.py: one draft more
+        than the verifier gets); a plain round asks for a shadow block beside the verify (its first draft at the
+        position the verifier decides, which the verifier never sees) or, greedy, verifies drafts copied from the
+        stream instead (`_copied`: the drafter sits the round out)."""
+        c, f, drafter, window = self.controller, self.failover, self.drafter, self.window
+        self.path = Draft(len(committed))
+        copied = _copied(c, committed, room) if drafter and not gamma and self.params.greedy else []
+        want = gamma == 0 and room > 0 and drafter is not None and c.shadowing and c.shadows()
+        block = min(1 + c.shadow_ahead, room + 1) if want else 0
+        drafter, n, reprime = f.windowed(drafter, window, self.params, committed, gamma or block)
+        self.drafter = drafter
+        if copied:
+            return _Part(0, Draft(len(committed), copied, [([t], [ONE]) for t in copied]), copied=True,
+                         reprime=reprime, shadow=n if drafter else 0)
+        if want:
+            return _Part(0, Draft(len(committed)), reprime=reprime, shadow=n if drafter else 0)
+        # drafts depend on their position alone: a guess drafted now is what a later call would draft
+        guess = 1 if c.ahead and drafter and window and n < min(drafter.max_gamma, window.room(len(committed))) else 0
+        self.drafter, self.path = f.draft(drafter, window, committed, n + guess if n else 0)
+        n = n if self.drafter else 0
+        path = self.path
+        guessed = len(path) > n > 0
+        return _Part(n, Draft(path.pos0, path.tokens[:n], path.q[:n]), reprime=reprime,
+                     guess=path.tokens[n] if guessed else None,
+                     guess_body=_body(path) - _body(Draft(path.pos0, path.tokens[:n], path.q[:n])) if guessed else 0)
+
+    def start_beside(self, part: _Part, committed: list[int]) -> _Beside | None:
+        """The drafter's call beside the verify: a plain round's shadow block, or the drafts after a drafting
+        round's guess (drafting ahead), continuing what the host holds of its proposals."""
+        want = part.shadow or (self.controller.ahead if part.guessed else 0)
+        if not want:
+            return None
+        return self.failover.start_draft(self.drafter, self.window, committed + self.path.tokens, want)
+
+    def finish_beside(self, call: _Beside | None) -> Draft | None:
+        """The drafts of the call beside the verify (None: there was none, or the drafter failed and was dropped)."""
+        made = self.failover.finish_draft(call, self.window)
+        if call is not None and call.failed:  # (dropped: plain decoding goes on)
+            self.drafter = None
+        return made
+
+    def commit(self, part: _Part, committed: list[int]) -> None:
+        """Tell the drafter the verdict (a board learns it from its next DRAFT_REQ)."""
+        if self.drafter and self.window and (part.gamma or part.shadow):
+            self.drafter = self.failover.commit(self.drafter, self.window.view(committed))
+            self.synced = len(committed)
+
+    def advance(self, part: _Part, made: Draft | None, new: list[int], ended: bool, length: int) -> None:
+        """After the verdict committed `new`: what the drafter proposed beyond them stays the host's when it
+        proposed them all (a hit), else nothing does."""
+        path = self.path
+        if made is not None:
+            path = Draft(path.pos0, path.tokens + made.tokens, path.q + made.q)
+        held = next((i for i, (a, b) in enumerate(zip(path.tokens, new)) if a != b), min(len(path), len(new)))
+        hit = self.drafter is not None and not ended and held == len(new)
+        if part.gamma or part.shadow:
+            self.own, self.owed = hit, 0 if hit else len(new) - held - 1
+        self.path = Draft(length, path.tokens[len(new):], path.q[len(new):]) if hit else Draft(length)
 
 
 def _copied(controller: GammaController, committed: list[int], room: int) -> list[int]:
@@ -364,37 +484,55 @@ def _visible(accepted: list[int], emitted: list[int], eos: int | None) -> tuple[
     return [t for t in accepted if t != eos], [t for t in emitted if t != eos]
 
 
-def _guess(draft: Draft, gamma: int) -> tuple[Draft, int | None]:
-    """(the first gamma drafts, the drafter's guess at the bonus position after them or None): the loop
-    asks for one draft more when it plans a look-ahead (host/decode/ahead.py)."""
-    if len(draft) <= gamma:
-        return draft, None
-    return Draft(draft.pos0, draft.tokens[:gamma], draft.q[:gamma]), draft.tokens[gamma]
-
-
 def _body(draft: Draft) -> int:
     """Payload bytes of a DRAFT carrying these drafts (shared/messages.py)."""
     return draft_size([(tok, q[0], q[1]) for tok, q in zip(draft.tokens, draft.q)])
 
 
-def _round(draft: Draft, n_acc: int, token: int, length: int, lag: int, t: tuple[float, float, float, float],
-           bus: tuple[int, int], ahead: tuple[int, bool] = (0, False), window: tuple[int, int] = (0, 0),
-           shadow: tuple[Draft | None, bool] = (None, False), lookup: bool = False) -> Round:
-    """The record of a round that left the stream `length` tokens long: its verdict, the payload bytes its
-    drafts take on a board bus (what the projection prices), times t0..t3, the bytes each link carried,
-    (look-ahead, whether it was a hit), (the drafter window's base, the tokens it was re-primed with) and (its
-    shadow draft or None, whether the drafter's last draft was a shadow hit)."""
+def _round(part: _Part, n_acc: int, token: int, length: int, t: tuple[float, float, float, float, float, float],
+           bus: tuple[int, int], made: Draft | None, base: int, own: tuple[bool, int]) -> Round:
+    """The record of a round that left the stream `length` tokens long: the drafter's part, its verdict, the
+    payload bytes its drafts take on a board bus (what the projection prices), times t0..t3, the seconds waited
+    after the verify for the drafter's call beside it and that call's own seconds, the bytes each
+    link carried, the drafts the drafter made beside the verify (a shadow block, or drafts ahead after the
+    guess), the drafter window's base, and whether the drafter proposed the last committed token itself and how many
+    other tokens of its last round it does not hold."""
+    draft = part.draft
     n_new = n_acc + (token >= 0)
     entries = [(tok, q[0], q[1]) for tok, q in zip(draft.tokens, draft.q)]
     rejected = n_acc < len(draft) and token != -1
     table = draft_size(entries[n_acc:n_acc + 1]) if rejected and len(draft.q[n_acc][0]) > 1 else 0
+    shadow = made if part.shadow else None
+    ahead = (len(made) - (1 if part.shadow else 0)) if made is not None else 0
+    first = draft.tokens[0] if n_acc else token  # the round's first committed token: what its shadow drafted
     return Round(gamma=len(draft), n_accepted=n_acc, n_committed=n_new, pos0=length - n_new,
                  draft_body=draft_size(entries), verify_body=draft_size(entries, partial=True), table_body=table,
-                 rejected=rejected, lag=lag, t_draft=t[1] - t[0], t_verify=t[2] - t[1], t_commit=t[3] - t[2],
-                 bytes_draft=bus[0], bytes_verify=bus[1], ahead=ahead[0], guess_hit=ahead[1], base=window[0],
-                 reprime=window[1], shadow=shadow[0] is not None, shadow_body=_body(shadow[0]) if shadow[0] else 0,
-                 shadow_hit=shadow[0] is not None and shadow[0].tokens[0] == token, after_hit=shadow[1],
-                 lookup=lookup)
+                 guess_body=part.guess_body,
+                 rejected=rejected, lag=part.lag, t_draft=t[1] - t[0] + t[4], t_verify=t[2] - t[1],
+                 t_commit=t[3] - t[2] - t[4], t_ahead=t[5],
+                 bytes_draft=bus[0], bytes_verify=bus[1], ready=part.ready, guessed=part.guessed, ahead=ahead,
+                 ahead_body=_body(made) if made is not None and not part.shadow else 0,
+                 guess_hit=part.guessed and n_acc == len(draft) and token == part.guess,
+                 base=base, reprime=part.reprime, shadow=shadow is not None,
+                 shadow_body=_body(shadow) if shadow else 0,
+                 shadow_hit=shadow is not None and len(shadow) > 0 and shadow.tokens[0] == first,
+                 after_hit=own[0], owed=own[1], lookup=part.copied)
+
+
+@dataclass
+class _Beside:
+    """A drafter call in flight beside the verify: whose, and the call (None: it failed)."""
+
+    drafter: Drafter
+    pending: Pending | None
+
+    @property
+    def failed(self) -> bool:
+        return self.pending is None
+
+    @property
+    def seconds(self) -> float:
+        return self.pending.seconds if self.pending is not None else 0.0
 
 
 class _Failover:
@@ -427,6 +565,36 @@ class _Failover:
         except BackendError as e:
             self._drop(drafter, e)
             return None, Draft(len(committed))
+
+    def start_draft(self, drafter: Drafter | None, window: Window | None, stream: list[int], n: int) -> _Beside | None:
+        """A call for up to n drafts after `stream` (the committed stream, then what the drafter proposed beyond it),
+        started beside the verify and collected by `finish_draft`: a back-end with `start_draft` (a board: its
+        DRAFT_REQ goes out now) works meanwhile, one without drafts when collected. None: no call (the drafter's
+        window has no room for them)."""
+        if drafter is None or window is None:
+            return None
+        n = min(n, drafter.max_gamma, window.room(len(stream)))
+        if n <= 0:
+            return None
+        view = window.view(stream)
+        start = getattr(drafter, "start_draft", None)
+        try:
+            return _Beside(drafter, start(view, n) if start is not None else Pending.later(drafter, view, n))
+        except BackendError as e:
+            self._drop(drafter, e)
+            return _Beside(drafter, None)
+
+    def finish_draft(self, call: _Beside | None, window: Window | None) -> Draft | None:
+        """The drafts (at stream positions) of a call `start_draft` began, or None: there was none, or the drafter
+        failed (`call.failed`: it is dropped, the caller goes on without it)."""
+        if call is None or call.pending is None or window is None:
+            return None
+        try:
+            return window.draft(call.pending.result())
+        except BackendError as e:
+            self._drop(call.drafter, e)
+            call.pending = None
+            return None
 
     def verify(self, verifier: Verifier, params: SessionParams, committed: list[int], draft: Draft,
                where: Callable[[], tuple[int, float]]) -> tuple[Verifier, tuple[int, int]]:

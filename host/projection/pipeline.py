@@ -35,13 +35,12 @@ gamma (`python -m specmesh.tools.bench pipeline`) replays host-CPU runs of the s
 from __future__ import annotations
 
 from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, ESP32S3, ROLE_CLASS, classifier_bytes, stage_keeps_classifier
-from specmesh.host.decode.ahead import round_draft
 from specmesh.host.decode.orchestrator import Result, Round
 from specmesh.host.projection.hardware import (CYCLES_PER_INSN, ESPNOW, FLASH_FILE_READ, LINKS, PACKED_ROW_BYTES,
                                                PACKED_ROW_DIM, ROW_CODEC, UART_921600, USB_SERIAL_JTAG, Link)
 from specmesh.shared.rows import row_bytes
-from specmesh.host.projection.rounds import (Projector, draft_entries, draft_req_body, frame_bytes, line_bytes, stage_body,
-                                    stage_reply_body)
+from specmesh.host.projection.rounds import (Projector, draft_entries, draft_reply_body, draft_req_body, frame_bytes,
+                                             line_bytes, stage_body, stage_reply_body)
 from specmesh.shared.modelfile import Header
 
 # the links a stage board of each class reaches the host by, its own serial link first (the projection's top
@@ -85,9 +84,11 @@ class PipelineProjector:
         self.boards = Projector(target, drafter, board, kernels=kernels, drafter_on_host=drafter_on_host)
         self.board = self.boards.board
         self.single = Projector(target, None, ROLE_CLASS["verifier"], kernels=kernels)
-        # a drafter board on its own serial link drafts ahead during the wavefront (host/decode/ahead.py); behind
-        # the ESP-NOW gateway, which relays every stage's frames between its passes, it does not
-        self.pipelined = not drafter_on_host and link != ESPNOW.name
+        # no drafting ahead beside the wavefront (host/decode/ahead.py): a round's first position goes through the
+        # stages while its drafts are made (`lead`), which hides most of a fresh block, and a plain round (a shadow
+        # block's) costs a whole wavefront for one token (5 S3 stages, the bench's 8 prompts: 97.3 tok/s drafting
+        # afresh, 96.5 drafting ahead without shadow blocks, 94.3 with them)
+        self.pipelined = False
         # the last stage streams the classifier from its model file every pass unless its heap holds it
         self.cls_held = stage_keeps_classifier(target, BOARD_CLASSES[board], self.layers[-1])
         self.cls_read = 0.0 if self.cls_held else classifier_bytes(target) / FLASH_FILE_READ.value
@@ -164,48 +165,41 @@ class PipelineProjector:
         """Wire seconds of round r's DRAFT_REQ (the previous outcome folded in) and DRAFT (none on the host)."""
         if self.drafter_on_host:
             return 0.0
-        return self._wire(draft_req_body(r.told)) + self._wire(r.draft_body)
+        return self._wire(draft_req_body(r.told)) + self._wire(draft_reply_body(r))
 
     def draft_seconds(self, r: Round) -> float:
-        """The drafter's share of round r without drafting ahead: catch-up and drafts, and its call."""
-        if not r.drafter_drafts:
+        """The drafter call round r waits for before its wavefront: catch-up, drafts and the guess, and its call;
+        none when its drafts were made ahead (host/decode/ahead.py)."""
+        if not r.drafter_drafts or r.ready:
             return 0.0
-        return (sum(self.boards.draft_passes(r.pos0 - r.base - r.lag, r.lag + r.gamma)) + self.draft_call(r)
-                + self.boards.reprime_seconds(r))
+        return (sum(self.boards.draft_passes(r.pos0 - r.base - r.lag, r.lag + r.gamma + r.guessed))
+                + self.draft_call(r) + self.boards.reprime_seconds(r))
 
-    def shadow_seconds(self, r: Round) -> float:
-        """Round r's shadow draft (host/projection/rounds.py): catch-up and one pass, its call, a re-prime."""
-        if not r.shadow:
-            return 0.0
-        call = 0.0 if self.drafter_on_host else (self._wire(draft_req_body(r.told))
-                                                 + self._wire(r.shadow_body))
-        return (sum(self.boards.draft_passes(r.pos0 - r.base - r.lag, r.lag + 1)) + call
-                + self.boards.reprime_seconds(r))
+    def beside_seconds(self, r: Round) -> float:
+        """The drafter's call beside round r's wavefront (host/projection/rounds.py): a plain round's shadow
+        (catch-up, a pass for it and each draft of its block, its call, a re-prime), or a drafting round's drafts
+        made ahead (a pass each from its guess on, and their call)."""
+        wire = (lambda body: 0.0) if self.drafter_on_host else self._wire
+        if r.shadow:
+            return (sum(self.boards.draft_passes(r.pos0 - r.base - r.lag, r.lag + 1 + r.ahead))
+                    + wire(draft_req_body(r.told)) + wire(r.shadow_body) + self.boards.reprime_seconds(r))
+        if r.drafter_drafts and r.ahead:
+            return (sum(self.boards.draft_passes(r.pos0 + r.gamma - r.base, r.ahead)) + wire(draft_req_body(0))
+                    + wire(r.ahead_body))
+        return 0.0
 
     def replay(self, rounds: list[Round]) -> list[tuple[float, float, float]]:
-        """(draft, verify, waste) seconds of each round, drafting ahead where `pipelined` (as
-        host/projection/rounds.py's replay: the window is the previous round's wavefront and call). The first
-        round's prompt is the prefill's (`prefill_seconds`), as the single board's projection leaves it out."""
+        """(draft, verify, overrun) seconds of each round: the drafter call it waited for, its wavefront, and what
+        of the drafter's call beside it the wavefront did not hide (as host/projection/rounds.py's replay). The
+        first round's prompt is the prefill's (`prefill_seconds`), as the single board's projection leaves it out."""
         out = []
-        prev: Round | None = None
-        window = 0.0
-        for r in rounds:
-            waste = 0.0
-            if self.pipelined and r.drafter_drafts and prev is not None and prev.drafter_drafts and prev.ahead \
-                    and not r.lag and not r.reprime:
-                passes = self.boards.draft_passes(prev.pos0 + prev.gamma - prev.base, max(prev.ahead, r.gamma + 1))
-                wait, waste = round_draft(passes, r.gamma, prev.ahead, window, prev.guess_hit)
-                t_draft = wait + self.draft_call(r)
-            else:
-                t_draft = self.draft_seconds(r)
+        for i, r in enumerate(rounds):
+            t_draft = self.draft_seconds(r)
             # the round's first position went to the first stage at the last verdict, while the drafts were made
-            lead = t_draft if prev is not None else 0.0
+            lead = t_draft if i else 0.0
             t_verify = self.wavefront(r.pos0 - 1, r.gamma + 1, 0, judged(r) - 1, draft_entries(r), lead)
-            if r.shadow:  # beside the plain round's wavefront: what it does not hide
-                t_draft = max(0.0, self.shadow_seconds(r) - t_verify)
-            out.append((t_draft, t_verify, waste))
-            window = t_verify + self.draft_call(r) if r.drafter_drafts else 0.0
-            prev = r
+            over = max(0.0, self.beside_seconds(r) - t_verify)
+            out.append((t_draft + over, t_verify, over))
         return out
 
     def round_costs(self, r: Round) -> tuple[float, float, float]:
@@ -213,7 +207,7 @@ class PipelineProjector:
         verify's first position sent while the drafts were made)."""
         t_draft = self.draft_seconds(r)
         t_verify = self.wavefront(r.pos0 - 1, r.gamma + 1, 0, judged(r) - 1, draft_entries(r), t_draft)
-        return t_draft or self.shadow_seconds(r), t_verify, 0.0
+        return t_draft or (self.beside_seconds(r) if r.shadow else 0.0), t_verify, 0.0
 
     def prefill_seconds(self, prompt_len: int) -> float:
         """The prompt's positions but its last through every stage, none judged (the first round's catch-up)."""
@@ -246,7 +240,7 @@ class PipelineProjector:
             "speedup_vs_single_board_plain": single / spec if spec else 0.0,
             "kernels": "%s (%s)" % (self.boards.kernels.name, self.boards.kernels.source),
             "pipelined_drafting": self.pipelined,
-            "ahead_waste_s": sum(w for _, _, w in costs),
+            "ahead_overrun_s": sum(w for _, _, w in costs),
         }
 
     def plain_seconds(self, prompt_len: int, n: int) -> float:

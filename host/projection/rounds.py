@@ -29,17 +29,16 @@ virtual time with the constants of host/projection/hardware.py instead of sleepi
   carries each draft's own weight only); the verdict commits itself on the verifier, and the drafter
   learns the outcome from the next DRAFT_REQ, whose folded COMMIT carries the emitted token and the
   tokens of plain rounds since (`lag`), nothing it proposed itself;
-- pipelined drafting (host/decode/ahead.py): a drafter board drafts ahead while a verdict is pending, the
-  round's look-ahead (`Round.ahead`, chosen by the gamma controller from these costs) passes at most; the
-  next round's DRAFT_REQ waits only for what it has not finished when the previous block was a hit
-  (`Round.guess_hit`), and for the rest of a thrown-away pass plus a fresh block when it was not (the
-  waste, reported); `pipelined` says whether the replay credits it (a drafter board on its own serial
-  link; not behind an ESP-NOW gateway, which relays the verifier's frames between its passes);
+- drafting ahead (host/decode/ahead.py): beside a drafting round's verify the drafter drafts `Round.ahead` drafts
+  after the round's guess, on its own link (a DRAFT_REQ/DRAFT and its passes); a round whose drafts were so made
+  (`Round.ready`) waits for no drafter at all, and a round whose beside call outlasts its verify waits for the
+  rest (the overrun, reported); `pipelined` says whether the controller plans it (a drafter board on its own
+  serial link; not behind an ESP-NOW gateway, which relays the verifier's frames between its passes);
 - `drafter_on_host` (`--drafter cpu`): the drafts cost HOST_DRAFT_POSITION each on the host, no bus;
 - a plain round's shadow draft (`Round.shadow`, host/decode/gamma.py): the drafter's DRAFT_REQ/DRAFT for one
-  draft (after its catch-up, `lag`), sent with the VERIFY_REQ and on its own link, so the round costs
-  max(verify, shadow): what of the shadow the verify does not hide is the round's draft seconds (the emulation
-  runs the two calls one after the other; the boards would not).
+  draft and the `Round.ahead` after it (after its catch-up, `lag`), sent with the VERIFY_REQ and on its own link,
+  so the round costs max(verify, shadow): what of the shadow the verify does not hide is the round's draft seconds
+  (the decode loop collects the drafter's reply after the verdict: host/decode/orchestrator.py).
 
 `Projector.round_costs` gives the (draft, verify, commit) seconds of a round, which is what the gamma
 controller is fed under `--project`, so gamma is chosen for the projected hardware. Figures are
@@ -49,7 +48,6 @@ labelled "projected" wherever they are shown.
 from __future__ import annotations
 
 from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, on_romfs
-from specmesh.host.decode.ahead import round_draft
 from specmesh.host.decode.orchestrator import Result, Round
 from specmesh.host.projection.calibration import Rates
 from specmesh.host.projection.costmodel import KERNELS, SRAM_BUDGET, layer_span, pass_work, weight_bytes
@@ -82,6 +80,12 @@ def line_bytes(payload: int, addressed: bool = False) -> int:
 def draft_req_body(tail: int) -> int:
     """DRAFT_REQ payload: length u16, gamma u8 and the folded COMMIT's `tail` tokens (u16 each)."""
     return 3 + 2 * tail
+
+
+def draft_reply_body(r: Round) -> int:
+    """DRAFT payload of round r's fresh drafts: the drafts' body, and the guess's entry after them when the round
+    drafted ahead."""
+    return r.draft_body + r.guess_body
 
 
 def begin_body(prompt: int) -> int:
@@ -202,17 +206,31 @@ class Projector:
         return bus + sum(self.draft_passes(0, r.reprime - 1))
 
     def draft_call(self, r: Round) -> float:
-        """Bus seconds of round r's DRAFT_REQ and DRAFT (none for a drafter on the host)."""
-        return 0.0 if self.drafter_on_host else self.call("drafter", draft_req_body(r.told),
-                                                          r.draft_body)
+        """Bus seconds of round r's DRAFT_REQ and DRAFT (none for a drafter on the host; the DRAFT carries the guess
+        after the drafts when the round drafted ahead)."""
+        return 0.0 if self.drafter_on_host else self.call("drafter", draft_req_body(r.told), draft_reply_body(r))
 
     def shadow_seconds(self, r: Round) -> float:
-        """Seconds of round r's shadow draft (0 without one): its catch-up and one pass, its call, a re-prime."""
+        """Seconds of round r's shadow draft (0 without one): its catch-up and a pass for the shadow and each draft
+        of its block after it, its call, a re-prime."""
         if not r.shadow:
             return 0.0
         call = 0.0 if self.drafter_on_host else self.call("drafter", draft_req_body(r.told),
                                                           r.shadow_body)
-        return sum(self.draft_passes(r.pos0 - r.base - r.lag, r.lag + 1)) + call + self.reprime_seconds(r)
+        return (sum(self.draft_passes(r.pos0 - r.base - r.lag, r.lag + 1 + r.ahead)) + call
+                + self.reprime_seconds(r))
+
+    def ahead_seconds(self, r: Round) -> float:
+        """Seconds of a drafting round's call beside its verify (0 without one): a DRAFT_REQ with nothing to tell
+        (the drafter holds the round's drafts and guess), `Round.ahead` passes from the guess on, the DRAFT."""
+        if not r.drafter_drafts or not r.ahead:
+            return 0.0
+        call = 0.0 if self.drafter_on_host else self.call("drafter", draft_req_body(0), r.ahead_body)
+        return sum(self.draft_passes(r.pos0 + r.gamma - r.base, r.ahead)) + call
+
+    def beside_seconds(self, r: Round) -> float:
+        """Seconds of the drafter's call beside round r's verify: its shadow, or its drafts ahead."""
+        return self.shadow_seconds(r) if not r.drafter_drafts else self.ahead_seconds(r)
 
     def verify_seconds(self, r: Round) -> float:
         t = self.forward(self.target, r.gamma + 1, r.pos0 + r.gamma) + self.call("verifier", r.verify_body,
@@ -222,39 +240,27 @@ class Projector:
         return t
 
     def round_costs(self, r: Round) -> tuple[float, float, float]:
-        """(draft, verify, commit) seconds of one round on the projected hardware, drafting not pipelined:
-        what the gamma controller fits (no COMMIT is sent: the verdict commits itself and the next
-        DRAFT_REQ carries the drafter's), with the re-prime of the drafter's window when the round had one."""
+        """(draft, verify, commit) seconds of one round on the projected hardware, its drafter call one after the
+        verify: what the gamma controller fits (no COMMIT is sent: the verdict commits itself and the next
+        DRAFT_REQ carries the drafter's): a fresh DRAFT (catch-up on tokens committed in plain rounds, a pass per
+        draft and for the guess, the re-prime of the drafter's window when the round had one), or the shadow call;
+        none for drafts made ahead."""
         t_draft = self.shadow_seconds(r)  # a plain round's shadow draft (the controller's draft fit hears it)
-        if r.drafter_drafts:  # catch-up on tokens committed in plain rounds, then one pass per draft
-            t_draft = (sum(self.draft_passes(r.pos0 - r.base - r.lag, r.lag + r.gamma)) + self.draft_call(r)
-                       + self.reprime_seconds(r))
+        if r.drafter_drafts:
+            t_draft = 0.0 if r.ready else (sum(self.draft_passes(r.pos0 - r.base - r.lag, r.lag + r.gamma + r.guessed))
+                                           + self.draft_call(r) + self.reprime_seconds(r))
         return t_draft, self.verify_seconds(r), 0.0
 
     def replay(self, rounds: list[Round]) -> list[tuple[float, float, float]]:
-        """(draft, verify, waste) seconds of each round with pipelined drafting where `pipelined`: a round
-        after a drafting round of look-ahead A waits for what host/decode/ahead.py says (the waste is part
-        of its draft seconds)."""
+        """(draft, verify, overrun) seconds of each round: the drafter call the round waited for before its verify
+        (none when its drafts were made ahead, or for a plain round), then its verify, beside which the drafter's
+        shadow or its drafts ahead ran; what of that call the verify does not hide (the overrun) is part of the
+        draft seconds."""
         out = []
-        prev: Round | None = None
-        window = 0.0
         for r in rounds:
             t_verify = self.verify_seconds(r)
-            waste = 0.0
-            if not r.drafter_drafts:  # a shadow draft runs beside the verify: the round waits for what it does not hide
-                t_draft = max(0.0, self.shadow_seconds(r) - t_verify)
-            elif (self.pipelined and prev is not None and prev.drafter_drafts and prev.ahead and not r.lag
-                  and not r.reprime):
-                # the ahead passes ran from the end of prev's block: position prev.pos0 + prev.gamma on
-                start = prev.pos0 + prev.gamma - prev.base
-                passes = self.draft_passes(start, max(prev.ahead, r.gamma + 1))
-                wait, waste = round_draft(passes, r.gamma, prev.ahead, window, prev.guess_hit)
-                t_draft = wait + self.draft_call(r)
-            else:
-                t_draft = self.round_costs(r)[0]
-            out.append((t_draft, t_verify, waste))
-            window = t_verify + self.draft_call(r) if r.drafter_drafts else 0.0
-            prev = r
+            over = max(0.0, self.beside_seconds(r) - t_verify)
+            out.append(((self.round_costs(r)[0] if r.drafter_drafts else 0.0) + over, t_verify, over))
         return out
 
     def plain_round(self, pos0: int) -> float:
@@ -280,8 +286,6 @@ class Projector:
             for role, b in self.round_bytes(r, drafted).items():
                 link[role] += b
             drafted = drafted or r.drafter_drafts > 0 or r.shadow
-        looks = [r.ahead for r in result.rounds if r.drafter_drafts]
-        ahead = max(set(looks), key=lambda a: (looks.count(a), -a)) if looks and self.pipelined else 0
         return {
             "hardware": "%s boards (%s), %s" % (self.board.name, self.board.stock,
                                                 "+".join(link.name for link in self.links["verifier"])),
@@ -295,9 +299,9 @@ class Projector:
             "plain_tokens_per_s": n / plain if plain else 0.0,
             "speedup_vs_plain": plain / t if t else 0.0,
             "pipelined_drafting": self.pipelined,
-            "lookahead": ahead,
-            "ahead_hits": sum(r.guess_hit for r in result.rounds if r.ahead) if self.pipelined else 0,
-            "ahead_waste_s": sum(w for _, _, w in costs),
+            "ready_rounds": result.ready_rounds,
+            "ahead_drafts": sum(r.ahead for r in result.rounds),
+            "ahead_overrun_s": sum(w for _, _, w in costs),
             "shadow_drafts": result.shadows,
             "shadow_hits": result.shadow_hits,
             "lookup_rounds": result.lookups,
@@ -312,9 +316,11 @@ class Projector:
         out = {"drafter": 0, "verifier": self.exchange("verifier", r.verify_body, VERDICT_BODY)}
         if r.table_body:
             out["verifier"] += self.exchange("verifier", r.table_body, VERDICT_BODY)
-        if r.drafter_drafts:  # (a re-primed drafter holds the whole stream: its DRAFT_REQ carries no tail)
+        if r.drafter_drafts and not r.ready:  # (a re-primed drafter holds the stream: its DRAFT_REQ carries no tail)
             out["drafter"] = self.exchange("drafter", draft_req_body(r.told if drafted_before else r.lag),
-                                           r.draft_body)
+                                           draft_reply_body(r))
+        if r.drafter_drafts and r.ahead:  # the drafts made ahead beside the verify
+            out["drafter"] += self.exchange("drafter", draft_req_body(0), r.ahead_body)
         if r.shadow:
             out["drafter"] = self.exchange("drafter", draft_req_body(r.told if drafted_before else r.lag),
                                            r.shadow_body)

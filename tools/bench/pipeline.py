@@ -34,7 +34,7 @@ MODELS = ROOT / "models"
 NEW = 64
 GAMMAS = range(0, 9)
 STAGE_OVERHEAD = 16_384 + 16_384  # buffers and tables, then the node's reserve (firmware/node.py)
-DRAFTERS = {"board": "a classic-ESP32 drafter board (drafter-esp32.spm; drafting ahead on UART, not behind a gateway)",
+DRAFTERS = {"board": "a classic-ESP32 drafter board (drafter-esp32.spm, on its own UART)",
             "host": "the host CPU (--drafter cpu, drafter-host.spm)"}
 
 
@@ -59,9 +59,8 @@ def run() -> dict:
             d.max_seq = min(d.max_seq, ESP32.drafter_ctx or d.max_seq)
         return d
 
-    # a drafter board drafts ahead of each verdict: the guess and one block (gamma + 1 passes)
     by_drafter = {where: {g: [(len(p), generate(p, ver, drafter(where) if g else None, SessionParams(), NEW,
-                                                GammaController(fixed=g, fixed_ahead=g + 1 if where == "board" else 0)))
+                                                GammaController(fixed=g)))
                               for p in prompts] for g in GAMMAS} for where, f in files.items()}
     runs = by_drafter["host"]
     curve: dict = {}

@@ -4,8 +4,8 @@
 
 Held-out prompts (tools/modelcard.py: stories no model was trained or chosen on, their first 16 tokens)
 are decoded greedily on the host CPU back-ends (the boards' arithmetic, bit for bit) with gamma chosen as
-`specmesh run --project esp32s3` chooses it: from the projected costs, the look-ahead of pipelined
-drafting with it (host/decode/gamma.py, host/decode/ahead.py). host/projection/rounds.py replays each run,
+`specmesh run --project esp32s3` chooses it: from the projected costs, with what a drafter board drafts beside
+each verify (host/decode/gamma.py, host/decode/ahead.py). host/projection/rounds.py replays each run,
 and plain decoding of as many tokens, on an ESP32-S3 verifier over USB serial, for each kernel set
 (native: the xtensawin module, its counts as host/projection/hardware.py NATIVE_COUNTED says; viper: the
 MicroPython-only engine) and each configuration:
