@@ -85,7 +85,7 @@ class Round:
     shadow_hit: bool = False
     after_hit: bool = False  # the drafter proposed the last committed token itself (a shadow or guess hit): it has it
     owed: int = 0  # besides that token, the tokens of its last round the drafter does not hold (copies not shadowed)
-    lookup: bool = False  # the drafts were copied from the stream (host/decode/lookup.py): the drafter sat it out
+    lookup: bool = False  # the drafts were copied from the stream (host/decode/lookup.py): the drafter drafted none
 
     @property
     def drafter_drafts(self) -> int:
@@ -380,8 +380,8 @@ class _DrafterSide:
         """A round whose drafts the host does not hold: the drafter drafts gamma (at most what its window holds),
         then its guess at the bonus position when the round drafts ahead (host/decode/ahead.py: one draft more
         than the verifier gets); a plain round asks for a shadow block beside the verify (its first draft at the
-        position the verifier decides, which the verifier never sees) or, greedy, verifies drafts copied from the
-        stream instead (`_copied`: the drafter sits the round out)."""
+        position the verifier decides, which the verifier never sees) and, greedy, may verify drafts copied from the
+        stream (`_copied`: the drafter drafts none of them, its shadow block goes beside them)."""
         c, f, drafter, window = self.controller, self.failover, self.drafter, self.window
         self.path = Draft(len(committed))
         copied = _copied(c, committed, room) if drafter and not gamma and self.params.greedy else []
@@ -399,10 +399,10 @@ class _DrafterSide:
         self.drafter, self.path = f.draft(drafter, window, committed, n + guess if n else 0)
         n = n if self.drafter else 0
         path = self.path
+        draft = Draft(path.pos0, path.tokens[:n], path.q[:n])
         guessed = len(path) > n > 0
-        return _Part(n, Draft(path.pos0, path.tokens[:n], path.q[:n]), reprime=reprime,
-                     guess=path.tokens[n] if guessed else None,
-                     guess_body=_body(path) - _body(Draft(path.pos0, path.tokens[:n], path.q[:n])) if guessed else 0)
+        return _Part(n, draft, reprime=reprime, guess=path.tokens[n] if guessed else None,
+                     guess_body=_body(path) - _body(draft) if guessed else 0)
 
     def start_beside(self, part: _Part, committed: list[int]) -> _Beside | None:
         """The drafter's call beside the verify: a plain round's shadow block, or the drafts after a drafting
@@ -493,10 +493,10 @@ def _round(part: _Part, n_acc: int, token: int, length: int, t: tuple[float, flo
            bus: tuple[int, int], made: Draft | None, base: int, own: tuple[bool, int]) -> Round:
     """The record of a round that left the stream `length` tokens long: the drafter's part, its verdict, the
     payload bytes its drafts take on a board bus (what the projection prices), times t0..t3, the seconds waited
-    after the verify for the drafter's call beside it and that call's own seconds, the bytes each
-    link carried, the drafts the drafter made beside the verify (a shadow block, or drafts ahead after the
-    guess), the drafter window's base, and whether the drafter proposed the last committed token itself and how many
-    other tokens of its last round it does not hold."""
+    after the verify for the drafter's call beside it and that call's own seconds, the bytes each link carried,
+    the drafts the drafter made beside the verify (a shadow block, or drafts ahead after the guess), the drafter
+    window's base, and whether the drafter proposed the last committed token itself and how many other tokens of
+    its last round it does not hold."""
     draft = part.draft
     n_new = n_acc + (token >= 0)
     entries = [(tok, q[0], q[1]) for tok, q in zip(draft.tokens, draft.q)]
