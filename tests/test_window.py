@@ -95,16 +95,21 @@ def test_a_board_drafter_re_primes_through_begin_and_drafts_what_the_host_drafte
     with Cluster("serial", models, tmp_path) as c:
         board = c.backend("drafter")
         assert board.max_seq == CTX
+        compared = 0
         for params in (SessionParams(), SessionParams(seed=11, temperature=0.8, draft_top_k=6)):
+            resent = board.proxy.bus.retransmits
             res = generate(prompt, verifier, board, params, 90, GammaController(fixed=3))
+            resent = board.proxy.bus.retransmits - resent  # (a frame resent under load: bytes no model prices)
             assert sum(1 for r in res.rounds if r.reprime) >= 2 and res.rounds[-1].base > 0
             assert res.tokens == generate(prompt, verifier, cpu, params, 90, GammaController(fixed=3)).tokens
             if params.greedy:
                 assert res.tokens == generate(prompt, verifier, None, params, 90).tokens
             assert tokens_per_verification(after_refill(res.rounds)) > 1.5
             # the projection's bytes on the drafter's link are the measured ones, re-primes (their BEGIN) included
-            for r in res.rounds[1:]:
+            for r in res.rounds[1:] if not resent else []:
                 assert projector.round_bytes(r)["drafter"] == r.bytes_draft, r
+            compared += not resent
+        assert compared > 0
 
 
 def test_the_projection_charges_a_re_prime_to_the_drafter(models):
