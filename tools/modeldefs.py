@@ -45,6 +45,10 @@ class ModelArgs:
 DRAFTERS = {  # drafter shapes distilled from the target (tok512 vocabulary; context 256, the training windows)
     "d32l2": ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96, max_seq=256),
     "d40l2kv1": ModelArgs(dim=40, n_layers=2, n_heads=4, n_kv_heads=1, hidden=96, max_seq=256),
+    # 40 wide with heads of 8, the boards' fast attention path (firmware/native/kernels.c qk8, pv8): the classic ESP32's
+    "d40l2h5kv1": ModelArgs(dim=40, n_layers=2, n_heads=5, n_kv_heads=1, hidden=96, max_seq=256),
+    "d40l3h5kv1": ModelArgs(dim=40, n_layers=3, n_heads=5, n_kv_heads=1, hidden=56, max_seq=256),
+    "d48l2h6kv1": ModelArgs(dim=48, n_layers=2, n_heads=6, n_kv_heads=1, hidden=64, max_seq=256),
     "d48l2kv1": ModelArgs(dim=48, n_layers=2, n_heads=4, n_kv_heads=1, hidden=96, max_seq=256),
     "d48l2": ModelArgs(dim=48, n_layers=2, n_heads=4, n_kv_heads=2, hidden=128, max_seq=256),
     "d64l1": ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=1, hidden=128, max_seq=256),
