@@ -432,9 +432,8 @@ class GammaController:
         if gamma == 0:
             self.shadowed = shadow is not None
         if timed and not self.known_costs:
-            t_draft, t_verify, t_other = self._bounded(gamma + guessed if gamma else (1 + ahead) * (shadow is not None),
-                                                       lag, t_draft, t_verify,
-                                                       t_other, k)
+            drafted = gamma + guessed if gamma else (1 + ahead) * (shadow is not None)  # passes the call made
+            t_draft, t_verify, t_other = self._bounded(drafted, lag, t_draft, t_verify, t_other, k)
         if gamma == 0 and shadow is not None:  # one draft tested, at no verifier cost
             self.acc_hits = self.acc_hits * DECAY + shadow
             self.acc_trials = self.acc_trials * DECAY + 1.0
