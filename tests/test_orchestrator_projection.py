@@ -113,12 +113,18 @@ def test_espnow_adds_a_radio_hop_to_the_verifier_only():
 
 
 def test_stock_consoles_price_the_uart0_mirror_and_the_tick():
-    """[MPY-ESP32]: a stock S3/C3 reply leaves at UART0's 115200 baud (the mirror), a request at USB speed; a frame on
+    """[MPY-ESP32]: a stock S3/C3 request and reply are USB messages, and the reply is first written to UART0's TX
+    FIFO, which holds 128 bytes: a longer reply waits for the UART at 115200, a FreeRTOS tick at a time; a frame on
     a classic ESP32's UART console waits half its node's 1 ms waker period, an ESP-NOW frame half a FreeRTOS tick
     at each end."""
     s3 = CONSOLES["esp32s3"]
     assert s3.exchange_seconds(100, 0) == pytest.approx(100 * 8 / 12e6 + 2e-3)
-    assert s3.exchange_seconds(0, 100) - s3.exchange_seconds(0, 0) == pytest.approx(100 * 10 / 115200)
+    assert s3.exchange_seconds(0, 128) - s3.exchange_seconds(0, 0) == pytest.approx(128 * 8 / 12e6)  # the FIFO's
+    # 200 bytes: 72 wait; the first sleep ends at the next tick, u in 0..10 ms, when 11.52 u bytes have drained:
+    # done then if u >= 6.25 ms, else one tick later; on average 5 + 10 x 0.625 = 11.25 ms
+    mirror = s3.exchange_seconds(0, 200) - s3.exchange_seconds(0, 0) - 200 * 8 / 12e6
+    assert mirror == pytest.approx(11.25e-3, abs=0.2e-3)
+    assert CONSOLES["esp32c3"].exchange_seconds(0, 200) == pytest.approx(s3.exchange_seconds(0, 200))
     uart = CONSOLES["esp32"]
     assert uart.exchange_seconds(0, 0) == pytest.approx(CONSOLE_WAKE.value / 2)
     assert CONSOLE_WAKE.value < FREERTOS_TICK.value

@@ -44,8 +44,9 @@ Sources:
           boards/sdkconfig.240mhz (ESP-IDF's default 160 MHz at boot; firmware/main.py sets 240 MHz), the S3's
           SPIRAM_OCT variant does (240 MHz, PSRAM at 80 MHz from boards/sdkconfig.spiram_sx); mpconfigport.h
           makes the S3's console TinyUSB CDC (MICROPY_HW_USB_CDC) and the C3/C6's USB-Serial/JTAG; the S3/C3/C6
-          boards set MICROPY_HW_ENABLE_UART_REPL, so mphalport.c mp_hal_stdout_tx_strn also writes every byte to
-          UART0 at 115200 and waits for it (uart.c uart_stdout_tx_strn); a classic ESP32's console is UART0 itself
+          boards set MICROPY_HW_ENABLE_UART_REPL, so mphalport.c mp_hal_stdout_tx_strn first writes every byte to
+          UART0 at 115200 (uart.c uart_stdout_tx_strn: into its 128-byte TX FIFO, waiting with ulTaskNotifyTake(pdFALSE,
+          1) while the FIFO is full), then to the USB console; a classic ESP32's console is UART0 itself
           through the module's USB-UART bridge; MICROPY_EVENT_POLL_HOOK waits with ulTaskNotifyTake(pdFALSE, 1): a
           FreeRTOS tick, 10 ms at ESP-IDF's default CONFIG_FREERTOS_HZ 100 (boards/sdkconfig.base leaves it), unless
           an interrupt wakes the task, which the USB consoles' do and the UART console's and ESP-NOW's receive
@@ -92,6 +93,34 @@ class Board:
 
 
 @dataclass(frozen=True)
+class Mirror:
+    """A board's UART0 REPL that each console write goes to first (ports/esp32 uart.c uart_stdout_tx_strn): the
+    bytes go into the UART's TX FIFO, and while it is full the writer sleeps until the next FreeRTOS tick (or an
+    interrupt's notification, which nothing sends while a reply is written) and writes what has drained."""
+
+    bits_per_s: Figure  # the UART's rate, 8N1 (10 bits a byte)
+    fifo_bytes: int  # what the TX FIFO holds; empty when a reply starts (the last one drained in the pass between)
+    tick_s: float  # the FreeRTOS tick the writer sleeps to
+
+    def wait(self, nbytes: int) -> float:
+        """Seconds a write of `nbytes` waits: none while it fits the FIFO; else the first sleep ends at the next
+        tick (a uniform phase, averaged over 64), each later one a tick on."""
+        left = nbytes - self.fifo_bytes
+        if left <= 0:
+            return 0.0
+        rate = self.bits_per_s.value / 10
+        total = 0.0
+        for i in range(64):
+            t = (i + 0.5) / 64 * self.tick_s
+            more = left - min(self.fifo_bytes, rate * t)
+            while more > 0:
+                more -= min(self.fifo_bytes, rate * self.tick_s)
+                t += self.tick_s
+            total += t
+        return total / 64
+
+
+@dataclass(frozen=True)
 class Link:
     """A bus between host and board (or board and board): serial time + fixed per-message latency."""
 
@@ -100,9 +129,9 @@ class Link:
     bits_per_byte: float  # 10 for 8N1 UART framing, 8 for USB bulk and radio payloads
     per_message_s: Figure  # latency added to each frame, independent of its size
     mtu: int = 0  # bytes per packet (datagram links: one latency per packet); 0 = stream
-    # board to host, where it is slower than host to board (a USB console whose every write is also written to
-    # UART0 at 115200 and waited for: the stock S3/C3/C6 builds [MPY-ESP32]); None: as `bits_per_s`
-    reply_bits_per_s: Figure | None = None
+    # a USB console whose every write the board first writes to its UART0 REPL (the stock S3/C3/C6 builds
+    # [MPY-ESP32]): what a reply waits for there; None: no such write
+    mirror: Mirror | None = None
     # how long a node waiting for input takes to see a frame that came in (0: at once); on a radio both ends are
     # nodes, on a console only the board's end
     wake_s: float = 0.0
@@ -118,9 +147,7 @@ class Link:
         """Time to carry a request line of `request` bytes and its reply line of `reply` bytes, each frame seen by
         the node it reaches after `wake_s`."""
         wake = self.wake_s * (2 if self.mtu else 1)
-        if self.reply_bits_per_s is None:
-            return self.seconds(request + reply, messages=2) + wake
-        return self.seconds(request) + reply * 10 / self.reply_bits_per_s.value + self.per_message_s.value + wake
+        return self.seconds(request + reply, messages=2) + (self.mirror.wait(reply) if self.mirror else 0.0) + wake
 
 
 # Instructions of one iteration of each loop of firmware/kernels.py as mpy-cross compiles it for
@@ -300,7 +327,9 @@ FREERTOS_TICK = Figure(
 # half a FreeRTOS tick before the receiving node sees a frame: ESP-NOW's receive callback wakes no task [MPY-ESP32]
 ESPNOW = Link("espnow", Figure(1e6, "bit/s", "ESPNOW"), 8, Figure(1.3e-3, "s", "ESPNOW-T"), mtu=250,
               wake_s=FREERTOS_TICK.value / 2)
-UART_MIRROR = Figure(115200, "bit/s", "MPY-ESP32", "every console write also goes to UART0 at 115200 and waits for it")
+UART_MIRROR = Mirror(Figure(115200, "bit/s", "MPY-ESP32", "every console write goes to UART0's 128-byte TX FIFO "
+                             "first (SOC_UART_FIFO_LEN), waiting a tick at a time while it is full"), 128,
+                      FREERTOS_TICK.value)
 # The console of each class's stock build [MPY-ESP32], what its node's host link is priced as:
 CONSOLE_WAKE = Figure(
     1e-3, "s", "MPY-ESP32",
@@ -314,11 +343,13 @@ UART_CONSOLE = Link("uart0-console", Figure(115200, "bit/s", "UART"), 10,
 TINYUSB_CDC_UART0 = Link("tinyusb-cdc+uart0", Figure(12e6, "bit/s", "MPY-ESP32", "TinyUSB CDC, USB full speed"), 8,
                          Figure(1e-3, "s", "derived",
                                 "a message waits up to one 1 ms USB full-speed frame for the host's poll, as [USJ]"),
-                         reply_bits_per_s=UART_MIRROR)
+                         mirror=UART_MIRROR)
 USB_SERIAL_JTAG_UART0 = Link("usb-serial-jtag+uart0", USB_SERIAL_JTAG.bits_per_s, 8, USB_SERIAL_JTAG.per_message_s,
-                             reply_bits_per_s=UART_MIRROR)
-CONSOLES = {"esp32": UART_CONSOLE, "esp32s3": TINYUSB_CDC_UART0, "esp32c3": USB_SERIAL_JTAG_UART0,
-            "esp32c6": USB_SERIAL_JTAG_UART0}
+                             mirror=UART_MIRROR)
+# each class's stock console as host/boardclasses.py names it (`console`, `uart_mirror`)
+_CONSOLE_LINKS = {("uart", False): UART_CONSOLE, ("tinyusb-cdc", True): TINYUSB_CDC_UART0,
+                  ("usb-serial-jtag", True): USB_SERIAL_JTAG_UART0}
+CONSOLES = {name: _CONSOLE_LINKS[c.console, c.uart_mirror] for name, c in boardclasses.BOARD_CLASSES.items()}
 # The node's own Python per request, besides its kernels [FRAME]: decoding the request's line (base64 in C, the
 # CRC-16 and the header in Python) and encoding its reply's, in RV32 instructions, a fixed part and one per frame
 # byte; taken for the Xtensa boards too (the same bytecode, assumed about as many instructions)
