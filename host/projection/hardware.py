@@ -6,6 +6,11 @@ one line. A figure with `source` "derived" has no public measurement; its `note`
 Sources:
 [S3-DS]   Espressif, ESP32-S3 Series Datasheet: dual-core Xtensa LX7 up to 240 MHz, 512 KB SRAM,
           octal SPI PSRAM up to 80 MHz (DDR).
+[S3-COPY] project-x51/esp32-s3-memorycopy v1.3 (its README's log; v1.0's figures had source and destination
+          swapped): on an ESP32-S3-WROOM-1U-N8R8 at 240 MHz, octal PSRAM at 80 MHz, a 32 KB data cache of 32-byte
+          lines (its sdkconfig; the configuration of MicroPython's S3 SPIRAM_OCT build, which leaves ESP-IDF's
+          cache defaults), copying 100 KB from PSRAM to internal RAM: memcpy and a 64-bit loop 56.77 MiB/s, a
+          32-bit loop 58.13.
 [ESP32-DS] Espressif, ESP32 Series Datasheet: dual-core Xtensa LX6 up to 240 MHz, 520 KB SRAM.
 [VIPER]   MicroPython wiki, "Improving performance with Viper code": a viper integer-array loop is
           about 16x faster than the same bytecode on an ESP32-S3 with PSRAM.
@@ -249,11 +254,11 @@ KERNEL_CALL = Figure(
     "ESP32 ([VIPER]: a viper loop is ~16x the same bytecode, and the viper loops here are ~5 cycles "
     "per operation), about 3000 cycles per call. specmesh bench times it: a token whose kernels return at once.")
 PSRAM_STREAM = Figure(
-    40e6, "B/s", "derived",
-    "[S3-DS]: octal PSRAM at 80 MHz DDR moves 8 bits x 2 x 80 MHz = 160 MB/s at the pins; reads go "
-    "through the 32-byte-line data cache with ~0.5 us miss latency, so a streaming read of weights "
-    "sustains about a quarter of it: 40 MB/s (assumption, to be replaced by a HIL measurement; the stock "
-    "SPIRAM_OCT build runs the PSRAM at 80 MHz [MPY-ESP32]: boards/sdkconfig.spiram_sx CONFIG_SPIRAM_SPEED_80M). "
+    56.77 * 2**20, "B/s", "S3-COPY",
+    "[S3-COPY]: memcpy from PSRAM to internal RAM, in the stock SPIRAM_OCT build's configuration (octal PSRAM at "
+    "80 MHz [MPY-ESP32]: boards/sdkconfig.spiram_sx CONFIG_SPIRAM_SPEED_80M; 32-byte cache lines), 56.77 MiB/s "
+    "(59.5 MB/s): each line a miss the core waits for, as a kernel's sequential reads of its weights are (40 MB/s, "
+    "a quarter of the pins' 160 MB/s, was assumed before; a board measurement replaces it: `specmesh bench`). "
     "Applies to weights of a model over SRAM_BUDGET (host/projection/costmodel.py) and to its KV cache, which "
     "lives in the same PSRAM heap.")
 
