@@ -47,6 +47,7 @@ DRAFTERS = {  # drafter shapes distilled from the target (tok512 vocabulary; con
     "d40l2kv1": ModelArgs(dim=40, n_layers=2, n_heads=4, n_kv_heads=1, hidden=96, max_seq=256),
     # 40 wide with heads of 8, the boards' fast attention path (firmware/native/kernels.c qk8, pv8): the classic ESP32's
     "d40l2h5kv1": ModelArgs(dim=40, n_layers=2, n_heads=5, n_kv_heads=1, hidden=96, max_seq=256),
+    # two more shapes tried against it for that heap, not shipped (models/MODEL_CARD.md, "Drafter variants tried")
     "d40l3h5kv1": ModelArgs(dim=40, n_layers=3, n_heads=5, n_kv_heads=1, hidden=56, max_seq=256),
     "d48l2h6kv1": ModelArgs(dim=48, n_layers=2, n_heads=6, n_kv_heads=1, hidden=64, max_seq=256),
     "d48l2kv1": ModelArgs(dim=48, n_layers=2, n_heads=4, n_kv_heads=1, hidden=96, max_seq=256),

@@ -35,14 +35,13 @@ from specmesh.tools import export, modelcard, train
 CK = Path("checkpoints")
 MODELS = Path("models")
 OPENINGS = str(MODELS / "tinystories_train_head.txt")
-ACCEPT = ["--steps", "600", "--stop-at", "400", "--pool", "512", "--refresh", "100", "--lr", "5e-4", "--warmup",
-          "20", "--eval-every", "100", "--temps", "0,1", "--openings", OPENINGS, "--text-share", "0.25",
-          "--loss", "kl:0.5,tv:1,greedy:1", "--select", "alpha_greedy"]
-# the same losses and data for 3,000 steps, from the accept phase's file: greedy agreement on the tuning prompts
-# went on rising to about step 2,000 (0.795 -> 0.808, teacher-forced; models/MODEL_CARD.md)
-ACCEPT_LONG = ["--steps", "3000", "--pool", "512", "--refresh", "100", "--lr", "5e-4", "--warmup", "20",
-               "--eval-every", "200", "--temps", "0,1", "--openings", OPENINGS, "--text-share", "0.25",
-               "--loss", "kl:0.5,tv:1,greedy:1", "--select", "alpha_greedy"]
+# the acceptance phases' data and losses
+ACCEPTANCE = ["--pool", "512", "--refresh", "100", "--lr", "5e-4", "--warmup", "20", "--temps", "0,1", "--openings",
+              OPENINGS, "--text-share", "0.25", "--loss", "kl:0.5,tv:1,greedy:1", "--select", "alpha_greedy"]
+ACCEPT = ["--steps", "600", "--stop-at", "400", "--eval-every", "100"] + ACCEPTANCE
+# the same for 3,000 steps, from the accept phase's file: greedy agreement on the tuning prompts went on rising to
+# about step 2,000 (0.795 -> 0.808, teacher-forced; models/MODEL_CARD.md)
+ACCEPT_LONG = ["--steps", "3000", "--eval-every", "200"] + ACCEPTANCE
 # drafter file -> (shape, its kl and tv phases' data, the kl phase's own arguments, the acceptance phases that
 # follow, each from the file the phase before exports): drafter.spm trains on pools opening with TinyStories text;
 # drafter-esp32.spm (40 wide, heads of 8) as a9c3511's 40-wide drafter did, then two acceptance phases;
@@ -75,10 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     best = {}
     for name in RECIPES:
         steps = phases(name)
-        for i, phase in enumerate(steps):
-            if i >= 2:  # an acceptance phase starts from the int8 file the phase before exports
-                before = Path(steps[i - 1][steps[i - 1].index("--out") + 1])
-                export.export_model(export.load_float(before / "best.pt"), before.with_suffix(".spm"), tid)
+        for phase in steps:
+            init = Path(phase[phase.index("--init") + 1]) if "--init" in phase else None
+            if init is not None and init.suffix == ".spm":  # an acceptance phase: the int8 file the one before exports
+                export.export_model(export.load_float(init.with_suffix("") / "best.pt"), init, tid)
             if train.main(phase):
                 return 1
         best[name] = Path(steps[-1][steps[-1].index("--out") + 1]) / "best.pt"
