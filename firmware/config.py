@@ -15,6 +15,7 @@ the virtual board's directory in emulation). Keys, all optional:
     espnow    {"peers": {"<node id>": "aa:bb:cc:dd:ee:ff"}, "mtu": 250, "channel": 1, "plain": ["<node id>"]};
               a node behind a gateway lists the gateway's MAC under "0" (the host), since its replies go
               there; with a key, peers are encrypted except those in "plain" (firmware/links.py)
+    table     path of a drafter's n-gram table (shared/ngram.py), as `model`; "" or absent: none
     spec_ahead  int: tokens a drafter may draft ahead while a verdict is pending (0: off)
     kmax      int: most positions a verifier computes in one pass (drafts + 1; default messages.MAX_GAMMA + 1;
               a stage: 1)

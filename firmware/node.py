@@ -498,6 +498,8 @@ class Node:
         try:
             self._load(role_id, model)
         finally:  # a role that failed to load leaves an idle node, and the config says so
+            if cfg.get("model") != model or self.role is None:  # a table belongs to the model flashed with it
+                cfg.pop("table", None)
             cfg["role"] = ROLES[self.role_id]
             cfg["model"] = model if self.role is not None else ""
         cfg["node_id"] = node_id
@@ -533,7 +535,8 @@ class Node:
                     else:
                         eng = engine.Engine(model, kmax, True, n_ctx)
                     if role_id == m.ROLE_DRAFTER:
-                        self.role = roles.Drafter(eng, self.stats, cfg.get("spec_ahead", 0))
+                        self.role = roles.Drafter(eng, self.stats, cfg.get("spec_ahead", 0),
+                                                  cfg.get("table") if model == cfg.get("model") else None)
                     elif stage:
                         self.role = st.Stage(eng, self.stats)
                         eng.hold_classifier(STAGE_RESERVE)  # where the heap allows: no flash read per pass

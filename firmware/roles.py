@@ -156,9 +156,14 @@ class Role:
 class Drafter(Role):
     """Drafts gamma tokens from the committed prefix, each sampled from the q-hat it sends."""
 
-    def __init__(self, engine, stats, spec_ahead=0):
+    def __init__(self, engine, stats, spec_ahead=0, table=None):
         Role.__init__(self, engine, stats)
         self.spec_ahead = min(spec_ahead, MAX_GAMMA)
+        if table:  # the path of an n-gram table: greedy drafts where it holds the stream's last tokens
+            from shared import ngram
+
+            table = ngram.load(table)
+        self.table = table
         self.chain = [None] * MAX_GAMMA  # (token, ids, weights) of held drafts, by position % MAX_GAMMA
 
     def begin(self, *args):
@@ -202,7 +207,12 @@ class Drafter(Role):
         p = self.held
         self._catch_up(p - 1)
         logits = self._feed(p - 1, p)
-        e = rule.draft(self.greedy, self.engine.argmax, lambda: sampling.draft_table(
+        argmax = self.engine.argmax
+        if self.greedy and self.table is not None:  # the table's token where it holds the stream's last tokens
+            known = self.table.get(self.tokens, p)
+            if known >= 0:
+                argmax = lambda: known
+        e = rule.draft(self.greedy, argmax, lambda: sampling.draft_table(
             memoryview(logits), 0, self.vocab, self.temp_milli, self.draft_top_k, self.engine.exp_table),
             self.seed, p)
         self.tokens[p] = e[0]

@@ -32,6 +32,17 @@ def host_drafter_model(models: Path) -> Path:
     return own if own.is_file() else Path(models) / DRAFTER_FILE
 
 
+def ngram_table_name(model_name: str) -> str:
+    """The file name of a drafter's n-gram table (shared/ngram.py): its model's, ending .ngt."""
+    return str(Path(model_name).with_suffix(".ngt"))
+
+
+def ngram_table(model: Path) -> Path | None:
+    """The n-gram table beside the drafter model file `model`, or None where it has none."""
+    table = Path(model).with_name(ngram_table_name(Path(model).name))
+    return table if table.is_file() else None
+
+
 def micropython_binary() -> str | None:
     """The `micropython` binary `make setup` builds beside this interpreter (else one on PATH), or None."""
     exe = Path(sys.executable).with_name("micropython")

@@ -68,15 +68,19 @@ def test_the_classic_esp32_drafter_runs_from_its_heap(micropython, board):
     """The classic ESP32 class's drafter (host/boardclasses.py: drafter-esp32.spm, which `specmesh flash` keeps
     on the filesystem) loads into the heap, keeps the context its class says (drafter_ctx: what the
     projection bench drafts with) and drafts through all of it, drafting ahead (pipelined, as the projection
-    credits it), greedy and then sampled (whole q-hat tables in its frames), with heap to spare."""
+    credits it), greedy and then sampled (whole q-hat tables in its frames), with heap to spare; greedy drafts
+    look up its n-gram table (shared/ngram.py), as flashed beside it."""
     from specmesh.host.boardclasses import heap_need
+    from specmesh.host.layout import ngram_table
     from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 
     model = shipped_model(ESP32.drafter[:-len(".spm")])
     assert heap_need(parse_header(Path(model).read_bytes()[:HEADER_SIZE])) <= ESP32_HEAP
+    table = ngram_table(Path(model))
+    assert table is not None, "the classic ESP32's drafter ships with its n-gram table (python -m specmesh.tools.ngram)"
     code = code_heap(micropython, board)
-    node = NodeProc(micropython, board, {"role": "drafter", "model": model, "spec_ahead": m.MAX_GAMMA},
-                    heap=ESP32_HEAP + code, flashed=True)
+    node = NodeProc(micropython, board, {"role": "drafter", "model": model, "spec_ahead": m.MAX_GAMMA,
+                                         "table": str(table)}, heap=ESP32_HEAP + code, flashed=True)
     node.rto = 5.0
     try:
         hello = node.call(m.HELLO)

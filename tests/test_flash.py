@@ -325,3 +325,22 @@ def test_a_file_whose_hash_is_wrong_on_the_board_is_sent_again(virtual_board, ti
     local = flashing.build("x64", vb.flash_dir.parent / "local", iter(sources))["/greet.mpy"]
     assert (vb.flash_dir / "greet.mpy").read_bytes() == local.read_bytes()
     assert not list(vb.flash_dir.rglob("*.part"))
+
+
+def test_a_drafter_table_goes_to_the_filesystem_beside_any_model(virtual_board, tiny_node):
+    """The n-gram table beside the drafter's model file is copied and named in the config (shared/ngram.py);
+    a verifier's flash names none."""
+    from specmesh.host.layout import ngram_table_name
+    from specmesh.tools.ngram import table_bytes
+
+    sources, model = tiny_node
+    table = model.with_name(ngram_table_name(model.name))
+    table.write_bytes(table_bytes({(1, 2, 3, 4): 5}))
+    vb = virtual_board(romfs_bytes=0)
+    report = flash(vb.port, "drafter", model, node_id=7, sources=sources, progress=False)
+    assert "/models/drafter.ngt" in report.written
+    assert (vb.flash_dir / "models" / "drafter.ngt").read_bytes() == table.read_bytes()
+    config = json.loads((vb.flash_dir / "specmesh.json").read_text())
+    assert config["table"] == "models/drafter.ngt"
+    flash(vb.port, "verifier", model, node_id=2, sources=sources, progress=False)
+    assert "table" not in json.loads((vb.flash_dir / "specmesh.json").read_text())

@@ -1,4 +1,5 @@
-"""`make train`: distil the three shipped drafters from the shipped target, export them, measure the model card.
+"""`make train`: distil the three shipped drafters from the shipped target, export them, build the classic ESP32
+drafter's n-gram table (tools/ngram.py: the target's own greedy continuations), measure the model card.
 
 The target (models/target.spm, llama2.c's stories260K) is shipped and never retrained; each drafter
 learns from stories the target samples itself and from TinyStories paragraphs
@@ -19,7 +20,7 @@ from their checkpoints/<drafter>/<phase>/last.pt:
 
 Data, batches and schedules are pure functions of the seed and the step (no time budget: the
 learning-rate schedule does not depend on the machine's speed), so a re-run rebuilds the same drafters
-on the same software, about two and a half hours on 2 cores.
+on the same software, about two and three-quarter hours on 2 cores (the table a quarter of an hour).
 
     python -m specmesh.tools.train_all
 """
@@ -30,7 +31,7 @@ import sys
 from pathlib import Path
 
 from specmesh.host.decode.tokenizer import vocab_id
-from specmesh.tools import export, modelcard, train
+from specmesh.tools import export, modelcard, ngram, train
 
 CK = Path("checkpoints")
 MODELS = Path("models")
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for name in ("drafter-esp32", "drafter-host"):
         export.export_model(export.load_float(best[name]), MODELS / (name + ".spm"), tid)
+    ngram.main(["--out", str(MODELS / "drafter-esp32.ngt")])
     return modelcard.main([])
 
 

@@ -24,13 +24,15 @@ user.
 
 from __future__ import annotations
 
+import io
 import math
 import time
+from pathlib import Path
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from specmesh.shared import rule, sampling
+from specmesh.shared import ngram, rule, sampling
 from specmesh.shared.messages import MAX_GAMMA
 from specmesh.shared.modelfile import ModelFileError
 
@@ -325,6 +327,19 @@ class LocalVerifier(LocalRole):
 UNSURE_MARGIN = 1 << 14
 
 
+def _ngram_table(model_path) -> ngram.Table | None:
+    """The n-gram table beside a drafter's model file (host/layout.py ngram_table), read whole, or None."""
+    from specmesh.host.layout import ngram_table
+
+    path = ngram_table(Path(model_path))
+    if path is None:
+        return None
+    try:
+        return ngram.Table(io.BytesIO(path.read_bytes()))
+    except (ngram.NgramError, OSError) as e:
+        raise ModelFileError("n-gram table %s: %s" % (path, e)) from None
+
+
 class LocalDrafter(LocalRole):
     """The drafter model on the host CPU: q-hat = sampling.draft_table, token sampled from it (purpose DRAFT).
 
@@ -333,12 +348,14 @@ class LocalDrafter(LocalRole):
     still sent, as the block's last (its pass has run), and the drafts after it, likely rejected, are neither
     drafted nor verified: on a compute-bound verifier each position costs about a third of a plain pass
     (docs/design.md section 3). The verifier alone decides the text, so it does not change; sampled sessions
-    draft every draft asked for, as a board does.
+    draft every draft asked for, as a board does. A greedy draft is the n-gram table's token where the table beside
+    the model file holds the stream's last tokens (shared/ngram.py), as on a board flashed with it.
     """
 
     def __init__(self, model_path, stream: EngineStream | None = None, stop_margin: int = 0, **options):
         super().__init__(model_path, stream, **options)
         self.stop_margin = stop_margin
+        self.table = _ngram_table(model_path)
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
         super().begin(params, prompt)
@@ -351,10 +368,14 @@ class LocalDrafter(LocalRole):
         p = self.params
         out = Draft(len(committed))
         row = self.stream.logits_after(committed)[0]
+        stream = [*committed] if p.greedy and self.table else []
         for i in range(gamma):
-            token, ids, weights = rule.draft(p.greedy, lambda: argmax(row),
+            known = self.table.get(stream, len(stream)) if stream else -1  # the table's token (-1: none held)
+            token, ids, weights = rule.draft(p.greedy, lambda: known if known >= 0 else argmax(row),
                                                   lambda: draft_table(row, p.temp_milli, p.draft_top_k),
                                                   p.seed, out.pos0 + i)
+            if stream:
+                stream.append(token)
             out.tokens.append(token)
             out.q.append((ids, weights))
             if i + 1 < gamma:

@@ -58,7 +58,7 @@ from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, Round, generate
 from specmesh.host.decode.stopstrings import StopScan, StopStrings
 from specmesh.host.decode.window import Window
-from specmesh.host.layout import TOKENIZER_FILE
+from specmesh.host.layout import TOKENIZER_FILE, ngram_table
 from specmesh.host.projection.measured import board_summary
 from specmesh.host.provision.drafters import expected_alpha
 from specmesh.shared.modelfile import ModelFileError
@@ -351,13 +351,14 @@ def board_stats(parts: list, tokens: int = 0, projector=None) -> list[dict]:
 def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool, deterministic: bool):
     """(cost model, projector): what prices each round for gamma's choice, and what projects the run for the
     stats (None, None when neither is asked for). A pipeline always reports its own projection."""
+    table = not on_host and ngram_table(config.model_file("drafter")) is not None  # a board drafter's n-gram table
     if config.stages:  # host/projection/pipeline.py, in every stats JSON
         from specmesh.host.projection.pipeline import STAGE_LINKS, LinksReport, PipelineProjector
 
         # stages of the class --project names (one with stages: the S3), else the class rule's classic ESP32s
         cls = config.project if config.project in STAGE_LINKS else ROLE_CLASS["stage"]
         return (PipelineProjector(heads["verifier"], heads.get("drafter"), verifier.layers, STAGE_LINKS[cls][0], on_host,
-                                  config.kernels, cls),
+                                  config.kernels, cls, drafter_table=table),
                 LinksReport(heads["verifier"], heads.get("drafter"), verifier.layers, on_host, config.kernels, cls))
     if config.measured_projection:  # priced from the instructions its boards execute
         from specmesh.host.projection.measured import LiveCosts, MeasuredProjector
@@ -366,10 +367,10 @@ def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool,
         # each role on its own board's class (an ESP32 drafter beside an S3 verifier), a cpu drafter on the host
         drafts_on = config.drafter.partition(":")[2] or config.project
         measured = MeasuredProjector(heads["verifier"], heads["drafter"], config.project, config.transport,
-                                     drafts_on, on_host)
+                                     drafts_on, on_host, table)
         derived = None if config.project in RV32_PROJECT else Projector(  # an Xtensa class's own cost model
             heads["verifier"], heads["drafter"], config.project, config.transport, drafter_on_host=on_host,
-            drafter_board=drafts_on)
+            drafter_board=drafts_on, drafter_table=table)
         if deterministic:  # sampling: gamma from derived costs, so that a seed gives one text
             if derived is None:
                 return Projector(heads["verifier"], heads["drafter"], "esp32s3", config.transport), measured
@@ -385,7 +386,7 @@ def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool,
             board, drafts_on = virtual
         projector = Projector(heads["verifier"], heads["drafter"], board, config.transport, config.rates,
                               config.kernels, drafter_on_host=on_host, drafter_board=drafts_on,
-                              drafter_rates=config.drafter_rates)
+                              drafter_rates=config.drafter_rates, drafter_table=table)
         return projector, (projector if config.project else None)
     return None, None
 

@@ -360,6 +360,10 @@ CONSOLES = {name: _CONSOLE_LINKS[c.console, c.uart_mirror] for name, c in boardc
 # byte; taken for the Xtensa boards too (the same bytecode, assumed about as many instructions)
 NODE_FRAME_INSNS = Figure(52e3, "insn/request", "FRAME", "the fixed part of decoding a request and encoding its reply")
 NODE_FRAME_BYTE_INSNS = Figure(938.0, "insn/byte", "FRAME", "per payload byte, in or out: most of it the CRC-16")
+# A drafter board's n-gram lookup per draft (shared/ngram.py), its dearest case: a context of the shipped table's
+# 2..16 tokens held at no length, 15 slot reads from the filesystem (RV32 instructions, `python -m
+# specmesh.tools.frame_cost`; 42.0e3 when held at the longest), taken for the Xtensa boards as the frames are
+NGRAM_LOOKUP_INSNS = Figure(99.3e3, "insn/draft", "FRAME", "an n-gram table lookup held at no length (15 slot reads)")
 
 BOARDS = {b.name: b for b in (ESP32S3, ESP32, ESP32C3, ESP32C6)}
 LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, UART_921600, ESPNOW, UART_CONSOLE,
@@ -380,7 +384,8 @@ def sources() -> list[dict]:
                            ("rv32_cycles_per_insn", RV32_CPI),
                            ("host_draft_position", HOST_DRAFT_POSITION), ("freertos_tick", FREERTOS_TICK),
                            ("console_wake", CONSOLE_WAKE),
-                           ("node_frame_insns", NODE_FRAME_INSNS), ("node_frame_byte_insns", NODE_FRAME_BYTE_INSNS))]
+                           ("node_frame_insns", NODE_FRAME_INSNS), ("node_frame_byte_insns", NODE_FRAME_BYTE_INSNS),
+                           ("ngram_lookup_insns", NGRAM_LOOKUP_INSNS))]
     for b in BOARDS.values():
         for attr in ("clock_hz", "mac_per_s", "weight_stream_bps", "flash_map_bps"):
             f = getattr(b, attr)

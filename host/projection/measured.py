@@ -87,9 +87,9 @@ class MeasuredProjector(Projector):
     HELLO named, before `project`."""
 
     def __init__(self, target: Header, drafter: Header | None, board: str, transport: str = "serial",
-                 drafter_board: str | None = None, drafter_on_host: bool = False):
+                 drafter_board: str | None = None, drafter_on_host: bool = False, drafter_table: bool = False):
         super().__init__(target, drafter, board, transport, drafter_on_host=drafter_on_host,
-                         drafter_board=drafter_board or board)
+                         drafter_board=drafter_board or board, drafter_table=drafter_table)
         self.lines: dict[str, Line] = {}
         self.on_rom: dict[str, bool] = {}
         self.unmeasured: dict[str, set[int]] = {}  # role -> pass sizes priced off its line, never run

@@ -69,7 +69,7 @@ class PipelineProjector:
 
     def __init__(self, target: Header, drafter: Header | None, layers: list[tuple[int, int]], link: str,
                  drafter_on_host: bool = False, kernels: str = "native", board: str = ROLE_CLASS["stage"],
-                 packed: bool = True):
+                 packed: bool = True, drafter_table: bool = False):
         if board not in STAGE_LINKS:
             raise ValueError("no pipeline of %r stages (known: %s)" % (board, ", ".join(STAGE_LINKS)))
         if link not in STAGE_LINKS[board]:
@@ -81,7 +81,8 @@ class PipelineProjector:
         host = link[:-len(DIRECT)] if self.direct else link
         self.hops: tuple[Link, ...] = (USB_SERIAL_JTAG, ESPNOW) if host == ESPNOW.name else (LINKS[host],)
         self.addressed = host == ESPNOW.name  # every board is behind the gateway: frames carry src and dst
-        self.boards = Projector(target, drafter, board, kernels=kernels, drafter_on_host=drafter_on_host)
+        self.boards = Projector(target, drafter, board, kernels=kernels, drafter_on_host=drafter_on_host,
+                                drafter_table=drafter_table)
         self.board = self.boards.board
         self.single = Projector(target, None, ROLE_CLASS["verifier"], kernels=kernels)
         # no drafting ahead beside the wavefront (host/decode/ahead.py): a round's first position goes through the

@@ -51,8 +51,8 @@ from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, on_romfs
 from specmesh.host.decode.orchestrator import Result, Round
 from specmesh.host.projection.calibration import Rates
 from specmesh.host.projection.costmodel import KERNELS, SRAM_BUDGET, layer_span, pass_work, weight_bytes
-from specmesh.host.projection.hardware import (BOARDS, CONSOLES, ESPNOW, HOST_DRAFT_POSITION, NODE_FRAME_BYTE_INSNS,
-                                               NODE_FRAME_INSNS, Board, Link, cpi_of)
+from specmesh.host.projection.hardware import (BOARDS, CONSOLES, ESPNOW, HOST_DRAFT_POSITION, NGRAM_LOOKUP_INSNS,
+                                               NODE_FRAME_BYTE_INSNS, NODE_FRAME_INSNS, Board, Link, cpi_of)
 from specmesh.shared.codec import line_size
 from specmesh.shared.messages import pack_begin
 from specmesh.shared.modelfile import Header
@@ -132,7 +132,8 @@ class Projector:
 
     def __init__(self, target: Header, drafter: Header | None, board: str = "esp32s3", transport: str = "serial",
                  rates: Rates | None = None, kernels: str = "native", drafter_on_host: bool = False,
-                 drafter_board: str = ROLE_CLASS["drafter"], drafter_rates: Rates | None = None):
+                 drafter_board: str = ROLE_CLASS["drafter"], drafter_rates: Rates | None = None,
+                 drafter_table: bool = False):
         if board not in BOARDS:
             raise ValueError("unknown board class %r (known: %s)" % (board, ", ".join(BOARDS)))
         self.board: Board = BOARDS[board]
@@ -147,6 +148,7 @@ class Projector:
         self.drafter = drafter
         self.transport = transport
         self.drafter_on_host = drafter_on_host
+        self.drafter_table = drafter_table  # the drafter board looks each draft up in an n-gram table (shared/ngram.py)
         self.pipelined = not drafter_on_host and transport == "serial"
         gateway = CONSOLES[self.drafter_board.name]  # the drafter board is the gateway on ESP-NOW
         self.links: dict[str, tuple[Link, ...]] = {
@@ -195,7 +197,9 @@ class Projector:
         """Seconds of n one-position drafter passes from position pos on (on the host: HOST_DRAFT_POSITION)."""
         if self.drafter_on_host:
             return [HOST_DRAFT_POSITION.value] * n
-        return [self.draft_pass(pos + i) for i in range(n)]
+        b = self.drafter_board
+        lookup = NGRAM_LOOKUP_INSNS.value * cpi_of(b.name).value / b.clock_hz.value if self.drafter_table else 0.0
+        return [self.draft_pass(pos + i) + lookup for i in range(n)]
 
     def reprime_seconds(self, r: Round) -> float:
         """Seconds of round r's re-prime of the drafter's window (0 without one): its BEGIN exchange (the ACK is

@@ -47,7 +47,7 @@ import serial
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, STAGE_CTX, class_of, drafter_model, has_psram, on_romfs
 from specmesh.host.bus import ports
-from specmesh.host.layout import MODELS, ROOT, model_path
+from specmesh.host.layout import MODELS, ROOT, model_path, ngram_table, ngram_table_name
 from specmesh.host.mpycross import CompileError, compile_py
 from specmesh.host.provision import drafters, romfs
 from specmesh.shared.board import FLASHING
@@ -402,8 +402,7 @@ def flash(
         info = probe(transport)
         cls = BOARD_CLASSES[board_class] if board_class else class_of(info.machine, info.mem_free)
         if by_class:
-            model = drafter_model(model.parent, cls.name)
-            model, heap_bytes = _check_request(port, role, model, layers)
+            model, heap_bytes = _check_request(port, role, drafter_model(model.parent, cls.name), layers)
             fs_dest = f"{MODEL_DIR}/{model.name}"
         image = _rom_image(info, role, model, heap_bytes) if use_romfs else b""
         model_dest = f"{romfs.ROM_DIR}/{model.name}" if image else fs_dest
@@ -418,7 +417,8 @@ def flash(
             legacy = config.pop("key", None), config.pop("ctr", 0)  # an earlier specmesh kept them in the config
             if legacy[0] and not key and not clear_key:
                 key = bytes.fromhex(legacy[0])  # moved into the key file
-            _configure(config, info, role, node_id, model_dest if image else model_dest.lstrip("/"), layers)
+            _configure(config, info, role, node_id, model_dest if image else model_dest.lstrip("/"), layers,
+                       _table(role, model, files))
             config_data = json.dumps(config, sort_keys=True).encode()
             check_board(info, role, heap_bytes, sum(p.stat().st_size for p in files.values()) + len(config_data),
                         len(image))
@@ -460,8 +460,9 @@ def _placement(info: BoardInfo, image: bytes) -> str:
 def _remove_other_drafter(transport, flashed: str) -> None:
     """The other shipped drafter, left on the filesystem by an earlier flash, would only fill it."""
     for other in sorted(set(drafters.SHIPPED) - {flashed}):
-        if transport.fs_exists(f"{MODEL_DIR}/{other}"):
-            transport.fs_rmfile(f"{MODEL_DIR}/{other}")
+        for name in (other, ngram_table_name(other)):
+            if transport.fs_exists(f"{MODEL_DIR}/{name}"):
+                transport.fs_rmfile(f"{MODEL_DIR}/{name}")
 
 
 def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, int] | None) -> tuple[Path, int]:
@@ -508,12 +509,25 @@ def _provision_key(transport, key: bytes | None, clear_key: bool, legacy_floor: 
             _send(transport, KEY_PATH, data, chunk, False, report)
 
 
+def _table(role: str, model: Path, files: dict[str, Path]) -> str | None:
+    """The config's path of a drafter's n-gram table (the file beside its model, added to `files`), or None. It goes
+    to the filesystem wherever the model goes: the node reads it a slot at a time."""
+    table = ngram_table(model) if role == "drafter" else None
+    if table is None:
+        return None
+    files[f"{MODEL_DIR}/{table.name}"] = table
+    return f"{MODEL_DIR}/{table.name}".lstrip("/")
+
+
 def _configure(config: dict, info: BoardInfo, role: str, node_id: int | None, model: str,
-               layers: tuple[int, int] | None) -> None:
-    """The board config (firmware/config.py) for `role`, over what the board had."""
+               layers: tuple[int, int] | None, table: str | None = None) -> None:
+    """The board config (firmware/config.py) for `role`, over what the board had (`table`: a drafter's n-gram
+    table's path)."""
     config.update(role=role, node_id=node_id if node_id is not None else NODE_ID[role], model=model)
-    for k in ("layers", "kmax", "n_ctx"):
+    for k in ("layers", "kmax", "n_ctx", "table"):
         config.pop(k, None)
+    if table:
+        config["table"] = table
     if role == "verifier" and not has_psram(info.mem_free):
         config.update(kmax=SMALL_VERIFIER_KMAX, n_ctx=SMALL_VERIFIER_CTX)
     if layers is not None:

@@ -112,7 +112,7 @@ def heldout(target, ver, tok) -> dict:
             own = cls is not None and BOARD_CLASSES[cls].drafter == name and BOARD_CLASSES[cls].drafter_ctx
             dra.max_seq = min(h.max_seq, own or h.max_seq)
             proj = Projector(target, h, VERIFIER, kernels="native", drafter_on_host=cls is None,
-                             drafter_board=cls or ROLE_CLASS["drafter"])
+                             drafter_board=cls or ROLE_CLASS["drafter"], drafter_table=dra.table is not None)
             out.setdefault(set_name, {})[config] = speculate(proj, prompts, ver, dra, name) | {"drafter": name}
     return out
 
@@ -150,7 +150,7 @@ def run() -> dict:
                 own = cls is not None and BOARD_CLASSES[cls].drafter == name and BOARD_CLASSES[cls].drafter_ctx
                 dra.max_seq = min(h.max_seq, own or h.max_seq)
                 proj = Projector(target, h, VERIFIER, kernels=kernels, drafter_on_host=cls is None,
-                                 drafter_board=cls or ROLE_CLASS["drafter"])
+                                 drafter_board=cls or ROLE_CLASS["drafter"], drafter_table=dra.table is not None)
                 row = speculate(proj, prompts, ver, dra, name)
                 row["c"] = proj.draft_passes(40, 1)[0] / proj.forward(target, 1, 40)  # at context 40
                 out["drafters"].setdefault(kernels, {}).setdefault(name, {})[place] = row
@@ -161,8 +161,9 @@ def run() -> dict:
         layers = split_layers(target.n_layers, STAGES)
         for cls in STAGE_LINKS:
             for place, name, on_host in (("esp32 board", ESP32.drafter, False), ("host cpu", HOST_DRAFTER_FILE, True)):
-                pp = PipelineProjector(target, header(name), layers, STAGE_LINKS[cls][0], on_host, kernels, cls)
                 dra = drafter(name, False)
+                pp = PipelineProjector(target, header(name), layers, STAGE_LINKS[cls][0], on_host, kernels, cls,
+                                       drafter_table=dra.table is not None)
                 dra.max_seq = ESP32.drafter_ctx if name == ESP32.drafter else dra.max_seq
                 row = speculate(pp, prompts, ver, dra, name)
                 row["hardware"] = pp.label()

@@ -1,0 +1,149 @@
+"""The drafter's n-gram table (shared/ngram.py, built by tools/ngram.py): the same lookups under CPython and
+MicroPython, the longest held context first; a drafter node with a table drafts what the host's drafter drafts
+with it, the text stays the plain run's, and a malformed table is refused in one line."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from specmesh.host.backends import LocalDrafter, SessionParams
+from specmesh.host.backends.engine import Engine
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE, ngram_table_name
+from specmesh.shared import messages as m
+from specmesh.shared import ngram
+from specmesh.shared.modelfile import ModelFileError
+from specmesh.tools import ngram as builder
+from specmesh.tools.nodeproc import NodeProc, begin, generate
+from specmesh.tools.testmodels import random_model
+from tests.conftest import ROOT
+
+VOCAB = 96
+MAX_SEQ = 48
+
+
+def _table(entries: dict[tuple[int, ...], int], nmin: int = 2, nmax: int = 4) -> bytes:
+    return builder.table_bytes(entries, nmin, nmax)
+
+
+ENTRIES = {(1, 2): 7, (5, 1, 2): 9, (3, 4, 5, 6): 11, (40, 41): 0}
+CASES = [[1, 2], [5, 1, 2], [0, 5, 1, 2], [8, 1, 2], [3, 4, 5, 6], [4, 5, 6], [40, 41], [2], [], [9, 9, 9, 9, 9]]
+EXPECTED = [7, 9, 9, 7, 11, -1, 0, -1, -1, -1]  # the longest context held wins; none shorter than nmin
+
+
+def test_lookups_take_the_longest_context_held():
+    t = ngram.Table(io.BytesIO(_table(ENTRIES)))
+    assert (t.nmin, t.nmax, t.entries) == (2, 4, len(ENTRIES))
+    assert [t.get(c, len(c)) for c in CASES] == EXPECTED
+    assert t.get([3, 4, 5, 6, 77], 4) == 11  # the context ends where asked, not at the list's end
+
+
+def test_micropython_reads_the_same_table(micropython, tmp_path):
+    (tmp_path / "t.ngt").write_bytes(_table(ENTRIES))
+    (tmp_path / "bad.ngt").write_bytes(b"SMNG\x02" + bytes(11))
+    (tmp_path / "cases.json").write_text(json.dumps(CASES))
+    def run(name):
+        out = subprocess.run([micropython, "tests/mp_ngram.py", str(tmp_path / name), str(tmp_path / "cases.json")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+        return json.loads(out.stdout)
+    assert run("t.ngt") == {"lookups": EXPECTED}
+    assert "version 2" in run("bad.ngt")["error"]
+
+
+@pytest.mark.parametrize("data, message", [(b"", "bad magic"), (b"XXXX" + bytes(12), "bad magic"),
+                                           (_table(ENTRIES)[:-4], "header says"),
+                                           (_table(ENTRIES)[:8] + bytes(8), "out of range")])
+def test_malformed_tables_are_refused_with_what_is_wrong(data, message):
+    with pytest.raises(ngram.NgramError, match=message):
+        ngram.Table(io.BytesIO(data))
+
+
+def test_the_builder_keeps_consistent_contexts_seen_often_enough():
+    seqs = [(2, [1, 2, 3, 4, 5]), (2, [1, 2, 3, 4, 6]), (2, [9, 2, 3, 4, 5]), (3, [7, 7, 7, 7])]
+    got = builder.entries(seqs, nmin=2, nmax=3, min_count=2, min_share=0.6)
+    assert got[(2, 3)] == 4 and got[(3, 4)] == 5  # 3 of 3 times, 2 of 3
+    assert (9, 2, 3) not in got  # seen once
+    assert (7, 7) not in got  # once after the prompt (the prompt's own tokens are not the target's)
+    assert (3, 4) not in builder.entries(seqs, nmin=2, nmax=3, min_count=2, min_share=0.7)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ngram-models")
+    random_model(d / TARGET_FILE, dim=32, n_layers=2, vocab=VOCAB, max_seq=MAX_SEQ, seed=11)
+    random_model(d / DRAFTER_FILE, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=VOCAB,
+                 max_seq=MAX_SEQ, seed=12)
+    return d
+
+
+def _overriding_table(models, prompt: list[int], n: int) -> dict[tuple[int, ...], int]:
+    """Entries that disagree with the drafter's argmax along its own greedy stream from `prompt`."""
+    eng = Engine(models / DRAFTER_FILE)
+    seq, out = list(prompt), {}
+    for i in range(n):
+        t = int(np.argmax(eng.forward(seq, 0)[-1]))
+        eng.reset()
+        if i % 3 == 1:
+            t = (t + 1) % VOCAB
+            out[tuple(seq[-2:])] = t
+        seq.append(t)
+    return out
+
+
+def test_a_drafter_node_with_a_table_drafts_what_the_host_drafter_drafts(micropython, models, tmp_path):
+    prompt = [3, 1, 4, 1, 5]
+    entries = _overriding_table(models, prompt, 8)
+    with_table = tmp_path / "with"
+    with_table.mkdir()
+    for f in (DRAFTER_FILE, TARGET_FILE):
+        shutil.copy(models / f, with_table / f)
+    (with_table / ngram_table_name(DRAFTER_FILE)).write_bytes(_table(entries))
+    host = LocalDrafter(with_table / DRAFTER_FILE)
+    host.begin(SessionParams(), prompt)
+    want = host.draft(prompt, 8).tokens
+    plain = LocalDrafter(models / DRAFTER_FILE)
+    plain.begin(SessionParams(), prompt)
+    assert want != plain.draft(prompt, 8).tokens  # the table changed drafts
+    node = NodeProc(micropython, tmp_path / "d", {"node_id": 1, "role": "drafter", "model": str(
+        with_table / DRAFTER_FILE), "table": str(with_table / ngram_table_name(DRAFTER_FILE))})
+    verifier = NodeProc(micropython, tmp_path / "v", {"node_id": 1, "role": "verifier",
+                                                      "model": str(models / TARGET_FILE)})
+    try:
+        begin(node, 4, 5, 0.0, prompt)
+        _, drafts = node.call(m.DRAFT_REQ, m.pack_draft_req(len(prompt), 8), expect=m.DRAFT)
+        assert [d[0] for d in drafts] == want
+        reference = generate(node, verifier, prompt, 30, 0, 0.0, 0, 1, MAX_SEQ)
+        assert generate(node, verifier, prompt, 30, 4, 0.0, 0, 2, MAX_SEQ) == reference  # the text: plain's
+    finally:
+        node.close()
+        verifier.close()
+
+
+def test_a_malformed_table_is_one_line_and_the_node_stays_idle(micropython, models, tmp_path):
+    bad = tmp_path / ngram_table_name(DRAFTER_FILE)
+    bad.write_bytes(b"SMNG" + bytes(12))
+    node = NodeProc(micropython, tmp_path / "d", {"node_id": 1, "role": "idle", "model": str(models / DRAFTER_FILE),
+                                                  "table": str(bad)})
+    try:
+        code, text = node.error(m.CONFIGURE, m.pack_configure(m.ROLE_DRAFTER, 1, str(models / DRAFTER_FILE)))
+        assert code == m.E_MODEL and "n-gram table" in text and "flash the drafter again" in text
+        assert node.call(m.HELLO)[2] == m.ROLE_IDLE
+    finally:
+        node.close()
+    shutil.copy(models / DRAFTER_FILE, tmp_path / DRAFTER_FILE)
+    with pytest.raises(ModelFileError, match="n-gram table .*: version 0, this code reads 1"):
+        LocalDrafter(tmp_path / DRAFTER_FILE)
+
+
+def test_the_builder_leaves_out_contexts_a_shorter_one_answers_the_same():
+    seqs = [(2, [1, 2, 3, 4]), (2, [1, 2, 3, 4]), (2, [5, 2, 3, 4]), (2, [5, 2, 3, 4]), (2, [6, 2, 3, 9])] * 2
+    full = builder.entries(seqs, nmin=2, nmax=3, min_count=2, min_share=0.6)
+    assert {k: v for k, v in full.items() if k[-1] == 3} == {(2, 3): 4, (6, 2, 3): 9}  # (1, 2, 3), (5, 2, 3): 4
+    # as (2, 3) gives: left out
+    t = ngram.Table(io.BytesIO(_table(full, nmin=2, nmax=3)))
+    assert [t.get(c, 3) for c in ([1, 2, 3], [5, 2, 3], [6, 2, 3], [7, 2, 3])] == [4, 4, 9, 4]
