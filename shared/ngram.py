@@ -8,7 +8,8 @@ first), and its own argmax elsewhere. The verifier alone decides the text, so th
 
 The file (`<drafter>.ngt` beside the drafter's model file; docs/CONTRACTS.md section 5):
 
-    header  b"SMNG", u8 version, u8 nmin, u8 nmax, u8 0, u32 slots (a power of two), u32 entries (little-endian)
+    header  b"SMNG", u8 version, u8 nmin, u8 nmax, u8 0, u32 slots (a power of two), u32 entries, u32 reach
+            (little-endian): the longest stream it was built from; a longer one is past what it has seen
     slots   `slots` of 4 bytes: u16 check, u16 token + 1 (0: an empty slot)
 
 A context's slot is its hash's low bits, then the next ones (linear probing) up to an empty slot; a slot is
@@ -25,7 +26,7 @@ from array import array
 
 MAGIC = b"SMNG"
 VERSION = 1
-HEADER_SIZE = 16
+HEADER_SIZE = 20
 SLOT_SIZE = 4
 _P = 4194301  # prime < 2**22: h * _MUL_H + token stays below 2**30
 _MUL_H = 251
@@ -52,17 +53,17 @@ def hashes(tokens, end, n, hs=None, gs=None):
 
 
 def parse_header(b):
-    """(nmin, nmax, slots, entries) of a table's first HEADER_SIZE bytes; NgramError if it is not one."""
+    """(nmin, nmax, slots, entries, reach) of a table's first HEADER_SIZE bytes; NgramError if it is not one."""
     if len(b) < HEADER_SIZE or bytes(b[:4]) != MAGIC:
         raise NgramError("not a specmesh n-gram table (bad magic %r)" % bytes(b[:4]))
     version, nmin, nmax, _ = b[4], b[5], b[6], b[7]
-    slots, entries = struct.unpack("<II", bytes(b[8:16]))
+    slots, entries, reach = struct.unpack("<III", bytes(b[8:20]))
     if version != VERSION:
         raise NgramError("version %d, this code reads %d" % (version, VERSION))
     if not 1 <= nmin <= nmax or slots & (slots - 1) or not 0 < entries < slots:
         raise NgramError("header out of range (contexts %d..%d, %d entries in %d slots)"
                          % (nmin, nmax, entries, slots))
-    return nmin, nmax, slots, entries
+    return nmin, nmax, slots, entries, reach
 
 
 def load(path):
@@ -80,7 +81,7 @@ class Table:
 
     def __init__(self, f):
         head = f.read(HEADER_SIZE)
-        self.nmin, self.nmax, self.slots, self.entries = parse_header(head)
+        self.nmin, self.nmax, self.slots, self.entries, self.reach = parse_header(head)
         f.seek(0, 2)
         if f.tell() != HEADER_SIZE + self.slots * SLOT_SIZE:
             raise NgramError("%d bytes, its header says %d"
@@ -94,10 +95,11 @@ class Table:
         self.f.close()
 
     def get(self, tokens, end):
-        """The token the table holds after tokens[:end] (its longest context that it holds), or -1."""
+        """The token the table holds after tokens[:end] (its longest context that it holds), or -1; -1 past its
+        reach."""
         f, buf, mask, hs, gs = self.f, self.buf, self.slots - 1, self.hs, self.gs
         n = self.nmax if end >= self.nmax else end
-        if n < self.nmin:
+        if n < self.nmin or end > self.reach:
             return -1
         hashes(tokens, end, n, hs, gs)
         while n >= self.nmin:

@@ -41,11 +41,13 @@ def test_lookups_take_the_longest_context_held():
     assert (t.nmin, t.nmax, t.entries) == (2, 4, len(ENTRIES))
     assert [t.get(c, len(c)) for c in CASES] == EXPECTED
     assert t.get([3, 4, 5, 6, 77], 4) == 11  # the context ends where asked, not at the list's end
+    far = ngram.Table(io.BytesIO(builder.table_bytes(ENTRIES, 2, 4, reach=3)))
+    assert [far.get(c, len(c)) for c in ([5, 1, 2], [0, 5, 1, 2])] == [9, -1]  # past its reach: nothing
 
 
 def test_micropython_reads_the_same_table(micropython, tmp_path):
     (tmp_path / "t.ngt").write_bytes(_table(ENTRIES))
-    (tmp_path / "bad.ngt").write_bytes(b"SMNG\x02" + bytes(11))
+    (tmp_path / "bad.ngt").write_bytes(b"SMNG\x02" + bytes(15))
     (tmp_path / "cases.json").write_text(json.dumps(CASES))
     def run(name):
         out = subprocess.run([micropython, "tests/mp_ngram.py", str(tmp_path / name), str(tmp_path / "cases.json")],
@@ -57,7 +59,7 @@ def test_micropython_reads_the_same_table(micropython, tmp_path):
 
 @pytest.mark.parametrize("data, message", [(b"", "bad magic"), (b"XXXX" + bytes(12), "bad magic"),
                                            (_table(ENTRIES)[:-4], "header says"),
-                                           (_table(ENTRIES)[:8] + bytes(8), "out of range")])
+                                           (_table(ENTRIES)[:8] + bytes(12), "out of range")])
 def test_malformed_tables_are_refused_with_what_is_wrong(data, message):
     with pytest.raises(ngram.NgramError, match=message):
         ngram.Table(io.BytesIO(data))
@@ -126,7 +128,7 @@ def test_a_drafter_node_with_a_table_drafts_what_the_host_drafter_drafts(micropy
 
 def test_a_malformed_table_is_one_line_and_the_node_stays_idle(micropython, models, tmp_path):
     bad = tmp_path / ngram_table_name(DRAFTER_FILE)
-    bad.write_bytes(b"SMNG" + bytes(12))
+    bad.write_bytes(b"SMNG" + bytes(16))
     node = NodeProc(micropython, tmp_path / "d", {"node_id": 1, "role": "idle", "model": str(models / DRAFTER_FILE),
                                                   "table": str(bad)})
     try:

@@ -86,8 +86,11 @@ def entries(seqs: Iterable[tuple[int, list[int]]], nmin: int = NMIN, nmax: int =
     return out
 
 
-def table_bytes(table: dict[tuple[int, ...], int], nmin: int = NMIN, nmax: int = NMAX) -> bytes:
-    """The table file (shared/ngram.py's layout) holding `table`, contexts in a fixed order."""
+def table_bytes(table: dict[tuple[int, ...], int], nmin: int = NMIN, nmax: int = NMAX,
+                reach: int = max(PROMPT_LENGTHS) + CONTINUE) -> bytes:
+    """The table file (shared/ngram.py's layout) holding `table`, contexts in a fixed order; `reach`, the longest
+    stream its contexts were counted in (past it a lookup gives nothing: the target's text there, its loops, is
+    not what the table saw)."""
     slots = 1
     while len(table) > LOAD * slots:
         slots *= 2
@@ -98,7 +101,7 @@ def table_bytes(table: dict[tuple[int, ...], int], nmin: int = NMIN, nmax: int =
         while body[s * SLOT_SIZE + 2] | body[s * SLOT_SIZE + 3]:
             s = (s + 1) & (slots - 1)
         struct.pack_into("<HH", body, s * SLOT_SIZE, g, table[ctx] + 1)
-    return MAGIC + struct.pack("<BBBBII", VERSION, nmin, nmax, 0, slots, len(table)) + bytes(body)
+    return MAGIC + struct.pack("<BBBBIII", VERSION, nmin, nmax, 0, slots, len(table), reach) + bytes(body)
 
 
 def build(text: Path, workers: int) -> bytes:
