@@ -27,9 +27,9 @@ from __future__ import annotations
 import io
 import math
 import time
-from pathlib import Path
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from specmesh.shared import ngram, rule, sampling
