@@ -52,6 +52,11 @@ def hashes(tokens, end, n, hs=None, gs=None):
     return h, g
 
 
+def header(nmin, nmax, slots, entries, reach):
+    """A table's first HEADER_SIZE bytes (parse_header reads them back)."""
+    return struct.pack("<4sBBBBIII", MAGIC, VERSION, nmin, nmax, 0, slots, entries, reach)
+
+
 def parse_header(b):
     """(nmin, nmax, slots, entries, reach) of a table's first HEADER_SIZE bytes; NgramError if it is not one."""
     if len(b) < HEADER_SIZE or bytes(b[:4]) != MAGIC:

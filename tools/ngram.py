@@ -26,7 +26,7 @@ from pathlib import Path
 
 from specmesh.host import atomic
 from specmesh.host.layout import MODELS, TARGET_FILE
-from specmesh.shared.ngram import MAGIC, SLOT_SIZE, VERSION, hashes
+from specmesh.shared.ngram import SLOT_SIZE, hashes, header, parse_header
 
 PROMPT_LENGTHS = (4, 8, 12, 16, 24, 32, 48)  # tokens of each paragraph's opening that the target continues
 CONTINUE = 64  # greedy tokens a continuation
@@ -101,7 +101,7 @@ def table_bytes(table: dict[tuple[int, ...], int], nmin: int = NMIN, nmax: int =
         while body[s * SLOT_SIZE + 2] | body[s * SLOT_SIZE + 3]:
             s = (s + 1) & (slots - 1)
         struct.pack_into("<HH", body, s * SLOT_SIZE, g, table[ctx] + 1)
-    return MAGIC + struct.pack("<BBBBIII", VERSION, nmin, nmax, 0, slots, len(table), reach) + bytes(body)
+    return header(nmin, nmax, slots, len(table), reach) + bytes(body)
 
 
 def build(text: Path, workers: int) -> bytes:
@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     a = ap.parse_args(argv)
     data = build(a.text, max(1, a.workers))
     atomic.write_bytes(a.out, data)
-    print("%s: %d entries, %d bytes" % (a.out, struct.unpack("<I", data[12:16])[0], len(data)))
+    print("%s: %d entries, %d bytes" % (a.out, parse_header(data)[3], len(data)))
 
 
 if __name__ == "__main__":
