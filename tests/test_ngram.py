@@ -1,11 +1,13 @@
 """The drafter's n-gram table (shared/ngram.py, built by tools/ngram.py): the same lookups under CPython and
-MicroPython, the longest held context first; a drafter node with a table drafts what the host's drafter drafts
-with it, the text stays the plain run's, and a malformed table is refused in one line."""
+MicroPython, the longest held context's token, found by walking the lengths up until one is not held (the table is
+suffix-closed); a drafter node with a table drafts what the host's drafter drafts with it, the text stays the plain
+run's, and a malformed table is refused in one line."""
 
 from __future__ import annotations
 
 import io
 import json
+import random
 import shutil
 import subprocess
 
@@ -38,23 +40,61 @@ EXPECTED = [7, 9, 9, 7, 11, -1, 0, -1, -1, -1]  # the longest context held wins;
 
 def test_lookups_take_the_longest_context_held():
     t = ngram.Table(io.BytesIO(_table(ENTRIES)))
-    assert (t.nmin, t.nmax, t.entries) == (2, 4, len(ENTRIES))
+    assert (t.nmin, t.nmax, t.entries) == (2, 4, len(builder.suffix_closed(ENTRIES)))  # (5, 6), (4, 5, 6) too
     assert [t.get(c, len(c)) for c in CASES] == EXPECTED
     assert t.get([3, 4, 5, 6, 77], 4) == 11  # the context ends where asked, not at the list's end
     far = ngram.Table(io.BytesIO(builder.table_bytes(ENTRIES, 2, 4, reach=3)))
     assert [far.get(c, len(c)) for c in ([5, 1, 2], [0, 5, 1, 2])] == [9, -1]  # past its reach: nothing
 
 
+class _Reads(io.BytesIO):
+    """A table file that counts its slot reads (a seek to a slot, then a read)."""
+
+    reads = 0
+
+    def seek(self, *args):
+        self.reads += len(args) == 1
+        return super().seek(*args)
+
+
+def _longest(entries: dict[tuple[int, ...], int], stream: list[int], nmin: int, nmax: int) -> int:
+    return next((entries[tuple(stream[-n:])] for n in range(min(nmax, len(stream)), nmin - 1, -1)
+                 if tuple(stream[-n:]) in entries), -1)
+
+
+def test_lookups_are_the_longest_match_and_stop_at_the_first_length_not_held():
+    rng = random.Random(5)
+    streams = [[rng.randrange(6) for _ in range(rng.randrange(12))] for _ in range(400)]
+    entries = {}
+    for s in streams[:150]:  # contexts of the streams themselves, so that lookups hold at many lengths
+        if len(s) >= 2:
+            entries[tuple(s[-rng.randrange(2, min(8, len(s)) + 1):])] = rng.randrange(6)
+    closed = builder.suffix_closed(entries)
+    assert all(c[-n:] in closed for c in entries for n in range(2, len(c)))  # every shorter context: held
+    f = _Reads(_table(entries, nmin=2, nmax=8))
+    t = ngram.Table(f)
+    assert t.entries == len(closed) > len(entries)
+    reads = probes = 0
+    for s in streams:
+        f.reads = 0
+        assert t.get(s, len(s)) == _longest(entries, s, 2, 8), s
+        top = min(8, len(s))
+        walked = next((n for n in range(2, top + 1) if tuple(s[-n:]) not in closed), top)  # the last length read
+        probes += max(0, walked - 1)
+        reads += f.reads
+    assert probes <= reads <= 1.2 * probes  # a read a length walked, rarely a second where its probe runs on
+
+
 def test_micropython_reads_the_same_table(micropython, tmp_path):
     (tmp_path / "t.ngt").write_bytes(_table(ENTRIES))
-    (tmp_path / "bad.ngt").write_bytes(b"SMNG\x02" + bytes(15))
+    (tmp_path / "bad.ngt").write_bytes(b"SMNG\x01" + bytes(15))
     (tmp_path / "cases.json").write_text(json.dumps(CASES))
     def run(name):
         out = subprocess.run([micropython, "tests/mp_ngram.py", str(tmp_path / name), str(tmp_path / "cases.json")],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
         return json.loads(out.stdout)
     assert run("t.ngt") == {"lookups": EXPECTED}
-    assert "version 2" in run("bad.ngt")["error"]
+    assert "version 1, this code reads 2" in run("bad.ngt")["error"]
 
 
 @pytest.mark.parametrize("data, message", [(b"", "bad magic"), (b"XXXX" + bytes(12), "bad magic"),
@@ -138,7 +178,7 @@ def test_a_malformed_table_is_one_line_and_the_node_stays_idle(micropython, mode
     finally:
         node.close()
     shutil.copy(models / DRAFTER_FILE, tmp_path / DRAFTER_FILE)
-    with pytest.raises(ModelFileError, match="n-gram table .*: version 0, this code reads 1"):
+    with pytest.raises(ModelFileError, match="n-gram table .*: version 0, this code reads 2"):
         LocalDrafter(tmp_path / DRAFTER_FILE)
 
 

@@ -5,8 +5,9 @@ TinyStories training paragraph (models/tinystories_train_head.txt; none of the h
 prompt lengths, greedily, for CONTINUE tokens. Each context of NMIN..NMAX tokens before a continued token is
 counted with the token that followed it; a context is kept when it was seen at least MIN_COUNT times and one
 token followed it at least MIN_SHARE of them (that token is its entry), unless a lookup would give that token
-without it (a shorter context held gives the same). Chosen on the tuning set's prompts
-(tools/heldout.py) with the classic ESP32's drafter, models/MODEL_CARD.md.
+without it (a shorter context held gives the same). The file then holds each kept context's shorter ones too,
+as marks where they have no token (suffix-closed: a lookup walks the lengths up and stops at the first not held).
+Chosen on the tuning set's prompts (tools/heldout.py) with the classic ESP32's drafter, models/MODEL_CARD.md.
 
 The continuations are a pure function of the shipped target and the text, so a re-run rebuilds the same table.
 About fifteen minutes on 2 cores (one worker process a core).
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from specmesh.host import atomic
 from specmesh.host.layout import MODELS, TARGET_FILE
-from specmesh.shared.ngram import SLOT_SIZE, hashes, header, parse_header
+from specmesh.shared.ngram import CHUNK, MARK, SLOT_SIZE, hashes, header, parse_header
 
 PROMPT_LENGTHS = (4, 8, 12, 16, 24, 32, 48)  # tokens of each paragraph's opening that the target continues
 CONTINUE = 64  # greedy tokens a continuation
@@ -86,11 +87,22 @@ def entries(seqs: Iterable[tuple[int, list[int]]], nmin: int = NMIN, nmax: int =
     return out
 
 
+def suffix_closed(table: dict[tuple[int, ...], int], nmin: int = NMIN) -> dict[tuple[int, ...], int]:
+    """`table` and, as MARK, each shorter context (its newest tokens, at least nmin) of one it holds that it does not
+    hold itself: a lookup walking the lengths up then stops at the first one not held (shared/ngram.py)."""
+    out = dict(table)
+    for ctx in table:
+        for n in range(nmin, len(ctx)):
+            out.setdefault(ctx[-n:], MARK)
+    return out
+
+
 def table_bytes(table: dict[tuple[int, ...], int], nmin: int = NMIN, nmax: int = NMAX,
                 reach: int = max(PROMPT_LENGTHS) + CONTINUE) -> bytes:
-    """The table file (shared/ngram.py's layout) holding `table`, contexts in a fixed order; `reach`, the longest
-    stream its contexts were counted in (past it a lookup gives nothing: the target's text there, its loops, is
-    not what the table saw)."""
+    """The table file (shared/ngram.py's layout) holding `table` (suffix-closed here), contexts in a fixed order;
+    `reach`, the longest stream its contexts were counted in (past it a lookup gives nothing: the target's text
+    there, its loops, is not what the table saw)."""
+    table = suffix_closed(table, nmin)
     slots = 1
     while len(table) > LOAD * slots:
         slots *= 2
@@ -100,8 +112,9 @@ def table_bytes(table: dict[tuple[int, ...], int], nmin: int = NMIN, nmax: int =
         s = h & (slots - 1)
         while body[s * SLOT_SIZE + 2] | body[s * SLOT_SIZE + 3]:
             s = (s + 1) & (slots - 1)
-        struct.pack_into("<HH", body, s * SLOT_SIZE, g, table[ctx] + 1)
-    return header(nmin, nmax, slots, len(table), reach) + bytes(body)
+        value = table[ctx] if table[ctx] == MARK else table[ctx] + 1
+        struct.pack_into("<HH", body, s * SLOT_SIZE, g, value)
+    return header(nmin, nmax, slots, len(table), reach) + bytes(body) + bytes(body[:(CHUNK - 1) * SLOT_SIZE])
 
 
 def build(text: Path, workers: int) -> bytes:

@@ -511,7 +511,7 @@ def _provision_key(transport, key: bytes | None, clear_key: bool, legacy_floor: 
 
 def _table(role: str, model: Path, files: dict[str, Path]) -> str | None:
     """The config's path of a drafter's n-gram table (the file beside its model, added to `files`), or None. It goes
-    to the filesystem wherever the model goes: the node reads it a slot at a time."""
+    to the filesystem wherever the model goes: the node reads it a few slots at a time."""
     table = ngram_table(model) if role == "drafter" else None
     if table is None:
         return None
