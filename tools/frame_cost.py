@@ -2,9 +2,7 @@
 code under QEMU, `-icount shift=0`: time.ticks_cpu() counts executed instructions) decodes request lines and encodes
 reply lines with shared/codec.py as a node does (the CRC-16 in Python: MicroPython's binascii has no crc_hqx), for
 payloads of two sizes; a fixed part and one per frame byte fit both (host/projection/hardware.py NODE_FRAME_INSNS,
-NODE_FRAME_BYTE_INSNS keep the figures). It also looks up a drafter's n-gram table (shared/ngram.py) in a file on
-its filesystem, contexts of the shipped table's lengths (tools/ngram.py NMIN..NMAX): a context held at the longest
-length, and one held at none (a slot read a length), the dearest (NGRAM_LOOKUP_INSNS).
+NODE_FRAME_BYTE_INSNS keep the figures). A drafter's n-gram lookups are tools/ngram_cost.py's.
 
     python -m specmesh.tools.frame_cost
 """
@@ -17,7 +15,6 @@ import tempfile
 from pathlib import Path
 
 from specmesh.host.layout import ROOT
-from specmesh.tools.ngram import NMAX, NMIN
 
 SIZES = (100, 400)
 SCRIPT = """
@@ -36,29 +33,11 @@ for size in %r:
     line = codec.encode_line(codec.encode(5, payload, seq=3))
     print(size, count(lambda: codec.decode(codec.decode_line(line[1:-1]))) - base,
           count(lambda: codec.encode_line(codec.encode(5, payload, None, None, 3, 0, True))) - base)
-from array import array
-from shared import ngram
-slots, nmin, nmax = 4096, %d, %d
-held = array("H", range(1, nmax + 1))
-h, g = ngram.hashes(held, nmax, nmax)
-body = bytearray(4 * slots)
-body[4 * (h & (slots - 1)):4 * (h & (slots - 1)) + 4] = bytes((g & 255, g >> 8, 10, 0))
-with open("/ngram-cost.ngt", "wb") as f:
-    f.write(ngram.header(nmin, nmax, slots, 1, 512))
-    f.write(body)
-t = ngram.Table(open("/ngram-cost.ngt", "rb"))
-other = array("H", range(100, 100 + nmax))
-print("lookup", count(lambda: t.get(held, nmax)) - base, count(lambda: t.get(other, nmax)) - base,
-      t.get(held, nmax), t.get(other, nmax))
-t.close()
-import os
-os.remove("/ngram-cost.ngt")
-""" % (SIZES, NMIN, NMAX)
+""" % (SIZES,)
 
 
-def measure() -> tuple[dict[int, tuple[int, int]], tuple[int, int]]:
-    """{payload bytes: (instructions to decode the request line, to encode the reply line)}, and the instructions
-    of an n-gram lookup held at the longest context and of one held at none."""
+def measure() -> dict[int, tuple[int, int]]:
+    """{payload bytes: (instructions to decode the request line, to encode the reply line)}."""
     from specmesh.host.emulator import make_board
 
     mpremote = str(Path(sys.executable).with_name("mpremote"))
@@ -74,10 +53,7 @@ def measure() -> tuple[dict[int, tuple[int, int]], tuple[int, int]]:
     if out.returncode:
         raise SystemExit("the virtual ESP32-C3 did not run the count: %s" % out.stderr.strip().splitlines()[-1:])
     rows = [line.split() for line in out.stdout.splitlines() if line.split() and line.split()[0].isdigit()]
-    lookup = [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("lookup ")]
-    if not lookup or lookup[0][2:] != ["9", "-1"]:
-        raise SystemExit("the virtual ESP32-C3's n-gram lookups went wrong: %r" % out.stdout[-300:])
-    return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}, (int(lookup[0][0]), int(lookup[0][1]))
+    return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
 
 
 def fit(counts: dict[int, tuple[int, int]]) -> tuple[float, float]:
@@ -88,13 +64,11 @@ def fit(counts: dict[int, tuple[int, int]]) -> tuple[float, float]:
 
 
 def main() -> None:
-    counts, (hit, miss) = measure()
+    counts = measure()
     for size, (dec, enc) in sorted(counts.items()):
         print("payload %4d B: decode %7d, encode %7d instructions" % (size, dec, enc))
     fixed, per_byte = fit(counts)
     print("fixed %.0f instructions a request and reply, %.0f per frame byte" % (fixed, per_byte))
-    print("n-gram lookup: %d instructions held at %d tokens, %d held at none (%d slot reads)" % (
-        hit, NMAX, miss, NMAX - NMIN + 1))
 
 
 if __name__ == "__main__":

@@ -59,6 +59,9 @@ Sources:
 [FRAME]   Measured: `python -m specmesh.tools.frame_cost` (a virtual ESP32-C3 under QEMU counts the instructions of
           shared/codec.py decoding a request line and encoding a reply line, CRC-16 in Python: binascii has no crc_hqx
           in MicroPython).
+[NGRAM]   Measured: `python -m specmesh.tools.ngram_cost` (virtual boards under QEMU, the classic ESP32's Xtensa code
+          and the ESP32-C3's RV32 code, count the instructions of shared/ngram.py's lookups in the shipped table on
+          their own filesystem).
 """
 
 from __future__ import annotations
@@ -360,10 +363,13 @@ CONSOLES = {name: _CONSOLE_LINKS[c.console, c.uart_mirror] for name, c in boardc
 # byte; taken for the Xtensa boards too (the same bytecode, assumed about as many instructions)
 NODE_FRAME_INSNS = Figure(52e3, "insn/request", "FRAME", "the fixed part of decoding a request and encoding its reply")
 NODE_FRAME_BYTE_INSNS = Figure(938.0, "insn/byte", "FRAME", "per payload byte, in or out: most of it the CRC-16")
-# A drafter board's n-gram lookup per draft (shared/ngram.py), its dearest case: a context of the shipped table's
-# 2..16 tokens held at no length, 15 slot reads from the filesystem (RV32 instructions, `python -m
-# specmesh.tools.frame_cost`; 42.1e3 when held at the longest), taken for the Xtensa boards as the frames are
-NGRAM_LOOKUP_INSNS = Figure(99.4e3, "insn/draft", "FRAME", "an n-gram table lookup held at no length (15 slot reads)")
+# A drafter board's n-gram lookup per draft (shared/ngram.py), executed: the shipped table read from the board's
+# own filesystem after every prefix of the target's greedy streams of the tuning set's 64 prompts, mean
+# instructions a lookup (`python -m specmesh.tools.ngram_cost`; median 45.2e3, 90th percentile 140e3 on the
+# Xtensa core). The table of one slot read a context length, tried from the longest down, executed 268.7e3 there
+# (it was priced at 99.4e3, its dearest case on a one-entry table, whose reads never probed past a slot).
+NGRAM_LOOKUP_INSNS = Figure(69.6e3, "insn/draft", "NGRAM", "an n-gram table lookup on an Xtensa core (classic ESP32, S3)")
+NGRAM_LOOKUP_INSNS_RV32 = Figure(73.2e3, "insn/draft", "NGRAM", "an n-gram table lookup on an RV32 core (C3, C6)")
 
 BOARDS = {b.name: b for b in (ESP32S3, ESP32, ESP32C3, ESP32C6)}
 LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, UART_921600, ESPNOW, UART_CONSOLE,
@@ -373,6 +379,11 @@ LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, UART_921600,
 def cpi_of(board: str) -> Figure:
     """The stated cycles per executed instruction of a class's core: RV32_CPI for an RV32 class, else CPI."""
     return RV32_CPI if boardclasses.BOARD_CLASSES[board].isa.startswith("rv32") else CPI
+
+
+def ngram_lookup_of(board: str) -> Figure:
+    """The executed instructions of a drafter's n-gram lookup on a class's core."""
+    return NGRAM_LOOKUP_INSNS_RV32 if boardclasses.BOARD_CLASSES[board].isa.startswith("rv32") else NGRAM_LOOKUP_INSNS
 
 
 def sources() -> list[dict]:
@@ -385,7 +396,8 @@ def sources() -> list[dict]:
                            ("host_draft_position", HOST_DRAFT_POSITION), ("freertos_tick", FREERTOS_TICK),
                            ("console_wake", CONSOLE_WAKE),
                            ("node_frame_insns", NODE_FRAME_INSNS), ("node_frame_byte_insns", NODE_FRAME_BYTE_INSNS),
-                           ("ngram_lookup_insns", NGRAM_LOOKUP_INSNS))]
+                           ("ngram_lookup_insns", NGRAM_LOOKUP_INSNS),
+                           ("ngram_lookup_insns_rv32", NGRAM_LOOKUP_INSNS_RV32))]
     for b in BOARDS.values():
         for attr in ("clock_hz", "mac_per_s", "weight_stream_bps", "flash_map_bps"):
             f = getattr(b, attr)

@@ -51,8 +51,8 @@ from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, on_romfs
 from specmesh.host.decode.orchestrator import Result, Round
 from specmesh.host.projection.calibration import Rates
 from specmesh.host.projection.costmodel import KERNELS, SRAM_BUDGET, layer_span, pass_work, weight_bytes
-from specmesh.host.projection.hardware import (BOARDS, CONSOLES, ESPNOW, HOST_DRAFT_POSITION, NGRAM_LOOKUP_INSNS,
-                                               NODE_FRAME_BYTE_INSNS, NODE_FRAME_INSNS, Board, Link, cpi_of)
+from specmesh.host.projection.hardware import (BOARDS, CONSOLES, ESPNOW, HOST_DRAFT_POSITION, NODE_FRAME_BYTE_INSNS,
+                                               NODE_FRAME_INSNS, Board, Link, cpi_of, ngram_lookup_of)
 from specmesh.shared.codec import line_size
 from specmesh.shared.messages import pack_begin
 from specmesh.shared.modelfile import Header
@@ -198,7 +198,7 @@ class Projector:
         if self.drafter_on_host:
             return [HOST_DRAFT_POSITION.value] * n
         b = self.drafter_board
-        lookup = NGRAM_LOOKUP_INSNS.value * cpi_of(b.name).value / b.clock_hz.value if self.drafter_table else 0.0
+        lookup = ngram_lookup_of(b.name).value * cpi_of(b.name).value / b.clock_hz.value if self.drafter_table else 0.0
         return [self.draft_pass(pos + i) + lookup for i in range(n)]
 
     def reprime_seconds(self, r: Round) -> float:
