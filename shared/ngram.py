@@ -15,8 +15,9 @@ The file (`<drafter>.ngt` beside the drafter's model file; docs/CONTRACTS.md sec
 
 The contexts held are suffix-closed: every shorter context of one held (its newest tokens, nmin or more) is held
 too, as a MARK where it has no token of its own. A lookup therefore walks the lengths up from nmin and stops at the
-first one not held, with the token of the longest held so far: 5.0 lengths a lookup on the tuning prompts (7.3
-reads), where trying every length from nmax down tried 13.9, each a chain of one-slot reads (docs/bench/ngram.md).
+first one not held, with the token of the longest held so far: 6.0 lengths a lookup on the tuning prompts (6.4
+reads, contexts of 2..32), where trying every length of 2..16 from the longest down tried 13.9, each a chain of
+one-slot reads (docs/bench/ngram.md).
 A context's slot is its hash's low bits, then the next ones (linear probing) up to an empty slot; a slot is the
 context's when its check matches. Both hashes are polynomials over the tokens read backwards from the newest, modulo
 primes small enough that every intermediate stays a MicroPython small int, so that each longer context's hashes

@@ -31,7 +31,7 @@ from specmesh.shared.ngram import CHUNK, MARK, SLOT_SIZE, hashes, header, parse_
 
 PROMPT_LENGTHS = (4, 8, 12, 16, 24, 32, 48)  # tokens of each paragraph's opening that the target continues
 CONTINUE = 64  # greedy tokens a continuation
-NMIN, NMAX = 2, 16  # context lengths the table keys on
+NMIN, NMAX = 2, 32  # context lengths the table keys on
 MIN_COUNT = 2  # times a context must have been seen
 MIN_SHARE = 0.6  # of them, the share its most frequent next token must have
 LOAD = 0.7  # the most entries a table holds per slot (linear probing stays short)
