@@ -1,16 +1,21 @@
-"""Context-lookup drafts (host/decode/lookup.py): a greedy stream's plain rounds verify tokens copied from its own
-history when the gamma controller says they pay. The text stays the plain run's, the drafter's alpha counts its
-own drafts only, a copied round is priced without the drafter, and sampled or fixed-gamma runs copy nothing."""
+"""Context-lookup drafts (host/decode/lookup.py): a greedy stream's plain rounds verify tokens copied from its
+drafter's n-gram table or its own history when the gamma controller says they pay. The text stays the plain run's,
+the drafter's alpha counts its own drafts only, a copied round is priced without the drafter, and sampled or
+fixed-gamma runs copy nothing."""
+
+import io
 
 import pytest
 from scripted_drafter import Scripted, random_target
 
 from specmesh.host.backends import LocalVerifier, SessionParams
 from specmesh.host.decode.gamma import GammaController
-from specmesh.host.decode.lookup import MIN_MATCH, continuation
+from specmesh.host.decode.lookup import MIN_MATCH, continuation, table_continuation
 from specmesh.host.decode.orchestrator import Observer, Round, generate
 from specmesh.host.projection.rounds import PLAIN_BODY, Projector
 from specmesh.shared import messages as m
+from specmesh.shared import ngram
+from specmesh.tools import ngram as builder
 from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header
 
 PROMPT = [3, 1, 4, 1, 5]
@@ -88,6 +93,34 @@ def test_a_looping_stream_verifies_copies_and_keeps_the_plain_text(target):
     assert r.accepted == 0 and r.alpha in (None, 0.0)
     assert r.lookup_drafts == sum(x.gamma for x in copied)
     assert sum(r.gamma_hist.values()) == len(r.rounds) and r.gamma_hist.get(0, 0) >= len(copied)
+
+
+def test_a_table_chain_is_its_tokens_while_it_holds_one():
+    table = ngram.Table(io.BytesIO(builder.table_bytes({(1, 2): 3, (2, 3): 4, (3, 4): 9}, 2, 4)))
+    assert table_continuation(table, [0, 1, 2], 5) == [3, 4, 9]  # then (4, 9) is not held
+    assert table_continuation(table, [0, 1, 2], 2) == [3, 4]
+    assert table_continuation(table, [7, 7], 5) == []
+
+
+def test_copies_come_from_the_drafters_table_first_and_keep_the_plain_text(target):
+    """A drafter whose n-gram table holds the target's own continuations (as the classic ESP32's does): plain rounds
+    verify the table's chain, which that drafter would draft, before any copy of the stream's history."""
+    plain = generate(PROMPT, LocalVerifier(target), None, GREEDY, 96)
+    seq = PROMPT + plain.tokens
+    seen: dict[tuple[int, ...], set[int]] = {}
+    for i in range(len(PROMPT), len(seq)):
+        seen.setdefault(tuple(seq[i - 3:i]), set()).add(seq[i])
+    entries = {c: next(iter(t)) for c, t in seen.items() if len(t) == 1}  # contexts the target continued one way
+    history = generate(PROMPT, LocalVerifier(target), wrong(target), GREEDY, 96, GammaController(),
+                       Observer(costs=bus_bound))
+    drafter = wrong(target)
+    drafter.table = ngram.Table(io.BytesIO(builder.table_bytes(entries, 3, 3, reach=len(seq))))
+    r = generate(PROMPT, LocalVerifier(target), drafter, GREEDY, 96, GammaController(), Observer(costs=bus_bound))
+    assert r.tokens == plain.tokens
+    assert r.lookup_accepted > history.lookup_accepted
+    first = next(x for x in r.rounds if x.lookup)  # its drafts: the table's chain from the stream there
+    chain = table_continuation(drafter.table, seq[:first.pos0], 96)
+    assert len(chain) >= first.gamma and seq[first.pos0:first.pos0 + first.n_accepted] == chain[:first.n_accepted]
 
 
 def test_sampled_and_fixed_gamma_runs_copy_nothing(target):

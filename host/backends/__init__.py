@@ -327,7 +327,7 @@ class LocalVerifier(LocalRole):
 UNSURE_MARGIN = 1 << 14
 
 
-def _ngram_table(model_path) -> ngram.Table | None:
+def load_ngram_table(model_path) -> ngram.Table | None:
     """The n-gram table beside a drafter's model file (host/layout.py ngram_table), read whole, or None."""
     from specmesh.host.layout import ngram_table
 
@@ -355,7 +355,7 @@ class LocalDrafter(LocalRole):
     def __init__(self, model_path, stream: EngineStream | None = None, stop_margin: int = 0, **options):
         super().__init__(model_path, stream, **options)
         self.stop_margin = stop_margin
-        self.table = _ngram_table(model_path)
+        self.table = load_ngram_table(model_path)
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
         super().begin(params, prompt)

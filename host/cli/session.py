@@ -199,7 +199,18 @@ class Setup(contextlib.ExitStack):
                 raise UsageError(unknown_backend(kind, name) or name)
             backend = fac(self.config.model_file(kind), name=name, boards=self, stop_margin=self._stop_margin(kind))
         self.callback(backend.close)
+        if kind == "drafter" and not hasattr(backend, "table"):
+            backend.table = self._board_table(backend)
         return backend
+
+    def _board_table(self, drafter):
+        """The n-gram table of the model a drafter board runs (the file its HELLO names, beside the one given, else
+        the one given), read on the host: `specmesh flash` put the same file beside it, and the decode loop copies
+        its tokens, which that board would draft, into plain rounds (host/decode/lookup.py). None without one."""
+        given = self.config.model_file("drafter")
+        name = running_model(drafter)
+        path = given.parent / name if name and (given.parent / name).is_file() else given
+        return backends.load_ngram_table(path)
 
     def _native(self, kind: str) -> bool:
         """Whether this host runs `kind`'s model on the board's engine in a process (host/backends/pipeengine.py):

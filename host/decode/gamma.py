@@ -56,9 +56,10 @@ that ran past it would delay the next round, and the projection prices a shadowe
 shadow) (host/projection/rounds.py). Sampled runs have none, so they stay as they were.
 
 Copied drafts (greedy runs, gamma auto; host/decode/lookup.py): a round chosen plain verifies tokens copied from
-the stream's own history instead when `lookup_length` says they pay: their expected tokens (at `lookup_alpha`,
-LOOKUP_PRIOR and the stream's own copies, apart from the drafter's alpha) per second of the verify of that many
-positions beat a plain round's. Nothing is drafted for them, so no drafter cost enters (a shadow beside them is
+the drafter's n-gram table or the stream's own history instead when `lookup_length` says they pay: their expected
+tokens (at `lookup_alpha`: LOOKUP_PRIOR, or TABLE_LOOKUP_PRIOR where the drafter's table gives copies first, and the
+stream's own copies, apart from the drafter's alpha) per second of the verify of that many positions beat a plain
+round's. Nothing is drafted for them, so no drafter cost enters (a shadow beside them is
 the drafter's alpha evidence, as in any plain round); `observe(lookup=True)` gives the verify fit the round's size
 and leaves the drafter's estimates as after a plain round.
 
@@ -101,6 +102,11 @@ UNINFORMED_WEIGHT = 2.0  # Beta(1, 1)'s weight: what a measured prior keeps howe
 # tokens right on the tuning set's greedy targets, worth LOOKUP_WEIGHT tested drafts (0.6 and 0.9 projected within
 # 0.01x of it on the tuning set)
 LOOKUP_PRIOR = 0.75
+# copies from the drafter's n-gram table first (`table_copies`): the table's token was the target's 88.5% of the
+# times it held the tuning set's greedy streams. Chosen on the tuning set's 64 prompts (the classic-ESP32 drafter
+# board, `python -m specmesh.tools.bench projection`'s costs): 0.8 / 0.85 / 0.9 / 0.95 projected 1.696x / 1.705x /
+# 1.725x / 1.714x, worst 1.187x / 1.198x / 1.168x / 1.176x (the history's 0.75: 1.678x / 1.187x)
+TABLE_LOOKUP_PRIOR = 0.9
 LOOKUP_WEIGHT = 4.0
 
 
@@ -204,6 +210,7 @@ class GammaController:
     # context-lookup drafts (host/decode/lookup.py): a greedy stream's plain rounds may verify drafts copied from
     # the stream (`copying`; gamma auto only), whose acceptance is estimated apart from the drafter's
     copying: bool = True
+    table_copies: bool = False  # the drafter's n-gram table gives copies first (its prior: TABLE_LOOKUP_PRIOR)
     lookup_hits: float = 0.0
     lookup_trials: float = 0.0
 
@@ -366,8 +373,10 @@ class GammaController:
 
     @property
     def lookup_alpha(self) -> float:
-        """Acceptance of context-lookup drafts: LOOKUP_PRIOR and this stream's decayed evidence."""
-        return (self.lookup_hits + LOOKUP_PRIOR * LOOKUP_WEIGHT) / (self.lookup_trials + LOOKUP_WEIGHT)
+        """Acceptance of context-lookup drafts: LOOKUP_PRIOR (TABLE_LOOKUP_PRIOR for a drafter's table's) and this
+        stream's decayed evidence."""
+        prior = TABLE_LOOKUP_PRIOR if self.table_copies else LOOKUP_PRIOR
+        return (self.lookup_hits + prior * LOOKUP_WEIGHT) / (self.lookup_trials + LOOKUP_WEIGHT)
 
     def lookup_length(self, cap: int) -> int:
         """Copied drafts worth sending in a round that would otherwise be plain, at most `cap` (0: none pays):

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from specmesh.host.backends import BackendError, Draft, Drafter, Pending, SessionParams, Verifier
 from specmesh.host.decode.gamma import GammaController
-from specmesh.host.decode.lookup import continuation
+from specmesh.host.decode.lookup import continuation, table_continuation
 from specmesh.host.decode.window import Window
 from specmesh.shared.messages import draft_size
 from specmesh.shared.rule import ONE
@@ -247,6 +247,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     costs = observer.costs
     controller = _primed(controller or GammaController(), costs if drafter and observer.costs_known else None, prompt,
                          params, shadowing=drafter is not None and params.greedy, by_shape=observer.verify_by_shape)
+    controller.table_copies = getattr(drafter, "table", None) is not None
     max_seq = verifier.max_seq
     if len(prompt) >= max_seq:
         raise ValueError("the prompt has %d tokens but the context holds %d" % (len(prompt), max_seq))
@@ -384,7 +385,8 @@ class _DrafterSide:
         stream (`_copied`: the drafter drafts none of them, its shadow block goes beside them)."""
         c, f, drafter, window = self.controller, self.failover, self.drafter, self.window
         self.path = Draft(len(committed))
-        copied = _copied(c, committed, room) if drafter and not gamma and self.params.greedy else []
+        copied = _copied(c, committed, room, getattr(drafter, "table", None)) if (
+            drafter and not gamma and self.params.greedy) else []
         want = gamma == 0 and room > 0 and drafter is not None and c.shadowing and c.shadows()
         block = min(1 + c.shadow_ahead, room + 1) if want else 0
         drafter, n, reprime = f.windowed(drafter, window, self.params, committed, gamma or block)
@@ -438,12 +440,15 @@ class _DrafterSide:
         self.path = Draft(length, path.tokens[len(new):], path.q[len(new):]) if hit else Draft(length)
 
 
-def _copied(controller: GammaController, committed: list[int], room: int) -> list[int]:
-    """The drafts a plain round sends instead, copied from the stream (host/decode/lookup.py), as many as the
-    controller says pay ([] when none do, or the stream's last tokens never occurred before). The stream is
-    searched only when some copy could pay (on a host verifier a plain round is a few tenths of a ms, and a
-    search of 500 tokens 0.05-0.07 ms)."""
-    block = continuation(committed, room) if controller.lookup_length(room) else []
+def _copied(controller: GammaController, committed: list[int], room: int, table=None) -> list[int]:
+    """The drafts a plain round sends instead, copied from the drafter's n-gram table (`table`: its tokens where it
+    holds the stream's last ones, which that drafter would draft) or else from the stream (host/decode/lookup.py),
+    as many as the controller says pay ([] when none do, or neither holds anything). They are searched only when some
+    copy could pay (on a host verifier a plain round is a few tenths of a ms, and a search of 500 tokens 0.05-0.07
+    ms)."""
+    if not controller.lookup_length(room):
+        return []
+    block = (table_continuation(table, committed, room) if table is not None else []) or continuation(committed, room)
     return block[:controller.lookup_length(len(block))] if block else []
 
 
