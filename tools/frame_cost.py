@@ -1,7 +1,7 @@
-"""The node's own Python per request and per n-gram lookup, in instructions: a virtual ESP32-C3 (MicroPython's RV32
-code under QEMU, `-icount shift=0`: time.ticks_cpu() counts executed instructions) decodes request lines and encodes
-reply lines with shared/codec.py as a node does (the CRC-16 in Python: MicroPython's binascii has no crc_hqx), for
-payloads of two sizes; a fixed part and one per frame byte fit both (host/projection/hardware.py NODE_FRAME_INSNS,
+"""The node's own Python per request, in instructions: a virtual ESP32-C3 (MicroPython's RV32 code under QEMU,
+`-icount shift=0`: time.ticks_cpu() counts executed instructions) decodes request lines and encodes reply lines
+with shared/codec.py as a node does (the CRC-16 in Python: MicroPython's binascii has no crc_hqx), for payloads of
+two sizes; a fixed part and one per frame byte fit both (host/projection/hardware.py NODE_FRAME_INSNS,
 NODE_FRAME_BYTE_INSNS keep the figures). A drafter's n-gram lookups are tools/ngram_cost.py's.
 
     python -m specmesh.tools.frame_cost

@@ -38,11 +38,22 @@ LOAD = 0.7  # the most entries a table holds per slot (linear probing stays shor
 OUT = MODELS / "drafter-esp32.ngt"
 
 
+def greedy_stream(eng, prompt: Sequence[int], new: int) -> list[int]:
+    """`prompt` and the `new` tokens the engine's model (host/backends/engine.py Engine) continues it with greedily."""
+    from specmesh.host.backends.engine import argmax
+
+    seq = list(prompt)
+    eng.reset()
+    logits = eng.forward(seq, 0)
+    for _ in range(new):
+        seq.append(argmax(logits[-1]))
+        logits = eng.forward(seq[-1:], len(seq) - 1)
+    return seq
+
+
 def continuations(stories: Sequence[str], lengths: Sequence[int] = PROMPT_LENGTHS, new: int = CONTINUE,
                   target: Path = MODELS / TARGET_FILE) -> list[tuple[int, list[int]]]:
     """(prompt length, prompt + the target's `new` greedy tokens) for each story long enough, each length."""
-    import numpy as np
-
     from specmesh.host.backends.engine import Engine
     from specmesh.host.decode.tokenizer import Tokenizer
 
@@ -52,15 +63,8 @@ def continuations(stories: Sequence[str], lengths: Sequence[int] = PROMPT_LENGTH
     for s in stories:
         ids = tok.encode(s)
         for n in lengths:
-            if len(ids) < n + 4:
-                continue
-            seq = list(ids[:n])
-            eng.reset()
-            logits = eng.forward(seq, 0)
-            for _ in range(new):
-                seq.append(int(np.argmax(logits[-1])))
-                logits = eng.forward(seq[-1:], len(seq) - 1)
-            out.append((n, seq))
+            if len(ids) >= n + 4:
+                out.append((n, greedy_stream(eng, ids[:n], new)))
     return out
 
 

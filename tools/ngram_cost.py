@@ -22,6 +22,7 @@ from pathlib import Path
 
 from specmesh.host.layout import MODELS, ROOT, TARGET_FILE, ngram_table
 from specmesh.tools.heldout import PROMPT_SETS, prompt_set
+from specmesh.tools.ngram import greedy_stream
 
 NEW = 64  # greedy tokens after each prompt (tools/bench/projection.py NEW)
 BOARDS = {"esp32": "xtensa", "esp32c3": "rv32"}  # class -> the ISA its virtual board executes
@@ -62,20 +63,12 @@ os.remove("/lookup-cost.ngt")
 
 def streams(set_name: str, n: int) -> list[tuple[int, list[int]]]:
     """(prompt length, prompt + the int8 target's NEW greedy tokens) for the set's first n prompts."""
-    from specmesh.host.backends.engine import Engine, argmax
+    from specmesh.host.backends.engine import Engine
     from specmesh.host.decode.tokenizer import Tokenizer
 
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
     eng = Engine(MODELS / TARGET_FILE)
-    out = []
-    for p in prompt_set(set_name, MODELS, tok, n):
-        eng.reset()
-        logits, seq = eng.forward(p), list(p)
-        for _ in range(NEW):
-            seq.append(argmax(logits[-1]))
-            logits = eng.forward(seq[-1:])
-        out.append((len(p), seq))
-    return out
+    return [(len(p), greedy_stream(eng, p, NEW)) for p in prompt_set(set_name, MODELS, tok, n)]
 
 
 def measure(board: str, table: Path, seqs: Sequence[tuple[int, list[int]]]) -> tuple[list[int], list[int]]:

@@ -376,14 +376,18 @@ LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, UART_921600,
                                       TINYUSB_CDC_UART0, USB_SERIAL_JTAG_UART0)}
 
 
+def _rv32(board: str) -> bool:
+    return boardclasses.BOARD_CLASSES[board].isa.startswith("rv32")
+
+
 def cpi_of(board: str) -> Figure:
     """The stated cycles per executed instruction of a class's core: RV32_CPI for an RV32 class, else CPI."""
-    return RV32_CPI if boardclasses.BOARD_CLASSES[board].isa.startswith("rv32") else CPI
+    return RV32_CPI if _rv32(board) else CPI
 
 
 def ngram_lookup_of(board: str) -> Figure:
     """The executed instructions of a drafter's n-gram lookup on a class's core."""
-    return NGRAM_LOOKUP_INSNS_RV32 if boardclasses.BOARD_CLASSES[board].isa.startswith("rv32") else NGRAM_LOOKUP_INSNS
+    return NGRAM_LOOKUP_INSNS_RV32 if _rv32(board) else NGRAM_LOOKUP_INSNS
 
 
 def sources() -> list[dict]:

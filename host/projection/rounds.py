@@ -148,7 +148,8 @@ class Projector:
         self.drafter = drafter
         self.transport = transport
         self.drafter_on_host = drafter_on_host
-        self.drafter_table = drafter_table  # the drafter board looks each draft up in an n-gram table (shared/ngram.py)
+        b = self.drafter_board  # with a table, each draft's n-gram lookup on it (shared/ngram.py), in seconds
+        self.lookup_s = ngram_lookup_of(b.name).value * cpi_of(b.name).value / b.clock_hz.value if drafter_table else 0.0
         self.pipelined = not drafter_on_host and transport == "serial"
         gateway = CONSOLES[self.drafter_board.name]  # the drafter board is the gateway on ESP-NOW
         self.links: dict[str, tuple[Link, ...]] = {
@@ -197,9 +198,7 @@ class Projector:
         """Seconds of n one-position drafter passes from position pos on (on the host: HOST_DRAFT_POSITION)."""
         if self.drafter_on_host:
             return [HOST_DRAFT_POSITION.value] * n
-        b = self.drafter_board
-        lookup = ngram_lookup_of(b.name).value * cpi_of(b.name).value / b.clock_hz.value if self.drafter_table else 0.0
-        return [self.draft_pass(pos + i) + lookup for i in range(n)]
+        return [self.draft_pass(pos + i) + self.lookup_s for i in range(n)]
 
     def reprime_seconds(self, r: Round) -> float:
         """Seconds of round r's re-prime of the drafter's window (0 without one): its BEGIN exchange (the ACK is

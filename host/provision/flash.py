@@ -521,8 +521,9 @@ def _table(role: str, model: Path, files: dict[str, Path]) -> str | None:
     table = ngram_table(model) if role == "drafter" else None
     if table is None:
         return None
-    files[f"{MODEL_DIR}/{table.name}"] = table
-    return f"{MODEL_DIR}/{table.name}".lstrip("/")
+    dest = f"{MODEL_DIR}/{table.name}"
+    files[dest] = table
+    return dest.lstrip("/")
 
 
 def _configure(config: dict, info: BoardInfo, role: str, node_id: int | None, model: str,
