@@ -33,12 +33,13 @@ def host_drafter_model(models: Path) -> Path:
 
 
 def ngram_table_name(model_name: str) -> str:
-    """The file name of a drafter's n-gram table (shared/ngram.py): its model's, ending .ngt."""
+    """The file name of a model's n-gram table (shared/ngram.py): its model's, ending .ngt (a drafter's, or the
+    target's whose chains the host copies: tools/ngram.py)."""
     return str(Path(model_name).with_suffix(".ngt"))
 
 
 def ngram_table(model: Path) -> Path | None:
-    """The n-gram table beside the drafter model file `model`, or None where it has none."""
+    """The n-gram table beside the model file `model`, or None where it has none."""
     table = Path(model).with_name(ngram_table_name(Path(model).name))
     return table if table.is_file() else None
 

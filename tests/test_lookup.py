@@ -102,9 +102,9 @@ def test_a_table_chain_is_its_tokens_while_it_holds_one():
     assert table_continuation(table, [7, 7], 5) == []
 
 
-def test_copies_come_from_the_drafters_table_first_and_keep_the_plain_text(target):
-    """A drafter whose n-gram table holds the target's own continuations (as the classic ESP32's does): plain rounds
-    verify the table's chain, which that drafter would draft, before any copy of the stream's history."""
+def test_copies_come_from_the_targets_table_first_and_keep_the_plain_text(target):
+    """A drafter whose `copies` is a table of the target's own continuations (the target's beside a drafter with a
+    table of its own): plain rounds verify the table's chain before any copy of the stream's history."""
     plain = generate(PROMPT, LocalVerifier(target), None, GREEDY, 96)
     seq = PROMPT + plain.tokens
     seen: dict[tuple[int, ...], set[int]] = {}
@@ -114,12 +114,12 @@ def test_copies_come_from_the_drafters_table_first_and_keep_the_plain_text(targe
     history = generate(PROMPT, LocalVerifier(target), wrong(target), GREEDY, 96, GammaController(),
                        Observer(costs=bus_bound))
     drafter = wrong(target)
-    drafter.table = ngram.Table(io.BytesIO(builder.table_bytes(entries, 3, 3, reach=len(seq))))
+    drafter.copies = ngram.Table(io.BytesIO(builder.table_bytes(entries, 3, 3, reach=len(seq))))
     r = generate(PROMPT, LocalVerifier(target), drafter, GREEDY, 96, GammaController(), Observer(costs=bus_bound))
     assert r.tokens == plain.tokens
     assert r.lookup_accepted > history.lookup_accepted
     first = next(x for x in r.rounds if x.lookup)  # its drafts: the table's chain from the stream there
-    chain = table_continuation(drafter.table, seq[:first.pos0], 96)
+    chain = table_continuation(drafter.copies, seq[:first.pos0], 96)
     assert len(chain) >= first.gamma and seq[first.pos0:first.pos0 + first.n_accepted] == chain[:first.n_accepted]
 
 

@@ -105,13 +105,39 @@ def test_malformed_tables_are_refused_with_what_is_wrong(data, message):
         ngram.Table(io.BytesIO(data))
 
 
-def test_the_builder_keeps_consistent_contexts_seen_often_enough():
-    seqs = [(2, [1, 2, 3, 4, 5]), (2, [1, 2, 3, 4, 6]), (2, [9, 2, 3, 4, 5]), (3, [7, 7, 7, 7])]
-    got = builder.entries(seqs, nmin=2, nmax=3, min_count=2, min_share=0.6)
-    assert got[(2, 3)] == 4 and got[(3, 4)] == 5  # 3 of 3 times, 2 of 3
-    assert (9, 2, 3) not in got  # seen once
-    assert (7, 7) not in got  # once after the prompt (the prompt's own tokens are not the target's)
-    assert (3, 4) not in builder.entries(seqs, nmin=2, nmax=3, min_count=2, min_share=0.7)
+def test_the_builder_keeps_a_context_where_its_token_beats_the_drafter():
+    # (2, 3) is followed by 4 three times, where the drafter was wrong; (5, 6) by 7 three times, where it was right
+    seqs = [(2, [1, 2, 3, 4]), (2, [8, 2, 3, 4]), (2, [9, 2, 3, 4]), (2, [1, 5, 6, 7])] + [(2, [8, 5, 6, 7])] * 2
+    right = [[False, False, True, False]] * 3 + [[False, False, True, True]] * 3
+    got, = builder.entries(seqs, [right], nmin=2, nmax=3, min_share=0.6, min_gain=2)
+    assert got == {(2, 3): 4}  # (5, 6): the drafter already drafts its 7; the prompts' tokens are not counted
+    assert builder.entries(seqs, [right], nmin=2, nmax=3, min_share=0.6, min_gain=4) == [{}]  # 3 better, not 4
+    mixed = seqs + [(2, [7, 2, 3, 9])] * 2
+    assert (2, 3) not in builder.entries(mixed, [right + [[False] * 4] * 2], nmin=2, nmax=3, min_share=0.7,
+                                         min_gain=1)[0]  # 4 three times of five
+
+
+def test_the_table_drafts_its_source_better_than_the_drafter_by_its_gains():
+    """Each entry is decided against what a lookup gave without it, shortest first, so on the streams it was built
+    from the drafter with the table drafts right at least MIN_GAIN more tokens an entry than the drafter alone."""
+    rng = random.Random(7)
+    seqs, right = [], []
+    for _ in range(300):
+        seq = [rng.randrange(3)]
+        for _ in range(14):  # a little language: the next token mostly follows from the last two
+            seq.append((seq[-1] + (seq[-2] if len(seq) > 1 else 0)) % 5 if rng.random() < 0.8 else rng.randrange(5))
+        seqs.append((2, seq))
+        right.append([rng.random() < 0.5 for _ in seq])
+    for min_gain in (1, 3):
+        table, = builder.entries(seqs, [right], nmin=2, nmax=5, min_share=0.6, min_gain=min_gain)
+        t = ngram.Table(io.BytesIO(builder.table_bytes(table, 2, 5, reach=15)))
+        alone = with_table = 0
+        for (start, seq), hit in zip(seqs, right):
+            for i in range(start, len(seq)):
+                k = t.get(seq, i)
+                alone += hit[i]
+                with_table += k == seq[i] if k >= 0 else hit[i]
+        assert len(table) > 10 and with_table - alone >= min_gain * len(table), (min_gain, len(table))
 
 
 @pytest.fixture(scope="module")
@@ -184,8 +210,23 @@ def test_a_malformed_table_is_one_line_and_the_node_stays_idle(micropython, mode
 
 def test_the_builder_leaves_out_contexts_a_shorter_one_answers_the_same():
     seqs = [(2, [1, 2, 3, 4]), (2, [1, 2, 3, 4]), (2, [5, 2, 3, 4]), (2, [5, 2, 3, 4]), (2, [6, 2, 3, 9])] * 2
-    full = builder.entries(seqs, nmin=2, nmax=3, min_count=2, min_share=0.6)
+    full, = builder.entries(seqs, [[[False] * 4] * len(seqs)], nmin=2, nmax=3, min_share=0.6, min_gain=2)
     assert {k: v for k, v in full.items() if k[-1] == 3} == {(2, 3): 4, (6, 2, 3): 9}  # (1, 2, 3), (5, 2, 3): 4
     # as (2, 3) gives: left out
     t = ngram.Table(io.BytesIO(_table(full, nmin=2, nmax=3)))
     assert [t.get(c, 3) for c in ([1, 2, 3], [5, 2, 3], [6, 2, 3], [7, 2, 3])] == [4, 4, 9, 4]
+
+
+def test_a_drafter_with_a_table_copies_from_the_targets_table_beside_it(models, tmp_path):
+    """The host copies chains into plain rounds from the target's table (host/decode/lookup.py), only for a drafter
+    that drafts from a table of its own."""
+    for f in (TARGET_FILE, DRAFTER_FILE):
+        shutil.copy(models / f, tmp_path / f)
+    (tmp_path / ngram_table_name(TARGET_FILE)).write_bytes(_table(ENTRIES))
+    bare = LocalDrafter(tmp_path / DRAFTER_FILE)
+    bare.close()
+    assert bare.table is None and bare.copies is None
+    (tmp_path / ngram_table_name(DRAFTER_FILE)).write_bytes(_table({(1, 2): 3}))
+    d = LocalDrafter(tmp_path / DRAFTER_FILE)
+    d.close()
+    assert (d.table.get([1, 2], 2), d.copies.get([1, 2], 2)) == (3, 7)

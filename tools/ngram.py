@@ -1,18 +1,25 @@
-"""Build a drafter's n-gram table (shared/ngram.py) from the target's own greedy continuations.
+"""Build the board drafters' n-gram tables (shared/ngram.py), and the target's, from its own greedy continuations.
 
 The target (int8, host/backends/engine.py: the numbers every runtime computes) continues the opening of each
 TinyStories training paragraph (models/tinystories_train_head.txt; none of the held-out prompts) at several
 prompt lengths, greedily, for CONTINUE tokens. Each context of NMIN..NMAX tokens before a continued token is
-counted with the token that followed it; a context is kept when it was seen at least MIN_COUNT times and one
-token followed it at least MIN_SHARE of them (that token is its entry), unless a lookup would give that token
-without it (a shorter context held gives the same). The file then holds each kept context's shorter ones too,
+counted with the token that followed it, and with how often the drafter's own argmax there was that token. A
+context is kept when one token followed it at least MIN_SHARE of the times (that token is its entry) and the entry
+would have drafted at least MIN_GAIN more of its continued tokens right than what a lookup gives without it: the
+longest shorter context held, else the drafter itself. So a drafter's table spends its slots where its drafter is
+wrong, and never overrides it where it is right as often: each drafter gets a table of its own (`<drafter>.ngt`,
+flashed beside it). The target's (`target.ngt`, on the host only) is counted as if no drafter drafted anything
+right: the host copies its chains into the plain rounds of a drafter with a table (host/decode/lookup.py), where a
+drafter's own table breaks off wherever its drafter is right. Each file holds each kept context's shorter ones too,
 as marks where they have no token (suffix-closed: a lookup walks the lengths up and stops at the first not held).
-Chosen on the tuning set's prompts (tools/heldout.py) with the classic ESP32's drafter, models/MODEL_CARD.md.
+Chosen on the tuning set's prompts (tools/heldout.py), docs/bench/ngram.md.
 
-The continuations are a pure function of the shipped target and the text, so a re-run rebuilds the same table.
-About fifteen minutes on 2 cores (one worker process a core).
+The continuations and the drafters' argmaxes are a pure function of the shipped models and the text, so a re-run
+rebuilds the same tables. The models run in the board's engine and native kernels on the host where they can
+(host/backends/pipeengine.py: about two minutes on 2 cores), else in the numpy engine (the same integers, about an
+hour); counting the contexts takes about seven minutes more and 10 GB of memory.
 
-    python -m specmesh.tools.ngram [--out models/drafter-esp32.ngt] [--workers 2]
+    python -m specmesh.tools.ngram [--drafter models/drafter-esp32.spm ...] [--workers 2]
 """
 
 from __future__ import annotations
@@ -21,21 +28,40 @@ import argparse
 import os
 import struct
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from specmesh.host import atomic
-from specmesh.host.layout import MODELS, TARGET_FILE
+from specmesh.host.boardclasses import ESP32, ESP32S3
+from specmesh.host.layout import MODELS, TARGET_FILE, ngram_table_name
 from specmesh.shared.ngram import CHUNK, MARK, SLOT_SIZE, hashes, header, parse_header
 
-PROMPT_LENGTHS = (4, 8, 12, 16, 24, 32, 48)  # tokens of each paragraph's opening that the target continues
+PROMPT_LENGTHS = tuple(range(4, 49, 2))  # tokens of each paragraph's opening that the target continues
 CONTINUE = 64  # greedy tokens a continuation
 NMIN, NMAX = 2, 32  # context lengths the table keys on
-MIN_COUNT = 2  # times a context must have been seen
-MIN_SHARE = 0.6  # of them, the share its most frequent next token must have
+MIN_SHARE = 0.6  # of a context's continued tokens, the share its entry must have been
+MIN_GAIN = 4  # continued tokens an entry must draft right beyond what a lookup gives without it
 LOAD = 0.7  # the most entries a table holds per slot (linear probing stays short)
-OUT = MODELS / "drafter-esp32.ngt"
+DRAFTERS = (ESP32.drafter, ESP32S3.drafter)  # the board classes' drafters: each ships with its table
+# and the target's own, counted as if no drafter drafted anything right: the host copies its chains into the plain
+# rounds of a drafter that has a table (host/decode/lookup.py); a drafter's table leaves out what its drafter drafts
+
+
+@contextmanager
+def engine(model: Path) -> Iterator:
+    """The engine of `model` (Engine's interface): the board's engine and native kernels in a process where they
+    run (host/backends/pipeengine.py), else numpy; the same integers either way."""
+    from specmesh.host.backends.engine import Engine
+    from specmesh.host.backends.pipeengine import PipeEngine
+
+    pipe = PipeEngine.start(model)
+    try:
+        yield pipe or Engine(model)
+    finally:
+        if pipe is not None:
+            pipe.close()
 
 
 def greedy_stream(eng, prompt: Sequence[int], new: int) -> list[int]:
@@ -54,41 +80,60 @@ def greedy_stream(eng, prompt: Sequence[int], new: int) -> list[int]:
 def continuations(stories: Sequence[str], lengths: Sequence[int] = PROMPT_LENGTHS, new: int = CONTINUE,
                   target: Path = MODELS / TARGET_FILE) -> list[tuple[int, list[int]]]:
     """(prompt length, prompt + the target's `new` greedy tokens) for each story long enough, each length."""
-    from specmesh.host.backends.engine import Engine
     from specmesh.host.decode.tokenizer import Tokenizer
 
     tok = Tokenizer.from_llama2c(target.parent / "tokenizer.bin")
-    eng = Engine(target)
     out = []
-    for s in stories:
-        ids = tok.encode(s)
-        for n in lengths:
-            if len(ids) >= n + 4:
-                out.append((n, greedy_stream(eng, ids[:n], new)))
+    with engine(target) as eng:
+        for s in stories:
+            ids = tok.encode(s)
+            for n in lengths:
+                if len(ids) >= n + 4:
+                    out.append((n, greedy_stream(eng, ids[:n], new)))
     return out
 
 
-def entries(seqs: Iterable[tuple[int, list[int]]], nmin: int = NMIN, nmax: int = NMAX, min_count: int = MIN_COUNT,
-            min_share: float = MIN_SHARE) -> dict[tuple[int, ...], int]:
-    """Context -> the token the table gives it, from continuations (only their continued tokens count)."""
+def hits(seqs: Iterable[tuple[int, list[int]]], drafter: Path) -> list[list[bool]]:
+    """For each stream, whether the drafter's argmax after each prefix seq[:i] is seq[i] (False at i = 0): what it
+    drafts there without a table (a greedy draft is tested only after the target's own tokens)."""
+    from specmesh.host.backends.engine import argmax
+
+    out = []
+    with engine(drafter) as eng:
+        for _start, seq in seqs:
+            eng.reset()
+            logits = eng.forward(seq[:-1], 0)
+            out.append([False] + [argmax(row) == t for row, t in zip(logits, seq[1:])])
+    return out
+
+
+def entries(seqs: Sequence[tuple[int, list[int]]], rights: Sequence[Sequence[Sequence[bool]]], nmin: int = NMIN,
+            nmax: int = NMAX, min_share: float = MIN_SHARE,
+            min_gain: int = MIN_GAIN) -> list[dict[tuple[int, ...], int]]:
+    """For each drafter, context -> the token its table gives it, from continuations (only their continued tokens
+    count) and `rights`, each drafter's hits on them (`hits`); the contexts are counted once for all."""
     seen: dict[tuple[int, ...], Counter] = defaultdict(Counter)
-    for start, seq in seqs:
+    drafter_right: list[Counter] = [Counter() for _ in rights]
+    for s, (start, seq) in enumerate(seqs):
         for i in range(max(start, nmin), len(seq)):
+            hit = [r[s][i] for r in rights]
             for n in range(nmin, min(nmax, i) + 1):
-                seen[tuple(seq[i - n:i])][seq[i]] += 1
-    kept = {}
-    for ctx, c in seen.items():
-        (token, k), = c.most_common(1)
-        total = sum(c.values())
-        if total >= min_count and k >= min_share * total:
-            kept[ctx] = token
-    # a context whose token a lookup would reach without it (the longest shorter context held) is left out:
-    # shortest first, so each one's fallback is already what the smaller table gives; lookups stay the same
-    out: dict[tuple[int, ...], int] = {}
-    for ctx in sorted(kept, key=len):
-        if next((out[ctx[-n:]] for n in range(len(ctx) - 1, nmin - 1, -1) if ctx[-n:] in out), -1) != kept[ctx]:
-            out[ctx] = kept[ctx]
-    return out
+                ctx = tuple(seq[i - n:i])
+                seen[ctx][seq[i]] += 1
+                for d, h in enumerate(hit):
+                    drafter_right[d][ctx] += h
+    # shortest first, so that each context's fallback (the longest shorter one held) is already decided
+    tables: list[dict[tuple[int, ...], int]] = [{} for _ in rights]
+    for ctx in sorted(seen, key=len):
+        c = seen[ctx]
+        (token, k), = c.most_common(1)  # one token: MIN_SHARE > 0.5 leaves no tie among those kept
+        if k < min_share * sum(c.values()):
+            continue
+        for out, right in zip(tables, drafter_right):
+            fallback = next((out[ctx[-n:]] for n in range(len(ctx) - 1, nmin - 1, -1) if ctx[-n:] in out), None)
+            if k - (right[ctx] if fallback is None else c[fallback]) >= min_gain:
+                out[ctx] = token
+    return tables
 
 
 def suffix_closed(table: dict[tuple[int, ...], int], nmin: int = NMIN) -> dict[tuple[int, ...], int]:
@@ -107,7 +152,7 @@ def table_bytes(table: dict[tuple[int, ...], int], nmin: int = NMIN, nmax: int =
     `reach`, the longest stream its contexts were counted in (past it a lookup gives nothing: the target's text
     there, its loops, is not what the table saw)."""
     table = suffix_closed(table, nmin)
-    slots = 1
+    slots = CHUNK  # at least a read's worth, so that the file's mirror of its first CHUNK - 1 slots exists
     while len(table) > LOAD * slots:
         slots *= 2
     body = bytearray(slots * SLOT_SIZE)
@@ -121,22 +166,35 @@ def table_bytes(table: dict[tuple[int, ...], int], nmin: int = NMIN, nmax: int =
     return header(nmin, nmax, slots, len(table), reach) + bytes(body) + bytes(body[:(CHUNK - 1) * SLOT_SIZE])
 
 
-def build(text: Path, workers: int) -> bytes:
+def _work(stories: Sequence[str], drafters: Sequence[Path | None]) -> tuple[list, list]:
+    """One worker's continuations and each drafter's hits on them (None: no drafter, no hits)."""
+    seqs = continuations(stories)
+    return seqs, [hits(seqs, d) if d else [[False] * len(s) for _, s in seqs] for d in drafters]
+
+
+def build(text: Path, drafters: Sequence[Path | None], workers: int) -> list[bytes]:
+    """Each drafter's table file (None: the target's), from the continuations of the paragraphs of `text`."""
     stories = [s.strip() for s in text.read_text("utf-8").split("\n\n") if s.strip()]
     with ProcessPoolExecutor(workers) as pool:  # every worker's stories in turn: the same order each run
-        seqs = [x for part in pool.map(continuations, [stories[i::workers] for i in range(workers)]) for x in part]
-    return table_bytes(entries(seqs))
+        parts = list(pool.map(_work, [stories[i::workers] for i in range(workers)], [drafters] * workers))
+    seqs = [x for p, _ in parts for x in p]
+    rights = [[h for _, hs in parts for h in hs[j]] for j in range(len(drafters))]
+    return [table_bytes(t) for t in entries(seqs, rights)]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.ngram", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--drafter", type=Path, action="append",
+                    help="a drafter model file; its table is written beside it (default: %s, and the target's table)"
+                    % ", ".join(DRAFTERS))
     ap.add_argument("--text", type=Path, default=MODELS / "tinystories_train_head.txt")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     a = ap.parse_args(argv)
-    data = build(a.text, max(1, a.workers))
-    atomic.write_bytes(a.out, data)
-    print("%s: %d entries, %d bytes" % (a.out, parse_header(data)[3], len(data)))
+    drafters: list[Path | None] = a.drafter or [*(MODELS / d for d in DRAFTERS), None]
+    for d, data in zip(drafters, build(a.text, drafters, max(1, a.workers))):
+        out = MODELS / ngram_table_name(TARGET_FILE) if d is None else d.with_name(ngram_table_name(d.name))
+        atomic.write_bytes(out, data)
+        print("%s: %d entries, %d bytes" % (out, parse_header(data)[3], len(data)))
 
 
 if __name__ == "__main__":

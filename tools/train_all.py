@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for name in ("drafter-esp32", "drafter-host"):
         export.export_model(export.load_float(best[name]), MODELS / (name + ".spm"), tid)
-    ngram.main(["--out", str(MODELS / "drafter-esp32.ngt")])
+    ngram.main([])  # each board drafter's table, beside it
     return modelcard.main([])
 
 

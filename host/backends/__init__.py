@@ -328,7 +328,7 @@ UNSURE_MARGIN = 1 << 14
 
 
 def load_ngram_table(model_path) -> ngram.Table | None:
-    """The n-gram table beside a drafter's model file (host/layout.py ngram_table), read whole, or None."""
+    """The n-gram table beside a model file (host/layout.py ngram_table), read whole, or None."""
     from specmesh.host.layout import ngram_table
 
     path = ngram_table(Path(model_path))
@@ -349,13 +349,18 @@ class LocalDrafter(LocalRole):
     drafted nor verified: on a compute-bound verifier each position costs about a third of a plain pass
     (docs/design.md section 3). The verifier alone decides the text, so it does not change; sampled sessions
     draft every draft asked for, as a board does. A greedy draft is the n-gram table's token where the table beside
-    the model file holds the stream's last tokens (shared/ngram.py), as on a board flashed with it.
+    the model file holds the stream's last tokens (shared/ngram.py), as on a board flashed with it. Such a drafter's
+    `copies` is the target's table beside it, whose chains the decode loop copies into plain rounds (host/decode/
+    lookup.py), as it does for a board drafter with a table.
     """
 
     def __init__(self, model_path, stream: EngineStream | None = None, stop_margin: int = 0, **options):
+        from specmesh.host.layout import TARGET_FILE
+
         super().__init__(model_path, stream, **options)
         self.stop_margin = stop_margin
         self.table = load_ngram_table(model_path)
+        self.copies = load_ngram_table(Path(model_path).with_name(TARGET_FILE)) if self.table else None
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
         super().begin(params, prompt)

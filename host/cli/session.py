@@ -201,12 +201,14 @@ class Setup(contextlib.ExitStack):
         self.callback(backend.close)
         if kind == "drafter" and not hasattr(backend, "table"):
             backend.table = self._board_table(backend)
+            backend.copies = backends.load_ngram_table(self.config.model_file("verifier")) if backend.table else None
         return backend
 
     def _board_table(self, drafter):
         """The n-gram table of the model a drafter board runs (the file its HELLO names, beside the one given, else
-        the one given), read on the host: `specmesh flash` put the same file beside it, and the decode loop copies
-        its tokens, which that board would draft, into plain rounds (host/decode/lookup.py). None without one."""
+        the one given), read on the host: `specmesh flash` put the same file beside it. A board drafter with one has
+        the target's table as its `copies`, whose chains the decode loop copies into plain rounds (host/decode/
+        lookup.py), as for a host drafter with a table. None without one."""
         given = self.config.model_file("drafter")
         name = running_model(drafter)
         path = given.parent / name if name and (given.parent / name).is_file() else given

@@ -56,8 +56,8 @@ that ran past it would delay the next round, and the projection prices a shadowe
 shadow) (host/projection/rounds.py). Sampled runs have none, so they stay as they were.
 
 Copied drafts (greedy runs, gamma auto; host/decode/lookup.py): a round chosen plain verifies tokens copied from
-the drafter's n-gram table or the stream's own history instead when `lookup_length` says they pay: their expected
-tokens (at `lookup_alpha`: LOOKUP_PRIOR, or TABLE_LOOKUP_PRIOR where the drafter's table gives copies first, and the
+the target's n-gram table or the stream's own history instead when `lookup_length` says they pay: their expected
+tokens (at `lookup_alpha`: LOOKUP_PRIOR, or TABLE_LOOKUP_PRIOR where the target's table gives copies first, and the
 stream's own copies, apart from the drafter's alpha) per second of the verify of that many positions beat a plain
 round's. Nothing is drafted for them, so no drafter cost enters (a shadow beside them is
 the drafter's alpha evidence, as in any plain round); `observe(lookup=True)` gives the verify fit the round's size
@@ -210,7 +210,7 @@ class GammaController:
     # context-lookup drafts (host/decode/lookup.py): a greedy stream's plain rounds may verify drafts copied from
     # the stream (`copying`; gamma auto only), whose acceptance is estimated apart from the drafter's
     copying: bool = True
-    table_copies: bool = False  # the drafter's n-gram table gives copies first (its prior: TABLE_LOOKUP_PRIOR)
+    table_copies: bool = False  # the target's n-gram table gives copies first (its prior: TABLE_LOOKUP_PRIOR)
     lookup_hits: float = 0.0
     lookup_trials: float = 0.0
 
@@ -373,7 +373,7 @@ class GammaController:
 
     @property
     def lookup_alpha(self) -> float:
-        """Acceptance of context-lookup drafts: LOOKUP_PRIOR (TABLE_LOOKUP_PRIOR for a drafter's table's) and this
+        """Acceptance of context-lookup drafts: LOOKUP_PRIOR (TABLE_LOOKUP_PRIOR for the target table's) and this
         stream's decayed evidence."""
         prior = TABLE_LOOKUP_PRIOR if self.table_copies else LOOKUP_PRIOR
         return (self.lookup_hits + prior * LOOKUP_WEIGHT) / (self.lookup_trials + LOOKUP_WEIGHT)

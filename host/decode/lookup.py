@@ -1,4 +1,4 @@
-"""Context-lookup drafts: a greedy stream's next tokens proposed by copying them from its drafter's n-gram table or
+"""Context-lookup drafts: a greedy stream's next tokens proposed by copying them from the target's n-gram table or
 its own history.
 
 A tiny story model often repeats itself ("He likes to sing. He likes to sing."), and a small drafter
@@ -12,12 +12,13 @@ sends such a block instead of a plain round's single position when the gamma con
 the plain run's.
 
 A drafter with an n-gram table (shared/ngram.py: a classic ESP32 board's, which the host reads from the file it
-flashed) drafts the table's token wherever the table holds the stream's last tokens, so `table_continuation`, the
-chain of the table's tokens from the stream's end, is what that drafter would draft there, known on the host with
-no call. It comes first, the history where the table holds nothing: on the tuning set's 64 prompts (the classic-ESP32
-drafter board, `python -m specmesh.tools.bench projection`'s costs) copies from the history alone projected 1.567x /
-worst 1.219x, from the table alone 1.674x / 1.132x, the table then the history 1.678x / 1.187x, the history then the
-table 1.617x / 1.212x. Greedy streams only: in a sampled one a copy would be a one-point q-hat table (lossless as
+flashed) has the target's table as its `copies` (tools/ngram.py: the target's continuations counted as if no drafter
+drafted anything right, where a drafter's own table leaves out what its drafter drafts right). `table_continuation`,
+the chain of that table's tokens from the stream's end, is known on the host with no call. It comes first, the
+history where the table holds nothing: on the tuning set's 64 prompts (the classic-ESP32 drafter board, `python -m
+specmesh.tools.bench projection`'s costs, the copies then from the drafter's table, which held the target's
+continuations as this one does) copies from the history alone projected 1.567x / worst 1.219x, from the table alone
+1.674x / 1.132x, the table then the history 1.678x / 1.187x, the history then the table 1.617x / 1.212x. Greedy streams only: in a sampled one a copy would be a one-point q-hat table (lossless as
 well), but every sampled text would change, and those stay bit for bit as they were.
 """
 

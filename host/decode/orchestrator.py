@@ -247,7 +247,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     costs = observer.costs
     controller = _primed(controller or GammaController(), costs if drafter and observer.costs_known else None, prompt,
                          params, shadowing=drafter is not None and params.greedy, by_shape=observer.verify_by_shape)
-    controller.table_copies = getattr(drafter, "table", None) is not None
+    controller.table_copies = getattr(drafter, "copies", None) is not None
     max_seq = verifier.max_seq
     if len(prompt) >= max_seq:
         raise ValueError("the prompt has %d tokens but the context holds %d" % (len(prompt), max_seq))
@@ -385,7 +385,7 @@ class _DrafterSide:
         stream (`_copied`: the drafter drafts none of them, its shadow block goes beside them)."""
         c, f, drafter, window = self.controller, self.failover, self.drafter, self.window
         self.path = Draft(len(committed))
-        copied = _copied(c, committed, room, getattr(drafter, "table", None)) if (
+        copied = _copied(c, committed, room, getattr(drafter, "copies", None)) if (
             drafter and not gamma and self.params.greedy) else []
         want = gamma == 0 and room > 0 and drafter is not None and c.shadowing and c.shadows()
         block = min(1 + c.shadow_ahead, room + 1) if want else 0
@@ -441,8 +441,8 @@ class _DrafterSide:
 
 
 def _copied(controller: GammaController, committed: list[int], room: int, table=None) -> list[int]:
-    """The drafts a plain round sends instead, copied from the drafter's n-gram table (`table`: its tokens where it
-    holds the stream's last ones, which that drafter would draft) or else from the stream (host/decode/lookup.py),
+    """The drafts a plain round sends instead, copied from an n-gram table (`table`: the target's, the drafter's
+    `copies`: its tokens where it holds the stream's last ones) or else from the stream (host/decode/lookup.py),
     as many as the controller says pay ([] when none do, or neither holds anything). They are searched only when some
     copy could pay (on a host verifier a plain round is a few tenths of a ms, and a search of 500 tokens 0.05-0.07
     ms)."""
