@@ -363,13 +363,14 @@ CONSOLES = {name: _CONSOLE_LINKS[c.console, c.uart_mirror] for name, c in boardc
 # byte; taken for the Xtensa boards too (the same bytecode, assumed about as many instructions)
 NODE_FRAME_INSNS = Figure(52e3, "insn/request", "FRAME", "the fixed part of decoding a request and encoding its reply")
 NODE_FRAME_BYTE_INSNS = Figure(938.0, "insn/byte", "FRAME", "per payload byte, in or out: most of it the CRC-16")
-# A drafter board's n-gram lookup per draft (shared/ngram.py), executed: the shipped table read from the board's
-# own filesystem after every prefix of the target's greedy streams of the tuning set's 64 prompts, mean
-# instructions a lookup (`python -m specmesh.tools.ngram_cost`; median 39.1e3, 90th percentile 128e3 on the
-# Xtensa core). The table of one slot read a context length, tried from the longest down, executed 268.7e3 there
-# (it was priced at 99.4e3, its dearest case on a one-entry table, whose reads never probed past a slot).
-NGRAM_LOOKUP_INSNS = Figure(60.2e3, "insn/draft", "NGRAM", "an n-gram table lookup on an Xtensa core (classic ESP32, S3)")
-NGRAM_LOOKUP_INSNS_RV32 = Figure(61.2e3, "insn/draft", "NGRAM", "an n-gram table lookup on an RV32 core (C3, C6)")
+# A drafter board's n-gram lookup per draft (shared/ngram.py), executed: the classic ESP32 drafter's shipped table
+# (drafter-esp32.ngt) read from the board's own filesystem after every prefix of the target's greedy streams of the
+# tuning set's 64 prompts, mean instructions a lookup (`python -m specmesh.tools.ngram_cost`; median 38.2e3, 90th
+# percentile 123e3 on the Xtensa core); taken for the S3's drafter's table of the same size too. The table of one
+# slot read a context length, tried from the longest down, executed 268.7e3 there (it was priced at 99.4e3, its
+# dearest case on a one-entry table, whose reads never probed past a slot).
+NGRAM_LOOKUP_INSNS = Figure(56.6e3, "insn/draft", "NGRAM", "an n-gram table lookup on an Xtensa core (classic ESP32, S3)")
+NGRAM_LOOKUP_INSNS_RV32 = Figure(57.4e3, "insn/draft", "NGRAM", "an n-gram table lookup on an RV32 core (C3, C6)")
 
 BOARDS = {b.name: b for b in (ESP32S3, ESP32, ESP32C3, ESP32C6)}
 LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, UART_921600, ESPNOW, UART_CONSOLE,
