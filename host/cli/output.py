@@ -229,7 +229,7 @@ def format_table(stats: dict) -> str:
           if stats.get("shadow_drafts") else []),
         *([("drafts made ahead", "%d rounds verified drafts made beside the verify before (no drafter call)"
             % stats["ready_rounds"])] if stats.get("ready_rounds") else []),
-        *([("copied drafts", "%d in %d plain rounds (copied from the text), %d accepted" % (
+        *([("copied drafts", "%d in %d plain rounds (copied from the target's table or the text), %d accepted" % (
             stats["lookup_drafts"], stats["lookup_rounds"], stats["lookup_accepted"]))]
           if stats.get("lookup_rounds") else []),
         ("wall time s", stats["wall_s"]),
