@@ -102,11 +102,12 @@ UNINFORMED_WEIGHT = 2.0  # Beta(1, 1)'s weight: what a measured prior keeps howe
 # tokens right on the tuning set's greedy targets, worth LOOKUP_WEIGHT tested drafts (0.6 and 0.9 projected within
 # 0.01x of it on the tuning set)
 LOOKUP_PRIOR = 0.75
-# copies from the drafter's n-gram table first (`table_copies`): the table's token was the target's 88.5% of the
-# times it held the tuning set's greedy streams. Chosen on the tuning set's 64 prompts (the classic-ESP32 drafter
-# board, `python -m specmesh.tools.bench projection`'s costs): 0.8 / 0.85 / 0.9 / 0.95 projected 1.696x / 1.705x /
-# 1.725x / 1.714x, worst 1.187x / 1.198x / 1.168x / 1.176x (the history's 0.75: 1.678x / 1.187x)
-TABLE_LOOKUP_PRIOR = 0.9
+# copies from the target's n-gram table first (`table_copies`). Chosen on the tuning set's 16 (the classic-ESP32
+# drafter board, its own table, the target's for copies; `python -m specmesh.tools.bench projection`'s costs):
+# 0.7 / 0.75 / 0.8 / 0.85 / 0.9 / 0.95 projected 1.711x / 1.716x / 1.726x / 1.700x / 1.719x / 1.678x, worst 1.320x /
+# 1.262x / 1.262x / 1.239x / 1.239x / 1.195x (0.9 was chosen so with the drafter's old table, which held the target's
+# continuations whatever its drafter drafted)
+TABLE_LOOKUP_PRIOR = 0.8
 LOOKUP_WEIGHT = 4.0
 
 
