@@ -28,12 +28,13 @@ import argparse
 import os
 import struct
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
+from contextlib import closing
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from specmesh.host import atomic
+from specmesh.host.backends import EngineStream
 from specmesh.host.boardclasses import ESP32, ESP32S3
 from specmesh.host.layout import MODELS, TARGET_FILE, ngram_table_name
 from specmesh.shared.ngram import CHUNK, MARK, SLOT_SIZE, hashes, header, parse_header
@@ -44,24 +45,9 @@ NMIN, NMAX = 2, 32  # context lengths the table keys on
 MIN_SHARE = 0.6  # of a context's continued tokens, the share its entry must have been
 MIN_GAIN = 4  # continued tokens an entry must draft right beyond what a lookup gives without it
 LOAD = 0.7  # the most entries a table holds per slot (linear probing stays short)
-DRAFTERS = (ESP32.drafter, ESP32S3.drafter)  # the board classes' drafters: each ships with its table
-# and the target's own, counted as if no drafter drafted anything right: the host copies its chains into the plain
-# rounds of a drafter that has a table (host/decode/lookup.py); a drafter's table leaves out what its drafter drafts
-
-
-@contextmanager
-def engine(model: Path) -> Iterator:
-    """The engine of `model` (Engine's interface): the board's engine and native kernels in a process where they
-    run (host/backends/pipeengine.py), else numpy; the same integers either way."""
-    from specmesh.host.backends.engine import Engine
-    from specmesh.host.backends.pipeengine import PipeEngine
-
-    pipe = PipeEngine.start(model)
-    try:
-        yield pipe or Engine(model)
-    finally:
-        if pipe is not None:
-            pipe.close()
+# the board classes' drafters, each shipped with its table; the target's table is built beside them, counted as if
+# no drafter drafted anything right (the host copies its chains: host/decode/lookup.py)
+DRAFTERS = (ESP32.drafter, ESP32S3.drafter)
 
 
 def greedy_stream(eng, prompt: Sequence[int], new: int) -> list[int]:
@@ -84,7 +70,8 @@ def continuations(stories: Sequence[str], lengths: Sequence[int] = PROMPT_LENGTH
 
     tok = Tokenizer.from_llama2c(target.parent / "tokenizer.bin")
     out = []
-    with engine(target) as eng:
+    with closing(EngineStream(target)) as stream:  # the board's engine in a process where it runs, else numpy
+        eng = stream.engine
         for s in stories:
             ids = tok.encode(s)
             for n in lengths:
@@ -99,7 +86,8 @@ def hits(seqs: Iterable[tuple[int, list[int]]], drafter: Path) -> list[list[bool
     from specmesh.host.backends.engine import argmax
 
     out = []
-    with engine(drafter) as eng:
+    with closing(EngineStream(drafter)) as stream:
+        eng = stream.engine
         for _start, seq in seqs:
             eng.reset()
             logits = eng.forward(seq[:-1], 0)
@@ -192,7 +180,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     a = ap.parse_args(argv)
     drafters: list[Path | None] = a.drafter or [*(MODELS / d for d in DRAFTERS), None]
     for d, data in zip(drafters, build(a.text, drafters, max(1, a.workers))):
-        out = MODELS / ngram_table_name(TARGET_FILE) if d is None else d.with_name(ngram_table_name(d.name))
+        model = d or MODELS / TARGET_FILE
+        out = model.with_name(ngram_table_name(model.name))
         atomic.write_bytes(out, data)
         print("%s: %d entries, %d bytes" % (out, parse_header(data)[3], len(data)))
 

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from array import array
 from collections.abc import Sequence
+from contextlib import closing
 from pathlib import Path
 
 from specmesh.host.layout import MODELS, ROOT, TARGET_FILE, ngram_table
@@ -63,12 +64,12 @@ os.remove("/lookup-cost.ngt")
 
 def streams(set_name: str, n: int) -> list[tuple[int, list[int]]]:
     """(prompt length, prompt + the int8 target's NEW greedy tokens) for the set's first n prompts."""
-    from specmesh.host.backends.engine import Engine
+    from specmesh.host.backends import EngineStream
     from specmesh.host.decode.tokenizer import Tokenizer
 
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
-    eng = Engine(MODELS / TARGET_FILE)
-    return [(len(p), greedy_stream(eng, p, NEW)) for p in prompt_set(set_name, MODELS, tok, n)]
+    with closing(EngineStream(MODELS / TARGET_FILE)) as stream:
+        return [(len(p), greedy_stream(stream.engine, p, NEW)) for p in prompt_set(set_name, MODELS, tok, n)]
 
 
 def measure(board: str, table: Path, seqs: Sequence[tuple[int, list[int]]]) -> tuple[list[int], list[int]]:
