@@ -17,7 +17,7 @@ Chosen on the tuning set's prompts (tools/heldout.py), docs/bench/ngram.md.
 The continuations and the drafters' argmaxes are a pure function of the shipped models and the text, so a re-run
 rebuilds the same tables. The models run in the board's engine and native kernels on the host where they can
 (host/backends/pipeengine.py: about two minutes on 2 cores), else in the numpy engine (the same integers, about an
-hour); counting the contexts takes about seven minutes more and 10 GB of memory.
+hour); counting the contexts, one context length at a time, takes about six minutes more and 1.3 GB of memory.
 
     python -m specmesh.tools.ngram [--drafter models/drafter-esp32.spm ...] [--workers 2]
 """
@@ -99,28 +99,28 @@ def entries(seqs: Sequence[tuple[int, list[int]]], rights: Sequence[Sequence[Seq
             nmax: int = NMAX, min_share: float = MIN_SHARE,
             min_gain: int = MIN_GAIN) -> list[dict[tuple[int, ...], int]]:
     """For each drafter, context -> the token its table gives it, from continuations (only their continued tokens
-    count) and `rights`, each drafter's hits on them (`hits`); the contexts are counted once for all."""
-    seen: dict[tuple[int, ...], Counter] = defaultdict(Counter)
-    drafter_right: list[Counter] = [Counter() for _ in rights]
-    for s, (start, seq) in enumerate(seqs):
-        for i in range(max(start, nmin), len(seq)):
-            hit = [r[s][i] for r in rights]
-            for n in range(nmin, min(nmax, i) + 1):
+    count) and `rights`, each drafter's hits on them (`hits`); the contexts are counted once for all drafters."""
+    tables: list[dict[tuple[int, ...], int]] = [{} for _ in rights]
+    # one context length at a time, shortest first: each context's fallback (the longest shorter one held) is then
+    # already decided, and only one length's counts are held at once
+    for n in range(nmin, nmax + 1):
+        seen: dict[tuple[int, ...], Counter] = defaultdict(Counter)
+        drafter_right: list[Counter] = [Counter() for _ in rights]
+        for s, (start, seq) in enumerate(seqs):
+            hit = [r[s] for r in rights]
+            for i in range(max(start, n), len(seq)):
                 ctx = tuple(seq[i - n:i])
                 seen[ctx][seq[i]] += 1
                 for d, h in enumerate(hit):
-                    drafter_right[d][ctx] += h
-    # shortest first, so that each context's fallback (the longest shorter one held) is already decided
-    tables: list[dict[tuple[int, ...], int]] = [{} for _ in rights]
-    for ctx in sorted(seen, key=len):
-        c = seen[ctx]
-        (token, k), = c.most_common(1)  # one token: MIN_SHARE > 0.5 leaves no tie among those kept
-        if k < min_share * sum(c.values()):
-            continue
-        for out, right in zip(tables, drafter_right):
-            fallback = next((out[ctx[-n:]] for n in range(len(ctx) - 1, nmin - 1, -1) if ctx[-n:] in out), None)
-            if k - (right[ctx] if fallback is None else c[fallback]) >= min_gain:
-                out[ctx] = token
+                    drafter_right[d][ctx] += h[i]
+        for ctx, c in seen.items():
+            (token, k), = c.most_common(1)  # one token: MIN_SHARE > 0.5 leaves no tie among those kept
+            if k < min_share * sum(c.values()):
+                continue
+            for out, right in zip(tables, drafter_right):
+                fallback = next((out[ctx[-m:]] for m in range(n - 1, nmin - 1, -1) if ctx[-m:] in out), None)
+                if k - (right[ctx] if fallback is None else c[fallback]) >= min_gain:
+                    out[ctx] = token
     return tables
 
 
