@@ -16,6 +16,7 @@ import pytest
 
 from specmesh.host.backends import LocalDrafter, SessionParams
 from specmesh.host.backends.engine import Engine
+from specmesh.host.decode.tokenizer import BOS
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE, ngram_table_name
 from specmesh.shared import messages as m
 from specmesh.shared import ngram
@@ -138,6 +139,17 @@ def test_the_table_drafts_its_source_better_than_the_drafter_by_its_gains():
                 alone += hit[i]
                 with_table += k == seq[i] if k >= 0 else hit[i]
         assert len(table) > 10 and with_table - alone >= min_gain * len(table), (min_gain, len(table))
+
+
+def test_sampled_openings_are_the_targets_own_stories_the_same_each_run():
+    """The builder also continues openings the target samples itself (T = 1 from BOS, one story a seed), drawn by the
+    shared rule's integer sampling: a rebuild gets the same streams, so the same tables."""
+    target = ROOT / "models" / TARGET_FILE
+    got = builder.sampled_openings([0, 1, 2], target)
+    assert got == builder.sampled_openings([0, 1, 2], target)
+    assert len({tuple(o) for o in got}) == 3
+    assert all(len(o) == builder.OPENING + 1 and o[0] == BOS for o in got)
+    assert builder.sampled_openings([1], target) == got[1:2]  # a story is its seed's alone, whatever the worker
 
 
 @pytest.fixture(scope="module")

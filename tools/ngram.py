@@ -1,8 +1,10 @@
 """Build the board drafters' n-gram tables (shared/ngram.py), and the target's, from its own greedy continuations.
 
-The target (int8, host/backends/engine.py: the numbers every runtime computes) continues the opening of each
-TinyStories training paragraph (models/tinystories_train_head.txt; none of the held-out prompts) at several
-prompt lengths, greedily, for CONTINUE tokens. Each context of NMIN..NMAX tokens before a continued token is
+The target (int8, host/backends/engine.py: the numbers every runtime computes) continues openings at several
+prompt lengths, greedily, for CONTINUE tokens: those of each TinyStories training paragraph
+(models/tinystories_train_head.txt; none of the held-out prompts) and those of SAMPLED stories it samples itself
+(T = 1 from BOS: the text it writes, odd turns and all, which real prompts lead it into more than the paragraphs do).
+Each context of NMIN..NMAX tokens before a continued token is
 counted with the token that followed it, and with how often the drafter's own argmax there was that token. A
 context is kept when one token followed it at least MIN_SHARE of the times (that token is its entry) and the entry
 would have drafted at least MIN_GAIN more of its continued tokens right than what a lookup gives without it: the
@@ -16,7 +18,7 @@ Chosen on the tuning set's prompts (tools/heldout.py), docs/bench/ngram.md.
 
 The continuations and the drafters' argmaxes are a pure function of the shipped models and the text, so a re-run
 rebuilds the same tables. The models run in the board's engine and native kernels on the host where they can
-(host/backends/pipeengine.py: about two minutes on 2 cores), else in the numpy engine (the same integers, about an
+(host/backends/pipeengine.py: about four minutes on 2 cores), else in the numpy engine (the same integers, about an
 hour); counting the contexts, one context length at a time, takes about six minutes more and 1.3 GB of memory.
 
     python -m specmesh.tools.ngram [--drafter models/drafter-esp32.spm ...] [--workers 2]
@@ -41,9 +43,11 @@ from specmesh.shared.ngram import CHUNK, MARK, SLOT_SIZE, hashes, header, parse_
 
 PROMPT_LENGTHS = tuple(range(4, 49, 2))  # tokens of each paragraph's opening that the target continues
 CONTINUE = 64  # greedy tokens a continuation
+SAMPLED = 1024  # stories the target samples itself (T = 1 from BOS, seeds 0 ..), whose openings it continues too
+OPENING = max(PROMPT_LENGTHS)  # tokens of each sampled story after BOS, continued from its prefixes of PROMPT_LENGTHS
 NMIN, NMAX = 2, 32  # context lengths the table keys on
 MIN_SHARE = 0.6  # of a context's continued tokens, the share its entry must have been
-MIN_GAIN = 4  # continued tokens an entry must draft right beyond what a lookup gives without it
+MIN_GAIN = 5  # continued tokens an entry must draft right beyond what a lookup gives without it
 LOAD = 0.7  # the most entries a table holds per slot (linear probing stays short)
 # the board classes' drafters, each shipped with its table; the target's table is built beside them, counted as if
 # no drafter drafted anything right (the host copies its chains: host/decode/lookup.py)
@@ -63,17 +67,28 @@ def greedy_stream(eng, prompt: Sequence[int], new: int) -> list[int]:
     return seq
 
 
-def continuations(stories: Sequence[str], lengths: Sequence[int] = PROMPT_LENGTHS, new: int = CONTINUE,
-                  target: Path = MODELS / TARGET_FILE) -> list[tuple[int, list[int]]]:
-    """(prompt length, prompt + the target's `new` greedy tokens) for each story long enough, each length."""
-    from specmesh.host.decode.tokenizer import Tokenizer
+def sampled_openings(seeds: Iterable[int], target: Path = MODELS / TARGET_FILE) -> list[list[int]]:
+    """BOS and the OPENING tokens the target samples after it at T = 1 with each seed: its own stories' openings,
+    drawn by the shared rule's integer sampling (host/decode/orchestrator.py, plain decoding): the same everywhere."""
+    from specmesh.host.backends import LocalVerifier, SessionParams
+    from specmesh.host.decode.orchestrator import generate
+    from specmesh.host.decode.tokenizer import BOS
 
-    tok = Tokenizer.from_llama2c(target.parent / "tokenizer.bin")
+    ver = LocalVerifier(target)
+    try:
+        return [[BOS] + generate([BOS], ver, None, SessionParams(seed=s, temperature=1.0), OPENING).tokens
+                for s in seeds]
+    finally:
+        ver.close()
+
+
+def continuations(openings: Iterable[Sequence[int]], lengths: Sequence[int] = PROMPT_LENGTHS, new: int = CONTINUE,
+                  target: Path = MODELS / TARGET_FILE) -> list[tuple[int, list[int]]]:
+    """(prompt length, prompt + the target's `new` greedy tokens) for each opening long enough, each length."""
     out = []
     with closing(EngineStream(target)) as stream:  # the board's engine in a process where it runs, else numpy
         eng = stream.engine
-        for s in stories:
-            ids = tok.encode(s)
+        for ids in openings:
             for n in lengths:
                 if len(ids) >= n + 4:
                     out.append((n, greedy_stream(eng, ids[:n], new)))
@@ -154,17 +169,23 @@ def table_bytes(table: dict[tuple[int, ...], int], nmin: int = NMIN, nmax: int =
     return header(nmin, nmax, slots, len(table), reach) + bytes(body) + bytes(body[:(CHUNK - 1) * SLOT_SIZE])
 
 
-def _work(stories: Sequence[str], drafters: Sequence[Path | None]) -> tuple[list, list]:
-    """One worker's continuations and each drafter's hits on them (None: no drafter, no hits)."""
-    seqs = continuations(stories)
+def _work(stories: Sequence[str], seeds: Sequence[int], drafters: Sequence[Path | None]) -> tuple[list, list]:
+    """One worker's continuations (of `stories`' openings, then of the target's own sampled with `seeds`) and each
+    drafter's hits on them (None: no drafter, no hits)."""
+    from specmesh.host.decode.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
+    seqs = continuations([tok.encode(s) for s in stories] + sampled_openings(seeds))
     return seqs, [hits(seqs, d) if d else [[False] * len(s) for _, s in seqs] for d in drafters]
 
 
-def build(text: Path, drafters: Sequence[Path | None], workers: int) -> list[bytes]:
-    """Each drafter's table file (None: the target's), from the continuations of the paragraphs of `text`."""
+def build(text: Path, drafters: Sequence[Path | None], workers: int, sampled: int = SAMPLED) -> list[bytes]:
+    """Each drafter's table file (None: the target's), from the continuations of the paragraphs of `text` and of
+    `sampled` openings of the target's own stories (seeds 0 ..)."""
     stories = [s.strip() for s in text.read_text("utf-8").split("\n\n") if s.strip()]
-    with ProcessPoolExecutor(workers) as pool:  # every worker's stories in turn: the same order each run
-        parts = list(pool.map(_work, [stories[i::workers] for i in range(workers)], [drafters] * workers))
+    with ProcessPoolExecutor(workers) as pool:  # a table counts its contexts, so the workers' order does not matter
+        parts = list(pool.map(_work, [stories[i::workers] for i in range(workers)],
+                              [range(i, sampled, workers) for i in range(workers)], [drafters] * workers))
     seqs = [x for p, _ in parts for x in p]
     rights = [[h for _, hs in parts for h in hs[j]] for j in range(len(drafters))]
     return [table_bytes(t) for t in entries(seqs, rights)]

@@ -365,12 +365,12 @@ NODE_FRAME_INSNS = Figure(52e3, "insn/request", "FRAME", "the fixed part of deco
 NODE_FRAME_BYTE_INSNS = Figure(938.0, "insn/byte", "FRAME", "per payload byte, in or out: most of it the CRC-16")
 # A drafter board's n-gram lookup per draft (shared/ngram.py), executed: the classic ESP32 drafter's shipped table
 # (drafter-esp32.ngt) read from the board's own filesystem after every prefix of the target's greedy streams of the
-# tuning set's 64 prompts, mean instructions a lookup (`python -m specmesh.tools.ngram_cost`; median 38.2e3, 90th
-# percentile 123e3 on the Xtensa core); taken for the S3's drafter's table of the same size too. The table of one
+# tuning set's 64 prompts, mean instructions a lookup (`python -m specmesh.tools.ngram_cost`; median 39.7e3, 90th
+# percentile 129e3 on the Xtensa core); taken for the S3's drafter's table of the same size too. The table of one
 # slot read a context length, tried from the longest down, executed 268.7e3 there (it was priced at 99.4e3, its
 # dearest case on a one-entry table, whose reads never probed past a slot).
-NGRAM_LOOKUP_INSNS = Figure(56.6e3, "insn/draft", "NGRAM", "an n-gram table lookup on an Xtensa core (classic ESP32, S3)")
-NGRAM_LOOKUP_INSNS_RV32 = Figure(57.4e3, "insn/draft", "NGRAM", "an n-gram table lookup on an RV32 core (C3, C6)")
+NGRAM_LOOKUP_INSNS = Figure(59.4e3, "insn/draft", "NGRAM", "an n-gram table lookup on an Xtensa core (classic ESP32, S3)")
+NGRAM_LOOKUP_INSNS_RV32 = Figure(60.4e3, "insn/draft", "NGRAM", "an n-gram table lookup on an RV32 core (C3, C6)")
 
 BOARDS = {b.name: b for b in (ESP32S3, ESP32, ESP32C3, ESP32C6)}
 LINKS = {link.name: link for link in (USB_SERIAL_JTAG, UART_115200, UART_921600, ESPNOW, UART_CONSOLE,
