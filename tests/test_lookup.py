@@ -9,7 +9,7 @@ import pytest
 from scripted_drafter import Scripted, random_target
 
 from specmesh.host.backends import LocalVerifier, SessionParams
-from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.gamma import TABLE, TEXT, GammaController
 from specmesh.host.decode.lookup import MIN_MATCH, continuation, table_continuation
 from specmesh.host.decode.orchestrator import Observer, Round, generate
 from specmesh.host.projection.rounds import PLAIN_BODY, Projector
@@ -58,9 +58,26 @@ def test_copies_that_keep_missing_stop_being_sent():
     first = c.lookup_length(6)
     assert first >= 1
     for _ in range(10):  # each copied round rejected at its first draft
-        c.observe(first, 0, 0.0, 0.010 + 0.004 * (first + 1), 0.0, lookup=True)
+        c.observe(first, 0, 0.0, 0.010 + 0.004 * (first + 1), 0.0, lookup=TEXT)
     assert c.lookup_length(6) == 0
     assert c.alpha == pytest.approx(c.prior_alpha)  # the drafter's own estimate heard nothing of them
+    assert c.lookup_length(6, TABLE) == first  # nor the table's copies: each source is judged on its own
+
+
+def test_where_the_tables_copies_keep_missing_the_text_is_copied_instead():
+    """A stream that repeats itself, where the target's table leads elsewhere: the table's copies come first (its
+    prior is the higher), and once they have failed the stream's own copies are sent instead."""
+    c = _known(lambda k: 0.010 + 0.004 * k)
+    source, first = c.lookup_pick({TABLE: 6, TEXT: 6})
+    assert source == TABLE and first >= 2
+    sources = []
+    for _ in range(4):  # each copied round rejected at its first draft if it came from the table, else all accepted
+        source, k = c.lookup_pick({TABLE: 6, TEXT: 6})
+        c.observe(k, k if source == TEXT else 0, 0.0, 0.010 + 0.004 * (k + 1), 0.0, lookup=source)
+        sources.append(source)
+    assert sources[0] == TABLE and sources[-2:] == [TEXT, TEXT]
+    assert c.lookup_pick({TABLE: 6})[1] < first  # the table alone: shorter copies
+    assert c.lookup_pick({}) == ("", 0)
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +155,7 @@ def test_a_copied_round_costs_its_verify_and_no_drafter_time():
     entries = [(7, [7], [m.ONE])] * 3
     body = dict(draft_body=len(m.pack_draft(20, entries)), verify_body=len(m.pack_draft(20, entries, partial=True)))
     drafted = Round(gamma=3, n_accepted=3, n_committed=4, pos0=20, **body)
-    copied = Round(gamma=3, n_accepted=3, n_committed=4, pos0=20, lookup=True, **body)
+    copied = Round(gamma=3, n_accepted=3, n_committed=4, pos0=20, lookup=TEXT, **body)
     plain = Round(gamma=0, n_accepted=0, n_committed=1, pos0=20, draft_body=PLAIN_BODY, verify_body=PLAIN_BODY)
     assert p.round_costs(copied) == (0.0, p.round_costs(drafted)[1], 0.0)
     assert p.round_costs(drafted)[0] > 0.0 and p.round_costs(copied)[1] > p.round_costs(plain)[1]

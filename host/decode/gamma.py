@@ -56,11 +56,13 @@ that ran past it would delay the next round, and the projection prices a shadowe
 shadow) (host/projection/rounds.py). Sampled runs have none, so they stay as they were.
 
 Copied drafts (greedy runs, gamma auto; host/decode/lookup.py): a round chosen plain verifies tokens copied from
-the target's n-gram table or the stream's own history instead when `lookup_length` says they pay: their expected
-tokens (at `lookup_alpha`: LOOKUP_PRIOR, or TABLE_LOOKUP_PRIOR where the target's table gives copies first, and the
-stream's own copies, apart from the drafter's alpha) per second of the verify of that many positions beat a plain
-round's. Nothing is drafted for them, so no drafter cost enters (a shadow beside them is
-the drafter's alpha evidence, as in any plain round); `observe(lookup=True)` gives the verify fit the round's size
+the target's n-gram table or the stream's own history instead when `lookup_pick` says they pay: their expected
+tokens per second of the verify of that many positions beat a plain round's, each source at its own `lookup_alpha`
+(its prior, TABLE_LOOKUP_PRIOR or LOOKUP_PRIOR, and this stream's evidence of that source's copies, apart from the
+drafter's alpha), and where both offer copies the better pays. A stream that repeats itself, where the table's
+chains lead elsewhere, so copies its own history once the table's copies have failed it. Nothing is drafted for
+them, so no drafter cost enters (a shadow beside them is
+the drafter's alpha evidence, as in any plain round); `observe(lookup=source)` gives the verify fit the round's size
 and leaves the drafter's estimates as after a plain round.
 
 Drafting ahead (`pipelined`: a drafter board on its own link, its costs known; host/decode/ahead.py): the drafter
@@ -102,13 +104,18 @@ UNINFORMED_WEIGHT = 2.0  # Beta(1, 1)'s weight: what a measured prior keeps howe
 # tokens right on the tuning set's greedy targets, worth LOOKUP_WEIGHT tested drafts (0.6 and 0.9 projected within
 # 0.01x of it on the tuning set)
 LOOKUP_PRIOR = 0.75
-# copies from the target's n-gram table first (`table_copies`). Chosen on the tuning set's 16 (the classic-ESP32
+# copies from the target's n-gram table (TABLE). Chosen on the tuning set's 16 (the classic-ESP32
 # drafter board, its own table, the target's for copies; `python -m specmesh.tools.bench projection`'s costs):
 # 0.7 / 0.75 / 0.8 / 0.85 / 0.9 / 0.95 projected 1.711x / 1.716x / 1.726x / 1.700x / 1.719x / 1.678x, worst 1.320x /
 # 1.262x / 1.262x / 1.239x / 1.239x / 1.195x (0.9 was chosen so with the drafter's old table, which held the target's
-# continuations whatever its drafter drafted)
+# continuations whatever its drafter drafted). The history's copies keep LOOKUP_PRIOR, each source its own evidence
+# (`lookup_pick`; tuning set, the card's earlier alphas, per-source history priors 0.75 / 0.8 / 0.85: 1.774x /
+# 1.766x / 1.748x, worst 1.280x / 1.310x / 1.300x, against 1.779x / 1.280x for one estimate of both, the table's
+# first: host/decode/lookup.py)
 TABLE_LOOKUP_PRIOR = 0.8
 LOOKUP_WEIGHT = 4.0
+TABLE, TEXT = "table", "text"  # where copies come from: the target's n-gram table, the stream's own history
+LOOKUP_PRIORS = {TABLE: TABLE_LOOKUP_PRIOR, TEXT: LOOKUP_PRIOR}
 
 
 @dataclass
@@ -211,9 +218,8 @@ class GammaController:
     # context-lookup drafts (host/decode/lookup.py): a greedy stream's plain rounds may verify drafts copied from
     # the stream (`copying`; gamma auto only), whose acceptance is estimated apart from the drafter's
     copying: bool = True
-    table_copies: bool = False  # the target's n-gram table gives copies first (its prior: TABLE_LOOKUP_PRIOR)
-    lookup_hits: float = 0.0
-    lookup_trials: float = 0.0
+    # each source's decayed evidence: copies accepted, copies tested (`observe(lookup=source)`)
+    lookup_evidence: dict[str, list[float]] = field(default_factory=lambda: {s: [0.0, 0.0] for s in LOOKUP_PRIORS})
 
     @property
     def alpha(self) -> float:
@@ -372,24 +378,39 @@ class GammaController:
         probe = self.could_pay(self.max_gamma) and not self.shadowing  # shadow drafts measure alpha instead
         self.opening = PROBES[:1] + ((ALPHA_PROBE,) if probe else ())
 
-    @property
-    def lookup_alpha(self) -> float:
-        """Acceptance of context-lookup drafts: LOOKUP_PRIOR (TABLE_LOOKUP_PRIOR for the target table's) and this
-        stream's decayed evidence."""
-        prior = TABLE_LOOKUP_PRIOR if self.table_copies else LOOKUP_PRIOR
-        return (self.lookup_hits + prior * LOOKUP_WEIGHT) / (self.lookup_trials + LOOKUP_WEIGHT)
+    def lookup_alpha(self, source: str = TEXT) -> float:
+        """Acceptance of context-lookup drafts from `source`: its prior (LOOKUP_PRIORS) and this stream's decayed
+        evidence of that source's copies."""
+        hits, trials = self.lookup_evidence[source]
+        return (hits + LOOKUP_PRIORS[source] * LOOKUP_WEIGHT) / (trials + LOOKUP_WEIGHT)
 
-    def lookup_length(self, cap: int) -> int:
-        """Copied drafts worth sending in a round that would otherwise be plain, at most `cap` (0: none pays):
-        a lookup block costs its verify alone (nothing is drafted), so it pays when its expected tokens per
+    def lookup_length(self, cap: int, source: str = TEXT) -> int:
+        """Copied drafts from `source` worth sending in a round that would otherwise be plain, at most `cap` (0: none
+        pays): a lookup block costs its verify alone (nothing is drafted), so it pays when its expected tokens per
         second beat a plain round's."""
+        return self._lookup_rates(cap, source)[0]
+
+    def lookup_pick(self, offers: dict[str, int]) -> tuple[str, int]:
+        """Of the sources offering copies (source -> tokens it holds), the one whose best block pays most per second,
+        and that block's length: ("", 0) where none pays."""
+        best = ("", 0, 0.0)
+        for source, cap in offers.items():
+            k, rate = self._lookup_rates(cap, source)
+            if k and rate > best[2]:
+                best = (source, k, rate)
+        return best[0], best[1]
+
+    def _lookup_rates(self, cap: int, source: str) -> tuple[int, float]:
+        """The number of copies from `source` (at most cap) whose round gives the most tokens a second, and that
+        rate; 0 where a plain round's (no copy) is as good."""
         if self.fixed is not None or not self.copying or cap <= 0:
-            return 0
+            return 0, 0.0
         v = self._verify_seconds(cap + 1)
         o0 = self.round_overhead.coefficients()[0]
-        rates = [expected_tokens(self.lookup_alpha, k) / (v[k + 1] + o0) if v[k + 1] + o0 > 0 else 0.0
-                 for k in range(cap + 1)]
-        return max(range(cap + 1), key=lambda k: (rates[k], -k))
+        alpha = self.lookup_alpha(source)
+        rates = [expected_tokens(alpha, k) / (v[k + 1] + o0) if v[k + 1] + o0 > 0 else 0.0 for k in range(cap + 1)]
+        k = max(range(cap + 1), key=lambda k: (rates[k], -k))
+        return k, rates[k]
 
     def could_pay(self, cap: int) -> bool:
         """Whether some gamma <= cap would beat plain decoding if every draft were accepted (alpha = 1)."""
@@ -412,7 +433,7 @@ class GammaController:
 
     def observe(self, gamma: int, n_accepted: int, t_draft: float, t_verify: float, t_other: float,
                 ended: bool = False, lag: int = 0, timed: bool = True, shadow: bool | None = None,
-                lookup: bool = False, ready: bool = False, guessed: bool = False, ahead: int = 0) -> None:
+                lookup: str = "", ready: bool = False, guessed: bool = False, ahead: int = 0) -> None:
         """Record a finished round: drafts accepted and seconds spent drafting, verifying, committing.
 
         `ended`: the round stopped at an end-of-stream draft; a short run then says nothing about alpha.
@@ -422,16 +443,17 @@ class GammaController:
         `timed` False: the round's seconds are not representative (the first one carries the prefill).
         `shadow`: a plain round's shadow draft was the emitted token (True) or not (False); None: none ran.
         It is one tested draft, and `t_draft` its call (after `lag` catch-up tokens).
-        `lookup`: the round's `gamma` drafts were copied from the stream (host/decode/lookup.py): to the drafter
-        it was a plain round, and its verify is timed at its size.
+        `lookup`: the source the round's `gamma` drafts were copied from (TABLE or TEXT; host/decode/lookup.py): to
+        the drafter it was a plain round, and its verify is timed at its size.
         Drafting ahead (host/decode/ahead.py): `ready`, the drafts were on the host (no drafter call: nothing for
         the draft fit); `guessed`, a fresh call drafted the guess after them too (one pass more); `ahead`, a
         shadow call drafted that many more after the shadow (a shadow block).
         """
         k = gamma + 1  # positions verified
         if lookup:
-            self.lookup_hits = self.lookup_hits * DECAY + n_accepted
-            self.lookup_trials = self.lookup_trials * DECAY + n_accepted + (0 if n_accepted >= gamma or ended else 1)
+            hits, trials = self.lookup_evidence[lookup]
+            self.lookup_evidence[lookup] = [hits * DECAY + n_accepted,
+                                            trials * DECAY + n_accepted + (0 if n_accepted >= gamma or ended else 1)]
             gamma = n_accepted = 0  # the drafter drafted none of them
         self.rounds += 1
         self.behind = 0 if gamma > 0 or shadow is not None else self.behind + 1

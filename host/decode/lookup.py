@@ -14,11 +14,17 @@ the plain run's.
 A drafter with an n-gram table (shared/ngram.py: a classic ESP32 board's, which the host reads from the file it
 flashed) has the target's table as its `copies` (tools/ngram.py: the target's continuations counted as if no drafter
 drafted anything right, where a drafter's own table leaves out what its drafter drafts right). `table_continuation`,
-the chain of that table's tokens from the stream's end, is known on the host with no call. It comes first, the
-history where the table holds nothing: on the tuning set's 64 prompts (the classic-ESP32 drafter board, `python -m
+the chain of that table's tokens from the stream's end, is known on the host with no call. Where both hold copies,
+the decode loop sends the source whose copies pay more at its own acceptance so far (host/decode/gamma.py
+`lookup_pick`): the table's first (its prior is the higher), the history's once the table's have failed the stream,
+as in a story that repeats itself where the table's chains lead elsewhere. The table first, the history where it held
+nothing, was chosen before so: on the tuning set's 64 prompts (the classic-ESP32 drafter board, `python -m
 specmesh.tools.bench projection`'s costs, the copies then from the drafter's table, which held the target's
 continuations as this one does) copies from the history alone projected 1.567x / worst 1.219x, from the table alone
-1.674x / 1.132x, the table then the history 1.678x / 1.187x, the history then the table 1.617x / 1.212x. Greedy streams only: in a sampled one a copy would be a one-point q-hat table (lossless as
+1.674x / 1.132x, the table then the history 1.678x / 1.187x, the history then the table 1.617x / 1.212x. Judged
+apart (the tuning set's 16, the shipped tables, the lookup priced at 56.6e3), 1.766x / 1.280x against the table always
+first's 1.770x / 1.280x: the same on those prompts, which rarely repeat themselves; on the report set 1.557x / 1.140x
+against 1.539x / 1.110x. Greedy streams only: in a sampled one a copy would be a one-point q-hat table (lossless as
 well), but every sampled text would change, and those stay bit for bit as they were.
 """
 

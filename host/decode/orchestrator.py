@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specmesh.host.backends import BackendError, Draft, Drafter, Pending, SessionParams, Verifier
-from specmesh.host.decode.gamma import GammaController
+from specmesh.host.decode.gamma import TABLE, TEXT, GammaController
 from specmesh.host.decode.lookup import continuation, table_continuation
 from specmesh.host.decode.window import Window
 from specmesh.shared.messages import draft_size
@@ -85,7 +85,8 @@ class Round:
     shadow_hit: bool = False
     after_hit: bool = False  # the drafter proposed the last committed token itself (a shadow or guess hit): it has it
     owed: int = 0  # besides that token, the tokens of its last round the drafter does not hold (copies not shadowed)
-    lookup: bool = False  # the drafts were copied from the stream (host/decode/lookup.py): the drafter drafted none
+    lookup: str = ""  # where the drafts were copied from (gamma.py TABLE or TEXT; host/decode/lookup.py): the drafter
+    # drafted none of them; "": they were not copied
 
     @property
     def drafter_drafts(self) -> int:
@@ -137,7 +138,7 @@ class Result:
     @property
     def lookups(self) -> int:
         """Rounds whose drafts were copied from the stream (host/decode/lookup.py)."""
-        return sum(r.lookup for r in self.rounds)
+        return sum(bool(r.lookup) for r in self.rounds)
 
     @property
     def lookup_drafts(self) -> int:
@@ -247,7 +248,6 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     costs = observer.costs
     controller = _primed(controller or GammaController(), costs if drafter and observer.costs_known else None, prompt,
                          params, shadowing=drafter is not None and params.greedy, by_shape=observer.verify_by_shape)
-    controller.table_copies = getattr(drafter, "copies", None) is not None
     max_seq = verifier.max_seq
     if len(prompt) >= max_seq:
         raise ValueError("the prompt has %d tokens but the context holds %d" % (len(prompt), max_seq))
@@ -307,8 +307,8 @@ class _Part:
     """The drafter's part of a round: its drafts for the verifier (copied ones in a plain round that verifies
     some), whether they were ready (drafted ahead: no drafter call), the drafter's guess at the bonus position
     after them (None: not known), the tokens a re-prime gave the drafter, a plain round's shadow block (drafts
-    asked beside the verify, 0: none), the catch-up the drafter's call began with, and whether the drafts were
-    copied from the stream."""
+    asked beside the verify, 0: none), the catch-up the drafter's call began with, and where the drafts were
+    copied from ("": they were not)."""
 
     gamma: int
     draft: Draft
@@ -318,7 +318,7 @@ class _Part:
     reprime: int = 0
     shadow: int = 0
     lag: int = 0
-    copied: bool = False
+    copied: str = ""
 
     @property
     def guessed(self) -> bool:
@@ -385,14 +385,14 @@ class _DrafterSide:
         stream (`_copied`: the drafter drafts none of them, its shadow block goes beside them)."""
         c, f, drafter, window = self.controller, self.failover, self.drafter, self.window
         self.path = Draft(len(committed))
-        copied = _copied(c, committed, room, getattr(drafter, "copies", None)) if (
-            drafter and not gamma and self.params.greedy) else []
+        source, copied = _copied(c, committed, room, getattr(drafter, "copies", None)) if (
+            drafter and not gamma and self.params.greedy) else ("", [])
         want = gamma == 0 and room > 0 and drafter is not None and c.shadowing and c.shadows()
         block = min(1 + c.shadow_ahead, room + 1) if want else 0
         drafter, n, reprime = f.windowed(drafter, window, self.params, committed, gamma or block)
         self.drafter = drafter
         if copied:
-            return _Part(0, Draft(len(committed), copied, [([t], [ONE]) for t in copied]), copied=True,
+            return _Part(0, Draft(len(committed), copied, [([t], [ONE]) for t in copied]), copied=source,
                          reprime=reprime, shadow=n if drafter else 0)
         if want:
             return _Part(0, Draft(len(committed)), reprime=reprime, shadow=n if drafter else 0)
@@ -440,16 +440,18 @@ class _DrafterSide:
         self.path = Draft(length, path.tokens[len(new):], path.q[len(new):]) if hit else Draft(length)
 
 
-def _copied(controller: GammaController, committed: list[int], room: int, table=None) -> list[int]:
-    """The drafts a plain round sends instead, copied from an n-gram table (`table`: the target's, the drafter's
-    `copies`: its tokens where it holds the stream's last ones) or else from the stream (host/decode/lookup.py),
-    as many as the controller says pay ([] when none do, or neither holds anything). They are searched only when some
-    copy could pay (on a host verifier a plain round is a few tenths of a ms, and a search of 500 tokens 0.05-0.07
-    ms)."""
-    if not controller.lookup_length(room):
-        return []
-    block = (table_continuation(table, committed, room) if table is not None else []) or continuation(committed, room)
-    return block[:controller.lookup_length(len(block))] if block else []
+def _copied(controller: GammaController, committed: list[int], room: int, table=None) -> tuple[str, list[int]]:
+    """The drafts a plain round sends instead and where they come from: copied from an n-gram table (`table`: the
+    target's, the drafter's `copies`: its tokens where it holds the stream's last ones) or from the stream
+    (host/decode/lookup.py), from the source whose copies the controller says pay more, as many as pay (("", []) when
+    none do, or neither holds anything). They are searched only when some copy could pay (on a host verifier a plain
+    round is a few tenths of a ms, and a search of 500 tokens 0.05-0.07 ms)."""
+    if not (controller.lookup_length(room, TEXT) or table is not None and controller.lookup_length(room, TABLE)):
+        return "", []
+    blocks = {TABLE: table_continuation(table, committed, room) if table is not None else [],
+              TEXT: continuation(committed, room)}
+    source, k = controller.lookup_pick({s: len(b) for s, b in blocks.items() if b})
+    return source, blocks[source][:k] if source else []
 
 
 def _room(left: int, length: int, verifier: Verifier, drafter: Drafter | None) -> int:
