@@ -388,19 +388,19 @@ class GammaController:
         """Copied drafts from `source` worth sending in a round that would otherwise be plain, at most `cap` (0: none
         pays): a lookup block costs its verify alone (nothing is drafted), so it pays when its expected tokens per
         second beat a plain round's."""
-        return self._lookup_rates(cap, source)[0]
+        return self._lookup_best(cap, source)[0]
 
     def lookup_pick(self, offers: dict[str, int]) -> tuple[str, int]:
         """Of the sources offering copies (source -> tokens it holds), the one whose best block pays most per second,
         and that block's length: ("", 0) where none pays."""
         best = ("", 0, 0.0)
         for source, cap in offers.items():
-            k, rate = self._lookup_rates(cap, source)
+            k, rate = self._lookup_best(cap, source)
             if k and rate > best[2]:
                 best = (source, k, rate)
         return best[0], best[1]
 
-    def _lookup_rates(self, cap: int, source: str) -> tuple[int, float]:
+    def _lookup_best(self, cap: int, source: str) -> tuple[int, float]:
         """The number of copies from `source` (at most cap) whose round gives the most tokens a second, and that
         rate; 0 where a plain round's (no copy) is as good."""
         if self.fixed is not None or not self.copying or cap <= 0:

@@ -446,10 +446,11 @@ def _copied(controller: GammaController, committed: list[int], room: int, table=
     (host/decode/lookup.py), from the source whose copies the controller says pay more, as many as pay (("", []) when
     none do, or neither holds anything). They are searched only when some copy could pay (on a host verifier a plain
     round is a few tenths of a ms, and a search of 500 tokens 0.05-0.07 ms)."""
-    if not (controller.lookup_length(room, TEXT) or table is not None and controller.lookup_length(room, TABLE)):
+    sources = (TABLE, TEXT) if table is not None else (TEXT,)
+    if not controller.lookup_pick({s: room for s in sources})[0]:
         return "", []
-    blocks = {TABLE: table_continuation(table, committed, room) if table is not None else [],
-              TEXT: continuation(committed, room)}
+    blocks = {s: table_continuation(table, committed, room) if s == TABLE else continuation(committed, room)
+              for s in sources}
     source, k = controller.lookup_pick({s: len(b) for s, b in blocks.items() if b})
     return source, blocks[source][:k] if source else []
 
