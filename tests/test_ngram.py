@@ -17,7 +17,7 @@ import pytest
 from specmesh.host.backends import LocalDrafter, SessionParams
 from specmesh.host.backends.engine import Engine
 from specmesh.host.decode.tokenizer import BOS
-from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE, ngram_table_name
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE, TOKENIZER_FILE, ngram_table_name
 from specmesh.shared import messages as m
 from specmesh.shared import ngram
 from specmesh.shared.modelfile import ModelFileError
@@ -242,3 +242,22 @@ def test_a_drafter_with_a_table_copies_from_the_targets_table_beside_it(models, 
     d = LocalDrafter(tmp_path / DRAFTER_FILE)
     d.close()
     assert (d.table.get([1, 2], 2), d.copies.get([1, 2], 2)) == (3, 7)
+
+
+def test_a_run_copies_from_the_table_of_the_verifiers_model_whatever_its_folder(models, tmp_path):
+    """`--model` naming a target elsewhere: the host drafter's copies are that file's table, as a board drafter's are
+    (host/cli/session.py), not the table of the target beside the drafter."""
+    from specmesh.host.cli.session import Setup, config_from
+
+    beside, elsewhere = tmp_path / "beside", tmp_path / "elsewhere"
+    for folder, entries in ((beside, ENTRIES), (elsewhere, {(1, 2): 5})):
+        folder.mkdir()
+        for f in (TARGET_FILE, DRAFTER_FILE):
+            shutil.copy(models / f, folder / f)
+        (folder / ngram_table_name(TARGET_FILE)).write_bytes(_table(entries))
+    (beside / ngram_table_name(DRAFTER_FILE)).write_bytes(_table({(1, 2): 3}))
+    shutil.copy(ROOT / "models" / TOKENIZER_FILE, beside / TOKENIZER_FILE)
+    config = config_from(drafter="cpu", verifier="cpu", models=str(beside), model=str(elsewhere / TARGET_FILE))
+    with Setup(config) as s:
+        for d in (s.make("drafter", "cpu"), s.make("drafter", "cpu", batched=True)):
+            assert (d.table.get([1, 2], 2), d.copies.get([1, 2], 2)) == (3, 5)

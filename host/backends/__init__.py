@@ -350,17 +350,20 @@ class LocalDrafter(LocalRole):
     (docs/design.md section 3). The verifier alone decides the text, so it does not change; sampled sessions
     draft every draft asked for, as a board does. A greedy draft is the n-gram table's token where the table beside
     the model file holds the stream's last tokens (shared/ngram.py), as on a board flashed with it. Such a drafter's
-    `copies` is the target's table beside it, whose chains the decode loop copies into plain rounds (host/decode/
-    lookup.py), as it does for a board drafter with a table.
+    `copies` is the table of the verifier's model file `copies_from` (default: the target beside the drafter),
+    whose chains the decode loop copies into plain rounds (host/decode/lookup.py), as it does for a board drafter
+    with a table.
     """
 
-    def __init__(self, model_path, stream: EngineStream | None = None, stop_margin: int = 0, **options):
+    def __init__(self, model_path, stream: EngineStream | None = None, stop_margin: int = 0, copies_from=None,
+                 **options):
         from specmesh.host.layout import TARGET_FILE
 
         super().__init__(model_path, stream, **options)
         self.stop_margin = stop_margin
         self.table = load_ngram_table(model_path)
-        self.copies = load_ngram_table(Path(model_path).with_name(TARGET_FILE)) if self.table else None
+        verifier = Path(model_path).with_name(TARGET_FILE) if copies_from is None else copies_from
+        self.copies = load_ngram_table(verifier) if self.table else None
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
         super().begin(params, prompt)

@@ -197,7 +197,8 @@ class Setup(contextlib.ExitStack):
             fac = registry.factory(kind, name)
             if fac is None:
                 raise UsageError(unknown_backend(kind, name) or name)
-            backend = fac(self.config.model_file(kind), name=name, boards=self, stop_margin=self._stop_margin(kind))
+            backend = fac(self.config.model_file(kind), name=name, boards=self, stop_margin=self._stop_margin(kind),
+                          copies_from=self.config.model_file("verifier"))
         self.callback(backend.close)
         if kind == "drafter" and not hasattr(backend, "table"):
             backend.table = self._board_table(backend)
@@ -208,7 +209,8 @@ class Setup(contextlib.ExitStack):
         """The n-gram table of the model a drafter board runs (the file its HELLO names, beside the one given, else
         the one given), read on the host: `specmesh flash` put the same file beside it. A board drafter with one has
         the target's table as its `copies`, whose chains the decode loop copies into plain rounds (host/decode/
-        lookup.py), as for a host drafter with a table. None without one."""
+        lookup.py), as a host drafter with a table has: the verifier's model file's, whatever `--verifier` runs. None
+        without one."""
         given = self.config.model_file("drafter")
         name = running_model(drafter)
         path = given.parent / name if name and (given.parent / name).is_file() else given
@@ -244,7 +246,8 @@ class Setup(contextlib.ExitStack):
         self.callback(engine.close)
         stream = backends.EngineStream(None, engine=engine)
         role = backends.LocalVerifier if kind == "verifier" else backends.LocalDrafter
-        return role(path, stream=stream, stop_margin=self._stop_margin(kind))
+        return role(path, stream=stream, stop_margin=self._stop_margin(kind),
+                    copies_from=self.config.model_file("verifier"))
 
     def _stop_margin(self, kind: str) -> int:
         """A host drafter's unsure-draft margin (host/backends LocalDrafter): under gamma auto, which plans each
