@@ -82,3 +82,26 @@ def test_runs_interrupted_at_random_instants_leave_boards_the_next_run_uses(mode
     assert _vms_of(vboards) == []  # no VM outlived its run, whatever signal ended it
     # the instants fell on every phase: some runs were stopped early (exit by signal or 130), some completed
     assert any(code != 0 for *_, code in instants)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_mid_run_is_one_line_and_leaves_no_temporary_folder(models, tmp_path, sig):
+    """`kill` or a closed terminal stops a run as Ctrl-C does (host/cli/stops.py): the boards stopped, their
+    temporary folders removed, one line and the shell's status for the signal."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp), SPECMESH_VBOARDS=str(tmp_path / "vboards"))
+    cmd = [sys.executable, "-m", "specmesh.host.cli", "run", "--models", str(models), "--drafter", "virtual",
+           "--verifier", "cpu", "--max-tokens", "100000"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not any(tmp.iterdir()) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the virtual board's folder exists
+    time.sleep(1.0)
+    assert proc.poll() is None, "the run ended before the signal: " + proc.stderr.read().decode(errors="replace")
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    lines = err.decode(errors="replace").strip().splitlines()
+    assert (proc.returncode, lines[-1]) == (128 + sig, "specmesh run: stopped by %s" % sig.name), lines
+    assert "Traceback" not in err.decode(errors="replace")
+    assert list(tmp.iterdir()) == [] and _vms_of(tmp_path / "vboards") == []

@@ -192,15 +192,15 @@ def _add_emulate(sub) -> None:
     p.set_defaults(func=_emulate)
 
 
-def _stop_on_ctrl_c_and_term() -> None:
-    """Make Ctrl-C (SIGINT) and `kill` (SIGTERM) raise KeyboardInterrupt, which stops the boards cleanly.
+def _stop_on_ctrl_c() -> None:
+    """Make Ctrl-C (SIGINT) raise KeyboardInterrupt, which stops the boards cleanly (`kill`'s SIGTERM does, as for
+    every command: main).
 
     SIGINT is set explicitly: a shell script that starts `specmesh emulate &` (or any background job of
     a non-interactive shell) hands it SIGINT ignored, and Python keeps an inherited ignore, so without
     this `kill -INT` would never stop the emulation.
     """
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def _emulate_problem(args) -> str | None:
@@ -254,7 +254,7 @@ def _emulate(args) -> int:
     radio = RadioConfig(mtu=args.mtu, loss=args.loss, duplicate=args.duplicate, reorder=args.reorder,
                         delay_ms=args.delay_ms, seed=args.seed)
     flash_bytes = args.flash_kb * 1024 if args.flash_kb is not None else None
-    _stop_on_ctrl_c_and_term()
+    _stop_on_ctrl_c()
     qemu = _qemu_board(args.board)
     name = args.board.partition(":")[2] or args.board
     try:
@@ -323,9 +323,16 @@ class _Version(argparse.Action):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The `specmesh` command; a Ctrl-C anywhere (even while its modules import) ends it with one line."""
+    """The `specmesh` command; a Ctrl-C, SIGTERM or SIGHUP anywhere (even while its modules import) ends it with
+    one line, after the cleanup on the way out (host/cli/stops.py)."""
+    from specmesh.host.cli.stops import Stopped, raising_stops
+
     try:
-        return _main(argv)
+        with raising_stops():
+            return _main(argv)
+    except Stopped as e:
+        print("\nspecmesh: %s" % e, file=sys.stderr)
+        return e.status
     except KeyboardInterrupt:
         print("\nspecmesh: interrupted", file=sys.stderr)
         return 130

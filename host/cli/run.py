@@ -22,6 +22,7 @@ from specmesh.host.cli.config import RunConfig, UsageError
 from specmesh.host.cli.flags import add_arguments
 from specmesh.host.cli.output import Printer, format_table, write_stats_json
 from specmesh.host.cli.session import GenerationFailed, Mesh, one_line, say_on_stderr
+from specmesh.host.cli.stops import Stopped
 
 
 def check_args(a: argparse.Namespace) -> RunConfig:
@@ -60,10 +61,13 @@ def main(a: argparse.Namespace) -> int:
 def failed(command: str, e: Exception | KeyboardInterrupt) -> int:
     """The exit code of `specmesh COMMAND` that stopped on `e`, after one line on stderr, never a traceback
     (SPECMESH_DEBUG=1 re-raises): 2 for a usage error or a setup failure, 1 when generation failed, 130
-    for Ctrl-C."""
+    for Ctrl-C, 128 + the signal for SIGTERM or SIGHUP (host/cli/stops.py)."""
     if isinstance(e, UsageError):
         print("specmesh %s: error: %s" % (command, e), file=sys.stderr)
         return 2
+    if isinstance(e, Stopped):
+        print("\nspecmesh %s: %s" % (command, e), file=sys.stderr)
+        return e.status
     if isinstance(e, KeyboardInterrupt):
         print("\nspecmesh %s: interrupted" % command, file=sys.stderr)
         return 130

@@ -1,0 +1,53 @@
+"""How a `specmesh` command is stopped from outside: SIGTERM (`kill`, a service manager) and SIGHUP (a closed
+terminal) become `Stopped`, a KeyboardInterrupt raised in the main thread as Ctrl-C's is, so every `with` and
+`finally` on the way out runs: boards stopped, temporary folders removed (Python's default for these signals ends the
+process at once, and `atexit` and TemporaryDirectory, which remove the virtual boards' folders, never run)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+# the signals that stop a command cleanly, besides Ctrl-C (SIGHUP: none on Windows)
+SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal `signum` arrived: exit status 128 + signum, as the shell reports a process it ended."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def status(self) -> int:
+        return 128 + self.signum
+
+    def __str__(self) -> str:
+        return "stopped by %s" % signal.Signals(self.signum).name
+
+
+def _raise(signum: int, _frame) -> None:
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def raising_stops() -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise Stopped in the main thread; a signal the process inherited ignored
+    (`nohup`) stays ignored. The handlers before are put back after (a caller in another thread changes nothing:
+    only the main thread may set them)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.getsignal(s) for s in SIGNALS}
+    for s, handler in before.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(s, _raise)
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            if handler is not None:
+                signal.signal(s, handler)
