@@ -2,6 +2,7 @@
 
 import argparse
 import io
+import re
 import shutil
 import subprocess
 import sys
@@ -51,9 +52,21 @@ def test_a_full_context_ends_the_session_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 0 and err.startswith("specmesh chat: the context is full (") and err.count("\n") == 1
     assert "of 24 positions" in err or "(24 positions)" in err
-    rc = chat(args(tmp_path, "--plain", "--max-tokens", "6"), iter(["one", "two " * 100_000]), io.StringIO())
-    err = capsys.readouterr().err  # a 400 kB line: refused by its size (Tokenizer.least_tokens), not encoded
-    assert rc == 0 and "this turn needs at least " in err and err.count("\n") == 1
+
+
+
+def test_a_line_longer_than_any_context_is_skipped_with_one_line_and_the_session_goes_on(tmp_path, capsys):
+    shutil.copy(ROOT / "models" / "tokenizer.bin", tmp_path / "tokenizer.bin")
+    random_model(tmp_path / TARGET_FILE, vocab=512, max_seq=24, seed=5)
+    out = io.StringIO()
+    turns = ["one", "two " * 100_000, "two " * 30, "three"]
+    assert chat(args(tmp_path, "--plain", "--max-tokens", "4"), iter(turns), out) == 0
+    err = capsys.readouterr().err.splitlines()
+    # a 400 kB line refused by its size (Tokenizer.least_tokens), not encoded; a shorter one by its tokens
+    assert len(err) == 2 and err[0].startswith("specmesh chat: that line is at least ")
+    assert re.fullmatch(r"specmesh chat: that line is \d+ tokens and the context holds 24: skipped, type a shorter "
+                        r"one", err[1])
+    assert [line.split()[0] for line in out.getvalue().splitlines()] == ["one", "three"]
 
 
 def test_chat_from_a_pipe_with_an_opening_turn_and_a_stop_string():

@@ -284,3 +284,27 @@ def test_bench_checks_its_output_path_before_benchmarking(capsys, tmp_path):
     rc = cli.main(["bench", "--port", "/dev/ttyNOPE", "--out", str(tmp_path / "no" / "c.json")])
     assert rc == 2 and capsys.readouterr().err == ("specmesh bench: error: --out %s cannot be written: folder %s does "
                                                    "not exist\n" % (tmp_path / "no" / "c.json", tmp_path / "no"))
+
+
+def test_the_texts_streams_closed_full_or_left_are_one_line_or_quiet(models):
+    """stdout at /dev/full: one line naming it, status 1; stdout closed: one line, status 2; stdin or stderr closed:
+    read or written as /dev/null (stderr's lines never mixed into the text); a reader that leaves (`| true`):
+    quiet, the shell's SIGPIPE status, for chat as for run."""
+    base = "%s -m specmesh.host.cli %%s --models %s --drafter cpu --verifier cpu -n 40" % (sys.executable, models)
+
+    def sh(line: str) -> tuple[int, str, str]:
+        done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        return done.returncode, done.stdout, done.stderr
+
+    for command in ("run -p Once", "chat -p Once </dev/null"):
+        name = command.split()[0]
+        assert sh(base % command + " >/dev/full") == (
+            1, "", "specmesh %s: error: cannot write the text to stdout: No space left on device\n" % name)
+        assert sh(base % command + " >&-") == (2, "", "specmesh: stdout is closed (>&-): give it a file, e.g. "
+                                                       ">/dev/null\n")
+        assert sh("set -o pipefail; " + base % command + " | true") == (141, "", "")  # the reader gone at once
+    rc, out, err = sh(base % "run -p Once" + " 2>&-")
+    assert rc == 0 and out.startswith("Once") and out.count("\n") == 1 and err == ""  # the text alone, no table
+    rc, out, err = sh(base % "run -p -" + " <&-")  # an empty prompt, as from </dev/null
+    assert rc == 0 and out.count("\n") == 1 and "tokens " in err
+    assert sh(base % "chat" + " <&-") == (0, "", "")

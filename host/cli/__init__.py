@@ -327,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     one line, after the cleanup on the way out (host/cli/stops.py)."""
     from specmesh.host.cli.stops import Stopped, raising_stops
 
+    if not _streams_open():
+        print("specmesh: stdout is closed (>&-): give it a file, e.g. >/dev/null", file=sys.stderr)
+        return 2
     try:
         with raising_stops():
             return _main(argv)
@@ -336,6 +339,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nspecmesh: interrupted", file=sys.stderr)
         return 130
+
+
+def _streams_open() -> bool:
+    """Whether stdout, where the text goes, is open. A command started with stdin or stderr closed (`<&-`, `2>&-`)
+    reads or writes /dev/null there instead: Python leaves such a stream None, and print(file=None) would put
+    stderr's lines into the text on stdout."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # the process's stderr for the rest of its life
+    if sys.stdin is None:
+        sys.stdin = open(os.devnull)  # read as an empty stdin (`</dev/null`) is
+    return sys.stdout is not None
 
 
 def _main(argv: list[str] | None) -> int:

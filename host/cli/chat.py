@@ -17,7 +17,7 @@ import itertools
 import sys
 
 from specmesh.host.cli.output import Printer
-from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed
+from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed, quiet_when_the_reader_leaves
 from specmesh.host.cli.session import Mesh, gamma_controller, say_on_stderr
 
 PROMPT = "> "
@@ -31,8 +31,14 @@ def add_parser(sub) -> None:
 
 
 def main(a: argparse.Namespace) -> int:
+    return quiet_when_the_reader_leaves(_main, a)
+
+
+def _main(a: argparse.Namespace) -> int:
     try:
         return chat(a, _lines(), sys.stdout, echo=not sys.stdin.isatty())
+    except BrokenPipeError:
+        raise
     except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every failure is one line for the user
         return failed("chat", e)
 
@@ -79,17 +85,21 @@ def _turns(mesh: Mesh, turns, opening: bool, out, echo: bool) -> int:
         controller = gamma_controller(config, lane.drafter)
         context: list[int] = []
         for i, line in enumerate(turns):
-            least = tok.least_tokens(line, bos=not context)  # a turn too long by its bytes is not encoded
-            new = tok.encode(line, bos=not context) if len(context) + least < mesh.context else []
-            if len(context) + max(least, len(new)) >= mesh.context:
-                print("specmesh chat: the context is full (%d of %d positions; this turn needs %s%d more): start a "
-                      "new chat" % (len(context), mesh.context, "" if new else "at least ", max(least, len(new))),
-                      file=sys.stderr)
+            least = tok.least_tokens(line)  # the line alone, from BOS: one too long by its bytes is not encoded
+            new = tok.encode(line, bos=not context) if least < mesh.context else []
+            alone = len(new) + bool(context) if new else least
+            if alone >= mesh.context:  # no chat could take it: skipped, the session goes on
+                print("specmesh chat: that line is %s%d tokens and the context holds %d: skipped, type a shorter one"
+                      % ("" if new else "at least ", alone, mesh.context), file=sys.stderr, flush=True)
+                continue
+            if len(context) + len(new) >= mesh.context:
+                print("specmesh chat: the context is full (%d of %d positions; this turn needs %d more): start a new "
+                      "chat" % (len(context), mesh.context, len(new)), file=sys.stderr)
                 return 0
             context += new
-            if echo or (i == 0 and opening):
-                out.write(line)
             printer = Printer(out, color=config.color)
+            if echo or (i == 0 and opening):
+                printer.show([(line, False)])
             try:
                 done = mesh.complete(context, on_piece=lambda p: printer.show(p.segments), controller=controller,
                                      lane=lane)

@@ -76,6 +76,11 @@ class TextStream:
         return self._upto(len(self.scan.final()))
 
 
+class OutputLost(Exception):
+    """The text could not be written where it goes (a full disk behind `>`, a device's error): one line naming it.
+    A reader that left (`| head`) is BrokenPipeError instead, which a command ends on quietly."""
+
+
 class Printer:
     """Writes Segments to `out`, accepted drafts in green when colouring (`color=None`: when `out` is a
     terminal and NO_COLOR is unset)."""
@@ -88,12 +93,21 @@ class Printer:
 
     def show(self, segments: Segments) -> None:
         if segments:
-            self.out.write("".join(GREEN + t + RESET if draft and self.color else t for t, draft in segments))
-            self.out.flush()
+            self._write("".join(GREEN + t + RESET if draft and self.color else t for t, draft in segments))
 
     def end(self) -> None:
-        self.out.write("\n")
-        self.out.flush()
+        self._write("\n")
+
+    def _write(self, text: str) -> None:
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            where = getattr(self.out, "name", "the output")
+            raise OutputLost("cannot write the text to %s: %s" % (where.strip("<>") if isinstance(where, str)
+                                                                   else where, e.strerror or e)) from None
 
 
 class TokenStream(TextStream):

@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from specmesh.host.atomic import STDOUT
 from specmesh.host.cli.config import RunConfig, UsageError
 from specmesh.host.cli.flags import add_arguments
-from specmesh.host.cli.output import Printer, format_table, write_stats_json
+from specmesh.host.cli.output import OutputLost, Printer, format_table, write_stats_json
 from specmesh.host.cli.session import GenerationFailed, Mesh, one_line, say_on_stderr
 from specmesh.host.cli.stops import Stopped
 
@@ -41,8 +41,7 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
     config = a if isinstance(a, RunConfig) else check_args(a)
     with Mesh.from_config(config, say=None if config.quiet else say_on_stderr(), warn=say_on_stderr()) as mesh:
         printer = Printer(out, color=config.color)
-        out.write(config.prompt)
-        out.flush()
+        printer.show([(config.prompt, False)])
         try:
             done = mesh.complete(mesh.encode(config.prompt), on_piece=lambda p: printer.show(p.segments))
         finally:
@@ -51,9 +50,15 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
 
 
 def main(a: argparse.Namespace) -> int:
+    return quiet_when_the_reader_leaves(_main, a)
+
+
+def quiet_when_the_reader_leaves(command: Callable[[argparse.Namespace], int], a: argparse.Namespace) -> int:
+    """`command(a)`, ended quietly with the shell's status for SIGPIPE when the reader of stdout left (`specmesh
+    run | head`); stdout then goes to /dev/null, so that Python's last flush at exit has nothing to report."""
     try:
-        return _main(a)
-    except BrokenPipeError:  # `specmesh run | head`: the reader left; say nothing more
+        return command(a)
+    except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
 
@@ -74,7 +79,9 @@ def failed(command: str, e: Exception | KeyboardInterrupt) -> int:
     if os.environ.get("SPECMESH_DEBUG"):
         raise e
     print("specmesh %s: error: %s" % (command, one_line(e)), file=sys.stderr)
-    return 1 if isinstance(e, GenerationFailed) else 2
+    if isinstance(e, OutputLost):  # what is left in stdout's buffer would fail again at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1 if isinstance(e, (GenerationFailed, OutputLost)) else 2
 
 
 def _main(a: argparse.Namespace) -> int:
