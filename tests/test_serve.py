@@ -109,6 +109,10 @@ def test_what_does_not_map_is_a_4xx_naming_it(boards):
     with pytest.raises(urllib.error.HTTPError) as e:  # over the server's MAX_BODY: not read whole
         urllib.request.urlopen(ask, timeout=60)
     assert e.value.code == 413 and "over" in json.load(e.value)["error"]["message"]
+    deep = ("[" * 100_000 + "]" * 100_000).encode()  # deeper than the JSON parser's stack: a 400, not a 500
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(urllib.request.Request(boards + "/v1/completions", deep), timeout=60)
+    assert e.value.code == 400 and json.load(e.value)["error"]["message"] == "the body must be JSON nested less deeply"
     assert json.load(urllib.request.urlopen(boards + "/health"))["status"] == "ok"
 
 

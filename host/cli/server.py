@@ -219,6 +219,8 @@ class Api:
             return error(e.status, str(e))
         except (ValueError, UnicodeDecodeError):
             return error(400, "the body must be JSON")
+        except RecursionError:  # arrays or objects nested deeper than the parser's stack
+            return error(400, "the body must be JSON nested less deeply")
         if not isinstance(body, dict):
             return error(400, "the body must be a JSON object")
         try:
