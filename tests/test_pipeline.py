@@ -115,7 +115,10 @@ def test_a_stage_that_stops_answering_ends_the_run_naming_it(mesh, prompt):
     assert "\n" not in line and line.startswith("stage 3 of 5 (layers 2:3, virtual:stage2(esp32)) stopped answering")
 
 
-@pytest.mark.parametrize("extra, message", [(["--stages", "2", "--verifier", "cpu"], "drop --verifier")])
+@pytest.mark.parametrize("extra, message", [
+    (["--stages", "2", "--verifier", "cpu"], r"serial: drop --verifier \(or name their class: [^)]*\)$"),
+    (["--stages", "2", "--transport", "espnow"], "serial: drop --transport$"),
+    (["--verifier", "pipeline"], "--verifier pipeline is the pipeline --stages N starts: give --stages N")])
 def test_stage_flags_are_checked(extra, message):
     import argparse
 

@@ -228,9 +228,15 @@ def _check_ranges(a: argparse.Namespace) -> None:
             convert(value)  # what the protocol carries; SessionParams applies exactly that everywhere
         except ValueError as e:
             raise UsageError("%s: %s" % (flag, e)) from None
-    if a.stages and (not (a.verifier == "virtual" or a.verifier.startswith("virtual:")) or a.transport != "serial"):
-        raise UsageError("--stages N starts its own virtual stage boards on --transport serial: drop --verifier "
-                         "(or name their class: --verifier virtual:esp32c3) and --transport")
+    if a.verifier == PIPELINE and not a.stages:
+        raise UsageError("--verifier %s is the pipeline --stages N starts: give --stages N (e.g. --stages 5), not "
+                         "--verifier" % PIPELINE)
+    virtual = a.verifier == "virtual" or a.verifier.startswith("virtual:")
+    if a.stages > 0 and (not virtual or a.transport != "serial"):  # below 0: preflight's range
+        drop = [f for f, wrong in (("--verifier (or name their class: --verifier virtual:esp32c3)", not virtual),
+                                   ("--transport", a.transport != "serial")) if wrong]
+        raise UsageError("--stages N starts its own virtual stage boards on --transport serial: drop %s"
+                         % " and ".join(drop))
     if (a.radio_loss or a.radio_dup) and a.transport != "espnow":
         raise UsageError("--radio-loss and --radio-dup act on the virtual radio: add --transport espnow")
     for flag, given in (("--calibration", a.calibration), ("--drafter-calibration", a.drafter_calibration)):
