@@ -4,6 +4,7 @@ import hashlib
 import json
 import os
 import pty
+import re
 import sys
 
 import pytest
@@ -12,7 +13,7 @@ from emulator_util import mpremote, open_port, read_until
 from specmesh.host import cli
 from specmesh.host.bus.ports import PortError, resolve_port
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
-from specmesh.host.provision.flash import ROOT, BoardInfo, FlashError, check_board, flash, node_sources
+from specmesh.host.provision.flash import ROOT, BoardInfo, FlashError, FlashRequestError, check_board, flash, node_sources
 from specmesh.tools.testmodels import random_model
 
 ECHO_MAIN = (
@@ -344,3 +345,36 @@ def test_a_drafter_table_goes_to_the_filesystem_beside_any_model(virtual_board, 
     assert config["table"] == "models/drafter.ngt"
     flash(vb.port, "verifier", model, node_id=2, sources=sources, progress=False)
     assert "table" not in json.loads((vb.flash_dir / "specmesh.json").read_text())
+
+
+def test_a_drafter_with_a_broken_table_is_refused_before_the_board_is_touched(virtual_board, tiny_node):
+    """The table is read on the host first, as the model is: its path on this machine and what to do, and the
+    board's flash is left as it was."""
+    from specmesh.host.layout import ngram_table_name
+
+    sources, model = tiny_node
+    table = model.with_name(ngram_table_name(model.name))
+    table.write_bytes(b"SMNG" + bytes(16))
+    vb = virtual_board(romfs_bytes=0)
+    before = sorted(p.relative_to(vb.flash_dir) for p in vb.flash_dir.rglob("*"))
+    try:
+        with pytest.raises(FlashRequestError, match=r"^n-gram table %s: .*: rebuild it \(python -m specmesh\.tools"
+                                                     r"\.ngram\) or delete it" % re.escape(str(table))):
+            flash(vb.port, "drafter", model, node_id=7, sources=sources, progress=False)
+    finally:
+        table.unlink()
+    assert sorted(p.relative_to(vb.flash_dir) for p in vb.flash_dir.rglob("*")) == before
+
+
+def test_a_virtual_board_whose_class_cannot_hold_the_model_names_the_flags_to_choose_instead(tmp_path):
+    """No MicroPython build can be flashed onto a virtual board: the advice is a class or a split, not a build."""
+    import subprocess
+
+    target = ROOT / "models" / TARGET_FILE  # 269 KiB as a classic ESP32 drafter board's ROMFS image: 128 KiB
+    done = subprocess.run([sys.executable, "-m", "specmesh.host.cli", "run", "-n", "2", "--verifier", "cpu",
+                           "--draft-model", str(target)], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env=dict(os.environ, SPECMESH_VBOARDS=str(tmp_path / "vboards")))
+    assert done.returncode == 2 and done.stderr.splitlines()[-1] == (
+        "specmesh run: error: virtual drafter board (esp32): the drafter model's ROMFS image is 269 KiB; the board's "
+        "ROMFS partition holds 128 KiB: give a class with PSRAM (--drafter virtual:esp32s3), or a smaller drafter "
+        "(--draft-model)")

@@ -337,7 +337,8 @@ def load_ngram_table(model_path) -> ngram.Table | None:
     try:
         return ngram.Table(io.BytesIO(path.read_bytes()))
     except (ngram.NgramError, OSError) as e:
-        raise ModelFileError("n-gram table %s: %s" % (path, e)) from None
+        raise ModelFileError("n-gram table %s: %s: rebuild it (python -m specmesh.tools.ngram) or delete it (the model "
+                             "then runs without one)" % (path, e)) from None
 
 
 class LocalDrafter(LocalRole):

@@ -52,6 +52,11 @@ def _vboards_dir() -> Path:
 
 VBOARDS = _vboards_dir()
 BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier, "stage": BoardStage}
+# what to choose instead when a virtual board's class cannot hold its role's model (flash.DoesNotFit)
+BIGGER = {"verifier": "give a class with PSRAM (--verifier virtual:esp32s3), or split the target over stage boards "
+                      "(--stages 5)",
+          "drafter": "give a class with PSRAM (--drafter virtual:esp32s3), or a smaller drafter (--draft-model)",
+          "stage": "give more stages (--stages N), or a class with PSRAM (--verifier virtual:esp32s3)"}
 
 
 def _host_disk_full(folder: Path, model: Path) -> str | None:
@@ -238,7 +243,7 @@ class Cluster(contextlib.ExitStack):
         from specmesh.host.emulator import BoardError, make_board
         from specmesh.host.emulator.board import FlashDamaged
         from specmesh.host.emulator.session import board_mac
-        from specmesh.host.provision.flash import FlashError, flash, summary
+        from specmesh.host.provision.flash import DoesNotFit, FlashError, FlashRequestError, flash, summary
 
         model = self.model(kind, board or ROLE_CLASS[kind])
         name = kind if stage is None else "stage%d" % stage[0]
@@ -282,6 +287,8 @@ class Cluster(contextlib.ExitStack):
             try:
                 report = flash(vb.port, kind, model, node_id, progress=bars, key=self.key,
                                clear_key=self.key is None, layers=layers, config=cfg, board_class=vb.board.name)
+            except (DoesNotFit, FlashRequestError):
+                raise
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
                 report = flash(vb.port, kind, model, node_id, progress=bars, key=self.key,
                                clear_key=self.key is None, layers=layers, config=cfg, board_class=vb.board.name)
@@ -294,6 +301,9 @@ class Cluster(contextlib.ExitStack):
                 raise BackendError("virtual %s board: %s" % (kind, full)) from None
             if isinstance(e, OSError):
                 raise
+            if isinstance(e, DoesNotFit):  # no build to flash on a virtual board: its class is what is chosen
+                raise BackendError("virtual %s board (%s): %s: %s" % (kind, vb.board.name, e.fact,
+                                                                      BIGGER[kind])) from None
             raise BackendError("virtual %s board: %s" % (kind, vb.failed or e)) from None
         say("%s: %s" % (what, summary(report, time.monotonic() - t0)))
         with self._mutex:

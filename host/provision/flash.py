@@ -46,6 +46,7 @@ from pathlib import Path
 
 import serial
 
+from specmesh.host.backends import load_ngram_table
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, STAGE_CTX, class_of, drafter_model, has_psram, on_romfs
 from specmesh.host.bus import ports
@@ -78,6 +79,15 @@ NATIVE_DIR = "/native"  # the native kernel module for the board's arch (firmwar
 
 class FlashError(RuntimeError):
     """A flashing step failed; the message is one line for the user."""
+
+
+class DoesNotFit(FlashError):
+    """The board cannot hold the model (its ROMFS partition, its heap): `fact` says so, `advice` what a real board's
+    owner does; a virtual board's run gives its own (host/provision/cluster.py)."""
+
+    def __init__(self, fact: str, advice: str):
+        super().__init__(fact + advice)
+        self.fact = fact
 
 
 class FlashRequestError(FlashError):
@@ -248,15 +258,15 @@ def check_board(info: BoardInfo, role: str, model_bytes: int, total_bytes: int, 
     if not info.viper:
         raise FlashError(f"board's MicroPython ({info.arch}) was built without @micropython.viper")
     if rom_image > info.romfs:
-        raise FlashError(
+        raise DoesNotFit(
             f"the {role} model's ROMFS image is {rom_image // 1024} KiB; the board's ROMFS partition holds "
-            f"{info.romfs // 1024} KiB: flash a MicroPython build with a bigger romfs partition, or a smaller model"
+            f"{info.romfs // 1024} KiB", ": flash a MicroPython build with a bigger romfs partition, or a smaller model"
         )
     if not rom_image and model_bytes and model_bytes > info.mem_free:
         hint = "" if info.romfs or role == "stage" else " (a MicroPython build with ROMFS keeps it in flash: README)"
-        raise FlashError(
+        raise DoesNotFit(
             f"the {role} model needs {model_bytes // 1024} KiB of heap; this board has {info.mem_free // 1024} KiB "
-            f"free{hint}"
+            f"free", hint
         )
     if info.fs_free and total_bytes > info.fs_free:
         raise FlashError(
@@ -482,8 +492,10 @@ def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, 
         raise FlashRequestError(f"model file not found: {model}")
     if not ports.exists(port):  # the cheap checks first: a missing port before a broken model
         raise FlashRequestError(ports.missing(port))
-    try:  # a broken model is refused before the board is touched
+    try:  # a broken model, or a drafter's broken n-gram table, is refused before the board is touched
         header = check_model_file(model)[0]
+        if role == "drafter":
+            load_ngram_table(model)
     except (ModelFileError, OSError) as e:
         raise FlashRequestError(str(e)) from None
     if layers is None:
