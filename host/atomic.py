@@ -109,7 +109,9 @@ def unwritable(path: str | os.PathLike) -> str | None:
     if path.is_dir():
         return "it is a folder"
     if not folder.is_dir():
-        return "folder %s does not exist" % folder
+        above = next((p for p in (folder, *folder.parents) if p.exists()), None)  # a file on the way: no folder
+        return "%s is a file, not a folder" % above if above is not None and not above.is_dir() else \
+            "folder %s does not exist" % folder
     if not os.access(folder, os.W_OK | os.X_OK):
         return "no permission to write in %s" % folder
     return None
@@ -134,7 +136,7 @@ def _kind(path: str) -> int | None:
     """The file type bits of what `path` names after its symlinks (None: nothing there yet)."""
     try:
         return stat.S_IFMT(os.stat(path).st_mode)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # NotADirectoryError: a file on the way (README.md/x.json)
         return None
 
 

@@ -97,4 +97,7 @@ def test_output_problem_says_why(tmp_path):
     assert atomic.output_problem("") == "an empty name (give a file, or - for stdout)"
     assert atomic.output_problem(tmp_path) == "it is a folder"
     assert atomic.output_problem(tmp_path / "no" / "x") == "folder %s does not exist" % (tmp_path / "no")
+    (tmp_path / "f").write_text("")
+    for below in ("x.json", "a/x.json"):  # a file where a folder of the path should be
+        assert atomic.output_problem(tmp_path / "f" / below) == "%s is a file, not a folder" % (tmp_path / "f")
     assert atomic.output_problem("/dev/fd/97") == "descriptor 97 is not open"

@@ -89,6 +89,8 @@ def test_the_prompt_comes_from_stdin_or_a_file_without_its_final_newline(models,
     (b"caf\xe9 au lait", ["--prompt-file", "p.txt"], "the prompt in p.txt is not UTF-8 text: byte 3 is 0xe9"),
     (None, ["--model", "nope.spm"], "--model nope.spm: no such file"),
     (None, ["--draft-model", "nope.spm"], "--draft-model nope.spm: no such file"),
+    (None, ["--model", "."], "--model .: a folder: name the model file in it"),
+    (None, ["--draft-model", "/dev/null"], "--draft-model /dev/null: not a regular file"),
 ])
 def test_a_bad_prompt_or_model_file_is_one_line_and_status_2(models, tmp_path, monkeypatch, capsys, setup, extra,
                                                               message):

@@ -326,7 +326,8 @@ def _check_models(models: Path, plain: bool, target: Path | None, drafter: Path 
         if role == "drafter" and plain:
             continue
         if named is not None and not named.is_file():
-            raise UsageError("%s %s: no such file" % (flag, named))
+            raise UsageError("%s %s: %s" % (flag, named, "a folder: name the model file in it" if named.is_dir() else
+                                            "not a regular file" if named.exists() else "no such file"))
         if named is None and not (models / MODEL_FILES[role]).is_file():
             raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (MODEL_FILES[role],
                                                                                             models))
