@@ -260,11 +260,17 @@ def test_stats_json_to_stdout_leaves_it_the_json_alone(models, capsys):
 
 
 def test_a_flag_that_changes_nothing_is_said_in_one_line(models, capsys):
-    """--plain decodes on the verifier alone: drafter flags given with it are named, the run goes on."""
+    """--plain decodes on the verifier alone: drafter flags given with it are named, the run goes on; so is
+    --spec-ahead with the host drafting."""
     rc = cli.main(["run", "--models", str(models), "--verifier", "cpu", "--plain", "--drafter", "cpu", "--gamma", "3",
                    "--max-tokens", "4", "--quiet"])
     err = capsys.readouterr().err
     assert rc == 0 and err == "specmesh: note: --plain decodes on the verifier alone: --drafter, --gamma are not used\n"
+    rc = cli.main(["run", "--models", str(models), "--verifier", "cpu", "--drafter", "cpu", "--spec-ahead", "4",
+                   "--max-tokens", "4", "--quiet"])  # drafting ahead is a drafter board's
+    assert rc == 0 and capsys.readouterr().err == ("specmesh: note: --spec-ahead is how far a drafter board drafts "
+                                                   "while a verdict is pending: --drafter cpu drafts when asked, so it "
+                                                   "is not used\n")
 
 
 def test_stats_json_to_a_device_is_written_straight_and_a_failed_write_is_one_line(models, capsys):

@@ -160,6 +160,9 @@ def _pointless(a: argparse.Namespace) -> tuple[str, ...]:
         if given:
             notes.append("--plain decodes on the verifier alone: %s %s not used" % (
                 ", ".join(given), "is" if len(given) == 1 else "are"))
+    elif a.spec_ahead and a.drafter == "cpu":
+        notes.append("--spec-ahead is how far a drafter board drafts while a verdict is pending: --drafter cpu drafts "
+                     "when asked, so it is not used")
     return tuple(notes)
 
 
