@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+from specmesh.host import tempdirs
 from specmesh.host.layout import ROOT
 
 SIZES = (100, 400)
@@ -41,7 +41,7 @@ def measure() -> dict[int, tuple[int, int]]:
     from specmesh.host.emulator import make_board
 
     mpremote = str(Path(sys.executable).with_name("mpremote"))
-    with tempfile.TemporaryDirectory(prefix="specmesh-frame-cost-") as tmp:
+    with tempdirs.folder("frame-cost") as tmp:
         script = Path(tmp) / "frame_cost.py"
         script.write_text(SCRIPT)
         board = make_board(Path(tmp) / "c3", "esp32c3").start()

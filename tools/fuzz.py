@@ -33,12 +33,11 @@ import argparse
 import json
 import random
 import sys
-import tempfile
 import time
 import tracemalloc
 from pathlib import Path
 
-from specmesh.host import atomic
+from specmesh.host import atomic, tempdirs
 from specmesh.host.boardclasses import ESP32
 from specmesh.shared import codec
 from specmesh.shared import messages as m
@@ -165,7 +164,7 @@ def fuzz_node(n: int, seed: int, micropython: str) -> dict:
 
     r = random.Random(seed + 1)
     report = {"inputs": n, "crashes": 0, "hangs": 0, "examples": [], "heap_free": []}
-    with tempfile.TemporaryDirectory(prefix="specmesh-fuzz-") as tmp:
+    with tempdirs.folder("fuzz") as tmp:
         board = Path(tmp)
         flash(board)
         rom = rom_image(Path(shipped_model("drafter")), Path(tmp) / "rom.img")

@@ -15,12 +15,12 @@ import io
 import shutil
 import subprocess
 import sys
-import tempfile
 from array import array
 from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 
+from specmesh.host import tempdirs
 from specmesh.host.layout import MODELS, ROOT, TARGET_FILE, ngram_table
 from specmesh.tools.heldout import PROMPT_SETS, prompt_set
 from specmesh.tools.ngram import greedy_stream
@@ -77,7 +77,7 @@ def measure(board: str, table: Path, seqs: Sequence[tuple[int, list[int]]]) -> t
     from specmesh.host.emulator import make_board
 
     mpremote = str(Path(sys.executable).with_name("mpremote"))
-    with tempfile.TemporaryDirectory(prefix="specmesh-ngram-cost-") as tmp:
+    with tempdirs.folder("ngram-cost") as tmp:
         work = Path(tmp) / "mount"
         shutil.copytree(ROOT / "shared", work / "shared")
         shutil.copy(table, work / "table.ngt")

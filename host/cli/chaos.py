@@ -14,7 +14,6 @@ boards (signed when the profile is).
 from __future__ import annotations
 
 import secrets
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from specmesh.host.boardclasses import drafter_class, drafter_model
 from specmesh.host.bus.faults import Faults
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Observer, generate
+from specmesh.host import tempdirs
 from specmesh.host.layout import MODELS, model_path
 from specmesh.shared import messages as m
 
@@ -184,7 +184,7 @@ def run(names: list[str], tokens: int = 32, models: Path = MODELS,
     rows = []
     say = say or (lambda line: None)
     total = len(names) * len(CASES)
-    with tempfile.TemporaryDirectory(prefix="specmesh-chaos-") as tmp:
+    with tempdirs.folder("chaos") as tmp:
         for name in names:
             prof = PROFILES[name]
             for params in CASES:

@@ -32,7 +32,6 @@ import select
 import signal
 import subprocess
 import sys
-import tempfile
 import termios
 import threading
 import time
@@ -41,7 +40,7 @@ import weakref
 from functools import cache
 from pathlib import Path
 
-from specmesh.host import atomic, layout
+from specmesh.host import atomic, layout, tempdirs
 from specmesh.host.boardclasses import CONSOLE_RING, BoardClass, board_class
 from specmesh.host.mpycross import CompileError, compile_py
 
@@ -77,8 +76,7 @@ def micropython_binary() -> str:
 @cache
 def standin_dir() -> str:
     """The shim and stand-in modules, compiled once per host process to x64 .mpy (less VM heap)."""
-    out = Path(tempfile.mkdtemp(prefix="specmesh-vboard-"))
-    atexit.register(_rmtree, out)
+    out = tempdirs.made("vboard")
     for src in sorted(MPY_DIR.glob("*.py")):
         try:
             compile_py(src, out / (src.stem + ".mpy"), march="x64")
@@ -94,7 +92,7 @@ MEASURE_HEAP = 4 << 20  # -X heapsize= of the VMs that measure the shim (room fo
 def _shim_heap(romfs_bytes: int) -> tuple[int, float]:
     """(heap bytes the REPL shim holds at the prompt, VM heap size per usable heap byte: the GC's
     allocation tables take the rest), with an erased ROMFS partition of `romfs_bytes` (0: none)."""
-    with tempfile.TemporaryDirectory(prefix="specmesh-measure-") as tmp:
+    with tempdirs.folder("measure") as tmp:
         flash = Path(tmp) / "flash"
         flash.mkdir()
         env = {"MICROPYPATH": standin_dir(), "VBOARD_EMU": standin_dir(), "VBOARD_FLASH": str(flash),
@@ -132,12 +130,6 @@ def _erased(path: Path, size: int) -> Path:
     if not path.is_file() or path.stat().st_size != size:
         atomic.write_bytes(path, b"\xff" * size)
     return path
-
-
-def _rmtree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
 
 
 try:  # resolved here, once: a preexec_fn must not dlopen (a lock another thread may hold at fork)

@@ -28,6 +28,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from specmesh.host import tempdirs
 from specmesh.host.boardclasses import BoardClass
 from specmesh.host.emulator.board import EXIT_SOFT, EXIT_SOFT_RAW, BoardError, VirtualBoard, _die_with_parent, _erased
 from specmesh.host.layout import ROOT
@@ -195,9 +196,7 @@ class QemuBoard(VirtualBoard):
         return value
 
     def _measure_code_heap(self) -> int:
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="specmesh-codeheap-") as tmp:
+        with tempdirs.folder("codeheap") as tmp:
             shutil.copy(self.flash_dir / "flash.img", tmp)
             if self.romfs_bytes:
                 shutil.copy(_erased(self.romfs_path, self.romfs_bytes), tmp)

@@ -39,13 +39,13 @@ import hashlib
 import io
 import json
 import re
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import serial
 
+from specmesh.host import tempdirs
 from specmesh.host.backends import load_ngram_table
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, STAGE_CTX, class_of, drafter_model, has_psram, on_romfs
@@ -423,7 +423,7 @@ def flash(
         image = _rom_image(info, role, model, heap_bytes) if use_romfs else b""
         model_dest = f"{romfs.ROM_DIR}/{model.name}" if image else fs_dest
         note = drafters.describe(model.name, _placement(info, image)) if by_class else ""
-        with tempfile.TemporaryDirectory(prefix="specmesh-flash-") as tmp:
+        with tempdirs.folder("flash") as tmp:
             files = build(info.arch, Path(tmp), iter(sources) if sources is not None else None)
             if not image:
                 files[model_dest] = model

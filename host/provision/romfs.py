@@ -16,9 +16,10 @@ import base64
 import contextlib
 import io
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from specmesh.host import tempdirs
 
 ROM_DIR = "/rom"  # where the firmware mounts the partition's image
 CHUNK = 4096  # bytes per write, as mpremote's deploy: the board compiles one line of ~5.5 KB per chunk
@@ -44,7 +45,7 @@ def image(model: Path) -> bytes:
         model.name.encode("ascii")
     except UnicodeEncodeError:
         raise RomfsError(f"ROMFS file names are ASCII: rename {model.name!r}") from None
-    with tempfile.TemporaryDirectory(prefix="specmesh-romfs-") as tmp:
+    with tempdirs.folder("romfs") as tmp:
         shutil.copyfile(model, Path(tmp) / model.name)
         with contextlib.redirect_stdout(io.StringIO()):  # make_romfs prints the tree it builds
             return make_romfs(tmp, mpy_cross=False)

@@ -16,10 +16,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from specmesh.host import tempdirs
 from specmesh.host.emulator import VirtualBoard
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 from specmesh.host.provision.flash import ROOT, flash
@@ -44,7 +44,7 @@ def _timed(fn) -> float:
 
 def run() -> dict:
     results: dict = {}
-    with tempfile.TemporaryDirectory(prefix="specmesh-bench-") as tmp_name:
+    with tempdirs.folder("bench") as tmp_name:
         tmp = Path(tmp_name)
         for cls in ("esp32", "esp32s3"):
             starts = []

@@ -1,0 +1,36 @@
+"""host/tempdirs.py: a process's temporary folders carry its pid, and the next one removes those whose maker was
+killed before its cleanup ran (SIGKILL), but never a live process's, nor one younger than MIN_AGE_S."""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+from specmesh.host import tempdirs
+
+
+def test_folders_of_a_killed_process_are_removed_and_the_others_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made = subprocess.run([sys.executable, "-c", "import os, signal, tempfile\n"
+                           "from specmesh.host import tempdirs\n"
+                           "print(tempdirs.made('vboard'), flush=True)\n"
+                           "os.kill(os.getpid(), signal.SIGKILL)"],
+                          env=dict(os.environ, TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=60)
+    left = tmp_path / made.stdout.strip().rsplit("/", 1)[-1]
+    assert made.returncode == -9 and left.is_dir()  # killed: its atexit never ran
+    (left / "shim.mpy").write_bytes(b"x")
+    young = tmp_path / left.name.replace("vboard", "flash")
+    young.mkdir()
+    live = tmp_path / ("specmesh-romfs-%d-abc" % os.getppid())
+    live.mkdir()
+    other = tmp_path / "specmesh-notours"
+    other.mkdir()
+    old = os.stat(left).st_mtime - 2 * tempdirs.MIN_AGE_S
+    for path in (left, live, other):
+        os.utime(path, (old, old))
+    tempdirs.sweep.cache_clear()
+    with tempdirs.folder("flash") as mine:
+        assert os.path.basename(mine).startswith("specmesh-flash-%d-" % os.getpid())
+        assert not left.exists()  # its maker is gone and it is old: removed
+        assert young.is_dir() and live.is_dir() and other.is_dir()  # too young to judge; its maker runs; not ours
+    assert not os.path.exists(mine)
