@@ -118,11 +118,13 @@ class Node:
             _say(load_error)
         if self.auth is not None:
             self._reserve()
+        self.why_idle = None  # why the role of the config did not start: said at boot, and to role requests
         if cfg["role"] != "idle":
             try:
                 self._load(ROLES.index(cfg["role"]), cfg["model"])
             except Refused as e:
-                _say("cannot start as %s: %s" % (cfg["role"], e))
+                self.why_idle = "cannot start as %s: %s" % (cfg["role"], e)
+                _say(self.why_idle)
                 self.stats["errors"] += 1
 
     # -- the loop ------------------------------------------------------------------------------
@@ -403,7 +405,8 @@ class Node:
             return m.ACK, b""
         role = self.role
         if role is None:
-            raise Refused(E_STATE, "%s needs a role: this node is idle (send CONFIGURE)" % _name(t))
+            raise Refused(E_STATE, "%s needs a role: this node is idle (%s)"
+                          % (_name(t), self.why_idle or "send CONFIGURE"))
         if t == m.BEGIN:
             role.begin(*args)
             self._session = f.session
@@ -513,6 +516,7 @@ class Node:
 
     def _load(self, role_id, model):
         """Replace the role (and engine) by `role_id` running `model`; Refused if it cannot load."""
+        self.why_idle = None  # a CONFIGURE's failure is its reply's
         self.role = None
         self.role_id = m.ROLE_IDLE
         gc.collect()

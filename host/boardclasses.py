@@ -175,6 +175,13 @@ ESP32C6 = BoardClass(
 )
 
 BOARD_CLASSES: dict[str, BoardClass] = {c.name: c for c in (ESP32, ESP32S3, ESP32C3, ESP32C6)}
+# what to choose instead when a virtual board's class cannot hold its role's model (its ROMFS partition or heap),
+# by role: a virtual board is its class's, with no bigger MicroPython build to flash
+VIRTUAL_TOO_SMALL = {
+    "verifier": "give a class with PSRAM (--verifier virtual:esp32s3), or split the target over stage boards "
+                "(--stages 5)",
+    "drafter": "give a class with PSRAM (--drafter virtual:esp32s3), or a smaller drafter (--draft-model)",
+    "stage": "give more stages (--stages N), or a class with PSRAM (--verifier virtual:esp32s3)"}
 # the class of a role's board in a default cluster: the drafter fits a classic ESP32, the whole target
 # needs PSRAM, and a pipeline stage holds a slice of the target in a classic ESP32 (docs/pipeline.md)
 ROLE_CLASS = {"drafter": ESP32.name, "verifier": ESP32S3.name, "stage": ESP32.name}

@@ -220,6 +220,21 @@ def test_a_malformed_table_is_one_line_and_the_node_stays_idle(micropython, mode
         LocalDrafter(tmp_path / DRAFTER_FILE)
 
 
+def test_a_node_that_could_not_start_its_role_tells_a_role_request_why(micropython, models, tmp_path):
+    """Its console line at boot can go before the host opens the port (host/backends/board.py asks instead)."""
+    bad = tmp_path / ngram_table_name(DRAFTER_FILE)
+    bad.write_bytes(b"SMNG" + bytes(16))
+    node = NodeProc(micropython, tmp_path / "d", {"node_id": 1, "role": "drafter", "model": str(models / DRAFTER_FILE),
+                                                  "table": str(bad)})
+    try:
+        assert node.call(m.HELLO)[2] == m.ROLE_IDLE
+        code, text = node.error(m.BEGIN, m.pack_begin(0, 0, 8, 0, 0, 1, [1]))
+        assert code == m.E_STATE and text.startswith("BEGIN needs a role: this node is idle (cannot start as drafter: ")
+        assert "n-gram table" in text  # (cut where an error's text ends: messages.py)
+    finally:
+        node.close()
+
+
 def test_the_builder_leaves_out_contexts_a_shorter_one_answers_the_same():
     seqs = [(2, [1, 2, 3, 4]), (2, [1, 2, 3, 4]), (2, [5, 2, 3, 4]), (2, [5, 2, 3, 4]), (2, [6, 2, 3, 9])] * 2
     full, = builder.entries(seqs, [[[False] * 4] * len(seqs)], nmin=2, nmax=3, min_share=0.6, min_gain=2)

@@ -156,12 +156,18 @@ def test_pipelined_drafting_changes_nothing_but_time(serial_boards, models, tmp_
         assert ahead.stats()["ahead"] > 0  # the drafter did draft ahead while verdicts were pending
 
 
-def test_a_board_whose_model_fails_to_load_is_reported_with_the_cause(models, tmp_path):
+@pytest.mark.parametrize("console_seen", [True, False])
+def test_a_board_whose_model_fails_to_load_is_reported_with_the_cause(models, tmp_path, monkeypatch, console_seen):
     """A model corrupted on the board's flash: the node comes up idle and says why on its console; the host
-    names that cause and how to reflash the port, rather than calling the board 'not flashed'."""
+    names that cause and how to reflash the port, rather than calling the board 'not flashed'. A console line
+    the host missed (printed at boot, before the port opened) is asked of the node instead."""
     from emulator_util import mpremote
     from specmesh.host.backends import BackendError
+    from specmesh.host.bus.links import SerialLink
     from specmesh.host.provision.cluster import connect
+
+    if not console_seen:
+        monkeypatch.setattr(SerialLink, "_on_text", lambda self, line: None)
 
     with Cluster("serial", models, tmp_path) as c:
         vb = c.start("verifier")

@@ -163,3 +163,15 @@ def test_a_c3_pair_plans_gamma_on_the_instructions_its_boards_execute(tmp_path):
     assert stats["gamma_costs"] == "projected esp32c3" and p["drafter"] == "esp32c3 board"
     assert stats["drafter_model"].endswith(BOARD_CLASSES["esp32c3"].drafter) and p["ready_rounds"] > 0
     assert p["instructions_per_pass"]["drafter"]["1"] > 0 and p["pipelined_drafting"]
+
+
+def test_stages_too_few_for_a_c6s_heap_say_what_to_choose_instead(tmp_path):
+    """The node refuses a slice its heap cannot hold (firmware/node.py E_MEMORY); a virtual board's line names the
+    flags that fit (host/boardclasses.py VIRTUAL_TOO_SMALL), not a flash command."""
+    from specmesh.host.backends import BackendError
+
+    with Cluster("serial", MODELS, tmp_path / "vboards") as c, pytest.raises(BackendError) as e:
+        c.pipeline(2, "esp32c6")
+    assert str(e.value).startswith("virtual:stage0(esp32c6) did not start as a stage: model ") and str(
+        e.value).endswith(" of free heap; give more stages (--stages N), or a class with PSRAM (--verifier "
+                          "virtual:esp32s3)")

@@ -20,10 +20,11 @@ sent again. Drafts and verdicts are pure functions of (seed, committed prefix), 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 from specmesh.host.backends import BackendError, Draft, Pending, SessionParams, Unit
-from specmesh.host.boardclasses import CONSOLE_RING, class_of
+from specmesh.host.boardclasses import CONSOLE_RING, VIRTUAL_TOO_SMALL, class_of
 from specmesh.host.bus.proxy import Call, NodeError, Proxy, ProxyError
 from specmesh.shared.codec import Frame
 from specmesh.shared import messages as m
@@ -79,16 +80,29 @@ class BoardBackend(Unit):
     def _wrong_role(self, role: int) -> str:
         """Why the node does not play this back-end's role, and what to do (flashing a real board)."""
         want = ROLES[self.role]
-        if role == m.ROLE_IDLE:  # the node prints why its role did not start (firmware/node.py)
+        if role == m.ROLE_IDLE:  # the node prints why its role did not start (firmware/node.py), and says it
             said = [t.strip() for t in getattr(self.proxy.bus.link, "text", ()) if "cannot start as" in t]
+            reason = said[-1].split(": ", 2)[-1] if said else self._why_idle()
             why = "%s did not start as a %s: %s" % (
-                self.name, want, said[-1].split(": ", 2)[-1] if said else
-                "its node is idle (its model failed to load or it was never flashed with a role)")
+                self.name, want, reason or "its node is idle (its model failed to load or it was never flashed with "
+                                           "a role)")
         else:
             why = "%s is flashed as a %s, not a %s" % (self.name, ROLES[role] if 0 <= role < len(ROLES) else "role %d" % role, want)
         if self.name.startswith("virtual:"):  # flashed for this run: a flash command would not help
-            return why
+            return why + ("; " + VIRTUAL_TOO_SMALL[want] if "does not fit in" in why else "")
         return why + "; flash it: `specmesh flash --port %s --role %s`" % (self.name, want)
+
+    def _why_idle(self) -> str | None:
+        """Why the idle node's role did not start, asked of it (a role request to an idle node is refused with the
+        reason, firmware/node.py `why_idle`): its console line is printed at boot, and can go before the port opens."""
+        try:
+            self.proxy.call(m.BEGIN, _begin_body(SessionParams(), [1]))
+        except NodeError as e:
+            said = re.search(r"this node is idle \(cannot start as [^:]*: (.*?)\)?$", e.message)  # (a long one cut)
+            return said.group(1) if said else None
+        except ProxyError:
+            return None
+        return None
 
     @property
     def bus_bytes(self) -> int:

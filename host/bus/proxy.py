@@ -84,6 +84,7 @@ class NodeError(ProxyError):
     def __init__(self, node: int, code: int, message: str):
         super().__init__("node %d refused the request: %s (error %d)" % (node, message, code))
         self.code = code
+        self.message = message
 
 
 class NodeTimeout(ProxyError):

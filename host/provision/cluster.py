@@ -30,7 +30,7 @@ from specmesh.host import atomic
 from specmesh.host.backends import BackendError, Boards
 from specmesh.host.backends.board import BoardDrafter, BoardVerifier
 from specmesh.host.backends.pipeline import BoardStage, PipelineVerifier
-from specmesh.host.boardclasses import ROLE_CLASS, drafter_class, drafter_model
+from specmesh.host.boardclasses import ROLE_CLASS, VIRTUAL_TOO_SMALL, drafter_class, drafter_model
 from specmesh.host.bus.links import LinkError, SerialLink
 from specmesh.host.bus.proxy import Bus, HostAuth, NodeError, Proxy
 from specmesh.host.layout import MODELS, ROOT, model_path
@@ -52,11 +52,6 @@ def _vboards_dir() -> Path:
 
 VBOARDS = _vboards_dir()
 BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier, "stage": BoardStage}
-# what to choose instead when a virtual board's class cannot hold its role's model (flash.DoesNotFit)
-BIGGER = {"verifier": "give a class with PSRAM (--verifier virtual:esp32s3), or split the target over stage boards "
-                      "(--stages 5)",
-          "drafter": "give a class with PSRAM (--drafter virtual:esp32s3), or a smaller drafter (--draft-model)",
-          "stage": "give more stages (--stages N), or a class with PSRAM (--verifier virtual:esp32s3)"}
 
 
 def _host_disk_full(folder: Path, model: Path) -> str | None:
@@ -303,7 +298,7 @@ class Cluster(contextlib.ExitStack):
                 raise
             if isinstance(e, DoesNotFit):  # no build to flash on a virtual board: its class is what is chosen
                 raise BackendError("virtual %s board (%s): %s: %s" % (kind, vb.board.name, e.fact,
-                                                                      BIGGER[kind])) from None
+                                                                      VIRTUAL_TOO_SMALL[kind])) from None
             raise BackendError("virtual %s board: %s" % (kind, vb.failed or e)) from None
         say("%s: %s" % (what, summary(report, time.monotonic() - t0)))
         with self._mutex:
