@@ -314,3 +314,11 @@ def test_the_texts_streams_closed_full_or_left_are_one_line_or_quiet(models):
     rc, out, err = sh(base % "run -p -" + " <&-")  # an empty prompt, as from </dev/null
     assert rc == 0 and out.count("\n") == 1 and "tokens " in err
     assert sh(base % "chat" + " <&-") == (0, "", "")
+
+
+def test_a_file_the_system_refuses_is_named_with_the_reason_in_one_line():
+    from specmesh.host.cli.session import one_line
+
+    assert one_line(PermissionError(13, "Permission denied", "/m/tokenizer.bin")) == (
+        "cannot open /m/tokenizer.bin: Permission denied")
+    assert one_line(ValueError("first\nsecond")) == "first"

@@ -75,6 +75,10 @@ class GenerationFailed(Exception):
 
 
 def one_line(e: BaseException) -> str:
+    """An exception as one line for the user: its first, or for a file the system refused, the file and why (not
+    Python's "[Errno 13] Permission denied: 'path'")."""
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        return "cannot open %s: %s" % (e.filename, e.strerror)
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
 
