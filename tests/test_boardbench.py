@@ -32,7 +32,7 @@ def board(tmp_path_factory):
 def test_a_board_without_the_node_is_told_to_flash_first(board, tmp_path, capsys):
     rc = cli.main(["bench", "--port", board.port, "--out", str(tmp_path / "c.json")])
     err = capsys.readouterr().err
-    assert rc == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err  # found before any work: as run says it
     assert "has no specmesh node: flash it first (specmesh flash --port %s --role verifier)" % board.port in err
     assert not (tmp_path / "c.json").exists()
 
@@ -149,3 +149,21 @@ def test_a_drafter_calibration_needs_a_projected_drafter_board(models, tmp_path,
     rc = cli.main(["run", "--models", str(models), "--verifier", "cpu", "--quiet", *extra,
                    "--drafter-calibration", str(tmp_path / "c.json")])
     assert rc == 2 and message in capsys.readouterr().err
+
+
+def test_a_calibration_goes_where_a_shells_redirection_would(tmp_path):
+    """--out names an output as `>` does (host/atomic.py write_output): a symlink stays a link to the file written, a
+    device is written, never replaced by a file (bench --out /dev/full made /dev/full a file), and its failure is an
+    OSError, which bench says in one line."""
+    import os
+    import stat
+
+    from specmesh.host.projection.calibration import write
+
+    real, link = tmp_path / "real.json", tmp_path / "link.json"
+    link.symlink_to(real)
+    write(link, {"name": "esp32s3"}, {}, {}, {})
+    assert link.is_symlink() and json.loads(real.read_text())["board"] == {"name": "esp32s3"}
+    with pytest.raises(OSError) as e:
+        write("/dev/full", {}, {}, {}, {})
+    assert e.value.errno == 28 and stat.S_ISCHR(os.stat("/dev/full").st_mode)

@@ -54,7 +54,7 @@ def parse_layers(text: str) -> tuple[int, int]:
 def _flash(args) -> int:
     from specmesh.host.bus.ports import PortError, resolve_port
     from specmesh.host.cli.ranges import in_range
-    from specmesh.host.provision.flash import FlashError, FlashRequestError, flash, summary
+    from specmesh.host.provision.flash import DoesNotFit, FlashError, FlashRequestError, flash, summary
     from specmesh.host.provision.keys import KeyFileError, load_key
 
     try:
@@ -67,7 +67,8 @@ def _flash(args) -> int:
         report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset, key=key,
                        clear_key=args.no_key, layers=layers, use_romfs=not args.no_romfs)
     except (FlashError, PortError, KeyFileError, ValueError) as e:
-        return _failed("flash", e, isinstance(e, (FlashRequestError, PortError, KeyFileError, ValueError)))
+        usage = (FlashRequestError, DoesNotFit, PortError, KeyFileError, ValueError)  # found before anything written
+        return _failed("flash", e, isinstance(e, usage))
     b = report.board
     print(f"{args.role} on {port} (MicroPython {'.'.join(map(str, b.version[:3]))}, {b.arch}, "
           f"{b.mem_free // 1024} KiB heap free): {summary(report, time.monotonic() - t0)}")
@@ -98,7 +99,7 @@ def _bench(args) -> int:
 
     from specmesh.host import atomic
 
-    problem = atomic.unwritable(args.out)  # before minutes of benchmarking
+    problem = atomic.output_problem(args.out)  # before minutes of benchmarking
     if problem:
         print(f"specmesh bench: error: --out {args.out} cannot be written: {problem}", file=sys.stderr)
         return 2

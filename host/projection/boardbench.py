@@ -21,7 +21,7 @@ from pathlib import Path
 
 from specmesh.host.projection import costmodel as cm
 from specmesh.host.projection.calibration import write
-from specmesh.host.provision.flash import FlashError, open_board, probe
+from specmesh.host.provision.flash import FlashError, FlashRequestError, open_board, probe
 from specmesh.shared.modelfile import HEADER_SIZE, Header, parse_header
 
 # The target's shapes (stories260K): what the calibrated rates are measured on.
@@ -121,8 +121,8 @@ def bench(port: str, out: str, reps: int = 7) -> dict:
     try:
         info = probe(transport)
         if not transport.fs_exists("kernels.mpy") and not transport.fs_exists("kernels.py"):
-            raise FlashError("%s has no specmesh node: flash it first (specmesh flash --port %s --role verifier)"
-                             % (port, port))
+            raise FlashRequestError("%s has no specmesh node: flash it first (specmesh flash --port %s --role "
+                                    "verifier)" % (port, port))
         try:  # a real board takes seconds per model (loading, 32 tokens of prefix): a generous silence limit
             raw, err = transport.exec_raw(script(reps), timeout=EXEC_TIMEOUT_S)
         except TransportError as e:

@@ -99,6 +99,8 @@ def _check_measured_on(measured_on, board: Board, what: str) -> None:
 
 
 def write(path: str | Path, board: dict, seconds_per_unit: dict[str, float], measured: dict, check: dict) -> None:
-    atomic.write_text(path, json.dumps({"format": FORMAT, "version": VERSION, "board": board,
-                                      "seconds_per_unit": seconds_per_unit, "measured": measured,
-                                      "check": check}, indent=2, sort_keys=True) + "\n")
+    """The calibration file `path`, written as a shell's `>` would (host/atomic.py write_output: a device or a pipe
+    written straight, a symlink followed, a regular file replaced whole); OSError if it cannot be."""
+    atomic.write_output(path, json.dumps({"format": FORMAT, "version": VERSION, "board": board,
+                                          "seconds_per_unit": seconds_per_unit, "measured": measured,
+                                          "check": check}, indent=2, sort_keys=True) + "\n")
