@@ -209,3 +209,34 @@ def test_serve_on_port_0_names_the_port_it_listens_on_and_stops_on_ctrl_c():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_sigterm_stops_serve_at_once_though_a_client_is_still_sending():
+    """The server tells its generations to end and waits a few seconds (serve.py STOP_GRACE_S) for connections, not
+    for a client that never finishes its request: one line, status 143, no traceback in the log."""
+    import signal
+    import socket
+    import time
+
+    from specmesh.host.cli.serve import STOP_GRACE_S
+
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh", "serve", "--verifier", "cpu", "--drafter", "cpu",
+                             "--port", "0"], stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        banner = proc.stderr.readline()
+        while banner and " on http" not in banner:
+            banner = proc.stderr.readline()
+        host, port = banner.split(" on http://")[1].split("/")[0].rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as client:  # 10 of its 100 body bytes, then nothing
+            client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: 100\r\n\r\n0123456789")
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 143
+            assert time.monotonic() - t0 < STOP_GRACE_S + 5
+        log = proc.stderr.read()
+        assert log.strip().endswith("specmesh serve: stopped by SIGTERM") and "Traceback" not in log, log
+    finally:
+        proc.kill()
+        proc.wait()

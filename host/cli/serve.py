@@ -59,7 +59,9 @@ def serve(a: argparse.Namespace) -> int:
         say = say_on_stderr("serve")
         with Mesh.from_config(config, streams=a.streams, say=say, warn=say) as mesh, \
                 ThreadPoolExecutor(max_workers=4 * a.streams + 16, thread_name_prefix="specmesh-request") as threads:
-            server = uvicorn.Server(uvicorn.Config(app(mesh, threads), log_level="warning"))
+            served = app(mesh, threads)
+            server = _server_class()(uvicorn.Config(served, log_level="warning",
+                                                    timeout_graceful_shutdown=STOP_GRACE_S), served.state.stop)
             print("specmesh serve: %s on %s (the live page; the API under /v1), %d stream%s at once; Ctrl-C stops it"
                   % (", ".join("%s %s" % kv for kv in mesh.names.items()), url(a.host, sockets[0].getsockname()[1]),
                      mesh.streams, "s" * (mesh.streams > 1)), file=sys.stderr, flush=True)
@@ -70,6 +72,29 @@ def serve(a: argparse.Namespace) -> int:
         for sock in sockets:
             sock.close()
     return 0
+
+
+# seconds a stopping server waits for its connections to close (a generation ends after its round once told to
+# stop; a client still sending its request, or one that reads slowly, is then cut)
+STOP_GRACE_S = 3
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, which on SIGTERM or Ctrl-C also tells the generations to end after their round (they
+        run in threads uvicorn does not know of): without it the server waited for every queued generation."""
+
+        def __init__(self, config, stop):
+            super().__init__(config)
+            self.stop = stop
+
+        def handle_exit(self, sig, frame) -> None:
+            self.stop()
+            super().handle_exit(sig, frame)
+
+    return Server
 
 
 def url(host: str, port: int) -> str:

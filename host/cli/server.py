@@ -29,7 +29,7 @@ from importlib import resources
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -193,6 +193,15 @@ class Api:
         self.mesh = mesh
         self.threads = threads  # one per request generating or waiting for a lane (asyncio's default has few)
         self.busy = 0
+        self.cancels: set[threading.Event] = set()  # one per generation running or waiting for a lane
+        self.stopping = False
+
+    def stop(self) -> None:
+        """The server is stopping (SIGTERM, Ctrl-C): every generation ends after its round, so that each client
+        gets its reply's end (finish_reason "stop") and the server exits at once, not when the queue has drained."""
+        self.stopping = True
+        for cancel in list(self.cancels):
+            cancel.set()
 
     async def health(self, request: Request) -> Response:
         m = self.mesh
@@ -217,6 +226,10 @@ class Api:
             body = json.loads(await body_of(request))
         except BadRequest as e:
             return error(e.status, str(e))
+        except ClientDisconnect:  # the client left before its body was whole: nobody reads this
+            return error(400, "the client left before its request's body was read")
+        except asyncio.CancelledError:  # the server stopped while the client was still sending: its end, not a bug
+            return error(503, "the server stopped before the request's body was read", kind="server_error")
         except (ValueError, UnicodeDecodeError):
             return error(400, "the body must be JSON")
         except RecursionError:  # arrays or objects nested deeper than the parser's stack
@@ -256,11 +269,15 @@ class Api:
 
     async def _run(self, prompt, kw, cancel, on_piece) -> Completion:
         self.busy += 1
+        self.cancels.add(cancel)
+        if self.stopping:
+            cancel.set()
         try:
             return await asyncio.get_running_loop().run_in_executor(
                 self.threads, self.mesh.complete, prompt, kw["request"], on_piece, cancel)
         finally:
             self.busy -= 1
+            self.cancels.discard(cancel)
 
     async def _events(self, prompt: list[int], kw: dict, reply: Reply):
         """The SSE stream of one generation; closed early (the client left), it cancels the generation."""
@@ -354,10 +371,12 @@ def app(mesh: Mesh, threads: ThreadPoolExecutor) -> Starlette:
     async def not_allowed(request: Request, exc: Exception) -> Response:
         return error(405, "%s is not allowed on %s" % (request.method, request.url.path))
 
-    return Starlette(routes=[
+    served = Starlette(routes=[
         Route("/", api.page),
         Route("/health", api.health),
         Route("/v1/models", api.models),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
     ], exception_handlers={404: not_found, 405: not_allowed})
+    served.state.stop = api.stop  # for the server's signal handler (host/cli/serve.py)
+    return served
