@@ -270,8 +270,9 @@ def test_flash_key_then_signed_runs_open_sessions_and_refusals(virtual_board, mo
                        (HostAuth(b"w" * 32), "the board signs with another deployment key")):
         with contextlib.closing(SerialLink(vb.port, auth=wrong)) as link:
             t0 = time.monotonic()
-            with pytest.raises(NodeTimeout, match="key mismatch: .*" + why):
+            with pytest.raises(NodeTimeout, match="key mismatch: .*" + why) as e:
                 Bus(link, auth=wrong, deadline=10.0).request(1, m.PING, b"x")
+            assert wrong is not None or "--key-file ITS_KEY --no-key`" in str(e.value)  # a command that works
             assert time.monotonic() - t0 < 2.0
         time.sleep(0.3)  # the node answers one refusal per 250 ms
     with contextlib.ExitStack() as stack:

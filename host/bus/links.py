@@ -111,7 +111,8 @@ class SerialLink:
         fix = "specmesh flash --port %s --role ROLE" % self.port
         if reason == m.KEY_WHY[1]:
             why = ("the board signs its frames: it holds a deployment key, and this run has none; pass its key "
-                   "with --key-file, or remove it with `%s --no-key`" % fix)
+                   "with --key-file, or remove it with `%s --key-file ITS_KEY --no-key` (a keyed board takes no "
+                   "flash without its key)" % fix)
         elif reason == m.KEY_WHY[2]:
             why = ("the board signs with another deployment key than this run's --key-file; pass the key it was "
                    "flashed with, or flash this one onto it with `%s --key-file FILE`" % fix)
