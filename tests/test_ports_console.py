@@ -114,3 +114,27 @@ def test_a_lock_lent_to_a_forked_child_is_waited_out_not_called_busy():
     finally:
         os.close(master)
         os.close(slave)
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["console", ""], "specmesh console: error: the port is empty: give the board's serial port (e.g. /dev/ttyUSB0, "
+                      "or a0 as mpremote names it)"),
+    (["console", "/dev/null", "--baud", "0"], "specmesh console: error: --baud must be in 50..12000000, not 0"),
+    (["keygen", "--key-file", ""], "specmesh keygen: error: --key-file is empty: give the new key's file, e.g. "
+                                   "~/.specmesh/mesh.key"),
+])
+def test_an_empty_port_or_key_file_or_a_baud_out_of_range_is_one_line_and_status_2(capsys, argv, line):
+    assert cli.main(argv) == 2 and capsys.readouterr().err == line + "\n"
+
+
+def test_a_port_the_system_refuses_says_why_without_the_errno_form():
+    from specmesh.host.bus.ports import why_unopenable
+
+    try:
+        os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
+    except OSError:
+        pass  # no controlling terminal: the system refuses /dev/tty (ENXIO), the case looked at
+    else:
+        pytest.skip("this process has a controlling terminal, so /dev/tty opens: run it without one, as CI does")
+    why = why_unopenable("/dev/tty", wait_s=0)
+    assert why is not None and why.startswith("cannot open /dev/tty: ") and "Errno" not in why, why

@@ -17,6 +17,7 @@ import time
 import serial
 
 from specmesh.host.bus import ports
+from specmesh.host.cli.ranges import RangeError, in_range
 
 LEAVE = b"\x1d"  # Ctrl-]
 QUIET_S = 1.0
@@ -38,11 +39,15 @@ def main(args) -> int:
               file=sys.stderr)
         return 1
     try:
+        if not args.port.strip():
+            raise ports.PortError("the port is empty: give the board's serial port (e.g. /dev/ttyUSB0, or a0 as "
+                                  "mpremote names it)")
+        in_range("--baud", args.baud, 50, 12_000_000)
         port = ports.resolve_port(args.port)
         if not ports.exists(port):
             raise ports.PortError(ports.missing(port))
         link = ports.open_exclusive(port, baudrate=args.baud, timeout=0)
-    except ports.PortError as e:  # a usage error, as every command reports a port it cannot use: status 2
+    except (ports.PortError, RangeError) as e:  # a usage error, as every command reports a port it cannot use: 2
         print("specmesh console: error: %s" % e, file=sys.stderr)
         return 2
     except (serial.SerialException, OSError, ValueError):

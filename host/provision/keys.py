@@ -44,8 +44,12 @@ def new_key_file(path: str | Path) -> Path | None:
     """Write a new random key to `path`, readable by its owner only, atomically; never overwrites a file.
     A missing folder under the user's home is made (owner-only, as ~/.specmesh/ of docs/security.md) and
     returned; one elsewhere (a typo such as /nonexist/k.key) is refused rather than made."""
+    if not str(path).strip():
+        raise KeyFileError("--key-file is empty: give the new key's file, e.g. ~/.specmesh/mesh.key")
     path = Path(path).expanduser()
     made = None
+    if path.is_dir():
+        raise KeyFileError("%s is a folder: give the new key's file in it, e.g. %s" % (path, path / "mesh.key"))
     if not path.parent.is_dir():
         home = Path.home().resolve()
         if home not in path.parent.resolve().parents:
