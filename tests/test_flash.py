@@ -378,3 +378,24 @@ def test_a_virtual_board_whose_class_cannot_hold_the_model_names_the_flags_to_ch
         "specmesh run: error: virtual drafter board (esp32): the drafter model's ROMFS image is 269 KiB; the board's "
         "ROMFS partition holds 128 KiB: give a class with PSRAM (--drafter virtual:esp32s3), or a smaller drafter "
         "(--draft-model)")
+
+
+def test_models_switched_back_and_forth_never_fill_the_filesystem(virtual_board, tiny_node, tmp_path):
+    """Each flash removes the models and tables in /models its config does not name, and counts what it writes
+    against what they and the copies it replaces free: a board flashed with two drafters in turn once ran out of
+    room for the one it already held."""
+    from specmesh.host.layout import ngram_table_name
+    from specmesh.tools.ngram import table_bytes
+
+    sources, small = tiny_node
+    other = tmp_path / "other" / "wide.spm"
+    other.parent.mkdir()
+    random_model(other, dim=32, n_layers=2, hidden=64, vocab=512, seed=3)
+    for model in (small, other):  # tables of about 60 KB each
+        model.with_name(ngram_table_name(model.name)).write_bytes(table_bytes(
+            {(1, 2, 3, t % 500): t % 500 + 1 for t in range(5000)}))
+    vb = virtual_board(romfs_bytes=0, flash_bytes=320 * 1024)
+    for model in (small, other, small, other, small):
+        flash(vb.port, "drafter", model, sources=sources, progress=False, use_romfs=False)
+        held = mpremote(vb.port, "exec", "import os; print(sorted(os.listdir('/models')))").stdout
+        assert held == "%s\n" % sorted([model.name, ngram_table_name(model.name)])

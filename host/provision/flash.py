@@ -50,7 +50,7 @@ from specmesh.host.backends import load_ngram_table
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, STAGE_CTX, class_of, drafter_model, has_psram, on_romfs
 from specmesh.host.bus import ports
-from specmesh.host.layout import MODELS, ROOT, model_path, ngram_table, ngram_table_name
+from specmesh.host.layout import MODELS, ROOT, model_path, ngram_table
 from specmesh.host.mpycross import CompileError, compile_py
 from specmesh.host.provision import drafters, romfs
 from specmesh.shared.board import FLASHING
@@ -436,19 +436,15 @@ def flash(
             _configure(config, info, role, node_id, model_dest if image else model_dest.lstrip("/"), layers,
                        _table(role, model, files))
             config_data = json.dumps(config, sort_keys=True).encode()
-            check_board(info, role, heap_bytes, sum(p.stat().st_size for p in files.values()) + len(config_data),
-                        len(image))
+            others = _other_models(transport, files)
+            check_board(info, role, heap_bytes, _to_write(transport, files, others) + len(config_data), len(image))
             report = FlashReport(port, info, model=model.name, note=note,
                                  resumed=board_config.get(FLASHING) or None)
             if report.resumed:  # what an interrupted flash may have left half-written
                 _sweep_parts(transport, [*files, fs_dest, CONFIG_PATH])
             mark = json.dumps(dict(board_config, **{FLASHING: role}), sort_keys=True).encode()
-            _copy(transport, files, (model_dest, image), mark, report, progress)
+            _copy(transport, files, (model_dest, image), mark, report, progress, others)
         _clear_native(transport, files)
-        if image and transport.fs_exists(fs_dest):  # the copy an earlier flash put on the filesystem
-            transport.fs_rmfile(fs_dest)
-        if by_class:
-            _remove_other_drafter(transport, model.name)
         _provision_key(transport, key, clear_key, legacy[1], _chunk(info), report)
         if _is_current(transport, CONFIG_PATH, config_data):  # the config last: the flash is complete
             report.unchanged.append(CONFIG_PATH)
@@ -473,12 +469,23 @@ def _placement(info: BoardInfo, image: bytes) -> str:
     return "weights read in place from the ROMFS partition" if image else "weights and engine in the heap"
 
 
-def _remove_other_drafter(transport, flashed: str) -> None:
-    """The other shipped drafter, left on the filesystem by an earlier flash, would only fill it."""
-    for other in sorted(set(drafters.SHIPPED) - {flashed}):
-        for name in (other, ngram_table_name(other)):
-            if transport.fs_exists(f"{MODEL_DIR}/{name}"):
-                transport.fs_rmfile(f"{MODEL_DIR}/{name}")
+def _other_models(transport, files: dict[str, Path]) -> dict[str, int]:
+    """The model files and n-gram tables in /models this flash does not write (path -> bytes): an earlier flash's
+    model (another drafter, the verifier's, the filesystem copy of a model now on the ROMFS), which the new config
+    does not name and which would only fill the filesystem."""
+    if not transport.fs_isdir(MODEL_DIR):
+        return {}
+    return {"%s/%s" % (MODEL_DIR, e.name): e.st_size for e in transport.fs_listdir(MODEL_DIR)
+            if e.name.endswith((".spm", ".ngt")) and "%s/%s" % (MODEL_DIR, e.name) not in files}
+
+
+def _to_write(transport, files: dict[str, Path], others: dict[str, int]) -> int:
+    """The bytes the board's filesystem must find for `files`: each one's size, less what the copy it replaces and
+    the other models (removed first) free, plus room for the largest replaced copy while its new one is written
+    beside it."""
+    new = sum(p.stat().st_size for p in files.values())
+    held = [transport.fs_stat(dest).st_size for dest in files if transport.fs_exists(dest)]
+    return new - sum(held) - sum(others.values()) + max(held, default=0)
 
 
 def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, int] | None) -> tuple[Path, int]:
@@ -567,11 +574,12 @@ def _sweep_parts(transport, paths: list[str]) -> None:
 
 
 def _copy(transport, files: dict[str, Path], model: tuple[str, bytes], mark: bytes, report: FlashReport,
-          progress: bool) -> None:
+          progress: bool, others: dict[str, int]) -> None:
     """Write each file the board does not hold yet (the model last) and the ROMFS image (`model`: its path
-    and image, b"" for none) unless the partition holds it. From before the first changed byte the board
-    config is `mark` (it says "flashing"): a board interrupted meanwhile is found half-flashed
-    (firmware/config.py half_flashed), never run with a mix of two versions; the caller writes the real config last."""
+    and image, b"" for none) unless the partition holds it, after removing `others` (_other_models). From before
+    the first changed byte the board config is `mark` (it says "flashing"): a board interrupted meanwhile is found
+    half-flashed (firmware/config.py half_flashed), never run with a mix of two versions; the caller writes the
+    real config last."""
     model_dest, image = model
     stale = []
     for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
@@ -584,6 +592,9 @@ def _copy(transport, files: dict[str, Path], model: tuple[str, bytes], mark: byt
     chunk = _chunk(report.board)
     if stale or not rom_current:
         _send(transport, CONFIG_PATH, mark, chunk, False, FlashReport(report.port, report.board))
+    for path in others:
+        transport.fs_rmfile(path)
+    if stale or not rom_current:
         _mkdirs(transport, [dest for dest, _ in stale])
         for dest, data in stale:
             _send(transport, dest, data, chunk, progress, report)
