@@ -322,3 +322,11 @@ def test_a_file_the_system_refuses_is_named_with_the_reason_in_one_line():
     assert one_line(PermissionError(13, "Permission denied", "/m/tokenizer.bin")) == (
         "cannot open /m/tokenizer.bin: Permission denied")
     assert one_line(ValueError("first\nsecond")) == "first"
+
+
+def test_a_stopped_command_names_itself_and_adds_no_blank_line_off_a_terminal(capsys):
+    from specmesh.host.cli.stops import say_stopped
+
+    assert cli._who(["flash", "--port", "a0"]) == "specmesh flash" and cli._who(["--version"]) == "specmesh"
+    say_stopped(cli._who(["chaos"]), "interrupted")
+    assert capsys.readouterr().err == "specmesh chaos: interrupted\n"  # stderr here is no terminal: no ^C to end

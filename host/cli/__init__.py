@@ -326,7 +326,7 @@ class _Version(argparse.Action):
 def main(argv: list[str] | None = None) -> int:
     """The `specmesh` command; a Ctrl-C, SIGTERM or SIGHUP anywhere (even while its modules import) ends it with
     one line, after the cleanup on the way out (host/cli/stops.py)."""
-    from specmesh.host.cli.stops import Stopped, raising_stops
+    from specmesh.host.cli.stops import Stopped, raising_stops, say_stopped
 
     if not _streams_open():
         print("specmesh: stdout is closed (>&-): give it a file, e.g. >/dev/null", file=sys.stderr)
@@ -335,11 +335,17 @@ def main(argv: list[str] | None = None) -> int:
         with raising_stops():
             return _main(argv)
     except Stopped as e:
-        print("\nspecmesh: %s" % e, file=sys.stderr)
+        say_stopped(_who(argv), str(e))
         return e.status
     except KeyboardInterrupt:
-        print("\nspecmesh: interrupted", file=sys.stderr)
+        say_stopped(_who(argv), "interrupted")
         return 130
+
+
+def _who(argv: list[str] | None) -> str:
+    """"specmesh COMMAND" for the line of a command stopped before it could say its own (its first word)."""
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+    return "specmesh " + words[0] if words and words[0].isidentifier() else "specmesh"
 
 
 def _streams_open() -> bool:

@@ -22,7 +22,7 @@ from specmesh.host.cli.config import RunConfig, UsageError
 from specmesh.host.cli.flags import add_arguments
 from specmesh.host.cli.output import OutputLost, Printer, format_table, write_stats_json
 from specmesh.host.cli.session import GenerationFailed, Mesh, one_line, say_on_stderr
-from specmesh.host.cli.stops import Stopped
+from specmesh.host.cli.stops import Stopped, say_stopped
 
 
 def check_args(a: argparse.Namespace) -> RunConfig:
@@ -71,10 +71,10 @@ def failed(command: str, e: Exception | KeyboardInterrupt) -> int:
         print("specmesh %s: error: %s" % (command, e), file=sys.stderr)
         return 2
     if isinstance(e, Stopped):
-        print("\nspecmesh %s: %s" % (command, e), file=sys.stderr)
+        say_stopped("specmesh " + command, str(e))
         return e.status
     if isinstance(e, KeyboardInterrupt):
-        print("\nspecmesh %s: interrupted" % command, file=sys.stderr)
+        say_stopped("specmesh " + command, "interrupted")
         return 130
     if os.environ.get("SPECMESH_DEBUG"):
         raise e

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -51,3 +52,9 @@ def raising_stops() -> Iterator[None]:
         for s, handler in before.items():
             if handler is not None:
                 signal.signal(s, handler)
+
+
+def say_stopped(who: str, what: str) -> None:
+    """The one line a stopped command ends with (`who`: "specmesh run"), on a line of its own: after the ^C a
+    terminal echoed, not after a blank line where stderr is a file or a pipe."""
+    print("%s%s: %s" % ("\n" if sys.stderr.isatty() else "", who, what), file=sys.stderr)
