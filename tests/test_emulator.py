@@ -205,6 +205,11 @@ def test_emulate_command_serves_boards_until_ctrl_c_or_sigterm(tmp_path, stop):
             == "02534d000002\n"
         vms = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
         assert len(vms) == 2
+        second = subprocess.run(cmd[:6] + ["--boards", "1", "--dir", str(tmp_path)], capture_output=True, text=True,
+                                cwd=ROOT, timeout=60)  # the same folder: refused, the first's boards untouched
+        assert second.returncode == 2 and second.stderr == (
+            "specmesh emulate: error: virtual board folder %s is in use by another specmesh (pid %d): give this one "
+            "another --dir\n" % (tmp_path / "board0", proc.pid))
         proc.send_signal(stop)
         try:
             assert proc.wait(timeout=15) == 0

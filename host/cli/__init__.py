@@ -245,6 +245,7 @@ def _qemu_board(name: str) -> bool:
 def _emulate(args) -> int:
     from specmesh.host.boardclasses import board_class
     from specmesh.host.emulator import BoardError
+    from specmesh.host.emulator.board import FolderInUse
     from specmesh.host.emulator.radio import RadioConfig
     from specmesh.host.emulator.session import Emulation
 
@@ -272,6 +273,9 @@ def _emulate(args) -> int:
                 time.sleep(0.2)  # in the main thread would then never see the KeyboardInterrupt
     except KeyboardInterrupt:
         print("stopped")
+    except FolderInUse as e:  # found before any board started
+        print(f"specmesh emulate: error: {e}: give this one another --dir", file=sys.stderr)
+        return 2
     except (BoardError, OSError) as e:
         print(f"specmesh emulate: {e}", file=sys.stderr)
         return 1

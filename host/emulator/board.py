@@ -58,6 +58,35 @@ class BoardError(RuntimeError):
     """A virtual board could not start or keep running."""
 
 
+class FolderInUse(BoardError):
+    """A virtual board's flash folder is held by another process (`holder`: its pid, or None)."""
+
+    def __init__(self, folder: Path, holder: int | None):
+        super().__init__("virtual board folder %s is in use by another specmesh%s" % (
+            folder, " (pid %d)" % holder if holder is not None else ""))
+        self.holder = holder
+
+
+def hold_folder(folder: Path) -> int:
+    """Hold `folder` (a board's flash) for this process: a second one on the same folder is refused (FolderInUse)
+    rather than writing over this one's board. An advisory lock on FOLDER.lock beside it, holding this pid (the
+    flash folder is the board's file system); the kernel drops it when the returned descriptor is closed or this
+    process ends, however it ends, so a killed process leaves nothing to clean."""
+    import fcntl
+
+    path = folder.with_name(folder.name + ".lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise FolderInUse(folder, int(holder) if holder.isdigit() else None) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, b"%d\n" % os.getpid(), 0)
+    return fd
+
+
 class FlashDamaged(BoardError):
     """A module on a virtual board's flash does not load: it hangs the VM's import (a truncated .mpy does), as
     an interrupted flash of a specmesh before host/provision/flash.py wrote files under a temporary name left."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import tempfile
+import os
 from pathlib import Path
 
+from specmesh.host import tempdirs
 from specmesh.host.emulator import VirtualBoard, make_board
+from specmesh.host.emulator.board import hold_folder
 from specmesh.host.emulator.radio import RadioConfig, RadioHub
 
 
@@ -44,10 +46,11 @@ class Emulation(contextlib.ExitStack):
     def __enter__(self) -> Emulation:
         super().__enter__()
         try:
-            root = Path(self.root) if self.root else Path(self.enter_context(tempfile.TemporaryDirectory(
-                prefix="specmesh-boards-")))
+            root = Path(self.root) if self.root else Path(self.enter_context(tempdirs.folder("boards")))
             self.hub = self.enter_context(RadioHub(self.radio_config))
             for i in range(self.n):
+                (root / f"board{i}").parent.mkdir(parents=True, exist_ok=True)
+                self.callback(os.close, hold_folder(root / f"board{i}"))  # another emulate's: FolderInUse
                 vb = make_board(root / f"board{i}", self.board, self.qemu, name=f"board{i}", mac=board_mac(i),
                                 radio=None if self.qemu else self.hub.address, mtu=self.radio_config.mtu,
                                 flash_bytes=self.flash_bytes, romfs_bytes=self.romfs_bytes)

@@ -306,24 +306,17 @@ class Cluster(contextlib.ExitStack):
         return vb
 
     def _lock(self, folder: Path) -> None:
-        """Hold `folder` (a board's flash) for this cluster's life: a second run on the same folder is refused in
-        one line rather than flashing over this one's board (both wrote /models/target.spm.part). An advisory
-        lock on FOLDER.lock beside it (the flash folder is the board's file system); the kernel drops it when
-        this process ends, however it ends, so a killed run leaves nothing to clean."""
-        import fcntl
+        """Hold `folder` (a board's flash) for this cluster's life (host/emulator/board.py hold_folder): a second
+        run on the same folder is refused in one line rather than flashing over this one's board (both wrote
+        /models/target.spm.part)."""
+        from specmesh.host.emulator.board import FolderInUse, hold_folder
 
-        path = folder.with_name(folder.name + ".lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            os.close(fd)
+            fd = hold_folder(folder)
+        except FolderInUse as e:
             raise BackendError("virtual board folder %s is in use by another specmesh run%s: wait for it to end, or "
                                "give this one its own folder (SPECMESH_VBOARDS=DIR)"
-                               % (folder, " (pid %s)" % holder if holder.isdigit() else "")) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, b"%d\n" % os.getpid(), 0)
+                               % (folder, " (pid %d)" % e.holder if e.holder is not None else "")) from None
         with self._mutex:
             self.callback(os.close, fd)
 
