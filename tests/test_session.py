@@ -56,12 +56,17 @@ def test_bad_options_are_one_line_errors(models):
         Mesh(verifier="cpu", models=models, colour=True)
     with pytest.raises(UsageError, match="--max-tokens"):
         Mesh(verifier="cpu", models=models, max_tokens=0)
-    for kw, says in (({"stages": "x"}, "stages must be an integer, not 'x'"), ({"prompt": 5.0}, "prompt must be a str"),
+    for kw, says in (({"stages": "x"}, "stages must be an integer, not 'x'"),
+                     ({"prompt": "Once"}, "prompt belongs to one generation, not to a Mesh: pass the prompt to gen"),
+                     ({"stats_json": "s.json"}, "stats_json belongs to one generation"),
+                     ({"gamma": 2.5}, "gamma must be a string or an integer, not 2.5"),
+                     ({"streams": "4"}, "streams must be an integer, not '4'"),
                      ({"transport": "wifi"}, "transport must be one of serial, espnow"),
                      ({"plain": "yes"}, "plain must be true or false"), ({"models": 5}, "models must be a path"),
                      ({"stop": [1]}, "stop must be a string or a list")):
         with pytest.raises(UsageError, match=says):  # as the command line refuses them, not deep in the run
             Mesh(verifier="cpu", **{"models": models, **kw})
+    assert config_from(verifier=None, models=None).verifier == "virtual"  # None: the flag's default, not a crash
     config = config_from(verifier="cpu", max_tokens="16", gamma=3, stop="The")  # read as the command line reads them
     assert (config.max_tokens, config.gamma, config.stop) == (16, 3, ("The",))
     with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
@@ -74,7 +79,8 @@ def test_bad_options_are_one_line_errors(models):
                 mesh.generate("The cat", **kw)
         assert mesh.generate("The cat", max_tokens=np.int64(3), temperature=np.float32(0.5), seed=1).token_ids
         for prompt, says in (([1, 512], "integers in 0..511, not 512"), ([1, -3], "not -3"), ([1, True], "not True"),
-                             (["a"], "not 'a'"), ([], "no token"), (None, "text or a list of token ids")):
+                             (["a"], "not 'a'"), ([], "no token"), (None, "text or a list of token ids"),
+                             ({1: 2}, "text or a list of token ids"), ("a\udcff", "character 1 is a lone surrogate")):
             with pytest.raises(UsageError, match=says):  # before any back-end sees them (a board packs a u16)
                 mesh.generate(prompt, max_tokens=3)
         assert mesh.generate(np.array([1, 400]), max_tokens=3).token_ids

@@ -15,10 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from specmesh.host.cli.config import UsageError
 from specmesh.host.cli.flags import add_arguments
 from specmesh.host.cli.run import check_args, failed
-from specmesh.host.cli.session import Mesh, say_on_stderr
+from specmesh.host.cli.session import ONE_GENERATION, Mesh, say_on_stderr
 
 INSTALL_HINT = "specmesh serve needs Starlette and uvicorn: pip install 'specmesh[serve]' (in a checkout: make setup)"
-RUN_ONLY = ("prompt", "prompt_file", "stats_json", "quiet")  # flags of one generation, not of a server
 
 
 def add_parser(sub) -> None:
@@ -48,7 +47,7 @@ def serve(a: argparse.Namespace) -> int:
     except ImportError:
         print("specmesh serve: error: " + INSTALL_HINT, file=sys.stderr)
         return 2
-    given = [f for f in RUN_ONLY if getattr(a, f) not in (None, False)]
+    given = [f for f in ONE_GENERATION if getattr(a, f) not in (None, False)]
     if given:
         print("specmesh serve: error: --%s belongs to one generation: a request's body carries it (drop it)"
               % given[0].replace("_", "-"), file=sys.stderr)

@@ -38,7 +38,8 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 from pathlib import Path
@@ -110,14 +111,15 @@ def flag_value(action: argparse.Action, name: str, value):
     """`value` for the flag `action` as its command-line parse would give it (an integer for a string flag as its
     digits: `gamma=3`); UsageError naming `name`."""
     kind = action.type
-    want = "an integer" if kind is int else "a number" if kind is float else "a path" if kind is Path else "a string"
+    want = ("an integer" if kind is int else "a number" if kind is float else "a path" if kind is Path else
+            "a string or an integer")  # a string flag takes an integer as its digits (gamma=3)
     if isinstance(action.default, list):  # an appending flag (--stop): one string or several
         values = [value] if isinstance(value, str) else [] if value is None else value
         if isinstance(values, (list, tuple)) and all(isinstance(v, str) for v in values):
             return list(values)
         want = "a string or a list of strings"
-    elif value is None:
-        return None
+    elif value is None:  # not given: the flag's default (verifier=None: "virtual", as on the command line)
+        return action.default
     elif action.nargs == 0:  # a switch (plain, quiet)
         if isinstance(value, bool):
             return value
@@ -564,6 +566,10 @@ class Lane:
                 engine.idle(idle)
 
 
+# `specmesh run`'s flags of one generation, which a Mesh (many generations) takes no value for (serve refuses them too)
+ONE_GENERATION = ("prompt", "prompt_file", "stats_json", "quiet")
+
+
 class Mesh(contextlib.AbstractContextManager):
     """The session object: a mesh's back-ends, started once, and generation on them.
 
@@ -575,7 +581,13 @@ class Mesh(contextlib.AbstractContextManager):
 
     def __init__(self, drafter: str = "virtual", verifier: str = "virtual", *, streams: int = 1,
                  say: Say | None = None, warn: Say | None = None, config: RunConfig | None = None, **flags):
+        given = [f for f in ONE_GENERATION if flags.get(f) not in (None, False)]
+        if given:
+            raise UsageError("%s belongs to one generation, not to a Mesh: pass the prompt to generate(), and read "
+                             "its Completion's stats" % given[0])
         self.config = config if config is not None else config_from(drafter=drafter, verifier=verifier, **flags)
+        if not isinstance(streams, int) or isinstance(streams, bool):
+            raise UsageError("streams must be an integer, not %r" % (streams,))
         try:
             in_range("streams", streams, 1, 256)
         except RangeError as e:
@@ -737,9 +749,14 @@ class Mesh(contextlib.AbstractContextManager):
 
     def _ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
-            return self.tok.encode(prompt)
+            try:
+                return self.tok.encode(prompt)
+            except UnicodeEncodeError:
+                at = next(i for i, c in enumerate(prompt) if 0xD800 <= ord(c) <= 0xDFFF)
+                raise UsageError("the prompt is not text: character %d is a lone surrogate (%r), which no UTF-8 "
+                                 "holds" % (at, prompt[at])) from None
         try:
-            if isinstance(prompt, (bytes, bytearray)):
+            if isinstance(prompt, (bytes, bytearray, Mapping, AbstractSet)):  # a dict's keys or a set: no order
                 raise TypeError
             return list(prompt)
         except TypeError:
