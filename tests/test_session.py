@@ -217,3 +217,26 @@ def test_a_free_lane_s_streams_are_idle_so_a_lone_request_s_passes_wait_for_nobo
         verifier = mesh._setup._batchers["verifier"]
         assert len(verifier._idle) == verifier._streams == 2  # both lanes free again: idle
         assert mesh.generate("The cat", max_tokens=4).token_ids  # served at once, not after a window per pass
+
+
+def test_closing_a_mesh_mid_generation_ends_it_cancelled_not_failed_over():
+    """close() from another thread tells the generation to end after its round and waits for it before releasing
+    the boards: released under it, they seemed to fail, and the cpu verifier took the generation over to its end."""
+    import time
+
+    lines: list[str] = []
+    mesh = Mesh(drafter="virtual", verifier="virtual", say=lines.append, warn=lines.append)
+    done = {}
+    first = threading.Event()
+
+    def generate():
+        done["c"] = mesh.generate("Once upon a time", max_tokens=400, on_piece=lambda p: first.set())
+
+    thread = threading.Thread(target=generate)
+    thread.start()
+    assert first.wait(60)  # a round committed: the generation runs on the boards
+    time.sleep(0.2)
+    mesh.close()
+    thread.join(60)
+    assert done["c"].stop == "cancelled" and 0 < len(done["c"].token_ids) < 400
+    assert not [line for line in lines if "failed" in line], lines

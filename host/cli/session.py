@@ -608,6 +608,8 @@ class Mesh(contextlib.AbstractContextManager):
         self._free: deque[Lane] = deque()
         self._waiting: deque[_Ticket] = deque()
         self._closed = False
+        self._running: dict[threading.Event, int] = {}  # each generation's cancel event -> its thread's ident
+        self._ended = threading.Condition(self._lock)  # notified as each generation ends
         try:
             self._release(self._new_lane())
         except BaseException:
@@ -619,8 +621,16 @@ class Mesh(contextlib.AbstractContextManager):
                     ) -> Mesh:
         return cls(config=config, streams=streams, say=say, warn=warn)
 
-    def close(self) -> None:
-        self._closed = True
+    def close(self, wait_s: float = 60.0) -> None:
+        """Stop the boards it started and release its back-ends. Generations running in other threads are told to
+        end after their round (their stop: "cancelled") and waited for, up to `wait_s`, first: released under
+        them, their boards would seem to fail and the cpu verifier take over."""
+        me = threading.get_ident()
+        with self._lock:
+            self._closed = True
+            for cancel in self._running:
+                cancel.set()
+            self._ended.wait_for(lambda: all(ident == me for ident in self._running.values()), timeout=wait_s)
         self._setup.close()
 
     def __exit__(self, *exc) -> None:
@@ -790,8 +800,18 @@ class Mesh(contextlib.AbstractContextManager):
         controller.pipelined = bool(drafter is not None and costs is not None and costs.pipelined)
         scan = StopScan(StopStrings(request.stop), self.tok.pieces.__getitem__)
         fallback = None if self.names["verifier"] in ("cpu", PIPELINE) else lambda: self._fall_back(lane)
-        watch = _Watch(scan, costs, fallback, on_piece, cancel, self.warn)
-        result = self._decode(prompt, lane, params, request.max_tokens, controller, watch)
+        cancel = cancel or threading.Event()
+        with self._lock:
+            if self._closed:
+                raise UsageError("this Mesh is closed (its back-ends were released): make a new one")
+            self._running[cancel] = threading.get_ident()
+        try:
+            watch = _Watch(scan, costs, fallback, on_piece, cancel, self.warn)
+            result = self._decode(prompt, lane, params, request.max_tokens, controller, watch)
+        finally:
+            with self._lock:
+                del self._running[cancel]
+                self._ended.notify_all()
         text = watch.finish()
         stats = build_stats(request, params, result, text, verifier, drafter, controller, len(prompt), projector)
         stats["gamma_costs"] = ("projected %s" % costs.board.name) if costs else "measured"
@@ -799,7 +819,10 @@ class Mesh(contextlib.AbstractContextManager):
         return Completion(text, result.tokens[:scan.kept], stop, stats)
 
     def _fall_back(self, lane: Lane):
-        """The `cpu` verifier taking over from the lane's failed one, kept by the lane for what follows."""
+        """The `cpu` verifier taking over from the lane's failed one, kept by the lane for what follows (none once
+        the mesh is closed: its back-ends were released under the generation, which ends)."""
+        if self._closed:
+            return None
         lane.verifier = self._setup.make("verifier", "cpu")
         return lane.verifier
 
