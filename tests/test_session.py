@@ -74,7 +74,7 @@ def test_bad_options_are_one_line_errors(models):
             mesh.generate("The cat", temperature=-1)
         for kw, says in (({"temperature": "hot"}, "temperature must be a number"), ({"seed": 1.5}, "seed must be an"),
                          ({"max_tokens": True}, "max_tokens must be an"), ({"stop": 5}, "stop must be"),
-                         ({"stop": ["a", None]}, "stop must be")):
+                         ({"stop": ["a", None]}, "stop must be"), ({"stop": ["a", ""]}, "stop needs non-empty")):
             with pytest.raises(UsageError, match=says):
                 mesh.generate("The cat", **kw)
         assert mesh.generate("The cat", max_tokens=np.int64(3), temperature=np.float32(0.5), seed=1).token_ids
@@ -240,3 +240,17 @@ def test_closing_a_mesh_mid_generation_ends_it_cancelled_not_failed_over():
     thread.join(60)
     assert done["c"].stop == "cancelled" and 0 < len(done["c"].token_ids) < 400
     assert not [line for line in lines if "failed" in line], lines
+
+
+def test_an_on_piece_callback_that_raises_gets_its_own_exception_back(models):
+    """Not a GenerationFailed (which reads as a back-end's failure) without the callback's traceback."""
+    import traceback
+
+    def boom(piece):
+        raise RuntimeError("the caller's own")
+
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        with pytest.raises(RuntimeError, match="^the caller's own$") as e:
+            mesh.generate("The cat", max_tokens=20, on_piece=boom)
+        assert type(e.value) is RuntimeError and "boom" in "".join(traceback.format_tb(e.value.__traceback__))
+        assert mesh.generate("The cat", max_tokens=4).stop == "max_tokens"  # the lane serves the next

@@ -714,6 +714,8 @@ class Mesh(contextlib.AbstractContextManager):
             ("seed", seed), ("stop", stop)) if value is not None}
         if "stop" in given:
             given["stop"] = tuple(given["stop"])
+            if "" in given["stop"]:
+                raise UsageError("stop needs non-empty strings (an empty one would end the text before it began)")
         new = dataclasses.replace(self.config, **given)
         try:
             in_range("max_tokens", new.max_tokens, 1)
@@ -831,8 +833,19 @@ class Mesh(contextlib.AbstractContextManager):
         """The one call of the decode loop (host/decode/orchestrator.py) for every generation of every command."""
         try:
             return generate(prompt, lane.verifier, lane.drafter, params, max_tokens, controller, watch)
+        except _CallbackRaised as e:
+            raise e.error from None
         except (BackendError, RuntimeError) as e:
             raise GenerationFailed(one_line(e)) from None
+
+
+class _CallbackRaised(Exception):
+    """An `on_piece` callback raised `error`: carried through the decode loop (whose handlers read a RuntimeError
+    as a back-end's failure) to the caller, as it was, with its traceback."""
+
+    def __init__(self, error: Exception):
+        super().__init__(error)
+        self.error = error
 
 
 class _Watch(Watch):
@@ -852,7 +865,10 @@ class _Watch(Watch):
         segments = self.stream.write(accepted, emitted)
         now = time.perf_counter()
         if self.on_piece is not None:
-            self.on_piece(_piece(segments, len(accepted), len(accepted) + len(emitted), now - self._last))
+            try:
+                self.on_piece(_piece(segments, len(accepted), len(accepted) + len(emitted), now - self._last))
+            except Exception as e:  # the caller's, not a back-end's: _decode raises it as it was
+                raise _CallbackRaised(e) from e
         self._last = now
 
     def stopped(self) -> bool:
