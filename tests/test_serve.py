@@ -113,7 +113,21 @@ def test_what_does_not_map_is_a_4xx_naming_it(boards):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(urllib.request.Request(boards + "/v1/completions", deep), timeout=60)
     assert e.value.code == 400 and json.load(e.value)["error"]["message"] == "the body must be JSON nested less deeply"
-    assert json.load(urllib.request.urlopen(boards + "/health"))["status"] == "ok"
+    health = json.load(urllib.request.urlopen(boards + "/health"))
+    assert health["status"] == "ok" and health["busy"] == health["waiting"] == 0  # lanes generating, requests queued
+    with pytest.raises(urllib.error.HTTPError) as e:  # the methods a route takes, as HTTP says
+        urllib.request.urlopen(boards + "/v1/completions", timeout=60)
+    assert e.value.code == 405 and e.value.headers["Allow"] == "POST"
+    with pytest.raises(urllib.error.HTTPError) as e:  # a long path is not echoed back whole
+        urllib.request.urlopen(boards + "/" + "x" * 10_000, timeout=60)
+    assert e.value.code == 404 and len(json.load(e.value)["error"]["message"]) < 120
+    for body, param, says in (({"prompt": PROMPT, "stop": "\ud83d"}, "stop", "lone surrogate"),
+                              ({"prompt": [[1, 2]]}, "prompt", "or a list of token ids")):
+        ask = urllib.request.Request(boards + "/v1/completions", json.dumps(body).encode())
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(ask, timeout=60)
+        error = json.load(e.value)["error"]
+        assert e.value.code == 400 and error["param"] == param and says in error["message"], error
 
 
 @pytest.fixture(scope="module")

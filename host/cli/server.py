@@ -91,6 +91,8 @@ def sampling(body: dict, mesh: Mesh) -> dict:
         stops = [stop] if isinstance(stop, str) else stop
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
             raise BadRequest("stop must be a string or a list of up to 4 non-empty strings", "stop")
+        if any(0xD800 <= ord(c) <= 0xDFFF for s in stops for c in s):  # as a prompt's: no text could match it
+            raise BadRequest("stop holds a lone surrogate, which no UTF-8 text holds", "stop")
         out["stop"] = stops
     if not isinstance(body.get("stream", False), bool):
         raise BadRequest("stream must be true or false", "stream")
@@ -124,7 +126,8 @@ def completion_prompt(body: dict, mesh: Mesh) -> list[int]:
             raise BadRequest(str(e), "prompt") from None
         return list(prompt)
     if not isinstance(prompt, str) or not prompt:
-        raise BadRequest("prompt must be a non-empty string (one prompt per request)", "prompt")
+        raise BadRequest("prompt must be a non-empty string or a list of token ids (one prompt per request)",
+                         "prompt")
     fits_context([prompt], mesh, "prompt")
     return mesh.encode(prompt)
 
@@ -205,8 +208,9 @@ class Api:
 
     async def health(self, request: Request) -> Response:
         m = self.mesh
-        return JSONResponse({"status": "ok", "model": MODEL_ID, "streams": m.streams, "busy": self.busy,
-                             "waiting": len(m._waiting)})
+        waiting = len(m._waiting)  # requests queued for a lane; `busy`: the lanes generating
+        return JSONResponse({"status": "ok", "model": MODEL_ID, "streams": m.streams,
+                             "busy": max(self.busy - waiting, 0), "waiting": waiting})
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0,
@@ -361,15 +365,22 @@ class Reply:
                 "usage": usage(prompt, done), "specmesh": figures(done)}
 
 
+def _shown(path: str, most: int = 80) -> str:
+    """A requested path as an error names it: its first `most` characters (a 100 KB path is not echoed back)."""
+    return path if len(path) <= most else path[:most] + "..."
+
+
 def app(mesh: Mesh, threads: ThreadPoolExecutor) -> Starlette:
     """The ASGI application serving `mesh` on `threads` (both closed by the caller)."""
     api = Api(mesh, threads)
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return error(404, "no route %s %s" % (request.method, request.url.path))
+        return error(404, "no route %s %s" % (request.method, _shown(request.url.path)))
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
-        return error(405, "%s is not allowed on %s" % (request.method, request.url.path))
+        reply = error(405, "%s is not allowed on %s" % (request.method, _shown(request.url.path)))
+        reply.headers.update(getattr(exc, "headers", None) or {})  # Allow: the methods the route takes
+        return reply
 
     served = Starlette(routes=[
         Route("/", api.page),
