@@ -59,7 +59,7 @@ def serve(a: argparse.Namespace) -> int:
         with Mesh.from_config(config, streams=a.streams, say=say, warn=say) as mesh, \
                 ThreadPoolExecutor(max_workers=4 * a.streams + 16, thread_name_prefix="specmesh-request") as threads:
             served = app(mesh, threads)
-            server = _server_class()(uvicorn.Config(served, log_level="warning",
+            server = _server_class()(uvicorn.Config(served, log_level="warning", lifespan="off",
                                                     timeout_graceful_shutdown=STOP_GRACE_S), served.state.stop)
             print("specmesh serve: %s on %s (the live page; the API under /v1), %d stream%s at once; Ctrl-C stops it"
                   % (", ".join("%s %s" % kv for kv in mesh.names.items()), url(a.host, sockets[0].getsockname()[1]),
