@@ -436,8 +436,9 @@ def flash(
             _configure(config, info, role, node_id, model_dest if image else model_dest.lstrip("/"), layers,
                        _table(role, model, files))
             config_data = json.dumps(config, sort_keys=True).encode()
-            others = _other_models(transport, files)
-            check_board(info, role, heap_bytes, _to_write(transport, files, others) + len(config_data), len(image))
+            held = _held(transport, {dest.rsplit("/", 1)[0] or "/" for dest in files} | {MODEL_DIR})
+            others = _other_models(held, files)
+            check_board(info, role, heap_bytes, _to_write(files, held, others) + len(config_data), len(image))
             report = FlashReport(port, info, model=model.name, note=note,
                                  resumed=board_config.get(FLASHING) or None)
             if report.resumed:  # what an interrupted flash may have left half-written
@@ -469,23 +470,33 @@ def _placement(info: BoardInfo, image: bytes) -> str:
     return "weights read in place from the ROMFS partition" if image else "weights and engine in the heap"
 
 
-def _other_models(transport, files: dict[str, Path]) -> dict[str, int]:
+def _held(transport, folders: set[str]) -> dict[str, int]:
+    """The files the board holds in `folders` (path -> bytes), one listing a folder (a missing one holds none)."""
+    out = {}
+    for folder in sorted(folders):
+        try:
+            entries = transport.fs_listdir(folder)
+        except OSError:
+            continue
+        out.update({"%s/%s" % (folder.rstrip("/"), e.name): e.st_size for e in entries if not e.st_mode & 0x4000})
+    return out
+
+
+def _other_models(held: dict[str, int], files: dict[str, Path]) -> dict[str, int]:
     """The model files and n-gram tables in /models this flash does not write (path -> bytes): an earlier flash's
     model (another drafter, the verifier's, the filesystem copy of a model now on the ROMFS), which the new config
     does not name and which would only fill the filesystem."""
-    if not transport.fs_isdir(MODEL_DIR):
-        return {}
-    return {"%s/%s" % (MODEL_DIR, e.name): e.st_size for e in transport.fs_listdir(MODEL_DIR)
-            if e.name.endswith((".spm", ".ngt")) and "%s/%s" % (MODEL_DIR, e.name) not in files}
+    return {path: size for path, size in held.items() if path.startswith(MODEL_DIR + "/")
+            and path.endswith((".spm", ".ngt")) and path not in files}
 
 
-def _to_write(transport, files: dict[str, Path], others: dict[str, int]) -> int:
+def _to_write(files: dict[str, Path], held: dict[str, int], others: dict[str, int]) -> int:
     """The bytes the board's filesystem must find for `files`: each one's size, less what the copy it replaces and
     the other models (removed first) free, plus room for the largest replaced copy while its new one is written
     beside it."""
     new = sum(p.stat().st_size for p in files.values())
-    held = [transport.fs_stat(dest).st_size for dest in files if transport.fs_exists(dest)]
-    return new - sum(held) - sum(others.values()) + max(held, default=0)
+    replaced = [held[dest] for dest in files if dest in held]
+    return new - sum(replaced) - sum(others.values()) + max(replaced, default=0)
 
 
 def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, int] | None) -> tuple[Path, int]:
