@@ -5,6 +5,7 @@ run's, and a malformed table is refused in one line."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import random
@@ -204,17 +205,24 @@ def test_a_drafter_node_with_a_table_drafts_what_the_host_drafter_drafts(micropy
         verifier.close()
 
 
-def test_a_malformed_table_is_one_line_and_the_node_stays_idle(micropython, models, tmp_path):
+@contextlib.contextmanager
+def _node_with_a_malformed_table(micropython, models, tmp_path, role: str):
+    """A node configured as `role` with the drafter and a table whose header is of no version this code reads."""
     bad = tmp_path / ngram_table_name(DRAFTER_FILE)
     bad.write_bytes(b"SMNG" + bytes(16))
-    node = NodeProc(micropython, tmp_path / "d", {"node_id": 1, "role": "idle", "model": str(models / DRAFTER_FILE),
+    node = NodeProc(micropython, tmp_path / "d", {"node_id": 1, "role": role, "model": str(models / DRAFTER_FILE),
                                                   "table": str(bad)})
     try:
+        yield node
+    finally:
+        node.close()
+
+
+def test_a_malformed_table_is_one_line_and_the_node_stays_idle(micropython, models, tmp_path):
+    with _node_with_a_malformed_table(micropython, models, tmp_path, "idle") as node:
         code, text = node.error(m.CONFIGURE, m.pack_configure(m.ROLE_DRAFTER, 1, str(models / DRAFTER_FILE)))
         assert code == m.E_MODEL and "n-gram table" in text and "flash the drafter again" in text
         assert node.call(m.HELLO)[2] == m.ROLE_IDLE
-    finally:
-        node.close()
     shutil.copy(models / DRAFTER_FILE, tmp_path / DRAFTER_FILE)
     with pytest.raises(ModelFileError, match="n-gram table .*: version 0, this code reads 2"):
         LocalDrafter(tmp_path / DRAFTER_FILE)
@@ -222,17 +230,11 @@ def test_a_malformed_table_is_one_line_and_the_node_stays_idle(micropython, mode
 
 def test_a_node_that_could_not_start_its_role_tells_a_role_request_why(micropython, models, tmp_path):
     """Its console line at boot can go before the host opens the port (host/backends/board.py asks instead)."""
-    bad = tmp_path / ngram_table_name(DRAFTER_FILE)
-    bad.write_bytes(b"SMNG" + bytes(16))
-    node = NodeProc(micropython, tmp_path / "d", {"node_id": 1, "role": "drafter", "model": str(models / DRAFTER_FILE),
-                                                  "table": str(bad)})
-    try:
+    with _node_with_a_malformed_table(micropython, models, tmp_path, "drafter") as node:
         assert node.call(m.HELLO)[2] == m.ROLE_IDLE
         code, text = node.error(m.BEGIN, m.pack_begin(0, 0, 8, 0, 0, 1, [1]))
         assert code == m.E_STATE and text.startswith("BEGIN needs a role: this node is idle (cannot start as drafter: ")
         assert "n-gram table" in text  # (cut where an error's text ends: messages.py)
-    finally:
-        node.close()
 
 
 def test_the_builder_leaves_out_contexts_a_shorter_one_answers_the_same():

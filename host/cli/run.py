@@ -59,8 +59,14 @@ def quiet_when_the_reader_leaves(command: Callable[[argparse.Namespace], int], a
     try:
         return command(a)
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_to_devnull()
         return 141
+
+
+def _stdout_to_devnull() -> None:
+    """Send stdout to /dev/null: what is left in its buffer, for a reader gone or a full disk, would fail again at
+    Python's last flush."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def failed(command: str, e: Exception | KeyboardInterrupt) -> int:
@@ -79,8 +85,8 @@ def failed(command: str, e: Exception | KeyboardInterrupt) -> int:
     if os.environ.get("SPECMESH_DEBUG"):
         raise e
     print("specmesh %s: error: %s" % (command, one_line(e)), file=sys.stderr)
-    if isinstance(e, OutputLost):  # what is left in stdout's buffer would fail again at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if isinstance(e, OutputLost):
+        _stdout_to_devnull()
     return 1 if isinstance(e, (GenerationFailed, OutputLost)) else 2
 
 

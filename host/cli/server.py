@@ -35,6 +35,7 @@ from starlette.routing import Route
 
 from specmesh.host.cli.config import UsageError
 from specmesh.host.cli.session import Completion, GenerationFailed, Mesh, Piece, check_ids
+from specmesh.host.decode.tokenizer import lone_surrogate
 
 MODEL_ID = "specmesh"
 TAKEN = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
@@ -91,7 +92,7 @@ def sampling(body: dict, mesh: Mesh) -> dict:
         stops = [stop] if isinstance(stop, str) else stop
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
             raise BadRequest("stop must be a string or a list of up to 4 non-empty strings", "stop")
-        if any(0xD800 <= ord(c) <= 0xDFFF for s in stops for c in s):  # as a prompt's: no text could match it
+        if any(lone_surrogate(s) is not None for s in stops):  # as a prompt's: no text could match it
             raise BadRequest("stop holds a lone surrogate, which no UTF-8 text holds", "stop")
         out["stop"] = stops
     if not isinstance(body.get("stream", False), bool):

@@ -58,6 +58,7 @@ from specmesh.host.cli.ranges import SEED, RangeError, in_range
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, Round, generate
 from specmesh.host.decode.stopstrings import StopScan, StopStrings
+from specmesh.host.decode.tokenizer import lone_surrogate
 from specmesh.host.decode.window import Window
 from specmesh.host.layout import TOKENIZER_FILE, ngram_table
 from specmesh.host.projection.measured import board_summary
@@ -761,12 +762,11 @@ class Mesh(contextlib.AbstractContextManager):
 
     def _ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
-            try:
-                return self.tok.encode(prompt)
-            except UnicodeEncodeError:
-                at = next(i for i, c in enumerate(prompt) if 0xD800 <= ord(c) <= 0xDFFF)
+            at = lone_surrogate(prompt)
+            if at is not None:
                 raise UsageError("the prompt is not text: character %d is a lone surrogate (%r), which no UTF-8 "
-                                 "holds" % (at, prompt[at])) from None
+                                 "holds" % (at, prompt[at]))
+            return self.tok.encode(prompt)
         try:
             if isinstance(prompt, (bytes, bytearray, Mapping, AbstractSet)):  # a dict's keys or a set: no order
                 raise TypeError

@@ -99,6 +99,16 @@ def byte_pieces(pieces: list[bytes]) -> list[bytes]:
     return out
 
 
+def lone_surrogate(text: str) -> int | None:
+    """Where `text` holds its first lone UTF-16 surrogate (a JSON escape or a Python string can spell one; no UTF-8
+    text holds it, so the tokenizer cannot encode it), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
 class Tokenizer:
     """encode(str) -> list[int] and decode(list[int]) -> str.
 
