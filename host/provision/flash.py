@@ -61,7 +61,9 @@ NODE_ID = {"drafter": 1, "verifier": 2, "stage": 10}  # the node id each role ge
 # and the bonus: one matmul group), and a context whose KV cache fits its heap (the node halves it if need be)
 SMALL_VERIFIER_KMAX = 5
 SMALL_VERIFIER_CTX = 80
-BIG_CHUNK_HEAP = 128 * 1024  # a board with more heap free than this (S3, C3, C6) takes 2 KiB write chunks
+# a board with more heap free than this takes 2 KiB write chunks (a classic ESP32's ~100 KB too: its first flash of
+# a drafter and its n-gram table took 19.0 s in 512-byte chunks on a virtual board, 8.0 s in 2 KiB ones)
+BIG_CHUNK_HEAP = 64 * 1024
 # sys.implementation._mpy >> 10 (py/persistentcode.h MP_NATIVE_ARCH_*)
 ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
           "xtensa", "xtensawin", "rv32imc", "rv64imc"]
