@@ -20,11 +20,15 @@ ROLE ?= drafter
 
 setup: $(STAMP)
 
-# Re-runs only when the dependency list changes; otherwise `make setup` returns at once.
+# Re-runs only when the dependency list changes; otherwise `make setup` returns at once. A .venv whose making was
+# stopped (it has no pip) is made anew; where flock(1) is (Linux), a second make in a fresh clone waits for the
+# first's set-up instead of finding its half-made .venv.
+LOCKED := $(shell command -v flock >/dev/null 2>&1 && echo flock .venv.lock)
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) -e '.[dev]'
-	@touch $(STAMP)
+	@$(LOCKED) sh -c 'test $(STAMP) -nt pyproject.toml && exit 0; \
+		$(PY) -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); } || exit 1; \
+		echo "setting up $(VENV): pip install -e .[dev]"; \
+		$(PIP) -e ".[dev]" && touch $(STAMP)'
 
 setup-gpu: $(GPU_STAMP)
 
@@ -32,8 +36,9 @@ $(GPU_STAMP): $(STAMP)
 	$(PIP) $(PIP_EXTRA) -e '.[dev,gpu]' '$(TORCH)'
 	@touch $(GPU_STAMP)
 
+# `make run ARGS='--plain -n 32'` passes its flags on (`.venv/bin/specmesh run --help` lists them)
 run: setup
-	$(VENV)/bin/specmesh run
+	$(VENV)/bin/specmesh run $(ARGS)
 
 # The lint gate (pyproject.toml: [tool.ruff], [tool.mypy], [tool.importlinter]): pyflakes' checks and honest
 # noqa's over the repository, mypy's names over host/ through the editable install, and the import layers.
