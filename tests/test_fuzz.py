@@ -170,3 +170,26 @@ def test_long_fuzz_command_at_a_small_size_finds_nothing_and_would_report_a_cras
     monkeypatch.setattr(codec, "decode", flawed)
     report = fuzz.fuzz_cpython(2000, 1)
     assert report["crashes"] > 0 and "IndexError: bug" in report["examples"][0]["error"]
+
+
+def test_fuzz_json_is_written_the_unix_way_and_a_bad_path_is_one_line_before_fuzzing(tmp_path, capsys):
+    """--json names an output file as a shell's `>` would: a FIFO (as /dev/full, a device) is written to, not
+    replaced by a regular file; a path that cannot be written is refused before the fuzzing, in one line."""
+    import os
+    import stat
+    import subprocess
+
+    from specmesh.tools import fuzz
+
+    assert fuzz.main(["--frames", "10", "--node-frames", "0", "--json", str(tmp_path / "README" / "x.json")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    (tmp_path / "file").write_text("")
+    assert fuzz.main(["--frames", "10", "--node-frames", "0", "--json", str(tmp_path / "file" / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fuzz: --json") and "is a file, not a folder" in err and err.count("\n") == 1
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    assert fuzz.main(["--frames", "10", "--node-frames", "0", "--json", str(fifo)]) == 0
+    assert b'"cpython"' in reader.communicate(timeout=10)[0]
+    assert stat.S_ISFIFO(fifo.stat().st_mode)

@@ -220,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-drift", type=int, default=4096, help="heap drift that counts as a failure (bytes)")
     ap.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     a = ap.parse_args(argv)
+    problem = a.json and atomic.output_problem(a.json)  # before the fuzzing, not after it
+    if problem:
+        print("fuzz: --json %s cannot be written: %s" % (a.json, problem), file=sys.stderr)
+        return 2
     mp = micropython_binary()
     t0 = time.perf_counter()
     res = {"cpython": fuzz_cpython(a.frames, a.seed)}
@@ -236,7 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         for ex in part["examples"]:
             print("  example: %s" % json.dumps(ex))
     if a.json:
-        atomic.write_text(a.json, json.dumps(res, indent=1))
+        try:  # the Unix way: a device or a FIFO is written to, never replaced by a file
+            atomic.write_output(a.json, json.dumps(res, indent=1))
+        except OSError as e:
+            print("fuzz: cannot write %s: %s" % (a.json, e.strerror), file=sys.stderr)
+            return 1
     bad = any(p["crashes"] or p["hangs"] or p.get("memory_unanswered") or p["heap_drift_bytes"] > a.max_drift
               for p in res.values())
     return 1 if bad else 0
