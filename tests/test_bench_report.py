@@ -45,3 +45,24 @@ def test_the_projection_derivation_is_a_table_of_terms_next_to_the_anchor():
     assert "against 19.13 tok/s measured by esp32-llm" in lines[0]
     assert "| matmul_1 | 60.00 | 75.0% |" in lines and "| total | 80.00 | 100% |" in lines
     assert derivation_lines({}) == []
+
+
+def test_bench_json_is_written_the_unix_way_and_a_bad_path_is_one_line_before_the_sections(tmp_path, capsys):
+    """--json FILE as a shell's `>` would: a FIFO (as /dev/full, a device) is written to, not replaced by a
+    regular file; a path under a file is refused in one line before any section runs."""
+    import os
+    import stat
+    import subprocess
+
+    from specmesh.tools.bench.__main__ import main
+
+    (tmp_path / "file").write_text("")
+    assert main(["codec", "--json", str(tmp_path / "file" / "x.json"), "--report", str(tmp_path / "r")]) == 2
+    out = capsys.readouterr()
+    assert "== codec ==" not in out.out and out.err.count("\n") == 1 and "is a file, not a folder" in out.err
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    main(["codec", "--json", str(fifo), "--report", str(tmp_path / "r")])
+    assert b'"codec"' in reader.communicate(timeout=30)[0]
+    assert stat.S_ISFIFO(fifo.stat().st_mode)

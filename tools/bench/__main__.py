@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import platform
@@ -28,6 +29,13 @@ def main(argv: list[str] | None = None) -> int:
         print("error: unknown benchmark section %s (available: %s)" % (", ".join(unknown), ", ".join(names)),
               file=sys.stderr)
         return 2
+    if args.json:  # its folder made and the file checked before minutes of benchmarking, not after them
+        with contextlib.suppress(OSError):  # a file on the way: output_problem says so
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        problem = atomic.output_problem(args.json)
+        if problem:
+            print("error: --json %s cannot be written: %s" % (args.json, problem), file=sys.stderr)
+            return 2
     results: dict = {"machine": {"python": platform.python_version(), "platform": platform.platform(),
                                  "processor": platform.processor() or platform.machine()},
                      "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -47,9 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     for line in noise_lines(results):
         print(line)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        atomic.write_text(args.json, json.dumps(results, indent=2) + "\n")
-        print("figures written to %s" % args.json)
+        try:  # the Unix way: a device or a FIFO is written to, never replaced by a file
+            atomic.write_output(args.json, json.dumps(results, indent=2) + "\n")
+            print("figures written to %s" % args.json)
+        except OSError as e:
+            print("error: cannot write %s: %s" % (args.json, e.strerror), file=sys.stderr)
+            failed.append("--json")
     try:
         from specmesh.tools.bench._report import write
 
