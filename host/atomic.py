@@ -8,7 +8,8 @@ write leaves the old file and at most a `.NAME.*.part` file beside it. A board's
 the same way by host/provision/flash.py (a temporary name, its hash checked, then a rename on the board).
 
     replacing(path, "w"|"wb", perms=None)  context manager: a file object whose content replaces `path`
-                                            when the block ends without an exception
+                                            when the block ends without an exception (OSError at once
+                                            for a device or a FIFO: never replaced by a file)
     write_bytes(path, data) / write_text(path, text)
     create(path, data, perms=0o600)        a new file only (FileExistsError if `path` exists), atomically
     unwritable(path) -> str | None         why `path` cannot be written (checked before long work), or None
@@ -24,6 +25,7 @@ A file the user names for output (`--stats-json FILE`) is written the Unix way, 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
@@ -67,6 +69,7 @@ def replacing(path: str | os.PathLike, mode: str = "wb", perms: int | None = Non
     raises (or the process dies) first. `perms`: the file's mode (default: the replaced file's, else the
     umask's)."""
     path = Path(path)
+    _regular_or_new(path)
     if "b" not in mode and encoding is None:
         encoding = "utf-8"
     with _temp(path, mode, _default_perms(path) if perms is None else perms, encoding) as (f, tmp):
@@ -77,6 +80,17 @@ def replacing(path: str | os.PathLike, mode: str = "wb", perms: int | None = Non
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _regular_or_new(path: Path) -> None:
+    """OSError unless `path` is a regular file, a symlink (itself replaced) or nothing yet: a device or a FIFO
+    named as a file to replace (`--out /dev/full`) is never replaced by one, which root's rename would do."""
+    try:
+        kind = stat.S_IFMT(os.lstat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if kind not in (stat.S_IFREG, stat.S_IFLNK, stat.S_IFDIR):  # a folder: rename's own IsADirectoryError
+        raise OSError(errno.EINVAL, "not a regular file (a device, a FIFO or a socket): give a file's name", str(path))
 
 
 def write_bytes(path: str | os.PathLike, data: bytes, perms: int | None = None) -> None:

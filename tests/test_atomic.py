@@ -101,3 +101,14 @@ def test_output_problem_says_why(tmp_path):
     for below in ("x.json", "a/x.json"):  # a file where a folder of the path should be
         assert atomic.output_problem(tmp_path / "f" / below) == "%s is a file, not a folder" % (tmp_path / "f")
     assert atomic.output_problem("/dev/fd/97") == "descriptor 97 is not open"
+
+
+def test_a_device_or_fifo_is_never_replaced_by_a_file(tmp_path):
+    """write_text / write_bytes / replacing name a file to replace: a FIFO (as /dev/full, a device, which root's
+    rename would replace) is refused in one line and stays what it is, nothing left beside it."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError) as e:
+        atomic.write_bytes(fifo, b"model")
+    assert "not a regular file" in str(e.value) and str(fifo) in str(e.value)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and os.listdir(tmp_path) == ["fifo"]
