@@ -189,3 +189,18 @@ def test_int8_greedy_matches_float_greedy(ref, name):
         assert (got == want)[margin > NEAR_TIE[name]].all()
         clear += int((margin > NEAR_TIE[name]).sum())
     assert clear >= ref[name + ".greedy"].size // 3  # the check is not vacuous: a third of the steps at least
+
+
+@pytest.mark.parametrize("name, cut, says", [("tokenizer.bin", 0, "not a llama2.c tokenizer.bin"),
+                                             (TARGET_FILE, 1000, "is truncated")])
+def test_modelcard_on_a_corrupt_model_folder_is_one_line(tmp_path, capsys, name, cut, says):
+    """tools/modelcard.py on a truncated tokenizer or model file: one line naming the file, status 1, no
+    traceback and no figures file."""
+    from specmesh.tools import modelcard
+
+    for f in MODELS.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes()[:cut] if f.name == name else f.read_bytes())
+    assert modelcard.main(["--models", str(tmp_path), "--json", str(tmp_path / "figures.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("modelcard: ") and says in err and err.count("\n") == 1
+    assert not (tmp_path / "figures.json").exists()

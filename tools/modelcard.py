@@ -26,17 +26,17 @@ from pathlib import Path
 import numpy as np
 
 from specmesh.host import atomic
-from specmesh.host.backends import LocalDrafter, LocalVerifier, SessionParams
+from specmesh.host.backends import BackendError, LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.backends.engine import Engine, to_float
 from specmesh.host.boardclasses import ESP32, ESP32S3, kv_bytes
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
-from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.decode.tokenizer import Tokenizer, TokenizerError
 from specmesh.host.layout import DRAFTER_FILE, HOST_DRAFTER_FILE, TARGET_FILE
 from specmesh.tools.heldout import (
     LOSS_STORIES, PROMPT_SETS, PROMPT_TOKENS, heldout_prompts, heldout_stories, prompt_set,
 )
-from specmesh.shared.modelfile import tensor_layout
+from specmesh.shared.modelfile import ModelFileError, tensor_layout
 
 GAMMA = 4
 def n_params(h) -> int:
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         figures = measure(a)
-    except (OSError, KeyError, ValueError) as e:
+    except (OSError, KeyError, ValueError, BackendError, ModelFileError, TokenizerError) as e:
         print("modelcard: %s" % e, file=sys.stderr)
         return 1
     a.json.parent.mkdir(parents=True, exist_ok=True)
