@@ -204,3 +204,14 @@ def test_modelcard_on_a_corrupt_model_folder_is_one_line(tmp_path, capsys, name,
     err = capsys.readouterr().err
     assert err.startswith("modelcard: ") and says in err and err.count("\n") == 1
     assert not (tmp_path / "figures.json").exists()
+
+
+@pytest.mark.parametrize("flag", ["--prompts", "--new"])
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_modelcard_refuses_no_prompts_or_no_new_tokens_in_one_line(tmp_path, capsys, flag, value):
+    from specmesh.tools import modelcard
+
+    assert modelcard.main([flag, value, "--json", str(tmp_path / "figures.json")]) == 2
+    err = capsys.readouterr().err
+    assert err == "modelcard: %s must be at least 1, not %s\n" % (flag, value)
+    assert not (tmp_path / "figures.json").exists()

@@ -28,6 +28,7 @@ import numpy as np
 from specmesh.host import atomic
 from specmesh.host.backends import BackendError, LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.backends.engine import Engine, to_float
+from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.boardclasses import ESP32, ESP32S3, kv_bytes
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
@@ -136,6 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", type=Path, nargs="*", default=[], help="drafter checkpoint folders to compare")
     ap.add_argument("--json", type=Path, default=Path("runs/modelcard.json"))
     a = ap.parse_args(argv)
+    try:  # no prompts or no new tokens measure nothing: a division by zero after minutes of measuring
+        in_range("--prompts", a.prompts, 1)
+        in_range("--new", a.new, 1)
+    except RangeError as e:
+        print("modelcard: %s" % e, file=sys.stderr)
+        return 2
     try:
         figures = measure(a)
     except (OSError, KeyError, ValueError, BackendError, ModelFileError, TokenizerError) as e:
