@@ -215,3 +215,12 @@ def test_modelcard_refuses_no_prompts_or_no_new_tokens_in_one_line(tmp_path, cap
     err = capsys.readouterr().err
     assert err == "modelcard: %s must be at least 1, not %s\n" % (flag, value)
     assert not (tmp_path / "figures.json").exists()
+
+
+def test_modelcard_json_that_cannot_be_written_is_one_line_before_measuring(tmp_path, capsys):
+    from specmesh.tools import modelcard
+
+    (tmp_path / "file").write_text("")
+    assert modelcard.main(["--models", str(tmp_path / "none"), "--json", str(tmp_path / "file" / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("modelcard: --json") and "is a file, not a folder" in err and err.count("\n") == 1

@@ -17,6 +17,7 @@ file and measured the same way, for the table of variants.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -143,13 +144,22 @@ def main(argv: list[str] | None = None) -> int:
     except RangeError as e:
         print("modelcard: %s" % e, file=sys.stderr)
         return 2
+    with contextlib.suppress(OSError):  # a file on the way: output_problem says so, before minutes of measuring
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+    problem = atomic.output_problem(a.json)
+    if problem:
+        print("modelcard: --json %s cannot be written: %s" % (a.json, problem), file=sys.stderr)
+        return 2
     try:
         figures = measure(a)
     except (OSError, KeyError, ValueError, BackendError, ModelFileError, TokenizerError) as e:
         print("modelcard: %s" % e, file=sys.stderr)
         return 1
-    a.json.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(a.json, json.dumps(figures, indent=1))
+    try:  # the Unix way: a device or a FIFO is written to, never replaced by a file
+        atomic.write_output(a.json, json.dumps(figures, indent=1))
+    except OSError as e:
+        print("modelcard: cannot write %s: %s" % (a.json, e.strerror), file=sys.stderr)
+        return 1
     print(json.dumps(figures, indent=1))
     return 0
 
