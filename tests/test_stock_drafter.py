@@ -64,3 +64,24 @@ def test_an_s3_gets_the_wide_drafter_in_psram(virtual_board):
     report = flash(vb.port, "drafter", progress=False, reset=False)
     assert report.model == DRAFTER_FILE and report.note == (
         "drafter model drafter.spm (64 wide; weights in PSRAM): %s" % said("drafter.spm"))
+
+
+def test_cardtable_on_a_card_not_laid_out_as_one_is_one_line_and_leaves_the_markdown(tmp_path, monkeypatch, capsys):
+    markdown = tmp_path / "MODEL_CARD.md"
+    markdown.write_text((ROOT / "models" / "MODEL_CARD.md").read_text())
+    before = markdown.read_text()
+    card = tmp_path / "card.json"
+    monkeypatch.setattr(cardtable, "CARD", card)
+    monkeypatch.setattr(cardtable, "MARKDOWN", markdown)
+    monkeypatch.setattr("sys.argv", ["cardtable"])
+    for text in ('[]', '{"protocol": {"gamma": "x"}, "drafters": {}}', '{"protocol": {}}',
+                 '{"protocol": {"gamma": 1}, "drafters": {"d": {"width": 3, "greedy": {"alpha": "x"}}}}'):
+        card.write_text(text)
+        assert cardtable.main() == 1
+        err = capsys.readouterr().err
+        assert err.startswith("cardtable: %s is not laid out as a model card" % card) and err.count("\n") == 1, err
+    card.write_text("{garbage")
+    assert cardtable.main() == 1
+    err = capsys.readouterr().err
+    assert err.startswith("cardtable: %s is not JSON" % card) and err.count("\n") == 1, err
+    assert markdown.read_text() == before

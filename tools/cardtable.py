@@ -56,10 +56,20 @@ def main() -> int:
     try:
         card = json.loads(CARD.read_text())
         text = rendered(MARKDOWN.read_text(), card)
-    except (OSError, ValueError, KeyError) as e:
+    except json.JSONDecodeError as e:
+        print("cardtable: %s is not JSON (%s): fix it, or git checkout it" % (CARD, e), file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as e:
         print("cardtable: %s" % e, file=sys.stderr)
         return 1
-    atomic.write_text(Path(MARKDOWN), text)
+    except (KeyError, TypeError, IndexError) as e:  # JSON, but not laid out as the card is
+        print("cardtable: %s is not laid out as a model card (%s: %s)" % (CARD, type(e).__name__, e), file=sys.stderr)
+        return 1
+    try:
+        atomic.write_text(Path(MARKDOWN), text)
+    except OSError as e:
+        print("cardtable: cannot write %s: %s" % (MARKDOWN, e.strerror), file=sys.stderr)
+        return 1
     print("wrote %s" % MARKDOWN)
     return 0
 
