@@ -73,15 +73,25 @@ def test_cardtable_on_a_card_not_laid_out_as_one_is_one_line_and_leaves_the_mark
     card = tmp_path / "card.json"
     monkeypatch.setattr(cardtable, "CARD", card)
     monkeypatch.setattr(cardtable, "MARKDOWN", markdown)
-    monkeypatch.setattr("sys.argv", ["cardtable"])
     for text in ('[]', '{"protocol": {"gamma": "x"}, "drafters": {}}', '{"protocol": {}}',
                  '{"protocol": {"gamma": 1}, "drafters": {"d": {"width": 3, "greedy": {"alpha": "x"}}}}'):
         card.write_text(text)
-        assert cardtable.main() == 1
+        assert cardtable.main([]) == 1
         err = capsys.readouterr().err
         assert err.startswith("cardtable: %s is not laid out as a model card" % card) and err.count("\n") == 1, err
     card.write_text("{garbage")
-    assert cardtable.main() == 1
+    assert cardtable.main([]) == 1
     err = capsys.readouterr().err
     assert err.startswith("cardtable: %s is not JSON" % card) and err.count("\n") == 1, err
     assert markdown.read_text() == before
+
+
+def test_cardtable_help_or_a_stray_argument_writes_nothing():
+    import subprocess
+    import sys
+
+    before = (ROOT / "models" / "MODEL_CARD.md").stat().st_mtime_ns
+    for args, status in ((["--help"], 0), (["--out", "x.md"], 2)):
+        p = subprocess.run([sys.executable, "-m", "specmesh.tools.cardtable", *args], capture_output=True, text=True)
+        assert p.returncode == status and "usage:" in p.stdout + p.stderr and "wrote" not in p.stdout
+    assert (ROOT / "models" / "MODEL_CARD.md").stat().st_mtime_ns == before

@@ -11,6 +11,7 @@ tests/test_stock_drafter.py fails while the markdown differs from what this rend
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -52,7 +53,10 @@ def rendered(markdown: str, card: dict) -> str:
     return head + sep + table(card) + "\n" + sep2 + tail
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    # no options: `--help` or a stray argument must not rewrite the card
+    argparse.ArgumentParser(prog="python -m specmesh.tools.cardtable", description=__doc__.split("\n\n")[0]
+                            ).parse_args(argv)
     try:
         card = json.loads(CARD.read_text())
         text = rendered(MARKDOWN.read_text(), card)
