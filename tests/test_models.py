@@ -224,3 +224,12 @@ def test_modelcard_json_that_cannot_be_written_is_one_line_before_measuring(tmp_
     assert modelcard.main(["--models", str(tmp_path / "none"), "--json", str(tmp_path / "file" / "x.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("modelcard: --json") and "is a file, not a folder" in err and err.count("\n") == 1
+
+
+def test_modelcard_with_no_draft_tested_is_one_line(tmp_path, capsys):
+    """--new 1 (the first token is the prefill's: no round) or a held-out file with no acceptance story."""
+    from specmesh.tools import modelcard
+
+    assert modelcard.main(["--prompts", "1", "--new", "1", "--json", str(tmp_path / "figures.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("modelcard: no draft was tested") and err.count("\n") == 1

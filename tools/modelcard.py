@@ -74,6 +74,9 @@ def acceptance(target: Path, drafter: Path, prompts: list[list[int]], new: int, 
             for j in range(min(rd.gamma, rd.n_accepted + 1)):
                 reached[j] += 1
                 passed[j] += j < rd.n_accepted
+    if not tested:  # --new 1 (the first token is the prefill's), or no held-out story long enough for a prompt
+        raise ValueError("no draft was tested (%d prompts, %d new tokens each): give more prompts or --new 2 or more"
+                         % (len(prompts), new))
     return {"alpha": acc / tested, "tokens_per_verification": committed / rounds, "rounds": rounds,
             "tokens": committed, "alpha_per_position": [p / r if r else None for p, r in zip(passed, reached)]}
 
