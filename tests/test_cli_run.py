@@ -330,3 +330,15 @@ def test_a_stopped_command_names_itself_and_adds_no_blank_line_off_a_terminal(ca
     assert cli._who(["flash", "--port", "a0"]) == "specmesh flash" and cli._who(["--version"]) == "specmesh"
     say_stopped(cli._who(["chaos"]), "interrupted")
     assert capsys.readouterr().err == "specmesh chaos: interrupted\n"  # stderr here is no terminal: no ^C to end
+
+
+@pytest.mark.parametrize("tool, args", [("train", []), ("train", ["--help"]), ("export", ["--model", "d=x.pt"]),
+                                        ("train_all", []), ("modelcard", ["--variants", "checkpoints/x"])])
+def test_tools_that_need_torch_say_how_to_install_it_in_one_line(tool, args, tmp_path):
+    """Without PyTorch (absent or blocked), a tool that needs it is one line with the install hint, status 1."""
+    from specmesh.host.backends.torch_backend import INSTALL_HINT
+
+    code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['%s'] + %r\n"
+            "runpy.run_module('specmesh.tools.%s', run_name='__main__', alter_sys=True)" % (tool, args, tool))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 1 and out.stderr.endswith(INSTALL_HINT + "\n") and out.stderr.count("\n") == 1, out.stderr

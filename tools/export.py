@@ -22,7 +22,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
+from specmesh.tools import without_torch
+
+try:
+    import torch
+except ImportError as e:  # the `gpu` extra
+    without_torch(e, __name__)
 
 from specmesh.host.backends.modelio import write_model
 from specmesh.host.decode.tokenizer import Tokenizer, vocab_id

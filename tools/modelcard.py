@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import sys
 import tempfile
@@ -147,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     except RangeError as e:
         print("modelcard: %s" % e, file=sys.stderr)
         return 2
+    if a.variants and importlib.util.find_spec("torch") is None:  # exporting them needs it: said before measuring
+        from specmesh.host.backends.torch_backend import INSTALL_HINT
+
+        print("modelcard: --variants: %s" % INSTALL_HINT, file=sys.stderr)
+        return 1
     with contextlib.suppress(OSError):  # a file on the way: output_problem says so, before minutes of measuring
         a.json.parent.mkdir(parents=True, exist_ok=True)
     problem = atomic.output_problem(a.json)

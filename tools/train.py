@@ -33,8 +33,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+from specmesh.tools import without_torch
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError as e:  # the `gpu` extra
+    without_torch(e, __name__)
 from tqdm import tqdm
 
 from specmesh.host import atomic

@@ -31,7 +31,12 @@ import sys
 from pathlib import Path
 
 from specmesh.host.decode.tokenizer import vocab_id
-from specmesh.tools import export, modelcard, ngram, train
+from specmesh.tools import without_torch
+
+try:
+    from specmesh.tools import export, modelcard, ngram, train
+except ImportError as e:  # PyTorch, the `gpu` extra
+    without_torch(e, __name__)
 
 CK = Path("checkpoints")
 MODELS = Path("models")
