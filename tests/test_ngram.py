@@ -278,3 +278,21 @@ def test_a_run_copies_from_the_table_of_the_verifiers_model_whatever_its_folder(
     with Setup(config) as s:
         for d in (s.make("drafter", "cpu"), s.make("drafter", "cpu", batched=True)):
             assert (d.table.get([1, 2], 2), d.copies.get([1, 2], 2)) == (3, 5)
+
+
+def test_the_builders_bad_inputs_are_one_line_before_any_continuation(models, tmp_path, monkeypatch, capsys):
+    """A missing text, a missing or truncated drafter, a table that cannot be written beside it: one line naming
+    it, status 1, before the minutes of continuations (which were spent first, then a traceback)."""
+    monkeypatch.setattr(builder, "build", lambda *a, **k: pytest.fail("built before checking its inputs"))
+    text = tmp_path / "text.txt"
+    text.write_text("Once upon a time.\n")
+    (tmp_path / "short.spm").write_bytes((models / DRAFTER_FILE).read_bytes()[:-9])
+    shutil.copy(models / DRAFTER_FILE, tmp_path / "d.spm")
+    (tmp_path / "d.ngt").mkdir()
+    for args, says in ((["--text", str(tmp_path / "none.txt")], "none.txt"),
+                       (["--text", str(text), "--drafter", str(tmp_path / "none.spm")], "none.spm"),
+                       (["--text", str(text), "--drafter", str(tmp_path / "short.spm")], "truncated"),
+                       (["--text", str(text), "--drafter", str(tmp_path / "d.spm")], "it is a folder")):
+        assert builder.main(args) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("ngram: ") and says in err and err.count("\n") == 1, err

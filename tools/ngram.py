@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import struct
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from contextlib import closing
@@ -39,6 +40,7 @@ from specmesh.host import atomic
 from specmesh.host.backends import EngineStream
 from specmesh.host.boardclasses import ESP32, ESP32S3
 from specmesh.host.layout import MODELS, TARGET_FILE, ngram_table_name
+from specmesh.shared.modelfile import ModelFileError
 from specmesh.shared.ngram import CHUNK, MARK, SLOT_SIZE, hashes, header, parse_header
 
 PROMPT_LENGTHS = tuple(range(4, 49, 2))  # tokens of each paragraph's opening that the target continues
@@ -191,7 +193,7 @@ def build(text: Path, drafters: Sequence[Path | None], workers: int, sampled: in
     return [table_bytes(t) for t in entries(seqs, rights)]
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.ngram", description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafter", type=Path, action="append",
                     help="a drafter model file; its table is written beside it (default: %s, and the target's table)"
@@ -200,12 +202,35 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     a = ap.parse_args(argv)
     drafters: list[Path | None] = a.drafter or [*(MODELS / d for d in DRAFTERS), None]
-    for d, data in zip(drafters, build(a.text, drafters, max(1, a.workers))):
+    try:
+        outs = checked(a.text, drafters)
+        tables = build(a.text, drafters, max(1, a.workers))
+        for out, data in zip(outs, tables):
+            atomic.write_bytes(out, data)
+            print("%s: %d entries, %d bytes" % (out, parse_header(data)[3], len(data)))
+    except (OSError, ValueError, ModelFileError) as e:
+        print("ngram: %s" % e, file=sys.stderr)
+        return 1
+    return 0
+
+
+def checked(text: Path, drafters: Sequence[Path | None]) -> list[Path]:
+    """Each drafter's table file (None: the target's), once the text, the models and the tables' folders are
+    checked (OSError, ValueError or ModelFileError saying which is wrong): before minutes of continuations."""
+    from specmesh.host.backends.modelio import check_model_file
+
+    text.read_text("utf-8")
+    outs = []
+    for d in drafters:
         model = d or MODELS / TARGET_FILE
+        check_model_file(model)
         out = model.with_name(ngram_table_name(model.name))
-        atomic.write_bytes(out, data)
-        print("%s: %d entries, %d bytes" % (out, parse_header(data)[3], len(data)))
+        problem = atomic.unwritable(out)
+        if problem:
+            raise ValueError("the table %s cannot be written: %s" % (out, problem))
+        outs.append(out)
+    return outs
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

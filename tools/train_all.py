@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for name in ("drafter-esp32", "drafter-host"):
         export.export_model(export.load_float(best[name]), MODELS / (name + ".spm"), tid)
-    ngram.main([])  # each board drafter's table, beside it
+    if ngram.main([]):  # each board drafter's table, beside it
+        return 1
     return modelcard.main([])
 
 
