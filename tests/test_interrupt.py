@@ -105,3 +105,18 @@ def test_sigterm_or_sighup_mid_run_is_one_line_and_leaves_no_temporary_folder(mo
     assert (proc.returncode, lines[-1]) == (128 + sig, "specmesh run: stopped by %s" % sig.name), lines
     assert "Traceback" not in err.decode(errors="replace")
     assert list(tmp.iterdir()) == [] and _vms_of(tmp_path / "vboards") == []
+
+
+@pytest.mark.parametrize("sig, says", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "stopped by SIGTERM")])
+def test_a_tool_stopped_mid_run_is_one_line_and_the_shells_status(tmp_path, sig, says):
+    """The tools (python -m specmesh.tools.*) are stopped as `specmesh run` is: Ctrl-C or `kill` is one line and
+    128 + the signal, no traceback, and the --json file they were to write is not there, not half of it."""
+    out = tmp_path / "fuzz.json"
+    cmd = [sys.executable, "-m", "specmesh.tools.fuzz", "--frames", "100000000", "--node-frames", "0", "--json", str(out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(3.0)  # its imports done: fuzzing
+    assert proc.poll() is None, proc.stderr.read().decode(errors="replace")
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert (proc.returncode, err.decode(errors="replace")) == (128 + sig, "fuzz: %s\n" % says)
+    assert list(tmp_path.iterdir()) == []

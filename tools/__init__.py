@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -15,3 +16,21 @@ def without_torch(error: ImportError, module: str) -> NoReturn:
     from specmesh.host.backends.torch_backend import INSTALL_HINT
 
     sys.exit("%s: %s" % (Path(sys.argv[0]).stem, INSTALL_HINT))
+
+
+def run_tool(name: str, main: Callable[[], int | None]) -> NoReturn:
+    """`python -m specmesh.tools.NAME`: exit with main()'s status; Ctrl-C, SIGTERM and SIGHUP end it with one line
+    and the shell's status (130, 128 + the signal) after every `finally` on the way out ran (a half-written file's
+    temporary removed), never a traceback."""
+    from specmesh.host.cli.stops import Stopped, raising_stops, say_stopped
+
+    try:
+        with raising_stops():
+            status = main()
+    except Stopped as e:
+        say_stopped(name, str(e))
+        status = e.status
+    except KeyboardInterrupt:
+        say_stopped(name, "interrupted")
+        status = 130
+    sys.exit(status)

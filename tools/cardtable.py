@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from specmesh.tools import run_tool
 from specmesh.host import atomic
 from specmesh.host.layout import MODELS
 
@@ -79,4 +80,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_tool("cardtable", main)

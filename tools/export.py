@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from specmesh.tools import without_torch
+from specmesh.tools import run_tool, without_torch
 
 try:
     import torch
@@ -138,4 +138,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_tool("export", main)

@@ -37,6 +37,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
+from specmesh.tools import run_tool
 from specmesh.host import atomic, tempdirs
 from specmesh.host.boardclasses import ESP32
 from specmesh.shared import codec
@@ -251,4 +252,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_tool("fuzz", main)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specmesh.tools import run_tool
 from specmesh.host import atomic
 from specmesh.host.backends.modelio import write_model
 from specmesh.host.decode.tokenizer import TokenizerError, byte_pieces, pack_vocab, read_llama2c_tokenizer, vocab_id
@@ -154,4 +155,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_tool("llama2c_import", main)

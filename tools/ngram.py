@@ -36,6 +36,7 @@ from contextlib import closing
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from specmesh.tools import run_tool
 from specmesh.host import atomic
 from specmesh.host.backends import EngineStream
 from specmesh.host.boardclasses import ESP32, ESP32S3
@@ -233,4 +234,4 @@ def checked(text: Path, drafters: Sequence[Path | None]) -> list[Path]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_tool("ngram", main)

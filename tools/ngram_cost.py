@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 
+from specmesh.tools import run_tool
 from specmesh.host import tempdirs
 from specmesh.host.layout import MODELS, ROOT, TARGET_FILE, ngram_table
 from specmesh.tools.heldout import PROMPT_SETS, prompt_set
@@ -129,4 +130,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_tool("ngram_cost", main)

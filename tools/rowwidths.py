@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from specmesh.tools import run_tool
 from specmesh.host.backends.engine import Engine
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import MODELS, TARGET_FILE
@@ -77,4 +78,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_tool("rowwidths", main)

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from specmesh.tools import without_torch
+from specmesh.tools import run_tool, without_torch
 
 try:
     import torch
@@ -315,4 +315,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_tool("train", main)

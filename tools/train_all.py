@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 from specmesh.host.decode.tokenizer import vocab_id
-from specmesh.tools import without_torch
+from specmesh.tools import run_tool, without_torch
 
 try:
     from specmesh.tools import export, modelcard, ngram, train
@@ -98,4 +98,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_tool("train_all", lambda: main(sys.argv[1:]))

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from specmesh.tools import run_tool
 from specmesh.host import atomic
 from specmesh.tools.bench import sections
 from specmesh.tools.bench._report import noise_lines
@@ -72,4 +73,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_tool("bench", main)
