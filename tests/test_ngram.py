@@ -296,3 +296,33 @@ def test_the_builders_bad_inputs_are_one_line_before_any_continuation(models, tm
         assert builder.main(args) == 1
         err = capsys.readouterr().err
         assert err.startswith("ngram: ") and says in err and err.count("\n") == 1, err
+
+
+def _a_long_work(*_args):
+    import time
+
+    time.sleep(30)
+
+
+def test_a_build_stopped_midway_leaves_no_worker_running(tmp_path, monkeypatch):
+    """A Ctrl-C or a kill (host/cli/stops.py raises it as a KeyboardInterrupt) ends the build's workers with it:
+    they went on with their minutes of continuations (the pool's exit waited for them, or they were orphaned)."""
+    import multiprocessing
+    import signal
+    import time
+
+    def stop(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(builder, "_work", _a_long_work)
+    (tmp_path / "text.txt").write_text("Once upon a time.\n")
+    before = signal.signal(signal.SIGALRM, stop)
+    t0 = time.monotonic()
+    try:
+        signal.alarm(2)
+        with pytest.raises(KeyboardInterrupt):
+            builder.build(tmp_path / "text.txt", [None], 2)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+    assert time.monotonic() - t0 < 15 and multiprocessing.active_children() == []

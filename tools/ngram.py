@@ -27,13 +27,14 @@ hour); counting the contexts, one context length at a time, takes about six minu
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
+import signal
 import struct
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from contextlib import closing
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from specmesh.tools import run_tool
@@ -182,13 +183,21 @@ def _work(stories: Sequence[str], seeds: Sequence[int], drafters: Sequence[Path 
     return seqs, [hits(seqs, d) if d else [[False] * len(s) for _, s in seqs] for d in drafters]
 
 
+def _worker_signals() -> None:
+    """A worker leaves Ctrl-C to the builder, which ends it (SIGTERM) quietly, not with a traceback each."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def build(text: Path, drafters: Sequence[Path | None], workers: int, sampled: int = SAMPLED) -> list[bytes]:
     """Each drafter's table file (None: the target's), from the continuations of the paragraphs of `text` and of
     `sampled` openings of the target's own stories (seeds 0 ..)."""
     stories = [s.strip() for s in text.read_text("utf-8").split("\n\n") if s.strip()]
-    with ProcessPoolExecutor(workers) as pool:  # a table counts its contexts, so the workers' order does not matter
-        parts = list(pool.map(_work, [stories[i::workers] for i in range(workers)],
-                              [range(i, sampled, workers) for i in range(workers)], [drafters] * workers))
+    # a table counts its contexts, so the workers' order does not matter; the pool's exit ends them, so a Ctrl-C or a
+    # kill leaves none running its minutes of continuations on
+    with multiprocessing.Pool(workers, _worker_signals) as pool:
+        parts = pool.starmap(_work, zip([stories[i::workers] for i in range(workers)],
+                                        [range(i, sampled, workers) for i in range(workers)], [drafters] * workers))
     seqs = [x for p, _ in parts for x in p]
     rights = [[h for _, hs in parts for h in hs[j]] for j in range(len(drafters))]
     return [table_bytes(t) for t in entries(seqs, rights)]
