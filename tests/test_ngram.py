@@ -326,3 +326,13 @@ def test_a_build_stopped_midway_leaves_no_worker_running(tmp_path, monkeypatch):
         signal.alarm(0)
         signal.signal(signal.SIGALRM, before)
     assert time.monotonic() - t0 < 15 and multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_ngram_cost_refuses_no_prompts_in_one_line(value, capsys):
+    """--prompts 0 was a ZeroDivisionError after the virtual boards ran; -3 measured all but the last 3 prompts."""
+    from specmesh.tools import ngram_cost
+
+    with pytest.raises(SystemExit) as e:
+        ngram_cost.main(["--prompts", value])
+    assert e.value.code == 2 and capsys.readouterr().err == "ngram_cost: --prompts must be at least 1, not %s\n" % value

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from specmesh.tools import run_tool
 from specmesh.host import tempdirs
+from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.layout import MODELS, ROOT, TARGET_FILE, ngram_table
 from specmesh.tools.heldout import PROMPT_SETS, prompt_set
 from specmesh.tools.ngram import greedy_stream
@@ -112,6 +113,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--model", type=Path, default=MODELS / "drafter-esp32.spm", help="the drafter beside its table")
     a = ap.parse_args(argv)
+    try:  # no prompt measures nothing (a division by zero after the virtual boards ran), a negative one fewer prompts
+        in_range("--prompts", a.prompts, 1)
+    except RangeError as e:
+        ap.exit(2, "ngram_cost: %s\n" % e)
     table = ngram_table(a.model)
     if table is None:
         raise SystemExit("no n-gram table beside %s: build it with python -m specmesh.tools.ngram" % a.model)
