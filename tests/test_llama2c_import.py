@@ -180,6 +180,12 @@ def test_bad_inputs_give_one_line_errors(tmp_path, capsys):
         err = capsys.readouterr().err
         assert rc == 1 and msg in err and err.count("\n") == 1, err
     (tmp_path / "ok.bin").write_bytes(good)
+    for out, msg in (("none/o.spm", "folder %s does not exist" % (tmp_path / "none")),
+                     ("short.bin/o.spm", "is a file, not a folder"), (".", "it is a folder")):
+        rc = imp.main([str(tmp_path / "ok.bin"), "--out", str(tmp_path / out)])
+        err = capsys.readouterr().err
+        assert rc == 1 and err.startswith("llama2c_import: %s cannot be written: " % (tmp_path / out)), err
+        assert msg in err and ".part" not in err and err.count("\n") == 1, err
     rc = imp.main([str(tmp_path / "ok.bin"), "--tokenizer", str(tmp_path / "tok.bin"), "--out", str(tmp_path / "o.spm")])
     err = capsys.readouterr().err
     assert rc == 1 and "tokenizer.bin" in err and "truncated" in err

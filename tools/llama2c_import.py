@@ -144,6 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="specmesh model file to write")
     ap.add_argument("--vocab-out", type=Path, help="vocab table (default: <out>.vocab.bin)")
     a = ap.parse_args(argv)
+    outs = [a.out] + ([a.vocab_out or a.out.with_suffix(".vocab.bin")] if a.tokenizer else [])
+    for out in outs:  # said of the path given, not of the temporary file beside it that the write would fail on
+        problem = atomic.unwritable(out)
+        if problem:
+            print("llama2c_import: %s cannot be written: %s" % (out, problem), file=sys.stderr)
+            return 1
     try:
         h = convert(a.checkpoint, a.tokenizer, a.out, a.vocab_out)
     except (ImportError_, TokenizerError, ModelFileError, OSError, ValueError) as e:
