@@ -89,7 +89,8 @@ def workload(budget_us):
                 dd.feed(pkt, 1)
         res["datagram_verify_req_k%d" % k] = per_call_us(datagram, budget_us)
         res["quantize_topk_k%d" % k] = per_call_us(lambda i: rule.quantize_topk(p_weights[i % GAMMA], k), budget_us)
-    tx, rx = codec.Auth(b"bench-key"), codec.Auth(b"bench-key")
+    tx, rx = codec.Auth(b"bench-key", me=2), codec.Auth(b"bench-key")
+    tx.sessions[2] = rx.sessions[2] = b"bench-session-00"  # as a HELLO leaves them: node 2's session, both ends
     res["frame_verdict"] = per_call_us(
         lambda i: m.unpack_verdict(codec.decode(codec.encode(m.VERDICT, m.pack_verdict(2, 7), 2, 0, i, 1,
                                                              True)).payload), budget_us)
