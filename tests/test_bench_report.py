@@ -75,3 +75,17 @@ def test_the_codec_sections_workload_runs_its_signed_frames_in_a_session():
 
     res = _mp_codec.workload(200)
     assert res["frame_verdict_signed"] > 0 and res["frame_verdict"] > 0
+
+
+def test_bench_piped_to_a_reader_that_leaves_ends_quietly(tmp_path):
+    """`python -m specmesh.tools.bench | head -1`: the shell's status for SIGPIPE and nothing on stderr (it was a
+    BrokenPipeError traceback, after the section was counted as failed)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh.tools.bench", "codec", "--report", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == b"== codec ==\n"
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert (proc.wait(timeout=120), err) == (141, b"")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,12 +22,13 @@ def without_torch(error: ImportError, module: str) -> NoReturn:
 def run_tool(name: str, main: Callable[[], int | None]) -> NoReturn:
     """`python -m specmesh.tools.NAME`: exit with main()'s status; Ctrl-C, SIGTERM and SIGHUP end it with one line
     and the shell's status (130, 128 + the signal) after every `finally` on the way out ran (a half-written file's
-    temporary removed), never a traceback."""
+    temporary removed), a reader of stdout that left (`| head`) quietly with 141, never a traceback."""
+    from specmesh.host.cli.run import quiet_when_the_reader_leaves
     from specmesh.host.cli.stops import Stopped, raising_stops, say_stopped
 
     try:
-        with raising_stops():
-            status = main()
+        with raising_stops():  # the reader of stdout gone (`| head`): quiet, the shell's status for SIGPIPE
+            status = quiet_when_the_reader_leaves(lambda _args: main(), argparse.Namespace())
     except Stopped as e:
         say_stopped(name, str(e))
         status = e.status

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         try:
             results[name] = importlib.import_module("specmesh.tools.bench." + name).run()
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, BrokenPipeError):  # stopped, or the reader of stdout left: no section's failure
             raise
         except Exception as e:  # noqa: BLE001 - one section failing must not lose the others' figures
             print("error: section %s failed: %s: %s" % (name, type(e).__name__, e), file=sys.stderr)
