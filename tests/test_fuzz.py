@@ -5,6 +5,7 @@ Decoders may only ever raise CodecError subclasses (decode, unpack) or nothing a
 
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -193,3 +194,12 @@ def test_fuzz_json_is_written_the_unix_way_and_a_bad_path_is_one_line_before_fuz
     assert fuzz.main(["--frames", "10", "--node-frames", "0", "--json", str(fifo)]) == 0
     assert b'"cpython"' in reader.communicate(timeout=10)[0]
     assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+@pytest.mark.parametrize("flag", ["--frames", "--node-frames"])
+def test_a_negative_count_is_refused_not_a_vacuous_pass(flag, capsys):
+    from specmesh.tools import fuzz
+
+    assert fuzz.main(["--frames", "10", "--node-frames", "0", flag, "-5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fuzz: %s must be at least 0" % flag) and err.endswith("not -5\n")

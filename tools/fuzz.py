@@ -39,6 +39,7 @@ from pathlib import Path
 
 from specmesh.tools import run_tool
 from specmesh.host import atomic, tempdirs
+from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.boardclasses import ESP32
 from specmesh.shared import codec
 from specmesh.shared import messages as m
@@ -221,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-drift", type=int, default=4096, help="heap drift that counts as a failure (bytes)")
     ap.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     a = ap.parse_args(argv)
+    try:  # a negative count fuzzed nothing and passed
+        in_range("--frames", a.frames, 0)
+        in_range("--node-frames", a.node_frames, 0, note="0: the node is not fuzzed")
+    except RangeError as e:
+        print("fuzz: %s" % e, file=sys.stderr)
+        return 2
     problem = a.json and atomic.output_problem(a.json)  # before the fuzzing, not after it
     if problem:
         print("fuzz: --json %s cannot be written: %s" % (a.json, problem), file=sys.stderr)
