@@ -336,3 +336,12 @@ def test_ngram_cost_refuses_no_prompts_in_one_line(value, capsys):
     with pytest.raises(SystemExit) as e:
         ngram_cost.main(["--prompts", value])
     assert e.value.code == 2 and capsys.readouterr().err == "ngram_cost: --prompts must be at least 1, not %s\n" % value
+
+
+@pytest.mark.parametrize("workers", ["0", "-2", "100000"])
+def test_the_builder_refuses_a_worker_count_out_of_range_in_one_line(workers, monkeypatch, capsys):
+    """--workers 0 or below was taken as 1 unsaid; a huge count started that many processes, each with the models."""
+    monkeypatch.setattr(builder, "build", lambda *a, **k: pytest.fail("built with %s workers" % workers))
+    assert builder.main(["--workers", workers]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ngram: --workers must be in 1..") and err.endswith("not %s\n" % workers)

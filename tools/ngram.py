@@ -40,6 +40,7 @@ from pathlib import Path
 from specmesh.tools import run_tool
 from specmesh.host import atomic
 from specmesh.host.backends import EngineStream
+from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.boardclasses import ESP32, ESP32S3
 from specmesh.host.layout import MODELS, TARGET_FILE, ngram_table_name
 from specmesh.shared.modelfile import ModelFileError
@@ -213,8 +214,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     drafters: list[Path | None] = a.drafter or [*(MODELS / d for d in DRAFTERS), None]
     try:
+        # each worker is a process holding the models: a typo such as --workers 20000 started that many at once
+        in_range("--workers", a.workers, 1, 2 * (os.cpu_count() or 1), note="up to twice this machine's CPUs")
+    except RangeError as e:
+        print("ngram: %s" % e, file=sys.stderr)
+        return 2
+    try:
         outs = checked(a.text, drafters)
-        tables = build(a.text, drafters, max(1, a.workers))
+        tables = build(a.text, drafters, a.workers)
         for out, data in zip(outs, tables):
             atomic.write_bytes(out, data)
             print("%s: %d entries, %d bytes" % (out, parse_header(data)[3], len(data)))
