@@ -192,7 +192,8 @@ def test_int8_greedy_matches_float_greedy(ref, name):
 
 
 @pytest.mark.parametrize("name, cut, says", [("tokenizer.bin", 0, "not a llama2.c tokenizer.bin"),
-                                             (TARGET_FILE, 1000, "is truncated")])
+                                             (TARGET_FILE, 1000, "is truncated"),
+                                             ("heldout.txt", 0, "holds 0 stories, the loss figures need 128")])
 def test_modelcard_on_a_corrupt_model_folder_is_one_line(tmp_path, capsys, name, cut, says):
     """tools/modelcard.py on a truncated tokenizer or model file: one line naming the file, status 1, no
     traceback and no figures file."""

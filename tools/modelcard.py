@@ -110,6 +110,9 @@ def variant(ck: Path, models: Path, prompts: list[list[int]], new: int) -> dict:
 def measure(a) -> dict:
     tok = Tokenizer.from_llama2c(a.models / "tokenizer.bin")
     stories = heldout_stories(a.models / "heldout.txt")
+    if len(stories) < LOSS_STORIES.stop:
+        raise ValueError("%s holds %d stories, the loss figures need %d: restore it (git checkout models/heldout.txt)"
+                         % (a.models / "heldout.txt", len(stories), LOSS_STORIES.stop))
     ref = np.load(a.models / "reference.npz")
     loss_ids = [tok.encode(stories[i])[:512] for i in LOSS_STORIES]
     out: dict = {"models": {}}
