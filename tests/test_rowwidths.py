@@ -14,3 +14,21 @@ def test_hardware_figures_are_the_current_measurement():
     assert all(sum(c.values()) >= 500 for c in widths.values())  # rows enough to mean something
     assert rowwidths.mean_bytes(widths, dim) == hardware.PACKED_ROW_BYTES
     assert max(hardware.PACKED_ROW_BYTES.values()) < 4 * dim  # smaller than int32 rows: what the packing buys
+
+
+def test_a_corrupt_model_is_one_line_not_a_traceback(monkeypatch, capsys):
+    """The tools without their own handling of a bad model file (rowwidths, ngram_cost) get run_tool's: one line."""
+    import pytest
+
+    from specmesh.shared.modelfile import ModelFileError
+    from specmesh.tools import run_tool
+
+    def corrupt(path):
+        raise ModelFileError("model file %s is truncated (456 of 276192 tensor bytes): copy it again" % path)
+
+    monkeypatch.delenv("SPECMESH_DEBUG", raising=False)
+    monkeypatch.setattr(rowwidths, "Engine", corrupt)
+    with pytest.raises(SystemExit) as e:
+        run_tool("rowwidths", rowwidths.main)
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.startswith("rowwidths: model file ") and err.count("\n") == 1

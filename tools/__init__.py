@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,9 +23,13 @@ def without_torch(error: ImportError, module: str) -> NoReturn:
 def run_tool(name: str, main: Callable[[], int | None]) -> NoReturn:
     """`python -m specmesh.tools.NAME`: exit with main()'s status; Ctrl-C, SIGTERM and SIGHUP end it with one line
     and the shell's status (130, 128 + the signal) after every `finally` on the way out ran (a half-written file's
-    temporary removed), a reader of stdout that left (`| head`) quietly with 141, never a traceback."""
+    temporary removed), a reader of stdout that left (`| head`) quietly with 141; a file it reads that is missing
+    or corrupt is one line and 1: never a traceback."""
+    from specmesh.host.backends import BackendError
     from specmesh.host.cli.run import quiet_when_the_reader_leaves
+    from specmesh.host.decode.tokenizer import TokenizerError
     from specmesh.host.cli.stops import Stopped, raising_stops, say_stopped
+    from specmesh.shared.modelfile import ModelFileError
 
     try:
         with raising_stops():  # the reader of stdout gone (`| head`): quiet, the shell's status for SIGPIPE
@@ -35,4 +40,9 @@ def run_tool(name: str, main: Callable[[], int | None]) -> NoReturn:
     except KeyboardInterrupt:
         say_stopped(name, "interrupted")
         status = 130
+    except (OSError, ModelFileError, TokenizerError, BackendError) as e:  # a file it reads, missing or corrupt
+        if os.environ.get("SPECMESH_DEBUG"):  # as specmesh's commands: the traceback, for a developer
+            raise
+        print("%s: %s" % (name, e), file=sys.stderr)
+        status = 1
     sys.exit(status)
