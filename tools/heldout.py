@@ -25,9 +25,17 @@ HANDWRITTEN = "heldout_handwritten.txt"
 PROMPT_SETS = ("tinystories", "handwritten")  # the tuning set first, then the report set
 
 
+def _text(path: Path) -> str:
+    """`path`'s text; a file that is not UTF-8 is a ValueError naming it (the decoder's own names no file)."""
+    try:
+        return path.read_text("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError("%s is not UTF-8 text (byte %d): restore it (git checkout models/%s)" % (path, e.start, path.name)) from None
+
+
 def heldout_stories(path: Path) -> list[str]:
     """The held-out stories (blank-line separated) of models/heldout.txt."""
-    return [s.strip() for s in path.read_text("utf-8").split("\n\n") if s.strip()]
+    return [s.strip() for s in _text(path).split("\n\n") if s.strip()]
 
 
 def heldout_prompts(models: Path, tok: Tokenizer, n: int) -> list[list[int]]:
@@ -38,7 +46,7 @@ def heldout_prompts(models: Path, tok: Tokenizer, n: int) -> list[list[int]]:
 
 def handwritten_prompts(models: Path, tok: Tokenizer, n: int | None = None) -> list[list[int]]:
     """The hand-written story starts (the report set), each line whole from BOS; the first n, or all."""
-    lines = [s.strip() for s in (models / HANDWRITTEN).read_text("utf-8").splitlines() if s.strip()]
+    lines = [s.strip() for s in _text(models / HANDWRITTEN).splitlines() if s.strip()]
     return [tok.encode(s) for s in lines[:n]]
 
 

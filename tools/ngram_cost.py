@@ -117,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         in_range("--prompts", a.prompts, 1)
     except RangeError as e:
         ap.exit(2, "ngram_cost: %s\n" % e)
+    if not a.model.is_file():
+        ap.exit(1, "ngram_cost: no model file %s: give --model a drafter's .spm\n" % a.model)
     table = ngram_table(a.model)
     if table is None:
         raise SystemExit("no n-gram table beside %s: build it with python -m specmesh.tools.ngram" % a.model)

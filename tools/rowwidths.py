@@ -11,6 +11,7 @@ is what a stage ending at layer b sends on), packed row by row at the width each
 
 from __future__ import annotations
 
+import argparse
 from collections import Counter
 
 from specmesh.tools import run_tool
@@ -78,4 +79,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # no flags: --help says what it measures, a stray argument is a usage error (it ran the measurement)
+    argparse.ArgumentParser(prog="python -m specmesh.tools.rowwidths", description=__doc__.split("\n\n")[0]).parse_args()
     run_tool("rowwidths", main)
