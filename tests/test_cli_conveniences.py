@@ -87,6 +87,8 @@ def test_the_prompt_comes_from_stdin_or_a_file_without_its_final_newline(models,
     (None, ["--prompt", "x", "--prompt-file", "p.txt"], "give --prompt or --prompt-file, not both"),
     (None, ["--prompt-file", "nope.txt"], "cannot read the prompt from nope.txt: No such file or directory"),
     (b"caf\xe9 au lait", ["--prompt-file", "p.txt"], "the prompt in p.txt is not UTF-8 text: byte 3 is 0xe9"),
+    (None, ["--prompt-file", "/dev/zero"], "the prompt in /dev/zero is over 16 MiB, more than any model's context "
+                                            "holds: shorten it"),  # read to its end before: memory ran out
     (None, ["--model", "nope.spm"], "--model nope.spm: no such file"),
     (None, ["--draft-model", "nope.spm"], "--draft-model nope.spm: no such file"),
     (None, ["--model", "."], "--model .: a folder: name the model file in it"),

@@ -23,6 +23,7 @@ GAMMA_FLAG_MAX = 16  # the largest --gamma; a round drafts at most what both bac
 RV32_PROJECT = ("esp32c3", "esp32c6")  # --project classes priced from instructions measured under QEMU
 XTENSA_PROJECT = ("esp32", "esp32s3")  # priced from them when the run's boards are their QEMU boards, else modelled
 XTENSA_QEMU = tuple("virtual:" + c for c in XTENSA_PROJECT)  # the boards that run the Xtensa code under QEMU
+PROMPT_MAX_BYTES = 16 << 20  # far past any context's worth of text; more is not read (a --prompt-file /dev/zero)
 
 
 def measured_projection(project: str | None, verifier: str, stages: int) -> bool:
@@ -198,9 +199,16 @@ def read_prompt(a: argparse.Namespace) -> str:
         return a.prompt
     where = "stdin" if a.prompt_file is None else str(a.prompt_file)
     try:
-        data = sys.stdin.buffer.read() if a.prompt_file is None else a.prompt_file.read_bytes()
+        if a.prompt_file is None:
+            data = sys.stdin.buffer.read(PROMPT_MAX_BYTES + 1)
+        else:
+            with open(a.prompt_file, "rb") as f:
+                data = f.read(PROMPT_MAX_BYTES + 1)
     except OSError as e:
         raise UsageError("cannot read the prompt from %s: %s" % (where, e.strerror or e)) from None
+    if len(data) > PROMPT_MAX_BYTES:
+        raise UsageError("the prompt in %s is over %d MiB, more than any model's context holds: shorten it"
+                         % (where, PROMPT_MAX_BYTES >> 20))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
