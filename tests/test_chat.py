@@ -96,3 +96,14 @@ def test_a_line_that_is_not_utf8_is_skipped_with_one_line_and_the_session_goes_o
                                     "it in UTF-8\n")
     lines = done.stdout.decode().splitlines()
     assert len(lines) == 2 and lines[0].startswith("The cat") and lines[1].startswith("The dog")
+
+
+def test_a_line_without_end_ends_the_chat_with_one_line_and_status_1(models):
+    # stdin from /dev/zero: one endless line, read whole before (memory ran out: "error: MemoryError", status 2)
+    with open("/dev/zero", "rb") as zero:
+        done = subprocess.run([sys.executable, "-m", "specmesh.host.cli", "chat", "--models", str(models), "--verifier",
+                               "cpu", "--drafter", "cpu", "--max-tokens", "4"], stdin=zero, capture_output=True,
+                              cwd=ROOT, timeout=120)
+    assert done.returncode == 1 and done.stdout == b""
+    assert done.stderr.decode() == ("specmesh chat: error: a line on stdin is over 16 MiB, more than any context holds: "
+                                    "the chat ends; feed it lines of text\n")

@@ -16,11 +16,17 @@ import argparse
 import itertools
 import sys
 
+from specmesh.host.cli.config import PROMPT_MAX_BYTES
 from specmesh.host.cli.output import Printer
 from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed, quiet_when_the_reader_leaves
 from specmesh.host.cli.session import Mesh, gamma_controller, say_on_stderr
 
 PROMPT = "> "
+
+
+class LineTooLong(Exception):
+    """A line on stdin over PROMPT_MAX_BYTES: no context holds it, and its end may never come (/dev/zero), so
+    the session ends on it (status 1) rather than read on."""
 
 
 def add_parser(sub) -> None:
@@ -39,6 +45,9 @@ def _main(a: argparse.Namespace) -> int:
         return chat(a, _lines(), sys.stdout, echo=not sys.stdin.isatty())
     except BrokenPipeError:
         raise
+    except LineTooLong as e:
+        print("specmesh chat: error: %s" % e, file=sys.stderr)
+        return 1
     except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every failure is one line for the user
         return failed("chat", e)
 
@@ -50,10 +59,13 @@ def _lines(stdin=None):
     tty = stdin.isatty()
     while True:
         try:
-            line = input(PROMPT) if tty else stdin.buffer.readline()
+            line = input(PROMPT) if tty else stdin.buffer.readline(PROMPT_MAX_BYTES + 1)
             if not tty:
                 if not line:
                     return
+                if len(line) > PROMPT_MAX_BYTES:
+                    raise LineTooLong("a line on stdin is over %d MiB, more than any context holds: the chat ends; "
+                                      "feed it lines of text" % (PROMPT_MAX_BYTES >> 20))
                 line = line.decode("utf-8")
         except EOFError:
             return
