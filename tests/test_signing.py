@@ -51,6 +51,8 @@ def test_key_files(tmp_path):
         assert text not in str(e.value)  # an error names the file, never the content
     with pytest.raises(KeyFileError, match="specmesh keygen"):
         load_key(tmp_path / "missing")
+    with pytest.raises(KeyFileError, match="key file /dev/zero is over 4096 bytes"):  # before: read until MemoryError
+        load_key("/dev/zero")
 
 
 def test_keygen_into_a_folder_that_does_not_exist_yet(tmp_path, monkeypatch, capsys):

@@ -15,6 +15,7 @@ from specmesh.host import atomic
 MIN_BYTES = 16
 MAX_BYTES = 64  # HMAC-SHA256's block: a longer key would be hashed down anyway
 NEW_BYTES = 32
+FILE_MAX_BYTES = 4096  # a key's hex and room for whitespace around it; more is not read (a --key-file /dev/zero)
 
 
 class KeyFileError(Exception):
@@ -24,7 +25,12 @@ class KeyFileError(Exception):
 def load_key(path: str | Path) -> bytes:
     """The key in `path`."""
     try:
-        text = Path(path).read_text(encoding="ascii").strip()
+        with open(path, "rb") as f:
+            raw = f.read(FILE_MAX_BYTES + 1)
+        if len(raw) > FILE_MAX_BYTES:
+            raise KeyFileError("key file %s is over %d bytes; a key has %d to %d (as hex)"
+                               % (path, FILE_MAX_BYTES, MIN_BYTES, MAX_BYTES))
+        text = raw.decode("ascii").strip()
     except FileNotFoundError:
         raise KeyFileError("key file %s does not exist (make one with `specmesh keygen --key-file %s`)"
                            % (path, path)) from None
