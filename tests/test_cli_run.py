@@ -134,6 +134,8 @@ def test_colour_marks_accepted_drafts_only_when_asked():
     (["--transport", "espnow"], "--transport espnow puts the virtual verifier board on the radio; with --verifier "
                                 "cpu nothing goes over it"),
     (["--prompt", "caf\udce9 au lait"], "the prompt is not UTF-8 text: byte 0xe9 at offset 3 of its 12 bytes"),
+    (["--stop", ".", "--stop", "caf\udce9"], "--stop string 2 is not UTF-8 text: byte 0xe9 at offset 3 of its 4 "
+                                             "bytes"),  # before: taken, and never matched
 ])
 def test_bad_input_is_one_line_and_status_2(models, capsys, extra, message):
     rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--quiet", *extra])

@@ -143,6 +143,8 @@ def _pointless(a: argparse.Namespace) -> tuple[str, ...]:
 
     if any(s == "" for s in a.stop):
         raise UsageError("--stop needs a non-empty string (an empty one would end the text before it began)")
+    for i, stop in enumerate(a.stop):  # a non-UTF-8 one (argv's bytes as surrogate escapes) never matches the text
+        check_utf8(stop, "--stop string %d" % (i + 1))
     if a.kernels is not None and not (a.project or a.stages):
         raise UsageError("--kernels %s chooses the kernels a projection prices: add --project esp32s3 (or --stages N)"
                          % a.kernels)
@@ -292,17 +294,17 @@ def _check_xtensa_project(a: argparse.Namespace) -> None:
                          "--drafter-calibration (they price the cost model)" % a.project)
 
 
-def check_utf8(prompt: str) -> None:
-    """A prompt whose bytes are not UTF-8 (they arrive from argv or a file as surrogate escapes): one line
-    naming the first bad byte and its offset in the prompt's bytes."""
+def check_utf8(prompt: str, what: str = "the prompt") -> None:
+    """A prompt (or `what` else) whose bytes are not UTF-8 (they arrive from argv or a file as surrogate escapes):
+    one line naming the first bad byte and its offset in its bytes."""
     try:
         raw = prompt.encode("utf-8", "surrogateescape")
         raw.decode("utf-8")
     except UnicodeEncodeError:
-        raise UsageError("the prompt holds characters that are not UTF-8 text") from None
+        raise UsageError("%s holds characters that are not UTF-8 text" % what) from None
     except UnicodeDecodeError as e:
-        raise UsageError("the prompt is not UTF-8 text: byte 0x%02x at offset %d of its %d bytes; pass it in UTF-8"
-                         % (raw[e.start], e.start, len(raw))) from None
+        raise UsageError("%s is not UTF-8 text: byte 0x%02x at offset %d of its %d bytes; pass it in UTF-8"
+                         % (what, raw[e.start], e.start, len(raw))) from None
 
 
 def _rates(calibration: Path | None, project: str | None):
