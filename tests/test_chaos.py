@@ -169,6 +169,19 @@ def test_chaos_help_lists_the_profiles(capsys):
     assert e.value.code == 0 and "5% drop, 1% corrupt" in out and "signed-noisy-radio" in out
 
 
+def test_chaos_refuses_too_few_tokens_for_a_profiles_event(monkeypatch, capsys):
+    """A board killed or rebooted after round 4 of a 16-token run may have no round after it: the profile tested
+    nothing yet said "yes" (failovers 0); such a --tokens is refused before any board starts."""
+    from specmesh.host import cli
+    from specmesh.host.cli import chaos
+
+    monkeypatch.setattr(chaos, "run", lambda *a, **k: pytest.fail("boards started"))
+    assert cli.main(["chaos", "--profile", "lossy-serial", "--profile", "drafter-dies", "--tokens", "16"]) == 2
+    assert capsys.readouterr().err == (
+        "specmesh chaos: error: --tokens must be in 17..200 (--profile drafter-dies: its kill is after round 4, "
+        "and a round may commit 4 tokens), not 16\n")
+
+
 def test_chaos_says_each_case_as_it_starts_and_ends(monkeypatch):
     """`make chaos` runs for minutes: every case is announced, then its outcome (the boards stubbed out)."""
     from specmesh.host.cli import chaos

@@ -128,11 +128,17 @@ def _add_chaos(sub) -> None:
 
 def _chaos(args) -> int:
     from specmesh.host.backends import BackendError
-    from specmesh.host.cli.chaos import PROFILES, print_table, run
+    from specmesh.host.cli.chaos import GAMMA, PROFILES, print_table, run
     from specmesh.host.cli.ranges import RangeError, in_range
 
     try:
         in_range("--tokens", args.tokens, 1, 200)
+        for name in args.profile or sorted(PROFILES):
+            event = PROFILES[name].event  # at the end of its round: only a later round shows the recovery
+            if event is not None:
+                in_range("--tokens", args.tokens, (GAMMA + 1) * event[2] + 1, 200,
+                         "--profile %s: its %s is after round %d, and a round may commit %d tokens"
+                         % (name, event[0], event[2], GAMMA + 1))
     except RangeError as e:
         print("specmesh chaos: error: %s" % e, file=sys.stderr)
         return 2
