@@ -133,6 +133,8 @@ def test_colour_marks_accepted_drafts_only_when_asked():
     (["--plain", "--drafter", "bogus"], "--drafter bogus: not a serial port nor one of"),
     (["--transport", "espnow"], "--transport espnow puts the virtual verifier board on the radio; with --verifier "
                                 "cpu nothing goes over it"),
+    (["--transport", "espnow", "--verifier", "virtual", "--drafter", "virtual:esp32s3"], "--transport espnow runs its "
+     "own drafter board on the radio: give --drafter virtual (or cpu), not virtual:esp32s3"),  # before: boards booted
     (["--prompt", "caf\udce9 au lait"], "the prompt is not UTF-8 text: byte 0xe9 at offset 3 of its 12 bytes"),
     (["--stop", ".", "--stop", "caf\udce9"], "--stop string 2 is not UTF-8 text: byte 0xe9 at offset 3 of its 4 "
                                              "bytes"),  # before: taken, and never matched

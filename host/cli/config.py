@@ -154,6 +154,9 @@ def _pointless(a: argparse.Namespace) -> tuple[str, ...]:
     if a.transport == "espnow" and not (a.verifier == "virtual" and not a.stages):
         raise UsageError("--transport espnow puts the virtual verifier board on the radio; with --verifier %s "
                          "nothing goes over it: drop --transport espnow, or use --verifier virtual" % a.verifier)
+    if a.transport == "espnow" and not a.plain and (a.drafter or "").startswith("virtual:"):
+        raise UsageError("--transport espnow runs its own drafter board on the radio: give --drafter virtual (or cpu), "
+                         "not %s" % a.drafter)
     notes = []
     if a.plain:
         problem = a.drafter is not None and unknown_backend("drafter", expand(a.drafter))
