@@ -6,11 +6,13 @@ import os
 import pty
 import re
 import sys
+import threading
 
 import pytest
 
 from emulator_util import mpremote, open_port, read_until
 from specmesh.host import cli
+from specmesh.host.provision import flash as flash_module
 from specmesh.host.bus.ports import PortError, resolve_port
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 from specmesh.host.provision.flash import ROOT, BoardInfo, FlashError, FlashRequestError, check_board, flash, node_sources
@@ -196,6 +198,76 @@ def test_port_errors_are_one_line(virtual_board, tiny_node, tmp_path):
     finally:
         os.close(master)
         os.close(slave)
+
+
+def _fake_board(replies: dict[bytes, bytes], last: bytes = b""):
+    """A pty whose far end answers each byte in `replies` with its reply and ignores every other byte, and answers
+    nothing more once it has answered `last`: a board whose REPL goes silent at a chosen step. (port, close)."""
+    master, slave = pty.openpty()
+    done = threading.Event()
+
+    def serve():
+        while not done.is_set():
+            try:
+                data = os.read(master, 1)
+            except OSError:
+                return
+            if data in replies:
+                os.write(master, replies[data])
+                if data == last:
+                    return
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    def close():
+        done.set()
+        os.close(slave)
+        os.close(master)
+
+    return os.ttyname(slave), close
+
+
+# the raw REPL's banner on Ctrl-A; on Ctrl-D (its soft reset) the reboot and the banner again; on Ctrl-E (raw paste)
+# "yes" and then nothing: the window-size header never comes (its \x01 goes unanswered)
+BANNER = b"raw REPL; CTRL-B to exit\r\n>"
+SILENT_IN_RAW_PASTE = {b"\x01": BANNER, b"\x04": b"OK\r\nMPY: soft reboot\r\n" + BANNER, b"\x05": b"R\x01"}
+
+
+def test_a_board_gone_silent_mid_command_fails_the_flash_in_bounded_time(tiny_node, monkeypatch):
+    """mpremote's port reads without a timeout: a board that stopped answering mid-command (here: the raw-paste
+    header) held the flash for ever. Each read now waits READ_S at most, and the flash fails in one line."""
+    sources, model = tiny_node
+    monkeypatch.setattr(flash_module, "READ_S", 0.3, raising=False)
+    port, close = _fake_board(SILENT_IN_RAW_PASTE, last=b"\x05")
+    outcome = []
+
+    def attempt():
+        try:
+            flash(port, "drafter", model, sources=sources, progress=False)
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            outcome.append(e)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    try:
+        assert not worker.is_alive(), "the flash still waits on a silent board"
+        assert len(outcome) == 1 and isinstance(outcome[0], FlashError), outcome
+        assert "stopped answering" in str(outcome[0])
+    finally:
+        close()
+
+
+def test_a_board_slow_to_come_back_from_its_soft_reset_is_not_blamed_on_a_key():
+    """A board whose REPL answered but that did not come back from the soft reset in time (a virtual board on a busy
+    host) is said to be slow, not to hold a deployment key."""
+    port, close = _fake_board({b"\x01": BANNER, b"\x04": b"OK\r\nMPY: soft reboot\r\n"})
+    try:
+        with pytest.raises(FlashError, match="did not come back from a soft reset within 0.5 s") as e:
+            flash_module.open_board(port, timeout=0.5)
+        assert "key" not in str(e.value)
+    finally:
+        close()
 
 
 def test_board_checks_refuse_what_cannot_run_the_role():

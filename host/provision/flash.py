@@ -39,6 +39,7 @@ import hashlib
 import io
 import json
 import re
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +78,10 @@ PART = ".part"  # a file being written on the board has this suffix until its ha
 SEND_TRIES = 2  # sends of a file whose copy on the board hashes wrong before flashing gives up
 MODEL_DIR = "/models"
 NATIVE_DIR = "/native"  # the native kernel module for the board's arch (firmware/kernelpick.py)
+# longest one read from the board waits for its next bytes: mpremote opens the port with no read timeout, so a board
+# gone silent mid-command (a raw-paste header or "OK" that never comes: a stalled VM on a busy host, a lost reply)
+# held a flash as long as it stayed silent, for ever if the reply was lost; mpremote's read_until allows 10 s too
+READ_S = 10.0
 
 
 class FlashError(RuntimeError):
@@ -194,18 +199,25 @@ def open_board(port: str, timeout: float = 5.0):  # -> mpremote SerialTransport
     if not ports.exists(port):
         raise FlashRequestError(ports.missing(port))
     try:  # mpremote's error says only that the open failed: any is tried again, as a refused lock is
-        transport = ports.retry_locked(lambda: SerialTransport(port, baudrate=115200),
+        transport = ports.retry_locked(lambda: SerialTransport(port, baudrate=115200, timeout=READ_S),
                                        lambda e: isinstance(e, TransportError))
     except TransportError:
         raise FlashRequestError(ports.why_unopenable(port, wait_s=0) or f"cannot open {port}") from None
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # mpremote prints raw bytes on failure
-            transport.enter_raw_repl(soft_reset=True, timeout_overall=timeout)
-    except (TransportError, OSError, serial.SerialException):
-        transport.close()
-        raise FlashError(f"{port}: no MicroPython REPL answered (not a MicroPython board, it is stuck, or it runs a "
-                         "node with a deployment key, which takes no Ctrl-C: pass the key it holds with --key-file)"
-                         ) from None
+    # the raw REPL first, then its soft reset: a board that answered the first but is slow to come back from the
+    # second (a virtual board on a busy host) is not one that takes no Ctrl-C, and the message says which
+    for soft_reset in (False, True):
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # mpremote prints raw bytes on failure
+                transport.enter_raw_repl(soft_reset=soft_reset, timeout_overall=timeout)
+        except (TransportError, OSError, serial.SerialException):
+            transport.close()
+            if soft_reset:
+                raise FlashError(f"{port}: the board's REPL answered but did not come back from a soft reset within "
+                                 f"{timeout:g} s (slow to boot: a virtual board on a busy host, or a boot.py that "
+                                 "hangs)") from None
+            raise FlashError(f"{port}: no MicroPython REPL answered (not a MicroPython board, it is stuck, or it runs "
+                             "a node with a deployment key, which takes no Ctrl-C: pass the key it holds with "
+                             "--key-file)") from None
     return transport
 
 
@@ -410,6 +422,8 @@ def flash(
     `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition.
     `config`: board-config keys (link, espnow peers, spec_ahead) to write besides the role's.
     `board_class`: the board's class when the caller knows it (a virtual board), else the probe's."""
+    from mpremote.transport import TransportError
+
     by_class = model is None and role == "drafter"  # the board's class picks its drafter once probed
     model, heap_bytes = _check_request(port, role, model, layers)
     fs_dest = f"{MODEL_DIR}/{model.name}"
@@ -457,10 +471,13 @@ def flash(
         if reset:
             transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
         return report
-    except FlashError:
+    except (FlashError, TransportError, struct.error) as e:  # struct.error: a raw-paste header cut short (READ_S)
         with contextlib.suppress(Exception):
             transport.exit_raw_repl()
-        raise
+        if isinstance(e, FlashError):
+            raise
+        raise FlashError(f"{port}: the board stopped answering in the middle of a command (nothing for "
+                         f"{READ_S:g} s)") from None
     finally:
         transport.close()
 
