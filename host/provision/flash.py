@@ -43,6 +43,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import serial
 
@@ -472,14 +473,20 @@ def flash(
             transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
         return report
     except (FlashError, TransportError, struct.error) as e:  # struct.error: a raw-paste header cut short (READ_S)
-        with contextlib.suppress(Exception):
-            transport.exit_raw_repl()
-        if isinstance(e, FlashError):
-            raise
-        raise FlashError(f"{port}: the board stopped answering in the middle of a command (nothing for "
-                         f"{READ_S:g} s)") from None
+        _failed(transport, port, e)
     finally:
         transport.close()
+
+
+def _failed(transport, port: str, e: Exception) -> NoReturn:
+    """A flash that failed mid-way: the raw REPL left where it can be, and `e` raised as a FlashError (a board gone
+    silent in the middle of a command says so)."""
+    with contextlib.suppress(Exception):
+        transport.exit_raw_repl()
+    if isinstance(e, FlashError):
+        raise e
+    raise FlashError(f"{port}: the board stopped answering in the middle of a command (nothing for {READ_S:g} s)"
+                     ) from None
 
 
 def _placement(info: BoardInfo, image: bytes) -> str:
