@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -28,21 +29,24 @@ def run_tool(name: str, main: Callable[[], int | None]) -> NoReturn:
     from specmesh.host.backends import BackendError
     from specmesh.host.cli.run import quiet_when_the_reader_leaves
     from specmesh.host.decode.tokenizer import TokenizerError
-    from specmesh.host.cli.stops import Stopped, raising_stops, say_stopped
+    from specmesh.host.cli.stops import stoppable
     from specmesh.shared.modelfile import ModelFileError
 
-    try:
-        with raising_stops():  # the reader of stdout gone (`| head`): quiet, the shell's status for SIGPIPE
-            status = quiet_when_the_reader_leaves(lambda _args: main(), argparse.Namespace())
-    except Stopped as e:
-        say_stopped(name, str(e))
-        status = e.status
-    except KeyboardInterrupt:
-        say_stopped(name, "interrupted")
-        status = 130
+    try:  # the reader of stdout gone (`| head`): quiet, the shell's status for SIGPIPE
+        status = stoppable(name, lambda: quiet_when_the_reader_leaves(lambda _args: main(), argparse.Namespace()))
     except (OSError, ModelFileError, TokenizerError, BackendError) as e:  # a file it reads, missing or corrupt
         if os.environ.get("SPECMESH_DEBUG"):  # as specmesh's commands: the traceback, for a developer
             raise
         print("%s: %s" % (name, e), file=sys.stderr)
         status = 1
     sys.exit(status)
+
+
+def output_problem(path: str | os.PathLike) -> str | None:
+    """Why a tool's output file `path` cannot be written (host/atomic.py output_problem), its folder made first
+    (runs/ on a fresh clone): checked before the tool's minutes of work, not after them."""
+    from specmesh.host import atomic
+
+    with contextlib.suppress(OSError):  # a file on the way: output_problem says so
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return atomic.output_problem(path)

@@ -17,7 +17,6 @@ file and measured the same way, for the table of variants.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specmesh.tools import run_tool
+from specmesh.tools import output_problem, run_tool
 from specmesh.host import atomic
 from specmesh.host.backends import BackendError, LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.backends.engine import Engine, to_float
@@ -157,9 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print("modelcard: --variants: %s" % INSTALL_HINT, file=sys.stderr)
         return 1
-    with contextlib.suppress(OSError):  # a file on the way: output_problem says so, before minutes of measuring
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-    problem = atomic.output_problem(a.json)
+    problem = output_problem(a.json)
     if problem:
         print("modelcard: --json %s cannot be written: %s" % (a.json, problem), file=sys.stderr)
         return 2

@@ -336,20 +336,12 @@ class _Version(argparse.Action):
 def main(argv: list[str] | None = None) -> int:
     """The `specmesh` command; a Ctrl-C, SIGTERM or SIGHUP anywhere (even while its modules import) ends it with
     one line, after the cleanup on the way out (host/cli/stops.py)."""
-    from specmesh.host.cli.stops import Stopped, raising_stops, say_stopped
+    from specmesh.host.cli.stops import stoppable
 
     if not _streams_open():
         print("specmesh: stdout is closed (>&-): give it a file, e.g. >/dev/null", file=sys.stderr)
         return 2
-    try:
-        with raising_stops():
-            return _main(argv)
-    except Stopped as e:
-        say_stopped(_who(argv), str(e))
-        return e.status
-    except KeyboardInterrupt:
-        say_stopped(_who(argv), "interrupted")
-        return 130
+    return stoppable(_who(argv), lambda: _main(argv))
 
 
 def _who(argv: list[str] | None) -> str:

@@ -9,7 +9,7 @@ import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 # the signals that stop a command cleanly, besides Ctrl-C (SIGHUP: none on Windows)
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -58,3 +58,17 @@ def say_stopped(who: str, what: str) -> None:
     """The one line a stopped command ends with (`who`: "specmesh run"), on a line of its own: after the ^C a
     terminal echoed, not after a blank line where stderr is a file or a pipe."""
     print("%s%s: %s" % ("\n" if sys.stderr.isatty() else "", who, what), file=sys.stderr)
+
+
+def stoppable(who: str, body: Callable[[], int]) -> int:
+    """`body()`'s status, run inside raising_stops: a Ctrl-C, SIGTERM or SIGHUP ends it with say_stopped's line for
+    `who` and the shell's status (130, 128 + the signal), after every `with` and `finally` on the way out ran."""
+    try:
+        with raising_stops():
+            return body()
+    except Stopped as e:
+        say_stopped(who, str(e))
+        return e.status
+    except KeyboardInterrupt:
+        say_stopped(who, "interrupted")
+        return 130

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import platform
@@ -11,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from specmesh.tools import run_tool
+from specmesh.tools import output_problem, run_tool
 from specmesh.host import atomic
 from specmesh.tools.bench import sections
 from specmesh.tools.bench._report import noise_lines
@@ -30,10 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: unknown benchmark section %s (available: %s)" % (", ".join(unknown), ", ".join(names)),
               file=sys.stderr)
         return 2
-    if args.json:  # its folder made and the file checked before minutes of benchmarking, not after them
-        with contextlib.suppress(OSError):  # a file on the way: output_problem says so
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        problem = atomic.output_problem(args.json)
+    if args.json:
+        problem = output_problem(args.json)
         if problem:
             print("error: --json %s cannot be written: %s" % (args.json, problem), file=sys.stderr)
             return 2
