@@ -77,6 +77,17 @@ def test_the_codec_sections_workload_runs_its_signed_frames_in_a_session():
     assert res["frame_verdict_signed"] > 0 and res["frame_verdict"] > 0
 
 
+def test_the_codec_and_signing_sections_run_from_any_folder(tmp_path):
+    """The codec workload imported `shared` as the micropython binary does, found only from the repository root:
+    `python -m specmesh.tools.bench codec` run elsewhere failed with "No module named 'shared'" (signing too)."""
+    import subprocess
+    import sys
+
+    code = "from specmesh.tools.bench import _mp_codec; print(_mp_codec.workload(50)['frame_verdict'] > 0)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "True\n", "")
+
+
 def test_bench_piped_to_a_reader_that_leaves_ends_quietly(tmp_path):
     """`python -m specmesh.tools.bench | head -1`: the shell's status for SIGPIPE and nothing on stderr (it was a
     BrokenPipeError traceback, after the section was counted as failed)."""

@@ -12,12 +12,14 @@ runtimes time the same work.
 import json
 import sys
 
-if __name__ == "__main__":
+try:  # CPython: imported by tools/bench/codec.py, from whatever folder the bench runs in
+    from specmesh.shared import codec, prng, rule
+    from specmesh.shared import messages as m
+except ImportError:  # the micropython binary runs this file: shared/ is two folders up
     _here = sys.argv[0].rsplit("/", 1)[0] if "/" in sys.argv[0] else "."
     sys.path.append(_here + "/../..")
-
-from shared import codec, prng, rule
-from shared import messages as m
+    from shared import codec, prng, rule
+    from shared import messages as m
 
 try:
     from time import ticks_diff, ticks_us
