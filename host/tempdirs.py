@@ -1,6 +1,6 @@
 """The host's temporary folders, in the system's (tempfile.gettempdir()): each is named for its job and the process
 that made it (`specmesh-JOB-PID-XXXXXXXX`), and a new one first removes those of processes that no longer run. A
-process ends its folders itself (a `with`, or atexit), also on Ctrl-C, SIGTERM and SIGHUP (host/cli/stops.py); one
+process ends its folders itself (a `with`, or atexit), also on Ctrl-C, SIGTERM and SIGHUP (host/stops.py); one
 killed outright (SIGKILL, the kernel's OOM killer) cannot, and its folders were left for good.
 
     folder(job)   a TemporaryDirectory: removed when its `with` ends

@@ -329,7 +329,7 @@ def test_a_file_the_system_refuses_is_named_with_the_reason_in_one_line():
 
 
 def test_a_stopped_command_names_itself_and_adds_no_blank_line_off_a_terminal(capsys):
-    from specmesh.host.cli.stops import say_stopped
+    from specmesh.host.stops import say_stopped
 
     assert cli._who(["flash", "--port", "a0"]) == "specmesh flash" and cli._who(["--version"]) == "specmesh"
     say_stopped(cli._who(["chaos"]), "interrupted")

@@ -86,7 +86,7 @@ def test_runs_interrupted_at_random_instants_leave_boards_the_next_run_uses(mode
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_or_sighup_mid_run_is_one_line_and_leaves_no_temporary_folder(models, tmp_path, sig):
-    """`kill` or a closed terminal stops a run as Ctrl-C does (host/cli/stops.py): the boards stopped, their
+    """`kill` or a closed terminal stops a run as Ctrl-C does (host/stops.py): the boards stopped, their
     temporary folders removed, one line and the shell's status for the signal."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()

@@ -305,7 +305,7 @@ def _a_long_work(*_args):
 
 
 def test_a_build_stopped_midway_leaves_no_worker_running(tmp_path, monkeypatch):
-    """A Ctrl-C or a kill (host/cli/stops.py raises it as a KeyboardInterrupt) ends the build's workers with it:
+    """A Ctrl-C or a kill (host/stops.py raises it as a KeyboardInterrupt) ends the build's workers with it:
     they went on with their minutes of continuations (the pool's exit waited for them, or they were orphaned)."""
     import multiprocessing
     import signal

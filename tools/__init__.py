@@ -29,7 +29,7 @@ def run_tool(name: str, main: Callable[[], int | None]) -> NoReturn:
     from specmesh.host.backends import BackendError
     from specmesh.host.cli.run import quiet_when_the_reader_leaves
     from specmesh.host.decode.tokenizer import TokenizerError
-    from specmesh.host.cli.stops import stoppable
+    from specmesh.host.stops import stoppable
     from specmesh.shared.modelfile import ModelFileError
 
     try:  # the reader of stdout gone (`| head`): quiet, the shell's status for SIGPIPE

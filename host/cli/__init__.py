@@ -335,8 +335,8 @@ class _Version(argparse.Action):
 
 def main(argv: list[str] | None = None) -> int:
     """The `specmesh` command; a Ctrl-C, SIGTERM or SIGHUP anywhere (even while its modules import) ends it with
-    one line, after the cleanup on the way out (host/cli/stops.py)."""
-    from specmesh.host.cli.stops import stoppable
+    one line, after the cleanup on the way out (host/stops.py)."""
+    from specmesh.host.stops import stoppable
 
     if not _streams_open():
         print("specmesh: stdout is closed (>&-): give it a file, e.g. >/dev/null", file=sys.stderr)

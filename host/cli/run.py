@@ -22,7 +22,7 @@ from specmesh.host.cli.config import RunConfig, UsageError
 from specmesh.host.cli.flags import add_arguments
 from specmesh.host.cli.output import OutputLost, Printer, format_table, write_stats_json
 from specmesh.host.cli.session import GenerationFailed, Mesh, one_line, say_on_stderr
-from specmesh.host.cli.stops import Stopped, say_stopped
+from specmesh.host.stops import Stopped, say_stopped
 
 
 def check_args(a: argparse.Namespace) -> RunConfig:
@@ -72,7 +72,7 @@ def _stdout_to_devnull() -> None:
 def failed(command: str, e: Exception | KeyboardInterrupt) -> int:
     """The exit code of `specmesh COMMAND` that stopped on `e`, after one line on stderr, never a traceback
     (SPECMESH_DEBUG=1 re-raises): 2 for a usage error or a setup failure, 1 when generation failed, 130
-    for Ctrl-C, 128 + the signal for SIGTERM or SIGHUP (host/cli/stops.py)."""
+    for Ctrl-C, 128 + the signal for SIGTERM or SIGHUP (host/stops.py)."""
     if isinstance(e, UsageError):
         print("specmesh %s: error: %s" % (command, e), file=sys.stderr)
         return 2
