@@ -5,7 +5,14 @@ docs/architecture.md, "Installed: one import name", says why and how.
 
 The Python API is `specmesh.Mesh` (host/cli/session.py), imported on first use so that `import specmesh`
 stays cheap: `from specmesh import Mesh; mesh = Mesh(drafter="virtual", verifier="cpu")`.
-`python -m specmesh` is the `specmesh` command."""
+`python -m specmesh` is the `specmesh` command.
+
+Run by `python -m specmesh...` (the command, a tool), this is the first of our code: it makes a Ctrl-C quiet from
+here on, while the modules import (host/stops.py)."""
+
+from specmesh.host import stops as _stops
+
+_stops.quiet_under_dash_m()
 
 __all__ = ["Completion", "Mesh", "Piece"]
 

@@ -1,7 +1,18 @@
-"""`python -m specmesh`: the `specmesh` command."""
+"""`python -m specmesh`, and the target of the `specmesh` console script (pyproject.toml): the `specmesh` command,
+a Ctrl-C quiet from its first statement (host/stops.py), before its modules import."""
 
 import sys
 
-from specmesh.host.cli import main
+from specmesh.host import stops
 
-sys.exit(main())
+
+def main() -> int:
+    """The `specmesh` command's exit status."""
+    stops.quiet_until_it_runs()
+    from specmesh.host.cli import main as command  # imported only now, a Ctrl-C in its imports quiet
+
+    return command()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
