@@ -1,7 +1,8 @@
 """Nothing breaks when interrupted: `specmesh run` on a virtual drafter board is stopped by a signal (Ctrl-C's
 SIGINT, SIGTERM or SIGKILL) at random instants of its first flash, of a re-flash (the drafter model changes
 every run, so its ROMFS image and the board config are rewritten) and of its generation, and the next
-`specmesh run` succeeds with no user action, without falling back to wiping the board's flash."""
+`specmesh run` succeeds with no user action, without falling back to wiping the board's flash. A command stopped
+while its modules still import, before any board, ends as quietly."""
 
 import os
 import random
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,55 @@ def test_a_tool_stopped_mid_run_is_one_line_and_the_shells_status(tmp_path, sig,
     _, err = proc.communicate(timeout=30)
     assert (proc.returncode, err.decode(errors="replace")) == (128 + sig, "fuzz: %s\n" % says)
     assert list(tmp_path.iterdir()) == []
+
+
+# sitecustomize.py for the commands below: the first import of module $BLOCK_IMPORT says so on stdout and waits there
+# (a minute), so the signal sent on that line provably lands while the command's modules import
+BLOCKING_IMPORT = """
+import os, sys, time
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ["BLOCK_IMPORT"]:
+            print("importing " + name, flush=True)
+            time.sleep(60)
+        return None
+
+sys.meta_path.insert(0, Block())
+"""
+
+
+def _console_script() -> list[str]:
+    """The `specmesh` command as pip's console script runs it: pyproject.toml's target imported, then called."""
+    target = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["specmesh"]
+    module, _, name = target.partition(":")
+    return [sys.executable, "-c", "import sys; from %s import %s; sys.exit(%s())" % (module, name, name)]
+
+
+ENTRIES = {  # a command's entry, and a module it imports before stoppable() (host/stops.py) takes over
+    "specmesh": (_console_script() + ["run", "--help"], "specmesh.host.cli"),
+    "python -m specmesh": ([sys.executable, "-m", "specmesh", "run", "--help"], "specmesh.host.cli"),
+    "python -m specmesh.host.cli": ([sys.executable, "-m", "specmesh.host.cli", "run", "--help"], "specmesh.host.cli"),
+    "a tool, its package": ([sys.executable, "-m", "specmesh.tools.bench", "codec"], "specmesh.tools"),
+    "a tool, run_tool": ([sys.executable, "-m", "specmesh.tools.bench", "codec"], "specmesh.host.cli.run"),
+}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_signal_while_the_modules_import_ends_the_command_without_a_traceback(tmp_path, entry, sig):
+    """Ctrl-C from a command's first statement on, its imports (numpy's, ...) still under way, is the shell's 130 and
+    nothing said (no KeyboardInterrupt traceback); SIGTERM and SIGHUP there end it as their default does: at once,
+    silently (no cleanup is due before a board or a file exists)."""
+    command, module = ENTRIES[entry]
+    (tmp_path / "sitecustomize.py").write_text(BLOCKING_IMPORT)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, BLOCK_IMPORT=module)
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "importing %s\n" % module, proc.stderr.read()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert (proc.returncode, err) == ((130 if sig == signal.SIGINT else -sig), ""), err
