@@ -14,10 +14,11 @@ partition, loaded into guest memory and read in place). The heap is the board cl
 guest's config block before it starts (rv32/port/vboard.h, xtensa/port/vboard.h); an S3's PSRAM is the second
 area of a split heap there, as MicroPython's esp32 port adds it. Bytes go to the console as they are (a Ctrl-C
 is the firmware's to see, as on a board); `machine.reset()` ends QEMU and the supervisor starts it again
-on the same pty, a power cycle. The Xtensa firmware's soft reset ends QEMU too, with a code saying which REPL
-to come back to, so that the heap is sized again: an Xtensa class's heap is the class's plus what its flashed
-code takes (measured on this VM), as if that code were frozen into the firmware, as the unix-port boards of
-those classes size theirs (docs/emulator.md).
+on the same pty, a power cycle. Both firmwares' soft reset ends QEMU too, with a code saying which REPL
+to come back to, so that the heap is sized again: a class's heap is the class's plus what its flashed
+code takes (measured on this VM), as if that code were frozen into the firmware, as the unix-port boards
+size theirs (docs/emulator.md): the class's heap is what the node's data gets, which is what the host's
+planning counts (host/boardclasses.py).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def qemu_command(heap_bytes: int, romfs_bytes: int, machine: Machine = RV32, psr
                  raw: bool = False) -> list[str]:
     """The QEMU command line of a board (run in its flash folder, where flash.img and romfs.img are): its
     internal heap, ROMFS partition and PSRAM heap area sizes, and whether it boots into the raw REPL, go into
-    the config block (the RV32 firmware reads the first three words)."""
+    the config block (the RV32 firmware reads all but the PSRAM's)."""
     words = (CONFIG_MAGIC, heap_bytes, romfs_bytes, psram_heap_bytes, int(raw))
     cmd = [qemu_binary(machine), *machine.options, "-display", "none", "-monitor", "none",
            "-semihosting-config", "enable=on,target=native", "-icount", "shift=0", "-kernel", str(machine.firmware)]
@@ -178,12 +179,11 @@ class QemuBoard(VirtualBoard):
         self._spawn("friendly")
 
     def code_heap(self) -> int:
-        """Heap the flashed .mpy modules take once imported, on an Xtensa class's board: added to its heap, as the
-        unix-port boards of those classes add it (the node's budget counts its code as frozen into the
-        firmware, docs/emulator.md). Measured on this board's own VM, on a copy of its flash, and cached until
-        the flash changes. An RV32 class's heap is its own, code included (0)."""
+        """Heap the flashed .mpy modules take once imported: added to the board's heap, as the unix-port boards
+        add it (the node's budget counts its code as frozen into the firmware, docs/emulator.md). Measured on
+        this board's own VM, on a copy of its flash, and cached until the flash changes."""
         image = self.flash_dir / "flash.img"
-        if self.board.qemu or not image.is_file():
+        if not image.is_file():
             return 0
         with open(image, "rb") as f:
             if f.read(8192).count(0xFF) == 8192:  # erased: littlefs keeps its superblock in blocks 0 and 1
@@ -203,8 +203,9 @@ class QemuBoard(VirtualBoard):
             cmd = qemu_command(self.board.heap_bytes - self.board.psram_heap_bytes + MEASURE_SPARE, self.romfs_bytes,
                                self.machine, self.board.psram_heap_bytes, raw=True)  # raw: main.py stays off
             try:
-                done = subprocess.run(cmd, input=MEASURE_CODE.encode() + b"\x04", capture_output=True, timeout=60,
-                                      cwd=tmp, preexec_fn=_die_with_parent)  # stdin's end stops the board
+                # run, then a soft reset at the raw REPL, which ends QEMU (the RV32 board's UART sees no end of stdin)
+                done = subprocess.run(cmd, input=MEASURE_CODE.encode() + b"\x04\x04", capture_output=True,
+                                      timeout=60, cwd=tmp, preexec_fn=_die_with_parent)
             except subprocess.TimeoutExpired:
                 raise BoardError(f"{self.name}: its flashed modules do not load in QEMU") from None
             out = done.stdout

@@ -6,9 +6,15 @@
 #include <stdint.h>
 
 // Board configuration, written into guest memory by QEMU before the CPU starts (host/emulator/qemu.py:
-// `-device loader,addr=...,data=...`): magic, GC heap bytes, ROMFS partition bytes.
+// `-device loader,addr=...,data=...`): magic, GC heap bytes, ROMFS partition bytes, PSRAM heap bytes (none on
+// RV32), the REPL to boot into (VBOARD_BOOT_RAW: the raw REPL, after a soft reset there).
 #define VBOARD_CONFIG_ADDR (0x80f00000u)
 #define VBOARD_CONFIG_MAGIC (0x46434256u) // "VBCF"
+#define VBOARD_CONFIG_BOOT (4) // the config block's word that says which REPL to boot into
+#define VBOARD_BOOT_RAW (1u)
+// QEMU's exit codes for a soft reset in the friendly and in the raw REPL (those of host/emulator/board.py)
+#define VBOARD_EXIT_SOFT (64)
+#define VBOARD_EXIT_SOFT_RAW (65)
 // The ROMFS partition: the host file romfs.img loaded here by QEMU (`-device loader,file=...`), read in
 // place like memory-mapped flash.
 #define VBOARD_ROMFS_ADDR (0x81000000u)

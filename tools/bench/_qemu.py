@@ -33,7 +33,7 @@ def flashed(board_class: str, folder: Path | None = None) -> Iterator[Any]:
     try:
         flash(board.port, "verifier", ROOT / "models" / TARGET_FILE, progress=False, reset=False,
               board_class=board_class)
-        # the raw REPL's soft reset restarts an Xtensa board's QEMU, which first measures the code heap of the
+        # the raw REPL's soft reset restarts the board's QEMU, which first measures the code heap of the
         # flash as it is now (host/emulator/qemu.py code_heap): seconds on a loaded machine, not open_board's 5
         transport = open_board(board.port, timeout=30)
         try:
