@@ -122,8 +122,16 @@ ESP32S3 = BoardClass(
 )
 
 # ESP32-C3 (RISC-V): ESP32-C3 datasheet: one 32-bit RISC-V core, RV32IMC, up to 160 MHz, 400 KB SRAM, 4 MB
-# in-package/module flash. MicroPython's split heap on a C3: an initial 64000-byte area plus a 139264-byte
-# area added when needed (micropython#14293): 203264 bytes. Stock ESP32_GENERIC_C3 firmware has no ROMFS
+# in-package/module flash. Its GC heap follows the classic ESP32's rule above: MicroPython v1.28 starts it as one
+# 64 KiB area (ports/esp32/mpconfigport.h MICROPY_GC_INITIAL_HEAP_SIZE, every target but the ESP32, C2 and S2),
+# which py/gc.c splits into a 1,000-byte allocation table, a 500-byte finaliser table and 4,000 blocks (64,000
+# bytes; micropython#14293's C3 reports "GC: total: 64000"), and its first growth (gc_try_add_heap) allocates the
+# bytes of a heap of the same 4,000 blocks, 65,536 with its area struct: 2 x 64,000 bytes of blocks, the growth
+# the initial size is "chosen" to leave Wi-Fi room after. (The earlier figure, 64,000 + 139,264, added #14293's
+# "max new split", the largest free ESP-IDF block at boot, as one area: gc_try_add_heap takes it only in steps,
+# and all of it leaves the ESP-IDF nothing: the same report's C3, its heap grown to 139,968 bytes, panics
+# starting BLE.) As for every class, the node's code counts as frozen into the firmware, off this heap (a virtual
+# C3 adds what its flashed code takes, host/emulator/qemu.py). Stock ESP32_GENERIC_C3 firmware has no ROMFS
 # partition; the project's layout, rv32/partitions-4MiB-romfs.csv (MicroPython's partitions-4MiB-romfs.csv
 # with the romfs grown to hold the target), gives 512 KiB of ROMFS (the target's weights, read in place)
 # and a 1.5 MiB vfs next to the stock-sized 1.9 MiB app. Stock MicroPython enables the RV32 native emitter
@@ -131,12 +139,13 @@ ESP32S3 = BoardClass(
 ESP32C3 = BoardClass(
     name="esp32c3",
     description="ESP32-C3 (RISC-V, 4 MB flash)",
-    heap_bytes=64_000 + 139_264,
+    heap_bytes=2 * 64_000,
     psram_bytes=0,
     flash_fs_bytes=0x180000,
     romfs_bytes=0x80000,
     machine="ESP32C3 module with ESP32C3",  # ESP32_GENERIC_C3
-    source="ESP32-C3 datasheet (RV32IMC, 160 MHz, 400 KB SRAM); micropython#14293 (heap 64000 + 139264 bytes); "
+    source="ESP32-C3 datasheet (RV32IMC, 160 MHz, 400 KB SRAM); v1.28 ports/esp32/mpconfigport.h (64 KiB initial GC "
+           "area, grown once: 2 x 64000 bytes of blocks; micropython#14293: a C3's 64000); "
            "rv32/partitions-4MiB-romfs.csv (romfs 512 KiB, vfs 1.5 MiB); v1.28 ports/esp32/boards/ESP32_GENERIC_C3 "
            "(sdkconfig.c3usb: USB-Serial/JTAG console; MICROPY_HW_ENABLE_UART_REPL 1)",
     clock_hz=160e6,
