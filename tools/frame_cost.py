@@ -15,6 +15,7 @@ from pathlib import Path
 
 from specmesh.host import tempdirs
 from specmesh.host.layout import ROOT
+from specmesh.tools import run_tool
 
 SIZES = (100, 400)
 SCRIPT = """
@@ -72,4 +73,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_tool("frame_cost", main)

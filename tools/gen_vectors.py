@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from specmesh.shared import codec, messages as m, prng, rule
 from specmesh.shared.rule import ONE, argmax, quantize, quantize_topk
+from specmesh.tools import run_tool
 
 
 def _runner():
@@ -455,4 +456,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_tool("gen_vectors", main)

@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from specmesh.tools import run_tool
 from specmesh.tools.xtensa_loops import Loop, ToolError, loops
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,4 +195,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_tool("native_loops", main)

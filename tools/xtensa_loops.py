@@ -27,6 +27,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from specmesh.tools import run_tool
+
 ROOT = Path(__file__).resolve().parent.parent
 OBJDUMP = "xtensa-lx106-elf-objdump"
 PROLOGUE = bytes.fromhex("09017812682778377807")  # after `entry a1, N`: the viper prologue (mpy-cross 1.28)
@@ -171,4 +173,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_tool("xtensa_loops", main)

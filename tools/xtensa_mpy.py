@@ -24,6 +24,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specmesh.tools import run_tool
+
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "firmware" / "native" / "xtensawin.mpy"
 MPY_ARCH_FLAGS = 0x40
@@ -249,4 +251,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_tool("xtensa_mpy", main)

@@ -335,13 +335,16 @@ class _Version(argparse.Action):
 
 def main(argv: list[str] | None = None) -> int:
     """The `specmesh` command; a Ctrl-C, SIGTERM or SIGHUP anywhere (even while its modules import) ends it with
-    one line, after the cleanup on the way out (host/stops.py)."""
+    one line, after the cleanup on the way out (host/stops.py), as does a write to stdout that failed (a reader
+    that left: quietly; host/cli/streams.py)."""
+    from specmesh.host.cli.streams import writing_stdout
     from specmesh.host.stops import stoppable
 
     if not _streams_open():
         print("specmesh: stdout is closed (>&-): give it a file, e.g. >/dev/null", file=sys.stderr)
         return 2
-    return stoppable(_who(argv), lambda: _main(argv))
+    who = _who(argv)
+    return stoppable(who, lambda: writing_stdout(who, lambda: _main(argv)))
 
 
 def _who(argv: list[str] | None) -> str:

@@ -18,7 +18,7 @@ import sys
 
 from specmesh.host.cli.config import PROMPT_MAX_BYTES
 from specmesh.host.cli.output import Printer
-from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed, quiet_when_the_reader_leaves
+from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed
 from specmesh.host.cli.session import Mesh, gamma_controller, say_on_stderr
 
 PROMPT = "> "
@@ -37,10 +37,6 @@ def add_parser(sub) -> None:
 
 
 def main(a: argparse.Namespace) -> int:
-    return quiet_when_the_reader_leaves(_main, a)
-
-
-def _main(a: argparse.Namespace) -> int:
     try:
         return chat(a, _lines(), sys.stdout, echo=not sys.stdin.isatty())
     except BrokenPipeError:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from specmesh.host.atomic import STDOUT
 from specmesh.host.cli.config import RunConfig, UsageError
 from specmesh.host.cli.flags import add_arguments
 from specmesh.host.cli.output import OutputLost, Printer, format_table, write_stats_json
 from specmesh.host.cli.session import GenerationFailed, Mesh, one_line, say_on_stderr
+from specmesh.host.cli.streams import stdout_to_devnull, writing_stdout
 from specmesh.host.stops import Stopped, say_stopped
 
 
@@ -49,26 +50,6 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
     return done.stats
 
 
-def main(a: argparse.Namespace) -> int:
-    return quiet_when_the_reader_leaves(_main, a)
-
-
-def quiet_when_the_reader_leaves(command: Callable[[argparse.Namespace], int], a: argparse.Namespace) -> int:
-    """`command(a)`, ended quietly with the shell's status for SIGPIPE when the reader of stdout left (`specmesh
-    run | head`); stdout then goes to /dev/null, so that Python's last flush at exit has nothing to report."""
-    try:
-        return command(a)
-    except BrokenPipeError:
-        _stdout_to_devnull()
-        return 141
-
-
-def _stdout_to_devnull() -> None:
-    """Send stdout to /dev/null: what is left in its buffer, for a reader gone or a full disk, would fail again at
-    Python's last flush."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
 def failed(command: str, e: Exception | KeyboardInterrupt) -> int:
     """The exit code of `specmesh COMMAND` that stopped on `e`, after one line on stderr, never a traceback
     (SPECMESH_DEBUG=1 re-raises): 2 for a usage error or a setup failure, 1 when generation failed, 130
@@ -86,11 +67,11 @@ def failed(command: str, e: Exception | KeyboardInterrupt) -> int:
         raise e
     print("specmesh %s: error: %s" % (command, one_line(e)), file=sys.stderr)
     if isinstance(e, OutputLost):
-        _stdout_to_devnull()
+        stdout_to_devnull()
     return 1 if isinstance(e, (GenerationFailed, OutputLost)) else 2
 
 
-def _main(a: argparse.Namespace) -> int:
+def main(a: argparse.Namespace) -> int:
     # the text alone on stdout, the table on stderr; `--stats-json -`: stdout holds the JSON alone (for a pipe
     # to jq), so the text goes to stderr too
     out = sys.stderr if a.stats_json == STDOUT else sys.stdout
@@ -115,7 +96,7 @@ def cli(argv: Sequence[str] | None = None) -> int:
     """Entry point for tests and tools: `specmesh run` with these arguments."""
     p = argparse.ArgumentParser(prog="specmesh run")
     add_arguments(p)
-    return main(p.parse_args(argv))
+    return writing_stdout("specmesh run", lambda: main(p.parse_args(argv)))
 
 
 if __name__ == "__main__":

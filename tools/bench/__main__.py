@@ -12,6 +12,7 @@ from pathlib import Path
 
 from specmesh.tools import output_problem, run_tool
 from specmesh.host import atomic
+from specmesh.host.cli.streams import StdoutLost
 from specmesh.tools.bench import sections
 from specmesh.tools.bench._report import noise_lines
 
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         try:
             results[name] = importlib.import_module("specmesh.tools.bench." + name).run()
-        except (KeyboardInterrupt, BrokenPipeError):  # stopped, or the reader of stdout left: no section's failure
+        except (KeyboardInterrupt, BrokenPipeError, StdoutLost):  # stopped, stdout gone or full: no section's failure
             raise
         except Exception as e:  # noqa: BLE001 - one section failing must not lose the others' figures
             print("error: section %s failed: %s: %s" % (name, type(e).__name__, e), file=sys.stderr)

@@ -1,0 +1,85 @@
+"""What stdout's failures do to a command (`specmesh` and the tools, through `writing_stdout`): a reader that left
+(`| head`) ends it quietly with the shell's status for SIGPIPE; a write that failed (a full disk behind `>`,
+/dev/full, a device's error) ends it with one line naming stdout, never a traceback or an OSError that reads as
+if a file the command uses were at fault."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import TextIO, cast
+
+
+class StdoutLost(OSError):
+    """A write to stdout failed (not a reader that left: BrokenPipeError stays itself): the OSError's errno and
+    reason, said as stdout's."""
+
+    def __str__(self) -> str:
+        return "cannot write to stdout: %s" % (self.strerror or "error %s" % self.errno)
+
+
+class _Guarded:
+    """`stream` (sys.stdout) with its writes' and flushes' OSError raised as StdoutLost, so that whoever catches it
+    knows it was stdout's; everything else (isatty, name, fileno, buffer) is the stream's own."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StdoutLost(e.errno, e.strerror) from e
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StdoutLost(e.errno, e.strerror) from e
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def writing_stdout(who: str, body: Callable[[], int | None]) -> int:
+    """`body()`'s status with sys.stdout guarded (_Guarded) and flushed when body returns or exits (what print()
+    left in the buffer fails here, not in Python's last flush at exit: "Exception ignored", status 120). A reader of stdout
+    that left: quiet, 141; a write that failed: one line for `who` ("specmesh run", "bench") on stderr, status 1
+    (SPECMESH_DEBUG=1 re-raises). Either way stdout then goes to /dev/null: what is left in its buffer would fail
+    again at exit."""
+    real = sys.stdout
+    if real is None:  # closed (>&-): nothing to guard; the command says so itself
+        return body() or 0
+    guarded = _Guarded(real)
+    sys.stdout = cast(TextIO, guarded)
+    try:
+        try:
+            status = body() or 0
+        except SystemExit:  # argparse's --version and --help end so: what they printed goes out too
+            guarded.flush()
+            raise
+        guarded.flush()  # not after a stop (KeyboardInterrupt): stoppable's line is the one said
+        return status
+    except BrokenPipeError:
+        stdout_to_devnull()
+        return 141
+    except StdoutLost as e:
+        if os.environ.get("SPECMESH_DEBUG"):  # the traceback, for a developer
+            raise
+        print("%s: %s" % (who, e), file=sys.stderr)
+        stdout_to_devnull()
+        return 1
+    finally:
+        if sys.stdout is guarded:
+            sys.stdout = real
+
+
+def stdout_to_devnull() -> None:
+    """Send stdout to /dev/null: what is left in its buffer, for a reader gone or a full disk, would fail again at
+    Python's last flush."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -1,0 +1,49 @@
+"""host/cli/streams.py: a write to stdout that fails (a full disk behind `>`, here /dev/full) ends `specmesh` and
+every tool with one line naming stdout and status 1, whether Python buffers stdout (a user's shell) or not
+(PYTHONUNBUFFERED=1); a reader that left stays quiet (tests/test_bench_report.py, tests/test_cli_run.py)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specmesh.host.cli.streams import writing_stdout
+from specmesh.host.layout import ROOT
+
+
+def _to_full(argv: list[str], buffered: bool) -> tuple[int, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONUNBUFFERED", "SPECMESH_DEBUG")}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", *argv], stdout=full, stderr=subprocess.PIPE, text=True,
+                              cwd=ROOT, env=env, timeout=120)
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_a_tool_and_specmesh_writing_to_a_full_device_say_stdout_in_one_line(tmp_path, buffered):
+    """`bench codec > /dev/full` said "bench: [Errno 28] No space left on device", as if a file it reads were at
+    fault; `specmesh --version > /dev/full` was an OSError traceback (buffered: "Exception ignored", status 120)."""
+    assert _to_full(["specmesh.tools.bench", "codec", "--report", str(tmp_path)], buffered) == (
+        1, "bench: cannot write to stdout: No space left on device\n")
+    assert _to_full(["specmesh", "--version"], buffered) == (
+        1, "specmesh: cannot write to stdout: No space left on device\n")
+
+
+def test_what_print_left_in_the_buffer_fails_inside_the_command_not_at_exit(monkeypatch, capsys):
+    monkeypatch.delenv("SPECMESH_DEBUG", raising=False)
+    with open("/dev/full", "w") as full:  # buffered: print() succeeds, the flush fails
+        monkeypatch.setattr(sys, "stdout", full)
+        assert writing_stdout("tool", lambda: print("figures") or 0) == 1
+        assert sys.stdout is full
+    assert capsys.readouterr().err == "tool: cannot write to stdout: No space left on device\n"
+
+
+def test_a_reader_that_left_is_quiet(monkeypatch, capsys):
+    def leaves() -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("specmesh.host.cli.streams.stdout_to_devnull", lambda: None)
+    assert writing_stdout("tool", leaves) == 141 and capsys.readouterr().err == ""
