@@ -75,6 +75,20 @@ def test_a_half_flashed_board_is_named_with_the_command_that_finishes_it(virtual
     assert _run(models, vb.port)[0] == 0
 
 
+def test_an_unflashed_board_is_told_to_be_flashed_for_its_role(virtual_board, models, capsys):
+    """A bare MicroPython (no specmesh firmware) given as --drafter: one line saying so with the command for that
+    role; it quoted the REPL's 'SyntaxError: invalid syntax' (the HELLO frames read as Python) as what it printed."""
+    vb = virtual_board()
+    rc, _ = _run(models, vb.port)
+    assert (rc, capsys.readouterr().err) == (2, "specmesh run: error: the board on %s has no specmesh firmware "
+                                             "(a soft reset leaves it at MicroPython's REPL): run `specmesh flash "
+                                             "--port %s --role drafter`\n" % (vb.port, vb.port))
+    (vb.flash_dir / "main.py").write_text("raise ValueError('boom')\n")  # a program of its own, failing at boot
+    with contextlib.closing(SerialLink(vb.port)) as link, pytest.raises(BackendError) as e:
+        discover(Bus(link), deadline=1.0)
+    assert "no specmesh firmware" not in str(e.value) and "answers, but not as a specmesh node" in str(e.value)
+
+
 def test_silence_is_told_apart_from_an_answer_that_is_no_node(virtual_board):
     """A board at the MicroPython REPL (no node flashed) answers with text; a port where no one is there stays
     silent; another device sends bytes that are no frame."""
@@ -82,7 +96,8 @@ def test_silence_is_told_apart_from_an_answer_that_is_no_node(virtual_board):
     with contextlib.ExitStack() as stack:
         link = SerialLink(vb.port)
         stack.callback(link.close)
-        with pytest.raises(BackendError, match="answers, but not as a specmesh node even after a soft reset: it printed .*flash the node"):
+        with pytest.raises(BackendError, match="has no specmesh firmware .*: run `specmesh flash --port .* --role "
+                                               "drafter\\|verifier`"):
             discover(Bus(link), deadline=1.0)
     for junk in (b"", b"\x00\xff\x13garbage\x80\n" * 4):
         main, other = os.openpty()

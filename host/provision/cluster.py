@@ -104,36 +104,39 @@ FIRST_HELLO_S = 2.0  # a running node answers HELLO well within this; past it th
 SOFT_RESET = (b"\r\x03\x03", b"\x02", b"\x04")
 
 
-def discover(bus: Bus, deadline: float = 10.0) -> int:
+def discover(bus: Bus, deadline: float = 10.0, role: str = "drafter|verifier") -> int:
     """Node id of the board on a serial link (HELLO to broadcast; the reply says who answered). A board that does
     not answer within FIRST_HELLO_S may be sitting at its REPL (after `specmesh console`, an interrupted `specmesh
     flash`, `flash --no-reset`): it is soft-reset once, which starts its node (or shows it half-flashed), and
-    asked again."""
+    asked again. `role`: the one the board is wanted for, named in the flash command a failure line gives."""
     from specmesh.host.bus.proxy import ProxyError
 
     try:
         return bus.request(BROADCAST, m.HELLO, deadline=min(FIRST_HELLO_S, deadline)).src
     except ProxyError as e:
         if bus.link.error:  # diagnosed already: a key mismatch, a half-flashed board
-            raise BackendError(no_node(bus.link, e, deadline)) from None
+            raise BackendError(no_node(bus.link, e, deadline, role=role)) from None
     for keys in SOFT_RESET:
         bus.link.write_raw(keys)
         time.sleep(0.2)
     try:
         return bus.request(BROADCAST, m.HELLO, deadline=deadline).src
     except ProxyError as e:
-        raise BackendError(no_node(bus.link, e, deadline, reset=True)) from None
+        raise BackendError(no_node(bus.link, e, deadline, reset=True, role=role)) from None
 
 
-def no_node(link, e: Exception, deadline: float, reset: bool = False) -> str:
+def no_node(link, e: Exception, deadline: float, reset: bool = False, role: str = "drafter|verifier") -> str:
     """Why no specmesh node answered HELLO on `link`, in one line: what the link diagnosed (a key mismatch, a
-    half-flashed board), an answer that is not a node's (a REPL, a traceback, another device's bytes), or
-    silence. `reset`: a soft reset was tried (discover), which the line says."""
+    half-flashed board), a board with no specmesh firmware, an answer that is not a node's (a traceback, another
+    device's bytes), or silence. `reset`: a soft reset was tried (discover), which the line says."""
     port = link.port
     if link.error:
         return link.error
-    fix = "flash the node with `specmesh flash --port %s --role drafter|verifier`" % port
+    fix = "flash the node with `specmesh flash --port %s --role %s`" % (port, role)
     text = [t.strip() for t in link.text if t.strip()]
+    if reset and _bare(text):
+        return ("the board on %s has no specmesh firmware (a soft reset leaves it at MicroPython's REPL): run "
+                "`specmesh flash --port %s --role %s`" % (port, port, role))
     if text and _readable(text[-1]):
         return "%s answers, but not as a specmesh node%s: it printed %r (%s)" % (
             port, " even after a soft reset" if reset else "", text[-1][:100], fix)
@@ -146,6 +149,15 @@ def no_node(link, e: Exception, deadline: float, reset: bool = False) -> str:
         return "%s: the node refused HELLO: %s" % (port, e)
     return "%s: nothing came back within %.0f s: is a board on this port, powered and running? If so, %s" % (
         port, deadline, fix)
+
+
+def _bare(text: list[str]) -> bool:
+    """Whether the console `text` shows a MicroPython with no specmesh firmware: after its soft reset ("MPY: soft
+    reboot") the next line is its REPL's banner, nothing having run before it where the firmware's main.py starts
+    the node (or prints why it cannot: a traceback, a half-flashed board)."""
+    boots = [i for i, t in enumerate(text) if t.startswith("MPY: soft reboot")]
+    after = text[boots[-1] + 1:] if boots else []
+    return bool(after) and after[0].startswith("MicroPython v")
 
 
 def _readable(line: str) -> bool:
@@ -184,7 +196,7 @@ def connect(port: str, kind: str, key: bytes | None = None):
     """The back-end for a flashed board on `port` playing `kind` ("drafter" or "verifier")."""
     with contextlib.ExitStack() as stack:
         bus = _open(port, stack, key=key)
-        bus.peer = discover(bus)
+        bus.peer = discover(bus, role=kind)
         yield _backend(kind, bus, bus.peer, port)
 
 
