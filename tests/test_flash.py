@@ -178,8 +178,33 @@ def test_full_filesystem_is_one_line_and_the_board_stays_usable(virtual_board, t
     vb = virtual_board("esp32s3", flash_bytes=64 * 1024)  # heap enough for the model, flash not
     big = tmp_path / DRAFTER_FILE
     random_model(big, dim=64, n_layers=4, hidden=172, vocab=512)  # 263 KB
-    with pytest.raises(FlashError, match="filesystem is full"):
+    with pytest.raises(FlashError, match=r"filesystem is too full for this flash: [\d,]+ bytes to write, [\d,]+ free"):
         flash(vb.port, "drafter", big, sources=sources, progress=False)
+    assert mpremote(vb.port, "exec", "print('usable')").stdout == "usable\n"
+
+
+FILL = ("n = 0\ntry:\n while True:\n  with open('/fill%d' % n, 'wb') as f:\n   f.write(bytes(4096))\n  n += 1\n"
+        "except OSError:\n pass\nimport os\nprint(os.statvfs('/')[3])\n")  # fills the board's filesystem up
+
+
+def test_a_truly_full_filesystem_is_one_line_with_the_bytes_and_what_to_do(virtual_board, tiny_node, monkeypatch,
+                                                                           capsys):
+    """0 bytes free read as "not known" (the probe's sentinel), so the check passed and mkdir /models failed with
+    an OSError traceback; now the check says it, and a filesystem found full only while writing (the check's
+    estimate short of littlefs's own blocks) is the same line."""
+    sources, model = tiny_node
+    vb = virtual_board(flash_bytes=64 * 1024)
+    assert mpremote(vb.port, "exec", FILL).stdout == "0\n"
+    monkeypatch.setattr(flash_module, "node_sources", lambda: sources)
+    rc = cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(model), "--no-romfs"])
+    need = re.search(r"full for this flash: ([\d,]+) bytes to write, 0 free: ", capsys.readouterr().err)
+    assert rc == 1 and need and int(need[1].replace(",", "")) > model.stat().st_size
+    monkeypatch.setattr(flash_module, "check_board", lambda *a: None)
+    with pytest.raises(FlashError) as e:
+        flash(vb.port, "drafter", model, sources=sources, progress=False, use_romfs=False)
+    assert str(e.value) == ("the board's filesystem is too full for this flash: no room left to make the folder "
+                            "/models: remove files from it (`mpremote connect {0} fs ls` lists them, `mpremote connect "
+                            "{0} fs rm FILE` removes one) or flash a smaller model (--model)".format(vb.port))
     assert mpremote(vb.port, "exec", "print('usable')").stdout == "usable\n"
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -98,6 +99,16 @@ class DoesNotFit(FlashError):
         self.fact = fact
 
 
+class BoardFull(FlashError):
+    """The board's filesystem has no room for `what`: said with what to do, naming `port` once known (_failed)."""
+
+    def __init__(self, what: str, port: str = "PORT"):
+        super().__init__(f"the board's filesystem is too full for this flash: {what}: remove files from it "
+                         f"(`mpremote connect {port} fs ls` lists them, `mpremote connect {port} fs rm FILE` removes "
+                         "one) or flash a smaller model (--model)")
+        self.what = what
+
+
 class FlashRequestError(FlashError):
     """What was asked cannot be flashed, before the board is touched (a port that is missing or cannot be opened,
     a model file missing or corrupt, --layers that are no slice): a usage error, exit status 2."""
@@ -110,7 +121,7 @@ class BoardInfo:
     platform: str
     machine: str
     mem_free: int
-    fs_free: int
+    fs_free: int | None  # None: the board did not say (its statvfs failed); 0 is a full filesystem
     viper: bool
     romfs: int = 0  # size of the ROMFS partition (0: none, or a MicroPython without ROMFS)
 
@@ -184,7 +195,7 @@ PROBE = romfs.PROBE + (
     "import sys, gc, os\n"
     "gc.collect()\n"
     "try:\n s = os.statvfs('/')\n fs = s[0] * s[3]\n"
-    "except OSError:\n fs = 0\n"
+    "except OSError:\n fs = None\n"
     "try:\n exec('@micropython.viper\\ndef _v():\\n pass')\n vp = True\n"
     "except Exception:\n vp = False\n"
     "print(repr((tuple(sys.implementation.version), getattr(sys.implementation, '_mpy', 0), sys.platform,"
@@ -283,10 +294,8 @@ def check_board(info: BoardInfo, role: str, model_bytes: int, total_bytes: int, 
             f"the {role} model needs {model_bytes // 1024} KiB of heap; this board has {info.mem_free // 1024} KiB "
             f"free", hint
         )
-    if info.fs_free and total_bytes > info.fs_free:
-        raise FlashError(
-            f"board filesystem is full: {total_bytes // 1024} KiB to write, {info.fs_free // 1024} KiB free"
-        )
+    if info.fs_free is not None and total_bytes > info.fs_free:
+        raise BoardFull(f"{total_bytes:,} bytes to write, {info.fs_free:,} free")
 
 
 def _mkdirs(transport, paths: list[str]) -> None:
@@ -296,7 +305,12 @@ def _mkdirs(transport, paths: list[str]) -> None:
         for i in range(1, len(parts) + 1):
             sub = "/" + "/".join(parts[:i])
             if not transport.fs_exists(sub):
-                transport.fs_mkdir(sub)
+                try:
+                    transport.fs_mkdir(sub)
+                except OSError as e:  # mpremote's: OSError(errno, path)
+                    if e.errno == errno.ENOSPC:
+                        raise BoardFull(f"no room left to make the folder {sub}") from None
+                    raise
 
 
 def _remove_shadowing(transport, dest: str) -> None:
@@ -329,7 +343,7 @@ def _write(transport, dest: str, data: bytes, chunk: int, bar) -> None:
     except TransportExecError as e:
         _cleanup_partial(transport, dest)
         if re.search(r"ENOSPC|Errno 28\b|OSError: 28\b", e.error_output):  # as the ports word a full filesystem
-            raise FlashError(f"board filesystem is full while writing {dest} ({len(data)} bytes)") from None
+            raise BoardFull(f"no room left while writing {dest} ({len(data):,} bytes)") from None
         lines = e.error_output.strip().splitlines()
         raise FlashError(f"cannot write {dest} on the board: {lines[-1] if lines else e}") from None
     except (TransportError, OSError) as e:  # the port closed or the board went away
@@ -483,6 +497,8 @@ def _failed(transport, port: str, e: Exception) -> NoReturn:
     silent in the middle of a command says so)."""
     with contextlib.suppress(Exception):
         transport.exit_raw_repl()
+    if isinstance(e, BoardFull):  # the port known here, for the mpremote commands it gives
+        raise BoardFull(e.what, port) from None
     if isinstance(e, FlashError):
         raise e
     raise FlashError(f"{port}: the board stopped answering in the middle of a command (nothing for {READ_S:g} s)"
