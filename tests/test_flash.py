@@ -216,13 +216,28 @@ def test_port_errors_are_one_line(virtual_board, tiny_node, tmp_path):
     with open_port(vb.port):  # someone else holds the port
         with pytest.raises(FlashError, match="busy"):
             flash(vb.port, "drafter", model, sources=sources, progress=False)
-    master, slave = pty.openpty()  # a serial device that is not MicroPython: it never answers
+    master, slave = pty.openpty()  # a board that never answers (frozen: its VM stopped with SIGSTOP, unpowered)
     try:
-        with pytest.raises(FlashError, match="no MicroPython REPL"):
+        with pytest.raises(FlashError) as e:
             flash(os.ttyname(slave), "drafter", model, sources=sources, progress=False)
+        assert str(e.value).startswith("%s: the board is silent: nothing came back within " % os.ttyname(slave))
+        assert "key" not in str(e.value)  # it was "... or it runs a node with a deployment key ... --key-file"
     finally:
         os.close(master)
         os.close(slave)
+
+
+def test_a_keyed_node_flashed_without_its_key_is_told_so(virtual_board, tiny_node, tmp_path):
+    """A node with a deployment key takes no Ctrl-C, so no REPL answers; unlike a silent board, it refuses a HELLO
+    unsigned, and the flash says that: the key is the cause here, and named only here."""
+    from specmesh.host.provision.keys import load_key, new_key_file
+
+    sources, model = tiny_node
+    new_key_file(tmp_path / "k")
+    vb = virtual_board()
+    flash(vb.port, "drafter", model, key=load_key(str(tmp_path / "k")), progress=False)
+    with pytest.raises(FlashError, match="key mismatch: the board signs its frames: it holds a deployment key"):
+        flash(vb.port, "drafter", model, sources=sources, progress=False)
 
 
 def _fake_board(replies: dict[bytes, bytes], last: bytes = b""):

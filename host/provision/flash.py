@@ -227,10 +227,37 @@ def open_board(port: str, timeout: float = 5.0):  # -> mpremote SerialTransport
                 raise FlashError(f"{port}: the board's REPL answered but did not come back from a soft reset within "
                                  f"{timeout:g} s (slow to boot: a virtual board on a busy host, or a boot.py that "
                                  "hangs)") from None
-            raise FlashError(f"{port}: no MicroPython REPL answered (not a MicroPython board, it is stuck, or it runs "
-                             "a node with a deployment key, which takes no Ctrl-C: pass the key it holds with "
-                             "--key-file)") from None
+            raise FlashError(_no_repl(port, timeout)) from None
     return transport
+
+
+def _no_repl(port: str, timeout: float, wait_s: float = 1.5) -> str:
+    """Why no raw REPL answered open_board's Ctrl-C and Ctrl-A within `timeout`, told by an unsigned HELLO: a node
+    with a deployment key (it takes no Ctrl-C, and refuses the HELLO saying so: the link's key-mismatch line), a
+    device that sends but is no MicroPython at its REPL, or a board that sends nothing at all (frozen, not powered),
+    which no key explains."""
+    from specmesh.host.bus.links import LinkError, SerialLink
+    from specmesh.host.bus.proxy import Bus, ProxyError
+    from specmesh.shared import messages as m
+    from specmesh.shared.codec import BROADCAST
+
+    try:
+        link = SerialLink(port)
+    except LinkError as e:
+        return str(e)
+    try:
+        Bus(link, deadline=wait_s, initial_rto=wait_s / 3).request(BROADCAST, m.HELLO, deadline=wait_s)
+    except ProxyError:
+        pass
+    finally:
+        link.close()
+    if link.error:
+        return link.error
+    if link.bytes_received:
+        return (f"{port}: no MicroPython REPL answered (not a MicroPython board, or a program on it that takes no "
+                "Ctrl-C): reset the board and try again")
+    return (f"{port}: the board is silent: nothing came back within {timeout + wait_s:g} s (it is frozen or not "
+            "powered): reset it (its reset button, or unplug it and plug it back in) and try again")
 
 
 def leave_node(port: str, key: bytes, timeout: float = 1.5) -> None:
