@@ -152,7 +152,7 @@ ENTRIES = {  # a command's entry, and a module it imports before stoppable() (ho
     "python -m specmesh": ([sys.executable, "-m", "specmesh", "run", "--help"], "specmesh.host.cli"),
     "python -m specmesh.host.cli": ([sys.executable, "-m", "specmesh.host.cli", "run", "--help"], "specmesh.host.cli"),
     "a tool, its package": ([sys.executable, "-m", "specmesh.tools.bench", "codec"], "specmesh.tools"),
-    "a tool, run_tool": ([sys.executable, "-m", "specmesh.tools.bench", "codec"], "specmesh.host.cli.run"),
+    "a tool, run_tool": ([sys.executable, "-m", "specmesh.tools.bench", "codec"], "specmesh.host.cli.streams"),
 }
 
 
