@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,13 @@ if str(ROOT) not in sys.path:
 # runs would otherwise start VMs on the same folders. Set before host/provision/cluster.py reads it.
 if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("SPECMESH_VBOARDS"):
     os.environ["SPECMESH_VBOARDS"] = str(ROOT / "build" / ("vboards-" + os.environ["PYTEST_XDIST_WORKER"]))
+
+# The commands the tests stop with Ctrl-C or SIGHUP must get them as a user's would: a suite started in a script's
+# background (SIGINT ignored) or under nohup (SIGHUP ignored) hands the ignore to every command it starts, which then
+# rightly keeps ignoring it (host/stops.py) and runs on past the tests' deadlines.
+for _sig, _handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGHUP, signal.SIG_DFL)):
+    if signal.getsignal(_sig) is signal.SIG_IGN:
+        signal.signal(_sig, _handler)
 
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE, micropython_binary  # the checkout's, on the path above
 from specmesh.tools.nodeproc import ROM_SLACK

@@ -125,7 +125,7 @@ def test_two_boards_exchange_espnow_with_loss_and_mtu_250(virtual_board, tmp_pat
         assert "rx " in out, (sent, out)
         n, distinct, rx_packets, mtu = (int(x) for x in out.split("rx ")[1].split())
         # every acked packet arrived (+1: the MTU-sized one), none twice
-        assert n == ok + 1 and distinct == n and rx_packets == n and mtu == 250
+        assert n == ok + 1 and distinct == n and rx_packets == n and mtu == 250, (sent, out, hub.stats)
 
 
 LINK_RX = """
