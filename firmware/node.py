@@ -548,8 +548,11 @@ class Node:
                         self.role = roles.Verifier(eng, self.stats)
                     gc.collect()
                     reserve = STAGE_RESERVE if stage else RESERVE if role_id == m.ROLE_DRAFTER else VERIFIER_RESERVE
-                    if self._headroom() >= reserve or eng.n_ctx <= MIN_CTX:
+                    if self._headroom() >= reserve:
                         break
+                    if eng.n_ctx <= MIN_CTX:  # short of its reserve even so: refused now ("does not fit"), not
+                        n_ctx = eng.n_ctx  # a MemoryError mid-session
+                        raise MemoryError
                     n_ctx = eng.n_ctx // 2  # too little heap left to serve requests: a shorter context (HELLO says)
                 except MemoryError:  # a context whose KV cache does not fit at all: shorter, down to MIN_CTX
                     if 0 < n_ctx <= MIN_CTX:

@@ -23,10 +23,11 @@ SPEC_AHEAD = (0, 64)  # tokens a drafter may draft ahead while a verdict is pend
 KMAX = (1, 256)  # most positions a verifier computes in one pass
 CTR = (0, 0xFFFFFFFF)  # the signing counter (u32)
 
-# Free heap a node keeps once its model is loaded, else it halves its context (HELLO reports it): a drafter's,
-# and a stage's and a verifier's (whose rule tables are preallocated at load and frames a few hundred bytes: they
-# serve in less). tests/test_firmware_budget.py drafts through the whole context at -X heapsize= the class heap;
-# the figures that chose them are in docs/bench/heap.md.
+# Free heap a node keeps once its model is loaded, else it halves its context (HELLO reports it), and where even
+# MIN_CTX leaves less it refuses the model at load ("does not fit", E_MEMORY) rather than meet a MemoryError
+# mid-session: a drafter's, and a stage's and a verifier's (whose rule tables are preallocated at load and frames
+# a few hundred bytes: they serve in less). tests/test_firmware_budget.py drafts through the whole context at
+# -X heapsize= the class heap; the figures that chose them are in docs/bench/heap.md.
 RESERVE = 22528
 STAGE_RESERVE = 16384
 VERIFIER_RESERVE = STAGE_RESERVE

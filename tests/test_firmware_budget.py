@@ -107,6 +107,34 @@ def test_the_classic_esp32_drafter_runs_from_its_heap(micropython, board):
         node.close()
 
 
+def test_a_node_short_of_its_reserve_at_its_shortest_context_refuses_the_model(micropython, board):
+    """A node halves its context until its reserve is free (shared/board.py RESERVE); where even MIN_CTX leaves
+    less, it refuses the model at load with the "does not fit" line the host shows, rather than run and meet a
+    MemoryError mid-session (host/boardclasses.py heap_need and stage_heap_need count the reserve). It ran."""
+    from specmesh.shared.board import MIN_CTX, RESERVE
+
+    model = shipped_model(ESP32.drafter[:-len(".spm")])
+    heap = ESP32_HEAP + code_heap(micropython, board)
+    node = NodeProc(micropython, board, {"role": "drafter", "model": model, "n_ctx": MIN_CTX}, heap=heap,
+                    flashed=True)
+    try:
+        hello = node.call(m.HELLO)  # the class's heap: the reserve free at MIN_CTX, with room to spare
+    finally:
+        node.close()
+    free = hello[6]
+    assert hello[5] == MIN_CTX and free >= RESERVE, hello
+    # a heap that leaves half the reserve free at MIN_CTX: the model loads there, short of the reserve
+    node = NodeProc(micropython, board, {"role": "drafter", "model": model}, heap=heap - (free - RESERVE // 2),
+                    flashed=True)
+    try:
+        hello = node.call(m.HELLO)
+        assert hello[2] == m.ROLE_IDLE, "it runs at %d positions with %d bytes free" % (hello[5], hello[6])
+        said = b"\n".join(node.text).decode()
+        assert "cannot start as drafter: model %r does not fit in " % model in said, said
+    finally:
+        node.close()
+
+
 def test_verifier_runs_the_target_in_an_esp32s3_psram_heap(micropython, board, tmp_path):
     model = shipped_model("target")
     node = NodeProc(micropython, board, {"role": "verifier", "model": model}, heap=ESP32S3_HEAP, flashed=True)
