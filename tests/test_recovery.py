@@ -86,6 +86,32 @@ def test_a_flash_folder_deleted_while_the_board_boots_is_one_line_and_the_next_r
         assert c.backend("drafter").info["model"].endswith(DRAFTER_FILE)
 
 
+def test_a_virtual_board_frozen_before_its_flash_is_told_to_run_again_not_to_be_reset(models, tmp_path, monkeypatch):
+    """A virtual board whose VM stops answering (stopped with SIGSTOP: a stalled VM) is silent to the flash; a real
+    board would be reset by its owner, a virtual one has no reset button or plug: the line says to run again,
+    which starts its VM afresh."""
+    import os
+    import signal
+
+    from specmesh.host.backends import BackendError
+    from specmesh.host.provision import flash as flash_mod
+
+    real = flash_mod.flash
+
+    def freezing_first(port, *args, **kwargs):
+        vm = next(b for b in board_mod._LIVE if b.port == port)
+        os.kill(vm.pid, signal.SIGSTOP)  # the cluster's stop kills it (SIGKILL ends a stopped process)
+        return real(port, *args, **kwargs)
+
+    monkeypatch.setattr(flash_mod, "flash", freezing_first)
+    with pytest.raises(BackendError) as e, Cluster("serial", models, tmp_path) as c:
+        c.start("drafter")
+    assert str(e.value).startswith("virtual drafter board: /dev/")
+    assert ": the board is silent: nothing came back within " in str(e.value)
+    assert str(e.value).endswith(": its VM stopped answering: run again (a virtual board is started afresh)")
+    assert "reset" not in str(e.value)
+
+
 def test_two_runs_on_one_flash_folder_the_second_is_told_and_the_first_is_untouched(models, tmp_path):
     """A lock per board folder: the second run is refused in one line naming the folder and the process holding
     it; once the first ends (even killed: the kernel drops the lock) the folder is free."""

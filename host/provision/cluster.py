@@ -52,6 +52,9 @@ def _vboards_dir() -> Path:
 
 VBOARDS = _vboards_dir()
 BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier, "stage": BoardStage}
+# what to do when no REPL answers a virtual board's flash (flash.NoRepl tells a real board's owner to reset it): a
+# run starts every virtual board's VM afresh
+VIRTUAL_NO_REPL = "its VM stopped answering: run again (a virtual board is started afresh)"
 
 
 def _host_disk_full(folder: Path, model: Path) -> str | None:
@@ -250,7 +253,7 @@ class Cluster(contextlib.ExitStack):
         from specmesh.host.emulator import BoardError, make_board
         from specmesh.host.emulator.board import FlashDamaged
         from specmesh.host.emulator.session import board_mac
-        from specmesh.host.provision.flash import DoesNotFit, FlashError, FlashRequestError, flash, summary
+        from specmesh.host.provision.flash import DoesNotFit, FlashError, FlashRequestError, NoRepl, flash, summary
 
         model = self.model(kind, board or ROLE_CLASS[kind])
         name = kind if stage is None else "stage%d" % stage[0]
@@ -311,6 +314,8 @@ class Cluster(contextlib.ExitStack):
             if isinstance(e, DoesNotFit):  # no build to flash on a virtual board: its class is what is chosen
                 raise BackendError("virtual %s board (%s): %s: %s" % (kind, vb.board.name, e.fact,
                                                                       VIRTUAL_TOO_SMALL[kind])) from None
+            if isinstance(e, NoRepl) and not vb.failed:  # no reset button or plug: its VM is started afresh
+                raise BackendError("virtual %s board: %s: %s" % (kind, e.fact, VIRTUAL_NO_REPL)) from None
             raise BackendError("virtual %s board: %s" % (kind, vb.failed or e)) from None
         say("%s: %s" % (what, summary(report, time.monotonic() - t0)))
         with self._mutex:

@@ -109,6 +109,15 @@ class BoardFull(FlashError):
         self.what = what
 
 
+class NoRepl(FlashError):
+    """No REPL answered and no deployment key explains it: `fact` says what the port did, `advice` its likely cause
+    on a real board and what its owner does; a virtual board's run gives its own (host/provision/cluster.py)."""
+
+    def __init__(self, fact: str, advice: str):
+        super().__init__(fact + advice)
+        self.fact = fact
+
+
 class FlashRequestError(FlashError):
     """What was asked cannot be flashed, before the board is touched (a port that is missing or cannot be opened,
     a model file missing or corrupt, --layers that are no slice): a usage error, exit status 2."""
@@ -227,11 +236,11 @@ def open_board(port: str, timeout: float = 5.0):  # -> mpremote SerialTransport
                 raise FlashError(f"{port}: the board's REPL answered but did not come back from a soft reset within "
                                  f"{timeout:g} s (slow to boot: a virtual board on a busy host, or a boot.py that "
                                  "hangs)") from None
-            raise FlashError(_no_repl(port, timeout)) from None
+            raise _no_repl(port, timeout) from None
     return transport
 
 
-def _no_repl(port: str, timeout: float, wait_s: float = 1.5) -> str:
+def _no_repl(port: str, timeout: float, wait_s: float = 1.5) -> FlashError:
     """Why no raw REPL answered open_board's Ctrl-C and Ctrl-A within `timeout`, told by an unsigned HELLO: a node
     with a deployment key (it takes no Ctrl-C, and refuses the HELLO saying so: the link's key-mismatch line), a
     device that sends but is no MicroPython at its REPL, or a board that sends nothing at all (frozen, not powered),
@@ -244,7 +253,7 @@ def _no_repl(port: str, timeout: float, wait_s: float = 1.5) -> str:
     try:
         link = SerialLink(port)
     except LinkError as e:
-        return str(e)
+        return FlashError(str(e))
     try:
         Bus(link, deadline=wait_s, initial_rto=wait_s / 3).request(BROADCAST, m.HELLO, deadline=wait_s)
     except ProxyError:
@@ -252,12 +261,13 @@ def _no_repl(port: str, timeout: float, wait_s: float = 1.5) -> str:
     finally:
         link.close()
     if link.error:
-        return link.error
+        return FlashError(link.error)
     if link.bytes_received:
-        return (f"{port}: no MicroPython REPL answered (not a MicroPython board, or a program on it that takes no "
-                "Ctrl-C): reset the board and try again")
-    return (f"{port}: the board is silent: nothing came back within {timeout + wait_s:g} s (it is frozen or not "
-            "powered): reset it (its reset button, or unplug it and plug it back in) and try again")
+        return NoRepl(f"{port}: no MicroPython REPL answered", " (not a MicroPython board, or a program on it that "
+                                                               "takes no Ctrl-C): reset the board and try again")
+    return NoRepl(f"{port}: the board is silent: nothing came back within {timeout + wait_s:g} s",
+                  " (it is frozen or not powered): reset it (its reset button, or unplug it and plug it back in) and "
+                  "try again")
 
 
 def leave_node(port: str, key: bytes, timeout: float = 1.5) -> None:
