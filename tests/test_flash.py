@@ -15,7 +15,8 @@ from specmesh.host import cli
 from specmesh.host.provision import flash as flash_module
 from specmesh.host.bus.ports import PortError, resolve_port
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
-from specmesh.host.provision.flash import ROOT, BoardInfo, FlashError, FlashRequestError, check_board, flash, node_sources
+from specmesh.host.provision.flash import (ROOT, BoardInfo, DoesNotFit, FlashError, FlashRequestError, check_board,
+                                             flash, node_sources)
 from specmesh.tools.testmodels import random_model
 
 ECHO_MAIN = (
@@ -173,13 +174,22 @@ def test_flashed_firmware_node_answers(virtual_board, tmp_path):
     assert again.written == [] and sorted(p.name for p in (vb.flash_dir / "native").iterdir()) == ["x64.mpy"]
 
 
-def test_full_filesystem_is_one_line_and_the_board_stays_usable(virtual_board, tiny_node, tmp_path):
+def test_a_filesystem_smaller_than_the_flash_is_too_small_not_too_full_and_the_board_stays_usable(
+        virtual_board, tiny_node, tmp_path):
+    """A filesystem that could not hold the flash even empty: removing files cannot make room (it was told to), so
+    the line says it is too small, its whole size as the probe read it, and what does help."""
     sources, _ = tiny_node
     vb = virtual_board("esp32s3", flash_bytes=64 * 1024)  # heap enough for the model, flash not
     big = tmp_path / DRAFTER_FILE
     random_model(big, dim=64, n_layers=4, hidden=172, vocab=512)  # 263 KB
-    with pytest.raises(FlashError, match=r"filesystem is too full for this flash: [\d,]+ bytes to write, [\d,]+ free"):
+    with pytest.raises(DoesNotFit) as e:
         flash(vb.port, "drafter", big, sources=sources, progress=False)
+    said = re.fullmatch(r"the board's filesystem is too small for this flash: ([\d,]+) bytes to write, ([\d,]+) in "
+                        r"all: flash a smaller model \(--model\), or a MicroPython build whose partition table gives "
+                        r"the filesystem \(its vfs partition\) more room", str(e.value))
+    assert said, str(e.value)
+    need, size = (int(v.replace(",", "")) for v in said.groups())
+    assert need > big.stat().st_size and size == 64 * 1024
     assert mpremote(vb.port, "exec", "print('usable')").stdout == "usable\n"
 
 

@@ -91,7 +91,7 @@ class FlashError(RuntimeError):
 
 
 class DoesNotFit(FlashError):
-    """The board cannot hold the model (its ROMFS partition, its heap): `fact` says so, `advice` what a real board's
+    """The board cannot hold the model (its ROMFS partition, its heap, its filesystem): `fact` says so, `advice` what a real board's
     owner does; a virtual board's run gives its own (host/provision/cluster.py)."""
 
     def __init__(self, fact: str, advice: str):
@@ -133,6 +133,7 @@ class BoardInfo:
     fs_free: int | None  # None: the board did not say (its statvfs failed); 0 is a full filesystem
     viper: bool
     romfs: int = 0  # size of the ROMFS partition (0: none, or a MicroPython without ROMFS)
+    fs_size: int | None = None  # the filesystem's whole size (statvfs f_frsize * f_blocks); None: not said
 
     @property
     def arch(self) -> str | None:
@@ -203,12 +204,12 @@ def node_sources(root: Path = ROOT) -> Iterator[tuple[Path, str]]:
 PROBE = romfs.PROBE + (
     "import sys, gc, os\n"
     "gc.collect()\n"
-    "try:\n s = os.statvfs('/')\n fs = s[0] * s[3]\n"
-    "except OSError:\n fs = None\n"
+    "try:\n s = os.statvfs('/')\n fs = s[0] * s[3]\n fsz = s[1] * s[2]\n"
+    "except OSError:\n fs = fsz = None\n"
     "try:\n exec('@micropython.viper\\ndef _v():\\n pass')\n vp = True\n"
     "except Exception:\n vp = False\n"
     "print(repr((tuple(sys.implementation.version), getattr(sys.implementation, '_mpy', 0), sys.platform,"
-    " getattr(sys.implementation, '_machine', ''), gc.mem_free(), fs, vp, rom)))\n"
+    " getattr(sys.implementation, '_machine', ''), gc.mem_free(), fs, vp, rom, fsz)))\n"
 )
 
 
@@ -307,10 +308,12 @@ def probe(transport) -> BoardInfo:
     return BoardInfo(tuple(version), *rest)
 
 
-def check_board(info: BoardInfo, role: str, model_bytes: int, total_bytes: int, rom_image: int = 0) -> None:
+def check_board(info: BoardInfo, role: str, model_bytes: int, total_bytes: int, rom_image: int = 0,
+                fs_bytes: int = 0) -> None:
     """Refuse, with one line, a board that cannot run `role`. `model_bytes`: the heap the model takes when
     it is read from the filesystem; `rom_image`: the size of the ROMFS image holding the model when it
-    goes to the ROMFS partition instead (its weights then take no heap)."""
+    goes to the ROMFS partition instead (its weights then take no heap). `total_bytes`: what the board's
+    filesystem must find now; `fs_bytes`: what the flash's files take on an empty one."""
     if info.abi != MPY_ABI:
         raise FlashError(
             "board runs MicroPython %s (.mpy v%d.%d); the node needs .mpy v%d.%d: MicroPython 1.23 or newer"
@@ -330,6 +333,12 @@ def check_board(info: BoardInfo, role: str, model_bytes: int, total_bytes: int, 
         raise DoesNotFit(
             f"the {role} model needs {model_bytes // 1024} KiB of heap; this board has {info.mem_free // 1024} KiB "
             f"free", hint
+        )
+    if info.fs_size is not None and fs_bytes > info.fs_size:  # no file removed makes room
+        raise DoesNotFit(
+            f"the board's filesystem is too small for this flash: {fs_bytes:,} bytes to write, {info.fs_size:,} in "
+            "all", ": flash a smaller model (--model), or a MicroPython build whose partition table gives the "
+                   "filesystem (its vfs partition) more room"
         )
     if info.fs_free is not None and total_bytes > info.fs_free:
         raise BoardFull(f"{total_bytes:,} bytes to write, {info.fs_free:,} free")
@@ -506,7 +515,8 @@ def flash(
             config_data = json.dumps(config, sort_keys=True).encode()
             held = _held(transport, {dest.rsplit("/", 1)[0] or "/" for dest in files} | {MODEL_DIR})
             others = _other_models(held, files)
-            check_board(info, role, heap_bytes, _to_write(files, held, others) + len(config_data), len(image))
+            whole, to_write = _fs_need(files, held, others)
+            check_board(info, role, heap_bytes, to_write + len(config_data), len(image), whole + len(config_data))
             report = FlashReport(port, info, model=model.name, note=note,
                                  resumed=board_config.get(FLASHING) or None)
             if report.resumed:  # what an interrupted flash may have left half-written
@@ -569,13 +579,13 @@ def _other_models(held: dict[str, int], files: dict[str, Path]) -> dict[str, int
             and path.endswith((".spm", ".ngt")) and path not in files}
 
 
-def _to_write(files: dict[str, Path], held: dict[str, int], others: dict[str, int]) -> int:
-    """The bytes the board's filesystem must find for `files`: each one's size, less what the copy it replaces and
-    the other models (removed first) free, plus room for the largest replaced copy while its new one is written
-    beside it."""
+def _fs_need(files: dict[str, Path], held: dict[str, int], others: dict[str, int]) -> tuple[int, int]:
+    """(the bytes `files` take on an empty filesystem, the bytes the board's filesystem must find for them now):
+    each one's size, less what the copy it replaces and the other models (removed first) free, plus room for the
+    largest replaced copy while its new one is written beside it."""
     new = sum(p.stat().st_size for p in files.values())
     replaced = [held[dest] for dest in files if dest in held]
-    return new - sum(replaced) - sum(others.values()) + max(replaced, default=0)
+    return new, new - sum(replaced) - sum(others.values()) + max(replaced, default=0)
 
 
 def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, int] | None) -> tuple[Path, int]:
