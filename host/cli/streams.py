@@ -27,16 +27,15 @@ class _Guarded:
         self.stream = stream
 
     def write(self, text: str) -> int:
-        try:
-            return self.stream.write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            raise StdoutLost(e.errno, e.strerror) from e
+        return self._as_stdouts(self.stream.write, text)
 
     def flush(self) -> None:
+        self._as_stdouts(self.stream.flush)
+
+    @staticmethod
+    def _as_stdouts(call, *args):
         try:
-            self.stream.flush()
+            return call(*args)
         except BrokenPipeError:
             raise
         except OSError as e:
@@ -82,4 +81,6 @@ def writing_stdout(who: str, body: Callable[[], int | None]) -> int:
 def stdout_to_devnull() -> None:
     """Send stdout to /dev/null: what is left in its buffer, for a reader gone or a full disk, would fail again at
     Python's last flush."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)

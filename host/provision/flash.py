@@ -90,13 +90,17 @@ class FlashError(RuntimeError):
     """A flashing step failed; the message is one line for the user."""
 
 
-class DoesNotFit(FlashError):
-    """The board cannot hold the model (its ROMFS partition, its heap, its filesystem): `fact` says so, `advice` what a real board's
-    owner does; a virtual board's run gives its own (host/provision/cluster.py)."""
+class Advised(FlashError):
+    """A failure said as `fact` and `advice`, what a real board's owner does; a virtual board's run keeps the fact and
+    gives its own advice (host/provision/cluster.py)."""
 
     def __init__(self, fact: str, advice: str):
         super().__init__(fact + advice)
         self.fact = fact
+
+
+class DoesNotFit(Advised):
+    """The board cannot hold the model (its ROMFS partition, its heap, its filesystem)."""
 
 
 class BoardFull(FlashError):
@@ -109,13 +113,9 @@ class BoardFull(FlashError):
         self.what = what
 
 
-class NoRepl(FlashError):
+class NoRepl(Advised):
     """No REPL answered and no deployment key explains it: `fact` says what the port did, `advice` its likely cause
-    on a real board and what its owner does; a virtual board's run gives its own (host/provision/cluster.py)."""
-
-    def __init__(self, fact: str, advice: str):
-        super().__init__(fact + advice)
-        self.fact = fact
+    on a real board."""
 
 
 class FlashRequestError(FlashError):
