@@ -120,20 +120,6 @@ mp_uint_t mp_hal_ticks_us(void) {
     return ticks_us();
 }
 
-void mp_hal_delay_ms(mp_uint_t ms) {
-    mp_uint_t start = mp_hal_ticks_ms();
-    while (mp_hal_ticks_ms() - start < ms) {
-        mp_handle_pending(true);
-        vboard_idle();
-    }
-}
-
-void mp_hal_delay_us(mp_uint_t us) {
-    mp_uint_t start = mp_hal_ticks_us();
-    while (mp_hal_ticks_us() - start < us) {
-    }
-}
-
 mp_uint_t mp_hal_ticks_cpu(void) {
     uint32_t n;
     __asm volatile ("csrr %0, minstret" : "=r" (n));

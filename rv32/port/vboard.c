@@ -1,8 +1,9 @@
 /*
- * specmesh virtual boards' flash: the RV32 board (ESP32-C3 / ESP32-C6 classes, MicroPython's qemu port) and the
- * Xtensa board (ESP32 / ESP32-S3 classes, xtensa/port, which builds this file with its own vboard.h).
+ * specmesh virtual boards' flash and boot: the RV32 board (ESP32-C3 / ESP32-C6 classes, MicroPython's qemu port) and
+ * the Xtensa board (ESP32 / ESP32-S3 classes, xtensa/port, which builds this file with its own vboard.h).
  *
- * Owns what a real board's flash gives MicroPython, kept in two host files beside QEMU (its working
+ * Owns the boot sequence both boards run (vboard_boot), their waits (mp_hal_delay_ms, mp_hal_delay_us) and what a
+ * real board's flash gives MicroPython, kept in two host files beside QEMU (its working
  * directory), reached through semihosting so they survive a reset the way flash does:
  * - flash.img: the filesystem, littlefs2 in 4 KiB blocks (`vboard.Flash`, a block device), mounted at /;
  * - romfs.img: the ROMFS partition, loaded by QEMU into guest memory at VBOARD_ROMFS_ADDR and read in
@@ -18,6 +19,8 @@
 #include "py/mperrno.h"
 #include "py/objarray.h"
 #include "py/compile.h"
+#include "py/gc.h"
+#include "py/mphal.h"
 #include "extmod/vfs.h"
 #include "extmod/vfs_rom.h"
 #if defined(__xtensa__)
@@ -25,6 +28,7 @@
 #else
 #include "shared/runtime/semihosting_rv32.h"
 #endif
+#include "shared/runtime/pyexec.h"
 #include "vboard.h"
 
 #define BLOCK (4096)
@@ -33,6 +37,8 @@ typedef struct {
     uint32_t magic;
     uint32_t heap_bytes;
     uint32_t romfs_bytes;
+    uint32_t psram_bytes; // the Xtensa board's (xtensa/port/main.c reads it)
+    uint32_t boot; // VBOARD_BOOT_RAW: into the raw REPL
 } vboard_config_t;
 
 static int flash_fd = -1;
@@ -149,7 +155,7 @@ const mp_obj_module_t vboard_module = {
 MP_REGISTER_MODULE(MP_QSTR_vboard, vboard_module);
 
 // Mount the filesystem at / (formatting an erased one first), as a board's boot does.
-void vboard_mount(void) {
+static void mount(void) {
     static const char src[] =
         "import vfs, vboard\n"
         "try:\n"
@@ -173,6 +179,53 @@ void vboard_mount(void) {
         nlr_pop();
     } else {
         mp_obj_print_exception(&mp_plat_print, MP_OBJ_FROM_PTR(nlr.ret_val));
+    }
+}
+
+// -- boot and waits ---------------------------------------------------------------------------------
+
+int vboard_boot(void) {
+    const vboard_config_t *c = config();
+    if (c != NULL && c->boot == VBOARD_BOOT_RAW) {
+        pyexec_mode_kind = PYEXEC_MODE_RAW_REPL; // a soft reset in the raw REPL: back into it
+    }
+    mp_init();
+    mount();
+    int ret = pyexec_file_if_exists("boot.py");
+    if (!(ret & PYEXEC_FORCED_EXIT) && pyexec_mode_kind == PYEXEC_MODE_FRIENDLY_REPL) {
+        ret = pyexec_file_if_exists("main.py");
+    }
+    if (!(ret & PYEXEC_FORCED_EXIT)) {
+        for (;;) {
+            if (pyexec_mode_kind == PYEXEC_MODE_RAW_REPL) {
+                if (pyexec_raw_repl() != 0) {
+                    break;
+                }
+            } else {
+                if (pyexec_friendly_repl() != 0) {
+                    break;
+                }
+            }
+        }
+    }
+
+    mp_printf(&mp_plat_print, "MPY: soft reboot\n");
+    gc_sweep_all(); // finalisers: open files are closed (flushed to the flash)
+    mp_deinit();
+    return pyexec_mode_kind == PYEXEC_MODE_RAW_REPL ? VBOARD_EXIT_SOFT_RAW : VBOARD_EXIT_SOFT;
+}
+
+void mp_hal_delay_ms(mp_uint_t ms) {
+    mp_uint_t start = mp_hal_ticks_ms();
+    while (mp_hal_ticks_ms() - start < ms) {
+        mp_handle_pending(true);
+        vboard_idle();
+    }
+}
+
+void mp_hal_delay_us(mp_uint_t us) {
+    mp_uint_t start = mp_hal_ticks_us();
+    while (mp_hal_ticks_us() - start < us) {
     }
 }
 

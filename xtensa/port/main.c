@@ -1,8 +1,8 @@
 /*
- * specmesh virtual Xtensa board: main() (after MicroPython's qemu port, MIT, Damien P. George), booting as a board
- * does: the filesystem mounted at / (rv32/port/vboard.c), then boot.py, then main.py in the friendly REPL, soft
- * reset (Ctrl-D) ends QEMU with a code that says which REPL to come back to, machine.reset() with 0; the host starts
- * it again on the same console (host/emulator/qemu.py).
+ * specmesh virtual Xtensa board: main() (after MicroPython's qemu port, MIT, Damien P. George): the heap, then a
+ * board's boot (rv32/port/vboard.c's vboard_boot, which both virtual boards run). A soft reset (Ctrl-D) ends QEMU
+ * with a code that says which REPL to come back to, machine.reset() with 0; the host starts it again on the same
+ * console (host/emulator/qemu.py).
  *
  * The GC heap is the board class's (vboard.h's config block): one internal area, the class's SRAM heap, and on
  * the S3 a second area in PSRAM, as MicroPython's esp32 port splits its heap (MICROPY_GC_SPLIT_HEAP).
@@ -10,11 +10,9 @@
 
 #include <string.h>
 
-#include "py/compile.h"
 #include "py/runtime.h"
 #include "py/gc.h"
 #include "py/stackctrl.h"
-#include "shared/runtime/pyexec.h"
 #include "semihost.h"
 #include "vboard.h"
 
@@ -24,7 +22,7 @@ void *xsim_get_sp(void);
 
 static uint32_t gc_heap[MICROPY_HEAP_SIZE / sizeof(uint32_t)];
 
-// The config block's words after rv32/port/vboard.c's three: the PSRAM heap area's bytes, the REPL to boot into
+// A word of the config block (rv32/port/vboard.c): the fourth is the PSRAM heap area's bytes
 static uint32_t config_word(int i) {
     const uint32_t *c = (const uint32_t *)VBOARD_CONFIG_ADDR;
     return c[0] == VBOARD_CONFIG_MAGIC ? c[i] : 0;
@@ -40,37 +38,9 @@ int xsim_main(void) {
         gc_add((void *)VBOARD_PSRAM_ADDR, (char *)VBOARD_PSRAM_ADDR + psram);
     }
 
-    if (config_word(4) == VBOARD_BOOT_RAW) {
-        pyexec_mode_kind = PYEXEC_MODE_RAW_REPL; // a soft reset in the raw REPL: back into it
-    }
-    for (;;) {
-        mp_init();
-        vboard_mount();
-        int ret = pyexec_file_if_exists("boot.py");
-        if (!(ret & PYEXEC_FORCED_EXIT) && pyexec_mode_kind == PYEXEC_MODE_FRIENDLY_REPL) {
-            ret = pyexec_file_if_exists("main.py");
-        }
-        if (!(ret & PYEXEC_FORCED_EXIT)) {
-            for (;;) {
-                if (pyexec_mode_kind == PYEXEC_MODE_RAW_REPL) {
-                    if (pyexec_raw_repl() != 0) {
-                        break;
-                    }
-                } else {
-                    if (pyexec_friendly_repl() != 0) {
-                        break;
-                    }
-                }
-            }
-        }
-
-        mp_printf(&mp_plat_print, "MPY: soft reboot\n");
-        gc_sweep_all(); // finalisers: open files are closed (flushed to the flash)
-        mp_deinit();
-        // A soft reset ends QEMU: the host starts the board again in the same REPL (host/emulator/qemu.py),
-        // with the heap sized for the flash as it is now, as the unix-port boards do
-        semihost_exit(pyexec_mode_kind == PYEXEC_MODE_RAW_REPL ? VBOARD_EXIT_SOFT_RAW : VBOARD_EXIT_SOFT);
-    }
+    // A soft reset ends QEMU: the host starts the board again in the same REPL (host/emulator/qemu.py), with the
+    // heap sized for the flash as it is now, as the unix-port boards do
+    semihost_exit(vboard_boot());
     return 0;
 }
 

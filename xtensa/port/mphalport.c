@@ -161,20 +161,6 @@ mp_uint_t mp_hal_ticks_cpu(void) {
     return ccount() * INSNS_PER_TICK; // wraps at 2^32, a multiple of the ticks period (2^30)
 }
 
-void mp_hal_delay_ms(mp_uint_t ms) {
-    mp_uint_t start = mp_hal_ticks_ms();
-    while (mp_hal_ticks_ms() - start < ms) {
-        mp_handle_pending(true);
-        vboard_idle();
-    }
-}
-
-void mp_hal_delay_us(mp_uint_t us) {
-    mp_uint_t start = mp_hal_ticks_us();
-    while (mp_hal_ticks_us() - start < us) {
-    }
-}
-
 // A dummy mp_hal_get_random() (an LCG), as MicroPython's qemu port has.
 static uint32_t random_state;
 void mp_hal_get_random(size_t n, uint8_t *buf) {

@@ -1,4 +1,4 @@
-// specmesh virtual Xtensa board: what main.c and mphalport.c take from vboard.c, and its memory map in
+// specmesh virtual Xtensa board: what main.c takes from vboard.c, and its memory map in
 // QEMU's sim machine (128 MiB of RAM from address 0; the firmware is linked at 0x2000, board.ld).
 #ifndef SPECMESH_VBOARD_H
 #define SPECMESH_VBOARD_H
@@ -25,6 +25,12 @@
 
 size_t vboard_heap_bytes(size_t largest);
 void vboard_init(void);
-void vboard_mount(void);
+// Boot as a board does, on a heap gc_init gave: the filesystem mounted at / (formatted if erased), boot.py, then
+// main.py in the friendly REPL, then the REPL until a soft reset (Ctrl-D), whose finalisers close open files.
+// Returns QEMU's exit code for that reset, which says which REPL to come back to (the host starts the board again
+// on the same console: host/emulator/qemu.py); the config block's boot word starts it in the raw REPL.
+int vboard_boot(void);
+// The port's HAL (mphalport.c): sleep until input or the next millisecond
+void vboard_idle(void);
 
 #endif
