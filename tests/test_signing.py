@@ -77,6 +77,28 @@ def test_keygen_refuses_to_make_a_folder_outside_the_home(tmp_path, monkeypatch,
     assert not (tmp_path / "nonexist").exists()
 
 
+@pytest.mark.parametrize("name, line", [
+    # under a file, in the home (where keygen makes folders): mkdir's EEXIST read as the key existing already
+    ("home/notes/k.key", "{home}/notes is a file, not a folder: give the new key's file in a folder"),
+    ("home/notes/sub/k.key", "{home}/notes is a file, not a folder: give the new key's file in a folder"),
+    ("notes2/k.key", "{tmp}/notes2 is a file, not a folder: give the new key's file in a folder"),  # was: "does not exist"
+    # a trailing slash names a folder: Path() dropped it, and a file was written with the folder's name
+    ("home/keys/", "{home}/keys/ ends in a slash, as a folder's name: give the new key's file, e.g. {home}/keys/mesh.key"),
+    ("a" * 300, "cannot create {tmp}/%s: File name too long" % ("a" * 300)),  # was: a traceback (ENAMETOOLONG)
+])
+def test_keygen_at_a_path_that_cannot_be_a_new_file_says_why_and_writes_nothing(tmp_path, monkeypatch, capsys, name,
+                                                                                 line):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    (home / "notes").write_text("x")
+    (tmp_path / "notes2").write_text("x")
+    before = sorted(tmp_path.rglob("*"))
+    assert cli.main(["keygen", "--key-file", str(tmp_path / name) + ("/" if name.endswith("/") else "")]) == 2
+    assert capsys.readouterr().err == "specmesh keygen: error: %s\n" % line.format(home=home, tmp=tmp_path)
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_codec_attacks_fail_under_both_runtimes(micropython):
     """Issue 36's attacks on shared/codec.py alone (tests/mp_auth.py): replayed BEGIN, unsigned and type-0
     frames, cross-link injection, a second host process, the end of the counter range."""

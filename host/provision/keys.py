@@ -7,6 +7,7 @@ ignored). Errors name the file and never quote its content, so a key cannot leak
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 
@@ -52,21 +53,35 @@ def new_key_file(path: str | Path) -> Path | None:
     returned; one elsewhere (a typo such as /nonexist/k.key) is refused rather than made."""
     if not str(path).strip():
         raise KeyFileError("--key-file is empty: give the new key's file, e.g. ~/.specmesh/mesh.key")
+    names_folder = str(path).endswith(("/", os.sep))  # Path() drops the slash: "keys/" would become a file "keys"
     path = Path(path).expanduser()
-    made = None
-    if path.is_dir():
-        raise KeyFileError("%s is a folder: give the new key's file in it, e.g. %s" % (path, path / "mesh.key"))
-    if not path.parent.is_dir():
-        home = Path.home().resolve()
-        if home not in path.parent.resolve().parents:
-            raise KeyFileError("folder %s does not exist: make it first, or give a path under your home (keygen makes "
-                               "a folder such as ~/.specmesh/ itself)" % path.parent)
-        made = path.parent
     try:
+        made = _folder_to_make(path, names_folder)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         atomic.create(path, (secrets.token_hex(NEW_BYTES) + "\n").encode("ascii"), perms=0o600)
     except FileExistsError:
         raise KeyFileError("%s exists already: keygen never overwrites a key" % path) from None
-    except OSError as e:
+    except OSError as e:  # a name too long, a folder that takes no files, a full disk
         raise KeyFileError("cannot create %s: %s" % (path, e.strerror or e)) from None
     return made
+
+
+def _folder_to_make(path: Path, names_folder: bool) -> Path | None:
+    """The folder new_key_file makes for `path` (None: it is there); KeyFileError for a `path` that cannot be a new
+    file: a folder, or one under a file or under a missing folder outside the home. OSError where a name cannot be
+    looked up (too long)."""
+    if path.is_dir():
+        raise KeyFileError("%s is a folder: give the new key's file in it, e.g. %s" % (path, path / "mesh.key"))
+    if names_folder:
+        raise KeyFileError("%s/ ends in a slash, as a folder's name: give the new key's file, e.g. %s"
+                           % (path, path / "mesh.key"))
+    if path.parent.is_dir():
+        return None
+    above = next((p for p in path.parents if p.exists()), None)
+    if above is not None and not above.is_dir():  # mkdir would fail with EEXIST, read as "exists already"
+        raise KeyFileError("%s is a file, not a folder: give the new key's file in a folder" % above)
+    home = Path.home().resolve()
+    if home not in path.parent.resolve().parents:
+        raise KeyFileError("folder %s does not exist: make it first, or give a path under your home (keygen makes "
+                           "a folder such as ~/.specmesh/ itself)" % path.parent)
+    return path.parent
