@@ -44,6 +44,21 @@ def test_auto_finds_a_board_behind_an_ftdi_adapter(monkeypatch):
         ports.resolve_port("auto")
 
 
+def test_console_auto_without_one_board_names_its_port_argument_not_a_flag(monkeypatch, capsys):
+    """console takes its port as PORT: `auto` finding no board or several said "pass --port", which it has not."""
+    board = SimpleNamespace(vid=0x303A, pid=0x1001, description="USB JTAG/serial debug unit")
+    for found, line in (([], "no ESP32 board found (looked for Espressif, CP210x, CH340, FTDI USB serial ports); "
+                             "pass PORT (specmesh console /dev/ttyUSB0)"),
+                        ([SimpleNamespace(**vars(board), device="/dev/ttyACM%d" % i) for i in (0, 1)],
+                         "several ESP32 boards found (/dev/ttyACM0, /dev/ttyACM1); pick one with PORT (specmesh "
+                         "console /dev/ttyUSB0)")):
+        monkeypatch.setattr(ports.list_ports, "comports", lambda found=found: found)
+        assert cli.main(["console", "auto"]) == 2
+        assert capsys.readouterr().err == "specmesh console: error: %s\n" % line
+        with pytest.raises(ports.PortError, match="--port$"):  # flash and bench take it as --port
+            ports.resolve_port("auto")
+
+
 def _read_until(fd, marker: bytes, timeout: float = 20.0) -> bytes:
     seen = b""
     end = time.monotonic() + timeout

@@ -50,16 +50,17 @@ def expand(port: str) -> str:
     return SHORTCUTS[m[1]] + m[2] if m else port
 
 
-def resolve_port(port: str) -> str:
-    """`auto` becomes the one ESP32 port present, a shortcut its device; anything else is returned as given."""
+def resolve_port(port: str, flag: str = "--port") -> str:
+    """`auto` becomes the one ESP32 port present, a shortcut its device; anything else is returned as given.
+    `flag`: where the command takes a port, named in the advice when `auto` finds none or several."""
     if port != "auto":
         return expand(port)
     found = esp_ports()
     if not found:
-        raise PortError("no ESP32 board found (looked for %s USB serial ports); pass --port"
-                        % ", ".join(ESP_VENDORS.values()))
+        raise PortError("no ESP32 board found (looked for %s USB serial ports); pass %s"
+                        % (", ".join(ESP_VENDORS.values()), flag))
     if len(found) > 1:
-        raise PortError("several ESP32 boards found (" + ", ".join(d for d, _ in found) + "); pick one with --port")
+        raise PortError("several ESP32 boards found (" + ", ".join(d for d, _ in found) + "); pick one with " + flag)
     return found[0][0]
 
 
