@@ -2,6 +2,7 @@
 over-long prompt, a missing port, emulator flags out of range. Each is one line on stderr, exit status 2,
 within a second, and no virtual board is started (the default back-ends are virtual boards)."""
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -160,6 +161,23 @@ def test_boards_are_chosen_through_the_one_registry():
 def test_emulator_flags_out_of_range(capsys, no_board_starts, flags, message):
     err = one_line_status_2(capsys, ["emulate", *flags])
     assert err.startswith("specmesh emulate: error: ") and message in err
+
+
+@pytest.mark.parametrize("below, why", [
+    ("f/boards", "cannot make --dir {tmp}/f/boards: {tmp}/f is a file, not a folder: give another --dir"),
+    ("a" * 300, "cannot make --dir {tmp}/%s: File name too long: give another --dir" % ("a" * 300)),
+    ("ro", "--dir {tmp}/ro: no permission to write in {tmp}/ro: give another --dir"),
+])
+def test_emulate_dir_that_cannot_hold_the_boards_is_a_usage_error(capsys, no_board_starts, tmp_path, monkeypatch,
+                                                                   below, why):
+    """Found before a board starts, as every flag of emulate is: it was an errno line (status 1) from the first
+    board's mkdir or lock file ('[Errno 36] File name too long: ...')."""
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "ro").mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: real_access(p, mode) and os.fspath(p) != str(tmp_path / "ro"))
+    err = one_line_status_2(capsys, ["emulate", "--dir", str(tmp_path / below)])
+    assert err == "specmesh emulate: error: %s\n" % why.format(tmp=tmp_path)
 
 
 @pytest.mark.parametrize("drafter, words", [

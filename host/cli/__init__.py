@@ -230,14 +230,30 @@ def _emulate_problem(args) -> str | None:
     if args.flash_kb is not None and not (lo <= args.flash_kb <= hi and args.flash_kb % block_kb == 0):
         return ("--flash-kb must be a multiple of %d in %d..%d (littlefs needs two %d KiB blocks), not %d"
                 % (block_kb, lo, hi, block_kb, args.flash_kb))
-    if args.dir is not None and os.path.exists(args.dir) and not os.path.isdir(args.dir):
-        return "--dir %s is a file, not a folder" % args.dir
     radio = [flag for flag, dest in (("--radio-loss", "loss"), ("--radio-dup", "duplicate"), ("--reorder", "reorder"),
                                      ("--delay-ms", "delay_ms")) if getattr(args, dest)]
     if radio and _qemu_board(args.board):
         return ("%s act%s on the virtual radio, which QEMU boards (--board %s) do not join: drop %s, or use the "
                 "unix-port boards (--board esp32 or esp32s3)" % (", ".join(radio), "" if len(radio) > 1 else "s",
                                                                  args.board, "them" if len(radio) > 1 else "it"))
+    return _dir_problem(args.dir) if args.dir is not None else None  # last: it makes a missing folder
+
+
+def _dir_problem(folder: str) -> str | None:
+    """Why `specmesh emulate --dir FOLDER` cannot hold the boards' flash folders, or None; a missing FOLDER is made
+    here, so that one that cannot be (a name too long, a file on the way, no permission) is a usage error, not an
+    errno line from the first board's start."""
+    from specmesh.host.atomic import unwritable
+
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        return "--dir %s is a file, not a folder" % folder
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        why = unwritable(os.path.join(folder, "board0")) if isinstance(e, NotADirectoryError) else None  # the file
+        return "cannot make --dir %s: %s: give another --dir" % (folder, why or e.strerror or e)
+    if not os.access(folder, os.W_OK | os.X_OK):  # the boards' folders and lock files are made in it
+        return "--dir %s: no permission to write in %s: give another --dir" % (folder, folder)
     return None
 
 
