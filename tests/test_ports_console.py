@@ -59,6 +59,15 @@ def test_console_auto_without_one_board_names_its_port_argument_not_a_flag(monke
             ports.resolve_port("auto")
 
 
+def test_console_on_a_port_url_without_a_descriptor_is_polled():
+    """pyserial's rfc2217:// and loop:// have no fileno() to select() on: console said 'lost loop://: fileno'
+    (status 1) at once; it polls them instead. loop:// echoes what is sent, as a board's REPL does."""
+    out = subprocess.run([sys.executable, "-m", "specmesh.host.cli", "console", "loop://"], input=b"print(1)\r\n",
+                         capture_output=True, timeout=60, cwd=ROOT)
+    assert (out.returncode, out.stdout) == (0, b"print(1)\r\n"), out.stderr
+    assert out.stderr == b"specmesh console: loop://; Ctrl-] leaves\n"
+
+
 def _read_until(fd, marker: bytes, timeout: float = 20.0) -> bytes:
     seen = b""
     end = time.monotonic() + timeout

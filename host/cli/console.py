@@ -21,6 +21,7 @@ from specmesh.host.cli.ranges import RangeError, in_range
 
 LEAVE = b"\x1d"  # Ctrl-]
 QUIET_S = 1.0
+POLL_S = 0.02  # how often a port without a descriptor to wait on is asked for output
 
 
 def add_parser(sub) -> None:
@@ -72,14 +73,24 @@ def main(args) -> int:
         link.close()
 
 
+def _fileno(link) -> int | None:
+    """The descriptor select() waits on for the board's output, or None for a pyserial URL that has none
+    (rfc2217://, loop://): that one is polled every POLL_S."""
+    try:
+        return link.fileno()
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation("fileno") is both of the first two
+        return None
+
+
 def _pump(link, stdin: int, out) -> int:
     """Copy the board's output to `out` and `stdin` to the board until Ctrl-], or until the board has
     been quiet for QUIET_S after stdin ended."""
     ended_at = None
-    board = link.fileno()
+    board = _fileno(link)
     while True:
-        readable, _, _ = select.select([board] + ([stdin] if ended_at is None else []), [], [], 0.1)
-        if board in readable:
+        waits = ([] if board is None else [board]) + ([stdin] if ended_at is None else [])
+        readable, _, _ = select.select(waits, [], [], 0.1 if board is not None else POLL_S)
+        if board in readable or (board is None and link.in_waiting):
             data = link.read(link.in_waiting or 1)
             if data:
                 out.write(data)
