@@ -180,6 +180,23 @@ def test_emulate_dir_that_cannot_hold_the_boards_is_a_usage_error(capsys, no_boa
     assert err == "specmesh emulate: error: %s\n" % why.format(tmp=tmp_path)
 
 
+@pytest.mark.parametrize("flags, fix", [
+    (["--flash-kb", "128"], "128 KiB asked for (starting it would erase it): give --flash-kb 64 to keep its files, "
+                            "or another --dir"),
+    (["--board", "virtual:esp32c3"], "1536 KiB asked for (starting it would erase it): give another --dir, or the "
+                                     "--board it was made with"),
+])
+def test_emulate_never_erases_a_kept_flash_of_another_size(capsys, no_board_starts, tmp_path, flags, fix):
+    """`emulate --dir D --flash-kb 64`, files copied on, then `--flash-kb 128` (or a QEMU class, whose flash is its
+    class's size) on the same D: the board started on a new, empty image, its files gone without a word."""
+    (tmp_path / "board0").mkdir()
+    image = tmp_path / "board0" / "flash.img"
+    image.write_bytes(bytes(range(256)) * 256)  # 64 KiB, standing for a littlefs image with files on it
+    err = one_line_status_2(capsys, ["emulate", "--boards", "2", "--dir", str(tmp_path), *flags])
+    assert err == "specmesh emulate: error: board0's flash %s is 64 KiB, not the %s\n" % (image, fix)
+    assert image.read_bytes() == bytes(range(256)) * 256
+
+
 @pytest.mark.parametrize("drafter, words", [
     (dict(vocab=96), "has a vocabulary of 96 tokens, the target's has 512"),
     (dict(vocab=512, tokenizer_id=0x1234), "was made with another tokenizer than the target (tokenizer id 00001234"),

@@ -267,7 +267,7 @@ def _qemu_board(name: str) -> bool:
 def _emulate(args) -> int:
     from specmesh.host.boardclasses import board_class
     from specmesh.host.emulator import BoardError
-    from specmesh.host.emulator.board import FolderInUse
+    from specmesh.host.emulator.board import FlashResized, FolderInUse
     from specmesh.host.emulator.radio import RadioConfig
     from specmesh.host.emulator.session import Emulation
 
@@ -297,6 +297,9 @@ def _emulate(args) -> int:
         print("stopped")
     except FolderInUse as e:  # found before any board started
         print(f"specmesh emulate: error: {e}: give this one another --dir", file=sys.stderr)
+        return 2
+    except FlashResized as e:  # the same
+        print(f"specmesh emulate: error: {e}", file=sys.stderr)
         return 2
     except (BoardError, OSError) as e:
         print(f"specmesh emulate: {e}", file=sys.stderr)

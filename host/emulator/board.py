@@ -87,6 +87,28 @@ def hold_folder(folder: Path) -> int:
     return fd
 
 
+class FlashResized(BoardError):
+    """A board's flash folder holds a flash image of another size than this start's: the start would replace it
+    with an empty one, its files lost (VirtualBoard.start), which a folder the user keeps (emulate --dir) must
+    not have done to it; `size`: the image's bytes."""
+
+    def __init__(self, name: str, image: Path, size: int, wanted: int, qemu: bool):
+        fix = "give another --dir, or the --board it was made with" if qemu else \
+            "give --flash-kb %d to keep its files, or another --dir" % (size // 1024)
+        super().__init__("%s's flash %s is %d KiB, not the %d KiB asked for (starting it would erase it): %s"
+                         % (name, image, size // 1024, wanted // 1024, fix))
+
+
+def check_flash_size(vb: VirtualBoard) -> None:
+    """FlashResized if `vb`'s flash folder holds an image that its start would replace (another size)."""
+    image = vb.flash_dir / "flash.img"
+    if vb.flash_bytes is None or not image.is_file():
+        return
+    size = image.stat().st_size
+    if size != vb.flash_bytes:
+        raise FlashResized(vb.name, image, size, vb.flash_bytes, type(vb) is not VirtualBoard)
+
+
 class FlashDamaged(BoardError):
     """A module on a virtual board's flash does not load: it hangs the VM's import (a truncated .mpy does), as
     an interrupted flash of a specmesh before host/provision/flash.py wrote files under a temporary name left."""

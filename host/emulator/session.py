@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specmesh.host import tempdirs
 from specmesh.host.emulator import VirtualBoard, make_board
-from specmesh.host.emulator.board import hold_folder
+from specmesh.host.emulator.board import check_flash_size, hold_folder
 from specmesh.host.emulator.radio import RadioConfig, RadioHub
 
 
@@ -48,12 +48,16 @@ class Emulation(contextlib.ExitStack):
         try:
             root = Path(self.root) if self.root else Path(self.enter_context(tempdirs.folder("boards")))
             self.hub = self.enter_context(RadioHub(self.radio_config))
+            boards = []
             for i in range(self.n):
                 (root / f"board{i}").parent.mkdir(parents=True, exist_ok=True)
                 self.callback(os.close, hold_folder(root / f"board{i}"))  # another emulate's: FolderInUse
                 vb = make_board(root / f"board{i}", self.board, self.qemu, name=f"board{i}", mac=board_mac(i),
                                 radio=None if self.qemu else self.hub.address, mtu=self.radio_config.mtu,
                                 flash_bytes=self.flash_bytes, romfs_bytes=self.romfs_bytes)
+                check_flash_size(vb)  # an earlier run's flash of another size: FlashResized, before any board starts
+                boards.append(vb)
+            for vb in boards:
                 self.enter_context(vb)
                 self.boards.append(vb)
         except BaseException:
