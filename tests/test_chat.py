@@ -87,6 +87,28 @@ def test_chat_refuses_stdin_as_its_first_turn_and_run_only_flags(models, capsys)
                                        "--stats-json (specmesh run takes it)\n")
 
 
+def test_a_line_typed_on_a_terminal_that_is_not_utf8_is_skipped_too(monkeypatch, capsys):
+    """A terminal's stdin hands bytes that are not UTF-8 to input() as surrogates (surrogateescape, as under
+    C.UTF-8): 'caf\\xe9' ended the whole chat, status 2, with "'utf-8' codec can't encode character '\\udce9'"."""
+    from specmesh.host.cli.chat import _lines
+
+    typed = iter(["caf\udce9 time", "The dog"])
+
+    def type_a_line(prompt):
+        assert prompt == "> "
+        try:
+            return next(typed)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", type_a_line)
+    terminal = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    monkeypatch.setattr(terminal, "isatty", lambda: True)
+    assert list(_lines(terminal)) == ["The dog"]
+    assert capsys.readouterr().err == ("specmesh chat: that line is not UTF-8 text (byte 0xe9 at offset 3): skipped, "
+                                       "type it in UTF-8\n")
+
+
 def test_a_line_that_is_not_utf8_is_skipped_with_one_line_and_the_session_goes_on(models):
     done = subprocess.run([sys.executable, "-m", "specmesh.host.cli", "chat", "--models", str(models), "--verifier",
                            "cpu", "--drafter", "cpu", "--max-tokens", "4"],

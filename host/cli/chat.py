@@ -55,14 +55,17 @@ def _lines(stdin=None):
     tty = stdin.isatty()
     while True:
         try:
-            line = input(PROMPT) if tty else stdin.buffer.readline(PROMPT_MAX_BYTES + 1)
+            # a terminal's bytes that are not UTF-8 come from input() as surrogates (stdin's surrogateescape, as
+            # under C.UTF-8), which no tokenizer encodes: turned back into the bytes typed, to be told as a pipe's
+            line = input(PROMPT).encode("utf-8", "surrogateescape") if tty else \
+                stdin.buffer.readline(PROMPT_MAX_BYTES + 1)
             if not tty:
                 if not line:
                     return
                 if len(line) > PROMPT_MAX_BYTES:
                     raise LineTooLong("a line on stdin is over %d MiB, more than any context holds: the chat ends; "
                                       "feed it lines of text" % (PROMPT_MAX_BYTES >> 20))
-                line = line.decode("utf-8")
+            line = line.decode("utf-8")
         except EOFError:
             return
         except UnicodeDecodeError as e:
