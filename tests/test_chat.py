@@ -94,8 +94,7 @@ def test_a_line_typed_on_a_terminal_that_is_not_utf8_is_skipped_too(monkeypatch,
 
     typed = iter(["caf\udce9 time", "The dog"])
 
-    def type_a_line(prompt):
-        assert prompt == "> "
+    def type_a_line(prompt=""):
         try:
             return next(typed)
         except StopIteration:
@@ -105,8 +104,30 @@ def test_a_line_typed_on_a_terminal_that_is_not_utf8_is_skipped_too(monkeypatch,
     terminal = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
     monkeypatch.setattr(terminal, "isatty", lambda: True)
     assert list(_lines(terminal)) == ["The dog"]
-    assert capsys.readouterr().err == ("specmesh chat: that line is not UTF-8 text (byte 0xe9 at offset 3): skipped, "
-                                       "type it in UTF-8\n")
+    assert capsys.readouterr().err == ("> specmesh chat: that line is not UTF-8 text (byte 0xe9 at offset 3): skipped, "
+                                       "type it in UTF-8\n> > ")  # the prompts: stdout is no terminal here
+
+
+def test_typed_at_a_terminal_into_a_file_the_file_holds_the_story_and_the_prompt_stays_off_it(models):
+    """`specmesh chat > story.txt` at a terminal: input() wrote each prompt into the file (a stdout that is no
+    terminal) and the turns typed were left out of it (echoed only where stdin is not a terminal): the story
+    read '>  was a big, red ball'. The prompt goes to stderr then, and the turns into the file with the text."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "chat", "--models", str(models),
+                                 "--verifier", "cpu", "--drafter", "cpu", "--max-tokens", "4", "--no-color"],
+                                stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+        os.close(slave)
+        os.write(master, b"The cat\n\x04")  # a line, then Ctrl-D at the next prompt (canonical mode)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        os.close(master)
+    assert proc.returncode == 0, err
+    assert out.decode().startswith("The cat") and ">" not in out.decode() and out.decode().count("\n") == 1, out
+    assert err.decode() == "> > ", err
 
 
 def test_a_line_that_is_not_utf8_is_skipped_with_one_line_and_the_session_goes_on(models):

@@ -38,7 +38,8 @@ def add_parser(sub) -> None:
 
 def main(a: argparse.Namespace) -> int:
     try:
-        return chat(a, _lines(), sys.stdout, echo=not sys.stdin.isatty())
+        # a turn typed at a terminal is on it already; into a file or a pipe it goes with the text, as a piped one
+        return chat(a, _lines(), sys.stdout, echo=not (sys.stdin.isatty() and sys.stdout.isatty()))
     except BrokenPipeError:
         raise
     except LineTooLong as e:
@@ -57,7 +58,7 @@ def _lines(stdin=None):
         try:
             # a terminal's bytes that are not UTF-8 come from input() as surrogates (stdin's surrogateescape, as
             # under C.UTF-8), which no tokenizer encodes: turned back into the bytes typed, to be told as a pipe's
-            line = input(PROMPT).encode("utf-8", "surrogateescape") if tty else \
+            line = _typed().encode("utf-8", "surrogateescape") if tty else \
                 stdin.buffer.readline(PROMPT_MAX_BYTES + 1)
             if not tty:
                 if not line:
@@ -73,6 +74,15 @@ def _lines(stdin=None):
                   % (e.object[e.start], e.start), file=sys.stderr, flush=True)
             continue
         yield line.rstrip("\r\n")
+
+
+def _typed() -> str:
+    """A line typed at the terminal, after the prompt where its user sees it: on stdout when that is the terminal
+    too (input()'s line editing), else on stderr: `chat > story.txt` would put the prompts in the story."""
+    if sys.stdout.isatty():
+        return input(PROMPT)
+    print(PROMPT, end="", file=sys.stderr, flush=True)
+    return input()
 
 
 def chat(a: argparse.Namespace, lines, out, echo: bool = True) -> int:
