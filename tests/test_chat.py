@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from specmesh.host.layout import TARGET_FILE
@@ -128,6 +129,30 @@ def test_typed_at_a_terminal_into_a_file_the_file_holds_the_story_and_the_prompt
     assert proc.returncode == 0, err
     assert out.decode().startswith("The cat") and ">" not in out.decode() and out.decode().count("\n") == 1, out
     assert err.decode() == "> > ", err
+
+
+def test_a_stdin_left_non_blocking_is_waited_on_not_read_as_the_end(models):
+    """A parent that hands chat a non-blocking pipe (node's child_process does): readline() returned b"" (EAGAIN)
+    at the first turn not yet written, read as EOF, and the chat ended with status 0 before it came."""
+    import fcntl
+    import os
+
+    r, w = os.pipe()
+    fcntl.fcntl(r, fcntl.F_SETFL, fcntl.fcntl(r, fcntl.F_GETFL) | os.O_NONBLOCK)
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "chat", "--models", str(models), "--verifier",
+                             "cpu", "--drafter", "cpu", "--max-tokens", "4", "--no-color", "--prompt", "The cat"],
+                            stdin=r, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    os.close(r)
+    first = proc.stdout.readline()  # the opening turn's text: chat reads stdin next
+    time.sleep(1.0)  # and finds nothing there yet
+    try:
+        os.write(w, b"The dog\n")
+    except BrokenPipeError:  # it had ended already
+        pass
+    os.close(w)
+    rest, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert first.startswith(b"The cat") and rest.startswith(b"The dog") and rest.count(b"\n") == 1, (first, rest)
 
 
 def test_a_line_that_is_not_utf8_is_skipped_with_one_line_and_the_session_goes_on(models):

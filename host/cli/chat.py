@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 
 from specmesh.host.cli.config import PROMPT_MAX_BYTES
@@ -54,6 +55,10 @@ def _lines(stdin=None):
     its own); EOF ends them. A line that is not UTF-8 is skipped with one line saying so: the session goes on."""
     stdin = stdin or sys.stdin
     tty = stdin.isatty()
+    try:  # a stdin left non-blocking (by a parent such as node's child_process): a read before the next line is
+        os.set_blocking(stdin.fileno(), True)  # EAGAIN, which readline() returns as b"", the end of the turns
+    except (OSError, ValueError):  # no descriptor (a test's StringIO)
+        pass
     while True:
         try:
             # a terminal's bytes that are not UTF-8 come from input() as surrogates (stdin's surrogateescape, as
