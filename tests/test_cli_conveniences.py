@@ -83,6 +83,34 @@ def test_the_prompt_comes_from_stdin_or_a_file_without_its_final_newline(models,
     assert piped["prompt_tokens"] == given["prompt_tokens"]
 
 
+def test_a_prompt_piped_in_through_a_non_blocking_stdin_is_read_to_its_end(models, monkeypatch):
+    """A parent that leaves the pipe non-blocking (node's child_process does): read() gave back the bytes written
+    so far (here "The cat"), or None before any ('object of type NoneType has no len()', status 2)."""
+    import os
+    import threading
+    import time
+
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.write(w, b"The cat")
+
+    def rest():
+        time.sleep(0.5)
+        os.write(w, b" sat\n")
+        os.close(w)
+
+    writer = threading.Thread(target=rest)
+    writer.start()
+    monkeypatch.setattr(sys, "stdin", open(r, closefd=True))
+    try:
+        piped = run(args(models, "--max-tokens", "8", "--quiet", "--prompt", "-"), io.StringIO())
+    finally:
+        writer.join()
+        sys.stdin.close()
+    given = run(args(models, "--max-tokens", "8", "--quiet", "--prompt", "The cat sat"), io.StringIO())
+    assert piped["token_ids"] == given["token_ids"] and piped["prompt_tokens"] == given["prompt_tokens"]
+
+
 @pytest.mark.parametrize("setup, extra, message", [
     (None, ["--prompt", "x", "--prompt-file", "p.txt"], "give --prompt or --prompt-file, not both"),
     (None, ["--prompt-file", "nope.txt"], "cannot read the prompt from nope.txt: No such file or directory"),

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import sys
 
-from specmesh.host.cli.config import PROMPT_MAX_BYTES
+from specmesh.host.cli.config import PROMPT_MAX_BYTES, blocking
 from specmesh.host.cli.output import Printer
 from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed
 from specmesh.host.cli.session import Mesh, gamma_controller, say_on_stderr
@@ -55,10 +54,7 @@ def _lines(stdin=None):
     its own); EOF ends them. A line that is not UTF-8 is skipped with one line saying so: the session goes on."""
     stdin = stdin or sys.stdin
     tty = stdin.isatty()
-    try:  # a stdin left non-blocking (by a parent such as node's child_process): a read before the next line is
-        os.set_blocking(stdin.fileno(), True)  # EAGAIN, which readline() returns as b"", the end of the turns
-    except (OSError, ValueError):  # no descriptor (a test's StringIO)
-        pass
+    blocking(stdin)  # left non-blocking by a parent, a turn not yet written would read as the end of the turns
     while True:
         try:
             # a terminal's bytes that are not UTF-8 come from input() as surrogates (stdin's surrogateescape, as

@@ -6,6 +6,7 @@ are fields, so nothing downstream re-reads or mutates the arguments."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +193,16 @@ def prompt_source(a: argparse.Namespace) -> str:
     return "stdin (--prompt -)" if a.prompt == "-" else "--prompt"
 
 
+def blocking(stream) -> None:
+    """Make `stream`'s descriptor blocking, as a command that reads stdin to its end needs: one a parent left
+    non-blocking (node's child_process does) reads EAGAIN before its writer has written, which read() returns as
+    None or the bytes so far and readline() as b"", the end of the input. A stream without one is left alone."""
+    try:
+        os.set_blocking(stream.fileno(), True)
+    except (OSError, ValueError):  # no descriptor (a test's StringIO), or a closed one
+        pass
+
+
 def read_prompt(a: argparse.Namespace) -> str:
     """The text to continue: `--prompt TEXT`, `--prompt -` (stdin) or `--prompt-file F`, read as UTF-8;
     the final newlines of a file or stdin are dropped, as the shell's $(...) drops them."""
@@ -205,6 +216,7 @@ def read_prompt(a: argparse.Namespace) -> str:
     where = "stdin" if a.prompt_file is None else str(a.prompt_file)
     try:
         if a.prompt_file is None:
+            blocking(sys.stdin)
             data = sys.stdin.buffer.read(PROMPT_MAX_BYTES + 1)
         else:
             with open(a.prompt_file, "rb") as f:
