@@ -167,6 +167,7 @@ def test_emulator_flags_out_of_range(capsys, no_board_starts, flags, message):
     ("f/boards", "cannot make --dir {tmp}/f/boards: {tmp}/f is a file, not a folder: give another --dir"),
     ("a" * 300, "cannot make --dir {tmp}/%s: File name too long: give another --dir" % ("a" * 300)),
     ("ro", "--dir {tmp}/ro: no permission to write in {tmp}/ro: give another --dir"),
+    ("", "--dir is empty: give a folder, or leave --dir out for a temporary one"),
 ])
 def test_emulate_dir_that_cannot_hold_the_boards_is_a_usage_error(capsys, no_board_starts, tmp_path, monkeypatch,
                                                                    below, why):
@@ -176,7 +177,7 @@ def test_emulate_dir_that_cannot_hold_the_boards_is_a_usage_error(capsys, no_boa
     (tmp_path / "ro").mkdir()
     real_access = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: real_access(p, mode) and os.fspath(p) != str(tmp_path / "ro"))
-    err = one_line_status_2(capsys, ["emulate", "--dir", str(tmp_path / below)])
+    err = one_line_status_2(capsys, ["emulate", "--dir", str(tmp_path / below) if below else ""])
     assert err == "specmesh emulate: error: %s\n" % why.format(tmp=tmp_path)
 
 

@@ -245,6 +245,8 @@ def _dir_problem(folder: str) -> str | None:
     errno line from the first board's start."""
     from specmesh.host.atomic import unwritable
 
+    if not folder.strip():  # an unset variable's --dir "$DIR"
+        return "--dir is empty: give a folder, or leave --dir out for a temporary one"
     if os.path.exists(folder) and not os.path.isdir(folder):
         return "--dir %s is a file, not a folder" % folder
     try:
