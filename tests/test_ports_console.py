@@ -107,6 +107,29 @@ def test_console_on_a_terminal_types_into_the_repl_and_ctrl_close_bracket_leaves
     assert done.returncode == 0 and b"1024" in done.stdout
 
 
+def test_console_that_loses_its_board_says_what_to_do(virtual_board):
+    """The board goes away while watched (unplugged; here its VM and pty stop): one line, status 1, that says
+    so and what to do, not the bare errno ('lost /dev/pts/3: [Errno 5] Input/output error')."""
+    vb = virtual_board()
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "console", vb.port], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        assert b"Ctrl-] leaves" in _read_until(proc.stderr.fileno(), b"leaves")
+        vb.stop()
+        assert proc.wait(timeout=30) == 1
+        err = proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdin.close()
+        proc.stdout.close()
+        proc.stderr.close()
+    err = err.strip()  # the newline after "leaves", and the one before the line (it may follow raw-mode output)
+    assert err.startswith("specmesh console: lost %s (" % vb.port) and "\n" not in err, err
+    assert err.endswith("): the board was unplugged, or its emulator stopped; when it is back, run specmesh console "
+                        "again"), err
+
+
 def test_console_on_a_missing_port_is_one_line(capsys):
     assert cli.main(["console", "/dev/ttyNOPE"]) == 2
     err = capsys.readouterr().err

@@ -65,7 +65,8 @@ def main(args) -> int:
     except KeyboardInterrupt:
         return 130
     except (serial.SerialException, OSError) as e:
-        print("\r\nspecmesh console: lost %s: %s" % (port, e), file=sys.stderr)
+        print("\r\nspecmesh console: lost %s (%s): the board was unplugged, or its emulator stopped; when it is back, "
+              "run specmesh console again" % (port, e), file=sys.stderr)
         return 1
     finally:
         if saved is not None:
