@@ -130,6 +130,24 @@ def test_console_that_loses_its_board_says_what_to_do(virtual_board):
                         "again"), err
 
 
+def test_console_whose_stdout_fails_blames_stdout_not_the_board():
+    """A full stdout said 'lost loop:// ([Errno 28] No space left on device): the board was unplugged ...', and
+    a reader that left (| head) 'lost ... Broken pipe': stdout's failures are said as every command says them
+    (host/cli/streams.py): one line naming stdout, status 1; a reader gone, quietly, 141."""
+    cmd = [sys.executable, "-m", "specmesh.host.cli", "console", "loop://"]
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run(cmd, input=b"print(1)\r\n", stdout=full, stderr=subprocess.PIPE, cwd=ROOT, timeout=60)
+    assert done.returncode == 1 and done.stderr.decode().splitlines()[1:] == [
+        "specmesh console: cannot write to stdout: No space left on device"], done.stderr
+    r, w = os.pipe()
+    os.close(r)  # the reader left before the first byte
+    try:
+        done = subprocess.run(cmd, input=b"print(1)\r\n", stdout=w, stderr=subprocess.PIPE, cwd=ROOT, timeout=60)
+    finally:
+        os.close(w)
+    assert done.returncode == 141 and done.stderr == b"specmesh console: loop://; Ctrl-] leaves\n", done.stderr
+
+
 def test_console_on_a_missing_port_is_one_line(capsys):
     assert cli.main(["console", "/dev/ttyNOPE"]) == 2
     err = capsys.readouterr().err

@@ -18,6 +18,7 @@ import serial
 
 from specmesh.host.bus import ports
 from specmesh.host.cli.ranges import RangeError, in_range
+from specmesh.host.cli.streams import StdoutLost
 
 LEAVE = b"\x1d"  # Ctrl-]
 QUIET_S = 1.0
@@ -64,6 +65,8 @@ def main(args) -> int:
         return _pump(link, stdin, sys.stdout.buffer)
     except KeyboardInterrupt:
         return 130
+    except (BrokenPipeError, StdoutLost):  # stdout's, not the board's: said by writing_stdout (a reader gone: quiet)
+        raise
     except (serial.SerialException, OSError) as e:
         print("\r\nspecmesh console: lost %s (%s): the board was unplugged, or its emulator stopped; when it is back, "
               "run specmesh console again" % (port, e), file=sys.stderr)
@@ -83,6 +86,18 @@ def _fileno(link) -> int | None:
         return None
 
 
+def _show(out, data: bytes) -> None:
+    """Write `data` to stdout's bytes (`out`); a failure there is stdout's (streams.StdoutLost, or BrokenPipeError for
+    a reader that left), never read as the board lost."""
+    try:
+        out.write(data)
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise StdoutLost(e.errno, e.strerror) from e
+
+
 def _pump(link, stdin: int, out) -> int:
     """Copy the board's output to `out` and `stdin` to the board until Ctrl-], or until the board has
     been quiet for QUIET_S after stdin ended."""
@@ -94,8 +109,7 @@ def _pump(link, stdin: int, out) -> int:
         if board in readable or (board is None and link.in_waiting):
             data = link.read(link.in_waiting or 1)
             if data:
-                out.write(data)
-                out.flush()
+                _show(out, data)
                 if ended_at is not None:
                     ended_at = time.monotonic()
         if stdin in readable:
@@ -107,8 +121,7 @@ def _pump(link, stdin: int, out) -> int:
             if head:
                 link.write(head)
             if leave:
-                out.write(b"\r\n")
-                out.flush()
+                _show(out, b"\r\n")
                 return 0
         if ended_at is not None and time.monotonic() - ended_at >= QUIET_S:
             return 0
