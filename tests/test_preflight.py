@@ -184,8 +184,8 @@ def test_emulate_dir_that_cannot_hold_the_boards_is_a_usage_error(capsys, no_boa
 @pytest.mark.parametrize("flags, fix", [
     (["--flash-kb", "128"], "128 KiB asked for (starting it would erase it): give --flash-kb 64 to keep its files, "
                             "or another --dir"),
-    (["--board", "virtual:esp32c3"], "1536 KiB asked for (starting it would erase it): give another --dir, or the "
-                                     "--board it was made with"),
+    (["--board", "virtual:esp32c3"], "1536 KiB asked for (starting it would erase it): give --flash-kb 64 to keep "
+                                     "its files, or another --dir"),  # a QEMU board's flash: its class's size
 ])
 def test_emulate_never_erases_a_kept_flash_of_another_size(capsys, no_board_starts, tmp_path, flags, fix):
     """`emulate --dir D --flash-kb 64`, files copied on, then `--flash-kb 128` (or a QEMU class, whose flash is its

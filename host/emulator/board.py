@@ -92,11 +92,10 @@ class FlashResized(BoardError):
     with an empty one, its files lost (VirtualBoard.start), which a folder the user keeps (emulate --dir) must
     not have done to it; `size`: the image's bytes."""
 
-    def __init__(self, name: str, image: Path, size: int, wanted: int, qemu: bool):
-        fix = "give another --dir, or the --board it was made with" if qemu else \
-            "give --flash-kb %d to keep its files, or another --dir" % (size // 1024)
-        super().__init__("%s's flash %s is %d KiB, not the %d KiB asked for (starting it would erase it): %s"
-                         % (name, image, size // 1024, wanted // 1024, fix))
+    def __init__(self, name: str, image: Path, size: int, wanted: int):
+        super().__init__("%s's flash %s is %d KiB, not the %d KiB asked for (starting it would erase it): give "
+                         "--flash-kb %d to keep its files, or another --dir" % (name, image, size // 1024,
+                                                                                wanted // 1024, size // 1024))
 
 
 def check_flash_size(vb: VirtualBoard) -> None:
@@ -106,7 +105,7 @@ def check_flash_size(vb: VirtualBoard) -> None:
         return
     size = image.stat().st_size
     if size != vb.flash_bytes:
-        raise FlashResized(vb.name, image, size, vb.flash_bytes, type(vb) is not VirtualBoard)
+        raise FlashResized(vb.name, image, size, vb.flash_bytes)
 
 
 class FlashDamaged(BoardError):
