@@ -155,6 +155,38 @@ def test_a_stdin_left_non_blocking_is_waited_on_not_read_as_the_end(models):
     assert first.startswith(b"The cat") and rest.startswith(b"The dog") and rest.count(b"\n") == 1, (first, rest)
 
 
+def test_arrow_keys_at_a_terminal_edit_the_line_not_the_story(models):
+    """At a terminal chat reads with input()'s line editing: without readline an arrow key's escape sequence
+    ('\\x1b[D') was typed into the turn, and the model continued 'The cat^[[D^[[C'. Left then right is the same
+    line as typed without them: the same continuation as a pipe's 'The cat'."""
+    import os
+    import pty
+    import select
+
+    cmd = [sys.executable, "-m", "specmesh.host.cli", "chat", "--models", str(models), "--verifier", "cpu",
+           "--drafter", "cpu", "--max-tokens", "8", "--no-color"]
+    piped = subprocess.run(cmd, input=b"The cat\n", capture_output=True, cwd=ROOT, timeout=120)
+    assert piped.returncode == 0 and piped.stdout.startswith(b"The cat"), piped.stderr
+    continuation = piped.stdout[len(b"The cat"):].rstrip(b"\n")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=subprocess.PIPE, cwd=ROOT)
+    os.close(slave)
+    seen = b""
+    try:
+        os.write(master, b"The cat\x1b[D\x1b[C\n")
+        end = time.monotonic() + 30
+        while b"> " not in seen.partition(continuation)[2] and time.monotonic() < end and proc.poll() is None:
+            if select.select([master], [], [], 0.2)[0]:  # the continuation, then the next turn's prompt
+                seen += os.read(master, 4096)
+        os.write(master, b"\x04")  # Ctrl-D at the prompt ends the chat
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert continuation in seen, (continuation, seen)
+
+
 def test_a_line_that_is_not_utf8_is_skipped_with_one_line_and_the_session_goes_on(models):
     done = subprocess.run([sys.executable, "-m", "specmesh.host.cli", "chat", "--models", str(models), "--verifier",
                            "cpu", "--drafter", "cpu", "--max-tokens", "4"],

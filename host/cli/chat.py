@@ -81,6 +81,10 @@ def _typed() -> str:
     """A line typed at the terminal, after the prompt where its user sees it: on stdout when that is the terminal
     too (input()'s line editing), else on stderr: `chat > story.txt` would put the prompts in the story."""
     if sys.stdout.isatty():
+        try:  # input()'s line editing: without it an arrow key's escape sequence (\x1b[D) was typed into the turn
+            import readline  # noqa: F401
+        except ImportError:  # a Python built without it
+            pass
         return input(PROMPT)
     print(PROMPT, end="", file=sys.stderr, flush=True)
     return input()
