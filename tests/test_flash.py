@@ -513,9 +513,9 @@ def test_models_switched_back_and_forth_never_fill_the_filesystem(virtual_board,
     other = tmp_path / "other" / "wide.spm"
     other.parent.mkdir()
     random_model(other, dim=32, n_layers=2, hidden=64, vocab=512, seed=3)
-    for model in (small, other):  # tables of about 60 KB each
+    for model in (small, other):  # tables of about 60 KB each, their tokens in the small model's vocabulary of 96
         model.with_name(ngram_table_name(model.name)).write_bytes(table_bytes(
-            {(1, 2, 3, t % 500): t % 500 + 1 for t in range(5000)}))
+            {(1, 2, 3, t % 500): t % 90 + 1 for t in range(5000)}))
     vb = virtual_board(romfs_bytes=0, flash_bytes=320 * 1024)
     for model in (small, other, small, other, small):
         flash(vb.port, "drafter", model, sources=sources, progress=False, use_romfs=False)

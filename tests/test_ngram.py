@@ -15,7 +15,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from specmesh.host.backends import LocalDrafter, SessionParams
+from specmesh.host.backends import LocalDrafter, SessionParams, load_ngram_table
 from specmesh.host.backends.engine import Engine
 from specmesh.host.decode.tokenizer import BOS
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE, TOKENIZER_FILE, ngram_table_name
@@ -105,6 +105,55 @@ def test_micropython_reads_the_same_table(micropython, tmp_path):
 def test_malformed_tables_are_refused_with_what_is_wrong(data, message):
     with pytest.raises(ngram.NgramError, match=message):
         ngram.Table(io.BytesIO(data))
+
+
+def _full(data: bytes) -> bytes:
+    """`data`'s header over slots that are all used (token 0) and match no context (check 0xFFFF: above every check)."""
+    slots = ngram.parse_header(data[:ngram.HEADER_SIZE])[2]
+    return data[:ngram.HEADER_SIZE] + b"\xff\xff\x01\x00" * (slots + ngram.CHUNK - 1)
+
+
+def test_a_table_with_no_empty_slot_ends_each_lookup_instead_of_probing_forever(micropython, tmp_path):
+    """A corrupt table whose slots are all used and none is the context's: a lookup reads the whole table once and
+    holds nothing, on the host and on a board (it probed forever: a hung run, a drafter board past its timeout)."""
+    full = _full(_table(ENTRIES))
+    t = ngram.Table(io.BytesIO(full))
+    assert [t.get(c, len(c)) for c in CASES] == [-1] * len(CASES)
+    (tmp_path / "full.ngt").write_bytes(full)
+    (tmp_path / "cases.json").write_text(json.dumps(CASES))
+    out = subprocess.run([micropython, "tests/mp_ngram.py", str(tmp_path / "full.ngt"), str(tmp_path / "cases.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert json.loads(out.stdout) == {"lookups": [-1] * len(CASES)}
+
+
+def _flip_mirror(data: bytes) -> bytes:
+    return data[:-1] + bytes([data[-1] ^ 1])
+
+
+def _beyond_vocab(data: bytes) -> bytes:
+    """`data` with token 11's slot holding token 600 (the models fixture's vocabulary is 512)."""
+    i = next(o for o in range(ngram.HEADER_SIZE + 2, len(data), ngram.SLOT_SIZE) if data[o:o + 2] == b"\x0c\x00")
+    return data[:i] + (601).to_bytes(2, "little") + data[i + 2:]
+
+
+@pytest.mark.parametrize("corrupt, message", [(_full, "slots used, its header says"),
+                                              (_beyond_vocab, "token 600, outside the model's"),
+                                              (_flip_mirror, "not a copy of its first")])
+def test_the_host_refuses_a_table_whose_slots_no_builder_wrote(models, tmp_path, corrupt, message):
+    """Under a good header: every slot used (random bytes of the right size), a token outside the model's vocabulary
+    (a table of another tokenizer's model), the mirror of the first slots unlike them. The host reads a table whole,
+    so it checks its slots (ngram.check_slots) and refuses it in one line before a run or a flash starts."""
+    good = _table(ENTRIES)
+    ngram.check_slots(good, 512)
+    shutil.copy(models / DRAFTER_FILE, tmp_path / DRAFTER_FILE)
+    assert load_ngram_table(tmp_path / DRAFTER_FILE) is None
+    (tmp_path / ngram_table_name(DRAFTER_FILE)).write_bytes(good)
+    assert load_ngram_table(tmp_path / DRAFTER_FILE).get([1, 2], 2) == 7
+    bad = corrupt(good)
+    assert len(bad) == len(good)
+    (tmp_path / ngram_table_name(DRAFTER_FILE)).write_bytes(bad)
+    with pytest.raises(ModelFileError, match=message):
+        load_ngram_table(tmp_path / DRAFTER_FILE)
 
 
 def test_the_builder_keeps_a_context_where_its_token_beats_the_drafter():

@@ -328,14 +328,20 @@ UNSURE_MARGIN = 1 << 14
 
 
 def load_ngram_table(model_path) -> ngram.Table | None:
-    """The n-gram table beside a model file (host/layout.py ngram_table), read whole, or None."""
+    """The n-gram table beside a model file (host/layout.py ngram_table), read whole and its slots checked against
+    that model's vocabulary (ngram.check_slots), or None."""
     from specmesh.host.layout import ngram_table
+    from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 
     path = ngram_table(Path(model_path))
     if path is None:
         return None
     try:
-        return ngram.Table(io.BytesIO(path.read_bytes()))
+        data = path.read_bytes()
+        with open(model_path, "rb") as f:
+            vocab = parse_header(f.read(HEADER_SIZE)).vocab
+        ngram.check_slots(data, vocab)
+        return ngram.Table(io.BytesIO(data))
     except (ngram.NgramError, OSError) as e:
         raise ModelFileError("n-gram table %s: %s: rebuild it (python -m specmesh.tools.ngram) or delete it (the model "
                              "then runs without one)" % (path, e)) from None
