@@ -221,6 +221,37 @@ def test_a_drafter_for_another_vocabulary_or_tokenizer_is_refused_before_any_boa
         assert words in err and "--plain" in err
 
 
+def _llama2c_tokenizer(pieces: list[bytes]) -> bytes:
+    import struct
+
+    return struct.pack("<i", max(map(len, pieces))) + b"".join(struct.pack("<fi", 0.0, len(p)) + p for p in pieces)
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda p: p[:300], "tokenizer.bin holds 300 tokens but the target model (target.spm) has a vocabulary of 512"),
+    (lambda p: p + [b" Once upon"], "tokenizer.bin holds 513 tokens but the target model"),
+    (lambda p: p[:-1] + [b"zz"], "is not the tokenizer the target model (target.spm) was made with (its tokenizer id"),
+])
+def test_a_tokenizer_that_is_not_the_models_is_refused_before_any_board(models, capsys, no_board_starts, change,
+                                                                        words):
+    """A tokenizer.bin of another model: one line before anything starts. With fewer tokens the run printed the
+    prompt, then 'list index out of range'; with more, 'token id out of range [0, 512)' from the boards; with the
+    same count but other pieces, text in the wrong words. The tokenizer id is checked where the header records one."""
+    from specmesh.host.decode.tokenizer import byte_pieces, pack_vocab, read_llama2c_tokenizer, vocab_id
+    from specmesh.shared.modelfile import Header
+    from specmesh.tools.testmodels import random_tensors, write_model
+
+    pieces = read_llama2c_tokenizer(models / "tokenizer.bin")[0]
+    named = Header(32, 2, 4, 2, 64, 512, 64, tokenizer_id=vocab_id(pack_vocab(byte_pieces(pieces))))
+    write_model(models / TARGET_FILE, named, random_tensors(named, 1))
+    for args in (["--plain"], ["--drafter", "cpu"]):
+        cli.main(["run", "--models", str(models), "--verifier", "cpu", "-n", "2", "--quiet", *args])  # its own: fine
+    capsys.readouterr()
+    (models / "tokenizer.bin").write_bytes(_llama2c_tokenizer(change(pieces)))
+    err = one_line_status_2(capsys, ["run", "--models", str(models), "--verifier", "cpu", "--drafter", "cpu"])
+    assert words in err and "put the model's own tokenizer.bin in the --models folder" in err
+
+
 def test_a_drafter_board_running_another_vocabulary_is_refused_before_any_text(models):
     """A board flashed earlier (by hand, with another model) says its vocabulary in HELLO: refused then."""
     from types import SimpleNamespace

@@ -4,6 +4,7 @@ left behind when one of these fails, and the failure is one line naming the file
 - the model files parse: header, size and CRC (host/backends/modelio.py `check_model_file`);
 - the drafter speaks the target's tokens: the same vocabulary and, where both headers name one, the same
   tokenizer (a drafter board's HELLO is checked again once it answers, before any text);
+- the tokenizer is the target's: its vocabulary size and, where the header names one, its tokenizer id;
 - the prompt fits the target's context (the orchestrator would refuse it only after the boards were up);
 - every `--drafter`/`--verifier` names a known back-end (a port also as mpremote's `a0`, `u0`, `c0`), and
   every role given a serial port gets one that exists and opens now; `auto` is resolved here to the
@@ -70,6 +71,29 @@ def check_pair(target: Header, vocab: int, tokenizer_id: int, what: str) -> None
         raise PreflightError("the drafter %s was made with another tokenizer than the target (tokenizer id %08x, the "
                              "target's %08x): give a drafter trained with the target's tokenizer (--draft-model), or "
                              "--plain" % (what, tokenizer_id, target.tokenizer_id))
+
+
+def check_tokenizer(tok, target: Header, path: Path, name: str) -> None:
+    """The tokenizer (`tok`, read from `path`) must be the one the target model `name` was made with: its vocabulary
+    size, and its tokenizer id where the header records one (the CRC of its vocab table: host/decode/tokenizer.py).
+    Another one encodes prompts into ids the model has not got, or is asked to decode ids it has no piece for (a
+    run failed mid-text with 'list index out of range' or 'token id out of range', its boards up)."""
+    from specmesh.host.decode.tokenizer import TokenizerError, pack_vocab, vocab_id
+
+    fix = "put the model's own tokenizer.bin in the --models folder, or give the models made with this one"
+    if tok.vocab_size != target.vocab:
+        raise PreflightError("%s holds %d tokens but the target model (%s) has a vocabulary of %d: %s"
+                             % (path, tok.vocab_size, name, target.vocab, fix))
+    if not target.tokenizer_id:
+        return
+    try:
+        tid = vocab_id(pack_vocab(tok.pieces))
+    except TokenizerError:
+        tid = None  # too large for a vocab table: not the one a header names
+    if tid != target.tokenizer_id:
+        raise PreflightError("%s is not the tokenizer the target model (%s) was made with (its tokenizer id %08x, "
+                             "this one's %s): %s" % (path, name, target.tokenizer_id,
+                                                     "unknown" if tid is None else "%08x" % tid, fix))
 
 
 def check_context(prompt_tokens: int, target: Header, name: str = MODEL_FILES["verifier"],

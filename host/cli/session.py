@@ -53,7 +53,7 @@ from specmesh.host.cli.config import RV32_PROJECT, RunConfig, UsageError
 from specmesh.host.cli.flags import add_arguments
 from specmesh.host.cli.output import Segments, TextStream, Watch
 from specmesh.host.cli.preflight import (PreflightError, check_backends, check_context, check_models, check_pair,
-                                         unknown_backend)
+                                         check_tokenizer, unknown_backend)
 from specmesh.host.cli.ranges import SEED, RangeError, in_range
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, Round, generate
@@ -441,6 +441,7 @@ def preflight(config: RunConfig, tok) -> tuple[dict, dict]:
         if "drafter" in headers:
             check_pair(headers["verifier"], headers["drafter"].vocab, headers["drafter"].tokenizer_id,
                        str(config.model_file("drafter")))
+        check_tokenizer(tok, headers["verifier"], config.models / TOKENIZER_FILE, config.model_file("verifier").name)
         least = tok.least_tokens(config.prompt)
         check_context(least if least >= headers["verifier"].max_seq else len(tok.encode(config.prompt)),
                       headers["verifier"], config.model_file("verifier").name, config.prompt_from,
