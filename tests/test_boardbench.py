@@ -93,6 +93,10 @@ def test_bench_measures_every_term_and_run_projects_with_it(board, models, tmp_p
      "has no valid seconds_per_unit"),
     ('{"format": "specmesh-calibration", "version": 1, "seconds_per_unit": {"warp": 1e-9}}',
      "has no valid seconds_per_unit"),
+    ('{"format": "specmesh-calibration", "version": 1, "seconds_per_unit": {"matmul_1": 1e308}}',
+     "has no valid seconds_per_unit (terms: matmul_1"),  # its sums were inf, the stats JSON's NaN
+    ('{"format": "specmesh-calibration", "version": 1, "seconds_per_unit": {"matmul_1": 1e-9}, "board": [1]}',
+     "has a board that is not an object"),  # was "'list' object has no attribute 'get'"
 ])
 def test_a_missing_or_corrupt_calibration_is_one_line_and_status_2(models, tmp_path, capsys, content, message):
     path = tmp_path / "cal.json"

@@ -24,6 +24,9 @@ from specmesh.host.projection.hardware import CPI, KERNEL_CALL, Board
 
 FORMAT = "specmesh-calibration"
 VERSION = 1
+# the most seconds a unit may cost: a unit is an instruction, a kernel call or a byte, a microsecond is slow for one;
+# far larger (a hand-edited 1e308) made the projection's sums infinite, and the stats JSON's NaN no parser reads
+MAX_SECONDS_PER_UNIT = 1.0
 
 
 class CalibrationError(ValueError):
@@ -64,13 +67,18 @@ class Rates:
         units = data.get("seconds_per_unit")
         if not isinstance(units, dict) or not units or any(
                 t not in TERMS or not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
-                or v < 0 for t, v in units.items()):
-            raise CalibrationError("%s has no valid seconds_per_unit (terms: %s, each a number >= 0): write "
-                                   "it again with `specmesh bench`" % (what, ", ".join(TERMS)))
-        _check_measured_on(data.get("board"), board, what)
+                or not 0 <= v <= MAX_SECONDS_PER_UNIT for t, v in units.items()):
+            raise CalibrationError("%s has no valid seconds_per_unit (terms: %s, each a number of seconds in 0..%g): "
+                                   "write it again with `specmesh bench`" % (what, ", ".join(TERMS),
+                                                                            MAX_SECONDS_PER_UNIT))
+        measured_on = data.get("board")
+        if measured_on is not None and not isinstance(measured_on, dict):  # it was read as one: "'list' object has..."
+            raise CalibrationError("%s has a board that is not an object of what the board reported: write it again "
+                                   "with `specmesh bench`" % what)
+        _check_measured_on(measured_on, board, what)
         rates = cls.derived(board)
         rates.seconds.update({t: float(v) for t, v in units.items()})
-        name = (data.get("board") or {}).get("machine") or "a board"
+        name = (measured_on or {}).get("machine") or "a board"
         rates.source = "calibrated on %s (%s: %d of %d terms measured)" % (name, path, len(units), len(TERMS))
         rates.measured = set(units)
         return rates
