@@ -120,6 +120,7 @@ def test_colour_marks_accepted_drafts_only_when_asked():
     (["--verifier", "nope"], "--verifier nope: not a serial port nor one of"),
     (["--drafter", "/dev/ttyNOPE"], "cannot open /dev/ttyNOPE"),
     (["--models", "/nonexistent"], "--models /nonexistent: no such folder (the shipped models are in "),
+    (["--models", "/dev/null"], "--models /dev/null: not a folder: give the folder that holds the model files"),
     (["--temperature", "0.0004"], "--temperature: temperature 0.0004 rounds to 0 (greedy)"),
     (["--temperature", "70"], "--temperature: temperature 70.0 is outside 0..65.535"),
     (["--top-p", "1e-6"], "--top-p: top_p 1e-06 rounds to 0"),

@@ -349,7 +349,9 @@ def _check_models(models: Path, plain: bool, target: Path | None, drafter: Path 
     """Each model file the run reads is there: one named by --model/--draft-model, else its name in `models` (a
     --models folder that does not exist is a typo to fix, not models to train)."""
     if not models.is_dir():
-        raise UsageError("--models %s: no such folder (the shipped models are in %s)" % (models, MODELS))
+        raise UsageError("--models %s: %s (the shipped models are in %s)" % (
+            models, "not a folder: give the folder that holds the model files" if models.exists() else "no such folder",
+            MODELS))
     for role, named, flag in (("drafter", drafter, "--draft-model"), ("verifier", target, "--model")):
         if role == "drafter" and plain:
             continue
