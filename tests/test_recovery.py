@@ -143,6 +143,21 @@ def test_two_runs_on_one_flash_folder_the_second_is_told_and_the_first_is_untouc
     assert os.listdir(tmp_path / "drafter" / "models")
 
 
+@pytest.mark.parametrize("left", [b"{not json", b"\xff\xfe", b"[1]"])
+def test_a_board_config_that_does_not_read_is_flashed_whole_again(models, tmp_path, left):
+    """A virtual board's specmesh.json that is not a JSON object (a hand edit, a disk that filled) is the host's own
+    to rewrite, as the flash does on a real board: the board starts and its config is whole again (every run failed
+    with the parser's words: 'Expecting property name ...', \"'utf-8' codec can't decode ...\", 'pop expected ...')."""
+    import json
+
+    (tmp_path / "drafter").mkdir()
+    (tmp_path / "drafter" / "specmesh.json").write_bytes(left)
+    with Cluster("serial", models, tmp_path) as c:
+        c.start("drafter")
+    cfg = json.loads((tmp_path / "drafter" / "specmesh.json").read_text())
+    assert cfg["role"] == "drafter" and cfg["model"].endswith(".spm")
+
+
 def test_a_full_host_disk_is_named_as_the_hosts_not_the_boards(models, tmp_path, monkeypatch):
     """A virtual board's flash is a host folder: when the host's disk has no room for the model, the line says
     to free the host's disk (the board would say 'board filesystem is full')."""

@@ -71,6 +71,18 @@ def _host_disk_full(folder: Path, model: Path) -> str | None:
             "SPECMESH_VBOARDS to a folder on another disk" % (folder, free // 1024, need // 1024))
 
 
+def _last_config(path: Path) -> dict:
+    """The config a virtual board was last flashed with (its flash folder's specmesh.json), or {} where there is none
+    that reads as one (a hand edit, a disk that filled): the flash writes a whole one again, as it does on a real
+    board whose config does not read (host/provision/flash.py `_board_config`). One that failed to parse stopped
+    every later run with the parser's words ('Expecting property name ...')."""
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):  # none yet; UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
 def split_layers(n_layers: int, n: int) -> list[tuple[int, int]]:
     """n contiguous slices (a, b) of n_layers layers, as even as can be; ValueError if n is not 1..n_layers
     (`specmesh run --stages` is checked before: host/cli/ranges.py)."""
@@ -265,7 +277,7 @@ class Cluster(contextlib.ExitStack):
         self._lock(folder)
         _erase_other_key(folder, self.key)
         cfg_path = folder / "specmesh.json"
-        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        cfg = _last_config(cfg_path)
         for key in ("link", "espnow"):
             cfg.pop(key, None)
         cfg["spec_ahead"] = self.spec_ahead if kind == "drafter" else 0
