@@ -158,6 +158,33 @@ def test_a_board_config_that_does_not_read_is_flashed_whole_again(models, tmp_pa
     assert cfg["role"] == "drafter" and cfg["model"].endswith(".spm")
 
 
+def test_a_flash_folder_the_host_cannot_write_is_one_line_naming_it(models, tmp_path, monkeypatch):
+    """SPECMESH_VBOARDS (or build/vboards/) on a read-only or full disk, or under a file: one line naming the board's
+    folder, why, and what to do, before a board starts (it was the errno's words alone: '[Errno 28] No space left on
+    device', with no folder named)."""
+    import errno
+
+    from specmesh.host import atomic
+    from specmesh.host.backends import BackendError
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(BackendError) as e, Cluster("serial", models, tmp_path / "file") as c:
+        c.start("drafter")
+    assert str(e.value).startswith("virtual drafter board: cannot write its flash folder %s (" % (tmp_path / "file" /
+                                                                                                  "drafter"))
+    assert str(e.value).endswith("): make room or allow writing there, or set SPECMESH_VBOARDS to a folder that can "
+                                 "be written")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic, "write_text", full)
+    with pytest.raises(BackendError) as e, Cluster("serial", models, tmp_path / "vb") as c:
+        c.start("drafter")
+    assert "cannot write its flash folder %s (No space left on device)" % (tmp_path / "vb" / "drafter") in str(e.value)
+    assert not board_mod._LIVE
+
+
 def test_a_full_host_disk_is_named_as_the_hosts_not_the_boards(models, tmp_path, monkeypatch):
     """A virtual board's flash is a host folder: when the host's disk has no room for the model, the line says
     to free the host's disk (the board would say 'board filesystem is full')."""

@@ -82,8 +82,12 @@ def hold_folder(folder: Path) -> int:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
         os.close(fd)
         raise FolderInUse(folder, int(holder) if holder.isdigit() else None) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, b"%d\n" % os.getpid(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, b"%d\n" % os.getpid(), 0)
+    except OSError:  # a full disk: the folder is not held, and the caller says why
+        os.close(fd)
+        raise
     return fd
 
 

@@ -273,16 +273,8 @@ class Cluster(contextlib.ExitStack):
             name += "-" + board  # its own flash folder: a named class runs on QEMU, the role's default on the unix port
         node_id = NODE_ID[kind] + (0 if stage is None else stage[0])
         folder = self.root / (name if radio is None else name + "-espnow")
-        folder.mkdir(parents=True, exist_ok=True)
-        self._lock(folder)
-        _erase_other_key(folder, self.key)
         cfg_path = folder / "specmesh.json"
-        cfg = _last_config(cfg_path)
-        for key in ("link", "espnow"):
-            cfg.pop(key, None)
-        cfg["spec_ahead"] = self.spec_ahead if kind == "drafter" else 0
-        cfg.update(config or {})
-        atomic.write_text(cfg_path, json.dumps(cfg, sort_keys=True))
+        cfg = self._prepare(kind, folder, config)
         # a class named on serial runs its own machine code (QEMU); the radio's boards are unix-port ones
         vb = make_board(folder, board or ROLE_CLASS[kind], qemu=board is not None and radio is None,
                         name="vboard-" + name, mac=board_mac(node_id),
@@ -333,6 +325,25 @@ class Cluster(contextlib.ExitStack):
         with self._mutex:
             self.boards[name] = vb
         return vb
+
+    def _prepare(self, kind: str, folder: Path, config: dict | None) -> dict:
+        """`folder` (a board's flash) made, held and given the board config `config` adds to its last one, which it
+        returns; one the host cannot write is said as such, with the way round it (BackendError)."""
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            self._lock(folder)
+            _erase_other_key(folder, self.key)
+            cfg = _last_config(folder / "specmesh.json")
+            for key in ("link", "espnow"):
+                cfg.pop(key, None)
+            cfg["spec_ahead"] = self.spec_ahead if kind == "drafter" else 0
+            cfg.update(config or {})
+            atomic.write_text(folder / "specmesh.json", json.dumps(cfg, sort_keys=True))
+        except OSError as e:
+            raise BackendError("virtual %s board: cannot write its flash folder %s (%s): make room or allow writing "
+                               "there, or set SPECMESH_VBOARDS to a folder that can be written"
+                               % (kind, folder, e.strerror or e)) from None
+        return cfg
 
     def _lock(self, folder: Path) -> None:
         """Hold `folder` (a board's flash) for this cluster's life (host/emulator/board.py hold_folder): a second
