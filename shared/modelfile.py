@@ -73,6 +73,18 @@ class Header:
             raise ModelFileError("model header has a zero dimension: the file is corrupt, re-export it")
         if self.dim % self.n_heads or self.n_heads % self.n_kv_heads or self.head_dim % 2:
             raise ModelFileError("model header has inconsistent head counts: the file is corrupt, re-export it")
+        # the integer arithmetic's domain (docs/CONTRACTS.md section 4): eps as round(eps * 2^32) in an int32, theta's
+        # log >= 0 for intmath's series (below 1 it never converged: a load that hung). The header is outside the
+        # CRC, so a flipped bit lands here; NaN fails both comparisons, and x * 0 is 0 only for a finite x
+        if not 0 <= self.norm_eps < 0.5:
+            raise ModelFileError("model header has norm_eps %r, outside 0..0.5: the file is corrupt, re-export it"
+                                 % (self.norm_eps,))
+        if not (self.rope_theta >= 1 and self.rope_theta * 0 == 0):
+            raise ModelFileError("model header has rope_theta %r, not a finite number >= 1: the file is corrupt, "
+                                 "re-export it" % (self.rope_theta,))
+        if self.flags & ~FLAG_SHARED_CLS:
+            raise ModelFileError("model header has flags 0x%x, which this build does not know: the file is corrupt "
+                                 "or newer than this build" % self.flags)
         if self.body_len != body_size(self):
             raise ModelFileError("model header says %d tensor bytes but the shape needs %d: re-export the model"
                                  % (self.body_len, body_size(self)))

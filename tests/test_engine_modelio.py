@@ -59,6 +59,15 @@ def test_write_refuses_wrong_tensors(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def _header_field(b: bytes, offset: int, fmt: str, value) -> bytes:
+    """`b` with one header field (outside the body's CRC: a flipped bit there passed every check) set to `value`."""
+    import struct
+
+    out = bytearray(b)
+    struct.pack_into(fmt, out, offset, value)
+    return bytes(out)
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda b: b[:HEADER_SIZE - 3], "truncated"),
     (lambda b: b[:-5], "truncated"),
@@ -66,6 +75,11 @@ def test_write_refuses_wrong_tensors(tmp_path):
     (lambda b: b"SPMX" + b[4:], "bad magic"),
     (lambda b: b[:4] + bytes([9, 0]) + b[6:], "version 9"),
     (lambda b: b[:HEADER_SIZE + 10] + bytes([b[HEADER_SIZE + 10] ^ 1]) + b[HEADER_SIZE + 11:], "CRC"),
+    (lambda b: _header_field(b, 28, "<f", float("nan")), "norm_eps nan, outside 0..0.5"),
+    (lambda b: _header_field(b, 28, "<f", 0.5), "norm_eps 0.5, outside"),  # round(eps * 2^32) past an int32
+    (lambda b: _header_field(b, 32, "<f", 0.0), "rope_theta 0.0, not a finite number >= 1"),  # its load hung
+    (lambda b: _header_field(b, 32, "<f", float("inf")), "rope_theta inf, not a finite"),
+    (lambda b: _header_field(b, 22, "<H", FLAG_SHARED_CLS | 4), "flags 0x5, which this build does not know"),
 ])
 def test_broken_files_are_refused(tmp_path, damage, message):
     path = tmp_path / "m.spm"
@@ -73,3 +87,20 @@ def test_broken_files_are_refused(tmp_path, damage, message):
     path.write_bytes(damage(path.read_bytes()))
     with pytest.raises(ModelFileError, match=message):
         read_model(path)
+
+
+def test_a_header_out_of_the_arithmetics_domain_is_refused_on_a_board_too(micropython, tmp_path):
+    """The node parses the header with the same code: rope_theta 0 is refused in one line there too, not a load that
+    never ends (intmath.rope_table's series do not converge below theta 1)."""
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    path = tmp_path / "m.spm"
+    random_model(path)
+    path.write_bytes(_header_field(path.read_bytes(), 32, "<f", 0.0))
+    code = ("import sys\nsys.path.insert(0, '.')\nfrom shared import modelfile\ntry:\n"
+            " modelfile.parse_header(open(%r, 'rb').read(modelfile.HEADER_SIZE))\nexcept modelfile.ModelFileError as e:\n"
+            " print(e)\n" % str(path))
+    out = subprocess.run([micropython, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "model header has rope_theta 0.0, not a finite number >= 1: the file is corrupt, re-export it"
