@@ -12,7 +12,7 @@ import pytest
 from specmesh.host import cli
 from specmesh.host.cli.preflight import unknown_backend
 from specmesh.host.emulator import board
-from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
+from specmesh.host.layout import DRAFTER_FILE, HOST_DRAFTER_FILE, TARGET_FILE
 from specmesh.shared.modelfile import HEADER_SIZE
 from specmesh.tools.testmodels import random_model
 
@@ -250,6 +250,17 @@ def test_a_tokenizer_that_is_not_the_models_is_refused_before_any_board(models, 
     (models / "tokenizer.bin").write_bytes(_llama2c_tokenizer(change(pieces)))
     err = one_line_status_2(capsys, ["run", "--models", str(models), "--verifier", "cpu", "--drafter", "cpu"])
     assert words in err and "put the model's own tokenizer.bin in the --models folder" in err
+
+
+def test_a_folder_holds_the_drafter_its_backend_runs_not_drafter_spm(models, capsys, no_board_starts):
+    """A --models folder with drafter-host.spm and no drafter.spm serves --drafter cpu, which reads only that file
+    (it was refused: 'drafter.spm is missing', naming a file the run never reads); a drafter board's class falls
+    back to drafter.spm, so without it that one is named."""
+    (models / DRAFTER_FILE).rename(models / HOST_DRAFTER_FILE)
+    assert cli.main(["run", "--models", str(models), "--verifier", "cpu", "--drafter", "cpu", "-n", "2", "--quiet"]) == 0
+    capsys.readouterr()
+    err = one_line_status_2(capsys, ["run", "--models", str(models), "--verifier", "cpu", "--drafter", "virtual:esp32s3"])
+    assert "drafter.spm is missing from %s" % models in err
 
 
 def test_a_drafter_board_running_another_vocabulary_is_refused_before_any_text(models):

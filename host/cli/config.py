@@ -84,7 +84,7 @@ class RunConfig:
         a = argparse.Namespace(**{**vars(a), **{k: v for k, v in UNSET_DEFAULTS.items() if getattr(a, k) is None}})
         _check_ranges(a)
         notes = _pointless(given)
-        _check_models(a.models, a.plain, a.model, a.draft_model)
+        _check_models(a.models, a.plain, a.model, a.draft_model, a.drafter, a.transport)
         return cls(prompt=read_prompt(a), prompt_from=prompt_source(a), stop=tuple(a.stop), max_tokens=a.max_tokens, temperature=a.temperature,
                    top_k=a.top_k, top_p=a.top_p, draft_top_k=a.draft_top_k, seed=a.seed, drafter=a.drafter, verifier=a.verifier,
                    gamma=parse_gamma(a.gamma), draft_max=a.draft_max, transport=a.transport, radio_loss=a.radio_loss,
@@ -345,9 +345,13 @@ def _key(key_file: Path | None) -> bytes | None:
         raise UsageError(str(e)) from None
 
 
-def _check_models(models: Path, plain: bool, target: Path | None, drafter: Path | None) -> None:
-    """Each model file the run reads is there: one named by --model/--draft-model, else its name in `models` (a
-    --models folder that does not exist is a typo to fix, not models to train)."""
+def _check_models(models: Path, plain: bool, target: Path | None, drafter: Path | None, backend: str = "virtual",
+                  transport: str = "serial") -> None:
+    """Each model file the run reads is there: one named by --model/--draft-model, else its name in `models`, the
+    drafter's the one its `--drafter` back-end runs (RunConfig.model_file: a folder of drafter-host.spm alone serves
+    --drafter cpu) (a --models folder that does not exist is a typo to fix, not models to train)."""
+    from specmesh.host.cli.preflight import drafter_file
+
     if not models.is_dir():
         raise UsageError("--models %s: %s (the shipped models are in %s)" % (
             models, "not a folder: give the folder that holds the model files" if models.exists() else "no such folder",
@@ -358,8 +362,8 @@ def _check_models(models: Path, plain: bool, target: Path | None, drafter: Path 
         if named is not None and not named.is_file():
             raise UsageError("%s %s: %s" % (flag, named, "a folder: name the model file in it" if named.is_dir() else
                                             "not a regular file" if named.exists() else "no such file"))
-        if named is None and not (models / MODEL_FILES[role]).is_file():
-            raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (MODEL_FILES[role],
-                                                                                            models))
+        name = drafter_file(backend, models, transport) if role == "drafter" else MODEL_FILES[role]
+        if named is None and not (models / name).is_file():
+            raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (name, models))
     if not (models / TOKENIZER_FILE).is_file():
         raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (TOKENIZER_FILE, models))
