@@ -219,11 +219,25 @@ def test_a_free_lane_s_streams_are_idle_so_a_lone_request_s_passes_wait_for_nobo
         assert mesh.generate("The cat", max_tokens=4).token_ids  # served at once, not after a window per pass
 
 
-def test_closing_a_mesh_mid_generation_ends_it_cancelled_not_failed_over():
+def test_closing_a_mesh_mid_generation_ends_it_cancelled_not_failed_over(monkeypatch):
     """close() from another thread tells the generation to end after its round and waits for it before releasing
-    the boards: released under it, they seemed to fail, and the cpu verifier took the generation over to its end."""
+    the boards: released under it, they seemed to fail, and the cpu verifier took the generation over to its end.
+    It waits for the generation's stats too, which ask the boards: released while they were built (here made slow,
+    as a loaded machine made them one run in four), the generation's thread died on the closed port."""
     import time
 
+    from specmesh.host.cli import session
+    from specmesh.host.emulator import board
+
+    real = session.build_stats
+    boards_at_stats = []
+
+    def slow_stats(*args, **kwargs):
+        time.sleep(0.5)  # close() is past its wait for the generation by now, unless the wait covers the stats
+        boards_at_stats.append(len(board._LIVE))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(session, "build_stats", slow_stats)
     lines: list[str] = []
     mesh = Mesh(drafter="virtual", verifier="virtual", say=lines.append, warn=lines.append)
     done = {}
@@ -240,6 +254,7 @@ def test_closing_a_mesh_mid_generation_ends_it_cancelled_not_failed_over():
     thread.join(60)
     assert done["c"].stop == "cancelled" and 0 < len(done["c"].token_ids) < 400
     assert not [line for line in lines if "failed" in line], lines
+    assert boards_at_stats == [2]  # the boards were still up while the stats asked them
 
 
 def test_an_on_piece_callback_that_raises_gets_its_own_exception_back(models):

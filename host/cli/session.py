@@ -808,15 +808,15 @@ class Mesh(contextlib.AbstractContextManager):
             if self._closed:
                 raise UsageError("this Mesh is closed (its back-ends were released): make a new one")
             self._running[cancel] = threading.get_ident()
-        try:
+        try:  # running until its stats are built: they ask the boards, which close() must not release under them
             watch = _Watch(scan, costs, fallback, on_piece, cancel, self.warn)
             result = self._decode(prompt, lane, params, request.max_tokens, controller, watch)
+            text = watch.finish()
+            stats = build_stats(request, params, result, text, verifier, drafter, controller, len(prompt), projector)
         finally:
             with self._lock:
                 del self._running[cancel]
                 self._ended.notify_all()
-        text = watch.finish()
-        stats = build_stats(request, params, result, text, verifier, drafter, controller, len(prompt), projector)
         stats["gamma_costs"] = ("projected %s" % costs.board.name) if costs else "measured"
         stop = "cancelled" if result.stop == "stop" and not scan.stopped else result.stop
         return Completion(text, result.tokens[:scan.kept], stop, stats)
