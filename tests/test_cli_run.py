@@ -3,6 +3,7 @@ plain vs speculative text, the projection, colour, and one-line errors with exit
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -161,6 +162,18 @@ def test_a_non_utf8_prompt_from_argv_is_one_line(models):
     assert done.returncode == 2 and done.stdout == b""
     assert done.stderr == b"specmesh run: error: the prompt is not UTF-8 text: byte 0xe9 at offset 3 of its 4 bytes; " \
                           b"pass it in UTF-8\n"
+
+
+def test_a_stdout_whose_encoding_cannot_spell_the_text_is_one_line_saying_what_to_set(models):
+    """PYTHONIOENCODING=ascii (or a locale's encoding) and a prompt of 'cafe' with its accent: one line naming the
+    encoding and what to set, status 1, as other failed writes of the text (it was the codec's words, status 2)."""
+    env = dict(os.environ, PYTHONIOENCODING="ascii")
+    done = subprocess.run([sys.executable, "-m", "specmesh.host.cli", "run", "--models", str(models), "--drafter", "cpu",
+                           "--verifier", "cpu", "--quiet", "-n", "2", "--prompt", "caf\u00e9"], capture_output=True,
+                          cwd=ROOT, timeout=60, env=env)
+    assert done.returncode == 1 and b"Traceback" not in done.stderr
+    assert done.stderr == (b"specmesh run: error: cannot write the text to stdout: its encoding, ascii, has no "
+                           b"'\\xe9': set PYTHONIOENCODING=utf-8 (or a UTF-8 locale)\n")
 
 
 def test_version(capsys):

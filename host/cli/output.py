@@ -104,10 +104,15 @@ class Printer:
             self.out.flush()
         except BrokenPipeError:
             raise
-        except OSError as e:
+        except (OSError, UnicodeEncodeError) as e:
             where = getattr(self.out, "name", "the output")
+            if isinstance(e, UnicodeEncodeError):  # PYTHONIOENCODING=ascii, or a locale's: text it cannot spell
+                why = "its encoding, %s, has no %r: set PYTHONIOENCODING=utf-8 (or a UTF-8 locale)" % (
+                    e.encoding, e.object[e.start:e.end])
+            else:
+                why = e.strerror or str(e)
             raise OutputLost("cannot write the text to %s: %s" % (where.strip("<>") if isinstance(where, str)
-                                                                   else where, e.strerror or e)) from None
+                                                                   else where, why)) from None
 
 
 class TokenStream(TextStream):
