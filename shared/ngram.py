@@ -79,27 +79,6 @@ def parse_header(b):
     return nmin, nmax, slots, entries, reach
 
 
-def check_slots(b, vocab):
-    """NgramError unless the slots of a whole table file `b` (header included, read whole: the host's copy) are what
-    the builder writes: `entries` of them used, each token below `vocab` (the model's beside it), the first CHUNK - 1
-    again after the last. Random bytes under a good header would make lookups walk far for nothing (on a board, past
-    the host's timeout), and a table of another vocabulary would draft tokens no model has."""
-    slots, entries = parse_header(b)[2:4]
-    used = 0
-    for o in range(HEADER_SIZE + 2, HEADER_SIZE + slots * SLOT_SIZE, SLOT_SIZE):
-        v = b[o] | b[o + 1] << 8
-        if v:
-            used += 1
-            if v != MARK and v > vocab:
-                raise NgramError("slot %d holds token %d, outside the model's vocabulary of %d"
-                                 % ((o - HEADER_SIZE) // SLOT_SIZE, v - 1, vocab))
-    if used != entries:
-        raise NgramError("%d slots used, its header says %d entries" % (used, entries))
-    end = HEADER_SIZE + slots * SLOT_SIZE
-    if bytes(b[end:end + (CHUNK - 1) * SLOT_SIZE]) != bytes(b[HEADER_SIZE:HEADER_SIZE + (CHUNK - 1) * SLOT_SIZE]):
-        raise NgramError("its last %d slots are not a copy of its first" % (CHUNK - 1))
-
-
 def load(path):
     """The table file at `path`, open; ValueError saying what is wrong, and what to do, if it cannot be used."""
     f = open(path, "rb")
@@ -142,7 +121,6 @@ class Table:
             g = (g * _MUL_Q + t) % _Q
             if n >= nmin:
                 s = h & mask
-                reads = mask // CHUNK + 1  # the whole table's worth: a builder's table has an empty slot in it
                 while True:  # CHUNK slots a read, from the context's slot on, to its own or an empty one
                     f.seek(HEADER_SIZE + s * SLOT_SIZE)
                     f.readinto(buf)
@@ -154,10 +132,9 @@ class Table:
                         i += SLOT_SIZE
                     if i < CHUNK * SLOT_SIZE:
                         break
-                    reads -= 1
-                    if not reads:
-                        return found  # every slot used (a corrupt table): not held, rather than probe forever
                     s = (s + CHUNK) & mask
+                    if s == h & mask:  # once round the table (a builder's has an empty slot): a corrupt one, every
+                        return found  # slot used, is not held rather than probed forever; priced only past a read
                 if not v:
                     return found  # not held: no longer context is
                 if v != MARK:

@@ -15,7 +15,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from specmesh.host.backends import LocalDrafter, SessionParams, load_ngram_table
+from specmesh.host.backends import LocalDrafter, SessionParams, check_ngram_slots, load_ngram_table
 from specmesh.host.backends.engine import Engine
 from specmesh.host.decode.tokenizer import BOS
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE, TOKENIZER_FILE, ngram_table_name
@@ -142,9 +142,9 @@ def _beyond_vocab(data: bytes) -> bytes:
 def test_the_host_refuses_a_table_whose_slots_no_builder_wrote(models, tmp_path, corrupt, message):
     """Under a good header: every slot used (random bytes of the right size), a token outside the model's vocabulary
     (a table of another tokenizer's model), the mirror of the first slots unlike them. The host reads a table whole,
-    so it checks its slots (ngram.check_slots) and refuses it in one line before a run or a flash starts."""
+    so it checks its slots (check_ngram_slots) and refuses it in one line before a run or a flash starts."""
     good = _table(ENTRIES)
-    ngram.check_slots(good, 512)
+    check_ngram_slots(good, 512)
     shutil.copy(models / DRAFTER_FILE, tmp_path / DRAFTER_FILE)
     assert load_ngram_table(tmp_path / DRAFTER_FILE) is None
     (tmp_path / ngram_table_name(DRAFTER_FILE)).write_bytes(good)

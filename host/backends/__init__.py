@@ -327,9 +327,32 @@ class LocalVerifier(LocalRole):
 UNSURE_MARGIN = 1 << 14
 
 
+def check_ngram_slots(b: bytes, vocab: int) -> None:
+    """NgramError unless the slots of a whole table file `b` (header included) are what tools/ngram.py writes:
+    `entries` of them used, each token below `vocab` (the model's beside it), the first CHUNK - 1 again after the
+    last. Random bytes under a good header would make lookups walk the table for nothing, and a table of another
+    vocabulary would draft tokens no model has. The host's check: it reads a table whole, where a board reads a few
+    slots at a time (its lookups end after one pass over a table: shared/ngram.py)."""
+    head, size, mark = ngram.HEADER_SIZE, ngram.SLOT_SIZE, ngram.MARK
+    slots, entries = ngram.parse_header(b)[2:4]
+    used = 0
+    for o in range(head + 2, head + slots * size, size):
+        v = b[o] | b[o + 1] << 8
+        if v:
+            used += 1
+            if v != mark and v > vocab:
+                raise ngram.NgramError("slot %d holds token %d, outside the model's vocabulary of %d"
+                                       % ((o - head) // size, v - 1, vocab))
+    if used != entries:
+        raise ngram.NgramError("%d slots used, its header says %d entries" % (used, entries))
+    end, mirror = head + slots * size, (ngram.CHUNK - 1) * size
+    if bytes(b[end:end + mirror]) != bytes(b[head:head + mirror]):
+        raise ngram.NgramError("its last %d slots are not a copy of its first" % (ngram.CHUNK - 1))
+
+
 def load_ngram_table(model_path) -> ngram.Table | None:
     """The n-gram table beside a model file (host/layout.py ngram_table), read whole and its slots checked against
-    that model's vocabulary (ngram.check_slots), or None."""
+    that model's vocabulary (check_ngram_slots), or None."""
     from specmesh.host.layout import ngram_table
     from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 
@@ -340,7 +363,7 @@ def load_ngram_table(model_path) -> ngram.Table | None:
         data = path.read_bytes()
         with open(model_path, "rb") as f:
             vocab = parse_header(f.read(HEADER_SIZE)).vocab
-        ngram.check_slots(data, vocab)
+        check_ngram_slots(data, vocab)
         return ngram.Table(io.BytesIO(data))
     except (ngram.NgramError, OSError) as e:
         raise ModelFileError("n-gram table %s: %s: rebuild it (python -m specmesh.tools.ngram) or delete it (the model "
