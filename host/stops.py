@@ -4,7 +4,7 @@ interpreter's KeyboardInterrupt traceback (quiet_until_it_runs). While it runs (
 manager) and SIGHUP (a closed terminal) become `Stopped`, a KeyboardInterrupt raised in the main thread as Ctrl-C's is,
 so every `with` and `finally` on the way out runs: boards stopped, temporary folders removed (Python's default for
 these signals ends the process at once, and `atexit` and TemporaryDirectory, which remove the virtual boards' folders,
-never run)."""
+never run). A stop that arrives while the main thread forks with at-fork hooks is raised once it forked (held)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,41 @@ class Stopped(KeyboardInterrupt):
         return "stopped by %s" % signal.Signals(self.signum).name
 
 
-def _raise(signum: int, _frame) -> None:
+# the stop signals that arrived inside held() (in arrival order), or None outside it
+_held: list[int] | None = None
+
+
+def raise_stop(signum: int, _frame) -> None:
+    """The handler of the stop signals inside raising_stops: KeyboardInterrupt for Ctrl-C, Stopped for the others;
+    inside held(), only noted, and raised when it ends."""
+    if _held is not None:
+        _held.append(signum)
+        return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Around a fork that runs the at-fork hooks (subprocess with a preexec_fn): a stop signal that arrives meanwhile
+    is raised on the way out, not inside a hook. Python runs the handler in the main thread at the next bytecode,
+    which may be a hook's: logging's after-fork one gives back its module lock, so a Stopped raised on its first line
+    (the interpreter only reports it, "Exception ignored in _releaseLock", and the fork goes on, the stop lost) leaves
+    that lock held for good; the next fork of a board's thread then waits for it forever, holding concurrent.futures'
+    shutdown lock (its hook ran first), and the interpreter's exit waits for that. Another thread: as is (Python runs
+    no handler there)."""
+    global _held
+    if _held is not None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _held = []
+    try:
+        yield
+    finally:
+        arrived, _held = _held, None
+        if arrived:
+            raise_stop(arrived[0], None)
 
 
 def _exit_quietly(_signum: int, _frame) -> None:
@@ -63,19 +96,19 @@ def quiet_under_dash_m() -> None:
 
 @contextlib.contextmanager
 def raising_stops() -> Iterator[None]:
-    """While inside, SIGTERM and SIGHUP raise Stopped in the main thread, and a Ctrl-C raises KeyboardInterrupt again
-    where quiet_until_it_runs had made it a quiet exit; a signal the process inherited ignored (`nohup`) stays
-    ignored. The handlers before are put back after (a caller in another thread changes nothing: only the main thread
-    may set them)."""
+    """While inside, SIGTERM and SIGHUP raise Stopped in the main thread, and a Ctrl-C raises KeyboardInterrupt (again
+    where quiet_until_it_runs had made it a quiet exit), all of them (raise_stop) held while it forks (held); a signal
+    the process inherited ignored (`nohup`) stays ignored. The handlers before are put back after (a caller in another
+    thread changes nothing: only the main thread may set them)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, *SIGNALS)}
-    if before[signal.SIGINT] is _exit_quietly:  # the command runs: its `finally`s run, stoppable says the one line
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if before[signal.SIGINT] in (_exit_quietly, signal.default_int_handler):  # the command runs: its `finally`s
+        signal.signal(signal.SIGINT, raise_stop)  # run, stoppable says the one line; held() holds it
     for s in SIGNALS:
         if before[s] is not signal.SIG_IGN:
-            signal.signal(s, _raise)
+            signal.signal(s, raise_stop)
     try:
         yield
     finally:

@@ -205,9 +205,12 @@ def _stop_on_ctrl_c() -> None:
 
     SIGINT is set explicitly: a shell script that starts `specmesh emulate &` (or any background job of
     a non-interactive shell) hands it SIGINT ignored, and Python keeps an inherited ignore, so without
-    this `kill -INT` would never stop the emulation.
+    this `kill -INT` would never stop the emulation. stops.raise_stop, not signal.default_int_handler: a Ctrl-C
+    while a board forks its VM is held until the fork is done (stops.held).
     """
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    from specmesh.host.stops import raise_stop
+
+    signal.signal(signal.SIGINT, raise_stop)
 
 
 def _emulate_problem(args) -> str | None:

@@ -40,7 +40,7 @@ import weakref
 from functools import cache
 from pathlib import Path
 
-from specmesh.host import atomic, layout, tempdirs
+from specmesh.host import atomic, layout, stops, tempdirs
 from specmesh.host.boardclasses import CONSOLE_RING, BoardClass, board_class
 from specmesh.host.mpycross import CompileError, compile_py
 
@@ -153,13 +153,12 @@ def _shim_heap(romfs_bytes: int) -> tuple[int, float]:
                "VBOARD_MODE": "measure", "VBOARD_NAME": "measure"}
         if romfs_bytes:
             env["VBOARD_ROMFS"] = str(_erased(Path(tmp) / "flash.romfs", romfs_bytes))
-        done = subprocess.run([micropython_binary(), "-X", f"heapsize={MEASURE_HEAP}", "-c", "import _vboard"],
-                              env=env, capture_output=True, timeout=30, stdin=subprocess.DEVNULL,
-                              preexec_fn=_die_with_parent)
+        out = run_vm([micropython_binary(), "-X", f"heapsize={MEASURE_HEAP}", "-c", "import _vboard"], timeout=30,
+                     env=env)
     try:
-        alloc, usable = (int(v) for v in done.stdout.split()[-2:])
+        alloc, usable = (int(v) for v in out.split()[-2:])
     except ValueError:
-        raise BoardError(f"the REPL shim does not start: {done.stdout.decode(errors='replace')[-200:]}") from None
+        raise BoardError(f"the REPL shim does not start: {out.decode(errors='replace')[-200:]}") from None
     return alloc, MEASURE_HEAP / usable
 
 
@@ -196,6 +195,35 @@ def _die_with_parent() -> None:
     """preexec_fn of a VM: SIGKILL it when its parent dies (PR_SET_PDEATHSIG)."""
     if _PRCTL is not None:
         _PRCTL(1, signal.SIGKILL)
+
+
+def popen_vm(args: list[str], **kwargs) -> subprocess.Popen[bytes]:
+    """subprocess.Popen(args, **kwargs) of a VM (or QEMU), which dies with its parent (_die_with_parent). Its preexec_fn
+    makes the fork run the at-fork hooks, logging's among them, so a stop signal is held meanwhile (stops.held)."""
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        with stops.held():
+            proc = subprocess.Popen(args, preexec_fn=_die_with_parent, **kwargs)
+        return proc
+    except KeyboardInterrupt:  # the stop held while it forked: a VM no one holds, ended here
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        raise
+
+
+def run_vm(args: list[str], timeout: float, input: bytes | None = None, **kwargs) -> bytes:
+    """The stdout of a VM that popen_vm starts and that runs to its end, as subprocess.run(args, input=input,
+    capture_output=True, timeout=timeout) gives it (no `input`: stdin is /dev/null); TimeoutExpired (the VM killed)
+    once `timeout` seconds passed."""
+    with popen_vm(args, stdin=subprocess.DEVNULL if input is None else subprocess.PIPE, stdout=subprocess.PIPE,
+                  stderr=subprocess.PIPE, **kwargs) as proc:
+        try:
+            out, _ = proc.communicate(input, timeout=timeout)
+        except BaseException:
+            proc.kill()
+            raise
+    return out
 
 
 FLASH_BLOCK = 4096  # the littlefs image's erase block (host/emulator/mpy/_vboard.py)
@@ -366,7 +394,7 @@ class VirtualBoard:
                 raise FileNotFoundError(errno.ENOENT, "no such folder", str(self.flash_dir))
             heap = (self.board.heap_bytes + shim_footprint() + romfs_heap(self.romfs_bytes)
                     + (self.code_heap() if self.frozen_code else 0))
-            proc = subprocess.Popen(
+            proc = popen_vm(
                 [micropython_binary(), "-X", f"heapsize={heap}", "-c", "import _vboard"],
                 stdin=self._stdin_r,
                 stdout=subprocess.PIPE,
@@ -374,7 +402,6 @@ class VirtualBoard:
                 cwd=self.flash_dir,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
                 pass_fds=(ready_w,),
                 bufsize=0,
                 umask=0o077,  # what the board writes (its key file among them) is its owner's only
@@ -401,14 +428,13 @@ class VirtualBoard:
             return self._code_heap[1]
         env = self._env("measure-code")
         try:
-            done = subprocess.run([micropython_binary(), "-c", "import _vboard"], env=env, capture_output=True,
-                                  timeout=MEASURE_S, stdin=subprocess.DEVNULL, cwd=self.flash_dir,
-                                  preexec_fn=_die_with_parent)  # a host killed meanwhile leaves no VM behind
+            out = run_vm([micropython_binary(), "-c", "import _vboard"], timeout=MEASURE_S, env=env,
+                         cwd=self.flash_dir)  # a host killed meanwhile leaves no VM behind
         except subprocess.TimeoutExpired:
             raise FlashDamaged("%s: a module on its flash (%s) does not load within %d s: a half-written file"
                                % (self.name, self.flash_dir, MEASURE_S)) from None
         try:
-            value = int(done.stdout.split()[-1])
+            value = int(out.split()[-1])
         except (ValueError, IndexError):
             value = 0
         self._code_heap = (key, value)

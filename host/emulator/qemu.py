@@ -31,7 +31,7 @@ from pathlib import Path
 
 from specmesh.host import tempdirs
 from specmesh.host.boardclasses import BoardClass
-from specmesh.host.emulator.board import EXIT_SOFT, EXIT_SOFT_RAW, BoardError, VirtualBoard, _die_with_parent, _erased
+from specmesh.host.emulator.board import EXIT_SOFT, EXIT_SOFT_RAW, BoardError, VirtualBoard, _erased, popen_vm, run_vm
 from specmesh.host.layout import ROOT
 
 INSTALL_QEMU = "install QEMU: sudo apt-get install qemu-system-misc (README: With boards)"
@@ -148,8 +148,8 @@ class QemuBoard(VirtualBoard):
             _erased(self.romfs_path, self.romfs_bytes)
         log = open(self.flash_dir / "qemu.log", "wb")  # QEMU's own messages, off the board's console
         try:
-            proc = subprocess.Popen(cmd, stdin=self._stdin_r, stdout=subprocess.PIPE, stderr=log,
-                                    cwd=self.flash_dir, start_new_session=True, preexec_fn=_die_with_parent, bufsize=0)
+            proc = popen_vm(cmd, stdin=self._stdin_r, stdout=subprocess.PIPE, stderr=log, cwd=self.flash_dir,
+                            start_new_session=True, bufsize=0)
         finally:
             log.close()
         with self._lock:
@@ -204,10 +204,8 @@ class QemuBoard(VirtualBoard):
                                self.machine, self.board.psram_heap_bytes, raw=True)  # raw: main.py stays off
             try:
                 # run, then a soft reset at the raw REPL, which ends QEMU (the RV32 board's UART sees no end of stdin)
-                done = subprocess.run(cmd, input=MEASURE_CODE.encode() + b"\x04\x04", capture_output=True,
-                                      timeout=60, cwd=tmp, preexec_fn=_die_with_parent)
+                out = run_vm(cmd, timeout=60, input=MEASURE_CODE.encode() + b"\x04\x04", cwd=tmp)
             except subprocess.TimeoutExpired:
                 raise BoardError(f"{self.name}: its flashed modules do not load in QEMU") from None
-            out = done.stdout
         found = re.search(rb"CODEHEAP (\d+)", out)
         return int(found.group(1)) if found else 0
