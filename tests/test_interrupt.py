@@ -125,6 +125,33 @@ def test_a_stop_while_the_main_thread_forks_a_vm_is_raised_after_the_fork_and_le
     assert _vms_of(tmp_path / "flash") == []
 
 
+# sitecustomize.py for the command below: its first fork with at-fork hooks (the virtual board's first, in the main
+# thread) gets signal $STOP_SIGNAL made pending as STOP_MID_FORK's does
+SIGNAL_MID_FORK = """
+import ctypes, itertools, os
+os.register_at_fork(before=itertools.starmap(ctypes.CDLL(None).kill, itertools.chain(
+    [(os.getpid(), int(os.environ["STOP_SIGNAL"]))], itertools.repeat((os.getpid(), 0)))).__next__)
+"""
+
+
+@pytest.mark.parametrize("sig, says", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "stopped by SIGTERM")],
+                         ids=["SIGINT", "SIGTERM"])
+def test_a_run_stopped_while_it_forks_its_board_vm_stops(models, tmp_path, sig, says):
+    """`specmesh run` stopped by Ctrl-C or SIGTERM while it forks its virtual board's VM ends as a stop anywhere else
+    does, at once (was: the stop lost, the run going on until a VM's restart hung, and the process never ending)."""
+    (tmp_path / "sitecustomize.py").write_text(SIGNAL_MID_FORK)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, STOP_SIGNAL=str(int(sig)), SPECMESH_VBOARDS=str(tmp_path / "vboards"))
+    proc = subprocess.Popen(_command(models), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert (proc.returncode, err.strip().splitlines()[-1]) == (128 + sig, "specmesh run: %s" % says), err
+    assert "Traceback" not in err and _vms_of(tmp_path / "vboards") == [], err
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_or_sighup_mid_run_is_one_line_and_leaves_no_temporary_folder(models, tmp_path, sig):
     """`kill` or a closed terminal stops a run as Ctrl-C does (host/stops.py): the boards stopped, their
