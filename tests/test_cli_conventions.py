@@ -94,3 +94,14 @@ def test_an_unknown_flag_gets_the_subcommand_s_usage_and_the_closest_flag(capsys
     assert e.value.code == 2 and err.startswith(usage)
     assert err.splitlines()[-1] == "specmesh %s: error: unrecognized arguments: %s%s" % (argv[0], " ".join(argv[1:]),
                                                                                        hint)
+
+
+@pytest.mark.parametrize("flag", ["--models", "--prompt-file", "--model", "--draft-model", "--key-file", "--calibration",
+                                  "--drafter-calibration"])
+def test_an_empty_path_is_refused_not_read_as_this_folder(flag, capsys):
+    """`--models "$DIR"` with DIR unset: Path("") is ".", which was read as the models folder without a word."""
+    with pytest.raises(SystemExit) as e:
+        parse(flag, "")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "is empty: give a path" in err
+    assert any("argument %s" % name in err for name in (flag, "-m", "-md", "-f"))  # argparse names the first spelling

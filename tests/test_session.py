@@ -63,6 +63,7 @@ def test_bad_options_are_one_line_errors(models):
                      ({"streams": "4"}, "streams must be an integer, not '4'"),
                      ({"transport": "wifi"}, "transport must be one of serial, espnow"),
                      ({"plain": "yes"}, "plain must be true or false"), ({"models": 5}, "models must be a path"),
+                     ({"models": ""}, "models must be a path that is not empty"),
                      ({"stop": [1]}, "stop must be a string or a list")):
         with pytest.raises(UsageError, match=says):  # as the command line refuses them, not deep in the run
             Mesh(verifier="cpu", **{"models": models, **kw})

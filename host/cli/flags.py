@@ -11,11 +11,19 @@ from specmesh.host.cli.config import DEFAULT_PROMPT, RV32_PROJECT
 from specmesh.host.layout import HOST_DRAFTER_FILE, MODEL_FILES, MODELS, TOKENIZER_FILE
 
 
+def a_path(text: str) -> Path:
+    """A path flag's value; an empty one (an unset variable's `--models "$DIR"`) is refused, where Path("") would be
+    the current folder, read without a word."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give a path (an unset shell variable?)")
+    return Path(text)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     # llama.cpp's spellings (-p, -f, -n, -s, --temp, -r, -m, -md, --draft-max) are aliases where they mean the same
     p.add_argument("-p", "--prompt", default=None,
                    help="text to continue, or - to read it from stdin (default: %r)" % DEFAULT_PROMPT)
-    p.add_argument("-f", "--prompt-file", "--file", metavar="F", type=Path, help="read the text to continue from file F (UTF-8)")
+    p.add_argument("-f", "--prompt-file", "--file", metavar="F", type=a_path, help="read the text to continue from file F (UTF-8)")
     p.add_argument("-r", "--stop", "--reverse-prompt", metavar="STRING", action="append", default=[],
                    help="end the text before this string (repeatable; the generated text only is searched)")
     p.add_argument("-n", "--max-tokens", "--n-predict", type=int, default=64, help="tokens to generate (default: %(default)s)")
@@ -57,24 +65,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernels", choices=("native", "viper"), default=None,
                    help="with --project: the board kernels the projection prices (default native: the xtensawin "
                         "module; viper: the MicroPython-only engine)")
-    p.add_argument("--calibration", metavar="FILE", type=Path,
+    p.add_argument("--calibration", metavar="FILE", type=a_path,
                    help="with --project: price the projection with a board's measurements (specmesh bench "
                         "--port PORT --out FILE) instead of the derived figures")
-    p.add_argument("--drafter-calibration", metavar="FILE", type=Path,
+    p.add_argument("--drafter-calibration", metavar="FILE", type=a_path,
                    help="with --project: price the drafter board with its own measurements (specmesh bench on that "
                         "board: its flash read rate among them) instead of its class's derived figures")
-    p.add_argument("--key-file", metavar="F", type=Path,
+    p.add_argument("--key-file", metavar="F", type=a_path,
                    help="sign and check every frame with this deployment key (boards flashed with the same "
                         "--key-file; virtual boards get it at flashing)")
     p.add_argument("--stats-json", metavar="FILE",
                    help="write the run's figures as JSON to FILE (a device, pipe or FIFO is written straight, a "
                         "symlink followed), or - for stdout in place of the text (which then goes to stderr)")
-    p.add_argument("--models", type=Path, default=MODELS,
+    p.add_argument("--models", type=a_path, default=MODELS,
                    help="folder with %s, %s and a llama2.c %s" % (MODEL_FILES["drafter"], MODEL_FILES["verifier"],
                                                                    TOKENIZER_FILE))
-    p.add_argument("-m", "--model", metavar="FILE", type=Path,
+    p.add_argument("-m", "--model", metavar="FILE", type=a_path,
                    help="the target model file (default: %s in --models)" % MODEL_FILES["verifier"])
-    p.add_argument("-md", "--draft-model", "--model-draft", metavar="FILE", type=Path,
+    p.add_argument("-md", "--draft-model", "--model-draft", metavar="FILE", type=a_path,
                    help="the drafter model file (default in --models: %s for --drafter cpu, else %s; a drafter board "
                         "runs the model it was flashed with, and the host reads that one from the same folder)"
                         % (HOST_DRAFTER_FILE, MODEL_FILES["drafter"]))

@@ -50,7 +50,7 @@ from specmesh.host.backends import PIPELINE, BackendError, SessionParams
 from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, class_of, drafter_class
 from specmesh.host.cli import registry
 from specmesh.host.cli.config import RV32_PROJECT, RunConfig, UsageError
-from specmesh.host.cli.flags import add_arguments
+from specmesh.host.cli.flags import a_path, add_arguments
 from specmesh.host.cli.output import Segments, TextStream, Watch
 from specmesh.host.cli.preflight import (PreflightError, check_backends, check_context, check_models, check_pair,
                                          check_tokenizer, unknown_backend)
@@ -112,7 +112,7 @@ def flag_value(action: argparse.Action, name: str, value):
     """`value` for the flag `action` as its command-line parse would give it (an integer for a string flag as its
     digits: `gamma=3`); UsageError naming `name`."""
     kind = action.type
-    want = ("an integer" if kind is int else "a number" if kind is float else "a path" if kind is Path else
+    want = ("an integer" if kind is int else "a number" if kind is float else "a path" if kind is a_path else
             "a string or an integer")  # a string flag takes an integer as its digits (gamma=3)
     if isinstance(action.default, list):  # an appending flag (--stop): one string or several
         values = [value] if isinstance(value, str) else [] if value is None else value
@@ -130,13 +130,15 @@ def flag_value(action: argparse.Action, name: str, value):
         if kind in (int, float):
             with contextlib.suppress(ValueError):
                 return kind(value)
-        elif kind is Path:
-            return Path(value)
+        elif kind is a_path:
+            if value.strip():
+                return Path(value)
+            want = "a path that is not empty"  # Path("") would be the current folder
         elif action.choices and value not in action.choices:
             want = "one of " + ", ".join(action.choices)
         else:
             return value
-    elif kind is Path and isinstance(value, os.PathLike):
+    elif kind is a_path and isinstance(value, os.PathLike):
         return Path(value)
     elif kind in (int, float) and isinstance(value, Integral if kind is int else Real) and not isinstance(value, bool):
         return value
