@@ -5,6 +5,7 @@ that a named port exists and can be opened before anything is started on it."""
 from __future__ import annotations
 
 import errno
+import os
 import re
 import time
 from collections.abc import Callable
@@ -123,3 +124,25 @@ def check_port(port: str) -> None:
     reason = why_unopenable(port)
     if reason is not None:
         raise PortError(reason)
+
+
+def emulated(port: str) -> bool:
+    """Whether `port` is the pty of a virtual board that a running `specmesh emulate` serves (that process holds
+    the pty's both ends, host/emulator/board.py): a board with no reset button or cable, whose failures the
+    emulate's restart mends. Asked before a command starts (the emulate may be gone when it fails); False where
+    /proc cannot tell (not Linux, another user's process)."""
+    real = os.path.realpath(port)
+    if not real.startswith("/dev/pts/"):
+        return False
+    for proc in Path("/proc").glob("[0-9]*"):
+        if proc.name == str(os.getpid()):
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"emulate" not in argv or not any(b"specmesh" in a for a in argv):
+                continue
+            if any(os.readlink(fd) == real for fd in (proc / "fd").iterdir()):
+                return True
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return False

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from specmesh.host.projection import costmodel as cm
 from specmesh.host.projection.calibration import write
-from specmesh.host.provision.flash import FlashError, FlashRequestError, open_board, probe
+from specmesh.host.bus import ports
+from specmesh.host.provision.flash import FlashError, FlashRequestError, Lost, close, failed, open_board, port_gone, probe
 from specmesh.shared.modelfile import HEADER_SIZE, Header, parse_header
 
 # The target's shapes (stories260K): what the calibrated rates are measured on.
@@ -117,7 +118,8 @@ def bench(port: str, out: str, reps: int = 7) -> dict:
     """Run the micro-benchmarks on the board at `port`, write the calibration to `out`. FlashError."""
     from mpremote.transport import TransportError
 
-    transport = open_board(port)
+    virtual = ports.emulated(port)  # asked now: an emulate stopped mid-bench is gone when the bench fails
+    transport = open_board(port, virtual=virtual)
     try:
         info = probe(transport)
         if not transport.fs_exists("kernels.mpy") and not transport.fs_exists("kernels.py"):
@@ -125,8 +127,8 @@ def bench(port: str, out: str, reps: int = 7) -> dict:
                                     "verifier)" % (port, port))
         try:  # a real board takes seconds per model (loading, 32 tokens of prefix): a generous silence limit
             raw, err = transport.exec_raw(script(reps), timeout=EXEC_TIMEOUT_S)
-        except TransportError as e:
-            raise FlashError("lost the board during the benchmark: %s" % e) from None
+        except (TransportError, OSError) as e:
+            raise Lost("lost the board during the benchmark (%s)" % e) from None
         lines = (err or raw).decode(errors="replace").strip().splitlines()
         if err or not lines:
             raise FlashError("the benchmark failed on the board: %s" % (lines[-1] if lines else "no output"))
@@ -134,11 +136,17 @@ def bench(port: str, out: str, reps: int = 7) -> dict:
             measured = json.loads(lines[-1])
         except ValueError:
             raise FlashError("the board's answer is not the benchmark's JSON: %s" % lines[-1][:80]) from None
+    except (Lost, TransportError) as e:  # the board gone (its emulate stopped), or silent
+        failed(transport, port, e, virtual, "bench")
+    except OSError as e:  # the port gone (port_gone), else not the board's
+        if not port_gone(e):
+            raise
+        failed(transport, port, e, virtual, "bench")
     finally:
         with contextlib.suppress(Exception):
             transport.exit_raw_repl()
             transport.serial.write(b"\x04")  # soft reset: main.py starts the node again
-        transport.close()
+        close(transport)
     s, check = rates(measured)
     board = {"machine": info.machine or info.platform, "platform": info.platform, "arch": info.arch,
              "micropython": ".".join(map(str, info.version[:3])), "port": port}

@@ -118,6 +118,39 @@ class NoRepl(Advised):
     on a real board."""
 
 
+class Lost(FlashError):
+    """The board went away in the middle of a command (unplugged, reset, its emulate stopped): the fact, to which
+    the command's caller adds what to do (`gone`), knowing whether the port is a virtual board's."""
+
+
+def gone(virtual: bool, command: str = "flash") -> str:
+    """What to do about a board lost in the middle of `command`: an emulate's virtual board has no cable or reset
+    button, but an emulate to start again (ports.emulated)."""
+    again = f"run specmesh {command} again" + (" (it completes this flash)" if command == "flash" else "")
+    if virtual:
+        return ("its specmesh emulate was stopped or its VM stalled: start specmesh emulate again (with the same --dir "
+                f"the board keeps its flash) and {again} on the port it prints")
+    return f"the board was unplugged, reset or froze: plug it back in (or press its reset button) and {again}"
+
+
+PORT_GONE = (errno.EIO, errno.ENXIO, errno.ENODEV)  # a serial port's errnos once its board or pty is gone
+
+
+def port_gone(e: BaseException) -> bool:
+    """Whether `e`, raised while talking to the board, says its port went away: pyserial's words for it, or the
+    errno of a termios call on a pty whose other end closed (EIO) or a USB port unplugged (ENXIO, ENODEV)."""
+    return isinstance(e, serial.SerialException) or isinstance(e, OSError) and e.errno in PORT_GONE
+
+
+def close(transport) -> None:
+    """Close mpremote's transport, a board gone or not: its close() first clears RTS and DTR, which raises EIO on a
+    pty whose emulate stopped (and left the port open)."""
+    with contextlib.suppress(OSError):
+        transport.close()
+    with contextlib.suppress(OSError):
+        transport.serial.close()
+
+
 class FlashRequestError(FlashError):
     """What was asked cannot be flashed, before the board is touched (a port that is missing or cannot be opened,
     a model file missing or corrupt, --layers that are no slice): a usage error, exit status 2."""
@@ -213,8 +246,9 @@ PROBE = romfs.PROBE + (
 )
 
 
-def open_board(port: str, timeout: float = 5.0):  # -> mpremote SerialTransport
-    """Open `port`, interrupt whatever runs, soft-reset into the raw REPL. One-line errors."""
+def open_board(port: str, timeout: float = 5.0, virtual: bool = False):  # -> mpremote SerialTransport
+    """Open `port`, interrupt whatever runs, soft-reset into the raw REPL. One-line errors; `virtual`: the port is
+    a specmesh emulate's board (ports.emulated), which the advice fits."""
     from mpremote.transport import TransportError
     from mpremote.transport_serial import SerialTransport
 
@@ -232,16 +266,16 @@ def open_board(port: str, timeout: float = 5.0):  # -> mpremote SerialTransport
             with contextlib.redirect_stdout(io.StringIO()):  # mpremote prints raw bytes on failure
                 transport.enter_raw_repl(soft_reset=soft_reset, timeout_overall=timeout)
         except (TransportError, OSError, serial.SerialException):
-            transport.close()
+            close(transport)
             if soft_reset:
                 raise FlashError(f"{port}: the board's REPL answered but did not come back from a soft reset within "
                                  f"{timeout:g} s (slow to boot: a virtual board on a busy host, or a boot.py that "
                                  "hangs)") from None
-            raise _no_repl(port, timeout) from None
+            raise _no_repl(port, timeout, virtual=virtual) from None
     return transport
 
 
-def _no_repl(port: str, timeout: float, wait_s: float = 1.5) -> FlashError:
+def _no_repl(port: str, timeout: float, wait_s: float = 1.5, virtual: bool = False) -> FlashError:
     """Why no raw REPL answered open_board's Ctrl-C and Ctrl-A within `timeout`, told by an unsigned HELLO: a node
     with a deployment key (it takes no Ctrl-C, and refuses the HELLO saying so: the link's key-mismatch line), a
     device that sends but is no MicroPython at its REPL, or a board that sends nothing at all (frozen, not powered),
@@ -263,6 +297,11 @@ def _no_repl(port: str, timeout: float, wait_s: float = 1.5) -> FlashError:
         link.close()
     if link.error:
         return FlashError(link.error)
+    if virtual:  # a VM that answers nothing, or a node: the emulate's restart boots it afresh
+        what = "did not answer with its REPL" if link.bytes_received else "is silent: nothing came back within " \
+            f"{timeout + wait_s:g} s"
+        return NoRepl(f"{port}: the virtual board {what}", " (its VM is stuck, or its specmesh emulate stopped): "
+                                                          "restart specmesh emulate and try again")
     if link.bytes_received:
         return NoRepl(f"{port}: no MicroPython REPL answered", " (not a MicroPython board, or a program on it that "
                                                                "takes no Ctrl-C): reset the board and try again")
@@ -393,7 +432,7 @@ def _write(transport, dest: str, data: bytes, chunk: int, bar) -> None:
         lines = e.error_output.strip().splitlines()
         raise FlashError(f"cannot write {dest} on the board: {lines[-1] if lines else e}") from None
     except (TransportError, OSError) as e:  # the port closed or the board went away
-        raise FlashError(f"lost the board while writing {dest}: {e}") from None
+        raise Lost(f"lost the board while writing {dest} ({e})") from None
 
 
 def _send(transport, dest: str, data: bytes, chunk: int, progress: bool, report: FlashReport) -> None:
@@ -488,9 +527,10 @@ def flash(
     by_class = model is None and role == "drafter"  # the board's class picks its drafter once probed
     model, heap_bytes = _check_request(port, role, model, layers)
     fs_dest = f"{MODEL_DIR}/{model.name}"
+    virtual = ports.emulated(port)  # asked now: an emulate stopped mid-flash is gone when the flash fails
     if key:
         leave_node(port, key)
-    transport = open_board(port)
+    transport = open_board(port, virtual=virtual)
     try:
         info = probe(transport)
         cls = BOARD_CLASSES[board_class] if board_class else class_of(info.machine, info.mem_free)
@@ -534,22 +574,30 @@ def flash(
             transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
         return report
     except (FlashError, TransportError, struct.error) as e:  # struct.error: a raw-paste header cut short (READ_S)
-        _failed(transport, port, e)
+        failed(transport, port, e, virtual)
+    except OSError as e:  # the port gone (port_gone), else not the board's
+        if not port_gone(e):
+            raise
+        failed(transport, port, e, virtual)
     finally:
-        transport.close()
+        close(transport)
 
 
-def _failed(transport, port: str, e: Exception) -> NoReturn:
-    """A flash that failed mid-way: the raw REPL left where it can be, and `e` raised as a FlashError (a board gone
-    silent in the middle of a command says so)."""
+def failed(transport, port: str, e: Exception, virtual: bool = False, command: str = "flash") -> NoReturn:
+    """A flash (or bench) that failed mid-way: the raw REPL left where it can be, and `e` raised as a FlashError (a
+    board gone, or silent in the middle of a command, says so, and what to do: `gone`)."""
     with contextlib.suppress(Exception):
         transport.exit_raw_repl()
     if isinstance(e, BoardFull):  # the port known here, for the mpremote commands it gives
         raise BoardFull(e.what, port) from None
+    if isinstance(e, Lost):
+        raise FlashError(f"{port}: {e}: {gone(virtual, command)}") from None
     if isinstance(e, FlashError):
         raise e
-    raise FlashError(f"{port}: the board stopped answering in the middle of a command (nothing for {READ_S:g} s)"
-                     ) from None
+    if isinstance(e, OSError):  # port_gone
+        raise FlashError(f"{port}: lost the board ({e}): {gone(virtual, command)}") from None
+    raise FlashError(f"{port}: the board stopped answering in the middle of a command (nothing for {READ_S:g} s): "
+                     f"{gone(virtual, command)}") from None
 
 
 def _placement(info: BoardInfo, image: bytes) -> str:
@@ -742,7 +790,7 @@ def _rom_current(transport, image: bytes) -> bool:
     except romfs.RomfsError as e:
         raise FlashError(str(e)) from None
     except TransportError as e:
-        raise FlashError(f"lost the board while reading its ROMFS partition: {_last_line(e)}") from None
+        raise Lost(f"lost the board while reading its ROMFS partition ({_last_line(e)})") from None
 
 
 def _deploy(transport, image: bytes, dest: str, report: FlashReport, progress: bool) -> None:
@@ -761,7 +809,7 @@ def _deploy(transport, image: bytes, dest: str, report: FlashReport, progress: b
     except romfs.RomfsError as e:
         raise FlashError(str(e)) from None
     except TransportError as e:
-        raise FlashError(f"lost the board while writing its ROMFS partition: {_last_line(e)}") from None
+        raise Lost(f"lost the board while writing its ROMFS partition ({_last_line(e)})") from None
     if not _rom_current(transport, image):
         raise FlashError(f"{dest}: the ROMFS partition does not hold the image written (SHA-256 differs)")
     report.written.append(dest)
