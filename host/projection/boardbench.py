@@ -22,7 +22,7 @@ from pathlib import Path
 from specmesh.host.projection import costmodel as cm
 from specmesh.host.projection.calibration import write
 from specmesh.host.bus import ports
-from specmesh.host.provision.flash import FlashError, FlashRequestError, Lost, close, failed, open_board, port_gone, probe
+from specmesh.host.provision.flash import FlashError, FlashRequestError, Lost, close, failed, open_board, probe
 from specmesh.shared.modelfile import HEADER_SIZE, Header, parse_header
 
 # The target's shapes (stories260K): what the calibrated rates are measured on.
@@ -136,12 +136,8 @@ def bench(port: str, out: str, reps: int = 7) -> dict:
             measured = json.loads(lines[-1])
         except ValueError:
             raise FlashError("the board's answer is not the benchmark's JSON: %s" % lines[-1][:80]) from None
-    except (Lost, TransportError) as e:  # the board gone (its emulate stopped), or silent
-        failed(transport, port, e, virtual, "bench")
-    except OSError as e:  # the port gone (port_gone), else not the board's
-        if not port_gone(e):
-            raise
-        failed(transport, port, e, virtual, "bench")
+    except (Lost, TransportError, OSError) as e:  # the board gone (its emulate stopped, port_gone), or silent; an
+        failed(transport, port, e, virtual, "bench")  # OSError not the port's raised as it is
     finally:
         with contextlib.suppress(Exception):
             transport.exit_raw_repl()

@@ -573,19 +573,18 @@ def flash(
         if reset:
             transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
         return report
-    except (FlashError, TransportError, struct.error) as e:  # struct.error: a raw-paste header cut short (READ_S)
-        failed(transport, port, e, virtual)
-    except OSError as e:  # the port gone (port_gone), else not the board's
-        if not port_gone(e):
-            raise
-        failed(transport, port, e, virtual)
+    except (FlashError, TransportError, struct.error, OSError) as e:  # struct.error: a raw-paste header cut short
+        failed(transport, port, e, virtual)  # (READ_S); an OSError not the port's (port_gone) raised as it is
     finally:
         close(transport)
 
 
 def failed(transport, port: str, e: Exception, virtual: bool = False, command: str = "flash") -> NoReturn:
     """A flash (or bench) that failed mid-way: the raw REPL left where it can be, and `e` raised as a FlashError (a
-    board gone, or silent in the middle of a command, says so, and what to do: `gone`)."""
+    board gone, or silent in the middle of a command, says so, and what to do: `gone`); an OSError that is not the
+    port's (port_gone: a local file's) is raised as it is."""
+    if isinstance(e, OSError) and not port_gone(e):
+        raise e
     with contextlib.suppress(Exception):
         transport.exit_raw_repl()
     if isinstance(e, BoardFull):  # the port known here, for the mpremote commands it gives
