@@ -24,8 +24,10 @@ user.
 
 from __future__ import annotations
 
+import array
 import io
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -333,16 +335,18 @@ def check_ngram_slots(b: bytes, vocab: int) -> None:
     last. Random bytes under a good header would make lookups walk the table for nothing, and a table of another
     vocabulary would draft tokens no model has. The host's check: it reads a table whole, where a board reads a few
     slots at a time (its lookups end after one pass over a table: shared/ngram.py)."""
-    head, size, mark = ngram.HEADER_SIZE, ngram.SLOT_SIZE, ngram.MARK
+    head, size = ngram.HEADER_SIZE, ngram.SLOT_SIZE
     slots, entries = ngram.parse_header(b)[2:4]
-    used = 0
-    for o in range(head + 2, head + slots * size, size):
-        v = b[o] | b[o + 1] << 8
-        if v:
-            used += 1
-            if v != mark and v > vocab:
-                raise ngram.NgramError("slot %d holds token %d, outside the model's vocabulary of %d"
-                                       % ((o - head) // size, v - 1, vocab))
+    fields = array.array("H", b[head:head + slots * size])  # (check, token + 1) per slot, little-endian
+    if sys.byteorder == "big":
+        fields.byteswap()
+    tokens = fields[1::2]  # counted in C: a loop over a table's 131,072 slots took 15 ms of each run's start
+    used = len(tokens) - tokens.count(0)
+    beyond = [v for v in set(tokens) - {0, ngram.MARK} if v > vocab]
+    if beyond:
+        slot = min(tokens.index(v) for v in beyond)
+        raise ngram.NgramError("slot %d holds token %d, outside the model's vocabulary of %d"
+                               % (slot, tokens[slot] - 1, vocab))
     if used != entries:
         raise ngram.NgramError("%d slots used, its header says %d entries" % (used, entries))
     end, mirror = head + slots * size, (ngram.CHUNK - 1) * size

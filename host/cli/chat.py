@@ -54,6 +54,11 @@ def _lines(stdin=None):
     its own); EOF ends them. A line that is not UTF-8 is skipped with one line saying so: the session goes on."""
     stdin = stdin or sys.stdin
     tty = stdin.isatty()
+    if tty and sys.stdout.isatty():  # input()'s line editing: without it an arrow key's escape sequence (\x1b[D)
+        try:  # was typed into the turn
+            import readline  # noqa: F401
+        except ImportError:  # a Python built without it
+            pass
     blocking(stdin)  # left non-blocking by a parent, a turn not yet written would read as the end of the turns
     while True:
         try:
@@ -80,11 +85,7 @@ def _lines(stdin=None):
 def _typed() -> str:
     """A line typed at the terminal, after the prompt where its user sees it: on stdout when that is the terminal
     too (input()'s line editing), else on stderr: `chat > story.txt` would put the prompts in the story."""
-    if sys.stdout.isatty():
-        try:  # input()'s line editing: without it an arrow key's escape sequence (\x1b[D) was typed into the turn
-            import readline  # noqa: F401
-        except ImportError:  # a Python built without it
-            pass
+    if sys.stdout.isatty():  # with readline's line editing (_lines imports it)
         return input(PROMPT)
     print(PROMPT, end="", file=sys.stderr, flush=True)
     return input()

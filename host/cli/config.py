@@ -345,8 +345,8 @@ def _key(key_file: Path | None) -> bytes | None:
         raise UsageError(str(e)) from None
 
 
-def _check_models(models: Path, plain: bool, target: Path | None, drafter: Path | None, backend: str = "virtual",
-                  transport: str = "serial") -> None:
+def _check_models(models: Path, plain: bool, target: Path | None, drafter: Path | None, backend: str,
+                  transport: str) -> None:
     """Each model file the run reads is there: one named by --model/--draft-model, else its name in `models`, the
     drafter's the one its `--drafter` back-end runs (RunConfig.model_file: a folder of drafter-host.spm alone serves
     --drafter cpu) (a --models folder that does not exist is a typo to fix, not models to train)."""

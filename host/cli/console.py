@@ -18,7 +18,7 @@ import serial
 
 from specmesh.host.bus import ports
 from specmesh.host.cli.ranges import RangeError, in_range
-from specmesh.host.cli.streams import StdoutLost
+from specmesh.host.cli.streams import StdoutLost, as_stdouts
 
 LEAVE = b"\x1d"  # Ctrl-]
 QUIET_S = 1.0
@@ -89,13 +89,8 @@ def _fileno(link) -> int | None:
 def _show(out, data: bytes) -> None:
     """Write `data` to stdout's bytes (`out`); a failure there is stdout's (streams.StdoutLost, or BrokenPipeError for
     a reader that left), never read as the board lost."""
-    try:
-        out.write(data)
-        out.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as e:
-        raise StdoutLost(e.errno, e.strerror) from e
+    as_stdouts(out.write, data)
+    as_stdouts(out.flush)
 
 
 def _pump(link, stdin: int, out) -> int:

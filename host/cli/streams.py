@@ -19,6 +19,17 @@ class StdoutLost(OSError):
         return "cannot write to stdout: %s" % (self.strerror or "error %s" % self.errno)
 
 
+def as_stdouts(call, *args):
+    """call(*args), a write or flush of stdout (its text or its bytes, sys.stdout.buffer), with its OSError raised as
+    StdoutLost (BrokenPipeError as it is: a reader that left), so that whoever catches it knows it was stdout's."""
+    try:
+        return call(*args)
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise StdoutLost(e.errno, e.strerror) from e
+
+
 class _Guarded:
     """`stream` (sys.stdout) with its writes' and flushes' OSError raised as StdoutLost, so that whoever catches it
     knows it was stdout's; everything else (isatty, name, fileno, buffer) is the stream's own."""
@@ -27,19 +38,10 @@ class _Guarded:
         self.stream = stream
 
     def write(self, text: str) -> int:
-        return self._as_stdouts(self.stream.write, text)
+        return as_stdouts(self.stream.write, text)
 
     def flush(self) -> None:
-        self._as_stdouts(self.stream.flush)
-
-    @staticmethod
-    def _as_stdouts(call, *args):
-        try:
-            return call(*args)
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            raise StdoutLost(e.errno, e.strerror) from e
+        as_stdouts(self.stream.flush)
 
     def __getattr__(self, name: str):
         return getattr(self.stream, name)

@@ -274,7 +274,7 @@ class Cluster(contextlib.ExitStack):
         node_id = NODE_ID[kind] + (0 if stage is None else stage[0])
         folder = self.root / (name if radio is None else name + "-espnow")
         cfg_path = folder / "specmesh.json"
-        cfg = self._prepare(kind, folder, config)
+        cfg = self._prepare(kind, cfg_path, config)
         # a class named on serial runs its own machine code (QEMU); the radio's boards are unix-port ones
         vb = make_board(folder, board or ROLE_CLASS[kind], qemu=board is not None and radio is None,
                         name="vboard-" + name, mac=board_mac(node_id),
@@ -326,19 +326,21 @@ class Cluster(contextlib.ExitStack):
             self.boards[name] = vb
         return vb
 
-    def _prepare(self, kind: str, folder: Path, config: dict | None) -> dict:
-        """`folder` (a board's flash) made, held and given the board config `config` adds to its last one, which it
-        returns; one the host cannot write is said as such, with the way round it (BackendError)."""
+    def _prepare(self, kind: str, cfg_path: Path, config: dict | None) -> dict:
+        """The folder of `cfg_path` (a board's flash) made, held and given the board config `config` adds to its last
+        one (`cfg_path`), which it returns; one the host cannot write is said as such, with the way round it
+        (BackendError)."""
+        folder = cfg_path.parent
         try:
             folder.mkdir(parents=True, exist_ok=True)
             self._lock(folder)
             _erase_other_key(folder, self.key)
-            cfg = _last_config(folder / "specmesh.json")
+            cfg = _last_config(cfg_path)
             for key in ("link", "espnow"):
                 cfg.pop(key, None)
             cfg["spec_ahead"] = self.spec_ahead if kind == "drafter" else 0
             cfg.update(config or {})
-            atomic.write_text(folder / "specmesh.json", json.dumps(cfg, sort_keys=True))
+            atomic.write_text(cfg_path, json.dumps(cfg, sort_keys=True))
         except OSError as e:
             raise BackendError("virtual %s board: cannot write its flash folder %s (%s): make room or allow writing "
                                "there, or set SPECMESH_VBOARDS to a folder that can be written"
