@@ -18,8 +18,8 @@ A file the user names for output (`--stats-json FILE`) is written the Unix way, 
     write_output(path, text)               `-`: stdout; an open descriptor (/dev/stdout, /dev/fd/N): written
                                             through it; a device, pipe or FIFO: written straight; a symlink:
                                             followed; a regular file or a new path: replaced atomically
-    output_problem(path) -> str | None     why write_output cannot write `path`, or None (opens nothing: a
-                                            FIFO with no reader yet is not waited for)
+    output_problem(path) -> str | None     why write_output cannot write `path`, or None (a FIFO is not opened,
+                                            so not waited for; beside a file, a temporary file is made and removed)
 """
 
 from __future__ import annotations
@@ -47,9 +47,14 @@ def _default_perms(path: Path) -> int:
         return 0o666 & ~umask
 
 
+def _mkstemp(path: Path) -> tuple[int, str]:
+    """A new hidden temporary file beside `path` (its descriptor and name): where `path`'s content is written."""
+    return tempfile.mkstemp(prefix="." + path.name + ".", suffix=".part", dir=path.parent)
+
+
 @contextlib.contextmanager
 def _temp(path: Path, mode: str, perms: int, encoding: str | None) -> Iterator[tuple[IO[Any], str]]:
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".part", dir=path.parent)
+    fd, tmp = _mkstemp(path)
     try:
         os.fchmod(fd, perms)
         with os.fdopen(fd, mode, encoding=encoding) as f:
@@ -173,7 +178,20 @@ def output_problem(path: str | os.PathLike) -> str | None:
         return "it is a folder"
     if kind is not None and kind != stat.S_IFREG:
         return None if os.access(path, os.W_OK) else "no permission to write it"
-    return unwritable(os.path.realpath(path))
+    real = Path(os.path.realpath(path))
+    return unwritable(real) or _uncreatable(real)
+
+
+def _uncreatable(path: Path) -> str | None:
+    """Why no temporary file can be made beside `path` (a folder such as /proc that takes no new files, whatever
+    its permissions say), or None; the file made is removed at once."""
+    try:
+        fd, tmp = _mkstemp(path)
+    except OSError as e:
+        return "cannot create a file in %s (%s)" % (path.parent, e.strerror or e)
+    os.close(fd)
+    os.unlink(tmp)
+    return None
 
 
 def write_output(path: str | os.PathLike, text: str) -> None:

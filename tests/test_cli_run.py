@@ -304,6 +304,18 @@ def test_stats_json_to_a_device_is_written_straight_and_a_failed_write_is_one_li
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
 
 
+def test_stats_json_in_a_folder_that_takes_no_files_is_refused_before_the_run(models, capsys):
+    """/proc/version: root may write in /proc by its permissions, but /proc makes no new file for the JSON to be
+    renamed from; it was found after the run, as 'cannot write /proc/version: No such file or directory' (of a
+    file that is there), now before it, status 2, the text never started."""
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--max-tokens", "2",
+                   "--stats-json", "/proc/version"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and err in (
+        "specmesh run: error: --stats-json /proc/version cannot be written: %s\n" % why
+        for why in ("cannot create a file in /proc (No such file or directory)", "no permission to write in /proc"))
+
+
 def test_bench_checks_its_output_path_before_benchmarking(capsys, tmp_path):
     rc = cli.main(["bench", "--port", "/dev/ttyNOPE", "--out", str(tmp_path / "no" / "c.json")])
     assert rc == 2 and capsys.readouterr().err == ("specmesh bench: error: --out %s cannot be written: folder %s does "
