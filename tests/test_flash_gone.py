@@ -1,5 +1,6 @@
 """A `specmesh emulate` board that goes away in the middle of a flash or a bench: one line that names the emulate
-(not a real board's reset button or cable), no traceback (mpremote's close() raised EIO on the dead pty)."""
+(not a real board's reset button or cable), no traceback (mpremote's close() raised EIO on the dead pty); a lost
+port's reason in a few words."""
 
 import errno
 import os
@@ -8,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import serial
 
 from specmesh.host.bus import ports
 from specmesh.host.provision import flash as flash_module
@@ -57,6 +59,7 @@ def test_flash_on_a_board_whose_emulate_stops_midway_says_so(emulate, monkeypatc
     message = str(e.value)
     assert message.startswith(port + ": lost the board") and "start specmesh emulate again" in message, message
     assert "reset button" not in message and "\n" not in message
+    assert " (Input/output error): " in message and "[Errno" not in message, message
 
 
 def test_a_lost_port_is_closed_quietly():
@@ -78,3 +81,27 @@ def test_a_lost_port_is_closed_quietly():
     assert port_gone(OSError(errno.EIO, "x")) and not port_gone(OSError(errno.ENOENT, "x"))
     assert "unplugged" in gone(False) and "specmesh emulate" not in gone(False)
     assert "specmesh emulate" in gone(True, "bench") and "specmesh bench again" in gone(True, "bench")
+
+
+def test_a_lost_ports_reason_is_the_systems_few_words():
+    """A lost board's line quoted pyserial's text whole: '([Errno 5] Input/output error)', 'write failed: [Errno 5]
+    ...', or for a port hung up under its reader (a USB bridge unplugged) 'device reports readiness to read but
+    returned no data (device disconnected or multiple access on port?)'; now the system's words, or 'the port hung
+    up'. Here a pty whose other end closes."""
+    master, slave = os.openpty()
+    port = serial.Serial(os.ttyname(slave), timeout=1)
+    os.close(slave)
+    os.close(master)
+    errors = []
+    for use in (lambda: port.write(b"x"), lambda: port.read(1), lambda: port.in_waiting):
+        with pytest.raises(OSError) as e:  # SerialException is an OSError
+            use()
+        errors.append(e.value)
+    port.close()
+    whys = [ports.lost_why(e) for e in errors]  # read(): EIO, or no data as a hung-up USB port gives
+    assert whys[0] == whys[2] == "Input/output error" and whys[1] in whys[:1] + ["the port hung up"], errors
+    hung_up = serial.SerialException("device reports readiness to read but returned no data (device disconnected or "
+                                     "multiple access on port?)")  # as pyserial's read() words it
+    assert ports.lost_why(hung_up) == "the port hung up"
+    assert ports.lost_why(RuntimeError("could not enter raw repl\nmore")) == "could not enter raw repl"
+

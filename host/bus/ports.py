@@ -117,6 +117,22 @@ def why_unopenable(port: str, wait_s: float = LOCK_RETRY_S) -> str | None:
     return None
 
 
+def lost_why(e: BaseException) -> str:
+    """Why a board's port failed mid-command, in a few words: the system's reason (`Input/output error`, not
+    `[Errno 5] Input/output error` or pyserial's `write failed: [Errno 5] ...`), or for a port hung up under its
+    reader (a USB bridge unplugged) not pyserial's `device reports readiness to read but returned no data (device
+    disconnected or multiple access on port?)`; anything else, its first line."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    text = str(e)
+    found = re.search(r"\[Errno \d+\] ([^\n]+)", text)
+    if found:
+        return found.group(1)
+    if "returned no data" in text:
+        return "the port hung up"
+    return (text.strip().splitlines() or [type(e).__name__])[0]
+
+
 def check_port(port: str) -> None:
     """Raise PortError unless `port` exists and can be opened now (it is left closed)."""
     if not exists(port):

@@ -69,7 +69,7 @@ def main(args) -> int:
         raise
     except (serial.SerialException, OSError) as e:
         print("\r\nspecmesh console: lost %s (%s): the board was unplugged, or its emulator stopped; when it is back, "
-              "run specmesh console again" % (port, e), file=sys.stderr)
+              "run specmesh console again" % (port, ports.lost_why(e)), file=sys.stderr)
         return 1
     finally:
         if saved is not None:

@@ -128,7 +128,7 @@ def bench(port: str, out: str, reps: int = 7) -> dict:
         try:  # a real board takes seconds per model (loading, 32 tokens of prefix): a generous silence limit
             raw, err = transport.exec_raw(script(reps), timeout=EXEC_TIMEOUT_S)
         except (TransportError, OSError) as e:
-            raise Lost("lost the board during the benchmark (%s)" % e) from None
+            raise Lost("lost the board during the benchmark (%s)" % ports.lost_why(e)) from None
         lines = (err or raw).decode(errors="replace").strip().splitlines()
         if err or not lines:
             raise FlashError("the benchmark failed on the board: %s" % (lines[-1] if lines else "no output"))

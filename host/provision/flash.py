@@ -432,7 +432,7 @@ def _write(transport, dest: str, data: bytes, chunk: int, bar) -> None:
         lines = e.error_output.strip().splitlines()
         raise FlashError(f"cannot write {dest} on the board: {lines[-1] if lines else e}") from None
     except (TransportError, OSError) as e:  # the port closed or the board went away
-        raise Lost(f"lost the board while writing {dest} ({e})") from None
+        raise Lost(f"lost the board while writing {dest} ({ports.lost_why(e)})") from None
 
 
 def _send(transport, dest: str, data: bytes, chunk: int, progress: bool, report: FlashReport) -> None:
@@ -594,7 +594,7 @@ def failed(transport, port: str, e: Exception, virtual: bool = False, command: s
     if isinstance(e, FlashError):
         raise e
     if isinstance(e, OSError):  # port_gone
-        raise FlashError(f"{port}: lost the board ({e}): {gone(virtual, command)}") from None
+        raise FlashError(f"{port}: lost the board ({ports.lost_why(e)}): {gone(virtual, command)}") from None
     raise FlashError(f"{port}: the board stopped answering in the middle of a command (nothing for {READ_S:g} s): "
                      f"{gone(virtual, command)}") from None
 
