@@ -1,17 +1,19 @@
 """A `specmesh emulate` board that goes away in the middle of a flash or a bench: one line that names the emulate
 (not a real board's reset button or cable), no traceback (mpremote's close() raised EIO on the dead pty); a lost
-port's reason in a few words."""
+port's reason in a few words, in those lines as in a run's link."""
 
 import errno
 import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import serial
 
 from specmesh.host.bus import ports
+from specmesh.host.bus.links import LinkError, SerialLink
 from specmesh.host.provision import flash as flash_module
 from specmesh.host.provision.flash import FlashError, close, gone, port_gone
 
@@ -105,3 +107,23 @@ def test_a_lost_ports_reason_is_the_systems_few_words():
     assert ports.lost_why(hung_up) == "the port hung up"
     assert ports.lost_why(RuntimeError("could not enter raw repl\nmore")) == "could not enter raw repl"
 
+
+def test_a_link_whose_port_closes_says_so_in_a_few_words():
+    """A run's board lost: 'write failed: write failed: [Errno 5] Input/output error' (pyserial's prefix after the
+    link's), 'read failed: device reports readiness to read but returned no data (device disconnected or multiple
+    access on port?)'."""
+    master, slave = os.openpty()
+    link = SerialLink(os.ttyname(slave))
+    try:
+        os.close(slave)
+        os.close(master)
+        deadline = time.monotonic() + 10
+        while link.error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        port = link.port
+        assert link.error in ("%s: read failed: %s" % (port, why) for why in ("Input/output error", "the port hung up"))
+        with pytest.raises(LinkError) as e:
+            link.send(b"x")
+        assert str(e.value) == "%s: write failed: Input/output error" % port
+    finally:
+        link.close()

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import serial
 
-from specmesh.host.bus.ports import open_exclusive
+from specmesh.host.bus.ports import lost_why, open_exclusive
 from specmesh.shared import messages as m
 from specmesh.shared.codec import FLAG_REPLY, FLAG_SIGNED, Auth, CodecError, Frame, StreamDecoder, decode, encode_line
 from specmesh.shared.messages import HALF_FLASHED
@@ -130,7 +130,7 @@ class SerialLink:
             try:
                 self.ser.write(data)
             except (serial.SerialException, OSError) as e:
-                raise LinkError("%s: write failed: %s" % (self.port, _first_line(e))) from None
+                raise LinkError("%s: write failed: %s" % (self.port, lost_why(e))) from None
             self.bytes_sent += len(data)
 
     def write_raw(self, data: bytes) -> None:
@@ -143,7 +143,7 @@ class SerialLink:
                 chunk = self.ser.read(max(1, self.ser.in_waiting))
             except (serial.SerialException, OSError, TypeError) as e:
                 if not self._stop.is_set():
-                    self.error = "%s: read failed: %s" % (self.port, _first_line(e))
+                    self.error = "%s: read failed: %s" % (self.port, lost_why(e))
                 return
             if not chunk:
                 continue
