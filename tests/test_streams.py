@@ -32,6 +32,15 @@ def test_a_tool_and_specmesh_writing_to_a_full_device_say_stdout_in_one_line(tmp
         1, "specmesh: cannot write to stdout: No space left on device\n")
 
 
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_help_to_a_full_device_is_one_line_too(buffered):
+    """`specmesh --help > /dev/full` with PYTHONUNBUFFERED=1 said nothing and exited 0, the help lost: argparse
+    ignores its write's OSError; buffered, the flush after it failed (one line, 1). Now both say so."""
+    for argv, who in ((["specmesh", "--help"], "specmesh"), (["specmesh", "run", "--help"], "specmesh run"),
+                      (["specmesh.tools.bench", "--help"], "bench")):
+        assert _to_full(argv, buffered) == (1, "%s: cannot write to stdout: No space left on device\n" % who), argv
+
+
 def test_what_print_left_in_the_buffer_fails_inside_the_command_not_at_exit(monkeypatch, capsys):
     monkeypatch.delenv("SPECMESH_DEBUG", raising=False)
     with open("/dev/full", "w") as full:  # buffered: print() succeeds, the flush fails

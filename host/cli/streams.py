@@ -32,13 +32,19 @@ def as_stdouts(call, *args):
 
 class _Guarded:
     """`stream` (sys.stdout) with its writes' and flushes' OSError raised as StdoutLost, so that whoever catches it
-    knows it was stdout's; everything else (isatty, name, fileno, buffer) is the stream's own."""
+    knows it was stdout's; everything else (isatty, name, fileno, buffer) is the stream's own. `lost`: the last
+    write's failure, for one that its caller swallowed (argparse's help and usage do)."""
 
     def __init__(self, stream: TextIO):
         self.stream = stream
+        self.lost: StdoutLost | None = None
 
     def write(self, text: str) -> int:
-        return as_stdouts(self.stream.write, text)
+        try:
+            return as_stdouts(self.stream.write, text)
+        except StdoutLost as e:
+            self.lost = e
+            raise
 
     def flush(self) -> None:
         as_stdouts(self.stream.flush)
@@ -61,8 +67,10 @@ def writing_stdout(who: str, body: Callable[[], int | None]) -> int:
     try:
         try:
             status = body() or 0
-        except SystemExit:  # argparse's --version and --help end so: what they printed goes out too
-            guarded.flush()
+        except SystemExit:  # argparse's --version and --help end so: what they printed goes out too, and a write
+            guarded.flush()  # that failed unbuffered (PYTHONUNBUFFERED=1), which argparse's help ignores, is said
+            if guarded.lost is not None:
+                raise guarded.lost from None
             raise
         guarded.flush()  # not after a stop (KeyboardInterrupt): stoppable's line is the one said
         return status
