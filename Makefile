@@ -168,9 +168,10 @@ test-rv32: setup rv32-check
 	SPECMESH_RV32=1 $(PY) -m pytest -q -m rv32
 
 # The virtual ESP32/ESP32-S3 boards' firmware (xtensa/README.md): MicroPython's core with the project's port,
-# xtensa/port (and rv32/port/vboard.c, the flash both boards share), built for the ESP32's core (-mcpu=esp32) by
-# Debian's clang-22 / llc-22 / llvm-mc-22 (xtensa/tools/xcc) and linked by binutils-xtensa-lx106's ld, for
-# qemu-system-xtensa -M sim -cpu de233_fpu. Bit for bit reproducible as the RV32 firmware is.
+# xtensa/port (and rv32/port/vboard.c and vboard_console.c, the flash, boot and console both boards share), built
+# for the ESP32's core (-mcpu=esp32) by Debian's clang-22 / llc-22 / llvm-mc-22 (xtensa/tools/xcc) and linked by
+# binutils-xtensa-lx106's ld, for qemu-system-xtensa -M sim -cpu de233_fpu. Bit for bit reproducible as the RV32
+# firmware is.
 XTENSA_PORT := $(MPY_SRC)/ports/specmesh-xtensa
 XTENSA_ELF := xtensa/firmware.elf
 XTENSA_MAKE := $(RV32_ENV) $(MAKE) -C $(XTENSA_PORT) XCC=$(abspath xtensa/tools/xcc) V=0
@@ -178,7 +179,7 @@ XTENSA_MAKE := $(RV32_ENV) $(MAKE) -C $(XTENSA_PORT) XCC=$(abspath xtensa/tools/
 xtensa-firmware: $(MPY_SRC)/LICENSE
 	rm -rf $(XTENSA_PORT)
 	cp -r xtensa/port $(XTENSA_PORT)
-	cp rv32/port/vboard.c $(XTENSA_PORT)/
+	cp rv32/port/vboard.c rv32/port/vboard_console.c rv32/port/vboard_console.h $(XTENSA_PORT)/
 	$(XTENSA_MAKE) -j2 >/dev/null
 	cp $(XTENSA_PORT)/build/firmware.elf $(XTENSA_ELF)
 	sha256sum $(XTENSA_ELF)

@@ -8,23 +8,8 @@
 #define MICROPY_KBD_EXCEPTION (1)
 #define MICROPY_HELPER_REPL (1)
 
-void vboard_rx_poll(void);
-void vboard_idle(void);
-// select.poll and time.sleep wait here: asleep until input or the next millisecond (mphalport.c)
-#define MICROPY_INTERNAL_WFE(TIMEOUT_MS) do { \
-        if (!uart_rx_any_for_wfe()) { \
-            vboard_idle(); \
-        } \
-} while (0)
-int uart_rx_any_for_wfe(void);
-#define MICROPY_VM_HOOK_COUNT (64)
-#define MICROPY_VM_HOOK_INIT static unsigned int vm_hook_divisor = MICROPY_VM_HOOK_COUNT;
-#define MICROPY_VM_HOOK_POLL if (--vm_hook_divisor == 0) { \
-        vm_hook_divisor = MICROPY_VM_HOOK_COUNT; \
-        vboard_rx_poll(); \
-}
-#define MICROPY_VM_HOOK_LOOP MICROPY_VM_HOOK_POLL
-#define MICROPY_VM_HOOK_RETURN MICROPY_VM_HOOK_POLL
+// The console both virtual boards share (vboard_console.c): the VM hook and the WFE wait that poll it
+#include "vboard_console.h"
 
 // An ESP32-C3 has no Zba: the board's own viper compiler emits plain rv32imc, as stock C3 firmware does.
 #undef MICROPY_EMIT_RV32_ZBA

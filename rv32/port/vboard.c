@@ -1,6 +1,7 @@
 /*
  * specmesh virtual boards' flash and boot: the RV32 board (ESP32-C3 / ESP32-C6 classes, MicroPython's qemu port) and
- * the Xtensa board (ESP32 / ESP32-S3 classes, xtensa/port, which builds this file with its own vboard.h).
+ * the Xtensa board (ESP32 / ESP32-S3 classes, xtensa/port, which builds this file with its own vboard.h). Their
+ * console input is vboard_console.c's, the same way shared.
  *
  * Owns the boot sequence both boards run (vboard_boot), their waits (mp_hal_delay_ms, mp_hal_delay_us) and what a
  * real board's flash gives MicroPython, kept in two host files beside QEMU (its working
@@ -30,6 +31,7 @@
 #endif
 #include "shared/runtime/pyexec.h"
 #include "vboard.h"
+#include "vboard_console.h"
 
 #define BLOCK (4096)
 

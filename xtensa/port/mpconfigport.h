@@ -44,23 +44,8 @@
 // interpreted code are those of a stock ESP32 firmware's
 #define MICROPY_OPT_COMPUTED_GOTO   (1)
 
-void vboard_rx_poll(void);
-void vboard_idle(void);
-int vboard_rx_any(void);
-// select.poll and time.sleep wait here: asleep until input or the next millisecond (mphalport.c)
-#define MICROPY_INTERNAL_WFE(TIMEOUT_MS) do { \
-        if (!vboard_rx_any()) { \
-            vboard_idle(); \
-        } \
-} while (0)
-#define MICROPY_VM_HOOK_COUNT (64)
-#define MICROPY_VM_HOOK_INIT static unsigned int vm_hook_divisor = MICROPY_VM_HOOK_COUNT;
-#define MICROPY_VM_HOOK_POLL if (--vm_hook_divisor == 0) { \
-        vm_hook_divisor = MICROPY_VM_HOOK_COUNT; \
-        vboard_rx_poll(); \
-}
-#define MICROPY_VM_HOOK_LOOP MICROPY_VM_HOOK_POLL
-#define MICROPY_VM_HOOK_RETURN MICROPY_VM_HOOK_POLL
+// The console both virtual boards share (rv32/port/vboard_console.c): the VM hook and the WFE wait that poll it
+#include "vboard_console.h"
 
 #define MP_SSIZE_MAX (0x7fffffff)
 #define MP_NEED_LOG2 (1) // lib/libm has no log2f: py/modmath.c defines it

@@ -1,11 +1,10 @@
 /*
- * specmesh virtual Xtensa board: the console and the clock.
+ * specmesh virtual Xtensa board: the console's byte source and sleep, and the clock.
  *
  * The console is QEMU's stdin and stdout through semihosting (fds 0 and 1; host/emulator/qemu.py bridges them
- * to the board's pty). Received bytes go through a buffer, so a Ctrl-C is seen while code runs (a
- * KeyboardInterrupt, as a board's UART interrupt raises it; polled from the VM hook, mpconfigport.h),
- * including one that arrived during a soft reboot. A board waiting for input sleeps (waiti until the next
- * millisecond's timer interrupt, vboard_idle) instead of spinning, so an idle board leaves the host's CPU alone.
+ * to the board's pty). Its receive buffer and Ctrl-C handling are rv32/port/vboard_console.c's, shared with the
+ * RV32 board; here stdin is read into it. A board waiting for input sleeps (waiti until the next millisecond's
+ * timer interrupt, vboard_idle) instead of spinning, so an idle board leaves the host's CPU alone.
  *
  * The clock is CCOUNT, which QEMU's de233_fpu runs at 40 MHz of its virtual clock: under `-icount shift=0` one
  * tick is 25 executed instructions exactly, so time.ticks_cpu() (CCOUNT x 25) counts instructions to 25,
@@ -14,9 +13,8 @@
 
 #include "py/mphal.h"
 #include "py/runtime.h"
-#include "py/stream.h"
-#include "shared/runtime/interrupt_char.h"
 #include "semihost.h"
+#include "vboard_console.h"
 
 #define TICKS_PER_US (40)
 #define INSNS_PER_TICK (25) // -icount shift=0: 1 ns per instruction; CCOUNT: 40 MHz
@@ -43,67 +41,32 @@ static uint32_t ticks_ms(void) {
     return (uint32_t)(ticks64() / (1000 * TICKS_PER_US));
 }
 
-#define RX_SIZE (256)
-#define CTRL_C (3)
-static uint8_t rx_buf[RX_SIZE];
-static uint32_t rx_head, rx_tail; // bytes rx_tail..rx_head-1 are waiting
-static uint32_t rx_ctrl_c; // rx_head after the last Ctrl-C buffered as a character (0: none waiting)
 static uint32_t rx_polled; // CCOUNT at the last look at QEMU's stdin
 static bool rx_closed; // QEMU's stdin is at its end: the board stops once the bytes before it are read
 #define RX_POLL_TICKS (100 * TICKS_PER_US) // the VM hook looks every 100 us at most: a host poll() is dear
 
-static void rx_take(uint8_t c) {
-    if (c == mp_interrupt_char) {
-        mp_sched_keyboard_interrupt();
+// The console's byte source (vboard_console.c's buffer takes them): QEMU's stdin, read in chunks.
+void vboard_rx_read(bool from_vm_hook) {
+    if (from_vm_hook && ccount() - rx_polled < RX_POLL_TICKS) {
         return;
     }
-    rx_buf[rx_head++ % RX_SIZE] = c;
-    if (c == CTRL_C) {
-        rx_ctrl_c = rx_head;
-    }
-}
-
-static void rx_read(void) {
     rx_polled = ccount();
-    while (!rx_closed && rx_head - rx_tail < RX_SIZE && semihost_readable(0)) {
+    uint32_t room;
+    while (!rx_closed && (room = vboard_rx_room()) > 0 && semihost_readable(0)) {
         uint8_t chunk[64];
-        uint32_t room = RX_SIZE - (rx_head - rx_tail);
         int n = semihost_read(0, chunk, room < sizeof(chunk) ? room : sizeof(chunk));
         if (n <= 0) {
             rx_closed = true; // the host has gone
             return;
         }
         for (int i = 0; i < n; ++i) {
-            rx_take(chunk[i]);
+            vboard_rx_take(chunk[i]);
         }
     }
 }
 
-void vboard_rx_poll(void) {
-    if (rx_ctrl_c && mp_interrupt_char == CTRL_C) {
-        // A Ctrl-C that came while none was caught (a soft reboot) interrupts the code that now runs, and
-        // takes what came before it, as a board's UART interrupt would have.
-        if (rx_ctrl_c - rx_tail <= rx_head - rx_tail) {
-            rx_tail = rx_ctrl_c;
-            mp_sched_keyboard_interrupt();
-        }
-        rx_ctrl_c = 0;
-    }
-    if (ccount() - rx_polled >= RX_POLL_TICKS) {
-        rx_read();
-    }
-}
-
-uintptr_t mp_hal_stdio_poll(uintptr_t poll_flags) {
-    rx_read();
-    uintptr_t ret = 0;
-    if ((poll_flags & MP_STREAM_POLL_RD) && rx_head != rx_tail) {
-        ret |= MP_STREAM_POLL_RD;
-    }
-    if (poll_flags & MP_STREAM_POLL_WR) {
-        ret |= MP_STREAM_POLL_WR;
-    }
-    return ret;
+int vboard_rx_ready(void) {
+    return semihost_readable(0);
 }
 
 void vboard_idle(void) {
@@ -122,31 +85,16 @@ void vboard_idle(void) {
     __asm__ volatile ("wsr %0, ps; rsync" : : "r" (ps));
 }
 
-int mp_hal_stdin_rx_chr(void) {
-    for (;;) {
-        rx_read();
-        vboard_rx_poll();
-        mp_handle_pending(true); // a Ctrl-C raises before the bytes after it are read: they are the REPL's
-        if (rx_head != rx_tail) {
-            if (rx_ctrl_c == rx_tail + 1) {
-                rx_ctrl_c = 0; // the REPL reads the Ctrl-C as a character
-            }
-            return rx_buf[rx_tail++ % RX_SIZE];
-        }
-        if (rx_closed) {
-            semihost_exit(0);
-        }
-        vboard_idle();
+void vboard_rx_wait(void) {
+    if (rx_closed) {
+        semihost_exit(0);
     }
+    vboard_idle();
 }
 
 mp_uint_t mp_hal_stdout_tx_strn(const char *str, size_t len) {
     semihost_write(1, str, len);
     return len;
-}
-
-int vboard_rx_any(void) {
-    return rx_head != rx_tail || semihost_readable(0);
 }
 
 mp_uint_t mp_hal_ticks_ms(void) {

@@ -30,7 +30,5 @@ void vboard_init(void);
 // Returns QEMU's exit code for that reset, which says which REPL to come back to (the host starts the board again
 // on the same console: host/emulator/qemu.py); the config block's boot word starts it in the raw REPL.
 int vboard_boot(void);
-// The port's HAL (mphalport.c): sleep until input or the next millisecond
-void vboard_idle(void);
 
 #endif
