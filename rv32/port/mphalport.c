@@ -88,15 +88,6 @@ mp_uint_t mp_hal_ticks_cpu(void) {
     return n;
 }
 
-// A dummy mp_hal_get_random() (an LCG), as the qemu port has.
-static uint32_t random_state;
-void mp_hal_get_random(size_t n, uint8_t *buf) {
-    for (size_t i = 0; i < n; ++i) {
-        random_state = random_state * 1664525 + 1013904223;
-        buf[i] = random_state >> 24;
-    }
-}
-
 // The filesystem's file times (littlefs mtime): time since power-on, as a board without a clock set.
 uint64_t mp_hal_time_ns(void) {
     return (uint64_t)ticks_ms() * 1000000ull;

@@ -3,9 +3,9 @@
  * the Xtensa board (ESP32 / ESP32-S3 classes, xtensa/port, which builds this file with its own vboard.h). Their
  * console input is vboard_console.c's, the same way shared.
  *
- * Owns the boot sequence both boards run (vboard_boot), their waits (mp_hal_delay_ms, mp_hal_delay_us) and what a
- * real board's flash gives MicroPython, kept in two host files beside QEMU (its working
- * directory), reached through semihosting so they survive a reset the way flash does:
+ * Owns the boot sequence both boards run (vboard_boot), their waits (mp_hal_delay_ms, mp_hal_delay_us), their
+ * random bytes (mp_hal_get_random) and what a real board's flash gives MicroPython, kept in two host files beside
+ * QEMU (its working directory), reached through semihosting so they survive a reset the way flash does:
  * - flash.img: the filesystem, littlefs2 in 4 KiB blocks (`vboard.Flash`, a block device), mounted at /;
  * - romfs.img: the ROMFS partition, loaded by QEMU into guest memory at VBOARD_ROMFS_ADDR and read in
  *   place (memory-mapped flash); `vfs.rom_ioctl` writes go to that memory and to the file.
@@ -184,7 +184,7 @@ static void mount(void) {
     }
 }
 
-// -- boot and waits ---------------------------------------------------------------------------------
+// -- boot, waits and random bytes -------------------------------------------------------------------
 
 int vboard_boot(void) {
     const vboard_config_t *c = config();
@@ -228,6 +228,15 @@ void mp_hal_delay_ms(mp_uint_t ms) {
 void mp_hal_delay_us(mp_uint_t us) {
     mp_uint_t start = mp_hal_ticks_us();
     while (mp_hal_ticks_us() - start < us) {
+    }
+}
+
+// A dummy mp_hal_get_random() (an LCG), as MicroPython's qemu port has.
+static uint32_t random_state;
+void mp_hal_get_random(size_t n, uint8_t *buf) {
+    for (size_t i = 0; i < n; ++i) {
+        random_state = random_state * 1664525 + 1013904223;
+        buf[i] = random_state >> 24;
     }
 }
 
