@@ -147,3 +147,47 @@ def run_stats(*args, tmp_path, name):
     path = tmp_path / (name + ".json")
     assert cli(["--quiet", "--max-tokens", "64", "--stats-json", str(path), *args]) == 0
     return json.loads(path.read_text())
+
+
+# The two runs of a QEMU pair (tests/test_rv32.py, tests/test_xtensa.py): greedy, and seeded sampling with a fixed gamma
+PAIR_SAMPLINGS = pytest.mark.parametrize("sampling", [[], ["--temperature", "0.8", "--seed", "7", "--gamma", "4"]],
+                                         ids=["greedy", "seeded"])
+
+
+def assert_pair_prints_the_hosts_text(drafter: str, verifier: str, sampling: list[str], tmp_path, name: str) -> None:
+    """`specmesh run` on a virtual drafter and verifier (board classes) prints the host's text, both boards on the
+    native kernels with their executed instructions in the stats. Greedy: plain decoding's text on the host. Seeded:
+    the host back-ends' text with the same seed and gamma (where drafts are tested changes a sampled text, so it is
+    compared with speculation on the host, not with plain decoding, and with a fixed gamma: gamma auto prices a host
+    drafter and a board differently), the host drafting with the model the drafter board runs (its class's)."""
+    boards = run_stats("--drafter", "virtual:" + drafter, "--verifier", "virtual:" + verifier, *sampling,
+                       tmp_path=tmp_path, name=name)
+    host = (["--drafter", "cpu", "--verifier", "cpu", "--draft-model", str(ROOT / "models" / boards[
+        "drafter_model"].rsplit("/", 1)[-1])] if sampling else ["--plain", "--verifier", "cpu"])
+    want = run_stats(*host, *sampling, tmp_path=tmp_path, name="cpu")
+    assert boards["text"] == want["text"] and boards["tokens"] == 64
+    roles = {b["role"]: b for b in boards["boards"]}
+    assert set(roles) == {"drafter", "verifier"}
+    for b in roles.values():
+        assert b["kernels"] == "native", b.get("kernels_note")
+        assert b["instructions"] == "measured instructions (qemu)" and b["instructions_per_token"] > 0
+
+
+def assert_five_stages_give_the_single_verifiers_tokens(board_class: str, tmp_path) -> None:
+    """A pipeline of five virtual boards of a class, each a stage of the shipped target, generates greedily the
+    tokens the whole target gives on the host, every stage on the native kernels."""
+    from specmesh.host.backends import LocalVerifier, SessionParams
+    from specmesh.host.decode.gamma import GammaController
+    from specmesh.host.decode.orchestrator import generate
+    from specmesh.host.decode.tokenizer import Tokenizer
+    from specmesh.host.provision.cluster import Cluster
+
+    models = ROOT / "models"
+    prompt = Tokenizer.from_llama2c(models / "tokenizer.bin").encode("Once upon a time")
+    params = SessionParams(eos=1)
+    want = generate(prompt, LocalVerifier(models / TARGET_FILE), None, params, 24, GammaController(fixed=0)).tokens
+    with Cluster("serial", models, tmp_path / "vboards") as c:
+        pipe = c.pipeline(5, board_class)
+        assert [s.name for s in pipe.stages] == ["virtual:stage%d(%s)" % (i, board_class) for i in range(5)]
+        assert generate(prompt, pipe, None, params, 24, GammaController(fixed=0)).tokens == want
+        assert all(s.stats()["kernels"] == "native" for s in pipe.stages)

@@ -10,15 +10,11 @@ import ast
 
 import pytest
 
-from specmesh.host.layout import TARGET_FILE
-from specmesh.host.backends import LocalVerifier, SessionParams
 from specmesh.host.boardclasses import BOARD_CLASSES
-from specmesh.host.decode.gamma import GammaController
-from specmesh.host.decode.orchestrator import generate
-from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.projection.hardware import ESP32C3, RV32_CPI
 from specmesh.host.provision.cluster import Cluster
-from tests.conftest import ROOT, require_rv32, run_stats
+from tests.conftest import (PAIR_SAMPLINGS, ROOT, assert_five_stages_give_the_single_verifiers_tokens,
+                            assert_pair_prints_the_hosts_text, require_rv32, run_stats)
 
 pytestmark = pytest.mark.rv32
 MODELS = ROOT / "models"
@@ -130,24 +126,9 @@ def test_a_sampled_verify_allocates_no_table_on_a_c3(tmp_path):
     assert most < 1024, most
 
 
-@pytest.mark.parametrize("sampling", [[], ["--temperature", "0.8", "--seed", "7", "--gamma", "4"]],
-                         ids=["greedy", "seeded"])
+@PAIR_SAMPLINGS
 def test_two_c3_boards_print_the_hosts_text_on_native_kernels(tmp_path, sampling):
-    """Greedy: plain decoding's text on the host. Seeded: the host back-ends' text with the same seed and the same
-    gamma (where drafts are tested changes a sampled text, so it is compared with speculation on the host, not
-    with plain decoding, and with a fixed gamma: gamma auto prices a host drafter and a board differently)."""
-    boards = run_stats("--drafter", "virtual:esp32c3", "--verifier", "virtual:esp32c3", *sampling, tmp_path=tmp_path,
-                  name="c3")
-    # seeded: the host drafts with the model the C3 drafter board runs (its class's), as a sampled text needs
-    host = (["--drafter", "cpu", "--verifier", "cpu", "--draft-model", str(MODELS / boards["drafter_model"].rsplit(
-        "/", 1)[-1])] if sampling else ["--plain", "--verifier", "cpu"])
-    want = run_stats(*host, *sampling, tmp_path=tmp_path, name="cpu")
-    assert boards["text"] == want["text"] and boards["tokens"] == 64
-    roles = {b["role"]: b for b in boards["boards"]}
-    assert set(roles) == {"drafter", "verifier"}
-    for b in roles.values():
-        assert b["kernels"] == "native" and b["instructions_per_token"] > 0
-        assert b["instructions"] == "measured instructions (qemu)"
+    assert_pair_prints_the_hosts_text("esp32c3", "esp32c3", sampling, tmp_path, "c3")
 
 
 def test_project_esp32c3_prices_the_measured_instructions(tmp_path):
@@ -161,14 +142,7 @@ def test_project_esp32c3_prices_the_measured_instructions(tmp_path):
 
 
 def test_a_pipeline_of_five_c3_stages_gives_the_single_verifiers_tokens(tmp_path):
-    prompt = Tokenizer.from_llama2c(MODELS / "tokenizer.bin").encode("Once upon a time")
-    params = SessionParams(eos=1)
-    want = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), None, params, 24, GammaController(fixed=0)).tokens
-    with Cluster("serial", MODELS, tmp_path / "vboards") as c:
-        pipe = c.pipeline(5, "esp32c3")
-        assert [s.name for s in pipe.stages] == ["virtual:stage%d(esp32c3)" % i for i in range(5)]
-        assert generate(prompt, pipe, None, params, 24, GammaController(fixed=0)).tokens == want
-        assert all(s.stats()["kernels"] == "native" for s in pipe.stages)
+    assert_five_stages_give_the_single_verifiers_tokens("esp32c3", tmp_path)
 
 
 def test_a_c3_pair_plans_gamma_on_the_instructions_its_boards_execute(tmp_path):

@@ -15,14 +15,10 @@ import time
 
 import pytest
 
-from specmesh.host.backends import LocalVerifier, SessionParams
-from specmesh.host.decode.gamma import GammaController
-from specmesh.host.decode.orchestrator import generate
-from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import TARGET_FILE
 from specmesh.host.projection.hardware import BOARDS, CPI
-from specmesh.host.provision.cluster import Cluster
-from tests.conftest import ROOT, require_xtensa, run_stats
+from tests.conftest import (PAIR_SAMPLINGS, ROOT, assert_five_stages_give_the_single_verifiers_tokens,
+                            assert_pair_prints_the_hosts_text, require_xtensa, run_stats)
 
 pytestmark = pytest.mark.xtensa
 MODELS = ROOT / "models"
@@ -109,22 +105,9 @@ def test_mpremote_drives_the_console_and_the_flash_and_romfs_survive_a_reset(tmp
         board.stop()
 
 
-@pytest.mark.parametrize("sampling", [[], ["--temperature", "0.8", "--seed", "7", "--gamma", "4"]],
-                         ids=["greedy", "seeded"])
+@PAIR_SAMPLINGS
 def test_an_esp32_and_an_s3_print_the_hosts_text_on_native_kernels(tmp_path, sampling):
-    """Greedy: plain decoding's text on the host. Seeded: the host back-ends' text with the same seed, gamma and
-    drafter model (as tests/test_rv32.py does for two C3s)."""
-    boards = run_stats("--drafter", "virtual:esp32", "--verifier", "virtual:esp32s3", *sampling, tmp_path=tmp_path,
-                  name="xtensa")
-    host = (["--drafter", "cpu", "--verifier", "cpu", "--draft-model", str(MODELS / boards["drafter_model"].rsplit(
-        "/", 1)[-1])] if sampling else ["--plain", "--verifier", "cpu"])
-    want = run_stats(*host, *sampling, tmp_path=tmp_path, name="cpu")
-    assert boards["text"] == want["text"] and boards["tokens"] == 64
-    roles = {b["role"]: b for b in boards["boards"]}
-    assert set(roles) == {"drafter", "verifier"}
-    for b in roles.values():
-        assert b["kernels"] == "native", b.get("kernels_note")
-        assert b["instructions"] == "measured instructions (qemu)" and b["instructions_per_token"] > 0
+    assert_pair_prints_the_hosts_text("esp32", "esp32s3", sampling, tmp_path, "xtensa")
 
 
 def test_project_esp32s3_prices_the_instructions_the_xtensa_boards_executed(tmp_path):
@@ -203,11 +186,4 @@ def test_a_corrupt_native_module_falls_back_to_viper_and_says_why(tmp_path):
 
 
 def test_a_pipeline_of_five_esp32_stages_gives_the_single_verifiers_tokens(tmp_path):
-    prompt = Tokenizer.from_llama2c(MODELS / "tokenizer.bin").encode("Once upon a time")
-    params = SessionParams(eos=1)
-    want = generate(prompt, LocalVerifier(MODELS / TARGET_FILE), None, params, 24, GammaController(fixed=0)).tokens
-    with Cluster("serial", MODELS, tmp_path / "vboards") as c:
-        pipe = c.pipeline(5, "esp32")
-        assert [s.name for s in pipe.stages] == ["virtual:stage%d(esp32)" % i for i in range(5)]
-        assert generate(prompt, pipe, None, params, 24, GammaController(fixed=0)).tokens == want
-        assert all(s.stats()["kernels"] == "native" for s in pipe.stages)
+    assert_five_stages_give_the_single_verifiers_tokens("esp32", tmp_path)
