@@ -83,9 +83,34 @@ def test_lossy_links_give_the_fault_free_text(vboards, params):
     assert got["retransmits"] > 0 and not got["failovers"]
 
 
-def test_a_killed_verifier_fails_over_to_the_cpu_with_the_same_text(vboards):
+@pytest.fixture
+def engines(monkeypatch):
+    """The engine processes (host/backends/pipeengine.py) started while the test runs."""
+    from specmesh.host.backends.pipeengine import PipeEngine
+
+    started: list[PipeEngine] = []
+    start = PipeEngine.start.__func__
+
+    def recorded(cls, path):
+        engine = start(cls, path)
+        started.extend([engine] if engine is not None else [])
+        return engine
+
+    monkeypatch.setattr(PipeEngine, "start", classmethod(recorded))
+    return started
+
+
+def test_the_reference_text_leaves_no_engine_process_running(engines):
+    """Each case's fault-free reference ran the cpu back-ends' engine processes, which were never ended: a
+    `specmesh chaos` of every profile had some fifty engine processes running by its end."""
+    assert reference(MODELS, CASES[0], 8)
+    assert engines and all(e._proc.poll() is not None for e in engines)
+
+
+def test_a_killed_verifier_fails_over_to_the_cpu_with_the_same_text(vboards, engines):
     params = CASES[1]
     got = run_case(PROFILES["verifier-dies"], params, TOKENS, MODELS, vboards)
+    assert engines and all(e._proc.poll() is not None for e in engines)  # the cpu verifier's ended with the case
     assert got["tokens"] == reference(MODELS, params, TOKENS)
     (line,) = got["failovers"]
     assert line.startswith("verifier virtual:verifier") and "cpu took over" in line and "\n" not in line

@@ -13,6 +13,7 @@ boards (signed when the profile is).
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 from collections.abc import Callable
@@ -88,8 +89,9 @@ def reference(models: Path, params: SessionParams, tokens: int, transport: str =
     """The fault-free text of a case, on the CPU back-ends (the drafter the cluster's drafter board runs on
     `transport`)."""
     drafter = drafter_model(models, drafter_class(transport))
-    return generate(PROMPT, LocalVerifier(model_path(models, "verifier")), LocalDrafter(drafter), params,
-                    tokens, GammaController(fixed=GAMMA)).tokens
+    with contextlib.closing(LocalVerifier(model_path(models, "verifier"))) as verifier, \
+            contextlib.closing(LocalDrafter(drafter)) as draft:  # each its engine's process
+        return generate(PROMPT, verifier, draft, params, tokens, GammaController(fixed=GAMMA)).tokens
 
 
 def soft_reset(board) -> None:
@@ -107,11 +109,14 @@ def soft_reset(board) -> None:
 
 class _Chaos(Observer):
     """generate()'s observer under a profile: its event at its round (`times` gets "event", when it happened,
-    and "recovered", when the next round ended), fail-over to a local verifier, each fail-over's line kept."""
+    and "recovered", when the next round ended), fail-over to a local verifier (closed with `closes`), each
+    fail-over's line kept."""
 
-    def __init__(self, cluster, backends: dict, event: tuple[str, str, int] | None, models: Path):
+    def __init__(self, cluster, backends: dict, event: tuple[str, str, int] | None, models: Path,
+                 closes: contextlib.ExitStack):
         super().__init__(fails_over=True)
         self.cluster, self.backends, self.event, self.models = cluster, backends, event, models
+        self.closes = closes
         self.rounds = 0
         self.times: dict[str, float] = {}
         self.failovers: list[str] = []
@@ -130,7 +135,7 @@ class _Chaos(Observer):
         self.times["event"] = time.perf_counter()
 
     def fallback(self):
-        return LocalVerifier(model_path(self.models, "verifier"))
+        return self.closes.enter_context(contextlib.closing(LocalVerifier(model_path(self.models, "verifier"))))
 
     def failed_over(self, line: str) -> None:
         self.failovers.append(line)
@@ -144,12 +149,13 @@ def run_case(profile: Profile | None, params: SessionParams, tokens: int, models
     p = profile or Profile("none")
     radio = RadioConfig(seed=3, **p.radio) if p.transport == "espnow" else None
     key = secrets.token_bytes(32) if p.signed else None
-    with Cluster(p.transport, models, root, radio=radio, faults=p.link, key=key) as c:
+    with Cluster(p.transport, models, root, radio=radio, faults=p.link, key=key) as c, \
+            contextlib.ExitStack() as closes:  # a fail-over's cpu verifier
         backends = {"verifier": c.backend("verifier"), "drafter": c.backend("drafter")}
         if p.uart_console:  # from now on (flashing at the ring's pace would only be slow)
             for board in c.boards.values():
                 board.model_console()
-        watch = _Chaos(c, backends, p.event, models)
+        watch = _Chaos(c, backends, p.event, models, closes)
         failovers, times = watch.failovers, watch.times
         t0 = time.perf_counter()
         res = generate(PROMPT, backends["verifier"], backends["drafter"], params, tokens,
