@@ -130,6 +130,19 @@ def test_what_does_not_map_is_a_4xx_naming_it(boards):
         assert e.value.code == 400 and error["param"] == param and says in error["message"], error
 
 
+def test_openai_s_own_defaults_are_taken(boards):
+    """Clients that send OpenAI's defaults (a chat's `logprobs: false`, `tool_choice: "none"`, a text
+    `response_format`) got a 400 "not supported by specmesh (only its default, null)"."""
+    c = client(boards)
+    chat = c.chat.completions.create(model="specmesh", messages=[{"role": "user", "content": PROMPT}], max_tokens=4,
+                                     logprobs=False, tool_choice="none", response_format={"type": "text"},
+                                     parallel_tool_calls=True, presence_penalty=0.0)
+    assert chat.choices[0].message.content and chat.usage.completion_tokens == 4
+    with pytest.raises(openai.BadRequestError) as e:  # a completion's top 0 logprobs: not false, though 0 == False
+        c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=4, logprobs=0)
+    assert e.value.body["param"] == "logprobs", e.value.body
+
+
 @pytest.fixture(scope="module")
 def host(models):
     """16 lanes whose forwards are batched: on a host where the engine process (host/backends/pipeengine.py) cannot

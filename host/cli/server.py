@@ -40,9 +40,12 @@ from specmesh.host.decode.tokenizer import lone_surrogate
 MODEL_ID = "specmesh"
 TAKEN = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
          "stop", "n", "stream", "stream_options", "user"}
-DEFAULTS = {"echo": False, "logprobs": None, "top_logprobs": None, "best_of": 1, "presence_penalty": 0,
-            "frequency_penalty": 0, "logit_bias": None, "suffix": None, "tools": None, "tool_choice": None,
-            "response_format": None, "parallel_tool_calls": None}  # OpenAI's defaults, accepted as such
+# OpenAI's defaults, accepted as such: null (not given), and the value that means the same (a chat's logprobs are
+# false, a completion's null; no tools, so none is chosen and none runs in parallel; text is the response format)
+DEFAULTS = {"echo": (False,), "logprobs": (None, False), "top_logprobs": (None,), "best_of": (1,),
+            "presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": (None, {}), "suffix": (None,),
+            "tools": (None, []), "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
+            "parallel_tool_calls": (None, True)}
 MAX_BODY = 1 << 20
 FINISH = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context": "length", "cancelled": "stop"}
 
@@ -68,10 +71,9 @@ def sampling(body: dict, mesh: Mesh) -> dict:
             continue
         if key not in DEFAULTS:
             raise BadRequest("unsupported parameter %r" % key, key)
-        if value not in (DEFAULTS[key], {} if key == "logit_bias" else DEFAULTS[key]) and not (
-                key == "tools" and value == []):
+        if not any(value == d and isinstance(value, bool) == isinstance(d, bool) for d in DEFAULTS[key]):
             raise BadRequest("parameter %r is not supported by specmesh (only its default, %s)"
-                             % (key, json.dumps(DEFAULTS[key])), key)
+                             % (key, " or ".join(json.dumps(d) for d in DEFAULTS[key])), key)
     if body.get("model") not in (None, MODEL_ID):
         raise BadRequest("the model %r does not exist: this server serves %r" % (body["model"], MODEL_ID),
                          "model", 404, "model_not_found")
