@@ -143,6 +143,16 @@ def test_openai_s_own_defaults_are_taken(boards):
     assert e.value.body["param"] == "logprobs", e.value.body
 
 
+def test_the_openai_client_retrieves_the_model(boards):
+    """`models.retrieve` got "no route GET /v1/models/specmesh"."""
+    c = client(boards)
+    model = c.models.retrieve("specmesh")
+    assert model.id == "specmesh" and model.model_extra["context"] == 512
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("gpt-4")
+    assert e.value.body["code"] == "model_not_found" and "'gpt-4' does not exist" in e.value.body["message"]
+
+
 @pytest.fixture(scope="module")
 def host(models):
     """16 lanes whose forwards are batched: on a host where the engine process (host/backends/pipeengine.py) cannot

@@ -1,8 +1,8 @@
 """The HTTP face of a `Mesh` (host/cli/session.py): an OpenAI-compatible API and the live page, on Starlette.
 
 Routes: `POST /v1/completions` and `POST /v1/chat/completions` (`stream: true` as server-sent events, else one
-JSON body), `GET /v1/models`, `GET /health`, and `/`, the live page (host/cli/page.html). The parameters that
-map are taken (`max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1; `stream_options` and `user` are
+JSON body), `GET /v1/models` and `/v1/models/ID`, `GET /health`, and `/`, the live page (host/cli/page.html). The
+parameters that map are taken (`max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1; `stream_options` and `user` are
 accepted and ignored); any other parameter set to something but its OpenAI default is a 400 naming it, as is
 a bad value. Where OpenAI's and `specmesh run`'s defaults differ, the mesh's are kept: greedy
 (`temperature` 0) and its `--max-tokens`. A chat's messages are its turns, appended as typed (the stories
@@ -57,6 +57,15 @@ class BadRequest(Exception):
         super().__init__(message)
         self.param, self.status, self.code = param, status, code
 
+    def reply(self) -> JSONResponse:
+        return error(self.status, str(self), self.param, self.code)
+
+
+def unknown_model(name: object) -> BadRequest:
+    shown = _shown(name) if isinstance(name, str) else name
+    return BadRequest("the model %r does not exist: this server serves %r" % (shown, MODEL_ID), "model", 404,
+                      "model_not_found")
+
 
 def error(status: int, message: str, param: str | None = None, code: str | None = None,
           kind: str = "invalid_request_error") -> JSONResponse:
@@ -75,8 +84,7 @@ def sampling(body: dict, mesh: Mesh) -> dict:
             raise BadRequest("parameter %r is not supported by specmesh (only its default, %s)"
                              % (key, " or ".join(json.dumps(d) for d in DEFAULTS[key])), key)
     if body.get("model") not in (None, MODEL_ID):
-        raise BadRequest("the model %r does not exist: this server serves %r" % (body["model"], MODEL_ID),
-                         "model", 404, "model_not_found")
+        raise unknown_model(body["model"])
     if body.get("n", 1) != 1:
         raise BadRequest("n must be 1: one choice per request", "n")
     out: dict[str, Any] = {}
@@ -215,9 +223,16 @@ class Api:
         return JSONResponse({"status": "ok", "model": MODEL_ID, "streams": m.streams,
                              "busy": max(self.busy - waiting, 0), "waiting": waiting})
 
+    def _model(self) -> dict:
+        return {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "specmesh", "context": self.mesh.context}
+
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0,
-                                                         "owned_by": "specmesh", "context": self.mesh.context}]})
+        return JSONResponse({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        """One model by its id (the openai client's `models.retrieve`)."""
+        name = request.path_params["model"]
+        return JSONResponse(self._model()) if name == MODEL_ID else unknown_model(name).reply()
 
     async def page(self, request: Request) -> Response:
         return HTMLResponse(resources.files("specmesh.host.cli").joinpath("page.html").read_text())
@@ -232,7 +247,7 @@ class Api:
         try:
             body = json.loads(await body_of(request))
         except BadRequest as e:
-            return error(e.status, str(e))
+            return e.reply()
         except ClientDisconnect:  # the client left before its body was whole: nobody reads this
             return error(400, "the client left before its request's body was read")
         except asyncio.CancelledError:  # the server stopped while the client was still sending: its end, not a bug
@@ -250,7 +265,7 @@ class Api:
                 raise BadRequest("the prompt has %d tokens but the context holds %d" % (len(prompt), self.mesh.context),
                                  "messages" if chat else "prompt", code="context_length_exceeded")
         except BadRequest as e:
-            return error(e.status, str(e), e.param, e.code)
+            return e.reply()
         reply = Reply(chat)
         if body.get("stream"):
             return StreamingResponse(self._events(prompt, kw, reply), media_type="text/event-stream",
@@ -389,6 +404,7 @@ def app(mesh: Mesh, threads: ThreadPoolExecutor) -> Starlette:
         Route("/", api.page),
         Route("/health", api.health),
         Route("/v1/models", api.models),
+        Route("/v1/models/{model:path}", api.model),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
     ], exception_handlers={404: not_found, 405: not_allowed})
