@@ -220,6 +220,15 @@ def test_a_client_killed_mid_generation_frees_its_lane_for_the_next_request(mode
         assert done.usage.completion_tokens == 8 and took < 2.0, took  # not the 6 s the killed stream had left
 
 
+@pytest.mark.parametrize("streams", ["0", "257"])
+def test_serve_names_its_streams_flag_out_of_range(capsys, streams):
+    """It said "streams must be in 1..256", the Python API's keyword, not the flag that was typed."""
+    from specmesh.host import cli
+
+    assert cli.main(["serve", "--streams", streams, "--port", "0", "--verifier", "cpu"]) == 2
+    assert capsys.readouterr().err == "specmesh serve: error: --streams must be in 1..256, not %s\n" % streams
+
+
 def test_serve_on_port_0_names_the_port_it_listens_on_and_stops_on_ctrl_c():
     """`specmesh serve --port 0` (host/cli/serve.py): the banner's address is where the API answers; Ctrl-C ends it
     with one line and status 130."""

@@ -1,6 +1,6 @@
 """The ranges of the command line's numeric flags, and the one message for a value outside its range.
 
-Every numeric flag of `specmesh run`, `chaos` and `emulate` is checked here, before anything starts, so a
+Every numeric flag of `specmesh run`, `serve`, `chaos` and `emulate` is checked here, before anything starts, so a
 value too low and a value too high get the same line: "--stages must be in 0..6 (...), not 99".
 
     in_range(flag, value, lo, hi=None, note="")   value, or RangeError (hi None: no upper bound)
@@ -10,6 +10,7 @@ value too low and a value too high get the same line: "--stages must be in 0..6 
 from __future__ import annotations
 
 SEED = (0, 0xFFFFFFFF)  # --seed of run, emulate: a u32 in BEGIN and in the radio's PRNG
+STREAMS = (1, 256)  # serve's --streams, a Mesh's streams: lanes generating at once
 
 
 class RangeError(ValueError):

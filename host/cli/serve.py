@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from specmesh.host.cli.config import UsageError
 from specmesh.host.cli.flags import add_arguments
+from specmesh.host.cli.ranges import STREAMS, RangeError, in_range
 from specmesh.host.cli.run import check_args, failed
 from specmesh.host.cli.session import ONE_GENERATION, Mesh, say_on_stderr
 
@@ -53,6 +54,10 @@ def serve(a: argparse.Namespace) -> int:
               % given[0].replace("_", "-"), file=sys.stderr)
         return 2
     config = check_args(a)
+    try:
+        in_range("--streams", a.streams, *STREAMS)
+    except RangeError as e:
+        raise UsageError(str(e)) from None
     sockets = listen(a.host, a.port)
     try:
         say = say_on_stderr("serve")

@@ -54,7 +54,7 @@ from specmesh.host.cli.flags import a_path, add_arguments
 from specmesh.host.cli.output import Segments, TextStream, Watch
 from specmesh.host.cli.preflight import (PreflightError, check_backends, check_context, check_models, check_pair,
                                          check_tokenizer, unknown_backend)
-from specmesh.host.cli.ranges import SEED, RangeError, in_range
+from specmesh.host.cli.ranges import SEED, STREAMS, RangeError, in_range
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, Round, generate
 from specmesh.host.decode.stopstrings import StopScan, StopStrings
@@ -593,7 +593,7 @@ class Mesh(contextlib.AbstractContextManager):
         if not isinstance(streams, int) or isinstance(streams, bool):
             raise UsageError("streams must be an integer, not %r" % (streams,))
         try:
-            in_range("streams", streams, 1, 256)
+            in_range("streams", streams, *STREAMS)
         except RangeError as e:
             raise UsageError(str(e)) from None
         self.say = say
