@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -227,6 +228,28 @@ def test_serve_names_its_streams_flag_out_of_range(capsys, streams):
 
     assert cli.main(["serve", "--streams", streams, "--port", "0", "--verifier", "cpu"]) == 2
     assert capsys.readouterr().err == "specmesh serve: error: --streams must be in 1..256, not %s\n" % streams
+
+
+def test_health_counts_the_lanes_generating_and_the_requests_waiting(models, monkeypatch):
+    """Requests past the server's threads wait for one before they queue for a lane: /health counted them as
+    lanes generating ("busy": 3 on a mesh of one stream)."""
+    monkeypatch.setitem(registry.VERIFIERS, "slow", Slow)
+    with Mesh(drafter="cpu", verifier="slow", models=models, gamma="0") as mesh, serving(mesh, threads=2) as url:
+        port = int(url.rsplit(":", 1)[1])
+        body = json.dumps({"prompt": PROMPT, "max_tokens": 400}).encode()
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        for sock in clients:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))
+        health: dict = {}
+        for _ in range(500):
+            health = json.load(urllib.request.urlopen(url + "/health", timeout=30))
+            if health["busy"] + health["waiting"] == 4:
+                break
+            time.sleep(0.01)
+        for sock in clients:
+            sock.close()
+        assert (health["busy"], health["waiting"]) == (1, 3), health
 
 
 def test_serve_on_port_0_names_the_port_it_listens_on_and_stops_on_ctrl_c():

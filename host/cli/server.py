@@ -206,7 +206,7 @@ class Api:
     def __init__(self, mesh: Mesh, threads: ThreadPoolExecutor):
         self.mesh = mesh
         self.threads = threads  # one per request generating or waiting for a lane (asyncio's default has few)
-        self.busy = 0
+        self.in_flight = 0  # requests generating or waiting for a lane
         self.cancels: set[threading.Event] = set()  # one per generation running or waiting for a lane
         self.stopping = False
 
@@ -218,10 +218,9 @@ class Api:
             cancel.set()
 
     async def health(self, request: Request) -> Response:
-        m = self.mesh
-        waiting = len(m._waiting)  # requests queued for a lane; `busy`: the lanes generating
-        return JSONResponse({"status": "ok", "model": MODEL_ID, "streams": m.streams,
-                             "busy": max(self.busy - waiting, 0), "waiting": waiting})
+        busy = self.mesh.lanes_busy  # the lanes generating; `waiting`: the requests queued for one
+        return JSONResponse({"status": "ok", "model": MODEL_ID, "streams": self.mesh.streams, "busy": busy,
+                             "waiting": max(self.in_flight - busy, 0)})
 
     def _model(self) -> dict:
         return {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "specmesh", "context": self.mesh.context}
@@ -290,7 +289,7 @@ class Api:
         cancel.set()
 
     async def _run(self, prompt, kw, cancel, on_piece) -> Completion:
-        self.busy += 1
+        self.in_flight += 1
         self.cancels.add(cancel)
         if self.stopping:
             cancel.set()
@@ -298,7 +297,7 @@ class Api:
             return await asyncio.get_running_loop().run_in_executor(
                 self.threads, self.mesh.complete, prompt, kw["request"], on_piece, cancel)
         finally:
-            self.busy -= 1
+            self.in_flight -= 1
             self.cancels.discard(cancel)
 
     async def _events(self, prompt: list[int], kw: dict, reply: Reply):

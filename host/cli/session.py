@@ -647,6 +647,12 @@ class Mesh(contextlib.AbstractContextManager):
 
     # -- lanes -------------------------------------------------------------------------------------
 
+    @property
+    def lanes_busy(self) -> int:
+        """Lanes serving a stream (the others are free)."""
+        with self._lock:
+            return len(self._lanes) - len(self._free)
+
     def _new_lane(self) -> Lane:
         batched = self.streams > 1
         verifier = self._setup.make("verifier", self.names["verifier"], batched)
