@@ -258,6 +258,39 @@ def test_closing_a_mesh_mid_generation_ends_it_cancelled_not_failed_over(monkeyp
     assert boards_at_stats == [2]  # the boards were still up while the stats asked them
 
 
+def test_a_ctrl_c_while_close_waits_for_a_generation_still_stops_the_boards():
+    """Interrupted in its wait for a generation's round (a slow board; a Ctrl-C), close() left the boards' VMs
+    running: the Mesh was closed to new generations, but nothing would ever stop them."""
+    import os
+    import signal
+
+    from specmesh.host.emulator import board
+
+    mesh = Mesh(drafter="virtual", verifier="virtual")
+    first, resume = threading.Event(), threading.Event()
+
+    def slow_round(piece):
+        first.set()
+        resume.wait(30)  # a round that is slow to end
+
+    def generate():
+        with contextlib.suppress(Exception):  # its boards were released under it
+            mesh.generate("Once upon a time", max_tokens=400, on_piece=slow_round)
+
+    thread = threading.Thread(target=generate)
+    thread.start()
+    try:
+        assert first.wait(60) and len(board._LIVE) == 2
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            mesh.close()
+        assert not board._LIVE
+    finally:
+        resume.set()
+        thread.join(60)
+        mesh.close()
+
+
 def test_an_on_piece_callback_that_raises_gets_its_own_exception_back(models):
     """Not a GenerationFailed (which reads as a back-end's failure) without the callback's traceback."""
     import traceback

@@ -628,14 +628,17 @@ class Mesh(contextlib.AbstractContextManager):
     def close(self, wait_s: float = 60.0) -> None:
         """Stop the boards it started and release its back-ends. Generations running in other threads are told to
         end after their round (their stop: "cancelled") and waited for, up to `wait_s`, first: released under
-        them, their boards would seem to fail and the cpu verifier take over."""
+        them, their boards would seem to fail and the cpu verifier take over. A Ctrl-C in that wait releases them
+        at once."""
         me = threading.get_ident()
-        with self._lock:
-            self._closed = True
-            for cancel in self._running:
-                cancel.set()
-            self._ended.wait_for(lambda: all(ident == me for ident in self._running.values()), timeout=wait_s)
-        self._setup.close()
+        try:
+            with self._lock:
+                self._closed = True
+                for cancel in self._running:
+                    cancel.set()
+                self._ended.wait_for(lambda: all(ident == me for ident in self._running.values()), timeout=wait_s)
+        finally:
+            self._setup.close()
 
     def __exit__(self, *exc) -> None:
         self.close()
