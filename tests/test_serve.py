@@ -3,7 +3,10 @@ equals `specmesh run`'s on virtual boards, streamed (SSE) and not, completions a
 on host back-ends give the texts they give one at a time (greedy and seeded) with batched passes; a client
 killed mid-generation (streamed or not) frees its lane for the next request; what does not map is a 4xx naming it."""
 
+import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -252,50 +255,48 @@ def test_health_counts_the_lanes_generating_and_the_requests_waiting(models, mon
         assert (health["busy"], health["waiting"]) == (1, 3), health
 
 
+@contextlib.contextmanager
+def started(*flags: str):
+    """A `specmesh serve --port 0 FLAGS` process and the address its banner names (killed on exit); its virtual
+    boards in a folder of their own (the module's `boards` hold theirs), kept for the next run."""
+    from specmesh.host.provision.cluster import _vboards_dir
+
+    env = {**os.environ, "SPECMESH_VBOARDS": str(_vboards_dir()) + "-serve"}
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh", "serve", "--port", "0", *flags],
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    try:
+        banner = proc.stderr.readline()
+        while banner and " on http" not in banner:  # (any line before the banner: a board's, a warning)
+            banner = proc.stderr.readline()
+        assert " on http://127.0.0.1:" in banner, banner
+        yield proc, banner.split(" on ")[1].split()[0]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_serve_on_port_0_names_the_port_it_listens_on_and_stops_on_ctrl_c():
     """`specmesh serve --port 0` (host/cli/serve.py): the banner's address is where the API answers; Ctrl-C ends it
     with one line and status 130."""
-    import signal
-    import urllib.request
-
     from specmesh.host.cli.serve import url
 
     assert url("::1", 80) == "http://[::1]:80/" and url("127.0.0.1", 8080) == "http://127.0.0.1:8080/"
-    proc = subprocess.Popen([sys.executable, "-m", "specmesh", "serve", "--verifier", "cpu", "--drafter", "cpu",
-                             "--port", "0"], stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
-        banner = proc.stderr.readline()
-        while banner and " on http" not in banner:  # (any line before the banner: a warning)
-            banner = proc.stderr.readline()
-        assert " on http://127.0.0.1:" in banner, banner
-        address = banner.split(" on ")[1].split()[0]
+    with started("--verifier", "cpu", "--drafter", "cpu") as (proc, address):
         assert not address.endswith(":0/")
         with urllib.request.urlopen(address + "v1/models", timeout=30) as reply:
             assert json.loads(reply.read())["data"][0]["id"] == "specmesh"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 130
         assert proc.stderr.read().strip() == "specmesh serve: interrupted"
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_sigterm_stops_serve_at_once_though_a_client_is_still_sending():
     """The server tells its generations to end and waits a few seconds (serve.py STOP_GRACE_S) for connections, not
     for a client that never finishes its request: one line, status 143, no traceback in the log."""
-    import signal
-    import socket
-    import time
-
     from specmesh.host.cli.serve import STOP_GRACE_S
 
-    proc = subprocess.Popen([sys.executable, "-m", "specmesh", "serve", "--verifier", "cpu", "--drafter", "cpu",
-                             "--port", "0"], stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
-        banner = proc.stderr.readline()
-        while banner and " on http" not in banner:
-            banner = proc.stderr.readline()
-        host, port = banner.split(" on http://")[1].split("/")[0].rsplit(":", 1)
+    with started("--verifier", "cpu", "--drafter", "cpu") as (proc, address):
+        host, port = address.split("//")[1].rstrip("/").rsplit(":", 1)
         with socket.create_connection((host, int(port))) as client:  # 10 of its 100 body bytes, then nothing
             client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                            b"Content-Length: 100\r\n\r\n0123456789")
@@ -306,6 +307,20 @@ def test_sigterm_stops_serve_at_once_though_a_client_is_still_sending():
             assert time.monotonic() - t0 < STOP_GRACE_S + 5
         log = proc.stderr.read()
         assert log.strip().endswith("specmesh serve: stopped by SIGTERM") and "Traceback" not in log, log
-    finally:
-        proc.kill()
-        proc.wait()
+
+
+def test_sighup_mid_stream_stops_serve_as_sigterm_does():
+    """A closed terminal (SIGHUP) while a stream was sent: uvicorn takes only SIGINT and SIGTERM, so the command's
+    own stop broke into the event loop: a traceback per stream in the log, each client's reply cut. Now the stream
+    ends (finish_reason "stop", [DONE]), then one line and status 129."""
+    with started() as (proc, address):  # virtual boards: a stream of 400 tokens takes seconds
+        ask = urllib.request.Request(address + "v1/completions", json.dumps(
+            {"prompt": PROMPT, "max_tokens": 400, "stream": True}).encode(), {"content-type": "application/json"})
+        with urllib.request.urlopen(ask, timeout=60) as reply:
+            assert reply.readline().startswith(b"data: ")  # under way
+            proc.send_signal(signal.SIGHUP)
+            rest = reply.read().decode()
+        assert rest.endswith("data: [DONE]\n\n"), rest[-300:]
+        assert proc.wait(timeout=60) == 129
+        log = proc.stderr.read()
+        assert log.strip().endswith("specmesh serve: stopped by SIGHUP") and "Traceback" not in log, log

@@ -7,9 +7,13 @@ one with boards serves one at a time, the others waiting their turn."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import signal
 import socket
 import sys
+import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from specmesh.host.cli.config import UsageError
@@ -17,6 +21,7 @@ from specmesh.host.cli.flags import add_arguments
 from specmesh.host.cli.ranges import STREAMS, RangeError, in_range
 from specmesh.host.cli.run import check_args, failed
 from specmesh.host.cli.session import ONE_GENERATION, Mesh, say_on_stderr
+from specmesh.host.stops import SIGNALS
 
 INSTALL_HINT = "specmesh serve needs Starlette and uvicorn: pip install 'specmesh[serve]' (in a checkout: make setup)"
 
@@ -85,10 +90,13 @@ STOP_GRACE_S = 3
 
 def _server_class():
     import uvicorn
+    from uvicorn.server import HANDLED_SIGNALS
 
     class Server(uvicorn.Server):
         """uvicorn's server, which on SIGTERM or Ctrl-C also tells the generations to end after their round (they
-        run in threads uvicorn does not know of): without it the server waited for every queued generation."""
+        run in threads uvicorn does not know of): without it the server waited for every queued generation. A
+        SIGHUP (the terminal closed) stops it as gracefully: uvicorn takes only those two, so the Stopped the
+        command's handler raises (host/stops.py) broke into whatever the event loop ran, a traceback a stream."""
 
         def __init__(self, config, stop):
             super().__init__(config)
@@ -97,6 +105,20 @@ def _server_class():
         def handle_exit(self, sig, frame) -> None:
             self.stop()
             super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn raises the signals it caught again on its way out, once the command's handlers are back
+            with super().capture_signals():
+                main = threading.current_thread() is threading.main_thread()  # (only it may set handlers)
+                more = [s for s in SIGNALS if main and s not in HANDLED_SIGNALS
+                        and signal.getsignal(s) is not signal.SIG_IGN]
+                before = {s: signal.signal(s, self.handle_exit) for s in more}
+                try:
+                    yield
+                finally:
+                    for s, handler in before.items():
+                        signal.signal(s, handler)
 
     return Server
 
