@@ -671,11 +671,26 @@ class Mesh(contextlib.AbstractContextManager):
     @contextlib.contextmanager
     def lane(self, cancel: threading.Event | None = None) -> Iterator[Lane | None]:
         """A lane for one stream, waited for first come, first served (a new one opened while fewer than
-        `streams` exist); None when `cancel` was set while waiting (the request left the queue)."""
+        `streams` exist); None when `cancel` was set before its turn came (the request left)."""
         if self._closed:  # its boards' links are shut: each would only fail over to the cpu verifier
             raise UsageError("this Mesh is closed (its back-ends were released): make a new one")
+        lane = self._turn(cancel.is_set if cancel is not None else lambda: False)
+        if lane is not None:
+            lane.idle(False)
+        try:
+            yield lane
+        finally:
+            if lane is not None:
+                self._release(lane)
+
+    def _turn(self, gone: Callable[[], bool]) -> Lane | None:
+        """The lane handed to a request in its turn; None once `gone()` (the request left before it began: a
+        client that left while queued, or before a thread of the server took its request, costs the boards no
+        BEGIN and no round)."""
         ticket = _Ticket()
         with self._lock:
+            if gone():
+                return None
             if self._free and not self._waiting:
                 ticket.hand(self._free.popleft())
             elif len(self._lanes) < self.streams:
@@ -683,18 +698,15 @@ class Mesh(contextlib.AbstractContextManager):
             else:
                 self._waiting.append(ticket)
         while not ticket.ready.wait(0.05):
-            if cancel is not None and cancel.is_set():
+            if gone():
                 with self._lock:
                     if ticket.lane is None:
                         self._waiting.remove(ticket)
-                        break
-        if ticket.lane is not None:
-            ticket.lane.idle(False)
-        try:
-            yield ticket.lane
-        finally:
-            if ticket.lane is not None:
-                self._release(ticket.lane)
+                        return None
+        if ticket.lane is not None and gone():  # (handed its lane as it left)
+            self._release(ticket.lane)
+            return None
+        return ticket.lane
 
     def _release(self, lane: Lane) -> None:
         lane.idle()
