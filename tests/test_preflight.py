@@ -345,6 +345,13 @@ def test_serve_on_an_address_not_of_this_machine_says_so(models, capsys, no_boar
     assert "--host 192.0.2.1: not an address of this machine" in err
 
 
+def test_serve_on_an_empty_host_says_what_it_takes(models, capsys, no_board_starts, serve_extra):
+    """It said "--host : not an address of this machine (Name or service not known)"."""
+    err = one_line_status_2(capsys, ["serve", "--models", str(models), "--host", ""], within=10.0)
+    assert err == "specmesh serve: error: --host needs an address or a name (127.0.0.1: this machine only, 0.0.0.0: " \
+                  "every interface)\n"
+
+
 def resolving(monkeypatch, name, *addresses):
     """socket.getaddrinfo with `name` resolving to `addresses` (IPv4 or IPv6 literals, in that order)."""
     import socket

@@ -136,6 +136,8 @@ def listen(host: str, port: int) -> list[socket.socket]:
     (::1 where IPv6 is off) is left out."""
     if not 0 <= port <= 65535:
         raise UsageError("--port must be in 0..65535 (0: any free one), not %d" % port)
+    if not host.strip():
+        raise UsageError("--host needs an address or a name (127.0.0.1: this machine only, 0.0.0.0: every interface)")
     try:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
