@@ -1,5 +1,6 @@
 """Virtual boards: the REPL over a pty, mpremote, Ctrl-C, soft/hard reset, heap budgets, clean-up."""
 
+import errno
 import os
 import signal
 import subprocess
@@ -252,3 +253,33 @@ def test_ctrl_c_is_a_plain_byte_when_the_program_turns_kbd_intr_off(virtual_boar
         read_until(ser, b"ready\n")
         ser.write(b"\x03")
         assert b"got b'\\x03'" in read_until(ser, b">>> ")
+
+
+def test_a_start_cut_off_as_it_makes_the_flash_image_leaves_none(tmp_path):
+    """The littlefs image was opened, then sized: a start that stopped in between (a kill, a full quota; here
+    the file size limit) left an empty flash.img, which every later `emulate --dir` refused as a flash of
+    another size ('is 0 KiB ... give --flash-kb 0'). Now it is made beside, then renamed."""
+    import resource
+
+    code = ("import sys; sys.path.insert(0, %r)\nfrom specmesh.host.emulator import VirtualBoard\n"
+            "try:\n VirtualBoard(%r, flash_bytes=64 * 1024).start()\nexcept OSError as e:\n print(e.errno)\n"
+            % (str(ROOT), str(tmp_path / "b")))
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, preexec_fn=limited)
+    assert out.stdout.strip() == str(errno.EFBIG), out.stderr
+    assert os.listdir(tmp_path / "b") == []
+
+
+def test_an_empty_flash_image_is_no_flash_of_another_size(tmp_path):
+    """An empty flash.img (what a start killed as it made the image left) holds no files: the start replaces it;
+    it was refused, the message offering `--flash-kb 0`, which is no size."""
+    from specmesh.host.emulator.board import VirtualBoard, check_flash_size
+
+    vb = VirtualBoard(tmp_path / "b", flash_bytes=64 * 1024)
+    vb.flash_dir.mkdir()
+    (vb.flash_dir / "flash.img").write_bytes(b"")
+    check_flash_size(vb)

@@ -103,12 +103,13 @@ class FlashResized(BoardError):
 
 
 def check_flash_size(vb: VirtualBoard) -> None:
-    """FlashResized if `vb`'s flash folder holds an image that its start would replace (another size)."""
+    """FlashResized if `vb`'s flash folder holds an image that its start would replace (another size; an empty
+    one holds no files)."""
     image = vb.flash_dir / "flash.img"
     if vb.flash_bytes is None or not image.is_file():
         return
     size = image.stat().st_size
-    if size != vb.flash_bytes:
+    if size and size != vb.flash_bytes:  # empty: an earlier specmesh's start killed as it made the image
         raise FlashResized(vb.name, image, size, vb.flash_bytes)
 
 
@@ -294,7 +295,7 @@ class VirtualBoard:
         if self.flash_bytes is not None:
             image = self.flash_dir / "flash.img"
             if not image.exists() or image.stat().st_size != self.flash_bytes:
-                with open(image, "wb") as f:
+                with atomic.replacing(image, "wb") as f:  # a start killed meanwhile leaves no empty image
                     f.truncate(self.flash_bytes)
         if self.romfs_bytes:
             _erased(self.romfs_path, self.romfs_bytes)
