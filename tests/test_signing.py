@@ -361,3 +361,38 @@ def test_a_host_at_the_end_of_its_counter_range_stops_with_one_line():
     with pytest.raises(ProxyError, match="counters used up; reboot the board"):
         bus.request(1, m.PING, b"x")
     assert Wire.sent == [] and not bus._waiting
+
+
+def test_a_key_file_with_a_utf8_bom_is_read(tmp_path, capsys):
+    """Some Windows editors start a text file with a UTF-8 BOM: it was refused as 'not text'."""
+    f = tmp_path / "k"
+    f.write_bytes(b"\xef\xbb\xbf" + KEY.hex().encode() + b"\r\n")
+    f.chmod(0o600)
+    assert load_key(f) == KEY
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("text, what", [
+    (KEY.hex() + "\n" + KEY[::-1].hex() + "\n", "2 lines"),
+    (KEY[:16].hex() + " " + KEY[16:].hex(), "2 words separated by spaces"),
+])
+def test_a_key_file_holding_two_keys_is_refused(tmp_path, text, what):
+    """Two keys on two lines were joined into one key (bytes.fromhex skips whitespace): a key no board holds."""
+    f = tmp_path / "k"
+    f.write_text(text)
+    with pytest.raises(KeyFileError) as e:
+        load_key(f)
+    assert str(e.value) == "key file %s holds %s: it must hold one key, its hex digits on one line" % (f, what)
+
+
+def test_a_key_file_other_users_can_read_is_used_with_a_warning(tmp_path, capsys):
+    """As ssh says of a private key: it was used without a word."""
+    f = tmp_path / "k"
+    f.write_text(KEY.hex() + "\n")
+    f.chmod(0o644)
+    assert load_key(f) == KEY
+    assert capsys.readouterr().err == ("specmesh: warning: key file %s can be read by other users (mode 0644): run "
+                                       "`chmod 600 %s`\n" % (f, f))
+    f.chmod(0o600)
+    assert load_key(f) == KEY
+    assert capsys.readouterr().err == ""

@@ -1,14 +1,20 @@
 """Deployment keys: the file `specmesh keygen` writes, `specmesh flash --key-file` provisions onto a
 board, and `specmesh run --key-file` signs every frame with (shared/codec.py `Auth`; docs/security.md).
 
-A key file holds one key as hex, 16 to 64 bytes (32 to 128 hex digits; surrounding whitespace is
-ignored). Errors name the file and never quote its content, so a key cannot leak into a terminal log.
+A key file holds one key as hex, 16 to 64 bytes (32 to 128 hex digits; surrounding whitespace and a
+UTF-8 BOM, which some Windows editors write, are ignored). Errors name the file and never quote its
+content, so a key cannot leak into a terminal log. One that other users may read is used, with a warning
+on stderr (ssh refuses such a private key; a key here can be changed on the boards only by flashing them).
 """
 
 from __future__ import annotations
 
+import codecs
 import os
 import secrets
+import shlex
+import stat
+import sys
 from pathlib import Path
 
 from specmesh.host import atomic
@@ -28,22 +34,30 @@ def load_key(path: str | Path) -> bytes:
     try:
         with open(path, "rb") as f:
             raw = f.read(FILE_MAX_BYTES + 1)
+            mode = os.fstat(f.fileno()).st_mode
         if len(raw) > FILE_MAX_BYTES:
             raise KeyFileError("key file %s is over %d bytes; a key has %d to %d (as hex)"
                                % (path, FILE_MAX_BYTES, MIN_BYTES, MAX_BYTES))
-        text = raw.decode("ascii").strip()
+        text = raw.removeprefix(codecs.BOM_UTF8).decode("ascii").strip()
     except FileNotFoundError:
         raise KeyFileError("key file %s does not exist (make one with `specmesh keygen --key-file %s`)"
                            % (path, path)) from None
     except (OSError, UnicodeError) as e:
         raise KeyFileError("cannot read key file %s: %s" % (path, getattr(e, "strerror", None) or "not text"))\
             from None
+    if len(text.split()) > 1:  # bytes.fromhex skips the whitespace between them: two keys read as one
+        lines = len(text.splitlines())
+        raise KeyFileError("key file %s holds %d %s: it must hold one key, its hex digits on one line" % (
+            path, *((lines, "lines") if lines > 1 else (len(text.split()), "words separated by spaces"))))
     try:
         key = bytes.fromhex(text)
     except ValueError:
         raise KeyFileError("key file %s must hold the key as hex digits only" % path) from None
     if not MIN_BYTES <= len(key) <= MAX_BYTES:
         raise KeyFileError("key file %s holds %d bytes; a key has %d to %d" % (path, len(key), MIN_BYTES, MAX_BYTES))
+    if stat.S_ISREG(mode) and mode & 0o044:
+        print("specmesh: warning: key file %s can be read by other users (mode %04o): run `chmod 600 %s`"
+              % (path, stat.S_IMODE(mode), shlex.quote(str(path))), file=sys.stderr)
     return key
 
 
