@@ -197,6 +197,27 @@ FILL = ("n = 0\ntry:\n while True:\n  with open('/fill%d' % n, 'wb') as f:\n   f
         "except OSError:\n pass\nimport os\nprint(os.statvfs('/')[3])\n")  # fills the board's filesystem up
 
 
+def test_a_board_lost_as_its_config_is_read_is_lost_not_full(virtual_board, tiny_node, monkeypatch):
+    """The port gone as the flash read the board's config and listed its files: read as a board with neither, the
+    flash was priced as a whole one onto a full filesystem: 'the board's filesystem is too full for this flash ...
+    remove files from it', and a port that came back meanwhile had its config (link, peers) replaced."""
+    sources, model = tiny_node
+    vb = virtual_board(romfs_bytes=0, flash_bytes=128 * 1024)
+    flash(vb.port, "drafter", model, sources=sources, progress=False)
+    room = "import os\nwith open('/fill', 'wb') as f:\n for _ in range(os.statvfs('/')[3] - 2): f.write(bytes(4096))\n"
+    assert mpremote(vb.port, "exec", room).returncode == 0  # 8 KiB left: room for none of the files, if all changed
+    read_config = flash_module._board_config
+
+    def lost_then_read(transport):
+        vb.stop()  # its pty closed: the port is gone, as a board unplugged
+        return read_config(transport)
+
+    monkeypatch.setattr(flash_module, "_board_config", lost_then_read)
+    with pytest.raises(FlashError) as e:
+        flash(vb.port, "drafter", model, sources=sources, progress=False)
+    assert str(e.value).startswith(vb.port + ": lost the board ("), str(e.value)
+
+
 def test_a_truly_full_filesystem_is_one_line_with_the_bytes_and_what_to_do(virtual_board, tiny_node, monkeypatch,
                                                                            capsys):
     """0 bytes free read as "not known" (the probe's sentinel), so the check passed and mkdir /models failed with

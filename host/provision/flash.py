@@ -481,14 +481,17 @@ def _is_current(transport, dest: str, data: bytes) -> bool:
 
 
 def _board_config(transport) -> dict:
+    """The board's config, or {} where none reads as one (none yet, a torn one); a port that went away meanwhile is
+    raised (port_gone), not read as a board without a config (mpremote's fs_exists says False for it)."""
     try:
-        if transport.fs_exists(CONFIG_PATH):
-            config = json.loads(transport.fs_readfile(CONFIG_PATH))
-            if isinstance(config, dict):
-                return config
-    except (OSError, ValueError):
-        pass
-    return {}
+        config = json.loads(transport.fs_readfile(CONFIG_PATH))
+    except OSError as e:
+        if port_gone(e):
+            raise
+        return {}
+    except ValueError:
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def _cleanup_partial(transport, dest: str) -> None:
@@ -612,7 +615,9 @@ def _held(transport, folders: set[str]) -> dict[str, int]:
     for folder in sorted(folders):
         try:
             entries = transport.fs_listdir(folder)
-        except OSError:
+        except OSError as e:
+            if port_gone(e):  # not a folder the board lacks: the flash would be priced as onto an empty board
+                raise
             continue
         out.update({"%s/%s" % (folder.rstrip("/"), e.name): e.st_size for e in entries if not e.st_mode & 0x4000})
     return out
