@@ -79,6 +79,16 @@ def test_an_over_long_prompt_is_refused_before_the_boards_start(models, capsys, 
     assert "the prompt is 70 tokens" in err  # under that bound: encoded, and counted exactly
 
 
+@pytest.mark.parametrize("prompt", ["", "Once"])
+def test_a_target_whose_context_holds_one_token_is_the_models_fault(models, capsys, no_board_starts, prompt):
+    """The start token alone fills it: an empty prompt was told 'the prompt is at least 1 tokens but the target
+    model's context holds 1 (target.spm): shorten the prompt from --prompt', which no prompt can."""
+    random_model(models / TARGET_FILE, vocab=512, max_seq=1, seed=1)
+    err = one_line_status_2(capsys, ["run", "--models", str(models), "--prompt", prompt])
+    assert err == ("specmesh run: error: the target model's context holds 1 token (target.spm): it must hold the start "
+                   "token and one generated token at least; give a target model with a longer context\n")
+
+
 def test_an_over_long_prompt_from_a_file_names_the_file(models, tmp_path, capsys, no_board_starts):
     story = tmp_path / "story.txt"
     story.write_text("Once upon a time " * 100)

@@ -101,7 +101,12 @@ def check_context(prompt_tokens: int, target: Header, name: str = MODEL_FILES["v
     """The prompt must leave room in the target's context for at least one generated token (the
     drafter's context limits nothing: past it, rounds are plain; host/decode/orchestrator.py). `source`: where
     the prompt came from (--prompt, --prompt-file F, stdin), named in the message; `at_least`: the count is a
-    lower bound (Tokenizer.least_tokens: a prompt too long to be worth encoding)."""
+    lower bound (Tokenizer.least_tokens: a prompt too long to be worth encoding). A context of one token is the
+    model's fault, not the prompt's: the start token (BOS), every prompt's first, fills it."""
+    if target.max_seq < 2:
+        raise PreflightError("the target model's context holds %d token (%s): it must hold the start token and one "
+                             "generated token at least; give a target model with a longer context" % (target.max_seq,
+                                                                                                       name))
     if prompt_tokens >= target.max_seq:
         raise PreflightError("the prompt is %s%d tokens but the target model's context holds %d (%s): shorten the "
                              "prompt from %s" % ("at least " if at_least else "", prompt_tokens, target.max_seq, name,
