@@ -14,6 +14,7 @@ import os
 import secrets
 import shlex
 import stat
+import string
 import sys
 from pathlib import Path
 
@@ -23,6 +24,9 @@ MIN_BYTES = 16
 MAX_BYTES = 64  # HMAC-SHA256's block: a longer key would be hashed down anyway
 NEW_BYTES = 32
 FILE_MAX_BYTES = 4096  # a key's hex and room for whitespace around it; more is not read (a --key-file /dev/zero)
+
+
+HEX_DIGITS = frozenset(string.hexdigits)
 
 
 class KeyFileError(Exception):
@@ -45,10 +49,11 @@ def load_key(path: str | Path) -> bytes:
     except (OSError, UnicodeError) as e:
         raise KeyFileError("cannot read key file %s: %s" % (path, getattr(e, "strerror", None) or "not text"))\
             from None
-    if len(text.split()) > 1:  # bytes.fromhex skips the whitespace between them: two keys read as one
+    words = text.split()
+    if len(words) > 1 and all(set(w) <= HEX_DIGITS for w in words):  # bytes.fromhex would skip the whitespace: two keys as one
         lines = len(text.splitlines())
         raise KeyFileError("key file %s holds %d %s: it must hold one key, its hex digits on one line" % (
-            path, *((lines, "lines") if lines > 1 else (len(text.split()), "words separated by spaces"))))
+            path, *((lines, "lines") if lines > 1 else (len(words), "words separated by spaces"))))
     try:
         key = bytes.fromhex(text)
     except ValueError:
