@@ -137,6 +137,22 @@ def test_a_device_that_is_no_serial_port_says_so(models, capsys, no_board_starts
     assert "cannot open /dev/null: not a serial port (ESP32 USB ports here:" in err
 
 
+@pytest.mark.parametrize("other", [str, lambda port: port.replace("/pts/", "/pts/../pts/")])
+def test_one_port_given_to_both_roles_is_refused_before_it_is_opened(models, capsys, no_board_starts, other):
+    """The same board as --drafter and --verifier (by one name, or two, as /dev/serial/by-id links give): one line
+    naming the mistake; it said the board was flashed as the other role and to flash it again, over a good board."""
+    import pty
+
+    master, slave = pty.openpty()
+    port = os.ttyname(slave)
+    try:
+        err = one_line_status_2(capsys, ["run", "--models", str(models), "--drafter", port, "--verifier", other(port)])
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert "--drafter %s and --verifier %s are one port: one board plays one role" % (port, other(port)) in err
+
+
 def test_an_unknown_backend_is_refused_before_the_verifier_boots(models, capsys, no_board_starts):
     # not within 1 s: listing the known back-ends imports the torch plugin, when PyTorch is installed
     err = one_line_status_2(capsys, ["run", "--models", str(models), "--drafter", "nope"], within=30.0)

@@ -7,12 +7,13 @@ left behind when one of these fails, and the failure is one line naming the file
 - the tokenizer is the target's: its vocabulary size and, where the header names one, its tokenizer id;
 - the prompt fits the target's context (the orchestrator would refuse it only after the boards were up);
 - every `--drafter`/`--verifier` names a known back-end (a port also as mpremote's `a0`, `u0`, `c0`), and
-  every role given a serial port gets one that exists and opens now; `auto` is resolved here to the
+  every role given a serial port gets its own, one that exists and opens now; `auto` is resolved here to the
   port of the flashed board reporting that role, before a virtual board of the other role boots.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from specmesh.host import backends
@@ -128,6 +129,7 @@ def check_backends(names: dict[str, str], transport: str, key: bytes | None = No
     if ports and transport != "serial":
         raise PreflightError("--transport %s drives virtual boards only; a real board is reached on its own "
                              "serial port (--transport serial)" % transport)
+    _one_role_a_port({role: name for role, name in ports.items() if name != "auto"})
     out = dict(names)
     for role, name in ports.items():
         if name == "auto":
@@ -140,6 +142,18 @@ def check_backends(names: dict[str, str], transport: str, key: bytes | None = No
         if name == "auto":
             out[role] = _find(role, key)
     return out
+
+
+def _one_role_a_port(ports: dict[str, str]) -> None:
+    """Two roles given one port (the same path, or two names of one device) is a mistake: one board plays one role.
+    Unchecked, the port was opened for the verifier and the board's role named ('flashed as a drafter, not a
+    verifier; flash it ...'), advice that would have overwritten a good drafter."""
+    seen: dict[str, str] = {}
+    for role in sorted(ports):
+        first = seen.setdefault(os.path.realpath(ports[role]), role)
+        if first != role:
+            raise PreflightError("--%s %s and --%s %s are one port: one board plays one role; give each role its own "
+                                 "board's port" % (first, ports[first], role, ports[role]))
 
 
 def _find(role: str, key: bytes | None) -> str:
