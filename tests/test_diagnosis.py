@@ -89,6 +89,18 @@ def test_an_unflashed_board_is_told_to_be_flashed_for_its_role(virtual_board, mo
     assert "no specmesh firmware" not in str(e.value) and "answers, but not as a specmesh node" in str(e.value)
 
 
+def test_a_drafter_board_given_as_the_verifier_is_told_the_ports_may_be_swapped(virtual_board, models, capsys):
+    """The two boards' ports given in the wrong order: the line says to swap them before it says to reflash (which,
+    on a classic ESP32 drafter, cannot hold the target, and on an S3 overwrites a good drafter)."""
+    vb = virtual_board()
+    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]) == 0
+    capsys.readouterr()
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", vb.port, "--quiet", "-n", "4"])
+    assert (rc, capsys.readouterr().err) == (2, "specmesh run: error: %s is flashed as a drafter, not a verifier; if "
+                                             "the ports are swapped, give it as --drafter %s, else flash it: `specmesh "
+                                             "flash --port %s --role verifier`\n" % (vb.port, vb.port, vb.port))
+
+
 def test_silence_is_told_apart_from_an_answer_that_is_no_node(virtual_board):
     """A board at the MicroPython REPL (no node flashed) answers with text; a port where no one is there stays
     silent; another device sends bytes that are no frame."""

@@ -90,7 +90,10 @@ class BoardBackend(Unit):
             why = "%s is flashed as a %s, not a %s" % (self.name, ROLES[role] if 0 <= role < len(ROLES) else "role %d" % role, want)
         if self.name.startswith("virtual:"):  # flashed for this run: a flash command would not help
             return why + ("; " + VIRTUAL_TOO_SMALL[want] if "does not fit in" in why else "")
-        return why + "; flash it: `specmesh flash --port %s --role %s`" % (self.name, want)
+        fix = "flash it: `specmesh flash --port %s --role %s`" % (self.name, want)
+        if role in (m.ROLE_DRAFTER, m.ROLE_VERIFIER):  # the other role a run takes: the ports likely given swapped
+            return why + "; if the ports are swapped, give it as --%s %s, else %s" % (ROLES[role], self.name, fix)
+        return why + "; " + fix
 
     def _why_idle(self) -> str | None:
         """Why the idle node's role did not start, asked of it (a role request to an idle node is refused with the
