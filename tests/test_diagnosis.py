@@ -51,6 +51,21 @@ def test_a_key_mismatch_is_named_within_2_s_each_way_round(virtual_board, models
     assert rc == 0, capsys.readouterr().err
 
 
+def test_a_flash_with_another_key_than_the_boards_is_told_so(virtual_board, models, tmp_path, capsys):
+    """flash --key-file B onto a board keyed with A: it said 'this run has none' (the probe's HELLO went unsigned)."""
+    key_a, key_b = tmp_path / "a.key", tmp_path / "b.key"
+    new_key_file(key_a)
+    new_key_file(key_b)
+    vb = virtual_board()
+    flash = ["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]
+    assert cli.main([*flash, "--key-file", str(key_a)]) == 0
+    capsys.readouterr()
+    assert cli.main([*flash, "--key-file", str(key_b)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the board holds another deployment key than this --key-file" in err, err
+    assert key_a.read_text().strip() not in err and key_b.read_text().strip() not in err  # never the key
+
+
 def test_a_half_flashed_board_is_named_with_the_command_that_finishes_it(virtual_board, models, capsys):
     vb = virtual_board()
     flash = ["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]

@@ -77,6 +77,7 @@ class SerialLink:
         self.text: collections.deque[str] = collections.deque(maxlen=20)
         self.decoder = _Decoder(self, auth=auth, max_line=8192, on_text=self._on_text)
         self.error: str | None = None
+        self.refused: str | None = None  # the board's words refusing this link's signature (_refused)
         self._watchers: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -109,6 +110,7 @@ class SerialLink:
         """The board refused this link's signature (`reason`: its E_KEY words, messages.KEY_*), before any
         frame passed: a key mismatch, said once with what to do."""
         fix = "specmesh flash --port %s --role ROLE" % self.port
+        self.refused = reason
         if reason == m.KEY_WHY[1]:
             why = ("the board signs its frames: it holds a deployment key, and this run has none; pass its key "
                    "with --key-file, or remove it with `%s --key-file ITS_KEY --no-key` (a keyed board takes no "

@@ -247,9 +247,9 @@ PROBE = romfs.PROBE + (
 )
 
 
-def open_board(port: str, timeout: float = 5.0, virtual: bool = False):  # -> mpremote SerialTransport
+def open_board(port: str, timeout: float = 5.0, virtual: bool = False, key: bytes | None = None):  # -> mpremote SerialTransport
     """Open `port`, interrupt whatever runs, soft-reset into the raw REPL. One-line errors; `virtual`: the port is
-    a specmesh emulate's board (ports.emulated), which the advice fits."""
+    a specmesh emulate's board (ports.emulated), which the advice fits; `key`: the flash's deployment key."""
     from mpremote.transport import TransportError
     from mpremote.transport_serial import SerialTransport
 
@@ -272,30 +272,37 @@ def open_board(port: str, timeout: float = 5.0, virtual: bool = False):  # -> mp
                 raise FlashError(f"{port}: the board's REPL answered but did not come back from a soft reset within "
                                  f"{timeout:g} s (slow to boot: a virtual board on a busy host, or a boot.py that "
                                  "hangs)") from None
-            raise _no_repl(port, timeout, virtual=virtual) from None
+            raise _no_repl(port, timeout, virtual=virtual, key=key) from None
     return transport
 
 
-def _no_repl(port: str, timeout: float, wait_s: float = 1.5, virtual: bool = False) -> FlashError:
-    """Why no raw REPL answered open_board's Ctrl-C and Ctrl-A within `timeout`, told by an unsigned HELLO: a node
-    with a deployment key (it takes no Ctrl-C, and refuses the HELLO saying so: the link's key-mismatch line), a
-    device that sends but is no MicroPython at its REPL, or a board that sends nothing at all (frozen, not powered),
-    which no key explains."""
+def _no_repl(port: str, timeout: float, wait_s: float = 1.5, virtual: bool = False,
+             key: bytes | None = None) -> FlashError:
+    """Why no raw REPL answered open_board's Ctrl-C and Ctrl-A within `timeout`, told by a HELLO (signed with `key`,
+    the flash's): a node with a deployment key (it takes no Ctrl-C, and refuses the HELLO saying so: the link's
+    key-mismatch line; another key than `key`: said here, as a flash fixes it), a device that sends but is no
+    MicroPython at its REPL, or a board that sends nothing at all (frozen, not powered), which no key explains."""
     from specmesh.host.bus.links import LinkError, SerialLink
-    from specmesh.host.bus.proxy import Bus, ProxyError
+    from specmesh.host.bus.proxy import Bus, HostAuth, ProxyError
     from specmesh.shared import messages as m
     from specmesh.shared.codec import BROADCAST
 
+    auth = HostAuth(key) if key else None
     try:
-        link = SerialLink(port)
+        link = SerialLink(port, auth=auth)
     except LinkError as e:
         return FlashError(str(e))
     try:
-        Bus(link, deadline=wait_s, initial_rto=wait_s / 3).request(BROADCAST, m.HELLO, deadline=wait_s)
+        Bus(link, deadline=wait_s, auth=auth, initial_rto=wait_s / 3).request(BROADCAST, m.HELLO, deadline=wait_s)
     except ProxyError:
         pass
     finally:
         link.close()
+    if link.refused == m.KEY_WHY[2]:
+        return FlashError(f"{port}: key mismatch: the board holds another deployment key than this --key-file, and a "
+                          "keyed board takes no flash without its key: pass the key it was flashed with (to change "
+                          f"keys: `specmesh flash --port {port} --role ROLE --key-file ITS_KEY --no-key`, then flash "
+                          "with the new one)")
     if link.error:
         return FlashError(link.error)
     if virtual:  # a VM that answers nothing, or a node: the emulate's restart boots it afresh
@@ -534,7 +541,7 @@ def flash(
     virtual = ports.emulated(port)  # asked now: an emulate stopped mid-flash is gone when the flash fails
     if key:
         leave_node(port, key)
-    transport = open_board(port, virtual=virtual)
+    transport = open_board(port, virtual=virtual, key=key)
     try:
         info = probe(transport)
         cls = BOARD_CLASSES[board_class] if board_class else class_of(info.machine, info.mem_free)
