@@ -4,7 +4,8 @@ process ends its folders itself (a `with`, or atexit), also on Ctrl-C, SIGTERM a
 killed outright (SIGKILL, the kernel's OOM killer) cannot, and its folders were left for good.
 
     folder(job)   a TemporaryDirectory: removed when its `with` ends
-    made(job)     a folder that lives until the process ends (removed then by atexit)
+    made(job)     a folder that lives until the process ends (removed then by atexit, by its maker only: a child
+                  forked from it, which runs the same atexit, leaves it to the parent still using it)
 """
 
 from __future__ import annotations
@@ -35,8 +36,16 @@ def made(job: str) -> Path:
     """A temporary folder for `job` that lives as long as this process."""
     sweep()
     out = Path(tempfile.mkdtemp(prefix=_prefix(job)))
-    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    atexit.register(_remove, out, os.getpid())
     return out
+
+
+def _remove(path: Path, maker: int) -> None:
+    """Remove `path` at exit in the process that made it; a forked child inherits the atexit hook, and running it
+    there removed folders its parent still used (a virtual board's stand-in modules: the parent's next VM could
+    not start)."""
+    if os.getpid() == maker:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _prefix(job: str) -> str:

@@ -34,3 +34,21 @@ def test_folders_of_a_killed_process_are_removed_and_the_others_kept(tmp_path, m
         assert not left.exists()  # its maker is gone and it is old: removed
         assert young.is_dir() and live.is_dir() and other.is_dir()  # too young to judge; its maker runs; not ours
     assert not os.path.exists(mine)
+
+
+def test_a_forked_child_s_exit_leaves_its_parent_s_folders():
+    """A child forked by a process with a made() folder (os.fork, a library with a live Mesh) that ends normally
+    runs the parent's atexit hooks: it removed the folder, the virtual boards' stand-in modules the parent's next
+    VM starts from ('the VM keeps exiting at start'). The parent's own exit still removes it."""
+    script = ("import os, sys\n"
+              "from specmesh.host import tempdirs\n"
+              "out = tempdirs.made('forked')\n"
+              "print(out, flush=True)\n"
+              "if os.fork() == 0:\n"
+              "    sys.exit(0)\n"  # the child ends as a script does: its atexit hooks run
+              "os.wait()\n"
+              "print(out.is_dir(), flush=True)\n")
+    lines = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                           check=True).stdout.split()
+    assert lines[1] == "True"
+    assert not os.path.exists(lines[0])
