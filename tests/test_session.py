@@ -303,3 +303,30 @@ def test_an_on_piece_callback_that_raises_gets_its_own_exception_back(models):
             mesh.generate("The cat", max_tokens=20, on_piece=boom)
         assert type(e.value) is RuntimeError and "boom" in "".join(traceback.format_tb(e.value.__traceback__))
         assert mesh.generate("The cat", max_tokens=4).stop == "max_tokens"  # the lane serves the next
+
+
+def test_a_mesh_in_a_process_forked_from_its_maker_is_refused_there_and_the_maker_s_still_serves(models):
+    """A forked child (os.fork, multiprocessing's fork) holds the parent's Mesh, whose back-ends are the parent's: a
+    board's port answered the parent's reader (the child waited 30 s for 'node 1 did not answer BEGIN'), a host
+    engine's pipes were shared with the parent's generations."""
+    import os
+
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: say what it got, and end without running the parent's pytest or atexit
+            said = "generated"
+            try:
+                mesh.generate("The cat", max_tokens=4)
+            except BaseException as e:  # noqa: BLE001 - whatever it is, told to the parent
+                said = str(e)
+            finally:
+                os.write(w, said.encode())
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            said = f.read()
+        os.waitpid(pid, 0)
+        assert said == ("this Mesh was made in process %d, and this process (%d) was forked from it: its back-ends "
+                        "are that process's; make a new Mesh here" % (os.getpid(), pid))
+        assert mesh.generate("The cat", max_tokens=4).stop == "max_tokens"

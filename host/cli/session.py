@@ -612,6 +612,7 @@ class Mesh(contextlib.AbstractContextManager):
         self._free: deque[Lane] = deque()
         self._waiting: deque[_Ticket] = deque()
         self._closed = False
+        self._pid = os.getpid()  # its back-ends' process: a child forked from it cannot use them
         self._running: dict[threading.Event, int] = {}  # each generation's cancel event -> its thread's ident
         self._ended = threading.Condition(self._lock)  # notified as each generation ends
         try:
@@ -672,8 +673,7 @@ class Mesh(contextlib.AbstractContextManager):
     def lane(self, cancel: threading.Event | None = None) -> Iterator[Lane | None]:
         """A lane for one stream, waited for first come, first served (a new one opened while fewer than
         `streams` exist); None when `cancel` was set before its turn came (the request left)."""
-        if self._closed:  # its boards' links are shut: each would only fail over to the cpu verifier
-            raise UsageError("this Mesh is closed (its back-ends were released): make a new one")
+        self._check_usable()
         lane = self._turn(cancel.is_set if cancel is not None else lambda: False)
         if lane is not None:
             lane.idle(False)
@@ -682,6 +682,16 @@ class Mesh(contextlib.AbstractContextManager):
         finally:
             if lane is not None:
                 self._release(lane)
+
+    def _check_usable(self) -> None:
+        """UsageError when this Mesh can run no generation: closed (its boards' links are shut: each would only fail
+        over to the cpu verifier), or in a process forked from its maker, whose back-ends are the parent's (a
+        board's port answered the parent's reader: 'node 1 did not answer BEGIN within 30 s')."""
+        if self._closed:
+            raise UsageError("this Mesh is closed (its back-ends were released): make a new one")
+        if os.getpid() != self._pid:
+            raise UsageError("this Mesh was made in process %d, and this process (%d) was forked from it: its "
+                             "back-ends are that process's; make a new Mesh here" % (self._pid, os.getpid()))
 
     def _turn(self, gone: Callable[[], bool]) -> Lane | None:
         """The lane handed to a request in its turn; None once `gone()` (the request left before it began: a
@@ -828,8 +838,7 @@ class Mesh(contextlib.AbstractContextManager):
         fallback = None if self.names["verifier"] in ("cpu", PIPELINE) else lambda: self._fall_back(lane)
         cancel = cancel or threading.Event()
         with self._lock:
-            if self._closed:
-                raise UsageError("this Mesh is closed (its back-ends were released): make a new one")
+            self._check_usable()
             self._running[cancel] = threading.get_ident()
         try:  # running until its stats are built: they ask the boards, which close() must not release under them
             watch = _Watch(scan, costs, fallback, on_piece, cancel, self.warn)
