@@ -330,3 +330,30 @@ def test_a_mesh_in_a_process_forked_from_its_maker_is_refused_there_and_the_make
         assert said == ("this Mesh was made in process %d, and this process (%d) was forked from it: its back-ends "
                         "are that process's; make a new Mesh here" % (os.getpid(), pid))
         assert mesh.generate("The cat", max_tokens=4).stop == "max_tokens"
+
+
+def test_a_generation_asked_for_inside_another_s_callback_is_refused_not_hung(models):
+    """On a mesh whose lanes are all busy (one lane: boards, or streams=1), a generate() in an on_piece callback
+    waited forever for the lane its own generation held."""
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        inner = []
+
+        def nested(piece):
+            inner.append(mesh.generate("A dog", max_tokens=3))
+
+        got = []
+
+        def outer():
+            try:
+                mesh.generate("The cat", max_tokens=5, on_piece=nested)
+            except UsageError as e:
+                got.append(str(e))
+
+        thread = threading.Thread(target=outer, daemon=True)  # (a hang fails the test, not the suite)
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive() and got[0].startswith("a generation was asked for inside another of this Mesh")
+        assert not inner and mesh.generate("The cat", max_tokens=4).stop == "max_tokens"  # the lane came back
+    with Mesh(drafter="cpu", verifier="cpu", models=models, streams=2) as mesh:  # a second lane opens for it
+        done = mesh.generate("The cat", max_tokens=3, on_piece=nested)
+        assert done.stop == "max_tokens" and inner and inner[0].stop == "max_tokens"

@@ -613,6 +613,7 @@ class Mesh(contextlib.AbstractContextManager):
         self._waiting: deque[_Ticket] = deque()
         self._closed = False
         self._pid = os.getpid()  # its back-ends' process: a child forked from it cannot use them
+        self._holders: dict[int, int] = {}  # thread ident -> lanes it holds (lane())
         self._running: dict[threading.Event, int] = {}  # each generation's cancel event -> its thread's ident
         self._ended = threading.Condition(self._lock)  # notified as each generation ends
         try:
@@ -675,13 +676,21 @@ class Mesh(contextlib.AbstractContextManager):
         `streams` exist); None when `cancel` was set before its turn came (the request left)."""
         self._check_usable()
         lane = self._turn(cancel.is_set if cancel is not None else lambda: False)
-        if lane is not None:
-            lane.idle(False)
+        if lane is None:
+            yield None
+            return
+        me = threading.get_ident()
+        with self._lock:
+            self._holders[me] = self._holders.get(me, 0) + 1
+        lane.idle(False)
         try:
             yield lane
         finally:
-            if lane is not None:
-                self._release(lane)
+            with self._lock:
+                self._holders[me] -= 1
+                if not self._holders[me]:
+                    del self._holders[me]
+            self._release(lane)
 
     def _check_usable(self) -> None:
         """UsageError when this Mesh can run no generation: closed (its boards' links are shut: each would only fail
@@ -705,6 +714,9 @@ class Mesh(contextlib.AbstractContextManager):
                 ticket.hand(self._free.popleft())
             elif len(self._lanes) < self.streams:
                 ticket.hand(self._new_lane())
+            elif threading.get_ident() in self._holders:  # its own lane would never come free: a hang
+                raise UsageError("a generation was asked for inside another of this Mesh (in its on_piece "
+                                 "callback?), whose lane it would wait for forever: ask after that one ends")
             else:
                 self._waiting.append(ticket)
         while not ticket.ready.wait(0.05):
