@@ -357,3 +357,20 @@ def test_a_generation_asked_for_inside_another_s_callback_is_refused_not_hung(mo
     with Mesh(drafter="cpu", verifier="cpu", models=models, streams=2) as mesh:  # a second lane opens for it
         done = mesh.generate("The cat", max_tokens=3, on_piece=nested)
         assert done.stop == "max_tokens" and inner and inner[0].stop == "max_tokens"
+
+
+def test_a_stream_s_bad_arguments_are_refused_when_it_is_asked_for_not_at_its_first_item(models):
+    """stream() was a generator: `it = mesh.stream(None)` said nothing until iterated, far from the call; an
+    on_piece (generate()'s) was Python's 'complete() got multiple values for keyword argument'."""
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        for prompt, says in ((None, "text or a list of token ids"), ([1, 512], "integers in 0..511"),
+                             ("x" * 2000, "the prompt has 2002 tokens but the context holds")):
+            with pytest.raises(UsageError, match=says):
+                mesh.stream(prompt, max_tokens=3)
+        with pytest.raises(UsageError, match="seed must be in"):
+            mesh.stream("The cat", seed=-1)
+        with pytest.raises(TypeError, match=r"^stream\(\) takes no on_piece: its items are the pieces"):
+            mesh.stream("The cat", on_piece=print)
+        assert list(mesh.stream("The cat", max_tokens=3))[-1].stop == "max_tokens"
+    with pytest.raises(UsageError, match="closed"):
+        mesh.stream("The cat", max_tokens=4)

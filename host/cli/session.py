@@ -780,10 +780,19 @@ class Mesh(contextlib.AbstractContextManager):
 
     def stream(self, prompt: str | Sequence[int], max_tokens: int | None = 64, **sampling) -> Iterator[Piece | Completion]:
         """`generate` as an iterator: a Piece per round as it is committed, then the Completion. Leaving the
-        iteration early (closing it) cancels the generation after its current round."""
+        iteration early (closing it) cancels the generation after its current round. A bad argument, or a mesh
+        that cannot generate, is refused here, not at the first item."""
+        if "on_piece" in sampling:
+            raise TypeError("stream() takes no on_piece: its items are the pieces (on_piece is generate()'s)")
         request = self.request(max_tokens, **_sampling(sampling))
         ids, rest = self._ids(prompt), _rest(sampling)
-        cancel = rest.pop("cancel", None) or threading.Event()
+        self._check_prompt(ids)
+        self._check_usable()
+        return self._pieces(ids, request, rest.pop("cancel", None) or threading.Event(), rest)
+
+    def _pieces(self, ids: list[int], request: RunConfig, cancel: threading.Event, rest: dict
+                ) -> Iterator[Piece | Completion]:
+        """stream()'s iterator: the generation runs in a thread of its own, handing its items over a queue."""
         pieces: queue.Queue = queue.Queue()
 
         def work() -> None:
@@ -820,6 +829,12 @@ class Mesh(contextlib.AbstractContextManager):
         except TypeError:
             raise UsageError("the prompt must be text or a list of token ids, not %r" % (prompt,)) from None
 
+    def _check_prompt(self, prompt: Sequence[int]) -> None:
+        """UsageError unless `prompt` is token ids of this mesh's vocabulary that leave room in its context."""
+        if len(prompt) >= self.context:
+            raise UsageError("the prompt has %d tokens but the context holds %d" % (len(prompt), self.context))
+        check_ids(prompt, len(self.tok.pieces))
+
     def complete(self, prompt: Sequence[int], request: RunConfig | None = None,
                  on_piece: Callable[[Piece], None] | None = None, cancel: threading.Event | None = None,
                  controller: GammaController | None = None, lane: Lane | None = None) -> Completion:
@@ -827,9 +842,7 @@ class Mesh(contextlib.AbstractContextManager):
         says, on `lane` or the next free one. `controller`: a gamma controller kept across generations (chat's
         turns); None: a new one. GenerationFailed when a back-end failed beyond fail-over."""
         request = request or self.config
-        if len(prompt) >= self.context:
-            raise UsageError("the prompt has %d tokens but the context holds %d" % (len(prompt), self.context))
-        check_ids(prompt, len(self.tok.pieces))
+        self._check_prompt(prompt)
         if lane is None:
             with self.lane(cancel) as lane:
                 if lane is None:
