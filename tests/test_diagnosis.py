@@ -26,7 +26,8 @@ def _run(models, port, *extra):
     return rc, time.monotonic() - t0
 
 
-def test_a_key_mismatch_is_named_within_2_s_each_way_round(virtual_board, models, tmp_path, capsys):
+def _keyed_drafter(virtual_board, models, tmp_path, capsys):
+    """A virtual drafter board flashed with key A: (board, its flash command, key A's file, another key B's file)."""
     key_a, key_b = tmp_path / "a.key", tmp_path / "b.key"
     new_key_file(key_a)
     new_key_file(key_b)
@@ -34,6 +35,11 @@ def test_a_key_mismatch_is_named_within_2_s_each_way_round(virtual_board, models
     flash = ["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]
     assert cli.main([*flash, "--key-file", str(key_a)]) == 0
     capsys.readouterr()
+    return vb, flash, key_a, key_b
+
+
+def test_a_key_mismatch_is_named_within_2_s_each_way_round(virtual_board, models, tmp_path, capsys):
+    vb, flash, key_a, key_b = _keyed_drafter(virtual_board, models, tmp_path, capsys)
     for extra, why in ((["--key-file", str(key_b)], "the board signs with another deployment key than this run's"),
                        ([], "the board signs its frames: it holds a deployment key, and this run has none")):
         rc, took = _run(models, vb.port, *extra)
@@ -53,13 +59,7 @@ def test_a_key_mismatch_is_named_within_2_s_each_way_round(virtual_board, models
 
 def test_a_flash_with_another_key_than_the_boards_is_told_so(virtual_board, models, tmp_path, capsys):
     """flash --key-file B onto a board keyed with A: it said 'this run has none' (the probe's HELLO went unsigned)."""
-    key_a, key_b = tmp_path / "a.key", tmp_path / "b.key"
-    new_key_file(key_a)
-    new_key_file(key_b)
-    vb = virtual_board()
-    flash = ["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]
-    assert cli.main([*flash, "--key-file", str(key_a)]) == 0
-    capsys.readouterr()
+    vb, flash, key_a, key_b = _keyed_drafter(virtual_board, models, tmp_path, capsys)
     assert cli.main([*flash, "--key-file", str(key_b)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the board holds another deployment key than this --key-file" in err, err

@@ -233,6 +233,16 @@ def test_serve_names_its_streams_flag_out_of_range(capsys, streams):
     assert capsys.readouterr().err == "specmesh serve: error: --streams must be in 1..256, not %s\n" % streams
 
 
+def _long_requests(url: str, n: int) -> list[socket.socket]:
+    """n raw connections to the server at `url`, each having sent a long completion request (read by none)."""
+    port = int(url.rsplit(":", 1)[1])
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 400}).encode()
+    clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+    for sock in clients:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    return clients
+
+
 def test_clients_gone_before_their_turn_cost_the_boards_nothing(models, monkeypatch):
     """Requests whose clients left while they were queued for the server's threads (or handed the lane as they
     left) each ran a BEGIN and a round on the boards once their turn came: a crowd that gave up held the next
@@ -246,12 +256,7 @@ def test_clients_gone_before_their_turn_cost_the_boards_nothing(models, monkeypa
 
     monkeypatch.setitem(registry.VERIFIERS, "slow", Counted)
     with Mesh(drafter="cpu", verifier="slow", models=models, gamma="0") as mesh, serving(mesh, threads=2) as url:
-        port = int(url.rsplit(":", 1)[1])
-        body = json.dumps({"prompt": PROMPT, "max_tokens": 400}).encode()
-        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(16)]
-        for sock in clients:
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
-                         % (len(body), body))
+        clients = _long_requests(url, 16)
         while not begun or json.load(urllib.request.urlopen(url + "/health", timeout=30))["waiting"] < 15:
             time.sleep(0.01)
         for sock in clients:
@@ -266,12 +271,7 @@ def test_health_counts_the_lanes_generating_and_the_requests_waiting(models, mon
     lanes generating ("busy": 3 on a mesh of one stream)."""
     monkeypatch.setitem(registry.VERIFIERS, "slow", Slow)
     with Mesh(drafter="cpu", verifier="slow", models=models, gamma="0") as mesh, serving(mesh, threads=2) as url:
-        port = int(url.rsplit(":", 1)[1])
-        body = json.dumps({"prompt": PROMPT, "max_tokens": 400}).encode()
-        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
-        for sock in clients:
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
-                         % (len(body), body))
+        clients = _long_requests(url, 4)
         health: dict = {}
         for _ in range(500):
             health = json.load(urllib.request.urlopen(url + "/health", timeout=30))
