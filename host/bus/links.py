@@ -25,7 +25,7 @@ from typing import Protocol
 
 import serial
 
-from specmesh.host.bus.ports import lost_why, open_exclusive
+from specmesh.host.bus.ports import first_line, lost_why, open_exclusive
 from specmesh.shared import messages as m
 from specmesh.shared.codec import FLAG_REPLY, FLAG_SIGNED, Auth, CodecError, Frame, StreamDecoder, decode, encode_line
 from specmesh.shared.messages import HALF_FLASHED
@@ -68,7 +68,7 @@ class SerialLink:
         try:
             self.ser = open_exclusive(port, baudrate=baudrate, timeout=0.05)
         except (serial.SerialException, OSError, ValueError) as e:
-            raise LinkError("cannot open %s: %s" % (port, _first_line(e))) from None
+            raise LinkError("cannot open %s: %s" % (port, first_line(e))) from None
         self.port = port
         self.on_frame = on_frame
         self.on_refusal: Callable[[int | None], None] | None = None  # an unsigned refusal's src, once authenticated
@@ -207,7 +207,3 @@ def _refusal(data: bytes) -> tuple[str | None, int | None]:
     except CodecError:
         return None, None
     return (message, f.src) if code == m.E_KEY else (None, None)
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -130,7 +130,12 @@ def lost_why(e: BaseException) -> str:
         return found.group(1)
     if "returned no data" in text:
         return "the port hung up"
-    return (text.strip().splitlines() or [type(e).__name__])[0]
+    return first_line(e)
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of `e`'s text, or its type's name where it has none."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def check_port(port: str) -> None:

@@ -766,16 +766,17 @@ def _stale(transport, files: dict[str, Path], model_dest: str, report: FlashRepo
     board reset meanwhile then stays at its REPL, which `specmesh run` names as no firmware and the flash command
     that fixes it; main.py started there imported a module not written yet (ImportError) and the node never said
     it was half-flashed."""
-    stale = []
+    stale, current = [], {}
     for dest, local in files.items():
         data = local.read_bytes()
         if _is_current(transport, dest, data):
             report.unchanged.append(dest)
+            current[dest] = data
         else:
             stale.append((dest, data))
-    if MAIN in files and MAIN in report.unchanged and any(dest != model_dest for dest, _ in stale):
+    if MAIN in current and any(dest != model_dest for dest, _ in stale):
         report.unchanged.remove(MAIN)
-        stale.append((MAIN, files[MAIN].read_bytes()))
+        stale.append((MAIN, current[MAIN]))
     return sorted(stale, key=lambda s: (s[0] == model_dest, s[0] == MAIN, s[0]))
 
 
