@@ -447,7 +447,8 @@ class Node:
                 else e.kmax if e.head else 0)
         return m.pack_hello(FW_VERSION, board[:64], r, self.cfg["model"][:64],
                             e.vocab if e else 0, e.n_ctx if e else 0, gc.mem_free(), caps, gmax,
-                            kernelpick.describe(e.kernels if e else kernelpick.pick()[1])[:128])
+                            kernelpick.describe(e.kernels if e else kernelpick.pick()[1])[:128],
+                            e.crc if e else 0)  # which build of the file: the host checks its own
 
     def _open(self, args):
         """A keyed node's HELLO tail for the request payload `args[0]` (the host's session id, a challenge): a

@@ -6,7 +6,9 @@ content, e.g. invalid UTF-8 or an empty q-hat table), both CodecError subclasses
 Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `_Reader.str`).
 
     HELLO       request: b""                      reply: pack_hello(fw, board, role, model, vocab,
-                                                         max_seq, heap_free, caps, max_gamma, kernels) / unpack_hello
+                                                         max_seq, heap_free, caps, max_gamma, kernels, crc) /
+                unpack_hello; crc: the running model's body crc32 (0: none loaded, or a firmware older than the
+                field, whose reply ends after kernels: unpacked as 0)
                 signed (docs/security.md): the request is the host's session id and a challenge (8 bytes
                 each), the reply ends with the challenge, a nonce and a counter floor (20 bytes, below);
                 both signed without a session (codec.OPEN_TYPE)
@@ -188,16 +190,18 @@ class _Reader:
             raise BadLength("payload has %d trailing bytes" % (len(self.data) - self.off))
 
 
-def pack_hello(fw, board, role, model, vocab, max_seq, heap_free, caps, gamma, kernels):
+def pack_hello(fw, board, role, model, vocab, max_seq, heap_free, caps, gamma, kernels, crc):
     """HELLO reply; `gamma` is its max_gamma field: the most drafts the node takes (0 when idle);
-    `kernels` the engine's kernels, "native", "viper" or "python", then in parentheses why not native."""
-    buf = bytearray(_str_bytes(fw) + _str_bytes(board) + _str_bytes(model) + _str_bytes(kernels) + 11)
+    `kernels` the engine's kernels, "native", "viper" or "python", then in parentheses why not native;
+    `crc` the body crc32 of the model it runs, from the file's header (0 when none is loaded)."""
+    buf = bytearray(_str_bytes(fw) + _str_bytes(board) + _str_bytes(model) + _str_bytes(kernels) + 15)
     off = _put_str(buf, 0, fw)
     off = _put_str(buf, off, board)
     buf[off] = role
     off = _put_str(buf, off + 1, model)
     struct.pack_into("<HHIBB", buf, off, vocab, max_seq, heap_free, caps, gamma)
-    _put_str(buf, off + 10, kernels)
+    off = _put_str(buf, off + 10, kernels)
+    struct.pack_into("<I", buf, off, crc)
     return bytes(buf)
 
 
@@ -209,8 +213,10 @@ def unpack_hello(payload):
     model = r.str()
     vocab, max_seq, heap_free, caps, max_gamma = r.take("<HHIBB", 10)
     kernels = r.str()
+    # a firmware flashed before the model's crc was reported ends here: 0, as a node with no model says
+    crc = r.u32() if r.off < len(payload) else 0
     r.end()
-    return fw, board, role, model, vocab, max_seq, heap_free, caps, max_gamma, kernels
+    return fw, board, role, model, vocab, max_seq, heap_free, caps, max_gamma, kernels, crc
 
 
 def pack_configure(role, node_id, model):

@@ -8,11 +8,13 @@ from specmesh.shared import messages as m
 from specmesh.shared.codec import BadFrame, BadLength, CodecError
 
 ROUND_TRIPS = [
-    (m.HELLO, True, m.pack_hello("specmesh 0.1", "esp32s3", 2, "target-1M", 512, 256, 123456, 7, 32, "native"),
-     ("specmesh 0.1", "esp32s3", 2, "target-1M", 512, 256, 123456, 7, 32, "native")),
+    (m.HELLO, True, m.pack_hello("specmesh 0.1", "esp32s3", 2, "target-1M", 512, 256, 123456, 7, 32, "native",
+                                 0xFFFFFFFF),
+     ("specmesh 0.1", "esp32s3", 2, "target-1M", 512, 256, 123456, 7, 32, "native", 0xFFFFFFFF)),
     (m.HELLO, True, m.pack_hello("fw", "esp32", 1, "d", 512, 128, 9, 1, 32, "viper (native/xtensawin.mpy fails its "
-                                 "self-test (matmul))"),
-     ("fw", "esp32", 1, "d", 512, 128, 9, 1, 32, "viper (native/xtensawin.mpy fails its self-test (matmul))")),
+                                 "self-test (matmul))", 0x1234ABCD),
+     ("fw", "esp32", 1, "d", 512, 128, 9, 1, 32, "viper (native/xtensawin.mpy fails its self-test (matmul))",
+      0x1234ABCD)),
     (m.CONFIGURE, False, m.pack_configure(1, 3, "draft-60K"), (1, 3, "draft-60K")),
     (m.BEGIN, False, m.pack_begin(0xDEADBEEF, 800, 8, 40, 60000, -1, [1, 500, 2]),
      (0xDEADBEEF, 800, 8, 40, 60000, -1, [1, 500, 2])),
@@ -39,6 +41,17 @@ ROUND_TRIPS = [
 @pytest.mark.parametrize("mtype, reply, payload, fields", ROUND_TRIPS)
 def test_round_trip(mtype, reply, payload, fields):
     assert m.unpack(mtype, reply, payload) == fields
+
+
+def test_hello_ends_with_the_models_crc_and_an_older_firmwares_without_it_reads_as_0():
+    """A board flashed before HELLO carried its model's body crc32 ends the reply after the kernels string: still
+    read (crc 0, which the host does not check); a crc cut short is a truncated payload."""
+    body = m.pack_hello("fw", "esp32s3", 2, "/models/target.spm", 512, 256, 9, 1, 4, "viper", 0xC0FFEE11)
+    assert body.endswith(struct.pack("<I", 0xC0FFEE11))
+    assert m.unpack_hello(body[:-4]) == ("fw", "esp32s3", 2, "/models/target.spm", 512, 256, 9, 1, 4, "viper", 0)
+    for cut in (1, 2, 3):
+        with pytest.raises(BadLength):
+            m.unpack_hello(body[:-cut])
 
 
 def test_draft_wire_layout():

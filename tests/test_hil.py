@@ -138,7 +138,7 @@ def test_flash_gives_the_drafter_board_the_drafter_its_firmware_runs(request, dr
 def test_boards_report_their_role_and_model(boards, drafter_model):
     for board, role in zip(boards, (m.ROLE_DRAFTER, m.ROLE_VERIFIER)):
         hello = m.unpack_hello(board.proxy.call(m.HELLO).payload)
-        fw, _board, got_role, model, vocab, max_seq, heap, _caps, _gmax, kernels = hello
+        fw, _board, got_role, model, vocab, max_seq, heap, _caps, _gmax, kernels, _crc = hello
         assert got_role == role and vocab == 512 and heap > 0 and fw
         # the native module flashed for its arch passed its self-test: the parity tests below run it (rv32-viper:
         # the module was removed after flashing, as on a board without it)

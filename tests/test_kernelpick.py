@@ -95,7 +95,7 @@ def test_a_corrupt_native_module_falls_back_to_viper_and_says_why(micropython, t
     for name, board in boards.items():
         node = _node(micropython, board, model)
         try:
-            kernels = node.call(m.HELLO, expect=m.HELLO)[-1]
+            kernels = node.call(m.HELLO, expect=m.HELLO)[9]
             tokens[name] = generate(None, node, PROMPT, 24, 0, 0.0, 7, 1, 64)
             console = b"\n".join(node.text).decode()
         finally:
@@ -115,7 +115,7 @@ def test_a_board_without_the_module_runs_viper_and_says_so(micropython, tmp_path
     shutil.rmtree(board / "native")
     node = _node(micropython, board, model)
     try:
-        assert node.call(m.HELLO, expect=m.HELLO)[-1] == "viper (no native/x64.mpy)"
+        assert node.call(m.HELLO, expect=m.HELLO)[9] == "viper (no native/x64.mpy)"
         assert not any(b"native" in line for line in node.text)  # nothing wrong: no console note
     finally:
         node.close()
@@ -128,14 +128,14 @@ def test_a_module_that_stopped_the_board_is_not_tried_again(micropython, tmp_pat
     flash(board)
     node = _node(micropython, board, model)
     try:
-        assert node.call(m.HELLO, expect=m.HELLO)[-1] == "native"
+        assert node.call(m.HELLO, expect=m.HELLO)[9] == "native"
     finally:
         node.close()
     assert not (board / "native" / ".selftest").exists()  # a self-test that ends takes its mark away
     (board / "native" / ".selftest").write_bytes(b"")
     node = _node(micropython, board, model)
     try:
-        kernels = node.call(m.HELLO, expect=m.HELLO)[-1]
+        kernels = node.call(m.HELLO, expect=m.HELLO)[9]
         console = b"\n".join(node.text).decode()
     finally:
         node.close()
@@ -167,7 +167,7 @@ def test_on_the_esp32_port_a_module_that_fails_its_self_test_frees_its_iram_by_a
     assert mark.startswith("native/x64.mpy fails its self-test (") and mark.endswith("a soft reset freed its IRAM")
     node = NodeProc(micropython, board, cfg, flashed=True, env=env)
     try:
-        kernels = node.call(m.HELLO, expect=m.HELLO)[-1]
+        kernels = node.call(m.HELLO, expect=m.HELLO)[9]
         assert kernels == "viper (%s)" % mark
         assert node.proc.poll() is None
     finally:

@@ -15,6 +15,7 @@ from specmesh.host.bus.proxy import HostAuth
 from specmesh.tools.nodeproc import NodeProc, seq_of
 from specmesh.shared import codec
 from specmesh.shared import messages as m
+from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 from specmesh.tools.testmodels import random_model
 
 from specmesh.shared.messages import E_MESSAGE, E_MODEL, E_RANGE, E_STATE
@@ -35,10 +36,10 @@ def node(micropython, tmp_path):
 
 
 def test_idle_node_without_config_answers_hello_ping_stats(node):
-    fw, board, role, model, vocab, max_seq, heap, caps, max_gamma, kernels = node.call(m.HELLO, expect=m.HELLO)
+    fw, board, role, model, vocab, max_seq, heap, caps, max_gamma, kernels, crc = node.call(m.HELLO, expect=m.HELLO)
     assert fw.startswith("specmesh-node") and board
     assert kernels == "native"  # the kernels it would run: firmware/native/x64.mpy passed its self-test
-    assert (role, model, vocab, max_seq, max_gamma) == (m.ROLE_IDLE, "", 0, 0, 0)
+    assert (role, model, vocab, max_seq, max_gamma, crc) == (m.ROLE_IDLE, "", 0, 0, 0, 0)  # no model: no crc
     assert heap > 100_000
     assert caps & m.CAP_VIPER  # the x64 unix port emits native code
     assert node.call(m.PING, b"\x00\x03ping\xff", expect=m.PING) == (b"\x00\x03ping\xff",)
@@ -61,6 +62,8 @@ def test_configure_loads_the_model_persists_and_boots_into_it(micropython, tmp_p
         hello = n.call(m.HELLO, expect=m.HELLO)
         assert hello[2:6] == (m.ROLE_VERIFIER, model, 96, 32)
         assert hello[8] == m.MAX_GAMMA  # a verifier's default pass: the drafts and the last committed token
+        with open(model, "rb") as f:  # which build of the file it runs: its header's body crc32
+            assert hello[10] == parse_header(f.read(HEADER_SIZE)).body_crc != 0
         assert n.request(m.HELLO).src == 7
     finally:
         n.close()

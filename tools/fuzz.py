@@ -55,7 +55,8 @@ ESP32_HEAP = ESP32.heap_bytes
 # (type, reply?, body): one valid body for every message and direction
 BODIES = [
     (m.HELLO, False, b""),
-    (m.HELLO, True, m.pack_hello("fw", "esp32", 1, "models/drafter.spm", 64, 64, 90000, 1, 32, "viper (no native/xtensawin.mpy)")),
+    (m.HELLO, True, m.pack_hello("fw", "esp32", 1, "models/drafter.spm", 64, 64, 90000, 1, 32,
+                                 "viper (no native/xtensawin.mpy)", 0x1234ABCD)),
     (m.CONFIGURE, False, m.pack_configure(1, 1, "models/drafter.spm")),
     (m.BEGIN, False, m.pack_begin(7, 800, 8, 0, 65536, -1, [1, 2, 3])),
     (m.DRAFT_REQ, False, m.pack_draft_req(3, 4, [2])),

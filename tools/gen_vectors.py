@@ -305,7 +305,7 @@ def codec_cases() -> list[dict]:
 
 def message_cases() -> list[dict]:
     packs = [
-        ("pack_hello", ["specmesh 0.1", "esp32", 1, "draft", 512, 256, 90000, 5, 32, "native"]),
+        ("pack_hello", ["specmesh 0.1", "esp32", 1, "draft", 512, 256, 90000, 5, 32, "native", 0xC0FFEE11]),
         ("pack_configure", [2, 7, "target-ü"]),
         ("pack_begin", [0xDEADBEEF, 700, 8, 40, 58982, 2, [1, 2, 500]]),
         ("pack_draft_req", [1234, 4, [5, 300]]),
@@ -351,6 +351,9 @@ def message_cases() -> list[dict]:
             ("unpack ack", m.ACK, True, b""), ("unpack ack with body", m.ACK, True, b"\x00"),
             ("unpack ping", m.PING, False, b"\x00\x01"), ("unpack reset", m.RESET, False, b""),
             ("unpack hello request", m.HELLO, False, b""), ("unpack stats request", m.STATS, False, b""),
+            # a firmware older than the model's crc ends its HELLO after the kernels string: read as crc 0
+            ("unpack hello without crc", m.HELLO, True,
+             m.pack_hello("specmesh-node 0.1", "esp32", 2, "/models/target.spm", 512, 256, 9, 1, 4, "viper", 0)[:-4]),
             ("unpack draft as request", m.DRAFT, False, b""), ("unpack unknown type", 0x33, False, b"")):
         out.append(case(name, "unpack", mtype=mtype, reply=reply, payload=payload.hex()))
     # strict UTF-8: the issue's overlong CONFIGURE string, then every lead byte class against the
@@ -397,7 +400,7 @@ def fuzz_cases() -> list[dict]:
     """Mutated and random inputs: both runtimes must reject (or accept) each one identically."""
     r = random.Random(4)
     bodies = [m.pack_draft(9, [(1, [1, 2], [ONE - 1, 1])] * 3), m.pack_verdict(2, 3), m.pack_hello(
-        "fw", "b", 1, "m", 512, 256, 1, 0, 4, "viper"), m.pack_begin(1, 2, 3, 4, 5, -1, [1, 2, 3]), m.pack_stats([("a", 1)]),
+        "fw", "b", 1, "m", 512, 256, 1, 0, 4, "viper", 7), m.pack_begin(1, 2, 3, 4, 5, -1, [1, 2, 3]), m.pack_stats([("a", 1)]),
         m.pack_error(1, "x"), m.pack_commit(5, [1, 2])]
     types = [m.DRAFT, m.VERDICT, m.HELLO, m.BEGIN, m.STATS, m.ERROR, m.COMMIT]
     frames = [codec.encode(t, b, 1, 2, 3, 4, True) for t, b in zip(types, bodies)]

@@ -58,7 +58,7 @@ class BoardBackend(Unit):
         self.proxy = proxy
         self.name = name
         try:
-            fw, board, role, model, vocab, max_seq, heap, caps, max_gamma, kernels = m.unpack_hello(
+            fw, board, role, model, vocab, max_seq, heap, caps, max_gamma, kernels, crc = m.unpack_hello(
                 proxy.call(m.HELLO).payload)
         except ProxyError as e:
             raise BackendError("%s: %s" % (name, e)) from None
@@ -66,8 +66,9 @@ class BoardBackend(Unit):
             raise BackendError(self._wrong_role(role))
         if proxy.bus.peer in (None, proxy.node) and class_of(board, heap).ring_drops:  # on its own console
             proxy.bus.ring = CONSOLE_RING
+        # model_crc: the body crc32 of the model it runs (0: an older firmware that does not say, or no model)
         self.info = {"fw": fw, "board": board, "model": model, "vocab": vocab, "heap_free": heap, "caps": caps,
-                     "kernels": kernels}
+                     "kernels": kernels, "model_crc": crc}
         self.max_seq = max_seq
         self.max_gamma = max_gamma
         self.known: list[int] = []  # the committed stream as the node holds it
