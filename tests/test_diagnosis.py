@@ -5,18 +5,21 @@ one line that says what to do, within 2 s where the board answers."""
 import contextlib
 import json
 import os
+import shutil
 import time
 import tty
 
 import pytest
 
-from specmesh.host.layout import DRAFTER_FILE
+from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 from specmesh.host import cli
 from specmesh.host.bus.links import SerialLink
 from specmesh.host.bus.proxy import Bus
 from specmesh.host.backends import BackendError
 from specmesh.host.provision.cluster import discover
 from specmesh.host.provision.keys import new_key_file
+from specmesh.shared.modelfile import HEADER_SIZE, parse_header
+from specmesh.tools.testmodels import random_model
 
 
 def _run(models, port, *extra):
@@ -114,6 +117,34 @@ def test_a_drafter_board_given_as_the_verifier_is_told_the_ports_may_be_swapped(
     assert (rc, capsys.readouterr().err) == (2, "specmesh run: error: %s is flashed as a drafter, not a verifier; if "
                                              "the ports are swapped, give it as --drafter %s, else flash it: `specmesh "
                                              "flash --port %s --role verifier`\n" % (vb.port, vb.port, vb.port))
+
+
+def test_a_verifier_board_running_another_build_of_the_target_is_refused_before_any_text(virtual_board, models,
+                                                                                         tmp_path, capsys):
+    """A verifier flashed from another build of target.spm (the same name, other weights): its HELLO's model crc is
+    not that of the --models file, whose model the run's cpu fail-over and copied drafts would run (a fail-over
+    would change the text's model half-way). One line naming the board, both builds and the flash command, before
+    any text; with the folder it was flashed from as --models it runs."""
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("tokenizer.bin", DRAFTER_FILE):
+        shutil.copy(models / name, other / name)
+    crc = {other: random_model(other / TARGET_FILE, dim=32, n_layers=2, hidden=64, vocab=512, max_seq=128,
+                               seed=99).body_crc,
+           models: parse_header((models / TARGET_FILE).read_bytes()[:HEADER_SIZE]).body_crc}
+    assert crc[models] != crc[other]
+    vb = virtual_board("esp32s3")
+    assert cli.main(["flash", "--port", vb.port, "--role", "verifier", "--model", str(other / TARGET_FILE)]) == 0
+    capsys.readouterr()
+    run = ["run", "--drafter", "cpu", "--verifier", vb.port, "--quiet", "-n", "4"]
+    assert cli.main([*run, "--models", str(models)]) == 2
+    path = models / TARGET_FILE
+    assert capsys.readouterr() == ("", "specmesh run: error: the verifier on %s runs another build of target.spm (body "
+                                   "crc32 %08x, not the %08x of %s, which this run fails over to and copies drafts "
+                                   "from): flash it with this run's file (`specmesh flash --port %s --role verifier "
+                                   "--model %s`) or give this run the file it was flashed from (its folder as "
+                                   "--models)\n" % (vb.port, crc[other], crc[models], path, vb.port, path))
+    assert cli.main([*run, "--models", str(other)]) == 0
 
 
 def test_silence_is_told_apart_from_an_answer_that_is_no_node(virtual_board):

@@ -304,6 +304,44 @@ def test_a_drafter_board_running_another_vocabulary_is_refused_before_any_text(m
     _check_running_drafter(SimpleNamespace(name="u0", info={"model": "/models/x.spm", "vocab": 512}), target)
 
 
+def test_a_board_running_another_build_is_refused_and_an_older_firmwares_is_not_checked(models):
+    """HELLO's model crc against the file the host takes each board's model for: every pipeline stage's the target; a
+    drafter's the file its HELLO names where it lies beside the given one, else the given one. An older firmware's
+    HELLO has no crc (read as 0): not checked, as before. (A verifier on a port: tests/test_diagnosis.py.)"""
+    from types import SimpleNamespace
+
+    from specmesh.host.backends.modelio import check_model_file
+    from specmesh.host.cli.config import UsageError
+    from specmesh.host.cli.session import _check_builds, running_file
+    from specmesh.shared import messages as m
+
+    def board(name, role, model, crc):
+        return SimpleNamespace(name=name, role=role, info={"model": model, "model_crc": crc})
+
+    target = check_model_file(models / TARGET_FILE)[0]
+    pipeline = SimpleNamespace(stages=[board("virtual:stage%d(esp32)" % i, m.ROLE_STAGE, "/models/target.spm", crc)
+                                       for i, crc in enumerate((target.body_crc, target.body_crc ^ 1))])
+    with pytest.raises(UsageError, match="^the stage on virtual:stage1\\(esp32\\) runs another build of target.spm "
+                                         "\\(body crc32 %08x, not the %08x of .*: run again \\(a virtual board is "
+                                         "flashed afresh\\)$" % (target.body_crc ^ 1, target.body_crc)):
+        _check_builds(pipeline, models / TARGET_FILE, target)
+    pipeline.stages[1].info["model_crc"] = 0  # a firmware flashed before HELLO said its model's crc
+    _check_builds(pipeline, models / TARGET_FILE, target)
+
+    given = models / DRAFTER_FILE
+    old = random_model(models / "old.spm", vocab=512, max_seq=32, seed=5)
+    drafter = board("/dev/ttyUSB0", m.ROLE_DRAFTER, "/rom/old.spm", old.body_crc)
+    assert running_file(drafter, given) == models / "old.spm"
+    _check_builds(drafter, running_file(drafter, given), old)
+    drafter.info["model"] = "/rom/gone.spm"  # a file this folder lacks: taken for the given one, not its build
+    assert running_file(drafter, given) == given
+    with pytest.raises(UsageError, match="^the drafter on /dev/ttyUSB0 runs gone.spm, not drafter.spm .*whose n-gram "
+                                         "table and costs this run takes for it\\): flash it with this run's file "
+                                         "\\(`specmesh flash --port /dev/ttyUSB0 --role drafter --model %s`\\)"
+                                         % given):
+        _check_builds(drafter, given, check_model_file(given)[0])
+
+
 @pytest.mark.parametrize("stages", [1, 2, 3, 4])
 def test_stages_that_do_not_fit_the_class_heap_are_refused_before_any_board(capsys, no_board_starts, stages):
     """The shipped target's 5 layers on classic ESP32 stages: only 5 stages fit (a stage of 2 layers needs

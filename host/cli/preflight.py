@@ -4,6 +4,8 @@ left behind when one of these fails, and the failure is one line naming the file
 - the model files parse: header, size and CRC (host/backends/modelio.py `check_model_file`);
 - the drafter speaks the target's tokens: the same vocabulary and, where both headers name one, the same
   tokenizer (a drafter board's HELLO is checked again once it answers, before any text);
+- once a board answers, before any text: its HELLO's model crc is the build of the file the host takes its model
+  for (`check_build`: the target for a verifier or stage, the drafter's file for a drafter);
 - the tokenizer is the target's: its vocabulary size and, where the header names one, its tokenizer id;
 - the prompt fits the target's context (the orchestrator would refuse it only after the boards were up);
 - every `--drafter`/`--verifier` names a known back-end (a port also as mpremote's `a0`, `u0`, `c0`), and
@@ -72,6 +74,27 @@ def check_pair(target: Header, vocab: int, tokenizer_id: int, what: str) -> None
         raise PreflightError("the drafter %s was made with another tokenizer than the target (tokenizer id %08x, the "
                              "target's %08x): give a drafter trained with the target's tokenizer (--draft-model), or "
                              "--plain" % (what, tokenizer_id, target.tokenizer_id))
+
+
+# what this run does with the file it takes a board's model for, by the board's role: why another build matters
+_TAKEN_FOR = {"verifier": "which this run fails over to and copies drafts from",
+              "stage": "which this run fails over to and copies drafts from",
+              "drafter": "whose n-gram table and costs this run takes for it"}
+
+
+def check_build(crc: int, path: Path, head: Header, role: str, where: str, running: str) -> None:
+    """A board's HELLO gives the body crc32 of the model it runs (`crc`; 0: a firmware older than that field, or no
+    model: not checked); it must be the build of `path` (header `head`), the file this run takes that model for.
+    Another build under the same name would leave the host's fail-over and copies on another model than the
+    board's. `role`: the board's; `where`: its port or virtual board; `running`: the file name its HELLO gives."""
+    if not crc or crc == head.body_crc:
+        return
+    what = "another build of %s" % path.name if running in ("", path.name) else "%s, not %s" % (running, path.name)
+    fix = ("flash it with this run's file (`specmesh flash --port %s --role %s --model %s`) or give this run the "
+           "file it was flashed from (its folder as --models)" % (where, role, path) if is_port(where)
+           else "run again (a virtual board is flashed afresh)")
+    raise PreflightError("the %s on %s runs %s (body crc32 %08x, not the %08x of %s, %s): %s"
+                         % (role, where, what, crc, head.body_crc, path, _TAKEN_FOR[role], fix))
 
 
 def check_tokenizer(tok, target: Header, path: Path, name: str) -> None:

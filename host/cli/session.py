@@ -52,8 +52,8 @@ from specmesh.host.cli import registry
 from specmesh.host.cli.config import RV32_PROJECT, RunConfig, UsageError
 from specmesh.host.cli.flags import a_path, add_arguments
 from specmesh.host.cli.output import Segments, TextStream, Watch
-from specmesh.host.cli.preflight import (PreflightError, check_backends, check_context, check_models, check_pair,
-                                         check_tokenizer, unknown_backend)
+from specmesh.host.cli.preflight import (PreflightError, check_backends, check_build, check_context, check_models,
+                                         check_pair, check_tokenizer, unknown_backend)
 from specmesh.host.cli.ranges import SEED, STREAMS, RangeError, in_range
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, Round, generate
@@ -63,6 +63,7 @@ from specmesh.host.decode.window import Window
 from specmesh.host.layout import TOKENIZER_FILE, ngram_table
 from specmesh.host.projection.measured import board_summary
 from specmesh.host.provision.drafters import expected_alpha
+from specmesh.shared.board import ROLES
 from specmesh.shared.modelfile import ModelFileError
 
 if TYPE_CHECKING:
@@ -220,10 +221,7 @@ class Setup(contextlib.ExitStack):
         the target's table as its `copies`, whose chains the decode loop copies into plain rounds (host/decode/
         lookup.py), as a host drafter with a table has: the verifier's model file's, whatever `--verifier` runs. None
         without one."""
-        given = self.config.model_file("drafter")
-        name = running_model(drafter)
-        path = given.parent / name if name and (given.parent / name).is_file() else given
-        return backends.load_ngram_table(path)
+        return backends.load_ngram_table(running_file(drafter, self.config.model_file("drafter")))
 
     def _native(self, kind: str) -> bool:
         """Whether this host runs `kind`'s model on the board's engine in a process (host/backends/pipeengine.py):
@@ -518,16 +516,35 @@ def _check_running_drafter(drafter, target) -> None:
         raise UsageError(str(e)) from None
 
 
+def running_file(backend, given: Path) -> Path:
+    """The file this host takes a back-end's model for: the one a board's HELLO names when it lies beside `given`
+    (e.g. drafter.spm on an S3 drafter board where its class's drafter was assumed), else `given`."""
+    name = running_model(backend)
+    return given.parent / name if name and (given.parent / name).is_file() else given
+
+
 def _drafter_head(drafter, given: Path, head):
-    """The header of the model a drafter board reports running (HELLO: e.g. drafter.spm on an S3 drafter board
-    where its class's drafter was assumed) when that file is beside `given`; else `head`, `given`'s."""
-    name = running_model(drafter)
-    if not name or name == given.name or not (given.parent / name).is_file():
+    """The header of the model file a drafter board runs (`running_file`): `head`, `given`'s, when it is `given`."""
+    path = running_file(drafter, given)
+    if path == given:
         return head
     try:
-        return check_models({"drafter": given.parent / name}, ["drafter"])["drafter"]
+        return check_models({"drafter": path}, ["drafter"])["drafter"]
     except PreflightError as e:
         raise UsageError(str(e)) from None
+
+
+def _check_builds(backend, path: Path, head) -> None:
+    """Every board of a back-end (a pipeline's stages, else the back-end itself; a host one has none) must run the
+    build of `path` (header `head`), as its HELLO's model crc says: checked before any text (host/cli/preflight.py
+    `check_build`)."""
+    for board in getattr(backend, "stages", [backend]):
+        if not hasattr(board, "info"):
+            continue
+        try:
+            check_build(board.info["model_crc"], path, head, ROLES[board.role], board.name, running_model(board))
+        except PreflightError as e:
+            raise UsageError(str(e)) from None
 
 
 @dataclass
@@ -661,11 +678,14 @@ class Mesh(contextlib.AbstractContextManager):
     def _new_lane(self) -> Lane:
         batched = self.streams > 1
         verifier = self._setup.make("verifier", self.names["verifier"], batched)
+        _check_builds(verifier, self.config.model_file("verifier"), self.headers["verifier"])
         drafter = None if self.config.plain else self._setup.make("drafter", self.names["drafter"], batched)
         if drafter is not None:
             _check_running_drafter(drafter, self.headers["verifier"])
         if drafter is not None and "drafter" in self.headers and not self._lanes:  # price the model it runs
-            self.headers["drafter"] = _drafter_head(drafter, self.config.model_file("drafter"), self.headers["drafter"])
+            given = self.config.model_file("drafter")
+            self.headers["drafter"] = _drafter_head(drafter, given, self.headers["drafter"])
+            _check_builds(drafter, running_file(drafter, given), self.headers["drafter"])
         lane = Lane(verifier, drafter)
         self._lanes.append(lane)
         return lane
