@@ -80,6 +80,8 @@ def test_the_table_leaves_out_figures_from_too_few_samples_and_says_why_the_run_
     assert rows["drafter cost c"].startswith("left out: %d drafting rounds timed" % (FEW - 1))
     assert rows["verify cost v(2)"] == "left out: only size 1 measured %d+ times; a slope needs two" % FEW
     assert rows["stopped by"] == "--max-tokens reached"
+    few.update(alpha=None, alpha_tested=0)  # make run's default prompt: every draft copied, none of the drafter's
+    assert "acceptance alpha       left out: 0 drafts tested, fewer than %d" % FEW in format_table(few)
     many = run(args(models, "--max-tokens", "60", "--quiet", "--gamma", "2", "--prompt", "The cat"), io.StringIO())
     many["estimates"]["verified"]["1"] = FEW  # sizes 1 and 3 measured often enough: v(2) inside them, v(5) not
     table = format_table(many)

@@ -189,9 +189,9 @@ def _stopped(stats: dict) -> str:
 
 def _alpha(stats: dict):
     n = stats.get("alpha_tested")
-    if n is None or stats["alpha"] is None:
+    if n is None:
         return stats["alpha"]
-    if n < FEW:
+    if n < FEW:  # none tested too (every draft copied, or every round plain): said with its count, not "-"
         return "left out: %d draft%s tested, fewer than %d" % (n, "" if n == 1 else "s", FEW)
     return "%s (%d drafts tested)" % (_fmt(stats["alpha"]), n)
 
