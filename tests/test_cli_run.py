@@ -374,3 +374,13 @@ def test_tools_that_need_torch_say_how_to_install_it_in_one_line(tool, args, tmp
             "runpy.run_module('specmesh.tools.%s', run_name='__main__', alter_sys=True)" % (tool, args, tool))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 1 and out.stderr.endswith(INSTALL_HINT + "\n") and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_progress_lines_are_one_write_each_so_boards_started_side_by_side_cannot_splice_them(monkeypatch):
+    from specmesh.host.cli.session import say_on_stderr
+
+    writes: list[str] = []
+    monkeypatch.setattr(sys, "stderr", type("Err", (), {"write": lambda self, s: writes.append(s),
+                                                         "flush": lambda self: None})())
+    say_on_stderr("run")("virtual stage 0 board (esp32): booting")
+    assert writes == ["specmesh run: virtual stage 0 board (esp32): booting\n"]

@@ -996,6 +996,13 @@ def _rest(kw: dict) -> dict:
 
 
 def say_on_stderr(command: str = "") -> Say:
-    """A `say` that writes each line to stderr, prefixed with the command's name."""
+    """A `say` that writes each line to stderr, prefixed with the command's name.
+
+    One write a line, its newline included: boards started side by side (`--stages N`) say theirs from their own
+    threads, and print()'s separate write of the newline let one board's line run into the next's."""
     prefix = "specmesh%s: " % (" " + command if command else "")
-    return lambda line: print(prefix + line, file=sys.stderr, flush=True)
+
+    def say(line: str) -> None:
+        sys.stderr.write(prefix + line + "\n")
+        sys.stderr.flush()
+    return say
