@@ -34,7 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-s", "--seed", type=int, default=0, help="session seed: same seed, same text (default: 0)")
     p.add_argument("--drafter", default=None,
                    help="PORT (or mpremote's a0, u0, c0) | auto (the flashed drafter board among the ESP32 USB "
-                        "ports) | virtual | virtual:CLASS (a virtual board of that class) | cpu (default: virtual)")
+                        "ports) | virtual (the fast unix-port VM, sized as the role's class) | virtual:CLASS (a board of that "
+                        "class running its own machine code under QEMU) | cpu (default: virtual)")
     p.add_argument("--verifier", default="virtual",
                    help="PORT | auto | virtual | virtual:CLASS | cpu | torch-cpu | gpu (default: virtual)")
     p.add_argument("--gamma", default="auto", help="drafts per round: auto, or a fixed K >= 0 (default: auto)")
