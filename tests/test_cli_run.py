@@ -384,3 +384,12 @@ def test_progress_lines_are_one_write_each_so_boards_started_side_by_side_cannot
                                                          "flush": lambda self: None})())
     say_on_stderr("run")("virtual stage 0 board (esp32): booting")
     assert writes == ["specmesh run: virtual stage 0 board (esp32): booting\n"]
+
+
+def test_a_long_figure_name_wraps_between_words_not_inside_a_hyphenated_link_name():
+    from specmesh.host.cli.output import _row
+
+    key = ("projected on esp32s3 boards (stock ESP32_GENERIC_S3 (SPIRAM_OCT variant) v1.28, 240 MHz), "
+           "tinyusb-cdc+uart0: tokens / s")
+    lines = _row(key, "188", 40)
+    assert any("tinyusb-cdc+uart0:" in line for line in lines), lines  # it read "tinyusb-" / "  cdc+uart0:"

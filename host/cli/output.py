@@ -323,7 +323,7 @@ def _row(key: str, value: str, width: int) -> list[str]:
     longer than `width` takes its own lines, the value then starts under the value column."""
     if len(key) <= width:
         return _wrapped("%-*s  " % (width, key), value)
-    keys = textwrap.wrap(key, WIDTH, subsequent_indent="  ")
+    keys = textwrap.wrap(key, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
     if len(keys[-1]) <= width:  # the value goes beside the key's last line
         return keys[:-1] + _wrapped("%-*s  " % (width, keys[-1]), value)
     return keys + _wrapped(" " * (width + 2), value)
