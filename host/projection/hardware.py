@@ -361,9 +361,11 @@ _CONSOLE_LINKS = {("uart", False): UART_CONSOLE, ("tinyusb-cdc", True): TINYUSB_
 CONSOLES = {name: _CONSOLE_LINKS[c.console, c.uart_mirror] for name, c in boardclasses.BOARD_CLASSES.items()}
 # The node's own Python per request, besides its kernels [FRAME]: decoding the request's line (base64 in C, the
 # CRC-16 and the header in Python) and encoding its reply's, in RV32 instructions, a fixed part and one per frame
-# byte; taken for the Xtensa boards too (the same bytecode, assumed about as many instructions)
-NODE_FRAME_INSNS = Figure(52e3, "insn/request", "FRAME", "the fixed part of decoding a request and encoding its reply")
-NODE_FRAME_BYTE_INSNS = Figure(938.0, "insn/byte", "FRAME", "per payload byte, in or out: most of it the CRC-16")
+# byte; taken for the Xtensa boards too (the same bytecode, assumed about as many instructions). Measured
+# 2026-12-06 on shared/codec.py as of 54c91d0 (signing v2, keys fail closed): "fixed 57959 instructions a request
+# and reply, 917 per frame byte", the same in three runs (52e3 and 938 were the codec's before)
+NODE_FRAME_INSNS = Figure(58e3, "insn/request", "FRAME", "the fixed part of decoding a request and encoding its reply")
+NODE_FRAME_BYTE_INSNS = Figure(917.0, "insn/byte", "FRAME", "per payload byte, in or out: most of it the CRC-16")
 # A drafter board's n-gram lookup per draft (shared/ngram.py), executed: the classic ESP32 drafter's shipped table
 # (drafter-esp32.ngt) read from the board's own filesystem after every prefix of the target's greedy streams of the
 # tuning set's 64 prompts, mean instructions a lookup (`python -m specmesh.tools.ngram_cost`; median 39.7e3, 90th
