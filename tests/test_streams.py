@@ -12,14 +12,28 @@ from specmesh.host.cli.streams import writing_stdout
 from specmesh.host.layout import ROOT
 
 
-def _to_full(argv: list[str], buffered: bool) -> tuple[int, str]:
+def _run(argv: list[str], buffered: bool, stdout: int) -> tuple[int, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONUNBUFFERED", "SPECMESH_DEBUG")}
     if not buffered:
         env["PYTHONUNBUFFERED"] = "1"
-    with open("/dev/full", "w") as full:
-        done = subprocess.run([sys.executable, "-m", *argv], stdout=full, stderr=subprocess.PIPE, text=True,
-                              cwd=ROOT, env=env, timeout=120)
+    done = subprocess.run([sys.executable, "-m", *argv], stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                          env=env, timeout=120)
     return done.returncode, done.stderr
+
+
+def _to_full(argv: list[str], buffered: bool) -> tuple[int, str]:
+    with open("/dev/full", "w") as full:
+        return _run(argv, buffered, full.fileno())
+
+
+def _to_a_reader_gone(argv: list[str], buffered: bool) -> tuple[int, str]:
+    """`specmesh ... | true`: stdout a pipe whose reader closed it before the first write."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return _run(argv, buffered, write)
+    finally:
+        os.close(write)
 
 
 @pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
@@ -39,6 +53,15 @@ def test_help_to_a_full_device_is_one_line_too(buffered):
     for argv, who in ((["specmesh", "--help"], "specmesh"), (["specmesh", "run", "--help"], "specmesh run"),
                       (["specmesh.tools.bench", "--help"], "bench")):
         assert _to_full(argv, buffered) == (1, "%s: cannot write to stdout: No space left on device\n" % who), argv
+
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_help_to_a_reader_that_left_is_quiet_and_141(buffered):
+    """`PYTHONUNBUFFERED=1 specmesh --help | true` exited 0, as if the help had been read: argparse ignores its
+    write's BrokenPipeError, and only a full device's failure was kept for its exit; buffered, the flush after it
+    failed (quiet, 141). Now both are 141, as `specmesh run ... | true` is."""
+    for argv in (["specmesh", "--help"], ["specmesh", "run", "--help"], ["specmesh.tools.bench", "--help"]):
+        assert _to_a_reader_gone(argv, buffered) == (141, ""), argv
 
 
 def test_what_print_left_in_the_buffer_fails_inside_the_command_not_at_exit(monkeypatch, capsys):

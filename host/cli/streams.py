@@ -33,16 +33,17 @@ def as_stdouts(call, *args):
 class _Guarded:
     """`stream` (sys.stdout) with its writes' and flushes' OSError raised as StdoutLost, so that whoever catches it
     knows it was stdout's; everything else (isatty, name, fileno, buffer) is the stream's own. `lost`: the last
-    write's failure, for one that its caller swallowed (argparse's help and usage do)."""
+    write's failure (StdoutLost, or BrokenPipeError: a reader that left), for one that its caller swallowed
+    (argparse's help and usage do)."""
 
     def __init__(self, stream: TextIO):
         self.stream = stream
-        self.lost: StdoutLost | None = None
+        self.lost: OSError | None = None
 
     def write(self, text: str) -> int:
         try:
             return as_stdouts(self.stream.write, text)
-        except StdoutLost as e:
+        except OSError as e:  # StdoutLost or BrokenPipeError (as_stdouts raises no other)
             self.lost = e
             raise
 
@@ -69,6 +70,7 @@ def writing_stdout(who: str, body: Callable[[], int | None]) -> int:
             status = body() or 0
         except SystemExit:  # argparse's --version and --help end so: what they printed goes out too, and a write
             guarded.flush()  # that failed unbuffered (PYTHONUNBUFFERED=1), which argparse's help ignores, is said
+            # (a reader that left: 141, as buffered)
             if guarded.lost is not None:
                 raise guarded.lost from None
             raise
