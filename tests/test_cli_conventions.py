@@ -105,3 +105,33 @@ def test_an_empty_path_is_refused_not_read_as_this_folder(flag, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and "is empty: give a path" in err
     assert any("argument %s" % name in err for name in (flag, "-m", "-md", "-f"))  # argparse names the first spelling
+
+
+def _fails(monkeypatch, where: str, error: Exception) -> None:
+    """`where` ("module:name"), the work a command calls, raises `error` when called."""
+    module, name = where.split(":")
+
+    def raises(*_a, **_k):
+        raise error
+
+    monkeypatch.setattr("%s.%s" % (module, name), raises)
+
+
+@pytest.mark.parametrize("argv, where, make", [
+    (["flash", "--port", "loop://", "--role", "drafter"], "specmesh.host.provision.flash:flash", "FlashError"),
+    (["bench", "--port", "loop://", "--out", "-"], "specmesh.host.projection.boardbench:bench", "FlashError"),
+    (["emulate", "--boards", "1"], "specmesh.host.emulator.session:Emulation", "BoardError"),
+    (["chaos", "--profile", "lossy-serial"], "specmesh.host.cli.chaos:run", "BackendError"),
+])
+def test_a_failure_while_working_says_error_as_a_usage_error_does(monkeypatch, capsys, argv, where, make):
+    """Status 1 is the failure, "error:" every failure's word: flash, bench, emulate and chaos said theirs bare
+    ('specmesh flash: PORT: the board stopped answering ...'), run, chat and serve (and their usage errors, 2) with
+    "error:", so a script's `grep error:` missed the one that broke off a flash."""
+    from specmesh.host.backends import BackendError
+    from specmesh.host.emulator import BoardError
+    from specmesh.host.provision.flash import FlashError
+
+    error = {"FlashError": FlashError, "BoardError": BoardError, "BackendError": BackendError}[make]("it broke")
+    _fails(monkeypatch, where, error)
+    assert cli.main(argv) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == "specmesh %s: error: it broke" % argv[0]

@@ -125,7 +125,7 @@ def test_console_that_loses_its_board_says_what_to_do(virtual_board):
         proc.stdout.close()
         proc.stderr.close()
     err = err.strip()  # the newline after "leaves", and the one before the line (it may follow raw-mode output)
-    assert err.startswith("specmesh console: lost %s (" % vb.port) and "\n" not in err and "[Errno" not in err, err
+    assert err.startswith("specmesh console: error: lost %s (" % vb.port) and "\n" not in err and "[Errno" not in err, err
     assert err.endswith("): the board was unplugged, or its emulator stopped; when it is back, run specmesh console "
                         "again"), err
 
@@ -138,7 +138,7 @@ def test_console_whose_stdout_fails_blames_stdout_not_the_board():
     with open("/dev/full", "wb") as full:
         done = subprocess.run(cmd, input=b"print(1)\r\n", stdout=full, stderr=subprocess.PIPE, cwd=ROOT, timeout=60)
     assert done.returncode == 1 and done.stderr.decode().splitlines()[1:] == [
-        "specmesh console: cannot write to stdout: No space left on device"], done.stderr
+        "specmesh console: error: cannot write to stdout: No space left on device"], done.stderr
     r, w = os.pipe()
     os.close(r)  # the reader left before the first byte
     try:

@@ -41,9 +41,9 @@ def test_a_tool_and_specmesh_writing_to_a_full_device_say_stdout_in_one_line(tmp
     """`bench codec > /dev/full` said "bench: [Errno 28] No space left on device", as if a file it reads were at
     fault; `specmesh --version > /dev/full` was an OSError traceback (buffered: "Exception ignored", status 120)."""
     assert _to_full(["specmesh.tools.bench", "codec", "--report", str(tmp_path)], buffered) == (
-        1, "bench: cannot write to stdout: No space left on device\n")
+        1, "bench: error: cannot write to stdout: No space left on device\n")
     assert _to_full(["specmesh", "--version"], buffered) == (
-        1, "specmesh: cannot write to stdout: No space left on device\n")
+        1, "specmesh: error: cannot write to stdout: No space left on device\n")
 
 
 @pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
@@ -52,7 +52,7 @@ def test_help_to_a_full_device_is_one_line_too(buffered):
     ignores its write's OSError; buffered, the flush after it failed (one line, 1). Now both say so."""
     for argv, who in ((["specmesh", "--help"], "specmesh"), (["specmesh", "run", "--help"], "specmesh run"),
                       (["specmesh.tools.bench", "--help"], "bench")):
-        assert _to_full(argv, buffered) == (1, "%s: cannot write to stdout: No space left on device\n" % who), argv
+        assert _to_full(argv, buffered) == (1, "%s: error: cannot write to stdout: No space left on device\n" % who), argv
 
 
 @pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
@@ -70,7 +70,7 @@ def test_what_print_left_in_the_buffer_fails_inside_the_command_not_at_exit(monk
         monkeypatch.setattr(sys, "stdout", full)
         assert writing_stdout("tool", lambda: print("figures") or 0) == 1
         assert sys.stdout is full
-    assert capsys.readouterr().err == "tool: cannot write to stdout: No space left on device\n"
+    assert capsys.readouterr().err == "tool: error: cannot write to stdout: No space left on device\n"
 
 
 def test_a_reader_that_left_is_quiet(monkeypatch, capsys):

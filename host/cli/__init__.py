@@ -78,9 +78,10 @@ def _flash(args) -> int:
 
 
 def _failed(command: str, e: Exception, usage: bool) -> int:
-    """One line on stderr; the exit status every command gives (docs/run.md): 2 for a usage error (a flag, port or
-    file given that cannot be used, found before any work), 1 for a failure while working."""
-    print(f"specmesh {command}: {'error: ' if usage else ''}{e}", file=sys.stderr)
+    """One line on stderr, "error:" as every command's failure says it; the exit status every command gives
+    (docs/run.md): 2 for a usage error (a flag, port or file given that cannot be used, found before any work), 1 for
+    a failure while working."""
+    print(f"specmesh {command}: error: {e}", file=sys.stderr)
     return 2 if usage else 1
 
 
@@ -109,7 +110,7 @@ def _bench(args) -> int:
     except (FlashError, PortError) as e:
         return _failed("bench", e, isinstance(e, (FlashRequestError, PortError)))
     except OSError as e:
-        print(f"specmesh bench: cannot write {args.out}: {e.strerror}", file=sys.stderr)
+        print(f"specmesh bench: error: cannot write {args.out}: {e.strerror}", file=sys.stderr)
         return 1
     print("\n".join(report(result, args.out)))
     return 0
@@ -146,7 +147,7 @@ def _chaos(args) -> int:
         rows = run(args.profile or sorted(PROFILES), args.tokens,
                    say=lambda line: print("specmesh chaos: " + line, file=sys.stderr, flush=True))
     except BackendError as e:
-        print("specmesh chaos: %s" % e, file=sys.stderr)
+        print("specmesh chaos: error: %s" % e, file=sys.stderr)
         return 1
     print_table(rows)
     return 0 if all(r["equal"] for r in rows if r["expect_equal"]) else 1
@@ -307,7 +308,7 @@ def _emulate(args) -> int:
         print(f"specmesh emulate: error: {e}", file=sys.stderr)
         return 2
     except (BoardError, OSError) as e:
-        print(f"specmesh emulate: {e}", file=sys.stderr)
+        print(f"specmesh emulate: error: {e}", file=sys.stderr)
         return 1
     return 0
 

@@ -37,7 +37,7 @@ def main(args) -> int:
         import termios  # POSIX only; imported here so the rest of the CLI runs anywhere
         import tty
     except ImportError:
-        print("specmesh console: needs a POSIX terminal; on Windows use `mpremote connect %s repl`" % args.port,
+        print("specmesh console: error: needs a POSIX terminal; on Windows use `mpremote connect %s repl`" % args.port,
               file=sys.stderr)
         return 1
     try:
@@ -68,7 +68,7 @@ def main(args) -> int:
     except (BrokenPipeError, StdoutLost):  # stdout's, not the board's: said by writing_stdout (a reader gone: quiet)
         raise
     except (serial.SerialException, OSError) as e:
-        print("\r\nspecmesh console: lost %s (%s): the board was unplugged, or its emulator stopped; when it is back, "
+        print("\r\nspecmesh console: error: lost %s (%s): the board was unplugged, or its emulator stopped; when it is back, "
               "run specmesh console again" % (port, ports.lost_why(e)), file=sys.stderr)
         return 1
     finally:

@@ -82,7 +82,7 @@ def writing_stdout(who: str, body: Callable[[], int | None]) -> int:
     except StdoutLost as e:
         if os.environ.get("SPECMESH_DEBUG"):  # the traceback, for a developer
             raise
-        print("%s: %s" % (who, e), file=sys.stderr)
+        print("%s: error: %s" % (who, e), file=sys.stderr)
         stdout_to_devnull()
         return 1
     finally:
