@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from specmesh.host import atomic, cli
 from specmesh.host.cli.streams import writing_stdout
 from specmesh.host.layout import ROOT
 
@@ -79,3 +80,20 @@ def test_a_reader_that_left_is_quiet(monkeypatch, capsys):
 
     monkeypatch.setattr("specmesh.host.cli.streams.stdout_to_devnull", lambda: None)
     assert writing_stdout("tool", leaves) == 141 and capsys.readouterr().err == ""
+
+
+def test_json_sent_to_stdout_fails_as_stdout_does(monkeypatch, capsys):
+    """`run --stats-json - | jq` whose reader left said 'specmesh run: error: cannot write -: Broken pipe', status 1,
+    and at a full disk 'cannot write -: ...' (bench --out - the same): the write's OSError met the handler of a file
+    the command names. Now stdout's: quiet and 141, or one line naming stdout and 1."""
+    run = ["specmesh", "run", "--drafter", "cpu", "--verifier", "cpu", "-n", "4", "--quiet", "--stats-json", "-"]
+    text = "Once upon a time, there was a\n"  # on stderr: stdout holds the JSON alone
+    assert _to_a_reader_gone(run, buffered=False) == (141, text)
+    assert _to_full(run, buffered=True) == (1, text + "specmesh run: error: cannot write to stdout: No space left on "
+                                            "device\n")
+    monkeypatch.delenv("SPECMESH_DEBUG", raising=False)
+    monkeypatch.setattr("specmesh.host.projection.boardbench.bench", lambda _port, out: atomic.write_output(out, "{}"))
+    with open("/dev/full", "w") as full:
+        monkeypatch.setattr(sys, "stdout", full)
+        assert cli.main(["bench", "--port", "loop://", "--out", "-"]) == 1
+    assert capsys.readouterr().err == "specmesh bench: error: cannot write to stdout: No space left on device\n"

@@ -31,6 +31,7 @@ from specmesh.host import atomic
 from specmesh.host.backends import BackendError, LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.backends.engine import Engine, to_float
 from specmesh.host.cli.ranges import RangeError, in_range
+from specmesh.host.cli.streams import STDOUTS
 from specmesh.host.boardclasses import ESP32, ESP32S3, kv_bytes
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
@@ -167,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:  # the Unix way: a device or a FIFO is written to, never replaced by a file
         atomic.write_output(a.json, json.dumps(figures, indent=1))
+    except STDOUTS:  # `--json -`: said as stdout's (a reader that left: quietly)
+        raise
     except OSError as e:
         print("modelcard: cannot write %s: %s" % (a.json, e.strerror), file=sys.stderr)
         return 1

@@ -95,6 +95,7 @@ def _add_bench(sub) -> None:
 
 def _bench(args) -> int:
     from specmesh.host.bus.ports import PortError, resolve_port
+    from specmesh.host.cli.streams import STDOUTS
     from specmesh.host.projection.boardbench import bench, report
     from specmesh.host.provision.flash import FlashError, FlashRequestError
 
@@ -109,6 +110,8 @@ def _bench(args) -> int:
         result = bench(port, args.out)
     except (FlashError, PortError) as e:
         return _failed("bench", e, isinstance(e, (FlashRequestError, PortError)))
+    except STDOUTS:  # `--out -`: said as stdout's (a reader that left: quietly)
+        raise
     except OSError as e:
         print(f"specmesh bench: error: cannot write {args.out}: {e.strerror}", file=sys.stderr)
         return 1

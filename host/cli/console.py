@@ -18,7 +18,7 @@ import serial
 
 from specmesh.host.bus import ports
 from specmesh.host.cli.ranges import RangeError, in_range
-from specmesh.host.cli.streams import StdoutLost, as_stdouts
+from specmesh.host.cli.streams import STDOUTS, as_stdouts
 
 LEAVE = b"\x1d"  # Ctrl-]
 QUIET_S = 1.0
@@ -65,7 +65,7 @@ def main(args) -> int:
         return _pump(link, stdin, sys.stdout.buffer)
     except KeyboardInterrupt:
         return 130
-    except (BrokenPipeError, StdoutLost):  # stdout's, not the board's: said by writing_stdout (a reader gone: quiet)
+    except STDOUTS:  # stdout's, not the board's: said by writing_stdout (a reader gone: quiet)
         raise
     except (serial.SerialException, OSError) as e:
         print("\r\nspecmesh console: error: lost %s (%s): the board was unplugged, or its emulator stopped; when it is back, "

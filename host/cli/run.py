@@ -22,7 +22,7 @@ from specmesh.host.cli.config import RunConfig, UsageError
 from specmesh.host.cli.flags import add_arguments
 from specmesh.host.cli.output import OutputLost, Printer, format_table, write_stats_json
 from specmesh.host.cli.session import GenerationFailed, Mesh, one_line, say_on_stderr
-from specmesh.host.cli.streams import stdout_to_devnull, writing_stdout
+from specmesh.host.cli.streams import STDOUTS, stdout_to_devnull, writing_stdout
 from specmesh.host.stops import Stopped, say_stopped
 
 
@@ -86,6 +86,8 @@ def main(a: argparse.Namespace) -> int:
     if a.stats_json is not None:
         try:
             write_stats_json(a.stats_json, stats)
+        except STDOUTS:  # `--stats-json -` (or /dev/stdout): said as stdout's (a reader that left: quietly)
+            raise
         except OSError as e:
             print("specmesh run: error: cannot write %s: %s" % (a.stats_json, e.strerror), file=sys.stderr)
             return 1  # checked writable before the run: this failed while writing (a full disk, /dev/full)

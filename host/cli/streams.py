@@ -19,6 +19,11 @@ class StdoutLost(OSError):
         return "cannot write to stdout: %s" % (self.strerror or "error %s" % self.errno)
 
 
+# stdout's failures, which writing_stdout says (a reader that left: quietly): a handler of a file's OSError lets them
+# through, for an output that may be stdout (`--stats-json -`, `--out -`, /dev/stdout)
+STDOUTS = (BrokenPipeError, StdoutLost)
+
+
 def as_stdouts(call, *args):
     """call(*args), a write or flush of stdout (its text or its bytes, sys.stdout.buffer), with its OSError raised as
     StdoutLost (BrokenPipeError as it is: a reader that left), so that whoever catches it knows it was stdout's."""
