@@ -53,7 +53,11 @@ def expand(port: str) -> str:
 
 def resolve_port(port: str, flag: str = "--port") -> str:
     """`auto` becomes the one ESP32 port present, a shortcut its device; anything else is returned as given.
-    `flag`: where the command takes a port, named in the advice when `auto` finds none or several."""
+    `flag`: where the command takes a port, named in the advice when `auto` finds none or several. An empty one (an
+    unset variable's `--port "$PORT"`) is a PortError, not a device named ""."""
+    if not port.strip():
+        raise PortError("the port is empty: give the board's serial port (e.g. /dev/ttyUSB0, or a0 as mpremote names "
+                        "it), or auto")
     if port != "auto":
         return expand(port)
     found = esp_ports()

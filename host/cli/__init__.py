@@ -20,13 +20,15 @@ def _add_run(sub) -> None:
 
 
 def _add_flash(sub) -> None:
+    from specmesh.host.cli.flags import a_path
+
     p = sub.add_parser("flash", help="flash the node (drafter, verifier or pipeline stage) onto a board with mpremote")
     p.add_argument("--port", default="auto", help="serial port of the board (a0, u0, c0 as in mpremote), or `auto` "
                    "(default) to find it")
     p.add_argument("--role", required=True, choices=ROLES[1:])
     p.add_argument("--layers", metavar="A:B", default=None,
                    help="--role stage: the target's layers A..B-1 this board holds (docs/pipeline.md)")
-    p.add_argument("--model", default=None, help="model file (default: models/target.spm; a drafter gets its board "
+    p.add_argument("--model", type=a_path, default=None, help="model file (default: models/target.spm; a drafter gets its board "
                    "class's drafter: models/drafter-esp32.spm in a classic ESP32's heap, models/drafter.spm in an "
                    "S3's PSRAM)")
     p.add_argument("--node-id", type=int, default=None,
@@ -34,7 +36,7 @@ def _add_flash(sub) -> None:
     p.add_argument("--no-reset", action="store_true", help="leave the board in the REPL instead of starting the node")
     p.add_argument("--no-romfs", action="store_true", help="put the model on the filesystem (/models) even when the "
                    "board has a ROMFS partition (default: a drafter's or verifier's model goes to /rom when it fits)")
-    p.add_argument("--key-file", metavar="F", help="provision this deployment key (specmesh keygen): the board "
+    p.add_argument("--key-file", metavar="F", type=a_path, help="provision this deployment key (specmesh keygen): the board "
                    "then signs and checks every frame (default: keep the key the board has, if any); a board that "
                    "holds a key is flashed again only with that key (its node takes no Ctrl-C)")
     p.add_argument("--no-key", action="store_true", help="remove the board's key: an open bus (with --key-file: the "

@@ -41,9 +41,6 @@ def main(args) -> int:
               file=sys.stderr)
         return 1
     try:
-        if not args.port.strip():
-            raise ports.PortError("the port is empty: give the board's serial port (e.g. /dev/ttyUSB0, or a0 as "
-                                  "mpremote names it)")
         in_range("--baud", args.baud, 50, 12_000_000)
         port = ports.resolve_port(args.port, flag="PORT (specmesh console /dev/ttyUSB0)")
         if not ports.exists(port):
