@@ -121,6 +121,7 @@ def test_colour_marks_accepted_drafts_only_when_asked():
     (["--gamma", "99"], "--gamma must be in 0..16"),
     (["--max-tokens", "0"], "--max-tokens must be at least 1"),
     (["--verifier", "nope"], "--verifier nope: not a serial port nor one of"),
+    (["--drafter", ""], "--drafter is empty: give a board's serial port or one of cpu, virtual"),  # '--drafter : not'
     (["--drafter", "/dev/ttyNOPE"], "cannot open /dev/ttyNOPE"),
     (["--models", "/nonexistent"], "--models /nonexistent: no such folder (the shipped models are in "),
     (["--models", "/dev/null"], "--models /dev/null: not a folder: give the folder that holds the model files"),

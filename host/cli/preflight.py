@@ -47,6 +47,8 @@ def unknown_backend(kind: str, name: str) -> str | None:
     if registry.factory(kind, name) is not None:
         return None
     known = ", ".join(sorted({*(registry.VERIFIERS if kind == "verifier" else registry.DRAFTERS)} - {backends.PORT}))
+    if not name.strip():  # an unset variable's --drafter "$PORT"
+        return "--%s is empty: give a board's serial port or one of %s" % (kind, known)
     return "--%s %s: not a serial port nor one of %s" % (kind, name, known)
 
 
