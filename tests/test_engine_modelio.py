@@ -89,6 +89,17 @@ def test_broken_files_are_refused(tmp_path, damage, message):
         read_model(path)
 
 
+def test_an_empty_model_file_is_said_as_a_truncated_one_with_what_to_do(tmp_path):
+    """A zero-byte model (a copy onto a full disk) said 'model file P: model file is truncated (0 bytes, header needs
+    44)': the file named twice, and not what a body cut short says, 'copy it again'."""
+    path = tmp_path / "m.spm"
+    path.write_bytes(b"")
+    with pytest.raises(ModelFileError) as e:
+        read_model(path)
+    assert str(e.value) == "model file %s is truncated (0 bytes, short of its %d-byte header): copy it again" % (
+        path, HEADER_SIZE)
+
+
 def test_a_header_out_of_the_arithmetics_domain_is_refused_on_a_board_too(micropython, tmp_path):
     """The node parses the header with the same code: rope_theta 0 is refused in one line there too, not a load that
     never ends (intmath.rope_table's series do not converge below theta 1)."""

@@ -89,6 +89,9 @@ def check_model_file(path: str | os.PathLike) -> tuple[Header, bytes]:
     version, inconsistent header, truncated, trailing bytes, bad CRC); OSError if it cannot be read.
     """
     data = Path(path).read_bytes()
+    if len(data) < HEADER_SIZE:  # said as a body cut short is, with what to do (parse_header's line is a board's too)
+        raise ModelFileError("model file %s is truncated (%d bytes, short of its %d-byte header): copy it again"
+                             % (path, len(data), HEADER_SIZE))
     try:
         h = parse_header(data)
     except ModelFileError as e:
