@@ -63,7 +63,9 @@ def _lines(stdin=None):
     while True:
         try:
             # a terminal's bytes that are not UTF-8 come from input() as surrogates (stdin's surrogateescape, as
-            # under C.UTF-8), which no tokenizer encodes: turned back into the bytes typed, to be told as a pipe's
+            # under C.UTF-8), which no tokenizer encodes: turned back into the bytes typed, to be told as a pipe's.
+            # GNU readline (stdout a terminal too) drops a lead byte that no continuation follows (caf\xe9) before
+            # input() sees it, and its echo shows the line without it: what is seen is what is sent
             line = _typed().encode("utf-8", "surrogateescape") if tty else \
                 stdin.buffer.readline(PROMPT_MAX_BYTES + 1)
             if not tty:
