@@ -4,6 +4,7 @@
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -66,6 +67,27 @@ def test_console_on_a_port_url_without_a_descriptor_is_polled():
                          capture_output=True, timeout=60, cwd=ROOT)
     assert (out.returncode, out.stdout) == (0, b"print(1)\r\n"), out.stderr
     assert out.stderr == b"specmesh console: loop://; Ctrl-] leaves\n"
+
+
+@pytest.mark.parametrize("signum, line", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "stopped by SIGTERM"),
+                                          (signal.SIGHUP, "stopped by SIGHUP")])
+def test_console_stopped_from_outside_says_so_with_the_signal_s_status(signum, line):
+    """From a pipe (where Ctrl-C is the program's, not the board's), console ended on every stop with 130 and nothing
+    said: a SIGTERM was 130, not 143, a SIGHUP not 129, and Ctrl-C had no 'interrupted' line, as every other
+    command has (host/stops.py)."""
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "console", "loop://"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        assert b"Ctrl-] leaves" in _read_until(proc.stderr.fileno(), b"leaves")
+        time.sleep(0.5)  # in the pump, which the line comes just before
+        proc.send_signal(signum)
+        assert proc.wait(timeout=30) == 128 + signum
+        assert proc.stderr.read().strip() == b"specmesh console: %s" % line.encode()  # (after "leaves"'s newline)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            stream.close()
 
 
 def _read_until(fd, marker: bytes, timeout: float = 20.0) -> bytes:

@@ -60,8 +60,6 @@ def main(args) -> int:
         if saved is not None:
             tty.setraw(stdin)
         return _pump(link, stdin, sys.stdout.buffer)
-    except KeyboardInterrupt:
-        return 130
     except STDOUTS:  # stdout's, not the board's: said by writing_stdout (a reader gone: quiet)
         raise
     except (serial.SerialException, OSError) as e:
