@@ -87,6 +87,7 @@ def test_bench_measures_every_term_and_run_projects_with_it(board, models, tmp_p
 
 @pytest.mark.parametrize("content, message", [
     (None, "not found: write one with `specmesh bench --port PORT --out FILE`"),
+    ("FOLDER", "cannot be read: Is a directory"),  # was "is not valid JSON (IsADirectoryError)"
     ("{not json", "is not valid JSON"),
     ('{"format": "other"}', "is not a specmesh calibration"),
     ('{"format": "specmesh-calibration", "version": 1, "seconds_per_unit": {"matmul_1": -1}}',
@@ -100,7 +101,9 @@ def test_bench_measures_every_term_and_run_projects_with_it(board, models, tmp_p
 ])
 def test_a_missing_or_corrupt_calibration_is_one_line_and_status_2(models, tmp_path, capsys, content, message):
     path = tmp_path / "cal.json"
-    if content is not None:
+    if content == "FOLDER":
+        path.mkdir()
+    elif content is not None:
         path.write_text(content)
     rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--quiet",
                    "--project", "esp32s3", "--calibration", str(path)])

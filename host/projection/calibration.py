@@ -58,7 +58,9 @@ class Rates:
         except FileNotFoundError:
             raise CalibrationError("%s not found: write one with `specmesh bench --port PORT --out FILE`"
                                    % what) from None
-        except (OSError, UnicodeDecodeError, ValueError) as e:
+        except OSError as e:  # a folder, no permission, the disk's error: nothing read, so nothing to say of JSON
+            raise CalibrationError("%s cannot be read: %s" % (what, e.strerror or e)) from None
+        except (UnicodeDecodeError, ValueError) as e:
             raise CalibrationError("%s is not valid JSON (%s): write it again with `specmesh bench`"
                                    % (what, type(e).__name__)) from None
         if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
