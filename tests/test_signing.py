@@ -309,7 +309,7 @@ def test_flash_key_then_signed_runs_open_sessions_and_refusals(virtual_board, mo
     # the same key keeps its counter floor (no counter used twice); --no-key with the key opens the bus again
     floor = json.loads(held.read_text())["ctr"]
     capsys.readouterr()
-    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]) == 1
+    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--key-file" in err
     assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE),

@@ -56,7 +56,7 @@ def parse_layers(text: str) -> tuple[int, int]:
 def _flash(args) -> int:
     from specmesh.host.bus.ports import PortError, resolve_port
     from specmesh.host.cli.ranges import in_range
-    from specmesh.host.provision.flash import DoesNotFit, FlashError, FlashRequestError, flash, summary
+    from specmesh.host.provision.flash import DoesNotFit, FlashError, FlashRequestError, KeyMismatch, flash, summary
     from specmesh.host.provision.keys import KeyFileError, load_key
 
     try:
@@ -69,7 +69,8 @@ def _flash(args) -> int:
         report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset, key=key,
                        clear_key=args.no_key, layers=layers, use_romfs=not args.no_romfs)
     except (FlashError, PortError, KeyFileError, ValueError) as e:
-        usage = (FlashRequestError, DoesNotFit, PortError, KeyFileError, ValueError)  # found before anything written
+        # found before anything written
+        usage = (FlashRequestError, DoesNotFit, KeyMismatch, PortError, KeyFileError, ValueError)
         return _failed("flash", e, isinstance(e, usage))
     b = report.board
     print(f"{args.role} on {port} (MicroPython {'.'.join(map(str, b.version[:3]))}, {b.arch}, "
@@ -99,7 +100,7 @@ def _bench(args) -> int:
     from specmesh.host.bus.ports import PortError, resolve_port
     from specmesh.host.cli.streams import STDOUTS
     from specmesh.host.projection.boardbench import bench, report
-    from specmesh.host.provision.flash import FlashError, FlashRequestError
+    from specmesh.host.provision.flash import FlashError, FlashRequestError, KeyMismatch
 
     from specmesh.host import atomic
 
@@ -111,7 +112,7 @@ def _bench(args) -> int:
         port = resolve_port(args.port)
         result = bench(port, args.out)
     except (FlashError, PortError) as e:
-        return _failed("bench", e, isinstance(e, (FlashRequestError, PortError)))
+        return _failed("bench", e, isinstance(e, (FlashRequestError, KeyMismatch, PortError)))
     except STDOUTS:  # `--out -`: said as stdout's (a reader that left: quietly)
         raise
     except OSError as e:

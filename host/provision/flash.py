@@ -152,6 +152,12 @@ def close(transport) -> None:
         transport.serial.close()
 
 
+class KeyMismatch(FlashError):
+    """The board refused the flash's HELLO for its deployment key (another one than --key-file's, or one where the
+    flash has none): nothing written, a key file given (or not) that cannot be used: a usage error, exit status 2, as
+    run's key mismatch is."""
+
+
 class FlashRequestError(FlashError):
     """What was asked cannot be flashed, before the board is touched (a port that is missing or cannot be opened,
     a model file missing or corrupt, --layers that are no slice): a usage error, exit status 2."""
@@ -299,12 +305,12 @@ def _no_repl(port: str, timeout: float, wait_s: float = 1.5, virtual: bool = Fal
     finally:
         link.close()
     if link.refused == m.KEY_WHY[2]:
-        return FlashError(f"{port}: key mismatch: the board holds another deployment key than this --key-file, and a "
+        return KeyMismatch(f"{port}: key mismatch: the board holds another deployment key than this --key-file, and a "
                           "keyed board takes no flash without its key: pass the key it was flashed with (to change "
                           f"keys: `specmesh flash --port {port} --role ROLE --key-file ITS_KEY --no-key`, then flash "
                           "with the new one)")
     if link.error:
-        return FlashError(link.error)
+        return (KeyMismatch if link.refused else FlashError)(link.error)
     if virtual:  # a VM that answers nothing, or a node: the emulate's restart boots it afresh
         what = "did not answer with its REPL" if link.bytes_received else "is silent: nothing came back within " \
             f"{timeout + wait_s:g} s"
