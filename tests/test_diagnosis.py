@@ -69,6 +69,13 @@ def test_a_flash_with_another_key_than_the_boards_is_told_so(virtual_board, mode
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the board holds another deployment key than this --key-file" in err, err
     assert key_a.read_text().strip() not in err and key_b.read_text().strip() not in err  # never the key
+    # bench told a keyed board's owner to 'pass its key with --key-file', a flag it did not take
+    bench = ["bench", "--port", vb.port, "--out", str(tmp_path / "cal.json")]
+    assert cli.main(bench) == 2 and "key mismatch: the board signs its frames" in capsys.readouterr().err
+    assert cli.main([*bench, "--key-file", str(key_a)]) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "cal.json").read_text())["board"]["port"] == vb.port
+    rc, _ = _run(models, vb.port, "--key-file", str(key_a))  # its node started again after, with its key
+    assert rc == 0, capsys.readouterr().err
 
 
 def test_a_half_flashed_board_is_named_with_the_command_that_finishes_it(virtual_board, models, capsys):

@@ -92,7 +92,7 @@ def test_json_sent_to_stdout_fails_as_stdout_does(monkeypatch, capsys):
     assert _to_full(run, buffered=True) == (1, text + "specmesh run: error: cannot write to stdout: No space left on "
                                             "device\n")
     monkeypatch.delenv("SPECMESH_DEBUG", raising=False)
-    monkeypatch.setattr("specmesh.host.projection.boardbench.bench", lambda _port, out: atomic.write_output(out, "{}"))
+    monkeypatch.setattr("specmesh.host.projection.boardbench.bench", lambda _port, out, **_: atomic.write_output(out, "{}"))
     with open("/dev/full", "w") as full:
         monkeypatch.setattr(sys, "stdout", full)
         assert cli.main(["bench", "--port", "loop://", "--out", "-"]) == 1

@@ -89,10 +89,14 @@ def _failed(command: str, e: Exception, usage: bool) -> int:
 
 
 def _add_bench(sub) -> None:
+    from specmesh.host.cli.flags import a_path
+
     p = sub.add_parser("bench", help="measure the projection's cost terms on a flashed board; write a calibration")
     p.add_argument("--port", default="auto", help="serial port of the board, or `auto` (default) to find it")
     p.add_argument("--out", default="calibration.json",
                    help="calibration file to write (default: calibration.json), for run --calibration")
+    p.add_argument("--key-file", metavar="F", type=a_path, help="the board's deployment key, where it was flashed "
+                   "with one (its node takes no Ctrl-C without it)")
     p.set_defaults(func=_bench)
 
 
@@ -101,6 +105,7 @@ def _bench(args) -> int:
     from specmesh.host.cli.streams import STDOUTS
     from specmesh.host.projection.boardbench import bench, report
     from specmesh.host.provision.flash import FlashError, FlashRequestError, KeyMismatch
+    from specmesh.host.provision.keys import KeyFileError, load_key
 
     from specmesh.host import atomic
 
@@ -109,10 +114,11 @@ def _bench(args) -> int:
         print(f"specmesh bench: error: --out {args.out} cannot be written: {problem}", file=sys.stderr)
         return 2
     try:
+        key = load_key(args.key_file) if args.key_file else None
         port = resolve_port(args.port)
-        result = bench(port, args.out)
-    except (FlashError, PortError) as e:
-        return _failed("bench", e, isinstance(e, (FlashRequestError, KeyMismatch, PortError)))
+        result = bench(port, args.out, key=key)
+    except (FlashError, PortError, KeyFileError) as e:
+        return _failed("bench", e, isinstance(e, (FlashRequestError, KeyMismatch, PortError, KeyFileError)))
     except STDOUTS:  # `--out -`: said as stdout's (a reader that left: quietly)
         raise
     except OSError as e:

@@ -22,7 +22,8 @@ from pathlib import Path
 from specmesh.host.projection import costmodel as cm
 from specmesh.host.projection.calibration import write
 from specmesh.host.bus import ports
-from specmesh.host.provision.flash import FlashError, FlashRequestError, Lost, close, failed, open_board, probe
+from specmesh.host.provision.flash import (FlashError, FlashRequestError, Lost, close, failed, leave_node, open_board,
+                                           probe)
 from specmesh.shared.modelfile import HEADER_SIZE, Header, parse_header
 
 # The target's shapes (stories260K): what the calibrated rates are measured on.
@@ -114,12 +115,16 @@ def rates(measured: dict) -> tuple[dict[str, float], dict]:
     return s, check
 
 
-def bench(port: str, out: str, reps: int = 7) -> dict:
-    """Run the micro-benchmarks on the board at `port`, write the calibration to `out`. FlashError."""
+def bench(port: str, out: str, reps: int = 7, key: bytes | None = None) -> dict:
+    """Run the micro-benchmarks on the board at `port`, write the calibration to `out`. FlashError. `key`: the
+    board's deployment key, whose node takes no Ctrl-C: ended by a signed RESET as a flash ends it (its main.py
+    starts it again after)."""
     from mpremote.transport import TransportError
 
     virtual = ports.emulated(port)  # asked now: an emulate stopped mid-bench is gone when the bench fails
-    transport = open_board(port, virtual=virtual)
+    if key:
+        leave_node(port, key)
+    transport = open_board(port, virtual=virtual, key=key)
     try:
         info = probe(transport)
         if not transport.fs_exists("kernels.mpy") and not transport.fs_exists("kernels.py"):
