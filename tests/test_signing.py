@@ -318,9 +318,11 @@ def test_flash_key_then_signed_runs_open_sessions_and_refusals(virtual_board, mo
     with contextlib.ExitStack() as stack:
         bus = _open(vb.port, stack, key=key)
         assert _backend("drafter", bus, 1, vb.port).stats()["requests"] >= 1
+    capsys.readouterr()
     assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE),
                      "--key-file", str(key_file), "--no-key"]) == 0
-    assert not held.exists()
+    assert not held.exists()  # and said: it was 'up to date, not flashed' alone, as if nothing had changed
+    assert "; its deployment key removed: its bus is open (unsigned)\n" in capsys.readouterr().out
 
 
 def test_signed_generation_gives_the_unsigned_text(models, tmp_path):

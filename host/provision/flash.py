@@ -200,6 +200,7 @@ class FlashReport:
     resumed: str | None = None  # the role of an interrupted flash this one finished (the board was half-flashed)
     model: str = ""  # the model file flashed
     note: str = ""  # the shipped drafter chosen for the board, where it runs and what it costs ("" if none)
+    key_removed: bool = False  # --no-key took the deployment key the board held
 
 
 def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | None = None) -> dict[str, Path]:
@@ -688,6 +689,7 @@ def _provision_key(transport, key: bytes | None, clear_key: bool, legacy_floor: 
     if clear_key:
         if transport.fs_exists(KEY_PATH):
             transport.fs_rmfile(KEY_PATH)
+            report.key_removed = True
     elif key:
         try:
             floor = int(transport.exec(FLOOR).decode().strip() or 0)
@@ -871,6 +873,8 @@ def summary(report: FlashReport, seconds: float) -> str:
         notes += "; the board had been left half-flashed (an interrupted flash as %s): now complete" % report.resumed
     if report.resent:
         notes += "; sent again after a wrong hash: %s" % ", ".join(report.resent)
+    if report.key_removed:
+        notes += "; its deployment key removed: its bus is open (unsigned)"
     if not report.written:
         return "up to date, not flashed (%d files checked in %.1f s)%s" % (len(report.unchanged), seconds, notes)
     return "flashed %d files (%sB) in %.1f s, %d unchanged, verified by SHA-256%s" % (
