@@ -258,6 +258,22 @@ def test_port_errors_are_one_line(virtual_board, tiny_node, tmp_path):
         os.close(slave)
 
 
+def test_a_port_no_board_answers_on_is_a_usage_error_for_flash_and_bench_as_for_run(tmp_path, capsys):
+    """A silent port (or one where no MicroPython answers) given to flash or bench exited 1, a failure while working,
+    where run says the same port with 2: nothing was written, the port given cannot be used."""
+    master, slave = pty.openpty()
+    port = os.ttyname(slave)
+    try:
+        for argv in (["flash", "--port", port, "--role", "drafter"],
+                     ["bench", "--port", port, "--out", str(tmp_path / "c.json")]):
+            assert cli.main(argv) == 2
+            err = capsys.readouterr().err
+            assert err.startswith("specmesh %s: error: %s: the board is silent: " % (argv[0], port)), err
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
 def test_a_keyed_node_flashed_without_its_key_is_told_so(virtual_board, tiny_node, tmp_path):
     """A node with a deployment key takes no Ctrl-C, so no REPL answers; unlike a silent board, it refuses a HELLO
     unsigned, and the flash says that: the key is the cause here, and named only here."""

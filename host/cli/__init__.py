@@ -56,7 +56,8 @@ def parse_layers(text: str) -> tuple[int, int]:
 def _flash(args) -> int:
     from specmesh.host.bus.ports import PortError, resolve_port
     from specmesh.host.cli.ranges import in_range
-    from specmesh.host.provision.flash import DoesNotFit, FlashError, FlashRequestError, KeyMismatch, flash, summary
+    from specmesh.host.provision.flash import (DoesNotFit, FlashError, FlashRequestError, KeyMismatch, NoRepl, flash,
+                                               summary)
     from specmesh.host.provision.keys import KeyFileError, load_key
 
     try:
@@ -69,8 +70,8 @@ def _flash(args) -> int:
         report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset, key=key,
                        clear_key=args.no_key, layers=layers, use_romfs=not args.no_romfs)
     except (FlashError, PortError, KeyFileError, ValueError) as e:
-        # found before anything written
-        usage = (FlashRequestError, DoesNotFit, KeyMismatch, PortError, KeyFileError, ValueError)
+        # found before anything written (NoRepl: a port no board answers on, which run says with 2 too)
+        usage = (FlashRequestError, DoesNotFit, KeyMismatch, NoRepl, PortError, KeyFileError, ValueError)
         return _failed("flash", e, isinstance(e, usage))
     b = report.board
     print(f"{args.role} on {port} (MicroPython {'.'.join(map(str, b.version[:3]))}, {b.arch}, "
@@ -104,7 +105,7 @@ def _bench(args) -> int:
     from specmesh.host.bus.ports import PortError, resolve_port
     from specmesh.host.cli.streams import STDOUTS
     from specmesh.host.projection.boardbench import bench, report
-    from specmesh.host.provision.flash import FlashError, FlashRequestError, KeyMismatch
+    from specmesh.host.provision.flash import FlashError, FlashRequestError, KeyMismatch, NoRepl
     from specmesh.host.provision.keys import KeyFileError, load_key
 
     from specmesh.host import atomic
@@ -118,7 +119,7 @@ def _bench(args) -> int:
         port = resolve_port(args.port)
         result = bench(port, args.out, key=key)
     except (FlashError, PortError, KeyFileError) as e:
-        return _failed("bench", e, isinstance(e, (FlashRequestError, KeyMismatch, PortError, KeyFileError)))
+        return _failed("bench", e, isinstance(e, (FlashRequestError, KeyMismatch, NoRepl, PortError, KeyFileError)))
     except STDOUTS:  # `--out -`: said as stdout's (a reader that left: quietly)
         raise
     except OSError as e:
