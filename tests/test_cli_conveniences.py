@@ -81,6 +81,12 @@ def test_the_prompt_comes_from_stdin_or_a_file_without_its_final_newline(models,
                 io.StringIO())
     assert piped["token_ids"] == filed["token_ids"] == given["token_ids"]
     assert piped["prompt_tokens"] == given["prompt_tokens"]
+    # a Windows editor's file starts with a byte order mark: it went into the context as 3 byte tokens, and into
+    # the text printed before the story
+    (tmp_path / "p.txt").write_bytes(b"\xef\xbb\xbfThe cat sat\r\n")
+    out = io.StringIO()
+    marked = run(args(models, "--max-tokens", "8", "--quiet", "--prompt-file", str(tmp_path / "p.txt")), out)
+    assert marked["prompt_tokens"] == given["prompt_tokens"] and out.getvalue().startswith("The cat sat")
 
 
 def test_a_prompt_piped_in_through_a_non_blocking_stdin_is_read_to_its_end(models, monkeypatch):

@@ -205,7 +205,8 @@ def blocking(stream) -> None:
 
 def read_prompt(a: argparse.Namespace) -> str:
     """The text to continue: `--prompt TEXT`, `--prompt -` (stdin) or `--prompt-file F`, read as UTF-8;
-    the final newlines of a file or stdin are dropped, as the shell's $(...) drops them."""
+    the final newlines of a file or stdin are dropped, as the shell's $(...) drops them, and a leading byte order
+    mark (a Windows editor's), which is no text (the key files' reader drops it too)."""
     if a.prompt is not None and a.prompt_file is not None:
         raise UsageError("give --prompt or --prompt-file, not both")
     if a.prompt_file is None and a.prompt != "-":
@@ -231,7 +232,7 @@ def read_prompt(a: argparse.Namespace) -> str:
     except UnicodeDecodeError as e:
         raise UsageError("the prompt in %s is not UTF-8 text: byte %d is 0x%02x" % (where, e.start, data[e.start])
                          ) from None
-    return text.rstrip("\r\n")
+    return text.removeprefix("\ufeff").rstrip("\r\n")
 
 
 def _check_ranges(a: argparse.Namespace) -> None:
