@@ -88,6 +88,14 @@ def test_chat_refuses_stdin_as_its_first_turn_and_run_only_flags(models, capsys)
                                        "--stats-json (specmesh run takes it)\n")
 
 
+def test_a_file_s_byte_order_mark_is_no_part_of_its_first_turn():
+    """`chat < turns.txt` from a Windows editor: the mark went into the first turn's context as byte tokens."""
+    from specmesh.host.cli.chat import _lines
+
+    piped = io.TextIOWrapper(io.BytesIO(b"\xef\xbb\xbfThe cat\r\nThe dog\n"), encoding="utf-8")
+    assert list(_lines(piped)) == ["The cat", "The dog"]
+
+
 def test_a_line_typed_on_a_terminal_that_is_not_utf8_is_skipped_too(monkeypatch, capsys):
     """A terminal's stdin hands bytes that are not UTF-8 to input() as surrogates (surrogateescape, as under
     C.UTF-8): 'caf\\xe9' ended the whole chat, status 2, with "'utf-8' codec can't encode character '\\udce9'"."""

@@ -16,7 +16,7 @@ import argparse
 import itertools
 import sys
 
-from specmesh.host.cli.config import PROMPT_MAX_BYTES, blocking
+from specmesh.host.cli.config import BOM, PROMPT_MAX_BYTES, blocking
 from specmesh.host.cli.output import Printer
 from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed
 from specmesh.host.cli.session import Mesh, gamma_controller, say_on_stderr
@@ -51,7 +51,7 @@ def main(a: argparse.Namespace) -> int:
 
 def _lines(stdin=None):
     """The turns typed: input() with a prompt on a terminal, else stdin's lines (read as bytes, each decoded on
-    its own); EOF ends them. A line that is not UTF-8 is skipped with one line saying so: the session goes on."""
+    its own, a leading byte order mark dropped); EOF ends them. A line that is not UTF-8 is skipped with one line saying so: the session goes on."""
     stdin = stdin or sys.stdin
     tty = stdin.isatty()
     if tty and sys.stdout.isatty():  # input()'s line editing: without it an arrow key's escape sequence (\x1b[D)
@@ -81,7 +81,7 @@ def _lines(stdin=None):
             print("specmesh chat: that line is not UTF-8 text (byte 0x%02x at offset %d): skipped, type it in UTF-8"
                   % (e.object[e.start], e.start), file=sys.stderr, flush=True)
             continue
-        yield line.rstrip("\r\n")
+        yield line.removeprefix(BOM).rstrip("\r\n")  # a file's mark, or each one's of files joined by cat
 
 
 def _typed() -> str:

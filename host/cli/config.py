@@ -24,6 +24,7 @@ GAMMA_FLAG_MAX = 16  # the largest --gamma; a round drafts at most what both bac
 RV32_PROJECT = ("esp32c3", "esp32c6")  # --project classes priced from instructions measured under QEMU
 XTENSA_PROJECT = ("esp32", "esp32s3")  # priced from them when the run's boards are their QEMU boards, else modelled
 XTENSA_QEMU = tuple("virtual:" + c for c in XTENSA_PROJECT)  # the boards that run the Xtensa code under QEMU
+BOM = "\ufeff"  # a byte order mark, which a Windows editor's file starts with: no text, dropped where text is read
 PROMPT_MAX_BYTES = 16 << 20  # far past any context's worth of text; more is not read (a --prompt-file /dev/zero)
 
 
@@ -232,7 +233,7 @@ def read_prompt(a: argparse.Namespace) -> str:
     except UnicodeDecodeError as e:
         raise UsageError("the prompt in %s is not UTF-8 text: byte %d is 0x%02x" % (where, e.start, data[e.start])
                          ) from None
-    return text.removeprefix("\ufeff").rstrip("\r\n")
+    return text.removeprefix(BOM).rstrip("\r\n")
 
 
 def _check_ranges(a: argparse.Namespace) -> None:
