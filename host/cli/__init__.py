@@ -56,8 +56,7 @@ def parse_layers(text: str) -> tuple[int, int]:
 def _flash(args) -> int:
     from specmesh.host.bus.ports import PortError, resolve_port
     from specmesh.host.cli.ranges import in_range
-    from specmesh.host.provision.flash import (DoesNotFit, FlashError, FlashRequestError, KeyMismatch, NoRepl, flash,
-                                               summary)
+    from specmesh.host.provision.flash import FlashError, flash, summary
     from specmesh.host.provision.keys import KeyFileError, load_key
 
     try:
@@ -70,9 +69,7 @@ def _flash(args) -> int:
         report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset, key=key,
                        clear_key=args.no_key, layers=layers, use_romfs=not args.no_romfs)
     except (FlashError, PortError, KeyFileError, ValueError) as e:
-        # found before anything written (NoRepl: a port no board answers on, which run says with 2 too)
-        usage = (FlashRequestError, DoesNotFit, KeyMismatch, NoRepl, PortError, KeyFileError, ValueError)
-        return _failed("flash", e, isinstance(e, usage))
+        return _failed("flash", e)
     b = report.board
     print(f"{args.role} on {port} (MicroPython {'.'.join(map(str, b.version[:3]))}, {b.arch}, "
           f"{b.mem_free // 1024} KiB heap free): {summary(report, time.monotonic() - t0)}")
@@ -81,12 +78,18 @@ def _flash(args) -> int:
     return 0
 
 
-def _failed(command: str, e: Exception, usage: bool) -> int:
-    """One line on stderr, "error:" as every command's failure says it; the exit status every command gives
-    (docs/run.md): 2 for a usage error (a flag, port or file given that cannot be used, found before any work), 1 for
-    a failure while working."""
+def _failed(command: str, e: Exception) -> int:
+    """flash's or bench's failure `e` in one line on stderr, "error:" as every command's failure says it; the exit
+    status every command gives (docs/run.md): 2 for a usage error (a flag, port, key or file given that cannot be
+    used, found before anything is written: NoRepl, a port no board answers on, as run says it too), 1 for a failure
+    while working."""
+    from specmesh.host.bus.ports import PortError
+    from specmesh.host.provision.flash import DoesNotFit, FlashRequestError, KeyMismatch, NoRepl
+    from specmesh.host.provision.keys import KeyFileError
+
     print(f"specmesh {command}: error: {e}", file=sys.stderr)
-    return 2 if usage else 1
+    usage = (FlashRequestError, DoesNotFit, KeyMismatch, NoRepl, PortError, KeyFileError, ValueError)
+    return 2 if isinstance(e, usage) else 1
 
 
 def _add_bench(sub) -> None:
@@ -105,7 +108,7 @@ def _bench(args) -> int:
     from specmesh.host.bus.ports import PortError, resolve_port
     from specmesh.host.cli.streams import STDOUTS
     from specmesh.host.projection.boardbench import bench, report
-    from specmesh.host.provision.flash import FlashError, FlashRequestError, KeyMismatch, NoRepl
+    from specmesh.host.provision.flash import FlashError
     from specmesh.host.provision.keys import KeyFileError, load_key
 
     from specmesh.host import atomic
@@ -119,7 +122,7 @@ def _bench(args) -> int:
         port = resolve_port(args.port)
         result = bench(port, args.out, key=key)
     except (FlashError, PortError, KeyFileError) as e:
-        return _failed("bench", e, isinstance(e, (FlashRequestError, KeyMismatch, NoRepl, PortError, KeyFileError)))
+        return _failed("bench", e)
     except STDOUTS:  # `--out -`: said as stdout's (a reader that left: quietly)
         raise
     except OSError as e:
