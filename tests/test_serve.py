@@ -194,6 +194,33 @@ def test_16_concurrent_streams_give_the_texts_they_give_one_at_a_time(host, temp
     assert requests > passes > 0  # the streams' forwards shared passes
 
 
+@pytest.fixture(scope="module")
+def cpu(models):
+    """A server on one lane of host back-ends (the small random models: sampled texts differ by seed) and its mesh."""
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh, serving(mesh) as url:
+        yield url, mesh
+
+
+def test_a_sampled_request_without_a_seed_draws_one_and_names_it(cpu):
+    """A sampled request without `seed` ran under seed 0: the same text every time, where OpenAI's differ. Each
+    now draws a seed of its own, which the header x-specmesh-seed and the specmesh field name: sent back, it gives
+    the text again, the text a given seed gave before (the mesh's own). A greedy request names none."""
+    url, mesh = cpu
+    c = client(url)
+    ask = {"model": "specmesh", "prompt": PROMPT, "max_tokens": 16, "temperature": 1.0}
+    raws = [c.completions.with_raw_response.create(**ask) for _ in range(3)]
+    seeds = [int(r.headers["x-specmesh-seed"]) for r in raws]
+    texts = [r.parse().choices[0].text for r in raws]
+    assert len(set(seeds)) == 3 and len(set(texts)) > 1, (seeds, texts)
+    assert [r.parse().model_extra["specmesh"]["seed"] for r in raws] == seeds
+    again = c.completions.with_raw_response.create(**ask, seed=seeds[0], stream=True)
+    assert again.headers["x-specmesh-seed"] == str(seeds[0])  # before the stream's text: a stream's seed too
+    assert "".join(ch.choices[0].text for ch in again.parse()) == texts[0]
+    assert mesh.generate(PROMPT, max_tokens=16, temperature=1.0, seed=seeds[0]).text == texts[0]
+    greedy = c.completions.with_raw_response.create(model="specmesh", prompt=PROMPT, max_tokens=16)
+    assert "x-specmesh-seed" not in greedy.headers and greedy.parse().model_extra["specmesh"]["seed"] is None
+
+
 class Slow(backends.LocalVerifier):
     """The CPU verifier taking 50 ms a verdict, as a slow board would: 120 tokens take 6 s or more."""
 
@@ -222,6 +249,15 @@ def test_a_client_killed_mid_generation_frees_its_lane_for_the_next_request(mode
         done = client(url).completions.create(model="specmesh", prompt="The cat", max_tokens=8)
         took = time.monotonic() - t0
         assert done.usage.completion_tokens == 8 and took < 2.0, took  # not the 6 s the killed stream had left
+
+
+def test_serve_refuses_a_seed_for_every_request(capsys):
+    """`specmesh serve --seed 7` set the seed of every request without one; each draws its own now, so the flag would
+    be ignored: it is refused, as --prompt is."""
+    from specmesh.host import cli
+
+    assert cli.main(["serve", "--seed", "7", "--port", "0", "--verifier", "cpu"]) == 2
+    assert capsys.readouterr().err.startswith("specmesh serve: error: --seed belongs to one generation")
 
 
 @pytest.mark.parametrize("streams", ["0", "257"])

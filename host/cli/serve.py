@@ -53,7 +53,8 @@ def serve(a: argparse.Namespace) -> int:
     except ImportError:
         print("specmesh serve: error: " + INSTALL_HINT, file=sys.stderr)
         return 2
-    given = [f for f in ONE_GENERATION if getattr(a, f) not in (None, False)]
+    # a request's seed too: one without draws its own, so a mesh's --seed would be ignored
+    given = [f for f in (*ONE_GENERATION, "seed") if getattr(a, f) not in (None, False)]
     if given:
         print("specmesh serve: error: --%s belongs to one generation: a request's body carries it (drop it)"
               % given[0].replace("_", "-"), file=sys.stderr)

@@ -2,11 +2,13 @@
 
 Routes: `POST /v1/completions` and `POST /v1/chat/completions` (`stream: true` as server-sent events, else one
 JSON body), `GET /v1/models` and `/v1/models/ID`, `GET /health`, and `/`, the live page (host/cli/page.html). The
-parameters that map are taken (`max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1; `stream_options` and `user` are
-accepted and ignored); any other parameter set to something but its OpenAI default is a 400 naming it, as is
-a bad value. Where OpenAI's and `specmesh run`'s defaults differ, the mesh's are kept: greedy
-(`temperature` 0) and its `--max-tokens`. A chat's messages are its turns, appended as typed (the stories
-model has no chat template; `specmesh chat` does the same).
+parameters that map are taken (`max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1; `stream_options` and
+`user` are accepted and ignored); any other parameter set to something but its OpenAI default is a 400 naming
+it, as is a bad value. Where OpenAI's and `specmesh run`'s defaults differ, the mesh's are kept:
+greedy (`temperature` 0) and its `--max-tokens`. A sampled request without a `seed` samples under a fresh one,
+as OpenAI's differ from one another; the header `x-specmesh-seed` (and the `specmesh` field) names the seed
+a sampled request ran under, which gives its text again, as `specmesh run --seed` does. A chat's messages are
+its turns, appended as typed (the stories model has no chat template; `specmesh chat` does the same).
 
 Every response carries specmesh's own figures in the extension field `specmesh`: acceptance, tokens per
 verification, tokens/s, the projected board tokens/s when the mesh projects, the boards; each streamed chunk
@@ -20,7 +22,9 @@ generation after the round in progress and frees the lane.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import secrets
 import threading
 import time
 import uuid
@@ -33,7 +37,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specmesh.host.cli.config import UsageError
+from specmesh.host.cli.config import RunConfig, UsageError
+from specmesh.host.cli.ranges import SEED
 from specmesh.host.cli.session import Completion, GenerationFailed, Mesh, Piece, check_ids
 from specmesh.host.decode.tokenizer import lone_surrogate
 
@@ -108,11 +113,24 @@ def sampling(body: dict, mesh: Mesh) -> dict:
     if not isinstance(body.get("stream", False), bool):
         raise BadRequest("stream must be true or false", "stream")
     try:
-        return {"request": mesh.request(**out)}
+        return {"request": seeded(mesh.request(**out), "seed" in out)}
     except UsageError as e:
         key = refused(mesh, out)
         raise BadRequest(str(e), "max_completion_tokens" if key == "max_tokens" and body.get(
             "max_completion_tokens") is not None else key) from None
+
+
+def seeded(request: RunConfig, given: bool) -> RunConfig:
+    """`request` as it samples: under the seed it was `given`, else (as OpenAI's API) under a fresh one, so that
+    two such requests differ; a greedy request's text has no seed to vary."""
+    if given or request.greedy:
+        return request
+    return dataclasses.replace(request, seed=SEED[0] + secrets.randbelow(SEED[1] - SEED[0] + 1))
+
+
+def seed_header(request: RunConfig) -> dict[str, str]:
+    """The response's header naming the seed a sampled request ran under: the seed to send for its text again."""
+    return {} if request.greedy else {"x-specmesh-seed": str(request.seed)}
 
 
 def refused(mesh: Mesh, settings: dict) -> str | None:
@@ -187,7 +205,7 @@ def figures(done: Completion) -> dict:
             "tokens_per_s": s.get("tokens_per_s"), "projected_tokens_per_s": proj.get("tokens_per_s"),
             "projected_on": proj.get("hardware"), "gamma_hist": s.get("gamma_hist"), "verifier": s.get("verifier"),
             "drafter": s.get("drafter"), "boards": s.get("boards"), "failovers": s.get("failovers"),
-            "stop": done.stop}
+            "stop": done.stop, "seed": s.get("seed") if s.get("temperature") else None}
 
 
 def round_figures(p: Piece) -> dict:
@@ -266,9 +284,10 @@ class Api:
         except BadRequest as e:
             return e.reply()
         reply = Reply(chat)
+        headers = seed_header(kw["request"])
         if body.get("stream"):
             return StreamingResponse(self._events(prompt, kw, reply), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+                                     headers={"Cache-Control": "no-cache", **headers})
         cancel = threading.Event()
         watch = asyncio.ensure_future(self._left(request, cancel))
         try:
@@ -278,7 +297,7 @@ class Api:
         finally:
             cancel.set()
             watch.cancel()
-        return JSONResponse(reply.whole(done, prompt))
+        return JSONResponse(reply.whole(done, prompt), headers=headers)
 
     @staticmethod
     async def _left(request: Request, cancel: threading.Event) -> None:
