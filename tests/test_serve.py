@@ -221,6 +221,26 @@ def test_a_sampled_request_without_a_seed_draws_one_and_names_it(cpu):
     assert "x-specmesh-seed" not in greedy.headers and greedy.parse().model_extra["specmesh"]["seed"] is None
 
 
+def test_a_stream_carries_usage_only_when_stream_options_ask_for_it(cpu):
+    """Every stream's last choice chunk carried usage, and `stream_options` was ignored. OpenAI's streams carry
+    none unless `stream_options: {"include_usage": true}`, and then in a chunk of its own after the last choice's,
+    with no choices, every other chunk's usage null."""
+    c = client(cpu[0])
+    for create, ask in ((c.completions.create, {"prompt": PROMPT}),
+                        (c.chat.completions.create, {"messages": [{"role": "user", "content": PROMPT}]})):
+        plain = list(create(model="specmesh", max_tokens=8, stream=True, **ask))
+        assert not any("usage" in ch.model_fields_set for ch in plain), plain[-1]
+        assert plain[-1].choices[0].finish_reason == "length"
+        *chunks, totals = create(model="specmesh", max_tokens=8, stream=True, stream_options={"include_usage": True},
+                                 **ask)
+        assert totals.choices == [] and totals.usage.completion_tokens == 8 and totals.usage.total_tokens > 8
+        assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].model_extra["specmesh"]["stop"]
+        assert all("usage" in ch.model_fields_set and ch.usage is None for ch in chunks)
+        with pytest.raises(openai.BadRequestError) as e:
+            create(model="specmesh", max_tokens=8, stream=True, stream_options={"include_usage": "yes"}, **ask)
+        assert e.value.body["param"] == "stream_options", e.value.body
+
+
 class Slow(backends.LocalVerifier):
     """The CPU verifier taking 50 ms a verdict, as a slow board would: 120 tokens take 6 s or more."""
 

@@ -2,9 +2,9 @@
 
 Routes: `POST /v1/completions` and `POST /v1/chat/completions` (`stream: true` as server-sent events, else one
 JSON body), `GET /v1/models` and `/v1/models/ID`, `GET /health`, and `/`, the live page (host/cli/page.html). The
-parameters that map are taken (`max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1; `stream_options` and
-`user` are accepted and ignored); any other parameter set to something but its OpenAI default is a 400 naming
-it, as is a bad value. Where OpenAI's and `specmesh run`'s defaults differ, the mesh's are kept:
+parameters that map are taken (`max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1, `stream_options`'s
+`include_usage`; `user` is accepted and ignored); any other parameter set to something but its OpenAI default is
+a 400 naming it, as is a bad value. Where OpenAI's and `specmesh run`'s defaults differ, the mesh's are kept:
 greedy (`temperature` 0) and its `--max-tokens`. A sampled request without a `seed` samples under a fresh one,
 as OpenAI's differ from one another; the header `x-specmesh-seed` (and the `specmesh` field) names the seed
 a sampled request ran under, which gives its text again, as `specmesh run --seed` does. A chat's messages are
@@ -131,6 +131,19 @@ def seeded(request: RunConfig, given: bool) -> RunConfig:
 def seed_header(request: RunConfig) -> dict[str, str]:
     """The response's header naming the seed a sampled request ran under: the seed to send for its text again."""
     return {} if request.greedy else {"x-specmesh-seed": str(request.seed)}
+
+
+def streamed_usage(body: dict) -> bool:
+    """Whether a stream ends with OpenAI's usage chunk (`stream_options: {"include_usage": true}`; a whole reply
+    has its usage in any case); BadRequest for options that are not OpenAI's."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict) or not set(options) <= {"include_usage", "include_obfuscation"} or not all(
+            isinstance(v, bool) for v in options.values()):
+        raise BadRequest("stream_options must be an object of include_usage and include_obfuscation, each true or "
+                         "false", "stream_options")
+    return options.get("include_usage", False)
 
 
 def refused(mesh: Mesh, settings: dict) -> str | None:
@@ -281,9 +294,10 @@ class Api:
             if len(prompt) >= self.mesh.context:
                 raise BadRequest("the prompt has %d tokens but the context holds %d" % (len(prompt), self.mesh.context),
                                  "messages" if chat else "prompt", code="context_length_exceeded")
+            totals = streamed_usage(body)
         except BadRequest as e:
             return e.reply()
-        reply = Reply(chat)
+        reply = Reply(chat, totals)
         headers = seed_header(kw["request"])
         if body.get("stream"):
             return StreamingResponse(self._events(prompt, kw, reply), media_type="text/event-stream",
@@ -337,7 +351,9 @@ class Api:
             except GenerationFailed as e:
                 yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
                 return
-            yield sse(reply.last(done, prompt))
+            yield sse(reply.last(done))
+            if reply.totals:
+                yield sse(reply.usage(done, prompt))
             yield "data: [DONE]\n\n"
         finally:
             cancel.set()  # a client gone: the generation ends after its round, freeing its lane
@@ -363,15 +379,17 @@ def sse(obj: dict) -> str:
 class Reply:
     """The bodies of one response, as a completion or a chat completion."""
 
-    def __init__(self, chat: bool):
+    def __init__(self, chat: bool, totals: bool = False):
         self.chat = chat
+        self.totals = totals  # a stream's chunks carry usage: null, and its usage comes in a chunk of its own
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
 
     def _head(self, stream: bool) -> dict:
         kind = "chat.completion" if self.chat else "text_completion"
-        return {"id": self.id, "object": kind + (".chunk" if stream and self.chat else ""), "created": self.created,
+        head = {"id": self.id, "object": kind + (".chunk" if stream and self.chat else ""), "created": self.created,
                 "model": MODEL_ID}
+        return {**head, "usage": None} if stream and self.totals else head
 
     def _choice(self, text: str | None, finish: str | None, stream: bool) -> dict:
         if not self.chat:
@@ -396,9 +414,13 @@ class Reply:
         return {**self._head(True), "choices": [self._choice(piece.text, None, True)],
                 "specmesh": round_figures(piece)}
 
-    def last(self, done: Completion, prompt: list[int]) -> dict:
+    def last(self, done: Completion) -> dict:
         return {**self._head(True), "choices": [self._choice(None if self.chat else "", FINISH[done.stop], True)],
-                "usage": usage(prompt, done), "specmesh": figures(done)}
+                "specmesh": figures(done)}
+
+    def usage(self, done: Completion, prompt: list[int]) -> dict:
+        """The chunk after the last choice's that `stream_options.include_usage` asks for: no choices, the usage."""
+        return {**self._head(True), "choices": [], "usage": usage(prompt, done)}
 
 
 def _shown(path: str, most: int = 80) -> str:
