@@ -396,7 +396,8 @@ def test_sigterm_stops_serve_at_once_though_a_client_is_still_sending():
 def test_sighup_mid_stream_stops_serve_as_sigterm_does():
     """A closed terminal (SIGHUP) while a stream was sent: uvicorn takes only SIGINT and SIGTERM, so the command's
     own stop broke into the event loop: a traceback per stream in the log, each client's reply cut. Now the stream
-    ends (finish_reason "stop", [DONE]), then one line and status 129."""
+    ends, then one line and status 129. Its finish_reason was "stop", which says the model ended the text: it is
+    "length", the text cut short."""
     with started() as (proc, address):  # virtual boards: a stream of 400 tokens takes seconds
         ask = urllib.request.Request(address + "v1/completions", json.dumps(
             {"prompt": PROMPT, "max_tokens": 400, "stream": True}).encode(), {"content-type": "application/json"})
@@ -405,6 +406,8 @@ def test_sighup_mid_stream_stops_serve_as_sigterm_does():
             proc.send_signal(signal.SIGHUP)
             rest = reply.read().decode()
         assert rest.endswith("data: [DONE]\n\n"), rest[-300:]
+        last = json.loads(rest.split("\n\n")[-3].strip().removeprefix("data: "))
+        assert last["choices"][0]["finish_reason"] == "length" and last["specmesh"]["stop"] == "cancelled", last
         assert proc.wait(timeout=60) == 129
         log = proc.stderr.read()
         assert log.strip().endswith("specmesh serve: stopped by SIGHUP") and "Traceback" not in log, log

@@ -52,7 +52,9 @@ DEFAULTS = {"echo": (False,), "logprobs": (None, False), "top_logprobs": (None,)
             "tools": (None, []), "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
             "parallel_tool_calls": (None, True)}
 MAX_BODY = 1 << 20
-FINISH = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context": "length", "cancelled": "stop"}
+# OpenAI's finish_reason of each way a generation ends; one cut by the server's stop is "length" (its text was cut
+# short, as at max_tokens), not "stop" (the model ended it): OpenAI's schema has no value of its own for it
+FINISH = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context": "length", "cancelled": "length"}
 
 
 class BadRequest(Exception):
@@ -243,7 +245,8 @@ class Api:
 
     def stop(self) -> None:
         """The server is stopping (SIGTERM, Ctrl-C): every generation ends after its round, so that each client
-        gets its reply's end (finish_reason "stop") and the server exits at once, not when the queue has drained."""
+        gets its reply's end (finish_reason "length": cut short; the specmesh field's stop: "cancelled") and the
+        server exits at once, not when the queue has drained."""
         self.stopping = True
         for cancel in list(self.cancels):
             cancel.set()
