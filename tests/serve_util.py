@@ -11,13 +11,13 @@ from specmesh.host.cli.server import app
 
 
 @contextlib.contextmanager
-def serving(mesh, threads: int = 64):
-    """The base URL of a server on `mesh` (http://127.0.0.1:PORT), stopped on exit."""
+def serving(mesh, threads: int = 64, fixed_seed: bool = False):
+    """The base URL of a server on `mesh` (http://127.0.0.1:PORT), stopped on exit; `fixed_seed`: serve --seed's."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     with ThreadPoolExecutor(threads) as pool:
-        server = uvicorn.Server(uvicorn.Config(app(mesh, pool), log_level="warning"))
+        server = uvicorn.Server(uvicorn.Config(app(mesh, pool, fixed_seed), log_level="warning"))
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
         thread.start()
         while not server.started:

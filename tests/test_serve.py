@@ -271,13 +271,23 @@ def test_a_client_killed_mid_generation_frees_its_lane_for_the_next_request(mode
         assert done.usage.completion_tokens == 8 and took < 2.0, took  # not the 6 s the killed stream had left
 
 
-def test_serve_refuses_a_seed_for_every_request(capsys):
-    """`specmesh serve --seed 7` set the seed of every request without one; each draws its own now, so the flag would
-    be ignored: it is refused, as --prompt is."""
-    from specmesh.host import cli
+def test_serve_seed_flag_gives_every_unseeded_sampled_request_its_seed(models):
+    """`specmesh serve --seed 7` sets the seed of every sampled request that gives none, as before requests drew
+    their own: the same text each time, the header naming 7; without the flag the parser leaves it to each request."""
+    import argparse
 
-    assert cli.main(["serve", "--seed", "7", "--port", "0", "--verifier", "cpu"]) == 2
-    assert capsys.readouterr().err.startswith("specmesh serve: error: --seed belongs to one generation")
+    from specmesh.host.cli import serve
+
+    parser = argparse.ArgumentParser()
+    serve.add_parser(parser.add_subparsers())
+    parse = parser.parse_args
+    assert parse(["serve"]).seed is None and parse(["serve", "--seed", "7"]).seed == 7
+    with Mesh(drafter="cpu", verifier="cpu", models=models, seed=7) as mesh, serving(mesh, fixed_seed=True) as url:
+        ask = {"model": "specmesh", "prompt": PROMPT, "max_tokens": 16, "temperature": 1.0}
+        raws = [client(url).completions.with_raw_response.create(**ask) for _ in range(2)]
+        assert [r.headers["x-specmesh-seed"] for r in raws] == ["7", "7"]
+        texts = {r.parse().choices[0].text for r in raws}
+        assert texts == {mesh.generate(PROMPT, max_tokens=16, temperature=1.0, seed=7).text}
 
 
 @pytest.mark.parametrize("streams", ["0", "257"])

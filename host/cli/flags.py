@@ -19,7 +19,8 @@ def a_path(text: str) -> Path:
     return Path(text)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser, seed_help: str | None = None) -> None:
+    """`specmesh run`'s flags on `p`; `seed_help`: --seed's help where it means something else (serve's: default None)."""
     # llama.cpp's spellings (-p, -f, -n, -s, --temp, -r, -m, -md, --draft-max) are aliases where they mean the same
     p.add_argument("-p", "--prompt", default=None,
                    help="text to continue, or - to read it from stdin (default: %r)" % DEFAULT_PROMPT)
@@ -31,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="target top-k, 0 = off (default: %(default)s)")
     p.add_argument("--top-p", type=float, default=1.0, help="target top-p, 1 = off (default: %(default)s)")
     p.add_argument("--draft-top-k", type=int, default=8, help="size of the drafter's q-hat tables (default: 8)")
-    p.add_argument("-s", "--seed", type=int, default=0, help="session seed: same seed, same text (default: 0)")
+    p.add_argument("-s", "--seed", type=int, default=0 if seed_help is None else None,
+                   help=seed_help or "session seed: same seed, same text (default: 0)")
     p.add_argument("--drafter", default=None,
                    help="PORT (or mpremote's a0, u0, c0) | auto (the flashed drafter board among the ESP32 USB "
                         "ports) | virtual (the fast unix-port VM, sized as the role's class) | virtual:CLASS (a board of that "

@@ -28,7 +28,8 @@ INSTALL_HINT = "specmesh serve needs Starlette and uvicorn: pip install 'specmes
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a mesh over HTTP: an OpenAI-compatible API and a live page at /")
-    add_arguments(p)
+    add_arguments(p, seed_help="the seed of every sampled request that gives none, which then gives the same text "
+                  "each time (default: a fresh seed a request, as OpenAI's API; the header x-specmesh-seed names it)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on, or a name: each of its addresses "
                    "(default: %(default)s, this machine only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8080, help="TCP port (default: %(default)s; 0: any free one)")
@@ -53,12 +54,13 @@ def serve(a: argparse.Namespace) -> int:
     except ImportError:
         print("specmesh serve: error: " + INSTALL_HINT, file=sys.stderr)
         return 2
-    # a request's seed too: one without draws its own, so a mesh's --seed would be ignored
-    given = [f for f in (*ONE_GENERATION, "seed") if getattr(a, f) not in (None, False)]
+    given = [f for f in ONE_GENERATION if getattr(a, f) not in (None, False)]
     if given:
         print("specmesh serve: error: --%s belongs to one generation: a request's body carries it (drop it)"
               % given[0].replace("_", "-"), file=sys.stderr)
         return 2
+    fixed_seed = a.seed is not None  # --seed N: every sampled request without a seed runs under N
+    a.seed = a.seed if fixed_seed else 0
     config = check_args(a)
     try:
         in_range("--streams", a.streams, *STREAMS)
@@ -69,7 +71,7 @@ def serve(a: argparse.Namespace) -> int:
         say = say_on_stderr("serve")
         with Mesh.from_config(config, streams=a.streams, say=say, warn=say) as mesh, \
                 ThreadPoolExecutor(max_workers=4 * a.streams + 16, thread_name_prefix="specmesh-request") as threads:
-            served = app(mesh, threads)
+            served = app(mesh, threads, fixed_seed)
             server = _server_class()(uvicorn.Config(served, log_level="warning", lifespan="off",
                                                     timeout_graceful_shutdown=STOP_GRACE_S), served.state.stop)
             print("specmesh serve: %s on %s (the live page; the API under /v1), %d stream%s at once; Ctrl-C stops it"

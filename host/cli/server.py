@@ -80,7 +80,7 @@ def error(status: int, message: str, param: str | None = None, code: str | None 
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status)
 
 
-def sampling(body: dict, mesh: Mesh) -> dict:
+def sampling(body: dict, mesh: Mesh, fixed_seed: bool = False) -> dict:
     """The keyword arguments of Mesh.request for a request body; BadRequest for what does not map."""
     for key, value in body.items():
         if key in TAKEN:
@@ -115,7 +115,7 @@ def sampling(body: dict, mesh: Mesh) -> dict:
     if not isinstance(body.get("stream", False), bool):
         raise BadRequest("stream must be true or false", "stream")
     try:
-        return {"request": seeded(mesh.request(**out), "seed" in out)}
+        return {"request": seeded(mesh.request(**out), "seed" in out or fixed_seed)}
     except UsageError as e:
         key = refused(mesh, out)
         raise BadRequest(str(e), "max_completion_tokens" if key == "max_tokens" and body.get(
@@ -123,8 +123,8 @@ def sampling(body: dict, mesh: Mesh) -> dict:
 
 
 def seeded(request: RunConfig, given: bool) -> RunConfig:
-    """`request` as it samples: under the seed it was `given`, else (as OpenAI's API) under a fresh one, so that
-    two such requests differ; a greedy request's text has no seed to vary."""
+    """`request` as it samples: under the seed it was `given` (its own, or serve's --seed), else (as OpenAI's API)
+    under a fresh one, so that two such requests differ; a greedy request's text has no seed to vary."""
     if given or request.greedy:
         return request
     return dataclasses.replace(request, seed=SEED[0] + secrets.randbelow(SEED[1] - SEED[0] + 1))
@@ -236,8 +236,9 @@ def usage(prompt: list[int], done: Completion) -> dict:
 class Api:
     """The routes over one mesh."""
 
-    def __init__(self, mesh: Mesh, threads: ThreadPoolExecutor):
+    def __init__(self, mesh: Mesh, threads: ThreadPoolExecutor, fixed_seed: bool = False):
         self.mesh = mesh
+        self.fixed_seed = fixed_seed  # serve --seed N: a sampled request without a seed runs under the mesh's N
         self.threads = threads  # one per request generating or waiting for a lane (asyncio's default has few)
         self.in_flight = 0  # requests generating or waiting for a lane
         self.cancels: set[threading.Event] = set()  # one per generation running or waiting for a lane
@@ -293,7 +294,7 @@ class Api:
             return error(400, "the body must be a JSON object")
         try:
             prompt = chat_prompt(body, self.mesh) if chat else completion_prompt(body, self.mesh)
-            kw = sampling(body, self.mesh)
+            kw = sampling(body, self.mesh, self.fixed_seed)
             if len(prompt) >= self.mesh.context:
                 raise BadRequest("the prompt has %d tokens but the context holds %d" % (len(prompt), self.mesh.context),
                                  "messages" if chat else "prompt", code="context_length_exceeded")
@@ -431,9 +432,10 @@ def _shown(path: str, most: int = 80) -> str:
     return path if len(path) <= most else path[:most] + "..."
 
 
-def app(mesh: Mesh, threads: ThreadPoolExecutor) -> Starlette:
-    """The ASGI application serving `mesh` on `threads` (both closed by the caller)."""
-    api = Api(mesh, threads)
+def app(mesh: Mesh, threads: ThreadPoolExecutor, fixed_seed: bool = False) -> Starlette:
+    """The ASGI application serving `mesh` on `threads` (both closed by the caller); `fixed_seed`: a sampled request
+    without a seed runs under the mesh's (serve --seed), not a fresh one."""
+    api = Api(mesh, threads, fixed_seed)
 
     async def not_found(request: Request, exc: Exception) -> Response:
         return error(404, "no route %s %s" % (request.method, _shown(request.url.path)))
