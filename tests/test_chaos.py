@@ -126,9 +126,12 @@ def test_a_killed_drafter_leaves_plain_decoding_and_the_greedy_text(vboards):
     assert line.startswith("drafter virtual:drafter") and line.endswith("going on with plain decoding")
 
 
-def test_a_rebooted_drafter_loses_nothing(vboards):
-    params = CASES[1]
-    got = run_case(PROFILES["drafter-reboots"], params, TOKENS, MODELS, vboards)
+@pytest.mark.parametrize("name, params", [("drafter-reboots", CASES[1]), ("verifier-reboots", CASES[0])],
+                         ids=["drafter", "verifier"])
+def test_a_rebooted_board_loses_nothing(vboards, name, params):
+    """The rebooted board answers "no session" and is begun again on the committed prefix (the verifier on a lossy
+    link, so its "no session" may come to a retransmission); the text is the fault-free one."""
+    got = run_case(PROFILES[name], params, TOKENS, MODELS, vboards)
     assert got["tokens"] == reference(MODELS, params, TOKENS)
     assert got["resyncs"] == 1 and not got["failovers"]
 
