@@ -190,18 +190,24 @@ def test_signed_node_refuses_unsigned_frames_and_answers_retransmissions_from_it
 
 
 
-def test_a_frame_too_big_for_a_classic_esp32_heap_is_refused_with_a_reason(micropython, tmp_path):
-    """BEGIN frames of 280 and more prompt tokens on a node with a classic ESP32's heap (the node's modules precompiled, as
-    flashed): each is answered, an out-of-memory one with E_MEMORY saying what to do, never dropped silently,
-    and the node serves on."""
-    from specmesh.tools.nodeproc import flash
+def _flashed_idle_node(micropython, tmp_path, code=False) -> NodeProc:
+    """An idle node with a classic ESP32's heap, its modules precompiled as flashed; `code`: plus the heap its code
+    takes on this 64-bit VM (about twice a board's), as on a board with the node frozen into its firmware."""
+    from specmesh.host.boardclasses import BOARD_CLASSES
+    from specmesh.tools.nodeproc import code_heap, flash
 
     board = tmp_path / "b"
     board.mkdir()
     flash(board)
-    from specmesh.host.boardclasses import BOARD_CLASSES
+    heap = BOARD_CLASSES["esp32"].heap_bytes + (code_heap(micropython, board) if code else 0)
+    return NodeProc(micropython, board, {"role": "idle"}, heap=heap, flashed=True)
 
-    node = NodeProc(micropython, board, {"role": "idle"}, heap=BOARD_CLASSES["esp32"].heap_bytes, flashed=True)
+
+def test_a_frame_too_big_for_a_classic_esp32_heap_is_refused_with_a_reason(micropython, tmp_path):
+    """BEGIN frames of 280 and more prompt tokens on a node with a classic ESP32's heap (the node's modules precompiled, as
+    flashed): each is answered, an out-of-memory one with E_MEMORY saying what to do, never dropped silently,
+    and the node serves on."""
+    node = _flashed_idle_node(micropython, tmp_path)
     try:
         reasons = []
         for n in (280, 1000, 3000):
@@ -213,6 +219,32 @@ def test_a_frame_too_big_for_a_classic_esp32_heap_is_refused_with_a_reason(micro
         assert all(code in (m.E_MEMORY, E_STATE) for code, _ in reasons), reasons
         code, message = reasons[-1]  # 6 KB of payload cannot fit: refused from the frame's first bytes
         assert code == m.E_MEMORY and "too big for this node's free heap" in message and "shorter" in message
+    finally:
+        node.close()
+
+
+def test_a_request_that_ran_out_of_memory_is_not_answered_from_the_cache_when_resent(micropython, tmp_path):
+    """A request whose handler runs out of memory twice (here: a BEGIN's prompt unpacked on an ESP32's heap) gets
+    E_MEMORY, which is not cached: its retransmission is run again, and may find the heap it needs then, where a
+    cached reply would repeat the refusal (firmware/node.py `_answer`)."""
+    node = _flashed_idle_node(micropython, tmp_path, code=True)
+    try:
+        for n in range(1000, 9000, 250):  # the shortest prompt whose unpacking runs out of the heap (an idle node
+            req = node.frame(m.BEGIN, m.pack_begin(7, 800, 8, 0, 65536, -1, [1 + i % 500 for i in range(n)]))
+            node.send(req)  # refuses a shorter one for its role; a longer one is refused from its first bytes)
+            code, message = m.unpack_error(node.reply(seq_of(req), timeout=5.0).payload)
+            if message.startswith("out of memory in BEGIN"):
+                break
+            time.sleep(0.3)  # the node refuses at most one frame per 250 ms from its first bytes
+        else:
+            pytest.fail("no BEGIN ran out of memory in its handler on this heap: %r" % message)
+        assert code == m.E_MEMORY
+        before = node.stats()
+        node.send(req)
+        node.reply(seq_of(req), timeout=5.0)  # run again: E_MEMORY, or (its heap found now) E_STATE for its role
+        after = node.stats()
+        assert after["requests"] == before["requests"] + 2  # the resent BEGIN, and this STATS
+        assert after["dup_replies"] == before["dup_replies"]
     finally:
         node.close()
 
