@@ -121,6 +121,31 @@ def test_a_board_without_the_module_runs_viper_and_says_so(micropython, tmp_path
         node.close()
 
 
+def test_a_board_whose_viper_kernels_do_not_import_runs_plain_python_and_the_same_tokens(micropython, tmp_path, model):
+    """The last fallback: no native module, and kernels.mpy does not import (here one built for another
+    architecture, as on a port whose build has no viper): the plain-Python kernels run, HELLO says so, and the
+    tokens are viper's."""
+    kernels, tokens = {}, {}
+    for name in ("viper", "python"):
+        board = tmp_path / name
+        board.mkdir()
+        flash(board)
+        shutil.rmtree(board / "native")
+        if name == "python":
+            other = tmp_path / "armv7m"
+            other.mkdir()
+            flash(other, "armv7m")
+            shutil.copy(other / "kernels.mpy", board / "kernels.mpy")
+        node = _node(micropython, board, model)
+        try:
+            kernels[name] = node.call(m.HELLO, expect=m.HELLO)[9]
+            tokens[name] = generate(None, node, PROMPT, 24, 0, 0.0, 7, 1, 64)
+        finally:
+            node.close()
+    assert kernels == {"viper": "viper (no native/x64.mpy)", "python": "python (no native/x64.mpy)"}
+    assert tokens["python"] == tokens["viper"]
+
+
 def test_a_module_that_stopped_the_board_is_not_tried_again(micropython, tmp_path, model):
     """The self-test's mark left behind (a board reset while it ran): viper, and the board says why."""
     board = tmp_path / "b"
