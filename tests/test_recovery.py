@@ -290,3 +290,27 @@ def test_modules_with_fork_hooks_are_imported_before_any_board_forks_a_vm():
             "print(all(name in sys.modules for name in b.FORK_HOOKED))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout == "True\n"
+
+
+def test_a_drafter_board_lost_mid_run_leaves_plain_decoding_and_one_table_line_for_its_stats(models):
+    """The drafter board dies after the first round of a mesh's generation (what `run`, `chat` and `serve` share):
+    plain decoding finishes the greedy text the cpu back-ends give, the fail-over is one line, and the board that
+    cannot report its stats is a "stats unavailable" line in the table (docs/run.md), not a failed run."""
+    from specmesh import Mesh
+    from specmesh.host.cli.output import format_table
+
+    with Mesh(drafter="cpu", verifier="cpu", models=models, gamma="2") as mesh:
+        want = mesh.generate("The cat", 16, temperature=0.0)
+    warned = []
+    with Mesh(drafter="virtual", verifier="cpu", models=models, gamma="2", say=[].append,
+              warn=warned.append) as mesh:
+        boards = mesh._setup.cluster().boards
+        got = mesh.complete(mesh.encode("The cat"), mesh.request(16, temperature=0.0),
+                            on_piece=lambda piece: boards["drafter"].stop())
+    assert got.token_ids == want.token_ids and got.text == want.text
+    (line,) = warned
+    assert "going on with plain decoding" in line
+    (drafter,) = [b for b in got.stats["boards"] if b["role"] == "drafter"]
+    assert "error" in drafter
+    table = format_table(got.stats)
+    assert "stats unavailable: %s" % drafter["error"][:20] in table

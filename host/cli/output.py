@@ -136,12 +136,14 @@ class TokenStream(TextStream):
 
 class Watch(Observer):
     """generate()'s observer for a command's stream: its stop strings decided once, by `scan` (fed by the
-    `stream` that shows the text, or here when nothing is shown), a projection's `costs`, and with a
-    `fallback` (a factory of the replacement verifier) fail-over, each fail-over a line on stderr."""
+    `stream` that shows the text, or here when nothing is shown), a projection's `costs`, and fail-over, each a
+    line on stderr: a failed drafter is dropped (plain decoding goes on) whatever the verifier, a failed verifier
+    replaced by `fallback()` (a factory of the replacement verifier; None: the `cpu` verifier or a pipeline has
+    none, so its failure is raised)."""
 
     def __init__(self, scan: StopScan, stream: TextStream | None = None, costs: Costs | None = None,
                  costs_known: bool = True, fallback: Callable[[], Verifier] | None = None, verify_by_shape: bool = False):
-        super().__init__(costs, costs_known, fails_over=fallback is not None, verify_by_shape=verify_by_shape)
+        super().__init__(costs, costs_known, fails_over=True, verify_by_shape=verify_by_shape)
         self.scan, self.stream, self._fallback = scan, stream, fallback
 
     def shown(self, accepted: Sequence[int], emitted: Sequence[int]) -> None:
