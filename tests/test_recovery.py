@@ -243,6 +243,28 @@ def test_a_board_left_in_the_raw_repl_by_an_interrupted_flash_is_named_half_flas
     assert "`specmesh flash --port %s --role drafter`" % vb.port in str(e.value)
 
 
+def test_the_next_flash_of_a_half_flashed_board_completes_it_and_sweeps_its_part_files(virtual_board, models):
+    """A flash interrupted mid-copy leaves the "flashing" mark and a `.part` file: the next flash says it completes
+    the interrupted one, removes what it left half-written, and the board then starts its node."""
+    import json
+
+    from specmesh.host.provision.cluster import connect
+    from specmesh.host.provision.flash import flash, summary
+
+    vb = virtual_board()
+    flash(vb.port, "drafter", models / DRAFTER_FILE, progress=False)
+    cfg = vb.flash_dir / "specmesh.json"
+    cfg.write_text(json.dumps(dict(json.loads(cfg.read_text()), flashing="drafter")))
+    left = vb.flash_dir / "models" / (DRAFTER_FILE + ".part")
+    left.write_bytes(b"half a model")
+    report = flash(vb.port, "drafter", models / DRAFTER_FILE, progress=False)
+    assert report.resumed == "drafter" and "left half-flashed" in summary(report, 1.0)
+    assert not list(vb.flash_dir.rglob("*.part"))
+    assert "flashing" not in json.loads(cfg.read_text())
+    with connect(vb.port, "drafter"):
+        pass
+
+
 @pytest.mark.parametrize("upgrade", [False, True])
 def test_a_flash_interrupted_among_the_modules_leaves_no_main_py_that_imports_a_mix(virtual_board, models, tmp_path,
                                                                                     monkeypatch, upgrade):
