@@ -1,6 +1,7 @@
 """ESP-NOW's own encryption under a deployment key (firmware/links.py, docs/security.md): boards with the
 same key hear each other over encrypted peers, a board with another key or none is not heard, and the
-peer past the radio's six encrypted ones falls back to an unencrypted (still signed) peer. Runs the
+peer past the radio's six encrypted ones falls back to an unencrypted (still signed) peer, and one past its
+twenty peers is dropped. Runs the
 firmware's EspNowLink and the `espnow` stand-in under the real `micropython` over the virtual radio."""
 
 from __future__ import annotations
@@ -116,3 +117,16 @@ print(e.peer_count())
         out = _done(_start(micropython, hub, 1, script))
     assert out.split("\n")[:5] == ["refused ESP_ERR_ESPNOW_FULL", "refused ESP_ERR_ESPNOW_ARG", "ValueError",
                                    "ValueError", "(7, 6)"], out
+
+
+def test_a_peer_past_the_radios_twenty_is_dropped_with_a_line_and_routed_no_more(micropython):
+    """The radio takes 20 peers (ESP-NOW's MAX_TOTAL_PEER_NUM, which the stand-in keeps): a link configured with 21
+    drops the last with a console line and no longer routes to it (a send there would raise
+    ESP_ERR_ESPNOW_NOT_FOUND); the other 20 stay its peers."""
+    macs = ", ".join("%d: bytes.fromhex('024b000001%02x')" % (n, n) for n in range(1, 22))
+    script = ("import links\nlink = links.EspNowLink({%s})\n"
+              "print('routes', [n for n in range(1, 22) if link.routes(n)])\n" % macs)
+    with RadioHub(RadioConfig(seed=5)) as hub:
+        out = _done(_start(micropython, hub, 1, script))
+    assert "specmesh: ESP-NOW peer 21 dropped (the radio took no more peers)" in out, out
+    assert "routes %s" % list(range(1, 21)) in out, out
