@@ -523,9 +523,9 @@ def running_file(backend, given: Path) -> Path:
     return given.parent / name if name and (given.parent / name).is_file() else given
 
 
-def _drafter_head(drafter, given: Path, head):
-    """The header of the model file a drafter board runs (`running_file`): `head`, `given`'s, when it is `given`."""
-    path = running_file(drafter, given)
+def _drafter_head(path: Path, given: Path, head):
+    """The header of `path`, the model file a drafter board runs (`running_file`): `head`, `given`'s, when it is
+    `given`."""
     if path == given:
         return head
     try:
@@ -684,8 +684,9 @@ class Mesh(contextlib.AbstractContextManager):
             _check_running_drafter(drafter, self.headers["verifier"])
         if drafter is not None and "drafter" in self.headers and not self._lanes:  # price the model it runs
             given = self.config.model_file("drafter")
-            self.headers["drafter"] = _drafter_head(drafter, given, self.headers["drafter"])
-            _check_builds(drafter, running_file(drafter, given), self.headers["drafter"])
+            path = running_file(drafter, given)  # the file its HELLO names, where it lies beside `given`
+            self.headers["drafter"] = _drafter_head(path, given, self.headers["drafter"])
+            _check_builds(drafter, path, self.headers["drafter"])
         lane = Lane(verifier, drafter)
         self._lanes.append(lane)
         return lane
