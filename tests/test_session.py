@@ -374,3 +374,17 @@ def test_a_stream_s_bad_arguments_are_refused_when_it_is_asked_for_not_at_its_fi
         assert list(mesh.stream("The cat", max_tokens=3))[-1].stop == "max_tokens"
     with pytest.raises(UsageError, match="closed"):
         mesh.stream("The cat", max_tokens=4)
+
+
+def test_a_drafter_board_lost_in_one_generation_is_left_out_of_the_next(models):
+    """The lane kept a drafter board that failed: each later generation (chat's next turn, serve's next request)
+    began it again, said again that it failed, and with a board that hangs rather than hangs up waited its 30 s
+    deadline each time. It is dropped for the generations after, as a failed verifier's cpu replacement is kept."""
+    warned: list[str] = []
+    with Mesh(drafter="virtual", verifier="cpu", models=models, gamma="2", say=[].append, warn=warned.append) as mesh:
+        boards = mesh._setup.cluster().boards
+        lost = mesh.generate("The cat", 16, on_piece=lambda piece: boards["drafter"].stop())
+        again = mesh.generate("The cat", 16)
+    assert lost.stats["failed"] == {"drafter": "virtual:drafter(esp32)"} and len(warned) == 1, warned
+    assert again.token_ids == lost.token_ids and again.stats["drafter"] is None and again.stats["failed"] == {}
+

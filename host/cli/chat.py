@@ -7,7 +7,7 @@ chat template: a turn's text is appended to the story as typed.
 Each turn begins the back-ends on the whole context (BEGIN carries it), so a board that restarted between
 turns loses nothing; the gamma controller keeps what it learned across turns. The turns run on one `Mesh`
 (host/cli/session.py), as `run` does: a verifier that fails is replaced by the `cpu` one (one line on stderr)
-and the session goes on with it.
+and the session goes on with it; a drafter that fails is dropped (one line) and the turns go on plainly.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ generations, one after another or, where its back-ends allow, side by side:
   (docs/CONTRACTS.md section 4), so a stream's text does not depend on its neighbours.
 
 Every generation may fail over: a verifier that fails is replaced by the `cpu` one (kept by the lane for the
-generations after), a drafter that fails leaves the stream on plain decoding (host/decode/orchestrator.py).
+generations after), a drafter that fails leaves the stream on plain decoding (host/decode/orchestrator.py), and
+the lane's generations after it too.
 A generation ends at the end token, `max_tokens`, a full context, a stop string, or when its `cancel` event
 is set (checked after each round: the boards finish the round they are in and are left with nothing
 pending; the next BEGIN starts them afresh).
@@ -911,7 +912,10 @@ class Mesh(contextlib.AbstractContextManager):
                 controller: GammaController, watch: _Watch) -> Result:
         """The one call of the decode loop (host/decode/orchestrator.py) for every generation of every command."""
         try:
-            return generate(prompt, lane.verifier, lane.drafter, params, max_tokens, controller, watch)
+            result = generate(prompt, lane.verifier, lane.drafter, params, max_tokens, controller, watch)
+            if "drafter" in result.failed:  # left out of the lane's next generations too: each would begin it
+                lane.drafter = None  # again and wait out its deadline (chat's next turn, serve's next request)
+            return result
         except _CallbackRaised as e:
             raise e.error from None
         except (BackendError, RuntimeError) as e:
