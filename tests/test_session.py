@@ -388,3 +388,40 @@ def test_a_drafter_board_lost_in_one_generation_is_left_out_of_the_next(models):
     assert lost.stats["failed"] == {"drafter": "virtual:drafter(esp32)"} and len(warned) == 1, warned
     assert again.token_ids == lost.token_ids and again.stats["drafter"] is None and again.stats["failed"] == {}
 
+
+class FailingDrafter(backends.LocalDrafter):
+    """The CPU drafter, losing its board after 2 calls; counts the STATS asked of it (`asked`, by all of them)."""
+
+    asked: list[str] = []
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.name, self.calls = "failing", 0
+
+    def draft(self, committed, gamma):
+        self.calls += 1
+        if self.calls > 2:
+            raise backends.BackendError("/dev/ttyUSB0: node 1 did not answer DRAFT_REQ within 30 s")
+        return super().draft(committed, gamma)
+
+    def stats(self):
+        FailingDrafter.asked.append(self.name)
+        return super().stats()
+
+
+def test_a_back_end_that_failed_mid_run_is_not_asked_for_its_stats(models, monkeypatch):
+    """The stats asked every board of the run for its figures, the one that had just failed too: a board that hangs
+    (not one that hangs up) held the generation for another 30 s deadline after it was dropped. Its table line says
+    it failed instead."""
+    from specmesh.host.cli.output import format_table
+
+    monkeypatch.setitem(registry.DRAFTERS, "failing", FailingDrafter)
+    monkeypatch.setattr(FailingDrafter, "asked", [])
+    with Mesh(drafter="cpu", verifier="cpu", models=models, gamma="2") as mesh:
+        want = mesh.generate("The cat", 16)
+    with Mesh(drafter="failing", verifier="cpu", models=models, gamma="2", warn=[].append) as mesh:
+        got = mesh.generate("The cat", 16)
+    assert got.token_ids == want.token_ids and got.stats["failed"] == {"drafter": "failing"}
+    assert FailingDrafter.asked == []
+    (drafter,) = [b for b in got.stats["boards"] if b["role"] == "drafter"]
+    assert "stats unavailable: failed during the run" in format_table(got.stats), drafter

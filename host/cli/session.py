@@ -317,7 +317,7 @@ def build_stats(config: RunConfig, params: SessionParams, result: Result, text: 
         "temperature": params.temperature,  # as applied: the nearest thousandth of --temperature
         "estimates": controller.summary(),
         "boards": board_stats(verifier.parts("verifier") + (drafter.parts("drafter") if drafter else []), n,
-                              projector),
+                              projector, set(result.failed)),
     }
     stats.update(verifier.report())
     if projector is not None:
@@ -342,12 +342,16 @@ def window_stats(result: Result, prompt_len: int, context: int) -> dict:
             "second_half": share([r for r in result.rounds if r.pos0 - prompt_len >= half])}
 
 
-def board_stats(parts: list, tokens: int = 0, projector=None) -> list[dict]:
+def board_stats(parts: list, tokens: int = 0, projector=None, failed: AbstractSet[str] = frozenset()) -> list[dict]:
     """One entry per board among the back-ends' parts (role, back-end): in-process ones report no heap. A board
     under QEMU adds the instructions it executed (per generated token, per pass), which a projector that prices
-    them (host/projection/measured.py) takes too."""
+    them (host/projection/measured.py) takes too. The parts of a role in `failed` (it failed mid-run) are not
+    asked: a board that hangs would hold the generation for its reply's whole deadline once more."""
     out = []
     for role, b in parts:
+        if role in failed:
+            out.append({"name": b.name, "role": role, "error": "failed during the run, not asked"})
+            continue
         try:
             s = b.stats()
         except BackendError as e:  # the text is out already; a board too short of heap to report is a note
