@@ -215,3 +215,21 @@ def test_a_line_without_end_ends_the_chat_with_one_line_and_status_1(models):
     assert done.returncode == 1 and done.stdout == b""
     assert done.stderr.decode() == ("specmesh chat: error: a line on stdin is over 16 MiB, more than any context holds: "
                                     "the chat ends; feed it lines of text\n")
+
+
+def test_chat_s_help_lists_no_flag_it_refuses_nor_run_s_opening_prompt(models, capsys):
+    """`chat --help` listed run's --stats-json, --project, --quiet, --calibration and --drafter-calibration, which chat
+    refuses, and said its --prompt defaulted to 'Once upon a time' (chat has no opening turn unless given one); and
+    `chat --calibration F` said 'add --project esp32s3', which chat then refused: 'drop --project'."""
+    import pytest
+
+    with pytest.raises(SystemExit):
+        cli.main(["chat", "--help"])
+    shown = capsys.readouterr().out
+    for flag in ("--stats-json", "--project", "--quiet", "--calibration", "--drafter-calibration"):
+        assert flag not in shown, flag
+    assert "Once upon a time" not in shown and "the first turn" in shown
+    for flag in ("--calibration", "--drafter-calibration"):
+        assert cli.main(["chat", "--models", str(models), "--verifier", "cpu", flag, "cal.json"]) == 2
+        assert capsys.readouterr().err == ("specmesh chat: error: chat prints each turn's text and no stats: drop %s "
+                                           "(specmesh run takes it)\n" % flag)

@@ -22,6 +22,9 @@ from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed
 from specmesh.host.cli.session import Mesh, gamma_controller, say_on_stderr
 
 PROMPT = "> "
+# run's flags that chat refuses (it prints no stats table, JSON or projection, which these ask for or price): each
+# still parsed, to be refused in one line, and left out of chat's help
+RUN_ONLY = ("stats_json", "project", "quiet", "calibration", "drafter_calibration")
 
 
 class LineTooLong(Exception):
@@ -33,6 +36,16 @@ def add_parser(sub) -> None:
     p = sub.add_parser("chat", help="an interactive session: each line continues the story, the context kept "
                                     "across turns until it fills")
     add_arguments(p)
+    for action in p._actions:  # (argparse has no public list of a parser's actions)
+        if action.dest in RUN_ONLY:
+            action.help = argparse.SUPPRESS
+        elif action.dest == "prompt":  # no opening turn unless given, and stdin holds the turns
+            action.help = "the first turn (default: none, the turns are read from stdin)"
+        elif action.dest == "prompt_file":
+            action.help = "read the first turn from file F (UTF-8)"
+        elif action.dest == "kernels":  # (run's help says "with --project", which chat refuses)
+            action.help = ("with --stages: the board kernels the stages' costs are priced with, which gamma auto plans "
+                           "from (default native: the xtensawin module; viper: the MicroPython-only engine)")
     p.set_defaults(func=main)
 
 
@@ -99,9 +112,10 @@ def chat(a: argparse.Namespace, lines, out, echo: bool = True) -> int:
     opening = a.prompt is not None or a.prompt_file is not None
     if a.prompt == "-":
         raise UsageError("chat reads its turns from stdin: give the first turn as --prompt TEXT or --prompt-file F")
-    for flag, given in (("--stats-json", a.stats_json), ("--project", a.project), ("--quiet", a.quiet)):
-        if given:
-            raise UsageError("chat prints each turn's text and no stats: drop %s (specmesh run takes it)" % flag)
+    for dest in RUN_ONLY:
+        if getattr(a, dest):
+            raise UsageError("chat prints each turn's text and no stats: drop --%s (specmesh run takes it)"
+                             % dest.replace("_", "-"))
     config = check_args(a)
     with Mesh.from_config(config, say=say_on_stderr(), warn=say_on_stderr()) as mesh:
         return _turns(mesh, itertools.chain([config.prompt] if opening else [], lines), opening, out, echo)
