@@ -364,7 +364,7 @@ def test_a_stream_s_bad_arguments_are_refused_when_it_is_asked_for_not_at_its_fi
     on_piece (generate()'s) was Python's 'complete() got multiple values for keyword argument'."""
     with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
         for prompt, says in ((None, "text or a list of token ids"), ([1, 512], "integers in 0..511"),
-                             ("x" * 2000, "the prompt has 2002 tokens but the context holds")):
+                             ("x" * 2000, "the prompt has at least 287 tokens but the context holds")):
             with pytest.raises(UsageError, match=says):
                 mesh.stream(prompt, max_tokens=3)
         with pytest.raises(UsageError, match="seed must be in"):
@@ -425,3 +425,17 @@ def test_a_back_end_that_failed_mid_run_is_not_asked_for_its_stats(models, monke
     assert FailingDrafter.asked == []
     (drafter,) = [b for b in got.stats["boards"] if b["role"] == "drafter"]
     assert "stats unavailable: failed during the run" in format_table(got.stats), drafter
+
+
+def test_a_prompt_of_megabytes_is_refused_by_its_size_not_encoded_first(models, monkeypatch):
+    """generate() and stream() encoded a text prompt whole before they found it longer than the context: 1 MB took
+    3 s of the caller's CPU to be refused (chat, serve and run refuse such a text by its size first)."""
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        encoded = []
+        real = mesh.tok.encode
+        monkeypatch.setattr(mesh.tok, "encode", lambda text, *a, **kw: encoded.append(len(text)) or real(text, *a, **kw))
+        for ask in (mesh.generate, mesh.stream):
+            with pytest.raises(UsageError, match=r"^the prompt has at least \d+ tokens but the context holds 128$"):
+                ask("once upon a time " * 60_000, max_tokens=3)
+        assert encoded == []
+        assert mesh.generate("The cat", max_tokens=3).stop == "max_tokens" and encoded == [7]

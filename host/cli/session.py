@@ -847,6 +847,9 @@ class Mesh(contextlib.AbstractContextManager):
             if at is not None:
                 raise UsageError("the prompt is not text: character %d is a lone surrogate (%r), which no UTF-8 "
                                  "holds" % (at, prompt[at]))
+            least = self.tok.least_tokens(prompt)  # refused by its size: encoding megabytes takes seconds
+            if least >= self.context:
+                raise UsageError("the prompt has at least %d tokens but the context holds %d" % (least, self.context))
             return self.tok.encode(prompt)
         try:
             if isinstance(prompt, (bytes, bytearray, Mapping, AbstractSet)):  # a dict's keys or a set: no order
