@@ -439,3 +439,20 @@ def test_a_prompt_of_megabytes_is_refused_by_its_size_not_encoded_first(models, 
                 ask("once upon a time " * 60_000, max_tokens=3)
         assert encoded == []
         assert mesh.generate("The cat", max_tokens=3).stop == "max_tokens" and encoded == [7]
+
+
+def test_a_stream_cancels_on_the_caller_s_event_and_leaves_it_as_it_was(models):
+    """stream() set the caller's cancel event as its iteration ended, to its Completion as early: a caller that keeps
+    one event for its stop button found its next generation on it cancelled before it began, with no text."""
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        stop = threading.Event()
+        assert list(mesh.stream("The cat", max_tokens=5, cancel=stop))[-1].stop == "max_tokens"
+        left = mesh.stream("The cat", max_tokens=100, cancel=stop)
+        assert isinstance(next(left), Piece)
+        left.close()  # left early: its generation ends after its round, the caller's event untouched
+        assert not stop.is_set() and mesh.generate("The cat", max_tokens=5, cancel=stop).stop == "max_tokens"
+        items = []
+        for item in mesh.stream("The cat", max_tokens=100, cancel=stop):
+            items.append(item)
+            stop.set()  # the caller's stop button, pressed at the first piece
+        assert items[-1].stop == "cancelled" and len(items[-1].token_ids) < 100

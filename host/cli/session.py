@@ -814,11 +814,11 @@ class Mesh(contextlib.AbstractContextManager):
         ids, rest = self._ids(prompt), _rest(sampling)
         self._check_prompt(ids)
         self._check_usable()
-        return self._pieces(ids, request, rest.pop("cancel", None) or threading.Event(), rest)
+        return self._pieces(ids, request, _Cancel(rest.pop("cancel", None)), rest)
 
-    def _pieces(self, ids: list[int], request: RunConfig, cancel: threading.Event, rest: dict
-                ) -> Iterator[Piece | Completion]:
-        """stream()'s iterator: the generation runs in a thread of its own, handing its items over a queue."""
+    def _pieces(self, ids: list[int], request: RunConfig, cancel: _Cancel, rest: dict) -> Iterator[Piece | Completion]:
+        """stream()'s iterator: the generation runs in a thread of its own, handing its items over a queue; left,
+        it sets its own `cancel`, not the caller's event."""
         pieces: queue.Queue = queue.Queue()
 
         def work() -> None:
@@ -927,6 +927,21 @@ class Mesh(contextlib.AbstractContextManager):
             raise e.error from None
         except (BackendError, RuntimeError) as e:
             raise GenerationFailed(one_line(e)) from None
+
+
+class _Cancel:
+    """The cancel event of stream()'s generation: set when the caller's `given` event is, or by its own `set()` (its
+    iteration left, the mesh closed), which leaves the caller's as it was: a caller's event kept for its next
+    generations would cancel each before it began."""
+
+    def __init__(self, given: threading.Event | None):
+        self.given, self.own = given, threading.Event()
+
+    def is_set(self) -> bool:
+        return self.own.is_set() or (self.given is not None and self.given.is_set())
+
+    def set(self) -> None:
+        self.own.set()
 
 
 class _CallbackRaised(Exception):
