@@ -456,3 +456,19 @@ def test_a_stream_cancels_on_the_caller_s_event_and_leaves_it_as_it_was(models):
             items.append(item)
             stop.set()  # the caller's stop button, pressed at the first piece
         assert items[-1].stop == "cancelled" and len(items[-1].token_ids) < 100
+
+
+def test_a_cancel_that_is_no_event_or_an_on_piece_that_is_no_function_is_refused_before_the_run(models):
+    """cancel=True was Python's "'bool' object has no attribute 'is_set'", from stream() only at its first item (its
+    bad arguments are refused when it is asked for); on_piece=5 began the boards and ran a round before "'int' object
+    is not callable"."""
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        for ask in (mesh.generate, mesh.stream):
+            with pytest.raises(TypeError, match=r"^cancel must be a threading\.Event .*, not True$"):
+                ask("The cat", max_tokens=3, cancel=True)
+        for kw in ({"on_piece": 5}, {"cancel": True}):
+            with pytest.raises(TypeError, match=r"^(on_piece must be a function|cancel must be)"):
+                mesh.complete(mesh.encode("The cat"), **kw)
+        with pytest.raises(TypeError, match=r"^on_piece must be a function taking each Piece, not 5$"):
+            mesh.generate("The cat", max_tokens=3, on_piece=5)
+        assert mesh.lanes_busy == 0 and mesh.generate("The cat", max_tokens=3).stop == "max_tokens"

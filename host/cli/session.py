@@ -812,6 +812,7 @@ class Mesh(contextlib.AbstractContextManager):
             raise TypeError("stream() takes no on_piece: its items are the pieces (on_piece is generate()'s)")
         request = self.request(max_tokens, **_sampling(sampling))
         ids, rest = self._ids(prompt), _rest(sampling)
+        _check_hooks(None, rest.get("cancel"))
         self._check_prompt(ids)
         self._check_usable()
         return self._pieces(ids, request, _Cancel(rest.pop("cancel", None)), rest)
@@ -871,6 +872,7 @@ class Mesh(contextlib.AbstractContextManager):
         says, on `lane` or the next free one. `controller`: a gamma controller kept across generations (chat's
         turns); None: a new one. GenerationFailed when a back-end failed beyond fail-over."""
         request = request or self.config
+        _check_hooks(on_piece, cancel)
         self._check_prompt(prompt)
         if lane is None:
             with self.lane(cancel) as lane:
@@ -927,6 +929,15 @@ class Mesh(contextlib.AbstractContextManager):
             raise e.error from None
         except (BackendError, RuntimeError) as e:
             raise GenerationFailed(one_line(e)) from None
+
+
+def _check_hooks(on_piece, cancel) -> None:
+    """TypeError unless `on_piece` is None or callable and `cancel` None or an Event, found before any back-end runs."""
+    if on_piece is not None and not callable(on_piece):
+        raise TypeError("on_piece must be a function taking each Piece, not %r" % (on_piece,))
+    if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+        raise TypeError("cancel must be a threading.Event (set, it ends the generation after its round), not %r"
+                        % (cancel,))
 
 
 class _Cancel:
