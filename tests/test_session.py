@@ -472,3 +472,15 @@ def test_a_cancel_that_is_no_event_or_an_on_piece_that_is_no_function_is_refused
         with pytest.raises(TypeError, match=r"^on_piece must be a function taking each Piece, not 5$"):
             mesh.generate("The cat", max_tokens=3, on_piece=5)
         assert mesh.lanes_busy == 0 and mesh.generate("The cat", max_tokens=3).stop == "max_tokens"
+
+
+def test_a_generation_s_settings_default_to_the_mesh_s_max_tokens_too(models):
+    """Mesh(max_tokens=8).generate(prompt) gave 64 tokens: generate() and stream() took the mesh's seed, temperature
+    and stop strings when given none, but their own 64 for max_tokens."""
+    with Mesh(drafter="cpu", verifier="cpu", models=models, max_tokens=8, seed=5) as mesh:
+        done = mesh.generate("The little dog")
+        assert (len(done.token_ids), done.stop, done.stats["seed"]) == (8, "max_tokens", 5)
+        assert len(list(mesh.stream("The little dog"))[-1].token_ids) == 8
+        assert len(mesh.generate("The little dog", max_tokens=3).token_ids) == 3  # one generation's own still wins
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:  # run's default, as before
+        assert len(mesh.generate("The little dog").token_ids) == 64

@@ -799,12 +799,14 @@ class Mesh(contextlib.AbstractContextManager):
             raise UsageError(str(e)) from None
         return new
 
-    def generate(self, prompt: str | Sequence[int], max_tokens: int | None = 64, **sampling) -> Completion:
+    def generate(self, prompt: str | Sequence[int], max_tokens: int | None = None, **sampling) -> Completion:
         """Generate after `prompt` (text, or token ids as `encode` gives) and return the Completion. Keywords:
-        temperature, top_p, top_k, seed, stop (a string or several); the others as `complete`."""
+        temperature, top_p, top_k, seed, stop (a string or several), each None or left out: the mesh's (its options',
+        run's defaults: 64 tokens, greedy); the others as `complete`."""
         return self.complete(self._ids(prompt), self.request(max_tokens, **_sampling(sampling)), **_rest(sampling))
 
-    def stream(self, prompt: str | Sequence[int], max_tokens: int | None = 64, **sampling) -> Iterator[Piece | Completion]:
+    def stream(self, prompt: str | Sequence[int], max_tokens: int | None = None, **sampling
+               ) -> Iterator[Piece | Completion]:
         """`generate` as an iterator: a Piece per round as it is committed, then the Completion. Leaving the
         iteration early (closing it) cancels the generation after its current round. A bad argument, or a mesh
         that cannot generate, is refused here, not at the first item."""
