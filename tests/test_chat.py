@@ -233,3 +233,34 @@ def test_chat_s_help_lists_no_flag_it_refuses_nor_run_s_opening_prompt(models, c
         assert cli.main(["chat", "--models", str(models), "--verifier", "cpu", flag, "cal.json"]) == 2
         assert capsys.readouterr().err == ("specmesh chat: error: chat prints each turn's text and no stats: drop %s "
                                            "(specmesh run takes it)\n" % flag)
+
+
+def test_ctrl_c_at_the_prompt_ends_the_chat_with_one_line_and_status_130(models):
+    """docs/run.md's exit status for a Ctrl-C (130, one line), at the prompt of a chat typed at a terminal: the turn
+    before it kept whole on stdout, no traceback."""
+    import os
+    import pty
+    import select
+    import signal
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "chat", "--models", str(models), "--verifier",
+                             "cpu", "--drafter", "cpu", "--max-tokens", "4", "--no-color"],
+                            stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    os.close(slave)
+    said = b""
+    try:
+        os.write(master, b"The cat\n")
+        end = time.monotonic() + 60
+        while said.count(b"> ") < 2 and time.monotonic() < end and proc.poll() is None:  # the next turn's prompt
+            if select.select([proc.stderr], [], [], 0.2)[0]:
+                said += os.read(proc.stderr.fileno(), 4096)
+        proc.send_signal(signal.SIGINT)  # what the terminal sends for Ctrl-C
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert proc.returncode == 130, said + err
+    assert said + err == b"> > specmesh chat: interrupted\n"
+    assert out.startswith(b"The cat") and out.count(b"\n") == 1, out
