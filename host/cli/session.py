@@ -801,8 +801,8 @@ class Mesh(contextlib.AbstractContextManager):
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int | None = None, **sampling) -> Completion:
         """Generate after `prompt` (text, or token ids as `encode` gives) and return the Completion. Keywords:
-        temperature, top_p, top_k, seed, stop (a string or several), each None or left out: the mesh's (its options',
-        run's defaults: 64 tokens, greedy); the others as `complete`."""
+        temperature, top_p, top_k, seed, stop (a string or several); these and max_tokens, None or left out, are the
+        mesh's (the options it was made with, else run's defaults: 64 tokens, greedy). The others as `complete`."""
         return self.complete(self._ids(prompt), self.request(max_tokens, **_sampling(sampling)), **_rest(sampling))
 
     def stream(self, prompt: str | Sequence[int], max_tokens: int | None = None, **sampling
