@@ -484,3 +484,32 @@ def test_a_generation_s_settings_default_to_the_mesh_s_max_tokens_too(models):
         assert len(mesh.generate("The little dog", max_tokens=3).token_ids) == 3  # one generation's own still wins
     with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:  # run's default, as before
         assert len(mesh.generate("The little dog").token_ids) == 64
+
+
+def test_a_stream_iterated_where_its_own_lane_is_held_is_refused_not_hung(models):
+    """A stream's generation runs in a thread of its own, which the check against a generation waiting for its own
+    lane did not know: a stream iterated inside `with mesh.lane()`, or in another generation's on_piece, on a mesh
+    whose lanes were all busy, waited forever for the lane its iterating thread held."""
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        got: list[str] = []
+
+        def inside_a_lane():
+            with mesh.lane():
+                try:
+                    list(mesh.stream("A dog", max_tokens=3))
+                except UsageError as e:
+                    got.append(str(e))
+
+        def inside_a_callback():
+            try:
+                mesh.generate("The cat", max_tokens=5, on_piece=lambda piece: list(mesh.stream("A dog", max_tokens=3)))
+            except UsageError as e:
+                got.append(str(e))
+
+        for asks in (inside_a_lane, inside_a_callback):
+            thread = threading.Thread(target=asks, daemon=True)  # (a hang fails the test, not the suite)
+            thread.start()
+            thread.join(30)
+            assert not thread.is_alive(), asks.__name__
+        assert len(got) == 2 and all(g.startswith("a generation was asked for inside another of this Mesh") for g in got)
+        assert mesh.lanes_busy == 0 and mesh.generate("The cat", max_tokens=4).stop == "max_tokens"

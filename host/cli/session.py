@@ -736,13 +736,11 @@ class Mesh(contextlib.AbstractContextManager):
         with self._lock:
             if gone():
                 return None
+            self._check_not_nested(threading.get_ident())
             if self._free and not self._waiting:
                 ticket.hand(self._free.popleft())
             elif len(self._lanes) < self.streams:
                 ticket.hand(self._new_lane())
-            elif threading.get_ident() in self._holders:  # its own lane would never come free: a hang
-                raise UsageError("a generation was asked for inside another of this Mesh (in its on_piece "
-                                 "callback?), whose lane it would wait for forever: ask after that one ends")
             else:
                 self._waiting.append(ticket)
         while not ticket.ready.wait(0.05):
@@ -755,6 +753,13 @@ class Mesh(contextlib.AbstractContextManager):
             self._release(ticket.lane)
             return None
         return ticket.lane
+
+    def _check_not_nested(self, asker: int) -> None:
+        """(Under the lock.) UsageError when a generation that thread `asker` waits for would wait for a lane while
+        `asker` holds one and none is free or can be opened: its own would never come free, a hang."""
+        if asker in self._holders and not (self._free and not self._waiting) and len(self._lanes) >= self.streams:
+            raise UsageError("a generation was asked for inside another of this Mesh (in its on_piece callback, or "
+                             "inside mesh.lane()?), whose lane it would wait for forever: ask after that one ends")
 
     def _release(self, lane: Lane) -> None:
         lane.idle()
@@ -821,7 +826,10 @@ class Mesh(contextlib.AbstractContextManager):
 
     def _pieces(self, ids: list[int], request: RunConfig, cancel: _Cancel, rest: dict) -> Iterator[Piece | Completion]:
         """stream()'s iterator: the generation runs in a thread of its own, handing its items over a queue; left,
-        it sets its own `cancel`, not the caller's event."""
+        it sets its own `cancel`, not the caller's event. Refused where the iterating thread holds the lane that
+        thread would wait for."""
+        with self._lock:
+            self._check_not_nested(threading.get_ident())
         pieces: queue.Queue = queue.Queue()
 
         def work() -> None:
