@@ -264,3 +264,12 @@ def test_ctrl_c_at_the_prompt_ends_the_chat_with_one_line_and_status_130(models)
     assert proc.returncode == 130, said + err
     assert said + err == b"> > specmesh chat: interrupted\n"
     assert out.startswith(b"The cat") and out.count(b"\n") == 1, out
+
+
+def test_an_empty_line_continues_the_story_where_the_last_turn_stopped(models):
+    """An empty line adds nothing to the context: the model goes on from where it stopped, so (greedy) three turns
+    of 6 tokens, the last two empty, are the text of one turn of 18 (docs/run.md)."""
+    out, whole = io.StringIO(), io.StringIO()
+    assert chat(args(models, "--max-tokens", "6", "--no-color"), iter(["The little dog", "", ""]), out) == 0
+    assert chat(args(models, "--max-tokens", "18", "--no-color"), iter(["The little dog"]), whole) == 0
+    assert len(out.getvalue().splitlines()) == 3 and out.getvalue().replace("\n", "") == whole.getvalue().rstrip("\n")

@@ -1,8 +1,9 @@
 """`specmesh chat`: an interactive session on `specmesh run`'s back-ends and flags: each line typed joins
 the context, the model continues it (speculatively, as `run` does, up to --max-tokens a turn, ending
-before a --stop string), and the context is kept across turns until it fills; then one line says so and
-the session ends. --prompt or --prompt-file, when given, is the first turn. The stories model has no
-chat template: a turn's text is appended to the story as typed.
+before a --stop string; an empty line adds nothing, so the model goes on from where it stopped), and the
+context is kept across turns until it fills; then one line says so and the session ends. --prompt or
+--prompt-file, when given, is the first turn. The stories model has no chat template: a turn's text is
+appended to the story as typed.
 
 Each turn begins the back-ends on the whole context (BEGIN carries it), so a board that restarted between
 turns loses nothing; the gamma controller keeps what it learned across turns. The turns run on one `Mesh`
