@@ -513,3 +513,15 @@ def test_a_stream_iterated_where_its_own_lane_is_held_is_refused_not_hung(models
             assert not thread.is_alive(), asks.__name__
         assert len(got) == 2 and all(g.startswith("a generation was asked for inside another of this Mesh") for g in got)
         assert mesh.lanes_busy == 0 and mesh.generate("The cat", max_tokens=4).stop == "max_tokens"
+
+
+def test_the_api_s_errors_are_importable_from_specmesh_as_its_mesh_is(models):
+    """A bad argument raised UsageError and a back-end lost beyond fail-over GenerationFailed, neither of which
+    `specmesh` exported: a caller that wanted to catch one imported it from specmesh.host.cli's modules."""
+    import specmesh
+    from specmesh.host.cli import session
+
+    assert specmesh.UsageError is UsageError and specmesh.GenerationFailed is session.GenerationFailed
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        with pytest.raises(specmesh.UsageError, match="max_tokens must be at least 1"):
+            mesh.generate("The cat", max_tokens=0)
