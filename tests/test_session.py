@@ -525,3 +525,14 @@ def test_the_api_s_errors_are_importable_from_specmesh_as_its_mesh_is(models):
     with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
         with pytest.raises(specmesh.UsageError, match="max_tokens must be at least 1"):
             mesh.generate("The cat", max_tokens=0)
+
+
+def test_a_round_whose_board_failed_counts_the_bytes_it_carried_not_minus_them(models):
+    """The round in which a drafter board was dropped (or a verifier board replaced) counted its bytes as the dropped
+    back-end's at the round's start subtracted from none: the table said 'bus bytes / token -11.4'."""
+    with Mesh(drafter="virtual", verifier="cpu", models=models, gamma="2", say=[].append, warn=[].append) as mesh:
+        boards = mesh._setup.cluster().boards
+        lost = mesh.generate("The cat", 16, on_piece=lambda piece: boards["drafter"].stop())
+    by_link = lost.stats["bus_bytes_per_token_by_link"]
+    assert lost.stats["failed"] and by_link["drafter"] > 0 and by_link["verifier"] == 0
+    assert lost.stats["bus_bytes_per_token"] == by_link["drafter"]

@@ -265,7 +265,8 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
             result.stop = "context"
             break
         room = _room(max_tokens - len(out), len(committed), verifier, side.drafter)
-        bytes0 = (side.bus_bytes, verifier.bus_bytes)
+        began = (side.drafter, verifier)  # the round's bytes are theirs, one dropped or replaced in it too
+        bytes0 = _bus(*began)
         t0 = clock()
         part = side.drafts(committed, room)
         beside = side.start_beside(part, committed)  # beside the verify: a shadow block, or the drafts ahead
@@ -285,7 +286,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
         t3 = clock()
         out += [t for t in new if t != params.eos] if ended else new
         r = _round(part, n_acc, token, len(committed), (t0, t1, t2, t3, waited, beside.seconds if beside else 0.0),
-                   (side.bus_bytes - bytes0[0], verifier.bus_bytes - bytes0[1]), made, side.window_base,
+                   tuple(now - then for now, then in zip(_bus(*began), bytes0)), made, side.window_base,
                    (side.own, side.owed))
         side.advance(part, made, new, ended, len(committed))
         result.rounds.append(r)
@@ -346,10 +347,6 @@ class _DrafterSide:
     def begin(self, committed: list[int]) -> None:
         if self.drafter and self.window:  # (a prompt longer than its context: its last tokens)
             self.drafter.begin(self.window.params(self.params), self.window.start(committed))
-
-    @property
-    def bus_bytes(self) -> int:
-        return self.drafter.bus_bytes if self.drafter else 0
 
     @property
     def window_base(self) -> int:
@@ -453,6 +450,11 @@ def _copied(controller: GammaController, committed: list[int], room: int, table=
               for s in sources}
     source, k = controller.lookup_pick({s: len(b) for s, b in blocks.items() if b})
     return source, blocks[source][:k] if source else []
+
+
+def _bus(drafter: Drafter | None, verifier: Verifier) -> tuple[int, int]:
+    """The bytes the drafter's link (0 without one) and the verifier's have carried so far."""
+    return (drafter.bus_bytes if drafter is not None else 0), verifier.bus_bytes
 
 
 def _room(left: int, length: int, verifier: Verifier, drafter: Drafter | None) -> int:
