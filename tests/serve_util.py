@@ -1,4 +1,5 @@
-"""A `specmesh serve` app (host/cli/server.py) on uvicorn in a thread of the test process, on 127.0.0.1 only."""
+"""A `specmesh serve` app (host/cli/server.py) on uvicorn in a thread of the test process, on 127.0.0.1 only, and the
+`openai` client that drives it."""
 
 import contextlib
 import socket
@@ -30,3 +31,10 @@ def serving(mesh, threads: int = 64, fixed_seed: bool = False):
             server.should_exit = True
             thread.join(10)
             sock.close()
+
+
+def client(url: str):
+    """The official `openai` client (the dev extra) of the server at `url`, retrying nothing."""
+    import openai
+
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)

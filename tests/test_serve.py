@@ -23,14 +23,10 @@ openai = pytest.importorskip("openai", reason="the tests drive the server with t
 from specmesh import Mesh
 from specmesh.host import backends
 from specmesh.host.cli import registry
-from tests.serve_util import serving
+from tests.serve_util import client, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "Once upon a time"
-
-
-def client(url: str):
-    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
