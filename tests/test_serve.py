@@ -417,3 +417,22 @@ def test_sighup_mid_stream_stops_serve_as_sigterm_does():
         assert proc.wait(timeout=60) == 129
         log = proc.stderr.read()
         assert log.strip().endswith("specmesh serve: stopped by SIGHUP") and "Traceback" not in log, log
+
+
+def test_the_other_route_s_text_and_a_true_n_are_refused(cpu):
+    """A chat's `prompt` (or a completion's `messages`) beside its own text was ignored without a word, the reply
+    answering what the client did not mean; `n: true` was taken as n = 1 (true == 1 in Python)."""
+    import urllib.error
+
+    url = cpu[0]
+    for route, body, param in (
+            ("chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "prompt": "The cat"}, "prompt"),
+            ("completions", {"prompt": PROMPT, "messages": [{"role": "user", "content": "The cat"}]}, "messages"),
+            ("completions", {"prompt": PROMPT, "n": True}, "n")):
+        ask = urllib.request.Request(url + "/v1/" + route, json.dumps({"max_tokens": 4, **body}).encode())
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(ask, timeout=60)
+        assert e.value.code == 400 and json.load(e.value)["error"]["param"] == param, body
+    c = client(url)  # null is "not given", as OpenAI's other parameters
+    assert c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=4, n=1,
+                                extra_body={"messages": None}).usage.completion_tokens == 4

@@ -1,14 +1,15 @@
 """The HTTP face of a `Mesh` (host/cli/session.py): an OpenAI-compatible API and the live page, on Starlette.
 
-Routes: `POST /v1/completions` and `POST /v1/chat/completions` (`stream: true` as server-sent events, else one
-JSON body), `GET /v1/models` and `/v1/models/ID`, `GET /health`, and `/`, the live page (host/cli/page.html). The
+Routes: `POST /v1/completions` and `POST /v1/chat/completions` (`stream: true` as server-sent events, else one JSON
+body), `GET /v1/models` and `/v1/models/ID`, `GET /health`, and `/`, the live page (host/cli/page.html). The
 parameters that map are taken (`max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1, `stream_options`'s
-`include_usage`; `user` is accepted and ignored); any other parameter set to something but its OpenAI default is
-a 400 naming it, as is a bad value. Where OpenAI's and `specmesh run`'s defaults differ, the mesh's are kept:
-greedy (`temperature` 0) and its `--max-tokens`. A sampled request without a `seed` samples under a fresh one,
-as OpenAI's differ from one another; the header `x-specmesh-seed` (and the `specmesh` field) names the seed
-a sampled request ran under, which gives its text again, as `specmesh run --seed` does. A chat's messages are
-its turns, appended as typed (the stories model has no chat template; `specmesh chat` does the same).
+`include_usage`; `user` is accepted and ignored); any other parameter set to something but its OpenAI default is a
+400 naming it (the other route's text too: a chat's `prompt`, a completion's `messages`), as is a bad value. Where
+OpenAI's and `specmesh run`'s defaults differ, the mesh's are kept: greedy (`temperature` 0) and its `--max-tokens`.
+A sampled request without a `seed` samples under a fresh one, as OpenAI's differ from one another; the header
+`x-specmesh-seed` (and the `specmesh` field) names the seed a sampled request ran under, which gives its text again,
+as `specmesh run --seed` does. A chat's messages are its turns, appended as typed (the stories model has no chat
+template; `specmesh chat` does the same).
 
 Every response carries specmesh's own figures in the extension field `specmesh`: acceptance, tokens per
 verification, tokens/s, the projected board tokens/s when the mesh projects, the boards; each streamed chunk
@@ -45,6 +46,7 @@ from specmesh.host.decode.tokenizer import lone_surrogate
 MODEL_ID = "specmesh"
 TAKEN = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
          "stop", "n", "stream", "stream_options", "user"}
+ROUTE_OF = {"prompt": False, "messages": True}  # the text of a completion, of a chat (True): each route takes its own
 # OpenAI's defaults, accepted as such: null (not given), and the value that means the same (a chat's logprobs are
 # false, a completion's null; no tools, so none is chosen and none runs in parallel; text is the response format)
 DEFAULTS = {"echo": (False,), "logprobs": (None, False), "top_logprobs": (None,), "best_of": (1,),
@@ -80,9 +82,14 @@ def error(status: int, message: str, param: str | None = None, code: str | None 
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status)
 
 
-def sampling(body: dict, mesh: Mesh, fixed_seed: bool = False) -> dict:
-    """The keyword arguments of Mesh.request for a request body; BadRequest for what does not map."""
+def sampling(body: dict, mesh: Mesh, fixed_seed: bool = False, chat: bool = False) -> dict:
+    """The keyword arguments of Mesh.request for a request body (a chat's, or a completion's); BadRequest for what
+    does not map."""
     for key, value in body.items():
+        if key in ROUTE_OF and ROUTE_OF[key] != chat and value is not None:  # the other route's text: ignored here
+            raise BadRequest("%s belongs to %s; this route's text is its %s" % (
+                key, "/v1/chat/completions" if ROUTE_OF[key] else "/v1/completions",
+                "messages" if chat else "prompt"), key)
         if key in TAKEN:
             continue
         if key not in DEFAULTS:
@@ -92,7 +99,8 @@ def sampling(body: dict, mesh: Mesh, fixed_seed: bool = False) -> dict:
                              % (key, " or ".join(json.dumps(d) for d in DEFAULTS[key])), key)
     if body.get("model") not in (None, MODEL_ID):
         raise unknown_model(body["model"])
-    if body.get("n", 1) != 1:
+    n = body.get("n", 1)
+    if isinstance(n, bool) or n not in (None, 1):  # (true == 1 in Python)
         raise BadRequest("n must be 1: one choice per request", "n")
     out: dict[str, Any] = {}
     for key, kind in (("max_tokens", int), ("max_completion_tokens", int), ("seed", int), ("temperature", float),
@@ -294,7 +302,7 @@ class Api:
             return error(400, "the body must be a JSON object")
         try:
             prompt = chat_prompt(body, self.mesh) if chat else completion_prompt(body, self.mesh)
-            kw = sampling(body, self.mesh, self.fixed_seed)
+            kw = sampling(body, self.mesh, self.fixed_seed, chat)
             if len(prompt) >= self.mesh.context:
                 raise BadRequest("the prompt has %d tokens but the context holds %d" % (len(prompt), self.mesh.context),
                                  "messages" if chat else "prompt", code="context_length_exceeded")
