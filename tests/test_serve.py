@@ -367,7 +367,11 @@ def started(*flags: str):
 
 def test_serve_on_port_0_names_the_port_it_listens_on_and_stops_on_ctrl_c():
     """`specmesh serve --port 0` (host/cli/serve.py): the banner's address is where the API answers; Ctrl-C ends it
-    with one line and status 130."""
+    with one line and status 130. A request asking to upgrade its connection (`curl --http2` asks for h2c, a browser
+    for a WebSocket) is answered as HTTP/1.1 without the two lines uvicorn logged for it, one advising the operator to
+    install a WebSocket library."""
+    import http.client
+
     from specmesh.host.cli.serve import url
 
     assert url("::1", 80) == "http://[::1]:80/" and url("127.0.0.1", 8080) == "http://127.0.0.1:8080/"
@@ -375,6 +379,12 @@ def test_serve_on_port_0_names_the_port_it_listens_on_and_stops_on_ctrl_c():
         assert not address.endswith(":0/")
         with urllib.request.urlopen(address + "v1/models", timeout=30) as reply:
             assert json.loads(reply.read())["data"][0]["id"] == "specmesh"
+        host, port = address.split("//")[1].rstrip("/").rsplit(":", 1)
+        for upgrade in ("h2c", "websocket"):
+            conn = http.client.HTTPConnection(host, int(port), timeout=30)
+            conn.request("GET", "/v1/models", headers={"Connection": "Upgrade", "Upgrade": upgrade})
+            assert json.loads(conn.getresponse().read())["data"][0]["id"] == "specmesh"
+            conn.close()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 130
         assert proc.stderr.read().strip() == "specmesh serve: interrupted"

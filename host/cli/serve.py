@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import logging
 import signal
 import socket
 import sys
@@ -72,8 +73,9 @@ def serve(a: argparse.Namespace) -> int:
         with Mesh.from_config(config, streams=a.streams, say=say, warn=say) as mesh, \
                 ThreadPoolExecutor(max_workers=4 * a.streams + 16, thread_name_prefix="specmesh-request") as threads:
             served = app(mesh, threads, fixed_seed)
-            server = _server_class()(uvicorn.Config(served, log_level="warning", lifespan="off",
-                                                    timeout_graceful_shutdown=STOP_GRACE_S), served.state.stop)
+            http = uvicorn.Config(served, log_level="warning", lifespan="off", timeout_graceful_shutdown=STOP_GRACE_S)
+            logging.getLogger("uvicorn.error").addFilter(no_upgrade_advice)  # (after the Config set its logging up)
+            server = _server_class()(http, served.state.stop)
             print("specmesh serve: %s on %s (the live page; the API under /v1), %d stream%s at once; Ctrl-C stops it"
                   % (", ".join("%s %s" % kv for kv in mesh.names.items()), url(a.host, sockets[0].getsockname()[1]),
                      mesh.streams, "s" * (mesh.streams > 1)), file=sys.stderr, flush=True)
@@ -84,6 +86,13 @@ def serve(a: argparse.Namespace) -> int:
         for sock in sockets:
             sock.close()
     return 0
+
+
+def no_upgrade_advice(record: logging.LogRecord) -> bool:
+    """uvicorn's log without its two warnings on a request asking to upgrade its connection (`curl --http2` asks for
+    h2c): served as HTTP/1.1, as it should be, it still put two lines in the log a request, the second advising the
+    operator to install a WebSocket library, which nothing here uses."""
+    return not record.getMessage().startswith(("Unsupported upgrade request", "No supported WebSocket library"))
 
 
 # seconds a stopping server waits for its connections to close (a generation ends after its round once told to
