@@ -2,12 +2,19 @@
 asked nothing more, not for its stats (a board gone silent answers nothing before its 30 s deadline) nor, a dead
 drafter, by the requests after it."""
 
+import gc
+import json
+import socket
+import time
+
 import pytest
 
 pytest.importorskip("starlette", reason="specmesh serve needs the `serve` extra: pip install -e '.[dev]'")
-pytest.importorskip("openai", reason="the tests drive the server with the `openai` package (dev extra)")
+openai = pytest.importorskip("openai", reason="the tests drive the server with the `openai` package (dev extra)")
 
 from specmesh import Mesh
+from specmesh.host import backends
+from specmesh.host.cli import registry
 from tests.serve_util import client, serving
 
 PROMPT = "Once upon a time"
@@ -58,3 +65,46 @@ def test_a_verifier_board_that_died_is_not_asked_for_its_stats(models, monkeypat
         assert failed.choices[0].text == want and len(figures["failovers"]) == 1 and figures["verifier"] == "cpu"
         (board,) = [b for b in figures["boards"] if b["role"] == "verifier"]
         assert "failed during the run" in board["error"] and not asked, (board, asked)
+
+
+class Broken(backends.LocalVerifier):
+    """The CPU verifier failing beyond fail-over at its third verdict (as a pipeline whose stage board died does:
+    it has no fallback), after a pause in which a client may leave."""
+
+    def verify(self, committed, draft):
+        self.verdicts = getattr(self, "verdicts", 0) + 1
+        if self.verdicts == 3:
+            time.sleep(0.5)
+            raise RuntimeError("the verifier broke")
+        return super().verify(committed, draft)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_generation_that_failed_is_one_line_in_the_server_s_log(models, monkeypatch, caplog, stream):
+    """A request whose generation failed beyond fail-over got its 503 (or the stream's error event), and the server's
+    log said nothing: its operator, who alone can mend the mesh, never heard of it. A stream whose client had left
+    before its generation failed put asyncio's "Task exception was never retrieved" and a traceback in the log."""
+    monkeypatch.setitem(registry.VERIFIERS, "broken", Broken)
+    warned: list[str] = []
+    with Mesh(drafter="cpu", verifier="broken", models=models, gamma="0", say=[].append,
+              warn=warned.append) as mesh, serving(mesh) as url:
+        with pytest.raises(openai.APIError) as e:
+            reply = client(url).completions.create(model="specmesh", prompt=PROMPT, max_tokens=16, stream=stream)
+            list(reply) if stream else reply
+        assert "the verifier broke" in str(e.value.message)
+        assert warned == ["a request failed: the verifier broke"], warned
+        if stream:  # again, the client leaving once the stream is under way
+            mesh._lanes[0].verifier.verdicts = 0
+            port = int(url.rsplit(":", 1)[1])
+            body = json.dumps({"prompt": PROMPT, "max_tokens": 16, "stream": True}).encode()
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(body), body))
+                got = b""
+                while got.count(b"data: ") < 2:
+                    got += sock.recv(4096)
+            while len(warned) < 2:
+                time.sleep(0.05)
+            gc.collect()
+    assert len(warned) == 2 if stream else 1
+    assert not [r for r in caplog.records if r.exc_info or "never retrieved" in r.getMessage()], caplog.text

@@ -341,6 +341,10 @@ class Api:
         try:
             return await asyncio.get_running_loop().run_in_executor(
                 self.threads, self.mesh.complete, prompt, kw["request"], on_piece, cancel)
+        except GenerationFailed as e:  # the client hears of it, and the server's operator, who alone can mend the mesh
+            if self.mesh.warn is not None:
+                self.mesh.warn("a request failed: %s" % e)
+            raise
         finally:
             self.in_flight -= 1
             self.cancels.discard(cancel)
@@ -369,6 +373,8 @@ class Api:
             yield "data: [DONE]\n\n"
         finally:
             cancel.set()  # a client gone: the generation ends after its round, freeing its lane
+            # (and its failure, said in the log by _run, is taken: asyncio would log it again with a traceback)
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 async def body_of(request: Request) -> bytes:
