@@ -521,3 +521,25 @@ def test_serve_on_port_0_draws_again_when_a_later_address_has_the_drawn_port_tak
     finally:
         for s in sockets:
             s.close()
+
+
+def test_serve_takes_a_bracketed_ipv6_host_and_names_a_port_given_with_the_host(models, capsys, no_board_starts,
+                                                                                  serve_extra):
+    """`--host [::1]` (as the banner's address writes it) said "not an address of this machine (Name or service not
+    known)", and `--host 127.0.0.1:8080` the same, neither saying what to do."""
+    from specmesh.host.cli.config import UsageError
+    from specmesh.host.cli.serve import listen, url
+
+    try:
+        sockets = listen("[::1]", 0)
+    except UsageError as e:  # a machine without IPv6 has no ::1: then the brackets are what is checked
+        assert "[::1]: not an address of this machine (127.0.0.1" in str(e), e
+        sockets = []
+    for sock in sockets:
+        assert sock.getsockname()[0] == "::1"
+        sock.close()
+    assert url("[::1]", 80) == url("::1", 80) == "http://[::1]:80/"
+    for host, port in (("127.0.0.1:8080", "8080"), ("[::1]:80", "80")):
+        err = one_line_status_2(capsys, ["serve", "--models", str(models), "--host", host], within=10.0)
+        assert err == "specmesh serve: error: --host %s: give the address alone, and the port with --port %s\n" % (
+            host, port), err

@@ -137,7 +137,12 @@ def _server_class():
 
 def url(host: str, port: int) -> str:
     """The live page's address on `host` and `port` (an IPv6 address in brackets, as URLs write it)."""
-    return "http://%s:%d/" % ("[%s]" % host if ":" in host else host, port)
+    return "http://%s:%d/" % ("[%s]" % unbracketed(host) if ":" in host else host, port)
+
+
+def unbracketed(host: str) -> str:
+    """`host` without the brackets a URL puts around an IPv6 address (the banner's [::1])."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
 def listen(host: str, port: int) -> list[socket.socket]:
@@ -151,8 +156,11 @@ def listen(host: str, port: int) -> list[socket.socket]:
     if not host.strip():
         raise UsageError("--host needs an address or a name (127.0.0.1: this machine only, 0.0.0.0: every interface)")
     try:
-        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        found = socket.getaddrinfo(unbracketed(host), port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
+        name, _, given = host.rpartition(":")
+        if given.isdigit() and name and (":" not in name or name.startswith("[")):  # 127.0.0.1:80, [::1]:80
+            raise UsageError("--host %s: give the address alone, and the port with --port %s" % (host, given)) from None
         raise UsageError("--host %s: not an address of this machine (%s)" % (host, e.strerror)) from None
     addresses = list(dict.fromkeys((family, sockaddr) for family, _, _, _, sockaddr in found))
     draws = 8  # port 0: another program may take the port the first address drew on a later one; draw again
