@@ -409,6 +409,16 @@ def test_sigterm_stops_serve_at_once_though_a_client_is_still_sending():
         assert log.strip().endswith("specmesh serve: stopped by SIGTERM") and "Traceback" not in log, log
 
 
+def under_way(reply) -> None:
+    """Reads a stream's events until its generation is under way: the first is sent before it has its lane, the
+    second is the text of its first round."""
+    events = 0
+    while events < 2:
+        line = reply.readline()
+        assert line, "the stream ended before its first round"
+        events += line.startswith(b"data: ")
+
+
 def test_sighup_mid_stream_stops_serve_as_sigterm_does():
     """A closed terminal (SIGHUP) while a stream was sent: uvicorn takes only SIGINT and SIGTERM, so the command's
     own stop broke into the event loop: a traceback per stream in the log, each client's reply cut. Now the stream
@@ -418,7 +428,7 @@ def test_sighup_mid_stream_stops_serve_as_sigterm_does():
         ask = urllib.request.Request(address + "v1/completions", json.dumps(
             {"prompt": PROMPT, "max_tokens": 400, "stream": True}).encode(), {"content-type": "application/json"})
         with urllib.request.urlopen(ask, timeout=60) as reply:
-            assert reply.readline().startswith(b"data: ")  # under way
+            under_way(reply)
             proc.send_signal(signal.SIGHUP)
             rest = reply.read().decode()
         assert rest.endswith("data: [DONE]\n\n"), rest[-300:]
@@ -446,3 +456,45 @@ def test_the_other_route_s_text_and_a_true_n_are_refused(cpu):
     c = client(url)  # null is "not given", as OpenAI's other parameters
     assert c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=4, n=1,
                                 extra_body={"messages": None}).usage.completion_tokens == 4
+
+
+def test_requests_still_waiting_when_serve_stops_are_told_to_send_again():
+    """Requests queued behind another on the boards' one lane when the server was stopped got what a served request
+    gets: an empty text, finish_reason "length" and null figures, which a client takes for its answer. Each is now a
+    503 (a stream: its error event) saying to send it again; the one generating still ends after its round."""
+    import urllib.error
+
+    from specmesh.host.cli.server import UNSERVED
+
+    def ask(stream: bool) -> urllib.request.Request:
+        return urllib.request.Request(address + "v1/completions", json.dumps(
+            {"prompt": PROMPT, "max_tokens": 400, "stream": stream}).encode(), {"content-type": "application/json"})
+
+    def waiting(stream: bool) -> None:
+        try:
+            with urllib.request.urlopen(ask(stream), timeout=60) as reply:
+                got[stream] = (reply.status, reply.read().decode())
+        except urllib.error.HTTPError as e:
+            got[stream] = (e.code, e.read().decode())
+
+    got: dict = {}
+    with started() as (proc, address):  # virtual boards: one lane
+        with urllib.request.urlopen(ask(True), timeout=60) as first:
+            under_way(first)
+            threads = [threading.Thread(target=waiting, args=(stream,)) for stream in (False, True)]
+            for t in threads:
+                t.start()
+            while json.load(urllib.request.urlopen(address + "health", timeout=30))["waiting"] < 2:
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            rest = first.read().decode()
+            for t in threads:
+                t.join()
+        assert rest.endswith("data: [DONE]\n\n") and '"finish_reason": "length"' in rest, rest[-300:]
+        status, body = got[False]
+        assert status == 503 and json.loads(body)["error"]["message"] == UNSERVED, got
+        status, body = got[True]
+        events = [json.loads(e.removeprefix("data: ")) for e in body.split("\n\n") if e]
+        assert status == 200 and events[-1] == {"error": {"message": UNSERVED, "type": "server_error", "param": None,
+                                                          "code": None}}, events[-1]
+        assert proc.wait(timeout=60) == 143

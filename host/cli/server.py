@@ -54,6 +54,7 @@ DEFAULTS = {"echo": (False,), "logprobs": (None, False), "top_logprobs": (None,)
             "tools": (None, []), "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
             "parallel_tool_calls": (None, True)}
 MAX_BODY = 1 << 20
+UNSERVED = "the server stopped before this request's turn came (nothing was generated): send it again once it is back"
 # OpenAI's finish_reason of each way a generation ends; one cut by the server's stop is "length" (its text was cut
 # short, as at max_tokens), not "stop" (the model ended it): OpenAI's schema has no value of its own for it
 FINISH = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context": "length", "cancelled": "length"}
@@ -254,8 +255,9 @@ class Api:
 
     def stop(self) -> None:
         """The server is stopping (SIGTERM, Ctrl-C): every generation ends after its round, so that each client
-        gets its reply's end (finish_reason "length": cut short; the specmesh field's stop: "cancelled") and the
-        server exits at once, not when the queue has drained."""
+        gets its reply's end (finish_reason "length": cut short; the specmesh field's stop: "cancelled"; a request
+        still waiting for its turn: a 503 saying to send it again) and the server exits at once, not when the queue
+        has drained."""
         self.stopping = True
         for cancel in list(self.cancels):
             cancel.set()
@@ -323,7 +325,14 @@ class Api:
         finally:
             cancel.set()
             watch.cancel()
+        if self.unserved(done):
+            return error(503, UNSERVED, kind="server_error")
         return JSONResponse(reply.whole(done, prompt), headers=headers)
+
+    def unserved(self, done: Completion) -> bool:
+        """Whether `done` is a request the server stopped before its turn: the mesh never began it (no stats), and
+        an empty text with finish_reason "length" would tell its client it was served."""
+        return self.stopping and not done.stats
 
     @staticmethod
     async def _left(request: Request, cancel: threading.Event) -> None:
@@ -366,6 +375,9 @@ class Api:
                 done = task.result()
             except GenerationFailed as e:
                 yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
+                return
+            if self.unserved(done):
+                yield sse({"error": {"message": UNSERVED, "type": "server_error", "param": None, "code": None}})
                 return
             yield sse(reply.last(done))
             if reply.totals:
