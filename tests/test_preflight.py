@@ -416,6 +416,18 @@ def test_serve_on_an_empty_host_says_what_it_takes(models, capsys, no_board_star
                   "every interface)\n"
 
 
+@pytest.mark.parametrize("flag", ["--prompt", "--prompt-file", "--stats-json", "--quiet"])
+def test_serve_s_help_lists_no_flag_it_refuses(models, capsys, no_board_starts, serve_extra, flag):
+    """`serve --help` listed run's --prompt, -f, --stats-json and --quiet, each of which serve then refused ("belongs
+    to one generation: a request's body carries it"); they are out of its help and still refused in that one line."""
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    assert flag not in capsys.readouterr().out
+    value = [] if flag == "--quiet" else ["x"]
+    err = one_line_status_2(capsys, ["serve", "--models", str(models), flag, *value], within=10.0)
+    assert "%s belongs to one generation" % flag in err
+
+
 def resolving(monkeypatch, name, *addresses):
     """socket.getaddrinfo with `name` resolving to `addresses` (IPv4 or IPv6 literals, in that order)."""
     import socket

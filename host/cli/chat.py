@@ -18,6 +18,7 @@ import itertools
 import sys
 
 from specmesh.host.cli.config import BOM, PROMPT_MAX_BYTES, blocking
+from specmesh.host.cli.flags import hide
 from specmesh.host.cli.output import Printer
 from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed
 from specmesh.host.cli.session import Mesh, gamma_controller, say_on_stderr
@@ -37,10 +38,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("chat", help="an interactive session: each line continues the story, the context kept "
                                     "across turns until it fills")
     add_arguments(p)
+    hide(p, RUN_ONLY)
     for action in p._actions:  # (argparse has no public list of a parser's actions)
-        if action.dest in RUN_ONLY:
-            action.help = argparse.SUPPRESS
-        elif action.dest == "prompt":  # no opening turn unless given, and stdin holds the turns
+        if action.dest == "prompt":  # no opening turn unless given, and stdin holds the turns
             action.help = "the first turn (default: none, the turns are read from stdin)"
         elif action.dest == "prompt_file":
             action.help = "read the first turn from file F (UTF-8)"

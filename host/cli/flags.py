@@ -19,6 +19,14 @@ def a_path(text: str) -> Path:
     return Path(text)
 
 
+def hide(p: argparse.ArgumentParser, dests: tuple[str, ...]) -> None:
+    """Leave run's flags `dests` out of `p`'s help: a command that refuses them still parses them, to refuse each in
+    its own one line rather than argparse's "unrecognized arguments"."""
+    for action in p._actions:  # (argparse has no public list of a parser's actions)
+        if action.dest in dests:
+            action.help = argparse.SUPPRESS
+
+
 def add_arguments(p: argparse.ArgumentParser, seed_help: str | None = None) -> None:
     """`specmesh run`'s flags on `p`; `seed_help`: --seed's help where it means something else (serve's: default None)."""
     # llama.cpp's spellings (-p, -f, -n, -s, --temp, -r, -m, -md, --draft-max) are aliases where they mean the same

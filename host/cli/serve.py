@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from specmesh.host.cli.config import UsageError
-from specmesh.host.cli.flags import add_arguments
+from specmesh.host.cli.flags import add_arguments, hide
 from specmesh.host.cli.ranges import STREAMS, RangeError, in_range
 from specmesh.host.cli.run import check_args, failed
 from specmesh.host.cli.session import ONE_GENERATION, Mesh, say_on_stderr
@@ -31,6 +31,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a mesh over HTTP: an OpenAI-compatible API and a live page at /")
     add_arguments(p, seed_help="the seed of every sampled request that gives none, which then gives the same text "
                   "each time (default: a fresh seed a request, as OpenAI's API; the header x-specmesh-seed names it)")
+    hide(p, ONE_GENERATION)  # a request's body carries these
     p.add_argument("--host", default="127.0.0.1", help="address to listen on, or a name: each of its addresses "
                    "(default: %(default)s, this machine only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8080, help="TCP port (default: %(default)s; 0: any free one)")
