@@ -191,6 +191,21 @@ def test_bad_inputs_give_one_line_errors(tmp_path, capsys):
     assert rc == 1 and "tokenizer.bin" in err and "truncated" in err
 
 
+def test_a_checkpoint_too_large_for_a_model_file_is_one_line_and_writes_nothing(tmp_path, capsys):
+    """A size the model file's 16-bit header fields cannot hold (here a 70,000-position context) was struct's
+    traceback once the weights were quantized, after the vocab table had been written beside no model."""
+    data, _w = write_ak42(weights(5, True), True, 1)
+    (tmp_path / "big.bin").write_bytes(data[:32] + struct.pack("<i", 70000) + data[36:])
+    pieces = [b"<unk>", b"<s>", b"</s>"] + [b"x%d" % i for i in range(VOCAB - 3)]
+    write_tokenizer(tmp_path / "tok.bin", pieces)
+    before = sorted(tmp_path.iterdir())
+    rc = imp.main([str(tmp_path / "big.bin"), "--tokenizer", str(tmp_path / "tok.bin"), "--out", str(tmp_path / "o.spm")])
+    err = capsys.readouterr().err
+    assert rc == 1 and err == "llama2c_import: a specmesh model file holds sizes up to 65535, this checkpoint has " \
+        "max_seq 70000\n", err
+    assert sorted(tmp_path.iterdir()) == before
+
+
 def test_an_imported_model_runs_with_a_prompt_via_specmesh_run(tmp_path):
     """Any llama2.c model with its tokenizer.bin, not only the shipped one: import, then `specmesh run`."""
     from specmesh.host import cli

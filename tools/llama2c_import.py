@@ -24,10 +24,11 @@ from specmesh.tools import run_tool
 from specmesh.host import atomic
 from specmesh.host.backends.modelio import write_model
 from specmesh.host.decode.tokenizer import TokenizerError, byte_pieces, pack_vocab, read_llama2c_tokenizer, vocab_id
-from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header, ModelFileError
+from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header, ModelFileError, body_size
 
 AK42 = 0x616B3432
 MATS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")
+MAX_FIELD, MAX_BODY = 0xFFFF, 0xFFFFFFFF  # the model file header's 16-bit sizes and 32-bit body length
 
 
 class ImportError_(Exception):
@@ -76,6 +77,7 @@ def read_checkpoint(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
            "max_seq": seq, "shared_cls": shared, "version": version}
     if min(dim, hidden, L, nh, nkv, vocab, seq) <= 0 or dim % nh or nh % nkv or (dim // nh) % 2:
         raise ImportError_("implausible llama2.c header %s: not a llama2.c checkpoint?" % (cfg,))
+    _fits(cfg)
     shapes = _shapes(dim, hidden, nh, nkv)
     t: dict[str, np.ndarray] = {}
 
@@ -122,19 +124,38 @@ def read_checkpoint(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
     return cfg, t
 
 
+def _header(cfg: dict, tokenizer_id: int = 0) -> Header:
+    """The specmesh model header of a checkpoint's config (body_len and body_crc left for write_model)."""
+    return Header(cfg["dim"], cfg["n_layers"], cfg["n_heads"], cfg["n_kv_heads"], cfg["hidden"], cfg["vocab"],
+                  cfg["max_seq"], flags=FLAG_SHARED_CLS if cfg["shared_cls"] else 0, tokenizer_id=tokenizer_id,
+                  norm_eps=1e-5, rope_theta=10000.0)
+
+
+def _fits(cfg: dict) -> None:
+    """ImportError_ unless the model file's header can hold the checkpoint's sizes: said before its weights are
+    read, not as struct's error when the header is packed (after minutes of quantizing a large model)."""
+    big = {k: v for k, v in cfg.items() if k not in ("shared_cls", "version") and v > MAX_FIELD}
+    if big:
+        raise ImportError_("a specmesh model file holds sizes up to %d, this checkpoint has %s"
+                           % (MAX_FIELD, ", ".join("%s %d" % kv for kv in big.items())))
+    if body_size(_header(cfg)) > MAX_BODY:
+        raise ImportError_("a specmesh model file holds up to 4 GiB of int8 tensors, this checkpoint needs %d bytes"
+                           % body_size(_header(cfg)))
+
+
 def convert(checkpoint: Path, tokenizer: Path | None, out: Path, vocab_out: Path | None) -> Header:
-    """Write the specmesh model (and vocab table if a tokenizer is given); returns the header."""
+    """Write the specmesh model (and vocab table if a tokenizer is given); returns the header. Everything that can
+    fail is read and checked before either file is written, and the model (the long write) goes first, so a
+    failure or a Ctrl-C leaves no vocab table beside a model that was never written."""
     cfg, tensors = read_checkpoint(checkpoint.read_bytes())
-    tid = 0
+    table = None
     if tokenizer is not None:
         pieces, _scores = read_llama2c_tokenizer(tokenizer, cfg["vocab"])
         table = pack_vocab(byte_pieces(pieces))
-        tid = vocab_id(table)
+    h = write_model(out, _header(cfg, vocab_id(table) if table is not None else 0), tensors)
+    if table is not None:
         atomic.write_bytes(vocab_out or out.with_suffix(".vocab.bin"), table)
-    h = Header(cfg["dim"], cfg["n_layers"], cfg["n_heads"], cfg["n_kv_heads"], cfg["hidden"], cfg["vocab"],
-               cfg["max_seq"], flags=FLAG_SHARED_CLS if cfg["shared_cls"] else 0, tokenizer_id=tid,
-               norm_eps=1e-5, rope_theta=10000.0)
-    return write_model(out, h, tensors)
+    return h
 
 
 def main(argv: list[str] | None = None) -> int:
