@@ -62,6 +62,26 @@ def test_a_broken_file_is_one_line(tmp_path, capsys):
     assert xtensa_mpy.main([str(tmp_path / "missing.mpy")]) == 2
 
 
+def test_a_relocation_count_past_the_code_is_one_line_not_memory_exhausted(tmp_path, capsys):
+    """A corrupt run length of a relocation appended that many entries: a flipped byte took all the memory (the
+    process killed); a run past the text is refused at once."""
+    path = tmp_path / "x.mpy"
+    # one more relocation before the closing 0xFF: text word 0, a run of 2^35 words (7 bits a byte, high first)
+    path.write_bytes(xtensa_mpy.SHIPPED.read_bytes()[:-1] + b"\x03\x00\x81" + b"\x80" * 4 + b"\x00\xff")
+    assert xtensa_mpy.main([str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err == "xtensa_mpy: %s: a relocation points past the end of the module's text\n" % path, err
+
+
+def test_flags_are_flags_not_a_module_to_read(capsys):
+    with pytest.raises(SystemExit) as done:
+        xtensa_mpy.main(["--help"])
+    assert done.value.code == 0 and "usage: python -m specmesh.tools.xtensa_mpy" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        xtensa_mpy.main(["--verbose"])
+    assert done.value.code == 2 and "unrecognized arguments: --verbose" in capsys.readouterr().err
+
+
 OBJ = native_loops.object_path("xtensawin")
 needs_object = pytest.mark.skipif(not OBJ.is_file() or shutil.which("llvm-objdump-22") is None,
                                   reason="run `make native` (llvm-22) to build the object this decoder is checked against")

@@ -20,6 +20,7 @@ loop's first instruction crosses a 4-byte fetch boundary (an ISA requirement llv
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +116,8 @@ def parse(data: bytes) -> Module:
             if op & 1:
                 n = uint()
             op >>= 1
+        if where[1] + n > len(rodata if where[0] else text) // 4:  # a corrupt count: never n entries appended
+            raise ModuleError("a relocation points past the end of the module's %s" % ("rodata" if where[0] else "text"))
         for _ in range(n):
             relocs.append((where[0], where[1], op))
             where = (where[0], where[1] + 1)
@@ -234,8 +237,10 @@ def check(mod: Module) -> Code:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    path = Path(args[0]) if args else SHIPPED
+    ap = argparse.ArgumentParser(prog="python -m specmesh.tools.xtensa_mpy", description=__doc__.split("\n\n")[0])
+    ap.add_argument("module", type=Path, nargs="?", default=SHIPPED,
+                    help="a linked xtensawin .mpy (default: the shipped firmware/native/xtensawin.mpy)")
+    path = ap.parse_args(argv).module
     try:
         code = check(parse(path.read_bytes()))
     except OSError as e:
