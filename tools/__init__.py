@@ -24,17 +24,18 @@ def run_tool(name: str, main: Callable[[], int | None]) -> NoReturn:
     """`python -m specmesh.tools.NAME`: exit with main()'s status; Ctrl-C, SIGTERM and SIGHUP end it with one line
     and the shell's status (130, 128 + the signal) after every `finally` on the way out ran (a half-written file's
     temporary removed), a reader of stdout that left (`| head`) quietly with 141, a write to stdout that failed
-    (`> /dev/full`) with one line saying so and 1; a file it reads that is missing or corrupt is one line and 1:
-    never a traceback."""
+    (`> /dev/full`) with one line saying so and 1; a file it reads that is missing or corrupt, or a virtual board that
+    cannot start (QEMU not installed), is one line and 1: never a traceback."""
     from specmesh.host.backends import BackendError
     from specmesh.host.cli.streams import writing_stdout
     from specmesh.host.decode.tokenizer import TokenizerError
+    from specmesh.host.emulator import BoardError
     from specmesh.host.stops import stoppable
     from specmesh.shared.modelfile import ModelFileError
 
     try:  # stdout's failures (`| head`, `> /dev/full`) are writing_stdout's: quiet, or one line naming stdout
         status = stoppable(name, lambda: writing_stdout(name, main))
-    except (OSError, ModelFileError, TokenizerError, BackendError) as e:  # a file it reads, missing or corrupt
+    except (OSError, ModelFileError, TokenizerError, BackendError, BoardError) as e:  # a file it reads, a board
         if os.environ.get("SPECMESH_DEBUG"):  # as specmesh's commands: the traceback, for a developer
             raise
         print("%s: %s" % (name, e), file=sys.stderr)

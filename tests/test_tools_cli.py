@@ -1,0 +1,18 @@
+"""The tools' command lines (python -m specmesh.tools.NAME) as a user meets them where a dependency is missing:
+one line saying what to install, never a traceback."""
+
+import os
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_a_tool_whose_virtual_board_needs_qemu_says_what_to_install_in_one_line(tmp_path):
+    """frame_cost counts on a virtual ESP32-C3 under QEMU: without qemu-system-riscv32 on the PATH it was the
+    emulator's BoardError as a traceback."""
+    env = dict(os.environ, PATH=str(tmp_path))  # an empty folder: no qemu-system-riscv32 (python is named in full)
+    done = subprocess.run([sys.executable, "-m", "specmesh.tools.frame_cost"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (1, "frame_cost: qemu-system-riscv32 is missing: install QEMU: sudo "
+                                                 "apt-get install qemu-system-misc (README: With boards)\n")
