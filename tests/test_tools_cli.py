@@ -16,3 +16,15 @@ def test_a_tool_whose_virtual_board_needs_qemu_says_what_to_install_in_one_line(
                           capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (1, "frame_cost: qemu-system-riscv32 is missing: install QEMU: sudo "
                                                  "apt-get install qemu-system-misc (README: With boards)\n")
+
+
+
+def test_a_stray_argument_to_frame_cost_is_a_usage_error_not_a_run(tmp_path):
+    """frame_cost took no arguments and looked at none: `--help` or a typo started the virtual board's count (here,
+    with no QEMU on the PATH, said it was missing)."""
+    env = dict(os.environ, PATH=str(tmp_path))
+    for argv, status, says in ((["--help"], 0, "usage: python -m specmesh.tools.frame_cost [-h]"),
+                               (["-n", "3"], 2, "error: unrecognized arguments: -n 3")):
+        done = subprocess.run([sys.executable, "-m", "specmesh.tools.frame_cost", *argv], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == status and says in done.stdout + done.stderr, done

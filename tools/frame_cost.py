@@ -9,6 +9,7 @@ NODE_FRAME_BYTE_INSNS keep the figures). A drafter's n-gram lookups are tools/ng
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -64,7 +65,10 @@ def fit(counts: dict[int, tuple[int, int]]) -> tuple[float, float]:
     return da + ea - 2 * a * per_byte, per_byte
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    # no options: `--help` or a stray argument must not start the board and its minute of counting
+    argparse.ArgumentParser(prog="python -m specmesh.tools.frame_cost", description=__doc__.split("\n\n")[0]
+                            ).parse_args(argv)
     counts = measure()
     for size, (dec, enc) in sorted(counts.items()):
         print("payload %4d B: decode %7d, encode %7d instructions" % (size, dec, enc))
