@@ -80,3 +80,55 @@ def test_a_layer_subset_is_the_deeper_models_layers_in_order_and_the_trainer_ref
         assert torch.allclose(shallow(x), want, atol=1e-6)
     assert main(["--shape", "t64l4", "--out", "unused", "--init-layers", "0,1,2"]) == 2
     assert "names 3 distinct layers of the target, --shape t64l4 has 4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--batch", "0"], "--batch must be at least 1, not 0"),  # was torch's reshape error, the target loaded
+    (["--refresh", "0"], "--refresh must be at least 1, not 0"),  # a division by zero at the first step
+    (["--eval-every", "0"], "--eval-every must be at least 1, not 0"),
+    (["--seq", "300"], "--seq must be in 1..256, not 300"),  # past the shape's RoPE table
+    (["--text-share", "2"], "--text-share must be in 0..1, not 2"),  # a tensor of negative size
+    (["--temps", "1,-1"], "--temps must be at least 0, not -1"),
+    (["--shape", "t64l4", "--init-layers", "0,1,2,9"], "--init-layers must be in 0..4 (the target's layers), not 9"),
+    (["--init-layers", "0,1"], "--init-layers needs a --shape of the target's layer shape (dim 64, 8 heads, 4 kv heads, "
+                               "hidden 172), not d40l2kv1"),
+])
+def test_the_trainer_refuses_a_flag_no_run_can_use_in_one_line_before_the_target_loads(tmp_path, capsys, flags, says):
+    from specmesh.tools.train import main
+
+    shape = [] if "--shape" in flags else ["--shape", "d40l2kv1"]
+    assert main(shape + ["--out", str(tmp_path / "ck")] + flags) == 2
+    assert capsys.readouterr().err == "train: %s\n" % says
+    assert not (tmp_path / "ck").exists()
+
+
+SMALL_RUN = ["--steps", "1", "--val-stories", "1", "--val-new", "2", "--pool", "2", "--batch", "1", "--seq", "8"]
+
+
+def test_weights_to_start_or_resume_from_that_are_unusable_are_one_line(tmp_path, capsys):
+    """An empty or cut-short .pt, or a last.pt of another --shape in --out, was torch's traceback (an EOFError, a zip
+    reader's error, or a list of every mismatched key and size)."""
+    from specmesh.tools.modeldefs import DRAFTERS
+    from specmesh.tools.train import main
+
+    (tmp_path / "empty.pt").write_bytes(b"")
+    assert main(["--shape", "d40l2kv1", "--out", str(tmp_path / "a"), "--init", str(tmp_path / "empty.pt")] + SMALL_RUN) == 1
+    assert capsys.readouterr().err == "train: %s is not a checkpoint of tools/train.py (EOFError): give a .pt that it " \
+        "wrote\n" % (tmp_path / "empty.pt")
+    (tmp_path / "b").mkdir()
+    other = Transformer(DRAFTERS["d48l2kv1"])
+    torch.save({"model": other.state_dict(), "config": other.a.to_dict()}, tmp_path / "b" / "last.pt")
+    assert main(["--shape", "d40l2kv1", "--out", str(tmp_path / "b")] + SMALL_RUN) == 1
+    assert capsys.readouterr().err == "train: %s holds weights of another shape than --shape d40l2kv1: give its own " \
+        "--shape to resume it, or another --out\n" % (tmp_path / "b" / "last.pt")
+
+
+def test_train_all_takes_no_argument_and_starts_nothing_on_one(capsys):
+    """train_all looked at no argument: `--help` started its hours of training."""
+    from specmesh.tools.train_all import main
+
+    for argv, status in ((["--help"], 0), (["--steps", "3"], 2)):
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == status
+    assert "unrecognized arguments: --steps 3" in capsys.readouterr().err

@@ -188,6 +188,36 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+class CheckpointError(ValueError):
+    """Weights to start, resume or export from that cannot be used: a file that is no checkpoint of tools/train.py,
+    or another shape's weights; the message names the file and says what to do."""
+
+
+def read_pt(path) -> dict:
+    """A checkpoint of tools/train.py (its dict: "model", "config", ...); CheckpointError for a file that is none (empty,
+    cut short, another format): torch's own error for such a file is a traceback's worth of unpickler or zip detail."""
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=False)
+    except OSError:  # missing or unreadable: said as any file is
+        raise
+    except Exception as e:  # noqa: BLE001 - torch.load raises whatever its unpickler or zip reader meets
+        raise CheckpointError("%s is not a checkpoint of tools/train.py (%s): give a .pt that it wrote"
+                              % (path, type(e).__name__)) from None
+    if not isinstance(ck, dict) or not {"model", "config"} <= ck.keys():
+        raise CheckpointError("%s is not a checkpoint of tools/train.py (no model and config in it): give a .pt that "
+                              "it wrote" % (path,))
+    return ck
+
+
+def load_weights(model: Transformer, state: dict, source: str, shape: str, todo: str) -> None:
+    """`state` into `model`; CheckpointError naming `source` and what to do (`todo`) where its names or sizes are
+    another shape's (torch's own error lists every key and size, many lines)."""
+    try:
+        model.load_state_dict(state)
+    except RuntimeError:
+        raise CheckpointError("%s holds weights of another shape than %s: %s" % (source, shape, todo)) from None
+
+
 def from_tensors(a: ModelArgs, tensors: dict) -> Transformer:
     """A float model (eval mode) from tensors under the model file's names (numpy float32, or int8 QTensors)."""
     m = Transformer(a)

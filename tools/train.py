@@ -43,10 +43,13 @@ except ImportError as e:  # the `gpu` extra
 from tqdm import tqdm
 
 from specmesh.host import atomic
+from specmesh.host.backends.modelio import check_model_file
+from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import TARGET_FILE
 from specmesh.tools.heldout import PROMPT_TOKENS, heldout_stories
-from specmesh.tools.modeldefs import DRAFTERS, Transformer, from_model_file, layer_subset
+from specmesh.tools.modeldefs import (DRAFTERS, CheckpointError, Transformer, from_model_file, layer_subset,
+                                      load_weights, read_pt)
 
 MODELS = Path("models")
 MIN_OPENING, MAX_OPENING = 4, 48  # real tokens a pool row opens with, after BOS
@@ -153,7 +156,7 @@ def distil_loss(lq: torch.Tensor, tl: torch.Tensor, terms: dict[str, float], k: 
 def initial_weights(path: Path) -> dict:
     """A state dict to start from: a checkpoint's, or a model file's (int8 weights dequantized)."""
     if path.suffix == ".pt":
-        return torch.load(path, map_location="cpu", weights_only=False)["model"]
+        return read_pt(path)["model"]
     return from_model_file(path).state_dict()
 
 
@@ -188,15 +191,16 @@ def train(a) -> dict:
     state = {"step": 0, "train_s": 0.0, "best": -1.0, "history": []}
     last = out / "last.pt"
     if last.exists():
-        ck = torch.load(last, map_location="cpu", weights_only=False)
-        model.load_state_dict(ck["model"])
+        ck = read_pt(last)
+        load_weights(model, ck["model"], str(last), "--shape " + a.shape, "give its own --shape to resume it, or another --out")
         opt.load_state_dict(ck["opt"])
         state = ck["state"]
         print("resuming %s at step %d" % (last, state["step"]))
     elif a.init:
-        model.load_state_dict(initial_weights(a.init))
+        load_weights(model, initial_weights(a.init), "--init %s" % a.init, "--shape " + a.shape, "give the --shape it has")
     elif a.init_layers:
-        model.load_state_dict(layer_subset(teacher.state_dict(), a.init_layers))
+        load_weights(model, layer_subset(teacher.state_dict(), a.init_layers), "the target %s" % a.teacher,
+                     "--shape " + a.shape, "give a --shape of its layer shape")
 
     def save(path: Path):
         with atomic.replacing(path) as f:  # a checkpoint interrupted mid-write keeps the previous one
@@ -310,8 +314,41 @@ def main(argv: list[str] | None = None) -> int:
         if not p.exists():
             print("train: %s not found" % p, file=sys.stderr)
             return 1
-    print(json.dumps(train(a)))
+    try:
+        checked(a)
+    except RangeError as e:
+        print("train: %s" % e, file=sys.stderr)
+        return 2
+    try:
+        print(json.dumps(train(a)))
+    except CheckpointError as e:
+        print("train: %s" % e, file=sys.stderr)
+        return 1
     return 0
+
+
+def checked(a: argparse.Namespace) -> None:
+    """RangeError for a flag no run can use (a zero batch, pool, refresh or eval period; a --seq past the shape's
+    context; a layer the target lacks): said before the target loads, not as torch's error or a division by zero
+    once it has."""
+    cfg = DRAFTERS[a.shape]
+    for flag, value, lo, hi in (("--batch", a.batch, 1, None), ("--pool", a.pool, 1, None),
+                                ("--refresh", a.refresh, 1, None), ("--eval-every", a.eval_every, 1, None),
+                                ("--val-stories", a.val_stories, 1, None), ("--val-new", a.val_new, 1, None),
+                                ("--threads", a.threads, 1, None), ("--draft-top-k", a.draft_top_k, 1, cfg.vocab),
+                                ("--seq", a.seq, 1, cfg.max_seq), ("--steps", a.steps, 0, None),
+                                ("--warmup", a.warmup, 0, None), ("--stop-at", a.stop_at, 0, None),
+                                ("--minutes", a.minutes, 0, None), ("--text-share", a.text_share, 0, 1)):
+        in_range(flag, value, lo, hi)
+    for t in a.temps:
+        in_range("--temps", t, 0)
+    if a.init_layers:
+        h = check_model_file(a.teacher)[0]
+        for i in a.init_layers:
+            in_range("--init-layers", i, 0, h.n_layers - 1, note="the target's layers")
+        if (cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.hidden) != (h.dim, h.n_heads, h.n_kv_heads, h.hidden):
+            raise RangeError("--init-layers needs a --shape of the target's layer shape (dim %d, %d heads, %d kv heads, "
+                             "hidden %d), not %s" % (h.dim, h.n_heads, h.n_kv_heads, h.hidden, a.shape))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ on the same software, about two and three-quarter hours on 2 cores (the table a 
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -76,6 +77,9 @@ def phases(name: str) -> list[list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # no options: `--help` or a stray argument must not start hours of training
+    argparse.ArgumentParser(prog="python -m specmesh.tools.train_all", description=__doc__.split("\n\n")[0]
+                            ).parse_args(argv)
     tid = vocab_id((MODELS / "vocab.bin").read_bytes())
     best = {}
     for name in RECIPES:
