@@ -1,5 +1,7 @@
 """The PyTorch model definition and the exporter agree with the numpy int8 engine (needs torch: slow)."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -35,3 +37,53 @@ def test_exported_model_tracks_torch(tmp_path, shared):
     eng.reset()
     steps = np.stack([eng.forward([t], i)[0] for i, t in enumerate(toks[0].tolist())])
     np.testing.assert_array_equal(to_float(steps), got)
+
+
+def _export_folder(tmp_path):
+    """A folder holding what `export --out` reads beside the models (the shipped vocab, tokenizer and stories) and a
+    tiny checkpoint of tools/train.py's layout."""
+    from tests.conftest import ROOT
+
+    for name in ("vocab.bin", "tokenizer.bin", "heldout.txt"):
+        (tmp_path / name).write_bytes((ROOT / "models" / name).read_bytes())
+    torch.manual_seed(0)
+    m = Transformer(ModelArgs(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, max_seq=80))
+    torch.save({"model": m.state_dict(), "config": m.a.to_dict()}, tmp_path / "tiny.pt")
+
+
+def test_export_refuses_a_file_that_is_no_checkpoint_and_a_broken_archive_in_one_line(tmp_path, capsys):
+    """An empty .pt was torch's EOFError traceback; a reference.npz cut short, np.load's after the checkpoints loaded."""
+    from specmesh.tools.export import main
+
+    _export_folder(tmp_path)
+    (tmp_path / "empty.pt").write_bytes(b"")
+    assert main(["--out", str(tmp_path), "--model", "x=%s" % (tmp_path / "empty.pt")]) == 1
+    assert capsys.readouterr().err == "export: %s is not a checkpoint of tools/train.py (EOFError): give a .pt that " \
+        "it wrote\n" % (tmp_path / "empty.pt")
+    (tmp_path / "reference.npz").write_bytes(b"PK\x03\x04 cut short")
+    assert main(["--out", str(tmp_path), "--model", "x=%s" % (tmp_path / "tiny.pt")]) == 1
+    assert capsys.readouterr().err == "export: %s is not a whole .npz archive (BadZipFile): git checkout it, or remove " \
+        "it to start one afresh\n" % (tmp_path / "reference.npz")
+    assert not (tmp_path / "x.spm").exists()
+
+
+def test_an_export_stopped_while_it_writes_the_reference_outputs_keeps_the_old_archive(tmp_path, monkeypatch):
+    """reference.npz was written in place by numpy: a Ctrl-C while it wrote left half an archive, which the next
+    export could not read."""
+    from specmesh.tools import export
+
+    _export_folder(tmp_path)
+    assert export.main(["--out", str(tmp_path), "--model", "x=%s" % (tmp_path / "tiny.pt")]) == 0
+    before = (tmp_path / "reference.npz").read_bytes()
+
+    def stopped(file, **arrays):  # numpy's writer, stopped half-way: given a name it opens it as numpy does
+        with contextlib.nullcontext(file) if hasattr(file, "write") else open(file, "wb") as f:
+            f.write(b"PK\x03\x04 half an archive")
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(export.np, "savez_compressed", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        export.main(["--out", str(tmp_path), "--model", "y=%s" % (tmp_path / "tiny.pt")])
+    assert (tmp_path / "reference.npz").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["heldout.txt", "reference.npz", "tiny.pt", "tokenizer.bin",
+                                                          "vocab.bin", "x.spm", "y.spm"]

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +31,12 @@ try:
 except ImportError as e:  # the `gpu` extra
     without_torch(e, __name__)
 
+from specmesh.host import atomic
 from specmesh.host.backends.modelio import write_model
 from specmesh.host.decode.tokenizer import Tokenizer, vocab_id
 from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header
-from specmesh.tools.llama2c_import import read_checkpoint
-from specmesh.tools.modeldefs import ModelArgs, Transformer, export_tensors, from_tensors
+from specmesh.tools.llama2c_import import ImportError_, read_checkpoint
+from specmesh.tools.modeldefs import CheckpointError, ModelArgs, Transformer, export_tensors, from_tensors, load_weights, read_pt
 from specmesh.tools.heldout import LOSS_STORIES, heldout_stories
 
 REF_PROMPTS = 3
@@ -57,11 +60,18 @@ def export_model(model: Transformer, path: Path, tokenizer_id: int) -> Header:
 def load_float(path: Path) -> Transformer:
     """The float model of a distillation checkpoint (.pt) or a llama2.c checkpoint (.bin)."""
     if path.suffix == ".pt":
-        ck = torch.load(path, map_location="cpu", weights_only=False)
-        m = Transformer(ModelArgs(**ck["config"]))
-        m.load_state_dict(ck["model"])
+        ck = read_pt(path)
+        try:
+            m = Transformer(ModelArgs(**ck["config"]))
+        except TypeError:  # a config of other names: no ModelArgs
+            raise CheckpointError("%s holds a config that is not a model's: give a .pt that tools/train.py wrote"
+                                  % path) from None
+        load_weights(m, ck["model"], str(path), "its own config", "give a .pt that tools/train.py wrote")
         return m.eval()
-    cfg, tensors = read_checkpoint(path.read_bytes())
+    try:
+        cfg, tensors = read_checkpoint(path.read_bytes())
+    except ImportError_ as e:  # its message names no file
+        raise CheckpointError("%s: %s" % (path, e)) from None
     return from_tensors(ModelArgs(dim=cfg["dim"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"],
                                   n_kv_heads=cfg["n_kv_heads"], hidden=cfg["hidden"], vocab=cfg["vocab"],
                                   max_seq=cfg["max_seq"], shared_cls=cfg["shared_cls"]), tensors)
@@ -107,6 +117,19 @@ def reference(name: str, m: Transformer, tok: Tokenizer, stories: list[str]) -> 
             name + ".float_loss": np.float64(float_loss(m, tok, [stories[i] for i in LOSS_STORIES]))}
 
 
+def reference_outputs(path: Path) -> dict[str, np.ndarray]:
+    """The reference outputs saved so far in `path` (none where it is absent); ValueError naming it for an archive that
+    is not one (cut short, another file), whose arrays the export would otherwise replace with only its own."""
+    if not path.exists():
+        return {}
+    try:
+        with np.load(path) as archive:
+            return dict(archive)
+    except (ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise ValueError("%s is not a whole .npz archive (%s): git checkout it, or remove it to start one afresh"
+                         % (path, type(e).__name__)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", required=True, metavar="NAME=CHECKPOINT")
@@ -122,17 +145,18 @@ def main(argv: list[str] | None = None) -> int:
             if not ck:
                 raise ValueError("--model wants NAME=CHECKPOINT, got %r" % spec)
             models[name] = load_float(Path(ck))
-    except (OSError, ValueError) as e:
+        ref_path = a.out / "reference.npz"
+        refs = reference_outputs(ref_path)
+    except (OSError, ValueError) as e:  # CheckpointError is a ValueError
         print("export: %s" % e, file=sys.stderr)
         return 1
-    ref_path = a.out / "reference.npz"
-    refs = dict(np.load(ref_path)) if ref_path.exists() else {}
     for name, m in models.items():
         path = a.out / (name + ".spm")
         export_model(m, path, tid)
         print("export: %s  %d params  %d bytes" % (path, m.n_params(), path.stat().st_size))
         refs = {k: v for k, v in refs.items() if not k.startswith(name + ".")} | reference(name, m, tok, stories)
-    np.savez_compressed(ref_path, **refs)
+    with atomic.replacing(ref_path) as f:  # a Ctrl-C while it is written keeps the old archive whole
+        np.savez_compressed(f, **refs)
     print("export: %s" % ref_path)
     return 0
 
