@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print("error: --json %s cannot be written: %s" % (args.json, problem), file=sys.stderr)
             return 2
+    problem = output_problem(Path(args.report) / "report.md")  # said before the sections' minutes, not after them
+    if problem:
+        print("error: --report %s cannot be written: %s" % (args.report, problem), file=sys.stderr)
+        return 2
     results: dict = {"machine": {"python": platform.python_version(), "platform": platform.platform(),
                                  "processor": platform.processor() or platform.machine()},
                      "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
