@@ -387,6 +387,20 @@ def test_ngram_cost_refuses_no_prompts_in_one_line(value, capsys):
     assert e.value.code == 2 and capsys.readouterr().err == "ngram_cost: --prompts must be at least 1, not %s\n" % value
 
 
+def test_ngram_cost_on_a_broken_table_is_one_line_before_any_stream(models, tmp_path):
+    """A table cut to nothing beside --model was shared/ngram.py's NgramError as a traceback, once the target's greedy
+    streams had been decoded; it is checked first, as a run checks it (host/backends load_ngram_table)."""
+    import sys
+
+    shutil.copy(models / DRAFTER_FILE, tmp_path / "d.spm")
+    (tmp_path / "d.ngt").write_bytes(b"")
+    done = subprocess.run([sys.executable, "-m", "specmesh.tools.ngram_cost", "--model", str(tmp_path / "d.spm")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == "ngram_cost: n-gram table %s: not a specmesh n-gram table (bad magic b''): rebuild it (python -m " \
+        "specmesh.tools.ngram) or delete it (the model then runs without one)\n" % (tmp_path / "d.ngt"), done.stderr
+
+
 @pytest.mark.parametrize("workers", ["0", "-2", "100000"])
 def test_the_builder_refuses_a_worker_count_out_of_range_in_one_line(workers, monkeypatch, capsys):
     """--workers 0 or below was taken as 1 unsaid; a huge count started that many processes, each with the models."""

@@ -11,7 +11,6 @@ NGRAM_LOOKUP_INSNS (the classic ESP32, Xtensa) and NGRAM_LOOKUP_INSNS_RV32 (the 
 from __future__ import annotations
 
 import argparse
-import io
 import shutil
 import subprocess
 import sys
@@ -106,7 +105,7 @@ def measure(board: str, table: Path, seqs: Sequence[tuple[int, list[int]]]) -> t
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from specmesh.shared import ngram
+    from specmesh.host.backends import load_ngram_table
 
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.ngram_cost", description=__doc__.split("\n\n")[0])
     ap.add_argument("--set", choices=PROMPT_SETS, default=PROMPT_SETS[0], help="held-out prompts (default: tuning)")
@@ -119,11 +118,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         ap.exit(2, "ngram_cost: %s\n" % e)
     if not a.model.is_file():
         ap.exit(1, "ngram_cost: no model file %s: give --model a drafter's .spm\n" % a.model)
-    table = ngram_table(a.model)
-    if table is None:
-        raise SystemExit("no n-gram table beside %s: build it with python -m specmesh.tools.ngram" % a.model)
+    table, host = ngram_table(a.model), load_ngram_table(a.model)  # a corrupt table: one line (run_tool), no streams
+    if table is None or host is None:
+        ap.exit(1, "ngram_cost: no n-gram table beside %s: build it with python -m specmesh.tools.ngram\n" % a.model)
     seqs = streams(a.set, a.prompts)
-    host = ngram.Table(io.BytesIO(table.read_bytes()))
     want = [host.get(seq, end) for start, seq in seqs for end in range(start, len(seq))]
     print("%s: %d lookups after %d %s prompts' greedy streams, %d held" % (
         table.name, len(want), len(seqs), a.set, sum(k >= 0 for k in want)))
