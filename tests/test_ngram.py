@@ -330,15 +330,18 @@ def test_a_run_copies_from_the_table_of_the_verifiers_model_whatever_its_folder(
 
 
 def test_the_builders_bad_inputs_are_one_line_before_any_continuation(models, tmp_path, monkeypatch, capsys):
-    """A missing text, a missing or truncated drafter, a table that cannot be written beside it: one line naming
-    it, status 1, before the minutes of continuations (which were spent first, then a traceback)."""
+    """A missing text or one not UTF-8 (the decoder's line named no file), a missing or truncated drafter, a table
+    that cannot be written beside it: one line naming it, status 1, before the minutes of continuations (which were
+    spent first, then a traceback)."""
     monkeypatch.setattr(builder, "build", lambda *a, **k: pytest.fail("built before checking its inputs"))
     text = tmp_path / "text.txt"
     text.write_text("Once upon a time.\n")
     (tmp_path / "short.spm").write_bytes((models / DRAFTER_FILE).read_bytes()[:-9])
     shutil.copy(models / DRAFTER_FILE, tmp_path / "d.spm")
     (tmp_path / "d.ngt").mkdir()
+    (tmp_path / "latin1.txt").write_bytes("Caf\xe9.\n".encode("latin-1"))
     for args, says in ((["--text", str(tmp_path / "none.txt")], "none.txt"),
+                       (["--text", str(tmp_path / "latin1.txt")], "--text %s is not UTF-8 text (byte 3)" % (tmp_path / "latin1.txt")),
                        (["--text", str(text), "--drafter", str(tmp_path / "none.spm")], "none.spm"),
                        (["--text", str(text), "--drafter", str(tmp_path / "short.spm")], "truncated"),
                        (["--text", str(text), "--drafter", str(tmp_path / "d.spm")], "it is a folder")):

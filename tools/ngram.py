@@ -236,7 +236,10 @@ def checked(text: Path, drafters: Sequence[Path | None]) -> list[Path]:
     checked (OSError, ValueError or ModelFileError saying which is wrong): before minutes of continuations."""
     from specmesh.host.backends.modelio import check_model_file
 
-    text.read_text("utf-8")
+    try:
+        text.read_text("utf-8")
+    except UnicodeDecodeError as e:  # the decoder's own message names no file
+        raise ValueError("--text %s is not UTF-8 text (byte %d)" % (text, e.start)) from None
     outs = []
     for d in drafters:
         model = d or MODELS / TARGET_FILE
