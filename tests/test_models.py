@@ -193,7 +193,8 @@ def test_int8_greedy_matches_float_greedy(ref, name):
 
 @pytest.mark.parametrize("name, cut, says", [("tokenizer.bin", 0, "not a llama2.c tokenizer.bin"),
                                              (TARGET_FILE, 1000, "is truncated"),
-                                             ("heldout.txt", 0, "holds 0 stories, the loss figures need 128")])
+                                             ("heldout.txt", 0, "holds 0 stories, the loss figures need 128"),
+                                             ("reference.npz", 100, "reference.npz is not a whole .npz archive")])
 def test_modelcard_on_a_corrupt_model_folder_is_one_line(tmp_path, capsys, name, cut, says):
     """tools/modelcard.py on a truncated tokenizer or model file: one line naming the file, status 1, no
     traceback and no figures file."""
@@ -225,6 +226,18 @@ def test_modelcard_json_that_cannot_be_written_is_one_line_before_measuring(tmp_
     assert modelcard.main(["--models", str(tmp_path / "none"), "--json", str(tmp_path / "file" / "x.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("modelcard: --json") and "is a file, not a folder" in err and err.count("\n") == 1
+
+
+def test_modelcard_variants_that_are_no_checkpoint_folders_are_one_line_before_measuring(tmp_path, capsys):
+    """A --variants folder without its summary.json or best.pt was an errno line once the shipped models were measured."""
+    pytest.importorskip("torch", reason="--variants exports with PyTorch: without it, they are refused for that")
+    from specmesh.tools import modelcard
+
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "summary.json").write_text("{}")
+    assert modelcard.main(["--variants", str(tmp_path / "ck"), "--json", str(tmp_path / "figures.json")]) == 1
+    assert capsys.readouterr().err == "modelcard: --variants: no %s: give checkpoint folders of tools/train.py\n" % (
+        tmp_path / "ck" / "best.pt")
 
 
 def test_modelcard_with_no_draft_tested_is_one_line(tmp_path, capsys):

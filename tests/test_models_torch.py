@@ -62,8 +62,8 @@ def test_export_refuses_a_file_that_is_no_checkpoint_and_a_broken_archive_in_one
         "it wrote\n" % (tmp_path / "empty.pt")
     (tmp_path / "reference.npz").write_bytes(b"PK\x03\x04 cut short")
     assert main(["--out", str(tmp_path), "--model", "x=%s" % (tmp_path / "tiny.pt")]) == 1
-    assert capsys.readouterr().err == "export: %s is not a whole .npz archive (BadZipFile): git checkout it, or remove " \
-        "it to start one afresh\n" % (tmp_path / "reference.npz")
+    assert capsys.readouterr().err == "export: %s is not a whole .npz archive (BadZipFile): restore it (git checkout " \
+        "models/reference.npz), or remove it and export the models again\n" % (tmp_path / "reference.npz")
     assert not (tmp_path / "x.spm").exists()
 
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import zipfile
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +36,7 @@ from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header
 from specmesh.tools.llama2c_import import ImportError_, read_checkpoint
 from specmesh.tools.modeldefs import CheckpointError, ModelArgs, Transformer, export_tensors, from_tensors, load_weights, read_pt
 from specmesh.tools.heldout import LOSS_STORIES, heldout_stories
+from specmesh.tools.reference import read_reference
 
 REF_PROMPTS = 3
 REF_LEN = 64  # teacher-forced positions with saved logits
@@ -117,19 +116,6 @@ def reference(name: str, m: Transformer, tok: Tokenizer, stories: list[str]) -> 
             name + ".float_loss": np.float64(float_loss(m, tok, [stories[i] for i in LOSS_STORIES]))}
 
 
-def reference_outputs(path: Path) -> dict[str, np.ndarray]:
-    """The reference outputs saved so far in `path` (none where it is absent); ValueError naming it for an archive that
-    is not one (cut short, another file), whose arrays the export would otherwise replace with only its own."""
-    if not path.exists():
-        return {}
-    try:
-        with np.load(path) as archive:
-            return dict(archive)
-    except (ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-        raise ValueError("%s is not a whole .npz archive (%s): git checkout it, or remove it to start one afresh"
-                         % (path, type(e).__name__)) from None
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", required=True, metavar="NAME=CHECKPOINT")
@@ -146,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("--model wants NAME=CHECKPOINT, got %r" % spec)
             models[name] = load_float(Path(ck))
         ref_path = a.out / "reference.npz"
-        refs = reference_outputs(ref_path)
+        refs = read_reference(ref_path) if ref_path.exists() else {}
     except (OSError, ValueError) as e:  # CheckpointError is a ValueError
         print("export: %s" % e, file=sys.stderr)
         return 1

@@ -37,6 +37,7 @@ from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.tokenizer import Tokenizer, TokenizerError
 from specmesh.host.layout import DRAFTER_FILE, HOST_DRAFTER_FILE, TARGET_FILE
+from specmesh.tools.reference import read_reference
 from specmesh.tools.heldout import (
     LOSS_STORIES, PROMPT_SETS, PROMPT_TOKENS, heldout_prompts, heldout_stories, prompt_set,
 )
@@ -113,7 +114,7 @@ def measure(a) -> dict:
     if len(stories) < LOSS_STORIES.stop:
         raise ValueError("%s holds %d stories, the loss figures need %d: restore it (git checkout models/heldout.txt)"
                          % (a.models / "heldout.txt", len(stories), LOSS_STORIES.stop))
-    ref = np.load(a.models / "reference.npz")
+    ref = read_reference(a.models / "reference.npz")
     loss_ids = [tok.encode(stories[i])[:512] for i in LOSS_STORIES]
     out: dict = {"models": {}}
     for name in ("drafter", "target", HOST_DRAFTER_FILE.removesuffix(".spm")):
@@ -156,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         from specmesh.host.backends.torch_backend import INSTALL_HINT
 
         print("modelcard: --variants: %s" % INSTALL_HINT, file=sys.stderr)
+        return 1
+    lacking = [ck / f for ck in a.variants for f in ("summary.json", "best.pt") if not (ck / f).is_file()]
+    if lacking:  # said before the minutes of measuring the shipped models, not after them
+        print("modelcard: --variants: no %s: give checkpoint folders of tools/train.py" % lacking[0], file=sys.stderr)
         return 1
     problem = output_problem(a.json)
     if problem:
