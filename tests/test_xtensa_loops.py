@@ -46,3 +46,19 @@ def test_a_missing_disassembler_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(xtensa_loops, "OBJDUMP", "no-such-objdump")
     assert xtensa_loops.main([]) == 2
     assert "apt-get install binutils-xtensa-lx106" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source, says", [
+    (b"\x80\x81", "is not Python source ('utf-8' codec can't decode byte 0x80"),
+    (b"def f(:\n", "is not Python source (invalid syntax"),
+    (b"import micropython\n@micropython.viper\ndef f(x: int) -> int:\n    return x.y\n", "mpy-cross cannot compile"),
+    (b"import micropython\n@micropython.viper\ndef matmul(x: int) -> int:\n    return x\n",
+     "the kernels' viper matmul has 0 innermost loops, not the firmware's 3"),
+])
+def test_a_kernels_file_that_is_not_the_firmwares_is_one_line(tmp_path, capsys, source, says):
+    """--kernels of a file that is not Python, that mpy-cross refuses, or whose matmul is not the firmware's was a
+    traceback (a UnicodeDecodeError, a SyntaxError, a CalledProcessError, a KeyError or an unpacking error)."""
+    (tmp_path / "k.py").write_bytes(source)
+    assert xtensa_loops.main(["--kernels", str(tmp_path / "k.py")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("xtensa_loops: ") and says in err and err.count("\n") == 1, err

