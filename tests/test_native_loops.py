@@ -66,3 +66,13 @@ def test_a_missing_disassembler_is_one_line(monkeypatch, capsys):
         native_loops.disassemble("rv32imc")
     assert native_loops.main([]) == 2
     assert "apt-get install some-package" in capsys.readouterr().err
+
+
+def test_an_object_the_disassembler_cannot_read_is_one_line(monkeypatch, tmp_path, capsys):
+    """A kernels.o cut short (a `make native` stopped mid-write) was objdump's CalledProcessError as a traceback."""
+    obj = tmp_path / "kernels.o"
+    obj.write_bytes(native_loops.object_path("rv32imc").read_bytes()[:2000])
+    monkeypatch.setattr(native_loops, "object_path", lambda arch: obj)
+    assert native_loops.main([]) == 2
+    assert capsys.readouterr().err == "native_loops: riscv64-unknown-elf-objdump cannot read %s (riscv64-unknown-elf-" \
+        "objdump: %s: file format not recognized): run `make native` again\n" % (obj, obj)

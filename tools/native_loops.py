@@ -66,7 +66,11 @@ def disassemble(arch: str, function: str = "k_matmul") -> list[tuple[int, str, s
     obj = object_path(arch)
     if not obj.is_file():
         raise ToolError("%s is missing: run `make native`" % obj.relative_to(ROOT))
-    text = subprocess.run([*cmd, str(obj)], check=True, capture_output=True, text=True).stdout
+    done = subprocess.run([*cmd, str(obj)], capture_output=True, text=True)
+    if done.returncode:  # an object cut short or overwritten: objdump's last line says what it met
+        raise ToolError("%s cannot read %s (%s): run `make native` again" % (
+            cmd[0], obj, (done.stderr.strip().splitlines() or ["exit status %d" % done.returncode])[-1]))
+    text = done.stdout
     code, inside = [], False
     for line in text.splitlines():
         head = re.match(r"^[0-9a-f]+ <(\S+)>:", line)
