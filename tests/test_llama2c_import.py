@@ -206,6 +206,20 @@ def test_a_checkpoint_too_large_for_a_model_file_is_one_line_and_writes_nothing(
     assert sorted(tmp_path.iterdir()) == before
 
 
+def test_a_tokenizer_too_large_for_the_vocab_table_says_so_and_writes_nothing(tmp_path, capsys):
+    """llama2's 32,000-token tokenizer.bin takes more than the boards' vocab table holds: the line said "vocab table
+    too large for u16 offsets", not whose limit it was or that the model cannot be imported with it."""
+    vocab = 7000
+    data, _w = write_ak42(weights(6, True, vocab), True, 1)
+    (tmp_path / "m.bin").write_bytes(data[:28] + struct.pack("<i", vocab) + data[32:])
+    write_tokenizer(tmp_path / "tok.bin", [b"<unk>", b"<s>", b"</s>"] + [b"piece%05d" % i for i in range(vocab - 3)])
+    before = sorted(tmp_path.iterdir())
+    rc = imp.main([str(tmp_path / "m.bin"), "--tokenizer", str(tmp_path / "tok.bin"), "--out", str(tmp_path / "o.spm")])
+    assert rc == 1 and capsys.readouterr().err == "llama2c_import: the 7000 tokens' pieces take 69970 bytes, a vocab " \
+        "table holds 65,535 (16-bit offsets, the boards' format): a vocabulary this large does not fit\n"
+    assert sorted(tmp_path.iterdir()) == before
+
+
 def test_an_imported_model_runs_with_a_prompt_via_specmesh_run(tmp_path):
     """Any llama2.c model with its tokenizer.bin, not only the shipped one: import, then `specmesh run`."""
     from specmesh.host import cli

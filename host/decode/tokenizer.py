@@ -36,7 +36,8 @@ def pack_vocab(pieces: list[bytes]) -> bytes:
         n += len(p)
         offs.append(n)
     if n > 0xFFFF:
-        raise TokenizerError("vocab table too large for u16 offsets (%d bytes)" % n)
+        raise TokenizerError("the %d tokens' pieces take %d bytes, a vocab table holds 65,535 (16-bit offsets, the "
+                             "boards' format): a vocabulary this large does not fit" % (len(pieces), n))
     return (VOCAB_MAGIC + struct.pack("<HH", VOCAB_VERSION, len(pieces))
             + struct.pack("<%dH" % len(offs), *offs) + b"".join(pieces))
 
