@@ -220,6 +220,24 @@ def test_a_tokenizer_too_large_for_the_vocab_table_says_so_and_writes_nothing(tm
     assert sorted(tmp_path.iterdir()) == before
 
 
+def test_an_output_named_as_an_input_is_refused_and_the_input_kept(tmp_path, capsys):
+    """--out naming the checkpoint, or --vocab-out the tokenizer.bin or the model file, replaced it (a typo cost the
+    source file, or left a model whose vocab table was written over it)."""
+    data = write_v0(weights(7, True), True)
+    (tmp_path / "ck.bin").write_bytes(data)
+    write_tokenizer(tmp_path / "tok.bin", [b"<unk>", b"<s>", b"</s>"] + [b"x%d" % i for i in range(VOCAB - 3)])
+    tokenizer = (tmp_path / "tok.bin").read_bytes()
+    ck, tok, out = (str(tmp_path / n) for n in ("ck.bin", "tok.bin", "o.spm"))
+    for args, says in ((["--out", ck], "--out %s is the checkpoint" % ck),
+                       (["--tokenizer", tok, "--out", out, "--vocab-out", tok], "--vocab-out %s is --tokenizer" % tok),
+                       (["--tokenizer", tok, "--out", out, "--vocab-out", out],
+                        "--vocab-out %s is --out" % out)):
+        assert imp.main([ck] + args) == 1
+        assert capsys.readouterr().err == "llama2c_import: %s: give it another name\n" % says
+    assert (tmp_path / "ck.bin").read_bytes() == data and (tmp_path / "tok.bin").read_bytes() == tokenizer
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.bin", "tok.bin"]
+
+
 def test_an_imported_model_runs_with_a_prompt_via_specmesh_run(tmp_path):
     """Any llama2.c model with its tokenizer.bin, not only the shipped one: import, then `specmesh run`."""
     from specmesh.host import cli

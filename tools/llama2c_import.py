@@ -166,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab-out", type=Path, help="vocab table (default: <out>.vocab.bin)")
     a = ap.parse_args(argv)
     outs = [a.out] + ([a.vocab_out or a.out.with_suffix(".vocab.bin")] if a.tokenizer else [])
+    reads = [("the checkpoint", a.checkpoint)] + ([("--tokenizer", a.tokenizer)] if a.tokenizer else [])
+    for i, (flag, out) in enumerate(zip(("--out", "--vocab-out"), outs)):  # a typo replacing an input, or the model
+        same = [name for name, p in reads + [("--out", a.out)][:i] if p.resolve() == out.resolve()]
+        if same:
+            print("llama2c_import: %s %s is %s: give it another name" % (flag, out, same[0]), file=sys.stderr)
+            return 1
     for out in outs:  # said of the path given, not of the temporary file beside it that the write would fail on
         problem = atomic.unwritable(out)
         if problem:
