@@ -52,3 +52,38 @@ def test_vectors_identical_on_both_runtimes(path, micropython, mpy_dir):
     assert cpython == expected
     assert mp_source == cpython
     assert mp_board == cpython
+
+
+def test_a_vector_file_written_when_stopped_keeps_its_old_content(tmp_path, monkeypatch):
+    """gen_vectors wrote each file in place: a Ctrl-C mid-write left half a JSON file, which every runtime's test then
+    failed on. Here the first file's writer is stopped half-way through its text."""
+    import io
+
+    from specmesh.tools import gen_vectors
+
+    for path in VECTORS:
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setattr(gen_vectors, "OUT", tmp_path)
+    real_open = io.open
+
+    class Stopped(io.StringIO):  # takes half of what is written to it, as a Ctrl-C mid-write would leave
+        def __init__(self, f):
+            super().__init__()
+            self.f = f
+
+        def write(self, text):
+            self.f.write(text[:len(text) // 2])
+            self.f.close()
+            raise KeyboardInterrupt
+
+    def stopping_open(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        return Stopped(f) if "w" in mode else f
+
+    monkeypatch.setattr(io, "open", stopping_open)
+    with pytest.raises(KeyboardInterrupt):
+        gen_vectors.main([])
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in VECTORS)
+    for path in VECTORS:
+        assert (tmp_path / path.name).read_bytes() == path.read_bytes(), path.name

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from specmesh.shared import codec, messages as m, prng, rule
 from specmesh.shared.rule import ONE, argmax, quantize, quantize_topk
+from specmesh.host import atomic
 from specmesh.tools import run_tool
 
 
@@ -450,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
             if not path.exists() or path.read_text() != text:
                 stale.append(path.name)
         else:
-            path.write_text(text)
+            atomic.write_text(path, text)  # a Ctrl-C while it is written keeps the old file whole
             print("wrote %s (%d cases)" % (path.relative_to(ROOT), text.count('{"name"')))
     if stale:
         print("stale vector files: %s (run python -m specmesh.tools.gen_vectors)" % ", ".join(stale))
