@@ -102,6 +102,23 @@ def test_the_trainer_refuses_a_flag_no_run_can_use_in_one_line_before_the_target
     assert not (tmp_path / "ck").exists()
 
 
+@pytest.mark.parametrize("flag", ["--heldout", "--openings"])
+def test_a_text_with_no_story_or_not_utf8_is_one_line_before_the_target_loads(tmp_path, capsys, flag):
+    """An empty --heldout was torch's reshape error once the target had continued no prompt; a text that is not UTF-8
+    was heldout.py's ValueError as a traceback; an empty --openings trained without openings, unsaid."""
+    from specmesh.tools.train import main
+
+    (tmp_path / "empty.txt").write_text("\n\n")
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
+    assert main(["--shape", "d40l2kv1", "--out", str(tmp_path / "ck"), flag, str(tmp_path / "empty.txt")]) == 1
+    assert capsys.readouterr().err == "train: %s %s holds no story (paragraphs separated by blank lines)\n" % (
+        flag, tmp_path / "empty.txt")
+    assert main(["--shape", "d40l2kv1", "--out", str(tmp_path / "ck"), flag, str(tmp_path / "latin1.txt")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("train: %s is not UTF-8 text (byte 3)" % (tmp_path / "latin1.txt")) and err.count("\n") == 1
+    assert not (tmp_path / "ck").exists()
+
+
 SMALL_RUN = ["--steps", "1", "--val-stories", "1", "--val-new", "2", "--pool", "2", "--batch", "1", "--seq", "8"]
 
 

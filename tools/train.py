@@ -319,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     except RangeError as e:
         print("train: %s" % e, file=sys.stderr)
         return 2
+    except ValueError as e:  # a text that is not UTF-8 or holds no story
+        print("train: %s" % e, file=sys.stderr)
+        return 1
     try:
         print(json.dumps(train(a)))
     except CheckpointError as e:
@@ -329,8 +332,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def checked(a: argparse.Namespace) -> None:
     """RangeError for a flag no run can use (a zero batch, pool, refresh or eval period; a --seq past the shape's
-    context; a layer the target lacks): said before the target loads, not as torch's error or a division by zero
-    once it has."""
+    context; a layer the target lacks), ValueError for a --heldout or --openings text that is not UTF-8 or holds no
+    story: said before the target loads, not as torch's error or a division by zero once it has."""
     cfg = DRAFTERS[a.shape]
     for flag, value, lo, hi in (("--batch", a.batch, 1, None), ("--pool", a.pool, 1, None),
                                 ("--refresh", a.refresh, 1, None), ("--eval-every", a.eval_every, 1, None),
@@ -342,6 +345,9 @@ def checked(a: argparse.Namespace) -> None:
         in_range(flag, value, lo, hi)
     for t in a.temps:
         in_range("--temps", t, 0)
+    for flag, text in (("--heldout", a.heldout), ("--openings", a.openings)):
+        if text is not None and not heldout_stories(text):
+            raise ValueError("%s %s holds no story (paragraphs separated by blank lines)" % (flag, text))
     if a.init_layers:
         h = check_model_file(a.teacher)[0]
         for i in a.init_layers:
