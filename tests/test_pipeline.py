@@ -118,7 +118,9 @@ def test_a_stage_that_stops_answering_ends_the_run_naming_it(mesh, prompt):
 @pytest.mark.parametrize("extra, message", [
     (["--stages", "2", "--verifier", "cpu"], r"serial: drop --verifier \(or name their class: [^)]*\)$"),
     (["--stages", "2", "--transport", "espnow"], "serial: drop --transport$"),
-    (["--verifier", "pipeline"], "--verifier pipeline is the pipeline --stages N starts: give --stages N")])
+    (["--verifier", "pipeline"], "--verifier pipeline is the pipeline --stages N starts: give --stages N"),
+    (["--stages", "5", "--verifier", "virtual:nosuch"], "--verifier virtual:nosuch: not a serial port nor one of .*"
+     "virtual:esp32s3$")])
 def test_stage_flags_are_checked(extra, message):
     import argparse
 

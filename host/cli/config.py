@@ -267,6 +267,12 @@ def _check_ranges(a: argparse.Namespace) -> None:
                                    ("--transport", a.transport != "serial")) if wrong]
         raise UsageError("--stages N starts its own virtual stage boards on --transport serial: drop %s"
                          % " and ".join(drop))
+    if a.stages > 0 and virtual:  # the stages' class, looked up before their heap is (`virtual:nosuch`: a KeyError)
+        from specmesh.host.cli.preflight import unknown_backend
+
+        problem = unknown_backend("verifier", a.verifier)
+        if problem:
+            raise UsageError(problem)
     if (a.radio_loss or a.radio_dup) and a.transport != "espnow":
         raise UsageError("--radio-loss and --radio-dup act on the virtual radio: add --transport espnow")
     for flag, given in (("--calibration", a.calibration), ("--drafter-calibration", a.drafter_calibration)):
