@@ -7,6 +7,10 @@ with one line naming it. The single verifier is the host's numpy engine, bit-ide
 (docs/CONTRACTS.md section 4).
 """
 
+import os
+import signal
+import time
+
 import pytest
 
 from specmesh.host.backends import BackendError, LocalVerifier, SessionParams
@@ -97,6 +101,31 @@ def test_seeded_sampling_equals_the_single_verifier(mesh, prompt, seed):
     got = generate(prompt, pipe, drafter, params, N, GammaController(fixed=3))
     assert got.tokens == single(prompt, params, drafter, 3)
     assert 0 < got.accepted < got.drafted  # drafts both accepted and rejected: the rule ran on the stage
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_stage_that_reboots_is_begun_again_and_the_text_is_unchanged(mesh, prompt, temperature):
+    """docs/faults.md: a board that reboots mid-session is begun again, nothing lost. A stage's cache went with
+    its session, so the round is sent again from the first position, and the text is the single verifier's."""
+    c, pipe, drafter = mesh
+    vb, stage = c.boards["stage2"], pipe.stages[2]
+    rounds, resyncs = [], stage.resyncs
+
+    class Reboot(Observer):
+        def shown(self, accepted, emitted):
+            rounds.append(accepted)
+            if len(rounds) == 3:  # as a board resets: the virtual board boots its VM again on the same pty
+                old = vb.pid
+                os.kill(old, signal.SIGKILL)
+                end = time.monotonic() + 30
+                while vb.pid in (None, old) and time.monotonic() < end:
+                    time.sleep(0.05)
+                time.sleep(1.0)  # main.py starts the node
+
+    params = SessionParams(seed=5, temperature=temperature, eos=1)
+    got = generate(prompt, pipe, drafter, params, N, GammaController(fixed=3), Reboot())
+    assert len(rounds) > 3 and stage.resyncs == resyncs + 1
+    assert got.tokens == single(prompt, params, drafter, 3)
 
 
 def test_a_stage_that_stops_answering_ends_the_run_naming_it(mesh, prompt):

@@ -16,7 +16,9 @@ the first stage computes it while the drafter drafts, and the next round takes i
 
 The stages' caches follow positions: a STAGE request at position p rolls a stage back to p first, so
 the host only tracks which tokens the stages hold (`fed`), and a rejected draft is overwritten by the
-next round. A stage that stops answering ends the run with one line naming it.
+next round. A stage that restarts (a reboot, a power glitch) lost its cache with its session: it is begun
+again and the round runs again from the first position, every stage fed anew (docs/faults.md). A stage that
+stops answering, or restarts again in that round, ends the run with one line naming it.
 
 The trace (`trace`): per round, positions each stage computed and STAGE messages and bytes per link;
 host/projection/pipeline.py replays it on real boards and links.
@@ -24,6 +26,7 @@ host/projection/pipeline.py replays it on real boards and links.
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import time
 from collections.abc import Sequence
@@ -57,6 +60,14 @@ class BoardStage(BoardBackend):
         if self.classifier:
             out["classifier"] = self.classifier
         return out
+
+
+class StageRestarted(BackendError):
+    """Stage `index` restarted and lost its session, and with it the positions it held."""
+
+    def __init__(self, line: str, index: int):
+        super().__init__(line)
+        self.index = index
 
 
 @dataclass
@@ -120,7 +131,13 @@ class PipelineVerifier:
         feed = list(committed[start:]) + list(draft.tokens)
         entries = [(t, q[0], q[1]) for t, q in zip(draft.tokens, draft.q)]
         first_judged = len(committed) - 1 - start  # index in `feed` of the last committed token
-        results = self._wavefront(start, feed, first_judged, entries)
+        try:
+            results = self._wavefront(start, feed, first_judged, entries)
+        except StageRestarted as e:  # its cache is gone: begin it again, and feed every stage from position 0
+            lost = self.stages[e.index]
+            self._guard(lost, lost._resync)
+            start, feed, first_judged = 0, list(committed) + list(draft.tokens), len(committed) - 1
+            results = self._wavefront(start, feed, first_judged, entries)  # restarted again: the run ends
         self.fed = list(committed[:start]) + feed[:first_judged + len(results)]
         n_acc, token = self._verdict(results, draft.tokens)
         if token >= 0 and len(committed) + n_acc < self.max_seq and len(self.stages) > 1:
@@ -147,7 +164,10 @@ class PipelineVerifier:
         early, self._early = self._early, None
         if early is not None:
             k = early.stop()
-            self._guard(self.stages[k], early.result)
+            try:
+                self._guard(self.stages[k], early.result)
+            except StageRestarted:
+                return  # it computed nothing that counts; its next request re-synchronises it (or a BEGIN does)
             tr = self.trace[-1]
             for s in range(k + 1):
                 tr.computed[s] += 1
@@ -213,7 +233,12 @@ class PipelineVerifier:
             call, j = inflight[s]
             inflight[s] = None
             stage = self.stages[s]
-            pos, n, flags, data = m.unpack_stage_reply(self._guard(stage, lambda: stage._result(call)).payload)
+            try:
+                reply = self._guard(stage, lambda: stage._result(call))
+            except StageRestarted:
+                self._drain(inflight)  # the other stages' replies collected: the round is sent again
+                raise
+            pos, n, flags, data = m.unpack_stage_reply(reply.payload)
             if pos != start + j or n != 1:
                 raise BackendError("%s answered STAGE for position %d, asked %d" % (self._who(s), pos, start + j))
             if s < last and bool(flags & m.STAGE_PACKED) != self.packed:
@@ -247,6 +272,14 @@ class PipelineVerifier:
                 return oldest
             call.waiter.event.wait(POLL_S)
 
+    def _drain(self, inflight: list) -> None:
+        """Wait for the replies of the requests still in flight (their stages may have failed too: the round is
+        sent again, or the run ends, on what the first failure says)."""
+        for s, entry in enumerate(inflight):
+            if entry is not None:
+                with contextlib.suppress(BackendError, ProxyError, Restarted):
+                    self.stages[s]._result(entry[0])
+
     def _who(self, s: int) -> str:
         a, b = self.layers[s]
         return "stage %d of %d (layers %d:%d, %s)" % (s + 1, len(self.stages), a, b, self.stages[s].name)
@@ -259,7 +292,8 @@ class PipelineVerifier:
             s = self.stages.index(stage)
             raise BackendError("%s stopped answering: %s" % (self._who(s), str(e).split(": ", 1)[-1])) from None
         except Restarted:
-            raise BackendError("%s restarted and lost the session" % self._who(self.stages.index(stage))) from None
+            s = self.stages.index(stage)
+            raise StageRestarted("%s restarted and lost the session" % self._who(s), s) from None
 
     def trace_summary(self) -> dict:
         """The event trace for the stats JSON: per stage and link totals, and each round (an early position
