@@ -112,3 +112,20 @@ def test_bench_piped_to_a_reader_that_leaves_ends_quietly(tmp_path):
     proc.stdout.close()
     err = proc.stderr.read()
     assert (proc.wait(timeout=120), err) == (141, b"")
+
+
+@pytest.mark.parametrize("flags, said", [(["--json", ""], "--json '' cannot be written: an empty name"),
+                                         (["--report", "{file}"], "--report {file} cannot be written: {file} is a "
+                                                                  "file, not a folder"),
+                                         (["--report", "{file}/r"], "is a file, not a folder")])
+def test_a_bad_output_is_one_line_before_the_sections(tmp_path, capsys, flags, said):
+    """`--json ''` wrote nothing, silently; a --report under or at a file failed only after the sections ran (with
+    matplotlib installed): both are refused before any section, as a bad --json path is."""
+    from specmesh.tools.bench.__main__ import main
+
+    file = tmp_path / "file"
+    file.write_text("")
+    argv = ["codec", *(f.format(file=file) for f in flags)] + ([] if "--report" in flags else ["--report", str(tmp_path)])
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    assert "== codec ==" not in out.out and out.err.count("\n") == 1 and said.format(file=file) in out.err

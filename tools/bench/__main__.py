@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import platform
 import sys
 import time
@@ -15,6 +16,14 @@ from specmesh.host import atomic
 from specmesh.host.cli.streams import StdoutLost
 from specmesh.tools.bench import sections
 from specmesh.tools.bench._report import noise_lines
+
+
+def report_problem(folder: Path) -> str | None:
+    """Why the plots and report.md cannot go into `folder` (made when they are written), or None."""
+    above = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+    if not above.is_dir():
+        return "%s is a file, not a folder" % above
+    return None if os.access(above, os.W_OK | os.X_OK) else "no permission to write in %s" % above
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,10 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         print("error: unknown benchmark section %s (available: %s)" % (", ".join(unknown), ", ".join(names)),
               file=sys.stderr)
         return 2
-    if args.json:
-        problem = output_problem(args.json)
+    # the outputs checked before the sections' minutes of work: `--json ''` is no file, --report a folder
+    for flag, problem in (("--json", args.json is not None and output_problem(args.json)),
+                          ("--report", report_problem(Path(args.report)))):
         if problem:
-            print("error: --json %s cannot be written: %s" % (args.json, problem), file=sys.stderr)
+            print("error: %s %s cannot be written: %s" % (flag, getattr(args, flag[2:]) or "''", problem),
+                  file=sys.stderr)
             return 2
     problem = output_problem(Path(args.report) / "report.md")  # said before the sections' minutes, not after them
     if problem:
@@ -57,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print("(%s: %.1f s)\n" % (name, time.perf_counter() - t0), flush=True)
     for line in noise_lines(results):
         print(line)
-    if args.json:
+    if args.json is not None:
         try:  # the Unix way: a device or a FIFO is written to, never replaced by a file
             atomic.write_output(args.json, json.dumps(results, indent=2) + "\n")
             print("figures written to %s" % args.json)
