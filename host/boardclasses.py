@@ -215,6 +215,11 @@ def kv_bytes(h: Header, n_ctx: int, layers: int | None = None) -> int:
 STAGE_CTX = 128  # a stage's context on a board without PSRAM (`specmesh flash` writes it)
 
 
+def stage_context(h: Header, cls: BoardClass) -> int:
+    """The context a stage board of class `cls` keeps of model `h`: the model's in PSRAM, else STAGE_CTX at most."""
+    return h.max_seq if cls.psram_bytes else min(h.max_seq, STAGE_CTX)
+
+
 def classifier_bytes(h: Header) -> int:
     """The classifier's int8 rows and their row scales (the embedding, when the model shares it)."""
     return h.vocab * h.dim + 4 * h.vocab
@@ -227,8 +232,7 @@ def stage_keeps_classifier(h: Header, cls: BoardClass, layers: tuple[int, int]) 
     and the classifier leave the node's reserve free. firmware/stage_engine.py decides the same from
     gc.mem_free() at load, and says which in HELLO (CAP_CLS_HELD)."""
     a, b = layers
-    n_ctx = h.max_seq if cls.psram_bytes else min(h.max_seq, STAGE_CTX)
-    need = (stage_bytes(h, a, b) + kv_bytes(h, n_ctx, b - a) + ENGINE_BUFFERS + 16 * h.vocab
+    need = (stage_bytes(h, a, b) + kv_bytes(h, stage_context(h, cls), b - a) + ENGINE_BUFFERS + 16 * h.vocab
             + board.STAGE_RESERVE + classifier_bytes(h))
     return b == h.n_layers and need <= cls.heap_bytes
 

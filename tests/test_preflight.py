@@ -356,6 +356,15 @@ def test_stages_that_do_not_fit_the_class_heap_are_refused_before_any_board(caps
                         "virtual:esp32s3\n")
 
 
+def test_a_prompt_past_a_stage_boards_context_is_refused_before_any_board(capsys, no_board_starts):
+    """A classic ESP32 stage keeps 128 positions of the target's 512: a prompt of 128 or more was refused only after
+    every board had booted ("the prompt has 184 tokens but the context holds 128", no fix); now before, with it."""
+    prompt = "Once upon a time, there was a little girl. " * 14
+    err = one_line_status_2(capsys, ["run", "--stages", "5", "--drafter", "cpu", "--prompt", prompt], within=3.0)
+    assert err.endswith("but an esp32 stage board's context holds 128: shorten the prompt from --prompt, or stage "
+                        "boards with PSRAM: --verifier virtual:esp32s3\n")
+
+
 @pytest.mark.parametrize("cls", ["esp32c3", "esp32c6"])
 @pytest.mark.parametrize("stages", [2, 3, 4])
 def test_stages_that_do_not_fit_a_c3s_heap_are_refused_before_any_board(capsys, no_board_starts, cls, stages):

@@ -455,6 +455,8 @@ def preflight(config: RunConfig, tok) -> tuple[dict, dict]:
         in_range("--stages", config.stages, 0, n_layers, "0: one verifier; at most the target's %d layers" % n_layers)
         if config.stages:
             plan_stages(headers["verifier"], config.stages, stage_class(config))
+            check_stage_context(len(tok.encode(config.prompt)), headers["verifier"], stage_class(config),
+                                config.prompt_from)
         return headers, check_backends(names, config.transport, config.key)
     except (PreflightError, RangeError) as e:
         raise UsageError(str(e)) from None
@@ -490,6 +492,19 @@ def plan_stages(target, n: int, cls_name: str) -> None:
     raise PreflightError("--stages %d: stage %d (layers %d:%d) needs %d KiB of heap, an %s board has %d KiB: %s"
                          % (n, i, a, b, stage_heap_need(target, cls, (a, b)) // 1024, cls.name, cls.heap_bytes // 1024,
                             fix))
+
+
+def check_stage_context(prompt_tokens: int, target, cls_name: str, source: str) -> None:
+    """The prompt must leave room for a generated token in the context of a `cls_name` stage board too, which is
+    shorter than the target's without PSRAM (STAGE_CTX): PreflightError before any board boots (it was found
+    after booting them all, in a line without the fix)."""
+    from specmesh.host.boardclasses import BOARD_CLASSES, stage_context
+
+    ctx = stage_context(target, BOARD_CLASSES[cls_name])
+    if prompt_tokens >= ctx:
+        raise PreflightError("the prompt is %d tokens but an %s stage board's context holds %d: shorten the prompt "
+                             "from %s, or stage boards with PSRAM: --verifier virtual:esp32s3"
+                             % (prompt_tokens, cls_name, ctx, source))
 
 
 def running_model(backend) -> str:
