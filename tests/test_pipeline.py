@@ -144,6 +144,22 @@ def test_a_stage_that_stops_answering_ends_the_run_naming_it(mesh, prompt):
     assert "\n" not in line and line.startswith("stage 3 of 5 (layers 2:3, virtual:stage2(esp32)) stopped answering")
 
 
+def test_a_board_folder_in_use_is_refused_before_any_stage_boots(tmp_path):
+    """The drafter board's folder held by another run: the pipeline's boards boot side by side, and the stages
+    booted and flashed (up to 80 s) before the drafter's lock was tried; now every folder is held first."""
+    from specmesh.host.emulator.board import hold_folder
+
+    other = hold_folder(tmp_path / "drafter")  # as another specmesh run on the same folders
+    try:
+        with Cluster("serial", MODELS, tmp_path) as c:
+            with pytest.raises(BackendError, match="folder .*drafter is in use by another specmesh run"):
+                c.pipeline(5, beside=("drafter",))
+            assert c.boards == {}  # no stage board started
+        assert not list(tmp_path.glob("stage*/*"))
+    finally:
+        os.close(other)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--stages", "2", "--verifier", "cpu"], r"serial: drop --verifier \(or name their class: [^)]*\)$"),
     (["--stages", "2", "--transport", "espnow"], "serial: drop --transport$"),

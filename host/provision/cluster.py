@@ -242,6 +242,7 @@ class Cluster(contextlib.ExitStack):
         self.boards: dict = {}
         self._bus: Bus | None = None
         self._mutex = threading.Lock()  # boards started side by side (pipeline) add to the stack and `boards`
+        self._held: set[Path] = set()  # the flash folders this cluster holds (_lock)
 
     def model(self, kind: str, board: str | None = None) -> Path:
         """The model file a board of role `kind` (and class `board`) is flashed with: the one named in
@@ -268,11 +269,8 @@ class Cluster(contextlib.ExitStack):
         from specmesh.host.provision.flash import DoesNotFit, FlashError, FlashRequestError, NoRepl, flash, summary
 
         model = self.model(kind, board or ROLE_CLASS[kind])
-        name = kind if stage is None else "stage%d" % stage[0]
-        if board is not None:
-            name += "-" + board  # its own flash folder: a named class runs on QEMU, the role's default on the unix port
+        name, folder = self._folder(kind, board, stage, radio)
         node_id = NODE_ID[kind] + (0 if stage is None else stage[0])
-        folder = self.root / (name if radio is None else name + "-espnow")
         cfg_path = folder / "specmesh.json"
         cfg = self._prepare(kind, cfg_path, config)
         # a class named on serial runs its own machine code (QEMU); the radio's boards are unix-port ones
@@ -326,6 +324,14 @@ class Cluster(contextlib.ExitStack):
             self.boards[name] = vb
         return vb
 
+    def _folder(self, kind: str, board: str | None = None, stage: tuple[int, int, int] | None = None,
+                radio=None) -> tuple[str, Path]:
+        """The name and flash folder of the board start() starts for these arguments."""
+        name = kind if stage is None else "stage%d" % stage[0]
+        if board is not None:
+            name += "-" + board  # its own flash folder: a named class runs on QEMU, the role's default on the unix port
+        return name, self.root / (name if radio is None else name + "-espnow")
+
     def _prepare(self, kind: str, cfg_path: Path, config: dict | None) -> dict:
         """The folder of `cfg_path` (a board's flash) made, held and given the board config `config` adds to its last
         one (`cfg_path`), which it returns; one the host cannot write is said as such, with the way round it
@@ -353,6 +359,9 @@ class Cluster(contextlib.ExitStack):
         /models/target.spm.part)."""
         from specmesh.host.emulator.board import FolderInUse, hold_folder
 
+        with self._mutex:
+            if folder in self._held:  # held before its board started (pipeline)
+                return
         try:
             fd = hold_folder(folder)
         except FolderInUse as e:
@@ -360,6 +369,7 @@ class Cluster(contextlib.ExitStack):
                                "give this one its own folder (SPECMESH_VBOARDS=DIR)"
                                % (folder, " (pid %d)" % e.holder if e.holder is not None else "")) from None
         with self._mutex:
+            self._held.add(folder)
             self.callback(os.close, fd)
 
     def _start_espnow(self) -> Bus:
@@ -389,6 +399,13 @@ class Cluster(contextlib.ExitStack):
             raise BackendError("--stages runs on --transport serial (the host relays between stages)")
         n_layers = check_model_file(self.model("stage"))[0].n_layers
         layers = split_layers(n_layers, n)
+        # every folder held before any board boots: one in use by another run is refused at once (it was found after
+        # the other boards had booted and flashed, up to 80 s); a folder that cannot be made: start() says why
+        with contextlib.suppress(OSError):
+            self.root.mkdir(parents=True, exist_ok=True)
+            for folder in [self._folder("stage", board, (i, a, b))[1] for i, (a, b) in enumerate(layers)] + \
+                    [self._folder(kind)[1] for kind in beside]:
+                self._lock(folder)
         # the boards boot and flash at once (mpremote waits on each board's pty, not on the host's cores): a first
         # 5-stage run took 76 s one board after another
         boards = _side_by_side([lambda i=i, a=a, b=b: self.start("stage", stage=(i, a, b), board=board, progress=False)
