@@ -68,18 +68,6 @@ def test_bench_json_is_written_the_unix_way_and_a_bad_path_is_one_line_before_th
     assert stat.S_ISFIFO(fifo.stat().st_mode)
 
 
-def test_a_report_folder_that_cannot_be_made_is_one_line_before_the_sections(tmp_path, capsys):
-    """--report under a file (or a folder that takes no files) was an errno line once every section had run."""
-    from specmesh.tools.bench.__main__ import main
-
-    (tmp_path / "file").write_text("")
-    assert main(["codec", "--report", str(tmp_path / "file" / "r")]) == 2
-    out = capsys.readouterr()
-    assert "== codec ==" not in out.out
-    assert out.err == "error: --report %s cannot be written: %s is a file, not a folder\n" % (
-        tmp_path / "file" / "r", tmp_path / "file")
-
-
 def test_the_codec_sections_workload_runs_its_signed_frames_in_a_session():
     """The codec section's signed VERDICT round trip needs node 2's session at both ends (signing v2): without one
     the whole section failed with BadAuth: no session."""
