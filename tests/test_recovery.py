@@ -1,12 +1,16 @@
 """The recovery paths the docs promise, each walked: a planted truncated module on a virtual board's flash
 (docs/emulator.md: started afresh, with a line saying so), a board left at the REPL (a soft reset brings the
-node back), two runs on one flash folder (a lock: the second is told, nothing collides)."""
+node back), two runs on one flash folder (a lock: the second is told, nothing collides), a flash stopped midway
+(one line saying what to do, and the same command completes it)."""
+
+import signal
 
 import pytest
 
 from specmesh.host.emulator import board as board_mod
 from specmesh.host.layout import DRAFTER_FILE
 from specmesh.host.provision.cluster import Cluster
+from specmesh.host.stops import Stopped
 
 
 def test_a_truncated_module_on_a_virtual_boards_flash_is_healed_with_a_line(models, tmp_path, monkeypatch):
@@ -336,3 +340,34 @@ def test_a_drafter_board_lost_mid_run_leaves_plain_decoding_and_one_table_line_f
     assert "error" in drafter
     table = format_table(got.stats)
     assert "stats unavailable: %s" % drafter["error"][:20] in table
+
+
+@pytest.mark.parametrize("stop, status, says", [(KeyboardInterrupt(), 130, "interrupted"),
+                                                (Stopped(signal.SIGTERM), 143, "stopped by SIGTERM")])
+def test_a_stopped_flash_says_the_board_may_be_half_flashed_and_the_same_command_completes_it(
+        virtual_board, models, monkeypatch, capsys, stop, status, says):
+    """Ctrl-C (or `kill`) while `specmesh flash` writes the node's modules: one line that says what the board may be
+    left as and what to do (it said only "specmesh flash: interrupted"); the same command then completes the flash."""
+    import json
+
+    from specmesh.host import cli
+    from specmesh.host.provision import flash as flash_mod
+
+    vb = virtual_board()
+    argv = ["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]
+    send = flash_mod._send
+
+    def stopped(transport, dest, *args):
+        if dest == "/shared/rule.mpy":
+            raise stop
+        send(transport, dest, *args)
+
+    monkeypatch.setattr(flash_mod, "_send", stopped)
+    assert cli.main(argv) == status
+    err = capsys.readouterr().err
+    assert err == ("specmesh flash: %s: the board on %s may be left half-flashed: run the same `specmesh flash` again "
+                   "to complete it\n" % (says, vb.port)), err
+    monkeypatch.setattr(flash_mod, "_send", send)
+    assert cli.main(argv) == 0
+    assert "left half-flashed (an interrupted flash as drafter): now complete" in capsys.readouterr().out
+    assert "flashing" not in json.loads((vb.flash_dir / "specmesh.json").read_text())

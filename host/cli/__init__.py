@@ -66,8 +66,11 @@ def _flash(args) -> int:
         port = resolve_port(args.port)
         t0 = time.monotonic()
         layers = parse_layers(args.layers) if args.layers is not None else None
-        report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset, key=key,
-                       clear_key=args.no_key, layers=layers, use_romfs=not args.no_romfs)
+        try:
+            report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset, key=key,
+                           clear_key=args.no_key, layers=layers, use_romfs=not args.no_romfs)
+        except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP (stops.Stopped) at any instant of the flash
+            return _interrupted(e, port)
     except (FlashError, PortError, KeyFileError, ValueError) as e:
         return _failed("flash", e)
     b = report.board
@@ -76,6 +79,17 @@ def _flash(args) -> int:
     if report.note:
         print(report.note)
     return 0
+
+
+def _interrupted(e: KeyboardInterrupt, port: str) -> int:
+    """The one line and exit status of a flash stopped by `e` (Ctrl-C; stops.Stopped: SIGTERM, SIGHUP): the board may
+    hold part of the flash (it then starts no node, and `specmesh run` says so), which the same command completes."""
+    from specmesh.host.stops import Stopped, say_stopped
+
+    what = str(e) if isinstance(e, Stopped) else "interrupted"
+    say_stopped("specmesh flash", "%s: the board on %s may be left half-flashed: run the same `specmesh flash` again "
+                "to complete it" % (what, port))
+    return getattr(e, "status", 130)
 
 
 def _failed(command: str, e: Exception) -> int:
