@@ -1,6 +1,6 @@
 """A `specmesh emulate` board that goes away in the middle of a flash or a bench: one line that names the emulate
 (not a real board's reset button or cable), no traceback (mpremote's close() raised EIO on the dead pty); a lost
-port's reason in a few words, in those lines as in a run's link."""
+port's reason in a few words, in those lines as in a run's link; a board reset mid-flash: the one line alone."""
 
 import errno
 import os
@@ -127,3 +127,35 @@ def test_a_link_whose_port_closes_says_so_in_a_few_words():
         assert str(e.value) == "%s: write failed: Input/output error" % port
     finally:
         link.close()
+
+
+def test_a_board_reset_mid_flash_is_one_line_and_the_same_flash_completes_it(virtual_board, models, monkeypatch,
+                                                                              capsys):
+    """A board reset while a flash writes a file (its reset button; here its VM killed, which the supervisor boots
+    again as a board comes back): the next command finds the friendly REPL, and mpremote printed the bytes it got
+    (b'...paste mode; Ctrl-C to cancel...') on stdout above the flash's one line. Now the one line alone, and the
+    same flash completes the board."""
+    from specmesh.host import cli
+    from specmesh.host.layout import DRAFTER_FILE
+
+    vb = virtual_board()
+    argv = ["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]
+    write = flash_module._write
+
+    def reset_then_write(transport, dest, *args):
+        if dest == "/node.mpy.part":
+            pid = vb.pid
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while vb.pid in (pid, None) and time.monotonic() < deadline:
+                time.sleep(0.05)  # the board's VM started again
+        return write(transport, dest, *args)
+
+    monkeypatch.setattr(flash_module, "_write", reset_then_write)
+    assert cli.main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert "lost the board while writing /node.mpy.part" in err and "run specmesh flash again" in err, err
+    monkeypatch.setattr(flash_module, "_write", write)
+    assert cli.main(argv) == 0
+    assert "left half-flashed (an interrupted flash as drafter): now complete" in capsys.readouterr().out

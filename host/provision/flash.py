@@ -37,7 +37,6 @@ import base64
 import contextlib
 import errno
 import hashlib
-import io
 import json
 import re
 import struct
@@ -257,9 +256,15 @@ PROBE = romfs.PROBE + (
 def open_board(port: str, timeout: float = 5.0, virtual: bool = False, key: bytes | None = None):  # -> mpremote SerialTransport
     """Open `port`, interrupt whatever runs, soft-reset into the raw REPL. One-line errors; `virtual`: the port is
     a specmesh emulate's board (ports.emulated), which the advice fits; `key`: the flash's deployment key."""
+    from mpremote import transport_serial
     from mpremote.transport import TransportError
     from mpremote.transport_serial import SerialTransport
 
+    # mpremote prints the raw bytes it got before it raises "could not enter raw repl" (at the open, and mid-flash
+    # when the board was reset): its module's print made silent, so the user sees the one line the raise becomes
+    # (a board reset mid-flash printed b'...paste mode; Ctrl-C to cancel...' above it). Not redirect_stdout: boards
+    # are flashed side by side on threads, whose redirects would interleave and could leave sys.stdout redirected.
+    setattr(transport_serial, "print", _silent)
     if not ports.exists(port):
         raise FlashRequestError(ports.missing(port))
     try:  # mpremote's error says only that the open failed: any is tried again, as a refused lock is
@@ -271,8 +276,7 @@ def open_board(port: str, timeout: float = 5.0, virtual: bool = False, key: byte
     # second (a virtual board on a busy host) is not one that takes no Ctrl-C, and the message says which
     for soft_reset in (False, True):
         try:
-            with contextlib.redirect_stdout(io.StringIO()):  # mpremote prints raw bytes on failure
-                transport.enter_raw_repl(soft_reset=soft_reset, timeout_overall=timeout)
+            transport.enter_raw_repl(soft_reset=soft_reset, timeout_overall=timeout)
         except (TransportError, OSError, serial.SerialException):
             close(transport)
             if soft_reset:
@@ -281,6 +285,10 @@ def open_board(port: str, timeout: float = 5.0, virtual: bool = False, key: byte
                                  "hangs)") from None
             raise _no_repl(port, timeout, virtual=virtual, key=key) from None
     return transport
+
+
+def _silent(*_args, **_kwargs) -> None:
+    """print's stand-in in mpremote's serial transport (open_board)."""
 
 
 def _no_repl(port: str, timeout: float, wait_s: float = 1.5, virtual: bool = False,
