@@ -64,6 +64,37 @@ def test_flash_on_a_board_whose_emulate_stops_midway_says_so(emulate, monkeypatc
     assert " (Input/output error): " in message and "[Errno" not in message, message
 
 
+def test_flash_on_an_emulate_board_whose_vm_resets_midway_is_told_to_flash_again_not_to_restart_the_emulate(
+        emulate, monkeypatch):
+    """The board's VM killed as a file is written (the emulate boots it again, as a board comes back from its reset
+    button): the line said "its specmesh emulate was stopped ...: start specmesh emulate again (with the same --dir",
+    which the running emulate's folder lock would refuse. Now: flash again, which completes the board."""
+    proc, port = emulate
+    write = flash_module._write
+
+    def vms() -> set[str]:
+        return set(subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split())
+
+    def reset_then_write(*args, **kwargs):
+        if args[1] == "/node.mpy.part":
+            before = vms()
+            os.kill(int(min(before)), signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while not vms() - before and time.monotonic() < deadline:
+                time.sleep(0.05)  # the emulate booted the board again
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(flash_module, "_write", reset_then_write)
+    with pytest.raises(FlashError) as e:
+        flash_module.flash(port, "drafter", progress=False)
+    message = str(e.value)
+    assert message.startswith(port + ": lost the board while writing /node.mpy.part") and "\n" not in message
+    assert "its VM was reset or stalled (its specmesh emulate still runs): run specmesh flash again" in message, message
+    assert "start specmesh emulate again" not in message, message
+    monkeypatch.setattr(flash_module, "_write", write)
+    assert flash_module.flash(port, "drafter", progress=False).resumed == "drafter"
+
+
 def test_a_lost_port_is_closed_quietly():
     class Port:
         closed = False

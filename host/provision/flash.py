@@ -123,10 +123,14 @@ class Lost(FlashError):
     the command's caller adds what to do (`gone`), knowing whether the port is a virtual board's."""
 
 
-def gone(virtual: bool, command: str = "flash") -> str:
+def gone(virtual: bool, command: str = "flash", served: bool = False) -> str:
     """What to do about a board lost in the middle of `command`: an emulate's virtual board has no cable or reset
-    button, but an emulate to start again (ports.emulated)."""
+    button, but an emulate to start again (ports.emulated); `served`: its port is still there, so its emulate runs
+    (the board's VM was reset, and booted again, or it stalled): starting another on its --dir would be refused."""
     again = f"run specmesh {command} again" + (" (it completes this flash)" if command == "flash" else "")
+    if virtual and served:
+        return (f"its VM was reset or stalled (its specmesh emulate still runs): {again}; if the board stays silent, "
+                "stop that emulate and start it again with the same --dir")
     if virtual:
         return ("its specmesh emulate was stopped or its VM stalled: start specmesh emulate again (with the same --dir "
                 f"the board keeps its flash) and {again} on the port it prints")
@@ -615,14 +619,15 @@ def failed(transport, port: str, e: Exception, virtual: bool = False, command: s
         transport.exit_raw_repl()
     if isinstance(e, BoardFull):  # the port known here, for the mpremote commands it gives
         raise BoardFull(e.what, port) from None
-    if isinstance(e, Lost):
-        raise FlashError(f"{port}: {e}: {gone(virtual, command)}") from None
-    if isinstance(e, FlashError):
+    if isinstance(e, FlashError) and not isinstance(e, Lost):
         raise e
+    todo = gone(virtual, command, served=virtual and ports.exists(port))
+    if isinstance(e, Lost):
+        raise FlashError(f"{port}: {e}: {todo}") from None
     if isinstance(e, OSError):  # port_gone
-        raise FlashError(f"{port}: lost the board ({ports.lost_why(e)}): {gone(virtual, command)}") from None
+        raise FlashError(f"{port}: lost the board ({ports.lost_why(e)}): {todo}") from None
     raise FlashError(f"{port}: the board stopped answering in the middle of a command (nothing for {READ_S:g} s): "
-                     f"{gone(virtual, command)}") from None
+                     f"{todo}") from None
 
 
 def _placement(info: BoardInfo, image: bytes) -> str:
