@@ -393,8 +393,9 @@ class VirtualBoard:
         try:
             if not self.flash_dir.is_dir():  # removed under a running board (rm -rf build/vboards)
                 raise FileNotFoundError(errno.ENOENT, "no such folder", str(self.flash_dir))
-            heap = (self.board.heap_bytes + shim_footprint() + romfs_heap(self.romfs_bytes)
-                    + (self.code_heap() if self.frozen_code else 0))
+            code = self.code_heap() if self.frozen_code else 0
+            env["VBOARD_CODE_HEAP"] = str(code)  # the flasher's probe leaves it out of the heap a model may take
+            heap = self.board.heap_bytes + shim_footprint() + romfs_heap(self.romfs_bytes) + code
             proc = popen_vm(
                 [micropython_binary(), "-X", f"heapsize={heap}", "-c", "import _vboard"],
                 stdin=self._stdin_r,
