@@ -20,13 +20,24 @@ ROLE ?= drafter
 
 setup: $(STAMP)
 
-# Re-runs only when the dependency list changes; otherwise `make setup` returns at once. A .venv whose making was
-# stopped (it has no pip) is made anew; where flock(1) is (Linux), a second make in a fresh clone waits for the
-# first's set-up instead of finding its half-made .venv.
+# Re-runs only when the dependency list changes; otherwise `make setup` returns at once. A .venv that cannot be used
+# (its making was stopped before pip was in, or its Python is older than 3.11 or gone) is made anew; where flock(1) is
+# (Linux), a second make in a fresh clone waits for the first's set-up instead of finding its half-made .venv.
 LOCKED := $(shell command -v flock >/dev/null 2>&1 && echo flock .venv.lock)
+VENV_OK := $(PY) -c "import pip, sys; sys.exit(sys.version_info < (3, 11))" >/dev/null 2>&1
+# .venv is made by $(PYTHON): Python 3.11+ with ensurepip, which `python -m venv` runs (Debian and Ubuntu ship it
+# apart, in python3.X-venv). Checked before .venv is made: a missing or older one is one line saying what to install.
+CHECK_PYTHON := command -v $(PYTHON) >/dev/null || { echo "make setup: $(PYTHON) not found: install Python 3.11 or \
+	newer, or name one: make PYTHON=python3.12"; exit 1; }; \
+	v=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "make setup: $(PYTHON) is Python $$v, \
+	specmesh needs 3.11 or newer: install one and name it, e.g. make PYTHON=python3.12"; exit 1; }; \
+	$(PYTHON) -c 'import ensurepip' 2>/dev/null || { echo "make setup: $(PYTHON) cannot make a venv (it has no \
+	ensurepip): install python$$v-venv (Debian, Ubuntu) and run make again"; exit 1; }
 $(STAMP): pyproject.toml
+	@$(VENV_OK) || { $(CHECK_PYTHON); }
 	@$(LOCKED) sh -c 'test $(STAMP) -nt pyproject.toml && exit 0; \
-		$(PY) -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); } || exit 1; \
+		$(VENV_OK) || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); } || exit 1; \
 		echo "setting up $(VENV): pip install -e .[dev]"; \
 		$(PIP) -e ".[dev]" && touch $(STAMP)'
 

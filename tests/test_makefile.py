@@ -1,0 +1,67 @@
+"""The Makefile's set-up on a machine without what it needs: `make setup` (which `make run` and `make test` run
+first) with a Python that is missing, older than 3.11 or without ensurepip says so in one line before it makes
+.venv, and a .venv it cannot use (made by an older Python) is made anew. Each runs make on a copy of the Makefile
+with PIP=false, so nothing is installed."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+def posing_python(tmp_path: Path, name: str, customize: str) -> Path:
+    """An interpreter script: this Python with `customize` run at its start (a sitecustomize module)."""
+    folder = tmp_path / ("%s-site" % name)
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(customize)
+    script = tmp_path / name
+    script.write_text('#!/bin/sh\nPYTHONPATH=%s exec %s "$@"\n' % (folder, sys.executable))
+    script.chmod(0o755)
+    return script
+
+
+OLD = "import sys\nsys.version_info = (3, 9, 18, 'final', 0)\n"
+
+
+def make_setup(tmp_path: Path, python) -> subprocess.CompletedProcess:
+    work = tmp_path / "clone"
+    work.mkdir(exist_ok=True)
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, work / name)
+    return subprocess.run(["make", "--no-print-directory", "setup", "PYTHON=%s" % python, "PIP=false"], cwd=work,
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, MAKEFLAGS=""))
+
+
+@pytest.mark.parametrize("name, customize, line", [
+    ("python3.9", OLD, "make setup: {py} is Python 3.9, specmesh needs 3.11 or newer: install one and name it, e.g. "
+                       "make PYTHON=python3.12"),
+    ("python3", "import sys\nsys.modules['ensurepip'] = None\n",  # Debian without python3.11-venv
+     "make setup: {py} cannot make a venv (it has no ensurepip): install python%d.%d-venv (Debian, Ubuntu) and run "
+     "make again" % sys.version_info[:2]),
+    (None, None, "make setup: {py} not found: install Python 3.11 or newer, or name one: make PYTHON=python3.12"),
+])
+def test_a_python_that_cannot_make_the_venv_is_one_line_before_anything_is_made(tmp_path, name, customize, line):
+    python = posing_python(tmp_path, name, customize) if name else tmp_path / "no-such-python"
+    done = make_setup(tmp_path, python)
+    assert done.returncode != 0 and done.stdout == line.format(py=python) + "\n", done.stdout + done.stderr
+    assert not (tmp_path / "clone" / ".venv").exists()
+
+
+def test_a_venv_made_by_an_older_python_is_made_anew(tmp_path):
+    """A first `make setup` with Python 3.9 left a .venv with pip (the install failed); with a newer Python named,
+    make reused that .venv, its pip failing the same way on every run."""
+    old = tmp_path / "clone" / ".venv" / "bin"
+    old.mkdir(parents=True)
+    shutil.copy(posing_python(tmp_path, "python3.9", OLD), old / "python")
+    done = make_setup(tmp_path, sys.executable)
+    assert "setting up .venv" in done.stdout, done.stdout + done.stderr  # got as far as pip (PIP=false here)
+    version = subprocess.run([str(old / "python"), "-c", "import sys; print(sys.version_info >= (3, 11))"],
+                             capture_output=True, text=True)
+    assert version.stdout == "True\n", version.stderr
