@@ -121,6 +121,7 @@ $(MPY_SRC)/LICENSE: vendor/micropython-1.28.0-src.tar.gz vendor/micropython-1.28
 # needs pyelftools (the `native` extra). `make native-check` fails when a shipped module differs from its build
 # or when an L32R of the xtensawin module does not load its literal (tools/xtensa_mpy.py).
 # The build folder is given relative (firmware/native/Makefile: ../../build/native/<arch>): the .mpy names it.
+# The venv's Python too, from firmware/native: make splits an absolute path at its spaces (a checkout in ~/My Code).
 NATIVE_ARCHES := x64 rv32imc xtensawin
 NATIVE_STAMP := $(VENV)/.specmesh-setup-native
 
@@ -130,7 +131,7 @@ $(NATIVE_STAMP): $(STAMP)
 
 native: $(NATIVE_STAMP) mpy-src
 	@for a in $(NATIVE_ARCHES); do \
-		$(MAKE) -B --no-print-directory -C firmware/native ARCH=$$a PYTHON=$(abspath $(PY)) || exit 1; \
+		$(MAKE) -B --no-print-directory -C firmware/native ARCH=$$a PYTHON=../../$(PY) || exit 1; \
 	done
 
 native-check: native

@@ -1,7 +1,7 @@
 """The Makefile's set-up on a machine without what it needs: `make setup` (which `make run` and `make test` run
 first) with a Python that is missing, older than 3.11 or without ensurepip says so in one line before it makes
-.venv, and a .venv it cannot use (made by an older Python) is made anew. Each runs make on a copy of the Makefile
-with PIP=false, so nothing is installed."""
+.venv, and a .venv it cannot use (made by an older Python) is made anew; each runs make on a copy of the Makefile
+with PIP=false, so nothing is installed. `make native` runs in a checkout whose path has a space."""
 
 import os
 import shutil
@@ -65,3 +65,29 @@ def test_a_venv_made_by_an_older_python_is_made_anew(tmp_path):
     version = subprocess.run([str(old / "python"), "-c", "import sys; print(sys.version_info >= (3, 11))"],
                              capture_output=True, text=True)
     assert version.stdout == "True\n", version.stderr
+
+
+def clone_for_native(folder: Path) -> Path:
+    """What `make native` reads, with MicroPython's source unpacked (make mpy-src), in `folder`."""
+    (folder / "firmware" / "native").mkdir(parents=True)
+    shutil.copytree(ROOT / "vendor", folder / "vendor")
+    for name in ("Makefile", "pyproject.toml", "firmware/native/Makefile", "firmware/native/kernels.c"):
+        shutil.copy(ROOT / name, folder / name)
+    subprocess.run(["make", "--no-print-directory", "-s", "mpy-src"], cwd=folder, check=True, timeout=120,
+                   env=dict(os.environ, MAKEFLAGS=""))
+    return folder
+
+
+# the venv's set-up and MicroPython's source taken as made: what follows them is what is tried
+MADE = ["-o", ".venv/.specmesh-setup-native", "-o", "build/micropython-1.28.0/LICENSE"]
+
+
+def test_make_native_builds_in_a_checkout_whose_path_has_a_space(tmp_path):
+    """The venv's Python was handed to firmware/native's make as an absolute path, which make split at the
+    space: "No rule to make target 'space/c/.venv/bin/python'". make -n: the commands, as they would run."""
+    folder = clone_for_native(tmp_path / "with space" / "c")
+    done = subprocess.run(["make", "--no-print-directory", "-n", *MADE, "native"], cwd=folder, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, MAKEFLAGS=""))
+    assert done.returncode == 0, done.stderr
+    for arch in ("x64", "rv32imc", "xtensawin"):
+        assert "../../.venv/bin/python ../../build/micropython-1.28.0/tools/mpy_ld.py --arch %s " % arch in done.stdout
