@@ -108,6 +108,13 @@ MPY_SRC := build/micropython-1.28.0
 MPY_PATCHES := $(sort $(wildcard vendor/patches/*.patch))
 mpy-src: $(MPY_SRC)/LICENSE
 
+# A build's tools, checked before it starts, `$(call need,TARGET,TOOLS,PACKAGES)`: a command or a file (Debian's
+# picolibc, whose headers the RV32 and Xtensa builds use) that is missing is one line naming the Debian packages
+# to install, not a compiler's wall of errors or a traceback from the middle of the build.
+PICOLIBC := /usr/lib/picolibc/riscv64-unknown-elf/include
+need = @for t in $(2); do command -v $$t >/dev/null || test -e $$t || \
+	{ echo "make $(1): $$t not found: apt-get install $(3)"; exit 1; }; done
+
 $(MPY_SRC)/LICENSE: vendor/micropython-1.28.0-src.tar.gz vendor/micropython-1.28.0-tests.tar.gz $(MPY_PATCHES)
 	@mkdir -p build
 	tar xzf $< -C build
@@ -124,12 +131,14 @@ $(MPY_SRC)/LICENSE: vendor/micropython-1.28.0-src.tar.gz vendor/micropython-1.28
 # The venv's Python too, from firmware/native: make splits an absolute path at its spaces (a checkout in ~/My Code).
 NATIVE_ARCHES := x64 rv32imc xtensawin
 NATIVE_STAMP := $(VENV)/.specmesh-setup-native
+NATIVE_DEBS := gcc clang-22 llvm-22 gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf
 
 $(NATIVE_STAMP): $(STAMP)
 	$(PIP) -e '.[dev,native]'
 	@touch $(NATIVE_STAMP)
 
 native: $(NATIVE_STAMP) mpy-src
+	$(call need,native,gcc riscv64-unknown-elf-gcc clang-22 llc-22 llvm-mc-22 $(PICOLIBC),$(NATIVE_DEBS))
 	@for a in $(NATIVE_ARCHES); do \
 		$(MAKE) -B --no-print-directory -C firmware/native ARCH=$$a PYTHON=../../$(PY) || exit 1; \
 	done
@@ -150,6 +159,7 @@ RV32_MAKE := $(RV32_ENV) $(MAKE) -C $(RV32_PORT) BOARD=SPECMESH_RV32 FROZEN_MANI
 	CFLAGS_EXTRA=-misa-spec=2.2 AFLAGS="-mabi=ilp32 -march=rv32imac_zicsr" COPT="-O2 -DNDEBUG" V=0
 
 rv32-firmware: $(MPY_SRC)/LICENSE
+	$(call need,rv32-firmware,riscv64-unknown-elf-gcc $(PICOLIBC),gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf)
 	rm -rf $(RV32_PORT)
 	cp -r $(MPY_SRC)/ports/qemu $(RV32_PORT)
 	mv $(RV32_PORT)/mpconfigport.h $(RV32_PORT)/mpconfigport_qemu.h
@@ -189,6 +199,8 @@ XTENSA_ELF := xtensa/firmware.elf
 XTENSA_MAKE := $(RV32_ENV) $(MAKE) -C $(XTENSA_PORT) XCC=$(abspath xtensa/tools/xcc) V=0
 
 xtensa-firmware: $(MPY_SRC)/LICENSE
+	$(call need,xtensa-firmware,clang-22 llc-22 llvm-mc-22 xtensa-lx106-elf-ld $(PICOLIBC),clang-22 llvm-22 \
+		binutils-xtensa-lx106 picolibc-riscv64-unknown-elf)
 	rm -rf $(XTENSA_PORT)
 	cp -r xtensa/port $(XTENSA_PORT)
 	cp rv32/port/vboard.c rv32/port/vboard_console.c rv32/port/vboard_console.h $(XTENSA_PORT)/

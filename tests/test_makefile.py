@@ -1,9 +1,11 @@
 """The Makefile's set-up on a machine without what it needs: `make setup` (which `make run` and `make test` run
 first) with a Python that is missing, older than 3.11 or without ensurepip says so in one line before it makes
 .venv, and a .venv it cannot use (made by an older Python) is made anew; each runs make on a copy of the Makefile
-with PIP=false, so nothing is installed. `make native` runs in a checkout whose path has a space."""
+with PIP=false, so nothing is installed. `make native` runs in a checkout whose path has a space, and it and the firmware
+builds, without their compilers, say in one line what to install."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -91,3 +93,22 @@ def test_make_native_builds_in_a_checkout_whose_path_has_a_space(tmp_path):
     assert done.returncode == 0, done.stderr
     for arch in ("x64", "rv32imc", "xtensawin"):
         assert "../../.venv/bin/python ../../build/micropython-1.28.0/tools/mpy_ld.py --arch %s " % arch in done.stdout
+
+
+@pytest.mark.parametrize("target, packages", [
+    ("native", "gcc clang-22 llvm-22 gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf"),
+    ("rv32-firmware", "gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf"),
+    ("xtensa-firmware", "clang-22 llvm-22 binutils-xtensa-lx106 picolibc-riscv64-unknown-elf"),
+])
+def test_a_build_without_its_toolchain_is_one_line_naming_the_packages(tmp_path, target, packages):
+    """Without riscv64-unknown-elf-gcc, make rv32-firmware was a traceback from MicroPython's qstr generator."""
+    folder = tmp_path / "c"
+    folder.mkdir()
+    shutil.copy(ROOT / "Makefile", folder)
+    nothing = tmp_path / "bin"  # a PATH without a compiler
+    nothing.mkdir()
+    done = subprocess.run([shutil.which("make"), "--no-print-directory", *MADE, target], cwd=folder,
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ, MAKEFLAGS="",
+                                                                               PATH=str(nothing)))
+    assert done.returncode != 0 and re.fullmatch(r"make %s: \S+ not found: apt-get install %s\n" % (target, packages),
+                                                 done.stdout), done.stdout + done.stderr
