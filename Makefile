@@ -23,6 +23,7 @@ setup: $(STAMP)
 # Re-runs only when the dependency list changes; otherwise `make setup` returns at once. A .venv that cannot be used
 # (its making was stopped before pip was in, or its Python is older than 3.11 or gone) is made anew; where flock(1) is
 # (Linux), a second make in a fresh clone waits for the first's set-up instead of finding its half-made .venv.
+# `python -m venv` says what it said only where it failed: a Ctrl-C ends the shell first, its traceback unshown.
 LOCKED := $(shell command -v flock >/dev/null 2>&1 && echo flock .venv.lock)
 VENV_OK := $(PY) -c "import pip, sys; sys.exit(sys.version_info < (3, 11))" >/dev/null 2>&1
 # .venv is made by $(PYTHON): Python 3.11+ with ensurepip, which `python -m venv` runs (Debian and Ubuntu ship it
@@ -37,7 +38,7 @@ CHECK_PYTHON := command -v $(PYTHON) >/dev/null || { echo "make setup: $(PYTHON)
 $(STAMP): pyproject.toml
 	@$(VENV_OK) || { $(CHECK_PYTHON); }
 	@$(LOCKED) sh -c 'test $(STAMP) -nt pyproject.toml && exit 0; \
-		$(VENV_OK) || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); } || exit 1; \
+		$(VENV_OK) || { rm -rf $(VENV) && made=$$($(PYTHON) -m venv $(VENV) 2>&1) || { echo "$$made"; exit 1; }; }; \
 		echo "setting up $(VENV): pip install -e .[dev]"; \
 		$(PIP) -e ".[dev]" && touch $(STAMP)'
 

@@ -1,14 +1,16 @@
-"""The Makefile's set-up on a machine without what it needs: `make setup` (which `make run` and `make test` run
-first) with a Python that is missing, older than 3.11 or without ensurepip says so in one line before it makes
-.venv, and a .venv it cannot use (made by an older Python) is made anew; each runs make on a copy of the Makefile
-with PIP=false, so nothing is installed. `make native` runs in a checkout whose path has a space, and it and the firmware
-builds, without their compilers, say in one line what to install."""
+"""The Makefile on a machine without what it needs. `make setup` (which `make run` and `make test` run first)
+with a Python that is missing, older than 3.11 or without ensurepip says so in one line before it makes .venv; a
+.venv it cannot use (made by an older Python, or stopped by a Ctrl-C before pip was in) is made anew; each runs make
+on a copy of the Makefile with PIP=false, so nothing is installed. `make native` runs in a checkout whose path has a
+space, and it and the firmware builds, without their compilers, say in one line what to install."""
 
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,43 @@ def test_a_venv_made_by_an_older_python_is_made_anew(tmp_path):
     version = subprocess.run([str(old / "python"), "-c", "import sys; print(sys.version_info >= (3, 11))"],
                              capture_output=True, text=True)
     assert version.stdout == "True\n", version.stderr
+
+
+
+def test_a_ctrl_c_while_the_venv_is_made_is_quiet_and_the_next_make_makes_it_anew(tmp_path):
+    """A Ctrl-C while `python -m venv` ran printed its KeyboardInterrupt traceback. The venv's making is held here
+    (a sitecustomize holds it once its python is in, before pip) until the Ctrl-C comes, to the whole foreground group,
+    as a terminal's; the next make finds that .venv without pip and makes it anew."""
+    started = tmp_path / "started"
+    python = posing_python(tmp_path, "python3", "import time, venv\n"
+                           "made = venv.EnvBuilder.setup_python\n"
+                           "def setup_python(self, context):\n"
+                           "    made(self, context)\n"
+                           "    open(%r, 'w').close()\n"
+                           "    time.sleep(60)\n"
+                           "venv.EnvBuilder.setup_python = setup_python\n" % str(started))
+    work = tmp_path / "clone"
+    work.mkdir()
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, work / name)
+    command = ["make", "--no-print-directory", "setup", "PYTHON=%s" % python, "PIP=false"]
+    make = subprocess.Popen(command, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, MAKEFLAGS=""), start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.killpg(make.pid, signal.SIGINT)
+        out = make.communicate(timeout=60)[0]
+    finally:
+        if make.poll() is None:
+            os.killpg(make.pid, signal.SIGKILL)
+    assert started.exists() and make.returncode != 0
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    again = subprocess.run(command[:3] + ["PYTHON=%s" % sys.executable, "PIP=false"], cwd=work, capture_output=True,
+                           text=True, timeout=120, env=dict(os.environ, MAKEFLAGS=""))
+    assert "setting up .venv" in again.stdout, again.stdout + again.stderr  # a .venv pip runs in
 
 
 def clone_for_native(folder: Path) -> Path:
