@@ -16,7 +16,7 @@ PIP_EXTRA ?=
 PORT ?= auto
 ROLE ?= drafter
 
-.PHONY: setup setup-gpu run lint test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check rv32-deps test-rv32 xtensa-firmware xtensa-check xtensa-deps test-xtensa xtensa-mpy-tests native native-check
+.PHONY: FORCE setup setup-gpu run lint test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check rv32-deps test-rv32 xtensa-firmware xtensa-check xtensa-deps test-xtensa xtensa-mpy-tests native native-check
 
 setup: $(STAMP)
 
@@ -35,12 +35,24 @@ CHECK_PYTHON := command -v $(PYTHON) >/dev/null || { echo "make setup: $(PYTHON)
 	specmesh needs 3.11 or newer: install one and name it, e.g. make PYTHON=python3.12"; exit 1; }; \
 	$(PYTHON) -c 'import ensurepip' 2>/dev/null || { echo "make setup: $(PYTHON) cannot make a venv (it has no \
 	ensurepip): install python$$v-venv (Debian, Ubuntu) and run make again"; exit 1; }
+# The stamp holds the folder .venv was set up in: a checkout moved or copied elsewhere keeps a .venv whose scripts and
+# editable install point at the old folder (`make run`: ".venv/bin/specmesh: No such file or directory", or the other
+# copy's code), so there it is made anew. Both sides are the physical path (make's CURDIR, pwd -P).
+SET_UP_IN := $(shell cat $(STAMP) 2>/dev/null)
+ifneq ($(SET_UP_IN),)
+ifneq ($(SET_UP_IN),$(CURDIR))
+$(STAMP): FORCE
+endif
+endif
+FORCE:
 $(STAMP): pyproject.toml
 	@$(VENV_OK) || { $(CHECK_PYTHON); }
-	@$(LOCKED) sh -c 'test $(STAMP) -nt pyproject.toml && exit 0; \
+	@$(LOCKED) sh -c 'was=$$(cat $(STAMP) 2>/dev/null); test -n "$$was" && test "$$was" != "$$(pwd -P)" && \
+		echo "$(VENV) was set up in $$was: making it anew here" && rm -rf $(VENV); \
+		test $(STAMP) -nt pyproject.toml && exit 0; \
 		$(VENV_OK) || { rm -rf $(VENV) && made=$$($(PYTHON) -m venv $(VENV) 2>&1) || { echo "$$made"; exit 1; }; }; \
 		echo "setting up $(VENV): pip install -e .[dev]"; \
-		$(PIP) -e ".[dev]" && touch $(STAMP)'
+		$(PIP) -e ".[dev]" && pwd -P > $(STAMP)'
 
 setup-gpu: $(GPU_STAMP)
 

@@ -1,8 +1,9 @@
 """The Makefile on a machine without what it needs. `make setup` (which `make run` and `make test` run first)
 with a Python that is missing, older than 3.11 or without ensurepip says so in one line before it makes .venv; a
-.venv it cannot use (made by an older Python, or stopped by a Ctrl-C before pip was in) is made anew; each runs make
-on a copy of the Makefile with PIP=false, so nothing is installed. `make native` runs in a checkout whose path has a
-space, and it and the firmware builds, without their compilers, say in one line what to install."""
+.venv it cannot use (made by an older Python, stopped by a Ctrl-C before pip was in, or in a checkout since moved)
+is made anew; each runs make on a copy of the Makefile with PIP=false or PIP=true, so nothing is installed. `make
+native` runs in a checkout whose path has a space, and it and the firmware builds, without their compilers, say in
+one line what to install."""
 
 import os
 import re
@@ -151,3 +152,26 @@ def test_a_build_without_its_toolchain_is_one_line_naming_the_packages(tmp_path,
                                                                                PATH=str(nothing)))
     assert done.returncode != 0 and re.fullmatch(r"make %s: \S+ not found: apt-get install %s\n" % (target, packages),
                                                  done.stdout), done.stdout + done.stderr
+
+
+def test_a_checkout_moved_elsewhere_makes_its_venv_anew(tmp_path):
+    """The scripts in .venv/bin and its editable install name the folder it was made in: after `mv specmesh
+    elsewhere`, make run was 'make: .venv/bin/specmesh: No such file or directory', make setup had nothing to do.
+    PIP=true: the install taken as done."""
+    first = tmp_path / "first"
+    first.mkdir()
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, first / name)
+    command = ["make", "--no-print-directory", "setup", "PYTHON=%s" % sys.executable, "PIP=true"]
+    subprocess.run(command, cwd=first, check=True, capture_output=True, timeout=120, env=dict(os.environ, MAKEFLAGS=""))
+    (first / ".venv" / "made-in-first").touch()
+    moved = tmp_path / "moved"
+    first.rename(moved)
+    done = subprocess.run(command, cwd=moved, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, MAKEFLAGS=""))
+    said = ".venv was set up in %s: making it anew here\n" % first.resolve()
+    assert done.returncode == 0 and done.stdout.startswith(said), done.stdout + done.stderr
+    assert (moved / ".venv" / "bin" / "python").exists() and not (moved / ".venv" / "made-in-first").exists()
+    again = subprocess.run(command, cwd=moved, capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, MAKEFLAGS=""))
+    assert again.stdout == "make: Nothing to be done for 'setup'.\n", again.stdout + again.stderr
