@@ -3,7 +3,7 @@ with a Python that is missing, older than 3.11 or without ensurepip says so in o
 .venv it cannot use (made by an older Python, stopped by a Ctrl-C before pip was in, or in a checkout since moved)
 is made anew; each runs make on a copy of the Makefile with PIP=false or PIP=true, so nothing is installed. `make
 native` runs in a checkout whose path has a space, and it and the firmware builds, without their compilers, say in
-one line what to install."""
+one line what to install, as `make xtensa-mpy-tests` does without QEMU."""
 
 import os
 import re
@@ -175,3 +175,14 @@ def test_a_checkout_moved_elsewhere_makes_its_venv_anew(tmp_path):
     again = subprocess.run(command, cwd=moved, capture_output=True, text=True, timeout=120,
                            env=dict(os.environ, MAKEFLAGS=""))
     assert again.stdout == "make: Nothing to be done for 'setup'.\n", again.stdout + again.stderr
+
+
+def test_make_xtensa_mpy_tests_without_qemu_is_one_line(tmp_path):
+    """xtensa/tools/mpytests.py (make xtensa-mpy-tests) without qemu-system-xtensa was BoardError's traceback."""
+    nothing = tmp_path / "bin"  # a PATH without QEMU
+    nothing.mkdir()
+    done = subprocess.run([sys.executable, str(ROOT / "xtensa" / "tools" / "mpytests.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ, PATH=str(nothing)))
+    assert done.returncode == 1 and done.stderr == ("mpytests: qemu-system-xtensa is missing: install QEMU: sudo "
+                                                    "apt-get install qemu-system-misc (README: With boards)\n"), (
+        done.stderr)
