@@ -209,7 +209,8 @@ test-rv32: setup rv32-check
 # firmware is.
 XTENSA_PORT := $(MPY_SRC)/ports/specmesh-xtensa
 XTENSA_ELF := xtensa/firmware.elf
-XTENSA_MAKE := $(RV32_ENV) $(MAKE) -C $(XTENSA_PORT) XCC=$(abspath xtensa/tools/xcc) V=0
+# xcc named from the port's folder: make splits an absolute path at its spaces (a checkout in ~/My Code)
+XTENSA_MAKE := $(RV32_ENV) $(MAKE) -C $(XTENSA_PORT) XCC=../../../../xtensa/tools/xcc V=0
 
 xtensa-firmware: $(MPY_SRC)/LICENSE
 	$(call need,xtensa-firmware,clang-22 llc-22 llvm-mc-22 xtensa-lx106-elf-ld $(PICOLIBC),clang-22 llvm-22 \

@@ -2,8 +2,8 @@
 with a Python that is missing, older than 3.11 or without ensurepip says so in one line before it makes .venv; a
 .venv it cannot use (made by an older Python, stopped by a Ctrl-C before pip was in, or in a checkout since moved)
 is made anew; each runs make on a copy of the Makefile with PIP=false or PIP=true, so nothing is installed. `make
-native` runs in a checkout whose path has a space, and it and the firmware builds, without their compilers, say in
-one line what to install, as `make xtensa-mpy-tests` does without QEMU."""
+native` and `make xtensa-firmware` run in a checkout whose path has a space; they and the RV32 build, without their
+compilers, say in one line what to install, as `make xtensa-mpy-tests` does without QEMU."""
 
 import os
 import re
@@ -133,6 +133,17 @@ def test_make_native_builds_in_a_checkout_whose_path_has_a_space(tmp_path):
     assert done.returncode == 0, done.stderr
     for arch in ("x64", "rv32imc", "xtensawin"):
         assert "../../.venv/bin/python ../../build/micropython-1.28.0/tools/mpy_ld.py --arch %s " % arch in done.stdout
+
+
+def test_make_xtensa_firmware_builds_in_a_checkout_whose_path_has_a_space(tmp_path):
+    """xcc went to the port's make as an absolute path: "No rule to make target 'space/c/xtensa/tools/xcc'"."""
+    folder = clone_for_native(tmp_path / "with space" / "c")
+    port = folder / "build" / "micropython-1.28.0" / "ports" / "specmesh-xtensa"
+    shutil.copytree(ROOT / "xtensa" / "port", port)  # what the recipe's cp makes, which make -n does not run
+    done = subprocess.run(["make", "--no-print-directory", "-n", *MADE, "xtensa-firmware"], cwd=folder,
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, MAKEFLAGS=""))
+    assert done.returncode == 0, done.stderr
+    assert "../../../../xtensa/tools/xcc " in done.stdout
 
 
 @pytest.mark.parametrize("target, packages", [
