@@ -5,6 +5,7 @@ drafter, by the requests after it."""
 import gc
 import json
 import socket
+import threading
 import time
 
 import pytest
@@ -68,13 +69,17 @@ def test_a_verifier_board_that_died_is_not_asked_for_its_stats(models, monkeypat
 
 
 class Broken(backends.LocalVerifier):
-    """The CPU verifier failing beyond fail-over at its third verdict (as a pipeline whose stage board died does:
-    it has no fallback), after a pause in which a client may leave."""
+    """The CPU verifier failing beyond fail-over at its `fail_at`-th verdict (as a pipeline whose stage board died
+    does: it has no fallback), once `gate` is set (the test's client has left: a generation cancelled first would
+    end after its round and not fail)."""
+
+    fail_at, gate = 3, None
 
     def verify(self, committed, draft):
         self.verdicts = getattr(self, "verdicts", 0) + 1
-        if self.verdicts == 3:
-            time.sleep(0.5)
+        if self.verdicts == self.fail_at:
+            if self.gate is not None:
+                assert self.gate.wait(60), "the test's client did not leave"
             raise RuntimeError("the verifier broke")
         return super().verify(committed, draft)
 
@@ -93,17 +98,20 @@ def test_a_generation_that_failed_is_one_line_in_the_server_s_log(models, monkey
             list(reply) if stream else reply
         assert "the verifier broke" in str(e.value.message)
         assert warned == ["a request failed: the verifier broke"], warned
-        if stream:  # again, the client leaving once the stream is under way
-            mesh._lanes[0].verifier.verdicts = 0
+        if stream:  # again, the client leaving once the stream is under way (its first event sent), its first
+            verifier = mesh._lanes[0].verifier  # verdict failing once it left
+            verifier.verdicts, verifier.fail_at, verifier.gate = 0, 1, threading.Event()
             port = int(url.rsplit(":", 1)[1])
             body = json.dumps({"prompt": PROMPT, "max_tokens": 16, "stream": True}).encode()
             with socket.create_connection(("127.0.0.1", port)) as sock:
                 sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
                              % (len(body), body))
                 got = b""
-                while got.count(b"data: ") < 2:
+                while b"data: " not in got:
                     got += sock.recv(4096)
-            while len(warned) < 2:
+            verifier.gate.set()
+            waited = time.monotonic() + 60  # (a bound: the assert below says what was missing)
+            while len(warned) < 2 and time.monotonic() < waited:
                 time.sleep(0.05)
             gc.collect()
     assert len(warned) == 2 if stream else 1
