@@ -8,7 +8,7 @@ import tty
 import pytest
 
 from specmesh.host.bus.links import LinkError, SerialLink
-from specmesh.host.bus.proxy import Bus, NodeError, NodeTimeout, Proxy
+from specmesh.host.bus.proxy import MEMORY_RETRIES, Bus, NodeError, NodeTimeout, Proxy
 from specmesh.shared import messages as m
 from specmesh.shared.codec import StreamDecoder, encode, encode_line
 
@@ -106,3 +106,69 @@ def test_silent_node_times_out_with_one_line():
 def test_unopenable_port_is_a_link_error():
     with pytest.raises(LinkError, match="cannot open /dev/ttyNOPE"):
         SerialLink("/dev/ttyNOPE")
+
+
+
+class ShortOfHeapPeer:
+    """The far end of a pty: answers the first `short` requests with an out-of-memory ERROR (a node whose heap was
+    too fragmented for the request or its reply, firmware/node.py), then echoes each PING; `seqs`: every request's."""
+
+    def __init__(self, short: int):
+        self.master, slave = os.openpty()
+        tty.setraw(slave)
+        self.port = os.ttyname(slave)
+        self.slave = slave
+        self.short = short
+        self.seqs: list[int] = []
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def loop(self):
+        dec = StreamDecoder()
+        while True:
+            try:
+                chunk = os.read(self.master, 4096)
+            except OSError:
+                return
+            for f in dec.feed(chunk):
+                self.seqs.append(f.seq)
+                if len(self.seqs) <= self.short:
+                    body = m.pack_error(m.E_MEMORY, "frame too big for this node's free heap (23712 bytes)")
+                    reply = encode(m.ERROR, body, seq=f.seq, reply=True)
+                else:
+                    reply = encode(m.PING, f.payload, seq=f.seq, reply=True)
+                os.write(self.master, encode_line(reply))
+
+    def close(self):
+        os.close(self.master)
+        os.close(self.slave)
+
+
+@pytest.mark.parametrize("short", [1, MEMORY_RETRIES])
+def test_an_out_of_memory_error_sends_the_request_again(short):
+    """ERROR 5 (out of memory: not cached, CONTRACTS section 2) from a classic ESP32 drafter whose heap was too
+    fragmented for a large sampled DRAFT (`--gamma 16 --temperature 0.8`): the host sends the request again, as a
+    new one, and gets its answer, where it had dropped the drafter for the rest of the run at the first ERROR (a
+    sampled text then is another sample than the seed's)."""
+    peer = ShortOfHeapPeer(short)
+    link = SerialLink(peer.port)
+    try:
+        bus = Bus(link, min_rto=0.02, deadline=5.0, initial_rto=1.0, peer=3)
+        assert Proxy(bus, node=3).call(m.PING, b"drafts").payload == b"drafts"
+        assert len(set(peer.seqs)) == len(peer.seqs) == short + 1  # a new seq each time: no cached reply is asked for
+    finally:
+        link.close()
+        peer.close()
+
+
+def test_a_node_out_of_memory_every_time_is_a_node_error():
+    peer = ShortOfHeapPeer(MEMORY_RETRIES + 5)
+    link = SerialLink(peer.port)
+    try:
+        bus = Bus(link, min_rto=0.02, deadline=5.0, initial_rto=1.0, peer=3)
+        with pytest.raises(NodeError, match=r"node 3 refused the request: frame too big .* \(error 5\)$"):
+            Proxy(bus, node=3).call(m.PING, b"drafts")
+        assert len(peer.seqs) == MEMORY_RETRIES + 1
+    finally:
+        link.close()
+        peer.close()

@@ -13,6 +13,9 @@ so do its replies); those to nodes behind it carry src and dst.
 The retransmission timeout adapts per message type: three times the slowest recent reply time (of
 any type before one of this type was timed; `initial_rto` before any), at least `min_rto`, doubling
 after each retry; replies to resent requests are not timed (Karn's rule: they may answer either copy).
+An out-of-memory ERROR (E_MEMORY: the node's heap, which it then collected, was too fragmented for the request or
+its reply) goes again as a new request (a new seq: the node may hold the reply it could not send in its cache, and
+would only fail to send it again), up to MEMORY_RETRIES times within the deadline, before it becomes `NodeError`.
 
 A node on a UART console (a classic ESP32's, `ring`: its stdin ring's size) loses what arrives while it
 computes past the 259 bytes that ring holds (ports/esp32/uart.c drops them), so a new request waits, while
@@ -38,7 +41,9 @@ from dataclasses import dataclass
 from specmesh.host.bus.links import LinkError
 from specmesh.shared.codec import BROADCAST, Auth, CodecError, Frame, encode, line_size, resign
 from specmesh.shared.codec import BadAuth, BadLength
-from specmesh.shared.messages import ERROR, HELLO, HOST, NAMES, REPLY_TYPE, unpack_error
+from specmesh.shared.messages import E_MEMORY, ERROR, HELLO, HOST, NAMES, REPLY_TYPE, unpack_error
+
+MEMORY_RETRIES = 2  # new requests sent after an out-of-memory ERROR (module docstring)
 
 
 class HostAuth(Auth):
@@ -218,6 +223,7 @@ class Bus:
                 self._make_room(w.line, time.perf_counter() + self._rto(mtype))
             self._waiting[seq] = w
         call = Call(self, node, mtype, seq, frame, w, self.deadline if deadline is None else deadline)
+        call.request = (payload if w.challenge is None else b"", session)
         self.send(node, frame)
         return call
 
@@ -274,6 +280,7 @@ class Call:
         self.frame, self.waiter = frame, waiter
         self.sent = time.perf_counter()
         self.end = self.sent + deadline
+        self.request = (b"", 0)  # its payload and session, to send it again as a new request (Bus.start)
         self._reply: Frame | None = None
 
     def result(self) -> Frame:
@@ -288,6 +295,25 @@ class Call:
         return (self.waiter.at or time.perf_counter()) - self.sent
 
     def _wait(self) -> Frame:
+        """The reply; after an out-of-memory ERROR the same request again as a new one, while MEMORY_RETRIES and the
+        deadline allow (module docstring)."""
+        call, reply = self, self._wait_once()
+        for _ in range(MEMORY_RETRIES):
+            left = self.end - time.perf_counter()
+            if reply.mtype != ERROR or _error_body(reply.payload)[0] != E_MEMORY or left <= 0:
+                break
+            call = self.bus.start(self.node, self.mtype, *self.request, deadline=left)
+            reply = call._wait_once()
+        self.waiter.at = call.waiter.at  # (`seconds`: until the reply that answered)
+        if reply.mtype == ERROR:
+            code, message = _error_body(reply.payload)
+            raise NodeError(self.node, code, message)
+        if reply.mtype != REPLY_TYPE.get(self.mtype, self.mtype):
+            raise ProxyError("node %d answered %s with %s" % (self.node, _name(self.mtype), _name(reply.mtype)))
+        return reply
+
+    def _wait_once(self) -> Frame:
+        """The first reply to this request (retransmitted as needed), whatever its type."""
         bus, w = self.bus, self.waiter
         rto = bus._rto(self.mtype)
         retried = False
@@ -320,11 +346,6 @@ class Call:
             bus._slowest[self.mtype] = took if prev is None else max(took, 0.9 * prev)
         reply = w.reply
         assert reply is not None
-        if reply.mtype == ERROR:
-            code, message = _error_body(reply.payload)
-            raise NodeError(self.node, code, message)
-        if reply.mtype != REPLY_TYPE.get(self.mtype, self.mtype):
-            raise ProxyError("node %d answered %s with %s" % (self.node, _name(self.mtype), _name(reply.mtype)))
         return reply
 
 
