@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+# the environment of a make run as if typed (under `make test` make's MAKELEVEL would make it say "make[1]:")
+ALONE = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
@@ -41,7 +43,7 @@ def make_setup(tmp_path: Path, python) -> subprocess.CompletedProcess:
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy(ROOT / name, work / name)
     return subprocess.run(["make", "--no-print-directory", "setup", "PYTHON=%s" % python, "PIP=false"], cwd=work,
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ, MAKEFLAGS=""))
+                          capture_output=True, text=True, timeout=120, env=dict(ALONE))
 
 
 @pytest.mark.parametrize("name, customize, line", [
@@ -91,7 +93,7 @@ def test_a_ctrl_c_while_the_venv_is_made_is_quiet_and_the_next_make_makes_it_ane
         shutil.copy(ROOT / name, work / name)
     command = ["make", "--no-print-directory", "setup", "PYTHON=%s" % python, "PIP=false"]
     make = subprocess.Popen(command, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, MAKEFLAGS=""), start_new_session=True,
+                            env=dict(ALONE), start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
@@ -105,7 +107,7 @@ def test_a_ctrl_c_while_the_venv_is_made_is_quiet_and_the_next_make_makes_it_ane
     assert started.exists() and make.returncode != 0
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     again = subprocess.run(command[:3] + ["PYTHON=%s" % sys.executable, "PIP=false"], cwd=work, capture_output=True,
-                           text=True, timeout=120, env=dict(os.environ, MAKEFLAGS=""))
+                           text=True, timeout=120, env=dict(ALONE))
     assert "setting up .venv" in again.stdout, again.stdout + again.stderr  # a .venv pip runs in
 
 
@@ -116,7 +118,7 @@ def clone_for_native(folder: Path) -> Path:
     for name in ("Makefile", "pyproject.toml", "firmware/native/Makefile", "firmware/native/kernels.c"):
         shutil.copy(ROOT / name, folder / name)
     subprocess.run(["make", "--no-print-directory", "-s", "mpy-src"], cwd=folder, check=True, timeout=120,
-                   env=dict(os.environ, MAKEFLAGS=""))
+                   env=dict(ALONE))
     return folder
 
 
@@ -129,7 +131,7 @@ def test_make_native_builds_in_a_checkout_whose_path_has_a_space(tmp_path):
     space: "No rule to make target 'space/c/.venv/bin/python'". make -n: the commands, as they would run."""
     folder = clone_for_native(tmp_path / "with space" / "c")
     done = subprocess.run(["make", "--no-print-directory", "-n", *MADE, "native"], cwd=folder, capture_output=True,
-                          text=True, timeout=120, env=dict(os.environ, MAKEFLAGS=""))
+                          text=True, timeout=120, env=dict(ALONE))
     assert done.returncode == 0, done.stderr
     for arch in ("x64", "rv32imc", "xtensawin"):
         assert "../../.venv/bin/python ../../build/micropython-1.28.0/tools/mpy_ld.py --arch %s " % arch in done.stdout
@@ -141,7 +143,7 @@ def test_make_xtensa_firmware_builds_in_a_checkout_whose_path_has_a_space(tmp_pa
     port = folder / "build" / "micropython-1.28.0" / "ports" / "specmesh-xtensa"
     shutil.copytree(ROOT / "xtensa" / "port", port)  # what the recipe's cp makes, which make -n does not run
     done = subprocess.run(["make", "--no-print-directory", "-n", *MADE, "xtensa-firmware"], cwd=folder,
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ, MAKEFLAGS=""))
+                          capture_output=True, text=True, timeout=120, env=dict(ALONE))
     assert done.returncode == 0, done.stderr
     assert "../../../../xtensa/tools/xcc " in done.stdout
 
@@ -159,7 +161,7 @@ def test_a_build_without_its_toolchain_is_one_line_naming_the_packages(tmp_path,
     nothing = tmp_path / "bin"  # a PATH without a compiler
     nothing.mkdir()
     done = subprocess.run([shutil.which("make"), "--no-print-directory", *MADE, target], cwd=folder,
-                          capture_output=True, text=True, timeout=60, env=dict(os.environ, MAKEFLAGS="",
+                          capture_output=True, text=True, timeout=60, env=dict(ALONE,
                                                                                PATH=str(nothing)))
     assert done.returncode != 0 and re.fullmatch(r"make %s: \S+ not found: apt-get install %s\n" % (target, packages),
                                                  done.stdout), done.stdout + done.stderr
@@ -174,17 +176,17 @@ def test_a_checkout_moved_elsewhere_makes_its_venv_anew(tmp_path):
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy(ROOT / name, first / name)
     command = ["make", "--no-print-directory", "setup", "PYTHON=%s" % sys.executable, "PIP=true"]
-    subprocess.run(command, cwd=first, check=True, capture_output=True, timeout=120, env=dict(os.environ, MAKEFLAGS=""))
+    subprocess.run(command, cwd=first, check=True, capture_output=True, timeout=120, env=dict(ALONE))
     (first / ".venv" / "made-in-first").touch()
     moved = tmp_path / "moved"
     first.rename(moved)
     done = subprocess.run(command, cwd=moved, capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, MAKEFLAGS=""))
+                          env=dict(ALONE))
     said = ".venv was set up in %s: making it anew here\n" % first.resolve()
     assert done.returncode == 0 and done.stdout.startswith(said), done.stdout + done.stderr
     assert (moved / ".venv" / "bin" / "python").exists() and not (moved / ".venv" / "made-in-first").exists()
     again = subprocess.run(command, cwd=moved, capture_output=True, text=True, timeout=120,
-                           env=dict(os.environ, MAKEFLAGS=""))
+                           env=dict(ALONE))
     assert again.stdout == "make: Nothing to be done for 'setup'.\n", again.stdout + again.stderr
 
 

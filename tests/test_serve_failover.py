@@ -70,15 +70,17 @@ def test_a_verifier_board_that_died_is_not_asked_for_its_stats(models, monkeypat
 
 class Broken(backends.LocalVerifier):
     """The CPU verifier failing beyond fail-over at its `fail_at`-th verdict (as a pipeline whose stage board died
-    does: it has no fallback), once `gate` is set (the test's client has left: a generation cancelled first would
-    end after its round and not fail)."""
+    does: it has no fallback); with a `gate`, it sets `failing` and fails once the gate is set (the test's client has
+    left: a request whose client left before its generation began, or whose cancel came before that verdict, would
+    not fail)."""
 
-    fail_at, gate = 3, None
+    fail_at, gate, failing = 3, None, None
 
     def verify(self, committed, draft):
         self.verdicts = getattr(self, "verdicts", 0) + 1
         if self.verdicts == self.fail_at:
             if self.gate is not None:
+                self.failing.set()
                 assert self.gate.wait(60), "the test's client did not leave"
             raise RuntimeError("the verifier broke")
         return super().verify(committed, draft)
@@ -100,7 +102,7 @@ def test_a_generation_that_failed_is_one_line_in_the_server_s_log(models, monkey
         assert warned == ["a request failed: the verifier broke"], warned
         if stream:  # again, the client leaving once the stream is under way (its first event sent), its first
             verifier = mesh._lanes[0].verifier  # verdict failing once it left
-            verifier.verdicts, verifier.fail_at, verifier.gate = 0, 1, threading.Event()
+            verifier.verdicts, verifier.fail_at, verifier.gate, verifier.failing = 0, 1, threading.Event(), threading.Event()
             port = int(url.rsplit(":", 1)[1])
             body = json.dumps({"prompt": PROMPT, "max_tokens": 16, "stream": True}).encode()
             with socket.create_connection(("127.0.0.1", port)) as sock:
@@ -109,6 +111,7 @@ def test_a_generation_that_failed_is_one_line_in_the_server_s_log(models, monkey
                 got = b""
                 while b"data: " not in got:
                     got += sock.recv(4096)
+                assert verifier.failing.wait(60)  # its generation under way (one whose client left first never runs)
             verifier.gate.set()
             waited = time.monotonic() + 60  # (a bound: the assert below says what was missing)
             while len(warned) < 2 and time.monotonic() < waited:
