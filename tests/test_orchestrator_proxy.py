@@ -172,3 +172,26 @@ def test_a_node_out_of_memory_every_time_is_a_node_error():
     finally:
         link.close()
         peer.close()
+
+
+@pytest.mark.parametrize("mtype, advised", [(m.DRAFT_REQ, True), (m.VERIFY_REQ, False)])
+def test_a_drafter_board_out_of_heap_for_its_drafts_is_told_which_flags_keep_it_drafting(mtype, advised):
+    """A drafter board whose heap could not hold a round's drafts (`--draft-top-k 255`, or `--gamma 16`, on a classic
+    ESP32) was dropped with only the node's advice, "send a shorter one", for a DRAFT_REQ of 5 bytes: the fail-over
+    line now names the flags that keep it drafting. Another request's ERROR 5 is not given that advice."""
+    from specmesh.host.backends import BackendError
+    from specmesh.host.backends.board import DRAFTS_TOO_BIG, BoardBackend
+
+    class Refused:
+        def __init__(self):
+            self.mtype = mtype
+
+        def result(self):
+            raise NodeError(1, m.E_MEMORY, "out of memory in DRAFT_REQ of 5 bytes (29696 bytes free): send a shorter one")
+
+    board = BoardBackend.__new__(BoardBackend)  # (no HELLO: only its name and its session's params are read)
+    board.name, board.params = "virtual:drafter(esp32)", None
+    with pytest.raises(BackendError) as e:
+        board._result(Refused())
+    assert str(e.value).startswith("virtual:drafter(esp32): node 1 refused the request: out of memory")
+    assert (DRAFTS_TOO_BIG in str(e.value)) == advised and ("--draft-top-k" in str(e.value)) == advised

@@ -31,6 +31,11 @@ from specmesh.shared import messages as m
 from specmesh.shared.board import ROLES
 from specmesh.shared.rule import PARTIAL
 
+# a drafter board out of heap for a round's drafts (a DRAFT_REQ is a few bytes: its reply, the drafts and their q-hat
+# tables of --draft-top-k entries each, is what grows; a classic ESP32's fragmented heap met it at --draft-top-k 255,
+# or --gamma 16 at the default 8, where the bus's retries (host/bus/proxy.py) did not free room)
+DRAFTS_TOO_BIG = ("its heap cannot hold a round's drafts at these settings: a smaller --draft-top-k (default 8) or "
+                  "--gamma / --draft-max keeps it drafting")
 
 
 class Restarted(Exception):
@@ -131,6 +136,8 @@ class BoardBackend(Unit):
         except NodeError as e:
             if e.code == m.E_STATE and self.params is not None:
                 raise Restarted() from None
+            if e.code == m.E_MEMORY and call.mtype == m.DRAFT_REQ:  # the node's advice is a shorter frame's
+                raise BackendError("%s: %s; %s" % (self.name, e, DRAFTS_TOO_BIG)) from None
             raise BackendError("%s: %s" % (self.name, e)) from None
         except ProxyError as e:
             raise BackendError("%s: %s" % (self.name, e)) from None
