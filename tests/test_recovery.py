@@ -288,14 +288,7 @@ def test_a_flash_interrupted_among_the_modules_leaves_no_main_py_that_imports_a_
             if src.name in changed:
                 (tmp_path / src.name).write_text(src.read_text() + changed[src.name])
                 sources[i] = (tmp_path / src.name, dest)
-    send = flash_mod._send
-
-    def interrupted(transport, dest, *args):
-        if dest == "/shared/rule.mpy":
-            raise KeyboardInterrupt
-        send(transport, dest, *args)
-
-    monkeypatch.setattr(flash_mod, "_send", interrupted)
+    stopped_sending(monkeypatch, KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         flash_mod.flash(vb.port, "drafter", models / DRAFTER_FILE, progress=False, sources=sources)
     with pytest.raises(BackendError) as e, connect(vb.port, "drafter"):
@@ -355,14 +348,7 @@ def test_a_stopped_flash_says_the_board_may_be_half_flashed_and_the_same_command
 
     vb = virtual_board()
     argv = ["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]
-    send = flash_mod._send
-
-    def stopped(transport, dest, *args):
-        if dest == "/shared/rule.mpy":
-            raise stop
-        send(transport, dest, *args)
-
-    monkeypatch.setattr(flash_mod, "_send", stopped)
+    send = stopped_sending(monkeypatch, stop)
     assert cli.main(argv) == status
     err = capsys.readouterr().err
     assert err == ("specmesh flash: %s: the board on %s may be left half-flashed: run the same `specmesh flash` again "
@@ -371,3 +357,19 @@ def test_a_stopped_flash_says_the_board_may_be_half_flashed_and_the_same_command
     assert cli.main(argv) == 0
     assert "left half-flashed (an interrupted flash as drafter): now complete" in capsys.readouterr().out
     assert "flashing" not in json.loads((vb.flash_dir / "specmesh.json").read_text())
+
+
+def stopped_sending(monkeypatch, stop: BaseException):
+    """The flash's file writes (flash._send) raising `stop` at the node's /shared/rule.mpy, a file part-way through its
+    modules; returns the real _send, to put back."""
+    from specmesh.host.provision import flash as flash_mod
+
+    send = flash_mod._send
+
+    def stopped(transport, dest, *args):
+        if dest == "/shared/rule.mpy":
+            raise stop
+        send(transport, dest, *args)
+
+    monkeypatch.setattr(flash_mod, "_send", stopped)
+    return send
