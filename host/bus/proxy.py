@@ -222,8 +222,8 @@ class Bus:
             if self.ring:
                 self._make_room(w.line, time.perf_counter() + self._rto(mtype))
             self._waiting[seq] = w
-        call = Call(self, node, mtype, seq, frame, w, self.deadline if deadline is None else deadline)
-        call.request = (payload if w.challenge is None else b"", session)
+        call = Call(self, node, mtype, seq, frame, w, self.deadline if deadline is None else deadline,
+                    (payload if w.challenge is None else b"", session))
         self.send(node, frame)
         return call
 
@@ -275,12 +275,13 @@ class Bus:
 class Call:
     """A request in flight; `result()` returns the reply frame or raises ProxyError."""
 
-    def __init__(self, bus: Bus, node: int, mtype: int, seq: int, frame: bytes, waiter: _Waiter, deadline: float):
+    def __init__(self, bus: Bus, node: int, mtype: int, seq: int, frame: bytes, waiter: _Waiter, deadline: float,
+                 request: tuple[bytes, int] = (b"", 0)):
         self.bus, self.node, self.mtype, self.seq = bus, node, mtype, seq
         self.frame, self.waiter = frame, waiter
         self.sent = time.perf_counter()
         self.end = self.sent + deadline
-        self.request = (b"", 0)  # its payload and session, to send it again as a new request (Bus.start)
+        self.request = request  # its payload and session, to send it again as a new request (Bus.start)
         self._reply: Frame | None = None
 
     def result(self) -> Frame:
