@@ -187,6 +187,9 @@ class Drafter(Role):
         if committed + gamma > self.max_seq:
             raise Refused(E_RANGE, "drafts up to position %d exceed the context of %d"
                           % (committed + gamma, self.max_seq))
+        chain = self.chain
+        for p in range(self.held, committed + MAX_GAMMA):  # drafts committed or cut: their tables go now
+            chain[p % MAX_GAMMA] = None
         out = []
         hits = 0
         for p in range(committed, committed + gamma):

@@ -107,6 +107,31 @@ def test_the_classic_esp32_drafter_runs_from_its_heap(micropython, board):
         node.close()
 
 
+@pytest.mark.parametrize("draft_k, gamma", [(64, 4), (32, 8)])
+def test_the_classic_esp32_drafter_drafts_wider_tables_through_its_context(micropython, board, draft_k, gamma):
+    """Sampled rounds of q-hat tables 8x (gamma 4) and 4x (gamma 8) the default --draft-top-k, through the class's
+    whole context in its heap: a drafter holds the tables of the drafts it still holds, not of MAX_GAMMA positions
+    (those ran it out of heap in 6 rounds at 64 wide). Wider ones may not fit: the fail-over line says so."""
+    model = shipped_model(ESP32.drafter[:-len(".spm")])
+    code = code_heap(micropython, board)
+    node = NodeProc(micropython, board, {"role": "drafter", "model": model}, heap=ESP32_HEAP + code, flashed=True)
+    node.rto = 5.0
+    try:
+        ctx = node.call(m.HELLO)[5]
+        tokens = list(range(1, 17))
+        begin(node, 1, 5, 0.8, tokens, draft_k=draft_k)
+        tail: list[int] = []
+        while len(tokens) + gamma + 1 <= ctx:
+            _, entries = node.call(m.DRAFT_REQ, m.pack_draft_req(len(tokens), gamma, tail), expect=m.DRAFT)
+            assert len(entries) == gamma and max(len(e[1]) for e in entries) > draft_k // 2
+            tail = [(entries[2][0] + 1) % 512]  # accept 2, then a residual
+            tokens += [e[0] for e in entries[:2]] + tail
+        st = node.stats()
+        assert st["errors"] == 0 and st["bad_frames"] == 0, st
+    finally:
+        node.close()
+
+
 def test_a_node_short_of_its_reserve_at_its_shortest_context_refuses_the_model(micropython, board):
     """A node halves its context until its reserve is free (shared/board.py RESERVE); where even MIN_CTX leaves
     less, it refuses the model at load with the "does not fit" line the host shows, rather than run and meet a
