@@ -324,8 +324,19 @@ class Node:
                 link.send(reply)
                 break
             except MemoryError:
+                reply = None  # (not sent)
                 gc.collect()
-        if keep and reply is not None:
+        if reply is None:  # a reply the heap cannot hold: a short ERROR now, where silence cost the host its timeouts
+            keep = False  # (not cached: a retransmission tries the reply again)
+            st["errors"] += 1
+            try:
+                link.send(codec.encode(m.ERROR, m.pack_error(E_MEMORY, "out of memory for a %s reply of %d bytes (%d "
+                                                             "bytes free): ask for less" % (_name(f.mtype), len(body),
+                                                                                            gc.mem_free())),
+                                       src_id, f.src, f.seq, 0, True, self.auth))
+            except MemoryError:
+                pass
+        if keep:
             self._cache[self._next] = (f.src, f.seq, f.mtype, f.session, f.payload, reply, self._signing())
             self._next = (self._next + 1) % REPLY_CACHE
         if self._small_heap:

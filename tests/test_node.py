@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import struct
+import subprocess
 import time
 
 import pytest
@@ -190,34 +191,36 @@ def test_signed_node_refuses_unsigned_frames_and_answers_retransmissions_from_it
 
 
 
-def _flashed_idle_node(micropython, tmp_path, code=False) -> NodeProc:
-    """An idle node with a classic ESP32's heap, its modules precompiled as flashed; `code`: plus the heap its code
-    takes on this 64-bit VM (about twice a board's), as on a board with the node frozen into its firmware."""
+def _flashed_idle_node(micropython, tmp_path) -> NodeProc:
+    """An idle node with a classic ESP32's heap, its modules precompiled as flashed, plus the heap its code takes on
+    this 64-bit VM (about twice a board's), as on a board with the node frozen into its firmware."""
     from specmesh.host.boardclasses import BOARD_CLASSES
     from specmesh.tools.nodeproc import code_heap, flash
 
     board = tmp_path / "b"
     board.mkdir()
     flash(board)
-    heap = BOARD_CLASSES["esp32"].heap_bytes + (code_heap(micropython, board) if code else 0)
+    heap = BOARD_CLASSES["esp32"].heap_bytes + code_heap(micropython, board)
     return NodeProc(micropython, board, {"role": "idle"}, heap=heap, flashed=True)
 
 
 def test_a_frame_too_big_for_a_classic_esp32_heap_is_refused_with_a_reason(micropython, tmp_path):
-    """BEGIN frames of 280 and more prompt tokens on a node with a classic ESP32's heap (the node's modules precompiled, as
-    flashed): each is answered, an out-of-memory one with E_MEMORY saying what to do, never dropped silently,
-    and the node serves on."""
+    """BEGIN frames of 280 to 12,000 prompt tokens on a node with a classic ESP32's heap (the node's modules
+    precompiled, as flashed, and the heap they take in this VM added): each is answered, an out-of-memory one with
+    E_MEMORY saying what to do, never dropped silently, and the node serves on. (Without the code's heap added, the
+    node's own loading left its heap in holes too small for anything: a few hundred bytes of node code more or less
+    decided whether it started at all.)"""
     node = _flashed_idle_node(micropython, tmp_path)
     try:
         reasons = []
-        for n in (280, 1000, 3000):
+        for n in (280, 3000, 12000):
             time.sleep(0.3)  # the node refuses at most one frame per 250 ms
             code, message = node.error(m.BEGIN, m.pack_begin(7, 800, 8, 0, 65536, -1, list(range(1, n + 1))),
                                        timeout=5.0)
             reasons.append((code, message))
             node.call(m.PING, b"alive")
         assert all(code in (m.E_MEMORY, E_STATE) for code, _ in reasons), reasons
-        code, message = reasons[-1]  # 6 KB of payload cannot fit: refused from the frame's first bytes
+        code, message = reasons[-1]  # a 32 KB line cannot fit: refused from the frame's first bytes
         assert code == m.E_MEMORY and "too big for this node's free heap" in message and "shorter" in message
     finally:
         node.close()
@@ -227,7 +230,7 @@ def test_a_request_that_ran_out_of_memory_is_not_answered_from_the_cache_when_re
     """A request whose handler runs out of memory twice (here: a BEGIN's prompt unpacked on an ESP32's heap) gets
     E_MEMORY, which is not cached: its retransmission is run again, and may find the heap it needs then, where a
     cached reply would repeat the refusal (firmware/node.py `_answer`)."""
-    node = _flashed_idle_node(micropython, tmp_path, code=True)
+    node = _flashed_idle_node(micropython, tmp_path)
     try:
         for n in range(1000, 9000, 250):  # the shortest prompt whose unpacking runs out of the heap (an idle node
             req = node.frame(m.BEGIN, m.pack_begin(7, 800, 8, 0, 65536, -1, [1 + i % 500 for i in range(n)]))
@@ -261,3 +264,57 @@ def test_a_new_session_frees_the_last_ones_held_drafts(node, model):
     node.session = 4
     node.call(m.BEGIN, m.pack_begin(9, 0, 1, 0, 0, -1, [3, 4, 5]))
     assert node.stats()["heap_free"] - holding > 3000
+
+
+def test_a_drafter_frees_the_tables_of_drafts_committed(node, model):
+    """A drafter holds each draft's q-hat table by position % MAX_GAMMA; the drafts a DRAFT_REQ commits (or cuts) lose
+    theirs then, so a session holds one round's tables, not MAX_GAMMA positions' (a classic ESP32 drafter of
+    --draft-top-k 64 ran out of heap after 6 rounds of stale tables)."""
+    node.call(m.CONFIGURE, m.pack_configure(m.ROLE_DRAFTER, 1, model))
+    node.session = 3
+    node.call(m.BEGIN, m.pack_begin(9, 1000, 96, 0, 0, -1, [3, 4, 5]))
+    node.call(m.DRAFT_REQ, m.pack_draft_req(3, 16), expect=m.DRAFT)
+    holding = node.stats()["heap_free"]  # 16 tables of 96 ids
+    node.call(m.DRAFT_REQ, m.pack_draft_req(19, 1), expect=m.DRAFT)  # the 16 committed, one more drafted
+    assert node.stats()["heap_free"] - holding > 10_000
+
+
+TIGHT_LINK = """
+import json, config, node
+from shared import codec
+from shared import messages as m
+class Tight:  # a link whose line for a frame over 150 bytes the heap cannot hold
+    errors = {}
+    closed = False
+    sent = []
+    def send(self, frame):
+        if len(frame) > 150:
+            raise MemoryError
+        self.sent.append(frame)
+link = Tight()
+n = node.Node(dict(config.DEFAULTS), [link], "/dev/null")
+req = codec.encode(m.PING, b"x" * 200, seq=5)
+for _ in range(2):  # the request, and its retransmission
+    n.on_frame(req, link)
+out = []
+for raw in link.sent:
+    f = codec.decode(raw)
+    out.append([f.mtype, f.seq] + list(m.unpack_error(f.payload) if f.mtype == m.ERROR else ()))
+print(json.dumps([out, n.stats["errors"], n.stats["dup_replies"]]))
+"""
+
+
+def test_a_reply_the_heap_cannot_hold_is_an_error_not_silence(micropython):
+    """A request answered, but whose reply the heap cannot hold even after a collection (a classic ESP32 drafter's
+    DRAFT of wide q-hat tables), gets a short E_MEMORY ERROR at once, where it got nothing and its host waited out
+    its retransmissions; the ERROR is not cached, so a retransmission tries the reply again."""
+    from specmesh.tools.nodeproc import ROOT
+
+    env = {"MICROPYPATH": "%s:%s" % (ROOT / "firmware", ROOT)}
+    out = subprocess.run([micropython, "-c", TIGHT_LINK], capture_output=True, text=True, timeout=30, env=env)
+    assert out.returncode == 0, out.stderr
+    sent, errors, dups = json.loads(out.stdout)
+    assert len(sent) == 2 and errors == 2 and dups == 0, sent
+    for mtype, seq, code, message in sent:
+        assert (mtype, seq, code) == (m.ERROR, 5, m.E_MEMORY)
+        assert message.startswith("out of memory for a PING reply of 200 bytes") and "ask for less" in message
