@@ -107,7 +107,7 @@ class StdioLink(_Lines):
         return self._frame(line)
 
     def send(self, frame):
-        self._out.write(codec.encode_line(frame))
+        codec.write_line(self._out.write, frame)
 
 
 class LineBuffer:
@@ -179,7 +179,7 @@ class UartLink(_Lines):
         return None if line is None else self._frame(line)
 
     def send(self, frame):
-        self._uart.write(codec.encode_line(frame))
+        codec.write_line(self._uart.write, frame)
 
 
 class _RawDatagrams(codec.DatagramDecoder):

@@ -26,7 +26,8 @@ Frame API (a compact header: type and flags in one byte, then only the fields th
         signed requests with it, since a byte-identical copy is rejected as a Replay.
 
 Stream links (USB-serial, UART), one frame per line, printable ASCII only:
-    encode_line(frame) -> b":" + base64(frame) without '=' padding + b"\\n"; line_size(n) its length
+    encode_line(frame) -> b":" + base64(frame) without '=' padding + b"\\n"; line_size(n) its length;
+        write_line(write, frame) hands the same bytes to write() in pieces (fewer copies on a board's heap)
     StreamDecoder(auth=None, max_line=MAX_LINE, on_text=None).feed(chunk) -> [Frame, ...]
         Accepts any chunking. Lines not starting with ':' are skipped (counted in .errors["text"],
         handed to on_text(line) if given). A line longer than max_line is discarded (.errors["overflow"]).
@@ -382,6 +383,15 @@ def encode_line(frame):
     """Stream-link form of a binary frame: b':' + base64 without its '=' padding + b'\\n'."""
     b = binascii.b2a_base64(frame)
     return b":" + b[:line_size(len(frame)) - 2] + b"\n"
+
+
+def write_line(write, frame):
+    """encode_line(frame) handed to write() in three pieces: a board's heap then holds one base64 copy of a large
+    frame (a sampled DRAFT of wide q-hat tables), where the joined line took three."""
+    b = binascii.b2a_base64(frame)
+    write(b":")
+    write(memoryview(b)[:line_size(len(frame)) - 2])
+    write(b"\n")
 
 
 def line_size(n):

@@ -138,8 +138,11 @@ def _hand_out(weights, fracs, rem, order=None):
 
 def quantize_topk(weights, k):
     """Sparse q-hat: the k largest weights' ids (ascending) with a table summing to ONE, no zeros."""
-    ids = top_ids(weights, k)
-    ids.sort()
+    if k >= len(weights):  # every id: no ranking (a k-wide insertion pass and two k-long lists on a board's heap)
+        ids = list(range(len(weights)))
+    else:
+        ids = top_ids(weights, k)
+        ids.sort()
     table = quantize([weights[i] for i in ids])
     out_ids = []
     out_w = []
