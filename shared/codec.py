@@ -388,9 +388,9 @@ def encode_line(frame):
 def write_line(write, frame):
     """encode_line(frame) handed to write() in three pieces: a board's heap then holds one base64 copy of a large
     frame (a sampled DRAFT of wide q-hat tables), where the joined line took three."""
-    b = binascii.b2a_base64(frame)
+    digits = memoryview(binascii.b2a_base64(frame))[:line_size(len(frame)) - 2]  # allocated before a byte is written
     write(b":")
-    write(memoryview(b)[:line_size(len(frame)) - 2])
+    write(digits)
     write(b"\n")
 
 

@@ -115,8 +115,12 @@ def _op(op, a):
             except codec.CodecError as e:
                 out.append(["error", type(e).__name__])
         return out
-    if op == "line":
-        return codec.encode_line(unhex(a["frame"])).decode()
+    if op == "line":  # and write_line's pieces (a board's links) must join to the same line
+        frame = unhex(a["frame"])
+        pieces = []
+        codec.write_line(pieces.append, frame)
+        line = codec.encode_line(frame)
+        return line.decode() if b"".join(bytes(p) for p in pieces) == line else "write_line differs"
     if op == "stream":
         d = codec.StreamDecoder(_auth(a), a["max_line"])
         frames = []
