@@ -434,8 +434,7 @@ class Node:
             if self.role_id != m.ROLE_DRAFTER:
                 raise Refused(E_STATE, "DRAFT_REQ needs a drafter; this node is a %s" % ROLES[self.role_id])
             role.commit(args[0], args[2])  # the COMMIT folded into the request
-            pos0, entries = role.draft(args[0], args[1])
-            return m.DRAFT, m.pack_draft(pos0, entries)
+            return m.DRAFT, m.pack_held_draft(*role.draft(args[0], args[1]))
         if t == m.VERIFY_REQ:
             if self.role_id != m.ROLE_VERIFIER:
                 raise Refused(E_STATE, "VERIFY_REQ needs a verifier; this node is a %s" % ROLES[self.role_id])

@@ -24,7 +24,7 @@ from array import array
 
 import cpucount
 from shared import rule, sampling
-from shared.messages import E_MESSAGE, E_RANGE, E_STATE, MAX_GAMMA
+from shared.messages import E_MESSAGE, E_RANGE, E_STATE, MAX_GAMMA, pack_table
 
 
 class Refused(Exception):
@@ -164,7 +164,8 @@ class Drafter(Role):
 
             table = ngram.load(table)
         self.table = table
-        self.chain = [None] * MAX_GAMMA  # (token, ids, weights) of held drafts, by position % MAX_GAMMA
+        # the q-hat tables of held drafts (messages.pack_table bytes; None when greedy), by position % MAX_GAMMA
+        self.chain = [None] * MAX_GAMMA
 
     def begin(self, *args):
         """Start a session and prefill the prompt now, before the ACK: the host does not wait for it, so
@@ -178,7 +179,8 @@ class Drafter(Role):
         self._catch_up(self.length - 1)
 
     def draft(self, committed, gamma):
-        """(pos0, [(token, ids, weights)] * n) with n <= gamma (a block stops after an EOS draft)."""
+        """(pos0, tokens, tables): n <= gamma drafts (a block stops after an EOS draft), each table its q-hat as
+        messages.pack_table bytes (None when greedy): messages.pack_held_draft's arguments."""
         self._check_session()
         if committed != self.length:
             raise Refused(E_STATE, "draft from %d tokens, but %d are committed here" % (committed, self.length))
@@ -190,20 +192,21 @@ class Drafter(Role):
         chain = self.chain
         for p in range(self.held, committed + MAX_GAMMA):  # drafts committed or cut: their tables go now
             chain[p % MAX_GAMMA] = None
-        out = []
+        tokens = []
+        tables = []
         hits = 0
         for p in range(committed, committed + gamma):
             if p >= self.held:
                 self._draft_next()
             else:
                 hits += 1
-            e = self.chain[p % MAX_GAMMA]
-            out.append(e)
-            if e[0] == self.eos:
+            tokens.append(self.tokens[p])
+            tables.append(chain[p % MAX_GAMMA])
+            if tokens[-1] == self.eos:
                 break
-        self.stats["drafted"] += len(out)
+        self.stats["drafted"] += len(tokens)
         self.stats["draft_hits"] += hits
-        return committed, out
+        return committed, tokens, tables
 
     def _draft_next(self):
         """Sample the draft at position `held` and hold it."""
@@ -215,11 +218,13 @@ class Drafter(Role):
             known = self.table.get(self.tokens, p)
             if known >= 0:
                 argmax = lambda: known
-        e = rule.draft(self.greedy, argmax, lambda: sampling.draft_table(
+        token, ids, weights = rule.draft(self.greedy, argmax, lambda: sampling.draft_table(
             memoryview(logits), 0, self.vocab, self.temp_milli, self.draft_top_k, self.engine.exp_table),
             self.seed, p)
-        self.tokens[p] = e[0]
-        self.chain[p % MAX_GAMMA] = e
+        # its table held as its DRAFT bytes (not two lists), made first: a MemoryError leaves it undrafted
+        table = None if self.greedy else pack_table(token, ids, weights)
+        self.tokens[p] = token
+        self.chain[p % MAX_GAMMA] = table
         self.held = p + 1
 
     def idle_step(self):

@@ -19,7 +19,9 @@ Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `
                 COMMIT of (length, tail) folded in, then gamma drafts from `length`
     DRAFT       pack_draft(pos0, entries) / unpack_draft -> (pos0, entries)
                 entries: list of (token, ids, weights); ids ascending and holding the token, weights
-                ints 1..65536 summing to ONE (q-hat); draft_size(entries) is the body's length
+                ints 1..65536 summing to ONE (q-hat); draft_size(entries) is the body's length.
+                pack_held_draft(pos0, tokens, tables): the same body from pack_table(token, ids, weights)
+                bytes (None: greedy), what a drafter board holds for each draft
     VERIFY_REQ  same body as DRAFT: pack_draft / unpack_draft; pack_draft(pos0, entries, partial=True)
                 sends each q-hat table as its token's entry only: ([token], [q(token)]), weight < ONE
     VERDICT     pack_verdict(n_accepted, token) / unpack_verdict -> (n_accepted, token)
@@ -347,13 +349,19 @@ def _entries_size(entries, partial=False):
         return 1 + 4 * len(entries)
     n = 1
     for token, ids, weights in entries:
-        n += 2
-        prev = -1
-        for j in range(len(ids)):
-            n += _var_size(ids[j] - prev - 1)
-            prev = ids[j]
-            if ids[j] != token:
-                n += _var_size(weights[j] - 1)
+        n += _table_size(token, ids, weights)
+    return n
+
+
+def _table_size(token, ids, weights):
+    """Bytes of one whole q-hat table in a DRAFT body (_put_table's)."""
+    n = 2
+    prev = -1
+    for j in range(len(ids)):
+        n += _var_size(ids[j] - prev - 1)
+        prev = ids[j]
+        if ids[j] != token:
+            n += _var_size(weights[j] - 1)
     return n
 
 
@@ -380,15 +388,60 @@ def _put_entries(buf, off, entries, partial=False):
             struct.pack_into("<HH", buf, off, token, weights[ids.index(token)] - 1)
             off += 4
             continue
-        buf[off] = len(ids)
-        buf[off + 1] = ids.index(token)
-        off += 2
-        prev = -1
-        for j in range(len(ids)):
-            off = _put_var(buf, off, ids[j] - prev - 1)
-            prev = ids[j]
-            if ids[j] != token:
-                off = _put_var(buf, off, weights[j] - 1)
+        off = _put_table(buf, off, token, ids, weights)
+
+
+def _put_table(buf, off, token, ids, weights):
+    """Write one whole q-hat table at off (its size, its token's index, then each id's gap from the last and, but
+    for the token's, its weight - 1); returns the offset after it."""
+    buf[off] = len(ids)
+    buf[off + 1] = ids.index(token)
+    off += 2
+    prev = -1
+    for j in range(len(ids)):
+        off = _put_var(buf, off, ids[j] - prev - 1)
+        prev = ids[j]
+        if ids[j] != token:
+            off = _put_var(buf, off, weights[j] - 1)
+    return off
+
+
+def pack_table(token, ids, weights):
+    """One draft's whole q-hat table as a DRAFT body carries it: what a drafter board holds for a draft in place of
+    its two lists (a byte or three an id, where the lists take 8 on a board), sent with pack_held_draft."""
+    _check_table(token, ids, weights)
+    buf = bytearray(_table_size(token, ids, weights))
+    _put_table(buf, 0, token, ids, weights)
+    return bytes(buf)
+
+
+def pack_held_draft(pos0, tokens, tables):
+    """The DRAFT body pack_draft gives for these drafts, byte for byte, from each one's token and its pack_table
+    bytes (None: a greedy draft, its token alone)."""
+    n = len(tokens)
+    if n > 63:
+        raise ValueError("at most 63 drafts per message")
+    sparse = False
+    for t in tables:
+        if t is not None and t[0] != 1:  # a table of one id is its token's alone, weight ONE: greedy
+            sparse = True
+    if sparse:
+        tables = [pack_table(tokens[i], [tokens[i]], [ONE]) if tables[i] is None else tables[i] for i in range(n)]
+    size = 2 + (1 + (sum(len(t) for t in tables) if sparse else 2 * n) if n else 0)
+    buf = bytearray(size)
+    struct.pack_into("<H", buf, 0, pos0)
+    if n:
+        buf[2] = n | (_TABLES if sparse else 0)
+        off = 3
+        for i in range(n):
+            if sparse:
+                t = tables[i]
+                buf[off:off + len(t)] = t
+                off += len(t)
+            else:
+                struct.pack_into("<H", buf, off, tokens[i])
+                off += 2
+    return bytes(buf)
 
 
 def pack_draft(pos0, entries, partial=False):

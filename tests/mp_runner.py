@@ -138,6 +138,11 @@ def _op(op, a):
         return [out, _errors(d), d.pending()]
     if op == "pack":
         return getattr(messages, a["fn"])(*a["args"])
+    if op == "held_draft":  # each table as a drafter board holds it (None: greedy), packed: pack_draft's bytes
+        entries = a["entries"]
+        tables = [None if g else messages.pack_table(*e) for e, g in zip(entries, a["greedy"])]
+        body = messages.pack_held_draft(a["pos0"], [e[0] for e in entries], tables)
+        return tohex(body) if body == messages.pack_draft(a["pos0"], entries) else "pack_held_draft differs"
     if op == "unpack":
         try:
             return _plain(messages.unpack(a["mtype"], a["reply"], unhex(a["payload"])))

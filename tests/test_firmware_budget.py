@@ -107,11 +107,12 @@ def test_the_classic_esp32_drafter_runs_from_its_heap(micropython, board):
         node.close()
 
 
-@pytest.mark.parametrize("draft_k, gamma", [(64, 4), (32, 8)])
+@pytest.mark.parametrize("draft_k, gamma", [(192, 4), (128, 8), (32, 16)])
 def test_the_classic_esp32_drafter_drafts_wider_tables_through_its_context(micropython, board, draft_k, gamma):
-    """Sampled rounds of q-hat tables 8x (gamma 4) and 4x (gamma 8) the default --draft-top-k, through the class's
-    whole context in its heap: a drafter holds the tables of the drafts it still holds, not of MAX_GAMMA positions
-    (those ran it out of heap in 6 rounds at 64 wide). Wider ones may not fit: the fail-over line says so."""
+    """Sampled rounds of q-hat tables 24x (gamma 4), 16x (gamma 8) and 4x (gamma 16) the default --draft-top-k,
+    through the class's whole context in its heap: a drafter holds the tables of the drafts it still holds, not of
+    MAX_GAMMA positions (those ran it out of heap in 6 rounds at 64 wide), and holds each as its DRAFT bytes, not
+    two lists. Wider ones may not fit (255 at gamma 4): the fail-over line says so (docs/bench/heap.md)."""
     model = shipped_model(ESP32.drafter[:-len(".spm")])
     code = code_heap(micropython, board)
     node = NodeProc(micropython, board, {"role": "drafter", "model": model}, heap=ESP32_HEAP + code, flashed=True)
@@ -123,7 +124,7 @@ def test_the_classic_esp32_drafter_drafts_wider_tables_through_its_context(micro
         tail: list[int] = []
         while len(tokens) + gamma + 1 <= ctx:
             _, entries = node.call(m.DRAFT_REQ, m.pack_draft_req(len(tokens), gamma, tail), expect=m.DRAFT)
-            assert len(entries) == gamma and max(len(e[1]) for e in entries) > draft_k // 2
+            assert len(entries) == gamma and max(len(e[1]) for e in entries) > min(draft_k, 64) // 2  # (zero weights go)
             tail = [(entries[2][0] + 1) % 512]  # accept 2, then a residual
             tokens += [e[0] for e in entries[:2]] + tail
         st = node.stats()

@@ -377,6 +377,21 @@ def message_cases() -> list[dict]:
                 want.append("BadFrame")
         assert c["expect"] == want  # exactly CPython's own decoder: overlongs, surrogates, > U+10FFFF refused
         out.append(c)
+    # a drafter board's held tables (pack_table; None: greedy) packed: the bytes pack_draft gives, whatever their mix
+    rng = random.Random(31)
+    wide = sorted(rng.sample(range(1 << 16), 64))  # gaps and weights of one to three varint bytes
+    cuts = sorted(rng.sample(range(1, ONE), 63))
+    wide_w = [b - a for a, b in zip([0] + cuts, cuts + [ONE])]
+    for name, entries, greedy in (
+            ("held draft tables", [[9, [1, 9, 40], [100, 65000, 436]], [3, [3], [ONE]], [wide[7], wide, wide_w]],
+             [False, False, False]),
+            ("held draft tables of one id", [[3, [3], [ONE]], [70, [70], [ONE]]], [False, False]),
+            ("held draft greedy", [[3, [3], [ONE]], [65535, [65535], [ONE]]], [True, True]),
+            ("held draft greedy among tables", [[3, [3], [ONE]], [9, [1, 9], [1, ONE - 1]]], [True, False]),
+            ("held draft none", [], [])):
+        c = case(name, "held_draft", pos0=300, entries=entries, greedy=greedy)
+        assert c["expect"] == m.pack_draft(300, entries).hex(), name
+        out.append(c)
     return out
 
 
