@@ -7,6 +7,7 @@ turns them into integer weights, and `quantize*` scale those to ONE exactly.
 
     quantize(weights[, out, fracs, order]) -> table  largest remainder, ties to the lowest id
     quantize_topk(weights, k) -> (ids, weights)  the k largest (ties lowest id), ids ascending, zeros dropped
+    quantize_sparse(ids, weights) -> (ids, weights)  quantize the weights of ids, zeros dropped
     top_ids(values, k) -> ids               the k largest values, descending, ties lowest id
     argmax(values) -> id                    ties lowest id
     sample(weights, seed, pos, purpose)     dense table
@@ -138,18 +139,30 @@ def _hand_out(weights, fracs, rem, order=None):
 
 def quantize_topk(weights, k):
     """Sparse q-hat: the k largest weights' ids (ascending) with a table summing to ONE, no zeros."""
-    if k >= len(weights):  # every id: no ranking (a k-wide insertion pass and two k-long lists on a board's heap)
-        ids = list(range(len(weights)))
-    else:
-        ids = top_ids(weights, k)
-        ids.sort()
-    table = quantize([weights[i] for i in ids])
-    out_ids = []
-    out_w = []
-    for j in range(len(ids)):
-        if table[j]:
-            out_ids.append(ids[j])
-            out_w.append(table[j])
+    ids = top_ids(weights, k)
+    ids.sort()
+    return quantize_sparse(ids, [weights[i] for i in ids])
+
+
+def quantize_sparse(ids, weights):
+    """(ids, table): quantize(weights), the weights of `ids`, less its zero entries; `ids` and the table themselves
+    where none is zero. `weights` becomes the remainders, so a drafter board's wide q-hat takes one list more than
+    its ids and weights (the heap of a classic ESP32 held no more)."""
+    table = quantize(weights, [0] * len(weights), weights)
+    n = 0
+    for w in table:
+        if w:
+            n += 1
+    if n == len(table):
+        return ids, table
+    out_ids = [0] * n
+    out_w = [0] * n
+    j = 0
+    for i in range(len(table)):
+        if table[i]:
+            out_ids[j] = ids[i]
+            out_w[j] = table[i]
+            j += 1
     return out_ids, out_w
 
 

@@ -107,12 +107,13 @@ def test_the_classic_esp32_drafter_runs_from_its_heap(micropython, board):
         node.close()
 
 
-@pytest.mark.parametrize("draft_k, gamma", [(192, 4), (128, 8), (32, 16)])
+@pytest.mark.parametrize("draft_k, gamma", [(255, 4), (255, 8), (32, 16)])
 def test_the_classic_esp32_drafter_drafts_wider_tables_through_its_context(micropython, board, draft_k, gamma):
-    """Sampled rounds of q-hat tables 24x (gamma 4), 16x (gamma 8) and 4x (gamma 16) the default --draft-top-k,
-    through the class's whole context in its heap: a drafter holds the tables of the drafts it still holds, not of
-    MAX_GAMMA positions (those ran it out of heap in 6 rounds at 64 wide), and holds each as its DRAFT bytes, not
-    two lists. Wider ones may not fit (255 at gamma 4): the fail-over line says so (docs/bench/heap.md)."""
+    """Sampled rounds of the widest q-hat tables --draft-top-k allows (255) at gamma 4 and 8 (gamma auto's most),
+    and of 4x the default at gamma 16, through the class's whole context in its heap: a drafter holds the tables
+    of the drafts it still holds, not of MAX_GAMMA positions (those ran it out of heap in 6 rounds at 64 wide),
+    holds each as its DRAFT bytes, not two lists, and builds each in three lists of its width. Wider tables at
+    gamma 16 do not fit: the fail-over line says so (docs/bench/heap.md)."""
     model = shipped_model(ESP32.drafter[:-len(".spm")])
     code = code_heap(micropython, board)
     node = NodeProc(micropython, board, {"role": "drafter", "model": model}, heap=ESP32_HEAP + code, flashed=True)
