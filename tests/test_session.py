@@ -536,3 +536,22 @@ def test_a_round_whose_board_failed_counts_the_bytes_it_carried_not_minus_them(m
     by_link = lost.stats["bus_bytes_per_token_by_link"]
     assert lost.stats["failed"] and by_link["drafter"] > 0 and by_link["verifier"] == 0
     assert lost.stats["bus_bytes_per_token"] == by_link["drafter"]
+
+
+def test_a_generation_cancelled_before_it_began_has_the_stats_of_one_of_no_tokens(models):
+    """A generation whose cancel was set before its turn came returned stats of {}: a caller reading its figures (the
+    README's done.stats["tokens_per_verification"]) met a KeyError that one cancelled after a round did not, and the
+    stats of one cancelled mid-way said stop "stop" (a stop string's) where its Completion said "cancelled"."""
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        ran = mesh.generate("The cat", max_tokens=5)
+        gone = threading.Event()
+        gone.set()
+        for done in (mesh.generate("The cat", max_tokens=5, cancel=gone),
+                     list(mesh.stream("The cat", max_tokens=5, cancel=gone))[-1]):
+            assert (done.text, done.token_ids, done.stop) == ("", [], "cancelled")
+            assert set(done.stats) == set(ran.stats) and done.stats["stop"] == "cancelled"
+            assert (done.stats["tokens"], done.stats["rounds"], done.stats["boards"]) == (0, 0, [])
+            assert done.stats["prompt_tokens"] == ran.stats["prompt_tokens"] and done.stats["verifier"] == "cpu"
+        cancel = threading.Event()
+        cut = mesh.generate("The cat", max_tokens=100, cancel=cancel, on_piece=lambda piece: cancel.set())
+        assert cut.stop == cut.stats["stop"] == "cancelled" and cut.stats["rounds"] == 1

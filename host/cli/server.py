@@ -330,9 +330,9 @@ class Api:
         return JSONResponse(reply.whole(done, prompt), headers=headers)
 
     def unserved(self, done: Completion) -> bool:
-        """Whether `done` is a request the server stopped before its turn: the mesh never began it (no stats), and
+        """Whether `done` is a request the server stopped before its turn: the mesh never began it (no rounds), and
         an empty text with finish_reason "length" would tell its client it was served."""
-        return self.stopping and not done.stats
+        return self.stopping and not done.stats["rounds"]
 
     @staticmethod
     async def _left(request: Request, cancel: threading.Event) -> None:

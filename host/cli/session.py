@@ -44,7 +44,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specmesh.host import backends
 from specmesh.host.backends import PIPELINE, BackendError, SessionParams
@@ -312,6 +312,7 @@ def build_stats(config: RunConfig, params: SessionParams, result: Result, text: 
         "drafter_model": (drafter.info.get("model") if hasattr(drafter, "info") else
                           config.model_file("drafter").name) if drafter else None,
         "stop": result.stop,
+        "rounds": len(result.rounds),  # verifications: 0 for a generation cancelled before it began
         "context": verifier.max_seq,
         "seed": params.seed,
         "temperature": params.temperature,  # as applied: the nearest thousandth of --temperature
@@ -584,7 +585,8 @@ class Piece:
 @dataclass
 class Completion:
     """A finished generation: its text (prompt excluded, ending before a stop string), why it stopped
-    ("eos", "max_tokens", "context", "stop" or "cancelled") and the run's stats (`specmesh run --stats-json`)."""
+    ("eos", "max_tokens", "context", "stop" or "cancelled") and the run's stats (`specmesh run --stats-json`; one
+    cancelled before it began has the same keys, of no rounds and no tokens)."""
 
     text: str
     token_ids: list[int]
@@ -902,7 +904,7 @@ class Mesh(contextlib.AbstractContextManager):
         if lane is None:
             with self.lane(cancel) as lane:
                 if lane is None:
-                    return Completion("", [], "cancelled", {})
+                    return self._unbegun(prompt, request)
                 return self.complete(prompt, request, on_piece, cancel, controller, lane)
         params = request.session_params(eos=self.eos)
         verifier, drafter = lane.verifier, lane.drafter
@@ -931,8 +933,19 @@ class Mesh(contextlib.AbstractContextManager):
                 del self._running[cancel]
                 self._ended.notify_all()
         stats["gamma_costs"] = ("projected %s" % costs.board.name) if costs else "measured"
-        stop = "cancelled" if result.stop == "stop" and not scan.stopped else result.stop
-        return Completion(text, result.tokens[:scan.kept], stop, stats)
+        stats["stop"] = "cancelled" if result.stop == "stop" and not scan.stopped else result.stop
+        return Completion(text, result.tokens[:scan.kept], stats["stop"], stats)
+
+    def _unbegun(self, prompt: Sequence[int], request: RunConfig) -> Completion:
+        """The Completion of a generation cancelled before its turn came: no text, and the stats of a generation of no
+        rounds (the keys of any other's, stop "cancelled", no boards asked: their lanes serve other generations)."""
+        lane = self._lanes[0]  # the back-ends it would have run on, by name and context only
+        verifier, drafter = _NotBegun.like(lane.verifier), _NotBegun.like(lane.drafter)
+        params = request.session_params(eos=self.eos)
+        stats = build_stats(request, params, Result([]), "", verifier, drafter, gamma_controller(request, drafter),
+                            len(prompt), None)
+        stats.update(gamma_costs=None, stop="cancelled")
+        return Completion("", [], "cancelled", stats)
 
     def _fall_back(self, lane: Lane):
         """The `cpu` verifier taking over from the lane's failed one, kept by the lane for what follows (none once
@@ -978,6 +991,24 @@ class _Cancel:
 
     def set(self) -> None:
         self.own.set()
+
+
+@dataclass
+class _NotBegun:
+    """A back-end as the stats of a generation cancelled before its turn name it: its name and context, no parts."""
+
+    name: str
+    max_seq: int
+
+    @classmethod
+    def like(cls, backend: Any) -> _NotBegun | None:
+        return None if backend is None else cls(backend.name, backend.max_seq)
+
+    def parts(self, role: str) -> list:
+        return []
+
+    def report(self) -> dict:
+        return {}
 
 
 class _CallbackRaised(Exception):
