@@ -555,3 +555,30 @@ def test_a_generation_cancelled_before_it_began_has_the_stats_of_one_of_no_token
         cancel = threading.Event()
         cut = mesh.generate("The cat", max_tokens=100, cancel=cancel, on_piece=lambda piece: cancel.set())
         assert cut.stop == cut.stats["stop"] == "cancelled" and cut.stats["rounds"] == 1
+
+
+def test_closing_a_mesh_ends_a_generation_and_leaves_the_caller_s_cancel_event_as_it_was(models):
+    """close() ended each running generation by setting the cancel event its caller had passed: a caller that keeps
+    one event for its stop button (as stream(cancel=ev) already allowed) found its next generation, on a new Mesh,
+    cancelled before it began."""
+    mesh = Mesh(drafter="cpu", verifier="cpu", models=models)
+    stop = threading.Event()
+    done = {}
+
+    def held_until_closing(piece):
+        while not mesh._closed:  # the first round is held until close() has begun
+            threading.Event().wait(0.01)
+
+    def generate():
+        done["c"] = mesh.generate("The cat", max_tokens=100, cancel=stop, on_piece=held_until_closing)
+
+    thread = threading.Thread(target=generate)
+    thread.start()
+    while not mesh._running:
+        threading.Event().wait(0.01)
+    mesh.close()
+    thread.join(30)
+    assert done["c"].stop == "cancelled" and len(done["c"].token_ids) < 100
+    assert not stop.is_set()
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as again:
+        assert again.generate("The cat", max_tokens=4, cancel=stop).stop == "max_tokens"

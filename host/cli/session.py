@@ -653,7 +653,7 @@ class Mesh(contextlib.AbstractContextManager):
         self._closed = False
         self._pid = os.getpid()  # its back-ends' process: a child forked from it cannot use them
         self._holders: dict[int, int] = {}  # thread ident -> lanes it holds (lane())
-        self._running: dict[threading.Event, int] = {}  # each generation's cancel event -> its thread's ident
+        self._running: dict[_Cancel, int] = {}  # each generation's own cancel event -> its thread's ident
         self._ended = threading.Condition(self._lock)  # notified as each generation ends
         try:
             self._release(self._new_lane())
@@ -919,7 +919,7 @@ class Mesh(contextlib.AbstractContextManager):
         controller.pipelined = bool(drafter is not None and costs is not None and costs.pipelined)
         scan = StopScan(StopStrings(request.stop), self.tok.pieces.__getitem__)
         fallback = None if self.names["verifier"] in ("cpu", PIPELINE) else lambda: self._fall_back(lane)
-        cancel = cancel or threading.Event()
+        cancel = _Cancel(cancel)  # what close() sets: the caller's event is left as it was
         with self._lock:
             self._check_usable()
             self._running[cancel] = threading.get_ident()
@@ -979,9 +979,9 @@ def _check_hooks(on_piece, cancel) -> None:
 
 
 class _Cancel:
-    """The cancel event of stream()'s generation: set when the caller's `given` event is, or by its own `set()` (its
+    """The cancel event of a generation: set when the caller's `given` event is, or by its own `set()` (a stream's
     iteration left, the mesh closed), which leaves the caller's as it was: a caller's event kept for its next
-    generations would cancel each before it began."""
+    generations (or another Mesh's) would cancel each before it began."""
 
     def __init__(self, given: threading.Event | None):
         self.given, self.own = given, threading.Event()
@@ -1026,7 +1026,7 @@ class _Watch(Watch):
     to `warn`."""
 
     def __init__(self, scan: StopScan, costs, fallback, on_piece: Callable[[Piece], None] | None,
-                 cancel: threading.Event | None, warn: Say | None):
+                 cancel: _Cancel, warn: Say | None):
         super().__init__(scan, TextStream(scan), costs=costs.round_costs if costs else None,
                          costs_known=getattr(costs, "known_beforehand", True), fallback=fallback,
                          verify_by_shape=getattr(costs, "verify_by_shape", False))
@@ -1044,7 +1044,7 @@ class _Watch(Watch):
         self._last = now
 
     def stopped(self) -> bool:
-        return self.scan.stopped or (self.cancel is not None and self.cancel.is_set())
+        return self.scan.stopped or self.cancel.is_set()
 
     def failed_over(self, line: str) -> None:
         if self.warn is not None:
