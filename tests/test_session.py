@@ -582,3 +582,21 @@ def test_closing_a_mesh_ends_a_generation_and_leaves_the_caller_s_cancel_event_a
     assert not stop.is_set()
     with Mesh(drafter="cpu", verifier="cpu", models=models) as again:
         assert again.generate("The cat", max_tokens=4, cancel=stop).stop == "max_tokens"
+
+
+def test_a_stream_left_by_break_inside_with_frees_its_lane_for_the_next_generation(models):
+    """A `for` loop left by break does not close the iterator it read: one still referenced kept its generation
+    running on the lane to max_tokens, and the stream could not be used in a `with` block to close it however the
+    loop was left ("'generator' object does not support the context manager protocol")."""
+    import specmesh
+
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        with mesh.stream("The cat", max_tokens=100) as items:
+            assert isinstance(items, specmesh.Stream)
+            for item in items:
+                break
+        assert isinstance(item, Piece) and mesh.lanes_busy == 0
+        assert next(items, None) is None  # closed: its generation ended after that round
+        with mesh.stream("The cat", max_tokens=4) as items:
+            assert list(items)[-1].stop == "max_tokens"
+        assert mesh.lanes_busy == 0

@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from numbers import Integral, Real
@@ -594,6 +594,26 @@ class Completion:
     stats: dict = field(repr=False)
 
 
+class Stream(Iterator[Piece | Completion], contextlib.AbstractContextManager):
+    """Mesh.stream()'s iterator; `with mesh.stream(...) as items:` closes it as the block is left, however left.
+    A `for` loop left by `break` does not close what it iterates: an iterator still referenced (a name, a list)
+    keeps its generation running on its lane to its end (max_tokens at most), holding up the generations waiting
+    for that lane; `with`, or `close()`, ends it after its round."""
+
+    def __init__(self, items: Generator[Piece | Completion, None, None]):
+        self._items = items
+
+    def __next__(self) -> Piece | Completion:
+        return next(self._items)
+
+    def close(self) -> None:
+        """End the generation after its current round and wait for that round (nothing, once it has ended)."""
+        self._items.close()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 @dataclass
 class Lane:
     """One drafter (None: plain decoding) and one verifier serving one stream at a time."""
@@ -827,11 +847,10 @@ class Mesh(contextlib.AbstractContextManager):
         mesh's (the options it was made with, else run's defaults: 64 tokens, greedy). The others as `complete`."""
         return self.complete(self._ids(prompt), self.request(max_tokens, **_sampling(sampling)), **_rest(sampling))
 
-    def stream(self, prompt: str | Sequence[int], max_tokens: int | None = None, **sampling
-               ) -> Iterator[Piece | Completion]:
-        """`generate` as an iterator: a Piece per round as it is committed, then the Completion. Leaving the
-        iteration early (closing it) cancels the generation after its current round. A bad argument, or a mesh
-        that cannot generate, is refused here, not at the first item."""
+    def stream(self, prompt: str | Sequence[int], max_tokens: int | None = None, **sampling) -> Stream:
+        """`generate` as an iterator (a `Stream`): a Piece per round as it is committed, then the Completion. Closing
+        it early (`close()`, the end of a `with` block over it, or dropping it) cancels the generation after its
+        current round. A bad argument, or a mesh that cannot generate, is refused here, not at the first item."""
         if "on_piece" in sampling:
             raise TypeError("stream() takes no on_piece: its items are the pieces (on_piece is generate()'s)")
         request = self.request(max_tokens, **_sampling(sampling))
@@ -839,9 +858,10 @@ class Mesh(contextlib.AbstractContextManager):
         _check_hooks(None, rest.get("cancel"))
         self._check_prompt(ids)
         self._check_usable()
-        return self._pieces(ids, request, _Cancel(rest.pop("cancel", None)), rest)
+        return Stream(self._pieces(ids, request, _Cancel(rest.pop("cancel", None)), rest))
 
-    def _pieces(self, ids: list[int], request: RunConfig, cancel: _Cancel, rest: dict) -> Iterator[Piece | Completion]:
+    def _pieces(self, ids: list[int], request: RunConfig, cancel: _Cancel, rest: dict
+                ) -> Generator[Piece | Completion, None, None]:
         """stream()'s iterator: the generation runs in a thread of its own, handing its items over a queue; left,
         it sets its own `cancel`, not the caller's event. Refused where the iterating thread holds the lane that
         thread would wait for."""

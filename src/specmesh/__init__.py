@@ -5,7 +5,7 @@ docs/architecture.md, "Installed: one import name", says why and how.
 
 The Python API is `specmesh.Mesh` (host/cli/session.py), imported on first use so that `import specmesh`
 stays cheap: `from specmesh import Mesh; mesh = Mesh(drafter="virtual", verifier="cpu")`; with its results
-(`Piece`, `Completion`) and its errors: `UsageError` (a bad option or argument, in one line), `GenerationFailed`
+(`Piece`, `Completion`; `Stream`, what `Mesh.stream` returns) and its errors: `UsageError` (a bad option or argument, in one line), `GenerationFailed`
 (a back-end lost beyond fail-over).
 `python -m specmesh` is the `specmesh` command.
 
@@ -16,7 +16,7 @@ from specmesh.host import stops as _stops
 
 _stops.quiet_under_dash_m()
 
-__all__ = ["Completion", "GenerationFailed", "Mesh", "Piece", "UsageError"]
+__all__ = ["Completion", "GenerationFailed", "Mesh", "Piece", "Stream", "UsageError"]
 
 
 def __getattr__(name: str):
