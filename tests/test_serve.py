@@ -498,3 +498,27 @@ def test_requests_still_waiting_when_serve_stops_are_told_to_send_again():
         assert status == 200 and events[-1] == {"error": {"message": UNSERVED, "type": "server_error", "param": None,
                                                           "code": None}}, events[-1]
         assert proc.wait(timeout=60) == 143
+
+
+def test_parameters_of_the_wrong_type_or_out_of_place_are_refused(cpu):
+    """`user: 5` and `stream_options` on a whole (not streamed) reply were taken without a word, and `model: 5` was
+    "the model 5 does not exist" (a 404): OpenAI's API refuses each as a bad request. `stream: null` (not given, as
+    OpenAI's nullable parameters) was refused as not true or false."""
+    import urllib.error
+
+    url = cpu[0]
+    for body, param, says in (({"user": 5}, "user", "user must be a string"),
+                              ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed when stream"),
+                              ({"stream_options": {"include_usage": True}, "stream": False}, "stream_options", "only"),
+                              ({"model": 5}, "model", "model must be a string, not 5")):
+        ask = urllib.request.Request(url + "/v1/completions", json.dumps({"prompt": PROMPT, "max_tokens": 4,
+                                                                          **body}).encode())
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(ask, timeout=60)
+        error = json.load(e.value)["error"]
+        assert e.value.code == 400 and error["param"] == param and says in error["message"], (body, error)
+    for body in ({"stream": None, "user": "alice"}, {"stream": None, "stream_options": None}):
+        ask = urllib.request.Request(url + "/v1/completions", json.dumps({"prompt": PROMPT, "max_tokens": 4,
+                                                                          **body}).encode())
+        assert json.load(urllib.request.urlopen(ask, timeout=60))["usage"]["completion_tokens"] == 4
+

@@ -3,7 +3,7 @@
 Routes: `POST /v1/completions` and `POST /v1/chat/completions` (`stream: true` as server-sent events, else one JSON
 body), `GET /v1/models` and `/v1/models/ID`, `GET /health`, and `/`, the live page (host/cli/page.html). The
 parameters that map are taken (`max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1, `stream_options`'s
-`include_usage`; `user` is accepted and ignored); any other parameter set to something but its OpenAI default is a
+`include_usage`, with `stream` true; `user`, a string, is accepted and ignored); any other parameter set to something but its OpenAI default is a
 400 naming it (the other route's text too: a chat's `prompt`, a completion's `messages`), as is a bad value. Where
 OpenAI's and `specmesh run`'s defaults differ, the mesh's are kept: greedy (`temperature` 0) and its `--max-tokens`.
 A sampled request without a `seed` samples under a fresh one, as OpenAI's differ from one another; the header
@@ -71,9 +71,8 @@ class BadRequest(Exception):
         return error(self.status, str(self), self.param, self.code)
 
 
-def unknown_model(name: object) -> BadRequest:
-    shown = _shown(name) if isinstance(name, str) else name
-    return BadRequest("the model %r does not exist: this server serves %r" % (shown, MODEL_ID), "model", 404,
+def unknown_model(name: str) -> BadRequest:
+    return BadRequest("the model %r does not exist: this server serves %r" % (_shown(name), MODEL_ID), "model", 404,
                       "model_not_found")
 
 
@@ -98,6 +97,9 @@ def sampling(body: dict, mesh: Mesh, fixed_seed: bool = False, chat: bool = Fals
         if not any(value == d and isinstance(value, bool) == isinstance(d, bool) for d in DEFAULTS[key]):
             raise BadRequest("parameter %r is not supported by specmesh (only its default, %s)"
                              % (key, " or ".join(json.dumps(d) for d in DEFAULTS[key])), key)
+    for key, what in (("model", "a string"), ("user", "a string (an id of the end user, which specmesh ignores)")):
+        if body.get(key) is not None and not isinstance(body[key], str):
+            raise BadRequest("%s must be %s, not %s" % (key, what, _shown(json.dumps(body[key]))), key)
     if body.get("model") not in (None, MODEL_ID):
         raise unknown_model(body["model"])
     n = body.get("n", 1)
@@ -121,7 +123,7 @@ def sampling(body: dict, mesh: Mesh, fixed_seed: bool = False, chat: bool = Fals
         if any(lone_surrogate(s) is not None for s in stops):  # as a prompt's: no text could match it
             raise BadRequest("stop holds a lone surrogate, which no UTF-8 text holds", "stop")
         out["stop"] = stops
-    if not isinstance(body.get("stream", False), bool):
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):  # (null: not given, as OpenAI's)
         raise BadRequest("stream must be true or false", "stream")
     try:
         return {"request": seeded(mesh.request(**out), "seed" in out or fixed_seed)}
@@ -150,6 +152,8 @@ def streamed_usage(body: dict) -> bool:
     options = body.get("stream_options")
     if options is None:
         return False
+    if not body.get("stream"):  # as OpenAI's: options a whole reply would ignore are a mistake to say
+        raise BadRequest("stream_options is only allowed when stream is true", "stream_options")
     if not isinstance(options, dict) or not set(options) <= {"include_usage", "include_obfuscation"} or not all(
             isinstance(v, bool) for v in options.values()):
         raise BadRequest("stream_options must be an object of include_usage and include_obfuscation, each true or "
