@@ -522,3 +522,15 @@ def test_parameters_of_the_wrong_type_or_out_of_place_are_refused(cpu):
                                                                           **body}).encode())
         assert json.load(urllib.request.urlopen(ask, timeout=60))["usage"]["completion_tokens"] == 4
 
+
+
+def test_a_number_longer_than_python_converts_is_a_400_saying_so_not_bad_json(cpu):
+    """A JSON integer of over 4,300 digits (Python's int-string conversion limit) was "the body must be JSON", which
+    it is: the client was told to mend what was not broken."""
+    import urllib.error
+
+    for body in ('{"prompt": "The cat", "seed": %s}' % ("9" * 5000), '{"prompt": [1, -%s]}' % ("1" * 4301)):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(cpu[0] + "/v1/completions", body.encode()), timeout=60)
+        error = json.load(e.value)["error"]
+        assert e.value.code == 400 and error["message"].startswith("a number in the body has"), error

@@ -293,7 +293,7 @@ class Api:
 
     async def _serve(self, request: Request, chat: bool) -> Response:
         try:
-            body = json.loads(await body_of(request))
+            body = json.loads(await body_of(request), parse_int=json_int)
         except BadRequest as e:
             return e.reply()
         except ClientDisconnect:  # the client left before its body was whole: nobody reads this
@@ -404,6 +404,16 @@ async def body_of(request: Request) -> bytes:
                              status=413)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def json_int(digits: str) -> int:
+    """An integer of a request's JSON; BadRequest for one of more digits than Python converts (4300 by default), which
+    was "the body must be JSON", though it is: no parameter takes a number that long."""
+    try:
+        return int(digits)
+    except ValueError:
+        raise BadRequest("a number in the body has %d digits: no parameter takes one that long"
+                         % len(digits.lstrip("-"))) from None
 
 
 def sse(obj: dict) -> str:
