@@ -4,6 +4,7 @@ side by side (batched) with the texts each gives alone; a one-lane mesh queues t
 
 import contextlib
 import io
+import re
 import subprocess
 import sys
 import threading
@@ -600,3 +601,21 @@ def test_a_stream_left_by_break_inside_with_frees_its_lane_for_the_next_generati
         with mesh.stream("The cat", max_tokens=4) as items:
             assert list(items)[-1].stop == "max_tokens"
         assert mesh.lanes_busy == 0
+
+
+def test_numpy_s_integers_sample_as_python_s_and_a_huge_integer_is_named_by_its_size(models):
+    """seed=np.uint32(5) was taken as it was: the draws' arithmetic wrapped around in numpy's unsigned integers and
+    the generation died on "draw beyond the table total". An integer of over 4,300 digits (seed, top_k, a prompt's
+    token id) was Python's "Exceeds the limit (4300 digits) for integer string conversion" in place of the line that
+    names the argument (a ValueError, not a UsageError, for a token id); temperature=10**5000 an OverflowError."""
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        seeded = mesh.generate("The cat", max_tokens=12, temperature=0.8, seed=5).token_ids
+        for seed in (np.uint32(5), np.uint64(5), np.int64(5)):
+            assert mesh.generate("The cat", max_tokens=12, temperature=0.8, seed=seed).token_ids == seeded
+        huge = 10 ** 5000
+        for kw, says in (({"seed": huge}, "seed must be in 0..4294967295, not an integer of over 4300 digits"),
+                         ({"top_k": huge}, "top_k must be in 0..65535 (0: off), not an integer of over 4300 digits"),
+                         ({"temperature": huge}, "temperature inf is outside"),
+                         ({"prompt": [1, huge]}, "the prompt's token ids must be integers in 0..511, not an integer of")):
+            with pytest.raises(UsageError, match="^" + re.escape(says)):
+                mesh.generate(**{"prompt": "The cat", "max_tokens": 3, **kw})

@@ -5,9 +5,12 @@ value too low and a value too high get the same line: "--stages must be in 0..6 
 
     in_range(flag, value, lo, hi=None, note="")   value, or RangeError (hi None: no upper bound)
     probability(flag, p)                          p, or RangeError unless 0 <= p < 1
+    shown(value)                                  a value as a message names it (a huge integer by its size)
 """
 
 from __future__ import annotations
+
+import sys
 
 SEED = (0, 0xFFFFFFFF)  # --seed of run, emulate: a u32 in BEGIN and in the radio's PRNG
 STREAMS = (1, 256)  # serve's --streams, a Mesh's streams: lanes generating at once
@@ -21,16 +24,21 @@ def in_range(flag: str, value: float, lo: float, hi: float | None = None, note: 
     """`value` if lo <= value <= hi; RangeError otherwise. `note`: what the bounds mean, in parentheses."""
     if lo <= value and (hi is None or value <= hi):
         return value
-    bounds = "at least %s" % _num(lo) if hi is None else "in %s..%s" % (_num(lo), _num(hi))
-    raise RangeError("%s must be %s%s, not %s" % (flag, bounds, " (%s)" % note if note else "", _num(value)))
+    bounds = "at least %s" % shown(lo) if hi is None else "in %s..%s" % (shown(lo), shown(hi))
+    raise RangeError("%s must be %s%s, not %s" % (flag, bounds, " (%s)" % note if note else "", shown(value)))
 
 
 def probability(flag: str, p: float) -> float:
     """`p` if it is a probability below 1 (a link that loses every packet carries nothing); RangeError otherwise."""
     if 0.0 <= p < 1.0:
         return p
-    raise RangeError("%s is a probability: it must be in [0, 1), not %s" % (flag, _num(p)))
+    raise RangeError("%s is a probability: it must be in [0, 1), not %s" % (flag, shown(p)))
 
 
-def _num(v: float) -> str:
-    return "%g" % v if isinstance(v, float) else str(v)
+def shown(value: object) -> str:
+    """`value` as a message names it: repr(), but an integer of more digits than Python converts to text (4300) by
+    its size, where repr() raised a ValueError of its own in place of the message."""
+    try:
+        return "%g" % value if isinstance(value, float) else repr(value)
+    except ValueError:
+        return "an integer of over %d digits" % sys.get_int_max_str_digits()

@@ -33,6 +33,8 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import math
+import operator
 import os
 import queue
 import sys
@@ -55,7 +57,7 @@ from specmesh.host.cli.flags import a_path, add_arguments
 from specmesh.host.cli.output import Segments, TextStream, Watch
 from specmesh.host.cli.preflight import (PreflightError, check_backends, check_build, check_context, check_models,
                                          check_pair, check_tokenizer, unknown_backend)
-from specmesh.host.cli.ranges import SEED, STREAMS, RangeError, in_range
+from specmesh.host.cli.ranges import SEED, STREAMS, RangeError, in_range, shown
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, Round, generate
 from specmesh.host.decode.stopstrings import StopScan, StopStrings
@@ -143,8 +145,11 @@ def flag_value(action: argparse.Action, name: str, value):
     elif kind is a_path and isinstance(value, os.PathLike):
         return Path(value)
     elif kind in (int, float) and isinstance(value, Integral if kind is int else Real) and not isinstance(value, bool):
-        return value
-    raise UsageError("%s must be %s, not %r" % (name, want, value))
+        try:  # Python's own number: a numpy unsigned seed wrapped around in the draws, which then failed
+            return operator.index(value) if kind is int else float(value)
+        except OverflowError:  # an integer beyond a float's range: refused by the range check, as inf
+            return math.inf if value > 0 else -math.inf
+    raise UsageError("%s must be %s, not %s" % (name, want, shown(value)))
 
 
 def check_ids(prompt: Sequence[int], vocab: int) -> None:
@@ -153,7 +158,7 @@ def check_ids(prompt: Sequence[int], vocab: int) -> None:
         raise UsageError("the prompt holds no token: give it text or at least one token id")
     for t in prompt:
         if isinstance(t, bool) or not isinstance(t, Integral) or not 0 <= t < vocab:
-            raise UsageError("the prompt's token ids must be integers in 0..%d, not %r" % (vocab - 1, t))
+            raise UsageError("the prompt's token ids must be integers in 0..%d, not %s" % (vocab - 1, shown(t)))
 
 
 def load_tokenizer(models: Path):
