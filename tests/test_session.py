@@ -619,3 +619,32 @@ def test_numpy_s_integers_sample_as_python_s_and_a_huge_integer_is_named_by_its_
                          ({"prompt": [1, huge]}, "the prompt's token ids must be integers in 0..511, not an integer of")):
             with pytest.raises(UsageError, match="^" + re.escape(says)):
                 mesh.generate(**{"prompt": "The cat", "max_tokens": 3, **kw})
+
+
+def test_a_ctrl_c_while_waiting_for_a_lane_leaves_the_queue_and_the_next_generation_runs(models):
+    """A Ctrl-C in a generation waiting for the lane another held left its place in the queue: the lane, freed, was
+    handed to that place, which nobody held any more, and every generation after waited for it forever."""
+    import os
+    import signal
+
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        held, free = threading.Event(), threading.Event()
+
+        def hold():
+            with mesh.lane():
+                held.set()
+                free.wait(30)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert held.wait(30)
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            mesh.generate("The cat", max_tokens=3)  # waits for the held lane until the Ctrl-C
+        free.set()
+        holder.join(30)
+        done = {}
+        after = threading.Thread(target=lambda: done.update(c=mesh.generate("The cat", max_tokens=3)), daemon=True)
+        after.start()
+        after.join(30)  # (a hang fails the test, not the suite)
+        assert done["c"].stop == "max_tokens" and mesh.lanes_busy == 0 and not mesh._waiting

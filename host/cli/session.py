@@ -785,16 +785,28 @@ class Mesh(contextlib.AbstractContextManager):
                 ticket.hand(self._new_lane())
             else:
                 self._waiting.append(ticket)
-        while not ticket.ready.wait(0.05):
-            if gone():
-                with self._lock:
-                    if ticket.lane is None:
-                        self._waiting.remove(ticket)
-                        return None
+        try:
+            while not ticket.ready.wait(0.05):
+                if gone():
+                    with self._lock:
+                        if ticket.lane is None:
+                            self._waiting.remove(ticket)
+                            return None
+        except BaseException:  # a Ctrl-C in the wait: its place, or the lane handed to it, would be lost to all after
+            self._leave(ticket)
+            raise
         if ticket.lane is not None and gone():  # (handed its lane as it left)
             self._release(ticket.lane)
             return None
         return ticket.lane
+
+    def _leave(self, ticket: _Ticket) -> None:
+        """`ticket` given up: out of the queue, or its lane, handed to it meanwhile, to the next in line."""
+        with self._lock:
+            if ticket.lane is None:
+                self._waiting.remove(ticket)
+                return
+        self._release(ticket.lane)
 
     def _check_not_nested(self, asker: int) -> None:
         """(Under the lock.) UsageError when a generation that thread `asker` waits for would wait for a lane while
