@@ -648,3 +648,16 @@ def test_a_ctrl_c_while_waiting_for_a_lane_leaves_the_queue_and_the_next_generat
         after.start()
         after.join(30)  # (a hang fails the test, not the suite)
         assert done["c"].stop == "max_tokens" and mesh.lanes_busy == 0 and not mesh._waiting
+
+
+def test_a_say_or_warn_that_is_no_function_is_refused_before_any_board_boots(models):
+    """Mesh(say=5) booted the boards to fail at their first line ("'int' object is not callable"), and Mesh(warn="x")
+    was made, to fail in the middle of the first generation that failed over; Mesh(config=5) was an AttributeError."""
+    from specmesh.host.emulator import board
+
+    for kw, says in (({"say": 5}, "say must be a function taking each line (a str), not 5"),
+                     ({"warn": "x"}, "warn must be a function taking each line (a str), not 'x'"),
+                     ({"config": 5}, "config must be a RunConfig (Mesh.from_config), not 5")):
+        with pytest.raises(TypeError, match="^" + re.escape(says) + "$"):
+            Mesh(drafter="virtual", verifier="cpu", models=models, **kw)
+        assert not board._LIVE

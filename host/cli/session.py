@@ -649,6 +649,11 @@ class Mesh(contextlib.AbstractContextManager):
 
     def __init__(self, drafter: str = "virtual", verifier: str = "virtual", *, streams: int = 1,
                  say: Say | None = None, warn: Say | None = None, config: RunConfig | None = None, **flags):
+        for name, hook in (("say", say), ("warn", warn)):  # found before any board boots, not at its first line
+            if hook is not None and not callable(hook):
+                raise TypeError("%s must be a function taking each line (a str), not %r" % (name, hook))
+        if config is not None and not isinstance(config, RunConfig):
+            raise TypeError("config must be a RunConfig (Mesh.from_config), not %r" % (config,))
         given = [f for f in ONE_GENERATION if flags.get(f) not in (None, False)]
         if given:
             raise UsageError("%s belongs to one generation, not to a Mesh: pass the prompt to generate(), and read "
