@@ -661,3 +661,28 @@ def test_a_say_or_warn_that_is_no_function_is_refused_before_any_board_boots(mod
         with pytest.raises(TypeError, match="^" + re.escape(says) + "$"):
             Mesh(drafter="virtual", verifier="cpu", models=models, **kw)
         assert not board._LIVE
+
+
+def test_a_stream_closed_from_another_thread_ends_after_its_round_for_the_thread_reading_it(models, monkeypatch):
+    """close() from another thread than the one reading the stream (a stop button's) raised "generator already
+    executing" and left the generation running to its end."""
+    in_round, go = threading.Event(), threading.Event()
+    verify = backends.LocalVerifier.verify
+
+    def held(self, committed, draft):
+        in_round.set()
+        go.wait(30)
+        return verify(self, committed, draft)
+
+    monkeypatch.setattr(backends.LocalVerifier, "verify", held)
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        items = mesh.stream("The cat", max_tokens=100)
+        read: list = []
+        reader = threading.Thread(target=lambda: read.extend(items), daemon=True)
+        reader.start()
+        while not (in_round.is_set() and items._items.gi_running):  # the reader waits inside the stream
+            threading.Event().wait(0.01)
+        items.close()
+        go.set()
+        reader.join(30)
+        assert read[-1].stop == "cancelled" and len(read[-1].token_ids) < 100 and mesh.lanes_busy == 0

@@ -605,15 +605,19 @@ class Stream(Iterator[Piece | Completion], contextlib.AbstractContextManager):
     keeps its generation running on its lane to its end (max_tokens at most), holding up the generations waiting
     for that lane; `with`, or `close()`, ends it after its round."""
 
-    def __init__(self, items: Generator[Piece | Completion, None, None]):
-        self._items = items
+    def __init__(self, items: Generator[Piece | Completion, None, None], cancel: _Cancel):
+        self._items, self._cancel = items, cancel
 
     def __next__(self) -> Piece | Completion:
         return next(self._items)
 
     def close(self) -> None:
-        """End the generation after its current round and wait for that round (nothing, once it has ended)."""
-        self._items.close()
+        """End the generation after its current round (nothing, once it has ended): in the thread that iterates it,
+        waiting for that round, its items left unread; from another (a stop button's), at once, the iterating thread
+        reading the rest, the last its Completion (stop "cancelled")."""
+        self._cancel.set()
+        with contextlib.suppress(ValueError):  # "generator already executing": another thread waits in it
+            self._items.close()
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -880,7 +884,8 @@ class Mesh(contextlib.AbstractContextManager):
         _check_hooks(None, rest.get("cancel"))
         self._check_prompt(ids)
         self._check_usable()
-        return Stream(self._pieces(ids, request, _Cancel(rest.pop("cancel", None)), rest))
+        cancel = _Cancel(rest.pop("cancel", None))
+        return Stream(self._pieces(ids, request, cancel, rest), cancel)
 
     def _pieces(self, ids: list[int], request: RunConfig, cancel: _Cancel, rest: dict
                 ) -> Generator[Piece | Completion, None, None]:
