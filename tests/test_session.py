@@ -616,7 +616,7 @@ def test_numpy_s_integers_sample_as_python_s_and_a_huge_integer_is_named_by_its_
         for kw, says in (({"seed": huge}, "seed must be in 0..4294967295, not an integer of over 4300 digits"),
                          ({"top_k": huge}, "top_k must be in 0..65535 (0: off), not an integer of over 4300 digits"),
                          ({"temperature": huge}, "temperature inf is outside"),
-                         ({"prompt": [1, huge]}, "the prompt's token ids must be integers in 0..511, not an integer of")):
+                         ({"prompt": [1, huge]}, "the prompt's token ids must be integers in 0..511, not an integer")):
             with pytest.raises(UsageError, match="^" + re.escape(says)):
                 mesh.generate(**{"prompt": "The cat", "max_tokens": 3, **kw})
 
@@ -686,3 +686,16 @@ def test_a_stream_closed_from_another_thread_ends_after_its_round_for_the_thread
         go.set()
         reader.join(30)
         assert read[-1].stop == "cancelled" and len(read[-1].token_ids) < 100 and mesh.lanes_busy == 0
+
+
+def test_encode_refuses_what_is_not_text_in_one_line(models):
+    """mesh.encode(5) was "can only concatenate str (not "int") to str", mesh.encode("\\ud800") the codec's
+    UnicodeEncodeError, and encode_turns("abc") took each character for a turn."""
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        for ask, says in ((lambda: mesh.encode(5), "the text to encode must be a str, not 5"),
+                          (lambda: mesh.encode("a\ud800"), "the text to encode is not Unicode text: character 1 is"),
+                          (lambda: mesh.encode_turns(["The cat", 5]), "each turn must be a str, not 5"),
+                          (lambda: mesh.encode_turns("abc"), "turns must be a list of texts, not one text")):
+            with pytest.raises(UsageError, match="^" + re.escape(says)):
+                ask()
+        assert mesh.encode_turns(["The cat", " sat"]) == mesh.encode("The cat") + mesh.encode(" sat", bos=False)

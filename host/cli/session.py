@@ -835,13 +835,16 @@ class Mesh(contextlib.AbstractContextManager):
     # -- generation --------------------------------------------------------------------------------
 
     def encode(self, text: str, bos: bool = True) -> list[int]:
-        return self.tok.encode(text, bos=bos)
+        """`text`'s token ids, BOS first unless `bos` is False; UsageError for what is not text."""
+        return self.tok.encode(_text(text, "the text to encode"), bos=bos)
 
     def encode_turns(self, turns: Iterable[str]) -> list[int]:
         """A context of turns as `specmesh chat` builds it: each turn's text appended as typed, BOS first."""
+        if isinstance(turns, str):  # (its characters would be turns)
+            raise UsageError("turns must be a list of texts, not one text")
         ids: list[int] = []
         for turn in turns:
-            ids += self.tok.encode(turn, bos=not ids)
+            ids += self.tok.encode(_text(turn, "each turn"), bos=not ids)
         return ids
 
     def request(self, max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
@@ -918,11 +921,8 @@ class Mesh(contextlib.AbstractContextManager):
 
     def _ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
-            at = lone_surrogate(prompt)
-            if at is not None:
-                raise UsageError("the prompt is not text: character %d is a lone surrogate (%r), which no UTF-8 "
-                                 "holds" % (at, prompt[at]))
-            least = self.tok.least_tokens(prompt)  # refused by its size: encoding megabytes takes seconds
+            # refused by its size: encoding megabytes takes seconds
+            least = self.tok.least_tokens(_text(prompt, "the prompt"))
             if least >= self.context:
                 raise UsageError("the prompt has at least %d tokens but the context holds %d" % (least, self.context))
             return self.tok.encode(prompt)
@@ -1014,6 +1014,18 @@ class Mesh(contextlib.AbstractContextManager):
             raise e.error from None
         except (BackendError, RuntimeError) as e:
             raise GenerationFailed(one_line(e)) from None
+
+
+def _text(text: object, what: str) -> str:
+    """`text`, or UsageError (naming it `what`) unless it is a str that UTF-8 holds: no lone surrogate, which the
+    tokenizer's UTF-8 could not encode."""
+    if not isinstance(text, str):
+        raise UsageError("%s must be a str, not %s" % (what, shown(text)))
+    at = lone_surrogate(text)
+    if at is not None:
+        raise UsageError("%s is not Unicode text: character %d is a lone surrogate (%r), which no UTF-8 holds"
+                         % (what, at, text[at]))
+    return text
 
 
 def _check_hooks(on_piece, cancel) -> None:
