@@ -508,7 +508,7 @@ def test_parameters_of_the_wrong_type_or_out_of_place_are_refused(cpu):
 
     url = cpu[0]
     for body, param, says in (({"user": 5}, "user", "user must be a string"),
-                              ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed when stream"),
+                              ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed when"),
                               ({"stream_options": {"include_usage": True}, "stream": False}, "stream_options", "only"),
                               ({"model": 5}, "model", "model must be a string, not 5")):
         ask = urllib.request.Request(url + "/v1/completions", json.dumps({"prompt": PROMPT, "max_tokens": 4,

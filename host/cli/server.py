@@ -3,9 +3,10 @@
 Routes: `POST /v1/completions` and `POST /v1/chat/completions` (`stream: true` as server-sent events, else one JSON
 body), `GET /v1/models` and `/v1/models/ID`, `GET /health`, and `/`, the live page (host/cli/page.html). The
 parameters that map are taken (`max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1, `stream_options`'s
-`include_usage`, with `stream` true; `user`, a string, is accepted and ignored); any other parameter set to something but its OpenAI default is a
-400 naming it (the other route's text too: a chat's `prompt`, a completion's `messages`), as is a bad value. Where
-OpenAI's and `specmesh run`'s defaults differ, the mesh's are kept: greedy (`temperature` 0) and its `--max-tokens`.
+`include_usage`, with `stream` true; `user`, a string, is accepted and ignored); any other parameter set to something
+but its OpenAI default is a 400 naming it (the other route's text too: a chat's `prompt`, a completion's `messages`),
+as is a bad value or type. Where OpenAI's and `specmesh run`'s defaults differ, the mesh's are kept: greedy
+(`temperature` 0) and its `--max-tokens`.
 A sampled request without a `seed` samples under a fresh one, as OpenAI's differ from one another; the header
 `x-specmesh-seed` (and the `specmesh` field) names the seed a sampled request ran under, which gives its text again,
 as `specmesh run --seed` does. A chat's messages are its turns, appended as typed (the stories model has no chat
