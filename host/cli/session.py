@@ -795,17 +795,13 @@ class Mesh(contextlib.AbstractContextManager):
             else:
                 self._waiting.append(ticket)
         try:
-            while not ticket.ready.wait(0.05):
-                if gone():
-                    with self._lock:
-                        if ticket.lane is None:
-                            self._waiting.remove(ticket)
-                            return None
+            while not ticket.ready.wait(0.05) and not gone():
+                pass
         except BaseException:  # a Ctrl-C in the wait: its place, or the lane handed to it, would be lost to all after
             self._leave(ticket)
             raise
-        if ticket.lane is not None and gone():  # (handed its lane as it left)
-            self._release(ticket.lane)
+        if gone():  # left while queued (or handed its lane as it left)
+            self._leave(ticket)
             return None
         return ticket.lane
 
