@@ -501,9 +501,9 @@ def test_requests_still_waiting_when_serve_stops_are_told_to_send_again():
 
 
 def test_parameters_of_the_wrong_type_or_out_of_place_are_refused(cpu):
-    """`user: 5` and `stream_options` on a whole (not streamed) reply were taken without a word, and `model: 5` was
-    "the model 5 does not exist" (a 404): OpenAI's API refuses each as a bad request. `stream: null` (not given, as
-    OpenAI's nullable parameters) was refused as not true or false."""
+    """`user: 5`, a message's `name: 5` and `stream_options` on a whole (not streamed) reply were taken without a word,
+    and `model: 5` was "the model 5 does not exist" (a 404): OpenAI's API refuses each as a bad request. `stream: null`
+    (not given, as OpenAI's nullable parameters) was refused as not true or false."""
     import urllib.error
 
     url = cpu[0]
@@ -517,6 +517,11 @@ def test_parameters_of_the_wrong_type_or_out_of_place_are_refused(cpu):
             urllib.request.urlopen(ask, timeout=60)
         error = json.load(e.value)["error"]
         assert e.value.code == 400 and error["param"] == param and says in error["message"], (body, error)
+    named = {"messages": [{"role": "user", "content": PROMPT, "name": 5}], "max_tokens": 4}
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(urllib.request.Request(url + "/v1/chat/completions", json.dumps(named).encode()),
+                               timeout=60)
+    assert e.value.code == 400 and json.load(e.value)["error"]["message"] == "a message's name must be a string, not 5"
     for body in ({"stream": None, "user": "alice"}, {"stream": None, "stream_options": None}):
         ask = urllib.request.Request(url + "/v1/completions", json.dumps({"prompt": PROMPT, "max_tokens": 4,
                                                                           **body}).encode())

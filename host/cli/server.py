@@ -218,6 +218,8 @@ def chat_prompt(body: dict, mesh: Mesh) -> list[int]:
             content = "".join(texts) if all(isinstance(t, str) for t in texts) else None
         if not isinstance(content, str) or m.get("role") not in ("system", "developer", "user", "assistant"):
             raise BadRequest("each message needs a role (system, user, assistant) and text content", "messages")
+        if m.get("name") is not None and not isinstance(m["name"], str):  # (taken, and ignored, as `user` is)
+            raise BadRequest("a message's name must be a string, not %s" % _shown(json.dumps(m["name"])), "messages")
         if content:
             turns.append(content)
     if not turns:
