@@ -472,6 +472,8 @@ def test_a_cancel_that_is_no_event_or_an_on_piece_that_is_no_function_is_refused
                 mesh.complete(mesh.encode("The cat"), **kw)
         with pytest.raises(TypeError, match=r"^on_piece must be a function taking each Piece, not 5$"):
             mesh.generate("The cat", max_tokens=3, on_piece=5)
+        with pytest.raises(TypeError, match=r"^request must be what Mesh\.request\(\) gives, not 5$"):
+            mesh.complete(mesh.encode("The cat"), 5)  # was "'int' object has no attribute 'session_params'"
         assert mesh.lanes_busy == 0 and mesh.generate("The cat", max_tokens=3).stop == "max_tokens"
 
 

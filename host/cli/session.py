@@ -942,6 +942,8 @@ class Mesh(contextlib.AbstractContextManager):
         says, on `lane` or the next free one. `controller`: a gamma controller kept across generations (chat's
         turns); None: a new one. GenerationFailed when a back-end failed beyond fail-over."""
         request = request or self.config
+        if not isinstance(request, RunConfig):  # (found before a lane is taken, not at its first use)
+            raise TypeError("request must be what Mesh.request() gives, not %s" % shown(request))
         _check_hooks(on_piece, cancel)
         self._check_prompt(prompt)
         if lane is None:
