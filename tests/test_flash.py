@@ -574,3 +574,14 @@ def test_a_model_the_heap_cannot_hold_is_refused_on_a_flashed_board_as_on_a_fres
         refusals.append(str(e.value))
         flash(vb.port, "drafter", progress=False)  # its class's drafter, which it holds: the board is flashed
     assert all(r.startswith("the drafter model needs 107 KiB of heap; this board has ") for r in refusals), refusals
+
+
+def test_the_flash_summary_counts_one_file_as_one():
+    """A flash that sent only the model said "flashed 1 files"; the count is now said as English says it."""
+    info = BoardInfo((1, 28, 0), 0, "esp32", "Generic ESP32 module with ESP32", 100_000, 1_000_000, True)
+    one = flash_module.FlashReport("p", info, written=["/model.spm"], unchanged=["/a.mpy", "/b.mpy"], bytes_written=9)
+    assert flash_module.summary(one, 1.0).startswith("flashed 1 file (9.00B) in 1.0 s, 2 unchanged,")
+    none = flash_module.FlashReport("p", info, unchanged=["/a.mpy"])
+    assert flash_module.summary(none, 1.0).startswith("up to date, not flashed (1 file checked in 1.0 s)")
+    two = flash_module.FlashReport("p", info, written=["/a.mpy", "/b.mpy"])
+    assert flash_module.summary(two, 1.0).startswith("flashed 2 files (")

@@ -893,6 +893,11 @@ def summary(report: FlashReport, seconds: float) -> str:
     if report.key_removed:
         notes += "; its deployment key removed: its bus is open (unsigned)"
     if not report.written:
-        return "up to date, not flashed (%d files checked in %.1f s)%s" % (len(report.unchanged), seconds, notes)
-    return "flashed %d files (%sB) in %.1f s, %d unchanged, verified by SHA-256%s" % (
-        len(report.written), tqdm.format_sizeof(report.bytes_written), seconds, len(report.unchanged), notes)
+        return "up to date, not flashed (%s checked in %.1f s)%s" % (_files(len(report.unchanged)), seconds, notes)
+    return "flashed %s (%sB) in %.1f s, %d unchanged, verified by SHA-256%s" % (
+        _files(len(report.written)), tqdm.format_sizeof(report.bytes_written), seconds, len(report.unchanged), notes)
+
+
+def _files(n: int) -> str:
+    """`n` files, said as English does ("1 file": a flash that sent only the model said "flashed 1 files")."""
+    return "%d file%s" % (n, "" if n == 1 else "s")
