@@ -239,3 +239,14 @@ def test_a_port_the_system_refuses_says_why_without_the_errno_form():
         pytest.skip("this process has a controlling terminal, so /dev/tty opens: run it without one, as CI does")
     why = why_unopenable("/dev/tty", wait_s=0)
     assert why is not None and why.startswith("cannot open /dev/tty: ") and "Errno" not in why, why
+
+
+@pytest.mark.parametrize("argv", [["flash", "--port", "{dir}", "--role", "drafter"], ["bench", "--port", "{dir}"],
+                                  ["console", "{dir}"]])
+def test_a_folder_given_as_the_port_says_what_to_give_instead(tmp_path, capsys, argv):
+    """A folder as the port said "cannot open DIR: Is a directory"; now that it is no serial port, and which are."""
+    status = cli.main([a.format(dir=tmp_path) for a in argv])
+    err = capsys.readouterr().err.splitlines()
+    assert status == 2 and len(err) == 1, err
+    assert err[0].split(": error: ")[1].startswith("cannot open %s: a folder, not a serial port (ESP32 USB ports here: "
+                                                   % tmp_path)

@@ -115,6 +115,8 @@ def why_unopenable(port: str, wait_s: float = LOCK_RETRY_S) -> str | None:
             return f"port {port} is busy: another program has it open"
         if getattr(e.__context__, "args", (None,))[0] == errno.ENOTTY:  # termios refused it: a file, /dev/null
             return missing(port, "not a serial port")
+        if e.errno == errno.EISDIR:  # said "Is a directory", with no word of what to give instead
+            return missing(port, "a folder, not a serial port")
         return f"cannot open {port}: {getattr(e.__context__, 'strerror', None) or e.strerror or e}"
     except (OSError, ValueError) as e:
         return f"cannot open {port}: {e}"
