@@ -38,6 +38,19 @@ def test_a_board_without_the_node_is_told_to_flash_first(board, tmp_path, capsys
     assert not (tmp_path / "c.json").exists()
 
 
+def test_a_virtual_board_is_named_by_its_class_not_the_host_vm(board):
+    """The probe named a virtual S3 by its unix-port VM's build ("linux [GCC 14.2.1] version ..."), which `specmesh
+    bench` printed and wrote into the calibration as the board; it is now the board's own name, as on a board."""
+    from specmesh.host.boardclasses import BOARD_CLASSES
+    from specmesh.host.provision.flash import close, open_board, probe
+
+    transport = open_board(board.port, virtual=True)
+    try:
+        assert probe(transport).machine == BOARD_CLASSES["esp32s3"].machine
+    finally:
+        close(transport)
+
+
 def test_bench_measures_every_term_and_run_projects_with_it(board, models, tmp_path, capsys):
     flash(board.port, "verifier", ROOT / "models" / TARGET_FILE, progress=False)
     time.sleep(0.5)  # the node boots after the soft reset

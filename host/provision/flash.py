@@ -247,7 +247,10 @@ def node_sources(root: Path = ROOT) -> Iterator[tuple[Path, str]]:
 
 # the heap free: on a unix-port virtual board less the room it has for the flashed modules, which its heap counts as
 # frozen (docs/emulator.md) but which the modules take once the node imports them (the REPL the probe runs at has
-# not): a model checked against the whole was accepted on a board flashed before, and refused by the node at load
+# not): a model checked against the whole was accepted on a board flashed before, and refused by the node at load.
+# The machine is os.uname()'s, the board's name on a board ("Generic ESP32S3 module with ESP32S3", the same string
+# as sys.implementation._machine there) and on a virtual one (its class's, host/emulator/mpy/uname.py), where
+# sys.implementation._machine is the host build's: `specmesh bench` called a virtual S3 "linux [GCC 14.2.1] ..."
 PROBE = romfs.PROBE + (
     "import sys, gc, os\n"
     "gc.collect()\n"
@@ -257,7 +260,7 @@ PROBE = romfs.PROBE + (
     "try:\n exec('@micropython.viper\\ndef _v():\\n pass')\n vp = True\n"
     "except Exception:\n vp = False\n"
     "print(repr((tuple(sys.implementation.version), getattr(sys.implementation, '_mpy', 0), sys.platform,"
-    " getattr(sys.implementation, '_machine', ''), gc.mem_free() - code, fs, vp, rom, fsz)))\n"
+    " os.uname().machine if hasattr(os, 'uname') else getattr(sys.implementation, '_machine', ''), gc.mem_free() - code, fs, vp, rom, fsz)))\n"
 )
 
 
