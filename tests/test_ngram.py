@@ -404,6 +404,21 @@ def test_ngram_cost_on_a_broken_table_is_one_line_before_any_stream(models, tmp_
         "specmesh.tools.ngram) or delete it (the model then runs without one)\n" % (tmp_path / "d.ngt"), done.stderr
 
 
+def test_ngram_cost_on_a_model_with_a_corrupt_header_names_the_model(models, tmp_path):
+    """A drafter whose header is corrupt, beside its table, said only "ngram_cost: not a specmesh model file (bad
+    magic b'XXXX')": which file was not said. The line now names it, as a run's and a flash's do."""
+    import sys
+
+    data = (models / DRAFTER_FILE).read_bytes()
+    (tmp_path / "d.spm").write_bytes(b"XXXX" + data[4:])
+    (tmp_path / "d.ngt").write_bytes(_table(ENTRIES))
+    done = subprocess.run([sys.executable, "-m", "specmesh.tools.ngram_cost", "--model", str(tmp_path / "d.spm")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == "ngram_cost: model file %s: not a specmesh model file (bad magic b'XXXX')\n" % (
+        tmp_path / "d.spm"), done.stderr
+
+
 @pytest.mark.parametrize("workers", ["0", "-2", "100000"])
 def test_the_builder_refuses_a_worker_count_out_of_range_in_one_line(workers, monkeypatch, capsys):
     """--workers 0 or below was taken as 1 unsaid; a huge count started that many processes, each with the models."""

@@ -366,7 +366,11 @@ def load_ngram_table(model_path) -> ngram.Table | None:
     try:
         data = path.read_bytes()
         with open(model_path, "rb") as f:
-            vocab = parse_header(f.read(HEADER_SIZE)).vocab
+            head = f.read(HEADER_SIZE)
+        try:  # the header's own errors name no file (`ngram_cost --model` said "not a specmesh model file", no name)
+            vocab = parse_header(head).vocab
+        except ModelFileError as e:
+            raise ModelFileError("model file %s: %s" % (model_path, e)) from None
         check_ngram_slots(data, vocab)
         return ngram.Table(io.BytesIO(data))
     except (ngram.NgramError, OSError) as e:
