@@ -5,6 +5,7 @@ generation giving the unsigned text."""
 
 import contextlib
 import json
+import os
 import stat
 import subprocess
 import sys
@@ -65,6 +66,21 @@ def test_keygen_into_a_folder_that_does_not_exist_yet(tmp_path, monkeypatch, cap
     assert "made the folder %s (owner only) for it" % made in capsys.readouterr().out
     assert cli.main(["keygen", "--key-file", str(made / "bus.key")]) == 2
     assert "never overwrites" in capsys.readouterr().err
+
+
+def test_keygen_makes_every_missing_folder_owner_only(tmp_path, monkeypatch, capsys):
+    """`keygen --key-file ~/a/b/k.key` made ~/a with the umask's mode (0755: anyone could list it) and only ~/a/b
+    owner-only, and said it made ~/a/b alone; each folder it makes is now owner-only, and each is named."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    old = os.umask(0o022)
+    try:
+        assert cli.main(["keygen", "--key-file", "~/a/b/k.key"]) == 0
+    finally:
+        os.umask(old)
+    assert [stat.S_IMODE((tmp_path / p).stat().st_mode) for p in ("a", "a/b")] == [0o700, 0o700]
+    assert "made the folders %s, %s (owner only) for it" % (tmp_path / "a", tmp_path / "a" / "b") \
+        in capsys.readouterr().out
+    assert len(load_key(tmp_path / "a" / "b" / "k.key")) == 32
 
 
 def test_keygen_refuses_to_make_a_folder_outside_the_home(tmp_path, monkeypatch, capsys):

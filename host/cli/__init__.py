@@ -197,8 +197,8 @@ def _keygen(args) -> int:
     except KeyFileError as e:
         print(f"specmesh keygen: error: {e}", file=sys.stderr)
         return 2
-    if made is not None:
-        print(f"made the folder {made} (owner only) for it")
+    if made:
+        print("made the folder%s %s (owner only) for it" % ("s" if len(made) > 1 else "", ", ".join(map(str, made))))
     print(f"wrote a new key to {args.key_file}: flash it onto every board (specmesh flash --key-file), "
           "keep it out of version control")
     return 0

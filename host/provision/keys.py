@@ -66,17 +66,18 @@ def load_key(path: str | Path) -> bytes:
     return key
 
 
-def new_key_file(path: str | Path) -> Path | None:
+def new_key_file(path: str | Path) -> list[Path]:
     """Write a new random key to `path`, readable by its owner only, atomically; never overwrites a file.
-    A missing folder under the user's home is made (owner-only, as ~/.specmesh/ of docs/security.md) and
-    returned; one elsewhere (a typo such as /nonexist/k.key) is refused rather than made."""
+    Missing folders under the user's home are made, each owner-only (as ~/.specmesh/ of docs/security.md), and
+    returned, outermost first; one elsewhere (a typo such as /nonexist/k.key) is refused rather than made."""
     if not str(path).strip():
         raise KeyFileError("--key-file is empty: give the new key's file, e.g. ~/.specmesh/mesh.key")
     names_folder = str(path).endswith(("/", os.sep))  # Path() drops the slash: "keys/" would become a file "keys"
     path = Path(path).expanduser()
     try:
-        made = _folder_to_make(path, names_folder)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        made = _folders_to_make(path, names_folder)
+        for folder in made:  # one at a time: mkdir(parents=True) gives all but the last the umask's mode (0755)
+            folder.mkdir(mode=0o700, exist_ok=True)
         atomic.create(path, (secrets.token_hex(NEW_BYTES) + "\n").encode("ascii"), perms=0o600)
     except FileExistsError:
         raise KeyFileError("%s exists already: keygen never overwrites a key" % path) from None
@@ -85,8 +86,8 @@ def new_key_file(path: str | Path) -> Path | None:
     return made
 
 
-def _folder_to_make(path: Path, names_folder: bool) -> Path | None:
-    """The folder new_key_file makes for `path` (None: it is there); KeyFileError for a `path` that cannot be a new
+def _folders_to_make(path: Path, names_folder: bool) -> list[Path]:
+    """The folders new_key_file makes for `path`, outermost first (none: its folder is there); KeyFileError for a `path` that cannot be a new
     file: a folder, or one under a file or under a missing folder outside the home. OSError where a name cannot be
     looked up (too long)."""
     if path.is_dir():
@@ -95,7 +96,7 @@ def _folder_to_make(path: Path, names_folder: bool) -> Path | None:
         raise KeyFileError("%s/ ends in a slash, as a folder's name: give the new key's file, e.g. %s"
                            % (path, path / "mesh.key"))
     if path.parent.is_dir():
-        return None
+        return []
     above = next((p for p in path.parents if p.exists()), None)
     if above is not None and not above.is_dir():  # mkdir would fail with EEXIST, read as "exists already"
         raise KeyFileError("%s is a file, not a folder: give the new key's file in a folder" % above)
@@ -103,4 +104,4 @@ def _folder_to_make(path: Path, names_folder: bool) -> Path | None:
     if home not in path.parent.resolve().parents:
         raise KeyFileError("folder %s does not exist: make it first, or give a path under your home (keygen makes "
                            "a folder such as ~/.specmesh/ itself)" % path.parent)
-    return path.parent
+    return [p for p in reversed(path.parents) if not p.exists()]
