@@ -33,3 +33,20 @@ def test_the_two_sets_share_no_text_and_the_report_set_is_in_no_training_data(to
 def test_an_unknown_set_names_the_known_ones(tok):
     with pytest.raises(ValueError, match=", ".join(PROMPT_SETS)):
         prompt_set("wikipedia", MODELS, tok, 4)
+
+
+def test_run_as_a_command_it_prints_each_sets_prompts(tok):
+    """`python -m specmesh.tools.heldout` printed nothing and exited 0 (it was only a module); it now prints each set's
+    first prompts, one a line, under a line saying which set it is and what it is for."""
+    import subprocess
+    import sys
+
+    from specmesh.host.layout import ROOT
+
+    done = subprocess.run([sys.executable, "-m", "specmesh.tools.heldout", "--prompts", "2"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = done.stdout.splitlines()
+    want = {name: [tok.decode(p) for p in prompt_set(name, MODELS, tok, 2)] for name in PROMPT_SETS}
+    assert lines[0].startswith("# tinystories, the tuning set") and lines[1:3] == want["tinystories"]
+    assert lines[3].startswith("# handwritten, the report set") and lines[4:] == want["handwritten"]

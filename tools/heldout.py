@@ -10,19 +10,33 @@ Two disjoint sets of different sources (issue 30's protocol: tune on the first, 
 - `handwritten`, the report set: models/heldout_handwritten.txt, short story starts written by hand for
   this project, one a line, each whole as the prompt. No model was trained, no checkpoint chosen and no
   constant tuned on them: they are only measured.
+
+Run, it prints each set's first prompts as text, one a line, under a `#` line saying what the set is (a prompt
+for `specmesh run -p`, as the benches' figures were measured on):
+
+    python -m specmesh.tools.heldout [--set tinystories|handwritten] [--prompts 8]
 """
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
+from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.decode.tokenizer import Tokenizer
+from specmesh.host.layout import MODELS
+from specmesh.tools import run_tool
 
 LOSS_STORIES = range(64, 128)
 FIRST_STORY = 128
 PROMPT_TOKENS = 16
 HANDWRITTEN = "heldout_handwritten.txt"
 PROMPT_SETS = ("tinystories", "handwritten")  # the tuning set first, then the report set
+ABOUT = {"tinystories": "the tuning set (the first %d tokens of TinyStories validation stories, models/heldout.txt)"
+                        % PROMPT_TOKENS,
+         "handwritten": "the report set (hand-written story starts, models/%s: nothing trained, chosen or tuned on "
+                        "them)" % HANDWRITTEN}
 
 
 def _text(path: Path) -> str:
@@ -57,3 +71,25 @@ def prompt_set(name: str, models: Path, tok: Tokenizer, n: int) -> list[list[int
     if name == "handwritten":
         return handwritten_prompts(models, tok, n)
     raise ValueError("unknown prompt set %r (sets: %s)" % (name, ", ".join(PROMPT_SETS)))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m specmesh.tools.heldout", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--set", choices=PROMPT_SETS, help="print this set only (default: both)")
+    ap.add_argument("--prompts", type=int, default=8, help="the first N prompts of each set (default 8: the "
+                    "projection bench's)")
+    a = ap.parse_args(argv)
+    try:
+        in_range("--prompts", a.prompts, 1)
+    except RangeError as e:
+        ap.exit(2, "heldout: %s\n" % e)
+    tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
+    for name in [a.set] if a.set else PROMPT_SETS:
+        prompts = prompt_set(name, MODELS, tok, a.prompts)
+        print("# %s, %s: its first %d prompts, one a line" % (name, ABOUT[name], len(prompts)))
+        for p in prompts:
+            print(tok.decode(p))
+
+
+if __name__ == "__main__":
+    run_tool("heldout", main)
