@@ -67,6 +67,24 @@ def test_export_refuses_a_file_that_is_no_checkpoint_and_a_broken_archive_in_one
     assert not (tmp_path / "x.spm").exists()
 
 
+@pytest.mark.parametrize("name", ["../escaped", "sub/x", "", "x.v2"])
+def test_export_refuses_a_model_name_that_is_no_plain_file_name(tmp_path, capsys, name):
+    """`--model ../escaped=CK` wrote escaped.spm beside --out, not in it; an empty name wrote ".spm"; the entries of
+    "x.v2" in reference.npz went with the next export of x (it replaces every key starting "x."). Refused in one line,
+    nothing written."""
+    from specmesh.tools.export import main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    _export_folder(out)
+    before = sorted(tmp_path.rglob("*"))
+    spec = "%s=%s" % (name, out / "tiny.pt")
+    assert main(["--out", str(out), "--model", spec]) == 1
+    assert capsys.readouterr().err == "export: --model %s: NAME must be letters, digits, - and _ only (as " \
+        "drafter-esp32): it becomes the file NAME.spm in --out\n" % spec
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_an_export_stopped_while_it_writes_the_reference_outputs_keeps_the_old_archive(tmp_path, monkeypatch):
     """reference.npz was written in place by numpy: a Ctrl-C while it wrote left half an archive, which the next
     export could not read."""

@@ -18,6 +18,7 @@ Entries of models not exported in this call are kept.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -130,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
             name, _, ck = spec.partition("=")
             if not ck:
                 raise ValueError("--model wants NAME=CHECKPOINT, got %r" % spec)
+            # "../x" wrote outside --out; a.b's reference entries went with the next export of a (its keys "a.*")
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                raise ValueError("--model %s: NAME must be letters, digits, - and _ only (as drafter-esp32): it becomes "
+                                 "the file NAME.spm in --out" % spec)
             models[name] = load_float(Path(ck))
         ref_path = a.out / "reference.npz"
         refs = read_reference(ref_path) if ref_path.exists() else {}
