@@ -1,11 +1,16 @@
 """The tools' command lines (python -m specmesh.tools.NAME) as a user meets them where a dependency is missing:
-one line saying what to install, never a traceback."""
+one line saying what to install, never a traceback; and the name each gives itself."""
 
 import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
+
+COMMANDS = sorted(p.stem for p in (ROOT / "tools").glob("*.py") if 'if __name__ == "__main__":' in p.read_text())
+NEEDS_TORCH = {"export", "train", "train_all"}
 
 
 def test_a_tool_whose_virtual_board_needs_qemu_says_what_to_install_in_one_line(tmp_path):
@@ -28,3 +33,15 @@ def test_a_stray_argument_to_frame_cost_is_a_usage_error_not_a_run(tmp_path):
         done = subprocess.run([sys.executable, "-m", "specmesh.tools.frame_cost", *argv], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == status and says in done.stdout + done.stderr, done
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_a_tools_usage_names_the_command_a_user_types(name):
+    """`python -m specmesh.tools.export --help` said "usage: export.py ...", a name no shell runs (argparse takes the
+    file's); every tool's usage now starts with the command that runs it."""
+    if name in NEEDS_TORCH:
+        pytest.importorskip("torch", reason="%s needs PyTorch: without it, it says how to install it" % name)
+    done = subprocess.run([sys.executable, "-m", "specmesh.tools." + name, "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m specmesh.tools.%s " % name), done.stdout.splitlines()[:1]

@@ -118,7 +118,7 @@ def reference(name: str, m: Transformer, tok: Tokenizer, stories: list[str]) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m specmesh.tools.export", description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", required=True, metavar="NAME=CHECKPOINT")
     ap.add_argument("--out", type=Path, default=Path("models"))
     a = ap.parse_args(argv)

@@ -454,7 +454,7 @@ def render(cases: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m specmesh.tools.gen_vectors", description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare with the files instead of writing them")
     args = ap.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)

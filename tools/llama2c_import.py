@@ -159,7 +159,7 @@ def convert(checkpoint: Path, tokenizer: Path | None, out: Path, vocab_out: Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m specmesh.tools.llama2c_import", description=__doc__.splitlines()[0])
     ap.add_argument("checkpoint", type=Path, help="llama2.c .bin (version 0, 1 or 2)")
     ap.add_argument("--tokenizer", type=Path, help="llama2.c tokenizer.bin for this model")
     ap.add_argument("--out", type=Path, required=True, help="specmesh model file to write")

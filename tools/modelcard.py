@@ -140,7 +140,7 @@ def measure(a) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m specmesh.tools.modelcard", description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, default=Path("models"))
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--new", type=int, default=96)

@@ -173,7 +173,7 @@ def count(mac16: dict[str, int] | None = None) -> dict[str, dict[int, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m specmesh.tools.native_loops", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     a = ap.parse_args(argv)
     try:

@@ -258,7 +258,7 @@ def train(a) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m specmesh.tools.train", description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(DRAFTERS), required=True)
     ap.add_argument("--out", required=True, help="checkpoint directory")
     ap.add_argument("--teacher", type=Path, default=MODELS / TARGET_FILE, help="the target model file")
