@@ -45,3 +45,34 @@ def test_a_tools_usage_names_the_command_a_user_types(name):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: python -m specmesh.tools.%s " % name), done.stdout.splitlines()[:1]
+
+
+class _Board:
+    """A virtual board that starts and stops at once (the tools' mpremote run is what fails here)."""
+    port = "/dev/null"
+
+    def start(self):
+        return self
+
+    def stop(self):
+        pass
+
+
+@pytest.mark.parametrize("stderr, said", [("Traceback (most recent call last):\n  ...\nOSError: [Errno 28] ENOSPC\n",
+                                           "OSError: [Errno 28] ENOSPC"), ("", "no output")])
+def test_a_virtual_board_that_did_not_run_the_count_is_one_plain_line(monkeypatch, stderr, said):
+    """frame_cost and ngram_cost said "the virtual esp32 did not run the lookups: ['OSError: ...']" (a list's repr,
+    "[]" where the board said nothing), without the tool's name; now the board's last line, or "no output"."""
+    from specmesh.host import emulator
+    from specmesh.tools import frame_cost, ngram_cost
+
+    monkeypatch.setattr(emulator, "make_board", lambda *a, **k: _Board())
+    failed = subprocess.CompletedProcess([], 1, "", stderr)
+    for tool in (frame_cost, ngram_cost):
+        monkeypatch.setattr(tool.subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(SystemExit) as e:
+        frame_cost.measure()
+    assert e.value.code == "frame_cost: the virtual ESP32-C3 did not run the count: %s" % said
+    with pytest.raises(SystemExit) as e:
+        ngram_cost.measure("esp32", ROOT / "models" / "drafter-esp32.ngt", [(1, [1, 2])])
+    assert e.value.code == "ngram_cost: the virtual esp32 did not run the lookups: %s" % said

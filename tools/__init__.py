@@ -43,6 +43,12 @@ def run_tool(name: str, main: Callable[[], int | None]) -> NoReturn:
     sys.exit(status)
 
 
+def last_line(text: str) -> str:
+    """What a failed process said last (its error, after a traceback), or "no output": one line for the user."""
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else "no output"
+
+
 def output_problem(path: str | os.PathLike) -> str | None:
     """Why a tool's output file `path` cannot be written (host/atomic.py output_problem), its folder made first
     (runs/ on a fresh clone): checked before the tool's minutes of work, not after them."""

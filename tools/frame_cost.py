@@ -16,7 +16,7 @@ from pathlib import Path
 
 from specmesh.host import tempdirs
 from specmesh.host.layout import ROOT
-from specmesh.tools import run_tool
+from specmesh.tools import last_line, run_tool
 
 SIZES = (100, 400)
 SCRIPT = """
@@ -53,7 +53,7 @@ def measure() -> dict[int, tuple[int, int]]:
         finally:
             board.stop()
     if out.returncode:
-        raise SystemExit("the virtual ESP32-C3 did not run the count: %s" % out.stderr.strip().splitlines()[-1:])
+        raise SystemExit("frame_cost: the virtual ESP32-C3 did not run the count: %s" % last_line(out.stderr))
     rows = [line.split() for line in out.stdout.splitlines() if line.split() and line.split()[0].isdigit()]
     return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
 

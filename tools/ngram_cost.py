@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 
-from specmesh.tools import run_tool
+from specmesh.tools import last_line, run_tool
 from specmesh.host import tempdirs
 from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.layout import MODELS, ROOT, TARGET_FILE, ngram_table
@@ -93,7 +93,7 @@ def measure(board: str, table: Path, seqs: Sequence[tuple[int, list[int]]]) -> t
         finally:
             vb.stop()
     if out.returncode:
-        raise SystemExit("the virtual %s did not run the lookups: %s" % (board, out.stderr.strip().splitlines()[-1:]))
+        raise SystemExit("ngram_cost: the virtual %s did not run the lookups: %s" % (board, last_line(out.stderr)))
     tokens: list[int] = []
     counts: list[int] = []
     for line in out.stdout.splitlines():
@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for board, isa in BOARDS.items():
         got, counts = measure(board, table, seqs)
         if got != want:
-            raise SystemExit("the virtual %s's lookups differ from the host's" % board)
+            raise SystemExit("ngram_cost: the virtual %s's lookups differ from the host's" % board)
         c = sorted(counts)
         print("virtual %s (%s): %.0f instructions a lookup on average; median %d, 90th percentile %d, most %d" % (
             board, isa, sum(c) / len(c), c[len(c) // 2], c[9 * len(c) // 10], c[-1]))
