@@ -9,7 +9,8 @@ import pytest
 
 from tests.conftest import ROOT
 
-COMMANDS = sorted(p.stem for p in (ROOT / "tools").glob("*.py") if 'if __name__ == "__main__":' in p.read_text())
+COMMANDS = sorted(p.stem for p in (ROOT / "tools").glob("*.py") if "\n    run_tool(" in p.read_text())
+MODULES = {"modeldefs", "nodeproc", "reference", "testmodels"}  # imported by the tools and tests; no commands
 NEEDS_TORCH = {"export", "train", "train_all"}
 
 
@@ -76,3 +77,27 @@ def test_a_virtual_board_that_did_not_run_the_count_is_one_plain_line(monkeypatc
     with pytest.raises(SystemExit) as e:
         ngram_cost.measure("esp32", ROOT / "models" / "drafter-esp32.ngt", [(1, [1, 2])])
     assert e.value.code == "ngram_cost: the virtual esp32 did not run the lookups: %s" % said
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+@pytest.mark.parametrize("torch", ["blocked", "as installed"])
+def test_a_module_that_is_no_command_says_so_in_one_line(name, torch, tmp_path):
+    """`python -m specmesh.tools.reference` (nodeproc, testmodels) did nothing and exited 0; modeldefs without PyTorch
+    was an ImportError traceback. Each says in one line what it is and what to run instead (modeldefs without PyTorch:
+    how to install it, as the tools that need it do), status 1."""
+    from specmesh.host.backends.torch_backend import INSTALL_HINT
+
+    block = "sys.modules['torch'] = None; " if torch == "blocked" else ""
+    code = ("import runpy, sys; %ssys.argv = ['%s']\n"
+            "runpy.run_module('specmesh.tools.%s', run_name='__main__', alter_sys=True)" % (block, name, name))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    torchless = name == "modeldefs" and (torch == "blocked" or not _has_torch())
+    said = INSTALL_HINT if torchless else "a module the tools and tests import, not a command: "
+    assert (done.returncode, done.stdout, done.stderr.count("\n")) == (1, "", 1) and said in done.stderr, done.stderr
+    assert done.stderr.startswith(name + ": ")
+
+
+def _has_torch() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None

@@ -20,6 +20,12 @@ def without_torch(error: ImportError, module: str) -> NoReturn:
     sys.exit("%s: %s" % (Path(sys.argv[0]).stem, INSTALL_HINT))
 
 
+def not_a_command(name: str, instead: str) -> NoReturn:
+    """`python -m specmesh.tools.NAME` of a module the tools and tests import, which did nothing and exited 0: one
+    line saying so and what to run instead, status 1."""
+    sys.exit("%s: a module the tools and tests import, not a command: %s" % (name, instead))
+
+
 def run_tool(name: str, main: Callable[[], int | None]) -> NoReturn:
     """`python -m specmesh.tools.NAME`: exit with main()'s status; Ctrl-C, SIGTERM and SIGHUP end it with one line
     and the shell's status (130, 128 + the signal) after every `finally` on the way out ran (a half-written file's

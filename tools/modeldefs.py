@@ -12,9 +12,14 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
+from specmesh.tools import without_torch
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+except ImportError as e:  # the `gpu` extra
+    without_torch(e, __name__)
 
 from specmesh.host.backends.modelio import read_model
 from specmesh.host.decode.tokenizer import BOS
@@ -260,3 +265,9 @@ def export_tensors(model: Transformer) -> dict[str, np.ndarray]:
     if model.cls is not None:
         out["cls"] = model.cls.weight
     return {k: v.detach().float().cpu().numpy() for k, v in out.items()}
+
+
+if __name__ == "__main__":
+    from specmesh.tools import not_a_command
+
+    not_a_command("modeldefs", "the PyTorch models are trained with python -m specmesh.tools.train and exported with python -m specmesh.tools.export")

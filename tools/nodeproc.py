@@ -266,3 +266,9 @@ def generate(drafter: NodeProc, verifier: NodeProc, prompt, n: int, gamma: int, 
         tail = [tok] if g else tail + new  # the drafter holds its accepted drafts already
         time.sleep(pause)
     return tokens[:len(prompt) + n]
+
+
+if __name__ == "__main__":
+    from specmesh.tools import not_a_command
+
+    not_a_command("nodeproc", "a firmware node runs on virtual boards with specmesh emulate, or in a run: specmesh run")

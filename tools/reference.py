@@ -19,3 +19,9 @@ def read_reference(path: Path) -> dict[str, np.ndarray]:
     except (ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise ValueError("%s is not a whole .npz archive (%s): restore it (git checkout models/%s), or remove it and "
                          "export the models again" % (path, type(e).__name__, path.name)) from None
+
+
+if __name__ == "__main__":
+    from specmesh.tools import not_a_command
+
+    not_a_command("reference", "models/reference.npz is written by python -m specmesh.tools.export and read by python -m specmesh.tools.modelcard")

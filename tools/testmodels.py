@@ -49,3 +49,9 @@ def with_context(src: str | os.PathLike, dst: str | os.PathLike, max_seq: int) -
     with open(dst, "wb") as f:
         f.write(h.pack() + data[HEADER_SIZE:])
     return h
+
+
+if __name__ == "__main__":
+    from specmesh.tools import not_a_command
+
+    not_a_command("testmodels", "random model files are made by the tests (make test); the shipped ones are in models/")
