@@ -105,3 +105,20 @@ def test_an_export_stopped_while_it_writes_the_reference_outputs_keeps_the_old_a
     assert (tmp_path / "reference.npz").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["heldout.txt", "reference.npz", "tiny.pt", "tokenizer.bin",
                                                           "vocab.bin", "x.spm", "y.spm"]
+
+
+def test_export_and_training_read_the_shipped_models_wherever_they_are_run_from(tmp_path, monkeypatch, capsys):
+    """export, train and train_all read "models/" of the folder they were run in: from any other, export said
+    "export: [Errno 2] No such file or directory: 'models/vocab.bin'" before looking at the checkpoint asked for.
+    Each reads the package's models folder, as the other tools do."""
+    from specmesh.host.layout import MODELS, TARGET_FILE
+    from specmesh.tools import export, train, train_all
+
+    monkeypatch.chdir(tmp_path)
+    assert export.main(["--model", "x=%s" % (tmp_path / "missing.pt")]) == 1
+    assert "missing.pt" in capsys.readouterr().err
+    a = train.parser().parse_args(["--shape", sorted(train.DRAFTERS)[0], "--out", "ck"])
+    assert (a.teacher, a.tokenizer, a.heldout) == (MODELS / TARGET_FILE, MODELS / "tokenizer.bin",
+                                                   MODELS / "heldout.txt")
+    assert all(p.is_file() for p in (a.teacher, a.tokenizer, a.heldout, train_all.MODELS / "vocab.bin"))
+    assert train_all.OPENINGS == str(MODELS / "tinystories_train_head.txt")

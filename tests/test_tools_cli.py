@@ -101,3 +101,16 @@ def _has_torch() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("torch") is not None
+
+
+def test_modelcard_reads_the_shipped_models_wherever_it_is_run_from(tmp_path, monkeypatch):
+    """--models defaulted to "models" of the folder it was run in: from any other it said "modelcard: [Errno 2] No
+    such file or directory: 'models/tokenizer.bin'"; it is the package's models folder, as the other tools read."""
+    from specmesh.host.layout import MODELS
+    from specmesh.tools import modelcard
+
+    read = []
+    monkeypatch.setattr(modelcard, "measure", lambda a: read.append(a.models) or {})
+    monkeypatch.chdir(tmp_path)
+    assert modelcard.main(["--json", str(tmp_path / "card.json")]) == 0
+    assert read == [MODELS] and (MODELS / "tokenizer.bin").is_file()

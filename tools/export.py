@@ -33,6 +33,7 @@ except ImportError as e:  # the `gpu` extra
 from specmesh.host import atomic
 from specmesh.host.backends.modelio import write_model
 from specmesh.host.decode.tokenizer import Tokenizer, vocab_id
+from specmesh.host.layout import MODELS
 from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header
 from specmesh.tools.llama2c_import import ImportError_, read_checkpoint
 from specmesh.tools.modeldefs import CheckpointError, ModelArgs, Transformer, export_tensors, from_tensors, load_weights, read_pt
@@ -120,7 +121,7 @@ def reference(name: str, m: Transformer, tok: Tokenizer, stories: list[str]) -> 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.export", description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", required=True, metavar="NAME=CHECKPOINT")
-    ap.add_argument("--out", type=Path, default=Path("models"))
+    ap.add_argument("--out", type=Path, default=MODELS)  # the package's, wherever it is run from
     a = ap.parse_args(argv)
     try:
         tid = vocab_id((a.out / "vocab.bin").read_bytes())

@@ -36,7 +36,7 @@ from specmesh.host.boardclasses import ESP32, ESP32S3, kv_bytes
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.tokenizer import Tokenizer, TokenizerError
-from specmesh.host.layout import DRAFTER_FILE, HOST_DRAFTER_FILE, TARGET_FILE
+from specmesh.host.layout import DRAFTER_FILE, HOST_DRAFTER_FILE, MODELS, TARGET_FILE
 from specmesh.tools.reference import read_reference
 from specmesh.tools.heldout import (
     LOSS_STORIES, PROMPT_SETS, PROMPT_TOKENS, heldout_prompts, heldout_stories, prompt_set,
@@ -141,7 +141,7 @@ def measure(a) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.modelcard", description=__doc__.splitlines()[0])
-    ap.add_argument("--models", type=Path, default=Path("models"))
+    ap.add_argument("--models", type=Path, default=MODELS)  # the package's, wherever it is run from
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--new", type=int, default=96)
     ap.add_argument("--variants", type=Path, nargs="*", default=[], help="drafter checkpoint folders to compare")

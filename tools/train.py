@@ -46,12 +46,11 @@ from specmesh.host import atomic
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.decode.tokenizer import Tokenizer
-from specmesh.host.layout import TARGET_FILE
+from specmesh.host.layout import MODELS, TARGET_FILE
 from specmesh.tools.heldout import PROMPT_TOKENS, heldout_stories
 from specmesh.tools.modeldefs import (DRAFTERS, CheckpointError, Transformer, from_model_file, layer_subset,
                                       load_weights, read_pt)
 
-MODELS = Path("models")
 MIN_OPENING, MAX_OPENING = 4, 48  # real tokens a pool row opens with, after BOS
 
 

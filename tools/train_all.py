@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from specmesh.host.decode.tokenizer import vocab_id
+from specmesh.host.layout import MODELS
 from specmesh.tools import run_tool, without_torch
 
 try:
@@ -40,7 +41,6 @@ except ImportError as e:  # PyTorch, the `gpu` extra
     without_torch(e, __name__)
 
 CK = Path("checkpoints")
-MODELS = Path("models")
 OPENINGS = str(MODELS / "tinystories_train_head.txt")
 # the acceptance phases' data and losses
 ACCEPTANCE = ["--pool", "512", "--refresh", "100", "--lr", "5e-4", "--warmup", "20", "--temps", "0,1", "--openings",
