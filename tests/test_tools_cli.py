@@ -114,3 +114,18 @@ def test_modelcard_reads_the_shipped_models_wherever_it_is_run_from(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     assert modelcard.main(["--json", str(tmp_path / "card.json")]) == 0
     assert read == [MODELS] and (MODELS / "tokenizer.bin").is_file()
+
+
+@pytest.mark.parametrize("argv, missing", [
+    (["llama2c_import", "{tmp}/gone.bin", "--out", "{tmp}/x.spm"], "{tmp}/gone.bin"),  # its own handler
+    (["xtensa_loops", "--kernels", "{tmp}/gone.py"], "{tmp}/gone.py"),  # run_tool's
+    (["modelcard", "--models", "{tmp}/gone", "--json", "{tmp}/card.json"], "{tmp}/gone/tokenizer.bin"),
+])
+def test_a_missing_file_is_named_without_pythons_errno_form(tmp_path, argv, missing):
+    """A file a tool reads that is not there said "llama2c_import: [Errno 2] No such file or directory: '/x.bin'";
+    now "llama2c_import: /x.bin: No such file or directory", as the commands say it."""
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    done = subprocess.run([sys.executable, "-m", "specmesh.tools." + argv[0], *argv[1:]], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (1, "%s: %s: No such file or directory\n" % (
+        argv[0], missing.format(tmp=tmp_path))), done.stderr

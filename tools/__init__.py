@@ -44,9 +44,17 @@ def run_tool(name: str, main: Callable[[], int | None]) -> NoReturn:
     except (OSError, ModelFileError, TokenizerError, BackendError, BoardError) as e:  # a file it reads, a board
         if os.environ.get("SPECMESH_DEBUG"):  # as specmesh's commands: the traceback, for a developer
             raise
-        print("%s: %s" % (name, e), file=sys.stderr)
+        print("%s: %s" % (name, said(e)), file=sys.stderr)
         status = 1
     sys.exit(status)
+
+
+def said(e: BaseException) -> str:
+    """`e` for the user: an OSError on a file as "FILE: what the system said", not Python's "[Errno 2] No such file or
+    directory: 'FILE'"; any other as its message."""
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        return "%s: %s" % (e.filename, e.strerror)
+    return str(e)
 
 
 def last_line(text: str) -> str:

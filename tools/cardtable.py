@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from specmesh.tools import run_tool
+from specmesh.tools import run_tool, said
 from specmesh.host import atomic
 from specmesh.host.layout import MODELS
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         print("cardtable: %s is not JSON (%s): fix it, or git checkout it" % (CARD, e), file=sys.stderr)
         return 1
     except (OSError, ValueError) as e:
-        print("cardtable: %s" % e, file=sys.stderr)
+        print("cardtable: %s" % said(e), file=sys.stderr)
         return 1
     except (KeyError, TypeError, IndexError) as e:  # JSON, but not laid out as the card is
         print("cardtable: %s is not laid out as a model card (%s: %s)" % (CARD, type(e).__name__, e), file=sys.stderr)

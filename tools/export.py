@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from specmesh.tools import run_tool, without_torch
+from specmesh.tools import run_tool, said, without_torch
 
 try:
     import torch
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         ref_path = a.out / "reference.npz"
         refs = read_reference(ref_path) if ref_path.exists() else {}
     except (OSError, ValueError) as e:  # CheckpointError is a ValueError
-        print("export: %s" % e, file=sys.stderr)
+        print("export: %s" % said(e), file=sys.stderr)
         return 1
     for name, m in models.items():
         path = a.out / (name + ".spm")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specmesh.tools import run_tool
+from specmesh.tools import run_tool, said
 from specmesh.host import atomic
 from specmesh.host.backends.modelio import write_model
 from specmesh.host.decode.tokenizer import TokenizerError, byte_pieces, pack_vocab, read_llama2c_tokenizer, vocab_id
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         h = convert(a.checkpoint, a.tokenizer, a.out, a.vocab_out)
     except (ImportError_, TokenizerError, ModelFileError, OSError, ValueError) as e:
-        print("llama2c_import: %s" % e, file=sys.stderr)
+        print("llama2c_import: %s" % said(e), file=sys.stderr)
         return 1
     print("llama2c_import: %s: dim %d, %d layers, vocab %d, %d bytes"
           % (a.out, h.dim, h.n_layers, h.vocab, a.out.stat().st_size))

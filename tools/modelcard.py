@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specmesh.tools import output_problem, run_tool
+from specmesh.tools import output_problem, run_tool, said
 from specmesh.host import atomic
 from specmesh.host.backends import BackendError, LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.backends.engine import Engine, to_float
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         figures = measure(a)
     except (OSError, KeyError, ValueError, BackendError, ModelFileError, TokenizerError) as e:
-        print("modelcard: %s" % e, file=sys.stderr)
+        print("modelcard: %s" % said(e), file=sys.stderr)
         return 1
     try:  # the Unix way: a device or a FIFO is written to, never replaced by a file
         atomic.write_output(a.json, json.dumps(figures, indent=1))

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from contextlib import closing
 from pathlib import Path
 
-from specmesh.tools import run_tool
+from specmesh.tools import run_tool, said
 from specmesh.host import atomic
 from specmesh.host.backends import EngineStream
 from specmesh.host.cli.ranges import RangeError, in_range
@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             atomic.write_bytes(out, data)
             print("%s: %d entries, %d bytes" % (out, parse_header(data)[3], len(data)))
     except (OSError, ValueError, ModelFileError) as e:
-        print("ngram: %s" % e, file=sys.stderr)
+        print("ngram: %s" % said(e), file=sys.stderr)
         return 1
     return 0
 
