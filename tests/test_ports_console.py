@@ -219,6 +219,9 @@ EMPTY_PORT = "the port is empty: give the board's serial port (e.g. /dev/ttyUSB0
      "specmesh flash: error: argument --key-file: is empty: give a path (an unset shell variable?)"),
     (["flash", "--port", "/dev/null", "--role", "drafter", "--model", ""],  # it said 'model file not found: .'
      "specmesh flash: error: argument --model: is empty: give a path (an unset shell variable?)"),
+    # a folder as --model said 'model file not found: /tmp', of a folder that is there
+    (["flash", "--port", "/dev/null", "--role", "drafter", "--model", "/"],
+     "specmesh flash: error: --model /: a folder: name the model file in it"),
 ])
 def test_an_empty_port_or_file_or_a_baud_out_of_range_is_one_line_and_status_2(capsys, argv, line):
     try:

@@ -682,6 +682,8 @@ def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, 
     if (role == "stage") != (layers is not None):
         raise FlashRequestError("--layers A:B goes with --role stage, and --role stage needs it")
     model = Path(model) if model is not None else model_path(MODELS, role)
+    if model.is_dir():  # "model file not found" of a folder that is there: said as run says it
+        raise FlashRequestError(f"--model {model}: a folder: name the model file in it")
     if not model.is_file():
         raise FlashRequestError(f"model file not found: {model}")
     if not ports.exists(port):  # the cheap checks first: a missing port before a broken model
