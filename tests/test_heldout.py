@@ -50,3 +50,18 @@ def test_run_as_a_command_it_prints_each_sets_prompts(tok):
     want = {name: [tok.decode(p) for p in prompt_set(name, MODELS, tok, 2)] for name in PROMPT_SETS}
     assert lines[0].startswith("# tinystories, the tuning set") and lines[1:3] == want["tinystories"]
     assert lines[3].startswith("# handwritten, the report set") and lines[4:] == want["handwritten"]
+
+
+def test_a_prompt_file_that_is_not_utf8_is_one_line(tmp_path, monkeypatch, capsys):
+    """The command's prompt files damaged (not UTF-8): one line naming the file and what to do, not a traceback."""
+    import shutil
+
+    from specmesh.tools import heldout
+
+    shutil.copy(MODELS / "tokenizer.bin", tmp_path)
+    (tmp_path / "heldout.txt").write_bytes(b"Once \xff upon a time")
+    monkeypatch.setattr(heldout, "MODELS", tmp_path)
+    with pytest.raises(SystemExit) as e:
+        heldout.main(["--set", "tinystories"])
+    assert e.value.code == 1 and capsys.readouterr() == ("", "heldout: %s is not UTF-8 text (byte 5): restore it (git "
+                                                             "checkout models/heldout.txt)\n" % (tmp_path / "heldout.txt"))

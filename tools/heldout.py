@@ -85,7 +85,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         ap.exit(2, "heldout: %s\n" % e)
     tok = Tokenizer.from_llama2c(MODELS / "tokenizer.bin")
     for name in [a.set] if a.set else PROMPT_SETS:
-        prompts = prompt_set(name, MODELS, tok, a.prompts)
+        try:
+            prompts = prompt_set(name, MODELS, tok, a.prompts)
+        except ValueError as e:  # a prompt file that is not UTF-8 (it names the file and what to do)
+            ap.exit(1, "heldout: %s\n" % e)
         print("# %s, %s: its first %d prompts, one a line" % (name, ABOUT[name], len(prompts)))
         for p in prompts:
             print(tok.decode(p))
