@@ -117,3 +117,13 @@ def test_a_bad_output_is_one_line_before_the_sections(tmp_path, capsys, flags, s
     assert main(argv) == 2
     out = capsys.readouterr()
     assert "== codec ==" not in out.out and out.err.count("\n") == 1 and said.format(file=file) in out.err
+
+
+def test_an_unknown_section_is_one_line_naming_the_tool(capsys):
+    """Its lines said "error: unknown benchmark section ..." without the tool's name, where every other tool's line
+    starts with it (`make bench` runs it among other commands)."""
+    from specmesh.tools.bench.__main__ import main, sections
+
+    assert main(["nosuch"]) == 2
+    assert capsys.readouterr().err == "bench: error: unknown benchmark section nosuch (available: %s)\n" % ", ".join(
+        sections())

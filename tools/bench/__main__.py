@@ -36,14 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     unknown = [s for s in args.section if s not in names]
     if unknown:
-        print("error: unknown benchmark section %s (available: %s)" % (", ".join(unknown), ", ".join(names)),
+        print("bench: error: unknown benchmark section %s (available: %s)" % (", ".join(unknown), ", ".join(names)),
               file=sys.stderr)
         return 2
     # the outputs checked before the sections' minutes of work: `--json ''` is no file, --report a folder
     for flag, problem in (("--json", args.json is not None and output_problem(args.json)),
                           ("--report", report_problem(Path(args.report)))):
         if problem:
-            print("error: %s %s cannot be written: %s" % (flag, getattr(args, flag[2:]) or "''", problem),
+            print("bench: error: %s %s cannot be written: %s" % (flag, getattr(args, flag[2:]) or "''", problem),
                   file=sys.stderr)
             return 2
     results: dict = {"machine": {"python": platform.python_version(), "platform": platform.platform(),
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         except (KeyboardInterrupt, BrokenPipeError, StdoutLost):  # stopped, stdout gone or full: no section's failure
             raise
         except Exception as e:  # noqa: BLE001 - one section failing must not lose the others' figures
-            print("error: section %s failed: %s: %s" % (name, type(e).__name__, e), file=sys.stderr)
+            print("bench: error: section %s failed: %s: %s" % (name, type(e).__name__, e), file=sys.stderr)
             results[name] = {"error": "%s: %s" % (type(e).__name__, e)}
             failed.append(name)
         print("(%s: %.1f s)\n" % (name, time.perf_counter() - t0), flush=True)
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             atomic.write_output(args.json, json.dumps(results, indent=2) + "\n")
             print("figures written to %s" % args.json)
         except OSError as e:
-            print("error: cannot write %s: %s" % (args.json, e.strerror), file=sys.stderr)
+            print("bench: error: cannot write %s: %s" % (args.json, e.strerror), file=sys.stderr)
             failed.append("--json")
     try:
         from specmesh.tools.bench._report import write
