@@ -24,7 +24,7 @@ def emulate():
     proc = subprocess.Popen([sys.executable, "-m", "specmesh", "emulate", "--boards", "1"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        lines = [proc.stdout.readline() for _ in range(2)]
+        lines = proc.said = [proc.stdout.readline() for _ in range(2)]
         assert lines[1].startswith("board0  /dev/"), lines
         yield proc, lines[1].split()[1]
     finally:
@@ -190,3 +190,10 @@ def test_a_board_reset_mid_flash_is_one_line_and_the_same_flash_completes_it(vir
     monkeypatch.setattr(flash_module, "_write", write)
     assert cli.main(argv) == 0
     assert "left half-flashed (an interrupted flash as drafter): now complete" in capsys.readouterr().out
+
+
+def test_emulate_says_one_board_as_one(emulate):
+    """`specmesh emulate --boards 1` said "1 virtual ESP32 (classic, no PSRAM) board(s), ... stops them."."""
+    proc, _ = emulate
+    assert proc.said[0].startswith("1 virtual ESP32 (classic, no PSRAM) board, heap ")
+    assert proc.said[0].endswith(". Ctrl-C (or SIGTERM) stops it.\n"), proc.said[0]

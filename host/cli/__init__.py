@@ -323,8 +323,9 @@ def _emulate(args) -> int:
             romfs = "no ROMFS" if args.no_romfs or not cls.romfs_bytes else f"ROMFS {cls.romfs_bytes // 1024} KiB"
             link = (f"its own {cls.isa} machine code under QEMU, no radio" if qemu else
                     f"radio MTU {args.mtu}, loss {args.loss}")
-            print(f"{args.boards} virtual {cls.description} board(s), heap {cls.heap_bytes} bytes, {romfs}; "
-                  f"{link}. Ctrl-C (or SIGTERM) stops them.")
+            one = args.boards == 1  # "1 virtual ... board(s) ... stops them" read as a form, not a sentence
+            print(f"{args.boards} virtual {cls.description} board{'' if one else 's'}, heap {cls.heap_bytes} bytes, "
+                  f"{romfs}; {link}. Ctrl-C (or SIGTERM) stops {'it' if one else 'them'}.")
             for vb in emu.boards:
                 print(f"{vb.name}  {vb.port}  mac {vb.mac}  flash {vb.flash_dir}", flush=True)
             while True:  # a timed wait: a signal may land on a board's pump thread, and an untimed wait
