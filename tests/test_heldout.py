@@ -50,6 +50,10 @@ def test_run_as_a_command_it_prints_each_sets_prompts(tok):
     want = {name: [tok.decode(p) for p in prompt_set(name, MODELS, tok, 2)] for name in PROMPT_SETS}
     assert lines[0].startswith("# tinystories, the tuning set") and lines[1:3] == want["tinystories"]
     assert lines[3].startswith("# handwritten, the report set") and lines[4:] == want["handwritten"]
+    assert lines[3].endswith(": its first 2 prompts, one a line")
+    one = subprocess.run([sys.executable, "-m", "specmesh.tools.heldout", "--set", "handwritten", "--prompts", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert one.stdout.splitlines()[0].endswith(": its first 1 prompt, one a line"), one.stdout
 
 
 def test_a_prompt_file_that_is_not_utf8_is_one_line(tmp_path, monkeypatch, capsys):

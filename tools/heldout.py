@@ -89,7 +89,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             prompts = prompt_set(name, MODELS, tok, a.prompts)
         except ValueError as e:  # a prompt file that is not UTF-8 (it names the file and what to do)
             ap.exit(1, "heldout: %s\n" % e)
-        print("# %s, %s: its first %d prompts, one a line" % (name, ABOUT[name], len(prompts)))
+        print("# %s, %s: its first %d prompt%s, one a line" % (name, ABOUT[name], len(prompts),
+                                                             "" if len(prompts) == 1 else "s"))
         for p in prompts:
             print(tok.decode(p))
 
