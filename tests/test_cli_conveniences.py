@@ -183,6 +183,12 @@ def test_prefill_and_decode_are_timed_apart_in_the_stats_and_the_table(models, t
     assert re.search(r"\ndecode tokens / s +[0-9.e+]+ \(%d tokens in " % stats["decode_tokens"], out)
 
 
+def test_the_table_says_one_decoded_token_as_one(models, capsys):
+    """`--plain -n 2` decodes one token after the first round's: the table said "(1 tokens in 0.0006 s)"."""
+    assert cli.main(["run", "--models", str(models), "--plain", "--verifier", "cpu", "--max-tokens", "2"]) == 0
+    assert re.search(r"\ndecode tokens / s +[0-9.e+]+ \(1 token in ", capsys.readouterr().err)
+
+
 def test_a_prompt_piped_in_with_a_stop_string_prints_one_sentence():
     """The issue's example, on the shipped models (the cpu verifier keeps it quick; `make run`'s virtual
     boards give the same text: the verifier decides every token)."""

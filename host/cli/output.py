@@ -189,12 +189,17 @@ def _stopped(stats: dict) -> str:
             "stop": "a --stop string (the text ends before it)"}.get(stop, str(stop))
 
 
+def _counted(n: int, noun: str) -> str:
+    """`n` of `noun`, said as English does: "1 token", "2 tokens" (the table said "1 tokens in 0.0006 s")."""
+    return "%d %s%s" % (n, noun, "" if n == 1 else "s")
+
+
 def _alpha(stats: dict):
     n = stats.get("alpha_tested")
     if n is None:
         return stats["alpha"]
     if n < FEW:  # none tested too (every draft copied, or every round plain): said with its count, not "-"
-        return "left out: %d draft%s tested, fewer than %d" % (n, "" if n == 1 else "s", FEW)
+        return "left out: %s tested, fewer than %d" % (_counted(n, "draft"), FEW)
     return "%s (%d drafts tested)" % (_fmt(stats["alpha"]), n)
 
 
@@ -255,10 +260,11 @@ def format_table(stats: dict) -> str:
           if stats.get("lookup_rounds") else []),
         ("wall time s", stats["wall_s"]),
         ("tokens / s", stats["tokens_per_s"]),
-        ("prefill s", "%s (%d prompt tokens, %s tokens / s; up to the first round's tokens)" % (
-            _fmt(stats["prefill_s"]), stats["prompt_tokens"], _fmt(stats["prefill_tokens_per_s"]))),
-        ("decode tokens / s", "%s (%d tokens in %s s)" % (
-            _fmt(stats["decode_tokens_per_s"]), stats["decode_tokens"], _fmt(stats["decode_s"]))),
+        ("prefill s", "%s (%s, %s tokens / s; up to the first round's tokens)" % (
+            _fmt(stats["prefill_s"]), _counted(stats["prompt_tokens"], "prompt token"),
+            _fmt(stats["prefill_tokens_per_s"]))),
+        ("decode tokens / s", "%s (%s in %s s)" % (
+            _fmt(stats["decode_tokens_per_s"]), _counted(stats["decode_tokens"], "token"), _fmt(stats["decode_s"]))),
         ("bus bytes / token", stats["bus_bytes_per_token"]),
         ("verifier", _took_over(stats, "verifier")),
         ("drafter", _took_over(stats, "drafter")),
