@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from specmesh.host.backends import BackendError, LocalVerifier, SessionParams
+from specmesh.host.backends import BackendError, Draft, LocalVerifier, SessionParams
+from specmesh.host.backends.pipeline import PipelineVerifier
 from specmesh.host.cli.run import UsageError, add_arguments, check_args
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Observer, generate
@@ -126,6 +127,34 @@ def test_a_stage_that_reboots_is_begun_again_and_the_text_is_unchanged(mesh, pro
     got = generate(prompt, pipe, drafter, params, N, GammaController(fixed=3), Reboot())
     assert len(rounds) > 3 and stage.resyncs == resyncs + 1
     assert got.tokens == single(prompt, params, drafter, 3)
+
+
+def test_a_stage_refusing_for_what_it_holds_ends_the_run_with_why_not_as_a_reboot(mesh, prompt):
+    """A last stage without the classifier (its board holds an earlier layer) refuses with error 2, which the host took
+    for a reboot: it began the stage again, was refused again, and said the stage "restarted and lost the session".
+    Now the line says what the node said and what to do, and the stage is not begun again."""
+    _, pipe, _ = mesh
+    short = PipelineVerifier(pipe.stages[:4], pipe.layers[:4])  # the target's last layer left out
+    resyncs = pipe.stages[3].resyncs
+    with pytest.raises(BackendError) as e:
+        generate(prompt, short, None, SessionParams(eos=1), 8, GammaController(fixed=0))
+    line = str(e.value)
+    assert "\n" not in line and "restarted" not in line, line
+    assert line.startswith("stage 4 of 4 (layers 3:4, virtual:stage3(esp32)) refused the request: stage 3:4 does not "
+                           "hold the classifier; a pipeline's last stage holds the target's last layer"), line
+    assert pipe.stages[3].resyncs == resyncs
+
+
+def test_a_stage_behind_the_host_is_fed_again_from_the_first_position(mesh, prompt):
+    """A stage that holds fewer positions than the host sends from (error 2, "holds only") is begun again and the round
+    sent from position 0, as after a reboot: the verdict is the one the stages would have given."""
+    _, pipe, _ = mesh
+    params = SessionParams(eos=1)
+    want = prompt + single(prompt, params, None, 0)
+    pipe.begin(params, prompt)
+    pipe.fed = list(prompt) + want[len(prompt):len(prompt) + 3]  # as if the stages held three positions more
+    committed = want[:len(prompt) + 4]
+    assert pipe.verify(committed, Draft(len(committed))) == (0, want[len(committed)])
 
 
 def test_a_stage_that_stops_answering_ends_the_run_naming_it(mesh, prompt):

@@ -42,6 +42,15 @@ class Restarted(Exception):
     """The node lost the session (it restarted): re-synchronise it."""
 
 
+class Refused(BackendError):
+    """The node answered the request with an ERROR (`code`, the node's `message`): it is alive, and said why."""
+
+    def __init__(self, line: str, code: int, message: str):
+        super().__init__(line)
+        self.code = code
+        self.message = message
+
+
 def _begin_body(params: SessionParams, prompt: Sequence[int]) -> bytes:
     return m.pack_begin(params.seed & 0xFFFFFFFF, params.temp_milli, params.draft_top_k, params.target_top_k,
                         params.top_p_q16, params.eos, list(prompt))
@@ -134,13 +143,17 @@ class BoardBackend(Unit):
         try:
             return call.result()
         except NodeError as e:
-            if e.code == m.E_STATE and self.params is not None:
+            if self._lost_session(e):
                 raise Restarted() from None
             if e.code == m.E_MEMORY and call.mtype == m.DRAFT_REQ:  # the node's advice is a shorter frame's
                 raise BackendError("%s: %s; %s" % (self.name, e, DRAFTS_TOO_BIG)) from None
-            raise BackendError("%s: %s" % (self.name, e)) from None
+            raise Refused("%s: %s" % (self.name, e), e.code, e.message) from None
         except ProxyError as e:
             raise BackendError("%s: %s" % (self.name, e)) from None
+
+    def _lost_session(self, e: NodeError) -> bool:
+        """Whether the node's refusal says it lost the session begun with it (a reboot): error 2, not in its state."""
+        return e.code == m.E_STATE and self.params is not None
 
     def _call(self, mtype: int, payload: bytes | Callable[[], bytes] = b""):
         """The reply to a request; a callable payload is built again after a re-synchronisation."""

@@ -17,8 +17,10 @@ the first stage computes it while the drafter drafts, and the next round takes i
 The stages' caches follow positions: a STAGE request at position p rolls a stage back to p first, so
 the host only tracks which tokens the stages hold (`fed`), and a rejected draft is overwritten by the
 next round. A stage that restarts (a reboot, a power glitch) lost its cache with its session: it is begun
-again and the round runs again from the first position, every stage fed anew (docs/faults.md). A stage that
-stops answering, or restarts again in that round, ends the run with one line naming it.
+again and the round runs again from the first position, every stage fed anew (docs/faults.md); so is one that
+holds fewer positions than the host sent from. A stage that stops answering, or restarts again in that round, ends
+the run with one line naming it; so does one that refuses a request for what it holds (the last stage without the
+classifier: no BEGIN mends that), with the node's reason.
 
 The trace (`trace`): per round, positions each stage computed and STAGE messages and bytes per link;
 host/projection/pipeline.py replays it on real boards and links.
@@ -33,10 +35,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from specmesh.host.backends import Backend, BackendError, Draft, SessionParams
-from specmesh.host.backends.board import BoardBackend, Restarted
+from specmesh.host.backends.board import BoardBackend, Refused, Restarted
 from specmesh.host.backends.earlyrelay import EarlyRelay
-from specmesh.host.bus.proxy import ProxyError
+from specmesh.host.bus.proxy import NodeError, ProxyError
 from specmesh.shared import messages as m
+
+# a stage's refusals (error 2, not in its state) that BEGIN and feeding it from position 0 mend: the session lost (a
+# reboot: its session number gone; or dropped after an internal error), or positions it no longer holds; its others
+# ("does not hold the classifier") say what it was flashed as, which no BEGIN changes (the run ends on the node's line)
+RESYNCED = ("no session", "is not the current session", "this stage holds only")
+# what to do about such a refusal, by what the node said
+FIXES = {"does not hold the classifier": "a pipeline's last stage holds the target's last layer: give the stages in "
+                                         "layer order, the last one a board flashed `--role stage --layers A:N` (N: "
+                                         "the target's layers; docs/pipeline.md)"}
 
 POLL_S = 0.001  # how long the wavefront waits on one reply before looking at the others
 PATIENCE_S = 0.2  # a reply this late: wait on that call alone (it retransmits as the bus says)
@@ -54,6 +65,9 @@ class BoardStage(BoardBackend):
         if not self.max_gamma:  # only the last stage takes drafts (firmware/node.py _hello)
             return None
         return "in RAM" if self.info["caps"] & m.CAP_CLS_HELD else "streamed from flash"
+
+    def _lost_session(self, e: NodeError) -> bool:
+        return super()._lost_session(e) and any(said in e.message for said in RESYNCED)
 
     def stats(self) -> dict:
         out = super().stats()
@@ -288,6 +302,11 @@ class PipelineVerifier:
         """fn(), its failure one line naming the stage."""
         try:
             return fn()
+        except Refused as e:  # it answered, with why not
+            s = self.stages.index(stage)
+            fix = next((fix for said, fix in FIXES.items() if said in e.message), None)
+            raise BackendError("%s refused the request: %s%s" % (self._who(s), e.message, "; " + fix if fix else
+                                                                 " (error %d)" % e.code)) from None
         except (BackendError, ProxyError) as e:
             s = self.stages.index(stage)
             raise BackendError("%s stopped answering: %s" % (self._who(s), str(e).split(": ", 1)[-1])) from None
