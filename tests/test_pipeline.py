@@ -157,7 +157,7 @@ def test_a_stage_behind_the_host_is_fed_again_from_the_first_position(mesh, prom
     assert pipe.verify(committed, Draft(len(committed))) == (0, want[len(committed)])
 
 
-def test_a_stage_that_stops_answering_ends_the_run_naming_it(mesh, prompt):
+def test_a_stage_that_stops_answering_ends_the_run_naming_it(mesh, prompt, monkeypatch):
     c, pipe, drafter = mesh
     rounds = []
 
@@ -171,6 +171,15 @@ def test_a_stage_that_stops_answering_ends_the_run_naming_it(mesh, prompt):
         generate(prompt, pipe, drafter, SessionParams(eos=1), N, GammaController(fixed=2), Kill())
     line = str(e.value)
     assert "\n" not in line and line.startswith("stage 3 of 5 (layers 2:3, virtual:stage2(esp32)) stopped answering")
+    # no stage replaces it: a long-lived mesh's next generation (serve's next request) asked the stages again, the dead
+    # one too (a board gone silent: 30 s for its BEGIN); now it fails with the same line, asking no stage anything
+    asked = []
+    for s in pipe.stages:
+        real = s.proxy.start
+        monkeypatch.setattr(s.proxy, "start", lambda *a, real=real: (asked.append(a[0]), real(*a))[1])
+    with pytest.raises(BackendError) as again:
+        generate(prompt, pipe, drafter, SessionParams(eos=1), N, GammaController(fixed=2))
+    assert str(again.value) == line and asked == []
 
 
 def test_a_board_folder_in_use_is_refused_before_any_stage_boots(tmp_path):

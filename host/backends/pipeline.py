@@ -19,7 +19,8 @@ the host only tracks which tokens the stages hold (`fed`), and a rejected draft 
 next round. A stage that restarts (a reboot, a power glitch) lost its cache with its session: it is begun
 again and the round runs again from the first position, every stage fed anew (docs/faults.md); so is one that
 holds fewer positions than the host sent from. A stage that stops answering, or restarts again in that round, ends
-the run with one line naming it; so does one that refuses a request for what it holds (the last stage without the
+the run with one line naming it (one that stopped answering ends every later session at once with it: `failed`);
+so does one that refuses a request for what it holds (the last stage without the
 classifier: no BEGIN mends that), with the node's reason.
 
 The trace (`trace`): per round, positions each stage computed and STAGE messages and bytes per link;
@@ -116,12 +117,17 @@ class PipelineVerifier:
         self._early: EarlyRelay | None = None  # the next round's first position, on its way
         self.early_taken = 0  # rounds whose first position went out at the previous verdict
         self._mark = [0] * len(self.stages)  # each link's bus bytes when the last round ended (or at BEGIN)
+        # why a stage failed for good (it stopped answering): no stage replaces it, so every later session fails at
+        # once with this line (serve's next request, the Python API's next generation) instead of asking it again
+        self.failed: str | None = None
 
     @property
     def bus_bytes(self) -> int:
         return sum(s.bus_bytes for s in self.stages)
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
+        if self.failed:
+            raise BackendError(self.failed)
         self._drop_early()
         self.params = params
         self.fed = []
@@ -133,6 +139,8 @@ class PipelineVerifier:
         """Nothing to send: the next round's first position rolls every stage back to where it starts."""
 
     def verify(self, committed: Sequence[int], draft: Draft) -> tuple[int, int]:
+        if self.failed:
+            raise BackendError(self.failed)
         if draft.pos0 != len(committed):
             raise BackendError("draft for position %d, but the stream holds %d tokens" % (draft.pos0, len(committed)))
         for s in self.stages:
@@ -309,7 +317,8 @@ class PipelineVerifier:
                                                                  " (error %d)" % e.code)) from None
         except (BackendError, ProxyError) as e:
             s = self.stages.index(stage)
-            raise BackendError("%s stopped answering: %s" % (self._who(s), str(e).split(": ", 1)[-1])) from None
+            self.failed = "%s stopped answering: %s" % (self._who(s), str(e).split(": ", 1)[-1])
+            raise BackendError(self.failed) from None
         except Restarted:
             s = self.stages.index(stage)
             raise StageRestarted("%s restarted and lost the session" % self._who(s), s) from None
