@@ -7,6 +7,8 @@ import json
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -66,6 +68,35 @@ def test_a_verifier_board_that_died_is_not_asked_for_its_stats(models, monkeypat
         assert failed.choices[0].text == want and len(figures["failovers"]) == 1 and figures["verifier"] == "cpu"
         (board,) = [b for b in figures["boards"] if b["role"] == "verifier"]
         assert "failed during the run" in board["error"] and not asked, (board, asked)
+
+
+def test_a_pipeline_whose_stage_died_fails_every_later_request_at_once_and_says_so_on_health(models, monkeypatch):
+    """A served pipeline's stage board died: no board replaces a stage, so its request failed, and every later one asked
+    the stages again (a BEGIN to each; the dead one, gone silent, held each request back by its 30 s deadline), while
+    /health said "ok". Now the later requests fail with the same line asking no stage, and /health says why (503)."""
+    with Mesh(drafter="cpu", stages=2, models=models, gamma="2", say=[].append, warn=[].append) as mesh, \
+            serving(mesh) as url:
+        c = client(url)
+        c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=8)
+        assert json.load(urllib.request.urlopen(url + "/health"))["status"] == "ok"
+        (lane,) = mesh._lanes
+        mesh._setup.cluster().boards["stage1"].stop()
+        with pytest.raises(openai.APIError) as failed:
+            c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=8)
+        line = failed.value.body["message"]
+        assert line.startswith("stage 2 of 2 (layers 1:2, virtual:stage1(esp32)) stopped answering"), line
+        asked: list[int] = []
+        for stage in lane.verifier.stages:
+            real = stage.proxy.start
+            monkeypatch.setattr(stage.proxy, "start", lambda *a, real=real: (asked.append(a[0]), real(*a))[1])
+        with pytest.raises(openai.APIError) as again:
+            c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=8)
+        assert again.value.body["message"] == line and asked == [], asked
+        with pytest.raises(urllib.error.HTTPError) as health:
+            urllib.request.urlopen(url + "/health")
+        said = json.load(health.value)
+        assert health.value.code == 503 and said["status"] == "failed", said
+        assert said["error"].startswith(line + "; ") and "serve again" in said["error"], said
 
 
 class Broken(backends.LocalVerifier):

@@ -1,7 +1,8 @@
 """The HTTP face of a `Mesh` (host/cli/session.py): an OpenAI-compatible API and the live page, on Starlette.
 
 Routes: `POST /v1/completions` and `POST /v1/chat/completions` (`stream: true` as server-sent events, else one JSON
-body), `GET /v1/models` and `/v1/models/ID`, `GET /health`, and `/`, the live page (host/cli/page.html). The
+body), `GET /v1/models` and `/v1/models/ID`, `GET /health` (a 503 saying why once the mesh can serve nothing: a
+pipeline's stage board stopped answering, `Mesh.failed`), and `/`, the live page (host/cli/page.html). The
 parameters that map are taken (`max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1, `stream_options`'s
 `include_usage`, with `stream` true; `user`, a string, is accepted and ignored); any other parameter set to something
 but its OpenAI default is a 400 naming it (the other route's text too: a chat's `prompt`, a completion's `messages`),
@@ -55,6 +56,7 @@ DEFAULTS = {"echo": (False,), "logprobs": (None, False), "top_logprobs": (None,)
             "tools": (None, []), "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
             "parallel_tool_calls": (None, True)}
 MAX_BODY = 1 << 20
+RESTART = "every request fails so: start specmesh serve again once the board is back"  # a mesh that failed for good
 UNSERVED = "the server stopped before this request's turn came (nothing was generated): send it again once it is back"
 # OpenAI's finish_reason of each way a generation ends; one cut by the server's stop is "length" (its text was cut
 # short, as at max_tokens), not "stop" (the model ended it): OpenAI's schema has no value of its own for it
@@ -271,8 +273,11 @@ class Api:
 
     async def health(self, request: Request) -> Response:
         busy = self.mesh.lanes_busy  # the lanes generating; `waiting`: the requests queued for one
-        return JSONResponse({"status": "ok", "model": MODEL_ID, "streams": self.mesh.streams, "busy": busy,
-                             "waiting": max(self.in_flight - busy, 0)})
+        figures = {"model": MODEL_ID, "streams": self.mesh.streams, "busy": busy, "waiting": max(self.in_flight - busy, 0)}
+        failed = self.mesh.failed  # every request fails at once with this line: a health check must see it
+        if failed:
+            return JSONResponse({"status": "failed", "error": "%s; %s" % (failed, RESTART), **figures}, status_code=503)
+        return JSONResponse({"status": "ok", **figures})
 
     def _model(self) -> dict:
         return {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "specmesh", "context": self.mesh.context}

@@ -726,6 +726,14 @@ class Mesh(contextlib.AbstractContextManager):
     # -- lanes -------------------------------------------------------------------------------------
 
     @property
+    def failed(self) -> str | None:
+        """Why no generation can run any more, where none can (every lane's verifier is a pipeline whose stage stopped
+        answering, and no board replaces a stage: `PipelineVerifier.failed`); else None."""
+        with self._lock:
+            lines = [getattr(lane.verifier, "failed", None) for lane in self._lanes]
+        return lines[0] if lines and all(lines) else None
+
+    @property
     def lanes_busy(self) -> int:
         """Lanes serving a stream (the others are free)."""
         with self._lock:
