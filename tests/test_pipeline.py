@@ -104,6 +104,16 @@ def test_seeded_sampling_equals_the_single_verifier(mesh, prompt, seed):
     assert 0 < got.accepted < got.drafted  # drafts both accepted and rejected: the rule ran on the stage
 
 
+def reboot(vb):
+    """As a board resets: the virtual board boots its VM again on the same pty; returns once its node runs."""
+    old = vb.pid
+    os.kill(old, signal.SIGKILL)
+    end = time.monotonic() + 30
+    while vb.pid in (None, old) and time.monotonic() < end:
+        time.sleep(0.05)
+    time.sleep(1.0)  # main.py starts the node
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_stage_that_reboots_is_begun_again_and_the_text_is_unchanged(mesh, prompt, temperature):
     """docs/faults.md: a board that reboots mid-session is begun again, nothing lost. A stage's cache went with
@@ -115,18 +125,57 @@ def test_a_stage_that_reboots_is_begun_again_and_the_text_is_unchanged(mesh, pro
     class Reboot(Observer):
         def shown(self, accepted, emitted):
             rounds.append(accepted)
-            if len(rounds) == 3:  # as a board resets: the virtual board boots its VM again on the same pty
-                old = vb.pid
-                os.kill(old, signal.SIGKILL)
-                end = time.monotonic() + 30
-                while vb.pid in (None, old) and time.monotonic() < end:
-                    time.sleep(0.05)
-                time.sleep(1.0)  # main.py starts the node
+            if len(rounds) == 3:
+                reboot(vb)
 
     params = SessionParams(seed=5, temperature=temperature, eos=1)
     got = generate(prompt, pipe, drafter, params, N, GammaController(fixed=3), Reboot())
     assert len(rounds) > 3 and stage.resyncs == resyncs + 1
     assert got.tokens == single(prompt, params, drafter, 3)
+
+
+def test_stages_that_reboot_together_are_each_begun_again_and_the_text_is_unchanged(mesh, prompt):
+    """Two stages restarting at once (one power glitch on their hub): the host began the first again and sent the round
+    again, met the second's lost session there and ended the run ("restarted and lost the session"). Each is begun
+    again now, once a round."""
+    c, pipe, drafter = mesh
+    rounds, resyncs = [], [s.resyncs for s in pipe.stages]
+
+    class Glitch(Observer):
+        def shown(self, accepted, emitted):
+            rounds.append(accepted)
+            if len(rounds) == 3:
+                reboot(c.boards["stage1"])
+                reboot(c.boards["stage3"])
+
+    params = SessionParams(eos=1)
+    got = generate(prompt, pipe, drafter, params, N, GammaController(fixed=3), Glitch())
+    assert [s.resyncs - r for s, r in zip(pipe.stages, resyncs)] == [0, 1, 0, 1, 0]
+    assert got.tokens == single(prompt, params, drafter, 3)
+
+
+def test_a_stage_that_restarts_again_in_the_round_sent_again_ends_the_run_saying_so(mesh, prompt, monkeypatch):
+    c, pipe, drafter = mesh
+    rounds, stage = [], pipe.stages[2]
+    real = stage._resync
+
+    def begun_then_restarts():  # it restarts again once begun again, before the round sent again reaches it
+        real()
+        reboot(c.boards["stage2"])
+
+    monkeypatch.setattr(stage, "_resync", begun_then_restarts)
+
+    class Reboot(Observer):
+        def shown(self, accepted, emitted):
+            rounds.append(accepted)
+            if len(rounds) == 3:
+                reboot(c.boards["stage2"])
+
+    with pytest.raises(BackendError) as e:
+        generate(prompt, pipe, drafter, SessionParams(eos=1), N, GammaController(fixed=3), Reboot())
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("stage 3 of 5 (layers 2:3, virtual:stage2(esp32)) restarted again in "
+                                                "the round sent again after its restart: it keeps restarting; check")
 
 
 def test_a_stage_refusing_for_what_it_holds_ends_the_run_with_why_not_as_a_reboot(mesh, prompt):

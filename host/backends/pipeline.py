@@ -17,8 +17,8 @@ the first stage computes it while the drafter drafts, and the next round takes i
 The stages' caches follow positions: a STAGE request at position p rolls a stage back to p first, so
 the host only tracks which tokens the stages hold (`fed`), and a rejected draft is overwritten by the
 next round. A stage that restarts (a reboot, a power glitch) lost its cache with its session: it is begun
-again and the round runs again from the first position, every stage fed anew (docs/faults.md); so is one that
-holds fewer positions than the host sent from. A stage that stops answering, or restarts again in that round, ends
+again and the round runs again from the first position, every stage fed anew (docs/faults.md), once a round for
+each of several that restart together; so is one that holds fewer positions than the host sent from. A stage that stops answering, or restarts again in that round, ends
 the run with one line naming it (one that stopped answering ends every later session at once with it: `failed`);
 so does one that refuses a request for what it holds (the last stage without the
 classifier: no BEGIN mends that), with the node's reason.
@@ -153,13 +153,20 @@ class PipelineVerifier:
         feed = list(committed[start:]) + list(draft.tokens)
         entries = [(t, q[0], q[1]) for t, q in zip(draft.tokens, draft.q)]
         first_judged = len(committed) - 1 - start  # index in `feed` of the last committed token
-        try:
-            results = self._wavefront(start, feed, first_judged, entries)
-        except StageRestarted as e:  # its cache is gone: begin it again, and feed every stage from position 0
-            lost = self.stages[e.index]
-            self._guard(lost, lost._resync)
-            start, feed, first_judged = 0, list(committed) + list(draft.tokens), len(committed) - 1
-            results = self._wavefront(start, feed, first_judged, entries)  # restarted again: the run ends
+        restarted: set[int] = set()  # stages begun again in this round (several restart together on one power glitch)
+        while True:
+            try:
+                results = self._wavefront(start, feed, first_judged, entries)
+                break
+            except StageRestarted as e:  # its cache is gone: begin it again, and feed every stage from position 0
+                if e.index in restarted:  # restarted again in the round sent again: the run ends
+                    raise BackendError("%s restarted again in the round sent again after its restart: it keeps "
+                                       "restarting; check its power supply and its console, then run again"
+                                       % self._who(e.index)) from None
+                restarted.add(e.index)
+                lost = self.stages[e.index]
+                self._guard(lost, lost._resync)
+                start, feed, first_judged = 0, list(committed) + list(draft.tokens), len(committed) - 1
         self.fed = list(committed[:start]) + feed[:first_judged + len(results)]
         n_acc, token = self._verdict(results, draft.tokens)
         if token >= 0 and len(committed) + n_acc < self.max_seq and len(self.stages) > 1:
