@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("starlette", reason="specmesh serve needs the `serve` extra: pip install -e '.[dev]'")
 openai = pytest.importorskip("openai", reason="the tests drive the server with the `openai` package (dev extra)")
 
+import specmesh
 from specmesh import Mesh
 from specmesh.host import backends
 from specmesh.host.cli import registry
@@ -539,3 +540,19 @@ def test_a_number_longer_than_python_converts_is_a_400_saying_so_not_bad_json(cp
             urllib.request.urlopen(urllib.request.Request(cpu[0] + "/v1/completions", body.encode()), timeout=60)
         error = json.load(e.value)["error"]
         assert e.value.code == 400 and error["message"].startswith("a number in the body has"), error
+
+
+def test_a_served_pipeline_of_classic_stages_holds_their_context():
+    """A pipeline on classic-ESP32 stages keeps 128 positions of the target's 512 (no PSRAM), but the mesh said 512: a
+    200-token prompt got past serve's check and failed in the decode loop, a 500 and a traceback in the server's log
+    (a bare ValueError from the Python API). Now the mesh's context is the stages', and such a prompt is refused as
+    any too long: a 400 naming it, a UsageError."""
+    with Mesh(drafter="cpu", stages=5, models=ROOT / "models", say=[].append, warn=[].append) as mesh, \
+            serving(mesh) as url:
+        assert mesh.context == 128
+        prompt = list(range(3, 203))
+        with pytest.raises(specmesh.UsageError, match="the prompt has 200 tokens but the context holds 128"):
+            mesh.complete(prompt)
+        with pytest.raises(openai.BadRequestError) as e:
+            client(url).completions.create(model="specmesh", prompt=prompt, max_tokens=8)
+        assert e.value.code == "context_length_exceeded" and "context holds 128" in e.value.message

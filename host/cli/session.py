@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from specmesh.host import backends
 from specmesh.host.backends import PIPELINE, BackendError, SessionParams
-from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, class_of, drafter_class
+from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, class_of, drafter_class, stage_context
 from specmesh.host.cli import registry
 from specmesh.host.cli.config import RV32_PROJECT, RunConfig, UsageError
 from specmesh.host.cli.flags import a_path, add_arguments
@@ -720,8 +720,13 @@ class Mesh(contextlib.AbstractContextManager):
 
     @property
     def context(self) -> int:
-        """Positions the target's context holds: prompt and text together."""
-        return self.headers["verifier"].max_seq
+        """Positions the target's context holds: prompt and text together; on a pipeline, what its stage boards keep
+        of it (128 on classic ESP32s, without PSRAM: a longer prompt got past serve's and chat's checks and failed in
+        the decode loop, a 500 from serve)."""
+        target = self.headers["verifier"]
+        if self.config.stages:
+            return stage_context(target, BOARD_CLASSES[stage_class(self.config)])
+        return target.max_seq
 
     # -- lanes -------------------------------------------------------------------------------------
 
