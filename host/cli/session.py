@@ -721,8 +721,8 @@ class Mesh(contextlib.AbstractContextManager):
     @property
     def context(self) -> int:
         """Positions the target's context holds: prompt and text together; on a pipeline, what its stage boards keep
-        of it (128 on classic ESP32s, without PSRAM: a longer prompt got past serve's and chat's checks and failed in
-        the decode loop, a 500 from serve)."""
+        of it (128 on classic ESP32s, without PSRAM), which serve's and chat's checks must take: a longer prompt
+        fails in the decode loop."""
         target = self.headers["verifier"]
         if self.config.stages:
             return stage_context(target, BOARD_CLASSES[stage_class(self.config)])
