@@ -14,6 +14,7 @@ import time
 import pytest
 
 from specmesh.host.backends import BackendError, Draft, LocalVerifier, SessionParams
+from specmesh.host.backends.earlyrelay import EarlyRelay
 from specmesh.host.backends.pipeline import PipelineVerifier
 from specmesh.host.cli.run import UsageError, add_arguments, check_args
 from specmesh.host.decode.gamma import GammaController
@@ -229,6 +230,17 @@ def test_a_stage_that_stops_answering_ends_the_run_naming_it(mesh, prompt, monke
     with pytest.raises(BackendError) as again:
         generate(prompt, pipe, drafter, SessionParams(eos=1), N, GammaController(fixed=2))
     assert str(again.value) == line and asked == []
+    # the next round's first position on its way when the text ended (the stream's last verdict sends it) meets the dead
+    # stage: the run's stats (report) collected it and raised, after the text was out; now they count what came back,
+    # and the next session fails with the line
+    fresh = PipelineVerifier(pipe.stages, pipe.layers)
+    fresh._early = EarlyRelay(fresh.stages, 1, prompt[1], lambda s, data: m.pack_stage(1, 1, fresh._flags(s, False), [],
+                                                                                       data))
+    assert fresh._early.waiter.event.wait(30)  # relayed as far as it went: to the dead stage
+    assert fresh.report()["pipeline"]["rounds"] == []
+    assert fresh.failed.startswith("stage 3 of 5 (layers 2:3, virtual:stage2(esp32)) stopped answering")
+    with pytest.raises(BackendError, match=r"^stage 3 of 5 \(layers 2:3"):
+        fresh.begin(SessionParams(eos=1), prompt)
 
 
 def test_a_board_folder_in_use_is_refused_before_any_stage_boots(tmp_path):

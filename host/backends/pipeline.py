@@ -126,9 +126,9 @@ class PipelineVerifier:
         return sum(s.bus_bytes for s in self.stages)
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
+        self._drop_early()
         if self.failed:
             raise BackendError(self.failed)
-        self._drop_early()
         self.params = params
         self.fed = []
         for s in self.stages:
@@ -185,6 +185,8 @@ class PipelineVerifier:
             self.early_taken += 1
             return early
         self._drop_early()
+        if self.failed:  # a stage stopped answering on its way
+            raise BackendError(self.failed)
         return None
 
     def _drop_early(self) -> None:
@@ -195,8 +197,8 @@ class PipelineVerifier:
             k = early.stop()
             try:
                 self._guard(self.stages[k], early.result)
-            except StageRestarted:
-                return  # it computed nothing that counts; its next request re-synchronises it (or a BEGIN does)
+            except BackendError:  # it computed nothing that counts, and the text is out: a stage that restarted is
+                return  # re-synchronised by its next request (or a BEGIN); one that stopped answering is `failed`
             tr = self.trace[-1]
             for s in range(k + 1):
                 tr.computed[s] += 1
