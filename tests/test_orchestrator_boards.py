@@ -151,9 +151,13 @@ def test_pipelined_drafting_changes_nothing_but_time(serial_boards, models, tmp_
     want = [generate(p, verifier, drafter, params, 24, GammaController(fixed=2)).tokens for params, p in cases]
     with Cluster("serial", models, tmp_path, spec_ahead=6) as c:
         ahead = c.backend("drafter")
-        got = [generate(p, verifier, ahead, params, 24, GammaController(fixed=2)).tokens for params, p in cases]
-        assert got == want
-        assert ahead.stats()["ahead"] > 0  # the drafter did draft ahead while verdicts were pending
+        for _ in range(3):  # until the drafter did draft ahead while verdicts were pending: a drafter VM the host's
+            # other processes starve of the cores (a loaded CI machine) may get no idle moment in one pair of runs
+            got = [generate(p, verifier, ahead, params, 24, GammaController(fixed=2)).tokens for params, p in cases]
+            assert got == want
+            if ahead.stats()["ahead"] > 0:
+                break
+        assert ahead.stats()["ahead"] > 0
 
 
 @pytest.mark.parametrize("console_seen", [True, False])
