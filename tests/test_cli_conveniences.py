@@ -120,6 +120,7 @@ def test_a_prompt_piped_in_through_a_non_blocking_stdin_is_read_to_its_end(model
 @pytest.mark.parametrize("setup, extra, message", [
     (None, ["--prompt", "x", "--prompt-file", "p.txt"], "give --prompt or --prompt-file, not both"),
     (None, ["--prompt-file", "nope.txt"], "cannot read the prompt from nope.txt: No such file or directory"),
+    (None, ["--prompt-file", "."], "--prompt-file .: a folder: name the prompt's file in it"),  # "Is a directory"
     (b"caf\xe9 au lait", ["--prompt-file", "p.txt"], "the prompt in p.txt is not UTF-8 text: byte 3 is 0xe9"),
     (None, ["--prompt-file", "/dev/zero"], "the prompt in /dev/zero is over 16 MiB, more than any model's context "
                                             "holds: shorten it"),  # read to its end before: memory ran out
@@ -187,6 +188,25 @@ def test_the_table_says_one_decoded_token_as_one(models, capsys):
     """`--plain -n 2` decodes one token after the first round's: the table said "(1 tokens in 0.0006 s)"."""
     assert cli.main(["run", "--models", str(models), "--plain", "--verifier", "cpu", "--max-tokens", "2"]) == 0
     assert re.search(r"\ndecode tokens / s +[0-9.e+]+ \(1 token in ", capsys.readouterr().err)
+
+
+def test_the_table_says_one_re_prime_and_one_round_as_one(models, tmp_path):
+    """The drafter window's and the projected drafting ahead's rows said "1 re-primes", "1 rounds" and "1 rounds'
+    drafts ready": a run's own stats, with those rows' figures at one."""
+    from specmesh.host.cli.output import format_table
+
+    out = tmp_path / "stats.json"
+    assert cli.main(["run", "--models", str(models), "--plain", "--verifier", "cpu", "--max-tokens", "2",
+                     "--stats-json", str(out)]) == 0
+    stats = json.loads(out.read_text())
+    stats["drafter_window"] = {"reprimes": 1, "keep": 1, "context": 48, "first_reprime_token": 40,
+                               "after_first_reprime": {"drafting_rounds": 1, "rounds": 1, "tokens_per_verification": 2.0}}
+    stats["projection"] = {"hardware": "esp32s3", "tokens_per_s": 80.0, "speedup_vs_plain": 1.2, "plain_tokens_per_s": 70.0,
+                           "rates": "-", "kernels": "native", "pipelined_drafting": True, "ready_rounds": 1,
+                           "ahead_drafts": 1, "ahead_overrun_s": 0.001}
+    table = " ".join(format_table(stats).split())  # (a long value wraps onto lines of its own)
+    assert "1 re-prime on the stream's last 1 token (context 48), from token 40 on: 1 of 1 round drafted" in table
+    assert "drafts ready for 1 round, 1 draft made beside a verify" in table
 
 
 def test_a_prompt_piped_in_with_a_stop_string_prints_one_sentence():

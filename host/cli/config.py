@@ -223,6 +223,8 @@ def read_prompt(a: argparse.Namespace) -> str:
         else:
             with open(a.prompt_file, "rb") as f:
                 data = f.read(PROMPT_MAX_BYTES + 1)
+    except IsADirectoryError:
+        raise UsageError("--prompt-file %s: a folder: name the prompt's file in it" % where) from None
     except OSError as e:
         raise UsageError("cannot read the prompt from %s: %s" % (where, e.strerror or e)) from None
     if len(data) > PROMPT_MAX_BYTES:

@@ -272,10 +272,11 @@ def format_table(stats: dict) -> str:
     window = stats.get("drafter_window") or {}
     if window.get("reprimes"):
         after = window["after_first_reprime"]
-        rows.append(("drafter window", "%d re-primes on the stream's last %d tokens (context %d), from token %d on: "
-                     "%d of %d rounds drafted, %s tokens / verification" % (
-                         window["reprimes"], window["keep"], window["context"], window["first_reprime_token"],
-                         after["drafting_rounds"], after["rounds"], _fmt(after["tokens_per_verification"]))))
+        rows.append(("drafter window", "%s on the stream's last %s (context %d), from token %d on: %d of %s drafted, "
+                     "%s tokens / verification" % (
+                         _counted(window["reprimes"], "re-prime"), _counted(window["keep"], "token"),
+                         window["context"], window["first_reprime_token"], after["drafting_rounds"],
+                         _counted(after["rounds"], "round"), _fmt(after["tokens_per_verification"]))))
     est = stats.get("estimates") or {}
     if stats.get("drafter") and est.get("cost_ratio_c") is not None:
         rows += _estimates(est)
@@ -289,9 +290,9 @@ def format_table(stats: dict) -> str:
                 rows.append(("projection rates", p["rates"]))
                 rows.append(("projected kernels", p["kernels"]))
                 if p.get("pipelined_drafting"):
-                    rows.append(("projected drafting ahead", "%d rounds' drafts ready, %d drafts made beside a verify, "
-                                 "%.1f ms past it" % (p["ready_rounds"], p["ahead_drafts"],
-                                                      1e3 * p["ahead_overrun_s"])))
+                    rows.append(("projected drafting ahead", "drafts ready for %s, %s made beside a verify, %.1f ms past it"
+                                 % (_counted(p["ready_rounds"], "round"), _counted(p["ahead_drafts"], "draft"),
+                                    1e3 * p["ahead_overrun_s"])))
             else:
                 rows.append(("  vs plain on the pipeline (%s)" % link, p["speedup_vs_pipeline_plain"]))
                 rows.append(("  vs plain on one esp32s3 board", p["speedup_vs_single_board_plain"]))
