@@ -18,7 +18,7 @@ from specmesh.host.layout import DRAFTER_FILE
 from specmesh.shared import prng, rule, sampling
 from tests.conftest import ROOT
 from specmesh.shared.modelfile import FLAG_SHARED_CLS
-from specmesh.tools.nodeproc import rom_image
+from specmesh.tools.nodeproc import imported_heap, rom_image
 from specmesh.tools.testmodels import random_model
 
 PROMPT = [3, 17, 42, 8, 79, 0, 55]
@@ -196,15 +196,6 @@ def alloc_reference(path, n, k, temp_milli):
     return out[2:]
 
 
-def code_heap(micropython: str, fw_dir: str, modules: str) -> int:
-    """Heap bytes `modules` (comma-separated) hold once imported from the compiled folder `fw_dir` in this VM: a
-    board's budget counts its code as frozen (host/boardclasses.py), so a VM sized to a class heap gets it on top."""
-    probe = ("import sys, gc\nsys.path.insert(0, %r)\ngc.collect()\na = gc.mem_alloc()\nimport %s\ngc.collect()\n"
-             "print(gc.mem_alloc() - a)" % (fw_dir, modules))
-    return int(subprocess.run([micropython, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                              check=True).stdout)
-
-
 @pytest.mark.parametrize("temp_milli", [0, 800])
 def test_a_verify_allocates_no_table_in_a_c3_heap(run_plan, micropython, fw_dir, tmp_path, temp_milli):
     """The shipped target on a C3 verifier's ROMFS at its class heap (its code on top, as frozen), with the context
@@ -223,7 +214,7 @@ def test_a_verify_allocates_no_table_in_a_c3_heap(run_plan, micropython, fw_dir,
     drafts = [argmax(ref.forward(prompt, 0)[-1])]  # the target's greedy continuation: accepted, then rejected
     for _ in range(3):
         drafts.append(argmax(ref.forward(drafts[-1:], ref.length)[-1]))
-    heap = ESP32C3.heap_bytes + code_heap(micropython, fw_dir, "engine, roles")
+    heap = ESP32C3.heap_bytes + imported_heap(micropython, "engine, roles", fw_dir)
     got = run_plan({"model": path, "rom": image, "kmax": SMALL_VERIFIER_KMAX, "n_ctx": SMALL_VERIFIER_CTX,
                     "ops": [["verify", prompt, n, drafts, temp_milli, seed]]}, heap="%dk" % (heap // 1024))
     assert "error" not in got, got

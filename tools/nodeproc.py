@@ -63,24 +63,31 @@ def seq_of(frame: bytes) -> int:
     return codec.header(frame)[4]
 
 
-def code_heap(micropython: str, board_dir: Path, extra: str = "") -> int:
-    """Heap bytes the node's modules (and `extra`, e.g. ", stage") hold once imported from a flashed board
-    directory (see flash()), plus the qstr pool the VM opens next.
+def imported_heap(micropython: str, modules: str, path: str, cwd: Path | str = ".") -> int:
+    """Heap bytes `modules` (comma-separated) hold once imported in this VM, with MICROPYPATH `path`, plus the qstr
+    pool the VM opens next.
 
-    The VM interns the node's ~600 names in RAM qstr pools, which double in size as they fill (the next
-    one is about 7 KB on the 64-bit unix port); a board's frozen code keeps those names in flash, and the
-    few names the node interns at run time fit a small pool. Counting the next pool as code keeps a
-    board's budget from flipping when one more name in firmware/ or shared/ crosses a pool boundary."""
-    probe = ("import gc, micropython\ngc.collect()\na = gc.mem_alloc()\nimport config, links, node, roles, engine%s\n"
+    The VM interns the modules' names in RAM qstr pools, which double in size as they fill (the next one is about
+    7 KB on the 64-bit unix port); a board's frozen code keeps those names in flash, and the few names code interns
+    at run time fit a small pool. Counting the next pool as code keeps a heap budget from flipping when one more name
+    in firmware/ or shared/ crosses a pool boundary."""
+    probe = ("import gc, micropython\ngc.collect()\na = gc.mem_alloc()\nimport %s\n"
              "gc.collect()\nprint(gc.mem_alloc() - a)\nmicropython.qstr_info()\nclass Q: pass\n"
-             "for i in range(4096):\n    setattr(Q, '_q%%d' %% i, 0)\n    micropython.qstr_info()\n" % extra)
-    out = subprocess.run([micropython, "-c", probe], cwd=board_dir, capture_output=True, text=True, timeout=60,
-                         env={"MICROPYPATH": ".frozen:" + str(board_dir)}, check=True)
+             "for i in range(4096):\n    setattr(Q, '_q%%d' %% i, 0)\n    micropython.qstr_info()\n" % modules)
+    out = subprocess.run([micropython, "-c", probe], cwd=cwd, capture_output=True, text=True, timeout=60,
+                         env={"MICROPYPATH": path}, check=True)
     lines = out.stdout.split("\n")
     pools = [tuple(int(v) for v in re.findall(r"=(\d+)", line)) for line in lines[1:] if line.startswith("qstr pool")]
     pool0, _, data0, total0 = pools[0]
     grown = next(p for p in pools if p[0] > pool0)  # (n_pool, n_qstr, n_str_data_bytes, n_total_bytes)
     return int(lines[0]) + (grown[3] - grown[2]) - (total0 - data0)
+
+
+def code_heap(micropython: str, board_dir: Path, extra: str = "") -> int:
+    """Heap bytes the node's modules (and `extra`, e.g. ", stage") hold once imported from a flashed board
+    directory (see flash()), with the next qstr pool (imported_heap)."""
+    return imported_heap(micropython, "config, links, node, roles, engine" + extra, ".frozen:" + str(board_dir),
+                         board_dir)
 
 
 class NodeProc:
