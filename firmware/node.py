@@ -320,7 +320,7 @@ class Node:
         reply = None
         for _ in range(2):  # building the reply may meet a fragmented heap once
             try:
-                reply = codec.encode(rtype, body, src_id, f.src, f.seq, 0, True, self.auth)
+                reply = codec.encode_buffer(rtype, body, src_id, f.src, f.seq, 0, True, self.auth)
                 link.send(reply)
                 break
             except MemoryError:

@@ -67,6 +67,7 @@ FRAG_HEADER = 5
 DEFAULT_MTU = 250
 MAX_SLOTS = 32  # partial datagram messages held at most, all senders together (each sender: max_partial)
 MAX_LINE = 4096  # longest frame line a stream link accepts (a DRAFT of 8 drafts x top-32 is about 1 KB)
+LINE_PIECE = 384  # frame bytes base64-encoded at a time by write_line (a multiple of 3: the pieces' digits join)
 
 VERSION = 2  # signing version: the first byte of every tag's context (docs/security.md)
 OPEN_TYPE = 0x01  # messages.HELLO: signed without a session, the exchange that opens one
@@ -241,6 +242,12 @@ class Frame:
 def encode(mtype, payload=b"", src=None, dst=None, seq=0, session=0, reply=False, auth=None):
     """Binary frame for one message; `auth` signs it. With src and dst both None the frame carries no
     addresses (it goes to, or comes from, the peer at the other end of a point-to-point link)."""
+    return bytes(encode_buffer(mtype, payload, src, dst, seq, session, reply, auth))
+
+
+def encode_buffer(mtype, payload=b"", src=None, dst=None, seq=0, session=0, reply=False, auth=None):
+    """encode's frame in the bytearray it is built in: a node's reply, where the bytes copy would be one more block
+    of a large frame's size for a board's heap to find."""
     addr = src is not None or dst is not None
     session &= 0xFF
     flags = ((mtype & TYPE_MASK) | (FLAG_REPLY if reply else 0) | (FLAG_SIGNED if auth is not None else 0)
@@ -264,7 +271,7 @@ def encode(mtype, payload=b"", src=None, dst=None, seq=0, session=0, reply=False
         struct.pack_into("<I", buf, body, auth.next_counter())
         buf[body + 4:size] = auth.tag(mv[:body + 4], auth.context(buf, False))
     struct.pack_into("<H", buf, size, crc16(mv[:size]))
-    return bytes(buf)
+    return buf
 
 
 def resign(frame, auth):
@@ -386,11 +393,21 @@ def encode_line(frame):
 
 
 def write_line(write, frame):
-    """encode_line(frame) handed to write() in three pieces: a board's heap then holds one base64 copy of a large
-    frame (a sampled DRAFT of wide q-hat tables), where the joined line took three."""
-    digits = memoryview(binascii.b2a_base64(frame))[:line_size(len(frame)) - 2]  # allocated before a byte is written
+    """encode_line(frame) handed to write() in pieces, the digits of LINE_PIECE frame bytes each: a board's heap then
+    needs no block the size of a large frame's line (a sampled DRAFT of wide q-hat tables), where the joined line
+    took three such blocks and a fragmented heap may hold none. A MemoryError part-way ends the line with a '!',
+    which no receiver takes for a frame (not base64), and propagates."""
     write(b":")
-    write(digits)
+    n = len(frame)
+    mv = memoryview(frame)
+    try:
+        for at in range(0, n, LINE_PIECE):
+            piece = binascii.b2a_base64(mv[at:at + LINE_PIECE])
+            write(memoryview(piece)[:(4 * min(LINE_PIECE, n - at) + 2) // 3])  # (no padding, no newline)
+            piece = None
+    except MemoryError:
+        write(b"!\n")
+        raise
     write(b"\n")
 
 

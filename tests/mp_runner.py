@@ -52,8 +52,11 @@ def write_json(x, w):
         w("false")
     elif isinstance(x, int):
         w(str(x))
-    elif isinstance(x, str):
-        w('"' + "".join(_ESC.get(c) or (c if " " <= c <= "~" else "\\u%04x" % ord(c)) for c in x) + '"')
+    elif isinstance(x, str):  # 64 characters at a time: a long one (a line) needs no list of its characters
+        w('"')
+        for i in range(0, len(x), 64):
+            w("".join(_ESC.get(c) or (c if " " <= c <= "~" else "\\u%04x" % ord(c)) for c in x[i:i + 64]))
+        w('"')
     elif isinstance(x, (bytes, bytearray)):
         w('"')
         w(tohex(x))

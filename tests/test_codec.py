@@ -216,3 +216,33 @@ def test_reassembler_refuses_messages_over_the_4096_byte_limit():
     for i in range(2):  # two hand-made fragments of 4095 bytes: 8190 in all
         assert d.feed(bytes([codec.FRAG_MARK, 9, 0, i, 2]) + bytes(4095), sender=2) is None
     assert d.frames == 1 and d.errors == {"BadLength": 4} and d.pending() == 0
+
+
+def test_a_line_cut_short_by_a_memory_error_is_no_frame(monkeypatch):
+    """write_line encodes a large frame a piece at a time (a board's heap needs no block of its whole line): when
+    the heap cannot hold a later piece, the part written is ended as a line no receiver decodes, and the error
+    propagates (the node then sends its out-of-memory ERROR on the next line)."""
+    frame = codec.encode(m.DRAFT, bytes(range(256)) * 4)
+    real, calls = binascii.b2a_base64, []
+
+    class ShortHeap:
+        @staticmethod
+        def b2a_base64(data):
+            calls.append(len(data))
+            if len(calls) == 2:
+                raise MemoryError
+            return real(data)
+
+    written: list[bytes] = []
+    monkeypatch.setattr(codec, "binascii", ShortHeap)
+    with pytest.raises(MemoryError):
+        codec.write_line(lambda b: written.append(bytes(b)), frame)
+    monkeypatch.undo()
+    assert calls == [codec.LINE_PIECE, codec.LINE_PIECE]
+    wire = b"".join(written) + codec.encode_line(codec.encode(m.ACK, reply=True))
+    d = codec.StreamDecoder()
+    got = d.feed(wire)
+    assert [g.mtype for g in got] == [m.ACK] and d.errors == {"BadFrame": 1}
+    pieces: list[bytes] = []
+    codec.write_line(lambda b: pieces.append(bytes(b)), frame)
+    assert len(pieces) == 2 + -(-len(frame) // codec.LINE_PIECE) and b"".join(pieces) == codec.encode_line(frame)

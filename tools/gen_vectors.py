@@ -264,6 +264,10 @@ def codec_cases() -> list[dict]:
     # stream framing
     lines = [codec.encode_line(codec.encode(m.PING, bytes([i]) * i, seq=i)) for i in range(1, 5)]
     out.append(case("line", "line", frame=good.hex()))
+    for n in (codec.LINE_PIECE, 2 * codec.LINE_PIECE + 1, 3 * codec.LINE_PIECE + 2):  # write_line's pieces join
+        frame = codec.encode(m.DRAFT, (bytes(range(256)) * 5)[:n - 4], seq=n & 0xFF)  # (2 bytes head, 2 CRC)
+        assert len(frame) == n
+        out.append(case("line of a %d-byte frame" % n, "line", frame=frame.hex()))
     wire = (b"MicroPython v1.28.0 on 2026-08-11\r\n>>> " + b"\r\n" + lines[0] + lines[1].replace(b"\n", b"\r\n")
             + b":" + b"Q" * 300 + b"\n" + b":!!!!\n" + b":AQ\n" + lines[2] + b"Traceback (most recent call last):\n"
             + lines[3])
