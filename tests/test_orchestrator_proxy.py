@@ -3,6 +3,7 @@ ignored, ERROR replies and silence turned into one-line exceptions (host/bus/pro
 
 import os
 import threading
+import time
 import tty
 
 import pytest
@@ -142,6 +143,63 @@ class ShortOfHeapPeer:
     def close(self):
         os.close(self.master)
         os.close(self.slave)
+
+
+class SlowPeer:
+    """The far end of a pty, as a node answers: a PING at once, a DRAFT_REQ after `slow` seconds of drafting, and a
+    request it answered already (a retransmission) at once from its cache; `copies`: the copies of each seq."""
+
+    def __init__(self, slow: float):
+        self.master, slave = os.openpty()
+        tty.setraw(slave)
+        self.port = os.ttyname(slave)
+        self.slave = slave
+        self.slow = slow
+        self.copies: dict[int, int] = {}
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def loop(self):
+        dec = StreamDecoder()
+        while True:
+            try:
+                chunk = os.read(self.master, 4096)
+            except OSError:
+                return
+            for f in dec.feed(chunk):
+                self.copies[f.seq] = self.copies.get(f.seq, 0) + 1
+                if f.mtype == m.DRAFT_REQ and self.copies[f.seq] == 1:
+                    time.sleep(self.slow)
+                mtype = m.DRAFT if f.mtype == m.DRAFT_REQ else f.mtype
+                os.write(self.master, encode_line(encode(mtype, f.payload, src=f.dst, dst=0, seq=f.seq, reply=True)))
+
+    def close(self):
+        os.close(self.master)
+        os.close(self.slave)
+
+
+def test_a_type_slower_than_the_timeouts_learned_so_far_is_not_sent_again_every_time():
+    """A node's first replies are quick (PING), its drafts slow (16 drafts of wide tables on a classic ESP32): the
+    first DRAFT_REQ goes several times as its timeout doubles, and its reply, answering a resent request, cannot be
+    timed (Karn). The timeout it came at is kept, so the next requests wait long enough to be timed, and later ones
+    go once. Before, every DRAFT_REQ started again from the quick type's timeout and went about four times."""
+    peer = SlowPeer(0.2)
+    link = SerialLink(peer.port)
+    try:
+        bus = Bus(link, min_rto=0.01, deadline=10.0, initial_rto=0.02)
+        proxy = Proxy(bus, node=4)
+        proxy.call(m.PING, b"quick")
+        for i in range(8):
+            assert proxy.call(m.DRAFT_REQ, b"draft %d" % i).payload == b"draft %d" % i
+            if i == 0:
+                first = bus.retransmits
+            if i == 1:
+                learned = bus.retransmits
+        assert first >= 3  # 0.01 + 0.02 + 0.04 + 0.08 s went by before the reply
+        assert bus.retransmits - learned <= 2  # six more, each at least 0.2 s: before, four copies each
+    finally:
+        link.close()
+        peer.close()
 
 
 @pytest.mark.parametrize("short", [1, MEMORY_RETRIES])

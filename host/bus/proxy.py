@@ -12,7 +12,10 @@ bus. Requests to the bus's `peer`, the node at the link's other end, travel with
 so do its replies); those to nodes behind it carry src and dst.
 The retransmission timeout adapts per message type: three times the slowest recent reply time (of
 any type before one of this type was timed; `initial_rto` before any), at least `min_rto`, doubling
-after each retry; replies to resent requests are not timed (Karn's rule: they may answer either copy).
+after each retry; replies to resent requests are not timed (Karn's rule: they may answer either copy), so the
+backed-off timeout they came at is kept for that type's next requests until one is timed (RFC 6298, 5.7). Without
+it, a type slower than three times the others' replies (a classic ESP32's 16 drafts of 255-id tables under QEMU,
+five seconds) was never timed and every request of it went four to six times.
 An out-of-memory ERROR (E_MEMORY: the node's heap, which it then collected, was too fragmented for the request or
 its reply) goes again as a new request (a new seq: the node may hold the reply it could not send in its cache, and
 would only fail to send it again), up to MEMORY_RETRIES times within the deadline, before it becomes `NodeError`.
@@ -132,6 +135,7 @@ class Bus:
         self.ring = 0  # the peer's UART-console stdin ring in bytes (0: a console that takes what it is sent)
         self._waiting: dict[int, _Waiter] = {}  # by seq
         self._slowest: dict[int, float] = {}  # per message type: recent slowest reply time (decays)
+        self._backed_off: dict[int, float] = {}  # per message type: the timeout its last untimed reply came at
         link.on_frame = self._on_frame
         if auth is not None:
             link.on_refusal = self._on_refusal
@@ -196,11 +200,13 @@ class Bus:
         return True
 
     def _rto(self, mtype: int) -> float:
-        """Three times the slowest recent reply of this type; before one was timed, of any type."""
+        """Three times the slowest recent reply of this type; before one was timed, of any type; at least the
+        backed-off timeout the type's last reply came at, when that reply was not timed (module docstring)."""
         took = self._slowest.get(mtype)
         if took is None and self._slowest:
             took = max(self._slowest.values())
-        return self.initial_rto if took is None else max(self.min_rto, 3.0 * took)
+        rto = self.initial_rto if took is None else max(self.min_rto, 3.0 * took)
+        return max(rto, self._backed_off.get(mtype, 0.0))
 
     def start(self, node: int, mtype: int, payload: bytes = b"", session: int = 0,
               deadline: float | None = None) -> "Call":
@@ -341,10 +347,13 @@ class Call:
             with bus._lock:
                 if bus._waiting.get(self.seq) is w:
                     del bus._waiting[self.seq]
-        if not retried:  # Karn: a reply to a resent request may answer either copy, so it times nothing
+        if retried:  # Karn: a reply to a resent request may answer either copy, so it times nothing
+            bus._backed_off[self.mtype] = min(rto, bus.deadline)
+        else:
             took = self.seconds
             prev = bus._slowest.get(self.mtype)
             bus._slowest[self.mtype] = took if prev is None else max(took, 0.9 * prev)
+            bus._backed_off.pop(self.mtype, None)
         reply = w.reply
         assert reply is not None
         return reply
