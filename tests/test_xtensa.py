@@ -2,7 +2,7 @@
 what `make test-xtensa` runs besides the HIL suite (tests/test_hil.py, its xtensa-* boards). The LLVM 22 varargs bug
 the port works around, shown on its own; the board's console as mpremote drives it, its flash and ROMFS across a
 reset; `specmesh run` on an ESP32 drafter and an ESP32-S3 verifier prints the host's text with both boards' executed
-instructions in the stats; `--project esp32s3` on them prices each pass from those instructions and plans gamma on
+instructions in the stats; the classic ESP32 drafts the widest tables at gamma 16; `--project esp32s3` on them prices each pass from those instructions and plans gamma on
 them; `specmesh emulate --board virtual:esp32s3` serves a QEMU board; a corrupt native module falls back to viper,
 saying why; five ESP32 stages give the single verifier's tokens.
 """
@@ -108,6 +108,21 @@ def test_mpremote_drives_the_console_and_the_flash_and_romfs_survive_a_reset(tmp
 @PAIR_SAMPLINGS
 def test_an_esp32_and_an_s3_print_the_hosts_text_on_native_kernels(tmp_path, sampling):
     assert_pair_prints_the_hosts_text("esp32", "esp32s3", sampling, tmp_path, "xtensa")
+
+
+def test_a_classic_esp32_drafter_serves_the_widest_tables_at_gamma_16(tmp_path):
+    """Sampled drafts of the widest q-hat tables (`--draft-top-k 255`) at `--gamma 16` from the classic ESP32 as its
+    32-bit code runs at its class heap (the 64-bit VM's heap holds 64 ids there, docs/bench/heap.md): no fail-over,
+    the host's text with the same flags and drafter model, and its DRAFT_REQs, seconds each under QEMU, not sent again
+    round after round (they were 4 to 6 times each while their replies went untimed)."""
+    flags = ["--temperature", "0.8", "--seed", "7", "--gamma", "16", "--draft-top-k", "255"]
+    boards = run_stats("--drafter", "virtual:esp32", *flags, tmp_path=tmp_path, name="wide")
+    host = run_stats("--drafter", "cpu", "--verifier", "cpu", "--draft-model",
+                     str(MODELS / boards["drafter_model"].rsplit("/", 1)[-1]), *flags, tmp_path=tmp_path, name="cpu")
+    assert boards["text"] == host["text"] and boards["tokens"] == 64 and not boards["failovers"]
+    drafter = next(b for b in boards["boards"] if b["role"] == "drafter")
+    assert drafter["machine"].startswith("specmesh-qemu-xtensa") and drafter["errors"] == 0
+    assert drafter["retransmits"] <= 10, drafter  # the first requests learn how long a draft takes
 
 
 def test_project_esp32s3_prices_the_instructions_the_xtensa_boards_executed(tmp_path):
