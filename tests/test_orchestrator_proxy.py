@@ -14,44 +14,57 @@ from specmesh.shared import messages as m
 from specmesh.shared.codec import StreamDecoder, encode, encode_line
 
 
-class LossyPeer:
-    """The far end of a pty: answers PING by echo, drops the first copy of every request whose seq is
-    odd, sends every reply twice, and answers STATS with an ERROR."""
+class PtyPeer:
+    """The far end of a pty, answering in a thread: `answer(frame)` is each request's reply line(s), or None."""
 
     def __init__(self):
         self.master, slave = os.openpty()
         tty.setraw(slave)
         self.port = os.ttyname(slave)
         self.slave = slave
-        self.seen: dict[int, int] = {}
-        self.acted = 0
-        self._stop = False
         self.thread = threading.Thread(target=self.loop, daemon=True)
         self.thread.start()
 
     def loop(self):
         dec = StreamDecoder()
-        while not self._stop:
+        while True:
             try:
                 chunk = os.read(self.master, 4096)
             except OSError:
                 return
             for f in dec.feed(chunk):
-                self.seen[f.seq] = self.seen.get(f.seq, 0) + 1
-                if f.seq % 2 and self.seen[f.seq] == 1:
-                    continue  # lost on the way
-                self.acted += 1
-                if f.mtype == m.PING:
-                    reply = encode(m.PING, f.payload, src=f.dst, dst=0, seq=f.seq, reply=True)
-                else:
-                    reply = encode(m.ERROR, m.pack_error(m.E_STATE, "no session: send BEGIN first"), src=f.dst, dst=0,
-                                   seq=f.seq, reply=True)
-                os.write(self.master, encode_line(reply) * 2)
+                out = self.answer(f)
+                if out is not None:
+                    os.write(self.master, out)
+
+    def answer(self, f) -> bytes | None:
+        raise NotImplementedError
 
     def close(self):
-        self._stop = True
         os.close(self.master)
         os.close(self.slave)
+
+
+class LossyPeer(PtyPeer):
+    """Answers PING by echo, drops the first copy of every request whose seq is odd, sends every reply twice, and
+    answers STATS with an ERROR."""
+
+    def __init__(self):
+        self.seen: dict[int, int] = {}
+        self.acted = 0
+        super().__init__()
+
+    def answer(self, f):
+        self.seen[f.seq] = self.seen.get(f.seq, 0) + 1
+        if f.seq % 2 and self.seen[f.seq] == 1:
+            return None  # lost on the way
+        self.acted += 1
+        if f.mtype == m.PING:
+            reply = encode(m.PING, f.payload, src=f.dst, dst=0, seq=f.seq, reply=True)
+        else:
+            reply = encode(m.ERROR, m.pack_error(m.E_STATE, "no session: send BEGIN first"), src=f.dst, dst=0,
+                           seq=f.seq, reply=True)
+        return encode_line(reply) * 2
 
 
 @pytest.fixture
@@ -110,72 +123,38 @@ def test_unopenable_port_is_a_link_error():
 
 
 
-class ShortOfHeapPeer:
-    """The far end of a pty: answers the first `short` requests with an out-of-memory ERROR (a node whose heap was
-    too fragmented for the request or its reply, firmware/node.py), then echoes each PING; `seqs`: every request's."""
+class ShortOfHeapPeer(PtyPeer):
+    """Answers the first `short` requests with an out-of-memory ERROR (a node whose heap was too fragmented for the
+    request or its reply, firmware/node.py), then echoes each PING; `seqs`: every request's."""
 
     def __init__(self, short: int):
-        self.master, slave = os.openpty()
-        tty.setraw(slave)
-        self.port = os.ttyname(slave)
-        self.slave = slave
         self.short = short
         self.seqs: list[int] = []
-        self.thread = threading.Thread(target=self.loop, daemon=True)
-        self.thread.start()
+        super().__init__()
 
-    def loop(self):
-        dec = StreamDecoder()
-        while True:
-            try:
-                chunk = os.read(self.master, 4096)
-            except OSError:
-                return
-            for f in dec.feed(chunk):
-                self.seqs.append(f.seq)
-                if len(self.seqs) <= self.short:
-                    body = m.pack_error(m.E_MEMORY, "frame too big for this node's free heap (23712 bytes)")
-                    reply = encode(m.ERROR, body, seq=f.seq, reply=True)
-                else:
-                    reply = encode(m.PING, f.payload, seq=f.seq, reply=True)
-                os.write(self.master, encode_line(reply))
-
-    def close(self):
-        os.close(self.master)
-        os.close(self.slave)
+    def answer(self, f):
+        self.seqs.append(f.seq)
+        if len(self.seqs) <= self.short:
+            body = m.pack_error(m.E_MEMORY, "frame too big for this node's free heap (23712 bytes)")
+            return encode_line(encode(m.ERROR, body, seq=f.seq, reply=True))
+        return encode_line(encode(m.PING, f.payload, seq=f.seq, reply=True))
 
 
-class SlowPeer:
-    """The far end of a pty, as a node answers: a PING at once, a DRAFT_REQ after `slow` seconds of drafting, and a
-    request it answered already (a retransmission) at once from its cache; `copies`: the copies of each seq."""
+class SlowPeer(PtyPeer):
+    """As a node answers: a PING at once, a DRAFT_REQ after `slow` seconds of drafting, and a request it answered
+    already (a retransmission) at once from its cache; `copies`: the copies of each seq."""
 
     def __init__(self, slow: float):
-        self.master, slave = os.openpty()
-        tty.setraw(slave)
-        self.port = os.ttyname(slave)
-        self.slave = slave
         self.slow = slow
         self.copies: dict[int, int] = {}
-        self.thread = threading.Thread(target=self.loop, daemon=True)
-        self.thread.start()
+        super().__init__()
 
-    def loop(self):
-        dec = StreamDecoder()
-        while True:
-            try:
-                chunk = os.read(self.master, 4096)
-            except OSError:
-                return
-            for f in dec.feed(chunk):
-                self.copies[f.seq] = self.copies.get(f.seq, 0) + 1
-                if f.mtype == m.DRAFT_REQ and self.copies[f.seq] == 1:
-                    time.sleep(self.slow)
-                mtype = m.DRAFT if f.mtype == m.DRAFT_REQ else f.mtype
-                os.write(self.master, encode_line(encode(mtype, f.payload, src=f.dst, dst=0, seq=f.seq, reply=True)))
-
-    def close(self):
-        os.close(self.master)
-        os.close(self.slave)
+    def answer(self, f):
+        self.copies[f.seq] = self.copies.get(f.seq, 0) + 1
+        if f.mtype == m.DRAFT_REQ and self.copies[f.seq] == 1:
+            time.sleep(self.slow)
+        mtype = m.DRAFT if f.mtype == m.DRAFT_REQ else f.mtype
+        return encode_line(encode(mtype, f.payload, src=f.dst, dst=0, seq=f.seq, reply=True))
 
 
 def test_a_type_slower_than_the_timeouts_learned_so_far_is_not_sent_again_every_time():
