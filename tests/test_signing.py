@@ -115,6 +115,28 @@ def test_keygen_at_a_path_that_cannot_be_a_new_file_says_why_and_writes_nothing(
     assert sorted(tmp_path.rglob("*")) == before
 
 
+@pytest.mark.parametrize("stop", [None, KeyboardInterrupt])
+def test_keygen_that_fails_to_write_the_key_removes_the_folders_it_made(tmp_path, monkeypatch, capsys, stop):
+    """A key that could not be written (here a name too long, found only when the file is made, as a full disk or
+    a Ctrl-C is) left behind the folders made for it (~/new/sub); now exactly those are removed: the home and a
+    folder that was there stay."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "was").mkdir()
+    if stop is not None:
+        def interrupted(*_args, **_kwargs):
+            raise stop
+        monkeypatch.setattr("specmesh.host.atomic.create", interrupted)
+    name = "~/was/new/sub/" + "a" * 300
+    if stop is None:
+        assert cli.main(["keygen", "--key-file", name]) == 2
+        assert capsys.readouterr().err == "specmesh keygen: error: cannot create %s/was/new/sub/%s: File name too " \
+                                          "long\n" % (tmp_path, "a" * 300)
+    else:
+        with pytest.raises(stop):
+            new_key_file(name)
+    assert sorted(tmp_path.rglob("*")) == [tmp_path / "was"]
+
+
 def test_codec_attacks_fail_under_both_runtimes(micropython):
     """Issue 36's attacks on shared/codec.py alone (tests/mp_auth.py): replayed BEGIN, unsigned and type-0
     frames, cross-link injection, a second host process, the end of the counter range."""

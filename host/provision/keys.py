@@ -10,6 +10,7 @@ on stderr (ssh refuses such a private key; a key here can be changed on the boar
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import secrets
 import shlex
@@ -69,21 +70,38 @@ def load_key(path: str | Path) -> bytes:
 def new_key_file(path: str | Path) -> list[Path]:
     """Write a new random key to `path`, readable by its owner only, atomically; never overwrites a file.
     Missing folders under the user's home are made, each owner-only (as ~/.specmesh/ of docs/security.md), and
-    returned, outermost first; one elsewhere (a typo such as /nonexist/k.key) is refused rather than made."""
+    returned, outermost first (removed again where no key is written); one elsewhere (a typo such as
+    /nonexist/k.key) is refused rather than made."""
     if not str(path).strip():
         raise KeyFileError("--key-file is empty: give the new key's file, e.g. ~/.specmesh/mesh.key")
     names_folder = str(path).endswith(("/", os.sep))  # Path() drops the slash: "keys/" would become a file "keys"
     path = Path(path).expanduser()
+    made: list[Path] = []
     try:
-        made = _folders_to_make(path, names_folder)
-        for folder in made:  # one at a time: mkdir(parents=True) gives all but the last the umask's mode (0755)
-            folder.mkdir(mode=0o700, exist_ok=True)
+        # one at a time (mkdir(parents=True) gives all but the last the umask's mode, 0755), each noted once made
+        for folder in _folders_to_make(path, names_folder):
+            if _made(folder):
+                made.append(folder)
         atomic.create(path, (secrets.token_hex(NEW_BYTES) + "\n").encode("ascii"), perms=0o600)
-    except FileExistsError:
-        raise KeyFileError("%s exists already: keygen never overwrites a key" % path) from None
-    except OSError as e:  # a name too long, a folder that takes no files, a full disk
-        raise KeyFileError("cannot create %s: %s" % (path, e.strerror or e)) from None
+    except BaseException as e:  # no key written (a full disk, a Ctrl-C): the folders made for it go too
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):  # rmdir: one that something else has put a file in meanwhile stays
+                folder.rmdir()
+        if isinstance(e, FileExistsError):
+            raise KeyFileError("%s exists already: keygen never overwrites a key" % path) from None
+        if isinstance(e, OSError):  # a name too long, a folder that takes no files, a full disk
+            raise KeyFileError("cannot create %s: %s" % (path, e.strerror or e)) from None
+        raise
     return made
+
+
+def _made(folder: Path) -> bool:
+    """Make `folder` owner-only; False where another process made it meanwhile (not keygen's to remove)."""
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        return False
+    return True
 
 
 def _folders_to_make(path: Path, names_folder: bool) -> list[Path]:
