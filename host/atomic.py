@@ -20,6 +20,8 @@ A file the user names for output (`--stats-json FILE`) is written the Unix way, 
                                             followed; a regular file or a new path: replaced atomically
     output_problem(path) -> str | None     why write_output cannot write `path`, or None (a FIFO is not opened,
                                             so not waited for; beside a file, a temporary file is made and removed)
+    descriptor(path) -> int | None         the open descriptor /dev/stdin, /dev/fd/N or /proc/self/fd/N names
+                                            (a key file read from the shell's `<(...)`: provision/keys.py)
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ _FD_PATH = re.compile(r"^/(?:dev/fd|proc/self/fd)/(\d+)$")
 _FD_NAMES = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
 
 
-def _descriptor(path: str) -> int | None:
+def descriptor(path: str) -> int | None:
     """The descriptor a path such as /dev/stdout or /dev/fd/3 names, or None for any other path."""
     if path in _FD_NAMES:
         return _FD_NAMES[path]
@@ -166,7 +168,7 @@ def output_problem(path: str | os.PathLike) -> str | None:
         return None
     if not path:
         return "an empty name (give a file, or - for stdout)"
-    fd = _descriptor(path)
+    fd = descriptor(path)
     if fd is not None:
         try:
             flags = fcntl.fcntl(fd, fcntl.F_GETFL)
@@ -201,7 +203,7 @@ def write_output(path: str | os.PathLike, text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    fd = _descriptor(path)
+    fd = descriptor(path)
     if fd is not None:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()  # what was printed before comes first

@@ -222,6 +222,9 @@ EMPTY_PORT = "the port is empty: give the board's serial port (e.g. /dev/ttyUSB0
     # a folder as --model said 'model file not found: /tmp', of a folder that is there
     (["flash", "--port", "/dev/null", "--role", "drafter", "--model", "/"],
      "specmesh flash: error: --model /: a folder: name the model file in it"),
+    # a device (or a FIFO) as --model said 'model file not found: /dev/zero', of a file that is there
+    (["flash", "--port", "/dev/null", "--role", "drafter", "--model", "/dev/zero"],
+     "specmesh flash: error: --model /dev/zero: not a regular file"),
 ])
 def test_an_empty_port_or_file_or_a_baud_out_of_range_is_one_line_and_status_2(capsys, argv, line):
     try:

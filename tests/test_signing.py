@@ -52,8 +52,41 @@ def test_key_files(tmp_path):
         assert text not in str(e.value)  # an error names the file, never the content
     with pytest.raises(KeyFileError, match="specmesh keygen"):
         load_key(tmp_path / "missing")
-    with pytest.raises(KeyFileError, match="key file /dev/zero is over 4096 bytes"):  # before: read until MemoryError
+    r = _pipe(b"0" * 5000)  # as <(yes 0): more is not read (before, /dev/zero was read until MemoryError)
+    try:
+        with pytest.raises(KeyFileError, match="key file /dev/fd/%d is over 4096 bytes" % r):
+            load_key("/dev/fd/%d" % r)
+    finally:
+        os.close(r)
+
+
+def _pipe(data: bytes) -> int:
+    """The reading end of a pipe that holds `data`, its writer closed: what a shell's `<(...)` gives a command."""
+    r, w = os.pipe()
+    os.write(w, data)
+    os.close(w)
+    return r
+
+
+def test_a_key_file_that_is_no_regular_file_is_refused_unopened(tmp_path):
+    """A FIFO as --key-file was waited for forever (no writer; Ctrl-C the only way out), a device read as one
+    (/dev/zero: 4097 bytes, "over 4096 bytes"; a serial port would reset its board): now each is one line naming it,
+    status 2, before it is opened. A descriptor the shell opened (`--key-file <(pass show mesh.key)`) is read."""
+    fifo = tmp_path / "bus.key"
+    os.mkfifo(fifo)
+    for command in (["run", "-n", "1"], ["flash", "--port", "/dev/null", "--role", "drafter"]):
+        out = subprocess.run([sys.executable, "-m", "specmesh.host.cli", *command, "--key-file", str(fifo)], cwd=ROOT,
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        assert (out.returncode, out.stderr) == (2, "specmesh %s: error: key file %s is not a regular file (a FIFO, a "
+                                                   "device or a socket): give the file that holds the key\n"
+                                                % (command[0], fifo))
+    with pytest.raises(KeyFileError, match="^key file /dev/zero is not a regular file"):
         load_key("/dev/zero")
+    r = _pipe(KEY.hex().encode() + b"\n")
+    try:
+        assert load_key("/dev/fd/%d" % r) == KEY
+    finally:
+        os.close(r)
 
 
 def test_keygen_into_a_folder_that_does_not_exist_yet(tmp_path, monkeypatch, capsys):

@@ -684,8 +684,9 @@ def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, 
     model = Path(model) if model is not None else model_path(MODELS, role)
     if model.is_dir():  # "model file not found" of a folder that is there: said as run says it
         raise FlashRequestError(f"--model {model}: a folder: name the model file in it")
-    if not model.is_file():
-        raise FlashRequestError(f"model file not found: {model}")
+    if not model.is_file():  # a FIFO or a device (read forever) said as run says it, not as missing
+        raise FlashRequestError(f"--model {model}: not a regular file" if model.exists() else
+                                f"model file not found: {model}")
     if not ports.exists(port):  # the cheap checks first: a missing port before a broken model
         raise FlashRequestError(ports.missing(port))
     try:  # a broken model, or a drafter's broken n-gram table, is refused before the board is touched

@@ -2,7 +2,9 @@
 board, and `specmesh run --key-file` signs every frame with (shared/codec.py `Auth`; docs/security.md).
 
 A key file holds one key as hex, 16 to 64 bytes (32 to 128 hex digits; surrounding whitespace and a
-UTF-8 BOM, which some Windows editors write, are ignored). Errors name the file and never quote its
+UTF-8 BOM, which some Windows editors write, are ignored). It is a regular file, or a descriptor the shell
+opened (`--key-file <(pass show mesh.key)`: the key never on disk); a FIFO, a device or a socket is refused
+unopened. Errors name the file and never quote its
 content, so a key cannot leak into a terminal log. One that other users may read is used, with a warning
 on stderr (ssh refuses such a private key; a key here can be changed on the boards only by flashing them).
 """
@@ -24,7 +26,7 @@ from specmesh.host import atomic
 MIN_BYTES = 16
 MAX_BYTES = 64  # HMAC-SHA256's block: a longer key would be hashed down anyway
 NEW_BYTES = 32
-FILE_MAX_BYTES = 4096  # a key's hex and room for whitespace around it; more is not read (a --key-file /dev/zero)
+FILE_MAX_BYTES = 4096  # a key's hex and room for whitespace around it; more is not read (a --key-file <(yes))
 
 
 HEX_DIGITS = frozenset(string.hexdigits)
@@ -35,8 +37,9 @@ class KeyFileError(Exception):
 
 
 def load_key(path: str | Path) -> bytes:
-    """The key in `path`."""
+    """The key in `path`: a regular file, or a descriptor the shell opened (`--key-file <(pass show mesh.key)`)."""
     try:
+        _regular(path)
         with open(path, "rb") as f:
             raw = f.read(FILE_MAX_BYTES + 1)
             mode = os.fstat(f.fileno()).st_mode
@@ -65,6 +68,18 @@ def load_key(path: str | Path) -> bytes:
         print("specmesh: warning: key file %s can be read by other users (mode %04o): run `chmod 600 %s`"
               % (path, stat.S_IMODE(mode), shlex.quote(str(path))), file=sys.stderr)
     return key
+
+
+def _regular(path: str | Path) -> None:
+    """KeyFileError for a FIFO, a device or a socket, before it is opened: a FIFO without a writer would be waited
+    for forever, a serial port's opening resets its board. A folder is left to open()'s own error; an open
+    descriptor's name (/dev/stdin, /dev/fd/N) is read as it is: the shell that named it holds its writer."""
+    if atomic.descriptor(os.fspath(path)) is not None:
+        return
+    kind = stat.S_IFMT(os.stat(path).st_mode)
+    if kind not in (stat.S_IFREG, stat.S_IFDIR):
+        raise KeyFileError("key file %s is not a regular file (a FIFO, a device or a socket): give the file that "
+                           "holds the key" % path)
 
 
 def new_key_file(path: str | Path) -> list[Path]:
