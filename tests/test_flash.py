@@ -394,12 +394,29 @@ def test_auto_port_picks_the_one_esp32(monkeypatch):
 
 
 def test_cli_flash_reports_errors_in_one_line(capsys, tmp_path):
-    model = tmp_path / "m.spm"
-    model.write_bytes(b"x")
     # a usage error, as `specmesh run` reports the same port: status 2
-    assert cli.main(["flash", "--port", str(tmp_path / "nope"), "--role", "drafter", "--model", str(model)]) == 2
+    assert cli.main(["flash", "--port", str(tmp_path / "nope"), "--role", "verifier"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such port" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("port", ["nope", "auto"])
+@pytest.mark.parametrize("extra, message", [(["--role", "stage", "--layers", "4:6"], "--layers 4:6 is not a slice"),
+                                            (["--role", "stage", "--layers", "3"], "--layers must be A:B"),
+                                            (["--role", "verifier", "--layers", "0:1"], "--layers A:B goes with"),
+                                            (["--role", "verifier", "--model", "{tmp}/m.spm"], "is truncated")])
+def test_cli_flash_tells_a_bad_flag_before_a_wrong_port(capsys, tmp_path, monkeypatch, port, extra, message):
+    """A bad --layers (or model) given with a wrong port, or --port auto where no board is plugged in, was told only
+    "no such port" / "no ESP32 board found": fixing that, the user met the flag's error on the next try. Every check
+    that needs no board now comes first."""
+    monkeypatch.setattr("serial.tools.list_ports.comports", lambda: [])
+    (tmp_path / "m.spm").write_bytes(b"x")
+    model = ["--model", str(ROOT / "models" / TARGET_FILE)] if "--model" not in extra else []
+    argv = ["flash", "--port", str(tmp_path / port) if port != "auto" else port, *model,
+            *(a.format(tmp=tmp_path) for a in extra)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and message in err[0], err
 
 
 @pytest.mark.parametrize("extra, message", [(["--role", "stage"], "needs it"),

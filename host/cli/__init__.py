@@ -56,16 +56,17 @@ def parse_layers(text: str) -> tuple[int, int]:
 def _flash(args) -> int:
     from specmesh.host.bus.ports import PortError, resolve_port
     from specmesh.host.cli.ranges import in_range
-    from specmesh.host.provision.flash import FlashError, flash, summary
+    from specmesh.host.provision.flash import FlashError, check_request, flash, summary
     from specmesh.host.provision.keys import KeyFileError, load_key
 
-    try:
+    try:  # every flag first, then the port: a bad --layers is not hidden behind a wrong port
         if args.node_id is not None:
             in_range("--node-id", args.node_id, *NODE_IDS, "255 is the broadcast address")
+        layers = parse_layers(args.layers) if args.layers is not None else None
         key = load_key(args.key_file) if args.key_file else None
+        check_request(args.role, args.model, layers)
         port = resolve_port(args.port)
         t0 = time.monotonic()
-        layers = parse_layers(args.layers) if args.layers is not None else None
         try:
             report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset, key=key,
                            clear_key=args.no_key, layers=layers, use_romfs=not args.no_romfs)

@@ -562,7 +562,7 @@ def flash(
     from mpremote.transport import TransportError
 
     by_class = model is None and role == "drafter"  # the board's class picks its drafter once probed
-    model, heap_bytes = _check_request(port, role, model, layers)
+    model, heap_bytes = check_request(role, model, layers)
     fs_dest = f"{MODEL_DIR}/{model.name}"
     virtual = ports.emulated(port)  # asked now: an emulate stopped mid-flash is gone when the flash fails
     if key:
@@ -572,7 +572,7 @@ def flash(
         info = probe(transport)
         cls = BOARD_CLASSES[board_class] if board_class else class_of(info.machine, info.mem_free)
         if by_class:
-            model, heap_bytes = _check_request(port, role, drafter_model(model.parent, cls.name), layers)
+            model, heap_bytes = check_request(role, drafter_model(model.parent, cls.name), layers)
             fs_dest = f"{MODEL_DIR}/{model.name}"
         image = _rom_image(info, role, model, heap_bytes) if use_romfs else b""
         model_dest = f"{romfs.ROM_DIR}/{model.name}" if image else fs_dest
@@ -675,8 +675,9 @@ def _fs_need(files: dict[str, Path], held: dict[str, int], others: dict[str, int
     return new, new - sum(replaced) - sum(others.values()) + max(replaced, default=0)
 
 
-def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, int] | None) -> tuple[Path, int]:
-    """(the model file, the heap it takes on the board): the checks made before the board is touched."""
+def check_request(role: str, model: Path | None, layers: tuple[int, int] | None) -> tuple[Path, int]:
+    """(the model file, the heap it takes on the board): the checks that need no board (the role, --layers, the model
+    file), made before the port is looked at, so that a bad flag is told first, not hidden behind a wrong port."""
     if role not in NODE_ID:
         raise FlashRequestError(f"unknown role {role!r} (drafter, verifier or stage)")
     if (role == "stage") != (layers is not None):
@@ -687,8 +688,6 @@ def _check_request(port: str, role: str, model: Path | None, layers: tuple[int, 
     if not model.is_file():  # a FIFO or a device (read forever) said as run says it, not as missing
         raise FlashRequestError(f"--model {model}: not a regular file" if model.exists() else
                                 f"model file not found: {model}")
-    if not ports.exists(port):  # the cheap checks first: a missing port before a broken model
-        raise FlashRequestError(ports.missing(port))
     try:  # a broken model, or a drafter's broken n-gram table, is refused before the board is touched
         header = check_model_file(model)[0]
         if role == "drafter":
