@@ -99,3 +99,22 @@ def test_a_vector_file_written_when_stopped_keeps_its_old_content(tmp_path, monk
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in VECTORS)
     for path in VECTORS:
         assert (tmp_path / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+def test_check_says_stale_files_on_stderr_in_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """`gen_vectors --check` printed "stale vector files" on stdout, where an error is not looked for (a CI step's
+    `--check > /dev/null` hid it), and made the vectors' folder when it was missing; now one line on stderr,
+    status 1, nothing on stdout and nothing written."""
+    from specmesh.tools import gen_vectors
+
+    for path in VECTORS:
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    (tmp_path / VECTORS[0].name).write_text("{}\n")
+    monkeypatch.setattr(gen_vectors, "OUT", tmp_path)
+    assert gen_vectors.main(["--check"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err == "gen_vectors: stale vector files: %s (run python -m specmesh.tools.gen_vectors)\n" \
+        % VECTORS[0].name
+    monkeypatch.setattr(gen_vectors, "OUT", tmp_path / "missing")
+    assert gen_vectors.main(["--check"]) == 1
+    assert capsys.readouterr().out == "" and not (tmp_path / "missing").exists()

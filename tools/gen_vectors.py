@@ -1,7 +1,8 @@
 """Writes tests/vectors/*.json: cross-runtime cases for shared/ (codec, messages, PRNG, rule) and a fuzz corpus.
 
     python -m specmesh.tools.gen_vectors            # rewrite the files
-    python -m specmesh.tools.gen_vectors --check    # exit 1 if the files differ from what would be written
+    python -m specmesh.tools.gen_vectors --check    # exit 1, one line on stderr, if the files differ from what
+                                                    # would be written (writes nothing)
 
 Inputs are fixed (seeded); expected results come from tests/mp_runner.py's `run_case` under CPython,
 after this tool asserts the properties each edge case exists to pin (e.g. q-hat == p accepts every
@@ -461,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.gen_vectors", description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare with the files instead of writing them")
     args = ap.parse_args(argv)
-    OUT.mkdir(parents=True, exist_ok=True)
+    if not args.check:  # a check writes nothing, not even the folder
+        OUT.mkdir(parents=True, exist_ok=True)
     stale = []
     for name, make in FILES.items():
         text = render(make())
@@ -473,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
             atomic.write_text(path, text)  # a Ctrl-C while it is written keeps the old file whole
             print("wrote %s (%d cases)" % (path.relative_to(ROOT), text.count('{"name"')))
     if stale:
-        print("stale vector files: %s (run python -m specmesh.tools.gen_vectors)" % ", ".join(stale))
+        print("gen_vectors: stale vector files: %s (run python -m specmesh.tools.gen_vectors)" % ", ".join(stale),
+              file=sys.stderr)  # an error: stderr, stdout left empty (a CI log's `... --check > /dev/null` shows it)
         return 1
     return 0
 
