@@ -51,7 +51,8 @@ def test_flash_copies_verifies_and_starts_the_node(virtual_board, tiny_node):
     assert (vb.flash_dir / "greet.mpy").read_bytes()[:2] == b"M\x06"  # precompiled, .mpy v6
     assert (vb.flash_dir / "models" / DRAFTER_FILE).read_bytes() == model.read_bytes()
     config = json.loads((vb.flash_dir / "specmesh.json").read_text())
-    assert config == {"role": "drafter", "node_id": 7, "model": "models/drafter.spm"}
+    assert config == {"role": "drafter", "node_id": 7, "model": "models/drafter.spm",
+                      "board": "Generic ESP32 module with ESP32"}  # the class it stands for, for its HELLO
     with open_port(vb.port) as ser:  # the reset after flashing started main.py; reset again to watch it
         ser.write(b"\x03\x02")
         read_until(ser, b">>> ")
@@ -167,6 +168,8 @@ def test_flashed_firmware_node_answers(virtual_board, tmp_path):
         assert discover(bus) == 1
         hello = m.unpack_hello(bus.request(BROADCAST, m.HELLO).payload)
     assert (hello[2], hello[3]) == (m.ROLE_DRAFTER, "/rom/drafter.spm")
+    # the board it stands for, as a classic ESP32 names itself (the stats' machine), not the VM's build
+    assert hello[1] == "Generic ESP32 module with ESP32"
     assert hello[9] == "native"  # the flashed module passed its self-test
     (vb.flash_dir / "native" / ".selftest").write_bytes(b"")  # as a module that stopped the board leaves it
     (vb.flash_dir / "native" / "xtensawin.mpy").write_bytes(b"M")  # another arch's module

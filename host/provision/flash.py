@@ -740,6 +740,8 @@ def _configure(config: dict, info: BoardInfo, role: str, node_id: int | None, mo
     """The board config (firmware/config.py) for `role`, over what the board had (`table`: a drafter's n-gram
     table's path)."""
     config.update(role=role, node_id=node_id if node_id is not None else NODE_ID[role], model=model)
+    if info.virtual:  # its node's HELLO would name the unix port's build ("linux [GCC 14.2.1] version"), shown as the
+        config["board"] = info.machine  # board's machine in the stats: the class's own name (os.uname) instead
     for k in ("layers", "kmax", "n_ctx", "table"):
         config.pop(k, None)
     if table:
