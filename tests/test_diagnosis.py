@@ -181,3 +181,45 @@ def test_silence_is_told_apart_from_an_answer_that_is_no_node(virtual_board):
             assert "bytes that are no specmesh frame" in str(e.value) and "another device" in str(e.value)
         else:
             assert "nothing came back within 1 s: is a board on this port, powered and running?" in str(e.value)
+
+
+class _NoSession:
+    """A request to a node that restarted: refused "no session" (error 2), as every one is here."""
+
+    def result(self):
+        from specmesh.host.bus.proxy import NodeError
+        from specmesh.shared import messages as m
+
+        raise NodeError(1, m.E_STATE, "no session")
+
+
+VIRTUAL_ADVICE = ("to watch a board like it, start one with `specmesh emulate`, flash it as a drafter (`specmesh flash "
+                  "--port PORT --role drafter`) and open `specmesh console PORT`")
+
+
+@pytest.mark.parametrize("name, said, line", [
+    ("/dev/ttyUSB0", [], "/dev/ttyUSB0 keeps losing its session: check its console (mpremote connect /dev/ttyUSB0)"),
+    # the run's own virtual board was told "mpremote connect virtual:drafter(esp32)", no port mpremote knows
+    ("virtual:drafter(esp32)", ["MPY: soft reboot", "MemoryError: memory allocation failed", " "],
+     "virtual:drafter(esp32) keeps losing its session: its VM restarts (its console's last line: 'MemoryError: memory "
+     "allocation failed'); " + VIRTUAL_ADVICE),
+    ("virtual:drafter(esp32)", [], "virtual:drafter(esp32) keeps losing its session: its VM restarts; " + VIRTUAL_ADVICE),
+])
+def test_a_board_that_keeps_losing_its_session_is_told_where_to_look(name, said, line):
+    """A node that answers "no session" again right after it was begun again on the committed stream: one line
+    that fits the board, a port's console for a port, what the run saw of a virtual board's console for one."""
+    import collections
+    from types import SimpleNamespace
+
+    from specmesh.host.backends import SessionParams
+    from specmesh.host.backends.board import BoardDrafter
+    from specmesh.shared import messages as m
+
+    board = BoardDrafter.__new__(BoardDrafter)  # without its HELLO: every request of this proxy is refused
+    link = SimpleNamespace(text=collections.deque(said))
+    board.proxy = SimpleNamespace(node=1, bus=SimpleNamespace(peer=1, link=link), start=lambda *_: _NoSession())
+    board.name, board.params, board.resyncs = name, SessionParams(), 0
+    board.known, board.held, board._pending, board._begun = [5], [5], None, None
+    with pytest.raises(BackendError) as e:
+        board._call(m.STATS)
+    assert str(e.value) == line and board.resyncs == 1

@@ -169,8 +169,20 @@ class BoardBackend(Unit):
         try:
             return self._result(call)
         except Restarted:
-            raise BackendError("%s keeps losing its session: check its console (mpremote connect %s)"
-                               % (self.name, self.name)) from None
+            raise BackendError(self._keeps_restarting()) from None
+
+    def _keeps_restarting(self) -> str:
+        """The line for a node that lost its session again right after its re-synchronisation, and where to look: a
+        port's console (mpremote), or, for the run's own virtual board (no port mpremote or the user can open: the
+        run reads its console), the console's last line the link kept, and how to watch a board like it."""
+        if not self.name.startswith("virtual:"):
+            return "%s keeps losing its session: check its console (mpremote connect %s)" % (self.name, self.name)
+        own = self.proxy.bus.peer in (None, self.proxy.node)  # not a node behind a gateway's console
+        said = [t.strip() for t in getattr(self.proxy.bus.link, "text", ()) if t.strip()] if own else []
+        return "%s keeps losing its session: its VM restarts%s; to watch a board like it, start one with `specmesh " \
+               "emulate`, flash it as a %s (`specmesh flash --port PORT --role %s`) and open `specmesh console PORT`" \
+               % (self.name, " (its console's last line: %r)" % said[-1][:200] if said else "", ROLES[self.role],
+                  ROLES[self.role])
 
     def _resync(self) -> None:
         """BEGIN again with the committed stream as the prompt (the node restarted and lost the session)."""
