@@ -373,3 +373,70 @@ def stopped_sending(monkeypatch, stop: BaseException):
 
     monkeypatch.setattr(flash_mod, "_send", stopped)
     return send
+
+
+@pytest.mark.parametrize("emulated, erase", [(False, "erase its flash (esptool erase_flash)"),
+                                             (True, "stop its specmesh emulate and start one with an empty --dir")])
+def test_a_keyed_board_reset_while_half_flashed_is_told_to_be_erased_not_flashed_again(virtual_board, models,
+                                                                                       monkeypatch, emulated, erase):
+    """A keyed board whose flash was interrupted once its modules were in place (here while its model was written)
+    and that was then reset (a pulled cable) boots to the half-flashed note with Ctrl-C off, as a keyed node: no
+    REPL, so no flash can finish it, with or without the key. `specmesh flash --key-file` told it "finish it with
+    `specmesh flash --port P --role drafter`", the very command that had failed; now it says the key keeps the
+    console shut and what does help (erase the flash, then flash with --key-file)."""
+    import json
+    import time
+
+    import serial
+
+    from specmesh.host.provision import flash as flash_mod
+    from specmesh.host.provision.flash import FlashError, flash
+
+    key = bytes(range(32))
+    model = models / DRAFTER_FILE
+    vb = virtual_board("esp32s3")
+    flash(vb.port, "drafter", model, key=key, progress=False)
+    (vb.flash_dir / "models" / DRAFTER_FILE).write_bytes(b"an older model")  # the one file the next flash writes
+    send = flash_mod._send
+
+    def stopped(transport, dest, *args):
+        if dest == "/models/" + DRAFTER_FILE:
+            raise KeyboardInterrupt
+        send(transport, dest, *args)
+
+    monkeypatch.setattr(flash_mod, "_send", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        flash(vb.port, "drafter", model, key=key, progress=False)
+    monkeypatch.setattr(flash_mod, "_send", send)
+    assert json.loads((vb.flash_dir / "specmesh.json").read_text())["flashing"] == "drafter"
+    with serial.Serial(vb.port, 115200, timeout=1) as ser:  # the interrupted flash left the raw REPL: a power cycle
+        ser.write(b"\x02")
+        time.sleep(0.3)
+        ser.write(b"import machine; machine.reset()\r\n")
+        time.sleep(1.0)
+    monkeypatch.setattr(flash_mod.ports, "emulated", lambda port: emulated)  # a `specmesh emulate`'s board, or not
+    with pytest.raises(FlashError) as e:
+        flash(vb.port, "drafter", model, key=key, progress=False)
+    assert str(e.value) == (
+        "%s: the board was left half-flashed by an interrupted flash and holds a deployment key, so its console takes "
+        "no Ctrl-C and no flash can finish it: %s, then specmesh flash --port %s --role drafter --key-file F"
+        % (vb.port, erase, vb.port))
+
+
+def test_a_runs_keyed_virtual_board_left_half_flashed_is_told_to_remove_its_flash_folder(models, tmp_path):
+    """The same on a run's own virtual board (`specmesh run --key-file` stopped while it flashed the model): the
+    run's line names its flash folder, a build folder, to remove; no esptool or emulate serves it."""
+    import json
+
+    from specmesh.host.backends import BackendError
+
+    key = bytes(range(32))
+    with Cluster("serial", models, tmp_path, key=key) as c:
+        c.start("drafter")
+    cfg = tmp_path / "drafter" / "specmesh.json"  # what a run stopped once the modules were in place leaves
+    cfg.write_text(json.dumps(dict(json.loads(cfg.read_text()), flashing="drafter")))
+    with pytest.raises(BackendError) as e, Cluster("serial", models, tmp_path, key=key) as c:
+        c.start("drafter")
+    assert str(e.value).startswith("virtual drafter board: /dev/") and str(e.value).endswith(
+        ": the board was left half-flashed by an interrupted flash and holds a deployment key, so its console takes "
+        "no Ctrl-C and no flash can finish it: remove its flash folder %s and run again" % (tmp_path / "drafter"))

@@ -266,7 +266,8 @@ class Cluster(contextlib.ExitStack):
         from specmesh.host.emulator import BoardError, make_board
         from specmesh.host.emulator.board import FlashDamaged
         from specmesh.host.emulator.session import board_mac
-        from specmesh.host.provision.flash import DoesNotFit, FlashError, FlashRequestError, NoRepl, flash, summary
+        from specmesh.host.provision.flash import (DoesNotFit, FlashError, FlashRequestError, KeyedHalfFlashed, NoRepl,
+                                                   flash, summary)
 
         model = self.model(kind, board or ROLE_CLASS[kind])
         name, folder = self._folder(kind, board, stage, radio)
@@ -318,6 +319,9 @@ class Cluster(contextlib.ExitStack):
                                                                       VIRTUAL_TOO_SMALL[kind])) from None
             if isinstance(e, NoRepl) and not vb.failed:  # no reset button or plug: its VM is started afresh
                 raise BackendError("virtual %s board: %s: %s" % (kind, e.fact, VIRTUAL_NO_REPL)) from None
+            if isinstance(e, KeyedHalfFlashed):  # its flash is a build folder: no esptool, no emulate
+                raise BackendError("virtual %s board: %s: remove its flash folder %s and run again" % (kind, e.fact,
+                                                                                                      folder)) from None
             raise BackendError("virtual %s board: %s" % (kind, vb.failed or e)) from None
         say("%s: %s" % (what, summary(report, time.monotonic() - t0)))
         with self._mutex:

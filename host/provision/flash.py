@@ -14,7 +14,9 @@ Interruptible at any instant: a file goes to NAME.part, is sent again if its SHA
 and is renamed to NAME once right, so no file is ever half-written under its name; and the board config
 says "flashing" (FLASHING) from before the first changed byte until the final config is written last, so
 a board interrupted in between starts no node but says it was left half-flashed (firmware/config.py half_flashed), and
-the next flash says it completes it (`FlashReport.resumed`).
+the next flash says it completes it (`FlashReport.resumed`); but a keyed board reset once its modules were in place
+takes no Ctrl-C, so no flash can finish it (`KeyedHalfFlashed`: erase it), and one reset while they are rewritten
+(main.py off the board) or not reset at all stays at a REPL that takes a flash without its key (docs/security.md).
 
 A drafter flashed without a named model gets its board class's drafter (host/boardclasses.py: the 40-wide
 one from a classic ESP32's heap, stock firmware without ROMFS included; the 64-wide one in an S3's PSRAM);
@@ -116,6 +118,13 @@ class BoardFull(FlashError):
 class NoRepl(Advised):
     """No REPL answered and no deployment key explains it: `fact` says what the port did, `advice` its likely cause
     on a real board."""
+
+
+class KeyedHalfFlashed(Advised):
+    """A board left half-flashed whose key keeps its console shut (firmware/config.py load_board, then half_flashed):
+    no REPL, so no flash, with its key or without, can finish it; its flash must be erased. Reached where a keyed
+    flash was interrupted once the modules were in place (the model, the key file or the final config still to
+    write) and the board was then reset."""
 
 
 class Lost(FlashError):
@@ -329,6 +338,14 @@ def _no_repl(port: str, timeout: float, wait_s: float = 1.5, virtual: bool = Fal
                           "keyed board takes no flash without its key: pass the key it was flashed with (to change "
                           f"keys: `specmesh flash --port {port} --role ROLE --key-file ITS_KEY --no-key`, then flash "
                           "with the new one)")
+    half = [t for t in link.text if t.startswith(m.HALF_FLASHED)]
+    if half:  # half-flashed and deaf to Ctrl-C: a keyed one (its config shuts the console before it reads "flashing")
+        role = half[-1].rpartition(" as ")[2].strip() or "ROLE"
+        erase = ("stop its specmesh emulate and start one with an empty --dir" if virtual else
+                 "erase its flash (esptool erase_flash)")
+        return KeyedHalfFlashed(f"{port}: the board was left half-flashed by an interrupted flash and holds a "
+                                "deployment key, so its console takes no Ctrl-C and no flash can finish it",
+                                f": {erase}, then specmesh flash --port {port} --role {role} --key-file F")
     if link.error:
         return (KeyMismatch if link.refused else FlashError)(link.error)
     if virtual:  # a VM that answers nothing, or a node: the emulate's restart boots it afresh
