@@ -21,7 +21,12 @@ A file the user names for output (`--stats-json FILE`) is written the Unix way, 
     output_problem(path) -> str | None     why write_output cannot write `path`, or None (a FIFO is not opened,
                                             so not waited for; beside a file, a temporary file is made and removed)
     descriptor(path) -> int | None         the open descriptor /dev/stdin, /dev/fd/N or /proc/self/fd/N names
-                                            (a key file read from the shell's `<(...)`: provision/keys.py)
+
+A file the user names for input (a key file, a calibration) is read once, from a regular file or the shell:
+    unreadable_kind(path) -> str | None    "a FIFO, a device or a socket" for one (never opened: a FIFO without
+                                            a writer would be waited for forever, /dev/zero read until memory
+                                            runs out, a serial port reset by its opening), else None; an open
+                                            descriptor's name (`<(...)`, /dev/stdin) is read as it is
 """
 
 from __future__ import annotations
@@ -151,6 +156,18 @@ def descriptor(path: str) -> int | None:
         return _FD_NAMES[path]
     match = _FD_PATH.match(path)
     return int(match.group(1)) if match else None
+
+
+def unreadable_kind(path: str | os.PathLike) -> str | None:
+    """What `path` is where it is no input file to read (module docstring), else None (a missing path or a folder
+    too: open()'s own error says those)."""
+    if descriptor(os.fspath(path)) is not None:
+        return None
+    try:
+        kind = stat.S_IFMT(os.stat(path).st_mode)
+    except OSError:  # missing, in a folder it may not look into, a name too long: open() says which
+        return None
+    return None if kind in (stat.S_IFREG, stat.S_IFDIR) else "a FIFO, a device or a socket"
 
 
 def _kind(path: str) -> int | None:

@@ -3,6 +3,9 @@
 
 import itertools
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -106,6 +109,8 @@ def test_bench_measures_every_term_and_run_projects_with_it(board, models, tmp_p
 @pytest.mark.parametrize("content, message", [
     (None, "not found: write one with `specmesh bench --port PORT --out FILE`"),
     ("FOLDER", "cannot be read: Is a directory"),  # was "is not valid JSON (IsADirectoryError)"
+    # a device: was read as it comes ("is not valid JSON" of /dev/null; /dev/zero until memory ran out)
+    ("/dev/null", "is not a regular file (a FIFO, a device or a socket): give the file `specmesh bench` wrote"),
     ("{not json", "is not valid JSON"),
     ('{"format": "other"}', "is not a specmesh calibration"),
     ('{"format": "specmesh-calibration", "version": 1, "seconds_per_unit": {"matmul_1": -1}}',
@@ -121,6 +126,8 @@ def test_a_missing_or_corrupt_calibration_is_one_line_and_status_2(models, tmp_p
     path = tmp_path / "cal.json"
     if content == "FOLDER":
         path.mkdir()
+    elif content == "/dev/null":
+        path = content
     elif content is not None:
         path.write_text(content)
     rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--quiet",
@@ -128,6 +135,20 @@ def test_a_missing_or_corrupt_calibration_is_one_line_and_status_2(models, tmp_p
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert "calibration file %s %s" % (path, message) in err
+
+
+def test_a_fifo_as_the_calibration_is_refused_at_once(models, tmp_path):
+    """A FIFO named as --calibration (or --drafter-calibration) was waited for forever, no writer coming: now one
+    line naming it, status 2, before it is opened."""
+    fifo = tmp_path / "cal.json"
+    os.mkfifo(fifo)
+    for flag in ("--calibration", "--drafter-calibration"):
+        out = subprocess.run([sys.executable, "-m", "specmesh.host.cli", "run", "--models", str(models), "--quiet",
+                              "--verifier", "cpu", "--project", "esp32s3", flag, str(fifo)], cwd=ROOT,
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        assert (out.returncode, out.stderr) == (2, "specmesh run: error: calibration file %s is not a regular file (a "
+                                                   "FIFO, a device or a socket): give the file `specmesh bench` wrote\n"
+                                                % fifo)
 
 
 def test_calibration_without_a_projection_is_refused(models, tmp_path, capsys):

@@ -53,6 +53,9 @@ class Rates:
     def load(cls, path: str | Path, board: Board) -> Rates:
         """The board's derived rates with the terms the file measured replaced. CalibrationError."""
         what = "calibration file %s" % path
+        kind = atomic.unreadable_kind(path)
+        if kind:
+            raise CalibrationError("%s is not a regular file (%s): give the file `specmesh bench` wrote" % (what, kind))
         try:
             data = json.loads(Path(path).read_text())
         except FileNotFoundError:

@@ -38,8 +38,10 @@ class KeyFileError(Exception):
 
 def load_key(path: str | Path) -> bytes:
     """The key in `path`: a regular file, or a descriptor the shell opened (`--key-file <(pass show mesh.key)`)."""
+    kind = atomic.unreadable_kind(path)
+    if kind:
+        raise KeyFileError("key file %s is not a regular file (%s): give the file that holds the key" % (path, kind))
     try:
-        _regular(path)
         with open(path, "rb") as f:
             raw = f.read(FILE_MAX_BYTES + 1)
             mode = os.fstat(f.fileno()).st_mode
@@ -68,18 +70,6 @@ def load_key(path: str | Path) -> bytes:
         print("specmesh: warning: key file %s can be read by other users (mode %04o): run `chmod 600 %s`"
               % (path, stat.S_IMODE(mode), shlex.quote(str(path))), file=sys.stderr)
     return key
-
-
-def _regular(path: str | Path) -> None:
-    """KeyFileError for a FIFO, a device or a socket, before it is opened: a FIFO without a writer would be waited
-    for forever, a serial port's opening resets its board. A folder is left to open()'s own error; an open
-    descriptor's name (/dev/stdin, /dev/fd/N) is read as it is: the shell that named it holds its writer."""
-    if atomic.descriptor(os.fspath(path)) is not None:
-        return
-    kind = stat.S_IFMT(os.stat(path).st_mode)
-    if kind not in (stat.S_IFREG, stat.S_IFDIR):
-        raise KeyFileError("key file %s is not a regular file (a FIFO, a device or a socket): give the file that "
-                           "holds the key" % path)
 
 
 def new_key_file(path: str | Path) -> list[Path]:
