@@ -4,9 +4,9 @@ board, and `specmesh run --key-file` signs every frame with (shared/codec.py `Au
 A key file holds one key as hex, 16 to 64 bytes (32 to 128 hex digits; surrounding whitespace and a
 UTF-8 BOM, which some Windows editors write, are ignored). It is a regular file, or a descriptor the shell
 opened (`--key-file <(pass show mesh.key)`: the key never on disk); a FIFO, a device or a socket is refused
-unopened. Errors name the file and never quote its
-content, so a key cannot leak into a terminal log. One that other users may read is used, with a warning
-on stderr (ssh refuses such a private key; a key here can be changed on the boards only by flashing them).
+unopened. Errors name the file and never quote its content, so a key cannot leak into a terminal log. One
+that other users may read is used, with a warning on stderr (ssh refuses such a private key; a key here can
+be changed on the boards only by flashing them).
 """
 
 from __future__ import annotations
