@@ -183,6 +183,8 @@ def test_boards_are_chosen_through_the_one_registry():
     (["--boards", "0"], "--boards must be in 1..64, not 0"),
     (["--board", "virtual:esp32", "--radio-loss", "0.1"], "--radio-loss acts on the virtual radio, which QEMU boards"),
     (["--board", "esp32c3", "--reorder", "0.1", "--delay-ms", "5"], "act on the virtual radio, which QEMU boards (--board esp32c3)"),
+    (["--board", "esp32c3", "--mtu", "1470"], "--mtu acts on the virtual radio, which QEMU boards (--board esp32c3)"),
+    (["--board", "virtual:esp32s3", "--seed", "7"], "--seed acts on the virtual radio, which QEMU boards"),
 ])
 def test_emulator_flags_out_of_range(capsys, no_board_starts, flags, message):
     err = one_line_status_2(capsys, ["emulate", *flags])

@@ -265,8 +265,12 @@ def _emulate_problem(args) -> str | None:
     if args.flash_kb is not None and not (lo <= args.flash_kb <= hi and args.flash_kb % block_kb == 0):
         return ("--flash-kb must be a multiple of %d in %d..%d (littlefs needs two %d KiB blocks), not %d"
                 % (block_kb, lo, hi, block_kb, args.flash_kb))
-    radio = [flag for flag, dest in (("--radio-loss", "loss"), ("--radio-dup", "duplicate"), ("--reorder", "reorder"),
-                                     ("--delay-ms", "delay_ms")) if getattr(args, dest)]
+    # every flag that sets the radio, each with its value that leaves it as it is (--mtu and --seed included: a
+    # QEMU board took them without a word)
+    radio = [flag for flag, dest, idle in (("--radio-loss", "loss", 0), ("--radio-dup", "duplicate", 0),
+                                           ("--reorder", "reorder", 0), ("--delay-ms", "delay_ms", 0),
+                                           ("--mtu", "mtu", 250), ("--seed", "seed", 0))
+             if getattr(args, dest) != idle]
     if radio and _qemu_board(args.board):
         return ("%s act%s on the virtual radio, which QEMU boards (--board %s) do not join: drop %s, or use the "
                 "unix-port boards (--board esp32 or esp32s3)" % (", ".join(radio), "" if len(radio) > 1 else "s",
