@@ -151,6 +151,20 @@ def test_a_fifo_as_the_calibration_is_refused_at_once(models, tmp_path):
                                                 % fifo)
 
 
+def test_a_drafter_calibration_from_a_virtual_board_names_its_own_flag(models, tmp_path, capsys):
+    """`specmesh bench` on a virtual board, given as --drafter-calibration: the line said 'or drop --calibration',
+    a flag the command did not have."""
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"format": "specmesh-calibration", "version": 1, "seconds_per_unit": {"matmul_1": 1e-9},
+                                "board": {"platform": "linux", "arch": "x64", "machine": "virtual"}}))
+    rc = cli.main(["run", "--models", str(models), "--verifier", "cpu", "--quiet", "--project", "esp32s3",
+                   "--drafter-calibration", str(path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.endswith("not on an esp32: measure one with `specmesh bench --port PORT` on a flashed esp32, "
+                        "or drop --drafter-calibration\n"), err
+
+
 def test_calibration_without_a_projection_is_refused(models, tmp_path, capsys):
     rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", "cpu", "--quiet",
                    "--calibration", str(tmp_path / "c.json")])

@@ -50,8 +50,9 @@ class Rates:
         return cls(s, "derived (host/projection/hardware.py)")
 
     @classmethod
-    def load(cls, path: str | Path, board: Board) -> Rates:
-        """The board's derived rates with the terms the file measured replaced. CalibrationError."""
+    def load(cls, path: str | Path, board: Board, flag: str = "--calibration") -> Rates:
+        """The board's derived rates with the terms the file measured replaced; `flag` named the file (run's
+        --calibration or --drafter-calibration). CalibrationError."""
         what = "calibration file %s" % path
         kind = atomic.unreadable_kind(path)
         if kind:
@@ -80,7 +81,7 @@ class Rates:
         if measured_on is not None and not isinstance(measured_on, dict):  # it was read as one: "'list' object has..."
             raise CalibrationError("%s has a board that is not an object of what the board reported: write it again "
                                    "with `specmesh bench`" % what)
-        _check_measured_on(measured_on, board, what)
+        _check_measured_on(measured_on, board, what, flag)
         rates = cls.derived(board)
         rates.seconds.update({t: float(v) for t, v in units.items()})
         name = (measured_on or {}).get("machine") or "a board"
@@ -93,7 +94,7 @@ class Rates:
         return {t: amount * self.seconds[t] for t, amount in work.items()}
 
 
-def _check_measured_on(measured_on, board: Board, what: str) -> None:
+def _check_measured_on(measured_on, board: Board, what: str, flag: str) -> None:
     """A calibration prices the board it was measured on: one from a virtual board (the unix port on the host's
     CPU, many times a 240 MHz core's speed) or from another architecture than `board`'s class would project
     that speed onto real boards. CalibrationError naming both."""
@@ -105,10 +106,10 @@ def _check_measured_on(measured_on, board: Board, what: str) -> None:
     got = measured_on.get("arch")
     if measured_on.get("platform") == "linux" or (arch and got and got != arch):
         raise CalibrationError("%s was measured on %s (%s, %s), not on an %s: measure one with `specmesh bench --port "
-                               "PORT` on a flashed %s, or drop --calibration" % (
+                               "PORT` on a flashed %s, or drop %s" % (
                                    what, "a virtual board" if measured_on.get("platform") == "linux" else "another board",
                                    measured_on.get("machine") or measured_on.get("platform"), got, board.name,
-                                   board.name))
+                                   board.name, flag))
 
 
 def write(path: str | Path, board: dict, seconds_per_unit: dict[str, float], measured: dict, check: dict) -> None:
