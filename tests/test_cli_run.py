@@ -339,8 +339,8 @@ def test_the_texts_streams_closed_full_or_left_are_one_line_or_quiet(models):
         name = command.split()[0]
         assert sh(base % command + " >/dev/full") == (
             1, "", "specmesh %s: error: cannot write the text to stdout: No space left on device\n" % name)
-        assert sh(base % command + " >&-") == (2, "", "specmesh: stdout is closed (>&-): give it a file, e.g. "
-                                                       ">/dev/null\n")
+        assert sh(base % command + " >&-") == (2, "", "specmesh %s: error: stdout is closed (>&-): give it a file, "
+                                                       "e.g. >/dev/null\n" % name)
         assert sh("set -o pipefail; " + base % command + " | true") == (141, "", "")  # the reader gone at once
     rc, out, err = sh(base % "run -p Once" + " 2>&-")
     assert rc == 0 and out.startswith("Once") and out.count("\n") == 1 and err == ""  # the text alone, no table

@@ -401,10 +401,10 @@ def main(argv: list[str] | None = None) -> int:
     from specmesh.host.cli.streams import writing_stdout
     from specmesh.host.stops import stoppable
 
-    if not _streams_open():
-        print("specmesh: stdout is closed (>&-): give it a file, e.g. >/dev/null", file=sys.stderr)
-        return 2
     who = _who(argv)
+    if not _streams_open():  # the one line of every command's usage error (docs/run.md "Exit status")
+        print("%s: error: stdout is closed (>&-): give it a file, e.g. >/dev/null" % who, file=sys.stderr)
+        return 2
     return stoppable(who, lambda: writing_stdout(who, lambda: _main(argv)))
 
 
