@@ -127,7 +127,8 @@ def test_colour_marks_accepted_drafts_only_when_asked():
     (["--models", "/dev/null"], "--models /dev/null: not a folder: give the folder that holds the model files"),
     (["--temperature", "0.0004"], "--temperature: temperature 0.0004 rounds to 0 (greedy)"),
     (["--temperature", "70"], "--temperature: temperature 70.0 is outside 0..65.535"),
-    (["--top-p", "1e-6"], "--top-p: top_p 1e-06 rounds to 0"),
+    (["--top-p", "1e-6"], "--top-p: top_p 1e-06 rounds to 0 at the protocol's resolution of 1/65536: pass at least "
+                          "0.00001, or 1 for no top-p"),  # what to pass was not said
     (["--radio-loss", "0.5"], "--radio-loss and --radio-dup act on the virtual radio: add --transport espnow"),
     (["--radio-dup", "1.5", "--transport", "espnow"], "--radio-dup is a probability: it must be in [0, 1), not 1.5"),
     (["--stats-json", "/nonexistent/x.json"], "--stats-json /nonexistent/x.json cannot be written: folder "

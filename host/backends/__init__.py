@@ -70,7 +70,8 @@ def top_p_q16(top_p: float) -> int:
         raise ValueError("top_p %r is outside (0, 1]" % top_p)
     q = math.floor(top_p * 65536 + 0.5)
     if q == 0:
-        raise ValueError("top_p %r rounds to 0 at the protocol's resolution of 1/65536" % top_p)
+        raise ValueError("top_p %r rounds to 0 at the protocol's resolution of 1/65536: pass at least 0.00001, "
+                         "or 1 for no top-p" % top_p)
     return q
 
 
