@@ -98,7 +98,9 @@ def test_keygen_into_a_folder_that_does_not_exist_yet(tmp_path, monkeypatch, cap
     assert [p.name for p in made.iterdir()] == ["bus.key"]  # no temporary file left beside it
     assert "made the folder %s (owner only) for it" % made in capsys.readouterr().out
     assert cli.main(["keygen", "--key-file", str(made / "bus.key")]) == 2
-    assert "never overwrites" in capsys.readouterr().err
+    assert capsys.readouterr().err == (  # it said no more than 'never overwrites a key', not what to do instead
+        "specmesh keygen: error: %s exists already: keygen never overwrites a key (boards flashed with it need it): "
+        "use it as it is, or give another --key-file\n" % (made / "bus.key"))
 
 
 def test_keygen_makes_every_missing_folder_owner_only(tmp_path, monkeypatch, capsys):

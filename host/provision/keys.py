@@ -93,7 +93,8 @@ def new_key_file(path: str | Path) -> list[Path]:
             with contextlib.suppress(OSError):  # rmdir: one that something else has put a file in meanwhile stays
                 folder.rmdir()
         if isinstance(e, FileExistsError):
-            raise KeyFileError("%s exists already: keygen never overwrites a key" % path) from None
+            raise KeyFileError("%s exists already: keygen never overwrites a key (boards flashed with it need it): "
+                               "use it as it is, or give another --key-file" % path) from None
         if isinstance(e, OSError):  # a name too long, a folder that takes no files, a full disk
             raise KeyFileError("cannot create %s: %s" % (path, e.strerror or e)) from None
         raise
