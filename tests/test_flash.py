@@ -368,6 +368,10 @@ def test_board_checks_refuse_what_cannot_run_the_role():
         check_board(old, "drafter", 50_000, 80_000)
     with pytest.raises(FlashError, match="heap; .* build with ROMFS keeps it in flash"):
         check_board(good, "verifier", 1_200_000, 1_300_000)
+    with pytest.raises(FlashError) as e:  # a stage's slice is in the heap whatever the build: it said no more
+        check_board(good, "stage", 144_000, 300_000)
+    assert str(e.value) == ("the stage model needs 140 KiB of heap; this board has 97 KiB free: give it fewer of the "
+                            "target's layers (--layers A:B), or a board with PSRAM (an ESP32-S3)")
     rom = BoardInfo((1, 28, 0), 2822, "esp32", "ESP32", 100_000, 1 << 21, True, 256 * 1024)
     check_board(rom, "drafter", 115_000, 10_000, rom_image=115_100)  # the weights stay in flash: no heap check
     with pytest.raises(FlashError, match="ROMFS image is 292 KiB; the board's ROMFS partition holds 256 KiB"):

@@ -419,7 +419,8 @@ def check_board(info: BoardInfo, role: str, model_bytes: int, total_bytes: int, 
             f"{info.romfs // 1024} KiB", ": flash a MicroPython build with a bigger romfs partition, or a smaller model"
         )
     if not rom_image and model_bytes and model_bytes > info.mem_free:
-        hint = "" if info.romfs or role == "stage" else " (a MicroPython build with ROMFS keeps it in flash: README)"
+        hint = (": give it fewer of the target's layers (--layers A:B), or a board with PSRAM (an ESP32-S3)"
+                if role == "stage" else "" if info.romfs else " (a MicroPython build with ROMFS keeps it in flash: README)")
         raise DoesNotFit(
             f"the {role} model needs {model_bytes // 1024} KiB of heap; this board has {info.mem_free // 1024} KiB "
             f"free", hint
