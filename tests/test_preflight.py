@@ -280,6 +280,18 @@ def test_a_tokenizer_that_is_not_the_models_is_refused_before_any_board(models, 
     assert words in err and "put the model's own tokenizer.bin in the --models folder" in err
 
 
+@pytest.mark.parametrize("name", ["target.spm", "tokenizer.bin"])
+def test_a_shipped_file_missing_from_the_models_folder_says_where_the_shipped_one_is(models, capsys, no_board_starts,
+                                                                                     name):
+    """It said 'run `make train`', which distils the drafters and makes neither the target nor the tokenizer."""
+    from specmesh.host.layout import MODELS
+
+    (models / name).unlink()
+    err = one_line_status_2(capsys, ["run", "--models", str(models), "--verifier", "cpu", "--drafter", "cpu"])
+    assert err == ("specmesh run: error: %s is missing from %s: copy it there from the shipped models (%s), or give "
+                   "the folder that holds it with --models\n" % (name, models, MODELS))
+
+
 def test_a_folder_holds_the_drafter_its_backend_runs_not_drafter_spm(models, capsys, no_board_starts):
     """A --models folder with drafter-host.spm and no drafter.spm serves --drafter cpu, which reads only that file
     (it was refused: 'drafter.spm is missing', naming a file the run never reads); a drafter board's class falls

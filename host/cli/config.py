@@ -374,6 +374,13 @@ def _check_models(models: Path, plain: bool, target: Path | None, drafter: Path 
                                             "not a regular file" if named.exists() else "no such file"))
         name = drafter_file(backend, models, transport) if role == "drafter" else MODEL_FILES[role]
         if named is None and not (models / name).is_file():
-            raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (name, models))
+            raise UsageError(_missing(name, models))
     if not (models / TOKENIZER_FILE).is_file():
-        raise UsageError("%s is missing from %s: run `make train` or pass --models DIR" % (TOKENIZER_FILE, models))
+        raise UsageError(_missing(TOKENIZER_FILE, models))
+
+
+def _missing(name: str, models: Path) -> str:
+    """The line for a model file or tokenizer missing from the --models folder. (`make train` makes neither the
+    target nor the tokenizer, which are shipped: it was the advice for every file.)"""
+    return ("%s is missing from %s: copy it there from the shipped models (%s), or give the folder that holds it "
+            "with --models" % (name, models, MODELS))
