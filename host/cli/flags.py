@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specmesh.host.boardclasses import ESP32, ESP32S3
 from specmesh.host.cli.config import DEFAULT_PROMPT, RV32_PROJECT
 from specmesh.host.layout import HOST_DRAFTER_FILE, MODEL_FILES, MODELS, TOKENIZER_FILE
 
@@ -89,14 +90,15 @@ def add_arguments(p: argparse.ArgumentParser, seed_help: str | None = None) -> N
                    help="write the run's figures as JSON to FILE (a device, pipe or FIFO is written straight, a "
                         "symlink followed), or - for stdout in place of the text (which then goes to stderr)")
     p.add_argument("--models", type=a_path, default=MODELS,
-                   help="folder with %s, %s and a llama2.c %s" % (MODEL_FILES["drafter"], MODEL_FILES["verifier"],
-                                                                   TOKENIZER_FILE))
+                   help="folder with the target (%s), the drafters' model files and a llama2.c %s (default: the "
+                        "shipped models)" % (MODEL_FILES["verifier"], TOKENIZER_FILE))
     p.add_argument("-m", "--model", metavar="FILE", type=a_path,
                    help="the target model file (default: %s in --models)" % MODEL_FILES["verifier"])
     p.add_argument("-md", "--draft-model", "--model-draft", metavar="FILE", type=a_path,
-                   help="the drafter model file (default in --models: %s for --drafter cpu, else %s; a drafter board "
-                        "runs the model it was flashed with, and the host reads that one from the same folder)"
-                        % (HOST_DRAFTER_FILE, MODEL_FILES["drafter"]))
+                   help="the drafter model file (default in --models: %s for --drafter cpu, a board its class's: %s "
+                        "on a classic ESP32, the default virtual drafter, %s on an S3; a drafter board runs the model "
+                        "it was flashed with, and the host reads that one from the same folder)"
+                        % (HOST_DRAFTER_FILE, ESP32.drafter, ESP32S3.drafter))
     p.add_argument("--no-color", action="store_true", help="never colour the streamed text")
     p.add_argument("--quiet", action="store_true", help="no stats table and no progress on stderr (the text is still "
                    "on stdout; errors and fail-overs are still said)")
