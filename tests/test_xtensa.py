@@ -165,7 +165,9 @@ def test_emulate_serves_qemu_xtensa_boards_until_ctrl_c(tmp_path):
     try:
         summary = proc.stdout.readline()
         assert "ESP32-S3" in summary and "xtensa-lx7 machine code under QEMU, no radio" in summary, summary
-        port = proc.stdout.readline().split()[1]
+        board = proc.stdout.readline().split()
+        assert board[0] == "board0" and board[2] == "flash", board  # no MAC: it joins no radio (it printed one)
+        port = board[1]
         got = _mpremote(port, "exec", "import gc, os; print(os.uname().machine, gc.mem_free() > 8_000_000)")
         assert got == "specmesh-qemu-xtensa with de233_fpu True"  # the S3's heap, its PSRAM in it
         proc.send_signal(signal.SIGINT)

@@ -331,8 +331,9 @@ def _emulate(args) -> int:
             one = args.boards == 1  # "1 virtual ... board(s) ... stops them" read as a form, not a sentence
             print(f"{args.boards} virtual {cls.description} board{'' if one else 's'}, heap {cls.heap_bytes} bytes, "
                   f"{romfs}; {link}. Ctrl-C (or SIGTERM) stops {'it' if one else 'them'}.")
-            for vb in emu.boards:
-                print(f"{vb.name}  {vb.port}  mac {vb.mac}  flash {vb.flash_dir}", flush=True)
+            for vb in emu.boards:  # a QEMU board has no radio, nor a network module to read a MAC from
+                mac = "" if qemu else f"  mac {vb.mac}"
+                print(f"{vb.name}  {vb.port}{mac}  flash {vb.flash_dir}", flush=True)
             while True:  # a timed wait: a signal may land on a board's pump thread, and an untimed wait
                 time.sleep(0.2)  # in the main thread would then never see the KeyboardInterrupt
     except KeyboardInterrupt:
