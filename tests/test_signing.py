@@ -87,6 +87,9 @@ def test_a_key_file_that_is_no_regular_file_is_refused_unopened(tmp_path):
         assert load_key("/dev/fd/%d" % r) == KEY
     finally:
         os.close(r)
+    with pytest.raises(KeyFileError) as e:  # was "cannot read key file DIR: Is a directory", no way on
+        load_key(tmp_path)
+    assert str(e.value) == "key file %s is a folder: name the key's file in it" % tmp_path
 
 
 def test_keygen_into_a_folder_that_does_not_exist_yet(tmp_path, monkeypatch, capsys):

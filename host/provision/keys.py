@@ -52,6 +52,8 @@ def load_key(path: str | Path) -> bytes:
     except FileNotFoundError:
         raise KeyFileError("key file %s does not exist (make one with `specmesh keygen --key-file %s`)"
                            % (path, path)) from None
+    except IsADirectoryError:  # it said "cannot read key file DIR: Is a directory", and no way on
+        raise KeyFileError("key file %s is a folder: name the key's file in it" % path) from None
     except (OSError, UnicodeError) as e:
         raise KeyFileError("cannot read key file %s: %s" % (path, getattr(e, "strerror", None) or "not text"))\
             from None
