@@ -373,6 +373,10 @@ def test_board_checks_refuse_what_cannot_run_the_role():
     assert str(e.value) == ("the stage model needs 140 KiB of heap; this board has 97 KiB free: give it fewer of the "
                             "target's layers (--layers A:B), or a board with PSRAM (an ESP32-S3)")
     rom = BoardInfo((1, 28, 0), 2822, "esp32", "ESP32", 100_000, 1 << 21, True, 256 * 1024)
+    with pytest.raises(FlashError) as e:  # `flash --no-romfs` on a board whose partition holds the model: no way on
+        check_board(rom, "drafter", 115_000, 10_000, romfs_would_hold=True)
+    assert str(e.value).endswith("this board has 97 KiB free: drop --no-romfs, and its ROMFS partition keeps the model "
+                                 "in flash"), e.value
     check_board(rom, "drafter", 115_000, 10_000, rom_image=115_100)  # the weights stay in flash: no heap check
     with pytest.raises(FlashError, match="ROMFS image is 292 KiB; the board's ROMFS partition holds 256 KiB"):
         check_board(rom, "drafter", 300_000, 10_000, rom_image=300_000)
@@ -598,6 +602,7 @@ def test_a_model_the_heap_cannot_hold_is_refused_on_a_flashed_board_as_on_a_fres
         refusals.append(str(e.value))
         flash(vb.port, "drafter", progress=False)  # its class's drafter, which it holds: the board is flashed
     assert all(r.startswith("the drafter model needs 107 KiB of heap; this board has ") for r in refusals), refusals
+    assert all(r.endswith(": drop --no-romfs, and its ROMFS partition keeps the model in flash") for r in refusals)
 
 
 def test_the_flash_summary_counts_one_file_as_one():

@@ -399,11 +399,12 @@ def probe(transport) -> BoardInfo:
 
 
 def check_board(info: BoardInfo, role: str, model_bytes: int, total_bytes: int, rom_image: int = 0,
-                fs_bytes: int = 0) -> None:
+                fs_bytes: int = 0, romfs_would_hold: bool = False) -> None:
     """Refuse, with one line, a board that cannot run `role`. `model_bytes`: the heap the model takes when
     it is read from the filesystem; `rom_image`: the size of the ROMFS image holding the model when it
     goes to the ROMFS partition instead (its weights then take no heap). `total_bytes`: what the board's
-    filesystem must find now; `fs_bytes`: what the flash's files take on an empty one."""
+    filesystem must find now; `fs_bytes`: what the flash's files take on an empty one; `romfs_would_hold`:
+    `--no-romfs` kept the model off a ROMFS partition that would hold it."""
     if info.abi != MPY_ABI:
         raise FlashError(
             "board runs MicroPython %s (.mpy v%d.%d); the node needs .mpy v%d.%d: MicroPython 1.23 or newer"
@@ -420,7 +421,8 @@ def check_board(info: BoardInfo, role: str, model_bytes: int, total_bytes: int, 
         )
     if not rom_image and model_bytes and model_bytes > info.mem_free:
         hint = (": give it fewer of the target's layers (--layers A:B), or a board with PSRAM (an ESP32-S3)"
-                if role == "stage" else "" if info.romfs else " (a MicroPython build with ROMFS keeps it in flash: README)")
+                if role == "stage" else " (a MicroPython build with ROMFS keeps it in flash: README)" if not info.romfs
+                else ": drop --no-romfs, and its ROMFS partition keeps the model in flash" if romfs_would_hold else "")
         raise DoesNotFit(
             f"the {role} model needs {model_bytes // 1024} KiB of heap; this board has {info.mem_free // 1024} KiB "
             f"free", hint
@@ -611,7 +613,10 @@ def flash(
             held = _held(transport, {dest.rsplit("/", 1)[0] or "/" for dest in files} | {MODEL_DIR})
             others = _other_models(held, files)
             whole, to_write = _fs_need(files, held, others)
-            check_board(info, role, heap_bytes, to_write + len(config_data), len(image), whole + len(config_data))
+            romfs_would_hold = (not use_romfs and heap_bytes > info.mem_free  # only what the refusal says
+                                and 0 < len(_rom_image(info, role, model, heap_bytes)) <= info.romfs)
+            check_board(info, role, heap_bytes, to_write + len(config_data), len(image), whole + len(config_data),
+                        romfs_would_hold)
             report = FlashReport(port, info, model=model.name, note=note,
                                  resumed=board_config.get(FLASHING) or None)
             if report.resumed:  # what an interrupted flash may have left half-written
