@@ -613,10 +613,8 @@ def flash(
             held = _held(transport, {dest.rsplit("/", 1)[0] or "/" for dest in files} | {MODEL_DIR})
             others = _other_models(held, files)
             whole, to_write = _fs_need(files, held, others)
-            romfs_would_hold = (not use_romfs and heap_bytes > info.mem_free  # only what the refusal says
-                                and 0 < len(_rom_image(info, role, model, heap_bytes)) <= info.romfs)
             check_board(info, role, heap_bytes, to_write + len(config_data), len(image), whole + len(config_data),
-                        romfs_would_hold)
+                        not use_romfs and _romfs_would_hold(info, role, model, heap_bytes))
             report = FlashReport(port, info, model=model.name, note=note,
                                  resumed=board_config.get(FLASHING) or None)
             if report.resumed:  # what an interrupted flash may have left half-written
@@ -637,6 +635,11 @@ def flash(
         failed(transport, port, e, virtual)  # (READ_S); an OSError not the port's (port_gone) raised as it is
     finally:
         close(transport)
+
+
+def _romfs_would_hold(info, role: str, model: Path, heap_bytes: int) -> bool:
+    """Whether a model the heap cannot hold would fit the board's ROMFS partition (what a --no-romfs refusal says)."""
+    return heap_bytes > info.mem_free and 0 < len(_rom_image(info, role, model, heap_bytes)) <= info.romfs
 
 
 def failed(transport, port: str, e: Exception, virtual: bool = False, command: str = "flash") -> NoReturn:
