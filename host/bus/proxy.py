@@ -15,7 +15,7 @@ any type before one of this type was timed; `initial_rto` before any), at least 
 after each retry; replies to resent requests are not timed (Karn's rule: they may answer either copy), so the
 backed-off timeout they came at is kept for that type's next requests until one is timed (RFC 6298, 5.7). Without
 it, a type slower than three times the others' replies (a classic ESP32's 16 drafts of 255-id tables under QEMU,
-five seconds) was never timed and every request of it went four to six times.
+seconds each) was never timed and every request of it went four to six times.
 An out-of-memory ERROR (E_MEMORY: the node's heap, which it then collected, was too fragmented for the request or
 its reply) goes again as a new request (a new seq: the node may hold the reply it could not send in its cache, and
 would only fail to send it again), up to MEMORY_RETRIES times within the deadline, before it becomes `NodeError`.
