@@ -398,6 +398,17 @@ def probe(transport) -> BoardInfo:
     return BoardInfo(tuple(version), *rest)
 
 
+def _heap_hint(info: BoardInfo, role: str, romfs_would_hold: bool) -> str:
+    """What to do about a model the board's heap cannot hold (check_board's refusal)."""
+    if role == "stage":
+        return ": give it fewer of the target's layers (--layers A:B), or a board with PSRAM (an ESP32-S3)"
+    if not info.romfs:
+        return " (a MicroPython build with ROMFS keeps it in flash: README)"
+    if romfs_would_hold:
+        return ": drop --no-romfs, and its ROMFS partition keeps the model in flash"
+    return ""
+
+
 def check_board(info: BoardInfo, role: str, model_bytes: int, total_bytes: int, rom_image: int = 0,
                 fs_bytes: int = 0, romfs_would_hold: bool = False) -> None:
     """Refuse, with one line, a board that cannot run `role`. `model_bytes`: the heap the model takes when
@@ -420,12 +431,9 @@ def check_board(info: BoardInfo, role: str, model_bytes: int, total_bytes: int, 
             f"{info.romfs // 1024} KiB", ": flash a MicroPython build with a bigger romfs partition, or a smaller model"
         )
     if not rom_image and model_bytes and model_bytes > info.mem_free:
-        hint = (": give it fewer of the target's layers (--layers A:B), or a board with PSRAM (an ESP32-S3)"
-                if role == "stage" else " (a MicroPython build with ROMFS keeps it in flash: README)" if not info.romfs
-                else ": drop --no-romfs, and its ROMFS partition keeps the model in flash" if romfs_would_hold else "")
         raise DoesNotFit(
             f"the {role} model needs {model_bytes // 1024} KiB of heap; this board has {info.mem_free // 1024} KiB "
-            f"free", hint
+            f"free", _heap_hint(info, role, romfs_would_hold)
         )
     if info.fs_size is not None and fs_bytes > info.fs_size:  # no file removed makes room
         raise DoesNotFit(
