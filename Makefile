@@ -90,12 +90,13 @@ $(BENCH_STAMP): $(STAMP)
 	@touch $(BENCH_STAMP)
 
 # Tables and JSON on the terminal, PNG plots and runs/bench/report.md (matplotlib, the `bench` extra).
-# The native modules' objects are built first where their toolchains are here (the Xtensa and RV32 sections print
-# the counted inner loops from them, next to the executed figures); without them those columns say why.
+# The native modules' objects are built first where all of make native's tools are here (the Xtensa and RV32 sections
+# print the counted inner loops from them, next to the executed figures); without one, a line names it and those
+# columns say why (make native's own line would go to /dev/null with its build's chatter).
 bench: $(BENCH_STAMP)
-	@if command -v clang-22 >/dev/null && command -v riscv64-unknown-elf-gcc >/dev/null; then \
-		$(MAKE) --no-print-directory native >/dev/null; \
-	else echo "counted native loops: n/a without make native's toolchains (apt-get install clang-22 llvm-22 gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf)"; fi
+	@missing=$$(for t in $(NATIVE_TOOLS); do command -v $$t >/dev/null || test -e $$t || { echo $$t; break; }; done); \
+	if [ -z "$$missing" ]; then $(MAKE) --no-print-directory native >/dev/null; \
+	else echo "counted native loops: n/a without make native's tools ($$missing not found: apt-get install $(NATIVE_DEBS))"; fi
 	$(PY) -m specmesh.tools.bench --json runs/bench/figures.json
 
 # Long fuzzing (tools/fuzz.py): FRAMES inputs through the CPython decoders, NODE_FRAMES through the firmware
@@ -145,13 +146,14 @@ $(MPY_SRC)/LICENSE: vendor/micropython-1.28.0-src.tar.gz vendor/micropython-1.28
 NATIVE_ARCHES := x64 rv32imc xtensawin
 NATIVE_STAMP := $(VENV)/.specmesh-setup-native
 NATIVE_DEBS := gcc clang-22 llvm-22 gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf
+NATIVE_TOOLS = gcc riscv64-unknown-elf-gcc clang-22 llc-22 llvm-mc-22 $(PICOLIBC)
 
 $(NATIVE_STAMP): $(STAMP)
 	$(PIP) -e '.[dev,native]'
 	@touch $(NATIVE_STAMP)
 
 native: $(NATIVE_STAMP) mpy-src
-	$(call need,native,gcc riscv64-unknown-elf-gcc clang-22 llc-22 llvm-mc-22 $(PICOLIBC),$(NATIVE_DEBS))
+	$(call need,native,$(NATIVE_TOOLS),$(NATIVE_DEBS))
 	@for a in $(NATIVE_ARCHES); do \
 		$(MAKE) -B --no-print-directory -C firmware/native ARCH=$$a PYTHON=../../$(PY) || exit 1; \
 	done

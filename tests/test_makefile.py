@@ -3,7 +3,8 @@ with a Python that is missing, older than 3.11 or without ensurepip says so in o
 .venv it cannot use (made by an older Python, stopped by a Ctrl-C before pip was in, or in a checkout since moved)
 is made anew; each runs make on a copy of the Makefile with PIP=false or PIP=true, so nothing is installed. `make
 native` and `make xtensa-firmware` run in a checkout whose path has a space; they and the RV32 build, without their
-compilers, say in one line what to install, as `make xtensa-mpy-tests` does without QEMU."""
+compilers, say in one line what to install, as `make xtensa-mpy-tests` does without QEMU, and `make bench` names a
+missing tool of make native's and benches on."""
 
 import os
 import re
@@ -165,6 +166,37 @@ def test_a_build_without_its_toolchain_is_one_line_naming_the_packages(tmp_path,
                                                                                PATH=str(nothing)))
     assert done.returncode != 0 and re.fullmatch(r"make %s: \S+ not found: apt-get install %s\n" % (target, packages),
                                                  done.stdout), done.stdout + done.stderr
+
+
+def test_make_bench_without_one_of_make_natives_tools_names_it_and_benches(tmp_path):
+    """make bench built the native objects wherever clang-22 and riscv64-unknown-elf-gcc were, with make native's
+    output sent to /dev/null: without another of its tools (here gcc) its one line went there too, and make bench
+    stopped at "make[1]: *** [Makefile: native] Error 1" without benchmarking. It now names the missing tool and
+    benches. The venv and MicroPython's source taken as made (stamps newer than what they are made from), so the
+    sub-make would reach make native's own check; PY: a script that says it ran."""
+    folder = tmp_path / "c"
+    (folder / ".venv").mkdir(parents=True)
+    (folder / "vendor").mkdir()
+    (folder / "build" / "micropython-1.28.0").mkdir(parents=True)
+    shutil.copy(ROOT / "Makefile", folder)
+    made = ["pyproject.toml", "vendor/micropython-1.28.0-src.tar.gz", "vendor/micropython-1.28.0-tests.tar.gz",
+            ".venv/.specmesh-setup", ".venv/.specmesh-setup-native", "build/micropython-1.28.0/LICENSE"]
+    for age, name in enumerate(reversed(made)):  # each file older than those made from it
+        (folder / name).touch()
+        os.utime(folder / name, (time.time() - 100 * (age + 1),) * 2)
+    tools = tmp_path / "bin"  # the two tools make bench looked for, and no other
+    tools.mkdir()
+    for name, text in (("clang-22", "exit 0"), ("riscv64-unknown-elf-gcc", "exit 0"), ("py", 'echo "bench: $*"')):
+        (tools / name).write_text("#!/bin/sh\n%s\n" % text)
+        (tools / name).chmod(0o755)
+    done = subprocess.run([shutil.which("make"), "--no-print-directory", "-o", ".venv/.specmesh-setup-bench", "bench",
+                           "PY=%s" % (tools / "py")], cwd=folder, capture_output=True, text=True, timeout=60,
+                          env=dict(ALONE, PATH=str(tools)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[0] == (
+        "counted native loops: n/a without make native's tools (gcc not found: apt-get install gcc clang-22 llvm-22 "
+        "gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf)")
+    assert "bench: -m specmesh.tools.bench --json runs/bench/figures.json" in done.stdout
 
 
 def test_a_checkout_moved_elsewhere_makes_its_venv_anew(tmp_path):
