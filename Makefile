@@ -158,7 +158,12 @@ native: $(NATIVE_STAMP) mpy-src
 		$(MAKE) -B --no-print-directory -C firmware/native ARCH=$$a PYTHON=../../$(PY) || exit 1; \
 	done
 
-native-check: native
+# It compares with the modules git holds: outside a git clone (a downloaded archive) it says so before building,
+# where git diff would print its usage and the check call every module different.
+native-check:
+	@git rev-parse --is-inside-work-tree >/dev/null 2>&1 || { echo "make native-check: $(CURDIR) is not a git clone \
+	(or git is not installed): it compares the rebuilt modules with git's; make native rebuilds them"; exit 1; }
+	@$(MAKE) --no-print-directory native
 	git diff --exit-code --stat -- 'firmware/native/*.mpy' || \
 		{ echo "a shipped native module differs from its rebuild: commit the output of make native"; exit 1; }
 	$(PY) -m specmesh.tools.xtensa_mpy firmware/native/xtensawin.mpy

@@ -4,7 +4,7 @@ with a Python that is missing, older than 3.11 or without ensurepip says so in o
 is made anew; each runs make on a copy of the Makefile with PIP=false or PIP=true, so nothing is installed. `make
 native` and `make xtensa-firmware` run in a checkout whose path has a space; they and the RV32 build, without their
 compilers, say in one line what to install, as `make xtensa-mpy-tests` does without QEMU, and `make bench` names a
-missing tool of make native's and benches on."""
+missing tool of make native's and benches on; `make native-check` outside a git clone says so."""
 
 import os
 import re
@@ -197,6 +197,21 @@ def test_make_bench_without_one_of_make_natives_tools_names_it_and_benches(tmp_p
         "counted native loops: n/a without make native's tools (gcc not found: apt-get install gcc clang-22 llvm-22 "
         "gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf)")
     assert "bench: -m specmesh.tools.bench --json runs/bench/figures.json" in done.stdout
+
+
+def test_make_native_check_outside_a_git_clone_is_one_line_before_building(tmp_path):
+    """In a folder git does not hold (a downloaded archive), make native-check rebuilt the modules over the shipped
+    ones, then git diff printed its usage and the check said "a shipped native module differs from its rebuild". Here
+    nothing is there to build: it was make's "No rule to make target 'pyproject.toml'"."""
+    folder = tmp_path / "c"
+    folder.mkdir()
+    shutil.copy(ROOT / "Makefile", folder)
+    done = subprocess.run(["make", "--no-print-directory", "native-check"], cwd=folder, capture_output=True, text=True,
+                          timeout=60, env=dict(ALONE, GIT_CEILING_DIRECTORIES=str(tmp_path)))
+    assert done.returncode != 0 and done.stdout == (
+        "make native-check: %s is not a git clone (or git is not installed): it compares the rebuilt modules with "
+        "git's; make native rebuilds them\n" % folder), done.stdout + done.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["Makefile"]  # nothing made
 
 
 def test_a_checkout_moved_elsewhere_makes_its_venv_anew(tmp_path):
