@@ -106,6 +106,31 @@ def test_bench_measures_every_term_and_run_projects_with_it(board, models, tmp_p
     assert calibrated["plain_tokens_per_s"] > derived["plain_tokens_per_s"]
 
 
+def test_bench_of_a_classic_esp32_drafter_board_times_its_drafter(tmp_path, capsys):
+    """The board script timed a whole token only of models/drafter.spm or target.spm (or /rom/ ones): on a classic
+    ESP32 drafter board, which runs models/drafter-esp32.spm, it timed no token and no `engine` rate, said nothing,
+    and wrote a calibration without them. It now times the model specmesh.json names; its stream buffer, which
+    the script's own code left no free block for, is halved until one holds it (was a MemoryError)."""
+    from specmesh.host.emulator import VirtualBoard
+
+    vb = VirtualBoard(tmp_path / "esp32", "esp32", name="drafter").start()
+    try:
+        assert cli.main(["flash", "--port", vb.port, "--role", "drafter"]) == 0
+        assert "drafter-esp32.spm" in capsys.readouterr().out
+        time.sleep(0.5)  # the node boots after the soft reset
+        path = tmp_path / "cal.json"
+        assert cli.main(["bench", "--port", vb.port, "--out", str(path)]) == 0, capsys.readouterr().err
+    finally:
+        vb.stop()
+    out = capsys.readouterr().out
+    data = json.loads(path.read_text())
+    assert data["seconds_per_unit"]["engine"] > 0
+    assert data["measured"]["drafter"][1] == "2 layers x 40 dim, vocab 512"  # drafter-esp32.spm
+    c = data["check"]["drafter token"]
+    assert "drafter token: measured %.0f us, projected with these rates %.0f us" % (
+        c["measured_us"], c["projected_us"]) in out
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "not found: write one with `specmesh bench --port PORT --out FILE`"),
     ("FOLDER", "cannot be read: Is a directory"),  # was "is not valid JSON (IsADirectoryError)"

@@ -5,8 +5,8 @@ the timing harness host/projection/mpy/timing.py it shares with tools/bench), ru
 imports the board's own kernels and engine and times, best of several calls (ticks_us), each kernel on
 the shipped target's shapes (matmul over 1 and 5 positions, quant and requant, RMSNorm, RoPE,
 attention, SiLU, argmax), a strided read of a large buffer (the PSRAM stream rate) and of a model on its
-ROMFS (the memory-mapped flash rate), and a whole greedy token of each model the board holds that fits its
-heap. The host divides each time by the work host/projection/costmodel.py counts for the same call, giving
+ROMFS (the memory-mapped flash rate), and a whole greedy token of the model the board's node runs (its
+specmesh.json's: the target on a verifier, a drafter on a drafter board) where it fits the heap. The host divides each time by the work host/projection/costmodel.py counts for the same call, giving
 seconds per unit for each term. The interpreted calls between kernels (`engine`) are timed on their own:
 the same token again with the engine's kernels swapped for viper functions of the same signatures that
 return at once. So every term is measured, and whole tokens and a 5-position verify are checks: measured

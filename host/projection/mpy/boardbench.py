@@ -1,7 +1,7 @@
 """`specmesh bench`'s board script (MicroPython code): times, on a board that holds the node, its own kernels
 on the target's shapes, a strided read of a large buffer (the PSRAM stream rate) and of a model on its ROMFS
-(the memory-mapped flash rate), and a whole greedy token of each model it holds that fits its heap, once
-through the real kernels and once through stubs that return at once (the engine's own interpreted work).
+(the memory-mapped flash rate), and a whole greedy token of the model its node runs (specmesh.json's) where it
+fits its heap, once through the real kernels and once through stubs that return at once (the engine's own interpreted work).
 
 host/projection/boardbench.py sends this file over the raw REPL with host/projection/mpy/timing.py's text in
 place of the `timing` import and a call of `main` appended, and reads the one JSON line it prints:
@@ -114,7 +114,14 @@ def time_memory(out, reps, stream, paths):
     """The stream rate of a large heap buffer, and of a model's ROMFS file when the board has one."""
     gc.collect()
     n = min(stream, gc.mem_free() // 4) // 32 * 32  # a quarter: the free heap is fragmented
-    big = bytearray(n)
+    big = None
+    while big is None:
+        try:
+            big = bytearray(n)
+        except MemoryError:  # no free block that long (a classic ESP32's heap after this script's code): half
+            if n < 4096:
+                raise
+            n = n // 64 * 32
     out['stream'] = [n, best(stride_read, (big, n), reps)]
     del big
     gc.collect()
@@ -127,14 +134,17 @@ def time_memory(out, reps, stream, paths):
             del mv
 
 
-def where(name):
-    # a model on the board's ROMFS (read in place from flash), else on its filesystem
-    for path in ('/rom/%s.spm' % name, 'models/%s.spm' % name):
-        try:
-            open(path).close()
-            return path
-        except OSError:
-            pass
+def models():
+    # {'drafter' or 'target': path} of the model the board's node runs, as specmesh.json names it: a classic
+    # ESP32's drafter is models/drafter-esp32.spm, a model on a ROMFS /rom/<its name>; {} for another role
+    try:
+        with open('specmesh.json') as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    name = {'drafter': 'drafter', 'verifier': 'target'}.get(cfg.get('role'))
+    model = cfg.get('model')
+    return {name: model} if name and isinstance(model, str) and model else {}
 
 
 def time_token(out, reps, name, path):
@@ -168,10 +178,9 @@ def main(reps, shapes, stream, theta):
     out = {}
     time_kernels(out, reps, shapes, theta)
     gc.collect()
-    paths = {name: where(name) for name in ('drafter', 'target')}
+    paths = models()
     time_memory(out, reps, stream, paths)
     for name, path in paths.items():
-        if path is not None:
-            time_token(out, reps, name, path)
-            gc.collect()
+        time_token(out, reps, name, path)
+        gc.collect()
     return json.dumps(out)
