@@ -106,6 +106,19 @@ def test_bench_measures_every_term_and_run_projects_with_it(board, models, tmp_p
     assert calibrated["plain_tokens_per_s"] > derived["plain_tokens_per_s"]
 
 
+@pytest.mark.parametrize("out", ["-", "/dev/stdout"])
+def test_a_calibration_to_stdout_is_its_json_alone(board, capfd, out):
+    """`specmesh bench --out -` wrote the calibration's JSON to stdout and its report after it, so `| jq` read "Extra
+    data"; the report now goes to stderr, as run's with --stats-json -."""
+    flash(board.port, "verifier", ROOT / "models" / TARGET_FILE, progress=False)  # as the test above left it
+    time.sleep(0.5)
+    capfd.readouterr()
+    assert cli.main(["bench", "--port", board.port, "--out", out]) == 0
+    said = capfd.readouterr()
+    assert set(json.loads(said.out)["seconds_per_unit"]) >= {"matmul_1", "engine"}
+    assert "calibration of %s " % board.port in said.err and "target token: measured" in said.err
+
+
 def test_bench_of_a_classic_esp32_drafter_board_times_its_drafter(tmp_path, capsys):
     """The board script timed a whole token only of models/drafter.spm or target.spm (or /rom/ ones): on a classic
     ESP32 drafter board, which runs models/drafter-esp32.spm, it timed no token and no `engine` rate, said nothing,

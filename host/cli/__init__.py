@@ -143,7 +143,9 @@ def _bench(args) -> int:
     except OSError as e:
         print(f"specmesh bench: error: cannot write {args.out}: {e.strerror}", file=sys.stderr)
         return 1
-    print("\n".join(report(result, args.out)))
+    # `--out -` (or /dev/stdout): stdout holds the calibration's JSON alone (for a pipe to jq), as run's --stats-json -
+    alone = args.out == atomic.STDOUT or atomic.descriptor(args.out) == 1
+    print("\n".join(report(result, args.out)), file=sys.stderr if alone else sys.stdout)
     return 0
 
 
