@@ -89,7 +89,8 @@ $(BENCH_STAMP): $(STAMP)
 	$(PIP) -e '.[dev,bench]'
 	@touch $(BENCH_STAMP)
 
-# Tables and JSON on the terminal, PNG plots and runs/bench/report.md (matplotlib, the `bench` extra).
+# Tables on the terminal, the figures in runs/bench/figures.json, PNG plots and runs/bench/report.md (matplotlib, the
+# `bench` extra).
 # The native modules' objects are built first where all of make native's tools are here (the Xtensa and RV32 sections
 # print the counted inner loops from them, next to the executed figures); without one, a line names it and those
 # columns say why (make native's own line would go to /dev/null with its build's chatter).
