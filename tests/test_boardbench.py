@@ -142,6 +142,7 @@ def test_bench_of_a_classic_esp32_drafter_board_times_its_drafter(tmp_path, caps
     c = data["check"]["drafter token"]
     assert "drafter token: measured %.0f us, projected with these rates %.0f us" % (
         c["measured_us"], c["projected_us"]) in out
+    assert "term                 measured  derived esp32" in out  # the class's own rates (it said "derived S3")
 
 
 @pytest.mark.parametrize("content, message", [

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from specmesh.host.projection import costmodel as cm
 from specmesh.host.projection.calibration import write
+from specmesh.host.boardclasses import class_of
 from specmesh.host.bus import ports
 from specmesh.host.provision.flash import (FlashError, FlashRequestError, Lost, close, failed, leave_node, open_board,
                                            probe)
@@ -152,18 +153,21 @@ def bench(port: str, out: str, reps: int = 7, key: bytes | None = None) -> dict:
     board = {"machine": info.machine or info.platform, "platform": info.platform, "arch": info.arch,
              "micropython": ".".join(map(str, info.version[:3])), "port": port}
     write(out, board, s, measured, check)
-    return {"board": board, "seconds_per_unit": s, "measured": measured, "check": check}
+    return {"board": board, "seconds_per_unit": s, "measured": measured, "check": check,
+            "class": class_of(info.machine, info.mem_free).name}
 
 
 def report(result: dict, out: str) -> list[str]:
-    """Lines for the user: each term's rate next to the derived one, and the whole-token check."""
+    """Lines for the user: each term's rate next to the one derived for the board's class (0: a term the class does
+    not have, e.g. PSRAM on a classic ESP32), and the whole-token check."""
     from specmesh.host.projection.calibration import Rates
-    from specmesh.host.projection.hardware import ESP32S3
+    from specmesh.host.projection.hardware import BOARDS
 
-    derived = Rates.derived(ESP32S3).seconds
+    cls = result.get("class", "esp32s3")  # the board's class, whose derived rates the projection would use
+    derived = Rates.derived(BOARDS[cls]).seconds
     lines = ["calibration of %s (%s, MicroPython %s) written to %s" % (
         result["board"]["port"], result["board"]["machine"], result["board"]["micropython"], out),
-        "%-14s %14s %14s" % ("term", "measured", "derived S3")]
+        "%-14s %14s %14s" % ("term", "measured", "derived " + cls)]
     for t, v in result["seconds_per_unit"].items():
         unit = "s/insn" if t in cm.COMPUTE else "s/call" if t == "engine" else "s/byte"  # costmodel's units
         lines.append("%-14s %10.3g %-6s %10.3g" % (t, v, unit, derived[t]))
