@@ -2,6 +2,8 @@
 
 import errno
 import os
+import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -227,6 +229,32 @@ def test_emulate_command_serves_boards_until_ctrl_c_or_sigterm(tmp_path, stop):
         with pytest.raises(ProcessLookupError):
             os.kill(int(pid), 0)
     assert (tmp_path / "board0").is_dir() and (tmp_path / "board1").is_dir()
+
+
+def test_emulate_says_on_stderr_when_a_board_is_gone_for_good(tmp_path):
+    """A board whose VM died with its flash folder deleted cannot start again: the emulate said nothing (only the
+    board's own port did), kept running as if all were well and exited 0. Now: one line naming the board, its port
+    and what to do, the other boards kept, and status 1 when stopped."""
+    cmd = [sys.executable, "-m", "specmesh.host.cli", "emulate", "--boards", "2", "--dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        proc.stdout.readline()  # the summary line
+        port = proc.stdout.readline().split()[1]
+        proc.stdout.readline()
+        vms = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        board0 = [pid for pid in vms if os.readlink("/proc/%s/cwd" % pid) == str(tmp_path / "board0")]  # its flash
+        shutil.rmtree(tmp_path / "board0")
+        os.kill(int(board0[0]), signal.SIGKILL)
+        ready, _, _ = select.select([proc.stderr], [], [], 15)  # said within a poll of the emulate's (0.2 s)
+        line = proc.stderr.readline() if ready else "(nothing on stderr within 15 s)"
+        assert line == ("specmesh emulate: error: board0 on %s stopped: its flash folder %s is gone (deleted while the "
+                        "board ran?): run again, which flashes it afresh; the other boards run on (Ctrl-C stops them)\n"
+                        % (port, tmp_path / "board0")), line
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=15) == 1
+        assert proc.stdout.read().strip() == "stopped" and proc.stderr.read() == ""
+    finally:
+        proc.kill()
 
 
 def test_unread_output_does_not_stall_the_board(virtual_board):

@@ -324,6 +324,7 @@ def _emulate(args) -> int:
     _stop_on_ctrl_c()
     qemu = _qemu_board(args.board)
     name = args.board.partition(":")[2] or args.board
+    failed: set[str] = set()  # the boards that stopped for good, each said once (_say_failed)
     try:
         with Emulation(args.boards, name, args.dir, radio, flash_bytes, 0 if args.no_romfs else None, qemu) as emu:
             cls = board_class(name)
@@ -338,8 +339,10 @@ def _emulate(args) -> int:
                 print(f"{vb.name}  {vb.port}{mac}  flash {vb.flash_dir}", flush=True)
             while True:  # a timed wait: a signal may land on a board's pump thread, and an untimed wait
                 time.sleep(0.2)  # in the main thread would then never see the KeyboardInterrupt
+                _say_failed(emu.boards, failed)
     except KeyboardInterrupt:
         print("stopped")
+        return 1 if failed else 0
     except FolderInUse as e:  # found before any board started
         print(f"specmesh emulate: error: {e}: give this one another --dir", file=sys.stderr)
         return 2
@@ -350,6 +353,17 @@ def _emulate(args) -> int:
         print(f"specmesh emulate: error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _say_failed(boards, said: set[str]) -> None:
+    """One line on stderr for each board whose VM cannot run again (its flash folder deleted, a VM that keeps exiting
+    at start), once; `said` holds the names already told. Else only its own port said so, and a user watching the
+    emulate saw nothing while the board was gone for good."""
+    for vb in boards:
+        if vb.failed and vb.name not in said:
+            said.add(vb.name)
+            print("specmesh emulate: error: %s on %s stopped: %s; the other boards run on (Ctrl-C stops them)"
+                  % (vb.name, vb.port, vb.failed.removeprefix(vb.name + ": ")), file=sys.stderr, flush=True)
 
 
 def version() -> str:
