@@ -7,6 +7,10 @@ verifier's tokens.
 """
 
 import ast
+import os
+import shutil
+import signal
+import time
 
 import pytest
 
@@ -168,3 +172,22 @@ def test_stages_too_few_for_a_c6s_heap_say_what_to_choose_instead(tmp_path):
     assert "stage" in str(e.value) and "(esp32c6)" in str(e.value) and "heap" in str(e.value)
     assert str(e.value).endswith("; " + VIRTUAL_TOO_SMALL["stage"]) or str(e.value).endswith(": " + VIRTUAL_TOO_SMALL[
         "stage"])
+
+
+def test_a_c3_board_whose_flash_folder_is_deleted_as_it_runs_is_failed_with_one_line(tmp_path):
+    """QEMU killed after its folder went (rm -rf build/vboards): the board's restart read the folder's qemu.log and
+    died with a FileNotFoundError traceback in its thread, the board left neither running nor failed (so
+    `specmesh emulate` could not say so). Now it is failed with the unix-port board's line."""
+    from specmesh.host.emulator.qemu import QemuBoard
+
+    vb = QemuBoard(tmp_path / "c3", "esp32c3", name="c3").start()
+    try:
+        shutil.rmtree(vb.flash_dir)
+        os.kill(vb.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while vb.failed is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert vb.failed == ("c3: its flash folder %s is gone (deleted while the board ran?): run again, which flashes "
+                             "it afresh" % vb.flash_dir)
+    finally:
+        vb.stop()

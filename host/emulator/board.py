@@ -410,9 +410,8 @@ class VirtualBoard:
             )
         except OSError as e:
             os.close(ready_r)
-            raise BoardError("%s: its flash folder %s is gone (deleted while the board ran?): run again, which "
-                             "flashes it afresh" % (self.name, self.flash_dir)
-                             if not self.flash_dir.is_dir() else "%s: cannot start its VM: %s" % (self.name, e)) from None
+            raise (self._gone() if not self.flash_dir.is_dir() else
+                   BoardError("%s: cannot start its VM: %s" % (self.name, e))) from None
         finally:
             os.close(ready_w)
         with self._lock:
@@ -571,16 +570,25 @@ class VirtualBoard:
     def _reboot(self, code: int) -> None:
         """Start the VM again after it exited with `code`; a VM that cannot start leaves the board failed."""
         try:
-            if code == EXIT_SOFT_RAW:
-                self._spawn("raw")
-            elif code in (EXIT_SOFT, EXIT_HARD, -signal.SIGINT):
-                self._spawn("friendly")  # -SIGINT: Ctrl-C while kbd_intr was disabled: a reset
-            else:
-                self._to_host(f"\r\n[{self.name}: VM exited with code {code}; rebooting]\r\n".encode())
-                self._spawn("friendly")
+            self._start_again(code)
         except BoardError as e:
             self.failed = str(e)
             self._to_host(f"\r\n[{self.failed}]\r\n".encode())
+
+    def _start_again(self, code: int) -> None:
+        """The VM's next start after it exited with `code`; BoardError where it cannot start."""
+        if code == EXIT_SOFT_RAW:
+            self._spawn("raw")
+        elif code in (EXIT_SOFT, EXIT_HARD, -signal.SIGINT):
+            self._spawn("friendly")  # -SIGINT: Ctrl-C while kbd_intr was disabled: a reset
+        else:
+            self._to_host(f"\r\n[{self.name}: VM exited with code {code}; rebooting]\r\n".encode())
+            self._spawn("friendly")
+
+    def _gone(self) -> BoardError:
+        """The error of a board whose flash folder was removed under it (rm -rf build/vboards): no VM starts on it."""
+        return BoardError("%s: its flash folder %s is gone (deleted while the board ran?): run again, which flashes it "
+                          "afresh" % (self.name, self.flash_dir))
 
     def _to_host(self, data: bytes) -> None:
         """Write to the pty. Output no one reads for a second is dropped from then on (like a UART with

@@ -144,14 +144,15 @@ class QemuBoard(VirtualBoard):
         psram = self.board.psram_heap_bytes
         cmd = qemu_command(self.board.heap_bytes - psram + self.code_heap(), self.romfs_bytes, self.machine, psram,
                            mode == "raw")
-        if self.romfs_bytes:
-            _erased(self.romfs_path, self.romfs_bytes)
-        log = open(self.flash_dir / "qemu.log", "wb")  # QEMU's own messages, off the board's console
         try:
-            proc = popen_vm(cmd, stdin=self._stdin_r, stdout=subprocess.PIPE, stderr=log, cwd=self.flash_dir,
-                            start_new_session=True, bufsize=0)
-        finally:
-            log.close()
+            if self.romfs_bytes:
+                _erased(self.romfs_path, self.romfs_bytes)
+            with open(self.flash_dir / "qemu.log", "wb") as log:  # QEMU's own messages, off the board's console
+                proc = popen_vm(cmd, stdin=self._stdin_r, stdout=subprocess.PIPE, stderr=log, cwd=self.flash_dir,
+                                start_new_session=True, bufsize=0)
+        except OSError as e:  # its folder removed under the running board (rm -rf build/vboards), as the base's
+            raise (self._gone() if not self.flash_dir.is_dir() else
+                   BoardError("%s: cannot start its VM: %s" % (self.name, e))) from None
         with self._lock:
             self._proc = proc
             self._ready = True
@@ -168,12 +169,15 @@ class QemuBoard(VirtualBoard):
         # machine.reset() exits QEMU with 0 (semihosting); the Xtensa firmware's soft reset with a reboot code
         return code not in (0, EXIT_SOFT, EXIT_SOFT_RAW)
 
-    def _reboot(self, code: int) -> None:
+    def _start_again(self, code: int) -> None:
         if code == EXIT_SOFT_RAW:
             self._spawn("raw")
             return
         if self._crashed(code):
-            why = (self.flash_dir / "qemu.log").read_text(errors="replace").strip().splitlines()
+            try:
+                why = (self.flash_dir / "qemu.log").read_text(errors="replace").strip().splitlines()
+            except OSError:  # its folder removed meanwhile: _spawn says so
+                why = []
             self._to_host(f"\r\n[{self.name}: QEMU exited with code {code}: {why[-1] if why else '?'}; "
                           "rebooting]\r\n".encode())
         self._spawn("friendly")
