@@ -257,6 +257,22 @@ def test_emulate_says_on_stderr_when_a_board_is_gone_for_good(tmp_path):
         proc.kill()
 
 
+@pytest.mark.parametrize("in_the_way", ["board0", "board0.lock"])
+def test_emulate_dir_with_something_in_a_boards_way_is_one_line(tmp_path, in_the_way):
+    """A file where board0's flash folder goes, or a folder where its lock file goes, in --dir: the emulate said
+    "[Errno 17] File exists: ..." or "[Errno 21] Is a directory: ..." and no way on. Now: what is in the way, and
+    what to do, as a usage error (status 2), before any board starts."""
+    if in_the_way == "board0":
+        (tmp_path / in_the_way).write_text("")
+    else:
+        (tmp_path / in_the_way).mkdir()
+    done = subprocess.run([sys.executable, "-m", "specmesh.host.cli", "emulate", "--boards", "1", "--dir", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == ("specmesh emulate: error: %s is in the way of a board's flash folder or its lock: remove it, "
+                           "or give another --dir\n" % (tmp_path / in_the_way))
+
+
 def test_unread_output_does_not_stall_the_board(virtual_board):
     vb = virtual_board()
     (vb.flash_dir / "main.py").write_text(

@@ -1,6 +1,7 @@
 """The `specmesh` command line: parses arguments and dispatches to the host's subsystems."""
 
 import argparse
+import errno
 import os
 import re
 import shlex
@@ -349,7 +350,14 @@ def _emulate(args) -> int:
     except FlashResized as e:  # the same
         print(f"specmesh emulate: error: {e}", file=sys.stderr)
         return 2
-    except (BoardError, OSError) as e:
+    except OSError as e:
+        if e.errno in (errno.EEXIST, errno.EISDIR, errno.ENOTDIR) and e.filename:  # in --dir, before any board started
+            print(f"specmesh emulate: error: {e.filename} is in the way of a board's flash folder or its lock: "
+                  f"remove it, or give another --dir", file=sys.stderr)
+            return 2
+        print(f"specmesh emulate: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        return 1
+    except BoardError as e:
         print(f"specmesh emulate: error: {e}", file=sys.stderr)
         return 1
     return 0
