@@ -210,6 +210,20 @@ def test_chaos_refuses_too_few_tokens_for_a_profiles_event(monkeypatch, capsys):
         "and a round may commit 4 tokens), not 16\n")
 
 
+def test_a_profile_named_twice_runs_once(monkeypatch):
+    """`--profile lossy-serial --profile drafter-dies --profile lossy-serial` ran lossy-serial's boards twice (each
+    profile takes its minutes) and printed its rows twice; now each profile runs once, in the order first named."""
+    from specmesh.host import cli
+    from specmesh.host.cli import chaos
+
+    ran = []
+    monkeypatch.setattr(chaos, "run", lambda names, *a, **k: ran.append(names) or [])
+    monkeypatch.setattr(chaos, "print_table", lambda rows: None)
+    assert cli.main(["chaos", "--profile", "lossy-serial", "--profile", "drafter-dies", "--profile", "lossy-serial",
+                     "--tokens", "17"]) == 0
+    assert ran == [["lossy-serial", "drafter-dies"]]
+
+
 def test_chaos_says_each_case_as_it_starts_and_ends(monkeypatch):
     """`make chaos` runs for minutes: every case is announced, then its outcome (the boards stubbed out)."""
     from specmesh.host.cli import chaos

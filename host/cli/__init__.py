@@ -166,9 +166,10 @@ def _chaos(args) -> int:
     from specmesh.host.cli.chaos import GAMMA, PROFILES, print_table, run
     from specmesh.host.cli.ranges import RangeError, in_range
 
+    names = list(dict.fromkeys(args.profile or sorted(PROFILES)))  # a profile named twice runs once
     try:
         in_range("--tokens", args.tokens, 1, 200)
-        for name in args.profile or sorted(PROFILES):
+        for name in names:
             event = PROFILES[name].event  # at the end of its round: only a later round shows the recovery
             if event is not None:
                 in_range("--tokens", args.tokens, (GAMMA + 1) * event[2] + 1, 200,
@@ -178,7 +179,7 @@ def _chaos(args) -> int:
         print("specmesh chaos: error: %s" % e, file=sys.stderr)
         return 2
     try:
-        rows = run(args.profile or sorted(PROFILES), args.tokens,
+        rows = run(names, args.tokens,
                    say=lambda line: print("specmesh chaos: " + line, file=sys.stderr, flush=True))
     except BackendError as e:
         print("specmesh chaos: error: %s" % e, file=sys.stderr)
