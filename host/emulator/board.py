@@ -410,8 +410,7 @@ class VirtualBoard:
             )
         except OSError as e:
             os.close(ready_r)
-            raise (self._gone() if not self.flash_dir.is_dir() else
-                   BoardError("%s: cannot start its VM: %s" % (self.name, e))) from None
+            raise self._cannot_start(e) from None
         finally:
             os.close(ready_w)
         with self._lock:
@@ -585,8 +584,11 @@ class VirtualBoard:
             self._to_host(f"\r\n[{self.name}: VM exited with code {code}; rebooting]\r\n".encode())
             self._spawn("friendly")
 
-    def _gone(self) -> BoardError:
-        """The error of a board whose flash folder was removed under it (rm -rf build/vboards): no VM starts on it."""
+    def _cannot_start(self, e: OSError) -> BoardError:
+        """The error of a VM that could not start (`e`): most often its flash folder removed under the running board
+        (rm -rf build/vboards), where no VM starts again."""
+        if self.flash_dir.is_dir():
+            return BoardError("%s: cannot start its VM: %s" % (self.name, e))
         return BoardError("%s: its flash folder %s is gone (deleted while the board ran?): run again, which flashes it "
                           "afresh" % (self.name, self.flash_dir))
 

@@ -151,8 +151,7 @@ class QemuBoard(VirtualBoard):
                 proc = popen_vm(cmd, stdin=self._stdin_r, stdout=subprocess.PIPE, stderr=log, cwd=self.flash_dir,
                                 start_new_session=True, bufsize=0)
         except OSError as e:  # its folder removed under the running board (rm -rf build/vboards), as the base's
-            raise (self._gone() if not self.flash_dir.is_dir() else
-                   BoardError("%s: cannot start its VM: %s" % (self.name, e))) from None
+            raise self._cannot_start(e) from None
         with self._lock:
             self._proc = proc
             self._ready = True
