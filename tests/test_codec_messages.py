@@ -54,6 +54,23 @@ def test_hello_ends_with_the_models_crc_and_an_older_firmwares_without_it_reads_
             m.unpack_hello(body[:-cut])
 
 
+def test_more_than_63_drafts_are_refused_by_both_packers():
+    """The count byte holds 63 drafts (its top bits are the body's kind): pack_draft and pack_held_draft, greedy
+    or with tables, refuse a 64th with the same error; 63 pack to the same bytes."""
+    for n in (63, 64):
+        greedy = [(7, [7], [m.ONE])] * n
+        sparse = [(7, [7, 9], [m.ONE - 1, 1])] * n
+        tables = [m.pack_table(7, [7, 9], [m.ONE - 1, 1])] * n
+        cases = ((greedy, [None] * n), (sparse, tables))
+        for entries, held in cases:
+            if n == 63:
+                assert m.pack_held_draft(3, [7] * n, held) == m.pack_draft(3, entries)
+                continue
+            for pack in (lambda: m.pack_draft(3, entries), lambda: m.pack_held_draft(3, [7] * n, held)):
+                with pytest.raises(ValueError, match="at most 63 drafts"):
+                    pack()
+
+
 def test_draft_wire_layout():
     # greedy drafts (q-hat: the token alone, weight ONE): tokens only
     body = m.pack_draft(3, [(42, [42], [1 << 16]), (300, [300], [1 << 16])])
