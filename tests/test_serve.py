@@ -218,6 +218,24 @@ def test_a_sampled_request_without_a_seed_draws_one_and_names_it(cpu):
     assert "x-specmesh-seed" not in greedy.headers and greedy.parse().model_extra["specmesh"]["seed"] is None
 
 
+def test_top_k_is_taken_as_the_mesh_takes_it(cpu):
+    """`top_k` (not OpenAI's, but vLLM's and llama.cpp's servers take it, and clients send it in `extra_body`) was a 400
+    "unsupported parameter 'top_k'", though the mesh samples under a top-k (`specmesh run --top-k`). A request's
+    `top_k` now gives the text the Python API gives under it, streamed or not; a bad one is a 400 naming it."""
+    url, mesh = cpu
+    c = client(url)
+    ask = {"model": "specmesh", "prompt": PROMPT, "max_tokens": 16, "temperature": 1.0, "seed": 5}
+    texts = {k: c.completions.create(**ask, extra_body={"top_k": k}).choices[0].text for k in (1, 3)}
+    assert texts == {k: mesh.generate(PROMPT, max_tokens=16, temperature=1.0, seed=5, top_k=k).text for k in (1, 3)}
+    assert texts[1] == mesh.generate(PROMPT, max_tokens=16).text != texts[3]  # top-1 samples the greedy text
+    chunks = c.completions.create(**ask, stream=True, extra_body={"top_k": 3})
+    assert "".join(ch.choices[0].text for ch in chunks) == texts[3]
+    for top_k, says in ((-1, "top_k must be in 0..65535 (0: off), not -1"), (2.5, "top_k must be an integer, not 2.5")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(**ask, extra_body={"top_k": top_k})
+        assert e.value.body["param"] == "top_k" and says in e.value.body["message"], e.value.body
+
+
 def test_a_stream_carries_usage_only_when_stream_options_ask_for_it(cpu):
     """Every stream's last choice chunk carried usage, and `stream_options` was ignored. OpenAI's streams carry
     none unless `stream_options: {"include_usage": true}`, and then in a chunk of its own after the last choice's,

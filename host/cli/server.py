@@ -4,10 +4,10 @@ Routes: `POST /v1/completions` and `POST /v1/chat/completions` (`stream: true` a
 body), `GET /v1/models` and `/v1/models/ID`, `GET /health` (a 503 saying why once the mesh can serve nothing: a
 pipeline's stage board stopped answering, `Mesh.failed`), and `/`, the live page (host/cli/page.html). The
 parameters that map are taken (`max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1, `stream_options`'s
-`include_usage`, with `stream` true; `user`, a string, is accepted and ignored); any other parameter set to something
-but its OpenAI default is a 400 naming it (the other route's text too: a chat's `prompt`, a completion's `messages`),
-as is a bad value or type. Where OpenAI's and `specmesh run`'s defaults differ, the mesh's are kept: greedy
-(`temperature` 0) and its `--max-tokens`.
+`include_usage`, with `stream` true; `top_k`, not OpenAI's, as vLLM's and llama.cpp's servers take it; `user`, a
+string, is accepted and ignored); any other parameter set to something but its OpenAI default is a 400 naming it
+(the other route's text too: a chat's `prompt`, a completion's `messages`), as is a bad value or type. Where
+OpenAI's and `specmesh run`'s defaults differ, the mesh's are kept: greedy (`temperature` 0) and its `--max-tokens`.
 A sampled request without a `seed` samples under a fresh one, as OpenAI's differ from one another; the header
 `x-specmesh-seed` (and the `specmesh` field) names the seed a sampled request ran under, which gives its text again,
 as `specmesh run --seed` does. A chat's messages are its turns, appended as typed (the stories model has no chat
@@ -46,8 +46,8 @@ from specmesh.host.cli.session import Completion, GenerationFailed, Mesh, Piece,
 from specmesh.host.decode.tokenizer import lone_surrogate
 
 MODEL_ID = "specmesh"
-TAKEN = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-         "stop", "n", "stream", "stream_options", "user"}
+TAKEN = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+         "seed", "stop", "n", "stream", "stream_options", "user"}
 ROUTE_OF = {"prompt": False, "messages": True}  # the text of a completion, of a chat (True): each route takes its own
 # OpenAI's defaults, accepted as such: null (not given), and the value that means the same (a chat's logprobs are
 # false, a completion's null; no tools, so none is chosen and none runs in parallel; text is the response format)
@@ -110,7 +110,7 @@ def sampling(body: dict, mesh: Mesh, fixed_seed: bool = False, chat: bool = Fals
         raise BadRequest("n must be 1: one choice per request", "n")
     out: dict[str, Any] = {}
     for key, kind in (("max_tokens", int), ("max_completion_tokens", int), ("seed", int), ("temperature", float),
-                      ("top_p", float)):
+                      ("top_p", float), ("top_k", int)):
         value = body.get(key)
         if value is None:
             continue
