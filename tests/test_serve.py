@@ -144,6 +144,28 @@ def test_openai_s_own_defaults_are_taken(boards):
     assert e.value.body["param"] == "logprobs", e.value.body
 
 
+def test_the_openai_client_s_other_chat_parameters_at_their_defaults_are_taken(cpu):
+    """A chat sent with `store: false`, `modalities: ["text"]`, `function_call: "none"`, `service_tier: "auto"`, a
+    `safety_identifier` (the openai client's parameters, at the values that ask for nothing specmesh lacks) was a 400
+    "unsupported parameter", which said nothing of what is taken; it now answers, and a parameter it does not take
+    is a 400 naming it and what is."""
+    c = client(cpu[0])
+    ask = {"model": "specmesh", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
+    chat = c.chat.completions.create(**ask, store=False, metadata={}, modalities=["text"], function_call="none",
+                                     functions=[], service_tier="auto", safety_identifier="alice", audio=None,
+                                     prediction=None, reasoning_effort=None, verbosity=None, web_search_options=None,
+                                     prompt_cache_key=None)
+    assert chat.choices[0].message.content and chat.usage.completion_tokens == 4
+    for kwargs, param, says in (({"store": True}, "store", "only its default, null or false"),
+                                ({"modalities": ["text", "audio"]}, "modalities", "only its default"),
+                                ({"safety_identifier": 5}, "safety_identifier", "which specmesh ignores), not 5"),
+                                ({"extra_body": {"min_p": 0.1}}, "min_p", "unsupported parameter 'min_p': specmesh "
+                                 "takes model, prompt (a chat: messages), max_tokens")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(**ask, **kwargs)
+        assert e.value.body["param"] == param and says in e.value.body["message"], e.value.body
+
+
 def test_the_openai_client_retrieves_the_model(boards):
     """`models.retrieve` got "no route GET /v1/models/specmesh"."""
     c = client(boards)

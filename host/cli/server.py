@@ -4,10 +4,11 @@ Routes: `POST /v1/completions` and `POST /v1/chat/completions` (`stream: true` a
 body), `GET /v1/models` and `/v1/models/ID`, `GET /health` (a 503 saying why once the mesh can serve nothing: a
 pipeline's stage board stopped answering, `Mesh.failed`), and `/`, the live page (host/cli/page.html). The
 parameters that map are taken (`max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1, `stream_options`'s
-`include_usage`, with `stream` true; `top_k`, not OpenAI's, as vLLM's and llama.cpp's servers take it; `user`, a
-string, is accepted and ignored); any other parameter set to something but its OpenAI default is a 400 naming it
-(the other route's text too: a chat's `prompt`, a completion's `messages`), as is a bad value or type. Where
-OpenAI's and `specmesh run`'s defaults differ, the mesh's are kept: greedy (`temperature` 0) and its `--max-tokens`.
+`include_usage`, with `stream` true; `top_k`, not OpenAI's, as vLLM's and llama.cpp's servers take it; `user` and
+`safety_identifier`, strings, are accepted and ignored); any other parameter set to something but its OpenAI
+default is a 400 naming it and what is taken (the other route's text too: a chat's `prompt`, a completion's
+`messages`), as is a bad value or type. Where OpenAI's and `specmesh run`'s defaults differ, the mesh's are kept:
+greedy (`temperature` 0) and its `--max-tokens`.
 A sampled request without a `seed` samples under a fresh one, as OpenAI's differ from one another; the header
 `x-specmesh-seed` (and the `specmesh` field) names the seed a sampled request ran under, which gives its text again,
 as `specmesh run --seed` does. A chat's messages are its turns, appended as typed (the stories model has no chat
@@ -47,14 +48,23 @@ from specmesh.host.decode.tokenizer import lone_surrogate
 
 MODEL_ID = "specmesh"
 TAKEN = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-         "seed", "stop", "n", "stream", "stream_options", "user"}
+         "seed", "stop", "n", "stream", "stream_options", "user", "safety_identifier"}
+# what an unknown parameter's error says is taken instead
+SUPPORTED = ("specmesh takes model, prompt (a chat: messages), max_tokens (or max_completion_tokens), temperature, "
+             "top_p, top_k, seed, stop, n (1), stream, stream_options and user; OpenAI's others only at their defaults")
 ROUTE_OF = {"prompt": False, "messages": True}  # the text of a completion, of a chat (True): each route takes its own
 # OpenAI's defaults, accepted as such: null (not given), and the value that means the same (a chat's logprobs are
-# false, a completion's null; no tools, so none is chosen and none runs in parallel; text is the response format)
+# false, a completion's null; no tools or functions, so none is chosen and none runs in parallel; text is the response
+# format and the one modality; nothing is stored, so there is no metadata to store with it; any service tier serves
+# the same text)
 DEFAULTS = {"echo": (False,), "logprobs": (None, False), "top_logprobs": (None,), "best_of": (1,),
             "presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": (None, {}), "suffix": (None,),
             "tools": (None, []), "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
-            "parallel_tool_calls": (None, True)}
+            "parallel_tool_calls": (None, True), "functions": (None, []), "function_call": (None, "none"),
+            "modalities": (None, ["text"]), "audio": (None,), "store": (None, False), "metadata": (None, {}),
+            "service_tier": (None, "auto", "default"), "prediction": (None,), "reasoning_effort": (None,),
+            "verbosity": (None,), "web_search_options": (None,), "moderation": (None,), "prompt_cache_key": (None,),
+            "prompt_cache_retention": (None,), "prompt_cache_options": (None,)}
 MAX_BODY = 1 << 20
 RESTART = "every request fails so: start specmesh serve again once the board is back"  # a mesh that failed for good
 UNSERVED = "the server stopped before this request's turn came (nothing was generated): send it again once it is back"
@@ -96,11 +106,12 @@ def sampling(body: dict, mesh: Mesh, fixed_seed: bool = False, chat: bool = Fals
         if key in TAKEN:
             continue
         if key not in DEFAULTS:
-            raise BadRequest("unsupported parameter %r" % key, key)
+            raise BadRequest("unsupported parameter %r: %s" % (_shown(key), SUPPORTED), key)
         if not any(value == d and isinstance(value, bool) == isinstance(d, bool) for d in DEFAULTS[key]):
             raise BadRequest("parameter %r is not supported by specmesh (only its default, %s)"
                              % (key, " or ".join(json.dumps(d) for d in DEFAULTS[key])), key)
-    for key, what in (("model", "a string"), ("user", "a string (an id of the end user, which specmesh ignores)")):
+    for key, what in (("model", "a string"), ("user", "a string (an id of the end user, which specmesh ignores)"),
+                      ("safety_identifier", "a string (an id of the end user, which specmesh ignores)")):
         if body.get(key) is not None and not isinstance(body[key], str):
             raise BadRequest("%s must be %s, not %s" % (key, what, _shown(json.dumps(body[key]))), key)
     if body.get("model") not in (None, MODEL_ID):
