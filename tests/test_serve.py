@@ -166,6 +166,27 @@ def test_the_openai_client_s_other_chat_parameters_at_their_defaults_are_taken(c
         assert e.value.body["param"] == param and says in e.value.body["message"], e.value.body
 
 
+def test_a_message_holding_what_the_model_cannot_read_is_refused(cpu):
+    """An image, audio or file among a message's content parts, or an assistant's tool calls, was dropped without a
+    word, and the reply answered the text alone, as if the client had sent no picture. Each is now a 400 naming the
+    messages and saying why; a message sent back as the client got it (null tool calls, refusal, audio) is taken."""
+    c = client(cpu[0])
+    picture = {"type": "image_url", "image_url": {"url": "http://127.0.0.1/cat.png"}}
+    called = {"role": "assistant", "content": "The cat", "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "look", "arguments": "{}"}}]}
+    for messages, says in (([{"role": "user", "content": [{"type": "text", "text": PROMPT}, picture]}],
+                            "content part of type 'image_url' is not supported: specmesh's models read text only"),
+                           ([{"role": "user", "content": PROMPT}, called], "tool_calls is not supported")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="specmesh", messages=messages, max_tokens=4)
+        assert e.value.body["param"] == "messages" and says in e.value.body["message"], e.value.body
+    sent_back = {"role": "assistant", "content": "The cat", "refusal": None, "tool_calls": None, "audio": None,
+                 "function_call": None}
+    chat = c.chat.completions.create(model="specmesh", messages=[{"role": "user", "content": PROMPT}, sent_back],
+                                     max_tokens=4)
+    assert chat.usage.completion_tokens == 4
+
+
 def test_the_openai_client_retrieves_the_model(boards):
     """`models.retrieve` got "no route GET /v1/models/specmesh"."""
     c = client(boards)

@@ -223,22 +223,42 @@ def chat_prompt(body: dict, mesh: Mesh) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", "messages")
-    turns = []
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list):  # content parts: their text
-            texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-            content = "".join(texts) if all(isinstance(t, str) for t in texts) else None
-        if not isinstance(content, str) or m.get("role") not in ("system", "developer", "user", "assistant"):
-            raise BadRequest("each message needs a role (system, user, assistant) and text content", "messages")
-        if m.get("name") is not None and not isinstance(m["name"], str):  # (taken, and ignored, as `user` is)
-            raise BadRequest("a message's name must be a string, not %s" % _shown(json.dumps(m["name"])), "messages")
-        if content:
-            turns.append(content)
+    turns = [text for text in map(message_text, messages) if text]
     if not turns:
         raise BadRequest("the messages hold no text", "messages")
     fits_context(turns, mesh, "messages")
     return mesh.encode_turns(turns)
+
+
+# what a message may carry besides its text that specmesh cannot take (each null or empty is taken: a client sending
+# back a reply's message object sends them so), and why
+UNREAD = {"tool_calls": "specmesh calls no tools", "function_call": "specmesh calls no functions",
+          "audio": "specmesh's models read and write text only"}
+
+
+def message_text(m: object) -> str:
+    """A chat message's text: its content, or the text of its content parts; BadRequest for a message that is not
+    one, or that carries what the model cannot read (a part that is an image, audio or a file; a tool's call), which
+    dropped unread would answer what the client did not ask."""
+    content = m.get("content") if isinstance(m, dict) else None
+    if isinstance(content, list):  # content parts, each of type text
+        kinds = [p.get("type") if isinstance(p, dict) else None for p in content]
+        other = next((k for k in kinds if isinstance(k, str) and k != "text"), None)
+        if other is not None:
+            raise BadRequest("a message's content part of type %r is not supported: specmesh's models read text only "
+                             "(send parts of type text)" % _shown(other), "messages")
+        texts = [p.get("text") if kind == "text" else None for p, kind in zip(content, kinds)]  # (untyped: refused)
+        content = "".join(texts) if all(isinstance(t, str) for t in texts) else None
+    if not isinstance(m, dict) or not isinstance(content, str) or m.get("role") not in (
+            "system", "developer", "user", "assistant"):
+        raise BadRequest("each message needs a role (system, user, assistant) and text content", "messages")
+    if m.get("name") is not None and not isinstance(m["name"], str):  # (taken, and ignored, as `user` is)
+        raise BadRequest("a message's name must be a string, not %s" % _shown(json.dumps(m["name"])), "messages")
+    for key, why in UNREAD.items():
+        if m.get(key) not in (None, []):
+            raise BadRequest("a message's %s is not supported: %s (send the messages' text alone)" % (key, why),
+                             "messages")
+    return content
 
 
 def figures(done: Completion) -> dict:
