@@ -70,3 +70,37 @@ def test_an_engine_process_that_dies_mid_run_leaves_the_numpy_engine_to_go_on():
         again = mesh.generate("Once upon a time", max_tokens=40)
         assert again.token_ids == alone.token_ids and not again.stats["failovers"]
         assert all(isinstance(b.stream.engine, Engine) for b in (lane.drafter, lane.verifier))
+
+
+class _Interrupted:
+    """An engine process's stdout whose next read is broken into by Ctrl-C: the request was sent, its reply not read."""
+
+    def __init__(self, stdout):
+        self.stdout, self.armed = stdout, True
+
+    def read(self, n):
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+        return self.stdout.read(n)
+
+    def close(self):
+        self.stdout.close()
+
+
+@pytest.mark.parametrize("role", ["drafter", "verifier"])
+def test_a_generation_broken_into_by_ctrl_c_leaves_the_next_one_s_text_right(role):
+    """Ctrl-C in a Python API caller while an engine process computed a reply (a KeyboardInterrupt out of generate)
+    left that reply in the pipe: each later forward read the one before it's rows, and every later generation of the
+    mesh gave wrong text without a word. The process is now ended there and started again at the next forward, fed
+    the cached tokens: the next generation's text is the one it gives alone, on the board's engine still."""
+    with Mesh(drafter="cpu", verifier="cpu") as mesh:
+        alone = mesh.generate("Once upon a time", max_tokens=40)
+        stream = getattr(mesh._lanes[0], role).stream
+        proc = stream.engine._proc
+        proc.stdout = _Interrupted(proc.stdout)
+        with pytest.raises(KeyboardInterrupt):
+            mesh.generate("Once upon a time", max_tokens=40)
+        again = mesh.generate("Once upon a time", max_tokens=40)
+        assert again.token_ids == alone.token_ids and not again.stats["failovers"]
+        assert isinstance(stream.engine, PipeEngine) and stream.engine._proc is not proc

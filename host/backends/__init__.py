@@ -215,7 +215,8 @@ class EngineStream:
     def __init__(self, path, engine=None):
         """`engine`: anything with Engine's `header`, `forward(tokens, start_pos)`, `rollback(n)` (torch, a
         Batcher's stream), closed by its owner; None: this stream's own, closed by `close`. Should its own
-        engine's process end, the numpy engine takes over, fed the cached tokens again: the run goes on."""
+        engine's process end, the numpy engine takes over, fed the cached tokens again: the run goes on (one ended
+        because a forward was broken into, by Ctrl-C, is started again instead: nothing is wrong with it)."""
         from specmesh.host.backends.pipeengine import PipeEngine
 
         self.path = path
@@ -254,14 +255,16 @@ class EngineStream:
 
     def feed(self, tokens: Sequence[int]):
         """Logits [len(tokens), vocab] of tokens appended after the cached ones."""
-        from specmesh.host.backends.pipeengine import EngineGone
+        from specmesh.host.backends.pipeengine import EngineGone, PipeEngine
 
         t0 = time.perf_counter()
         try:
             logits = self.engine.forward(tokens, len(self.cached))
         except EngineGone:
+            again = self._own is not None and self._own.interrupted
             self.close()
-            self.engine, self._own = self._numpy(), None
+            self._own = PipeEngine.start(self.path) if again else None
+            self.engine = self._own or self._numpy()
             if self.cached:
                 self.engine.forward(self.cached, 0)
             logits = self.engine.forward(tokens, len(self.cached))

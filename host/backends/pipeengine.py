@@ -29,7 +29,8 @@ KMAX = 8  # positions per pass in the process (its buffers); a longer forward is
 
 
 class EngineGone(RuntimeError):
-    """The engine's process ended (killed, or out of memory): its cache is lost."""
+    """The engine's process ended (killed, or out of memory; or ended here, its exchange interrupted): its cache is
+    lost."""
 
 
 class PipeEngine:
@@ -40,6 +41,7 @@ class PipeEngine:
             self.header = parse_header(f.read(HEADER_SIZE))
         self._proc, self.vocab = proc, self.header.vocab
         self.length = 0
+        self.interrupted = False  # a forward was broken into (Ctrl-C): its process was ended, nothing wrong with it
 
     @classmethod
     def start(cls, path: str | os.PathLike) -> PipeEngine | None:
@@ -84,6 +86,13 @@ class PipeEngine:
             data = self._proc.stdout.read(want)
         except (BrokenPipeError, ValueError):
             data = b""
+        except BaseException:
+            # Ctrl-C (a KeyboardInterrupt in the Python API's caller) mid-exchange: the request may be half sent, its
+            # reply unread or half read, and the next forward would read this one's rows as its own, wrong text
+            # without a word. The process ends here, so that the next forward is EngineGone.
+            self.interrupted = True
+            _stop(self._proc, wait_s=0)
+            raise
         if len(data) != want:
             raise EngineGone("the engine process ended (status %s)" % self._proc.poll())
         self.length = p0 + len(ids)
@@ -100,12 +109,12 @@ class PipeEngine:
         _stop(self._proc)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """End the process: its stdin closed, it returns (killed if it does not)."""
+def _stop(proc: subprocess.Popen, wait_s: float = 2) -> None:
+    """End the process: its stdin closed, it returns (killed if it has not within `wait_s` seconds)."""
     try:
         if proc.stdin is not None:
             proc.stdin.close()
-        proc.wait(timeout=2)
+        proc.wait(timeout=wait_s)
     except (OSError, subprocess.TimeoutExpired):
         proc.kill()
         proc.wait()
