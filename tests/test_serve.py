@@ -121,7 +121,7 @@ def test_what_does_not_map_is_a_4xx_naming_it(boards):
     assert e.value.code == 405 and e.value.headers["Allow"] == "POST"
     with pytest.raises(urllib.error.HTTPError) as e:  # a long path is not echoed back whole
         urllib.request.urlopen(boards + "/" + "x" * 10_000, timeout=60)
-    assert e.value.code == 404 and len(json.load(e.value)["error"]["message"]) < 120
+    assert e.value.code == 404 and "x" * 81 not in json.load(e.value)["error"]["message"]
     for body, param, says in (({"prompt": PROMPT, "stop": "\ud83d"}, "stop", "lone surrogate"),
                               ({"prompt": [[1, 2]]}, "prompt", "or a list of token ids")):
         ask = urllib.request.Request(boards + "/v1/completions", json.dumps(body).encode())
@@ -185,6 +185,25 @@ def test_a_message_holding_what_the_model_cannot_read_is_refused(cpu):
     chat = c.chat.completions.create(model="specmesh", messages=[{"role": "user", "content": PROMPT}, sent_back],
                                      max_tokens=4)
     assert chat.usage.completion_tokens == 4
+
+
+def test_a_path_with_a_slash_too_many_or_none_of_the_routes_is_a_404_naming_them(cpu):
+    """A request to /v1/completions/ (a slash too many) was a 307 with no body: `curl -d ...` printed nothing and
+    exited 0, and urllib raised an error with nothing to read. A path that is no route's said "no route" and no more.
+    Each is now a 404 in OpenAI's error shape naming the routes there are."""
+    import urllib.error
+
+    from specmesh.host.cli.server import ROUTES
+
+    for path, body in (("/v1/completions/", {"prompt": PROMPT, "max_tokens": 4}),
+                       ("/v1/chat/completions/", {"messages": [{"role": "user", "content": PROMPT}]}), ("/v1", None)):
+        ask = urllib.request.Request(cpu[0] + path, None if body is None else json.dumps(body).encode())
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(ask, timeout=60)
+        error = json.load(e.value)["error"]
+        method = "GET" if body is None else "POST"
+        assert e.value.code == 404 and error["message"] == "no route %s %s: %s" % (method, path, ROUTES), error
+    assert "POST /v1/completions, POST /v1/chat/completions" in ROUTES
 
 
 def test_the_openai_client_retrieves_the_model(boards):

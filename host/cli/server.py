@@ -2,7 +2,8 @@
 
 Routes: `POST /v1/completions` and `POST /v1/chat/completions` (`stream: true` as server-sent events, else one JSON
 body), `GET /v1/models` and `/v1/models/ID`, `GET /health` (a 503 saying why once the mesh can serve nothing: a
-pipeline's stage board stopped answering, `Mesh.failed`), and `/`, the live page (host/cli/page.html). The
+pipeline's stage board stopped answering, `Mesh.failed`), and `/`, the live page (host/cli/page.html); any other
+path, a slash too many included, is a 404 naming them, a method a route does not take a 405. The
 parameters that map are taken (`max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1, `stream_options`'s
 `include_usage`, with `stream` true; `top_k`, not OpenAI's, as vLLM's and llama.cpp's servers take it; `user` and
 `safety_identifier`, strings, are accepted and ignored); any other parameter set to something but its OpenAI
@@ -66,6 +67,8 @@ DEFAULTS = {"echo": (False,), "logprobs": (None, False), "top_logprobs": (None,)
             "verbosity": (None,), "web_search_options": (None,), "moderation": (None,), "prompt_cache_key": (None,),
             "prompt_cache_retention": (None,), "prompt_cache_options": (None,)}
 MAX_BODY = 1 << 20
+ROUTES = ("the API's routes are POST /v1/completions, POST /v1/chat/completions, GET /v1/models and /health, and GET / "
+          "the live page")  # what a 404 says, in step with app()'s routes
 RESTART = "every request fails so: start specmesh serve again once the board is back"  # a mesh that failed for good
 UNSERVED = "the server stopped before this request's turn came (nothing was generated): send it again once it is back"
 # OpenAI's finish_reason of each way a generation ends; one cut by the server's stop is "length" (its text was cut
@@ -517,7 +520,7 @@ def app(mesh: Mesh, threads: ThreadPoolExecutor, fixed_seed: bool = False) -> St
     api = Api(mesh, threads, fixed_seed)
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return error(404, "no route %s %s" % (request.method, _shown(request.url.path)))
+        return error(404, "no route %s %s: %s" % (request.method, _shown(request.url.path), ROUTES))
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
         reply = error(405, "%s is not allowed on %s" % (request.method, _shown(request.url.path)))
@@ -532,5 +535,8 @@ def app(mesh: Mesh, threads: ThreadPoolExecutor, fixed_seed: bool = False) -> St
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
     ], exception_handlers={404: not_found, 405: not_allowed})
+    # a path with a slash too many (/v1/completions/) is a 404 naming the routes, not Starlette's 307 without a body to
+    # the route: curl prints nothing for that, and a client that does not follow a POST's redirect has no reply to read
+    served.router.redirect_slashes = False
     served.state.stop = api.stop  # for the server's signal handler (host/cli/serve.py)
     return served
