@@ -206,6 +206,22 @@ def test_a_path_with_a_slash_too_many_or_none_of_the_routes_is_a_404_naming_them
     assert "POST /v1/completions, POST /v1/chat/completions" in ROUTES
 
 
+def test_a_compressed_body_is_a_415_saying_to_send_it_uncompressed(cpu):
+    """A body sent gzip-compressed (Content-Encoding: gzip) was "the body must be JSON", which it was: the client was
+    told to mend what was not broken. It is now a 415 saying to send the JSON uncompressed."""
+    import gzip
+    import urllib.error
+
+    body = gzip.compress(json.dumps({"prompt": PROMPT, "max_tokens": 4}).encode())
+    ask = urllib.request.Request(cpu[0] + "/v1/completions", body, {"Content-Encoding": "gzip"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(ask, timeout=60)
+    assert e.value.code == 415 and json.load(e.value)["error"]["message"] == (
+        "the body's Content-Encoding gzip is not taken: send the JSON uncompressed")
+    plain = urllib.request.Request(cpu[0] + "/v1/completions", gzip.decompress(body), {"Content-Encoding": "identity"})
+    assert json.load(urllib.request.urlopen(plain, timeout=60))["usage"]["completion_tokens"] == 4
+
+
 def test_the_openai_client_retrieves_the_model(boards):
     """`models.retrieve` got "no route GET /v1/models/specmesh"."""
     c = client(boards)

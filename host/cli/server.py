@@ -437,7 +437,12 @@ class Api:
 
 async def body_of(request: Request) -> bytes:
     """The request's body, read up to MAX_BODY bytes (BadRequest 413 beyond: any prompt the context holds is a
-    few kilobytes, and a body is held whole in memory to be parsed)."""
+    few kilobytes, and a body is held whole in memory to be parsed); a compressed one is a 415 (not read: its JSON,
+    compressed, was "the body must be JSON")."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":
+        raise BadRequest("the body's Content-Encoding %s is not taken: send the JSON uncompressed" % _shown(encoding),
+                         status=415)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
