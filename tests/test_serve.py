@@ -144,6 +144,22 @@ def test_openai_s_own_defaults_are_taken(boards):
     assert e.value.body["param"] == "logprobs", e.value.body
 
 
+def test_null_is_taken_as_not_given_for_each_openai_parameter(cpu):
+    """`presence_penalty`, `frequency_penalty`, `best_of` and `echo` sent as null (what the openai client sends for a
+    keyword given as None, as code passing its optional settings on does) were a 400 "not supported by specmesh (only
+    its default, 0)": OpenAI's API takes null as not given for each, as specmesh did for the others."""
+    c = client(cpu[0])
+    nulls = {"presence_penalty": None, "frequency_penalty": None, "best_of": None, "echo": None}
+    done = c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=4, **nulls)
+    assert done.usage.completion_tokens == 4
+    chat = c.chat.completions.create(model="specmesh", messages=[{"role": "user", "content": PROMPT}], max_tokens=4,
+                                     presence_penalty=None, frequency_penalty=None)
+    assert chat.usage.completion_tokens == 4
+    with pytest.raises(openai.BadRequestError) as e:  # what is not the default is still refused
+        c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=4, echo=True)
+    assert e.value.body["param"] == "echo" and "only its default, null or false" in e.value.body["message"]
+
+
 def test_the_openai_client_s_other_chat_parameters_at_their_defaults_are_taken(cpu):
     """A chat sent with `store: false`, `modalities: ["text"]`, `function_call: "none"`, `service_tier: "auto"`, a
     `safety_identifier` (the openai client's parameters, at the values that ask for nothing specmesh lacks) was a 400

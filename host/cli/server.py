@@ -58,8 +58,8 @@ ROUTE_OF = {"prompt": False, "messages": True}  # the text of a completion, of a
 # false, a completion's null; no tools or functions, so none is chosen and none runs in parallel; text is the response
 # format and the one modality; nothing is stored, so there is no metadata to store with it; any service tier serves
 # the same text)
-DEFAULTS = {"echo": (False,), "logprobs": (None, False), "top_logprobs": (None,), "best_of": (1,),
-            "presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": (None, {}), "suffix": (None,),
+DEFAULTS = {"echo": (None, False), "logprobs": (None, False), "top_logprobs": (None,), "best_of": (None, 1),
+            "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}), "suffix": (None,),
             "tools": (None, []), "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
             "parallel_tool_calls": (None, True), "functions": (None, []), "function_call": (None, "none"),
             "modalities": (None, ["text"]), "audio": (None,), "store": (None, False), "metadata": (None, {}),
