@@ -437,8 +437,8 @@ class Api:
 
 async def body_of(request: Request) -> bytes:
     """The request's body, read up to MAX_BODY bytes (BadRequest 413 beyond: any prompt the context holds is a
-    few kilobytes, and a body is held whole in memory to be parsed); a compressed one is a 415 (not read: its JSON,
-    compressed, was "the body must be JSON")."""
+    few kilobytes, and a body is held whole in memory to be parsed); a compressed one is a 415, unread: compressed
+    JSON is no JSON to the parser, and "the body must be JSON" would tell its client to mend what is not broken."""
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding != "identity":
         raise BadRequest("the body's Content-Encoding %s is not taken: send the JSON uncompressed" % _shown(encoding),
