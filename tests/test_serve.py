@@ -359,25 +359,44 @@ class Slow(backends.LocalVerifier):
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_a_client_killed_mid_generation_frees_its_lane_for_the_next_request(models, monkeypatch, stream):
+@pytest.mark.parametrize("half", [False, True])
+def test_a_client_killed_mid_generation_frees_its_lane_for_the_next_request(models, monkeypatch, caplog, stream, half):
+    """A client gone (its socket closed, or only its sending half: `half`) ends its generation after its round, and
+    the server logs nothing of it (uvicorn's loggers do not reach pytest's, and its Config sets their handlers, so a
+    handler of the test's, added once the server runs, hears them)."""
+    import logging
+
     monkeypatch.setitem(registry.VERIFIERS, "slow", Slow)
-    with Mesh(drafter="cpu", verifier="slow", models=models, gamma="0") as mesh, serving(mesh) as url:
-        assert mesh.streams == 1  # one lane: the next request waits for it
-        port = int(url.rsplit(":", 1)[1])
-        body = json.dumps({"prompt": PROMPT, "max_tokens": 120, "stream": stream}).encode()
-        sock = socket.create_connection(("127.0.0.1", port))
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        got = b""
-        while stream and got.count(b"data: ") < 3:  # the stream is under way: its lane is taken
-            got += sock.recv(4096)
-        while not stream and mesh._free:  # the whole-body request has taken the lane
-            time.sleep(0.01)
-        sock.close()  # the client is killed
-        t0 = time.monotonic()
-        done = client(url).completions.create(model="specmesh", prompt="The cat", max_tokens=8)
-        took = time.monotonic() - t0
-        assert done.usage.completion_tokens == 8 and took < 2.0, took  # not the 6 s the killed stream had left
+    heard: list[logging.LogRecord] = []
+    hearing = logging.Handler(logging.WARNING)
+    hearing.emit = heard.append  # type: ignore[method-assign]
+    try:
+        with Mesh(drafter="cpu", verifier="slow", models=models, gamma="0") as mesh, serving(mesh) as url:
+            logging.getLogger("uvicorn").addHandler(hearing)
+            assert mesh.streams == 1  # one lane: the next request waits for it
+            port = int(url.rsplit(":", 1)[1])
+            body = json.dumps({"prompt": PROMPT, "max_tokens": 120, "stream": stream}).encode()
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            got = b""
+            while stream and got.count(b"data: ") < 3:  # the stream is under way: its lane is taken
+                got += sock.recv(4096)
+            while not stream and mesh._free:  # the whole-body request has taken the lane
+                time.sleep(0.01)
+            if half:
+                sock.shutdown(socket.SHUT_WR)
+            else:
+                sock.close()  # the client is killed
+            t0 = time.monotonic()
+            done = client(url).completions.create(model="specmesh", prompt="The cat", max_tokens=8)
+            took = time.monotonic() - t0
+            assert done.usage.completion_tokens == 8 and took < 2.0, took  # not the 6 s the killed stream had left
+            sock.close()
+    finally:
+        logging.getLogger("uvicorn").removeHandler(hearing)
+    said = [r.getMessage() for r in heard] + [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not said, said
 
 
 def test_serve_seed_flag_gives_every_unseeded_sampled_request_its_seed(models):
