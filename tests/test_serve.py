@@ -687,3 +687,49 @@ def test_a_served_pipeline_of_classic_stages_holds_their_context():
         with pytest.raises(openai.BadRequestError) as e:
             client(url).completions.create(model="specmesh", prompt=prompt, max_tokens=8)
         assert e.value.code == "context_length_exceeded" and "context holds 128" in e.value.message
+
+
+def test_a_lane_that_cannot_open_fails_its_generation_in_one_line(models, tmp_path):
+    """A mesh of host back-ends opens a lane as generations come at once; one whose model file was moved since the mesh
+    started raised a bare BackendError out of the Python API (not the GenerationFailed it documents), and serve
+    answered its request with a plain-text 500 "Internal Server Error" and a traceback in its log. The generation now
+    fails as one whose back-end failed: GenerationFailed, a 503 in OpenAI's error shape and one line in the log;
+    the lane open serves on."""
+    import logging
+    import shutil
+
+    folder = tmp_path / "models"
+    shutil.copytree(models, folder)
+    lines: list[str] = []
+    with Mesh(drafter="cpu", verifier="cpu", models=folder, streams=2, warn=lines.append) as mesh, \
+            serving(mesh) as url:
+        heard: list[logging.LogRecord] = []
+        hearing = logging.Handler(logging.WARNING)
+        hearing.emit = heard.append  # type: ignore[method-assign]
+        logging.getLogger("uvicorn").addHandler(hearing)
+        try:
+            (folder / "target.spm").unlink()
+            with mesh.lane():  # the one lane open, held: the next generation opens another
+                failed: list[BaseException] = []
+                thread = threading.Thread(target=lambda: failed.extend(_raised(mesh.generate, PROMPT, max_tokens=4)))
+                thread.start()
+                thread.join(60)
+                with pytest.raises(openai.InternalServerError) as e:
+                    client(url).completions.create(model="specmesh", prompt=PROMPT, max_tokens=4)
+            assert [type(f) for f in failed] == [specmesh.GenerationFailed], failed
+            assert str(failed[0]).startswith("cannot open another lane for a generation at once: cannot load model")
+            assert e.value.status_code == 503 and e.value.body["message"] == str(failed[0])
+            assert lines == ["a request failed: %s" % failed[0]]
+            assert client(url).completions.create(model="specmesh", prompt=PROMPT, max_tokens=4).usage.total_tokens
+        finally:
+            logging.getLogger("uvicorn").removeHandler(hearing)
+        assert not heard, [r.getMessage() for r in heard]
+
+
+def _raised(call, *args, **kwargs) -> list[BaseException]:
+    """The exception `call(*args, **kwargs)` raised, in a list (empty when it returned)."""
+    try:
+        call(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - handed to the test's thread, which checks it
+        return [e]
+    return []

@@ -744,6 +744,17 @@ class Mesh(contextlib.AbstractContextManager):
         with self._lock:
             return len(self._lanes) - len(self._free)
 
+    def _another_lane(self) -> Lane:
+        """(Under the lock.) A lane opened beside the busy ones; GenerationFailed when its back-ends cannot start (a
+        model file moved or changed since the first lane loaded it), which ends this generation as a failed back-end
+        would: the lanes open serve on."""
+        try:
+            return self._new_lane()
+        except (BackendError, ModelFileError, OSError) as e:
+            raise GenerationFailed("cannot open another lane for a generation at once: %s (the %d open go on; did a "
+                                   "model file change since the mesh started? put it back, or start the mesh again)"
+                                   % (one_line(e), len(self._lanes))) from None
+
     def _new_lane(self) -> Lane:
         batched = self.streams > 1
         verifier = self._setup.make("verifier", self.names["verifier"], batched)
@@ -804,7 +815,7 @@ class Mesh(contextlib.AbstractContextManager):
             if self._free and not self._waiting:
                 ticket.hand(self._free.popleft())
             elif len(self._lanes) < self.streams:
-                ticket.hand(self._new_lane())
+                ticket.hand(self._another_lane())
             else:
                 self._waiting.append(ticket)
         try:
