@@ -689,7 +689,7 @@ def test_a_served_pipeline_of_classic_stages_holds_their_context():
         assert e.value.code == "context_length_exceeded" and "context holds 128" in e.value.message
 
 
-def test_a_lane_that_cannot_open_fails_its_generation_in_one_line(models, tmp_path):
+def test_a_lane_that_cannot_open_fails_its_generation_in_one_line(models, tmp_path, monkeypatch):
     """A mesh of host back-ends opens a lane as generations come at once; one whose model file was moved since the mesh
     started raised a bare BackendError out of the Python API (not the GenerationFailed it documents), and serve
     answered its request with a plain-text 500 "Internal Server Error" and a traceback in its log. The generation now
@@ -698,6 +698,10 @@ def test_a_lane_that_cannot_open_fails_its_generation_in_one_line(models, tmp_pa
     import logging
     import shutil
 
+    from specmesh.host.cli import session
+
+    # each lane loads its model from its file (as where the engine process runs native kernels), not a Batcher's
+    monkeypatch.setattr(session.Setup, "_native", lambda self, kind: True)
     folder = tmp_path / "models"
     shutil.copytree(models, folder)
     lines: list[str] = []
