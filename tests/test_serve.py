@@ -238,6 +238,25 @@ def test_a_compressed_body_is_a_415_saying_to_send_it_uncompressed(cpu):
     assert json.load(urllib.request.urlopen(plain, timeout=60))["usage"]["completion_tokens"] == 4
 
 
+def test_a_body_that_is_not_json_is_a_400_saying_where(cpu):
+    """A body the JSON parser refused (single quotes, as a shell's `-d "{'prompt': ...}"` sends, a trailing comma,
+    form fields, nothing) was "the body must be JSON" alone, which left the client to find what is wrong with it. The
+    error now says what the parser expected and where; an empty body that it is empty; bytes no UTF is "in UTF-8"."""
+    import urllib.error
+
+    for body, says in ((b"{'prompt': 'The cat'}", "the body must be JSON: expecting property name enclosed in double "
+                                                  "quotes at line 1, column 2"),
+                       (b'{"prompt": "The cat",\n}', "the body must be JSON: expecting property name enclosed in "
+                                                     "double quotes at line 2, column 1"),
+                       (b"prompt=The+cat", "the body must be JSON: expecting value at line 1, column 1"),
+                       (b"", "the body is empty: send the request's parameters as a JSON object"),
+                       (b'{"prompt": "\xff"}', "the body must be JSON, in UTF-8")):
+        ask = urllib.request.Request(cpu[0] + "/v1/completions", body, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(ask, timeout=60)
+        assert e.value.code == 400 and json.load(e.value)["error"]["message"] == says, body
+
+
 def test_the_openai_client_retrieves_the_model(boards):
     """`models.retrieve` got "no route GET /v1/models/specmesh"."""
     c = client(boards)

@@ -342,8 +342,10 @@ class Api:
             return error(400, "the client left before its request's body was read")
         except asyncio.CancelledError:  # the server stopped while the client was still sending: its end, not a bug
             return error(503, "the server stopped before the request's body was read", kind="server_error")
-        except (ValueError, UnicodeDecodeError):
-            return error(400, "the body must be JSON")
+        except json.JSONDecodeError as e:
+            return error(400, not_json(e))
+        except ValueError:  # (UnicodeDecodeError among them) bytes no Unicode encoding of JSON holds
+            return error(400, "the body must be JSON, in UTF-8")
         except RecursionError:  # arrays or objects nested deeper than the parser's stack
             return error(400, "the body must be JSON nested less deeply")
         if not isinstance(body, dict):
@@ -451,6 +453,14 @@ async def body_of(request: Request) -> bytes:
                              status=413)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def not_json(e: json.JSONDecodeError) -> str:
+    """What a body the JSON parser refused lacks, and where: a client's usual slips (single quotes, a trailing comma,
+    form fields) are found at once from the line and column."""
+    if not e.doc.strip():
+        return "the body is empty: send the request's parameters as a JSON object"
+    return "the body must be JSON: %s at line %d, column %d" % (e.msg[:1].lower() + e.msg[1:], e.lineno, e.colno)
 
 
 def json_int(digits: str) -> int:
