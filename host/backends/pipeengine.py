@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,9 +38,14 @@ class PipeEngine:
     """One model's engine in a `micropython` process; one sequence."""
 
     def __init__(self, path: str | os.PathLike, proc: subprocess.Popen):
+        # the process ends with this object if not closed before: dropped unclosed (a Ctrl-C between its start and its
+        # owner keeping it), its Popen, which subprocess keeps to reap it, would hold its stdin open, and the process
+        # alive, as long as the host runs
+        self._end = weakref.finalize(self, _stop, proc)
+        self._proc = proc
         with open(path, "rb") as f:
             self.header = parse_header(f.read(HEADER_SIZE))
-        self._proc, self.vocab = proc, self.header.vocab
+        self.vocab = self.header.vocab
         self.length = 0
         self.interrupted = False  # a forward was broken into (Ctrl-C): its process was ended, nothing wrong with it
 
@@ -58,7 +64,12 @@ class PipeEngine:
         except OSError:
             return None
         assert proc.stdout is not None
-        if proc.stdout.readline() != b"native\n":  # the kernels it runs (nothing: the file did not load)
+        try:
+            ready = proc.stdout.readline() == b"native\n"  # the kernels it runs (nothing: the file did not load)
+        except BaseException:  # Ctrl-C while it loads
+            _stop(proc, wait_s=0)
+            raise
+        if not ready:
             _stop(proc)
             return None
         return cls(path, proc)
@@ -106,7 +117,7 @@ class PipeEngine:
         self.length = 0
 
     def close(self) -> None:
-        _stop(self._proc)
+        self._end()
 
 
 def _stop(proc: subprocess.Popen, wait_s: float = 2) -> None:
