@@ -500,7 +500,9 @@ class Node:
                 else:
                     bad += v
         st["dropped"] = dropped
-        return [(k, st[k] + (bad if k == "bad_frames" else 0)) for k in STAT_KEYS] + cpucount.pairs()
+        # a role's own pairs after the counters (a stage's layers: firmware/stage.py)
+        return [(k, st[k] + (bad if k == "bad_frames" else 0)) for k in STAT_KEYS] + cpucount.pairs() + getattr(
+            role, "pairs", [])
 
     def _configure(self, role_id, node_id, model):
         """Load the new role and model, save the config; the reply still comes from the old id."""

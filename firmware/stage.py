@@ -41,6 +41,8 @@ class Stage(Role):
     def __init__(self, engine, stats):
         Role.__init__(self, engine, stats)
         self.row = 4 * engine.header.dim  # bytes of one position's residual stream
+        # its layers [a, b) in STATS: the host learns a board's place in the pipeline from them
+        self.pairs = [("layer_a", engine.a), ("layer_b", engine.b)]
         # engine.x as bytes: activations are copied in and out without a conversion
         self.xb = uctypes.bytearray_at(uctypes.addressof(engine.x), engine.kmax * self.row)
         self.pk = bytearray(engine.kmax * rows.row_bytes(engine.header.dim, 4))  # packed reply rows

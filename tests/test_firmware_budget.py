@@ -35,7 +35,10 @@ def test_drafter_drafts_500_tokens_in_a_classic_esp32_heap(micropython, board, t
     puts them on a board with a ROMFS partition), its engine and the whole node in the heap."""
     rom = rom_image(Path(shipped_model("drafter")), tmp_path / "rom.img")
     code = code_heap(micropython, board)
-    assert 10_000 < code < 120_000
+    # a sanity bound on the measurement (the VM gets the ESP32's heap on top of it, so it is not the budget): the
+    # 64-bit port's code heap, with the board folder's path in its qstr pool (tens of bytes across pytest's temp
+    # folders); 120_000 until a stage reported its layers in STATS (32 bytes of node code: docs/pipeline.md)
+    assert 10_000 < code < 120_500
     node = NodeProc(micropython, board, {"role": "drafter", "model": "/rom/drafter.spm"}, heap=ESP32_HEAP + code,
                     flashed=True, rom=rom)
     node.rto = 5.0  # as the host does: a request the node had to drop (heap too fragmented) is sent again
