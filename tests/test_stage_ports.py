@@ -1,11 +1,23 @@
 """Real stage boards on serial ports (`specmesh run --verifier PORT1,PORT2,...`, host/provision/stageports.py).
 
 A stage node reports its layers [a, b) in STATS (firmware/stage.py), which is how the host learns each board's place
-in the pipeline.
+in the pipeline. The user's workflow, on virtual boards behind ptys as `specmesh emulate` starts them: `specmesh flash
+--role stage --layers A:B` on each, then `specmesh run --verifier PTY1,PTY2` gives plain decoding's greedy text; the
+ports out of layer order, a board that is no stage, stages that do not tile the target and flags that do not go with
+real stages are each one line.
 """
 
+import json
+
+import pytest
+
+from specmesh.host import cli
+from specmesh.host.backends import BackendError
+from specmesh.host.provision import stageports
 from specmesh.shared import messages as m
 from specmesh.tools.nodeproc import NodeProc, flash
+
+RUN = ["--drafter", "cpu", "-n", "16", "--temperature", "0", "--prompt", "Once upon a time"]
 
 
 def test_a_stage_node_reports_its_layers_in_stats(micropython, models, tmp_path):
@@ -20,3 +32,110 @@ def test_a_stage_node_reports_its_layers_in_stats(micropython, models, tmp_path)
         assert (stats["layer_a"], stats["layer_b"]) == (1, 2)
     finally:
         node.close()
+
+
+@pytest.fixture(scope="module")
+def stage_boards(models, tmp_path_factory):
+    """Two virtual classic ESP32s flashed as `specmesh flash` flashes them: the 2-layer test target's stages 0:1 and
+    1:2 (node ids 10, 11); their ports."""
+    from specmesh.host.emulator import VirtualBoard
+
+    root = tmp_path_factory.mktemp("stageboards")
+    boards = [VirtualBoard(root / ("vb%d" % i), "esp32", name="vb%d" % i) for i in range(2)]
+    try:
+        for i, vb in enumerate(boards):
+            vb.start()
+            assert cli.main(["flash", "--port", vb.port, "--role", "stage", "--layers", "%d:%d" % (i, i + 1),
+                             "--model", str(models / "target.spm"), "--node-id", str(10 + i)]) == 0
+        yield [vb.port for vb in boards]
+    finally:
+        for vb in boards:
+            vb.stop()
+
+
+def run(models, tmp_path, *argv) -> tuple[int, dict | None]:
+    path = tmp_path / "stats.json"
+    path.unlink(missing_ok=True)
+    rc = cli.main(["run", "--models", str(models), "--quiet", "--stats-json", str(path), *argv])
+    return rc, json.loads(path.read_text()) if rc == 0 else None
+
+
+def test_run_on_real_stage_boards_gives_plain_decodings_text(models, stage_boards, tmp_path, capsys):
+    rc, want = run(models, tmp_path, "--plain", "--verifier", "cpu", *RUN[2:])
+    assert rc == 0, capsys.readouterr().err
+    rc, got = run(models, tmp_path, "--verifier", ",".join(stage_boards), *RUN)
+    assert rc == 0, capsys.readouterr().err
+    assert got["text"] == want["text"] and got["tokens"] == 16
+    assert got["pipeline"]["layers"] == ["0:1", "1:2"]
+    assert [b["role"] for b in got["boards"] if b["role"] == "stage"] == ["stage", "stage"]
+
+
+def test_the_python_api_takes_the_same_stage_ports(models, stage_boards, tmp_path, capsys):
+    """`Mesh(verifier="PTY1,PTY2")` (serve's and chat's mesh): the same text, and the stage boards' context as its."""
+    from specmesh import Mesh
+
+    rc, want = run(models, tmp_path, "--plain", "--verifier", "cpu", *RUN[2:])
+    assert rc == 0, capsys.readouterr().err
+    with Mesh(drafter="cpu", verifier=",".join(stage_boards), models=str(models)) as mesh:
+        assert mesh.context == min(s.max_seq for s in mesh._lanes[0].verifier.stages)
+        assert mesh.generate("Once upon a time", max_tokens=16).text == want["text"]
+
+
+def test_stage_ports_out_of_layer_order_are_one_line_with_the_order(models, stage_boards, tmp_path, capsys):
+    rc, _ = run(models, tmp_path, "--verifier", ",".join(reversed(stage_boards)), *RUN)
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "not given in layer order" in err and "give --verifier %s" % ",".join(stage_boards) in err
+
+
+def test_a_board_that_is_no_stage_is_one_line_saying_what_to_flash(models, stage_boards, virtual_board, tmp_path,
+                                                                   capsys):
+    bare = virtual_board()  # MicroPython without the node
+    rc, _ = run(models, tmp_path, "--verifier", "%s,%s" % (stage_boards[0], bare.port), *RUN)
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "`specmesh flash --port %s --role stage --layers 1:2`" % bare.port in err
+
+
+@pytest.mark.parametrize("layers, said", [
+    ([(0, 1), (0, 2)], "layers 0:1 are on two stages (b (layers 0:2), and a (layers 0:1) before it): flash the "
+                       "stages to split the target's 2 layers, e.g. `specmesh flash --port b --role stage --layers 1:2 "
+                       "--node-id 11`"),
+    ([(0, 1), (2, 2)], "layers 1:2 are on no stage (b (layers 2:2) starts at layer 2)"),
+    ([(1, 2), (0, 1)], "not given in layer order (a (layers 1:2), b (layers 0:1)): give --verifier b,a"),
+    ([(0, 1), (1, 1)], "layers 1:2 of the target's 2 are on no stage (the last, b (layers 1:1), ends at layer 1)"),
+    ([(0, 1), (1, 3)], "b (layers 1:3) ends past the target's 2 layers"),
+])
+def test_stages_that_do_not_tile_the_target_are_named_with_the_fix(layers, said):
+    assert said in stageports.tiling_problem(["a", "b"], layers, 2)
+
+
+def test_more_stage_boards_than_layers_is_one_line():
+    said = stageports.tiling_problem(["a", "b", "c"], [(0, 1), (1, 2), (1, 2)], 2)
+    assert "at most 2 stage boards" in said
+
+
+def test_a_stage_board_flashed_before_stages_said_their_layers_is_told_to_flash_again():
+    with pytest.raises(BackendError, match=r"flash it again with this specmesh: `specmesh flash --port p --role stage "
+                                           r"--layers 1:2 --node-id 11`"):
+        stageports._layers({"positions": 0}, "p", 1, (1, 2))
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--stages", "2", "--verifier", "/dev/ttyUSB0,/dev/ttyUSB1"],
+     "--stages N starts its own virtual stage boards; --verifier /dev/ttyUSB0,/dev/ttyUSB1 runs the stage boards"),
+    (["--transport", "espnow", "--verifier", "/dev/ttyUSB0,/dev/ttyUSB1"], "--transport espnow"),
+    (["--verifier", "/dev/ttyUSB0,stage2"], "'stage2' is not a serial port: give the stage boards' serial ports"),
+    (["--verifier", "auto,/dev/ttyUSB1"], "`auto` finds one board, not a pipeline's stages"),
+    (["--verifier", "/dev/ttyUSB0,"], "'' is not a serial port"),
+    (["--drafter", "/dev/ttyUSB0,/dev/ttyUSB1"], "a list of ports is a pipeline's stage boards, which verify"),
+    (["--verifier", "/dev/ttyUSB0,u0"], "--verifier (stage 1) /dev/ttyUSB0 and --verifier (stage 2) /dev/ttyUSB0 are "
+                                        "one port: one board plays one role; give each stage its own board's port"),
+    (["--verifier", "/dev/ttyUSB0,/dev/ttyUSB1", "--drafter", "/dev/ttyUSB1"], "are one port"),
+    (["--verifier", "/dev/nonexistent-a,/dev/nonexistent-b"], "--verifier (stage 1): cannot open /dev/nonexistent-a"),
+])
+def test_flags_that_do_not_go_with_real_stage_boards_are_one_line(models, tmp_path, capsys, argv, said):
+    rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert said in err

@@ -16,7 +16,9 @@ passes the whole committed list on every call, so a back-end can resynchronise f
 Every back-end is made by name through one table per role (host/cli/registry.py, which assembles a run
 and so may import every back-end's module): `cpu` here, `torch-cpu` and `gpu` (host/backends/torch_backend.py),
 `virtual`, `virtual:CLASS` (a virtual board of each board class), `pipeline` (`--stages N` stage boards) and
-`PORT`, the entry of every serial-port name (`is_port`), for boards (host/provision/cluster.py). A `Factory`
+`PORT`, the entry of every serial-port name (`is_port`), for boards (host/provision/cluster.py), and for the
+verifier `STAGE_PORTS`, a comma-separated list of ports (`port_list`: a pipeline of real stage boards,
+host/provision/stageports.py). A `Factory`
 takes the model path and keyword options and returns the back-end: `name`, the name as given, and `boards`,
 the run's `Boards`; it ignores the options it does not use. `BackendError` carries a one-line message for the
 user.
@@ -200,11 +202,18 @@ class Boards(Protocol):
 Factory = Callable[..., Backend]
 PIPELINE = "pipeline"  # the verifier of `--stages N`: N virtual stage boards
 PORT = "PORT"  # the registry entry of every name `is_port` accepts: a flashed board on that serial port
+STAGE_PORTS = "PORT,PORT"  # the verifier's entry of every list of ports (`port_list`): real stage boards
 
 
 def is_port(name: str) -> bool:
     """Whether a `--drafter`/`--verifier` value names a serial port (or `auto`, to find one)."""
     return name == "auto" or name.startswith("/dev/") or name.startswith("COM") or "://" in name
+
+
+def port_list(name: str) -> list[str] | None:
+    """The names in a comma-separated `--verifier PORT1,PORT2,...` (real stage boards, in layer order), or None for a
+    name without a comma; `is_port` says which of them name a port."""
+    return name.split(",") if "," in name else None
 
 
 class EngineStream:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specmesh.host import atomic
-from specmesh.host.backends import PIPELINE, SessionParams, temp_milli, top_p_q16
+from specmesh.host.backends import PIPELINE, SessionParams, port_list, temp_milli, top_p_q16
 from specmesh.host.boardclasses import drafter_class
 from specmesh.host.cli.ranges import SEED, RangeError, in_range, probability
 from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path
@@ -36,6 +36,12 @@ def measured_projection(project: str | None, verifier: str, stages: int) -> bool
     if stages or project is None:
         return False
     return project in RV32_PROJECT or (project in XTENSA_PROJECT and verifier == "virtual:" + project)
+
+
+def pipelined(stages: int, verifier: str) -> bool:
+    """Whether the run verifies on a pipeline of stage boards: `--stages N` virtual ones, or the real ones of
+    `--verifier PORT1,PORT2,...`."""
+    return bool(stages) or port_list(verifier) is not None
 
 
 class UsageError(Exception):
@@ -102,6 +108,11 @@ class RunConfig:
         return {"verifier": verifier} if self.plain else {"verifier": verifier, "drafter": self.drafter}
 
     @property
+    def pipeline(self) -> bool:
+        """The verifier is a pipeline of stage boards, virtual (`--stages N`) or real (`--verifier PORT1,PORT2`)."""
+        return pipelined(self.stages, self.verifier)
+
+    @property
     def measured_projection(self) -> bool:
         """--project prices the instructions the run's QEMU boards executed (`measured_projection`)."""
         return measured_projection(self.project, self.verifier, self.stages)
@@ -147,7 +158,7 @@ def _pointless(a: argparse.Namespace) -> tuple[str, ...]:
         raise UsageError("--stop needs a non-empty string (an empty one would end the text before it began)")
     for i, stop in enumerate(a.stop):  # a non-UTF-8 one (argv's bytes as surrogate escapes) never matches the text
         check_utf8(stop, "--stop string %d" % (i + 1))
-    if a.kernels is not None and not (a.project or a.stages):
+    if a.kernels is not None and not (a.project or pipelined(a.stages, a.verifier)):
         raise UsageError("--kernels %s chooses the kernels a projection prices: add --project esp32s3 (or --stages N)"
                          % a.kernels)
     if a.kernels is not None and measured_projection(a.project, a.verifier, a.stages):
@@ -264,6 +275,9 @@ def _check_ranges(a: argparse.Namespace) -> None:
         raise UsageError("--verifier %s is the pipeline --stages N starts: give --stages N (e.g. --stages 5), not "
                          "--verifier" % PIPELINE)
     virtual = a.verifier == "virtual" or a.verifier.startswith("virtual:")
+    if a.stages > 0 and port_list(a.verifier) is not None:
+        raise UsageError("--stages N starts its own virtual stage boards; --verifier %s runs the stage boards on those "
+                         "ports: give one or the other" % a.verifier)
     if a.stages > 0 and (not virtual or a.transport != "serial"):  # below 0: preflight's range
         drop = [f for f, wrong in (("--verifier (or name their class: --verifier virtual:esp32c3)", not virtual),
                                    ("--transport", a.transport != "serial")) if wrong]
@@ -280,8 +294,9 @@ def _check_ranges(a: argparse.Namespace) -> None:
     for flag, given in (("--calibration", a.calibration), ("--drafter-calibration", a.drafter_calibration)):
         if given is not None and not a.project:
             raise UsageError("%s prices a projection: add --project esp32s3" % flag)
-    if a.drafter_calibration is not None and (a.plain or a.drafter == "cpu" or a.stages):
-        raise UsageError("--drafter-calibration prices a drafter board: not with --plain, --drafter cpu or --stages")
+    if a.drafter_calibration is not None and (a.plain or a.drafter == "cpu" or pipelined(a.stages, a.verifier)):
+        raise UsageError("--drafter-calibration prices a drafter board: not with --plain, --drafter cpu or stage boards "
+                         "(--stages, or --verifier PORT1,PORT2,...)")
     if a.project in RV32_PROJECT:
         want = "virtual:" + a.project
         roles = [("verifier", a.verifier)] + ([] if a.plain else [("drafter", a.drafter)])
@@ -300,8 +315,8 @@ def _check_xtensa_project(a: argparse.Namespace) -> None:
     """--project esp32 / esp32s3 with a QEMU Xtensa board in a role prices what the run's boards executed, so
     every board role must be one, the verifier of the projected class (a drafter may be either class or the
     host's cpu), and nothing may replace their counts (a calibration's rates); a run with none keeps the cost
-    model. A pipeline (--stages) is priced by its links' model whatever its stages run."""
-    if a.project not in XTENSA_PROJECT or a.stages:
+    model. A pipeline (--stages, or real stage boards) is priced by its links' model whatever its stages run."""
+    if a.project not in XTENSA_PROJECT or pipelined(a.stages, a.verifier):
         return
     drafter = None if a.plain else a.drafter
     if a.verifier not in XTENSA_QEMU and drafter not in XTENSA_QEMU:

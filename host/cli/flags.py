@@ -48,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser, seed_help: str | None = None) -> N
                         "ports) | virtual (the fast unix-port VM, sized as the role's class) | virtual:CLASS (a board of that "
                         "class running its own machine code under QEMU) | cpu (default: virtual)")
     p.add_argument("--verifier", default="virtual",
-                   help="PORT | auto | virtual | virtual:CLASS | cpu | torch-cpu | gpu (default: virtual)")
+                   help="PORT | PORT1,PORT2,... (stage boards, in layer order) | auto | virtual | virtual:CLASS | cpu | "
+                        "torch-cpu | gpu (default: virtual)")
     p.add_argument("--gamma", default="auto", help="drafts per round: auto, or a fixed K >= 0 (default: auto)")
     p.add_argument("--draft-max", type=int, default=None, metavar="N",
                    help="the most drafts automatic gamma takes in a round (default: the controller's own)")

@@ -9,8 +9,9 @@ left behind when one of these fails, and the failure is one line naming the file
 - the tokenizer is the target's: its vocabulary size and, where the header names one, its tokenizer id;
 - the prompt fits the target's context (the orchestrator would refuse it only after the boards were up);
 - every `--drafter`/`--verifier` names a known back-end (a port also as mpremote's `a0`, `u0`, `c0`), and
-  every role given a serial port gets its own, one that exists and opens now; `auto` is resolved here to the
-  port of the flashed board reporting that role, before a virtual board of the other role boots.
+  every role given a serial port (and each stage of a `--verifier PORT1,PORT2,...`) gets its own, one that exists
+  and opens now; `auto` is resolved here to the port of the flashed board reporting that role, before a virtual
+  board of the other role boots.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from specmesh.host import backends
 from specmesh.host.cli import registry
-from specmesh.host.backends import is_port
+from specmesh.host.backends import is_port, port_list
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.boardclasses import BOARD_CLASSES, drafter_class, drafter_model
 from specmesh.host.layout import MODEL_FILES, host_drafter_model
@@ -46,9 +47,18 @@ def unknown_backend(kind: str, name: str) -> str | None:
     """The one-line error for a `--drafter`/`--verifier` value that names no back-end, or None."""
     if registry.factory(kind, name) is not None:
         return None
-    known = ", ".join(sorted({*(registry.VERIFIERS if kind == "verifier" else registry.DRAFTERS)} - {backends.PORT}))
+    known = ", ".join(sorted({*(registry.VERIFIERS if kind == "verifier" else registry.DRAFTERS)} - {backends.PORT, backends.STAGE_PORTS}))
     if not name.strip():  # an unset variable's --drafter "$PORT"
         return "--%s is empty: give a board's serial port or one of %s" % (kind, known)
+    ports = port_list(name)
+    if ports is not None:
+        if kind != "verifier":
+            return ("--%s %s: a list of ports is a pipeline's stage boards, which verify: give them as --verifier, and "
+                    "one drafter board's port as --drafter" % (kind, name))
+        bad = next(p for p in ports if not is_port(p) or p == "auto")
+        return "--verifier %s: %s: give the stage boards' serial ports, comma-separated in layer order (e.g. " \
+            "/dev/ttyUSB0,/dev/ttyUSB1)" % (name, "`auto` finds one board, not a pipeline's stages" if bad == "auto"
+                                            else "%r is not a serial port" % bad)
     return "--%s %s: not a serial port nor one of %s" % (kind, name, known)
 
 
@@ -145,40 +155,47 @@ def check_backends(names: dict[str, str], transport: str, key: bytes | None = No
     open."""
     from specmesh.host.bus.ports import PortError, check_port, expand
 
-    names = {role: expand(name) for role, name in names.items()}  # mpremote's shortcuts: a0, u0, c0
+    # mpremote's shortcuts: a0, u0, c0 (each of a verifier's list of stage ports too)
+    names = {role: ",".join(expand(p) for p in name.split(",")) for role, name in names.items()}
     for role, name in names.items():
         problem = unknown_backend(role, name)
         if problem:
             raise PreflightError(problem)
-    ports = {role: name for role, name in names.items() if is_port(name)}
+    ports = [(_part(role, i, name), p) for role, name in names.items()
+             for i, p in enumerate(port_list(name) or [name]) if is_port(p)]
     if ports and transport != "serial":
         raise PreflightError("--transport %s drives virtual boards only; a real board is reached on its own "
                              "serial port (--transport serial)" % transport)
-    _one_role_a_port({role: name for role, name in ports.items() if name != "auto"})
+    _one_role_a_port([(what, p) for what, p in ports if p != "auto"])
     out = dict(names)
-    for role, name in ports.items():
-        if name == "auto":
+    for what, p in ports:
+        if p == "auto":
             continue
         try:
-            check_port(name)
+            check_port(p)
         except PortError as e:
-            raise PreflightError("--%s: %s" % (role, e)) from None
-    for role, name in ports.items():
+            raise PreflightError("%s: %s" % (what, e)) from None
+    for role, name in names.items():
         if name == "auto":
             out[role] = _find(role, key)
     return out
 
 
-def _one_role_a_port(ports: dict[str, str]) -> None:
-    """Two roles given one port (the same path, or two names of one device) is a mistake: one board plays one role.
-    Unchecked, the port was opened for the verifier and the board's role named ('flashed as a drafter, not a
-    verifier; flash it ...'), advice that would have overwritten a good drafter."""
-    seen: dict[str, str] = {}
-    for role in sorted(ports):
-        first = seen.setdefault(os.path.realpath(ports[role]), role)
-        if first != role:
-            raise PreflightError("--%s %s and --%s %s are one port: one board plays one role; give each role its own "
-                                 "board's port" % (first, ports[first], role, ports[role]))
+def _part(role: str, i: int, name: str) -> str:
+    """The flag a port was given with, and for one of a list of stage ports which stage it is."""
+    return "--%s" % role + (" (stage %d)" % (i + 1) if port_list(name) else "")
+
+
+def _one_role_a_port(ports: list[tuple[str, str]]) -> None:
+    """Two roles (or two stages) given one port (the same path, or two names of one device) is a mistake: one board
+    plays one role. Unchecked, the port was opened for the verifier and the board's role named ('flashed as a drafter,
+    not a verifier; flash it ...'), advice that would have overwritten a good drafter. `ports`: (flag, port)."""
+    seen: dict[str, tuple[str, str]] = {}
+    for what, port in sorted(ports):
+        first, was = seen.setdefault(os.path.realpath(port), (what, port))
+        if first != what:
+            raise PreflightError("%s %s and %s %s are one port: one board plays one role; give each %s its own "
+                                 "board's port" % (first, was, what, port, "stage" if "stage" in what else "role"))
 
 
 def _find(role: str, key: bytes | None) -> str:

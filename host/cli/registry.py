@@ -1,13 +1,14 @@
 """The back-ends a `specmesh run` offers, by name, one explicit table per role: `cpu` (host/backends), the
-boards (`virtual`, `virtual:CLASS`, `pipeline`, serial ports: host/provision/cluster.py) and the torch
+boards (`virtual`, `virtual:CLASS`, `pipeline`, serial ports: host/provision/cluster.py; a verifier's list of
+ports: host/provision/stageports.py) and the torch
 verifiers (host/backends/torch_backend.py). The torch module is imported on first use (PyTorch takes seconds
 to import, and `--verifier cpu` never needs it)."""
 
 from __future__ import annotations
 
-from specmesh.host.backends import PIPELINE, PORT, Factory, LocalDrafter, LocalVerifier, is_port
+from specmesh.host.backends import PIPELINE, PORT, STAGE_PORTS, Factory, LocalDrafter, LocalVerifier, is_port, port_list
 from specmesh.host.boardclasses import BOARD_CLASSES
-from specmesh.host.provision import cluster
+from specmesh.host.provision import cluster, stageports
 
 
 def _torch(device: str) -> Factory:
@@ -26,11 +27,15 @@ def _boards(kind: str) -> dict[str, Factory]:
 
 
 VERIFIERS: dict[str, Factory] = {"cpu": LocalVerifier, **_boards("verifier"), PIPELINE: cluster.pipeline,
-                                 "torch-cpu": _torch("cpu"), "gpu": _torch("cuda")}
+                                 STAGE_PORTS: stageports.pipeline, "torch-cpu": _torch("cpu"), "gpu": _torch("cuda")}
 DRAFTERS: dict[str, Factory] = {"cpu": LocalDrafter, **_boards("drafter")}
 
 
 def factory(kind: str, name: str) -> Factory | None:
-    """The factory of `--verifier NAME` (kind "verifier") or `--drafter NAME`, or None."""
+    """The factory of `--verifier NAME` (kind "verifier") or `--drafter NAME`, or None (a list of ports with a name
+    in it that is no port, or `auto`, which finds one board: preflight's unknown_backend says which)."""
     table = VERIFIERS if kind == "verifier" else DRAFTERS
+    ports = port_list(name)
+    if ports is not None:
+        return table.get(STAGE_PORTS) if all(is_port(p) and p != "auto" for p in ports) else None
     return table.get(PORT if is_port(name) else name)

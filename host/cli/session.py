@@ -268,7 +268,7 @@ class Setup(contextlib.ExitStack):
         prices a verified position at a fraction of a pass, get every draft (with it the bench's 5 S3 stages fell
         from 2.09x to 2.00x)."""
         c = self.config
-        return backends.UNSURE_MARGIN if kind == "drafter" and c.gamma is None and not c.stages else 0
+        return backends.UNSURE_MARGIN if kind == "drafter" and c.gamma is None and not c.pipeline else 0
 
 
 def build_stats(config: RunConfig, params: SessionParams, result: Result, text: str, verifier, drafter,
@@ -386,7 +386,7 @@ def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool,
     """(cost model, projector): what prices each round for gamma's choice, and what projects the run for the
     stats (None, None when neither is asked for). A pipeline always reports its own projection."""
     table = not on_host and ngram_table(config.model_file("drafter")) is not None  # a board drafter's n-gram table
-    if config.stages:  # host/projection/pipeline.py, in every stats JSON
+    if config.pipeline:  # host/projection/pipeline.py, in every stats JSON
         from specmesh.host.projection.pipeline import STAGE_LINKS, LinksReport, PipelineProjector
 
         # stages of the class --project names (one with stages: the S3), else the class rule's classic ESP32s
@@ -722,10 +722,12 @@ class Mesh(contextlib.AbstractContextManager):
     def context(self) -> int:
         """Positions the target's context holds: prompt and text together; on a pipeline, what its stage boards keep
         of it (128 on classic ESP32s, without PSRAM), which serve's and chat's checks must take: a longer prompt
-        fails in the decode loop."""
+        fails in the decode loop; on real stage boards, the shortest their HELLOs give."""
         target = self.headers["verifier"]
         if self.config.stages:
             return stage_context(target, BOARD_CLASSES[stage_class(self.config)])
+        if self.config.pipeline:  # real stage boards: what their HELLOs say
+            return min(target.max_seq, getattr(self._lanes[0].verifier, "max_seq", target.max_seq))
         return target.max_seq
 
     # -- lanes -------------------------------------------------------------------------------------

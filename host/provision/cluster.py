@@ -12,7 +12,8 @@ reports (HELLO), `connect` opens one on a known port. Both kinds are back-ends o
 host/cli/registry.py's tables: `virtual` (the role's default class), `virtual:CLASS` (a virtual board of any
 class of host/boardclasses.py: the unix port sized as that class, or QEMU running that class's own machine code:
 the RV32 firmware for esp32c3/esp32c6, the Xtensa one for esp32/esp32s3, host/emulator/qemu.py), `pipeline` for the verifier (`--stages N` stage boards), and `PORT` for a
-serial port's name (`virtual`, `pipeline` and `on_port` make their factories).
+serial port's name (`virtual`, `pipeline` and `on_port` make their factories; a list of ports, real stage boards:
+host/provision/stageports.py).
 """
 
 from __future__ import annotations
@@ -108,9 +109,10 @@ def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None
     return Bus(link, deadline=30.0, auth=auth)
 
 
-def _backend(kind: str, bus: Bus, node: int, where: str):
-    """The board back-end for `node` on `bus` (its HELLO opens the signed session when the bus signs)."""
-    return BACKEND[kind](Proxy(bus, node), where)
+def _backend(kind: str, bus: Bus, node: int, where: str, *extra):
+    """The board back-end for `node` on `bus` (its HELLO opens the signed session when the bus signs); `extra`: its
+    class's further arguments (a stage's layers)."""
+    return BACKEND[kind](Proxy(bus, node), where, *extra)
 
 
 FIRST_HELLO_S = 2.0  # a running node answers HELLO well within this; past it the board may sit at its REPL
@@ -207,12 +209,13 @@ def find(kind: str, key: bytes | None = None) -> str:
 
 
 @contextlib.contextmanager
-def connect(port: str, kind: str, key: bytes | None = None):
-    """The back-end for a flashed board on `port` playing `kind` ("drafter" or "verifier")."""
+def connect(port: str, kind: str, key: bytes | None = None, layers: tuple[int, int] | None = None):
+    """The back-end for a flashed board on `port` playing `kind` ("drafter", "verifier" or "stage"); `layers`: the
+    layers [a, b) a stage is wanted for, named in the flash command a failure line gives."""
     with contextlib.ExitStack() as stack:
         bus = _open(port, stack, key=key)
-        bus.peer = discover(bus, role=kind)
-        yield _backend(kind, bus, bus.peer, port)
+        bus.peer = discover(bus, role=kind if layers is None else "%s --layers %d:%d" % (kind, *layers))
+        yield _backend(kind, bus, bus.peer, port, *([] if layers is None else [layers]))
 
 
 class Cluster(contextlib.ExitStack):

@@ -1,0 +1,93 @@
+"""Real stage boards on serial ports: `--verifier PORT1,PORT2,...` (in layer order) verifies on a pipeline
+(host/backends/pipeline.py) of the boards flashed `specmesh flash --role stage --layers A:B` on those ports.
+
+Each board is found on its port and its role checked (HELLO: a board that is not a stage is one line saying what to
+flash it as), then tells the layers [a, b) it holds in STATS (`layer_a`, `layer_b`: firmware/stage.py; a board
+flashed before stages said them is told to flash again). They must tile the target's layers: the first stage from
+layer 0, each from where the one before ends, the last to the target's last; else one line naming the gap or the
+overlap (or the order to give the ports in) and the flash commands that tile them: the target's layers split evenly
+over the boards given, as `--stages N` splits them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from specmesh.host.backends import BackendError, Boards, port_list
+from specmesh.host.backends.modelio import check_model_file
+from specmesh.host.backends.pipeline import PipelineVerifier
+from specmesh.host.provision.cluster import connect, split_layers
+from specmesh.host.provision.flash import NODE_ID
+
+
+def pipeline(model_path: Path, *, name: str, boards: Boards, **_options):
+    """`--verifier PORT1,PORT2,...`: a pipeline verifier over the stage boards on those ports, in layer order."""
+    ports = port_list(name) or [name]
+    n_layers = check_model_file(model_path)[0].n_layers  # checked whole by preflight
+    even = _even(n_layers, len(ports))
+    stages, layers = [], []
+    for i, port in enumerate(ports):
+        stage = boards.enter_context(connect(port, "stage", boards.key, even[i] if even else None))
+        stages.append(stage)
+        layers.append(_layers(stage.stats(), port, i, even[i] if even else None))
+    problem = tiling_problem(ports, layers, n_layers)
+    if problem:
+        raise BackendError(problem)
+    return PipelineVerifier(stages, layers)
+
+
+def _even(n_layers: int, n: int) -> list[tuple[int, int]] | None:
+    """The target's layers split evenly over n boards (cluster.split_layers), or None for more boards than layers."""
+    return split_layers(n_layers, n) if n <= n_layers else None
+
+
+def _flash(port: str, i: int, layers: tuple[int, int] | None) -> str:
+    """The command that flashes stage i (from 0) on `port` with `layers` (a placeholder where none is known)."""
+    return "`specmesh flash --port %s --role stage --layers %s --node-id %d`" % (
+        port, "%d:%d" % layers if layers else "A:B", NODE_ID["stage"] + i)
+
+
+def _layers(stats: dict, port: str, i: int, even: tuple[int, int] | None) -> tuple[int, int]:
+    """The layers [a, b) a stage board's STATS says it holds; a node from before stages said them: flash it again."""
+    if "layer_a" not in stats or "layer_b" not in stats:
+        raise BackendError("the stage board on %s does not say which layers it holds (its node is older than that): "
+                           "flash it again with this specmesh: %s" % (port, _flash(port, i, even)))
+    return stats["layer_a"], stats["layer_b"]
+
+
+def tiling_problem(ports: Sequence[str], layers: Sequence[tuple[int, int]], n_layers: int) -> str | None:
+    """Why the stages' layers (in the order of `ports`) do not tile the target's n_layers, with the fix, or None."""
+    where = ["%s (layers %d:%d)" % (p, a, b) for p, (a, b) in zip(ports, layers)]
+    if sorted(layers) != list(layers) and _tiles(sorted(layers), n_layers):
+        order = sorted(range(len(ports)), key=lambda i: layers[i])
+        return ("the stage boards are not given in layer order (%s): give --verifier %s"
+                % (", ".join(where), ",".join(ports[i] for i in order)))
+    held = 0  # layers [0, held) are on the stages before
+    why = None
+    for i, (a, b) in enumerate(layers):
+        if a > held:
+            why = "layers %d:%d are on no stage (%s starts at layer %d)" % (held, a, where[i], a)
+        elif a < held:
+            why = "layers %d:%d are on two stages (%s, and %s before it)" % (a, min(b, held), where[i], where[i - 1])
+        if why:
+            break
+        held = b
+    else:
+        if held == n_layers:
+            return None
+        why = ("layers %d:%d of the target's %d are on no stage (the last, %s, ends at layer %d)" % (
+            held, n_layers, n_layers, where[-1], held) if held < n_layers else
+            "%s ends past the target's %d layers (a board flashed with another model?)" % (where[-1], n_layers))
+    even = _even(n_layers, len(ports))
+    if even is None:
+        return ("%s: the target has %d layers, so at most %d stage boards: give the ports of %d of them"
+                % (why, n_layers, n_layers, n_layers))
+    fix = "; ".join(_flash(p, i, ab) for i, (p, ab, had) in enumerate(zip(ports, even, layers)) if ab != had)
+    return "%s: flash the stages to split the target's %d layers, e.g. %s" % (why, n_layers, fix)
+
+
+def _tiles(layers: Sequence[tuple[int, int]], n_layers: int) -> bool:
+    """Whether `layers`, in this order, cover 0..n_layers once each."""
+    return layers[0][0] == 0 and layers[-1][1] == n_layers and all(
+        b == a2 for (_, b), (a2, _) in zip(layers, layers[1:]))
