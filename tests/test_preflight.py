@@ -330,7 +330,8 @@ def test_a_board_running_another_build_is_refused_and_an_older_firmwares_is_not_
     from specmesh.shared import messages as m
 
     def board(name, role, model, crc):
-        return SimpleNamespace(name=name, role=role, info={"model": model, "model_crc": crc})
+        return SimpleNamespace(name=name, role=role, info={"model": model, "model_crc": crc},
+                               flash_role=lambda: "")  # "": the flash command's `--role ROLE`
 
     target = check_model_file(models / TARGET_FILE)[0]
     pipeline = SimpleNamespace(stages=[board("virtual:stage%d(esp32)" % i, m.ROLE_STAGE, "/models/target.spm", crc)

@@ -8,6 +8,7 @@ real stages are each one line.
 """
 
 import json
+import shutil
 
 import pytest
 
@@ -16,6 +17,7 @@ from specmesh.host.backends import BackendError
 from specmesh.host.provision import stageports
 from specmesh.shared import messages as m
 from specmesh.tools.nodeproc import NodeProc, flash
+from specmesh.tools.testmodels import random_model
 
 RUN = ["--drafter", "cpu", "-n", "16", "--temperature", "0", "--prompt", "Once upon a time"]
 
@@ -95,6 +97,23 @@ def test_a_board_that_is_no_stage_is_one_line_saying_what_to_flash(models, stage
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert "`specmesh flash --port %s --role stage --layers 1:2`" % bare.port in err
+
+
+def test_a_stage_running_another_build_is_told_the_flash_command_with_its_layers(models, stage_boards, tmp_path,
+                                                                              capsys):
+    """A stage board whose model is another build of target.spm: the flash command that fixes it keeps its layers
+    (`specmesh flash --role stage` needs them; the advice lacked them)."""
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("tokenizer.bin", "drafter.spm"):
+        shutil.copy(models / name, other / name)
+    random_model(other / "target.spm", dim=32, n_layers=2, hidden=64, vocab=512, max_seq=128, seed=99)
+    rc, _ = run(other, tmp_path, "--verifier", ",".join(stage_boards), *RUN)
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "runs another build of target.spm" in err
+    assert "`specmesh flash --port %s --role stage --layers 0:1 --model %s`" % (stage_boards[0], other / "target.spm") \
+        in err
 
 
 @pytest.mark.parametrize("layers, said", [

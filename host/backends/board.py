@@ -105,12 +105,12 @@ class BoardBackend(Unit):
             why = "%s is flashed as a %s, not a %s" % (self.name, ROLES[role] if 0 <= role < len(ROLES) else "role %d" % role, want)
         if self.name.startswith("virtual:"):  # flashed for this run: a flash command would not help
             return why + ("; " + VIRTUAL_TOO_SMALL[want] if "does not fit in" in why else "")
-        fix = "flash it: `specmesh flash --port %s %s`" % (self.name, self._flash_role())
+        fix = "flash it: `specmesh flash --port %s %s`" % (self.name, self.flash_role())
         if role in (m.ROLE_DRAFTER, m.ROLE_VERIFIER):  # the other role a run takes: the ports likely given swapped
             return why + "; if the ports are swapped, give it as --%s %s, else %s" % (ROLES[role], self.name, fix)
         return why + "; " + fix
 
-    def _flash_role(self) -> str:
+    def flash_role(self) -> str:
         """The role arguments of the `specmesh flash` command that makes a board this back-end's."""
         return "--role " + ROLES[self.role]
 

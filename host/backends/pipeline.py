@@ -60,12 +60,13 @@ class BoardStage(BoardBackend):
     role = m.ROLE_STAGE
 
     def __init__(self, proxy, name: str, layers: tuple[int, int] | None = None):
-        """`layers`: the layers [a, b) a real board is asked to hold, named in the flash command of a failure line."""
+        """`layers`: the layers [a, b) a real board holds (or is asked to), named in the flash command of a failure
+        line."""
         self.flash_layers = layers
         super().__init__(proxy, name)
 
-    def _flash_role(self) -> str:
-        return super()._flash_role() + (" --layers %d:%d" % self.flash_layers if self.flash_layers else "")
+    def flash_role(self) -> str:
+        return super().flash_role() + (" --layers %d:%d" % self.flash_layers if self.flash_layers else "")
 
     @property
     def classifier(self) -> str | None:

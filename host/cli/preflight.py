@@ -94,16 +94,19 @@ _TAKEN_FOR = {"verifier": "which this run fails over to and copies drafts from",
               "drafter": "whose n-gram table and costs this run takes for it"}
 
 
-def check_build(crc: int, path: Path, head: Header, role: str, where: str, running: str) -> None:
+def check_build(crc: int, path: Path, head: Header, role: str, where: str, running: str, flash_role: str = "") -> None:
     """A board's HELLO gives the body crc32 of the model it runs (`crc`; 0: a firmware older than that field, or no
     model: not checked); it must be the build of `path` (header `head`), the file this run takes that model for.
     Another build under the same name would leave the host's fail-over and copies on another model than the
-    board's. `role`: the board's; `where`: its port or virtual board; `running`: the file name its HELLO gives."""
+    board's. `role`: the board's; `where`: its port or virtual board; `running`: the file name its HELLO gives;
+    `flash_role`: the role arguments of the flash command that fixes it (default `--role ROLE`; a stage's its layers
+    too, which `specmesh flash --role stage` needs)."""
     if not crc or crc == head.body_crc:
         return
     what = "another build of %s" % path.name if running in ("", path.name) else "%s, not %s" % (running, path.name)
-    fix = ("flash it with this run's file (`specmesh flash --port %s --role %s --model %s`) or give this run the "
-           "file it was flashed from (its folder as --models)" % (where, role, path) if is_port(where)
+    fix = ("flash it with this run's file (`specmesh flash --port %s %s --model %s`) or give this run the "
+           "file it was flashed from (its folder as --models)" % (where, flash_role or "--role " + role, path)
+           if is_port(where)
            else "run again (a virtual board is flashed afresh)")
     raise PreflightError("the %s on %s runs %s (body crc32 %08x, not the %08x of %s, %s): %s"
                          % (role, where, what, crc, head.body_crc, path, _TAKEN_FOR[role], fix))

@@ -568,7 +568,8 @@ def _check_builds(backend, path: Path, head) -> None:
         if not hasattr(board, "info"):
             continue
         try:
-            check_build(board.info["model_crc"], path, head, ROLES[board.role], board.name, running_model(board))
+            check_build(board.info["model_crc"], path, head, ROLES[board.role], board.name, running_model(board),
+                        board.flash_role())
         except PreflightError as e:
             raise UsageError(str(e)) from None
 

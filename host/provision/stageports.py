@@ -31,6 +31,7 @@ def pipeline(model_path: Path, *, name: str, boards: Boards, **_options):
         stage = boards.enter_context(connect(port, "stage", boards.key, even[i] if even else None))
         stages.append(stage)
         layers.append(_layers(stage.stats(), port, i, even[i] if even else None))
+        stage.flash_layers = layers[-1]  # flashed again (another build of the target), it keeps them
     problem = tiling_problem(ports, layers, n_layers)
     if problem:
         raise BackendError(problem)
