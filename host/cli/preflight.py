@@ -47,7 +47,8 @@ def unknown_backend(kind: str, name: str) -> str | None:
     """The one-line error for a `--drafter`/`--verifier` value that names no back-end, or None."""
     if registry.factory(kind, name) is not None:
         return None
-    known = ", ".join(sorted({*(registry.VERIFIERS if kind == "verifier" else registry.DRAFTERS)} - {backends.PORT, backends.STAGE_PORTS}))
+    known = ", ".join(sorted({*(registry.VERIFIERS if kind == "verifier" else registry.DRAFTERS)}
+                             - {backends.PORT, backends.STAGE_PORTS}))
     if not name.strip():  # an unset variable's --drafter "$PORT"
         return "--%s is empty: give a board's serial port or one of %s" % (kind, known)
     ports = port_list(name)
@@ -197,8 +198,9 @@ def _one_role_a_port(ports: list[tuple[str, str]]) -> None:
     for what, port in sorted(ports):
         first, was = seen.setdefault(os.path.realpath(port), (what, port))
         if first != what:
+            each = "stage" if "stage" in first and "stage" in what else "role"  # two stages, or two roles
             raise PreflightError("%s %s and %s %s are one port: one board plays one role; give each %s its own "
-                                 "board's port" % (first, was, what, port, "stage" if "stage" in what else "role"))
+                                 "board's port" % (first, was, what, port, each))
 
 
 def _find(role: str, key: bytes | None) -> str:
