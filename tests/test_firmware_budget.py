@@ -37,7 +37,7 @@ def test_drafter_drafts_500_tokens_in_a_classic_esp32_heap(micropython, board, t
     code = code_heap(micropython, board)
     # a sanity bound on the measurement (the VM gets the ESP32's heap on top of it, so it is not the budget): the
     # 64-bit port's code heap, with the board folder's path in its qstr pool (tens of bytes across pytest's temp
-    # folders); 120_000 until a stage reported its layers in STATS (32 bytes of node code: docs/pipeline.md)
+    # folders)
     assert 10_000 < code < 120_500
     node = NodeProc(micropython, board, {"role": "drafter", "model": "/rom/drafter.spm"}, heap=ESP32_HEAP + code,
                     flashed=True, rom=rom)
