@@ -118,7 +118,7 @@ def _fails(monkeypatch, where: str, error: Exception) -> None:
 
 
 @pytest.mark.parametrize("argv, where, make", [
-    (["flash", "--port", "loop://", "--role", "drafter"], "specmesh.host.provision.flash:flash", "FlashError"),
+    (["flash", "--port", "loop://", "--role", "drafter"], "specmesh.host.provision.flash:flash_checked", "FlashError"),
     (["bench", "--port", "loop://", "--out", "-"], "specmesh.host.projection.boardbench:bench", "FlashError"),
     (["emulate", "--boards", "1"], "specmesh.host.emulator.session:Emulation", "BoardError"),
     (["chaos", "--profile", "lossy-serial"], "specmesh.host.cli.chaos:run", "BackendError"),

@@ -123,6 +123,19 @@ def test_cli_flash_no_romfs_keeps_the_model_on_the_filesystem(virtual_board, tin
     assert set(vb.romfs_path.read_bytes()) == {0xFF}  # the partition is still erased
 
 
+def test_cli_flash_checks_the_model_file_once(virtual_board, tiny_node, capsys, monkeypatch):
+    """`specmesh flash` checked its request (the model file read and CRC-checked, a drafter's n-gram table loaded)
+    before the port, flash() all of it again, and the ROMFS choice the model file once more; now once."""
+    _, model = tiny_node
+    vb = virtual_board()
+    checked = []
+    check = flash_module.check_model_file
+    monkeypatch.setattr(flash_module, "check_model_file", lambda path: checked.append(path) or check(path))
+    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(model),
+                     "--no-reset"]) == 0, capsys.readouterr().err
+    assert checked == [model]
+
+
 def test_a_board_with_psram_keeps_the_model_in_psram(virtual_board, tiny_node):
     """An ESP32-S3 with PSRAM and a ROMFS partition: its heap holds the model, read faster than mapped flash."""
     sources, model = tiny_node

@@ -73,19 +73,19 @@ def test_a_flash_folder_deleted_while_the_board_boots_is_one_line_and_the_next_r
     from specmesh.host.backends import BackendError
     from specmesh.host.provision import flash as flash_mod
 
-    real = flash_mod.flash
+    real = flash_mod.flash_checked
 
     def deleting_first(port, *args, **kwargs):
         shutil.rmtree(tmp_path / "drafter")  # the VM reboots into the raw REPL meanwhile: its folder is gone
         return real(port, *args, **kwargs)
 
-    monkeypatch.setattr(flash_mod, "flash", deleting_first)
+    monkeypatch.setattr(flash_mod, "flash_checked", deleting_first)
     with pytest.raises(BackendError) as e, Cluster("serial", models, tmp_path) as c:
         c.start("drafter")
     assert str(e.value) == ("virtual drafter board: its flash folder %s was deleted while it booted: run again (it is "
                             "flashed afresh)" % (tmp_path / "drafter"))
     assert "Traceback" not in capfd.readouterr().err
-    monkeypatch.setattr(flash_mod, "flash", real)
+    monkeypatch.setattr(flash_mod, "flash_checked", real)
     with Cluster("serial", models, tmp_path) as c:
         assert c.backend("drafter").info["model"].endswith(DRAFTER_FILE)
 
@@ -100,14 +100,14 @@ def test_a_virtual_board_frozen_before_its_flash_is_told_to_run_again_not_to_be_
     from specmesh.host.backends import BackendError
     from specmesh.host.provision import flash as flash_mod
 
-    real = flash_mod.flash
+    real = flash_mod.flash_checked
 
     def freezing_first(port, *args, **kwargs):
         vm = next(b for b in board_mod._LIVE if b.port == port)
         os.kill(vm.pid, signal.SIGSTOP)  # the cluster's stop kills it (SIGKILL ends a stopped process)
         return real(port, *args, **kwargs)
 
-    monkeypatch.setattr(flash_mod, "flash", freezing_first)
+    monkeypatch.setattr(flash_mod, "flash_checked", freezing_first)
     with pytest.raises(BackendError) as e, Cluster("serial", models, tmp_path) as c:
         c.start("drafter")
     assert str(e.value).startswith("virtual drafter board: /dev/")
@@ -201,7 +201,7 @@ def test_a_full_host_disk_is_named_as_the_hosts_not_the_boards(models, tmp_path,
     def full(port, *args, **kwargs):
         raise flash_mod.FlashError("board filesystem is full while writing /models/drafter.spm.part (40000 bytes)")
 
-    monkeypatch.setattr(flash_mod, "flash", full)
+    monkeypatch.setattr(flash_mod, "flash_checked", full)
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(cluster_mod.shutil, "disk_usage", lambda path: usage(1 << 30, (1 << 30) - 8192, 8192))
     with pytest.raises(BackendError) as e, Cluster("serial", models, tmp_path) as c:

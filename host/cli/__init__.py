@@ -62,7 +62,7 @@ def parse_layers(text: str) -> tuple[int, int]:
 def _flash(args) -> int:
     from specmesh.host.bus.ports import PortError, resolve_port
     from specmesh.host.cli.ranges import in_range
-    from specmesh.host.provision.flash import FlashError, check_request, flash, summary
+    from specmesh.host.provision.flash import FlashError, check_request, flash_checked, summary
     from specmesh.host.provision.keys import KeyFileError, load_key
 
     try:  # every flag first, then the port: a bad --layers is not hidden behind a wrong port
@@ -70,12 +70,12 @@ def _flash(args) -> int:
             in_range("--node-id", args.node_id, *NODE_IDS, "255 is the broadcast address")
         layers = parse_layers(args.layers) if args.layers is not None else None
         key = load_key(args.key_file) if args.key_file else None
-        check_request(args.role, args.model, layers)
+        request = check_request(args.role, args.model, layers)
         port = resolve_port(args.port)
         t0 = time.monotonic()
         try:
-            report = flash(port, args.role, args.model, args.node_id, reset=not args.no_reset, key=key,
-                           clear_key=args.no_key, layers=layers, use_romfs=not args.no_romfs)
+            report = flash_checked(port, request, args.node_id, reset=not args.no_reset, key=key,
+                                   clear_key=args.no_key, use_romfs=not args.no_romfs)
         except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP (stops.Stopped) at any instant of the flash
             return _interrupted(e, port)
     except (FlashError, PortError, KeyFileError, ValueError) as e:

@@ -270,7 +270,7 @@ class Cluster(contextlib.ExitStack):
         from specmesh.host.emulator.board import FlashDamaged
         from specmesh.host.emulator.session import board_mac
         from specmesh.host.provision.flash import (DoesNotFit, FlashError, FlashRequestError, KeyedHalfFlashed, NoRepl,
-                                                   flash, summary)
+                                                   check_request, flash_checked, summary)
 
         model = self.model(kind, board or ROLE_CLASS[kind])
         name, folder = self._folder(kind, board, stage, radio)
@@ -300,14 +300,15 @@ class Cluster(contextlib.ExitStack):
             t0 = time.monotonic()
             layers = None if stage is None else stage[1:]
             bars = progress and self.say is not None
+            request = check_request(kind, model, layers)
             try:
-                report = flash(vb.port, kind, model, node_id, progress=bars, key=self.key,
-                               clear_key=self.key is None, layers=layers, config=cfg, board_class=vb.board.name)
+                report = flash_checked(vb.port, request, node_id, progress=bars, key=self.key,
+                                       clear_key=self.key is None, config=cfg, board_class=vb.board.name)
             except (DoesNotFit, FlashRequestError):
                 raise
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
-                report = flash(vb.port, kind, model, node_id, progress=bars, key=self.key,
-                               clear_key=self.key is None, layers=layers, config=cfg, board_class=vb.board.name)
+                report = flash_checked(vb.port, request, node_id, progress=bars, key=self.key,
+                                       clear_key=self.key is None, config=cfg, board_class=vb.board.name)
         except (BoardError, FlashError, OSError) as e:  # a VM that could not restart says why better than the flash
             if not folder.is_dir():  # removed while the board booted: whatever step noticed first, one cause
                 raise BackendError("virtual %s board: its flash folder %s was deleted while it booted: run again "

@@ -10,6 +10,9 @@ id, model path; firmware/config.py) over the raw REPL, checks every file's SHA-2
 soft-resets the board so main.py starts the node. A keyed node takes no Ctrl-C: with `key` it is first
 ended by a signed RESET (`leave_node`), so only a holder of the board's key can flash it again.
 
+What needs no board (the role, a stage's layers, the model file) is checked first, once: `check_request` makes the
+`Request` that `flash_checked` flashes (the CLI checks its flags before it looks for the port); `flash` does both.
+
 Interruptible at any instant: a file goes to NAME.part, is sent again if its SHA-256 on the board is wrong,
 and is renamed to NAME once right, so no file is ever half-written under its name; and the board config
 says "flashing" (FLASHING) from before the first changed byte until the final config is written last, so
@@ -58,7 +61,7 @@ from specmesh.host.layout import MODELS, ROOT, model_path, ngram_table
 from specmesh.host.mpycross import CompileError, compile_py
 from specmesh.host.provision import drafters, romfs
 from specmesh.shared.board import FLASHING
-from specmesh.shared.modelfile import ModelFileError, stage_bytes
+from specmesh.shared.modelfile import Header, ModelFileError, stage_bytes
 
 NODE_ID = {"drafter": 1, "verifier": 2, "stage": 10}  # the node id each role gets; its model: host/layout.py
 # A verifier without PSRAM (an ESP32-C3/C6 reading the target from ROMFS): passes of at most 5 positions (4 drafts
@@ -579,19 +582,40 @@ def flash(
     config: dict | None = None,
     board_class: str | None = None,
 ) -> FlashReport:
-    """Flash the node for `role` onto the board at `port`. Raises FlashError with a one-line message.
+    """Flash the node for `role` onto the board at `port`: the request checked (check_request), then flashed
+    (flash_checked, whose arguments the others are). `layers` (a, b): the layers a..b-1 a "stage" holds (that role
+    needs them). Raises FlashError with a one-line message."""
+    return flash_checked(port, check_request(role, model, layers), node_id, sources=sources, progress=progress,
+                         reset=reset, key=key, clear_key=clear_key, use_romfs=use_romfs, config=config,
+                         board_class=board_class)
+
+
+def flash_checked(
+    port: str,
+    request: Request,
+    node_id: int | None = None,
+    *,
+    sources: list[tuple[Path, str]] | None = None,
+    progress: bool = True,
+    reset: bool = True,
+    key: bytes | None = None,
+    clear_key: bool = False,
+    use_romfs: bool = True,
+    config: dict | None = None,
+    board_class: str | None = None,
+) -> FlashReport:
+    """Flash the node `request` asks for (check_request's: its role, model and layers, checked already) onto the
+    board at `port`. Raises FlashError with a one-line message.
 
     `key`: the deployment key, written into the board's key file only (never printed, reported or read back);
     the node then signs and checks every frame. Without it the board keeps the key it has, unless
-    `clear_key` removes it; a keyed node is ended with a signed RESET first, so a keyed board needs `key`. `layers` (a, b): the layers a..b-1 a "stage" holds (that role needs them).
+    `clear_key` removes it; a keyed node is ended with a signed RESET first, so a keyed board needs `key`.
     `use_romfs` False: the model goes to the filesystem even when the board has a ROMFS partition.
     `config`: board-config keys (link, espnow peers, spec_ahead) to write besides the role's.
     `board_class`: the board's class when the caller knows it (a virtual board), else the probe's."""
     from mpremote.transport import TransportError
 
-    by_class = model is None and role == "drafter"  # the board's class picks its drafter once probed
-    model, heap_bytes = check_request(role, model, layers)
-    fs_dest = f"{MODEL_DIR}/{model.name}"
+    role, by_class = request.role, request.by_class
     virtual = ports.emulated(port)  # asked now: an emulate stopped mid-flash is gone when the flash fails
     if key:
         leave_node(port, key)
@@ -599,10 +623,12 @@ def flash(
     try:
         info = probe(transport)
         cls = BOARD_CLASSES[board_class] if board_class else class_of(info.machine, info.mem_free)
-        if by_class:
-            model, heap_bytes = check_request(role, drafter_model(model.parent, cls.name), layers)
-            fs_dest = f"{MODEL_DIR}/{model.name}"
-        image = _rom_image(info, role, model, heap_bytes) if use_romfs else b""
+        own = drafter_model(request.model.parent, cls.name) if by_class else request.model
+        if own != request.model:  # the class's drafter is another file than the default check_request checked
+            request = check_request(role, own, request.layers)
+        model, heap_bytes, layers = request.model, request.heap_bytes, request.layers
+        fs_dest = f"{MODEL_DIR}/{model.name}"
+        image = _rom_image(info, request) if use_romfs else b""
         model_dest = f"{romfs.ROM_DIR}/{model.name}" if image else fs_dest
         note = drafters.describe(model.name, _placement(info, image)) if by_class else ""
         with tempdirs.folder("flash") as tmp:
@@ -622,7 +648,7 @@ def flash(
             others = _other_models(held, files)
             whole, to_write = _fs_need(files, held, others)
             check_board(info, role, heap_bytes, to_write + len(config_data), len(image), whole + len(config_data),
-                        not use_romfs and _romfs_would_hold(info, role, model, heap_bytes))
+                        not use_romfs and _romfs_would_hold(info, request))
             report = FlashReport(port, info, model=model.name, note=note,
                                  resumed=board_config.get(FLASHING) or None)
             if report.resumed:  # what an interrupted flash may have left half-written
@@ -645,9 +671,9 @@ def flash(
         close(transport)
 
 
-def _romfs_would_hold(info, role: str, model: Path, heap_bytes: int) -> bool:
+def _romfs_would_hold(info, request: Request) -> bool:
     """Whether a model the heap cannot hold would fit the board's ROMFS partition (what a --no-romfs refusal says)."""
-    return heap_bytes > info.mem_free and 0 < len(_rom_image(info, role, model, heap_bytes)) <= info.romfs
+    return request.heap_bytes > info.mem_free and 0 < len(_rom_image(info, request)) <= info.romfs
 
 
 def failed(transport, port: str, e: Exception, virtual: bool = False, command: str = "flash") -> NoReturn:
@@ -709,9 +735,24 @@ def _fs_need(files: dict[str, Path], held: dict[str, int], others: dict[str, int
     return new, new - sum(replaced) - sum(others.values()) + max(replaced, default=0)
 
 
-def check_request(role: str, model: Path | None, layers: tuple[int, int] | None) -> tuple[Path, int]:
-    """(the model file, the heap it takes on the board): the checks that need no board (the role, --layers, the model
-    file), made before the port is looked at, so that a bad flag is told first, not hidden behind a wrong port."""
+@dataclass(frozen=True)
+class Request:
+    """A flash asked for, checked without a board (check_request): the role, its model file and the heap that takes
+    on the board, a stage's layers; `by_class`: a drafter given no model, whose board's class picks its drafter once
+    probed (`model` is then the default drafter, checked meanwhile)."""
+
+    role: str
+    model: Path
+    header: Header
+    heap_bytes: int
+    layers: tuple[int, int] | None = None
+    by_class: bool = False
+
+
+def check_request(role: str, model: Path | None, layers: tuple[int, int] | None) -> Request:
+    """The checks that need no board (the role, --layers, the model file), made before the port is looked at, so
+    that a bad flag is told first, not hidden behind a wrong port; each once: flash_checked takes the Request."""
+    by_class = model is None and role == "drafter"
     if role not in NODE_ID:
         raise FlashRequestError(f"unknown role {role!r} (drafter, verifier or stage)")
     if (role == "stage") != (layers is not None):
@@ -729,12 +770,12 @@ def check_request(role: str, model: Path | None, layers: tuple[int, int] | None)
     except (ModelFileError, OSError) as e:
         raise FlashRequestError(str(e)) from None
     if layers is None:
-        return model, model.stat().st_size
+        return Request(role, model, header, model.stat().st_size, by_class=by_class)
     a, b = layers
     if not 0 <= a < b <= header.n_layers:
         raise FlashRequestError(f"--layers {a}:{b} is not a slice of the model's {header.n_layers} layers (0 <= A < B <= "
                          f"{header.n_layers})")
-    return model, stage_bytes(header, a, b)
+    return Request(role, model, header, stage_bytes(header, a, b), layers)
 
 
 def _provision_key(transport, key: bytes | None, clear_key: bool, legacy_floor: int, chunk: int,
@@ -857,7 +898,7 @@ def _clear_native(transport, files: dict[str, Path]) -> None:
             transport.fs_rmfile(path)
 
 
-def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> bytes:
+def _rom_image(info: BoardInfo, request: Request) -> bytes:
     """The ROMFS image to put the model in, or b"" to put it on the filesystem: a stage, a board without
     a ROMFS partition, a board with PSRAM (its heap there holds the model, read faster than mapped flash),
     a model whose engine a classic ESP32's heap holds beside the node's reserve (read from the heap, no
@@ -866,13 +907,13 @@ def _rom_image(info: BoardInfo, role: str, model: Path, heap_bytes: int) -> byte
     counted on: its virtual board loads the node's code into it), and an image bigger
     than the partition when the model fits the heap (one that fits neither is refused by `check_board`)
     keep it there."""
-    if role == "stage" or not info.romfs or has_psram(info.mem_free) or not on_romfs(check_model_file(model)[0], ESP32):
+    if request.role == "stage" or not info.romfs or has_psram(info.mem_free) or not on_romfs(request.header, ESP32):
         return b""
     try:
-        image = romfs.image(model)
+        image = romfs.image(request.model)
     except romfs.RomfsError as e:
         raise FlashError(str(e)) from None
-    return image if len(image) <= info.romfs or heap_bytes > info.mem_free else b""
+    return image if len(image) <= info.romfs or request.heap_bytes > info.mem_free else b""
 
 
 def _rom_current(transport, image: bytes) -> bool:
