@@ -145,6 +145,34 @@ def test_bench_of_a_classic_esp32_drafter_board_times_its_drafter(tmp_path, caps
     assert "term                 measured  derived esp32" in out  # the class's own rates (it said "derived S3")
 
 
+def test_bench_of_a_pipeline_stage_board_times_its_stage_pass(tmp_path, capsys):
+    """On a board flashed --role stage the board script timed no token (its config names no drafter or target): the
+    calibration had no `engine` rate and no whole-pass check, and nothing said why. It now times the stage's own pass
+    of one position through its layers (without the classifier), and the same through the stubs."""
+    from specmesh.host.emulator import VirtualBoard
+
+    vb = VirtualBoard(tmp_path / "esp32", "esp32", name="stage").start()  # a stage's board class
+    try:
+        assert cli.main(["flash", "--port", vb.port, "--role", "stage", "--layers", "3:5"]) == 0
+        time.sleep(0.5)  # the node boots after the soft reset
+        path = tmp_path / "cal.json"
+        assert cli.main(["bench", "--port", vb.port, "--out", str(path)]) == 0, capsys.readouterr().err
+    finally:
+        vb.stop()
+    out = capsys.readouterr().out
+    data = json.loads(path.read_text())
+    assert data["seconds_per_unit"]["engine"] > 0
+    assert data["measured"]["stage"][1:] == ["5 layers x 64 dim, vocab 512", data["measured"]["stage"][2], [3, 5]]
+    head = parse_header((ROOT / "models" / TARGET_FILE).read_bytes()[:HEADER_SIZE])
+    c = data["check"]["stage pass of layers 3:5"]
+    work = pass_work(head, 1, 33, (3, 5), classifier=False)
+    projected = 1e6 * sum(v * data["seconds_per_unit"][t] for t, v in work.items())
+    assert c["measured_us"] > 0 and c["projected_us"] == pytest.approx(projected, rel=1e-9)
+    assert "stage pass of layers 3:5: measured %.0f us, projected with these rates %.0f us" % (
+        c["measured_us"], c["projected_us"]) in out
+    assert 0 < data["check"]["interpreted calls between kernels, share of the stage pass"] < 1
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "not found: write one with `specmesh bench --port PORT --out FILE`"),
     ("FOLDER", "cannot be read: Is a directory"),  # was "is not valid JSON (IsADirectoryError)"

@@ -6,7 +6,8 @@ imports the board's own kernels and engine and times, best of several calls (tic
 the shipped target's shapes (matmul over 1 and 5 positions, quant and requant, RMSNorm, RoPE,
 attention, SiLU, argmax), a strided read of a large buffer (the PSRAM stream rate) and of a model on its
 ROMFS (the memory-mapped flash rate), and a whole greedy token of the model the board's node runs (its
-specmesh.json's: the target on a verifier, a drafter on a drafter board) where it fits the heap. The host divides each time by the work host/projection/costmodel.py counts for the same call, giving
+specmesh.json's: the target on a verifier, a drafter on a drafter board; on a pipeline stage, a pass of one position
+through its layers) where it fits the heap. The host divides each time by the work host/projection/costmodel.py counts for the same call, giving
 seconds per unit for each term. The interpreted calls between kernels (`engine`) are timed on their own:
 the same token again with the engine's kernels swapped for viper functions of the same signatures that
 return at once. So every term is measured, and whole tokens and a 5-position verify are checks: measured
@@ -94,25 +95,30 @@ def rates(measured: dict) -> tuple[dict[str, float], dict]:
         s["weights_flash"] = us * 1e-6 / n
     check: dict = {}
     heads = {}
-    for name in ("drafter", "target"):
+    for name in ("drafter", "target", "stage"):
         token = measured.get(name)
-        if isinstance(token, list):  # [microseconds, header bytes, microseconds through the stubs]
+        if isinstance(token, list):  # [microseconds, header bytes, microseconds through the stubs(, a stage's layers)]
             heads[name] = h = parse_header(bytes(token[1][:HEADER_SIZE]))
             token[1] = "%d layers x %d dim, vocab %d" % (h.n_layers, h.dim, h.vocab)
-    timed = "target" if "target" in heads else "drafter"
-    if heads:  # the interpreted calls between kernels: a token whose kernels return at once
-        w = cm.pass_work(heads[timed], 1, 33)
-        s["engine"] = measured[timed][2] * 1e-6 / w["engine"]
-        check["interpreted calls between kernels, share of the %s token" % timed] = (
+    # a stage's pass: its layers [a, b), without the classifier (board script time_stage)
+    layers = tuple(measured["stage"][3]) if "stage" in heads else None
+
+    def pass_of(name: str, k: int, ctx: int) -> cm.Work:
+        return cm.pass_work(heads[name], k, ctx, layers if name == "stage" else None, classifier=name != "stage")
+
+    timed = next((name for name in ("target", "drafter", "stage") if name in heads), None)
+    if timed:  # the interpreted calls between kernels: a token (a stage's pass) whose kernels return at once
+        s["engine"] = measured[timed][2] * 1e-6 / pass_of(timed, 1, 33)["engine"]
+        check["interpreted calls between kernels, share of the %s %s" % (timed, "pass" if layers else "token")] = (
             measured[timed][2] / measured[timed][0])
     # whole passes, measured next to what the rates project
+    stage = "stage pass of layers %d:%d" % layers if layers else ""
     for label, name, k, ctx in (("drafter token", "drafter", 1, 33), ("target token", "target", 1, 33),
-                                ("target verify of 5", "target", 5, 37)):
+                                ("target verify of 5", "target", 5, 37), (stage, "stage", 1, 33)):
         us = measured.get("target_verify5" if k == 5 else name)
         if name in heads and us is not None:
             us = us if k == 5 else us[0]
-            w = cm.pass_work(heads[name], k, ctx)
-            check[label] = {"measured_us": us, "projected_us": 1e6 * sum(v * s[t] for t, v in w.items())}
+            check[label] = {"measured_us": us, "projected_us": 1e6 * sum(v * s[t] for t, v in pass_of(name, k, ctx).items())}
     return s, check
 
 

@@ -1,7 +1,8 @@
 """`specmesh bench`'s board script (MicroPython code): times, on a board that holds the node, its own kernels
 on the target's shapes, a strided read of a large buffer (the PSRAM stream rate) and of a model on its ROMFS
-(the memory-mapped flash rate), and a whole greedy token of the model its node runs (specmesh.json's) where it
-fits its heap, once through the real kernels and once through stubs that return at once (the engine's own interpreted work).
+(the memory-mapped flash rate), and a whole greedy token of the model its node runs (specmesh.json's; a pipeline
+stage's pass of its layers) where it fits its heap, once through the real kernels and once through stubs that return
+at once (the engine's own interpreted work).
 
 host/projection/boardbench.py sends this file over the raw REPL with host/projection/mpy/timing.py's text in
 place of the `timing` import and a call of `main` appended, and reads the one JSON line it prints:
@@ -134,15 +135,20 @@ def time_memory(out, reps, stream, paths):
             del mv
 
 
-def models():
-    # {'drafter' or 'target': path} of the model the board's node runs, as specmesh.json names it: a classic
-    # ESP32's drafter is models/drafter-esp32.spm, a model on a ROMFS /rom/<its name>; {} for another role
+def config():
+    # the board config the node runs (specmesh.json), {} where none reads as one
     try:
         with open('specmesh.json') as f:
             cfg = json.load(f)
     except (OSError, ValueError):
         return {}
-    name = {'drafter': 'drafter', 'verifier': 'target'}.get(cfg.get('role'))
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def models(cfg):
+    # {'drafter', 'target' or 'stage': path} of the model the board's node runs, as its config names it: a classic
+    # ESP32's drafter is models/drafter-esp32.spm, a model on a ROMFS /rom/<its name>; {} for none
+    name = {'drafter': 'drafter', 'verifier': 'target', 'stage': 'stage'}.get(cfg.get('role'))
     model = cfg.get('model')
     return {name: model} if name and isinstance(model, str) and model else {}
 
@@ -174,13 +180,50 @@ def time_token(out, reps, name, path):
     e.kern = kern
 
 
+def time_stage(out, reps, path, layers, n_ctx):
+    """A pipeline stage's pass of one position at position 32 through its layers [a, b) (on the last stage
+    without the classifier: the pass of every position it does not judge), then the same through the stubs.
+    Each pass starts from the same input: the first stage's token, a later stage's rows restored."""
+    from stage_engine import StageEngine
+
+    gc.collect()
+    try:
+        e = StageEngine(path, layers, 1, True, n_ctx, False)  # the viper kernels timed above
+    except MemoryError:
+        out['stage'] = 'no heap'
+        return
+    first = e.a == 0
+    dim = e.header.dim
+    rows = arr('i', dim, 1 << 16, 1 << 15)  # a later stage's input: one position's residual row
+    for i in range(32):
+        if not first:
+            e.x[:dim] = rows
+        e.forward([(7 * i + 3) % e.vocab] if first else None, i, 1, False)
+
+    def step():
+        if not first:
+            e.x[:dim] = rows
+        e.forward([1] if first else None, 32, 1, False)
+        e.rollback(32)
+    with open(path, 'rb') as f:
+        hd = f.read(HEADER_SIZE)
+    us = best(step, (), reps)
+    kern, e.kern = e.kern, stubs()
+    out['stage'] = [us, list(hd), best(step, (), reps), [e.a, e.b]]
+    e.kern = kern
+
+
 def main(reps, shapes, stream, theta):
     out = {}
     time_kernels(out, reps, shapes, theta)
     gc.collect()
-    paths = models()
+    cfg = config()
+    paths = models(cfg)
     time_memory(out, reps, stream, paths)
     for name, path in paths.items():
-        time_token(out, reps, name, path)
+        if name == 'stage':
+            time_stage(out, reps, path, cfg.get('layers'), cfg.get('n_ctx', 0))
+        else:
+            time_token(out, reps, name, path)
         gc.collect()
     return json.dumps(out)
