@@ -114,8 +114,11 @@ train: setup-gpu
 chaos: setup
 	$(VENV)/bin/specmesh chaos
 
+# `make flash PORT=/dev/ttyUSB0 ROLE=stage ARGS='--layers 0:1'` passes its flags on (`.venv/bin/specmesh flash --help`
+# lists them: --layers, --model, --key-file). PORT and ROLE quoted: an empty one (PORT=$$PORT of an unset variable)
+# reaches specmesh, which says what to give, not argparse's usage and "expected one argument".
 flash: setup
-	$(VENV)/bin/specmesh flash --port $(PORT) --role $(ROLE)
+	$(VENV)/bin/specmesh flash --port '$(PORT)' --role '$(ROLE)' $(ARGS)
 
 # MicroPython's source (vendor/README.md), unpacked once with the project's patches (vendor/patches/*.patch,
 # applied in name order by git apply, which every clone has): the native kernels and the RV32 boards build from it.

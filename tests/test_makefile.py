@@ -246,3 +246,28 @@ def test_make_xtensa_mpy_tests_without_qemu_is_one_line(tmp_path):
     assert done.returncode == 1 and done.stderr == ("mpytests: qemu-system-xtensa is missing: install QEMU: sudo "
                                                     "apt-get install qemu-system-misc (README: With boards)\n"), (
         done.stderr)
+
+
+@pytest.mark.parametrize("given, argv", [
+    (["ROLE=stage", "ARGS=--layers 0:1 --key-file k"], "[flash] [--port] [auto] [--role] [stage] [--layers] [0:1] "
+                                                      "[--key-file] [k]"),
+    (["PORT=", "ROLE=drafter"], "[flash] [--port] [] [--role] [drafter]"),
+])
+def test_make_flash_passes_its_flags_and_an_empty_port_on(tmp_path, given, argv):
+    """make flash ROLE=stage could not give the --layers a stage needs (nor --key-file or --model), so it ended at
+    "--role stage needs it" whatever was typed; and PORT= (an unset shell variable's) dropped the word, so specmesh
+    printed argparse's usage and "expected one argument". ARGS passes flags on, as make run's does, and an empty PORT
+    reaches specmesh, whose one line says what to give. The set-up taken as made; specmesh: a script printing its
+    arguments."""
+    folder = tmp_path / "c"
+    (folder / ".venv" / "bin").mkdir(parents=True)
+    shutil.copy(ROOT / "Makefile", folder)
+    (folder / "pyproject.toml").touch()
+    os.utime(folder / "pyproject.toml", (time.time() - 100,) * 2)
+    (folder / ".venv" / ".specmesh-setup").write_text(str(folder.resolve()) + "\n")
+    specmesh = folder / ".venv" / "bin" / "specmesh"
+    specmesh.write_text("#!/bin/sh\nfor a in \"$@\"; do printf '[%s] ' \"$a\"; done\n")
+    specmesh.chmod(0o755)
+    done = subprocess.run(["make", "--no-print-directory", "-s", "flash", *given], cwd=folder, capture_output=True,
+                          text=True, timeout=60, env=dict(ALONE))
+    assert done.returncode == 0 and done.stdout.strip() == argv, done.stdout + done.stderr
