@@ -349,6 +349,11 @@ def test_bench_checks_its_output_path_before_benchmarking(capsys, tmp_path):
     rc = cli.main(["bench", "--port", "/dev/ttyNOPE", "--out", str(tmp_path / "no" / "c.json")])
     assert rc == 2 and capsys.readouterr().err == ("specmesh bench: error: --out %s cannot be written: folder %s does "
                                                    "not exist\n" % (tmp_path / "no" / "c.json", tmp_path / "no"))
+    # an empty --out (an unset shell variable's) is named as run names an empty --stats-json: "--out  cannot be" read
+    # as a word left out
+    assert cli.main(["bench", "--port", "/dev/ttyNOPE", "--out", ""]) == 2
+    assert capsys.readouterr().err == ("specmesh bench: error: --out '' cannot be written: an empty name (give a file, "
+                                       "or - for stdout)\n")
 
 
 def test_the_texts_streams_closed_full_or_left_are_one_line_or_quiet(models):

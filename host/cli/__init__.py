@@ -136,7 +136,7 @@ def _bench(args) -> int:
 
     problem = atomic.output_problem(args.out)  # before minutes of benchmarking
     if problem:
-        print(f"specmesh bench: error: --out {args.out} cannot be written: {problem}", file=sys.stderr)
+        print(f"specmesh bench: error: --out {args.out or repr('')} cannot be written: {problem}", file=sys.stderr)
         return 2
     try:
         key = load_key(args.key_file) if args.key_file else None
