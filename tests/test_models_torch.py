@@ -107,6 +107,29 @@ def test_an_export_stopped_while_it_writes_the_reference_outputs_keeps_the_old_a
                                                           "vocab.bin", "x.spm", "y.spm"]
 
 
+def test_an_export_stopped_while_it_computes_the_reference_outputs_writes_no_model_file(tmp_path, monkeypatch):
+    """The model file was written before its reference outputs were computed (the float model's greedy runs and loss:
+    minutes for a shipped drafter): a Ctrl-C meanwhile left the new model beside the old model's reference outputs,
+    against which the tests check the int8 engines. The files are now written once every reference is computed."""
+    from specmesh.tools import export
+
+    _export_folder(tmp_path)
+    assert export.main(["--out", str(tmp_path), "--model", "x=%s" % (tmp_path / "tiny.pt")]) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export, "reference", stopped)
+    torch.manual_seed(1)  # another model under the same name
+    m = Transformer(ModelArgs(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, max_seq=80))
+    torch.save({"model": m.state_dict(), "config": m.a.to_dict()}, tmp_path / "tiny.pt")
+    before["tiny.pt"] = (tmp_path / "tiny.pt").read_bytes()
+    with pytest.raises(KeyboardInterrupt):
+        export.main(["--out", str(tmp_path), "--model", "x=%s" % (tmp_path / "tiny.pt")])
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 def test_export_and_training_read_the_shipped_models_wherever_they_are_run_from(tmp_path, monkeypatch, capsys):
     """export, train and train_all read "models/" of the folder they were run in: from any other, export said
     "export: [Errno 2] No such file or directory: 'models/vocab.bin'" before looking at the checkpoint asked for.

@@ -9,7 +9,8 @@ check the int8 engines against the float model without PyTorch or the float chec
     <name>.prompt int32 [P, G0], <name>.greedy int32 [P, G] (float greedy tokens after the prompt),
     <name>.margin float32 [P, G] (float top-1 minus top-2 logit at each greedy step: near-ties show),
     <name>.float_loss float64 [] (held-out loss of the float model on the model card's loss stories).
-Entries of models not exported in this call are kept.
+Entries of models not exported in this call are kept. Every model's reference outputs are computed before any file
+is written: a Ctrl-C while they are leaves the folder as it was.
 
     python -m specmesh.tools.export --model drafter=checkpoints/drafter/best.pt
     python -m specmesh.tools.export --model target=stories260K.bin
@@ -143,10 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         print("export: %s" % said(e), file=sys.stderr)
         return 1
     for name, m in models.items():
+        refs = {k: v for k, v in refs.items() if not k.startswith(name + ".")} | reference(name, m, tok, stories)
+    # the files once every model's reference outputs are computed (minutes): a Ctrl-C meanwhile left a model file new
+    # and its reference outputs old, which the tests check the int8 engines against; now it leaves --out as it was
+    for name, m in models.items():
         path = a.out / (name + ".spm")
         export_model(m, path, tid)
         print("export: %s  %d params  %d bytes" % (path, m.n_params(), path.stat().st_size))
-        refs = {k: v for k, v in refs.items() if not k.startswith(name + ".")} | reference(name, m, tok, stories)
     with atomic.replacing(ref_path) as f:  # a Ctrl-C while it is written keeps the old archive whole
         np.savez_compressed(f, **refs)
     print("export: %s" % ref_path)
