@@ -130,6 +130,22 @@ def test_an_export_stopped_while_it_computes_the_reference_outputs_writes_no_mod
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+@pytest.mark.parametrize("out, said", [("new", "has no vocab.bin, tokenizer.bin, heldout.txt"),
+                                       ("file", "is not a folder")])
+def test_export_to_a_folder_that_is_no_models_folder_says_what_out_is(tmp_path, capsys, out, said):
+    """--out is where export reads the vocabulary, tokenizer and stories as well as where it writes: a new folder
+    was "export: NEW/vocab.bin: No such file or directory", which did not say to give a models folder."""
+    from specmesh.tools.export import main
+
+    _export_folder(tmp_path)
+    (tmp_path / "new").mkdir()
+    (tmp_path / "file").write_text("")
+    assert main(["--out", str(tmp_path / out), "--model", "x=%s" % (tmp_path / "tiny.pt")]) == 1
+    assert capsys.readouterr().err == ("export: --out %s %s: give a models folder (models/, or a copy of it): export "
+                                       "reads vocab.bin, tokenizer.bin, heldout.txt there and writes the models beside "
+                                       "them\n" % (tmp_path / out, said))
+
+
 def test_export_and_training_read_the_shipped_models_wherever_they_are_run_from(tmp_path, monkeypatch, capsys):
     """export, train and train_all read "models/" of the folder they were run in: from any other, export said
     "export: [Errno 2] No such file or directory: 'models/vocab.bin'" before looking at the checkpoint asked for.

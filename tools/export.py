@@ -10,7 +10,8 @@ check the int8 engines against the float model without PyTorch or the float chec
     <name>.margin float32 [P, G] (float top-1 minus top-2 logit at each greedy step: near-ties show),
     <name>.float_loss float64 [] (held-out loss of the float model on the model card's loss stories).
 Entries of models not exported in this call are kept. Every model's reference outputs are computed before any file
-is written: a Ctrl-C while they are leaves the folder as it was.
+is written: a Ctrl-C while they are leaves the folder as it was. --out (default: models/) is a models folder: export reads
+vocab.bin, tokenizer.bin and heldout.txt there and writes the models beside them.
 
     python -m specmesh.tools.export --model drafter=checkpoints/drafter/best.pt
     python -m specmesh.tools.export --model target=stories260K.bin
@@ -45,6 +46,7 @@ REF_PROMPTS = 3
 REF_LEN = 64  # teacher-forced positions with saved logits
 GREEDY_PROMPT = 16
 GREEDY_NEW = 24
+READ_IN_OUT = ("vocab.bin", "tokenizer.bin", "heldout.txt")  # what export reads in --out
 
 
 def header_of(model: Transformer, tokenizer_id: int) -> Header:
@@ -119,12 +121,23 @@ def reference(name: str, m: Transformer, tok: Tokenizer, stories: list[str]) -> 
             name + ".float_loss": np.float64(float_loss(m, tok, [stories[i] for i in LOSS_STORIES]))}
 
 
+def _check_out(out: Path) -> None:
+    """ValueError where `out` is no models folder: export reads the vocabulary, tokenizer and held-out stories there,
+    beside the model files it writes (a new folder said only "OUT/vocab.bin: No such file or directory")."""
+    missing = [name for name in READ_IN_OUT if not (out / name).is_file()]
+    if not out.is_dir() or missing:
+        raise ValueError("--out %s %s: give a models folder (models/, or a copy of it): export reads %s there and "
+                         "writes the models beside them" % (out, "has no " + ", ".join(missing) if out.is_dir()
+                                                            else "is not a folder", ", ".join(READ_IN_OUT)))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.export", description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", required=True, metavar="NAME=CHECKPOINT")
     ap.add_argument("--out", type=Path, default=MODELS)  # the package's, wherever it is run from
     a = ap.parse_args(argv)
     try:
+        _check_out(a.out)
         tid = vocab_id((a.out / "vocab.bin").read_bytes())
         tok = Tokenizer.from_llama2c(a.out / "tokenizer.bin")
         stories = heldout_stories(a.out / "heldout.txt")
