@@ -67,6 +67,20 @@ def test_export_refuses_a_file_that_is_no_checkpoint_and_a_broken_archive_in_one
     assert not (tmp_path / "x.spm").exists()
 
 
+def test_export_of_a_model_file_says_it_is_exported_already(tmp_path, capsys):
+    """A .spm given as the checkpoint was read as a llama2.c one: "implausible llama2.c header {'dim': 1296912467,
+    ...}: not a llama2.c checkpoint?", which did not say what the file is or what to give."""
+    from specmesh.tools.export import main
+    from tests.conftest import ROOT
+
+    _export_folder(tmp_path)
+    model = ROOT / "models" / "target.spm"
+    assert main(["--out", str(tmp_path), "--model", "x=%s" % model]) == 1
+    assert capsys.readouterr().err == ("export: %s is a specmesh model file, exported already: give the checkpoint to "
+                                       "export, a .pt that tools/train.py wrote or a llama2.c .bin\n" % model)
+    assert not (tmp_path / "x.spm").exists()
+
+
 @pytest.mark.parametrize("name", ["../escaped", "sub/x", "", "x.v2"])
 def test_export_refuses_a_model_name_that_is_no_plain_file_name(tmp_path, capsys, name):
     """`--model ../escaped=CK` wrote escaped.spm beside --out, not in it; an empty name wrote ".spm"; the entries of

@@ -36,7 +36,7 @@ from specmesh.host import atomic
 from specmesh.host.backends.modelio import write_model
 from specmesh.host.decode.tokenizer import Tokenizer, vocab_id
 from specmesh.host.layout import MODELS
-from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header
+from specmesh.shared.modelfile import FLAG_SHARED_CLS, MAGIC, Header
 from specmesh.tools.llama2c_import import ImportError_, read_checkpoint
 from specmesh.tools.modeldefs import CheckpointError, ModelArgs, Transformer, export_tensors, from_tensors, load_weights, read_pt
 from specmesh.tools.heldout import LOSS_STORIES, heldout_stories
@@ -72,8 +72,12 @@ def load_float(path: Path) -> Transformer:
                                   % path) from None
         load_weights(m, ck["model"], str(path), "its own config", "give a .pt that tools/train.py wrote")
         return m.eval()
+    data = path.read_bytes()
+    if data.startswith(MAGIC):  # read as a llama2.c header: "implausible llama2.c header {...}", and no way on
+        raise CheckpointError("%s is a specmesh model file, exported already: give the checkpoint to export, a .pt "
+                              "that tools/train.py wrote or a llama2.c .bin" % path)
     try:
-        cfg, tensors = read_checkpoint(path.read_bytes())
+        cfg, tensors = read_checkpoint(data)
     except ImportError_ as e:  # its message names no file
         raise CheckpointError("%s: %s" % (path, e)) from None
     return from_tensors(ModelArgs(dim=cfg["dim"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"],
