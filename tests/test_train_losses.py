@@ -102,6 +102,26 @@ def test_the_trainer_refuses_a_flag_no_run_can_use_in_one_line_before_the_target
     assert not (tmp_path / "ck").exists()
 
 
+@pytest.mark.parametrize("out, says", [
+    ("", "--out is empty: give the folder for the checkpoints (an unset shell variable?)"),  # trained into the cwd
+    ("{file}", "--out {file} is a file, not a folder: give the folder for the checkpoints"),  # "{file}: File exists"
+    ("{file}/ck", "--out {file}/ck: {file} is a file, not a folder: give the folder for the checkpoints"),
+])
+def test_an_out_that_cannot_be_the_checkpoint_folder_is_one_line_before_the_target_loads(tmp_path, capsys,
+                                                                                         monkeypatch, out, says):
+    """--out '' (an unset shell variable's) trained into the folder it was run in, its last.pt and best.pt among the
+    user's files; a file on its way was "train: FILE: File exists" once the target had loaded."""
+    from specmesh.tools import train
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "train", lambda a: pytest.fail("trained"))
+    (tmp_path / "file").write_text("")
+    out = out.format(file=tmp_path / "file")
+    assert train.main(["--shape", "d40l2kv1", "--out", out, "--steps", "0"]) == 2
+    assert capsys.readouterr().err == "train: %s\n" % says.format(file=tmp_path / "file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
 @pytest.mark.parametrize("flag", ["--heldout", "--openings"])
 def test_a_text_with_no_story_or_not_utf8_is_one_line_before_the_target_loads(tmp_path, capsys, flag):
     """An empty --heldout was torch's reshape error once the target had continued no prompt; a text that is not UTF-8

@@ -256,6 +256,18 @@ def train(a) -> dict:
     return summary
 
 
+def _out_problem(out: str) -> str | None:
+    """Why --out cannot be the checkpoint folder, or None: empty (an unset shell variable's), which trained into the
+    folder it was run in, or a file on its way, which was "train: OUT: File exists" once the target had loaded."""
+    if not out.strip():
+        return "--out is empty: give the folder for the checkpoints (an unset shell variable?)"
+    on_way = next((p for p in (Path(out), *Path(out).parents) if p.exists()), None)
+    if on_way is not None and not on_way.is_dir():
+        where = "" if on_way == Path(out) else ": %s" % on_way
+        return "--out %s%s is a file, not a folder: give the folder for the checkpoints" % (out, where)
+    return None
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.train", description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(DRAFTERS), required=True)
@@ -299,6 +311,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
+    problem = _out_problem(a.out)
+    if problem:
+        print("train: %s" % problem, file=sys.stderr)
+        return 2
     try:
         loss_terms(a.loss)
     except argparse.ArgumentTypeError as e:
