@@ -122,6 +122,20 @@ def test_an_out_that_cannot_be_the_checkpoint_folder_is_one_line_before_the_targ
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
+@pytest.mark.parametrize("flag, value, says", [("--temps", "1,x", "'1,x' is not numbers separated by commas (e.g. 1,0.5)"),
+                                               ("--init-layers", "a", "'a' is not layer numbers separated by commas "
+                                                                      "(e.g. 0,1,2,4)")])
+def test_a_list_flag_that_is_no_list_names_what_it_takes(tmp_path, capsys, flag, value, says):
+    """argparse named the parser of --temps and --init-layers: "invalid <lambda> value: '1,x'"."""
+    from specmesh.tools.train import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--shape", "d40l2kv1", "--out", str(tmp_path / "ck"), flag, value])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "python -m specmesh.tools.train: error: argument %s: %s" % (
+        flag, says)
+
+
 @pytest.mark.parametrize("flag", ["--heldout", "--openings"])
 def test_a_text_with_no_story_or_not_utf8_is_one_line_before_the_target_loads(tmp_path, capsys, flag):
     """An empty --heldout was torch's reshape error once the target had continued no prompt; a text that is not UTF-8

@@ -256,6 +256,22 @@ def train(a) -> dict:
     return summary
 
 
+def _temps(text: str) -> tuple[float, ...]:
+    """--temps: temperatures separated by commas (argparse's own line named a lambda: "invalid <lambda> value")."""
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not numbers separated by commas (e.g. 1,0.5)" % text) from None
+
+
+def _layers(text: str) -> list[int]:
+    """--init-layers: layer numbers separated by commas."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not layer numbers separated by commas (e.g. 0,1,2,4)" % text) from None
+
+
 def _out_problem(out: str) -> str | None:
     """Why --out cannot be the checkpoint folder, or None: empty (an unset shell variable's), which trained into the
     folder it was run in, or a file on its way, which was "train: OUT: File exists" once the target had loaded."""
@@ -281,7 +297,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--text-share", type=float, default=0.0,
                     help="with --openings: this fraction of each pool is windows of the paragraphs themselves")
     ap.add_argument("--init", type=Path, help="start from this checkpoint's (.pt) or model file's (.spm) weights")
-    ap.add_argument("--init-layers", type=lambda t: [int(x) for x in t.split(",")],
+    ap.add_argument("--init-layers", type=_layers,
                     help="start from these layers of the target (e.g. 0,1,2,4), its embedding and final norm: "
                          "a --shape of the target's layer shape (t64l4) with as many layers")
     ap.add_argument("--loss", default="kl",
@@ -298,7 +314,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--pool", type=int, default=1024, help="stories the target samples per pool")
-    ap.add_argument("--temps", type=lambda t: tuple(float(x) for x in t.split(",")), default=(1.0,),
+    ap.add_argument("--temps", type=_temps, default=(1.0,),
                     help="temperatures the target samples the pool at, rows split evenly (e.g. 1,0.5)")
     ap.add_argument("--refresh", type=int, default=160, help="steps between pools (each story is drawn ~5 times)")
     ap.add_argument("--lr", type=float, default=3e-3)
