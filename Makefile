@@ -156,9 +156,13 @@ $(NATIVE_STAMP): $(STAMP)
 	$(PIP) -e '.[dev,native]'
 	@touch $(NATIVE_STAMP)
 
+# A dry run (`make -n native`, or `make -n bench`, which runs it) unpacks no source, but runs the line naming $(MAKE):
+# without the source, each build's sub-make ended in make's errors over the file it includes; it says what it would
+# build instead.
 native: $(NATIVE_STAMP) mpy-src
 	$(call need,native,$(NATIVE_TOOLS),$(NATIVE_DEBS))
 	@for a in $(NATIVE_ARCHES); do \
+		test -e $(MPY_SRC)/LICENSE || { echo "build firmware/native/$$a.mpy (once $(MPY_SRC) is unpacked)"; continue; }; \
 		$(MAKE) -B --no-print-directory -C firmware/native ARCH=$$a PYTHON=../../$(PY) || exit 1; \
 	done
 

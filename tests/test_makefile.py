@@ -271,3 +271,30 @@ def test_make_flash_passes_its_flags_and_an_empty_port_on(tmp_path, given, argv)
     done = subprocess.run(["make", "--no-print-directory", "-s", "flash", *given], cwd=folder, capture_output=True,
                           text=True, timeout=60, env=dict(ALONE))
     assert done.returncode == 0 and done.stdout.strip() == argv, done.stdout + done.stderr
+
+
+def test_a_dry_run_of_make_native_or_bench_before_the_source_is_unpacked_says_what_it_would_build(tmp_path):
+    """make -n runs a recipe's lines that name $(MAKE): make native's builds ran, in a clone whose MicroPython source
+    was not unpacked yet (a dry run unpacks nothing), and each ended in "No rule to make target
+    '../../build/micropython-1.28.0/py/dynruntime.mk'", status 2, for make -n native as for make -n bench (which runs
+    make native). The dry run now says what it would build. Nothing is made."""
+    folder = tmp_path / "c"
+    (folder / "firmware" / "native").mkdir(parents=True)
+    (folder / "vendor").mkdir()
+    shutil.copy(ROOT / "Makefile", folder)
+    shutil.copy(ROOT / "firmware" / "native" / "Makefile", folder / "firmware" / "native")
+    for name in ("pyproject.toml", "vendor/micropython-1.28.0-src.tar.gz", "vendor/micropython-1.28.0-tests.tar.gz"):
+        (folder / name).touch()
+    tools = tmp_path / "bin"  # every tool of make native's, so that make -n bench runs it
+    tools.mkdir()
+    for name in ("gcc", "riscv64-unknown-elf-gcc", "clang-22", "llc-22", "llvm-mc-22"):
+        (tools / name).write_text("#!/bin/sh\nexit 0\n")
+        (tools / name).chmod(0o755)
+    path = "%s:%s" % (tools, os.path.dirname(shutil.which("make")))
+    for target in ("native", "bench"):
+        done = subprocess.run(["make", "--no-print-directory", "-n", target, "PICOLIBC=/"], cwd=folder,
+                              capture_output=True, text=True, timeout=60, env=dict(ALONE, PATH=path))
+        assert done.returncode == 0 and "Error" not in done.stdout + done.stderr, done.stdout + done.stderr
+        if target == "native":
+            assert "build firmware/native/x64.mpy (once build/micropython-1.28.0 is unpacked)" in done.stdout
+    assert sorted(p.name for p in folder.iterdir()) == ["Makefile", "firmware", "pyproject.toml", "vendor"]
