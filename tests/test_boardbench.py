@@ -238,6 +238,19 @@ def test_calibration_without_a_projection_is_refused(models, tmp_path, capsys):
     assert rc == 2 and "--calibration prices a projection: add --project esp32s3" in capsys.readouterr().err
 
 
+def test_a_calibration_for_a_pipeline_is_refused(models, tmp_path, capsys):
+    """run --stages N --project esp32s3 --calibration FILE projected the pipeline exactly as without the file (its
+    projection takes no rates), and nothing said so."""
+    (tmp_path / "c.json").write_text(json.dumps({"format": "specmesh-calibration", "version": 1, "board": {
+        "machine": "S3 devkit"}, "seconds_per_unit": {"matmul_1": 1e-9}}))
+    rc = cli.main(["run", "--models", str(models), "--stages", "2", "--quiet", "--project", "esp32s3",
+                   "--calibration", str(tmp_path / "c.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and err.endswith(
+        "--calibration prices a single verifier board: a pipeline (--stages) is projected from its stages' derived "
+        "rates, which take no calibration: drop --calibration\n"), err
+
+
 def test_a_partial_calibration_keeps_the_derived_rates_of_the_other_terms(tmp_path):
     path = tmp_path / "cal.json"
     path.write_text(json.dumps({"format": "specmesh-calibration", "version": 1, "board": {"machine": "S3 devkit"},

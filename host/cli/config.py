@@ -297,6 +297,10 @@ def _check_ranges(a: argparse.Namespace) -> None:
     if a.drafter_calibration is not None and (a.plain or a.drafter == "cpu" or pipelined(a.stages, a.verifier)):
         raise UsageError("--drafter-calibration prices a drafter board: not with --plain, --drafter cpu or stage boards "
                          "(--stages, or --verifier PORT1,PORT2,...)")
+    if a.calibration is not None and pipelined(a.stages, a.verifier):  # projection/pipeline.py takes no rates
+        raise UsageError("--calibration prices a single verifier board: a pipeline (--stages, or --verifier "
+                         "PORT1,PORT2,...) is projected from its stages' derived rates, which take no calibration: "
+                         "drop --calibration")
     if a.project in RV32_PROJECT:
         want = "virtual:" + a.project
         roles = [("verifier", a.verifier)] + ([] if a.plain else [("drafter", a.drafter)])
