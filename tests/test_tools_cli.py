@@ -129,3 +129,24 @@ def test_a_missing_file_is_named_without_pythons_errno_form(tmp_path, argv, miss
                           capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (1, "%s: %s: No such file or directory\n" % (
         argv[0], missing.format(tmp=tmp_path))), done.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["export", "--model", "x=y.pt", "--out"], ["ngram", "--drafter"], ["ngram", "--text"], ["modelcard", "--models"],
+    ["modelcard", "--variants"], ["modelcard", "--json"],
+    *(["train", "--shape", "d40l2kv1", "--out", "ck", flag] for flag in ("--teacher", "--tokenizer", "--heldout",
+                                                                          "--openings", "--init")),
+])
+def test_an_empty_path_given_to_the_training_chains_tools_is_refused(argv, tmp_path):
+    """An empty path (an unset shell variable's `--out "$DIR"`) was read as the current folder: export said "--out . has
+    no vocab.bin ...", ngram and train ".: Is a directory" (train once it had made its --out), modelcard "--json .
+    cannot be written: it is a folder" or "--variants: no summary.json"; each now says the flag is empty, as the
+    commands do (host/cli/flags.py a_path), before any work."""
+    if argv[0] in NEEDS_TORCH:
+        pytest.importorskip("torch", reason="%s needs PyTorch: without it, it says how to install it" % argv[0])
+    done = subprocess.run([sys.executable, "-m", "specmesh.tools." + argv[0], *argv[1:], ""], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.splitlines()[-1] == (
+        "python -m specmesh.tools.%s: error: argument %s: is empty: give a path (an unset shell variable?)"
+        % (argv[0], argv[-1])), done.stderr
+    assert list(tmp_path.iterdir()) == []

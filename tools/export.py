@@ -34,6 +34,7 @@ except ImportError as e:  # the `gpu` extra
 
 from specmesh.host import atomic
 from specmesh.host.backends.modelio import write_model
+from specmesh.host.cli.flags import a_path
 from specmesh.host.decode.tokenizer import Tokenizer, vocab_id
 from specmesh.host.layout import MODELS
 from specmesh.shared.modelfile import FLAG_SHARED_CLS, MAGIC, Header
@@ -138,7 +139,7 @@ def _check_out(out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.export", description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", required=True, metavar="NAME=CHECKPOINT")
-    ap.add_argument("--out", type=Path, default=MODELS)  # the package's, wherever it is run from
+    ap.add_argument("--out", type=a_path, default=MODELS)  # the package's, wherever it is run from
     a = ap.parse_args(argv)
     try:
         _check_out(a.out)

@@ -30,6 +30,7 @@ from specmesh.tools import output_problem, run_tool, said
 from specmesh.host import atomic
 from specmesh.host.backends import BackendError, LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.backends.engine import Engine, to_float
+from specmesh.host.cli.flags import a_path
 from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.cli.streams import STDOUTS
 from specmesh.host.boardclasses import ESP32, ESP32S3, kv_bytes
@@ -141,11 +142,11 @@ def measure(a) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.modelcard", description=__doc__.splitlines()[0])
-    ap.add_argument("--models", type=Path, default=MODELS)  # the package's, wherever it is run from
+    ap.add_argument("--models", type=a_path, default=MODELS)  # the package's, wherever it is run from
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--new", type=int, default=96)
-    ap.add_argument("--variants", type=Path, nargs="*", default=[], help="drafter checkpoint folders to compare")
-    ap.add_argument("--json", type=Path, default=Path("runs/modelcard.json"))
+    ap.add_argument("--variants", type=a_path, nargs="*", default=[], help="drafter checkpoint folders to compare")
+    ap.add_argument("--json", type=a_path, default=Path("runs/modelcard.json"))
     a = ap.parse_args(argv)
     try:  # no prompts or no new tokens measure nothing: a division by zero after minutes of measuring
         in_range("--prompts", a.prompts, 1)

@@ -40,6 +40,7 @@ from pathlib import Path
 from specmesh.tools import run_tool, said
 from specmesh.host import atomic
 from specmesh.host.backends import EngineStream
+from specmesh.host.cli.flags import a_path
 from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.boardclasses import ESP32, ESP32S3
 from specmesh.host.layout import MODELS, TARGET_FILE, ngram_table_name
@@ -206,10 +207,10 @@ def build(text: Path, drafters: Sequence[Path | None], workers: int, sampled: in
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.ngram", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--drafter", type=Path, action="append",
+    ap.add_argument("--drafter", type=a_path, action="append",
                     help="a drafter model file; its table is written beside it (default: %s, and the target's table)"
                     % ", ".join(DRAFTERS))
-    ap.add_argument("--text", type=Path, default=MODELS / "tinystories_train_head.txt")
+    ap.add_argument("--text", type=a_path, default=MODELS / "tinystories_train_head.txt")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     a = ap.parse_args(argv)
     drafters: list[Path | None] = a.drafter or [*(MODELS / d for d in DRAFTERS), None]

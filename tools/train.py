@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 from specmesh.host import atomic
 from specmesh.host.backends.modelio import check_model_file
+from specmesh.host.cli.flags import a_path
 from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import MODELS, TARGET_FILE
@@ -288,15 +289,15 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.train", description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(DRAFTERS), required=True)
     ap.add_argument("--out", required=True, help="checkpoint directory")
-    ap.add_argument("--teacher", type=Path, default=MODELS / TARGET_FILE, help="the target model file")
-    ap.add_argument("--tokenizer", type=Path, default=MODELS / "tokenizer.bin")
-    ap.add_argument("--heldout", type=Path, default=MODELS / "heldout.txt")
+    ap.add_argument("--teacher", type=a_path, default=MODELS / TARGET_FILE, help="the target model file")
+    ap.add_argument("--tokenizer", type=a_path, default=MODELS / "tokenizer.bin")
+    ap.add_argument("--heldout", type=a_path, default=MODELS / "heldout.txt")
     ap.add_argument("--val-stories", type=int, default=64)
     ap.add_argument("--val-new", type=int, default=96, help="tokens the target continues each held-out prompt with")
-    ap.add_argument("--openings", type=Path, help="paragraphs (blank-line separated) the pool rows open with")
+    ap.add_argument("--openings", type=a_path, help="paragraphs (blank-line separated) the pool rows open with")
     ap.add_argument("--text-share", type=float, default=0.0,
                     help="with --openings: this fraction of each pool is windows of the paragraphs themselves")
-    ap.add_argument("--init", type=Path, help="start from this checkpoint's (.pt) or model file's (.spm) weights")
+    ap.add_argument("--init", type=a_path, help="start from this checkpoint's (.pt) or model file's (.spm) weights")
     ap.add_argument("--init-layers", type=_layers,
                     help="start from these layers of the target (e.g. 0,1,2,4), its embedding and final norm: "
                          "a --shape of the target's layer shape (t64l4) with as many layers")
