@@ -173,6 +173,27 @@ def test_bench_of_a_pipeline_stage_board_times_its_stage_pass(tmp_path, capsys):
     assert 0 < data["check"]["interpreted calls between kernels, share of the stage pass"] < 1
 
 
+def test_bench_of_a_half_flashed_board_says_to_finish_the_flash(tmp_path, capsys):
+    """A board left half-flashed (its config marked "flashing", the model the flash had removed not written yet) was
+    benched with its config's model: "the benchmark failed on the board: OSError: [Errno 2] ENOENT", status 1, and
+    no way on. It is now told as run tells it, with the flash that finishes it, before the benchmark runs."""
+    from specmesh.host.emulator import VirtualBoard
+
+    vb = VirtualBoard(tmp_path / "s3", "esp32s3", name="half").start()
+    try:
+        flash(vb.port, "verifier", ROOT / "models" / TARGET_FILE, progress=False, reset=False)
+        config = vb.flash_dir / "specmesh.json"  # what a flash interrupted while it wrote the model leaves
+        config.write_text(json.dumps(dict(json.loads(config.read_text()), flashing="verifier")))
+        (vb.flash_dir / "models" / TARGET_FILE).unlink()
+        rc = cli.main(["bench", "--port", vb.port, "--out", str(tmp_path / "c.json")])
+    finally:
+        vb.stop()
+    assert rc == 2 and capsys.readouterr().err == (
+        "specmesh bench: error: %s: the board was left half-flashed (a `specmesh flash` was interrupted); finish it "
+        "with `specmesh flash --port %s --role verifier`, then bench it\n" % (vb.port, vb.port))
+    assert not (tmp_path / "c.json").exists()
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "not found: write one with `specmesh bench --port PORT --out FILE`"),
     ("FOLDER", "cannot be read: Is a directory"),  # was "is not valid JSON (IsADirectoryError)"

@@ -222,13 +222,13 @@ def test_a_board_lost_as_its_config_is_read_is_lost_not_full(virtual_board, tiny
     flash(vb.port, "drafter", model, sources=sources, progress=False)
     room = "import os\nwith open('/fill', 'wb') as f:\n for _ in range(os.statvfs('/')[3] - 2): f.write(bytes(4096))\n"
     assert mpremote(vb.port, "exec", room).returncode == 0  # 8 KiB left: room for none of the files, if all changed
-    read_config = flash_module._board_config
+    read_config = flash_module.read_board_config
 
     def lost_then_read(transport):
         vb.stop()  # its pty closed: the port is gone, as a board unplugged
         return read_config(transport)
 
-    monkeypatch.setattr(flash_module, "_board_config", lost_then_read)
+    monkeypatch.setattr(flash_module, "read_board_config", lost_then_read)
     with pytest.raises(FlashError) as e:
         flash(vb.port, "drafter", model, sources=sources, progress=False)
     assert str(e.value).startswith(vb.port + ": lost the board ("), str(e.value)

@@ -25,7 +25,8 @@ from specmesh.host.projection.calibration import write
 from specmesh.host.boardclasses import class_of
 from specmesh.host.bus import ports
 from specmesh.host.provision.flash import (FlashError, FlashRequestError, Lost, close, failed, leave_node, open_board,
-                                           probe)
+                                           probe, read_board_config)
+from specmesh.shared.board import FLASHING
 from specmesh.shared.modelfile import HEADER_SIZE, Header, parse_header
 
 # The target's shapes (stories260K): what the calibrated rates are measured on.
@@ -137,6 +138,11 @@ def bench(port: str, out: str, reps: int = 7, key: bytes | None = None) -> dict:
         if not transport.fs_exists("kernels.mpy") and not transport.fs_exists("kernels.py"):
             raise FlashRequestError("%s has no specmesh node: flash it first (specmesh flash --port %s --role "
                                     "verifier)" % (port, port))
+        half = read_board_config(transport).get(FLASHING)
+        if half:  # its config names files the interrupted flash may have removed: the board script's ENOENT
+            raise FlashRequestError("%s: the board was left half-flashed (a `specmesh flash` was interrupted); finish "
+                                    "it with `specmesh flash --port %s --role %s%s`, then bench it"
+                                    % (port, port, half, " --layers A:B" if half == "stage" else ""))
         try:  # a real board takes seconds per model (loading, 32 tokens of prefix): a generous silence limit
             raw, err = transport.exec_raw(script(reps), timeout=EXEC_TIMEOUT_S)
         except (TransportError, OSError) as e:

@@ -75,7 +75,7 @@ def _host_disk_full(folder: Path, model: Path) -> str | None:
 def _last_config(path: Path) -> dict:
     """The config a virtual board was last flashed with (its flash folder's specmesh.json), or {} where there is none
     that reads as one (a hand edit, a disk that filled): the flash writes a whole one again, as it does on a real
-    board whose config does not read (host/provision/flash.py `_board_config`). One that failed to parse stopped
+    board whose config does not read (host/provision/flash.py `read_board_config`). One that failed to parse stopped
     every later run with the parser's words ('Expecting property name ...')."""
     try:
         cfg = json.loads(path.read_text())

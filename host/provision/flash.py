@@ -545,7 +545,7 @@ def _is_current(transport, dest: str, data: bytes) -> bool:
     return transport.fs_exists(dest) and transport.fs_hashfile(dest, "sha256") == hashlib.sha256(data).digest()
 
 
-def _board_config(transport) -> dict:
+def read_board_config(transport) -> dict:
     """The board's config, or {} where none reads as one (none yet, a torn one); a port that went away meanwhile is
     raised (port_gone), not read as a board without a config (mpremote's fs_exists says False for it)."""
     try:
@@ -636,7 +636,7 @@ def flash_checked(
             if not image:
                 files[model_dest] = model
             # keep what else the board was configured with (link, peers), not the mark of an unfinished flash
-            board_config = _board_config(transport)
+            board_config = read_board_config(transport)
             config = {k: v for k, v in (board_config | (config or {})).items() if k != FLASHING}
             legacy = config.pop("key", None), config.pop("ctr", 0)  # an earlier specmesh kept them in the config
             if legacy[0] and not key and not clear_key:
