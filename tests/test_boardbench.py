@@ -194,6 +194,21 @@ def test_bench_of_a_half_flashed_board_says_to_finish_the_flash(tmp_path, capsys
     assert not (tmp_path / "c.json").exists()
 
 
+def test_a_model_the_heap_left_no_room_for_is_said_not_timed():
+    """Where the board script could not load the node's model beside its own code (its MemoryError: "no heap"), the
+    report said nothing of it: no token line, no engine rate, and a user could not tell why. It now says so."""
+    from specmesh.host.projection.boardbench import modeled, rates, report
+
+    measured = {name: 10.0 for name in modeled()} | {"stream": [4096, 50.0], "stage": "no heap"}
+    s, check = rates(measured)
+    result = {"board": {"port": "/dev/ttyUSB0", "machine": "ESP32", "micropython": "1.28.0"}, "seconds_per_unit": s,
+              "measured": measured, "check": check, "class": "esp32"}
+    lines = report(result, "c.json")
+    assert "engine" not in s and check == {}
+    assert ("stage pass: not timed: the heap left no room for the model beside the benchmark's code, so the engine "
+            "rate is the derived one") in lines
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "not found: write one with `specmesh bench --port PORT --out FILE`"),
     ("FOLDER", "cannot be read: Is a directory"),  # was "is not valid JSON (IsADirectoryError)"
