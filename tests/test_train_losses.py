@@ -122,9 +122,10 @@ def test_an_out_that_cannot_be_the_checkpoint_folder_is_one_line_before_the_targ
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
-@pytest.mark.parametrize("flag, value, says", [("--temps", "1,x", "'1,x' is not numbers separated by commas (e.g. 1,0.5)"),
-                                               ("--init-layers", "a", "'a' is not layer numbers separated by commas "
-                                                                      "(e.g. 0,1,2,4)")])
+@pytest.mark.parametrize("flag, value, says", [
+    ("--temps", "1,x", "'1,x' is not numbers separated by commas (e.g. 1,0.5)"),
+    ("--init-layers", "a", "'a' is not layer numbers separated by commas (e.g. 0,1,2,4)"),
+])
 def test_a_list_flag_that_is_no_list_names_what_it_takes(tmp_path, capsys, flag, value, says):
     """argparse named the parser of --temps and --init-layers: "invalid <lambda> value: '1,x'"."""
     from specmesh.tools.train import main

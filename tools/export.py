@@ -10,8 +10,8 @@ check the int8 engines against the float model without PyTorch or the float chec
     <name>.margin float32 [P, G] (float top-1 minus top-2 logit at each greedy step: near-ties show),
     <name>.float_loss float64 [] (held-out loss of the float model on the model card's loss stories).
 Entries of models not exported in this call are kept. Every model's reference outputs are computed before any file
-is written: a Ctrl-C while they are leaves the folder as it was. --out (default: models/) is a models folder: export reads
-vocab.bin, tokenizer.bin and heldout.txt there and writes the models beside them.
+is written: a Ctrl-C while they are leaves the folder as it was. --out (default: models/) is a models folder:
+export reads vocab.bin, tokenizer.bin and heldout.txt there and writes the models beside them.
 
     python -m specmesh.tools.export --model drafter=checkpoints/drafter/best.pt
     python -m specmesh.tools.export --model target=stories260K.bin

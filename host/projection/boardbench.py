@@ -7,8 +7,8 @@ the shipped target's shapes (matmul over 1 and 5 positions, quant and requant, R
 attention, SiLU, argmax), a strided read of a large buffer (the PSRAM stream rate) and of a model on its
 ROMFS (the memory-mapped flash rate), and a whole greedy token of the model the board's node runs (its
 specmesh.json's: the target on a verifier, a drafter on a drafter board; on a pipeline stage, a pass of one position
-through its layers) where it fits the heap. The host divides each time by the work host/projection/costmodel.py counts for the same call, giving
-seconds per unit for each term. The interpreted calls between kernels (`engine`) are timed on their own:
+through its layers) where it fits the heap. The host divides each time by the work host/projection/costmodel.py
+counts for the same call, giving seconds per unit for each term. The interpreted calls between kernels (`engine`) are timed on their own:
 the same token again with the engine's kernels swapped for viper functions of the same signatures that
 return at once. So every term is measured, and whole tokens and a 5-position verify are checks: measured
 next to what the rates project. The board is soft-reset back into its node afterwards.
@@ -119,7 +119,8 @@ def rates(measured: dict) -> tuple[dict[str, float], dict]:
         us = measured.get("target_verify5" if k == 5 else name)
         if name in heads and us is not None:
             us = us if k == 5 else us[0]
-            check[label] = {"measured_us": us, "projected_us": 1e6 * sum(v * s[t] for t, v in pass_of(name, k, ctx).items())}
+            projected = 1e6 * sum(v * s[t] for t, v in pass_of(name, k, ctx).items())
+            check[label] = {"measured_us": us, "projected_us": projected}
     return s, check
 
 
