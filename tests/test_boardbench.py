@@ -283,8 +283,8 @@ def test_a_calibration_for_a_pipeline_is_refused(models, tmp_path, capsys):
                    "--calibration", str(tmp_path / "c.json")])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and err.endswith(
-        "--calibration prices a single verifier board: a pipeline (--stages) is projected from its stages' derived "
-        "rates, which take no calibration: drop --calibration\n"), err
+        "--calibration prices a single verifier board: a pipeline (--stages, or --verifier PORT1,PORT2,...) is "
+        "projected from its stages' derived rates, which take no calibration: drop --calibration\n"), err
 
 
 def test_a_partial_calibration_keeps_the_derived_rates_of_the_other_terms(tmp_path):
