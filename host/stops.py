@@ -1,6 +1,6 @@
 """How a `specmesh` command (and a tool, `python -m specmesh.tools.NAME`) is stopped from outside. From its first
 statement, while its modules still import, a Ctrl-C ends it with the shell's 130 and nothing said, not the
-interpreter's KeyboardInterrupt traceback (quiet_until_it_runs). While it runs (stoppable), SIGTERM (`kill`, a service
+interpreter's KeyboardInterrupt traceback (host/quiet.py). While it runs (stoppable), SIGTERM (`kill`, a service
 manager) and SIGHUP (a closed terminal) become `Stopped`, a KeyboardInterrupt raised in the main thread as Ctrl-C's is,
 so every `with` and `finally` on the way out runs: boards stopped, temporary folders removed (Python's default for
 these signals ends the process at once, and `atexit` and TemporaryDirectory, which remove the virtual boards' folders,
@@ -13,6 +13,8 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+
+from specmesh.host.quiet import exit_quietly
 
 # the signals that stop a command cleanly, besides Ctrl-C (SIGHUP: none on Windows)
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -70,41 +72,17 @@ def held() -> Iterator[None]:
             raise_stop(arrived[0], None)
 
 
-def _exit_quietly(_signum: int, _frame) -> None:
-    raise SystemExit(130)
-
-
-def quiet_until_it_runs() -> None:
-    """A command's first statement: from here until stoppable runs its body (its modules importing: numpy's take a
-    few tenths of a second), a Ctrl-C ends the process with status 130 and nothing said. SystemExit, not os._exit:
-    a `finally` on the way still runs. A Ctrl-C the process inherited ignored (a script's background job) stays
-    ignored; SIGTERM and SIGHUP keep their default, which ends the process at once and silently: nothing to clean up
-    before the command runs."""
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _exit_quietly)
-
-
-def quiet_under_dash_m() -> None:
-    """quiet_until_it_runs for `python -m specmesh...` (the command, a tool), from `import specmesh`, the first of our
-    code it runs; a program that imports specmesh otherwise keeps its Ctrl-C. The interpreter holds sys.argv[0] at
-    "-m" while it imports the packages above the module it runs, and sys.orig_argv names that module (`-m NAME` or
-    `-mNAME`) just before sys.argv's arguments."""
-    argv = getattr(sys, "argv", [])  # (an embedded interpreter may have none)
-    if argv[:1] == ["-m"] and sys.orig_argv[-len(argv)].removeprefix("-m").partition(".")[0] == "specmesh":
-        quiet_until_it_runs()
-
-
 @contextlib.contextmanager
 def raising_stops() -> Iterator[None]:
     """While inside, SIGTERM and SIGHUP raise Stopped in the main thread, and a Ctrl-C raises KeyboardInterrupt (again
-    where quiet_until_it_runs had made it a quiet exit), all of them (raise_stop) held while it forks (held); a signal
+    where host/quiet.py had made it a quiet exit), all of them (raise_stop) held while it forks (held); a signal
     the process inherited ignored (`nohup`) stays ignored. The handlers before are put back after (a caller in another
     thread changes nothing: only the main thread may set them)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, *SIGNALS)}
-    if before[signal.SIGINT] in (_exit_quietly, signal.default_int_handler):  # the command runs: its `finally`s
+    if before[signal.SIGINT] in (exit_quietly, signal.default_int_handler):  # the command runs: its `finally`s
         signal.signal(signal.SIGINT, raise_stop)  # run, stoppable says the one line; held() holds it
     for s in SIGNALS:
         if before[s] is not signal.SIG_IGN:

@@ -213,8 +213,21 @@ def _console_script() -> list[str]:
     return [sys.executable, "-c", "import sys; from %s import %s; sys.exit(%s())" % (module, name, name)]
 
 
+# the `specmesh` console script as pip writes it (its launcher's template): run as a file, its sys.argv[0] is its path
+PIP_SCRIPT = """import re
+import sys
+from specmesh.__main__ import main
+if __name__ == '__main__':
+    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
+    sys.exit(main())
+"""
+SCRIPT = "specmesh"  # in ENTRIES: the path of PIP_SCRIPT written into the test's folder
+
 ENTRIES = {  # a command's entry, and a module it imports before stoppable() (host/stops.py) takes over
     "specmesh": (_console_script() + ["run", "--help"], "specmesh.host.cli"),
+    # specmesh/__init__.py's first statement (host/quiet.py), before it imported anything else of ours
+    "specmesh, pip's script, its first import": ([sys.executable, SCRIPT, "run", "--help"], "specmesh.host.stops"),
+    "python -m specmesh, its first import": ([sys.executable, "-m", "specmesh", "run", "--help"], "specmesh.host.stops"),
     "python -m specmesh": ([sys.executable, "-m", "specmesh", "run", "--help"], "specmesh.host.cli"),
     "python -m specmesh.host.cli": ([sys.executable, "-m", "specmesh.host.cli", "run", "--help"], "specmesh.host.cli"),
     "a tool, its package": ([sys.executable, "-m", "specmesh.tools.bench", "codec"], "specmesh.tools"),
@@ -230,6 +243,7 @@ def test_a_signal_while_the_modules_import_ends_the_command_without_a_traceback(
     silently (no cleanup is due before a board or a file exists)."""
     command, module = ENTRIES[entry]
     (tmp_path / "sitecustomize.py").write_text(BLOCKING_IMPORT)
+    (tmp_path / SCRIPT).write_text(PIP_SCRIPT)
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path, BLOCK_IMPORT=module)
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -240,3 +254,28 @@ def test_a_signal_while_the_modules_import_ends_the_command_without_a_traceback(
     finally:
         proc.kill()
     assert (proc.returncode, err) == ((130 if sig == signal.SIGINT else -sig), ""), err
+
+
+@pytest.mark.parametrize("entry", [[sys.executable, SCRIPT], [sys.executable, "-m", "specmesh.host.cli"]],
+                         ids=["specmesh", "python -m specmesh.host.cli"])
+def test_emulate_started_in_a_scripts_background_takes_a_ctrl_c_from_its_first_import(tmp_path, entry):
+    """`specmesh emulate &` in a shell script inherits SIGINT ignored (a background job's); it takes Ctrl-C all the
+    same, but took it only from its handler's install on: a `kill -INT` sent as it started (its modules importing)
+    was lost, and it served on, the script's `wait` for good. Now it is taken from `import specmesh` on: the shell's
+    130, nothing said, no board started."""
+    (tmp_path / "sitecustomize.py").write_text(BLOCKING_IMPORT)
+    (tmp_path / SCRIPT).write_text(PIP_SCRIPT)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, BLOCK_IMPORT="specmesh.host.cli")
+    boards = tmp_path / "boards"
+    proc = subprocess.Popen(entry + ["emulate", "--boards", "1", "--dir", str(boards)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert proc.stdout.readline() == "importing specmesh.host.cli\n", proc.stderr.read()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out, err) == (130, "", "")
+    assert not boards.exists()

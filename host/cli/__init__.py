@@ -5,7 +5,6 @@ import errno
 import os
 import re
 import shlex
-import signal
 import sys
 import time
 
@@ -240,20 +239,6 @@ def _add_emulate(sub) -> None:
     p.set_defaults(func=_emulate)
 
 
-def _stop_on_ctrl_c() -> None:
-    """Make Ctrl-C (SIGINT) raise KeyboardInterrupt, which stops the boards cleanly (`kill`'s SIGTERM does, as for
-    every command: main).
-
-    SIGINT is set explicitly: a shell script that starts `specmesh emulate &` (or any background job of
-    a non-interactive shell) hands it SIGINT ignored, and Python keeps an inherited ignore, so without
-    this `kill -INT` would never stop the emulation. stops.raise_stop, not signal.default_int_handler: a Ctrl-C
-    while a board forks its VM is held until the fork is done (stops.held).
-    """
-    from specmesh.host.stops import raise_stop
-
-    signal.signal(signal.SIGINT, raise_stop)
-
-
 def _emulate_problem(args) -> str | None:
     """What is wrong with the `specmesh emulate` flags (one line), or None; checked before any board starts."""
     from specmesh.host.emulator.board import FLASH_BLOCK, FLASH_KB_RANGE
@@ -328,7 +313,6 @@ def _emulate(args) -> int:
     radio = RadioConfig(mtu=args.mtu, loss=args.loss, duplicate=args.duplicate, reorder=args.reorder,
                         delay_ms=args.delay_ms, seed=args.seed)
     flash_bytes = args.flash_kb * 1024 if args.flash_kb is not None else None
-    _stop_on_ctrl_c()
     qemu = _qemu_board(args.board)
     name = args.board.partition(":")[2] or args.board
     failed: set[str] = set()  # the boards that stopped for good, each said once (_say_failed)

@@ -9,12 +9,12 @@ stays cheap: `from specmesh import Mesh; mesh = Mesh(drafter="virtual", verifier
 (a back-end lost beyond fail-over).
 `python -m specmesh` is the `specmesh` command.
 
-Run by `python -m specmesh...` (the command, a tool), this is the first of our code: it makes a Ctrl-C quiet from
-here on, while the modules import (host/stops.py)."""
+Run by the `specmesh` console script or `python -m specmesh...` (the command, a tool), this is the first of our code:
+its first statement makes a Ctrl-C quiet from here on, while the modules import (host/quiet.py)."""
 
-from specmesh.host import stops as _stops
+from specmesh.host import quiet as _quiet
 
-_stops.quiet_under_dash_m()
+_quiet.quiet_from_the_first_import()
 
 __all__ = ["Completion", "GenerationFailed", "Mesh", "Piece", "Stream", "UsageError"]
 
