@@ -273,3 +273,27 @@ def test_an_empty_line_continues_the_story_where_the_last_turn_stopped(models):
     assert chat(args(models, "--max-tokens", "6", "--no-color"), iter(["The little dog", "", ""]), out) == 0
     assert chat(args(models, "--max-tokens", "18", "--no-color"), iter(["The little dog"]), whole) == 0
     assert len(out.getvalue().splitlines()) == 3 and out.getvalue().replace("\n", "") == whole.getvalue().rstrip("\n")
+
+
+def test_ctrl_d_typed_at_a_terminal_while_a_reply_runs_ends_the_chat_after_it(models):
+    """A Ctrl-D typed while a reply runs (here: the opening turn's, before any prompt) is the end of the turns, as at
+    the prompt: GNU readline, which turns the terminal's canonical mode off to read, got it as a 0 byte and dropped
+    it, so the chat sat at its next prompt. Now: the reply whole, status 0, nothing on stderr."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()  # the user's terminal: the prompt and the text on it, so readline edits the line
+    os.write(master, b"\x04")  # typed at once: the terminal holds it, in canonical mode, until chat reads
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "chat", "--models", str(models), "--verifier",
+                             "cpu", "--drafter", "cpu", "--max-tokens", "4", "--no-color", "--prompt", "The cat"],
+                            stdin=slave, stdout=slave, stderr=subprocess.PIPE, cwd=ROOT)
+    os.close(slave)
+    try:
+        _, err = proc.communicate(timeout=60)
+        seen = os.read(master, 65536)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert (proc.returncode, err) == (0, b""), seen
+    assert seen.startswith(b"The cat") and b"> " not in seen, seen

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
+import select
 import sys
 
 from specmesh.host.cli.config import BOM, PROMPT_MAX_BYTES, blocking
@@ -102,9 +104,29 @@ def _typed() -> str:
     """A line typed at the terminal, after the prompt where its user sees it: on stdout when that is the terminal
     too (input()'s line editing), else on stderr: `chat > story.txt` would put the prompts in the story."""
     if sys.stdout.isatty():  # with readline's line editing (_lines imports it)
+        if _ended_ahead(sys.stdin.fileno()):
+            raise EOFError
         return input(PROMPT)
     print(PROMPT, end="", file=sys.stderr, flush=True)
     return input()
+
+
+def _ended_ahead(fd: int) -> bool:
+    """Whether a Ctrl-D typed at the terminal `fd` while a reply ran waits there, with nothing typed before it (then
+    read: the end of the turns). GNU readline reads with the terminal's canonical mode off, where a Ctrl-D that the
+    terminal took as the end of input while the mode was on reads as a 0 byte, which readline drops: the chat sat at
+    its prompt, the end asked for lost. A pending end of input is what the terminal says is readable while it counts
+    no byte to read (FIONREAD leaves the end out); a line typed ahead is left to readline, which edits it as typed."""
+    try:
+        import fcntl  # POSIX only, as GNU readline is
+        import termios
+    except ImportError:
+        return False
+    if not termios.tcgetattr(fd)[3] & termios.ICANON or not select.select([fd], [], [], 0)[0]:
+        return False
+    count = bytearray(4)
+    fcntl.ioctl(fd, termios.FIONREAD, count)
+    return int.from_bytes(count, sys.byteorder) == 0 and os.read(fd, 1) == b""
 
 
 def chat(a: argparse.Namespace, lines, out, echo: bool = True) -> int:
