@@ -60,6 +60,20 @@ def test_a_key_mismatch_is_named_within_2_s_each_way_round(virtual_board, models
     assert rc == 0, capsys.readouterr().err
 
 
+def test_a_key_mismatch_names_the_role_the_board_is_wanted_for(virtual_board, models, tmp_path, capsys):
+    """The flash command a key mismatch gives named the role as the literal ROLE ('specmesh flash --port P --role ROLE
+    --key-file ITS_KEY --no-key'), though run (--drafter PORT) and flash (--role drafter) knew it: now they name it."""
+    vb, flash, key_a, key_b = _keyed_drafter(virtual_board, models, tmp_path, capsys)
+    fix = "`specmesh flash --port %s --role drafter --key-file ITS_KEY --no-key`" % vb.port
+    rc, _ = _run(models, vb.port)
+    err = capsys.readouterr().err
+    assert rc == 2 and fix in err and "ROLE" not in err, err
+    time.sleep(0.3)  # a node answers one refusal per 250 ms
+    assert cli.main([*flash, "--key-file", str(key_b)]) == 2
+    err = capsys.readouterr().err
+    assert fix in err and "ROLE" not in err, err
+
+
 def test_a_flash_with_another_key_than_the_boards_is_told_so(virtual_board, models, tmp_path, capsys):
     """flash --key-file B onto a board keyed with A: it said 'this run has none' (the probe's HELLO went unsigned).
     A key file that cannot be used, nothing written: a usage error (2), as run's key mismatch is; it was 1, a flash

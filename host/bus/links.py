@@ -62,14 +62,16 @@ class SerialLink:
     """Frames over a pyserial port; `send` is thread-safe, `on_frame` runs on the reader thread."""
 
     def __init__(self, port: str, baudrate: int = 115200, on_frame: Callable[[Frame], None] | None = None,
-                 auth: Auth | None = None):
+                 auth: Auth | None = None, role: str = "ROLE"):
         """`auth`: the host's signing state; frames then must be signed with its key (others are counted
-        in `decoder.errors` and dropped)."""
+        in `decoder.errors` and dropped). `role`: the one the board is wanted for, named in the flash command its
+        lines give (ROLE, for the user to fill in, where no one knows it: a board benchmarked)."""
         try:
             self.ser = open_exclusive(port, baudrate=baudrate, timeout=0.05)
         except (serial.SerialException, OSError, ValueError) as e:
             raise LinkError("cannot open %s: %s" % (port, first_line(e))) from None
         self.port = port
+        self.role = role
         self.on_frame = on_frame
         self.on_refusal: Callable[[int | None], None] | None = None  # an unsigned refusal's src, once authenticated
         self.bytes_sent = 0
@@ -102,14 +104,14 @@ class SerialLink:
         text = line.decode("utf-8", "replace")
         self.text.append(text)
         if text.startswith(HALF_FLASHED):
-            role = text.rpartition(" as ")[2].strip() or "ROLE"
+            role = text.rpartition(" as ")[2].strip() or self.role
             self._fail("%s: the board was left half-flashed (a `specmesh flash` was interrupted); finish it with "
                        "`specmesh flash --port %s --role %s`" % (self.port, self.port, role))
 
     def _refused(self, reason: str) -> None:
         """The board refused this link's signature (`reason`: its E_KEY words, messages.KEY_*), before any
         frame passed: a key mismatch, said once with what to do."""
-        fix = "specmesh flash --port %s --role ROLE" % self.port
+        fix = "specmesh flash --port %s --role %s" % (self.port, self.role)
         self.refused = reason
         if reason == m.KEY_WHY[1]:
             why = ("the board signs its frames: it holds a deployment key, and this run has none; pass its key "

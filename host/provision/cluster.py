@@ -93,12 +93,13 @@ def split_layers(n_layers: int, n: int) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1], cuts[1:]))
 
 
-def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None = None) -> Bus:
+def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None = None, role: str = "ROLE") -> Bus:
     """A bus on the serial link at `port`, closed with `stack`; `faults` (host/bus/faults.py) are injected;
-    with `key` every frame is signed and every reply must be (docs/security.md)."""
+    with `key` every frame is signed and every reply must be (docs/security.md); `role`: the board's, named in the
+    flash command of the link's lines (a key mismatch)."""
     auth = HostAuth(key) if key else None
     try:
-        link = SerialLink(port, auth=auth)
+        link = SerialLink(port, auth=auth, role=role)
     except LinkError as e:
         raise BackendError(str(e)) from None
     stack.callback(link.close)
@@ -193,7 +194,7 @@ def find(kind: str, key: bytes | None = None) -> str:
     for port in ports:
         with contextlib.ExitStack() as stack:
             try:
-                bus = _open(port, stack, key=key)
+                bus = _open(port, stack, key=key, role=kind)
                 role = m.unpack_hello(bus.request(BROADCAST, m.HELLO, deadline=2.0).payload)[2]
             except BackendError:
                 continue
@@ -213,8 +214,9 @@ def connect(port: str, kind: str, key: bytes | None = None, layers: tuple[int, i
     """The back-end for a flashed board on `port` playing `kind` ("drafter", "verifier" or "stage"); `layers`: the
     layers [a, b) a stage is wanted for, named in the flash command a failure line gives."""
     with contextlib.ExitStack() as stack:
-        bus = _open(port, stack, key=key)
-        bus.peer = discover(bus, role=kind if layers is None else "%s --layers %d:%d" % (kind, *layers))
+        role = kind if layers is None else "%s --layers %d:%d" % (kind, *layers)
+        bus = _open(port, stack, key=key, role=role)
+        bus.peer = discover(bus, role=role)
         yield _backend(kind, bus, bus.peer, port, *([] if layers is None else [layers]))
 
 
@@ -392,7 +394,7 @@ class Cluster(contextlib.ExitStack):
         gateway = {"link": "gateway", "espnow": {"peers": {str(NODE_ID["verifier"]): verifier_mac}}}
         gw = self.start("drafter", gateway, hub, drafter_class("espnow"))
         self.hub = hub
-        bus = _open(gw.port, self, self.faults, self.key)
+        bus = _open(gw.port, self, self.faults, self.key, "drafter")
         bus.peer = NODE_ID["drafter"]  # the gateway; the verifier's frames carry addresses
         self.buses.append(bus)
         return bus
@@ -421,7 +423,7 @@ class Cluster(contextlib.ExitStack):
                                [lambda kind=kind: self.start(kind, progress=False) for kind in beside])[:n]
         stages = []
         for i, vb in enumerate(boards):
-            bus = _open(vb.port, self, self.faults, self.key)
+            bus = _open(vb.port, self, self.faults, self.key, "stage")
             self.buses.append(bus)
             stages.append(_backend("stage", bus, NODE_ID["stage"] + i, "virtual:stage%d(%s)" % (i, vb.board.name)))
         return PipelineVerifier(stages, layers)
@@ -437,7 +439,7 @@ class Cluster(contextlib.ExitStack):
             where = "virtual:%s(espnow%s)" % (kind, ", gateway" if kind == "drafter" else "")
         else:
             vb = (self.boards.get(kind) if board is None else None) or self.start(kind, board=board)  # pipeline()'s
-            bus = _open(vb.port, self, self.faults, self.key)
+            bus = _open(vb.port, self, self.faults, self.key, kind)
             bus.peer = NODE_ID[kind]
             self.buses.append(bus)
             where = "virtual:%s(%s)" % (kind, vb.board.name)

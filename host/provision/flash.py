@@ -276,9 +276,11 @@ PROBE = romfs.PROBE + (
 )
 
 
-def open_board(port: str, timeout: float = 5.0, virtual: bool = False, key: bytes | None = None):  # -> mpremote SerialTransport
+def open_board(port: str, timeout: float = 5.0, virtual: bool = False, key: bytes | None = None,
+               role: str = "ROLE"):  # -> mpremote SerialTransport
     """Open `port`, interrupt whatever runs, soft-reset into the raw REPL. One-line errors; `virtual`: the port is
-    a specmesh emulate's board (ports.emulated), which the advice fits; `key`: the flash's deployment key."""
+    a specmesh emulate's board (ports.emulated), which the advice fits; `key`: the flash's deployment key; `role`:
+    the one the board is flashed for, named in the flash command the advice gives (ROLE where unknown: a bench)."""
     from mpremote import transport_serial
     from mpremote.transport import TransportError
     from mpremote.transport_serial import SerialTransport
@@ -306,7 +308,7 @@ def open_board(port: str, timeout: float = 5.0, virtual: bool = False, key: byte
                 raise FlashError(f"{port}: the board's REPL answered but did not come back from a soft reset within "
                                  f"{timeout:g} s (slow to boot: a virtual board on a busy host, or a boot.py that "
                                  "hangs)") from None
-            raise _no_repl(port, timeout, virtual=virtual, key=key) from None
+            raise _no_repl(port, timeout, virtual=virtual, key=key, role=role) from None
     return transport
 
 
@@ -315,7 +317,7 @@ def _silent(*_args, **_kwargs) -> None:
 
 
 def _no_repl(port: str, timeout: float, wait_s: float = 1.5, virtual: bool = False,
-             key: bytes | None = None) -> FlashError:
+             key: bytes | None = None, role: str = "ROLE") -> FlashError:
     """Why no raw REPL answered open_board's Ctrl-C and Ctrl-A within `timeout`, told by a HELLO (signed with `key`,
     the flash's): a node with a deployment key (it takes no Ctrl-C, and refuses the HELLO saying so: the link's
     key-mismatch line; another key than `key`: said here, as a flash fixes it), a device that sends but is no
@@ -327,7 +329,7 @@ def _no_repl(port: str, timeout: float, wait_s: float = 1.5, virtual: bool = Fal
 
     auth = HostAuth(key) if key else None
     try:
-        link = SerialLink(port, auth=auth)
+        link = SerialLink(port, auth=auth, role=role)
     except LinkError as e:
         return FlashError(str(e))
     try:
@@ -339,11 +341,11 @@ def _no_repl(port: str, timeout: float, wait_s: float = 1.5, virtual: bool = Fal
     if link.refused == m.KEY_WHY[2]:
         return KeyMismatch(f"{port}: key mismatch: the board holds another deployment key than this --key-file, and a "
                           "keyed board takes no flash without its key: pass the key it was flashed with (to change "
-                          f"keys: `specmesh flash --port {port} --role ROLE --key-file ITS_KEY --no-key`, then flash "
+                          f"keys: `specmesh flash --port {port} --role {role} --key-file ITS_KEY --no-key`, then flash "
                           "with the new one)")
     half = [t for t in link.text if t.startswith(m.HALF_FLASHED)]
     if half:  # half-flashed and deaf to Ctrl-C: a keyed one (its config shuts the console before it reads "flashing")
-        role = half[-1].rpartition(" as ")[2].strip() or "ROLE"
+        role = half[-1].rpartition(" as ")[2].strip() or role
         erase = ("stop its specmesh emulate and start one with an empty --dir" if virtual else
                  "erase its flash (esptool erase_flash)")
         return KeyedHalfFlashed(f"{port}: the board was left half-flashed by an interrupted flash and holds a "
@@ -619,7 +621,7 @@ def flash_checked(
     virtual = ports.emulated(port)  # asked now: an emulate stopped mid-flash is gone when the flash fails
     if key:
         leave_node(port, key)
-    transport = open_board(port, virtual=virtual, key=key)
+    transport = open_board(port, virtual=virtual, key=key, role=role)
     try:
         info = probe(transport)
         cls = BOARD_CLASSES[board_class] if board_class else class_of(info.machine, info.mem_free)
