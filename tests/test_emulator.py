@@ -248,8 +248,8 @@ def test_emulate_says_on_stderr_when_a_board_is_gone_for_good(tmp_path):
         ready, _, _ = select.select([proc.stderr], [], [], 15)  # said within a poll of the emulate's (0.2 s)
         line = proc.stderr.readline() if ready else "(nothing on stderr within 15 s)"
         assert line == ("specmesh emulate: error: board0 on %s stopped: its flash folder %s is gone (deleted while the "
-                        "board ran?): run again, which flashes it afresh; the other boards run on (Ctrl-C stops them)\n"
-                        % (port, tmp_path / "board0")), line
+                        "board ran?): run again, which flashes it afresh; its port is closed, the other boards run on "
+                        "(Ctrl-C stops them)\n" % (port, tmp_path / "board0")), line
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=15) == 1
         assert proc.stdout.read().strip() == "stopped" and proc.stderr.read() == ""

@@ -152,6 +152,34 @@ def test_console_that_loses_its_board_says_what_to_do(virtual_board):
                         "again"), err
 
 
+def test_console_on_a_board_that_failed_for_good_says_so(tmp_path):
+    """A board of a specmesh emulate that cannot run again (its VM gone with its flash folder): its port stayed open
+    with nothing answering, so a console on it showed nothing and never ended. Now the emulate closes the port, as a
+    board unplugged: the console says in one line that it lost the board and what to do, status 1."""
+    import shutil
+
+    emulate = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "emulate", "--boards", "1", "--dir",
+                                str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, text=True)
+    console = None
+    try:
+        emulate.stdout.readline()  # the summary line
+        port = emulate.stdout.readline().split()[1]
+        console = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "console", port], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)  # stdin open: it watches
+        assert b"Ctrl-] leaves" in _read_until(console.stderr.fileno(), b"leaves")
+        (vm,) = subprocess.run(["pgrep", "-P", str(emulate.pid)], capture_output=True, text=True).stdout.split()
+        shutil.rmtree(tmp_path / "board0")
+        os.kill(int(vm), signal.SIGKILL)
+        assert console.wait(timeout=30) == 1
+        err = console.stderr.read().decode().strip()
+    finally:
+        emulate.kill()
+        if console is not None and console.poll() is None:
+            console.kill()
+    assert err.startswith("specmesh console: error: lost %s (" % port) and "\n" not in err, err
+    assert err.endswith("when it is back, run specmesh console again"), err
+
+
 def test_console_whose_stdout_fails_blames_stdout_not_the_board():
     """A full stdout said 'lost loop:// ([Errno 28] No space left on device): the board was unplugged ...', and
     a reader that left (| head) 'lost ... Broken pipe': stdout's failures are said as every command says them

@@ -356,12 +356,16 @@ def _emulate(args) -> int:
 def _say_failed(boards, said: set[str]) -> None:
     """One line on stderr for each board whose VM cannot run again (its flash folder deleted, a VM that keeps exiting
     at start), once; `said` holds the names already told. Else only its own port said so, and a user watching the
-    emulate saw nothing while the board was gone for good."""
+    emulate saw nothing while the board was gone for good. The board is then stopped, its port closed as a board
+    unplugged: a console on it says it lost the board, a later one that the port is not there (an open port that
+    nothing answers on showed them nothing, and a console from a pipe ended with status 0)."""
     for vb in boards:
         if vb.failed and vb.name not in said:
             said.add(vb.name)
-            print("specmesh emulate: error: %s on %s stopped: %s; the other boards run on (Ctrl-C stops them)"
-                  % (vb.name, vb.port, vb.failed.removeprefix(vb.name + ": ")), file=sys.stderr, flush=True)
+            print("specmesh emulate: error: %s on %s stopped: %s; its port is closed, the other boards run on (Ctrl-C "
+                  "stops them)" % (vb.name, vb.port, vb.failed.removeprefix(vb.name + ": ")), file=sys.stderr,
+                  flush=True)
+            vb.stop()
 
 
 def version() -> str:
