@@ -204,6 +204,17 @@ def test_console_on_a_missing_port_is_one_line(capsys):
     assert err.startswith("specmesh console: error: cannot open /dev/ttyNOPE: no such port") and err.count("\n") == 1
 
 
+def test_console_on_a_virtual_boards_port_that_is_gone_says_what_to_give(capsys):
+    """A pseudo-terminal that is not there (a virtual board's, its emulate ended or the board failed) was only 'no such
+    port (ESP32 USB ports here: none)': now the line also says what to give instead."""
+    port = "/dev/pts/%d" % (max([int(p) for p in os.listdir("/dev/pts") if p.isdigit()] + [0]) + 1000)
+    assert cli.main(["console", port]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specmesh console: error: cannot open %s: no such port (" % port) and err.count("\n") == 1
+    assert err.endswith("; a virtual board's port closes when its specmesh emulate ends or the board fails: give one "
+                        "that a running specmesh emulate lists\n"), err
+
+
 def test_a_lock_lent_to_a_forked_child_is_waited_out_not_called_busy():
     """A process that forks while it holds a port's exclusive lock lends it to the child until the child's exec
     (host/bus/ports.py LOCK_RETRY_S): the next exclusive open fails with EAGAIN though nobody holds the port. A

@@ -75,9 +75,12 @@ def exists(port: str) -> bool:
 
 
 def missing(port: str, why: str = "no such port") -> str:
-    """The one-line message for a port that is not there (or not a serial port), listing the ESP32 ports that are."""
+    """The one-line message for a port that is not there (or not a serial port), listing the ESP32 ports that are; a
+    pseudo-terminal that is not there was a virtual board's, most likely, which is said with what to give instead."""
     seen = ", ".join(d for d, _ in esp_ports())
-    return f"cannot open {port}: {why} (ESP32 USB ports here: {seen or 'none'})"
+    virtual = ("; a virtual board's port closes when its specmesh emulate ends or the board fails: give one that a "
+               "running specmesh emulate lists" if port.startswith("/dev/pts/") and why == "no such port" else "")
+    return f"cannot open {port}: {why} (ESP32 USB ports here: {seen or 'none'}){virtual}"
 
 
 def is_locked(e: BaseException) -> bool:
