@@ -8,8 +8,8 @@ import sys
 
 # the commands that run until they are stopped, which a script starts in its background and ends with `kill -INT`:
 # they take a Ctrl-C even where they inherited it ignored (a background job of a shell script does), else the
-# signal is lost, and the script waits on them for good
-RUN_UNTIL_STOPPED = ("emulate",)
+# signal is lost (serve's uvicorn takes it only once it serves, its boards booted), and the script waits for good
+RUN_UNTIL_STOPPED = ("emulate", "serve")
 # the modules `python -m` runs as the `specmesh` command (a tool, `python -m specmesh.tools.NAME`, is not it)
 COMMAND_MODULES = ("specmesh", "specmesh.host.cli")
 SCRIPT = "specmesh"  # the console script's name (pyproject.toml [project.scripts])

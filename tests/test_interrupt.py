@@ -256,19 +256,21 @@ def test_a_signal_while_the_modules_import_ends_the_command_without_a_traceback(
     assert (proc.returncode, err) == ((130 if sig == signal.SIGINT else -sig), ""), err
 
 
+@pytest.mark.parametrize("command", [["emulate", "--boards", "1", "--dir", "boards"], ["serve", "--port", "0"]],
+                         ids=["emulate", "serve"])
 @pytest.mark.parametrize("entry", [[sys.executable, SCRIPT], [sys.executable, "-m", "specmesh.host.cli"]],
                          ids=["specmesh", "python -m specmesh.host.cli"])
-def test_emulate_started_in_a_scripts_background_takes_a_ctrl_c_from_its_first_import(tmp_path, entry):
-    """`specmesh emulate &` in a shell script inherits SIGINT ignored (a background job's); it takes Ctrl-C all the
-    same, but took it only from its handler's install on: a `kill -INT` sent as it started (its modules importing)
-    was lost, and it served on, the script's `wait` for good. Now it is taken from `import specmesh` on: the shell's
-    130, nothing said, no board started."""
+def test_a_command_started_in_a_scripts_background_takes_a_ctrl_c_from_its_first_import(tmp_path, entry, command):
+    """`specmesh emulate &` (or `serve &`) in a shell script inherits SIGINT ignored (a background job's); emulate took
+    Ctrl-C all the same, but only from its handler's install on, serve only once uvicorn served (its boards booted,
+    seconds): a `kill -INT` sent as it started was lost, and it served on, the script's `wait` for good. Now it is
+    taken from `import specmesh` on: the shell's 130, nothing said, no board started."""
     (tmp_path / "sitecustomize.py").write_text(BLOCKING_IMPORT)
     (tmp_path / SCRIPT).write_text(PIP_SCRIPT)
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=path, BLOCK_IMPORT="specmesh.host.cli")
-    boards = tmp_path / "boards"
-    proc = subprocess.Popen(entry + ["emulate", "--boards", "1", "--dir", str(boards)], cwd=tmp_path, env=env,
+    boards = tmp_path / "boards"  # emulate's --dir, serve's virtual boards' folder
+    env = dict(os.environ, PYTHONPATH=path, BLOCK_IMPORT="specmesh.host.cli", SPECMESH_VBOARDS=str(boards))
+    proc = subprocess.Popen(entry + command, cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
