@@ -114,7 +114,8 @@ def test_a_line_typed_on_a_terminal_that_is_not_utf8_is_skipped_too(monkeypatch,
     monkeypatch.setattr(terminal, "isatty", lambda: True)
     assert list(_lines(terminal)) == ["The dog"]
     assert capsys.readouterr().err == ("> specmesh chat: that line is not UTF-8 text (byte 0xe9 at offset 3): skipped, "
-                                       "type it in UTF-8\n> > ")  # the prompts: stdout is no terminal here
+                                       "type it in UTF-8\n> > \n")  # the prompts: stdout is no terminal here; the
+    # last one's line ended at the end of the turns
 
 
 def test_typed_at_a_terminal_into_a_file_the_file_holds_the_story_and_the_prompt_stays_off_it(models):
@@ -136,7 +137,7 @@ def test_typed_at_a_terminal_into_a_file_the_file_holds_the_story_and_the_prompt
         os.close(master)
     assert proc.returncode == 0, err
     assert out.decode().startswith("The cat") and ">" not in out.decode() and out.decode().count("\n") == 1, out
-    assert err.decode() == "> > ", err
+    assert err.decode() == "> > \n", err  # the last prompt's line ended at Ctrl-D
 
 
 def test_a_stdin_left_non_blocking_is_waited_on_not_read_as_the_end(models):
@@ -297,3 +298,35 @@ def test_ctrl_d_typed_at_a_terminal_while_a_reply_runs_ends_the_chat_after_it(mo
         os.close(master)
     assert (proc.returncode, err) == (0, b""), seen
     assert seen.startswith(b"The cat") and b"> " not in seen, seen
+
+
+def test_ctrl_d_at_the_prompt_ends_its_line(models):
+    """Ctrl-D at a terminal's prompt ended the chat with the prompt's line open ('> '), so the shell's own prompt came
+    after ours on the same line; now the line is ended first. Status 0, nothing on stderr."""
+    import os
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "chat", "--models", str(models), "--verifier",
+                             "cpu", "--drafter", "cpu", "--max-tokens", "4"], stdin=slave, stdout=slave,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+    os.close(slave)
+    seen = b""
+    try:
+        end = time.monotonic() + 60
+        while not seen.endswith(b"> ") and time.monotonic() < end and proc.poll() is None:
+            if select.select([master], [], [], 0.2)[0]:
+                seen += os.read(master, 4096)
+        os.write(master, b"\x04")
+        _, err = proc.communicate(timeout=60)
+        while select.select([master], [], [], 0.5)[0]:
+            try:
+                seen += os.read(master, 4096)
+            except OSError:  # (the terminal's other end closed: all read)
+                break
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert (proc.returncode, err, seen) == (0, b"", b"> \r\n")

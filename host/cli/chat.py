@@ -103,12 +103,17 @@ def _lines(stdin=None):
 def _typed() -> str:
     """A line typed at the terminal, after the prompt where its user sees it: on stdout when that is the terminal
     too (input()'s line editing), else on stderr: `chat > story.txt` would put the prompts in the story."""
-    if sys.stdout.isatty():  # with readline's line editing (_lines imports it)
-        if _ended_ahead(sys.stdin.fileno()):
-            raise EOFError
-        return input(PROMPT)
-    print(PROMPT, end="", file=sys.stderr, flush=True)
-    return input()
+    at = sys.stdout if sys.stdout.isatty() else sys.stderr
+    if at is sys.stdout and _ended_ahead(sys.stdin.fileno()):
+        raise EOFError
+    try:
+        if at is sys.stdout:  # with readline's line editing (_lines imports it)
+            return input(PROMPT)
+        print(PROMPT, end="", file=sys.stderr, flush=True)
+        return input()
+    except EOFError:  # Ctrl-D at the prompt: the line ended, so that the shell's prompt is not put after ours
+        print(file=at, flush=True)
+        raise
 
 
 def _ended_ahead(fd: int) -> bool:
