@@ -330,3 +330,34 @@ def test_ctrl_d_at_the_prompt_ends_its_line(models):
             proc.kill()
         os.close(master)
     assert (proc.returncode, err, seen) == (0, b"", b"> \r\n")
+
+
+def test_a_terminal_closed_under_nohup_ends_the_chat_quietly(models):
+    """The terminal closed at the prompt of a chat that ignores SIGHUP (nohup): the turns end there, status 0, nothing
+    said; ending the prompt's line at that end (a Ctrl-D's) must not fail on the terminal gone ('cannot write to
+    stdout: Input/output error', status 2)."""
+    import os
+    import pty
+    import select
+    import signal
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "chat", "--models", str(models), "--verifier",
+                             "cpu", "--drafter", "cpu", "--max-tokens", "4"], stdin=slave, stdout=slave,
+                            stderr=subprocess.PIPE, cwd=ROOT, preexec_fn=lambda: signal.signal(signal.SIGHUP,
+                                                                                                signal.SIG_IGN))
+    os.close(slave)
+    seen = b""
+    try:
+        end = time.monotonic() + 60
+        while not seen.endswith(b"> ") and time.monotonic() < end and proc.poll() is None:
+            if select.select([master], [], [], 0.2)[0]:
+                seen += os.read(master, 4096)
+    finally:
+        os.close(master)  # the terminal closes
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (proc.returncode, err) == (0, b""), (seen, err)

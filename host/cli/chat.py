@@ -24,6 +24,7 @@ from specmesh.host.cli.flags import hide
 from specmesh.host.cli.output import Printer
 from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed
 from specmesh.host.cli.session import Mesh, gamma_controller, say_on_stderr
+from specmesh.host.cli.streams import stdout_to_devnull
 
 PROMPT = "> "
 # run's flags that chat refuses (it prints no stats table, JSON or projection, which these ask for or price): each
@@ -112,7 +113,11 @@ def _typed() -> str:
         print(PROMPT, end="", file=sys.stderr, flush=True)
         return input()
     except EOFError:  # Ctrl-D at the prompt: the line ended, so that the shell's prompt is not put after ours
-        print(file=at, flush=True)
+        try:
+            print(file=at, flush=True)
+        except OSError:  # the terminal closed (under nohup): no line to end, and stdout's unwritten end goes nowhere
+            if at is sys.stdout:
+                stdout_to_devnull()
         raise
 
 
