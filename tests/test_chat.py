@@ -361,3 +361,20 @@ def test_a_terminal_closed_under_nohup_ends_the_chat_quietly(models):
         if proc.poll() is None:
             proc.kill()
     assert (proc.returncode, err) == (0, b""), (seen, err)
+
+
+def test_a_terminal_that_closed_while_a_reply_ran_is_left_to_input():
+    """Asked after a reply whether a Ctrl-D waits at the terminal, a terminal that closed meanwhile (under nohup)
+    raised termios.error ('Input/output error': the chat's end a failure, status 2); it is no end typed ahead, and
+    input() then finds the end of the turns, as before."""
+    import os
+    import pty
+
+    from specmesh.host.cli.chat import _ended_ahead
+
+    master, slave = pty.openpty()
+    os.close(master)
+    try:
+        assert _ended_ahead(slave) is False
+    finally:
+        os.close(slave)

@@ -132,7 +132,11 @@ def _ended_ahead(fd: int) -> bool:
         import termios
     except ImportError:
         return False
-    if not termios.tcgetattr(fd)[3] & termios.ICANON or not select.select([fd], [], [], 0)[0]:
+    try:
+        canonical = termios.tcgetattr(fd)[3] & termios.ICANON
+    except termios.error:  # the terminal closed (under nohup, while the reply ran): input() finds the end
+        return False
+    if not canonical or not select.select([fd], [], [], 0)[0]:
         return False
     count = bytearray(4)
     fcntl.ioctl(fd, termios.FIONREAD, count)
