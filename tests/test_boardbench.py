@@ -119,24 +119,29 @@ def test_a_calibration_to_stdout_is_its_json_alone(board, capfd, out):
     assert "calibration of %s " % board.port in said.err and "target token: measured" in said.err
 
 
-def test_bench_of_a_classic_esp32_drafter_board_times_its_drafter(tmp_path, capsys):
-    """The board script timed a whole token only of models/drafter.spm or target.spm (or /rom/ ones): on a classic
-    ESP32 drafter board, which runs models/drafter-esp32.spm, it timed no token and no `engine` rate, said nothing,
-    and wrote a calibration without them. It now times the model specmesh.json names; its stream buffer, which
-    the script's own code left no free block for, is halved until one holds it (was a MemoryError)."""
+def _flashed_and_benched(tmp_path, capsys, role: str, *flags: str) -> tuple[str, dict]:
+    """A virtual classic ESP32 flashed `--role role` (and `flags`) by the CLI, then benched: what both printed, and
+    the calibration written."""
     from specmesh.host.emulator import VirtualBoard
 
-    vb = VirtualBoard(tmp_path / "esp32", "esp32", name="drafter").start()
+    vb = VirtualBoard(tmp_path / "esp32", "esp32", name=role).start()
     try:
-        assert cli.main(["flash", "--port", vb.port, "--role", "drafter"]) == 0
-        assert "drafter-esp32.spm" in capsys.readouterr().out
+        assert cli.main(["flash", "--port", vb.port, "--role", role, *flags]) == 0
         time.sleep(0.5)  # the node boots after the soft reset
         path = tmp_path / "cal.json"
         assert cli.main(["bench", "--port", vb.port, "--out", str(path)]) == 0, capsys.readouterr().err
     finally:
         vb.stop()
-    out = capsys.readouterr().out
-    data = json.loads(path.read_text())
+    return capsys.readouterr().out, json.loads(path.read_text())
+
+
+def test_bench_of_a_classic_esp32_drafter_board_times_its_drafter(tmp_path, capsys):
+    """The board script timed a whole token only of models/drafter.spm or target.spm (or /rom/ ones): on a classic
+    ESP32 drafter board, which runs models/drafter-esp32.spm, it timed no token and no `engine` rate, said nothing,
+    and wrote a calibration without them. It now times the model specmesh.json names; its stream buffer, which
+    the script's own code left no free block for, is halved until one holds it (was a MemoryError)."""
+    out, data = _flashed_and_benched(tmp_path, capsys, "drafter")
+    assert "drafter-esp32.spm" in out
     assert data["seconds_per_unit"]["engine"] > 0
     assert data["measured"]["drafter"][1] == "2 layers x 40 dim, vocab 512"  # drafter-esp32.spm
     c = data["check"]["drafter token"]
@@ -149,18 +154,7 @@ def test_bench_of_a_pipeline_stage_board_times_its_stage_pass(tmp_path, capsys):
     """On a board flashed --role stage the board script timed no token (its config names no drafter or target): the
     calibration had no `engine` rate and no whole-pass check, and nothing said why. It now times the stage's own pass
     of one position through its layers (without the classifier), and the same through the stubs."""
-    from specmesh.host.emulator import VirtualBoard
-
-    vb = VirtualBoard(tmp_path / "esp32", "esp32", name="stage").start()  # a stage's board class
-    try:
-        assert cli.main(["flash", "--port", vb.port, "--role", "stage", "--layers", "3:5"]) == 0
-        time.sleep(0.5)  # the node boots after the soft reset
-        path = tmp_path / "cal.json"
-        assert cli.main(["bench", "--port", vb.port, "--out", str(path)]) == 0, capsys.readouterr().err
-    finally:
-        vb.stop()
-    out = capsys.readouterr().out
-    data = json.loads(path.read_text())
+    out, data = _flashed_and_benched(tmp_path, capsys, "stage", "--layers", "3:5")  # a stage's board class
     assert data["seconds_per_unit"]["engine"] > 0
     assert data["measured"]["stage"][1:] == ["5 layers x 64 dim, vocab 512", data["measured"]["stage"][2], [3, 5]]
     head = parse_header((ROOT / "models" / TARGET_FILE).read_bytes()[:HEADER_SIZE])

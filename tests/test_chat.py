@@ -28,6 +28,26 @@ def args(models, *extra):
     return p.parse_args(["--models", str(models), *drafter, "--verifier", "cpu", *extra])
 
 
+def _chat_at_its_first_prompt(models, **popen) -> tuple[subprocess.Popen, int, bytes]:
+    """A chat on the host's back-ends at a new terminal (a pty: its stdin and stdout), read until its first prompt:
+    the process, the terminal's end to type on and what it showed. `popen`: more of Popen's arguments."""
+    import os
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "chat", "--models", str(models), "--verifier",
+                             "cpu", "--drafter", "cpu", "--max-tokens", "4"], stdin=slave, stdout=slave,
+                            stderr=subprocess.PIPE, cwd=ROOT, **popen)
+    os.close(slave)
+    seen = b""
+    end = time.monotonic() + 60
+    while not seen.endswith(b"> ") and time.monotonic() < end and proc.poll() is None:
+        if select.select([master], [], [], 0.2)[0]:
+            seen += os.read(master, 4096)
+    return proc, master, seen
+
+
 def test_each_turn_continues_the_whole_context(models):
     out = io.StringIO()
     assert chat(args(models, "--max-tokens", "12", "--gamma", "3"), iter(["The cat", "Then a dog"]), out) == 0
@@ -304,20 +324,10 @@ def test_ctrl_d_at_the_prompt_ends_its_line(models):
     """Ctrl-D at a terminal's prompt ended the chat with the prompt's line open ('> '), so the shell's own prompt came
     after ours on the same line; now the line is ended first. Status 0, nothing on stderr."""
     import os
-    import pty
     import select
 
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "chat", "--models", str(models), "--verifier",
-                             "cpu", "--drafter", "cpu", "--max-tokens", "4"], stdin=slave, stdout=slave,
-                            stderr=subprocess.PIPE, cwd=ROOT)
-    os.close(slave)
-    seen = b""
+    proc, master, seen = _chat_at_its_first_prompt(models)
     try:
-        end = time.monotonic() + 60
-        while not seen.endswith(b"> ") and time.monotonic() < end and proc.poll() is None:
-            if select.select([master], [], [], 0.2)[0]:
-                seen += os.read(master, 4096)
         os.write(master, b"\x04")
         _, err = proc.communicate(timeout=60)
         while select.select([master], [], [], 0.5)[0]:
@@ -337,24 +347,11 @@ def test_a_terminal_closed_under_nohup_ends_the_chat_quietly(models):
     said; ending the prompt's line at that end (a Ctrl-D's) must not fail on the terminal gone ('cannot write to
     stdout: Input/output error', status 2)."""
     import os
-    import pty
-    import select
     import signal
 
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "chat", "--models", str(models), "--verifier",
-                             "cpu", "--drafter", "cpu", "--max-tokens", "4"], stdin=slave, stdout=slave,
-                            stderr=subprocess.PIPE, cwd=ROOT, preexec_fn=lambda: signal.signal(signal.SIGHUP,
-                                                                                                signal.SIG_IGN))
-    os.close(slave)
-    seen = b""
-    try:
-        end = time.monotonic() + 60
-        while not seen.endswith(b"> ") and time.monotonic() < end and proc.poll() is None:
-            if select.select([master], [], [], 0.2)[0]:
-                seen += os.read(master, 4096)
-    finally:
-        os.close(master)  # the terminal closes
+    proc, master, seen = _chat_at_its_first_prompt(models, preexec_fn=lambda: signal.signal(signal.SIGHUP,
+                                                                                              signal.SIG_IGN))
+    os.close(master)  # the terminal closes
     try:
         _, err = proc.communicate(timeout=60)
     finally:
