@@ -568,28 +568,12 @@ def _cleanup_partial(transport, dest: str) -> None:
         transport.fs_rmfile(dest)
 
 
-def flash(
-    port: str,
-    role: str,
-    model: Path | None = None,
-    node_id: int | None = None,
-    *,
-    sources: list[tuple[Path, str]] | None = None,
-    progress: bool = True,
-    reset: bool = True,
-    key: bytes | None = None,
-    clear_key: bool = False,
-    layers: tuple[int, int] | None = None,
-    use_romfs: bool = True,
-    config: dict | None = None,
-    board_class: str | None = None,
-) -> FlashReport:
+def flash(port: str, role: str, model: Path | None = None, node_id: int | None = None, *,
+          layers: tuple[int, int] | None = None, **options) -> FlashReport:
     """Flash the node for `role` onto the board at `port`: the request checked (check_request), then flashed
-    (flash_checked, whose arguments the others are). `layers` (a, b): the layers a..b-1 a "stage" holds (that role
-    needs them). Raises FlashError with a one-line message."""
-    return flash_checked(port, check_request(role, model, layers), node_id, sources=sources, progress=progress,
-                         reset=reset, key=key, clear_key=clear_key, use_romfs=use_romfs, config=config,
-                         board_class=board_class)
+    (flash_checked, whose keyword arguments `options` are). `layers` (a, b): the layers a..b-1 a "stage" holds (that
+    role needs them). Raises FlashError with a one-line message."""
+    return flash_checked(port, check_request(role, model, layers), node_id, **options)
 
 
 def flash_checked(
