@@ -158,3 +158,26 @@ def test_flags_that_do_not_go_with_real_stage_boards_are_one_line(models, tmp_pa
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert said in err
+
+
+def test_a_keyed_stage_run_without_its_key_is_told_the_flash_command_with_its_layers(models, tmp_path, capsys):
+    """A stage board flashed with a deployment key, given in a list without it: the key mismatch's flash command
+    names the stage's role and layers (`--role stage --layers 0:1`), which `flash` needs, not a bare role."""
+    from specmesh.host.emulator import VirtualBoard
+    from specmesh.host.provision.keys import new_key_file
+
+    new_key_file(tmp_path / "k")
+    boards = [VirtualBoard(tmp_path / ("vb%d" % i), "esp32", name="vb%d" % i) for i in range(2)]
+    try:
+        for vb in boards:
+            vb.start()
+        assert cli.main(["flash", "--port", boards[0].port, "--role", "stage", "--layers", "0:1", "--model",
+                         str(models / "target.spm"), "--key-file", str(tmp_path / "k")]) == 0
+        capsys.readouterr()
+        rc, _ = run(models, tmp_path, "--verifier", "%s,%s" % (boards[0].port, boards[1].port))
+    finally:
+        for vb in boards:
+            vb.stop()
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "key mismatch" in err and "--role stage --layers 0:1 --key-file ITS_KEY" in err, err
