@@ -34,6 +34,12 @@ from specmesh.shared.rule import PARTIAL
 # a drafter board out of heap for a round's drafts (a DRAFT_REQ is a few bytes: its reply, the drafts and their q-hat
 # tables of --draft-top-k entries each, is what grows; a classic ESP32's fragmented heap met it at --draft-top-k 255,
 # or --gamma 16 at the default 8, where the bus's retries (host/bus/proxy.py) did not free room)
+def role_args(role: str, layers: tuple[int, int] | None = None) -> str:
+    """A role as `specmesh flash --role` takes it: a stage's with the layers it holds (`--layers A:B`, which flash
+    needs for a stage)."""
+    return role if layers is None else "%s --layers %d:%d" % (role, *layers)
+
+
 DRAFTS_TOO_BIG = ("its heap cannot hold a round's drafts at these settings: a smaller --draft-top-k (default 8) or "
                   "--gamma / --draft-max keeps it drafting")
 

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from specmesh.host.backends import Backend, BackendError, Draft, SessionParams
-from specmesh.host.backends.board import BoardBackend, Refused, Restarted
+from specmesh.host.backends.board import BoardBackend, Refused, Restarted, role_args
 from specmesh.host.backends.earlyrelay import EarlyRelay
 from specmesh.host.bus.proxy import NodeError, ProxyError
 from specmesh.shared import messages as m
@@ -66,7 +66,7 @@ class BoardStage(BoardBackend):
         super().__init__(proxy, name)
 
     def flash_role(self) -> str:
-        return super().flash_role() + (" --layers %d:%d" % self.flash_layers if self.flash_layers else "")
+        return "--role " + role_args("stage", self.flash_layers)
 
     @property
     def classifier(self) -> str | None:

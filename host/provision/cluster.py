@@ -29,7 +29,7 @@ from pathlib import Path
 
 from specmesh.host import atomic
 from specmesh.host.backends import BackendError, Boards
-from specmesh.host.backends.board import BoardDrafter, BoardVerifier
+from specmesh.host.backends.board import BoardDrafter, BoardVerifier, role_args
 from specmesh.host.backends.pipeline import BoardStage, PipelineVerifier
 from specmesh.host.boardclasses import ROLE_CLASS, VIRTUAL_TOO_SMALL, drafter_class, drafter_model
 from specmesh.host.bus.links import LinkError, SerialLink
@@ -214,7 +214,7 @@ def connect(port: str, kind: str, key: bytes | None = None, layers: tuple[int, i
     """The back-end for a flashed board on `port` playing `kind` ("drafter", "verifier" or "stage"); `layers`: the
     layers [a, b) a stage is wanted for, named in the flash command a failure line gives."""
     with contextlib.ExitStack() as stack:
-        role = kind if layers is None else "%s --layers %d:%d" % (kind, *layers)
+        role = role_args(kind, layers)
         bus = _open(port, stack, key=key, role=role)
         bus.peer = discover(bus, role=role)
         yield _backend(kind, bus, bus.peer, port, *([] if layers is None else [layers]))

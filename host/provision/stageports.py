@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specmesh.host.backends import BackendError, Boards, port_list
+from specmesh.host.backends.board import role_args
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.backends.pipeline import PipelineVerifier
 from specmesh.host.provision.cluster import connect, split_layers
@@ -45,8 +46,8 @@ def _even(n_layers: int, n: int) -> list[tuple[int, int]] | None:
 
 def _flash(port: str, i: int, layers: tuple[int, int] | None) -> str:
     """The command that flashes stage i (from 0) on `port` with `layers` (a placeholder where none is known)."""
-    return "`specmesh flash --port %s --role stage --layers %s --node-id %d`" % (
-        port, "%d:%d" % layers if layers else "A:B", NODE_ID["stage"] + i)
+    return "`specmesh flash --port %s --role %s --node-id %d`" % (
+        port, role_args("stage", layers) if layers else "stage --layers A:B", NODE_ID["stage"] + i)
 
 
 def _layers(stats: dict, port: str, i: int, even: tuple[int, int] | None) -> tuple[int, int]:
