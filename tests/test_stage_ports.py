@@ -181,3 +181,25 @@ def test_a_keyed_stage_run_without_its_key_is_told_the_flash_command_with_its_la
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1, err
     assert "key mismatch" in err and "--role stage --layers 0:1 --key-file ITS_KEY" in err, err
+
+
+def test_a_keyed_stage_flashed_with_another_key_is_told_the_flash_command_with_its_layers(models, tmp_path, capsys):
+    """`specmesh flash --role stage --layers 0:1` onto a stage board keyed with another key (or with none given):
+    the flash command the key mismatch gives keeps the layers, which `flash --role stage` needs (it said `--role
+    stage --key-file ITS_KEY --no-key`, which flash refuses)."""
+    from specmesh.host.emulator import VirtualBoard
+    from specmesh.host.provision.keys import new_key_file
+
+    for name in ("a", "b"):
+        new_key_file(tmp_path / name)
+    vb = VirtualBoard(tmp_path / "vb", "esp32", name="vb").start()
+    flash = ["flash", "--port", vb.port, "--role", "stage", "--layers", "0:1", "--model", str(models / "target.spm")]
+    try:
+        assert cli.main([*flash, "--key-file", str(tmp_path / "a")]) == 0
+        capsys.readouterr()
+        for other in (["--key-file", str(tmp_path / "b")], []):
+            assert cli.main([*flash, *other]) == 2
+            err = capsys.readouterr().err
+            assert "key mismatch" in err and "--role stage --layers 0:1 --key-file ITS_KEY --no-key" in err, err
+    finally:
+        vb.stop()

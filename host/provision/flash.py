@@ -54,6 +54,7 @@ import serial
 
 from specmesh.host import tempdirs
 from specmesh.host.backends import load_ngram_table
+from specmesh.host.backends.board import role_args
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, STAGE_CTX, class_of, drafter_model, has_psram, on_romfs
 from specmesh.host.bus import ports
@@ -605,7 +606,7 @@ def flash_checked(
     virtual = ports.emulated(port)  # asked now: an emulate stopped mid-flash is gone when the flash fails
     if key:
         leave_node(port, key)
-    transport = open_board(port, virtual=virtual, key=key, role=role)
+    transport = open_board(port, virtual=virtual, key=key, role=role_args(role, request.layers))
     try:
         info = probe(transport)
         cls = BOARD_CLASSES[board_class] if board_class else class_of(info.machine, info.mem_free)
