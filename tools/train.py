@@ -257,20 +257,16 @@ def train(a) -> dict:
     return summary
 
 
-def _temps(text: str) -> tuple[float, ...]:
-    """--temps: temperatures separated by commas (argparse's own line named a lambda: "invalid <lambda> value")."""
-    try:
-        return tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError("%r is not numbers separated by commas (e.g. 1,0.5)" % text) from None
-
-
-def _layers(text: str) -> list[int]:
-    """--init-layers: layer numbers separated by commas."""
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError("%r is not layer numbers separated by commas (e.g. 0,1,2,4)" % text) from None
+def _comma_separated(kind: type, what: str, example: str):
+    """An argparse type: values of `kind` separated by commas (--temps, --init-layers); a bad one names `what` it
+    takes with an `example` (argparse's own line named a lambda: "invalid <lambda> value")."""
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(x) for x in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError("%r is not %s separated by commas (e.g. %s)" % (text, what, example)) \
+                from None
+    return parse
 
 
 def _out_problem(out: str) -> str | None:
@@ -298,7 +294,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--text-share", type=float, default=0.0,
                     help="with --openings: this fraction of each pool is windows of the paragraphs themselves")
     ap.add_argument("--init", type=a_path, help="start from this checkpoint's (.pt) or model file's (.spm) weights")
-    ap.add_argument("--init-layers", type=_layers,
+    ap.add_argument("--init-layers", type=_comma_separated(int, "layer numbers", "0,1,2,4"),
                     help="start from these layers of the target (e.g. 0,1,2,4), its embedding and final norm: "
                          "a --shape of the target's layer shape (t64l4) with as many layers")
     ap.add_argument("--loss", default="kl",
@@ -315,7 +311,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--pool", type=int, default=1024, help="stories the target samples per pool")
-    ap.add_argument("--temps", type=_temps, default=(1.0,),
+    ap.add_argument("--temps", type=_comma_separated(float, "numbers", "1,0.5"), default=(1.0,),
                     help="temperatures the target samples the pool at, rows split evenly (e.g. 1,0.5)")
     ap.add_argument("--refresh", type=int, default=160, help="steps between pools (each story is drawn ~5 times)")
     ap.add_argument("--lr", type=float, default=3e-3)
