@@ -122,13 +122,26 @@ def test_what_does_not_map_is_a_4xx_naming_it(boards):
     with pytest.raises(urllib.error.HTTPError) as e:  # a long path is not echoed back whole
         urllib.request.urlopen(boards + "/" + "x" * 10_000, timeout=60)
     assert e.value.code == 404 and "x" * 81 not in json.load(e.value)["error"]["message"]
-    for body, param, says in (({"prompt": PROMPT, "stop": "\ud83d"}, "stop", "lone surrogate"),
-                              ({"prompt": [[1, 2]]}, "prompt", "or a list of token ids")):
-        ask = urllib.request.Request(boards + "/v1/completions", json.dumps(body).encode())
-        with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(ask, timeout=60)
-        error = json.load(e.value)["error"]
-        assert e.value.code == 400 and error["param"] == param and says in error["message"], error
+    ask = urllib.request.Request(boards + "/v1/completions", json.dumps({"prompt": PROMPT, "stop": "\ud83d"}).encode())
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(ask, timeout=60)
+    error = json.load(e.value)["error"]
+    assert e.value.code == 400 and error["param"] == "stop" and "lone surrogate" in error["message"], error
+
+
+def test_a_batch_of_one_token_array_is_that_prompt(cpu):
+    """`prompt: [[ids]]` (OpenAI's array of token arrays, here of one) was a 400 "prompt must be a non-empty string or
+    a list of token ids", though `["text"]` (its array of strings, of one) was taken as that text. It now gives the
+    text of its one array; a batch of several is still refused, one prompt per request."""
+    url, mesh = cpu
+    c = client(url)
+    ids = mesh.encode(PROMPT)
+    alone = c.completions.create(model="specmesh", prompt=ids, max_tokens=8).choices[0].text
+    assert c.completions.create(model="specmesh", prompt=[ids], max_tokens=8).choices[0].text == alone
+    for batch in ([ids, ids], [[]], [[ids]]):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="specmesh", prompt=batch, max_tokens=8)
+        assert e.value.body["param"] == "prompt" and "(one prompt per request)" in e.value.body["message"], batch
 
 
 def test_openai_s_own_defaults_are_taken(boards):

@@ -191,8 +191,8 @@ def refused(mesh: Mesh, settings: dict) -> str | None:
 
 def completion_prompt(body: dict, mesh: Mesh) -> list[int]:
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # OpenAI's batch of prompts (strings, or token arrays) holding one: that prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         try:
             check_ids(prompt, len(mesh.tok.pieces))
