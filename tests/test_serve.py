@@ -157,6 +157,18 @@ def test_openai_s_own_defaults_are_taken(boards):
     assert e.value.body["param"] == "logprobs", e.value.body
 
 
+def test_an_empty_suffix_is_taken_as_none(cpu):
+    """`suffix: ""` (the text to follow the completion: none) was a 400 "parameter 'suffix' is not supported by
+    specmesh (only its default, null)", though a completion followed by nothing is what specmesh gives; it now gives
+    the text it gives without, and a suffix that asks for text after the completion is still refused."""
+    c = client(cpu[0])
+    alone = c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=8).choices[0].text
+    assert c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=8, suffix="").choices[0].text == alone
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=8, suffix=" The end.")
+    assert e.value.body["param"] == "suffix" and 'only its default, null or ""' in e.value.body["message"]
+
+
 def test_null_is_taken_as_not_given_for_each_openai_parameter(cpu):
     """`presence_penalty`, `frequency_penalty`, `best_of` and `echo` sent as null (what the openai client sends for a
     keyword given as None, as code passing its optional settings on does) were a 400 "not supported by specmesh (only

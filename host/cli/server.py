@@ -55,11 +55,11 @@ SUPPORTED = ("specmesh takes model, prompt (a chat: messages), max_tokens (or ma
              "top_p, top_k, seed, stop, n (1), stream, stream_options and user; OpenAI's others only at their defaults")
 ROUTE_OF = {"prompt": False, "messages": True}  # the text of a completion, of a chat (True): each route takes its own
 # OpenAI's defaults, accepted as such: null (not given), and the value that means the same (a chat's logprobs are
-# false, a completion's null; no tools or functions, so none is chosen and none runs in parallel; text is the response
-# format and the one modality; nothing is stored, so there is no metadata to store with it; any service tier serves
-# the same text)
+# false, a completion's null; no text after the completion is the empty suffix; no tools or functions, so none is
+# chosen and none runs in parallel; text is the response format and the one modality; nothing is stored, so there is
+# no metadata to store with it; any service tier serves the same text)
 DEFAULTS = {"echo": (None, False), "logprobs": (None, False), "top_logprobs": (None,), "best_of": (None, 1),
-            "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}), "suffix": (None,),
+            "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}), "suffix": (None, ""),
             "tools": (None, []), "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
             "parallel_tool_calls": (None, True), "functions": (None, []), "function_call": (None, "none"),
             "modalities": (None, ["text"]), "audio": (None,), "store": (None, False), "metadata": (None, {}),
