@@ -169,6 +169,18 @@ def test_an_empty_suffix_is_taken_as_none(cpu):
     assert e.value.body["param"] == "suffix" and 'only its default, null or ""' in e.value.body["message"]
 
 
+def test_an_empty_stop_string_is_refused_saying_why(cpu):
+    """`stop: ""` was a 400 "stop must be a string or a list of up to 4 non-empty strings", which the string sent
+    seemed to be. OpenAI's reference gives no meaning to an empty one, and the text would end before it began (vLLM's
+    server refuses it too): it is still refused, now with the line `specmesh run --stop ""` and the Python API give."""
+    c = client(cpu[0])
+    for stop in ("", ["\n", ""]):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=8, stop=stop)
+        assert e.value.body["param"] == "stop" and e.value.body["message"] == (
+            "stop needs non-empty strings (an empty one would end the text before it began)"), e.value.body
+
+
 def test_null_is_taken_as_not_given_for_each_openai_parameter(cpu):
     """`presence_penalty`, `frequency_penalty`, `best_of` and `echo` sent as null (what the openai client sends for a
     keyword given as None, as code passing its optional settings on does) were a 400 "not supported by specmesh (only

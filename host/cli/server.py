@@ -135,8 +135,8 @@ def sampling(body: dict, mesh: Mesh, fixed_seed: bool = False, chat: bool = Fals
     stop = body.get("stop")
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
-            raise BadRequest("stop must be a string or a list of up to 4 non-empty strings", "stop")
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > 4:
+            raise BadRequest("stop must be a string or a list of up to 4 strings", "stop")
         if any(lone_surrogate(s) is not None for s in stops):  # as a prompt's: no text could match it
             raise BadRequest("stop holds a lone surrogate, which no UTF-8 text holds", "stop")
         out["stop"] = stops
