@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import secrets
 import threading
 import time
@@ -48,11 +49,14 @@ from specmesh.host.cli.session import Completion, GenerationFailed, Mesh, Piece,
 from specmesh.host.decode.tokenizer import lone_surrogate
 
 MODEL_ID = "specmesh"
-TAKEN = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-         "seed", "stop", "n", "stream", "stream_options", "user", "safety_identifier"}
-# what an unknown parameter's error says is taken instead
-SUPPORTED = ("specmesh takes model, prompt (a chat: messages), max_tokens (or max_completion_tokens), temperature, "
-             "top_p, top_k, seed, stop, n (1), stream, stream_options and user; OpenAI's others only at their defaults")
+# The parameters taken, each with what an unknown parameter's error says of it (None: nothing): their one list, which
+# that error names whole
+TAKEN = {"model": None, "prompt": "a completion's text", "messages": "a chat's", "max_tokens": None,
+         "max_completion_tokens": "max_tokens' other name", "temperature": None, "top_p": None, "top_k": None,
+         "seed": None, "stop": None, "n": "1", "stream": None, "stream_options": None, "user": "ignored",
+         "safety_identifier": "ignored"}
+SUPPORTED = "specmesh takes %s; OpenAI's others only at their defaults" % ", ".join(
+    key if note is None else "%s (%s)" % (key, note) for key, note in TAKEN.items())
 ROUTE_OF = {"prompt": False, "messages": True}  # the text of a completion, of a chat (True): each route takes its own
 # OpenAI's defaults, accepted as such: null (not given), and the value that means the same (a chat's logprobs are
 # false, a completion's null; no text after the completion is the empty suffix; no tools or functions, so none is
@@ -67,8 +71,6 @@ DEFAULTS = {"echo": (None, False), "logprobs": (None, False), "top_logprobs": (N
             "verbosity": (None,), "web_search_options": (None,), "moderation": (None,), "prompt_cache_key": (None,),
             "prompt_cache_retention": (None,), "prompt_cache_options": (None,)}
 MAX_BODY = 1 << 20
-ROUTES = ("the API's routes are POST /v1/completions, POST /v1/chat/completions, GET /v1/models and /health, and GET / "
-          "the live page")  # what a 404 says, in step with app()'s routes
 RESTART = "every request fails so: start specmesh serve again once the board is back"  # a mesh that failed for good
 UNSERVED = "the server stopped before this request's turn came (nothing was generated): send it again once it is back"
 # OpenAI's finish_reason of each way a generation ends; one cut by the server's stop is "length" (its text was cut
@@ -321,7 +323,7 @@ class Api:
 
     async def model(self, request: Request) -> Response:
         """One model by its id (the openai client's `models.retrieve`)."""
-        name = request.path_params["model"]
+        name = request.path_params["id"]
         return JSONResponse(self._model()) if name == MODEL_ID else unknown_model(name).reply()
 
     async def page(self, request: Request) -> Response:
@@ -529,27 +531,36 @@ def _shown(path: str, most: int = 80) -> str:
     return path if len(path) <= most else path[:most] + "..."
 
 
+def route_names(table: list[Route]) -> str:
+    """What a 404 says the routes are: each route of `table` as its methods and path (a parameter as {name})."""
+    return "the API's routes are " + ", ".join(
+        "%s %s" % ("/".join(sorted(set(r.methods or ()) - {"HEAD"})), re.sub(r"{(\w+):\w+}", r"{\1}", r.path))
+        for r in table)
+
+
 def app(mesh: Mesh, threads: ThreadPoolExecutor, fixed_seed: bool = False) -> Starlette:
     """The ASGI application serving `mesh` on `threads` (both closed by the caller); `fixed_seed`: a sampled request
     without a seed runs under the mesh's (serve --seed), not a fresh one."""
     api = Api(mesh, threads, fixed_seed)
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return error(404, "no route %s %s: %s" % (request.method, _shown(request.url.path), ROUTES))
+        return error(404, "no route %s %s: %s" % (request.method, _shown(request.url.path), routes))
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
         reply = error(405, "%s is not allowed on %s" % (request.method, _shown(request.url.path)))
         reply.headers.update(getattr(exc, "headers", None) or {})  # Allow: the methods the route takes
         return reply
 
-    served = Starlette(routes=[
-        Route("/", api.page),
-        Route("/health", api.health),
-        Route("/v1/models", api.models),
-        Route("/v1/models/{model:path}", api.model),
+    table = [  # the routes' one list: what a 404 names is made from it
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
-    ], exception_handlers={404: not_found, 405: not_allowed})
+        Route("/v1/models", api.models),
+        Route("/v1/models/{id:path}", api.model),
+        Route("/health", api.health),
+        Route("/", api.page),
+    ]
+    routes = route_names(table)
+    served = Starlette(routes=table, exception_handlers={404: not_found, 405: not_allowed})
     # a path with a slash too many (/v1/completions/) is a 404 naming the routes, not Starlette's 307 without a body to
     # the route: curl prints nothing for that, and a client that does not follow a POST's redirect has no reply to read
     served.router.redirect_slashes = False
