@@ -264,6 +264,25 @@ def test_a_path_with_a_slash_too_many_or_none_of_the_routes_is_a_404_naming_them
     assert client(cpu[0]).models.retrieve("specmesh").id == "specmesh"  # (the route's parameter, renamed id)
 
 
+def test_readme_s_tables_list_the_routes_and_parameters_the_server_takes(cpu):
+    """README listed serve's routes and parameters in prose, and server.py's docstring again, each apart from the
+    server's own lists (app()'s route table, TAKEN), and had drifted from them (no max_completion_tokens or
+    stream_options). README's two tables are now the one place they are described, each row a name of those lists."""
+    import re
+
+    from specmesh.host.cli import server
+
+    readme = (ROOT / "README.md").read_text()
+
+    def table(header: str) -> set[str]:
+        rows = readme.split(header + "\n| --- | --- |\n", 1)[1].split("\n\n", 1)[0].splitlines()
+        return {name for row in rows for name in re.findall(r"`([^`]+)`", row.split(" | ")[0])}
+
+    routes = server.route_names(server.app(cpu[1], None).routes).removeprefix("the API's routes are ").split(", ")
+    assert table("| route | what |") == set(routes)
+    assert table("| parameter | taken as |") == set(server.TAKEN)
+
+
 def test_a_compressed_body_is_a_415_saying_to_send_it_uncompressed(cpu):
     """A body sent gzip-compressed (Content-Encoding: gzip) was "the body must be JSON", which it was: the client was
     told to mend what was not broken. It is now a 415 saying to send the JSON uncompressed."""

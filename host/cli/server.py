@@ -1,15 +1,13 @@
 """The HTTP face of a `Mesh` (host/cli/session.py): an OpenAI-compatible API and the live page, on Starlette.
 
-Routes: `POST /v1/completions` and `POST /v1/chat/completions` (`stream: true` as server-sent events, else one JSON
-body), `GET /v1/models` and `/v1/models/ID`, `GET /health` (a 503 saying why once the mesh can serve nothing: a
-pipeline's stage board stopped answering, `Mesh.failed`), and `/`, the live page (host/cli/page.html); any other
-path, a slash too many included, is a 404 naming them, a method a route does not take a 405. The
-parameters that map are taken (`max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` = 1, `stream_options`'s
-`include_usage`, with `stream` true; `top_k`, not OpenAI's, as vLLM's and llama.cpp's servers take it; `user` and
-`safety_identifier`, strings, are accepted and ignored); any other parameter set to something but its OpenAI
-default is a 400 naming it and what is taken (the other route's text too: a chat's `prompt`, a completion's
-`messages`), as is a bad value or type. Where OpenAI's and `specmesh run`'s defaults differ, the mesh's are kept:
-greedy (`temperature` 0) and its `--max-tokens`.
+The routes are app()'s table and the parameters taken are TAKEN, OpenAI's others at their defaults DEFAULTS (README's
+two tables say what each route and parameter is to a user; tests/test_serve.py holds them to these lists). Any other
+path, a slash too many included, is a 404 naming the routes, a method a route does not take a 405; any other
+parameter set to something but its OpenAI default is a 400 naming it and what is taken (the other route's text too:
+a chat's `prompt`, a completion's `messages`), as is a bad value or type. Where OpenAI's and `specmesh run`'s
+defaults differ, the mesh's are kept: greedy (`temperature` 0) and its `--max-tokens`. `/health` is a 503 saying why
+once the mesh can serve nothing (a pipeline's stage board stopped answering, `Mesh.failed`); `/` is the live page
+(host/cli/page.html).
 A sampled request without a `seed` samples under a fresh one, as OpenAI's differ from one another; the header
 `x-specmesh-seed` (and the `specmesh` field) names the seed a sampled request ran under, which gives its text again,
 as `specmesh run --seed` does. A chat's messages are its turns, appended as typed (the stories model has no chat
