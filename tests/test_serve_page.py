@@ -1,10 +1,13 @@
 """The live page of `specmesh serve` (host/cli/page.html) in a real headless browser (Debian's `chromium`,
 tests/cdp.py): a prompt typed into the box, the text streamed back equal to the mesh's greedy text, accepted
-drafts marked, and each board's role, class and kernels shown. SPECMESH_PAGE_SHOT=FILE keeps a screenshot
-(docs/serve-page.png is one)."""
+drafts marked, and each board's role, class and kernels shown; a server stopped mid-text, or gone, said so with what
+to do. SPECMESH_PAGE_SHOT=FILE keeps a screenshot (docs/serve-page.png is one)."""
 
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,3 +48,40 @@ def test_the_page_streams_a_typed_prompt_s_text_with_drafts_marked_and_the_board
     assert (tmp_path / "page.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if os.environ.get("SPECMESH_PAGE_SHOT"):
         shutil.copy(tmp_path / "page.png", Path(os.environ["SPECMESH_PAGE_SHOT"]))
+
+
+def test_the_page_says_so_when_the_server_stops_mid_text_and_when_it_is_gone():
+    """`specmesh serve` stopped (Ctrl-C) while the page streamed a text: the page showed the text cut after the round
+    in progress with its figures, as a generation that had ended; Generate pressed again, with the server gone, said
+    "Failed to fetch" and no more. It now says the text was cut short, and then that the server did not answer, each
+    with what to do."""
+    from specmesh.host.provision.cluster import _vboards_dir
+
+    binary = chromium()
+    if binary is None:
+        pytest.skip("chromium is not installed: apt-get install chromium (.ci/run does)")
+    env = {**os.environ, "SPECMESH_VBOARDS": str(_vboards_dir()) + "-page"}  # (test_serve's own serve has its boards)
+    served = subprocess.Popen([sys.executable, "-m", "specmesh", "serve", "--port", "0"], stderr=subprocess.PIPE,
+                              text=True, cwd=Path(__file__).resolve().parent.parent, env=env)
+    try:
+        banner = served.stderr.readline()
+        while banner and " on http" not in banner:  # (any line before the banner: a board's)
+            banner = served.stderr.readline()
+        with browser(binary) as page:
+            page.open(banner.split(" on ")[1].split()[0])
+            page.js("document.getElementById('max_tokens').value = '250'; document.getElementById('go').click(); true")
+            page.wait("document.querySelectorAll('#rounds tbody tr').length > 2")  # virtual boards: seconds to go
+            served.send_signal(signal.SIGINT)
+            ended = "document.body.dataset.state !== 'streaming' && document.body.dataset.state"
+            assert page.wait(ended) == "cut"
+            summary = page.js("document.getElementById('summary').textContent")
+            assert "tokens / verification" in summary and summary.endswith(
+                "cut short: the server stopped; start specmesh serve again, then press Generate"), summary
+            assert served.wait(30) == 130
+            page.js("document.getElementById('go').click(); true")
+            assert page.wait(ended) == "error"
+            assert page.js("document.getElementById('summary').textContent") == (
+                "the server did not answer: start specmesh serve again if it stopped, then press Generate")
+    finally:
+        served.kill()
+        served.wait()
