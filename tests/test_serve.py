@@ -110,6 +110,11 @@ def test_what_does_not_map_is_a_4xx_naming_it(boards):
     with pytest.raises(urllib.error.HTTPError) as e:  # over the server's MAX_BODY: not read whole
         urllib.request.urlopen(ask, timeout=60)
     assert e.value.code == 413 and "over" in json.load(e.value)["error"]["message"]
+    port = int(boards.rsplit(":", 1)[1])
+    for expect in (b"Expect: 100-continue\r\n", b""):  # a big body declared, none sent: refused at once, unread
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: 50000000\r\n\r\n{" % expect)
+            assert sock.recv(4096).startswith(b"HTTP/1.1 413 "), expect  # (was 100 Continue, or nothing: both waited)
     deep = ("[" * 100_000 + "]" * 100_000).encode()  # deeper than the JSON parser's stack: a 400, not a 500
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(urllib.request.Request(boards + "/v1/completions", deep), timeout=60)

@@ -439,18 +439,23 @@ class Api:
 
 async def body_of(request: Request) -> bytes:
     """The request's body, read up to MAX_BODY bytes (BadRequest 413 beyond: any prompt the context holds is a
-    few kilobytes, and a body is held whole in memory to be parsed); a compressed one is a 415, unread: compressed
-    JSON is no JSON to the parser, and "the body must be JSON" would tell its client to mend what is not broken."""
+    few kilobytes, and a body is held whole in memory to be parsed), and refused unread where its Content-Length
+    says so (a client waiting to hear `100 Continue` before it sends a big body, curl's way, was told to send it, and
+    one that declared more than it sent waited for good); a compressed one is a 415, unread: compressed JSON is no
+    JSON to the parser, and "the body must be JSON" would tell its client to mend what is not broken."""
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding != "identity":
         raise BadRequest("the body's Content-Encoding %s is not taken: send the JSON uncompressed" % _shown(encoding),
                          status=415)
+    too_big = BadRequest("the body is over %d bytes: no prompt the context holds is that long" % MAX_BODY, status=413)
+    declared = request.headers.get("content-length", "").strip()
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        raise too_big
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_BODY:
-            raise BadRequest("the body is over %d bytes: no prompt the context holds is that long" % MAX_BODY,
-                             status=413)
+            raise too_big
         chunks.append(chunk)
     return b"".join(chunks)
 
