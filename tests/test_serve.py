@@ -607,6 +607,21 @@ def test_serve_on_port_0_names_the_port_it_listens_on_and_stops_on_ctrl_c():
         assert proc.stderr.read().strip() == "specmesh serve: interrupted"
 
 
+def test_a_client_speaking_tls_or_no_http_is_told_where_the_server_is_in_its_log():
+    """A client given https:// (the openai client then says "Connection error.", curl "wrong version number") had the
+    server log "WARNING:  Invalid HTTP request received." and no more; the line now says what it most often is and the
+    address that reaches the server. It serves on."""
+    with started("--verifier", "cpu", "--drafter", "cpu") as (proc, address):
+        host, port = address.split("//")[1].rstrip("/").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(32))  # a TLS greeting's start
+            assert sock.recv(4096).startswith(b"HTTP/1.1 400 ")
+        assert proc.stderr.readline() == ("WARNING:  a client sent what is not an HTTP/1.1 request (it got a 400): one "
+                                          "given an https:// address reaches this server at %s\n" % address)
+        with urllib.request.urlopen(address + "health", timeout=30) as reply:
+            assert json.loads(reply.read())["status"] == "ok"
+
+
 def test_sigterm_stops_serve_at_once_though_a_client_is_still_sending():
     """The server tells its generations to end and waits a few seconds (serve.py STOP_GRACE_S) for connections, not
     for a client that never finishes its request: one line, status 143, no traceback in the log."""

@@ -14,7 +14,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from specmesh.host.cli.config import UsageError
@@ -75,7 +75,9 @@ def serve(a: argparse.Namespace) -> int:
                 ThreadPoolExecutor(max_workers=4 * a.streams + 16, thread_name_prefix="specmesh-request") as threads:
             served = app(mesh, threads, fixed_seed)
             http = uvicorn.Config(served, log_level="warning", lifespan="off", timeout_graceful_shutdown=STOP_GRACE_S)
-            logging.getLogger("uvicorn.error").addFilter(no_upgrade_advice)  # (after the Config set its logging up)
+            log = logging.getLogger("uvicorn.error")  # (after the Config set its logging up)
+            log.addFilter(no_upgrade_advice)
+            log.addFilter(not_http_advice(url(a.host, sockets[0].getsockname()[1])))
             server = _server_class()(http, served.state.stop)
             print("specmesh serve: %s on %s (the live page; the API under /v1), %d stream%s at once; Ctrl-C stops it"
                   % (", ".join("%s %s" % kv for kv in mesh.names.items()), url(a.host, sockets[0].getsockname()[1]),
@@ -94,6 +96,20 @@ def no_upgrade_advice(record: logging.LogRecord) -> bool:
     h2c): served as HTTP/1.1, as it should be, it still put two lines in the log a request, the second advising the
     operator to install a WebSocket library, which nothing here uses."""
     return not record.getMessage().startswith(("Unsupported upgrade request", "No supported WebSocket library"))
+
+
+def not_http_advice(address: str) -> Callable[[logging.LogRecord], bool]:
+    """A filter of uvicorn's log saying, of a request its HTTP parser refused ("Invalid HTTP request received.", its
+    client sent a 400), what it most often is: a client given an https:// address, whose TLS greeting is no HTTP
+    (its own error, openai's "Connection error." or curl's "wrong version number", says no more)."""
+
+    def advise(record: logging.LogRecord) -> bool:
+        if record.getMessage() == "Invalid HTTP request received.":
+            record.msg, record.args = ("a client sent what is not an HTTP/1.1 request (it got a 400): one given an "
+                                       "https:// address reaches this server at %s"), (address,)
+        return True
+
+    return advise
 
 
 # seconds a stopping server waits for its connections to close (a generation ends after its round once told to
