@@ -693,7 +693,8 @@ def test_the_other_route_s_text_and_a_true_n_are_refused(cpu):
 def test_requests_still_waiting_when_serve_stops_are_told_to_send_again():
     """Requests queued behind another on the boards' one lane when the server was stopped got what a served request
     gets: an empty text, finish_reason "length" and null figures, which a client takes for its answer. Each is now a
-    503 (a stream: its error event) saying to send it again; the one generating still ends after its round."""
+    503 (a stream: its error event) saying to send it again; the one generating still ends after its round. The 503
+    tells OpenAI's clients not to retry at once (they would meet the server gone, and say "Connection error.")."""
     import urllib.error
 
     from specmesh.host.cli.server import UNSERVED
@@ -705,9 +706,9 @@ def test_requests_still_waiting_when_serve_stops_are_told_to_send_again():
     def waiting(stream: bool) -> None:
         try:
             with urllib.request.urlopen(ask(stream), timeout=60) as reply:
-                got[stream] = (reply.status, reply.read().decode())
+                got[stream] = (reply.status, reply.read().decode(), reply.headers["x-should-retry"])
         except urllib.error.HTTPError as e:
-            got[stream] = (e.code, e.read().decode())
+            got[stream] = (e.code, e.read().decode(), e.headers["x-should-retry"])
 
     got: dict = {}
     with started() as (proc, address):  # virtual boards: one lane
@@ -723,9 +724,9 @@ def test_requests_still_waiting_when_serve_stops_are_told_to_send_again():
             for t in threads:
                 t.join()
         assert rest.endswith("data: [DONE]\n\n") and '"finish_reason": "length"' in rest, rest[-300:]
-        status, body = got[False]
-        assert status == 503 and json.loads(body)["error"]["message"] == UNSERVED, got
-        status, body = got[True]
+        status, body, retry = got[False]
+        assert status == 503 and json.loads(body)["error"]["message"] == UNSERVED and retry == "false", got
+        status, body, _ = got[True]
         events = [json.loads(e.removeprefix("data: ")) for e in body.split("\n\n") if e]
         assert status == 200 and events[-1] == {"error": {"message": UNSERVED, "type": "server_error", "param": None,
                                                           "code": None}}, events[-1]

@@ -93,9 +93,13 @@ def unknown_model(name: str) -> BadRequest:
 
 
 def error(status: int, message: str, param: str | None = None, code: str | None = None,
-          kind: str = "invalid_request_error") -> JSONResponse:
-    """OpenAI's error body."""
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status)
+          kind: str = "invalid_request_error", final: bool = False) -> JSONResponse:
+    """OpenAI's error body; `final`: a 503 the same request sent again at once would get as well (the server stopping,
+    the mesh failed for good), which OpenAI's clients, retrying a 5xx twice by default, are told not to retry: they
+    sent it thrice, each a line in the server's log, and one sent after the server had gone got "Connection error."
+    in place of the 503's line."""
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status,
+                        {"x-should-retry": "false"} if final else None)
 
 
 def sampling(body: dict, mesh: Mesh, fixed_seed: bool = False, chat: bool = False) -> dict:
@@ -341,7 +345,7 @@ class Api:
         except ClientDisconnect:  # the client left before its body was whole: nobody reads this
             return error(400, "the client left before its request's body was read")
         except asyncio.CancelledError:  # the server stopped while the client was still sending: its end, not a bug
-            return error(503, "the server stopped before the request's body was read", kind="server_error")
+            return error(503, "the server stopped before the request's body was read", kind="server_error", final=True)
         except json.JSONDecodeError as e:
             return error(400, not_json(e))
         except ValueError:  # (UnicodeDecodeError among them) bytes no Unicode encoding of JSON holds
@@ -369,12 +373,12 @@ class Api:
         try:
             done = await self._run(prompt, kw, cancel, None)
         except GenerationFailed as e:
-            return error(503, str(e), kind="server_error")
+            return error(503, str(e), kind="server_error", final=self.mesh.failed is not None)
         finally:
             cancel.set()
             watch.cancel()
         if self.unserved(done):
-            return error(503, UNSERVED, kind="server_error")
+            return error(503, UNSERVED, kind="server_error", final=True)
         return JSONResponse(reply.whole(done, prompt), headers=headers)
 
     def unserved(self, done: Completion) -> bool:
