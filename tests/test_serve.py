@@ -162,6 +162,23 @@ def test_openai_s_own_defaults_are_taken(boards):
     assert e.value.body["param"] == "logprobs", e.value.body
 
 
+def test_an_empty_prompt_generates_from_the_start_of_a_document(cpu):
+    """`prompt: ""` was a 400 "prompt must be a non-empty string", where OpenAI's reference has an empty prompt generate
+    as from the beginning of a new document, as the Python API and `specmesh run -p ""` do: it now gives their text
+    (streamed or not, `[""]` too); no prompt at all, or an empty list of token ids, is still refused."""
+    url, mesh = cpu
+    c = client(url)
+    want = mesh.generate("", max_tokens=8).text
+    assert want and c.completions.create(model="specmesh", prompt="", max_tokens=8).choices[0].text == want
+    assert c.completions.create(model="specmesh", prompt=[""], max_tokens=8).choices[0].text == want
+    chunks = c.completions.create(model="specmesh", prompt="", max_tokens=8, stream=True)
+    assert "".join(ch.choices[0].text for ch in chunks) == want
+    for prompt in ([], None):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="specmesh", prompt=prompt, max_tokens=8)
+        assert e.value.body["param"] == "prompt" and "non-empty list of token ids" in e.value.body["message"]
+
+
 def test_an_empty_suffix_is_taken_as_none(cpu):
     """`suffix: ""` (the text to follow the completion: none) was a 400 "parameter 'suffix' is not supported by
     specmesh (only its default, null)", though a completion followed by nothing is what specmesh gives; it now gives

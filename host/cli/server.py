@@ -203,8 +203,8 @@ def completion_prompt(body: dict, mesh: Mesh) -> list[int]:
         except UsageError as e:
             raise BadRequest(str(e), "prompt") from None
         return list(prompt)
-    if not isinstance(prompt, str) or not prompt:
-        raise BadRequest("prompt must be a non-empty string or a list of token ids (one prompt per request)",
+    if not isinstance(prompt, str):  # ("": the start of a document, the model's first token alone, as OpenAI's)
+        raise BadRequest("prompt must be a string or a non-empty list of token ids (one prompt per request)",
                          "prompt")
     fits_context([prompt], mesh, "prompt")
     return mesh.encode(prompt)
