@@ -463,8 +463,8 @@ class Slow(backends.LocalVerifier):
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("half", [False, True])
 def test_a_client_killed_mid_generation_frees_its_lane_for_the_next_request(models, monkeypatch, caplog, stream, half):
-    """A client gone (its socket closed, or only its sending half: `half`) ends its generation after its round, and
-    the server logs nothing of it (uvicorn's loggers do not reach pytest's, and its Config sets their handlers, so a
+    """A client gone (its socket closed, or only its sending half: `half`) ends its generation after its round, the
+    next request gets the text it gets alone, and the server logs nothing of it (uvicorn's loggers do not reach pytest's, and its Config sets their handlers, so a
     handler of the test's, added once the server runs, hears them)."""
     import logging
 
@@ -494,6 +494,7 @@ def test_a_client_killed_mid_generation_frees_its_lane_for_the_next_request(mode
             done = client(url).completions.create(model="specmesh", prompt="The cat", max_tokens=8)
             took = time.monotonic() - t0
             assert done.usage.completion_tokens == 8 and took < 2.0, took  # not the 6 s the killed stream had left
+            assert done.choices[0].text == mesh.generate("The cat", max_tokens=8).text  # the text it gives alone
             sock.close()
     finally:
         logging.getLogger("uvicorn").removeHandler(hearing)
