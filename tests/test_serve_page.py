@@ -50,6 +50,38 @@ def test_the_page_streams_a_typed_prompt_s_text_with_drafts_marked_and_the_board
         shutil.copy(tmp_path / "page.png", Path(os.environ["SPECMESH_PAGE_SHOT"]))
 
 
+def test_the_page_says_it_waits_while_another_request_holds_the_mesh(models):
+    """Generate pressed while another request held the mesh's one lane (boards serve one at a time) showed the prompt
+    and, below it, the figures of the page's last generation, until the other request ended. The page now says it waits
+    for the mesh, and streams once its turn comes."""
+    import threading
+
+    binary = chromium()
+    if binary is None:
+        pytest.skip("chromium is not installed: apt-get install chromium (.ci/run does)")
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh, serving(mesh) as url, browser(binary) as page:
+        page.open(url + "/")
+        held, release = threading.Event(), threading.Event()
+
+        def other_request() -> None:
+            with mesh.lane():  # the one lane, as a request generating holds it
+                held.set()
+                release.wait(60)
+
+        page.js("document.getElementById('go').click(); true")  # a first generation: its figures below the text
+        assert page.wait("document.body.dataset.state === 'done'")
+        other = threading.Thread(target=other_request)
+        other.start()
+        assert held.wait(60)
+        page.js("document.getElementById('go').click(); true")
+        summary = "document.getElementById('summary').textContent"
+        assert page.js(summary).startswith("waiting for the mesh")
+        release.set()
+        other.join()
+        assert page.wait("document.body.dataset.state === 'done'")
+        assert "tokens / verification" in page.js(summary) and page.js("document.getElementById('text').textContent")
+
+
 def test_the_page_says_so_when_the_server_stops_mid_text_and_when_it_is_gone():
     """`specmesh serve` stopped (Ctrl-C) while the page streamed a text: the page showed the text cut after the round
     in progress with its figures, as a generation that had ended; Generate pressed again, with the server gone, said
