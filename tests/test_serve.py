@@ -634,8 +634,8 @@ def test_a_client_speaking_tls_or_no_http_is_told_where_the_server_is_in_its_log
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(32))  # a TLS greeting's start
             assert sock.recv(4096).startswith(b"HTTP/1.1 400 ")
-        assert proc.stderr.readline() == ("WARNING:  a client sent what is not an HTTP/1.1 request (it got a 400): one "
-                                          "given an https:// address reaches this server at %s\n" % address)
+        assert proc.stderr.readline() == ("WARNING:  a client sent what is not a well-formed HTTP/1.1 request (it got a "
+                                          "400); if it was given an https:// address, give it %s\n" % address)
         with urllib.request.urlopen(address + "health", timeout=30) as reply:
             assert json.loads(reply.read())["status"] == "ok"
 

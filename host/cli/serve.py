@@ -105,8 +105,8 @@ def not_http_advice(address: str) -> Callable[[logging.LogRecord], bool]:
 
     def advise(record: logging.LogRecord) -> bool:
         if record.getMessage() == "Invalid HTTP request received.":
-            record.msg, record.args = ("a client sent what is not an HTTP/1.1 request (it got a 400): one given an "
-                                       "https:// address reaches this server at %s"), (address,)
+            record.msg, record.args = ("a client sent what is not a well-formed HTTP/1.1 request (it got a 400); if it "
+                                       "was given an https:// address, give it %s"), (address,)
         return True
 
     return advise
