@@ -43,7 +43,7 @@ import roles
 from roles import Refused
 from shared.messages import E_INTERNAL, E_KEY, E_MEMORY, E_MESSAGE, E_MODEL, E_STATE, HOST
 
-FW_VERSION = "specmesh-node 0.1"
+FW_VERSION = "specmesh-node 0.1"  # HELLO's fw: specmesh flash stamps the id of the files it flashes in its place
 # ESP-IDF heap a radio node leaves to Wi-Fi/ESP-NOW: its dynamic buffers come from the IDF heap that the esp32 port's GC
 # heap also grows into (py/gc.c gc_try_add_heap), and without them ESPNow.send raises NO_MEM (micropython#14421:
 # low IDF memory drops packets). An assumption: ten of the driver's 1.6 KB dynamic buffers; not measured on a board

@@ -178,9 +178,10 @@ def test_flashed_firmware_node_answers(virtual_board, tmp_path):
     assert not [d for d in report.written if d.startswith("/native/") and d != "/native/x64.mpy"]
     with contextlib.ExitStack() as stack:
         bus = _open(vb.port, stack)
-        assert discover(bus) == 1
+        assert discover(bus).src == 1
         hello = m.unpack_hello(bus.request(BROADCAST, m.HELLO).payload)
     assert (hello[2], hello[3]) == (m.ROLE_DRAFTER, "/rom/drafter.spm")
+    assert hello[0] == flash_module.firmware_id()  # the id of the files flashed, which the host compares with its own
     # the board it stands for, as a classic ESP32 names itself (the stats' machine), not the VM's build
     assert hello[1] == "Generic ESP32 module with ESP32"
     assert hello[9] == "native"  # the flashed module passed its self-test
@@ -242,7 +243,7 @@ def test_a_truly_full_filesystem_is_one_line_with_the_bytes_and_what_to_do(virtu
     sources, model = tiny_node
     vb = virtual_board(flash_bytes=64 * 1024)
     assert mpremote(vb.port, "exec", FILL).stdout == "0\n"
-    monkeypatch.setattr(flash_module, "node_sources", lambda: sources)
+    monkeypatch.setattr(flash_module, "node_sources", lambda root=ROOT: sources)
     rc = cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(model), "--no-romfs"])
     need = re.search(r"full for this flash: ([\d,]+) bytes to write, 0 free: ", capsys.readouterr().err)
     assert rc == 1 and need and int(need[1].replace(",", "")) > model.stat().st_size

@@ -8,7 +8,8 @@ build/vboards/ (in an installed copy: ~/.cache/specmesh/vboards), so a later run
 changed. With `--transport espnow` the boards talk over the virtual radio and the host reaches them
 through a gateway board on its serial link.
 Everything started is stopped when the cluster closes. `find` discovers a flashed real board by the role it
-reports (HELLO), `connect` opens one on a known port. Both kinds are back-ends of each role, by name in
+reports (HELLO), `connect` opens one on a known port, once its HELLO says it runs this checkout's node
+(`check_firmware`). Both kinds are back-ends of each role, by name in
 host/cli/registry.py's tables: `virtual` (the role's default class), `virtual:CLASS` (a virtual board of any
 class of host/boardclasses.py: the unix port sized as that class, or QEMU running that class's own machine code:
 the RV32 firmware for esp32c3/esp32c6, the Xtensa one for esp32/esp32s3, host/emulator/qemu.py), `pipeline` for the verifier (`--stages N` stage boards), and `PORT` for a
@@ -35,9 +36,9 @@ from specmesh.host.boardclasses import ROLE_CLASS, VIRTUAL_TOO_SMALL, drafter_cl
 from specmesh.host.bus.links import LinkError, SerialLink
 from specmesh.host.bus.proxy import Bus, HostAuth, NodeError, Proxy
 from specmesh.host.layout import MODELS, ROOT, model_path
-from specmesh.host.provision.flash import NODE_ID
+from specmesh.host.provision.flash import NODE_ID, firmware_id
 from specmesh.shared import messages as m
-from specmesh.shared.codec import BROADCAST
+from specmesh.shared.codec import BROADCAST, CodecError, Frame
 
 
 def _vboards_dir() -> Path:
@@ -122,15 +123,15 @@ FIRST_HELLO_S = 2.0  # a running node answers HELLO well within this; past it th
 SOFT_RESET = (b"\r\x03\x03", b"\x02", b"\x04")
 
 
-def discover(bus: Bus, deadline: float = 10.0, role: str = "drafter|verifier") -> int:
-    """Node id of the board on a serial link (HELLO to broadcast; the reply says who answered). A board that does
+def discover(bus: Bus, deadline: float = 10.0, role: str = "drafter|verifier") -> Frame:
+    """The HELLO reply of the board on a serial link (HELLO to broadcast; its src says who answered). A board that does
     not answer within FIRST_HELLO_S may be sitting at its REPL (after `specmesh console`, an interrupted `specmesh
     flash`, `flash --no-reset`): it is soft-reset once, which starts its node (or shows it half-flashed), and
     asked again. `role`: the one the board is wanted for, named in the flash command a failure line gives."""
     from specmesh.host.bus.proxy import ProxyError
 
     try:
-        return bus.request(BROADCAST, m.HELLO, deadline=min(FIRST_HELLO_S, deadline)).src
+        return bus.request(BROADCAST, m.HELLO, deadline=min(FIRST_HELLO_S, deadline))
     except ProxyError as e:
         if bus.link.error:  # diagnosed already: a key mismatch, a half-flashed board
             raise BackendError(no_node(bus.link, e, deadline, role=role)) from None
@@ -138,7 +139,7 @@ def discover(bus: Bus, deadline: float = 10.0, role: str = "drafter|verifier") -
         bus.link.write_raw(keys)
         time.sleep(0.2)
     try:
-        return bus.request(BROADCAST, m.HELLO, deadline=deadline).src
+        return bus.request(BROADCAST, m.HELLO, deadline=deadline)
     except ProxyError as e:
         raise BackendError(no_node(bus.link, e, deadline, reset=True, role=role)) from None
 
@@ -183,6 +184,26 @@ def _readable(line: str) -> bool:
     return sum(c.isprintable() and c != "\ufffd" for c in line) >= 0.75 * len(line)
 
 
+def check_firmware(hello: bytes, port: str, kind: str, role: str, key: bytes | None = None) -> None:
+    """BackendError unless the HELLO reply `hello` of the board on `port` (wanted as `kind`, flashed with `role`, the
+    arguments of `specmesh flash --role`) names this checkout's node (flash.firmware_id): checked before its back-end
+    is made, so a board flashed before specmesh was updated (its files, maybe its wire format, another version) is
+    told to be flashed again, in one line, before any text; its fw is HELLO's first field, read in any layout this
+    host can parse (a layout it cannot is another firmware too). A board flashed before the id existed says
+    "specmesh-node 0.1"."""
+    own = firmware_id()
+    try:
+        fw: str | None = m.unpack_hello(hello)[0]
+    except (CodecError, ValueError):
+        fw = None
+    if fw == own:
+        return
+    said = "its HELLO is not one this specmesh reads" if fw is None else "it says %r, this specmesh's is %r" % (fw, own)
+    raise BackendError("the %s board on %s runs a node flashed from other files than this specmesh's (%s): flashed "
+                       "before specmesh was updated? flash it again: `specmesh flash --port %s --role %s%s`"
+                       % (kind, port, said, port, role, " --key-file FILE" if key else ""))
+
+
 def find(kind: str, key: bytes | None = None) -> str:
     """The serial port of the flashed board that reports role `kind` (ESP32 USB ports are asked in turn)."""
     from specmesh.host.bus.ports import esp_ports
@@ -202,6 +223,9 @@ def find(kind: str, key: bytes | None = None) -> str:
                 if bus.link.error:
                     problems.append(bus.link.error)
                 continue
+            except (CodecError, ValueError):  # a HELLO of another layout: flashed from other files (check_firmware)
+                problems.append("%s runs a node whose HELLO this specmesh cannot read: flash it again" % port)
+                continue
             if role == want:
                 return port
     raise BackendError("--%s auto: no board on %s reports the %s role%s; flash one with `specmesh flash --port PORT "
@@ -216,7 +240,9 @@ def connect(port: str, kind: str, key: bytes | None = None, layers: tuple[int, i
     with contextlib.ExitStack() as stack:
         role = role_args(kind, layers)
         bus = _open(port, stack, key=key, role=role)
-        bus.peer = discover(bus, role=role)
+        hello = discover(bus, role=role)
+        bus.peer = hello.src
+        check_firmware(hello.payload, port, kind, role, key)
         yield _backend(kind, bus, bus.peer, port, *([] if layers is None else [layers]))
 
 

@@ -2,9 +2,10 @@
 
 `flash(port, role, model)`: reads the board's MicroPython version, .mpy ABI and architecture,
 refuses a board that cannot run the role, compiles firmware/ and shared/ with mpy-cross for that
-architecture (xtensawin on ESP32/ESP32-S3, x64 on a virtual board), adds the native kernel module built
-for that architecture (firmware/native/<arch>.mpy, to /native/; sys.implementation._mpy names the arch),
-copies the files, the role's model file, the deployment key if given (/specmesh.key, apart from the config,
+architecture (xtensawin on ESP32/ESP32-S3, x64 on a virtual board; node.py with the id of the files flashed,
+`firmware_id`, stamped in, which the node's HELLO reports and a run compares with its own), adds the native
+kernel module built for that architecture (firmware/native/<arch>.mpy, to /native/; sys.implementation._mpy names
+the arch), copies the files, the role's model file, the deployment key if given (/specmesh.key, apart from the config,
 its counter floor kept from the board's earlier key file; never read back) and /specmesh.json (role, node
 id, model path; firmware/config.py) over the raw REPL, checks every file's SHA-256 on the board, and
 soft-resets the board so main.py starts the node. A keyed node takes no Ctrl-C: with `key` it is first
@@ -78,6 +79,8 @@ ARCHES = [None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp
 MPY_ABI = (6, 3)  # what the bundled mpy-cross emits: MicroPython >= 1.23 loads it
 KEEP_SOURCE = {"main.py", "boot.py"}  # a board runs these two as source
 MAIN = "/main.py"  # what a board runs at boot: written after every module it imports (_stale)
+NODE_MODULE = "/node.py"  # the node's module, whose FW_LINE a flash stamps with the files' firmware_id
+FW_LINE = 'FW_VERSION = "specmesh-node 0.1"'  # firmware/node.py: the fw its HELLO reports, unstamped
 CONFIG_PATH = "/specmesh.json"  # firmware/config.py: the board config the node starts with
 KEY_PATH = "/specmesh.key"  # firmware/config.py KEY_PATH: the deployment key and its counter floor
 FLOOR = ("import json\ntry:\n print(int(json.load(open('/specmesh.key')).get('ctr', 0)))\nexcept Exception:\n"
@@ -221,23 +224,53 @@ class FlashReport:
 
 def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | None = None) -> dict[str, Path]:
     """Compile the node's files for `arch`; returns board path -> local file. The node's own files (no
-    `sources`) come with the native kernel module built for `arch`, where one is shipped."""
+    `sources`) come with the native kernel module built for `arch`, where one is shipped. node.py is compiled with
+    the files' firmware_id stamped in (`_stamped`)."""
+    given = list(sources) if sources is not None else None
+    fw = firmware_id(given)
     files: dict[str, Path] = {}
-    for src, dest in sources if sources is not None else node_sources():
+    for src, dest in given if given is not None else node_sources():
         if src.name in KEEP_SOURCE or not src.name.endswith(".py"):
             files[dest] = src
             continue
         mpy_dest = dest[: -len(".py")] + ".mpy"
-        local = out / mpy_dest.lstrip("/")
-        try:
-            compile_py(src, local, march=arch, source_name=dest.lstrip("/"))
-        except CompileError as e:
-            raise FlashError(str(e)) from None
-        files[mpy_dest] = local
+        files[mpy_dest] = _compile(src, dest, arch, out, fw if dest == NODE_MODULE else None)
     native = native_module(arch)
     if sources is None and native is not None:
         files[native[1]] = native[0]
     return files
+
+
+def _compile(src: Path, dest: str, arch: str | None, out: Path, fw: str | None = None) -> Path:
+    """`src` compiled for `arch` into out, as the .mpy of board path `dest` (NAME.py), with `fw` stamped in where given
+    (`_stamped`); that file."""
+    local = out / (dest[: -len(".py")] + ".mpy").lstrip("/")
+    with contextlib.ExitStack() as stack:
+        if fw is not None:
+            src = _stamped(src, fw, Path(stack.enter_context(tempdirs.folder("stamp"))))
+        try:
+            compile_py(src, local, march=arch, source_name=dest.lstrip("/"))
+        except CompileError as e:
+            raise FlashError(str(e)) from None
+    return local
+
+
+def node_module(arch: str | None, out: Path) -> Path:
+    """node.mpy as a flash of this checkout builds it for `arch` (its firmware_id stamped in), compiled into out."""
+    return _compile(ROOT / "firmware" / "node.py", NODE_MODULE, arch, out, firmware_id())
+
+
+def _stamped(src: Path, fw: str, out: Path) -> Path:
+    """The node's node.py (`src`) with FW_LINE's value replaced by `fw`, its files' firmware_id, written into the folder
+    out: the string its HELLO reports as fw. As long as the value it replaces, so a flashed node's heap is what the
+    budget tests measure (tests/test_firmware_budget.py); comments and line numbers unchanged, so the .mpy differs
+    from the unstamped one in those bytes alone."""
+    text = src.read_text()
+    if FW_LINE not in text:
+        raise FlashError(f"{src} has no line {FW_LINE!r}, where a flash stamps the node's firmware id: put it back")
+    stamped = out / "node.py"
+    stamped.write_text(text.replace(FW_LINE, f'FW_VERSION = "{fw}"', 1))
+    return stamped
 
 
 def native_module(arch: str | None, root: Path = ROOT) -> tuple[Path, str] | None:
@@ -254,6 +287,32 @@ def node_sources(root: Path = ROOT) -> Iterator[tuple[Path, str]]:
         for src in sorted(base.rglob("*.py")):
             if "__pycache__" not in src.parts:
                 yield src, prefix + src.relative_to(base).as_posix()
+
+
+def firmware_id(sources: list[tuple[Path, str]] | None = None, root: Path = ROOT) -> str:
+    """The id of the node a flash puts on a board, which `build` stamps into its node.py (`_stamped`) and its HELLO
+    reports as fw: "specmesh-" and 8 hex digits of a SHA-256 over each file's board path and bytes, `sources` (a
+    flash's own files) or this checkout's node, firmware/ and shared/ (node.py as the checkout holds it, unstamped),
+    and every shipped native module (the one `build` adds for the board's arch is among them).
+
+    A host whose id is another than a board's HELLO runs against a node flashed from other files: a `specmesh flash`
+    with this checkout would copy them, and until it does the two may differ in their wire format or their engine
+    (host/provision/cluster.py `check_firmware`). Taken over the sources, not the .mpy files built from them, so the
+    host knows it without compiling, the same for every architecture. Stamped at flashing only: no file of the
+    checkout holds it, so the firmware images and native modules stay bit for bit what their sources build, and a
+    module frozen into an image would say FW_VERSION unstamped. Stamped into the module rather than written into the
+    board config for the node to read, which would cost the node code: its heap budget is at its edge (a read of a
+    config key, 32 bytes of code, ran the classic ESP32 drafter out of heap at gamma 16). A node flashed before the id
+    existed, or compiled unstamped (run from the source tree), says FW_VERSION's "specmesh-node 0.1", of the same
+    length."""
+    native = sorted((root / "firmware" / "native").glob("*.mpy"))
+    files = list(sources) if sources is not None else [*node_sources(root),
+                                                        *((m, f"{NATIVE_DIR}/{m.name}") for m in native)]
+    digest = hashlib.sha256()
+    for src, dest in files:
+        data = src.read_bytes()
+        digest.update(b"%s %d\n" % (dest.encode(), len(data)) + data)
+    return "specmesh-" + digest.hexdigest()[:8]
 
 
 # -- talking to the board ------------------------------------------------------------------------

@@ -1,0 +1,132 @@
+"""A board flashed from other files than this specmesh's: flashed, then specmesh updated (a `git pull` that changed
+firmware/ or shared/, maybe the wire format), then run against the board still running the old node.
+
+`specmesh flash` stamps the id of the files it flashes into the node's FW_VERSION, which its HELLO reports as fw
+(host/provision/flash.py firmware_id); `specmesh run` compares it with this checkout's before it makes the board's
+back-end (host/provision/cluster.py check_firmware). A board flashed from other files, or before the id existed
+("specmesh-node 0.1"), is one line naming its port and the flash command, before any text. The boards here are virtual ones behind ptys,
+flashed as `specmesh flash` flashes a real one, from a modified copy of this checkout's node, or with its node.py
+compiled as a specmesh before the id compiled it.
+"""
+
+import shutil
+
+import pytest
+
+from specmesh.host import cli
+from specmesh.host.backends import BackendError
+from specmesh.host.layout import ROOT, TARGET_FILE
+from specmesh.host.provision import cluster
+from specmesh.host.mpycross import compile_py
+from specmesh.host.provision.flash import FW_LINE, firmware_id, flash, node_sources
+from specmesh.shared import messages as m
+
+# (file, text, what replaces it): a node like this checkout's but for one change; None: this checkout's node with
+# node.py compiled unstamped, as a specmesh flashed it before the id ("specmesh-node 0.1"; it ran, and nothing said
+# that the board ran other files than the host's)
+STALE = {
+    "flashed before the id": None,
+    # another wire format: VERDICT's fields the other way round (the run began its text, then ended "verifier PORT
+    # returned an impossible verdict (176, 1) for 0 drafts")
+    "another wire format": ("shared/messages.py", 'struct.pack("<Bh", n_accepted, token)',
+                            'struct.pack("<hB", token, n_accepted)'),
+    # a HELLO of another layout, one byte longer, which this host's unpack_hello refuses
+    "another HELLO layout": ("shared/messages.py", "_str_bytes(kernels) + 15)", "_str_bytes(kernels) + 16)"),
+}
+
+
+def node_copy(root, change=None, native=False):
+    """This checkout's firmware/ and shared/ copied under `root` (with firmware/native/ where `native`), `change`
+    made; their (file, board path) as `flash` takes them."""
+    skip = shutil.ignore_patterns("__pycache__", *(() if native else ("native",)))
+    for folder in ("firmware", "shared"):
+        shutil.copytree(ROOT / folder, root / folder, ignore=skip)
+    if change is not None:
+        path, old, new = change
+        text = (root / path).read_text()
+        assert old in text, "the node no longer holds %r: update STALE" % old
+        (root / path).write_text(text.replace(old, new))
+    return list(node_sources(root))
+
+
+def flash_stale(vb, model, root, change):
+    """Flash the verifier board `vb` with `model` and a node other than this checkout's (`change`, STALE's), left at
+    its REPL as `flash --no-reset` leaves it (the next run or bench resets it)."""
+    if change is not None:
+        flash(vb.port, "verifier", model, sources=node_copy(root, change), progress=False, reset=False)
+        return
+    report = flash(vb.port, "verifier", model, progress=False, reset=False)
+    compile_py(ROOT / "firmware" / "node.py", vb.flash_dir / "node.mpy", march=report.board.arch, source_name="node.py")
+
+
+def run_argv(models, verifier):
+    return ["run", "--models", str(models), "--drafter", "cpu", "--verifier", verifier, "-n", "8", "--temperature",
+            "0", "--prompt", "Once upon a time"]
+
+
+@pytest.mark.parametrize("change", STALE.values(), ids=list(STALE))
+def test_a_board_flashed_from_other_files_is_told_to_flash_again_before_any_text(models, virtual_board, tmp_path,
+                                                                                capsys, change):
+    vb = virtual_board("esp32s3")
+    flash_stale(vb, models / TARGET_FILE, tmp_path / "old", change)
+    assert cli.main(run_argv(models, vb.port)) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert "the verifier board on %s runs a node flashed from other files than this specmesh's" % vb.port in err
+    assert "flash it again: `specmesh flash --port %s --role verifier`" % vb.port in err
+    # the command it names (with this test's model) makes the board this specmesh's: the run goes through
+    assert cli.main(["flash", "--port", vb.port, "--role", "verifier", "--model", str(models / TARGET_FILE)]) == 0
+    capsys.readouterr()
+    assert cli.main(run_argv(models, vb.port)) == 0, capsys.readouterr().err
+
+
+def test_auto_skips_a_board_whose_hello_it_cannot_read_and_says_why(models, virtual_board, tmp_path, capsys,
+                                                                    monkeypatch):
+    """`--verifier auto` asks each ESP32 USB port's board for its role: a HELLO of another layout ended the run with
+    unpack_hello's "payload has 1 trailing bytes", naming no board; it is now a board to flash again, named in the
+    line."""
+    from specmesh.host.bus import ports
+
+    vb = virtual_board("esp32s3")
+    flash(vb.port, "verifier", models / TARGET_FILE, sources=node_copy(tmp_path / "old", STALE["another HELLO layout"]),
+          progress=False)
+    monkeypatch.setattr(ports, "esp_ports", lambda: [(vb.port, "virtual")])
+    assert cli.main(run_argv(models, "auto")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "%s runs a node whose HELLO this specmesh cannot read: flash it again" % vb.port in err
+
+
+def test_the_id_changes_with_any_flashed_file_and_only_with_them(tmp_path):
+    """The id is of what a flash copies: this checkout's node, firmware/ and shared/, and its native modules. It takes
+    the place of node.py's FW_VERSION value, whose length it has (the node's heap stays what the budget tests
+    measure)."""
+    assert (ROOT / "firmware" / "node.py").read_text().count(FW_LINE) == 1
+    assert len(firmware_id()) == len(FW_LINE.split('"')[1])
+    assert firmware_id(root=tmp_path) != firmware_id()
+    node_copy(tmp_path / "same", native=True)
+    assert firmware_id(root=tmp_path / "same") == firmware_id()
+    (tmp_path / "same" / "models").mkdir()  # not flashed with the node: not in its id
+    (tmp_path / "same" / "models" / "notes.txt").write_text("x")
+    assert firmware_id(root=tmp_path / "same") == firmware_id()
+    node_copy(tmp_path / "comment", ("firmware/roles.py", '"""', '"""A comment. '), native=True)
+    assert firmware_id(root=tmp_path / "comment") != firmware_id()
+    node_copy(tmp_path / "native", native=True)
+    (tmp_path / "native" / "firmware" / "native" / "x64.mpy").write_bytes(b"M\x06")
+    assert firmware_id(root=tmp_path / "native") != firmware_id()
+
+
+def _hello(fw):
+    return m.pack_hello(fw, "esp32", m.ROLE_STAGE, "models/target.spm", 512, 128, 9, 1, 1, "viper", 0)
+
+
+def test_a_stale_stage_or_keyed_board_is_told_the_flash_command_it_needs():
+    """A stage's command keeps its layers (flash needs them); a keyed run's, the key file (a keyed board takes no
+    flash without it). This checkout's id passes."""
+    cluster.check_firmware(_hello(firmware_id()), "p", "stage", "stage --layers 1:2")
+    with pytest.raises(BackendError, match=r"the stage board on p .*\(it says 'specmesh-node 0.1', this specmesh's is "
+                                           r"'specmesh-[0-9a-f]{8}'\).*`specmesh flash --port p --role stage "
+                                           r"--layers 1:2 --key-file FILE`$"):
+        cluster.check_firmware(_hello("specmesh-node 0.1"), "p", "stage", "stage --layers 1:2", key=b"k" * 32)
+    with pytest.raises(BackendError, match=r"\(its HELLO is not one this specmesh reads\)"):
+        cluster.check_firmware(_hello(firmware_id()) + b"\0", "p", "stage", "stage --layers 1:2")
