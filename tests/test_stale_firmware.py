@@ -3,8 +3,9 @@ firmware/ or shared/, maybe the wire format), then run against the board still r
 
 `specmesh flash` stamps the id of the files it flashes into the node's FW_VERSION, which its HELLO reports as fw
 (host/provision/flash.py firmware_id); `specmesh run` compares it with this checkout's before it makes the board's
-back-end (host/provision/cluster.py check_firmware). A board flashed from other files, or before the id existed
-("specmesh-node 0.1"), is one line naming its port and the flash command, before any text. The boards here are virtual ones behind ptys,
+back-end (host/provision/cluster.py check_firmware), and `specmesh bench` the board's node.mpy with the one this
+checkout flashes (boardbench.py). A board flashed from other files, or before the id existed ("specmesh-node 0.1"), is
+one line naming its port and the flash command, before any text. The boards here are virtual ones behind ptys,
 flashed as `specmesh flash` flashes a real one, from a modified copy of this checkout's node, or with its node.py
 compiled as a specmesh before the id compiled it.
 """
@@ -130,3 +131,15 @@ def test_a_stale_stage_or_keyed_board_is_told_the_flash_command_it_needs():
         cluster.check_firmware(_hello("specmesh-node 0.1"), "p", "stage", "stage --layers 1:2", key=b"k" * 32)
     with pytest.raises(BackendError, match=r"\(its HELLO is not one this specmesh reads\)"):
         cluster.check_firmware(_hello(firmware_id()) + b"\0", "p", "stage", "stage --layers 1:2")
+
+
+def test_bench_of_a_board_flashed_from_other_files_says_to_flash_it_again(virtual_board, tmp_path, capsys):
+    """`specmesh bench` times the board's own engine and kernels with this specmesh's script: a node flashed from other
+    files is told to be flashed again first, before the benchmark runs."""
+    vb = virtual_board("esp32s3")
+    flash_stale(vb, ROOT / "models" / TARGET_FILE, tmp_path / "old", STALE["flashed before the id"])
+    rc = cli.main(["bench", "--port", vb.port, "--out", str(tmp_path / "c.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "flash it again with `specmesh flash --port %s --role verifier`, then bench it" % vb.port in err
+    assert not (tmp_path / "c.json").exists()

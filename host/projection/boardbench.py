@@ -1,6 +1,7 @@
 """`specmesh bench --port PORT`: measure host/projection/costmodel.py's terms on a flashed board, write a calibration.
 
-The board must hold the node (`specmesh flash`): the board script (host/projection/mpy/boardbench.py, with
+The board must hold this specmesh's node (`specmesh flash`; its node.mpy is compared with the one this checkout
+flashes, `_check_firmware`): the board script (host/projection/mpy/boardbench.py, with
 the timing harness host/projection/mpy/timing.py it shares with tools/bench), run over mpremote's raw REPL,
 imports the board's own kernels and engine and times, best of several calls (ticks_us), each kernel on
 the shipped target's shapes (matmul over 1 and 5 positions, quant and requant, RMSNorm, RoPE,
@@ -17,15 +18,18 @@ next to what the rates project. The board is soft-reset back into its node after
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from pathlib import Path
 
+from specmesh.host import tempdirs
 from specmesh.host.projection import costmodel as cm
 from specmesh.host.projection.calibration import write
 from specmesh.host.boardclasses import class_of
 from specmesh.host.bus import ports
-from specmesh.host.provision.flash import (FlashError, FlashRequestError, Lost, close, failed, leave_node, open_board,
-                                           probe, read_board_config)
+from specmesh.host.backends.board import role_args
+from specmesh.host.provision.flash import (FlashError, FlashRequestError, Lost, close, failed, leave_node, node_module,
+                                           open_board, probe, read_board_config)
 from specmesh.shared.board import FLASHING
 from specmesh.shared.modelfile import HEADER_SIZE, Header, parse_header
 
@@ -139,11 +143,13 @@ def bench(port: str, out: str, reps: int = 7, key: bytes | None = None) -> dict:
         if not transport.fs_exists("kernels.mpy") and not transport.fs_exists("kernels.py"):
             raise FlashRequestError("%s has no specmesh node: flash it first (specmesh flash --port %s --role "
                                     "verifier)" % (port, port))
-        half = read_board_config(transport).get(FLASHING)
+        config = read_board_config(transport)
+        half = config.get(FLASHING)
         if half:  # its config names files the interrupted flash may have removed: the board script's ENOENT
             raise FlashRequestError("%s: the board was left half-flashed (a `specmesh flash` was interrupted); finish "
                                     "it with `specmesh flash --port %s --role %s%s`, then bench it"
                                     % (port, port, half, " --layers A:B" if half == "stage" else ""))
+        _check_firmware(transport, info, config, port)
         try:  # a real board takes seconds per model (loading, 32 tokens of prefix): a generous silence limit
             raw, err = transport.exec_raw(script(reps), timeout=EXEC_TIMEOUT_S)
         except (TransportError, OSError) as e:
@@ -168,6 +174,22 @@ def bench(port: str, out: str, reps: int = 7, key: bytes | None = None) -> dict:
     write(out, board, s, measured, check)
     return {"board": board, "seconds_per_unit": s, "measured": measured, "check": check,
             "class": class_of(info.machine, info.mem_free).name}
+
+
+def _check_firmware(transport, info, config: dict, port: str) -> None:
+    """FlashRequestError unless the board's node.mpy is the one a flash of this checkout puts there for its arch
+    (flash.node_module: its firmware_id stamped in, so it differs wherever any of the node's files does): the board
+    script times the board's own engine and kernels with this specmesh's calls and counts, which a node flashed from
+    other files (before specmesh was updated) may not take, or run as another engine."""
+    with tempdirs.folder("bench") as tmp:
+        want = hashlib.sha256(node_module(info.arch, Path(tmp)).read_bytes()).digest()
+    if transport.fs_exists("node.mpy") and transport.fs_hashfile("node.mpy", "sha256") == want:
+        return
+    layers = config.get("layers")
+    role = role_args(config.get("role", "verifier"), tuple(layers) if isinstance(layers, list) else None)
+    raise FlashRequestError("%s runs a node flashed from other files than this specmesh's (its node.mpy is not the "
+                            "one this specmesh flashes): flashed before specmesh was updated? flash it again with "
+                            "`specmesh flash --port %s --role %s`, then bench it" % (port, port, role))
 
 
 def report(result: dict, out: str) -> list[str]:
