@@ -19,7 +19,7 @@ from specmesh.host.backends import BackendError
 from specmesh.host.layout import ROOT, TARGET_FILE
 from specmesh.host.provision import cluster
 from specmesh.host.mpycross import compile_py
-from specmesh.host.provision.flash import FW_LINE, firmware_id, flash, node_sources
+from specmesh.host.provision.flash import FW_LINE, FlashError, build, firmware_id, flash, node_sources
 from specmesh.shared import messages as m
 
 # (file, text, what replaces it): a node like this checkout's but for one change; None: this checkout's node with
@@ -115,6 +115,14 @@ def test_the_id_changes_with_any_flashed_file_and_only_with_them(tmp_path):
     node_copy(tmp_path / "native", native=True)
     (tmp_path / "native" / "firmware" / "native" / "x64.mpy").write_bytes(b"M\x06")
     assert firmware_id(root=tmp_path / "native") != firmware_id()
+
+
+def test_a_node_py_without_the_line_the_id_is_stamped_in_is_refused_by_flash(tmp_path):
+    """A node.py whose FW_VERSION line is not FW_LINE would be flashed unstamped, and every run would then refuse the
+    board it flashed: flash says so instead, before any board is touched."""
+    (tmp_path / "node.py").write_text('FW_VERSION = "specmesh-node 0.2"\n')
+    with pytest.raises(FlashError, match="node.py has no line 'FW_VERSION = \"specmesh-node 0.1\"'"):
+        build("x64", tmp_path / "out", iter([(tmp_path / "node.py", "/node.py")]))
 
 
 def _hello(fw):
