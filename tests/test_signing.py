@@ -153,6 +153,36 @@ def test_keygen_at_a_path_that_cannot_be_a_new_file_says_why_and_writes_nothing(
     assert sorted(tmp_path.rglob("*")) == before
 
 
+@pytest.mark.parametrize("name, what", [("-", "stdout"), ("/dev/stdout", "an open descriptor"),
+                                        ("/dev/fd/1", "an open descriptor"), ("/dev/null", "a FIFO, a device or a socket"),
+                                        ("fifo", "a FIFO, a device or a socket")])
+def test_keygen_to_a_stream_is_refused_in_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, name, what):
+    """`--key-file -` wrote the key to a file named "-" and said "wrote a new key to -" (every other output flag's `-`
+    is stdout); /dev/null and /dev/stdout were "exists already: keygen never overwrites a key", /dev/fd/1 "cannot
+    create /dev/fd/1: No such file or directory". Each is now one line naming what it is and what to give."""
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo(tmp_path / "fifo")
+    before = sorted(tmp_path.iterdir())
+    assert cli.main(["keygen", "--key-file", name]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "specmesh keygen: error: --key-file %s is %s: keygen writes the key to a new owner-only "
+                              "file only: give its name, e.g. ~/.specmesh/mesh.key\n" % (name, what))
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_a_key_file_named_dash_that_is_missing_is_not_told_to_be_made_by_keygen(tmp_path, monkeypatch):
+    """flash/run `--key-file -` said "make one with `specmesh keygen --key-file -`", which keygen refuses: now what
+    to give instead (a file named "-" that exists is read as before)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(KeyFileError) as e:
+        load_key("-")
+    assert str(e.value) == ("key file - does not exist (`-` is no stream here: give the key's file, or /dev/stdin for "
+                            "a key piped in)")
+    (tmp_path / "-").write_text(KEY.hex())
+    os.chmod(tmp_path / "-", 0o600)
+    assert load_key("-") == KEY
+
+
 @pytest.mark.parametrize("stop", [None, KeyboardInterrupt])
 def test_keygen_that_fails_to_write_the_key_removes_the_folders_it_made(tmp_path, monkeypatch, capsys, stop):
     """A key that could not be written (here a name too long, found only when the file is made, as a full disk or

@@ -50,8 +50,9 @@ def load_key(path: str | Path) -> bytes:
                                % (path, FILE_MAX_BYTES, MIN_BYTES, MAX_BYTES))
         text = raw.removeprefix(codecs.BOM_UTF8).decode("ascii").strip()
     except FileNotFoundError:
-        raise KeyFileError("key file %s does not exist (make one with `specmesh keygen --key-file %s`)"
-                           % (path, path)) from None
+        make = ("make one with `specmesh keygen --key-file %s`" % path if str(path) != atomic.STDOUT else  # a file
+                "`-` is no stream here: give the key's file, or /dev/stdin for a key piped in")  # keygen refuses -
+        raise KeyFileError("key file %s does not exist (%s)" % (path, make)) from None
     except IsADirectoryError:  # it said "cannot read key file DIR: Is a directory", and no way on
         raise KeyFileError("key file %s is a folder: name the key's file in it" % path) from None
     except (OSError, UnicodeError) as e:
@@ -75,7 +76,8 @@ def load_key(path: str | Path) -> bytes:
 
 
 def new_key_file(path: str | Path) -> list[Path]:
-    """Write a new random key to `path`, readable by its owner only, atomically; never overwrites a file.
+    """Write a new random key to `path`, readable by its owner only, atomically; never overwrites a file, nor writes
+    to stdout (`-`), an open descriptor, a device, a FIFO or a socket.
     Missing folders under the user's home are made, each owner-only (as ~/.specmesh/ of docs/security.md), and
     returned, outermost first (removed again where no key is written); one elsewhere (a typo such as
     /nonexist/k.key) is refused rather than made."""
@@ -112,10 +114,24 @@ def _made(folder: Path) -> bool:
     return True
 
 
+def _stream(name: str) -> str | None:
+    """What `name` is where it names no file a key can be written to (stdout, an open descriptor, a device, a FIFO or
+    a socket), or None."""
+    if name == atomic.STDOUT:
+        return "stdout"
+    if atomic.descriptor(name) is not None:
+        return "an open descriptor"
+    return atomic.unreadable_kind(name)
+
+
 def _folders_to_make(path: Path, names_folder: bool) -> list[Path]:
     """The folders new_key_file makes for `path`, outermost first (none: its folder is there); KeyFileError for a `path` that cannot be a new
-    file: a folder, or one under a file or under a missing folder outside the home. OSError where a name cannot be
-    looked up (too long)."""
+    file: stdout or another stream (_stream), a folder, or one under a file or under a missing folder outside the home.
+    OSError where a name cannot be looked up (too long)."""
+    stream = _stream(str(path))
+    if stream:  # `-` made a file named "-", /dev/null was "exists already", /dev/fd/1 "No such file or directory"
+        raise KeyFileError("--key-file %s is %s: keygen writes the key to a new owner-only file only: "
+                           "give its name, e.g. ~/.specmesh/mesh.key" % (path, stream))
     if path.is_dir():
         raise KeyFileError("%s is a folder: give the new key's file in it, e.g. %s" % (path, path / "mesh.key"))
     if names_folder:
