@@ -256,3 +256,41 @@ def test_a_dropping_uart_console_gives_the_fault_free_text(tmp_path):
     got = run_case(PROFILES["dropping-console"], params, 48, MODELS, tmp_path)
     assert got["tokens"] == reference(MODELS, params, 48)
     assert got["console_dropped"] == 0 and not got["failovers"]
+
+
+@pytest.mark.parametrize("stop, status, line", [
+    (KeyboardInterrupt(), 130, "specmesh chaos: interrupted"),
+    ("SIGTERM", 143, "specmesh chaos: stopped by SIGTERM"),
+    ("BackendError", 1, "specmesh chaos: error: the verifier board stopped answering"),
+])
+def test_a_chaos_run_stopped_midway_still_shows_the_cases_that_finished(monkeypatch, capsys, stop, status, line):
+    """A full `make chaos` runs for many minutes: a Ctrl-C (or SIGTERM, or a back-end that failed) in its second case
+    printed no table at all, the first case's results lost with it; now the finished cases' rows come first, then
+    the one line and the status as before (the boards stubbed out)."""
+    import signal
+
+    from specmesh.host import cli
+    from specmesh.host.backends import BackendError
+    from specmesh.host.cli import chaos
+    from specmesh.host.stops import Stopped
+
+    if stop == "SIGTERM":
+        stop = Stopped(signal.SIGTERM)
+    elif stop == "BackendError":
+        stop = BackendError("the verifier board stopped answering")
+    calls = []
+
+    def run_case(prof, params, tokens, models, root):
+        calls.append(prof)
+        if len(calls) == 3:  # the second case's fault-free run
+            raise stop
+        return dict(tokens=[5, 6], wall_s=1.0, failovers=[], recovery_s=None, round_s=0.1, retransmits=2, resyncs=0,
+                    radio_lost=0, radio_raised=0, console_dropped=0)
+
+    monkeypatch.setattr(chaos, "reference", lambda models, params, tokens, *transport: [5, 6])
+    monkeypatch.setattr(chaos, "run_case", run_case)
+    assert cli.main(["chaos", "--profile", "lossy-serial", "--tokens", "2"]) == status
+    out, err = capsys.readouterr()
+    rows = [r.split() for r in out.splitlines() if r.startswith("lossy-serial")]
+    assert [r[:4] for r in rows] == [["lossy-serial", "0.0", "2", "0"]], out  # the first case's row, alone
+    assert err.splitlines()[-1] == line

@@ -182,10 +182,15 @@ def _chaos(args) -> int:
     except RangeError as e:
         print("specmesh chaos: error: %s" % e, file=sys.stderr)
         return 2
+    rows: list[dict] = []
     try:
-        rows = run(names, args.tokens,
-                   say=lambda line: print("specmesh chaos: " + line, file=sys.stderr, flush=True))
-    except BackendError as e:
+        run(names, args.tokens, say=lambda line: print("specmesh chaos: " + line, file=sys.stderr, flush=True),
+            rows=rows)
+    except (BackendError, KeyboardInterrupt) as e:  # a Ctrl-C, SIGTERM, SIGHUP (stops.Stopped) or a failure minutes
+        if rows:  # in: the cases that finished are shown, not lost with the rest (the progress lines count them)
+            print_table(rows)
+        if isinstance(e, KeyboardInterrupt):  # said by stoppable, with its status
+            raise
         print("specmesh chaos: error: %s" % e, file=sys.stderr)
         return 1
     print_table(rows)

@@ -185,9 +185,10 @@ def compare(want: list[int], got: list[int]) -> tuple[int, int]:
 
 
 def run(names: list[str], tokens: int = 32, models: Path = MODELS,
-        say: Callable[[str], None] | None = None) -> list[dict]:
-    """One row per profile and case; `say` gets a line as each case starts and ends (progress)."""
-    rows = []
+        say: Callable[[str], None] | None = None, rows: list[dict] | None = None) -> list[dict]:
+    """One row per profile and case, appended to `rows` (returned) as each case ends, so that a caller still holds the
+    finished ones when a stop or a failure ends the run; `say` gets a line as each case starts and ends (progress)."""
+    rows = [] if rows is None else rows
     say = say or (lambda line: None)
     total = len(names) * len(CASES)
     with tempdirs.folder("chaos") as tmp:
