@@ -232,12 +232,34 @@ def test_a_lock_lent_to_a_forked_child_is_waited_out_not_called_busy():
         held.close()
         with pytest.raises(serial.SerialException, match="exclusively lock"):
             serial.Serial(port, exclusive=True)
-        assert ports.why_unopenable(port, wait_s=0) == "port %s is busy: another program has it open" % port
+        assert ports.why_unopenable(port, wait_s=0) == ("port %s is busy: another program has it open: end that, or "
+                                                        "give another port" % port)  # the lock is this process's
         t0 = time.monotonic()
         with ports.open_exclusive(port) as ser:
             assert ser.is_open and time.monotonic() - t0 < ports.LOCK_RETRY_S
         os.waitpid(child, 0)
     finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_a_port_busy_with_another_console_names_it_and_what_to_do(capsys):
+    """A console left open in another terminal: a second console (or run, flash, bench) said "port ... is busy:
+    another program has it open", not which one, nor what to do; now it names the command and its pid."""
+    master, slave = pty.openpty()
+    port = os.ttyname(slave)
+    first = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "console", port], stdin=subprocess.PIPE,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        assert b"Ctrl-] leaves" in _read_until(first.stderr.fileno(), b"leaves")
+        assert cli.main(["console", port]) == 2
+        assert capsys.readouterr().err == ("specmesh console: error: port %s is busy: `specmesh console %s` (pid %d) has "
+                                           "it open: end that, or give another port\n" % (port, port, first.pid))
+    finally:
+        first.kill()
+        first.wait()
+        for stream in (first.stdin, first.stderr):
+            stream.close()
         os.close(master)
         os.close(slave)
 

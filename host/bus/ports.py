@@ -114,8 +114,8 @@ def why_unopenable(port: str, wait_s: float = LOCK_RETRY_S) -> str | None:
         with open_exclusive(port, wait_s):
             pass
     except serial.SerialException as e:
-        if is_locked(e):
-            return f"port {port} is busy: another program has it open"
+        if is_locked(e):  # said "another program has it open", and not which: a console forgotten in another terminal
+            return f"port {port} is busy: {holder(port) or 'another program'} has it open: end that, or give another port"
         if getattr(e.__context__, "args", (None,))[0] == errno.ENOTTY:  # termios refused it: a file, /dev/null
             return missing(port, "not a serial port")
         if e.errno == errno.EISDIR:  # said "Is a directory", with no word of what to give instead
@@ -123,6 +123,32 @@ def why_unopenable(port: str, wait_s: float = LOCK_RETRY_S) -> str | None:
         return f"cannot open {port}: {getattr(e.__context__, 'strerror', None) or e.strerror or e}"
     except (OSError, ValueError) as e:
         return f"cannot open {port}: {e}"
+    return None
+
+
+def holder(port: str) -> str | None:
+    """The process that holds `port`'s exclusive lock (pyserial's flock), as "`specmesh console /dev/pts/3` (pid 42)",
+    from /proc/locks; None where that cannot tell (not Linux, another kind of lock, a lock of this process)."""
+    try:
+        st = os.stat(port)
+        locks = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    inode = "%02x:%02x:%d" % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    for line in locks.splitlines():
+        fields = line.split()  # "1: FLOCK  ADVISORY  WRITE 8676 00:1a:14 0 EOF" (a waiter's: "1: -> FLOCK ...")
+        if fields[1:2] != ["FLOCK"] or len(fields) < 6 or fields[5] != inode or fields[4] == str(os.getpid()):
+            continue
+        try:
+            argv = [a.decode(errors="replace") for a in Path("/proc/%s/cmdline" % fields[4]).read_bytes().split(b"\0")
+                    if a]
+        except OSError:  # gone meanwhile, or not ours to read
+            return "pid %s" % fields[4]
+        # a specmesh command from where its name is (its script, or python -m specmesh.host.cli), else the program
+        start = next((i for i, a in enumerate(argv) if re.fullmatch(r"specmesh(\.host\.cli)?", os.path.basename(a))),
+                     None)
+        words = ["specmesh", *argv[start + 1:]] if start is not None else [os.path.basename(argv[0]), *argv[1:]]
+        return "`%s` (pid %s)" % (" ".join(words), fields[4])
     return None
 
 
