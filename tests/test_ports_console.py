@@ -129,6 +129,31 @@ def test_console_on_a_terminal_types_into_the_repl_and_ctrl_close_bracket_leaves
     assert done.returncode == 0 and b"1024" in done.stdout
 
 
+@pytest.mark.parametrize("hangup", [True, False])
+def test_console_whose_terminal_is_closed_ends_without_a_traceback(hangup):
+    """The terminal window closed under a console in raw mode: restoring the terminal failed (termios.error, EIO)
+    and its traceback replaced the SIGHUP's line and status 129; without a SIGHUP (nohup, or not the controlling
+    terminal: its stdin then ends) the same traceback came after the board's quiet second. Now: the SIGHUP's line and
+    129, or the end of a console whose input ended, 0."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh.host.cli", "console", "loop://"], stdin=slave,
+                            stdout=slave, stderr=subprocess.PIPE, cwd=ROOT, start_new_session=True)
+    os.close(slave)
+    try:
+        assert b"Ctrl-] leaves" in _read_until(proc.stderr.fileno(), b"leaves")
+        time.sleep(0.5)  # raw mode is set after that line
+        os.close(master)  # the terminal is gone
+        if hangup:
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGHUP)
+        assert proc.wait(timeout=30) == (129 if hangup else 0)
+        assert proc.stderr.read().strip() == (b"specmesh console: stopped by SIGHUP" if hangup else b"")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+
+
 def test_console_that_loses_its_board_says_what_to_do(virtual_board):
     """The board goes away while watched (unplugged; here its VM and pty stop): one line, status 1, that says
     so and what to do, not the bare errno ('lost /dev/pts/3: [Errno 5] Input/output error')."""

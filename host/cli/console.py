@@ -9,6 +9,7 @@ so a running node is watched, not disturbed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import sys
@@ -68,7 +69,8 @@ def main(args) -> int:
         return 1
     finally:
         if saved is not None:
-            termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
+            with contextlib.suppress(termios.error):  # a terminal closed under it (EIO) has nothing to restore:
+                termios.tcsetattr(stdin, termios.TCSADRAIN, saved)  # its traceback replaced the SIGHUP's line
         link.close()
 
 
