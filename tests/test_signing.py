@@ -170,6 +170,16 @@ def test_keygen_to_a_stream_is_refused_in_one_line_and_writes_nothing(tmp_path, 
     assert sorted(tmp_path.iterdir()) == before
 
 
+def test_keygen_over_an_empty_file_says_it_holds_no_key(tmp_path, capsys):
+    """A key file made empty first (`touch`, as some do for a secret) was refused with "use it as it is", which
+    flash then refuses (it holds no key); now it says the file is empty and what to do. It is still never written."""
+    (tmp_path / "k.key").touch()
+    assert cli.main(["keygen", "--key-file", str(tmp_path / "k.key")]) == 2
+    assert capsys.readouterr().err == ("specmesh keygen: error: %s exists already and is empty (no key in it): remove "
+                                       "it and run keygen again, or give another --key-file\n" % (tmp_path / "k.key"))
+    assert (tmp_path / "k.key").read_bytes() == b"" and [p.name for p in tmp_path.iterdir()] == ["k.key"]
+
+
 def test_a_key_file_named_dash_that_is_missing_is_not_told_to_be_made_by_keygen(tmp_path, monkeypatch):
     """flash/run `--key-file -` said "make one with `specmesh keygen --key-file -`", which keygen refuses: now what
     to give instead (a file named "-" that exists is read as before)."""

@@ -97,12 +97,21 @@ def new_key_file(path: str | Path) -> list[Path]:
             with contextlib.suppress(OSError):  # rmdir: one that something else has put a file in meanwhile stays
                 folder.rmdir()
         if isinstance(e, FileExistsError):
-            raise KeyFileError("%s exists already: keygen never overwrites a key (boards flashed with it need it): "
-                               "use it as it is, or give another --key-file" % path) from None
+            raise KeyFileError(_there_already(path)) from None
         if isinstance(e, OSError):  # a name too long, a folder that takes no files, a full disk
             raise KeyFileError("cannot create %s: %s" % (path, e.strerror or e)) from None
         raise
     return made
+
+
+def _there_already(path: Path) -> str:
+    """The line for a new key's `path` that is there already (never overwritten). An empty file holds no key to use
+    (a `touch` first, as some do for a secret's file): "use it as it is" was no way on for it."""
+    if path.is_file() and path.stat().st_size == 0:
+        return ("%s exists already and is empty (no key in it): remove it and run keygen again, or give another "
+                "--key-file" % path)
+    return ("%s exists already: keygen never overwrites a key (boards flashed with it need it): use it as it is, or "
+            "give another --key-file" % path)
 
 
 def _made(folder: Path) -> bool:
