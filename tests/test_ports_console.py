@@ -289,6 +289,25 @@ def test_a_port_busy_with_another_console_names_it_and_what_to_do(capsys):
         os.close(slave)
 
 
+def test_a_port_held_by_another_program_names_it_in_one_short_line():
+    """A holder that is not specmesh is named by its program; a long command line (a run's prompt) is cut short."""
+    master, slave = pty.openpty()
+    port = os.ttyname(slave)
+    code = "import serial, sys, time; s = serial.Serial(sys.argv[1], exclusive=True); print(flush=True); time.sleep(60)"
+    other = subprocess.Popen([sys.executable, "-c", code, port, "x" * 100], stdout=subprocess.PIPE)
+    try:
+        other.stdout.readline()  # the port is held
+        command = "%s -c %s %s %s" % (os.path.basename(sys.executable), code, port, "x" * 100)
+        assert ports.why_unopenable(port, wait_s=0) == ("port %s is busy: `%s...` (pid %d) has it open: end that, or "
+                                                        "give another port" % (port, command[:57], other.pid))
+    finally:
+        other.kill()
+        other.wait()
+        other.stdout.close()
+        os.close(master)
+        os.close(slave)
+
+
 EMPTY_PORT = "the port is empty: give the board's serial port (e.g. /dev/ttyUSB0, or a0 as mpremote names it), or auto"
 
 

@@ -27,6 +27,7 @@ BUSY_ERRNOS = (11, 16)  # EAGAIN (the exclusive lock is taken), EBUSY
 # ModemManager probing a new USB port holds one briefly too. A refused lock is tried again for this long before
 # the port counts as busy.
 LOCK_RETRY_S = 2.0
+HOLDER_CHARS = 60  # the most of a busy port's holder's command line said
 
 
 T = TypeVar("T")
@@ -143,12 +144,17 @@ def holder(port: str) -> str | None:
             argv = [a.decode(errors="replace") for a in Path("/proc/%s/cmdline" % fields[4]).read_bytes().split(b"\0")
                     if a]
         except OSError:  # gone meanwhile, or not ours to read
+            argv = []
+        if not argv:
             return "pid %s" % fields[4]
         # a specmesh command from where its name is (its script, or python -m specmesh.host.cli), else the program
         start = next((i for i, a in enumerate(argv) if re.fullmatch(r"specmesh(\.host\.cli)?", os.path.basename(a))),
                      None)
-        words = ["specmesh", *argv[start + 1:]] if start is not None else [os.path.basename(argv[0]), *argv[1:]]
-        return "`%s` (pid %s)" % (" ".join(words), fields[4])
+        command = " ".join(["specmesh", *argv[start + 1:]] if start is not None else
+                           [os.path.basename(argv[0]), *argv[1:]])
+        if len(command) > HOLDER_CHARS:  # a run's --prompt, a script's arguments: the line stays one short line
+            command = command[:HOLDER_CHARS - 3] + "..."
+        return "`%s` (pid %s)" % (command, fields[4])
     return None
 
 
