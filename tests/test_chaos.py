@@ -294,3 +294,44 @@ def test_a_chaos_run_stopped_midway_still_shows_the_cases_that_finished(monkeypa
     rows = [r.split() for r in out.splitlines() if r.startswith("lossy-serial")]
     assert [r[:4] for r in rows] == [["lossy-serial", "0.0", "2", "0"]], out  # the first case's row, alone
     assert err.splitlines()[-1] == line
+
+
+_STOPPED_IN_CASE_2 = """
+import sys
+from specmesh.host import cli
+from specmesh.host.cli import chaos
+calls = []
+def run_case(prof, params, tokens, models, root):
+    calls.append(prof)
+    if len(calls) == 3:  # the second case's fault-free run: Ctrl-C
+        raise KeyboardInterrupt
+    return dict(tokens=[5, 6], wall_s=1.0, failovers=[], recovery_s=None, round_s=0.1, retransmits=2, resyncs=0,
+                radio_lost=0, radio_raised=0, console_dropped=0)
+chaos.reference = lambda *a: [5, 6]
+chaos.run_case = run_case
+sys.exit(cli.main(["chaos", "--profile", "lossy-serial", "--tokens", "2"]))
+"""
+
+
+@pytest.mark.parametrize("stdout", ["reader gone", "/dev/full"])
+def test_a_stop_whose_stdout_went_with_it_says_the_stop_not_stdout(stdout):
+    """The finished cases' table is shown where stdout takes it: where it went with the stop (the pipe's reader that
+    the same Ctrl-C ended, a terminal closed: SIGHUP) showing it said 141 and no line, or stdout's failure and 1,
+    instead of the stop's line and 130."""
+    import os
+    import subprocess
+    import sys
+
+    if stdout == "/dev/full":
+        out = os.open("/dev/full", os.O_WRONLY)
+    else:
+        r, out = os.pipe()
+        os.close(r)
+    try:
+        done = subprocess.run([sys.executable, "-c", _STOPPED_IN_CASE_2], stdout=out, stderr=subprocess.PIPE, cwd=ROOT,
+                              timeout=120)
+    finally:
+        os.close(out)
+    err = done.stderr.decode()
+    assert (done.returncode, err.splitlines()[-1]) == (130, "specmesh chaos: interrupted"), err
+    assert "Exception ignored" not in err and "stdout" not in err, err

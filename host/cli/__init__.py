@@ -188,13 +188,27 @@ def _chaos(args) -> int:
             rows=rows)
     except (BackendError, KeyboardInterrupt) as e:  # a Ctrl-C, SIGTERM, SIGHUP (stops.Stopped) or a failure minutes
         if rows:  # in: the cases that finished are shown, not lost with the rest (the progress lines count them)
-            print_table(rows)
+            _finished_rows(rows)
         if isinstance(e, KeyboardInterrupt):  # said by stoppable, with its status
             raise
         print("specmesh chaos: error: %s" % e, file=sys.stderr)
         return 1
     print_table(rows)
     return 0 if all(r["equal"] for r in rows if r["expect_equal"]) else 1
+
+
+def _finished_rows(rows: list[dict]) -> None:
+    """The table of the chaos cases that finished before a stop or a failure, where stdout still takes it: one that
+    went with the stop (a closed terminal's SIGHUP, a pipe's reader that the same Ctrl-C ended) is let go, so that the
+    stop's own line and status are said, not stdout's."""
+    from specmesh.host.cli.chaos import print_table
+    from specmesh.host.cli.streams import stdout_to_devnull
+
+    try:
+        print_table(rows)
+        sys.stdout.flush()
+    except OSError:  # streams.StdoutLost, BrokenPipeError
+        stdout_to_devnull()  # what is left in its buffer would fail again at exit
 
 
 def _add_keygen(sub) -> None:
