@@ -104,8 +104,28 @@ def retry_locked(open_port: Callable[[], T], locked: Callable[[Exception], bool]
 
 
 def open_exclusive(port: str, wait_s: float = LOCK_RETRY_S, **options) -> serial.SerialBase:
-    """serial.serial_for_url(port, exclusive=True, **options), a refused lock tried again for `wait_s` seconds."""
-    return retry_locked(lambda: serial.serial_for_url(port, exclusive=True, **options), wait_s=wait_s)
+    """serial.serial_for_url(port, exclusive=True, **options), a refused lock tried again for `wait_s` seconds; a port
+    URL that pyserial cannot parse is a ValueError (BAD_URL)."""
+    return retry_locked(lambda: _serial_for_url(port, **options), wait_s=wait_s)
+
+
+# pyserial's own line for some malformed URLs is one of its message's format failing: `loop://?x` raised
+# KeyError('debug|info|warning|error') (a traceback), `socket://HOST` without its port "'<=' not supported between
+# instances of 'int' and 'NoneType'"
+BAD_URL = "not a port URL pyserial can parse: give socket://HOST:PORT, rfc2217://HOST:PORT, or a device"
+
+
+def _serial_for_url(port: str, **options) -> serial.SerialBase:
+    try:
+        return serial.serial_for_url(port, exclusive=True, **options)
+    except serial.SerialException as e:
+        if "://" in port and isinstance(e.__context__, (KeyError, TypeError)):
+            raise ValueError(BAD_URL) from None
+        raise
+    except (KeyError, TypeError):
+        if "://" not in port:
+            raise
+        raise ValueError(BAD_URL) from None
 
 
 def why_unopenable(port: str, wait_s: float = LOCK_RETRY_S) -> str | None:
