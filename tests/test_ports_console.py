@@ -308,13 +308,16 @@ def test_a_port_held_by_another_program_names_it_in_one_short_line():
         os.close(slave)
 
 
+@pytest.mark.parametrize("argv", [["console", "{url}"], ["flash", "--port", "{url}", "--role", "drafter"],
+                                  ["bench", "--port", "{url}"]])
 @pytest.mark.parametrize("url", ["loop://?x", "socket://localhost", "socket://localhost:99999", "rfc2217://host"])
-def test_a_malformed_port_url_is_one_line_that_says_what_to_give(capsys, url):
+def test_a_malformed_port_url_is_one_line_that_says_what_to_give(tmp_path, monkeypatch, capsys, argv, url):
     """pyserial's own errors for these are its message's format failing: `loop://?x` was a KeyError traceback,
     `socket://HOST` without its port "'<=' not supported between instances of 'int' and 'NoneType'"."""
-    assert cli.main(["console", url]) == 2
-    assert capsys.readouterr().err == ("specmesh console: error: cannot open %s: not a port URL pyserial can parse: "
-                                       "give socket://HOST:PORT, rfc2217://HOST:PORT, or a device\n" % url)
+    monkeypatch.chdir(tmp_path)  # bench's calibration.json, were it written
+    assert cli.main([a.format(url=url) for a in argv]) == 2
+    assert capsys.readouterr().err == ("specmesh %s: error: cannot open %s: not a port URL pyserial can parse: give "
+                                       "socket://HOST:PORT, rfc2217://HOST:PORT, or a device\n" % (argv[0], url))
 
 
 EMPTY_PORT = "the port is empty: give the board's serial port (e.g. /dev/ttyUSB0, or a0 as mpremote names it), or auto"

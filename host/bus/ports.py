@@ -115,17 +115,18 @@ def open_exclusive(port: str, wait_s: float = LOCK_RETRY_S, **options) -> serial
 BAD_URL = "not a port URL pyserial can parse: give socket://HOST:PORT, rfc2217://HOST:PORT, or a device"
 
 
+def malformed_url(port: str, e: BaseException) -> bool:
+    """Whether `e`, raised opening `port`, is pyserial failing on a URL it cannot parse (BAD_URL)."""
+    return "://" in port and any(isinstance(x, (KeyError, TypeError)) for x in (e, e.__context__))
+
+
 def _serial_for_url(port: str, **options) -> serial.SerialBase:
     try:
         return serial.serial_for_url(port, exclusive=True, **options)
-    except serial.SerialException as e:
-        if "://" in port and isinstance(e.__context__, (KeyError, TypeError)):
+    except (serial.SerialException, KeyError, TypeError) as e:
+        if malformed_url(port, e):
             raise ValueError(BAD_URL) from None
         raise
-    except (KeyError, TypeError):
-        if "://" not in port:
-            raise
-        raise ValueError(BAD_URL) from None
 
 
 def why_unopenable(port: str, wait_s: float = LOCK_RETRY_S) -> str | None:

@@ -357,6 +357,10 @@ def open_board(port: str, timeout: float = 5.0, virtual: bool = False, key: byte
                                        lambda e: isinstance(e, TransportError))
     except TransportError:
         raise FlashRequestError(ports.why_unopenable(port, wait_s=0) or f"cannot open {port}") from None
+    except (KeyError, TypeError) as e:  # out of mpremote's open of a malformed URL: a traceback (`--port 'loop://?x'`)
+        if not ports.malformed_url(port, e):
+            raise
+        raise FlashRequestError(f"cannot open {port}: {ports.BAD_URL}") from None
     # the raw REPL first, then its soft reset: a board that answered the first but is slow to come back from the
     # second (a virtual board on a busy host) is not one that takes no Ctrl-C, and the message says which
     for soft_reset in (False, True):
