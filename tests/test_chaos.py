@@ -335,3 +335,20 @@ def test_a_stop_whose_stdout_went_with_it_says_the_stop_not_stdout(stdout):
     err = done.stderr.decode()
     assert (done.returncode, err.splitlines()[-1]) == (130, "specmesh chaos: interrupted"), err
     assert "Exception ignored" not in err and "stdout" not in err, err
+
+
+def test_a_text_that_differs_is_said_as_an_error_line(monkeypatch, capsys):
+    """chaos ended with status 1 where a text that must equal the fault-free one differed, but said only "NO" in its
+    table: every other failure's status 1 comes with its `error:` line (docs/run.md), which a script greps for."""
+    from specmesh.host import cli
+    from specmesh.host.cli import chaos
+
+    monkeypatch.setattr(chaos, "reference", lambda models, params, tokens, *transport: [5, 6])
+    monkeypatch.setattr(chaos, "run_case", lambda prof, params, tokens, models, root: dict(
+        tokens=[5, 7] if prof.link is not None and not params.greedy else [5, 6], wall_s=1.0, failovers=[],
+        recovery_s=None, round_s=0.1, retransmits=0, resyncs=0, radio_lost=0, radio_raised=0, console_dropped=0))
+    assert cli.main(["chaos", "--profile", "lossy-serial", "--tokens", "2"]) == 1
+    out, err = capsys.readouterr()
+    assert " NO" in out and err.splitlines()[-1] == (
+        "specmesh chaos: error: the text differs from the fault-free text under lossy-serial T=0.8: a fault that was "
+        "not recovered (the table's NO rows)")
