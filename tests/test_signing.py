@@ -170,6 +170,13 @@ def test_keygen_to_a_stream_is_refused_in_one_line_and_writes_nothing(tmp_path, 
     assert sorted(tmp_path.iterdir()) == before
 
 
+def test_keygen_to_a_file_named_dash_given_as_such(tmp_path, monkeypatch, capsys):
+    """`./-` names a file called "-", not stdout: it is written (Path() made it "-", refused as stdout)."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["keygen", "--key-file", "./-"]) == 0
+    assert len(load_key(tmp_path / "-")) == 32 and "wrote a new key to ./-" in capsys.readouterr().out
+
+
 def test_keygen_over_an_empty_file_says_it_holds_no_key(tmp_path, capsys):
     """A key file made empty first (`touch`, as some do for a secret) was refused with "use it as it is", which
     flash then refuses (it holds no key); now it says the file is empty and what to do. It is still never written."""

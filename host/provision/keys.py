@@ -83,6 +83,10 @@ def new_key_file(path: str | Path) -> list[Path]:
     /nonexist/k.key) is refused rather than made."""
     if not str(path).strip():
         raise KeyFileError("--key-file is empty: give the new key's file, e.g. ~/.specmesh/mesh.key")
+    stream = _stream(os.path.expanduser(str(path)))  # not Path(): it makes "./-", a file named "-", the name of stdout
+    if stream:  # `-` made a file named "-", /dev/null was "exists already", /dev/fd/1 "No such file or directory"
+        raise KeyFileError("--key-file %s is %s: keygen writes the key to a new owner-only file only: "
+                           "give its name, e.g. ~/.specmesh/mesh.key" % (path, stream))
     names_folder = str(path).endswith(("/", os.sep))  # Path() drops the slash: "keys/" would become a file "keys"
     path = Path(path).expanduser()
     made: list[Path] = []
@@ -135,12 +139,8 @@ def _stream(name: str) -> str | None:
 
 def _folders_to_make(path: Path, names_folder: bool) -> list[Path]:
     """The folders new_key_file makes for `path`, outermost first (none: its folder is there); KeyFileError for a `path` that cannot be a new
-    file: stdout or another stream (_stream), a folder, or one under a file or under a missing folder outside the home.
-    OSError where a name cannot be looked up (too long)."""
-    stream = _stream(str(path))
-    if stream:  # `-` made a file named "-", /dev/null was "exists already", /dev/fd/1 "No such file or directory"
-        raise KeyFileError("--key-file %s is %s: keygen writes the key to a new owner-only file only: "
-                           "give its name, e.g. ~/.specmesh/mesh.key" % (path, stream))
+    file: a folder, or one under a file or under a missing folder outside the home. OSError where a name cannot be
+    looked up (too long)."""
     if path.is_dir():
         raise KeyFileError("%s is a folder: give the new key's file in it, e.g. %s" % (path, path / "mesh.key"))
     if names_folder:
