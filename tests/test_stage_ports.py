@@ -37,9 +37,9 @@ def test_a_stage_node_reports_its_layers_in_stats(micropython, models, tmp_path)
 
 
 @pytest.fixture(scope="module")
-def stage_boards(models, tmp_path_factory):
+def stage_vboards(models, tmp_path_factory):
     """Two virtual classic ESP32s flashed as `specmesh flash` flashes them: the 2-layer test target's stages 0:1 and
-    1:2 (node ids 10, 11); their ports."""
+    1:2 (node ids 10, 11)."""
     from specmesh.host.emulator import VirtualBoard
 
     root = tmp_path_factory.mktemp("stageboards")
@@ -49,10 +49,16 @@ def stage_boards(models, tmp_path_factory):
             vb.start()
             assert cli.main(["flash", "--port", vb.port, "--role", "stage", "--layers", "%d:%d" % (i, i + 1),
                              "--model", str(models / "target.spm"), "--node-id", str(10 + i)]) == 0
-        yield [vb.port for vb in boards]
+        yield boards
     finally:
         for vb in boards:
             vb.stop()
+
+
+@pytest.fixture(scope="module")
+def stage_boards(stage_vboards):
+    """The two stage boards' ports."""
+    return [vb.port for vb in stage_vboards]
 
 
 def run(models, tmp_path, *argv) -> tuple[int, dict | None]:
@@ -81,6 +87,34 @@ def test_the_python_api_takes_the_same_stage_ports(models, stage_boards, tmp_pat
     with Mesh(drafter="cpu", verifier=",".join(stage_boards), models=str(models)) as mesh:
         assert mesh.context == min(s.max_seq for s in mesh._lanes[0].verifier.stages)
         assert mesh.generate("Once upon a time", max_tokens=16).text == want["text"]
+
+
+def test_a_stage_board_that_stalls_mid_run_is_not_asked_for_its_stats(models, stage_vboards, tmp_path, capsys):
+    """A stage board that stopped answering (its VM stopped, as a board hung in a loop): the cpu verifier took over
+    and kept the text, then the run's stats asked the silent board for its own, holding the finished run back by
+    another reply deadline (30 s). Now its entry says it was not asked."""
+    import os
+    import signal
+
+    from specmesh import Mesh
+
+    rc, want = run(models, tmp_path, "--plain", "--verifier", "cpu", *RUN[2:])
+    assert rc == 0, capsys.readouterr().err
+    warned: list[str] = []
+    with Mesh(drafter="cpu", verifier=",".join(vb.port for vb in stage_vboards), models=str(models),
+              warn=warned.append, say=warned.append) as mesh:
+        assert mesh.generate("Once upon a time", max_tokens=16).text == want["text"]
+        for stage in mesh._lanes[0].verifier.stages:
+            stage.proxy.bus.deadline = 1.0  # the 30 s a real board gets, shortened for the test
+        os.kill(stage_vboards[1].pid, signal.SIGSTOP)
+        try:
+            got = mesh.generate("Once upon a time", max_tokens=16)
+        finally:
+            os.kill(stage_vboards[1].pid, signal.SIGCONT)
+    assert got.text == want["text"] and got.stats["verifier"] == "cpu", warned
+    assert any("stage 2 of 2 (layers 1:2, %s) stopped answering" % stage_vboards[1].port in w for w in warned), warned
+    errors = [b.get("error") for b in got.stats["boards"] if b["role"] == "stage"]
+    assert errors == [None, "stopped answering during the run, not asked"], got.stats["boards"]
 
 
 def test_stage_ports_out_of_layer_order_are_one_line_with_the_order(models, stage_boards, tmp_path, capsys):

@@ -63,6 +63,7 @@ class BoardStage(BoardBackend):
         """`layers`: the layers [a, b) a real board holds (or is asked to), named in the flash command of a failure
         line."""
         self.flash_layers = layers
+        self.stopped = False  # it stopped answering mid-run (PipelineVerifier._guard): it is asked nothing more
         super().__init__(proxy, name)
 
     def flash_role(self) -> str:
@@ -80,6 +81,8 @@ class BoardStage(BoardBackend):
         return super()._lost_session(e) and any(said in e.message for said in RESYNCED)
 
     def stats(self) -> dict:
+        if self.stopped:  # a board gone silent would hold the run's stats back by its reply's whole deadline
+            raise BackendError("stopped answering during the run, not asked")
         out = super().stats()
         if self.classifier:
             out["classifier"] = self.classifier
@@ -335,6 +338,7 @@ class PipelineVerifier:
                                                                  " (error %d)" % e.code)) from None
         except (BackendError, ProxyError) as e:
             s = self.stages.index(stage)
+            stage.stopped = True
             self.failed = "%s stopped answering: %s" % (self._who(s), str(e).split(": ", 1)[-1])
             raise BackendError(self.failed) from None
         except Restarted:
