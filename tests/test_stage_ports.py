@@ -92,7 +92,8 @@ def test_the_python_api_takes_the_same_stage_ports(models, stage_boards, tmp_pat
 def test_a_stage_board_that_stalls_mid_run_is_not_asked_for_its_stats(models, stage_vboards, tmp_path, capsys):
     """A stage board that stopped answering (its VM stopped, as a board hung in a loop): the cpu verifier took over
     and kept the text, then the run's stats asked the silent board for its own, holding the finished run back by
-    another reply deadline (30 s). Now its entry says it was not asked."""
+    another reply deadline (30 s). Now its entry says it was not asked. The mesh's next generation (serve's next
+    request, chat's next turn), on the cpu verifier, raised AttributeError pricing the pipeline's projection on it."""
     import os
     import signal
 
@@ -111,10 +112,12 @@ def test_a_stage_board_that_stalls_mid_run_is_not_asked_for_its_stats(models, st
             got = mesh.generate("Once upon a time", max_tokens=16)
         finally:
             os.kill(stage_vboards[1].pid, signal.SIGCONT)
+        after = mesh.generate("Once upon a time", max_tokens=16)  # serve's next request, chat's next turn
     assert got.text == want["text"] and got.stats["verifier"] == "cpu", warned
     assert any("stage 2 of 2 (layers 1:2, %s) stopped answering" % stage_vboards[1].port in w for w in warned), warned
     errors = [b.get("error") for b in got.stats["boards"] if b["role"] == "stage"]
     assert errors == [None, "stopped answering during the run, not asked"], got.stats["boards"]
+    assert after.text == want["text"] and after.stats["verifier"] == "cpu"
 
 
 def test_stage_ports_out_of_layer_order_are_one_line_with_the_order(models, stage_boards, tmp_path, capsys):

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from specmesh.host import backends
 from specmesh.host.backends import PIPELINE, BackendError, SessionParams
+from specmesh.host.backends.pipeline import PipelineVerifier
 from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, class_of, drafter_class, stage_context
 from specmesh.host.cli import registry
 from specmesh.host.cli.config import RV32_PROJECT, RunConfig, UsageError
@@ -386,7 +387,9 @@ def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool,
     """(cost model, projector): what prices each round for gamma's choice, and what projects the run for the
     stats (None, None when neither is asked for). A pipeline always reports its own projection."""
     table = not on_host and ngram_table(config.model_file("drafter")) is not None  # a board drafter's n-gram table
-    if config.pipeline:  # host/projection/pipeline.py, in every stats JSON
+    # the pipeline's own projection (host/projection/pipeline.py), in every stats JSON; not once the cpu verifier took
+    # over from real stage boards (a long-lived mesh's next generation: it has no stages to price)
+    if isinstance(verifier, PipelineVerifier):
         from specmesh.host.projection.pipeline import STAGE_LINKS, LinksReport, PipelineProjector
 
         # stages of the class --project names (one with stages: the S3), else the class rule's classic ESP32s
