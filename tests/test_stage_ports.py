@@ -120,6 +120,43 @@ def test_a_stage_board_that_stalls_mid_run_is_not_asked_for_its_stats(models, st
     assert after.text == want["text"] and after.stats["verifier"] == "cpu"
 
 
+def test_one_stage_board_holding_the_whole_target_verifies_alone_and_is_found_by_auto(models, stage_boards,
+                                                                                      virtual_board, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """A stage board flashed `--layers 0:2` (the whole 2-layer target) given as `--verifier PORT`, or found by
+    `--verifier auto`: it was told it "is flashed as a stage, not a verifier" (and auto that no board verifies); now it
+    is a pipeline of one stage, with plain decoding's greedy text. Auto finding several stage boards names them."""
+    from specmesh.host.bus import ports
+
+    rc, want = run(models, tmp_path, "--plain", "--verifier", "cpu", *RUN[2:])
+    assert rc == 0, capsys.readouterr().err
+    whole = virtual_board()
+    assert cli.main(["flash", "--port", whole.port, "--role", "stage", "--layers", "0:2", "--model",
+                     str(models / "target.spm")]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(ports, "esp_ports", lambda: [(whole.port, "virtual")])
+    for verifier in (whole.port, "auto"):
+        rc, got = run(models, tmp_path, "--verifier", verifier, *RUN)
+        assert rc == 0, capsys.readouterr().err
+        assert got["text"] == want["text"] and got["pipeline"]["layers"] == ["0:2"] and got["context"] == 128
+    monkeypatch.setattr(ports, "esp_ports", lambda: [(p, "virtual") for p in stage_boards])
+    rc, _ = run(models, tmp_path, "--verifier", "auto", *RUN)
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "the stage boards on %s verify as a pipeline: give their ports in layer order, --verifier %s" % (
+        ", ".join(stage_boards), ",".join(stage_boards)) in err
+
+
+def test_one_stage_board_of_several_given_alone_is_told_to_give_them_all(models, stage_boards, tmp_path, capsys):
+    """`--verifier PORT` naming one stage board of a pipeline: it said to flash it as a verifier (overwriting a good
+    stage); now one line says which layers it holds and to give every stage board's port."""
+    rc, _ = run(models, tmp_path, "--verifier", stage_boards[1], *RUN)
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "%s is a stage board holding layers 1:2 of the target's 2: give all the stage boards' ports, in layer order, " \
+           "as --verifier PORT1,PORT2,..." % stage_boards[1] in err, err
+
+
 def test_stage_ports_out_of_layer_order_are_one_line_with_the_order(models, stage_boards, tmp_path, capsys):
     rc, _ = run(models, tmp_path, "--verifier", ",".join(reversed(stage_boards)), *RUN)
     err = capsys.readouterr().err

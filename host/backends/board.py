@@ -57,6 +57,14 @@ class Refused(BackendError):
         self.message = message
 
 
+class WrongRole(BackendError):
+    """The board's HELLO names another `role` than the back-end's (the line says what to flash it as)."""
+
+    def __init__(self, line: str, role: int):
+        super().__init__(line)
+        self.role = role
+
+
 def _begin_body(params: SessionParams, prompt: Sequence[int]) -> bytes:
     return m.pack_begin(params.seed & 0xFFFFFFFF, params.temp_milli, params.draft_top_k, params.target_top_k,
                         params.top_p_q16, params.eos, list(prompt))
@@ -83,7 +91,7 @@ class BoardBackend(Unit):
         except ProxyError as e:
             raise BackendError("%s: %s" % (name, e)) from None
         if role != self.role:
-            raise BackendError(self._wrong_role(role))
+            raise WrongRole(self._wrong_role(role), role)
         if proxy.bus.peer in (None, proxy.node) and class_of(board, heap).ring_drops:  # on its own console
             proxy.bus.ring = CONSOLE_RING
         # model_crc: the body crc32 of the model it runs (0: an older firmware that does not say, or no model)

@@ -26,8 +26,10 @@ def _boards(kind: str) -> dict[str, Factory]:
             PORT: cluster.on_port(kind)}
 
 
-VERIFIERS: dict[str, Factory] = {"cpu": LocalVerifier, **_boards("verifier"), PIPELINE: cluster.pipeline,
-                                 STAGE_PORTS: stageports.pipeline, "torch-cpu": _torch("cpu"), "gpu": _torch("cuda")}
+# a verifier's port may hold a stage board: a pipeline of that one stage (stageports.on_port)
+VERIFIERS: dict[str, Factory] = {"cpu": LocalVerifier, **_boards("verifier"), PORT: stageports.on_port,
+                                 PIPELINE: cluster.pipeline, STAGE_PORTS: stageports.pipeline, "torch-cpu": _torch("cpu"),
+                                 "gpu": _torch("cuda")}
 DRAFTERS: dict[str, Factory] = {"cpu": LocalDrafter, **_boards("drafter")}
 
 

@@ -730,7 +730,7 @@ class Mesh(contextlib.AbstractContextManager):
         target = self.headers["verifier"]
         if self.config.stages:
             return stage_context(target, BOARD_CLASSES[stage_class(self.config)])
-        if self.config.pipeline:  # real stage boards: what their HELLOs say
+        if isinstance(self._lanes[0].verifier, PipelineVerifier):  # real stage boards: what their HELLOs say
             return min(target.max_seq, getattr(self._lanes[0].verifier, "max_seq", target.max_seq))
         return target.max_seq
 

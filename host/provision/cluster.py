@@ -205,13 +205,15 @@ def check_firmware(hello: bytes, port: str, kind: str, role: str, key: bytes | N
 
 
 def find(kind: str, key: bytes | None = None) -> str:
-    """The serial port of the flashed board that reports role `kind` (ESP32 USB ports are asked in turn)."""
+    """The serial port of the flashed board that reports role `kind` (ESP32 USB ports are asked in turn); for a
+    verifier where none does, the one stage board's (a pipeline of one stage: host/provision/stageports.py)."""
     from specmesh.host.bus.ports import esp_ports
     from specmesh.host.bus.proxy import ProxyError
 
     want = m.ROLE_DRAFTER if kind == "drafter" else m.ROLE_VERIFIER
     ports = [dev for dev, _ in esp_ports()]
     problems = []  # what boards that could be the one said: a key mismatch, a half-flashed board
+    stages = []  # the ports of stage boards, which verify as a pipeline
     for port in ports:
         with contextlib.ExitStack() as stack:
             try:
@@ -228,6 +230,14 @@ def find(kind: str, key: bytes | None = None) -> str:
                 continue
             if role == want:
                 return port
+            if role == m.ROLE_STAGE and kind == "verifier":
+                stages.append(port)
+    if len(stages) == 1:
+        return stages[0]
+    if stages:
+        raise BackendError("--verifier auto: no board on %s reports the verifier role; the stage boards on %s verify "
+                           "as a pipeline: give their ports in layer order, --verifier %s" % (
+                               ", ".join(ports), ", ".join(stages), ",".join(stages)))
     raise BackendError("--%s auto: no board on %s reports the %s role%s; flash one with `specmesh flash --port PORT "
                        "--role %s`" % (kind, ", ".join(ports) or "any ESP32 USB port", kind,
                                        "".join(" (%s)" % p for p in problems), kind))

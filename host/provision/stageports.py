@@ -7,6 +7,10 @@ flashed before stages said them is told to flash again). They must tile the targ
 layer 0, each from where the one before ends, the last to the target's last; else one line naming the gap or the
 overlap (or the order to give the ports in) and the flash commands that tile them: the target's layers split evenly
 over the boards given, as `--stages N` splits them.
+
+`--verifier PORT` (or `auto`) alone is a verifier board (host/provision/cluster.py `on_port`), or a stage board: a
+pipeline of that one stage, which must then hold all the target's layers (else one line: the layers it lacks, and the
+ports to give).
 """
 
 from __future__ import annotations
@@ -15,11 +19,24 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specmesh.host.backends import BackendError, Boards, port_list
-from specmesh.host.backends.board import role_args
+from specmesh.host.backends.board import WrongRole, role_args
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.backends.pipeline import PipelineVerifier
-from specmesh.host.provision.cluster import connect, split_layers
+from specmesh.host.provision.cluster import connect, find, split_layers
 from specmesh.host.provision.flash import NODE_ID
+from specmesh.shared import messages as m
+
+
+def on_port(model_path: Path, *, name: str, boards: Boards, **options):
+    """`--verifier PORT` (`auto`: the ESP32 USB port whose board verifies, else the one stage board there): the
+    verifier board on that port; a stage board there is a pipeline of one stage."""
+    port = find("verifier", boards.key) if name == "auto" else name
+    try:
+        return boards.enter_context(connect(port, "verifier", boards.key))
+    except WrongRole as e:
+        if e.role != m.ROLE_STAGE:
+            raise
+    return pipeline(model_path, name=port, boards=boards, **options)
 
 
 def pipeline(model_path: Path, *, name: str, boards: Boards, **_options):
@@ -34,6 +51,9 @@ def pipeline(model_path: Path, *, name: str, boards: Boards, **_options):
         layers.append(_layers(stage.stats(), port, i, even[i] if even else None))
         stage.flash_layers = layers[-1]  # flashed again (another build of the target), it keeps them
     problem = tiling_problem(ports, layers, n_layers)
+    if problem and len(ports) == 1 and layers[0][1] <= n_layers:  # given alone as --verifier PORT: the others left out
+        problem = ("%s is a stage board holding layers %d:%d of the target's %d: give all the stage boards' ports, in "
+                   "layer order, as --verifier PORT1,PORT2,..." % (ports[0], *layers[0], n_layers))
     if problem:
         raise BackendError(problem)
     return PipelineVerifier(stages, layers)
