@@ -222,14 +222,15 @@ def test_a_stage_that_stops_answering_ends_the_run_naming_it(mesh, prompt, monke
     line = str(e.value)
     assert "\n" not in line and line.startswith("stage 3 of 5 (layers 2:3, virtual:stage2(esp32)) stopped answering")
     # no stage replaces it: a long-lived mesh's next generation (serve's next request) asked the stages again, the dead
-    # one too (a board gone silent: 30 s for its BEGIN); now it fails with the same line, asking no stage anything
+    # one too (a board gone silent: 30 s for its BEGIN); now it fails with the same line, asking only the dead stage
+    # HELLO (pipeline.REVIVE_S: one that went on answering serves again, test_serve_failover)
     asked = []
     for s in pipe.stages:
         real = s.proxy.start
         monkeypatch.setattr(s.proxy, "start", lambda *a, real=real: (asked.append(a[0]), real(*a))[1])
     with pytest.raises(BackendError) as again:
         generate(prompt, pipe, drafter, SessionParams(eos=1), N, GammaController(fixed=2))
-    assert str(again.value) == line and asked == []
+    assert str(again.value) == line and asked == [m.HELLO]
     # the next round's first position on its way when the text ended (the stream's last verdict sends it) meets the dead
     # stage: the run's stats (report) collected it and raised, after the text was out; now they count what came back,
     # and the next session fails with the line

@@ -18,6 +18,7 @@ openai = pytest.importorskip("openai", reason="the tests drive the server with t
 from specmesh import Mesh
 from specmesh.host import backends
 from specmesh.host.cli import registry
+from specmesh.shared import messages as m
 from tests.serve_util import client, serving
 
 PROMPT = "Once upon a time"
@@ -73,9 +74,10 @@ def test_a_verifier_board_that_died_is_not_asked_for_its_stats(models, monkeypat
 def test_a_pipeline_whose_stage_died_fails_every_later_request_at_once_and_says_so_on_health(models, monkeypatch):
     """A served pipeline's stage board died: no board replaces a stage, so its request failed, and every later one asked
     the stages again (a BEGIN to each; the dead one, gone silent, held each request back by its 30 s deadline), while
-    /health said "ok". Now the later requests fail with the same line asking no stage, and /health says why (503). The
-    openai client, which retries a 5xx twice by default, sent each such request thrice (three lines in the server's
-    log, a second and more of back-off); the 503 now tells it not to."""
+    /health said "ok". Now the later requests fail with the same line asking the dead stage only HELLO (within
+    pipeline.REVIVE_S: a stage that went on answers it, test below), and /health says why (503). The openai client,
+    which retries a 5xx twice by default, sent each such request thrice (three lines in the server's log, a second
+    and more of back-off); the 503 now tells it not to."""
     warned: list[str] = []
     with Mesh(drafter="cpu", stages=2, models=models, gamma="2", say=[].append, warn=warned.append) as mesh, \
             serving(mesh) as url:
@@ -96,13 +98,41 @@ def test_a_pipeline_whose_stage_died_fails_every_later_request_at_once_and_says_
         before = len(warned)
         with pytest.raises(openai.APIError) as again:
             retrying.completions.create(model="specmesh", prompt=PROMPT, max_tokens=8)
-        assert again.value.body["message"] == line and asked == [], asked
+        assert again.value.body["message"] == line and asked == [m.HELLO], asked
         assert len(warned) == before + 1, warned[before:]  # sent once
         with pytest.raises(urllib.error.HTTPError) as health:
             urllib.request.urlopen(url + "/health")
         said = json.load(health.value)
         assert health.value.code == 503 and said["status"] == "failed", said
         assert said["error"].startswith(line + "; ") and "serve again" in said["error"], said
+
+
+def test_a_pipeline_whose_stage_stalled_serves_again_once_it_answers(models):
+    """A served pipeline's stage board stalled (its VM stopped: a board hung, a USB hub's hiccup) and went on: the
+    request it stalled in failed with the line naming it, and every request after failed with that line for good,
+    though the board answered again. Now each later request asks the stalled stage HELLO first (REVIVE_S): while it is
+    silent the request fails with the line, and once it answers the pipeline serves the same text and /health is ok."""
+    import os
+    import signal
+
+    with Mesh(drafter="cpu", stages=2, models=models, gamma="2", say=[].append, warn=[].append) as mesh, \
+            serving(mesh) as url:
+        c = client(url)
+        want = c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=8).choices[0].text
+        for stage in mesh._lanes[0].verifier.stages:
+            stage.proxy.bus.deadline = 1.0  # the 30 s a board gets, shortened for the test
+        vm = mesh._setup.cluster().boards["stage1"].pid
+        os.kill(vm, signal.SIGSTOP)
+        try:
+            for _ in range(2):  # the request it stalled in, and one while it is still silent
+                with pytest.raises(openai.APIError) as failed:
+                    c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=8)
+                assert failed.value.body["message"].startswith("stage 2 of 2 (layers 1:2, virtual:stage1(esp32)) "
+                                                               "stopped answering"), failed.value.body
+        finally:
+            os.kill(vm, signal.SIGCONT)
+        assert c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=8).choices[0].text == want
+        assert json.load(urllib.request.urlopen(url + "/health"))["status"] == "ok"
 
 
 class Broken(backends.LocalVerifier):

@@ -20,7 +20,8 @@ next round. A stage that restarts (a reboot, a power glitch) lost its cache with
 again and the round runs again from the first position, every stage fed anew (docs/faults.md), once a round for
 each of several that restart together; so is one that holds fewer positions than the host sent from. A stage
 that stops answering, or restarts again in the round sent again, ends the run with one line naming it (one that
-stopped answering ends every later session at once with it: `failed`); so does one that refuses a request for
+stopped answering ends every later session with it, `failed`, unless it answers HELLO again within REVIVE_S: then
+the pipeline serves again); so does one that refuses a request for
 what it holds (the last stage without the classifier: no BEGIN mends that), with the node's reason.
 
 The trace (`trace`): per round, positions each stage computed and STAGE messages and bytes per link;
@@ -50,6 +51,7 @@ FIXES = {"does not hold the classifier": "a pipeline's last stage holds the targ
                                          "layer order, the last one a board flashed `--role stage --layers A:N` (N: "
                                          "the target's layers; docs/pipeline.md)"}
 
+REVIVE_S = 2.0  # how long a new session waits for a stage that stopped answering to answer HELLO again
 POLL_S = 0.001  # how long the wavefront waits on one reply before looking at the others
 PATIENCE_S = 0.2  # a reply this late: wait on that call alone (it retransmits as the bus says)
 
@@ -129,8 +131,9 @@ class PipelineVerifier:
         self._early: EarlyRelay | None = None  # the next round's first position, on its way
         self.early_taken = 0  # rounds whose first position went out at the previous verdict
         self._mark = [0] * len(self.stages)  # each link's bus bytes when the last round ended (or at BEGIN)
-        # why a stage failed for good (it stopped answering): no stage replaces it, so every later session fails at
-        # once with this line (serve's next request, the Python API's next generation) instead of asking it again
+        # why a stage failed (it stopped answering): no stage replaces it, so every later session (serve's next request,
+        # the Python API's next generation) fails with this line unless the stage answers HELLO within REVIVE_S, not
+        # its 30 s deadline (`_revive`)
         self.failed: str | None = None
 
     @property
@@ -140,12 +143,25 @@ class PipelineVerifier:
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
         self._drop_early()
         if self.failed:
-            raise BackendError(self.failed)
+            self._revive()
         self.params = params
         self.fed = []
         for s in self.stages:
             s.begin(params, prompt)
         self._mark = [s.bus_bytes for s in self.stages]
+
+    def _revive(self) -> None:
+        """The stages that stopped answering, asked HELLO again (a board that hung and went on, a port plugged back):
+        all answer, the pipeline serves again (BEGIN feeds every stage anew); else BackendError, the line of the
+        failure."""
+        for s in self.stages:
+            if s.stopped:
+                try:
+                    s.proxy.call(m.HELLO, deadline=REVIVE_S)
+                except ProxyError:
+                    raise BackendError(self.failed) from None
+                s.stopped = False
+        self.failed = None
 
     def commit(self, committed: Sequence[int]) -> None:
         """Nothing to send: the next round's first position rolls every stage back to where it starts."""

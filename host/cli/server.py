@@ -6,8 +6,8 @@ path, a slash too many included, is a 404 naming the routes, a method a route do
 parameter set to something but its OpenAI default is a 400 naming it and what is taken (the other route's text too:
 a chat's `prompt`, a completion's `messages`), as is a bad value or type. Where OpenAI's and `specmesh run`'s
 defaults differ, the mesh's are kept: greedy (`temperature` 0) and its `--max-tokens`. `/health` is a 503 saying why
-once the mesh can serve nothing (a pipeline's stage board stopped answering, `Mesh.failed`); `/` is the live page
-(host/cli/page.html).
+once the mesh can serve nothing (a pipeline's stage board stopped answering, `Mesh.failed`, until a request finds it
+answering again); `/` is the live page (host/cli/page.html).
 A sampled request without a `seed` samples under a fresh one, as OpenAI's differ from one another; the header
 `x-specmesh-seed` (and the `specmesh` field) names the seed a sampled request ran under, which gives its text again,
 as `specmesh run --seed` does. A chat's messages are its turns, appended as typed (the stories model has no chat
@@ -69,7 +69,9 @@ DEFAULTS = {"echo": (None, False), "logprobs": (None, False), "top_logprobs": (N
             "verbosity": (None,), "web_search_options": (None,), "moderation": (None,), "prompt_cache_key": (None,),
             "prompt_cache_retention": (None,), "prompt_cache_options": (None,)}
 MAX_BODY = 1 << 20
-RESTART = "every request fails so: start specmesh serve again once the board is back"  # a mesh that failed for good
+# a mesh whose pipeline lost a stage: each request asks the stage first (host/backends/pipeline.py REVIVE_S)
+RESTART = ("every request fails so until the board answers again (each asks it first); if it stays silent, check it and "
+           "start specmesh serve again")
 UNSERVED = "the server stopped before this request's turn came (nothing was generated): send it again once it is back"
 # OpenAI's finish_reason of each way a generation ends; one cut by the server's stop is "length" (its text was cut
 # short, as at max_tokens), not "stop" (the model ended it): OpenAI's schema has no value of its own for it
@@ -95,7 +97,8 @@ def unknown_model(name: str) -> BadRequest:
 def error(status: int, message: str, param: str | None = None, code: str | None = None,
           kind: str = "invalid_request_error", final: bool = False) -> JSONResponse:
     """OpenAI's error body; `final`: a 503 the same request sent again at once would get as well (the server stopping,
-    the mesh failed for good), which OpenAI's clients, retrying a 5xx twice by default, are told not to retry: they
+    the mesh failed: a stage that stopped answering, asked again by each request, stays silent for longer than a
+    client's back-off), which OpenAI's clients, retrying a 5xx twice by default, are told not to retry: they
     sent it thrice, each a line in the server's log, and one sent after the server had gone got "Connection error."
     in place of the 503's line."""
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status,
