@@ -221,6 +221,7 @@ def test_a_stage_that_stops_answering_ends_the_run_naming_it(mesh, prompt, monke
         generate(prompt, pipe, drafter, SessionParams(eos=1), N, GammaController(fixed=2), Kill())
     line = str(e.value)
     assert "\n" not in line and line.startswith("stage 3 of 5 (layers 2:3, virtual:stage2(esp32)) stopped answering")
+    assert line.endswith("; run again (its virtual board is started afresh)"), line  # what to do, as every line says
     # no stage replaces it: a long-lived mesh's next generation (serve's next request) asked the stages again, the dead
     # one too (a board gone silent: 30 s for its BEGIN); now it fails with the same line, asking only the dead stage
     # HELLO (pipeline.REVIVE_S: one that went on answering serves again, test_serve_failover)

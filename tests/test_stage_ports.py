@@ -114,7 +114,9 @@ def test_a_stage_board_that_stalls_mid_run_is_not_asked_for_its_stats(models, st
             os.kill(stage_vboards[1].pid, signal.SIGCONT)
         after = mesh.generate("Once upon a time", max_tokens=16)  # serve's next request, chat's next turn
     assert got.text == want["text"] and got.stats["verifier"] == "cpu", warned
-    assert any("stage 2 of 2 (layers 1:2, %s) stopped answering" % stage_vboards[1].port in w for w in warned), warned
+    port = stage_vboards[1].port
+    assert any("stage 2 of 2 (layers 1:2, %s) stopped answering" % port in w and "; check that board (its power and "
+               "cable; `specmesh console %s` shows what it prints)" % port in w for w in warned), warned
     errors = [b.get("error") for b in got.stats["boards"] if b["role"] == "stage"]
     assert errors == [None, "stopped answering during the run, not asked"], got.stats["boards"]
     assert after.text == want["text"] and after.stats["verifier"] == "cpu"

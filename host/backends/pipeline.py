@@ -343,6 +343,14 @@ class PipelineVerifier:
         a, b = self.layers[s]
         return "stage %d of %d (layers %d:%d, %s)" % (s + 1, len(self.stages), a, b, self.stages[s].name)
 
+    def _fix(self, s: int) -> str:
+        """What to do about stage s once it stopped answering: a run's own virtual board is started afresh by the next
+        run; a real one is looked at."""
+        name = self.stages[s].name
+        if name.startswith("virtual:"):
+            return "run again (its virtual board is started afresh)"
+        return "check that board (its power and cable; `specmesh console %s` shows what it prints)" % name
+
     def _guard(self, stage: BoardStage, fn):
         """fn(), its failure one line naming the stage."""
         try:
@@ -355,7 +363,7 @@ class PipelineVerifier:
         except (BackendError, ProxyError) as e:
             s = self.stages.index(stage)
             stage.stopped = True
-            self.failed = "%s stopped answering: %s" % (self._who(s), str(e).split(": ", 1)[-1])
+            self.failed = "%s stopped answering: %s; %s" % (self._who(s), str(e).split(": ", 1)[-1], self._fix(s))
             raise BackendError(self.failed) from None
         except Restarted:
             s = self.stages.index(stage)
