@@ -659,6 +659,59 @@ def test_sigterm_stops_serve_at_once_though_a_client_is_still_sending():
         assert log.strip().endswith("specmesh serve: stopped by SIGTERM") and "Traceback" not in log, log
 
 
+def _vm(parent: int, board: str) -> int:
+    """The pid of the MicroPython VM of the virtual board named `board` that process `parent` started."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = Path("/proc/%s/environ" % pid).read_bytes()
+            ppid = int(Path("/proc/%s/stat" % pid).read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):  # gone, or not ours to read
+            continue
+        if ppid == parent and ("/%s\0" % board).encode() in env.replace(b"=", b"\0"):
+            return int(pid)
+    raise AssertionError("no VM of %s under process %d" % (board, parent))
+
+
+def test_ctrl_c_while_a_stage_stalls_answers_the_request_and_stops_serve_at_once(models):
+    """Ctrl-C while a request's round waited on a stage board that stopped answering (its VM stopped): the generation,
+    told to end after its round, never ended it, so uvicorn cancelled the request past its grace (a 500 to the client,
+    an "Exception in ASGI application" traceback in the log) and serve then waited for the round until the stage's
+    30 s deadline. Now the request is a 503 saying to send it again, the boards are released at once, and serve ends
+    with one line and status 130."""
+    import urllib.error
+
+    from specmesh.host.cli.server import STUCK
+
+    got: list = []
+
+    def ask() -> None:
+        try:
+            urllib.request.urlopen(urllib.request.Request(address + "v1/completions", json.dumps(
+                {"prompt": PROMPT, "max_tokens": 100}).encode(), {"content-type": "application/json"}), timeout=120)
+            got.append((200, None))
+        except urllib.error.HTTPError as e:
+            got.append((e.code, e.read().decode()))
+
+    with started("--models", str(models), "--drafter", "cpu", "--stages", "2") as (proc, address):
+        vm = _vm(proc.pid, "stage1")
+        os.kill(vm, signal.SIGSTOP)
+        try:
+            waiting = threading.Thread(target=ask)
+            waiting.start()
+            while not json.load(urllib.request.urlopen(address + "health", timeout=30))["busy"]:
+                time.sleep(0.05)
+            time.sleep(0.5)  # (its round under way, on the stalled stage)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=20) == 130  # (the stage's deadline is 30 s)
+            waiting.join(60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(vm, signal.SIGCONT)
+        log = proc.stderr.read()
+        assert "Traceback" not in log and log.strip().endswith("specmesh serve: interrupted"), log
+        assert got and got[0][0] == 503 and json.loads(got[0][1])["error"]["message"] == STUCK, got
+
+
 def under_way(reply) -> None:
     """Reads a stream's events until its generation is under way: the first is sent before it has its lane, the
     second is the text of its first round."""

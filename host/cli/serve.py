@@ -82,7 +82,12 @@ def serve(a: argparse.Namespace) -> int:
             print("specmesh serve: %s on %s (the live page; the API under /v1), %d stream%s at once; Ctrl-C stops it"
                   % (", ".join("%s %s" % kv for kv in mesh.names.items()), url(a.host, sockets[0].getsockname()[1]),
                      mesh.streams, "s" * (mesh.streams > 1)), file=sys.stderr, flush=True)
-            server.run(sockets=sockets)
+            try:
+                server.run(sockets=sockets)  # (a Ctrl-C it caught is raised again as it returns)
+            finally:
+                # a generation still running waits on a board that does not answer (its request was answered:
+                # server.py STUCK): its boards released now, it ends at once, not at its reply's deadline (up to 30 s)
+                mesh.close(wait_s=RELEASE_S)
             if server.should_exit:  # Ctrl-C: uvicorn stopped gracefully, and asyncio's runner re-raises the signal
                 raise KeyboardInterrupt  # only when its cancel beats the coroutine's return: status 130 every time
     finally:
@@ -115,6 +120,8 @@ def not_http_advice(address: str) -> Callable[[logging.LogRecord], bool]:
 # seconds a stopping server waits for its connections to close (a generation ends after its round once told to
 # stop; a client still sending its request, or one that reads slowly, is then cut)
 STOP_GRACE_S = 3
+# seconds the stopped server's generations have left to end before the mesh's boards are released under them
+RELEASE_S = 1.0
 
 
 def _server_class():

@@ -72,6 +72,12 @@ MAX_BODY = 1 << 20
 # a mesh whose pipeline lost a stage: each request asks the stage first (host/backends/pipeline.py REVIVE_S)
 RESTART = ("every request fails so until the board answers again (each asks it first); if it stays silent, check it and "
            "start specmesh serve again")
+# seconds a generation has, once the server stops, to end its round (told to end after it): past that it waits on a
+# board that does not answer (a round waits up to its 30 s deadline), and its request is answered without it (STUCK),
+# within the seconds a stopping server waits for its connections (serve's STOP_GRACE_S)
+STUCK_S = 1.5
+STUCK = ("the server stopped while this request's generation waited on a board that does not answer: send it again "
+         "once the server is back")
 UNSERVED = "the server stopped before this request's turn came (nothing was generated): send it again once it is back"
 # OpenAI's finish_reason of each way a generation ends; one cut by the server's stop is "length" (its text was cut
 # short, as at max_tokens), not "stop" (the model ended it): OpenAI's schema has no value of its own for it
@@ -302,6 +308,7 @@ class Api:
         self.in_flight = 0  # requests generating or waiting for a lane
         self.cancels: set[threading.Event] = set()  # one per generation running or waiting for a lane
         self.stopping = False
+        self.stopped_at = 0.0  # time.monotonic() of the stop
 
     def stop(self) -> None:
         """The server is stopping (SIGTERM, Ctrl-C): every generation ends after its round, so that each client
@@ -309,6 +316,7 @@ class Api:
         still waiting for its turn: a 503 saying to send it again) and the server exits at once, not when the queue
         has drained."""
         self.stopping = True
+        self.stopped_at = time.monotonic()
         for cancel in list(self.cancels):
             cancel.set()
 
@@ -403,8 +411,8 @@ class Api:
         if self.stopping:
             cancel.set()
         try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self.threads, self.mesh.complete, prompt, kw["request"], on_piece, cancel)
+            return await self._unless_stuck(asyncio.get_running_loop().run_in_executor(
+                self.threads, self.mesh.complete, prompt, kw["request"], on_piece, cancel))
         except GenerationFailed as e:  # the client hears of it, and the server's operator, who alone can mend the mesh
             if self.mesh.warn is not None:
                 self.mesh.warn("a request failed: %s" % e)
@@ -412,6 +420,21 @@ class Api:
         finally:
             self.in_flight -= 1
             self.cancels.discard(cancel)
+
+    async def _unless_stuck(self, generation: asyncio.Future) -> Completion:
+        """The generation's Completion; GenerationFailed (STUCK) once the server has stopped STUCK_S ago and it has not
+        ended its round: uvicorn would cancel its request past its grace (a 500 to the client, a traceback in the log).
+        Its thread goes on until serve releases the mesh's boards (host/cli/serve.py), its end dropped."""
+        while not generation.done():
+            try:
+                await asyncio.wait({generation}, timeout=0.25)  # (it returns as soon as the generation ends)
+            except asyncio.CancelledError:  # as awaiting it would: its end (a failure too) is not waited for
+                generation.cancel()
+                raise
+            if self.stopping and not generation.done() and time.monotonic() - self.stopped_at > STUCK_S:
+                generation.cancel()
+                raise GenerationFailed(STUCK)
+        return generation.result()
 
     async def _events(self, prompt: list[int], kw: dict, reply: Reply):
         """The SSE stream of one generation; closed early (the client left), it cancels the generation."""
