@@ -160,6 +160,46 @@ def test_a_link_whose_port_closes_says_so_in_a_few_words():
         link.close()
 
 
+@pytest.mark.parametrize("lost", ["hung up", "closed"])
+def test_a_call_waiting_on_a_silent_board_ends_when_its_port_is_lost(lost):
+    """A request to a board that stopped answering, its port then hung up (the board's `specmesh emulate` ended, a USB
+    cable pulled) or closed by the host (serve releasing the boards under a round it stopped): the call waited for its
+    next retransmission (up to the bus's 30 s deadline) before it saw the link's error. Now it ends at once with it."""
+    import threading
+
+    from specmesh.host.bus.proxy import Bus, ProxyError
+    from specmesh.shared import messages as m
+
+    master, slave = os.openpty()
+    link = SerialLink(os.ttyname(slave))
+    bus = Bus(link, deadline=60.0, initial_rto=60.0)  # a silent board: no reply, no retransmission for 60 s
+    said: list[str] = []
+
+    def wait() -> None:
+        with pytest.raises(ProxyError) as e:
+            bus.request(1, m.HELLO)
+        said.append(str(e.value))
+
+    waiting = threading.Thread(target=wait)
+    waiting.start()
+    try:
+        time.sleep(0.2)  # (the request sent, its call waiting)
+        if lost == "hung up":
+            os.close(slave)
+            os.close(master)
+        else:
+            link.close()
+        waiting.join(10)
+        want = "read failed" if lost == "hung up" else "closed by the host"
+        assert said and said[0].startswith(link.port + ": " + want), said
+    finally:
+        link.close()
+        if lost == "closed":
+            os.close(slave)
+            os.close(master)
+        waiting.join(60)
+
+
 def test_a_board_reset_mid_flash_is_one_line_and_the_same_flash_completes_it(virtual_board, models, monkeypatch,
                                                                               capsys):
     """A board reset while a flash writes a file (its reset button; here its VM killed, which the supervisor boots

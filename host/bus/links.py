@@ -146,8 +146,8 @@ class SerialLink:
             try:
                 chunk = self.ser.read(max(1, self.ser.in_waiting))
             except (serial.SerialException, OSError, TypeError) as e:
-                if not self._stop.is_set():
-                    self.error = "%s: read failed: %s" % (self.port, lost_why(e))
+                if not self._stop.is_set():  # the calls waiting on a reply end now, not at their next retransmission
+                    self._fail("%s: read failed: %s" % (self.port, lost_why(e)))
                 return
             if not chunk:
                 continue
@@ -167,6 +167,8 @@ class SerialLink:
             self.ser.close()
         except (serial.SerialException, OSError):
             pass
+        # a call still waiting on a reply (a board that stopped answering, held up to its deadline) ends now
+        self._fail("%s: closed by the host" % self.port)
 
 
 class _Decoder(StreamDecoder):

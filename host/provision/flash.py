@@ -401,6 +401,7 @@ def _no_repl(port: str, timeout: float, wait_s: float = 1.5, virtual: bool = Fal
     except ProxyError:
         pass
     finally:
+        error = link.error  # what failed it, if anything did (once closed, it says "closed by the host")
         link.close()
     if link.refused == m.KEY_WHY[2]:
         return KeyMismatch(f"{port}: key mismatch: the board holds another deployment key than this --key-file, and a "
@@ -415,8 +416,8 @@ def _no_repl(port: str, timeout: float, wait_s: float = 1.5, virtual: bool = Fal
         return KeyedHalfFlashed(f"{port}: the board was left half-flashed by an interrupted flash and holds a "
                                 "deployment key, so its console takes no Ctrl-C and no flash can finish it",
                                 f": {erase}, then specmesh flash --port {port} --role {role} --key-file F")
-    if link.error:
-        return (KeyMismatch if link.refused else FlashError)(link.error)
+    if error:
+        return (KeyMismatch if link.refused else FlashError)(error)
     if virtual:  # a VM that answers nothing, or a node: the emulate's restart boots it afresh
         what = "did not answer with its REPL" if link.bytes_received else "is silent: nothing came back within " \
             f"{timeout + wait_s:g} s"
