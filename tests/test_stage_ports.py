@@ -141,6 +141,7 @@ def test_one_stage_board_holding_the_whole_target_verifies_alone_and_is_found_by
         rc, got = run(models, tmp_path, "--verifier", verifier, *RUN)
         assert rc == 0, capsys.readouterr().err
         assert got["text"] == want["text"] and got["pipeline"]["layers"] == ["0:2"] and got["context"] == 128
+        assert got["verifier"] == "pipeline(1 stage: %s)" % whole.port  # (it said "1 stages")
     monkeypatch.setattr(ports, "esp_ports", lambda: [(p, "virtual") for p in stage_boards])
     rc, _ = run(models, tmp_path, "--verifier", "auto", *RUN)
     err = capsys.readouterr().err

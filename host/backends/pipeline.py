@@ -123,7 +123,7 @@ class PipelineVerifier:
         self.packed = packed  # rows between stages at the fewest bytes per value (STAGE_PACKED, shared/rows.py)
         self.stages = list(stages)
         self.layers = list(layers)
-        self.name = "pipeline(%d stages: %s)" % (len(stages), ", ".join(s.name for s in stages))
+        self.name = "pipeline(%d stage%s: %s)" % (len(stages), "s" * (len(stages) > 1), ", ".join(s.name for s in stages))
         self.max_seq = min(s.max_seq for s in stages)
         self.params = SessionParams()
         self.fed: list[int] = []  # tokens whose positions every stage holds
