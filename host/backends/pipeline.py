@@ -19,10 +19,10 @@ the host only tracks which tokens the stages hold (`fed`), and a rejected draft 
 next round. A stage that restarts (a reboot, a power glitch) lost its cache with its session: it is begun
 again and the round runs again from the first position, every stage fed anew (docs/faults.md), once a round for
 each of several that restart together; so is one that holds fewer positions than the host sent from. A stage
-that stops answering, or restarts again in the round sent again, ends the run with one line naming it (one that
-stopped answering ends every later session with it, `failed`, unless it answers HELLO again within REVIVE_S: then
-the pipeline serves again); so does one that refuses a request for
-what it holds (the last stage without the classifier: no BEGIN mends that), with the node's reason.
+that stops answering, or restarts again in the round sent again, ends the run with one line naming it and what to
+do (one that stopped answering ends every later session with it, `failed`, unless it answers HELLO again within
+REVIVE_S: then the pipeline serves again); so does one that refuses a request for what it holds (the last stage
+without the classifier: no BEGIN mends that), with the node's reason.
 
 The trace (`trace`): per round, positions each stage computed and STAGE messages and bytes per link;
 host/projection/pipeline.py replays it on real boards and links.
