@@ -667,7 +667,8 @@ def _vm(parent: int, board: str) -> int:
             ppid = int(Path("/proc/%s/stat" % pid).read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError):  # gone, or not ours to read
             continue
-        if ppid == parent and ("/%s\0" % board).encode() in env.replace(b"=", b"\0"):
+        flash = [v for v in env.split(b"\0") if v.startswith(b"VBOARD_FLASH=")]  # (host/emulator/board.py _env)
+        if ppid == parent and flash and Path(flash[0].decode().split("=", 1)[1]).name == board:
             return int(pid)
     raise AssertionError("no VM of %s under process %d" % (board, parent))
 
