@@ -151,7 +151,7 @@ class PipelineVerifier:
         self._mark = [s.bus_bytes for s in self.stages]
 
     def _revive(self) -> None:
-        """The stages that stopped answering, asked HELLO again (a board that hung and went on, a port plugged back):
+        """The stages that stopped answering, asked HELLO again (a board that hung for a while and went on):
         all answer, the pipeline serves again (BEGIN feeds every stage anew); else BackendError, the line of the
         failure."""
         for s in self.stages:
