@@ -73,11 +73,11 @@ MAX_BODY = 1 << 20
 RESTART = ("every request fails so until the board answers again (each asks it first); if it stays silent, check it and "
            "start specmesh serve again")
 # seconds a generation has, once the server stops, to end its round (told to end after it): past that it waits on a
-# board that does not answer (a round waits up to its 30 s deadline), and its request is answered without it (STUCK),
-# within the seconds a stopping server waits for its connections (serve's STOP_GRACE_S)
-STUCK_S = 1.5
-STUCK = ("the server stopped while this request's generation waited on a board that does not answer: send it again "
-         "once the server is back")
+# board that does not answer (a round waits up to its 30 s deadline) or a very slow one, and its request is answered
+# without it (STUCK), before the seconds a stopping server waits for its connections (serve's STOP_GRACE_S, 3) run out
+STUCK_S = 2.5
+STUCK = ("the server stopped before this request's generation ended its round (a board that does not answer, or a very "
+         "slow one): send it again once the server is back")
 UNSERVED = "the server stopped before this request's turn came (nothing was generated): send it again once it is back"
 # OpenAI's finish_reason of each way a generation ends; one cut by the server's stop is "length" (its text was cut
 # short, as at max_tokens), not "stop" (the model ended it): OpenAI's schema has no value of its own for it
