@@ -1,7 +1,8 @@
 """A `specmesh` command's Ctrl-C before it runs: from the first of our code a command runs (`import specmesh`), while
 its modules still import, a Ctrl-C ends it with the shell's 130 and nothing said, not the interpreter's
 KeyboardInterrupt traceback. This module imports only modules built into the interpreter (_signal, sys), so that it
-takes over within a millisecond of our first statement; host/stops.py takes over once the command runs."""
+takes over within a millisecond of our first statement; host/stops.py takes over once the command runs (and once
+it ran, ignores a Ctrl-C while Python exits)."""
 
 import _signal  # type: ignore[import-not-found]  # signal's C half (no stub): `import signal` imports enum first
 import sys

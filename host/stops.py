@@ -77,7 +77,10 @@ def raising_stops() -> Iterator[None]:
     """While inside, SIGTERM and SIGHUP raise Stopped in the main thread, and a Ctrl-C raises KeyboardInterrupt (again
     where host/quiet.py had made it a quiet exit), all of them (raise_stop) held while it forks (held); a signal
     the process inherited ignored (`nohup`) stays ignored. The handlers before are put back after (a caller in another
-    thread changes nothing: only the main thread may set them)."""
+    thread changes nothing: only the main thread may set them), but for quiet's exit: once the command ran, a Ctrl-C
+    is ignored, since what is left is Python's exit, whose cleanup (atexit: the virtual boards' stand-in folders
+    removed) an exception does not stop but breaks off, only reported ("Exception ignored in atexit callback" and a
+    traceback)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -92,7 +95,7 @@ def raising_stops() -> Iterator[None]:
     finally:
         for s, handler in before.items():
             if handler is not None:
-                signal.signal(s, handler)
+                signal.signal(s, signal.SIG_IGN if handler is exit_quietly else handler)
 
 
 def say_stopped(who: str, what: str) -> None:

@@ -2,7 +2,8 @@
 SIGINT, SIGTERM or SIGKILL) at random instants of its first flash, of a re-flash (the drafter model changes
 every run, so its ROMFS image and the board config are rewritten) and of its generation, and the next
 `specmesh run` succeeds with no user action, without falling back to wiping the board's flash. A command stopped
-while its modules still import, before any board, ends as quietly."""
+while its modules still import, before any board, ends as quietly; one that gets a Ctrl-C as it exits keeps its
+status, and says nothing."""
 
 import os
 import random
@@ -281,3 +282,28 @@ def test_a_command_started_in_a_scripts_background_takes_a_ctrl_c_from_its_first
         proc.kill()
     assert (proc.returncode, out, err) == (130, "", "")
     assert not boards.exists()
+
+
+# sitecustomize.py for the command below: a Ctrl-C at its exit, as Python runs the exit's cleanup (atexit: the virtual
+# boards' folders removed, their VMs killed). Registered before the command's own, this one runs last; the signal is
+# the process's own, so its handler runs as the kill returns, inside the callback.
+CTRL_C_AT_EXIT = """
+import atexit, os, signal
+
+atexit.register(os.kill, os.getpid(), signal.SIGINT)
+"""
+
+
+@pytest.mark.parametrize("entry", [_console_script(), [sys.executable, "-m", "specmesh.host.cli"]],
+                         ids=["specmesh", "python -m specmesh.host.cli"])
+def test_a_ctrl_c_as_a_command_exits_leaves_its_status_and_no_traceback(tmp_path, entry):
+    """A Ctrl-C once the command ran, while Python runs its exit's cleanup (atexit), raised the quiet exit's
+    SystemExit(130) inside that cleanup: Python only reported it, "Exception ignored in atexit callback" and a
+    traceback, the rest of that callback (a folder half removed) skipped. Now a Ctrl-C is ignored once the command
+    ran: its cleanup runs whole, and it ends with its own status and nothing said."""
+    (tmp_path / "sitecustomize.py").write_text(CTRL_C_AT_EXIT)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run(entry + ["keygen", "--key-file", "key"], cwd=tmp_path, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=path), timeout=60)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert (tmp_path / "key").is_file()
