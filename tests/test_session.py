@@ -701,3 +701,47 @@ def test_encode_refuses_what_is_not_text_in_one_line(models):
             with pytest.raises(UsageError, match="^" + re.escape(says)):
                 ask()
         assert mesh.encode_turns(["The cat", " sat"]) == mesh.encode("The cat") + mesh.encode(" sat", bos=False)
+
+
+# A program that drops a stream unclosed after its first piece and gets a Ctrl-C meanwhile: the generation's second
+# round waits until the stream is dropped (a finalizer of the Stream, run before its generator is closed), then sends
+# the process SIGINT, as a user's Ctrl-C
+CTRL_C_AS_A_STREAM_IS_DROPPED = """
+import os, signal, sys, threading, weakref
+from specmesh import Mesh
+from specmesh.host.decode import gamma
+
+dropped, sent, rounds = threading.Event(), threading.Event(), []
+observe = gamma.GammaController.observe
+
+def observe_then_ctrl_c(self, *args, **kwargs):
+    rounds.append(1)
+    if len(rounds) == 2:
+        dropped.wait(30)
+        os.kill(os.getpid(), signal.SIGINT)
+        sent.set()
+    return observe(self, *args, **kwargs)
+
+gamma.GammaController.observe = observe_then_ctrl_c
+with Mesh(drafter="cpu", verifier="cpu", models=sys.argv[1]) as mesh:
+    items = mesh.stream("The cat", max_tokens=40)
+    next(items)
+    weakref.finalize(items, dropped.set)
+    try:
+        del items
+        sent.wait(30)
+        print("went on")
+    except KeyboardInterrupt:
+        print("interrupted")
+"""
+
+
+def test_a_ctrl_c_as_a_dropped_stream_is_closed_is_raised_not_lost(models):
+    """A stream dropped unclosed is closed by the garbage collector, and its close waited for the generation's round:
+    a Ctrl-C meanwhile was raised inside that close, which Python only reports ("Exception ignored in: <generator
+    object Mesh._pieces>" and a traceback), and the program went on as if no Ctrl-C came. Now a dropped stream waits
+    for nothing (its generation ends after its round by itself; close() still waits for it): the Ctrl-C is raised in
+    the program."""
+    done = subprocess.run([sys.executable, "-c", CTRL_C_AS_A_STREAM_IS_DROPPED, str(models)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "interrupted\n", "")

@@ -609,8 +609,9 @@ class Stream(Iterator[Piece | Completion], contextlib.AbstractContextManager):
     keeps its generation running on its lane to its end (max_tokens at most), holding up the generations waiting
     for that lane; `with`, or `close()`, ends it after its round."""
 
-    def __init__(self, items: Generator[Piece | Completion, None, None], cancel: _Cancel):
+    def __init__(self, items: Generator[Piece | Completion, None, None], cancel: _Cancel, idle: threading.Event):
         self._items, self._cancel = items, cancel
+        self._idle = idle  # set while no generation of it runs (Mesh._pieces)
 
     def __next__(self) -> Piece | Completion:
         return next(self._items)
@@ -620,8 +621,11 @@ class Stream(Iterator[Piece | Completion], contextlib.AbstractContextManager):
         waiting for that round, its items left unread; from another (a stop button's), at once, the iterating thread
         reading the rest, the last its Completion (stop "cancelled")."""
         self._cancel.set()
-        with contextlib.suppress(ValueError):  # "generator already executing": another thread waits in it
+        try:
             self._items.close()
+        except ValueError:  # "generator already executing": another thread waits in it
+            return
+        self._idle.wait()
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -914,13 +918,15 @@ class Mesh(contextlib.AbstractContextManager):
         self._check_prompt(ids)
         self._check_usable()
         cancel = _Cancel(rest.pop("cancel", None))
-        return Stream(self._pieces(ids, request, cancel, rest), cancel)
+        idle = threading.Event()
+        idle.set()
+        return Stream(self._pieces(ids, request, cancel, rest, idle), cancel, idle)
 
-    def _pieces(self, ids: list[int], request: RunConfig, cancel: _Cancel, rest: dict
+    def _pieces(self, ids: list[int], request: RunConfig, cancel: _Cancel, rest: dict, idle: threading.Event
                 ) -> Generator[Piece | Completion, None, None]:
-        """stream()'s iterator: the generation runs in a thread of its own, handing its items over a queue; left,
-        it sets its own `cancel`, not the caller's event. Refused where the iterating thread holds the lane that
-        thread would wait for."""
+        """stream()'s iterator: the generation runs in a thread of its own (`idle` cleared while it runs), handing
+        its items over a queue; left, it sets its own `cancel`, not the caller's event, and waits for nothing (Stream.close
+        waits for the round). Refused where the iterating thread holds the lane that thread would wait for."""
         with self._lock:
             self._check_not_nested(threading.get_ident())
         pieces: queue.Queue = queue.Queue()
@@ -930,9 +936,11 @@ class Mesh(contextlib.AbstractContextManager):
                 pieces.put(self.complete(ids, request, on_piece=pieces.put, cancel=cancel, **rest))
             except BaseException as e:  # noqa: BLE001 - handed to the iterating thread, which raises it
                 pieces.put(e)
+            finally:
+                idle.set()
 
-        thread = threading.Thread(target=work, name="specmesh-stream", daemon=True)
-        thread.start()
+        idle.clear()
+        threading.Thread(target=work, name="specmesh-stream", daemon=True).start()
         try:
             while True:
                 item = pieces.get()
@@ -941,9 +949,8 @@ class Mesh(contextlib.AbstractContextManager):
                 yield item
                 if isinstance(item, Completion):
                     return
-        finally:
-            cancel.set()
-            thread.join()
+        finally:  # no wait for the round here: a stream dropped unclosed is closed by the garbage collector, which
+            cancel.set()  # only reports what is raised meanwhile ("Exception ignored"): a Ctrl-C in a wait was lost
 
     def _ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
