@@ -3,7 +3,7 @@ that made it (`specmesh-JOB-PID-XXXXXXXX`), and a new one first removes those of
 process ends its folders itself (a `with`, or atexit), also on Ctrl-C, SIGTERM and SIGHUP (host/stops.py); one
 killed outright (SIGKILL, the kernel's OOM killer) cannot, and its folders were left for good.
 
-    folder(job)   a TemporaryDirectory: removed when its `with` ends
+    folder(job)   a TemporaryDirectory: removed when its `with` ends (at the process's exit, if a stop broke in)
     made(job)     a folder that lives until the process ends (removed then by atexit, by its maker only: a child
                   forked from it, which runs the same atexit, leaves it to the parent still using it)
 """
@@ -29,7 +29,22 @@ MIN_AGE_S = 3600.0
 def folder(job: str) -> tempfile.TemporaryDirectory:
     """A temporary folder for `job` (a short name: "flash", "romfs"), removed when its `with` block ends."""
     sweep()
-    return tempfile.TemporaryDirectory(prefix=_prefix(job))
+    return _Folder(job)
+
+
+class _Folder(tempfile.TemporaryDirectory):
+    """folder()'s: one whose removal at its `with`'s end was broken into (a second Ctrl-C as the first stops the
+    command) is removed at the process's exit, as a made() one is; TemporaryDirectory forgets the folder as its
+    removal begins, and it was left whole."""
+
+    def __init__(self, job: str):
+        super().__init__(prefix=_prefix(job))
+        self._at_exit = functools.partial(_remove, Path(self.name), os.getpid())
+        atexit.register(self._at_exit)
+
+    def cleanup(self) -> None:
+        super().cleanup()
+        atexit.unregister(self._at_exit)  # (the partial is this folder's own: equal to no other)
 
 
 def made(job: str) -> Path:

@@ -52,3 +52,41 @@ def test_a_forked_child_s_exit_leaves_its_parent_s_folders():
                            check=True).stdout.split()
     assert lines[1] == "True"
     assert not os.path.exists(lines[0])
+
+
+# A command's folder() when a second Ctrl-C breaks into its removal as the first one stops the command: the process
+# as a command's is (host/quiet.py's handler, then stoppable), its removal's first call sending the second SIGINT
+SECOND_CTRL_C_AS_IT_IS_REMOVED = """
+import os, shutil, signal, sys
+from pathlib import Path
+from specmesh.host import stops, tempdirs
+from specmesh.host.quiet import exit_quietly
+
+signal.signal(signal.SIGINT, exit_quietly)
+rmtree = shutil.rmtree
+
+def rmtree_after_a_ctrl_c(path, *args, **kwargs):
+    shutil.rmtree = rmtree
+    os.kill(os.getpid(), signal.SIGINT)
+    rmtree(path, *args, **kwargs)
+
+def body():
+    with tempdirs.folder("boards") as tmp:
+        print(tmp, flush=True)
+        (Path(tmp) / "board0").mkdir()
+        shutil.rmtree = rmtree_after_a_ctrl_c
+        raise KeyboardInterrupt
+
+sys.exit(stops.stoppable("specmesh emulate", body))
+"""
+
+
+def test_a_folder_whose_removal_a_second_ctrl_c_broke_into_is_removed_at_exit(tmp_path):
+    """A second Ctrl-C as the first stopped the command (`specmesh emulate` removing its boards' temporary folder)
+    broke into the folder's removal: TemporaryDirectory had forgotten the folder as its removal began, and the boards'
+    flash folders and ROMFS images stayed in the temporary folder for an hour, until a later specmesh swept them. Now
+    the process's exit removes it."""
+    done = subprocess.run([sys.executable, "-c", SECOND_CTRL_C_AS_IT_IS_REMOVED], capture_output=True, text=True,
+                          env=dict(os.environ, TMPDIR=str(tmp_path)), timeout=60)
+    assert (done.returncode, done.stderr) == (130, "specmesh emulate: interrupted\n")
+    assert done.stdout.strip().startswith(str(tmp_path)) and not os.path.exists(done.stdout.strip())
