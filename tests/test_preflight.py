@@ -579,3 +579,18 @@ def test_serve_takes_a_bracketed_ipv6_host_and_names_a_port_given_with_the_host(
         err = one_line_status_2(capsys, ["serve", "--models", str(models), "--host", host], within=10.0)
         assert err == "specmesh serve: error: --host %s: give the address alone, and the port with --port %s\n" % (
             host, port), err
+
+
+@pytest.mark.parametrize("broken", ["drafter.ngt", "target.ngt"])
+def test_a_broken_ngram_table_is_refused_before_any_board(models, capsys, no_board_starts, broken):
+    """The drafter's n-gram table, and the target's beside a drafter with one (whose chains the decode loop copies),
+    is read and checked before anything starts: a broken one (here the first bytes of another file) was refused only
+    after both virtual boards had booted and the drafter board had been flashed with the drafter's."""
+    from specmesh.tools import ngram as builder
+
+    good = builder.table_bytes({(1, 2): 7, (3, 4, 5): 9}, 2, 4)
+    for name in ("drafter.ngt", "target.ngt"):
+        (models / name).write_bytes(b"GGUF" + good[4:] if name == broken else good)
+    err = one_line_status_2(capsys, ["run", "--models", str(models), "--max-tokens", "4"])
+    assert err.startswith("specmesh run: error: n-gram table %s: not a specmesh n-gram table" % (models / broken))
+    assert "rebuild it (python -m specmesh.tools.ngram) or delete it" in err

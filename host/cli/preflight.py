@@ -2,6 +2,8 @@
 left behind when one of these fails, and the failure is one line naming the file or port and what to do.
 
 - the model files parse: header, size and CRC (host/backends/modelio.py `check_model_file`);
+- the drafter's n-gram table, and the target's where the drafter has one, hold what a builder writes
+  (host/backends `load_ngram_table`);
 - the drafter speaks the target's tokens: the same vocabulary and, where both headers name one, the same
   tokenizer (a drafter board's HELLO is checked again once it answers, before any text);
 - once a board answers, before any text: its HELLO's model crc is the build of the file the host takes its model
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from specmesh.host import backends
 from specmesh.host.cli import registry
-from specmesh.host.backends import is_port, port_list
+from specmesh.host.backends import is_port, load_ngram_table, port_list
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.boardclasses import BOARD_CLASSES, drafter_class, drafter_model
 from specmesh.host.layout import MODEL_FILES, host_drafter_model
@@ -75,6 +77,17 @@ def check_models(files: dict[str, Path], roles: list[str]) -> dict[str, Header]:
         except OSError as e:
             raise PreflightError("cannot read model file %s: %s" % (path, e.strerror or e)) from None
     return heads
+
+
+def check_tables(drafter: Path, target: Path) -> None:
+    """The n-gram table beside the drafter's model file `drafter` and, where it has one, the target's (`target`), whose
+    chains the decode loop copies, each read whole and its slots checked. A broken one was found only once the
+    boards had booted and the drafter board had been flashed with it."""
+    try:
+        if load_ngram_table(drafter) is not None:
+            load_ngram_table(target)
+    except ModelFileError as e:
+        raise PreflightError(str(e)) from None
 
 
 def check_pair(target: Header, vocab: int, tokenizer_id: int, what: str) -> None:

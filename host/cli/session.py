@@ -57,7 +57,7 @@ from specmesh.host.cli.config import RV32_PROJECT, RunConfig, UsageError
 from specmesh.host.cli.flags import a_path, add_arguments
 from specmesh.host.cli.output import Segments, TextStream, Watch
 from specmesh.host.cli.preflight import (PreflightError, check_backends, check_build, check_context, check_models,
-                                         check_pair, check_tokenizer, unknown_backend)
+                                         check_pair, check_tables, check_tokenizer, unknown_backend)
 from specmesh.host.cli.ranges import SEED, STREAMS, RangeError, in_range, shown
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, Round, generate
@@ -452,6 +452,8 @@ def preflight(config: RunConfig, tok) -> tuple[dict, dict]:
     try:
         roles = sorted({*names, *(["drafter"] if config.project else [])})
         headers = check_models({r: config.model_file(r) for r in roles}, roles)
+        if "drafter" in names:
+            check_tables(config.model_file("drafter"), config.model_file("verifier"))
         if "drafter" in headers:
             check_pair(headers["verifier"], headers["drafter"].vocab, headers["drafter"].tokenizer_id,
                        str(config.model_file("drafter")))
