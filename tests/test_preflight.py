@@ -594,3 +594,20 @@ def test_a_broken_ngram_table_is_refused_before_any_board(models, capsys, no_boa
     err = one_line_status_2(capsys, ["run", "--models", str(models), "--max-tokens", "4"])
     assert err.startswith("specmesh run: error: n-gram table %s: not a specmesh n-gram table" % (models / broken))
     assert "rebuild it (python -m specmesh.tools.ngram) or delete it" in err
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda b: b[:3000], "tokenizer.bin is not a llama2.c tokenizer.bin (truncated or corrupt)"),
+    (lambda b: b"", "tokenizer.bin is not a llama2.c tokenizer.bin (truncated or corrupt)"),
+    (lambda b: b[:100], "tokenizer.bin holds 7 tokens: a llama2.c tokenizer has 3 specials and 256 byte tokens"),
+])
+def test_a_tokenizer_cut_short_says_what_to_do(models, capsys, no_board_starts, damage, words):
+    """A tokenizer.bin cut short (a half-finished copy, an empty file) was named with what is wrong and no fix."""
+    from specmesh.host.layout import MODELS
+
+    path = models / "tokenizer.bin"
+    path.write_bytes(damage(path.read_bytes()))
+    for command in ("run", "chat", "serve"):
+        err = one_line_status_2(capsys, [command, "--models", str(models), "--verifier", "cpu", "--drafter", "cpu"])
+        assert err == "specmesh %s: error: %s%s: copy the models' own tokenizer.bin there again (the shipped one is in " \
+            "%s)\n" % (command, str(models) + os.sep, words, MODELS), err
