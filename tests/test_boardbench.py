@@ -66,6 +66,7 @@ def test_bench_measures_every_term_and_run_projects_with_it(board, models, tmp_p
     assert set(data["seconds_per_unit"]) == held
     assert all(v > 0 for v in data["seconds_per_unit"].values())
     assert data["board"]["platform"] == "linux" and data["board"]["arch"] == "x64"
+    assert data["board"]["class"] == "esp32s3"  # what a run checks against the class it projects
     # every rate is timed on its own (kernels, and the engine's calls through kernels that return at once): each
     # whole pass is measured and projected with exactly the rates written, the pass's work times each term's rate
     # (how near they land depends on the machine's load, so it is not checked here)
@@ -337,3 +338,22 @@ def test_a_calibration_goes_where_a_shells_redirection_would(tmp_path):
     with pytest.raises(OSError) as e:
         write("/dev/full", {}, {}, {}, {})
     assert e.value.errno == 28 and stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+@pytest.mark.parametrize("flag, drafter", [("--calibration", "cpu"), ("--drafter-calibration", "virtual")])
+def test_a_calibration_of_another_class_with_the_same_arch_is_refused(models, tmp_path, capsys, flag, drafter):
+    """A classic ESP32's calibration given for an S3 (or an S3's for the classic ESP32 drafter board): both are
+    xtensawin, so the arch check passed it and the run priced the S3 with the ESP32's measured rates, saying only
+    "calibrated on Generic ESP32 module". The class `specmesh bench` writes is checked: one line, status 2."""
+    board, cls, want = ({"machine": "Generic ESP32 module with ESP32", "class": "esp32"}, "esp32", "esp32s3") \
+        if flag == "--calibration" else ({"machine": "Generic ESP32S3 module with ESP32S3", "class": "esp32s3"},
+                                         "esp32s3", "esp32")
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"format": "specmesh-calibration", "version": 1, "seconds_per_unit": {"matmul_1": 1e-7},
+                                "board": dict(board, platform="esp32", arch="xtensawin")}))
+    assert cli.main(["run", "--models", str(models), "--verifier", "cpu", "--drafter", drafter, "--quiet", "--project",
+                     "esp32s3", flag, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == ("specmesh run: error: calibration file %s was measured on an %s board (%s), not on an %s: measure "
+                   "one with `specmesh bench --port PORT` on a flashed %s, or drop %s\n"
+                   % (path, cls, board["machine"], want, want, flag)), err

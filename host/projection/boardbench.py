@@ -169,11 +169,12 @@ def bench(port: str, out: str, reps: int = 7, key: bytes | None = None) -> dict:
             transport.serial.write(b"\x04")  # soft reset: main.py starts the node again
         close(transport)
     s, check = rates(measured)
+    # its class too, which a run checks against the one it projects (an ESP32 and an S3 share an arch)
     board = {"machine": info.machine or info.platform, "platform": info.platform, "arch": info.arch,
-             "micropython": ".".join(map(str, info.version[:3])), "port": port}
+             "micropython": ".".join(map(str, info.version[:3])), "port": port,
+             "class": class_of(info.machine, info.mem_free).name}
     write(out, board, s, measured, check)
-    return {"board": board, "seconds_per_unit": s, "measured": measured, "check": check,
-            "class": class_of(info.machine, info.mem_free).name}
+    return {"board": board, "seconds_per_unit": s, "measured": measured, "check": check, "class": board["class"]}
 
 
 def _check_firmware(transport, info, config: dict, port: str) -> None:

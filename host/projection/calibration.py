@@ -96,12 +96,19 @@ class Rates:
 
 def _check_measured_on(measured_on, board: Board, what: str, flag: str) -> None:
     """A calibration prices the board it was measured on: one from a virtual board (the unix port on the host's
-    CPU, many times a 240 MHz core's speed) or from another architecture than `board`'s class would project
-    that speed onto real boards. CalibrationError naming both."""
+    CPU, many times a 240 MHz core's speed), from another architecture than `board`'s class or, where the file
+    names one (`specmesh bench` writes it), of another class (a classic ESP32 has an S3's arch, not its PSRAM)
+    would project that board onto real boards of `board`'s class. CalibrationError naming both."""
     from specmesh.host.boardclasses import BOARD_CLASSES
 
     if not isinstance(measured_on, dict):
         return
+    cls = measured_on.get("class")
+    if measured_on.get("platform") != "linux" and isinstance(cls, str) and cls in BOARD_CLASSES \
+            and board.name in BOARD_CLASSES and cls != board.name:
+        raise CalibrationError("%s was measured on an %s board (%s), not on an %s: measure one with `specmesh bench "
+                               "--port PORT` on a flashed %s, or drop %s" % (
+                                   what, cls, measured_on.get("machine"), board.name, board.name, flag))
     arch = BOARD_CLASSES[board.name].mpy_arch if board.name in BOARD_CLASSES else None
     got = measured_on.get("arch")
     if measured_on.get("platform") == "linux" or (arch and got and got != arch):
