@@ -611,3 +611,16 @@ def test_a_tokenizer_cut_short_says_what_to_do(models, capsys, no_board_starts, 
         err = one_line_status_2(capsys, [command, "--models", str(models), "--verifier", "cpu", "--drafter", "cpu"])
         assert err == "specmesh %s: error: %s%s: copy the models' own tokenizer.bin there again (the shipped one is in " \
             "%s)\n" % (command, str(models) + os.sep, words, MODELS), err
+
+
+@pytest.mark.parametrize("name", ["target.spm", "tokenizer.bin"])
+def test_a_folder_in_a_files_place_is_said_as_one(models, capsys, no_board_starts, name):
+    """A folder where the file should be (an unpacked archive, a `mkdir` typo) was said to be missing, with the advice
+    to copy the file there, which puts it inside the folder and changes nothing."""
+    from specmesh.host.layout import MODELS
+
+    (models / name).unlink()
+    (models / name).mkdir()
+    err = one_line_status_2(capsys, ["run", "--models", str(models), "--verifier", "cpu", "--drafter", "cpu"])
+    assert err == ("specmesh run: error: %s is a folder, not a file: remove it, then copy the file there from the "
+                   "shipped models (%s), or give the folder that holds it with --models\n" % (models / name, MODELS))

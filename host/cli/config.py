@@ -400,6 +400,12 @@ def _check_models(models: Path, plain: bool, target: Path | None, drafter: Path 
 
 def _missing(name: str, models: Path) -> str:
     """The line for a model file or tokenizer missing from the --models folder. (`make train` makes neither the
-    target nor the tokenizer, which are shipped: it was the advice for every file.)"""
+    target nor the tokenizer, which are shipped: it was the advice for every file.) A folder or a device under its
+    name is said as one: copying the file "there" would have put it inside the folder and changed nothing."""
+    there = models / name
+    if there.exists():
+        return ("%s is %s: remove it, then copy the file there from the shipped models (%s), or give the folder "
+                "that holds it with --models" % (there, "a folder, not a file" if there.is_dir() else
+                                                 "not a regular file", MODELS))
     return ("%s is missing from %s: copy it there from the shipped models (%s), or give the folder that holds it "
             "with --models" % (name, models, MODELS))
