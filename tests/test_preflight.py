@@ -624,3 +624,25 @@ def test_a_folder_in_a_files_place_is_said_as_one(models, capsys, no_board_start
     err = one_line_status_2(capsys, ["run", "--models", str(models), "--verifier", "cpu", "--drafter", "cpu"])
     assert err == ("specmesh run: error: %s is a folder, not a file: remove it, then copy the file there from the "
                    "shipped models (%s), or give the folder that holds it with --models\n" % (models / name, MODELS))
+
+
+def test_a_flipped_tokenizer_id_in_the_targets_header_names_the_target(models, capsys, no_board_starts):
+    """The header is outside the CRC, so a flipped byte in the target's tokenizer id passes the file's checks; with
+    the tokenizer and the drafter agreeing, the target is the odd one out. It was said as a drafter made with another
+    tokenizer, to be replaced ('give a drafter trained with the target's tokenizer')."""
+    from specmesh.host.decode.tokenizer import byte_pieces, pack_vocab, read_llama2c_tokenizer, vocab_id
+    from specmesh.shared.modelfile import Header
+    from specmesh.tools.testmodels import random_tensors, write_model
+
+    tid = vocab_id(pack_vocab(byte_pieces(read_llama2c_tokenizer(models / "tokenizer.bin")[0])))
+    for path, h, seed in ((models / TARGET_FILE, Header(32, 2, 4, 2, 64, 512, 64, tokenizer_id=tid), 1),
+                          (models / DRAFTER_FILE, Header(16, 1, 2, 1, 32, 512, 32, tokenizer_id=tid), 2)):
+        write_model(path, h, random_tensors(h, seed))
+    b = bytearray((models / TARGET_FILE).read_bytes())
+    b[24] ^= 0x10  # the low byte of the header's tokenizer id
+    (models / TARGET_FILE).write_bytes(bytes(b))
+    err = one_line_status_2(capsys, ["run", "--models", str(models), "--verifier", "cpu", "--drafter", "virtual"])
+    assert err == ("specmesh run: error: the target model %s records tokenizer id %08x, but tokenizer.bin and the "
+                   "drafter %s have %08x: its header is corrupt or it was made with another tokenizer: copy it again, "
+                   "or give the tokenizer and the drafter made with it\n" % (models / TARGET_FILE, tid ^ 0x10,
+                                                                              models / DRAFTER_FILE, tid))

@@ -26,7 +26,7 @@ from specmesh.host.cli import registry
 from specmesh.host.backends import is_port, load_ngram_table, port_list
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.boardclasses import BOARD_CLASSES, drafter_class, drafter_model
-from specmesh.host.layout import MODEL_FILES, host_drafter_model
+from specmesh.host.layout import MODEL_FILES, TOKENIZER_FILE, host_drafter_model
 from specmesh.shared.modelfile import Header, ModelFileError
 
 
@@ -90,12 +90,20 @@ def check_tables(drafter: Path, target: Path) -> None:
         raise PreflightError(str(e)) from None
 
 
-def check_pair(target: Header, vocab: int, tokenizer_id: int, what: str) -> None:
+def check_pair(target: Header, vocab: int, tokenizer_id: int, what: str, tok_id: int | None = None,
+               target_path: Path | None = None) -> None:
     """A drafter (`what`: its file, or the board that runs it) must draft the target's tokens: the same vocabulary
-    size, and the same tokenizer where both headers name one (tokenizer_id 0: not recorded)."""
+    size, and the same tokenizer where both headers name one (tokenizer_id 0: not recorded). Where the tokenizer
+    (`tok_id`: its id, `tokenizer_id`) agrees with the drafter, the target's file (`target_path`) is the odd one out:
+    a flipped byte in its header (outside its CRC) was said as a drafter of another tokenizer, to be replaced."""
     if vocab != target.vocab:
         raise PreflightError("the drafter %s has a vocabulary of %d tokens, the target's has %d: give a drafter "
                              "trained with the target's tokenizer (--draft-model), or --plain" % (what, vocab, target.vocab))
+    if tokenizer_id and target.tokenizer_id and tokenizer_id != target.tokenizer_id and tokenizer_id == tok_id:
+        raise PreflightError("the target model %s records tokenizer id %08x, but %s and the drafter %s have %08x: its "
+                             "header is corrupt or it was made with another tokenizer: copy it again, or give the "
+                             "tokenizer and the drafter made with it" % (target_path, target.tokenizer_id,
+                                                                         TOKENIZER_FILE, what, tokenizer_id))
     if tokenizer_id and target.tokenizer_id and tokenizer_id != target.tokenizer_id:
         raise PreflightError("the drafter %s was made with another tokenizer than the target (tokenizer id %08x, the "
                              "target's %08x): give a drafter trained with the target's tokenizer (--draft-model), or "
@@ -131,22 +139,28 @@ def check_tokenizer(tok, target: Header, path: Path, name: str) -> None:
     size, and its tokenizer id where the header records one (the CRC of its vocab table: host/decode/tokenizer.py).
     Another one encodes prompts into ids the model has not got, or is asked to decode ids it has no piece for (a
     run failed mid-text with 'list index out of range' or 'token id out of range', its boards up)."""
-    from specmesh.host.decode.tokenizer import TokenizerError, pack_vocab, vocab_id
-
     fix = "put the model's own tokenizer.bin in the --models folder, or give the models made with this one"
     if tok.vocab_size != target.vocab:
         raise PreflightError("%s holds %d tokens but the target model (%s) has a vocabulary of %d: %s"
                              % (path, tok.vocab_size, name, target.vocab, fix))
     if not target.tokenizer_id:
         return
-    try:
-        tid = vocab_id(pack_vocab(tok.pieces))
-    except TokenizerError:
-        tid = None  # too large for a vocab table: not the one a header names
+    tid = tokenizer_id(tok)
     if tid != target.tokenizer_id:
         raise PreflightError("%s is not the tokenizer the target model (%s) was made with (its tokenizer id %08x, "
                              "this one's %s): %s" % (path, name, target.tokenizer_id,
                                                      "unknown" if tid is None else "%08x" % tid, fix))
+
+
+def tokenizer_id(tok) -> int | None:
+    """The tokenizer id a model header records for the tokenizer `tok` (the CRC of its vocab table: host/decode/
+    tokenizer.py), or None for one too large for a vocab table (not the one any header names)."""
+    from specmesh.host.decode.tokenizer import TokenizerError, pack_vocab, vocab_id
+
+    try:
+        return vocab_id(pack_vocab(tok.pieces))
+    except TokenizerError:
+        return None
 
 
 def check_context(prompt_tokens: int, target: Header, name: str = MODEL_FILES["verifier"],

@@ -57,7 +57,8 @@ from specmesh.host.cli.config import RV32_PROJECT, RunConfig, UsageError
 from specmesh.host.cli.flags import a_path, add_arguments
 from specmesh.host.cli.output import Segments, TextStream, Watch
 from specmesh.host.cli.preflight import (PreflightError, check_backends, check_build, check_context, check_models,
-                                         check_pair, check_tables, check_tokenizer, unknown_backend)
+                                         check_pair, check_tables, check_tokenizer, tokenizer_id,
+                                         unknown_backend)
 from specmesh.host.cli.ranges import SEED, STREAMS, RangeError, in_range, shown
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, Round, generate
@@ -460,7 +461,7 @@ def preflight(config: RunConfig, tok) -> tuple[dict, dict]:
             check_tables(config.model_file("drafter"), config.model_file("verifier"))
         if "drafter" in headers:
             check_pair(headers["verifier"], headers["drafter"].vocab, headers["drafter"].tokenizer_id,
-                       str(config.model_file("drafter")))
+                       str(config.model_file("drafter")), tokenizer_id(tok), config.model_file("verifier"))
         check_tokenizer(tok, headers["verifier"], config.models / TOKENIZER_FILE, config.model_file("verifier").name)
         least = tok.least_tokens(config.prompt)
         check_context(least if least >= headers["verifier"].max_seq else len(tok.encode(config.prompt)),
