@@ -61,6 +61,8 @@ def damage_crc(b):
     (DRAFTER_FILE, lambda b: b[:-100], "is truncated"),
     (TARGET_FILE, lambda b: b"GGUF" + b[4:], "not a specmesh model file"),
     (DRAFTER_FILE, lambda b: b[:HEADER_SIZE - 1], "truncated"),
+    (TARGET_FILE, lambda b: b + b[HEADER_SIZE:HEADER_SIZE + 10],  # a copy appended to twice: it said no fix
+     "has 10 unexpected trailing bytes: the file is corrupt, copy or export it again"),
 ])
 def test_a_corrupt_model_is_named_with_its_reason(models, capsys, no_board_starts, name, damage, reason):
     path = models / name

@@ -101,8 +101,8 @@ def check_model_file(path: str | os.PathLike) -> tuple[Header, bytes]:
         raise ModelFileError("model file %s is truncated (%d of %d tensor bytes): copy it again"
                              % (path, have, h.body_len))
     if have > h.body_len:
-        raise ModelFileError("model file %s has %d unexpected trailing bytes: the file is corrupt"
-                             % (path, have - h.body_len))
+        raise ModelFileError("model file %s has %d unexpected trailing bytes: the file is corrupt, copy or export it "
+                             "again" % (path, have - h.body_len))
     if zlib.crc32(memoryview(data)[HEADER_SIZE:]) & 0xFFFFFFFF != h.body_crc:
         raise ModelFileError("model file %s fails its CRC check: the file is corrupt, copy or export it again"
                              % (path,))
