@@ -30,6 +30,10 @@ FILE_MAX_BYTES = 4096  # a key's hex and room for whitespace around it; more is 
 
 
 HEX_DIGITS = frozenset(string.hexdigits)
+# what to do with a key file cut short or edited: the boards hold the whole key, so only that key, or a new one
+# flashed onto every board, works
+_RECOPY = ("copy the key file the boards were flashed with again, or make a new one (specmesh keygen) and flash it "
+           "onto every board")
 
 
 class KeyFileError(Exception):
@@ -63,12 +67,16 @@ def load_key(path: str | Path) -> bytes:
         lines = len(text.splitlines())
         raise KeyFileError("key file %s holds %d %s: it must hold one key, its hex digits on one line" % (
             path, *((lines, "lines") if lines > 1 else (len(words), "words separated by spaces"))))
+    if text and set(text) <= HEX_DIGITS and len(text) % 2:  # a copy cut short: it said "hex digits only"
+        raise KeyFileError("key file %s holds an odd number of hex digits (%d), so not whole: %s"
+                           % (path, len(text), _RECOPY))
     try:
         key = bytes.fromhex(text)
     except ValueError:
         raise KeyFileError("key file %s must hold the key as hex digits only" % path) from None
     if not MIN_BYTES <= len(key) <= MAX_BYTES:
-        raise KeyFileError("key file %s holds %d bytes; a key has %d to %d" % (path, len(key), MIN_BYTES, MAX_BYTES))
+        raise KeyFileError("key file %s holds %d bytes; a key has %d to %d: %s"
+                           % (path, len(key), MIN_BYTES, MAX_BYTES, _RECOPY))
     if stat.S_ISREG(mode) and mode & 0o044:
         print("specmesh: warning: key file %s can be read by other users (mode %04o): run `chmod 600 %s`"
               % (path, stat.S_IMODE(mode), shlex.quote(str(path))), file=sys.stderr)
