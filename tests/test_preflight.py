@@ -60,6 +60,9 @@ def damage_crc(b):
     (TARGET_FILE, damage_crc, "fails its CRC check"),
     (DRAFTER_FILE, lambda b: b[:-100], "is truncated"),
     (TARGET_FILE, lambda b: b"GGUF" + b[4:], "not a specmesh model file"),
+    (TARGET_FILE, lambda b: b"<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head></html>\n",  # a download that saved a web page: it said no fix
+     "is not a specmesh model file (bad magic b'<!DO'): copy it again, or convert the model (models/MODEL_CARD.md: "
+     "python -m specmesh.tools.llama2c_import)"),
     (DRAFTER_FILE, lambda b: b[:HEADER_SIZE - 1], "truncated"),
     (TARGET_FILE, lambda b: b + b[HEADER_SIZE:HEADER_SIZE + 10],  # a copy appended to twice: it said no fix
      "has 10 unexpected trailing bytes: the file is corrupt, copy or export it again"),

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from specmesh.host import atomic
-from specmesh.shared.modelfile import (HEADER_SIZE, KIND_Q8, Header, ModelFileError, body_size, parse_header,
+from specmesh.shared.modelfile import (HEADER_SIZE, KIND_Q8, MAGIC, Header, ModelFileError, body_size, parse_header,
                               tensor_layout)
 
 
@@ -92,6 +92,10 @@ def check_model_file(path: str | os.PathLike) -> tuple[Header, bytes]:
     if len(data) < HEADER_SIZE:  # said as a body cut short is, with what to do (parse_header's line is a board's too)
         raise ModelFileError("model file %s is truncated (%d bytes, short of its %d-byte header): copy it again"
                              % (path, len(data), HEADER_SIZE))
+    if data[:len(MAGIC)] != MAGIC:  # a saved web page, a git-lfs pointer, another format: parse_header said no fix
+        raise ModelFileError("model file %s is not a specmesh model file (bad magic %r): copy it again, or convert the "
+                             "model (models/MODEL_CARD.md: python -m specmesh.tools.llama2c_import)"
+                             % (path, data[:len(MAGIC)]))
     try:
         h = parse_header(data)
     except ModelFileError as e:
