@@ -357,3 +357,25 @@ def test_a_calibration_of_another_class_with_the_same_arch_is_refused(models, tm
     assert err == ("specmesh run: error: calibration file %s was measured on an %s board (%s), not on an %s: measure "
                    "one with `specmesh bench --port PORT` on a flashed %s, or drop %s\n"
                    % (path, cls, board["machine"], want, want, flag)), err
+
+
+def test_a_model_damaged_on_the_board_tells_to_flash_it_again(board, tmp_path, capsys):
+    """The board's copy of its model, damaged on its filesystem since the flash: the bench failed with the board's
+    'the file is corrupt, copy it again' and no way to do that; it now names the flash that does (status 1, as every
+    benchmark the board fails)."""
+    flash(board.port, "verifier", ROOT / "models" / TARGET_FILE, progress=False)
+    time.sleep(0.5)  # the node boots after the soft reset
+    on_board = board.flash_dir / "models" / TARGET_FILE
+    b = bytearray(on_board.read_bytes())
+    b[len(b) // 2] ^= 0x20
+    on_board.write_bytes(bytes(b))
+    try:
+        assert cli.main(["bench", "--port", board.port, "--out", str(tmp_path / "c.json")]) == 1
+        assert capsys.readouterr().err == (
+            "specmesh bench: error: the benchmark failed on the board: ModelFileError: model file fails its CRC check: "
+            "the file is corrupt, copy it again; flash it again: `specmesh flash --port %s --role verifier`\n"
+            % board.port)
+        assert not (tmp_path / "c.json").exists()
+    finally:
+        b[len(b) // 2] ^= 0x20
+        on_board.write_bytes(bytes(b))

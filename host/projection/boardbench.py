@@ -156,7 +156,12 @@ def bench(port: str, out: str, reps: int = 7, key: bytes | None = None) -> dict:
             raise Lost("lost the board during the benchmark (%s)" % ports.lost_why(e)) from None
         lines = (err or raw).decode(errors="replace").strip().splitlines()
         if err or not lines:
-            raise FlashError("the benchmark failed on the board: %s" % (lines[-1] if lines else "no output"))
+            last = lines[-1] if lines else "no output"
+            role = config.get("role") or "verifier"
+            if last.startswith("ModelFileError"):  # damaged on the board since its flash: said with no way on
+                last += "; flash it again: `specmesh flash --port %s --role %s%s`" % (
+                    port, role, " --layers A:B" if role == "stage" else "")
+            raise FlashError("the benchmark failed on the board: %s" % last)
         try:
             measured = json.loads(lines[-1])
         except ValueError:
