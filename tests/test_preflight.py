@@ -651,3 +651,18 @@ def test_a_flipped_tokenizer_id_in_the_targets_header_names_the_target(models, c
                    "drafter %s have %08x: its header is corrupt or it was made with another tokenizer: copy it again, "
                    "or give the tokenizer and the drafter made with it\n" % (models / TARGET_FILE, tid ^ 0x10,
                                                                               models / DRAFTER_FILE, tid))
+
+
+@pytest.mark.parametrize("victim", [TARGET_FILE, "tokenizer.bin", "prompt.txt"])
+def test_stats_json_over_a_file_the_run_reads_is_refused(models, tmp_path, capsys, no_board_starts, victim):
+    """`--stats-json models/target.spm` (a slip of tab completion) replaced the model with the stats after a run that
+    went well, and the next run refused the model as 'not a specmesh model file'; refused before anything starts,
+    the file kept."""
+    (tmp_path / "prompt.txt").write_text("Once upon a time")
+    path = (tmp_path if victim == "prompt.txt" else models) / victim
+    before = path.read_bytes()
+    err = one_line_status_2(capsys, ["run", "--models", str(models), "--verifier", "cpu", "--drafter", "cpu",
+                                     "--prompt-file", str(tmp_path / "prompt.txt"), "--stats-json", str(path)])
+    assert err == ("specmesh run: error: --stats-json %s would overwrite %s, which this run reads: give the stats "
+                   "another file\n" % (path, victim))
+    assert path.read_bytes() == before

@@ -92,6 +92,7 @@ class RunConfig:
         _check_ranges(a)
         notes = _pointless(given)
         _check_models(a.models, a.plain, a.model, a.draft_model, a.drafter, a.transport)
+        _check_stats_json_is_no_input(a)
         return cls(prompt=read_prompt(a), prompt_from=prompt_source(a), stop=tuple(a.stop), max_tokens=a.max_tokens, temperature=a.temperature,
                    top_k=a.top_k, top_p=a.top_p, draft_top_k=a.draft_top_k, seed=a.seed, drafter=a.drafter, verifier=a.verifier,
                    gamma=parse_gamma(a.gamma), draft_max=a.draft_max, transport=a.transport, radio_loss=a.radio_loss,
@@ -396,6 +397,21 @@ def _check_models(models: Path, plain: bool, target: Path | None, drafter: Path 
             raise UsageError(_missing(name, models))
     if not (models / TOKENIZER_FILE).is_file():
         raise UsageError(_missing(TOKENIZER_FILE, models))
+
+
+def _check_stats_json_is_no_input(a: argparse.Namespace) -> None:
+    """--stats-json naming a file the run reads (a slip of tab completion: `--stats-json models/target.spm`) replaced
+    that model, tokenizer, table, prompt, key or calibration with the stats, and the next run refused the file as
+    corrupt: refused here, before anything is written."""
+    stats = getattr(a, "stats_json", None)
+    if not stats or stats == atomic.STDOUT or not os.path.isfile(stats):
+        return
+    named = [f for f in (a.model, a.draft_model, a.prompt_file, a.key_file, a.calibration, a.drafter_calibration) if f]
+    read = named + [f for f in a.models.iterdir() if f.suffix in (".spm", ".ngt") or f.name == TOKENIZER_FILE]
+    hit = next((f for f in read if f.is_file() and os.path.samefile(stats, f)), None)
+    if hit is not None:
+        raise UsageError("--stats-json %s would overwrite %s, which this run reads: give the stats another file"
+                         % (stats, hit.name))
 
 
 def _missing(name: str, models: Path) -> str:
