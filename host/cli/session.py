@@ -458,7 +458,7 @@ def preflight(config: RunConfig, tok) -> tuple[dict, dict]:
         roles = sorted({*names, *(["drafter"] if config.project else [])})
         headers = check_models({r: config.model_file(r) for r in roles}, roles)
         if "drafter" in names:
-            check_tables(config.model_file("drafter"), config.model_file("verifier"))
+            check_tables(names["drafter"], config.model_file("drafter"), config.model_file("verifier"))
         if "drafter" in headers:
             check_pair(headers["verifier"], headers["drafter"].vocab, headers["drafter"].tokenizer_id,
                        str(config.model_file("drafter")), tokenizer_id(tok), config.model_file("verifier"))
