@@ -278,9 +278,10 @@ def drafter_class(transport: str) -> str:
 
 def drafter_model(models: Path, name: str) -> Path:
     """The drafter a board of class `name` runs from the folder `models`: its class's, or drafter.spm in a
-    folder without it (a folder of one drafter: every board runs that one)."""
+    folder without it (a folder of one drafter: every board runs that one). Something else under its name (a folder)
+    is its, so that it is refused, not passed over for drafter.spm unsaid."""
     own = models / board_class(name).drafter
-    return own if own.is_file() else models / ESP32S3.drafter
+    return own if own.exists() else models / ESP32S3.drafter
 def has_psram(heap_free: int) -> bool:
     """Whether a board with `heap_free` bytes of MicroPython heap free has PSRAM: more than the geometric mean
     of the largest heap of a class without PSRAM and the smallest of a class with it (about 1 MiB today),

@@ -27,9 +27,10 @@ def model_path(models: Path, role: str) -> Path:
 
 def host_drafter_model(models: Path) -> Path:
     """The drafter the host CPU back-end runs from the folder `models`: HOST_DRAFTER_FILE, or drafter.spm in a
-    folder without it (one made before it shipped, or of one drafter)."""
+    folder without it (one made before it shipped, or of one drafter). Something else under its name (a folder) is
+    its, so that it is refused, not passed over for drafter.spm unsaid."""
     own = Path(models) / HOST_DRAFTER_FILE
-    return own if own.is_file() else Path(models) / DRAFTER_FILE
+    return own if own.exists() else Path(models) / DRAFTER_FILE
 
 
 def ngram_table_name(model_name: str) -> str:

@@ -669,3 +669,16 @@ def test_stats_json_over_a_file_the_run_reads_is_refused(models, tmp_path, capsy
     assert err == ("specmesh run: error: --stats-json %s would overwrite %s, which this run reads: give the stats "
                    "another file\n" % (path, victim))
     assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("name, drafter", [(HOST_DRAFTER_FILE, "cpu"), ("drafter-esp32.spm", "virtual")])
+def test_a_folder_in_a_class_drafters_place_is_refused_not_passed_over(models, capsys, no_board_starts, name,
+                                                                        drafter):
+    """A folder named drafter-host.spm or drafter-esp32.spm was taken for no file there: the run drafted with
+    drafter.spm instead (on a classic ESP32 board from its ROMFS, slower), saying nothing."""
+    from specmesh.host.layout import MODELS
+
+    (models / name).mkdir()
+    err = one_line_status_2(capsys, ["run", "--models", str(models), "--verifier", "cpu", "--drafter", drafter])
+    assert err == ("specmesh run: error: %s is a folder, not a file: remove it, then copy the file there from the "
+                   "shipped models (%s), or give the folder that holds it with --models\n" % (models / name, MODELS))
