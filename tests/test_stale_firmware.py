@@ -5,18 +5,20 @@ firmware/ or shared/, maybe the wire format), then run against the board still r
 (host/provision/flash.py firmware_id); `specmesh run` compares it with this checkout's before it makes the board's
 back-end (host/provision/cluster.py check_firmware), and `specmesh bench` the board's node.mpy with the one this
 checkout flashes (boardbench.py). A board flashed from other files, or before the id existed ("specmesh-node 0.1"), is
-one line naming its port and the flash command, before any text. The boards here are virtual ones behind ptys,
+one line naming its port and the flash command, before any text; several such boards (drafter and verifier, a
+pipeline's stages) are named in that one line, each with its command. The boards here are virtual ones behind ptys,
 flashed as `specmesh flash` flashes a real one, from a modified copy of this checkout's node, or with its node.py
 compiled as a specmesh before the id compiled it.
 """
 
+import re
 import shutil
 
 import pytest
 
 from specmesh.host import cli
 from specmesh.host.backends import BackendError
-from specmesh.host.layout import ROOT, TARGET_FILE
+from specmesh.host.layout import DRAFTER_FILE, ROOT, TARGET_FILE
 from specmesh.host.provision import cluster
 from specmesh.host.mpycross import compile_py
 from specmesh.host.provision.flash import FW_LINE, FlashError, build, firmware_id, flash, node_sources
@@ -50,13 +52,14 @@ def node_copy(root, change=None, native=False):
     return list(node_sources(root))
 
 
-def flash_stale(vb, model, root, change):
-    """Flash the verifier board `vb` with `model` and a node other than this checkout's (`change`, STALE's), left at
-    its REPL as `flash --no-reset` leaves it (the next run or bench resets it)."""
+def flash_stale(vb, model, root, change, role="verifier", **options):
+    """Flash board `vb` as `role` (`options`: flash's node_id, layers) with `model` and a node other than this
+    checkout's (`change`, STALE's), left at its REPL as `flash --no-reset` leaves it (the next run or bench resets
+    it)."""
     if change is not None:
-        flash(vb.port, "verifier", model, sources=node_copy(root, change), progress=False, reset=False)
+        flash(vb.port, role, model, sources=node_copy(root, change), progress=False, reset=False, **options)
         return
-    report = flash(vb.port, "verifier", model, progress=False, reset=False)
+    report = flash(vb.port, role, model, progress=False, reset=False, **options)
     compile_py(ROOT / "firmware" / "node.py", vb.flash_dir / "node.mpy", march=report.board.arch, source_name="node.py")
 
 
@@ -79,6 +82,44 @@ def test_a_board_flashed_from_other_files_is_told_to_flash_again_before_any_text
     assert cli.main(["flash", "--port", vb.port, "--role", "verifier", "--model", str(models / TARGET_FILE)]) == 0
     capsys.readouterr()
     assert cli.main(run_argv(models, vb.port)) == 0, capsys.readouterr().err
+
+
+def test_every_stale_board_of_a_run_is_named_in_one_line(models, virtual_board, tmp_path, capsys):
+    """Drafter and verifier boards both flashed from other files: the run named the verifier only, and the drafter
+    once the verifier was flashed again (a second failed run). Both are named now, each with its flash command."""
+    vb, vd = virtual_board("esp32s3"), virtual_board("esp32s3")
+    flash_stale(vb, models / TARGET_FILE, tmp_path / "old", STALE["another HELLO layout"])
+    flash_stale(vd, models / DRAFTER_FILE, tmp_path / "old2", STALE["flashed before the id"], "drafter")
+    argv = run_argv(models, vb.port)
+    argv[argv.index("cpu")] = vd.port
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert "the boards on %s (verifier), %s (drafter) run nodes flashed from other files" % (vb.port, vd.port) in err
+    assert "(%s: its HELLO is not one this specmesh reads, %s says 'specmesh-node 0.1'; " % (vb.port, vd.port) in err
+    commands = re.findall(r"`(specmesh flash [^`]*)`", err)
+    assert commands == ["specmesh flash --port %s --role verifier" % vb.port,
+                        "specmesh flash --port %s --role drafter" % vd.port], err
+    for command, model in zip(commands, (TARGET_FILE, DRAFTER_FILE)):  # they make the boards this specmesh's
+        assert cli.main(command.split()[1:] + ["--model", str(models / model)]) == 0
+    capsys.readouterr()
+    assert cli.main(argv) == 0, capsys.readouterr().err
+
+
+def test_every_stale_stage_board_is_named_with_its_layers_and_node_id(models, virtual_board, tmp_path, capsys):
+    """`--verifier P1,P2` on stage boards both flashed from other files: each is named, its command with its layers
+    and, where it is not the default (10), its node id: flashed again without it, stage 2 became node 10."""
+    boards = [virtual_board("esp32") for _ in range(2)]
+    for i, vb in enumerate(boards):
+        flash_stale(vb, models / TARGET_FILE, tmp_path / ("old%d" % i), STALE["another wire format"], "stage",
+                    node_id=10 + i, layers=(i, i + 1))
+    argv = run_argv(models, ",".join(vb.port for vb in boards))
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert "the boards on %s (stage), %s (stage) run nodes" % (boards[0].port, boards[1].port) in err
+    assert ("flash each again: `specmesh flash --port %s --role stage --layers 0:1`; `specmesh flash --port %s --role "
+            "stage --layers 1:2 --node-id 11`\n" % (boards[0].port, boards[1].port)) in err
 
 
 def test_auto_skips_a_board_whose_hello_it_cannot_read_and_says_why(models, virtual_board, tmp_path, capsys,

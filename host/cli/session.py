@@ -67,6 +67,7 @@ from specmesh.host.decode.tokenizer import lone_surrogate
 from specmesh.host.decode.window import Window
 from specmesh.host.layout import TOKENIZER_FILE, ngram_table
 from specmesh.host.projection.measured import board_summary
+from specmesh.host.provision.cluster import StaleFirmware
 from specmesh.host.provision.drafters import expected_alpha
 from specmesh.shared.board import ROLES
 from specmesh.shared.modelfile import ModelFileError
@@ -774,7 +775,10 @@ class Mesh(contextlib.AbstractContextManager):
 
     def _new_lane(self) -> Lane:
         batched = self.streams > 1
-        verifier = self._setup.make("verifier", self.names["verifier"], batched)
+        try:
+            verifier = self._setup.make("verifier", self.names["verifier"], batched)
+        except StaleFirmware as e:
+            raise self._stale_drafter_too(e, batched) from None
         _check_builds(verifier, self.config.model_file("verifier"), self.headers["verifier"])
         drafter = None if self.config.plain else self._setup.make("drafter", self.names["drafter"], batched)
         if drafter is not None:
@@ -787,6 +791,22 @@ class Mesh(contextlib.AbstractContextManager):
         lane = Lane(verifier, drafter)
         self._lanes.append(lane)
         return lane
+
+    def _stale_drafter_too(self, stale: StaleFirmware, batched: bool) -> StaleFirmware:
+        """`stale` (the verifier's boards flashed from other files) with the drafter's board where it is one too: one
+        line names each board to flash again, where a run named the drafter only once the verifier was flashed. Only a
+        board on a port can be (the run's virtual boards are flashed from this checkout); the drafter's other failures
+        are their own line, said by the run after these boards are flashed."""
+        name = self.names.get("drafter")
+        if self.config.plain or name is None or not backends.is_port(name):
+            return stale
+        try:
+            self._setup.make("drafter", name, batched)
+        except StaleFirmware as e:
+            return StaleFirmware(stale.boards + e.boards)
+        except BackendError:
+            pass
+        return stale
 
     @contextlib.contextmanager
     def lane(self, cancel: threading.Event | None = None) -> Iterator[Lane | None]:

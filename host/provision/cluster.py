@@ -184,24 +184,51 @@ def _readable(line: str) -> bool:
     return sum(c.isprintable() and c != "\ufffd" for c in line) >= 0.75 * len(line)
 
 
-def check_firmware(hello: bytes, port: str, kind: str, role: str, key: bytes | None = None) -> None:
-    """BackendError unless the HELLO reply `hello` of the board on `port` (wanted as `kind`, flashed with `role`, the
+class StaleFirmware(BackendError):
+    """Boards flashed from other files than this specmesh's (`check_firmware`), each as (port, kind, fw: what its HELLO
+    says, None where it cannot be read, the flash command that makes it this specmesh's); its line names them all, so
+    a run given several tells every one at once, not the next one after the first is flashed."""
+
+    def __init__(self, boards: list[tuple[str, str, str | None, str]]):
+        self.boards = boards
+        super().__init__(_stale_line(boards))
+
+
+def _stale_line(boards: list[tuple[str, str, str | None, str]]) -> str:
+    """The one line of StaleFirmware: the board, or each, with what its HELLO says and its flash command."""
+    own = firmware_id()
+    if len(boards) == 1:
+        port, kind, fw, command = boards[0]
+        said = "its HELLO is not one this specmesh reads" if fw is None else "it says %r, this specmesh's is %r" % (
+            fw, own)
+        return ("the %s board on %s runs a node flashed from other files than this specmesh's (%s): flashed before "
+                "specmesh was updated? flash it again: %s" % (kind, port, said, command))
+    said = ", ".join("%s: its HELLO is not one this specmesh reads" % port if fw is None else "%s says %r" % (port, fw)
+                     for port, _, fw, _ in boards)
+    return ("the boards on %s run nodes flashed from other files than this specmesh's (%s; this specmesh's is %r): "
+            "flashed before specmesh was updated? flash each again: %s"
+            % (", ".join("%s (%s)" % (port, kind) for port, kind, _, _ in boards), said, own,
+               "; ".join(command for _, _, _, command in boards)))
+
+
+def check_firmware(hello: bytes, port: str, kind: str, role: str, key: bytes | None = None,
+                   node: int | None = None) -> None:
+    """StaleFirmware unless the HELLO reply `hello` of the board on `port` (wanted as `kind`, flashed with `role`, the
     arguments of `specmesh flash --role`) names this checkout's node (flash.firmware_id): checked before its back-end
     is made, so a board flashed before specmesh was updated (its files, maybe its wire format, another version) is
     told to be flashed again, in one line, before any text; its fw is HELLO's first field, read in any layout this
     host can parse (a layout it cannot is another firmware too). A board flashed before the id existed says
-    "specmesh-node 0.1"."""
-    own = firmware_id()
+    "specmesh-node 0.1". `node`: the board's node id (its HELLO's src), kept in the flash command where it is not the
+    role's default, which a flash without --node-id would give it (a pipeline's later stages: 11, 12, ...)."""
     try:
         fw: str | None = m.unpack_hello(hello)[0]
     except (CodecError, ValueError):
         fw = None
-    if fw == own:
+    if fw == firmware_id():
         return
-    said = "its HELLO is not one this specmesh reads" if fw is None else "it says %r, this specmesh's is %r" % (fw, own)
-    raise BackendError("the %s board on %s runs a node flashed from other files than this specmesh's (%s): flashed "
-                       "before specmesh was updated? flash it again: `specmesh flash --port %s --role %s%s`"
-                       % (kind, port, said, port, role, " --key-file FILE" if key else ""))
+    node_id = " --node-id %d" % node if node is not None and node != NODE_ID[kind] else ""
+    raise StaleFirmware([(port, kind, fw, "`specmesh flash --port %s --role %s%s%s`"
+                          % (port, role, node_id, " --key-file FILE" if key else ""))])
 
 
 def find(kind: str, key: bytes | None = None) -> str:
@@ -252,7 +279,7 @@ def connect(port: str, kind: str, key: bytes | None = None, layers: tuple[int, i
         bus = _open(port, stack, key=key, role=role)
         hello = discover(bus, role=role)
         bus.peer = hello.src
-        check_firmware(hello.payload, port, kind, role, key)
+        check_firmware(hello.payload, port, kind, role, key, hello.src)
         yield _backend(kind, bus, bus.peer, port, *([] if layers is None else [layers]))
 
 

@@ -1,8 +1,9 @@
 """Real stage boards on serial ports: `--verifier PORT1,PORT2,...` (in layer order) verifies on a pipeline
 (host/backends/pipeline.py) of the boards flashed `specmesh flash --role stage --layers A:B` on those ports.
 
-Each board is found on its port and its role checked (HELLO: a board that is not a stage is one line saying what to
-flash it as), then tells the layers [a, b) it holds in STATS (`layer_a`, `layer_b`: firmware/stage.py; a board
+Each board is found on its port, its node checked to be this specmesh's (every board flashed from other files is named
+in one line: cluster.py `check_firmware`) and its role (HELLO: a board that is not a stage is one line saying what to
+flash it as); each tells the layers [a, b) it holds in STATS (`layer_a`, `layer_b`: firmware/stage.py; a board
 flashed before stages said them is told to flash again). They must tile the target's layers: the first stage from
 layer 0, each from where the one before ends, the last to the target's last; else one line naming the gap or the
 overlap (or the order to give the ports in) and the flash commands that tile them: the target's layers split evenly
@@ -22,7 +23,7 @@ from specmesh.host.backends import BackendError, Boards, port_list
 from specmesh.host.backends.board import WrongRole, role_args
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.backends.pipeline import PipelineVerifier
-from specmesh.host.provision.cluster import connect, find, split_layers
+from specmesh.host.provision.cluster import StaleFirmware, connect, find, split_layers
 from specmesh.host.provision.flash import NODE_ID
 from specmesh.shared import messages as m
 
@@ -44,10 +45,16 @@ def pipeline(model_path: Path, *, name: str, boards: Boards, **_options):
     ports = port_list(name) or [name]
     n_layers = check_model_file(model_path)[0].n_layers  # checked whole by preflight
     even = _even(n_layers, len(ports))
-    stages, layers = [], []
-    for i, port in enumerate(ports):
-        stage = boards.enter_context(connect(port, "stage", boards.key, even[i] if even else None))
-        stages.append(stage)
+    stages, stale = [], []
+    for i, port in enumerate(ports):  # every board connected first: each one flashed from other files is named at once
+        try:
+            stages.append(boards.enter_context(connect(port, "stage", boards.key, even[i] if even else None)))
+        except StaleFirmware as e:
+            stale += e.boards
+    if stale:
+        raise StaleFirmware(stale)
+    layers = []
+    for i, (port, stage) in enumerate(zip(ports, stages)):
         layers.append(_layers(stage.stats(), port, i, even[i] if even else None))
         stage.flash_layers = layers[-1]  # flashed again (another build of the target), it keeps them
     problem = tiling_problem(ports, layers, n_layers)
