@@ -170,6 +170,33 @@ def test_a_verifier_board_running_another_build_of_the_target_is_refused_before_
     assert cli.main([*run, "--models", str(other)]) == 0
 
 
+@pytest.mark.parametrize("role, flag", [("drafter", "--draft-model"), ("verifier", "--model")])
+def test_a_board_flashed_with_a_file_of_another_name_is_told_the_flag_that_gives_the_run_it(role, flag, virtual_board,
+                                                                                          models, tmp_path, capsys):
+    """`specmesh flash --model mine.spm`, then `specmesh run` on a --models folder: the line said to give the run the
+    file the board was flashed from as "its folder as --models", where the run reads that role's own name
+    (drafter.spm, target.spm), not mine.spm: following it failed on that folder. It now names the flag that gives
+    the run that file, and the run given it goes through."""
+    mine = tmp_path / "mine.spm"
+    if role == "drafter":
+        random_model(mine, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512, max_seq=128, seed=5)
+    else:
+        random_model(mine, dim=32, n_layers=2, hidden=64, vocab=512, max_seq=128, seed=5)
+    vb = virtual_board("esp32s3")
+    assert cli.main(["flash", "--port", vb.port, "--role", role, "--model", str(mine)]) == 0
+    capsys.readouterr()
+    ports = {"drafter": "cpu", "verifier": "cpu", role: vb.port}
+    run = ["run", "--models", str(models), "--drafter", ports["drafter"], "--verifier", ports["verifier"], "--quiet",
+           "-n", "4", "--temperature", "0"]
+    assert cli.main(run) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert "the %s on %s runs mine.spm, not %s" % (role, vb.port, DRAFTER_FILE if role == "drafter" else TARGET_FILE) \
+        in err
+    assert err.endswith("or give this run the file it was flashed from (%s FILE, FILE its mine.spm)\n" % flag), err
+    assert cli.main([*run, flag, str(mine)]) == 0, capsys.readouterr().err
+
+
 def test_silence_is_told_apart_from_an_answer_that_is_no_node(virtual_board):
     """A board at the MicroPython REPL (no node flashed) answers with text; a port where no one is there stays
     silent; another device sends bytes that are no frame."""

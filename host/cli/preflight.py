@@ -127,12 +127,16 @@ def check_build(crc: int, path: Path, head: Header, role: str, where: str, runni
     Another build under the same name would leave the host's fail-over and copies on another model than the
     board's. `role`: the board's; `where`: its port or virtual board; `running`: the file name its HELLO gives;
     `flash_role`: the role arguments of the flash command that fixes it (default `--role ROLE`; a stage's its layers
-    too, which `specmesh flash --role stage` needs)."""
+    too, which `specmesh flash --role stage` needs). A board flashed with a file of another name is given it by the
+    run's model flag (its folder as --models would not: the run reads its role's own name there)."""
     if not crc or crc == head.body_crc:
         return
-    what = "another build of %s" % path.name if running in ("", path.name) else "%s, not %s" % (running, path.name)
+    same_name = running in ("", path.name)
+    what = "another build of %s" % path.name if same_name else "%s, not %s" % (running, path.name)
+    theirs = ("its folder as --models" if same_name else
+              "%s FILE, FILE its %s" % ("--draft-model" if role == "drafter" else "--model", running))
     fix = ("flash it with this run's file (`specmesh flash --port %s %s --model %s`) or give this run the "
-           "file it was flashed from (its folder as --models)" % (where, flash_role or "--role " + role, path)
+           "file it was flashed from (%s)" % (where, flash_role or "--role " + role, path, theirs)
            if is_port(where)
            else "run again (a virtual board is flashed afresh)")
     raise PreflightError("the %s on %s runs %s (body crc32 %08x, not the %08x of %s, %s): %s"
