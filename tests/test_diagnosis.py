@@ -5,6 +5,7 @@ one line that says what to do, within 2 s where the board answers."""
 import contextlib
 import json
 import os
+import re
 import shutil
 import time
 import tty
@@ -168,6 +169,36 @@ def test_a_verifier_board_running_another_build_of_the_target_is_refused_before_
                                    "--model %s`) or give this run the file it was flashed from (its folder as "
                                    "--models)\n" % (vb.port, crc[other], crc[models], path, vb.port, path))
     assert cli.main([*run, "--models", str(other)]) == 0
+
+
+def test_drafter_and_verifier_boards_running_other_builds_are_named_in_one_line(virtual_board, models, tmp_path,
+                                                                                capsys):
+    """Both boards flashed from one --models folder, the run given another whose target and drafter are other builds:
+    the line named the verifier only, and the drafter once the verifier was flashed again (a second failed run). One
+    line now names both, each with its flash command; the commands it gives make the run go through."""
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(models / "tokenizer.bin", other / "tokenizer.bin")
+    random_model(other / TARGET_FILE, dim=32, n_layers=2, hidden=64, vocab=512, max_seq=128, seed=98)
+    random_model(other / DRAFTER_FILE, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512, max_seq=128,
+                 seed=97)
+    vb, vd = virtual_board("esp32s3"), virtual_board("esp32s3")
+    for board, role, name in ((vb, "verifier", TARGET_FILE), (vd, "drafter", DRAFTER_FILE)):
+        assert cli.main(["flash", "--port", board.port, "--role", role, "--model", str(models / name)]) == 0
+    capsys.readouterr()
+    run = ["run", "--models", str(other), "--drafter", vd.port, "--verifier", vb.port, "--quiet", "-n", "4"]
+    assert cli.main(run) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert "error: the verifier on %s runs another build of target.spm" % vb.port in err
+    assert "; the drafter on %s runs another build of drafter.spm" % vd.port in err
+    commands = re.findall(r"`(specmesh flash [^`]*)`", err)
+    assert commands == ["specmesh flash --port %s --role %s --model %s" % (board.port, role, other / name)
+                        for board, role, name in ((vb, "verifier", TARGET_FILE), (vd, "drafter", DRAFTER_FILE))], err
+    for command in commands:
+        assert cli.main(command.split()[1:]) == 0
+    capsys.readouterr()
+    assert cli.main(run) == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("role, flag", [("drafter", "--draft-model"), ("verifier", "--model")])

@@ -178,8 +178,9 @@ def test_a_board_that_is_no_stage_is_one_line_saying_what_to_flash(models, stage
 
 def test_a_stage_running_another_build_is_told_the_flash_command_with_its_layers(models, stage_boards, tmp_path,
                                                                               capsys):
-    """A stage board whose model is another build of target.spm: the flash command that fixes it keeps its layers
-    (`specmesh flash --role stage` needs them; the advice lacked them)."""
+    """Stage boards whose model is another build of target.spm: the flash command that fixes each keeps its layers
+    (`specmesh flash --role stage` needs them; the advice lacked them) and its node id where it is not the default;
+    one line names every such board (it named the first only)."""
     other = tmp_path / "other"
     other.mkdir()
     for name in ("tokenizer.bin", "drafter.spm"):
@@ -191,6 +192,8 @@ def test_a_stage_running_another_build_is_told_the_flash_command_with_its_layers
     assert "runs another build of target.spm" in err
     assert "`specmesh flash --port %s --role stage --layers 0:1 --model %s`" % (stage_boards[0], other / "target.spm") \
         in err
+    assert "`specmesh flash --port %s --role stage --layers 1:2 --node-id 11 --model %s`" % (
+        stage_boards[1], other / "target.spm") in err
 
 
 @pytest.mark.parametrize("layers, said", [

@@ -69,6 +69,7 @@ from specmesh.host.layout import TOKENIZER_FILE, ngram_table
 from specmesh.host.projection.measured import board_summary
 from specmesh.host.provision.cluster import StaleFirmware
 from specmesh.host.provision.drafters import expected_alpha
+from specmesh.host.provision.flash import NODE_ID
 from specmesh.shared.board import ROLES
 from specmesh.shared.modelfile import ModelFileError
 
@@ -571,18 +572,23 @@ def _drafter_head(path: Path, given: Path, head):
         raise UsageError(str(e)) from None
 
 
-def _check_builds(backend, path: Path, head) -> None:
+def _wrong_builds(backend, path: Path, head) -> list[str]:
     """Every board of a back-end (a pipeline's stages, else the back-end itself; a host one has none) must run the
     build of `path` (header `head`), as its HELLO's model crc says: checked before any text (host/cli/preflight.py
-    `check_build`)."""
+    `check_build`); the line of each that does not, with its flash command (its node id kept where it is not its
+    role's default, which a flash without --node-id would give it: a pipeline's later stages)."""
+    wrong = []
     for board in getattr(backend, "stages", [backend]):
         if not hasattr(board, "info"):
             continue
+        role = ROLES[board.role]
+        node = board.proxy.node
         try:
-            check_build(board.info["model_crc"], path, head, ROLES[board.role], board.name, running_model(board),
-                        board.flash_role())
+            check_build(board.info["model_crc"], path, head, role, board.name, running_model(board),
+                        board.flash_role() + (" --node-id %d" % node if node != NODE_ID[role] else ""))
         except PreflightError as e:
-            raise UsageError(str(e)) from None
+            wrong.append(str(e))
+    return wrong
 
 
 @dataclass
@@ -779,15 +785,24 @@ class Mesh(contextlib.AbstractContextManager):
             verifier = self._setup.make("verifier", self.names["verifier"], batched)
         except StaleFirmware as e:
             raise self._stale_drafter_too(e, batched) from None
-        _check_builds(verifier, self.config.model_file("verifier"), self.headers["verifier"])
-        drafter = None if self.config.plain else self._setup.make("drafter", self.names["drafter"], batched)
-        if drafter is not None:
-            _check_running_drafter(drafter, self.headers["verifier"])
-        if drafter is not None and "drafter" in self.headers and not self._lanes:  # price the model it runs
-            given = self.config.model_file("drafter")
-            path = running_file(drafter, given)  # the file its HELLO names, where it lies beside `given`
-            self.headers["drafter"] = _drafter_head(path, given, self.headers["drafter"])
-            _check_builds(drafter, path, self.headers["drafter"])
+        # every board running another build than the run's file is named in one line (the drafter's too: it was
+        # named only once the verifier was flashed again); the drafter's other failures come after the verifier's
+        wrong = _wrong_builds(verifier, self.config.model_file("verifier"), self.headers["verifier"])
+        try:
+            drafter = None if self.config.plain else self._setup.make("drafter", self.names["drafter"], batched)
+            if drafter is not None:
+                _check_running_drafter(drafter, self.headers["verifier"])
+            if drafter is not None and "drafter" in self.headers and not self._lanes:  # price the model it runs
+                given = self.config.model_file("drafter")
+                path = running_file(drafter, given)  # the file its HELLO names, where it lies beside `given`
+                self.headers["drafter"] = _drafter_head(path, given, self.headers["drafter"])
+                wrong += _wrong_builds(drafter, path, self.headers["drafter"])
+        except (BackendError, UsageError):
+            if wrong:
+                raise UsageError("; ".join(wrong)) from None
+            raise
+        if wrong:
+            raise UsageError("; ".join(wrong))
         lane = Lane(verifier, drafter)
         self._lanes.append(lane)
         return lane
