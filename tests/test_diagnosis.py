@@ -201,6 +201,29 @@ def test_drafter_and_verifier_boards_running_other_builds_are_named_in_one_line(
     assert cli.main(run) == 0, capsys.readouterr().err
 
 
+def test_a_drafter_board_of_another_vocabulary_is_told_the_flash_command_that_fixes_it(virtual_board, models,
+                                                                                       tmp_path, capsys):
+    """A drafter board flashed with a drafter of another tokenizer: the line said to give the run one with
+    --draft-model, which changes the host's file, not what the board runs (the next run said the same). It names the
+    flash command that puts the run's drafter (checked against the target) on the board, which makes the run go."""
+    mine = tmp_path / "mine.spm"
+    random_model(mine, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=256, max_seq=128, seed=5)
+    vd = virtual_board("esp32s3")
+    assert cli.main(["flash", "--port", vd.port, "--role", "drafter", "--model", str(mine)]) == 0
+    capsys.readouterr()
+    run = ["run", "--models", str(models), "--drafter", vd.port, "--verifier", "cpu", "--quiet", "-n", "4"]
+    assert cli.main(run) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert "the drafter on %s (mine.spm) has a vocabulary of 256 tokens, the target's has 512" % vd.port in err
+    command = "specmesh flash --port %s --role drafter --model %s" % (vd.port, models / DRAFTER_FILE)
+    assert err.endswith(": flash it with this run's drafter, made with the target's tokenizer (`%s`), or --plain\n"
+                        % command), err
+    assert cli.main(command.split()[1:]) == 0
+    capsys.readouterr()
+    assert cli.main(run) == 0, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("role, flag", [("drafter", "--draft-model"), ("verifier", "--model")])
 def test_a_board_flashed_with_a_file_of_another_name_is_told_the_flag_that_gives_the_run_it(role, flag, virtual_board,
                                                                                           models, tmp_path, capsys):

@@ -317,11 +317,15 @@ def test_a_drafter_board_running_another_vocabulary_is_refused_before_any_text(m
     from specmesh.host.cli.config import UsageError
     from specmesh.host.cli.session import _check_running_drafter
 
+    from specmesh.shared import messages as m
+
     target = check_model_file(models / TARGET_FILE)[0]
-    board = SimpleNamespace(name="/dev/ttyUSB0", info={"model": "/models/old.spm", "vocab": 96})
+    given = models / DRAFTER_FILE
+    board = SimpleNamespace(name="/dev/ttyUSB0", info={"model": "/models/old.spm", "vocab": 96}, role=m.ROLE_DRAFTER,
+                            proxy=SimpleNamespace(node=1), flash_role=lambda: "--role drafter")
     with pytest.raises(UsageError, match="the drafter on /dev/ttyUSB0 \\(old.spm\\) has a vocabulary of 96 tokens"):
-        _check_running_drafter(board, target)
-    _check_running_drafter(SimpleNamespace(name="u0", info={"model": "/models/x.spm", "vocab": 512}), target)
+        _check_running_drafter(board, target, given)
+    _check_running_drafter(SimpleNamespace(name="u0", info={"model": "/models/x.spm", "vocab": 512}), target, given)
 
 
 def test_a_board_running_another_build_is_refused_and_an_older_firmwares_is_not_checked(models):

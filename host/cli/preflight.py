@@ -95,15 +95,18 @@ def check_tables(backend: str, drafter: Path, target: Path) -> None:
         raise PreflightError(str(e)) from None
 
 
-def check_pair(target: Header, vocab: int, tokenizer_id: int, what: str, tok_id: int | None = None,
-               target_path: Path | None = None) -> None:
+def check_pair(target: Header, vocab: int, tokenizer_id: int, what: str, fix: str | None = None, *,
+               tok_id: int | None = None, target_path: Path | None = None) -> None:
     """A drafter (`what`: its file, or the board that runs it) must draft the target's tokens: the same vocabulary
-    size, and the same tokenizer where both headers name one (tokenizer_id 0: not recorded). Where the tokenizer
-    (`tok_id`: its id, `tokenizer_id`) agrees with the drafter, the target's file (`target_path`) is the odd one out:
-    a flipped byte in its header (outside its CRC) was said as a drafter of another tokenizer, to be replaced."""
+    size, and the same tokenizer where both headers name one (tokenizer_id 0: not recorded). `fix`: what gives the
+    run such a drafter (a board's: the flash command that puts one on it, which --draft-model does not). Where the
+    tokenizer (`tok_id`: its id, `tokenizer_id`) agrees with the drafter, the target's file (`target_path`) is the odd
+    one out: a flipped byte in its header (outside its CRC) was said as a drafter of another tokenizer, to be
+    replaced."""
+    fix = fix or "give a drafter trained with the target's tokenizer (--draft-model)"
     if vocab != target.vocab:
-        raise PreflightError("the drafter %s has a vocabulary of %d tokens, the target's has %d: give a drafter "
-                             "trained with the target's tokenizer (--draft-model), or --plain" % (what, vocab, target.vocab))
+        raise PreflightError("the drafter %s has a vocabulary of %d tokens, the target's has %d: %s, or --plain"
+                             % (what, vocab, target.vocab, fix))
     if tokenizer_id and target.tokenizer_id and tokenizer_id != target.tokenizer_id and tokenizer_id == tok_id:
         raise PreflightError("the target model %s records tokenizer id %08x, but %s and the drafter %s have %08x: its "
                              "header is corrupt or it was made with another tokenizer: copy it again, or give the "
@@ -111,8 +114,7 @@ def check_pair(target: Header, vocab: int, tokenizer_id: int, what: str, tok_id:
                                                                          TOKENIZER_FILE, what, tokenizer_id))
     if tokenizer_id and target.tokenizer_id and tokenizer_id != target.tokenizer_id:
         raise PreflightError("the drafter %s was made with another tokenizer than the target (tokenizer id %08x, the "
-                             "target's %08x): give a drafter trained with the target's tokenizer (--draft-model), or "
-                             "--plain" % (what, tokenizer_id, target.tokenizer_id))
+                             "target's %08x): %s, or --plain" % (what, tokenizer_id, target.tokenizer_id, fix))
 
 
 # what this run does with the file it takes a board's model for, by the board's role: why another build matters

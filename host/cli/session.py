@@ -463,7 +463,8 @@ def preflight(config: RunConfig, tok) -> tuple[dict, dict]:
             check_tables(names["drafter"], config.model_file("drafter"), config.model_file("verifier"))
         if "drafter" in headers:
             check_pair(headers["verifier"], headers["drafter"].vocab, headers["drafter"].tokenizer_id,
-                       str(config.model_file("drafter")), tokenizer_id(tok), config.model_file("verifier"))
+                       str(config.model_file("drafter")), tok_id=tokenizer_id(tok),
+                       target_path=config.model_file("verifier"))
         check_tokenizer(tok, headers["verifier"], config.models / TOKENIZER_FILE, config.model_file("verifier").name)
         least = tok.least_tokens(config.prompt)
         check_context(least if least >= headers["verifier"].max_seq else len(tok.encode(config.prompt)),
@@ -542,16 +543,28 @@ def gamma_controller(config: RunConfig, drafter) -> GammaController:
     return controller
 
 
-def _check_running_drafter(drafter, target) -> None:
+def _check_running_drafter(drafter, target, given: Path) -> None:
     """A drafter board may run another model than the file the host checked (flashed before, by hand): its
-    HELLO's vocabulary must be the target's, before any text (host/cli/preflight.py `check_pair`)."""
+    HELLO's vocabulary must be the target's, before any text (host/cli/preflight.py `check_pair`). The fix on a port
+    is the flash command that gives it `given`, the run's drafter file (checked against the target already): the
+    run's --draft-model would not change what the board runs."""
     vocab = getattr(drafter, "info", {}).get("vocab")
     if vocab is None:
         return
+    fix = ("flash it with this run's drafter, made with the target's tokenizer (`specmesh flash --port %s %s --model "
+           "%s`)" % (drafter.name, _flash_args(drafter), given)) if backends.is_port(drafter.name) else None
     try:
-        check_pair(target, vocab, 0, "on %s (%s)" % (drafter.name, running_model(drafter) or "its model"))
+        check_pair(target, vocab, 0, "on %s (%s)" % (drafter.name, running_model(drafter) or "its model"), fix)
     except PreflightError as e:
         raise UsageError(str(e)) from None
+
+
+def _flash_args(board) -> str:
+    """The arguments after --port of the `specmesh flash` command that flashes `board` again in its place: its role's
+    (a stage's with its layers), and its node id where it is not its role's default, which a flash without --node-id
+    would give it (a pipeline's later stages: 11, 12, ...)."""
+    node = board.proxy.node
+    return board.flash_role() + (" --node-id %d" % node if node != NODE_ID[ROLES[board.role]] else "")
 
 
 def running_file(backend, given: Path) -> Path:
@@ -575,17 +588,14 @@ def _drafter_head(path: Path, given: Path, head):
 def _wrong_builds(backend, path: Path, head) -> list[str]:
     """Every board of a back-end (a pipeline's stages, else the back-end itself; a host one has none) must run the
     build of `path` (header `head`), as its HELLO's model crc says: checked before any text (host/cli/preflight.py
-    `check_build`); the line of each that does not, with its flash command (its node id kept where it is not its
-    role's default, which a flash without --node-id would give it: a pipeline's later stages)."""
+    `check_build`); the line of each that does not, with its flash command (`_flash_args`)."""
     wrong = []
     for board in getattr(backend, "stages", [backend]):
         if not hasattr(board, "info"):
             continue
-        role = ROLES[board.role]
-        node = board.proxy.node
         try:
-            check_build(board.info["model_crc"], path, head, role, board.name, running_model(board),
-                        board.flash_role() + (" --node-id %d" % node if node != NODE_ID[role] else ""))
+            check_build(board.info["model_crc"], path, head, ROLES[board.role], board.name, running_model(board),
+                        _flash_args(board))
         except PreflightError as e:
             wrong.append(str(e))
     return wrong
@@ -791,7 +801,7 @@ class Mesh(contextlib.AbstractContextManager):
         try:
             drafter = None if self.config.plain else self._setup.make("drafter", self.names["drafter"], batched)
             if drafter is not None:
-                _check_running_drafter(drafter, self.headers["verifier"])
+                _check_running_drafter(drafter, self.headers["verifier"], self.config.model_file("drafter"))
             if drafter is not None and "drafter" in self.headers and not self._lanes:  # price the model it runs
                 given = self.config.model_file("drafter")
                 path = running_file(drafter, given)  # the file its HELLO names, where it lies beside `given`
