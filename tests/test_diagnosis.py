@@ -224,6 +224,34 @@ def test_a_drafter_board_of_another_vocabulary_is_told_the_flash_command_that_fi
     assert cli.main(run) == 0, capsys.readouterr().err
 
 
+def test_a_keyed_board_running_another_build_is_told_the_flash_command_with_the_key_file(virtual_board, models,
+                                                                                         tmp_path, capsys):
+    """A keyed run (--key-file) on a keyed board flashed from another build: the flash command named had no
+    --key-file, and a keyed board takes no flash without its key (that command failed). It now has it."""
+    key = tmp_path / "k.key"
+    new_key_file(key)
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(models / "tokenizer.bin", other / "tokenizer.bin")
+    shutil.copy(models / DRAFTER_FILE, other / DRAFTER_FILE)
+    random_model(other / TARGET_FILE, dim=32, n_layers=2, hidden=64, vocab=512, max_seq=128, seed=98)
+    vb = virtual_board("esp32s3")
+    assert cli.main(["flash", "--port", vb.port, "--role", "verifier", "--model", str(models / TARGET_FILE),
+                     "--key-file", str(key)]) == 0
+    capsys.readouterr()
+    run = ["run", "--models", str(other), "--drafter", "cpu", "--verifier", vb.port, "--key-file", str(key), "--quiet",
+           "-n", "4"]
+    assert cli.main(run) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    [command] = re.findall(r"`(specmesh flash [^`]*)`", err)
+    assert command == "specmesh flash --port %s --role verifier --key-file FILE --model %s" % (vb.port,
+                                                                                               other / TARGET_FILE)
+    assert cli.main(command.replace("FILE", str(key), 1).split()[1:]) == 0
+    capsys.readouterr()
+    assert cli.main(run) == 0, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("role, flag", [("drafter", "--draft-model"), ("verifier", "--model")])
 def test_a_board_flashed_with_a_file_of_another_name_is_told_the_flag_that_gives_the_run_it(role, flag, virtual_board,
                                                                                           models, tmp_path, capsys):

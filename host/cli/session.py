@@ -543,28 +543,30 @@ def gamma_controller(config: RunConfig, drafter) -> GammaController:
     return controller
 
 
-def _check_running_drafter(drafter, target, given: Path) -> None:
+def _check_running_drafter(drafter, target, given: Path, key: bytes | None = None) -> None:
     """A drafter board may run another model than the file the host checked (flashed before, by hand): its
     HELLO's vocabulary must be the target's, before any text (host/cli/preflight.py `check_pair`). The fix on a port
     is the flash command that gives it `given`, the run's drafter file (checked against the target already): the
-    run's --draft-model would not change what the board runs."""
+    run's --draft-model would not change what the board runs. `key`: the run's (its boards are flashed with it)."""
     vocab = getattr(drafter, "info", {}).get("vocab")
     if vocab is None:
         return
     fix = ("flash it with this run's drafter, made with the target's tokenizer (`specmesh flash --port %s %s --model "
-           "%s`)" % (drafter.name, _flash_args(drafter), given)) if backends.is_port(drafter.name) else None
+           "%s`)" % (drafter.name, _flash_args(drafter, key), given)) if backends.is_port(drafter.name) else None
     try:
         check_pair(target, vocab, 0, "on %s (%s)" % (drafter.name, running_model(drafter) or "its model"), fix)
     except PreflightError as e:
         raise UsageError(str(e)) from None
 
 
-def _flash_args(board) -> str:
+def _flash_args(board, key: bytes | None) -> str:
     """The arguments after --port of the `specmesh flash` command that flashes `board` again in its place: its role's
-    (a stage's with its layers), and its node id where it is not its role's default, which a flash without --node-id
-    would give it (a pipeline's later stages: 11, 12, ...)."""
+    (a stage's with its layers), its node id where it is not its role's default, which a flash without --node-id
+    would give it (a pipeline's later stages: 11, 12, ...), and in a keyed run (`key`) the key file, without which a
+    keyed board takes no flash."""
     node = board.proxy.node
-    return board.flash_role() + (" --node-id %d" % node if node != NODE_ID[ROLES[board.role]] else "")
+    return board.flash_role() + (" --node-id %d" % node if node != NODE_ID[ROLES[board.role]] else "") + (
+        " --key-file FILE" if key else "")
 
 
 def running_file(backend, given: Path) -> Path:
@@ -585,17 +587,17 @@ def _drafter_head(path: Path, given: Path, head):
         raise UsageError(str(e)) from None
 
 
-def _wrong_builds(backend, path: Path, head) -> list[str]:
+def _wrong_builds(backend, path: Path, head, key: bytes | None = None) -> list[str]:
     """Every board of a back-end (a pipeline's stages, else the back-end itself; a host one has none) must run the
     build of `path` (header `head`), as its HELLO's model crc says: checked before any text (host/cli/preflight.py
-    `check_build`); the line of each that does not, with its flash command (`_flash_args`)."""
+    `check_build`); the line of each that does not, with its flash command (`_flash_args`; `key`: the run's)."""
     wrong = []
     for board in getattr(backend, "stages", [backend]):
         if not hasattr(board, "info"):
             continue
         try:
             check_build(board.info["model_crc"], path, head, ROLES[board.role], board.name, running_model(board),
-                        _flash_args(board))
+                        _flash_args(board, key))
         except PreflightError as e:
             wrong.append(str(e))
     return wrong
@@ -797,16 +799,17 @@ class Mesh(contextlib.AbstractContextManager):
             raise self._stale_drafter_too(e, batched) from None
         # every board running another build than the run's file is named in one line (the drafter's too: it was
         # named only once the verifier was flashed again); the drafter's other failures come after the verifier's
-        wrong = _wrong_builds(verifier, self.config.model_file("verifier"), self.headers["verifier"])
+        key = self.config.key
+        wrong = _wrong_builds(verifier, self.config.model_file("verifier"), self.headers["verifier"], key)
         try:
             drafter = None if self.config.plain else self._setup.make("drafter", self.names["drafter"], batched)
             if drafter is not None:
-                _check_running_drafter(drafter, self.headers["verifier"], self.config.model_file("drafter"))
+                _check_running_drafter(drafter, self.headers["verifier"], self.config.model_file("drafter"), key)
             if drafter is not None and "drafter" in self.headers and not self._lanes:  # price the model it runs
                 given = self.config.model_file("drafter")
                 path = running_file(drafter, given)  # the file its HELLO names, where it lies beside `given`
                 self.headers["drafter"] = _drafter_head(path, given, self.headers["drafter"])
-                wrong += _wrong_builds(drafter, path, self.headers["drafter"])
+                wrong += _wrong_builds(drafter, path, self.headers["drafter"], key)
         except (BackendError, UsageError):
             if wrong:
                 raise UsageError("; ".join(wrong)) from None
