@@ -23,6 +23,7 @@ from specmesh.host.provision import cluster
 from specmesh.host.mpycross import compile_py
 from specmesh.host.provision.flash import FW_LINE, FlashError, build, firmware_id, flash, node_sources
 from specmesh.shared import messages as m
+from specmesh.tools.testmodels import random_model
 
 # (file, text, what replaces it): a node like this checkout's but for one change; None: this checkout's node with
 # node.py compiled unstamped, as a specmesh flashed it before the id ("specmesh-node 0.1"; it ran, and nothing said
@@ -104,6 +105,31 @@ def test_every_stale_board_of_a_run_is_named_in_one_line(models, virtual_board, 
         assert cli.main(command.split()[1:] + ["--model", str(models / model)]) == 0
     capsys.readouterr()
     assert cli.main(argv) == 0, capsys.readouterr().err
+
+
+def test_a_stale_drafter_beside_a_verifier_on_another_build_is_named_in_the_same_line(models, virtual_board, tmp_path,
+                                                                                      capsys):
+    """The verifier's board runs another build of the run's target, the drafter's a node flashed from other files: the
+    line named the verifier alone (the drafter was then connected), and the drafter only once the verifier was
+    flashed again. Both are in the one line now, each with its flash command."""
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(models / "tokenizer.bin", other / "tokenizer.bin")
+    shutil.copy(models / DRAFTER_FILE, other / DRAFTER_FILE)
+    random_model(other / TARGET_FILE, dim=32, n_layers=2, hidden=64, vocab=512, max_seq=128, seed=98)
+    vb, vd = virtual_board("esp32s3"), virtual_board("esp32s3")
+    flash(vb.port, "verifier", models / TARGET_FILE, progress=False)
+    flash_stale(vd, models / DRAFTER_FILE, tmp_path / "old", STALE["flashed before the id"], "drafter")
+    argv = run_argv(other, vb.port)
+    argv[argv.index("cpu")] = vd.port
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert "error: the verifier on %s runs another build of target.spm" % vb.port in err
+    assert "; the drafter board on %s runs a node flashed from other files" % vd.port in err
+    assert re.findall(r"`(specmesh flash [^`]*)`", err) == [
+        "specmesh flash --port %s --role verifier --model %s" % (vb.port, other / TARGET_FILE),
+        "specmesh flash --port %s --role drafter" % vd.port], err
 
 
 def test_every_stale_stage_board_is_named_with_its_layers_and_node_id(models, virtual_board, tmp_path, capsys):

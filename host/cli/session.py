@@ -798,7 +798,7 @@ class Mesh(contextlib.AbstractContextManager):
         except StaleFirmware as e:
             raise self._stale_drafter_too(e, batched) from None
         # every board running another build than the run's file is named in one line (the drafter's too: it was
-        # named only once the verifier was flashed again); the drafter's other failures come after the verifier's
+        # named only once the verifier was flashed again), and so is a drafter that fails otherwise beside them
         key = self.config.key
         wrong = _wrong_builds(verifier, self.config.model_file("verifier"), self.headers["verifier"], key)
         try:
@@ -810,9 +810,9 @@ class Mesh(contextlib.AbstractContextManager):
                 path = running_file(drafter, given)  # the file its HELLO names, where it lies beside `given`
                 self.headers["drafter"] = _drafter_head(path, given, self.headers["drafter"])
                 wrong += _wrong_builds(drafter, path, self.headers["drafter"], key)
-        except (BackendError, UsageError):
+        except (BackendError, UsageError) as e:
             if wrong:
-                raise UsageError("; ".join(wrong)) from None
+                raise UsageError("; ".join([*wrong, one_line(e)])) from None
             raise
         if wrong:
             raise UsageError("; ".join(wrong))
