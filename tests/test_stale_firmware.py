@@ -78,9 +78,12 @@ def test_a_board_flashed_from_other_files_is_told_to_flash_again_before_any_text
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1, (out, err)
     assert "the verifier board on %s runs a node flashed from other files than this specmesh's" % vb.port in err
-    assert "flash it again: `specmesh flash --port %s --role verifier`" % vb.port in err
-    # the command it names (with this test's model) makes the board this specmesh's: the run goes through
-    assert cli.main(["flash", "--port", vb.port, "--role", "verifier", "--model", str(models / TARGET_FILE)]) == 0
+    # with the run's model file where a flash without --model would put the shipped one (the run after it then
+    # refused the board as running another build of target.spm)
+    command = "specmesh flash --port %s --role verifier --model %s" % (vb.port, models / TARGET_FILE)
+    assert err.endswith("flash it again: `%s`\n" % command), err
+    # the command it names makes the board this specmesh's: the run goes through
+    assert cli.main(command.split()[1:]) == 0
     capsys.readouterr()
     assert cli.main(run_argv(models, vb.port)) == 0, capsys.readouterr().err
 
@@ -99,10 +102,10 @@ def test_every_stale_board_of_a_run_is_named_in_one_line(models, virtual_board, 
     assert "the boards on %s (verifier), %s (drafter) run nodes flashed from other files" % (vb.port, vd.port) in err
     assert "(%s: its HELLO is not one this specmesh reads, %s says 'specmesh-node 0.1'; " % (vb.port, vd.port) in err
     commands = re.findall(r"`(specmesh flash [^`]*)`", err)
-    assert commands == ["specmesh flash --port %s --role verifier" % vb.port,
-                        "specmesh flash --port %s --role drafter" % vd.port], err
-    for command, model in zip(commands, (TARGET_FILE, DRAFTER_FILE)):  # they make the boards this specmesh's
-        assert cli.main(command.split()[1:] + ["--model", str(models / model)]) == 0
+    assert commands == ["specmesh flash --port %s --role verifier --model %s" % (vb.port, models / TARGET_FILE),
+                        "specmesh flash --port %s --role drafter --model %s" % (vd.port, models / DRAFTER_FILE)], err
+    for command in commands:  # they make the boards this specmesh's
+        assert cli.main(command.split()[1:]) == 0
     capsys.readouterr()
     assert cli.main(argv) == 0, capsys.readouterr().err
 
@@ -129,7 +132,7 @@ def test_a_stale_drafter_beside_a_verifier_on_another_build_is_named_in_the_same
     assert "; the drafter board on %s runs a node flashed from other files" % vd.port in err
     assert re.findall(r"`(specmesh flash [^`]*)`", err) == [
         "specmesh flash --port %s --role verifier --model %s" % (vb.port, other / TARGET_FILE),
-        "specmesh flash --port %s --role drafter" % vd.port], err
+        "specmesh flash --port %s --role drafter --model %s" % (vd.port, other / DRAFTER_FILE)], err
 
 
 def test_every_stale_stage_board_is_named_with_its_layers_and_node_id(models, virtual_board, tmp_path, capsys):
@@ -144,8 +147,9 @@ def test_every_stale_stage_board_is_named_with_its_layers_and_node_id(models, vi
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1, (out, err)
     assert "the boards on %s (stage), %s (stage) run nodes" % (boards[0].port, boards[1].port) in err
-    assert ("flash each again: `specmesh flash --port %s --role stage --layers 0:1`; `specmesh flash --port %s --role "
-            "stage --layers 1:2 --node-id 11`\n" % (boards[0].port, boards[1].port)) in err
+    assert ("flash each again: `specmesh flash --port %s --role stage --layers 0:1 --model %s`; `specmesh flash --port %s "
+            "--role stage --layers 1:2 --node-id 11 --model %s`\n" % (boards[0].port, models / TARGET_FILE,
+                                                                     boards[1].port, models / TARGET_FILE)) in err
 
 
 def test_auto_skips_a_board_whose_hello_it_cannot_read_and_says_why(models, virtual_board, tmp_path, capsys,
@@ -196,9 +200,9 @@ def _hello(fw):
     return m.pack_hello(fw, "esp32", m.ROLE_STAGE, "models/target.spm", 512, 128, 9, 1, 1, "viper", 0)
 
 
-def test_a_stale_stage_or_keyed_board_is_told_the_flash_command_it_needs():
+def test_a_stale_stage_or_keyed_board_is_told_the_flash_command_it_needs(tmp_path):
     """A stage's command keeps its layers (flash needs them); a keyed run's, the key file (a keyed board takes no
-    flash without it). This checkout's id passes."""
+    flash without it); a run on other models, its file. This checkout's id passes."""
     cluster.check_firmware(_hello(firmware_id()), "p", "stage", "stage --layers 1:2")
     with pytest.raises(BackendError, match=r"the stage board on p .*\(it says 'specmesh-node 0.1', this specmesh's is "
                                            r"'specmesh-[0-9a-f]{8}'\).*`specmesh flash --port p --role stage "
@@ -206,6 +210,15 @@ def test_a_stale_stage_or_keyed_board_is_told_the_flash_command_it_needs():
         cluster.check_firmware(_hello("specmesh-node 0.1"), "p", "stage", "stage --layers 1:2", key=b"k" * 32)
     with pytest.raises(BackendError, match=r"\(its HELLO is not one this specmesh reads\)"):
         cluster.check_firmware(_hello(firmware_id()) + b"\0", "p", "stage", "stage --layers 1:2")
+    # the run's model file where a flash without --model would not put it; none where it would (the shipped target,
+    # a drafter from the shipped folder: its board class's, or the one its HELLO names there)
+    for model, said in ((ROOT / "models" / TARGET_FILE, "`specmesh flash --port p --role stage --layers 1:2`"),
+                        (tmp_path / TARGET_FILE, "`specmesh flash --port p --role stage --layers 1:2 --model %s`"
+                         % (tmp_path / TARGET_FILE))):
+        with pytest.raises(BackendError, match=re.escape(said) + "$"):
+            cluster.check_firmware(_hello("specmesh-node 0.1"), "p", "stage", "stage --layers 1:2", model=model)
+    with pytest.raises(BackendError, match=r"--role drafter`$"):
+        cluster.check_firmware(_hello("specmesh-node 0.1"), "p", "drafter", "drafter", model=ROOT / "models" / "x.spm")
 
 
 def test_bench_of_a_board_flashed_from_other_files_says_to_flash_it_again(virtual_board, tmp_path, capsys):

@@ -212,23 +212,40 @@ def _stale_line(boards: list[tuple[str, str, str | None, str]]) -> str:
 
 
 def check_firmware(hello: bytes, port: str, kind: str, role: str, key: bytes | None = None,
-                   node: int | None = None) -> None:
+                   node: int | None = None, model: Path | None = None) -> None:
     """StaleFirmware unless the HELLO reply `hello` of the board on `port` (wanted as `kind`, flashed with `role`, the
     arguments of `specmesh flash --role`) names this checkout's node (flash.firmware_id): checked before its back-end
     is made, so a board flashed before specmesh was updated (its files, maybe its wire format, another version) is
     told to be flashed again, in one line, before any text; its fw is HELLO's first field, read in any layout this
     host can parse (a layout it cannot is another firmware too). A board flashed before the id existed says
     "specmesh-node 0.1". `node`: the board's node id (its HELLO's src), kept in the flash command where it is not the
-    role's default, which a flash without --node-id would give it (a pipeline's later stages: 11, 12, ...)."""
+    role's default, which a flash without --node-id would give it (a pipeline's later stages: 11, 12, ...). `model`:
+    the run's file for the role, named in the command where a flash without --model would put another there (the
+    next run then refused the board as running another build)."""
     try:
-        fw: str | None = m.unpack_hello(hello)[0]
+        fw: str | None
+        fw, _, _, running = m.unpack_hello(hello)[:4]
     except (CodecError, ValueError):
-        fw = None
+        fw, running = None, ""
     if fw == firmware_id():
         return
     node_id = " --node-id %d" % node if node is not None and node != NODE_ID[kind] else ""
-    raise StaleFirmware([(port, kind, fw, "`specmesh flash --port %s --role %s%s%s`"
-                          % (port, role, node_id, " --key-file FILE" if key else ""))])
+    given = _flash_model(kind, model, running.rsplit("/", 1)[-1])
+    raise StaleFirmware([(port, kind, fw, "`specmesh flash --port %s --role %s%s%s%s`" % (
+        port, role, node_id, " --key-file FILE" if key else "", " --model %s" % given if given else ""))])
+
+
+def _flash_model(kind: str, model: Path | None, running: str) -> Path | None:
+    """The model file a flash of a `kind` board must be given for a run that takes `model` for it (None: the one flash
+    puts there without --model). A drafter's is the file its HELLO names (`running`) where it lies beside `model`, as
+    the run takes it (host/cli/session.py running_file); flash without --model gives a drafter its class's drafter
+    from the shipped folder, a verifier or stage that folder's target."""
+    if model is None:
+        return None
+    if kind == "drafter":
+        model = model.parent / running if running and (model.parent / running).is_file() else model
+        return None if model.parent.resolve() == MODELS.resolve() else model
+    return None if model.resolve() == model_path(MODELS, kind).resolve() else model
 
 
 def find(kind: str, key: bytes | None = None) -> str:
@@ -271,15 +288,17 @@ def find(kind: str, key: bytes | None = None) -> str:
 
 
 @contextlib.contextmanager
-def connect(port: str, kind: str, key: bytes | None = None, layers: tuple[int, int] | None = None):
+def connect(port: str, kind: str, key: bytes | None = None, layers: tuple[int, int] | None = None,
+            model: Path | None = None):
     """The back-end for a flashed board on `port` playing `kind` ("drafter", "verifier" or "stage"); `layers`: the
-    layers [a, b) a stage is wanted for, named in the flash command a failure line gives."""
+    layers [a, b) a stage is wanted for, `model` the run's file for it, named in the flash command a failure line
+    gives."""
     with contextlib.ExitStack() as stack:
         role = role_args(kind, layers)
         bus = _open(port, stack, key=key, role=role)
         hello = discover(bus, role=role)
         bus.peer = hello.src
-        check_firmware(hello.payload, port, kind, role, key, hello.src)
+        check_firmware(hello.payload, port, kind, role, key, hello.src, model)
         yield _backend(kind, bus, bus.peer, port, *([] if layers is None else [layers]))
 
 
@@ -567,10 +586,10 @@ def pipeline(_model_path, *, boards: Boards, **_options):
 
 
 def on_port(kind: str):
-    def make(_model_path, *, name: str, boards: Boards, **_options):
+    def make(model_path, *, name: str, boards: Boards, **_options):
         """A flashed board on serial port `name` (`auto`: the one among the ESP32 USB ports reporting `kind`)."""
         port = find(kind, boards.key) if name == "auto" else name
-        return boards.enter_context(connect(port, kind, boards.key))
+        return boards.enter_context(connect(port, kind, boards.key, model=model_path))
 
     return make
 

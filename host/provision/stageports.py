@@ -48,7 +48,7 @@ def pipeline(model_path: Path, *, name: str, boards: Boards, **_options):
     stages, stale = [], []
     for i, port in enumerate(ports):  # every board connected first: each one flashed from other files is named at once
         try:
-            stages.append(boards.enter_context(connect(port, "stage", boards.key, even[i] if even else None)))
+            stages.append(boards.enter_context(connect(port, "stage", boards.key, even[i] if even else None, model_path)))
         except StaleFirmware as e:
             stale += e.boards
     if stale:
