@@ -128,11 +128,41 @@ def test_a_stale_drafter_beside_a_verifier_on_another_build_is_named_in_the_same
     assert cli.main(argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1, (out, err)
-    assert "error: the verifier on %s runs another build of target.spm" % vb.port in err
-    assert "; the drafter board on %s runs a node flashed from other files" % vd.port in err
+    assert "error: the drafter board on %s runs a node flashed from other files" % vd.port in err  # stale ones first
+    assert "; the verifier on %s runs another build of target.spm" % vb.port in err
     assert re.findall(r"`(specmesh flash [^`]*)`", err) == [
-        "specmesh flash --port %s --role verifier --model %s" % (vb.port, other / TARGET_FILE),
-        "specmesh flash --port %s --role drafter --model %s" % (vd.port, other / DRAFTER_FILE)], err
+        "specmesh flash --port %s --role drafter --model %s" % (vd.port, other / DRAFTER_FILE),
+        "specmesh flash --port %s --role verifier --model %s" % (vb.port, other / TARGET_FILE)], err
+
+
+def test_a_drafter_on_another_build_beside_a_stale_verifier_is_named_in_the_same_line(models, virtual_board, tmp_path,
+                                                                                      capsys):
+    """The verifier's board flashed from other files, the drafter's from another build of the run's drafter: the line
+    named the verifier alone (the drafter's build went unchecked), and the drafter only once the verifier was flashed
+    again. Both are in the one line now; the commands it names make the run go through."""
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(models / "tokenizer.bin", other / "tokenizer.bin")
+    shutil.copy(models / TARGET_FILE, other / TARGET_FILE)
+    random_model(other / DRAFTER_FILE, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512, max_seq=128,
+                 seed=97)
+    vb, vd = virtual_board("esp32s3"), virtual_board("esp32s3")
+    flash_stale(vb, models / TARGET_FILE, tmp_path / "old", STALE["another wire format"])
+    flash(vd.port, "drafter", models / DRAFTER_FILE, progress=False)
+    argv = run_argv(other, vb.port)
+    argv[argv.index("cpu")] = vd.port
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert "error: the verifier board on %s runs a node flashed from other files" % vb.port in err
+    assert "; the drafter on %s runs another build of drafter.spm" % vd.port in err
+    commands = re.findall(r"`(specmesh flash [^`]*)`", err)
+    assert commands == ["specmesh flash --port %s --role %s --model %s" % (board.port, role, other / name)
+                        for board, role, name in ((vb, "verifier", TARGET_FILE), (vd, "drafter", DRAFTER_FILE))], err
+    for command in commands:
+        assert cli.main(command.split()[1:]) == 0
+    capsys.readouterr()
+    assert cli.main(argv) == 0, capsys.readouterr().err
 
 
 def test_every_stale_stage_board_is_named_with_its_layers_and_node_id(models, virtual_board, tmp_path, capsys):

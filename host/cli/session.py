@@ -792,49 +792,52 @@ class Mesh(contextlib.AbstractContextManager):
                                    % (one_line(e), len(self._lanes))) from None
 
     def _new_lane(self) -> Lane:
+        """A verifier and a drafter for one stream. Every board to flash again is named in one line, before any text:
+        each flashed from other files (cluster.py StaleFirmware), each running another build than the run's file, and
+        a drafter that fails otherwise beside them (a board named alone hid the next until it was flashed)."""
         batched = self.streams > 1
+        stale: list[tuple[str, str, str | None, str]] = []
+        verifier = None
         try:
             verifier = self._setup.make("verifier", self.names["verifier"], batched)
         except StaleFirmware as e:
-            raise self._stale_drafter_too(e, batched) from None
-        # every board running another build than the run's file is named in one line (the drafter's too: it was
-        # named only once the verifier was flashed again), and so is a drafter that fails otherwise beside them
-        key = self.config.key
-        wrong = _wrong_builds(verifier, self.config.model_file("verifier"), self.headers["verifier"], key)
+            if self.config.plain or not backends.is_port(self.names.get("drafter", "")):  # no virtual board booted
+                raise                                                                    # for a run that cannot go
+            stale = e.boards
+        wrong = [] if verifier is None else _wrong_builds(verifier, self.config.model_file("verifier"),
+                                                          self.headers["verifier"], self.config.key)
+        drafter = None
         try:
-            drafter = None if self.config.plain else self._setup.make("drafter", self.names["drafter"], batched)
-            if drafter is not None:
-                _check_running_drafter(drafter, self.headers["verifier"], self.config.model_file("drafter"), key)
-            if drafter is not None and "drafter" in self.headers and not self._lanes:  # price the model it runs
-                given = self.config.model_file("drafter")
-                path = running_file(drafter, given)  # the file its HELLO names, where it lies beside `given`
-                self.headers["drafter"] = _drafter_head(path, given, self.headers["drafter"])
-                wrong += _wrong_builds(drafter, path, self.headers["drafter"], key)
+            drafter = self._drafter(batched, wrong)
+        except StaleFirmware as e:
+            stale += e.boards
         except (BackendError, UsageError) as e:
-            if wrong:
-                raise UsageError("; ".join([*wrong, one_line(e)])) from None
-            raise
-        if wrong:
-            raise UsageError("; ".join(wrong))
+            if not (stale or wrong):
+                raise
+            wrong.append(one_line(e))
+        if stale and not wrong:
+            raise StaleFirmware(stale)
+        if stale or wrong:
+            raise UsageError("; ".join(([str(StaleFirmware(stale))] if stale else []) + wrong))
+        assert verifier is not None  # its StaleFirmware left `stale` set
         lane = Lane(verifier, drafter)
         self._lanes.append(lane)
         return lane
 
-    def _stale_drafter_too(self, stale: StaleFirmware, batched: bool) -> StaleFirmware:
-        """`stale` (the verifier's boards flashed from other files) with the drafter's board where it is one too: one
-        line names each board to flash again, where a run named the drafter only once the verifier was flashed. Only a
-        board on a port can be (the run's virtual boards are flashed from this checkout); the drafter's other failures
-        are their own line, said by the run after these boards are flashed."""
-        name = self.names.get("drafter")
-        if self.config.plain or name is None or not backends.is_port(name):
-            return stale
-        try:
-            self._setup.make("drafter", name, batched)
-        except StaleFirmware as e:
-            return StaleFirmware(stale.boards + e.boards)
-        except BackendError:
-            pass
-        return stale
+    def _drafter(self, batched: bool, wrong: list[str]):
+        """The lane's drafter (None: --plain), its model checked against the target's vocabulary; the line of each of
+        its boards that runs another build than the run's file added to `wrong`."""
+        if self.config.plain:
+            return None
+        drafter = self._setup.make("drafter", self.names["drafter"], batched)
+        key = self.config.key
+        _check_running_drafter(drafter, self.headers["verifier"], self.config.model_file("drafter"), key)
+        if "drafter" in self.headers and not self._lanes:  # price the model it runs
+            given = self.config.model_file("drafter")
+            path = running_file(drafter, given)  # the file its HELLO names, where it lies beside `given`
+            self.headers["drafter"] = _drafter_head(path, given, self.headers["drafter"])
+            wrong += _wrong_builds(drafter, path, self.headers["drafter"], key)
+        return drafter
 
     @contextlib.contextmanager
     def lane(self, cancel: threading.Event | None = None) -> Iterator[Lane | None]:
