@@ -261,3 +261,16 @@ def test_bench_of_a_board_flashed_from_other_files_says_to_flash_it_again(virtua
     assert rc == 2 and err.count("\n") == 1, err
     assert "flash it again with `specmesh flash --port %s --role verifier`, then bench it" % vb.port in err
     assert not (tmp_path / "c.json").exists()
+
+
+def test_bench_of_a_stale_stage_board_keeps_its_layers_and_node_id(virtual_board, tmp_path, capsys):
+    """A stage board of a pipeline's later place (node id 11) flashed from other files: bench's command kept its layers
+    but not its node id, so the board it flashed again became node 10."""
+    vb = virtual_board("esp32s3")
+    flash_stale(vb, ROOT / "models" / TARGET_FILE, tmp_path / "old", STALE["flashed before the id"], "stage",
+                node_id=11, layers=(1, 2))
+    rc = cli.main(["bench", "--port", vb.port, "--out", str(tmp_path / "c.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "flash it again with `specmesh flash --port %s --role stage --layers 1:2 --node-id 11`, then bench it" % (
+        vb.port) in err
