@@ -249,6 +249,11 @@ def test_a_stale_stage_or_keyed_board_is_told_the_flash_command_it_needs(tmp_pat
             cluster.check_firmware(_hello("specmesh-node 0.1"), "p", "stage", "stage --layers 1:2", model=model)
     with pytest.raises(BackendError, match=r"--role drafter`$"):
         cluster.check_firmware(_hello("specmesh-node 0.1"), "p", "drafter", "drafter", model=ROOT / "models" / "x.spm")
+    # a stage board given alone as the verifier (a pipeline of one stage) is told to stay a stage: --role verifier
+    # would have made it a verifier, which a classic ESP32 cannot hold
+    with pytest.raises(BackendError, match=r"the stage board on p .*`specmesh flash --port p --role stage --layers "
+                                           r"0:N`$"):
+        cluster.check_firmware(_hello("specmesh-node 0.1"), "p", "verifier", "verifier")
 
 
 def test_bench_of_a_board_flashed_from_other_files_says_to_flash_it_again(virtual_board, tmp_path, capsys):

@@ -221,14 +221,17 @@ def check_firmware(hello: bytes, port: str, kind: str, role: str, key: bytes | N
     "specmesh-node 0.1". `node`: the board's node id (its HELLO's src), kept in the flash command where it is not the
     role's default, which a flash without --node-id would give it (a pipeline's later stages: 11, 12, ...). `model`:
     the run's file for the role, named in the command where a flash without --model would put another there (the
-    next run then refused the board as running another build)."""
+    next run then refused the board as running another build). A stage board wanted as the verifier (given alone) is
+    told the command that keeps it a stage holding all the target's layers (N: their count), what it must hold there."""
     try:
         fw: str | None
-        fw, _, _, running = m.unpack_hello(hello)[:4]
+        fw, _, held, running = m.unpack_hello(hello)[:4]
     except (CodecError, ValueError):
-        fw, running = None, ""
+        fw, held, running = None, None, ""
     if fw == firmware_id():
         return
+    if held == m.ROLE_STAGE and kind == "verifier":  # a stage board given alone (a pipeline of one: stageports.py
+        kind, role = "stage", "stage --layers 0:N"  # on_port) stays one: --role verifier made it a verifier
     node_id = " --node-id %d" % node if node is not None and node != NODE_ID[kind] else ""
     given = _flash_model(kind, model, running.rsplit("/", 1)[-1])
     raise StaleFirmware([(port, kind, fw, "`specmesh flash --port %s --role %s%s%s%s`" % (
