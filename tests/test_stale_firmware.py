@@ -254,6 +254,8 @@ def test_a_stale_stage_or_keyed_board_is_told_the_flash_command_it_needs(tmp_pat
     with pytest.raises(BackendError, match=r"the stage board on p .*`specmesh flash --port p --role stage --layers "
                                            r"0:N`$"):
         cluster.check_firmware(_hello("specmesh-node 0.1"), "p", "verifier", "verifier")
+    with pytest.raises(BackendError, match=r"`specmesh flash --port p --role stage --layers 0:5`$"):  # the target's
+        cluster.check_firmware(_hello("specmesh-node 0.1"), "p", "verifier", "verifier", model=ROOT / "models" / TARGET_FILE)
 
 
 def test_bench_of_a_board_flashed_from_other_files_says_to_flash_it_again(virtual_board, tmp_path, capsys):

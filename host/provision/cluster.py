@@ -31,6 +31,7 @@ from pathlib import Path
 from specmesh.host import atomic
 from specmesh.host.backends import BackendError, Boards
 from specmesh.host.backends.board import BoardDrafter, BoardVerifier, role_args
+from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.backends.pipeline import BoardStage, PipelineVerifier
 from specmesh.host.boardclasses import ROLE_CLASS, VIRTUAL_TOO_SMALL, drafter_class, drafter_model
 from specmesh.host.bus.links import LinkError, SerialLink
@@ -222,7 +223,8 @@ def check_firmware(hello: bytes, port: str, kind: str, role: str, key: bytes | N
     role's default, which a flash without --node-id would give it (a pipeline's later stages: 11, 12, ...). `model`:
     the run's file for the role, named in the command where a flash without --model would put another there (the
     next run then refused the board as running another build). A stage board wanted as the verifier (given alone) is
-    told the command that keeps it a stage holding all the target's layers (N: their count), what it must hold there."""
+    told the command that keeps it a stage holding all the target's layers (`model`'s; N where none is given), what it
+    must hold there (--role verifier made it a verifier, which a classic ESP32 cannot hold)."""
     try:
         fw: str | None
         fw, _, held, running = m.unpack_hello(hello)[:4]
@@ -231,7 +233,7 @@ def check_firmware(hello: bytes, port: str, kind: str, role: str, key: bytes | N
     if fw == firmware_id():
         return
     if held == m.ROLE_STAGE and kind == "verifier":  # a stage board given alone (a pipeline of one: stageports.py
-        kind, role = "stage", "stage --layers 0:N"  # on_port) stays one: --role verifier made it a verifier
+        kind, role = "stage", "stage --layers 0:%s" % (check_model_file(model)[0].n_layers if model else "N")
     node_id = " --node-id %d" % node if node is not None and node != NODE_ID[kind] else ""
     given = _flash_model(kind, model, running.rsplit("/", 1)[-1])
     raise StaleFirmware([(port, kind, fw, "`specmesh flash --port %s --role %s%s%s%s`" % (

@@ -33,7 +33,7 @@ def on_port(model_path: Path, *, name: str, boards: Boards, **options):
     verifier board on that port; a stage board there is a pipeline of one stage."""
     port = find("verifier", boards.key) if name == "auto" else name
     try:
-        return boards.enter_context(connect(port, "verifier", boards.key))
+        return boards.enter_context(connect(port, "verifier", boards.key, model=model_path))
     except WrongRole as e:
         if e.role != m.ROLE_STAGE:
             raise
