@@ -4,6 +4,7 @@ on host back-ends give the texts they give one at a time (greedy and seeded) wit
 killed mid-generation (streamed or not) frees its lane for the next request; what does not map is a 4xx naming it."""
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -107,9 +108,15 @@ def test_what_does_not_map_is_a_4xx_naming_it(boards):
         error = json.load(e.value)["error"]
         assert e.value.code == 400 and error["param"] == param and says in error["message"], (body[:80], error)
     ask = urllib.request.Request(boards + "/v1/completions", json.dumps({"prompt": huge * 4}).encode())
-    with pytest.raises(urllib.error.HTTPError) as e:  # over the server's MAX_BODY: not read whole
+    # over the server's MAX_BODY: refused from its Content-Length, unread. A client that sends the whole body without
+    # waiting (urllib: no Expect: 100-continue) may find the connection closed under its send before it reads the 413
+    # (a broken pipe or a reset, as the machine's load has it): either way the server is not held, and serves on
+    with pytest.raises(urllib.error.URLError) as e:
         urllib.request.urlopen(ask, timeout=60)
-    assert e.value.code == 413 and "over" in json.load(e.value)["error"]["message"]
+    if isinstance(e.value, urllib.error.HTTPError):
+        assert e.value.code == 413 and "over" in json.load(e.value)["error"]["message"]
+    else:
+        assert getattr(e.value.reason, "errno", None) in (errno.EPIPE, errno.ECONNRESET), e.value
     port = int(boards.rsplit(":", 1)[1])
     for expect in (b"Expect: 100-continue\r\n", b""):  # a big body declared, none sent: refused at once, unread
         with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
