@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -154,12 +155,17 @@ def test_small_littlefs_flash_fills_up_and_board_stays_usable(virtual_board):
     assert mpremote(vb.port, "exec", "import os; os.remove('big'); print('ok')").stdout == "ok\n"
 
 
-def test_board_processes_end_with_their_owner(tmp_path):
+@pytest.mark.parametrize("where", ["main thread", "thread that ends"])
+def test_board_processes_end_with_their_owner(tmp_path, where):
+    """The VM dies with the process that started it, SIGKILLed (no VM left behind), whether the board was started on
+    the main thread or on one that has ended (a pipeline's boards, started side by side)."""
+    start = ("vb = VirtualBoard(%r).start()" if where == "main thread" else
+             "vb = VirtualBoard(%r); t = threading.Thread(target=vb.start); t.start(); t.join()")
     code = (
-        "import sys, time; sys.path.insert(0, %r)\n"
+        "import sys, threading, time; sys.path.insert(0, %r)\n"
         "from specmesh.host.emulator import VirtualBoard\n"
-        "vb = VirtualBoard(%r).start(); print(vb.pid, flush=True); time.sleep(60)\n"
-        % (str(ROOT), str(tmp_path / "b"))
+        "%s; print(vb.pid, flush=True); time.sleep(60)\n"
+        % (str(ROOT), start % str(tmp_path / "b"))
     )
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -176,6 +182,31 @@ def test_board_processes_end_with_their_owner(tmp_path):
             return
         time.sleep(0.05)
     pytest.fail("the board's VM outlived the process that started it")
+
+
+def test_a_board_started_on_a_thread_that_ends_keeps_its_vm(tmp_path):
+    """PR_SET_PDEATHSIG fires when the thread that forked the VM ends: a board started on a thread that then ended (a
+    pipeline's boards, started and flashed side by side) had its VM SIGKILLed, and its supervisor booted it again
+    ("VM exited with code -9; rebooting" on its console). Now its first VM runs on."""
+    from specmesh.host.emulator import VirtualBoard
+
+    vb = VirtualBoard(tmp_path / "b")
+    try:
+        starter = threading.Thread(target=vb.start)
+        starter.start()
+        starter.join()
+        pid = vb.pid
+        assert pid is not None
+        proc = vb._proc
+        with pytest.raises(subprocess.TimeoutExpired):  # it was killed at once as the thread ended
+            proc.wait(timeout=1)
+        assert (vb.pid, vb.boots) == (pid, 1)
+        with open_port(vb.port) as ser:
+            ser.write(b"\x02")  # Ctrl-B: banner and prompt, from the one VM booted
+            out = read_until(ser, b">>> ")
+        assert b"rebooting" not in out
+    finally:
+        vb.stop()
 
 
 def test_stop_kills_the_vm(virtual_board):

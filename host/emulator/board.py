@@ -14,8 +14,8 @@ mphalport.c stdin_ringbuf_array) that holds 259 (py/ringbuf.h keeps a slot free)
 every byte that finds it full (ports/esp32/uart.c uart_irq_handler: ringbuf_put's result is not looked at).
 The ring is the VM's stdin pipe: the bytes in it that the VM has not read are the ring's fill.
 
-VMs run in their own session, die with their parent (PR_SET_PDEATHSIG), and are killed by `stop()`,
-by `atexit`, or by the pytest fixture's teardown.
+VMs run in their own session, die with the host process (PR_SET_PDEATHSIG, forked on threads that live as long as
+it: popen_vm), and are killed by `stop()`, by `atexit`, or by the pytest fixture's teardown.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import fcntl
 import logging  # noqa: F401 - at-fork hooks registered before any fork: see FORK_HOOKED
 import math
 import os
+import queue
 import select
 import signal
 import subprocess
@@ -44,10 +45,10 @@ from specmesh.host import atomic, layout, stops, tempdirs
 from specmesh.host.boardclasses import CONSOLE_RING, BoardClass, board_class
 from specmesh.host.mpycross import CompileError, compile_py
 
-# The stdlib modules that register at-fork hooks when first imported. A board's thread forks its VMs (subprocess with
-# preexec_fn runs the hooks); one of these imported meanwhile by another thread (a lazy import of the run) would have
-# its after-fork hook run without its before-fork one: "Exception ignored in _releaseLock ... RuntimeError: cannot
-# release un-acquired lock", about 1 run in 60. Imported above, before any board starts.
+# The stdlib modules that register at-fork hooks when first imported. A thread forks the VMs (the _Spawner's;
+# subprocess with preexec_fn runs the hooks); one of these imported meanwhile by another thread (a lazy import of the
+# run) would have its after-fork hook run without its before-fork one: "Exception ignored in _releaseLock ...
+# RuntimeError: cannot release un-acquired lock", about 1 run in 60. Imported above, before any board starts.
 FORK_HOOKED = ("logging", "concurrent.futures.thread")
 MPY_DIR = Path(__file__).with_name("mpy")
 EXIT_SOFT, EXIT_SOFT_RAW, EXIT_HARD = 64, 65, 66  # must match _vboard.py
@@ -193,14 +194,80 @@ except (OSError, AttributeError):
 
 
 def _die_with_parent() -> None:
-    """preexec_fn of a VM: SIGKILL it when its parent dies (PR_SET_PDEATHSIG)."""
+    """preexec_fn of a VM: SIGKILL it when its parent dies (PR_SET_PDEATHSIG). The kernel's "parent" here is the
+    thread that forked it, not the process: popen_vm forks only on threads that live as long as the process."""
     if _PRCTL is not None:
         _PRCTL(1, signal.SIGKILL)
 
 
+class _Spawner:
+    """The one thread that forks the VMs asked for on other threads than the main one, and lives as long as the
+    process. PR_SET_PDEATHSIG fires when the forking *thread* ends (prctl(2)), so a VM forked on a short-lived thread
+    (a board started and flashed beside others, host/provision/cluster.py _side_by_side; a caller's own thread) was
+    SIGKILLed as that thread ended, and its board rebooted ("VM exited with code -9; rebooting"). The main thread
+    forks its own (it lives as long as the process, and only there may a Ctrl-C arrive mid-fork: popen_vm). Chosen
+    over a child that watches its parent process (a pipe it polls): the VM is MicroPython or QEMU, which poll no
+    pipe, so that would take a wrapper process per VM; forking here keeps PDEATHSIG, which the kernel delivers even
+    when the host is SIGKILLed. A process forked from this one (os.fork) has no such thread: it starts its own."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Fork] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="vboard-spawner", daemon=True)
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def popen(self, args: list[str], kwargs: dict) -> subprocess.Popen[bytes]:
+        """subprocess.Popen(args, preexec_fn=_die_with_parent, **kwargs), forked on this thread; what it raised, raised
+        here."""
+        job = _Fork(args, kwargs)
+        self._jobs.put(job)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        assert job.proc is not None
+        return job.proc
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job.proc = subprocess.Popen(job.args, preexec_fn=_die_with_parent, **job.kwargs)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                job.error = e
+            job.done.set()
+
+
+class _Fork:
+    """One VM's Popen asked of the _Spawner: its arguments, then its Popen or what Popen raised."""
+
+    def __init__(self, args: list[str], kwargs: dict) -> None:
+        self.args, self.kwargs = args, kwargs
+        self.done = threading.Event()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.error: BaseException | None = None
+
+
+_spawner: _Spawner | None = None
+_spawner_lock = threading.Lock()
+
+
+def _the_spawner() -> _Spawner:
+    """The process's _Spawner, started on first use (again in a forked child, where its thread is not)."""
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None or not _spawner.alive():
+            _spawner = _Spawner()
+        return _spawner
+
+
 def popen_vm(args: list[str], **kwargs) -> subprocess.Popen[bytes]:
-    """subprocess.Popen(args, **kwargs) of a VM (or QEMU), which dies with its parent (_die_with_parent). Its preexec_fn
-    makes the fork run the at-fork hooks, logging's among them, so a stop signal is held meanwhile (stops.held)."""
+    """subprocess.Popen(args, **kwargs) of a VM (or QEMU), which dies with the process (_die_with_parent): forked on
+    the main thread when called there, else on the _Spawner's. Its preexec_fn makes the fork run the at-fork hooks,
+    logging's among them, so on the main thread a stop signal is held meanwhile (stops.held)."""
+    if threading.current_thread() is not threading.main_thread():
+        return _the_spawner().popen(args, kwargs)
     proc: subprocess.Popen[bytes] | None = None
     try:
         with stops.held():
