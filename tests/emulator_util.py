@@ -1,5 +1,6 @@
 """Helpers for the emulator tests: talk to a virtual board's pty and run mpremote against it."""
 
+import re
 import subprocess
 import sys
 import time
@@ -8,6 +9,19 @@ from pathlib import Path
 from specmesh.host.bus import ports
 
 MPREMOTE = str(Path(sys.executable).with_name("mpremote"))
+
+
+def follow_flash_commands(err, want, run, capsys):
+    """The `specmesh flash` commands a failed run's line `err` names are `want`, in order, and make the boards right:
+    each runs, then the run (`run`: its argv) goes through."""
+    from specmesh.host import cli
+
+    commands = re.findall(r"`(specmesh flash [^`]*)`", err)
+    assert commands == want, err
+    for command in commands:
+        assert cli.main(command.split()[1:]) == 0
+    capsys.readouterr()
+    assert cli.main(run) == 0, capsys.readouterr().err
 
 
 def mpremote(port, *args, timeout=30):

@@ -22,6 +22,8 @@ from specmesh.host.provision.keys import new_key_file
 from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 from specmesh.tools.testmodels import random_model
 
+from emulator_util import follow_flash_commands
+
 
 def _run(models, port, *extra):
     t0 = time.monotonic()
@@ -192,13 +194,9 @@ def test_drafter_and_verifier_boards_running_other_builds_are_named_in_one_line(
     assert out == "" and err.count("\n") == 1, (out, err)
     assert "error: the verifier on %s runs another build of target.spm" % vb.port in err
     assert "; the drafter on %s runs another build of drafter.spm" % vd.port in err
-    commands = re.findall(r"`(specmesh flash [^`]*)`", err)
-    assert commands == ["specmesh flash --port %s --role %s --model %s" % (board.port, role, other / name)
-                        for board, role, name in ((vb, "verifier", TARGET_FILE), (vd, "drafter", DRAFTER_FILE))], err
-    for command in commands:
-        assert cli.main(command.split()[1:]) == 0
-    capsys.readouterr()
-    assert cli.main(run) == 0, capsys.readouterr().err
+    follow_flash_commands(err, ["specmesh flash --port %s --role %s --model %s" % (board.port, role, other / name)
+                                for board, role, name in ((vb, "verifier", TARGET_FILE), (vd, "drafter", DRAFTER_FILE))],
+                          run, capsys)
 
 
 def test_a_drafter_board_of_another_vocabulary_is_told_the_flash_command_that_fixes_it(virtual_board, models,

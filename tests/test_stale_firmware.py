@@ -25,6 +25,8 @@ from specmesh.host.provision.flash import FW_LINE, FlashError, build, firmware_i
 from specmesh.shared import messages as m
 from specmesh.tools.testmodels import random_model
 
+from emulator_util import follow_flash_commands
+
 # (file, text, what replaces it): a node like this checkout's but for one change; None: this checkout's node with
 # node.py compiled unstamped, as a specmesh flashed it before the id ("specmesh-node 0.1"; it ran, and nothing said
 # that the board ran other files than the host's)
@@ -101,13 +103,9 @@ def test_every_stale_board_of_a_run_is_named_in_one_line(models, virtual_board, 
     assert out == "" and err.count("\n") == 1, (out, err)
     assert "the boards on %s (verifier), %s (drafter) run nodes flashed from other files" % (vb.port, vd.port) in err
     assert "(%s: its HELLO is not one this specmesh reads, %s says 'specmesh-node 0.1'; " % (vb.port, vd.port) in err
-    commands = re.findall(r"`(specmesh flash [^`]*)`", err)
-    assert commands == ["specmesh flash --port %s --role verifier --model %s" % (vb.port, models / TARGET_FILE),
-                        "specmesh flash --port %s --role drafter --model %s" % (vd.port, models / DRAFTER_FILE)], err
-    for command in commands:  # they make the boards this specmesh's
-        assert cli.main(command.split()[1:]) == 0
-    capsys.readouterr()
-    assert cli.main(argv) == 0, capsys.readouterr().err
+    follow_flash_commands(err, ["specmesh flash --port %s --role verifier --model %s" % (vb.port, models / TARGET_FILE),
+                                "specmesh flash --port %s --role drafter --model %s" % (vd.port, models / DRAFTER_FILE)],
+                          argv, capsys)  # they make the boards this specmesh's
 
 
 def test_a_stale_drafter_beside_a_verifier_on_another_build_is_named_in_the_same_line(models, virtual_board, tmp_path,
@@ -156,13 +154,9 @@ def test_a_drafter_on_another_build_beside_a_stale_verifier_is_named_in_the_same
     assert out == "" and err.count("\n") == 1, (out, err)
     assert "error: the verifier board on %s runs a node flashed from other files" % vb.port in err
     assert "; the drafter on %s runs another build of drafter.spm" % vd.port in err
-    commands = re.findall(r"`(specmesh flash [^`]*)`", err)
-    assert commands == ["specmesh flash --port %s --role %s --model %s" % (board.port, role, other / name)
-                        for board, role, name in ((vb, "verifier", TARGET_FILE), (vd, "drafter", DRAFTER_FILE))], err
-    for command in commands:
-        assert cli.main(command.split()[1:]) == 0
-    capsys.readouterr()
-    assert cli.main(argv) == 0, capsys.readouterr().err
+    follow_flash_commands(err, ["specmesh flash --port %s --role %s --model %s" % (board.port, role, other / name)
+                                for board, role, name in ((vb, "verifier", TARGET_FILE), (vd, "drafter", DRAFTER_FILE))],
+                          argv, capsys)
 
 
 def test_every_stale_stage_board_is_named_with_its_layers_and_node_id(models, virtual_board, tmp_path, capsys):
