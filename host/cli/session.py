@@ -69,7 +69,7 @@ from specmesh.host.layout import TOKENIZER_FILE, ngram_table
 from specmesh.host.projection.measured import board_summary
 from specmesh.host.provision.cluster import StaleFirmware
 from specmesh.host.provision.drafters import expected_alpha
-from specmesh.host.provision.flash import NODE_ID
+from specmesh.host.provision.flash import again_args
 from specmesh.shared.board import ROLES
 from specmesh.shared.modelfile import ModelFileError
 
@@ -560,13 +560,9 @@ def _check_running_drafter(drafter, target, given: Path, key: bytes | None = Non
 
 
 def _flash_args(board, key: bytes | None) -> str:
-    """The arguments after --port of the `specmesh flash` command that flashes `board` again in its place: its role's
-    (a stage's with its layers), its node id where it is not its role's default, which a flash without --node-id
-    would give it (a pipeline's later stages: 11, 12, ...), and in a keyed run (`key`) the key file, without which a
-    keyed board takes no flash."""
-    node = board.proxy.node
-    return board.flash_role() + (" --node-id %d" % node if node != NODE_ID[ROLES[board.role]] else "") + (
-        " --key-file FILE" if key else "")
+    """The arguments after --port of the `specmesh flash` command that flashes `board` again in its place
+    (flash.again_args; `key`: the run's)."""
+    return again_args(ROLES[board.role], board.flash_role(), board.proxy.node, key is not None)
 
 
 def running_file(backend, given: Path) -> Path:

@@ -28,7 +28,7 @@ from specmesh.host.projection.calibration import write
 from specmesh.host.boardclasses import class_of
 from specmesh.host.bus import ports
 from specmesh.host.backends.board import role_args
-from specmesh.host.provision.flash import (NODE_ID, FlashError, FlashRequestError, Lost, close, failed, leave_node,
+from specmesh.host.provision.flash import (FlashError, FlashRequestError, Lost, again_args, close, failed, leave_node,
                                            node_module, open_board, probe, read_board_config)
 from specmesh.shared.board import FLASHING
 from specmesh.shared.modelfile import HEADER_SIZE, Header, parse_header
@@ -192,9 +192,8 @@ def _check_firmware(transport, info, config: dict, port: str) -> None:
     if transport.fs_exists("node.mpy") and transport.fs_hashfile("node.mpy", "sha256") == want:
         return
     layers, kind, node = config.get("layers"), config.get("role", "verifier"), config.get("node_id")
-    role = role_args(kind, tuple(layers) if isinstance(layers, list) else None)
-    if kind in NODE_ID and isinstance(node, int) and node != NODE_ID[kind]:  # a flash without it gives the default
-        role += " --node-id %d" % node
+    role = again_args(kind, role_args(kind, tuple(layers) if isinstance(layers, list) else None),
+                      node if isinstance(node, int) else None)
     raise FlashRequestError("%s runs a node flashed from other files than this specmesh's (its node.mpy is not the "
                             "one this specmesh flashes): flashed before specmesh was updated? flash it again with "
                             "`specmesh flash --port %s --role %s`, then bench it" % (port, port, role))

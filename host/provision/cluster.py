@@ -37,7 +37,7 @@ from specmesh.host.boardclasses import ROLE_CLASS, VIRTUAL_TOO_SMALL, drafter_cl
 from specmesh.host.bus.links import LinkError, SerialLink
 from specmesh.host.bus.proxy import Bus, HostAuth, NodeError, Proxy
 from specmesh.host.layout import MODELS, ROOT, model_path
-from specmesh.host.provision.flash import NODE_ID, firmware_id
+from specmesh.host.provision.flash import NODE_ID, again_args, firmware_id
 from specmesh.shared import messages as m
 from specmesh.shared.codec import BROADCAST, CodecError, Frame
 
@@ -234,10 +234,9 @@ def check_firmware(hello: bytes, port: str, kind: str, role: str, key: bytes | N
         return
     if held == m.ROLE_STAGE and kind == "verifier":  # a stage board given alone (a pipeline of one: stageports.py
         kind, role = "stage", "stage --layers 0:%s" % (check_model_file(model)[0].n_layers if model else "N")
-    node_id = " --node-id %d" % node if node is not None and node != NODE_ID[kind] else ""
     given = _flash_model(kind, model, running.rsplit("/", 1)[-1])
-    raise StaleFirmware([(port, kind, fw, "`specmesh flash --port %s --role %s%s%s%s`" % (
-        port, role, node_id, " --key-file FILE" if key else "", " --model %s" % given if given else ""))])
+    raise StaleFirmware([(port, kind, fw, "`specmesh flash --port %s --role %s%s`" % (
+        port, again_args(kind, role, node, key is not None), " --model %s" % given if given else ""))])
 
 
 def _flash_model(kind: str, model: Path | None, running: str) -> Path | None:

@@ -222,6 +222,15 @@ class FlashReport:
     key_removed: bool = False  # --no-key took the deployment key the board held
 
 
+def again_args(kind: str, role: str, node: int | None = None, keyed: bool = False) -> str:
+    """The role arguments of the `specmesh flash` command that flashes a `kind` board again in its place: `role` (as
+    host/backends/board.py role_args gives it: a stage's with its layers), then its node id `node` where that is not the
+    kind's default, which a flash without --node-id would give it (a pipeline's later stages: 11, 12, ...), and in a
+    keyed run (`keyed`) the key file, without which a keyed board takes no flash."""
+    return role + (" --node-id %d" % node if node is not None and kind in NODE_ID and node != NODE_ID[kind] else "") + (
+        " --key-file FILE" if keyed else "")
+
+
 def build(arch: str | None, out: Path, sources: Iterator[tuple[Path, str]] | None = None) -> dict[str, Path]:
     """Compile the node's files for `arch`; returns board path -> local file. The node's own files (no
     `sources`) come with the native kernel module built for `arch`, where one is shipped. node.py is compiled with
