@@ -328,6 +328,31 @@ def test_a_compressed_body_is_a_415_saying_to_send_it_uncompressed(cpu):
     assert json.load(urllib.request.urlopen(plain, timeout=60))["usage"]["completion_tokens"] == 4
 
 
+def test_a_body_that_stops_short_of_its_content_length_is_a_408_within_the_bound(cpu, monkeypatch):
+    """A client that declared a Content-Length, sent less and kept its connection open waited for good (uvicorn has no
+    timeout of its own for a body), its socket and the body so far held by the server. It held no lane: a request
+    meanwhile is served, neither counted as waiting. Past server.BODY_S it is now a 408 saying so, and its connection
+    is closed."""
+    from specmesh.host.cli import server
+
+    monkeypatch.setattr(server, "BODY_S", 1)
+    port = int(cpu[0].rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"prompt\": ")
+        assert client(cpu[0]).completions.create(model="specmesh", prompt=PROMPT, max_tokens=4).usage.completion_tokens == 4
+        health = json.load(urllib.request.urlopen(cpu[0] + "/health", timeout=60))
+        assert health["busy"] == health["waiting"] == 0, health
+        got = b""
+        while chunk := sock.recv(4096):  # (the server closes the connection after its reply)
+            got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head.lower(), head
+    assert json.loads(body)["error"]["message"] == (
+        "the request's body did not arrive whole within 1 s (its client sent less than its Content-Length says, or "
+        "stalled): send the request again")
+
+
 def test_a_body_that_is_not_json_is_a_400_saying_where(cpu):
     """A body the JSON parser refused (single quotes, as a shell's `-d "{'prompt': ...}"` sends, a trailing comma,
     form fields, nothing) was "the body must be JSON" alone, which left the client to find what is wrong with it. The

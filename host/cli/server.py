@@ -69,6 +69,11 @@ DEFAULTS = {"echo": (None, False), "logprobs": (None, False), "top_logprobs": (N
             "verbosity": (None,), "web_search_options": (None,), "moderation": (None,), "prompt_cache_key": (None,),
             "prompt_cache_retention": (None,), "prompt_cache_options": (None,)}
 MAX_BODY = 1 << 20
+# seconds a request's body has to arrive whole once its headers have: one that stops short of its Content-Length and
+# keeps its connection open (uvicorn has no timeout of its own for it, its issue #157) held its socket and up to
+# MAX_BODY of memory for good; past this it is a 408, its connection closed. A prompt's body is a few kilobytes, and
+# MAX_BODY in 60 s is 17 KB/s
+BODY_S = 60
 # a mesh whose pipeline lost a stage: each request asks the stage first (host/backends/pipeline.py REVIVE_S)
 RESTART = ("every request fails so until the board answers again (each asks it first); if it stays silent, check it and "
            "start specmesh serve again")
@@ -92,7 +97,10 @@ class BadRequest(Exception):
         self.param, self.status, self.code = param, status, code
 
     def reply(self) -> JSONResponse:
-        return error(self.status, str(self), self.param, self.code)
+        reply = error(self.status, str(self), self.param, self.code)
+        if self.status == 408:  # the server no longer waits on this connection, and says so (RFC 9110 15.5.9)
+            reply.headers["connection"] = "close"
+        return reply
 
 
 def unknown_model(name: str) -> BadRequest:
@@ -471,8 +479,9 @@ async def body_of(request: Request) -> bytes:
     """The request's body, read up to MAX_BODY bytes (BadRequest 413 beyond: any prompt the context holds is a
     few kilobytes, and a body is held whole in memory to be parsed), and refused unread where its Content-Length
     says so (a client waiting to hear `100 Continue` before it sends a big body, curl's way, was told to send it, and
-    one that declared more than it sent waited for good); a compressed one is a 415, unread: compressed JSON is no
-    JSON to the parser, and "the body must be JSON" would tell its client to mend what is not broken."""
+    one that declared more than it sent waited for good), a 408 where it is not whole within BODY_S; a compressed one is
+    a 415, unread: compressed JSON is no JSON to the parser, and "the body must be JSON" would tell its client to mend
+    what is not broken."""
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding != "identity":
         raise BadRequest("the body's Content-Encoding %s is not taken: send the JSON uncompressed" % _shown(encoding),
@@ -482,11 +491,16 @@ async def body_of(request: Request) -> bytes:
     if declared.isdigit() and int(declared) > MAX_BODY:
         raise too_big
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise too_big
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(BODY_S):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY:
+                    raise too_big
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BadRequest("the request's body did not arrive whole within %d s (its client sent less than its "
+                         "Content-Length says, or stalled): send the request again" % BODY_S, status=408) from None
     return b"".join(chunks)
 
 
