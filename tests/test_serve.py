@@ -495,7 +495,8 @@ class Slow(backends.LocalVerifier):
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("half", [False, True])
 def test_a_client_killed_mid_generation_frees_its_lane_for_the_next_request(models, monkeypatch, caplog, stream, half):
-    """A client gone (its socket closed, or only its sending half: `half`) ends its generation after its round, the
+    """A client gone (its socket closed, or only its sending half: `half`, whose FIN is the one a closed socket sends, so
+    uvicorn takes it as gone too and closes the connection, unanswered) ends its generation after its round, the
     next request gets the text it gets alone, and the server logs nothing of it (uvicorn's loggers do not reach pytest's, and its Config sets their handlers, so a
     handler of the test's, added once the server runs, hears them)."""
     import logging
@@ -527,6 +528,12 @@ def test_a_client_killed_mid_generation_frees_its_lane_for_the_next_request(mode
             took = time.monotonic() - t0
             assert done.usage.completion_tokens == 8 and took < 2.0, took  # not the 6 s the killed stream had left
             assert done.choices[0].text == mesh.generate("The cat", max_tokens=8).text  # the text it gives alone
+            if half:  # uvicorn closed the connection: the reply was not sent, nor the stream's end
+                rest = b""
+                sock.settimeout(60)
+                while chunk := sock.recv(4096):
+                    rest += chunk
+                assert b"[DONE]" not in rest and (stream or not rest), rest
             sock.close()
     finally:
         logging.getLogger("uvicorn").removeHandler(hearing)
