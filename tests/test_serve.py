@@ -198,7 +198,7 @@ def test_an_empty_suffix_is_taken_as_none(cpu):
     assert e.value.body["param"] == "suffix" and 'only its default, null or ""' in e.value.body["message"]
 
 
-def test_an_empty_stop_string_is_refused_saying_why(cpu):
+def test_an_empty_stop_string_is_refused_saying_why_and_an_empty_list_is_none(cpu):
     """`stop: ""` was a 400 "stop must be a string or a list of up to 4 non-empty strings", which the string sent
     seemed to be. OpenAI's reference gives no meaning to an empty one, and the text would end before it began (vLLM's
     server refuses it too): it is still refused, now with the line `specmesh run --stop ""` and the Python API give."""
@@ -208,6 +208,13 @@ def test_an_empty_stop_string_is_refused_saying_why(cpu):
             c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=8, stop=stop)
         assert e.value.body["param"] == "stop" and e.value.body["message"] == (
             "stop needs non-empty strings (an empty one would end the text before it began)"), e.value.body
+    # an empty list is no stop string: OpenAI's schema asks for one at least (minItems 1), but its API takes [] (clients
+    # that always send their list send it so) as none, and so does this server
+    for create, ask, text in ((c.completions.create, {"prompt": PROMPT}, lambda r: r.choices[0].text),
+                              (c.chat.completions.create, {"messages": [{"role": "user", "content": PROMPT}]},
+                               lambda r: r.choices[0].message.content)):
+        alone, unstopped = (create(model="specmesh", max_tokens=8, **ask, **stop) for stop in ({}, {"stop": []}))
+        assert text(unstopped) == text(alone) and unstopped.choices[0].finish_reason == "length"
 
 
 def test_null_is_taken_as_not_given_for_each_openai_parameter(cpu):
