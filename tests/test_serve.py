@@ -23,9 +23,8 @@ openai = pytest.importorskip("openai", reason="the tests drive the server with t
 
 import specmesh
 from specmesh import Mesh
-from specmesh.host import backends
 from specmesh.host.cli import registry
-from tests.serve_util import client, serving
+from tests.serve_util import Slow, client, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "Once upon a time"
@@ -489,14 +488,6 @@ def test_a_stream_carries_usage_only_when_stream_options_ask_for_it(cpu):
         with pytest.raises(openai.BadRequestError) as e:
             create(model="specmesh", max_tokens=8, stream=True, stream_options={"include_usage": "yes"}, **ask)
         assert e.value.body["param"] == "stream_options", e.value.body
-
-
-class Slow(backends.LocalVerifier):
-    """The CPU verifier taking 50 ms a verdict, as a slow board would: 120 tokens take 6 s or more."""
-
-    def verify(self, committed, draft):
-        time.sleep(0.05)
-        return super().verify(committed, draft)
 
 
 @pytest.mark.parametrize("stream", [True, False])

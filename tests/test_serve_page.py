@@ -4,6 +4,7 @@ drafts marked, and each board's role, class and kernels shown; a server stopped 
 to do. SPECMESH_PAGE_SHOT=FILE keeps a screenshot (docs/serve-page.png is one)."""
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,7 +18,7 @@ pytest.importorskip("websocket", reason="the browser is driven with websocket-cl
 
 from specmesh import Mesh
 from tests.cdp import browser, chromium
-from tests.serve_util import serving
+from tests.serve_util import Slow, served, serving
 
 PROMPT = "The little dog"
 
@@ -44,6 +45,8 @@ def test_the_page_streams_a_typed_prompt_s_text_with_drafts_marked_and_the_board
             assert {(r[1], r[2]) for r in rows} == {("verifier", "esp32s3"), ("drafter", "esp32")}
             assert all(r[3].startswith("native") or r[3].startswith("viper") for r in rows)
             assert page.js("document.querySelectorAll('#rounds tbody tr').length") > 1
+            summary = page.js("document.getElementById('summary').textContent")
+            assert re.search(r"; acceptance \d\.\d\d of \d+ drafts tested, ", summary), summary
             page.screenshot(tmp_path / "page.png")
     assert (tmp_path / "page.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if os.environ.get("SPECMESH_PAGE_SHOT"):
@@ -80,6 +83,28 @@ def test_the_page_says_it_waits_while_another_request_holds_the_mesh(models):
         other.join()
         assert page.wait("document.body.dataset.state === 'done'")
         assert "tokens / verification" in page.js(summary) and page.js("document.getElementById('text').textContent")
+
+
+def test_a_text_cut_before_any_draft_was_tested_says_so_not_acceptance_dash(models, monkeypatch):
+    """A generation the server's stop cut after its first round, a plain one (the drafter's first guess of gamma can be
+    0), had no draft tested: its acceptance is null, and the page said "acceptance -". It now says no drafts were
+    tested (the server gives the count behind its acceptance), beside the cut's own line."""
+    from specmesh.host.cli import registry
+
+    binary = chromium()
+    if binary is None:
+        pytest.skip("chromium is not installed: apt-get install chromium (.ci/run does)")
+    monkeypatch.setitem(registry.VERIFIERS, "slow", Slow)
+    with Mesh(drafter="cpu", verifier="slow", models=models, gamma="0") as mesh, served(mesh) as (url, app), \
+            browser(binary) as page:  # (every round plain: none tested wherever the cut falls)
+        page.open(url + "/")
+        page.js("document.getElementById('max_tokens').value = '100'; document.getElementById('go').click(); true")
+        page.wait("document.querySelectorAll('#rounds tbody tr').length > 0")
+        app.state.stop()  # what serve's Ctrl-C calls: the generation ends after its round
+        assert page.wait("document.body.dataset.state !== 'streaming' && document.body.dataset.state") == "cut"
+        summary = page.js("document.getElementById('summary').textContent")
+        assert summary.startswith("verifier cpu, drafter cpu; no drafts tested, 1.00 tokens / verification, ") and (
+            "cut short: the server stopped" in summary), summary
 
 
 def test_the_page_says_so_when_the_server_stops_mid_text_and_when_it_is_gone():

@@ -13,9 +13,10 @@ A sampled request without a `seed` samples under a fresh one, as OpenAI's differ
 as `specmesh run --seed` does. A chat's messages are its turns, appended as typed (the stories model has no chat
 template; `specmesh chat` does the same).
 
-Every response carries specmesh's own figures in the extension field `specmesh`: acceptance, tokens per
-verification, tokens/s, the projected board tokens/s when the mesh projects, the boards; each streamed chunk
-its round's (characters of the chunk that were accepted drafts, drafts accepted, tokens committed, seconds).
+Every response carries specmesh's own figures in the extension field `specmesh`: acceptance and the drafts tested
+behind it, tokens per verification, tokens/s, the projected board tokens/s when the mesh projects, the boards; each
+streamed chunk its round's (characters of the chunk that were accepted drafts, drafts accepted, tokens committed,
+seconds).
 
 Each request generates in a thread of its own on a lane of the mesh (waiting for one, first come first
 served, when all are busy); a client that disconnects, streamed or not, sets its cancel event, which ends its
@@ -289,7 +290,8 @@ def figures(done: Completion) -> dict:
     """specmesh's extension field of a finished generation."""
     s = done.stats
     proj = s.get("projection") or {}
-    return {"acceptance": s.get("alpha"), "tokens_per_verification": s.get("tokens_per_verification"),
+    return {"acceptance": s.get("alpha"), "drafts_tested": s.get("alpha_tested"),  # (acceptance is null when none)
+            "tokens_per_verification": s.get("tokens_per_verification"),
             "tokens_per_s": s.get("tokens_per_s"), "projected_tokens_per_s": proj.get("tokens_per_s"),
             "projected_on": proj.get("hardware"), "gamma_hist": s.get("gamma_hist"), "verifier": s.get("verifier"),
             "drafter": s.get("drafter"), "boards": s.get("boards"), "failovers": s.get("failovers"),
