@@ -16,7 +16,7 @@ API (used by the node and its roles; `firmware/` is the board's root, `shared/` 
     e.rollback(n)                         # keep the first n positions (n >= length: no-op)
     e.exp_table                           # intmath.exp_table (a view of the engine's ints; for sampling)
     e.length, e.n_ctx, e.vocab, e.header  # cached positions, context size, vocabulary, model header
-    e.crc                                 # the header's body crc32: which build of its file it runs (HELLO)
+    e.crc                                 # the header's crc32: which build of its file it runs (HELLO)
     e.heap_bytes                          # heap the loaded engine holds (weights + KV cache + buffers;
                                           # a model on a ROMFS keeps its int8 weights in flash, not here)
     e.kernels                             # "native", "viper" or "python": the kernels it runs (kernelpick.py)
@@ -182,15 +182,16 @@ class Engine:
     @staticmethod
     def _load(f, h, a, b, scratch, rom=None):
         """Read the tensors of layers a..b-1 (all of them without `scratch`) into fresh buffers, checking
-        sizes and the body CRC; tensors in file order, None for a tensor not loaded. With `rom` (the file's
-        memoryview, a ROMFS file: memory-mapped flash) the int8 weights stay where they are, views of it.
+        sizes and the file's CRC (the body's, continued from the header's crc0: shared/modelfile.py parse_header);
+        tensors in file order, None for a tensor not loaded. With `rom` (the file's memoryview, a ROMFS file:
+        memory-mapped flash) the int8 weights stay where they are, views of it.
 
         With `scratch` (a stage) the embedding, the other layers and the classifier are read through it
         for the CRC only, and the final norm is loaded when b is the last layer.
         A Q8 tensor becomes (int8 bytearray or ROMFS view, array('i') of m | s << 16 per row, rows, cols), the row
         scale m / 2^s (intmath.fixed: 0 <= m <= 2^14); a vector (array('i') of ints, s), values int / 2^s.
         """
-        crc = 0
+        crc = h.crc0
         layout = tensor_layout(h)
         out = [None] * len(layout)
         lo, hi = 1 + 9 * a, 1 + 9 * b + (1 if b == h.n_layers else 0)  # tensors kept by a stage
@@ -218,16 +219,16 @@ class Engine:
                 out[n] = (v, intmath.fixed_vector(v))
         if f.read(1):
             raise ModelFileError("model file has trailing bytes after its tensors: the file is corrupt")
-        if crc is not None and crc != h.body_crc:
+        if crc is not None and crc != h.crc:
             raise ModelFileError("model file fails its CRC check: the file is corrupt, copy it again")
         return out
 
     @property
     def crc(self):
-        """The model body's crc32 from its header (HELLO reports it). Named `crc`, a name the node's modules already
+        """The model file's crc32 from its header (HELLO reports it). Named `crc`, a name the node's modules already
         hold: a new name (body_crc) in node.py grew an idle node's qstr pool at boot, 6 KB on a classic ESP32's
         heap, which then ran out (tests/test_node.py)."""
-        return self.header.body_crc
+        return self.header.crc
 
     def rollback(self, n):
         """Keep the first n cached positions."""

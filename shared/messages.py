@@ -7,7 +7,7 @@ Strings must be well-formed UTF-8 (checked here, identically on both runtimes: `
 
     HELLO       request: b""                      reply: pack_hello(fw, board, role, model, vocab,
                                                          max_seq, heap_free, caps, max_gamma, kernels, crc) /
-                unpack_hello; crc: the running model's body crc32 (0: none loaded, or a firmware older than the
+                unpack_hello; crc: the running model file's crc32 (0: none loaded, or a firmware older than the
                 field, whose reply ends after kernels: unpacked as 0)
                 signed (docs/security.md): the request is the host's session id and a challenge (8 bytes
                 each), the reply ends with the challenge, a nonce and a counter floor (20 bytes, below);
@@ -195,7 +195,7 @@ class _Reader:
 def pack_hello(fw, board, role, model, vocab, max_seq, heap_free, caps, gamma, kernels, crc):
     """HELLO reply; `gamma` is its max_gamma field: the most drafts the node takes (0 when idle);
     `kernels` the engine's kernels, "native", "viper" or "python", then in parentheses why not native;
-    `crc` the body crc32 of the model it runs, from the file's header (0 when none is loaded)."""
+    `crc` the crc32 of the model file it runs, from its header (0 when none is loaded)."""
     buf = bytearray(_str_bytes(fw) + _str_bytes(board) + _str_bytes(model) + _str_bytes(kernels) + 15)
     off = _put_str(buf, 0, fw)
     off = _put_str(buf, off, board)

@@ -8,9 +8,11 @@ The layout is documented in docs/CONTRACTS.md section 3.
 import struct
 
 MAGIC = b"SPMM"
-VERSION = 1
+VERSION = 2  # what writers write; readers take 1 too. Version 2's crc32 covers the header's bytes before it, then the
+# body, so a flipped header bit fails the CRC as a body bit does (version 1's covered the body only: a flipped rope_theta
+# ran and gave garbage). The same layout, so a reader starts the CRC from those bytes or from 0 (Header.crc0)
 # magic, version, header_size, dim, n_layers, n_heads, n_kv_heads, hidden, vocab, max_seq, flags,
-# tokenizer_id, norm_eps, rope_theta, body_len, body_crc32
+# tokenizer_id, norm_eps, rope_theta, body_len, crc32
 HEADER_FMT = "<4sHHHHHHHHHHIffII"
 HEADER_SIZE = struct.calcsize(HEADER_FMT)
 
@@ -28,7 +30,7 @@ class Header:
     """Hyper-parameters of a model, as stored in the file header."""
 
     def __init__(self, dim, n_layers, n_heads, n_kv_heads, hidden, vocab, max_seq,
-                 flags=0, tokenizer_id=0, norm_eps=1e-5, rope_theta=10000.0, body_len=0, body_crc=0):
+                 flags=0, tokenizer_id=0, norm_eps=1e-5, rope_theta=10000.0, body_len=0, crc=0):
         self.dim = dim
         self.n_layers = n_layers
         self.n_heads = n_heads
@@ -41,7 +43,7 @@ class Header:
         self.norm_eps = norm_eps
         self.rope_theta = rope_theta
         self.body_len = body_len
-        self.body_crc = body_crc
+        self.crc = crc
 
     @property
     def head_dim(self):
@@ -64,7 +66,7 @@ class Header:
         return struct.pack(HEADER_FMT, MAGIC, VERSION, HEADER_SIZE, self.dim, self.n_layers,
                            self.n_heads, self.n_kv_heads, self.hidden, self.vocab, self.max_seq,
                            self.flags, self.tokenizer_id, self.norm_eps, self.rope_theta,
-                           self.body_len, self.body_crc)
+                           self.body_len, self.crc)
 
     def check(self):
         """Raise ModelFileError if the hyper-parameters cannot describe a model."""
@@ -74,8 +76,9 @@ class Header:
         if self.dim % self.n_heads or self.n_heads % self.n_kv_heads or self.head_dim % 2:
             raise ModelFileError("model header has inconsistent head counts: the file is corrupt, re-export it")
         # the integer arithmetic's domain (docs/CONTRACTS.md section 4): eps as round(eps * 2^32) in an int32, theta's
-        # log >= 0 for intmath's series (below 1 it never converged: a load that hung). The header is outside the
-        # CRC, so a flipped bit lands here; NaN fails both comparisons, and x * 0 is 0 only for a finite x
+        # log >= 0 for intmath's series (below 1 it never converged: a load that hung). A board checks the CRC as it
+        # reads the body, after this (and a version 1 header is outside it), so a flipped bit lands here; NaN fails
+        # both comparisons, and x * 0 is 0 only for a finite x
         if not 0 <= self.norm_eps < 0.5:
             raise ModelFileError("model header has norm_eps %r, outside 0..0.5: the file is corrupt, re-export it"
                                  % (self.norm_eps,))
@@ -86,7 +89,8 @@ class Header:
             raise ModelFileError("model header has flags 0x%x, which this build does not know: the file is corrupt "
                                  "or newer than this build" % self.flags)
         if self.body_len != body_size(self):
-            raise ModelFileError("model header says %d tensor bytes but the shape needs %d: re-export the model"
+            raise ModelFileError("model header says %d tensor bytes but the shape needs %d: the file is corrupt, "
+                                 "re-export it"
                                  % (self.body_len, body_size(self)))
 
 
@@ -96,19 +100,22 @@ def float32_bits(v):
 
 
 def parse_header(data):
-    """Header from the first HEADER_SIZE bytes of a model file; raises ModelFileError."""
+    """Header from the first HEADER_SIZE bytes of a model file; raises ModelFileError. Its crc0 is the CRC-32 of
+    the header's bytes before its crc field for a version 2 file, 0 for version 1 (None without binascii): the
+    file's crc field is the CRC of the body continued from crc0 (`crc32(body, h.crc0)`)."""
     if len(data) < HEADER_SIZE:
         raise ModelFileError("model file is truncated (%d bytes, header needs %d)" % (len(data), HEADER_SIZE))
     f = struct.unpack(HEADER_FMT, bytes(data[:HEADER_SIZE]))
     if f[0] != MAGIC:
         raise ModelFileError("not a specmesh model file (bad magic %r)" % (f[0],))
-    if f[1] != VERSION:
-        raise ModelFileError("model file version %d is not supported (this build reads %d): re-export it"
+    if not 0 < f[1] <= VERSION:
+        raise ModelFileError("model file version %d is not supported (this build reads 1 to %d): re-export it"
                              % (f[1], VERSION))
     if f[2] != HEADER_SIZE:
         raise ModelFileError("model header size %d, expected %d: the file is corrupt" % (f[2], HEADER_SIZE))
     h = Header(f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12], f[13], f[14], f[15])
     h.check()
+    h.crc0 = crc32(data[:HEADER_SIZE - 4]) if f[1] > 1 else 0
     return h
 
 

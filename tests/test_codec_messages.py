@@ -44,7 +44,7 @@ def test_round_trip(mtype, reply, payload, fields):
 
 
 def test_hello_ends_with_the_models_crc_and_an_older_firmwares_without_it_reads_as_0():
-    """A board flashed before HELLO carried its model's body crc32 ends the reply after the kernels string: still
+    """A board flashed before HELLO carried its model's crc32 ends the reply after the kernels string: still
     read (crc 0, which the host does not check); a crc cut short is a truncated payload."""
     body = m.pack_hello("fw", "esp32s3", 2, "/models/target.spm", 512, 256, 9, 1, 4, "viper", 0xC0FFEE11)
     assert body.endswith(struct.pack("<I", 0xC0FFEE11))

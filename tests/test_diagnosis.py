@@ -156,8 +156,8 @@ def test_a_verifier_board_running_another_build_of_the_target_is_refused_before_
     for name in ("tokenizer.bin", DRAFTER_FILE):
         shutil.copy(models / name, other / name)
     crc = {other: random_model(other / TARGET_FILE, dim=32, n_layers=2, hidden=64, vocab=512, max_seq=128,
-                               seed=99).body_crc,
-           models: parse_header((models / TARGET_FILE).read_bytes()[:HEADER_SIZE]).body_crc}
+                               seed=99).crc,
+           models: parse_header((models / TARGET_FILE).read_bytes()[:HEADER_SIZE]).crc}
     assert crc[models] != crc[other]
     vb = virtual_board("esp32s3")
     assert cli.main(["flash", "--port", vb.port, "--role", "verifier", "--model", str(other / TARGET_FILE)]) == 0
@@ -165,8 +165,8 @@ def test_a_verifier_board_running_another_build_of_the_target_is_refused_before_
     run = ["run", "--drafter", "cpu", "--verifier", vb.port, "--quiet", "-n", "4"]
     assert cli.main([*run, "--models", str(models)]) == 2
     path = models / TARGET_FILE
-    assert capsys.readouterr() == ("", "specmesh run: error: the verifier on %s runs another build of target.spm (body "
-                                   "crc32 %08x, not the %08x of %s, which this run fails over to and copies drafts "
+    assert capsys.readouterr() == ("", "specmesh run: error: the verifier on %s runs another build of target.spm (crc32 "
+                                   "%08x, not the %08x of %s, which this run fails over to and copies drafts "
                                    "from): flash it with this run's file (`specmesh flash --port %s --role verifier "
                                    "--model %s`) or give this run the file it was flashed from (its folder as "
                                    "--models)\n" % (vb.port, crc[other], crc[models], path, vb.port, path))

@@ -3,9 +3,25 @@
 import numpy as np
 import pytest
 
+import re
+import struct
+
 from specmesh.host.backends.modelio import QTensor, quantize_rows, read_model, write_model
-from specmesh.shared.modelfile import FLAG_SHARED_CLS, HEADER_SIZE, Header, ModelFileError, tensor_layout
-from specmesh.tools.testmodels import random_model, random_tensors
+from specmesh.shared.modelfile import FLAG_SHARED_CLS, HEADER_FMT, HEADER_SIZE, Header, ModelFileError, tensor_layout
+from specmesh.tools.testmodels import as_version_1, random_model, random_tensors
+
+# the header's fields (shared/modelfile.py HEADER_FMT) and their offsets
+FIELDS = ["magic", "version", "header_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden", "vocab", "max_seq",
+          "flags", "tokenizer_id", "norm_eps", "rope_theta", "body_len", "crc"]
+CODES = re.findall(r"\d*[a-zA-Z]", HEADER_FMT[1:])
+OFFSET = {name: struct.calcsize("<" + "".join(CODES[:i])) for i, name in enumerate(FIELDS)}
+END = {name: struct.calcsize("<" + "".join(CODES[:i + 1])) for i, name in enumerate(FIELDS)}
+assert len(CODES) == len(FIELDS) and OFFSET["crc"] == HEADER_SIZE - 4 and END["crc"] == HEADER_SIZE
+
+
+def flip(b: bytes, offset: int, bit: int = 1) -> bytes:
+    """`b` with one bit of the byte at `offset` flipped."""
+    return b[:offset] + bytes([b[offset] ^ bit]) + b[offset + 1:]
 
 
 def test_quantize_rows_rounds_half_away_and_bounds_error():
@@ -34,7 +50,7 @@ def test_round_trip(tmp_path, flags):
     assert path.stat().st_size == HEADER_SIZE + written.body_len
     assert (h2.dim, h2.n_layers, h2.vocab, h2.flags, h2.tokenizer_id) == (16, 2, 40, flags, 7)
     assert h2.norm_eps == pytest.approx(1e-6) and h2.rope_theta == 500.0
-    assert h2.body_crc == written.body_crc
+    assert h2.crc == written.crc
     assert list(t2) == [name for name, *_ in tensor_layout(h)]
     for name, v in tensors.items():
         if isinstance(t2[name], QTensor):
@@ -60,10 +76,9 @@ def test_write_refuses_wrong_tensors(tmp_path):
 
 
 def _header_field(b: bytes, offset: int, fmt: str, value) -> bytes:
-    """`b` with one header field (outside the body's CRC: a flipped bit there passed every check) set to `value`."""
-    import struct
-
-    out = bytearray(b)
+    """The version 1 file of `b` with one header field (outside its CRC: a flipped bit there passed every check) set
+    to `value`; in a version 2 file the CRC refuses it first (test_a_flipped_header_byte_fails_the_crc_check)."""
+    out = bytearray(as_version_1(b))
     struct.pack_into(fmt, out, offset, value)
     return bytes(out)
 
@@ -87,6 +102,55 @@ def test_broken_files_are_refused(tmp_path, damage, message):
     path.write_bytes(damage(path.read_bytes()))
     with pytest.raises(ModelFileError, match=message):
         read_model(path)
+
+
+@pytest.mark.parametrize("field", FIELDS[2:])
+def test_a_flipped_header_byte_fails_the_crc_check(tmp_path, field):
+    """Version 2's CRC covers the header: a flipped bit in any field after the version is said as one in the body
+    is, whether the field is still possible (a rope_theta a little off ran and gave garbage text in version 1) or
+    not (a shape the body does not match, an unknown flag). Its low byte's lowest bit, and its top bit."""
+    path = tmp_path / "m.spm"
+    random_model(path)
+    good = path.read_bytes()
+    for offset, bit in ((OFFSET[field], 1), (END[field] - 1, 0x80)):
+        path.write_bytes(flip(good, offset, bit))
+        with pytest.raises(ModelFileError) as e:
+            read_model(path)
+        assert str(e.value) == "model file %s fails its CRC check: the file is corrupt, copy or export it again" % path
+
+
+@pytest.mark.parametrize("field, bit, message", [
+    ("magic", 1, "not a specmesh model file"),
+    ("version", 1, "version 3 is not supported (this build reads 1 to 2): re-export it"),
+    ("version", 2, "version 0 is not supported"),
+])
+def test_a_flipped_magic_or_version_is_said_so(tmp_path, field, bit, message):
+    path = tmp_path / "m.spm"
+    random_model(path)
+    path.write_bytes(flip(path.read_bytes(), OFFSET[field], bit))
+    with pytest.raises(ModelFileError, match=re.escape(message)):
+        read_model(path)
+
+
+def test_a_version_1_file_still_loads_its_header_outside_its_crc(tmp_path):
+    """A file exported before version 2 (its crc the body's only) loads as it did: the same header and tensors as the
+    version 2 file of the same model; a header field changed within its domain passes its checks, as it did."""
+    v2, v1 = tmp_path / "v2.spm", tmp_path / "v1.spm"
+    random_model(v2)
+    data = v2.read_bytes()
+    v1.write_bytes(as_version_1(data))
+    (h2, t2), (h1, t1) = read_model(v2), read_model(v1)
+    assert vars(h1).keys() == vars(h2).keys()
+    assert {k: v for k, v in vars(h1).items() if k not in ("crc", "crc0")} == {
+        k: v for k, v in vars(h2).items() if k not in ("crc", "crc0")}
+    assert h1.crc0 == 0 and h2.crc0 != 0
+    for name, v in t2.items():
+        np.testing.assert_array_equal(getattr(t1[name], "q", t1[name]), getattr(v, "q", v))
+    v1.write_bytes(flip(as_version_1(data), OFFSET["max_seq"]))
+    assert read_model(v1)[0].max_seq == 65
+    v1.write_bytes(flip(as_version_1(data), HEADER_SIZE + 7))
+    with pytest.raises(ModelFileError, match="fails its CRC check"):
+        read_model(v1)
 
 
 def test_an_empty_model_file_is_said_as_a_truncated_one_with_what_to_do(tmp_path):

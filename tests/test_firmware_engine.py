@@ -281,6 +281,44 @@ def test_broken_model_files_are_refused(run_plan, model, tmp_path, damage, messa
     assert "ModelFileError" in got["error"] and message in got["error"]
 
 
+def test_a_flipped_header_byte_is_refused_on_a_board(run_plan, model, tmp_path):
+    """The engine starts the CRC of the body from the header's bytes (a version 2 file): a flipped bit in a header
+    field is refused in one line, by the CRC or, where the field became impossible, by the header's checks, which a
+    board runs first (each field's low bit and top bit; at the context a node retries when a flipped max_seq asks for
+    a KV cache its heap cannot hold: firmware/node.py). A version 1 file (its header outside its CRC) still loads,
+    with the same logits."""
+    from specmesh.tools.testmodels import as_version_1
+    from tests.test_engine_modelio import END, FIELDS, OFFSET, flip
+
+    data = open(model, "rb").read()
+    said = {}
+    for field in FIELDS:
+        for offset, bit in ((OFFSET[field], 1), (END[field] - 1, 0x80)):
+            path = tmp_path / ("%s-%d.spm" % (field, bit))
+            path.write_bytes(flip(data, offset, bit))
+            said[field, bit] = run_plan({"model": str(path), "n_ctx": 48, "ops": []}).get("error", "")
+    # not refused in its line: n_layers' top bit asks the header's check for the layout of 32770 layers, a list no
+    # board heap holds (a node says it as a model that does not fit; the host's check of its file says CRC)
+    assert said.pop(("n_layers", 0x80)).startswith("MemoryError")
+    for (field, bit), error in said.items():
+        assert error.startswith("ModelFileError: ") and "\n" not in error, (field, bit, error)
+        if field == "magic":
+            assert "not a specmesh model file" in error
+        elif field == "version":
+            assert "is not supported" in error
+        else:
+            assert "the file is corrupt" in error, (field, bit, error)
+    crc = "ModelFileError: model file fails its CRC check: the file is corrupt, copy it again"
+    assert [k for k, error in said.items() if error == crc] == [
+        ("max_seq", 1), ("max_seq", 0x80), ("tokenizer_id", 1), ("tokenizer_id", 0x80), ("norm_eps", 1),
+        ("rope_theta", 1), ("crc", 1), ("crc", 0x80)]
+    v1 = tmp_path / "v1.spm"
+    v1.write_bytes(as_version_1(data))
+    ops = [["fwd", PROMPT, 0]]
+    got = run_plan({"model": str(v1), "kmax": 8, "ops": ops})
+    assert "error" not in got and got["results"] == run_plan({"model": model, "kmax": 8, "ops": ops})["results"]
+
+
 def test_bad_calls_are_refused(run_plan, model):
     for plan, message in (({"ops": [["fwd", [1, 2], 0]]}, "1..1 tokens"),
                           ({"ops": [["fwd", [1], 3]]}, "beyond"),

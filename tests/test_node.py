@@ -63,8 +63,8 @@ def test_configure_loads_the_model_persists_and_boots_into_it(micropython, tmp_p
         hello = n.call(m.HELLO, expect=m.HELLO)
         assert hello[2:6] == (m.ROLE_VERIFIER, model, 96, 32)
         assert hello[8] == m.MAX_GAMMA  # a verifier's default pass: the drafts and the last committed token
-        with open(model, "rb") as f:  # which build of the file it runs: its header's body crc32
-            assert hello[10] == parse_header(f.read(HEADER_SIZE)).body_crc != 0
+        with open(model, "rb") as f:  # which build of the file it runs: its header's crc32
+            assert hello[10] == parse_header(f.read(HEADER_SIZE)).crc != 0
         assert n.request(m.HELLO).src == 7
     finally:
         n.close()
@@ -75,6 +75,21 @@ def test_configure_loads_the_model_persists_and_boots_into_it(micropython, tmp_p
         assert n.call(m.HELLO)[2:5] == (m.ROLE_VERIFIER, model, 96)
     finally:
         n.close()
+
+
+@pytest.mark.parametrize("offset, bit", [(21, 0x80), (32, 1)])  # max_seq's high byte, rope_theta's low byte
+def test_a_model_with_a_flipped_header_bit_is_refused_by_its_crc(node, model, tmp_path, offset, bit):
+    """A version 2 file's CRC covers its header: a rope_theta a little off (which ran, and gave garbage text), or a
+    max_seq 32768 more (a KV cache no heap holds: the node tries shorter contexts, as for a model too large), is
+    refused at load in the CRC's line."""
+    data = bytearray(open(model, "rb").read())
+    data[offset] ^= bit
+    bad = tmp_path / "bad.spm"
+    bad.write_bytes(bytes(data))
+    code, msg = node.error(m.CONFIGURE, m.pack_configure(m.ROLE_VERIFIER, 1, str(bad)))
+    assert (code, msg) == (E_MODEL, "cannot load model %r: model file fails its CRC check: the file is corrupt, copy it "
+                                    "again" % str(bad))
+    assert node.call(m.HELLO)[2] == m.ROLE_IDLE
 
 
 def test_broken_config_gives_an_idle_node_with_a_console_note(micropython, tmp_path):

@@ -59,6 +59,9 @@ def damage_crc(b):
 
 @pytest.mark.parametrize("name, damage, reason", [
     (TARGET_FILE, damage_crc, "fails its CRC check"),
+    # a flipped rope_theta (the header is inside the CRC since version 2): it ran, exit 0, and gave garbage text
+    (TARGET_FILE, lambda b: b[:32] + bytes([b[32] ^ 1]) + b[33:], "fails its CRC check"),
+    (DRAFTER_FILE, lambda b: b[:8] + bytes([b[8] ^ 1]) + b[9:], "fails its CRC check"),  # dim: not the shape's
     (DRAFTER_FILE, lambda b: b[:-100], "is truncated"),
     (TARGET_FILE, lambda b: b"GGUF" + b[4:], "not a specmesh model file"),
     (TARGET_FILE, lambda b: b"<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head></html>\n",  # a download that saved a web page: it said no fix
@@ -347,21 +350,21 @@ def test_a_board_running_another_build_is_refused_and_an_older_firmwares_is_not_
 
     target = check_model_file(models / TARGET_FILE)[0]
     pipeline = SimpleNamespace(stages=[board("virtual:stage%d(esp32)" % i, m.ROLE_STAGE, "/models/target.spm", crc)
-                                       for i, crc in enumerate((target.body_crc, target.body_crc ^ 1))])
+                                       for i, crc in enumerate((target.crc, target.crc ^ 1))])
     [said] = _wrong_builds(pipeline, models / TARGET_FILE, target)
-    assert re.fullmatch("the stage on virtual:stage1\\(esp32\\) runs another build of target.spm \\(body crc32 %08x, "
+    assert re.fullmatch("the stage on virtual:stage1\\(esp32\\) runs another build of target.spm \\(crc32 %08x, "
                         "not the %08x of .*: run again \\(a virtual board is flashed afresh\\)"
-                        % (target.body_crc ^ 1, target.body_crc), said), said
+                        % (target.crc ^ 1, target.crc), said), said
     pipeline.stages[1].info["model_crc"] = 0  # a firmware flashed before HELLO said its model's crc
     assert _wrong_builds(pipeline, models / TARGET_FILE, target) == []
     # a real stage keeps its node id where it is not the default (flashed again without it, it became node 10)
-    stage = board("/dev/ttyUSB2", m.ROLE_STAGE, "/models/target.spm", target.body_crc ^ 1, node=11)
+    stage = board("/dev/ttyUSB2", m.ROLE_STAGE, "/models/target.spm", target.crc ^ 1, node=11)
     [said] = _wrong_builds(stage, models / TARGET_FILE, target)
     assert "`specmesh flash --port /dev/ttyUSB2 --role stage --node-id 11 --model %s`" % (models / TARGET_FILE) in said
 
     given = models / DRAFTER_FILE
     old = random_model(models / "old.spm", vocab=512, max_seq=32, seed=5)
-    drafter = board("/dev/ttyUSB0", m.ROLE_DRAFTER, "/rom/old.spm", old.body_crc)
+    drafter = board("/dev/ttyUSB0", m.ROLE_DRAFTER, "/rom/old.spm", old.crc)
     assert running_file(drafter, given) == models / "old.spm"
     assert _wrong_builds(drafter, running_file(drafter, given), old) == []
     drafter.info["model"] = "/rom/gone.spm"  # a file this folder lacks: taken for the given one, not its build
@@ -644,22 +647,30 @@ def test_a_folder_in_a_files_place_is_said_as_one(models, capsys, no_board_start
                    "shipped models (%s), or give the folder that holds it with --models\n" % (models / name, MODELS))
 
 
-def test_a_flipped_tokenizer_id_in_the_targets_header_names_the_target(models, capsys, no_board_starts):
-    """The header is outside the CRC, so a flipped byte in the target's tokenizer id passes the file's checks; with
-    the tokenizer and the drafter agreeing, the target is the odd one out. It was said as a drafter made with another
-    tokenizer, to be replaced ('give a drafter trained with the target's tokenizer')."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_flipped_tokenizer_id_in_the_targets_header_names_the_target(models, capsys, no_board_starts, version):
+    """A version 1 header is outside the CRC, so a flipped byte in the target's tokenizer id passes the file's checks;
+    with the tokenizer and the drafter agreeing, the target is the odd one out. It was said as a drafter made with
+    another tokenizer, to be replaced ('give a drafter trained with the target's tokenizer'). A version 2 file's CRC
+    refuses it."""
     from specmesh.host.decode.tokenizer import byte_pieces, pack_vocab, read_llama2c_tokenizer, vocab_id
     from specmesh.shared.modelfile import Header
-    from specmesh.tools.testmodels import random_tensors, write_model
+    from specmesh.tools.testmodels import as_version_1, random_tensors, write_model
 
     tid = vocab_id(pack_vocab(byte_pieces(read_llama2c_tokenizer(models / "tokenizer.bin")[0])))
     for path, h, seed in ((models / TARGET_FILE, Header(32, 2, 4, 2, 64, 512, 64, tokenizer_id=tid), 1),
                           (models / DRAFTER_FILE, Header(16, 1, 2, 1, 32, 512, 32, tokenizer_id=tid), 2)):
         write_model(path, h, random_tensors(h, seed))
     b = bytearray((models / TARGET_FILE).read_bytes())
+    if version == 1:
+        b = bytearray(as_version_1(bytes(b)))
     b[24] ^= 0x10  # the low byte of the header's tokenizer id
     (models / TARGET_FILE).write_bytes(bytes(b))
     err = one_line_status_2(capsys, ["run", "--models", str(models), "--verifier", "cpu", "--drafter", "virtual"])
+    if version == 2:
+        assert err == ("specmesh run: error: model file %s fails its CRC check: the file is corrupt, copy or export it "
+                       "again\n" % (models / TARGET_FILE))
+        return
     assert err == ("specmesh run: error: the target model %s records tokenizer id %08x, but tokenizer.bin and the "
                    "drafter %s have %08x: its header is corrupt or it was made with another tokenizer: copy it again, "
                    "or give the tokenizer and the drafter made with it\n" % (models / TARGET_FILE, tid ^ 0x10,

@@ -125,7 +125,7 @@ def read_checkpoint(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def _header(cfg: dict, tokenizer_id: int = 0) -> Header:
-    """The specmesh model header of a checkpoint's config (body_len and body_crc left for write_model)."""
+    """The specmesh model header of a checkpoint's config (body_len and crc left for write_model)."""
     return Header(cfg["dim"], cfg["n_layers"], cfg["n_heads"], cfg["n_kv_heads"], cfg["hidden"], cfg["vocab"],
                   cfg["max_seq"], flags=FLAG_SHARED_CLS if cfg["shared_cls"] else 0, tokenizer_id=tokenizer_id,
                   norm_eps=1e-5, rope_theta=10000.0)

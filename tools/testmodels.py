@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import struct
+import zlib
 
 import numpy as np
 
-from specmesh.host.backends.modelio import write_model
+from specmesh.host.backends.modelio import pack_model, write_model
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 from specmesh.shared.modelfile import HEADER_SIZE, KIND_Q8, Header, parse_header, tensor_layout
 
@@ -42,13 +44,22 @@ def random_pair(folder: str | os.PathLike, vocab: int = 64, max_seq: int = 96, s
 
 def with_context(src: str | os.PathLike, dst: str | os.PathLike, max_seq: int) -> Header:
     """Copy the model file `src` to `dst` with a context of `max_seq` positions (the same weights: the tensor
-    layout does not depend on it, and the body's CRC does not cover the header); returns its header."""
+    layout does not depend on it; its crc made anew); returns its header."""
     data = open(src, "rb").read()
     h = parse_header(data)
     h.max_seq = max_seq
     with open(dst, "wb") as f:
-        f.write(h.pack() + data[HEADER_SIZE:])
+        f.write(pack_model(h, data[HEADER_SIZE:]))
     return h
+
+
+def as_version_1(data: bytes) -> bytes:
+    """A version 2 model file's bytes as the version 1 file of the same model (its crc the body's only, the header
+    outside it), as files exported before version 2 are."""
+    out = bytearray(data)
+    struct.pack_into("<H", out, 4, 1)
+    struct.pack_into("<I", out, HEADER_SIZE - 4, zlib.crc32(data[HEADER_SIZE:]))
+    return bytes(out)
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ class BoardBackend(Unit):
             raise WrongRole(self._wrong_role(role), role)
         if proxy.bus.peer in (None, proxy.node) and class_of(board, heap).ring_drops:  # on its own console
             proxy.bus.ring = CONSOLE_RING
-        # model_crc: the body crc32 of the model it runs (0: an older firmware that does not say, or no model)
+        # model_crc: the crc32 of the model file it runs (0: an older firmware that does not say, or no model)
         self.info = {"fw": fw, "board": board, "model": model, "vocab": vocab, "heap_free": heap, "caps": caps,
                      "kernels": kernels, "model_crc": crc}
         self.max_seq = max_seq

@@ -3,13 +3,15 @@
 The layout (docs/CONTRACTS.md section 3) and the header live in `shared/modelfile.py`; this module
 turns float or pre-quantized tensors into that file and back. An int8 matrix is a `QTensor`
 (`q` int8 `[rows, cols]`, `s` float32 `[rows]`, `w ~= q * s[:, None]`); a vector is a float32 array.
-`body_crc` is the CRC-32 (zlib) of the bytes after the header.
+A file's `crc` is the CRC-32 (zlib) of the header's bytes before it, then of the bytes after the header (version
+2, which writers write); a version 1 file's covers the bytes after the header only (shared/modelfile.py VERSION).
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import struct
 import zlib
 from pathlib import Path
 from typing import NamedTuple
@@ -61,8 +63,21 @@ def _as_tensor(name: str, kind: int, rows: int, cols: int, value) -> bytes:
     return v.astype("<f4").tobytes()
 
 
+def pack_model(h: Header, body: bytes) -> bytes:
+    """The bytes of a model file (this build's VERSION) of header `h` and tensor bytes `body`; sets h.body_len
+    and h.crc."""
+    h.body_len = len(body)
+    h.crc = _crc(h.pack() + body)
+    return h.pack() + body
+
+
+def _crc(data: bytes) -> int:
+    """The crc a version 2 file `data` holds: of its header's bytes before that field, then of its body."""
+    return zlib.crc32(memoryview(data)[HEADER_SIZE:], zlib.crc32(data[:HEADER_SIZE - 4])) & 0xFFFFFFFF
+
+
 def write_model(path: str | os.PathLike, header: Header, tensors: dict) -> Header:
-    """Write a model file atomically; returns the header written (body_len and body_crc filled in).
+    """Write a model file atomically; returns the header written (body_len and crc filled in).
 
     `tensors` maps every name of `tensor_layout(header)` to a float matrix (quantized here, per row),
     a `QTensor`/(q, s) tuple (written as is), or a float vector. Extra or missing names raise ValueError.
@@ -74,11 +89,9 @@ def write_model(path: str | os.PathLike, header: Header, tensors: dict) -> Heade
     if missing or extra:
         raise ValueError("tensors do not match the header: missing %s, extra %s"
                          % (sorted(missing), sorted(extra)))
-    body = b"".join(_as_tensor(n, k, r, c, tensors[n]) for n, k, r, c in layout)
-    h.body_len = len(body)
-    h.body_crc = zlib.crc32(body) & 0xFFFFFFFF
+    data = pack_model(h, b"".join(_as_tensor(n, k, r, c, tensors[n]) for n, k, r, c in layout))
     h.check()
-    atomic.write_bytes(path, h.pack() + body)
+    atomic.write_bytes(path, data)
     return h
 
 
@@ -99,6 +112,10 @@ def check_model_file(path: str | os.PathLike) -> tuple[Header, bytes]:
     try:
         h = parse_header(data)
     except ModelFileError as e:
+        # a version 2 header is inside the CRC: a flipped bit that made a field impossible is said as one in the body
+        version, crc = struct.unpack_from("<H", data, 4)[0], struct.unpack_from("<I", data, HEADER_SIZE - 4)[0]
+        if version == 2 and _crc(data) != crc:
+            raise _corrupt(path) from None
         raise ModelFileError("model file %s: %s" % (path, e)) from None
     have = len(data) - HEADER_SIZE
     if have < h.body_len:
@@ -107,10 +124,13 @@ def check_model_file(path: str | os.PathLike) -> tuple[Header, bytes]:
     if have > h.body_len:
         raise ModelFileError("model file %s has %d unexpected trailing bytes: the file is corrupt, copy or export it "
                              "again" % (path, have - h.body_len))
-    if zlib.crc32(memoryview(data)[HEADER_SIZE:]) & 0xFFFFFFFF != h.body_crc:
-        raise ModelFileError("model file %s fails its CRC check: the file is corrupt, copy or export it again"
-                             % (path,))
+    if zlib.crc32(memoryview(data)[HEADER_SIZE:], h.crc0) & 0xFFFFFFFF != h.crc:
+        raise _corrupt(path)
     return h, data
+
+
+def _corrupt(path: str | os.PathLike) -> ModelFileError:
+    return ModelFileError("model file %s fails its CRC check: the file is corrupt, copy or export it again" % (path,))
 
 
 def read_model(path: str | os.PathLike) -> tuple[Header, dict]:

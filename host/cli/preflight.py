@@ -101,8 +101,8 @@ def check_pair(target: Header, vocab: int, tokenizer_id: int, what: str, fix: st
     size, and the same tokenizer where both headers name one (tokenizer_id 0: not recorded). `fix`: what gives the
     run such a drafter (a board's: the flash command that puts one on it, which --draft-model does not). Where the
     tokenizer (`tok_id`: its id, `tokenizer_id`) agrees with the drafter, the target's file (`target_path`) is the odd
-    one out: a flipped byte in its header (outside its CRC) was said as a drafter of another tokenizer, to be
-    replaced."""
+    one out: a flipped byte in its header (outside the CRC of a version 1 file) was said as a drafter of another
+    tokenizer, to be replaced."""
     fix = fix or "give a drafter trained with the target's tokenizer (--draft-model)"
     if vocab != target.vocab:
         raise PreflightError("the drafter %s has a vocabulary of %d tokens, the target's has %d: %s, or --plain"
@@ -124,14 +124,14 @@ _TAKEN_FOR = {"verifier": "which this run fails over to and copies drafts from",
 
 
 def check_build(crc: int, path: Path, head: Header, role: str, where: str, running: str, flash_role: str = "") -> None:
-    """A board's HELLO gives the body crc32 of the model it runs (`crc`; 0: a firmware older than that field, or no
+    """A board's HELLO gives the crc32 of the model file it runs (`crc`; 0: a firmware older than that field, or no
     model: not checked); it must be the build of `path` (header `head`), the file this run takes that model for.
     Another build under the same name would leave the host's fail-over and copies on another model than the
     board's. `role`: the board's; `where`: its port or virtual board; `running`: the file name its HELLO gives;
     `flash_role`: the role arguments of the flash command that fixes it (default `--role ROLE`; a stage's its layers
     too, which `specmesh flash --role stage` needs). A board flashed with a file of another name is given it by the
     run's model flag (its folder as --models would not: the run reads its role's own name there)."""
-    if not crc or crc == head.body_crc:
+    if not crc or crc == head.crc:
         return
     same_name = running in ("", path.name)
     what = "another build of %s" % path.name if same_name else "%s, not %s" % (running, path.name)
@@ -141,8 +141,8 @@ def check_build(crc: int, path: Path, head: Header, role: str, where: str, runni
            "file it was flashed from (%s)" % (where, flash_role or "--role " + role, path, theirs)
            if is_port(where)
            else "run again (a virtual board is flashed afresh)")
-    raise PreflightError("the %s on %s runs %s (body crc32 %08x, not the %08x of %s, %s): %s"
-                         % (role, where, what, crc, head.body_crc, path, _TAKEN_FOR[role], fix))
+    raise PreflightError("the %s on %s runs %s (crc32 %08x, not the %08x of %s, %s): %s"
+                         % (role, where, what, crc, head.crc, path, _TAKEN_FOR[role], fix))
 
 
 def check_tokenizer(tok, target: Header, path: Path, name: str) -> None:
