@@ -2,6 +2,7 @@
 continuation, budgets, file checks, and the int8 engine against the float model's reference outputs
 saved at export time (no PyTorch needed)."""
 
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ from specmesh.host.backends.modelio import read_model, write_model
 from specmesh.host.decode.tokenizer import (BOS, Tokenizer, TokenizerError, pack_vocab, read_llama2c_tokenizer, unpack_vocab,
                                    vocab_id)
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
-from specmesh.shared.modelfile import HEADER_SIZE, ModelFileError, tensor_layout
+from specmesh.shared.modelfile import HEADER_SIZE, VERSION, ModelFileError, tensor_layout
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 NAMES = ("drafter", "target")
@@ -140,10 +141,12 @@ def test_round_trip_and_corruption(tmp_path, name):
     data = (MODELS / (name + ".spm")).read_bytes()
     h, t = read_model(MODELS / (name + ".spm"))
     write_model(tmp_path / "copy.spm", h, t)
-    assert (tmp_path / "copy.spm").read_bytes() == data
+    assert (tmp_path / "copy.spm").read_bytes() == data  # the export path writes them as shipped: version 2
+    assert data[4:6] == struct.pack("<H", VERSION) == b"\x02\x00"
     for bad, msg in ((data[:len(data) // 2], "truncated"), (data[:HEADER_SIZE - 3], "truncated"),
                      (data[:HEADER_SIZE + 100] + bytes([data[HEADER_SIZE + 100] ^ 1]) + data[HEADER_SIZE + 101:],
-                      "CRC"), (b"GGUF" + data[4:], "magic")):
+                      "CRC"), (b"GGUF" + data[4:], "magic"),
+                     (data[:32] + bytes([data[32] ^ 1]) + data[33:], "CRC")):  # rope_theta: it ran, and gave garbage
         (tmp_path / "bad.spm").write_bytes(bad)
         with pytest.raises(ModelFileError, match=msg):
             read_model(tmp_path / "bad.spm")
