@@ -29,6 +29,8 @@ class ModelFileError(Exception):
 class Header:
     """Hyper-parameters of a model, as stored in the file header."""
 
+    crc0 = 0  # where a reader starts the CRC of the body: parse_header's (version 2: the CRC of the header's bytes)
+
     def __init__(self, dim, n_layers, n_heads, n_kv_heads, hidden, vocab, max_seq,
                  flags=0, tokenizer_id=0, norm_eps=1e-5, rope_theta=10000.0, body_len=0, crc=0):
         self.dim = dim

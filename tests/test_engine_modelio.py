@@ -1,10 +1,10 @@
 """Model file round trip and refusal of broken files (host/backends/modelio.py)."""
 
-import numpy as np
-import pytest
-
 import re
 import struct
+
+import numpy as np
+import pytest
 
 from specmesh.host.backends.modelio import QTensor, quantize_rows, read_model, write_model
 from specmesh.shared.modelfile import FLAG_SHARED_CLS, HEADER_FMT, HEADER_SIZE, Header, ModelFileError, tensor_layout
