@@ -176,6 +176,23 @@ def test_every_stale_stage_board_is_named_with_its_layers_and_node_id(models, vi
                                                                      boards[1].port, models / TARGET_FILE)) in err
 
 
+def test_a_stale_stage_board_is_named_beside_another_stages_other_failure(models, virtual_board, tmp_path, capsys):
+    """`--verifier P1,P2`: stage 1's board flashed from other files, stage 2's port a board without the node (no
+    answer). The line named stage 2's failure alone: flashed, the run then stopped on stage 1. Both are in the one
+    line now, the stale one first, each with its flash command."""
+    stale, bare = virtual_board("esp32"), virtual_board("esp32")
+    flash_stale(stale, models / TARGET_FILE, tmp_path / "old", STALE["another wire format"], "stage", layers=(0, 1))
+    argv = run_argv(models, "%s,%s" % (stale.port, bare.port))
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert "error: the stage board on %s runs a node flashed from other files" % stale.port in err
+    assert "; the board on %s has no specmesh firmware" % bare.port in err
+    assert re.findall(r"`(specmesh flash [^`]*)`", err) == [
+        "specmesh flash --port %s --role stage --layers 0:1 --model %s" % (stale.port, models / TARGET_FILE),
+        "specmesh flash --port %s --role stage --layers 1:2" % bare.port], err
+
+
 def test_auto_skips_a_board_whose_hello_it_cannot_read_and_says_why(models, virtual_board, tmp_path, capsys,
                                                                     monkeypatch):
     """`--verifier auto` asks each ESP32 USB port's board for its role: a HELLO of another layout ended the run with

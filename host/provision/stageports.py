@@ -1,9 +1,9 @@
 """Real stage boards on serial ports: `--verifier PORT1,PORT2,...` (in layer order) verifies on a pipeline
 (host/backends/pipeline.py) of the boards flashed `specmesh flash --role stage --layers A:B` on those ports.
 
-Each board is found on its port, its node checked to be this specmesh's (every board flashed from other files is named
-in one line: cluster.py `check_firmware`) and its role (HELLO: a board that is not a stage is one line saying what to
-flash it as); each tells the layers [a, b) it holds in STATS (`layer_a`, `layer_b`: firmware/stage.py; a board
+Each board is found on its port, its node checked to be this specmesh's (cluster.py `check_firmware`) and its role
+(HELLO: a board that is not a stage is told what to flash it as); every board flashed from other files, and every one
+that fails otherwise (no answer, another role), is named in one line, so fixing one does not meet the next; each tells the layers [a, b) it holds in STATS (`layer_a`, `layer_b`: firmware/stage.py; a board
 flashed before stages said them is told to flash again). They must tile the target's layers: the first stage from
 layer 0, each from where the one before ends, the last to the target's last; else one line naming the gap or the
 overlap (or the order to give the ports in) and the flash commands that tile them: the target's layers split evenly
@@ -45,12 +45,16 @@ def pipeline(model_path: Path, *, name: str, boards: Boards, **_options):
     ports = port_list(name) or [name]
     n_layers = check_model_file(model_path)[0].n_layers  # checked whole by preflight
     even = _even(n_layers, len(ports))
-    stages, stale = [], []
-    for i, port in enumerate(ports):  # every board connected first: each one flashed from other files is named at once
-        try:
+    stages, stale, other = [], [], []
+    for i, port in enumerate(ports):  # every board connected first: each one flashed from other files, or that fails
+        try:                          # otherwise (no answer, another role), is named at once
             stages.append(boards.enter_context(connect(port, "stage", boards.key, even[i] if even else None, model_path)))
         except StaleFirmware as e:
             stale += e.boards
+        except BackendError as e:
+            other.append(str(e))
+    if other:  # the stale ones first, as a lane names them beside a drafter's other failure (host/cli/session.py)
+        raise BackendError("; ".join(([str(StaleFirmware(stale))] if stale else []) + other))
     if stale:
         raise StaleFirmware(stale)
     layers = []
