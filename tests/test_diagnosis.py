@@ -126,7 +126,8 @@ def test_an_unflashed_board_is_told_to_be_flashed_for_its_role(virtual_board, mo
     rc, _ = _run(models, vb.port)
     assert (rc, capsys.readouterr().err) == (2, "specmesh run: error: the board on %s has no specmesh firmware "
                                              "(a soft reset leaves it at MicroPython's REPL): run `specmesh flash "
-                                             "--port %s --role drafter`\n" % (vb.port, vb.port))
+                                             "--port %s --role drafter --model %s`\n" % (vb.port, vb.port,
+                                                                                         models / DRAFTER_FILE))
     (vb.flash_dir / "main.py").write_text("raise ValueError('boom')\n")  # a program of its own, failing at boot
     with contextlib.closing(SerialLink(vb.port)) as link, pytest.raises(BackendError) as e:
         discover(Bus(link), deadline=1.0)
@@ -142,7 +143,8 @@ def test_a_drafter_board_given_as_the_verifier_is_told_the_ports_may_be_swapped(
     rc = cli.main(["run", "--models", str(models), "--drafter", "cpu", "--verifier", vb.port, "--quiet", "-n", "4"])
     assert (rc, capsys.readouterr().err) == (2, "specmesh run: error: %s is flashed as a drafter, not a verifier; if "
                                              "the ports are swapped, give it as --drafter %s, else flash it: `specmesh "
-                                             "flash --port %s --role verifier`\n" % (vb.port, vb.port, vb.port))
+                                             "flash --port %s --role verifier --model %s`\n" % (
+                                                 vb.port, vb.port, vb.port, models / TARGET_FILE))
 
 
 def test_a_verifier_board_running_another_build_of_the_target_is_refused_before_any_text(virtual_board, models,

@@ -173,7 +173,43 @@ def test_a_board_that_is_no_stage_is_one_line_saying_what_to_flash(models, stage
     rc, _ = run(models, tmp_path, "--verifier", "%s,%s" % (stage_boards[0], bare.port), *RUN)
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
-    assert "`specmesh flash --port %s --role stage --layers 1:2`" % bare.port in err
+    assert "`specmesh flash --port %s --role stage --layers 1:2 --node-id 11 --model %s`" % (bare.port,
+                                                                                          models / "target.spm") in err
+
+
+def test_a_keyed_board_of_another_role_is_told_the_flash_command_of_its_place(models, tmp_path, capsys):
+    """A keyed run's second stage given a board flashed as the verifier: the wrong-role line's command was `--role
+    stage --layers 1:2`, which a keyed board refuses (no key file), gave node id 10 (stage 2's is 11) and the shipped
+    target (the run's is another build). It names all three now; flashed so, the run goes through."""
+    from specmesh.host.emulator import VirtualBoard
+    from specmesh.host.provision.keys import new_key_file
+
+    key = tmp_path / "k"
+    new_key_file(key)
+    boards = [VirtualBoard(tmp_path / ("vb%d" % i), cls, name="vb%d" % i) for i, cls in enumerate(("esp32", "esp32s3"))]
+    try:
+        for vb in boards:
+            vb.start()
+        for vb, role in ((boards[0], ["stage", "--layers", "0:1"]), (boards[1], ["verifier"])):
+            assert cli.main(["flash", "--port", vb.port, "--role", *role, "--model", str(models / "target.spm"),
+                             "--key-file", str(key)]) == 0
+        capsys.readouterr()
+        argv = ["--key-file", str(key), "--verifier", "%s,%s" % (boards[0].port, boards[1].port), *RUN]
+        rc, _ = run(models, tmp_path, *argv)
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1, err
+        command = "specmesh flash --port %s --role stage --layers 1:2 --node-id 11 --key-file FILE --model %s" % (
+            boards[1].port, models / "target.spm")
+        assert "%s is flashed as a verifier, not a stage" % boards[1].port in err
+        assert err.endswith("else flash it: `%s`\n" % command), err
+        assert cli.main(command.replace("FILE", str(key)).split()[1:]) == 0
+        capsys.readouterr()
+        rc, stats = run(models, tmp_path, *argv)
+        assert rc == 0, capsys.readouterr().err
+        assert stats["pipeline"]["layers"] == ["0:1", "1:2"]
+    finally:
+        for vb in boards:
+            vb.stop()
 
 
 def test_a_stage_running_another_build_is_told_the_flash_command_with_its_layers(models, stage_boards, tmp_path,

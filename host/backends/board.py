@@ -82,9 +82,13 @@ class BoardBackend(Unit):
 
     role = m.ROLE_IDLE
 
-    def __init__(self, proxy: Proxy, name: str):
+    def __init__(self, proxy: Proxy, name: str, again: str | None = None):
+        """`again`: the arguments after --port of the flash command that makes a real board this back-end's in its
+        place (its node id, a keyed run's key file, the run's model: cluster.py connect), named where its HELLO names
+        another role; default flash_role()."""
         self.proxy = proxy
         self.name = name
+        self.again = again
         try:
             fw, board, role, model, vocab, max_seq, heap, caps, max_gamma, kernels, crc = m.unpack_hello(
                 proxy.call(m.HELLO).payload)
@@ -119,7 +123,7 @@ class BoardBackend(Unit):
             why = "%s is flashed as a %s, not a %s" % (self.name, ROLES[role] if 0 <= role < len(ROLES) else "role %d" % role, want)
         if self.name.startswith("virtual:"):  # flashed for this run: a flash command would not help
             return why + ("; " + VIRTUAL_TOO_SMALL[want] if "does not fit in" in why else "")
-        fix = "flash it: `specmesh flash --port %s %s`" % (self.name, self.flash_role())
+        fix = "flash it: `specmesh flash --port %s %s`" % (self.name, self.again or self.flash_role())
         if role in (m.ROLE_DRAFTER, m.ROLE_VERIFIER):  # the other role a run takes: the ports likely given swapped
             return why + "; if the ports are swapped, give it as --%s %s, else %s" % (ROLES[role], self.name, fix)
         return why + "; " + fix

@@ -61,12 +61,12 @@ class BoardStage(BoardBackend):
 
     role = m.ROLE_STAGE
 
-    def __init__(self, proxy, name: str, layers: tuple[int, int] | None = None):
+    def __init__(self, proxy, name: str, layers: tuple[int, int] | None = None, again: str | None = None):
         """`layers`: the layers [a, b) a real board holds (or is asked to), named in the flash command of a failure
-        line."""
+        line (`again`: BoardBackend's)."""
         self.flash_layers = layers
         self.stopped = False  # it stopped answering mid-run (PipelineVerifier._guard): it is asked nothing more
-        super().__init__(proxy, name)
+        super().__init__(proxy, name, again)
 
     def flash_role(self) -> str:
         return "--role " + role_args("stage", self.flash_layers)

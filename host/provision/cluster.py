@@ -112,10 +112,10 @@ def _open(port: str, stack: contextlib.ExitStack, faults=None, key: bytes | None
     return Bus(link, deadline=30.0, auth=auth)
 
 
-def _backend(kind: str, bus: Bus, node: int, where: str, *extra):
+def _backend(kind: str, bus: Bus, node: int, where: str, *extra, again: str | None = None):
     """The board back-end for `node` on `bus` (its HELLO opens the signed session when the bus signs); `extra`: its
-    class's further arguments (a stage's layers)."""
-    return BACKEND[kind](Proxy(bus, node), where, *extra)
+    class's further arguments (a stage's layers); `again`: the flash command's arguments a wrong-role line gives."""
+    return BACKEND[kind](Proxy(bus, node), where, *extra, again=again)
 
 
 FIRST_HELLO_S = 2.0  # a running node answers HELLO well within this; past it the board may sit at its REPL
@@ -293,17 +293,20 @@ def find(kind: str, key: bytes | None = None) -> str:
 
 @contextlib.contextmanager
 def connect(port: str, kind: str, key: bytes | None = None, layers: tuple[int, int] | None = None,
-            model: Path | None = None):
+            model: Path | None = None, node: int | None = None):
     """The back-end for a flashed board on `port` playing `kind` ("drafter", "verifier" or "stage"); `layers`: the
-    layers [a, b) a stage is wanted for, `model` the run's file for it, named in the flash command a failure line
-    gives."""
+    layers [a, b) a stage is wanted for, `model` the run's file for it, `node` the node id its place gives it (a
+    pipeline's i-th stage: NODE_ID["stage"] + i; default its kind's), named in the flash command a failure line gives
+    (no node answers, another role: flash.again_args, as check_firmware's, with the key file of a keyed run)."""
     with contextlib.ExitStack() as stack:
         role = role_args(kind, layers)
         bus = _open(port, stack, key=key, role=role)
-        hello = discover(bus, role=role)
+        given = _flash_model(kind, model, "")
+        again = again_args(kind, role, node, key is not None) + (" --model %s" % given if given else "")
+        hello = discover(bus, role=again)
         bus.peer = hello.src
         check_firmware(hello.payload, port, kind, role, key, hello.src, model)
-        yield _backend(kind, bus, bus.peer, port, *([] if layers is None else [layers]))
+        yield _backend(kind, bus, bus.peer, port, *([] if layers is None else [layers]), again="--role " + again)
 
 
 class Cluster(contextlib.ExitStack):

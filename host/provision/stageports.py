@@ -48,7 +48,8 @@ def pipeline(model_path: Path, *, name: str, boards: Boards, **_options):
     stages, stale, other = [], [], []
     for i, port in enumerate(ports):  # every board connected first: each one flashed from other files, or that fails
         try:                          # otherwise (no answer, another role), is named at once
-            stages.append(boards.enter_context(connect(port, "stage", boards.key, even[i] if even else None, model_path)))
+            stages.append(boards.enter_context(connect(port, "stage", boards.key, even[i] if even else None, model_path,
+                                                       NODE_ID["stage"] + i)))
         except StaleFirmware as e:
             stale += e.boards
         except BackendError as e:
