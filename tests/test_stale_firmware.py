@@ -292,3 +292,27 @@ def test_bench_of_a_stale_stage_board_keeps_its_layers_and_node_id(virtual_board
     assert rc == 2 and err.count("\n") == 1, err
     assert "flash it again with `specmesh flash --port %s --role stage --layers 1:2 --node-id 11`, then bench it" % (
         vb.port) in err
+
+
+def test_bench_of_a_stale_board_names_the_model_it_holds(models, virtual_board, tmp_path, capsys):
+    """bench's command had no --model: flashed so, a board that held another model than the one a flash without
+    --model puts there lost it (the bench then timed another). A shipped file of another name is named; a model of the
+    user's, whose host file the host cannot know, is FILE with what it stands for. Flashed as told, the bench runs."""
+    own, shipped = virtual_board("esp32s3"), virtual_board("esp32s3")
+    flash_stale(own, models / TARGET_FILE, tmp_path / "old", STALE["flashed before the id"])
+    other = ROOT / "models" / "drafter-esp32.spm"  # not the S3's default drafter (drafter.spm)
+    flash_stale(shipped, other, tmp_path / "old2", STALE["flashed before the id"], "drafter")
+    out = str(tmp_path / "c.json")
+    assert cli.main(["bench", "--port", own.port, "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert ("flash it again with `specmesh flash --port %s --role verifier --model FILE` (FILE: the model file its "
+            "models/target.spm was flashed from; without --model the flash puts this specmesh's shipped one there), "
+            "then bench it" % own.port) in err
+    assert cli.main(["bench", "--port", shipped.port, "--out", out]) == 2
+    err = capsys.readouterr().err
+    command = "specmesh flash --port %s --role drafter --model %s" % (shipped.port, other)
+    assert "flash it again with `%s`, then bench it" % command in err
+    assert cli.main(command.split()[1:]) == 0
+    capsys.readouterr()
+    assert cli.main(["bench", "--port", shipped.port, "--out", out]) == 0, capsys.readouterr().err

@@ -25,8 +25,9 @@ from pathlib import Path
 from specmesh.host import tempdirs
 from specmesh.host.projection import costmodel as cm
 from specmesh.host.projection.calibration import write
-from specmesh.host.boardclasses import class_of
+from specmesh.host.boardclasses import class_of, drafter_model
 from specmesh.host.bus import ports
+from specmesh.host.layout import MODELS, model_path
 from specmesh.host.backends.board import role_args
 from specmesh.host.provision.flash import (FlashError, FlashRequestError, Lost, again_args, close, failed, leave_node,
                                            node_module, open_board, probe, read_board_config)
@@ -194,9 +195,35 @@ def _check_firmware(transport, info, config: dict, port: str) -> None:
     layers, kind, node = config.get("layers"), config.get("role", "verifier"), config.get("node_id")
     role = again_args(kind, role_args(kind, tuple(layers) if isinstance(layers, list) else None),
                       node if isinstance(node, int) else None)
+    model, unknown = _flash_model(transport, info, config, kind)
     raise FlashRequestError("%s runs a node flashed from other files than this specmesh's (its node.mpy is not the "
                             "one this specmesh flashes): flashed before specmesh was updated? flash it again with "
-                            "`specmesh flash --port %s --role %s`, then bench it" % (port, port, role))
+                            "`specmesh flash --port %s --role %s%s`%s, then bench it" % (port, port, role, model, unknown))
+
+
+def _flash_model(transport, info, config: dict, kind: str) -> tuple[str, str]:
+    """The --model of the flash command that makes a stale board's node this specmesh's, keeping the model it holds,
+    which the bench times: ("", "") where a flash without --model puts that model there; the shipped file where the
+    board's is one (the same header, its body's crc in it) of another name; else a placeholder FILE and what it
+    stands for (the host cannot know which file the board's was flashed from)."""
+    from mpremote.transport import TransportError
+
+    held = config.get("model")
+    if not isinstance(held, str) or not held:
+        return "", ""
+    shipped = MODELS / held.rsplit("/", 1)[-1]
+    read = "f=open(%r,'rb')\nprint(f.read(%d).hex())\nf.close()" % ("/" + held.lstrip("/"), HEADER_SIZE)
+    try:
+        with shipped.open("rb") as f:
+            same = f.read(HEADER_SIZE) == bytes.fromhex(transport.exec(read).decode().strip())
+    except (TransportError, OSError, ValueError):  # no such shipped file, or the board's unreadable
+        same = False
+    if not same:
+        return " --model FILE", (" (FILE: the model file its %s was flashed from; without --model the flash puts this "
+                                 "specmesh's shipped one there)" % held)
+    default = (drafter_model(MODELS, class_of(info.machine, info.mem_free).name) if kind == "drafter" else
+               model_path(MODELS, kind))
+    return ("" if shipped.resolve() == default.resolve() else " --model %s" % shipped), ""
 
 
 def report(result: dict, out: str) -> list[str]:
