@@ -375,3 +375,51 @@ def test_a_terminal_that_closed_while_a_reply_ran_is_left_to_input():
         assert _ended_ahead(slave) is False
     finally:
         os.close(slave)
+
+
+def test_a_stage_that_stalls_ends_its_turn_and_the_next_turn_asks_it_again(models, capsys):
+    """`--stages`: a stage board that stalled (its VM stopped: a board hung, a USB hub's hiccup) ended the chat,
+    though serve's next request asks such a stage HELLO again (pipeline.REVIVE_S). Now the turn it stalled in ends
+    with one line, the next turn asks it again and, once it answers, goes on with the text a chat that never stalled
+    gives; turns that end with it still silent end the chat with status 1."""
+    import os
+    import signal
+
+    from specmesh.host.cli.chat import _turns
+    from specmesh.host.cli.run import check_args
+    from specmesh.host.cli.session import Mesh
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    flags = ["--models", str(models), "--drafter", "cpu", "--max-tokens", "8", "--gamma", "2", "--temperature", "0"]
+    want = io.StringIO()
+    assert chat(p.parse_args([*flags, "--verifier", "cpu"]), iter(["Once upon a time", " there"]), want) == 0
+    out = io.StringIO()
+    with Mesh.from_config(check_args(p.parse_args([*flags, "--stages", "2"])), say=[].append, warn=[].append) as mesh:
+        vm = mesh._setup.cluster().boards["stage1"].pid
+
+        def turns():
+            yield "Once upon a time"
+            for stage in mesh._lanes[0].verifier.stages:
+                stage.proxy.bus.deadline = 1.0  # the 30 s a board gets, shortened for the test
+            os.kill(vm, signal.SIGSTOP)
+            yield " there"
+            os.kill(vm, signal.SIGCONT)
+            yield ""  # the next turn, an empty line: the model goes on where the context ends
+            os.kill(vm, signal.SIGSTOP)
+            yield " again"
+
+        try:
+            rc = _turns(mesh, turns(), False, out, True)
+        finally:
+            os.kill(vm, signal.SIGCONT)
+    err = capsys.readouterr().err.splitlines()
+    assert rc == 1, err  # the last turn's stage still silent
+    assert len(err) == 2, err
+    for line in err:
+        assert line.startswith("specmesh chat: stage 2 of 2 (layers 1:2, virtual:stage1(esp32)) stopped answering"), line
+        assert line.endswith("; this turn's reply is not kept, and the next turn asks the stage again (type a line, "
+                             "or an empty one to go on)"), line
+    lines = out.getvalue().splitlines()
+    assert lines[0] == want.getvalue().splitlines()[0]
+    assert lines[2] == want.getvalue().splitlines()[1][len(" there"):]  # after the stall, the stalled turn's context

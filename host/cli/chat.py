@@ -8,7 +8,10 @@ appended to the story as typed.
 Each turn begins the back-ends on the whole context (BEGIN carries it), so a board that restarted between
 turns loses nothing; the gamma controller keeps what it learned across turns. The turns run on one `Mesh`
 (host/cli/session.py), as `run` does: a verifier that fails is replaced by the `cpu` one (one line on stderr)
-and the session goes on with it; a drafter that fails is dropped (one line) and the turns go on plainly.
+and the session goes on with it; a drafter that fails is dropped (one line) and the turns go on plainly. A pipeline's
+stage that stops answering (`--stages`: no board replaces it) ends its turn with one line, the reply so far not kept;
+the next turn asks the stage HELLO first (host/backends/pipeline.py REVIVE_S, as serve's next request does) and goes
+on where it answers, else fails the same way; turns that end with the stage still silent end the chat with status 1.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from specmesh.host.cli.config import BOM, PROMPT_MAX_BYTES, blocking
 from specmesh.host.cli.flags import hide
 from specmesh.host.cli.output import Printer
 from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed
-from specmesh.host.cli.session import Mesh, gamma_controller, say_on_stderr
+from specmesh.host.cli.session import GenerationFailed, Mesh, gamma_controller, say_on_stderr
 from specmesh.host.cli.streams import stdout_to_devnull
 
 PROMPT = "> "
@@ -180,14 +183,23 @@ def _turns(mesh: Mesh, turns, opening: bool, out, echo: bool) -> int:
             printer = Printer(out, color=config.color)
             if echo or (i == 0 and opening):
                 printer.show([(line, False)])
+            stalled = None
             try:
                 done = mesh.complete(context, on_piece=lambda p: printer.show(p.segments), controller=controller,
                                      lane=lane)
+            except GenerationFailed as e:
+                if mesh.failed is None:  # no later turn mends it: the chat ends on its line
+                    raise
+                stalled = e
             finally:
                 printer.end()
+            if stalled is not None:  # a stage that stopped answering: the next turn asks it HELLO (REVIVE_S) first
+                print("specmesh chat: %s; this turn's reply is not kept, and the next turn asks the stage again (type a "
+                      "line, or an empty one to go on)" % stalled, file=sys.stderr, flush=True)
+                continue
             context += done.token_ids  # with a stop string, the tokens whose text ends before it
             if done.stop == "context":
                 print("specmesh chat: the context is full (%d positions): start a new chat" % mesh.context,
                       file=sys.stderr)
                 return 0
-    return 0
+    return 1 if mesh.failed else 0  # the turns ended with the stage still silent
