@@ -150,6 +150,33 @@ def test_one_stage_board_holding_the_whole_target_verifies_alone_and_is_found_by
         ", ".join(stage_boards), ",".join(stage_boards)) in err
 
 
+def test_kernels_and_calibration_go_by_the_board_found_on_a_single_port(models, virtual_board, tmp_path, capsys):
+    """`--verifier PORT` whose board is a stage holding the whole target is a pipeline of one stage, but --kernels and
+    --calibration went by the flag: --kernels was refused as pricing no projection (the pipeline projects itself),
+    and --calibration with --project was taken and priced nothing (a pipeline's projection takes no rates). They go by
+    the board found now; a board there that verifies alone still needs --project for --kernels."""
+    whole, alone = virtual_board(), virtual_board("esp32s3")
+    for vb, role in ((whole, ["stage", "--layers", "0:2"]), (alone, ["verifier"])):
+        assert cli.main(["flash", "--port", vb.port, "--role", *role, "--model", str(models / "target.spm")]) == 0
+    capsys.readouterr()
+    rc, got = run(models, tmp_path, "--verifier", whole.port, "--kernels", "viper", *RUN)
+    assert rc == 0, capsys.readouterr().err
+    assert got["pipeline"]["layers"] == ["0:2"] and got["projection"]["kernels"].startswith("viper"), got["projection"]
+    cal = tmp_path / "c.json"
+    cal.write_text(json.dumps({"format": "specmesh-calibration", "version": 1, "board": {"machine": "S3 devkit"},
+                               "seconds_per_unit": {"matmul_1": 1e-9}}))
+    for port, flags, said in (
+            (whole.port, ["--project", "esp32s3", "--calibration", str(cal)],
+             "--calibration prices a single verifier board: the board on %s is a stage board, a pipeline of one stage, "
+             "projected from its stage's derived rates, which take no calibration: drop --calibration" % whole.port),
+            (alone.port, ["--kernels", "viper"],
+             "--kernels viper chooses the kernels a projection prices: add --project esp32s3 (the board on %s verifies "
+             "alone, no stage board's pipeline, which projects itself)" % alone.port)):
+        rc, _ = run(models, tmp_path, "--verifier", port, *flags, *RUN)
+        err = capsys.readouterr().err
+        assert rc == 2 and err == "specmesh run: error: %s\n" % said, err
+
+
 def test_one_stage_board_of_several_given_alone_is_told_to_give_them_all(models, stage_boards, tmp_path, capsys):
     """`--verifier PORT` naming one stage board of a pipeline: it said to flash it as a verifier (overwriting a good
     stage); now one line says which layers it holds and to give every stage board's port."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specmesh.host import atomic
-from specmesh.host.backends import PIPELINE, SessionParams, port_list, temp_milli, top_p_q16
+from specmesh.host.backends import PIPELINE, SessionParams, is_port, port_list, temp_milli, top_p_q16
 from specmesh.host.boardclasses import drafter_class
 from specmesh.host.cli.ranges import SEED, RangeError, in_range, probability
 from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path
@@ -73,6 +73,7 @@ class RunConfig:
     stages: int = 0
     project: str | None = None  # a board class name (host/projection/hardware.py BOARDS)
     kernels: str = "native"  # the board kernels a projection prices (host/projection/costmodel.py KERNELS)
+    kernels_given: bool = False  # --kernels was given (a board found a verifier, not a stage, refuses it: session.py)
     rates: object | None = None  # host/projection/calibration.py Rates, from --calibration
     drafter_rates: object | None = None  # the drafter board's, from --drafter-calibration
     key: bytes | None = None  # the deployment key, from --key-file
@@ -97,7 +98,7 @@ class RunConfig:
                    top_k=a.top_k, top_p=a.top_p, draft_top_k=a.draft_top_k, seed=a.seed, drafter=a.drafter, verifier=a.verifier,
                    gamma=parse_gamma(a.gamma), draft_max=a.draft_max, transport=a.transport, radio_loss=a.radio_loss,
                    radio_dup=a.radio_dup, spec_ahead=a.spec_ahead, plain=a.plain, stages=a.stages,
-                   project=a.project, kernels=a.kernels, rates=_rates(a.calibration, a.project, "--calibration"),
+                   project=a.project, kernels=a.kernels, kernels_given=given.kernels is not None, rates=_rates(a.calibration, a.project, "--calibration"),
                    drafter_rates=_rates(a.drafter_calibration, drafter_class(a.transport), "--drafter-calibration"),
                    key=_key(a.key_file), stats_json=a.stats_json, models=a.models, target_model=a.model,
                    draft_model=a.draft_model, color=False if a.no_color else None, quiet=a.quiet, notes=notes)
@@ -143,6 +144,9 @@ class RunConfig:
                              target_top_k=self.top_k, top_p=self.top_p, eos=eos)
 
 
+# --kernels on a run that projects nothing (`_pointless`; a board found a verifier where it could be a stage: session.py)
+KERNELS_UNPRICED = "--kernels %s chooses the kernels a projection prices: add --project esp32s3"
+
 # flags whose parser default is None so that one given can be told from one left out (`_pointless`): their values
 UNSET_DEFAULTS = {"drafter": "virtual", "kernels": "native"}
 DRAFTER_FLAGS = (("--drafter", "drafter", None), ("--draft-model", "draft_model", None), ("--gamma", "gamma", "auto"),
@@ -159,9 +163,9 @@ def _pointless(a: argparse.Namespace) -> tuple[str, ...]:
         raise UsageError("--stop needs a non-empty string (an empty one would end the text before it began)")
     for i, stop in enumerate(a.stop):  # a non-UTF-8 one (argv's bytes as surrogate escapes) never matches the text
         check_utf8(stop, "--stop string %d" % (i + 1))
-    if a.kernels is not None and not (a.project or pipelined(a.stages, a.verifier)):
-        raise UsageError("--kernels %s chooses the kernels a projection prices: add --project esp32s3 (or --stages N)"
-                         % a.kernels)
+    # a single port's board may be a stage (a pipeline of one, which projects itself): that one is told once found
+    if a.kernels is not None and not (a.project or pipelined(a.stages, a.verifier) or is_port(expand(a.verifier))):
+        raise UsageError(KERNELS_UNPRICED % a.kernels + " (or --stages N)")
     if a.kernels is not None and measured_projection(a.project, a.verifier, a.stages):
         raise UsageError("--kernels %s chooses the kernels the cost model prices; --project %s on %s prices what "
                          "its boards' own kernels executed: drop --kernels" % (a.kernels, a.project, a.verifier))

@@ -53,7 +53,7 @@ from specmesh.host.backends import PIPELINE, BackendError, SessionParams
 from specmesh.host.backends.pipeline import PipelineVerifier
 from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, class_of, drafter_class, stage_context
 from specmesh.host.cli import registry
-from specmesh.host.cli.config import RV32_PROJECT, RunConfig, UsageError
+from specmesh.host.cli.config import KERNELS_UNPRICED, RV32_PROJECT, RunConfig, UsageError
 from specmesh.host.cli.flags import a_path, add_arguments
 from specmesh.host.cli.output import Segments, TextStream, Watch
 from specmesh.host.cli.preflight import (PreflightError, check_backends, check_build, check_context, check_models,
@@ -559,6 +559,26 @@ def _check_running_drafter(drafter, target, given: Path, key: bytes | None = Non
         raise UsageError(str(e)) from None
 
 
+def _check_found_verifier(config: RunConfig, verifier) -> None:
+    """UsageError where a flag that goes by whether the verifier is a pipeline does not go with the one found: a single
+    port (`--verifier PORT`, `auto`) whose board is a stage verifies as a pipeline of one (host/provision/stageports.py),
+    projected from its stage's derived rates, which take no --calibration or --drafter-calibration (refused as config.py
+    refuses them with a pipeline the flags name); one whose board verifies alone prices --kernels only with --project
+    (config.py leaves that to the board found)."""
+    if not isinstance(verifier, PipelineVerifier):
+        if config.kernels_given and not (config.project or config.pipeline):
+            raise UsageError(KERNELS_UNPRICED % config.kernels + " (the board on %s verifies alone, no stage board's "
+                             "pipeline, which projects itself)" % verifier.name)
+        return
+    if config.pipeline:  # config.py has checked them
+        return
+    for flag, given in (("--calibration", config.rates), ("--drafter-calibration", config.drafter_rates)):
+        if given is not None:
+            raise UsageError("%s prices a single verifier board: the board on %s is a stage board, a pipeline of one "
+                             "stage, projected from its stage's derived rates, which take no calibration: drop %s"
+                             % (flag, verifier.stages[0].name, flag))
+
+
 def _flash_args(board, key: bytes | None) -> str:
     """The arguments after --port of the `specmesh flash` command that flashes `board` again in its place
     (flash.again_args; `key`: the run's)."""
@@ -721,6 +741,7 @@ class Mesh(contextlib.AbstractContextManager):
         self._ended = threading.Condition(self._lock)  # notified as each generation ends
         try:
             self._release(self._new_lane())
+            _check_found_verifier(self.config, self._lanes[0].verifier)
         except BaseException:
             self._setup.close()
             raise
