@@ -106,6 +106,20 @@ def test_keygen_into_a_folder_that_does_not_exist_yet(tmp_path, monkeypatch, cap
         "use it as it is, or give another --key-file\n" % (made / "bus.key"))
 
 
+def test_keygen_in_a_deleted_current_folder_says_what_to_do(tmp_path):
+    """A shell still in a folder deleted since it went there: `keygen --key-file k.key` said "cannot create k.key: No
+    such file or directory" (the write's errno), which reads as a folder missing from the path given."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    specmesh = os.path.join(os.path.dirname(sys.executable), "specmesh")
+    done = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && exec "$2" keygen --key-file k.key', "sh", str(gone),
+                           specmesh], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr == ("specmesh keygen: error: cannot create k.key: the current folder (%s) was deleted: cd to a "
+                           "folder that exists and run keygen again, or give the key's full path, e.g. "
+                           "~/.specmesh/mesh.key\n" % gone)
+
+
 def test_keygen_makes_every_missing_folder_owner_only(tmp_path, monkeypatch, capsys):
     """`keygen --key-file ~/a/b/k.key` made ~/a with the umask's mode (0755: anyone could list it) and only ~/a/b
     owner-only, and said it made ~/a/b alone; each folder it makes is now owner-only, and each is named."""

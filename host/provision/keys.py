@@ -97,6 +97,7 @@ def new_key_file(path: str | Path) -> list[Path]:
                            "give its name, e.g. ~/.specmesh/mesh.key" % (path, stream))
     names_folder = str(path).endswith(("/", os.sep))  # Path() drops the slash: "keys/" would become a file "keys"
     path = Path(path).expanduser()
+    _check_cwd(path)
     made: list[Path] = []
     try:
         # one at a time (mkdir(parents=True) gives all but the last the umask's mode, 0755), each noted once made
@@ -114,6 +115,20 @@ def new_key_file(path: str | Path) -> list[Path]:
             raise KeyFileError("cannot create %s: %s" % (path, e.strerror or e)) from None
         raise
     return made
+
+
+def _check_cwd(path: Path) -> None:
+    """KeyFileError for a relative `path` where the current folder was deleted (a shell still in a folder removed
+    since it went there): no file can be made in it, which the write said as a raw "No such file or directory"."""
+    if path.is_absolute():
+        return
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        was = os.environ.get("PWD")
+        raise KeyFileError("cannot create %s: the current folder%s was deleted: cd to a folder that exists and run "
+                           "keygen again, or give the key's full path, e.g. ~/.specmesh/mesh.key"
+                           % (path, " (%s)" % was if was else "")) from None
 
 
 def _there_already(path: Path) -> str:
