@@ -98,7 +98,8 @@ class RunConfig:
                    top_k=a.top_k, top_p=a.top_p, draft_top_k=a.draft_top_k, seed=a.seed, drafter=a.drafter, verifier=a.verifier,
                    gamma=parse_gamma(a.gamma), draft_max=a.draft_max, transport=a.transport, radio_loss=a.radio_loss,
                    radio_dup=a.radio_dup, spec_ahead=a.spec_ahead, plain=a.plain, stages=a.stages,
-                   project=a.project, kernels=a.kernels, kernels_given=given.kernels is not None, rates=_rates(a.calibration, a.project, "--calibration"),
+                   project=a.project, kernels=a.kernels, kernels_given=given.kernels is not None,
+                   rates=_rates(a.calibration, a.project, "--calibration"),
                    drafter_rates=_rates(a.drafter_calibration, drafter_class(a.transport), "--drafter-calibration"),
                    key=_key(a.key_file), stats_json=a.stats_json, models=a.models, target_model=a.model,
                    draft_model=a.draft_model, color=False if a.no_color else None, quiet=a.quiet, notes=notes)

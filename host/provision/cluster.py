@@ -128,7 +128,8 @@ def discover(bus: Bus, deadline: float = 10.0, role: str = "drafter|verifier") -
     """The HELLO reply of the board on a serial link (HELLO to broadcast; its src says who answered). A board that does
     not answer within FIRST_HELLO_S may be sitting at its REPL (after `specmesh console`, an interrupted `specmesh
     flash`, `flash --no-reset`): it is soft-reset once, which starts its node (or shows it half-flashed), and
-    asked again. `role`: the one the board is wanted for, named in the flash command a failure line gives."""
+    asked again. `role`: the one the board is wanted for, named in the flash command a failure line gives (after
+    --role: connect adds the node id, key file and model of the board's place)."""
     from specmesh.host.bus.proxy import ProxyError
 
     try:

@@ -2,9 +2,10 @@
 (host/backends/pipeline.py) of the boards flashed `specmesh flash --role stage --layers A:B` on those ports.
 
 Each board is found on its port, its node checked to be this specmesh's (cluster.py `check_firmware`) and its role
-(HELLO: a board that is not a stage is told what to flash it as); every board flashed from other files, and every one
-that fails otherwise (no answer, another role), is named in one line, so fixing one does not meet the next; each tells the layers [a, b) it holds in STATS (`layer_a`, `layer_b`: firmware/stage.py; a board
-flashed before stages said them is told to flash again). They must tile the target's layers: the first stage from
+(HELLO: a board that is not a stage is told what to flash it as, in its place: connect's node id, key file and model);
+every board flashed from other files, and every one that fails otherwise (no answer, another role), is named in one
+line, so that fixing one does not meet the next. Each tells the layers [a, b) it holds in STATS (`layer_a`,
+`layer_b`: firmware/stage.py; a board flashed before stages said them is told to flash again). They must tile the target's layers: the first stage from
 layer 0, each from where the one before ends, the last to the target's last; else one line naming the gap or the
 overlap (or the order to give the ports in) and the flash commands that tile them: the target's layers split evenly
 over the boards given, as `--stages N` splits them.
