@@ -6,9 +6,9 @@ import struct
 import numpy as np
 import pytest
 
-from specmesh.host.backends.modelio import QTensor, quantize_rows, read_model, write_model
+from specmesh.host.backends.modelio import QTensor, as_version_1, quantize_rows, read_model, write_model
 from specmesh.shared.modelfile import FLAG_SHARED_CLS, HEADER_FMT, HEADER_SIZE, Header, ModelFileError, tensor_layout
-from specmesh.tools.testmodels import as_version_1, random_model, random_tensors
+from specmesh.tools.testmodels import random_model, random_tensors
 
 # the header's fields (shared/modelfile.py HEADER_FMT) and their offsets
 FIELDS = ["magic", "version", "header_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden", "vocab", "max_seq",

@@ -287,7 +287,7 @@ def test_a_flipped_header_byte_is_refused_on_a_board(run_plan, model, tmp_path):
     board runs first (each field's low bit and top bit; at the context a node retries when a flipped max_seq asks for
     a KV cache its heap cannot hold: firmware/node.py). A version 1 file (its header outside its CRC) still loads,
     with the same logits."""
-    from specmesh.tools.testmodels import as_version_1
+    from specmesh.host.backends.modelio import as_version_1
     from tests.test_engine_modelio import END, FIELDS, OFFSET, flip
 
     data = open(model, "rb").read()

@@ -655,7 +655,8 @@ def test_a_flipped_tokenizer_id_in_the_targets_header_names_the_target(models, c
     refuses it."""
     from specmesh.host.decode.tokenizer import byte_pieces, pack_vocab, read_llama2c_tokenizer, vocab_id
     from specmesh.shared.modelfile import Header
-    from specmesh.tools.testmodels import as_version_1, random_tensors, write_model
+    from specmesh.host.backends.modelio import as_version_1
+    from specmesh.tools.testmodels import random_tensors, write_model
 
     tid = vocab_id(pack_vocab(byte_pieces(read_llama2c_tokenizer(models / "tokenizer.bin")[0])))
     for path, h, seed in ((models / TARGET_FILE, Header(32, 2, 4, 2, 64, 512, 64, tokenizer_id=tid), 1),

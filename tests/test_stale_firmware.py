@@ -18,6 +18,7 @@ import pytest
 
 from specmesh.host import cli
 from specmesh.host.backends import BackendError
+from specmesh.host.backends.modelio import as_version_1
 from specmesh.host.layout import DRAFTER_FILE, ROOT, TARGET_FILE
 from specmesh.host.provision import cluster
 from specmesh.host.mpycross import compile_py
@@ -316,3 +317,9 @@ def test_bench_of_a_stale_board_names_the_model_it_holds(models, virtual_board, 
     assert cli.main(command.split()[1:]) == 0
     capsys.readouterr()
     assert cli.main(["bench", "--port", shipped.port, "--out", out]) == 0, capsys.readouterr().err
+    # flashed before version 2: the board holds the version 1 file of a shipped model, which is that model
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / other.name).write_bytes(as_version_1(other.read_bytes()))
+    flash_stale(shipped, tmp_path / "v1" / other.name, tmp_path / "old3", STALE["flashed before the id"], "drafter")
+    assert cli.main(["bench", "--port", shipped.port, "--out", out]) == 2
+    assert "flash it again with `%s`, then bench it" % command in capsys.readouterr().err

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import struct
-import zlib
 
 import numpy as np
 
@@ -51,15 +49,6 @@ def with_context(src: str | os.PathLike, dst: str | os.PathLike, max_seq: int) -
     with open(dst, "wb") as f:
         f.write(pack_model(h, data[HEADER_SIZE:]))
     return h
-
-
-def as_version_1(data: bytes) -> bytes:
-    """A version 2 model file's bytes as the version 1 file of the same model (its crc the body's only, the header
-    outside it), as files exported before version 2 are."""
-    out = bytearray(data)
-    struct.pack_into("<H", out, 4, 1)
-    struct.pack_into("<I", out, HEADER_SIZE - 4, zlib.crc32(data[HEADER_SIZE:]))
-    return bytes(out)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,15 @@ def pack_model(h: Header, body: bytes) -> bytes:
     return h.pack() + body
 
 
+def as_version_1(data: bytes) -> bytes:
+    """A version 2 model file's bytes as the version 1 file of the same model (its crc the body's only, the header
+    outside it): what files exported, and boards flashed, before version 2 hold."""
+    out = bytearray(data)
+    struct.pack_into("<H", out, 4, 1)
+    struct.pack_into("<I", out, HEADER_SIZE - 4, zlib.crc32(memoryview(data)[HEADER_SIZE:]) & 0xFFFFFFFF)
+    return bytes(out)
+
+
 def _crc(data: bytes) -> int:
     """The crc a version 2 file `data` holds: of its header's bytes before that field, then of its body."""
     return zlib.crc32(memoryview(data)[HEADER_SIZE:], zlib.crc32(data[:HEADER_SIZE - 4])) & 0xFFFFFFFF

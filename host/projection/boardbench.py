@@ -25,6 +25,7 @@ from pathlib import Path
 from specmesh.host import tempdirs
 from specmesh.host.projection import costmodel as cm
 from specmesh.host.projection.calibration import write
+from specmesh.host.backends.modelio import as_version_1
 from specmesh.host.boardclasses import class_of, drafter_model
 from specmesh.host.bus import ports
 from specmesh.host.layout import MODELS, model_path
@@ -204,7 +205,8 @@ def _check_firmware(transport, info, config: dict, port: str) -> None:
 def _flash_model(transport, info, config: dict, kind: str) -> tuple[str, str]:
     """The --model of the flash command that makes a stale board's node this specmesh's, keeping the model it holds,
     which the bench times: ("", "") where a flash without --model puts that model there; the shipped file where the
-    board's is one (the same header, its body's crc in it) of another name; else a placeholder FILE and what it
+    board's is one (the same header, its crc in it, or the version 1 header of the same file: shipped before version
+    2) of another name; else a placeholder FILE and what it
     stands for (the host cannot know which file the board's was flashed from)."""
     from mpremote.transport import TransportError
 
@@ -213,9 +215,10 @@ def _flash_model(transport, info, config: dict, kind: str) -> tuple[str, str]:
         return "", ""
     shipped = MODELS / held.rsplit("/", 1)[-1]
     read = "f=open(%r,'rb')\nprint(f.read(%d).hex())\nf.close()" % ("/" + held.lstrip("/"), HEADER_SIZE)
-    try:
-        with shipped.open("rb") as f:
-            same = f.read(HEADER_SIZE) == bytes.fromhex(transport.exec(read).decode().strip())
+    try:  # the board's may be the version 1 file of the same model (flashed before version 2)
+        data = shipped.read_bytes()
+        same = bytes.fromhex(transport.exec(read).decode().strip()) in (data[:HEADER_SIZE],
+                                                                          as_version_1(data)[:HEADER_SIZE])
     except (TransportError, OSError, ValueError):  # no such shipped file, or the board's unreadable
         same = False
     if not same:
