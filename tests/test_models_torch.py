@@ -67,6 +67,44 @@ def test_export_refuses_a_file_that_is_no_checkpoint_and_a_broken_archive_in_one
     assert not (tmp_path / "x.spm").exists()
 
 
+def _other_vocab(folder):
+    """folder/vocab.bin replaced by the table of another tokenizer of the same size (two pieces swapped)."""
+    from specmesh.host.decode.tokenizer import pack_vocab, unpack_vocab
+
+    pieces = unpack_vocab((folder / "vocab.bin").read_bytes())
+    pieces[300], pieces[301] = pieces[301], pieces[300]
+    (folder / "vocab.bin").write_bytes(pack_vocab(pieces))
+
+
+def test_export_and_training_refuse_a_vocab_table_of_another_tokenizer_in_one_line(tmp_path, monkeypatch, capsys):
+    """export and train_all took vocab.bin's CRC as the models' tokenizer id without checking it against tokenizer.bin:
+    a vocab.bin of another tokenizer gave models whose headers named that one (a run then refused them with the
+    tokenizer.bin they were trained with). Both refuse it in one line, before anything is written or trained."""
+    from specmesh.tools import export, run_tool, train_all
+
+    _export_folder(tmp_path)
+    _other_vocab(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    said = ("%s is not the vocab table of %s (it is another tokenizer's): the models' headers would name the wrong "
+            "tokenizer; put the vocab.bin of this tokenizer beside it (llama2c_import --tokenizer writes it; git "
+            "checkout models/vocab.bin models/tokenizer.bin restores the shipped pair)\n"
+            % (tmp_path / "vocab.bin", tmp_path / "tokenizer.bin"))
+    assert export.main(["--out", str(tmp_path), "--model", "x=%s" % (tmp_path / "tiny.pt")]) == 1
+    assert capsys.readouterr().err == "export: " + said
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+    def trained(argv):
+        raise AssertionError("train_all trained with a vocab.bin of another tokenizer")
+
+    monkeypatch.setattr(train_all, "MODELS", tmp_path)
+    monkeypatch.setattr(train_all.train, "main", trained)
+    with pytest.raises(SystemExit) as e:
+        run_tool("train_all", lambda: train_all.main([]))
+    assert e.value.code == 1
+    assert capsys.readouterr().err == "train_all: " + said
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 def test_export_of_a_model_file_says_it_is_exported_already(tmp_path, capsys):
     """A .spm given as the checkpoint was read as a llama2.c one: "implausible llama2.c header {'dim': 1296912467,
     ...}: not a llama2.c checkpoint?", which did not say what the file is or what to give."""

@@ -2,9 +2,10 @@
 
 A model comes from a distillation checkpoint (`tools/train.py`, `.pt`) or a llama2.c checkpoint (`.bin`,
 as stories260K, the target, was imported once). models/<name>.spm is written with host/backends/modelio.py; the
-header's tokenizer id is the CRC-32 of models/vocab.bin. models/reference.npz keeps, for each exported
-model, the float model's outputs on held-out stories (models/heldout.txt), so tests and the model card
-check the int8 engines against the float model without PyTorch or the float checkpoint:
+header's tokenizer id is the CRC-32 of models/vocab.bin, which must be models/tokenizer.bin's table (tokenizer_id_of:
+one of another tokenizer is refused). models/reference.npz keeps, for each exported model, the float model's outputs
+on held-out stories (models/heldout.txt), so tests and the model card check the int8 engines against the float model
+without PyTorch or the float checkpoint:
     <name>.tokens int32 [P, T]: held-out story prompts, <name>.logits float16 [P, T, vocab],
     <name>.prompt int32 [P, G0], <name>.greedy int32 [P, G] (float greedy tokens after the prompt),
     <name>.margin float32 [P, G] (float top-1 minus top-2 logit at each greedy step: near-ties show),
@@ -35,7 +36,8 @@ except ImportError as e:  # the `gpu` extra
 from specmesh.host import atomic
 from specmesh.host.backends.modelio import write_model
 from specmesh.host.cli.flags import a_path
-from specmesh.host.decode.tokenizer import Tokenizer, vocab_id
+from specmesh.host.cli.preflight import tokenizer_id
+from specmesh.host.decode.tokenizer import Tokenizer, TokenizerError, vocab_id
 from specmesh.host.layout import MODELS
 from specmesh.shared.modelfile import FLAG_SHARED_CLS, MAGIC, Header
 from specmesh.tools.llama2c_import import ImportError_, read_checkpoint
@@ -48,6 +50,20 @@ REF_LEN = 64  # teacher-forced positions with saved logits
 GREEDY_PROMPT = 16
 GREEDY_NEW = 24
 READ_IN_OUT = ("vocab.bin", "tokenizer.bin", "heldout.txt")  # what export reads in --out
+
+
+def tokenizer_id_of(models: Path) -> int:
+    """The tokenizer id the models exported into the folder `models` name in their headers: the CRC of its vocab.bin
+    (the table a board decodes with), checked to be the table of its tokenizer.bin (the host's, which the models are
+    trained and measured with). A vocab.bin of another tokenizer gave models whose headers named that one, and a run
+    refused them with their own tokenizer.bin (host/cli/preflight.py check_tokenizer)."""
+    tid = vocab_id((models / "vocab.bin").read_bytes())
+    if tokenizer_id(Tokenizer.from_llama2c(models / "tokenizer.bin")) != tid:
+        raise TokenizerError("%s is not the vocab table of %s (it is another tokenizer's): the models' headers would "
+                             "name the wrong tokenizer; put the vocab.bin of this tokenizer beside it (llama2c_import "
+                             "--tokenizer writes it; git checkout models/vocab.bin models/tokenizer.bin restores the "
+                             "shipped pair)" % (models / "vocab.bin", models / "tokenizer.bin"))
+    return tid
 
 
 def header_of(model: Transformer, tokenizer_id: int) -> Header:
@@ -143,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         _check_out(a.out)
-        tid = vocab_id((a.out / "vocab.bin").read_bytes())
+        tid = tokenizer_id_of(a.out)
         tok = Tokenizer.from_llama2c(a.out / "tokenizer.bin")
         stories = heldout_stories(a.out / "heldout.txt")
         models = {}
@@ -158,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             models[name] = load_float(Path(ck))
         ref_path = a.out / "reference.npz"
         refs = read_reference(ref_path) if ref_path.exists() else {}
-    except (OSError, ValueError) as e:  # CheckpointError is a ValueError
+    except (OSError, ValueError, TokenizerError) as e:  # CheckpointError is a ValueError
         print("export: %s" % said(e), file=sys.stderr)
         return 1
     for name, m in models.items():

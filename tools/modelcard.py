@@ -97,13 +97,12 @@ def describe(h) -> str:
 
 def variant(ck: Path, models: Path, prompts: list[list[int]], new: int) -> dict:
     """Export one drafter checkpoint to a scratch file and measure it against the shipped target."""
-    from specmesh.tools.export import export_model, load_float  # needs torch, only for variants
-    from specmesh.host.decode.tokenizer import vocab_id
+    from specmesh.tools.export import export_model, load_float, tokenizer_id_of  # needs torch, only for variants
 
     summary = json.loads((ck / "summary.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / DRAFTER_FILE
-        h = export_model(load_float(ck / "best.pt"), path, vocab_id((models / "vocab.bin").read_bytes()))
+        h = export_model(load_float(ck / "best.pt"), path, tokenizer_id_of(models))
         return {"checkpoint": str(ck), "shape": describe(h), "params": n_params(h),
                 "file_bytes": path.stat().st_size, "train_steps": summary["steps"],
                 "train_s": summary["train_s"], "acceptance": measure_pair(models / TARGET_FILE, path, prompts, new)}

@@ -31,7 +31,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from specmesh.host.decode.tokenizer import vocab_id
 from specmesh.host.layout import MODELS
 from specmesh.tools import run_tool, without_torch
 
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     # no options: `--help` or a stray argument must not start hours of training
     argparse.ArgumentParser(prog="python -m specmesh.tools.train_all", description=__doc__.split("\n\n")[0]
                             ).parse_args(argv)
-    tid = vocab_id((MODELS / "vocab.bin").read_bytes())
+    tid = export.tokenizer_id_of(MODELS)  # a vocab.bin of another tokenizer: one line, before hours of training
     best = {}
     for name in RECIPES:
         steps = phases(name)
