@@ -232,7 +232,8 @@ def test_emulate_command_serves_boards_until_ctrl_c_or_sigterm(tmp_path, stop):
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file, text=True, cwd=ROOT,
                                 preexec_fn=_ignore_sigint)
     try:
-        proc.stdout.readline()  # the summary line
+        summary = proc.stdout.readline()  # the same MACs as another emulate's boards, on a radio of their own
+        assert "; their own radio (another emulate's boards do not hear them), MTU 250, loss 0.0. " in summary, summary
         ports = [proc.stdout.readline().split()[1] for _ in range(2)]
         assert all(p.startswith("/dev/pts/") for p in ports)
         assert mpremote(ports[1], "exec", "import network; print(network.WLAN().config('mac').hex())").stdout \

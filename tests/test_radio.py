@@ -128,6 +128,31 @@ def test_two_boards_exchange_espnow_with_loss_and_mtu_250(virtual_board, tmp_pat
         assert n == ok + 1 and distinct == n and rx_packets == n and mtu == 250, (sent, out, hub.stats)
 
 
+def test_two_emulations_side_by_side_share_macs_but_never_a_radio(tmp_path):
+    """Two `specmesh emulate` sessions give their boards the same MACs (board_mac: by index, so the peers a board's
+    config in --dir names stay right when its emulate starts again). It does not matter: each session has its own
+    radio hub, so a packet to board1's MAC reaches its own session's board1 and never the other's."""
+    from specmesh.host.emulator.session import Emulation, board_mac
+
+    (tmp_path / "rx.py").write_text(RX)
+    (tmp_path / "tx.py").write_text(TX % board_mac(1))
+    with Emulation(2, root=tmp_path / "a") as a, Emulation(2, root=tmp_path / "b") as b:
+        assert [vb.mac for vb in a.boards] == [vb.mac for vb in b.boards] == [board_mac(0), board_mac(1)]
+        listeners = [subprocess.Popen([MPREMOTE, "connect", emu.boards[1].port, "run", str(tmp_path / "rx.py")],
+                                      stdout=subprocess.PIPE, text=True) for emu in (a, b)]
+        try:
+            time.sleep(1.0)
+            sent = mpremote(a.boards[0].port, "run", str(tmp_path / "tx.py")).stdout
+            heard = [listener.communicate(timeout=30)[0] for listener in listeners]
+        finally:
+            for listener in listeners:
+                listener.kill()
+    ok = int(sent.split("tx ")[1].split()[0])
+    assert ok == 200 and heard[0].split()[:3] == ["rx", str(ok + 1), str(ok + 1)], (sent, heard)
+    assert heard[1].split()[:3] == ["rx", "0", "0"], heard
+    assert a.hub.stats.delivered == ok + 1 and b.hub.stats.sent == 0
+
+
 LINK_RX = """
 import links
 from shared import codec

@@ -344,9 +344,11 @@ def _emulate(args) -> int:
         with Emulation(args.boards, name, args.dir, radio, flash_bytes, 0 if args.no_romfs else None, qemu) as emu:
             cls = board_class(name)
             romfs = "no ROMFS" if args.no_romfs or not cls.romfs_bytes else f"ROMFS {cls.romfs_bytes // 1024} KiB"
-            link = (f"its own {cls.isa} machine code under QEMU, no radio" if qemu else
-                    f"radio MTU {args.mtu}, loss {args.loss}")
             one = args.boards == 1  # "1 virtual ... board(s) ... stops them" read as a form, not a sentence
+            # their own radio: another emulate's boards, with the same MACs (session.board_mac), never hear them
+            link = (f"its own {cls.isa} machine code under QEMU, no radio" if qemu else
+                    f"{'its' if one else 'their'} own radio (another emulate's boards do not hear "
+                    f"{'it' if one else 'them'}), MTU {args.mtu}, loss {args.loss}")
             print(f"{args.boards} virtual {cls.description} board{'' if one else 's'}, heap {cls.heap_bytes} bytes, "
                   f"{romfs}; {link}. Ctrl-C (or SIGTERM) stops {'it' if one else 'them'}.")
             for vb in emu.boards:  # a QEMU board has no radio, nor a network module to read a MAC from
