@@ -7,6 +7,7 @@ import pty
 import re
 import sys
 import threading
+import time
 
 import pytest
 
@@ -372,6 +373,46 @@ def test_a_board_slow_to_come_back_from_its_soft_reset_is_not_blamed_on_a_key():
         assert "key" not in str(e.value)
     finally:
         close()
+
+
+def test_a_virtual_board_slow_to_boot_is_waited_for_and_a_real_ones_silence_said_as_soon(virtual_board, tmp_path,
+                                                                                          monkeypatch):
+    """A virtual board's reboot starts a fresh VM, which a loaded host can hold back past a real board's REPL_S: a flash
+    that found the board rebooting said "the board is silent: nothing came back within 6.5 s" (the Ctrl-C, held for
+    the VM 5 s, then went in as a byte, which main.py read), and one whose soft reset met a slow VM that it "did not
+    come back from a soft reset within 5 s". A virtual board's Ctrl-C waits for its VM, its REPL VM_REPL_S; a port with
+    no board behind it is said silent after REPL_S, as before."""
+    from specmesh.host.emulator import board as board_mod
+
+    vb = virtual_board()
+    (vb.flash_dir / "main.py").write_text("import sys\nwhile True:\n    sys.stdin.buffer.read(1)\n")  # as a node reads
+    slow = tmp_path / "slow-micropython"  # each VM the board starts from now on takes REPL_S + 2 s to come up
+    slow.write_text('#!/bin/sh\nsleep %g\nexec %s "$@"\n' % (flash_module.REPL_S + 2, board_mod.micropython_binary()))
+    slow.chmod(0o755)
+    monkeypatch.setattr(board_mod, "micropython_binary", lambda: str(slow))
+    boots = vb.boots
+    with open_port(vb.port) as ser:
+        ser.write(b"\x04")  # a soft reset at the REPL: the board reboots, into main.py
+        read_until(ser, b"soft reboot\r\n")
+    for _ in range(500):  # its next VM is started (and sleeps)
+        if vb.boots > boots:
+            break
+        time.sleep(0.01)
+    transport = flash_module.open_board(vb.port)  # while the board reboots
+    try:
+        assert vb.boots == boots + 2  # that reboot, then open_board's soft reset: two slow VMs
+        assert transport.exec("print(6 * 7)").strip() == b"42"
+    finally:
+        flash_module.close(transport)
+    master, slave = pty.openpty()  # a real board that never answers
+    try:
+        with pytest.raises(FlashError) as e:
+            flash_module.open_board(os.ttyname(slave))
+        assert str(e.value).startswith("%s: the board is silent: nothing came back within %g s"
+                                       % (os.ttyname(slave), flash_module.REPL_S + 1.5))
+    finally:
+        os.close(master)
+        os.close(slave)
 
 
 def test_board_checks_refuse_what_cannot_run_the_role():

@@ -55,6 +55,13 @@ EXIT_SOFT, EXIT_SOFT_RAW, EXIT_HARD = 64, 65, 66  # must match _vboard.py
 _LIVE: weakref.WeakSet[VirtualBoard] = weakref.WeakSet()
 
 
+def runs_here(port: str) -> bool:
+    """Whether `port` is the port of a virtual board this process runs (a run's, a test's): the boards of another
+    process, a `specmesh emulate`, are host/bus/ports.py emulated's to tell."""
+    real = os.path.realpath(port)
+    return any(b.port and os.path.realpath(b.port) == real for b in list(_LIVE))
+
+
 class BoardError(RuntimeError):
     """A virtual board could not start or keep running."""
 
@@ -120,6 +127,10 @@ class FlashDamaged(BoardError):
 
 
 MEASURE_S = 20  # longest the flashed modules may take to import when the VM heap is sized
+# longest a VM may take to come up (its shim ready) on a loaded host: start()'s limit, and how long a Ctrl-C that came
+# while the VM (re)booted waits for it (5 s was shorter than a loaded host's reboot: the Ctrl-C went in as a byte,
+# which the node that main.py started read, and the flash that sent it found no REPL)
+VM_START_S = 10.0
 
 
 def micropython_binary() -> str:
@@ -356,7 +367,7 @@ class VirtualBoard:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self, timeout: float = 10.0) -> VirtualBoard:
+    def start(self, timeout: float = VM_START_S) -> VirtualBoard:
         self.flash_dir.mkdir(parents=True, exist_ok=True)
         self.flash_dir.chmod(0o700)  # a board's flash may hold its deployment key (docs/security.md)
         if self.flash_bytes is not None:
@@ -552,7 +563,7 @@ class VirtualBoard:
         reboots; the Ctrl-C waits for the next boot). A VM whose program turned Ctrl-C off
         (micropython.kbd_intr(-1): SIGINT no longer caught) gets the byte instead, as a board does."""
         start = time.monotonic()
-        while not self._stopping.is_set() and time.monotonic() < start + 5.0:
+        while not self._stopping.is_set() and time.monotonic() < start + VM_START_S:
             proc = self._proc
             # In order: input sent before the Ctrl-C is read first (a soft reset it may hold must not be
             # overtaken), unless the program is not reading it.

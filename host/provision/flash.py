@@ -93,6 +93,13 @@ NATIVE_DIR = "/native"  # the native kernel module for the board's arch (firmwar
 # gone silent mid-command (a raw-paste header or "OK" that never comes: a stalled VM on a busy host, a lost reply)
 # held a flash as long as it stayed silent, for ever if the reply was lost; mpremote's read_until allows 10 s too
 READ_S = 10.0
+# longest open_board waits for a board's REPL to answer its Ctrl-C, and to come back from the soft reset after: a real
+# board's answers at once and boots in about a second, so its silence is said after REPL_S (and a HELLO's 1.5 s); a
+# virtual board's soft reset starts a fresh VM (host/emulator/board.py VM_START_S), which a loaded host held back past
+# REPL_S: the flash called a board that was booting "silent". Not more: mpremote's enter_raw_repl gives up on 10 s
+# without a byte whatever its overall timeout
+REPL_S = 5.0
+VM_REPL_S = 10.0
 
 
 class FlashError(RuntimeError):
@@ -345,14 +352,21 @@ PROBE = romfs.PROBE + (
 )
 
 
-def open_board(port: str, timeout: float = 5.0, virtual: bool = False, key: bytes | None = None,
+def open_board(port: str, timeout: float | None = None, virtual: bool = False, key: bytes | None = None,
                role: str = "ROLE"):  # -> mpremote SerialTransport
     """Open `port`, interrupt whatever runs, soft-reset into the raw REPL. One-line errors; `virtual`: the port is
     a specmesh emulate's board (ports.emulated), which the advice fits; `key`: the flash's deployment key; `role`:
-    the one the board is flashed for, named in the flash command the advice gives (ROLE where unknown: a bench)."""
+    the one the board is flashed for, named in the flash command the advice gives (ROLE where unknown: a bench).
+    `timeout`: how long the REPL may take to answer, and to come back from the soft reset; None: VM_REPL_S for a
+    virtual board (an emulate's, or one this process runs), REPL_S for any other port."""
     from mpremote import transport_serial
     from mpremote.transport import TransportError
     from mpremote.transport_serial import SerialTransport
+
+    from specmesh.host.emulator.board import runs_here
+
+    if timeout is None:
+        timeout = VM_REPL_S if virtual or runs_here(port) else REPL_S
 
     # mpremote prints the raw bytes it got before it raises "could not enter raw repl" (at the open, and mid-flash
     # when the board was reset): its module's print made silent, so the user sees the one line the raise becomes
