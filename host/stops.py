@@ -4,7 +4,9 @@ interpreter's KeyboardInterrupt traceback (host/quiet.py). While it runs (stoppa
 manager) and SIGHUP (a closed terminal) become `Stopped`, a KeyboardInterrupt raised in the main thread as Ctrl-C's is,
 so every `with` and `finally` on the way out runs: boards stopped, temporary folders removed (Python's default for
 these signals ends the process at once, and `atexit` and TemporaryDirectory, which remove the virtual boards' folders,
-never run). A stop that arrives while the main thread forks with at-fork hooks is raised once it forked (held)."""
+never run). A stop that arrives while the main thread forks with at-fork hooks is raised once it forked (held); one
+that came just before a read waiting for a person began (chat's prompt, `run --prompt -`) is raised within WAKE_S
+(awake)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,9 @@ class Stopped(KeyboardInterrupt):
     def __str__(self) -> str:
         return "stopped by %s" % signal.Signals(self.signum).name
 
+
+# awake()'s alarm interval: at most this late, a stop signal that a read waiting for a person missed is raised
+WAKE_S = 0.1
 
 # the stop signals that arrived inside held() (in arrival order), or None outside it
 _held: list[int] | None = None
@@ -96,6 +101,35 @@ def raising_stops() -> Iterator[None]:
         for s, handler in before.items():
             if handler is not None:
                 signal.signal(s, signal.SIG_IGN if handler is exit_quietly else handler)
+
+
+def _wake(_signum: int, _frame) -> None:
+    """awake()'s SIGALRM handler: nothing to do; that the alarm interrupted the read is what counts."""
+
+
+@contextlib.contextmanager
+def awake() -> Iterator[None]:
+    """Around a read of the main thread that waits for a person (chat's prompt, `run --prompt -`): a stop signal that
+    came in just before the read began is raised within WAKE_S, not once the input comes. A signal's C handler only
+    notes it, and the interpreter raises it at its next check: at once where the signal interrupts the read (EINTR).
+    One that lands after that check and before the read began (the process preempted there, under load), or on another
+    thread (numpy's OpenBLAS one), interrupts nothing: the read waited for input that might never come, the Ctrl-C lost
+    (chat sat at its prompt, nothing said, until killed). Inside, SIGALRM every WAKE_S interrupts the read, which then
+    checks. Nothing is done outside the main thread (its reads raise no stop), without setitimer (Windows), nor where
+    SIGALRM is a caller's own (its handler, or an alarm armed)."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, _wake) or \
+            signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0):
+        yield
+        return
+    # _wake stays SIGALRM's handler after: an alarm raised as the timer was disarmed and taken by another thread, which
+    # had not run its handler yet, would end the process under the default one put back
+    signal.signal(signal.SIGALRM, _wake)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, WAKE_S, WAKE_S)
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def say_stopped(who: str, what: str) -> None:

@@ -119,6 +119,24 @@ RV32_HOW = ("virtual ESP32-C3 boards run MicroPython's RV32 code under QEMU: `ma
             "qemu-system-misc when absent), or SPECMESH_RV32=1 .venv/bin/pytest -m rv32")
 
 
+# `python -c CTRL_C_OFF_THE_READ ARGS...`: `specmesh ARGS...` whose Ctrl-C's C handler runs on another thread: its
+# main thread blocks SIGINT, and a thread started first takes it (as numpy's OpenBLAS one may): the interpreter is
+# told, the main thread's read is not interrupted. The state a SIGINT leaves that lands between the interpreter's last
+# check and a read's start (host/stops.py awake): once, in a loaded `make test`, chat sat at its prompt, nothing said.
+CTRL_C_OFF_THE_READ = ("import signal, sys, threading, time\n"
+                       "threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+                       "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])\n"
+                       "from specmesh.host.cli import main\n"
+                       "sys.exit(main(sys.argv[1:]))\n")
+LINUX_PROC = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads a process's state in /proc (Linux)")
+
+
+def sleeping(pid: int) -> bool:
+    """Whether process `pid`'s main thread sleeps (/proc), as one whose read waits for input does."""
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().rpartition(")")[2].split()[0] == "S"
+
+
 XTENSA_HOW = ("virtual ESP32/ESP32-S3 boards run the Xtensa firmware's code under QEMU: `make test-xtensa` runs these "
               "(it installs qemu-system-misc when absent), or SPECMESH_XTENSA=1 .venv/bin/pytest -m xtensa")
 

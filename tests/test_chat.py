@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from specmesh.host.layout import TARGET_FILE
 from specmesh.host import cli
 from specmesh.host.backends import LocalVerifier, SessionParams
@@ -17,6 +19,7 @@ from specmesh.host.cli.run import add_arguments
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.tokenizer import BOS, Tokenizer
 from specmesh.tools.testmodels import random_model
+from tests.conftest import CTRL_C_OFF_THE_READ, LINUX_PROC, sleeping
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -242,8 +245,6 @@ def test_chat_s_help_lists_no_flag_it_refuses_nor_run_s_opening_prompt(models, c
     """`chat --help` listed run's --stats-json, --project, --quiet, --calibration and --drafter-calibration, which chat
     refuses, and said its --prompt defaulted to 'Once upon a time' (chat has no opening turn unless given one); and
     `chat --calibration F` said 'add --project esp32s3', which chat then refused: 'drop --project'."""
-    import pytest
-
     with pytest.raises(SystemExit):
         cli.main(["chat", "--help"])
     shown = capsys.readouterr().out
@@ -285,6 +286,50 @@ def test_ctrl_c_at_the_prompt_ends_the_chat_with_one_line_and_status_130(models)
     assert proc.returncode == 130, said + err
     assert said + err == b"> > specmesh chat: interrupted\n"
     assert out.startswith(b"The cat") and out.count(b"\n") == 1, out
+
+
+@LINUX_PROC
+@pytest.mark.parametrize("where", ["terminal", "prompt on stderr", "pipe"])
+def test_a_ctrl_c_that_the_read_of_a_turn_missed_still_ends_the_chat(models, where):
+    """A Ctrl-C whose signal interrupted no read (it came just before the read began) ends the chat as one at the
+    prompt does (status 130, one line), wherever the turns come from: a terminal (readline's input(),
+    the prompt on stdout), one whose prompt goes to stderr, or a pipe."""
+    import os
+    import pty
+    import select
+    import signal
+
+    master, slave = pty.openpty()
+    fed, feed = os.pipe()  # (a pipe of its own: communicate() would close a Popen's stdin, ending the turns)
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_OFF_THE_READ, "chat", "--models", str(models), "--verifier",
+                             "cpu", "--drafter", "cpu", "--max-tokens", "4", "--no-color"],
+                            stdin=fed if where == "pipe" else slave,
+                            stdout=slave if where == "terminal" else subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    os.close(slave)
+    os.close(fed)
+    # what shows that the first turn ended and the next is read: a terminal's second prompt, else the turn's line
+    shown, mark, count = ((master, b"> ", 2) if where == "terminal" else (proc.stdout.fileno(), b"\n", 1)
+                          if where == "pipe" else (proc.stderr.fileno(), b"> ", 2))
+    said = b""
+    try:
+        os.write(feed if where == "pipe" else master, b"The cat\n")
+        end = time.monotonic() + 60
+        while said.count(mark) < count and time.monotonic() < end and proc.poll() is None:
+            if select.select([shown], [], [], 0.2)[0]:
+                said += os.read(shown, 4096)
+        while proc.poll() is None and not sleeping(proc.pid) and time.monotonic() < end:  # in the read, which the
+            time.sleep(0.01)  # signal does not interrupt
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+        os.close(feed)
+    assert said.count(mark) == count, said
+    on_stderr = where == "prompt on stderr"  # (its prompts read above)
+    assert proc.returncode == 130, err
+    assert (said if on_stderr else b"") + err == (b"> > " if on_stderr else b"") + b"specmesh chat: interrupted\n"
 
 
 def test_an_empty_line_continues_the_story_where_the_last_turn_stopped(models):

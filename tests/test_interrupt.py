@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import CTRL_C_OFF_THE_READ, LINUX_PROC, ROOT, sleeping
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 from specmesh.tools.testmodels import random_model
 
@@ -124,6 +124,72 @@ def test_a_stop_while_the_main_thread_forks_a_vm_is_raised_after_the_fork_and_le
                           capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (0, "stopped by SIGTERM\na thread forks\n", "")
     assert _vms_of(tmp_path / "flash") == []
+
+
+def test_awake_arms_its_alarm_only_inside_and_leaves_a_caller_s_own_alone():
+    """stops.awake (chat's prompt, `run --prompt -`: the Ctrl-Cs it catches, below and in test_chat.py): its SIGALRM
+    timer runs inside it alone, and not at all in another thread or where SIGALRM is the caller's (its own handler, or
+    its own alarm armed)."""
+    import threading
+
+    from specmesh.host import stops
+
+    def timer() -> tuple[float, float]:
+        return signal.getitimer(signal.ITIMER_REAL)
+
+    assert threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGALRM)
+    try:
+        with stops.awake():
+            assert timer()[1] == stops.WAKE_S
+        assert timer() == (0.0, 0.0)
+        inside = []
+
+        def in_another_thread():
+            with stops.awake():
+                inside.append(timer())
+
+        other = threading.Thread(target=in_another_thread)
+        other.start()
+        other.join()
+        assert inside == [(0.0, 0.0)]
+
+        def own(_signum, _frame):
+            pass
+
+        signal.signal(signal.SIGALRM, own)
+        with stops.awake():
+            assert timer() == (0.0, 0.0) and signal.getsignal(signal.SIGALRM) is own
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.setitimer(signal.ITIMER_REAL, 1000)
+        with stops.awake():
+            assert timer()[1] == 0.0
+        assert timer()[0] > 900
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+
+
+@LINUX_PROC
+def test_a_ctrl_c_that_the_read_of_a_piped_prompt_missed_still_ends_the_run(models):
+    """`run --prompt -` waiting for its prompt on stdin: a Ctrl-C whose signal interrupted no read (it came just before
+    the read began: CTRL_C_OFF_THE_READ) ends it with status 130 and one line, not when the prompt's end comes."""
+    fed, feed = os.pipe()  # held open here: the prompt never ends
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_OFF_THE_READ, "run", "--models", str(models), "--verifier",
+                             "cpu", "--drafter", "cpu", "--prompt", "-"], stdin=fed, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+    os.close(fed)
+    try:
+        end = time.monotonic() + 60
+        while proc.poll() is None and not sleeping(proc.pid) and time.monotonic() < end:  # in the read, which the
+            time.sleep(0.01)  # signal does not interrupt
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(feed)
+    assert (proc.returncode, out, err) == (130, b"", b"specmesh run: interrupted\n")
 
 
 # sitecustomize.py for the command below: its first fork with at-fork hooks (the virtual board's first, in the main

@@ -28,6 +28,7 @@ from specmesh.host.cli.output import Printer
 from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed
 from specmesh.host.cli.session import GenerationFailed, Mesh, gamma_controller, say_on_stderr
 from specmesh.host.cli.streams import stdout_to_devnull
+from specmesh.host.stops import awake
 
 PROMPT = "> "
 # run's flags that chat refuses (it prints no stats table, JSON or projection, which these ask for or price): each
@@ -86,8 +87,9 @@ def _lines(stdin=None):
             # under C.UTF-8), which no tokenizer encodes: turned back into the bytes typed, to be told as a pipe's.
             # GNU readline (stdout a terminal too) drops a lead byte that no continuation follows (caf\xe9) before
             # input() sees it, and its echo shows the line without it: what is seen is what is sent
-            line = _typed().encode("utf-8", "surrogateescape") if tty else \
-                stdin.buffer.readline(PROMPT_MAX_BYTES + 1)
+            with awake():  # a Ctrl-C that came just before the read began is not lost (the chat sat at its prompt)
+                line = _typed().encode("utf-8", "surrogateescape") if tty else \
+                    stdin.buffer.readline(PROMPT_MAX_BYTES + 1)
             if not tty:
                 if not line:
                     return

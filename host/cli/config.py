@@ -16,6 +16,7 @@ from specmesh.host.backends import PIPELINE, SessionParams, is_port, port_list, 
 from specmesh.host.boardclasses import drafter_class
 from specmesh.host.cli.ranges import SEED, RangeError, in_range, probability
 from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path
+from specmesh.host.stops import awake
 from specmesh.shared import messages as m
 from specmesh.shared.sampling import is_greedy
 
@@ -236,7 +237,8 @@ def read_prompt(a: argparse.Namespace) -> str:
     try:
         if a.prompt_file is None:
             blocking(sys.stdin)
-            data = sys.stdin.buffer.read(PROMPT_MAX_BYTES + 1)
+            with awake():  # typed at a terminal, a Ctrl-C that came just before the read began is not lost
+                data = sys.stdin.buffer.read(PROMPT_MAX_BYTES + 1)
         else:
             with open(a.prompt_file, "rb") as f:
                 data = f.read(PROMPT_MAX_BYTES + 1)
