@@ -332,6 +332,62 @@ def test_a_ctrl_c_that_the_read_of_a_turn_missed_still_ends_the_chat(models, whe
     assert (said if on_stderr else b"") + err == (b"> > " if on_stderr else b"") + b"specmesh chat: interrupted\n"
 
 
+# `python -c CTRL_C_IN_INPUT ARGS...`: `specmesh ARGS...` with a Ctrl-C raised in the first Python code that input()
+# runs (a profile hook, which says so on stderr): input() calls stdout's fileno and flush, and clears what they raise
+CTRL_C_IN_INPUT = ("import os, signal, sys\n"
+                   "inside = []\n"
+                   "def hook(frame, event, arg):\n"
+                   "    if event == 'c_call' and arg is input:\n"
+                   "        inside.append(arg)\n"
+                   "    elif event == 'call' and inside:\n"
+                   "        sys.setprofile(None)\n"
+                   "        os.write(2, b'(a Ctrl-C in %s)' % frame.f_code.co_name.encode())\n"
+                   "        os.kill(os.getpid(), signal.SIGINT)\n"
+                   "sys.setprofile(hook)\n"
+                   "from specmesh.host.cli import main\n"
+                   "sys.exit(main(sys.argv[1:]))\n")
+
+
+@LINUX_PROC
+@pytest.mark.parametrize("where", ["terminal", "prompt on stderr"])
+def test_a_ctrl_c_while_input_begins_is_not_swallowed(models, where):
+    """A Ctrl-C whose handler ran in Python code that input() called before it read (stdout's fileno and flush, which
+    were writing_stdout's guard's) was cleared by input(): the chat sat at its prompt, nothing said, until killed (once
+    in a loaded `make test`). input() now runs none of ours before it reads; the Ctrl-C (the hook's, else the test's at
+    the prompt) ends the chat with status 130 and one line."""
+    import os
+    import pty
+    import select
+    import signal
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_IN_INPUT, "chat", "--models", str(models), "--verifier",
+                             "cpu", "--drafter", "cpu", "--max-tokens", "4", "--no-color"], stdin=slave,
+                            stdout=slave if where == "terminal" else subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    os.close(slave)
+    shown = master if where == "terminal" else proc.stderr.fileno()  # where the prompt is
+    said = b""
+    try:
+        end = time.monotonic() + 60
+        while b"> " not in said and time.monotonic() < end and proc.poll() is None:
+            if select.select([shown], [], [], 0.2)[0]:
+                said += os.read(shown, 4096)
+        while proc.poll() is None and not sleeping(proc.pid) and time.monotonic() < end:  # in its read
+            time.sleep(0.01)
+        os.set_blocking(proc.stderr.fileno(), False)
+        said = (said if where != "terminal" else b"") + (proc.stderr.read() or b"")
+        if b"(a Ctrl-C in " not in said:
+            proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert proc.returncode == 130, said + err
+    told = re.sub(rb"\(a Ctrl-C in \w+\)", b"", said + err)
+    assert told == (b"" if where == "terminal" else b"> ") + b"specmesh chat: interrupted\n"
+
+
 def test_an_empty_line_continues_the_story_where_the_last_turn_stopped(models):
     """An empty line adds nothing to the context: the model goes on from where it stopped, so (greedy) three turns
     of 6 tokens, the last two empty, are the text of one turn of 18 (docs/run.md)."""

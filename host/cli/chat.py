@@ -27,7 +27,7 @@ from specmesh.host.cli.flags import hide
 from specmesh.host.cli.output import Printer
 from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed
 from specmesh.host.cli.session import GenerationFailed, Mesh, gamma_controller, say_on_stderr
-from specmesh.host.cli.streams import stdout_to_devnull
+from specmesh.host.cli.streams import stdout_to_devnull, unguarded
 from specmesh.host.stops import awake
 
 PROMPT = "> "
@@ -113,10 +113,12 @@ def _typed() -> str:
     if at is sys.stdout and _ended_ahead(sys.stdin.fileno()):
         raise EOFError
     try:
+        # (unguarded: input() clears what stdout's methods raise, and writing_stdout's guard would run them in Python,
+        # where a Ctrl-C is raised)
         if at is sys.stdout:  # with readline's line editing (_lines imports it)
-            return input(PROMPT)
+            return unguarded(input, PROMPT)
         print(PROMPT, end="", file=sys.stderr, flush=True)
-        return input()
+        return unguarded(input)
     except EOFError:  # Ctrl-D at the prompt: the line ended, so that the shell's prompt is not put after ours
         try:
             print(file=at, flush=True)

@@ -59,6 +59,19 @@ class _Guarded:
         return getattr(self.stream, name)
 
 
+def unguarded(call, *args):
+    """call(*args) with sys.stdout the interpreter's own stream, not writing_stdout's guard (_Guarded): for input(),
+    which calls stdout's fileno and flush and clears whatever they raise, a KeyboardInterrupt among it. A Ctrl-C whose
+    handler ran in the guard's Python code there was lost: chat sat at its prompt, nothing said, until killed."""
+    guarded = sys.stdout
+    if isinstance(guarded, _Guarded):
+        sys.stdout = guarded.stream
+    try:
+        return call(*args)
+    finally:
+        sys.stdout = guarded
+
+
 def writing_stdout(who: str, body: Callable[[], int | None]) -> int:
     """`body()`'s status with sys.stdout guarded (_Guarded) and flushed when body returns or exits (what print()
     left in the buffer fails here, not in Python's last flush at exit: "Exception ignored", status 120). A reader of stdout
