@@ -114,7 +114,7 @@ def awake() -> Iterator[None]:
     notes it, and the interpreter raises it at its next check: at once where the signal interrupts the read (EINTR).
     One that lands after that check and before the read began (the process preempted there, under load), or on another
     thread (numpy's OpenBLAS one), interrupts nothing: the read waited for input that might never come, the Ctrl-C lost
-    (chat sat at its prompt, nothing said, until killed). Inside, SIGALRM every WAKE_S interrupts the read, which then
+    (the command sat on, nothing said, until killed). Inside, SIGALRM every WAKE_S interrupts the read, which then
     checks. Nothing is done outside the main thread (its reads raise no stop), without setitimer (Windows), nor where
     SIGALRM is a caller's own (its handler, or an alarm armed)."""
     if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread() or \

@@ -121,8 +121,8 @@ RV32_HOW = ("virtual ESP32-C3 boards run MicroPython's RV32 code under QEMU: `ma
 
 # `python -c CTRL_C_OFF_THE_READ ARGS...`: `specmesh ARGS...` whose Ctrl-C's C handler runs on another thread: its
 # main thread blocks SIGINT, and a thread started first takes it (as numpy's OpenBLAS one may): the interpreter is
-# told, the main thread's read is not interrupted. The state a SIGINT leaves that lands between the interpreter's last
-# check and a read's start (host/stops.py awake): once, in a loaded `make test`, chat sat at its prompt, nothing said.
+# told, the main thread's read is not interrupted: the state a SIGINT leaves that lands between the interpreter's last
+# check and a read's start (host/stops.py awake), where the command sat on, nothing said, until killed.
 CTRL_C_OFF_THE_READ = ("import signal, sys, threading, time\n"
                        "threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
                        "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])\n"
