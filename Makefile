@@ -44,11 +44,26 @@ ifneq ($(SET_UP_IN),$(CURDIR))
 $(STAMP): FORCE
 endif
 endif
+# A Python named on make's command line (make test PYTHON=python3.13) that is another X.Y than the .venv's: .venv is
+# made anew with it, where it was kept and the named one silently not used. Asked only when PYTHON is named.
+ifeq ($(origin PYTHON),command line)
+NAMED_XY := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+VENV_XY := $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+ifneq ($(NAMED_XY),)
+ifneq ($(VENV_XY),)
+ifneq ($(NAMED_XY),$(VENV_XY))
+OTHER_XY := $(VENV) is Python $(VENV_XY), and PYTHON=$(PYTHON) is $(NAMED_XY)
+$(STAMP): FORCE
+endif
+endif
+endif
+endif
 FORCE:
 $(STAMP): pyproject.toml
 	@$(VENV_OK) || { $(CHECK_PYTHON); }
 	@$(LOCKED) sh -c 'was=$$(cat $(STAMP) 2>/dev/null); test -n "$$was" && test "$$was" != "$$(pwd -P)" && \
 		echo "$(VENV) was set up in $$was: making it anew here" && rm -rf $(VENV); \
+		test -z "$(OTHER_XY)" || { echo "$(OTHER_XY): making it anew" && rm -rf $(VENV); }; \
 		test $(STAMP) -nt pyproject.toml && exit 0; \
 		$(VENV_OK) || { rm -rf $(VENV) && made=$$($(PYTHON) -m venv $(VENV) 2>&1) || { echo "$$made"; exit 1; }; }; \
 		echo "setting up $(VENV): pip install -e .[dev]"; \

@@ -237,6 +237,30 @@ def test_a_checkout_moved_elsewhere_makes_its_venv_anew(tmp_path):
     assert again.stdout == "make: Nothing to be done for 'setup'.\n", again.stdout + again.stderr
 
 
+def test_a_venv_of_another_python_than_the_one_named_is_made_anew(tmp_path):
+    """`make test PYTHON=python3.13` in a clone whose .venv Python 3.11 had made ran the suite on 3.11, saying nothing:
+    a .venv that can be used was kept whatever PYTHON named. Named on the command line, another X.Y makes it anew;
+    not named, the .venv is kept. Here the .venv's python poses as 3.99. PIP=true: the install taken as done."""
+    work = tmp_path / "clone"
+    (work / ".venv" / "bin").mkdir(parents=True)
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, work / name)
+    venv_python = work / ".venv" / "bin" / "python"
+    shutil.copy(posing_python(tmp_path, "python3.99", "import sys\nsys.version_info = (3, 99, 0, 'final', 0)\n"),
+                venv_python)
+    (work / ".venv" / ".specmesh-setup").write_text("%s\n" % work.resolve())
+    kept = subprocess.run(["make", "--no-print-directory", "setup", "PIP=true"], cwd=work, capture_output=True,
+                          text=True, timeout=120, env=dict(ALONE))
+    assert kept.stdout == "make: Nothing to be done for 'setup'.\n", kept.stdout + kept.stderr
+    done = subprocess.run(["make", "--no-print-directory", "setup", "PYTHON=%s" % sys.executable, "PIP=true"],
+                          cwd=work, capture_output=True, text=True, timeout=120, env=dict(ALONE))
+    said = ".venv is Python 3.99, and PYTHON=%s is %d.%d: making it anew\n" % ((sys.executable,) + sys.version_info[:2])
+    assert done.returncode == 0 and done.stdout.startswith(said), done.stdout + done.stderr
+    version = subprocess.run([str(venv_python), "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                             text=True)
+    assert version.stdout == "%s\n" % (sys.version_info[:2],), version.stderr
+
+
 def test_make_xtensa_mpy_tests_without_qemu_is_one_line(tmp_path):
     """xtensa/tools/mpytests.py (make xtensa-mpy-tests) without qemu-system-xtensa was BoardError's traceback."""
     nothing = tmp_path / "bin"  # a PATH without QEMU
