@@ -196,8 +196,10 @@ def build(text: Path, drafters: Sequence[Path | None], workers: int, sampled: in
     `sampled` openings of the target's own stories (seeds 0 ..)."""
     stories = [s.strip() for s in text.read_text("utf-8").split("\n\n") if s.strip()]
     # a table counts its contexts, so the workers' order does not matter; the pool's exit ends them, so a Ctrl-C or a
-    # kill leaves none running its minutes of continuations on
-    with multiprocessing.Pool(workers, _worker_signals) as pool:
+    # kill leaves none running its minutes of continuations on. Forked by a forkserver, a process with one thread: a
+    # caller with threads (a test's process, a host with its boards' threads) forked them itself on Linux's default
+    # until Python 3.14 ("fork"), which can leave a worker a lock another thread held, and 3.12 warns of it
+    with multiprocessing.get_context("forkserver").Pool(workers, _worker_signals) as pool:
         parts = pool.starmap(_work, zip([stories[i::workers] for i in range(workers)],
                                         [range(i, sampled, workers) for i in range(workers)], [drafters] * workers))
     seqs = [x for p, _ in parts for x in p]
