@@ -240,6 +240,9 @@ def test_console_on_a_virtual_boards_port_that_is_gone_says_what_to_give(capsys)
                         "that a running specmesh emulate lists\n"), err
 
 
+# a user's fork, in a pytest worker that may hold other tests' threads (Python 3.12+ warns of those); the child
+# only sleeps and leaves with os._exit
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 def test_a_lock_lent_to_a_forked_child_is_waited_out_not_called_busy():
     """A process that forks while it holds a port's exclusive lock lends it to the child until the child's exec
     (host/bus/ports.py LOCK_RETRY_S): the next exclusive open fails with EAGAIN though nobody holds the port. A

@@ -306,6 +306,8 @@ def test_an_on_piece_callback_that_raises_gets_its_own_exception_back(models):
         assert mesh.generate("The cat", max_tokens=4).stop == "max_tokens"  # the lane serves the next
 
 
+# the fork under test is of a process with the Mesh's threads, which Python 3.12+ warns of: the case this refuses
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 def test_a_mesh_in_a_process_forked_from_its_maker_is_refused_there_and_the_maker_s_still_serves(models):
     """A forked child (os.fork, multiprocessing's fork) holds the parent's Mesh, whose back-ends are the parent's: a
     board's port answered the parent's reader (the child waited 30 s for 'node 1 did not answer BEGIN'), a host
