@@ -367,7 +367,10 @@ def test_a_body_that_is_not_json_is_a_400_saying_where(cpu):
 
     for body, says in ((b"{'prompt': 'The cat'}", "the body must be JSON: expecting property name enclosed in double "
                                                   "quotes at line 1, column 2"),
-                       (b'{"prompt": "The cat",\n}', "the body must be JSON: expecting property name enclosed in "
+                       # Python 3.13's parser names a trailing comma, where 3.11 and 3.12 say what they expected
+                       (b'{"prompt": "The cat",\n}', "the body must be JSON: illegal trailing comma before end of "
+                                                     "object at line 1, column 21" if sys.version_info >= (3, 13) else
+                                                     "the body must be JSON: expecting property name enclosed in "
                                                      "double quotes at line 2, column 1"),
                        (b"prompt=The+cat", "the body must be JSON: expecting value at line 1, column 1"),
                        (b"", "the body is empty: send the request's parameters as a JSON object"),
