@@ -193,7 +193,8 @@ def _worker_signals() -> None:
 
 def build(text: Path, drafters: Sequence[Path | None], workers: int, sampled: int = SAMPLED) -> list[bytes]:
     """Each drafter's table file (None: the target's), from the continuations of the paragraphs of `text` and of
-    `sampled` openings of the target's own stories (seeds 0 ..)."""
+    `sampled` openings of the target's own stories (seeds 0 ..). Its workers' forkserver imports the caller's main
+    module, as 3.14's default does: a script that calls this needs the `if __name__ == "__main__":` guard."""
     stories = [s.strip() for s in text.read_text("utf-8").split("\n\n") if s.strip()]
     # a table counts its contexts, so the workers' order does not matter; the pool's exit ends them, so a Ctrl-C or a
     # kill leaves none running its minutes of continuations on. Forked by a forkserver, a process with one thread: a
