@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -131,10 +132,20 @@ CTRL_C_OFF_THE_READ = ("import signal, sys, threading, time\n"
 LINUX_PROC = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads a process's state in /proc (Linux)")
 
 
-def sleeping(pid: int) -> bool:
-    """Whether process `pid`'s main thread sleeps (/proc), as one whose read waits for input does."""
-    with open("/proc/%d/stat" % pid) as f:
-        return f.read().rpartition(")")[2].split()[0] == "S"
+def until_sleeping(proc, end: float, wchan: str = "") -> None:
+    """Wait until the main thread of process `proc` (a Popen) sleeps (/proc), as one whose read waits for input does,
+    or it exits, or time.monotonic() passes `end`. `wchan`: where the kernel function it sleeps in is shown (its
+    /proc wchan), one whose name holds this (e.g. "pipe_read"): a sleep before its read (a thread's start) is not it."""
+    while proc.poll() is None and time.monotonic() < end:
+        with open("/proc/%d/stat" % proc.pid) as f:
+            asleep = f.read().rpartition(")")[2].split()[0] == "S"
+        if asleep and wchan:
+            with open("/proc/%d/wchan" % proc.pid) as f:
+                shown = f.read()
+            asleep = wchan in shown or shown in ("", "0")
+        if asleep:
+            return
+        time.sleep(0.01)
 
 
 XTENSA_HOW = ("virtual ESP32/ESP32-S3 boards run the Xtensa firmware's code under QEMU: `make test-xtensa` runs these "

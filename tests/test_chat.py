@@ -19,7 +19,7 @@ from specmesh.host.cli.run import add_arguments
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.tokenizer import BOS, Tokenizer
 from specmesh.tools.testmodels import random_model
-from tests.conftest import CTRL_C_OFF_THE_READ, LINUX_PROC, sleeping
+from tests.conftest import CTRL_C_OFF_THE_READ, LINUX_PROC, until_sleeping
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -317,8 +317,7 @@ def test_a_ctrl_c_that_the_read_of_a_turn_missed_still_ends_the_chat(models, whe
         while said.count(mark) < count and time.monotonic() < end and proc.poll() is None:
             if select.select([shown], [], [], 0.2)[0]:
                 said += os.read(shown, 4096)
-        while proc.poll() is None and not sleeping(proc.pid) and time.monotonic() < end:  # in the read, which the
-            time.sleep(0.01)  # signal does not interrupt
+        until_sleeping(proc, end)  # in the read, which the signal does not interrupt
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     finally:
@@ -372,8 +371,7 @@ def test_a_ctrl_c_while_input_begins_is_not_swallowed(models, where):
         while b"> " not in said and time.monotonic() < end and proc.poll() is None:
             if select.select([shown], [], [], 0.2)[0]:
                 said += os.read(shown, 4096)
-        while proc.poll() is None and not sleeping(proc.pid) and time.monotonic() < end:  # in its read
-            time.sleep(0.01)
+        until_sleeping(proc, end)  # in its read
         os.set_blocking(proc.stderr.fileno(), False)
         said = (said if where != "terminal" else b"") + (proc.stderr.read() or b"")
         if b"(a Ctrl-C in " not in said:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CTRL_C_OFF_THE_READ, LINUX_PROC, ROOT, sleeping
+from tests.conftest import CTRL_C_OFF_THE_READ, LINUX_PROC, ROOT, until_sleeping
 from specmesh.host.layout import DRAFTER_FILE, TARGET_FILE
 from specmesh.tools.testmodels import random_model
 
@@ -181,8 +181,7 @@ def test_a_ctrl_c_that_the_read_of_a_piped_prompt_missed_still_ends_the_run(mode
     os.close(fed)
     try:
         end = time.monotonic() + 60
-        while proc.poll() is None and not sleeping(proc.pid) and time.monotonic() < end:  # in the read, which the
-            time.sleep(0.01)  # signal does not interrupt
+        until_sleeping(proc, end, "pipe_read")  # in the read, which the signal does not interrupt
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     finally:
