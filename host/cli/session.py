@@ -67,7 +67,7 @@ from specmesh.host.decode.tokenizer import lone_surrogate
 from specmesh.host.decode.window import Window
 from specmesh.host.layout import TOKENIZER_FILE, ngram_table
 from specmesh.host.projection.measured import board_summary
-from specmesh.host.provision.cluster import StaleFirmware
+from specmesh.host.provision.cluster import StaleFirmware, failures_line
 from specmesh.host.provision.drafters import expected_alpha
 from specmesh.host.provision.flash import again_args
 from specmesh.shared.board import ROLES
@@ -835,7 +835,7 @@ class Mesh(contextlib.AbstractContextManager):
         if stale and not wrong:
             raise StaleFirmware(stale)
         if stale or wrong:
-            raise UsageError("; ".join(([str(StaleFirmware(stale))] if stale else []) + wrong))
+            raise UsageError(failures_line(stale, wrong))
         assert verifier is not None  # its StaleFirmware left `stale` set
         lane = Lane(verifier, drafter)
         self._lanes.append(lane)

@@ -213,6 +213,12 @@ def _stale_line(boards: list[tuple[str, str, str | None, str]]) -> str:
                "; ".join(command for _, _, _, command in boards)))
 
 
+def failures_line(stale: list[tuple[str, str, str | None, str]], others: list[str]) -> str:
+    """One line naming every board to mend: the stale ones first (StaleFirmware's line), then each other failure, so
+    that fixing one does not meet the next."""
+    return "; ".join(([_stale_line(stale)] if stale else []) + others)
+
+
 def check_firmware(hello: bytes, port: str, kind: str, role: str, key: bytes | None = None,
                    node: int | None = None, model: Path | None = None) -> None:
     """StaleFirmware unless the HELLO reply `hello` of the board on `port` (wanted as `kind`, flashed with `role`, the
@@ -235,9 +241,16 @@ def check_firmware(hello: bytes, port: str, kind: str, role: str, key: bytes | N
         return
     if held == m.ROLE_STAGE and kind == "verifier":  # a stage board given alone (a pipeline of one: stageports.py
         kind, role = "stage", "stage --layers 0:%s" % (check_model_file(model)[0].n_layers if model else "N")
-    given = _flash_model(kind, model, running.rsplit("/", 1)[-1])
-    raise StaleFirmware([(port, kind, fw, "`specmesh flash --port %s --role %s%s`" % (
-        port, again_args(kind, role, node, key is not None), " --model %s" % given if given else ""))])
+    raise StaleFirmware([(port, kind, fw, "`specmesh flash --port %s --role %s`" % (
+        port, _again(kind, role, node, key, model, running.rsplit("/", 1)[-1])))])
+
+
+def _again(kind: str, role: str, node: int | None, key: bytes | None, model: Path | None, running: str = "") -> str:
+    """The arguments after --role of the flash command that puts a `kind` board back in its place for this run:
+    flash.again_args's, then --model where the run's file for it is not the one a flash without it puts there
+    (_flash_model)."""
+    given = _flash_model(kind, model, running)
+    return again_args(kind, role, node, key is not None) + (" --model %s" % given if given else "")
 
 
 def _flash_model(kind: str, model: Path | None, running: str) -> Path | None:
@@ -302,8 +315,7 @@ def connect(port: str, kind: str, key: bytes | None = None, layers: tuple[int, i
     with contextlib.ExitStack() as stack:
         role = role_args(kind, layers)
         bus = _open(port, stack, key=key, role=role)
-        given = _flash_model(kind, model, "")
-        again = again_args(kind, role, node, key is not None) + (" --model %s" % given if given else "")
+        again = _again(kind, role, node, key, model)
         hello = discover(bus, role=again)
         bus.peer = hello.src
         check_firmware(hello.payload, port, kind, role, key, hello.src, model)
