@@ -90,10 +90,11 @@ class Header:
         if self.flags & ~FLAG_SHARED_CLS:
             raise ModelFileError("model header has flags 0x%x, which this build does not know: the file is corrupt "
                                  "or newer than this build" % self.flags)
-        if self.body_len != body_size(self):
-            raise ModelFileError("model header says %d tensor bytes but the shape needs %d: the file is corrupt, "
-                                 "re-export it"
-                                 % (self.body_len, body_size(self)))
+        # a layer's wq and wo alone are dim * dim bytes each: n_layers past what body_len holds is refused before
+        # body_size lists every layer (a flipped top bit of n_layers asked for 32,770 layers: a MemoryError on a board)
+        if 2 * self.dim * self.dim * self.n_layers > self.body_len or self.body_len != body_size(self):
+            raise ModelFileError("model header says %d tensor bytes, not its shape's: the file is corrupt, re-export it"
+                                 % self.body_len)
 
 
 def float32_bits(v):
