@@ -21,6 +21,7 @@ from specmesh.host.provision.cluster import discover
 from specmesh.host.provision.keys import new_key_file
 from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 from specmesh.tools.testmodels import random_model
+from tests.test_engine_modelio import END, FIELDS, flip
 
 from emulator_util import follow_flash_commands
 
@@ -95,6 +96,15 @@ def test_a_flash_with_another_key_than_the_boards_is_told_so(virtual_board, mode
     assert rc == 0, capsys.readouterr().err
 
 
+def _reboot(vb) -> None:
+    """Reboot a virtual board as its reset button does: Ctrl-C ends the node, Ctrl-D resets."""
+    with contextlib.closing(SerialLink(vb.port)) as link:
+        link.ser.write(b"\x03")
+        time.sleep(0.3)
+        link.ser.write(b"\x04")
+        time.sleep(0.5)
+
+
 def test_a_half_flashed_board_is_named_with_the_command_that_finishes_it(virtual_board, models, capsys):
     vb = virtual_board()
     flash = ["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]
@@ -103,11 +113,7 @@ def test_a_half_flashed_board_is_named_with_the_command_that_finishes_it(virtual
     cfg_path = vb.flash_dir / "specmesh.json"
     cfg = json.loads(cfg_path.read_text())
     cfg_path.write_text(json.dumps(dict(cfg, flashing="drafter")))
-    with contextlib.closing(SerialLink(vb.port)) as link:  # reboot it: Ctrl-C ends the node, Ctrl-D resets
-        link.ser.write(b"\x03")
-        time.sleep(0.3)
-        link.ser.write(b"\x04")
-        time.sleep(0.5)
+    _reboot(vb)
     capsys.readouterr()
     rc, took = _run(models, vb.port)
     err = capsys.readouterr().err
@@ -277,6 +283,45 @@ def test_a_board_flashed_with_a_file_of_another_name_is_told_the_flag_that_gives
         in err
     assert err.endswith("or give this run the file it was flashed from (%s FILE, FILE its mine.spm)\n" % flag), err
     assert cli.main([*run, flag, str(mine)]) == 0, capsys.readouterr().err
+
+
+def test_a_flipped_top_bit_of_each_header_field_is_said_as_a_corrupt_file_on_a_board_and_on_the_host(
+        virtual_board, models, tmp_path, capsys):
+    """The drafter's file with one header field's top bit flipped, on a classic ESP32 board's flash (the node in its
+    heap) and in the host's --models folder: `specmesh run` says so in one line, status 2. Past magic and version
+    (each its own line), the line says the file is corrupt (the header's check or the CRC), never that the model does
+    not fit: n_layers' flip (32,770 layers) was a MemoryError on the board, said as "does not fit"."""
+    vb = virtual_board("esp32")
+    assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]) == 0
+    on_board = vb.flash_dir / "models" / DRAFTER_FILE
+    good = on_board.read_bytes()
+    host = tmp_path / "host"
+    shutil.copytree(models, host)
+    said = {}
+    for field in FIELDS:
+        bad = flip(good, END[field] - 1, 0x80)
+        on_board.write_bytes(bad)
+        _reboot(vb)
+        (host / DRAFTER_FILE).write_bytes(bad)
+        for where, args in (("board", [str(models), vb.port]), ("host", [str(host), "cpu"])):
+            capsys.readouterr()
+            rc = cli.main(["run", "--models", args[0], "--drafter", args[1], "--verifier", "cpu", "--quiet", "-n",
+                           "4"])
+            out, err = capsys.readouterr()
+            assert (rc, out, err.count("\n")) == (2, "", 1), (field, where, rc, out, err)
+            assert "does not fit" not in err, (field, where, err)
+            said[field, where] = err
+    for field in FIELDS[2:]:
+        assert "the file is corrupt" in said[field, "board"], (field, said[field, "board"])
+        assert "fails its CRC check: the file is corrupt" in said[field, "host"], (field, said[field, "host"])
+    assert "model header says %d tensor bytes, not its shape's: the file is corrupt" % (
+        parse_header(good[:HEADER_SIZE]).body_len) in said["n_layers", "board"]
+    for where in ("board", "host"):
+        assert "not a specmesh model file" in said["magic", where]
+        assert "version 32770 is not supported" in said["version", where]
+    on_board.write_bytes(good)
+    _reboot(vb)
+    assert _run(models, vb.port)[0] == 0, capsys.readouterr().err
 
 
 def test_silence_is_told_apart_from_an_answer_that_is_no_node(virtual_board):
