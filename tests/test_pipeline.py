@@ -245,6 +245,48 @@ def test_a_stage_that_stops_answering_ends_the_run_naming_it(mesh, prompt, monke
         fresh.begin(SessionParams(eos=1), prompt)
 
 
+def test_a_stage_that_stalls_under_the_stream_s_last_early_position_holds_back_no_stats(models, monkeypatch):
+    """The stream's last verdict sends the next round's first position, which no round takes, on its way through the
+    stages; one that stalled under it (its VM stopped: a board hung) held the generation's stats for its whole deadline
+    once (their STATS request waited it out), after the text was out. Now the stream's end waits END_S for that reply:
+    a stage silent that long is not asked for stats, the pipeline's `failed` names it, and the next generation asks it
+    HELLO (REVIVE_S) and, once it answers, gives the text a run that never stalled gives."""
+    from specmesh import Mesh
+    from specmesh.host.backends import pipeline
+
+    with Mesh(drafter="cpu", stages=2, models=models, gamma="2", say=[].append, warn=[].append) as mesh:
+        want = mesh.generate("Once upon a time", max_tokens=8)
+        pipe = mesh._lanes[0].verifier
+        for stage in pipe.stages:
+            stage.proxy.bus.deadline = 6.0  # the 30 s a board gets, shortened for the test (longer than END_S)
+        vm = mesh._setup.cluster().boards["stage0"].pid  # the relay's one stage: the last judges the drafts
+        last = len(mesh.encode("Once upon a time")) + len(want.token_ids) - 1  # the last verdict's token's position
+        asked = []
+
+        def relay(stages, pos, *rest):
+            if pos >= last and not asked:
+                os.kill(vm, signal.SIGSTOP)  # stalled as the position goes out to it
+                real = stages[0].proxy.start
+                monkeypatch.setattr(stages[0].proxy, "start", lambda *a: (asked.append(a[0]), real(*a))[1])
+            return EarlyRelay(stages, pos, *rest)
+
+        monkeypatch.setattr(pipeline, "EarlyRelay", relay)
+        try:
+            done = mesh.generate("Once upon a time", max_tokens=8)
+        finally:
+            os.kill(vm, signal.SIGCONT)
+        assert done.text == want.text and done.stop == want.stop
+        assert asked == [m.STAGE]  # not asked STATS behind it
+        board = done.stats["boards"][0]
+        assert board["name"] == "virtual:stage0(esp32)" and board["error"] == ("stopped answering during the run, "
+                                                                                "not asked"), board
+        assert pipe.failed.startswith("stage 1 of 2 (layers 0:1, virtual:stage0(esp32)) stopped answering: did not "
+                                      "answer STAGE within 2 s of the text's end; run again"), pipe.failed
+        again = mesh.generate("Once upon a time", max_tokens=8)  # it answers HELLO again: the pipeline serves again
+        assert again.text == want.text and pipe.failed is None
+        assert "error" not in again.stats["boards"][0]
+
+
 def test_a_board_folder_in_use_is_refused_before_any_stage_boots(tmp_path):
     """The drafter board's folder held by another run: the pipeline's boards boot side by side, and the stages
     booted and flashed (up to 80 s) before the drafter's lock was tried; now every folder is held first."""

@@ -52,6 +52,9 @@ FIXES = {"does not hold the classifier": "a pipeline's last stage holds the targ
                                          "the target's layers; docs/pipeline.md)"}
 
 REVIVE_S = 2.0  # how long a new session waits for a stage that stopped answering to answer HELLO again
+# how long a stream's end (its stats) waits for the next round's first position, which its last verdict sent and nothing
+# needs: the stage it is at, silent that long, stopped answering (asked for no stats; the next session asks it HELLO)
+END_S = 2.0
 POLL_S = 0.001  # how long the wavefront waits on one reply before looking at the others
 PATIENCE_S = 0.2  # a reply this late: wait on that call alone (it retransmits as the bus says)
 
@@ -217,12 +220,16 @@ class PipelineVerifier:
             raise BackendError(self.failed)
         return None
 
-    def _drop_early(self) -> None:
+    def _drop_early(self, wait: float | None = None) -> None:
         """Collect an early position that no round takes (the stream ended, or started over); the stages
-        computed it, so the last round's trace counts it."""
+        computed it, so the last round's trace counts it. `wait`: how long its reply is waited for (None: the
+        stage's deadline), its stage then taken for one that stopped answering."""
         early, self._early = self._early, None
         if early is not None:
             k = early.stop()
+            if wait is not None and not early.waiter.event.wait(wait):
+                self._stopped(k, "did not answer STAGE within %.0f s of the text's end" % wait)
+                return
             try:
                 self._guard(self.stages[k], early.result)
             except BackendError:  # it computed nothing that counts, and the text is out: a stage that restarted is
@@ -361,18 +368,21 @@ class PipelineVerifier:
             raise BackendError("%s refused the request: %s%s" % (self._who(s), e.message, "; " + fix if fix else
                                                                  " (error %d)" % e.code)) from None
         except (BackendError, ProxyError) as e:
-            s = self.stages.index(stage)
-            stage.stopped = True
-            self.failed = "%s stopped answering: %s; %s" % (self._who(s), str(e).split(": ", 1)[-1], self._fix(s))
-            raise BackendError(self.failed) from None
+            raise BackendError(self._stopped(self.stages.index(stage), str(e).split(": ", 1)[-1])) from None
         except Restarted:
             s = self.stages.index(stage)
             raise StageRestarted("%s restarted and lost the session" % self._who(s), s) from None
 
+    def _stopped(self, s: int, why: str) -> str:
+        """Stage s stopped answering (`why`): asked nothing more, the pipeline `failed` with the line returned."""
+        self.stages[s].stopped = True
+        self.failed = "%s stopped answering: %s; %s" % (self._who(s), why, self._fix(s))
+        return self.failed
+
     def trace_summary(self) -> dict:
         """The event trace for the stats JSON: per stage and link totals, and each round (an early position
-        still in flight collected first: the first stage computed it)."""
-        self._drop_early()
+        still in flight collected first, END_S at most: the first stage computed it)."""
+        self._drop_early(END_S)
         n = len(self.stages)
         return {
             "layers": ["%d:%d" % ab for ab in self.layers],
@@ -385,14 +395,16 @@ class PipelineVerifier:
         }
 
     def parts(self, role: str) -> list[tuple[str, Backend]]:
-        """Its stage boards, each reported as a "stage" (whatever role the pipeline plays)."""
+        """Its stage boards, each reported as a "stage" (whatever role the pipeline plays), for the stream's stats: an
+        early position in flight collected first, END_S at most, so that a stage silent under it is not asked."""
+        self._drop_early(END_S)
         return [("stage", s) for s in self.stages]
 
     def report(self) -> dict:
         return {"pipeline": self.trace_summary()}
 
     def stats(self) -> dict:
-        self._drop_early()
+        self._drop_early(END_S)
         per = [s.stats() for s in self.stages]
         return {"compute_s": sum(p["compute_s"] for p in per), "heap_free": min(p["heap_free"] for p in per),
                 "stages": per}
