@@ -53,8 +53,9 @@ FIXES = {"does not hold the classifier": "a pipeline's last stage holds the targ
 
 REVIVE_S = 2.0  # how long a new session waits for a stage that stopped answering to answer HELLO again
 # how long a stream's end (its stats) waits for the next round's first position, which its last verdict sent and nothing
-# needs: the stage it is at, silent that long, stopped answering (asked for no stats; the next session asks it HELLO)
-END_S = 2.0
+# needs: the stage it is at, silent that long, stopped answering (asked for no stats; the next session asks it HELLO).
+# A stage answers one position in milliseconds; 5 s, not 2, so that a virtual stage on a busy host is not taken for one
+END_S = 5.0
 POLL_S = 0.001  # how long the wavefront waits on one reply before looking at the others
 PATIENCE_S = 0.2  # a reply this late: wait on that call alone (it retransmits as the bus says)
 
