@@ -270,10 +270,11 @@ class Bus:
         except ProxyError:
             pass  # the request goes out again anyway, and its deadline decides
 
-    def _timeout_message(self, node: int, mtype: int, err: str | None) -> str:
+    def _timeout_message(self, node: int, mtype: int, err: str | None, waited: float) -> str:
+        """`waited`: the request's own deadline (the bus's, unless the request or its caller drew it in)."""
         if err:
             return err
-        msg = "node %d did not answer %s within %.0f s" % (node, _name(mtype), self.deadline)
+        msg = "node %d did not answer %s within %.0f s" % (node, _name(mtype), waited)
         text = [t for t in getattr(self.link, "text", ()) if t.strip()]
         return msg + ("; it printed: %s" % text[-1].strip() if text else "")
 
@@ -290,8 +291,12 @@ class Call:
         self.request = request  # its payload and session, to send it again as a new request (Bus.start)
         self._reply: Frame | None = None
 
-    def result(self) -> Frame:
+    def result(self, within: float | None = None) -> Frame:
+        """The reply; `within`: waited for this long from now at most, whatever is left of the request's deadline
+        (a stream's end asks what its text does not need)."""
         if self._reply is None:
+            if within is not None:
+                self.end = min(self.end, time.perf_counter() + within)
             self._reply = self._wait()
         return self._reply
 
@@ -330,7 +335,7 @@ class Call:
                                                          - time.perf_counter())) or w.reply is None:
                 err = getattr(bus.link, "error", None) or bus.send_error
                 if err or time.perf_counter() >= self.end:
-                    raise NodeTimeout(bus._timeout_message(self.node, self.mtype, err))
+                    raise NodeTimeout(bus._timeout_message(self.node, self.mtype, err, self.end - self.sent))
                 bus.retransmits += 1
                 rto *= 2
                 if bus.auth is not None and self.mtype != HELLO and (
