@@ -279,6 +279,50 @@ def test_a_verifier_failing_mid_stream_fails_over_to_the_cpu_and_the_text_goes_o
     assert cap.out.endswith("\n") and "tokens / s" not in cap.out  # the partial text, then no table
 
 
+def test_a_verifier_board_that_stalls_after_the_last_token_is_one_line_and_the_run_ends(models, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """A verifier board that stalled just after the last token (its VM stopped) held the run's end for its STATS
+    reply's whole deadline (30 s), the text out already, its row then "node 2 did not answer STATS within 30 s". Now the
+    stats ask it once and wait END_S at most: its row says it stopped answering, one line on stderr says what to do,
+    and the text and the exit status stand."""
+    import signal
+
+    from specmesh.host.backends.pipeline import END_S
+    from specmesh.host.cli import session
+    from specmesh.shared import messages as m
+
+    setups, asked = [], []
+    cluster, build_stats = session.Setup.cluster, session.build_stats
+    monkeypatch.setattr(session.Setup, "cluster", lambda self: (setups.append(self), cluster(self))[1])
+
+    def stalled_at_the_end(config, params, result, text, verifier, *rest):  # the text is out: the board stalls
+        verifier.proxy.bus.deadline = 2 * END_S  # the 30 s a board gets, shortened for the test
+        vm = cluster(setups[0]).boards["verifier"].pid
+        os.kill(vm, signal.SIGSTOP)
+        start = verifier.proxy.start
+        monkeypatch.setattr(verifier.proxy, "start", lambda *a: (asked.append(a[0]), start(*a))[1])
+        try:
+            return build_stats(config, params, result, text, verifier, *rest)
+        finally:
+            os.kill(vm, signal.SIGCONT)
+
+    monkeypatch.setattr(session, "build_stats", stalled_at_the_end)
+    path = tmp_path / "stats.json"
+    flags = ["run", "--models", str(models), "--drafter", "cpu", "--gamma", "2", "--max-tokens", "8"]
+    rc = cli.main([*flags, "--verifier", "virtual", "--stats-json", str(path)])
+    out, err = capsys.readouterr()
+    assert rc == 0 and asked == [m.STATS], (rc, asked, err)  # asked once, nothing after
+    monkeypatch.setattr(session, "build_stats", build_stats)
+    assert cli.main([*flags, "--verifier", "cpu"]) == 0 and out == capsys.readouterr().out  # the text stands
+    (row,) = [b for b in json.loads(path.read_text())["boards"] if b["role"] == "verifier"]
+    assert row["error"].startswith("stopped answering at the text's end: node 2 did not answer STATS within %.0f s"
+                                   % END_S), row  # (then the console's last line, as any timeout's)
+    (line,) = [x for x in err.splitlines() if x.startswith("specmesh") and "stopped answering" in x]
+    assert line == ("specmesh: virtual:verifier(esp32s3) stopped answering at the text's end (the text is whole; its "
+                    "stats are missing): run again (its virtual board is started afresh)"), err
+    assert "stats unavailable: " + row["error"] in " ".join(err.split()) and "Traceback" not in err, err
+
+
 def test_host_works_without_torch_and_says_how_to_install_it(models):
     """Runs wherever PyTorch is absent or blocked: the torch back-ends refuse with the install hint."""
     from specmesh.host.backends.torch_backend import INSTALL_HINT

@@ -253,6 +253,7 @@ def test_a_stage_that_stalls_under_the_stream_s_last_early_position_holds_back_n
     HELLO (REVIVE_S) and, once it answers, gives the text a run that never stalled gives."""
     from specmesh import Mesh
     from specmesh.host.backends import pipeline
+    from specmesh.host.cli import session
 
     with Mesh(drafter="cpu", stages=2, models=models, gamma="2", say=[].append, warn=[].append) as mesh:
         want = mesh.generate("Once upon a time", max_tokens=8)
@@ -280,11 +281,65 @@ def test_a_stage_that_stalls_under_the_stream_s_last_early_position_holds_back_n
         board = done.stats["boards"][0]
         assert board["name"] == "virtual:stage0(esp32)" and board["error"] == ("stopped answering during the run, "
                                                                                 "not asked"), board
+        assert session.stopped_line(done.stats["boards"]) == (  # `run`'s line
+            "virtual:stage0(esp32) stopped answering at the text's end (the text is whole; its stats are missing): "
+            "run again (its virtual board is started afresh)")
         assert pipe.failed.startswith("stage 1 of 2 (layers 0:1, virtual:stage0(esp32)) stopped answering: did not "
                                       "answer STAGE within %.0f s of the text's end; run again" % pipeline.END_S), pipe.failed
         again = mesh.generate("Once upon a time", max_tokens=8)  # it answers HELLO again: the pipeline serves again
         assert again.text == want.text and pipe.failed is None
         assert "error" not in again.stats["boards"][0]
+
+
+def test_boards_that_stall_at_the_stream_s_end_are_asked_stats_for_end_s_at_most(models, monkeypatch):
+    """Boards that stalled just after the last token (their VMs stopped: the drafter board, and the last stage, which
+    the early position never reaches) held the stats back: each one's STATS waited out its whole deadline (30 s a board,
+    after the text was out). Now the stats ask each board once and wait END_S at most: each row says it stopped
+    answering, the text stands, the pipeline's `failed` names the stage (its next generation asks it HELLO first), and
+    once they answer again the next generation gives the same text and every board's stats."""
+    from specmesh import Mesh
+    from specmesh.host.backends import pipeline
+    from specmesh.host.cli import session
+
+    with Mesh(drafter="virtual", stages=2, models=models, gamma="2", say=[].append, warn=[].append) as mesh:
+        want = mesh.generate("Once upon a time", max_tokens=8)
+        lane = mesh._lanes[0]
+        frozen = {"drafter": lane.drafter, "stage1": lane.verifier.stages[1]}
+        boards = mesh._setup.cluster().boards
+        asked: dict[str, list] = {name: [] for name in frozen}
+        real = session.build_stats
+
+        def stalled_at_the_end(*a, **kw):  # the text is out: the boards stall before their stats are asked
+            for name, board in frozen.items():
+                board.proxy.bus.deadline = 2 * pipeline.END_S  # the 30 s a board gets, shortened for the test
+                os.kill(boards[name].pid, signal.SIGSTOP)
+                start = board.proxy.start
+                monkeypatch.setattr(board.proxy, "start", lambda *b, s=start, n=name: (asked[n].append(b[0]), s(*b))[1])
+            return real(*a, **kw)
+
+        monkeypatch.setattr(session, "build_stats", stalled_at_the_end)
+        try:
+            done = mesh.generate("Once upon a time", max_tokens=8)
+        finally:
+            for name in frozen:
+                os.kill(boards[name].pid, signal.SIGCONT)
+        assert done.text == want.text and done.stop == want.stop
+        assert asked == {"drafter": [m.STATS], "stage1": [m.STATS]}  # each asked once, nothing after
+        rows = {b["name"]: b.get("error") for b in done.stats["boards"]}
+        within = "did not answer STATS within %.0f s" % pipeline.END_S
+        assert rows == {"virtual:stage0(esp32)": None,
+                        "virtual:stage1(esp32)": "stopped answering at the text's end: node 11 " + within,
+                        "virtual:drafter(esp32)": "stopped answering at the text's end: node 1 " + within}, rows
+        assert lane.verifier.failed == ("stage 2 of 2 (layers 1:2, virtual:stage1(esp32)) stopped answering: at the "
+                                        "text's end, node 11 %s; run again (its virtual board is started afresh)"
+                                        % within), lane.verifier.failed
+        assert session.stopped_line(done.stats["boards"]) == "; ".join(  # `run`'s line: each board, what to do
+            "virtual:%s(esp32) stopped answering at the text's end (the text is whole; its stats are missing): run "
+            "again (its virtual board is started afresh)" % name for name in ("stage1", "drafter"))
+        monkeypatch.setattr(session, "build_stats", real)
+        again = mesh.generate("Once upon a time", max_tokens=8)  # they answer again: the mesh serves as before
+        assert again.text == want.text and lane.verifier.failed is None
+        assert all("error" not in b for b in again.stats["boards"]), again.stats["boards"]
 
 
 def test_a_board_folder_in_use_is_refused_before_any_stage_boots(tmp_path):

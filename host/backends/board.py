@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from specmesh.host.backends import BackendError, Draft, Pending, SessionParams, Unit
 from specmesh.host.boardclasses import CONSOLE_RING, VIRTUAL_TOO_SMALL, class_of
-from specmesh.host.bus.proxy import Call, NodeError, Proxy, ProxyError
+from specmesh.host.bus.proxy import Call, NodeError, NodeTimeout, Proxy, ProxyError
 from specmesh.shared.codec import Frame
 from specmesh.shared import messages as m
 from specmesh.shared.board import ROLES
@@ -55,6 +55,25 @@ class Refused(BackendError):
         super().__init__(line)
         self.code = code
         self.message = message
+
+
+class Silent(BackendError):
+    """The node did not answer within the wait (`why`: the bus's line, "node N did not answer X within S s")."""
+
+    def __init__(self, line: str, why: str):
+        super().__init__(line)
+        self.why = why
+
+
+STOPPED = "stopped answering"  # how a board's stats row that says so begins (host/cli/session.py board_stats)
+
+
+def stopped_fix(name: str) -> str:
+    """What to do about the board `name` once it stopped answering: a run's own virtual board is started afresh by the
+    next run; a real one is looked at."""
+    if name.startswith("virtual:"):
+        return "run again (its virtual board is started afresh)"
+    return "check that board (its power and cable; `specmesh console %s` shows what it prints)" % name
 
 
 class WrongRole(BackendError):
@@ -148,28 +167,31 @@ class BoardBackend(Unit):
     def bus_bytes(self) -> int:
         return self.proxy.bus.bytes.get(self.proxy.node, 0)
 
-    def settle(self) -> None:
+    def settle(self, wait: float | None = None) -> None:
         """Wait for the BEGIN or COMMIT still in flight, if any (re-synchronising a node that lost the
-        session; a refused BEGIN is an error, never a re-synchronisation)."""
+        session; a refused BEGIN is an error, never a re-synchronisation); `wait`: for `wait` s at most (`stats`)."""
         call, self._pending = self._pending, None
         begun, self._begun = self._begun, None
         if call is not None:
             try:
-                self._result(call)
+                self._result(call, wait)
             except Restarted:
                 self._resync()
         if begun is not None:  # the BEGIN went through: from now on a lost session is re-synchronised
             self.params = begun
 
-    def _result(self, call: Call):
+    def _result(self, call: Call, wait: float | None = None):
+        """The call's reply (waited for `wait` s at most: None, its deadline); a failure one line naming the board."""
         try:
-            return call.result()
+            return call.result() if wait is None else call.result(wait)  # (an EarlyRelay takes no wait)
         except NodeError as e:
             if self._lost_session(e):
                 raise Restarted() from None
             if e.code == m.E_MEMORY and call.mtype == m.DRAFT_REQ:  # the node's advice is a shorter frame's
                 raise BackendError("%s: %s; %s" % (self.name, e, DRAFTS_TOO_BIG)) from None
             raise Refused("%s: %s" % (self.name, e), e.code, e.message) from None
+        except NodeTimeout as e:
+            raise Silent("%s: %s" % (self.name, e), str(e)) from None
         except ProxyError as e:
             raise BackendError("%s: %s" % (self.name, e)) from None
 
@@ -177,14 +199,15 @@ class BoardBackend(Unit):
         """Whether the node's refusal says it lost the session begun with it (a reboot): error 2, not in its state."""
         return e.code == m.E_STATE and self.params is not None
 
-    def _call(self, mtype: int, payload: bytes | Callable[[], bytes] = b""):
-        """The reply to a request; a callable payload is built again after a re-synchronisation."""
-        return self._start(mtype, payload).reply()
+    def _call(self, mtype: int, payload: bytes | Callable[[], bytes] = b"", wait: float | None = None):
+        """The reply to a request; a callable payload is built again after a re-synchronisation. `wait`: how long the
+        request, and a BEGIN or COMMIT still in flight before it, are waited for (None: the bus's deadline)."""
+        return self._start(mtype, payload, wait).reply()
 
-    def _start(self, mtype: int, payload: bytes | Callable[[], bytes] = b"") -> _Request:
+    def _start(self, mtype: int, payload: bytes | Callable[[], bytes] = b"", wait: float | None = None) -> _Request:
         """A request sent now, its reply waited for later (`_Request.reply`)."""
-        self.settle()
-        return _Request(self, mtype, payload)
+        self.settle(wait)
+        return _Request(self, mtype, payload, wait)
 
     def _once(self, call: Call):
         """The reply after a re-synchronisation: losing the session again is an error, not a loop."""
@@ -241,9 +264,10 @@ class BoardBackend(Unit):
         self.known = list(committed)
         self.held = list(committed)
 
-    def stats(self) -> dict:
-        self.settle()
-        (pairs,) = m.unpack_stats(self._call(m.STATS).payload)
+    def stats(self, wait: float | None = None) -> dict:
+        """The node's counters. `wait`: how long it is waited for (None: the bus's deadline; a stream's end, whose text
+        is out, waits END_S, host/backends/pipeline.py), a node silent that long `Silent`."""
+        (pairs,) = m.unpack_stats(self._call(m.STATS, wait=wait).payload)
         out: dict = dict(pairs)
         out["compute_s"] = out.get("compute_ms", 0) / 1000.0
         out.setdefault("heap_free", self.info["heap_free"])
@@ -264,9 +288,9 @@ class _Request:
     """A board's request in flight: `reply()` waits for its reply, re-synchronising a node that lost the session and
     asking again (a callable payload is built again then); `seconds`, what it took (Call.seconds)."""
 
-    def __init__(self, board: BoardBackend, mtype: int, payload: bytes | Callable[[], bytes]):
-        self.board, self.mtype, self.payload = board, mtype, payload
-        self.call = board.proxy.start(mtype, self._body())
+    def __init__(self, board: BoardBackend, mtype: int, payload: bytes | Callable[[], bytes], wait: float | None = None):
+        self.board, self.mtype, self.payload, self.wait = board, mtype, payload, wait
+        self.call = board.proxy.start(mtype, self._body(), wait)
 
     def _body(self) -> bytes:
         return self.payload if isinstance(self.payload, bytes) else self.payload()
@@ -277,7 +301,7 @@ class _Request:
             return b._result(self.call)
         except Restarted:
             b._resync()
-            self.call = b.proxy.start(self.mtype, self._body())
+            self.call = b.proxy.start(self.mtype, self._body(), self.wait)
             return b._once(self.call)
 
     @property

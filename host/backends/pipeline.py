@@ -31,13 +31,14 @@ host/projection/pipeline.py replays it on real boards and links.
 from __future__ import annotations
 
 import contextlib
+import functools
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specmesh.host.backends import Backend, BackendError, Draft, SessionParams
-from specmesh.host.backends.board import BoardBackend, Refused, Restarted, role_args
+from specmesh.host.backends.board import STOPPED, BoardBackend, Refused, Restarted, Silent, role_args, stopped_fix
 from specmesh.host.backends.earlyrelay import EarlyRelay
 from specmesh.host.bus.proxy import NodeError, ProxyError
 from specmesh.shared import messages as m
@@ -52,9 +53,11 @@ FIXES = {"does not hold the classifier": "a pipeline's last stage holds the targ
                                          "the target's layers; docs/pipeline.md)"}
 
 REVIVE_S = 2.0  # how long a new session waits for a stage that stopped answering to answer HELLO again
-# how long a stream's end (its stats) waits for the next round's first position, which its last verdict sent and nothing
-# needs: the stage it is at, silent that long, stopped answering (asked for no stats; the next session asks it HELLO).
-# A stage answers one position in milliseconds; 5 s, not 2, so that a virtual stage on a busy host is not taken for one
+# how long a stream's end (its stats) waits for each reply that its text, out already, does not need: the next round's
+# first position, which its last verdict sent (the stage it is at, silent that long, is not asked for stats), and each
+# board's STATS (host/cli/session.py board_stats); a board silent that long stopped answering (a stage's next session
+# asks it HELLO). A board answers either in milliseconds; 5 s, not 2, so that a virtual one on a busy host is not taken
+# for one that stopped
 END_S = 5.0
 POLL_S = 0.001  # how long the wavefront waits on one reply before looking at the others
 PATIENCE_S = 0.2  # a reply this late: wait on that call alone (it retransmits as the bus says)
@@ -70,6 +73,8 @@ class BoardStage(BoardBackend):
         line (`again`: BoardBackend's)."""
         self.flash_layers = layers
         self.stopped = False  # it stopped answering mid-run (PipelineVerifier._guard): it is asked nothing more
+        # its pipeline told that it stopped answering at a stream's end (`stats`; PipelineVerifier._stopped's line)
+        self.stopping: Callable[[str], object] | None = None
         super().__init__(proxy, name, again)
 
     def flash_role(self) -> str:
@@ -86,10 +91,15 @@ class BoardStage(BoardBackend):
     def _lost_session(self, e: NodeError) -> bool:
         return super()._lost_session(e) and any(said in e.message for said in RESYNCED)
 
-    def stats(self) -> dict:
+    def stats(self, wait: float | None = None) -> dict:
         if self.stopped:  # a board gone silent would hold the run's stats back by its reply's whole deadline
-            raise BackendError("stopped answering during the run, not asked")
-        out = super().stats()
+            raise BackendError(STOPPED + " during the run, not asked")
+        try:
+            out = super().stats(wait)
+        except Silent as e:  # its pipeline's next session asks it HELLO first (REVIVE_S)
+            if self.stopping is not None:
+                self.stopping("at the text's end, " + e.why)
+            raise
         if self.classifier:
             out["classifier"] = self.classifier
         return out
@@ -139,6 +149,8 @@ class PipelineVerifier:
         # the Python API's next generation) fails with this line unless the stage answers HELLO within REVIVE_S, not
         # its 30 s deadline (`_revive`)
         self.failed: str | None = None
+        for k, s in enumerate(self.stages):
+            s.stopping = functools.partial(self._stopped, k)
 
     @property
     def bus_bytes(self) -> int:
@@ -351,14 +363,6 @@ class PipelineVerifier:
         a, b = self.layers[s]
         return "stage %d of %d (layers %d:%d, %s)" % (s + 1, len(self.stages), a, b, self.stages[s].name)
 
-    def _fix(self, s: int) -> str:
-        """What to do about stage s once it stopped answering: a run's own virtual board is started afresh by the next
-        run; a real one is looked at."""
-        name = self.stages[s].name
-        if name.startswith("virtual:"):
-            return "run again (its virtual board is started afresh)"
-        return "check that board (its power and cable; `specmesh console %s` shows what it prints)" % name
-
     def _guard(self, stage: BoardStage, fn):
         """fn(), its failure one line naming the stage."""
         try:
@@ -377,7 +381,7 @@ class PipelineVerifier:
     def _stopped(self, s: int, why: str) -> str:
         """Stage s stopped answering (`why`): asked nothing more, the pipeline `failed` with the line returned."""
         self.stages[s].stopped = True
-        self.failed = "%s stopped answering: %s; %s" % (self._who(s), why, self._fix(s))
+        self.failed = "%s stopped answering: %s; %s" % (self._who(s), why, stopped_fix(self.stages[s].name))
         return self.failed
 
     def trace_summary(self) -> dict:
@@ -406,7 +410,7 @@ class PipelineVerifier:
 
     def stats(self) -> dict:
         self._drop_early(END_S)
-        per = [s.stats() for s in self.stages]
+        per = [s.stats(END_S) for s in self.stages]
         return {"compute_s": sum(p["compute_s"] for p in per), "heap_free": min(p["heap_free"] for p in per),
                 "stages": per}
 

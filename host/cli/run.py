@@ -21,7 +21,7 @@ from specmesh.host.atomic import STDOUT
 from specmesh.host.cli.config import RunConfig, UsageError
 from specmesh.host.cli.flags import add_arguments
 from specmesh.host.cli.output import OutputLost, Printer, format_table, write_stats_json
-from specmesh.host.cli.session import GenerationFailed, Mesh, one_line, say_on_stderr
+from specmesh.host.cli.session import GenerationFailed, Mesh, one_line, say_on_stderr, stopped_line
 from specmesh.host.cli.streams import STDOUTS, stdout_to_devnull, writing_stdout
 from specmesh.host.stops import Stopped, say_stopped
 
@@ -37,16 +37,21 @@ def check_args(a: argparse.Namespace) -> RunConfig:
 
 def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
     """Generate as `a` says, the prompt and the text streamed to `out` (default stdout); returns the stats.
-    Raises UsageError, GenerationFailed and friends."""
+    Raises UsageError, GenerationFailed and friends. A board that stopped answering at the text's end is one line on
+    stderr, as a fail-over is (the text is whole: the exit status stands)."""
     out = out if out is not None else sys.stdout
     config = a if isinstance(a, RunConfig) else check_args(a)
-    with Mesh.from_config(config, say=None if config.quiet else say_on_stderr(), warn=say_on_stderr()) as mesh:
+    warn = say_on_stderr()
+    with Mesh.from_config(config, say=None if config.quiet else say_on_stderr(), warn=warn) as mesh:
         printer = Printer(out, color=config.color)
         printer.show([(config.prompt, False)])
         try:
             done = mesh.complete(mesh.encode(config.prompt), on_piece=lambda p: printer.show(p.segments))
         finally:
             printer.end()
+    stopped = stopped_line(done.stats["boards"])
+    if stopped:
+        warn(stopped)
     return done.stats
 
 

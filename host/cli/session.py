@@ -50,7 +50,8 @@ from typing import TYPE_CHECKING, Any
 
 from specmesh.host import backends
 from specmesh.host.backends import PIPELINE, BackendError, SessionParams
-from specmesh.host.backends.pipeline import PipelineVerifier
+from specmesh.host.backends.board import STOPPED, BoardBackend, Silent, stopped_fix
+from specmesh.host.backends.pipeline import END_S, PipelineVerifier
 from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, class_of, drafter_class, stage_context
 from specmesh.host.cli import registry
 from specmesh.host.cli.config import KERNELS_UNPRICED, RV32_PROJECT, RunConfig, UsageError
@@ -360,14 +361,18 @@ def board_stats(parts: list, tokens: int = 0, projector=None, failed: AbstractSe
     """One entry per board among the back-ends' parts (role, back-end): in-process ones report no heap. A board
     under QEMU adds the instructions it executed (per generated token, per pass), which a projector that prices
     them (host/projection/measured.py) takes too. The parts of a role in `failed` (it failed mid-run) are not
-    asked: a board that hangs would hold the generation for its reply's whole deadline once more."""
+    asked: a board that hangs would hold the generation for its reply's whole deadline once more. A board is waited for
+    END_S at most (the text is out): one silent that long stopped answering (its row says so; `stopped_line`)."""
     out = []
     for role, b in parts:
         if role in failed:
             out.append({"name": b.name, "role": role, "error": "failed during the run, not asked"})
             continue
         try:
-            s = b.stats()
+            s = b.stats(END_S) if isinstance(b, BoardBackend) else b.stats()
+        except Silent as e:
+            out.append({"name": b.name, "role": role, "error": "%s at the text's end: %s" % (STOPPED, e.why)})
+            continue
         except BackendError as e:  # the text is out already; a board too short of heap to report is a note
             out.append({"name": b.name, "role": role, "error": one_line(e)})
             continue
@@ -388,6 +393,14 @@ def board_stats(parts: list, tokens: int = 0, projector=None, failed: AbstractSe
             if hasattr(projector, "measure"):
                 projector.measure(role, s, getattr(b, "info", {}).get("model", ""))
     return out
+
+
+def stopped_line(boards: list[dict]) -> str | None:
+    """The line of the boards whose stats row says they stopped answering (`board_stats`: at the text's end, its last
+    early position or its STATS unanswered), each with what to do; None when none did."""
+    said = ["%s stopped answering at the text's end (the text is whole; its stats are missing): %s"
+            % (b["name"], stopped_fix(b["name"])) for b in boards if b.get("error", "").startswith(STOPPED)]
+    return "; ".join(said) or None
 
 
 def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool, deterministic: bool):
