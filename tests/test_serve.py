@@ -502,7 +502,18 @@ def test_a_client_killed_mid_generation_frees_its_lane_for_the_next_request(mode
     handler of the test's, added once the server runs, hears them)."""
     import logging
 
-    monkeypatch.setitem(registry.VERIFIERS, "slow", Slow)
+    rounds: list[int] = []  # each generation's, in turn (gamma 0: a token each)
+
+    class Counted(Slow):
+        def begin(self, params, prompt):
+            rounds.append(0)
+            super().begin(params, prompt)
+
+        def verify(self, committed, draft):
+            rounds[-1] += 1
+            return super().verify(committed, draft)
+
+    monkeypatch.setitem(registry.VERIFIERS, "slow", Counted)
     heard: list[logging.LogRecord] = []
     hearing = logging.Handler(logging.WARNING)
     hearing.emit = heard.append  # type: ignore[method-assign]
@@ -524,11 +535,14 @@ def test_a_client_killed_mid_generation_frees_its_lane_for_the_next_request(mode
                 sock.shutdown(socket.SHUT_WR)
             else:
                 sock.close()  # the client is killed
-            t0 = time.monotonic()
             done = client(url).completions.create(model="specmesh", prompt="The cat", max_tokens=8)
-            took = time.monotonic() - t0
-            assert done.usage.completion_tokens == 8 and took < 2.0, took  # not the 6 s the killed stream had left
+            assert done.usage.completion_tokens == 8
             assert done.choices[0].text == mesh.generate("The cat", max_tokens=8).text  # the text it gives alone
+            killed = rounds[0]
+            mesh.generate(PROMPT, max_tokens=120)  # the killed request's rounds, uncut (greedy: the same)
+            # the lane came free before the killed generation's end (counted, not timed: it asserted the next request's
+            # 2 s, which a loaded machine can exceed)
+            assert len(rounds) == 4 and killed < rounds[3], rounds
             if half:  # uvicorn closed the connection: the reply was not sent, nor the stream's end
                 rest = b""
                 sock.settimeout(60)
