@@ -22,11 +22,12 @@ from specmesh.host.backends import BackendError
 from specmesh.host.provision import cluster
 from specmesh.host.provision.cluster import discover
 from specmesh.host.provision.keys import new_key_file
+from specmesh.shared.messages import HALF_FLASHED
 from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 from specmesh.tools.testmodels import random_model
 from tests.test_engine_modelio import END, FIELDS, flip
 
-from emulator_util import follow_flash_commands
+from emulator_util import follow_flash_commands, open_port, read_until
 
 
 WAIT_S = 60.0  # `_patient`'s timers: a run that waited one out took this long, one told at once a few seconds
@@ -126,13 +127,15 @@ def test_a_flash_with_another_key_than_the_boards_is_told_so(virtual_board, mode
     assert rc == 0, capsys.readouterr().err
 
 
-def _reboot(vb) -> None:
-    """Reboot a virtual board as its reset button does: Ctrl-C ends the node, Ctrl-D resets."""
-    with contextlib.closing(SerialLink(vb.port)) as link:
-        link.ser.write(b"\x03")
-        time.sleep(0.3)
-        link.ser.write(b"\x04")
-        time.sleep(0.5)
+def _reboot(vb, until: bytes = b"soft reboot") -> None:
+    """Reboot a virtual board as its reset button does: Ctrl-C ends the node, Ctrl-D at the REPL resets; each waited
+    for, up to what it prints `until`, not slept on (a loaded machine's board, given 0.5 s, was still booting when
+    the run's HELLO came)."""
+    with contextlib.closing(open_port(vb.port)) as ser:
+        ser.write(b"\x03")
+        read_until(ser, b">>> ", timeout=60)
+        ser.write(b"\x04")
+        read_until(ser, until, timeout=60)
 
 
 def test_a_half_flashed_board_is_named_with_the_command_that_finishes_it(virtual_board, models, capsys):
@@ -143,7 +146,7 @@ def test_a_half_flashed_board_is_named_with_the_command_that_finishes_it(virtual
     cfg_path = vb.flash_dir / "specmesh.json"
     cfg = json.loads(cfg_path.read_text())
     cfg_path.write_text(json.dumps(dict(cfg, flashing="drafter")))
-    _reboot(vb)
+    _reboot(vb, until=HALF_FLASHED.encode())  # at boot, then for every line it receives
     capsys.readouterr()
     rc, took = _run(models, vb.port, patient=True)
     err = capsys.readouterr().err
