@@ -8,6 +8,7 @@ import re
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -375,35 +376,64 @@ def test_a_board_slow_to_come_back_from_its_soft_reset_is_not_blamed_on_a_key():
         close()
 
 
-def test_a_virtual_board_slow_to_boot_is_waited_for_and_a_real_ones_silence_said_as_soon(virtual_board, tmp_path,
-                                                                                          monkeypatch):
-    """A virtual board's reboot starts a fresh VM, which a loaded host can hold back past a real board's REPL_S: a flash
-    that found the board rebooting said "the board is silent: nothing came back within 6.5 s" (the Ctrl-C, held for
-    the VM 5 s, then went in as a byte, which main.py read), and one whose soft reset met a slow VM that it "did not
-    come back from a soft reset within 5 s". A virtual board's Ctrl-C waits for its VM, its REPL VM_REPL_S; a port with
-    no board behind it is said silent after REPL_S, as before."""
+def _gated_vms(tmp_path, monkeypatch, then: str = 'exec %s "$@"') -> tuple[Path, Path]:
+    """From now on each board VM (a boot, not a heap measure) waits, before it runs `then` (%s: the micropython
+    binary), until the test creates open/N, N its number from 0: a VM start as slow as the test makes it, with no
+    clock in it. Returns (started, open): started/N appears as VM N starts waiting."""
     from specmesh.host.emulator import board as board_mod
 
+    started, gate = tmp_path / "started", tmp_path / "open"
+    started.mkdir()
+    gate.mkdir()
+    vm = tmp_path / "gated-micropython"
+    vm.write_text('#!/bin/sh\ncase "$VBOARD_MODE" in friendly|raw)\n n=$(ls %s | wc -l); touch %s/$n\n'
+                  ' while [ ! -e %s/$n ]; do sleep 0.02; done;;\nesac\n%s\n'
+                  % (started, started, gate, then % board_mod.micropython_binary()))
+    vm.chmod(0o755)
+    monkeypatch.setattr(board_mod, "micropython_binary", lambda: str(vm))
+    return started, gate
+
+
+def _appears(path: Path) -> None:
+    for _ in range(3000):
+        if path.exists():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{path} never appeared")
+
+
+def test_a_virtual_board_slow_to_boot_is_waited_for_and_a_real_ones_silence_said_as_soon(virtual_board, tmp_path,
+                                                                                          monkeypatch):
+    """A virtual board's reboot starts a fresh VM, which a loaded host can hold back past any clock: a flash that met
+    one rebooting called it silent, or said it "did not come back from a soft reset within 10 s" (mpremote's own limit
+    on a port without a byte). open_board now waits for a virtual board's VM to say it is up, the one it met booting
+    and the one its soft reset starts, each held here well past open_board's timeout; its clock times the REPL of a
+    VM that is up. A port with no board behind it is still said silent after REPL_S, as before."""
     vb = virtual_board()
     (vb.flash_dir / "main.py").write_text("import sys\nwhile True:\n    sys.stdin.buffer.read(1)\n")  # as a node reads
-    slow = tmp_path / "slow-micropython"  # each VM the board starts from now on takes REPL_S + 2 s to come up
-    slow.write_text('#!/bin/sh\nsleep %g\nexec %s "$@"\n' % (flash_module.REPL_S + 2, board_mod.micropython_binary()))
-    slow.chmod(0o755)
-    monkeypatch.setattr(board_mod, "micropython_binary", lambda: str(slow))
-    boots = vb.boots
+    started, gate = _gated_vms(tmp_path, monkeypatch)
     with open_port(vb.port) as ser:
         ser.write(b"\x04")  # a soft reset at the REPL: the board reboots, into main.py
         read_until(ser, b"soft reboot\r\n")
-    for _ in range(500):  # its next VM is started (and sleeps)
-        if vb.boots > boots:
-            break
-        time.sleep(0.01)
-    transport = flash_module.open_board(vb.port)  # while the board reboots
+    _appears(started / "0")  # its next VM is started, and held
+    opened: list = []
+    worker = threading.Thread(target=lambda: opened.append(flash_module.open_board(vb.port, timeout=1.0)), daemon=True)
+    worker.start()  # while the board reboots
     try:
-        assert vb.boots == boots + 2  # that reboot, then open_board's soft reset: two slow VMs
-        assert transport.exec("print(6 * 7)").strip() == b"42"
+        for n in range(2):  # the VM it met booting, then the one its soft reset starts
+            _appears(started / str(n))
+            time.sleep(2.5)  # past open_board's timeout: it is still waiting, not failed
+            assert worker.is_alive() and not opened
+            (gate / str(n)).touch()
+        worker.join(timeout=60)
+        assert opened, "open_board failed (its error is in the thread's traceback above)"
+        assert opened[0].exec("print(6 * 7)").strip() == b"42"
     finally:
-        flash_module.close(transport)
+        (gate / "0").touch()
+        (gate / "1").touch()
+        worker.join(timeout=60)
+        if opened:
+            flash_module.close(opened[0])
     master, slave = pty.openpty()  # a real board that never answers
     try:
         with pytest.raises(FlashError) as e:
@@ -413,6 +443,30 @@ def test_a_virtual_board_slow_to_boot_is_waited_for_and_a_real_ones_silence_said
     finally:
         os.close(master)
         os.close(slave)
+
+
+def test_a_virtual_board_whose_vm_never_comes_up_fails_the_flash_in_one_line(virtual_board, tmp_path, monkeypatch):
+    """What no wait mends still ends a flash in one line: a VM that hangs before it is up, after VM_START_S (shortened
+    here), and a VM that exits as it starts at once (the supervisor gives the board up after five such exits)."""
+    from specmesh.host.emulator import board as board_mod
+
+    hung, dead = virtual_board(name="hung"), virtual_board(name="dead")
+    monkeypatch.setattr(board_mod, "VM_START_S", 1.0)
+    (tmp_path / "gate-hung").mkdir()
+    _gated_vms(tmp_path / "gate-hung", monkeypatch)  # never opened
+    with pytest.raises(FlashError) as e:
+        flash_module.open_board(hung.port)
+    assert str(e.value) == ("%s: the virtual board did not come back from a soft reset: its VM did not come up within "
+                            "1 s" % hung.port)
+    monkeypatch.setattr(board_mod, "VM_START_S", 600.0)
+    (tmp_path / "gate-dead").mkdir()
+    _gated_vms(tmp_path / "gate-dead", monkeypatch, then="exit 1 # %s")
+    for n in range(5):  # its VMs' starts let through: each exits at once
+        (tmp_path / "gate-dead" / "open" / str(n)).touch()
+    with pytest.raises(FlashError) as e:
+        flash_module.open_board(dead.port)
+    assert str(e.value) == ("%s: the virtual board did not come back from a soft reset: the VM keeps exiting at start "
+                            "(exit code 1)" % dead.port)
 
 
 def test_board_checks_refuse_what_cannot_run_the_role():

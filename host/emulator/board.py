@@ -55,11 +55,11 @@ EXIT_SOFT, EXIT_SOFT_RAW, EXIT_HARD = 64, 65, 66  # must match _vboard.py
 _LIVE: weakref.WeakSet[VirtualBoard] = weakref.WeakSet()
 
 
-def runs_here(port: str) -> bool:
-    """Whether `port` is the port of a virtual board this process runs (a run's, a test's): the boards of another
+def running_here(port: str) -> VirtualBoard | None:
+    """The virtual board this process runs (a run's, a test's) whose port is `port`, or None: the boards of another
     process, a `specmesh emulate`, are host/bus/ports.py emulated's to tell."""
     real = os.path.realpath(port)
-    return any(b.port and os.path.realpath(b.port) == real for b in list(_LIVE))
+    return next((b for b in list(_LIVE) if b.port and os.path.realpath(b.port) == real), None)
 
 
 class BoardError(RuntimeError):
@@ -127,10 +127,13 @@ class FlashDamaged(BoardError):
 
 
 MEASURE_S = 20  # longest the flashed modules may take to import when the VM heap is sized
-# longest a VM may take to come up (its shim ready) on a loaded host: start()'s limit, and how long a Ctrl-C that came
-# while the VM (re)booted waits for it (5 s was shorter than a loaded host's reboot: the Ctrl-C went in as a byte,
-# which the node that main.py started read, and the flash that sent it found no REPL)
-VM_START_S = 10.0
+# longest a running VM may take to say it is up (its shim's ready signal, wait_ready): start()'s limit, a flash's wait
+# for a reboot (host/provision/flash.py open_board), and how long a Ctrl-C that came while the VM (re)booted waits for
+# it. A wait ends when the signal comes, at once when the VM cannot start or keeps exiting (failed), and only then on
+# this clock, which is there for a VM that hangs before its shim is up. A start takes a few tens of ms of CPU, so
+# only a VM given well under 1% of a CPU for the whole minute reaches it; 10 s did on a busy host ("the VM did not
+# start", a flash's "did not come back from a soft reset within 10 s")
+VM_START_S = 60.0
 
 
 def micropython_binary() -> str:
@@ -389,13 +392,29 @@ class VirtualBoard:
             t = threading.Thread(target=target, name=f"{self.name}-{target.__name__}", daemon=True)
             t.start()
             self._threads.append(t)
-        deadline = time.monotonic() + timeout
-        while not self._vm_ready():  # the shim is up: the board boots boot.py/main.py from here
-            if time.monotonic() > deadline:
-                self.stop()
-                raise BoardError(f"{self.name}: the VM did not start")
-            time.sleep(0.005)
+        why = self.wait_ready(limit=timeout)  # the shim is up: the board boots boot.py/main.py from here
+        if why is not None:
+            self.stop()
+            raise BoardError(why if why.startswith(self.name + ": ") else f"{self.name}: {why}")  # _cannot_start's
         return self
+
+    def wait_ready(self, after: int = 0, limit: float | None = None) -> str | None:
+        """Wait for the board's VM to say it is up (its shim's ready signal): the first VM started after `after` boots
+        (`boots`: a reboot's next VM). None once it has; else why not, in words: the VM cannot start or keeps
+        exiting (`failed`, said at once), the board was stopped, or the VM ran `limit` s (None: VM_START_S) without
+        saying it."""
+        limit = VM_START_S if limit is None else limit
+        deadline = time.monotonic() + limit
+        while True:
+            if self.failed:
+                return self.failed
+            if self._stopping.is_set():
+                return "the board was stopped"
+            if self.boots > after and self._vm_ready():
+                return None
+            if time.monotonic() > deadline:
+                return f"its VM did not come up within {limit:g} s"
+            time.sleep(0.005)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -563,7 +582,7 @@ class VirtualBoard:
         reboots; the Ctrl-C waits for the next boot). A VM whose program turned Ctrl-C off
         (micropython.kbd_intr(-1): SIGINT no longer caught) gets the byte instead, as a board does."""
         start = time.monotonic()
-        while not self._stopping.is_set() and time.monotonic() < start + VM_START_S:
+        while not self._stopping.is_set() and not self.failed and time.monotonic() < start + VM_START_S:
             proc = self._proc
             # In order: input sent before the Ctrl-C is read first (a soft reset it may hold must not be
             # overtaken), unless the program is not reading it.

@@ -94,10 +94,13 @@ NATIVE_DIR = "/native"  # the native kernel module for the board's arch (firmwar
 # held a flash as long as it stayed silent, for ever if the reply was lost; mpremote's read_until allows 10 s too
 READ_S = 10.0
 # longest open_board waits for a board's REPL to answer its Ctrl-C, and to come back from the soft reset after: a real
-# board's answers at once and boots in about a second, so its silence is said after REPL_S (and a HELLO's 1.5 s); a
-# virtual board's soft reset starts a fresh VM (host/emulator/board.py VM_START_S), which a loaded host held back past
-# REPL_S: the flash called a board that was booting "silent". Not more: mpremote's enter_raw_repl gives up on 10 s
-# without a byte whatever its overall timeout
+# board's answers at once and boots in about a second, so its silence is said after REPL_S (and a HELLO's 1.5 s). A
+# virtual board's every reboot starts a fresh VM, which a loaded host holds back for longer: one this process runs
+# is waited for by its VM's ready signal (_vm_raw_repl), and only then timed, VM_REPL_S: a ready VM still needs the
+# busy host's CPU to answer, boot.py runs after the signal, and the prompt read is mpremote's read_until, which gives up
+# on 10 s without a byte whatever its overall timeout (enter_raw_repl passes no `timeout`), so REPL_S would call a
+# slow VM silent and more would not be waited. An emulate's board (another process's VM) sends this process no ready
+# signal: VM_REPL_S is all it gets, reboot included, and its silence is said after VM_REPL_S + 1.5 s, not 6.5 s
 REPL_S = 5.0
 VM_REPL_S = 10.0
 
@@ -358,15 +361,17 @@ def open_board(port: str, timeout: float | None = None, virtual: bool = False, k
     a specmesh emulate's board (ports.emulated), which the advice fits; `key`: the flash's deployment key; `role`:
     the one the board is flashed for, named in the flash command the advice gives (ROLE where unknown: a bench).
     `timeout`: how long the REPL may take to answer, and to come back from the soft reset; None: VM_REPL_S for a
-    virtual board (an emulate's, or one this process runs), REPL_S for any other port."""
+    virtual board (an emulate's, or one this process runs: its VM waited for first, _vm_raw_repl), REPL_S for any
+    other port."""
     from mpremote import transport_serial
     from mpremote.transport import TransportError
     from mpremote.transport_serial import SerialTransport
 
-    from specmesh.host.emulator.board import runs_here
+    from specmesh.host.emulator.board import running_here
 
+    vb = running_here(port)
     if timeout is None:
-        timeout = VM_REPL_S if virtual or runs_here(port) else REPL_S
+        timeout = VM_REPL_S if virtual or vb is not None else REPL_S
 
     # mpremote prints the raw bytes it got before it raises "could not enter raw repl" (at the open, and mid-flash
     # when the board was reset): its module's print made silent, so the user sees the one line the raise becomes
@@ -388,7 +393,13 @@ def open_board(port: str, timeout: float | None = None, virtual: bool = False, k
     # second (a virtual board on a busy host) is not one that takes no Ctrl-C, and the message says which
     for soft_reset in (False, True):
         try:
-            transport.enter_raw_repl(soft_reset=soft_reset, timeout_overall=timeout)
+            if vb is None:
+                transport.enter_raw_repl(soft_reset=soft_reset, timeout_overall=timeout)
+            else:
+                _vm_raw_repl(transport, vb, port, soft_reset, timeout)
+        except FlashError:
+            close(transport)
+            raise
         except (TransportError, OSError, serial.SerialException):
             close(transport)
             if soft_reset:
@@ -397,6 +408,35 @@ def open_board(port: str, timeout: float | None = None, virtual: bool = False, k
                                  "hangs)") from None
             raise _no_repl(port, timeout, virtual=virtual, key=key, role=role) from None
     return transport
+
+
+RAW_PROMPT = b"raw REPL; CTRL-B to exit\r\n"
+
+
+def _vm_raw_repl(transport, vb, port: str, soft_reset: bool, timeout: float) -> None:
+    """One of open_board's two steps on `vb`, a virtual board this process runs: each waits for its VM to say it is up
+    (VirtualBoard.wait_ready: its ready signal, not a clock that a busy host runs out) before mpremote's reads time
+    the REPL. The soft reset is sent here, from the raw REPL the first step left, so that the wait for the next VM
+    comes between the reset and the read of its prompt. FlashError where the VM does not come up (it cannot start,
+    keeps exiting, or hangs); mpremote's TransportError where the REPL does not answer."""
+    from mpremote.transport import TransportError
+
+    if not soft_reset:
+        why = vb.wait_ready()
+        if why is not None:
+            raise FlashError(f"{port}: the virtual board is not up: {why}")
+        transport.enter_raw_repl(soft_reset=False, timeout_overall=timeout)
+        return
+    boots = vb.boots
+    transport.serial.write(b"\x04")  # Ctrl-D at the raw REPL: a soft reset, which ends this VM and starts the next
+    if not transport.read_until(1, b"soft reboot\r\n", timeout_overall=timeout).endswith(b"soft reboot\r\n"):
+        raise TransportError("could not enter raw repl")
+    why = vb.wait_ready(after=boots)
+    if why is not None:
+        raise FlashError(f"{port}: the virtual board did not come back from a soft reset: {why}")
+    if not transport.read_until(1, RAW_PROMPT, timeout_overall=timeout).endswith(RAW_PROMPT):
+        raise TransportError("could not enter raw repl")
+    transport.in_raw_repl = True
 
 
 def _silent(*_args, **_kwargs) -> None:
