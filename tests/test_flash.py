@@ -5,6 +5,7 @@ import json
 import os
 import pty
 import re
+import signal
 import sys
 import threading
 import time
@@ -445,12 +446,24 @@ def test_a_virtual_board_slow_to_boot_is_waited_for_and_a_real_ones_silence_said
         os.close(slave)
 
 
-def test_a_virtual_board_whose_vm_never_comes_up_fails_the_flash_in_one_line(virtual_board, tmp_path, monkeypatch):
+def test_a_virtual_board_whose_vm_never_comes_up_or_stalls_fails_the_flash_in_one_line(virtual_board, tmp_path,
+                                                                                       monkeypatch):
     """What no wait mends still ends a flash in one line: a VM that hangs before it is up, after VM_START_S (shortened
-    here), and a VM that exits as it starts at once (the supervisor gives the board up after five such exits)."""
+    here), a VM that exits as it starts at once (the supervisor gives the board up after five such exits), and a VM
+    that is up but stalled as soon as a real board's silence (REPL_S, then a HELLO's 1.5 s), no longer 11.5 s."""
     from specmesh.host.emulator import board as board_mod
 
-    hung, dead = virtual_board(name="hung"), virtual_board(name="dead")
+    hung, dead, stalled = virtual_board(name="hung"), virtual_board(name="dead"), virtual_board(name="stalled")
+    pid = stalled.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(FlashError) as e:
+            flash_module.open_board(stalled.port)
+        assert str(e.value).startswith("%s: the board is silent: nothing came back within %g s"
+                                       % (stalled.port, flash_module.REPL_S + 1.5)), e.value
+    finally:
+        os.kill(pid, signal.SIGCONT)
     monkeypatch.setattr(board_mod, "VM_START_S", 1.0)
     (tmp_path / "gate-hung").mkdir()
     _gated_vms(tmp_path / "gate-hung", monkeypatch)  # never opened

@@ -95,12 +95,12 @@ NATIVE_DIR = "/native"  # the native kernel module for the board's arch (firmwar
 READ_S = 10.0
 # longest open_board waits for a board's REPL to answer its Ctrl-C, and to come back from the soft reset after: a real
 # board's answers at once and boots in about a second, so its silence is said after REPL_S (and a HELLO's 1.5 s). A
-# virtual board's every reboot starts a fresh VM, which a loaded host holds back for longer: one this process runs
-# is waited for by its VM's ready signal (_vm_raw_repl), and only then timed, VM_REPL_S: a ready VM still needs the
-# busy host's CPU to answer, boot.py runs after the signal, and the prompt read is mpremote's read_until, which gives up
-# on 10 s without a byte whatever its overall timeout (enter_raw_repl passes no `timeout`), so REPL_S would call a
-# slow VM silent and more would not be waited. An emulate's board (another process's VM) sends this process no ready
-# signal: VM_REPL_S is all it gets, reboot included, and its silence is said after VM_REPL_S + 1.5 s, not 6.5 s
+# virtual board's every reboot starts a fresh VM, which a loaded host holds back for longer. One this process runs is
+# waited for by its VM's ready signal (_vm_raw_repl), and only then timed, REPL_S as a real board: an up VM answers
+# in milliseconds of CPU (0.55 s at most, its reboots 0.7 s, with six busy loops on two cores and the VM at nice 19).
+# An emulate's board (another process's VM) sends this process no ready signal: it gets VM_REPL_S for the whole,
+# reboot included, so its silence is said after 11.5 s, not 6.5 s. No more: mpremote's enter_raw_repl reads the
+# prompt with read_until's default 10 s without a byte (it passes no `timeout`), whatever its overall timeout
 REPL_S = 5.0
 VM_REPL_S = 10.0
 
@@ -360,9 +360,8 @@ def open_board(port: str, timeout: float | None = None, virtual: bool = False, k
     """Open `port`, interrupt whatever runs, soft-reset into the raw REPL. One-line errors; `virtual`: the port is
     a specmesh emulate's board (ports.emulated), which the advice fits; `key`: the flash's deployment key; `role`:
     the one the board is flashed for, named in the flash command the advice gives (ROLE where unknown: a bench).
-    `timeout`: how long the REPL may take to answer, and to come back from the soft reset; None: VM_REPL_S for a
-    virtual board (an emulate's, or one this process runs: its VM waited for first, _vm_raw_repl), REPL_S for any
-    other port."""
+    `timeout`: how long the REPL may take to answer, and to come back from the soft reset; None: VM_REPL_S for an
+    emulate's board, REPL_S for any other port (one of this process's virtual boards once its VM is up: _vm_raw_repl)."""
     from mpremote import transport_serial
     from mpremote.transport import TransportError
     from mpremote.transport_serial import SerialTransport
@@ -371,7 +370,7 @@ def open_board(port: str, timeout: float | None = None, virtual: bool = False, k
 
     vb = running_here(port)
     if timeout is None:
-        timeout = VM_REPL_S if virtual or vb is not None else REPL_S
+        timeout = VM_REPL_S if virtual and vb is None else REPL_S
 
     # mpremote prints the raw bytes it got before it raises "could not enter raw repl" (at the open, and mid-flash
     # when the board was reset): its module's print made silent, so the user sees the one line the raise becomes
