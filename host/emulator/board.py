@@ -410,7 +410,7 @@ class VirtualBoard:
                 return self.failed
             if self._stopping.is_set():
                 return "the board was stopped"
-            if self.boots > after and self._vm_ready():
+            if self.boots > after and self.pid is not None and self._vm_ready():  # not one that crashed since
                 return None
             if time.monotonic() > deadline:
                 return f"its VM did not come up within {limit:g} s"

@@ -396,9 +396,6 @@ def open_board(port: str, timeout: float | None = None, virtual: bool = False, k
                 transport.enter_raw_repl(soft_reset=soft_reset, timeout_overall=timeout)
             else:
                 _vm_raw_repl(transport, vb, port, soft_reset, timeout)
-        except FlashError:
-            close(transport)
-            raise
         except (TransportError, OSError, serial.SerialException):
             close(transport)
             if soft_reset:
@@ -406,6 +403,9 @@ def open_board(port: str, timeout: float | None = None, virtual: bool = False, k
                                  f"{timeout:g} s (slow to boot: a virtual board on a busy host, or a boot.py that "
                                  "hangs)") from None
             raise _no_repl(port, timeout, virtual=virtual, key=key, role=role) from None
+        except BaseException:  # a VM that did not come up (_vm_raw_repl), a Ctrl-C in its wait
+            close(transport)
+            raise
     return transport
 
 
