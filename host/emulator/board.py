@@ -130,9 +130,9 @@ MEASURE_S = 20  # longest the flashed modules may take to import when the VM hea
 # longest a running VM may take to say it is up (its shim's ready signal, wait_ready): start()'s limit, a flash's wait
 # for a reboot (host/provision/flash.py open_board), and how long a Ctrl-C that came while the VM (re)booted waits for
 # it. A wait ends when the signal comes, at once when the VM cannot start or keeps exiting (failed), and only then on
-# this clock, which is there for a VM that hangs before its shim is up. A start takes a few tens of ms of CPU, so
-# only a VM given well under 1% of a CPU for the whole minute reaches it; 10 s did on a busy host ("the VM did not
-# start", a flash's "did not come back from a soft reset within 10 s")
+# this clock, which is there for a VM that hangs before its shim is up. A start takes about 0.1 s of CPU, so only a
+# VM given under 0.2% of a CPU for the whole minute reaches it. It was 10 s, a start's whole allowance: a VM held back
+# past it failed `make run` ("the VM did not start", a flash's "did not come back from a soft reset within 10 s")
 VM_START_S = 60.0
 
 
