@@ -418,12 +418,14 @@ def test_a_virtual_board_slow_to_boot_is_waited_for_and_a_real_ones_silence_said
         read_until(ser, b"soft reboot\r\n")
     _appears(started / "0")  # its next VM is started, and held
     opened: list = []
-    worker = threading.Thread(target=lambda: opened.append(flash_module.open_board(vb.port, timeout=1.0)), daemon=True)
+    timeout = 3.0  # short of its VM_REPL_S that timed a reboot before, well past an up VM's answer on a loaded host
+    worker = threading.Thread(target=lambda: opened.append(flash_module.open_board(vb.port, timeout=timeout)),
+                              daemon=True)
     worker.start()  # while the board reboots
     try:
         for n in range(2):  # the VM it met booting, then the one its soft reset starts
             _appears(started / str(n))
-            time.sleep(2.5)  # past open_board's timeout: it is still waiting, not failed
+            time.sleep(timeout + 0.5)  # past open_board's timeout: it is still waiting, not failed
             assert worker.is_alive() and not opened
             (gate / str(n)).touch()
         worker.join(timeout=60)
