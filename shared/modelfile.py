@@ -23,7 +23,8 @@ KIND_F32 = 1  # float32 vector
 
 
 class ModelFileError(Exception):
-    """A model file that cannot be used; the message says what is wrong and what to do."""
+    """A model file that cannot be used; the message says what is wrong, its reader what to do (the host: re-export
+    the file, host/backends/modelio.py header_error; a board's: flash it again)."""
 
 
 class Header:
@@ -74,26 +75,26 @@ class Header:
         """Raise ModelFileError if the hyper-parameters cannot describe a model."""
         if min(self.dim, self.n_layers, self.n_heads, self.n_kv_heads, self.hidden,
                self.vocab, self.max_seq) <= 0:
-            raise ModelFileError("model header has a zero dimension: the file is corrupt, re-export it")
+            raise ModelFileError("model header has a zero dimension: the file is corrupt")
         if self.dim % self.n_heads or self.n_heads % self.n_kv_heads or self.head_dim % 2:
-            raise ModelFileError("model header has inconsistent head counts: the file is corrupt, re-export it")
+            raise ModelFileError("model header has inconsistent head counts: the file is corrupt")
         # the integer arithmetic's domain (docs/CONTRACTS.md section 4): eps as round(eps * 2^32) in an int32, theta's
         # log >= 0 for intmath's series (below 1 it never converged: a load that hung). A board checks the CRC as it
         # reads the body, after this (and a version 1 header is outside it), so a flipped bit lands here; NaN fails
         # both comparisons, and x * 0 is 0 only for a finite x
         if not 0 <= self.norm_eps < 0.5:
-            raise ModelFileError("model header has norm_eps %r, outside 0..0.5: the file is corrupt, re-export it"
+            raise ModelFileError("model header has norm_eps %r, outside 0..0.5: the file is corrupt"
                                  % (self.norm_eps,))
         if not (self.rope_theta >= 1 and self.rope_theta * 0 == 0):
-            raise ModelFileError("model header has rope_theta %r, not a finite number >= 1: the file is corrupt, "
-                                 "re-export it" % (self.rope_theta,))
+            raise ModelFileError("model header has rope_theta %r, not a finite number >= 1: the file is corrupt"
+                                 % (self.rope_theta,))
         if self.flags & ~FLAG_SHARED_CLS:
             raise ModelFileError("model header has flags 0x%x, which this build does not know: the file is corrupt "
                                  "or newer than this build" % self.flags)
         # a layer's wq and wo alone are dim * dim bytes each: n_layers past what body_len holds is refused before
         # body_size lists every layer (a flipped top bit of n_layers asked for 32,770 layers: a MemoryError on a board)
         if 2 * self.dim * self.dim * self.n_layers > self.body_len or self.body_len != body_size(self):
-            raise ModelFileError("model header says %d tensor bytes, not its shape's: the file is corrupt, re-export it"
+            raise ModelFileError("model header says %d tensor bytes, not its shape's: the file is corrupt"
                                  % self.body_len)
 
 
@@ -112,8 +113,7 @@ def parse_header(data):
     if f[0] != MAGIC:
         raise ModelFileError("not a specmesh model file (bad magic %r)" % (f[0],))
     if not 0 < f[1] <= VERSION:
-        raise ModelFileError("model file version %d is not supported (this build reads 1 to %d): re-export it"
-                             % (f[1], VERSION))
+        raise ModelFileError("version %d is not supported (this build reads 1 to %d)" % (f[1], VERSION))
     if f[2] != HEADER_SIZE:
         raise ModelFileError("model header size %d, expected %d: the file is corrupt" % (f[2], HEADER_SIZE))
     h = Header(f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12], f[13], f[14], f[15])

@@ -409,7 +409,7 @@ def test_ngram_cost_on_a_broken_table_is_one_line_before_any_stream(models, tmp_
 
 def test_ngram_cost_on_a_model_with_a_corrupt_header_names_the_model(models, tmp_path):
     """A drafter whose header is corrupt, beside its table, said only "ngram_cost: not a specmesh model file (bad
-    magic b'XXXX')": which file was not said. The line now names it, as a run's and a flash's do."""
+    magic b'XXXX')": which file was not said. The line now names it, as a run's and a flash's do, and what to do."""
     import sys
 
     data = (models / DRAFTER_FILE).read_bytes()
@@ -418,7 +418,7 @@ def test_ngram_cost_on_a_model_with_a_corrupt_header_names_the_model(models, tmp
     done = subprocess.run([sys.executable, "-m", "specmesh.tools.ngram_cost", "--model", str(tmp_path / "d.spm")],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (1, "")
-    assert done.stderr == "ngram_cost: model file %s: not a specmesh model file (bad magic b'XXXX')\n" % (
+    assert done.stderr == "ngram_cost: model file %s: not a specmesh model file (bad magic b'XXXX'), re-export it\n" % (
         tmp_path / "d.spm"), done.stderr
 
 

@@ -370,6 +370,7 @@ def check_ngram_slots(b: bytes, vocab: int) -> None:
 def load_ngram_table(model_path) -> ngram.Table | None:
     """The n-gram table beside a model file (host/layout.py ngram_table), read whole and its slots checked against
     that model's vocabulary (check_ngram_slots), or None."""
+    from specmesh.host.backends.modelio import header_error
     from specmesh.host.layout import ngram_table
     from specmesh.shared.modelfile import HEADER_SIZE, parse_header
 
@@ -383,7 +384,7 @@ def load_ngram_table(model_path) -> ngram.Table | None:
         try:  # the header's own errors name no file (`ngram_cost --model` said "not a specmesh model file", no name)
             vocab = parse_header(head).vocab
         except ModelFileError as e:
-            raise ModelFileError("model file %s: %s" % (model_path, e)) from None
+            raise header_error(model_path, e) from None
         check_ngram_slots(data, vocab)
         return ngram.Table(io.BytesIO(data))
     except (ngram.NgramError, OSError) as e:

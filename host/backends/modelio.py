@@ -125,7 +125,7 @@ def check_model_file(path: str | os.PathLike) -> tuple[Header, bytes]:
         version, crc = struct.unpack_from("<H", data, 4)[0], struct.unpack_from("<I", data, HEADER_SIZE - 4)[0]
         if version == 2 and _crc(data) != crc:
             raise _corrupt(path) from None
-        raise ModelFileError("model file %s: %s" % (path, e)) from None
+        raise header_error(path, e) from None
     have = len(data) - HEADER_SIZE
     if have < h.body_len:
         raise ModelFileError("model file %s is truncated (%d of %d tensor bytes): copy it again"
@@ -136,6 +136,12 @@ def check_model_file(path: str | os.PathLike) -> tuple[Header, bytes]:
     if zlib.crc32(memoryview(data)[HEADER_SIZE:], h.crc0) & 0xFFFFFFFF != h.crc:
         raise _corrupt(path)
     return h, data
+
+
+def header_error(path: str | os.PathLike, e: ModelFileError) -> ModelFileError:
+    """parse_header's error `e` of the model file `path`, with the file named and what to do (the header's own line
+    says neither: a board's is told to flash it again)."""
+    return ModelFileError("model file %s: %s, re-export it" % (path, e))
 
 
 def _corrupt(path: str | os.PathLike) -> ModelFileError:
