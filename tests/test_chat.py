@@ -480,7 +480,8 @@ def test_a_stage_that_stalls_ends_its_turn_and_the_next_turn_asks_it_again(model
     """`--stages`: a stage board that stalled (its VM stopped: a board hung, a USB hub's hiccup) ended the chat,
     though serve's next request asks such a stage HELLO again (pipeline.REVIVE_S). Now the turn it stalled in ends
     with one line, the next turn asks it again and, once it answers, goes on with the text a chat that never stalled
-    gives; turns that end with it still silent end the chat with status 1."""
+    gives; turns that end with it still silent end the chat with status 1. The line said a run's "run again", then
+    that the next turn asks again: it says only what is true in a chat."""
     import os
     import signal
 
@@ -519,6 +520,7 @@ def test_a_stage_that_stalls_ends_its_turn_and_the_next_turn_asks_it_again(model
         assert line.startswith("specmesh chat: stage 2 of 2 (layers 1:2, virtual:stage1(esp32)) stopped answering"), line
         assert line.endswith("; this turn's reply is not kept, and the next turn asks the stage again (type a line, "
                              "or an empty one to go on)"), line
+        assert "run again" not in line, line  # a run's fix (pipeline.py stalled): in a chat, the next turn asks again
     lines = out.getvalue().splitlines()
     assert lines[0] == want.getvalue().splitlines()[0]
     assert lines[2] == want.getvalue().splitlines()[1][len(" there"):]  # after the stall, the stalled turn's context

@@ -145,10 +145,10 @@ class PipelineVerifier:
         self._early: EarlyRelay | None = None  # the next round's first position, on its way
         self.early_taken = 0  # rounds whose first position went out at the previous verdict
         self._mark = [0] * len(self.stages)  # each link's bus bytes when the last round ended (or at BEGIN)
-        # why a stage failed (it stopped answering): no stage replaces it, so every later session (serve's next request,
-        # the Python API's next generation) fails with this line unless the stage answers HELLO within REVIVE_S, not
-        # its 30 s deadline (`_revive`)
-        self.failed: str | None = None
+        # (the stage, why) of the stage that stopped answering: no stage replaces it, so every later session (serve's
+        # next request, the Python API's next generation) fails with `failed`'s line unless the stage answers HELLO
+        # within REVIVE_S, not its 30 s deadline (`_revive`)
+        self._stall: tuple[int, str] | None = None
         for k, s in enumerate(self.stages):
             s.stopping = functools.partial(self._stopped, k)
 
@@ -177,7 +177,7 @@ class PipelineVerifier:
                 except ProxyError:
                     raise BackendError(self.failed) from None
                 s.stopped = False
-        self.failed = None
+        self._stall = None
 
     def commit(self, committed: Sequence[int]) -> None:
         """Nothing to send: the next round's first position rolls every stage back to where it starts."""
@@ -363,6 +363,21 @@ class PipelineVerifier:
         a, b = self.layers[s]
         return "stage %d of %d (layers %d:%d, %s)" % (s + 1, len(self.stages), a, b, self.stages[s].name)
 
+    @property
+    def failed(self) -> str | None:
+        """Why no session can run (a stage stopped answering): its line, with what to do about it in a run; else None."""
+        return self.stalled()
+
+    def stalled(self, again: bool = False) -> str | None:
+        """`failed`'s line; `again`: for a caller that asks the stage again itself (chat's next turn, which says so),
+        where its virtual board, started afresh by the next run, needs nothing done (not "run again")."""
+        if self._stall is None:
+            return None
+        s, why = self._stall
+        name = self.stages[s].name
+        fix = "" if again and name.startswith("virtual:") else "; " + stopped_fix(name)
+        return "%s stopped answering: %s%s" % (self._who(s), why, fix)
+
     def _guard(self, stage: BoardStage, fn):
         """fn(), its failure one line naming the stage."""
         try:
@@ -381,8 +396,8 @@ class PipelineVerifier:
     def _stopped(self, s: int, why: str) -> str:
         """Stage s stopped answering (`why`): asked nothing more, the pipeline `failed` with the line returned."""
         self.stages[s].stopped = True
-        self.failed = "%s stopped answering: %s; %s" % (self._who(s), why, stopped_fix(self.stages[s].name))
-        return self.failed
+        self._stall = (s, why)
+        return self.stalled()
 
     def trace_summary(self) -> dict:
         """The event trace for the stats JSON: per stage and link totals, and each round (an early position

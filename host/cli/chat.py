@@ -22,6 +22,7 @@ import os
 import select
 import sys
 
+from specmesh.host.backends.pipeline import PipelineVerifier
 from specmesh.host.cli.config import BOM, PROMPT_MAX_BYTES, blocking
 from specmesh.host.cli.flags import hide
 from specmesh.host.cli.output import Printer
@@ -191,10 +192,11 @@ def _turns(mesh: Mesh, turns, opening: bool, out, echo: bool) -> int:
             try:
                 done = mesh.complete(context, on_piece=lambda p: printer.show(p.segments), controller=controller,
                                      lane=lane)
-            except GenerationFailed as e:
-                if mesh.failed is None:  # no later turn mends it: the chat ends on its line
-                    raise
-                stalled = e
+            except GenerationFailed:
+                pipe = lane.verifier  # mesh.failed: its pipeline's
+                if mesh.failed is None or not isinstance(pipe, PipelineVerifier):  # no later turn mends it: the chat
+                    raise                                                          # ends on its line
+                stalled = pipe.stalled(again=True)  # its line, less a run's "run again": this chat asks again
             finally:
                 printer.end()
             if stalled is not None:  # a stage that stopped answering: the next turn asks it HELLO (REVIVE_S) first
