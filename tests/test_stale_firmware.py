@@ -194,6 +194,30 @@ def test_a_stale_stage_board_is_named_beside_another_stages_other_failure(models
         argv, capsys)  # they make the pipeline go
 
 
+def test_a_stale_drafter_is_named_beside_its_pipelines_failures_in_the_same_line(models, virtual_board, tmp_path,
+                                                                                 capsys):
+    """`--verifier P1,P2` failing (stage 1's board flashed from other files, stage 2's port a board without the node)
+    beside a drafter board flashed from other files: the line was the pipeline's alone, the drafter named only once
+    the stages were flashed. All three are in the one line now, the stale ones first, each with its flash command."""
+    stale, bare, vd = virtual_board("esp32"), virtual_board("esp32"), virtual_board("esp32s3")
+    flash_stale(stale, models / TARGET_FILE, tmp_path / "old", STALE["another wire format"], "stage", layers=(0, 1))
+    flash_stale(vd, models / DRAFTER_FILE, tmp_path / "old2", STALE["flashed before the id"], "drafter")
+    argv = run_argv(models, "%s,%s" % (stale.port, bare.port))
+    argv[argv.index("cpu")] = vd.port
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert "error: the boards on %s (stage), %s (drafter) run nodes flashed from other files" % (stale.port, vd.port) \
+        in err
+    assert "; the board on %s has no specmesh firmware" % bare.port in err
+    follow_flash_commands(err, ["specmesh flash --port %s --role stage --layers 0:1 --model %s" % (stale.port,
+                                                                                                  models / TARGET_FILE),
+                                "specmesh flash --port %s --role drafter --model %s" % (vd.port, models / DRAFTER_FILE),
+                                "specmesh flash --port %s --role stage --layers 1:2 --node-id 11 --model %s" % (
+                                    bare.port, models / TARGET_FILE)],
+                          argv, capsys)  # they make the run go
+
+
 def test_auto_skips_a_board_whose_hello_it_cannot_read_and_says_why(models, virtual_board, tmp_path, capsys,
                                                                     monkeypatch):
     """`--verifier auto` asks each ESP32 USB port's board for its role: a HELLO of another layout ended the run with

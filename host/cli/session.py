@@ -68,7 +68,7 @@ from specmesh.host.decode.tokenizer import lone_surrogate
 from specmesh.host.decode.window import Window
 from specmesh.host.layout import TOKENIZER_FILE, ngram_table
 from specmesh.host.projection.measured import board_summary
-from specmesh.host.provision.cluster import StaleFirmware, failures_line
+from specmesh.host.provision.cluster import Failures, StaleFirmware, failures_line
 from specmesh.host.provision.drafters import expected_alpha
 from specmesh.host.provision.flash import again_args
 from specmesh.shared.board import ROLES
@@ -824,18 +824,25 @@ class Mesh(contextlib.AbstractContextManager):
     def _new_lane(self) -> Lane:
         """A verifier and a drafter for one stream. Every board to flash again is named in one line, before any text:
         each flashed from other files (cluster.py StaleFirmware), each running another build than the run's file, and
-        a drafter that fails otherwise beside them (a board named alone hid the next until it was flashed)."""
+        a drafter that fails otherwise beside them (a board named alone hid the next until it was flashed), a pipeline's
+        stages that fail otherwise too (cluster.py Failures)."""
         batched = self.streams > 1
         stale: list[tuple[str, str, str | None, str]] = []
+        wrong: list[str] = []
         verifier = None
+        refused = None  # the verifier's Failures, raised as it is where the drafter adds none
         try:
             verifier = self._setup.make("verifier", self.names["verifier"], batched)
-        except StaleFirmware as e:
+        except (StaleFirmware, Failures) as e:
             if self.config.plain or not backends.is_port(self.names.get("drafter", "")):  # no virtual board booted
                 raise                                                                    # for a run that cannot go
-            stale = e.boards
-        wrong = [] if verifier is None else _wrong_builds(verifier, self.config.model_file("verifier"),
-                                                          self.headers["verifier"], self.config.key)
+            if isinstance(e, StaleFirmware):
+                stale = list(e.boards)
+            else:
+                refused, stale, wrong = e, list(e.stale), list(e.others)
+        if verifier is not None:
+            wrong = _wrong_builds(verifier, self.config.model_file("verifier"), self.headers["verifier"],
+                                  self.config.key)
         drafter = None
         try:
             drafter = self._drafter(batched, wrong)
@@ -847,9 +854,11 @@ class Mesh(contextlib.AbstractContextManager):
             wrong.append(one_line(e))
         if stale and not wrong:
             raise StaleFirmware(stale)
+        if refused is not None and (stale, wrong) == (refused.stale, refused.others):
+            raise refused
         if stale or wrong:
             raise UsageError(failures_line(stale, wrong))
-        assert verifier is not None  # its StaleFirmware left `stale` set
+        assert verifier is not None  # its StaleFirmware or Failures left `stale` or `wrong` set
         lane = Lane(verifier, drafter)
         self._lanes.append(lane)
         return lane

@@ -196,6 +196,15 @@ class StaleFirmware(BackendError):
         super().__init__(_stale_line(boards))
 
 
+class Failures(BackendError):
+    """Boards to mend, several of them (a pipeline's stages): `stale`, as StaleFirmware's boards, and `others`, each
+    other failure's line; its line is failures_line's, which a lane extends with its drafter's (host/cli/session.py)."""
+
+    def __init__(self, stale: list[tuple[str, str, str | None, str]], others: list[str]):
+        self.stale, self.others = stale, others
+        super().__init__(failures_line(stale, others))
+
+
 def _stale_line(boards: list[tuple[str, str, str | None, str]]) -> str:
     """The one line of StaleFirmware: the board, or each, with what its HELLO says and its flash command."""
     own = firmware_id()

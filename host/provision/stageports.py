@@ -24,7 +24,7 @@ from specmesh.host.backends import BackendError, Boards, port_list
 from specmesh.host.backends.board import WrongRole, role_args
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.backends.pipeline import PipelineVerifier
-from specmesh.host.provision.cluster import StaleFirmware, connect, failures_line, find, split_layers
+from specmesh.host.provision.cluster import Failures, StaleFirmware, connect, find, split_layers
 from specmesh.host.provision.flash import NODE_ID
 from specmesh.shared import messages as m
 
@@ -56,7 +56,7 @@ def pipeline(model_path: Path, *, name: str, boards: Boards, **_options):
         except BackendError as e:
             other.append(str(e))
     if other:  # the stale ones first, as a lane names them beside a drafter's other failure (host/cli/session.py)
-        raise BackendError(failures_line(stale, other))
+        raise Failures(stale, other)
     if stale:
         raise StaleFirmware(stale)
     layers = []
