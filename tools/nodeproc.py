@@ -86,8 +86,7 @@ def imported_heap(micropython: str, modules: str, path: str, cwd: Path | str = "
 def code_heap(micropython: str, board_dir: Path, extra: str = "") -> int:
     """Heap bytes the node's modules (and `extra`, e.g. ", stage") hold once imported from a flashed board
     directory (see flash()), with the next qstr pool (imported_heap)."""
-    return imported_heap(micropython, "config, links, node, roles, engine" + extra, ".frozen:" + str(board_dir),
-                         board_dir)
+    return imported_heap(micropython, "config, links, node, roles, engine" + extra, ".frozen:.", board_dir)
 
 
 class NodeProc:
@@ -115,12 +114,16 @@ class NodeProc:
         self.decoder = codec.StreamDecoder(auth=auth, max_line=1 << 16, on_text=self.text.append)
         self._frames: list[codec.Frame] = []
         # flashed: the board directory holds the node (see flash()); else run it from the source tree
-        main = board_dir / "main.py" if flashed else ROOT / "firmware" / "main.py"
-        if rom is not None:  # a script beside the image (the unix port limits a -c argument to 255 bytes)
+        # A flashed node runs as a module (-m: sys.path[0] is "", as on a board; a script's is its folder's real path)
+        # with its paths relative to its folder: a host path in the VM's heap made its layout, and so a budget at its
+        # edge, depend on the temporary folder's name
+        run = ["-m", "main"] if flashed else [str(ROOT / "firmware" / "main.py")]
+        if rom is not None:  # a script beside the node (the unix port limits a -c argument to 255 bytes)
             heap = heap and heap + rom.stat().st_size + ROM_SLACK
-            main = rom.with_name(rom.name + ".boot.py")
-            main.write_text(BOOT_ROM % (str(rom), str(rom), str(board_dir if flashed else ROOT / "firmware")))
-        cmd = [micropython] + (["-X", "heapsize=%d" % heap] if heap else []) + [str(main)]
+            image = os.path.relpath(rom, board_dir)
+            (board_dir / "romboot.py").write_text(BOOT_ROM % (image, image, "." if flashed else str(ROOT / "firmware")))
+            run = ["-m", "romboot"]
+        cmd = [micropython] + (["-X", "heapsize=%d" % heap] if heap else []) + run
         env = dict(os.environ, MICROPYPATH=".frozen" if flashed else "%s:.frozen" % ROOT) | (env or {})
         self.proc = subprocess.Popen(cmd, cwd=board_dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env)
