@@ -14,7 +14,7 @@ from specmesh.host.cli.server import app
 
 
 class Slow(backends.LocalVerifier):
-    """The CPU verifier taking 50 ms a verdict, as a slow board would: 120 tokens take 6 s or more."""
+    """The CPU verifier taking 50 ms a verdict, as a slow board would: every round of a generation 50 ms longer."""
 
     def verify(self, committed, draft):
         time.sleep(0.05)

@@ -38,3 +38,11 @@ def test_the_pricing_figures_the_docs_quote_are_the_projections_constants():
         hw.NODE_FRAME_INSNS.value / 1e3, hw.NODE_FRAME_BYTE_INSNS.value)
     assert _quoted("docs/run.md", r"lookup on every pass: (\d+\.\d)K Xtensa \((\d+\.\d)K RV32\)") == (
         round(hw.NGRAM_LOOKUP_INSNS.value / 1e3, 1), round(hw.NGRAM_LOOKUP_INSNS_RV32.value / 1e3, 1))
+
+
+def test_the_body_bound_readme_quotes_is_the_server_s():
+    """README says how long serve waits for a request's whole body (a client that sent less than its Content-Length):
+    the figure is server.py's BODY_S, which no test compared with README's words."""
+    from specmesh.host.cli import server
+
+    assert _quoted("README.md", r"not whole (\d+) s after its headers") == (server.BODY_S,)
