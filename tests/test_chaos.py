@@ -170,6 +170,21 @@ def test_a_link_that_cannot_be_written_fails_the_call_at_once():
     assert time.perf_counter() - t0 < 60.0
 
 
+def test_a_link_error_said_before_the_call_began_fails_it_at_once():
+    """A link's error (a half-flashed board's line, read while no call was in flight, between a first HELLO that timed
+    out and the next) woke no call, and the next call waited its first resend's timer before it looked: 3 s, and
+    test_diagnosis's run with its timers raised to 60 s took 120 s under load."""
+    from specmesh.host.bus.proxy import Bus, NodeTimeout
+
+    wire = _Wire()
+    wire.error = "/dev/pts/6: the board was left half-flashed (a `specmesh flash` was interrupted)"
+    bus = Bus(wire, deadline=60.0, initial_rto=60.0)  # a call that waited for a reply: a minute, however loaded
+    t0 = time.perf_counter()
+    with pytest.raises(NodeTimeout, match="half-flashed"):
+        bus.request(2, 0x0A)
+    assert time.perf_counter() - t0 < 60.0
+
+
 @pytest.mark.parametrize("name, params", [("signed-drafter-reboots", CASES[0]), ("signed-verifier-reboots", CASES[1])],
                          ids=["drafter", "verifier"])
 def test_a_signed_board_that_reboots_is_resynchronised(vboards, name, params):

@@ -331,8 +331,10 @@ class Call:
         retried = False
         last = self.sent
         try:
-            while bus.send_error or not w.event.wait(max(0.0, min(self.sent + rto, self.end)
-                                                         - time.perf_counter())) or w.reply is None:
+            # a link error (a half-flashed board's line, a lost port) set before this call began woke no one: it is
+            # looked at first, not after the first resend's wait (3 s that a loaded machine's run spent so)
+            while bus.send_error or getattr(bus.link, "error", None) or not w.event.wait(
+                    max(0.0, min(self.sent + rto, self.end) - time.perf_counter())) or w.reply is None:
                 err = getattr(bus.link, "error", None) or bus.send_error
                 if err or time.perf_counter() >= self.end:
                     raise NodeTimeout(bus._timeout_message(self.node, self.mtype, err, self.end - self.sent))
