@@ -217,6 +217,37 @@ def test_a_node_out_of_memory_every_time_is_a_node_error():
         peer.close()
 
 
+class ShortOfHeapThenSilentPeer(ShortOfHeapPeer):
+    """Answers its first request with an out-of-memory ERROR after `late` seconds, then nothing: a node that collected
+    its heap and then hung."""
+
+    def __init__(self, late: float):
+        self.late = late
+        super().__init__(1)
+
+    def answer(self, f):
+        if self.seqs:
+            self.seqs.append(f.seq)
+            return None
+        time.sleep(self.late)
+        return super().answer(f)
+
+
+def test_a_timeout_after_an_out_of_memory_resend_names_the_whole_wait():
+    """The request sent again after an out-of-memory ERROR waits what is left of the deadline; its timeout line names
+    the caller's whole wait (4 s here), not what was left (it said 2 s)."""
+    peer = ShortOfHeapThenSilentPeer(late=2.0)
+    link = SerialLink(peer.port)
+    try:
+        bus = Bus(link, min_rto=0.02, deadline=4.0, initial_rto=5.0, peer=3)
+        with pytest.raises(NodeTimeout, match=r"^node 3 did not answer PING within 4 s$"):
+            Proxy(bus, node=3).call(m.PING, b"drafts")
+        assert len(set(peer.seqs)) >= 2  # the resend went, as a new request
+    finally:
+        link.close()
+        peer.close()
+
+
 @pytest.mark.parametrize("mtype, advised", [(m.DRAFT_REQ, True), (m.VERIFY_REQ, False)])
 def test_a_drafter_board_out_of_heap_for_its_drafts_is_told_which_flags_keep_it_drafting(mtype, advised):
     """A drafter board whose heap could not hold a round's drafts (`--draft-top-k 255`, or `--gamma 16`, on a classic

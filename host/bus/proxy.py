@@ -287,6 +287,7 @@ class Call:
         self.bus, self.node, self.mtype, self.seq = bus, node, mtype, seq
         self.frame, self.waiter = frame, waiter
         self.sent = time.perf_counter()
+        self.began = self.sent  # the first sending of the request it repeats after an out-of-memory ERROR (`_wait`)
         self.end = self.sent + deadline
         self.request = request  # its payload and session, to send it again as a new request (Bus.start)
         self._reply: Frame | None = None
@@ -315,6 +316,7 @@ class Call:
             if reply.mtype != ERROR or _error_body(reply.payload)[0] != E_MEMORY or left <= 0:
                 break
             call = self.bus.start(self.node, self.mtype, *self.request, deadline=left)
+            call.began = self.sent  # a timeout line names the whole wait, not what was left of it
             reply = call._wait_once()
         self.waiter.at = call.waiter.at  # (`seconds`: until the reply that answered)
         if reply.mtype == ERROR:
@@ -337,7 +339,7 @@ class Call:
                     max(0.0, min(self.sent + rto, self.end) - time.perf_counter())) or w.reply is None:
                 err = getattr(bus.link, "error", None) or bus.send_error
                 if err or time.perf_counter() >= self.end:
-                    raise NodeTimeout(bus._timeout_message(self.node, self.mtype, err, self.end - self.sent))
+                    raise NodeTimeout(bus._timeout_message(self.node, self.mtype, err, self.end - self.began))
                 bus.retransmits += 1
                 rto *= 2
                 if bus.auth is not None and self.mtype != HELLO and (
