@@ -1,6 +1,8 @@
 """Helpers for the emulator tests: talk to a virtual board's pty and run mpremote against it."""
 
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -44,3 +46,42 @@ def open_port(port, busy_s: float = 5.0):
     """The board's pty, exclusively; a refused lock is tried again for `busy_s` seconds (host/bus/ports.py
     LOCK_RETRY_S: a lock lent to a forked child)."""
     return ports.open_exclusive(port, wait_s=busy_s, baudrate=115200, timeout=0.05)
+
+
+class StopsAtTheEnd:
+    """A mesh's virtual board (`name`, the cluster's: "drafter", "verifier", "stage1"; default `role`'s) whose VM is
+    stopped (SIGSTOP: a board hung, a USB hub's hiccup) as a generation's stats begin, its text out, when `stop_at_end`
+    is set; `resume()` continues it. `board`: its back-end, the lane's `role` (a pipeline's: stage `name`'s). `sent`:
+    the message types its proxy sent, a "|" where the test marks a generation's start (`mark`); `stats`: each
+    generation's."""
+
+    def __init__(self, mesh, role: str, monkeypatch, name: str | None = None):
+        from specmesh.host.cli import session
+
+        backend = getattr(mesh._lanes[0], role)
+        self.board = backend.stages[int(name[len("stage"):])] if name else backend
+        self.pid = mesh._setup.cluster().boards[name or role].pid
+        self.sent: list = []
+        self.stats: list[dict] = []
+        self.stop_at_end = False
+        build_stats = session.build_stats
+
+        def at_the_end(*args):
+            if self.stop_at_end:
+                os.kill(self.pid, signal.SIGSTOP)
+            self.stats.append(build_stats(*args))
+            return self.stats[-1]
+
+        monkeypatch.setattr(session, "build_stats", at_the_end)
+        start = self.board.proxy.start
+        monkeypatch.setattr(self.board.proxy, "start", lambda *a: (self.sent.append(a[0]), start(*a))[1])
+
+    def mark(self) -> None:
+        self.sent.append("|")
+
+    def each(self) -> list[list[int]]:
+        """`sent` in each generation since the first mark."""
+        return [[int(t) for t in part.split()] for part in " ".join(map(str, self.sent)).split("|")[1:]]
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)

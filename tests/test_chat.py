@@ -524,3 +524,105 @@ def test_a_stage_that_stalls_ends_its_turn_and_the_next_turn_asks_it_again(model
     lines = out.getvalue().splitlines()
     assert lines[0] == want.getvalue().splitlines()[0]
     assert lines[2] == want.getvalue().splitlines()[1][len(" there"):]  # after the stall, the stalled turn's context
+
+
+@pytest.mark.parametrize("role", ["drafter", "verifier"])
+def test_a_board_silent_at_a_reply_s_end_is_one_line_and_the_next_turn_falls_back_without_asking_it(models, capsys,
+                                                                                                    monkeypatch, role):
+    """A drafter or verifier board that stopped answering at a reply's end (its VM stopped as the stats were asked)
+    had only its stats row say so, no line, and the next turn sent it BEGIN and its first DRAFT or VERIFY, which waited
+    out the whole 30 s deadline before the fall-back. Now the turn ends with one line, and the next turn asks the board
+    HELLO first (END_S): answering, it serves that turn as before; still silent, it is sent nothing more and the turn
+    falls back at once (plain decoding, the cpu verifier), the text the same."""
+    from specmesh.host.backends.board import END_S
+    from specmesh.host.cli.chat import _turns
+    from specmesh.host.cli.run import check_args
+    from specmesh.host.cli.session import Mesh
+    from specmesh.shared import messages as m
+    from tests.emulator_util import StopsAtTheEnd
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    flags = ["--models", str(models), "--max-tokens", "8", "--gamma", "2", "--temperature", "0"]
+    said = ["Once upon a time", " there", " again"]
+    want = io.StringIO()
+    assert chat(p.parse_args([*flags, "--drafter", "cpu", "--verifier", "cpu"]), iter(said), want) == 0
+    capsys.readouterr()
+    other = "verifier" if role == "drafter" else "drafter"
+    config = check_args(p.parse_args([*flags, "--" + role, "virtual", "--" + other, "cpu"]))
+    warned: list[str] = []
+    out = io.StringIO()
+    with Mesh.from_config(config, say=[].append, warn=warned.append) as mesh:
+        board = StopsAtTheEnd(mesh, role, monkeypatch)
+
+        def turns():
+            board.mark()
+            board.stop_at_end = True
+            yield said[0]  # the board stops as its stats are asked
+            board.resume()  # and goes on before the next turn: asked HELLO, it serves it
+            board.mark()
+            yield said[1]  # it stops at this one's end again
+            board.stop_at_end = False
+            board.mark()
+            yield said[2]  # still silent: asked HELLO alone, and the turn falls back
+
+        try:
+            assert _turns(mesh, turns(), False, out, True) == 0
+        finally:
+            board.resume()
+    err = capsys.readouterr().err.splitlines()
+    assert out.getvalue() == want.getvalue()  # the text stands
+    line = ("specmesh chat: %s stopped answering at the text's end (the text is whole; its stats are missing): the "
+            "next turn asks it again first and %s if it is still silent"
+            % (board.board.name, "goes on with plain decoding" if role == "drafter" else "the cpu verifier takes over"))
+    assert err == [line, line], err  # once after each turn it stopped at, then the fall-back's line alone
+    first, second, third = board.each()
+    assert first[-1] == m.STATS and second[:2] == [m.HELLO, m.BEGIN], board.sent
+    assert (m.DRAFT_REQ if role == "drafter" else m.VERIFY_REQ) in second and second[-1] == m.STATS, board.sent
+    assert third == [m.HELLO], board.sent  # no BEGIN, no DRAFT or VERIFY waiting out its deadline, no STATS
+    assert [s["failovers"] for s in board.stats[:2]] == [[], []] and board.stats[1][role] == board.board.name
+    (failover,) = board.stats[2]["failovers"]
+    assert warned == [failover] and board.stats[2]["failed"] == {role: board.board.name}, warned
+    assert failover.startswith("%s %s failed (%s stopped answering at the last text's end (node " % (
+        role, board.board.name, board.board.name)) and ("did not answer HELLO within %.0f s" % END_S) in failover
+
+
+def test_a_stage_silent_at_a_reply_s_end_is_one_line_and_the_next_turn_asks_it_again(models, capsys, monkeypatch):
+    """`--stages`: a stage board silent at a reply's end (its VM stopped as the stats were asked) is one line after that
+    turn, which says what a chat does next: no board replaces a stage, so the next turn, the stage still silent, ends
+    with the stage's line (pipeline.REVIVE_S), and the turn after it, the stage answering again, goes on."""
+    from specmesh.host.cli.chat import _turns
+    from specmesh.host.cli.run import check_args
+    from specmesh.host.cli.session import Mesh
+    from specmesh.shared import messages as m
+    from tests.emulator_util import StopsAtTheEnd
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    flags = ["--models", str(models), "--drafter", "cpu", "--max-tokens", "8", "--gamma", "2", "--temperature", "0"]
+    with Mesh.from_config(check_args(p.parse_args([*flags, "--stages", "2"])), say=[].append, warn=[].append) as mesh:
+        board = StopsAtTheEnd(mesh, "verifier", monkeypatch, name="stage1")
+
+        def turns():
+            board.stop_at_end = True
+            yield "Once upon a time"
+            board.stop_at_end = False
+            board.mark()
+            yield " there"  # still silent: the turn ends with its line
+            board.resume()
+            board.mark()
+            yield " again"  # it answers: the turn goes on
+
+        try:
+            assert _turns(mesh, turns(), False, io.StringIO(), True) == 0
+        finally:
+            board.resume()
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == ("specmesh chat: virtual:stage1(esp32) stopped answering at the text's end (the text is whole; its "
+                      "stats are missing): the next turn asks it again first and fails with its line (no board "
+                      "replaces a stage) if it is still silent"), err
+    assert len(err) == 2 and err[1].startswith("specmesh chat: stage 2 of 2 (layers 1:2, virtual:stage1(esp32)) "
+                                               "stopped answering: at the text's end"), err
+    silent, answering = board.each()
+    assert silent == [m.HELLO] and answering[:2] == [m.HELLO, m.BEGIN] and m.STAGE in answering, board.sent
+    assert [s["failovers"] for s in board.stats] == [[], []]  # the first turn's and the last's: the text went on

@@ -186,3 +186,46 @@ def test_a_generation_that_failed_is_one_line_in_the_server_s_log(models, monkey
             gc.collect()
     assert len(warned) == 2 if stream else 1
     assert not [r for r in caplog.records if r.exc_info or "never retrieved" in r.getMessage()], caplog.text
+
+
+@pytest.mark.parametrize("role", ["drafter", "verifier"])
+def test_a_board_silent_at_a_request_s_end_is_one_line_in_the_log_and_the_next_request_falls_back_at_once(
+        models, monkeypatch, role):
+    """A served drafter or verifier board that stopped answering at a request's end (its VM stopped as the stats were
+    asked) had only its row in the reply's figures say so, nothing in the server's log, and the next request sent it
+    BEGIN and its first DRAFT or VERIFY, which waited out the whole 30 s deadline before the fall-back. Now the log
+    says so in one line, and the next request asks the board HELLO first (END_S): answering, it serves that request as
+    before; still silent, it is sent nothing more and the request falls back at once, the text the same."""
+    from tests.emulator_util import StopsAtTheEnd
+
+    other = "verifier" if role == "drafter" else "drafter"
+    warned: list[str] = []
+    with Mesh(models=models, gamma="2", say=[].append, warn=warned.append, **{role: "virtual", other: "cpu"}) as mesh, \
+            serving(mesh) as url:
+        c = client(url)
+        board = StopsAtTheEnd(mesh, role, monkeypatch)
+        texts = []
+        try:
+            for stop_at_end in (True, True, False):  # stops at the first's end, and again at the second's
+                board.mark()
+                board.stop_at_end = stop_at_end
+                texts.append(c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=16).choices[0].text)
+                if len(texts) == 1:
+                    board.resume()  # it goes on before the second request: asked HELLO, it serves it
+        finally:
+            board.resume()
+        board.mark()
+        want = c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=16).choices[0].text  # (on cpu now)
+    assert texts == [want] * 3
+    name = board.board.name
+    line = ("%s stopped answering at the text's end (the text is whole; its stats are missing): the next request asks "
+            "it again first and %s if it is still silent"
+            % (name, "goes on with plain decoding" if role == "drafter" else "the cpu verifier takes over"))
+    (failover,) = board.stats[2]["failovers"]
+    assert warned == [line, line, failover], warned  # once a request it stopped at, then the fall-back's line
+    first, second, third, after = board.each()
+    assert first[-1] == m.STATS and second[:2] == [m.HELLO, m.BEGIN] and second[-1] == m.STATS, board.sent
+    assert (m.DRAFT_REQ if role == "drafter" else m.VERIFY_REQ) in second, board.sent
+    assert third == [m.HELLO] and after == [], board.sent  # no DRAFT or VERIFY waiting out its deadline, then nothing
+    assert failover.startswith("%s %s failed (%s stopped answering at the last text's end" % (role, name, name))
+    assert board.stats[2]["failed"] == {role: name} and board.stats[3]["failovers"] == []

@@ -66,6 +66,13 @@ class Silent(BackendError):
 
 
 STOPPED = "stopped answering"  # how a board's stats row that says so begins (host/cli/session.py board_stats)
+# how long a stream's end (its stats) waits for each reply that its text, out already, does not need: the next round's
+# first position, which a pipeline's last verdict sent (the stage it is at, silent that long, is not asked for stats,
+# host/backends/pipeline.py), and each board's STATS (host/cli/session.py board_stats); a board silent that long stopped
+# answering, and a long-lived mesh's next session asks it HELLO first (a stage: pipeline.py REVIVE_S; a drafter or
+# verifier board: this long, `BoardBackend.silent`). A board answers either in milliseconds; 5 s, not 2, so that a
+# virtual one on a busy host is not taken for one that stopped
+END_S = 5.0
 
 
 def stopped_fix(name: str) -> str:
@@ -128,6 +135,10 @@ class BoardBackend(Unit):
         self.resyncs = 0
         self._pending: Call | None = None  # a BEGIN or COMMIT whose ACK is not collected yet
         self._begun: SessionParams | None = None  # the parameters of a BEGIN in flight
+        # why it did not answer at a stream's end (`stats`): the next BEGIN asks it HELLO first (`begin`)
+        self.silent: str | None = None
+        # the line of a board still silent at that HELLO: every request of the session fails with it, none sent
+        self._unbegun: str | None = None
 
     def _wrong_role(self, role: int) -> str:
         """Why the node does not play this back-end's role, and what to do (flashing a real board)."""
@@ -169,7 +180,10 @@ class BoardBackend(Unit):
 
     def settle(self, wait: float | None = None) -> None:
         """Wait for the BEGIN or COMMIT still in flight, if any (re-synchronising a node that lost the
-        session; a refused BEGIN is an error, never a re-synchronisation); `wait`: for `wait` s at most (`stats`)."""
+        session; a refused BEGIN is an error, never a re-synchronisation); `wait`: for `wait` s at most (`stats`).
+        A session `begin` found the board still silent in fails here, before any request is sent."""
+        if self._unbegun is not None:
+            raise BackendError(self._unbegun)
         call, self._pending = self._pending, None
         begun, self._begun = self._begun, None
         if call is not None:
@@ -238,13 +252,25 @@ class BoardBackend(Unit):
         self._once(self.proxy.start(m.BEGIN, _begin_body(self.params, self.known)))
 
     def begin(self, params: SessionParams, prompt: Sequence[int]) -> None:
-        """Start a session; returns without waiting for the node (its ACK is collected by the next call)."""
+        """Start a session; returns without waiting for the node (its ACK is collected by the next call). A board that
+        did not answer at the last stream's end (`silent`) is asked HELLO first, END_S at most: answering, it is begun
+        as any other; still silent, it is sent nothing, and the session's first request fails at once with its line
+        (the decode loop's fail-over: the cpu verifier, or plain decoding), not at its reply's whole deadline."""
+        self._unbegun = None
         self.settle()
         self.params = None  # no re-synchronisation until this BEGIN went through
-        self._pending = self.proxy.start(m.BEGIN, _begin_body(params, prompt))
-        self._begun = params
         self.known = list(prompt)
         self.held = list(prompt)
+        if self.silent is not None:
+            try:
+                self.proxy.call(m.HELLO, deadline=END_S)
+            except ProxyError:
+                self._unbegun = "%s stopped answering at the last text's end (%s) and did not answer HELLO within " \
+                                "%.0f s at this one's start either" % (self.name, self.silent, END_S)
+                return
+            self.silent = None
+        self._pending = self.proxy.start(m.BEGIN, _begin_body(params, prompt))
+        self._begun = params
 
     def _tail(self, committed: Sequence[int]) -> list[int]:
         """`committed` beyond its longest common prefix with what the node holds."""
@@ -266,8 +292,13 @@ class BoardBackend(Unit):
 
     def stats(self, wait: float | None = None) -> dict:
         """The node's counters. `wait`: how long it is waited for (None: the bus's deadline; a stream's end, whose text
-        is out, waits END_S, host/backends/pipeline.py), a node silent that long `Silent`."""
-        (pairs,) = m.unpack_stats(self._call(m.STATS, wait=wait).payload)
+        is out, waits END_S), a node silent that long `Silent` (`stopped_at_end`)."""
+        try:
+            reply = self._call(m.STATS, wait=wait)
+        except Silent as e:
+            self.stopped_at_end(e.why)
+            raise
+        (pairs,) = m.unpack_stats(reply.payload)
         out: dict = dict(pairs)
         out["compute_s"] = out.get("compute_ms", 0) / 1000.0
         out.setdefault("heap_free", self.info["heap_free"])
@@ -276,6 +307,11 @@ class BoardBackend(Unit):
         out["board"] = self.info["board"]
         out["kernels"], out["kernels_note"] = kernel_name(self.info["kernels"])
         return out
+
+    def stopped_at_end(self, why: str) -> None:
+        """It did not answer its STATS at a stream's end (`why`, the bus's line): its next session asks it HELLO
+        first (`begin`)."""
+        self.silent = why
 
     def close(self) -> None:
         try:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specmesh.host.backends import Backend, BackendError, Draft, SessionParams
-from specmesh.host.backends.board import STOPPED, BoardBackend, Refused, Restarted, Silent, role_args, stopped_fix
+from specmesh.host.backends.board import END_S, STOPPED, BoardBackend, Refused, Restarted, role_args, stopped_fix
 from specmesh.host.backends.earlyrelay import EarlyRelay
 from specmesh.host.bus.proxy import NodeError, ProxyError
 from specmesh.shared import messages as m
@@ -53,12 +53,6 @@ FIXES = {"does not hold the classifier": "a pipeline's last stage holds the targ
                                          "the target's layers; docs/pipeline.md)"}
 
 REVIVE_S = 2.0  # how long a new session waits for a stage that stopped answering to answer HELLO again
-# how long a stream's end (its stats) waits for each reply that its text, out already, does not need: the next round's
-# first position, which its last verdict sent (the stage it is at, silent that long, is not asked for stats), and each
-# board's STATS (host/cli/session.py board_stats); a board silent that long stopped answering (a stage's next session
-# asks it HELLO). A board answers either in milliseconds; 5 s, not 2, so that a virtual one on a busy host is not taken
-# for one that stopped
-END_S = 5.0
 POLL_S = 0.001  # how long the wavefront waits on one reply before looking at the others
 PATIENCE_S = 0.2  # a reply this late: wait on that call alone (it retransmits as the bus says)
 
@@ -80,6 +74,11 @@ class BoardStage(BoardBackend):
     def flash_role(self) -> str:
         return "--role " + role_args("stage", self.flash_layers)
 
+    def stopped_at_end(self, why: str) -> None:
+        """Its pipeline is told: its next session asks the stage HELLO first (REVIVE_S, `PipelineVerifier._revive`)."""
+        if self.stopping is not None:
+            self.stopping("at the text's end, " + why)
+
     @property
     def classifier(self) -> str | None:
         """Where the last stage keeps the classifier, as its HELLO says: "in RAM" (read once at load) or
@@ -94,12 +93,7 @@ class BoardStage(BoardBackend):
     def stats(self, wait: float | None = None) -> dict:
         if self.stopped:  # a board gone silent would hold the run's stats back by its reply's whole deadline
             raise BackendError(STOPPED + " during the run, not asked")
-        try:
-            out = super().stats(wait)
-        except Silent as e:  # its pipeline's next session asks it HELLO first (REVIVE_S)
-            if self.stopping is not None:
-                self.stopping("at the text's end, " + e.why)
-            raise
+        out = super().stats(wait)
         if self.classifier:
             out["classifier"] = self.classifier
         return out

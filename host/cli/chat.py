@@ -12,6 +12,9 @@ and the session goes on with it; a drafter that fails is dropped (one line) and 
 stage that stops answering (`--stages`: no board replaces it) ends its turn with one line, the reply so far not kept;
 the next turn asks the stage HELLO first (host/backends/pipeline.py REVIVE_S, as serve's next request does) and goes
 on where it answers, else fails the same way; turns that end with the stage still silent end the chat with status 1.
+A board that stops answering at a reply's end (its stats unanswered, END_S) is one line after that turn; the next turn
+asks it HELLO first (END_S) and goes on with it where it answers, else fails over at once as above, its DRAFT or VERIFY
+not sent (a stage: its turn ends as above).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from specmesh.host.cli.config import BOM, PROMPT_MAX_BYTES, blocking
 from specmesh.host.cli.flags import hide
 from specmesh.host.cli.output import Printer
 from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed
-from specmesh.host.cli.session import GenerationFailed, Mesh, gamma_controller, say_on_stderr
+from specmesh.host.cli.session import GenerationFailed, Mesh, gamma_controller, say_on_stderr, stopped_line
 from specmesh.host.cli.streams import stdout_to_devnull, unguarded
 from specmesh.host.stops import awake
 
@@ -203,6 +206,9 @@ def _turns(mesh: Mesh, turns, opening: bool, out, echo: bool) -> int:
                 print("specmesh chat: %s; this turn's reply is not kept, and the next turn asks the stage again (type a "
                       "line, or an empty one to go on)" % stalled, file=sys.stderr, flush=True)
                 continue
+            stopped = stopped_line(done.stats["boards"], "turn")  # a board silent at the reply's end
+            if stopped:
+                print("specmesh chat: " + stopped, file=sys.stderr, flush=True)
             context += done.token_ids  # with a stop string, the tokens whose text ends before it
             if done.stop == "context":
                 print("specmesh chat: the context is full (%d positions): start a new chat" % mesh.context,

@@ -7,7 +7,8 @@ parameter set to something but its OpenAI default is a 400 naming it and what is
 a chat's `prompt`, a completion's `messages`), as is a bad value or type. Where OpenAI's and `specmesh run`'s
 defaults differ, the mesh's are kept: greedy (`temperature` 0) and its `--max-tokens`. `/health` is a 503 saying why
 once the mesh can serve nothing (a pipeline's stage board stopped answering, `Mesh.failed`, until a request finds it
-answering again); `/` is the live page (host/cli/page.html).
+answering again); `/` is the live page (host/cli/page.html). A board that stopped answering at a request's end is a
+line in the server's log (`stopped_line`), and the next request asks it again first.
 A sampled request without a `seed` samples under a fresh one, as OpenAI's differ from one another; the header
 `x-specmesh-seed` (and the `specmesh` field) names the seed a sampled request ran under, which gives its text again,
 as `specmesh run --seed` does. A chat's messages are its turns, appended as typed (the stories model has no chat
@@ -44,7 +45,7 @@ from starlette.routing import Route
 
 from specmesh.host.cli.config import RunConfig, UsageError
 from specmesh.host.cli.ranges import SEED
-from specmesh.host.cli.session import Completion, GenerationFailed, Mesh, Piece, check_ids
+from specmesh.host.cli.session import Completion, GenerationFailed, Mesh, Piece, check_ids, stopped_line
 from specmesh.host.decode.tokenizer import lone_surrogate
 
 MODEL_ID = "specmesh"
@@ -421,7 +422,7 @@ class Api:
         if self.stopping:
             cancel.set()
         try:
-            return await self._unless_stuck(asyncio.get_running_loop().run_in_executor(
+            done = await self._unless_stuck(asyncio.get_running_loop().run_in_executor(
                 self.threads, self.mesh.complete, prompt, kw["request"], on_piece, cancel))
         except GenerationFailed as e:  # the client hears of it, and the server's operator, who alone can mend the mesh
             if self.mesh.warn is not None:
@@ -430,6 +431,10 @@ class Api:
         finally:
             self.in_flight -= 1
             self.cancels.discard(cancel)
+        stopped = stopped_line(done.stats["boards"], "request")  # a board silent at its text's end: the operator hears
+        if stopped and self.mesh.warn is not None:  # (the next request asks it again first)
+            self.mesh.warn(stopped)
+        return done
 
     async def _unless_stuck(self, generation: asyncio.Future) -> Completion:
         """The generation's Completion; GenerationFailed (STUCK) once the server has stopped STUCK_S ago and it has not

@@ -17,7 +17,9 @@ generations, one after another or, where its back-ends allow, side by side:
 
 Every generation may fail over: a verifier that fails is replaced by the `cpu` one (kept by the lane for the
 generations after), a drafter that fails leaves the stream on plain decoding (host/decode/orchestrator.py), and
-the lane's generations after it too.
+the lane's generations after it too. A board that did not answer at a generation's end (its stats, END_S: its row
+says so, `stopped_line`) is asked HELLO first by the next (host/backends/board.py `begin`): still silent, that
+generation fails over at once, sending it no request that would wait out its deadline.
 A generation ends at the end token, `max_tokens`, a full context, a stop string, or when its `cancel` event
 is set (checked after each round: the boards finish the round they are in and are left with nothing
 pending; the next BEGIN starts them afresh).
@@ -50,8 +52,8 @@ from typing import TYPE_CHECKING, Any
 
 from specmesh.host import backends
 from specmesh.host.backends import PIPELINE, BackendError, SessionParams
-from specmesh.host.backends.board import STOPPED, BoardBackend, Silent, stopped_fix
-from specmesh.host.backends.pipeline import END_S, PipelineVerifier
+from specmesh.host.backends.board import END_S, STOPPED, BoardBackend, Silent, stopped_fix
+from specmesh.host.backends.pipeline import PipelineVerifier
 from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, class_of, drafter_class, stage_context
 from specmesh.host.cli import registry
 from specmesh.host.cli.config import KERNELS_UNPRICED, RV32_PROJECT, RunConfig, UsageError
@@ -395,12 +397,27 @@ def board_stats(parts: list, tokens: int = 0, projector=None, failed: AbstractSe
     return out
 
 
-def stopped_line(boards: list[dict]) -> str | None:
+# what the next generation of a long-lived mesh does with a board still silent when it asks it again, by its role
+STILL_SILENT = {"drafter": "goes on with plain decoding", "verifier": "the cpu verifier takes over",
+                "stage": "fails with its line (no board replaces a stage)"}
+
+
+def stopped_line(boards: list[dict], next_one: str | None = None) -> str | None:
     """The line of the boards whose stats row says they stopped answering (`board_stats`: at the text's end, its last
-    early position or its STATS unanswered), each with what to do; None when none did."""
+    early position or its STATS unanswered), each with what to do; None when none did. `next_one`: what comes next on
+    the same mesh ("turn": a chat's, "request": serve's), which asks each such board HELLO first (board.py `begin`,
+    pipeline.py `_revive`) and, where it is still silent, fails over at once (`STILL_SILENT`); None: a run's end."""
     said = ["%s stopped answering at the text's end (the text is whole; its stats are missing): %s"
-            % (b["name"], stopped_fix(b["name"])) for b in boards if b.get("error", "").startswith(STOPPED)]
+            % (b["name"], stopped_fix(b["name"]) if next_one is None else _asked_again(b, next_one))
+            for b in boards if b.get("error", "").startswith(STOPPED)]
     return "; ".join(said) or None
+
+
+def _asked_again(board: dict, next_one: str) -> str:
+    """What the line of `stopped_line` says of `board` on a mesh whose `next_one` asks it again: a virtual board, which
+    only a new mesh starts afresh, needs nothing done; a real one is looked at too."""
+    again = "the next %s asks it again first and %s if it is still silent" % (next_one, STILL_SILENT[board["role"]])
+    return again if board["name"].startswith("virtual:") else again + "; " + stopped_fix(board["name"])
 
 
 def projection(config: RunConfig, heads: dict, verifier, drafter, on_host: bool, deterministic: bool):
