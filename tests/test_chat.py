@@ -626,3 +626,17 @@ def test_a_stage_silent_at_a_reply_s_end_is_one_line_and_the_next_turn_asks_it_a
     silent, answering = board.each()
     assert silent == [m.HELLO] and answering[:2] == [m.HELLO, m.BEGIN] and m.STAGE in answering, board.sent
     assert [s["failovers"] for s in board.stats] == [[], []]  # the first turn's and the last's: the text went on
+
+
+def test_a_real_board_silent_at_a_reply_s_end_is_to_be_checked_too():
+    """The line of a real board (a port: no new mesh starts it afresh) says, besides what the next turn does, what to
+    check; a virtual board's needs nothing done (the test above)."""
+    from specmesh.host.cli.session import stopped_line
+
+    row = {"name": "/dev/ttyUSB0", "role": "verifier", "error": "stopped answering at the text's end: node 2 did not "
+                                                                "answer STATS within 5 s"}
+    assert stopped_line([row], "turn") == (
+        "/dev/ttyUSB0 stopped answering at the text's end (the text is whole; its stats are missing): the next turn "
+        "asks it again first and the cpu verifier takes over if it is still silent; check that board (its power and "
+        "cable; `specmesh console /dev/ttyUSB0` shows what it prints)")
+    assert stopped_line([{**row, "error": "failed during the run, not asked"}], "turn") is None
