@@ -432,7 +432,7 @@ def test_a_board_that_keeps_losing_its_session_is_told_where_to_look(name, said,
     link = SimpleNamespace(text=collections.deque(said))
     board.proxy = SimpleNamespace(node=1, bus=SimpleNamespace(peer=1, link=link), start=lambda *_: _NoSession())
     board.name, board.params, board.resyncs = name, SessionParams(), 0
-    board.known, board.held, board._pending, board._begun = [5], [5], None, None
+    board.known, board.held, board._pending, board._begun, board._unbegun = [5], [5], None, None, None
     with pytest.raises(BackendError) as e:
         board._call(m.STATS)
     assert str(e.value) == line and board.resyncs == 1
