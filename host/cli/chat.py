@@ -25,7 +25,6 @@ import os
 import select
 import sys
 
-from specmesh.host.backends.pipeline import PipelineVerifier
 from specmesh.host.cli.config import BOM, PROMPT_MAX_BYTES, blocking
 from specmesh.host.cli.flags import hide
 from specmesh.host.cli.output import Printer
@@ -196,10 +195,9 @@ def _turns(mesh: Mesh, turns, opening: bool, out, echo: bool) -> int:
                 done = mesh.complete(context, on_piece=lambda p: printer.show(p.segments), controller=controller,
                                      lane=lane)
             except GenerationFailed:
-                pipe = lane.verifier  # mesh.failed: its pipeline's
-                if mesh.failed is None or not isinstance(pipe, PipelineVerifier):  # no later turn mends it: the chat
-                    raise                                                          # ends on its line
-                stalled = pipe.stalled(again=True)  # its line, less a run's "run again": this chat asks again
+                stalled = mesh.stalled(again=True)  # its line, less a run's "run again": this chat asks again
+                if stalled is None:  # no later turn mends it: the chat ends on its line
+                    raise
             finally:
                 printer.end()
             if stalled is not None:  # a stage that stopped answering: the next turn asks it HELLO (REVIVE_S) first

@@ -76,7 +76,8 @@ MAX_BODY = 1 << 20
 # MAX_BODY of memory for good; past this it is a 408, its connection closed. A prompt's body is a few kilobytes, and
 # MAX_BODY in 60 s is 17 KB/s
 BODY_S = 60
-# a mesh whose pipeline lost a stage: each request asks the stage first (host/backends/pipeline.py REVIVE_S)
+# a mesh whose pipeline lost a stage: each request asks the stage first (host/backends/pipeline.py REVIVE_S), so its
+# line says this in place of a run's "run again" (Mesh.stalled)
 RESTART = ("every request fails so until the board answers again (each asks it first); if it stays silent, check it and "
            "start specmesh serve again")
 # seconds a generation has, once the server stops, to end its round (told to end after it): past that it waits on a
@@ -334,10 +335,16 @@ class Api:
     async def health(self, request: Request) -> Response:
         busy = self.mesh.lanes_busy  # the lanes generating; `waiting`: the requests queued for one
         figures = {"model": MODEL_ID, "streams": self.mesh.streams, "busy": busy, "waiting": max(self.in_flight - busy, 0)}
-        failed = self.mesh.failed  # every request fails at once with this line: a health check must see it
+        failed = self._stalled()  # every request fails at once with this line: a health check must see it
         if failed:
-            return JSONResponse({"status": "failed", "error": "%s; %s" % (failed, RESTART), **figures}, status_code=503)
+            return JSONResponse({"status": "failed", "error": failed, **figures}, status_code=503)
         return JSONResponse({"status": "ok", **figures})
+
+    def _stalled(self) -> str | None:
+        """Why every request fails at once (a stage stopped answering, asked again by each request), in serve's words;
+        else None."""
+        line = self.mesh.stalled(again=True)
+        return None if line is None else "%s; %s" % (line, RESTART)
 
     def _model(self) -> dict:
         return {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "specmesh", "context": self.mesh.context}
@@ -425,9 +432,11 @@ class Api:
             done = await self._unless_stuck(asyncio.get_running_loop().run_in_executor(
                 self.threads, self.mesh.complete, prompt, kw["request"], on_piece, cancel))
         except GenerationFailed as e:  # the client hears of it, and the server's operator, who alone can mend the mesh
+            if str(e) == self.mesh.failed:  # a stage stopped answering: said as serve's, not a run's "run again"
+                e = GenerationFailed(self._stalled() or str(e))
             if self.mesh.warn is not None:
                 self.mesh.warn("a request failed: %s" % e)
-            raise
+            raise e from None
         finally:
             self.in_flight -= 1
             self.cancels.discard(cancel)

@@ -817,8 +817,14 @@ class Mesh(contextlib.AbstractContextManager):
     def failed(self) -> str | None:
         """Why no generation can run any more, where none can (every lane's verifier is a pipeline whose stage stopped
         answering, and no board replaces a stage: `PipelineVerifier.failed`); else None."""
+        return self.stalled()
+
+    def stalled(self, again: bool = False) -> str | None:
+        """`failed`'s line; `again`: for a caller that asks the stage again itself (chat's next turn, serve's next
+        request, each saying so), less a run's "run again" (`PipelineVerifier.stalled`)."""
         with self._lock:
-            lines = [getattr(lane.verifier, "failed", None) for lane in self._lanes]
+            lines = [lane.verifier.stalled(again) if isinstance(lane.verifier, PipelineVerifier) else None
+                     for lane in self._lanes]
         return lines[0] if lines and all(lines) else None
 
     @property
