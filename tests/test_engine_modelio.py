@@ -6,7 +6,8 @@ import struct
 import numpy as np
 import pytest
 
-from specmesh.host.backends.modelio import QTensor, as_version_1, quantize_rows, read_model, write_model
+from specmesh.host.backends.modelio import (QTensor, as_version_1, pack_model, quantize_rows, read_model,
+                                           write_model)
 from specmesh.shared.modelfile import FLAG_SHARED_CLS, HEADER_FMT, HEADER_SIZE, Header, ModelFileError, tensor_layout
 from specmesh.tools.testmodels import random_model, random_tensors
 
@@ -73,6 +74,49 @@ def test_write_refuses_wrong_tensors(tmp_path):
     with pytest.raises(ValueError, match="layers.0.w1"):
         write_model(tmp_path / "m.spm", h, t)
     assert not list(tmp_path.iterdir())
+
+
+SMALL = dict(dim=16, n_layers=1, n_heads=4, n_kv_heads=2, hidden=24, vocab=40, max_seq=32)
+
+
+@pytest.mark.parametrize("config, says, reads", [
+    (dict(n_layers=0), "n_layers 0 is outside 1..65535, the sizes a model file holds: choose n_layers in 1..65535",
+     "a zero dimension"),
+    (dict(vocab=70000), "vocab 70000 is outside 1..65535, the sizes a model file holds: choose vocab in 1..65535", None),
+    (dict(dim=16.0), "dim 16.0 is not a whole number: choose a whole dim", None),
+    (dict(dim=30), "dim 30 is not a multiple of n_heads 4: choose dim a multiple of n_heads", "inconsistent head"),
+    (dict(dim=12), "dim 12 over n_heads 4 is a head of 3, odd (RoPE turns pairs): choose dim and n_heads whose heads "
+     "are even", "inconsistent head"),
+    (dict(n_kv_heads=3), "n_heads 4 is not a multiple of n_kv_heads 3: choose n_kv_heads dividing n_heads",
+     "inconsistent head"),
+    (dict(norm_eps=0.6), "norm_eps 0.6 is outside 0..0.5: choose norm_eps below 0.5 (1e-5 is usual)", "norm_eps 0.6"),
+    (dict(rope_theta=float("inf")), "rope_theta inf is not a finite number >= 1: choose rope_theta >= 1 (10000 is "
+     "usual)", "rope_theta inf"),
+    (dict(flags=4), "flags 0x4 has bits no model file knows: choose flags 0, or FLAG_SHARED_CLS (1)", "flags 0x4"),
+    (dict(tokenizer_id=-1), "tokenizer_id -1 is not a CRC-32 (0..4294967295): give the vocab table's "
+     "(host/decode/tokenizer.py vocab_id), or 0", None),
+    (dict(dim=4096, n_heads=32, n_kv_heads=32, hidden=11008, n_layers=32, vocab=32000),
+     "tensors take 6744909824 bytes, over the 4294967295 a model file holds: choose a smaller dim, hidden, "
+     "n_layers or vocab", None),
+])
+def test_a_configuration_a_model_file_cannot_hold_is_refused_by_name_and_a_file_of_it_is_corrupt(tmp_path, config,
+                                                                                                says, reads):
+    """write_model checked its header with the readers' check, which said "model header has a zero dimension: the file
+    is corrupt" of an export with n_layers 0, though no file was: a configuration is to be changed (the field, what to
+    choose); a vocab past 65535 was struct's "ushort format requires ...". A file that holds such a header (written
+    past the check) is still corrupt to its reader."""
+    h = Header(**{**SMALL, **config})
+    path = tmp_path / "m.spm"
+    with pytest.raises(ValueError) as e:
+        write_model(path, h, {})  # refused before its tensors are looked at
+    assert str(e.value) == "model %s cannot be written: its %s" % (path, says)
+    assert not list(tmp_path.iterdir())
+    if reads is not None:  # a header the format's fields hold
+        path.write_bytes(pack_model(h, b""))
+        with pytest.raises(ModelFileError) as e:
+            read_model(path)
+        assert str(e.value).startswith("model file %s: model header has %s" % (path, reads)), str(e.value)
+        assert "the file is corrupt" in str(e.value) and str(e.value).endswith(", re-export it"), str(e.value)
 
 
 def _header_field(b: bytes, offset: int, fmt: str, value) -> bytes:

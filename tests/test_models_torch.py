@@ -67,6 +67,24 @@ def test_export_refuses_a_file_that_is_no_checkpoint_and_a_broken_archive_in_one
     assert not (tmp_path / "x.spm").exists()
 
 
+def test_export_of_a_configuration_a_model_file_cannot_hold_names_the_field_before_any_work(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """A checkpoint whose configuration a model file cannot hold (here a norm_eps past the integer arithmetic's 0.5)
+    was exported after its reference outputs had been computed, and refused as "model header has norm_eps 0.6, outside
+    0..0.5: the file is corrupt", though no file was: now it is the field and what to choose, before that work."""
+    from specmesh.tools import export
+
+    _export_folder(tmp_path)
+    torch.manual_seed(0)
+    m = Transformer(ModelArgs(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, max_seq=80, norm_eps=0.6))
+    torch.save({"model": m.state_dict(), "config": m.a.to_dict()}, tmp_path / "eps.pt")
+    monkeypatch.setattr(export, "reference", lambda *a: pytest.fail("its reference outputs were computed"))
+    assert export.main(["--out", str(tmp_path), "--model", "x=%s" % (tmp_path / "eps.pt")]) == 1
+    assert capsys.readouterr().err == ("export: model %s cannot be written: its norm_eps 0.6 is outside 0..0.5: choose "
+                                       "norm_eps below 0.5 (1e-5 is usual)\n" % (tmp_path / "x.spm"))
+    assert not (tmp_path / "x.spm").exists() and not (tmp_path / "reference.npz").exists()
+
+
 def _other_vocab(folder):
     """folder/vocab.bin replaced by the table of another tokenizer of the same size (two pieces swapped)."""
     from specmesh.host.decode.tokenizer import pack_vocab, unpack_vocab

@@ -34,7 +34,7 @@ except ImportError as e:  # the `gpu` extra
     without_torch(e, __name__)
 
 from specmesh.host import atomic
-from specmesh.host.backends.modelio import write_model
+from specmesh.host.backends.modelio import check_config, write_model
 from specmesh.host.cli.flags import a_path
 from specmesh.host.cli.preflight import tokenizer_id
 from specmesh.host.decode.tokenizer import Tokenizer, TokenizerError, vocab_id
@@ -172,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("--model %s: NAME must be letters, digits, - and _ only (as drafter-esp32): it becomes "
                                  "the file NAME.spm in --out" % spec)
             models[name] = load_float(Path(ck))
+            # said before the minutes of its reference outputs, as every other refusal here: not once they are computed
+            check_config(a.out / (name + ".spm"), header_of(models[name], tid))
         ref_path = a.out / "reference.npz"
         refs = read_reference(ref_path) if ref_path.exists() else {}
     except (OSError, ValueError, TokenizerError) as e:  # CheckpointError is a ValueError

@@ -22,13 +22,12 @@ import numpy as np
 
 from specmesh.tools import run_tool, said
 from specmesh.host import atomic
-from specmesh.host.backends.modelio import write_model
+from specmesh.host.backends.modelio import MAX_BODY, MAX_FIELD, write_model
 from specmesh.host.decode.tokenizer import TokenizerError, byte_pieces, pack_vocab, read_llama2c_tokenizer, vocab_id
 from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header, ModelFileError, body_size
 
 AK42 = 0x616B3432
 MATS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")
-MAX_FIELD, MAX_BODY = 0xFFFF, 0xFFFFFFFF  # the model file header's 16-bit sizes and 32-bit body length
 
 
 class ImportError_(Exception):

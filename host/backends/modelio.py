@@ -10,17 +10,22 @@ A file's `crc` is the CRC-32 (zlib) of the header's bytes before it, then of the
 from __future__ import annotations
 
 import copy
+import math
 import os
 import struct
 import zlib
+from numbers import Integral
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from specmesh.host import atomic
-from specmesh.shared.modelfile import (HEADER_SIZE, KIND_Q8, MAGIC, Header, ModelFileError, body_size, parse_header,
-                              tensor_layout)
+from specmesh.shared.modelfile import (FLAG_SHARED_CLS, HEADER_SIZE, KIND_Q8, MAGIC, Header, ModelFileError, body_size,
+                                       parse_header, tensor_layout)
+
+MAX_FIELD, MAX_BODY = 0xFFFF, 0xFFFFFFFF  # the header's 16-bit sizes and 32-bit body length (HEADER_FMT)
+SIZES = ("dim", "n_layers", "n_heads", "n_kv_heads", "hidden", "vocab", "max_seq")
 
 
 class QTensor(NamedTuple):
@@ -85,12 +90,55 @@ def _crc(data: bytes) -> int:
     return zlib.crc32(memoryview(data)[HEADER_SIZE:], zlib.crc32(data[:HEADER_SIZE - 4])) & 0xFFFFFFFF
 
 
+def _config_error(h: Header) -> str | None:
+    """What of the model configuration `h` a model file cannot hold, the field named with what to choose; None when
+    it holds it all. Header.check refuses the same headers as a corrupt file's (its reader's, a board's too: nothing
+    on a board chose them); a writer's is a configuration to change, said here before anything is written."""
+    for name in SIZES:
+        v = getattr(h, name)
+        if not isinstance(v, Integral):
+            return "%s %r is not a whole number: choose a whole %s" % (name, v, name)
+        if not 1 <= v <= MAX_FIELD:
+            return "%s %d is outside 1..%d, the sizes a model file holds: choose %s in 1..%d" % (name, v, MAX_FIELD,
+                                                                                              name, MAX_FIELD)
+    if h.dim % h.n_heads:
+        return "dim %d is not a multiple of n_heads %d: choose dim a multiple of n_heads" % (h.dim, h.n_heads)
+    if h.head_dim % 2:
+        return ("dim %d over n_heads %d is a head of %d, odd (RoPE turns pairs): choose dim and n_heads whose heads are "
+                "even" % (h.dim, h.n_heads, h.head_dim))
+    if h.n_heads % h.n_kv_heads:
+        return ("n_heads %d is not a multiple of n_kv_heads %d: choose n_kv_heads dividing n_heads"
+                % (h.n_heads, h.n_kv_heads))
+    if not 0 <= h.norm_eps < 0.5:  # (NaN fails it) the integer arithmetic's domain, as Header.check says
+        return "norm_eps %r is outside 0..0.5: choose norm_eps below 0.5 (1e-5 is usual)" % (h.norm_eps,)
+    if not (h.rope_theta >= 1 and math.isfinite(h.rope_theta)):
+        return "rope_theta %r is not a finite number >= 1: choose rope_theta >= 1 (10000 is usual)" % (h.rope_theta,)
+    if h.flags & ~FLAG_SHARED_CLS:
+        return "flags 0x%x has bits no model file knows: choose flags 0, or FLAG_SHARED_CLS (1)" % h.flags
+    if not (isinstance(h.tokenizer_id, Integral) and 0 <= h.tokenizer_id <= MAX_BODY):
+        return ("tokenizer_id %r is not a CRC-32 (0..%d): give the vocab table's (host/decode/tokenizer.py vocab_id), "
+                "or 0" % (h.tokenizer_id, MAX_BODY))
+    if body_size(h) > MAX_BODY:
+        return ("tensors take %d bytes, over the %d a model file holds: choose a smaller dim, hidden, n_layers or "
+                "vocab" % (body_size(h), MAX_BODY))
+    return None
+
+
+def check_config(path: str | os.PathLike, h: Header) -> None:
+    """ValueError, naming the model file `path` and `_config_error`'s field, unless a model file holds `h`."""
+    problem = _config_error(h)
+    if problem is not None:
+        raise ValueError("model %s cannot be written: its %s" % (path, problem))
+
+
 def write_model(path: str | os.PathLike, header: Header, tensors: dict) -> Header:
     """Write a model file atomically; returns the header written (body_len and crc filled in).
 
     `tensors` maps every name of `tensor_layout(header)` to a float matrix (quantized here, per row),
-    a `QTensor`/(q, s) tuple (written as is), or a float vector. Extra or missing names raise ValueError.
+    a `QTensor`/(q, s) tuple (written as is), or a float vector. Extra or missing names, or a configuration a model
+    file cannot hold (`check_config`), raise ValueError.
     """
+    check_config(path, header)
     h = copy.copy(header)
     layout = tensor_layout(h)
     names = {name for name, *_ in layout}
@@ -99,7 +147,7 @@ def write_model(path: str | os.PathLike, header: Header, tensors: dict) -> Heade
         raise ValueError("tensors do not match the header: missing %s, extra %s"
                          % (sorted(missing), sorted(extra)))
     data = pack_model(h, b"".join(_as_tensor(n, k, r, c, tensors[n]) for n, k, r, c in layout))
-    h.check()
+    h.check()  # what its readers check, past check_config's refusals: a header refused here is a bug of this writer
     atomic.write_bytes(path, data)
     return h
 
