@@ -218,6 +218,26 @@ def test_a_stale_drafter_is_named_beside_its_pipelines_failures_in_the_same_line
                           argv, capsys)  # they make the run go
 
 
+def test_a_stale_drafter_is_named_beside_its_single_verifier_boards_failure_in_the_same_line(models, virtual_board,
+                                                                                           tmp_path, capsys):
+    """The pipeline's case (above) with one verifier board: its port a board without the node, beside a drafter board
+    flashed from other files. The line was the verifier's alone, the drafter named only once the verifier was flashed
+    (a second failed run). Both are in the one line now, the stale one first, as a pipeline's failures are."""
+    bare, vd = virtual_board("esp32s3"), virtual_board("esp32s3")
+    flash_stale(vd, models / DRAFTER_FILE, tmp_path / "old", STALE["flashed before the id"], "drafter")
+    argv = run_argv(models, bare.port)
+    argv[argv.index("cpu")] = vd.port
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert "error: the drafter board on %s runs a node flashed from other files" % vd.port in err
+    assert "; the board on %s has no specmesh firmware" % bare.port in err
+    follow_flash_commands(err, ["specmesh flash --port %s --role drafter --model %s" % (vd.port, models / DRAFTER_FILE),
+                                "specmesh flash --port %s --role verifier --model %s" % (bare.port,
+                                                                                        models / TARGET_FILE)],
+                          argv, capsys)  # they make the run go
+
+
 def test_auto_skips_a_board_whose_hello_it_cannot_read_and_says_why(models, virtual_board, tmp_path, capsys,
                                                                     monkeypatch):
     """`--verifier auto` asks each ESP32 USB port's board for its role: a HELLO of another layout ended the run with

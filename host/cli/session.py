@@ -847,22 +847,24 @@ class Mesh(contextlib.AbstractContextManager):
     def _new_lane(self) -> Lane:
         """A verifier and a drafter for one stream. Every board to flash again is named in one line, before any text:
         each flashed from other files (cluster.py StaleFirmware), each running another build than the run's file, and
-        a drafter that fails otherwise beside them (a board named alone hid the next until it was flashed), a pipeline's
-        stages that fail otherwise too (cluster.py Failures)."""
+        a drafter that fails otherwise beside them (a board named alone hid the next until it was flashed), a verifier
+        that fails otherwise too: a pipeline's stages (cluster.py Failures), or its one board."""
         batched = self.streams > 1
         stale: list[tuple[str, str, str | None, str]] = []
         wrong: list[str] = []
         verifier = None
-        refused = None  # the verifier's Failures, raised as it is where the drafter adds none
+        refused = None  # the verifier's failure, raised as it is where the drafter adds none
         try:
             verifier = self._setup.make("verifier", self.names["verifier"], batched)
-        except (StaleFirmware, Failures) as e:
+        except BackendError as e:
             if self.config.plain or not backends.is_port(self.names.get("drafter", "")):  # no virtual board booted
                 raise                                                                    # for a run that cannot go
             if isinstance(e, StaleFirmware):
                 stale = list(e.boards)
             else:
-                refused, stale, wrong = e, list(e.stale), list(e.others)
+                refused = e
+                stale, wrong = (list(e.stale), list(e.others)) if isinstance(e, Failures) else ([], [one_line(e)])
+        theirs = len(stale) + len(wrong)  # the verifier's boards to mend: the drafter's, if any, come after them
         if verifier is not None:
             wrong = _wrong_builds(verifier, self.config.model_file("verifier"), self.headers["verifier"],
                                   self.config.key)
@@ -877,11 +879,11 @@ class Mesh(contextlib.AbstractContextManager):
             wrong.append(one_line(e))
         if stale and not wrong:
             raise StaleFirmware(stale)
-        if refused is not None and (stale, wrong) == (refused.stale, refused.others):
+        if refused is not None and len(stale) + len(wrong) == theirs:
             raise refused
         if stale or wrong:
             raise UsageError(failures_line(stale, wrong))
-        assert verifier is not None  # its StaleFirmware or Failures left `stale` or `wrong` set
+        assert verifier is not None  # its failure left `stale` or `wrong` set
         lane = Lane(verifier, drafter)
         self._lanes.append(lane)
         return lane
