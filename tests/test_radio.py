@@ -100,14 +100,24 @@ print('tx', ok, e.stats()[:3])
 
 
 
-def exchange(rx, rx_script: str, tx, tx_script: str, tmp_path) -> tuple[str, str]:
-    """Run rx_script on board rx (listening), then tx_script on board tx; (tx output, rx output)."""
+def listening(hubs_macs, within: float = 60.0) -> None:
+    """Wait until each hub knows its MAC: the listener's script turned its radio on (its `active(True)` registers).
+    A second's sleep was too short for a loaded machine's mpremote: the sender's 200 packets went to no one."""
+    end = time.monotonic() + within
+    while not all(mac in hub.boards() for hub, mac in hubs_macs):
+        assert time.monotonic() < end, "the listener's radio never came on"
+        time.sleep(0.05)
+
+
+def exchange(hub, rx, rx_script: str, tx, tx_script: str, tmp_path) -> tuple[str, str]:
+    """Run rx_script on board rx (listening), then, once its radio is on at `hub`, tx_script on board tx; (tx output,
+    rx output)."""
     (tmp_path / "rx.py").write_text(rx_script)
     (tmp_path / "tx.py").write_text(tx_script)
     listener = subprocess.Popen([MPREMOTE, "connect", rx.port, "run", str(tmp_path / "rx.py")],
                                 stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)
+        listening([(hub, rx.mac)])
         sent = mpremote(tx.port, "run", str(tmp_path / "tx.py")).stdout
         out, _ = listener.communicate(timeout=30)
     finally:
@@ -118,7 +128,7 @@ def test_two_boards_exchange_espnow_with_loss_and_mtu_250(virtual_board, tmp_pat
     with RadioHub(RadioConfig(loss=0.25, seed=11)) as hub:
         rx = virtual_board(mac=B, radio=hub.address)
         tx = virtual_board(mac=A, radio=hub.address)
-        sent, out = exchange(rx, RX, tx, TX % B, tmp_path)
+        sent, out = exchange(hub, rx, RX, tx, TX % B, tmp_path)
         assert "wlan off: ESP_ERR_ESPNOW_IF" in sent and "too long: ESP_ERR_ESPNOW_ARG" in sent
         ok = int(sent.split("tx ")[1].split()[0])
         assert 100 < ok < 190 and ok == 200 - hub.stats.lost
@@ -141,7 +151,7 @@ def test_two_emulations_side_by_side_share_macs_but_never_a_radio(tmp_path):
         listeners = [subprocess.Popen([MPREMOTE, "connect", emu.boards[1].port, "run", str(tmp_path / "rx.py")],
                                       stdout=subprocess.PIPE, text=True) for emu in (a, b)]
         try:
-            time.sleep(1.0)
+            listening([(emu.hub, emu.boards[1].mac) for emu in (a, b)])
             sent = mpremote(a.boards[0].port, "run", str(tmp_path / "tx.py")).stdout
             heard = [listener.communicate(timeout=30)[0] for listener in listeners]
         finally:
@@ -186,6 +196,6 @@ def test_firmware_espnow_link_runs_unchanged(virtual_board, tmp_path):
         tx = virtual_board("esp32s3", mac=A, radio=hub.address)
         for vb in (rx, tx):
             flash(vb.port, "drafter", model, sources=sources, progress=False, reset=False)
-        sent, out = exchange(rx, LINK_RX % A, tx, LINK_TX % B, tmp_path)
+        sent, out = exchange(hub, rx, LINK_RX % A, tx, LINK_TX % B, tmp_path)
     assert "sent 3 packets of at most 250" in sent, sent
     assert out.strip() == "got 1 2 11 512 True", out

@@ -454,11 +454,21 @@ def test_a_stream_cancels_on_the_caller_s_event_and_leaves_it_as_it_was(models):
         assert isinstance(next(left), Piece)
         left.close()  # left early: its generation ends after its round, the caller's event untouched
         assert not stop.is_set() and mesh.generate("The cat", max_tokens=5, cancel=stop).stop == "max_tokens"
+        # the generation's rounds after its first wait for the button: the cpu mesh's hundred tokens (or its end token)
+        # came before a loaded machine's iterating thread pressed it, which then saw "eos"
+        verifier = mesh._lanes[0].verifier
+        verify, rounds = verifier.verify, []
+
+        def gated(*args):
+            rounds.append(stop.wait(60) if rounds else True)
+            return verify(*args)
+
+        verifier.verify = gated
         items = []
         for item in mesh.stream("The cat", max_tokens=100, cancel=stop):
             items.append(item)
             stop.set()  # the caller's stop button, pressed at the first piece
-        assert items[-1].stop == "cancelled" and len(items[-1].token_ids) < 100
+        assert items[-1].stop == "cancelled" and len(items[-1].token_ids) < 100 and len(rounds) >= 2 and all(rounds)
 
 
 def test_a_cancel_that_is_no_event_or_an_on_piece_that_is_no_function_is_refused_before_the_run(models):

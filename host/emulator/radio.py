@@ -101,7 +101,7 @@ class RadioHub:
         self.stop()
 
     def boards(self) -> list[str]:
-        return [mac_str(m) for m in self._boards]
+        return [mac_str(m) for m in list(self._boards)]  # (list: one step, while the hub thread adds boards)
 
     def _serve(self) -> None:
         while not self._stop.is_set():
