@@ -85,3 +85,30 @@ class StopsAtTheEnd:
 
     def resume(self) -> None:
         os.kill(self.pid, signal.SIGCONT)
+
+
+def gated_vm(folder: Path, then: str = 'exec %s "$@"') -> tuple[Path, Path, Path]:
+    """A stand-in for the micropython binary, in `folder`: each board VM it starts (a boot, not a heap measure) waits,
+    before it runs `then` (%s: the micropython binary), until the test creates open/N, N its number from 0: a VM start
+    as slow as the test makes it, with no clock in it. Returns (the stand-in, started, open): started/N appears as VM
+    N starts waiting."""
+    from specmesh.host.layout import micropython_binary
+
+    started, gate = folder / "started", folder / "open"
+    started.mkdir()
+    gate.mkdir()
+    vm = folder / "gated-micropython"
+    vm.write_text('#!/bin/sh\ncase "$VBOARD_MODE" in friendly|raw)\n n=$(ls %s | wc -l); touch %s/$n\n'
+                  ' while [ ! -e %s/$n ]; do sleep 0.02; done;;\nesac\n%s\n'
+                  % (started, started, gate, then % micropython_binary()))
+    vm.chmod(0o755)
+    return vm, started, gate
+
+
+def appears(path: Path) -> None:
+    """Wait for `path` to exist (30 s at most: AssertionError)."""
+    for _ in range(3000):
+        if path.exists():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{path} never appeared")

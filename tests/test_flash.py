@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator_util import mpremote, open_port, read_until
+from emulator_util import appears, gated_vm, mpremote, open_port, read_until
 from specmesh.host import cli
 from specmesh.host.provision import flash as flash_module
 from specmesh.host.bus.ports import PortError, resolve_port
@@ -378,29 +378,12 @@ def test_a_board_slow_to_come_back_from_its_soft_reset_is_not_blamed_on_a_key():
 
 
 def _gated_vms(tmp_path, monkeypatch, then: str = 'exec %s "$@"') -> tuple[Path, Path]:
-    """From now on each board VM (a boot, not a heap measure) waits, before it runs `then` (%s: the micropython
-    binary), until the test creates open/N, N its number from 0: a VM start as slow as the test makes it, with no
-    clock in it. Returns (started, open): started/N appears as VM N starts waiting."""
+    """From now on this process's board VMs are gated_vm's (tests/emulator_util.py): returns (started, open)."""
     from specmesh.host.emulator import board as board_mod
 
-    started, gate = tmp_path / "started", tmp_path / "open"
-    started.mkdir()
-    gate.mkdir()
-    vm = tmp_path / "gated-micropython"
-    vm.write_text('#!/bin/sh\ncase "$VBOARD_MODE" in friendly|raw)\n n=$(ls %s | wc -l); touch %s/$n\n'
-                  ' while [ ! -e %s/$n ]; do sleep 0.02; done;;\nesac\n%s\n'
-                  % (started, started, gate, then % board_mod.micropython_binary()))
-    vm.chmod(0o755)
+    vm, started, gate = gated_vm(tmp_path, then)
     monkeypatch.setattr(board_mod, "micropython_binary", lambda: str(vm))
     return started, gate
-
-
-def _appears(path: Path) -> None:
-    for _ in range(3000):
-        if path.exists():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"{path} never appeared")
 
 
 def test_a_virtual_board_slow_to_boot_is_waited_for_and_a_real_ones_silence_said_as_soon(virtual_board, tmp_path,
@@ -416,7 +399,7 @@ def test_a_virtual_board_slow_to_boot_is_waited_for_and_a_real_ones_silence_said
     with open_port(vb.port) as ser:
         ser.write(b"\x04")  # a soft reset at the REPL: the board reboots, into main.py
         read_until(ser, b"soft reboot\r\n")
-    _appears(started / "0")  # its next VM is started, and held
+    appears(started / "0")  # its next VM is started, and held
     opened: list = []
     timeout = 3.0  # short of its VM_REPL_S that timed a reboot before, well past an up VM's answer on a loaded host
     worker = threading.Thread(target=lambda: opened.append(flash_module.open_board(vb.port, timeout=timeout)),
@@ -424,7 +407,7 @@ def test_a_virtual_board_slow_to_boot_is_waited_for_and_a_real_ones_silence_said
     worker.start()  # while the board reboots
     try:
         for n in range(2):  # the VM it met booting, then the one its soft reset starts
-            _appears(started / str(n))
+            appears(started / str(n))
             time.sleep(timeout + 0.5)  # past open_board's timeout: it is still waiting, not failed
             assert worker.is_alive() and not opened
             (gate / str(n)).touch()
