@@ -401,7 +401,7 @@ def test_a_virtual_board_slow_to_boot_is_waited_for_and_a_real_ones_silence_said
         read_until(ser, b"soft reboot\r\n")
     appears(started / "0")  # its next VM is started, and held
     opened: list = []
-    timeout = 3.0  # short of its VM_REPL_S that timed a reboot before, well past an up VM's answer on a loaded host
+    timeout = 3.0  # short of the 10 s that timed a reboot before, well past an up VM's answer on a loaded host
     worker = threading.Thread(target=lambda: opened.append(flash_module.open_board(vb.port, timeout=timeout)),
                               daemon=True)
     worker.start()  # while the board reboots

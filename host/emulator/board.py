@@ -31,6 +31,7 @@ import os
 import queue
 import select
 import signal
+import struct
 import subprocess
 import sys
 import termios
@@ -60,6 +61,62 @@ def running_here(port: str) -> VirtualBoard | None:
     process, a `specmesh emulate`, are host/bus/ports.py emulated's to tell."""
     real = os.path.realpath(port)
     return next((b for b in list(_LIVE) if b.port and os.path.realpath(b.port) == real), None)
+
+
+# A board's state as its supervisor shows it on its pty, for another process that holds the port (a flash of a `specmesh
+# emulate`'s board, a run's discovery of one: it cannot see wait_ready's signal, which this process reads): the pty's
+# window size, set on its master side (TIOCSWINSZ, VirtualBoard._show) and read on the port's (TIOCGWINSZ, Shown). A
+# side channel that is the port's own, needs no file and ends with it; no bytes of it reach the board's console.
+# ws_xpixel SHOWN_MARK says that the size is a state (a pty's own is 0 0 0 0), ws_row the boot (1 to 65535, then 1
+# again: `boots`), ws_col BOOTING (not up yet: a Ctrl-C waits) or UP (its shim said it is up), at most SHOW_S late. A
+# board that cannot run again is given up by its emulate (host/cli _say_failed), which closes its port.
+SHOWN_MARK, BOOTING, UP = 0x534D, 1, 2
+SHOW_S = 0.05
+WINSIZE = "4H"
+
+
+class Shown:
+    """The state a `specmesh emulate`'s board shows on its port (`fd`: a descriptor of it, held open): what a flash or a
+    run in another process waits on as VirtualBoard.wait_ready does in the emulate's (`boots`, `wait_ready`)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def read(self) -> tuple[int, int] | None:
+        """(boot, state) as shown, or None where the port shows none (a pty of no specmesh emulate's); OSError where
+        the port is gone (its emulate ended)."""
+        _, _, mark, _ = size = struct.unpack(WINSIZE, fcntl.ioctl(self.fd, termios.TIOCGWINSZ, bytes(8)))
+        return (size[0], size[1]) if mark == SHOWN_MARK else None
+
+    @property
+    def boots(self) -> int:
+        shown = self.read()
+        return shown[0] if shown else 0
+
+    def wait_ready(self, after: int = 0, limit: float | None = None) -> str | None:
+        """VirtualBoard.wait_ready on another process's board: None once a VM of another boot than `after` (0: any)
+        is up, else why not in words."""
+        limit = VM_START_S if limit is None else limit
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                shown = self.read()
+            except OSError:
+                return "its port closed: its specmesh emulate ended or gave the board up (its output says why): start " \
+                       "the emulate again"
+            if shown is not None and shown[1] == UP and shown[0] != after:
+                return None
+            if time.monotonic() > deadline:
+                return f"its VM did not come up within {limit:g} s: stop its specmesh emulate and start it again"
+            time.sleep(0.005)
+
+
+def shown(fd: int) -> Shown | None:
+    """The state shown on the port that `fd` holds open, or None where it shows none (another pty)."""
+    try:
+        return Shown(fd) if Shown(fd).read() is not None else None
+    except OSError:
+        return None
 
 
 class BoardError(RuntimeError):
@@ -358,6 +415,7 @@ class VirtualBoard:
         self.console_ring = 0
         self.dropped_input = 0
         self._stalled_since: float | None = None
+        self._shown: tuple[int, int] | None = None  # (boot, state) shown on the pty (_show)
         self._master = self._slave = -1
         self._stdin_r = self._stdin_w = -1  # one pipe for every VM generation, like a UART's RX line
         self._proc: subprocess.Popen[bytes] | None = None
@@ -385,10 +443,11 @@ class VirtualBoard:
         os.set_blocking(self._master, False)
         self._stdin_r, self._stdin_w = os.pipe()
         os.set_blocking(self._stdin_w, False)
+        self._show()  # BOOTING, before anyone can see the port
         self.port = os.ttyname(self._slave)
         _LIVE.add(self)
         self._spawn("friendly")
-        for target in (self._pump_in, self._pump_out):
+        for target in (self._pump_in, self._pump_out, self._show_state):
             t = threading.Thread(target=target, name=f"{self.name}-{target.__name__}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -556,6 +615,22 @@ class VirtualBoard:
             if state:
                 self._ready = state.endswith(b"R")
             return self._ready
+
+    def _show(self) -> None:
+        """Show the board's state on its pty (SHOWN_MARK), where it changed."""
+        boot = (self.boots - 1) % 0xFFFF + 1
+        state = UP if self.pid is not None and self._vm_ready() else BOOTING
+        if (boot, state) != self._shown:
+            try:
+                fcntl.ioctl(self._master, termios.TIOCSWINSZ, struct.pack(WINSIZE, boot, state, SHOWN_MARK, 0))
+            except OSError:  # closed by a stop meanwhile
+                return
+            self._shown = (boot, state)
+
+    def _show_state(self) -> None:
+        """The thread that keeps the state shown on the pty (_show) until the board stops."""
+        while not self._stopping.wait(SHOW_S):
+            self._show()
 
     def _pump_in(self) -> None:
         """Host -> VM: 0x03 becomes SIGINT, the rest goes to stdin."""

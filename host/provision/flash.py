@@ -98,11 +98,10 @@ READ_S = 10.0
 # virtual board's every reboot starts a fresh VM, which a loaded host holds back for longer. One this process runs is
 # waited for by its VM's ready signal (_vm_raw_repl), and only then timed, REPL_S as a real board: an up VM answers
 # in milliseconds of CPU (0.55 s at most, its reboots 0.7 s, with six busy loops on two cores and the VM at nice 19).
-# An emulate's board (another process's VM) sends this process no ready signal: it gets VM_REPL_S for the whole,
-# reboot included, so its silence is said after 11.5 s, not 6.5 s. No more: mpremote's enter_raw_repl reads the
+# An emulate's board (another process's VM) is waited for the same way, by the state its emulate shows on the port
+# (host/emulator/board.py Shown), up to VM_START_S: no longer clock could do it, as mpremote's enter_raw_repl reads the
 # prompt with read_until's default 10 s without a byte (it passes no `timeout`), whatever its overall timeout
 REPL_S = 5.0
-VM_REPL_S = 10.0
 
 
 class FlashError(RuntimeError):
@@ -358,19 +357,18 @@ PROBE = romfs.PROBE + (
 def open_board(port: str, timeout: float | None = None, virtual: bool = False, key: bytes | None = None,
                role: str = "ROLE"):  # -> mpremote SerialTransport
     """Open `port`, interrupt whatever runs, soft-reset into the raw REPL. One-line errors; `virtual`: the port is
-    a specmesh emulate's board (ports.emulated), which the advice fits; `key`: the flash's deployment key; `role`:
-    the one the board is flashed for, named in the flash command the advice gives (ROLE where unknown: a bench).
-    `timeout`: how long the REPL may take to answer, and to come back from the soft reset; None: VM_REPL_S for an
-    emulate's board, REPL_S for any other port (one of this process's virtual boards once its VM is up: _vm_raw_repl)."""
+    a specmesh emulate's board (ports.emulated), whose VM is waited for and which the advice fits; `key`: the flash's
+    deployment key; `role`: the one the board is flashed for, named in the flash command the advice gives (ROLE where
+    unknown: a bench). `timeout`: how long the REPL may take to answer, and to come back from the soft reset (None:
+    REPL_S); a virtual board's (this process's, an emulate's) once its VM is up (_vm_raw_repl)."""
     from mpremote import transport_serial
     from mpremote.transport import TransportError
     from mpremote.transport_serial import SerialTransport
 
-    from specmesh.host.emulator.board import running_here
+    from specmesh.host.emulator.board import running_here, shown
 
     vb = running_here(port)
-    if timeout is None:
-        timeout = VM_REPL_S if virtual and vb is None else REPL_S
+    timeout = REPL_S if timeout is None else timeout
 
     # mpremote prints the raw bytes it got before it raises "could not enter raw repl" (at the open, and mid-flash
     # when the board was reset): its module's print made silent, so the user sees the one line the raise becomes
@@ -388,6 +386,8 @@ def open_board(port: str, timeout: float | None = None, virtual: bool = False, k
         if not ports.malformed_url(port, e):
             raise
         raise FlashRequestError(f"cannot open {port}: {ports.BAD_URL}") from None
+    if vb is None and virtual:  # an emulate's board: waited for by the state it shows (None: a pty that shows none)
+        vb = shown(transport.serial.fd)
     # the raw REPL first, then its soft reset: a board that answered the first but is slow to come back from the
     # second (a virtual board on a busy host) is not one that takes no Ctrl-C, and the message says which
     for soft_reset in (False, True):
@@ -413,11 +413,12 @@ RAW_PROMPT = b"raw REPL; CTRL-B to exit\r\n"
 
 
 def _vm_raw_repl(transport, vb, port: str, soft_reset: bool, timeout: float) -> None:
-    """One of open_board's two steps on `vb`, a virtual board this process runs: each waits for its VM to say it is up
-    (VirtualBoard.wait_ready: its ready signal, not a clock that a busy host runs out) before mpremote's reads time
-    the REPL. The soft reset is sent here, from the raw REPL the first step left, so that the wait for the next VM
-    comes between the reset and the read of its prompt. FlashError where the VM does not come up (it cannot start,
-    keeps exiting, or hangs); mpremote's TransportError where the REPL does not answer."""
+    """One of open_board's two steps on `vb`, a virtual board this process runs or an emulate's (Shown): each waits for
+    its VM to say it is up (wait_ready: its ready signal, not a clock that a busy host runs out) before mpremote's
+    reads time the REPL. The soft reset is sent here, from the raw REPL the first step left, so that the wait for the
+    next VM comes between the reset and the read of its prompt. FlashError where the VM does not come up (it cannot
+    start, keeps exiting, or hangs; an emulate's port closed); mpremote's TransportError where the REPL does not
+    answer."""
     from mpremote.transport import TransportError
 
     if not soft_reset:

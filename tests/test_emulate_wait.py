@@ -1,0 +1,149 @@
+"""A `specmesh emulate`'s board whose VM a loaded host holds back, flashed and run from another process: its VM is
+waited for as that of a board the flashing process runs (tests/test_flash.py), by the state its emulate shows on the
+port (host/emulator/board.py Shown), not timed out as a silent real board; a VM that never comes up is said in one
+line."""
+
+import contextlib
+import functools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from emulator_util import appears, gated_vm, open_port, read_until
+from specmesh.host.backends import BackendError
+from specmesh.host.bus import ports
+from specmesh.host.emulator import board as board_mod
+from specmesh.host.provision import cluster
+from specmesh.host.provision import flash as flash_module
+
+# `specmesh emulate` with its VMs gated (GATED_VM: emulator_util.gated_vm's stand-in); its command line names specmesh
+# and emulate, as ports.emulated finds an emulate's process by
+EMULATE = ("import os, sys\nfrom specmesh.host.emulator import board\n"
+           "board.micropython_binary = lambda: os.environ['GATED_VM']\n"
+           "from specmesh.host.cli import main\nsys.exit(main(sys.argv[1:]))")
+HOLD_S = 3.0  # a hold past the clocks the test shortens to HOLD_S - 1 (an up VM's answer takes milliseconds of CPU)
+OLD_CLOCK_S = 11.5  # when an emulate's silent board was said silent before: 10 s for its REPL, then a HELLO's 1.5 s
+
+
+@pytest.fixture
+def gated_emulate(tmp_path):
+    """A `specmesh emulate` process with one board whose VMs wait at gates after the first boot's: (the process, its
+    board's port, started, open), as gated_vm's."""
+    vm, started, gate = gated_vm(tmp_path)
+    (gate / "0").touch()  # the emulate's own start
+    proc = subprocess.Popen([sys.executable, "-c", EMULATE, "emulate", "--boards", "1", "--dir", str(tmp_path / "b")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=dict(os.environ, GATED_VM=str(vm)))
+    try:
+        lines = [proc.stdout.readline() for _ in range(2)]
+        assert lines[1].startswith("board0  /dev/"), (lines, proc.stderr.read() if proc.poll() is not None else "")
+        port = lines[1].split()[1]
+        assert ports.emulated(port)
+        yield proc, port, started, gate
+    finally:
+        with contextlib.suppress(OSError):
+            for n in range(10):
+                (gate / str(n)).touch()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def _reboot(port: str, started, n: int) -> None:
+    """Soft-reset the board at its REPL: its next VM, number `n`, starts and is held at its gate."""
+    with open_port(port) as ser:
+        ser.write(b"\x04")
+        read_until(ser, b"soft reboot\r\n")
+    appears(started / str(n))
+
+
+def _held_then_let_through(worker: threading.Thread, outcome: list, started, gate, holds: dict[int, float]) -> None:
+    """Hold each VM n of `holds`, as it starts, for holds[n] seconds, past the worker's clocks, then let it through: the
+    worker waits on, it does not end (with `outcome`)."""
+    for n, hold in holds.items():
+        appears(started / str(n))
+        time.sleep(hold)
+        assert worker.is_alive(), f"VM {n} held: the worker ended: {outcome}"
+        (gate / str(n)).touch()
+
+
+def test_an_emulate_board_slow_to_boot_is_flashed_and_run(gated_emulate, monkeypatch):
+    """A flash met an emulate's board rebooting with a clock of its own (10 s, mpremote's too): a VM start past it
+    failed the flash ("the board is silent", after 11.5 s), as it failed a run's discovery (a first HELLO, a soft
+    reset, a HELLO of 10 s). Both wait now for the VM they meet booting and each one that their soft reset starts, held here past their
+    clocks (10 s; REPL_S and discover's, shortened), then time an up VM as a real board's."""
+    _, port, started, gate = gated_emulate
+    monkeypatch.setattr(flash_module, "REPL_S", HOLD_S - 1)
+    _reboot(port, started, 1)
+    outcome: list = []
+
+    def flash() -> None:
+        try:
+            outcome.append(flash_module.flash(port, "drafter", progress=False))
+        except Exception as e:  # noqa: BLE001 - said by the assertion below
+            outcome.append(e)
+
+    worker = threading.Thread(target=flash, daemon=True)
+    worker.start()
+    # the VM it met booting, past the clock that timed it before; the one its soft reset started
+    _held_then_let_through(worker, outcome, started, gate, {1: OLD_CLOCK_S + 1.5, 2: HOLD_S})
+    appears(started / "3")  # the flash's last reset: the node's boot, held for the run below
+    worker.join(timeout=300)
+    assert outcome and not isinstance(outcome[0], Exception), outcome
+    monkeypatch.setattr(cluster, "FIRST_HELLO_S", HOLD_S - 1)
+    monkeypatch.setattr(cluster, "discover", functools.partial(cluster.discover, deadline=HOLD_S - 1))
+    outcome.clear()
+
+    def run() -> None:
+        try:
+            with cluster.connect(port, "drafter") as drafter:
+                outcome.append(drafter)
+        except Exception as e:  # noqa: BLE001 - said by the assertion below
+            outcome.append(e)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    _held_then_let_through(worker, outcome, started, gate, {3: HOLD_S})
+    worker.join(timeout=120)
+    assert outcome and not isinstance(outcome[0], Exception), outcome
+
+
+def test_an_emulate_board_whose_vm_never_comes_up_fails_a_flash_and_a_run_in_one_line(gated_emulate, monkeypatch,
+                                                                                       capsys):
+    """A VM that hangs before it is up (its gate never opened) ends the flash and the run's discovery in one line each,
+    once VM_START_S (shortened here) has passed: no hang, no traceback; as does its emulate ending meanwhile."""
+    proc, port, started, _ = gated_emulate
+    monkeypatch.setattr(board_mod, "VM_START_S", HOLD_S)
+    _reboot(port, started, 1)
+    line = f"{port}: the virtual board is not up: its VM did not come up within {HOLD_S:g} s: stop its specmesh " \
+           "emulate and start it again"
+    from specmesh.host import cli
+
+    begun = time.monotonic()
+    assert cli.main(["flash", "--port", port, "--role", "drafter"]) == 1
+    assert time.monotonic() - begun < HOLD_S + 20
+    err = capsys.readouterr().err
+    assert err == f"specmesh flash: error: {line}\n", err
+    begun = time.monotonic()
+    with pytest.raises(BackendError) as e, cluster.connect(port, "drafter"):
+        pass
+    assert time.monotonic() - begun < HOLD_S + 20
+    assert str(e.value) == line
+    monkeypatch.setattr(board_mod, "VM_START_S", 600.0)
+    outcome: list = []
+    worker = threading.Thread(target=lambda: outcome.append(cli.main(["flash", "--port", port, "--role", "drafter"])),
+                              daemon=True)
+    worker.start()
+    time.sleep(HOLD_S)  # the flash waits for the VM
+    assert worker.is_alive(), outcome
+    proc.send_signal(signal.SIGTERM)
+    worker.join(timeout=60)
+    assert outcome == [1]
+    err = capsys.readouterr().err
+    assert err == (f"specmesh flash: error: {port}: the virtual board is not up: its port closed: its specmesh emulate "
+                   "ended or gave the board up (its output says why): start the emulate again\n"), err
