@@ -124,16 +124,17 @@ FIRST_HELLO_S = 2.0  # a running node answers HELLO well within this; past it th
 SOFT_RESET = (b"\r\x03\x03", b"\x02", b"\x04")
 
 
-def discover(bus: Bus, deadline: float = 10.0, role: str = "drafter|verifier", vm=None) -> Frame:
+def discover(bus: Bus, deadline: float = 10.0, role: str = "drafter|verifier") -> Frame:
     """The HELLO reply of the board on a serial link (HELLO to broadcast; its src says who answered). A board that does
     not answer within FIRST_HELLO_S may be sitting at its REPL (after `specmesh console`, an interrupted `specmesh
     flash`, `flash --no-reset`): it is soft-reset once, which starts its node (or shows it half-flashed), and
     asked again. `role`: the one the board is wanted for, named in the flash command a failure line gives (after
-    --role: connect adds the node id, key file and model of the board's place). `vm`: an emulate's board as it shows
-    its state (host/emulator/board.py Shown), whose VM each HELLO's clock waits for (up to VM_START_S), as a flash's
-    does; None: a real board."""
+    --role: connect adds the node id, key file and model of the board's place). An emulate's board is waited for by
+    the state it shows (host/emulator/board.py Shown): each HELLO's clock starts once its VM is up (up to VM_START_S),
+    as a flash's does."""
     from specmesh.host.bus.proxy import ProxyError
 
+    vm = _shown(bus)
     _wait_up(vm, bus.link.port)
     try:
         return bus.request(BROADCAST, m.HELLO, deadline=min(FIRST_HELLO_S, deadline))
@@ -148,6 +149,16 @@ def discover(bus: Bus, deadline: float = 10.0, role: str = "drafter|verifier", v
         return bus.request(BROADCAST, m.HELLO, deadline=deadline)
     except ProxyError as e:
         raise BackendError(no_node(bus.link, e, deadline, reset=True, role=role)) from None
+
+
+def _shown(bus: Bus):
+    """The state that the board on `bus` shows where it is an emulate's (host/emulator/board.py Shown), or None (a real
+    board's port, a link that is no serial port's)."""
+    from specmesh.host.bus import ports
+    from specmesh.host.emulator.board import shown
+
+    link = bus.link
+    return shown(link.ser.fd) if isinstance(link, SerialLink) and ports.emulated(link.port) else None
 
 
 def _wait_up(vm, port: str) -> None:
@@ -337,20 +348,10 @@ def connect(port: str, kind: str, key: bytes | None = None, layers: tuple[int, i
         role = role_args(kind, layers)
         bus = _open(port, stack, key=key, role=role)
         again = _again(kind, role, node, key, model)
-        hello = discover(bus, role=again, vm=_shown(port, bus))
+        hello = discover(bus, role=again)
         bus.peer = hello.src
         check_firmware(hello.payload, port, kind, role, key, hello.src, model)
         yield _backend(kind, bus, bus.peer, port, *([] if layers is None else [layers]), again="--role " + again)
-
-
-def _shown(port: str, bus: Bus):
-    """The state that the board on `port`, `bus`'s, shows where it is an emulate's (host/emulator/board.py Shown), or
-    None (a real board's port)."""
-    from specmesh.host.bus import ports
-    from specmesh.host.emulator.board import shown
-
-    link = bus.link
-    return shown(link.ser.fd) if isinstance(link, SerialLink) and ports.emulated(port) else None
 
 
 class Cluster(contextlib.ExitStack):
