@@ -67,9 +67,17 @@ def flash_stale(vb, model, root, change, role="verifier", **options):
     compile_py(ROOT / "firmware" / "node.py", vb.flash_dir / "node.mpy", march=report.board.arch, source_name="node.py")
 
 
-def run_argv(models, verifier):
-    return ["run", "--models", str(models), "--drafter", "cpu", "--verifier", verifier, "-n", "8", "--temperature",
+def run_argv(models, verifier, drafter="cpu"):
+    return ["run", "--models", str(models), "--drafter", drafter, "--verifier", verifier, "-n", "8", "--temperature",
             "0", "--prompt", "Once upon a time"]
+
+
+def refused_in_one_line(argv, capsys) -> str:
+    """`specmesh run argv`'s stderr, once it has exited 2 with one line there and nothing on stdout."""
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    return err
 
 
 @pytest.mark.parametrize("change", STALE.values(), ids=list(STALE))
@@ -77,9 +85,7 @@ def test_a_board_flashed_from_other_files_is_told_to_flash_again_before_any_text
                                                                                 capsys, change):
     vb = virtual_board("esp32s3")
     flash_stale(vb, models / TARGET_FILE, tmp_path / "old", change)
-    assert cli.main(run_argv(models, vb.port)) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1, (out, err)
+    err = refused_in_one_line(run_argv(models, vb.port), capsys)
     assert "the verifier board on %s runs a node flashed from other files than this specmesh's" % vb.port in err
     # with the run's model file where a flash without --model would put the shipped one (the run after it then
     # refused the board as running another build of target.spm)
@@ -97,11 +103,8 @@ def test_every_stale_board_of_a_run_is_named_in_one_line(models, virtual_board, 
     vb, vd = virtual_board("esp32s3"), virtual_board("esp32s3")
     flash_stale(vb, models / TARGET_FILE, tmp_path / "old", STALE["another HELLO layout"])
     flash_stale(vd, models / DRAFTER_FILE, tmp_path / "old2", STALE["flashed before the id"], "drafter")
-    argv = run_argv(models, vb.port)
-    argv[argv.index("cpu")] = vd.port
-    assert cli.main(argv) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1, (out, err)
+    argv = run_argv(models, vb.port, vd.port)
+    err = refused_in_one_line(argv, capsys)
     assert "the boards on %s (verifier), %s (drafter) run nodes flashed from other files" % (vb.port, vd.port) in err
     assert "(%s: its HELLO is not one this specmesh reads, %s says 'specmesh-node 0.1'; " % (vb.port, vd.port) in err
     follow_flash_commands(err, ["specmesh flash --port %s --role verifier --model %s" % (vb.port, models / TARGET_FILE),
@@ -122,11 +125,8 @@ def test_a_stale_drafter_beside_a_verifier_on_another_build_is_named_in_the_same
     vb, vd = virtual_board("esp32s3"), virtual_board("esp32s3")
     flash(vb.port, "verifier", models / TARGET_FILE, progress=False)
     flash_stale(vd, models / DRAFTER_FILE, tmp_path / "old", STALE["flashed before the id"], "drafter")
-    argv = run_argv(other, vb.port)
-    argv[argv.index("cpu")] = vd.port
-    assert cli.main(argv) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1, (out, err)
+    argv = run_argv(other, vb.port, vd.port)
+    err = refused_in_one_line(argv, capsys)
     assert "error: the drafter board on %s runs a node flashed from other files" % vd.port in err  # stale ones first
     assert "; the verifier on %s runs another build of target.spm" % vb.port in err
     assert re.findall(r"`(specmesh flash [^`]*)`", err) == [
@@ -148,11 +148,8 @@ def test_a_drafter_on_another_build_beside_a_stale_verifier_is_named_in_the_same
     vb, vd = virtual_board("esp32s3"), virtual_board("esp32s3")
     flash_stale(vb, models / TARGET_FILE, tmp_path / "old", STALE["another wire format"])
     flash(vd.port, "drafter", models / DRAFTER_FILE, progress=False)
-    argv = run_argv(other, vb.port)
-    argv[argv.index("cpu")] = vd.port
-    assert cli.main(argv) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1, (out, err)
+    argv = run_argv(other, vb.port, vd.port)
+    err = refused_in_one_line(argv, capsys)
     assert "error: the verifier board on %s runs a node flashed from other files" % vb.port in err
     assert "; the drafter on %s runs another build of drafter.spm" % vd.port in err
     follow_flash_commands(err, ["specmesh flash --port %s --role %s --model %s" % (board.port, role, other / name)
@@ -168,9 +165,7 @@ def test_every_stale_stage_board_is_named_with_its_layers_and_node_id(models, vi
         flash_stale(vb, models / TARGET_FILE, tmp_path / ("old%d" % i), STALE["another wire format"], "stage",
                     node_id=10 + i, layers=(i, i + 1))
     argv = run_argv(models, ",".join(vb.port for vb in boards))
-    assert cli.main(argv) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1, (out, err)
+    err = refused_in_one_line(argv, capsys)
     assert "the boards on %s (stage), %s (stage) run nodes" % (boards[0].port, boards[1].port) in err
     assert ("flash each again: `specmesh flash --port %s --role stage --layers 0:1 --model %s`; `specmesh flash --port %s "
             "--role stage --layers 1:2 --node-id 11 --model %s`\n" % (boards[0].port, models / TARGET_FILE,
@@ -184,9 +179,7 @@ def test_a_stale_stage_board_is_named_beside_another_stages_other_failure(models
     stale, bare = virtual_board("esp32"), virtual_board("esp32")
     flash_stale(stale, models / TARGET_FILE, tmp_path / "old", STALE["another wire format"], "stage", layers=(0, 1))
     argv = run_argv(models, "%s,%s" % (stale.port, bare.port))
-    assert cli.main(argv) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1, (out, err)
+    err = refused_in_one_line(argv, capsys)
     assert "error: the stage board on %s runs a node flashed from other files" % stale.port in err
     assert "; the board on %s has no specmesh firmware" % bare.port in err
     follow_flash_commands(err, ["specmesh flash --port %s --role stage --layers %s --model %s" % (
@@ -202,11 +195,8 @@ def test_a_stale_drafter_is_named_beside_its_pipelines_failures_in_the_same_line
     stale, bare, vd = virtual_board("esp32"), virtual_board("esp32"), virtual_board("esp32s3")
     flash_stale(stale, models / TARGET_FILE, tmp_path / "old", STALE["another wire format"], "stage", layers=(0, 1))
     flash_stale(vd, models / DRAFTER_FILE, tmp_path / "old2", STALE["flashed before the id"], "drafter")
-    argv = run_argv(models, "%s,%s" % (stale.port, bare.port))
-    argv[argv.index("cpu")] = vd.port
-    assert cli.main(argv) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1, (out, err)
+    argv = run_argv(models, "%s,%s" % (stale.port, bare.port), vd.port)
+    err = refused_in_one_line(argv, capsys)
     assert "error: the boards on %s (stage), %s (drafter) run nodes flashed from other files" % (stale.port, vd.port) \
         in err
     assert "; the board on %s has no specmesh firmware" % bare.port in err
@@ -225,11 +215,8 @@ def test_a_stale_drafter_is_named_beside_its_single_verifier_boards_failure_in_t
     (a second failed run). Both are in the one line now, the stale one first, as a pipeline's failures are."""
     bare, vd = virtual_board("esp32s3"), virtual_board("esp32s3")
     flash_stale(vd, models / DRAFTER_FILE, tmp_path / "old", STALE["flashed before the id"], "drafter")
-    argv = run_argv(models, bare.port)
-    argv[argv.index("cpu")] = vd.port
-    assert cli.main(argv) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1, (out, err)
+    argv = run_argv(models, bare.port, vd.port)
+    err = refused_in_one_line(argv, capsys)
     assert "error: the drafter board on %s runs a node flashed from other files" % vd.port in err
     assert "; the board on %s has no specmesh firmware" % bare.port in err
     follow_flash_commands(err, ["specmesh flash --port %s --role drafter --model %s" % (vd.port, models / DRAFTER_FILE),
