@@ -147,3 +147,48 @@ def test_an_emulate_board_whose_vm_never_comes_up_fails_a_flash_and_a_run_in_one
     err = capsys.readouterr().err
     assert err == (f"specmesh flash: error: {port}: the virtual board is not up: its port closed: its specmesh emulate "
                    "ended or gave the board up (its output says why): start the emulate again\n"), err
+
+
+def test_a_run_waits_for_the_reboot_of_its_soft_reset_however_late_the_board_takes_its_keys(gated_emulate,
+                                                                                           monkeypatch):
+    """A run's discovery of an emulate's board at its REPL (flashed with --no-reset) soft-resets it and asks again; it
+    looked for the reset's reboot 0.6 s after its keys, and an emulate that had not taken them by then (stopped here, as
+    a loaded host holds it back) still showed the old VM up: the HELLO's clock ran through the next VM's start, held
+    here past it. It waits now for the next boot's VM, then times the HELLO."""
+    from specmesh.host.bus.links import SerialLink
+
+    proc, port, started, gate = gated_emulate
+    (gate / "1").touch()  # the flash's soft reset
+    flash_module.flash(port, "drafter", progress=False, reset=False)
+    monkeypatch.setattr(cluster, "FIRST_HELLO_S", HOLD_S - 2)
+    monkeypatch.setattr(cluster, "discover", functools.partial(cluster.discover, deadline=HOLD_S - 1))
+    reset = threading.Event()  # the reset's last key went
+    write_raw = SerialLink.write_raw
+
+    def keys(link, data: bytes) -> None:
+        write_raw(link, data)
+        if data == cluster.SOFT_RESET[-1]:
+            reset.set()
+
+    monkeypatch.setattr(SerialLink, "write_raw", keys)
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            with cluster.connect(port, "drafter") as drafter:
+                outcome.append(drafter)
+        except Exception as e:  # noqa: BLE001 - said by the assertion below
+            outcome.append(e)
+
+    worker = threading.Thread(target=run, daemon=True)
+    proc.send_signal(signal.SIGSTOP)  # the emulate takes no key until the reset's have been sent, and looked past
+    try:
+        worker.start()
+        assert reset.wait(timeout=60), outcome
+        time.sleep(1.0)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    _held_then_let_through(worker, outcome, started, gate, {2: HOLD_S})  # the VM the reset started
+    worker.join(timeout=120)
+    assert outcome and not isinstance(outcome[0], Exception), outcome
+

@@ -90,7 +90,11 @@ class Shown:
 
     @property
     def boots(self) -> int:
-        shown = self.read()
+        """The boot shown; 0 where none is or the port is gone (wait_ready then says why)."""
+        try:
+            shown = self.read()
+        except OSError:
+            return 0
         return shown[0] if shown else 0
 
     def wait_ready(self, after: int = 0, limit: float | None = None) -> str | None:

@@ -131,7 +131,7 @@ def discover(bus: Bus, deadline: float = 10.0, role: str = "drafter|verifier") -
     asked again. `role`: the one the board is wanted for, named in the flash command a failure line gives (after
     --role: connect adds the node id, key file and model of the board's place). An emulate's board is waited for by
     the state it shows (host/emulator/board.py Shown): each HELLO's clock starts once its VM is up (up to VM_START_S),
-    as a flash's does."""
+    as a flash's does, the one its soft reset starts included (_after_reset)."""
     from specmesh.host.bus.proxy import ProxyError
 
     vm = _shown(bus)
@@ -141,14 +141,49 @@ def discover(bus: Bus, deadline: float = 10.0, role: str = "drafter|verifier") -
     except ProxyError as e:
         if bus.link.error:  # diagnosed already: a key mismatch, a half-flashed board
             raise BackendError(no_node(bus.link, e, deadline, role=role)) from None
+    _wait_up(vm, bus.link.port)
+    before = vm.boots if vm is not None else 0
     for keys in SOFT_RESET:
         bus.link.write_raw(keys)
         time.sleep(0.2)
-    _wait_up(vm, bus.link.port)  # the VM the reset started, where it did
     try:
-        return bus.request(BROADCAST, m.HELLO, deadline=deadline)
+        return _after_reset(bus, deadline, vm, before)
     except ProxyError as e:
         raise BackendError(no_node(bus.link, e, deadline, reset=True, role=role)) from None
+
+
+RESET_LOOK_S = 0.5  # the first HELLO slice after an emulate board's soft reset (_after_reset); each next one doubles
+
+
+def _after_reset(bus: Bus, deadline: float, vm, before: int) -> Frame:
+    """discover's HELLO after its soft reset; ProxyError where no node answers. A real board (`vm` None) gets
+    `deadline`. An emulate's board (`vm`: Shown, up as boot `before` when the reset keys went) that the reset reboots
+    is waited for: its next boot's VM up (up to VM_START_S), however late its old VM took the keys on a loaded host (the
+    HELLO goes in slices, the state looked at after each), then `deadline` from there; where nothing reboots within
+    `deadline` (a node that ignores the keys), the HELLO's is a real board's."""
+    from specmesh.host.bus.proxy import ProxyError
+
+    end, look = time.monotonic() + deadline, RESET_LOOK_S
+    while vm is not None and not _rebooting(vm, before):
+        try:
+            return bus.request(BROADCAST, m.HELLO, deadline=max(0.05, min(look, end - time.monotonic())))
+        except ProxyError as e:
+            if bus.link.error or isinstance(e, NodeError) or (time.monotonic() >= end and not _rebooting(vm, before)):
+                raise
+        look *= 2
+    _wait_up(vm, bus.link.port, after=before)
+    return bus.request(BROADCAST, m.HELLO, deadline=deadline)
+
+
+def _rebooting(vm, before: int) -> bool:
+    """Whether the emulate's board `vm` (Shown) shows another state than boot `before` up: it is rebooting, or
+    rebooted (its port closed: said by _wait_up)."""
+    from specmesh.host.emulator.board import UP
+
+    try:
+        return vm.read() != (before, UP)
+    except OSError:
+        return True
 
 
 def _shown(bus: Bus):
@@ -161,10 +196,10 @@ def _shown(bus: Bus):
     return shown(link.ser.fd) if isinstance(link, SerialLink) and ports.emulated(link.port) else None
 
 
-def _wait_up(vm, port: str) -> None:
-    """Wait for the VM of an emulate's board `vm` (Shown; None: a real board, not waited for) to be up; BackendError
-    in one line where it does not come up."""
-    why = vm.wait_ready() if vm is not None else None
+def _wait_up(vm, port: str, after: int = 0) -> None:
+    """Wait for the VM of an emulate's board `vm` (Shown; None: a real board, not waited for) to be up, one of
+    another boot than `after` (0: any); BackendError in one line where it does not come up."""
+    why = vm.wait_ready(after=after) if vm is not None else None
     if why is not None:
         raise BackendError(f"{port}: the virtual board is not up: {why}")
 
