@@ -192,3 +192,30 @@ def test_a_run_waits_for_the_reboot_of_its_soft_reset_however_late_the_board_tak
     worker.join(timeout=120)
     assert outcome and not isinstance(outcome[0], Exception), outcome
 
+
+def test_a_keyed_flash_ends_the_node_of_an_emulate_board_slow_to_boot(gated_emulate, tmp_path):
+    """A keyed node takes no Ctrl-C: a flash with its key first ends it with a signed RESET, after a HELLO of 1.5 s,
+    which an emulate's board whose VM was booting (held here past it) left unanswered: the node ran on, deaf to the
+    flash's Ctrl-C ("did not answer with its REPL"). That HELLO's clock now starts once the VM is up."""
+    from specmesh.host.provision.keys import load_key, new_key_file
+
+    _, port, started, gate = gated_emulate
+    new_key_file(tmp_path / "k")
+    key = load_key(str(tmp_path / "k"))
+    for n in (1, 3, 4):  # the flashes' soft resets, and the last flash's node
+        (gate / str(n)).touch()
+    flash_module.flash(port, "drafter", key=key, progress=False)
+    appears(started / "2")  # the node the flash reset to: its VM held, booting
+    outcome: list = []
+
+    def flash() -> None:
+        try:
+            outcome.append(flash_module.flash(port, "drafter", key=key, progress=False))
+        except Exception as e:  # noqa: BLE001 - said by the assertion below
+            outcome.append(e)
+
+    worker = threading.Thread(target=flash, daemon=True)
+    worker.start()
+    _held_then_let_through(worker, outcome, started, gate, {2: HOLD_S})
+    worker.join(timeout=300)
+    assert outcome and not isinstance(outcome[0], Exception), outcome

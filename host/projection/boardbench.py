@@ -138,7 +138,7 @@ def bench(port: str, out: str, reps: int = 7, key: bytes | None = None) -> dict:
 
     virtual = ports.emulated(port)  # asked now: an emulate stopped mid-bench is gone when the bench fails
     if key:
-        leave_node(port, key)
+        leave_node(port, key, virtual=virtual)
     transport = open_board(port, virtual=virtual, key=key)
     try:
         info = probe(transport)

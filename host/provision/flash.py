@@ -365,9 +365,6 @@ def open_board(port: str, timeout: float | None = None, virtual: bool = False, k
     from mpremote.transport import TransportError
     from mpremote.transport_serial import SerialTransport
 
-    from specmesh.host.emulator.board import running_here, shown
-
-    vb = running_here(port)
     timeout = REPL_S if timeout is None else timeout
 
     # mpremote prints the raw bytes it got before it raises "could not enter raw repl" (at the open, and mid-flash
@@ -386,8 +383,7 @@ def open_board(port: str, timeout: float | None = None, virtual: bool = False, k
         if not ports.malformed_url(port, e):
             raise
         raise FlashRequestError(f"cannot open {port}: {ports.BAD_URL}") from None
-    if vb is None and virtual:  # an emulate's board: waited for by the state it shows (None: a pty that shows none)
-        vb = shown(transport.serial.fd)
+    vb = _vm(port, transport.serial.fd, virtual)
     # the raw REPL first, then its soft reset: a board that answered the first but is slow to come back from the
     # second (a virtual board on a busy host) is not one that takes no Ctrl-C, and the message says which
     for soft_reset in (False, True):
@@ -422,9 +418,7 @@ def _vm_raw_repl(transport, vb, port: str, soft_reset: bool, timeout: float) -> 
     from mpremote.transport import TransportError
 
     if not soft_reset:
-        why = vb.wait_ready()
-        if why is not None:
-            raise FlashError(f"{port}: the virtual board is not up: {why}")
+        _wait_up(vb, port)
         transport.enter_raw_repl(soft_reset=False, timeout_overall=timeout)
         return
     boots = vb.boots
@@ -437,6 +431,24 @@ def _vm_raw_repl(transport, vb, port: str, soft_reset: bool, timeout: float) -> 
     if not transport.read_until(1, RAW_PROMPT, timeout_overall=timeout).endswith(RAW_PROMPT):
         raise TransportError("could not enter raw repl")
     transport.in_raw_repl = True
+
+
+def _vm(port: str, fd: int, virtual: bool):
+    """The VM of the virtual board on `port` (`fd`: a descriptor of it held open), waited for before a clock times its
+    answer: this process's board (VirtualBoard), an emulate's as it shows its state (`virtual`, ports.emulated: Shown;
+    a pty that shows none is timed as a real board), or None: a real board."""
+    from specmesh.host.emulator.board import running_here, shown
+
+    vb = running_here(port)
+    return shown(fd) if vb is None and virtual else vb
+
+
+def _wait_up(vb, port: str) -> None:
+    """Wait for the VM of the virtual board `vb` (_vm's; None: a real board, not waited for) to be up; FlashError in one
+    line where it does not come up (it cannot start, keeps exiting or hangs; an emulate's port closed)."""
+    why = vb.wait_ready() if vb is not None else None
+    if why is not None:
+        raise FlashError(f"{port}: the virtual board is not up: {why}")
 
 
 def _silent(*_args, **_kwargs) -> None:
@@ -494,10 +506,13 @@ def _no_repl(port: str, timeout: float, wait_s: float = 1.5, virtual: bool = Fal
                   "try again")
 
 
-def leave_node(port: str, key: bytes, timeout: float = 1.5) -> None:
+def leave_node(port: str, key: bytes, timeout: float = 1.5, virtual: bool = False) -> None:
     """End a keyed node on `port` with a signed RESET (its HELLO opens the session first), so that its REPL
     answers: a keyed node takes no Ctrl-C (firmware/main.py). Nothing happens where no node with this key
-    answers (an unkeyed node or a REPL takes the Ctrl-C of open_board)."""
+    answers (an unkeyed node or a REPL takes the Ctrl-C of open_board). A virtual board's (`virtual`: an emulate's, as
+    open_board's) VM is waited for first, as open_board waits for it (a VM a loaded host holds back past `timeout`
+    left its keyed node running, which then took no Ctrl-C), and a node that starts only then is given REPL_S;
+    FlashError where it does not come up."""
     from specmesh.host.bus.links import LinkError, SerialLink
     from specmesh.host.bus.proxy import Bus, HostAuth, ProxyError
     from specmesh.shared import messages as m
@@ -509,6 +524,10 @@ def leave_node(port: str, key: bytes, timeout: float = 1.5) -> None:
     except LinkError:
         return
     try:
+        vb = _vm(port, link.ser.fd, virtual)
+        if vb is not None and vb.wait_ready(limit=0) is not None:  # booting: its node starts once it is up
+            _wait_up(vb, port)
+            timeout = max(timeout, REPL_S)
         bus = Bus(link, deadline=timeout, auth=auth, initial_rto=timeout / 3)
         node = bus.request(BROADCAST, m.HELLO, deadline=timeout).src
         bus.request(node, m.RESET, deadline=timeout)
@@ -732,7 +751,7 @@ def flash_checked(
     role, by_class = request.role, request.by_class
     virtual = ports.emulated(port)  # asked now: an emulate stopped mid-flash is gone when the flash fails
     if key:
-        leave_node(port, key)
+        leave_node(port, key, virtual=virtual)
     transport = open_board(port, virtual=virtual, key=key, role=role_args(role, request.layers))
     try:
         info = probe(transport)
