@@ -237,3 +237,37 @@ def test_emulate_says_one_board_as_one(emulate):
     proc, _ = emulate
     assert proc.said[0].startswith("1 virtual ESP32 (classic, no PSRAM) board, heap ")
     assert proc.said[0].endswith(". Ctrl-C (or SIGTERM) stops it.\n"), proc.said[0]
+
+
+CHURN = """
+import os, sys
+below = [os.pipe() for _ in range(30)]
+held = os.open(sys.argv[1], os.O_RDWR | os.O_NOCTTY)  # listed after the descriptors that come and go below it
+for r, w in below:
+    os.close(r)
+    os.close(w)
+print("up", flush=True)
+while True:  # an emulate starting VMs: descriptors opened and closed all the time
+    fds = [os.pipe() for _ in range(20)]
+    for r, w in fds:
+        os.close(r)
+        os.close(w)
+"""
+
+
+def test_an_emulate_opening_and_closing_descriptors_is_still_told_an_emulate():
+    """ports.emulated skipped a process whose descriptor closed between /proc's listing and its readlink: an emulate
+    starting a VM was now and then taken for none, and its board timed as a real one (a flash failed after 3.5 s)."""
+    master, slave = os.openpty()
+    port = os.ttyname(slave)
+    stand_in = subprocess.Popen([sys.executable, "-c", CHURN, port, "specmesh", "emulate"], stdout=subprocess.PIPE,
+                                text=True)
+    try:
+        assert stand_in.stdout.readline() == "up\n"
+        told = [ports.emulated(port) for _ in range(300)]
+        assert all(told), "%d of %d asks said no emulate" % (told.count(False), len(told))
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+        os.close(master)
+        os.close(slave)

@@ -224,8 +224,21 @@ def emulated(port: str) -> bool:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
             if b"emulate" not in argv or not any(b"specmesh" in a for a in argv):
                 continue
-            if any(os.readlink(fd) == real for fd in (proc / "fd").iterdir()):
+            if _holds(proc, real):
                 return True
         except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return False
+
+
+def _holds(proc: Path, real: str) -> bool:
+    """Whether process `proc` (its /proc folder) has `real` open. A descriptor closed between the listing and its
+    readlink is passed over: it skipped the whole process, so an emulate that was starting a VM (its pipes opening and
+    closing) was now and then taken for no emulate, and its board timed as a real one."""
+    for fd in (proc / "fd").iterdir():
+        try:
+            if os.readlink(fd) == real:
+                return True
+        except OSError:
             continue
     return False
