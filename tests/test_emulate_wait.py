@@ -72,6 +72,20 @@ def _held_then_let_through(worker: threading.Thread, outcome: list, started, gat
         (gate / str(n)).touch()
 
 
+def _connecting(port: str, outcome: list) -> threading.Thread:
+    """A thread, not started, that connects to the drafter board on `port` as a run does and appends to `outcome` the
+    back-end, or the exception it met (said by the test's assertion)."""
+
+    def run() -> None:
+        try:
+            with cluster.connect(port, "drafter") as drafter:
+                outcome.append(drafter)
+        except Exception as e:  # noqa: BLE001 - said by the test's assertion
+            outcome.append(e)
+
+    return threading.Thread(target=run, daemon=True)
+
+
 def test_an_emulate_board_slow_to_boot_is_flashed_and_run(gated_emulate, monkeypatch):
     """A flash met an emulate's board rebooting with a clock of its own (10 s, mpremote's too): a VM start past it
     failed the flash ("the board is silent", after 11.5 s), as it failed a run's discovery (a first HELLO, a soft
@@ -98,15 +112,7 @@ def test_an_emulate_board_slow_to_boot_is_flashed_and_run(gated_emulate, monkeyp
     monkeypatch.setattr(cluster, "FIRST_HELLO_S", HOLD_S - 1)
     monkeypatch.setattr(cluster, "discover", functools.partial(cluster.discover, deadline=HOLD_S - 1))
     outcome.clear()
-
-    def run() -> None:
-        try:
-            with cluster.connect(port, "drafter") as drafter:
-                outcome.append(drafter)
-        except Exception as e:  # noqa: BLE001 - said by the assertion below
-            outcome.append(e)
-
-    worker = threading.Thread(target=run, daemon=True)
+    worker = _connecting(port, outcome)
     worker.start()
     _held_then_let_through(worker, outcome, started, gate, {3: HOLD_S})
     worker.join(timeout=120)
@@ -172,15 +178,7 @@ def test_a_run_waits_for_the_reboot_of_its_soft_reset_however_late_the_board_tak
 
     monkeypatch.setattr(SerialLink, "write_raw", keys)
     outcome: list = []
-
-    def run() -> None:
-        try:
-            with cluster.connect(port, "drafter") as drafter:
-                outcome.append(drafter)
-        except Exception as e:  # noqa: BLE001 - said by the assertion below
-            outcome.append(e)
-
-    worker = threading.Thread(target=run, daemon=True)
+    worker = _connecting(port, outcome)
     proc.send_signal(signal.SIGSTOP)  # the emulate takes no key until the reset's have been sent, and looked past
     try:
         worker.start()
