@@ -117,8 +117,9 @@ class Shown:
 
 def shown(fd: int) -> Shown | None:
     """The state shown on the port that `fd` holds open, or None where it shows none (another pty)."""
+    board = Shown(fd)
     try:
-        return Shown(fd) if Shown(fd).read() is not None else None
+        return board if board.read() is not None else None
     except OSError:
         return None
 
