@@ -583,8 +583,10 @@ def test_a_board_silent_at_a_reply_s_end_is_one_line_and_the_next_turn_falls_bac
     assert [s["failovers"] for s in board.stats[:2]] == [[], []] and board.stats[1][role] == board.board.name
     (failover,) = board.stats[2]["failovers"]
     assert warned == [failover] and board.stats[2]["failed"] == {role: board.board.name}, warned
-    assert failover.startswith("%s %s failed (%s stopped answering at the last text's end (node " % (
-        role, board.board.name, board.board.name)) and ("did not answer HELLO within %.0f s" % END_S) in failover
+    assert failover.startswith("%s %s failed (stopped answering at the last text's end (node %d did not answer STATS "
+                               "within %.0f s" % (role, board.board.name, board.board.proxy.node, END_S)), failover
+    assert ") and did not answer HELLO within %.0f s at this one's start either): " % END_S in failover, failover
+    assert failover.count(board.board.name) == 1, failover  # the line names the board once (it said it twice)
 
 
 def test_a_stage_silent_at_a_reply_s_end_is_one_line_and_the_next_turn_asks_it_again(models, capsys, monkeypatch):

@@ -60,6 +60,7 @@ def test_a_dead_espnow_verifier_is_replaced_by_the_cpu_and_the_table_names_both(
     assert result.tokens == want
     assert result.failed == {"verifier": verifier.name} and len(result.failovers) == 1
     assert "cpu took over" in result.failovers[0]
+    assert result.failovers[0].count(verifier.name) == 1, result.failovers  # its failure's "NAME: " not said again
     stats = {"verifier": "cpu", "failed": result.failed}
     assert _took_over(stats, "verifier") == "cpu, which took over from %s (it failed)" % verifier.name
 

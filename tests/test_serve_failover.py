@@ -228,5 +228,6 @@ def test_a_board_silent_at_a_request_s_end_is_one_line_in_the_log_and_the_next_r
     assert first[-1] == m.STATS and second[:2] == [m.HELLO, m.BEGIN] and second[-1] == m.STATS, board.sent
     assert (m.DRAFT_REQ if role == "drafter" else m.VERIFY_REQ) in second, board.sent
     assert third == [m.HELLO] and after == [], board.sent  # no DRAFT or VERIFY waiting out its deadline, then nothing
-    assert failover.startswith("%s %s failed (%s stopped answering at the last text's end" % (role, name, name))
+    assert failover.startswith("%s %s failed (stopped answering at the last text's end" % (role, name)), failover
+    assert failover.count(name) == 1, failover  # named once, by the fail-over's line (the board's line named it again)
     assert board.stats[2]["failed"] == {role: name} and board.stats[3]["failovers"] == []

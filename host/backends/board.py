@@ -265,7 +265,7 @@ class BoardBackend(Unit):
             try:
                 self.proxy.call(m.HELLO, deadline=END_S)
             except ProxyError:
-                self._unbegun = "%s stopped answering at the last text's end (%s) and did not answer HELLO within " \
+                self._unbegun = "%s: stopped answering at the last text's end (%s) and did not answer HELLO within " \
                                 "%.0f s at this one's start either" % (self.name, self.silent, END_S)
                 return
             self.silent = None

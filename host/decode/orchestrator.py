@@ -545,6 +545,12 @@ class _Beside:
         return self.pending.seconds if self.pending is not None else 0.0
 
 
+def _why(backend: Verifier | Drafter, e: BackendError) -> str:
+    """Why `backend` failed, for its fail-over's line, which names it already: `e`'s line less the "NAME: " a board's
+    failure begins with (host/backends/board.py), once in the line, not twice."""
+    return str(e).removeprefix(backend.name + ": ")
+
+
 class _Failover:
     """The loop's fail-over: when the observer fails over, a failed verifier is replaced by its fallback
     and a failed drafter dropped (plain decoding goes on), each a line in `Result.failovers` and to the
@@ -562,7 +568,7 @@ class _Failover:
         """A drafter failed: raise, or (failing over) say so; the caller goes on without it."""
         if not self.observer.fails_over:
             raise e
-        self._say("drafter %s failed (%s): going on with plain decoding" % (drafter.name, e))
+        self._say("drafter %s failed (%s): going on with plain decoding" % (drafter.name, _why(drafter, e)))
         self.result.failed.setdefault("drafter", drafter.name)
 
     def draft(self, drafter: Drafter | None, window: Window | None, committed: list[int],
@@ -621,7 +627,7 @@ class _Failover:
             verifier.begin(params, committed)
             verdict = verifier.verify(committed, draft)
             self._say("verifier %s failed (%s): %s took over at token %d, %.2f s after"
-                      % ((failed.name, e, verifier.name) + where()))
+                      % ((failed.name, _why(failed, e), verifier.name) + where()))
         n_acc, token = verdict
         if not 0 <= n_acc <= len(draft) or token < -1 or (token == -1 and n_acc == 0):
             raise RuntimeError("verifier %s returned an impossible verdict (%d, %d) for %d drafts"
