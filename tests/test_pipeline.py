@@ -342,6 +342,42 @@ def test_boards_that_stall_at_the_stream_s_end_are_asked_stats_for_end_s_at_most
         assert all("error" not in b for b in again.stats["boards"]), again.stats["boards"]
 
 
+def test_the_python_api_says_what_its_caller_does_about_a_stage_that_stopped_answering(models, monkeypatch):
+    """A stage silent at a generation's end: `Mesh.generate` said no line (its stats row alone), and the next
+    generations, the stage still silent, failed with a run's "run again", which `mesh.failed` held too, though the
+    API's next generation asks the stage again. Now the line of the stage silent at the end goes to the Mesh's `warn`,
+    and GenerationFailed (generate's and stream's) and `mesh.failed` say what an API caller does."""
+    from specmesh import GenerationFailed, Mesh
+    from specmesh.host.cli.session import CALL_AGAIN
+    from tests.emulator_util import StopsAtTheEnd
+
+    warned: list[str] = []
+    with Mesh(drafter="cpu", stages=2, models=models, gamma="2", say=[].append, warn=warned.append) as mesh:
+        board = StopsAtTheEnd(mesh, "verifier", monkeypatch, name="stage1")
+        board.stop_at_end = True
+        try:
+            done = mesh.generate("Once upon a time", max_tokens=8)  # it stops as the stats are asked: the text stands
+            board.stop_at_end = False
+            assert warned == ["virtual:stage1(esp32) stopped answering at the text's end (the text is whole; its stats "
+                              "are missing): the next generation asks it again first and fails with its line (no board "
+                              "replaces a stage) if it is still silent"], warned
+            with pytest.raises(GenerationFailed) as e:
+                mesh.generate("Once upon a time", max_tokens=8)  # still silent: asked HELLO, it fails at once
+            line = str(e.value)
+            assert line == mesh.failed, (line, mesh.failed)
+            assert line.startswith("stage 2 of 2 (layers 1:2, virtual:stage1(esp32)) stopped answering: at the text's "
+                                   "end, node 11 did not answer STATS within"), line
+            assert line.endswith("; " + CALL_AGAIN) and "run again" not in line, line
+            with pytest.raises(GenerationFailed) as streamed:
+                list(mesh.stream("Once upon a time", max_tokens=8))
+            assert str(streamed.value) == line
+        finally:
+            board.resume()
+        again = mesh.generate("Once upon a time", max_tokens=8)  # it answers HELLO again: the mesh serves again
+        assert again.text == done.text and mesh.failed is None
+        assert len(warned) == 1, warned  # nothing more to say
+
+
 def test_a_board_folder_in_use_is_refused_before_any_stage_boots(tmp_path):
     """The drafter board's folder held by another run: the pipeline's boards boot side by side, and the stages
     booted and flashed (up to 80 s) before the drafter's lock was tried; now every folder is held first."""

@@ -720,6 +720,9 @@ class Lane:
 
 # `specmesh run`'s flags of one generation, which a Mesh (many generations) takes no value for (serve refuses them too)
 ONE_GENERATION = ("prompt", "prompt_file", "stats_json", "quiet")
+# what the Python API's caller does about a stage that stopped answering: each generation asks it HELLO first
+# (host/backends/pipeline.py REVIVE_S), so `Mesh.failed` says this in place of a run's "run again"
+CALL_AGAIN = "call generate again: the next generation asks the stage again first"
 
 
 class Mesh(contextlib.AbstractContextManager):
@@ -728,8 +731,9 @@ class Mesh(contextlib.AbstractContextManager):
     `Mesh(drafter="virtual", verifier="cpu", **flags)` takes `specmesh run`'s long flags as keywords (`stages=2`,
     `gamma="3"`, `models="models"`, ...; their defaults too) and raises UsageError for a bad one; `streams`: how
     many generations may run at once when its back-ends are all on the host; `say`: where the boards' start-up
-    lines go, `warn`: where a fail-over's line goes (default: `say`). Close it (or use `with`) to stop the
-    boards it started."""
+    lines go, `warn`: where a fail-over's line goes, and a generation's line for a board that stopped answering at
+    its text's end (`stopped_line`; with no `warn`, its row in the stats alone says so) (default: `say`). Close it
+    (or use `with`) to stop the boards it started."""
 
     def __init__(self, drafter: str = "virtual", verifier: str = "virtual", *, streams: int = 1,
                  say: Say | None = None, warn: Say | None = None, config: RunConfig | None = None, **flags):
@@ -815,13 +819,17 @@ class Mesh(contextlib.AbstractContextManager):
 
     @property
     def failed(self) -> str | None:
-        """Why no generation can run any more, where none can (every lane's verifier is a pipeline whose stage stopped
-        answering, and no board replaces a stage: `PipelineVerifier.failed`); else None."""
-        return self.stalled()
+        """Why every generation fails at once, where each does (every lane's verifier is a pipeline whose stage stopped
+        answering, and no board replaces a stage), in the Python API's words: `generate` and `stream` fail with this
+        line (GenerationFailed) until a generation finds the stage answering again (its HELLO); else None."""
+        line = self.stalled(again=True)
+        return None if line is None else "%s; %s" % (line, CALL_AGAIN)
 
     def stalled(self, again: bool = False) -> str | None:
-        """`failed`'s line; `again`: for a caller that asks the stage again itself (chat's next turn, serve's next
-        request, each saying so), less a run's "run again" (`PipelineVerifier.stalled`)."""
+        """The line of a stage that stopped answering, where every lane's verifier is a pipeline with one (else None),
+        with a run's fix ("run again": what `complete` fails with, `PipelineVerifier.stalled`); `again`: for a caller
+        that asks the stage again itself (chat's next turn, serve's next request, the API's next generation, each
+        saying so: `failed`), less that "run again"."""
         with self._lock:
             lines = [lane.verifier.stalled(again) if isinstance(lane.verifier, PipelineVerifier) else None
                      for lane in self._lanes]
@@ -1026,7 +1034,22 @@ class Mesh(contextlib.AbstractContextManager):
         """Generate after `prompt` (text, or token ids as `encode` gives) and return the Completion. Keywords:
         temperature, top_p, top_k, seed, stop (a string or several); these and max_tokens, None or left out, are the
         mesh's (the options it was made with, else run's defaults: 64 tokens, greedy). The others as `complete`."""
-        return self.complete(self._ids(prompt), self.request(max_tokens, **_sampling(sampling)), **_rest(sampling))
+        return self._generation(self._ids(prompt), self.request(max_tokens, **_sampling(sampling)), _rest(sampling))
+
+    def _generation(self, ids: list[int], request: RunConfig, rest: dict) -> Completion:
+        """`complete`, as the Python API's generations (`generate`, `stream`) run: a stage that stopped answering fails
+        it with `failed`'s line (what its caller does: the next generation asks the stage again), not a run's; a board
+        silent at its text's end is a line to `warn`, as run, chat and serve say theirs."""
+        try:
+            done = self.complete(ids, request, **rest)
+        except GenerationFailed as e:
+            if str(e) != self.stalled():
+                raise
+            raise GenerationFailed(self.failed or str(e)) from None
+        stopped = stopped_line(done.stats["boards"], "generation")
+        if stopped and self.warn is not None:
+            self.warn(stopped)
+        return done
 
     def stream(self, prompt: str | Sequence[int], max_tokens: int | None = None, **sampling) -> Stream:
         """`generate` as an iterator (a `Stream`): a Piece per round as it is committed, then the Completion. Closing
@@ -1055,7 +1078,7 @@ class Mesh(contextlib.AbstractContextManager):
 
         def work() -> None:
             try:
-                pieces.put(self.complete(ids, request, on_piece=pieces.put, cancel=cancel, **rest))
+                pieces.put(self._generation(ids, request, dict(rest, on_piece=pieces.put, cancel=cancel)))
             except BaseException as e:  # noqa: BLE001 - handed to the iterating thread, which raises it
                 pieces.put(e)
             finally:
