@@ -10,7 +10,6 @@ import os
 import select
 import signal
 import threading
-import time
 import tty
 from collections.abc import Callable
 
@@ -145,13 +144,19 @@ def attacked(boards):
         yield run, mitms, notes
 
 
-def reboot(vb) -> None:
-    """Kill the board's VM: the virtual board boots it again on the same pty, as a board resets."""
+def reboot(vb, node: int | None = None) -> None:
+    """Kill the board's VM: the virtual board boots it again on the same pty, as a board resets; returns once the new
+    VM is up and, given the board's `node` (its port free: no man in the middle holds it), once its node, which
+    main.py starts after the VM is up, answers a signed HELLO. It slept a second for the node's start, which a loaded
+    machine can take longer than. Without `node` (mid-run, a man in the middle holding the port), the request it
+    passes on waits in the board's input until the node reads it, the host retransmitting meanwhile as for a real board
+    still booting."""
+    boots = vb.boots
     os.kill(vb.pid, signal.SIGKILL)
-    end = time.monotonic() + 20
-    while vb.pid is None and time.monotonic() < end:
-        time.sleep(0.05)
-    time.sleep(1.0)  # main.py starts the node
+    assert vb.wait_ready(after=boots, limit=60) is None
+    if node is not None:
+        with contextlib.ExitStack() as stack:
+            _open(vb.port, stack, key=KEY).request(node, m.HELLO, deadline=60.0)
 
 
 P1, P2 = [1, 5, 9, 13], [1, 22, 7, 40]  # two prompts of one length
@@ -169,7 +174,7 @@ def test_a_replayed_begin_changes_no_text(boards):
         run(P1)
         recorded = [line for line in mitms["verifier"].up if mtype_of(line) == m.BEGIN]
     assert recorded
-    reboot(boards["verifier"])
+    reboot(boards["verifier"], NODE_ID["verifier"])
     with attacked(boards) as (run, mitms, notes):
         seen = {"verify": 0}
 

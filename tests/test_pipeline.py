@@ -9,7 +9,6 @@ with one line naming it. The single verifier is the host's numpy engine, bit-ide
 
 import os
 import signal
-import time
 
 import pytest
 
@@ -105,14 +104,14 @@ def test_seeded_sampling_equals_the_single_verifier(mesh, prompt, seed):
     assert 0 < got.accepted < got.drafted  # drafts both accepted and rejected: the rule ran on the stage
 
 
-def reboot(vb):
-    """As a board resets: the virtual board boots its VM again on the same pty; returns once its node runs."""
-    old = vb.pid
-    os.kill(old, signal.SIGKILL)
-    end = time.monotonic() + 30
-    while vb.pid in (None, old) and time.monotonic() < end:
-        time.sleep(0.05)
-    time.sleep(1.0)  # main.py starts the node
+def reboot(vb, stage):
+    """As a board resets: the virtual board boots its VM again on the same pty; returns once its node, which main.py
+    starts after the VM is up, answers HELLO (asked on the `stage`'s own proxy: the pipeline holds the port). It slept
+    a second for the node's start, which a loaded machine can take longer than."""
+    boots = vb.boots
+    os.kill(vb.pid, signal.SIGKILL)
+    assert vb.wait_ready(after=boots, limit=60) is None
+    stage.proxy.call(m.HELLO, deadline=60.0)  # (a HELLO leaves a node's session as it is: it lost it in the reboot)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -127,7 +126,7 @@ def test_a_stage_that_reboots_is_begun_again_and_the_text_is_unchanged(mesh, pro
         def shown(self, accepted, emitted):
             rounds.append(accepted)
             if len(rounds) == 3:
-                reboot(vb)
+                reboot(vb, stage)
 
     params = SessionParams(seed=5, temperature=temperature, eos=1)
     got = generate(prompt, pipe, drafter, params, N, GammaController(fixed=3), Reboot())
@@ -146,8 +145,8 @@ def test_stages_that_reboot_together_are_each_begun_again_and_the_text_is_unchan
         def shown(self, accepted, emitted):
             rounds.append(accepted)
             if len(rounds) == 3:
-                reboot(c.boards["stage1"])
-                reboot(c.boards["stage3"])
+                reboot(c.boards["stage1"], pipe.stages[1])
+                reboot(c.boards["stage3"], pipe.stages[3])
 
     params = SessionParams(eos=1)
     got = generate(prompt, pipe, drafter, params, N, GammaController(fixed=3), Glitch())
@@ -162,7 +161,7 @@ def test_a_stage_that_restarts_again_in_the_round_sent_again_ends_the_run_saying
 
     def begun_then_restarts():  # it restarts again once begun again, before the round sent again reaches it
         real()
-        reboot(c.boards["stage2"])
+        reboot(c.boards["stage2"], stage)
 
     monkeypatch.setattr(stage, "_resync", begun_then_restarts)
 
@@ -170,7 +169,7 @@ def test_a_stage_that_restarts_again_in_the_round_sent_again_ends_the_run_saying
         def shown(self, accepted, emitted):
             rounds.append(accepted)
             if len(rounds) == 3:
-                reboot(c.boards["stage2"])
+                reboot(c.boards["stage2"], stage)
 
     with pytest.raises(BackendError) as e:
         generate(prompt, pipe, drafter, SessionParams(eos=1), N, GammaController(fixed=3), Reboot())

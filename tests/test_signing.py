@@ -416,7 +416,9 @@ def test_flash_key_then_signed_runs_open_sessions_and_refusals(virtual_board, mo
         drafter = _backend("drafter", bus, 1, vb.port)
         bus.link.text.clear()  # (what the flash's own reset printed)
         bus.link.write_raw(b"\x03\x03\x03")  # Ctrl-C on the USB line: the keyed node serves on, no REPL
-        time.sleep(0.5)
+        # no sleep for the Ctrl-Cs to land (it slept 0.5 s): the board takes its line in order (a Ctrl-C that its node
+        # catches is a SIGINT, sent before the bytes behind it go in), so the first PING is answered only after the
+        # Ctrl-Cs reached the node, and not at all by a node they stopped (its REPL, whose text the check below finds)
         for i in range(40):
             assert bus.request(1, m.PING, b"%d" % i).payload == b"%d" % i
         assert not any(">>>" in t or "MicroPython" in t for t in bus.link.text), list(bus.link.text)
