@@ -363,11 +363,13 @@ def board_stats(parts: list, tokens: int = 0, projector=None, failed: AbstractSe
     """One entry per board among the back-ends' parts (role, back-end): in-process ones report no heap. A board
     under QEMU adds the instructions it executed (per generated token, per pass), which a projector that prices
     them (host/projection/measured.py) takes too. The parts of a role in `failed` (it failed mid-run) are not
-    asked: a board that hangs would hold the generation for its reply's whole deadline once more. A board is waited for
-    END_S at most (the text is out): one silent that long stopped answering (its row says so; `stopped_line`)."""
+    asked: a board that hangs would hold the generation for its reply's whole deadline once more; nor is the stage
+    that made a pipeline verifier fail (it stopped answering mid-run: its row says it failed, not that it stopped at
+    the text's end, which `stopped_line` would say). A board is waited for END_S at most (the text is out): one silent
+    that long stopped answering (its row says so; `stopped_line`)."""
     out = []
     for role, b in parts:
-        if role in failed:
+        if role in failed or (role == "stage" and "verifier" in failed and getattr(b, "stopped", False)):
             out.append({"name": b.name, "role": role, "error": "failed during the run, not asked"})
             continue
         try:
