@@ -117,6 +117,34 @@ def test_a_virtual_board_frozen_before_its_flash_is_told_to_run_again_not_to_be_
     assert "reset" not in str(e.value)
 
 
+
+@pytest.mark.parametrize("hangs", ["its start", "the flash's soft reset"])
+def test_a_virtual_board_whose_vm_hangs_before_it_is_up_costs_one_wait_and_one_line(models, tmp_path, monkeypatch,
+                                                                                   capfd, hangs):
+    """A VM that hangs before its shim says it is up (alive, never ready: held at its gate here) was waited for, the
+    flash's soft reset's, for VM_START_S (60 s; shortened here) and then once more by the flash the cluster tries again
+    for a node that missed its Ctrl-C: 2 minutes before the line, which said nothing to do. Now one wait, no second
+    flash, one line that says what to do."""
+    from emulator_util import gated_vm
+    from specmesh.host.backends import BackendError
+    from specmesh.host.provision import flash as flash_mod
+    from specmesh.host.provision.cluster import VIRTUAL_HUNG
+
+    (tmp_path / "gate").mkdir()
+    vm, _, gate = gated_vm(tmp_path / "gate")  # VM 0: the board's start; 1: the flash's soft reset
+    monkeypatch.setattr(board_mod, "micropython_binary", lambda: str(vm))
+    if hangs != "its start":
+        (gate / "0").touch()
+    monkeypatch.setattr(board_mod, "VM_START_S", 2.0)
+    real, flashes = flash_mod.flash_checked, []
+    monkeypatch.setattr(flash_mod, "flash_checked", lambda *a, **k: (flashes.append(a), real(*a, **k))[1])
+    with pytest.raises(BackendError) as e, Cluster("serial", models, tmp_path / "boards") as c:
+        c.start("drafter")
+    assert str(e.value) == "virtual drafter board: its VM did not come up within 2 s: " + VIRTUAL_HUNG
+    assert len(flashes) == (0 if hangs == "its start" else 1)
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_two_runs_on_one_flash_folder_the_second_is_told_and_the_first_is_untouched(models, tmp_path):
     """A lock per board folder: the second run is refused in one line naming the folder and the process holding
     it; once the first ends (even killed: the kernel drops the lock) the folder is free."""

@@ -128,6 +128,15 @@ class BoardError(RuntimeError):
     """A virtual board could not start or keep running."""
 
 
+class Hung(BoardError):
+    """A board whose first VM never said it was up within its start's limit, nothing else wrong (it did not exit, the
+    board was not stopped): it hung before its shim was up (VirtualBoard.start); `why`: wait_ready's words."""
+
+    def __init__(self, name: str, why: str):
+        super().__init__(f"{name}: {why}")
+        self.why = why
+
+
 class FolderInUse(BoardError):
     """A virtual board's flash folder is held by another process (`holder`: its pid, or None)."""
 
@@ -433,7 +442,9 @@ class VirtualBoard:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self, timeout: float = VM_START_S) -> VirtualBoard:
+    def start(self, timeout: float | None = None) -> VirtualBoard:
+        """Start the board's first VM and wait for it to be up (`timeout` s at most; None: VM_START_S, read now):
+        BoardError where it does not come up, Hung where it hangs."""
         self.flash_dir.mkdir(parents=True, exist_ok=True)
         self.flash_dir.chmod(0o700)  # a board's flash may hold its deployment key (docs/security.md)
         if self.flash_bytes is not None:
@@ -458,7 +469,10 @@ class VirtualBoard:
             self._threads.append(t)
         why = self.wait_ready(limit=timeout)  # the shim is up: the board boots boot.py/main.py from here
         if why is not None:
+            hung = not self.failed and not self._stopping.is_set()
             self.stop()
+            if hung:
+                raise Hung(self.name, why)
             raise BoardError(why if why.startswith(self.name + ": ") else f"{self.name}: {why}")  # _cannot_start's
         return self
 

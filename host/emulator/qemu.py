@@ -31,7 +31,7 @@ from pathlib import Path
 
 from specmesh.host import tempdirs
 from specmesh.host.boardclasses import BoardClass
-from specmesh.host.emulator.board import (EXIT_SOFT, EXIT_SOFT_RAW, VM_START_S, BoardError, VirtualBoard, _erased,
+from specmesh.host.emulator.board import (EXIT_SOFT, EXIT_SOFT_RAW, BoardError, VirtualBoard, _erased,
                                           popen_vm, run_vm)
 from specmesh.host.layout import ROOT
 
@@ -134,7 +134,7 @@ class QemuBoard(VirtualBoard):
     def romfs_path(self) -> Path:
         return self.flash_dir / "romfs.img"
 
-    def start(self, timeout: float = VM_START_S) -> QemuBoard:
+    def start(self, timeout: float | None = None) -> QemuBoard:
         if not self.machine.firmware.is_file():
             raise BoardError(f"{self.machine.firmware} is missing: run `make {self.machine.make_target}`")
         qemu_binary(self.machine)

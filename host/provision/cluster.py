@@ -58,6 +58,10 @@ BACKEND = {"drafter": BoardDrafter, "verifier": BoardVerifier, "stage": BoardSta
 # what to do when no REPL answers a virtual board's flash (flash.NoRepl tells a real board's owner to reset it): a
 # run starts every virtual board's VM afresh
 VIRTUAL_NO_REPL = "its VM stopped answering: run again (a virtual board is started afresh)"
+# what to do about a virtual board's VM that hung before it was up (emulator Hung, flash NotUp): waited for once, for
+# VM_START_S (host/emulator/board.py), no second flash tried
+VIRTUAL_HUNG = ("run again (a virtual board is started afresh); should it hang again, free the host's CPU and memory "
+                "for it")
 
 
 def _host_disk_full(folder: Path, model: Path) -> str | None:
@@ -438,10 +442,10 @@ class Cluster(contextlib.ExitStack):
         no progress bars (boards flashed side by side would draw over each other's). Safe to call from several
         threads at once: each board has its own folder, and what the cluster keeps is added under a lock."""
         from specmesh.host.emulator import BoardError, make_board
-        from specmesh.host.emulator.board import FlashDamaged
+        from specmesh.host.emulator.board import FlashDamaged, Hung
         from specmesh.host.emulator.session import board_mac
         from specmesh.host.provision.flash import (DoesNotFit, FlashError, FlashRequestError, KeyedHalfFlashed, NoRepl,
-                                                   check_request, flash_checked, summary)
+                                                   NotUp, check_request, flash_checked, summary)
 
         model = self.model(kind, board or ROLE_CLASS[kind])
         name, folder = self._folder(kind, board, stage, radio)
@@ -475,7 +479,7 @@ class Cluster(contextlib.ExitStack):
             try:
                 report = flash_checked(vb.port, request, node_id, progress=bars, key=self.key,
                                        clear_key=self.key is None, config=cfg, board_class=vb.board.name)
-            except (DoesNotFit, FlashRequestError):
+            except (DoesNotFit, FlashRequestError, NotUp):  # NotUp: its VM waited for already, VM_START_S if hung
                 raise
             except FlashError:  # a node busy at boot can miss the first interrupt: one more try
                 report = flash_checked(vb.port, request, node_id, progress=bars, key=self.key,
@@ -492,6 +496,8 @@ class Cluster(contextlib.ExitStack):
             if isinstance(e, DoesNotFit):  # no build to flash on a virtual board: its class is what is chosen
                 raise BackendError("virtual %s board (%s): %s: %s" % (kind, vb.board.name, e.fact,
                                                                       VIRTUAL_TOO_SMALL[kind])) from None
+            if isinstance(e, (Hung, NotUp)) and not vb.failed:  # failed: its own words, below
+                raise BackendError("virtual %s board: %s: %s" % (kind, e.why, VIRTUAL_HUNG)) from None
             if isinstance(e, NoRepl) and not vb.failed:  # no reset button or plug: its VM is started afresh
                 raise BackendError("virtual %s board: %s: %s" % (kind, e.fact, VIRTUAL_NO_REPL)) from None
             if isinstance(e, KeyedHalfFlashed):  # its flash is a build folder: no esptool, no emulate

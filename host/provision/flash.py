@@ -143,6 +143,16 @@ class KeyedHalfFlashed(Advised):
     write) and the board was then reset."""
 
 
+class NotUp(FlashError):
+    """A virtual board whose VM did not come up when the flash waited for it (`why`: wait_ready's words: it hung before
+    it was up for the whole VM_START_S, could not start, kept exiting, or its emulate's port closed) at `step` (what the
+    board did not do, in words); no second flash mends that, so a run tries none (host/provision/cluster.py)."""
+
+    def __init__(self, port: str, step: str, why: str):
+        super().__init__(f"{port}: the virtual board {step}: {why}")
+        self.why = why
+
+
 class Lost(FlashError):
     """The board went away in the middle of a command (unplugged, reset, its emulate stopped): the fact, to which
     the command's caller adds what to do (`gone`), knowing whether the port is a virtual board's."""
@@ -427,7 +437,7 @@ def _vm_raw_repl(transport, vb, port: str, soft_reset: bool, timeout: float) -> 
         raise TransportError("could not enter raw repl")
     why = vb.wait_ready(after=boots)
     if why is not None:
-        raise FlashError(f"{port}: the virtual board did not come back from a soft reset: {why}")
+        raise NotUp(port, "did not come back from a soft reset", why)
     if not transport.read_until(1, RAW_PROMPT, timeout_overall=timeout).endswith(RAW_PROMPT):
         raise TransportError("could not enter raw repl")
     transport.in_raw_repl = True
@@ -448,7 +458,7 @@ def _wait_up(vb, port: str) -> None:
     line where it does not come up (it cannot start, keeps exiting or hangs; an emulate's port closed)."""
     why = vb.wait_ready() if vb is not None else None
     if why is not None:
-        raise FlashError(f"{port}: the virtual board is not up: {why}")
+        raise NotUp(port, "is not up", why)
 
 
 def _silent(*_args, **_kwargs) -> None:
