@@ -62,6 +62,26 @@ def _reboot(port: str, started, n: int) -> None:
     appears(started / str(n))
 
 
+def _kill_vm(proc: subprocess.Popen, port: str, started, n: int) -> None:
+    """Kill the running VM of the emulate `proc`'s board on `port` (a crash): the emulate boots the board again, in VM
+    `n`, held at its gate; returns once the port shows that boot (Shown: up to SHOW_S after it starts)."""
+    vms = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(vms) == 1, vms
+    fd = os.open(port, os.O_RDWR | os.O_NOCTTY)
+    try:
+        shown = board_mod.Shown(fd)
+        before = shown.boots
+        os.kill(int(vms[0]), signal.SIGKILL)
+        appears(started / str(n))
+        for _ in range(3000):
+            if shown.boots != before:
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"the port still shows boot {before}")
+    finally:
+        os.close(fd)
+
+
 def _held_then_let_through(worker: threading.Thread, outcome: list, started, gate, holds: dict[int, float]) -> None:
     """Hold each VM n of `holds`, as it starts, for holds[n] seconds, past the worker's clocks, then let it through: the
     worker waits on, it does not end (with `outcome`)."""
@@ -89,9 +109,10 @@ def _connecting(port: str, outcome: list) -> threading.Thread:
 def test_an_emulate_board_slow_to_boot_is_flashed_and_run(gated_emulate, monkeypatch):
     """A flash met an emulate's board rebooting with a clock of its own (10 s, mpremote's too): a VM start past it
     failed the flash ("the board is silent", after 11.5 s), as it failed a run's discovery (a first HELLO, a soft
-    reset, a HELLO of 10 s). Both wait now for the VM they meet booting and each one that their soft reset starts, held here past their
-    clocks (10 s; REPL_S and discover's, shortened), then time an up VM as a real board's."""
-    _, port, started, gate = gated_emulate
+    reset, a HELLO of 10 s). Both wait now for the VM they meet booting and each one that their soft reset starts, held
+    here past their clocks (10 s; REPL_S and discover's, shortened), then time an up VM as a real board's; the flash
+    waits for the one its reset into the node starts too."""
+    proc, port, started, gate = gated_emulate
     monkeypatch.setattr(flash_module, "REPL_S", HOLD_S - 1)
     _reboot(port, started, 1)
     outcome: list = []
@@ -104,17 +125,17 @@ def test_an_emulate_board_slow_to_boot_is_flashed_and_run(gated_emulate, monkeyp
 
     worker = threading.Thread(target=flash, daemon=True)
     worker.start()
-    # the VM it met booting, past the clock that timed it before; the one its soft reset started
-    _held_then_let_through(worker, outcome, started, gate, {1: OLD_CLOCK_S + 1.5, 2: HOLD_S})
-    appears(started / "3")  # the flash's last reset: the node's boot, held for the run below
+    # the VM it met booting, past the clock that timed it before; the one its soft reset started; the node's
+    _held_then_let_through(worker, outcome, started, gate, {1: OLD_CLOCK_S + 1.5, 2: HOLD_S, 3: HOLD_S})
     worker.join(timeout=300)
     assert outcome and not isinstance(outcome[0], Exception), outcome
+    _kill_vm(proc, port, started, 4)  # the node's VM ends: the board boots again, held for the run below
     monkeypatch.setattr(cluster, "FIRST_HELLO_S", HOLD_S - 1)
     monkeypatch.setattr(cluster, "discover", functools.partial(cluster.discover, deadline=HOLD_S - 1))
     outcome.clear()
     worker = _connecting(port, outcome)
     worker.start()
-    _held_then_let_through(worker, outcome, started, gate, {3: HOLD_S})
+    _held_then_let_through(worker, outcome, started, gate, {4: HOLD_S})
     worker.join(timeout=120)
     assert outcome and not isinstance(outcome[0], Exception), outcome
 
@@ -197,13 +218,13 @@ def test_a_keyed_flash_ends_the_node_of_an_emulate_board_slow_to_boot(gated_emul
     flash's Ctrl-C ("did not answer with its REPL"). That HELLO's clock now starts once the VM is up."""
     from specmesh.host.provision.keys import load_key, new_key_file
 
-    _, port, started, gate = gated_emulate
+    proc, port, started, gate = gated_emulate
     new_key_file(tmp_path / "k")
     key = load_key(str(tmp_path / "k"))
-    for n in (1, 3, 4):  # the flashes' soft resets, and the last flash's node
+    for n in (1, 2, 4, 5, 6):  # the flashes' soft resets and nodes, and the RESET's reboot
         (gate / str(n)).touch()
     flash_module.flash(port, "drafter", key=key, progress=False)
-    appears(started / "2")  # the node the flash reset to: its VM held, booting
+    _kill_vm(proc, port, started, 3)  # its node's VM ends: the board boots again, its VM held
     outcome: list = []
 
     def flash() -> None:
@@ -214,6 +235,6 @@ def test_a_keyed_flash_ends_the_node_of_an_emulate_board_slow_to_boot(gated_emul
 
     worker = threading.Thread(target=flash, daemon=True)
     worker.start()
-    _held_then_let_through(worker, outcome, started, gate, {2: HOLD_S})
+    _held_then_let_through(worker, outcome, started, gate, {3: HOLD_S})
     worker.join(timeout=300)
     assert outcome and not isinstance(outcome[0], Exception), outcome

@@ -179,19 +179,25 @@ def test_flashed_firmware_node_answers(virtual_board, tmp_path):
     assert "/rom/drafter.spm" in report.written
     assert report.board.arch == "x64" and "/native/x64.mpy" in report.written  # the module for its arch only
     assert not [d for d in report.written if d.startswith("/native/") and d != "/native/x64.mpy"]
-    with contextlib.ExitStack() as stack:
-        bus = _open(vb.port, stack)
-        assert discover(bus).src == 1
-        hello = m.unpack_hello(bus.request(BROADCAST, m.HELLO).payload)
-    assert (hello[2], hello[3]) == (m.ROLE_DRAFTER, "/rom/drafter.spm")
-    assert hello[0] == flash_module.firmware_id()  # the id of the files flashed, which the host compares with its own
+    def hello() -> tuple:
+        with contextlib.ExitStack() as stack:
+            bus = _open(vb.port, stack)
+            assert discover(bus).src == 1
+            return m.unpack_hello(bus.request(BROADCAST, m.HELLO).payload)
+
+    said = hello()
+    assert (said[2], said[3]) == (m.ROLE_DRAFTER, "/rom/drafter.spm")
+    assert said[0] == flash_module.firmware_id()  # the id of the files flashed, which the host compares with its own
     # the board it stands for, as a classic ESP32 names itself (the stats' machine), not the VM's build
-    assert hello[1] == "Generic ESP32 module with ESP32"
-    assert hello[9] == "native"  # the flashed module passed its self-test
+    assert said[1] == "Generic ESP32 module with ESP32"
+    assert said[9] == "native"  # the flashed module passed its self-test
     (vb.flash_dir / "native" / ".selftest").write_bytes(b"")  # as a module that stopped the board leaves it
     (vb.flash_dir / "native" / "xtensawin.mpy").write_bytes(b"M")  # another arch's module
     again = flash(vb.port, "drafter", model, node_id=1, progress=False)
-    assert again.written == [] and sorted(p.name for p in (vb.flash_dir / "native").iterdir()) == ["x64.mpy"]
+    # both removed: the module self-tested again (its mark is there only while it runs, as the node starts: asked
+    # once the node answers)
+    assert again.written == [] and hello()[9] == "native"
+    assert sorted(p.name for p in (vb.flash_dir / "native").iterdir()) == ["x64.mpy"]
 
 
 def test_a_filesystem_smaller_than_the_flash_is_too_small_not_too_full_and_the_board_stays_usable(
@@ -721,3 +727,65 @@ def test_the_flash_summary_counts_one_file_as_one():
     assert flash_module.summary(none, 1.0).startswith("up to date, not flashed (1 file checked in 1.0 s)")
     two = flash_module.FlashReport("p", info, written=["/a.mpy", "/b.mpy"])
     assert flash_module.summary(two, 1.0).startswith("flashed 2 files (")
+
+
+
+def test_a_flash_returns_once_the_virtual_board_runs_its_new_firmware(virtual_board, models, tmp_path, monkeypatch,
+                                                                      capsys):
+    """A flash's last key (its Ctrl-D, which starts the node) reached a virtual board after the flash returned, so what
+    came next (a flash, a run's discovery) could meet the old VM still up at its REPL, its reset still to come. A flash
+    now returns once the VM of the boot that reset starts is up, held here at its gate (it waits on), and one that does
+    not come up within VM_START_S (shortened) ends the flash in one line."""
+    from specmesh.host.emulator import board as board_mod
+
+    vb = virtual_board()
+    argv = ["flash", "--port", vb.port, "--role", "drafter", "--model", str(models / DRAFTER_FILE)]
+    started, gate = _gated_vms(tmp_path, monkeypatch)  # VM 0: the flash's soft reset; 1: its reset into the node
+    (gate / "0").touch()
+    outcome: list = []
+    worker = threading.Thread(target=lambda: outcome.append(cli.main(argv)), daemon=True)
+    worker.start()
+    try:
+        appears(started / "1")
+        assert worker.is_alive() and not outcome, "the flash returned before the board rebooted into the node"
+    finally:
+        (gate / "1").touch()
+        worker.join(timeout=120)
+    assert outcome == [0], capsys.readouterr().err
+    boots = vb.boots
+    assert vb.wait_ready(after=boots - 1, limit=0) is None  # that boot's VM is up
+    monkeypatch.setattr(board_mod, "VM_START_S", 1.0)
+    (gate / "2").touch()  # the next flash's soft reset; its reset into the node (VM 3) never comes up
+    capsys.readouterr()
+    assert cli.main(argv) == 1
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"specmesh flash: error: {vb.port}: the virtual board did not come back from its reset "
+                              "into the node: its VM did not come up within 1 s\n"), (out, err)
+
+
+def test_flashes_and_hellos_back_to_back_all_go_through(virtual_board, models, tmp_path):
+    """Each flash followed at once by a HELLO or by another flash, keyed (whose node takes no Ctrl-C: the next flash
+    ends it with a signed RESET, which must reach the node, not the old VM's REPL) and not: all go through."""
+    from specmesh.host.bus.links import SerialLink
+    from specmesh.host.bus.proxy import Bus, HostAuth
+    from specmesh.host.provision.keys import load_key, new_key_file
+    from specmesh.shared import messages as m
+    from specmesh.shared.codec import BROADCAST
+
+    new_key_file(tmp_path / "k")
+    key = load_key(str(tmp_path / "k"))
+    vb = virtual_board()
+    model = models / DRAFTER_FILE
+    held = False  # whether the board holds the key: a keyed board is flashed with its key only
+    for i in range(20):
+        keyed = i % 4 < 2  # keyed twice, then twice without: each flash follows one of either kind
+        flash(vb.port, "drafter", model, key=key if keyed or held else None, clear_key=not keyed, progress=False)
+        held = keyed
+        if i % 2:
+            auth = HostAuth(key) if keyed else None
+            link = SerialLink(vb.port, auth=auth)
+            try:
+                reply = Bus(link, deadline=30.0, auth=auth).request(BROADCAST, m.HELLO, deadline=30.0)
+            finally:
+                link.close()
+            assert reply.src == flash_module.NODE_ID["drafter"], (i, reply)

@@ -806,12 +806,25 @@ def flash_checked(
             _send(transport, CONFIG_PATH, config_data, _chunk(info), False, report)
         transport.exit_raw_repl()
         if reset:
-            transport.serial.write(b"\x04")  # soft reset in the friendly REPL: main.py starts the node
+            _reset_into_node(transport, port, virtual)
         return report
     except (FlashError, TransportError, struct.error, OSError) as e:  # struct.error: a raw-paste header cut short
         failed(transport, port, e, virtual)  # (READ_S); an OSError not the port's (port_gone) raised as it is
     finally:
         close(transport)
+
+
+def _reset_into_node(transport, port: str, virtual: bool) -> None:
+    """Soft-reset the board at its friendly REPL, so that main.py starts the node just flashed. A virtual board's (this
+    process's, or an emulate's: _vm) is waited for until the VM of its next boot is up (up to VM_START_S; NotUp where it
+    does not come up): the flash returned as its Ctrl-D was written, and a flash, a HELLO or a discovery right after it
+    could meet the old VM still up at its REPL, the reset still to come."""
+    vb = _vm(port, transport.serial.fd, virtual)
+    boots = vb.boots if vb is not None else 0
+    transport.serial.write(b"\x04")
+    why = vb.wait_ready(after=boots) if vb is not None else None
+    if why is not None:
+        raise NotUp(port, "did not come back from its reset into the node", why)
 
 
 def _romfs_would_hold(info, request: Request) -> bool:
