@@ -261,16 +261,23 @@ class BoardBackend(Unit):
         self.params = None  # no re-synchronisation until this BEGIN went through
         self.known = list(prompt)
         self.held = list(prompt)
-        if self.silent is not None:
-            try:
-                self.proxy.call(m.HELLO, deadline=END_S)
-            except ProxyError:
-                self._unbegun = "%s: stopped answering at the last text's end (%s) and did not answer HELLO within " \
-                                "%.0f s at this one's start either" % (self.name, self.silent, END_S)
-                return
-            self.silent = None
+        if self.silent is not None and not self.answers(END_S):
+            self._unbegun = "%s: stopped answering at the last text's end (%s) and did not answer HELLO within " \
+                            "%.0f s at this one's start either" % (self.name, self.silent, END_S)
+            return
         self._pending = self.proxy.start(m.BEGIN, _begin_body(params, prompt))
         self._begun = params
+
+    def answers(self, wait: float) -> bool:
+        """Whether the node answers HELLO within `wait` s, asked of a board that stopped answering (`begin`; a stage:
+        pipeline.py `_revive`; one a long-lived mesh's lane dropped: host/cli/session.py `_Rejoin`, from a thread of
+        its own, the board asked nothing else meanwhile); answering, it is no longer taken for `silent`."""
+        try:
+            self.proxy.call(m.HELLO, deadline=wait)
+        except ProxyError:
+            return False
+        self.silent = None
+        return True
 
     def _tail(self, committed: Sequence[int]) -> list[int]:
         """`committed` beyond its longest common prefix with what the node holds."""

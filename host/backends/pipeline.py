@@ -166,10 +166,8 @@ class PipelineVerifier:
         failure."""
         for s in self.stages:
             if s.stopped:
-                try:
-                    s.proxy.call(m.HELLO, deadline=REVIVE_S)
-                except ProxyError:
-                    raise BackendError(self.failed) from None
+                if not s.answers(REVIVE_S):
+                    raise BackendError(self.failed)
                 s.stopped = False
         self._stall = None
 
