@@ -392,6 +392,115 @@ def test_a_drafter_board_lost_in_one_generation_is_left_out_of_the_next(models):
     assert again.token_ids == lost.token_ids and again.stats["drafter"] is None and again.stats["failed"] == {}
 
 
+@contextlib.contextmanager
+def stalls_mid_generation(mesh, role: str, monkeypatch):
+    """The lane's `role` board (its back-end, yielded with an `on_piece` that stops its VM at the first piece: a board
+    hung mid-generation, its 30 s deadline shortened to 1 s) and `sent`, the message types its proxy sends from then on;
+    its VM goes on as the block is left, unless the test resumed it (`resume`) before."""
+    import os
+    import signal
+
+    (lane,) = mesh._lanes
+    board = getattr(lane, role)
+    board.proxy.bus.deadline = 1.0
+    vm = mesh._setup.cluster().boards[role].pid
+    sent: list[int] = []
+    start = board.proxy.start
+    stopped: list[bool] = []
+
+    def stop(_piece) -> None:
+        if not stopped:
+            stopped.append(True)
+            os.kill(vm, signal.SIGSTOP)
+            monkeypatch.setattr(board.proxy, "start", lambda *a: (sent.append(a[0]), start(*a))[1])
+
+    try:
+        yield board, stop, sent, lambda: os.kill(vm, signal.SIGCONT)
+    finally:
+        os.kill(vm, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("role", ["drafter", "verifier"])
+def test_a_board_that_stopped_answering_mid_generation_rejoins_its_lane_once_it_answers_again(models, monkeypatch, role):
+    """A board that stopped answering mid-generation (a hang, a reset, a USB hub's hiccup) left a long-lived mesh on
+    plain decoding, or on the cpu verifier, for its whole life, though it went on a moment later. Now the next generation
+    asks it HELLO in the background, without it, and the one after, it having answered, has it back (its drafts, or its
+    verdicts), after one line; the text is the same throughout."""
+    from specmesh.host.backends.board import END_S
+    from specmesh.shared import messages as m
+
+    other = "verifier" if role == "drafter" else "drafter"
+    warned: list[str] = []
+    with Mesh(models=models, gamma="2", say=[].append, warn=warned.append, **{role: "virtual", other: "cpu"}) as mesh:
+        want = mesh.generate("The cat", 16)
+        with stalls_mid_generation(mesh, role, monkeypatch) as (board, stop, sent, resume):
+            asked: list[float] = []
+            answers = board.answers
+            monkeypatch.setattr(board, "answers", lambda wait: (asked.append(wait), answers(wait))[1])
+            lost = mesh.generate("The cat", 16, on_piece=stop)
+            resume()  # it goes on: the next generation asks it again, without it
+            without = mesh.generate("The cat", 16)
+            mesh._lanes[0].gone[role].asking.join()
+            back = mesh.generate("The cat", 16)
+            after = mesh.generate("The cat", 16)
+    done = [lost, without, back, after]
+    assert [d.token_ids for d in done] == [want.token_ids] * 4
+    (failover,) = lost.stats["failovers"]
+    assert lost.stats["failed"] == {role: board.name} and asked == [END_S], asked
+    assert without.stats[role] == (None if role == "drafter" else "cpu") and without.stats["failovers"] == []
+    assert warned == [failover, "%s %s answers again: it %s again from this generation on%s" % (
+        role, board.name, "drafts" if role == "drafter" else "verifies",
+        "" if role == "drafter" else ", in the cpu verifier's place")], warned
+    for d in (back, after):
+        assert d.stats[role] == board.name and d.stats["failovers"] == [] and d.stats["failed"] == {}
+        (row,) = [b for b in d.stats["boards"] if b["role"] == role]
+        assert "error" not in row, row
+    if role == "drafter":
+        assert back.stats["alpha_tested"] > 0 and back.stats["gamma_policy"] == "fixed"  # it drafts again
+    assert m.HELLO in sent and sent[sent.index(m.HELLO) + 1:sent.index(m.HELLO) + 2] == [m.BEGIN], sent
+
+
+@pytest.mark.parametrize("role", ["drafter", "verifier"])
+def test_a_board_that_stays_silent_holds_no_generation_back_and_is_said_once(models, monkeypatch, role):
+    """A board that stopped answering mid-generation and stays silent: the generations after it neither wait for the
+    HELLO that asks it again (it runs beside them, one at a time) nor say anything more than the fail-over's line, and
+    the HELLOs thin out (after one unanswered, the next generation sends none); the board is sent nothing else."""
+    from specmesh.shared import messages as m
+
+    other = "verifier" if role == "drafter" else "drafter"
+    warned: list[str] = []
+    with Mesh(models=models, gamma="2", say=[].append, warn=warned.append, **{role: "virtual", other: "cpu"}) as mesh:
+        want = mesh.generate("The cat", 16)
+        done = [want]
+        with stalls_mid_generation(mesh, role, monkeypatch) as (board, stop, sent, _resume):
+            asked: list[int] = []
+            release = threading.Event()
+            answers = board.answers
+
+            def held(wait: float) -> bool:  # the HELLO held until the test lets it go
+                asked.append(len(done))
+                release.wait(60)
+                return answers(wait)
+
+            monkeypatch.setattr(board, "answers", held)
+            done.append(mesh.generate("The cat", 16, on_piece=stop))
+            for _ in range(2):
+                done.append(mesh.generate("The cat", 16))
+            gone = mesh._lanes[0].gone[role]
+            assert gone.asking.is_alive() and asked == [2], asked  # held still: the generations did not wait for it
+            release.set()
+            gone.asking.join()  # unanswered
+            for _ in range(2):
+                done.append(mesh.generate("The cat", 16))
+    assert [d.token_ids for d in done] == [want.token_ids] * 6
+    assert asked == [2, 5], asked  # one at a time, and none at the generation after the unanswered one
+    assert warned == done[1].stats["failovers"], warned  # the fail-over's line alone
+    for d in done[2:]:
+        assert d.stats[role] == (None if role == "drafter" else "cpu") and d.stats["failovers"] == [], d.stats
+    assert set(sent) <= {m.HELLO, m.DRAFT_REQ, m.VERIFY_REQ} and sent.count(m.HELLO) == 2, sent  # the stalled
+    # generation's request, then HELLOs alone
+
+
 class FailingDrafter(backends.LocalDrafter):
     """The CPU drafter, losing its board after 2 calls; counts the STATS asked of it (`asked`, by all of them)."""
 

@@ -181,9 +181,10 @@ class BoardBackend(Unit):
     def settle(self, wait: float | None = None) -> None:
         """Wait for the BEGIN or COMMIT still in flight, if any (re-synchronising a node that lost the
         session; a refused BEGIN is an error, never a re-synchronisation); `wait`: for `wait` s at most (`stats`).
-        A session `begin` found the board still silent in fails here, before any request is sent."""
+        A session `begin` found the board still silent in fails here, before any request is sent (`Silent`: a board that
+        stopped answering, which a long-lived mesh asks again, host/cli/session.py `_Rejoin`)."""
         if self._unbegun is not None:
-            raise BackendError(self._unbegun)
+            raise Silent(self._unbegun, self.silent or "")
         call, self._pending = self._pending, None
         begun, self._begun = self._begun, None
         if call is not None:

@@ -17,9 +17,11 @@ generations, one after another or, where its back-ends allow, side by side:
 
 Every generation may fail over: a verifier that fails is replaced by the `cpu` one (kept by the lane for the
 generations after), a drafter that fails leaves the stream on plain decoding (host/decode/orchestrator.py), and
-the lane's generations after it too. A board that did not answer at a generation's end (its stats, END_S: its row
-says so, `stopped_line`) is asked HELLO first by the next (host/backends/board.py `begin`): still silent, that
-generation fails over at once, sending it no request that would wait out its deadline.
+the lane's generations after it too; a board among them that stopped answering is asked HELLO again beside the
+lane's next generations, waiting for none, and is back in the lane once it answered (`_Rejoin`). A board that did
+not answer at a generation's end (its stats, END_S: its row says so, `stopped_line`) is asked HELLO first by the next
+(host/backends/board.py `begin`): still silent, that generation fails over at once, sending it no request that
+would wait out its deadline.
 A generation ends at the end token, `max_tokens`, a full context, a stop string, or when its `cancel` event
 is set (checked after each round: the boards finish the round they are in and are left with nothing
 pending; the next BEGIN starts them afresh).
@@ -399,6 +401,10 @@ def board_stats(parts: list, tokens: int = 0, projector=None, failed: AbstractSe
     return out
 
 
+# the line of a board that a lane dropped when it stopped answering and that answered again (`Mesh._rejoin`), by role
+REJOINED = {"drafter": "drafter %s answers again: it drafts again from this generation on",
+            "verifier": "verifier %s answers again: it verifies again from this generation on, in the cpu verifier's "
+                        "place"}
 # what the next generation of a long-lived mesh does with a board still silent when it asks it again, by its role
 STILL_SILENT = {"drafter": "goes on with plain decoding", "verifier": "the cpu verifier takes over",
                 "stage": "fails with its line (no board replaces a stage)"}
@@ -711,6 +717,9 @@ class Lane:
 
     verifier: object
     drafter: object | None
+    # by role, each board the lane dropped because it stopped answering, asked again until it rejoins (`_Rejoin`)
+    gone: dict[str, _Rejoin] = field(default_factory=dict)
+    cpu: object | None = None  # the cpu verifier that took over from its verifier board (`Mesh._fall_back`)
 
     def idle(self, idle: bool = True) -> None:
         """Mark its streams of shared models idle (a free lane) or busy: a Batcher waits only for busy ones."""
@@ -718,6 +727,49 @@ class Lane:
             engine = getattr(getattr(backend, "stream", None), "engine", None)
             if hasattr(engine, "idle"):
                 engine.idle(idle)
+
+
+REJOIN_SKIP = 32  # the most generations a board that stays silent lets begin between two HELLOs (`_Rejoin`)
+
+
+class _Rejoin:
+    """A board a lane dropped because it stopped answering (a request or a generation's first HELLO unanswered: a hang,
+    a reset, a USB hub's hiccup), asked HELLO again from a thread of its own as a later generation begins (`back`),
+    which waits for nothing: one HELLO at a time, the first at the next generation's start, and after k unanswered in a
+    row only once 2**(k-1) more generations began (REJOIN_SKIP at most), so a board that stays silent costs a HELLO now
+    and then and no line. Its bus carries nothing else to it meanwhile: the lane's generations run without it, its
+    stats are not asked."""
+
+    def __init__(self, board: BoardBackend):
+        self.board = board
+        self.unanswered = 0  # HELLOs in a row it left unanswered
+        self.skip = 0  # generations to begin before the next HELLO
+        self.answered = False
+        self.asking: threading.Thread | None = None
+
+    def back(self) -> bool:
+        """At a lane's generation's start: whether the board answered a HELLO since (it rejoins the lane for this
+        generation); else one is sent, where due, its answer read by a later generation's `back`."""
+        if self.asking is not None:
+            if self.asking.is_alive():
+                return False
+            self.asking = None
+            if self.answered:
+                return True
+            self.unanswered += 1
+            self.skip = min(2 ** (self.unanswered - 1), REJOIN_SKIP)
+        if self.skip:
+            self.skip -= 1
+            return False
+        self.asking = threading.Thread(target=self._ask, name="specmesh-rejoin", daemon=True)
+        self.asking.start()
+        return False
+
+    def _ask(self) -> None:
+        try:
+            self.answered = self.board.answers(END_S)
+        except Exception:  # noqa: BLE001 - (a link closed under it as the mesh closes) silent, said nowhere
+            self.answered = False
 
 
 # `specmesh run`'s flags of one generation, which a Mesh (many generations) takes no value for (serve refuses them too)
@@ -801,6 +853,10 @@ class Mesh(contextlib.AbstractContextManager):
                 self._ended.wait_for(lambda: all(ident == me for ident in self._running.values()), timeout=wait_s)
         finally:
             self._setup.close()
+            for lane in self._lanes:  # a HELLO of a board's `_Rejoin` still asking, ended by its closed link
+                for gone in lane.gone.values():
+                    if gone.asking is not None:
+                        gone.asking.join(END_S)
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -1135,6 +1191,7 @@ class Mesh(contextlib.AbstractContextManager):
                 if lane is None:
                     return self._unbegun(prompt, request)
                 return self.complete(prompt, request, on_piece, cancel, controller, lane)
+        self._rejoin(lane)
         params = request.session_params(eos=self.eos)
         verifier, drafter = lane.verifier, lane.drafter
         # With sampling, which positions get a draft changes the text (the accept test and the residual
@@ -1176,21 +1233,39 @@ class Mesh(contextlib.AbstractContextManager):
         stats.update(gamma_costs=None, stop="cancelled")
         return Completion("", [], "cancelled", stats)
 
+    def _rejoin(self, lane: Lane) -> None:
+        """At a generation's start on `lane`: each board it dropped that answered a HELLO since takes its place again
+        (a verifier board's from the cpu verifier), with one line to `warn`; the others are asked again where due, in
+        the background (`_Rejoin`)."""
+        for role, gone in list(lane.gone.items()):
+            if gone.back():
+                del lane.gone[role]
+                setattr(lane, role, gone.board)
+                if self.warn is not None:
+                    self.warn(REJOINED[role] % gone.board.name)
+
     def _fall_back(self, lane: Lane):
-        """The `cpu` verifier taking over from the lane's failed one, kept by the lane for what follows (none once
-        the mesh is closed: its back-ends were released under the generation, which ends)."""
+        """The `cpu` verifier taking over from the lane's failed one, kept by the lane for what follows, and for the
+        next fail-over of a verifier board that rejoined it (none once the mesh is closed: its back-ends were released
+        under the generation, which ends)."""
         if self._closed:
             return None
-        lane.verifier = self._setup.make("verifier", "cpu")
+        if lane.cpu is None:
+            lane.cpu = self._setup.make("verifier", "cpu")
+        lane.verifier = lane.cpu
         return lane.verifier
 
     def _decode(self, prompt: Sequence[int], lane: Lane, params: SessionParams, max_tokens: int,
                 controller: GammaController, watch: _Watch) -> Result:
         """The one call of the decode loop (host/decode/orchestrator.py) for every generation of every command."""
+        began = {"verifier": lane.verifier, "drafter": lane.drafter}
         try:
             result = generate(prompt, lane.verifier, lane.drafter, params, max_tokens, controller, watch)
             if "drafter" in result.failed:  # left out of the lane's next generations too: each would begin it
                 lane.drafter = None  # again and wait out its deadline (chat's next turn, serve's next request)
+            for role, error in result.errors.items():  # a board that stopped answering is asked again (_Rejoin)
+                if isinstance(error, Silent) and isinstance(began[role], BoardBackend):
+                    lane.gone[role] = _Rejoin(began[role])
             return result
         except _CallbackRaised as e:
             raise e.error from None

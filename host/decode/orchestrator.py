@@ -111,6 +111,8 @@ class Result:
     begin_s: float = 0.0  # the BEGIN calls (a drafter board prefills there; a verifier at its first verdict)
     failovers: list[str] = field(default_factory=list)  # one line per back-end that failed and was replaced
     failed: dict[str, str] = field(default_factory=dict)  # role -> name of its back-end that failed mid-run
+    # role -> that back-end's failure: a long-lived mesh asks a board that stopped answering again (host/cli/session.py)
+    errors: dict[str, BackendError] = field(default_factory=dict)
 
     @property
     def drafted(self) -> int:
@@ -570,6 +572,7 @@ class _Failover:
             raise e
         self._say("drafter %s failed (%s): going on with plain decoding" % (drafter.name, _why(drafter, e)))
         self.result.failed.setdefault("drafter", drafter.name)
+        self.result.errors.setdefault("drafter", e)
 
     def draft(self, drafter: Drafter | None, window: Window | None, committed: list[int],
               gamma: int) -> tuple[Drafter | None, Draft]:
@@ -624,6 +627,7 @@ class _Failover:
                 raise
             failed, verifier = verifier, replacement
             self.result.failed.setdefault("verifier", failed.name)
+            self.result.errors.setdefault("verifier", e)
             verifier.begin(params, committed)
             verdict = verifier.verify(committed, draft)
             self._say("verifier %s failed (%s): %s took over at token %d, %.2f s after"
