@@ -396,13 +396,13 @@ def test_a_drafter_board_lost_in_one_generation_is_left_out_of_the_next(models):
 def stalls_mid_generation(mesh, role: str, monkeypatch):
     """The lane's `role` board (its back-end, yielded with an `on_piece` that stops its VM at the first piece: a board
     hung mid-generation, its 30 s deadline shortened to 1 s) and `sent`, the message types its proxy sends from then on;
-    its VM goes on as the block is left, unless the test resumed it (`resume`) before."""
+    its VM goes on as the block is left, unless the test resumed it (`resume`, which gives it its deadline back) before."""
     import os
     import signal
 
     (lane,) = mesh._lanes
     board = getattr(lane, role)
-    board.proxy.bus.deadline = 1.0
+    deadline, board.proxy.bus.deadline = board.proxy.bus.deadline, 1.0
     vm = mesh._setup.cluster().boards[role].pid
     sent: list[int] = []
     start = board.proxy.start
@@ -414,8 +414,12 @@ def stalls_mid_generation(mesh, role: str, monkeypatch):
             os.kill(vm, signal.SIGSTOP)
             monkeypatch.setattr(board.proxy, "start", lambda *a: (sent.append(a[0]), start(*a))[1])
 
+    def resume() -> None:
+        os.kill(vm, signal.SIGCONT)
+        board.proxy.bus.deadline = deadline  # (1 s would be short for a loaded machine's board that answers)
+
     try:
-        yield board, stop, sent, lambda: os.kill(vm, signal.SIGCONT)
+        yield board, stop, sent, resume
     finally:
         os.kill(vm, signal.SIGCONT)
 
