@@ -505,6 +505,49 @@ def test_a_board_that_stays_silent_holds_no_generation_back_and_is_said_once(mod
     # generation's request, then HELLOs alone
 
 
+def test_a_board_that_answers_hello_but_hangs_each_request_is_asked_ever_later(models, monkeypatch):
+    """A drafter board that answers HELLO, then lets each generation's request wait out its deadline (a node half hung):
+    rejoining at once after each HELLO, it held up every other generation for its deadline, for the mesh's life. Now
+    each time it is dropped again in the generation it rejoined, its next HELLO waits twice as many generations (1, 3,
+    ...), and a generation it serves whole ends that."""
+    import os
+    import signal
+
+    warned: list[str] = []
+    with Mesh(models=models, gamma="2", say=[].append, warn=warned.append, drafter="virtual", verifier="cpu") as mesh:
+        (lane,) = mesh._lanes
+        board = lane.drafter
+        board.proxy.bus.deadline = 1.0  # each hung request fails over after 1 s
+        vm = mesh._setup.cluster().boards["drafter"].pid
+        hung = threading.Event()
+        asked: list[int] = []
+        answers = board.answers
+        monkeypatch.setattr(board, "answers", lambda wait: (asked.append(len(drafted)), answers(wait))[1])
+
+        def hang(_piece) -> None:  # the node stops at a generation's first piece: its next request goes unanswered
+            if not hung.is_set():
+                hung.set()
+                os.kill(vm, signal.SIGSTOP)
+
+        drafted: list[str | None] = []
+        try:
+            for _ in range(7):
+                done = mesh.generate("The cat", 16, on_piece=hang)
+                os.kill(vm, signal.SIGCONT)  # it answers HELLO again between generations
+                hung.clear()
+                drafted.append(done.stats["failed"].get("drafter"))  # the board's name where it was in the lane
+                gone = lane.gone.get("drafter")
+                if gone is not None and gone.asking is not None:
+                    gone.asking.join()
+        finally:
+            os.kill(vm, signal.SIGCONT)
+    # in at generations 0, 2 and 5 (rejoined), dropped there each time; asked HELLO at 1, then 4 (it relapsed
+    # once: one generation skipped), then none before 8 (twice: three skipped)
+    assert drafted == [board.name, None, board.name, None, None, board.name, None], drafted
+    assert asked == [1, 4], asked
+    assert [w.startswith("drafter %s answers again" % board.name) for w in warned] == [False, True] * 2 + [False], warned
+
+
 class FailingDrafter(backends.LocalDrafter):
     """The CPU drafter, losing its board after 2 calls; counts the STATS asked of it (`asked`, by all of them)."""
 

@@ -719,6 +719,9 @@ class Lane:
     drafter: object | None
     # by role, each board the lane dropped because it stopped answering, asked again until it rejoins (`_Rejoin`)
     gone: dict[str, _Rejoin] = field(default_factory=dict)
+    # by role, how many times in a row its board rejoined and stopped answering again before a whole generation ended
+    # (`_Rejoin`'s first HELLO waits the longer: a board that answers HELLO and then hangs each request)
+    relapses: dict[str, int] = field(default_factory=dict)
     cpu: object | None = None  # the cpu verifier that took over from its verifier board (`Mesh._fall_back`)
 
     def idle(self, idle: bool = True) -> None:
@@ -737,13 +740,16 @@ class _Rejoin:
     a reset, a USB hub's hiccup), asked HELLO again from a thread of its own as a later generation begins (`back`),
     which waits for nothing: one HELLO at a time, the first at the next generation's start, and after k unanswered in a
     row only once 2**(k-1) more generations began (REJOIN_SKIP at most), so a board that stays silent costs a HELLO now
-    and then and no line. Its bus carries nothing else to it meanwhile: the lane's generations run without it, its
-    stats are not asked."""
+    and then and no line. A board dropped again in the generation it rejoined, `relapses` times in a row (it answers
+    HELLO, then lets each request wait out its deadline), is asked first after 2**relapses - 1 generations (REJOIN_SKIP
+    at most), so such a board holds up a generation now and then, not every other one. Its bus carries nothing else to
+    it meanwhile: the lane's generations run without it, its stats are not asked."""
 
-    def __init__(self, board: BoardBackend):
+    def __init__(self, board: BoardBackend, relapses: int = 0):
         self.board = board
+        self.relapses = relapses
         self.unanswered = 0  # HELLOs in a row it left unanswered
-        self.skip = 0  # generations to begin before the next HELLO
+        self.skip = min(2 ** relapses - 1, REJOIN_SKIP)  # generations to begin before the next HELLO
         self.answered = False
         self.asking: threading.Thread | None = None
 
@@ -1240,6 +1246,7 @@ class Mesh(contextlib.AbstractContextManager):
         for role, gone in list(lane.gone.items()):
             if gone.back():
                 del lane.gone[role]
+                lane.relapses[role] = gone.relapses + 1  # until it serves a whole generation (`_decode`)
                 setattr(lane, role, gone.board)
                 if self.warn is not None:
                     self.warn(REJOINED[role] % gone.board.name)
@@ -1263,9 +1270,12 @@ class Mesh(contextlib.AbstractContextManager):
             result = generate(prompt, lane.verifier, lane.drafter, params, max_tokens, controller, watch)
             if "drafter" in result.failed:  # left out of the lane's next generations too: each would begin it
                 lane.drafter = None  # again and wait out its deadline (chat's next turn, serve's next request)
-            for role, error in result.errors.items():  # a board that stopped answering is asked again (_Rejoin)
-                if isinstance(error, Silent) and isinstance(began[role], BoardBackend):
-                    lane.gone[role] = _Rejoin(began[role])
+            for role, board in began.items():  # a board that stopped answering is asked again (_Rejoin)
+                error = result.errors.get(role)
+                if isinstance(error, Silent) and isinstance(board, BoardBackend):
+                    lane.gone[role] = _Rejoin(board, lane.relapses.pop(role, 0))
+                elif error is None:
+                    lane.relapses.pop(role, None)  # it served the whole generation
             return result
         except _CallbackRaised as e:
             raise e.error from None
