@@ -66,6 +66,27 @@ def test_flash_copies_verifies_and_starts_the_node(virtual_board, tiny_node):
     assert again.written == [] and len(again.unchanged) == 4
 
 
+def test_boards_flashed_side_by_side_parse_their_replies_one_at_a_time(virtual_board, tiny_node):
+    """mpremote parses a board's eval and listdir replies with ast.literal_eval, whose AST construction in CPython 3.11
+    keeps one recursion count for every thread: two stages flashed side by side once failed one flash with
+    "SystemError: AST constructor recursion depth mismatch" (in CI). Once a board is opened, mpremote's parses go
+    through the flash's lock: one held here holds them back."""
+    from mpremote import transport, transport_serial
+
+    sources, model = tiny_node
+    vb = virtual_board(romfs_bytes=0)
+    flash(vb.port, "drafter", model, node_id=7, sources=sources, progress=False)
+    for module in (transport, transport_serial):
+        got: list[object] = []
+        parse = threading.Thread(target=lambda: got.append(module.ast.literal_eval("[('main.py', 32768, 0)]")))
+        with flash_module._PARSING:
+            parse.start()
+            parse.join(0.5)
+            assert parse.is_alive() and got == [], module  # held back by the lock
+        parse.join(10)
+        assert got == [[("main.py", 32768, 0)]], module
+
+
 def _board_sha256(port, path):
     return mpremote(port, "exec", "import hashlib; print(hashlib.sha256(open(%r, 'rb').read()).digest().hex())"
                     % path).stdout.strip()

@@ -39,6 +39,7 @@ line. Unchanged files (same hash on the board) are not copied again.
 
 from __future__ import annotations
 
+import ast
 import base64
 import contextlib
 import errno
@@ -46,6 +47,8 @@ import hashlib
 import json
 import re
 import struct
+import threading
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -371,6 +374,7 @@ def open_board(port: str, timeout: float | None = None, virtual: bool = False, k
     deployment key; `role`: the one the board is flashed for, named in the flash command the advice gives (ROLE where
     unknown: a bench). `timeout`: how long the REPL may take to answer, and to come back from the soft reset (None:
     REPL_S); a virtual board's (this process's, an emulate's) once its VM is up (_vm_raw_repl)."""
+    from mpremote import transport as mpremote_transport
     from mpremote import transport_serial
     from mpremote.transport import TransportError
     from mpremote.transport_serial import SerialTransport
@@ -382,6 +386,8 @@ def open_board(port: str, timeout: float | None = None, virtual: bool = False, k
     # (a board reset mid-flash printed b'...paste mode; Ctrl-C to cancel...' above it). Not redirect_stdout: boards
     # are flashed side by side on threads, whose redirects would interleave and could leave sys.stdout redirected.
     setattr(transport_serial, "print", _silent)
+    for module in (mpremote_transport, transport_serial):  # their replies parsed one thread at a time (literal_eval)
+        setattr(module, "ast", ONE_AT_A_TIME)
     if not ports.exists(port):
         raise FlashRequestError(ports.missing(port))
     try:  # mpremote's error says only that the open failed: any is tried again, as a refused lock is
@@ -463,6 +469,22 @@ def _wait_up(vb, port: str) -> None:
 
 def _silent(*_args, **_kwargs) -> None:
     """print's stand-in in mpremote's serial transport (open_board)."""
+
+
+_PARSING = threading.Lock()
+
+
+def literal_eval(text: str):
+    """ast.literal_eval, one thread at a time. CPython 3.11 builds an AST's objects with one recursion count for every
+    thread (python/cpython#106905): where a garbage collection in one parse runs Python code and another thread parses
+    meanwhile, one of them fails with "SystemError: AST constructor recursion depth mismatch", as a pipeline's stage did
+    while two were flashed side by side (each listing its folders; once in CI). mpremote parses its `eval` and
+    `fs_listdir` replies with this (its modules' `ast`, ONE_AT_A_TIME: open_board), the probe's reply too."""
+    with _PARSING:
+        return ast.literal_eval(text)
+
+
+ONE_AT_A_TIME = types.SimpleNamespace(literal_eval=literal_eval)  # `ast` in mpremote's transport modules (open_board)
 
 
 def _no_repl(port: str, timeout: float, wait_s: float = 1.5, virtual: bool = False,
@@ -554,9 +576,7 @@ def probe(transport) -> BoardInfo:
         out = transport.exec(PROBE)
     except TransportError as e:
         raise FlashError(f"the board did not answer the probe: {e}") from None
-    import ast
-
-    version, *rest = ast.literal_eval(out.decode().strip())
+    version, *rest = literal_eval(out.decode().strip())
     return BoardInfo(tuple(version), *rest)
 
 
