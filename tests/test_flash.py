@@ -810,3 +810,48 @@ def test_flashes_and_hellos_back_to_back_all_go_through(virtual_board, models, t
             finally:
                 link.close()
             assert reply.src == flash_module.NODE_ID["drafter"], (i, reply)
+
+
+def test_a_no_reset_flash_returns_with_the_board_at_its_prompt(virtual_board, tiny_node):
+    """A --no-reset flash leaves the board at its friendly REPL, whose banner and prompt its last key (Ctrl-B, out of
+    the raw REPL) made the board print after the flash returned: what came next met them in flight (a Ctrl-C then a
+    Ctrl-D read that prompt as the Ctrl-C's). The flash now returns once that prompt was read, so a line written at
+    once gets its echo and answer, and nothing before them, each of 20 times."""
+    sources, model = tiny_node
+    vb = virtual_board()
+    for i in range(20):
+        flash(vb.port, "drafter", model, sources=sources, progress=False, reset=False)
+        with open_port(vb.port) as ser:
+            ser.write(b"print(1+1)\r")
+            assert read_until(ser, b">>> ") == b"print(1+1)\r\n2\n>>> ", i  # the unix port prints "\n"
+
+
+def test_a_no_reset_flash_whose_board_never_shows_its_prompt_fails_in_one_line(virtual_board, tiny_node, monkeypatch,
+                                                                             capsys):
+    """A board that froze as a --no-reset flash ended (its VM stopped as the flash's Ctrl-B is sent): the flash waits
+    REPL_S (shortened then) for the prompt, not for ever, and says in one line that its files are in place."""
+    from mpremote.transport_serial import SerialTransport
+
+    _, model = tiny_node
+    vb = virtual_board()
+    stopped: list[int] = []
+    exit_raw_repl = SerialTransport.exit_raw_repl
+
+    def freezing(transport) -> None:
+        if not stopped:
+            stopped.append(vb.pid)
+            os.kill(stopped[0], signal.SIGSTOP)
+            monkeypatch.setattr(flash_module, "REPL_S", 0.5)
+        exit_raw_repl(transport)
+
+    monkeypatch.setattr(SerialTransport, "exit_raw_repl", freezing)
+    try:
+        assert cli.main(["flash", "--port", vb.port, "--role", "drafter", "--model", str(model), "--no-reset"]) == 1
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert err.startswith(f"specmesh flash: error: {vb.port}: the flash is written and verified, but the board did not "
+                          "show its REPL's prompt within 0.5 s after it: "), err
+    assert json.loads((vb.flash_dir / "specmesh.json").read_text())["role"] == "drafter"

@@ -827,6 +827,8 @@ def flash_checked(
         transport.exit_raw_repl()
         if reset:
             _reset_into_node(transport, port, virtual)
+        else:
+            _at_prompt(transport)
         return report
     except (FlashError, TransportError, struct.error, OSError) as e:  # struct.error: a raw-paste header cut short
         failed(transport, port, e, virtual)  # (READ_S); an OSError not the port's (port_gone) raised as it is
@@ -845,6 +847,19 @@ def _reset_into_node(transport, port: str, virtual: bool) -> None:
     why = vb.wait_ready(after=boots) if vb is not None else None
     if why is not None:
         raise NotUp(port, "did not come back from its reset into the node", why)
+
+
+FRIENDLY_PROMPT = b"\r\n>>> "  # the friendly REPL's prompt, after the banner it prints as the raw REPL is left
+
+
+def _at_prompt(transport) -> None:
+    """Read up to the prompt of the friendly REPL a --no-reset flash leaves the board at: its banner and `>>> ` come
+    after the flash's last key (exit_raw_repl's Ctrl-B), and what a caller wrote next met them in flight (a Ctrl-C
+    took that prompt for its own, and the Ctrl-D sent behind it was lost). Lost where it does not come within REPL_S
+    (the board froze, or was reset, as the flash ended)."""
+    if not transport.read_until(1, FRIENDLY_PROMPT, timeout_overall=REPL_S).endswith(FRIENDLY_PROMPT):
+        raise Lost(f"the flash is written and verified, but the board did not show its REPL's prompt within {REPL_S:g} "
+                   "s after it")
 
 
 def _romfs_would_hold(info, request: Request) -> bool:
