@@ -825,10 +825,7 @@ def flash_checked(
         else:
             _send(transport, CONFIG_PATH, config_data, _chunk(info), False, report)
         transport.exit_raw_repl()
-        if reset:
-            _reset_into_node(transport, port, virtual)
-        else:
-            _at_prompt(transport)
+        _leave(transport, port, virtual, reset)
         return report
     except (FlashError, TransportError, struct.error, OSError) as e:  # struct.error: a raw-paste header cut short
         failed(transport, port, e, virtual)  # (READ_S); an OSError not the port's (port_gone) raised as it is
@@ -847,6 +844,15 @@ def _reset_into_node(transport, port: str, virtual: bool) -> None:
     why = vb.wait_ready(after=boots) if vb is not None else None
     if why is not None:
         raise NotUp(port, "did not come back from its reset into the node", why)
+
+
+def _leave(transport, port: str, virtual: bool, reset: bool) -> None:
+    """Leave the flashed board where the flash returns it: its node started (`reset`), else at its friendly REPL; each
+    waited for, so that what the caller sends next meets none of the flash's own keys in flight."""
+    if reset:
+        _reset_into_node(transport, port, virtual)
+    else:
+        _at_prompt(transport)
 
 
 FRIENDLY_PROMPT = b"\r\n>>> "  # the friendly REPL's prompt, after the banner it prints as the raw REPL is left
