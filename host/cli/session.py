@@ -747,7 +747,6 @@ class _Rejoin:
 
     def __init__(self, board: BoardBackend, relapses: int = 0):
         self.board = board
-        self.relapses = relapses
         self.unanswered = 0  # HELLOs in a row it left unanswered
         self.skip = min(2 ** relapses - 1, REJOIN_SKIP)  # generations to begin before the next HELLO
         self.answered = False
@@ -1246,7 +1245,7 @@ class Mesh(contextlib.AbstractContextManager):
         for role, gone in list(lane.gone.items()):
             if gone.back():
                 del lane.gone[role]
-                lane.relapses[role] = gone.relapses + 1  # until it serves a whole generation (`_decode`)
+                lane.relapses[role] = lane.relapses.get(role, 0) + 1  # until it serves a whole generation (`_decode`)
                 setattr(lane, role, gone.board)
                 if self.warn is not None:
                     self.warn(REJOINED[role] % gone.board.name)
@@ -1273,8 +1272,8 @@ class Mesh(contextlib.AbstractContextManager):
             for role, board in began.items():  # a board that stopped answering is asked again (_Rejoin)
                 error = result.errors.get(role)
                 if isinstance(error, Silent) and isinstance(board, BoardBackend):
-                    lane.gone[role] = _Rejoin(board, lane.relapses.pop(role, 0))
-                elif error is None:
+                    lane.gone[role] = _Rejoin(board, lane.relapses.get(role, 0))
+                elif error is None and isinstance(board, BoardBackend):
                     lane.relapses.pop(role, None)  # it served the whole generation
             return result
         except _CallbackRaised as e:

@@ -441,9 +441,7 @@ def _vm_raw_repl(transport, vb, port: str, soft_reset: bool, timeout: float) -> 
     transport.serial.write(b"\x04")  # Ctrl-D at the raw REPL: a soft reset, which ends this VM and starts the next
     if not transport.read_until(1, b"soft reboot\r\n", timeout_overall=timeout).endswith(b"soft reboot\r\n"):
         raise TransportError("could not enter raw repl")
-    why = vb.wait_ready(after=boots)
-    if why is not None:
-        raise NotUp(port, "did not come back from a soft reset", why)
+    _wait_up(vb, port, boots, "did not come back from a soft reset")
     if not transport.read_until(1, RAW_PROMPT, timeout_overall=timeout).endswith(RAW_PROMPT):
         raise TransportError("could not enter raw repl")
     transport.in_raw_repl = True
@@ -459,12 +457,13 @@ def _vm(port: str, fd: int, virtual: bool):
     return shown(fd) if vb is None and virtual else vb
 
 
-def _wait_up(vb, port: str) -> None:
-    """Wait for the VM of the virtual board `vb` (_vm's; None: a real board, not waited for) to be up; FlashError in one
-    line where it does not come up (it cannot start, keeps exiting or hangs; an emulate's port closed)."""
-    why = vb.wait_ready() if vb is not None else None
+def _wait_up(vb, port: str, after: int = 0, step: str = "is not up") -> None:
+    """Wait for the VM of the virtual board `vb` (_vm's; None: a real board, not waited for) to be up, one of another
+    boot than `after` (0: any); NotUp in one line, saying the board's `step`, where it does not come up (it cannot
+    start, keeps exiting or hangs; an emulate's port closed)."""
+    why = vb.wait_ready(after=after) if vb is not None else None
     if why is not None:
-        raise NotUp(port, "is not up", why)
+        raise NotUp(port, step, why)
 
 
 def _silent(*_args, **_kwargs) -> None:
@@ -841,9 +840,7 @@ def _reset_into_node(transport, port: str, virtual: bool) -> None:
     vb = _vm(port, transport.serial.fd, virtual)
     boots = vb.boots if vb is not None else 0
     transport.serial.write(b"\x04")
-    why = vb.wait_ready(after=boots) if vb is not None else None
-    if why is not None:
-        raise NotUp(port, "did not come back from its reset into the node", why)
+    _wait_up(vb, port, boots, "did not come back from its reset into the node")
 
 
 def _leave(transport, port: str, virtual: bool, reset: bool) -> None:
