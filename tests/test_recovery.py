@@ -30,7 +30,7 @@ def test_a_truncated_module_on_a_virtual_boards_flash_is_healed_with_a_line(mode
 def test_a_dead_espnow_verifier_is_replaced_by_the_cpu_and_the_table_names_both(models, tmp_path):
     """The verifier board behind the gateway dies mid-run: the CPU verifier takes over on the committed prefix,
     the text is the one the CPU alone gives, and the stats name the verifier that finished and the dead one."""
-    from specmesh.host.backends import LocalVerifier, SessionParams
+    from specmesh.host.backends import BackendError, LocalVerifier, SessionParams
     from specmesh.host.cli.output import _took_over
     from specmesh.host.decode.gamma import GammaController
     from specmesh.host.decode.orchestrator import Observer, generate
@@ -58,10 +58,11 @@ def test_a_dead_espnow_verifier_is_replaced_by_the_cpu_and_the_table_names_both(
         result = generate(prompt, verifier, drafter, params, 24, GammaController(fixed=2),
                           KillAfterTwo(fails_over=True))
     assert result.tokens == want
-    assert result.failed == {"verifier": verifier.name} and len(result.failovers) == 1
+    assert list(result.failed) == ["verifier"] and result.failed["verifier"].name == verifier.name
+    assert isinstance(result.failed["verifier"].error, BackendError) and len(result.failovers) == 1
     assert "cpu took over" in result.failovers[0]
     assert result.failovers[0].count(verifier.name) == 1, result.failovers  # its failure's "NAME: " not said again
-    stats = {"verifier": "cpu", "failed": result.failed}
+    stats = {"verifier": "cpu", "failed": {"verifier": verifier.name}}
     assert _took_over(stats, "verifier") == "cpu, which took over from %s (it failed)" % verifier.name
 
 

@@ -99,6 +99,11 @@ class BoardStage(BoardBackend):
         return out
 
 
+class StageStopped(BackendError):
+    """A stage stopped answering: the pipeline serves nothing until a later BEGIN finds it answering again (the
+    line: `PipelineVerifier.stalled`, with a run's fix)."""
+
+
 class StageRestarted(BackendError):
     """Stage `index` restarted and lost its session, and with it the positions it held."""
 
@@ -167,7 +172,7 @@ class PipelineVerifier:
         for s in self.stages:
             if s.stopped:
                 if not s.answers(REVIVE_S):
-                    raise BackendError(self.failed)
+                    raise StageStopped(self.failed)
                 s.stopped = False
         self._stall = None
 
@@ -176,7 +181,7 @@ class PipelineVerifier:
 
     def verify(self, committed: Sequence[int], draft: Draft) -> tuple[int, int]:
         if self.failed:
-            raise BackendError(self.failed)
+            raise StageStopped(self.failed)
         if draft.pos0 != len(committed):
             raise BackendError("draft for position %d, but the stream holds %d tokens" % (draft.pos0, len(committed)))
         for s in self.stages:
@@ -222,7 +227,7 @@ class PipelineVerifier:
             return early
         self._drop_early()
         if self.failed:  # a stage stopped answering on its way
-            raise BackendError(self.failed)
+            raise StageStopped(self.failed)
         return None
 
     def _drop_early(self, wait: float | None = None) -> None:
@@ -380,7 +385,7 @@ class PipelineVerifier:
             raise BackendError("%s refused the request: %s%s" % (self._who(s), e.message, "; " + fix if fix else
                                                                  " (error %d)" % e.code)) from None
         except (BackendError, ProxyError) as e:
-            raise BackendError(self._stopped(self.stages.index(stage), str(e).split(": ", 1)[-1])) from None
+            raise StageStopped(self._stopped(self.stages.index(stage), str(e).split(": ", 1)[-1])) from None
         except Restarted:
             s = self.stages.index(stage)
             raise StageRestarted("%s restarted and lost the session" % self._who(s), s) from None

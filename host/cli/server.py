@@ -45,7 +45,8 @@ from starlette.routing import Route
 
 from specmesh.host.cli.config import RunConfig, UsageError
 from specmesh.host.cli.ranges import SEED
-from specmesh.host.cli.session import Completion, GenerationFailed, Mesh, Piece, check_ids, stopped_line
+from specmesh.host.cli.session import (Completion, GenerationFailed, Mesh, Piece, StageSilent, check_ids,
+                                      stopped_line)
 from specmesh.host.decode.tokenizer import lone_surrogate
 
 MODEL_ID = "specmesh"
@@ -432,7 +433,7 @@ class Api:
             done = await self._unless_stuck(asyncio.get_running_loop().run_in_executor(
                 self.threads, self.mesh.complete, prompt, kw["request"], on_piece, cancel))
         except GenerationFailed as e:  # the client hears of it, and the server's operator, who alone can mend the mesh
-            if str(e) == self.mesh.stalled():  # a stage stopped answering: said as serve's, not a run's "run again"
+            if isinstance(e, StageSilent):  # a stage stopped answering: said as serve's, not a run's "run again"
                 e = GenerationFailed(self._stalled() or str(e))
             if self.mesh.warn is not None:
                 self.mesh.warn("a request failed: %s" % e)

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 from specmesh.host import backends
 from specmesh.host.backends import PIPELINE, BackendError, SessionParams
 from specmesh.host.backends.board import END_S, STOPPED, BoardBackend, Silent, stopped_fix
-from specmesh.host.backends.pipeline import PipelineVerifier
+from specmesh.host.backends.pipeline import PipelineVerifier, StageStopped
 from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, class_of, drafter_class, stage_context
 from specmesh.host.cli import registry
 from specmesh.host.cli.config import KERNELS_UNPRICED, RV32_PROJECT, RunConfig, UsageError
@@ -87,6 +87,11 @@ Say = Callable[[str], None]
 
 class GenerationFailed(Exception):
     """A back-end failed once generation had started (e.g. a board stopped answering): exit status 1."""
+
+
+class StageSilent(GenerationFailed):
+    """A pipeline's stage stopped answering (its line has a run's fix: a caller that asks the stage again itself,
+    the API's next generation or serve's next request, says its own: `Mesh.failed`)."""
 
 
 def one_line(e: BaseException) -> str:
@@ -325,7 +330,7 @@ def build_stats(config: RunConfig, params: SessionParams, result: Result, text: 
         # the back-ends that ended the run: the cpu verifier where the one asked for failed, none for a failed drafter
         "verifier": "cpu" if "verifier" in result.failed else verifier.name,
         "drafter": None if "drafter" in result.failed else (drafter.name if drafter else None),
-        "failed": dict(result.failed),  # role -> the back-end that failed mid-run (its line: failovers)
+        "failed": {role: f.name for role, f in result.failed.items()},  # role -> the back-end that failed mid-run (its line: failovers)
         "drafter_window": window_stats(result, prompt_len, drafter.max_seq) if drafter else None,
         "drafter_model": (drafter.info.get("model") if hasattr(drafter, "info") else
                           config.model_file("drafter").name) if drafter else None,
@@ -1105,9 +1110,7 @@ class Mesh(contextlib.AbstractContextManager):
         silent at its text's end is a line to `warn`, as run, chat and serve say theirs."""
         try:
             done = self.complete(ids, request, **rest)
-        except GenerationFailed as e:
-            if str(e) != self.stalled():
-                raise
+        except StageSilent as e:
             raise GenerationFailed(self.failed or str(e)) from None
         stopped = stopped_line(done.stats["boards"], "generation")
         if stopped and self.warn is not None:
@@ -1270,7 +1273,7 @@ class Mesh(contextlib.AbstractContextManager):
             if "drafter" in result.failed:  # left out of the lane's next generations too: each would begin it
                 lane.drafter = None  # again and wait out its deadline (chat's next turn, serve's next request)
             for role, board in began.items():  # a board that stopped answering is asked again (_Rejoin)
-                error = result.errors.get(role)
+                error = result.failed[role].error if role in result.failed else None
                 if isinstance(error, Silent) and isinstance(board, BoardBackend):
                     lane.gone[role] = _Rejoin(board, lane.relapses.get(role, 0))
                 elif error is None and isinstance(board, BoardBackend):
@@ -1278,6 +1281,8 @@ class Mesh(contextlib.AbstractContextManager):
             return result
         except _CallbackRaised as e:
             raise e.error from None
+        except StageStopped as e:
+            raise StageSilent(one_line(e)) from None
         except (BackendError, RuntimeError) as e:
             raise GenerationFailed(one_line(e)) from None
 

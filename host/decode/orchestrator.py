@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from specmesh.host.backends import BackendError, Draft, Drafter, Pending, SessionParams, Verifier
 from specmesh.host.decode.gamma import TABLE, TEXT, GammaController
@@ -102,6 +103,13 @@ class Round:
         return self.lag + (0 if self.reprime else self.owed + (not self.after_hit))
 
 
+class Failed(NamedTuple):
+    """A back-end that failed mid-run: its name (the run's stats) and its error (host/cli/session.py asks a board
+    that went `Silent` again in later generations)."""
+    name: str
+    error: BackendError
+
+
 @dataclass
 class Result:
     tokens: list[int]  # generated tokens (prompt excluded, end-of-stream token excluded)
@@ -110,9 +118,8 @@ class Result:
     stop: str = "max_tokens"  # "eos", "max_tokens", "context" or "stop" (the observer's `stopped()` ended it)
     begin_s: float = 0.0  # the BEGIN calls (a drafter board prefills there; a verifier at its first verdict)
     failovers: list[str] = field(default_factory=list)  # one line per back-end that failed and was replaced
-    failed: dict[str, str] = field(default_factory=dict)  # role -> name of its back-end that failed mid-run
-    # role -> that back-end's failure: a long-lived mesh asks a board that stopped answering again (host/cli/session.py)
-    errors: dict[str, BackendError] = field(default_factory=dict)
+    # role -> its back-end that failed mid-run and how (a long-lived mesh asks a board that went silent again)
+    failed: dict[str, Failed] = field(default_factory=dict)
 
     @property
     def drafted(self) -> int:
@@ -571,8 +578,7 @@ class _Failover:
         if not self.observer.fails_over:
             raise e
         self._say("drafter %s failed (%s): going on with plain decoding" % (drafter.name, _why(drafter, e)))
-        self.result.failed.setdefault("drafter", drafter.name)
-        self.result.errors.setdefault("drafter", e)
+        self.result.failed.setdefault("drafter", Failed(drafter.name, e))
 
     def draft(self, drafter: Drafter | None, window: Window | None, committed: list[int],
               gamma: int) -> tuple[Drafter | None, Draft]:
@@ -626,8 +632,7 @@ class _Failover:
             if replacement is None:
                 raise
             failed, verifier = verifier, replacement
-            self.result.failed.setdefault("verifier", failed.name)
-            self.result.errors.setdefault("verifier", e)
+            self.result.failed.setdefault("verifier", Failed(failed.name, e))
             verifier.begin(params, committed)
             verdict = verifier.verify(committed, draft)
             self._say("verifier %s failed (%s): %s took over at token %d, %.2f s after"
