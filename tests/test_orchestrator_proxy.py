@@ -269,3 +269,85 @@ def test_a_drafter_board_out_of_heap_for_its_drafts_is_told_which_flags_keep_it_
         board._result(Refused())
     assert str(e.value).startswith("virtual:drafter(esp32): node 1 refused the request: out of memory")
     assert (DRAFTS_TOO_BIG in str(e.value)) == advised and ("--draft-top-k" in str(e.value)) == advised
+
+
+
+class Plug(PtyPeer):
+    """A board on a pty that echoes PING and can be unplugged (`unplug`: its pty hangs up, as a USB bridge pulled out
+    does): its thread polls the master, so closing it is not held up by a read in flight."""
+
+    def __init__(self):
+        self.plugged = threading.Event()
+        self.plugged.set()
+        super().__init__()
+
+    def loop(self):
+        import select
+
+        dec = StreamDecoder()
+        while self.plugged.is_set():
+            if not select.select([self.master], [], [], 0.05)[0]:
+                continue
+            try:
+                chunk = os.read(self.master, 4096)
+            except OSError:
+                return
+            for f in dec.feed(chunk):
+                os.write(self.master, encode_line(encode(m.PING, f.payload, src=f.dst, dst=0, seq=f.seq, reply=True)))
+
+    def unplug(self):
+        self.plugged.clear()
+        self.thread.join()
+        os.close(self.master)
+
+
+def test_a_lost_port_is_opened_again_where_it_is_back_and_a_failed_or_closed_link_never(tmp_path):
+    """A link whose port went away (its pty hung up: a USB cable pulled) is opened again at the same path once a port is
+    there again (a board plugged back in: its /dev/serial/by-id/ link points at the new device), and calls go through it
+    again with the counters kept; while no port is there, it stays lost. A link that failed otherwise (the board refused
+    its signature: a key mismatch) is never opened again, its port lost after or not, nor one the host closed."""
+    port = tmp_path / "ttyBOARD"
+    first, back = Plug(), Plug()
+    port.symlink_to(first.port)
+    link = SerialLink(str(port))
+    failed = threading.Event()
+    link.watch(failed.set)
+    try:
+        bus = Bus(link, min_rto=0.5, deadline=10.0, initial_rto=0.5)
+        assert Proxy(bus, node=1).call(m.PING, b"a").payload == b"a"
+        sent = link.bytes_sent
+        first.unplug()
+        assert failed.wait(10) and link.lost and "read failed" in (link.error or "")
+        with pytest.raises(NodeTimeout, match="read failed"):
+            Proxy(bus, node=1).call(m.PING, b"b")
+        port.unlink()
+        assert not bus.relink() and link.lost  # no port there yet: asked again later
+        port.symlink_to(back.port)
+        assert bus.relink() and not link.lost and link.error is None and bus.send_error is None
+        assert Proxy(bus, node=1).call(m.PING, b"c").payload == b"c" and link.bytes_sent > sent
+    finally:
+        link.close()
+        os.close(first.slave)
+        back.close()
+    assert not link.reopen()  # closed by the host
+
+    refusing, again = Plug(), Plug()
+    port.unlink()
+    port.symlink_to(refusing.port)
+    link = SerialLink(str(port))
+    failed = threading.Event()
+    link.watch(failed.set)
+    try:
+        refusal = encode(m.ERROR, m.pack_error(m.E_KEY, m.KEY_WHY[1]), src=1, dst=0, seq=1, reply=True)
+        os.write(refusing.master, encode_line(refusal))  # a keyed board refusing this unsigned link
+        assert failed.wait(10) and "key mismatch" in (link.error or "")
+        said = link.error
+        refusing.unplug()  # its port lost after: the link still failed for the key, never opened again
+        link._reader.join(10)  # (its reader met the hung-up port)
+        port.unlink()
+        port.symlink_to(again.port)
+        assert not link.reopen() and not Bus(link).relink() and link.error == said and not link.lost
+    finally:
+        link.close()
+        os.close(refusing.slave)
+        again.close()

@@ -103,6 +103,10 @@ class FaultyLink:
         return self.link.error
 
     @property
+    def lost(self) -> bool:
+        return self.link.lost
+
+    @property
     def bus_bytes(self) -> int:
         return self.link.bus_bytes
 
@@ -114,6 +118,9 @@ class FaultyLink:
 
     def noise(self) -> tuple[int, dict[str, int]]:
         return self.link.noise()
+
+    def reopen(self) -> bool:
+        return self.link.reopen()
 
     def close(self) -> None:
         self.link.close()

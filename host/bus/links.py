@@ -12,6 +12,12 @@ firmware/node.py) or a signed frame on an unsigned link: the board holds a key a
 reverse, or another key, or a key whose counters are used up. Once a frame passed, an unsigned frame is never
 an answer: a keyed link only tells `on_refusal` (the bus opens its session again, host/bus/proxy.py).
 
+A port that went away under the link (a read or write failed: a USB cable pulled, a hub reset, an emulate stopped) is
+`lost`, and `reopen` opens the same path again once: on a real system it comes back a moment after the board is plugged
+in again (/dev/ttyUSB0, a /dev/serial/by-id/ link), and a long-lived mesh asks its board again (host/cli/session.py
+`_Rejoin`). A link that failed otherwise (a key mismatch, a half-flashed board: the board said what is wrong, and would
+again) or that the host closed is never opened again.
+
 The ESP-NOW transport needs no other host link: the host talks to a gateway board over this same serial
 link, and the gateway relays frames addressed to other nodes over the radio.
 """
@@ -43,6 +49,7 @@ class Link(Protocol):
     on_frame: Callable[[Frame], None] | None  # each decoded frame, on the link's reader thread
     text: collections.deque[str]  # the last lines that were not frames (a node's traceback)
     error: str | None  # why the link died, once it has
+    lost: bool  # it died because its port went away (`reopen` may open it again)
 
     @property
     def bus_bytes(self) -> int: ...  # bytes both ways so far
@@ -55,6 +62,8 @@ class Link(Protocol):
 
     def noise(self) -> tuple[int, dict[str, int]]: ...  # (bytes received, what was no frame, by kind)
 
+    def reopen(self) -> bool: ...  # the port opened again after it was lost (SerialLink.reopen)
+
     def close(self) -> None: ...
 
 
@@ -66,8 +75,9 @@ class SerialLink:
         """`auth`: the host's signing state; frames then must be signed with its key (others are counted
         in `decoder.errors` and dropped). `role`: the one the board is wanted for, named in the flash command its
         lines give (ROLE, for the user to fill in, where no one knows it: a board benchmarked)."""
+        self.baudrate = baudrate
         try:
-            self.ser = open_exclusive(port, baudrate=baudrate, timeout=0.05)
+            self.ser = self._open(port)
         except (serial.SerialException, OSError, ValueError) as e:
             raise LinkError("cannot open %s: %s" % (port, first_line(e))) from None
         self.port = port
@@ -80,11 +90,24 @@ class SerialLink:
         self.decoder = _Decoder(self, auth=auth, max_line=8192, on_text=self._on_text)
         self.error: str | None = None
         self.refused: str | None = None  # the board's words refusing this link's signature (_refused)
+        self.lost = False  # its port went away (a read or write failed): `reopen` may open it again
         self._watchers: list[Callable[[], None]] = []
         self._lock = threading.Lock()
+        self._life = threading.Lock()  # `reopen` and `close`, one at a time
+        self._closed = False  # by the host (`close`): never opened again
+        self._reader = self._read()
+
+    def _open(self, port: str) -> serial.SerialBase:
+        return open_exclusive(port, baudrate=self.baudrate, timeout=0.05)
+
+    def _read(self) -> threading.Thread:
+        """A reader thread started on the port open now, with a stop event of its own (`_stop`: an old port's reader,
+        ended by `reopen`, never reads the new one)."""
         self._stop = threading.Event()
-        self._reader = threading.Thread(target=self._read_loop, name="specmesh-link-" + port, daemon=True)
-        self._reader.start()
+        reader = threading.Thread(target=self._read_loop, args=(self.ser, self._stop), name="specmesh-link-" + self.port,
+                                  daemon=True)
+        reader.start()
+        return reader
 
     def watch(self, callback: Callable[[], None]) -> None:
         """Call `callback` (on the reader thread) when `error` is set."""
@@ -94,8 +117,10 @@ class SerialLink:
         """(bytes received, counts of what was no good frame by kind): what a silent node's port said."""
         return self.bytes_received, dict(self.decoder.errors)
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, lost: bool = False) -> None:
+        """`lost`: the port went away (a link that failed otherwise first stays failed so: never `reopen`ed)."""
         if self.error is None:
+            self.lost = lost
             self.error = message
             for callback in self._watchers:
                 callback()
@@ -134,6 +159,8 @@ class SerialLink:
             try:
                 self.ser.write(data)
             except (serial.SerialException, OSError) as e:
+                if self.error is None:  # (a link failed otherwise stays so)
+                    self.lost = True
                 raise LinkError("%s: write failed: %s" % (self.port, lost_why(e))) from None
             self.bytes_sent += len(data)
 
@@ -141,13 +168,13 @@ class SerialLink:
         with self._lock:
             self.ser.write(data)
 
-    def _read_loop(self) -> None:
-        while not self._stop.is_set():
+    def _read_loop(self, ser: serial.SerialBase, stop: threading.Event) -> None:
+        while not stop.is_set():
             try:
-                chunk = self.ser.read(max(1, self.ser.in_waiting))
+                chunk = ser.read(max(1, ser.in_waiting))
             except (serial.SerialException, OSError, TypeError) as e:
-                if not self._stop.is_set():  # the calls waiting on a reply end now, not at their next retransmission
-                    self._fail("%s: read failed: %s" % (self.port, lost_why(e)))
+                if not stop.is_set():  # the calls waiting on a reply end now, not at their next retransmission
+                    self._fail("%s: read failed: %s" % (self.port, lost_why(e)), lost=True)
                 return
             if not chunk:
                 continue
@@ -160,13 +187,42 @@ class SerialLink:
     def bus_bytes(self) -> int:
         return self.bytes_sent + self.bytes_received
 
-    def close(self) -> None:
+    def reopen(self) -> bool:
+        """Open the port again after it was `lost`, once (no retry but a refused lock's, host/bus/ports.py
+        LOCK_RETRY_S): True when it opened; the old port's reader has ended first, and the new one reads on with
+        `error` cleared and the counters kept. False where the port is still missing, and for a link that failed
+        otherwise (a key mismatch, a half-flashed board) or that the host closed: never opened again."""
+        with self._life:
+            if not self.lost or self._closed:
+                return False
+            self._halt()
+            if self._reader.is_alive():  # (held in an on_frame past the join's wait) asked again later
+                return False
+            try:
+                ser = self._open(self.port)
+            except (serial.SerialException, OSError, ValueError):
+                return False
+            with self._lock:
+                self.ser = ser
+            self.decoder.restart()
+            self.lost = False
+            self.error = None
+            self._reader = self._read()
+            return True
+
+    def _halt(self) -> None:
+        """End the reader (the port's read times out every 50 ms) and close the port."""
         self._stop.set()
         self._reader.join(timeout=1.0)
         try:
             self.ser.close()
         except (serial.SerialException, OSError):
             pass
+
+    def close(self) -> None:
+        with self._life:
+            self._closed = True
+            self._halt()
         # a call still waiting on a reply (a board that stopped answering, held up to its deadline) ends now
         self._fail("%s: closed by the host" % self.port)
 
@@ -177,6 +233,11 @@ class _Decoder(StreamDecoder):
     def __init__(self, link: SerialLink, **kwargs):
         super().__init__(**kwargs)
         self.link = link
+
+    def restart(self) -> None:
+        """Drop the part of a line the lost port left (a reopened link's first line starts afresh); counters kept."""
+        self._n = 0
+        self._overflow = False
 
     def _decode(self, data):
         first = not self.frames  # nothing passed this link's check yet: a refusal is the key-mismatch diagnosis

@@ -251,6 +251,14 @@ class Bus:
         except LinkError as e:
             self.send_error = str(e)
 
+    def relink(self) -> bool:
+        """Open the link's port again where it was lost (host/bus/links.py `reopen`): True when it opened, the calls
+        no longer failing at once (`send_error` cleared too)."""
+        if not self.link.reopen():
+            return False
+        self.send_error = None
+        return True
+
     def request(self, node: int, mtype: int, payload: bytes = b"", session: int = 0,
                 deadline: float | None = None) -> Frame:
         """Send a request to `node` and return its reply frame."""
