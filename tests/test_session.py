@@ -4,6 +4,7 @@ side by side (batched) with the texts each gives alone; a one-lane mesh queues t
 
 import contextlib
 import io
+import os
 import re
 import subprocess
 import sys
@@ -462,6 +463,93 @@ def test_a_board_that_stopped_answering_mid_generation_rejoins_its_lane_once_it_
     if role == "drafter":
         assert back.stats["alpha_tested"] > 0 and back.stats["gamma_policy"] == "fixed"  # it drafts again
     assert m.HELLO in sent and sent[sent.index(m.HELLO) + 1:sent.index(m.HELLO) + 2] == [m.BEGIN], sent
+
+
+@pytest.fixture
+def by_id_link(tmp_path):
+    """A symlink under /dev (where a port must be named) that the test points at a board's pty, as udev's
+    /dev/serial/by-id/ link points at the device a USB board is each time it is plugged in; removed after."""
+    if not os.access("/dev/shm", os.W_OK):
+        pytest.skip("needs a writable /dev/shm for a port's symlink under /dev")
+    link = Path("/dev/shm") / ("specmesh-test-%d-%s" % (os.getpid(), tmp_path.name))
+    yield link
+    link.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("role, signed", [("drafter", False), ("drafter", True), ("verifier", False)])
+def test_a_board_whose_port_went_away_and_came_back_rejoins_its_lane(models, virtual_board, by_id_link, tmp_path, role,
+                                                                     signed):
+    """A board whose port went away mid-mesh (a USB cable pulled, a hub reset, its emulate stopped) failed with its link,
+    which nothing opened again: the long-lived mesh went on without it for its whole life, though the same port came
+    back when the board was plugged in again. Now the generations after ask it again, opening its port first: while
+    it is missing, they go on without it (plain decoding, or the cpu verifier: the same greedy text); once the board is
+    back (a restarted virtual board, its flash kept, the link pointing at its new pty), one of them has it back after one
+    line, its node begun afresh (its session, and a signed bus's, opened anew), and it drafts, or verifies, again."""
+    from specmesh.host.cli.session import PORT_BACK, REJOINED
+    from specmesh.host.layout import DRAFTER_FILE
+    from specmesh.host.provision.flash import flash
+    from specmesh.host.provision.keys import load_key, new_key_file
+
+    other = "verifier" if role == "drafter" else "drafter"
+    key_file = tmp_path / "deploy.key"
+    if signed:
+        new_key_file(key_file)
+    keyed = {"key_file": str(key_file)} if signed else {}
+    vb = virtual_board(name="board")
+    flash(vb.port, role, models / (DRAFTER_FILE if role == "drafter" else TARGET_FILE), progress=False,
+          key=load_key(key_file) if signed else None)
+    by_id_link.symlink_to(vb.port)
+    name = str(by_id_link)
+    warned: list[str] = []
+    with Mesh(models=models, gamma="2", say=[].append, warn=warned.append, **{role: name, other: "cpu"}, **keyed) as mesh:
+        (lane,) = mesh._lanes
+        want = mesh.generate("The cat", 16)
+        vb.stop()  # unplugged: its port goes away, and so does its by-id link
+        by_id_link.unlink()
+        lost = mesh.generate("The cat", 16)
+        missing = mesh.generate("The cat", 16)  # asks it again: no port to open
+        lane.gone[role].asking.join(30)
+        assert not lane.gone[role].answered
+        by_id_link.symlink_to(virtual_board(name="board").port)  # plugged in again: the same flash, another pty
+        done = []
+        while len(done) < 6 and (not done or done[-1].stats[role] != name):
+            done.append(mesh.generate("The cat", 16))
+            gone = lane.gone.get(role)
+            if gone is not None and gone.asking is not None:
+                gone.asking.join(30)
+    back = done[-1]
+    assert [d.token_ids for d in [lost, missing, *done]] == [want.token_ids] * (2 + len(done))
+    assert want.stats[role] == name and lost.stats["failed"] == {role: name}
+    assert all(d.stats[role] == (None if role == "drafter" else "cpu") for d in [missing, *done[:-1]])
+    (failover,) = lost.stats["failovers"]
+    assert failover.endswith(PORT_BACK) and ("read failed" in failover or "write failed" in failover), failover
+    assert warned == [failover, REJOINED[role] % name], warned
+    assert back.stats[role] == name and back.stats["failed"] == {} and back.stats["failovers"] == [], back.stats
+    (row,) = [b for b in back.stats["boards"] if b["role"] == role]
+    assert "error" not in row, row
+    if role == "drafter":
+        assert back.stats["alpha_tested"] > 0  # it drafts again
+
+
+def test_a_runs_board_whose_port_went_away_is_promised_no_later_generation(models, virtual_board, by_id_link,
+                                                                          monkeypatch):
+    """`specmesh run` is one generation: the fail-over line of its drafter board whose port went away says what the
+    run does (plain decoding), not that later generations open the port again (PORT_BACK): a run has none."""
+    from specmesh.host.cli import run as run_mod
+    from specmesh.host.cli.session import PORT_BACK
+    from specmesh.host.layout import DRAFTER_FILE
+    from specmesh.host.provision.flash import flash
+
+    vb = virtual_board(name="board")
+    flash(vb.port, "drafter", models / DRAFTER_FILE, progress=False)
+    by_id_link.symlink_to(vb.port)
+    show = run_mod.Printer.show
+    monkeypatch.setattr(run_mod.Printer, "show", lambda self, segments: (vb.stop(), show(self, segments))[1])  # unplugged
+    stats = run(args(models, "--drafter", str(by_id_link), "--gamma", "2", "--max-tokens", "16", "--prompt", "The cat",
+                     "--quiet"), io.StringIO())
+    (line,) = stats["failovers"]
+    assert line.endswith("going on with plain decoding") and PORT_BACK not in line, line
+    assert stats["failed"] == {"drafter": str(by_id_link)}
 
 
 @pytest.mark.parametrize("role", ["drafter", "verifier"])

@@ -65,6 +65,11 @@ class Silent(BackendError):
         self.why = why
 
 
+class PortLost(Silent):
+    """The node's link died under the request because its port went away (a USB cable pulled, a hub reset, an emulate
+    stopped: host/bus/links.py `lost`): silent as any `Silent` board, until `answers` finds its port back."""
+
+
 STOPPED = "stopped answering"  # how a board's stats row that says so begins (host/cli/session.py board_stats)
 # how long a stream's end (its stats) waits for each reply that its text, out already, does not need: the next round's
 # first position, which a pipeline's last verdict sent (the stage it is at, silent that long, is not asked for stats,
@@ -206,7 +211,8 @@ class BoardBackend(Unit):
                 raise BackendError("%s: %s; %s" % (self.name, e, DRAFTS_TOO_BIG)) from None
             raise Refused("%s: %s" % (self.name, e), e.code, e.message) from None
         except NodeTimeout as e:
-            raise Silent("%s: %s" % (self.name, e), str(e)) from None
+            lost = getattr(self.proxy.bus.link, "lost", False)
+            raise (PortLost if lost else Silent)("%s: %s" % (self.name, e), str(e)) from None
         except ProxyError as e:
             raise BackendError("%s: %s" % (self.name, e)) from None
 
@@ -272,7 +278,11 @@ class BoardBackend(Unit):
     def answers(self, wait: float) -> bool:
         """Whether the node answers HELLO within `wait` s, asked of a board that stopped answering (`begin`; a stage:
         pipeline.py `_revive`; one a long-lived mesh's lane dropped: host/cli/session.py `_Rejoin`, from a thread of
-        its own, the board asked nothing else meanwhile); answering, it is no longer taken for `silent`."""
+        its own, the board asked nothing else meanwhile); answering, it is no longer taken for `silent`. A port that was
+        lost is opened again first (host/bus/links.py `reopen`: a board plugged in again); still missing, it does not
+        answer. A node that rebooted meanwhile has no session: this HELLO opens a signed bus's anew, and the next BEGIN
+        sends it the stream."""
+        self.proxy.bus.relink()
         try:
             self.proxy.call(m.HELLO, deadline=wait)
         except ProxyError:

@@ -43,6 +43,7 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
     config = a if isinstance(a, RunConfig) else check_args(a)
     warn = say_on_stderr()
     with Mesh.from_config(config, say=None if config.quiet else say_on_stderr(), warn=warn) as mesh:
+        mesh.rejoins = False  # its one generation: no later one asks a board it dropped again
         printer = Printer(out, color=config.color)
         printer.show([(config.prompt, False)])
         try:

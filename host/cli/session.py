@@ -18,10 +18,10 @@ generations, one after another or, where its back-ends allow, side by side:
 Every generation may fail over: a verifier that fails is replaced by the `cpu` one (kept by the lane for the
 generations after), a drafter that fails leaves the stream on plain decoding (host/decode/orchestrator.py), and
 the lane's generations after it too; a board among them that stopped answering is asked HELLO again beside the
-lane's next generations, waiting for none, and is back in the lane once it answered (`_Rejoin`). A board that did
-not answer at a generation's end (its stats, END_S: its row says so, `stopped_line`) is asked HELLO first by the next
-(host/backends/board.py `begin`): still silent, that generation fails over at once, sending it no request that
-would wait out its deadline.
+lane's next generations, waiting for none (one whose port went away has it opened again first), and is back in the lane
+once it answered (`_Rejoin`). A board that did not answer at a generation's end (its stats, END_S: its row says so,
+`stopped_line`) is asked HELLO first by the next (host/backends/board.py `begin`): still silent, that generation fails
+over at once, sending it no request that would wait out its deadline.
 A generation ends at the end token, `max_tokens`, a full context, a stop string, or when its `cancel` event
 is set (checked after each round: the boards finish the round they are in and are left with nothing
 pending; the next BEGIN starts them afresh).
@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from specmesh.host import backends
 from specmesh.host.backends import PIPELINE, BackendError, SessionParams
-from specmesh.host.backends.board import END_S, STOPPED, BoardBackend, Silent, stopped_fix
+from specmesh.host.backends.board import END_S, STOPPED, BoardBackend, PortLost, Silent, stopped_fix
 from specmesh.host.backends.pipeline import PipelineVerifier, StageStopped
 from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, class_of, drafter_class, stage_context
 from specmesh.host.cli import registry
@@ -410,6 +410,9 @@ def board_stats(parts: list, tokens: int = 0, projector=None, failed: AbstractSe
 REJOINED = {"drafter": "drafter %s answers again: it drafts again from this generation on",
             "verifier": "verifier %s answers again: it verifies again from this generation on, in the cpu verifier's "
                         "place"}
+# what a fail-over's line adds of a drafter or verifier board whose port went away (host/backends/board.py `PortLost`), on
+# a mesh whose later generations ask it again (`Mesh.rejoins`: `_Rejoin`, which opens its port again first)
+PORT_BACK = "; its port went away: later generations open it again, and the board rejoins once its port is back"
 # what the next generation of a long-lived mesh does with a board still silent when it asks it again, by its role
 STILL_SILENT = {"drafter": "goes on with plain decoding", "verifier": "the cpu verifier takes over",
                 "stage": "fails with its line (no board replaces a stage)"}
@@ -742,13 +745,14 @@ REJOIN_SKIP = 32  # the most generations a board that stays silent lets begin be
 
 class _Rejoin:
     """A board a lane dropped because it stopped answering (a request or a generation's first HELLO unanswered: a hang,
-    a reset, a USB hub's hiccup), asked HELLO again from a thread of its own as a later generation begins (`back`),
-    which waits for nothing: one HELLO at a time, the first at the next generation's start, and after k unanswered in a
-    row only once 2**(k-1) more generations began (REJOIN_SKIP at most), so a board that stays silent costs a HELLO now
-    and then and no line. A board dropped again in the generation it rejoined, `relapses` times in a row (it answers
-    HELLO, then lets each request wait out its deadline), is asked first after 2**relapses - 1 generations (REJOIN_SKIP
-    at most), so such a board holds up a generation now and then, not every other one. Its bus carries nothing else to
-    it meanwhile: the lane's generations run without it, its stats are not asked."""
+    a reset, a USB hub's hiccup; its port gone, host/backends/board.py `PortLost`, which `answers` opens again first),
+    asked HELLO again from a thread of its own as a later generation begins (`back`), which waits for nothing: one
+    HELLO at a time, the first at the next generation's start, and after k unanswered in a row only once 2**(k-1) more
+    generations began (REJOIN_SKIP at most), so a board that stays silent costs a HELLO now and then and no line. A
+    board dropped again in the generation it rejoined, `relapses` times in a row (it answers HELLO, then lets each
+    request wait out its deadline), is asked first after 2**relapses - 1 generations (REJOIN_SKIP at most), so such a
+    board holds up a generation now and then, not every other one. Its bus carries nothing else to it meanwhile: the
+    lane's generations run without it, its stats are not asked."""
 
     def __init__(self, board: BoardBackend, relapses: int = 0):
         self.board = board
@@ -798,6 +802,10 @@ class Mesh(contextlib.AbstractContextManager):
     lines go, `warn`: where a fail-over's line goes, and a generation's line for a board that stopped answering at
     its text's end (`stopped_line`; with no `warn`, its row in the stats alone says so) (default: `say`). Close it
     (or use `with`) to stop the boards it started."""
+
+    # whether later generations follow: they ask a board a lane dropped again (`_Rejoin`), which a fail-over's line
+    # for a lost port says (PORT_BACK); `specmesh run`'s one generation has none
+    rejoins = True
 
     def __init__(self, drafter: str = "virtual", verifier: str = "virtual", *, streams: int = 1,
                  say: Say | None = None, warn: Say | None = None, config: RunConfig | None = None, **flags):
@@ -1218,7 +1226,7 @@ class Mesh(contextlib.AbstractContextManager):
             self._check_usable()
             self._running[cancel] = threading.get_ident()
         try:  # running until its stats are built: they ask the boards, which close() must not release under them
-            watch = _Watch(scan, costs, fallback, on_piece, cancel, self.warn)
+            watch = _Watch(scan, costs, fallback, on_piece, cancel, self.warn, self.rejoins)
             result = self._decode(prompt, lane, params, request.max_tokens, controller, watch)
             text = watch.finish()
             stats = build_stats(request, params, result, text, verifier, drafter, controller, len(prompt), projector)
@@ -1353,14 +1361,14 @@ class _CallbackRaised(Exception):
 class _Watch(Watch):
     """generate()'s observer for a mesh's generation (host/cli/output.py `Watch`): each round a Piece to
     `on_piece` with its seconds, the `cancel` event ending the stream after the round, a fail-over's line
-    to `warn`."""
+    to `warn`, saying of a board whose port went away that later generations ask it again where they do (`rejoins`)."""
 
     def __init__(self, scan: StopScan, costs, fallback, on_piece: Callable[[Piece], None] | None,
-                 cancel: _Cancel, warn: Say | None):
+                 cancel: _Cancel, warn: Say | None, rejoins: bool):
         super().__init__(scan, TextStream(scan), costs=costs.round_costs if costs else None,
                          costs_known=getattr(costs, "known_beforehand", True), fallback=fallback,
                          verify_by_shape=getattr(costs, "verify_by_shape", False))
-        self.on_piece, self.cancel, self.warn = on_piece, cancel, warn
+        self.on_piece, self.cancel, self.warn, self.rejoins = on_piece, cancel, warn, rejoins
         self._last = time.perf_counter()
 
     def shown(self, accepted: Sequence[int], emitted: Sequence[int]) -> None:
@@ -1379,6 +1387,9 @@ class _Watch(Watch):
     def failed_over(self, line: str) -> None:
         if self.warn is not None:
             self.warn(line)
+
+    def then(self, e: BackendError) -> str:
+        return PORT_BACK if self.rejoins and isinstance(e, PortLost) else ""
 
     def finish(self) -> str:
         tail = self.stream.finish()

@@ -233,6 +233,11 @@ class Observer:
     def failed_over(self, line: str) -> None:
         """A back-end failed and was replaced (or the drafter dropped): one line saying which and where."""
 
+    def then(self, e: BackendError) -> str:
+        """What a fail-over's line adds of the back-end that failed with `e`: what later streams do with it ("; ...";
+        "", the default: nothing)."""
+        return ""
+
 
 QUIET = Observer()  # hears nothing, decides nothing
 
@@ -249,7 +254,7 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     Fail-over, when `observer.fails_over`: a verifier that fails (BackendError: it stopped answering, its
     link died) is replaced by `observer.fallback()`, begun on the committed prefix, and the round runs
     again; a drafter that fails leaves the stream on plain decoding. Each is one line in `Result.failovers`
-    (and to `observer.failed_over`). Nothing committed is lost, and since every back-end computes the same
+    (and to `observer.failed_over`), ending with what `observer.then` says later streams do with the failed one. Nothing committed is lost, and since every back-end computes the same
     distributions and draws from the same counter-based PRNG, the text is the one without the failure.
     """
     if not prompt:
@@ -577,7 +582,8 @@ class _Failover:
         """A drafter failed: raise, or (failing over) say so; the caller goes on without it."""
         if not self.observer.fails_over:
             raise e
-        self._say("drafter %s failed (%s): going on with plain decoding" % (drafter.name, _why(drafter, e)))
+        self._say("drafter %s failed (%s): going on with plain decoding%s"
+                  % (drafter.name, _why(drafter, e), self.observer.then(e)))
         self.result.failed.setdefault("drafter", Failed(drafter.name, e))
 
     def draft(self, drafter: Drafter | None, window: Window | None, committed: list[int],
@@ -635,8 +641,8 @@ class _Failover:
             self.result.failed.setdefault("verifier", Failed(failed.name, e))
             verifier.begin(params, committed)
             verdict = verifier.verify(committed, draft)
-            self._say("verifier %s failed (%s): %s took over at token %d, %.2f s after"
-                      % ((failed.name, _why(failed, e), verifier.name) + where()))
+            self._say("verifier %s failed (%s): %s took over at token %d, %.2f s after%s"
+                      % ((failed.name, _why(failed, e), verifier.name) + where() + (self.observer.then(e),)))
         n_acc, token = verdict
         if not 0 <= n_acc <= len(draft) or token < -1 or (token == -1 and n_acc == 0):
             raise RuntimeError("verifier %s returned an impossible verdict (%d, %d) for %d drafts"
