@@ -253,8 +253,10 @@ class Bus:
 
     def relink(self) -> bool:
         """Open the link's port again where it was lost (host/bus/links.py `reopen`): True when it opened, the calls
-        no longer failing at once (`send_error` cleared too)."""
-        if not self.link.reopen():
+        no longer failing at once (`send_error` cleared too); False also for a link that cannot be opened again (not
+        a serial port's)."""
+        reopen = getattr(self.link, "reopen", None)
+        if reopen is None or not reopen():
             return False
         self.send_error = None
         return True

@@ -254,8 +254,9 @@ def generate(prompt: Sequence[int], verifier: Verifier, drafter: Drafter | None,
     Fail-over, when `observer.fails_over`: a verifier that fails (BackendError: it stopped answering, its
     link died) is replaced by `observer.fallback()`, begun on the committed prefix, and the round runs
     again; a drafter that fails leaves the stream on plain decoding. Each is one line in `Result.failovers`
-    (and to `observer.failed_over`), ending with what `observer.then` says later streams do with the failed one. Nothing committed is lost, and since every back-end computes the same
-    distributions and draws from the same counter-based PRNG, the text is the one without the failure.
+    (and to `observer.failed_over`), ending with what `observer.then` says later streams do with the failed one.
+    Nothing committed is lost, and since every back-end computes the same distributions and draws from the same
+    counter-based PRNG, the text is the one without the failure.
     """
     if not prompt:
         raise ValueError("the prompt must hold at least one token")
