@@ -531,6 +531,45 @@ def test_a_board_whose_port_went_away_and_came_back_rejoins_its_lane(models, vir
         assert back.stats["alpha_tested"] > 0  # it drafts again
 
 
+def test_a_board_flashed_anew_on_a_lost_ports_path_is_not_taken_for_the_one_dropped(models, virtual_board, by_id_link,
+                                                                                     tmp_path):
+    """The port of a dropped drafter board comes back with a board whose node answers the same HELLO but runs another
+    model (another board plugged in, or this one flashed anew meanwhile): the lane's back-end holds the first one's
+    facts (its model, context, most drafts), so the board is not taken back; the generations go on without it, with
+    no line beyond the fail-over's."""
+    from specmesh.host.layout import DRAFTER_FILE
+    from specmesh.host.provision.flash import flash
+    from specmesh.tools.testmodels import random_model
+
+    first = virtual_board(name="board")
+    flash(first.port, "drafter", models / DRAFTER_FILE, progress=False)
+    other_model = tmp_path / "other" / DRAFTER_FILE
+    other_model.parent.mkdir()
+    random_model(other_model, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512, max_seq=128, seed=23)
+    other = virtual_board(name="other")
+    flash(other.port, "drafter", other_model, progress=False)
+    by_id_link.symlink_to(first.port)
+    warned: list[str] = []
+    with Mesh(models=models, gamma="2", say=[].append, warn=warned.append, drafter=str(by_id_link),
+              verifier="cpu") as mesh:
+        (lane,) = mesh._lanes
+        want = mesh.generate("The cat", 16)
+        first.stop()
+        by_id_link.unlink()
+        by_id_link.symlink_to(other.port)  # the port is back, with the other board
+        done = [mesh.generate("The cat", 16)]
+        asked = 0
+        while asked < 2 and len(done) < 8:
+            gone = lane.gone["drafter"]
+            if gone.asking is not None:
+                gone.asking.join(30)
+                asked += 1
+            done.append(mesh.generate("The cat", 16))
+    assert asked == 2 and all(d.token_ids == want.token_ids for d in done)
+    assert all(d.stats["drafter"] is None for d in done[1:]) and "drafter" in lane.gone
+    assert len(warned) == 1 and warned[0].startswith("drafter %s failed" % by_id_link), warned
+
+
 def test_a_runs_board_whose_port_went_away_is_promised_no_later_generation(models, virtual_board, by_id_link,
                                                                           monkeypatch):
     """`specmesh run` is one generation: the fail-over line of its drafter board whose port went away says what the

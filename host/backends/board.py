@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from specmesh.host.backends import BackendError, Draft, Pending, SessionParams, Unit
 from specmesh.host.boardclasses import CONSOLE_RING, VIRTUAL_TOO_SMALL, class_of
 from specmesh.host.bus.proxy import Call, NodeError, NodeTimeout, Proxy, ProxyError
-from specmesh.shared.codec import Frame
+from specmesh.shared.codec import CodecError, Frame
 from specmesh.shared import messages as m
 from specmesh.shared.board import ROLES
 from specmesh.shared.rule import PARTIAL
@@ -281,11 +281,14 @@ class BoardBackend(Unit):
         its own, the board asked nothing else meanwhile); answering, it is no longer taken for `silent`. A port that was
         lost is opened again first (host/bus/links.py `reopen`: a board plugged in again); still missing, it does not
         answer. A node that rebooted meanwhile has no session: this HELLO opens a signed bus's anew, and the next BEGIN
-        sends it the stream."""
+        sends it the stream. One that answers in another role or with another model is not this board (another board
+        plugged into its port, or it was flashed anew meanwhile): taken for silent, it is not asked to serve."""
         self.proxy.bus.relink()
         try:
-            self.proxy.call(m.HELLO, deadline=wait)
-        except ProxyError:
+            hello = m.unpack_hello(self.proxy.call(m.HELLO, deadline=wait).payload)
+        except (ProxyError, CodecError):
+            return False
+        if (hello[2], hello[3], hello[10]) != (self.role, self.info["model"], self.info["model_crc"]):
             return False
         self.silent = None
         return True
