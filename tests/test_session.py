@@ -535,8 +535,9 @@ def test_a_board_flashed_anew_on_a_lost_ports_path_is_not_taken_for_the_one_drop
                                                                                      tmp_path):
     """The port of a dropped drafter board comes back with a board whose node answers the same HELLO but runs another
     model (another board plugged in, or this one flashed anew meanwhile): the lane's back-end holds the first one's
-    facts (its model, context, most drafts), so the board is not taken back; the generations go on without it, with
-    no line beyond the fail-over's."""
+    facts (its model, context, most drafts), so the board is not taken back; the generations go on without it, and
+    one line says so, once, though it is asked again."""
+    from specmesh.host.cli.session import OTHER_BOARD
     from specmesh.host.layout import DRAFTER_FILE
     from specmesh.host.provision.flash import flash
     from specmesh.tools.testmodels import random_model
@@ -554,6 +555,7 @@ def test_a_board_flashed_anew_on_a_lost_ports_path_is_not_taken_for_the_one_drop
               verifier="cpu") as mesh:
         (lane,) = mesh._lanes
         want = mesh.generate("The cat", 16)
+        model = lane.drafter.info["model"]  # the file's path on the board, as its HELLO says
         first.stop()
         by_id_link.unlink()
         by_id_link.symlink_to(other.port)  # the port is back, with the other board
@@ -567,7 +569,9 @@ def test_a_board_flashed_anew_on_a_lost_ports_path_is_not_taken_for_the_one_drop
             done.append(mesh.generate("The cat", 16))
     assert asked == 2 and all(d.token_ids == want.token_ids for d in done)
     assert all(d.stats["drafter"] is None for d in done[1:]) and "drafter" in lane.gone
-    assert len(warned) == 1 and warned[0].startswith("drafter %s failed" % by_id_link), warned
+    assert len(warned) == 2 and warned[0].startswith("drafter %s failed" % by_id_link), warned
+    assert warned[1] == OTHER_BOARD % ("drafter", by_id_link, "a drafter running %s (another file of that name)"
+                                       % model), warned
 
 
 def test_a_runs_board_whose_port_went_away_is_promised_no_later_generation(models, virtual_board, by_id_link,

@@ -144,6 +144,8 @@ class BoardBackend(Unit):
         self.silent: str | None = None
         # the line of a board still silent at that HELLO: every request of the session fails with it, none sent
         self._unbegun: str | None = None
+        # what answered the last HELLO of `answers` in its place (another role or model on its port), in words
+        self.other: str | None = None
 
     def _wrong_role(self, role: int) -> str:
         """Why the node does not play this back-end's role, and what to do (flashing a real board)."""
@@ -282,14 +284,19 @@ class BoardBackend(Unit):
         lost is opened again first (host/bus/links.py `reopen`: a board plugged in again); still missing, it does not
         answer. A node that rebooted meanwhile has no session: this HELLO opens a signed bus's anew, and the next BEGIN
         sends it the stream. One that answers in another role or with another model is not this board (another board
-        plugged into its port, or it was flashed anew meanwhile): taken for silent, it is not asked to serve."""
+        plugged into its port, or it was flashed anew meanwhile): taken for silent, it is not asked to serve (`other`
+        says what answered)."""
         self.proxy.bus.relink()
         try:
             hello = m.unpack_hello(self.proxy.call(m.HELLO, deadline=wait).payload)
         except (ProxyError, CodecError):
             return False
         if (hello[2], hello[3], hello[10]) != (self.role, self.info["model"], self.info["model_crc"]):
+            role = ROLES[hello[2]] if 0 <= hello[2] < len(ROLES) else "role %d" % hello[2]
+            model = hello[3] + (" (another file of that name)" if hello[3] == self.info["model"] else "")
+            self.other = "a %s running %s" % (role, model or "no model")
             return False
+        self.other = None
         self.silent = None
         return True
 

@@ -410,6 +410,10 @@ def board_stats(parts: list, tokens: int = 0, projector=None, failed: AbstractSe
 REJOINED = {"drafter": "drafter %s answers again: it drafts again from this generation on",
             "verifier": "verifier %s answers again: it verifies again from this generation on, in the cpu verifier's "
                         "place"}
+# a dropped board whose HELLO another board answered (another role or model on its port: BoardBackend.answers `other`),
+# said once: the lane's back-end holds the first board's model and context, so only a new mesh takes this one
+OTHER_BOARD = ("%s %s answers again, but as another board (%s): it stays out; run the command again (or make a new "
+               "Mesh) to use that board")
 # what a fail-over's line adds of a drafter or verifier board whose port went away (host/backends/board.py `PortLost`), on
 # a mesh whose later generations ask it again (`Mesh.rejoins`: `_Rejoin`, which opens its port again first)
 PORT_BACK = "; its port went away: later generations open it again, and the board rejoins once its port is back"
@@ -760,6 +764,7 @@ class _Rejoin:
         self.skip = min(2 ** relapses - 1, REJOIN_SKIP)  # generations to begin before the next HELLO
         self.answered = False
         self.asking: threading.Thread | None = None
+        self.told = False  # that another board answered in its place (OTHER_BOARD), said once
 
     def back(self) -> bool:
         """At a lane's generation's start: whether the board answered a HELLO since (it rejoins the lane for this
@@ -1252,7 +1257,7 @@ class Mesh(contextlib.AbstractContextManager):
     def _rejoin(self, lane: Lane) -> None:
         """At a generation's start on `lane`: each board it dropped that answered a HELLO since takes its place again
         (a verifier board's from the cpu verifier), with one line to `warn`; the others are asked again where due, in
-        the background (`_Rejoin`)."""
+        the background (`_Rejoin`), one that another board answered for said once (OTHER_BOARD)."""
         for role, gone in list(lane.gone.items()):
             if gone.back():
                 del lane.gone[role]
@@ -1260,6 +1265,10 @@ class Mesh(contextlib.AbstractContextManager):
                 setattr(lane, role, gone.board)
                 if self.warn is not None:
                     self.warn(REJOINED[role] % gone.board.name)
+            elif gone.board.other is not None and not gone.told:
+                gone.told = True
+                if self.warn is not None:
+                    self.warn(OTHER_BOARD % (role, gone.board.name, gone.board.other))
 
     def _fall_back(self, lane: Lane):
         """The `cpu` verifier taking over from the lane's failed one, kept by the lane for what follows, and for the
