@@ -330,7 +330,8 @@ def build_stats(config: RunConfig, params: SessionParams, result: Result, text: 
         # the back-ends that ended the run: the cpu verifier where the one asked for failed, none for a failed drafter
         "verifier": "cpu" if "verifier" in result.failed else verifier.name,
         "drafter": None if "drafter" in result.failed else (drafter.name if drafter else None),
-        "failed": {role: f.name for role, f in result.failed.items()},  # role -> the back-end that failed mid-run (its line: failovers)
+        # role -> the back-end that failed mid-run (its line: failovers)
+        "failed": {role: f.name for role, f in result.failed.items()},
         "drafter_window": window_stats(result, prompt_len, drafter.max_seq) if drafter else None,
         "drafter_model": (drafter.info.get("model") if hasattr(drafter, "info") else
                           config.model_file("drafter").name) if drafter else None,
