@@ -829,7 +829,8 @@ def test_a_no_reset_flash_returns_with_the_board_at_its_prompt(virtual_board, ti
 def test_a_no_reset_flash_whose_board_never_shows_its_prompt_fails_in_one_line(virtual_board, tiny_node, monkeypatch,
                                                                              capsys):
     """A board that froze as a --no-reset flash ended (its VM stopped as the flash's Ctrl-B is sent): the flash waits
-    REPL_S (shortened then) for the prompt, not for ever, and says in one line that its files are in place."""
+    REPL_S (shortened then) for the prompt, not for ever, and says in one line that its files are in place and how to
+    start the board, not to flash it again."""
     from mpremote.transport_serial import SerialTransport
 
     _, model = tiny_node
@@ -853,5 +854,6 @@ def test_a_no_reset_flash_whose_board_never_shows_its_prompt_fails_in_one_line(v
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1, (out, err)
     assert err.startswith(f"specmesh flash: error: {vb.port}: the flash is written and verified, but the board did not "
-                          "show its REPL's prompt within 0.5 s after it: "), err
+                          "show its REPL's prompt within 0.5 s after it: the flash is complete: "), err
+    assert "flash again" not in err, err  # the flash is whole: a second one is not what mends it
     assert json.loads((vb.flash_dir / "specmesh.json").read_text())["role"] == "drafter"

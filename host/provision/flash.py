@@ -849,20 +849,31 @@ def _leave(transport, port: str, virtual: bool, reset: bool) -> None:
     if reset:
         _reset_into_node(transport, port, virtual)
     else:
-        _at_prompt(transport)
+        _at_prompt(transport, port, virtual)
 
 
 FRIENDLY_PROMPT = b"\r\n>>> "  # the friendly REPL's prompt, after the banner it prints as the raw REPL is left
 
 
-def _at_prompt(transport) -> None:
+def _at_prompt(transport, port: str, virtual: bool) -> None:
     """Read up to the prompt of the friendly REPL a --no-reset flash leaves the board at: its banner and `>>> ` come
     after the flash's last key (exit_raw_repl's Ctrl-B), and what a caller wrote next met them in flight (a Ctrl-C
-    took that prompt for its own, and the Ctrl-D sent behind it was lost). Lost where it does not come within REPL_S
-    (the board froze, or was reset, as the flash ended)."""
+    took that prompt for its own, and the Ctrl-D sent behind it was lost). Where it does not come within REPL_S (the
+    board froze, or was reset, as the flash ended) the flash is still complete: the line says so, and how to start the
+    board, not to flash it again."""
     if not transport.read_until(1, FRIENDLY_PROMPT, timeout_overall=REPL_S).endswith(FRIENDLY_PROMPT):
-        raise Lost(f"the flash is written and verified, but the board did not show its REPL's prompt within {REPL_S:g} "
-                   "s after it")
+        raise FlashError(f"{port}: the flash is written and verified, but the board did not show its REPL's prompt "
+                         f"within {REPL_S:g} s after it: {_restart(virtual, ports.exists(port))}")
+
+
+def _restart(virtual: bool, served: bool) -> str:
+    """What starts a completely flashed board that stopped answering as its flash ended (`served`: a virtual board's
+    emulate still runs, its VM stalled or reset; else it was stopped)."""
+    if virtual and served:
+        return "the flash is complete: stop its specmesh emulate and start it again with the same --dir"
+    if virtual:
+        return "the flash is complete: start specmesh emulate again with the same --dir"
+    return "the flash is complete: press its reset button (or unplug it and plug it back in) to start its node"
 
 
 def _romfs_would_hold(info, request: Request) -> bool:
