@@ -531,28 +531,40 @@ def test_a_board_whose_port_went_away_and_came_back_rejoins_its_lane(models, vir
         assert back.stats["alpha_tested"] > 0  # it drafts again
 
 
+@pytest.mark.parametrize("anew", ["model", "key"])
 def test_a_board_flashed_anew_on_a_lost_ports_path_is_not_taken_for_the_one_dropped(models, virtual_board, by_id_link,
-                                                                                     tmp_path):
+                                                                                     tmp_path, anew):
     """The port of a dropped drafter board comes back with a board whose node answers the same HELLO but runs another
-    model (another board plugged in, or this one flashed anew meanwhile): the lane's back-end holds the first one's
-    facts (its model, context, most drafts), so the board is not taken back; the generations go on without it, and
-    one line says so, once, though it is asked again."""
+    model, or refuses the mesh's key (another board plugged in, or this one flashed anew meanwhile): the lane's
+    back-end holds the first one's facts (its model, context, most drafts), and a board with another key cannot be
+    spoken to, so the board is not taken back; the generations go on without it, and one line says so (for a key,
+    the key-mismatch line, with what to do), once, though it is asked again."""
     from specmesh.host.cli.session import OTHER_BOARD
     from specmesh.host.layout import DRAFTER_FILE
     from specmesh.host.provision.flash import flash
+    from specmesh.host.provision.keys import load_key, new_key_file
     from specmesh.tools.testmodels import random_model
 
+    keys = {}
+    if anew == "key":
+        for name in ("mesh", "other"):
+            new_key_file(tmp_path / (name + ".key"))
+            keys[name] = load_key(tmp_path / (name + ".key"))
     first = virtual_board(name="board")
-    flash(first.port, "drafter", models / DRAFTER_FILE, progress=False)
-    other_model = tmp_path / "other" / DRAFTER_FILE
-    other_model.parent.mkdir()
-    random_model(other_model, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512, max_seq=128, seed=23)
+    flash(first.port, "drafter", models / DRAFTER_FILE, progress=False, key=keys.get("mesh"))
+    other_model = models / DRAFTER_FILE
+    if anew == "model":
+        other_model = tmp_path / "other" / DRAFTER_FILE
+        other_model.parent.mkdir()
+        random_model(other_model, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, vocab=512, max_seq=128,
+                     seed=23)
     other = virtual_board(name="other")
-    flash(other.port, "drafter", other_model, progress=False)
+    flash(other.port, "drafter", other_model, progress=False, key=keys.get("other"))
     by_id_link.symlink_to(first.port)
     warned: list[str] = []
+    keyed = {"key_file": str(tmp_path / "mesh.key")} if keys else {}
     with Mesh(models=models, gamma="2", say=[].append, warn=warned.append, drafter=str(by_id_link),
-              verifier="cpu") as mesh:
+              verifier="cpu", **keyed) as mesh:
         (lane,) = mesh._lanes
         want = mesh.generate("The cat", 16)
         model = lane.drafter.info["model"]  # the file's path on the board, as its HELLO says
@@ -570,8 +582,13 @@ def test_a_board_flashed_anew_on_a_lost_ports_path_is_not_taken_for_the_one_drop
     assert asked == 2 and all(d.token_ids == want.token_ids for d in done)
     assert all(d.stats["drafter"] is None for d in done[1:]) and "drafter" in lane.gone
     assert len(warned) == 2 and warned[0].startswith("drafter %s failed" % by_id_link), warned
-    assert warned[1] == OTHER_BOARD % ("drafter", by_id_link, "a drafter running %s (another file of that name)"
-                                       % model), warned
+    if anew == "model":
+        answered = "a drafter running %s (another file of that name)" % model
+    else:
+        answered = ("%s: key mismatch: the board signs with another deployment key than this run's --key-file; pass "
+                    "the key it was flashed with, or flash this one onto it with `specmesh flash --port %s --role "
+                    "drafter --key-file FILE`" % (by_id_link, by_id_link))
+    assert warned[1] == OTHER_BOARD % ("drafter", by_id_link, answered), warned
 
 
 def test_a_runs_board_whose_port_went_away_is_promised_no_later_generation(models, virtual_board, by_id_link,

@@ -284,12 +284,16 @@ class BoardBackend(Unit):
         lost is opened again first (host/bus/links.py `reopen`: a board plugged in again); still missing, it does not
         answer. A node that rebooted meanwhile has no session: this HELLO opens a signed bus's anew, and the next BEGIN
         sends it the stream. One that answers in another role or with another model is not this board (another board
-        plugged into its port, or it was flashed anew meanwhile): taken for silent, it is not asked to serve (`other`
-        says what answered)."""
+        plugged into its port, or it was flashed anew meanwhile), or whose reopened port's board refuses this host's
+        key (host/bus/links.py `_refused`: flashed with another one), is not this board: taken for silent, it is not
+        asked to serve (`other` says what answered)."""
+        link = self.proxy.bus.link
         self.proxy.bus.relink()
         try:
             hello = m.unpack_hello(self.proxy.call(m.HELLO, deadline=wait).payload)
         except (ProxyError, CodecError):
+            if getattr(link, "refused", None) is not None:  # its key-mismatch line, with what to do
+                self.other = link.error
             return False
         if (hello[2], hello[3], hello[10]) != (self.role, self.info["model"], self.info["model_crc"]):
             role = ROLES[hello[2]] if 0 <= hello[2] < len(ROLES) else "role %d" % hello[2]

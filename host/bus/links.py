@@ -233,14 +233,19 @@ class _Decoder(StreamDecoder):
     def __init__(self, link: SerialLink, **kwargs):
         super().__init__(**kwargs)
         self.link = link
+        self.opened_at = 0  # `frames` when the port was last opened
 
     def restart(self) -> None:
-        """Drop the part of a line the lost port left (a reopened link's first line starts afresh); counters kept."""
+        """Drop the part of a line the lost port left (a reopened link's first line starts afresh); counters kept. The
+        board on the reopened port may be another (flashed anew meanwhile): its refusal before any frame passed is
+        the key-mismatch diagnosis again."""
         self._n = 0
         self._overflow = False
+        self.opened_at = self.frames
 
     def _decode(self, data):
-        first = not self.frames  # nothing passed this link's check yet: a refusal is the key-mismatch diagnosis
+        # nothing passed this link's check since its port opened: a refusal is the key-mismatch diagnosis
+        first = self.frames == self.opened_at
         refused = self.errors.get("BadAuth", 0)
         f = super()._decode(data)
         if f is None and self.errors.get("BadAuth", 0) != refused:
