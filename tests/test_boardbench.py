@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -55,10 +54,13 @@ def test_a_virtual_board_is_named_by_its_class_not_the_host_vm(board):
 
 
 def test_bench_measures_every_term_and_run_projects_with_it(board, models, tmp_path, capsys):
-    flash(board.port, "verifier", ROOT / "models" / TARGET_FILE, progress=False)
-    time.sleep(0.5)  # the node boots after the soft reset
+    flash(board.port, "verifier", ROOT / "models" / TARGET_FILE, progress=False)  # returns with its node up
     path = tmp_path / "cal.json"
+    boots = board.boots
     assert cli.main(["bench", "--port", board.port, "--out", str(path)]) == 0
+    # the bench returns once the board's node is up again after its reset (its second boot: the first opened the raw
+    # REPL), as a flash does: what runs next meets the node, not the old VM with the reset still to come
+    assert board.boots == boots + 2 and board.wait_ready(after=boots + 1, limit=0) is None, (boots, board.boots)
     out = capsys.readouterr().out
     assert "written to %s" % path in out
     data = json.loads(path.read_text())
@@ -112,7 +114,6 @@ def test_a_calibration_to_stdout_is_its_json_alone(board, capfd, out):
     """`specmesh bench --out -` wrote the calibration's JSON to stdout and its report after it, so `| jq` read "Extra
     data"; the report now goes to stderr, as run's with --stats-json -."""
     flash(board.port, "verifier", ROOT / "models" / TARGET_FILE, progress=False)  # as the test above left it
-    time.sleep(0.5)
     capfd.readouterr()
     assert cli.main(["bench", "--port", board.port, "--out", out]) == 0
     said = capfd.readouterr()
@@ -128,7 +129,6 @@ def _flashed_and_benched(tmp_path, capsys, role: str, *flags: str) -> tuple[str,
     vb = VirtualBoard(tmp_path / "esp32", "esp32", name=role).start()
     try:
         assert cli.main(["flash", "--port", vb.port, "--role", role, *flags]) == 0
-        time.sleep(0.5)  # the node boots after the soft reset
         path = tmp_path / "cal.json"
         assert cli.main(["bench", "--port", vb.port, "--out", str(path)]) == 0, capsys.readouterr().err
     finally:
@@ -364,7 +364,6 @@ def test_a_model_damaged_on_the_board_tells_to_flash_it_again(board, tmp_path, c
     'the file is corrupt, copy it again' and no way to do that; it now names the flash that does (status 1, as every
     benchmark the board fails)."""
     flash(board.port, "verifier", ROOT / "models" / TARGET_FILE, progress=False)
-    time.sleep(0.5)  # the node boots after the soft reset
     on_board = board.flash_dir / "models" / TARGET_FILE
     b = bytearray(on_board.read_bytes())
     b[len(b) // 2] ^= 0x20

@@ -141,7 +141,7 @@ def _reboot(vb) -> None:
 def test_a_half_flashed_board_is_named_with_the_command_that_finishes_it(virtual_board, models, capsys):
     """The board is flashed with --no-reset and then reset by its REPL's Ctrl-D alone. Flashed with the reset and
     rebooted with `_reboot`, the run's first HELLO now and then went to the REPL (its SyntaxError, 60 s waited out): the
-    flash's Ctrl-D reached the board after the flash returned (no longer: host/provision/flash.py _reset_into_node waits
+    flash's Ctrl-D reached the board after the flash returned (no longer: host/provision/flash.py reset_into_node waits
     for the boot it starts), so `_reboot` read the prompt that came before it as its
     Ctrl-C's and sent its Ctrl-D at once, while its Ctrl-C waited for the VM that reset started (host/emulator/board.py
     VirtualBoard._interrupt) and reached it only after it had said it was half-flashed (what `_reboot` waited for):

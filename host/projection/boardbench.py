@@ -12,7 +12,8 @@ through its layers) where it fits the heap. The host divides each time by the wo
 counts for the same call, giving seconds per unit for each term. The interpreted calls between kernels (`engine`) are timed on their own:
 the same token again with the engine's kernels swapped for viper functions of the same signatures that
 return at once. So every term is measured, and whole tokens and a 5-position verify are checks: measured
-next to what the rates project. The board is soft-reset back into its node afterwards.
+next to what the rates project. The board is soft-reset back into its node afterwards (a virtual board's waited for
+until its node's VM is up, as a flash's).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from specmesh.host.bus import ports
 from specmesh.host.layout import MODELS, model_path
 from specmesh.host.backends.board import role_args
 from specmesh.host.provision.flash import (FlashError, FlashRequestError, Lost, again_args, close, failed, leave_node,
-                                           node_module, open_board, probe, read_board_config)
+                                           node_module, open_board, probe, read_board_config, reset_into_node)
 from specmesh.shared.board import FLASHING
 from specmesh.shared.modelfile import HEADER_SIZE, Header, parse_header
 
@@ -140,6 +141,7 @@ def bench(port: str, out: str, reps: int = 7, key: bytes | None = None) -> dict:
     if key:
         leave_node(port, key, virtual=virtual)
     transport = open_board(port, virtual=virtual, key=key)
+    reset = False
     try:
         info = probe(transport)
         if not transport.fs_exists("kernels.mpy") and not transport.fs_exists("kernels.py"):
@@ -168,12 +170,16 @@ def bench(port: str, out: str, reps: int = 7, key: bytes | None = None) -> dict:
             measured = json.loads(lines[-1])
         except ValueError:
             raise FlashError("the board's answer is not the benchmark's JSON: %s" % lines[-1][:80]) from None
+        transport.exit_raw_repl()
+        reset = True  # into its node, waited for as a flash's (a run or bench right after meets the node up)
+        reset_into_node(transport, port, virtual)
     except (Lost, TransportError, OSError) as e:  # the board gone (its emulate stopped, port_gone), or silent; an
         failed(transport, port, e, virtual, "bench")  # OSError not the port's raised as it is
     finally:
-        with contextlib.suppress(Exception):
-            transport.exit_raw_repl()
-            transport.serial.write(b"\x04")  # soft reset: main.py starts the node again
+        if not reset:  # a failed bench: the node started again as well as the board allows, not waited for
+            with contextlib.suppress(Exception):
+                transport.exit_raw_repl()
+                transport.serial.write(b"\x04")  # soft reset: main.py starts the node again
         close(transport)
     s, check = rates(measured)
     # its class too, which a run checks against the one it projects (an ESP32 and an S3 share an arch)

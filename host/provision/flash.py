@@ -832,8 +832,9 @@ def flash_checked(
         close(transport)
 
 
-def _reset_into_node(transport, port: str, virtual: bool) -> None:
-    """Soft-reset the board at its friendly REPL, so that main.py starts the node just flashed. A virtual board's (this
+def reset_into_node(transport, port: str, virtual: bool) -> None:
+    """Soft-reset the board at its friendly REPL, so that main.py starts the node just flashed (or benched:
+    host/projection/boardbench.py). A virtual board's (this
     process's, or an emulate's: _vm) is waited for until the VM of its next boot is up (up to VM_START_S; NotUp where it
     does not come up): the flash returned as its Ctrl-D was written, and a flash, a HELLO or a discovery right after it
     could meet the old VM still up at its REPL, the reset still to come."""
@@ -847,7 +848,7 @@ def _leave(transport, port: str, virtual: bool, reset: bool) -> None:
     """Leave the flashed board where the flash returns it: its node started (`reset`), else at its friendly REPL; each
     waited for, so that what the caller sends next meets none of the flash's own keys in flight."""
     if reset:
-        _reset_into_node(transport, port, virtual)
+        reset_into_node(transport, port, virtual)
     else:
         _at_prompt(transport, port, virtual)
 
