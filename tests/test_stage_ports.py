@@ -125,6 +125,47 @@ def test_a_stage_board_that_stalls_mid_run_is_not_asked_for_its_stats(models, st
     assert after.text == want["text"] and after.stats["verifier"] == "cpu"
 
 
+def test_a_pipeline_the_cpu_verifier_replaced_verifies_again_once_its_stage_answers(models, stage_vboards, tmp_path,
+                                                                                   capsys):
+    """A long-lived mesh (serve, chat, the Python API) whose pipeline on real stage boards failed over to the cpu
+    verifier when a stage stopped answering kept the cpu verifier for its whole life, though the stage went on (a
+    board that hung for a while, a hub's hiccup). Now its later generations ask the stage HELLO again, beside their
+    text: once it answers, the pipeline verifies again, after one line, with the same text."""
+    import os
+    import signal
+
+    from specmesh import Mesh
+    from specmesh.host.cli.session import REJOINED
+
+    rc, want = run(models, tmp_path, "--plain", "--verifier", "cpu", *RUN[2:])
+    assert rc == 0, capsys.readouterr().err
+    warned: list[str] = []
+    with Mesh(drafter="cpu", verifier=",".join(vb.port for vb in stage_vboards), models=str(models),
+              warn=warned.append, say=[].append) as mesh:
+        (lane,) = mesh._lanes
+        pipeline = lane.verifier
+        for stage in pipeline.stages:
+            stage.proxy.bus.deadline = 1.0  # the 30 s a real board gets, shortened for the test
+        os.kill(stage_vboards[0].pid, signal.SIGSTOP)
+        try:
+            replaced = mesh.generate("Once upon a time", max_tokens=16)
+        finally:
+            os.kill(stage_vboards[0].pid, signal.SIGCONT)
+        done = []
+        while len(done) < 6 and (not done or done[-1].stats["verifier"] != pipeline.name):
+            done.append(mesh.generate("Once upon a time", max_tokens=16))
+            gone = lane.gone.get("verifier")
+            if gone is not None and gone.asking is not None:
+                gone.asking.join(30)
+    assert [d.text for d in [replaced, *done]] == [want["text"]] * (1 + len(done))
+    assert replaced.stats["verifier"] == "cpu" and replaced.stats["failed"] == {"verifier": pipeline.name}
+    back = done[-1]
+    assert back.stats["verifier"] == pipeline.name and back.stats["failovers"] == [], back.stats
+    assert back.stats["pipeline"]["layers"] == ["0:1", "1:2"]
+    assert len(warned) == 2 and "stage 1 of 2 (layers 0:1, %s) stopped answering" % stage_vboards[0].port in warned[0]
+    assert warned[1] == REJOINED["verifier"] % pipeline.name, warned
+
+
 def test_one_stage_board_holding_the_whole_target_verifies_alone_and_is_found_by_auto(models, stage_boards,
                                                                                       virtual_board, tmp_path, capsys,
                                                                                       monkeypatch):

@@ -166,15 +166,30 @@ class PipelineVerifier:
         self._mark = [s.bus_bytes for s in self.stages]
 
     def _revive(self) -> None:
-        """The stages that stopped answering, asked HELLO again (a board that hung for a while and went on):
-        all answer, the pipeline serves again (BEGIN feeds every stage anew); else BackendError, the line of the
+        """The stages that stopped answering, asked HELLO again (a board that hung for a while and went on), REVIVE_S
+        each: all answer, the pipeline serves again (BEGIN feeds every stage anew); else StageStopped, the line of the
         failure."""
+        if not self.answers(REVIVE_S):
+            raise StageStopped(self.failed)
+
+    def answers(self, wait: float) -> bool:
+        """Whether every stage that stopped answering answers HELLO within `wait` s (each asked in turn until one does
+        not: BoardBackend.answers, its lost port opened again first): then the pipeline serves again. Asked by its own
+        next session (`_revive`), and, where the cpu verifier took its place, by a long-lived mesh's later generations
+        (host/cli/session.py `_Rejoin`, from a thread of its own: the stages are asked nothing else meanwhile)."""
         for s in self.stages:
             if s.stopped:
-                if not s.answers(REVIVE_S):
-                    raise StageStopped(self.failed)
+                if not s.answers(wait):
+                    return False
                 s.stopped = False
         self._stall = None
+        return True
+
+    @property
+    def other(self) -> str | None:
+        """What answered a stopped stage's HELLO in its place (another board: BoardBackend.answers `other`), else
+        None."""
+        return next((s.other for s in self.stages if s.other is not None), None)
 
     def commit(self, committed: Sequence[int]) -> None:
         """Nothing to send: the next round's first position rolls every stage back to where it starts."""

@@ -748,9 +748,18 @@ class Lane:
 REJOIN_SKIP = 32  # the most generations a board that stays silent lets begin between two HELLOs (`_Rejoin`)
 
 
+def _silent(board, error: BaseException | None) -> bool:
+    """Whether `board`, a back-end a generation began on, failed in it by no longer answering, so that a later one may
+    ask it again (`_Rejoin`): a drafter or verifier board (`Silent`), or a pipeline on real stage boards whose stage
+    did (`StageStopped`: the cpu verifier took its place)."""
+    return (isinstance(board, BoardBackend) and isinstance(error, Silent)
+            or isinstance(board, PipelineVerifier) and isinstance(error, StageStopped))
+
+
 class _Rejoin:
     """A board a lane dropped because it stopped answering (a request or a generation's first HELLO unanswered: a hang,
-    a reset, a USB hub's hiccup; its port gone, host/backends/board.py `PortLost`, which `answers` opens again first),
+    a reset, a USB hub's hiccup; its port gone, host/backends/board.py `PortLost`, which `answers` opens again first;
+    or a pipeline verifier whose stage did, host/backends/pipeline.py `answers`),
     asked HELLO again from a thread of its own as a later generation begins (`back`), which waits for nothing: one
     HELLO at a time, the first at the next generation's start, and after k unanswered in a row only once 2**(k-1) more
     generations began (REJOIN_SKIP at most), so a board that stays silent costs a HELLO now and then and no line. A
@@ -759,7 +768,7 @@ class _Rejoin:
     board holds up a generation now and then, not every other one. Its bus carries nothing else to it meanwhile: the
     lane's generations run without it, its stats are not asked."""
 
-    def __init__(self, board: BoardBackend, relapses: int = 0):
+    def __init__(self, board: BoardBackend | PipelineVerifier, relapses: int = 0):
         self.board = board
         self.unanswered = 0  # HELLOs in a row it left unanswered
         self.skip = min(2 ** relapses - 1, REJOIN_SKIP)  # generations to begin before the next HELLO
@@ -1292,9 +1301,9 @@ class Mesh(contextlib.AbstractContextManager):
                 lane.drafter = None  # again and wait out its deadline (chat's next turn, serve's next request)
             for role, board in began.items():  # a board that stopped answering is asked again (_Rejoin)
                 error = result.failed[role].error if role in result.failed else None
-                if isinstance(error, Silent) and isinstance(board, BoardBackend):
+                if _silent(board, error):
                     lane.gone[role] = _Rejoin(board, lane.relapses.get(role, 0))
-                elif error is None and isinstance(board, BoardBackend):
+                elif error is None and isinstance(board, (BoardBackend, PipelineVerifier)):
                     lane.relapses.pop(role, None)  # it served the whole generation
             return result
         except _CallbackRaised as e:
