@@ -89,14 +89,26 @@ def test_the_python_api_takes_the_same_stage_ports(models, stage_boards, tmp_pat
         assert mesh.generate("Once upon a time", max_tokens=16).text == want["text"]
 
 
+def generate_with_a_stage_stopped(mesh, vb):
+    """A generation on `mesh`'s pipeline with the VM of its stage board `vb` stopped (as a board hung in a loop) and
+    resumed after; the stages' reply deadline shortened from a real board's 30 s to 1 s for the test."""
+    import os
+    import signal
+
+    for stage in mesh._lanes[0].verifier.stages:
+        stage.proxy.bus.deadline = 1.0
+    os.kill(vb.pid, signal.SIGSTOP)
+    try:
+        return mesh.generate("Once upon a time", max_tokens=16)
+    finally:
+        os.kill(vb.pid, signal.SIGCONT)
+
+
 def test_a_stage_board_that_stalls_mid_run_is_not_asked_for_its_stats(models, stage_vboards, tmp_path, capsys):
     """A stage board that stopped answering (its VM stopped, as a board hung in a loop): the cpu verifier took over
     and kept the text, then the run's stats asked the silent board for its own, holding the finished run back by
     another reply deadline (30 s). Now its entry says it was not asked. The mesh's next generation (serve's next
     request, chat's next turn), on the cpu verifier, raised AttributeError pricing the pipeline's projection on it."""
-    import os
-    import signal
-
     from specmesh import Mesh
 
     rc, want = run(models, tmp_path, "--plain", "--verifier", "cpu", *RUN[2:])
@@ -105,13 +117,7 @@ def test_a_stage_board_that_stalls_mid_run_is_not_asked_for_its_stats(models, st
     with Mesh(drafter="cpu", verifier=",".join(vb.port for vb in stage_vboards), models=str(models),
               warn=warned.append, say=warned.append) as mesh:
         assert mesh.generate("Once upon a time", max_tokens=16).text == want["text"]
-        for stage in mesh._lanes[0].verifier.stages:
-            stage.proxy.bus.deadline = 1.0  # the 30 s a real board gets, shortened for the test
-        os.kill(stage_vboards[1].pid, signal.SIGSTOP)
-        try:
-            got = mesh.generate("Once upon a time", max_tokens=16)
-        finally:
-            os.kill(stage_vboards[1].pid, signal.SIGCONT)
+        got = generate_with_a_stage_stopped(mesh, stage_vboards[1])
         after = mesh.generate("Once upon a time", max_tokens=16)  # serve's next request, chat's next turn
     assert got.text == want["text"] and got.stats["verifier"] == "cpu", warned
     port = stage_vboards[1].port
@@ -131,9 +137,6 @@ def test_a_pipeline_the_cpu_verifier_replaced_verifies_again_once_its_stage_answ
     verifier when a stage stopped answering kept the cpu verifier for its whole life, though the stage went on (a
     board that hung for a while, a hub's hiccup). Now its later generations ask the stage HELLO again, beside their
     text: once it answers, the pipeline verifies again, after one line, with the same text."""
-    import os
-    import signal
-
     from specmesh import Mesh
     from specmesh.host.cli.session import REJOINED
 
@@ -144,13 +147,7 @@ def test_a_pipeline_the_cpu_verifier_replaced_verifies_again_once_its_stage_answ
               warn=warned.append, say=[].append) as mesh:
         (lane,) = mesh._lanes
         pipeline = lane.verifier
-        for stage in pipeline.stages:
-            stage.proxy.bus.deadline = 1.0  # the 30 s a real board gets, shortened for the test
-        os.kill(stage_vboards[0].pid, signal.SIGSTOP)
-        try:
-            replaced = mesh.generate("Once upon a time", max_tokens=16)
-        finally:
-            os.kill(stage_vboards[0].pid, signal.SIGCONT)
+        replaced = generate_with_a_stage_stopped(mesh, stage_vboards[0])
         done = []
         while len(done) < 6 and (not done or done[-1].stats["verifier"] != pipeline.name):
             done.append(mesh.generate("Once upon a time", max_tokens=16))
