@@ -223,10 +223,19 @@ def test_console_whose_stdout_fails_blames_stdout_not_the_board():
     assert done.returncode == 141 and done.stderr == b"specmesh console: loop://; Ctrl-] leaves\n", done.stderr
 
 
-def test_console_on_a_missing_port_is_one_line(capsys):
-    assert cli.main(["console", "/dev/ttyNOPE"]) == 2
+@pytest.mark.parametrize("given", [["/dev/ttyNOPE"], ["--port", "/dev/ttyNOPE"]])
+def test_console_on_a_missing_port_is_one_line(capsys, given):
+    """The port as PORT, or as --port as flash and bench take it (refused as an unknown flag before)."""
+    assert cli.main(["console", *given]) == 2
     err = capsys.readouterr().err
     assert err.startswith("specmesh console: error: cannot open /dev/ttyNOPE: no such port") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("given", [[], ["/dev/ttyUSB0", "--port", "/dev/ttyUSB1"]])
+def test_console_without_one_port_is_told_to_give_it_once(capsys, given):
+    assert cli.main(["console", *given]) == 2
+    assert capsys.readouterr().err == ("specmesh console: error: give the board's port once: specmesh console PORT (or "
+                                       "--port PORT)\n")
 
 
 def test_console_on_a_virtual_boards_port_that_is_gone_says_what_to_give(capsys):

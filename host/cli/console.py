@@ -1,4 +1,4 @@
-"""`specmesh console PORT`: a board's console on this terminal (its REPL, or what its node prints) until
+"""`specmesh console PORT` (or `--port PORT`, as flash and bench take it): a board's console on this terminal (its REPL, or what its node prints) until
 Ctrl-], as `mpremote connect PORT repl` gives it.
 
 On a terminal, keys go to the board as typed (raw mode: Ctrl-C interrupts the board, not this program);
@@ -28,12 +28,19 @@ POLL_S = 0.02  # how often a port without a descriptor to wait on is asked for o
 
 def add_parser(sub) -> None:
     p = sub.add_parser("console", help="a board's console (REPL or node output) on this terminal; Ctrl-] leaves")
-    p.add_argument("port", metavar="PORT", help="serial port (a0, u0, c0 as in mpremote), or auto")
+    p.add_argument("port", metavar="PORT", nargs="?", help="serial port (a0, u0, c0 as in mpremote), or auto")
+    # flash, bench and serve take their port as --port: a user's `console --port PORT` means the same
+    p.add_argument("--port", dest="port_flag", metavar="PORT", help="the same as PORT")
     p.add_argument("--baud", type=int, default=115200, help="baud rate (default: %(default)s)")
     p.set_defaults(func=main)
 
 
 def main(args) -> int:
+    if (args.port is None) == (args.port_flag is None):
+        print("specmesh console: error: give the board's port once: specmesh console PORT (or --port PORT)",
+              file=sys.stderr)
+        return 2
+    args.port = args.port if args.port is not None else args.port_flag
     try:
         import termios  # POSIX only; imported here so the rest of the CLI runs anywhere
         import tty
