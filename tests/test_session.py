@@ -479,12 +479,13 @@ def by_id_link(tmp_path):
 @pytest.mark.parametrize("role, signed", [("drafter", False), ("drafter", True), ("verifier", False)])
 def test_a_board_whose_port_went_away_and_came_back_rejoins_its_lane(models, virtual_board, by_id_link, tmp_path, role,
                                                                      signed):
-    """A board whose port went away mid-mesh (a USB cable pulled, a hub reset, its emulate stopped) failed with its link,
-    which nothing opened again: the long-lived mesh went on without it for its whole life, though the same port came
-    back when the board was plugged in again. Now the generations after ask it again, opening its port first: while
-    it is missing, they go on without it (plain decoding, or the cpu verifier: the same greedy text); once the board is
-    back (a restarted virtual board, its flash kept, the link pointing at its new pty), one of them has it back after one
-    line, its node begun afresh (its session, and a signed bus's, opened anew), and it drafts, or verifies, again."""
+    """A board whose port went away mid-mesh (a USB cable pulled, a hub reset, its emulate stopped) failed with its
+    link, which nothing opened again: the long-lived mesh went on without it for its whole life, though the same port
+    came back when the board was plugged in again. Now the generations after ask it again, opening its port first:
+    while it is missing, they go on without it (plain decoding, or the cpu verifier: the same greedy text); once the
+    board is back (a restarted virtual board, its flash kept, the link pointing at its new pty), one of them has it
+    back after one line, its node begun afresh (its session, and a signed bus's, opened anew), and it drafts, or
+    verifies, again."""
     from specmesh.host.cli.session import PORT_BACK, REJOINED
     from specmesh.host.layout import DRAFTER_FILE
     from specmesh.host.provision.flash import flash
@@ -501,7 +502,8 @@ def test_a_board_whose_port_went_away_and_came_back_rejoins_its_lane(models, vir
     by_id_link.symlink_to(vb.port)
     name = str(by_id_link)
     warned: list[str] = []
-    with Mesh(models=models, gamma="2", say=[].append, warn=warned.append, **{role: name, other: "cpu"}, **keyed) as mesh:
+    with Mesh(models=models, gamma="2", say=[].append, warn=warned.append, **{role: name, other: "cpu"},
+              **keyed) as mesh:
         (lane,) = mesh._lanes
         want = mesh.generate("The cat", 16)
         vb.stop()  # unplugged: its port goes away, and so does its by-id link
@@ -604,7 +606,8 @@ def test_a_runs_board_whose_port_went_away_is_promised_no_later_generation(model
     flash(vb.port, "drafter", models / DRAFTER_FILE, progress=False)
     by_id_link.symlink_to(vb.port)
     show = run_mod.Printer.show
-    monkeypatch.setattr(run_mod.Printer, "show", lambda self, segments: (vb.stop(), show(self, segments))[1])  # unplugged
+    # the board unplugged as the run shows its prompt
+    monkeypatch.setattr(run_mod.Printer, "show", lambda self, segments: (vb.stop(), show(self, segments))[1])
     stats = run(args(models, "--drafter", str(by_id_link), "--gamma", "2", "--max-tokens", "16", "--prompt", "The cat",
                      "--quiet"), io.StringIO())
     (line,) = stats["failovers"]

@@ -283,10 +283,9 @@ class BoardBackend(Unit):
         its own, the board asked nothing else meanwhile); answering, it is no longer taken for `silent`. A port that was
         lost is opened again first (host/bus/links.py `reopen`: a board plugged in again); still missing, it does not
         answer. A node that rebooted meanwhile has no session: this HELLO opens a signed bus's anew, and the next BEGIN
-        sends it the stream. One that answers in another role or with another model is not this board (another board
-        plugged into its port, or it was flashed anew meanwhile), or whose reopened port's board refuses this host's
-        key (host/bus/links.py `_refused`: flashed with another one), is not this board: taken for silent, it is not
-        asked to serve (`other` says what answered)."""
+        sends it the stream. One that answers in another role or with another model, or refuses this host's key on its
+        reopened port (host/bus/links.py `_refused`), is not this board (another board plugged into its port, or it was
+        flashed anew meanwhile): taken for silent, it is not asked to serve (`other` says what answered)."""
         link = self.proxy.bus.link
         self.proxy.bus.relink()
         try:

@@ -104,8 +104,8 @@ class SerialLink:
         """A reader thread started on the port open now, with a stop event of its own (`_stop`: an old port's reader,
         ended by `reopen`, never reads the new one)."""
         self._stop = threading.Event()
-        reader = threading.Thread(target=self._read_loop, args=(self.ser, self._stop), name="specmesh-link-" + self.port,
-                                  daemon=True)
+        reader = threading.Thread(target=self._read_loop, args=(self.ser, self._stop),
+                                  name="specmesh-link-" + self.port, daemon=True)
         reader.start()
         return reader
 

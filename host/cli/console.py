@@ -1,5 +1,5 @@
-"""`specmesh console PORT` (or `--port PORT`, as flash and bench take it): a board's console on this terminal (its REPL, or what its node prints) until
-Ctrl-], as `mpremote connect PORT repl` gives it.
+"""`specmesh console PORT` (or `--port PORT`, as flash and bench take it): a board's console on this terminal (its
+REPL, or what its node prints) until Ctrl-], as `mpremote connect PORT repl` gives it.
 
 On a terminal, keys go to the board as typed (raw mode: Ctrl-C interrupts the board, not this program);
 Ctrl-] leaves. From a pipe (`echo 'print(1)' | specmesh console u0`), the input is sent and the board's

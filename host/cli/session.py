@@ -415,8 +415,8 @@ REJOINED = {"drafter": "drafter %s answers again: it drafts again from this gene
 # said once: the lane's back-end holds the first board's model and context, so only a new mesh takes this one
 OTHER_BOARD = ("%s %s answers again, but as another board (%s): it stays out; run the command again (or make a new "
                "Mesh) to use that board")
-# what a fail-over's line adds of a drafter or verifier board whose port went away (host/backends/board.py `PortLost`), on
-# a mesh whose later generations ask it again (`Mesh.rejoins`: `_Rejoin`, which opens its port again first)
+# what a fail-over's line adds of a drafter or verifier board whose port went away (host/backends/board.py
+# `PortLost`), on a mesh whose later generations ask it again (`Mesh.rejoins`: `_Rejoin`, which opens its port first)
 PORT_BACK = "; its port went away: later generations open it again, and the board rejoins once its port is back"
 # what the next generation of a long-lived mesh does with a board still silent when it asks it again, by its role
 STILL_SILENT = {"drafter": "goes on with plain decoding", "verifier": "the cpu verifier takes over",
