@@ -6,7 +6,7 @@ import time
 import pytest
 
 from specmesh.host.bus.faults import Faults, FaultyLink
-from specmesh.host.cli.chaos import CASES, PROFILES, compare, reference, run_case
+from specmesh.host.cli.chaos import CASES, PROFILES, compare, least_tokens, reference, run_case
 from specmesh.host.layout import ROOT
 from specmesh.shared.codec import CodecError, decode, encode
 
@@ -119,9 +119,11 @@ def test_a_killed_verifier_fails_over_to_the_cpu_with_the_same_text(vboards, eng
 
 
 def test_a_killed_drafter_leaves_plain_decoding_and_the_greedy_text(vboards):
-    params = CASES[0]
-    got = run_case(PROFILES["drafter-dies"], params, TOKENS, MODELS, vboards)
-    assert got["tokens"] == reference(MODELS, params, TOKENS)
+    """At the fewest tokens `specmesh chaos` takes for the profile (at 17, which it took, the run ended with a round of
+    one token left, which asks no drafter: no fail-over, and the table said "yes")."""
+    params, tokens = CASES[0], least_tokens(PROFILES["drafter-dies"])
+    got = run_case(PROFILES["drafter-dies"], params, tokens, MODELS, vboards)
+    assert got["tokens"] == reference(MODELS, params, tokens)
     (line,) = got["failovers"]
     assert line.startswith("drafter virtual:drafter") and line.endswith("going on with plain decoding")
 
@@ -130,9 +132,11 @@ def test_a_killed_drafter_leaves_plain_decoding_and_the_greedy_text(vboards):
                          ids=["drafter", "verifier"])
 def test_a_rebooted_board_loses_nothing(vboards, name, params):
     """The rebooted board answers "no session" and is begun again on the committed prefix (the verifier on a lossy
-    link, so its "no session" may come to a retransmission); the text is the fault-free one."""
-    got = run_case(PROFILES[name], params, TOKENS, MODELS, vboards)
-    assert got["tokens"] == reference(MODELS, params, TOKENS)
+    link, so its "no session" may come to a retransmission); the text is the fault-free one. At the fewest tokens
+    `specmesh chaos` takes for the profile: the round after the reboot asks the board."""
+    tokens = least_tokens(PROFILES[name])
+    got = run_case(PROFILES[name], params, tokens, MODELS, vboards)
+    assert got["tokens"] == reference(MODELS, params, tokens)
     assert got["resyncs"] == 1 and not got["failovers"]
 
 
@@ -212,17 +216,20 @@ def test_chaos_help_lists_the_profiles(capsys):
     assert e.value.code == 0 and "5% drop, 1% corrupt" in out and "signed-noisy-radio" in out
 
 
-def test_chaos_refuses_too_few_tokens_for_a_profiles_event(monkeypatch, capsys):
-    """A board killed or rebooted after round 4 of a 16-token run may have no round after it: the profile tested
-    nothing yet said "yes" (failovers 0); such a --tokens is refused before any board starts."""
+@pytest.mark.parametrize("name, tokens, line", [
+    ("verifier-dies", 16, "17..200 (--profile verifier-dies: its kill is after round 4, a round may commit 4 tokens)"),
+    ("drafter-dies", 17, "18..200 (--profile drafter-dies: its kill is after round 4, a round may commit 4 tokens, "
+                         "and one with 1 token left asks no drafter)")])
+def test_chaos_refuses_too_few_tokens_for_a_profiles_event(monkeypatch, capsys, name, tokens, line):
+    """A board killed or rebooted after round 4 of a 16-token run may have no round after it, and a drafter's of a
+    17-token run no round that asks it: the profile tested nothing yet said "yes" (failovers 0); such a --tokens is
+    refused before any board starts."""
     from specmesh.host import cli
     from specmesh.host.cli import chaos
 
     monkeypatch.setattr(chaos, "run", lambda *a, **k: pytest.fail("boards started"))
-    assert cli.main(["chaos", "--profile", "lossy-serial", "--profile", "drafter-dies", "--tokens", "16"]) == 2
-    assert capsys.readouterr().err == (
-        "specmesh chaos: error: --tokens must be in 17..200 (--profile drafter-dies: its kill is after round 4, "
-        "and a round may commit 4 tokens), not 16\n")
+    assert cli.main(["chaos", "--profile", "lossy-serial", "--profile", name, "--tokens", str(tokens)]) == 2
+    assert capsys.readouterr().err == "specmesh chaos: error: --tokens must be in %s, not %d\n" % (line, tokens)
 
 
 def test_a_profile_named_twice_runs_once(monkeypatch):
@@ -235,7 +242,7 @@ def test_a_profile_named_twice_runs_once(monkeypatch):
     monkeypatch.setattr(chaos, "run", lambda names, *a, **k: ran.append(names) or [])
     monkeypatch.setattr(chaos, "print_table", lambda rows: None)
     assert cli.main(["chaos", "--profile", "lossy-serial", "--profile", "drafter-dies", "--profile", "lossy-serial",
-                     "--tokens", "17"]) == 0
+                     "--tokens", "18"]) == 0
     assert ran == [["lossy-serial", "drafter-dies"]]
 
 

@@ -167,7 +167,7 @@ def _add_chaos(sub) -> None:
 
 def _chaos(args) -> int:
     from specmesh.host.backends import BackendError
-    from specmesh.host.cli.chaos import GAMMA, PROFILES, print_table, run
+    from specmesh.host.cli.chaos import GAMMA, PROFILES, least_tokens, print_table, run
     from specmesh.host.cli.ranges import RangeError, in_range
 
     names = list(dict.fromkeys(args.profile or sorted(PROFILES)))  # a profile named twice runs once
@@ -176,9 +176,10 @@ def _chaos(args) -> int:
         for name in names:
             event = PROFILES[name].event  # at the end of its round: only a later round shows the recovery
             if event is not None:
-                in_range("--tokens", args.tokens, (GAMMA + 1) * event[2] + 1, 200,
-                         "--profile %s: its %s is after round %d, and a round may commit %d tokens"
-                         % (name, event[0], event[2], GAMMA + 1))
+                in_range("--tokens", args.tokens, least_tokens(PROFILES[name]), 200,
+                         "--profile %s: its %s is after round %d, a round may commit %d tokens%s"
+                         % (name, event[0], event[2], GAMMA + 1,
+                            ", and one with 1 token left asks no drafter" if event[1] == "drafter" else ""))
     except RangeError as e:
         print("specmesh chaos: error: %s" % e, file=sys.stderr)
         return 2

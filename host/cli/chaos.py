@@ -85,6 +85,16 @@ PROFILES = {
 CASES = (SessionParams(temperature=0.0), SessionParams(seed=7, temperature=0.8))
 
 
+def least_tokens(profile: Profile) -> int:
+    """The fewest --tokens under which `profile`'s board event is followed by a round that calls that board: after
+    its round (each commits up to GAMMA + 1 tokens), one more for a verifier; two for a drafter, since a round with one
+    token left drafts nothing (at 17 a drafter-dies run ended without asking the dead drafter: 0 fail-overs, "yes")."""
+    if profile.event is None:
+        return 1
+    _, kind, after = profile.event
+    return (GAMMA + 1) * after + (2 if kind == "drafter" else 1)
+
+
 def reference(models: Path, params: SessionParams, tokens: int, transport: str = "serial") -> list[int]:
     """The fault-free text of a case, on the CPU back-ends (the drafter the cluster's drafter board runs on
     `transport`)."""
