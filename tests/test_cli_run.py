@@ -357,6 +357,11 @@ def test_a_flag_that_changes_nothing_is_said_in_one_line(models, capsys):
                    "--max-tokens", "4", "--quiet"])
     err = capsys.readouterr().err
     assert rc == 0 and err == "specmesh: note: --plain decodes on the verifier alone: --drafter, --gamma are not used\n"
+    for flag in ("--draft-max", "--draft-top-k"):  # the drafter's too, which --plain passed over without a word
+        rc = cli.main(["run", "--models", str(models), "--verifier", "cpu", "--plain", flag, "3", "--max-tokens", "4",
+                       "--quiet"])
+        assert rc == 0 and capsys.readouterr().err == ("specmesh: note: --plain decodes on the verifier alone: %s is "
+                                                       "not used\n" % flag)
     rc = cli.main(["run", "--models", str(models), "--verifier", "cpu", "--drafter", "cpu", "--spec-ahead", "4",
                    "--max-tokens", "4", "--quiet"])  # drafting ahead is a drafter board's
     assert rc == 0 and capsys.readouterr().err == ("specmesh: note: --spec-ahead is how far a drafter board drafts "

@@ -152,6 +152,7 @@ KERNELS_UNPRICED = "--kernels %s chooses the kernels a projection prices: add --
 # flags whose parser default is None so that one given can be told from one left out (`_pointless`): their values
 UNSET_DEFAULTS = {"drafter": "virtual", "kernels": "native"}
 DRAFTER_FLAGS = (("--drafter", "drafter", None), ("--draft-model", "draft_model", None), ("--gamma", "gamma", "auto"),
+                 ("--draft-max", "draft_max", None), ("--draft-top-k", "draft_top_k", 8),
                  ("--spec-ahead", "spec_ahead", 0))  # what only a drafter uses, and each one's value left out
 
 
