@@ -468,13 +468,15 @@ def test_serve_on_an_empty_host_says_what_it_takes(models, capsys, no_board_star
 @pytest.mark.parametrize("flag", ["--prompt", "--prompt-file", "--stats-json", "--quiet"])
 def test_serve_s_help_lists_no_flag_it_refuses(models, capsys, no_board_starts, serve_extra, flag):
     """`serve --help` listed run's --prompt, -f, --stats-json and --quiet, each of which serve then refused ("belongs
-    to one generation: a request's body carries it"); they are out of its help and still refused in that one line."""
+    to one generation: a request's body carries it", which no body does of --stats-json or --quiet); they are out of its
+    help and still refused in that one line, which says where the prompt, the text and the figures go instead."""
     with pytest.raises(SystemExit):
         cli.main(["serve", "--help"])
     assert flag not in capsys.readouterr().out
     value = [] if flag == "--quiet" else ["x"]
     err = one_line_status_2(capsys, ["serve", "--models", str(models), flag, *value])
-    assert "%s belongs to one generation" % flag in err
+    assert err == ("specmesh serve: error: %s belongs to one generation: a request's body carries its prompt, and the "
+                   "response its text and figures (drop it)\n" % flag)
 
 
 def resolving(monkeypatch, name, *addresses):

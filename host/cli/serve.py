@@ -58,8 +58,8 @@ def serve(a: argparse.Namespace) -> int:
         return 2
     given = [f for f in ONE_GENERATION if getattr(a, f) not in (None, False)]
     if given:
-        print("specmesh serve: error: --%s belongs to one generation: a request's body carries it (drop it)"
-              % given[0].replace("_", "-"), file=sys.stderr)
+        print("specmesh serve: error: --%s belongs to one generation: a request's body carries its prompt, and the "
+              "response its text and figures (drop it)" % given[0].replace("_", "-"), file=sys.stderr)
         return 2
     fixed_seed = a.seed is not None  # --seed N: every sampled request without a seed runs under N
     a.seed = a.seed if fixed_seed else 0
