@@ -231,11 +231,12 @@ def test_console_on_a_missing_port_is_one_line(capsys, given):
     assert err.startswith("specmesh console: error: cannot open /dev/ttyNOPE: no such port") and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("given", [[], ["/dev/ttyUSB0", "--port", "/dev/ttyUSB1"]])
-def test_console_without_one_port_is_told_to_give_it_once(capsys, given):
+@pytest.mark.parametrize("given, once", [([], ""), (["/dev/ttyUSB0", "--port", "/dev/ttyUSB1"], " once")])
+def test_console_without_one_port_is_told_to_give_it_once(capsys, given, once):
+    """Two ports are told 'once'; none was told the same, as if one had been given twice."""
     assert cli.main(["console", *given]) == 2
-    assert capsys.readouterr().err == ("specmesh console: error: give the board's port once: specmesh console PORT (or "
-                                       "--port PORT)\n")
+    assert capsys.readouterr().err == ("specmesh console: error: give the board's port%s: specmesh console PORT (or "
+                                       "--port PORT)\n" % once)
 
 
 def test_console_on_a_virtual_boards_port_that_is_gone_says_what_to_give(capsys):

@@ -36,9 +36,9 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    if (args.port is None) == (args.port_flag is None):
-        print("specmesh console: error: give the board's port once: specmesh console PORT (or --port PORT)",
-              file=sys.stderr)
+    if (args.port is None) == (args.port_flag is None):  # none given, or both
+        print("specmesh console: error: give the board's port%s: specmesh console PORT (or --port PORT)"
+              % ("" if args.port is None else " once"), file=sys.stderr)
         return 2
     args.port = args.port if args.port is not None else args.port_flag
     try:
