@@ -687,13 +687,19 @@ def test_a_flipped_tokenizer_id_in_the_targets_header_names_the_target(models, c
                                                                               models / DRAFTER_FILE, tid))
 
 
-@pytest.mark.parametrize("victim", [TARGET_FILE, "tokenizer.bin", "prompt.txt"])
-def test_stats_json_over_a_file_the_run_reads_is_refused(models, tmp_path, capsys, no_board_starts, victim):
+@pytest.mark.parametrize("victim", [TARGET_FILE, "tokenizer.bin", "prompt.txt", "card.json"])
+def test_stats_json_over_a_file_the_run_reads_is_refused(models, tmp_path, capsys, no_board_starts, monkeypatch,
+                                                         victim):
     """`--stats-json models/target.spm` (a slip of tab completion) replaced the model with the stats after a run that
     went well, and the next run refused the model as 'not a specmesh model file'; refused before anything starts,
-    the file kept."""
+    the file kept. `--stats-json models/card.json` (the model card's data, read for gamma auto's prior: here a copy)
+    was written over, and every specmesh command after failed with a traceback."""
+    from specmesh.host.provision import drafters
+
     (tmp_path / "prompt.txt").write_text("Once upon a time")
-    path = (tmp_path if victim == "prompt.txt" else models) / victim
+    (tmp_path / "card.json").write_bytes(drafters.CARD.read_bytes())
+    monkeypatch.setattr(drafters, "CARD", tmp_path / "card.json")
+    path = (tmp_path if victim in ("prompt.txt", "card.json") else models) / victim
     before = path.read_bytes()
     err = one_line_status_2(capsys, ["run", "--models", str(models), "--verifier", "cpu", "--drafter", "cpu",
                                      "--prompt-file", str(tmp_path / "prompt.txt"), "--stats-json", str(path)])

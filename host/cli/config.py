@@ -410,12 +410,16 @@ def _check_models(models: Path, plain: bool, target: Path | None, drafter: Path 
 def _check_stats_json_is_no_input(a: argparse.Namespace) -> None:
     """--stats-json naming a file the run reads (a slip of tab completion: `--stats-json models/target.spm`) replaced
     that model, tokenizer, table, prompt, key or calibration with the stats, and the next run refused the file as
-    corrupt: refused here, before anything is written."""
+    corrupt: refused here, before anything is written. So is the model card's data (gamma auto's prior), whose
+    stats in its place had every later command fail on import with a KeyError's traceback."""
+    from specmesh.host.provision import drafters
+
     stats = getattr(a, "stats_json", None)
     if not stats or stats == atomic.STDOUT or not os.path.isfile(stats):
         return
     named = [f for f in (a.model, a.draft_model, a.prompt_file, a.key_file, a.calibration, a.drafter_calibration) if f]
     read = named + [f for f in a.models.iterdir() if f.suffix in (".spm", ".ngt") or f.name == TOKENIZER_FILE]
+    read.append(drafters.CARD)
     hit = next((f for f in read if f.is_file() and os.path.samefile(stats, f)), None)
     if hit is not None:
         raise UsageError("--stats-json %s would overwrite %s, which this run reads: give the stats another file"
