@@ -79,11 +79,13 @@ def test_the_story_alone_lands_in_the_file_stdout_is_sent_to(tmp_path):
     (["run", "Once", "upon"], "usage: specmesh run ", "; did you mean --prompt 'Once upon'?"),
     (["run", "esp32s3"], "usage: specmesh run ", "; did you mean --project esp32s3?"),
     (["bench", "/dev/ttyUSB0"], "usage: specmesh bench ", "; did you mean --port /dev/ttyUSB0?"),
+    (["bench", "u0"], "usage: specmesh bench ", "; did you mean --port u0?"),  # mpremote's name for /dev/ttyUSB0
     (["chaos", "lossy-serial"], "usage: specmesh chaos ", "; did you mean --profile lossy-serial?"),
     # a port, but of which role: both offered, neither guessed
     (["run", "/dev/ttyUSB0"], "usage: specmesh run ",
      "; did you mean --verifier /dev/ttyUSB0 or --drafter /dev/ttyUSB0?"),
     (["chat", "COM3"], "usage: specmesh chat ", "; did you mean --verifier COM3 or --drafter COM3?"),
+    (["run", "a0"], "usage: specmesh run ", "; did you mean --verifier a0 or --drafter a0?"),  # not --prompt a0
     (["serve", "/dev/ttyACM0"], "usage: specmesh serve ",  # not its --port: that is the TCP one
      "; did you mean --verifier /dev/ttyACM0 or --drafter /dev/ttyACM0?"),
 ])

@@ -497,6 +497,8 @@ def unknown(command: argparse.ArgumentParser, extra: list[str]) -> None:
     subcommand with the top-level usage and no suggestion."""
     import difflib
 
+    from specmesh.host.bus.ports import expand
+
     flags = [f for f in command._option_string_actions if f.startswith("--")]  # every spelling it takes
     line = "unrecognized arguments: %s" % " ".join(extra)
     first = next((x.split("=", 1)[0] for x in extra if x.startswith("-")), None)
@@ -509,7 +511,7 @@ def unknown(command: argparse.ArgumentParser, extra: list[str]) -> None:
         word = extra[0]
         close = ["%s %s" % (f, word) for f, a in command._option_string_actions.items()
                  if f.startswith("--") and a.choices and word in a.choices]
-        port = re.fullmatch(r"/dev/\S+|COM\d+", word)
+        port = re.fullmatch(r"/dev/\S+|COM\d+", expand(word))  # mpremote's u0, a0, c0 too, as port flags take
         if not close and port and {"--verifier", "--drafter"} <= set(flags):  # a mesh's boards: both roles offered
             close = ["--verifier %s or --drafter %s" % (word, word)]  # (serve's --port is its TCP port)
         elif not close and "--port" in flags and port:
