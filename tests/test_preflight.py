@@ -708,6 +708,47 @@ def test_stats_json_over_a_file_the_run_reads_is_refused(models, tmp_path, capsy
     assert path.read_bytes() == before
 
 
+@pytest.mark.parametrize("text", [None, "", "{", '{"tokens": 4}', '{"drafters": {"drafter.spm": {"width": 64}}}'])
+def test_an_unreadable_model_card_is_one_line_where_it_is_read(models, tmp_path, capsys, no_board_starts, monkeypatch,
+                                                                text):
+    """models/card.json missing, empty, cut short or replaced (a `specmesh bench --out models/card.json`) failed every
+    specmesh command, --help and keygen too, on import with a traceback (KeyError: 'drafters'); now run and flash,
+    which read it (gamma auto's prior, the drafter flash names), refuse to start in one line naming it, and the rest
+    work on."""
+    from specmesh.host.provision import drafters
+
+    card = tmp_path / "card.json"
+    if text is not None:
+        card.write_text(text)
+    shipped, line = drafters.read_card(card)
+    assert shipped == {} and line.startswith("%s, the model card's data, cannot be read (" % card)
+    assert line.endswith("): restore it (`git checkout models/card.json` in a checkout of specmesh, else install "
+                         "specmesh again)")
+    assert drafters.read_card(drafters.CARD)[1] is None  # the shipped one reads
+    monkeypatch.setattr(drafters, "UNREADABLE", line)
+    err = one_line_status_2(capsys, ["run", "--models", str(models), "--verifier", "cpu", "--drafter", "cpu"])
+    assert err == "specmesh run: error: %s\n" % line
+    assert cli.main(["flash", "--port", "/dev/ttyNOPE", "--role", "drafter"]) == 2
+    assert capsys.readouterr().err == "specmesh flash: error: %s\n" % line
+    assert cli.main(["keygen", "--key-file", str(tmp_path / "k")]) == 0
+
+
+def test_a_damaged_model_card_is_read_on_import_without_a_traceback(models):
+    """The same through the import, in a process of its own whose models/card.json reads as a cut-off `{`."""
+    import subprocess
+    import sys
+
+    code = ("import pathlib, sys\n"
+            "real = pathlib.Path.read_text\n"
+            "pathlib.Path.read_text = lambda self, *a, **k: '{' if self.name == 'card.json' else real(self, *a, **k)\n"
+            "from specmesh.host import cli\n"
+            "sys.exit(cli.main(['run', '--models', %r, '--verifier', 'cpu', '--drafter', 'cpu']))\n" % str(models))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("specmesh run: error: ") and "card.json, the model card's data, cannot be read (" \
+        "JSONDecodeError" in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
 @pytest.mark.parametrize("name, drafter", [(HOST_DRAFTER_FILE, "cpu"), ("drafter-esp32.spm", "virtual")])
 def test_a_folder_in_a_class_drafters_place_is_refused_not_passed_over(models, capsys, no_board_starts, name,
                                                                         drafter):

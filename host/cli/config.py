@@ -16,6 +16,7 @@ from specmesh.host.backends import PIPELINE, SessionParams, is_port, port_list, 
 from specmesh.host.boardclasses import drafter_class
 from specmesh.host.cli.ranges import SEED, RangeError, in_range, probability
 from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path
+from specmesh.host.provision import drafters
 from specmesh.host.stops import awake
 from specmesh.shared import messages as m
 from specmesh.shared.sampling import is_greedy
@@ -93,6 +94,8 @@ class RunConfig:
         a = argparse.Namespace(**{**vars(a), **{k: v for k, v in UNSET_DEFAULTS.items() if getattr(a, k) is None}})
         _check_ranges(a)
         notes = _pointless(given)
+        if drafters.UNREADABLE:  # gamma auto's prior
+            raise UsageError(drafters.UNREADABLE)
         _check_models(a.models, a.plain, a.model, a.draft_model, a.drafter, a.transport)
         _check_stats_json_is_no_input(a)
         return cls(prompt=read_prompt(a), prompt_from=prompt_source(a), stop=tuple(a.stop), max_tokens=a.max_tokens, temperature=a.temperature,
@@ -412,8 +415,6 @@ def _check_stats_json_is_no_input(a: argparse.Namespace) -> None:
     that model, tokenizer, table, prompt, key or calibration with the stats, and the next run refused the file as
     corrupt: refused here, before anything is written. So is the model card's data (gamma auto's prior), whose
     stats in its place had every later command fail on import with a KeyError's traceback."""
-    from specmesh.host.provision import drafters
-
     stats = getattr(a, "stats_json", None)
     if not stats or stats == atomic.STDOUT or not os.path.isfile(stats):
         return

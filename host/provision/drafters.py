@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from specmesh.host.boardclasses import ESP32, ESP32S3
 from specmesh.host.layout import MODELS
@@ -36,9 +37,21 @@ def shipped(card: dict) -> dict[str, ShippedDrafter]:
                                  d["sampled"]["alpha"]) for name, d in card["drafters"].items()}
 
 
-SHIPPED = shipped(json.loads(CARD.read_text()))
-WIDE = SHIPPED[ESP32S3.drafter]  # the widest: what an S3 runs from PSRAM
-HEAP = SHIPPED[ESP32.drafter]  # what a classic ESP32 runs from its heap
+def read_card(path: Path) -> tuple[dict[str, ShippedDrafter], str | None]:
+    """The drafters of the model card's data at `path`, and None; or none and the line that says why it cannot be read
+    (a damaged or replaced models/card.json failed every specmesh command on import, with a KeyError's traceback): run
+    and flash refuse to start with it (`UNREADABLE`), the commands that never read it work on."""
+    try:
+        return shipped(json.loads(path.read_text())), None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else "%s %s" % (type(e).__name__, e)
+        return {}, ("%s, the model card's data, cannot be read (%s): restore it (`git checkout models/card.json` in a "
+                    "checkout of specmesh, else install specmesh again)" % (path, why))
+
+
+SHIPPED, UNREADABLE = read_card(CARD)
+WIDE = SHIPPED.get(ESP32S3.drafter)  # the widest: what an S3 runs from PSRAM
+HEAP = SHIPPED.get(ESP32.drafter)  # what a classic ESP32 runs from its heap
 
 
 def expected_alpha(name: str, greedy: bool) -> float | None:
@@ -56,6 +69,6 @@ def describe(name: str, where: str) -> str:
     if drafter is None:  # a models folder of one drafter: every board runs that one
         return "drafter model %s (%s)" % (name, where)
     line = "drafter model %s (%d wide; %s): %s" % (drafter.file, drafter.width, where, drafter.acceptance())
-    if drafter is not WIDE:
+    if WIDE is not None and drafter is not WIDE:
         line += "; %s would give %s" % (WIDE.file, WIDE.acceptance())
     return line

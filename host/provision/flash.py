@@ -961,6 +961,8 @@ def check_request(role: str, model: Path | None, layers: tuple[int, int] | None)
     by_class = model is None and role == "drafter"
     if role not in NODE_ID:
         raise FlashRequestError(f"unknown role {role!r} (drafter, verifier or stage)")
+    if drafters.UNREADABLE:  # what flash says of the drafter it picks
+        raise FlashRequestError(drafters.UNREADABLE)
     if (role == "stage") != (layers is not None):
         raise FlashRequestError("--layers A:B goes with --role stage, and --role stage needs it")
     model = Path(model) if model is not None else model_path(MODELS, role)
