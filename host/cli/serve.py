@@ -25,13 +25,18 @@ from specmesh.host.cli.session import ONE_GENERATION, Mesh, say_on_stderr
 from specmesh.host.stops import SIGNALS
 
 INSTALL_HINT = "specmesh serve needs Starlette and uvicorn: pip install 'specmesh[serve]' (in a checkout: make setup)"
+# what serve has in place of each of run's flags of one generation (ONE_GENERATION), which it refuses: the line had
+# "a request's body carries it" for all four, though no body carries a stats file or --quiet
+INSTEAD = {"prompt": "a request's body carries the prompt", "prompt_file": "a request's body carries the prompt",
+           "stats_json": "each response carries its stats, in its specmesh field",
+           "quiet": "serve prints no text or stats table (its log holds its start-up lines and faults)"}
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a mesh over HTTP: an OpenAI-compatible API and a live page at /")
     add_arguments(p, seed_help="the seed of every sampled request that gives none, which then gives the same text "
                   "each time (default: a fresh seed a request, as OpenAI's API; the header x-specmesh-seed names it)")
-    hide(p, ONE_GENERATION)  # a request's body carries these
+    hide(p, ONE_GENERATION)  # refused: INSTEAD says what serve has in their place
     p.add_argument("--host", default="127.0.0.1", help="address to listen on, or a name: each of its addresses "
                    "(default: %(default)s, this machine only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8080, help="TCP port (default: %(default)s; 0: any free one)")
@@ -58,8 +63,8 @@ def serve(a: argparse.Namespace) -> int:
         return 2
     given = [f for f in ONE_GENERATION if getattr(a, f) not in (None, False)]
     if given:
-        print("specmesh serve: error: --%s belongs to one generation: a request's body carries its prompt, and the "
-              "response its text and figures (drop it)" % given[0].replace("_", "-"), file=sys.stderr)
+        print("specmesh serve: error: --%s belongs to one generation: %s (drop it)"
+              % (given[0].replace("_", "-"), INSTEAD[given[0]]), file=sys.stderr)
         return 2
     fixed_seed = a.seed is not None  # --seed N: every sampled request without a seed runs under N
     a.seed = a.seed if fixed_seed else 0
