@@ -474,6 +474,11 @@ class Api:
             while (piece := await pieces.get()) is not None:
                 if piece.text:
                     yield sse(reply.chunk(piece))
+                    # a turn of the event loop between chunks: pieces piled up (the loop busy with other streams) were
+                    # sent one after another without one, so a client gone mid-pile was written to until the pile ran
+                    # out, asyncio logging "socket.send() raised exception." from the fifth write on; with it the
+                    # connection's loss is heard after the write that met it, and nothing more is sent
+                    await asyncio.sleep(0)
             try:
                 done = task.result()
             except GenerationFailed as e:
