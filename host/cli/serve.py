@@ -83,6 +83,7 @@ def serve(a: argparse.Namespace) -> int:
             log = logging.getLogger("uvicorn.error")  # (after the Config set its logging up)
             log.addFilter(no_upgrade_advice)
             log.addFilter(not_http_advice(url(a.host, sockets[0].getsockname()[1])))
+            log.addFilter(cut_at_stop)
             server = _server_class()(http, served.state.stop)
             print("specmesh serve: %s on %s (the live page; the API under /v1), %d stream%s at once; Ctrl-C stops it"
                   % (", ".join("%s %s" % kv for kv in mesh.names.items()), url(a.host, sockets[0].getsockname()[1]),
@@ -120,6 +121,18 @@ def not_http_advice(address: str) -> Callable[[logging.LogRecord], bool]:
         return True
 
     return advise
+
+
+def cut_at_stop(record: logging.LogRecord) -> bool:
+    """uvicorn's line for the connections a stop cut once its grace (STOP_GRACE_S) ran out, an ERROR "Cancel 1 running
+    task(s), timeout graceful shutdown exceeded" at a Ctrl-C that went as it should (a client still sending its
+    request got its 503), said as what it is: a warning naming what such a connection was, in serve's words."""
+    if record.msg == "Cancel %s running task(s), timeout graceful shutdown exceeded":
+        n = record.args[0] if isinstance(record.args, tuple) and record.args else "some"
+        record.msg, record.args = ("the stop cut %s connection(s) still open %d s after it: a client still sending its "
+                                   "request (it got a 503) or reading its reply slowly"), (n, STOP_GRACE_S)
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+    return True
 
 
 # seconds a stopping server waits for its connections to close (a generation ends after its round once told to
