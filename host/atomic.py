@@ -21,6 +21,7 @@ A file the user names for output (`--stats-json FILE`) is written the Unix way, 
     output_problem(path) -> str | None     why write_output cannot write `path`, or None (a FIFO is not opened,
                                             so not waited for; beside a file, a temporary file is made and removed)
     descriptor(path) -> int | None         the open descriptor /dev/stdin, /dev/fd/N or /proc/self/fd/N names
+    overwrites(path, inputs) -> Path|None  the input file an output `path` names (refused before any work), or None
 
 A file the user names for input (a key file, a calibration) is read once, from a regular file or the shell:
     unreadable_kind(path) -> str | None    "a FIFO, a device or a socket" for one (never opened: a FIFO without
@@ -199,6 +200,16 @@ def output_problem(path: str | os.PathLike) -> str | None:
         return None if os.access(path, os.W_OK) else "no permission to write it"
     real = Path(os.path.realpath(path))
     return unwritable(real) or _uncreatable(real)
+
+
+def overwrites(path: str | os.PathLike, inputs: list) -> Path | None:
+    """The file of `inputs` (what the command reads; None entries skipped) that the output `path` names, or None: a
+    slip of tab completion (`--stats-json models/target.spm`) replaced a model with the output, and the next run
+    refused it as corrupt."""
+    path = os.fspath(path)
+    if path == STDOUT or not os.path.isfile(path):
+        return None
+    return next((Path(f) for f in inputs if f and os.path.isfile(f) and os.path.samefile(path, f)), None)
 
 
 def _uncreatable(path: Path) -> str | None:

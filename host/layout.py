@@ -45,6 +45,12 @@ def ngram_table(model: Path) -> Path | None:
     return table if table.is_file() else None
 
 
+def run_inputs(models: Path) -> list[Path]:
+    """The files of the folder `models` that a run reads: its models, their n-gram tables and the tokenizer (what an
+    output flag must not name: `--stats-json`, bench's `--out`)."""
+    return [f for f in Path(models).iterdir() if f.suffix in (".spm", ".ngt") or f.name == TOKENIZER_FILE]
+
+
 def micropython_binary() -> str | None:
     """The `micropython` binary `make setup` builds beside this interpreter (else one on PATH), or None."""
     exe = Path(sys.executable).with_name("micropython")

@@ -405,6 +405,23 @@ def test_bench_checks_its_output_path_before_benchmarking(capsys, tmp_path):
                                        "or - for stdout)\n")
 
 
+@pytest.mark.parametrize("victim", ["target.spm", "drafter-esp32.ngt", "tokenizer.bin", "card.json", "key"])
+def test_bench_out_over_a_file_specmesh_reads_is_refused_before_benchmarking(capsys, tmp_path, victim):
+    """`specmesh bench --out models/target.spm` (a slip of tab completion, as run's --stats-json was) replaced the
+    shipped target with a calibration; refused before the board is asked, the file as it was."""
+    from specmesh.host.layout import MODELS
+
+    path = tmp_path / "k.key" if victim == "key" else MODELS / victim
+    if victim == "key":
+        path.write_bytes(b"k" * 32)
+    before = path.read_bytes()
+    key = ["--key-file", str(path)] if victim == "key" else []
+    assert cli.main(["bench", "--port", "/dev/ttyNOPE", "--out", str(path), *key]) == 2
+    assert capsys.readouterr().err == ("specmesh bench: error: --out %s would overwrite %s, which specmesh reads: give "
+                                       "the calibration another file\n" % (path, path.name))
+    assert path.read_bytes() == before
+
+
 def test_the_texts_streams_closed_full_or_left_are_one_line_or_quiet(models):
     """stdout at /dev/full: one line naming it, status 1; stdout closed: one line, status 2; stdin or stderr closed:
     read or written as /dev/null (stderr's lines never mixed into the text); a reader that leaves (`| true`):

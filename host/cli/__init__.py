@@ -132,10 +132,17 @@ def _bench(args) -> int:
     from specmesh.host.provision.keys import KeyFileError, load_key
 
     from specmesh.host import atomic
+    from specmesh.host.layout import MODELS, run_inputs
+    from specmesh.host.provision import drafters
 
     problem = atomic.output_problem(args.out)  # before minutes of benchmarking
     if problem:
         print(f"specmesh bench: error: --out {args.out or repr('')} cannot be written: {problem}", file=sys.stderr)
+        return 2
+    hit = atomic.overwrites(args.out, [args.key_file, drafters.CARD, *run_inputs(MODELS)])  # a shipped model replaced
+    if hit is not None:
+        print(f"specmesh bench: error: --out {args.out} would overwrite {hit.name}, which specmesh reads: give the "
+              "calibration another file", file=sys.stderr)
         return 2
     try:
         key = load_key(args.key_file) if args.key_file else None

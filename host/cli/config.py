@@ -15,7 +15,7 @@ from specmesh.host import atomic
 from specmesh.host.backends import PIPELINE, SessionParams, is_port, port_list, temp_milli, top_p_q16
 from specmesh.host.boardclasses import drafter_class
 from specmesh.host.cli.ranges import SEED, RangeError, in_range, probability
-from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path
+from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path, run_inputs
 from specmesh.host.provision import drafters
 from specmesh.host.stops import awake
 from specmesh.shared import messages as m
@@ -416,12 +416,10 @@ def _check_stats_json_is_no_input(a: argparse.Namespace) -> None:
     corrupt: refused here, before anything is written. So is the model card's data (gamma auto's prior), whose
     stats in its place had every later command fail on import with a KeyError's traceback."""
     stats = getattr(a, "stats_json", None)
-    if not stats or stats == atomic.STDOUT or not os.path.isfile(stats):
+    if not stats:
         return
-    named = [f for f in (a.model, a.draft_model, a.prompt_file, a.key_file, a.calibration, a.drafter_calibration) if f]
-    read = named + [f for f in a.models.iterdir() if f.suffix in (".spm", ".ngt") or f.name == TOKENIZER_FILE]
-    read.append(drafters.CARD)
-    hit = next((f for f in read if f.is_file() and os.path.samefile(stats, f)), None)
+    named = [a.model, a.draft_model, a.prompt_file, a.key_file, a.calibration, a.drafter_calibration, drafters.CARD]
+    hit = atomic.overwrites(stats, named + run_inputs(a.models))
     if hit is not None:
         raise UsageError("--stats-json %s would overwrite %s, which this run reads: give the stats another file"
                          % (stats, hit.name))
