@@ -88,6 +88,11 @@ def test_the_story_alone_lands_in_the_file_stdout_is_sent_to(tmp_path):
     (["run", "a0"], "usage: specmesh run ", "; did you mean --verifier a0 or --drafter a0?"),  # not --prompt a0
     (["serve", "/dev/ttyACM0"], "usage: specmesh serve ",  # not its --port: that is the TCP one
      "; did you mean --verifier /dev/ttyACM0 or --drafter /dev/ttyACM0?"),
+    # a required flag mistyped: its closest spelling, where argparse said only "required: --role"
+    (["flash", "--roel", "drafter"], "usage: specmesh flash ", "; did you mean --role?"),
+    (["keygen", "--keyfile", "k"], "usage: specmesh keygen ", "; did you mean --key-file?"),
+    (["keygen", "my.key"], "usage: specmesh keygen ", "; did you mean --key-file my.key?"),  # its one required flag
+    (["flash", "nosuch"], "usage: specmesh flash ", ""),  # not --role nosuch: no such role
 ])
 def test_an_unknown_flag_gets_the_subcommand_s_usage_and_the_closest_flag(capsys, argv, usage, hint):
     with pytest.raises(SystemExit) as e:
@@ -96,6 +101,18 @@ def test_an_unknown_flag_gets_the_subcommand_s_usage_and_the_closest_flag(capsys
     assert e.value.code == 2 and err.startswith(usage)
     assert err.splitlines()[-1] == "specmesh %s: error: unrecognized arguments: %s%s" % (argv[0], " ".join(argv[1:]),
                                                                                        hint)
+
+
+@pytest.mark.parametrize("argv, flag", [(["flash"], "--role"), (["flash", "--port", "u0"], "--role"),
+                                        (["keygen"], "--key-file")])
+def test_a_required_flag_left_out_is_still_named(capsys, argv, flag):
+    """Required flags are checked after the unknown ones (so a mistyped one gets its closest spelling): one left out
+    is named as argparse named it, status 2, before any work."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: specmesh %s " % argv[0])
+    assert err.splitlines()[-1] == "specmesh %s: error: the following arguments are required: %s" % (argv[0], flag)
 
 
 @pytest.mark.parametrize("flag", ["--models", "--prompt-file", "--model", "--draft-model", "--key-file", "--calibration",

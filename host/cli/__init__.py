@@ -493,9 +493,22 @@ def _main(argv: list[str] | None) -> int:
     chat.add_parser(sub)
     console.add_parser(sub)
     serve.add_parser(sub)
-    args, extra = parser.parse_known_args(argv)
+    # a subcommand's required flags are checked after its unknown ones: argparse's own check came first, so
+    # `flash --roel drafter` was told only "required: --role", never the closest flag (`unknown`)
+    required = [a for command in sub.choices.values() for a in command._actions if a.required and a.option_strings]
+    for action in required:
+        action.required = False
+    try:
+        args, extra = parser.parse_known_args(argv)
+    finally:
+        for action in required:
+            action.required = True
+    command = sub.choices[args.command]
     if extra:
-        unknown(sub.choices[args.command], extra)
+        unknown(command, extra)
+    missing = [a.option_strings[-1] for a in command._actions if a in required and getattr(args, a.dest) is None]
+    if missing:
+        command.error("the following arguments are required: %s" % ", ".join(missing))
     return args.func(args)
 
 
@@ -525,4 +538,8 @@ def unknown(command: argparse.ArgumentParser, extra: list[str]) -> None:
             close = ["--port " + word]
         elif not close and "--prompt" in flags and not port:  # run "Once upon a time": the prompt is a flag
             close = ["--prompt " + shlex.quote(" ".join(extra))]
+        needed = [f for f, a in command._option_string_actions.items()
+                  if f.startswith("--") and a.required and not a.choices]  # (one of choices: matched above)
+        if not close and len(needed) == 1:  # keygen my.key: the value of its one required flag
+            close = ["%s %s" % (needed[0], shlex.quote(word))]
     command.error(line + ("; did you mean %s?" % close[0] if close else ""))
