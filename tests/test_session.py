@@ -53,6 +53,23 @@ def test_leaving_a_stream_early_cancels_it_and_the_mesh_serves_the_next(models):
         assert mesh.generate("The cat", max_tokens=5).token_ids == mesh.generate("The cat", max_tokens=5).token_ids
 
 
+def test_an_option_that_changes_nothing_is_said_to_say_as_run_says_it(models):
+    """Mesh(plain=True, gamma=3) said nothing, where run says the note on stderr; and the drafter left out is not
+    "given" (Mesh's default was the string "virtual", named as unused beside plain=True)."""
+    lines: list[str] = []
+    with Mesh(verifier="cpu", models=models, plain=True, gamma=3, say=lines.append):
+        pass
+    assert lines[0] == "note: --plain decodes on the verifier alone: --gamma is not used"
+    lines.clear()
+    with Mesh(drafter="cpu", verifier="cpu", models=models, plain=True, say=lines.append) as mesh:
+        assert mesh.config.plain
+    assert lines[0] == "note: --plain decodes on the verifier alone: --drafter is not used"
+    lines.clear()
+    with Mesh(verifier="cpu", models=models, say=lines.append) as mesh:
+        assert mesh.config.drafter == "virtual"  # the default, as run's
+    assert not any(line.startswith("note:") for line in lines)
+
+
 def test_bad_options_are_one_line_errors(models):
     with pytest.raises(TypeError, match="unexpected option 'colour'"):
         Mesh(verifier="cpu", models=models, colour=True)

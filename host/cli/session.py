@@ -822,7 +822,7 @@ class Mesh(contextlib.AbstractContextManager):
     # for a lost port says (PORT_BACK); `specmesh run`'s one generation has none
     rejoins = True
 
-    def __init__(self, drafter: str = "virtual", verifier: str = "virtual", *, streams: int = 1,
+    def __init__(self, drafter: str | None = None, verifier: str = "virtual", *, streams: int = 1,
                  say: Say | None = None, warn: Say | None = None, config: RunConfig | None = None, **flags):
         for name, hook in (("say", say), ("warn", warn)):  # found before any board boots, not at its first line
             if hook is not None and not callable(hook):
@@ -833,7 +833,9 @@ class Mesh(contextlib.AbstractContextManager):
         if given:
             raise UsageError("%s belongs to one generation, not to a Mesh: pass the prompt to generate(), and read "
                              "its Completion's stats" % given[0])
-        self.config = config if config is not None else config_from(drafter=drafter, verifier=verifier, **flags)
+        if drafter is not None:  # left out: run's default (virtual), and no "not used" note beside plain=True
+            flags["drafter"] = drafter
+        self.config = config if config is not None else config_from(verifier=verifier, **flags)
         if not isinstance(streams, int) or isinstance(streams, bool):
             raise UsageError("streams must be an integer, not %r" % (streams,))
         try:
@@ -842,6 +844,8 @@ class Mesh(contextlib.AbstractContextManager):
             raise UsageError(str(e)) from None
         self.say = say
         self.warn = warn or say
+        for note in self.config.notes if config is None and say is not None else ():  # (from_config: its caller's)
+            say("note: " + note)  # an option given that changes nothing, as run says it on stderr
         self.tok = load_tokenizer(self.config.models)
         from specmesh.host.decode.tokenizer import BOS
 
