@@ -268,7 +268,9 @@ def test_a_message_holding_what_the_model_cannot_read_is_refused(cpu):
         {"id": "1", "type": "function", "function": {"name": "look", "arguments": "{}"}}]}
     for messages, says in (([{"role": "user", "content": [{"type": "text", "text": PROMPT}, picture]}],
                             "content part of type 'image_url' is not supported: specmesh's models read text only"),
-                           ([{"role": "user", "content": PROMPT}, called], "tool_calls is not supported")):
+                           ([{"role": "user", "content": PROMPT}, called], "tool_calls is not supported"),
+                           ([{"role": "tool", "content": "4", "tool_call_id": "1"}],  # (developer was left out)
+                            "each message needs a role (system, developer, user, assistant) and text content")):
         with pytest.raises(openai.BadRequestError) as e:
             c.chat.completions.create(model="specmesh", messages=messages, max_tokens=4)
         assert e.value.body["param"] == "messages" and says in e.value.body["message"], e.value.body

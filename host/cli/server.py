@@ -260,6 +260,7 @@ def chat_prompt(body: dict, mesh: Mesh) -> list[int]:
 
 # what a message may carry besides its text that specmesh cannot take (each null or empty is taken: a client sending
 # back a reply's message object sends them so), and why
+ROLES = ("system", "developer", "user", "assistant")  # a chat message's roles taken (a tool's result is not text)
 UNREAD = {"tool_calls": "specmesh calls no tools", "function_call": "specmesh calls no functions",
           "audio": "specmesh's models read and write text only"}
 
@@ -277,9 +278,8 @@ def message_text(m: object) -> str:
                              "(send parts of type text)" % _shown(other), "messages")
         texts = [p.get("text") if kind == "text" else None for p, kind in zip(content, kinds)]  # (untyped: refused)
         content = "".join(texts) if all(isinstance(t, str) for t in texts) else None
-    if not isinstance(m, dict) or not isinstance(content, str) or m.get("role") not in (
-            "system", "developer", "user", "assistant"):
-        raise BadRequest("each message needs a role (system, user, assistant) and text content", "messages")
+    if not isinstance(m, dict) or not isinstance(content, str) or m.get("role") not in ROLES:
+        raise BadRequest("each message needs a role (%s) and text content" % ", ".join(ROLES), "messages")
     if m.get("name") is not None and not isinstance(m["name"], str):  # (taken, and ignored, as `user` is)
         raise BadRequest("a message's name must be a string, not %s" % _shown(json.dumps(m["name"])), "messages")
     for key, why in UNREAD.items():
