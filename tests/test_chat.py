@@ -395,6 +395,18 @@ def test_an_empty_line_continues_the_story_where_the_last_turn_stopped(models):
     assert len(out.getvalue().splitlines()) == 3 and out.getvalue().replace("\n", "") == whole.getvalue().rstrip("\n")
 
 
+def test_a_turn_the_model_ends_at_once_says_so(capsys):
+    """The shipped model, told the same line again and again, ends the story at once from the fifth turn: the turn
+    showed the line and nothing after it, without a word (the serve audit's finding). One line says so each time."""
+    line = "The dog ran to the park and played with a ball all day long."
+    out = io.StringIO()
+    assert chat(args(ROOT / "models", "--max-tokens", "30", "--no-color"), iter([line] * 6), out) == 0
+    said = "specmesh chat: the model ended the story there, with no reply (its end-of-story token): type something " \
+           "new, or start a new chat"
+    shown = out.getvalue().splitlines()
+    assert shown[-2:] == [line, line] and capsys.readouterr().err.count(said) >= 2  # the last two turns: no reply
+
+
 def test_ctrl_d_typed_at_a_terminal_while_a_reply_runs_ends_the_chat_after_it(models):
     """A Ctrl-D typed while a reply runs (here: the opening turn's, before any prompt) is the end of the turns, as at
     the prompt: GNU readline, which turns the terminal's canonical mode off to read, got it as a 0 byte and dropped

@@ -208,6 +208,9 @@ def _turns(mesh: Mesh, turns, opening: bool, out, echo: bool) -> int:
             if stopped:
                 print("specmesh chat: " + stopped, file=sys.stderr, flush=True)
             context += done.token_ids  # with a stop string, the tokens whose text ends before it
+            if done.stop == "eos" and not done.token_ids:  # the turn showed no reply, and an empty line gets none
+                print("specmesh chat: the model ended the story there, with no reply (its end-of-story token): type "
+                      "something new, or start a new chat", file=sys.stderr, flush=True)
             if done.stop == "context":
                 print("specmesh chat: the context is full (%d positions): start a new chat" % mesh.context,
                       file=sys.stderr)
