@@ -405,6 +405,22 @@ def test_bench_checks_its_output_path_before_benchmarking(capsys, tmp_path):
                                        "or - for stdout)\n")
 
 
+def test_a_key_file_with_no_board_in_the_mesh_is_a_note(models, capsys, tmp_path):
+    """`--key-file K --drafter cpu --verifier cpu` ran with the key unused and said nothing, where flags that change
+    nothing are a note (as --gamma beside --plain)."""
+    from specmesh.host.provision.keys import new_key_file
+
+    key = tmp_path / "k.key"
+    new_key_file(key)
+    base = ["run", "--models", str(models), "--max-tokens", "2", "--quiet", "--key-file", str(key)]
+    assert cli.main(base + ["--drafter", "cpu", "--verifier", "cpu"]) == 0
+    assert capsys.readouterr().err == ("specmesh: note: --key-file signs the frames of a mesh's boards: --verifier cpu "
+                                       "and --drafter cpu run on this machine, so it is not used\n")
+    assert cli.main(base + ["--verifier", "cpu", "--plain"]) == 0
+    assert capsys.readouterr().err == ("specmesh: note: --key-file signs the frames of a mesh's boards: --verifier cpu "
+                                       "runs on this machine, so it is not used\n")
+
+
 @pytest.mark.parametrize("victim", ["target.spm", "drafter-esp32.ngt", "tokenizer.bin", "card.json", "key"])
 def test_bench_out_over_a_file_specmesh_reads_is_refused_before_benchmarking(capsys, tmp_path, victim):
     """`specmesh bench --out models/target.spm` (a slip of tab completion, as run's --stats-json was) replaced the

@@ -201,6 +201,7 @@ class Boards(Protocol):
 
 Factory = Callable[..., Backend]
 PIPELINE = "pipeline"  # the verifier of `--stages N`: N virtual stage boards
+HOST_BACKENDS = ("cpu", "torch-cpu", "gpu")  # in-process back-ends: no board, a stream each, as many as asked
 PORT = "PORT"  # the registry entry of every name `is_port` accepts: a flashed board on that serial port
 STAGE_PORTS = "PORT,PORT"  # the verifier's entry of every list of ports (`port_list`): real stage boards
 

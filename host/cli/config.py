@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specmesh.host import atomic
-from specmesh.host.backends import PIPELINE, SessionParams, is_port, port_list, temp_milli, top_p_q16
+from specmesh.host.backends import HOST_BACKENDS, PIPELINE, SessionParams, is_port, port_list, temp_milli, top_p_q16
 from specmesh.host.boardclasses import drafter_class
 from specmesh.host.cli.ranges import SEED, RangeError, in_range, probability
 from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path, run_inputs
@@ -193,6 +193,11 @@ def _pointless(a: argparse.Namespace) -> tuple[str, ...]:
     elif a.spec_ahead and a.drafter == "cpu":
         notes.append("--spec-ahead is how far a drafter board drafts while a verdict is pending: --drafter cpu drafts "
                      "when asked, so it is not used")
+    roles = [a.verifier] + ([] if a.plain else [a.drafter])
+    if a.key_file is not None and not a.stages and all(r in HOST_BACKENDS for r in roles):
+        notes.append("--key-file signs the frames of a mesh's boards: %s %s on this machine, so it is not used"
+                     % (" and ".join("--%s %s" % (role, r) for role, r in zip(("verifier", "drafter"), roles)),
+                        "runs" if len(roles) == 1 else "run"))
     return tuple(notes)
 
 

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specmesh.host import backends
-from specmesh.host.backends import PIPELINE, BackendError, SessionParams
+from specmesh.host.backends import HOST_BACKENDS, PIPELINE, BackendError, SessionParams
 from specmesh.host.backends.board import END_S, STOPPED, BoardBackend, PortLost, Silent, stopped_fix
 from specmesh.host.backends.pipeline import PipelineVerifier, StageStopped
 from specmesh.host.boardclasses import BOARD_CLASSES, ROLE_CLASS, class_of, drafter_class, stage_context
@@ -81,7 +81,6 @@ from specmesh.shared.modelfile import ModelFileError
 if TYPE_CHECKING:
     from specmesh.host.backends.batcher import Batcher
 
-HOST_BACKENDS = ("cpu", "torch-cpu", "gpu")  # in-process back-ends: a stream each, as many as asked
 Say = Callable[[str], None]
 
 
