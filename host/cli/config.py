@@ -261,8 +261,8 @@ def read_prompt(a: argparse.Namespace) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UsageError("the prompt in %s is not UTF-8 text: byte %d is 0x%02x" % (where, e.start, data[e.start])
-                         ) from None
+        raise UsageError("the prompt in %s is not UTF-8 text: byte 0x%02x at offset %d of its %d bytes; save it in "
+                         "UTF-8" % (where, data[e.start], e.start, len(data))) from None  # (as check_utf8 says it)
     return text.removeprefix(BOM).rstrip("\r\n")
 
 
