@@ -7,7 +7,7 @@ signed, ESP-NOW peers encrypted; docs/security.md). The reference is the same ge
 on the CPU back-ends (the boards' arithmetic and PRNG are the CPU back-ends', so the texts must be
 equal). The table gives: tokens produced, tokens lost and duplicated against the reference (both 0 when
 the text is equal), retransmissions, re-synchronisations and fail-overs (the recoveries), the time from a
-reboot to the end of the next round (recovery), and the time against a fault-free run on the same kind of
+kill or reboot to the end of the next round (recovery), and the time against a fault-free run on the same kind of
 boards (signed when the profile is).
 """
 
@@ -238,7 +238,7 @@ def print_table(rows: list[dict]) -> None:
         print("%-23s %4.1f %6d %4s %4s %7d %7d %9d %8s %7.2fx %6s" % (
             r["profile"], r["temperature"], r["tokens"], lost, dup, r["retransmits"],
             r["resyncs"], len(r["failovers"]), recovery, r["overhead"], equal))
-    print("recovery: from a board's reboot (its Ctrl-D) to the end of the next round; a fault-free round took"
+    print("recovery: from a board's kill or reboot (its Ctrl-D) to the end of the next round; a fault-free round took"
           " %.1f-%.1f ms" % (1000 * min(r["round_s"] for r in rows), 1000 * max(r["round_s"] for r in rows)))
     if any(not r["expect_equal"] for r in rows):
         print("other: a sampled stream that went on with plain rounds after its drafter failed is another sample of"
