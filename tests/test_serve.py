@@ -45,6 +45,19 @@ def boards(run_text):
         yield url
 
 
+def test_the_specmesh_field_counts_the_copied_drafts_beside_the_drafter_s(boards):
+    """A text whose drafts were all copies (the target's table, the text's own) read "acceptance null, 0 drafts
+    tested" beside 9 tokens a verification, with nothing to say where they came from; the copies are counted too,
+    as run's table counts them, and each streamed chunk's accepted drafts add up to both kinds."""
+    c = client(boards)
+    chunks = list(c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=100, stream=True))
+    figures = chunks[-1].model_extra["specmesh"]
+    rounds = [ch.model_extra["specmesh"] for ch in chunks if "n_accepted" in ch.model_extra.get("specmesh", {})]
+    assert figures["copied_drafts"] > 0 and 0 <= figures["copied_accepted"] <= figures["copied_drafts"]
+    drafter_accepted = round((figures["acceptance"] or 0) * figures["drafts_tested"])  # (alpha: accepted / tested)
+    assert sum(r["n_accepted"] for r in rounds) == figures["copied_accepted"] + drafter_accepted
+
+
 def test_completions_and_chat_streamed_and_not_give_run_s_greedy_text(run_text, boards):
     c = client(boards)
     whole = c.completions.create(model="specmesh", prompt=PROMPT, max_tokens=24)

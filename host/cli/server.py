@@ -15,7 +15,7 @@ as `specmesh run --seed` does. A chat's messages are its turns, appended as type
 template; `specmesh chat` does the same).
 
 Every response carries specmesh's own figures in the extension field `specmesh`: acceptance and the drafts tested
-behind it, tokens per verification, tokens/s, the projected board tokens/s when the mesh projects, the boards; each
+behind it, the drafts copied into plain rounds and those accepted, tokens per verification, tokens/s, the projected board tokens/s when the mesh projects, the boards; each
 streamed chunk its round's (characters of the chunk that were accepted drafts, drafts accepted, tokens committed,
 seconds).
 
@@ -294,6 +294,9 @@ def figures(done: Completion) -> dict:
     s = done.stats
     proj = s.get("projection") or {}
     return {"acceptance": s.get("alpha"), "drafts_tested": s.get("alpha_tested"),  # (acceptance is null when none)
+            # drafts copied from the target's table or the text into plain rounds, apart from the drafter's: a text
+            # all copies read "acceptance null, 0 tested" beside 9 tokens a verification, unexplained
+            "copied_drafts": s.get("lookup_drafts", 0), "copied_accepted": s.get("lookup_accepted", 0),
             "tokens_per_verification": s.get("tokens_per_verification"),
             "tokens_per_s": s.get("tokens_per_s"), "projected_tokens_per_s": proj.get("tokens_per_s"),
             "projected_on": proj.get("hardware"), "gamma_hist": s.get("gamma_hist"), "verifier": s.get("verifier"),
