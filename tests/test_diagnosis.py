@@ -95,6 +95,27 @@ def test_a_key_mismatch_is_named_at_once_each_way_round(virtual_board, models, t
     assert rc == 0, capsys.readouterr().err
 
 
+def test_another_keys_mismatch_names_the_two_flashes_that_change_the_key(virtual_board, models, tmp_path, capsys):
+    """A board keyed with A, run with key B: the line said to flash B onto it (`specmesh flash ... --key-file FILE`),
+    which a board keyed with A refuses (it takes no flash without A); it names the flash that removes A with A, then
+    the one that gives it B, and those two, followed, make the run with B go through."""
+    vb, flash, key_a, key_b = _keyed_drafter(virtual_board, models, tmp_path, capsys)
+    rc, _ = _run(models, vb.port, "--key-file", str(key_b))
+    err = capsys.readouterr().err
+    base = "specmesh flash --port %s --role drafter" % vb.port
+    assert rc == 2 and re.findall(r"`(specmesh flash [^`]*)`", err) == [
+        base + " --key-file ITS_KEY --no-key", base + " --key-file FILE"], err
+    time.sleep(0.3)  # a node answers one refusal per 250 ms
+    assert cli.main([*flash, "--key-file", str(key_b)]) == 2  # B alone is refused: the old line's advice
+    capsys.readouterr()
+    for key, command in ((key_a, base + " --key-file ITS_KEY --no-key"), (key_b, base + " --key-file FILE")):
+        argv = command.replace("ITS_KEY", str(key)).replace("FILE", str(key)).split()[1:]
+        assert cli.main([*argv, "--model", str(models / DRAFTER_FILE)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    rc, _ = _run(models, vb.port, "--key-file", str(key_b))
+    assert rc == 0, capsys.readouterr().err
+
+
 def test_a_key_mismatch_names_the_role_the_board_is_wanted_for(virtual_board, models, tmp_path, capsys):
     """The flash command a key mismatch gives named the role as the literal ROLE ('specmesh flash --port P --role ROLE
     --key-file ITS_KEY --no-key'), though run (--drafter PORT) and flash (--role drafter) knew it: now they name it."""

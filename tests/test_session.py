@@ -604,9 +604,10 @@ def test_a_board_flashed_anew_on_a_lost_ports_path_is_not_taken_for_the_one_drop
     if anew == "model":
         answered = "a drafter running %s (another file of that name)" % model
     else:
+        fix = "specmesh flash --port %s --role drafter" % by_id_link
         answered = ("%s: key mismatch: the board signs with another deployment key than this run's --key-file; pass "
-                    "the key it was flashed with, or flash this one onto it with `specmesh flash --port %s --role "
-                    "drafter --key-file FILE`" % (by_id_link, by_id_link))
+                    "the key it was flashed with, or give it this one: `%s --key-file ITS_KEY --no-key`, then `%s "
+                    "--key-file FILE` (a keyed board takes no flash without its key)" % (by_id_link, fix, fix))
     assert warned[1] == OTHER_BOARD % ("drafter", by_id_link, answered), warned
 
 

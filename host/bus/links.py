@@ -144,7 +144,8 @@ class SerialLink:
                    "flash without its key)" % fix)
         elif reason == m.KEY_WHY[2]:
             why = ("the board signs with another deployment key than this run's --key-file; pass the key it was "
-                   "flashed with, or flash this one onto it with `%s --key-file FILE`" % fix)
+                   "flashed with, or give it this one: `%s --key-file ITS_KEY --no-key`, then `%s --key-file FILE` "
+                   "(a keyed board takes no flash without its key)" % (fix, fix))
         elif reason == m.KEY_WHY[3]:
             why = ("the board's key has used up its signing counters; make a new key (`specmesh keygen`) and flash "
                    "it onto every board with `%s --key-file FILE`" % fix)
