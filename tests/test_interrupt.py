@@ -5,6 +5,7 @@ every run, so its ROMFS image and the board config are rewritten) and of its gen
 while its modules still import, before any board, ends as quietly; one that gets a Ctrl-C as it exits keeps its
 status, and says nothing."""
 
+import json
 import os
 import random
 import shutil
@@ -378,3 +379,32 @@ def test_a_ctrl_c_as_a_command_exits_leaves_its_status_and_no_traceback(tmp_path
                           env=dict(os.environ, PYTHONPATH=path), timeout=60)
     assert (done.returncode, done.stderr) == (0, "")
     assert (tmp_path / "key").is_file()
+
+
+def test_a_flash_stopped_mid_copy_leaves_the_board_at_its_friendly_repl(virtual_board, models):
+    """A `specmesh flash` stopped by Ctrl-C or SIGTERM while it copies left the board in the raw REPL it copies
+    through: `specmesh console` then showed nothing and no key typed echoed (the raw REPL waits for a Ctrl-D). The
+    board is now at its friendly REPL, a line typed answered, and the same flash then completes it."""
+    from specmesh.shared.board import FLASHING
+
+    from emulator_util import open_port, read_until
+
+    vb = virtual_board()
+    command = [sys.executable, "-m", "specmesh.host.cli", "flash", "--port", vb.port, "--role", "drafter",
+               "--model", str(models / DRAFTER_FILE)]
+    mid_copy = 0
+    for sig, at in ((signal.SIGINT, 2.0), (signal.SIGTERM, 3.0), (signal.SIGINT, 4.0), (signal.SIGTERM, 5.0)):
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(at)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+        if proc.returncode == 0:  # done before the stop: the next one starts from a board to flash again
+            continue
+        assert proc.returncode == 128 + sig and "may be left half-flashed" in err and "Traceback" not in err, err
+        config = vb.flash_dir / "specmesh.json"
+        mid_copy += config.exists() and FLASHING in json.loads(config.read_text())
+        with open_port(vb.port) as ser:
+            ser.write(b"print(6*7)\r")
+            assert read_until(ser, b"42\n>>> ", timeout=5).endswith(b"42\n>>> "), (sig, at)
+    assert mid_copy, "no stop fell in the copy"
+    assert subprocess.run(command, cwd=ROOT, capture_output=True, timeout=120).returncode == 0

@@ -48,6 +48,7 @@ import json
 import re
 import struct
 import threading
+import time
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -782,6 +783,7 @@ def flash_checked(
     if key:
         leave_node(port, key, virtual=virtual)
     transport = open_board(port, virtual=virtual, key=key, role=role_args(role, request.layers))
+    raw = True  # the board at the raw REPL open_board entered, until the flash leaves it
     try:
         info = probe(transport)
         cls = BOARD_CLASSES[board_class] if board_class else class_of(info.machine, info.mem_free)
@@ -823,13 +825,39 @@ def flash_checked(
             report.unchanged.append(CONFIG_PATH)
         else:
             _send(transport, CONFIG_PATH, config_data, _chunk(info), False, report)
+        raw = False
         transport.exit_raw_repl()
         _leave(transport, port, virtual, reset)
         return report
     except (FlashError, TransportError, struct.error, OSError) as e:  # struct.error: a raw-paste header cut short
         failed(transport, port, e, virtual)  # (READ_S); an OSError not the port's (port_gone) raised as it is
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP (stops.Stopped)
+        if raw:  # (not once the flash is complete: its node may be starting)
+            out_of_raw_repl(transport)
+        raise
     finally:
         close(transport)
+
+
+def out_of_raw_repl(transport) -> None:
+    """Leave a board that a stopped flash held in its raw REPL at its friendly REPL, as a finished one is: left raw,
+    `specmesh console` showed nothing and echoed no key typed. Ctrl-C first ends what the board runs or is being pasted
+    (raw-paste ends at a Ctrl-C), then Ctrl-B leaves the raw REPL, sent again until the friendly prompt shows (a virtual
+    board's VM may take the key right behind its Ctrl-C for the read that the Ctrl-C interrupted; in the friendly REPL a
+    Ctrl-B only prints the banner again). Bounded: a port that takes no write, or a board that shows no prompt, is given
+    up within about a second, as a stop must not wait on a board gone or hung."""
+    with contextlib.suppress(Exception):
+        ser = transport.serial
+        ser.write_timeout, ser.timeout = 0.5, 0.05
+        ser.reset_input_buffer()
+        ser.write(b"\x03")
+        for _ in range(3):
+            ser.write(b"\x02")
+            seen, end = b"", time.monotonic() + 0.4
+            while not seen.endswith(FRIENDLY_PROMPT) and time.monotonic() < end:
+                seen += ser.read(max(1, ser.in_waiting))
+            if seen.endswith(FRIENDLY_PROMPT):
+                return
 
 
 def reset_into_node(transport, port: str, virtual: bool) -> None:
