@@ -489,13 +489,16 @@ def test_run_key_file_errors_are_one_line(capsys, tmp_path):
                                         (20, "holds 10 bytes; a key has 16 to 64")])
 def test_a_key_file_cut_short_says_what_to_do(capsys, tmp_path, cut, words):
     """A key file copied half (a torn transfer, an editor's cut): an odd count of hex digits was 'must hold the key as
-    hex digits only', which it does; an even one named the size and no way on."""
+    hex digits only', which it does; an even one named the size and no way on; then "make a new one and flash it onto
+    every board", which a keyed board refuses (it takes no flash without its key): a lost key is an erase of each
+    keyed board away."""
     new_key_file(tmp_path / "k")
     (tmp_path / "k").write_text((tmp_path / "k").read_text()[:cut])
     assert cli.main(["run", "--key-file", str(tmp_path / "k"), "--drafter", "cpu", "--verifier", "cpu"]) == 2
     assert capsys.readouterr().err == (
-        "specmesh run: error: key file %s %s: copy the key file the boards were flashed with again, or make a new one "
-        "(specmesh keygen) and flash it onto every board\n" % (tmp_path / "k", words))
+        "specmesh run: error: key file %s %s: copy the key file the boards were flashed with again; where it is lost, "
+        "erase each keyed board's flash (esptool erase_flash, then write MicroPython again: a keyed board takes no "
+        "flash without its key) and flash a new key (specmesh keygen) onto every board\n" % (tmp_path / "k", words))
 
 
 def test_a_host_at_the_end_of_its_counter_range_stops_with_one_line():

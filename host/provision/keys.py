@@ -30,10 +30,12 @@ FILE_MAX_BYTES = 4096  # a key's hex and room for whitespace around it; more is 
 
 
 HEX_DIGITS = frozenset(string.hexdigits)
-# what to do with a key file cut short or edited: the boards hold the whole key, so only that key, or a new one
-# flashed onto every board, works
-_RECOPY = ("copy the key file the boards were flashed with again, or make a new one (specmesh keygen) and flash it "
-           "onto every board")
+# what to do with a key file cut short or edited: the boards hold the whole key, so only that key works, or a new one
+# flashed onto every board once its flash is erased (a keyed board takes no flash without its key: a new key flashed
+# onto it was refused, the way this said to go)
+_RECOPY = ("copy the key file the boards were flashed with again; where it is lost, erase each keyed board's flash "
+           "(esptool erase_flash, then write MicroPython again: a keyed board takes no flash without its key) and flash "
+           "a new key (specmesh keygen) onto every board")
 
 
 class KeyFileError(Exception):
