@@ -116,6 +116,29 @@ def test_another_keys_mismatch_names_the_two_flashes_that_change_the_key(virtual
     assert rc == 0, capsys.readouterr().err
 
 
+def test_a_keyed_node_up_again_after_the_flash_ended_it_is_ended_again(virtual_board, models, tmp_path, capsys,
+                                                                          monkeypatch):
+    """Two flashes of a keyed board at once: the second waits for the port, and gets it as the first resets the board
+    into its node, which starts after the second's signed RESET went unanswered; the node then took no Ctrl-C, and the
+    flash said "the virtual board did not answer with its REPL (its VM is stuck ...): restart specmesh emulate". The
+    node that answers the flash's key is ended again, and the flash goes through (here: the first RESET lost)."""
+    from specmesh.host.provision import flash as flash_module
+
+    vb, flash, key_a, _ = _keyed_drafter(virtual_board, models, tmp_path, capsys)
+    real, ends = flash_module.leave_node, []
+
+    def first_lost(*args, **kwargs):
+        ends.append(args[0])
+        if len(ends) > 1:
+            real(*args, **kwargs)
+
+    monkeypatch.setattr(flash_module, "leave_node", first_lost)
+    assert cli.main([*flash, "--key-file", str(key_a)]) == 0, capsys.readouterr().err
+    assert ends == [vb.port, vb.port]
+    rc, _ = _run(models, vb.port, "--key-file", str(key_a))
+    assert rc == 0, capsys.readouterr().err
+
+
 def test_a_key_mismatch_names_the_role_the_board_is_wanted_for(virtual_board, models, tmp_path, capsys):
     """The flash command a key mismatch gives named the role as the literal ROLE ('specmesh flash --port P --role ROLE
     --key-file ITS_KEY --no-key'), though run (--drafter PORT) and flash (--role drafter) knew it: now they name it."""

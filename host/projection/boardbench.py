@@ -31,8 +31,8 @@ from specmesh.host.boardclasses import class_of, drafter_model
 from specmesh.host.bus import ports
 from specmesh.host.layout import MODELS, model_path
 from specmesh.host.backends.board import role_args
-from specmesh.host.provision.flash import (FlashError, FlashRequestError, Lost, again_args, close, failed, leave_node,
-                                           node_module, open_board, probe, read_board_config, reset_into_node)
+from specmesh.host.provision.flash import (FlashError, FlashRequestError, Lost, again_args, close, failed, node_module,
+                                           open_ended, probe, read_board_config, reset_into_node)
 from specmesh.shared.board import FLASHING
 from specmesh.shared.modelfile import HEADER_SIZE, Header, parse_header
 
@@ -138,9 +138,7 @@ def bench(port: str, out: str, reps: int = 7, key: bytes | None = None) -> dict:
     from mpremote.transport import TransportError
 
     virtual = ports.emulated(port)  # asked now: an emulate stopped mid-bench is gone when the bench fails
-    if key:
-        leave_node(port, key, virtual=virtual)
-    transport = open_board(port, virtual=virtual, key=key)
+    transport = open_ended(port, virtual, key)
     reset = False
     try:
         info = probe(transport)

@@ -140,6 +140,12 @@ class NoRepl(Advised):
     on a real board."""
 
 
+class NodeUp(FlashError):
+    """A node keyed with the flash's key answered where the REPL did not: it started after leave_node ended it (a
+    command that held the port meanwhile, a flash or bench, reset the board into its node). `open_ended` ends it
+    again."""
+
+
 class KeyedHalfFlashed(Advised):
     """A board left half-flashed whose key keeps its console shut (firmware/config.py load_board, then half_flashed):
     no REPL, so no flash, with its key or without, can finish it; its flash must be erased. Reached where a keyed
@@ -503,13 +509,18 @@ def _no_repl(port: str, timeout: float, wait_s: float = 1.5, virtual: bool = Fal
         link = SerialLink(port, auth=auth, role=role)
     except LinkError as e:
         return FlashError(str(e))
+    answered = False
     try:
         Bus(link, deadline=wait_s, auth=auth, initial_rto=wait_s / 3).request(BROADCAST, m.HELLO, deadline=wait_s)
+        answered = True
     except ProxyError:
         pass
     finally:
         error = link.error  # what failed it, if anything did (once closed, it says "closed by the host")
         link.close()
+    if key and answered:
+        return NodeUp(f"{port}: the board's node, keyed with this --key-file, answers but took no Ctrl-C: it started "
+                      "after the flash had ended it (another command on the port reset it meanwhile): run this again")
     if link.refused == m.KEY_WHY[2]:
         return KeyMismatch(f"{port}: key mismatch: the board holds another deployment key than this --key-file, and a "
                           "keyed board takes no flash without its key: pass the key it was flashed with (to change "
@@ -536,6 +547,20 @@ def _no_repl(port: str, timeout: float, wait_s: float = 1.5, virtual: bool = Fal
     return NoRepl(f"{port}: the board is silent: nothing came back within {timeout + wait_s:g} s",
                   " (it is frozen or not powered): reset it (its reset button, or unplug it and plug it back in) and "
                   "try again")
+
+
+def open_ended(port: str, virtual: bool, key: bytes | None, role: str = "ROLE"):  # -> mpremote SerialTransport
+    """open_board on `port` once its node, keyed with `key`, is ended (leave_node): a keyed node takes no Ctrl-C. A
+    node that came up after leave_node (another flash or bench on the port, waited for by the open, had reset the
+    board into it: NodeUp) is ended once more: the second command said the board's VM was stuck."""
+    if key:
+        leave_node(port, key, virtual=virtual)
+    try:
+        return open_board(port, virtual=virtual, key=key, role=role)
+    except NodeUp:
+        assert key is not None
+        leave_node(port, key, virtual=virtual)
+        return open_board(port, virtual=virtual, key=key, role=role)
 
 
 def leave_node(port: str, key: bytes, timeout: float = 1.5, virtual: bool = False) -> None:
@@ -780,9 +805,7 @@ def flash_checked(
 
     role, by_class = request.role, request.by_class
     virtual = ports.emulated(port)  # asked now: an emulate stopped mid-flash is gone when the flash fails
-    if key:
-        leave_node(port, key, virtual=virtual)
-    transport = open_board(port, virtual=virtual, key=key, role=role_args(role, request.layers))
+    transport = open_ended(port, virtual, key, role_args(role, request.layers))
     raw = True  # the board at the raw REPL open_board entered, until the flash leaves it
     try:
         info = probe(transport)
