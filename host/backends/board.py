@@ -108,6 +108,11 @@ def kernel_name(kernels: str) -> tuple[str, str]:
     return name, note[:-1] if note.endswith(")") else note
 
 
+# a node's STATS counters of the work it did (firmware/node.py STAT_KEYS), which `generation_stats` counts per generation
+WORK_COUNTERS = ("compute_ms", "passes", "positions", "cls_reads", "drafted", "ahead", "draft_hits", "verified",
+                 "accepted")
+
+
 class BoardBackend(Unit):
     """What both roles share: HELLO at connect, BEGIN, COMMIT bookkeeping, STATS."""
 
@@ -146,6 +151,7 @@ class BoardBackend(Unit):
         self._unbegun: str | None = None
         # what answered the last HELLO of `answers` in its place (another role or model on its port), in words
         self.other: str | None = None
+        self._counted: dict | None = None  # its STATS at the last generation's end (`generation_stats`)
 
     def _wrong_role(self, role: int) -> str:
         """Why the node does not play this back-end's role, and what to do (flashing a real board)."""
@@ -337,6 +343,23 @@ class BoardBackend(Unit):
         out["resyncs"] = self.resyncs
         out["board"] = self.info["board"]
         out["kernels"], out["kernels_note"] = kernel_name(self.info["kernels"])
+        return out
+
+    def generation_stats(self, wait: float | None = None) -> dict:
+        """`stats` with the node's work counters (WORK_COUNTERS, the QEMU boards' instruction counts) counted from
+        the last call's on, so that a long-lived mesh's generation (serve's request, chat's turn) reports its own: the
+        node counts since it booted, and a mesh's second generation showed the first's work in its compute_s and
+        instructions a token too. A node that restarted meanwhile (its uptime went back) counts from its boot. A
+        mesh's first generation on a board that served before it (another run's) counts since the board's boot."""
+        now = self.stats(wait)
+        base, self._counted = self._counted, now
+        if base is None or now.get("uptime_ms", 0) < base.get("uptime_ms", 0):
+            return now
+        out = dict(now)
+        for key, value in now.items():
+            if key in WORK_COUNTERS or key.startswith(("passes_k", "insn_k")):
+                out[key] = value - base.get(key, 0)
+        out["compute_s"] = out.get("compute_ms", 0) / 1000.0
         return out
 
     def stopped_at_end(self, why: str) -> None:

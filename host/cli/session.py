@@ -380,7 +380,7 @@ def board_stats(parts: list, tokens: int = 0, projector=None, failed: AbstractSe
             out.append({"name": b.name, "role": role, "error": "failed during the run, not asked"})
             continue
         try:
-            s = b.stats(END_S) if isinstance(b, BoardBackend) else b.stats()
+            s = b.generation_stats(END_S) if isinstance(b, BoardBackend) else b.stats()  # this generation's work
         except Silent as e:
             out.append({"name": b.name, "role": role, "error": "%s at the text's end: %s" % (STOPPED, e.why)})
             continue
