@@ -37,8 +37,9 @@ def probability(flag: str, p: float) -> float:
 
 def shown(value: object) -> str:
     """`value` as a message names it: repr(), but an integer of more digits than Python converts to text (4300) by
-    its size, where repr() raised a ValueError of its own in place of the message."""
+    its size, where repr() raised a ValueError of its own in place of the message, and a float not whole as "%g"
+    (0.3, not 0.30000000000000004); a whole one keeps its ".0": "max_tokens must be an integer, not 2" said it of 2.0."""
     try:
-        return "%g" % value if isinstance(value, float) else repr(value)
+        return "%g" % value if isinstance(value, float) and not value.is_integer() else repr(value)
     except ValueError:
         return "an integer of over %d digits" % sys.get_int_max_str_digits()
