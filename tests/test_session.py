@@ -90,6 +90,7 @@ def test_bad_options_are_one_line_errors(models):
                      ({"prompt": "Once"}, "prompt belongs to one generation, not to a Mesh: pass the prompt to gen"),
                      ({"stats_json": "s.json"}, "stats_json belongs to one generation"),
                      ({"gamma": 2.5}, "gamma must be a string or an integer, not 2.5"),
+                     ({"max_tokens": 2.0}, "max_tokens must be an integer, not 2.0$"),  # it said 'not 2'
                      ({"streams": "4"}, "streams must be an integer, not '4'"),
                      ({"transport": "wifi"}, "transport must be one of serial, espnow"),
                      ({"plain": "yes"}, "plain must be true or false"), ({"models": 5}, "models must be a path"),
@@ -1093,3 +1094,26 @@ def test_a_ctrl_c_as_a_dropped_stream_is_closed_is_raised_not_lost(models):
     done = subprocess.run([sys.executable, "-c", CTRL_C_AS_A_STREAM_IS_DROPPED, str(models)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout, done.stderr) == (0, "interrupted\n", "")
+
+
+def test_a_mesh_dropped_unclosed_releases_its_boards_and_one_still_held_is_named_by_the_next():
+    """A Mesh dropped without close() (a notebook's cell run again) kept its virtual boards running and their folders
+    held until the process ended: every later Mesh was refused as "in use by another specmesh run (pid ...): wait for
+    it to end", the pid this process's own. Dropped, it now releases them; still held, the line says which and what to
+    do. Token ids as numpy's (a uint16 array) are Python's integers to the drafts' n-gram hashing, which overflowed
+    (the shipped models: their n-gram tables)."""
+    import gc
+
+    from specmesh.host.backends import BackendError
+
+    mesh = Mesh(drafter="virtual", verifier="cpu", models=MODELS)
+    ids = mesh.encode("Once upon a time")
+    text = mesh.generate(ids, max_tokens=64).text
+    assert mesh.generate(np.array(ids, dtype=np.uint16), max_tokens=64).text == text
+    with pytest.raises(BackendError, match=r"^virtual board folder \S+ is in use by another Mesh of this process: "
+                                           r"close it first \(mesh\.close\(\), or `with Mesh\(\.\.\.\) as mesh:`\)"):
+        Mesh(drafter="virtual", verifier="cpu", models=MODELS)
+    del mesh  # never closed
+    gc.collect()
+    with Mesh(drafter="virtual", verifier="cpu", models=MODELS) as again:
+        assert again.generate(ids, max_tokens=64).text == text

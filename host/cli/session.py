@@ -44,6 +44,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -815,7 +816,7 @@ class Mesh(contextlib.AbstractContextManager):
     many generations may run at once when its back-ends are all on the host; `say`: where the boards' start-up
     lines go, `warn`: where a fail-over's line goes, and a generation's line for a board that stopped answering at
     its text's end (`stopped_line`; with no `warn`, its row in the stats alone says so) (default: `say`). Close it
-    (or use `with`) to stop the boards it started."""
+    (or use `with`) to stop the boards it started; dropped unclosed, it stops them as it is collected."""
 
     # whether later generations follow: they ask a board a lane dropped again (`_Rejoin`), which a fail-over's line
     # for a lost port says (PORT_BACK); `specmesh run`'s one generation has none
@@ -860,6 +861,11 @@ class Mesh(contextlib.AbstractContextManager):
         self._waiting: deque[_Ticket] = deque()
         self._closed = False
         self._pid = os.getpid()  # its back-ends' process: a child forked from it cannot use them
+        # a Mesh dropped unclosed (a notebook's cell run again) releases its back-ends as it is collected, as a file
+        # closes: its virtual boards ran on, their folders held, and the next Mesh was refused as "in use by another
+        # specmesh run" of this same process. Not at exit, where the boards are stopped anyway (host/emulator/board.py)
+        self._drop = weakref.finalize(self, _release_setup, self._setup, self._pid)
+        self._drop.atexit = False
         self._holders: dict[int, int] = {}  # thread ident -> lanes it holds (lane())
         self._running: dict[_Cancel, int] = {}  # each generation's own cancel event -> its thread's ident
         self._ended = threading.Condition(self._lock)  # notified as each generation ends
@@ -867,7 +873,7 @@ class Mesh(contextlib.AbstractContextManager):
             self._release(self._new_lane())
             _check_found_verifier(self.config, self._lanes[0].verifier)
         except BaseException:
-            self._setup.close()
+            self._drop()
             raise
 
     @classmethod
@@ -888,7 +894,7 @@ class Mesh(contextlib.AbstractContextManager):
                     cancel.set()
                 self._ended.wait_for(lambda: all(ident == me for ident in self._running.values()), timeout=wait_s)
         finally:
-            self._setup.close()
+            self._drop()
             for lane in self._lanes:  # a HELLO of a board's `_Rejoin` still asking, ended by its closed link
                 for gone in lane.gone.values():
                     if gone.asking is not None:
@@ -1199,9 +1205,12 @@ class Mesh(contextlib.AbstractContextManager):
         try:
             if isinstance(prompt, (bytes, bytearray, Mapping, AbstractSet)):  # a dict's keys or a set: no order
                 raise TypeError
-            return list(prompt)
+            ids = list(prompt)
         except TypeError:
             raise UsageError("the prompt must be text or a list of token ids, not %r" % (prompt,)) from None
+        # numpy's integers as Python's (np.array(ids, dtype=np.uint16)): the drafts' n-gram hashing (shared/ngram.py)
+        # overflowed in a uint16's arithmetic, an OverflowError out of generate
+        return [operator.index(t) if isinstance(t, Integral) and not isinstance(t, bool) else t for t in ids]
 
     def _check_prompt(self, prompt: Sequence[int]) -> None:
         """UsageError unless `prompt` is token ids of this mesh's vocabulary that leave room in its context."""
@@ -1315,6 +1324,13 @@ class Mesh(contextlib.AbstractContextManager):
             raise StageSilent(one_line(e)) from None
         except (BackendError, RuntimeError) as e:
             raise GenerationFailed(one_line(e)) from None
+
+
+def _release_setup(setup: Setup, maker: int) -> None:
+    """Close a Mesh's `setup` (its back-ends), in the process that made it only: a child forked from it holds the
+    parent's boards and engines, which its own close or collection must leave to the parent."""
+    if os.getpid() == maker:
+        setup.close()
 
 
 def _text(text: object, what: str) -> str:

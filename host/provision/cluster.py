@@ -550,6 +550,10 @@ class Cluster(contextlib.ExitStack):
         try:
             fd = hold_folder(folder)
         except FolderInUse as e:
+            if e.holder == os.getpid():  # a Mesh of this process not closed yet (a notebook's cell run again)
+                raise BackendError("virtual board folder %s is in use by another Mesh of this process: close it first "
+                                   "(mesh.close(), or `with Mesh(...) as mesh:`), or give this one its own folder "
+                                   "(SPECMESH_VBOARDS=DIR)" % folder) from None
             raise BackendError("virtual board folder %s is in use by another specmesh run%s: wait for it to end, or "
                                "give this one its own folder (SPECMESH_VBOARDS=DIR)"
                                % (folder, " (pid %d)" % e.holder if e.holder is not None else "")) from None
