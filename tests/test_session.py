@@ -338,7 +338,7 @@ def test_an_on_piece_callback_that_raises_gets_its_own_exception_back(models):
 
 # the fork under test is of a process with the Mesh's threads, which Python 3.12+ warns of: the case this refuses
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
-def test_a_mesh_in_a_process_forked_from_its_maker_is_refused_there_and_the_maker_s_still_serves(models):
+def test_a_mesh_in_a_process_forked_from_its_maker_or_pickled_for_one_is_refused_and_the_maker_s_still_serves(models):
     """A forked child (os.fork, multiprocessing's fork) holds the parent's Mesh, whose back-ends are the parent's: a
     board's port answered the parent's reader (the child waited 30 s for 'node 1 did not answer BEGIN'), a host
     engine's pipes were shared with the parent's generations."""
@@ -362,6 +362,14 @@ def test_a_mesh_in_a_process_forked_from_its_maker_is_refused_there_and_the_make
         os.waitpid(pid, 0)
         assert said == ("this Mesh was made in process %d, and this process (%d) was forked from it: its back-ends "
                         "are that process's; make a new Mesh here" % (os.getpid(), pid))
+        assert mesh.generate("The cat", max_tokens=4).stop == "max_tokens"
+        import copy
+        import pickle
+
+        for send in (pickle.dumps, copy.copy):  # (a spawned process's args are pickled)
+            with pytest.raises(TypeError, match=r"^a Mesh cannot be pickled or copied \(to another process, say\): "
+                                                r"its back-ends are this process's; make a new Mesh where it is needed$"):
+                send(mesh)
         assert mesh.generate("The cat", max_tokens=4).stop == "max_tokens"
 
 

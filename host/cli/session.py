@@ -903,6 +903,12 @@ class Mesh(contextlib.AbstractContextManager):
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def __reduce__(self):
+        """Refused in one line: a Mesh handed to a spawned process (multiprocessing's args) failed on Python's "Can't
+        pickle local object '_BaseExitStack._create_cb_wrapper...'"; a copy would share its back-ends."""
+        raise TypeError("a Mesh cannot be pickled or copied (to another process, say): its back-ends are this "
+                        "process's; make a new Mesh where it is needed")
+
     @property
     def context(self) -> int:
         """Positions the target's context holds: prompt and text together; on a pipeline, what its stage boards keep
