@@ -111,6 +111,7 @@ def test_bad_options_are_one_line_errors(models):
                 mesh.generate("The cat", **kw)
         assert mesh.generate("The cat", max_tokens=np.int64(3), temperature=np.float32(0.5), seed=1).token_ids
         for prompt, says in (([1, 512], "integers in 0..511, not 512"), ([1, -3], "not -3"), ([1, True], "not True"),
+                             ([1, 2.0], "integers in 0..511, not 2.0$"),
                              (["a"], "not 'a'"), ([], "no token"), (None, "text or a list of token ids"),
                              ({1: 2}, "text or a list of token ids"), ("a\udcff", "character 1 is a lone surrogate")):
             with pytest.raises(UsageError, match=says):  # before any back-end sees them (a board packs a u16)

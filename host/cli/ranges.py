@@ -6,6 +6,7 @@ value too low and a value too high get the same line: "--stages must be in 0..6 
     in_range(flag, value, lo, hi=None, note="")   value, or RangeError (hi None: no upper bound)
     probability(flag, p)                          p, or RangeError unless 0 <= p < 1
     shown(value)                                  a value as a message names it (a huge integer by its size)
+    shown_typed(value)                            the same where its type is refused (2.0, not 2)
 """
 
 from __future__ import annotations
@@ -37,9 +38,15 @@ def probability(flag: str, p: float) -> float:
 
 def shown(value: object) -> str:
     """`value` as a message names it: repr(), but an integer of more digits than Python converts to text (4300) by
-    its size, where repr() raised a ValueError of its own in place of the message, and a float not whole as "%g"
-    (0.3, not 0.30000000000000004); a whole one keeps its ".0": "max_tokens must be an integer, not 2" said it of 2.0."""
+    its size, where repr() raised a ValueError of its own in place of the message; a float as "%g" (a flag's 2, as
+    typed)."""
     try:
-        return "%g" % value if isinstance(value, float) and not value.is_integer() else repr(value)
+        return "%g" % value if isinstance(value, float) else repr(value)
     except ValueError:
         return "an integer of over %d digits" % sys.get_int_max_str_digits()
+
+
+def shown_typed(value: object) -> str:
+    """`value` as a message that refuses its type names it: `shown`, but a float as Python writes it, ".0" kept:
+    "max_tokens must be an integer, not 2" was said of 2.0."""
+    return repr(value) if isinstance(value, float) else shown(value)

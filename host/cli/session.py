@@ -65,7 +65,7 @@ from specmesh.host.cli.output import Segments, TextStream, Watch
 from specmesh.host.cli.preflight import (PreflightError, check_backends, check_build, check_context, check_models,
                                          check_pair, check_tables, check_tokenizer, tokenizer_id,
                                          unknown_backend)
-from specmesh.host.cli.ranges import SEED, STREAMS, RangeError, in_range, shown
+from specmesh.host.cli.ranges import SEED, STREAMS, RangeError, in_range, shown_typed
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, Round, generate
 from specmesh.host.decode.stopstrings import StopScan, StopStrings
@@ -163,7 +163,7 @@ def flag_value(action: argparse.Action, name: str, value):
             return operator.index(value) if kind is int else float(value)
         except OverflowError:  # an integer beyond a float's range: refused by the range check, as inf
             return math.inf if value > 0 else -math.inf
-    raise UsageError("%s must be %s, not %s" % (name, want, shown(value)))
+    raise UsageError("%s must be %s, not %s" % (name, want, shown_typed(value)))
 
 
 def check_ids(prompt: Sequence[int], vocab: int) -> None:
@@ -172,7 +172,7 @@ def check_ids(prompt: Sequence[int], vocab: int) -> None:
         raise UsageError("the prompt holds no token: give it text or at least one token id")
     for t in prompt:
         if isinstance(t, bool) or not isinstance(t, Integral) or not 0 <= t < vocab:
-            raise UsageError("the prompt's token ids must be integers in 0..%d, not %s" % (vocab - 1, shown(t)))
+            raise UsageError("the prompt's token ids must be integers in 0..%d, not %s" % (vocab - 1, shown_typed(t)))
 
 
 def load_tokenizer(models: Path):
@@ -1232,7 +1232,7 @@ class Mesh(contextlib.AbstractContextManager):
         turns); None: a new one. GenerationFailed when a back-end failed beyond fail-over."""
         request = request or self.config
         if not isinstance(request, RunConfig):  # (found before a lane is taken, not at its first use)
-            raise TypeError("request must be what Mesh.request() gives, not %s" % shown(request))
+            raise TypeError("request must be what Mesh.request() gives, not %s" % shown_typed(request))
         _check_hooks(on_piece, cancel)
         self._check_prompt(prompt)
         if lane is None:
@@ -1343,7 +1343,7 @@ def _text(text: object, what: str) -> str:
     """`text`, or UsageError (naming it `what`) unless it is a str that UTF-8 holds: no lone surrogate, which the
     tokenizer's UTF-8 could not encode."""
     if not isinstance(text, str):
-        raise UsageError("%s must be a str, not %s" % (what, shown(text)))
+        raise UsageError("%s must be a str, not %s" % (what, shown_typed(text)))
     at = lone_surrogate(text)
     if at is not None:
         raise UsageError("%s is not Unicode text: character %d is a lone surrogate (%r), which no UTF-8 holds"
