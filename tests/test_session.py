@@ -1126,3 +1126,34 @@ def test_a_mesh_dropped_unclosed_releases_its_boards_and_one_still_held_is_named
     gc.collect()
     with Mesh(drafter="virtual", verifier="cpu", models=MODELS) as again:
         assert again.generate(ids, max_tokens=64).text == text
+
+
+def test_a_ctrl_c_as_a_stream_s_thread_starts_ends_its_with_block_not_hangs_it(models, monkeypatch):
+    """A Ctrl-C that landed after the stream had marked itself running and before its generation's thread ran (a
+    SIGALRM raising KeyboardInterrupt, in one of some 60 tries) left nothing to mark it idle: the close() of the
+    `with` block over it waited forever. The Ctrl-C is raised now, and the mesh serves on."""
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        alone = mesh.generate("The cat", max_tokens=8).text
+        start = threading.Thread.start
+
+        def interrupted(thread):  # the Ctrl-C as the stream's thread is about to start
+            if thread.name == "specmesh-stream":
+                raise KeyboardInterrupt
+            start(thread)
+
+        raised = []
+
+        def reader():
+            try:
+                with mesh.stream("The cat", max_tokens=8) as items:
+                    next(items)
+            except KeyboardInterrupt as e:
+                raised.append(e)
+
+        monkeypatch.setattr(threading.Thread, "start", interrupted)
+        t = threading.Thread(target=reader, daemon=True)  # (a hang fails the test, not the run)
+        start(t)
+        t.join(20)
+        monkeypatch.undo()
+        assert not t.is_alive() and len(raised) == 1  # (it hung in Stream.close)
+        assert mesh.generate("The cat", max_tokens=8).text == alone and mesh.lanes_busy == 0

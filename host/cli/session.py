@@ -1188,9 +1188,15 @@ class Mesh(contextlib.AbstractContextManager):
             finally:
                 idle.set()
 
-        idle.clear()
-        threading.Thread(target=work, name="specmesh-stream", daemon=True).start()
+        thread = threading.Thread(target=work, name="specmesh-stream", daemon=True)
         try:
+            try:
+                idle.clear()
+                thread.start()
+            except BaseException:  # a Ctrl-C before its thread ran: nothing would set `idle`, and the stream's close()
+                if not thread.is_alive():  # (the end of its `with`) waited for it forever; one launched meanwhile
+                    idle.set()             # finds `cancel` set and ends before its first round
+                raise
             while True:
                 item = pieces.get()
                 if isinstance(item, BaseException):
