@@ -1105,7 +1105,7 @@ def test_a_ctrl_c_as_a_dropped_stream_is_closed_is_raised_not_lost(models):
     assert (done.returncode, done.stdout, done.stderr) == (0, "interrupted\n", "")
 
 
-def test_a_mesh_dropped_unclosed_releases_its_boards_and_one_still_held_is_named_by_the_next():
+def test_a_mesh_dropped_unclosed_releases_its_boards_and_one_still_held_is_named_by_the_next(monkeypatch):
     """A Mesh dropped without close() (a notebook's cell run again) kept its virtual boards running and their folders
     held until the process ended: every later Mesh was refused as "in use by another specmesh run (pid ...): wait for
     it to end", the pid this process's own. Dropped, it now releases them; still held, the line says which and what to
@@ -1126,6 +1126,23 @@ def test_a_mesh_dropped_unclosed_releases_its_boards_and_one_still_held_is_named
     gc.collect()
     with Mesh(drafter="virtual", verifier="cpu", models=MODELS) as again:
         assert again.generate(ids, max_tokens=64).text == text
+    # dropped on another thread than the main one (one of its own boards' could be it): released from a thread of its
+    # own, which a board's stop may join
+    from specmesh.host.cli import session
+
+    released_on = []
+    release = session._release_setup
+    monkeypatch.setattr(session, "_release_setup",
+                        lambda *a: (released_on.append(threading.current_thread().name), release(*a)))
+    held = [Mesh(drafter="virtual", verifier="cpu", models=MODELS)]
+    dropper = threading.Thread(target=held.clear)  # the last reference goes there
+    dropper.start()
+    dropper.join()
+    for thread in [t for t in threading.enumerate() if t.name == "specmesh-collected"]:
+        thread.join(60)
+    assert released_on == ["specmesh-collected"]
+    with Mesh(drafter="virtual", verifier="cpu", models=MODELS) as last:
+        assert last.generate(ids, max_tokens=64).text == text
 
 
 def test_a_ctrl_c_as_a_stream_s_thread_starts_ends_its_with_block_not_hangs_it(models, monkeypatch):

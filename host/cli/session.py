@@ -864,7 +864,7 @@ class Mesh(contextlib.AbstractContextManager):
         # a Mesh dropped unclosed (a notebook's cell run again) releases its back-ends as it is collected, as a file
         # closes: its virtual boards ran on, their folders held, and the next Mesh was refused as "in use by another
         # specmesh run" of this same process. Not at exit, where the boards are stopped anyway (host/emulator/board.py)
-        self._drop = weakref.finalize(self, _release_setup, self._setup, self._pid)
+        self._drop = weakref.finalize(self, _collected, self._setup, self._pid)
         self._drop.atexit = False
         self._holders: dict[int, int] = {}  # thread ident -> lanes it holds (lane())
         self._running: dict[_Cancel, int] = {}  # each generation's own cancel event -> its thread's ident
@@ -873,8 +873,13 @@ class Mesh(contextlib.AbstractContextManager):
             self._release(self._new_lane())
             _check_found_verifier(self.config, self._lanes[0].verifier)
         except BaseException:
-            self._drop()
+            self._released()
             raise
+
+    def _released(self) -> None:
+        """Its back-ends released now, in this thread, once (a collection after finds nothing to do)."""
+        if self._drop.detach() is not None:
+            _release_setup(self._setup, self._pid)
 
     @classmethod
     def from_config(cls, config: RunConfig, streams: int = 1, say: Say | None = None, warn: Say | None = None
@@ -894,7 +899,7 @@ class Mesh(contextlib.AbstractContextManager):
                     cancel.set()
                 self._ended.wait_for(lambda: all(ident == me for ident in self._running.values()), timeout=wait_s)
         finally:
-            self._drop()
+            self._released()
             for lane in self._lanes:  # a HELLO of a board's `_Rejoin` still asking, ended by its closed link
                 for gone in lane.gone.values():
                     if gone.asking is not None:
@@ -1336,6 +1341,16 @@ class Mesh(contextlib.AbstractContextManager):
             raise StageSilent(one_line(e)) from None
         except (BackendError, RuntimeError) as e:
             raise GenerationFailed(one_line(e)) from None
+
+
+def _collected(setup: Setup, maker: int) -> None:
+    """A Mesh dropped unclosed: its back-ends released as `_release_setup` does, from a thread of its own where the
+    collection ran on another than the main one (on one of its own boards' threads, a board's stop would join the
+    thread it runs on)."""
+    if threading.current_thread() is threading.main_thread():
+        _release_setup(setup, maker)
+    else:
+        threading.Thread(target=_release_setup, args=(setup, maker), name="specmesh-collected", daemon=True).start()
 
 
 def _release_setup(setup: Setup, maker: int) -> None:
