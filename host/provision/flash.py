@@ -827,8 +827,7 @@ def flash_checked(
             board_config = read_board_config(transport)
             config = {k: v for k, v in (board_config | (config or {})).items() if k != FLASHING}
             legacy = config.pop("key", None), config.pop("ctr", 0)  # an earlier specmesh kept them in the config
-            if legacy[0] and not key and not clear_key:
-                key = bytes.fromhex(legacy[0])  # moved into the key file
+            key = bytes.fromhex(legacy[0]) if legacy[0] and not key and not clear_key else key  # into the key file
             _configure(config, info, role, node_id, model_dest if image else model_dest.lstrip("/"), layers,
                        _table(role, model, files))
             config_data = json.dumps(config, sort_keys=True).encode()
@@ -837,8 +836,7 @@ def flash_checked(
             whole, to_write = _fs_need(files, held, others)
             check_board(info, role, heap_bytes, to_write + len(config_data), len(image), whole + len(config_data),
                         not use_romfs and _romfs_would_hold(info, request))
-            report = FlashReport(port, info, model=model.name, note=note,
-                                 resumed=board_config.get(FLASHING) or None)
+            report = FlashReport(port, info, model=model.name, note=note, resumed=board_config.get(FLASHING) or None)
             if report.resumed:  # what an interrupted flash may have left half-written
                 _sweep_parts(transport, [*files, fs_dest, CONFIG_PATH])
             mark = json.dumps(dict(board_config, **{FLASHING: role}), sort_keys=True).encode()
