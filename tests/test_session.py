@@ -1113,7 +1113,7 @@ def test_a_mesh_dropped_unclosed_releases_its_boards_and_one_still_held_is_named
     (the shipped models: their n-gram tables)."""
     import gc
 
-    from specmesh.host.backends import BackendError
+    from specmesh import BackendError  # (exported: what Mesh() raises where a back-end cannot start)
 
     mesh = Mesh(drafter="virtual", verifier="cpu", models=MODELS)
     ids = mesh.encode("Once upon a time")
