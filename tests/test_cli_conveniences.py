@@ -121,8 +121,8 @@ def test_a_prompt_piped_in_through_a_non_blocking_stdin_is_read_to_its_end(model
     (None, ["--prompt", "x", "--prompt-file", "p.txt"], "give --prompt or --prompt-file, not both"),
     (None, ["--prompt-file", "nope.txt"], "cannot read the prompt from nope.txt: No such file or directory"),
     (None, ["--prompt-file", "."], "--prompt-file .: a folder: name the prompt's file in it"),  # "Is a directory"
-    (b"caf\xe9 au lait", ["--prompt-file", "p.txt"], "the prompt in p.txt is not UTF-8 text: byte 0xe9 at offset 3 of its "
-                                                    "12 bytes; save it in UTF-8"),  # said as --prompt's is
+    (b"caf\xe9 au lait", ["--prompt-file", "p.txt"],  # said as --prompt's is
+     "the prompt in p.txt is not UTF-8 text: byte 0xe9 at offset 3 of its 12 bytes; save it in UTF-8"),
     (None, ["--prompt-file", "/dev/zero"], "the prompt in /dev/zero is over 16 MiB, more than any model's context "
                                             "holds: shorten it"),  # read to its end before: memory ran out
     (None, ["--model", "nope.spm"], "--model nope.spm: no such file"),

@@ -161,7 +161,8 @@ def test_a_flash_with_another_key_than_the_boards_is_told_so(virtual_board, mode
     assert cli.main([*flash, "--key-file", str(key_b)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the board holds another deployment key than this --key-file" in err, err
-    assert err.endswith("; where its key is lost, erase its flash: esptool erase_flash, then write MicroPython again)\n")
+    assert err.endswith("; where its key is lost, erase its flash: esptool erase_flash, then write MicroPython "
+                        "again)\n")
     assert key_a.read_text().strip() not in err and key_b.read_text().strip() not in err  # never the key
     # bench told a keyed board's owner to 'pass its key with --key-file', a flag it did not take
     bench = ["bench", "--port", vb.port, "--out", str(tmp_path / "cal.json")]

@@ -468,8 +468,8 @@ def test_serve_on_an_empty_host_says_what_it_takes(models, capsys, no_board_star
 @pytest.mark.parametrize("flag, instead", [("--prompt", "a request's body carries the prompt"),
                                            ("--prompt-file", "a request's body carries the prompt"),
                                            ("--stats-json", "each response carries its stats, in its specmesh field"),
-                                           ("--quiet", "serve prints no text or stats table (its log holds its start-up "
-                                            "lines and faults)")])
+                                           ("--quiet", "serve prints no text or stats table (its log holds its "
+                                                       "start-up lines and faults)")])
 def test_serve_s_help_lists_no_flag_it_refuses(models, capsys, no_board_starts, serve_extra, flag, instead):
     """`serve --help` listed run's --prompt, -f, --stats-json and --quiet, each of which serve then refused ("belongs
     to one generation"); they are out of its help and still refused in that one line, which says what serve has in

@@ -368,8 +368,8 @@ def test_a_mesh_in_a_process_forked_from_its_maker_or_pickled_for_one_is_refused
         import pickle
 
         for send in (pickle.dumps, copy.copy):  # (a spawned process's args are pickled)
-            with pytest.raises(TypeError, match=r"^a Mesh cannot be pickled or copied \(to another process, say\): "
-                                                r"its back-ends are this process's; make a new Mesh where it is needed$"):
+            with pytest.raises(TypeError, match=r"^a Mesh cannot be pickled or copied \(to another process, say\): its "
+                                                r"back-ends are this process's; make a new Mesh where it is needed$"):
                 send(mesh)
         assert mesh.generate("The cat", max_tokens=4).stop == "max_tokens"
 

@@ -108,7 +108,7 @@ def kernel_name(kernels: str) -> tuple[str, str]:
     return name, note[:-1] if note.endswith(")") else note
 
 
-# a node's STATS counters of the work it did (firmware/node.py STAT_KEYS), which `generation_stats` counts per generation
+# a node's STATS counters of the work it did (firmware/node.py STAT_KEYS): `generation_stats` counts them per generation
 WORK_COUNTERS = ("compute_ms", "passes", "positions", "cls_reads", "drafted", "ahead", "draft_hits", "verified",
                  "accepted")
 

@@ -15,9 +15,9 @@ as `specmesh run --seed` does. A chat's messages are its turns, appended as type
 template; `specmesh chat` does the same).
 
 Every response carries specmesh's own figures in the extension field `specmesh`: acceptance and the drafts tested
-behind it, the drafts copied into plain rounds and those accepted, tokens per verification, tokens/s, the projected board tokens/s when the mesh projects, the boards; each
-streamed chunk its round's (characters of the chunk that were accepted drafts, drafts accepted, tokens committed,
-seconds).
+behind it, the drafts copied into plain rounds and those accepted, tokens per verification, tokens/s, the projected
+board tokens/s when the mesh projects, the boards; each streamed chunk its round's (characters of the chunk that
+were accepted drafts, drafts accepted, tokens committed, seconds).
 
 Each request generates in a thread of its own on a lane of the mesh (waiting for one, first come first
 served, when all are busy); a client that disconnects, streamed or not, sets its cancel event, which ends its

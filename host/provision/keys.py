@@ -34,8 +34,8 @@ HEX_DIGITS = frozenset(string.hexdigits)
 # flashed onto every board once its flash is erased (a keyed board takes no flash without its key: a new key flashed
 # onto it was refused, the way this said to go)
 _RECOPY = ("copy the key file the boards were flashed with again; where it is lost, erase each keyed board's flash "
-           "(esptool erase_flash, then write MicroPython again: a keyed board takes no flash without its key) and flash "
-           "a new key (specmesh keygen) onto every board")
+           "(esptool erase_flash, then write MicroPython again: a keyed board takes no flash without its key) and "
+           "flash a new key (specmesh keygen) onto every board")
 
 
 class KeyFileError(Exception):

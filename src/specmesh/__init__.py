@@ -5,9 +5,9 @@ docs/architecture.md, "Installed: one import name", says why and how.
 
 The Python API is `specmesh.Mesh` (host/cli/session.py), imported on first use so that `import specmesh`
 stays cheap: `from specmesh import Mesh; mesh = Mesh(drafter="virtual", verifier="cpu")`; with its results
-(`Piece`, `Completion`; `Stream`, what `Mesh.stream` returns) and its errors: `UsageError` (a bad option or argument, in one line), `BackendError` (a back-end that
-cannot start: a board that does not answer, a virtual board folder in use), `GenerationFailed` (a back-end lost
-beyond fail-over).
+(`Piece`, `Completion`; `Stream`, what `Mesh.stream` returns) and its errors: `UsageError` (a bad option or
+argument, in one line), `BackendError` (a back-end that cannot start: a board that does not answer, a virtual board
+folder in use), `GenerationFailed` (a back-end lost beyond fail-over).
 `python -m specmesh` is the `specmesh` command.
 
 Run by the `specmesh` console script or `python -m specmesh...` (the command, a tool), this is the first of our code:
