@@ -65,7 +65,7 @@ from specmesh.host.boardclasses import BOARD_CLASSES, ESP32, STAGE_CTX, class_of
 from specmesh.host.bus import ports
 from specmesh.host.layout import MODELS, ROOT, model_path, ngram_table
 from specmesh.host.mpycross import CompileError, compile_py
-from specmesh.host.provision import drafters, romfs
+from specmesh.host.provision import drafters, keys, romfs
 from specmesh.shared.board import FLASHING
 from specmesh.shared.modelfile import Header, ModelFileError, stage_bytes
 
@@ -525,8 +525,7 @@ def _no_repl(port: str, timeout: float, wait_s: float = 1.5, virtual: bool = Fal
         return KeyMismatch(f"{port}: key mismatch: the board holds another deployment key than this --key-file, and a "
                           "keyed board takes no flash without its key: pass the key it was flashed with (to change "
                           f"keys: `specmesh flash --port {port} --role {role} --key-file ITS_KEY --no-key`, then flash "
-                          "with the new one; where its key is lost, erase its flash: esptool erase_flash, then write "
-                          "MicroPython again)")
+                          f"with the new one; where its key is lost, erase its flash: {keys.ERASE})")
     half = [t for t in link.text if t.startswith(m.HALF_FLASHED)]
     if half:  # half-flashed and deaf to Ctrl-C: a keyed one (its config shuts the console before it reads "flashing")
         role = half[-1].rpartition(" as ")[2].strip() or role

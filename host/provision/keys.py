@@ -30,12 +30,15 @@ FILE_MAX_BYTES = 4096  # a key's hex and room for whitespace around it; more is 
 
 
 HEX_DIGITS = frozenset(string.hexdigits)
+# how a board keyed with a lost key is flashed again: a keyed board takes no flash without its key, so only its flash
+# erased (said here and by flash's key-mismatch line)
+ERASE = "esptool erase_flash, then write MicroPython again"
 # what to do with a key file cut short or edited: the boards hold the whole key, so only that key works, or a new one
 # flashed onto every board once its flash is erased (a keyed board takes no flash without its key: a new key flashed
 # onto it was refused, the way this said to go)
 _RECOPY = ("copy the key file the boards were flashed with again; where it is lost, erase each keyed board's flash "
-           "(esptool erase_flash, then write MicroPython again: a keyed board takes no flash without its key) and "
-           "flash a new key (specmesh keygen) onto every board")
+           "(%s: a keyed board takes no flash without its key) and flash a new key (specmesh keygen) onto every board"
+           % ERASE)
 
 
 class KeyFileError(Exception):
