@@ -80,6 +80,7 @@ def test_the_story_alone_lands_in_the_file_stdout_is_sent_to(tmp_path):
     (["run", "esp32s3"], "usage: specmesh run ", "; did you mean --project esp32s3?"),
     (["bench", "/dev/ttyUSB0"], "usage: specmesh bench ", "; did you mean --port /dev/ttyUSB0?"),
     (["bench", "u0"], "usage: specmesh bench ", "; did you mean --port u0?"),  # mpremote's name for /dev/ttyUSB0
+    (["emulate", "3"], "usage: specmesh emulate ", "; did you mean --boards 3?"),
     (["chaos", "lossy-serial"], "usage: specmesh chaos ", "; did you mean --profile lossy-serial?"),
     # a port, but of which role: both offered, neither guessed
     (["run", "/dev/ttyUSB0"], "usage: specmesh run ",

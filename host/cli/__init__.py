@@ -536,6 +536,8 @@ def unknown(command: argparse.ArgumentParser, extra: list[str]) -> None:
             close = ["--verifier %s or --drafter %s" % (word, word)]  # (serve's --port is its TCP port)
         elif not close and "--port" in flags and port:
             close = ["--port " + word]
+        elif not close and "--boards" in flags and word.isdigit():  # emulate 3: how many boards
+            close = ["--boards " + word]
         elif not close and "--prompt" in flags and not port:  # run "Once upon a time": the prompt is a flag
             close = ["--prompt " + shlex.quote(" ".join(extra))]
         needed = [f for f, a in command._option_string_actions.items()
