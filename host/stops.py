@@ -132,6 +132,30 @@ def awake() -> Iterator[None]:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
+@contextlib.contextmanager
+def first_interrupt_sets(event: threading.Event) -> Iterator[None]:
+    """While inside (the main thread), a first Ctrl-C sets `event` instead of raising, for work that can end early
+    and cleanly where it checks it (chat's reply, after its round); a Ctrl-C once `event` is set is handled as before
+    (raise_stop: raised, or held while the main thread forks). SIGTERM and SIGHUP stop the command as ever. Nothing
+    changes where Ctrl-C is not the command's to take (ignored: a background job's)."""
+    before = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(before):
+        yield
+        return
+
+    def first(signum: int, frame) -> None:
+        if event.is_set():
+            before(signum, frame)
+        else:
+            event.set()
+
+    signal.signal(signal.SIGINT, first)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def say_stopped(who: str, what: str) -> None:
     """The one line a stopped command ends with (`who`: "specmesh run"), on a line of its own: after the ^C a
     terminal echoed, not after a blank line where stderr is a file or a pipe."""

@@ -654,3 +654,56 @@ def test_a_real_board_silent_at_a_reply_s_end_is_to_be_checked_too():
         "asks it again first and the cpu verifier takes over if it is still silent; check that board (its power and "
         "cable; `specmesh console /dev/ttyUSB0` shows what it prints)")
     assert stopped_line([{**row, "error": "failed during the run, not asked"}], "turn") is None
+
+
+class _CtrlCAtPieces:
+    """chat's Printer, whose show() sends this process `at[n]` Ctrl-Cs (SIGINT) as it shows its piece n (counted over
+    the whole chat; 0: the first turn's own text): keys pressed while a reply runs, at a known round."""
+
+    def __init__(self, at: dict[int, int]):
+        import os
+        import signal
+
+        from specmesh.host.cli.output import Printer
+
+        shown = iter(range(1_000_000))
+
+        class Pressing(Printer):
+            def show(self, segments):
+                super().show(segments)
+                for _ in range(at.get(next(shown), 0)):
+                    os.kill(os.getpid(), signal.SIGINT)  # (each handled before the next is sent)
+
+        self.printer = Pressing
+
+
+def test_a_ctrl_c_typed_while_a_reply_runs_ends_that_reply_and_the_chat_goes_on(models, monkeypatch, capsys):
+    """At a terminal, a Ctrl-C while a reply runs ends the reply after its round, with one line, and the chat goes on:
+    what was shown is kept in the context, so (greedy) an empty line next goes on from where the reply stopped, the
+    two turns' text the start of one turn's uninterrupted. It ended the whole chat, its context lost."""
+    from specmesh.host.cli import chat as chat_module
+
+    monkeypatch.setattr(chat_module, "Printer", _CtrlCAtPieces({1: 1}).printer)  # the first reply's first round
+    out, whole = io.StringIO(), io.StringIO()
+    a = args(models, "--max-tokens", "40", "--gamma", "2", "--no-color")
+    assert chat(a, iter(["The little dog", ""]), out, typed=True) == 0
+    err = capsys.readouterr().err
+    assert err == ("specmesh chat: reply stopped (Ctrl-C): type a line, or an empty one to go on; Ctrl-C at the prompt "
+                   "or Ctrl-D leaves\n")
+    first, second = out.getvalue().splitlines()
+    assert first.startswith("The little dog") and len(first) < len(second) + len("The little dog")
+    monkeypatch.undo()
+    assert chat(args(models, "--max-tokens", "80", "--gamma", "2", "--no-color"), iter(["The little dog"]), whole) == 0
+    assert whole.getvalue().startswith(first + second)
+
+
+@pytest.mark.parametrize("typed", [True, False])
+def test_a_second_ctrl_c_in_one_reply_or_a_piped_chat_s_first_ends_the_chat(models, monkeypatch, typed):
+    """A Ctrl-C that the reply did not end at (pressed again, the reply stuck), or any Ctrl-C in a chat fed by a pipe
+    or a file (a script's), raises KeyboardInterrupt: the chat ends, as run does (130, one line: main)."""
+    from specmesh.host.cli import chat as chat_module
+
+    monkeypatch.setattr(chat_module, "Printer", _CtrlCAtPieces({1: 2 if typed else 1}).printer)
+    with pytest.raises(KeyboardInterrupt):
+        chat(args(models, "--max-tokens", "40", "--gamma", "2", "--no-color"), iter(["The little dog", "x"]),
+             io.StringIO(), typed=typed)

@@ -3,7 +3,9 @@ the context, the model continues it (speculatively, as `run` does, up to --max-t
 before a --stop string; an empty line adds nothing, so the model goes on from where it stopped), and the
 context is kept across turns until it fills; then one line says so and the session ends. --prompt or
 --prompt-file, when given, is the first turn. The stories model has no chat template: a turn's text is
-appended to the story as typed.
+appended to the story as typed. At a terminal, a Ctrl-C while a reply runs ends that reply after its round (what it
+showed is kept in the context) and the chat goes on; one at the prompt, or a second in the same reply, ends the chat,
+as any Ctrl-C does in a chat fed by a pipe (a script's).
 
 Each turn begins the back-ends on the whole context (BEGIN carries it), so a board that restarted between
 turns loses nothing; the gamma controller keeps what it learned across turns. The turns run on one `Mesh`
@@ -20,10 +22,12 @@ not sent (a stage: its turn ends as above).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import select
 import sys
+import threading
 
 from specmesh.host.cli.config import BOM, PROMPT_MAX_BYTES, blocking
 from specmesh.host.cli.flags import hide
@@ -31,7 +35,7 @@ from specmesh.host.cli.output import Printer
 from specmesh.host.cli.run import UsageError, add_arguments, check_args, failed
 from specmesh.host.cli.session import GenerationFailed, Mesh, gamma_controller, say_on_stderr, stopped_line
 from specmesh.host.cli.streams import stdout_to_devnull, unguarded
-from specmesh.host.stops import awake
+from specmesh.host.stops import awake, first_interrupt_sets
 
 PROMPT = "> "
 # run's flags that chat refuses (it prints no stats table, JSON or projection, which these ask for or price): each
@@ -63,7 +67,8 @@ def add_parser(sub) -> None:
 def main(a: argparse.Namespace) -> int:
     try:
         # a turn typed at a terminal is on it already; into a file or a pipe it goes with the text, as a piped one
-        return chat(a, _lines(), sys.stdout, echo=not (sys.stdin.isatty() and sys.stdout.isatty()))
+        return chat(a, _lines(), sys.stdout, echo=not (sys.stdin.isatty() and sys.stdout.isatty()),
+                    typed=sys.stdin.isatty())
     except BrokenPipeError:
         raise
     except LineTooLong as e:
@@ -153,9 +158,10 @@ def _ended_ahead(fd: int) -> bool:
     return int.from_bytes(count, sys.byteorder) == 0 and os.read(fd, 1) == b""
 
 
-def chat(a: argparse.Namespace, lines, out, echo: bool = True) -> int:
+def chat(a: argparse.Namespace, lines, out, echo: bool = True, typed: bool = False) -> int:
     """Run the turns `lines` gives, each shown before its continuation when `echo` (a terminal has shown
-    it already); returns the exit status (0 also when the context filled)."""
+    it already); returns the exit status (0 also when the context filled). `typed`: the turns are typed at a
+    terminal, where a Ctrl-C while a reply runs ends that reply and the chat goes on (a piped chat's ends it)."""
     opening = a.prompt is not None or a.prompt_file is not None
     if a.prompt == "-":
         raise UsageError("chat reads its turns from stdin: give the first turn as --prompt TEXT or --prompt-file F")
@@ -165,10 +171,10 @@ def chat(a: argparse.Namespace, lines, out, echo: bool = True) -> int:
                              % dest.replace("_", "-"))
     config = check_args(a)
     with Mesh.from_config(config, say=say_on_stderr(), warn=say_on_stderr()) as mesh:
-        return _turns(mesh, itertools.chain([config.prompt] if opening else [], lines), opening, out, echo)
+        return _turns(mesh, itertools.chain([config.prompt] if opening else [], lines), opening, out, echo, typed)
 
 
-def _turns(mesh: Mesh, turns, opening: bool, out, echo: bool) -> int:
+def _turns(mesh: Mesh, turns, opening: bool, out, echo: bool, typed: bool = False) -> int:
     """The chat on `mesh`: one lane for the whole session, and one gamma controller learning across turns."""
     config, tok = mesh.config, mesh.tok
     with mesh.lane() as lane:
@@ -191,9 +197,11 @@ def _turns(mesh: Mesh, turns, opening: bool, out, echo: bool) -> int:
             if echo or (i == 0 and opening):
                 printer.show([(line, False)])
             stalled = None
+            stop = threading.Event()  # a Ctrl-C typed while the reply runs, at a terminal: the reply ends there
             try:
-                done = mesh.complete(context, on_piece=lambda p: printer.show(p.segments), controller=controller,
-                                     lane=lane)
+                with first_interrupt_sets(stop) if typed else contextlib.nullcontext():
+                    done = mesh.complete(context, on_piece=lambda p: printer.show(p.segments), cancel=stop,
+                                         controller=controller, lane=lane)
             except GenerationFailed:
                 stalled = mesh.stalled(again=True)  # its line, less a run's "run again": this chat asks again
                 if stalled is None:  # no later turn mends it: the chat ends on its line
@@ -208,6 +216,9 @@ def _turns(mesh: Mesh, turns, opening: bool, out, echo: bool) -> int:
             if stopped:
                 print("specmesh chat: " + stopped, file=sys.stderr, flush=True)
             context += done.token_ids  # with a stop string, the tokens whose text ends before it
+            if done.stop == "cancelled":  # what was shown is kept, as a reply of its own
+                print("specmesh chat: reply stopped (Ctrl-C): type a line, or an empty one to go on; Ctrl-C at the "
+                      "prompt or Ctrl-D leaves", file=sys.stderr, flush=True)
             if done.stop == "eos" and not done.token_ids:  # the turn showed no reply, and an empty line gets none
                 print("specmesh chat: the model ended the story there, with no reply (its end-of-story token): type "
                       "something new, or start a new chat", file=sys.stderr, flush=True)
