@@ -53,6 +53,19 @@ def test_leaving_a_stream_early_cancels_it_and_the_mesh_serves_the_next(models):
         assert mesh.generate("The cat", max_tokens=5).token_ids == mesh.generate("The cat", max_tokens=5).token_ids
 
 
+def test_an_empty_prompt_s_text_starts_without_the_dummy_prefix_space():
+    """A story from the start token alone (an empty prompt: run -p "", serve's prompt "", a first chat turn that is an
+    empty line) began " Once upon a time": its first token's dummy-prefix space was shown, which Tokenizer.decode drops
+    after BOS (as llama2.c does). The text is now what decode gives; a prompt's continuation keeps its space."""
+    from specmesh.host.decode.tokenizer import BOS
+
+    with Mesh(drafter="cpu", verifier="cpu", models=MODELS) as mesh:
+        done = mesh.generate("", max_tokens=8)
+        assert done.text == mesh.tok.decode([BOS] + done.token_ids) and done.text[0].isalpha(), done.text
+        assert "".join(p.text for p in mesh.stream("", max_tokens=8) if isinstance(p, Piece)) == done.text
+        assert mesh.generate("Once", max_tokens=4).text.startswith(" upon")
+
+
 def test_an_option_that_changes_nothing_is_said_to_say_as_run_says_it(models):
     """Mesh(plain=True, gamma=3) said nothing, where run says the note on stderr; and the drafter left out is not
     "given" (Mesh's default was the string "virtual", named as unused beside plain=True)."""

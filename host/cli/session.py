@@ -69,7 +69,7 @@ from specmesh.host.cli.ranges import SEED, STREAMS, RangeError, in_range, shown_
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Result, Round, generate
 from specmesh.host.decode.stopstrings import StopScan, StopStrings
-from specmesh.host.decode.tokenizer import lone_surrogate
+from specmesh.host.decode.tokenizer import BOS, lone_surrogate
 from specmesh.host.decode.window import Window
 from specmesh.host.layout import TOKENIZER_FILE, ngram_table
 from specmesh.host.projection.measured import board_summary
@@ -847,8 +847,6 @@ class Mesh(contextlib.AbstractContextManager):
         for note in self.config.notes if config is None and say is not None else ():  # (from_config: its caller's)
             say("note: " + note)  # an option given that changes nothing, as run says it on stderr
         self.tok = load_tokenizer(self.config.models)
-        from specmesh.host.decode.tokenizer import BOS
-
         self.eos = BOS  # llama2.c's models end a story by starting the next one (BOS)
         self.headers, self.names = preflight(self.config, self.tok)
         self.on_host = self.names.get("drafter") == "cpu"  # the drafter runs on this machine, not on a board
@@ -1263,7 +1261,7 @@ class Mesh(contextlib.AbstractContextManager):
         controller = controller or gamma_controller(request, drafter)
         # a projection that prices drafting ahead (host/decode/ahead.py) plans gamma and what is drafted beside a verify
         controller.pipelined = bool(drafter is not None and costs is not None and costs.pipelined)
-        scan = StopScan(StopStrings(request.stop), self.tok.pieces.__getitem__)
+        scan = StopScan(StopStrings(request.stop), self.tok.pieces.__getitem__, after_bos=list(prompt) == [BOS])
         fallback = None if self.names["verifier"] in ("cpu", PIPELINE) else lambda: self._fall_back(lane)
         cancel = _Cancel(cancel)  # what close() sets: the caller's event is left as it was
         with self._lock:

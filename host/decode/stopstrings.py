@@ -45,11 +45,14 @@ class StopScan:
     `piece(id) -> bytes` gives a token's bytes (through an incremental UTF-8 decoder: a character split
     across tokens appears once whole). `end` is None until a stop string is reached, then the index in
     `text` where the text ends; `kept` is how many of the fed tokens lie wholly before it (all of them
-    while none is reached)."""
+    while none is reached). `after_bos`: the stream follows BOS alone (an empty prompt), so its first token's
+    leading space, the dummy prefix, is dropped, as Tokenizer.decode drops it after BOS: the text starts "Once", not
+    " Once"."""
 
-    def __init__(self, stops: StopStrings, piece: Callable[[int], bytes]):
+    def __init__(self, stops: StopStrings, piece: Callable[[int], bytes], after_bos: bool = False):
         self.stops = stops
         self.piece = piece
+        self._after_bos = after_bos
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         self._straddle = max((len(s) for s in stops.stops), default=1) - 1  # characters before new text to search
         self.text = ""
@@ -69,7 +72,10 @@ class StopScan:
         for t in tokens:
             if self.stopped:
                 return
-            self._add(self._utf8.decode(self.piece(t)))
+            piece = self.piece(t)
+            if self._after_bos:
+                piece, self._after_bos = piece.removeprefix(b" "), False
+            self._add(self._utf8.decode(piece))
             self._ends.append(len(self.text))
 
     def finish(self) -> None:
