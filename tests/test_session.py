@@ -66,6 +66,20 @@ def test_an_empty_prompt_s_text_starts_without_the_dummy_prefix_space():
         assert mesh.generate("Once", max_tokens=4).text.startswith(" upon")
 
 
+def test_complete_takes_a_prompt_as_generate_does(models):
+    """Mesh.complete (chat's and serve's) given a numpy array of token ids raised numpy's ValueError (its truth value
+    asked) and text got 'token ids must be integers ... not 'O''; it now takes what generate takes, to the same text."""
+    import numpy as np
+
+    with Mesh(drafter="cpu", verifier="cpu", models=models) as mesh:
+        want = mesh.generate("The cat", max_tokens=6)
+        ids = mesh.tok.encode("The cat")
+        for prompt in (np.array(ids), np.array(ids, dtype=np.uint16), ids, "The cat"):
+            assert mesh.complete(prompt, mesh.request(max_tokens=6)).token_ids == want.token_ids
+        with pytest.raises(UsageError, match="the prompt must be text or a list of token ids, not 5"):
+            mesh.complete(5)
+
+
 def test_an_option_that_changes_nothing_is_said_to_say_as_run_says_it(models):
     """Mesh(plain=True, gamma=3) said nothing, where run says the note on stderr; and the drafter left out is not
     "given" (Mesh's default was the string "virtual", named as unused beside plain=True)."""

@@ -1233,16 +1233,17 @@ class Mesh(contextlib.AbstractContextManager):
             raise UsageError("the prompt has %d tokens but the context holds %d" % (len(prompt), self.context))
         check_ids(prompt, len(self.tok.pieces))
 
-    def complete(self, prompt: Sequence[int], request: RunConfig | None = None,
+    def complete(self, prompt: str | Sequence[int], request: RunConfig | None = None,
                  on_piece: Callable[[Piece], None] | None = None, cancel: threading.Event | None = None,
                  controller: GammaController | None = None, lane: Lane | None = None) -> Completion:
-        """Generate after the token ids `prompt` as `request` (a `request()`; None: the mesh's configuration)
-        says, on `lane` or the next free one. `controller`: a gamma controller kept across generations (chat's
-        turns); None: a new one. GenerationFailed when a back-end failed beyond fail-over."""
+        """Generate after the token ids (or text, as generate takes) `prompt` as `request` (a `request()`; None: the
+        mesh's configuration) says, on `lane` or the next free one. `controller`: a gamma controller kept across
+        generations (chat's turns); None: a new one. GenerationFailed when a back-end failed beyond fail-over."""
         request = request or self.config
         if not isinstance(request, RunConfig):  # (found before a lane is taken, not at its first use)
             raise TypeError("request must be what Mesh.request() gives, not %s" % shown_typed(request))
         _check_hooks(on_piece, cancel)
+        prompt = self._ids(prompt)
         self._check_prompt(prompt)
         if lane is None:
             with self.lane(cancel) as lane:
