@@ -635,7 +635,8 @@ def check_board(info: BoardInfo, role: str, model_bytes: int, total_bytes: int, 
     if rom_image > info.romfs:
         raise DoesNotFit(
             f"the {role} model's ROMFS image is {rom_image // 1024} KiB; the board's ROMFS partition holds "
-            f"{info.romfs // 1024} KiB", ": flash a MicroPython build with a bigger romfs partition, or a smaller model"
+            f"{info.romfs // 1024} KiB", ": flash a MicroPython build with a bigger romfs partition, use a board with "
+            "PSRAM (an ESP32-S3: its heap holds the model), or give a smaller model"
         )
     if not rom_image and model_bytes and model_bytes > info.mem_free:
         raise DoesNotFit(
