@@ -36,6 +36,31 @@ def test_stop_strings_end_the_text_before_the_first_one_and_hold_back_what_may_b
     assert s.showable("abc") == 3 and not StopStrings([""]) and StopStrings(["x"])
 
 
+@pytest.mark.parametrize("terminal", [True, False])
+def test_a_line_said_mid_text_at_a_terminal_comes_on_a_line_of_its_own(monkeypatch, terminal):
+    """A fail-over's line said while the text streams to the same terminal ran into the story ("there
+    wasspecmesh: ..."): the text's open line is ended first, on the terminal only; a text going to a file is left as
+    it is, and a line said after the text's end adds no blank line."""
+    from specmesh.host.cli.output import Printer
+
+    class Out(io.StringIO):
+        def isatty(self):
+            return terminal
+
+    said: list[str] = []
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    out = Out()
+    printer = Printer(out, color=False)
+    say = printer.own_line(said.append)
+    printer.show([("Once upon a time", False)])
+    say("drafter dropped")
+    printer.show([(", there", False)])
+    printer.end()
+    say("a board stopped answering")
+    assert out.getvalue() == ("Once upon a time\n, there\n" if terminal else "Once upon a time, there\n")
+    assert said == ["drafter dropped", "a board stopped answering"]
+
+
 def test_the_stream_holds_back_a_possible_stop_string_and_ends_before_a_whole_one():
     pieces = {1: b"a", 2: b"b", 3: b"c", 4: b"d"}
     buf = io.StringIO()

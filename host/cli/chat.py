@@ -177,6 +177,9 @@ def chat(a: argparse.Namespace, lines, out, echo: bool = True, typed: bool = Fal
 def _turns(mesh: Mesh, turns, opening: bool, out, echo: bool, typed: bool = False) -> int:
     """The chat on `mesh`: one lane for the whole session, and one gamma controller learning across turns."""
     config, tok = mesh.config, mesh.tok
+    printer = Printer(out, color=config.color)
+    if mesh.warn is not None:  # a fail-over's line mid-reply on a line of its own
+        mesh.warn = printer.own_line(mesh.warn)
     with mesh.lane() as lane:
         controller = gamma_controller(config, lane.drafter)
         context: list[int] = []
@@ -193,7 +196,6 @@ def _turns(mesh: Mesh, turns, opening: bool, out, echo: bool, typed: bool = Fals
                       "chat" % (len(context), mesh.context, len(new)), file=sys.stderr)
                 return 0
             context += new
-            printer = Printer(out, color=config.color)
             if echo or (i == 0 and opening):
                 printer.show([(line, False)])
             stalled = None

@@ -90,6 +90,7 @@ class Printer:
         if color is None:
             color = hasattr(self.out, "isatty") and self.out.isatty() and "NO_COLOR" not in os.environ
         self.color = color
+        self.midline = False  # text written since the last newline
 
     def show(self, segments: Segments) -> None:
         if segments:
@@ -98,10 +99,21 @@ class Printer:
     def end(self) -> None:
         self._write("\n")
 
+    def own_line(self, say: Callable[[str], None]) -> Callable[[str], None]:
+        """`say`, its line on a line of its own where the text and stderr share a terminal: a line said mid-text (a
+        fail-over's) ran into the story ("there wasspecmesh: ...") and the text went on after it. The text's open line
+        is ended first (on the terminal only: a text going to a file or a pipe is left as it is)."""
+        def said(line: str) -> None:
+            if self.midline and sys.stderr.isatty() and getattr(self.out, "isatty", lambda: False)():
+                self._write("\n")
+            say(line)
+        return said
+
     def _write(self, text: str) -> None:
         try:
             self.out.write(text)
             self.out.flush()
+            self.midline = not text.endswith("\n")
         except BrokenPipeError:
             raise
         except (OSError, UnicodeEncodeError) as e:

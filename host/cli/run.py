@@ -41,10 +41,10 @@ def run(a: argparse.Namespace | RunConfig, out=None) -> dict:
     stderr, as a fail-over is (the text is whole: the exit status stands)."""
     out = out if out is not None else sys.stdout
     config = a if isinstance(a, RunConfig) else check_args(a)
-    warn = say_on_stderr()
+    printer = Printer(out, color=config.color)
+    warn = printer.own_line(say_on_stderr())
     with Mesh.from_config(config, say=None if config.quiet else say_on_stderr(), warn=warn) as mesh:
         mesh.rejoins = False  # its one generation: no later one asks a board it dropped again
-        printer = Printer(out, color=config.color)
         printer.show([(config.prompt, False)])
         try:
             done = mesh.complete(mesh.encode(config.prompt), on_piece=lambda p: printer.show(p.segments))
