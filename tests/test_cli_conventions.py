@@ -155,3 +155,12 @@ def test_a_failure_while_working_says_error_as_a_usage_error_does(monkeypatch, c
     _fails(monkeypatch, where, error)
     assert cli.main(argv) == 1
     assert capsys.readouterr().err.splitlines()[-1] == "specmesh %s: error: it broke" % argv[0]
+
+
+@pytest.mark.parametrize("argv, usage", [(["help"], "usage: specmesh [-h]"), (["help", "run"], "usage: specmesh run "),
+                                         (["help", "chat"], "usage: specmesh chat ")])
+def test_help_as_a_command_is_the_help_flag(capsys, argv, usage):
+    """`specmesh help [COMMAND]` (git's and pip's spelling) was "invalid choice: 'help'": it is `--help`, status 0."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 0 and capsys.readouterr().out.startswith(usage)

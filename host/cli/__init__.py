@@ -479,6 +479,9 @@ def _streams_open() -> bool:
 
 
 def _main(argv: list[str] | None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["help"]:  # git's and pip's spelling: `specmesh help run` is `specmesh run --help`
+        argv = [*argv[1:2], "--help"]
     parser = argparse.ArgumentParser(prog="specmesh", description=DESCRIPTION)
     parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
