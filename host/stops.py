@@ -6,7 +6,7 @@ so every `with` and `finally` on the way out runs: boards stopped, temporary fol
 these signals ends the process at once, and `atexit` and TemporaryDirectory, which remove the virtual boards' folders,
 never run). A stop that arrives while the main thread forks with at-fork hooks is raised once it forked (held); one
 that came just before a read waiting for a person began (chat's prompt, `run --prompt -`) is raised within WAKE_S
-(awake)."""
+(awake). Once the command ran, all three are ignored while Python exits, its cleanup run whole (raising_stops)."""
 
 from __future__ import annotations
 
@@ -82,10 +82,11 @@ def raising_stops() -> Iterator[None]:
     """While inside, SIGTERM and SIGHUP raise Stopped in the main thread, and a Ctrl-C raises KeyboardInterrupt (again
     where host/quiet.py had made it a quiet exit), all of them (raise_stop) held while it forks (held); a signal
     the process inherited ignored (`nohup`) stays ignored. The handlers before are put back after (a caller in another
-    thread changes nothing: only the main thread may set them), but for quiet's exit: once the command ran, a Ctrl-C
-    is ignored, since what is left is Python's exit, whose cleanup (atexit: the virtual boards' stand-in folders
-    removed) an exception does not stop but breaks off, only reported ("Exception ignored in atexit callback" and a
-    traceback)."""
+    thread changes nothing: only the main thread may set them), but in a command's process (quiet's exit its Ctrl-C's
+    handler): once the command ran, a Ctrl-C is ignored, and so are SIGTERM and SIGHUP where their default was, since
+    what is left is Python's exit, whose cleanup (atexit: the virtual boards' stand-in folders removed) an exception
+    does not stop but breaks off, only reported ("Exception ignored in atexit callback" and a traceback), and which
+    the default ends at once, the folders left (an hour, until a later command's tempdirs.sweep)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -98,9 +99,10 @@ def raising_stops() -> Iterator[None]:
     try:
         yield
     finally:
+        command = before[signal.SIGINT] is exit_quietly  # (a caller's own process keeps its handlers, pytest's)
         for s, handler in before.items():
             if handler is not None:
-                signal.signal(s, signal.SIG_IGN if handler is exit_quietly else handler)
+                signal.signal(s, signal.SIG_IGN if command and handler in (exit_quietly, signal.SIG_DFL) else handler)
 
 
 def _wake(_signum: int, _frame) -> None:

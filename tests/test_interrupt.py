@@ -2,8 +2,8 @@
 SIGINT, SIGTERM or SIGKILL) at random instants of its first flash, of a re-flash (the drafter model changes
 every run, so its ROMFS image and the board config are rewritten) and of its generation, and the next
 `specmesh run` succeeds with no user action, without falling back to wiping the board's flash. A command stopped
-while its modules still import, before any board, ends as quietly; one that gets a Ctrl-C as it exits keeps its
-status, and says nothing."""
+while its modules still import, before any board, ends as quietly; one that gets a Ctrl-C, SIGTERM or SIGHUP as it
+exits keeps its status, and says nothing."""
 
 import json
 import os
@@ -356,29 +356,55 @@ def test_a_command_started_in_a_scripts_background_takes_a_ctrl_c_from_its_first
     assert not boards.exists()
 
 
-# sitecustomize.py for the command below: a Ctrl-C at its exit, as Python runs the exit's cleanup (atexit: the virtual
-# boards' folders removed, their VMs killed). Registered before the command's own, this one runs last; the signal is
-# the process's own, so its handler runs as the kill returns, inside the callback.
-CTRL_C_AT_EXIT = """
+# sitecustomize.py for the command below: a stop signal ($EXIT_SIGNAL) at its exit, as Python runs the exit's cleanup
+# (atexit: the virtual boards' folders removed, their VMs killed). Registered before the command's own, this one runs
+# last; the signal is the process's own, so its handler runs as the kill returns, inside the callback.
+STOP_AT_EXIT = """
 import atexit, os, signal
 
-atexit.register(os.kill, os.getpid(), signal.SIGINT)
+atexit.register(os.kill, os.getpid(), signal.Signals[os.environ["EXIT_SIGNAL"]])
 """
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 @pytest.mark.parametrize("entry", [_console_script(), [sys.executable, "-m", "specmesh.host.cli"]],
                          ids=["specmesh", "python -m specmesh.host.cli"])
-def test_a_ctrl_c_as_a_command_exits_leaves_its_status_and_no_traceback(tmp_path, entry):
+def test_a_stop_as_a_command_exits_leaves_its_status_and_no_traceback(tmp_path, entry, sig):
     """A Ctrl-C once the command ran, while Python runs its exit's cleanup (atexit), raised the quiet exit's
     SystemExit(130) inside that cleanup: Python only reported it, "Exception ignored in atexit callback" and a
-    traceback, the rest of that callback (a folder half removed) skipped. Now a Ctrl-C is ignored once the command
-    ran: its cleanup runs whole, and it ends with its own status and nothing said."""
-    (tmp_path / "sitecustomize.py").write_text(CTRL_C_AT_EXIT)
+    traceback, the rest of that callback (a folder half removed) skipped; SIGTERM or SIGHUP there ended the process at
+    once (their default, put back as the command returned), the status the signal's. Now all three are ignored once
+    the command ran: its cleanup runs whole, and it ends with its own status and nothing said."""
+    (tmp_path / "sitecustomize.py").write_text(STOP_AT_EXIT)
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
     done = subprocess.run(entry + ["keygen", "--key-file", "key"], cwd=tmp_path, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=path), timeout=60)
+                          env=dict(os.environ, PYTHONPATH=path, EXIT_SIGNAL=sig.name), timeout=60)
     assert (done.returncode, done.stderr) == (0, "")
     assert (tmp_path / "key").is_file()
+
+
+# a command's process from its first import (host/quiet.py) to its return (stoppable) with a folder for its exit to
+# remove, as a virtual board's stand-in modules' (tempdirs.made); then `kill` before Python's exit removed it
+KILLED_AS_IT_EXITS = """
+import os, signal, sys
+from specmesh.host import quiet
+quiet.quiet_until_it_runs(["specmesh", "run"])
+from specmesh.host import stops, tempdirs
+tempdirs.made("vboard")
+status = stops.stoppable("specmesh run", lambda: 0)
+os.kill(os.getpid(), signal.Signals[sys.argv[1]])
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_sigterm_or_sighup_as_a_command_exits_leaves_no_temporary_folder(tmp_path, sig):
+    """SIGTERM or SIGHUP once the command returned, before Python's exit removed the virtual boards' stand-in folder
+    (atexit), ended the process at once: the folder was left (for an hour: tempdirs.sweep spares a younger one). Now
+    the exit runs whole: the folder removed, the command's status."""
+    done = subprocess.run([sys.executable, "-c", KILLED_AS_IT_EXITS, sig.name], cwd=ROOT, capture_output=True,
+                          text=True, env=dict(os.environ, TMPDIR=str(tmp_path)), timeout=60)
+    assert (done.returncode, done.stderr, list(tmp_path.iterdir())) == (0, "", [])
 
 
 def test_a_flash_stopped_mid_copy_leaves_the_board_at_its_friendly_repl(virtual_board, models):
