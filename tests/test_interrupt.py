@@ -58,6 +58,10 @@ def _command(models):
 def test_runs_interrupted_at_random_instants_leave_boards_the_next_run_uses(model_dirs, tmp_path, monkeypatch):
     vboards = tmp_path / "vboards"
     monkeypatch.setenv("SPECMESH_VBOARDS", str(vboards))
+    # the runs' temporary folders in the test's own: a SIGKILLed run cannot remove its (host/tempdirs.py), and they
+    # were left in the system's, each flash's and stand-in modules' folder, for an hour
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     rng = random.Random(25)
     instants = []
     runs = 0
