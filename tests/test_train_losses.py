@@ -7,17 +7,19 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="no PyTorch (the gpu extra): `make test-torch` runs these")
 
+from specmesh.host.layout import MODELS
 from specmesh.tools.export import export_model
 from specmesh.tools.modeldefs import ModelArgs, Transformer
 from specmesh.tools.train import distil_loss, initial_weights, loss_terms, qhat, text_windows
 
 pytestmark = [pytest.mark.torch]
+HELDOUT = MODELS / "heldout.txt"
 
 
 def test_loss_terms_parse_weights_and_refuse_unknown_terms():
     assert loss_terms("kl") == {"kl": 1.0}
     assert loss_terms("kl:0.5,tv:1,greedy:2") == {"kl": 0.5, "tv": 1.0, "greedy": 2.0}
-    for bad in ("ce", "kl:x"):
+    for bad in ("ce", "kl:x", "kl:-1", "tv:nan", "greedy:inf"):  # a negative weight trained away from the target
         with pytest.raises(argparse.ArgumentTypeError):
             loss_terms(bad)
 
@@ -55,6 +57,18 @@ def test_text_windows_are_slices_of_the_paragraphs_laid_end_to_end():
         assert any(stream[i:i + 5] == w for i in range(len(stream) - 4))
 
 
+def test_a_pool_of_text_share_1_is_all_windows_of_the_paragraphs():
+    """--text-share 1 left the target no row to sample: torch's reshape error at the first step."""
+    from specmesh.tools.train import target_pool
+
+    paras = [[1] + list(range(4, 30)), [1] + list(range(5, 25))]
+    a = argparse.Namespace(seed=0, pool=3, text_share=1.0, seq=8, temps=(1.0,))
+    pool, lp = target_pool(tiny(), a, 0, paras)
+    stream = [t for p in paras for t in p]
+    assert pool.shape == (3, 9) and lp.shape == (3, 8, 40)
+    assert all(any(stream[i:i + 9] == w for i in range(len(stream) - 8)) for w in pool.tolist())
+
+
 def test_a_model_file_starts_a_phase_with_its_dequantized_weights(tmp_path):
     m = tiny()
     export_model(m, tmp_path / "m.spm", tokenizer_id=1)
@@ -89,15 +103,23 @@ def test_a_layer_subset_is_the_deeper_models_layers_in_order_and_the_trainer_ref
     (["--seq", "300"], "--seq must be in 1..256, not 300"),  # past the shape's RoPE table
     (["--text-share", "2"], "--text-share must be in 0..1, not 2"),  # a tensor of negative size
     (["--temps", "1,-1"], "--temps must be at least 0, not -1"),
+    (["--lr", "-1"], "--lr must be a number above 0, not -1"),  # the optimizer's traceback
+    (["--lr", "nan"], "--lr must be a number above 0, not nan"),
+    (["--seed", str(2 ** 64)], "--seed must be in 0..4294967295, not %d" % 2 ** 64),  # torch's overflow, a traceback
+    (["--openings", str(HELDOUT), "--seq", "40"],  # a row's opening longer than the row: torch's size error
+     "--seq must be in 48..256 (with --openings: a row opens with up to 48 tokens), not 40"),
+    (["--text-share", "0.5"], "--text-share needs --openings: the paragraphs its windows are cut from"),  # ignored
     (["--shape", "t64l4", "--init-layers", "0,1,2,9"], "--init-layers must be in 0..4 (the target's layers), not 9"),
     (["--init-layers", "0,1"], "--init-layers needs a --shape of the target's layer shape (dim 64, 8 heads, 4 kv heads, "
                                "hidden 172), not d40l2kv1"),
 ])
-def test_the_trainer_refuses_a_flag_no_run_can_use_in_one_line_before_the_target_loads(tmp_path, capsys, flags, says):
-    from specmesh.tools.train import main
+def test_the_trainer_refuses_a_flag_no_run_can_use_in_one_line_before_the_target_loads(tmp_path, capsys, monkeypatch,
+                                                                                       flags, says):
+    from specmesh.tools import train
 
+    monkeypatch.setattr(train, "train", lambda a: pytest.fail("trained"))
     shape = [] if "--shape" in flags else ["--shape", "d40l2kv1"]
-    assert main(shape + ["--out", str(tmp_path / "ck")] + flags) == 2
+    assert train.main(shape + ["--out", str(tmp_path / "ck")] + flags) == 2
     assert capsys.readouterr().err == "train: %s\n" % says
     assert not (tmp_path / "ck").exists()
 

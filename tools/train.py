@@ -45,7 +45,7 @@ from tqdm import tqdm
 from specmesh.host import atomic
 from specmesh.host.backends.modelio import check_model_file
 from specmesh.host.cli.flags import a_path
-from specmesh.host.cli.ranges import RangeError, in_range
+from specmesh.host.cli.ranges import SEED, RangeError, in_range, shown
 from specmesh.host.decode.tokenizer import Tokenizer
 from specmesh.host.layout import MODELS, TARGET_FILE
 from specmesh.tools.heldout import PROMPT_TOKENS, heldout_stories
@@ -95,9 +95,10 @@ def target_pool(teacher: Transformer, a, pool_id: int, openings: list[list[int]]
         cut = torch.randint(MIN_OPENING, MAX_OPENING + 1, (a.pool,), generator=g).tolist()
         rows = [openings[i][:1 + c] for i, c in zip(pick, cut)]
     n_text = int(a.pool * a.text_share) if openings else 0
-    pool = teacher.sample(a.pool - n_text, a.seq, g, a.temps, rows[n_text:] if rows else None)
-    if n_text:
-        pool = torch.cat([text_windows(openings, n_text, a.seq, g), pool])
+    # --text-share 1: every row is the paragraphs' (the target sampling no row was torch's reshape error)
+    sampled = [teacher.sample(a.pool - n_text, a.seq, g, a.temps, rows[n_text:] if rows else None)] \
+        if n_text < a.pool else []
+    pool = torch.cat(([text_windows(openings, n_text, a.seq, g)] if n_text else []) + sampled)
     lp = torch.cat([torch.log_softmax(teacher(pool[i:i + 64, :-1]), -1).half() for i in range(0, a.pool, 64)])
     return pool, lp
 
@@ -135,6 +136,9 @@ def loss_terms(spec: str) -> dict[str, float]:
             terms[name] = float(w) if w else 1.0
         except ValueError:
             raise argparse.ArgumentTypeError("loss weight %r is not a number" % w) from None
+        if not 0 <= terms[name] < math.inf:  # a negative weight trained the drafter away from the target; nan, inf
+            raise argparse.ArgumentTypeError("loss weight %r must be a number of at least 0 (e.g. kl:1,tv:1,greedy:0.5)"
+                                             % w)  # made every loss nan
     return terms
 
 
@@ -360,8 +364,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def checked(a: argparse.Namespace) -> None:
     """RangeError for a flag no run can use (a zero batch, pool, refresh or eval period; a --seq past the shape's
-    context; a layer the target lacks), ValueError for a --heldout or --openings text that is not UTF-8 or holds no
-    story: said before the target loads, not as torch's error or a division by zero once it has."""
+    context or too short for --openings; a learning rate not above 0; a seed past 32 bits; a layer the target lacks),
+    ValueError for a --heldout or --openings text that is not UTF-8 or holds no story: said before the target loads,
+    not as torch's error or a division by zero once it has."""
     cfg = DRAFTERS[a.shape]
     for flag, value, lo, hi in (("--batch", a.batch, 1, None), ("--pool", a.pool, 1, None),
                                 ("--refresh", a.refresh, 1, None), ("--eval-every", a.eval_every, 1, None),
@@ -373,6 +378,14 @@ def checked(a: argparse.Namespace) -> None:
         in_range(flag, value, lo, hi)
     for t in a.temps:
         in_range("--temps", t, 0)
+    in_range("--seed", a.seed, *SEED)  # torch's generators take 64 bits: a larger one was its overflow's traceback
+    if not 0 < a.lr < math.inf:  # was the optimizer's traceback
+        raise RangeError("--lr must be a number above 0, not %s" % shown(a.lr))
+    if a.openings:  # a row opens with up to MAX_OPENING tokens after BOS: a shorter --seq was torch's size error
+        in_range("--seq", a.seq, MAX_OPENING, cfg.max_seq, note="with --openings: a row opens with up to %d tokens"
+                 % MAX_OPENING)
+    elif a.text_share:  # trained on no paragraph, unsaid
+        raise RangeError("--text-share needs --openings: the paragraphs its windows are cut from")
     for flag, text in (("--heldout", a.heldout), ("--openings", a.openings)):
         if text is not None and not heldout_stories(text):
             raise ValueError("%s %s holds no story (paragraphs separated by blank lines)" % (flag, text))
