@@ -196,7 +196,19 @@ def test_fuzz_json_is_written_the_unix_way_and_a_bad_path_is_one_line_before_fuz
     assert stat.S_ISFIFO(fifo.stat().st_mode)
 
 
-@pytest.mark.parametrize("flag", ["--frames", "--node-frames"])
+def test_a_failed_fuzz_says_why_in_one_line(monkeypatch, capsys):
+    """A heap drift over --max-drift, with no crash or hang, was status 1 and no word of why."""
+    from specmesh.tools import fuzz
+
+    real = fuzz.fuzz_cpython
+    monkeypatch.setattr(fuzz, "fuzz_cpython", lambda n, seed: real(n, seed) | {"heap_drift_bytes": 5000})
+    assert fuzz.main(["--frames", "10", "--node-frames", "0"]) == 1
+    assert capsys.readouterr().err == "fuzz: failed: CPython decoders: heap drift 5000 B over --max-drift 4096\n"
+    assert fuzz.main(["--frames", "10", "--node-frames", "0", "--max-drift", "5000"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("flag", ["--frames", "--node-frames", "--max-drift"])
 def test_a_negative_count_is_refused_not_a_vacuous_pass(flag, capsys):
     from specmesh.tools import fuzz
 

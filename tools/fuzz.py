@@ -24,7 +24,8 @@ signed.
   ran out of memory on without refusing it with a reason (its console line "out of memory reading a frame").
 
 Exit status 1 if anything crashed, hung or ran out of memory unanswered, or the drift exceeds --max-drift bytes
-on either runtime. `make fuzz FRAMES=N NODE_FRAMES=M SEED=S` passes the counts through.
+on either runtime, with a line on stderr saying which. `make fuzz FRAMES=N NODE_FRAMES=M SEED=S` passes the counts
+through.
 """
 
 from __future__ import annotations
@@ -226,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # a negative count fuzzed nothing and passed
         in_range("--frames", a.frames, 0)
         in_range("--node-frames", a.node_frames, 0, note="0: the node is not fuzzed")
+        in_range("--max-drift", a.max_drift, 0)  # a negative one failed every run, saying nothing
     except RangeError as e:
         print("fuzz: %s" % e, file=sys.stderr)
         return 2
@@ -254,9 +256,25 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:
             print("fuzz: cannot write %s: %s" % (a.json, e.strerror), file=sys.stderr)
             return 1
-    bad = any(p["crashes"] or p["hangs"] or p.get("memory_unanswered") or p["heap_drift_bytes"] > a.max_drift
-              for p in res.values())
-    return 1 if bad else 0
+    failed = ["%s: %s" % (RUNTIMES[k], ", ".join(why)) for k, part in res.items()
+              if (why := failures(part, a.max_drift))]
+    if failed:  # the summaries give figures, not verdicts: status 1 was unexplained where only the drift was over
+        print("fuzz: failed: %s" % "; ".join(failed), file=sys.stderr)
+    return 1 if failed else 0
+
+
+RUNTIMES = {"cpython": "CPython decoders", "micropython_node": "MicroPython node"}  # a report's parts, as said
+
+
+def failures(part: dict, max_drift: int) -> list[str]:
+    """What fails one runtime's report (the exit status 1), each as said: crashes, hangs, frames the node ran out of
+    memory on unanswered, a heap drift over --max-drift."""
+    why = ["%d %s" % (part[k], k) for k in ("crashes", "hangs") if part[k]]
+    if part.get("memory_unanswered"):
+        why.append("%d out-of-memory unanswered" % part["memory_unanswered"])
+    if part["heap_drift_bytes"] > max_drift:
+        why.append("heap drift %d B over --max-drift %d" % (part["heap_drift_bytes"], max_drift))
+    return why
 
 
 if __name__ == "__main__":
