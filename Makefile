@@ -213,6 +213,19 @@ rv32-firmware: $(MPY_SRC)/LICENSE
 	cp $(RV32_PORT)/build-SPECMESH_RV32/firmware.elf $(RV32_ELF)
 	sha256sum $(RV32_ELF)
 
+# Debian packages installed where dpkg lacks one (with sudo where not root), `$(call apt_install,TARGET,PACKAGES)`.
+# Without apt-get (another system) it names them and goes on: the build says which tool it lacks, and one installed
+# under another system's packages is used (the shell's "apt-get: not found" stopped it); not root without sudo, or
+# apt-get failing (a package its sources lack), is one line naming them after apt's own.
+apt_install = @dpkg -s $(2) >/dev/null 2>&1 || { \
+	command -v apt-get >/dev/null || { echo "make $(1): apt-get not found: install $(2) (Debian's names) or your \
+	system's packages of the same tools"; exit 0; }; \
+	SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	[ -z "$$SUDO" ] || command -v sudo >/dev/null || { echo "make $(1): not root and sudo not found: as root, apt-get \
+	install $(2)"; exit 1; }; \
+	$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends $(2) || { echo "make $(1): \
+	apt-get could not install $(2): install them, then run make again"; exit 1; }; }
+
 # CI: the shipped ELF is what its sources build.
 rv32-check: rv32-deps
 	@mkdir -p build
@@ -223,9 +236,7 @@ rv32-check: rv32-deps
 # What the RV32 boards need on Debian (README: With boards): QEMU, and the toolchain that rebuilds the firmware.
 RV32_DEBS := gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf qemu-system-misc
 rv32-deps:
-	@dpkg -s $(RV32_DEBS) >/dev/null 2>&1 || { \
-		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends $(RV32_DEBS); }
+	$(call apt_install,rv32-deps,$(RV32_DEBS))
 
 # The suite on virtual ESP32-C3 boards under QEMU (the tests marked rv32; `make test` skips them, saying so):
 # the firmware rebuilt bit for bit, the HIL suite with native and viper kernels, a 5-stage pipeline of C3s.
@@ -263,9 +274,7 @@ xtensa-check: xtensa-deps
 # headers only).
 XTENSA_DEBS := clang-22 llvm-22 binutils-xtensa-lx106 picolibc-riscv64-unknown-elf qemu-system-misc
 xtensa-deps:
-	@dpkg -s $(XTENSA_DEBS) >/dev/null 2>&1 || { \
-		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends $(XTENSA_DEBS); }
+	$(call apt_install,xtensa-deps,$(XTENSA_DEBS))
 
 # The suite on virtual ESP32 / ESP32-S3 boards under QEMU (the tests marked xtensa; `make test` skips them, saying
 # so): the firmware rebuilt bit for bit, the HIL suite with native and viper kernels, the node's own tests there.

@@ -3,8 +3,9 @@ with a Python that is missing, older than 3.11 or without ensurepip says so in o
 .venv it cannot use (made by an older Python, stopped by a Ctrl-C before pip was in, or in a checkout since moved)
 is made anew; each runs make on a copy of the Makefile with PIP=false or PIP=true, so nothing is installed. `make
 native` and `make xtensa-firmware` run in a checkout whose path has a space; they and the RV32 build, without their
-compilers, say in one line what to install, as `make xtensa-mpy-tests` does without QEMU, and `make bench` names a
-missing tool of make native's and benches on; `make native-check` outside a git clone says so."""
+compilers, say in one line what to install, as `make xtensa-mpy-tests` does without QEMU and `make rv32-deps` where
+apt-get cannot install its packages, and `make bench` names a missing tool of make native's and benches on; `make
+native-check` outside a git clone says so."""
 
 import os
 import re
@@ -166,6 +167,34 @@ def test_a_build_without_its_toolchain_is_one_line_naming_the_packages(tmp_path,
                                                                                PATH=str(nothing)))
     assert done.returncode != 0 and re.fullmatch(r"make %s: \S+ not found: apt-get install %s\n" % (target, packages),
                                                  done.stdout), done.stdout + done.stderr
+
+
+RV32_DEBS = "gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf qemu-system-misc"
+
+
+@pytest.mark.parametrize("uid, tools, status, line", [
+    # another system: "/bin/sh: apt-get: not found", status 127; now it goes on, the build naming a tool it lacks
+    ("0", {}, 0, "make rv32-deps: apt-get not found: install %s (Debian's names) or your system's packages of the "
+                 "same tools" % RV32_DEBS),
+    ("1000", {"apt-get": "exit 0"}, 2, "make rv32-deps: not root and sudo not found: as root, apt-get install %s"
+                                       % RV32_DEBS),  # was "sudo: not found"
+    ("0", {"apt-get": 'case "$*" in *install*) echo "E: Unable to locate package qemu-system-misc"; exit 100;; esac'},
+     2, "make rv32-deps: apt-get could not install %s: install them, then run make again" % RV32_DEBS),
+])
+def test_a_toolchain_apt_get_cannot_install_is_one_line_naming_the_packages(tmp_path, uid, tools, status, line):
+    """make rv32-check and xtensa-check install their Debian packages first (rv32-deps, xtensa-deps): where apt-get
+    could not, the last line said only what the shell or apt said."""
+    folder = tmp_path / "c"
+    folder.mkdir()
+    shutil.copy(ROOT / "Makefile", folder)
+    bin_ = tmp_path / "bin"  # dpkg lacking the packages, and apt-get (or none), id and nothing else
+    bin_.mkdir()
+    for name, text in {"dpkg": "exit 1", "id": "echo %s" % uid, **tools}.items():
+        (bin_ / name).write_text("#!/bin/sh\n%s\n" % text)
+        (bin_ / name).chmod(0o755)
+    done = subprocess.run([shutil.which("make"), "--no-print-directory", "rv32-deps"], cwd=folder, capture_output=True,
+                          text=True, timeout=60, env=dict(ALONE, PATH=str(bin_)))
+    assert done.returncode == status and done.stdout.splitlines()[-1] == line, done.stdout + done.stderr
 
 
 def test_make_bench_without_one_of_make_natives_tools_names_it_and_benches(tmp_path):
