@@ -48,6 +48,29 @@ def test_a_tools_usage_names_the_command_a_user_types(name):
     assert done.stdout.startswith("usage: python -m specmesh.tools.%s " % name), done.stdout.splitlines()[:1]
 
 
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # run as __main__ where tests imported it
+@pytest.mark.parametrize("name", COMMANDS)
+def test_a_tools_help_says_what_every_flag_is(name, monkeypatch):
+    """--help listed flags with no word of what they take (export's --model and --out, modelcard's --prompts and --new,
+    train's --lr, --seed and --steps, fuzz's --seed, ...): each now has its line."""
+    import argparse
+    import runpy
+
+    if name in NEEDS_TORCH:
+        pytest.importorskip("torch", reason="%s needs PyTorch: without it, it says how to install it" % name)
+
+    class Parsed(Exception):
+        pass
+
+    def parse_args(self, *args, **kwargs):  # the parser main() built, before it runs anything
+        raise Parsed(self)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_args)
+    with pytest.raises(Parsed) as got:
+        runpy.run_module("specmesh.tools." + name, run_name="__main__")  # as `python -m` runs it
+    assert [a.option_strings or a.dest for a in got.value.args[0]._actions if not a.help] == []
+
+
 class _Board:
     """A virtual board that starts and stops at once (the tools' mpremote run is what fails here)."""
     port = "/dev/null"

@@ -154,8 +154,12 @@ def _check_out(out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.export", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", action="append", required=True, metavar="NAME=CHECKPOINT")
-    ap.add_argument("--out", type=a_path, default=MODELS)  # the package's, wherever it is run from
+    ap.add_argument("--model", action="append", required=True, metavar="NAME=CHECKPOINT",
+                    help="a checkpoint to export as NAME.spm in --out: a .pt of tools/train.py or a llama2.c .bin "
+                         "(repeatable)")
+    ap.add_argument("--out", type=a_path, default=MODELS,  # the package's, wherever it is run from
+                    help="a models folder: its vocab.bin, tokenizer.bin and heldout.txt are read, the models and "
+                         "reference.npz written there (default: the shipped models/)")
     a = ap.parse_args(argv)
     try:
         _check_out(a.out)

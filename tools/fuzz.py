@@ -218,10 +218,13 @@ def _settled_heap(node, begin: bytes) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.fuzz", description=__doc__.splitlines()[0])
-    ap.add_argument("--frames", type=int, default=1_000_000, help="inputs through the CPython decoders")
-    ap.add_argument("--node-frames", type=int, default=10_000, help="inputs through the MicroPython node")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-drift", type=int, default=4096, help="heap drift that counts as a failure (bytes)")
+    ap.add_argument("--frames", type=int, default=1_000_000,
+                    help="inputs through the CPython decoders (default: %(default)s)")
+    ap.add_argument("--node-frames", type=int, default=10_000,
+                    help="inputs through the MicroPython node; 0: the node is not fuzzed (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the inputs (default: %(default)s)")
+    ap.add_argument("--max-drift", type=int, default=4096,
+                    help="heap drift over this many bytes is a failure (default: %(default)s)")
     ap.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     a = ap.parse_args(argv)
     try:  # a negative count fuzzed nothing and passed

@@ -45,6 +45,7 @@ from specmesh.tools.heldout import (
 from specmesh.shared.modelfile import ModelFileError, tensor_layout
 
 GAMMA = 4
+D = " (default: %(default)s)"
 def n_params(h) -> int:
     """Parameters of a model file (vectors are 1-row entries of the layout)."""
     return sum(r * c for _n, kind, r, c in tensor_layout(h))
@@ -141,11 +142,13 @@ def measure(a) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.modelcard", description=__doc__.splitlines()[0])
-    ap.add_argument("--models", type=a_path, default=MODELS)  # the package's, wherever it is run from
-    ap.add_argument("--prompts", type=int, default=64)
-    ap.add_argument("--new", type=int, default=96)
+    ap.add_argument("--models", type=a_path, default=MODELS,  # the package's, wherever it is run from
+                    help="the models folder measured (default: the shipped models/)")
+    ap.add_argument("--prompts", type=int, default=64,
+                    help="acceptance prompts: the first N of each held-out set" + D)
+    ap.add_argument("--new", type=int, default=96, help="tokens generated after each prompt" + D)
     ap.add_argument("--variants", type=a_path, nargs="*", default=[], help="drafter checkpoint folders to compare")
-    ap.add_argument("--json", type=a_path, default=Path("runs/modelcard.json"))
+    ap.add_argument("--json", type=a_path, default=Path("runs/modelcard.json"), help="the figures' file" + D)
     a = ap.parse_args(argv)
     try:  # no prompts or no new tokens measure nothing: a division by zero after minutes of measuring
         in_range("--prompts", a.prompts, 1)

@@ -211,10 +211,15 @@ def build(text: Path, drafters: Sequence[Path | None], workers: int, sampled: in
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.ngram", description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafter", type=a_path, action="append",
-                    help="a drafter model file; its table is written beside it (default: %s, and the target's table)"
+                    help="a drafter model file, its table written beside it; repeatable (default: %s, and the target's "
+                         "table)"
                     % ", ".join(DRAFTERS))
-    ap.add_argument("--text", type=a_path, default=MODELS / "tinystories_train_head.txt")
-    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--text", type=a_path, default=MODELS / "tinystories_train_head.txt",
+                    help="paragraphs (blank-line separated) whose openings the target continues (default: "
+                         "models/tinystories_train_head.txt)")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                    help="processes running the models, up to twice this machine's CPUs (default: its CPUs, "
+                         "%(default)s)")
     a = ap.parse_args(argv)
     drafters: list[Path | None] = a.drafter or [*(MODELS / d for d in DRAFTERS), None]
     try:

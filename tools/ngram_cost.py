@@ -108,9 +108,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     from specmesh.host.backends import load_ngram_table
 
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.ngram_cost", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--set", choices=PROMPT_SETS, default=PROMPT_SETS[0], help="held-out prompts (default: tuning)")
-    ap.add_argument("--prompts", type=int, default=64)
-    ap.add_argument("--model", type=Path, default=MODELS / "drafter-esp32.spm", help="the drafter beside its table")
+    ap.add_argument("--set", choices=PROMPT_SETS, default=PROMPT_SETS[0],
+                    help="held-out prompts (default: tinystories, the tuning set)")
+    ap.add_argument("--prompts", type=int, default=64, help="the first N prompts of the set (default: %(default)s)")
+    ap.add_argument("--model", type=Path, default=MODELS / "drafter-esp32.spm",
+                    help="the drafter beside its table (default: models/drafter-esp32.spm)")
     a = ap.parse_args(argv)
     try:  # no prompt measures nothing (a division by zero after the virtual boards ran), a negative one fewer prompts
         in_range("--prompts", a.prompts, 1)
