@@ -179,6 +179,7 @@ def test_bad_inputs_give_one_line_errors(tmp_path, capsys):
         rc = imp.main([str(tmp_path / args[0]), "--out", str(tmp_path / "o.spm")])
         err = capsys.readouterr().err
         assert rc == 1 and msg in err and err.count("\n") == 1, err
+        assert err.startswith("llama2c_import: %s: " % (tmp_path / args[0])), err  # which file is not one: was unsaid
     (tmp_path / "ok.bin").write_bytes(good)
     for out, msg in (("none/o.spm", "folder %s does not exist" % (tmp_path / "none")),
                      ("short.bin/o.spm", "is a file, not a folder"), (".", "it is a folder")):
@@ -201,8 +202,8 @@ def test_a_checkpoint_too_large_for_a_model_file_is_one_line_and_writes_nothing(
     before = sorted(tmp_path.iterdir())
     rc = imp.main([str(tmp_path / "big.bin"), "--tokenizer", str(tmp_path / "tok.bin"), "--out", str(tmp_path / "o.spm")])
     err = capsys.readouterr().err
-    assert rc == 1 and err == "llama2c_import: a specmesh model file holds sizes up to 65535, this checkpoint has " \
-        "max_seq 70000\n", err
+    assert rc == 1 and err == "llama2c_import: %s: a specmesh model file holds sizes up to 65535, this checkpoint " \
+        "has max_seq 70000\n" % (tmp_path / "big.bin"), err
     assert sorted(tmp_path.iterdir()) == before
 
 

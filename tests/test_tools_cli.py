@@ -156,11 +156,13 @@ def test_a_missing_file_is_named_without_pythons_errno_form(tmp_path, argv, miss
 
 @pytest.mark.parametrize("argv", [
     ["export", "--model", "x=y.pt", "--out"], ["ngram", "--drafter"], ["ngram", "--text"], ["modelcard", "--models"],
-    ["modelcard", "--variants"], ["modelcard", "--json"],
+    ["modelcard", "--variants"], ["modelcard", "--json"], ["ngram_cost", "--model"], ["xtensa_loops", "--kernels"],
+    ["llama2c_import", "m.bin", "--out"], ["llama2c_import", "m.bin", "--out", "m.spm", "--tokenizer"],
+    ["llama2c_import", "m.bin", "--out", "m.spm", "--tokenizer", "t.bin", "--vocab-out"],
     *(["train", "--shape", "d40l2kv1", "--out", "ck", flag] for flag in ("--teacher", "--tokenizer", "--heldout",
                                                                           "--openings", "--init")),
 ])
-def test_an_empty_path_given_to_the_training_chains_tools_is_refused(argv, tmp_path):
+def test_an_empty_path_given_to_a_tool_is_refused(argv, tmp_path):
     """An empty path (an unset shell variable's `--out "$DIR"`) was read as the current folder: export said "--out . has
     no vocab.bin ...", ngram and train ".: Is a directory" (train once it had made its --out), modelcard "--json .
     cannot be written: it is a folder" or "--variants: no summary.json"; each now says the flag is empty, as the

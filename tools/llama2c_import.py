@@ -22,6 +22,7 @@ import numpy as np
 
 from specmesh.tools import run_tool, said
 from specmesh.host import atomic
+from specmesh.host.cli.flags import a_path
 from specmesh.host.backends.modelio import MAX_BODY, MAX_FIELD, write_model
 from specmesh.host.decode.tokenizer import TokenizerError, byte_pieces, pack_vocab, read_llama2c_tokenizer, vocab_id
 from specmesh.shared.modelfile import FLAG_SHARED_CLS, Header, ModelFileError, body_size
@@ -159,10 +160,10 @@ def convert(checkpoint: Path, tokenizer: Path | None, out: Path, vocab_out: Path
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.llama2c_import", description=__doc__.splitlines()[0])
-    ap.add_argument("checkpoint", type=Path, help="llama2.c .bin (version 0, 1 or 2)")
-    ap.add_argument("--tokenizer", type=Path, help="llama2.c tokenizer.bin for this model")
-    ap.add_argument("--out", type=Path, required=True, help="specmesh model file to write")
-    ap.add_argument("--vocab-out", type=Path, help="vocab table (default: <out>.vocab.bin)")
+    ap.add_argument("checkpoint", type=a_path, help="llama2.c .bin (version 0, 1 or 2)")
+    ap.add_argument("--tokenizer", type=a_path, help="llama2.c tokenizer.bin for this model")
+    ap.add_argument("--out", type=a_path, required=True, help="specmesh model file to write")
+    ap.add_argument("--vocab-out", type=a_path, help="vocab table (default: <out>.vocab.bin)")
     a = ap.parse_args(argv)
     outs = [a.out] + ([a.vocab_out or a.out.with_suffix(".vocab.bin")] if a.tokenizer else [])
     reads = [("the checkpoint", a.checkpoint)] + ([("--tokenizer", a.tokenizer)] if a.tokenizer else [])
@@ -178,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     try:
         h = convert(a.checkpoint, a.tokenizer, a.out, a.vocab_out)
-    except (ImportError_, TokenizerError, ModelFileError, OSError, ValueError) as e:
+    except ImportError_ as e:  # its message names no file
+        print("llama2c_import: %s: %s" % (a.checkpoint, e), file=sys.stderr)
+        return 1
+    except (TokenizerError, ModelFileError, OSError, ValueError) as e:
         print("llama2c_import: %s" % said(e), file=sys.stderr)
         return 1
     print("llama2c_import: %s: dim %d, %d layers, vocab %d, %d bytes"

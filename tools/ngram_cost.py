@@ -21,6 +21,7 @@ from pathlib import Path
 
 from specmesh.tools import last_line, run_tool
 from specmesh.host import tempdirs
+from specmesh.host.cli.flags import a_path
 from specmesh.host.cli.ranges import RangeError, in_range
 from specmesh.host.layout import MODELS, ROOT, TARGET_FILE, ngram_table
 from specmesh.tools.heldout import PROMPT_SETS, prompt_set
@@ -111,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--set", choices=PROMPT_SETS, default=PROMPT_SETS[0],
                     help="held-out prompts (default: tinystories, the tuning set)")
     ap.add_argument("--prompts", type=int, default=64, help="the first N prompts of the set (default: %(default)s)")
-    ap.add_argument("--model", type=Path, default=MODELS / "drafter-esp32.spm",
+    ap.add_argument("--model", type=a_path, default=MODELS / "drafter-esp32.spm",
                     help="the drafter beside its table (default: models/drafter-esp32.spm)")
     a = ap.parse_args(argv)
     try:  # no prompt measures nothing (a division by zero after the virtual boards ran), a negative one fewer prompts

@@ -27,6 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from specmesh.host.cli.flags import a_path
 from specmesh.tools import run_tool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,7 +160,7 @@ def matmul_per_mac(found: dict[str, list[Loop]]) -> dict[int, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.xtensa_loops", description=__doc__.splitlines()[0])
-    ap.add_argument("--kernels", type=Path, default=ROOT / "firmware" / "kernels.py",
+    ap.add_argument("--kernels", type=a_path, default=ROOT / "firmware" / "kernels.py",
                     help="the viper kernels' source (default: firmware/kernels.py)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     a = ap.parse_args(argv)
