@@ -176,6 +176,24 @@ def test_a_text_with_no_story_or_not_utf8_is_one_line_before_the_target_loads(tm
     assert not (tmp_path / "ck").exists()
 
 
+@pytest.mark.parametrize("text, flags, says", [
+    ("Hi.\n\nHi.\n", [], "holds no paragraph of more than 4 tokens: give longer paragraphs"),  # ignored, unsaid
+    ("Once upon a time there was a cat. It liked to nap in the sun.\n", ["--text-share", "0.5", "--seq", "64"],
+     "holds 24 tokens in its paragraphs, --text-share's windows of --seq 64 take at least 66: give more text"),
+])
+def test_openings_too_short_to_use_are_one_line_before_the_target_loads(tmp_path, capsys, monkeypatch, text, flags,
+                                                                        says):
+    """Paragraphs of 4 tokens or fewer trained without openings, unsaid; too few tokens for --text-share's windows was
+    torch's error in the first pool, once the target had loaded."""
+    from specmesh.tools import train
+
+    monkeypatch.setattr(train, "train", lambda a: pytest.fail("trained"))
+    (tmp_path / "o.txt").write_text(text)
+    assert train.main(["--shape", "d40l2kv1", "--out", str(tmp_path / "ck"), "--openings", str(tmp_path / "o.txt")]
+                      + flags) == 1
+    assert capsys.readouterr().err == "train: --openings %s %s\n" % (tmp_path / "o.txt", says)
+
+
 SMALL_RUN = ["--steps", "1", "--val-stories", "1", "--val-new", "2", "--pool", "2", "--batch", "1", "--seq", "8"]
 
 

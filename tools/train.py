@@ -379,8 +379,9 @@ def main(argv: list[str] | None = None) -> int:
 def checked(a: argparse.Namespace) -> None:
     """RangeError for a flag no run can use (a zero batch, pool, refresh or eval period; a --seq past the shape's
     context or too short for --openings; a learning rate not above 0; a seed past 32 bits; a layer the target lacks),
-    ValueError for a --heldout or --openings text that is not UTF-8 or holds no story: said before the target loads,
-    not as torch's error or a division by zero once it has."""
+    ValueError for a --heldout or --openings text that is not UTF-8 or holds no story (--openings: no paragraph long
+    enough to open a row, or too little text for --text-share's windows): said before the target loads, not as
+    torch's error or a division by zero once it has."""
     cfg = DRAFTERS[a.shape]
     for flag, value, lo, hi in (("--batch", a.batch, 1, None), ("--pool", a.pool, 1, None),
                                 ("--refresh", a.refresh, 1, None), ("--eval-every", a.eval_every, 1, None),
@@ -403,6 +404,14 @@ def checked(a: argparse.Namespace) -> None:
     for flag, text in (("--heldout", a.heldout), ("--openings", a.openings)):
         if text is not None and not heldout_stories(text):
             raise ValueError("%s %s holds no story (paragraphs separated by blank lines)" % (flag, text))
+    if a.openings:  # none long enough trained without openings, unsaid; too few tokens was torch's error in a pool
+        tokens = [len(ids) for ids in openings_of(Tokenizer.from_llama2c(a.tokenizer), a.openings)]
+        if not tokens:
+            raise ValueError("--openings %s holds no paragraph of more than %d tokens: give longer paragraphs"
+                             % (a.openings, MIN_OPENING))
+        if a.text_share and sum(tokens) < a.seq + 2:
+            raise ValueError("--openings %s holds %d tokens in its paragraphs, --text-share's windows of --seq %d take "
+                             "at least %d: give more text" % (a.openings, sum(tokens), a.seq, a.seq + 2))
     if a.init_layers:
         h = check_model_file(a.teacher)[0]
         for i in a.init_layers:
