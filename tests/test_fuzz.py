@@ -184,6 +184,9 @@ def test_fuzz_json_is_written_the_unix_way_and_a_bad_path_is_one_line_before_fuz
 
     assert fuzz.main(["--frames", "10", "--node-frames", "0", "--json", str(tmp_path / "README" / "x.json")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+    assert fuzz.main(["--frames", "10", "--node-frames", "0", "--json", ""]) == 2  # was no report, unsaid
+    assert capsys.readouterr().err == "fuzz: --json '' cannot be written: an empty name (give a file, or - for " \
+        "stdout)\n"
     (tmp_path / "file").write_text("")
     assert fuzz.main(["--frames", "10", "--node-frames", "0", "--json", str(tmp_path / "file" / "x.json")]) == 2
     err = capsys.readouterr().err

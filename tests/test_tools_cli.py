@@ -159,6 +159,7 @@ def test_a_missing_file_is_named_without_pythons_errno_form(tmp_path, argv, miss
     ["modelcard", "--variants"], ["modelcard", "--json"], ["ngram_cost", "--model"], ["xtensa_loops", "--kernels"],
     ["llama2c_import", "m.bin", "--out"], ["llama2c_import", "m.bin", "--out", "m.spm", "--tokenizer"],
     ["llama2c_import", "m.bin", "--out", "m.spm", "--tokenizer", "t.bin", "--vocab-out"],
+    ["bench", "codec", "--report"],  # wrote report.md and the plots into the folder it was run in
     *(["train", "--shape", "d40l2kv1", "--out", "ck", flag] for flag in ("--teacher", "--tokenizer", "--heldout",
                                                                           "--openings", "--init")),
 ])

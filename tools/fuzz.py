@@ -234,9 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     except RangeError as e:
         print("fuzz: %s" % e, file=sys.stderr)
         return 2
-    problem = a.json and atomic.output_problem(a.json)  # before the fuzzing, not after it
+    problem = a.json is not None and atomic.output_problem(a.json)  # before the fuzzing; '' is no file, not no --json
     if problem:
-        print("fuzz: --json %s cannot be written: %s" % (a.json, problem), file=sys.stderr)
+        print("fuzz: --json %s cannot be written: %s" % (a.json or "''", problem), file=sys.stderr)
         return 2
     mp = micropython_binary()
     t0 = time.perf_counter()
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     for part in res.values():
         for ex in part["examples"]:
             print("  example: %s" % json.dumps(ex))
-    if a.json:
+    if a.json is not None:
         try:  # the Unix way: a device or a FIFO is written to, never replaced by a file
             atomic.write_output(a.json, json.dumps(res, indent=1))
         except OSError as e:

@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specmesh.host.cli.flags import a_path
 from specmesh.tools import run_tool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -238,7 +239,7 @@ def check(mod: Module) -> Code:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.xtensa_mpy", description=__doc__.split("\n\n")[0])
-    ap.add_argument("module", type=Path, nargs="?", default=SHIPPED,
+    ap.add_argument("module", type=a_path, nargs="?", default=SHIPPED,
                     help="a linked xtensawin .mpy (default: the shipped firmware/native/xtensawin.mpy)")
     path = ap.parse_args(argv).module
     try:

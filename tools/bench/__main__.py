@@ -13,6 +13,7 @@ from pathlib import Path
 
 from specmesh.tools import output_problem, run_tool
 from specmesh.host import atomic
+from specmesh.host.cli.flags import a_path
 from specmesh.host.cli.streams import StdoutLost
 from specmesh.tools.bench import sections
 from specmesh.tools.bench._report import noise_lines
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specmesh.tools.bench", description="specmesh benchmarks")
     ap.add_argument("section", nargs="*", help="sections to run (default: all): " + ", ".join(names))
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
-    ap.add_argument("--report", metavar="DIR", default="runs/bench",
+    ap.add_argument("--report", metavar="DIR", type=a_path, default=Path("runs/bench"),  # '': not the current folder
                     help="write PNG plots and report.md there (default: %(default)s; needs matplotlib)")
     args = ap.parse_args(argv)
     unknown = [s for s in args.section if s not in names]
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # the outputs checked before the sections' minutes of work: `--json ''` is no file, --report a folder
     for flag, problem in (("--json", args.json is not None and output_problem(args.json)),
-                          ("--report", report_problem(Path(args.report)))):
+                          ("--report", report_problem(args.report))):
         if problem:
             print("bench: error: %s %s cannot be written: %s" % (flag, getattr(args, flag[2:]) or "''", problem),
                   file=sys.stderr)
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from specmesh.tools.bench._report import write
 
-        files = write(results, Path(args.report))
+        files = write(results, args.report)
         print("plots and report written: %s" % ", ".join(str(f) for f in files))
     except ImportError:
         print("plots skipped: matplotlib is not installed (pip install 'specmesh[bench]', or make bench)")
