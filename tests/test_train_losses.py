@@ -104,6 +104,7 @@ def test_a_layer_subset_is_the_deeper_models_layers_in_order_and_the_trainer_ref
     (["--text-share", "2"], "--text-share must be in 0..1, not 2"),  # a tensor of negative size
     (["--temps", "1,-1"], "--temps must be at least 0, not -1"),
     (["--lr", "-1"], "--lr must be a number above 0, not -1"),  # the optimizer's traceback
+    (["--steps", "5", "--stop-at", "10"], "--stop-at must be in 0..5, not 10"),  # stopped at 5, unsaid
     (["--lr", "nan"], "--lr must be a number above 0, not nan"),
     (["--seed", str(2 ** 64)], "--seed must be in 0..4294967295, not %d" % 2 ** 64),  # torch's overflow, a traceback
     (["--openings", str(HELDOUT), "--seq", "40"],  # a row's opening longer than the row: torch's size error

@@ -388,7 +388,7 @@ def checked(a: argparse.Namespace) -> None:
                                 ("--val-stories", a.val_stories, 1, None), ("--val-new", a.val_new, 1, None),
                                 ("--threads", a.threads, 1, None), ("--draft-top-k", a.draft_top_k, 1, cfg.vocab),
                                 ("--seq", a.seq, 1, cfg.max_seq), ("--steps", a.steps, 0, None),
-                                ("--warmup", a.warmup, 0, None), ("--stop-at", a.stop_at, 0, None),
+                                ("--warmup", a.warmup, 0, None), ("--stop-at", a.stop_at, 0, a.steps),
                                 ("--minutes", a.minutes, 0, None), ("--text-share", a.text_share, 0, 1)):
         in_range(flag, value, lo, hi)
     for t in a.temps:
