@@ -137,9 +137,10 @@ def loss_terms(spec: str) -> dict[str, float]:
             terms[name] = float(w) if w else 1.0
         except ValueError:
             raise argparse.ArgumentTypeError("loss weight %r is not a number" % w) from None
-        if not 0 <= terms[name] < math.inf:  # a negative weight trained the drafter away from the target; nan, inf
+        # a negative weight trained the drafter away from the target; nan or inf made every loss nan
+        if not 0 <= terms[name] < math.inf:
             raise argparse.ArgumentTypeError("loss weight %r must be a number of at least 0 (e.g. kl:1,tv:1,greedy:0.5)"
-                                             % w)  # made every loss nan
+                                             % w)
     return terms
 
 

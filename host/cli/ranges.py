@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-SEED = (0, 0xFFFFFFFF)  # --seed of run, emulate: a u32 in BEGIN and in the radio's PRNG
+SEED = (0, 0xFFFFFFFF)  # --seed of run, emulate: a u32 in BEGIN and in the radio's PRNG (tools/train.py's too)
 STREAMS = (1, 256)  # serve's --streams, a Mesh's streams: lanes generating at once
 
 
