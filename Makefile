@@ -116,12 +116,13 @@ bench: $(BENCH_STAMP)
 	$(PY) -m specmesh.tools.bench --json runs/bench/figures.json
 
 # Long fuzzing (tools/fuzz.py): FRAMES inputs through the CPython decoders, NODE_FRAMES through the firmware
-# node in a classic ESP32's heap, e.g. `make fuzz FRAMES=1000000 NODE_FRAMES=100000`.
+# node in a classic ESP32's heap, e.g. `make fuzz FRAMES=1000000 NODE_FRAMES=100000`. Quoted as make flash's PORT:
+# an empty one (FRAMES=$$N of an unset variable) is refused as '', not argparse's "expected one argument".
 FRAMES ?= 1000000
 NODE_FRAMES ?= 10000
 SEED ?= 0
 fuzz: setup
-	$(PY) -m specmesh.tools.fuzz --frames $(FRAMES) --node-frames $(NODE_FRAMES) --seed $(SEED)
+	$(PY) -m specmesh.tools.fuzz --frames '$(FRAMES)' --node-frames '$(NODE_FRAMES)' --seed '$(SEED)'
 
 train: setup-gpu
 	$(PY) -m specmesh.tools.train_all

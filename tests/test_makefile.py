@@ -326,6 +326,25 @@ def test_make_flash_passes_its_flags_and_an_empty_port_on(tmp_path, given, argv)
     assert done.returncode == 0 and done.stdout.strip() == argv, done.stdout + done.stderr
 
 
+def test_make_fuzz_passes_an_empty_count_on_as_empty(tmp_path):
+    """FRAMES= (an unset shell variable's) dropped the word: fuzz said argparse's "argument --frames: expected one
+    argument", which names no empty value; it now gets '' and says "invalid int value: ''". The set-up taken as made;
+    PY: a script printing its arguments."""
+    folder = tmp_path / "c"
+    (folder / ".venv").mkdir(parents=True)
+    shutil.copy(ROOT / "Makefile", folder)
+    (folder / "pyproject.toml").touch()
+    os.utime(folder / "pyproject.toml", (time.time() - 100,) * 2)
+    (folder / ".venv" / ".specmesh-setup").write_text(str(folder.resolve()) + "\n")
+    py = tmp_path / "py"
+    py.write_text("#!/bin/sh\nfor a in \"$@\"; do printf '[%s] ' \"$a\"; done\n")
+    py.chmod(0o755)
+    done = subprocess.run(["make", "--no-print-directory", "-s", "fuzz", "FRAMES=", "PY=%s" % py], cwd=folder,
+                          capture_output=True, text=True, timeout=60, env=dict(ALONE))
+    assert done.returncode == 0 and done.stdout.strip() == (
+        "[-m] [specmesh.tools.fuzz] [--frames] [] [--node-frames] [10000] [--seed] [0]"), done.stdout + done.stderr
+
+
 def test_a_dry_run_of_make_native_or_bench_before_the_source_is_unpacked_says_what_it_would_build(tmp_path):
     """make -n runs a recipe's lines that name $(MAKE): make native's builds ran, in a clone whose MicroPython source
     was not unpacked yet (a dry run unpacks nothing), and each ended in "No rule to make target
