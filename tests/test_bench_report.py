@@ -119,6 +119,21 @@ def test_a_bad_output_is_one_line_before_the_sections(tmp_path, capsys, flags, s
     assert "== codec ==" not in out.out and out.err.count("\n") == 1 and said.format(file=file) in out.err
 
 
+def test_a_json_naming_a_shipped_model_is_refused_before_the_sections(tmp_path, capsys, monkeypatch):
+    """`--json models/target.spm` (a slip of tab completion) replaced the model the sections read with the figures,
+    status 0: refused in one line before any section, the file untouched (the models folder a copy here)."""
+    from specmesh.tools.bench import __main__ as bench
+
+    (tmp_path / "target.spm").write_bytes(b"model")
+    monkeypatch.setattr(bench, "MODELS", tmp_path)
+    assert bench.main(["codec", "--json", str(tmp_path / "target.spm"), "--report", str(tmp_path / "r")]) == 2
+    out = capsys.readouterr()
+    assert "== codec ==" not in out.out and out.err == (
+        "bench: error: --json %s cannot be written: it would overwrite target.spm, which this tool reads: give another "
+        "file\n" % (tmp_path / "target.spm"))
+    assert (tmp_path / "target.spm").read_bytes() == b"model"
+
+
 def test_an_unknown_section_is_one_line_naming_the_tool(capsys):
     """Its lines said "error: unknown benchmark section ..." without the tool's name, where every other tool's line
     starts with it (`make bench` runs it among other commands)."""

@@ -231,6 +231,19 @@ def test_modelcard_json_that_cannot_be_written_is_one_line_before_measuring(tmp_
     assert err.startswith("modelcard: --json") and "is a file, not a folder" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("name", [TARGET_FILE, "MODEL_CARD.md"])
+def test_modelcard_json_naming_a_file_of_its_models_folder_is_refused_before_measuring(tmp_path, capsys, name):
+    """`--json models/target.spm` (a slip of tab completion) replaced the model with the figures after the minutes of
+    measuring, status 0: refused before any work, the file untouched, as run's --stats-json is."""
+    from specmesh.tools import modelcard
+
+    (tmp_path / name).write_bytes((MODELS / name).read_bytes())
+    assert modelcard.main(["--models", str(tmp_path), "--json", str(tmp_path / name)]) == 2
+    assert capsys.readouterr().err == ("modelcard: --json %s cannot be written: it would overwrite %s, which this tool "
+                                       "reads: give another file\n" % (tmp_path / name, name))
+    assert (tmp_path / name).read_bytes() == (MODELS / name).read_bytes()
+
+
 def test_modelcard_variants_that_are_no_checkpoint_folders_are_one_line_before_measuring(tmp_path, capsys):
     """A --variants folder without its summary.json or best.pt was an errno line once the shipped models were measured."""
     pytest.importorskip("torch", reason="--variants exports with PyTorch: without it, they are refused for that")

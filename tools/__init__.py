@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NoReturn
 
@@ -63,11 +63,17 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def output_problem(path: str | os.PathLike) -> str | None:
+def output_problem(path: str | os.PathLike, inputs: Iterable[Path] = ()) -> str | None:
     """Why a tool's output file `path` cannot be written (host/atomic.py output_problem), its folder made first
-    (runs/ on a fresh clone): checked before the tool's minutes of work, not after them."""
+    (runs/ on a fresh clone), or why it must not be: it names one of the files the tool reads, `inputs` (atomic.py
+    overwrites: `--json models/target.spm` replaced the model with the figures). Checked before the tool's minutes of
+    work, not after them."""
     from specmesh.host import atomic
 
     with contextlib.suppress(OSError):  # a file on the way: output_problem says so
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return atomic.output_problem(path)
+    problem = atomic.output_problem(path)
+    hit = None if problem else atomic.overwrites(path, list(inputs))
+    if hit is not None:
+        return "it would overwrite %s, which this tool reads: give another file" % hit.name
+    return problem

@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     if lacking:  # said before the minutes of measuring the shipped models, not after them
         print("modelcard: --variants: no %s: give checkpoint folders of tools/train.py" % lacking[0], file=sys.stderr)
         return 1
-    problem = output_problem(a.json)
+    problem = output_problem(a.json, [*a.models.glob("*"), *(f for ck in a.variants for f in ck.glob("*"))])
     if problem:
         print("modelcard: --json %s cannot be written: %s" % (a.json, problem), file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ from specmesh.tools import output_problem, run_tool
 from specmesh.host import atomic
 from specmesh.host.cli.flags import a_path
 from specmesh.host.cli.streams import StdoutLost
+from specmesh.host.layout import MODELS
 from specmesh.tools.bench import sections
 from specmesh.tools.bench._report import noise_lines
 
@@ -40,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: error: unknown benchmark section %s (available: %s)" % (", ".join(unknown), ", ".join(names)),
               file=sys.stderr)
         return 2
-    # the outputs checked before the sections' minutes of work: `--json ''` is no file, --report a folder
-    for flag, problem in (("--json", args.json is not None and output_problem(args.json)),
+    # the outputs checked before the sections' minutes of work: `--json ''` is no file, --report a folder, --json a
+    # file of the shipped models folder, which the sections read
+    for flag, problem in (("--json", args.json is not None and output_problem(args.json, MODELS.glob("*"))),
                           ("--report", report_problem(args.report))):
         if problem:
             print("bench: error: %s %s cannot be written: %s" % (flag, getattr(args, flag[2:]) or "''", problem),
