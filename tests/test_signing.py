@@ -19,7 +19,7 @@ from specmesh.host.bus.links import SerialLink
 from specmesh.host.bus.proxy import Bus, HostAuth, NodeError, NodeTimeout, ProxyError
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
-from specmesh.host.layout import DRAFTER_FILE, ROOT
+from specmesh.host.layout import DRAFTER_FILE, MODELS, ROOT
 from specmesh.host.provision.cluster import Cluster, _backend, _open
 from specmesh.host.provision.keys import KeyFileError, load_key, new_key_file
 from specmesh.shared import codec
@@ -499,6 +499,24 @@ def test_a_key_file_cut_short_says_what_to_do(capsys, tmp_path, cut, words):
         "specmesh run: error: key file %s %s: copy the key file the boards were flashed with again; where it is lost, "
         "erase each keyed board's flash (esptool erase_flash, then write MicroPython again: a keyed board takes no "
         "flash without its key) and flash a new key (specmesh keygen) onto every board\n" % (tmp_path / "k", words))
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda key: key[:7] + b"g" + key[8:], "must hold the key as hex digits only: copy the key file the boards were "
+                                           "flashed with again; where it is lost, erase each keyed board's flash"),
+    (lambda key: key[:7] + bytes([key[7] | 0x80]) + key[8:], "is not text, so no key file: give the key file the "
+                                                             "boards were flashed with (specmesh keygen wrote it)"),
+    (lambda key: (MODELS / "vocab.bin").read_bytes(), "is not text, so no key file: give the key file the boards were "
+                                                      "flashed with (specmesh keygen wrote it)")])
+def test_a_key_file_damaged_or_of_another_kind_says_what_to_do(capsys, tmp_path, damage, words):
+    """A key file with a flipped bit (a hex digit become another letter, or a byte past ASCII), or another file given
+    for it (models/vocab.bin): 'must hold the key as hex digits only' and 'cannot read key file F: not text' gave no
+    way on."""
+    new_key_file(tmp_path / "k")
+    (tmp_path / "k").write_bytes(damage((tmp_path / "k").read_bytes()))
+    assert cli.main(["run", "--key-file", str(tmp_path / "k"), "--drafter", "cpu", "--verifier", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specmesh run: error: key file %s %s" % (tmp_path / "k", words)) and err.count("\n") == 1
 
 
 def test_a_host_at_the_end_of_its_counter_range_stops_with_one_line():

@@ -64,9 +64,11 @@ def load_key(path: str | Path) -> bytes:
         raise KeyFileError("key file %s does not exist (%s)" % (path, make)) from None
     except IsADirectoryError:  # it said "cannot read key file DIR: Is a directory", and no way on
         raise KeyFileError("key file %s is a folder: name the key's file in it" % path) from None
-    except (OSError, UnicodeError) as e:
-        raise KeyFileError("cannot read key file %s: %s" % (path, getattr(e, "strerror", None) or "not text"))\
-            from None
+    except UnicodeError:  # another file given for it (models/vocab.bin): "cannot read key file F: not text", no way on
+        raise KeyFileError("key file %s is not text, so no key file: give the key file the boards were flashed with "
+                           "(specmesh keygen wrote it)" % path) from None
+    except OSError as e:
+        raise KeyFileError("cannot read key file %s: %s" % (path, e.strerror or e)) from None
     words = text.split()
     if len(words) > 1 and all(set(w) <= HEX_DIGITS for w in words):  # bytes.fromhex would skip the whitespace: two keys as one
         lines = len(text.splitlines())
@@ -77,8 +79,8 @@ def load_key(path: str | Path) -> bytes:
                            % (path, len(text), _RECOPY))
     try:
         key = bytes.fromhex(text)
-    except ValueError:
-        raise KeyFileError("key file %s must hold the key as hex digits only" % path) from None
+    except ValueError:  # an edit or a flipped bit: a digit become another letter (it said so, and no way on)
+        raise KeyFileError("key file %s must hold the key as hex digits only: %s" % (path, _RECOPY)) from None
     if not MIN_BYTES <= len(key) <= MAX_BYTES:
         raise KeyFileError("key file %s holds %d bytes; a key has %d to %d: %s"
                            % (path, len(key), MIN_BYTES, MAX_BYTES, _RECOPY))
