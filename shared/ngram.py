@@ -67,8 +67,10 @@ def header(nmin, nmax, slots, entries, reach):
 
 def parse_header(b):
     """(nmin, nmax, slots, entries, reach) of a table's first HEADER_SIZE bytes; NgramError if it is not one."""
-    if len(b) < HEADER_SIZE or bytes(b[:4]) != MAGIC:
+    if bytes(b[:4]) != MAGIC:
         raise NgramError("not a specmesh n-gram table (bad magic %r)" % bytes(b[:4]))
+    if len(b) < HEADER_SIZE:  # a torn copy: its magic is right (it said "bad magic b'SMNG'")
+        raise NgramError("truncated (%d bytes, short of its %d-byte header)" % (len(b), HEADER_SIZE))
     version, nmin, nmax, _ = b[4], b[5], b[6], b[7]
     slots, entries, reach = struct.unpack("<III", bytes(b[8:20]))
     if version != VERSION:
@@ -77,6 +79,14 @@ def parse_header(b):
         raise NgramError("header out of range (contexts %d..%d, %d entries in %d slots)"
                          % (nmin, nmax, entries, slots))
     return nmin, nmax, slots, entries, reach
+
+
+def check_size(size, slots):
+    """NgramError unless `size` bytes are a whole table of `slots` slots (file_size): one cut short is said as one."""
+    want = file_size(slots)
+    if size != want:
+        raise NgramError("%s%d bytes, its header says %d%s" % ("truncated (" if size < want else "", size, want,
+                                                                ")" if size < want else ""))
 
 
 def load(path):
@@ -97,8 +107,7 @@ class Table:
         head = f.read(HEADER_SIZE)
         self.nmin, self.nmax, self.slots, self.entries, self.reach = parse_header(head)
         f.seek(0, 2)
-        if f.tell() != file_size(self.slots):
-            raise NgramError("%d bytes, its header says %d" % (f.tell(), file_size(self.slots)))
+        check_size(f.tell(), self.slots)
         self.f = f
         self.buf = bytearray(CHUNK * SLOT_SIZE)
 

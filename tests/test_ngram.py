@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import random
+import re
 import shutil
 import subprocess
 
@@ -105,6 +106,22 @@ def test_micropython_reads_the_same_table(micropython, tmp_path):
 def test_malformed_tables_are_refused_with_what_is_wrong(data, message):
     with pytest.raises(ngram.NgramError, match=message):
         ngram.Table(io.BytesIO(data))
+
+
+@pytest.mark.parametrize("cut, message", [(10, "truncated (10 bytes, short of its 20-byte header)"),
+                                         (50, "truncated (50 bytes, its header says %d)")])
+def test_a_table_cut_short_is_said_to_be_truncated(models, tmp_path, cut, message):
+    """A table cut short (a torn copy) was 'not a specmesh n-gram table (bad magic b'SMNG')', its magic the right one,
+    or, on the host, 'N slots used, its header says M entries': a body cut short is said as one, on the host and on
+    a board (Table)."""
+    good = _table(ENTRIES)
+    shutil.copy(models / DRAFTER_FILE, tmp_path / DRAFTER_FILE)
+    (tmp_path / ngram_table_name(DRAFTER_FILE)).write_bytes(good[:cut])
+    said = message.replace("%d", str(len(good)))
+    with pytest.raises(ModelFileError, match=re.escape(": %s: rebuild it" % said)):
+        load_ngram_table(tmp_path / DRAFTER_FILE)
+    with pytest.raises(ngram.NgramError, match=re.escape(said)):
+        ngram.Table(io.BytesIO(good[:cut]))
 
 
 def _full(data: bytes) -> bytes:

@@ -351,6 +351,7 @@ def check_ngram_slots(b: bytes, vocab: int) -> None:
     slots at a time (its lookups end after one pass over a table: shared/ngram.py)."""
     head, size = ngram.HEADER_SIZE, ngram.SLOT_SIZE
     slots, entries = ngram.parse_header(b)[2:4]
+    ngram.check_size(len(b), slots)  # a table cut short is said as one, not as slots its header counts but lacks
     fields = array.array("H", b[head:head + slots * size])  # (check, token + 1) per slot, little-endian
     if sys.byteorder == "big":
         fields.byteswap()
