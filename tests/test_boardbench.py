@@ -206,7 +206,8 @@ def test_a_model_the_heap_left_no_room_for_is_said_not_timed():
 
 @pytest.mark.parametrize("content, message", [
     (None, "not found: write one with `specmesh bench --port PORT --out FILE`"),
-    ("FOLDER", "cannot be read: Is a directory"),  # was "is not valid JSON (IsADirectoryError)"
+    # was "is not valid JSON (IsADirectoryError)", then "cannot be read: Is a directory" (no way on)
+    ("FOLDER", "is a folder: name the calibration file in it (the one `specmesh bench --out FILE` wrote)"),
     # a device: was read as it comes ("is not valid JSON" of /dev/null; /dev/zero until memory ran out)
     ("/dev/null", "is not a regular file (a FIFO, a device or a socket): give the file `specmesh bench` wrote"),
     ("{not json", "is not valid JSON"),

@@ -62,7 +62,10 @@ class Rates:
         except FileNotFoundError:
             raise CalibrationError("%s not found: write one with `specmesh bench --port PORT --out FILE`"
                                    % what) from None
-        except OSError as e:  # a folder, no permission, the disk's error: nothing read, so nothing to say of JSON
+        except IsADirectoryError:  # it said "cannot be read: Is a directory", and no way on
+            raise CalibrationError("%s is a folder: name the calibration file in it (the one `specmesh bench --out "
+                                   "FILE` wrote)" % what) from None
+        except OSError as e:  # no permission, the disk's error: nothing read, so nothing to say of JSON
             raise CalibrationError("%s cannot be read: %s" % (what, e.strerror or e)) from None
         except (UnicodeDecodeError, ValueError) as e:
             raise CalibrationError("%s is not valid JSON (%s): write it again with `specmesh bench`"
