@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from specmesh.host.layout import DRAFTER_FILE, MODELS
 from tests.conftest import ROOT
 
 COMMANDS = sorted(p.stem for p in (ROOT / "tools").glob("*.py") if "\n    run_tool(" in p.read_text())
@@ -152,6 +153,22 @@ def test_a_missing_file_is_named_without_pythons_errno_form(tmp_path, argv, miss
                           capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (1, "%s: %s: No such file or directory\n" % (
         argv[0], missing.format(tmp=tmp_path))), done.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["ngram", "--drafter", "{tmp}", "--workers", "1"],  # main's own handler (tools.said)
+    ["ngram", "--text", "{tmp}", "--drafter", str(MODELS / DRAFTER_FILE), "--workers", "1"],
+    ["llama2c_import", "{tmp}", "--out", "{tmp}/x.spm"],  # its own handler
+])
+def test_a_folder_where_a_tool_reads_a_file_says_what_to_give(tmp_path, argv):
+    """A folder given where a tool reads a file said "ngram: /tmp/x: Is a directory", and no way on; now it is said as
+    the commands say it (`--model DIR: a folder: name the model file in it`), one line, status 1."""
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    done = subprocess.run([sys.executable, "-m", "specmesh.tools." + argv[0], *argv[1:]], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (1, "%s: %s is a folder, not a file: name a file (or replace the folder "
+                                              "with it)\n" % (argv[0], tmp_path)), \
+        done.stderr
 
 
 @pytest.mark.parametrize("argv", [

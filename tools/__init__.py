@@ -51,7 +51,10 @@ def run_tool(name: str, main: Callable[[], int | None]) -> NoReturn:
 
 def said(e: BaseException) -> str:
     """`e` for the user: an OSError on a file as "FILE: what the system said", not Python's "[Errno 2] No such file or
-    directory: 'FILE'"; any other as its message."""
+    directory: 'FILE'", a folder read as a file as the commands say it ("FILE: Is a directory" gave no way on); any
+    other as its message."""
+    if isinstance(e, IsADirectoryError) and e.filename is not None:  # filename2: a rename's target
+        return "%s is a folder, not a file: name a file (or replace the folder with it)" % (e.filename2 or e.filename)
     if isinstance(e, OSError) and e.filename is not None and e.strerror:
         return "%s: %s" % (e.filename, e.strerror)
     return str(e)
