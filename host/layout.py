@@ -40,9 +40,10 @@ def ngram_table_name(model_name: str) -> str:
 
 
 def ngram_table(model: Path) -> Path | None:
-    """The n-gram table beside the model file `model`, or None where it has none."""
+    """The n-gram table beside the model file `model`, or None where it has none. Something else under its name (a
+    folder) is its, so that it is refused (host/backends load_ngram_table), not passed over unsaid."""
     table = Path(model).with_name(ngram_table_name(Path(model).name))
-    return table if table.is_file() else None
+    return table if table.exists() else None
 
 
 def run_inputs(models: Path) -> list[Path]:

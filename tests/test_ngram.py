@@ -124,6 +124,22 @@ def test_a_table_cut_short_is_said_to_be_truncated(models, tmp_path, cut, messag
         ngram.Table(io.BytesIO(good[:cut]))
 
 
+def test_a_folder_under_a_tables_name_is_refused_not_passed_over(tmp_path, capsys):
+    """A folder named as a drafter's table (drafter.ngt/, an unzip's) was passed over unsaid: the run, or the board
+    flashed, drafted without the table. It is refused in one line, as a broken table is, before the run starts."""
+    from specmesh.host import cli
+    from specmesh.host.layout import MODELS
+
+    for name in (DRAFTER_FILE, TARGET_FILE, TOKENIZER_FILE):
+        shutil.copy(MODELS / name, tmp_path / name)
+    (tmp_path / ngram_table_name(DRAFTER_FILE)).mkdir()
+    assert cli.main(["run", "--models", str(tmp_path), "--drafter", "cpu", "--verifier", "cpu", "--quiet",
+                     "--draft-model", str(tmp_path / DRAFTER_FILE), "-n", "2"]) == 2
+    assert capsys.readouterr().err == (
+        "specmesh run: error: n-gram table %s: a folder, not a file: rebuild it (python -m specmesh.tools.ngram) or "
+        "delete it (the model then runs without one)\n" % (tmp_path / ngram_table_name(DRAFTER_FILE)))
+
+
 def _full(data: bytes) -> bytes:
     """`data`'s header over slots that are all used (token 0) and match no context (check 0xFFFF: above every check)."""
     slots = ngram.parse_header(data[:ngram.HEADER_SIZE])[2]

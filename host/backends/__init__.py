@@ -380,6 +380,8 @@ def load_ngram_table(model_path) -> ngram.Table | None:
     if path is None:
         return None
     try:
+        if not path.is_file():  # never opened: a FIFO would be waited for
+            raise ngram.NgramError("a folder, not a file" if path.is_dir() else "not a regular file")
         data = path.read_bytes()
         with open(model_path, "rb") as f:
             head = f.read(HEADER_SIZE)
