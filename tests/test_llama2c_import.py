@@ -207,6 +207,18 @@ def test_a_checkpoint_too_large_for_a_model_file_is_one_line_and_writes_nothing(
     assert sorted(tmp_path.iterdir()) == before
 
 
+@pytest.mark.parametrize("data, says", [(b"", "file too small to be a llama2.c checkpoint"),
+                                        (b"\xff" * 64, "not a llama2.c checkpoint?")])
+def test_a_checkpoint_that_is_none_is_named(tmp_path, capsys, data, says):
+    """A checkpoint cut to nothing, or another file given for it, said "llama2c_import: file too small to be a llama2.c
+    checkpoint", naming no file (export's line names it); the line now names the checkpoint."""
+    (tmp_path / "ck.bin").write_bytes(data)
+    assert imp.main([str(tmp_path / "ck.bin"), "--out", str(tmp_path / "o.spm")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("llama2c_import: %s: " % (tmp_path / "ck.bin")) and says in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.bin"]
+
+
 def test_a_tokenizer_too_large_for_the_vocab_table_says_so_and_writes_nothing(tmp_path, capsys):
     """llama2's 32,000-token tokenizer.bin takes more than the boards' vocab table holds: the line said "vocab table
     too large for u16 offsets", not whose limit it was or that the model cannot be imported with it."""
