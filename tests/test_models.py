@@ -211,6 +211,24 @@ def test_modelcard_on_a_corrupt_model_folder_is_one_line(tmp_path, capsys, name,
     assert not (tmp_path / "figures.json").exists()
 
 
+@pytest.mark.parametrize("tool", ["modelcard", "export"])
+def test_a_corrupt_tokenizer_in_a_tools_models_folder_says_what_to_do(tmp_path, capsys, tool):
+    """A tokenizer.bin cut short in the folder modelcard --models or export --out reads said "F holds 7 tokens: a
+    llama2.c tokenizer has 3 specials and 256 byte tokens", and no way on; it says what a run says of it."""
+    if tool == "export":
+        pytest.importorskip("torch", reason="export needs PyTorch: without it, it says how to install it")
+    from specmesh.tools import export, modelcard
+
+    for f in MODELS.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes()[:100] if f.name == "tokenizer.bin" else f.read_bytes())
+    argv = (["--models", str(tmp_path), "--json", str(tmp_path / "figures.json")] if tool == "modelcard" else
+            ["--model", "x=%s" % (tmp_path / "x.pt"), "--out", str(tmp_path)])
+    assert (modelcard if tool == "modelcard" else export).main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("%s: %s holds 7 tokens" % (tool, tmp_path / "tokenizer.bin")) and err.endswith(
+        ": copy the models' own tokenizer.bin there again (the shipped one is in %s)\n" % MODELS)
+
+
 @pytest.mark.parametrize("flag", ["--prompts", "--new"])
 @pytest.mark.parametrize("value", ["0", "-5"])
 def test_modelcard_refuses_no_prompts_or_no_new_tokens_in_one_line(tmp_path, capsys, flag, value):

@@ -58,7 +58,7 @@ def tokenizer_id_of(models: Path) -> int:
     trained and measured with). A vocab.bin of another tokenizer gave models whose headers named that one, and a run
     refused them with their own tokenizer.bin (host/cli/preflight.py check_tokenizer)."""
     tid = vocab_id((models / "vocab.bin").read_bytes())
-    if tokenizer_id(Tokenizer.from_llama2c(models / "tokenizer.bin")) != tid:
+    if tokenizer_id(Tokenizer.of_models(models)) != tid:
         raise TokenizerError("%s is not the vocab table of %s (it is another tokenizer's): the models' headers would "
                              "name the wrong tokenizer; put the vocab.bin of this tokenizer beside it (llama2c_import "
                              "--tokenizer writes it; git checkout models/vocab.bin models/tokenizer.bin restores the "
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_out(a.out)
         tid = tokenizer_id_of(a.out)
-        tok = Tokenizer.from_llama2c(a.out / "tokenizer.bin")
+        tok = Tokenizer.of_models(a.out)
         stories = heldout_stories(a.out / "heldout.txt")
         models = {}
         for spec in a.model:

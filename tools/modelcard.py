@@ -110,7 +110,7 @@ def variant(ck: Path, models: Path, prompts: list[list[int]], new: int) -> dict:
 
 
 def measure(a) -> dict:
-    tok = Tokenizer.from_llama2c(a.models / "tokenizer.bin")
+    tok = Tokenizer.of_models(a.models)
     stories = heldout_stories(a.models / "heldout.txt")
     if len(stories) < LOSS_STORIES.stop:
         raise ValueError("%s holds %d stories, the loss figures need %d: restore it (git checkout models/heldout.txt)"

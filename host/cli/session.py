@@ -176,16 +176,14 @@ def check_ids(prompt: Sequence[int], vocab: int) -> None:
 
 
 def load_tokenizer(models: Path):
-    """The tokenizer of the --models folder; one that does not parse is a UsageError that says what to do (it said
-    only "not a llama2.c tokenizer.bin (truncated or corrupt)")."""
+    """The tokenizer of the --models folder; one that does not parse is a UsageError that says what to do
+    (Tokenizer.of_models)."""
     from specmesh.host.decode.tokenizer import Tokenizer, TokenizerError
-    from specmesh.host.layout import MODELS
 
     try:
-        return Tokenizer.from_llama2c(models / TOKENIZER_FILE)
+        return Tokenizer.of_models(models)
     except TokenizerError as e:
-        raise UsageError("%s: copy the models' own %s there again (the shipped one is in %s)"
-                         % (e, TOKENIZER_FILE, MODELS)) from None
+        raise UsageError(str(e)) from None
 
 
 class Setup(contextlib.ExitStack):

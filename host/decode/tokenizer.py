@@ -136,6 +136,19 @@ class Tokenizer:
         return cls(pieces, scores)
 
     @classmethod
+    def of_models(cls, models: Path) -> "Tokenizer":
+        """The tokenizer.bin of the models folder `models` (a run's --models, modelcard's, export's --out); one that
+        does not parse is a TokenizerError that says what to do (it said only "not a llama2.c tokenizer.bin
+        (truncated or corrupt)")."""
+        from specmesh.host.layout import MODELS, TOKENIZER_FILE
+
+        try:
+            return cls.from_llama2c(Path(models) / TOKENIZER_FILE)
+        except TokenizerError as e:
+            raise TokenizerError("%s: copy the models' own %s there again (the shipped one is in %s)"
+                                 % (e, TOKENIZER_FILE, MODELS)) from None
+
+    @classmethod
     def from_vocab_bin(cls, path: str | Path) -> "Tokenizer":
         return cls(unpack_vocab(Path(path).read_bytes()))
 
