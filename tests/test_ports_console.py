@@ -4,6 +4,7 @@
 import os
 import pty
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 
 from specmesh.host import cli
 from specmesh.host.bus import ports
+from specmesh.host.layout import DRAFTER_FILE, MODELS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -362,6 +364,19 @@ def test_an_empty_port_or_file_or_a_baud_out_of_range_is_one_line_and_status_2(c
     except SystemExit as e:  # argparse's: its usage, then the line
         status = e.code
     assert status == 2 and capsys.readouterr().err.splitlines()[-1] == line
+
+
+@pytest.mark.parametrize("name, bad", [("it's.spm", "'"), ("a\\n.spm", "\\"), ("a\nb.spm", "\n")])
+def test_a_model_whose_name_the_boards_file_commands_cannot_quote_is_refused_before_the_board(tmp_path, capsys, name,
+                                                                                               bad):
+    """A model file named with a quote (it's.spm) was flashed by name, and mpremote's file commands put the name in
+    '...' unescaped: the board's REPL got code it could not parse, and the flash (a run's virtual drafter's too) ended
+    10 s later in "the board stopped answering ... unplugged, reset or froze". Refused in one line before the port."""
+    shutil.copy(MODELS / DRAFTER_FILE, tmp_path / name)
+    assert cli.main(["flash", "--port", "/dev/null", "--role", "drafter", "--model", str(tmp_path / name)]) == 2
+    assert capsys.readouterr().err == (
+        "specmesh flash: error: model file %s: its name holds %r, which a board's file commands (mpremote's) cannot "
+        "quote: rename the file (letters, digits, spaces, -, _ and . are safe)\n" % (tmp_path / name, bad))
 
 
 def test_a_port_the_system_refuses_says_why_without_the_errno_form():

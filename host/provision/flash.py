@@ -1021,6 +1021,12 @@ def check_request(role: str, model: Path | None, layers: tuple[int, int] | None)
     if not model.is_file():  # a FIFO or a device (read forever) said as run says it, not as missing
         raise FlashRequestError(f"--model {model}: not a regular file" if model.exists() else
                                 f"model file not found: {model}")
+    unquotable = next((c for c in model.name if c in "'\\" or not c.isprintable()), None)
+    if unquotable is not None:  # mpremote's fs_* put a board's path in '...' unescaped: the REPL got code it could
+        # not parse, and the flash ended 10 s later in "the board stopped answering" (the table's name is the model's)
+        raise FlashRequestError(f"model file {model}: its name holds {unquotable!r}, which a board's file commands "
+                                "(mpremote's) cannot quote: rename the file (letters, digits, spaces, -, _ and . are "
+                                "safe)")
     try:  # a broken model, or a drafter's broken n-gram table, is refused before the board is touched
         header = check_model_file(model)[0]
         if role == "drafter":
