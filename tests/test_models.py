@@ -262,6 +262,28 @@ def test_modelcard_json_naming_a_file_of_its_models_folder_is_refused_before_mea
     assert (tmp_path / name).read_bytes() == (MODELS / name).read_bytes()
 
 
+@pytest.mark.parametrize("summary, best, says", [
+    ("{bad", None, "summary.json is not tools/train.py's summary (no steps and train_s in a JSON object)"),
+    ("[1]", None, "summary.json is not tools/train.py's summary (no steps and train_s in a JSON object)"),
+    ('{"steps": 1, "train_s": 2}', b"", "best.pt is not a checkpoint of tools/train.py (EOFError)")])
+def test_modelcard_variants_damaged_are_one_line_before_measuring(tmp_path, capsys, monkeypatch, summary, best, says):
+    """A --variants folder whose summary.json or best.pt is damaged was found only once the shipped models had been
+    measured (minutes), the summary's line naming no file ("modelcard: Expecting value: line 1 column 1")."""
+    pytest.importorskip("torch", reason="--variants exports with PyTorch: without it, they are refused for that")
+    from specmesh.tools import modelcard
+
+    monkeypatch.setattr(modelcard, "measure", lambda a: pytest.fail("measured before the variants were read"))
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "summary.json").write_text(summary)
+    (tmp_path / "ck" / "best.pt").write_bytes(best if best is not None else b"")
+    if best is None:  # a best.pt that is one: the summary's line is the one looked at
+        monkeypatch.setattr("specmesh.tools.export.load_float", lambda path: None)
+    assert modelcard.main(["--variants", str(tmp_path / "ck"), "--json", str(tmp_path / "figures.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("modelcard: --variants: %s" % (tmp_path / "ck" / says.split()[0])) and says in err and \
+        err.endswith(": give checkpoint folders of tools/train.py\n" if best is None else "\n") and err.count("\n") == 1
+
+
 def test_modelcard_variants_that_are_no_checkpoint_folders_are_one_line_before_measuring(tmp_path, capsys):
     """A --variants folder without its summary.json or best.pt was an errno line once the shipped models were measured."""
     pytest.importorskip("torch", reason="--variants exports with PyTorch: without it, they are refused for that")

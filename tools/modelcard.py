@@ -96,11 +96,34 @@ def describe(h) -> str:
                                                              h.hidden)
 
 
+def summary_of(ck: Path) -> dict:
+    """The summary.json tools/train.py wrote in the checkpoint folder `ck`; ValueError naming it where it is none."""
+    path = ck / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except ValueError:  # not JSON, or not UTF-8: the decoder's own line names no file
+        summary = None
+    if not isinstance(summary, dict) or not {"steps", "train_s"} <= summary.keys():
+        raise ValueError("%s is not tools/train.py's summary (no steps and train_s in a JSON object): give checkpoint "
+                         "folders of tools/train.py" % path)
+    return summary
+
+
+def check_variants(folders: list[Path]) -> None:
+    """Each --variants folder's summary and checkpoint read (ValueError or OSError saying which is damaged): before the
+    minutes of measuring the shipped models, not after them."""
+    from specmesh.tools.export import load_float  # needs torch, only for variants
+
+    for ck in folders:
+        summary_of(ck)
+        load_float(ck / "best.pt")
+
+
 def variant(ck: Path, models: Path, prompts: list[list[int]], new: int) -> dict:
     """Export one drafter checkpoint to a scratch file and measure it against the shipped target."""
     from specmesh.tools.export import export_model, load_float, tokenizer_id_of  # needs torch, only for variants
 
-    summary = json.loads((ck / "summary.json").read_text())
+    summary = summary_of(ck)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / DRAFTER_FILE
         h = export_model(load_float(ck / "best.pt"), path, tokenizer_id_of(models))
@@ -164,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     lacking = [ck / f for ck in a.variants for f in ("summary.json", "best.pt") if not (ck / f).is_file()]
     if lacking:  # said before the minutes of measuring the shipped models, not after them
         print("modelcard: --variants: no %s: give checkpoint folders of tools/train.py" % lacking[0], file=sys.stderr)
+        return 1
+    try:
+        check_variants(a.variants)
+    except (OSError, ValueError) as e:  # CheckpointError is a ValueError
+        print("modelcard: --variants: %s" % said(e), file=sys.stderr)
         return 1
     problem = output_problem(a.json, [*a.models.glob("*"), *(f for ck in a.variants for f in ck.glob("*"))])
     if problem:
