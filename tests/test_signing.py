@@ -519,6 +519,16 @@ def test_a_key_file_damaged_or_of_another_kind_says_what_to_do(capsys, tmp_path,
     assert err.startswith("specmesh run: error: key file %s %s" % (tmp_path / "k", words)) and err.count("\n") == 1
 
 
+def test_a_key_file_that_links_to_nothing_says_so(capsys, tmp_path):
+    """A key file that is a link to a file not there (a drive not mounted) said "does not exist (make one with
+    `specmesh keygen --key-file F`)", and keygen then refused F as there already ("use it as it is"): a loop."""
+    (tmp_path / "k").symlink_to(tmp_path / "usb" / "mesh.key")
+    assert cli.main(["run", "--key-file", str(tmp_path / "k"), "--drafter", "cpu", "--verifier", "cpu"]) == 2
+    assert capsys.readouterr().err == (
+        "specmesh run: error: key file %s links to %s, which is not there (a drive not mounted?): make the key "
+        "file it links to reachable, or give the key file itself\n" % (tmp_path / "k", tmp_path / "usb" / "mesh.key"))
+
+
 def test_a_host_at_the_end_of_its_counter_range_stops_with_one_line():
     """The host never wraps a counter either: a request it cannot sign is a ProxyError, no retry loop."""
 
