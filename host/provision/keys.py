@@ -61,7 +61,8 @@ def load_key(path: str | Path) -> bytes:
     except FileNotFoundError:
         if os.path.islink(path):  # keygen refuses the link as there already: "make one" was a loop
             raise KeyFileError("key file %s links to %s, which is not there (a drive not mounted?): make the key file "
-                               "it links to reachable, or give the key file itself" % (path, os.readlink(path))) from None
+                               "it links to reachable, or give the key file itself" % (path, os.readlink(path))) \
+                from None
         make = ("make one with `specmesh keygen --key-file %s`" % path if str(path) != atomic.STDOUT else  # a file
                 "`-` is no stream here: give the key's file, or /dev/stdin for a key piped in")  # keygen refuses -
         raise KeyFileError("key file %s does not exist (%s)" % (path, make)) from None
