@@ -504,14 +504,17 @@ def test_a_key_file_cut_short_says_what_to_do(capsys, tmp_path, cut, words):
 @pytest.mark.parametrize("damage, words", [
     (lambda key: key[:7] + b"g" + key[8:], "must hold the key as hex digits only: copy the key file the boards were "
                                            "flashed with again; where it is lost, erase each keyed board's flash"),
-    (lambda key: key[:7] + bytes([key[7] | 0x80]) + key[8:], "is not text, so no key file: give the key file the "
-                                                             "boards were flashed with (specmesh keygen wrote it)"),
-    (lambda key: (MODELS / "vocab.bin").read_bytes(), "is not text, so no key file: give the key file the boards were "
-                                                      "flashed with (specmesh keygen wrote it)")])
+    (lambda key: key[:7] + bytes([key[7] | 0x80]) + key[8:], "must hold the key as hex digits only: copy the key "
+                                                             "file the boards were flashed with again"),
+    (lambda key: (MODELS / "vocab.bin").read_bytes(), "holds no key (not hex digits): a key file must hold the key as "
+                                                      "hex digits only: give the one the boards were flashed with "
+                                                      "(specmesh keygen wrote it)\n"),
+    (lambda key: (MODELS / "card.json").read_bytes()[:200], "holds no key (not hex digits): a key file must hold the "
+                                                            "key as hex digits only: give the one the boards were")])
 def test_a_key_file_damaged_or_of_another_kind_says_what_to_do(capsys, tmp_path, damage, words):
     """A key file with a flipped bit (a hex digit become another letter, or a byte past ASCII), or another file given
-    for it (models/vocab.bin): 'must hold the key as hex digits only' and 'cannot read key file F: not text' gave no
-    way on."""
+    for it (models/vocab.bin, a JSON file): 'must hold the key as hex digits only' and 'cannot read key file F: not
+    text' gave no way on."""
     new_key_file(tmp_path / "k")
     (tmp_path / "k").write_bytes(damage((tmp_path / "k").read_bytes()))
     assert cli.main(["run", "--key-file", str(tmp_path / "k"), "--drafter", "cpu", "--verifier", "cpu"]) == 2

@@ -40,6 +40,10 @@ _RECOPY = ("copy the key file the boards were flashed with again; where it is lo
            "(%s: a keyed board takes no flash without its key) and flash a new key (specmesh keygen) onto every board"
            % ERASE)
 
+# what to do with another file given as the key file (a calibration, models/vocab.bin)
+_OTHER_FILE = "a key file must hold the key as hex digits only: give the one the boards were flashed with (specmesh " \
+    "keygen wrote it)"
+
 
 class KeyFileError(Exception):
     """A key file that cannot be read or used; the message is one line without the key."""
@@ -57,7 +61,7 @@ def load_key(path: str | Path) -> bytes:
         if len(raw) > FILE_MAX_BYTES:
             raise KeyFileError("key file %s is over %d bytes; a key has %d to %d (as hex)"
                                % (path, FILE_MAX_BYTES, MIN_BYTES, MAX_BYTES))
-        text = raw.removeprefix(codecs.BOM_UTF8).decode("ascii").strip()
+        text = raw.removeprefix(codecs.BOM_UTF8).decode("ascii", "replace").strip()  # a byte past ASCII: U+FFFD
     except FileNotFoundError:
         if os.path.islink(path):  # keygen refuses the link as there already: "make one" was a loop
             raise KeyFileError("key file %s links to %s, which is not there (a drive not mounted?): make the key file "
@@ -68,9 +72,6 @@ def load_key(path: str | Path) -> bytes:
         raise KeyFileError("key file %s does not exist (%s)" % (path, make)) from None
     except IsADirectoryError:  # it said "cannot read key file DIR: Is a directory", and no way on
         raise KeyFileError("key file %s is a folder: name the key's file in it" % path) from None
-    except UnicodeError:  # another file given for it (models/vocab.bin): "cannot read key file F: not text", no way on
-        raise KeyFileError("key file %s is not text, so no key file: give the key file the boards were flashed with "
-                           "(specmesh keygen wrote it)" % path) from None
     except OSError as e:
         raise KeyFileError("cannot read key file %s: %s" % (path, e.strerror or e)) from None
     words = text.split()
@@ -83,7 +84,10 @@ def load_key(path: str | Path) -> bytes:
                            % (path, len(text), _RECOPY))
     try:
         key = bytes.fromhex(text)
-    except ValueError:  # an edit or a flipped bit: a digit become another letter (it said so, and no way on)
+    except ValueError:  # it said so, and no way on: an edit or a flipped bit (a digit become another letter, or a
+        # byte past ASCII) is a character or two, another file given for it (a calibration, models/vocab.bin) more
+        if sum(c not in HEX_DIGITS for c in text) > 2:
+            raise KeyFileError("key file %s holds no key (not hex digits): %s" % (path, _OTHER_FILE)) from None
         raise KeyFileError("key file %s must hold the key as hex digits only: %s" % (path, _RECOPY)) from None
     if not MIN_BYTES <= len(key) <= MAX_BYTES:
         raise KeyFileError("key file %s holds %d bytes; a key has %d to %d: %s"
