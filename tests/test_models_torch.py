@@ -85,6 +85,24 @@ def test_export_of_a_configuration_a_model_file_cannot_hold_names_the_field_befo
     assert not (tmp_path / "x.spm").exists() and not (tmp_path / "reference.npz").exists()
 
 
+def test_export_of_a_context_shorter_than_its_reference_outputs_is_one_line_before_any_work(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """A checkpoint whose context (max_seq 24, a llama2.c test model's) is shorter than the 64 positions of export's
+    reference outputs was torch's "size of tensor a (25) must match" traceback once they were being computed."""
+    from specmesh.tools import export
+
+    _export_folder(tmp_path)
+    torch.manual_seed(0)
+    m = Transformer(ModelArgs(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden=32, max_seq=24))
+    torch.save({"model": m.state_dict(), "config": m.a.to_dict()}, tmp_path / "short.pt")
+    monkeypatch.setattr(export, "reference", lambda *a: pytest.fail("its reference outputs were computed"))
+    assert export.main(["--out", str(tmp_path), "--model", "x=%s" % (tmp_path / "short.pt")]) == 1
+    assert capsys.readouterr().err == (
+        "export: --model x=%s: its context holds 24 positions, export's reference outputs need %d: give a checkpoint "
+        "of max_seq %d or more\n" % (tmp_path / "short.pt", export.REF_LEN, export.REF_LEN))
+    assert not (tmp_path / "x.spm").exists() and not (tmp_path / "reference.npz").exists()
+
+
 def _other_vocab(folder):
     """folder/vocab.bin replaced by the table of another tokenizer of the same size (two pieces swapped)."""
     from specmesh.host.decode.tokenizer import pack_vocab, unpack_vocab

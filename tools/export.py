@@ -176,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("--model %s: NAME must be letters, digits, - and _ only (as drafter-esp32): it becomes "
                                  "the file NAME.spm in --out" % spec)
             models[name] = load_float(Path(ck))
+            if models[name].a.max_seq < REF_LEN:  # torch's "size of tensor a must match" traceback, in reference()
+                raise ValueError("--model %s: its context holds %d positions, export's reference outputs need %d: give "
+                                 "a checkpoint of max_seq %d or more" % (spec, models[name].a.max_seq, REF_LEN,
+                                                                         REF_LEN))
             # said before the minutes of its reference outputs, as every other refusal here: not once they are computed
             check_config(a.out / (name + ".spm"), header_of(models[name], tid))
         ref_path = a.out / "reference.npz"
