@@ -103,6 +103,21 @@ def test_export_of_a_context_shorter_than_its_reference_outputs_is_one_line_befo
     assert not (tmp_path / "x.spm").exists() and not (tmp_path / "reference.npz").exists()
 
 
+def test_export_to_a_model_file_that_is_a_folder_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    """`--model x=A --model y=B` where --out holds a folder y.spm wrote x.spm, then failed on y.spm once the reference
+    outputs were computed: x.spm new beside reference outputs old, what export's order of writes is there to avoid."""
+    from specmesh.tools import export
+
+    _export_folder(tmp_path)
+    (tmp_path / "y.spm").mkdir()
+    monkeypatch.setattr(export, "reference", lambda *a: pytest.fail("its reference outputs were computed"))
+    tiny = tmp_path / "tiny.pt"
+    argv = ["--out", str(tmp_path), "--model", "x=%s" % tiny, "--model", "y=%s" % tiny]
+    assert export.main(argv) == 1
+    assert capsys.readouterr().err == "export: model %s cannot be written: it is a folder\n" % (tmp_path / "y.spm")
+    assert not (tmp_path / "x.spm").exists() and not (tmp_path / "reference.npz").exists()
+
+
 def _other_vocab(folder):
     """folder/vocab.bin replaced by the table of another tokenizer of the same size (two pieces swapped)."""
     from specmesh.host.decode.tokenizer import pack_vocab, unpack_vocab

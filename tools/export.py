@@ -182,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                          REF_LEN))
             # said before the minutes of its reference outputs, as every other refusal here: not once they are computed
             check_config(a.out / (name + ".spm"), header_of(models[name], tid))
+            problem = atomic.unwritable(a.out / (name + ".spm"))  # a folder there: the models before it were written
+            if problem:
+                raise ValueError("model %s cannot be written: %s" % (a.out / (name + ".spm"), problem))
         ref_path = a.out / "reference.npz"
         refs = read_reference(ref_path) if ref_path.exists() else {}
     except (OSError, ValueError, TokenizerError) as e:  # CheckpointError is a ValueError
