@@ -58,8 +58,10 @@ def test_console_auto_without_one_board_names_its_port_argument_not_a_flag(monke
         monkeypatch.setattr(ports.list_ports, "comports", lambda found=found: found)
         assert cli.main(["console", "auto"]) == 2
         assert capsys.readouterr().err == "specmesh console: error: %s\n" % line
-        with pytest.raises(ports.PortError, match="--port$"):  # flash and bench take it as --port
+        with pytest.raises(ports.PortError, match="--port$"):  # bench takes it as --port
             ports.resolve_port("auto")
+        assert cli.main(["flash", "--role", "drafter"]) == 2  # and flash, which make flash runs with PORT=
+        assert capsys.readouterr().err.endswith(" --port (make flash: PORT=, e.g. make flash PORT=/dev/ttyUSB0)\n")
 
 
 def test_console_on_a_port_url_without_a_descriptor_is_polled():

@@ -70,7 +70,7 @@ def _flash(args) -> int:
         layers = parse_layers(args.layers) if args.layers is not None else None
         key = load_key(args.key_file) if args.key_file else None
         request = check_request(args.role, args.model, layers)
-        port = resolve_port(args.port)
+        port = resolve_port(args.port, "--port (make flash: PORT=, e.g. make flash PORT=/dev/ttyUSB0)")
         t0 = time.monotonic()
         try:
             report = flash_checked(port, request, args.node_id, reset=not args.no_reset, key=key,
