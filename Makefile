@@ -16,7 +16,19 @@ PIP_EXTRA ?=
 PORT ?= auto
 ROLE ?= drafter
 
-.PHONY: FORCE setup setup-gpu run lint test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check rv32-deps test-rv32 xtensa-firmware xtensa-check xtensa-deps test-xtensa xtensa-mpy-tests native native-check
+.PHONY: FORCE help setup setup-gpu run lint test test-torch test-all bench fuzz train flash chaos clean mpy-src rv32-firmware rv32-check rv32-deps test-rv32 xtensa-firmware xtensa-check xtensa-deps test-xtensa xtensa-mpy-tests native native-check
+
+# What a new clone's user reaches for (README.md says more of each; every other target is CI's or a maintainer's).
+help:
+	@echo "make run        the main job: virtual boards, the shipped models (ARGS='-p \"The dog\" -n 64': run's flags)"
+	@echo "make test       the test suite (make test-torch, test-rv32, test-xtensa: the opt-in suites)"
+	@echo "make flash      flash a board: make flash PORT=/dev/ttyUSB0 ROLE=drafter|verifier|stage ARGS='...'"
+	@echo "make bench      speed and memory figures side by side, runs/bench/report.md"
+	@echo "make chaos      faults injected into virtual boards; the text must not change"
+	@echo "make lint       ruff, mypy and the import layers"
+	@echo "make train      distil the drafters again (PyTorch; hours on a CPU)"
+	@echo "make setup      the .venv alone (make setup-gpu: with PyTorch); make clean removes it"
+	@echo ".venv/bin/specmesh help [COMMAND]: every command and flag"
 
 setup: $(STAMP)
 

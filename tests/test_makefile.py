@@ -370,3 +370,14 @@ def test_a_dry_run_of_make_native_or_bench_before_the_source_is_unpacked_says_wh
         if target == "native":
             assert "build firmware/native/x64.mpy (once build/micropython-1.28.0 is unpacked)" in done.stdout
     assert sorted(p.name for p in folder.iterdir()) == ["Makefile", "firmware", "pyproject.toml", "vendor"]
+
+
+def test_make_alone_is_make_help_and_every_target_it_names_is_one():
+    """`make` with no target ran `make setup`: a new clone's user got no word of what to run. It is `make
+    help` now, a line a target, and each `make X` it names is a target of the Makefile (the list cannot rot)."""
+    out = subprocess.run(["make", "--no-print-directory"], cwd=ROOT, capture_output=True, text=True, env=ALONE,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("make run ") and out.stderr == "", out
+    named = set(re.findall(r"\bmake ([a-z][a-z0-9-]*)", out.stdout)) | set(re.findall(r"\b(test-[a-z0-9]+)", out.stdout))
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):", (ROOT / "Makefile").read_text(), re.M))
+    assert named and named <= targets, named - targets
