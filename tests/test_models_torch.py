@@ -188,6 +188,22 @@ def test_export_refuses_a_model_name_that_is_no_plain_file_name(tmp_path, capsys
     assert sorted(tmp_path.rglob("*")) == before
 
 
+def test_export_refuses_a_name_given_twice(tmp_path, capsys):
+    """`--model a=x.pt --model a=y.pt` exported y alone as a.spm, x dropped unsaid: refused in one line, nothing
+    written."""
+    from specmesh.tools.export import main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    _export_folder(out)
+    before = sorted(tmp_path.rglob("*"))
+    spec = "a=%s" % (out / "tiny.pt")
+    assert main(["--out", str(out), "--model", spec, "--model", spec]) == 1
+    assert capsys.readouterr().err == "export: --model %s: a is named twice (one checkpoint a NAME: each becomes " \
+        "NAME.spm)\n" % spec
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_an_export_stopped_while_it_writes_the_reference_outputs_keeps_the_old_archive(tmp_path, monkeypatch):
     """reference.npz was written in place by numpy: a Ctrl-C while it wrote left half an archive, which the next
     export could not read."""

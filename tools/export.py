@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
                 raise ValueError("--model %s: NAME must be letters, digits, - and _ only (as drafter-esp32): it becomes "
                                  "the file NAME.spm in --out" % spec)
+            if name in models:  # the last given was kept, unsaid
+                raise ValueError("--model %s: %s is named twice (one checkpoint a NAME: each becomes NAME.spm)"
+                                 % (spec, name))
             models[name] = load_float(Path(ck))
             if models[name].a.max_seq < REF_LEN:  # torch's "size of tensor a must match" traceback, in reference()
                 raise ValueError("--model %s: its context holds %d positions, export's reference outputs need %d: give "
