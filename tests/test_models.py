@@ -217,13 +217,13 @@ def test_a_corrupt_tokenizer_in_a_tools_models_folder_says_what_to_do(tmp_path, 
     llama2.c tokenizer has 3 specials and 256 byte tokens", and no way on; it says what a run says of it."""
     if tool == "export":
         pytest.importorskip("torch", reason="export needs PyTorch: without it, it says how to install it")
-    from specmesh.tools import export, modelcard
+    import importlib
 
     for f in MODELS.iterdir():
         (tmp_path / f.name).write_bytes(f.read_bytes()[:100] if f.name == "tokenizer.bin" else f.read_bytes())
     argv = (["--models", str(tmp_path), "--json", str(tmp_path / "figures.json")] if tool == "modelcard" else
             ["--model", "x=%s" % (tmp_path / "x.pt"), "--out", str(tmp_path)])
-    assert (modelcard if tool == "modelcard" else export).main(argv) == 1
+    assert importlib.import_module("specmesh.tools." + tool).main(argv) == 1  # (export's import needs torch)
     err = capsys.readouterr().err
     assert err.startswith("%s: %s holds 7 tokens" % (tool, tmp_path / "tokenizer.bin")) and err.endswith(
         ": copy the models' own tokenizer.bin there again (the shipped one is in %s)\n" % MODELS)
