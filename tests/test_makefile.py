@@ -378,6 +378,6 @@ def test_make_alone_is_make_help_and_every_target_it_names_is_one():
     out = subprocess.run(["make", "--no-print-directory"], cwd=ROOT, capture_output=True, text=True, env=ALONE,
                          timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("make run ") and out.stderr == "", out
-    named = set(re.findall(r"\bmake ([a-z][a-z0-9-]*)", out.stdout)) | set(re.findall(r"\b(test-[a-z0-9]+)", out.stdout))
+    named = {*re.findall(r"\bmake ([a-z][a-z0-9-]*)", out.stdout), *re.findall(r"\b(test-[a-z0-9]+)", out.stdout)}
     targets = set(re.findall(r"^([a-z][a-z0-9-]*):", (ROOT / "Makefile").read_text(), re.M))
     assert named and named <= targets, named - targets

@@ -26,6 +26,10 @@ def not_a_command(name: str, instead: str) -> NoReturn:
     sys.exit("%s: a module the tools and tests import, not a command: %s" % (name, instead))
 
 
+# the end of a tool's flag's help that names its default (argparse fills it in)
+DEFAULT = " (default: %(default)s)"
+
+
 def run_tool(name: str, main: Callable[[], int | None]) -> NoReturn:
     """`python -m specmesh.tools.NAME`: exit with main()'s status; Ctrl-C, SIGTERM and SIGHUP end it with one line
     and the shell's status (130, 128 + the signal) after every `finally` on the way out ran (a half-written file's

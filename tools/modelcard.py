@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specmesh.tools import output_problem, run_tool, said
+from specmesh.tools import DEFAULT, output_problem, run_tool, said
 from specmesh.host import atomic
 from specmesh.host.backends import BackendError, LocalDrafter, LocalVerifier, SessionParams
 from specmesh.host.backends.engine import Engine, to_float
@@ -45,7 +45,8 @@ from specmesh.tools.heldout import (
 from specmesh.shared.modelfile import ModelFileError, tensor_layout
 
 GAMMA = 4
-D = " (default: %(default)s)"
+
+
 def n_params(h) -> int:
     """Parameters of a model file (vectors are 1-row entries of the layout)."""
     return sum(r * c for _n, kind, r, c in tensor_layout(h))
@@ -170,10 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", type=a_path, default=MODELS,  # the package's, wherever it is run from
                     help="the models folder measured (default: the shipped models/)")
     ap.add_argument("--prompts", type=int, default=64,
-                    help="acceptance prompts: the first N of each held-out set" + D)
-    ap.add_argument("--new", type=int, default=96, help="tokens generated after each prompt" + D)
+                    help="acceptance prompts: the first N of each held-out set" + DEFAULT)
+    ap.add_argument("--new", type=int, default=96, help="tokens generated after each prompt" + DEFAULT)
     ap.add_argument("--variants", type=a_path, nargs="*", default=[], help="drafter checkpoint folders to compare")
-    ap.add_argument("--json", type=a_path, default=Path("runs/modelcard.json"), help="the figures' file" + D)
+    ap.add_argument("--json", type=a_path, default=Path("runs/modelcard.json"), help="the figures' file" + DEFAULT)
     a = ap.parse_args(argv)
     try:  # no prompts or no new tokens measure nothing: a division by zero after minutes of measuring
         in_range("--prompts", a.prompts, 1)

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from specmesh.tools import run_tool, without_torch
+from specmesh.tools import DEFAULT, run_tool, without_torch
 
 try:
     import torch
@@ -53,7 +53,6 @@ from specmesh.tools.modeldefs import (DRAFTERS, CheckpointError, Transformer, fr
                                       load_weights, read_pt)
 
 MIN_OPENING, MAX_OPENING = 4, 48  # real tokens a pool row opens with, after BOS
-D = " (default: %(default)s)"
 
 
 @torch.no_grad()
@@ -313,31 +312,32 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--loss", default="kl",
                     help="weighted terms, e.g. kl or kl:1,tv:1,greedy:0.5: KL(target || drafter); tv the total "
                          "variation between the target and the drafter's q-hat, 1 - alpha at T = 1; greedy the "
-                         "drafter's log-probability of the target's argmax (alpha at T = 0); weights of at least 0" + D)
+                         "drafter's log-probability of the target's argmax (alpha at T = 0); weights of at least 0"
+                         + DEFAULT)
     ap.add_argument("--select", choices=("alpha_t1", "alpha_greedy"), default="alpha_t1",
-                    help="the held-out figure best.pt is chosen by" + D)
+                    help="the held-out figure best.pt is chosen by" + DEFAULT)
     ap.add_argument("--draft-top-k", type=int, default=8, help="q-hat size the tv loss assumes (default: 8)")
-    ap.add_argument("--steps", type=int, default=20000, help="optimizer steps, the schedule's length" + D)
+    ap.add_argument("--steps", type=int, default=20000, help="optimizer steps, the schedule's length" + DEFAULT)
     ap.add_argument("--minutes", type=float, default=0,
                     help="stop after this many minutes of training, the schedule decayed by then (default: 0, none)")
     ap.add_argument("--stop-at", type=int, default=0,
                     help="stop after this step, the schedule still that of --steps (a shorter run of the same phase; "
                          "default: 0, at --steps)")
-    ap.add_argument("--batch", type=int, default=32, help="pool rows a step" + D)
-    ap.add_argument("--seq", type=int, default=256, help="tokens a pool row, up to the shape's context" + D)
-    ap.add_argument("--pool", type=int, default=1024, help="stories the target samples per pool" + D)
+    ap.add_argument("--batch", type=int, default=32, help="pool rows a step" + DEFAULT)
+    ap.add_argument("--seq", type=int, default=256, help="tokens a pool row, up to the shape's context" + DEFAULT)
+    ap.add_argument("--pool", type=int, default=1024, help="stories the target samples per pool" + DEFAULT)
     ap.add_argument("--temps", type=_comma_separated(float, "numbers", "1,0.5"), default=(1.0,),
                     help="temperatures the target samples the pool at, rows split evenly (e.g. 1,0.5; default: 1)")
     ap.add_argument("--refresh", type=int, default=160,
                     help="steps between pools (each story is drawn ~5 times; default: %(default)s)")
     ap.add_argument("--lr", type=float, default=3e-3,
-                    help="peak learning rate, above 0: linear warm-up, then cosine decay to a tenth" + D)
-    ap.add_argument("--warmup", type=int, default=100, help="steps of the linear warm-up" + D)
+                    help="peak learning rate, above 0: linear warm-up, then cosine decay to a tenth" + DEFAULT)
+    ap.add_argument("--warmup", type=int, default=100, help="steps of the linear warm-up" + DEFAULT)
     ap.add_argument("--eval-every", type=int, default=100,
-                    help="steps between held-out evaluations, each saving last.pt" + D)
+                    help="steps between held-out evaluations, each saving last.pt" + DEFAULT)
     ap.add_argument("--seed", type=int, default=1234,
-                    help="seed of the pools, batches and initial weights, 0..4294967295" + D)
-    ap.add_argument("--threads", type=int, default=1, help="PyTorch's CPU threads" + D)
+                    help="seed of the pools, batches and initial weights, 0..4294967295" + DEFAULT)
+    ap.add_argument("--threads", type=int, default=1, help="PyTorch's CPU threads" + DEFAULT)
     return ap
 
 
