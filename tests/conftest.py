@@ -136,13 +136,25 @@ def until_sleeping(proc, end: float, wchan: str = "") -> None:
     """Wait until the main thread of process `proc` (a Popen) sleeps (/proc), as one whose read waits for input does,
     or it exits, or time.monotonic() passes `end`. `wchan`: where the kernel function it sleeps in is shown (its
     /proc wchan), one whose name holds this (e.g. "pipe_read"): a sleep before its read (a thread's start) is not it."""
-    while proc.poll() is None and time.monotonic() < end:
+    def sleeping() -> bool:
         with open("/proc/%d/stat" % proc.pid) as f:
-            asleep = f.read().rpartition(")")[2].split()[0] == "S"
+            return f.read().rpartition(")")[2].split()[0] == "S"
+
+    def where() -> str:
+        with open("/proc/%d/wchan" % proc.pid) as f:
+            return f.read()
+
+    while proc.poll() is None and time.monotonic() < end:
+        asleep = sleeping()
         if asleep and wchan:
-            with open("/proc/%d/wchan" % proc.pid) as f:
-                shown = f.read()
-            asleep = wchan in shown or shown in ("", "0")
+            shown = where()
+            # "0": a kernel that hides it, or a thread that woke between the two reads (its thread start's wait,
+            # then its imports, read as the read's sleep: the Ctrl-C came before its handlers, a flaky failure):
+            # asked again, it counts only if the thread sleeps still
+            if shown in ("", "0"):
+                asleep = sleeping()
+                shown = where() if asleep else shown
+            asleep = asleep and (wchan in shown or shown in ("", "0"))
         if asleep:
             return
         time.sleep(0.01)
