@@ -105,6 +105,7 @@ def test_a_layer_subset_is_the_deeper_models_layers_in_order_and_the_trainer_ref
     (["--temps", "1,-1"], "--temps must be at least 0, not -1"),
     (["--lr", "-1"], "--lr must be a number above 0, not -1"),  # the optimizer's traceback
     (["--steps", "5", "--stop-at", "10"], "--stop-at must be in 0..5, not 10"),  # stopped at 5, unsaid
+    (["--steps", "0"], "--steps must be at least 1, not 0"),  # no step: a summary of best alpha -1 and no best.pt
     (["--lr", "nan"], "--lr must be a number above 0, not nan"),
     (["--seed", str(2 ** 64)], "--seed must be in 0..4294967295, not %d" % 2 ** 64),  # torch's overflow, a traceback
     (["--openings", str(HELDOUT), "--seq", "40"],  # a row's opening longer than the row: torch's size error
@@ -140,7 +141,7 @@ def test_an_out_that_cannot_be_the_checkpoint_folder_is_one_line_before_the_targ
     monkeypatch.setattr(train, "train", lambda a: pytest.fail("trained"))
     (tmp_path / "file").write_text("")
     out = out.format(file=tmp_path / "file")
-    assert train.main(["--shape", "d40l2kv1", "--out", out, "--steps", "0"]) == 2
+    assert train.main(["--shape", "d40l2kv1", "--out", out, "--steps", "1"]) == 2
     assert capsys.readouterr().err == "train: %s\n" % says.format(file=tmp_path / "file")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 

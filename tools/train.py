@@ -378,17 +378,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def checked(a: argparse.Namespace) -> None:
-    """RangeError for a flag no run can use (a zero batch, pool, refresh or eval period; a --seq past the shape's
-    context or too short for --openings; a learning rate not above 0; a seed past 32 bits; a layer the target lacks),
-    ValueError for a --heldout or --openings text that is not UTF-8 or holds no story (--openings: no paragraph long
-    enough to open a row, or too little text for --text-share's windows): said before the target loads, not as
+    """RangeError for a flag no run can use (a zero batch, pool, refresh, eval period or step count; a --seq past the
+    shape's context or too short for --openings; a learning rate not above 0; a seed past 32 bits; a layer the target
+    lacks), ValueError for a --heldout or --openings text that is not UTF-8 or holds no story (--openings: no paragraph
+    long enough to open a row, or too little text for --text-share's windows): said before the target loads, not as
     torch's error or a division by zero once it has."""
     cfg = DRAFTERS[a.shape]
     for flag, value, lo, hi in (("--batch", a.batch, 1, None), ("--pool", a.pool, 1, None),
                                 ("--refresh", a.refresh, 1, None), ("--eval-every", a.eval_every, 1, None),
                                 ("--val-stories", a.val_stories, 1, None), ("--val-new", a.val_new, 1, None),
                                 ("--threads", a.threads, 1, None), ("--draft-top-k", a.draft_top_k, 1, cfg.vocab),
-                                ("--seq", a.seq, 1, cfg.max_seq), ("--steps", a.steps, 0, None),
+                                ("--seq", a.seq, 1, cfg.max_seq), ("--steps", a.steps, 1, None),
                                 ("--warmup", a.warmup, 0, None), ("--stop-at", a.stop_at, 0, a.steps),
                                 ("--minutes", a.minutes, 0, None), ("--text-share", a.text_share, 0, 1)):
         in_range(flag, value, lo, hi)
