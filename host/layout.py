@@ -25,6 +25,16 @@ def model_path(models: Path, role: str) -> Path:
     return Path(models) / MODEL_FILES[role]
 
 
+def models_folder_problem(models: Path) -> str | None:
+    """Why `--models` `models` is no models folder (missing, or a file), as a line that names the shipped one; None
+    where it is a folder (a typo to fix, not models to train)."""
+    if Path(models).is_dir():
+        return None
+    return "--models %s: %s (the shipped models are in %s)" % (
+        models, "not a folder: give the folder that holds the model files" if Path(models).exists() else
+        "no such folder", MODELS)
+
+
 def host_drafter_model(models: Path) -> Path:
     """The drafter the host CPU back-end runs from the folder `models`: HOST_DRAFTER_FILE, or drafter.spm in a
     folder without it (one made before it shipped, or of one drafter). Something else under its name (a folder) is

@@ -143,7 +143,7 @@ def test_modelcard_reads_the_shipped_models_wherever_it_is_run_from(tmp_path, mo
 @pytest.mark.parametrize("argv, missing", [
     (["llama2c_import", "{tmp}/gone.bin", "--out", "{tmp}/x.spm"], "{tmp}/gone.bin"),  # its own handler
     (["xtensa_loops", "--kernels", "{tmp}/gone.py"], "{tmp}/gone.py"),  # run_tool's
-    (["modelcard", "--models", "{tmp}/gone", "--json", "{tmp}/card.json"], "{tmp}/gone/tokenizer.bin"),
+    (["modelcard", "--models", "{tmp}", "--json", "{tmp}/card.json"], "{tmp}/tokenizer.bin"),  # a folder lacking it
 ])
 def test_a_missing_file_is_named_without_pythons_errno_form(tmp_path, argv, missing):
     """A file a tool reads that is not there said "llama2c_import: [Errno 2] No such file or directory: '/x.bin'";
@@ -153,6 +153,20 @@ def test_a_missing_file_is_named_without_pythons_errno_form(tmp_path, argv, miss
                           capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (1, "%s: %s: No such file or directory\n" % (
         argv[0], missing.format(tmp=tmp_path))), done.stderr
+
+
+@pytest.mark.parametrize("models, says", [("{tmp}/gone", "no such folder"),
+                                          ("{tmp}/file", "not a folder: give the folder that holds the model files")])
+def test_modelcard_names_a_models_folder_that_is_none(tmp_path, models, says):
+    """`modelcard --models /gone` said "/gone/tokenizer.bin: No such file or directory", its first file's, not that the
+    folder was the typo; now run's line for it, before anything is read, nothing written."""
+    (tmp_path / "file").write_text("")
+    models = models.format(tmp=tmp_path)
+    done = subprocess.run([sys.executable, "-m", "specmesh.tools.modelcard", "--models", models, "--json",
+                           str(tmp_path / "card.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (2, "modelcard: --models %s: %s (the shipped models are in %s)\n" % (
+        models, says, MODELS)), done.stderr
+    assert not (tmp_path / "card.json").exists()
 
 
 @pytest.mark.parametrize("argv", [

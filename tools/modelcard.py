@@ -37,7 +37,7 @@ from specmesh.host.boardclasses import ESP32, ESP32S3, kv_bytes
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import generate
 from specmesh.host.decode.tokenizer import Tokenizer, TokenizerError
-from specmesh.host.layout import DRAFTER_FILE, HOST_DRAFTER_FILE, MODELS, TARGET_FILE
+from specmesh.host.layout import DRAFTER_FILE, HOST_DRAFTER_FILE, MODELS, TARGET_FILE, models_folder_problem
 from specmesh.tools.reference import read_reference
 from specmesh.tools.heldout import (
     LOSS_STORIES, PROMPT_SETS, PROMPT_TOKENS, heldout_prompts, heldout_stories, prompt_set,
@@ -181,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         in_range("--new", a.new, 1)
     except RangeError as e:
         print("modelcard: %s" % e, file=sys.stderr)
+        return 2
+    problem = models_folder_problem(a.models)
+    if problem:  # was its first file's "No such file or directory", which did not say the folder was the typo
+        print("modelcard: %s" % problem, file=sys.stderr)
         return 2
     if a.variants and importlib.util.find_spec("torch") is None:  # exporting them needs it: said before measuring
         from specmesh.host.backends.torch_backend import INSTALL_HINT

@@ -15,7 +15,7 @@ from specmesh.host import atomic
 from specmesh.host.backends import HOST_BACKENDS, PIPELINE, SessionParams, is_port, port_list, temp_milli, top_p_q16
 from specmesh.host.boardclasses import drafter_class
 from specmesh.host.cli.ranges import SEED, RangeError, in_range, probability
-from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path, run_inputs
+from specmesh.host.layout import MODEL_FILES, MODELS, TOKENIZER_FILE, model_path, models_folder_problem, run_inputs
 from specmesh.host.provision import drafters
 from specmesh.host.stops import awake
 from specmesh.shared import messages as m
@@ -398,10 +398,9 @@ def _check_models(models: Path, plain: bool, target: Path | None, drafter: Path 
     --drafter cpu) (a --models folder that does not exist is a typo to fix, not models to train)."""
     from specmesh.host.cli.preflight import drafter_file
 
-    if not models.is_dir():
-        raise UsageError("--models %s: %s (the shipped models are in %s)" % (
-            models, "not a folder: give the folder that holds the model files" if models.exists() else "no such folder",
-            MODELS))
+    problem = models_folder_problem(models)
+    if problem:
+        raise UsageError(problem)
     for role, named, flag in (("drafter", drafter, "--draft-model"), ("verifier", target, "--model")):
         if role == "drafter" and plain:
             continue
