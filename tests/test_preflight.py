@@ -483,6 +483,17 @@ def test_serve_s_help_lists_no_flag_it_refuses(models, capsys, no_board_starts, 
     assert err == "specmesh serve: error: %s belongs to one generation: %s (drop it)\n" % (flag, instead)
 
 
+def test_serve_refuses_no_color_which_colours_nothing_there(models, capsys, no_board_starts, serve_extra):
+    """`serve --help` listed run's --no-color ("never colour the streamed text") and serve took it and did nothing:
+    it streams no text to a terminal. It is out of serve's help, and refused in one line that says why."""
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    assert "--no-color" not in capsys.readouterr().out
+    err = one_line_status_2(capsys, ["serve", "--models", str(models), "--no-color"])
+    assert err.startswith("specmesh serve: error: --no-color colours nothing here: serve writes no text to a terminal")
+    assert err.endswith(": drop it\n")
+
+
 def resolving(monkeypatch, name, *addresses):
     """socket.getaddrinfo with `name` resolving to `addresses` (IPv4 or IPv6 literals, in that order)."""
     import socket
