@@ -261,6 +261,22 @@ def test_chaos_says_each_case_as_it_starts_and_ends(monkeypatch):
     assert lines[-1].startswith("[4/4] slow-serial, T=0.8: same text in")
 
 
+def test_chaos_says_a_sampled_case_whose_drafter_died_is_another_sample_not_a_differing_text(monkeypatch):
+    """drafter-dies at T=0.8 goes on with plain rounds, another sample of the target (the table's "other", status 0):
+    its progress line said "text differs", as for a fault that changed a text (status 1)."""
+    from specmesh.host.cli import chaos
+
+    monkeypatch.setattr(chaos, "reference", lambda models, params, tokens, *transport: [5, 6])
+    monkeypatch.setattr(chaos, "run_case", lambda prof, params, tokens, models, root: dict(
+        tokens=[5, 6] if root.name == "base" or params.greedy else [5, 7], wall_s=1.0, failovers=[], recovery_s=None,
+        round_s=0.1, retransmits=0, resyncs=0, radio_lost=0, radio_raised=0, console_dropped=0))
+    lines: list[str] = []
+    chaos.run(["drafter-dies", "lossy-serial"], 2, say=lines.append)
+    assert lines[1].startswith("[1/4] drafter-dies, T=0.0: same text in")
+    assert lines[3].startswith("[2/4] drafter-dies, T=0.8: another sample, as expected (the table's \"other\") in")
+    assert lines[7].startswith("[4/4] lossy-serial, T=0.8: text differs in")
+
+
 def test_a_radio_that_raises_gives_the_fault_free_text(tmp_path):
     """A tenth of the sync sends raise OSError, as the real port's ESPNow.send does (ports/esp32/modespnow.c): each
     is a lost try on the sender, retransmitted (before, the OSError ended the node: the run failed)."""

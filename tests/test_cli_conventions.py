@@ -164,3 +164,18 @@ def test_help_as_a_command_is_the_help_flag(capsys, argv, usage):
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
     assert e.value.code == 0 and capsys.readouterr().out.startswith(usage)
+
+
+@pytest.mark.parametrize("argv, needed", [(["flash", "--help"], " --role {drafter,verifier,stage}\n"),
+                                          (["keygen", "-h"], " --key-file F\n"), (["help", "flash"], " --role ")])
+def test_help_shows_a_required_flag_as_required(capsys, argv, needed):
+    """The usage of `flash --help` read `[--role {drafter,verifier,stage}]` and keygen's `[--key-file F]`, as if
+    optional (the parse that checks required flags after unknown ones had them unrequired while --help printed);
+    --role had no help line either."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    out = capsys.readouterr().out
+    usage = out.split("\n\n")[0]
+    assert e.value.code == 0 and needed.rstrip("\n") in usage and "[" + needed.strip() not in usage
+    if argv[0] == "flash" or argv[1:] == ["flash"]:
+        assert "what the board does: drafter, verifier, or stage" in out

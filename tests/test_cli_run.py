@@ -369,6 +369,27 @@ def test_a_flag_that_changes_nothing_is_said_in_one_line(models, capsys):
                                                    "is not used\n")
 
 
+def test_spec_ahead_with_a_drafter_board_on_a_port_is_said_unused():
+    """--spec-ahead goes into the config of the virtual drafter boards a run flashes; a board on a port (`auto`
+    too) drafts ahead as its own config says, and the flag was taken without a word."""
+    import argparse
+
+    from specmesh.host.cli.config import RunConfig
+    from specmesh.host.cli.flags import add_arguments
+
+    for drafter in ("/dev/ttyUSB0", "auto"):
+        a = argparse.ArgumentParser()
+        add_arguments(a)
+        config = RunConfig.from_args(a.parse_args(["--drafter", drafter, "--verifier", "cpu", "--spec-ahead", "4"]))
+        assert config.notes == ("--spec-ahead is written into the config of the virtual drafter boards a run flashes: "
+                                "the board on --drafter %s drafts ahead as its own config's spec_ahead says, so it is "
+                                "not used" % drafter,)
+    for drafter in ("virtual", "virtual:esp32"):  # the boards the run flashes: taken
+        a = argparse.ArgumentParser()
+        add_arguments(a)
+        assert RunConfig.from_args(a.parse_args(["--drafter", drafter, "--spec-ahead", "4"])).notes == ()
+
+
 def test_stats_json_to_a_device_is_written_straight_and_a_failed_write_is_one_line(models, capsys):
     """/dev/full stays a device (it became a regular file when the JSON was renamed over it); the write's failure
     is one line and status 1 (the path was checked before the run, the writing failed)."""

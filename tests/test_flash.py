@@ -682,8 +682,8 @@ def test_a_drafter_with_a_broken_table_is_refused_before_the_board_is_touched(vi
     vb = virtual_board(romfs_bytes=0)
     before = sorted(p.relative_to(vb.flash_dir) for p in vb.flash_dir.rglob("*"))
     try:
-        with pytest.raises(FlashRequestError, match=r"^n-gram table %s: .*: rebuild it \(python -m specmesh\.tools"
-                                                     r"\.ngram\) or delete it" % re.escape(str(table))):
+        with pytest.raises(FlashRequestError, match=r"^n-gram table %s: .*: copy it again, rebuild it \(python -m "
+                                                     r"specmesh\.tools\.ngram\) or delete it" % re.escape(str(table))):
             flash(vb.port, "drafter", model, node_id=7, sources=sources, progress=False)
     finally:
         table.unlink()

@@ -118,7 +118,7 @@ def test_a_table_cut_short_is_said_to_be_truncated(models, tmp_path, cut, messag
     shutil.copy(models / DRAFTER_FILE, tmp_path / DRAFTER_FILE)
     (tmp_path / ngram_table_name(DRAFTER_FILE)).write_bytes(good[:cut])
     said = message.replace("%d", str(len(good)))
-    with pytest.raises(ModelFileError, match=re.escape(": %s: rebuild it" % said)):
+    with pytest.raises(ModelFileError, match=re.escape(": %s: copy it again, rebuild it" % said)):
         load_ngram_table(tmp_path / DRAFTER_FILE)
     with pytest.raises(ngram.NgramError, match=re.escape(said)):
         ngram.Table(io.BytesIO(good[:cut]))
@@ -136,8 +136,9 @@ def test_a_folder_under_a_tables_name_is_refused_not_passed_over(tmp_path, capsy
     assert cli.main(["run", "--models", str(tmp_path), "--drafter", "cpu", "--verifier", "cpu", "--quiet",
                      "--draft-model", str(tmp_path / DRAFTER_FILE), "-n", "2"]) == 2
     assert capsys.readouterr().err == (
-        "specmesh run: error: n-gram table %s: a folder, not a file: rebuild it (python -m specmesh.tools.ngram) or "
-        "delete it (the model then runs without one)\n" % (tmp_path / ngram_table_name(DRAFTER_FILE)))
+        "specmesh run: error: n-gram table %s: a folder, not a file: copy it again, rebuild it (python -m "
+        "specmesh.tools.ngram) or delete it (the model then runs without one)\n"
+        % (tmp_path / ngram_table_name(DRAFTER_FILE)))
 
 
 def _full(data: bytes) -> bytes:
@@ -436,8 +437,9 @@ def test_ngram_cost_on_a_broken_table_is_one_line_before_any_stream(models, tmp_
     done = subprocess.run([sys.executable, "-m", "specmesh.tools.ngram_cost", "--model", str(tmp_path / "d.spm")],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (1, "")
-    assert done.stderr == "ngram_cost: n-gram table %s: not a specmesh n-gram table (bad magic b''): rebuild it (python -m " \
-        "specmesh.tools.ngram) or delete it (the model then runs without one)\n" % (tmp_path / "d.ngt"), done.stderr
+    assert done.stderr == "ngram_cost: n-gram table %s: not a specmesh n-gram table (bad magic b''): copy it again, " \
+        "rebuild it (python -m specmesh.tools.ngram) or delete it (the model then runs without one)\n" \
+        % (tmp_path / "d.ngt"), done.stderr
 
 
 def test_ngram_cost_on_a_model_with_a_corrupt_header_names_the_model(models, tmp_path):

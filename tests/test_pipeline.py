@@ -16,6 +16,7 @@ from specmesh.host.backends import BackendError, Draft, LocalVerifier, SessionPa
 from specmesh.host.backends.earlyrelay import EarlyRelay
 from specmesh.host.backends.pipeline import PipelineVerifier
 from specmesh.host.cli.run import UsageError, add_arguments, check_args
+from specmesh.host.cli.session import board_stats
 from specmesh.host.decode.gamma import GammaController
 from specmesh.host.decode.orchestrator import Observer, generate
 from specmesh.host.decode.tokenizer import Tokenizer
@@ -132,6 +133,9 @@ def test_a_stage_that_reboots_is_begun_again_and_the_text_is_unchanged(mesh, pro
     got = generate(prompt, pipe, drafter, params, N, GammaController(fixed=3), Reboot())
     assert len(rounds) > 3 and stage.resyncs == resyncs + 1
     assert got.tokens == single(prompt, params, drafter, 3)
+    # the stats JSON's row of the stage says so (docs/run.md: `resyncs` in the stats), as `retransmits` do
+    (row,) = board_stats([("stage", stage)])
+    assert row["resyncs"] == resyncs + 1
 
 
 def test_stages_that_reboot_together_are_each_begun_again_and_the_text_is_unchanged(mesh, prompt):

@@ -227,19 +227,23 @@ def test_emulate_dir_that_cannot_hold_the_boards_is_a_usage_error(capsys, no_boa
 
 
 @pytest.mark.parametrize("flags, fix", [
-    (["--flash-kb", "128"], "128 KiB asked for (starting it would erase it): give --flash-kb 64 to keep its files, "
-                            "or another --dir"),
-    (["--board", "virtual:esp32c3"], "1536 KiB asked for (starting it would erase it): give --flash-kb 64 to keep "
-                                     "its files, or another --dir"),  # a QEMU board's flash: its class's size
+    (["--flash-kb", "128"], "not the 128 KiB asked for (starting it would erase it): give --flash-kb 64 to keep its "
+                            "files, or another --dir"),
+    (["--board", "virtual:esp32c3"], "not the 1536 KiB asked for (starting it would erase it): give --flash-kb 64 to "
+                                     "keep its files, or another --dir"),  # a QEMU board's flash: its class's size
+    # no --flash-kb: the board started on the folder, its files unseen inside the image (a flash.img file at /)
+    ([], "a folder flash asked for (no --flash-kb: the board would not see its files): give --flash-kb 64 to keep "
+         "its files, or another --dir"),
 ])
 def test_emulate_never_erases_a_kept_flash_of_another_size(capsys, no_board_starts, tmp_path, flags, fix):
     """`emulate --dir D --flash-kb 64`, files copied on, then `--flash-kb 128` (or a QEMU class, whose flash is its
-    class's size) on the same D: the board started on a new, empty image, its files gone without a word."""
+    class's size) on the same D: the board started on a new, empty image, its files gone without a word; or with no
+    --flash-kb on the same D: the board started empty, its files in the image it did not mount."""
     (tmp_path / "board0").mkdir()
     image = tmp_path / "board0" / "flash.img"
     image.write_bytes(bytes(range(256)) * 256)  # 64 KiB, standing for a littlefs image with files on it
     err = one_line_status_2(capsys, ["emulate", "--boards", "2", "--dir", str(tmp_path), *flags])
-    assert err == "specmesh emulate: error: board0's flash %s is 64 KiB, not the %s\n" % (image, fix)
+    assert err == "specmesh emulate: error: board0's flash %s is 64 KiB, %s\n" % (image, fix)
     assert image.read_bytes() == bytes(range(256)) * 256
 
 
@@ -483,6 +487,17 @@ def test_serve_s_help_lists_no_flag_it_refuses(models, capsys, no_board_starts, 
     assert err == "specmesh serve: error: %s belongs to one generation: %s (drop it)\n" % (flag, instead)
 
 
+def test_serve_refuses_no_color_which_colours_nothing_there(models, capsys, no_board_starts, serve_extra):
+    """`serve --help` listed run's --no-color ("never colour the streamed text") and serve took it and did nothing:
+    it streams no text to a terminal. It is out of serve's help, and refused in one line that says why."""
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    assert "--no-color" not in capsys.readouterr().out
+    err = one_line_status_2(capsys, ["serve", "--models", str(models), "--no-color"])
+    assert err.startswith("specmesh serve: error: --no-color colours nothing here: serve writes no text to a terminal")
+    assert err.endswith(": drop it\n")
+
+
 def resolving(monkeypatch, name, *addresses):
     """socket.getaddrinfo with `name` resolving to `addresses` (IPv4 or IPv6 literals, in that order)."""
     import socket
@@ -624,7 +639,8 @@ def test_a_broken_ngram_table_is_refused_before_any_board(models, capsys, no_boa
         (models / name).write_bytes(b"GGUF" + good[4:] if name == broken else good)
     err = one_line_status_2(capsys, ["run", "--models", str(models), "--max-tokens", "4"])
     assert err.startswith("specmesh run: error: n-gram table %s: not a specmesh n-gram table" % (models / broken))
-    assert "rebuild it (python -m specmesh.tools.ngram) or delete it" in err
+    # a damaged copy is copied again first: rebuilding takes long, and builds the shipped folder's tables only
+    assert "copy it again, rebuild it (python -m specmesh.tools.ngram) or delete it" in err
     # a drafter board on a port may run another model than the folder's (its HELLO names it): its table is read then
     err = one_line_status_2(capsys, ["run", "--models", str(models), "--drafter", "/dev/ttyUSB97"])
     assert "n-gram table" not in err and "/dev/ttyUSB97" in err

@@ -392,8 +392,10 @@ def load_ngram_table(model_path) -> ngram.Table | None:
         check_ngram_slots(data, vocab)
         return ngram.Table(io.BytesIO(data))
     except (ngram.NgramError, OSError) as e:
-        raise ModelFileError("n-gram table %s: %s: rebuild it (python -m specmesh.tools.ngram) or delete it (the model "
-                             "then runs without one)" % (path, e)) from None
+        # copy first, as a model file's line says: rebuilding takes the target's continuations of a thousand stories,
+        # and tools/ngram.py builds the shipped folder's tables only
+        raise ModelFileError("n-gram table %s: %s: copy it again, rebuild it (python -m specmesh.tools.ngram) or "
+                             "delete it (the model then runs without one)" % (path, e)) from None
 
 
 class LocalDrafter(LocalRole):

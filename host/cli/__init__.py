@@ -30,7 +30,8 @@ def _add_flash(sub) -> None:
     p = sub.add_parser("flash", help="flash the node (drafter, verifier or pipeline stage) onto a board with mpremote")
     p.add_argument("--port", default="auto", help="serial port of the board (a0, u0, c0 as in mpremote), or `auto` "
                    "(default) to find it")
-    p.add_argument("--role", required=True, choices=ROLES[1:])
+    p.add_argument("--role", required=True, choices=ROLES[1:],
+                   help="what the board does: drafter, verifier, or stage (one of a pipeline's, with --layers)")
     p.add_argument("--layers", metavar="A:B", default=None,
                    help="--role stage: the target's layers A..B-1 this board holds (docs/pipeline.md)")
     p.add_argument("--model", type=a_path, default=None, help="model file (default: models/target.spm; a drafter gets its board "
@@ -497,8 +498,11 @@ def _main(argv: list[str] | None) -> int:
     console.add_parser(sub)
     serve.add_parser(sub)
     # a subcommand's required flags are checked after its unknown ones: argparse's own check came first, so
-    # `flash --roel drafter` was told only "required: --role", never the closest flag (`unknown`)
-    required = [a for command in sub.choices.values() for a in command._actions if a.required and a.option_strings]
+    # `flash --roel drafter` was told only "required: --role", never the closest flag (`unknown`). Not for --help,
+    # which exits before any check and whose usage showed them optional (`[--role ...]`, `[--key-file F]`)
+    asks_help = any(word in ("-h", "--help") for word in argv)
+    required = [a for command in sub.choices.values() for a in command._actions
+                if a.required and a.option_strings and not asks_help]
     for action in required:
         action.required = False
     try:

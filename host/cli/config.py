@@ -193,6 +193,9 @@ def _pointless(a: argparse.Namespace) -> tuple[str, ...]:
     elif a.spec_ahead and a.drafter == "cpu":
         notes.append("--spec-ahead is how far a drafter board drafts while a verdict is pending: --drafter cpu drafts "
                      "when asked, so it is not used")
+    elif a.spec_ahead and not (a.drafter or "virtual").startswith("virtual"):  # a port's board: its own config's
+        notes.append("--spec-ahead is written into the config of the virtual drafter boards a run flashes: the board "
+                     "on --drafter %s drafts ahead as its own config's spec_ahead says, so it is not used" % a.drafter)
     roles = [a.verifier] + ([] if a.plain else [a.drafter])
     if a.key_file is not None and not a.stages and all(r in HOST_BACKENDS for r in roles):
         notes.append("--key-file signs the frames of a mesh's boards: %s %s on this machine, so it is not used"

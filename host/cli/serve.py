@@ -30,13 +30,17 @@ INSTALL_HINT = "specmesh serve needs Starlette and uvicorn: pip install 'specmes
 INSTEAD = {"prompt": "a request's body carries the prompt", "prompt_file": "a request's body carries the prompt",
            "stats_json": "each response carries its stats, in its specmesh field",
            "quiet": "serve prints no text or stats table (its log holds its start-up lines and faults)"}
+# run's --no-color, refused too: it colours the text run and chat stream to a terminal, and serve streams none there
+# (it was taken and did nothing, though serve's help listed it)
+NO_COLOR = ("specmesh serve: error: --no-color colours nothing here: serve writes no text to a terminal (the live page "
+            "marks the accepted drafts; a client gets plain text): drop it")
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a mesh over HTTP: an OpenAI-compatible API and a live page at /")
     add_arguments(p, seed_help="the seed of every sampled request that gives none, which then gives the same text "
                   "each time (default: a fresh seed a request, as OpenAI's API; the header x-specmesh-seed names it)")
-    hide(p, ONE_GENERATION)  # refused: INSTEAD says what serve has in their place
+    hide(p, ONE_GENERATION + ("no_color",))  # refused: INSTEAD says what serve has in their place, NO_COLOR why
     p.add_argument("--host", default="127.0.0.1", help="address to listen on, or a name: each of its addresses "
                    "(default: %(default)s, this machine only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8080, help="TCP port (default: %(default)s; 0: any free one)")
@@ -65,6 +69,9 @@ def serve(a: argparse.Namespace) -> int:
     if given:
         print("specmesh serve: error: --%s belongs to one generation: %s (drop it)"
               % (given[0].replace("_", "-"), INSTEAD[given[0]]), file=sys.stderr)
+        return 2
+    if a.no_color:
+        print(NO_COLOR, file=sys.stderr)
         return 2
     fixed_seed = a.seed is not None  # --seed N: every sampled request without a seed runs under N
     a.seed = a.seed if fixed_seed else 0

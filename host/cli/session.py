@@ -394,6 +394,7 @@ def board_stats(parts: list, tokens: int = 0, projector=None, failed: AbstractSe
                         "compute_s": s.get("compute_s"),
                         "heap_free": s.get("heap_free"),
                         "errors": s.get("errors", 0), "retransmits": s.get("retransmits", 0),
+                        "resyncs": s.get("resyncs", 0),  # times it was begun again after it lost its session
                         "kernels": s.get("kernels"), "kernels_note": s.get("kernels_note", "")})
             if role == "stage":  # the firmware's own counters, next to the host's trace of the same work
                 out[-1].update(positions=s.get("positions"), passes=s.get("passes"))

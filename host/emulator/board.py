@@ -173,19 +173,21 @@ def hold_folder(folder: Path) -> int:
 class FlashResized(BoardError):
     """A board's flash folder holds a flash image of another size than this start's: the start would replace it
     with an empty one, its files lost (VirtualBoard.start), which a folder the user keeps (emulate --dir) must
-    not have done to it; `size`: the image's bytes."""
+    not have done to it; or this start has no image size (a folder flash: `wanted` None), and the board would
+    start on the folder, showing the image as a file and none of the files in it. `size`: the image's bytes."""
 
-    def __init__(self, name: str, image: Path, size: int, wanted: int):
-        super().__init__("%s's flash %s is %d KiB, not the %d KiB asked for (starting it would erase it): give "
-                         "--flash-kb %d to keep its files, or another --dir" % (name, image, size // 1024,
-                                                                                wanted // 1024, size // 1024))
+    def __init__(self, name: str, image: Path, size: int, wanted: int | None):
+        asked = ("a folder flash asked for (no --flash-kb: the board would not see its files)" if wanted is None else
+                 "not the %d KiB asked for (starting it would erase it)" % (wanted // 1024))
+        super().__init__("%s's flash %s is %d KiB, %s: give --flash-kb %d to keep its files, or another --dir"
+                         % (name, image, size // 1024, asked, size // 1024))
 
 
 def check_flash_size(vb: VirtualBoard) -> None:
     """FlashResized if `vb`'s flash folder holds an image that its start would replace (another size; an empty
-    one holds no files)."""
+    one holds no files) or leave unseen (a folder flash)."""
     image = vb.flash_dir / "flash.img"
-    if vb.flash_bytes is None or not image.is_file():
+    if not image.is_file():
         return
     size = image.stat().st_size
     if size and size != vb.flash_bytes:  # empty: an earlier specmesh's start killed as it made the image
