@@ -369,6 +369,30 @@ def test_a_flag_that_changes_nothing_is_said_in_one_line(models, capsys):
                                                    "is not used\n")
 
 
+def test_sampling_flags_at_temperature_0_are_said_unused_by_run_and_chat_only():
+    """`run --seed 5` gave --seed 6's text without a word: at temperature 0 run and chat decode greedily, so --seed,
+    --top-k, --top-p and --draft-top-k are named; serve's and the API's requests may sample (their temperature is a
+    default), and the seed draws a lossy radio's losses."""
+    import argparse
+
+    from specmesh.host.cli.config import RunConfig
+    from specmesh.host.cli.flags import add_arguments
+
+    def notes(command: str, *flags: str) -> tuple[str, ...]:
+        p = argparse.ArgumentParser()
+        add_arguments(p)
+        return RunConfig.from_args(argparse.Namespace(**vars(p.parse_args(flags)), command=command)).notes
+
+    said = "--temperature 0 decodes greedily: %s not used (a --temperature above 0 samples)"
+    for command in ("run", "chat"):
+        assert notes(command, "--seed", "5") == (said % "--seed is",)
+        assert notes(command, "--top-k", "3", "--top-p", "0.9", "--draft-top-k", "4") == (
+            said % "--top-k, --top-p, --draft-top-k are",)
+        assert notes(command, "--seed", "5", "--temperature", "0.8") == ()
+        assert notes(command, "--seed", "5", "--transport", "espnow", "--radio-loss", "0.1") == ()
+    assert notes("serve", "--seed", "5") == ()
+
+
 def test_spec_ahead_with_a_drafter_board_on_a_port_is_said_unused():
     """--spec-ahead goes into the config of the virtual drafter boards a run flashes; a board on a port (`auto`
     too) drafts ahead as its own config says, and the flag was taken without a word."""

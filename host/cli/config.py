@@ -157,6 +157,9 @@ UNSET_DEFAULTS = {"drafter": "virtual", "kernels": "native"}
 DRAFTER_FLAGS = (("--drafter", "drafter", None), ("--draft-model", "draft_model", None), ("--gamma", "gamma", "auto"),
                  ("--draft-max", "draft_max", None), ("--draft-top-k", "draft_top_k", 8),
                  ("--spec-ahead", "spec_ahead", 0))  # what only a drafter uses, and each one's value left out
+# what only sampling uses, and each one's value left out: at --temperature 0 a run or chat decodes greedily
+SAMPLING_FLAGS = (("--seed", "seed", 0), ("--top-k", "top_k", 0), ("--top-p", "top_p", 1.0),
+                  ("--draft-top-k", "draft_top_k", 8))
 
 
 def _pointless(a: argparse.Namespace) -> tuple[str, ...]:
@@ -196,6 +199,13 @@ def _pointless(a: argparse.Namespace) -> tuple[str, ...]:
     elif a.spec_ahead and not (a.drafter or "virtual").startswith("virtual"):  # a port's board: its own config's
         notes.append("--spec-ahead is written into the config of the virtual drafter boards a run flashes: the board "
                      "on --drafter %s drafts ahead as its own config's spec_ahead says, so it is not used" % a.drafter)
+    if a.temperature == 0 and getattr(a, "command", None) in ("run", "chat"):  # serve's and the API's requests sample
+        radio = a.transport == "espnow" and (a.radio_loss or a.radio_dup)  # the seed draws the radio's losses then
+        unused = [flag for flag, dest, unset in SAMPLING_FLAGS if getattr(a, dest) != unset
+                  and not (dest == "seed" and radio) and not (dest == "draft_top_k" and a.plain)]  # (said above)
+        if unused:  # the same text whatever they say, unsaid
+            notes.append("--temperature 0 decodes greedily: %s %s not used (a --temperature above 0 samples)" % (
+                ", ".join(unused), "is" if len(unused) == 1 else "are"))
     roles = [a.verifier] + ([] if a.plain else [a.drafter])
     if a.key_file is not None and not a.stages and all(r in HOST_BACKENDS for r in roles):
         notes.append("--key-file signs the frames of a mesh's boards: %s %s on this machine, so it is not used"
