@@ -133,6 +133,15 @@ def test_a_missing_port_is_refused_before_the_other_board_boots(models, capsys, 
     assert "cannot open /dev/ttyNOPE: no such port" in err and flag in err
 
 
+def test_every_missing_port_is_named_in_the_one_line(models, capsys, no_board_starts):
+    """`--drafter u0 --verifier a0` with neither there named the verifier's alone: the run fixed for it then failed on
+    the drafter's."""
+    err = one_line_status_2(capsys, ["run", "--models", str(models), "--drafter", "/dev/ttyNOPE1", "--verifier",
+                                     "/dev/ttyNOPE2"])
+    assert "--verifier: cannot open /dev/ttyNOPE2: no such port" in err
+    assert "; --drafter: cannot open /dev/ttyNOPE1: no such port" in err
+
+
 def test_a_port_someone_holds_is_busy(models, capsys, no_board_starts):
     import os
     import pty

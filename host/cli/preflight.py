@@ -210,13 +210,16 @@ def check_backends(names: dict[str, str], transport: str, key: bytes | None = No
                              "serial port (--transport serial)" % transport)
     _one_role_a_port([(what, p) for what, p in ports if p != "auto"])
     out = dict(names)
+    problems = []  # each said: one said alone was met again on the next try for the other (`--drafter u0 --verifier a0`)
     for what, p in ports:
         if p == "auto":
             continue
         try:
             check_port(p)
         except PortError as e:
-            raise PreflightError("%s: %s" % (what, e)) from None
+            problems.append("%s: %s" % (what, e))
+    if problems:
+        raise PreflightError("; ".join(problems))
     for role, name in names.items():
         if name == "auto":
             out[role] = _find(role, key)
