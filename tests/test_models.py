@@ -244,7 +244,7 @@ def test_modelcard_json_that_cannot_be_written_is_one_line_before_measuring(tmp_
     from specmesh.tools import modelcard
 
     (tmp_path / "file").write_text("")
-    assert modelcard.main(["--models", str(tmp_path / "none"), "--json", str(tmp_path / "file" / "x.json")]) == 2
+    assert modelcard.main(["--models", str(tmp_path), "--json", str(tmp_path / "file" / "x.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("modelcard: --json") and "is a file, not a folder" in err and err.count("\n") == 1
 
