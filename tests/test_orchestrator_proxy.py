@@ -300,6 +300,13 @@ class Plug(PtyPeer):
         self.thread.join()
         os.close(self.master)
 
+    def close(self):
+        """Both ends closed, its thread stopped first: left polling, it selected on the closed master, EBADF in the
+        thread (pytest's unhandled-thread warning, in CI), or on whatever the number named next."""
+        self.plugged.clear()
+        self.thread.join()
+        super().close()
+
 
 def test_a_lost_port_is_opened_again_where_it_is_back_and_a_failed_or_closed_link_never(tmp_path):
     """A link whose port went away (its pty hung up: a USB cable pulled) is opened again at the same path once a port is
