@@ -501,8 +501,8 @@ def _main(argv: list[str] | None) -> int:
     # `flash --roel drafter` was told only "required: --role", never the closest flag (`unknown`). Not for --help,
     # which exits before any check and whose usage showed them optional (`[--role ...]`, `[--key-file F]`)
     asks_help = any(word in ("-h", "--help") for word in argv)
-    required = [a for command in sub.choices.values() for a in command._actions
-                if a.required and a.option_strings and not asks_help]
+    required = [] if asks_help else [a for command in sub.choices.values() for a in command._actions
+                                     if a.required and a.option_strings]
     for action in required:
         action.required = False
     try:

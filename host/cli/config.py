@@ -154,12 +154,12 @@ KERNELS_UNPRICED = "--kernels %s chooses the kernels a projection prices: add --
 
 # flags whose parser default is None so that one given can be told from one left out (`_pointless`): their values
 UNSET_DEFAULTS = {"drafter": "virtual", "kernels": "native"}
+DRAFT_TOP_K = ("--draft-top-k", "draft_top_k", 8)  # a drafter's and sampling's both
 DRAFTER_FLAGS = (("--drafter", "drafter", None), ("--draft-model", "draft_model", None), ("--gamma", "gamma", "auto"),
-                 ("--draft-max", "draft_max", None), ("--draft-top-k", "draft_top_k", 8),
+                 ("--draft-max", "draft_max", None), DRAFT_TOP_K,
                  ("--spec-ahead", "spec_ahead", 0))  # what only a drafter uses, and each one's value left out
 # what only sampling uses, and each one's value left out: at --temperature 0 a run or chat decodes greedily
-SAMPLING_FLAGS = (("--seed", "seed", 0), ("--top-k", "top_k", 0), ("--top-p", "top_p", 1.0),
-                  ("--draft-top-k", "draft_top_k", 8))
+SAMPLING_FLAGS = (("--seed", "seed", 0), ("--top-k", "top_k", 0), ("--top-p", "top_p", 1.0), DRAFT_TOP_K)
 
 
 def _pointless(a: argparse.Namespace) -> tuple[str, ...]:
